@@ -1,0 +1,92 @@
+"""Side-by-side measurement: ccw and its baseline in the same run, medians and ratios.
+
+Timings on these 2-core VMs are noisy, so every figure is a median over repeated runs,
+and the number that matters is the ratio to a baseline measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def sample(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float]:
+    """Run ``fn`` ``warmup`` times unmeasured, then ``repeat`` times; seconds per run."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def median_ms(times: list[float]) -> float:
+    """Median of a sample, in milliseconds."""
+    return statistics.median(times) * 1000.0
+
+
+@dataclass
+class Row:
+    """One comparison: ccw's median beside a baseline's, and their ratio."""
+
+    name: str
+    ccw_ms: float
+    baseline: str = ""
+    baseline_ms: float | None = None
+    target: str = ""  # e.g. "<= 1.5x", "<= 5 ms"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        """ccw / baseline, or None without a baseline."""
+        if self.baseline_ms in (None, 0):
+            return None
+        return self.ccw_ms / self.baseline_ms  # type: ignore[operator]
+
+
+@dataclass
+class Report:
+    """A suite's rows, printed as a table or as JSON."""
+
+    suite: str
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, row: Row) -> Row:
+        """Append a row and return it."""
+        self.rows.append(row)
+        return row
+
+    def to_json(self) -> str:
+        """Machine-readable form."""
+        rows = []
+        for row in self.rows:
+            item = asdict(row)
+            item["ratio"] = row.ratio
+            rows.append(item)
+        return json.dumps({"suite": self.suite, "rows": rows, "notes": self.notes}, indent=2)
+
+    def to_text(self) -> str:
+        """Human-readable table."""
+        lines = [f"suite {self.suite}", ""]
+        header = f"{'measure':44} {'ccw (median)':>14} {'baseline':>28} {'ratio':>8}  target"
+        lines.append(header)
+        lines.append("-" * len(header))
+        for row in self.rows:
+            base = ""
+            if row.baseline:
+                base = f"{row.baseline} {row.baseline_ms:.2f} ms" if row.baseline_ms is not None else f"{row.baseline} n/a"
+            ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
+            lines.append(f"{row.name:44} {row.ccw_ms:11.2f} ms {base:>28} {ratio:>8}  {row.target}")
+            for key, value in row.extra.items():
+                lines.append(f"{'':46}{key}: {value}")
+        if self.notes:
+            lines.append("")
+            lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""The tool registry: what every tool declares, independent of any transport or SDK.
+
+A tool family is a module in ``mcp_server/tools/`` that exposes ``TOOLS: list[ToolSpec]``
+(and, if it serves resources, ``RESOURCES: list[ResourceSpec]``).  The server turns these
+into MCP tools; direct methods (seed 001 style) call ``handler`` the same way.
+
+A handler is ``async def handler(ctx: ToolContext, args: dict) -> dict``.  It receives
+arguments already validated against ``input_schema`` and returns the structured result,
+which must conform to ``output_schema`` (tests check every result).  A failure is raised
+as ``CcwError``: the server turns it into ``isError: true`` with
+``structuredContent: {"error": {code, message, details}}``.  Seed 001's tools instead
+return their own ``{ok, reason, errors}`` shapes as ordinary results.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+SCOPES = ("read", "write", "exec", "promote", "admin")
+
+
+class ToolContext(Protocol):
+    """What a handler may use; the server provides one per call."""
+
+    @property
+    def config(self) -> Any:  # mcp_server.config.Config
+        """The server's configuration."""
+
+    @property
+    def state(self) -> Any:  # mcp_server.state.State
+        """The state dir: SQLite database and blob store paths."""
+
+    async def helper(self) -> Any:  # mcp_server.helper.HelperClient
+        """The helper IPC client, connected (or started, in the embedded default) on first use."""
+
+    async def roots(self) -> list[str] | None:
+        """Absolute root directories the client declared (MCP roots), or None if it declared none."""
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress if the caller sent a progress token; otherwise do nothing."""
+
+    def log(self, message: str) -> None:
+        """Write a diagnostic line to stderr (never stdout)."""
+
+
+Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its names, schemas, annotations, HTTP scope and handler."""
+
+    name: str  # snake_case, advertised in tools/list
+    family: str  # CCW_TOOLSETS key (mcp_server.config.TOOLSETS)
+    description: str
+    input_schema: dict[str, Any]  # Draft 2020-12, additionalProperties: false
+    output_schema: dict[str, Any]  # the structured result really conforms to it
+    handler: Handler
+    scope: str = "read"  # HTTP bearer scope needed: read | write | exec | promote | admin
+    aliases: tuple[str, ...] = ()  # seed spellings, accepted on tools/call and as direct methods
+    deprecated_aliases: tuple[str, ...] = ()  # accepted, but each use logs a warning to stderr
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"{self.name}: scope {self.scope!r} not in {SCOPES}")
+        if self.input_schema.get("type") != "object":
+            raise ValueError(f"{self.name}: input schema must be an object schema")
+        if self.input_schema.get("additionalProperties", True) is not False:
+            raise ValueError(f"{self.name}: input schema must set additionalProperties: false")
+
+    @property
+    def annotations(self) -> dict[str, Any]:
+        """MCP tool annotations."""
+        return {
+            "title": self.title or self.name,
+            "readOnlyHint": self.read_only,
+            "destructiveHint": self.destructive,
+            "idempotentHint": self.idempotent,
+            "openWorldHint": False,
+        }
+
+
+ResourceHandler = Callable[[ToolContext, str], Awaitable[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    """A resource template such as ``list://{+path}``; the handler returns (mime type, text)."""
+
+    uri_template: str
+    name: str
+    description: str
+    family: str
+    handler: ResourceHandler
+    scope: str = "read"
+    mime_type: str = "application/json"
+
+
+# Families, in the order tools/list shows them.  A module that does not exist yet is
+# skipped, so families can land one at a time.
+FAMILY_MODULES = (
+    "mcp_server.tools.capsule",
+    "mcp_server.tools.policy",
+    "mcp_server.tools.witness",
+    "mcp_server.tools.snapshot",
+    "mcp_server.tools.workspace",
+    "mcp_server.tools.hashline",
+    "mcp_server.tools.rootspace",
+    "mcp_server.tools.schemas",
+)
+
+
+@dataclass
+class Registry:
+    """Every tool and resource, looked up by name or alias."""
+
+    tools: list[ToolSpec] = field(default_factory=list)
+    resources: list[ResourceSpec] = field(default_factory=list)
+    _by_name: dict[str, ToolSpec] = field(default_factory=dict)
+
+    def add(self, spec: ToolSpec) -> None:
+        """Register a tool; a name or alias used twice is a programming error."""
+        for key in (spec.name, *spec.aliases, *spec.deprecated_aliases):
+            if key in self._by_name:
+                raise ValueError(f"tool name {key!r} registered twice")
+            self._by_name[key] = spec
+        self.tools.append(spec)
+
+    def lookup(self, name: str) -> ToolSpec | None:
+        """The tool called ``name`` (its own name or an alias), or None."""
+        return self._by_name.get(name)
+
+    def is_deprecated_alias(self, name: str) -> bool:
+        """True when ``name`` is a deprecated alias of some tool."""
+        spec = self._by_name.get(name)
+        return spec is not None and name in spec.deprecated_aliases
+
+    @classmethod
+    def load(cls, toolsets: Sequence[str], modules: Sequence[str] = FAMILY_MODULES) -> Registry:
+        """Collect the tools of the selected families from their modules."""
+        registry = cls()
+        wanted = set(toolsets)
+        for module_name in modules:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if exc.name == module_name:
+                    continue
+                raise
+            for spec in getattr(module, "TOOLS", []):
+                if spec.family in wanted:
+                    registry.add(spec)
+            for resource in getattr(module, "RESOURCES", []):
+                if resource.family in wanted:
+                    registry.resources.append(resource)
+        return registry

@@ -1,0 +1,205 @@
+"""Thin ctypes wrappers for the syscalls Python 3.11 does not expose.
+
+Each wrapper raises OSError with the syscall's name and arguments in the message, so a
+failure deep in jail setup still says exactly what was asked of the kernel.  Numbers are
+x86_64/aarch64 generic values; the syscall numbers that differ per architecture are
+looked up from ``_SYSCALL_NR``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+import struct
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+# --- clone/unshare flags -----------------------------------------------------------
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWTIME = 0x00000080
+
+# --- mount flags --------------------------------------------------------------------
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOSYMFOLLOW = 256
+MS_BIND = 4096
+MS_MOVE = 8192
+MS_REC = 16384
+MS_SILENT = 32768
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MS_STRICTATIME = 1 << 24
+
+MNT_FORCE = 1
+MNT_DETACH = 2
+UMOUNT_NOFOLLOW = 8
+
+# --- openat2 ------------------------------------------------------------------------
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+# --- fanotify -----------------------------------------------------------------------
+FAN_CLASS_NOTIF = 0x00000000
+FAN_CLOEXEC = 0x00000001
+FAN_NONBLOCK = 0x00000002
+FAN_UNLIMITED_QUEUE = 0x00000010
+FAN_UNLIMITED_MARKS = 0x00000020
+FAN_MARK_ADD = 0x00000001
+FAN_MARK_REMOVE = 0x00000002
+FAN_MARK_FLUSH = 0x00000080
+FAN_MARK_MOUNT = 0x00000010
+FAN_MARK_FILESYSTEM = 0x00000100
+FAN_ACCESS = 0x00000001
+FAN_MODIFY = 0x00000002
+FAN_CLOSE_WRITE = 0x00000008
+FAN_CLOSE_NOWRITE = 0x00000010
+FAN_OPEN = 0x00000020
+FAN_OPEN_EXEC = 0x00001000
+FAN_Q_OVERFLOW = 0x00004000
+FAN_ONDIR = 0x40000000
+FAN_EVENT_ON_CHILD = 0x08000000
+FAN_NOFD = -1
+
+_ARCH = platform.machine()
+_SYSCALL_NR: dict[str, dict[str, int]] = {
+    "x86_64": {
+        "pivot_root": 155,
+        "setns": 308,
+        "fanotify_init": 300,
+        "fanotify_mark": 301,
+        "pidfd_open": 434,
+        "pidfd_send_signal": 424,
+        "openat2": 437,
+        "close_range": 436,
+    },
+    "aarch64": {
+        "pivot_root": 41,
+        "setns": 268,
+        "fanotify_init": 262,
+        "fanotify_mark": 263,
+        "pidfd_open": 434,
+        "pidfd_send_signal": 424,
+        "openat2": 437,
+        "close_range": 436,
+    },
+}
+
+_libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def _nr(name: str) -> int:
+    try:
+        return _SYSCALL_NR[_ARCH][name]
+    except KeyError:
+        raise OSError(38, f"{name}: no syscall number known for architecture {_ARCH}") from None
+
+
+def _check(ret: int, what: str) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what} failed: {os.strerror(err)}")
+    return ret
+
+
+def _b(value: str | bytes | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    return os.fsencode(value)
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    """mount(2)."""
+    ret = _libc.mount(_b(source), _b(target), _b(fstype), flags, _b(data))
+    _check(ret, f"mount({source!r}, {target!r}, {fstype!r}, {flags:#x}, {data!r})")
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    """umount2(2)."""
+    _check(_libc.umount2(_b(target), flags), f"umount2({target!r}, {flags:#x})")
+
+
+def unshare(flags: int) -> None:
+    """unshare(2) (os.unshare arrives only in Python 3.12)."""
+    _check(_libc.unshare(flags), f"unshare({flags:#x})")
+
+
+def setns(fd: int, nstype: int = 0) -> None:
+    """setns(2)."""
+    _check(_libc.syscall(_nr("setns"), fd, nstype), f"setns({fd}, {nstype:#x})")
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    """pivot_root(2); glibc has no wrapper."""
+    ret = _libc.syscall(_nr("pivot_root"), _b(new_root), _b(put_old))
+    _check(ret, f"pivot_root({new_root!r}, {put_old!r})")
+
+
+def sethostname(name: str) -> None:
+    """sethostname(2), inside a fresh uts namespace."""
+    raw = name.encode()
+    _check(_libc.sethostname(raw, len(raw)), f"sethostname({name!r})")
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    """openat2(2) with struct open_how {u64 flags; u64 mode; u64 resolve}."""
+    how = struct.pack("QQQ", flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
+    buf = ctypes.create_string_buffer(how, len(how))
+    ret = _libc.syscall(
+        _nr("openat2"), ctypes.c_int(dirfd), _b(path), buf, ctypes.c_size_t(len(how))
+    )
+    return _check(ret, f"openat2({dirfd}, {path!r}, {flags:#o}, resolve={resolve:#x})")
+
+
+def fanotify_init(flags: int, event_f_flags: int) -> int:
+    """fanotify_init(2)."""
+    ret = _libc.syscall(_nr("fanotify_init"), ctypes.c_uint(flags), ctypes.c_uint(event_f_flags))
+    return _check(ret, f"fanotify_init({flags:#x}, {event_f_flags:#x})")
+
+
+def fanotify_mark(fd: int, flags: int, mask: int, dirfd: int, path: str | None) -> None:
+    """fanotify_mark(2); the mask is 64-bit on every ABI we support."""
+    ret = _libc.syscall(
+        _nr("fanotify_mark"),
+        ctypes.c_int(fd),
+        ctypes.c_uint(flags),
+        ctypes.c_uint64(mask),
+        ctypes.c_int(dirfd),
+        _b(path),
+    )
+    _check(ret, f"fanotify_mark({fd}, {flags:#x}, {mask:#x}, {dirfd}, {path!r})")
+
+
+def pidfd_open(pid: int, flags: int = 0) -> int:
+    """pidfd_open(2)."""
+    return _check(_libc.syscall(_nr("pidfd_open"), pid, flags), f"pidfd_open({pid})")
+
+
+def pidfd_send_signal(pidfd: int, sig: int) -> None:
+    """pidfd_send_signal(2): signal a process without pid-reuse races."""
+    ret = _libc.syscall(_nr("pidfd_send_signal"), pidfd, sig, None, 0)
+    _check(ret, f"pidfd_send_signal({pidfd}, {sig})")
+
+
+def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
+    """close_range(2): close every descriptor in [first, last]."""
+    ret = _libc.syscall(_nr("close_range"), ctypes.c_uint(first), ctypes.c_uint(last), ctypes.c_uint(flags))
+    _check(ret, f"close_range({first}, {last})")
