@@ -34,7 +34,7 @@ def _apply(tmp: Path, changes: list[FileChange]) -> None:
                 target.write_bytes(c.old)
                 os.chmod(target, (c.old_mode or 0o100644) & 0o777)
     patch = render_all(changes)
-    result = _git(repo, "apply", "--whitespace=nowarn", "-", data=patch)
+    result = _git(repo, "apply", "--allow-empty", "--whitespace=nowarn", "-", data=patch)
     assert result.returncode == 0, (patch, result.stderr)
     for c in changes:
         target = repo / c.path

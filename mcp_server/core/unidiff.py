@@ -29,6 +29,7 @@ class FileChange:
     new: bytes | None
     old_mode: int | None = None  # 0o100644, 0o100755 or 0o120000 (symlink), git style
     new_mode: int | None = None
+    binary: bool | None = None  # force the binary form (e.g. text that is not UTF-8); None: sniff
 
 
 def is_binary(data: bytes | None) -> bool:
@@ -135,7 +136,7 @@ def render(change: FileChange) -> bytes:
     new_bytes = new if new is not None else b""
     if old_bytes == new_bytes and old is not None and new is not None:
         return b"".join(out)  # a mode change only
-    binary = is_binary(old) or is_binary(new)
+    binary = change.binary if change.binary is not None else (is_binary(old) or is_binary(new))
     if binary:
         zero = "0" * 40
         old_id = git_blob_id(old_bytes) if old is not None else zero
@@ -158,7 +159,7 @@ def render_all(changes: list[FileChange]) -> bytes:
 
 def numstat(change: FileChange) -> tuple[int | None, int | None]:
     """(lines added, lines removed), or (None, None) for binary files, as git --numstat."""
-    if is_binary(change.old) or is_binary(change.new):
+    if change.binary or is_binary(change.old) or is_binary(change.new):
         return None, None
     a = (change.old or b"").splitlines()
     b = (change.new or b"").splitlines()
