@@ -1,0 +1,327 @@
+"""File access confined beneath one directory descriptor.
+
+Some facts about confining paths on Linux:
+
+- Checking a path and then using it (``realpath`` + ``startswith`` + ``open``) leaves a
+  window: a symlink swapped in between the two calls sends the open outside the root.
+  ``openat2(2)`` closes the window by resolving in the kernel, relative to a directory
+  descriptor, with rules that hold for the whole walk.
+- ``RESOLVE_BENEATH`` refuses any step that leaves the starting directory: ``..`` above
+  it, absolute paths and absolute symlinks fail with EXDEV.  ``RESOLVE_NO_MAGICLINKS``
+  refuses ``/proc/self/fd/N``-style links, which would otherwise jump anywhere.
+- ``RESOLVE_NO_SYMLINKS`` refuses every symlink (ELOOP).  Writes use it for the parent
+  directory so that the file written is exactly the repo path named, never another
+  path reached through a link; reads allow symlinks that stay beneath the root.
+- The last component of a write is replaced with ``renameat``, which never follows a
+  symlink there: writing onto a symlink replaces the link, never its target.
+- The root descriptor may be ``O_PATH`` (the helper passes one over SCM_RIGHTS for a
+  capsule's merged view); ``openat2`` and ``*at`` calls accept it as a starting point.
+
+Paths given to ``RootView`` are already-normalised repo-relative strings
+(``mcp_server.core.paths``); ``""`` and ``"."`` both mean the root itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat as stat_mod
+from collections.abc import Iterator
+
+from sandbox import syscalls
+from sandbox.errors import CcwError, from_oserror
+
+_RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
+_RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS
+
+KINDS = ("file", "dir", "symlink", "other")
+
+
+def kind_of(mode: int) -> str:
+    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode``."""
+    if stat_mod.S_ISREG(mode):
+        return "file"
+    if stat_mod.S_ISDIR(mode):
+        return "dir"
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def _error(exc: OSError, what: str, rel: str) -> CcwError:
+    if exc.errno == errno.EXDEV:
+        return CcwError(
+            "PERMISSION_DENIED",
+            f"{what} {rel!r}: the path escapes the workspace root (through '..', an absolute "
+            "path or a symlink pointing outside); name a path inside the root",
+            {"path": rel, "errno": "EXDEV"},
+        )
+    if exc.errno == errno.ELOOP:
+        return CcwError(
+            "PERMISSION_DENIED",
+            f"{what} {rel!r}: the path passes through a symlink, which could lead outside "
+            "the workspace root; write to the link's target path instead",
+            {"path": rel, "errno": "ELOOP"},
+        )
+    return from_oserror(exc, what, rel)
+
+
+def _split(rel: str) -> tuple[str, str]:
+    if rel.startswith("/"):
+        raise CcwError("PERMISSION_DENIED", f"{rel!r} is an absolute path; name a path relative to the workspace root", {"path": rel})
+    rel = rel.rstrip("/")
+    if rel in ("", "."):
+        raise CcwError("INVALID_ARGUMENT", "the workspace root itself cannot be written or removed; name a file")
+    head, _, name = rel.rpartition("/")
+    return head or ".", name
+
+
+class RootView:
+    """One directory, and every file beneath it, reachable only through its descriptor."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def open(cls, path: str) -> RootView:
+        """Open ``path`` (symlinks in ``path`` itself are resolved once, here) as a root."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise from_oserror(exc, "open workspace root", path, "check CCW_WORKSPACE or the workspace argument") from exc
+        return cls(fd)
+
+    @classmethod
+    def from_fd(cls, fd: int) -> RootView:
+        """Wrap a directory descriptor (O_PATH is fine); the view takes ownership of it."""
+        return cls(fd)
+
+    @property
+    def fd(self) -> int:
+        """The root descriptor (owned by the view)."""
+        if self._fd < 0:
+            raise CcwError("INTERNAL", "RootView used after close")
+        return self._fd
+
+    def __enter__(self) -> RootView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the root descriptor."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # -- descriptors ------------------------------------------------------------------
+    def open_fd(self, rel: str, flags: int, mode: int = 0, *, write: bool = False, what: str = "open") -> int:
+        """openat2 beneath the root; the caller closes the descriptor."""
+        path = rel.rstrip("/") or ("/" if rel else ".")
+        try:
+            return syscalls.openat2(
+                self.fd, path, flags | os.O_CLOEXEC, mode, _RESOLVE_WRITE if write else _RESOLVE_READ
+            )
+        except OSError as exc:
+            raise _error(exc, what, rel) from exc
+
+    def _parent(self, rel: str, what: str) -> tuple[int, str]:
+        head, name = _split(rel)
+        if name in (".", ".."):
+            raise CcwError("INVALID_ARGUMENT", f"{what} {rel!r}: '.' and '..' are not file names")
+        return self.open_fd(head, os.O_RDONLY | os.O_DIRECTORY, write=True, what=what), name
+
+    # -- reads ------------------------------------------------------------------------
+    def read_bytes(self, rel: str) -> bytes:
+        """The whole content of a regular file (symlinks beneath the root are followed)."""
+        fd = self.open_fd(rel, os.O_RDONLY, what="read")
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})", {"path": rel})
+            chunks = []
+            while True:
+                chunk = os.read(fd, max(st.st_size + 1, 65536))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            return b"".join(chunks)
+        except OSError as exc:
+            raise _error(exc, "read", rel) from exc
+        finally:
+            os.close(fd)
+
+    def readlink(self, rel: str) -> str:
+        """The target of a symlink beneath the root (the link itself is not followed)."""
+        parent, name = self._parent_read(rel, "readlink")
+        try:
+            return os.readlink(name, dir_fd=parent)
+        except OSError as exc:
+            raise _error(exc, "readlink", rel) from exc
+        finally:
+            os.close(parent)
+
+    def _parent_read(self, rel: str, what: str) -> tuple[int, str]:
+        head, name = _split(rel)
+        return self.open_fd(head, os.O_RDONLY | os.O_DIRECTORY, what=what), name
+
+    def stat(self, rel: str, follow: bool = False) -> os.stat_result:
+        """lstat (or stat with ``follow``) of a path beneath the root."""
+        flags = syscalls.O_PATH | (0 if follow else os.O_NOFOLLOW)
+        fd = self.open_fd(rel, flags, what="stat")
+        try:
+            return os.fstat(fd)
+        except OSError as exc:
+            raise _error(exc, "stat", rel) from exc
+        finally:
+            os.close(fd)
+
+    def exists(self, rel: str) -> bool:
+        """True when the path names anything (a dangling symlink counts)."""
+        try:
+            self.stat(rel)
+        except CcwError as exc:
+            if exc.code == "NOT_FOUND":
+                return False
+            raise
+        return True
+
+    def listdir(self, rel: str = "") -> list[tuple[str, str]]:
+        """``(name, kind)`` of each entry of a directory, sorted by the name's bytes."""
+        fd = self.open_fd(rel, os.O_RDONLY | os.O_DIRECTORY, what="list")
+        try:
+            with os.scandir(fd) as it:
+                entries = [(e.name, _entry_kind(e)) for e in it]
+        except OSError as exc:
+            raise _error(exc, "list", rel) from exc
+        finally:
+            os.close(fd)
+        entries.sort(key=lambda item: os.fsencode(item[0]))
+        return entries
+
+    def walk(self, rel: str = "", skip: frozenset[str] = frozenset({".git"})) -> Iterator[tuple[str, str]]:
+        """Every non-directory beneath ``rel``, as ``(repo path, kind)`` in byte order.
+
+        Directories named in ``skip`` are not entered (``.git`` by default).  Symlinked
+        directories are reported as symlinks, never entered.
+        """
+        base = rel.strip("/")
+        yield from self._walk("" if base in ("", ".") else base, skip)
+
+    def _walk(self, base: str, skip: frozenset[str]) -> Iterator[tuple[str, str]]:
+        # Sorting a directory's entries by name, with "/" appended to subdirectories,
+        # yields full paths in byte order: "a-b" < "a/x" < "a0".
+        entries = [(n, k) for n, k in self.listdir(base) if n not in skip]
+        entries.sort(key=lambda item: os.fsencode(item[0]) + (b"/" if item[1] == "dir" else b""))
+        for name, kind in entries:
+            path = _join(base, name)
+            if kind == "dir":
+                yield from self._walk(path, skip)
+            else:
+                yield path, kind
+
+    # -- writes -----------------------------------------------------------------------
+    def write_bytes(self, rel: str, data: bytes, mode: int | None = None) -> None:
+        """Atomically replace (or create) a file: temp file, fsync, renameat, dir fsync."""
+        parent, name = self._parent(rel, "write")
+        tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
+        try:
+            if mode is None:
+                try:
+                    old = os.stat(name, dir_fd=parent, follow_symlinks=False)
+                    mode = stat_mod.S_IMODE(old.st_mode) if stat_mod.S_ISREG(old.st_mode) else 0o644
+                except FileNotFoundError:
+                    mode = 0o644
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+            except OSError:
+                os.unlink(tmp, dir_fd=parent)
+                raise
+            os.fsync(parent)
+        except OSError as exc:
+            raise _error(exc, "write", rel) from exc
+        finally:
+            os.close(parent)
+
+    def unlink(self, rel: str) -> None:
+        """Remove a file or symlink (never follows the link)."""
+        parent, name = self._parent(rel, "delete")
+        try:
+            os.unlink(name, dir_fd=parent)
+            os.fsync(parent)
+        except OSError as exc:
+            raise _error(exc, "delete", rel) from exc
+        finally:
+            os.close(parent)
+
+    def rmdir(self, rel: str) -> None:
+        """Remove an empty directory."""
+        parent, name = self._parent(rel, "delete")
+        try:
+            os.rmdir(name, dir_fd=parent)
+        except OSError as exc:
+            raise _error(exc, "delete", rel) from exc
+        finally:
+            os.close(parent)
+
+    def makedirs(self, rel: str) -> None:
+        """Create a directory and its missing parents, never through a symlink."""
+        parts = [p for p in rel.strip("/").split("/") if p not in ("", ".")]
+        fd = os.dup(self.fd)
+        done: list[str] = []
+        try:
+            for part in parts:
+                done.append(part)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                except OSError as exc:
+                    raise _error(exc, "mkdir", "/".join(done)) from exc
+                try:
+                    nxt = syscalls.openat2(fd, part, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0, _RESOLVE_WRITE)
+                except OSError as exc:
+                    raise _error(exc, "mkdir", "/".join(done)) from exc
+                os.close(fd)
+                fd = nxt
+        finally:
+            os.close(fd)
+
+    def chmod(self, rel: str, mode: int) -> None:
+        """Change a regular file's permission bits (the file itself, never a link)."""
+        fd = self.open_fd(rel, os.O_RDONLY | os.O_NOFOLLOW, write=True, what="chmod")
+        try:
+            os.fchmod(fd, mode)
+        except OSError as exc:
+            raise _error(exc, "chmod", rel) from exc
+        finally:
+            os.close(fd)
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base}/{name}" if base else name
+
+
+def _entry_kind(entry: os.DirEntry[str]) -> str:
+    try:
+        if entry.is_symlink():
+            return "symlink"
+        if entry.is_dir(follow_symlinks=False):
+            return "dir"
+        if entry.is_file(follow_symlinks=False):
+            return "file"
+    except OSError:
+        pass
+    return "other"

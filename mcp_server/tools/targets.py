@@ -1,0 +1,142 @@
+"""Which view a file tool acts on, and the JSON-Schema fragments every file tool shares.
+
+Every file tool (snapshot, workspace, text, hashline) reads or edits one of three views:
+
+- the live **worktree**: the workspace root is the tool's ``workspace`` argument when
+  given (an absolute directory), else ``ctx.config.workspace`` (``CCW_WORKSPACE``,
+  default the server's cwd).  Symlinks in the root path itself are resolved once, when
+  the root is opened; everything beneath it is reached through the root descriptor.
+- a **capsule**'s copy-on-write merged view, when ``capsule_id`` is given: the helper
+  passes an O_PATH descriptor of it (``open_root``), so no file content crosses the IPC.
+- a **snapshot** (immutable, content-addressed), handled by the snapshot tools
+  themselves from the blob store; it needs no view.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mcp_server.core.fsview import RootView
+from sandbox.errors import CcwError
+
+
+def workspace_root(ctx: Any, workspace: str | None = None) -> str:
+    """The worktree root directory: the ``workspace`` argument, else the configured one."""
+    root = workspace or getattr(ctx.config, "workspace", "") or os.getcwd()
+    if not os.path.isabs(root):
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"workspace {root!r} must be an absolute directory path",
+            {"workspace": root},
+        )
+    return root
+
+
+async def open_view(ctx: Any, *, capsule_id: str | None, workspace: str | None = None) -> RootView:
+    """The view a file tool acts on: a capsule's merged view, or the worktree root."""
+    if capsule_id:
+        helper = await ctx.helper()
+        fd = await helper.open_root(capsule_id)
+        return RootView.from_fd(fd)
+    return RootView.open(workspace_root(ctx, workspace))
+
+
+# --- shared schema fragments ---------------------------------------------------------
+
+CAPSULE_ID: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "description": "Act on this capsule's copy-on-write view instead of the live worktree.",
+}
+
+WORKSPACE: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "description": "Absolute worktree root; defaults to the server's configured workspace (CCW_WORKSPACE).",
+}
+
+PATH: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 4096,
+    "description": "Repo-relative POSIX path ('.' is the root); no '..', '~' or absolute paths.",
+}
+
+PATHS: dict[str, Any] = {"type": "array", "items": PATH, "maxItems": 10000}
+
+LEASE_ID: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 128,
+    "description": "Lease from an earlier worktree read; validated against the live fingerprint.",
+}
+
+SNAPSHOT_ID: dict[str, Any] = {
+    "type": "string",
+    "pattern": "^sha256:[0-9a-f]{64}$",
+    "description": "A snapshot id (content-addressed).",
+}
+
+BLOB_ID: dict[str, Any] = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
+
+MODE: dict[str, Any] = {
+    "type": "string",
+    "enum": ["worktree", "snapshot"],
+    "description": "worktree: the live tree (leases); snapshot: an immutable snapshot (snapshot_id).",
+}
+
+FINGERPRINT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "head_oid": {"type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})?$"},
+        "index_oid": {"type": "string", "pattern": "^([0-9a-f]{40}|[0-9a-f]{64})?$"},
+        "status_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+    },
+    "required": ["head_oid", "index_oid", "status_hash"],
+    "additionalProperties": False,
+}
+
+ERROR: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string"},
+                "message": {"type": "string"},
+                "details": {"type": "object"},
+            },
+            "required": ["code", "message", "details"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """Seed 000 §5: ``oneOf`` [Immutable (cache_hint "immutable"), Worktree (cache_hint
+    "until_dirty" with ``lease_id`` and ``fingerprint``)] over the same payload."""
+    immutable = {
+        "type": "object",
+        "properties": {
+            **properties,
+            "cache_hint": {"const": "immutable"},
+            "snapshot_id": SNAPSHOT_ID,
+        },
+        "required": [*required, "cache_hint", "snapshot_id"],
+        "not": {"required": ["lease_id"]},
+    }
+    worktree = {
+        "type": "object",
+        "properties": {
+            **properties,
+            "cache_hint": {"const": "until_dirty"},
+            "lease_id": {"type": "string"},
+            "fingerprint": FINGERPRINT,
+            "capsule_id": {"type": "string"},
+        },
+        "required": [*required, "cache_hint", "lease_id", "fingerprint"],
+    }
+    return {"type": "object", "oneOf": [immutable, worktree]}
