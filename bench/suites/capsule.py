@@ -1,0 +1,28 @@
+"""``python bench/run.py capsule``: the helper against its baselines, in one run.
+
+- capsule create on a 1,000-file and a 100,000-file workspace (flat in size), beside
+  ``cp -a`` and ``git worktree add`` of the same trees;
+- exec of /bin/true in a full jail, beside bwrap and a bare subprocess;
+- fanotify tracing of 20,000 small-file reads, beside no tracing and strace.
+Needs root (the helper's privileged mode).
+"""
+
+from __future__ import annotations
+
+from bench.common import Report
+
+
+def run(quick: bool = False) -> Report:
+    """Measure every part and collect the rows."""
+    from bench.parts import create, jail_exec, tracing
+
+    report = Report("capsule")
+    repeat = 5 if quick else 30
+    for row in create.measure(repeat, quick):
+        report.add(row)
+    for row in jail_exec.measure(repeat * 2):
+        report.add(row)
+    for row in tracing.measure(3 if quick else 7):
+        report.add(row)
+    report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.5x bwrap; tracing <= 1.3x untraced")
+    return report

@@ -1,0 +1,136 @@
+"""The capsule journal: every capsule the front end created and every exec run in it.
+
+Witnesses, policies and delta minimisation read it, so it records what is needed to
+re-run and to judge a run: argv, cwd, the environment's keys (never its values: they may
+be secrets), exit status, blake3 of stdout/stderr, usage and touched sets.  Rows are
+append-only; a capsule's execs are numbered from 1 in the order they finished.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_server.state import State
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS capsules (
+    capsule_id TEXT PRIMARY KEY,
+    workspace TEXT NOT NULL,
+    base TEXT NOT NULL,
+    parent TEXT,
+    created_at TEXT NOT NULL,
+    clock TEXT NOT NULL,
+    clock_offset_sec INTEGER NOT NULL,
+    env_whitelist TEXT NOT NULL,
+    limits TEXT NOT NULL,
+    network TEXT NOT NULL,
+    isolation TEXT NOT NULL,
+    mount TEXT NOT NULL,
+    base_fingerprint TEXT,
+    destroyed_at TEXT
+);
+CREATE TABLE IF NOT EXISTS execs (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    seq INTEGER NOT NULL,
+    started_at TEXT NOT NULL,
+    argv TEXT NOT NULL,
+    cwd TEXT NOT NULL,
+    env_keys TEXT NOT NULL,
+    stdin_blake3 TEXT,
+    exit_code INTEGER,
+    signal TEXT,
+    timed_out INTEGER NOT NULL,
+    oom_killed INTEGER NOT NULL,
+    stdout_blake3 TEXT NOT NULL,
+    stderr_blake3 TEXT NOT NULL,
+    stdout_bytes INTEGER NOT NULL,
+    stderr_bytes INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    usage TEXT NOT NULL,
+    touched TEXT NOT NULL,
+    PRIMARY KEY (capsule_id, seq)
+);
+"""
+
+_JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprint")
+_JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
+
+
+@dataclass(frozen=True)
+class CapsuleRecord:
+    """A capsule as the journal knows it."""
+
+    capsule_id: str
+    workspace: str
+    base: str
+    parent: str | None
+    created_at: str
+    clock: str
+    clock_offset_sec: int
+    env_whitelist: list[str]
+    limits: dict[str, Any]
+    network: str
+    isolation: dict[str, Any]
+    mount: str
+    base_fingerprint: dict[str, Any] | None
+    destroyed_at: str | None
+
+
+class Journal:
+    """Reads and appends capsule and exec records in the state database."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        state.ensure_schema("journal", _DDL)
+
+    def add_capsule(self, record: CapsuleRecord) -> None:
+        """Record a new capsule."""
+        row = dict(record.__dict__)
+        for key in _JSON_CAPSULE_FIELDS:
+            row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
+        cols = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        self.state.execute(f"INSERT OR REPLACE INTO capsules ({cols}) VALUES ({marks})", list(row.values()))
+
+    def capsule(self, capsule_id: str) -> CapsuleRecord | None:
+        """The record of one capsule, or None."""
+        rows = self.state.execute("SELECT * FROM capsules WHERE capsule_id = ?", (capsule_id,))
+        if not rows:
+            return None
+        data = dict(rows[0])
+        for key in _JSON_CAPSULE_FIELDS:
+            data[key] = None if data[key] is None else json.loads(data[key])
+        return CapsuleRecord(**data)
+
+    def mark_destroyed(self, capsule_id: str, when: str) -> None:
+        """Note that a capsule is gone (its execs stay, for witnesses already made)."""
+        self.state.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
+
+    def add_exec(self, capsule_id: str, entry: dict[str, Any]) -> int:
+        """Append an exec record; returns its sequence number."""
+        with self.state.transaction() as db:
+            (last,) = db.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM execs WHERE capsule_id = ?", (capsule_id,)
+            ).fetchone()
+            row = {"capsule_id": capsule_id, "seq": last + 1, **entry}
+            for key in _JSON_EXEC_FIELDS:
+                row[key] = json.dumps(row[key], sort_keys=True)
+            cols = ", ".join(row)
+            marks = ", ".join("?" for _ in row)
+            db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(row.values()))
+            return int(last + 1)
+
+    def execs(self, capsule_id: str) -> list[dict[str, Any]]:
+        """Every exec of a capsule, in order."""
+        rows = self.state.execute("SELECT * FROM execs WHERE capsule_id = ? ORDER BY seq", (capsule_id,))
+        out = []
+        for row in rows:
+            data = dict(row)
+            for key in _JSON_EXEC_FIELDS:
+                data[key] = json.loads(data[key])
+            data["timed_out"] = bool(data["timed_out"])
+            data["oom_killed"] = bool(data["oom_killed"])
+            out.append(data)
+        return out

@@ -1,0 +1,596 @@
+"""Capsule tools: create, exec, diff, fork, list, destroy (seed 003 §1–§3 shapes).
+
+The helper does the kernel work; these handlers check arguments, pick the environment the
+capsule may see, keep the journal (every exec: argv, cwd, env keys, exit status, blake3 of
+the output, usage, touched sets) and render diffs from the helper's change list plus file
+contents read through the capsule's O_PATH root (no file content crosses the IPC).
+
+Choices made here, where seed 003 is silent:
+- ``env_whitelist`` names variables of the server's own environment that pass into the
+  capsule; HOME is always the capsule's own home, PATH and LANG get defaults if absent.
+- ``cwd`` is relative to the workspace, or absolute inside it; default the workspace.
+- ``stdout``/``stderr`` are text (UTF-8, undecodable bytes replaced); the journal hashes
+  the raw bytes, and ``stdout_bytes``/``stderr_bytes`` count all the command wrote, even
+  past the capture cap (``truncated`` says whether the text is whole).
+- ``capsule_diff`` compares the capsule's view with its base (the workspace as it is now,
+  since the live tree is the capsule's lower layer); files that are not UTF-8 are shown
+  as git binary patches, so the unified diff always applies with ``git apply``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+from typing import Any
+
+import blake3
+import trio
+
+from mcp_server.core import unidiff
+from mcp_server.core.fsview import RootView
+from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
+
+MAX_TIMEOUT_MS = 24 * 3600 * 1000
+DEFAULT_TIMEOUT_MS = 300_000
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+CAPSULE_ID = {
+    "type": "string",
+    "pattern": "^cap_[0-9A-Za-z_]{1,64}$",
+    "description": "A capsule id returned by capsule_create or capsule_fork.",
+}
+_NULLABLE_INT = {"type": ["integer", "null"]}
+LIMITS = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "memory_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+        "pids_max": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+        "cpu_ms": {"type": "integer", "minimum": 1},
+    },
+    "description": "Per-exec limits: memory (MiB), number of processes, CPU time (ms).",
+}
+ISOLATION = {"type": "object", "description": "Each isolation mechanism in force and how."}
+_CAPSULE_OUT_PROPS: dict[str, Any] = {
+    "capsule_id": CAPSULE_ID,
+    "mount": {"type": "string", "description": "The merged view as the helper sees it."},
+    "workspace": {"type": "string"},
+    "clock": {"type": "string", "description": "The time the capsule's commands see (ISO 8601)."},
+    "isolation": ISOLATION,
+    "parent": {"type": ["string", "null"]},
+}
+CAPSULE_OUT = {
+    "type": "object",
+    "required": ["capsule_id", "mount", "clock", "isolation", "workspace"],
+    "properties": _CAPSULE_OUT_PROPS,
+    "additionalProperties": False,
+}
+
+
+def _journal(ctx: ToolContext) -> Journal:
+    return Journal(ctx.state)
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.isoformat(timespec="microseconds")
+
+
+def _record(ctx: ToolContext, capsule_id: str) -> CapsuleRecord:
+    record = _journal(ctx).capsule(capsule_id)
+    if record is None or record.destroyed_at is not None:
+        raise CcwError(
+            "NOT_FOUND",
+            f"capsule {capsule_id} not found (destroyed or never created); "
+            "call capsule_list to see live capsules or capsule_create to make one",
+            {"capsule_id": capsule_id},
+        )
+    return record
+
+
+def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
+    return {
+        "capsule_id": record.capsule_id,
+        "mount": record.mount,
+        "workspace": record.workspace,
+        "clock": record.clock,
+        "isolation": record.isolation,
+        "parent": record.parent,
+    }
+
+
+def _real(path: str) -> str:
+    # The helper re-checks the path; resolving here makes journal entries canonical.
+    return os.path.realpath(os.path.expanduser(path))
+
+
+async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Create a capsule over a workspace."""
+    workspace = _real(args["workspace"])
+    base = args.get("base")
+    base_path = _real(base) if base else workspace
+    offset = int(args.get("clock_offset_sec") or 0)
+    whitelist = sorted(set(args.get("env_whitelist") or []))
+    limits = args.get("limits") or {}
+    network = args.get("network") or "none"
+    request: dict[str, Any] = {
+        "workspace": workspace,
+        "clock_offset_sec": offset,
+        "env_whitelist": whitelist,
+        "limits": limits,
+        "network": network,
+    }
+    if base_path != workspace:
+        request["base"] = base_path
+    helper = await ctx.helper()
+    reply = await helper.request("create", request)
+    created = _now()
+    record = CapsuleRecord(
+        capsule_id=reply["capsule_id"],
+        workspace=workspace,
+        base=base_path,
+        parent=None,
+        created_at=_iso(created),
+        clock=_iso(created + dt.timedelta(seconds=offset)),
+        clock_offset_sec=offset,
+        env_whitelist=whitelist,
+        limits=limits,
+        network=network,
+        isolation=reply.get("isolation", {}),
+        mount=reply.get("mount", ""),
+        base_fingerprint=None,
+        destroyed_at=None,
+    )
+    _journal(ctx).add_capsule(record)
+    return _capsule_result(record)
+
+
+def _exec_env(record: CapsuleRecord) -> dict[str, str]:
+    env = {k: os.environ[k] for k in record.env_whitelist if k in os.environ and k != "HOME"}
+    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def _resolve_cwd(record: CapsuleRecord, cwd: str | None) -> str:
+    if not cwd:
+        return record.workspace
+    joined = os.path.normpath(os.path.join(record.workspace, cwd))
+    if joined != record.workspace and not joined.startswith(record.workspace.rstrip("/") + "/"):
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"cwd {cwd!r} is outside the workspace {record.workspace}; give a path relative to it",
+            {"cwd": cwd},
+        )
+    return joined
+
+
+def _hash(data: bytes) -> str:
+    return "blake3:" + blake3.blake3(data).hexdigest()
+
+
+async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Run a command in a capsule's jail and record it in the journal."""
+    record = _record(ctx, args["capsule_id"])
+    cwd = _resolve_cwd(record, args.get("cwd"))
+    timeout_ms = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
+    stdin = args.get("stdin")
+    stdin_bytes = stdin.encode() if stdin is not None else None
+    request: dict[str, Any] = {
+        "capsule_id": record.capsule_id,
+        "argv": list(args["cmd"]),
+        "cwd": cwd,
+        "env": _exec_env(record),
+        "timeout_ms": timeout_ms,
+    }
+    if stdin_bytes is not None:
+        request["stdin_b64"] = base64.b64encode(stdin_bytes).decode()
+    if record.limits:
+        request["limits"] = record.limits
+    started = _now()
+    helper = await ctx.helper()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_heartbeat, ctx, timeout_ms)
+        reply = await helper.request("exec", request)
+        nursery.cancel_scope.cancel()
+    stdout = base64.b64decode(reply["stdout_b64"])
+    stderr = base64.b64decode(reply["stderr_b64"])
+    usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
+    touched = {"read": reply["touched"]["read"], "written": reply["touched"]["written"]}
+    _journal(ctx).add_exec(
+        record.capsule_id,
+        {
+            "started_at": _iso(started),
+            "argv": request["argv"],
+            "cwd": cwd,
+            "env_keys": sorted(request["env"]),
+            "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
+            "exit_code": reply["exit_code"],
+            "signal": reply.get("signal"),
+            "timed_out": int(bool(reply["timed_out"])),
+            "oom_killed": int(bool(reply.get("oom_killed"))),
+            "stdout_blake3": _hash(stdout),
+            "stderr_blake3": _hash(stderr),
+            "stdout_bytes": reply["stdout_bytes"],
+            "stderr_bytes": reply["stderr_bytes"],
+            "duration_ms": reply["duration_ms"],
+            "usage": usage,
+            "touched": touched,
+        },
+    )
+    return {
+        "exit_code": reply["exit_code"],
+        "signal": reply.get("signal"),
+        "timed_out": bool(reply["timed_out"]),
+        "oom_killed": bool(reply.get("oom_killed")),
+        "duration_ms": reply["duration_ms"],
+        "stdout": stdout.decode("utf-8", "replace"),
+        "stderr": stderr.decode("utf-8", "replace"),
+        "stdout_bytes": reply["stdout_bytes"],
+        "stderr_bytes": reply["stderr_bytes"],
+        "truncated": {"stdout": bool(reply["truncated"]["stdout"]), "stderr": bool(reply["truncated"]["stderr"])},
+        "usage": usage,
+        "usage_unavailable": dict(sorted(reply.get("usage_unavailable", {}).items())),
+        "touched": touched,
+        "touched_unavailable": dict(sorted(reply.get("touched_unavailable", {}).items())),
+    }
+
+
+async def _heartbeat(ctx: ToolContext, timeout_ms: int) -> None:
+    # Long commands: tell a client that asked for progress that the exec is alive.
+    elapsed = 0.0
+    while True:
+        await trio.sleep(1.0)
+        elapsed += 1.0
+        await ctx.progress(elapsed * 1000, float(timeout_ms), f"running for {int(elapsed)} s")
+
+
+def _git_mode(st: os.stat_result) -> int:
+    import stat as stat_mod
+
+    if stat_mod.S_ISLNK(st.st_mode):
+        return 0o120000
+    return 0o100755 if st.st_mode & 0o111 else 0o100644
+
+
+def _side(view: RootView, path: str) -> tuple[bytes | None, int | None]:
+    """Content and git mode of a path in a view; (None, None) if absent or not a file/link."""
+    import stat as stat_mod
+
+    try:
+        st = view.stat(path, follow=False)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            return None, None
+        raise
+    if stat_mod.S_ISLNK(st.st_mode):
+        return os.fsencode(view.readlink(path)), 0o120000
+    if stat_mod.S_ISREG(st.st_mode):
+        return view.read_bytes(path), _git_mode(st)
+    return None, None
+
+
+def _utf8(data: bytes | None) -> bool:
+    if data is None:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _file_changes(ctx: ToolContext, record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int) -> list[unidiff.FileChange]:
+    out = []
+    with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
+        for change in changes:
+            if change.get("type") == "dir" and change["kind"] != "type_changed":
+                continue
+            path = change["path"]
+            old, old_mode = _side(base_view, path)
+            new, new_mode = _side(capsule_view, path)
+            if old is None and new is None:
+                continue
+            binary = None if (_utf8(old) and _utf8(new)) else True
+            out.append(unidiff.FileChange(path, old, new, old_mode, new_mode, binary))
+    return out
+
+
+async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """The capsule's changes against its base, as a unified diff, JSON or a stat."""
+    record = _record(ctx, args["capsule_id"])
+    fmt = args.get("format") or "unified"
+    helper = await ctx.helper()
+    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+    root_fd = await helper.open_root(record.capsule_id)
+    file_changes = await trio.to_thread.run_sync(_file_changes, ctx, record, changes, root_fd)
+    files = []
+    summary = {"added": 0, "deleted": 0, "modified": 0}
+    for fc in sorted(file_changes, key=lambda c: c.path.encode()):
+        status = "added" if fc.old is None else "deleted" if fc.new is None else "modified"
+        if fc.old == fc.new and fc.old_mode == fc.new_mode:
+            continue
+        summary[status] += 1
+        added, removed = unidiff.numstat(fc)
+        files.append(
+            {
+                "path": fc.path,
+                "status": status,
+                "binary": bool(fc.binary) or unidiff.is_binary(fc.old) or unidiff.is_binary(fc.new),
+                "old_mode": f"{fc.old_mode:o}" if fc.old_mode else None,
+                "new_mode": f"{fc.new_mode:o}" if fc.new_mode else None,
+                "lines_added": added,
+                "lines_removed": removed,
+            }
+        )
+    if fmt == "unified":
+        diff = unidiff.render_all(file_changes).decode("utf-8")
+    elif fmt == "stat":
+        diff = "".join(_stat_line(f) for f in files)
+        diff += f"{len(files)} files changed\n"
+    else:
+        diff = ""
+    result: dict[str, Any] = {"capsule_id": record.capsule_id, "format": fmt, "summary": summary, "diff": diff}
+    if fmt == "json":
+        result["files"] = files
+    return result
+
+
+def _stat_line(file: dict[str, Any]) -> str:
+    if file["binary"]:
+        return f"{file['path']} | Bin\n"
+    return f"{file['path']} | {(file['lines_added'] or 0) + (file['lines_removed'] or 0)}\n"
+
+
+async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """A child capsule stacked on its parent's view."""
+    parent = _record(ctx, args["capsule_id"])
+    helper = await ctx.helper()
+    reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
+    created = _now()
+    record = CapsuleRecord(
+        capsule_id=reply["capsule_id"],
+        workspace=parent.workspace,
+        base=parent.base,
+        parent=parent.capsule_id,
+        created_at=_iso(created),
+        clock=_iso(created + dt.timedelta(seconds=parent.clock_offset_sec)),
+        clock_offset_sec=parent.clock_offset_sec,
+        env_whitelist=parent.env_whitelist,
+        limits=parent.limits,
+        network=parent.network,
+        isolation=reply.get("isolation", parent.isolation),
+        mount=reply.get("mount", ""),
+        base_fingerprint=parent.base_fingerprint,
+        destroyed_at=None,
+    )
+    _journal(ctx).add_capsule(record)
+    return _capsule_result(record)
+
+
+async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """The caller's live capsules, by id."""
+    helper = await ctx.helper()
+    live = (await helper.request("list", {}))["capsules"]
+    journal = _journal(ctx)
+    out = []
+    for item in sorted(live, key=lambda c: c["capsule_id"]):
+        record = journal.capsule(item["capsule_id"])
+        execs = len(journal.execs(item["capsule_id"])) if record else 0
+        out.append(
+            {
+                "capsule_id": item["capsule_id"],
+                "workspace": item.get("workspace", record.workspace if record else ""),
+                "parent": item.get("parent"),
+                "created_at": record.created_at if record else item.get("created_at", ""),
+                "execs": execs,
+            }
+        )
+    return {"capsules": out}
+
+
+async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Unmount a capsule and delete its data; its journal stays for witnesses."""
+    record = _record(ctx, args["capsule_id"])
+    helper = await ctx.helper()
+    await helper.request("destroy", {"capsule_id": record.capsule_id})
+    _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))
+    return {"capsule_id": record.capsule_id, "destroyed": True}
+
+
+_USAGE = {
+    "type": "object",
+    "required": ["cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb"],
+    "properties": {k: _NULLABLE_INT for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")},
+    "additionalProperties": False,
+}
+_PATHS = {"type": "array", "items": {"type": "string"}}
+_REASONS = {"type": "object", "additionalProperties": {"type": "string"}}
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_create",
+        family="capsule",
+        title="Create capsule",
+        description=(
+            "Create a capsule: a copy-on-write view of `workspace` in which capsule_exec runs "
+            "commands in a namespace jail. Nothing touches the real tree until capsule_promote."
+        ),
+        input_schema={
+            "type": "object",
+            "required": ["workspace"],
+            "additionalProperties": False,
+            "properties": {
+                "workspace": {"type": "string", "minLength": 1, "description": "Absolute path of the project directory."},
+                "base": {"type": ["string", "null"], "description": "Directory to use as the capsule's base (default: the workspace itself)."},
+                "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
+                "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
+                "limits": {**LIMITS, "type": ["object", "null"]},
+                "network": {"enum": ["none", None], "description": "Only 'none' (an empty network namespace with loopback)."},
+            },
+        },
+        output_schema=CAPSULE_OUT,
+        handler=capsule_create,
+        scope="exec",
+        aliases=("capsule/create",),
+    ),
+    ToolSpec(
+        name="capsule_exec",
+        family="capsule",
+        title="Run in capsule",
+        description=(
+            "Run `cmd` (argv list) in the capsule's jail: its own pid/net/mount namespaces, the "
+            "workspace at its own path (copy-on-write), no network. Returns exit status, output, "
+            "resource usage and the files read and written."
+        ),
+        input_schema={
+            "type": "object",
+            "required": ["capsule_id", "cmd"],
+            "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "cwd": {"type": ["string", "null"], "description": "Relative to the workspace (default: the workspace)."},
+                "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
+                "stdin": {"type": ["string", "null"]},
+            },
+        },
+        output_schema={
+            "type": "object",
+            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms"],
+            "additionalProperties": False,
+            "properties": {
+                "exit_code": _NULLABLE_INT,
+                "signal": {"type": ["string", "null"]},
+                "timed_out": {"type": "boolean"},
+                "oom_killed": {"type": "boolean"},
+                "duration_ms": {"type": "integer"},
+                "stdout": {"type": "string"},
+                "stderr": {"type": "string"},
+                "stdout_bytes": {"type": "integer"},
+                "stderr_bytes": {"type": "integer"},
+                "truncated": {
+                    "type": "object",
+                    "required": ["stdout", "stderr"],
+                    "properties": {"stdout": {"type": "boolean"}, "stderr": {"type": "boolean"}},
+                    "additionalProperties": False,
+                },
+                "usage": _USAGE,
+                "usage_unavailable": _REASONS,
+                "touched": {
+                    "type": "object",
+                    "required": ["read", "written"],
+                    "properties": {"read": {"type": ["array", "null"], "items": {"type": "string"}}, "written": _PATHS},
+                    "additionalProperties": False,
+                },
+                "touched_unavailable": _REASONS,
+            },
+        },
+        handler=capsule_exec,
+        scope="exec",
+        aliases=("capsule/exec",),
+    ),
+    ToolSpec(
+        name="capsule_diff",
+        family="capsule",
+        title="Diff capsule",
+        description="The capsule's changes against its base: `unified` (applies with git apply), `json` (per file) or `stat`.",
+        input_schema={
+            "type": "object",
+            "required": ["capsule_id"],
+            "additionalProperties": False,
+            "properties": {"capsule_id": CAPSULE_ID, "format": {"enum": ["unified", "json", "stat"]}},
+        },
+        output_schema={
+            "type": "object",
+            "required": ["capsule_id", "format", "summary", "diff"],
+            "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "format": {"enum": ["unified", "json", "stat"]},
+                "summary": {
+                    "type": "object",
+                    "required": ["added", "deleted", "modified"],
+                    "properties": {k: {"type": "integer"} for k in ("added", "deleted", "modified")},
+                    "additionalProperties": False,
+                },
+                "diff": {"type": "string"},
+                "files": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        handler=capsule_diff,
+        scope="read",
+        aliases=("capsule/diff",),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="capsule_fork",
+        family="capsule",
+        title="Fork capsule",
+        description="A child capsule that starts from the parent's current view; the parent is left as it is.",
+        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
+        output_schema=CAPSULE_OUT,
+        handler=capsule_fork,
+        scope="exec",
+        aliases=("capsule/fork",),
+    ),
+    ToolSpec(
+        name="capsule_list",
+        family="capsule",
+        title="List capsules",
+        description="Your live capsules, oldest first.",
+        input_schema={"type": "object", "additionalProperties": False, "properties": {}},
+        output_schema={
+            "type": "object",
+            "required": ["capsules"],
+            "additionalProperties": False,
+            "properties": {
+                "capsules": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "capsule_id": CAPSULE_ID,
+                            "workspace": {"type": "string"},
+                            "parent": {"type": ["string", "null"]},
+                            "created_at": {"type": "string"},
+                            "execs": {"type": "integer"},
+                        },
+                    },
+                }
+            },
+        },
+        handler=capsule_list,
+        scope="read",
+        aliases=("capsule/list",),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="capsule_destroy",
+        family="capsule",
+        title="Destroy capsule",
+        description="Unmount the capsule and delete its changes. The real tree is not touched.",
+        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
+        output_schema={
+            "type": "object",
+            "required": ["capsule_id", "destroyed"],
+            "additionalProperties": False,
+            "properties": {"capsule_id": CAPSULE_ID, "destroyed": {"const": True}},
+        },
+        handler=capsule_destroy,
+        scope="exec",
+        aliases=("capsule/destroy",),
+        destructive=True,
+        idempotent=False,
+    ),
+]
