@@ -203,3 +203,43 @@ def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     """close_range(2): close every descriptor in [first, last]."""
     ret = _libc.syscall(_nr("close_range"), ctypes.c_uint(first), ctypes.c_uint(last), ctypes.c_uint(flags))
     _check(ret, f"close_range({first}, {last})")
+
+
+# --- the new mount API (fsopen/fsconfig/fsmount/move_mount) -------------------------
+# Added after 5.1, these share one number on every architecture (the unified table).
+_NEW_MOUNT_NR = {"move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432}
+FSOPEN_CLOEXEC = 0x1
+FSMOUNT_CLOEXEC = 0x1
+FSCONFIG_SET_FLAG = 0
+FSCONFIG_SET_STRING = 1
+FSCONFIG_CMD_CREATE = 6
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+AT_FDCWD = -100
+
+
+def fsopen(fstype: str, flags: int = FSOPEN_CLOEXEC) -> int:
+    """fsopen(2): a filesystem context fd; read() on it yields the kernel's error log."""
+    ret = _libc.syscall(_NEW_MOUNT_NR["fsopen"], _b(fstype), ctypes.c_uint(flags))
+    return _check(ret, f"fsopen({fstype!r})")
+
+
+def fsconfig(fd: int, cmd: int, key: str | None = None, value: str | None = None, aux: int = 0) -> None:
+    """fsconfig(2): set one parameter (FSCONFIG_SET_STRING/FLAG) or FSCONFIG_CMD_CREATE."""
+    ret = _libc.syscall(
+        _NEW_MOUNT_NR["fsconfig"], ctypes.c_int(fd), ctypes.c_uint(cmd), _b(key), _b(value), ctypes.c_int(aux)
+    )
+    _check(ret, f"fsconfig({fd}, {cmd}, {key!r}, {value!r})")
+
+
+def fsmount(fd: int, flags: int = FSMOUNT_CLOEXEC, attr_flags: int = 0) -> int:
+    """fsmount(2): a detached mount fd for a created filesystem context."""
+    ret = _libc.syscall(_NEW_MOUNT_NR["fsmount"], ctypes.c_int(fd), ctypes.c_uint(flags), ctypes.c_uint(attr_flags))
+    return _check(ret, f"fsmount({fd}, {flags:#x})")
+
+
+def move_mount(from_fd: int, from_path: str, to_fd: int, to_path: str, flags: int = 0) -> None:
+    """move_mount(2): attach a detached mount (from fsmount) at ``to_path``."""
+    ret = _libc.syscall(
+        _NEW_MOUNT_NR["move_mount"], ctypes.c_int(from_fd), _b(from_path), ctypes.c_int(to_fd), _b(to_path), ctypes.c_uint(flags)
+    )
+    _check(ret, f"move_mount({from_fd}, {from_path!r}, {to_fd}, {to_path!r}, {flags:#x})")
