@@ -1,0 +1,38 @@
+"""Snapshot manifests and ids (seed 000 §2.4).
+
+A manifest is ``{"entries": [{"path", "blob"}, …]}`` in canonical JSON with entries in
+byte order of path; ``snapshot_id = "sha256:" + sha256(canonical_fingerprint_json + "\\n"
++ manifest_bytes)``.  The manifest names content only: file modes and kinds are kept
+beside it (the snapshot tables) and do not change the id, just as seed 000 defines it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mcp_server.core.canonical import canonical_json
+from mcp_server.core.paths import path_key
+
+
+def manifest_entries(files: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[dict[str, str]]:
+    """``[{"path", "blob"}]`` sorted by path bytes; duplicate paths are an error."""
+    pairs = list(files.items()) if isinstance(files, Mapping) else list(files)
+    pairs.sort(key=lambda item: path_key(item[0]))
+    for before, after in itertools.pairwise(pairs):
+        if before[0] == after[0]:
+            raise ValueError(f"manifest names {before[0]!r} twice")
+    return [{"path": path, "blob": blob} for path, blob in pairs]
+
+
+def manifest_bytes(files: Mapping[str, str] | Iterable[tuple[str, str]]) -> bytes:
+    """The canonical manifest bytes."""
+    return canonical_json({"entries": manifest_entries(files)})
+
+
+def snapshot_id(fingerprint: Mapping[str, Any], manifest: bytes) -> str:
+    """``sha256:<hex>`` of the canonical fingerprint, a newline and the manifest bytes."""
+    digest = hashlib.sha256(canonical_json(dict(fingerprint)) + b"\n" + manifest)
+    return "sha256:" + digest.hexdigest()
