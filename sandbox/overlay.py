@@ -1,0 +1,489 @@
+"""One overlayfs superblock per capsule: mount it, read what changed, unmount it.
+
+Some facts about overlayfs
+--------------------------
+
+* A mount stacks read-only *lower* layers under one writable *upper* dir.  The first
+  write to a lower file copies it up whole into the upper dir; after that the upper
+  copy is the file.  So the upper dir alone says everything the capsule changed, and
+  scanning it costs the size of the change, never the size of the workspace.
+* A deleted lower entry leaves a *whiteout* in the upper dir: a character device with
+  device number 0:0 (unprivileged users may create exactly this device since 5.8).
+  A directory that replaces a lower directory (``rm -rf d; mkdir d``) is *opaque*: the
+  xattr ``trusted.overlay.opaque="y"`` (``user.overlay.opaque`` with ``userxattr``)
+  hides everything below it.  Newer kernels also write ``opaque="x"``, which means
+  "may hold xattr whiteouts" and is *not* opaque; those xattr whiteouts come from
+  composefs tooling and the kernel never creates them in an upper dir, so we do not
+  look for them.
+* ``redirect_dir`` lets a renamed lower directory be recorded as an xattr pointing at
+  its old lower path, and ``metacopy`` lets chmod/chown copy up metadata only, leaving
+  the data in the lower layer.  Both make the upper dir no longer self-describing: a
+  scan would see an empty dir or a sparse file where the lower holds the content.  We
+  turn both off (explicitly, whatever the module parameters say): renaming a lower
+  directory then fails with EXDEV, and ``mv``, git and Python fall back to copy+delete.
+* ``index`` ties the upper dir to the exact lower inodes (origin file handles) and
+  refuses a remount over a different lower, which would break fork stacking and crash
+  recovery; it is off, and so is ``nfs_export`` (it needs index).  With index off, the
+  kernel only *warns* when a dir is the upper of one mount and a lower of another,
+  which is exactly what a fork does (see below).
+* Upper and work dir must be on the same filesystem (the work dir is where a copy-up is
+  prepared before it is renamed into place); both live under the capsule's state dir.
+* ``lowerdir`` is ordered top first.  A fork mounts ``lowerdir = parent's upper :
+  grandparent's upper : … : base``, so the child sees its parent's view; the child's
+  own writes land in its own upper and never reach the parent.
+* Changing a lower layer under a mounted overlay is "undefined behaviour" in the
+  kernel's words (no crash, no deadlock).  Our lower is usually the *live* workspace,
+  which the user keeps editing: files the capsule has copied up are pinned, files it
+  has not are read through and show the host's current bytes, and cached directory
+  lookups may briefly show a stale listing.  ccw therefore treats a live-workspace
+  capsule as "the workspace as of each read" and records base hashes lazily so that
+  promotion can detect that the live tree moved; a frozen base (a materialised
+  snapshot passed as ``base``) gives a lower that never changes.  For the same reason
+  a fork's parent must not change while the fork exists: the capsule manager makes the
+  parent's mount read-only (kernel-enforced) and refuses exec on it until its forks
+  are gone.
+* ``userxattr`` (5.11+) stores overlay xattrs as ``user.overlay.*``.  A rootless helper
+  mounts inside a user namespace, where ``trusted.*`` is out of reach, so it must use
+  it; userxattr also forbids redirect_dir/metacopy, which we keep off anyway.
+* ``volatile`` skips syncing the upper dir, and after a host crash the kernel refuses
+  to remount it until the work dir's ``incompat/volatile`` is removed by hand.  Capsule
+  data must survive a helper restart (and should survive a host crash), so we do not
+  use it.
+* Mount options: ``mount(2)`` passes them as one string of at most a page, with ``:``
+  and ``,`` in paths to escape.  The new mount API (``fsopen``/``fsconfig``) takes each
+  layer as its own ``lowerdir+`` parameter (6.8+): no length limit for deep fork
+  stacks, no escaping of user-chosen workspace paths, and the kernel's own error text
+  can be read back from the context fd.  We use it, and fall back to ``mount(2)`` on
+  kernels without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox import syscalls
+from sandbox.errors import CcwError, from_oserror
+
+OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+_MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data
+
+
+@dataclass(frozen=True)
+class Change:
+    """One entry of a capsule's diff against its base."""
+
+    path: str  # repo-relative, POSIX
+    kind: str  # added | modified | deleted | type_changed | mode_changed | opaque
+    type: str  # file | dir | symlink | other (the new type; the old one for deleted)
+    mode: int | None = None  # permission bits (S_IMODE) of the new entry
+    size: int | None = None  # regular files only
+    target: str | None = None  # symlinks only, as readlink says, never followed
+
+    def to_dict(self) -> dict[str, Any]:
+        """The wire form: absent fields are left out."""
+        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "type": self.type}
+        for key in ("mode", "size", "target"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+
+# --- mount / unmount ----------------------------------------------------------------
+
+
+def prepare(lowers: Sequence[str], upper: str, work: str, merged: str, userxattr: bool) -> None:
+    """Mount one overlay at ``merged``: ``lowers`` top first, ``upper``/``work`` writable."""
+    if not lowers:
+        raise CcwError("INVALID_ARGUMENT", "an overlay needs at least one lower dir")
+    try:
+        _mount_fsconfig(lowers, upper, work, merged, userxattr)
+    except _NoNewMountApi:
+        _mount_legacy(lowers, upper, work, merged, userxattr)
+
+
+class _NoNewMountApi(Exception):
+    pass
+
+
+def _common_options(userxattr: bool) -> list[tuple[str, str | None]]:
+    options: list[tuple[str, str | None]] = [
+        ("redirect_dir", "off"),
+        ("metacopy", "off"),
+        ("index", "off"),
+        ("nfs_export", "off"),
+    ]
+    if userxattr:
+        options.append(("userxattr", None))
+    return options
+
+
+def _mount_fsconfig(lowers: Sequence[str], upper: str, work: str, merged: str, userxattr: bool) -> None:
+    try:
+        fs_fd = syscalls.fsopen("overlay")
+    except OSError as exc:
+        if exc.errno == errno.ENOSYS:
+            raise _NoNewMountApi from exc
+        raise from_oserror(exc, "fsopen overlay", merged, "is the overlay module available?") from exc
+    try:
+        try:
+            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "source", "ccw")
+            for index, lower in enumerate(lowers):
+                try:
+                    syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "lowerdir+", lower)
+                except OSError as exc:
+                    if index == 0 and exc.errno == errno.EINVAL and "lowerdir+" in _kernel_log(fs_fd):
+                        raise _NoNewMountApi from exc  # kernel < 6.8
+                    raise
+            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "upperdir", upper)
+            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "workdir", work)
+            for key, value in _common_options(userxattr):
+                if value is None:
+                    syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_FLAG, key)
+                else:
+                    syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, key, value)
+            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_CMD_CREATE)
+            mnt_fd = syscalls.fsmount(fs_fd)
+        except OSError as exc:
+            log = _kernel_log(fs_fd)
+            raise _mount_error(exc, lowers, upper, merged, log) from exc
+        try:
+            syscalls.move_mount(mnt_fd, "", syscalls.AT_FDCWD, merged, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+        except OSError as exc:
+            raise _mount_error(exc, lowers, upper, merged, "") from exc
+        finally:
+            os.close(mnt_fd)
+    finally:
+        os.close(fs_fd)
+
+
+def _kernel_log(fs_fd: int) -> str:
+    """The messages the kernel queued on a filesystem context fd ("e overlayfs: …")."""
+    lines = []
+    for _ in range(16):
+        try:
+            raw = os.read(fs_fd, 1024)
+        except OSError:
+            break
+        if not raw:
+            break
+        lines.append(raw.decode(errors="replace").strip())
+    return "; ".join(lines)
+
+
+def _escape_option(path: str, chars: str) -> str:
+    out = path.replace("\\", "\\\\")
+    for char in chars:
+        out = out.replace(char, "\\" + char)
+    return out
+
+
+def _mount_legacy(lowers: Sequence[str], upper: str, work: str, merged: str, userxattr: bool) -> None:
+    parts = [
+        "lowerdir=" + ":".join(_escape_option(lower, ":,") for lower in lowers),
+        "upperdir=" + _escape_option(upper, ","),
+        "workdir=" + _escape_option(work, ","),
+    ]
+    parts += [key if value is None else f"{key}={value}" for key, value in _common_options(userxattr)]
+    data = ",".join(parts)
+    if len(data.encode()) > _MOUNT_DATA_MAX:
+        raise CcwError(
+            "TOO_LARGE",
+            f"overlay options for {merged!r} are {len(data.encode())} bytes, over mount(2)'s one page; "
+            "this kernel lacks fsconfig lowerdir+ (6.8+): use a shorter state dir path or fewer nested forks",
+            {"path": merged},
+        )
+    try:
+        syscalls.mount("ccw", merged, "overlay", 0, data)
+    except OSError as exc:
+        raise _mount_error(exc, lowers, upper, merged, "") from exc
+
+
+def _mount_error(exc: OSError, lowers: Sequence[str], upper: str, merged: str, log: str) -> CcwError:
+    hint = "check that the lower dirs exist and that upper and work are on one filesystem"
+    if log:
+        hint = f"kernel says: {log}; {hint}"
+    error = from_oserror(exc, "mount overlay", merged, hint)
+    error.details.update({"lowers": list(lowers), "upper": upper})
+    return error
+
+
+def set_readonly(merged: str, readonly: bool) -> None:
+    """Make the overlay's mount read-only or writable again (a per-mount flag).
+
+    Fails with CONFLICT while a file is open for writing on it, which is what a fork
+    needs: the kernel, not a promise, keeps the parent from changing.
+    """
+    flags = syscalls.MS_REMOUNT | syscalls.MS_BIND | (syscalls.MS_RDONLY if readonly else 0)
+    try:
+        syscalls.mount(None, merged, None, flags, None)
+    except OSError as exc:
+        if exc.errno == errno.EBUSY:
+            raise CcwError(
+                "CONFLICT",
+                f"cannot freeze {merged!r}: a file in it is open for writing; close it and retry",
+                {"path": merged},
+            ) from exc
+        raise from_oserror(exc, "remount", merged) from exc
+
+
+def teardown(merged: str) -> None:
+    """Unmount ``merged``; lazily (MNT_DETACH) when busy.  Idempotent."""
+    for flags in (0, syscalls.MNT_DETACH):
+        try:
+            syscalls.umount2(merged, flags | syscalls.UMOUNT_NOFOLLOW)
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EINVAL, errno.ENOENT):
+                return  # not a mount point (any more)
+            if exc.errno != errno.EBUSY:
+                raise from_oserror(exc, "umount", merged) from exc
+
+
+def _unescape_mountinfo(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[tuple[str, str]]:
+    """``(mount point, fstype)`` of every line of a /proc/<pid>/mountinfo text."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-")
+        except ValueError:
+            continue
+        if len(fields) < 5 or sep + 1 >= len(fields):
+            continue
+        mounts.append((_unescape_mountinfo(fields[4]), fields[sep + 1]))
+    return mounts
+
+
+def mounts_under(prefix: str) -> list[str]:
+    """Mount points at or below ``prefix`` in our mount namespace, deepest first."""
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as file:
+        text = file.read()
+    prefix = prefix.rstrip("/")
+    found = [point for point, _ in parse_mountinfo(text) if point == prefix or point.startswith(prefix + "/")]
+    return sorted(found, key=lambda p: (-p.count("/"), p))
+
+
+# --- reading the upper dir ----------------------------------------------------------
+
+
+def is_whiteout(st: os.stat_result) -> bool:
+    """A whiteout: a character device 0:0."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def is_opaque(path: str) -> bool:
+    """Whether the upper dir ``path`` hides the lower dirs below it."""
+    for name in OPAQUE_XATTRS:
+        try:
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+        except OSError as exc:
+            if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
+                raise from_oserror(exc, f"getxattr {name}", path) from exc
+    return False
+
+
+def _type_name(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+def lower_lookup(lowers: Sequence[str], rel: str) -> tuple[str, os.stat_result] | None:
+    """The entry at ``rel`` in a stack of lower dirs (top first), or None.
+
+    Honours whiteouts and non-dir ancestors; the base of a capsule is a plain tree
+    (workspace or materialised snapshot), so opaque ancestors are not searched for.
+    """
+    for lower in lowers:
+        path = os.path.join(lower, rel) if rel else lower
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            return None
+        except OSError as exc:
+            raise from_oserror(exc, "lstat", path) from exc
+        return None if is_whiteout(st) else (path, st)
+    return None
+
+
+def _same_bytes(path_a: str, path_b: str) -> bool:
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd_a = os.open(path_a, flags)
+    try:
+        fd_b = os.open(path_b, flags)
+        try:
+            while True:
+                chunk_a = os.read(fd_a, 1 << 16)
+                chunk_b = os.read(fd_b, 1 << 16)
+                if chunk_a != chunk_b:
+                    return False
+                if not chunk_a:
+                    return True
+        finally:
+            os.close(fd_b)
+    finally:
+        os.close(fd_a)
+
+
+def _entry_change(rel: str, path: str, st: os.stat_result, base: tuple[str, os.stat_result] | None) -> Change | None:
+    """Classify one non-directory upper entry against the base entry below it."""
+    ftype = _type_name(st.st_mode)
+    mode: int | None = stat.S_IMODE(st.st_mode)
+    size = st.st_size if ftype == "file" else None
+    target = os.readlink(path) if ftype == "symlink" else None
+    if ftype == "symlink":
+        mode = None  # symlink permission bits mean nothing on Linux
+    if base is None:
+        return Change(rel, "added", ftype, mode, size, target)
+    base_path, base_st = base
+    if stat.S_IFMT(base_st.st_mode) != stat.S_IFMT(st.st_mode):
+        return Change(rel, "type_changed", ftype, mode, size, target)
+    if ftype == "symlink":
+        if os.readlink(base_path) == target:
+            return None
+        return Change(rel, "modified", ftype, None, None, target)
+    if ftype == "file":
+        same = base_st.st_size == st.st_size and _same_bytes(path, base_path)
+    else:
+        same = base_st.st_rdev == st.st_rdev
+    if not same:
+        return Change(rel, "modified", ftype, mode, size)
+    if stat.S_IMODE(base_st.st_mode) != mode:
+        return Change(rel, "mode_changed", ftype, mode, size)
+    return None  # copied up (opened for write, touched) but equal in bytes and mode
+
+
+def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[Change]:
+    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes.
+
+    ``upper`` is one upper dir, or a stack of them top first (a fork: its own upper over
+    its parents'), read as the single layer they make together.  Rules:
+
+    * a whiteout is ``deleted`` (type of the base entry) when the base has the path,
+      and nothing otherwise; a deleted directory is one entry, its contents implied;
+    * an opaque directory over a base directory is ``opaque``; what is inside it is
+      listed as ``added``;
+    * a non-dir replaced by a dir or the reverse, or a file by a symlink, is
+      ``type_changed`` (the new type);
+    * a file with other bytes is ``modified`` (mode carries the new permission bits);
+      equal bytes but other permission bits is ``mode_changed``; equal bytes and equal
+      bits is *unchanged* and not listed, even though it was copied up (mtime-only and
+      owner-only changes are not listed);
+    * a symlink is compared by its target, recorded with ``readlink`` and never followed;
+    * a directory copied up only because something below it changed is not listed; one
+      whose permission bits changed is ``mode_changed``.  The root itself is never listed.
+    """
+    uppers = [upper] if isinstance(upper, str) else list(upper)
+    changes: list[Change] = []
+    # Each frame: directory rel path, upper layers that contribute to it, whether the
+    # base is still visible under it (False below an opaque dir).
+    stack: list[tuple[str, list[str], bool]] = [("", uppers, True)]
+    while stack:
+        rel_dir, layers, base_visible = stack.pop()
+        topmost: dict[str, int] = {}
+        for index, layer in enumerate(layers):
+            dir_path = os.path.join(layer, rel_dir) if rel_dir else layer
+            try:
+                names = os.listdir(dir_path)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise from_oserror(exc, "listdir", dir_path) from exc
+            for name in names:
+                topmost.setdefault(name, index)
+        for name, index in topmost.items():
+            rel = f"{rel_dir}/{name}" if rel_dir else name
+            path = os.path.join(layers[index], rel)
+            st = os.lstat(path)
+            base = lower_lookup(lowers, rel) if base_visible else None
+            if is_whiteout(st):
+                if base is not None:
+                    changes.append(Change(rel, "deleted", _type_name(base[1].st_mode)))
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                change = _entry_change(rel, path, st, base)
+                if change is not None:
+                    changes.append(change)
+                continue
+            # A directory: which layers below still show through it?
+            below = [layers[index]]
+            child_base_visible = base_visible and not is_opaque(path)
+            if child_base_visible:
+                for deeper in layers[index + 1 :]:
+                    deeper_path = os.path.join(deeper, rel)
+                    try:
+                        deeper_st = os.lstat(deeper_path)
+                    except (FileNotFoundError, NotADirectoryError):
+                        continue
+                    if not stat.S_ISDIR(deeper_st.st_mode):
+                        child_base_visible = False  # a whiteout or a non-dir hides the rest
+                        break
+                    below.append(deeper)
+                    if is_opaque(deeper_path):
+                        child_base_visible = False
+                        break
+            mode = stat.S_IMODE(st.st_mode)
+            if base is None:
+                changes.append(Change(rel, "added", "dir", mode))
+            elif not stat.S_ISDIR(base[1].st_mode):
+                changes.append(Change(rel, "type_changed", "dir", mode))
+            elif not child_base_visible:
+                changes.append(Change(rel, "opaque", "dir", mode))
+            elif stat.S_IMODE(base[1].st_mode) != mode:
+                changes.append(Change(rel, "mode_changed", "dir", mode))
+            stack.append((rel, below, child_base_visible and base is not None))
+    changes.sort(key=lambda change: os.fsencode(change.path))
+    return changes
+
+
+def upper_signature(upper: str) -> dict[str, tuple[int, ...]]:
+    """A cheap fingerprint of every entry in one upper dir (lstat only, no content).
+
+    Two signatures taken around an exec differ exactly at the paths it created,
+    deleted, renamed or rewrote; a directory's signature ignores its mtime, so adding a
+    file does not mark its directory.
+    """
+    signature: dict[str, tuple[int, ...]] = {}
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        dir_path = os.path.join(upper, rel_dir) if rel_dir else upper
+        try:
+            entries = list(os.scandir(dir_path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                signature[rel] = (stat.S_IFDIR, st.st_ino, int(is_opaque(entry.path)))
+                stack.append(rel)
+            else:
+                signature[rel] = (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev)
+    return signature
