@@ -1,0 +1,505 @@
+"""Hashline (seed 002): lines tagged with a short content hash, and edits anchored on them.
+
+A read shows every line as ``{n}:{hh}|{content}``: ``n`` is 1-indexed, ``hh`` is the low
+byte of FNV-1a (32-bit) over the line's UTF-8 bytes with trailing whitespace removed,
+as two lowercase hex digits.  An edit names lines by those tags (``2:f1``) instead of
+reproducing their text, and is resolved exactly as seed 002 says:
+
+1. ``file_hash`` (sha256 hex of the file's bytes) must match the current file, else the
+   whole edit is stale and rejected; the error carries the fresh ``file_hash`` and the
+   current tags around every anchor, so the agent can retry without a full re-read.
+2. Each anchor ``n:hh`` must match exactly: line ``n`` still has tag ``hh``.
+3. Otherwise, if exactly one other line has tag ``hh``, the anchor counts as moved there
+   (the agent miscounted; the content it meant is unambiguous).
+4. No line, or several, with that tag: the whole edit is rejected, nothing is written, and
+   the error carries the current tags of the lines around the anchor.
+
+All ops of one call resolve against the same original text and apply together; ops that
+touch a common line, or insert at the same place, are rejected as overlapping.  Line
+endings are kept per line (so LF, CRLF and even mixed files survive); new lines take the
+file's dominant ending; the file's final-newline state is preserved.  An empty file has no
+state to preserve: text written into it gets LF and a final newline.
+
+Ops are JSON objects ``{"op", "anchor", "content"?}`` where ``anchor`` is ``n:hh`` or a
+range ``n:hh..m:hh`` (inclusive), or seed 002's text form (``replace 2:f1 with '...'``,
+``delete_range 1:a3..3:0e``), parsed with shell quoting.  ``insert_after`` also accepts
+the anchor ``0`` (``0:``) meaning "before the first line", the only way to write into an
+empty file.  ``content`` is split on ``\\n``; one trailing newline is dropped, so
+``"x"`` and ``"x\\n"`` are both the single line ``x`` and ``""`` is one empty line.
+
+Some facts about the tag that make it cheap: multiplication and XOR modulo 2**32 never
+carry information downwards, so the low byte of FNV-1a depends only on the low bytes of
+the offset basis (0xc5) and the prime (0x93).  The tag is therefore an 8-bit recurrence,
+and many lines can be hashed at once with ``bytes.translate`` on columns of a padded
+matrix (``tags``), which keeps a 100,000-line read in the tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandbox.errors import CcwError
+
+FNV32_OFFSET = 0x811C9DC5
+FNV32_PRIME = 0x01000193
+OPS = ("replace", "replace_range", "insert_after", "insert_before", "delete", "delete_range")
+CONTEXT_LINES = 3  # lines either side of an anchor shown in an error
+MAX_CONTEXT_CHARS = 200  # a line's content in an error is cut to this many characters
+
+
+def fnv1a32(data: bytes) -> int:
+    """FNV-1a, 32-bit, over ``data``."""
+    h = FNV32_OFFSET
+    for byte in data:
+        h = ((h ^ byte) * FNV32_PRIME) & 0xFFFFFFFF
+    return h
+
+
+# The 8-bit recurrence: h' = ((h ^ b) * 0x93) & 0xff.  _MUL maps x to x * 0x93 mod 256.
+_LOW_PRIME = FNV32_PRIME & 0xFF
+_LOW_OFFSET = FNV32_OFFSET & 0xFF
+_MUL = bytes((x * _LOW_PRIME) & 0xFF for x in range(256))
+# A byte that leaves the initial state unchanged: (0xc5 ^ p) * 0x93 == 0xc5 (mod 256).
+_PAD = next(p for p in range(256) if _MUL[_LOW_OFFSET ^ p] == _LOW_OFFSET)
+_HEX = [f"{x:02x}" for x in range(256)]
+_VECTOR_MIN_LINES = 16  # below this, the plain loop is faster than column passes
+
+
+def _tag_byte(data: bytes) -> int:
+    h = _LOW_OFFSET
+    for byte in data:
+        h = _MUL[h ^ byte]
+    return h
+
+
+def line_tag(line: str) -> str:
+    """The two hex digits of a line's tag: FNV-1a low byte over the right-stripped line."""
+    return _HEX[_tag_byte(line.rstrip().encode("utf-8"))]
+
+
+def tags(lines: Sequence[str]) -> list[str]:
+    """Tags of many lines at once (same result as ``line_tag`` on each)."""
+    if not lines:
+        return []
+    encoded = "\n".join(line.rstrip() for line in lines).encode("utf-8").split(b"\n")
+    if len(encoded) != len(lines):  # a line held a "\n" itself; never from split_text
+        return [line_tag(line) for line in lines]
+    # Bucket lines by length so padding at most doubles the work; short buckets loop.
+    buckets: dict[int, list[int]] = {}
+    for i, data in enumerate(encoded):
+        buckets.setdefault(len(data).bit_length(), []).append(i)
+    out = [0] * len(encoded)
+    for indices in buckets.values():
+        group = [encoded[i] for i in indices]
+        width = max(len(g) for g in group)
+        if len(group) < _VECTOR_MIN_LINES or width == 0:
+            for i, data in zip(indices, group, strict=True):
+                out[i] = _tag_byte(data)
+            continue
+        # Right-align each line in a row of ``width`` bytes, padding with the byte that
+        # keeps the state at its initial value; then column k is matrix[k::width].
+        pad = bytes([_PAD])
+        matrix = b"".join(g.rjust(width, pad) for g in group)
+        count = len(group)
+        state = int.from_bytes(bytes([_LOW_OFFSET]) * count, "big")
+        for k in range(width):
+            column = int.from_bytes(matrix[k::width], "big")
+            state_bytes = (state ^ column).to_bytes(count, "big").translate(_MUL)
+            state = int.from_bytes(state_bytes, "big")
+        for i, h in zip(indices, state.to_bytes(count, "big"), strict=True):
+            out[i] = h
+    return [_HEX[h] for h in out]
+
+
+def file_hash(data: bytes) -> str:
+    """sha256 hex of a file's bytes (seed 002's ``file_hash``, seed 004's ``hash``)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class TextDoc:
+    """A text file as lines (without terminators), each line's own ending, and the default."""
+
+    lines: list[str]
+    endings: list[str]  # "\n", "\r\n", or "" (only the last line, with no final newline)
+    eol: str = "\n"  # ending given to new lines: the file's dominant one
+
+    @property
+    def final_newline(self) -> bool:
+        """Whether the file ends with a line terminator (False for an empty file)."""
+        return bool(self.endings) and self.endings[-1] != ""
+
+    def render(self) -> str:
+        """The text again, byte for byte what ``split_text`` was given if nothing changed."""
+        return "".join(line + end for line, end in zip(self.lines, self.endings, strict=True))
+
+
+def split_text(text: str) -> TextDoc:
+    """Split on LF only (never on other Unicode line breaks); a CR before LF is the ending."""
+    if text == "":
+        return TextDoc([], [])
+    pieces = text.split("\n")
+    final = pieces[-1] == ""
+    if final:
+        pieces.pop()
+    lines: list[str] = []
+    endings: list[str] = []
+    crlf = 0
+    for piece in pieces:
+        if piece.endswith("\r"):
+            lines.append(piece[:-1])
+            endings.append("\r\n")
+            crlf += 1
+        else:
+            lines.append(piece)
+            endings.append("\n")
+    if not final:
+        # The last piece had no LF after it; a trailing CR there is content, not an ending.
+        if endings[-1] == "\r\n":
+            lines[-1] += "\r"
+            crlf -= 1
+        endings[-1] = ""
+    eol = "\r\n" if crlf * 2 > len(lines) else "\n"
+    return TextDoc(lines, endings, eol)
+
+
+def decode_text(data: bytes, path: str) -> str:
+    """UTF-8 text of a file, or an instructional error when it is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"{path!r} is not UTF-8 text (invalid byte at offset {exc.start}); it cannot be "
+            "shown as tagged lines. Read it as bytes instead, e.g. text_read with "
+            "encoding='base64', and replace it whole with file_remove + file_create.",
+            {"path": path, "offset": exc.start},
+        ) from None
+
+
+def tagged(doc: TextDoc, tag_list: Sequence[str], start: int = 1, stop: int | None = None) -> list[str]:
+    """``n:hh|content`` for lines ``start``..``stop`` (1-indexed, inclusive)."""
+    stop = len(doc.lines) if stop is None else min(stop, len(doc.lines))
+    return [f"{n}:{tag_list[n - 1]}|{doc.lines[n - 1]}" for n in range(max(start, 1), stop + 1)]
+
+
+# --- ops -----------------------------------------------------------------------------
+
+_ANCHOR = re.compile(r"^\s*(\d+):([0-9A-Fa-f]{2})(?:\|.*)?\s*$", re.DOTALL)
+_TOP = re.compile(r"^\s*0:?\s*$")
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """``line:hash`` as the agent wrote it."""
+
+    line: int
+    tag: str
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class Op:
+    """One parsed edit op; ``end`` is set for ranges, ``anchor`` is None for the top of file."""
+
+    kind: str
+    anchor: Anchor | None
+    end: Anchor | None = None
+    content: list[str] | None = None
+    index: int = 0  # position in the call, for error messages
+
+
+def parse_anchor(text: str, index: int) -> Anchor:
+    """``"12:af"`` (tolerating a pasted ``|content`` tail) → Anchor."""
+    match = _ANCHOR.match(text)
+    if not match or int(match.group(1)) < 1:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index}: anchor {text[:40]!r} is not LINE:HASH; copy it from read_text_file "
+            "output, e.g. '12:af' (a range is '12:af..15:0c').",
+            {"op_index": index, "anchor": text[:200]},
+        )
+    return Anchor(int(match.group(1)), match.group(2).lower())
+
+
+def content_lines(content: str) -> list[str]:
+    """New content as lines: split on LF (CRLF accepted), one trailing newline dropped."""
+    if content.endswith("\n"):
+        content = content[:-1]
+    return [line[:-1] if line.endswith("\r") else line for line in content.split("\n")]
+
+
+def parse_op(raw: dict[str, Any] | str, index: int) -> Op:
+    """Parse one op, given as a JSON object or in seed 002's text form."""
+    if isinstance(raw, str):
+        raw = _parse_text_op(raw, index)
+    kind = raw.get("op")
+    if kind not in OPS:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index}: unknown op {kind!r}; use one of {', '.join(OPS)}.",
+            {"op_index": index},
+        )
+    anchor_text = raw.get("anchor")
+    if not isinstance(anchor_text, str):
+        raise CcwError("INVALID_ARGUMENT", f"op {index} ({kind}): give 'anchor' as LINE:HASH.", {"op_index": index})
+    content = raw.get("content")
+    needs_content = kind in ("replace", "replace_range", "insert_after", "insert_before")
+    if needs_content and not isinstance(content, str):
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index} ({kind}): give the new lines as 'content' (a string; lines separated by \\n).",
+            {"op_index": index},
+        )
+    if not needs_content and content is not None:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index} ({kind}): a delete takes no 'content'; use replace to change lines.",
+            {"op_index": index},
+        )
+    lines = content_lines(content) if isinstance(content, str) else None
+    if kind == "insert_after" and _TOP.match(anchor_text):
+        return Op(kind, None, None, lines, index)
+    start_text, sep, end_text = anchor_text.partition("..")
+    start = parse_anchor(start_text, index)
+    end = parse_anchor(end_text, index) if sep else None
+    if kind in ("replace_range", "delete_range") and end is None:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index} ({kind}): the anchor must be a range FIRST..LAST, e.g. '3:1a..7:c0'.",
+            {"op_index": index},
+        )
+    if kind in ("insert_after", "insert_before") and end is not None:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index} ({kind}): insert at one line, not a range; give a single LINE:HASH.",
+            {"op_index": index},
+        )
+    return Op(kind, start, end, lines, index)
+
+
+def _parse_text_op(text: str, index: int) -> dict[str, Any]:
+    """``replace 2:f1 with 'x'``, ``insert_after 2:f1 'x'``, ``delete 1:a3..3:0e``."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index}: cannot parse {text[:60]!r} ({exc}); quote content with '...' or send "
+            'the op as an object {"op", "anchor", "content"}.',
+            {"op_index": index},
+        ) from None
+    if len(words) >= 3 and words[2] == "with":
+        del words[2]
+    if len(words) < 2 or len(words) > 3:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"op {index}: {text[:60]!r} is not 'OP ANCHOR [CONTENT]', e.g. \"replace 2:f1 with 'x'\".",
+            {"op_index": index},
+        )
+    op: dict[str, Any] = {"op": words[0], "anchor": words[1]}
+    if len(words) == 3:
+        op["content"] = words[2]
+    return op
+
+
+@dataclass
+class Change:
+    """A resolved op on the original: replace lines [first, last] (1-indexed) or insert at a gap."""
+
+    op: Op
+    first: int = 0  # replaced lines first..last; unused for inserts
+    last: int = 0
+    gap: int = -1  # insert before original line gap+1 (0 = top), -1 for non-inserts
+    moved: list[dict[str, int]] = field(default_factory=list)
+
+
+@dataclass
+class EditResult:
+    """The new text and what happened."""
+
+    text: str
+    doc: TextDoc
+    moved: list[dict[str, Any]]
+
+
+def _context(doc: TextDoc, tag_list: Sequence[str], line: int) -> list[str]:
+    rows = tagged(doc, tag_list, line - CONTEXT_LINES, line + CONTEXT_LINES)
+    return [row if len(row) <= MAX_CONTEXT_CHARS else row[:MAX_CONTEXT_CHARS] + "…" for row in rows]
+
+
+def anchor_context(doc: TextDoc, tag_list: Sequence[str], anchors: Sequence[Anchor]) -> dict[str, Any]:
+    """For each anchor: current tags around its line, and the lines now carrying its hash."""
+    out: dict[str, Any] = {}
+    for anchor in anchors:
+        holders = [n for n, t in enumerate(tag_list, 1) if t == anchor.tag]
+        out[str(anchor)] = {
+            "around": _context(doc, tag_list, anchor.line),
+            "lines_with_hash": holders[:10],
+        }
+    return out
+
+
+def _resolve(anchor: Anchor, doc: TextDoc, tag_list: Sequence[str], op: Op) -> tuple[int, dict[str, int] | None]:
+    n = anchor.line
+    if n <= len(tag_list) and tag_list[n - 1] == anchor.tag:
+        return n, None
+    holders = [i for i, t in enumerate(tag_list, 1) if t == anchor.tag]
+    if len(holders) == 1:
+        return holders[0], {"op_index": op.index, "from": n, "to": holders[0]}
+    problem = "no line has" if not holders else f"{len(holders)} lines have"
+    raise CcwError(
+        "CONFLICT",
+        f"op {op.index} ({op.kind}): anchor {anchor} does not match line {n}, and {problem} hash "
+        f"{anchor.tag!r}; nothing was written. Use the current tags in details.context "
+        "(or read_text_file again) and retry edit_text_file with corrected anchors.",
+        {
+            "op_index": op.index,
+            "anchor": str(anchor),
+            "reason": "anchor_not_found" if not holders else "anchor_ambiguous",
+            "total_lines": len(doc.lines),
+            "context": anchor_context(doc, tag_list, [anchor]),
+        },
+    )
+
+
+def resolve_ops(ops: Sequence[Op], doc: TextDoc, tag_list: Sequence[str]) -> list[Change]:
+    """Resolve every anchor against the original and reject overlapping ops."""
+    changes: list[Change] = []
+    for op in ops:
+        change = Change(op)
+        if op.anchor is None:  # insert_after 0: the top of the file
+            change.gap = 0
+            changes.append(change)
+            continue
+        first, moved = _resolve(op.anchor, doc, tag_list, op)
+        if moved:
+            change.moved.append(moved)
+        last = first
+        if op.end is not None:
+            last, moved = _resolve(op.end, doc, tag_list, op)
+            if moved:
+                change.moved.append(moved)
+            if last < first:
+                raise CcwError(
+                    "INVALID_ARGUMENT",
+                    f"op {op.index} ({op.kind}): range {op.anchor}..{op.end} resolves to lines "
+                    f"{first}..{last}, which run backwards; give FIRST..LAST in file order.",
+                    {"op_index": op.index, "context": anchor_context(doc, tag_list, [op.anchor, op.end])},
+                )
+        if op.kind == "insert_after":
+            change.gap = first
+        elif op.kind == "insert_before":
+            change.gap = first - 1
+        else:
+            change.first, change.last = first, last
+        change.first = change.first or first  # inserts remember their anchor line too
+        change.last = change.last or first
+        changes.append(change)
+    _reject_overlaps(changes)
+    return changes
+
+
+def _reject_overlaps(changes: Sequence[Change]) -> None:
+    spans = sorted((c for c in changes if c.gap < 0), key=lambda c: c.first)
+    for a, b in itertools.pairwise(spans):
+        if b.first <= a.last:
+            _overlap(a, b, f"lines {a.first}..{a.last} and {b.first}..{b.last} overlap")
+    gaps: dict[int, Change] = {}
+    for c in changes:
+        if c.gap < 0:
+            continue
+        if c.gap in gaps:
+            _overlap(gaps[c.gap], c, f"both insert at the same place (after line {c.gap})")
+        gaps[c.gap] = c
+        for s in spans:
+            if c.op.anchor is not None and s.first <= c.first <= s.last:
+                _overlap(s, c, f"the insert's anchor line {c.first} is changed by the other op")
+
+
+def _overlap(a: Change, b: Change, why: str) -> None:
+    raise CcwError(
+        "INVALID_ARGUMENT",
+        f"ops {a.op.index} ({a.op.kind}) and {b.op.index} ({b.op.kind}) overlap: {why}; nothing "
+        "was written. Merge them into one op (e.g. a single replace_range whose content "
+        "includes the inserted lines) and retry.",
+        {"op_indices": [a.op.index, b.op.index]},
+    )
+
+
+def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> TextDoc:
+    """Build the new document from resolved, non-overlapping changes."""
+    inserts = {c.gap: c.op.content or [] for c in changes if c.gap >= 0}
+    spans = {c.first: c for c in changes if c.gap < 0}
+    lines: list[str] = []
+    endings: list[str] = []
+    eol = doc.eol
+    n = len(doc.lines)
+    i = 0  # 0-based index of the next original line
+    while True:
+        new = inserts.get(i)
+        if new:
+            lines.extend(new)
+            endings.extend([eol] * len(new))
+        if i >= n:
+            break
+        span = spans.get(i + 1)
+        if span is None:
+            lines.append(doc.lines[i])
+            endings.append(doc.endings[i] or eol)
+            i += 1
+            continue
+        if span.op.kind in ("replace", "replace_range"):
+            new = span.op.content or []
+            lines.extend(new)
+            endings.extend([eol] * len(new))
+        i = span.last
+    if endings:
+        # Keep the file's final-newline state; an empty file gets one (nothing to keep).
+        endings[-1] = (endings[-1] or eol) if (doc.final_newline or not doc.lines) else ""
+    return TextDoc(lines, endings, eol)
+
+
+def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence[str], ops: Sequence[Op], path: str) -> None:
+    """Step 1 of resolution: reject a stale read, handing back the current tags."""
+    current = file_hash(data)
+    wanted = expected.strip().lower().removeprefix("sha256:")
+    if wanted == current:
+        return
+    anchors = [a for op in ops for a in (op.anchor, op.end) if a is not None]
+    raise CcwError(
+        "CONFLICT",
+        f"{path!r} changed since it was read (file_hash {wanted[:12]}… is stale, the file is now "
+        f"{current[:12]}…); nothing was written. Check the current tags in details.context, "
+        "then retry edit_text_file with details.file_hash and corrected anchors, or "
+        "read_text_file again.",
+        {
+            "path": path,
+            "reason": "stale_file_hash",
+            "file_hash": current,
+            "total_lines": len(doc.lines),
+            "context": anchor_context(doc, tag_list, anchors),
+        },
+    )
+
+
+def edit(data: bytes, expected_hash: str, raw_ops: Sequence[dict[str, Any] | str], path: str) -> EditResult:
+    """Apply a hashline edit to a file's bytes; every check happens before any change."""
+    if not raw_ops:
+        raise CcwError("INVALID_ARGUMENT", "ops is empty; give at least one op.", {"path": path})
+    ops = [parse_op(raw, i) for i, raw in enumerate(raw_ops)]
+    doc = split_text(decode_text(data, path))
+    tag_list = tags(doc.lines)
+    check_file_hash(expected_hash, data, doc, tag_list, ops, path)
+    changes = resolve_ops(ops, doc, tag_list)
+    new_doc = apply_changes(doc, changes)
+    moved = [m for c in changes for m in c.moved]
+    return EditResult(new_doc.render(), new_doc, moved)
