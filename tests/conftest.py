@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,62 @@ def _no_user_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("CCW_", "MCP_", "SYN_")) and name != "CCW_MUST_WORK":
             monkeypatch.delenv(name, raising=False)
+
+
+class DirectContext:
+    """A ToolContext for calling handlers directly: real config and state, no helper."""
+
+    def __init__(self, state_dir: Path, workspace: Path | None = None, roots: list[str] | None = None) -> None:
+        from mcp_server.config import Config
+        from mcp_server.state import State
+
+        env = {"CCW_STATE_DIR": str(state_dir)}
+        if workspace is not None:
+            env["CCW_WORKSPACE"] = str(workspace)
+        self.config = Config.from_env(env)
+        self.state = State(state_dir)
+        self._roots = roots
+        self.logs: list[str] = []
+        self.progress_calls: list[tuple[float, float | None, str | None]] = []
+
+    async def helper(self) -> object:
+        raise AssertionError("this test's tools must not need the helper")
+
+    async def roots(self) -> list[str] | None:
+        return self._roots
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        self.progress_calls.append((progress, total, message))
+
+    def log(self, message: str) -> None:
+        self.logs.append(message)
+
+
+@pytest.fixture
+def direct_ctx(state_dir: Path, tmp_path: Path) -> DirectContext:
+    """A DirectContext over a fresh state dir, with tmp_path/ws as the workspace."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir(exist_ok=True)
+    return DirectContext(state_dir, workspace)
+
+
+def call_tool(ctx: object, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Validate args against the tool's input schema, run it, validate the result."""
+    import jsonschema
+    import trio
+
+    from mcp_server.config import TOOLSETS
+    from mcp_server.tools.registry import Registry
+
+    spec = Registry.load(TOOLSETS).lookup(name)
+    assert spec is not None, f"no tool {name}"
+    jsonschema.Draft202012Validator(spec.input_schema).validate(args)
+    result: dict[str, Any] = trio.run(spec.handler, ctx, args)
+    jsonschema.Draft202012Validator(spec.output_schema).validate(result)
+    return result
+
+
+@pytest.fixture(name="call_tool")
+def call_tool_fixture() -> object:
+    """``call_tool(ctx, name, args)``: a schema-checked direct call of a tool handler."""
+    return call_tool

@@ -1,0 +1,274 @@
+"""Promotion policies: loading, validation, and judging a capsule against them.
+
+Pure logic: the caller gathers the facts (the capsule's execs with their usage, the paths
+it read, wrote and changed, the results of required tests and of the replay) and
+``evaluate`` turns them into seed 003's ``policy_report``.
+
+Choices made here:
+- Several policies combine as the strictest of each: the lowest resource ceilings, the
+  union of denied globs and required tests, replay required if any policy requires it.
+- A resource figure that could not be measured (``null``, e.g. in rootless mode) cannot
+  show a ceiling was kept, so it counts as a violation that says so: fail closed.
+- ``replay_ok`` is ``null`` when no policy required a replay and none was run: a
+  replay re-runs every exec, too costly to do unasked, and ``true`` would claim a check
+  that did not happen.
+- ``deny_paths`` globs: ``*`` and ``?`` stay inside one path segment, ``**`` spans any
+  number of segments (zero included), ``~`` is the caller's home directory.  A glob that
+  is absolute (after ``~`` expansion) matches the absolute path of each file
+  (workspace + relative path); a relative glob matches the repo-relative path.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from sandbox.errors import CcwError
+
+POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
+RULE_NAMES = ("deny_paths", "max_cpu_ms", "max_rss_mb", "require_replay_ok", "require_tests")
+
+
+@functools.cache
+def policy_schema() -> dict[str, Any]:
+    """The JSON Schema every policy is validated against (policies/policy.schema.json)."""
+    with open(POLICIES_DIR / "policy.schema.json", encoding="utf-8") as f:
+        schema: dict[str, Any] = json.load(f)
+    return schema
+
+
+def validate_policy(policy: dict[str, Any]) -> None:
+    """Raise INVALID_ARGUMENT naming every problem, unknown rule names first."""
+    rules = policy.get("rules")
+    if isinstance(rules, dict):
+        unknown = sorted(set(rules) - set(RULE_NAMES))
+        if unknown:
+            raise CcwError(
+                "INVALID_ARGUMENT",
+                f"unknown policy rule(s) {', '.join(unknown)}; known rules: {', '.join(RULE_NAMES)}",
+                {"unknown_rules": unknown, "known_rules": list(RULE_NAMES)},
+            )
+    validator = jsonschema.Draft202012Validator(policy_schema())
+    errors = sorted(validator.iter_errors(policy), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        problems = [{"path": "/" + "/".join(str(p) for p in e.absolute_path), "msg": e.message} for e in errors]
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            "policy does not match policies/policy.schema.json: "
+            + "; ".join(f"{p['path']}: {p['msg']}" for p in problems),
+            {"errors": problems},
+        )
+
+
+@functools.cache
+def builtin_policies() -> dict[str, dict[str, Any]]:
+    """The policies shipped in policies/ (every *.json but the schema), by name."""
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(POLICIES_DIR.glob("*.json")):
+        if path.name == "policy.schema.json":
+            continue
+        with open(path, encoding="utf-8") as f:
+            policy = json.load(f)
+        validate_policy(policy)
+        out[policy["name"]] = policy
+    return out
+
+
+@functools.lru_cache(maxsize=512)
+def _glob_regex(pattern: str) -> re.Pattern[str]:
+    parts = []
+    segments = pattern.split("/")
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment == "**":
+            # Any number of whole segments, including none.
+            parts.append(".*" if last else "(?:[^/]*/)*")
+            continue
+        parts.append(_segment(segment) + ("" if last else "/"))
+    return re.compile("".join(parts) + r"\Z", re.DOTALL)
+
+
+def _segment(segment: str) -> str:
+    out = []
+    i = 0
+    while i < len(segment):
+        ch = segment[i]
+        if ch == "*":
+            out.append("[^/]*")
+        elif ch == "?":
+            out.append("[^/]")
+        elif ch == "[":
+            end = segment.find("]", i + 2 if i + 1 < len(segment) and segment[i + 1] in "!^" else i + 1)
+            if end == -1:
+                out.append(re.escape(ch))
+            else:
+                body = segment[i + 1 : end]
+                if body[:1] in ("!", "^"):
+                    body = "^" + body[1:]
+                out.append("[" + body.replace("\\", "\\\\") + "]")
+                i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """True if ``path`` matches ``pattern`` with segment-aware ``*`` and spanning ``**``."""
+    return _glob_regex(pattern).match(path) is not None
+
+
+@dataclass
+class ExecFacts:
+    """What the journal knows of one exec, as the rules need it."""
+
+    seq: int
+    argv: list[str]
+    cpu_ms: int | None
+    rss_max_kb: int | None
+
+
+@dataclass
+class RequiredTestOutcome:
+    """One required test command run in the capsule."""
+
+    cmd: str | list[str]
+    exit_code: int | None
+    timed_out: bool = False
+    stderr_tail: str = ""
+
+
+@dataclass
+class CapsuleFacts:
+    """Everything ``evaluate`` judges."""
+
+    workspace: str
+    home: str
+    execs: list[ExecFacts] = field(default_factory=list)
+    paths: dict[str, set[str]] = field(default_factory=dict)  # repo-relative path -> {"read", "written", "changed"}
+    read_unavailable: str | None = None  # why some exec's read set is unknown
+
+
+@dataclass
+class CombinedRules:
+    """Several policies folded into one set of rules (the strictest of each)."""
+
+    max_rss_mb: int | None = None
+    max_cpu_ms: int | None = None
+    deny_paths: list[str] = field(default_factory=list)
+    require_tests: list[str | list[str]] = field(default_factory=list)
+    require_replay_ok: bool = False
+
+    @classmethod
+    def combine(cls, policies: Iterable[dict[str, Any]]) -> CombinedRules:
+        """Fold policies: lowest ceilings, union of globs and tests, replay if any wants it."""
+        out = cls()
+        for policy in policies:
+            rules = policy["rules"]
+            for key in ("max_rss_mb", "max_cpu_ms"):
+                if key in rules:
+                    current = getattr(out, key)
+                    setattr(out, key, rules[key] if current is None else min(current, rules[key]))
+            for glob in rules.get("deny_paths", []):
+                if glob not in out.deny_paths:
+                    out.deny_paths.append(glob)
+            for test in rules.get("require_tests", []):
+                if test not in out.require_tests:
+                    out.require_tests.append(test)
+            out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
+        out.deny_paths.sort()
+        return out
+
+
+def _expand(glob: str, home: str) -> str:
+    if glob == "~" or glob.startswith("~/"):
+        return home.rstrip("/") + glob[1:]
+    return glob
+
+
+def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, Any]]:
+    """Every (path, how it was touched, glob) where a touched path matches a denied glob."""
+    hits = []
+    globs = [(g, _expand(g, facts.home)) for g in rules.deny_paths]
+    for rel in sorted(facts.paths, key=lambda p: p.encode()):
+        absolute = os.path.join(facts.workspace, rel)
+        for original, glob in globs:
+            target = absolute if glob.startswith("/") else rel
+            if glob_match(glob, target):
+                hits.append({"path": rel, "glob": original, "how": sorted(facts.paths[rel])})
+                break
+    return hits
+
+
+def resource_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, Any]]:
+    """Each exec that broke (or could not be shown to keep) a resource ceiling."""
+    out = []
+    for ex in facts.execs:
+        checks = (
+            ("max_rss_mb", rules.max_rss_mb, None if ex.rss_max_kb is None else ex.rss_max_kb / 1024, "rss_max_kb"),
+            ("max_cpu_ms", rules.max_cpu_ms, ex.cpu_ms, "cpu_ms"),
+        )
+        for rule, limit, value, figure in checks:
+            if limit is None:
+                continue
+            if value is None:
+                out.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": None,
+                            "reason": f"{figure} was not measured for this exec, so the ceiling cannot be shown to hold"})
+            elif value > limit:
+                out.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(value, 3),
+                            "reason": f"exec {ex.seq} ({' '.join(ex.argv)[:80]}) used {round(value, 3)} > {limit}"})
+    return out
+
+
+def evaluate(
+    rules: CombinedRules,
+    facts: CapsuleFacts,
+    tests: Sequence[RequiredTestOutcome],
+    replay_ok: bool | None,
+    replay_details: str = "",
+) -> dict[str, Any]:
+    """Seed 003's policy_report for these facts."""
+    denied = denied_paths(rules, facts)
+    violations = resource_violations(rules, facts)
+    failures = [
+        {"cmd": t.cmd, "exit_code": t.exit_code, "timed_out": t.timed_out, "stderr_tail": t.stderr_tail}
+        for t in tests
+        if t.exit_code != 0 or t.timed_out
+    ]
+    tests_ok = not failures
+    paths_ok = not denied
+    resource_ok = not violations
+    replay_needed = rules.require_replay_ok
+    replay_pass = (replay_ok is True) if replay_needed else (replay_ok is not False)
+    passed = tests_ok and paths_ok and resource_ok and replay_pass
+    reasons = []
+    if denied:
+        reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
+    if violations:
+        reasons.append(f"{len(violations)} resource violation(s): {violations[0]['reason']}")
+    if failures:
+        reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
+    if not replay_pass:
+        reasons.append("replay did not reproduce the capsule's runs" + (f": {replay_details}" if replay_details else ""))
+    if facts.read_unavailable and rules.deny_paths:
+        reasons.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
+    return {
+        "passed": passed,
+        "tests_ok": tests_ok,
+        "replay_ok": replay_ok,  # null when no policy asked for a replay and none was run
+        "resource_ok": resource_ok,
+        "paths_ok": paths_ok,
+        "deny_paths": [d["path"] for d in denied],
+        "denied": denied,
+        "resource_violations": violations,
+        "test_failures": failures,
+        "details": "All checks passed" if passed and not reasons else "; ".join(reasons) or "All checks passed",
+    }

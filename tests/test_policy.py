@@ -1,0 +1,128 @@
+"""Policies: schema validation, combination, deny globs, resources, and the policy tools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mcp_server.core.policy import (
+    CapsuleFacts,
+    CombinedRules,
+    ExecFacts,
+    RequiredTestOutcome,
+    builtin_policies,
+    evaluate,
+    glob_match,
+    validate_policy,
+)
+from sandbox.errors import CcwError
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("*.py", "a.py", True),
+        ("*.py", "src/a.py", False),
+        ("**/*.py", "src/a.py", True),
+        ("**/*.py", "a.py", True),
+        ("src/**", "src/x/y", True),
+        ("src/**", "srcx/y", False),
+        ("/home/u/.ssh/**", "/home/u/.ssh/id_rsa", True),
+        ("/home/u/.ssh/**", "/home/u/.sshx/id", False),
+        ("**/id_rsa*", "deep/er/id_rsa.pub", True),
+        ("a/?/c", "a/b/c", True),
+        ("a/?/c", "a/bb/c", False),
+        ("[!a]*", "b.txt", True),
+        ("[!a]*", "a.txt", False),
+        (".env", ".env", True),
+        ("**/.env", "x/.env.local", False),
+    ],
+)
+def test_glob_semantics(pattern: str, path: str, expected: bool) -> None:
+    assert glob_match(pattern, path) is expected
+
+
+def test_builtins_are_valid_and_present() -> None:
+    builtins = builtin_policies()
+    assert {"baseline", "strict"} <= set(builtins)
+    assert builtins["strict"]["rules"]["require_replay_ok"] is True
+
+
+def test_unknown_rule_is_rejected_with_the_known_ones() -> None:
+    with pytest.raises(CcwError) as info:
+        validate_policy({"name": "x", "rules": {"max_rss": 1}})
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert "max_rss_mb" in info.value.message and info.value.details["unknown_rules"] == ["max_rss"]
+
+
+def test_schema_violations_are_listed() -> None:
+    with pytest.raises(CcwError) as info:
+        validate_policy({"name": "x", "rules": {"max_rss_mb": -1, "require_tests": [[]]}})
+    paths = [e["path"] for e in info.value.details["errors"]]
+    assert "/rules/max_rss_mb" in paths and "/rules/require_tests/0" in paths
+
+
+def test_combination_takes_the_strictest() -> None:
+    rules = CombinedRules.combine(
+        [
+            {"rules": {"max_rss_mb": 100, "deny_paths": ["b"], "require_tests": ["t1"]}},
+            {"rules": {"max_rss_mb": 50, "max_cpu_ms": 10, "deny_paths": ["a", "b"], "require_replay_ok": True}},
+        ]
+    )
+    assert (rules.max_rss_mb, rules.max_cpu_ms) == (50, 10)
+    assert rules.deny_paths == ["a", "b"] and rules.require_tests == ["t1"] and rules.require_replay_ok
+
+
+def _facts(**paths: set[str]) -> CapsuleFacts:
+    return CapsuleFacts(
+        workspace="/w",
+        home="/home/u",
+        execs=[ExecFacts(1, ["make"], cpu_ms=500, rss_max_kb=300 * 1024), ExecFacts(2, ["x"], None, None)],
+        paths={k.replace("__", "/"): v for k, v in paths.items()},
+    )
+
+
+def test_each_rule_kind_names_its_cause() -> None:
+    rules = CombinedRules(max_rss_mb=200, max_cpu_ms=1000, deny_paths=["**/*.pem", "/w/secret/**"])
+    facts = _facts(**{"src__a.py": {"written"}, "k.pem": {"read"}, "secret__x": {"changed"}})
+    report = evaluate(rules, facts, [RequiredTestOutcome("pytest", 1, stderr_tail="boom")], replay_ok=None)
+    assert report["passed"] is False
+    assert report["deny_paths"] == ["k.pem", "secret/x"]
+    assert report["paths_ok"] is False and report["tests_ok"] is False
+    rules_hit = sorted((v["exec"], v["rule"]) for v in report["resource_violations"])
+    # exec 1 peaked at 300 MiB > 200; exec 2 measured nothing, which fails closed.
+    assert rules_hit == [(1, "max_rss_mb"), (2, "max_cpu_ms"), (2, "max_rss_mb")]
+    assert report["test_failures"][0]["cmd"] == "pytest"
+    assert "denied path" in report["details"] and "required test" in report["details"]
+    assert report["replay_ok"] is None
+
+
+def test_clean_capsule_passes_and_replay_requirement_is_enforced() -> None:
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[ExecFacts(1, ["t"], 5, 1024)], paths={"a": {"written"}})
+    ok = evaluate(CombinedRules(max_rss_mb=10), facts, [RequiredTestOutcome(["true"], 0)], replay_ok=None)
+    assert ok["passed"] and ok["details"] == "All checks passed"
+    need = CombinedRules(require_replay_ok=True)
+    assert evaluate(need, facts, [], replay_ok=None)["passed"] is False
+    assert evaluate(need, facts, [], replay_ok=False, replay_details="exec 1 stdout")["details"].endswith("exec 1 stdout")
+    assert evaluate(need, facts, [], replay_ok=True)["passed"] is True
+
+
+def test_policy_tools_store_list_get_and_protect_builtins(direct_ctx: Any, call_tool: Any) -> None:
+    rules = {"max_rss_mb": 512, "deny_paths": ["~/.ssh/*"], "require_tests": ["uv run pytest -q", ["mypy", "."]]}
+    assert call_tool(direct_ctx, "policy/set", {"name": "custom", "rules": rules}) == {"ok": True, "name": "custom"}
+    got = call_tool(direct_ctx, "policy_get", {"name": "custom"})
+    assert got["rules"] == rules and got["source"] == "stored"
+    names = [(p["name"], p["builtin"], p["overridden"]) for p in call_tool(direct_ctx, "policy_list", {})["policies"]]
+    assert names == [("baseline", True, False), ("custom", False, False), ("strict", True, False)]
+    with pytest.raises(CcwError) as info:
+        call_tool(direct_ctx, "policy_set", {"name": "strict", "rules": {}})
+    assert info.value.code == "CONFLICT" and "override_builtin" in info.value.message
+    call_tool(direct_ctx, "policy_set", {"name": "strict", "rules": {"max_cpu_ms": 1}, "override_builtin": True})
+    assert call_tool(direct_ctx, "policy_get", {"name": "strict"})["rules"] == {"max_cpu_ms": 1}
+    with pytest.raises(CcwError) as missing:
+        call_tool(direct_ctx, "policy_get", {"name": "nope"})
+    assert missing.value.code == "NOT_FOUND" and "baseline" in missing.value.message
+    with pytest.raises(CcwError) as unknown:
+        call_tool(direct_ctx, "policy_set", {"name": "bad", "rules": {"max_rss": 1}})
+    assert "known rules" in unknown.value.message
