@@ -243,3 +243,37 @@ def move_mount(from_fd: int, from_path: str, to_fd: int, to_path: str, flags: in
         _NEW_MOUNT_NR["move_mount"], ctypes.c_int(from_fd), _b(from_path), ctypes.c_int(to_fd), _b(to_path), ctypes.c_uint(flags)
     )
     _check(ret, f"move_mount({from_fd}, {from_path!r}, {to_fd}, {to_path!r}, {flags:#x})")
+
+
+# --- mount_setattr (5.12+): change mount flags of a whole subtree in one call -------
+_MOUNT_SETATTR_NR = 442  # unified table, same on every architecture
+AT_RECURSIVE = 0x8000
+MOUNT_ATTR_RDONLY = 0x1
+MOUNT_ATTR_NOSUID = 0x2
+MOUNT_ATTR_NODEV = 0x4
+MOUNT_ATTR_NOEXEC = 0x8
+
+
+def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_RECURSIVE) -> None:
+    """mount_setattr(2) on ``path`` (recursively by default): struct mount_attr {set, clr, propagation, userns_fd}."""
+    attr = struct.pack("QQQQ", attr_set, attr_clr, 0, 0)
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    ret = _libc.syscall(
+        _MOUNT_SETATTR_NR, ctypes.c_int(AT_FDCWD), _b(path), ctypes.c_uint(flags), buf, ctypes.c_size_t(len(attr))
+    )
+    _check(ret, f"mount_setattr({path!r}, set={attr_set:#x}, clr={attr_clr:#x}, flags={flags:#x})")
+
+
+# --- capset: clear every capability set (python-prctl only knows the caps it was built with)
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CAPSET_NR = {"x86_64": 126, "aarch64": 91}
+
+
+def capset_clear() -> None:
+    """capset(2) with empty effective, permitted and inheritable sets (which also empties ambient)."""
+    header = ctypes.create_string_buffer(struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0), 8)
+    data = ctypes.create_string_buffer(bytes(24), 24)  # two struct __user_cap_data_struct, all zero
+    nr = _CAPSET_NR.get(_ARCH)
+    if nr is None:
+        raise OSError(38, f"capset: no syscall number known for architecture {_ARCH}")
+    _check(_libc.syscall(nr, header, data), "capset(all sets empty)")
