@@ -17,7 +17,7 @@ from pathlib import Path
 from sandbox.errors import CcwError
 
 ENDPOINTS = ("stdio", "socket", "http")
-TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "file", "schema")
+TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "file", "schema", "server")
 
 
 def _default_state_dir(env: Mapping[str, str]) -> str:
@@ -48,6 +48,7 @@ class Config:
     examples_dir: str = field(default="", metadata=_setting("CCW_EXAMPLES_DIR", "examples directory for the schema tools", ("SYN_EXAMPLES_DIR",)))
     backend_url: str = field(default="", metadata=_setting("CCW_BACKEND_URL", "enables populate_backend", ("SYN_BACKEND_URL",)))
     backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting("CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
+    debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -107,6 +108,8 @@ def _parse(name: str, env_name: str, raw: str) -> object:
         if value < 1:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: give a positive integer")
         return value
+    if name == "debug":
+        return raw.strip().lower() not in ("0", "false", "no", "off")
     if name == "toolsets":
         chosen = tuple(sorted({part.strip() for part in raw.split(",") if part.strip()}))
         unknown = [t for t in chosen if t not in TOOLSETS]

@@ -114,6 +114,7 @@ FAMILY_MODULES = (
     "mcp_server.tools.hashline",
     "mcp_server.tools.rootspace",
     "mcp_server.tools.schemas",
+    "mcp_server.tools.server_info",
 )
 
 

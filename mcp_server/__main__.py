@@ -1,0 +1,124 @@
+"""``ccw-mcp``: the front end's process entry point.
+
+Order of life (seed 001 §3, §10, §12):
+
+1. ``Config.from_env()``, open the state dir, load the tool registry.
+2. Start the transport chosen by ``MCP_ENDPOINT`` (stdio | socket | http).
+3. Once it accepts requests: write ``MCP_READY_FILE`` as ``<pid> <ISO8601 UTC>\\n`` and
+   log ``mcp:ready mode=… path=… state_dir=… schemas_dir=…`` on stderr.
+4. Serve.  stdio ends when stdin closes.  The first SIGINT/SIGTERM starts a graceful
+   drain: no new connections, requests already read finish and are answered, then the
+   process exits; a second signal cancels whatever is left.
+5. Log ``mcp:shutdown mode=…``, remove the ready file, close the helper client (which
+   stops an embedded helper) and the state dir.
+
+Exit status: 0 after a graceful shutdown, 2 when configuration or startup fails (the
+reason is on stderr, with what to change).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from mcp_server.config import Config
+from mcp_server.server import CcwServer, log
+from mcp_server.state import State
+from sandbox.errors import CcwError
+
+
+def _now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def write_ready_file(path: str) -> None:
+    """Atomically write ``<pid> <ISO8601 UTC>\\n`` to ``path``."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(f"{os.getpid()} {_now_iso()}\n")
+    os.replace(tmp, path)
+
+
+def remove_ready_file(path: str) -> None:
+    """Remove the ready file if it is still ours (best effort)."""
+    with contextlib.suppress(OSError):
+        with open(path, encoding="utf-8") as handle:
+            owner = handle.read().split(" ", 1)[0]
+        if owner == str(os.getpid()):
+            os.unlink(path)
+
+
+async def _watch_signals(draining: trio.Event, cancel: trio.CancelScope, mode: str) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            if not draining.is_set():
+                log(f"mcp:draining mode={mode} signal={signal.Signals(signum).name}")
+                draining.set()
+            else:
+                log(f"mcp:abort mode={mode}: second signal, cancelling in-flight requests")
+                cancel.cancel()
+                return
+
+
+async def run(config: Config) -> None:
+    """Serve ``config.endpoint`` until it ends or a signal drains it."""
+    from mcp_server.transports import http, stdio, unix
+
+    state = State(config.state_dir)
+    app = CcwServer(config, state)
+    transport = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
+    draining = trio.Event()
+    ready = False
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_signals, draining, nursery.cancel_scope, config.endpoint)
+            path = await nursery.start(_serve_then_stop, transport, app, draining, nursery.cancel_scope)
+            write_ready_file(config.ready_file)
+            ready = True
+            log(
+                f"mcp:ready mode={config.endpoint} path={path} state_dir={config.state_dir} "
+                f"schemas_dir={config.schemas_dir or '-'} tools={len(app.registry.tools)} ts={_now_iso()}"
+            )
+    finally:
+        if ready:
+            log(f"mcp:shutdown mode={config.endpoint} ts={_now_iso()}")
+        remove_ready_file(config.ready_file)
+        with trio.CancelScope(shield=True):
+            await app.runtime.aclose()
+        state.close()
+
+
+async def _serve_then_stop(
+    transport: Any, app: CcwServer, draining: trio.Event, stop: trio.CancelScope,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    # The transport returning (stdin closed, drain done) ends the process: stop the
+    # signal watcher too.
+    await transport(app, draining, task_status=task_status)
+    stop.cancel()
+
+
+def main() -> int:
+    """Console entry point ``ccw-mcp``."""
+    try:
+        config = Config.from_env()
+    except CcwError as exc:
+        log(f"mcp:error {exc.message}")
+        return 2
+    try:
+        trio.run(run, config)
+    except CcwError as exc:
+        log(f"mcp:error {exc.code}: {exc.message}")
+        remove_ready_file(config.ready_file)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The ToolContext a handler receives: configuration, state, the helper, roots, progress.
+
+``Runtime`` is per process: the Config, the State and the one helper connection, which
+is opened (or the embedded helper started) on first use, never at startup, so tools
+that do not touch capsules work without a helper.  ``CallContext`` is per call: it
+binds the runtime to the MCP session the call came in on (if any) for roots and
+progress.  Direct methods (seed 001 style) get a CallContext without a session: no
+roots, and progress goes nowhere.
+
+Roots: asked of the client with ``roots/list`` only when it declared the ``roots``
+capability, once per connection, and asked again after it sends
+``notifications/roots/list_changed``.  A 2026-07-28 (stateless) request has no
+back-channel for server-initiated requests, so roots are None there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import weakref
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import trio
+
+from mcp_server.config import Config
+from mcp_server.state import State
+
+
+class Runtime:
+    """What every call shares: config, state, the lazily opened helper client."""
+
+    def __init__(self, config: Config, state: State) -> None:
+        self.config = config
+        self.state = state
+        self._helper: Any = None
+        self._helper_lock = trio.Lock()
+        # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
+        # closed connection takes its cache with it).
+        self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
+
+    async def helper(self) -> Any:
+        """The helper client, connected or spawned on first use (mcp_server.helper)."""
+        if self._helper is not None:
+            return self._helper
+        async with self._helper_lock:
+            if self._helper is None:
+                # Imported here: the helper client lands separately and only capsule
+                # tools need it.
+                from mcp_server import helper as helper_module
+
+                self._helper = await helper_module.connect_or_spawn(self.config)
+        return self._helper
+
+    async def aclose(self) -> None:
+        """Close the helper client (stopping an embedded helper) if one was opened."""
+        client, self._helper = self._helper, None
+        if client is None:
+            return
+        closer = getattr(client, "aclose", None) or getattr(client, "close", None)
+        if closer is not None:
+            outcome = closer()
+            if inspect.isawaitable(outcome):
+                with trio.CancelScope(shield=True):
+                    await outcome
+
+    def forget_roots(self, connection: Any) -> None:
+        """Drop a connection's cached roots (the client said they changed)."""
+        if connection is not None:
+            self._roots.pop(connection, None)
+
+    async def roots_for(self, session: Any) -> list[str] | None:
+        """The roots the client on ``session`` declared, as absolute paths, or None."""
+        if session is None:
+            return None
+        connection = getattr(session, "_connection", None)
+        if connection is not None and connection in self._roots:
+            return self._roots[connection]
+        roots = await _ask_roots(session)
+        if connection is not None:
+            self._roots[connection] = roots
+        return roots
+
+
+async def _ask_roots(session: Any) -> list[str] | None:
+    import mcp_types as types
+
+    capabilities = session.client_capabilities
+    if capabilities is None or capabilities.roots is None or not session.can_send_request:
+        return None
+    try:
+        result = await session.list_roots()
+    except Exception as exc:  # the client may refuse; roots are advisory
+        print(f"mcp:roots unavailable: {exc}", file=sys.stderr, flush=True)
+        return None
+    paths = []
+    for root in result.roots:
+        if not isinstance(root, types.Root):
+            continue
+        url = urlparse(str(root.uri))
+        if url.scheme == "file":
+            paths.append(unquote(url.path))
+    return sorted(paths)
+
+
+class CallContext:
+    """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
+
+    def __init__(self, runtime: Runtime, session: Any = None) -> None:
+        self._runtime = runtime
+        self._session = session
+
+    @property
+    def config(self) -> Config:
+        """The server's configuration."""
+        return self._runtime.config
+
+    @property
+    def state(self) -> State:
+        """The state dir: SQLite database and blob store."""
+        return self._runtime.state
+
+    async def helper(self) -> Any:
+        """The helper IPC client, connected (or started) on first use."""
+        return await self._runtime.helper()
+
+    async def roots(self) -> list[str] | None:
+        """Absolute root directories the client declared, or None."""
+        return await self._runtime.roots_for(self._session)
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Send notifications/progress if the caller sent a progress token; else nothing."""
+        if self._session is not None:
+            await self._session.report_progress(progress, total, message)
+
+    def log(self, message: str) -> None:
+        """A diagnostic line on stderr (stdout carries frames only)."""
+        print(f"mcp:tool {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,303 @@
+"""ccw's MCP server: the SDK's low-level ``Server`` built from the tool registry.
+
+``CcwServer`` is transport-free.  Transports hand it either a stream pair
+(``serve_streams``: the SDK serves both protocol eras on it, the client's first request
+decides which) or a single direct-method request (``run_direct``).
+
+How a tool call is served, the same for ``tools/call`` and for direct methods:
+
+1. Look the name up (its own name, an alias, or a deprecated alias, which logs a
+   warning to stderr).  Unknown → JSON-RPC error -32602.
+2. Validate the arguments against the tool's input schema (Draft 2020-12).  Violations
+   → JSON-RPC error -32602 whose ``data.errors`` lists ``{path, msg}`` sorted (seed 001
+   §5 order, RFC 6901 paths).
+3. Run the handler.  A ``CcwError`` becomes a tool error: ``isError: true`` and
+   ``structuredContent: {"error": {code, message, details}}`` (over MCP), or a JSON-RPC
+   error -32000 with ``data: {"error": …}`` (direct methods, which have no result
+   envelope to flag an error in).
+4. With ``CCW_DEBUG=1`` the result is checked against the output schema; a violation is
+   a server bug, answered as JSON-RPC -32603 and logged.
+5. The structured result is sent as ``structuredContent`` and, for clients that read
+   only content blocks, as the same JSON in one text block.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import traceback
+from collections.abc import Mapping
+from typing import Any
+
+import mcp_types as types
+from jsonschema import Draft202012Validator
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import serve_dual_era_loop
+from mcp.shared.exceptions import MCPError
+from mcp_types import methods as spec_methods
+
+from mcp_server import __version__
+from mcp_server.config import Config
+from mcp_server.context import CallContext, Runtime
+from mcp_server.state import State
+from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
+from sandbox.errors import CcwError
+
+INVALID_PARAMS = types.INVALID_PARAMS  # -32602
+INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
+TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
+RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
+SHUTTING_DOWN = -32001  # a request read while draining for shutdown
+
+PROTOCOL_ERAS = ("2025-11-25", "2026-07-28")
+TRANSPORTS = ("stdio", "socket", "http")
+
+
+def log(line: str) -> None:
+    """One diagnostic line on stderr (stdout is for frames only)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+class CcwServer:
+    """The registry served over MCP; one per process, shared by every connection."""
+
+    def __init__(self, config: Config, state: State, registry: Registry | None = None) -> None:
+        self.config = config
+        self.state = state
+        self.registry = registry if registry is not None else Registry.load(config.toolsets)
+        self.runtime = Runtime(config, state)
+        self.check_output = config.debug
+        self._validators: dict[str, tuple[Draft202012Validator, Draft202012Validator]] = {}
+        for spec in self.registry.tools:
+            Draft202012Validator.check_schema(spec.input_schema)
+            Draft202012Validator.check_schema(spec.output_schema)
+            self._validators[spec.name] = (
+                Draft202012Validator(spec.input_schema),
+                Draft202012Validator(spec.output_schema),
+            )
+        self._resource_patterns = [(_template_regex(r.uri_template), r) for r in self.registry.resources]
+        self.sdk: Server[Any] = Server(
+            "ccw",
+            version=__version__,
+            title="ccw: counterfactual capsule workspaces",
+            instructions="Try changes and run commands in copy-on-write capsules; promote them when policies pass.",
+            get_tool_input_schema=self._input_schema_of,
+            on_list_tools=self._on_list_tools,
+            on_call_tool=self._on_call_tool,
+            on_list_resources=self._on_list_resources,
+            on_list_resource_templates=self._on_list_resource_templates,
+            on_read_resource=self._on_read_resource,
+        )
+        # Registered directly: the constructor keyword for it warns that roots are
+        # deprecated in the 2026 era, but 2025-era clients still send it.
+        self.sdk.add_notification_handler(
+            "notifications/roots/list_changed", types.NotificationParams, self._on_roots_changed
+        )
+        self.init_options = self.sdk.create_initialization_options()
+
+    # --- entry points for transports ---------------------------------------------
+
+    async def serve_streams(self, read_stream: Any, write_stream: Any) -> None:
+        """Serve one MCP connection (either era) over SDK message streams until read EOF."""
+        await serve_dual_era_loop(
+            self.sdk, read_stream, write_stream, lifespan_state={}, init_options=self.init_options
+        )
+
+    def is_direct_method(self, method: str) -> bool:
+        """True when ``method`` names a tool (or alias) rather than an MCP method."""
+        if method in spec_methods.SPEC_CLIENT_METHODS or method.startswith("notifications/"):
+            return False
+        return self.registry.lookup(method) is not None
+
+    def scope_for(self, method: str, params: Any) -> str | None:
+        """The bearer scope a request needs (None: any valid token will do)."""
+        if method == "tools/call" and isinstance(params, Mapping):
+            spec = self.registry.lookup(str(params.get("name", "")))
+            return spec.scope if spec is not None else None
+        if method == "resources/read" and isinstance(params, Mapping):
+            resource = self._match_resource(str(params.get("uri", "")))
+            return resource.scope if resource is not None else None
+        spec = self.registry.lookup(method) if self.is_direct_method(method) else None
+        return spec.scope if spec is not None else None
+
+    async def run_direct(self, request_id: Any, method: str, params: Any) -> dict[str, Any]:
+        """Serve a direct-method request; returns the JSON-RPC response message."""
+        spec = self._lookup(method)
+        if params is None:
+            params = {}
+        if not isinstance(params, dict):
+            return _error(request_id, INVALID_PARAMS, f"{method}: params must be an object of tool arguments")
+        args = {k: v for k, v in params.items() if k != "_meta"}
+        try:
+            result = await self.call_tool(spec, args, CallContext(self.runtime))
+        except MCPError as exc:
+            return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
+        except CcwError as exc:
+            return _error(request_id, TOOL_ERROR, exc.message, {"error": exc.to_dict()})
+        except Exception as exc:
+            log(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
+            return _error(request_id, INTERNAL_ERROR, f"{spec.name} failed unexpectedly: {exc}; see the server log")
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+    # --- the tool pipeline ------------------------------------------------------
+
+    def _lookup(self, name: str) -> ToolSpec:
+        spec = self.registry.lookup(name)
+        if spec is None:
+            known = ", ".join(sorted(s.name for s in self.registry.tools))
+            raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {name!r}; tools/list shows the tools: {known}")
+        if self.registry.is_deprecated_alias(name):
+            log(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
+        return spec
+
+    def argument_errors(self, spec: ToolSpec, args: Any) -> list[dict[str, str]]:
+        """Input-schema violations as sorted ``{path, msg}`` (RFC 6901 paths)."""
+        validator = self._validators[spec.name][0]
+        errors = [{"path": _pointer(e.absolute_path), "msg": e.message} for e in validator.iter_errors(args)]
+        return sorted(errors, key=lambda e: (e["path"], e["msg"]))
+
+    async def call_tool(self, spec: ToolSpec, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+        """Validate, run and (in debug) check one call; raises MCPError or CcwError."""
+        errors = self.argument_errors(spec, args)
+        if errors:
+            summary = "; ".join(f"{e['path'] or '/'}: {e['msg']}" for e in errors[:5])
+            raise MCPError(
+                code=INVALID_PARAMS,
+                message=f"{spec.name}: arguments do not match the input schema: {summary}",
+                data={"errors": errors},
+            )
+        result = await spec.handler(ctx, args)
+        if self.check_output:
+            problems = list(self._validators[spec.name][1].iter_errors(result))
+            if problems:
+                detail = "; ".join(f"{_pointer(p.absolute_path) or '/'}: {p.message}" for p in problems[:5])
+                log(f"mcp:bug {spec.name} result violates its output schema: {detail}")
+                raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name}: result violates its output schema: {detail}")
+        return result
+
+    # --- SDK handlers -----------------------------------------------------------
+
+    def _input_schema_of(self, name: str) -> Mapping[str, Any] | None:
+        spec = self.registry.lookup(name)
+        return spec.input_schema if spec is not None else None
+
+    async def _on_list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = [
+            types.Tool(
+                name=spec.name,
+                title=spec.title or None,
+                description=spec.description,
+                input_schema=spec.input_schema,
+                output_schema=spec.output_schema,
+                annotations=types.ToolAnnotations(
+                    title=spec.title or spec.name,
+                    read_only_hint=spec.read_only,
+                    destructive_hint=spec.destructive,
+                    idempotent_hint=spec.idempotent,
+                    open_world_hint=False,
+                ),
+            )
+            for spec in self.registry.tools
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def _on_call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        spec = self._lookup(params.name)
+        args = dict(params.arguments or {})
+        try:
+            result = await self.call_tool(spec, args, CallContext(self.runtime, ctx.session))
+        except CcwError as exc:
+            failure: dict[str, Any] = {"error": exc.to_dict()}
+            return types.CallToolResult(
+                content=[types.TextContent(text=_json_text(failure))], structured_content=failure, is_error=True
+            )
+        except MCPError:
+            raise
+        except Exception as exc:
+            log(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
+            raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
+        return types.CallToolResult(content=[types.TextContent(text=_json_text(result))], structured_content=result)
+
+    async def _on_list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        # Only templates without variables name one concrete resource.
+        resources = [
+            types.Resource(uri=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type)
+            for r in self.registry.resources
+            if "{" not in r.uri_template
+        ]
+        return types.ListResourcesResult(resources=resources)
+
+    async def _on_list_resource_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates = [
+            types.ResourceTemplate(
+                uri_template=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type
+            )
+            for r in self.registry.resources
+        ]
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    def _match_resource(self, uri: str) -> ResourceSpec | None:
+        for pattern, resource in self._resource_patterns:
+            if pattern.fullmatch(uri):
+                return resource
+        return None
+
+    async def _on_read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        resource = self._match_resource(uri)
+        if resource is None:
+            raise MCPError(code=RESOURCE_NOT_FOUND, message=f"no resource matches {uri!r}; see resources/templates/list")
+        try:
+            mime_type, text = await resource.handler(CallContext(self.runtime, ctx.session), uri)
+        except CcwError as exc:
+            code = RESOURCE_NOT_FOUND if exc.code == "NOT_FOUND" else INVALID_PARAMS
+            raise MCPError(code=code, message=exc.message, data={"error": exc.to_dict()}) from exc
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)])
+
+    async def _on_roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
+        self.runtime.forget_roots(getattr(ctx.session, "_connection", None))
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def _pointer(path: Any) -> str:
+    """RFC 6901 pointer for a jsonschema error path."""
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in path)
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    """A regex for an RFC 6570 level-2 template: ``{var}`` one segment, ``{+var}`` anything."""
+    pattern = ""
+    pos = 0
+    for match in re.finditer(r"\{(\+?)([A-Za-z0-9_]+)\}", template):
+        pattern += re.escape(template[pos : match.start()])
+        pattern += f"(?P<{match.group(2)}>.*)" if match.group(1) else f"(?P<{match.group(2)}>[^/]*)"
+        pos = match.end()
+    pattern += re.escape(template[pos:])
+    return re.compile(pattern)
+
+
+def build(config: Config, state: State | None = None) -> CcwServer:
+    """A CcwServer for ``config`` (opening the state dir unless given)."""
+    return CcwServer(config, state if state is not None else State(config.state_dir))

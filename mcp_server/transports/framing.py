@@ -1,0 +1,367 @@
+"""NDJSON framing for the stdio and unix-socket transports, sans-IO (h11's habit).
+
+Bytes go in, events come out; the caller does the I/O.  Seed 001 §3 sets the rules:
+
+* One JSON-RPC message per line, ``\\n``-terminated (a trailing ``\\r`` is tolerated),
+  UTF-8.  Blank lines are ignored.  Batches (JSON arrays) are refused.
+* A frame over ``MAX_FRAME`` (1 MiB, not counting the newline) is rejected *before it
+  is parsed*: the splitter stops buffering at the limit, discards the rest of the line
+  and reports ``Oversized`` once the newline arrives.  Memory per connection is bounded
+  by ``MAX_FRAME`` however long the line.  The connection keeps working.
+
+How a rejected frame is answered (the choice seed 001 leaves open, written down here):
+the id and method are recovered cheaply from the first ``HEAD_SCAN`` bytes by a tiny
+scanner that looks only at top-level keys (``scan_head``).
+
+* If the method is a direct method (a tool name, seed 001 style), the answer is an
+  ordinary JSON-RPC *result* carrying seed 001's shape, exactly what a seed 001 tool
+  returns: ``{"ok": false, "reason": "validation_failed", "errors": [{"path": "",
+  "msg": "payload_too_large"}]}``.
+* Otherwise (an MCP method, or nothing recoverable) it is a JSON-RPC *error*,
+  code -32600, message ``payload_too_large: …``, whose ``data`` is that same seed shape,
+  so MCP clients see a failed request rather than a malformed result.
+* The ``id`` is the recovered one, or ``null`` when none was found in the head.
+
+Either way the answer takes the rejected request's place in the per-connection
+response order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAX_FRAME = 1 << 20  # seed 001: 1 MiB per request, UTF-8 bytes
+HEAD_SCAN = 4096  # bytes of an oversized frame kept to recover its id and method
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+
+PAYLOAD_TOO_LARGE: dict[str, Any] = {
+    "ok": False,
+    "reason": "validation_failed",
+    "errors": [{"path": "", "msg": "payload_too_large"}],
+}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One complete frame (without its newline), at most MAX_FRAME bytes."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A frame over MAX_FRAME was discarded; ``head`` is its first HEAD_SCAN bytes."""
+
+    head: bytes
+    size: int
+
+
+Event = Line | Oversized
+
+
+class LineSplitter:
+    """Split a byte stream into ``Line`` and ``Oversized`` events with bounded memory."""
+
+    def __init__(self, max_frame: int = MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buffer = bytearray()
+        self._discarding = False  # inside an oversized line, waiting for its newline
+        self._head = b""
+        self._dropped = 0
+
+    def feed(self, data: bytes | bytearray) -> list[Event]:
+        """Consume ``data``; return the events it completes."""
+        events: list[Event] = []
+        start = 0
+        while start < len(data):
+            newline = data.find(b"\n", start)
+            end = len(data) if newline < 0 else newline
+            chunk = data[start:end]
+            if self._discarding:
+                self._dropped += len(chunk)
+            elif len(self._buffer) + len(chunk) > self.max_frame + 1:
+                # +1 leaves room for a trailing \r that is not part of the frame.
+                self._discarding = True
+                whole = bytes(self._buffer) + chunk
+                self._head = whole[:HEAD_SCAN]
+                self._dropped = len(whole)
+                self._buffer.clear()
+            else:
+                self._buffer += chunk
+            if newline < 0:
+                break
+            events.extend(self._end_line())
+            start = newline + 1
+        return events
+
+    def _end_line(self) -> list[Event]:
+        if self._discarding:
+            event: Event = Oversized(self._head, self._dropped)
+            self._discarding, self._head, self._dropped = False, b"", 0
+            return [event]
+        frame = bytes(self._buffer)
+        self._buffer.clear()
+        if frame.endswith(b"\r"):
+            frame = frame[:-1]
+        if len(frame) > self.max_frame:
+            return [Oversized(frame[:HEAD_SCAN], len(frame))]
+        if not frame.strip():
+            return []
+        return [Line(frame)]
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for an unfinished line (never more than max_frame + 1)."""
+        return len(self._buffer)
+
+
+# --- what a frame is -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """A JSON-RPC request: it gets exactly one answer, in order."""
+
+    id: str | int | float
+    method: str
+    params: Any
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A JSON-RPC notification (cancellation included): handled at once, never answered."""
+
+    method: str
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Response:
+    """A client's answer to a server-initiated request (roots/list, ping)."""
+
+    id: str | int | None
+    message: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A frame that cannot be served; ``answer`` is the JSON-RPC message to send back."""
+
+    answer: dict[str, Any]
+
+
+Frame = Request | Notification | Response | Invalid
+
+
+def error_message(id_: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    """A JSON-RPC error response."""
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": id_, "error": error}
+
+
+def result_message(id_: Any, result: Any) -> dict[str, Any]:
+    """A JSON-RPC success response."""
+    return {"jsonrpc": "2.0", "id": id_, "result": result}
+
+
+def _valid_id(value: Any) -> bool:
+    # Seed 001: ids are strings or numbers (not booleans, which Python calls ints).
+    return isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def classify(data: bytes) -> Frame:
+    """Parse one frame and say what it is; malformed input becomes ``Invalid``."""
+    try:
+        message = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, 4300-digit ints
+        return Invalid(error_message(None, PARSE_ERROR, f"parse error: {exc}; send one JSON object per line"))
+    if isinstance(message, list):
+        return Invalid(error_message(None, INVALID_REQUEST, "batches are not supported; send one request per line"))
+    if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+        return Invalid(error_message(None, INVALID_REQUEST, 'not a JSON-RPC 2.0 message; include "jsonrpc": "2.0"'))
+    has_id = "id" in message
+    id_ = message.get("id")
+    method = message.get("method")
+    if method is None and has_id and ("result" in message or "error" in message):
+        return Response(id_ if _valid_id(id_) else None, message)
+    if not isinstance(method, str):
+        return Invalid(error_message(id_ if _valid_id(id_) else None, INVALID_REQUEST, "method must be a string"))
+    if not has_id:
+        return Notification(method, message)
+    if not isinstance(id_, str | int | float) or isinstance(id_, bool):
+        return Invalid(error_message(None, INVALID_REQUEST, "id must be a string or a number"))
+    return Request(id_, method, message.get("params"), message)
+
+
+# --- recovering the id of a frame we refuse to parse -----------------------------
+
+
+def scan_head(head: bytes) -> tuple[Any, str | None]:
+    """Best-effort (id, method) from the start of a JSON object, top-level keys only.
+
+    Stops at the first thing it does not understand; never raises.
+    """
+    text = head.decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    found: dict[str, Any] = {}
+    i = _skip_ws(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return None, None
+    i += 1
+    while "id" not in found or "method" not in found:
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != '"':
+            break
+        try:
+            key, i = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != ":":
+            break
+        i = _skip_ws(text, i + 1)
+        if key in ("id", "method", "jsonrpc"):
+            try:
+                value, i = decoder.raw_decode(text, i)
+            except ValueError:
+                break
+            found[key] = value
+        else:
+            i = _skip_value(text, i)
+            if i < 0:
+                break
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != ",":
+            break
+        i += 1
+    id_ = found.get("id")
+    method = found.get("method")
+    return (id_ if _valid_id(id_) else None), (method if isinstance(method, str) else None)
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def _skip_value(text: str, i: int) -> int:
+    """Index just past the JSON value starting at ``i``, or -1 if the head ends first."""
+    depth = 0
+    in_string = False
+    while i < len(text):
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                i += 1
+            elif c == '"':
+                in_string = False
+                if depth == 0:
+                    return i + 1
+        elif c == '"':
+            in_string = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+            if depth < 0:
+                return -1
+        elif depth == 0 and c in ",}":
+            return i
+        i += 1
+    return -1
+
+
+def oversized_answer(event: Oversized, is_direct_method: bool) -> dict[str, Any]:
+    """The JSON-RPC answer to an oversized frame (see the module docstring)."""
+    id_, method = scan_head(event.head)
+    if method is not None and is_direct_method:
+        return result_message(id_, PAYLOAD_TOO_LARGE)
+    return error_message(
+        id_,
+        INVALID_REQUEST,
+        f"payload_too_large: frame of {event.size} bytes exceeds {MAX_FRAME}; split the request",
+        PAYLOAD_TOO_LARGE,
+    )
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    """One frame: compact JSON and a newline (non-ASCII stays literal UTF-8)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+# --- per-connection response order -----------------------------------------------
+
+
+class ResponseOrder:
+    """Answers leave in the order their requests arrived, whatever order they finish in.
+
+    ``reserve`` a slot per request as it is read; ``fill`` it with the encoded answer
+    (or ``drop`` it when the request settles unanswered, e.g. cancelled); ``fill`` and
+    ``drop`` return the frames now due, oldest first.  Server-initiated messages
+    (progress, roots/list) bypass this: they are not answers.
+    """
+
+    def __init__(self) -> None:
+        self._next = 0  # next slot to reserve
+        self._due = 0  # oldest slot not yet released
+        self._done: dict[int, bytes | None] = {}
+        self._by_id: dict[tuple[str, Any], list[int]] = {}
+
+    def reserve(self, request_id: Any = None) -> int:
+        """Take the next slot; with ``request_id``, remember it for ``fill_id``."""
+        slot = self._next
+        self._next += 1
+        if request_id is not None:
+            self._by_id.setdefault(_id_key(request_id), []).append(slot)
+        return slot
+
+    def slot_for(self, request_id: Any) -> int | None:
+        """The oldest open slot reserved for ``request_id``, without taking it."""
+        slots = self._by_id.get(_id_key(request_id))
+        return slots[0] if slots else None
+
+    def fill_id(self, request_id: Any, frame: bytes | None) -> list[bytes]:
+        """Fill the oldest slot reserved for ``request_id``; an unknown id is sent at once."""
+        slots = self._by_id.get(_id_key(request_id))
+        if not slots:
+            return [frame] if frame is not None else []
+        slot = slots.pop(0)
+        if not slots:
+            del self._by_id[_id_key(request_id)]
+        return self.fill(slot, frame)
+
+    def fill(self, slot: int, frame: bytes | None) -> list[bytes]:
+        """Record a slot's answer (None: no answer) and return the frames now due."""
+        if slot < self._due or slot in self._done:
+            return []
+        self._done[slot] = frame
+        released: list[bytes] = []
+        while self._due in self._done:
+            item = self._done.pop(self._due)
+            if item is not None:
+                released.append(item)
+            self._due += 1
+        return released
+
+    def drop_id(self, request_id: Any) -> list[bytes]:
+        """The request settled without an answer (cancelled): free its slot."""
+        return self.fill_id(request_id, None) if self.slot_for(request_id) is not None else []
+
+    @property
+    def pending(self) -> int:
+        """Requests read but not yet answered."""
+        return self._next - self._due
+
+
+def _id_key(request_id: Any) -> tuple[str, Any]:
+    return (type(request_id).__name__, request_id)

@@ -1,0 +1,171 @@
+"""One NDJSON connection (stdio or a unix-socket client), served on trio.
+
+The thin I/O loop around ``framing``: bytes are split into frames (1 MiB guard before
+parsing), then
+
+* direct methods (a tool name as the JSON-RPC method) run here, without the SDK;
+* MCP requests, notifications and the client's answers to our own requests go to the
+  SDK's dual-era loop (``CcwServer.serve_streams``) as ``SessionMessage``s;
+* every answer goes through ``ResponseOrder``, so answers leave in request order per
+  connection while requests still run concurrently; notifications (cancellation
+  included) reach the SDK at once, and server-initiated messages (progress,
+  ``roots/list``) are written at once.
+
+A request the SDK settles without an answer (the client cancelled it) frees its slot
+through the ``on_request_unanswered`` hook, so later answers are not held forever.
+
+Shutdown: when ``draining`` is set, requests read from then on are answered with
+error -32001 ("shutting down"), requests already read are finished and answered, and
+the connection ends once nothing is pending.  End of input (stdin closed, client
+hung up) ends the connection the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import anyio
+import mcp_types as types
+import trio
+from mcp.shared.message import ServerMessageMetadata, SessionMessage
+
+from mcp_server.server import SHUTTING_DOWN, CcwServer
+from mcp_server.transports import framing
+
+READ_CHUNK = 65536
+
+
+class NdjsonConnection:
+    """State of one connection; ``run`` serves it until input ends or drain completes."""
+
+    def __init__(
+        self, app: CcwServer, reader: trio.abc.ReceiveStream, writer: trio.abc.SendStream, draining: trio.Event
+    ) -> None:
+        self.app = app
+        self.reader = reader
+        self.writer = writer
+        self.draining = draining
+        self.order = framing.ResponseOrder()
+        self.splitter = framing.LineSplitter()
+        self._out_send, self._out_recv = trio.open_memory_channel[tuple[str, Any, bytes | None]](math.inf)
+        self._to_sdk_send, self._to_sdk_recv = anyio.create_memory_object_stream[SessionMessage | Exception](32)
+        self._from_sdk_send, self._from_sdk_recv = anyio.create_memory_object_stream[SessionMessage](32)
+        self._progress = trio.lowlevel.ParkingLot()
+        self._input_ended = False
+        self._broken = False  # the peer stopped reading; answers are discarded
+
+    async def run(self) -> None:
+        """Serve until input ends (or drain) and every request read has been answered."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve_sdk)
+            nursery.start_soon(self._pump_sdk)
+            nursery.start_soon(self._write_loop)
+            async with trio.open_nursery() as inner:
+                inner.start_soon(self._read_loop, nursery)
+                inner.start_soon(self._wake_on_drain)
+                while not ((self._input_ended or self.draining.is_set()) and self.order.pending == 0):
+                    await self._progress.park()
+                inner.cancel_scope.cancel()
+            # Nothing is pending: closing the SDK's input ends its loop, which closes its
+            # output, which ends the pump, which closes ours, which ends the writer.
+            await self._to_sdk_send.aclose()
+
+    async def _wake_on_drain(self) -> None:
+        await self.draining.wait()
+        self._progress.unpark_all()
+
+    async def _serve_sdk(self) -> None:
+        await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send)
+
+    async def _pump_sdk(self) -> None:
+        async with self._out_send:
+            async for item in self._from_sdk_recv:
+                message = item.message
+                frame = (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode("utf-8")
+                if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id is not None:
+                    await self._out_send.send(("id", message.id, frame))
+                else:
+                    await self._out_send.send(("now", None, frame))
+
+    async def _write_loop(self) -> None:
+        async for kind, key, frame in self._out_recv:
+            if kind == "now":
+                frames = [frame] if frame is not None else []
+            elif kind == "slot":
+                frames = self.order.fill(key, frame)
+            elif kind == "drop":
+                frames = self.order.drop_id(key)
+            else:
+                frames = self.order.fill_id(key, frame)
+            for item in frames:
+                if self._broken:
+                    break
+                try:
+                    await self.writer.send_all(item)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._broken = True
+            self._progress.unpark_all()
+
+    async def _read_loop(self, nursery: trio.Nursery) -> None:
+        try:
+            while True:
+                try:
+                    data = await self.reader.receive_some(READ_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    data = b""
+                if not data:
+                    return
+                for event in self.splitter.feed(data):
+                    await self._handle(event, nursery)
+        finally:
+            self._input_ended = True
+            self._progress.unpark_all()
+
+    async def _answer_now(self, message: dict[str, Any]) -> None:
+        slot = self.order.reserve()
+        await self._out_send.send(("slot", slot, framing.encode(message)))
+
+    async def _handle(self, event: framing.Event, nursery: trio.Nursery) -> None:
+        if isinstance(event, framing.Oversized):
+            _, method = framing.scan_head(event.head)
+            direct = method is not None and self.app.is_direct_method(method)
+            await self._answer_now(framing.oversized_answer(event, direct))
+            return
+        frame = framing.classify(event.data)
+        if isinstance(frame, framing.Invalid):
+            await self._answer_now(frame.answer)
+        elif isinstance(frame, framing.Request):
+            if self.draining.is_set():
+                await self._answer_now(
+                    framing.error_message(frame.id, SHUTTING_DOWN, "server is shutting down; reconnect and retry")
+                )
+            elif self.app.is_direct_method(frame.method):
+                slot = self.order.reserve()
+                nursery.start_soon(self._run_direct, slot, frame)
+            else:
+                await self._to_sdk(frame.message, request_id=frame.id)
+        else:
+            await self._to_sdk(frame.message)
+
+    async def _to_sdk(self, message: dict[str, Any], request_id: Any = None) -> None:
+        try:
+            parsed = types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+        except ValueError as exc:
+            if request_id is not None:
+                await self._answer_now(
+                    framing.error_message(request_id, framing.INVALID_REQUEST, f"invalid JSON-RPC message: {exc}")
+                )
+            return
+        metadata = None
+        if request_id is not None:
+            self.order.reserve(request_id)
+            metadata = ServerMessageMetadata(
+                on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None))
+            )
+        await self._to_sdk_send.send(SessionMessage(parsed, metadata=metadata))
+
+    async def _run_direct(self, slot: int, frame: framing.Request) -> None:
+        answer = await self.app.run_direct(frame.id, frame.method, frame.params)
+        await self._out_send.send(("slot", slot, framing.encode(answer)))

@@ -1,0 +1,162 @@
+"""The unix-socket transport: NDJSON per connection, many clients at once.
+
+Some facts about unix socket files.  ``bind`` creates the file with the mode
+``0777 & ~umask``, so the mode is set through the umask *during* bind (there is no
+window where another user could connect) and fixed with chmod after.  The file outlives
+the process that bound it: a server that crashed leaves a stale file whose ``connect``
+fails with ECONNREFUSED, and which ``bind`` refuses with EADDRINUSE.  So at start a
+leftover path is probed: a live server answering on it is an error (two servers must
+not share one path), a dead one is unlinked; a path that is not a socket is never
+touched.  On shutdown the listener closes and the file is unlinked before in-flight
+requests finish, so a new instance can start at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import stat
+from collections.abc import AsyncIterator
+
+import trio
+
+from mcp_server.server import CcwServer, log
+from mcp_server.transports.ndjson import NdjsonConnection
+from sandbox.errors import CcwError, from_oserror
+
+BACKLOG = 128
+
+
+def _clear_stale(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise CcwError(
+            "CONFLICT", f"{path!r} exists and is not a socket; remove it or set MCP_SOCKET_PATH elsewhere"
+        )
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except ConnectionRefusedError:
+        log(f"mcp:stale socket {path} removed (no server was listening)")
+        os.unlink(path)
+        return
+    except OSError as exc:
+        raise from_oserror(exc, "probe existing socket", path, "remove the stale socket file") from exc
+    finally:
+        probe.close()
+    raise CcwError("CONFLICT", f"another server is listening on {path!r}; stop it or choose another MCP_SOCKET_PATH")
+
+
+def bind_socket(path: str, mode: int) -> socket.socket:
+    """A listening unix socket at ``path`` with ``mode``, replacing a stale file."""
+    _clear_stale(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old_umask = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        hint = "another server may be starting on it" if exc.errno == errno.EADDRINUSE else "check the directory"
+        raise from_oserror(exc, "bind unix socket", path, hint) from exc
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, mode)
+    sock.listen(BACKLOG)
+    return sock
+
+
+async def serve(
+    app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Accept clients on MCP_SOCKET_PATH until ``draining``; then finish their requests."""
+    path = app.config.socket_path
+    raw = bind_socket(path, app.config.socket_mode)
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
+    try:
+        async with trio.open_nursery() as connections:
+            with trio.CancelScope() as accepting:
+                connections.start_soon(_stop_accepting_on, draining, accepting)
+                task_status.started(path)
+                while True:
+                    stream = await listener.accept()
+                    connections.start_soon(_serve_client, app, stream, draining)
+            await listener.aclose()
+            _unlink(path)
+    finally:
+        with trio.CancelScope(shield=True):
+            await listener.aclose()
+        _unlink(path)
+
+
+async def _stop_accepting_on(draining: trio.Event, accepting: trio.CancelScope) -> None:
+    await draining.wait()
+    accepting.cancel()
+
+
+async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event) -> None:
+    async with stream:
+        await NdjsonConnection(app, stream, stream, draining).run()
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+@contextlib.asynccontextmanager
+async def connect(path: str) -> AsyncIterator[tuple[object, object]]:
+    """Client side: an SDK ``Transport`` (read, write streams) over a unix socket.
+
+    Usable as ``mcp.Client(connect(path))``; the tests and the benchmark use it.
+    """
+    import anyio
+    import mcp_types as types
+    from mcp.shared.message import SessionMessage
+
+    stream = await trio.open_unix_socket(path)
+    read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](32)
+    write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](32)
+
+    async def reader() -> None:
+        from mcp_server.transports.framing import Line, LineSplitter
+
+        splitter = LineSplitter()
+        async with read_send:
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                for event in splitter.feed(data):
+                    if isinstance(event, Line):
+                        try:
+                            message = types.jsonrpc_message_adapter.validate_json(event.data, by_name=False)
+                        except ValueError as exc:
+                            await read_send.send(exc)
+                            continue
+                        await read_send.send(SessionMessage(message))
+
+    async def writer() -> None:
+        async with write_recv:
+            async for item in write_recv:
+                line = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
+                try:
+                    await stream.send_all(line.encode("utf-8"))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader)
+        nursery.start_soon(writer)
+        try:
+            yield read_recv, write_send
+        finally:
+            nursery.cancel_scope.cancel()
+            await stream.aclose()
