@@ -1,0 +1,691 @@
+"""Per-exec cgroups: limits, usage read back, kill, teardown.
+
+Some facts about cgroups on the machines ccw runs on
+----------------------------------------------------
+- The layout differs per host, so it is *detected*, never assumed: /proc/self/mountinfo
+  names every cgroup/cgroup2 mount and its super options (which v1 controllers it
+  carries), /proc/self/cgroup says where this process sits in each hierarchy, and
+  /proc/cgroups says which controllers the kernel has.  The parsers are pure functions
+  over file contents (psutil's habit) and are tested against fake files.
+- Each resource comes from the best place available: cgroup v2 when its controller is
+  enabled there, else the v1 hierarchy carrying it.  A v2 hierarchy with *no*
+  controllers (hybrid hosts, such as the CI VM: v1 memory/cpu/cpuacct/pids/blkio and an
+  empty cgroup2 at /sys/fs/cgroup/unified) is still useful: every non-root v2 cgroup has
+  ``cgroup.kill`` (5.14+), which kills a whole tree atomically, and ``cpu.stat`` with
+  ``usage_usec``, which needs no controller.
+- The helper may itself sit in a non-root cgroup (a systemd service; on the CI VM a
+  per-command v1 memory cgroup).  ccw's parent cgroup ``ccw`` is created under the
+  helper's *own* cgroup in each hierarchy, so the helper's own limits keep applying to
+  what it runs, and a delegated v2 subtree works without root.  A hierarchy where the
+  mkdir is refused is skipped and the reason kept.
+- Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale`` can
+  tell a dead helper's leftovers from those of a helper that is still running.
+- v1 memory: ``memory.limit_in_bytes`` must be lowered before ``memory.memsw.limit_in_bytes``
+  (memsw may never be below it), and memsw must be set too or a bomb swaps instead of
+  dying.  ``memory.oom_control`` counts ``oom_kill`` (4.13+); v2 has ``memory.events``.
+- ``rss_max_kb`` is the cgroup's peak memory charge (``memory.max_usage_in_bytes`` /
+  ``memory.peak``): resident anonymous memory *plus* page cache the exec brought in.
+- I/O: v1 blkio charges a read to the task that issued it, so ``io_read_kb`` is the
+  bytes the exec read from block devices (page-cache hits are not device I/O and
+  honestly count 0).  Buffered writes are different: the page cache is written back
+  later by a kernel flusher, which v1 charges to the root cgroup, so a v1 write figure
+  would be a made-up undercount; it is null with that reason.  v2 with the io
+  controller attributes writeback to the writer's cgroup, but only once it happened:
+  the figure is reported only when no page dirtied by the exec is still unwritten.
+- CPU time has no v1/v2 "budget" knob (cpu.max is a rate), so ``Limits.cpu_ms`` is
+  enforced by a watcher thread that polls the usage counter and kills the cgroup when the
+  budget is spent (``Usage.cpu_limited``).  It sleeps for at most the remaining budget
+  divided by the number of CPUs, so it overshoots by at most one poll interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sandbox.errors import CcwError, from_oserror
+
+PARENT_NAME = "ccw"
+# v1 controllers ccw uses; cpuset is left alone (a child needs cpus/mems before any task joins).
+V1_WANTED = ("memory", "pids", "cpuacct", "blkio", "freezer")
+V2_WANTED = ("memory", "pids", "cpu", "io")
+_MOUNTINFO = "/proc/self/mountinfo"
+
+
+# --------------------------------------------------------------------- pure parsers
+@dataclass(frozen=True)
+class CgroupMount:
+    """One cgroup or cgroup2 line of mountinfo."""
+
+    mount_point: str
+    root: str  # the path inside the hierarchy that is mounted there
+    version: int  # 1 or 2
+    options: frozenset[str]  # super options: v1 controller names live here
+
+
+def _unescape(field_text: str) -> str:
+    # mountinfo escapes space, tab, newline and backslash as \ooo octal.
+    out, i = [], 0
+    while i < len(field_text):
+        if field_text[i] == "\\" and i + 3 < len(field_text) and field_text[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field_text[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field_text[i])
+            i += 1
+    return "".join(out)
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    """The cgroup mounts in a /proc/self/mountinfo text, in order."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if len(fields) < sep + 4 or len(fields) < 6:
+            continue
+        fstype, super_opts = fields[sep + 1], fields[sep + 3]
+        if fstype not in ("cgroup", "cgroup2"):
+            continue
+        mounts.append(
+            CgroupMount(
+                mount_point=_unescape(fields[4]),
+                root=_unescape(fields[3]),
+                version=2 if fstype == "cgroup2" else 1,
+                options=frozenset(super_opts.split(",")),
+            )
+        )
+    return mounts
+
+
+def parse_proc_cgroups(text: str) -> dict[str, tuple[int, bool]]:
+    """/proc/cgroups → {controller: (hierarchy id, enabled)}; hierarchy 0 = v2 or unmounted."""
+    result = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        parts = line.split()
+        if len(parts) >= 4:
+            result[parts[0]] = (int(parts[1]), parts[3] == "1")
+    return result
+
+
+def parse_self_cgroup(text: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup → {key: path}; key is the v1 controller list ("cpu,cpuacct") or "" for v2."""
+    result = {}
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            result[parts[1]] = parts[2]
+    return result
+
+
+def parse_flat_keyed(text: str) -> dict[str, int]:
+    """Files like cpu.stat, memory.events, pids.events, memory.oom_control: "key value" lines."""
+    result = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            with contextlib.suppress(ValueError):
+                result[parts[0]] = int(parts[1])
+    return result
+
+
+def parse_blkio_bytes(text: str) -> tuple[int, int]:
+    """blkio.throttle.io_service_bytes → (read bytes, write bytes) summed over devices."""
+    read = write = 0
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] == "Read":
+            read += int(parts[2])
+        elif len(parts) == 3 and parts[1] == "Write":
+            write += int(parts[2])
+    return read, write
+
+
+def parse_io_stat(text: str) -> tuple[int, int]:
+    """v2 io.stat ("MAJ:MIN rbytes=.. wbytes=.. ...") → (read bytes, write bytes)."""
+    read = write = 0
+    for line in text.splitlines():
+        for item in line.split()[1:]:
+            key, _, value = item.partition("=")
+            if key == "rbytes":
+                read += int(value)
+            elif key == "wbytes":
+                write += int(value)
+    return read, write
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """One hierarchy ccw can use, and this process's own cgroup dir in it."""
+
+    version: int
+    controllers: frozenset[str]  # v1: from the mount; v2: from cgroup.controllers
+    mount_point: str
+    base: str  # absolute dir of our own cgroup in it; ccw's parent goes beneath
+
+
+@dataclass(frozen=True)
+class CgroupLayout:
+    """What this host offers: which hierarchy serves each resource."""
+
+    hierarchies: tuple[Hierarchy, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def for_resource(self, resource: str) -> Hierarchy | None:
+        """The hierarchy serving memory, pids, cpu, io, freezer or kill (v2 first)."""
+        v2 = self.unified
+        if resource == "kill":
+            return v2 if v2 is not None else self._v1("freezer")
+        if resource == "cpu":
+            if v2 is not None and "cpu" in v2.controllers:
+                return v2
+            return self._v1("cpuacct") or v2  # v2 cpu.stat works without the controller
+        v2_name = {"io": "io"}.get(resource, resource)
+        if v2 is not None and v2_name in v2.controllers:
+            return v2
+        return self._v1({"io": "blkio"}.get(resource, resource))
+
+    @property
+    def unified(self) -> Hierarchy | None:
+        """The cgroup2 hierarchy, with or without controllers."""
+        return next((h for h in self.hierarchies if h.version == 2), None)
+
+    def _v1(self, controller: str) -> Hierarchy | None:
+        return next((h for h in self.hierarchies if h.version == 1 and controller in h.controllers), None)
+
+
+def _own_dir(mount: CgroupMount, own_path: str | None) -> str:
+    # Our cgroup path is relative to the hierarchy root; the mount shows `mount.root` of it.
+    if own_path is None:
+        return mount.mount_point
+    root = mount.root.rstrip("/")
+    if root and not (own_path == root or own_path.startswith(root + "/")):
+        return mount.mount_point  # our cgroup is outside what is mounted here
+    rel = own_path[len(root) :].strip("/")
+    return os.path.join(mount.mount_point, rel) if rel else mount.mount_point
+
+
+def build_layout(
+    mountinfo: str, proc_cgroups: str, self_cgroup: str, v2_controllers: dict[str, str]
+) -> CgroupLayout:
+    """Pure: the layout from mountinfo, /proc/cgroups, /proc/self/cgroup, and the text of
+    cgroup.controllers for each cgroup2 mount point (key: mount point)."""
+    enabled = {name for name, (_, on) in parse_proc_cgroups(proc_cgroups).items() if on}
+    own = parse_self_cgroup(self_cgroup)
+    hierarchies: list[Hierarchy] = []
+    notes: list[str] = []
+    seen: set[frozenset[str]] = set()
+    for mount in parse_mountinfo(mountinfo):
+        if mount.version == 2:
+            if any(h.version == 2 for h in hierarchies):
+                continue
+            ctrls = frozenset(v2_controllers.get(mount.mount_point, "").split())
+            hierarchies.append(Hierarchy(2, ctrls, mount.mount_point, _own_dir(mount, own.get(""))))
+            continue
+        ctrls = frozenset(o for o in mount.options if o in enabled)
+        wanted = ctrls & set(V1_WANTED)
+        if not wanted or ctrls in seen:
+            continue
+        seen.add(ctrls)
+        key = next((k for k in own if k and frozenset(k.split(",")) == ctrls), None)
+        hierarchies.append(Hierarchy(1, ctrls, mount.mount_point, _own_dir(mount, own.get(key) if key else None)))
+    if not hierarchies:
+        notes.append("no cgroup filesystem is mounted")
+    # A v1 controller that is also enabled on v2 cannot be: the kernel binds each to one.
+    return CgroupLayout(tuple(hierarchies), tuple(notes))
+
+
+def detect_layout() -> CgroupLayout:
+    """Read the host's cgroup layout (see build_layout)."""
+
+    def read(path: str) -> str:
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    mountinfo = read(_MOUNTINFO)
+    v2 = {m.mount_point: read(os.path.join(_own_dir(m, None), "cgroup.controllers"))
+          for m in parse_mountinfo(mountinfo) if m.version == 2}
+    layout = build_layout(mountinfo, read("/proc/cgroups"), read("/proc/self/cgroup"), v2)
+    # cgroup.controllers of *our* cgroup is what we may delegate further down.
+    fixed = []
+    for h in layout.hierarchies:
+        if h.version == 2 and h.base != h.mount_point:
+            h = Hierarchy(2, frozenset(read(os.path.join(h.base, "cgroup.controllers")).split()), h.mount_point, h.base)
+        fixed.append(h)
+    return CgroupLayout(tuple(fixed), layout.notes)
+
+
+def mechanisms(layout: CgroupLayout | None = None) -> dict[str, str | None]:
+    """For hello/isolation: which hierarchy serves each resource, or None."""
+    layout = layout or detect_layout()
+    out: dict[str, str | None] = {}
+    for res in ("memory", "pids", "cpu", "io", "kill"):
+        h = layout.for_resource(res)
+        out[res] = None if h is None else f"cgroup v{h.version} {h.mount_point}"
+    return out
+
+
+# --------------------------------------------------------------------- per-exec cgroups
+@dataclass(frozen=True)
+class Limits:
+    """Per-exec limits; None = not limited."""
+
+    memory_bytes: int | None = None
+    pids_max: int | None = None
+    cpu_ms: int | None = None
+
+
+@dataclass
+class Usage:
+    """What an exec used; a None figure could not be measured and ``unavailable`` says why."""
+
+    cpu_ms: int | None
+    rss_max_kb: int | None
+    io_read_kb: int | None
+    io_write_kb: int | None
+    oom_killed: bool
+    pids_limited: bool
+    unavailable: dict[str, str] = field(default_factory=dict)
+    cpu_limited: bool = False  # the cpu_ms budget was spent and the exec was killed
+
+
+_HINT = "run the helper as root, or delegate a cgroup v2 subtree to it (systemd Delegate=yes)"
+_OWNER_SEP = "@"
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _write(path: str, value: str, hint: str = _HINT) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        raise from_oserror(exc, f"write {value!r} to", path, hint) from exc
+
+
+def _procs(cgroup_dir: str) -> list[int]:
+    try:
+        return [int(x) for x in _read(os.path.join(cgroup_dir, "cgroup.procs")).split()]
+    except OSError:
+        return []
+
+
+def _mkdir(path: str) -> bool:
+    """mkdir; True if created, False if it existed."""
+    try:
+        os.mkdir(path)
+        return True
+    except FileExistsError:
+        return False
+
+
+class ExecCgroup:
+    """One exec's cgroup, one directory per hierarchy that serves a resource."""
+
+    def __init__(self, layout: CgroupLayout, name: str, limits: Limits) -> None:
+        self.layout = layout
+        self.name = name
+        self.limits = limits
+        self.dirs: dict[Hierarchy, str] = {}
+        self.unavailable: dict[str, str] = {}
+        self.cpu_limited = False
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._torn_down = False
+
+    # -- prepare
+    @classmethod
+    def prepare(cls, layout: CgroupLayout, name: str, limits: Limits) -> ExecCgroup:
+        """mkdir ``ccw/<name>@<pid>`` under our own cgroup in every useful hierarchy; write limits.
+
+        A hierarchy we may not write is skipped (usage from it is null with the reason);
+        a *requested* limit that no writable hierarchy can enforce is an UNSUPPORTED error.
+        """
+        if not name or "/" in name or _OWNER_SEP in name or name in (".", ".."):
+            raise CcwError("INVALID_ARGUMENT", f"cgroup name {name!r} must be non-empty, without '/' or '@'")
+        cg = cls(layout, name, limits)
+        try:
+            cg._make_dirs()
+            cg._write_limits()
+        except BaseException:
+            cg.teardown()
+            raise
+        return cg
+
+    def _make_dirs(self) -> None:
+        wanted = {self.layout.for_resource(r) for r in ("memory", "pids", "cpu", "io", "kill")}
+        leaf = f"{self.name}{_OWNER_SEP}{os.getpid()}"
+        for hier in self.layout.hierarchies:
+            if hier not in wanted:
+                continue
+            parent = os.path.join(hier.base, PARENT_NAME)
+            path = os.path.join(parent, leaf)
+            for attempt in range(5):  # another helper may rmdir an empty parent meanwhile
+                try:
+                    if _mkdir(parent) and hier.version == 2:
+                        self._delegate_v2(hier, parent)
+                    if not _mkdir(path):
+                        raise CcwError("CONFLICT", f"cgroup {path!r} already exists; another exec uses the name {self.name!r}")
+                    self.dirs[hier] = path
+                    break
+                except FileNotFoundError:
+                    if attempt == 4:
+                        raise
+                except OSError as exc:
+                    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                        self.unavailable[hier.mount_point] = str(from_oserror(exc, "mkdir", path, _HINT))
+                        break
+                    raise from_oserror(exc, "mkdir", path, _HINT) from exc
+
+    def _delegate_v2(self, hier: Hierarchy, parent: str) -> None:
+        # Controllers must be enabled top-down: in our own cgroup for `ccw`, in `ccw` for execs.
+        ctrls = " ".join(f"+{c}" for c in sorted(hier.controllers & set(V2_WANTED)))
+        if not ctrls:
+            return
+        for where in (hier.base, parent):
+            try:
+                _write(os.path.join(where, "cgroup.subtree_control"), ctrls)
+            except CcwError as exc:
+                if exc.details.get("errno") == "EBUSY":
+                    exc.message += (" (cgroup v2 forbids controllers below a cgroup that holds processes:"
+                                    " start the helper in a leaf cgroup of a delegated subtree)")
+                raise
+
+    def _dir_for(self, resource: str) -> str | None:
+        hier = self.layout.for_resource(resource)
+        return self.dirs.get(hier) if hier is not None else None
+
+    def _write_limits(self) -> None:
+        lim = self.limits
+        if lim.memory_bytes is not None:
+            mem = self._require("memory", "limits.memory_mb")
+            if self._v1(mem):
+                _write(os.path.join(mem, "memory.limit_in_bytes"), str(lim.memory_bytes))
+                memsw = os.path.join(mem, "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):  # else swap accounting is off: the limit covers RAM only
+                    _write(memsw, str(lim.memory_bytes))
+            else:
+                _write(os.path.join(mem, "memory.max"), str(lim.memory_bytes))
+                with contextlib.suppress(CcwError):  # memory.swap.max exists only with swap accounting
+                    _write(os.path.join(mem, "memory.swap.max"), "0")
+        if lim.pids_max is not None:
+            _write(os.path.join(self._require("pids", "limits.pids_max"), "pids.max"), str(lim.pids_max))
+        if lim.cpu_ms is not None:
+            self._require("cpu", "limits.cpu_ms")
+
+    @property
+    def _leaf(self) -> str:
+        return f"{self.name}{_OWNER_SEP}{os.getpid()}"
+
+    def _v1(self, path: str) -> bool:
+        return any(h.version == 1 for h, d in self.dirs.items() if d == path)
+
+    def _require(self, resource: str, what: str) -> str:
+        path = self._dir_for(resource)
+        if path is None:
+            why = "; ".join(self.unavailable.values()) or "no cgroup hierarchy on this host provides it"
+            raise CcwError("UNSUPPORTED", f"{what} cannot be enforced: no writable {resource} cgroup ({why}); "
+                           f"{_HINT}, or omit {what}")
+        return path
+
+    # -- enter / watch
+    def enter(self, pid: int) -> None:
+        """Move ``pid`` into every hierarchy (before it unshares its cgroup namespace)."""
+        for path in self.dirs.values():
+            _write(os.path.join(path, "cgroup.procs"), str(pid), "the process may have exited already")
+        if self.limits.cpu_ms is not None and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_cpu, name=f"ccw-cpu-{self.name}", daemon=True)
+            self._watcher.start()
+
+    def _cpu_ns(self) -> int | None:
+        path = self._dir_for("cpu")
+        if path is None:
+            return None
+        try:
+            if self._v1(path):
+                return int(_read(os.path.join(path, "cpuacct.usage")))
+            return parse_flat_keyed(_read(os.path.join(path, "cpu.stat")))["usage_usec"] * 1000
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def _watch_cpu(self) -> None:
+        budget_ns = (self.limits.cpu_ms or 0) * 1_000_000
+        ncpu = os.cpu_count() or 1
+        while not self._stop.is_set():
+            used = self._cpu_ns()
+            if used is None:
+                return
+            if used >= budget_ns:
+                self.cpu_limited = True
+                with contextlib.suppress(CcwError):
+                    self.kill()
+                return
+            # Usage grows at most ncpu seconds per second: sleep no longer than that allows.
+            self._stop.wait(min(0.1, max(0.002, (budget_ns - used) / 1e9 / ncpu)))
+
+    def pids(self) -> list[int]:
+        """The processes in the exec cgroup (host pids)."""
+        for path in self.dirs.values():
+            return _procs(path)
+        return []
+
+    def owns(self, pid: int) -> bool | None:
+        """Whether ``pid`` is in this exec's cgroup; None when the process is gone."""
+        try:
+            text = _read(f"/proc/{pid}/cgroup")
+        except OSError:
+            return None
+        mine = parse_self_cgroup(text)
+        for hier, path in self.dirs.items():
+            rel = "/" + os.path.relpath(path, hier.mount_point)
+            key = "" if hier.version == 2 else next(
+                (k for k in mine if k and frozenset(k.split(",")) == hier.controllers), None)
+            if key is not None and key in mine:
+                return mine[key] == rel or mine[key].startswith(rel + "/")
+        return False
+
+    # -- kill
+    def kill(self) -> None:
+        """Kill every process in the exec cgroup and wait until it is empty."""
+        v2 = self.layout.unified
+        v2_dir = self.dirs.get(v2) if v2 is not None else None
+        if v2_dir is not None and os.path.exists(os.path.join(v2_dir, "cgroup.kill")):
+            _write(os.path.join(v2_dir, "cgroup.kill"), "1")
+            if self._wait_empty(v2_dir, 2.0):
+                return
+        freezer = next((d for h, d in self.dirs.items() if h.version == 1 and "freezer" in h.controllers), None)
+        any_dir = v2_dir or next(iter(self.dirs.values()), None)
+        if any_dir is None:
+            return
+        for _ in range(100):  # freeze so nothing forks while we kill, then thaw to let SIGKILL land
+            pids = _procs(freezer or any_dir)
+            if not pids:
+                return
+            if freezer:
+                with contextlib.suppress(CcwError):
+                    _write(os.path.join(freezer, "freezer.state"), "FROZEN")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if freezer:
+                with contextlib.suppress(CcwError):
+                    _write(os.path.join(freezer, "freezer.state"), "THAWED")
+            if self._wait_empty(freezer or any_dir, 0.05):
+                return
+        raise CcwError("INTERNAL", f"cgroup {any_dir!r} still has processes after 100 SIGKILL rounds: {_procs(any_dir)}")
+
+    @staticmethod
+    def _wait_empty(path: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while _procs(path):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    # -- collect
+    def collect(self) -> Usage:
+        """Usage after the command ended; every null figure has its reason in ``unavailable``."""
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        why_none = "; ".join(self.unavailable.values()) or "no cgroup hierarchy on this host provides it"
+        unavailable: dict[str, str] = {}
+        usage = Usage(None, None, None, None, False, False, unavailable, self.cpu_limited)
+
+        cpu_ns = self._cpu_ns()
+        if cpu_ns is not None:
+            usage.cpu_ms = round(cpu_ns / 1_000_000)
+        else:
+            unavailable["cpu_ms"] = f"no readable cpu usage counter: {why_none}"
+
+        mem = self._dir_for("memory")
+        if mem is None:
+            unavailable["rss_max_kb"] = f"no memory cgroup: {why_none}"
+            unavailable["oom_killed"] = f"no memory cgroup, an OOM kill cannot be told apart: {why_none}"
+        elif self._v1(mem):
+            usage.rss_max_kb = int(_read(os.path.join(mem, "memory.max_usage_in_bytes"))) // 1024
+            usage.oom_killed = parse_flat_keyed(_read(os.path.join(mem, "memory.oom_control"))).get("oom_kill", 0) > 0
+        else:
+            peak = os.path.join(mem, "memory.peak")
+            if os.path.exists(peak):
+                usage.rss_max_kb = int(_read(peak)) // 1024
+            else:
+                unavailable["rss_max_kb"] = "this kernel has no memory.peak (added in Linux 5.19)"
+            usage.oom_killed = parse_flat_keyed(_read(os.path.join(mem, "memory.events"))).get("oom_kill", 0) > 0
+
+        pids = self._dir_for("pids")
+        if pids is not None:
+            usage.pids_limited = parse_flat_keyed(_read(os.path.join(pids, "pids.events"))).get("max", 0) > 0
+        else:
+            unavailable["pids_limited"] = f"no pids cgroup: {why_none}"
+
+        self._collect_io(usage, why_none)
+        return usage
+
+    def _collect_io(self, usage: Usage, why_none: str) -> None:
+        io_dir = self._dir_for("io")
+        if io_dir is None:
+            usage.unavailable["io_read_kb"] = usage.unavailable["io_write_kb"] = f"no io/blkio cgroup: {why_none}"
+            return
+        if self._v1(io_dir):
+            read, _ = parse_blkio_bytes(_read(os.path.join(io_dir, "blkio.throttle.io_service_bytes")))
+            usage.io_read_kb = read // 1024
+            usage.unavailable["io_write_kb"] = (
+                "cgroup v1 blkio charges buffered writes to the kernel flusher at writeback, not to the "
+                "writing process, so the exec's writes cannot be attributed")
+            return
+        read, write = parse_io_stat(_read(os.path.join(io_dir, "io.stat")))
+        usage.io_read_kb = read // 1024
+        mem = self._dir_for("memory")
+        stat = parse_flat_keyed(_read(os.path.join(mem, "memory.stat"))) if mem and not self._v1(mem) else None
+        if stat is None:
+            usage.unavailable["io_write_kb"] = "without the v2 memory controller, writeback is not charged to the exec"
+        elif stat.get("file_dirty", 0) + stat.get("file_writeback", 0) > 0:
+            pending = (stat.get("file_dirty", 0) + stat.get("file_writeback", 0)) // 1024
+            usage.unavailable["io_write_kb"] = f"{pending} kB written by the exec were still in the page cache, not yet on disk"
+        else:
+            usage.io_write_kb = write // 1024
+
+    # -- teardown
+    def teardown(self) -> None:
+        """Kill leftovers and remove every directory (and the parent when empty); idempotent."""
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        if self._torn_down:
+            return
+        self.kill()
+        for hier, path in list(self.dirs.items()):
+            _rmdir_retry(path)
+            del self.dirs[hier]
+            with contextlib.suppress(OSError):  # busy: another exec or helper still uses it
+                os.rmdir(os.path.dirname(path))
+        self._torn_down = True
+
+
+def _rmdir_retry(path: str) -> None:
+    # A killed task leaves cgroup.procs a moment after the SIGKILL lands.
+    for _ in range(500):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise from_oserror(exc, "rmdir", path, _HINT) from exc
+            time.sleep(0.002)
+    raise CcwError("INTERNAL", f"rmdir {path!r} failed: EBUSY after 1 s; processes left: {_procs(path)}")
+
+
+def _parent_dirs(layout: CgroupLayout) -> Iterable[str]:
+    # ccw parents under our own cgroup, and under any other cgroup (a crashed helper may
+    # have lived in another one, e.g. a per-command cgroup), up to a few levels deep.
+    for hier in layout.hierarchies:
+        stack = [(hier.mount_point, 0)]
+        while stack:
+            path, depth = stack.pop()
+            try:
+                entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name == PARENT_NAME:
+                    yield entry.path
+                elif depth < 3:
+                    stack.append((entry.path, depth + 1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[str]:
+    """Kill and remove exec cgroups named ``<prefix>…@<pid>`` whose helper pid is dead.
+
+    Returns the removed directories, sorted.  Cgroups of helpers that are still running
+    are left alone, as is anything not named by ccw.
+    """
+    layout = layout or detect_layout()
+    removed = []
+    for parent in _parent_dirs(layout):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            base, sep, owner = name.rpartition(_OWNER_SEP)
+            path = os.path.join(parent, name)
+            if not sep or not base.startswith(prefix) or not owner.isdigit() or not os.path.isdir(path):
+                continue
+            if _alive(int(owner)):
+                continue
+            hier = next(h for h in layout.hierarchies if path.startswith(h.mount_point + "/"))
+            stale = ExecCgroup(CgroupLayout((hier,)), base, Limits())
+            stale.dirs[hier] = path
+            stale.teardown()
+            removed.append(path)
+    return sorted(removed)
