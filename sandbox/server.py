@@ -1,0 +1,360 @@
+"""The helper's unix socket server: peer credentials, one thread per connection, dispatch.
+
+Some facts about unix sockets that this module follows from:
+
+- ``SO_PEERCRED`` gives the pid/uid/gid of the process that called ``connect()``, as
+  seen from the helper's user namespace, fixed at connect time.  It is the only source
+  of the caller's identity; requests never carry one.  In a rootless helper (its own
+  user namespace mapping one uid to 0) every other uid shows up as the overflow uid
+  65534, so a rootless helper serves only callers that map to its own uid.
+- A socket file's mode is checked on ``connect()``: 0600 keeps the embedded helper to
+  its own user; the service uses 0660 and a group.  ``bind()`` applies the umask, so
+  the umask is tightened around it and the mode set right after, before ``listen()``.
+- A socket file outlives a crashed helper.  A stale one refuses connections
+  (ECONNREFUSED) and is unlinked; a live one means another helper serves there, and
+  starting a second is refused rather than stealing its path.  Anything that is not a
+  socket is never unlinked.
+- ``sun_path`` holds 107 bytes.  Longer paths are reached through
+  ``/proc/self/fd/N/<name>`` with N an O_PATH descriptor of the directory.
+- ``shutdown(SHUT_RD)`` on a connection wakes a thread blocked in ``recv()`` with EOF
+  once the data already queued has been read, and still lets it send: graceful stop
+  is "shut every connection for reading, let each thread answer what it holds, join".
+- A descriptor sent with SCM_RIGHTS travels with the first byte of the message; the
+  helper closes its own copy once sent.
+
+Requests on one connection are answered in order; a client that wants concurrency opens
+more connections (``mcp_server/helper.py`` does).  A frame that cannot be decoded is
+answered with an error reply (id null) and the connection is closed; the server keeps
+serving everyone else.  Every failure inside an op becomes an error reply.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import logging
+import os
+import select
+import socket
+import stat
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox.errors import CcwError, from_oserror
+from sandbox.protocol import (
+    OPS,
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    ProtocolError,
+    Request,
+    encode_error,
+    encode_reply,
+    validate_args,
+)
+
+log = logging.getLogger("ccw.helper")
+
+RECV_CHUNK = 256 * 1024
+SUN_PATH_MAX = 107
+OVERFLOW_UID = 65534
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The connecting process, as SO_PEERCRED reports it."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: socket.socket) -> Peer:
+    """Read SO_PEERCRED (struct ucred: pid, uid, gid) of a connected unix socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid, uid, gid)
+
+
+@contextlib.contextmanager
+def unix_address(path: str) -> Any:
+    """Yield an address for ``path`` that fits sun_path (via /proc/self/fd for long paths)."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        yield path
+        return
+    directory, name = os.path.split(os.path.abspath(path))
+    dirfd = os.open(directory or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{dirfd}/{name}"
+    finally:
+        os.close(dirfd)
+
+
+class Dispatcher:
+    """Routes each op of the closed set to the CapsuleManager, with the caller from SO_PEERCRED."""
+
+    def __init__(
+        self,
+        manager: Any,
+        mode: str,
+        mechanisms: dict[str, Any],
+        allowed_uids: frozenset[int] | None = None,
+    ) -> None:
+        self.manager = manager
+        self.mode = mode
+        self.mechanisms = mechanisms
+        self.allowed_uids = allowed_uids
+        self._handlers: dict[str, Callable[[dict[str, Any], Peer], tuple[dict[str, Any], int | None]]] = {
+            "hello": self._hello,
+            "create": self._create,
+            "exec": self._exec,
+            "changes": self._changes,
+            "fork": self._fork,
+            "open_root": self._open_root,
+            "destroy": self._destroy,
+            "list": self._list,
+        }
+        assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
+
+    def handle(self, request: Request, peer: Peer) -> tuple[dict[str, Any], int | None]:
+        """Run one request; returns (result, fd to pass or None).  Raises CcwError only."""
+        if peer.uid == OVERFLOW_UID or (
+            self.allowed_uids is not None and peer.uid not in self.allowed_uids
+        ):
+            raise CcwError(
+                "PERMISSION_DENIED",
+                f"uid {peer.uid} may not use this helper; a rootless helper serves only the "
+                "user that started it: start your own (ccw-mcp does so by default)",
+            )
+        args = validate_args(request.op, request.args)
+        try:
+            result, fd = self._handlers[request.op](args, peer)
+        except CcwError:
+            raise
+        except OSError as exc:
+            raise from_oserror(exc, request.op) from exc
+        except Exception as exc:
+            log.exception("op %s from pid %d failed", request.op, peer.pid)
+            raise CcwError(
+                "INTERNAL",
+                f"{request.op} failed inside the helper: {type(exc).__name__}: {exc}; "
+                "see the helper's log, and report it",
+            ) from exc
+        if not isinstance(result, dict):
+            if fd is not None:
+                os.close(fd)
+            raise CcwError("INTERNAL", f"{request.op} returned {type(result).__name__}, not an object")
+        return result, fd
+
+    # Each handler passes only the arguments the caller gave, so the manager's defaults hold.
+
+    def _hello(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        if args["version"] != PROTOCOL_VERSION:
+            raise CcwError(
+                "UNSUPPORTED",
+                f"the front end speaks IPC version {args['version']}, this helper "
+                f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
+            )
+        return {
+            "version": PROTOCOL_VERSION,
+            "mode": self.mode,
+            "mechanisms": self.mechanisms,
+            "ops": sorted(OPS),
+        }, None
+
+    def _create(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        kwargs = {k: args[k] for k in OPS["create"].optional if k in args}
+        return self.manager.create(peer.uid, peer.gid, args["workspace"], **kwargs), None
+
+    def _exec(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        kwargs: dict[str, Any] = {
+            k: args[k] for k in ("cwd", "env", "timeout_ms", "limits", "output_cap") if k in args
+        }
+        if args.get("stdin_b64") is not None:
+            kwargs["stdin"] = base64.b64decode(args["stdin_b64"], validate=True)
+        result = self.manager.exec(args["capsule_id"], peer.uid, peer.gid, args["argv"], **kwargs)
+        return result, None
+
+    def _changes(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        return self.manager.changes(args["capsule_id"], peer.uid), None
+
+    def _fork(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        return self.manager.fork(args["capsule_id"], peer.uid, peer.gid), None
+
+    def _open_root(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], int]:
+        fd = self.manager.open_root(args["capsule_id"], peer.uid)
+        return {"capsule_id": args["capsule_id"]}, fd
+
+    def _destroy(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        return self.manager.destroy(args["capsule_id"], peer.uid), None
+
+    def _list(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+        return self.manager.list(peer.uid), None
+
+
+class HelperServer:
+    """Listen on a unix socket and answer requests with a Dispatcher until ``shutdown()``."""
+
+    def __init__(
+        self, path: str, dispatcher: Dispatcher, mode: int = 0o600, group: int | None = None
+    ) -> None:
+        self.path = os.path.abspath(path)
+        self.dispatcher = dispatcher
+        self.mode = mode
+        self.group = group
+        self._listener: socket.socket | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+
+    # --- prepare ----------------------------------------------------------------------
+
+    def listen(self) -> None:
+        """Remove a stale socket file, bind with a safe mode, listen."""
+        self._remove_stale()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            with unix_address(self.path) as address:
+                old_umask = os.umask(0o177)
+                try:
+                    listener.bind(address)
+                finally:
+                    os.umask(old_umask)
+                if self.group is not None:
+                    os.chown(address, -1, self.group)
+                os.chmod(address, self.mode)
+            listener.listen(64)
+        except OSError as exc:
+            listener.close()
+            raise from_oserror(exc, "bind", self.path, "check that its directory exists and is writable") from exc
+        self._listener = listener
+        log.info("listening on %s (mode %04o)", self.path, self.mode)
+
+    def _remove_stale(self) -> None:
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(st.st_mode):
+            raise CcwError(
+                "CONFLICT",
+                f"{self.path} exists and is not a socket; remove it or choose another --socket",
+            )
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            with unix_address(self.path) as address:
+                probe.connect(address)
+        except OSError as exc:
+            if exc.errno not in (errno.ECONNREFUSED, errno.ENOENT):
+                raise from_oserror(exc, "connect (stale socket check)", self.path) from exc
+            log.info("removing stale socket %s", self.path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        else:
+            raise CcwError(
+                "CONFLICT",
+                f"another helper is serving on {self.path}; stop it or choose another --socket",
+            )
+        finally:
+            probe.close()
+
+    # --- serve ------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        """Accept connections until ``shutdown()``; then finish in-flight requests and unlink."""
+        assert self._listener is not None, "call listen() first"
+        try:
+            while not self._stopping.is_set():
+                try:
+                    ready, _, _ = select.select([self._listener.fileno(), self._wake_r], [], [])
+                except InterruptedError:
+                    continue
+                if self._listener.fileno() not in ready:
+                    continue
+                try:
+                    conn, _ = self._listener.accept()
+                except OSError as exc:  # EMFILE, ECONNABORTED: keep serving the others
+                    log.warning("accept failed: %s", exc)
+                    continue
+                thread = threading.Thread(target=self._serve_connection, args=(conn,), daemon=True)
+                with self._lock:
+                    self._connections[conn] = thread
+                thread.start()
+        finally:
+            self._finish()
+
+    def shutdown(self) -> None:
+        """Stop accepting and wind down; safe to call from a signal handler or any thread."""
+        self._stopping.set()
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"x")
+
+    def _finish(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        with self._lock:
+            connections = dict(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RD)
+        for thread in connections.values():
+            thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        log.info("stopped")
+
+    def _serve_connection(self, conn: socket.socket) -> None:
+        try:
+            peer = peer_credentials(conn)
+            log.debug("connection from pid %d uid %d", peer.pid, peer.uid)
+            decoder = FrameDecoder("request")
+            while True:
+                for request in decoder.messages():
+                    self._answer(conn, request, peer)
+                if decoder.buffered == 0 and self._stopping.is_set():
+                    break
+                data = conn.recv(RECV_CHUNK)
+                if not data:
+                    decoder.feed_eof()
+                    for request in decoder.messages():
+                        self._answer(conn, request, peer)
+                    break
+                decoder.feed(data)
+        except ProtocolError as exc:
+            log.warning("closing a connection after a malformed frame: %s", exc.message)
+            with contextlib.suppress(OSError):
+                conn.sendall(encode_error(None, exc))
+        except OSError as exc:  # the peer went away mid-reply
+            log.info("connection ended: %s", exc)
+        finally:
+            with self._lock:
+                self._connections.pop(conn, None)
+            conn.close()
+
+    def _answer(self, conn: socket.socket, request: Request, peer: Peer) -> None:
+        fd: int | None = None
+        try:
+            try:
+                result, fd = self.dispatcher.handle(request, peer)
+                frame = encode_reply(request.id, result)
+            except CcwError as exc:
+                if fd is not None:
+                    os.close(fd)
+                    fd = None
+                frame = encode_error(request.id, exc)
+            if fd is None:
+                conn.sendall(frame)
+            else:
+                sent = socket.send_fds(conn, [frame], [fd])
+                if sent < len(frame):
+                    conn.sendall(frame[sent:])
+        finally:
+            if fd is not None:
+                os.close(fd)
