@@ -1,0 +1,248 @@
+"""The HTTP transport: Streamable HTTP at ``/mcp``, on trio through hypercorn.
+
+The SDK's ``StreamableHTTPSessionManager`` serves both protocol eras on one endpoint: a
+request with a 2026-07-28 ``MCP-Protocol-Version`` header is served statelessly, and
+anything else goes through 2025-11-25 sessions (``initialize`` creates one and returns
+``Mcp-Session-Id``; an unknown or ended id is 404; DELETE ends it).  In front of it,
+this module's ASGI layer does what ccw adds, in this order:
+
+1. Only ``/mcp`` exists (404 otherwise).
+2. ``Origin``, when present, must name this server's host or a loopback host (403).
+3. With ``CCW_TOKENS_FILE``: ``Authorization: Bearer`` must name a token (401 with
+   ``WWW-Authenticate: Bearer``).  Sessions are bound to the token that created them
+   (the SDK answers 404 to another token).  Without a tokens file the server only binds
+   to loopback and refuses to start otherwise.
+4. POST bodies are read up to 1 MiB; a larger body is refused before parsing with
+   **413** and a JSON-RPC error body whose ``data`` is seed 001's shape
+   ``{"ok": false, "reason": "validation_failed", "errors": [{"path": "",
+   "msg": "payload_too_large"}]}`` (id recovered from the head when possible, as on the
+   other transports).  The connection stays usable (HTTP keep-alive).
+5. The JSON-RPC method decides the scope a token needs (``CcwServer.scope_for``: the
+   tool's own scope for ``tools/call`` and direct methods); a token without it gets
+   **403** naming the scope.
+6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
+   session or handshake; everything else is replayed to the SDK.
+
+Shutdown: on drain hypercorn stops accepting and waits up to ``GRACEFUL_S`` for
+requests in flight.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+from collections import deque
+from typing import Any
+from urllib.parse import urlsplit
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from mcp_server.auth import Principal, TokenTable
+from mcp_server.server import CcwServer, log
+from mcp_server.transports import framing
+from sandbox.errors import CcwError, from_oserror
+
+MCP_PATH = "/mcp"
+GRACEFUL_S = 60.0
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def parse_addr(addr: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port)."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CcwError("INVALID_ARGUMENT", f"CCW_HTTP_ADDR={addr!r}: use host:port, e.g. 127.0.0.1:8765")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_http(addr: str, has_tokens: bool) -> socket.socket:
+    """A listening TCP socket for CCW_HTTP_ADDR; non-loopback needs a tokens file."""
+    host, port = parse_addr(addr)
+    if not has_tokens and not is_loopback(host):
+        raise CcwError(
+            "PERMISSION_DENIED",
+            f"refusing to serve HTTP on {host} without authentication: set CCW_TOKENS_FILE, "
+            "or bind a loopback address such as 127.0.0.1",
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise from_oserror(exc, "bind HTTP", addr, "choose another CCW_HTTP_ADDR") from exc
+    sock.listen(128)
+    return sock
+
+
+class CcwHttpApp:
+    """The ASGI layer in front of the SDK's Streamable HTTP handler (see module docstring)."""
+
+    def __init__(
+        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable | None, host: str
+    ) -> None:
+        self.app = app
+        self.manager = manager
+        self.tokens = tokens
+        self.origin_hosts = {*LOOPBACK_NAMES, host}
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if scope["path"].rstrip("/") != MCP_PATH:
+            await _respond(send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
+            await _respond(send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
+            return
+        principal: Principal | None = None
+        if self.tokens is not None:
+            principal = self.tokens.authenticate(headers.get("authorization"))
+            if principal is None:
+                await _respond(
+                    send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token>"},
+                    [(b"www-authenticate", b'Bearer realm="ccw"')],
+                )
+                return
+            scope = dict(scope)
+            scope["user"] = AuthenticatedUser(
+                AccessToken(token="-", client_id=principal.name, scopes=sorted(principal.scopes))
+            )
+        if scope["method"] != "POST":
+            await self.manager.handle_request(scope, receive, send)
+            return
+        body, trailing = await _read_body(receive, framing.MAX_FRAME)
+        if body is None:
+            event = framing.Oversized(trailing or b"", -1)
+            answer = framing.oversized_answer(event, is_direct_method=False)
+            answer["error"]["message"] = f"payload_too_large: body exceeds {framing.MAX_FRAME} bytes"
+            await _respond(send, 413, answer)
+            return
+        try:
+            message = json.loads(body)
+        except ValueError:
+            message = None
+        if isinstance(message, dict) and isinstance(message.get("method"), str):
+            method, params = message["method"], message.get("params")
+            needed = self.app.scope_for(method, params)
+            if principal is not None and needed is not None and not principal.grants(needed):
+                await _respond(
+                    send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"}
+                )
+                return
+            if self.app.is_direct_method(method):
+                if "id" not in message:
+                    await _respond(send, 202, None)
+                    return
+                await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
+                return
+        await self.manager.handle_request(scope, _replay(body, receive), send)
+
+
+def _what(method: str, params: Any) -> str:
+    if method == "tools/call" and isinstance(params, dict):
+        return f"tool {params.get('name')!r}"
+    return f"method {method!r}"
+
+
+async def _read_body(receive: Any, limit: int) -> tuple[bytes | None, bytes | None]:
+    """(body, None), or (None, head) when the body exceeds ``limit``: the rest is drained."""
+    chunks = bytearray()
+    too_big = False
+    head = b""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return (None, head) if too_big else (bytes(chunks), None)
+        if not too_big:
+            chunks += message.get("body", b"")
+            if len(chunks) > limit:
+                too_big, head = True, bytes(chunks[: framing.HEAD_SCAN])
+                chunks.clear()
+        if not message.get("more_body", False):
+            return (None, head) if too_big else (bytes(chunks), None)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    pending = deque([{"type": "http.request", "body": body, "more_body": False}])
+
+    async def replay() -> dict[str, Any]:
+        if pending:
+            return pending.popleft()
+        return await receive()  # type: ignore[no-any-return]
+
+    return replay
+
+
+async def _respond(send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def serve(
+    app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve Streamable HTTP on CCW_HTTP_ADDR until ``draining``."""
+    config = app.config
+    tokens = TokenTable.load(config.tokens_file) if config.tokens_file else None
+    sock = bind_http(config.http_addr, tokens is not None)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}{MCP_PATH}"
+    manager = StreamableHTTPSessionManager(
+        app=app.sdk,
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_request_body_size=framing.MAX_FRAME + 1,
+    )
+    hconfig = HypercornConfig()
+    hconfig.bind = [f"fd://{sock.detach()}"]
+    hconfig.graceful_timeout = GRACEFUL_S
+    hconfig.accesslog = None
+    hconfig.errorlog = "-"  # stderr
+    asgi = CcwHttpApp(app, manager, tokens, host)
+    async with manager.run(), trio.open_nursery() as nursery:
+        await nursery.start(_hypercorn, asgi, hconfig, draining)
+        log(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
+        task_status.started(url)
+
+
+async def _hypercorn(
+    asgi: CcwHttpApp, hconfig: HypercornConfig, draining: trio.Event,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    await hypercorn_serve(asgi, hconfig, shutdown_trigger=draining.wait, task_status=task_status)  # type: ignore[arg-type]
