@@ -85,7 +85,7 @@ class TokenTable:
 
     def authenticate(self, authorization: str | None) -> Principal | None:
         """The principal for an ``Authorization: Bearer …`` header value, or None."""
-        if not authorization or not authorization[:7].lower() == "bearer ":
+        if not authorization or authorization[:7].lower() != "bearer ":
             return None
         presented = authorization[7:].strip().encode("utf-8")
         found = None
