@@ -106,6 +106,10 @@ async def _serve_then_stop(
 
 def main() -> int:
     """Console entry point ``ccw-mcp``."""
+    if "--validate" in sys.argv[1:]:  # seed 001 §10: validate one file and exit
+        from mcp_server import validate_cli
+
+        return validate_cli.main(sys.argv[1:])
     try:
         config = Config.from_env()
     except CcwError as exc:
