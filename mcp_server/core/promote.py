@@ -1,0 +1,346 @@
+"""All-or-nothing, crash-safe promotion of a capsule's changes into the real workspace.
+
+Some facts this module is built on:
+
+- ``rename(2)`` within one directory atomically replaces the target, and never follows a
+  symlink at the target name: writing through a planted link is impossible that way.
+  So every new file's bytes go first to a temporary name in the *same* directory, are
+  fsynced, and only then renamed over the target.
+- A rename is durable only once its directory is fsynced; so is a new journal file.
+- Parents are reached through ``RootView`` (openat2 ``RESOLVE_BENEATH |
+  RESOLVE_NO_SYMLINKS``): if a capsule turned ``src/`` into a symlink to ``/etc``, the
+  walk to ``src/x`` fails with ELOOP before anything is written, wherever the link
+  points.
+- A crash can stop the process between any two syscalls.  The journal in the state dir
+  (``promotions/<txid>.json``) makes recovery decidable: in state ``prepared`` only
+  temporary files exist, so recovery removes them (roll back); in state ``committing``
+  every temporary file is complete and durable, so recovery finishes the renames,
+  deletions and mode changes (roll forward).  Each step of the commit phase is
+  idempotent, so recovery may itself crash and run again.  Either way, once recovery
+  ran, the workspace holds all of the change or none of it.
+
+The commit phase orders its steps so that every intermediate tree is well formed:
+deletions deepest first (a directory becomes a file only after its children are gone),
+then directories, then files and symlinks shallowest first, then mode changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcp_server.core.fsview import RootView
+from sandbox.errors import CcwError, wrap_oserror
+
+# Tests set this to a step name to have the process SIGKILL itself right after that step:
+# the crash-recovery tests use it to stop a promotion at every point that matters.
+CRASH_ENV = "CCW_TEST_PROMOTE_CRASH_AFTER"
+STEPS = ("prepared", "journal_committing", "first_commit_op", "all_ops", "done")
+
+
+@dataclass
+class Op:
+    """One change to make: write (file bytes), symlink, mkdir, delete (file, link or dir), chmod."""
+
+    action: str
+    path: str
+    mode: int | None = None  # permission bits for write/mkdir/chmod
+    target: str | None = None  # symlink target
+    temp: str | None = None  # temporary name beside the target (write/symlink)
+
+
+@dataclass
+class Transaction:
+    """A promotion in progress, as the journal records it."""
+
+    txid: str
+    workspace: str
+    state: str
+    ops: list[Op] = field(default_factory=list)
+    created_dirs: list[str] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        """The journal file's contents."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Transaction:
+        """Parse a journal file."""
+        raw = json.loads(data)
+        return cls(
+            txid=raw["txid"],
+            workspace=raw["workspace"],
+            state=raw["state"],
+            ops=[Op(**op) for op in raw["ops"]],
+            created_dirs=list(raw.get("created_dirs", [])),
+        )
+
+
+def _depth(path: str) -> int:
+    return path.count("/")
+
+
+def order_ops(ops: list[Op]) -> list[Op]:
+    """Deletions deepest first, then mkdirs and writes shallowest first, then chmods."""
+    deletes = sorted((o for o in ops if o.action == "delete"), key=lambda o: (-_depth(o.path), o.path))
+    creates = sorted(
+        (o for o in ops if o.action in ("mkdir", "write", "symlink")),
+        key=lambda o: (_depth(o.path), o.action != "mkdir", o.path),
+    )
+    chmods = sorted((o for o in ops if o.action == "chmod"), key=lambda o: o.path)
+    return deletes + creates + chmods
+
+
+def _crash_point(step: str) -> None:
+    if os.environ.get(CRASH_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Promoter:
+    """Runs promotions for one state dir and recovers interrupted ones."""
+
+    def __init__(self, state_root: Path) -> None:
+        self.journal_dir = state_root / "promotions"
+        with wrap_oserror("create promotion journal dir", str(self.journal_dir)):
+            self.journal_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # --- journal -------------------------------------------------------------------
+    def _journal_path(self, txid: str) -> Path:
+        return self.journal_dir / f"{txid}.json"
+
+    def _save(self, tx: Transaction) -> None:
+        path = self._journal_path(tx.txid)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(tx.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(str(self.journal_dir))
+
+    def _forget(self, tx: Transaction) -> None:
+        self._journal_path(tx.txid).unlink(missing_ok=True)
+        _fsync_dir(str(self.journal_dir))
+
+    # --- the two phases --------------------------------------------------------------
+    def promote(self, workspace: str, ops: list[Op], content: Callable[[Op], bytes]) -> list[str]:
+        """Apply ``ops`` to ``workspace`` all or nothing; returns the paths applied, sorted."""
+        tx = Transaction(txid=secrets.token_hex(8), workspace=workspace, state="preparing", ops=order_ops(ops))
+        with RootView.open(workspace) as view:
+            try:
+                self._prepare(view, tx, content)
+            except BaseException:
+                self._rollback(view, tx)
+                raise
+            _crash_point("prepared")
+            tx.state = "committing"
+            self._save(tx)
+            _crash_point("journal_committing")
+            self._commit(view, tx)
+        return sorted({op.path for op in tx.ops}, key=lambda p: p.encode())
+
+    def _prepare(self, view: RootView, tx: Transaction, content: Callable[[Op], bytes]) -> None:
+        self._save(tx)  # an empty "preparing" journal: recovery knows to look for temps
+        for op in tx.ops:
+            if op.action not in ("write", "symlink"):
+                continue
+            parent, _, name = op.path.rpartition("/")
+            if parent:
+                for created in _makedirs_tracked(view, parent):
+                    tx.created_dirs.append(created)
+            op.temp = (parent + "/" if parent else "") + f".{name[:100]}.ccw-{tx.txid}.tmp"
+            if op.action == "write":
+                _write_temp(view, op.temp, content(op), op.mode if op.mode is not None else 0o644)
+            else:
+                _symlink(view, op.target or "", op.temp)
+            self._save(tx)
+        tx.state = "prepared"
+        self._save(tx)
+
+    def _commit(self, view: RootView, tx: Transaction) -> None:
+        touched_dirs: set[str] = set()
+        # A path that is deleted and then created again (a type change) must not be
+        # deleted a second time when recovery replays the commit after the creation.
+        creates = {op.path: op for op in tx.ops if op.action in ("write", "symlink", "mkdir")}
+        for i, op in enumerate(tx.ops):
+            parent = op.path.rpartition("/")[0] or "."
+            touched_dirs.add(parent)
+            if op.action == "delete":
+                if not _already_recreated(view, creates.get(op.path)):
+                    _remove_tree(view, op.path)
+            elif op.action == "mkdir":
+                if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 != 0o040000:
+                    view.unlink(op.path)
+                view.makedirs(op.path)
+                if op.mode is not None:
+                    view.chmod(op.path, op.mode)
+            elif op.action in ("write", "symlink"):
+                assert op.temp is not None
+                if view.exists(op.temp):
+                    if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 == 0o040000:
+                        _remove_tree(view, op.path)
+                    _rename(view, op.temp, op.path)
+            elif op.action == "chmod" and op.mode is not None and view.exists(op.path):
+                view.chmod(op.path, op.mode)
+            if i == 0:
+                _crash_point("first_commit_op")
+        for directory in sorted(touched_dirs):
+            if view.exists(directory):
+                _fsync_rel(view, directory)
+        _crash_point("all_ops")
+        tx.state = "done"
+        self._forget(tx)
+        _crash_point("done")
+
+    def _rollback(self, view: RootView, tx: Transaction) -> None:
+        for op in tx.ops:
+            if op.temp and view.exists(op.temp):
+                view.unlink(op.temp)
+        for created in sorted(tx.created_dirs, key=lambda p: -_depth(p)):
+            try:
+                view.rmdir(created)
+            except CcwError:
+                pass  # not empty: someone else put something there; leave it
+        self._forget(tx)
+
+    def recover(self) -> list[dict[str, Any]]:
+        """Finish or undo every interrupted promotion; returns what was done to each."""
+        outcomes = []
+        for path in sorted(self.journal_dir.glob("*.json")):
+            try:
+                tx = Transaction.from_json(path.read_bytes())
+            except (ValueError, KeyError, TypeError):
+                # A journal torn before its first fsync completed: nothing was committed.
+                path.unlink()
+                outcomes.append({"txid": path.stem, "action": "discarded_torn_journal"})
+                continue
+            with RootView.open(tx.workspace) as view:
+                if tx.state == "committing":
+                    self._commit(view, tx)
+                    outcomes.append({"txid": tx.txid, "action": "rolled_forward", "workspace": tx.workspace})
+                else:
+                    self._rollback(view, tx)
+                    outcomes.append({"txid": tx.txid, "action": "rolled_back", "workspace": tx.workspace})
+        for stale in self.journal_dir.glob("*.tmp"):
+            stale.unlink()
+        return outcomes
+
+
+# --- steps beneath the root, each resolved with RESOLVE_NO_SYMLINKS via RootView.open_fd ---
+
+
+def _already_recreated(view: RootView, create: Op | None) -> bool:
+    """True if the creation that follows a deletion of the same path already happened."""
+    if create is None:
+        return False
+    if create.action == "mkdir":
+        return view.exists(create.path) and view.stat(create.path).st_mode & 0o170000 == 0o040000
+    return create.temp is not None and not view.exists(create.temp)
+
+
+def _dir_fd(view: RootView, rel: str, what: str) -> int:
+    return view.open_fd(rel or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what=what)
+
+
+def _split(rel: str) -> tuple[str, str]:
+    head, _, name = rel.rpartition("/")
+    return head or ".", name
+
+
+def _makedirs_tracked(view: RootView, rel: str) -> list[str]:
+    """Create missing directories of ``rel``; return those created, shallowest first."""
+    created = []
+    parts = rel.split("/")
+    for i in range(len(parts)):
+        path = "/".join(parts[: i + 1])
+        if not view.exists(path):
+            view.makedirs(path)
+            created.append(path)
+        elif view.stat(path).st_mode & 0o170000 != 0o040000:
+            raise CcwError(
+                "CONFLICT",
+                f"cannot promote beneath {path!r}: it is not a directory in the workspace "
+                "(a symlink or file is in the way); inspect the workspace and the capsule diff",
+                {"path": path},
+            )
+    return created
+
+
+def _write_temp(view: RootView, rel: str, data: bytes, mode: int) -> None:
+    head, name = _split(rel)
+    parent = _dir_fd(view, head, "promote")
+    try:
+        with wrap_oserror("promote: write", rel):
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+            try:
+                mv = memoryview(data)
+                while mv:
+                    mv = mv[os.write(fd, mv) :]
+                os.fchmod(fd, mode)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(parent)
+
+
+def _symlink(view: RootView, target: str, rel: str) -> None:
+    head, name = _split(rel)
+    parent = _dir_fd(view, head, "promote")
+    try:
+        with wrap_oserror("promote: symlink", rel):
+            try:
+                os.unlink(name, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            os.symlink(target, name, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
+def _rename(view: RootView, src: str, dst: str) -> None:
+    src_head, src_name = _split(src)
+    dst_head, dst_name = _split(dst)
+    a = _dir_fd(view, src_head, "promote")
+    b = _dir_fd(view, dst_head, "promote") if dst_head != src_head else a
+    try:
+        with wrap_oserror("promote: rename into place", dst):
+            os.rename(src_name, dst_name, src_dir_fd=a, dst_dir_fd=b)
+    finally:
+        os.close(a)
+        if b != a:
+            os.close(b)
+
+
+def _remove_tree(view: RootView, rel: str) -> None:
+    """Remove a file, symlink or directory tree (links are removed, never followed)."""
+    if not view.exists(rel):
+        return
+    if view.stat(rel).st_mode & 0o170000 == 0o040000:
+        for name, _kind in view.listdir(rel):
+            _remove_tree(view, f"{rel}/{name}")
+        view.rmdir(rel)
+    else:
+        view.unlink(rel)
+
+
+def _fsync_rel(view: RootView, rel: str) -> None:
+    fd = _dir_fd(view, rel, "fsync")
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,141 @@
+"""Crash-safe promotion: every kind of change lands, symlinks cannot redirect writes,
+and a process killed at any step leaves, after recovery, all of the change or none."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcp_server.core.promote import CRASH_ENV, STEPS, Op, Promoter
+from sandbox.errors import CcwError
+
+
+def _tree(root: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                out[rel] = ("dir", oct(path.stat().st_mode & 0o777))
+            else:
+                out[rel] = ("file", path.read_bytes(), oct(path.stat().st_mode & 0o777))
+    return out
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "src" / "pkg").mkdir(parents=True)
+    (ws / "src" / "a.py").write_text("old a\n")
+    (ws / "src" / "pkg" / "b.py").write_text("old b\n")
+    (ws / "gone.txt").write_text("bye\n")
+    (ws / "dir_to_file").mkdir()
+    (ws / "dir_to_file" / "inner").write_text("x")
+    (ws / "run.sh").write_text("echo\n")
+    return ws
+
+
+CONTENT = {"src/a.py": b"new a\n", "src/new/deep.py": b"deep\n", "dir_to_file": b"now a file\n"}
+
+
+def _ops() -> list[Op]:
+    return [
+        Op("write", "src/a.py", 0o644),
+        Op("write", "src/new/deep.py", 0o600),
+        Op("delete", "gone.txt"),
+        Op("delete", "src/pkg"),
+        Op("delete", "dir_to_file"),
+        Op("write", "dir_to_file", 0o644),
+        Op("symlink", "link", target="src/a.py"),
+        Op("chmod", "run.sh", 0o755),
+    ]
+
+
+def _content(op: Op) -> bytes:
+    return CONTENT[op.path]
+
+
+def test_every_kind_of_change_lands(tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    applied = Promoter(tmp_path / "state").promote(str(ws), _ops(), _content)
+    assert applied == sorted(["dir_to_file", "gone.txt", "link", "run.sh", "src/a.py", "src/new/deep.py", "src/pkg"])
+    tree = _tree(ws)
+    assert tree["src/a.py"] == ("file", b"new a\n", "0o644")
+    assert tree["src/new/deep.py"] == ("file", b"deep\n", "0o600")
+    assert tree["dir_to_file"] == ("file", b"now a file\n", "0o644")
+    assert tree["link"] == ("link", "src/a.py")
+    assert tree["run.sh"][2] == "0o755"  # type: ignore[index]
+    assert "gone.txt" not in tree and "src/pkg" not in tree
+    assert not any(".ccw-" in name for name in tree)
+    assert list((tmp_path / "state" / "promotions").iterdir()) == []
+
+
+def test_a_symlinked_parent_cannot_redirect_a_write(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (ws / "src").symlink_to(outside)
+    with pytest.raises(CcwError) as info:
+        Promoter(tmp_path / "state").promote(str(ws), [Op("write", "src/x", 0o644)], lambda op: b"evil")
+    assert info.value.code in ("CONFLICT", "PERMISSION_DENIED")
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in ws.iterdir()) == ["src"]
+
+
+def test_a_symlink_swapped_in_during_commit_is_refused(tmp_path: Path) -> None:
+    # Parents are re-resolved with RESOLVE_NO_SYMLINKS at every step, not just at planning.
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    promoter = Promoter(tmp_path / "state")
+
+    def content(op: Op) -> bytes:
+        # While the temp files are being prepared, replace d/ with a link to outside.
+        if op.path == "d/b":
+            os.rename(ws / "d", tmp_path / "moved")
+            (ws / "d").symlink_to(outside)
+        return b"data"
+
+    with pytest.raises(CcwError):
+        promoter.promote(str(ws), [Op("write", "d/a", 0o644), Op("write", "d/b", 0o644)], content)
+    assert list(outside.iterdir()) == []
+
+
+_CHILD = """
+import sys
+from mcp_server.core.promote import Op, Promoter
+sys.path.insert(0, {tests!r})
+from test_promote_core import _ops, _content
+Promoter(__import__('pathlib').Path({state!r})).promote({ws!r}, _ops(), _content)
+"""
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_kill_at_any_step_then_recovery_gives_all_or_nothing(tmp_path: Path, step: str) -> None:
+    before_ws = _workspace(tmp_path / "before")
+    after_ws = _workspace(tmp_path / "after")
+    Promoter(tmp_path / "state_after").promote(str(after_ws), _ops(), _content)
+    before, after = _tree(before_ws), _tree(after_ws)
+
+    ws = _workspace(tmp_path)
+    state = tmp_path / "state"
+    code = _CHILD.format(tests=str(Path(__file__).parent), state=str(state), ws=str(ws))
+    env = {**os.environ, CRASH_ENV: step}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=False)
+    assert proc.returncode == -9, proc.stderr.decode()
+    outcomes = Promoter(state).recover()
+    tree = _tree(ws)
+    assert tree in (before, after)
+    expected = before if step == "prepared" else after
+    assert tree == expected
+    assert list((state / "promotions").iterdir()) == []
+    if step != "done":
+        assert len(outcomes) == 1
