@@ -329,6 +329,7 @@ class EditResult:
     text: str
     doc: TextDoc
     moved: list[dict[str, Any]]
+    regions: list[tuple[int, int]]  # where the changes landed: 0-based half-open line spans
 
 
 def _context(doc: TextDoc, tag_list: Sequence[str], line: int) -> list[str]:
@@ -435,18 +436,24 @@ def _overlap(a: Change, b: Change, why: str) -> None:
     )
 
 
-def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> TextDoc:
-    """Build the new document from resolved, non-overlapping changes."""
+def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> tuple[TextDoc, list[tuple[int, int]]]:
+    """Build the new document from resolved, non-overlapping changes.
+
+    Also returns where each change landed in the new document: 0-based half-open line
+    spans (empty for a delete), in file order, so a caller can show the fresh tags there.
+    """
     inserts = {c.gap: c.op.content or [] for c in changes if c.gap >= 0}
     spans = {c.first: c for c in changes if c.gap < 0}
     lines: list[str] = []
     endings: list[str] = []
+    regions: list[tuple[int, int]] = []
     eol = doc.eol
     n = len(doc.lines)
     i = 0  # 0-based index of the next original line
     while True:
-        new = inserts.get(i)
-        if new:
+        if i in inserts:
+            new = inserts[i]
+            regions.append((len(lines), len(lines) + len(new)))
             lines.extend(new)
             endings.extend([eol] * len(new))
         if i >= n:
@@ -457,15 +464,15 @@ def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> TextDoc:
             endings.append(doc.endings[i] or eol)
             i += 1
             continue
-        if span.op.kind in ("replace", "replace_range"):
-            new = span.op.content or []
-            lines.extend(new)
-            endings.extend([eol] * len(new))
+        new = (span.op.content or []) if span.op.kind in ("replace", "replace_range") else []
+        regions.append((len(lines), len(lines) + len(new)))
+        lines.extend(new)
+        endings.extend([eol] * len(new))
         i = span.last
     if endings:
         # Keep the file's final-newline state; an empty file gets one (nothing to keep).
         endings[-1] = (endings[-1] or eol) if (doc.final_newline or not doc.lines) else ""
-    return TextDoc(lines, endings, eol)
+    return TextDoc(lines, endings, eol), regions
 
 
 def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence[str], ops: Sequence[Op], path: str) -> None:
@@ -500,6 +507,17 @@ def edit(data: bytes, expected_hash: str, raw_ops: Sequence[dict[str, Any] | str
     tag_list = tags(doc.lines)
     check_file_hash(expected_hash, data, doc, tag_list, ops, path)
     changes = resolve_ops(ops, doc, tag_list)
-    new_doc = apply_changes(doc, changes)
+    new_doc, regions = apply_changes(doc, changes)
     moved = [m for c in changes for m in c.moved]
-    return EditResult(new_doc.render(), new_doc, moved)
+    return EditResult(new_doc.render(), new_doc, moved, regions)
+
+
+def context_after(result: EditResult, around: int = 1, limit: int = 200) -> list[str]:
+    """Fresh ``n:hh|content`` of the edited regions (and ``around`` lines either side)."""
+    doc = result.doc
+    wanted: set[int] = set()
+    for lo, hi in result.regions:
+        wanted.update(range(max(lo - around, 0), min(hi + around, len(doc.lines))))
+    picked = sorted(wanted)[:limit]
+    picked_tags = tags([doc.lines[i] for i in picked])
+    return [f"{i + 1}:{t}|{doc.lines[i]}" for i, t in zip(picked, picked_tags, strict=True)]

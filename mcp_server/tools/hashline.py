@@ -1,0 +1,321 @@
+"""The ``text`` family's hashline tools (seed 002): ``read_text_file`` and ``edit_text_file``.
+
+Paths are host paths, as an agent using a filesystem server writes them: absolute, or
+relative to the first root.  They must lie in a root the client declared (MCP roots,
+refreshed on ``notifications/roots/list_changed``), or, when it declared none, in the
+workspace ccw-mcp was started for (``CCW_WORKSPACE``).  With ``capsule_id`` the same
+path names the file in that capsule's copy-on-write view of its workspace.
+
+An edit reads the file, checks ``file_hash`` and every anchor against that one read,
+and replaces the file atomically (temp file + rename, beneath the root's descriptor).
+A writer that changes the file between our read and our rename is detected by a second
+``stat`` just before the rename (inode, size, mtime, ctime): the edit is then rejected
+rather than clobbering the other write.  The window left is the few microseconds
+between that ``stat`` and the rename.
+
+``target`` is shared with the RootSpace tools (``mcp_server/tools/rootspace.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_server.core import hashline
+from mcp_server.core.fsview import RootView
+from mcp_server.core.roots import locate, locate_lexical
+from mcp_server.journal import Journal
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from mcp_server.tools.targets import CAPSULE_ID, open_view
+from sandbox.errors import CcwError
+
+MAX_READ_CHARS = 2_000_000  # a read without ``limit`` stops here and says where to go on
+
+
+@dataclass
+class Target:
+    """An open view and the file's path beneath it, plus how to name it to the agent."""
+
+    view: RootView
+    rel: str
+    shown: str
+
+
+async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
+    """Find the root holding a host ``path`` (or the capsule's view) and open it."""
+    if capsule_id:
+        record = Journal(ctx.state).capsule(capsule_id)
+        if record is None or record.destroyed_at is not None:
+            raise CcwError(
+                "NOT_FOUND",
+                f"capsule {capsule_id} not found; call capsule_list for live capsules, or omit "
+                "capsule_id to act on the workspace.",
+                {"capsule_id": capsule_id},
+            )
+        located = locate_lexical(path, record.workspace)
+        view = await open_view(ctx, capsule_id=capsule_id)
+        return Target(view, located.rel, os.path.join(record.workspace, located.rel))
+    located = locate(path, await ctx.roots(), ctx.config.workspace)
+    return Target(RootView.open(located.root), located.rel, os.path.join(located.root, located.rel))
+
+
+def file_identity(view: RootView, rel: str) -> tuple[int, ...]:
+    """What changes when anyone writes the file: inode, size, mtime, ctime."""
+    st = view.stat(rel, follow=True)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def read_file(view: RootView, rel: str, shown: str, next_call: str) -> bytes:
+    """A file's bytes, with errors that say what to call next."""
+    if rel == "":
+        raise CcwError("INVALID_ARGUMENT", f"{shown} is a directory; give the path of a file in it.", {"path": shown})
+    try:
+        return view.read_bytes(rel)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            raise CcwError(
+                "NOT_FOUND",
+                f"{shown} does not exist; check the path ({next_call}).",
+                {**exc.details, "path": shown},
+            ) from exc
+        if "not a regular file" in exc.message:
+            raise CcwError(
+                "INVALID_ARGUMENT",
+                f"{shown} is not a regular file (a directory?); give the path of a file.",
+                {**exc.details, "path": shown},
+            ) from exc
+        raise
+
+
+def write_checked(view: RootView, rel: str, shown: str, before: tuple[int, ...], data: bytes, reread: str) -> None:
+    """Replace the file atomically unless someone wrote it since ``before`` was taken."""
+    if file_identity(view, rel) != before:
+        raise CcwError(
+            "CONFLICT",
+            f"{shown} was changed by another writer while this edit was being applied; nothing "
+            f"was written. {reread}",
+            {"path": shown, "reason": "concurrent_write"},
+        )
+    view.write_bytes(rel, data)
+
+
+def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
+    async def handler(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+        found = await target(ctx, args["path"], args.get("capsule_id"))
+        try:
+            return run(found, args)
+        finally:
+            found.view.close()
+
+    handler.__doc__ = run.__doc__
+    return handler
+
+
+def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
+    """Tagged lines ``n:hh|content``, the sha256 ``file_hash`` and ``total_lines``."""
+    data = read_file(found.view, found.rel, found.shown, "list its directory to see what exists")
+    doc = hashline.split_text(hashline.decode_text(data, found.shown))
+    total = len(doc.lines)
+    offset = int(args.get("offset", 1))
+    limit = args.get("limit")
+    if offset > max(total, 1):
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"offset {offset} is past the end of {found.shown} ({total} lines); use an offset "
+            f"between 1 and {max(total, 1)}.",
+            {"path": found.shown, "total_lines": total},
+        )
+    stop = total if limit is None else min(total, offset - 1 + int(limit))
+    lines = doc.lines[offset - 1 : stop]
+    tag_list = hashline.tags(lines)
+    rows: list[str] = []
+    size = 0
+    for n, (tag, line) in enumerate(zip(tag_list, lines, strict=True), offset):
+        row = f"{n}:{tag}|{line}"
+        size += len(row) + 1
+        if limit is None and size > MAX_READ_CHARS and rows:
+            break
+        rows.append(row)
+    end_line = offset - 1 + len(rows)
+    result: dict[str, Any] = {
+        "path": found.shown,
+        "content": "\n".join(rows),
+        "file_hash": hashline.file_hash(data),
+        "total_lines": total,
+        "start_line": offset if rows else 0,
+        "end_line": end_line,
+    }
+    if end_line < total:
+        result["next_offset"] = end_line + 1
+    return result
+
+
+def _edit_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
+    """Apply hash-anchored ops atomically; returns the new file_hash and the fresh tags."""
+    reread = "Call read_text_file again and retry with the new tags and file_hash."
+    before = file_identity_or_missing(found)
+    data = read_file(found.view, found.rel, found.shown, "edit_text_file edits existing files; create it first")
+    result = hashline.edit(data, args["file_hash"], args["ops"], found.shown)
+    new_data = result.text.encode("utf-8")
+    if new_data != data:
+        write_checked(found.view, found.rel, found.shown, before, new_data, reread)
+    return {
+        "path": found.shown,
+        "file_hash": hashline.file_hash(new_data),
+        "total_lines": len(result.doc.lines),
+        "applied": len(args["ops"]),
+        "moved": result.moved,
+        "context": hashline.context_after(result),
+    }
+
+
+def file_identity_or_missing(found: Target) -> tuple[int, ...]:
+    """``file_identity``, turning a missing file into an instructional NOT_FOUND."""
+    try:
+        return file_identity(found.view, found.rel)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            raise CcwError(
+                "NOT_FOUND",
+                f"{found.shown} does not exist; edit_text_file edits existing files (create it "
+                "with file_create, then read_text_file).",
+                {"path": found.shown},
+            ) from exc
+        raise
+
+
+read_text_file = _with_target(_read_text_file)
+edit_text_file = _with_target(_edit_text_file)
+
+_PATH = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 4096,
+    "description": "File path: absolute inside a root, or relative to the first root.",
+}
+_FILE_HASH = {
+    "type": "string",
+    "pattern": "^(sha256:)?[0-9a-fA-F]{64}$",
+    "description": "sha256 hex of the file as read (from read_text_file).",
+}
+_OP_OBJECT = {
+    "type": "object",
+    "properties": {
+        "op": {"type": "string", "enum": list(hashline.OPS)},
+        "anchor": {
+            "type": "string",
+            "maxLength": 256,
+            "description": "LINE:HASH from read_text_file (e.g. '12:af'); a range is '12:af..15:0c'; "
+            "insert_after '0' inserts at the top.",
+        },
+        "content": {"type": "string", "description": "New line(s), separated by \\n (replace/insert ops)."},
+    },
+    "required": ["op", "anchor"],
+    "additionalProperties": False,
+}
+_OP_TEXT = {
+    "type": "string",
+    "maxLength": 1_000_000,
+    "description": "Seed 002 text form, e.g. \"replace 2:f1 with 'x'\" or 'delete_range 1:a3..3:0e'.",
+}
+
+READ_INPUT: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "path": _PATH,
+        "offset": {"type": "integer", "minimum": 1, "description": "First line to show (1-indexed)."},
+        "limit": {"type": "integer", "minimum": 1, "description": "Most lines to show."},
+        "capsule_id": CAPSULE_ID,
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+READ_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "content": {"type": "string", "description": "Lines as '{n}:{hh}|{content}', joined by \\n."},
+        "file_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "total_lines": {"type": "integer", "minimum": 0},
+        "start_line": {"type": "integer", "minimum": 0},
+        "end_line": {"type": "integer", "minimum": 0},
+        "next_offset": {"type": "integer", "minimum": 1},
+    },
+    "required": ["path", "content", "file_hash", "total_lines", "start_line", "end_line"],
+    "additionalProperties": False,
+}
+EDIT_INPUT: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "properties": {
+        "path": _PATH,
+        "file_hash": _FILE_HASH,
+        "ops": {"type": "array", "minItems": 1, "maxItems": 1000, "items": {"anyOf": [_OP_OBJECT, _OP_TEXT]}},
+        "capsule_id": CAPSULE_ID,
+    },
+    "required": ["path", "file_hash", "ops"],
+    "additionalProperties": False,
+}
+EDIT_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string"},
+        "file_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "total_lines": {"type": "integer", "minimum": 0},
+        "applied": {"type": "integer", "minimum": 1},
+        "moved": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"op_index": {"type": "integer"}, "from": {"type": "integer"}, "to": {"type": "integer"}},
+                "required": ["op_index", "from", "to"],
+                "additionalProperties": False,
+            },
+        },
+        "context": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Fresh '{n}:{hh}|{content}' of the edited lines and one line either side.",
+        },
+    },
+    "required": ["path", "file_hash", "total_lines", "applied", "moved", "context"],
+    "additionalProperties": False,
+}
+
+TOOLS = [
+    ToolSpec(
+        name="read_text_file",
+        family="text",
+        title="Read a text file with line tags",
+        description=(
+            "Read a UTF-8 text file as lines tagged '{n}:{hh}|{content}' (hh: 2-hex FNV-1a hash of the "
+            "line), with file_hash and total_lines. Use the tags as anchors in edit_text_file. "
+            "offset/limit page through large files."
+        ),
+        input_schema=READ_INPUT,
+        output_schema=READ_OUTPUT,
+        handler=read_text_file,
+        scope="read",
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="edit_text_file",
+        family="text",
+        title="Edit a text file by line tags",
+        description=(
+            "Edit a text file with ops anchored on 'LINE:HASH' tags from read_text_file: replace, "
+            "replace_range, insert_after, insert_before, delete, delete_range. All ops apply "
+            "atomically against the file as read (file_hash must match); a stale hash or an anchor "
+            "that no longer matches rejects the whole edit and returns the current tags."
+        ),
+        input_schema=EDIT_INPUT,
+        output_schema=EDIT_OUTPUT,
+        handler=edit_text_file,
+        scope="write",
+        destructive=True,
+    ),
+]

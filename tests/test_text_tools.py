@@ -1,0 +1,312 @@
+"""The text/file tool handlers, called directly with a small ToolContext; every result is
+validated against its tool's output schema and every argument set against its input schema."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import trio
+
+from mcp_server.config import Config
+from mcp_server.core.hashline import line_tag
+from mcp_server.tools import hashline as hashline_tools
+from mcp_server.tools import rootspace as rootspace_tools
+from mcp_server.tools.registry import Registry, ToolSpec
+from sandbox.errors import CcwError
+
+REGISTRY = Registry.load(["text", "file"], ["mcp_server.tools.hashline", "mcp_server.tools.rootspace"])
+
+
+@dataclasses.dataclass
+class FakeContext:
+    """Implements the ToolContext protocol for handler tests."""
+
+    config: Config
+    declared_roots: list[str] | None = None
+    state: Any = None
+
+    async def helper(self) -> Any:
+        raise AssertionError("no helper in these tests")
+
+    async def roots(self) -> list[str] | None:
+        return self.declared_roots
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        return None
+
+    def log(self, message: str) -> None:
+        return None
+
+
+def call(ctx: FakeContext, name: str, **args: Any) -> dict[str, Any]:
+    """Call a tool by name or alias, as the server would: schema in, schema out."""
+    spec: ToolSpec | None = REGISTRY.lookup(name)
+    assert spec is not None, name
+    jsonschema.Draft202012Validator(spec.input_schema).validate(args)
+    result = trio.run(spec.handler, ctx, args)
+    jsonschema.Draft202012Validator(spec.output_schema).validate(result)
+    json.dumps(result)
+    return result
+
+
+def fails(ctx: FakeContext, name: str, **args: Any) -> CcwError:
+    with pytest.raises(CcwError) as info:
+        call(ctx, name, **args)
+    json.dumps(info.value.to_dict())
+    return info.value
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root.resolve()
+
+
+@pytest.fixture
+def ctx(ws: Path) -> FakeContext:
+    return FakeContext(Config(workspace=str(ws)))
+
+
+def test_registry_names_aliases_scopes() -> None:
+    names = {t.name: t for t in REGISTRY.tools}
+    assert set(names) == {
+        "read_text_file", "edit_text_file", "file_create", "file_remove",
+        "text_read", "text_replace", "text_insert", "text_append",
+    }
+    for alias in ("file.create", "file.remove", "text.read", "text.replace", "text.insert", "text.append"):
+        assert REGISTRY.lookup(alias) is names[alias.replace(".", "_")]
+    assert {t.name for t in REGISTRY.tools if t.scope == "read"} == {"read_text_file", "text_read"}
+    assert names["file_create"].family == "file" and names["text_read"].family == "text"
+    for spec in REGISTRY.tools:
+        jsonschema.Draft202012Validator.check_schema(spec.input_schema)
+        jsonschema.Draft202012Validator.check_schema(spec.output_schema)
+    assert [r.uri_template for r in REGISTRY.resources] == ["list://{+path}"]
+
+
+# --- hashline ------------------------------------------------------------------------
+
+
+def _anchors(read: dict[str, Any]) -> dict[str, str]:
+    """content line → 'n:hh'."""
+    out = {}
+    for row in read["content"].split("\n"):
+        tag, _, text = row.partition("|")
+        out.setdefault(text, tag)
+    return out
+
+
+@pytest.mark.parametrize("data", [b"a\nb\nc\n", b"a\r\nb\r\nc\r\n", b"a\nb\nc"], ids=["lf", "crlf", "no_final_newline"])
+def test_read_edit_reread(ctx: FakeContext, ws: Path, data: bytes) -> None:
+    (ws / "f.txt").write_bytes(data)
+    read = call(ctx, "read_text_file", path=str(ws / "f.txt"))
+    assert read["file_hash"] == hashlib.sha256(data).hexdigest()
+    assert read["total_lines"] == 3
+    assert read["content"] == f"1:{line_tag('a')}|a\n2:{line_tag('b')}|b\n3:{line_tag('c')}|c"
+    a = _anchors(read)
+    out = call(ctx, "edit_text_file", path="f.txt", file_hash=read["file_hash"], ops=[
+        {"op": "replace", "anchor": a["b"], "content": "B"},
+        {"op": "insert_after", "anchor": a["c"], "content": "d"},
+    ])
+    nl = "\r\n" if b"\r\n" in data else "\n"
+    want = nl.join(["a", "B", "c", "d"]) + (nl if data.endswith(b"\n") else "")
+    assert (ws / "f.txt").read_bytes() == want.encode()
+    assert out["file_hash"] == hashlib.sha256(want.encode()).hexdigest()
+    assert out["context"] == [f"1:{line_tag('a')}|a", f"2:{line_tag('B')}|B", f"3:{line_tag('c')}|c", f"4:{line_tag('d')}|d"]
+    again = call(ctx, "read_text_file", path=str(ws / "f.txt"))
+    assert again["file_hash"] == out["file_hash"]
+
+
+def test_read_offset_limit_and_empty_file(ctx: FakeContext, ws: Path) -> None:
+    (ws / "n.txt").write_text("".join(f"{i}\n" for i in range(1, 11)))
+    page = call(ctx, "read_text_file", path="n.txt", offset=4, limit=3)
+    assert page["content"].split("\n") == [f"{n}:{line_tag(str(n))}|{n}" for n in (4, 5, 6)]
+    assert (page["start_line"], page["end_line"], page["next_offset"]) == (4, 6, 7)
+    assert "offset" in fails(ctx, "read_text_file", path="n.txt", offset=11).message
+    (ws / "e.txt").write_bytes(b"")
+    empty = call(ctx, "read_text_file", path="e.txt")
+    assert (empty["content"], empty["total_lines"], empty["end_line"]) == ("", 0, 0)
+    call(ctx, "edit_text_file", path="e.txt", file_hash=empty["file_hash"], ops=["insert_after 0 'hello'"])
+    assert (ws / "e.txt").read_bytes() == b"hello\n"
+
+
+def test_hundred_thousand_line_file_through_the_tools(ctx: FakeContext, ws: Path) -> None:
+    (ws / "big.txt").write_text("".join(f"line {i}\n" for i in range(100_000)))
+    read = call(ctx, "read_text_file", path="big.txt")
+    assert read["total_lines"] == 100_000 and read["end_line"] == 100_000
+    last = read["content"].rsplit("\n", 1)[1]
+    out = call(ctx, "edit_text_file", path="big.txt", file_hash=read["file_hash"], ops=[
+        {"op": "replace", "anchor": last.split("|")[0], "content": "the end"},
+    ])
+    assert out["total_lines"] == 100_000
+    assert (ws / "big.txt").read_text().endswith("line 99998\nthe end\n")
+
+
+def test_stale_hash_after_concurrent_writer_is_rejected_not_clobbered(ctx: FakeContext, ws: Path) -> None:
+    path = ws / "c.py"
+    path.write_text("x = 1\ny = 2\n")
+    read = call(ctx, "read_text_file", path=str(path))
+    path.write_text("x = 1\ninserted = 0\ny = 2\n")  # another writer, between read and edit
+    err = fails(ctx, "edit_text_file", path=str(path), file_hash=read["file_hash"], ops=[
+        {"op": "replace", "anchor": _anchors(read)["y = 2"], "content": "y = 3"},
+    ])
+    assert err.code == "CONFLICT" and err.details["reason"] == "stale_file_hash"
+    assert path.read_text() == "x = 1\ninserted = 0\ny = 2\n"
+    fresh = err.details["context"][_anchors(read)["y = 2"]]["around"]
+    assert f"3:{line_tag('y = 2')}|y = 2" in fresh
+    # The corrected edit, from the error alone.
+    call(ctx, "edit_text_file", path=str(path), file_hash=err.details["file_hash"], ops=[
+        {"op": "replace", "anchor": f"3:{line_tag('y = 2')}", "content": "y = 3"},
+    ])
+    assert path.read_text() == "x = 1\ninserted = 0\ny = 3\n"
+
+
+def test_writer_during_the_edit_is_detected(ctx: FakeContext, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = ws / "race.txt"
+    path.write_text("a\nb\n")
+    read = call(ctx, "read_text_file", path="race.txt")
+    real_edit = hashline_tools.hashline.edit
+
+    def edit_then_someone_writes(*args: Any, **kwargs: Any) -> Any:
+        result = real_edit(*args, **kwargs)
+        path.write_text("someone else\n")  # lands after our read, before our rename
+        return result
+
+    monkeypatch.setattr(hashline_tools.hashline, "edit", edit_then_someone_writes)
+    err = fails(ctx, "edit_text_file", path="race.txt", file_hash=read["file_hash"], ops=[
+        {"op": "delete", "anchor": _anchors(read)["a"]},
+    ])
+    assert err.details["reason"] == "concurrent_write"
+    assert path.read_text() == "someone else\n"
+
+
+def test_moved_and_ambiguous_anchors_through_the_tool(ctx: FakeContext, ws: Path) -> None:
+    (ws / "m.txt").write_text("one\ntwo\nthree\ntwo\n")
+    read = call(ctx, "read_text_file", path="m.txt")
+    tag3 = line_tag("three")
+    out = call(ctx, "edit_text_file", path="m.txt", file_hash=read["file_hash"], ops=[
+        {"op": "replace", "anchor": f"1:{tag3}", "content": "THREE"},
+    ])
+    assert out["moved"] == [{"op_index": 0, "from": 1, "to": 3}]
+    err = fails(ctx, "edit_text_file", path="m.txt", file_hash=out["file_hash"], ops=[
+        {"op": "delete", "anchor": f"1:{line_tag('two')}"},
+    ])
+    assert err.details["reason"] == "anchor_ambiguous"
+    assert (ws / "m.txt").read_text() == "one\ntwo\nTHREE\ntwo\n"
+
+
+def test_roots_limit_hashline_paths(ws: Path, tmp_path: Path) -> None:
+    evil = tmp_path / "ws_evil"
+    evil.mkdir()
+    (evil / "s").write_text("secret\n")
+    (ws / "ok").write_text("fine\n")
+    os.symlink(evil / "s", ws / "link")
+    ctx = FakeContext(Config(workspace=str(tmp_path)), declared_roots=[str(ws)])
+    assert call(ctx, "read_text_file", path=str(ws / "ok"))["total_lines"] == 1
+    assert call(ctx, "read_text_file", path="ok")["total_lines"] == 1  # relative to the first root
+    for bad in (str(evil / "s"), str(ws / "link"), "../ws_evil/s"):
+        assert fails(ctx, "read_text_file", path=bad).code == "PERMISSION_DENIED"
+
+
+def test_hashline_errors_are_instructional(ctx: FakeContext, ws: Path) -> None:
+    err = fails(ctx, "read_text_file", path="missing.txt")
+    assert err.code == "NOT_FOUND" and "does not exist" in err.message
+    (ws / "bin").write_bytes(b"\x89PNG\r\n\x1a\n\xff")
+    assert "base64" in fails(ctx, "read_text_file", path="bin").message
+    (ws / "d").mkdir()
+    assert "file" in fails(ctx, "read_text_file", path="d").message
+    assert "file_create" in fails(ctx, "edit_text_file", path="nope", file_hash="0" * 64, ops=["delete 1:00"]).message
+
+
+# --- rootspace -----------------------------------------------------------------------
+
+
+def test_rootspace_lifecycle(ctx: FakeContext, ws: Path) -> None:
+    made = call(ctx, "file.create", path="/src//pkg/./mod.py", content="def f():\n    return 1\n")
+    assert made == {"path": "/src/pkg/mod.py", "hash": hashlib.sha256(b"def f():\n    return 1\n").hexdigest(), "size": 22}
+    assert fails(ctx, "file_create", path="src/pkg/mod.py", content="x").code == "CONFLICT"
+    read = call(ctx, "text.read", path="/src/pkg/mod.py")
+    assert read["hash"] == made["hash"] and read["total_lines"] == 2 and read["encoding"] == "utf-8"
+    r = call(ctx, "text.replace", path="/src/pkg/mod.py", hash=read["hash"], lines=[2, 0], old="    return 1", new="    return 2")
+    assert (ws / "src/pkg/mod.py").read_text() == "def f():\n    return 2\n"
+    i = call(ctx, "text.insert", path="src/pkg/mod.py", hash=r["hash"], line=1, anchor="def f():", content="# doc")
+    a = call(ctx, "text.append", path="src/pkg/mod.py", hash=i["hash"], content="f()")
+    assert a["total_lines"] == 4
+    assert (ws / "src/pkg/mod.py").read_text() == "# doc\ndef f():\n    return 2\nf()\n"
+    assert call(ctx, "text_read", path="/src/pkg/mod.py", lines=[-2, 0])["content"] == "    return 2\nf()\n"
+    stale = fails(ctx, "file.remove", path="/src/pkg/mod.py", hash=read["hash"])
+    assert stale.code == "CONFLICT" and "text_read" in stale.message
+    assert call(ctx, "file.remove", path="/src/pkg/mod.py", hash=a["hash"]) == {"path": "/src/pkg/mod.py", "removed": True}
+    assert not (ws / "src/pkg/mod.py").exists()
+
+
+def test_rootspace_stale_hash_does_not_write(ctx: FakeContext, ws: Path) -> None:
+    (ws / "t.txt").write_text("a\n")
+    read = call(ctx, "text_read", path="t.txt")
+    (ws / "t.txt").write_text("a\nb\n")
+    for name, extra in (
+        ("text_append", {"content": "c"}),
+        ("text_replace", {"lines": [0, 0], "old": "a", "new": "z"}),
+        ("text_insert", {"line": 1, "anchor": "a", "content": "z"}),
+    ):
+        err = fails(ctx, name, path="t.txt", hash=read["hash"], **extra)
+        assert err.code == "CONFLICT" and err.details["hash"] == hashlib.sha256(b"a\nb\n").hexdigest()
+    assert (ws / "t.txt").read_text() == "a\nb\n"
+
+
+def test_rootspace_paths_stay_in_the_root(ctx: FakeContext, ws: Path) -> None:
+    (ws / "in.txt").write_text("in\n")
+    assert call(ctx, "text_read", path="/a/../in.txt")["content"] == "in\n"
+    assert fails(ctx, "text_read", path="/../etc/passwd").code == "PERMISSION_DENIED"
+    assert fails(ctx, "text_read", path="C:\\Windows\\win.ini").code == "INVALID_ARGUMENT"
+    # A leading '/' is the root, not the host's '/': this is <root>/etc/hostname.
+    assert fails(ctx, "text_read", path="/etc/hostname").code == "NOT_FOUND"
+    os.symlink("/etc/hostname", ws / "out")
+    assert fails(ctx, "text_read", path="/out").code == "PERMISSION_DENIED"
+
+
+def test_rootspace_base64(ctx: FakeContext, ws: Path) -> None:
+    blob = bytes(range(256))
+    made = call(ctx, "file_create", path="/b.bin", content=base64.b64encode(blob).decode(), encoding="base64")
+    assert made["hash"] == hashlib.sha256(blob).hexdigest()  # MCP-031: hash of the decoded bytes
+    err = fails(ctx, "text_read", path="/b.bin")
+    assert "base64" in err.message
+    back = call(ctx, "text_read", path="/b.bin", encoding="base64")
+    assert base64.b64decode(back["content"]) == blob and back["hash"] == made["hash"]
+
+
+def test_rootspace_uses_first_declared_root(ws: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    ctx = FakeContext(Config(workspace=str(other)), declared_roots=[str(ws)])
+    call(ctx, "file_create", path="/x.txt", content="x\n")
+    assert (ws / "x.txt").read_text() == "x\n" and not (other / "x.txt").exists()
+
+
+def test_list_resource(ctx: FakeContext, ws: Path) -> None:
+    (ws / "b").mkdir()
+    (ws / "b" / "inner").write_text("")
+    (ws / ".hidden").write_text("")
+    (ws / "a.txt").write_text("")
+    os.symlink("a.txt", ws / "ln")
+    mime, text = trio.run(rootspace_tools.list_resource, ctx, "list:///")
+    assert mime == "application/json"
+    assert json.loads(text) == {"path": "/", "entries": [
+        {"name": ".hidden", "kind": "file"}, {"name": "a.txt", "kind": "file"},
+        {"name": "b", "kind": "dir"}, {"name": "ln", "kind": "symlink"},
+    ]}
+    assert json.loads(trio.run(rootspace_tools.list_resource, ctx, "list://b")[1])["entries"] == [{"name": "inner", "kind": "file"}]
+    assert json.loads(trio.run(rootspace_tools.list_resource, ctx, "list://")[1])["path"] == "/"
+    with pytest.raises(CcwError) as info:
+        trio.run(rootspace_tools.list_resource, ctx, "list://nope/deeper")
+    assert info.value.code == "NOT_FOUND"
+    with pytest.raises(CcwError):
+        trio.run(rootspace_tools.list_resource, ctx, "list://../")
