@@ -1,0 +1,470 @@
+"""Unified-diff patches: a parser and a strict applier that decides as ``git apply`` does.
+
+Some facts about how ``git apply`` places a hunk (apply.c, default options), which this
+module reproduces so that the same patch is accepted or refused the same way:
+
+- Matching is byte for byte on whole lines, newline included: no whitespace
+  normalisation and no fuzz (``-C`` is unlimited by default, so context is never
+  reduced).  A line ending in CR LF is just a line whose content ends in CR.
+- The search starts at the hunk's *new* start line minus one (earlier hunks have
+  already moved the text) and alternates forward, backward, forward, … one line at a
+  time until the preimage matches exactly.  The first match wins.
+- A hunk whose old start is 0 or 1 must match at the beginning of the file; a hunk
+  with no trailing context must match at its end.
+- Lines produced by an earlier hunk are marked patched and can never be matched by a
+  later one, so hunks cannot overlap.
+- ``\\ No newline at end of file`` removes the newline of the line before it, in the
+  old side, the new side or both.  An empty line inside a hunk is an empty context line.
+- Patches are parsed by the counts in the ``@@`` headers, so trailing text such as a
+  ``format-patch`` signature is ignored; anything outside a file diff is ignored.
+- A new file must not exist; a deleted file must exist and the deletion must leave
+  nothing; a path removed or renamed away by an earlier file diff cannot be patched.
+  Mode bits follow the patch (``new mode``, ``index … <mode>``), else the old file's.
+- Binary ``literal`` patches are applied; binary ``delta`` patches and symlinks are
+  refused as unsupported rejects rather than guessed at.
+
+A refused hunk is reported, and the remaining hunks are still tried so that every
+problem is reported at once; nothing is written by this module: ``apply`` returns the
+new content of every touched path and the caller writes only when there are no rejects.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp_server.core.paths import normalize, path_key
+from sandbox.errors import CcwError
+
+MODE_FILE = 0o100644
+MODE_EXEC = 0o100755
+MODE_LINK = 0o120000
+
+_HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+@dataclass
+class Hunk:
+    """One ``@@`` hunk: the lines it expects (old) and the lines it leaves (new)."""
+
+    old_start: int
+    new_start: int
+    old: list[bytes] = field(default_factory=list)
+    new: list[bytes] = field(default_factory=list)
+    leading: int = 0
+    trailing: int = 0
+
+
+@dataclass
+class FilePatch:
+    """One file's diff."""
+
+    old_path: str | None
+    new_path: str | None
+    old_mode: int | None = None
+    new_mode: int | None = None
+    is_new: bool = False
+    is_delete: bool = False
+    is_rename: bool = False
+    is_copy: bool = False
+    hunks: list[Hunk] = field(default_factory=list)
+    binary: bytes | None = None  # literal new content of a binary patch
+    binary_unsupported: bool = False
+
+    @property
+    def path(self) -> str:
+        """The path a reject is reported under: the new name, or the old one for a deletion."""
+        return self.new_path or self.old_path or ""
+
+
+def _corrupt(lineno: int, why: str) -> CcwError:
+    return CcwError(
+        "INVALID_ARGUMENT",
+        f"corrupt patch at line {lineno}: {why}; send a unified diff as `git diff` prints it",
+        {"line": lineno},
+    )
+
+
+def _unquote(raw: bytes) -> bytes:
+    """git's C-style quoted path (``"a/tab\\there"``) to bytes."""
+    if not raw.startswith(b'"'):
+        return raw
+    out = bytearray()
+    i = 1
+    escapes = {b"n": 10, b"t": 9, b"a": 7, b"b": 8, b"f": 12, b"r": 13, b"v": 11, b'"': 34, b"\\": 92}
+    while i < len(raw) and raw[i:i + 1] != b'"':
+        ch = raw[i:i + 1]
+        if ch == b"\\":
+            nxt = raw[i + 1:i + 2]
+            if nxt in escapes:
+                out.append(escapes[nxt])
+                i += 2
+                continue
+            if nxt.isdigit():
+                out.append(int(raw[i + 1:i + 4], 8))
+                i += 4
+                continue
+        out += ch
+        i += 1
+    return bytes(out)
+
+
+def _name(raw: bytes, strip: int, lineno: int) -> str | None:
+    """A path from a ``---``/``+++``/``rename`` line: unquoted, prefix stripped, normalised."""
+    raw = raw.rstrip(b"\n")
+    if not raw.startswith(b'"') and b"\t" in raw:
+        raw = raw.split(b"\t", 1)[0]
+    if raw == b"/dev/null":
+        return None
+    name = _unquote(raw)
+    for _ in range(strip):
+        if b"/" not in name:
+            raise _corrupt(lineno, f"path {name!r} has no prefix to strip")
+        name = name.split(b"/", 1)[1]
+    text = name.decode("utf-8", "surrogateescape")
+    return normalize(text)
+
+
+def _git_header_names(rest: bytes, lineno: int) -> tuple[str | None, str | None]:
+    rest = rest.rstrip(b"\n")
+    if rest.startswith(b'"'):
+        end = rest.index(b'"', 1)
+        while rest[end - 1:end] == b"\\":
+            end = rest.index(b'"', end + 1)
+        first, second = rest[: end + 1], rest[end + 2:]
+        return _name(first, 1, lineno), _name(second, 1, lineno)
+    # "a/NAME b/NAME": the only split where both halves agree.
+    n = (len(rest) - 5) // 2
+    if len(rest) == 2 * n + 5 and rest[n + 2:n + 5] == b" b/" and rest[2:n + 2] == rest[n + 5:]:
+        name = _name(rest[: n + 2], 1, lineno)
+        return name, name
+    return None, None
+
+
+def _split_lines(data: bytes) -> list[bytes]:
+    lines = data.split(b"\n")
+    out = [line + b"\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
+def parse_patch(data: bytes) -> list[FilePatch]:
+    """Parse a unified diff (git's extended headers included) into file patches."""
+    lines = _split_lines(data)
+    patches: list[FilePatch] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith(b"diff --git "):
+            i = _parse_git(lines, i, patches)
+        elif (
+            line.startswith(b"--- ")
+            and i + 2 < len(lines)
+            and lines[i + 1].startswith(b"+++ ")
+            and lines[i + 2].startswith(b"@@ -")
+        ):
+            old = _name(line[4:], 1, i + 1) if line[4:].rstrip(b"\n") != b"/dev/null" else None
+            new = _name(lines[i + 1][4:], 1, i + 2) if lines[i + 1][4:].rstrip(b"\n") != b"/dev/null" else None
+            patch = FilePatch(old, new, is_new=old is None, is_delete=new is None)
+            i = _parse_hunks(lines, i + 2, patch)
+            patches.append(patch)
+        else:
+            i += 1
+    return patches
+
+
+def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
+    old, new = _git_header_names(lines[i][len(b"diff --git "):], i + 1)
+    patch = FilePatch(old, new)
+    i += 1
+    while i < len(lines):
+        line = lines[i].rstrip(b"\n")
+        if line.startswith(b"old mode "):
+            patch.old_mode = int(line[9:], 8)
+        elif line.startswith(b"new mode "):
+            patch.new_mode = int(line[9:], 8)
+        elif line.startswith(b"deleted file mode "):
+            patch.is_delete, patch.old_mode = True, int(line[18:], 8)
+        elif line.startswith(b"new file mode "):
+            patch.is_new, patch.new_mode = True, int(line[14:], 8)
+        elif line.startswith(b"index "):
+            parts = line.split(b" ")
+            if len(parts) == 3:
+                patch.old_mode = patch.new_mode = int(parts[2], 8)
+        elif line.startswith((b"rename from ", b"copy from ")):
+            patch.old_path = _name(line.split(b" ", 2)[2], 0, i + 1)
+            patch.is_rename = line.startswith(b"rename")
+            patch.is_copy = not patch.is_rename
+        elif line.startswith((b"rename to ", b"copy to ")):
+            patch.new_path = _name(line.split(b" ", 2)[2], 0, i + 1)
+        elif line.startswith((b"similarity index ", b"dissimilarity index ")):
+            pass
+        elif line.startswith(b"--- ") and i + 1 < len(lines) and lines[i + 1].startswith(b"+++ "):
+            if line[4:] != b"/dev/null":
+                patch.old_path = _name(line[4:], 1, i + 1)
+            if lines[i + 1][4:].rstrip(b"\n") != b"/dev/null":
+                patch.new_path = _name(lines[i + 1][4:], 1, i + 2)
+            i = _parse_hunks(lines, i + 2, patch)
+            break
+        elif line == b"GIT binary patch":
+            i = _parse_binary(lines, i + 1, patch)
+            break
+        elif line.startswith(b"Binary files "):
+            patch.binary_unsupported = True
+            i += 1
+            break
+        else:
+            break
+        i += 1
+    if patch.is_new:
+        patch.old_path = None
+    if patch.is_delete:
+        patch.new_path = None
+    if patch.old_path is None and patch.new_path is None:
+        raise _corrupt(i, "a file diff names no path")
+    patches.append(patch)
+    return i
+
+
+def _parse_hunks(lines: list[bytes], i: int, patch: FilePatch) -> int:
+    while i < len(lines) and lines[i].startswith(b"@@ -"):
+        match = _HUNK.match(lines[i])
+        if not match:
+            raise _corrupt(i + 1, "malformed @@ header")
+        old_count = int(match[2]) if match[2] is not None else 1
+        new_count = int(match[4]) if match[4] is not None else 1
+        hunk = Hunk(int(match[1]), int(match[3]))
+        i += 1
+        changed = False
+        last: list[list[bytes]] = []
+        while old_count > 0 or new_count > 0:
+            if i >= len(lines):
+                raise _corrupt(i, "the patch ends inside a hunk")
+            line = lines[i]
+            first = line[:1]
+            if first in (b" ", b"\n"):
+                body = line[1:] if first == b" " else b"\n"
+                hunk.old.append(body)
+                hunk.new.append(body)
+                old_count, new_count = old_count - 1, new_count - 1
+                if not changed:
+                    hunk.leading += 1
+                hunk.trailing += 1
+                last = [hunk.old, hunk.new]
+            elif first == b"-":
+                hunk.old.append(line[1:])
+                old_count -= 1
+                changed, hunk.trailing = True, 0
+                last = [hunk.old]
+            elif first == b"+":
+                hunk.new.append(line[1:])
+                new_count -= 1
+                changed, hunk.trailing = True, 0
+                last = [hunk.new]
+            elif first == b"\\":
+                _no_newline(last, i)
+            else:
+                raise _corrupt(i + 1, f"unexpected line in hunk: {line[:40]!r}")
+            if old_count < 0 or new_count < 0:
+                raise _corrupt(i + 1, "hunk longer than its header says")
+            i += 1
+        if i < len(lines) and lines[i].startswith(b"\\"):
+            _no_newline(last, i)
+            i += 1
+        patch.hunks.append(hunk)
+    return i
+
+
+def _no_newline(last: list[list[bytes]], i: int) -> None:
+    if not last:
+        raise _corrupt(i + 1, "'\\ No newline' with no line before it")
+    for side in last:
+        if side and side[-1].endswith(b"\n"):
+            side[-1] = side[-1][:-1]
+
+
+def _parse_binary(lines: list[bytes], i: int, patch: FilePatch) -> int:
+    header = lines[i].rstrip(b"\n") if i < len(lines) else b""
+    if not header.startswith(b"literal "):
+        patch.binary_unsupported = True
+        while i < len(lines) and not lines[i].startswith(b"diff --git "):
+            i += 1
+        return i
+    size = int(header[8:])
+    i += 1
+    encoded = bytearray()
+    while i < len(lines) and lines[i].rstrip(b"\n"):
+        row = lines[i].rstrip(b"\n")
+        count = row[0] - 64 if row[0] <= 90 else row[0] - 96 + 26
+        chunk = base64.b85decode(row[1:])
+        encoded += chunk[:count]
+        i += 1
+    data = zlib.decompress(bytes(encoded))
+    if len(data) != size:
+        raise _corrupt(i, "binary literal has the wrong size")
+    patch.binary = data
+    # Skip the reverse hunk, if any, up to the next file diff.
+    while i < len(lines) and not lines[i].startswith(b"diff --git "):
+        i += 1
+    return i
+
+
+# --- application ---------------------------------------------------------------------
+
+Reader = Callable[[str], "tuple[bytes, int] | None"]
+
+
+@dataclass
+class ApplyResult:
+    """What applying a patch would do: new content per path (None: deleted) and rejects."""
+
+    files: dict[str, tuple[bytes, int] | None]
+    rejects: list[dict[str, Any]]
+    touched: list[str]
+
+
+def _find(image: list[bytes], patched: list[bool], hunk: Hunk, begin: bool, end: bool) -> int:
+    pre = hunk.old
+    nr = len(image)
+    line = hunk.new_start - 1 if hunk.new_start else 0
+    if begin:
+        line = 0
+    elif end:
+        line = nr - len(pre)
+    line = min(max(line, 0), nr) if line >= 0 else nr
+
+    def matches(at: int) -> bool:
+        if at + len(pre) > nr:
+            return False
+        if end and at + len(pre) != nr:
+            return False
+        if begin and at:
+            return False
+        return all(not patched[at + k] and image[at + k] == pre[k] for k in range(len(pre)))
+
+    back = fwd = line
+    at = line
+    i = 0
+    while True:
+        if matches(at):
+            return at
+        while True:
+            if back == 0 and fwd == nr:
+                return -1
+            if i & 1:
+                if back == 0:
+                    i += 1
+                    continue
+                back -= 1
+                at = back
+            else:
+                if fwd == nr:
+                    i += 1
+                    continue
+                fwd += 1
+                at = fwd
+            break
+        i += 1
+
+
+def apply_hunks(content: bytes, hunks: list[Hunk]) -> tuple[bytes, list[int]]:
+    """Apply hunks in order; return the new content and the indices of hunks that failed."""
+    image = _split_lines(content)
+    patched = [False] * len(image)
+    failed = []
+    for index, hunk in enumerate(hunks):
+        begin = hunk.old_start == 0 or hunk.old_start == 1
+        end = hunk.trailing == 0
+        at = _find(image, patched, hunk, begin, end)
+        if at < 0:
+            failed.append(index)
+            continue
+        image[at:at + len(hunk.old)] = hunk.new
+        patched[at:at + len(hunk.old)] = [True] * len(hunk.new)
+    return b"".join(image), failed
+
+
+def _reject(rejects: dict[str, list[dict[str, Any]]], path: str, index: int, reason: str) -> None:
+    rejects.setdefault(path, []).append({"index": index, "reason": reason})
+
+
+def apply(patches: list[FilePatch], read: Reader) -> ApplyResult:
+    """Apply file patches over a tree seen through ``read(path) -> (content, mode) | None``."""
+    state: dict[str, tuple[bytes, int] | None] = {}
+    gone: set[str] = set()  # removed or renamed away by an earlier file diff
+    rejects: dict[str, list[dict[str, Any]]] = {}
+    touched: set[str] = set()
+
+    def current(path: str) -> tuple[bytes, int] | None:
+        if path in state:
+            return state[path]
+        return read(path)
+
+    for patch in patches:
+        path = patch.path
+        touched.update(p for p in (patch.old_path, patch.new_path) if p)
+        if patch.binary_unsupported:
+            _reject(rejects, path, 0, "binary_patch_unsupported")
+            continue
+        if MODE_LINK in (patch.old_mode, patch.new_mode):
+            _reject(rejects, path, 0, "symlink_unsupported")
+            continue
+        if patch.is_new:
+            assert patch.new_path is not None
+            if current(patch.new_path) is not None:
+                _reject(rejects, path, 0, "already_exists")
+                continue
+            old: tuple[bytes, int] | None = (b"", patch.new_mode or MODE_FILE)
+        else:
+            assert patch.old_path is not None
+            if patch.old_path in gone and not (patch.is_rename or patch.is_copy):
+                _reject(rejects, path, 0, "path_deleted_earlier")
+                continue
+            old = current(patch.old_path)
+            if old is None:
+                _reject(rejects, path, 0, "file_not_found")
+                continue
+            if (patch.is_rename or patch.is_copy) and patch.new_path != patch.old_path:
+                assert patch.new_path is not None
+                if current(patch.new_path) is not None and patch.new_path not in gone:
+                    _reject(rejects, path, 0, "already_exists")
+                    continue
+        assert old is not None
+        content, mode = old
+        if patch.old_mode is not None and (patch.old_mode & 0o170000) != (mode & 0o170000):
+            _reject(rejects, path, 0, "wrong_type")
+            continue
+        failed: list[int] = []
+        if patch.binary is not None:
+            new_content = patch.binary
+        else:
+            new_content, failed = apply_hunks(content, patch.hunks)
+        for index in failed:
+            _reject(rejects, path, index, "context_mismatch")
+        if failed:
+            continue
+        if patch.is_delete:
+            if new_content:
+                _reject(rejects, path, len(patch.hunks) - 1 if patch.hunks else 0, "removal_leaves_content")
+                continue
+            assert patch.old_path is not None
+            state[patch.old_path] = None
+            gone.add(patch.old_path)
+            continue
+        new_mode = patch.new_mode if patch.new_mode is not None else mode
+        if patch.is_rename and patch.old_path and patch.old_path != patch.new_path:
+            state[patch.old_path] = None
+            gone.add(patch.old_path)
+        assert patch.new_path is not None
+        state[patch.new_path] = (new_content, new_mode)
+        gone.discard(patch.new_path)
+    ordered: list[dict[str, Any]] = [
+        {"path": p, "hunks": sorted(rejects[p], key=lambda h: (int(h["index"]), str(h["reason"])))}
+        for p in sorted(rejects, key=path_key)
+    ]
+    return ApplyResult(state, ordered, sorted(touched, key=path_key))
