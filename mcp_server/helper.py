@@ -183,8 +183,9 @@ class HelperClient:
 class EmbeddedHelper:
     """The helper child process of the embedded default."""
 
-    def __init__(self, process: trio.Process, log_fd: int) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], log_fd: int) -> None:
         self.process = process
+        self._pidfd = os.pidfd_open(process.pid)
         self.tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         self._pump = threading.Thread(target=self._copy_log, args=(log_fd,), daemon=True)
         self._pump.start()
@@ -207,17 +208,26 @@ class EmbeddedHelper:
         tail = "\n".join(self.tail) or "(no output)"
         return f"; the embedded helper ended ({how}); its last output:\n{tail}"
 
+    async def wait(self) -> int:
+        """Wait for the child to exit (a pidfd turns readable), cancellably; its status."""
+        while (status := self.process.poll()) is None:
+            await trio.lowlevel.wait_readable(self._pidfd)
+        return status
+
     async def stop(self) -> None:
         """SIGTERM (the helper finishes in-flight requests), then SIGKILL after a grace period."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             with trio.move_on_after(STOP_TIMEOUT_S):
-                await self.process.wait()
+                await self.wait()
             if self.process.poll() is None:
                 log.warning("embedded helper ignored SIGTERM; killing it")
                 self.process.kill()
-                await self.process.wait()
+                await self.wait()
         await trio.to_thread.run_sync(self._pump.join, 1.0)
+        if self._pidfd >= 0:
+            os.close(self._pidfd)
+            self._pidfd = -1
 
 
 async def spawn_embedded(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> HelperClient:
@@ -233,7 +243,10 @@ async def spawn_embedded(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> 
         "--ready-fd", str(ready_w), "--die-with-parent",
     ]  # fmt: skip
     try:
-        process = await trio.lowlevel.open_process(
+        # Forked from this (trio's) thread on purpose: --die-with-parent uses PDEATHSIG,
+        # which fires when the *thread* that forked exits, and trio's open_process forks
+        # from a worker thread that exits when idle.
+        process = subprocess.Popen(  # noqa: ASYNC220
             command,
             stdin=subprocess.DEVNULL,
             stdout=log_w,
@@ -261,7 +274,7 @@ async def spawn_embedded(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> 
             raise CcwError("UNAVAILABLE", f"the embedded helper did not become ready within {timeout_s:g} s"
                            + embedded.describe_death())
         with trio.move_on_after(5):
-            await process.wait()
+            await embedded.wait()
         death = embedded.describe_death()
         await embedded.stop()
         raise CcwError("UNAVAILABLE", "the embedded helper failed to start" + (death or ""))

@@ -12,6 +12,11 @@ Some facts about running rootless that this entry point follows from:
   files on disk still belong to the real user.
 - ``unshare(CLONE_NEWUSER)`` refuses a multi-threaded process, so it happens first,
   before the server (or anything else) starts a thread.
+- The helper's mounts live in a mount namespace of its own (slave of the host's), in
+  both modes: capsule overlays never clutter the host's mount table, and when the
+  helper dies, even by kill -9, the kernel unmounts them with the namespace.  Capsule
+  data is on disk under the state dir and is mounted again on first use.  The front
+  end never needs the mount paths: it works through ``open_root`` descriptors.
 - Capabilities in a user namespace do not reach the initial one: fanotify filesystem
   marks and cgroup writes outside a delegated subtree stay impossible, and the modules
   that own them say so in ``hello``'s mechanisms rather than pretending.
@@ -88,8 +93,22 @@ def enter_user_namespace() -> None:
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
         with open(f"/proc/self/{name}", "w") as f:
             f.write(text)
-    # Mounts made from here on must not propagate back into the caller's namespace.
-    syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
+    _one_way_propagation()
+
+
+def enter_mount_namespace() -> None:
+    """A mount namespace of the helper's own, so its overlays die with it (privileged mode)."""
+    try:
+        syscalls.unshare(syscalls.CLONE_NEWNS)
+    except OSError as exc:
+        raise CcwError("PERMISSION_DENIED", f"cannot create the helper's mount namespace: {exc}") from exc
+    _one_way_propagation()
+
+
+def _one_way_propagation() -> None:
+    # Slave, not private: mounts the host makes later (a new workspace volume) still
+    # appear here, while the capsules' overlays never appear on the host.
+    syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_SLAVE)
 
 
 def collect_mechanisms(mode: str) -> dict[str, Any]:
@@ -134,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         mode = choose_mode(args.mode, os.geteuid())
         if mode == "rootless":
             enter_user_namespace()
+        else:
+            enter_mount_namespace()
         server = build_server(args, mode)
         server.listen()
     except CcwError as exc:
