@@ -192,7 +192,7 @@ def _replay(body: bytes, receive: Any) -> Any:
     async def replay() -> dict[str, Any]:
         if pending:
             return pending.popleft()
-        return await receive()  # type: ignore[no-any-return]
+        return await receive()
 
     return replay
 

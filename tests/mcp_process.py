@@ -1,0 +1,102 @@
+"""Run a real ``ccw-mcp`` process for tests: spawn, wait for ``mcp:ready``, stop, read logs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
+READY_RE = re.compile(r"^mcp:ready mode=(\S+) path=(\S+) ")
+
+
+def server_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """Environment for an isolated server: its own state dir, ready file and socket."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+    env.update(
+        CCW_STATE_DIR=str(tmp / "state"),
+        MCP_READY_FILE=str(tmp / "mcp.ready"),
+        MCP_SOCKET_PATH=str(tmp / "mcp.sock"),
+        CCW_HTTP_ADDR="127.0.0.1:0",
+        CCW_TOOLSETS="server",
+        CCW_DEBUG="1",
+    )
+    env.update(extra)
+    return env
+
+
+class ServerProcess:
+    """A ccw-mcp child; stderr is collected line by line in a thread."""
+
+    def __init__(self, env: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> None:
+        self.env = env
+        self.proc = subprocess.Popen(
+            [str(CCW_MCP)], env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.path = ""
+        self._reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._reader.start()
+
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.lines.append(line)
+            match = READY_RE.match(line)
+            if match:
+                self.path = match.group(2)
+                self._ready.set()
+        self._ready.set()
+
+    def wait_ready(self, timeout: float = 30) -> str:
+        """Block until ``mcp:ready``; return its ``path=`` (socket path or URL)."""
+        if not self._ready.wait(timeout) or not self.path:
+            self.stop()
+            raise AssertionError("ccw-mcp did not become ready:\n" + self.log)
+        return self.path
+
+    @property
+    def log(self) -> str:
+        """stderr so far."""
+        return "\n".join(self.lines)
+
+    def signal(self, signum: int = signal.SIGTERM) -> None:
+        """Send a signal."""
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        """Wait for exit; return the status (stderr fully read)."""
+        code = self.proc.wait(timeout)
+        self._reader.join(timeout)
+        for pipe in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+        return code
+
+    def stop(self) -> int:
+        """SIGTERM, then SIGKILL if it lingers."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                return self.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.wait(10)
+
+    def wait_for_line(self, pattern: str, timeout: float = 20) -> str:
+        """Wait until a stderr line matches ``pattern``."""
+        deadline = time.monotonic() + timeout
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if regex.search(line):
+                    return line
+            time.sleep(0.02)
+        raise AssertionError(f"no stderr line matching {pattern!r}:\n{self.log}")

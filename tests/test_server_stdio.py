@@ -1,0 +1,133 @@
+"""ccw-mcp over stdio, driven by the SDK's own client (both protocol eras) and by raw NDJSON."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import trio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+from tests.mcp_process import CCW_MCP, ServerProcess, server_env
+
+ERAS = ["legacy", "2026-07-28"]
+
+
+def check_output(tools: dict[str, dict], name: str, result) -> dict:
+    """A successful result's structuredContent, checked against the tool's output schema."""
+    assert result.is_error is not True, result
+    jsonschema.validate(result.structured_content, tools[name])
+    assert json.loads(result.content[0].text) == result.structured_content
+    return result.structured_content
+
+
+@pytest.mark.parametrize("mode", ERAS)
+def test_sdk_client_over_stdio(tmp_path: Path, mode: str):
+    params = StdioServerParameters(command=str(CCW_MCP), env=server_env(tmp_path))
+
+    async def session():
+        async with Client(params, mode=mode) as client:
+            listed = await client.list_tools()
+            tools = {t.name: t.output_schema for t in listed.tools}
+            assert "ccw_info" in tools
+            tool = next(t for t in listed.tools if t.name == "ccw_info")
+            assert tool.annotations.read_only_hint is True
+            assert tool.input_schema["additionalProperties"] is False
+
+            progress: list[float] = []
+
+            async def on_progress(value, total, message):
+                progress.append(value)
+
+            info = check_output(tools, "ccw_info", await client.call_tool("ccw_info", {"delay_ms": 250}, progress_callback=on_progress))
+            assert info["endpoint"] == "stdio" and info["state_dir"] == str(tmp_path / "state")
+            assert info["families"] == ["server"] and info["delayed_ms"] == 250
+            assert progress and progress[-1] == 250
+
+            aliased = await client.call_tool("server.info", {"echo": "via alias"})
+            assert aliased.structured_content["echo"] == "via alias"
+
+            with pytest.raises(MCPError) as bad_args:
+                await client.call_tool("ccw_info", {"delay_ms": 10_001})
+            assert bad_args.value.error.code == -32602
+            assert "delay_ms" in bad_args.value.error.message
+
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("no_such_tool", {})
+            assert unknown.value.error.code == -32602
+
+    trio.run(session)
+
+
+def run_raw(tmp_path: Path, lines: list[bytes]) -> tuple[list[dict], str, int]:
+    proc = subprocess.run(
+        [str(CCW_MCP)], input=b"".join(line + b"\n" for line in lines),
+        capture_output=True, env=server_env(tmp_path), timeout=60,
+    )
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    return answers, proc.stderr.decode(), proc.returncode
+
+
+def test_raw_ndjson_direct_methods_in_request_order(tmp_path: Path):
+    big = b'{"jsonrpc":"2.0","id":"big","method":"ccw_info","params":{"echo":"' + b"x" * (1 << 20) + b'"}}'
+    answers, log, code = run_raw(
+        tmp_path,
+        [
+            b'{"jsonrpc":"2.0","id":1,"method":"ccw_info"}',
+            b'{"jsonrpc":"2.0","id":2,"method":"ccw_info","params":{"delay_ms":400,"echo":"slow"}}',
+            b'{"jsonrpc":"2.0","id":3,"method":"ccw/info","params":{"echo":"fast"}}',
+            big,
+            b"{not json",
+            b'{"jsonrpc":"2.0","id":4,"method":"ccw_info","params":{"nope":1}}',
+            b'{"jsonrpc":"2.0","id":5,"method":"ccw_info","params":{"echo":"after"}}',
+        ],
+    )
+    assert code == 0, log
+    assert [a["id"] for a in answers] == [1, 2, 3, "big", None, 4, 5]
+    assert answers[0]["result"]["name"] == "ccw"
+    assert answers[1]["result"]["echo"] == "slow"  # answered before the fast one that followed it
+    assert answers[2]["result"]["echo"] == "fast"
+    assert answers[3]["result"] == {
+        "ok": False, "reason": "validation_failed", "errors": [{"path": "", "msg": "payload_too_large"}]
+    }
+    assert answers[4]["error"]["code"] == -32700
+    assert answers[5]["error"]["code"] == -32602
+    assert answers[5]["error"]["data"]["errors"][0]["path"] == ""
+    assert answers[6]["result"]["echo"] == "after"  # the connection kept working
+    assert re.search(r"^mcp:ready mode=stdio path=- state_dir=\S+ schemas_dir=\S+", log, re.M), log
+    assert re.search(r"^mcp:shutdown mode=stdio", log, re.M), log
+    assert not (tmp_path / "mcp.ready").exists()
+
+
+def test_oversized_mcp_request_is_a_jsonrpc_error(tmp_path: Path):
+    big = b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"ccw_info","arguments":{"echo":"' + b"y" * (2 << 20) + b'"}}}'
+    answers, log, code = run_raw(tmp_path, [big, b'{"jsonrpc":"2.0","id":10,"method":"ccw_info"}'])
+    assert code == 0, log
+    assert answers[0]["id"] == 9 and answers[0]["error"]["code"] == -32600
+    assert answers[0]["error"]["data"]["errors"] == [{"path": "", "msg": "payload_too_large"}]
+    assert answers[1]["id"] == 10 and "result" in answers[1]
+
+
+def test_ready_file_and_exit_when_stdin_closes(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path), stdin=subprocess.PIPE)
+    try:
+        server.wait_ready()
+        content = (tmp_path / "mcp.ready").read_text()
+        assert re.fullmatch(rf"{server.proc.pid} \d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z\n", content), content
+        assert server.proc.stdin is not None
+        server.proc.stdin.write(b'{"jsonrpc":"2.0","id":1,"method":"ccw_info","params":{"delay_ms":200}}\n')
+        server.proc.stdin.close()  # EOF with a request still running: it is answered first
+        assert server.proc.stdout is not None
+        out = server.proc.stdout.read()
+        assert server.wait() == 0
+    finally:
+        server.stop()
+    assert json.loads(out)["result"]["delayed_ms"] == 200
+    assert not (tmp_path / "mcp.ready").exists()
+    assert "mcp:shutdown mode=stdio" in server.log
