@@ -31,6 +31,7 @@ from typing import Any
 import mcp_server
 from mcp_server.core import backend
 from mcp_server.core.jsonpatch import diff_assets
+from mcp_server.core.policy import POLICIES_DIR
 from mcp_server.core.schemas import (
     ExampleEntry,
     SchemaCatalogue,
@@ -43,7 +44,6 @@ from mcp_server.tools.registry import ToolContext, ToolSpec
 
 PACKAGE_DIR = Path(mcp_server.__file__).resolve().parent
 DEFAULT_SCHEMAS_DIR = PACKAGE_DIR / "schemas"
-POLICIES_DIR = PACKAGE_DIR.parent / "policies"
 
 _catalogues: dict[tuple[str, str, tuple[str, ...]], SchemaCatalogue] = {}
 _catalogue_lock = threading.Lock()
