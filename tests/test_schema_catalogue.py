@@ -195,3 +195,36 @@ def test_invalid_schema_is_reported_not_raised(tmp_path: Path) -> None:
     (root / "bad.schema.json").write_text('{"type": 12}')
     [error] = SchemaCatalogue.from_dirs(str(root)).validate({}, "bad")
     assert "not a valid JSON Schema" in error["msg"]
+
+
+def test_refs_to_files_outside_the_roots_are_refused(tmp_path: Path, no_network: list[Any]) -> None:
+    root = tmp_path / "schemas"
+    root.mkdir()
+    (tmp_path / "outside.schema.json").write_text('{"type": "string"}')
+    (root / "escape.schema.json").write_text('{"properties": {"a": {"$ref": "../outside.schema.json"}}}')
+    (root / "absolute.schema.json").write_text(
+        json.dumps({"properties": {"a": {"$ref": (tmp_path / "outside.schema.json").as_uri()}}})
+    )
+    cat = SchemaCatalogue.from_dirs(str(root))
+    for name in ("escape", "absolute"):
+        [error] = cat.validate({"a": 1}, name)
+        assert "remote retrieval is refused" in error["msg"] and "outside.schema.json" in error["msg"]
+    assert no_network == []
+
+
+def test_meta_schema_refs_resolve_offline(tmp_path: Path, no_network: list[Any]) -> None:
+    root = tmp_path / "schemas"
+    root.mkdir()
+    (root / "meta.schema.json").write_text('{"$ref": "https://json-schema.org/draft/2020-12/schema"}')
+    cat = SchemaCatalogue.from_dirs(str(root))
+    assert cat.validate({"type": "object"}, "meta") == []
+    assert cat.validate({"type": 12}, "meta") != []
+    assert no_network == []
+
+
+def test_repeated_validation_gives_identical_bytes(catalogue: SchemaCatalogue) -> None:
+    asset = {"name": 1, "shader": {"uniforms": [{}, {"name": 2}]}, "x": None, "y": None}
+    first = canonical_json(catalogue.validate(asset, "synesthetic-asset"))
+    for _ in range(5):
+        assert canonical_json(catalogue.validate(json.loads(json.dumps(asset)), "synesthetic-asset")) == first
+    assert canonical_json(SchemaCatalogue.from_dirs(str(SCHEMAS)).validate(asset, "synesthetic-asset")) == first
