@@ -1,0 +1,258 @@
+"""The helper and other users: SO_PEERCRED authorisation, and rootless mode as a real user.
+
+Both tests run Python as another uid.  The interpreter may live under a directory other
+users cannot traverse (here /root/.pyenv behind /root, mode 0700), so the command runs
+in a private mount namespace where each such directory is covered by a tmpfs showing
+only the entries needed, bound from the original; the host is not changed.  Then
+``setpriv`` drops to the uid/gid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OTHER_UID = 47_311  # no account needed: setpriv takes numbers
+
+
+def _blocked_ancestors(paths: list[str]) -> dict[str, set[str]]:
+    """Directories other users cannot search, mapped to the children the paths need."""
+    blocked: dict[str, set[str]] = {}
+    for path in paths:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) - 1):
+            directory = os.path.join(*parts[:depth])
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                blocked.setdefault(directory, set()).add(parts[depth])
+                break
+    return blocked
+
+
+def as_user(uid: int, gid: int, argv: list[str], keep_dirs: list[str]) -> list[str]:
+    """A command running ``argv`` as uid/gid, with the interpreter reachable."""
+    needed = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix, str(ROOT)]
+    lines = ["set -e"]
+    for directory, children in sorted(_blocked_ancestors(needed).items()):
+        keep = tempfile.mkdtemp(prefix="ccw-ipc-keep-")
+        keep_dirs.append(keep)
+        lines.append(f"mount --bind {shlex.quote(directory)} {shlex.quote(keep)}")
+        lines.append(f"mount -t tmpfs -o mode=0755 ccw-test {shlex.quote(directory)}")
+        for child in sorted(children):
+            src, dst = os.path.join(keep, child), os.path.join(directory, child)
+            make = "mkdir" if os.path.isdir(os.path.join(directory, child)) else "touch"
+            lines.append(f"{make} {shlex.quote(dst)} && mount --bind {shlex.quote(src)} {shlex.quote(dst)}")
+    lines.append(
+        f"exec setpriv --reuid={uid} --regid={gid} --clear-groups -- {shlex.join(argv)}"
+    )
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", "\n".join(lines)]
+
+
+@pytest.fixture
+def run_as(root_required: None, require: Callable[[bool, str], None]) -> Iterator[Callable[..., Any]]:
+    require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None,
+            "needs setpriv and unshare (util-linux)")
+    keep_dirs: list[str] = []
+
+    def run(uid: int, gid: int, script: str, *args: str, cwd: str = "/") -> Any:
+        argv = [sys.executable, "-c", script, *args]
+        done = subprocess.run(as_user(uid, gid, argv, keep_dirs), cwd=cwd, capture_output=True, timeout=120,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+        assert done.returncode == 0, done.stderr.decode()
+        lines = done.stdout.decode().splitlines()
+        assert len(lines) == 1, done.stdout.decode() + done.stderr.decode()  # nothing else on stdout
+        return json.loads(lines[0])
+
+    yield run
+    for keep in keep_dirs:
+        os.rmdir(keep)
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="ccw-ipc-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+PEER_SCRIPT = r"""
+import json, sys, trio
+from mcp_server.helper import HelperClient
+from sandbox.errors import CcwError
+
+async def main(path, foreign, own_ws, root_ws):
+    client = HelperClient(path)
+    out = {"list": [c["capsule_id"] for c in (await client.request("list", {}))["capsules"]]}
+    calls = [("changes", {"capsule_id": foreign}), ("exec", {"capsule_id": foreign, "argv": ["true"]}),
+             ("fork", {"capsule_id": foreign}), ("destroy", {"capsule_id": foreign}),
+             ("create", {"workspace": root_ws})]
+    for op, args in calls:
+        try:
+            await client.request(op, args)
+            out[op] = "ok"
+        except CcwError as exc:
+            out[op] = exc.code
+    try:
+        await client.open_root(foreign)
+        out["open_root"] = "ok"
+    except CcwError as exc:
+        out["open_root"] = exc.code
+    own = await client.request("create", {"workspace": own_ws})
+    out["own_listed"] = [c["capsule_id"] for c in (await client.request("list", {}))["capsules"]] == [own["capsule_id"]]
+    out["own_destroyed"] = (await client.request("destroy", {"capsule_id": own["capsule_id"]}))["destroyed"]
+    await client.aclose()
+    print(json.dumps(out))
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def start_helper(socket_path: Path, state_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """A root helper; returns the process and its log file once it listens."""
+    log_path = state_dir.parent / "helper.log"
+    ready_r, ready_w = os.pipe()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(state_dir),
+             "--ready-fd", str(ready_w), *extra],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
+        )  # fmt: skip
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as ready:
+        if ready.read(1) != b"1":
+            process.wait(30)
+            raise AssertionError(log_path.read_text())
+    return process, log_path
+
+
+def root_call(path: Path, op: str, args: dict[str, Any]) -> dict[str, Any]:
+    import trio
+
+    from mcp_server.helper import HelperClient
+
+    async def main() -> dict[str, Any]:
+        client = HelperClient(str(path))
+        try:
+            return await client.request(op, args)
+        finally:
+            await client.aclose()
+
+    return trio.run(main)
+
+
+def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], public_dir: Path) -> None:
+    root_ws = public_dir / "root-ws"
+    root_ws.mkdir()
+    (root_ws / "secret.txt").write_text("root's\n")
+    own_ws = public_dir / "other-ws"
+    own_ws.mkdir()
+    os.chown(own_ws, OTHER_UID, OTHER_UID)
+    socket_path = public_dir / "helper.sock"
+    state = public_dir / "state"
+    process, log_path = start_helper(socket_path, state, "--socket-mode", "0666")
+    try:
+        foreign = root_call(socket_path, "create", {"workspace": str(root_ws)})["capsule_id"]
+        out = run_as(OTHER_UID, OTHER_UID, PEER_SCRIPT, str(socket_path), foreign, str(own_ws), str(root_ws))
+        assert out == {
+            "list": [],
+            "changes": "PERMISSION_DENIED",
+            "exec": "PERMISSION_DENIED",
+            "fork": "PERMISSION_DENIED",
+            "destroy": "PERMISSION_DENIED",
+            "create": "PERMISSION_DENIED",  # a root-owned 0755 dir is not the caller's to write
+            "open_root": "PERMISSION_DENIED",
+            "own_listed": True,
+            "own_destroyed": True,
+        }
+        # The owner still has its capsule, untouched.
+        assert [c["capsule_id"] for c in root_call(socket_path, "list", {})["capsules"]] == [foreign]
+        assert root_call(socket_path, "changes", {"capsule_id": foreign}) == {"changes": []}
+        root_call(socket_path, "destroy", {"capsule_id": foreign})
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0, log_path.read_text()
+    assert not socket_path.exists()
+
+
+ROOTLESS_SCRIPT = r"""
+import base64, json, os, sys, trio
+from mcp_server.config import Config
+from mcp_server.helper import connect_or_spawn
+
+async def main(state, ws):
+    client = await connect_or_spawn(Config(state_dir=state))
+    out = {"embedded": client.process is not None}
+    try:
+        hello = await client.hello()
+        out["mode"] = hello["mode"]
+        out["user_namespace"] = hello["mechanisms"]["user_namespace"]
+        capsule = await client.request("create", {"workspace": ws})
+        ran = await client.request("exec", {"capsule_id": capsule["capsule_id"], "argv": ["cat", "data.txt"], "cwd": ws})
+        out["stdout"] = base64.b64decode(ran["stdout_b64"]).decode()
+        out["touched_read"] = ran["touched"]["read"]
+        out["read_reason"] = ran.get("touched_unavailable", {}).get("read")
+        out["changes"] = (await client.request("changes", {"capsule_id": capsule["capsule_id"]}))["changes"]
+        await client.request("destroy", {"capsule_id": capsule["capsule_id"]})
+    finally:
+        await client.aclose()
+    out["helper_exit"] = client.process.process.poll()
+    out["socket_left"] = os.path.exists(os.path.join(state, "helper", "helper.sock"))
+    print(json.dumps(out))
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+@pytest.fixture
+def unprivileged_user(root_required: None, require: Callable[[bool, str], None]) -> Iterator[tuple[int, int]]:
+    """A system user created for the test and deleted after it."""
+    require(shutil.which("useradd") is not None, "needs useradd")
+    name = f"ccwipc{secrets.token_hex(4)}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True)
+    try:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        yield entry.pw_uid, entry.pw_gid
+    finally:
+        subprocess.run(["userdel", name], check=True, capture_output=True)
+
+
+def test_rootless_helper_as_an_unprivileged_user(
+    run_as: Callable[..., Any], unprivileged_user: tuple[int, int], public_dir: Path
+) -> None:
+    uid, gid = unprivileged_user
+    ws = public_dir / "ws"
+    ws.mkdir()
+    (ws / "data.txt").write_text("user data\n")
+    state = public_dir / "state"
+    state.mkdir()
+    for path in (ws, ws / "data.txt", state):
+        os.chown(path, uid, gid)
+    out = run_as(uid, gid, ROOTLESS_SCRIPT, str(state), str(ws), cwd=str(public_dir))
+    assert out["embedded"] is True
+    assert out["mode"] == "rootless" and out["user_namespace"] is True
+    assert out["stdout"] == "user data\n"
+    # fanotify cannot work from a user namespace: no read set, and a reason instead of a guess.
+    assert out["touched_read"] is None and out["read_reason"]
+    assert out["changes"] == []
+    assert out["helper_exit"] == 0 and out["socket_left"] is False
+    # Everything the rootless helper made belongs to the user, not to root.
+    for dirpath, dirnames, filenames in os.walk(state):
+        for name in dirnames + filenames:
+            assert os.lstat(os.path.join(dirpath, name)).st_uid == uid, name
