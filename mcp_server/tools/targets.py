@@ -17,7 +17,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from mcp_server.core import fingerprint
+from mcp_server.core.fingerprint import Fingerprint
 from mcp_server.core.fsview import RootView
+from mcp_server.core.leases import LeaseStore
 from sandbox.errors import CcwError
 
 
@@ -84,6 +87,7 @@ BLOB_ID: dict[str, Any] = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
 MODE: dict[str, Any] = {
     "type": "string",
     "enum": ["worktree", "snapshot"],
+    "default": "worktree",
     "description": "worktree: the live tree (leases); snapshot: an immutable snapshot (snapshot_id).",
 }
 
@@ -140,3 +144,76 @@ def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, 
         "required": [*required, "cache_hint", "lease_id", "fingerprint"],
     }
     return {"type": "object", "oneOf": [immutable, worktree]}
+
+
+# --- live targets (worktree or capsule) and their leases -----------------------------
+
+
+class LiveTarget:
+    """An open worktree or capsule view, with the key its leases are issued under."""
+
+    def __init__(self, view: RootView, key: str, git_root: str, capsule_id: str | None) -> None:
+        self.view = view
+        self.key = key
+        self.git_root = git_root
+        self.capsule_id = capsule_id
+
+    def fingerprint(self) -> Fingerprint:
+        """The live fingerprint of this target (blocking: call from a worker thread)."""
+        return fingerprint.compute(self.git_root)
+
+    def close(self) -> None:
+        """Close the view."""
+        self.view.close()
+
+
+async def open_live(ctx: Any, args: dict[str, Any]) -> LiveTarget:
+    """Open the worktree (or ``capsule_id``'s view) a worktree-mode call acts on.
+
+    git reaches a capsule's view through ``/proc/<our pid>/fd/<root fd>``, so the
+    fingerprint of a capsule is computed on exactly the tree the descriptor names.
+    """
+    capsule_id = args.get("capsule_id")
+    if capsule_id:
+        view = await open_view(ctx, capsule_id=capsule_id)
+        return LiveTarget(view, f"capsule:{capsule_id}", f"/proc/{os.getpid()}/fd/{view.fd}", capsule_id)
+    root = workspace_root(ctx, args.get("workspace"))
+    view = RootView.open(root)
+    # The canonical path of the directory actually opened (symlinks in root resolved).
+    canonical = os.readlink(f"/proc/self/fd/{view.fd}")
+    return LiveTarget(view, f"worktree:{canonical}", canonical, None)
+
+
+def lease_store(ctx: Any) -> LeaseStore:
+    """The lease store of the server's state dir."""
+    return LeaseStore(ctx.state)
+
+
+def worktree_response(payload: dict[str, Any], target: LiveTarget, lease_id: str, fp: Fingerprint) -> dict[str, Any]:
+    """Seed 000 §5 WorktreeResponse: the payload plus cache_hint, lease_id, fingerprint."""
+    out = dict(payload)
+    out["cache_hint"] = "until_dirty"
+    out["lease_id"] = lease_id
+    out["fingerprint"] = fp.to_dict()
+    if target.capsule_id:
+        out["capsule_id"] = target.capsule_id
+    return out
+
+
+def immutable_response(payload: dict[str, Any], snapshot_id: str) -> dict[str, Any]:
+    """Seed 000 §5 ImmutableResponse: the payload plus cache_hint and snapshot_id."""
+    out = dict(payload)
+    out["cache_hint"] = "immutable"
+    out["snapshot_id"] = snapshot_id
+    return out
+
+
+def resolve_mode(args: dict[str, Any]) -> str:
+    """``snapshot`` when asked for (or when a snapshot_id is given), else ``worktree``."""
+    mode = args.get("mode") or ("snapshot" if args.get("snapshot_id") else "worktree")
+    if mode == "snapshot":
+        if not args.get("snapshot_id"):
+            raise CcwError("INVALID_ARGUMENT", "mode 'snapshot' needs snapshot_id; create one with snapshot_create")
+        if args.get("capsule_id") or args.get("lease_id"):
+            raise CcwError("INVALID_ARGUMENT", "capsule_id and lease_id apply to worktree mode only; drop them for mode 'snapshot'")
+    return str(mode)
