@@ -3,7 +3,11 @@
 Witnesses, policies and delta minimisation read it, so it records what is needed to
 re-run and to judge a run: argv, cwd, the environment's keys (never its values: they may
 be secrets), exit status, blake3 of stdout/stderr, usage and touched sets.  Rows are
-append-only; a capsule's execs are numbered from 1 in the order they finished.
+append-only; a capsule's execs are numbered from 1 in the order they finished.  stdin is
+kept (a replay must feed it again); environment values are not.
+
+``capsule_base`` holds, for each path a capsule changed, what the base held there when
+the change was first seen (kind, mode, blake3 or link target, or "absent").
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ CREATE TABLE IF NOT EXISTS execs (
     cwd TEXT NOT NULL,
     env_keys TEXT NOT NULL,
     stdin_blake3 TEXT,
+    stdin_b64 TEXT,
+    timeout_ms INTEGER NOT NULL,
     exit_code INTEGER,
     signal TEXT,
     timed_out INTEGER NOT NULL,
@@ -51,6 +57,12 @@ CREATE TABLE IF NOT EXISTS execs (
     usage TEXT NOT NULL,
     touched TEXT NOT NULL,
     PRIMARY KEY (capsule_id, seq)
+);
+CREATE TABLE IF NOT EXISTS capsule_base (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    path TEXT NOT NULL,
+    state TEXT NOT NULL,
+    PRIMARY KEY (capsule_id, path)
 );
 """
 
@@ -121,6 +133,27 @@ class Journal:
             marks = ", ".join("?" for _ in row)
             db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(row.values()))
             return int(last + 1)
+
+    def record_base(self, capsule_id: str, states: dict[str, str]) -> None:
+        """Remember what the base held at paths the capsule just changed (first record wins).
+
+        Promotion compares these with the live workspace to detect that it moved
+        underneath the capsule (REPO_CHANGED).
+        """
+        with self.state.transaction() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO capsule_base (capsule_id, path, state) VALUES (?, ?, ?)",
+                [(capsule_id, path, state) for path, state in sorted(states.items())],
+            )
+
+    def base_states(self, capsule_id: str) -> dict[str, str]:
+        """Every recorded base state of a capsule, by path."""
+        rows = self.state.execute("SELECT path, state FROM capsule_base WHERE capsule_id = ?", (capsule_id,))
+        return {row["path"]: row["state"] for row in rows}
+
+    def known_paths(self, capsule_id: str) -> set[str]:
+        """Paths with a recorded base state."""
+        return set(self.base_states(capsule_id))
 
     def execs(self, capsule_id: str) -> list[dict[str, Any]]:
         """Every exec of a capsule, in order."""

@@ -27,7 +27,7 @@ from typing import Any
 import blake3
 import trio
 
-from mcp_server.core import unidiff
+from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -211,6 +211,8 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
             "cwd": cwd,
             "env_keys": sorted(request["env"]),
             "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
+            "stdin_b64": request.get("stdin_b64"),
+            "timeout_ms": timeout_ms,
             "exit_code": reply["exit_code"],
             "signal": reply.get("signal"),
             "timed_out": int(bool(reply["timed_out"])),
@@ -224,6 +226,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
             "touched": touched,
         },
     )
+    await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
     return {
         "exit_code": reply["exit_code"],
         "signal": reply.get("signal"),
@@ -242,6 +245,22 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def record_base_states(ctx: ToolContext, record: CapsuleRecord, paths: list[str]) -> None:
+    """Note the base's state at newly changed paths, for promotion's conflict check.
+
+    Called right after each change is seen (an exec, a file tool writing into the
+    capsule): the base cannot be read as it was before the change, so "when first seen"
+    is the closest record there is.
+    """
+    journal = _journal(ctx)
+    known = journal.known_paths(record.capsule_id)
+    fresh = [p for p in paths if p not in known]
+    if not fresh:
+        return
+    with RootView.open(record.base) as base_view:
+        journal.record_base(record.capsule_id, {p: changeset.base_state(base_view, p) for p in fresh})
+
+
 async def _heartbeat(ctx: ToolContext, timeout_ms: int) -> None:
     # Long commands: tell a client that asked for progress that the exec is alive.
     elapsed = 0.0
@@ -251,55 +270,10 @@ async def _heartbeat(ctx: ToolContext, timeout_ms: int) -> None:
         await ctx.progress(elapsed * 1000, float(timeout_ms), f"running for {int(elapsed)} s")
 
 
-def _git_mode(st: os.stat_result) -> int:
-    import stat as stat_mod
-
-    if stat_mod.S_ISLNK(st.st_mode):
-        return 0o120000
-    return 0o100755 if st.st_mode & 0o111 else 0o100644
-
-
-def _side(view: RootView, path: str) -> tuple[bytes | None, int | None]:
-    """Content and git mode of a path in a view; (None, None) if absent or not a file/link."""
-    import stat as stat_mod
-
-    try:
-        st = view.stat(path, follow=False)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            return None, None
-        raise
-    if stat_mod.S_ISLNK(st.st_mode):
-        return os.fsencode(view.readlink(path)), 0o120000
-    if stat_mod.S_ISREG(st.st_mode):
-        return view.read_bytes(path), _git_mode(st)
-    return None, None
-
-
-def _utf8(data: bytes | None) -> bool:
-    if data is None:
-        return True
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
-
-
-def _file_changes(ctx: ToolContext, record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int) -> list[unidiff.FileChange]:
-    out = []
+def _diff_entries(record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int) -> tuple[list[changeset.Entry], list[unidiff.FileChange]]:
     with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
-        for change in changes:
-            if change.get("type") == "dir" and change["kind"] != "type_changed":
-                continue
-            path = change["path"]
-            old, old_mode = _side(base_view, path)
-            new, new_mode = _side(capsule_view, path)
-            if old is None and new is None:
-                continue
-            binary = None if (_utf8(old) and _utf8(new)) else True
-            out.append(unidiff.FileChange(path, old, new, old_mode, new_mode, binary))
-    return out
+        entries = changeset.expand(changes, base_view, capsule_view)
+        return entries, changeset.file_changes(entries, base_view, capsule_view)
 
 
 async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -309,14 +283,10 @@ async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     helper = await ctx.helper()
     changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
     root_fd = await helper.open_root(record.capsule_id)
-    file_changes = await trio.to_thread.run_sync(_file_changes, ctx, record, changes, root_fd)
+    entries, file_changes = await trio.to_thread.run_sync(_diff_entries, record, changes, root_fd)
     files = []
-    summary = {"added": 0, "deleted": 0, "modified": 0}
-    for fc in sorted(file_changes, key=lambda c: c.path.encode()):
+    for fc in file_changes:
         status = "added" if fc.old is None else "deleted" if fc.new is None else "modified"
-        if fc.old == fc.new and fc.old_mode == fc.new_mode:
-            continue
-        summary[status] += 1
         added, removed = unidiff.numstat(fc)
         files.append(
             {
@@ -336,6 +306,7 @@ async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         diff += f"{len(files)} files changed\n"
     else:
         diff = ""
+    summary = changeset.summary(entries)
     result: dict[str, Any] = {"capsule_id": record.capsule_id, "format": fmt, "summary": summary, "diff": diff}
     if fmt == "json":
         result["files"] = files

@@ -1,0 +1,212 @@
+"""From the helper's change list to per-path before/after states, diffs and promotion ops.
+
+The helper reports changes the way overlayfs records them (see sandbox/overlay.py): a
+deleted directory is one entry, an opaque directory hides every base entry below it, a
+type change names only the new type.  Diffs, witnesses and promotion all need the same
+thing instead: for every path that differs, what the base has there and what the capsule
+has there.  ``expand`` computes exactly that, by reading both views (``RootView``s, so
+nothing is followed out of either tree):
+
+- every path the helper names;
+- every base entry below a directory that was deleted, made opaque, or replaced by
+  another type, since those are gone (or replaced) in the capsule.
+
+Then each path's (old, new) pair decides everything, uniformly, whatever overlayfs
+recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_server.core import unidiff
+from mcp_server.core.fsview import RootView, kind_of
+from mcp_server.core.promote import Op
+from sandbox.errors import CcwError
+
+
+@dataclass(frozen=True)
+class Side:
+    """One path's state in one view."""
+
+    kind: str  # file | dir | symlink | other
+    mode: int  # permission bits
+    target: str | None = None  # symlink target
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A path whose base and capsule states differ (``None``: absent on that side)."""
+
+    path: str
+    old: Side | None
+    new: Side | None
+    modified: bool  # for files present on both sides: the bytes differ
+
+
+def _side(view: RootView, path: str) -> Side | None:
+    try:
+        st = view.stat(path, follow=False)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            return None
+        raise
+    kind = kind_of(st.st_mode)
+    target = view.readlink(path) if kind == "symlink" else None
+    return Side(kind, stat_mod.S_IMODE(st.st_mode), target)
+
+
+def _descendants(view: RootView, path: str) -> Iterable[str]:
+    """Every entry below a directory of ``view`` (directories included), depth first."""
+    try:
+        entries = view.listdir(path)
+    except CcwError as exc:
+        if exc.code in ("NOT_FOUND", "INVALID_ARGUMENT"):
+            return
+        raise
+    for name, kind in entries:
+        child = f"{path}/{name}"
+        yield child
+        if kind == "dir":
+            yield from _descendants(view, child)
+
+
+def expand(changes: list[dict[str, Any]], base: RootView, capsule: RootView) -> list[Entry]:
+    """Per-path (old, new) states for a change list, sorted by path bytes."""
+    kinds = {c["path"]: c["kind"] for c in changes}
+    paths = set(kinds)
+    for change in changes:
+        if change["kind"] in ("deleted", "opaque", "type_changed"):
+            old = _side(base, change["path"])
+            if old is not None and old.kind == "dir":
+                paths.update(_descendants(base, change["path"]))
+    out = []
+    for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
+        old = _side(base, path)
+        new = _side(capsule, path)
+        if old is None and new is None:
+            continue
+        modified = kinds.get(path) in ("modified", "added", "type_changed", "opaque")
+        if old is not None and new is not None and old == new and not modified:
+            continue
+        out.append(Entry(path, old, new, modified))
+    return out
+
+
+def _git_mode(side: Side | None) -> int | None:
+    if side is None:
+        return None
+    if side.kind == "symlink":
+        return 0o120000
+    return 0o100755 if side.mode & 0o111 else 0o100644
+
+
+def _content(view: RootView, path: str, side: Side | None) -> bytes | None:
+    if side is None:
+        return None
+    if side.kind == "symlink":
+        return os.fsencode(side.target or "")
+    if side.kind == "file":
+        return view.read_bytes(path)
+    return None
+
+
+def _utf8(data: bytes | None) -> bool:
+    if data is None:
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def file_changes(entries: list[Entry], base: RootView, capsule: RootView) -> list[unidiff.FileChange]:
+    """The files and symlinks among ``entries`` with their bytes, for diffs and witnesses.
+
+    Text that is not UTF-8 is marked binary, so a diff carried in JSON still applies.
+    """
+    out = []
+    for entry in entries:
+        old_is = entry.old is not None and entry.old.kind in ("file", "symlink")
+        new_is = entry.new is not None and entry.new.kind in ("file", "symlink")
+        if not (old_is or new_is):
+            continue
+        old = _content(base, entry.path, entry.old) if old_is else None
+        new = _content(capsule, entry.path, entry.new) if new_is else None
+        old_mode = _git_mode(entry.old) if old_is else None
+        new_mode = _git_mode(entry.new) if new_is else None
+        if old == new and old_mode == new_mode:
+            continue
+        binary = None if (_utf8(old) and _utf8(new)) else True
+        out.append(unidiff.FileChange(entry.path, old, new, old_mode, new_mode, binary))
+    return out
+
+
+def promote_ops(entries: list[Entry]) -> list[Op]:
+    """The operations that make the workspace's paths equal the capsule's."""
+    ops: list[Op] = []
+    for entry in entries:
+        old, new = entry.old, entry.new
+        if new is None:
+            ops.append(Op("delete", entry.path))
+            continue
+        if new.kind == "other":
+            raise CcwError(
+                "UNSUPPORTED",
+                f"{entry.path!r} is a device, socket or fifo in the capsule; such files are not "
+                "promoted. Remove it in the capsule (capsule_exec rm) and promote again",
+                {"path": entry.path},
+            )
+        if old is not None and old.kind != new.kind:
+            ops.append(Op("delete", entry.path))
+            old = None
+        if new.kind == "dir":
+            if old is None:
+                ops.append(Op("mkdir", entry.path, new.mode))
+            elif old.mode != new.mode:
+                ops.append(Op("chmod", entry.path, new.mode))
+        elif new.kind == "symlink":
+            if old is None or old.target != new.target:
+                ops.append(Op("symlink", entry.path, target=new.target))
+        elif old is None or entry.modified:
+            ops.append(Op("write", entry.path, new.mode))
+        elif old.mode != new.mode:
+            ops.append(Op("chmod", entry.path, new.mode))
+    return ops
+
+
+def summary(entries: list[Entry]) -> dict[str, int]:
+    """Counts of added, deleted and modified files and symlinks (directories aside)."""
+    counts = {"added": 0, "deleted": 0, "modified": 0}
+    for entry in entries:
+        old_is = entry.old is not None and entry.old.kind != "dir"
+        new_is = entry.new is not None and entry.new.kind != "dir"
+        if old_is and new_is:
+            counts["modified"] += 1
+        elif new_is:
+            counts["added"] += 1
+        elif old_is:
+            counts["deleted"] += 1
+    return counts
+
+
+def base_state(view: RootView, path: str) -> str:
+    """A path's state as canonical JSON text (kind, mode, blake3 or link target), or "absent"."""
+    import blake3
+
+    from mcp_server.core.canonical import canonical_text
+
+    side = _side(view, path)
+    if side is None:
+        return "absent"
+    state: dict[str, Any] = {"kind": side.kind, "mode": side.mode}
+    if side.kind == "symlink":
+        state["target"] = side.target
+    elif side.kind == "file":
+        state["blake3"] = blake3.blake3(view.read_bytes(path)).hexdigest()
+    return canonical_text(state)

@@ -1,0 +1,529 @@
+"""Witness tools: capsule_witness, witness_verify, witness_list, capsule_replay (seed 003 §4–§5).
+
+A witness packages what a capsule did (see core/witness.py for the format).  Choices:
+
+- ``witness_id`` is ``wit_`` + the first 16 hex digits of the root hash: the same capsule
+  gives the same witness bytes, hence the same id and file.
+- Base files named in the manifest are those the capsule's execs read (the union of
+  their read sets) that exist in the base; with ``include_blobs`` their bytes travel in
+  the witness.  When some exec's read set is unknown (rootless mode), every base file
+  (``.git`` aside) is named instead, so a replay still has everything.
+- A replay rebuilds the base from the blobs into a scratch directory and mounts a fresh
+  capsule over it *at the recorded workspace path*, or, without blobs, uses the live
+  workspace if every named base file still has its recorded hash.  It re-runs each exec
+  with the recorded argv, cwd, stdin and clock offset; environment values come from the
+  replaying server (witnesses record variable names only, never values, which may be
+  secrets).  Exit codes, stdout/stderr hashes and the resulting change set are compared.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mcp_server.core import changeset
+from mcp_server.core import witness as wfmt
+from mcp_server.core.fsview import RootView
+from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.state import State
+from mcp_server.tools.capsule import CAPSULE_ID, _exec_env, _record
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS witnesses (
+    witness_id TEXT PRIMARY KEY,
+    capsule_id TEXT NOT NULL,
+    path TEXT NOT NULL,
+    root_hash TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    compress TEXT NOT NULL,
+    include_blobs INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+"""
+
+WITNESS_ID = {"type": "string", "pattern": "^wit_[0-9a-f]{16}$"}
+_EXEC_FIELDS = (
+    "seq", "argv", "cwd", "env_keys", "exit_code", "signal", "timed_out", "oom_killed",
+    "stdout_blake3", "stderr_blake3", "stdout_bytes", "stderr_bytes", "duration_ms", "usage", "touched", "timeout_ms",
+)
+
+
+def _table(state: State) -> State:
+    state.ensure_schema("witnesses", _DDL)
+    return state
+
+
+# --- building a witness ------------------------------------------------------------
+
+
+class _Sources:
+    """Where each blob's bytes can be read again while the archive is written."""
+
+    def __init__(self, base: RootView, capsule: RootView) -> None:
+        self.base = base
+        self.capsule = capsule
+        self.where: dict[str, tuple[str, str]] = {}  # blob -> (view name, path) or ("bytes", b64)
+        self.inline: dict[str, bytes] = {}
+
+    def add_file(self, view: str, path: str) -> str:
+        data = (self.base if view == "base" else self.capsule).read_bytes(path)
+        name = wfmt.blob_hash(data)
+        self.where.setdefault(name, (view, path))
+        return name
+
+    def add_bytes(self, data: bytes) -> str:
+        name = wfmt.blob_hash(data)
+        self.inline[name] = data
+        return name
+
+    def read(self, name: str) -> bytes:
+        if name in self.inline:
+            return self.inline[name]
+        view, path = self.where[name]
+        return (self.base if view == "base" else self.capsule).read_bytes(path)
+
+
+def _exec_entry(ex: dict[str, Any], sources: _Sources) -> dict[str, Any]:
+    entry = {key: ex[key] for key in _EXEC_FIELDS}
+    stdin = ex.get("stdin_b64")
+    entry["stdin_blob"] = sources.add_bytes(base64.b64decode(stdin)) if stdin is not None else None
+    return entry
+
+
+def build_manifest(
+    record: CapsuleRecord, execs: list[dict[str, Any]], changes: list[dict[str, Any]],
+    base: RootView, capsule: RootView, include_blobs: bool,
+) -> tuple[dict[str, Any], _Sources]:
+    """The manifest of a capsule's witness, and where to read each blob it names."""
+    sources = _Sources(base, capsule)
+    reads: set[str] = set()
+    unknown_reads = False
+    for ex in execs:
+        read = ex["touched"]["read"]
+        if read is None:
+            unknown_reads = True
+        else:
+            reads.update(read)
+    names = (p for p, kind in base.walk("") if kind in ("file", "symlink")) if unknown_reads else reads
+    base_files = []
+    for path in sorted(set(names), key=lambda p: p.encode("utf-8", "surrogateescape")):
+        side = changeset._side(base, path)
+        if side is None or side.kind not in ("file", "symlink"):
+            continue
+        item: dict[str, Any] = {"path": path, "mode": side.mode, "type": side.kind}
+        if side.kind == "symlink":
+            item["target"] = side.target
+        else:
+            item["blob"] = sources.add_file("base", path)
+        base_files.append(item)
+    entries = changeset.expand(changes, base, capsule)
+    change_items = []
+    for entry in entries:
+        new = entry.new
+        item = {
+            "path": entry.path,
+            "status": "added" if entry.old is None else "deleted" if new is None else "modified",
+            "type": new.kind if new else None,
+            "mode": new.mode if new else None,
+            "target": new.target if new and new.kind == "symlink" else None,
+            "blob": sources.add_file("capsule", entry.path) if new and new.kind == "file" else None,
+        }
+        change_items.append(item)
+    manifest = {
+        "format": wfmt.FORMAT,
+        "workspace": record.workspace,
+        "include_blobs": include_blobs,
+        "base": {
+            "fingerprint": record.base_fingerprint,
+            "read_sets_complete": not unknown_reads,
+            "files": base_files,
+        },
+        "capsule": {
+            "clock": record.clock,
+            "clock_offset_sec": record.clock_offset_sec,
+            "env_whitelist": record.env_whitelist,
+            "limits": record.limits,
+            "network": record.network,
+        },
+        "execs": [_exec_entry(ex, sources) for ex in execs],
+        "changes": change_items,
+    }
+    return manifest, sources
+
+
+def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _Sources, compress: str) -> dict[str, Any]:
+    root = wfmt.root_hash(manifest)
+    witness_id = "wit_" + root.split(":", 1)[1][:16]
+    suffix = ".tar.zst" if compress == "zstd" else ".tar"
+    final = state.witnesses_dir / f"{witness_id}{suffix}"
+    fd, tmp = tempfile.mkstemp(dir=state.witnesses_dir, prefix=f".{witness_id}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            written = wfmt.write_archive(manifest, sources.read, out, compress)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    _table(state).execute(
+        "INSERT OR REPLACE INTO witnesses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (witness_id, capsule_id, str(final), written.root_hash, written.size_bytes, compress,
+         int(bool(manifest["include_blobs"])), now),
+    )
+    return {"witness_id": witness_id, "path": str(final), "root_hash": written.root_hash, "size_bytes": written.size_bytes}
+
+
+async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool) -> dict[str, Any]:
+    """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
+    record = _record(ctx, capsule_id)
+    journal = Journal(ctx.state)
+    execs = journal.execs(capsule_id)
+    helper = await ctx.helper()
+    changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
+    root_fd = await helper.open_root(capsule_id)
+
+    def work() -> dict[str, Any]:
+        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs)
+            if not include_blobs:
+                # Only the changed files' blobs travel; base files are named by hash.
+                sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
+            return _write(ctx.state, capsule_id, manifest, sources, compress)
+
+    return await trio.to_thread.run_sync(work)
+
+
+async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Package the capsule's execs and changes as a witness archive."""
+    return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)))
+
+
+# --- reading witnesses ---------------------------------------------------------------
+
+
+def _locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
+    if args.get("witness_id"):
+        rows = _table(state).execute("SELECT path, root_hash FROM witnesses WHERE witness_id = ?", (args["witness_id"],))
+        if not rows:
+            raise CcwError(
+                "NOT_FOUND",
+                f"no witness {args['witness_id']}; call witness_list, or pass `path` to a witness file",
+                {"witness_id": args["witness_id"]},
+            )
+        return Path(rows[0]["path"]), rows[0]["root_hash"]
+    if args.get("path"):
+        return Path(args["path"]), None
+    raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
+
+
+def _verify(path: Path, expected: str | None) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return wfmt.verify(f, expected)
+    except FileNotFoundError:
+        raise CcwError("NOT_FOUND", f"witness file {str(path)!r} does not exist; check the path") from None
+
+
+async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Recompute every hash of a witness and list what does not match."""
+    path, expected = _locate(ctx.state, args)
+    report = await trio.to_thread.run_sync(_verify, path, args.get("root_hash") or expected)
+    return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"]}
+
+
+async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Witnesses made here, newest first."""
+    rows = _table(ctx.state).execute("SELECT * FROM witnesses ORDER BY created_at DESC, witness_id")
+    capsule = args.get("capsule_id")
+    return {
+        "witnesses": [
+            {
+                "witness_id": r["witness_id"], "capsule_id": r["capsule_id"], "path": r["path"],
+                "root_hash": r["root_hash"], "size_bytes": r["size_bytes"], "compress": r["compress"],
+                "include_blobs": bool(r["include_blobs"]), "created_at": r["created_at"],
+            }
+            for r in rows
+            if capsule is None or r["capsule_id"] == capsule
+        ]
+    }
+
+
+# --- replay ----------------------------------------------------------------------------
+
+
+def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: Path) -> None:
+    for item in manifest["base"]["files"]:
+        target = into / item["path"]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if item["type"] == "symlink":
+            os.symlink(item["target"], target)
+        else:
+            target.write_bytes(blobs[item["blob"]])
+            os.chmod(target, item["mode"])
+
+
+def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    problems = []
+    try:
+        view = RootView.open(manifest["workspace"])
+    except CcwError:
+        return [{"path": ".", "problem": "workspace missing"}]
+    with view:
+        for item in manifest["base"]["files"]:
+            side = changeset._side(view, item["path"])
+            if side is None:
+                problems.append({"path": item["path"], "problem": "missing"})
+            elif item["type"] == "symlink":
+                if side.target != item["target"]:
+                    problems.append({"path": item["path"], "problem": "link target differs"})
+            elif side.kind != "file" or wfmt.blob_hash(view.read_bytes(item["path"])) != item["blob"]:
+                problems.append({"path": item["path"], "problem": "content differs"})
+    return problems
+
+
+def _replay_changes(changes: list[dict[str, Any]], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
+    with RootView.from_fd(root_fd) as capsule, RootView.open(base_dir) as base:
+        entries = changeset.expand(changes, base, capsule)
+        out = []
+        for entry in entries:
+            new = entry.new
+            out.append({
+                "path": entry.path,
+                "status": "added" if entry.old is None else "deleted" if new is None else "modified",
+                "type": new.kind if new else None,
+                "mode": new.mode if new else None,
+                "target": new.target if new and new.kind == "symlink" else None,
+                "blob": wfmt.blob_hash(capsule.read_bytes(entry.path)) if new and new.kind == "file" else None,
+            })
+        return out
+
+
+def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:
+    # Only where each path ends up matters: "modified" against the original base and
+    # "added" against a rebuilt base that holds just the files read are the same outcome.
+    return {
+        c["path"]: None if c["status"] == "deleted" else (c["type"], c["mode"], c["target"], c["blob"])
+        for c in changes
+    }
+
+
+def _compare_changes(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    want = _final_states(expected)
+    got = _final_states(actual)
+    out = []
+    for path in sorted(set(want) | set(got), key=lambda p: p.encode("utf-8", "surrogateescape")):
+        if want.get(path) != got.get(path):
+            out.append({"kind": "change", "path": path, "expected": want.get(path), "actual": got.get(path)})
+    return out
+
+
+async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dict[str, Any]:
+    """Verify, rebuild the base, re-run the execs in a fresh capsule and compare."""
+    report = await trio.to_thread.run_sync(_verify, path, expected_root)
+    if not report["ok"]:
+        raise CcwError(
+            "CONFLICT",
+            "the witness failed verification, so it cannot be replayed; see details.problems "
+            "(a tampered or truncated file): make the witness again from its capsule",
+            {"problems": report["problems"]},
+        )
+    manifest, blobs = report["manifest"], report["blobs"]
+    workspace = manifest["workspace"]
+    scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=ctx.state.tmp_dir))
+    helper = await ctx.helper()
+    capsule_id = None
+    try:
+        if manifest["include_blobs"]:
+            base_dir = str(scratch / "base")
+            os.mkdir(base_dir, 0o755)
+            await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, Path(base_dir))
+        else:
+            problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest)
+            if problems:
+                raise CcwError(
+                    "NOT_FOUND",
+                    f"the witness carries no blobs and the live workspace no longer matches its base "
+                    f"({len(problems)} file(s), first {problems[0]['path']}: {problems[0]['problem']}); "
+                    "make the witness with include_blobs: true to replay it anywhere",
+                    {"files": problems},
+                )
+            base_dir = workspace
+        spec = manifest["capsule"]
+        recorded_clock = dt.datetime.fromisoformat(spec["clock"])
+        offset = int((recorded_clock - dt.datetime.now(dt.UTC)).total_seconds())
+        request: dict[str, Any] = {
+            "workspace": workspace, "clock_offset_sec": offset, "env_whitelist": spec["env_whitelist"],
+            "limits": spec["limits"], "network": spec["network"],
+        }
+        if base_dir != workspace:
+            request["base"] = base_dir
+        created = await helper.request("create", request)
+        capsule_id = created["capsule_id"]
+        record = CapsuleRecord(
+            capsule_id=capsule_id, workspace=workspace, base=base_dir, parent=None, created_at="", clock=spec["clock"],
+            clock_offset_sec=offset, env_whitelist=spec["env_whitelist"], limits=spec["limits"], network=spec["network"],
+            isolation={}, mount="", base_fingerprint=None, destroyed_at=None,
+        )
+        mismatches: list[dict[str, Any]] = []
+        cpu_ms = 0
+        cpu_known = True
+        rss_max = None
+        for ex in manifest["execs"]:
+            run: dict[str, Any] = {
+                "capsule_id": capsule_id, "argv": ex["argv"], "cwd": ex["cwd"], "env": _exec_env(record),
+                "timeout_ms": ex.get("timeout_ms") or 300_000,
+            }
+            if spec["limits"]:
+                run["limits"] = spec["limits"]
+            if ex.get("stdin_blob"):
+                run["stdin_b64"] = base64.b64encode(blobs[ex["stdin_blob"]]).decode()
+            reply = await helper.request("exec", run)
+            for stream in ("stdout", "stderr"):
+                actual = wfmt.blob_hash(base64.b64decode(reply[f"{stream}_b64"]))
+                if actual != ex[f"{stream}_blake3"]:
+                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": stream,
+                                       "expected": ex[f"{stream}_blake3"], "actual": actual, "argv": ex["argv"]})
+            for field in ("exit_code", "signal", "timed_out"):
+                if reply.get(field) != ex[field]:
+                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": field,
+                                       "expected": ex[field], "actual": reply.get(field), "argv": ex["argv"]})
+            usage = reply["usage"]
+            if usage.get("cpu_ms") is None:
+                cpu_known = False
+            else:
+                cpu_ms += usage["cpu_ms"]
+            if usage.get("rss_max_kb") is not None:
+                rss_max = max(rss_max or 0, usage["rss_max_kb"])
+        changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
+        root_fd = await helper.open_root(capsule_id)
+        actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
+        mismatches += _compare_changes(manifest["changes"], actual_changes)
+        return {
+            "replay_ok": not mismatches,
+            "root_hash": report["root_hash"],
+            "execs": len(manifest["execs"]),
+            "mismatches": mismatches,
+            "metrics": {"cpu_ms": cpu_ms if cpu_known else None, "rss_max_kb": rss_max},
+        }
+    finally:
+        with trio.CancelScope(shield=True):
+            if capsule_id is not None:
+                with contextlib.suppress(CcwError):
+                    await helper.request("destroy", {"capsule_id": capsule_id})
+            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+
+
+async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Replay a witness and say whether every exec and the change set came out the same."""
+    path, expected = _locate(ctx.state, args)
+    return await replay(ctx, path, expected)
+
+
+_PROBLEMS = {"type": "array", "items": {"type": "object"}}
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_witness",
+        family="witness",
+        title="Make witness",
+        description=(
+            "Package the capsule's runs (argv, exit codes, output hashes, usage, files touched) and "
+            "its changes as a replayable .tar.zst witness; root_hash (blake3) covers every byte."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_id"], "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "compress": {"enum": ["zstd", "none"]},
+                "include_blobs": {"type": "boolean", "description": "Carry the base files the runs read (default true)."},
+            },
+        },
+        output_schema={
+            "type": "object", "required": ["witness_id", "path", "root_hash", "size_bytes"], "additionalProperties": False,
+            "properties": {
+                "witness_id": WITNESS_ID, "path": {"type": "string"},
+                "root_hash": {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}, "size_bytes": {"type": "integer"},
+            },
+        },
+        handler=capsule_witness,
+        scope="exec",
+        aliases=("capsule/witness",),
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="witness_verify",
+        family="witness",
+        title="Verify witness",
+        description="Recompute every hash of a witness (by id or path); problems name each bad blob or field.",
+        input_schema={
+            "type": "object", "additionalProperties": False,
+            "properties": {"witness_id": WITNESS_ID, "path": {"type": "string"}, "root_hash": {"type": "string"}},
+        },
+        output_schema={
+            "type": "object", "required": ["ok", "root_hash", "problems"], "additionalProperties": False,
+            "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": _PROBLEMS},
+        },
+        handler=witness_verify,
+        scope="read",
+        aliases=("witness/verify",),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="witness_list",
+        family="witness",
+        title="List witnesses",
+        description="Witnesses made by this server, newest first (optionally of one capsule).",
+        input_schema={"type": "object", "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
+        output_schema={
+            "type": "object", "required": ["witnesses"], "additionalProperties": False,
+            "properties": {"witnesses": {"type": "array", "items": {"type": "object"}}},
+        },
+        handler=witness_list,
+        scope="read",
+        aliases=("witness/list",),
+        read_only=True,
+        idempotent=True,
+    ),
+    ToolSpec(
+        name="capsule_replay",
+        family="witness",
+        title="Replay witness",
+        description=(
+            "Re-run a witness's commands in a fresh capsule over its recorded base and compare exit "
+            "codes, output hashes and changes; mismatches name the exec and stream that differed."
+        ),
+        input_schema={
+            "type": "object", "additionalProperties": False,
+            "properties": {"witness_id": WITNESS_ID, "path": {"type": "string"}},
+        },
+        output_schema={
+            "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
+            "properties": {
+                "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "execs": {"type": "integer"},
+                "mismatches": _PROBLEMS,
+                "metrics": {
+                    "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
+                    "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},
+                },
+            },
+        },
+        handler=capsule_replay,
+        scope="exec",
+        aliases=("capsule/replay",),
+        read_only=True,
+    ),
+]
