@@ -107,6 +107,7 @@ class ResourceSpec:
 # skipped, so families can land one at a time.
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
+    "mcp_server.tools.promote",
     "mcp_server.tools.policy",
     "mcp_server.tools.witness",
     "mcp_server.tools.snapshot",

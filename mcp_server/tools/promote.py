@@ -1,0 +1,212 @@
+"""capsule_promote: policies first, then an all-or-nothing write into the real tree.
+
+Order of checks, cheapest first, and why:
+1. **Conflicts** (``REPO_CHANGED``): for each path the capsule changed, the base state
+   recorded when the change was first seen must still be the live workspace's state.
+   Otherwise promotion would overwrite someone else's edit; nothing is written and the
+   error names every such path.
+2. **Policies**: paths and resources from the journal (no new runs), then required
+   tests (run in a *fork* of the capsule, so test runs leave the capsule itself as it
+   is and are not promoted), then the replay if a policy requires it (a witness with
+   blobs, replayed in a fresh capsule).
+3. **Write** with core/promote.Promoter: temp files, fsync, journal, renames; recovered
+   on the next start if interrupted.
+
+``dry_run`` runs 1 and 2, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
+``["baseline"]``.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mcp_server.core import changeset
+from mcp_server.core.fsview import RootView
+from mcp_server.core.policy import (
+    CapsuleFacts,
+    CombinedRules,
+    ExecFacts,
+    RequiredTestOutcome,
+    evaluate,
+)
+from mcp_server.core.promote import Promoter
+from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.tools.capsule import CAPSULE_ID, _exec_env, _record
+from mcp_server.tools.policy import POLICY_NAME, PolicyStore
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from mcp_server.tools.witness import make_witness, replay
+from sandbox.errors import CcwError
+
+TEST_TIMEOUT_MS = 600_000
+
+
+def _lineage(journal: Journal, record: CapsuleRecord) -> list[CapsuleRecord]:
+    chain = [record]
+    while chain[-1].parent:
+        parent = journal.capsule(chain[-1].parent)
+        if parent is None:
+            break
+        chain.append(parent)
+    return chain
+
+
+def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry]) -> list[dict[str, Any]]:
+    # A fork's changes include its parents', so their recorded base states count too.
+    recorded: dict[str, str] = {}
+    for capsule in reversed(_lineage(journal, record)):
+        recorded.update(journal.base_states(capsule.capsule_id))
+    out = []
+    with RootView.open(record.workspace) as live:
+        for entry in entries:
+            expected = recorded.get(entry.path)
+            if expected is None:
+                continue
+            actual = changeset.base_state(live, entry.path)
+            if actual != expected:
+                out.append({"path": entry.path, "expected": expected, "actual": actual})
+    return out
+
+
+def _plan(record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int, journal: Journal) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
+    with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+        entries = changeset.expand(changes, base, capsule)
+    return entries, _conflicts(journal, record, entries)
+
+
+def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
+    facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"))
+    for capsule in reversed(_lineage(journal, record)):
+        for ex in journal.execs(capsule.capsule_id):
+            usage = ex["usage"]
+            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb")))
+            read = ex["touched"]["read"]
+            if read is None:
+                facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
+            for path in read or []:
+                facts.paths.setdefault(path, set()).add("read")
+            for path in ex["touched"]["written"]:
+                facts.paths.setdefault(path, set()).add("written")
+    for entry in entries:
+        facts.paths.setdefault(entry.path, set()).add("changed")
+    return facts
+
+
+async def _run_tests(ctx: ToolContext, record: CapsuleRecord, tests: list[str | list[str]]) -> list[RequiredTestOutcome]:
+    if not tests:
+        return []
+    helper = await ctx.helper()
+    fork = await helper.request("fork", {"capsule_id": record.capsule_id})
+    outcomes = []
+    try:
+        for test in tests:
+            argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
+            reply = await helper.request(
+                "exec",
+                {"capsule_id": fork["capsule_id"], "argv": argv, "cwd": record.workspace,
+                 "env": _exec_env(record), "timeout_ms": TEST_TIMEOUT_MS},
+            )
+            tail = base64.b64decode(reply["stderr_b64"])[-2000:].decode("utf-8", "replace")
+            outcomes.append(RequiredTestOutcome(test, reply["exit_code"], bool(reply["timed_out"]), tail))
+    finally:
+        with trio.CancelScope(shield=True):
+            await helper.request("destroy", {"capsule_id": fork["capsule_id"]})
+    return outcomes
+
+
+async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Check policies and conflicts, then write the capsule's changes to the workspace."""
+    record = _record(ctx, args["capsule_id"])
+    names = args.get("policies") or ["baseline"]
+    dry_run = bool(args.get("dry_run"))
+    store = PolicyStore(ctx.state)
+    rules = CombinedRules.combine(store.get(name) for name in names)
+    journal = Journal(ctx.state)
+    helper = await ctx.helper()
+    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+    root_fd = await helper.open_root(record.capsule_id)
+    entries, conflicts = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal)
+    if conflicts:
+        paths = [c["path"] for c in conflicts]
+        raise CcwError(
+            "REPO_CHANGED",
+            f"the workspace changed underneath the capsule at {len(paths)} path(s) ({', '.join(paths[:5])}"
+            f"{', …' if len(paths) > 5 else ''}); nothing was written. Re-create the capsule from the "
+            "current workspace and redo the change, or revert those edits in the workspace",
+            {"paths": paths, "conflicts": conflicts},
+        )
+    facts = _facts(record, journal, entries)
+    tests = await _run_tests(ctx, record, rules.require_tests)
+    replay_ok: bool | None = None
+    replay_details = ""
+    if rules.require_replay_ok:
+        made = await make_witness(ctx, record.capsule_id, "zstd", True)
+        outcome = await replay(ctx, Path(made["path"]), made["root_hash"])
+        replay_ok = bool(outcome["replay_ok"])
+        if not replay_ok:
+            first = outcome["mismatches"][0]
+            replay_details = f"{len(outcome['mismatches'])} mismatch(es), first {first.get('kind')} {first.get('exec', first.get('path'))} {first.get('field', '')}".strip()
+    report = evaluate(rules, facts, tests, replay_ok, replay_details)
+    report["policies"] = list(names)
+    ops = changeset.promote_ops(entries)
+    would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
+    if not report["passed"] or dry_run:
+        return {"promoted": False, "dry_run": dry_run, "applied": [] if not dry_run else would_apply, "policy_report": report}
+    root_fd = await helper.open_root(record.capsule_id)
+
+    def write() -> list[str]:
+        with RootView.from_fd(root_fd) as capsule:
+            return Promoter(ctx.state.root).promote(record.workspace, ops, lambda op: capsule.read_bytes(op.path))
+
+    applied = await trio.to_thread.run_sync(write)
+    return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report}
+
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_promote",
+        family="capsule",
+        title="Promote capsule",
+        description=(
+            "Write the capsule's changes into the real workspace, all or nothing, only if the named "
+            "policies pass (default: baseline) and the workspace did not change underneath the "
+            "capsule (else REPO_CHANGED). dry_run: evaluate and report, write nothing."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_id"], "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "policies": {"type": "array", "items": POLICY_NAME, "maxItems": 16},
+                "dry_run": {"type": "boolean"},
+            },
+        },
+        output_schema={
+            "type": "object", "required": ["promoted", "applied", "policy_report"], "additionalProperties": False,
+            "properties": {
+                "promoted": {"type": "boolean"},
+                "dry_run": {"type": "boolean"},
+                "applied": {"type": "array", "items": {"type": "string"}},
+                "policy_report": {
+                    "type": "object",
+                    "required": ["passed", "tests_ok", "replay_ok", "resource_ok", "paths_ok", "deny_paths",
+                                 "resource_violations", "test_failures", "details"],
+                    "properties": {
+                        "passed": {"type": "boolean"}, "tests_ok": {"type": "boolean"},
+                        "replay_ok": {"type": ["boolean", "null"]}, "resource_ok": {"type": "boolean"},
+                        "paths_ok": {"type": "boolean"}, "deny_paths": {"type": "array", "items": {"type": "string"}},
+                        "resource_violations": {"type": "array"}, "test_failures": {"type": "array"},
+                        "details": {"type": "string"},
+                    },
+                },
+            },
+        },
+        handler=capsule_promote,
+        scope="promote",
+        aliases=("capsule/promote",),
+        destructive=True,
+    ),
+]
