@@ -59,6 +59,7 @@ from sandbox.protocol import (
 log = logging.getLogger("ccw.helper")
 
 RECV_CHUNK = 256 * 1024
+MAX_CONNECTIONS = 256  # one thread each; more are told to retry, not queued without bound
 SUN_PATH_MAX = 107
 OVERFLOW_UID = 65534
 
@@ -280,12 +281,27 @@ class HelperServer:
                 except OSError as exc:  # EMFILE, ECONNABORTED: keep serving the others
                     log.warning("accept failed: %s", exc)
                     continue
+                with self._lock:
+                    full = len(self._connections) >= MAX_CONNECTIONS
+                if full:
+                    self._refuse(conn)
+                    continue
                 thread = threading.Thread(target=self._serve_connection, args=(conn,), daemon=True)
                 with self._lock:
                     self._connections[conn] = thread
                 thread.start()
         finally:
             self._finish()
+
+    def _refuse(self, conn: socket.socket) -> None:
+        busy = CcwError(
+            "UNAVAILABLE",
+            f"the helper is serving {MAX_CONNECTIONS} connections already; close idle ones and retry",
+        )
+        with contextlib.suppress(OSError):
+            conn.setblocking(False)
+            conn.send(encode_error(None, busy))
+        conn.close()
 
     def shutdown(self) -> None:
         """Stop accepting and wind down; safe to call from a signal handler or any thread."""

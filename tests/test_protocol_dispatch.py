@@ -343,6 +343,63 @@ def test_server_survives_client_vanishing_mid_request(served: tuple[str, Manager
     assert raw_exchange(path, encode_request(2, "list", {}))[0].ok
 
 
+def test_shutdown_finishes_in_flight_requests(tmp_path: Path, manager: ManagerDouble) -> None:
+    path = str(tmp_path / "helper.sock")
+    server = HelperServer(path, Dispatcher(manager, "privileged", {}))
+    server.listen()
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    manager.release.clear()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(path)
+        # Two pipelined requests: the first is held inside the manager during shutdown.
+        sock.sendall(encode_request(1, "exec", {"capsule_id": "cap_1", "argv": ["wait"]})
+                     + encode_request(2, "list", {}))
+        while not manager.calls:
+            threading.Event().wait(0.01)
+        server.shutdown()
+        with pytest.raises((ConnectionRefusedError, FileNotFoundError)):  # no longer accepting
+            while True:
+                with socket.socket(socket.AF_UNIX) as late:
+                    late.connect(path)
+                threading.Event().wait(0.01)
+        manager.release.set()
+        decoder = FrameDecoder("reply")
+        while chunk := sock.recv(65536):
+            decoder.feed(chunk)
+        decoder.feed_eof()
+        assert [(r.id, r.ok) for r in decoder.messages()] == [(1, True), (2, True)]
+    thread.join(10)
+    assert not thread.is_alive() and not os.path.exists(path)
+
+
+def test_connections_over_the_limit_are_told_to_retry(
+    served: tuple[str, ManagerDouble], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sandbox.server
+
+    path, _ = served
+    monkeypatch.setattr(sandbox.server, "MAX_CONNECTIONS", 1)
+    with socket.socket(socket.AF_UNIX) as first:
+        first.connect(path)
+        first.sendall(encode_request(1, "list", {}))
+        assert first.recv(65536)  # the first connection is being served
+        with socket.socket(socket.AF_UNIX) as second:
+            second.connect(path)
+            decoder = FrameDecoder("reply")
+            while chunk := second.recv(65536):
+                decoder.feed(chunk)
+            (refused,) = decoder.messages()
+        assert refused.error.code == "UNAVAILABLE"
+    # Once the first is gone, the next is served (its thread may need a moment to end).
+    for _ in range(500):
+        replies = raw_exchange(path, encode_request(2, "list", {}))
+        if replies[0].ok:
+            break
+        threading.Event().wait(0.01)
+    assert replies[0].ok
+
+
 def test_unencodable_frame_in_encode_frame() -> None:
     with pytest.raises(CcwError):
         encode_frame({"x": object()})

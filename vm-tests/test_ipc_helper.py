@@ -9,6 +9,7 @@ losing no capsule data (with the stale socket file left behind); the embedded de
 
 from __future__ import annotations
 
+import base64
 import errno
 import os
 import select
@@ -157,8 +158,6 @@ def test_capsule_lifecycle_through_the_socket(start_helper: Callable[..., Helper
         "cwd": str(workspace),
     })  # fmt: skip
     assert ran["exit_code"] == 0, ran
-    import base64
-
     assert base64.b64decode(ran["stdout_b64"]) == b"VALUE = 1\n"
     assert base64.b64decode(ran["stderr_b64"]) == b"err\n"
 
