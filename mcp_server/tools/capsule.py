@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+from collections.abc import Awaitable
 from typing import Any
 
 import blake3
@@ -195,10 +196,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         request["limits"] = record.limits
     started = _now()
     helper = await ctx.helper()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_heartbeat, ctx, timeout_ms)
-        reply = await helper.request("exec", request)
-        nursery.cancel_scope.cancel()
+    reply = await _with_heartbeat(ctx, timeout_ms, helper.request("exec", request))
     stdout = base64.b64decode(reply["stdout_b64"])
     stderr = base64.b64decode(reply["stderr_b64"])
     usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
@@ -259,6 +257,23 @@ def record_base_states(ctx: ToolContext, record: CapsuleRecord, paths: list[str]
         return
     with RootView.open(record.base) as base_view:
         journal.record_base(record.capsule_id, {p: changeset.base_state(base_view, p) for p in fresh})
+
+
+async def _with_heartbeat(ctx: ToolContext, timeout_ms: int, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    """Await ``work`` while sending progress; its error comes out as itself, not in a group."""
+    result: dict[str, Any] = {}
+    error: Exception | None = None
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_heartbeat, ctx, timeout_ms)
+        try:
+            result = await work
+        except Exception as exc:  # re-raised below, outside the nursery's ExceptionGroup
+            error = exc
+        finally:
+            nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return result
 
 
 async def _heartbeat(ctx: ToolContext, timeout_ms: int) -> None:
