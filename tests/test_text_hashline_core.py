@@ -290,3 +290,31 @@ def test_pasted_tag_with_content_is_accepted_as_anchor() -> None:
 def test_invalid_utf8_suggests_base64() -> None:
     with pytest.raises(CcwError, match="base64"):
         edit(b"\xff\xfe", file_hash(b"\xff\xfe"), [{"op": "delete", "anchor": "1:00"}], "bin")
+
+
+@given(st.text(alphabet="ab \r\n", max_size=60))
+def test_split_and_render_round_trip_any_line_endings(text: str) -> None:
+    doc = split_text(text)
+    assert doc.render() == text
+    assert len(doc.lines) == len(doc.endings)
+    assert all(end in ("\n", "\r\n") for end in doc.endings[:-1])
+
+
+@given(st.text(alphabet="ab\r\n", min_size=1, max_size=40), st.integers(min_value=0, max_value=50))
+def test_insert_then_delete_restores_the_file(text: str, where: int) -> None:
+    data = text.encode()
+    doc = split_text(text)
+    if not doc.lines:
+        return
+    n = where % len(doc.lines) + 1
+    tag = line_tag(doc.lines[n - 1])
+    inserted = edit(data, file_hash(data), [{"op": "insert_after", "anchor": f"{n}:{tag}", "content": "zz-new"}], "f")
+    new_doc = inserted.doc
+    assert new_doc.lines[n] == "zz-new"
+    assert new_doc.final_newline == doc.final_newline
+    back = edit(inserted.text.encode(), file_hash(inserted.text.encode()),
+                [{"op": "delete", "anchor": f"{n + 1}:{line_tag('zz-new')}"}], "f")
+    if doc.final_newline or n < len(doc.lines):
+        # The inserted line took the file's dominant ending; all others kept theirs.
+        assert back.doc.lines == doc.lines
+        assert back.doc.final_newline == doc.final_newline

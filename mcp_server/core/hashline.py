@@ -40,7 +40,7 @@ import hashlib
 import itertools
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,6 +117,35 @@ def tags(lines: Sequence[str]) -> list[str]:
     return [_HEX[h] for h in out]
 
 
+class LazyTags(Sequence[str]):
+    """Tags of a document's lines, computed one at a time until all are needed.
+
+    An edit whose anchors all match exactly needs only the anchored lines' tags; the
+    whole list is computed (once) only to find a moved line or to explain a failure.
+    """
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self._lines = lines
+        self._all: list[str] | None = None
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+    def __getitem__(self, index: Any) -> Any:
+        if self._all is None and isinstance(index, int):
+            return line_tag(self._lines[index])
+        return self.all()[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.all())
+
+    def all(self) -> list[str]:
+        """Every tag, computed on first use."""
+        if self._all is None:
+            self._all = tags(self._lines)
+        return self._all
+
+
 def file_hash(data: bytes) -> str:
     """sha256 hex of a file's bytes (seed 002's ``file_hash``, seed 004's ``hash``)."""
     return hashlib.sha256(data).hexdigest()
@@ -137,6 +166,12 @@ class TextDoc:
 
     def render(self) -> str:
         """The text again, byte for byte what ``split_text`` was given if nothing changed."""
+        if not self.lines:
+            return ""
+        last = self.endings[-1]
+        same = self.endings.count(self.eol)
+        if same == len(self.endings) or (same == len(self.endings) - 1 and last == ""):
+            return self.eol.join(self.lines) + last  # every ending is the same one
         return "".join(line + end for line, end in zip(self.lines, self.endings, strict=True))
 
 
@@ -144,12 +179,20 @@ def split_text(text: str) -> TextDoc:
     """Split on LF only (never on other Unicode line breaks); a CR before LF is the ending."""
     if text == "":
         return TextDoc([], [])
-    pieces = text.split("\n")
-    final = pieces[-1] == ""
-    if final:
-        pieces.pop()
-    lines: list[str] = []
-    endings: list[str] = []
+    final = text.endswith("\n")
+    body = text[:-1] if final else text
+    if "\r" not in text:  # the common case, without a per-line loop
+        lines = body.split("\n")
+        endings = ["\n"] * len(lines)
+        if not final:
+            endings[-1] = ""
+        return TextDoc(lines, endings, "\n")
+    if final and body.endswith("\r") and text.count("\r") == text.count("\r\n") == text.count("\n"):
+        lines = body[:-1].split("\r\n")  # uniformly CRLF
+        return TextDoc(lines, ["\r\n"] * len(lines), "\r\n")
+    pieces = body.split("\n")
+    lines = []
+    endings = []
     crlf = 0
     for piece in pieces:
         if piece.endswith("\r"):
@@ -442,36 +485,35 @@ def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> tuple[TextDoc, lis
     Also returns where each change landed in the new document: 0-based half-open line
     spans (empty for a delete), in file order, so a caller can show the fresh tags there.
     """
-    inserts = {c.gap: c.op.content or [] for c in changes if c.gap >= 0}
-    spans = {c.first: c for c in changes if c.gap < 0}
+    # (position in the original, order at that position, lines to put, original lines to skip)
+    edits: list[tuple[int, int, list[str], int]] = []
+    for c in changes:
+        if c.gap >= 0:
+            edits.append((c.gap, 0, c.op.content or [], 0))
+        else:
+            new = (c.op.content or []) if c.op.kind in ("replace", "replace_range") else []
+            edits.append((c.first - 1, 1, new, c.last - c.first + 1))
+    edits.sort(key=lambda e: (e[0], e[1]))
+    eol = doc.eol
+    old_endings = doc.endings
+    if old_endings and old_endings[-1] == "":
+        old_endings = [*old_endings[:-1], eol]  # the last line may stop being last
     lines: list[str] = []
     endings: list[str] = []
     regions: list[tuple[int, int]] = []
-    eol = doc.eol
-    n = len(doc.lines)
-    i = 0  # 0-based index of the next original line
-    while True:
-        if i in inserts:
-            new = inserts[i]
-            regions.append((len(lines), len(lines) + len(new)))
-            lines.extend(new)
-            endings.extend([eol] * len(new))
-        if i >= n:
-            break
-        span = spans.get(i + 1)
-        if span is None:
-            lines.append(doc.lines[i])
-            endings.append(doc.endings[i] or eol)
-            i += 1
-            continue
-        new = (span.op.content or []) if span.op.kind in ("replace", "replace_range") else []
+    pos = 0
+    for at, _, new, skip in edits:
+        lines += doc.lines[pos:at]
+        endings += old_endings[pos:at]
         regions.append((len(lines), len(lines) + len(new)))
-        lines.extend(new)
-        endings.extend([eol] * len(new))
-        i = span.last
+        lines += new
+        endings += [eol] * len(new)
+        pos = at + skip
+    lines += doc.lines[pos:]
+    endings += old_endings[pos:]
     if endings:
         # Keep the file's final-newline state; an empty file gets one (nothing to keep).
-        endings[-1] = (endings[-1] or eol) if (doc.final_newline or not doc.lines) else ""
+        endings[-1] = endings[-1] if (doc.final_newline or not doc.lines) else ""
     return TextDoc(lines, endings, eol), regions
 
 
@@ -504,7 +546,7 @@ def edit(data: bytes, expected_hash: str, raw_ops: Sequence[dict[str, Any] | str
         raise CcwError("INVALID_ARGUMENT", "ops is empty; give at least one op.", {"path": path})
     ops = [parse_op(raw, i) for i, raw in enumerate(raw_ops)]
     doc = split_text(decode_text(data, path))
-    tag_list = tags(doc.lines)
+    tag_list = LazyTags(doc.lines)
     check_file_hash(expected_hash, data, doc, tag_list, ops, path)
     changes = resolve_ops(ops, doc, tag_list)
     new_doc, regions = apply_changes(doc, changes)

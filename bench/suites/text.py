@@ -1,0 +1,280 @@
+"""``python bench/run.py text``: hashline read and edit beside the reference filesystem server.
+
+One 10,000-line file.  Measured with the SDK's own client (``mcp.Client``), in one run:
+
+- ccw ``read_text_file`` and one ``edit_text_file`` (a single-line ``replace`` by anchor)
+  over the unix socket (``MCP_ENDPOINT=socket``) and over stdio;
+- ``@modelcontextprotocol/server-filesystem``'s ``read_text_file`` and ``edit_file``
+  (the same one-line change, as ``oldText``/``newText``) over stdio, when installed with
+  ``npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem``.
+
+Each figure is the median round trip of a ``tools/call`` on an already-initialised
+session.  "bytes" are what the agent receives (the text content of the result) and what
+it must send (the arguments).  The edit toggles one line back and forth so every call
+does real work; ccw's next ``file_hash`` comes from the previous edit's result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import trio
+
+from bench.common import Report, Row
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
+REFERENCE = ROOT / ".cache" / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+LINES = 10_000
+TARGET_LINE = 5_000
+
+
+def _make_file(directory: Path) -> Path:
+    path = directory / "big.py"
+    body = "".join(f"    value_{i} = compute({i}, name='item-{i}')  # line {i + 1}\n" for i in range(LINES))
+    path.write_text("def main():\n" + body)
+    return path
+
+
+@asynccontextmanager
+async def _unix_transport(socket_path: str) -> AsyncIterator[Any]:
+    """A client transport for ccw's NDJSON unix socket (the SDK has none)."""
+    import mcp_types as types
+    from mcp.shared.message import SessionMessage
+
+    stream = await anyio.connect_unix(socket_path)
+    to_session, read_stream = anyio.create_memory_object_stream[Any](16)
+    write_stream, from_session = anyio.create_memory_object_stream[Any](16)
+
+    async def reader() -> None:
+        buffer = b""
+        async with to_session:
+            try:
+                while True:
+                    chunk = await stream.receive(1 << 20)
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+                            await to_session.send(SessionMessage(message))
+            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+
+    async def writer() -> None:
+        async with from_session:
+            async for session_message in from_session:
+                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                await stream.send(data.encode() + b"\n")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(reader)
+        group.start_soon(writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            await stream.aclose()
+            group.cancel_scope.cancel()
+
+
+class _Transport:
+    def __init__(self, socket_path: str) -> None:
+        self._cm = _unix_transport(socket_path)
+
+    async def __aenter__(self) -> Any:
+        return await self._cm.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._cm.__aexit__(*exc)
+
+
+def _text_bytes(result: Any) -> int:
+    return sum(len(c.text.encode()) for c in result.content if getattr(c, "text", None) is not None)
+
+
+async def _median(call: Callable[[], Awaitable[Any]], repeat: int) -> tuple[float, Any]:
+    last = await call()  # warm-up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        last = await call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000.0, last
+
+
+async def _ccw_session(client: Any, path: Path, repeat: int) -> dict[str, Any]:
+    read_args = {"path": str(path)}
+    read_ms, read = await _median(lambda: client.call_tool("read_text_file", read_args), repeat)
+    assert read.is_error is not True, read
+    content = read.structured_content
+    row = content["content"].split("\n")[TARGET_LINE]
+    anchor = row.split("|", 1)[0]
+    original = row.split("|", 1)[1]
+    state = {"hash": content["file_hash"], "anchor": anchor, "flip": False, "args": {}}
+
+    async def edit() -> Any:
+        text = original if state["flip"] else original + "  # edited"
+        args = {"path": str(path), "file_hash": state["hash"], "ops": [{"op": "replace", "anchor": state["anchor"], "content": text}]}
+        result = await client.call_tool("edit_text_file", args)
+        assert result.is_error is not True, result
+        state["hash"] = result.structured_content["file_hash"]
+        # The edited line's fresh tag comes back in the result: no re-read needed.
+        prefix = f"{TARGET_LINE + 1}:"
+        state["anchor"] = next(r for r in result.structured_content["context"] if r.startswith(prefix)).split("|", 1)[0]
+        state["flip"] = not state["flip"]
+        state["args"] = args
+        return result
+
+    edit_ms, edited = await _median(edit, repeat)
+    return {
+        "read_ms": read_ms, "read_bytes": _text_bytes(read),
+        "edit_ms": edit_ms, "edit_bytes": _text_bytes(edited),
+        "edit_args_bytes": len(json.dumps(state["args"])),
+    }
+
+
+async def _reference_session(client: Any, path: Path, repeat: int) -> dict[str, Any]:
+    read_args = {"path": str(path)}
+    read_ms, read = await _median(lambda: client.call_tool("read_text_file", read_args), repeat)
+    assert read.is_error is not True, read
+    original = path.read_text().split("\n")[TARGET_LINE]
+    state = {"flip": False, "args": {}}
+
+    async def edit() -> Any:
+        old, new = (original + "  # edited", original) if state["flip"] else (original, original + "  # edited")
+        args = {"path": str(path), "edits": [{"oldText": old, "newText": new}]}
+        result = await client.call_tool("edit_file", args)
+        assert result.is_error is not True, result
+        state["flip"] = not state["flip"]
+        state["args"] = args
+        return result
+
+    edit_ms, edited = await _median(edit, repeat)
+    return {
+        "read_ms": read_ms, "read_bytes": _text_bytes(read),
+        "edit_ms": edit_ms, "edit_bytes": _text_bytes(edited),
+        "edit_args_bytes": len(json.dumps(state["args"])),
+    }
+
+
+def _ccw_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+    env.update(
+        CCW_STATE_DIR=str(tmp / "state"), MCP_READY_FILE=str(tmp / "mcp.ready"),
+        CCW_TOOLSETS="text,file", CCW_WORKSPACE=str(tmp / "ws"), **extra,
+    )
+    return env
+
+
+def _start_socket_server(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    sock = str(tmp / "mcp.sock")
+    proc = subprocess.Popen(
+        [str(CCW_MCP)], env=_ccw_env(tmp, MCP_ENDPOINT="socket", MCP_SOCKET_PATH=sock),
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp / "mcp.ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError("ccw-mcp (socket) did not become ready")
+        time.sleep(0.02)
+    return proc, sock
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run(quick: bool = False) -> Report:
+    """Measure ccw (socket and stdio) and the reference server on the same file."""
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    repeat = 5 if quick else 30
+    report = Report("text")
+    tmp = Path(tempfile.mkdtemp(prefix="ccw-bench-text-"))
+    try:
+        ws = tmp / "ws"
+        ws.mkdir()
+        ccw_file = _make_file(ws)
+        ref_dir = tmp / "ref"
+        ref_dir.mkdir()
+        ref_file = _make_file(ref_dir)
+        results: dict[str, dict[str, Any]] = {}
+
+        proc, sock = _start_socket_server(tmp)
+        try:
+            async def over_socket() -> None:
+                async with Client(_Transport(sock), mode="legacy") as client:
+                    results["socket"] = await _ccw_session(client, ccw_file, repeat)
+
+            trio.run(over_socket)
+        finally:
+            _stop(proc)
+
+        async def over_stdio() -> None:
+            params = StdioServerParameters(command=str(CCW_MCP), env=_ccw_env(tmp))
+            async with Client(params, mode="legacy") as client:
+                results["stdio"] = await _ccw_session(client, ccw_file, repeat)
+
+        trio.run(over_stdio)
+
+        node = shutil.which("node")
+        if node and REFERENCE.exists():
+            async def reference() -> None:
+                params = StdioServerParameters(command=node, args=[str(REFERENCE), str(ref_dir.resolve())])
+                async with Client(params, mode="legacy") as client:
+                    results["reference"] = await _reference_session(client, ref_file.resolve(), repeat)
+
+            trio.run(reference)
+        else:
+            report.notes.append(
+                "reference server not installed: npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem"
+            )
+        ref = results.get("reference")
+        for op, ref_tool in (("read", "read_text_file"), ("edit", "edit_file")):
+            for transport in ("socket", "stdio"):
+                ours = results[transport]
+                extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
+                if op == "edit":
+                    extra["ccw bytes sent (args)"] = ours["edit_args_bytes"]
+                if ref:
+                    extra["reference bytes returned"] = ref[f"{op}_bytes"]
+                    if op == "edit":
+                        extra["reference bytes sent (args)"] = ref["edit_args_bytes"]
+                report.add(Row(
+                    name=f"{op}_text_file {LINES} lines ({transport})" if op == "read" else f"edit_text_file 1 line, {LINES} lines ({transport})",
+                    ccw_ms=ours[f"{op}_ms"],
+                    baseline=f"server-filesystem {ref_tool}" if ref else "",
+                    baseline_ms=ref[f"{op}_ms"] if ref else None,
+                    target="<= 1x",
+                    extra=extra,
+                ))
+        report.notes.append(
+            f"median of {repeat} tools/call round trips per figure, SDK client, one session each; "
+            "reference over stdio (it has no socket transport)"
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return report
+
+
+if __name__ == "__main__":
+    print(run(quick="--quick" in sys.argv).to_text())
