@@ -41,10 +41,13 @@ LINES = 10_000
 TARGET_LINE = 5_000
 
 
+def _line(i: int) -> str:
+    return f"    value_{i} = compute({i}, name='item-{i}')  # line {i + 1}"
+
+
 def _make_file(directory: Path) -> Path:
     path = directory / "big.py"
-    body = "".join(f"    value_{i} = compute({i}, name='item-{i}')  # line {i + 1}\n" for i in range(LINES))
-    path.write_text("def main():\n" + body)
+    path.write_text("def main():\n" + "".join(_line(i) + "\n" for i in range(LINES)))
     return path
 
 
@@ -149,7 +152,7 @@ async def _reference_session(client: Any, path: Path, repeat: int) -> dict[str, 
     read_args = {"path": str(path)}
     read_ms, read = await _median(lambda: client.call_tool("read_text_file", read_args), repeat)
     assert read.is_error is not True, read
-    original = path.read_text().split("\n")[TARGET_LINE]
+    original = _line(TARGET_LINE - 1)  # file line TARGET_LINE + 1, as in _ccw_session
     state = {"flip": False, "args": {}}
 
     async def edit() -> Any:
