@@ -1,0 +1,575 @@
+"""Run one command in a namespace jail: the list of steps, the init, the output capture.
+
+The process tree of one exec::
+
+    helper thread ── fork ─▶ jail parent   host pid ns; waits for the sync byte (the helper
+                                           puts it in the exec's cgroup meanwhile), unshares
+                                └ fork ─▶ jail init     pid 1: builds the root (``contain``),
+                                                        forwards signals, reaps, reports
+                                             └ fork ─▶ command   drops every privilege, execs
+
+Choices made here (DESIGN §2 leaves them open):
+
+- The command's exit ends the jail: when it exits, the init exits with its status and
+  the kernel kills whatever else still runs in the pid namespace (background jobs,
+  daemons).  The same happens on timeout, when the helper SIGKILLs the init (and the
+  jail parent, whose death the init follows through PDEATHSIG) and the exec's cgroup.
+- Failures of the jail's own steps (a mount, chdir to a missing cwd) raise CcwError
+  naming the step; a command that cannot be executed is a *result*, exit code 127
+  (not found) or 126 (not executable) with a shell-like message on stderr.
+- stdin is a memfd holding ``spec.stdin`` (or /dev/null): no writer thread, no deadlock
+  however large it is.  stdout and stderr are pipes drained to the end; bytes past
+  ``output_cap`` are counted and dropped, so the command never blocks on a full pipe.
+- The children forked from the (multi-threaded) helper use only os, ctypes and
+  C-level modules (prctl, signal, fcntl, socket, resource): no logging, no locks.  Every
+  path in them ends in ``os._exit``, never back in the helper's code.
+- Messages from the children to the helper go over one pipe, each a single write
+  shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
+  ``W`` the command's wait status (from the init), ``A`` the init's wait status.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import resource
+import select
+import signal
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
+
+import prctl
+
+from sandbox import mounts, namespaces, syscalls
+from sandbox.errors import CcwError, from_oserror
+
+if TYPE_CHECKING:
+    from sandbox.cgroups import ExecCgroup
+
+_FD_SYNC, _FD_REPORT = 3, 4  # in the jail parent; 0-2 are the command's stdio
+_SETUP_FAILED = 125
+_KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
+_READ_CHUNK = 1 << 16
+_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
+                      signal.SIGUSR1, signal.SIGUSR2)
+_FORBIDDEN_WORKSPACES = ("/proc", "/dev", "/sys", mounts.OLD_ROOT)
+# Reset in the command: Python ignores SIGPIPE and SIGXFSZ, and ignoring survives exec.
+_DEFAULT_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
+
+
+@dataclass
+class JailSpec:
+    """One command to run, and the capsule it runs in."""
+
+    merged_dir: str  # the capsule's overlay merged view (path in the helper's mount ns)
+    workspace: str  # absolute path at which the merged view is bound read-write inside the jail
+    tmp_dir: str  # becomes /tmp; persists across execs of the capsule
+    home_dir: str  # becomes $HOME (env["HOME"]); persists across execs
+    argv: list[str]
+    cwd: str  # inside the jail
+    env: dict[str, str]  # final: exactly what the command sees
+    stdin: bytes | None = None
+    timeout_ms: int = 300_000
+    output_cap: int = 1 << 20  # bytes kept per stream
+    uid: int = 0
+    gid: int = 0
+    clock_offset_sec: int = 0
+    hostname: str = "ccw"
+    network: str = "none"  # "none": an empty network namespace with lo up
+
+
+@dataclass
+class JailResult:
+    """How the command ended and what it printed."""
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    duration_ms: int
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything the forked children need, computed in the helper."""
+
+    ns: namespaces.NamespacePlan
+    mount_steps: list[mounts.MountStep]
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    uid: int
+    gid: int
+    set_uid: bool
+    set_gid: bool
+    clear_groups: bool
+    last_cap: int
+
+
+@dataclass
+class _Stream:
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.total += len(chunk)
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 63
+
+
+_LAST_CAP = _last_cap()
+
+
+def _invalid(message: str, **details: object) -> CcwError:
+    return CcwError("INVALID_ARGUMENT", message, dict(details))
+
+
+def _check_spec(spec: JailSpec) -> None:
+    if not spec.argv or not all(isinstance(arg, str) and "\0" not in arg for arg in spec.argv):
+        raise _invalid("argv must be a non-empty list of strings without NUL bytes")
+    for key, value in spec.env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise _invalid(f"env name {key!r} or its value is not valid; names need no '=' or NUL")
+    workspace = spec.workspace
+    if not os.path.isabs(workspace) or os.path.normpath(workspace) != workspace or workspace == "/":
+        raise _invalid(f"workspace {workspace!r} must be a normalised absolute path other than '/'")
+    if any(mounts._under(workspace, p) for p in _FORBIDDEN_WORKSPACES) or workspace in ("/tmp", spec.env.get("HOME")):
+        raise _invalid(f"workspace {workspace!r} collides with a path the jail mounts itself (/proc, /dev, /sys, /tmp, $HOME)")
+    if not os.path.isabs(spec.cwd):
+        raise _invalid(f"cwd {spec.cwd!r} must be absolute (a path inside the jail)")
+    for name in ("merged_dir", "tmp_dir", "home_dir"):
+        path = getattr(spec, name)
+        if not os.path.isdir(path):
+            raise CcwError("NOT_FOUND", f"{name} {path!r} is not a directory; create the capsule's dirs first", {"path": path})
+    if spec.network != "none":
+        raise CcwError("UNSUPPORTED", f"network {spec.network!r} is not supported; use 'none'")
+    if not 0 < len(spec.hostname.encode()) <= 64 or "\0" in spec.hostname:
+        raise _invalid("hostname must be 1 to 64 bytes")
+    if spec.timeout_ms <= 0 or spec.output_cap < 0 or spec.uid < 0 or spec.gid < 0:
+        raise _invalid("timeout_ms must be > 0; output_cap, uid and gid must be >= 0")
+
+
+def prepare(spec: JailSpec) -> _Plan:
+    """Check the spec and compute the jail's plan (mounts, namespaces, credentials)."""
+    _check_spec(spec)
+    ns = namespaces.prepare(spec.clock_offset_sec, spec.hostname, spec.env)
+    home = spec.env.get("HOME")
+    steps = mounts.prepare(
+        merged_dir=spec.merged_dir,
+        workspace=spec.workspace,
+        tmp_dir=spec.tmp_dir,
+        home=home if home and os.path.isabs(home) else None,
+        home_dir=spec.home_dir,
+    )
+    uid_ranges, gid_ranges = namespaces.read_id_maps()
+    return _Plan(
+        ns=ns,
+        mount_steps=steps,
+        argv=list(spec.argv),
+        env={**spec.env, **ns.extra_env},
+        cwd=spec.cwd,
+        uid=spec.uid,
+        gid=spec.gid,
+        # Rootless: an id with no mapping in our user namespace cannot be switched to.
+        set_uid=namespaces.is_mapped(spec.uid, uid_ranges),
+        set_gid=namespaces.is_mapped(spec.gid, gid_ranges),
+        clear_groups=namespaces.setgroups_allowed(),
+        last_cap=_LAST_CAP,
+    )
+
+
+# --- the children (forked; os, ctypes and C modules only) --------------------------------
+
+
+def _send(kind: bytes, payload: bytes) -> None:
+    message = kind + payload[:3000]
+    os.write(_FD_REPORT, struct.pack("!H", len(message)) + message)
+
+
+def _fail(step: str, exc: BaseException) -> NoReturn:
+    number = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
+    try:
+        _send(b"E", f"{step}\0{number}\0{text}".encode(errors="replace"))
+    finally:
+        os._exit(_SETUP_FAILED)
+
+
+def _arrange_fds(stdin: int, stdout: int, stderr: int, sync: int, report: int) -> None:
+    # Copy above any target first, so no dup2 clobbers a descriptor still to be moved.
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (stdin, stdout, stderr, sync, report)]
+    for target, fd in enumerate(high):
+        os.dup2(fd, target, inheritable=target <= 2)
+    syscalls.close_range(5)  # every descriptor of the helper: sockets, fanotify, capsule dirs
+
+
+def _jail_child(plan: _Plan, fds: tuple[int, int, int, int, int], is_init: bool) -> NoReturn:
+    """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init."""
+    try:
+        _arrange_fds(*fds)
+        prctl.set_pdeathsig(signal.SIGKILL)  # the helper's thread blocks in run() until we end
+        if os.read(_FD_SYNC, 1) != b"1":
+            os._exit(1)  # the helper gave up (cgroup.enter failed)
+        os.close(_FD_SYNC)
+        if not is_init:  # rootless fallback: unshare the pid namespace here, fork its init
+            try:
+                syscalls.unshare(syscalls.CLONE_NEWPID)
+            except OSError as exc:
+                _fail("unshare pid namespace", exc)
+            init = os.fork()
+            if init:
+                _send(b"P", struct.pack("!i", init))
+                os.closerange(0, 3)  # only the jail holds the output pipes now
+                _, status = os.waitpid(init, 0)
+                _send(b"A", struct.pack("!i", status))
+                os._exit(0)
+            prctl.set_pdeathsig(signal.SIGKILL)  # this process's death ends the namespace
+        _jail_init(plan)
+    except BaseException as exc:
+        _fail("jail child", exc)
+
+
+def contain(plan: _Plan) -> None:
+    """Build the jail, step by step, in the jail's init (nsjail's containProc)."""
+    _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
+    for mount_step in plan.mount_steps:  # private → root → system → capsule → proc → sys → dev → seal
+        _step(mount_step.describe(), mounts.enter, mount_step)
+    _step("sethostname", namespaces.set_hostname, plan.ns.hostname)
+    _step("lo up", namespaces.loopback_up)
+    if plan.ns.timens_offsets is not None:
+        _step("time namespace", namespaces.enter_time, plan.ns.timens_offsets)
+    _step("drop privileges", drop_privileges, plan)
+    _step(f"chdir {plan.cwd}", os.chdir, plan.cwd)
+
+
+def _step(name: str, action: Callable[..., object], *args: object) -> None:
+    try:
+        action(*args)
+    except OSError as exc:
+        _fail(name, exc)
+
+
+def drop_privileges(plan: _Plan) -> None:
+    """Caller's uid/gid, no capabilities in any set, no_new_privs, PDEATHSIG, no core dumps."""
+    for cap in range(plan.last_cap + 1):
+        prctl.capbset_drop(cap)  # needs CAP_SETPCAP, so before the uid changes
+    if plan.clear_groups:
+        os.setgroups([])
+    if plan.set_gid:
+        os.setresgid(plan.gid, plan.gid, plan.gid)
+    if plan.set_uid:
+        os.setresuid(plan.uid, plan.uid, plan.uid)
+    syscalls.capset_clear()  # uid 0 keeps its sets through setresuid; empty them all
+    prctl.set_no_new_privs(1)
+    # The init keeps the report pipe: a non-dumpable process cannot be ptraced, nor its
+    # /proc/1/fd opened, by the command running under the same uid.
+    prctl.set_dumpable(0)
+    prctl.set_pdeathsig(signal.SIGKILL)  # after the credential change, which clears it
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _spawn(plan: _Plan) -> int:
+    """posix_spawn the command as the init's child (vfork: no second Python fork); PATH as execvp."""
+    name = plan.argv[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = plan.env.get("PATH", os.defpath)
+        candidates = [os.path.join(directory or ".", name) for directory in path.split(":")]
+    denied: OSError | None = None
+    for candidate in candidates:
+        try:
+            return os.posix_spawn(candidate, plan.argv, plan.env, setsid=True,
+                                  setsigdef=_DEFAULT_SIGNALS, setsigmask=())
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENAMETOOLONG):
+                continue
+            if exc.errno == errno.EACCES:
+                denied = denied or exc
+                continue
+            raise
+    if denied is not None:
+        raise denied
+    raise FileNotFoundError(errno.ENOENT, "command not found" if "/" not in name else "No such file or directory")
+
+
+def _jail_init(plan: _Plan) -> NoReturn:
+    """pid 1: build the jail, spawn the command, forward signals, reap until it ends."""
+    contain(plan)
+    try:
+        command = _spawn(plan)
+    except OSError as exc:
+        # Like a shell: 127 when there is nothing to run, 126 when it cannot be run.
+        code = 127 if exc.errno == errno.ENOENT else 126
+        os.write(2, f"ccw: {plan.argv[0]}: {exc.strerror}\n".encode(errors="replace"))
+        _send(b"W", struct.pack("!i", code << 8))
+        os._exit(0)
+    os.closerange(0, 3)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            os.kill(command, signum)
+        except OSError:
+            pass
+
+    for signum in _FORWARDED_SIGNALS:
+        signal.signal(signum, forward)
+    while True:
+        pid, status = os.waitpid(-1, 0)  # reaps orphans too: we are their init
+        if pid == command:
+            break
+    _send(b"W", struct.pack("!i", status))
+    os._exit(0)
+
+
+# --- the helper's side ----------------------------------------------------------------
+
+
+def _stdin_fd(data: bytes | None) -> int:
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.memfd_create("ccw-stdin", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def _parse_reports(raw: bytes) -> list[tuple[bytes, bytes]]:
+    messages = []
+    offset = 0
+    while offset + 2 <= len(raw):
+        (length,) = struct.unpack_from("!H", raw, offset)
+        body = raw[offset + 2 : offset + 2 + length]
+        messages.append((body[:1], body[1:]))
+        offset += 2 + length
+    return messages
+
+
+def _setup_error(payload: bytes) -> CcwError:
+    step, number, text = [*payload.decode(errors="replace").split("\0"), "", ""][:3]
+    exc = OSError(int(number or 0), text)
+    hint = "check that the capsule's directories exist and the helper has the privileges it reported in hello"
+    if step.startswith("chdir"):
+        hint = "pass a cwd that exists inside the jail (the workspace, /tmp or $HOME)"
+    error = from_oserror(exc, f"jail step '{step}'", hint=hint)
+    error.details["step"] = step
+    return error
+
+
+def run(
+    spec: JailSpec,
+    cgroup: ExecCgroup | None = None,
+    on_started: Callable[[int], None] | None = None,
+) -> JailResult:
+    """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
+
+    ``cgroup.enter(pid)`` is called before the child unshares its namespaces;
+    ``on_started`` gets the host pid of the jail's init (pid 1 inside; killing it ends
+    the whole jail).
+    """
+    plan = prepare(spec)
+    start = time.monotonic()
+    stdin_fd = _stdin_fd(spec.stdin)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    report_r, report_w = os.pipe()
+    sync_r, sync_w = os.pipe()
+    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w)
+    direct = namespaces.pid_namespace_restorable()
+    try:
+        if direct:  # our child is the init itself
+            with namespaces.pid_namespace_for_next_child():
+                pid = os.fork()
+                if pid == 0:
+                    _jail_child(plan, child_fds, is_init=True)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                _jail_child(plan, child_fds, is_init=False)
+    finally:
+        for fd in child_fds:
+            os.close(fd)
+    jail = _Running(pid, direct, cgroup)
+    streams = {out_r: _Stream(spec.output_cap), err_r: _Stream(spec.output_cap)}
+    reports = bytearray()
+    try:
+        try:
+            if cgroup is not None:
+                cgroup.enter(pid)
+            os.write(sync_w, b"1")
+        finally:
+            os.close(sync_w)
+        if direct and on_started is not None:
+            on_started(pid)
+        poller = select.poll()
+        for fd in (out_r, err_r, report_r):
+            poller.register(fd, select.POLLIN)
+        open_fds = {out_r, err_r, report_r}
+        deadline = start + spec.timeout_ms / 1000.0
+        while open_fds:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if jail.timed_out:
+                    break  # something outside the jail holds a pipe: stop waiting for it
+                jail.timed_out = True
+                jail.kill()
+                deadline = time.monotonic() + _KILL_GRACE_SEC
+                continue
+            for fd, _event in poller.poll(remaining * 1000.0):
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == report_r:
+                    reports += chunk
+                    if not direct and jail.init_pidfd is None:
+                        init_pid = _init_pid(bytes(reports))
+                        if init_pid is not None:
+                            jail.init_pidfd = _open_pidfd(init_pid)
+                            if on_started is not None:
+                                on_started(init_pid)
+                else:
+                    streams[fd].feed(chunk)
+        jail.reap()
+    finally:
+        if jail.status is None:  # an exception (or cancellation) on the way: end the jail
+            jail.kill()
+            jail.reap()
+        jail.close()
+        for fd in (out_r, err_r, report_r):
+            os.close(fd)
+    duration_ms = int((time.monotonic() - start) * 1000)
+    return _result(_parse_reports(bytes(reports)), jail, duration_ms, streams[out_r], streams[err_r])
+
+
+class _Running:
+    """The helper's handle on one running jail: its child, and the init if that is another process."""
+
+    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None) -> None:
+        self.pid = pid  # our child: the init itself when ``direct``
+        self.direct = direct
+        self.cgroup = cgroup
+        self.init_pidfd: int | None = None
+        self.timed_out = False
+        self.status: int | None = None  # our child's wait status once reaped
+
+    def kill(self) -> None:
+        """SIGKILL the jail's init (the kernel then kills its whole pid namespace) and the cgroup."""
+        if self.init_pidfd is not None:
+            try:
+                syscalls.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # not reaped yet, so the pid cannot be reused
+            except OSError:
+                pass
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def reap(self) -> None:
+        """Wait for our child to end."""
+        if self.status is None:
+            self.status = os.waitpid(self.pid, 0)[1]
+
+    def close(self) -> None:
+        """Release the init's pidfd."""
+        if self.init_pidfd is not None:
+            os.close(self.init_pidfd)
+            self.init_pidfd = None
+
+
+def _init_pid(raw: bytes) -> int | None:
+    for kind, payload in _parse_reports(raw):
+        if kind == b"P" and len(payload) == 4:
+            return int(struct.unpack("!i", payload)[0])
+    return None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return syscalls.pidfd_open(pid)
+    except OSError:
+        return None  # already gone; killing the jail parent still ends it
+
+
+def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: int,
+            out: _Stream, err: _Stream) -> JailResult:
+    by_kind = {kind: payload for kind, payload in reversed(messages)}  # first of each kind wins
+    exit_code: int | None = None
+    signal_name: str | None = None
+    timed_out = jail.timed_out
+    init_status = jail.status if jail.direct else None
+    if b"A" in by_kind:
+        init_status = struct.unpack("!i", by_kind[b"A"])[0]
+    if b"E" in by_kind and not timed_out:
+        raise _setup_error(by_kind[b"E"])
+    if b"W" in by_kind:
+        status = struct.unpack("!i", by_kind[b"W"])[0]
+        if os.WIFSIGNALED(status):
+            signal_name = _signal_name(os.WTERMSIG(status))
+        else:
+            exit_code = os.waitstatus_to_exitcode(status)
+    elif timed_out:
+        signal_name = "SIGKILL"
+    elif init_status is not None and os.WIFSIGNALED(init_status):
+        # The init was killed from outside (OOM killer, a stray kill): so was the command.
+        signal_name = _signal_name(os.WTERMSIG(init_status))
+    else:
+        raise CcwError("INTERNAL", "the jail ended without reporting the command's status; see the helper's log")
+    return JailResult(
+        exit_code=exit_code,
+        signal=signal_name,
+        timed_out=timed_out,
+        duration_ms=duration_ms,
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        stdout_truncated=out.total > len(out.data),
+        stderr_truncated=err.total > len(err.data),
+    )
+
+
+def mechanisms() -> dict[str, object]:
+    """What the jail puts in force, for ``hello`` and a capsule's ``isolation``."""
+    info = namespaces.mechanisms()
+    info.update({
+        "root": "tmpfs, host system dirs read-only, workspace read-write at its own path",
+        "proc": "fresh; /proc/sys, sysrq-trigger, irq, bus, fs read-only; kcore, keys, timer_list... masked",
+        "dev": "minimal: null zero full random urandom tty (bound), devpts, shm",
+        "capabilities": "none (bounding, effective, permitted, inheritable, ambient all empty)",
+        "no_new_privs": True,
+        "seccomp": None,  # not in force yet: no filter is installed
+        "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
+    })
+    return info

@@ -1,0 +1,237 @@
+"""The jail's root filesystem: a plan made in the helper, applied step by step in the jail.
+
+``prepare`` (in the helper, where logging and stat are safe) turns a capsule's paths into
+a flat list of ``MountStep``; ``enter`` applies one step inside the jail's fresh mount
+namespace, in a freshly forked child where only ``os`` and ctypes are used.
+
+Some facts about mounts, as the jail uses them:
+
+- The first step makes every mount private (``MS_REC|MS_PRIVATE``): otherwise mounts
+  made in the jail could propagate back to the host's shared mounts, and the host's
+  later mounts into the jail.
+- Like bubblewrap, the jail mounts its tmpfs root on ``/tmp`` and pivots into it at
+  once, with the host's root kept at ``/.oldroot``.  pivot_root moves the tmpfs away
+  from ``/tmp``, so every source (even one under the host's /tmp) is reachable as
+  ``/.oldroot/<path>`` until the old root is detached, one of the last steps.  Because
+  absolute symlinks would then resolve against the new root, ``prepare`` resolves
+  every source path with ``realpath`` first.
+- A bind mount keeps the flags of its source, and ``MS_RDONLY`` on the bind call itself
+  is ignored.  ``mount_setattr(AT_RECURSIVE)`` makes a bind and everything under it
+  read-only in one call, which a remount cannot do (it changes one mount only).  Binds
+  are recursive because, in a user namespace (the rootless helper), binding a
+  directory that has mounts on it without ``MS_REC`` fails: it would reveal what those
+  mounts hide (Docker's /etc/hosts, for instance).
+- /proc is mounted fresh, so it shows only the jail's pid namespace.  A root jail
+  without capabilities can still write root-owned files that are writable by their mode
+  bits, so, as Docker does, /proc/sys, /proc/sysrq-trigger, /proc/irq, /proc/bus and
+  /proc/fs are read-only binds of themselves and /proc/kcore, /proc/keys,
+  /proc/timer_list and the like are hidden under /dev/null or an empty read-only tmpfs.
+  /etc/shadow and /etc/gshadow are hidden the same way, so not even a root caller's
+  jail reads password hashes.
+- /sys is a fresh read-only sysfs (allowed in a user namespace that owns the network
+  namespace), or else a read-only recursive bind of the host's.
+- /dev is a small tmpfs with the host's null, zero, full, random, urandom and tty
+  *bound* onto empty files: mknod is not allowed in a user namespace, binds are.
+  devpts is a new instance (its own pty numbers) with /dev/ptmx a symlink into it.
+- The last step makes the tmpfs root read-only, so nothing outside the workspace,
+  /tmp, $HOME, /dev/shm and /dev/pts can be created or removed, even by uid 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from sandbox import syscalls
+
+OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
+STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
+
+# Host system directories bound read-only when present (symlinks like /bin -> usr/bin are
+# recreated as symlinks).
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
+DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+PROC_MASKED_FILES = ("kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats")
+PROC_MASKED_DIRS = ("acpi", "scsi", "asound")
+SYS_MASKED_DIRS = ("firmware", "devices/virtual/powercap")
+SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
+
+_RO = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+_RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+_NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
+
+
+@dataclass(frozen=True)
+class MountStep:
+    """One step in building the jail's root; ``action`` names what ``enter`` does."""
+
+    action: str  # private root bind symlink mask_file mask_dir proc sysfs dev devpts tmpfs detach_old_root seal_root
+    target: str
+    source: str = ""
+    attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind
+    data: str = ""  # mount options, or a symlink's text
+
+    def describe(self) -> str:
+        """A short human description for error messages: ``bind /.oldroot/usr -> /usr``."""
+        if self.source:
+            return f"{self.action} {self.source} -> {self.target}"
+        return f"{self.action} {self.target}"
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _depth(path: str) -> int:
+    return len([part for part in path.split("/") if part])
+
+
+def system_steps(host_root: str = "/") -> list[MountStep]:
+    """Read-only binds (or symlinks) of the host's system directories that exist."""
+    steps = []
+    for name in SYSTEM_DIRS:
+        host_path = os.path.join(host_root, name)
+        if os.path.islink(host_path):
+            steps.append(MountStep("symlink", "/" + name, data=os.readlink(host_path)))
+        elif os.path.isdir(host_path):
+            steps.append(MountStep("bind", "/" + name, OLD_ROOT + "/" + name, attrs=_RO))
+    return steps
+
+
+def python_prefix() -> str | None:
+    """The interpreter's prefix when it lies outside the system dirs and is readable (pyenv, /opt/...)."""
+    prefix = os.path.realpath(sys.base_prefix)
+    if any(_under(prefix, "/" + name) for name in SYSTEM_DIRS) or prefix == "/":
+        return None
+    if not os.access(prefix, os.R_OK | os.X_OK):
+        return None  # e.g. under /root while the helper runs rootless: skip rather than fail
+    return prefix
+
+
+def prepare(
+    *,
+    merged_dir: str,
+    workspace: str,
+    tmp_dir: str,
+    home: str | None,
+    home_dir: str,
+) -> list[MountStep]:
+    """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace."""
+    steps = [
+        MountStep("private", "/"),
+        MountStep("root", STAGING, data="mode=0755,size=1m"),
+    ]
+    steps += system_steps()
+    steps += [MountStep("mask_file", path) for path in SECRET_FILES if os.path.exists(path)]
+
+    # Capsule binds, parents before children (a workspace may live under /tmp or $HOME).
+    capsule = [
+        MountStep("bind", workspace, OLD_ROOT + os.path.realpath(merged_dir), attrs=_RW),
+        MountStep("bind", "/tmp", OLD_ROOT + os.path.realpath(tmp_dir), attrs=_RW),
+    ]
+    if home and home != "/" and not _under(home, workspace):
+        capsule.append(MountStep("bind", home, OLD_ROOT + os.path.realpath(home_dir), attrs=_RW))
+    prefix = python_prefix()
+    if prefix is not None and not _under(prefix, workspace):
+        capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
+    steps += sorted(capsule, key=lambda step: _depth(step.target))
+
+    steps.append(MountStep("proc", "/proc"))
+    steps += [MountStep("bind", f"/proc/{n}", f"/proc/{n}", attrs=_RO | syscalls.MOUNT_ATTR_NOEXEC)
+              for n in PROC_READONLY if os.path.exists(f"/proc/{n}")]
+    steps += [MountStep("mask_file", f"/proc/{n}") for n in PROC_MASKED_FILES if os.path.exists(f"/proc/{n}")]
+    steps += [MountStep("mask_dir", f"/proc/{n}") for n in PROC_MASKED_DIRS if os.path.isdir(f"/proc/{n}")]
+    steps.append(MountStep("sysfs", "/sys"))
+    steps += [MountStep("mask_dir", f"/sys/{n}") for n in SYS_MASKED_DIRS if os.path.isdir(f"/sys/{n}")]
+    steps.append(MountStep("dev", "/dev", data="mode=0755,size=64k"))
+    steps += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}", attrs=syscalls.MOUNT_ATTR_NOSUID)
+              for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    steps += [
+        MountStep("devpts", "/dev/pts", data="newinstance,ptmxmode=0666,mode=0620"),
+        MountStep("tmpfs", "/dev/shm", data="mode=1777"),
+        MountStep("detach_old_root", OLD_ROOT),
+        MountStep("seal_root", "/"),
+    ]
+    return steps
+
+
+def _makedirs(path: str) -> None:
+    try:
+        os.makedirs(path, 0o755, exist_ok=True)
+    except FileExistsError:
+        pass  # an existing non-directory (a file to bind over): fine
+
+
+def _touch(path: str) -> None:
+    if not os.path.exists(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+
+def _bind(source: str, target: str, attrs: int) -> None:
+    if os.path.isdir(source):
+        _makedirs(target)
+    else:
+        _makedirs(os.path.dirname(target))
+        _touch(target)
+    syscalls.mount(source, target, None, syscalls.MS_BIND | syscalls.MS_REC)
+    if attrs:
+        syscalls.mount_setattr(target, attrs)
+
+
+def _tmpfs(target: str, flags: int, data: str) -> None:
+    _makedirs(target)
+    syscalls.mount("tmpfs", target, "tmpfs", flags, data)
+
+
+def enter(step: MountStep) -> None:
+    """Apply one step (in the jail's mount namespace; uses only os and ctypes)."""
+    action, target = step.action, step.target
+    if action == "bind":
+        _bind(step.source, target, step.attrs)
+    elif action == "symlink":
+        os.symlink(step.data, target)
+    elif action == "mask_file":
+        syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
+        syscalls.mount_setattr(target, _RO | syscalls.MOUNT_ATTR_NOEXEC, flags=0)
+    elif action == "mask_dir":
+        _tmpfs(target, syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
+    elif action == "tmpfs":
+        _tmpfs(target, syscalls.MS_NOSUID | syscalls.MS_NODEV, step.data)
+    elif action == "proc":
+        _makedirs(target)
+        syscalls.mount("proc", target, "proc", _NOSUID_NODEV_NOEXEC)
+    elif action == "sysfs":
+        _makedirs(target)
+        try:
+            syscalls.mount("sysfs", target, "sysfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC)
+        except OSError:
+            _bind(OLD_ROOT + "/sys", target, _RO | syscalls.MOUNT_ATTR_NOEXEC)
+    elif action == "dev":
+        _tmpfs(target, syscalls.MS_NOSUID | syscalls.MS_NOEXEC, step.data)
+        for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                           ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                           ("ptmx", "pts/ptmx")):
+            os.symlink(link, f"{target}/{name}")
+    elif action == "devpts":
+        _makedirs(target)
+        syscalls.mount("devpts", target, "devpts", syscalls.MS_NOSUID | syscalls.MS_NOEXEC, step.data)
+    elif action == "private":
+        syscalls.mount(None, target, None, syscalls.MS_REC | syscalls.MS_PRIVATE)
+    elif action == "root":
+        # tmpfs on the staging dir, then pivot into it at once with the host at OLD_ROOT.
+        syscalls.mount("tmpfs", target, "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV, step.data)
+        os.chdir(target)
+        os.mkdir(OLD_ROOT.lstrip("/"), 0o700)
+        syscalls.pivot_root(".", OLD_ROOT.lstrip("/"))
+        os.chdir("/")
+    elif action == "detach_old_root":
+        syscalls.umount2(target, syscalls.MNT_DETACH)
+        os.rmdir(target)
+    elif action == "seal_root":
+        # Not recursive: /dev/pts, /dev/shm, /tmp, $HOME and the workspace stay writable.
+        syscalls.mount_setattr(target, syscalls.MOUNT_ATTR_RDONLY, flags=0)
+        syscalls.mount_setattr("/dev", syscalls.MOUNT_ATTR_RDONLY, flags=0)
+    else:
+        raise OSError(22, f"unknown mount step {action!r}")

@@ -1,0 +1,241 @@
+"""The jail's namespaces: which ones, the time offsets, the hostname, ``lo``, and id maps.
+
+Some facts about namespaces, as the jail uses them:
+
+- ``unshare(CLONE_NEWPID)`` does not move the caller: only its *next* child becomes pid 1
+  of the new namespace.  The setting (``pid_for_children``) belongs to one *thread*, so
+  the helper's thread can unshare, fork the jail's init directly and ``setns`` back to
+  its own pid namespace, sparing a whole Python fork (about 1.5 ms of copy-on-write
+  faults).  Going back needs CAP_SYS_ADMIN over the user namespace that owns the
+  helper's pid namespace, which a rootless helper usually lacks; then the jail forks
+  twice (a child unshares, its child is the init).  When the init exits, the kernel
+  SIGKILLs every other process of the namespace, so killing the init is how a timeout
+  kills grandchildren and daemons alike.  Signals from inside the namespace reach the
+  init only for signals it handles, so commands cannot kill it by accident.
+- ``CLONE_NEWCGROUP`` makes the cgroup the caller is in *now* the namespace's root, so
+  the per-exec cgroup must be entered before unsharing (the helper does that while the
+  child waits on a pipe).
+- ``CLONE_NEWTIME`` too applies to children only, and its offsets
+  (``/proc/self/timens_offsets``) can be written only while no process lives in it.
+  They shift CLOCK_MONOTONIC and CLOCK_BOOTTIME; the wall clock (CLOCK_REALTIME) has no
+  namespace, so a wall-clock shift needs libfaketime's LD_PRELOAD, which works only for
+  dynamically linked programs that go through libc.  A negative offset that would make
+  a clock negative is refused (ERANGE), so it is clamped to the current uptime.
+- A fresh network namespace has only ``lo``, and it is down.  Raising it is one
+  ``SIOCSIFFLAGS`` ioctl.  pyroute2 does the same over netlink, but creating an
+  ``IPRoute`` costs milliseconds (module machinery, an asyncio loop) in a process that
+  was just forked from a multi-threaded helper, where anything that takes locks is a
+  hazard; the ioctl is two syscalls.
+- Inside a user namespace (the rootless helper), ``setresuid`` to a uid that has no
+  mapping fails with EINVAL and ``setgroups`` fails with EPERM once
+  ``/proc/self/setgroups`` says "deny"; the jail then keeps the mapped ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from sandbox import syscalls
+
+# Every jail gets these (and a pid namespace, made before the init is forked; a time
+# namespace only when a clock offset is asked for).  They all apply to the caller itself.
+JAIL_FLAGS = (
+    syscalls.CLONE_NEWNS
+    | syscalls.CLONE_NEWNET
+    | syscalls.CLONE_NEWUTS
+    | syscalls.CLONE_NEWIPC
+    | syscalls.CLONE_NEWCGROUP
+)
+JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
+
+FAKETIME_LIBRARIES = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+)
+
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+_IFREQ = "16sH14x"  # struct ifreq: name, then ifr_flags in the union (40 bytes in all)
+
+
+@dataclass(frozen=True)
+class NamespacePlan:
+    """What the jail's namespaces need, computed in the helper before forking."""
+
+    flags: int = JAIL_FLAGS
+    timens_offsets: bytes | None = None  # text for /proc/self/timens_offsets, or None: no time ns
+    extra_env: dict[str, str] = field(default_factory=dict)  # libfaketime's LD_PRELOAD/FAKETIME
+    hostname: str = "ccw"
+
+
+def faketime_library() -> str | None:
+    """The installed libfaketime (Debian package ``libfaketime``), or None."""
+    for path in FAKETIME_LIBRARIES:
+        if os.path.exists(path):
+            return path
+    return None
+
+
+def time_namespace_supported() -> bool:
+    """Whether the kernel has time namespaces (5.6+, CONFIG_TIME_NS)."""
+    return os.path.exists("/proc/self/ns/time")
+
+
+def timens_offsets(clock_offset_sec: int, monotonic_now: float, boottime_now: float) -> bytes:
+    """The offsets text for a shift of ``clock_offset_sec``; negative shifts are clamped so no clock goes below 1 s."""
+    mono = max(clock_offset_sec, 1 - int(monotonic_now))
+    boot = max(clock_offset_sec, 1 - int(boottime_now))
+    return f"monotonic {mono} 0\nboottime {boot} 0\n".encode()
+
+
+def prepare(clock_offset_sec: int = 0, hostname: str = "ccw", env: dict[str, str] | None = None) -> NamespacePlan:
+    """Plan the namespaces of one jail (runs in the helper, not in the forked child)."""
+    flags = JAIL_FLAGS
+    offsets = None
+    extra: dict[str, str] = {}
+    if clock_offset_sec:
+        if time_namespace_supported():
+            offsets = timens_offsets(
+                clock_offset_sec,
+                time.clock_gettime(time.CLOCK_MONOTONIC),
+                time.clock_gettime(time.CLOCK_BOOTTIME),
+            )
+        library = faketime_library()
+        if library is not None:
+            preload = (env or {}).get("LD_PRELOAD")
+            extra["LD_PRELOAD"] = f"{library}:{preload}" if preload else library
+            extra["FAKETIME"] = f"{clock_offset_sec:+d}"
+            # The time namespace shifts the monotonic clocks already; libfaketime shifting
+            # them too would double the offset (and it hangs some runtimes, per its README).
+            extra["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+    return NamespacePlan(flags=flags, timens_offsets=offsets, extra_env=extra, hostname=hostname)
+
+
+_PID_FOR_CHILDREN = "/proc/thread-self/ns/pid_for_children"
+_pidns_restorable: bool | None = None
+
+
+def pid_namespace_restorable() -> bool:
+    """Whether this helper may setns back into its own pid namespace (probed once)."""
+    global _pidns_restorable
+    if _pidns_restorable is None:
+        try:
+            fd = os.open(_PID_FOR_CHILDREN, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                syscalls.setns(fd, syscalls.CLONE_NEWPID)  # to the namespace we are in: a no-op
+            finally:
+                os.close(fd)
+            _pidns_restorable = True
+        except OSError:
+            _pidns_restorable = False
+    return _pidns_restorable
+
+
+@contextlib.contextmanager
+def pid_namespace_for_next_child() -> Iterator[None]:
+    """In this thread only, make the next forked child pid 1 of a new pid namespace."""
+    saved = os.open(_PID_FOR_CHILDREN, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        syscalls.unshare(syscalls.CLONE_NEWPID)
+        yield
+    finally:
+        try:
+            syscalls.setns(saved, syscalls.CLONE_NEWPID)
+        finally:
+            os.close(saved)
+
+
+def enter(flags: int) -> None:
+    """unshare(2) the given namespaces (in the forked child)."""
+    syscalls.unshare(flags)
+
+
+def enter_time(offsets: bytes) -> None:
+    """Create a time namespace for the next child and set its clock offsets (needs the jail's /proc)."""
+    syscalls.unshare(syscalls.CLONE_NEWTIME)
+    fd = os.open("/proc/self/timens_offsets", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, offsets)
+    finally:
+        os.close(fd)
+
+
+def set_hostname(name: str) -> None:
+    """sethostname(2) in the jail's uts namespace."""
+    syscalls.sethostname(name)
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in the jail's fresh network namespace (one ioctl; see the essay)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        got = fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, struct.pack(_IFREQ, b"lo", 0))
+        flags = struct.unpack(_IFREQ, got)[1]
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack(_IFREQ, b"lo", flags | _IFF_UP))
+
+
+def parse_id_map(text: str) -> list[tuple[int, int, int]]:
+    """Parse /proc/PID/uid_map or gid_map: (inside, outside, count) per line."""
+    ranges = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            ranges.append((int(parts[0]), int(parts[1]), int(parts[2])))
+    return ranges
+
+
+def is_mapped(inside_id: int, ranges: list[tuple[int, int, int]]) -> bool:
+    """Whether ``inside_id`` has a mapping in the given id map."""
+    return any(start <= inside_id < start + count for start, _outside, count in ranges)
+
+
+def is_initial_user_namespace(uid_ranges: list[tuple[int, int, int]]) -> bool:
+    """The initial user namespace maps every id to itself: ``0 0 4294967295``."""
+    return uid_ranges == [(0, 0, 4294967295)]
+
+
+def read_id_maps() -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """The helper's own uid and gid maps."""
+    with open("/proc/self/uid_map") as uid_file, open("/proc/self/gid_map") as gid_file:
+        return parse_id_map(uid_file.read()), parse_id_map(gid_file.read())
+
+
+def setgroups_allowed() -> bool:
+    """False when /proc/self/setgroups says "deny" (an unprivileged user namespace)."""
+    try:
+        with open("/proc/self/setgroups") as handle:
+            return handle.read().strip() != "deny"
+    except OSError:
+        return True
+
+
+def mechanisms() -> dict[str, object]:
+    """What namespace isolation is in force, for ``hello`` and ``isolation``."""
+    uid_ranges, _ = read_id_maps()
+    library = faketime_library()
+    timens = time_namespace_supported()
+    if timens and library:
+        clock = "time namespace (monotonic, boottime) + libfaketime LD_PRELOAD (wall clock)"
+    elif timens:
+        clock = "time namespace (monotonic, boottime) only; wall clock not shifted: install libfaketime"
+    elif library:
+        clock = "libfaketime LD_PRELOAD (wall clock) only; no time namespace in this kernel"
+    else:
+        clock = "unavailable: no time namespace and no libfaketime"
+    return {
+        "namespaces": list(JAIL_NAMESPACES) + (["time (when clock_offset_sec != 0)"] if timens else []),
+        "user_namespace": not is_initial_user_namespace(uid_ranges),
+        "clock_offset": clock,
+        "faketime_library": library,
+        "network": "none: empty network namespace, lo up",
+        "hostname": "ccw",
+    }
