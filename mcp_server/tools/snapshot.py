@@ -1,0 +1,563 @@
+"""Snapshot tools (seed 000 §3.1): create, list, file, grep, diff, info, changes, export.
+
+Choices this module makes where the seed is silent:
+
+- **Mode**: ``worktree`` (default) reads the live tree and answers with a lease;
+  ``snapshot`` (implied by ``snapshot_id``) reads an immutable snapshot.  ``capsule_id``
+  reads a capsule's view in worktree mode.  The worktree root is the ``workspace``
+  argument, else ``CCW_WORKSPACE`` (see tools/targets.py).
+- **Which files exist** in a worktree: git's view, tracked plus untracked-but-not-
+  ignored (``git ls-files -co --exclude-standard``); ``.git`` is never listed.
+- **snapshot_create** without ``paths`` captures the lease's touched files; with
+  neither ``paths`` nor a lease it captures every file git's ignore rules leave.
+  The fingerprint is taken before and after reading; if they differ the tree moved
+  while it was read and the call fails with REPO_CHANGED.  Symlinks are captured as
+  their target text with mode 120000, as git stores them.
+- **snapshot_grep** searches a literal by default (``regex: true`` for a Python
+  regular expression over bytes); columns are 1-based code points.
+- **snapshot_diff** diffs ``base_snapshot_id`` against ``snapshot_id`` or the live tree.
+- **snapshot_changes** does no rename detection: a rename is a deletion plus an
+  addition (deterministic, and what ``--no-renames`` shows).
+- **snapshot_export** returns a pax tar (entries in byte order, mtime 0, uid/gid 0) as
+  ``base64:``; the same snapshot always gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat as stat_mod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import anyio
+
+from mcp_server.core import fingerprint as fp_mod
+from mcp_server.core import paths as P
+from mcp_server.core.blobstore import BlobStore, blob_id_of
+from mcp_server.core.export import tar_bundle
+from mcp_server.core.fingerprint import Fingerprint
+from mcp_server.core.fsview import RootView
+from mcp_server.core.grep import Matcher, is_binary
+from mcp_server.core.manifest import Entry, Snapshot, SnapshotStore
+from mcp_server.core.unidiff import FileChange, render_all
+from mcp_server.tools import targets as T
+from mcp_server.tools.registry import ToolSpec
+from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
+from sandbox.errors import CcwError
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_EXPORT_BYTES = 64 * 1024 * 1024
+_WORKERS = 4
+
+
+# --- shared plumbing (workspace.py uses it too) --------------------------------------
+
+
+def blobs(ctx: Any) -> BlobStore:
+    """The state dir's blob store."""
+    return BlobStore(ctx.state.objects_dir)
+
+
+def snapshots(ctx: Any) -> SnapshotStore:
+    """The state dir's snapshot store."""
+    return SnapshotStore(ctx.state)
+
+
+def git_mode(st: os.stat_result) -> int:
+    """git's mode for a stat: 120000, 100755 or 100644."""
+    if stat_mod.S_ISLNK(st.st_mode):
+        return 0o120000
+    return 0o100755 if st.st_mode & 0o111 else 0o100644
+
+
+def read_entry(view: RootView, path: str) -> tuple[bytes, int] | None:
+    """Content and git mode of a file or symlink; None when absent, a directory or special."""
+    try:
+        st = view.stat(path)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            return None
+        raise
+    if stat_mod.S_ISLNK(st.st_mode):
+        return os.fsencode(view.readlink(path)), 0o120000
+    if not stat_mod.S_ISREG(st.st_mode):
+        return None
+    return view.read_bytes(path), git_mode(st)
+
+
+def scoped(candidates: list[str], scopes: list[str]) -> list[str]:
+    """The candidates within any of the normalised scopes."""
+    if P.ROOT in scopes:
+        return candidates
+    return [c for c in candidates if any(P.is_within(c, s) for s in scopes)]
+
+
+def norm_paths(raw: list[str] | None) -> list[str]:
+    """Normalise a ``paths`` argument (default: the root)."""
+    return P.sort_paths(P.normalize(p) for p in (raw or [P.ROOT]))
+
+
+def live_files(target: T.LiveTarget, scopes: list[str]) -> list[str]:
+    """Files git's ignore rules leave, within the scopes, in byte order."""
+    specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
+    return fp_mod.candidate_files(target.git_root, specs)
+
+
+def capture(view: RootView, store: BlobStore, files: list[str]) -> list[Entry]:
+    """Read, hash and store files in parallel; absent files are skipped."""
+
+    def one(path: str) -> Entry | None:
+        item = read_entry(view, path)
+        if item is None:
+            return None
+        data, mode = item
+        return Entry(path, store.put(data, blob_id_of(data)), len(data), mode)
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        return [e for e in pool.map(one, files) if e is not None]
+
+
+def begin_live(ctx: Any, target: T.LiveTarget, lease_id: str | None) -> tuple[str, Fingerprint]:
+    """Fingerprint the target and validate (or issue) the lease."""
+    live = target.fingerprint()
+    lease = T.lease_store(ctx).acquire(lease_id, target.key, live)
+    return lease.lease_id, live
+
+
+async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[T.LiveTarget], dict[str, Any]]) -> dict[str, Any]:
+    """Open the live target, run ``body`` in a worker thread, close the target."""
+    target = await T.open_live(ctx, args)
+    try:
+        return await anyio.to_thread.run_sync(body, target)
+    finally:
+        target.close()
+
+
+async def run_sync(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run blocking work in a worker thread."""
+    return await anyio.to_thread.run_sync(fn)
+
+
+def encode_content(data: bytes) -> tuple[str, str]:
+    """(content, encoding): UTF-8 text as is, anything else as ``base64:…``."""
+    try:
+        return data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
+
+
+# --- snapshot_create -----------------------------------------------------------------
+
+
+async def snapshot_create(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Capture files into an immutable, content-addressed snapshot."""
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id = args.get("lease_id")
+        before = target.fingerprint()
+        leases = T.lease_store(ctx)
+        if lease_id:
+            leases.validate(lease_id, target.key, before)
+        if args.get("paths") is not None:
+            scopes = norm_paths(args["paths"])
+            for scope in scopes:
+                if scope != P.ROOT and not target.view.exists(scope):
+                    raise CcwError("NOT_FOUND", f"path {scope!r} does not exist in the worktree", {"path": scope})
+            files = live_files(target, scopes)
+            files = P.sort_paths([*files, *(s for s in scopes if s != P.ROOT and s not in files and read_entry(target.view, s))])
+        elif lease_id:
+            files = leases.touched(lease_id)
+        else:
+            files = live_files(target, [P.ROOT])
+        entries = capture(target.view, blobs(ctx), files)
+        after = target.fingerprint()
+        if after != before:
+            raise CcwError(
+                "REPO_CHANGED",
+                "the worktree changed while the snapshot was being taken; retry when it is quiet",
+                {"fingerprint": after.to_dict()},
+            )
+        snap = snapshots(ctx).save(before.to_dict(), entries)
+        return _info_payload(snap)
+
+    return await run_live(ctx, args, body)
+
+
+def _info_payload(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "snapshot_id": snap.snapshot_id,
+        "fingerprint": snap.fingerprint,
+        "manifest_stats": {"files": len(snap.entries), "bytes": snap.total_bytes},
+        "cache_hint": "immutable",
+    }
+
+
+async def snapshot_info(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot's fingerprint and manifest stats (no lease context)."""
+    return await run_sync(lambda: _info_payload(snapshots(ctx).load(args["snapshot_id"])))
+
+
+# --- snapshot_list -------------------------------------------------------------------
+
+
+def _limit(items: list[dict[str, Any]], limit: int) -> tuple[list[dict[str, Any]], bool]:
+    return items[:limit], len(items) > limit
+
+
+async def snapshot_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Entries directly under a directory (or all beneath it with ``recursive``)."""
+    base = P.normalize(args.get("path", P.ROOT))
+    recursive = bool(args.get("recursive", False))
+    limit = int(args.get("max_entries", 10000))
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            entries = _tree_entries([(e.path, e.size, e.mode) for e in snap.entries], base, recursive)
+            items, truncated = _limit(entries, limit)
+            return T.immutable_response({"path": base, "entries": items, "truncated": truncated}, snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        if base != P.ROOT:
+            st = target.view.stat(base)
+            if not stat_mod.S_ISDIR(st.st_mode):
+                raise CcwError("INVALID_ARGUMENT", f"{base!r} is not a directory; use snapshot_file to read a file", {"path": base})
+        files = live_files(target, [base])
+        sized = []
+        for path in files:
+            try:
+                st = target.view.stat(path)
+            except CcwError:
+                continue
+            sized.append((path, st.st_size, git_mode(st)))
+        entries = _tree_entries(sized, base, recursive)
+        items, truncated = _limit(entries, limit)
+        touched = {e["path"] for e in items}
+        for path in list(touched):
+            touched.update(P.parents(path))
+        T.lease_store(ctx).touch(lease_id, touched)
+        return T.worktree_response({"path": base, "entries": items, "truncated": truncated}, target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+def _tree_entries(files: list[tuple[str, int, int]], base: str, recursive: bool) -> list[dict[str, Any]]:
+    """List entries under ``base`` from a flat file list; directories are implicit."""
+    out: dict[str, dict[str, Any]] = {}
+    prefix = "" if base == P.ROOT else base + "/"
+    for path, size, mode in files:
+        if not path.startswith(prefix):
+            continue
+        rest = path[len(prefix):]
+        parts = rest.split("/")
+        if recursive:
+            for depth in range(1, len(parts)):
+                d = prefix + "/".join(parts[:depth])
+                out.setdefault(d, {"path": d, "kind": "dir"})
+            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
+        elif len(parts) == 1:
+            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
+        else:
+            d = prefix + parts[0]
+            out.setdefault(d, {"path": d, "kind": "dir"})
+    return [out[k] for k in P.sort_paths(out)]
+
+
+# --- snapshot_file -------------------------------------------------------------------
+
+
+def _file_payload(path: str, data: bytes, mode: int) -> dict[str, Any]:
+    if len(data) > MAX_FILE_BYTES:
+        raise CcwError("TOO_LARGE", f"{path!r} is {len(data)} bytes, over {MAX_FILE_BYTES}; use snapshot_export", {"path": path, "size": len(data)})
+    content, encoding = encode_content(data)
+    return {"path": path, "content": content, "encoding": encoding, "size": len(data), "mode": f"{mode:06o}", "blob": blob_id_of(data)}
+
+
+async def snapshot_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Read one file from the worktree or a snapshot."""
+    path = P.normalize(args["path"])
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            entry = snap.by_path().get(path)
+            if entry is None:
+                raise CcwError("NOT_FOUND", f"{path!r} was not captured in snapshot {snap.snapshot_id}", {"path": path})
+            return T.immutable_response(_file_payload(path, blobs(ctx).get(entry.blob), entry.mode), snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        item = read_entry(target.view, path)
+        if item is None:
+            raise CcwError("NOT_FOUND", f"{path!r} is not a file in the worktree; list its directory to see what exists", {"path": path})
+        T.lease_store(ctx).touch(lease_id, [path])
+        return T.worktree_response(_file_payload(path, *item), target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+# --- snapshot_grep -------------------------------------------------------------------
+
+
+def _grep(
+    read: Callable[[str], bytes | None], candidates: list[str], matcher: Matcher, max_files: int, max_matches: int
+) -> tuple[dict[str, Any], list[str]]:
+    matches: list[dict[str, Any]] = []
+    searched: list[str] = []
+    truncated = False
+    for path in candidates:
+        data = read(path)
+        if data is None or is_binary(data):
+            continue
+        if len(searched) >= max_files:
+            truncated = True
+            break
+        searched.append(path)
+        if len(matches) < max_matches:
+            for m in matcher.search(data, max_matches - len(matches)):
+                matches.append({"path": path, **m})
+    payload = {
+        "matches": matches,
+        "files_searched": len(searched),
+        "truncated": truncated,
+        "matches_truncated": len(matches) >= max_matches,
+    }
+    return payload, searched
+
+
+async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Search text files for a literal (or regex) in deterministic candidate order."""
+    import re
+
+    try:
+        matcher = Matcher.build(args["pattern"], regex=bool(args.get("regex")), ignore_case=bool(args.get("ignore_case")))
+    except re.error as exc:
+        raise CcwError("INVALID_ARGUMENT", f"pattern is not a valid regular expression: {exc}") from exc
+    scopes = norm_paths(args.get("paths"))
+    max_files = int(args.get("max_files", 10000))
+    max_matches = int(args.get("max_matches", 1000))
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            index = snap.by_path()
+            store = blobs(ctx)
+            candidates = scoped([e.path for e in snap.entries if e.mode != 0o120000], scopes)
+            payload, _ = _grep(lambda p: store.get(index[p].blob), candidates, matcher, max_files, max_matches)
+            return T.immutable_response(payload, snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        candidates = live_files(target, scopes)
+
+        def read(path: str) -> bytes | None:
+            try:
+                st = target.view.stat(path)
+                if not stat_mod.S_ISREG(st.st_mode):
+                    return None
+                return target.view.read_bytes(path)
+            except CcwError as exc:
+                if exc.code == "NOT_FOUND":
+                    return None
+                raise
+
+        payload, searched = _grep(read, candidates, matcher, max_files, max_matches)
+        T.lease_store(ctx).touch(lease_id, searched)
+        return T.worktree_response(payload, target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+# --- snapshot_diff / snapshot_changes -------------------------------------------------
+
+
+def _compare(old: dict[str, Entry], new: dict[str, Entry]) -> list[dict[str, str]]:
+    out = []
+    for path in P.sort_paths([*old, *new]):
+        a, b = old.get(path), new.get(path)
+        if a is None:
+            out.append({"path": path, "status": "added"})
+        elif b is None:
+            out.append({"path": path, "status": "deleted"})
+        elif a.blob != b.blob or a.mode != b.mode:
+            kind = "type_changed" if (a.mode ^ b.mode) & 0o170000 else "modified"
+            out.append({"path": path, "status": kind})
+    return out
+
+
+def _diff_text(ctx: Any, old: dict[str, Entry], new: dict[str, Entry], changes: list[dict[str, str]]) -> str:
+    store = blobs(ctx)
+    rendered = []
+    for change in changes:
+        a, b = old.get(change["path"]), new.get(change["path"])
+        rendered.append(
+            FileChange(
+                change["path"],
+                store.get(a.blob) if a else None,
+                store.get(b.blob) if b else None,
+                a.mode if a else None,
+                b.mode if b else None,
+            )
+        )
+    return render_all(rendered).decode("utf-8", "replace")
+
+
+async def snapshot_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Unified diff from ``base_snapshot_id`` to ``snapshot_id`` or the live tree."""
+    scopes = norm_paths(args.get("paths"))
+
+    def within(entries: dict[str, Entry]) -> dict[str, Entry]:
+        return {p: e for p, e in entries.items() if p in set(scoped([p], scopes))}
+
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            base = within(snapshots(ctx).load(args["base_snapshot_id"]).by_path())
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            new = within(snap.by_path())
+            changes = _compare(base, new)
+            return T.immutable_response({"changes": changes, "diff": _diff_text(ctx, base, new, changes)}, snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        base = within(snapshots(ctx).load(args["base_snapshot_id"]).by_path())
+        files = P.sort_paths([*live_files(target, scopes), *base])
+        new = {e.path: e for e in capture(target.view, blobs(ctx), files)}
+        changes = _compare(base, new)
+        T.lease_store(ctx).touch(lease_id, scopes)
+        return T.worktree_response({"changes": changes, "diff": _diff_text(ctx, base, new, changes)}, target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+_STATUS = {"A": "added", "D": "deleted", "M": "modified", "T": "type_changed", "R": "modified", "C": "added"}
+_UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
+
+
+def parse_porcelain(raw: bytes) -> list[dict[str, str]]:
+    """``git status --porcelain=v1 -z --no-renames`` → sorted ``[{path, status}]``."""
+    out = {}
+    for record in raw.split(b"\0"):
+        if len(record) < 4:
+            continue
+        xy, path = record[:2].decode(), os.fsdecode(record[3:])
+        if xy in _UNMERGED:
+            status = "conflicted"
+        elif xy == "??":
+            status = "untracked"
+        elif "D" in xy:
+            status = "deleted"
+        elif xy[0] == "A":
+            status = "added"
+        elif "T" in xy:
+            status = "type_changed"
+        else:
+            status = _STATUS.get(xy[1] if xy[1] != " " else xy[0], "modified")
+        out[path] = status
+    return [{"path": p, "status": out[p]} for p in P.sort_paths(out)]
+
+
+async def snapshot_changes(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Changed files: the worktree against HEAD, or a snapshot against a base snapshot."""
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            if not args.get("base_snapshot_id"):
+                raise CcwError("INVALID_ARGUMENT", "mode 'snapshot' compares two snapshots: give base_snapshot_id too")
+            base = snapshots(ctx).load(args["base_snapshot_id"]).by_path()
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            return T.immutable_response({"changes": _compare(base, snap.by_path())}, snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        proc = fp_mod.run_git(target.git_root, "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all")
+        return T.worktree_response({"changes": parse_porcelain(proc.stdout)}, target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+# --- snapshot_export -----------------------------------------------------------------
+
+
+def _bundle(files: list[tuple[str, bytes, int]]) -> dict[str, Any]:
+    data = tar_bundle(files)
+    if len(data) > MAX_EXPORT_BYTES:
+        raise CcwError("TOO_LARGE", f"bundle is {len(data)} bytes, over {MAX_EXPORT_BYTES}; export fewer paths", {"size": len(data)})
+    return {
+        "format": "tar",
+        "bundle": "base64:" + base64.b64encode(data).decode("ascii"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "files": len(files),
+    }
+
+
+async def snapshot_export(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """A deterministic tar of a snapshot (or of live files, touching them)."""
+    scopes = norm_paths(args.get("paths"))
+    if T.resolve_mode(args) == "snapshot":
+
+        def from_snapshot() -> dict[str, Any]:
+            snap = snapshots(ctx).load(args["snapshot_id"])
+            store = blobs(ctx)
+            chosen = set(scoped([e.path for e in snap.entries], scopes))
+            files = [(e.path, store.get(e.blob), e.mode) for e in snap.entries if e.path in chosen]
+            return T.immutable_response(_bundle(files), snap.snapshot_id)
+
+        return await run_sync(from_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+        files = []
+        for path in live_files(target, scopes):
+            item = read_entry(target.view, path)
+            if item is not None:
+                files.append((path, item[0], item[1]))
+        T.lease_store(ctx).touch(lease_id, [f[0] for f in files])
+        return T.worktree_response(_bundle(files), target, lease_id, live)
+
+    return await run_live(ctx, args, body)
+
+
+
+_HANDLERS = {
+    "snapshot_create": snapshot_create,
+    "snapshot_list": snapshot_list,
+    "snapshot_file": snapshot_file,
+    "snapshot_grep": snapshot_grep,
+    "snapshot_diff": snapshot_diff,
+    "snapshot_info": snapshot_info,
+    "snapshot_changes": snapshot_changes,
+    "snapshot_export": snapshot_export,
+}
+
+TOOLS = [
+    ToolSpec(
+        name=name,
+        family="snapshot",
+        description=TOOL_SCHEMAS[name]["description"],
+        input_schema=TOOL_SCHEMAS[name]["input"],
+        output_schema=TOOL_SCHEMAS[name]["output"],
+        handler=handler,
+        scope="read",
+        aliases=("snapshot." + name.split("_", 1)[1],),
+        read_only=name != "snapshot_create",
+        idempotent=True,
+        title=name.replace("_", " "),
+    )
+    for name, handler in _HANDLERS.items()
+]

@@ -1,0 +1,209 @@
+"""Workspace tools (seed 000 §3.2): apply_patch, write_file, delete.
+
+- Writes go through ``RootView``: the parent directory is resolved with
+  ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`` and the file
+  is replaced by ``renameat`` of a fsynced temp file, so there is no window between the
+  check and the write, no path through a symlink, and no escape (PERMISSION_DENIED).
+- ``workspace_apply_patch`` is all or nothing: the whole patch is applied in memory
+  first; with any reject nothing is written and the result says ``applied: false``
+  with the rejects (a result, not an error, so the agent sees every failed hunk).
+  ``mode``: ``worktree`` (default), ``capsule`` (needs ``capsule_id``) or ``snapshot``
+  (needs ``snapshot_id``; the result is a new snapshot carrying the base snapshot's
+  fingerprint).  Empty directories left by deletions are removed, as git does.
+- A mutator validates its lease (STALE_LEASE if the tree moved) or issues one, then
+  moves the lease onto the fingerprint its own write produced, and touches the paths
+  it changed.
+- ``content`` is UTF-8 text, or bytes as ``base64:…``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import stat as stat_mod
+from typing import Any
+
+from mcp_server.core import paths as P
+from mcp_server.core.blobstore import blob_id_of
+from mcp_server.core.fsview import RootView
+from mcp_server.core.manifest import Entry
+from mcp_server.core.patch import ApplyResult, apply, parse_patch
+from mcp_server.tools import snapshot as S
+from mcp_server.tools import targets as T
+from mcp_server.tools.registry import ToolSpec
+from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
+from sandbox.errors import CcwError
+
+
+def decode_content(content: str) -> bytes:
+    """Text as UTF-8, or the bytes of a ``base64:`` string."""
+    if content.startswith("base64:"):
+        try:
+            return base64.b64decode(content[7:], validate=True)
+        except binascii.Error as exc:
+            raise CcwError("INVALID_ARGUMENT", f"content is not valid base64 after 'base64:': {exc}") from exc
+    return content.encode("utf-8", "surrogateescape")
+
+
+def _remove_empty_parents(view: RootView, path: str) -> None:
+    for parent in reversed(P.parents(path)):
+        if view.listdir(parent):
+            return
+        view.rmdir(parent)
+
+
+def write_result(view: RootView, result: ApplyResult) -> list[str]:
+    """Write an accepted patch's files (deletions first, so renames onto them work)."""
+    changed = P.sort_paths(result.files)
+    for path in changed:
+        if result.files[path] is None and view.exists(path):
+            view.unlink(path)
+            _remove_empty_parents(view, path)
+    for path in changed:
+        item = result.files[path]
+        if item is None:
+            continue
+        content, mode = item
+        parent = P.parents(path)
+        if parent:
+            view.makedirs(parent[-1])
+        view.write_bytes(path, content, 0o755 if mode & 0o100 else 0o644)
+    return changed
+
+
+async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Apply a unified diff strictly to the worktree, a capsule or a snapshot."""
+    mode = args.get("mode") or ("capsule" if args.get("capsule_id") else "snapshot" if args.get("snapshot_id") else "worktree")
+    if mode == "capsule" and not args.get("capsule_id"):
+        raise CcwError("INVALID_ARGUMENT", "mode 'capsule' needs capsule_id")
+    if mode == "worktree" and args.get("capsule_id"):
+        raise CcwError("INVALID_ARGUMENT", "capsule_id needs mode 'capsule' (or no mode)")
+    patches = parse_patch(decode_content(args["patch"]))
+    if not patches:
+        raise CcwError("INVALID_ARGUMENT", "the patch contains no file diffs; send `git diff` output")
+    if mode == "snapshot":
+        T.resolve_mode({**args, "mode": "snapshot"})
+
+        def on_snapshot() -> dict[str, Any]:
+            snap = S.snapshots(ctx).load(args["snapshot_id"])
+            index = snap.by_path()
+            store = S.blobs(ctx)
+
+            def read(path: str) -> tuple[bytes, int] | None:
+                entry = index.get(path)
+                return (store.get(entry.blob), entry.mode) if entry else None
+
+            result = apply(patches, read)
+            if result.rejects:
+                return T.immutable_response({"applied": False, "files": [], "rejects": result.rejects}, snap.snapshot_id)
+            entries = dict(index)
+            for path, item in result.files.items():
+                if item is None:
+                    entries.pop(path, None)
+                else:
+                    entries[path] = Entry(path, store.put(item[0]), len(item[0]), item[1])
+            new = S.snapshots(ctx).save(snap.fingerprint, entries.values())
+            files = P.sort_paths(result.files)
+            return T.immutable_response({"applied": True, "files": files, "rejects": []}, new.snapshot_id)
+
+        return await S.run_sync(on_snapshot)
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, live = S.begin_live(ctx, target, args.get("lease_id"))
+        result = apply(patches, lambda path: S.read_entry(target.view, path))
+        if result.rejects:
+            return T.worktree_response({"applied": False, "files": [], "rejects": result.rejects}, target, lease_id, live)
+        files = write_result(target.view, result)
+        return _after_write(ctx, target, lease_id, {"applied": True, "files": files, "rejects": []}, files)
+
+    return await S.run_live(ctx, args, body)
+
+
+def _after_write(ctx: Any, target: T.LiveTarget, lease_id: str, payload: dict[str, Any], touched: list[str]) -> dict[str, Any]:
+    new = target.fingerprint()
+    leases = T.lease_store(ctx)
+    leases.rebase(lease_id, new)
+    leases.touch(lease_id, touched)
+    return T.worktree_response(payload, target, lease_id, new)
+
+
+async def workspace_write_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Write one file atomically beneath the root."""
+    path = P.normalize(args["path"])
+    if path == P.ROOT:
+        raise CcwError("INVALID_ARGUMENT", "name a file to write, not the root")
+    data = decode_content(args["content"])
+    executable = args.get("executable")
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, _ = S.begin_live(ctx, target, args.get("lease_id"))
+        parents = P.parents(path)
+        if parents and args.get("create_dirs", True):
+            target.view.makedirs(parents[-1])
+        mode = None if executable is None else (0o755 if executable else 0o644)
+        target.view.write_bytes(path, data, mode)
+        payload = {"path": path, "size": len(data), "blob": blob_id_of(data)}
+        return _after_write(ctx, target, lease_id, payload, [path])
+
+    return await S.run_live(ctx, args, body)
+
+
+async def workspace_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Delete a file or symlink, or a directory tree with ``recursive``."""
+    path = P.normalize(args["path"])
+    if path == P.ROOT:
+        raise CcwError("PERMISSION_DENIED", "the workspace root itself cannot be deleted; name a path inside it")
+
+    def body(target: T.LiveTarget) -> dict[str, Any]:
+        lease_id, _ = S.begin_live(ctx, target, args.get("lease_id"))
+        view = target.view
+        st = view.stat(path)
+        deleted: list[str] = []
+        if stat_mod.S_ISDIR(st.st_mode):
+            if not args.get("recursive"):
+                raise CcwError("INVALID_ARGUMENT", f"{path!r} is a directory; pass recursive: true to delete it and everything in it", {"path": path})
+            deleted = _rmtree(view, path)
+        else:
+            view.unlink(path)
+            deleted = [path]
+        deleted = P.sort_paths(deleted)
+        return _after_write(ctx, target, lease_id, {"path": path, "deleted": deleted}, deleted)
+
+    return await S.run_live(ctx, args, body)
+
+
+def _rmtree(view: RootView, path: str) -> list[str]:
+    """Delete a directory tree beneath the root (links are removed, never followed)."""
+    removed = []
+    for name, kind in view.listdir(path):
+        child = P.join(path, name)
+        if kind == "dir":
+            removed.extend(_rmtree(view, child))
+        else:
+            view.unlink(child)
+            removed.append(child)
+    view.rmdir(path)
+    return removed
+
+
+_HANDLERS = {
+    "workspace_apply_patch": workspace_apply_patch,
+    "workspace_write_file": workspace_write_file,
+    "workspace_delete": workspace_delete,
+}
+
+TOOLS = [
+    ToolSpec(
+        name=name,
+        family="workspace",
+        description=TOOL_SCHEMAS[name]["description"],
+        input_schema=TOOL_SCHEMAS[name]["input"],
+        output_schema=TOOL_SCHEMAS[name]["output"],
+        handler=handler,
+        scope="write",
+        aliases=("workspace." + name.split("_", 1)[1],),
+        destructive=True,
+        title=name.replace("_", " "),
+    )
+    for name, handler in _HANDLERS.items()
+]
