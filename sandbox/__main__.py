@@ -127,7 +127,30 @@ def collect_mechanisms(mode: str) -> dict[str, Any]:
             mechanisms[module_name] = report()
         except Exception as exc:  # a probe failing must not keep the helper down
             mechanisms[module_name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+    if isinstance(mechanisms.get("cgroups"), dict):
+        _drop_unwritable_cgroups(mechanisms)
     return mechanisms
+
+
+def _drop_unwritable_cgroups(mechanisms: dict[str, Any]) -> None:
+    # A hierarchy that is mounted but whose cgroup we cannot create children in (rootless
+    # without a delegated subtree, a read-only cgroupfs) is not in force: say None and why.
+    from sandbox import cgroups
+
+    layout = cgroups.detect_layout()
+    report = dict(mechanisms["cgroups"])
+    reasons: dict[str, str] = {}
+    for resource, value in report.items():
+        hierarchy = layout.for_resource(resource)
+        if value is None or hierarchy is None:
+            continue
+        if not os.access(hierarchy.base, os.W_OK | os.X_OK):
+            report[resource] = None
+            why = " (rootless, no delegated cgroup v2 subtree)" if mechanisms["user_namespace"] else ""
+            reasons[resource] = f"{hierarchy.base} is not writable by the helper{why}"
+    mechanisms["cgroups"] = report
+    if reasons:
+        mechanisms["cgroups_unavailable"] = reasons
 
 
 def _die_with_parent(expected_parent: int) -> None:

@@ -200,6 +200,8 @@ async def main(state, ws):
         hello = await client.hello()
         out["mode"] = hello["mode"]
         out["user_namespace"] = hello["mechanisms"]["user_namespace"]
+        out["cgroups"] = hello["mechanisms"]["cgroups"]
+        out["cgroups_unavailable"] = hello["mechanisms"].get("cgroups_unavailable", {})
         capsule = await client.request("create", {"workspace": ws})
         ran = await client.request("exec", {"capsule_id": capsule["capsule_id"], "argv": ["cat", "data.txt"], "cwd": ws})
         out["stdout"] = base64.b64decode(ran["stdout_b64"]).decode()
@@ -247,6 +249,9 @@ def test_rootless_helper_as_an_unprivileged_user(
     out = run_as(uid, gid, ROOTLESS_SCRIPT, str(state), str(ws), cwd=str(public_dir))
     assert out["embedded"] is True
     assert out["mode"] == "rootless" and out["user_namespace"] is True
+    # No cgroup of this host is writable by the user: hello claims none, and says why.
+    assert all(value is None for value in out["cgroups"].values()), out["cgroups"]
+    assert set(out["cgroups_unavailable"]) <= set(out["cgroups"])
     assert out["stdout"] == "user data\n"
     # fanotify cannot work from a user namespace: no read set, and a reason instead of a guess.
     assert out["touched_read"] is None and out["read_reason"]
