@@ -279,3 +279,19 @@ def test_embedded_default_starts_and_stops_its_helper(root_required: None, tmp_p
 
     trio.run(main)
     assert not socket_path.exists()
+
+
+def test_embedded_helper_that_cannot_start_says_why(root_required: None, tmp_path: Path) -> None:
+    state = tmp_path / "ccw-state"
+    (state / "helper").mkdir(parents=True)
+    (state / "helper" / "helper.sock").write_text("squatter")  # not a socket: never unlinked
+
+    async def main() -> None:
+        with pytest.raises(CcwError) as info:
+            await connect_or_spawn(Config(state_dir=str(state)))
+        assert info.value.code == "UNAVAILABLE"
+        assert "exit status 1" in info.value.message
+        assert "is not a socket" in info.value.message  # the helper's own stderr, quoted
+
+    trio.run(main)
+    assert (state / "helper" / "helper.sock").read_text() == "squatter"
