@@ -261,24 +261,26 @@ async def spawn_embedded(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> 
     os.close(ready_w)
     os.close(log_w)
     embedded = EmbeddedHelper(process, log_r)
-    client = HelperClient(socket_path, embedded)
     try:
-        with trio.move_on_after(timeout_s) as scope:
-            await trio.lowlevel.wait_readable(ready_r)
-        ready = b"" if scope.cancelled_caught else os.read(ready_r, 1)
-    finally:
-        os.close(ready_r)
-    if ready != b"1":
-        if scope.cancelled_caught:
+        try:
+            with trio.move_on_after(timeout_s) as scope:
+                await trio.lowlevel.wait_readable(ready_r)
+            ready = b"" if scope.cancelled_caught else os.read(ready_r, 1)
+        finally:
+            os.close(ready_r)
+        if ready != b"1":
+            if not scope.cancelled_caught:  # it closed the pipe: give it a moment to exit
+                with trio.move_on_after(5):
+                    await embedded.wait()
+            death = embedded.describe_death()
+            why = f"did not become ready within {timeout_s:g} s" if scope.cancelled_caught else "failed to start"
+            raise CcwError("UNAVAILABLE", f"the embedded helper {why}" + death)
+    except BaseException:
+        # Never leave a half-started helper behind, also when we are cancelled.
+        with trio.CancelScope(shield=True):
             await embedded.stop()
-            raise CcwError("UNAVAILABLE", f"the embedded helper did not become ready within {timeout_s:g} s"
-                           + embedded.describe_death())
-        with trio.move_on_after(5):
-            await embedded.wait()
-        death = embedded.describe_death()
-        await embedded.stop()
-        raise CcwError("UNAVAILABLE", "the embedded helper failed to start" + (death or ""))
-    return client
+        raise
+    return HelperClient(socket_path, embedded)
 
 
 async def _try_connect(socket_path: str) -> HelperClient | None:
