@@ -295,3 +295,39 @@ def test_embedded_helper_that_cannot_start_says_why(root_required: None, tmp_pat
 
     trio.run(main)
     assert (state / "helper" / "helper.sock").read_text() == "squatter"
+
+
+def test_sigterm_lets_an_exec_in_flight_finish(start_helper: Callable[..., Helper], workspace: Path) -> None:
+    helper = start_helper()
+    path = helper.socket_path
+    capsule_id = rpc(path, "create", {"workspace": str(workspace)})["capsule_id"]
+    results: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        client = HelperClient(path)
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def run() -> None:
+                    results.append(await client.request("exec", {
+                        "capsule_id": capsule_id, "cwd": str(workspace),
+                        "argv": ["sh", "-c", "touch started; sleep 1; echo done"],
+                    }))  # fmt: skip
+
+                nursery.start_soon(run)
+                while True:  # until the command runs inside the jail
+                    changes = await client.request("changes", {"capsule_id": capsule_id})
+                    if any(c["path"] == "started" for c in changes["changes"]):
+                        break
+                    await trio.sleep(0.05)
+                helper.process.send_signal(signal.SIGTERM)
+        finally:
+            await client.aclose()
+
+    trio.run(main)
+    assert results[0]["exit_code"] == 0 and base64.b64decode(results[0]["stdout_b64"]) == b"done\n"
+    assert helper.process.wait(30) == 0
+    assert not os.path.exists(path)
+    # Its data is still there for the next helper.
+    again = start_helper()
+    assert [c["capsule_id"] for c in rpc(again.socket_path, "list", {})["capsules"]] == [capsule_id]
