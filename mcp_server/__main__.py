@@ -117,11 +117,26 @@ def main() -> int:
         return 2
     try:
         trio.run(run, config)
-    except CcwError as exc:
-        log(f"mcp:error {exc.code}: {exc.message}")
+    except BaseException as exc:
+        failure = _ccw_error_in(exc)
+        if failure is None:
+            raise
+        log(f"mcp:error {failure.code}: {failure.message}")
         remove_ready_file(config.ready_file)
         return 2
     return 0
+
+
+def _ccw_error_in(exc: BaseException) -> CcwError | None:
+    """The CcwError behind a startup failure (trio wraps it in exception groups)."""
+    if isinstance(exc, CcwError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _ccw_error_in(inner)
+            if found is not None:
+                return found
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,168 @@
+"""ccw-mcp on a unix socket: SDK clients in both eras, many pipelining clients, the guard,
+socket permissions, stale sockets, and a graceful SIGTERM with a request in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+import trio
+from mcp import Client
+
+from mcp_server.transports.unix import connect
+from tests.mcp_process import ServerProcess, server_env
+
+
+@pytest.fixture
+def socket_server(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+async def ndjson_session(path: str, requests: list[dict]) -> list[dict]:
+    """Send every request at once (pipelined), then read one answer per request."""
+    stream = await trio.open_unix_socket(path)
+    async with stream:
+        await stream.send_all(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+        buffer = b""
+        answers: list[dict] = []
+        while len(answers) < len(requests):
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"connection closed after {len(answers)} answers"
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            answers += [json.loads(line) for line in lines if line]
+        return answers
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_sdk_client_over_unix_socket(socket_server: ServerProcess, mode: str):
+    async def session():
+        async with Client(connect(socket_server.path), mode=mode) as client:
+            listed = await client.list_tools()
+            assert [t.name for t in listed.tools] == ["ccw_info"]
+            result = await client.call_tool("ccw_info", {"echo": mode})
+            assert result.structured_content["endpoint"] == "socket"
+            assert result.structured_content["echo"] == mode
+
+    trio.run(session)
+
+
+def test_socket_mode_default_0600(socket_server: ServerProcess):
+    mode = os.stat(socket_server.path).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+    assert "mcp:ready mode=socket path=" + socket_server.path in socket_server.log
+
+
+def test_socket_mode_from_env(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_SOCKET_MODE="0660"))
+    try:
+        assert stat.S_IMODE(os.stat(server.wait_ready()).st_mode) == 0o660
+    finally:
+        assert server.stop() == 0
+
+
+def test_ten_pipelining_clients_get_answers_in_their_own_order(socket_server: ServerProcess):
+    results: dict[int, list[dict]] = {}
+
+    async def client(n: int) -> None:
+        # Earlier requests are slower, so they finish last unless the server keeps order.
+        requests = [
+            {"jsonrpc": "2.0", "id": f"c{n}-{i}", "method": "ccw_info",
+             "params": {"delay_ms": (5 - i) * 30, "echo": f"{n}:{i}"}}
+            for i in range(6)
+        ]
+        requests.insert(3, {"jsonrpc": "2.0", "id": f"c{n}-p", "method": "ping"})  # an MCP method mixed in
+        results[n] = await ndjson_session(socket_server.path, requests)
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            for n in range(10):
+                nursery.start_soon(client, n)
+
+    trio.run(main)
+    for n in range(10):
+        ids = [a["id"] for a in results[n]]
+        assert ids == [f"c{n}-0", f"c{n}-1", f"c{n}-2", f"c{n}-p", f"c{n}-3", f"c{n}-4", f"c{n}-5"]
+        echoes = [a["result"]["echo"] for a in results[n] if a["id"] != f"c{n}-p"]
+        assert echoes == [f"{n}:{i}" for i in range(6)]
+
+
+def test_oversized_frame_on_socket_keeps_connection(socket_server: ServerProcess):
+    async def main():
+        stream = await trio.open_unix_socket(socket_server.path)
+        async with stream:
+            big = b'{"jsonrpc":"2.0","id":1,"method":"ccw_info","params":{"echo":"' + b"a" * (1 << 20) + b'"}}\n'
+            await stream.send_all(big + b'{"jsonrpc":"2.0","id":2,"method":"ccw_info"}\n')
+            buffer = b""
+            while buffer.count(b"\n") < 2:
+                chunk = await stream.receive_some(65536)
+                assert chunk
+                buffer += chunk
+            return [json.loads(line) for line in buffer.splitlines()]
+
+    first, second = trio.run(main)
+    assert first == {"jsonrpc": "2.0", "id": 1, "result": {
+        "ok": False, "reason": "validation_failed", "errors": [{"path": "", "msg": "payload_too_large"}]}}
+    assert second["id"] == 2 and second["result"]["name"] == "ccw"
+
+
+def test_sigterm_finishes_in_flight_request_then_exits(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    path = server.wait_ready()
+
+    async def main():
+        async with Client(connect(path), mode="legacy") as client:
+            await client.list_tools()  # the client checks results against listed schemas
+            signalled = []
+
+            async def on_progress(value, total, message):
+                if not signalled:  # the request is running in the server now
+                    server.signal(signal.SIGTERM)
+                    signalled.append(value)
+
+            result = await client.call_tool("ccw_info", {"delay_ms": 1500}, progress_callback=on_progress)
+            assert signalled
+            return result
+
+    result = trio.run(main)
+    assert result.is_error is not True
+    assert result.structured_content["delayed_ms"] == 1500
+    assert server.wait() == 0
+    assert not os.path.exists(path)
+    assert not (tmp_path / "mcp.ready").exists()
+    assert "mcp:draining mode=socket signal=SIGTERM" in server.log
+    assert "mcp:shutdown mode=socket" in server.log
+
+
+def test_stale_socket_is_replaced_and_live_one_is_refused(tmp_path: Path):
+    path = tmp_path / "mcp.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a crashed server leaves
+    first = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    try:
+        first.wait_ready()
+        assert "stale socket" in first.log
+        second = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_READY_FILE=str(tmp_path / "r2")))
+        assert second.wait() == 2
+        assert "another server is listening" in second.log
+        assert path.exists()  # the live server's socket was left alone
+    finally:
+        assert first.stop() == 0
+    assert not path.exists()
+
+
+def test_path_that_is_not_a_socket_is_never_removed(tmp_path: Path):
+    (tmp_path / "mcp.sock").write_text("precious")
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    assert server.wait() == 2
+    assert "is not a socket" in server.log
+    assert (tmp_path / "mcp.sock").read_text() == "precious"
