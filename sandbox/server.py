@@ -268,18 +268,19 @@ class HelperServer:
     def serve_forever(self) -> None:
         """Accept connections until ``shutdown()``; then finish in-flight requests and unlink."""
         assert self._listener is not None, "call listen() first"
+        poller = select.poll()  # not select(): descriptors may exceed FD_SETSIZE
+        poller.register(self._listener.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         try:
             while not self._stopping.is_set():
-                try:
-                    ready, _, _ = select.select([self._listener.fileno(), self._wake_r], [], [])
-                except InterruptedError:
-                    continue
+                ready = {fd for fd, _ in poller.poll()}
                 if self._listener.fileno() not in ready:
                     continue
                 try:
                     conn, _ = self._listener.accept()
                 except OSError as exc:  # EMFILE, ECONNABORTED: keep serving the others
                     log.warning("accept failed: %s", exc)
+                    self._stopping.wait(0.1)  # EMFILE would otherwise spin
                     continue
                 with self._lock:
                     full = len(self._connections) >= MAX_CONNECTIONS
