@@ -62,6 +62,12 @@ def test_vectorised_tags_on_many_lines_of_mixed_lengths() -> None:
     assert tags(lines) == [f"{fnv1a32(line.rstrip().encode()) & 0xFF:02x}" for line in lines]
 
 
+def test_vectorised_tags_on_very_uneven_lengths() -> None:
+    # Mostly short lines and a few long ones: the length-sorted grouping path.
+    lines = [("é" * (2000 if i % 97 == 0 else i % 7)) + str(i) for i in range(2000)]
+    assert tags(lines) == [f"{fnv1a32(line.rstrip().encode()) & 0xFF:02x}" for line in lines]
+
+
 @pytest.mark.parametrize(
     ("text", "lines", "final"),
     [

@@ -310,3 +310,13 @@ def test_list_resource(ctx: FakeContext, ws: Path) -> None:
     assert info.value.code == "NOT_FOUND"
     with pytest.raises(CcwError):
         trio.run(rootspace_tools.list_resource, ctx, "list://../")
+
+
+def test_huge_read_is_paged_not_refused(ctx: FakeContext, ws: Path) -> None:
+    line = "x" * 999
+    (ws / "huge.txt").write_text((line + "\n") * 3000)  # 3 MB: over one answer's cap
+    first = call(ctx, "read_text_file", path="huge.txt")
+    assert 0 < first["end_line"] < 3000 and first["next_offset"] == first["end_line"] + 1
+    assert len(first["content"]) <= hashline_tools.MAX_READ_CHARS
+    rest = call(ctx, "read_text_file", path="huge.txt", offset=first["next_offset"])
+    assert rest["start_line"] == first["end_line"] + 1

@@ -36,6 +36,7 @@ matrix (``tags``), which keeps a 100,000-line read in the tens of milliseconds.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import itertools
 import re
@@ -68,7 +69,7 @@ _MUL = bytes((x * _LOW_PRIME) & 0xFF for x in range(256))
 # A byte that leaves the initial state unchanged: (0xc5 ^ p) * 0x93 == 0xc5 (mod 256).
 _PAD = next(p for p in range(256) if _MUL[_LOW_OFFSET ^ p] == _LOW_OFFSET)
 _HEX = [f"{x:02x}" for x in range(256)]
-_VECTOR_MIN_LINES = 16  # below this, the plain loop is faster than column passes
+_VECTOR_MIN_LINES = 16  # below this many lines, the plain loop beats column passes
 
 
 def _tag_byte(data: bytes) -> int:
@@ -88,33 +89,48 @@ def tags(lines: Sequence[str]) -> list[str]:
     if not lines:
         return []
     encoded = "\n".join(line.rstrip() for line in lines).encode("utf-8").split(b"\n")
-    if len(encoded) != len(lines):  # a line held a "\n" itself; never from split_text
+    count = len(encoded)
+    if count != len(lines):  # a line held a "\n" itself; never from split_text
         return [line_tag(line) for line in lines]
-    # Bucket lines by length so padding at most doubles the work; short buckets loop.
-    buckets: dict[int, list[int]] = {}
-    for i, data in enumerate(encoded):
-        buckets.setdefault(len(data).bit_length(), []).append(i)
-    out = [0] * len(encoded)
-    for indices in buckets.values():
-        group = [encoded[i] for i in indices]
-        width = max(len(g) for g in group)
-        if len(group) < _VECTOR_MIN_LINES or width == 0:
-            for i, data in zip(indices, group, strict=True):
-                out[i] = _tag_byte(data)
-            continue
-        # Right-align each line in a row of ``width`` bytes, padding with the byte that
-        # keeps the state at its initial value; then column k is matrix[k::width].
-        pad = bytes([_PAD])
-        matrix = b"".join(g.rjust(width, pad) for g in group)
-        count = len(group)
-        state = int.from_bytes(bytes([_LOW_OFFSET]) * count, "big")
-        for k in range(width):
-            column = int.from_bytes(matrix[k::width], "big")
-            state_bytes = (state ^ column).to_bytes(count, "big").translate(_MUL)
-            state = int.from_bytes(state_bytes, "big")
-        for i, h in zip(indices, state.to_bytes(count, "big"), strict=True):
-            out[i] = h
-    return [_HEX[h] for h in out]
+    if count < _VECTOR_MIN_LINES:
+        return [_HEX[_tag_byte(data)] for data in encoded]
+    lens = list(map(len, encoded))
+    width = max(lens)
+    if width * count <= 4 * sum(lens) + 32 * count:
+        # Lengths are close enough that one padded matrix wastes little.
+        return list(map(_HEX.__getitem__, _tag_columns(encoded, width)))
+    # Very uneven lengths: hash groups of similar length (sorted), so padding at most
+    # doubles the work, then put the tags back in line order.
+    order = sorted(range(count), key=lens.__getitem__)
+    sorted_lens = [lens[i] for i in order]
+    by_rank = bytearray(count)
+    first = 0
+    while first < count:
+        stop = bisect.bisect_right(sorted_lens, max(2 * sorted_lens[first], 16), lo=first)
+        group = [encoded[i] for i in order[first:stop]]
+        if len(group) < _VECTOR_MIN_LINES:
+            by_rank[first:stop] = bytes(_tag_byte(data) for data in group)
+        else:
+            by_rank[first:stop] = _tag_columns(group, sorted_lens[stop - 1])
+        first = stop
+    result = [""] * count
+    for rank, index in enumerate(order):
+        result[index] = _HEX[by_rank[rank]]
+    return result
+
+
+def _tag_columns(group: Sequence[bytes], width: int) -> bytes:
+    """The tag byte of every line in ``group`` (each at most ``width`` bytes), column by column."""
+    count = len(group)
+    # Right-align each line in a row of ``width`` bytes, padding with the byte that keeps
+    # the state at its initial value; column k is then matrix[k::width].
+    pad = bytes([_PAD])
+    matrix = b"".join([data.rjust(width, pad) for data in group])
+    state = int.from_bytes(bytes([_LOW_OFFSET]) * count, "big")
+    for k in range(width):
+        column = int.from_bytes(matrix[k::width], "big")
+        state = int.from_bytes((state ^ column).to_bytes(count, "big").translate(_MUL), "big")
+    return state.to_bytes(count, "big")
 
 
 class LazyTags(Sequence[str]):

@@ -129,15 +129,18 @@ def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
         )
     stop = total if limit is None else min(total, offset - 1 + int(limit))
     lines = doc.lines[offset - 1 : stop]
+    digits = len(str(offset + len(lines)))
+    if limit is None and sum(map(len, lines)) + (digits + 5) * len(lines) > MAX_READ_CHARS:
+        # Perhaps too much for one answer: stop at the line where the cap falls (at least
+        # one line), counting each row exactly: "n:hh|" + content + "\n".
+        size = 0
+        for kept, line in enumerate(lines):
+            size += len(line) + len(str(offset + kept)) + 5
+            if size > MAX_READ_CHARS:
+                lines = lines[: max(kept, 1)]
+                break
     tag_list = hashline.tags(lines)
-    rows: list[str] = []
-    size = 0
-    for n, (tag, line) in enumerate(zip(tag_list, lines, strict=True), offset):
-        row = f"{n}:{tag}|{line}"
-        size += len(row) + 1
-        if limit is None and size > MAX_READ_CHARS and rows:
-            break
-        rows.append(row)
+    rows = [f"{n}:{tag}|{line}" for n, tag, line in zip(range(offset, offset + len(lines)), tag_list, lines, strict=True)]
     end_line = offset - 1 + len(rows)
     result: dict[str, Any] = {
         "path": found.shown,
