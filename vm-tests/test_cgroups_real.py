@@ -181,16 +181,16 @@ def test_teardown_removes_every_dir_and_is_idempotent(make: Callable[..., ExecCg
 
 def test_cleanup_stale_removes_a_crashed_helpers_cgroups(layout: object) -> None:
     # A helper that created an exec cgroup with a process in it and then died (os._exit).
-    crash = """
+    crash = f"""
 import os, subprocess, sys
-sys.path.insert(0, {root!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
 from sandbox.cgroups import ExecCgroup, Limits, detect_layout
 cg = ExecCgroup.prepare(detect_layout(), "ccwtest-stale", Limits(pids_max=10))
 sleeper = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 cg.enter(sleeper.pid)
 print(sleeper.pid, *cg.dirs.values(), flush=True)
 os._exit(0)
-""".format(root=str(Path(__file__).resolve().parent.parent))
+"""
     out = subprocess.run([sys.executable, "-c", crash], capture_output=True, text=True, check=True, timeout=60).stdout
     sleeper, *dirs = out.split()
     assert dirs and all(os.path.isdir(d) for d in dirs)
