@@ -194,7 +194,9 @@ def enter(step: MountStep) -> None:
         os.symlink(step.data, target)
     elif action == "mask_file":
         syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
-        syscalls.mount_setattr(target, _RO | syscalls.MOUNT_ATTR_NOEXEC, flags=0)
+        # Not nodev: the mask *is* a device node, and reading it must give EOF, not EACCES.
+        syscalls.mount_setattr(target, syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID
+                               | syscalls.MOUNT_ATTR_NOEXEC, flags=0)
     elif action == "mask_dir":
         _tmpfs(target, syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
     elif action == "tmpfs":

@@ -1,0 +1,285 @@
+"""The jail on the real kernel: identity, isolation, read-only host, output, timeouts, leaks.
+
+Each test builds what a capsule would give the jail: a "merged" directory (a plain
+directory standing in for the overlay's merged view), per-capsule /tmp and $HOME dirs,
+and a workspace path at which the merged view appears inside the jail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox import jail, namespaces
+from sandbox.errors import CcwError
+
+NOBODY = 65534
+PYTHON = os.path.realpath(sys.executable)  # the base interpreter (bound into the jail)
+
+
+@dataclass
+class Capsule:
+    merged: Path
+    tmp: Path
+    home: Path
+    workspace: str
+
+    def spec(self, argv: list[str], **kwargs: object) -> jail.JailSpec:
+        fields: dict[str, object] = {
+            "merged_dir": str(self.merged),
+            "workspace": self.workspace,
+            "tmp_dir": str(self.tmp),
+            "home_dir": str(self.home),
+            "argv": argv,
+            "cwd": self.workspace,
+            "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/home/agent", "LANG": "C.UTF-8"},
+            "uid": NOBODY,
+            "gid": NOBODY,
+            "timeout_ms": 30_000,
+        }
+        fields.update(kwargs)
+        return jail.JailSpec(**fields)  # type: ignore[arg-type]
+
+
+def mount_table() -> list[str]:
+    with open("/proc/self/mountinfo") as handle:
+        return sorted(" ".join(line.split()[3:5]) for line in handle)
+
+
+@pytest.fixture
+def capsule(root_required: None, tmp_path: Path) -> Iterator[Capsule]:
+    """Capsule-like dirs writable by NOBODY; checks that no mount or process is left behind."""
+    before = mount_table()
+    dirs = []
+    for name in ("merged", "tmp", "home"):
+        path = tmp_path / name
+        path.mkdir()
+        os.chown(path, NOBODY, NOBODY)
+        dirs.append(path)
+    (dirs[0] / "hello.txt").write_text("hello from the workspace\n")
+    os.chown(dirs[0] / "hello.txt", NOBODY, NOBODY)
+    yield Capsule(dirs[0], dirs[1], dirs[2], f"/srv/ccw-ws-{uuid.uuid4().hex[:8]}")
+    assert mount_table() == before, "a jail left a mount behind in the helper's namespace"
+    assert psutil.Process().children(recursive=True) == [], "a jail left a process behind"
+
+
+def run(capsule: Capsule, script: str, **kwargs: object) -> jail.JailResult:
+    return jail.run(capsule.spec(["/bin/sh", "-c", script], **kwargs))
+
+
+def test_runs_as_the_callers_uid_and_gid(capsule: Capsule) -> None:
+    result = run(capsule, "id -u; id -g; id -G")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == [str(NOBODY)] * 3
+
+
+def test_cannot_read_etc_shadow(capsule: Capsule) -> None:
+    assert Path("/etc/shadow").stat().st_size > 0
+    # Hidden under /dev/null, so not even a root caller's jail reads password hashes.
+    for uid in (NOBODY, 0):
+        result = run(capsule, "cat /etc/shadow /etc/gshadow; echo rc=$?", uid=uid, gid=uid)
+        assert result.stdout == b"rc=0\n", result.stderr
+
+
+def test_fresh_pid_namespace_hides_and_protects_host_pids(capsule: Capsule) -> None:
+    host_pid = os.getpid()
+    result = run(capsule, f"echo $PPID; ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '; echo; "
+                          f"kill -0 {host_pid} 2>/dev/null && echo KILLED || echo cannot-signal")
+    assert result.exit_code == 0, result.stderr
+    ppid, pids, verdict = result.stdout.decode().splitlines()
+    assert ppid == "1"  # the command is the jail init's child
+    assert max(int(p) for p in pids.split()) < 20  # only the jail's own few processes
+    assert verdict == "cannot-signal"
+    assert str(host_pid) not in pids.split()
+
+
+def test_cannot_reach_a_listener_on_the_hosts_loopback(capsule: Capsule) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        code = ("import socket,sys\n"
+                f"s=socket.socket(); s.settimeout(2)\n"
+                f"try:\n s.connect(('127.0.0.1',{port})); print('connected')\n"
+                "except OSError as e: print('refused', e.errno)\n")
+        result = jail.run(capsule.spec([PYTHON, "-c", code]))
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.startswith(b"refused")
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    # lo itself is up in the jail's own network namespace
+    result = run(capsule, "cat /sys/class/net/lo/operstate /sys/class/net/lo/flags; ls /sys/class/net")
+    assert result.stdout.split()[1] in (b"0x9", b"0x49")  # IFF_UP | IFF_LOOPBACK (| IFF_RUNNING)
+    assert result.stdout.split()[2:] == [b"lo"]
+
+
+def test_hostname_is_ccw(capsule: Capsule) -> None:
+    result = run(capsule, "cat /proc/sys/kernel/hostname")
+    assert result.stdout == b"ccw\n"
+
+
+def test_environment_is_exactly_the_spec(capsule: Capsule) -> None:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent", "ONLY_THIS": "1 2 3"}
+    result = jail.run(capsule.spec(["/bin/cat", "/proc/self/environ"], env=env))
+    assert result.exit_code == 0, result.stderr
+    got = dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if item)
+    assert got == env
+
+
+def test_output_cap_counts_and_flags_truncation(capsule: Capsule) -> None:
+    result = run(capsule, "head -c 3000000 /dev/zero; echo -n err >&2", output_cap=1000)
+    assert result.exit_code == 0
+    assert result.stdout == b"\0" * 1000
+    assert (result.stdout_bytes, result.stdout_truncated) == (3_000_000, True)
+    assert (result.stderr, result.stderr_bytes, result.stderr_truncated) == (b"err", 3, False)
+
+
+def test_stdin_is_delivered(capsule: Capsule) -> None:
+    data = os.urandom(300_000)  # larger than a pipe buffer
+    result = jail.run(capsule.spec(["/bin/sh", "-c", "cat; echo done >&2"], stdin=data))
+    assert result.stdout == data
+    assert result.stderr == b"done\n"
+    assert jail.run(capsule.spec(["/bin/cat"])).stdout == b""  # no stdin: /dev/null
+
+
+def test_timeout_kills_a_daemonised_grandchild(capsule: Capsule) -> None:
+    token = f"{time.time_ns() % 1000}.{os.getpid()}"  # a unique sleep duration to find it by
+    script = f"(setsid sh -c 'sleep {token}' > /dev/null 2>&1 &); sleep {token}"
+    result = run(capsule, script, timeout_ms=700)
+    assert result.timed_out
+    assert (result.exit_code, result.signal) == (None, "SIGKILL")
+    survivors = [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])]
+    assert survivors == []
+
+
+def test_daemons_die_when_the_command_exits(capsule: Capsule) -> None:
+    token = f"{time.time_ns() % 1000}.{os.getpid() + 1}"
+    result = run(capsule, f"(setsid sleep {token} > /dev/null 2>&1 &); echo started")
+    assert (result.exit_code, result.timed_out, result.stdout) == (0, False, b"started\n")
+    assert [p for p in psutil.process_iter(["cmdline"]) if token in " ".join(p.info["cmdline"] or [])] == []
+
+
+def test_death_by_signal_is_reported(capsule: Capsule) -> None:
+    result = run(capsule, "kill -SEGV $$")
+    assert (result.exit_code, result.signal, result.timed_out) == (None, "SIGSEGV", False)
+    result = run(capsule, "exit 3")
+    assert (result.exit_code, result.signal) == (3, None)
+
+
+def test_no_descriptor_above_2_leaks_into_the_jail(capsule: Capsule) -> None:
+    leaky = os.open("/etc/hostname", os.O_RDONLY)
+    os.set_inheritable(leaky, True)
+    try:
+        result = jail.run(capsule.spec(["/bin/ls", "/proc/self/fd"]))
+    finally:
+        os.close(leaky)
+    assert result.stdout.split() == [b"0", b"1", b"2", b"3"]  # 3 is ls's own directory handle
+
+
+def test_missing_or_unrunnable_command(capsule: Capsule) -> None:
+    result = jail.run(capsule.spec(["no-such-command-ccw"]))
+    assert result.exit_code == 127
+    assert b"no-such-command-ccw" in result.stderr and b"not found" in result.stderr
+    assert jail.run(capsule.spec(["/no/such/file"])).exit_code == 127
+    (capsule.merged / "script.sh").write_text("echo hi\n")  # mode 0644: not executable
+    assert jail.run(capsule.spec([f"{capsule.workspace}/script.sh"])).exit_code == 126
+
+
+def test_missing_cwd_is_an_error_naming_the_step(capsule: Capsule) -> None:
+    with pytest.raises(CcwError) as info:
+        jail.run(capsule.spec(["/bin/true"], cwd="/no/such/dir"))
+    assert info.value.code == "NOT_FOUND"
+    assert "chdir /no/such/dir" in info.value.message
+
+
+def test_workspace_is_read_write_at_its_own_path(capsule: Capsule) -> None:
+    result = run(capsule, f"pwd; cat hello.txt; echo new > {capsule.workspace}/made.txt")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{capsule.workspace}\nhello from the workspace\n".encode()
+    assert (capsule.merged / "made.txt").read_text() == "new\n"
+
+
+def test_workspace_under_tmp_at_its_real_path(capsule: Capsule, tmp_path: Path) -> None:
+    workspace = str(tmp_path / "project")  # a real path under /tmp, like most checkouts in tests
+    result = run(capsule, "pwd; cat hello.txt; echo t > /tmp/t.txt", workspace=workspace, cwd=workspace)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == f"{workspace}\nhello from the workspace\n".encode()
+    assert (capsule.tmp / "t.txt").read_text() == "t\n"
+
+
+def test_tmp_and_home_persist_across_runs(capsule: Capsule) -> None:
+    first = run(capsule, "echo one > /tmp/a; echo two > $HOME/b")
+    assert first.exit_code == 0, first.stderr
+    second = run(capsule, "cat /tmp/a $HOME/b")
+    assert second.stdout == b"one\ntwo\n"
+    assert (capsule.tmp / "a").exists() and (capsule.home / "b").exists()
+
+
+@pytest.mark.parametrize("uid", [NOBODY, 0])
+def test_no_capabilities_and_no_new_privs(capsule: Capsule, uid: int) -> None:
+    result = run(capsule, "grep -E '^(Cap|NoNewPrivs)' /proc/self/status", uid=uid, gid=uid)
+    fields = dict(line.split(":\t") for line in result.stdout.decode().splitlines())
+    assert fields == {"CapInh": "0" * 16, "CapPrm": "0" * 16, "CapEff": "0" * 16,
+                      "CapBnd": "0" * 16, "CapAmb": "0" * 16, "NoNewPrivs": "1"}
+
+
+@pytest.fixture
+def sentinel() -> Iterator[Path]:
+    """A world-writable dir and file under /opt: only the read-only bind protects them."""
+    require_opt = Path("/opt")
+    path = require_opt / f"ccw-jail-sentinel-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o777)
+    path.chmod(0o777)
+    (path / "keep.txt").write_text("keep")
+    (path / "keep.txt").chmod(0o666)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("uid", [NOBODY, 0])
+def test_rm_rf_root_leaves_the_host_unchanged(capsule: Capsule, sentinel: Path, uid: int) -> None:
+    etc_before = sorted(os.listdir("/etc"))
+    result = run(capsule, "rm -rf --no-preserve-root / 2>/dev/null; "
+                          f"echo x > {sentinel}/keep.txt || echo sentinel-protected; "
+                          "touch /usr/ccw-x || echo usr-ro; touch /new || echo root-ro; "
+                          "mkdir /dev/x || echo dev-ro; "
+                          "echo ccw > /proc/sys/kernel/domainname || echo procsys-ro; "
+                          "ls /tmp /home/agent | wc -l",
+                 uid=uid, gid=uid, output_cap=1 << 16)
+    lines = result.stdout.decode().split()
+    for verdict in ("sentinel-protected", "usr-ro", "root-ro", "dev-ro", "procsys-ro"):
+        assert verdict in lines, (verdict, result.stdout, result.stderr)
+    assert (sentinel / "keep.txt").read_text() == "keep"
+    assert sorted(os.listdir("/etc")) == etc_before
+    assert Path("/usr/bin/true").exists() and Path(PYTHON).exists()
+
+
+def test_clock_offset(capsule: Capsule, require: Callable[[bool, str], None]) -> None:
+    require(namespaces.time_namespace_supported(), "no time namespace in this kernel")
+    year = 365 * 86400
+    with open("/proc/uptime") as handle:
+        host_uptime = float(handle.read().split()[0])
+    result = run(capsule, "cat /proc/uptime; date +%Y", clock_offset_sec=year)
+    assert result.exit_code == 0, result.stderr
+    uptime, _idle, shown_year = result.stdout.split()
+    assert float(uptime) >= host_uptime + year
+    if namespaces.faketime_library() is not None:
+        assert int(shown_year) == time.gmtime(time.time() + year).tm_year
+
+
+def test_invalid_specs_are_refused(capsule: Capsule) -> None:
+    for bad in ({"argv": []}, {"workspace": "relative"}, {"workspace": "/proc/x"},
+                {"workspace": "/tmp"}, {"cwd": "rel"}, {"network": "host"}):
+        with pytest.raises(CcwError):
+            jail.run(replace(capsule.spec(["/bin/true"]), **bad))
