@@ -142,7 +142,9 @@ async def run_sync(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 
 
 def encode_content(data: bytes) -> tuple[str, str]:
-    """(content, encoding): UTF-8 text as is, anything else as ``base64:…``."""
+    """(content, encoding): UTF-8 text as is; binary (a NUL near the start) or other bytes as ``base64:…``."""
+    if is_binary(data):
+        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
     try:
         return data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
