@@ -16,6 +16,12 @@ Some facts about asking git questions read-only:
 - GIT_* variables of the server's own environment (GIT_DIR, GIT_WORK_TREE, …) would
   point git elsewhere; they are removed before every call.
 
+- What the formula cannot see: porcelain status names files, not contents, so a further
+  edit to a file that is already modified (or untracked) leaves the fingerprint as it
+  was.  A lease therefore goes stale when a file changes *state* (clean → modified,
+  new untracked file, staging, commit), which is seed 000's definition, kept exactly so
+  that fingerprints can be recomputed from git's own output.
+
 The workspace must be a git worktree's top level; anything else is INVALID_ARGUMENT.
 """
 
