@@ -488,7 +488,10 @@ class _Running:
                 syscalls.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
             except OSError:
                 pass
-        if self.status is None:
+        elif self.status is None:
+            # Our child is the init, or (fallback) the init's parent, whose death the init
+            # follows through PDEATHSIG.  With the init's pidfd we spare its parent, which
+            # then reaps it: killed first, the init would linger as the host init's zombie.
             try:
                 os.kill(self.pid, signal.SIGKILL)  # not reaped yet, so the pid cannot be reused
             except OSError:
