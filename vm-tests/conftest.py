@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,3 +40,49 @@ def require_fixture() -> object:
 def root_required() -> None:
     """The test needs to run as root."""
     require(os.geteuid() == 0, "needs root")
+
+
+class ToolRunner:
+    """Calls tool handlers through a real Runtime (embedded helper), checking both schemas."""
+
+    def __init__(self, state_dir: Path) -> None:
+        from mcp_server.config import TOOLSETS, Config
+        from mcp_server.context import CallContext, Runtime
+        from mcp_server.state import State
+        from mcp_server.tools.registry import Registry
+
+        self.config = Config.from_env({"CCW_STATE_DIR": str(state_dir)})
+        self.runtime = Runtime(self.config, State(state_dir))
+        self.ctx = CallContext(self.runtime)
+        self.registry = Registry.load(TOOLSETS)
+
+    async def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Validate ``args``, run the tool, validate and return its result."""
+        import jsonschema
+
+        spec = self.registry.lookup(name)
+        assert spec is not None, name
+        jsonschema.Draft202012Validator(spec.input_schema).validate(args)
+        result: dict[str, Any] = await spec.handler(self.ctx, args)
+        jsonschema.Draft202012Validator(spec.output_schema).validate(result)
+        return result
+
+    def run(self, fn: Callable[[ToolRunner], Awaitable[Any]]) -> Any:
+        """Run ``fn(self)`` under trio, then stop the embedded helper."""
+        import trio
+
+        async def main() -> Any:
+            try:
+                return await fn(self)
+            finally:
+                await self.runtime.aclose()
+
+        return trio.run(main)
+
+
+@pytest.fixture
+def tools(tmp_path: Path, root_required: None) -> ToolRunner:
+    """A ToolRunner over a fresh state dir (needs root: the helper runs privileged)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    return ToolRunner(state)

@@ -1,0 +1,177 @@
+"""Capsule tools end to end on the real kernel: create, exec, diff, promote, witness, replay.
+
+Every call goes through the tool handlers with schema checks on both sides, to a real
+embedded helper (privileged), so these are the behaviours an agent sees.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.errors import CcwError
+
+
+def _git(cwd: Path, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(["git", *args], cwd=cwd, input=data, capture_output=True, env=env, check=False)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "project"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "mod.py").write_text("def f():\n    return 1\n")
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_mod.py").write_text("from src.mod import f\n\ndef test_f():\n    assert f() == 1\n")
+    (ws / "README").write_text("readme\n")
+    (ws / "old.txt").write_text("to be deleted\n")
+    (ws / "data.bin").write_bytes(b"\0\1\2")
+    return ws
+
+
+def test_exec_diff_and_git_apply(tools: Any, workspace: Path, tmp_path: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = await t.call("capsule/create", {"workspace": str(workspace)})
+        assert cap["capsule_id"].startswith("cap_") and cap["isolation"]
+        script = (
+            "cat README >/dev/null; echo 'def g(): pass' >> src/mod.py; rm old.txt; "
+            "printf 'new\\n' > added.txt; printf '\\3\\0' >> data.bin; chmod +x README; ln -s README link"
+        )
+        ran = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["sh", "-c", script]})
+        assert ran["exit_code"] == 0 and not ran["timed_out"], ran
+        if ran["touched"]["read"] is not None:
+            assert "README" in ran["touched"]["read"]
+        assert {"added.txt", "src/mod.py"} <= set(ran["touched"]["written"])
+        diff = await t.call("capsule_diff", {"capsule_id": cap["capsule_id"], "format": "unified"})
+        js = await t.call("capsule_diff", {"capsule_id": cap["capsule_id"], "format": "json"})
+        listed = await t.call("capsule_list", {})
+        await t.call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
+        after = await t.call("capsule_list", {})
+        return {"diff": diff, "json": js, "listed": listed, "after": after, "cap": cap}
+
+    out = tools.run(scenario)
+    # The real tree is untouched until promotion.
+    assert (workspace / "old.txt").exists() and not (workspace / "added.txt").exists()
+    assert out["diff"]["summary"] == {"added": 2, "deleted": 1, "modified": 3}
+    by_path = {f["path"]: f for f in out["json"]["files"]}
+    assert by_path["data.bin"]["binary"] is True and by_path["README"]["new_mode"] == "100755"
+    assert [c["capsule_id"] for c in out["listed"]["capsules"]] == [out["cap"]["capsule_id"]]
+    assert out["after"]["capsules"] == []
+    # The unified diff applies with git apply to a copy of the base and reproduces the capsule.
+    copy = tmp_path / "copy"
+    shutil.copytree(workspace, copy, symlinks=True)
+    _git(copy, "init", "-q")
+    applied = _git(copy, "apply", "-", data=out["diff"]["diff"].encode())
+    assert applied.returncode == 0, applied.stderr
+    assert (copy / "added.txt").read_text() == "new\n"
+    assert (copy / "data.bin").read_bytes() == b"\0\1\2\3\0"
+    assert os.readlink(copy / "link") == "README" and not (copy / "old.txt").exists()
+
+
+def test_promotion_applies_everything_and_only_when_policies_pass(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo v2 > README; rm old.txt; mkdir -p new/deep; echo x > new/deep/f"]})
+        dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+        failing = await t.call("policy_set", {"name": "needs-tests", "rules": {"require_tests": ["test -f nonexistent"]}})
+        blocked = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline", "needs-tests"]})
+        await t.call("policy_set", {"name": "no-readme", "rules": {"deny_paths": ["README"]}})
+        denied = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["no-readme"]})
+        await t.call("policy_set", {"name": "tiny", "rules": {"max_rss_mb": 1}})
+        starved = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["tiny"]})
+        done = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline"]})
+        return {"dry": dry, "failing": failing, "blocked": blocked, "denied": denied, "starved": starved, "done": done}
+
+    out = tools.run(scenario)
+    assert out["dry"]["promoted"] is False and "README" in out["dry"]["applied"]
+    assert out["blocked"]["promoted"] is False and out["blocked"]["policy_report"]["tests_ok"] is False
+    assert out["blocked"]["policy_report"]["test_failures"][0]["cmd"] == "test -f nonexistent"
+    assert out["denied"]["policy_report"]["deny_paths"] == ["README"]
+    assert out["starved"]["policy_report"]["resource_ok"] is False
+    assert out["done"]["promoted"] is True and out["done"]["policy_report"]["passed"] is True
+    assert (workspace / "README").read_text() == "v2\n"
+    assert not (workspace / "old.txt").exists()
+    assert (workspace / "new" / "deep" / "f").read_text() == "x\n"
+
+
+def test_repo_changed_refuses_and_writes_nothing(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> CcwError:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo capsule > README; echo n > other"]})
+        (workspace / "README").write_text("edited live\n")  # someone edits the real tree meanwhile
+        with pytest.raises(CcwError) as info:
+            await t.call("capsule_promote", {"capsule_id": cap})
+        return info.value
+
+    err = tools.run(scenario)
+    assert err.code == "REPO_CHANGED" and err.details["paths"] == ["README"]
+    assert (workspace / "README").read_text() == "edited live\n" and not (workspace / "other").exists()
+
+
+def test_a_symlink_the_capsule_planted_is_promoted_as_a_link_never_written_through(tools: Any, workspace: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", f"rm -rf src && ln -s {outside} src"]})
+        return await t.call("capsule_promote", {"capsule_id": cap})
+
+    out = tools.run(scenario)
+    assert out["promoted"] is True
+    assert os.readlink(workspace / "src") == str(outside)
+    assert list(outside.iterdir()) == []
+
+
+def test_witness_is_deterministic_and_replays(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat README src/mod.py | wc -c > count.txt; cat count.txt"]})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["tr", "a-z", "A-Z"], "stdin": "hello\n"})
+        first = await t.call("capsule/witness", {"capsule_id": cap, "compress": "zstd", "include_blobs": True})
+        second = await t.call("capsule_witness", {"capsule_id": cap})
+        verified = await t.call("witness_verify", {"witness_id": first["witness_id"]})
+        replayed = await t.call("capsule/replay", {"witness_id": first["witness_id"]})
+        listed = await t.call("witness_list", {"capsule_id": cap})
+        return {"first": first, "second": second, "verified": verified, "replayed": replayed, "listed": listed}
+
+    out = tools.run(scenario)
+    assert out["first"] == out["second"]
+    assert Path(out["first"]["path"]).read_bytes() == Path(out["second"]["path"]).read_bytes()
+    assert out["verified"]["ok"] is True
+    assert out["replayed"]["replay_ok"] is True, out["replayed"]["mismatches"]
+    assert out["replayed"]["root_hash"] == out["first"]["root_hash"]
+    assert [w["witness_id"] for w in out["listed"]["witnesses"]] == [out["first"]["witness_id"]]
+
+
+def test_replay_names_the_exec_and_stream_that_differed(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "stable"]})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "date +%s%N; od -An -N8 -tx8 /dev/urandom"]})
+        made = await t.call("capsule_witness", {"capsule_id": cap})
+        return await t.call("capsule_replay", {"witness_id": made["witness_id"]})
+
+    out = tools.run(scenario)
+    assert out["replay_ok"] is False
+    assert [(m["exec"], m["field"]) for m in out["mismatches"]] == [(2, "stdout")]
+
+
+def test_replay_after_the_workspace_is_deleted(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sort README src/mod.py > sorted.txt"]})
+        made = await t.call("capsule_witness", {"capsule_id": cap, "include_blobs": True})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        shutil.rmtree(workspace)
+        return await t.call("capsule_replay", {"path": made["path"]})
+
+    out = tools.run(scenario)
+    assert out["replay_ok"] is True, out["mismatches"]
+    assert not workspace.exists()
