@@ -15,6 +15,7 @@ import random
 import shutil
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,15 @@ def run(quick: bool) -> Report:
             _git(scratch, "add", "-A")
             _git(scratch, "write-tree")
 
-        git_times = []
-        ccw_times = []
+        git_times: list[float] = []
+        ccw_times: list[float] = []
         for _ in range(repeat + 1):
             git_fresh()
             git_times.extend(sample(git_create, 1, warmup=0))
             shutil.rmtree(state.objects_dir / "sha256", ignore_errors=True)
             fresh = State(work / f"state-{len(ccw_times)}")
             fresh_ctx = _Ctx(tree, fresh)
-            ccw_times.extend(sample(lambda c=fresh_ctx: _call(c, snapshot.snapshot_create, {}), 1, warmup=0))
+            ccw_times.extend(sample(partial(_call, fresh_ctx, snapshot.snapshot_create, {}), 1, warmup=0))
             fresh.close()
             shutil.rmtree(work / f"state-{len(ccw_times) - 1}")
         report.add(Row(
