@@ -89,7 +89,7 @@ class Search:
                 self.exhausted = True
                 self.done = True
                 break
-            batch = []
+            batch: list[tuple[int, ...]] = []
             while self._pos < len(self._candidates) and len(batch) < self.parallel:
                 candidate = self._candidates[self._pos]
                 self._pos += 1
