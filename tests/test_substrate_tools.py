@@ -274,3 +274,48 @@ def test_write_and_delete_safety(env: tuple[Path, Any, State], tmp_path: Path) -
     assert deleted["deleted"] == ["src/a.py", "src/pkg/b.py"] and not (repo / "src").exists()
     assert call("workspace_delete", path="escape")["deleted"] == ["escape"]
     assert (outside / "keep").exists()
+
+
+class _FakeHelper:
+    """Stands in for the helper: open_root passes an O_PATH descriptor of a directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def open_root(self, capsule_id: str) -> int:
+        if capsule_id != "cap1":
+            raise CcwError("NOT_FOUND", f"no capsule {capsule_id}")
+        return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def test_capsule_target_reads_and_writes_through_the_passed_descriptor(tmp_path: Path) -> None:
+    capsule = tmp_path / "capsule"
+    capsule.mkdir()
+    (capsule / "f.txt").write_text("in capsule\n")
+    git(capsule, "init", "-q")
+    git(capsule, "add", "-A")
+    git(capsule, "commit", "-qm", "c")
+    state = State(tmp_path / "state")
+    ctx = Ctx(tmp_path, state)
+    helper = _FakeHelper(capsule)
+
+    async def get_helper() -> Any:
+        return helper
+
+    ctx.helper = get_helper  # type: ignore[method-assign]
+
+    def call(name: str, **args: Any) -> dict[str, Any]:
+        spec = SPECS[name]
+        result = anyio.run(spec.handler, ctx, args, backend="trio")
+        jsonschema.Draft202012Validator(spec.output_schema).validate(result)
+        return result
+
+    read = call("snapshot_file", capsule_id="cap1", path="f.txt")
+    assert read["content"] == "in capsule\n" and read["capsule_id"] == "cap1"
+    assert read["fingerprint"] == compute(str(capsule)).to_dict()
+    wrote = call("workspace_write_file", capsule_id="cap1", path="g.txt", content="new\n", lease_id=read["lease_id"])
+    assert (capsule / "g.txt").read_text() == "new\n"
+    assert wrote["fingerprint"] == compute(str(capsule)).to_dict()
+    with pytest.raises(CcwError):
+        call("snapshot_file", capsule_id="cap1", path="f.txt", lease_id=read["lease_id"] + "x")
+    state.close()
