@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import stat as stat_mod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -337,8 +338,6 @@ def _grep(
 
 async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Search text files for a literal (or regex) in deterministic candidate order."""
-    import re
-
     try:
         matcher = Matcher.build(args["pattern"], regex=bool(args.get("regex")), ignore_case=bool(args.get("ignore_case")))
     except re.error as exc:
@@ -419,7 +418,7 @@ async def snapshot_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     scopes = norm_paths(args.get("paths"))
 
     def within(entries: dict[str, Entry]) -> dict[str, Entry]:
-        return {p: e for p, e in entries.items() if p in set(scoped([p], scopes))}
+        return {p: e for p, e in entries.items() if any(P.is_within(p, s) for s in scopes)}
 
     if T.resolve_mode(args) == "snapshot":
 
