@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import os
 import resource
 import select
@@ -225,6 +226,7 @@ def _arrange_fds(stdin: int, stdout: int, stderr: int, sync: int, report: int) -
 def _jail_child(plan: _Plan, fds: tuple[int, int, int, int, int], is_init: bool) -> NoReturn:
     """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init."""
     try:
+        gc.disable()  # a collection would touch (and so copy) every page of the helper's heap
         _arrange_fds(*fds)
         prctl.set_pdeathsig(signal.SIGKILL)  # the helper's thread blocks in run() until we end
         if os.read(_FD_SYNC, 1) != b"1":

@@ -39,6 +39,7 @@ Some facts about mounts, as the jail uses them:
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass
@@ -100,6 +101,7 @@ def system_steps(host_root: str = "/") -> list[MountStep]:
     return steps
 
 
+@functools.lru_cache(maxsize=1)
 def python_prefix() -> str | None:
     """The interpreter's prefix when it lies outside the system dirs and is readable (pyenv, /opt/...)."""
     prefix = os.path.realpath(sys.base_prefix)
@@ -108,6 +110,25 @@ def python_prefix() -> str | None:
     if not os.access(prefix, os.R_OK | os.X_OK):
         return None  # e.g. under /root while the helper runs rootless: skip rather than fail
     return prefix
+
+
+@functools.lru_cache(maxsize=1)
+def _host_steps() -> tuple[tuple[MountStep, ...], tuple[MountStep, ...]]:
+    """The steps that depend only on the host (its system dirs, what its kernel has): computed once."""
+    system = system_steps()
+    system += [MountStep("mask_file", path) for path in SECRET_FILES if os.path.exists(path)]
+    kernel = [MountStep("proc", "/proc")]
+    kernel += [MountStep("bind", f"/proc/{n}", f"/proc/{n}", attrs=_RO | syscalls.MOUNT_ATTR_NOEXEC)
+               for n in PROC_READONLY if os.path.exists(f"/proc/{n}")]
+    kernel += [MountStep("mask_file", f"/proc/{n}") for n in PROC_MASKED_FILES if os.path.exists(f"/proc/{n}")]
+    kernel += [MountStep("mask_dir", f"/proc/{n}") for n in PROC_MASKED_DIRS if os.path.isdir(f"/proc/{n}")]
+    kernel.append(MountStep("sysfs", "/sys"))
+    kernel += [MountStep("mask_dir", f"/sys/{n}") for n in SYS_MASKED_DIRS if os.path.isdir(f"/sys/{n}")]
+    kernel.append(MountStep("dev", "/dev", data="mode=0755,size=64k"))
+    # No nosuid/nodev/ro attrs on single device binds: /dev is a nosuid tmpfs, and
+    # the nodes must stay usable; each skipped mount_setattr is a syscall per exec.
+    kernel += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}") for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    return tuple(system), tuple(kernel)
 
 
 def prepare(
@@ -119,12 +140,12 @@ def prepare(
     home_dir: str,
 ) -> list[MountStep]:
     """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace."""
+    host_system, host_kernel = _host_steps()
     steps = [
         MountStep("private", "/"),
         MountStep("root", STAGING, data="mode=0755,size=1m"),
+        *host_system,
     ]
-    steps += system_steps()
-    steps += [MountStep("mask_file", path) for path in SECRET_FILES if os.path.exists(path)]
 
     # Capsule binds, parents before children (a workspace may live under /tmp or $HOME).
     capsule = [
@@ -138,16 +159,7 @@ def prepare(
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
     steps += sorted(capsule, key=lambda step: _depth(step.target))
 
-    steps.append(MountStep("proc", "/proc"))
-    steps += [MountStep("bind", f"/proc/{n}", f"/proc/{n}", attrs=_RO | syscalls.MOUNT_ATTR_NOEXEC)
-              for n in PROC_READONLY if os.path.exists(f"/proc/{n}")]
-    steps += [MountStep("mask_file", f"/proc/{n}") for n in PROC_MASKED_FILES if os.path.exists(f"/proc/{n}")]
-    steps += [MountStep("mask_dir", f"/proc/{n}") for n in PROC_MASKED_DIRS if os.path.isdir(f"/proc/{n}")]
-    steps.append(MountStep("sysfs", "/sys"))
-    steps += [MountStep("mask_dir", f"/sys/{n}") for n in SYS_MASKED_DIRS if os.path.isdir(f"/sys/{n}")]
-    steps.append(MountStep("dev", "/dev", data="mode=0755,size=64k"))
-    steps += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}", attrs=syscalls.MOUNT_ATTR_NOSUID)
-              for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    steps += host_kernel
     steps += [
         MountStep("devpts", "/dev/pts", data="newinstance,ptmxmode=0666,mode=0620"),
         MountStep("tmpfs", "/dev/shm", data="mode=1777"),
@@ -193,10 +205,8 @@ def enter(step: MountStep) -> None:
     elif action == "symlink":
         os.symlink(step.data, target)
     elif action == "mask_file":
+        # A plain bind, as Docker does: writes to the mask go to /dev/null, reads see EOF.
         syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
-        # Not nodev: the mask *is* a device node, and reading it must give EOF, not EACCES.
-        syscalls.mount_setattr(target, syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID
-                               | syscalls.MOUNT_ATTR_NOEXEC, flags=0)
     elif action == "mask_dir":
         _tmpfs(target, syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
     elif action == "tmpfs":

@@ -1,0 +1,88 @@
+"""Exec of /bin/true in the full jail, against bubblewrap and a bare subprocess.
+
+ccw's figure is ``jail.run`` of ``/bin/true`` with every step of a real exec (mount,
+pid, net, uts, ipc and cgroup namespaces, the tmpfs root with system binds, /proc with
+its masks, /sys, /dev, /tmp and $HOME, lo up, privileges dropped) but no cgroup, whose
+cost belongs to the cgroup part.  The baselines run in the same process, interleaved
+round by round so drift on these 2-core VMs hits all three alike:
+``bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true`` (Debian's
+bubblewrap: fork+exec of bwrap itself, its namespaces and its pid-1) and
+``subprocess.run(['/bin/true'])``.  Needs root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from bench.common import Row, median_ms
+
+BWRAP = "/usr/bin/bwrap"
+BWRAP_ARGS = [BWRAP, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "/bin/true"]
+
+
+def measure(repeat: int) -> list[Row]:
+    """Median ms of jail.run(/bin/true), bwrap and a bare subprocess, with ratios."""
+    from sandbox import jail
+
+    base = tempfile.mkdtemp(prefix="ccw-bench-jail-")
+    try:
+        for name in ("merged", "tmp", "home"):
+            os.mkdir(os.path.join(base, name))
+        spec = jail.JailSpec(
+            merged_dir=os.path.join(base, "merged"), workspace="/srv/bench-workspace",
+            tmp_dir=os.path.join(base, "tmp"), home_dir=os.path.join(base, "home"),
+            argv=["/bin/true"], cwd="/srv/bench-workspace",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/home/bench", "LANG": "C.UTF-8"},
+            uid=65534, gid=65534,
+        )
+        has_bwrap = os.access(BWRAP, os.X_OK)
+
+        def run_jail() -> None:
+            result = jail.run(spec)
+            if result.exit_code != 0:
+                raise RuntimeError(f"jail /bin/true failed: {result}")
+
+        def run_bwrap() -> None:
+            subprocess.run(BWRAP_ARGS, check=True)
+
+        def run_bare() -> None:
+            subprocess.run(["/bin/true"], check=True)
+
+        runners = {"jail": run_jail, "bare": run_bare}
+        if has_bwrap:
+            runners["bwrap"] = run_bwrap
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for fn in runners.values():  # warm-up: page cache, first-use costs
+            fn()
+        for _ in range(repeat):
+            for name, fn in runners.items():
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    finally:
+        shutil.rmtree(base)
+
+    jail_ms = median_ms(times["jail"])
+    bare_ms = median_ms(times["bare"])
+    rows = []
+    if has_bwrap:
+        rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap --unshare-all",
+                        baseline_ms=median_ms(times["bwrap"]), target="<= 1.5x",
+                        extra={"direct pid namespace (one Python fork)": jail_mode()}))
+    else:
+        rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap (not installed)",
+                        target="<= 1.5x"))
+    rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bare subprocess.run",
+                    baseline_ms=bare_ms))
+    return rows
+
+
+def jail_mode() -> bool:
+    """Whether the jail forks its init directly (privileged) or via a second fork (rootless)."""
+    from sandbox import namespaces
+
+    return namespaces.pid_namespace_restorable()
