@@ -1,0 +1,174 @@
+"""ccw-mcp over Streamable HTTP: SDK clients in both eras, sessions, Origin, bearer tokens
+and scopes, the 1 MiB body guard, direct methods, and the loopback-only rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import httpx2
+import pytest
+import trio
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.mcp_process import ServerProcess, server_env
+
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INIT = {
+    "jsonrpc": "2.0", "id": 0, "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
+}
+TOKENS = {"tokens": [
+    {"name": "reader", "token": "read-token-0123456789", "scopes": ["read"]},
+    {"name": "runner", "token": "exec-token-0123456789", "scopes": ["exec"]},
+    {"name": "boss", "token": "admin-token-0123456789", "scopes": ["admin"]},
+]}
+
+
+def bearer(name: str) -> dict[str, str]:
+    token = next(t["token"] for t in TOKENS["tokens"] if t["name"] == name)
+    return {"authorization": f"Bearer {token}"}
+
+
+def decode(response: httpx.Response) -> dict | None:
+    """The JSON-RPC message in a JSON or SSE response body."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        for line in response.text.splitlines():
+            if line.startswith("data:") and line[5:].strip():
+                return json.loads(line[5:])
+        return None
+    return response.json() if response.content else None
+
+
+@pytest.fixture
+def http_server(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def token_server(tmp_path: Path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    tokens.chmod(0o600)
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens)))
+    server.wait_ready()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+def test_sdk_client_over_http(http_server: ServerProcess, mode: str):
+    async def session():
+        async with Client(http_server.path, mode=mode) as client:
+            listed = await client.list_tools()
+            assert [t.name for t in listed.tools] == ["ccw_info"]
+            seen: list[float] = []
+
+            async def on_progress(value, total, message):
+                seen.append(value)
+
+            result = await client.call_tool("ccw_info", {"delay_ms": 200}, progress_callback=on_progress)
+            assert result.structured_content["endpoint"] == "http"
+            assert seen and seen[-1] == 200
+
+    trio.run(session)
+
+
+def test_sdk_client_with_bearer_token(token_server: ServerProcess):
+    async def session():
+        async with (
+            httpx2.AsyncClient(headers=bearer("reader")) as http,
+            Client(streamable_http_client(token_server.path, http_client=http), mode="legacy") as client,
+        ):
+            result = await client.call_tool("ccw_info", {"echo": "authorised"})
+            assert result.structured_content["echo"] == "authorised"
+
+    trio.run(session)
+
+
+def test_sessions_unknown_id_404_and_delete(http_server: ServerProcess):
+    url = http_server.path
+    with httpx.Client(timeout=30) as http:
+        opened = http.post(url, json=INIT, headers=ACCEPT)
+        assert opened.status_code == 200
+        session_id = opened.headers["mcp-session-id"]
+        assert decode(opened)["result"]["protocolVersion"] == "2025-11-25"
+        headers = {**ACCEPT, "mcp-session-id": session_id, "mcp-protocol-version": "2025-11-25"}
+        assert http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers).status_code == 202
+        listed = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers)
+        assert decode(listed)["result"]["tools"][0]["name"] == "ccw_info"
+        unknown = http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                            headers={**headers, "mcp-session-id": "0" * 32})
+        assert unknown.status_code == 404
+        assert http.delete(url, headers=headers).status_code in (200, 204)
+        ended = http.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, headers=headers)
+        assert ended.status_code == 404
+
+
+def test_origin_is_validated(http_server: ServerProcess):
+    url = http_server.path
+    port = url.split(":")[2].split("/")[0]
+    direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+    with httpx.Client(timeout=30) as http:
+        evil = http.post(url, json=direct, headers={"origin": "http://evil.example"})
+        assert evil.status_code == 403 and "Origin" in evil.json()["error"]
+        local = http.post(url, json=direct, headers={"origin": f"http://localhost:{port}"})
+        assert local.status_code == 200 and local.json()["result"]["name"] == "ccw"
+
+
+def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess):
+    url = http_server.path
+    with httpx.Client(timeout=30) as http:
+        ok = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ccw_info", "params": {"echo": "d"}})
+        assert ok.status_code == 200 and ok.json() == {"jsonrpc": "2.0", "id": 1, "result": ok.json()["result"]}
+        assert ok.json()["result"]["echo"] == "d"
+        big = b'{"jsonrpc":"2.0","id":7,"method":"ccw_info","params":{"echo":"' + b"x" * (1 << 20) + b'"}}'
+        refused = http.post(url, content=big, headers={"content-type": "application/json"})
+        assert refused.status_code == 413
+        body = refused.json()
+        assert body["id"] == 7 and body["error"]["data"] == {
+            "ok": False, "reason": "validation_failed", "errors": [{"path": "", "msg": "payload_too_large"}]}
+        again = http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "ccw_info"})
+        assert again.status_code == 200 and again.json()["id"] == 2
+        bad = http.post(url, json={"jsonrpc": "2.0", "id": 3, "method": "ccw_info", "params": {"x": 1}})
+        assert bad.json()["error"]["code"] == -32602
+
+
+def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
+    url = token_server.path
+    direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+    with httpx.Client(timeout=30) as http:
+        missing = http.post(url, json=direct)
+        assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
+        wrong = http.post(url, json=direct, headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        lacking = http.post(url, json=direct, headers=bearer("runner"))
+        assert lacking.status_code == 403 and "'read'" in lacking.json()["error"]
+        assert http.post(url, json=direct, headers=bearer("reader")).status_code == 200
+        assert http.post(url, json=direct, headers=bearer("boss")).status_code == 200
+
+        # Over an MCP session: initialize needs only a valid token, tools/call the tool's scope.
+        opened = http.post(url, json=INIT, headers={**ACCEPT, **bearer("runner")})
+        assert opened.status_code == 200
+        headers = {**ACCEPT, **bearer("runner"), "mcp-session-id": opened.headers["mcp-session-id"],
+                   "mcp-protocol-version": "2025-11-25"}
+        http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "ccw_info", "arguments": {}}}
+        denied = http.post(url, json=call, headers=headers)
+        assert denied.status_code == 403
+        assert "'read'" in denied.json()["error"] and "ccw_info" in denied.json()["error"]
+        # A session belongs to the token that opened it.
+        stolen = http.post(url, json=call, headers={**headers, **bearer("reader")})
+        assert stolen.status_code == 404
+
+
+def test_non_loopback_without_tokens_is_refused(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_HTTP_ADDR="0.0.0.0:0"))
+    assert server.wait() == 2
+    assert "CCW_TOKENS_FILE" in server.log
+    assert not (tmp_path / "mcp.ready").exists()
