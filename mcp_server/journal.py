@@ -58,6 +58,16 @@ CREATE TABLE IF NOT EXISTS execs (
     touched TEXT NOT NULL,
     PRIMARY KEY (capsule_id, seq)
 );
+CREATE TABLE IF NOT EXISTS writes (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    seq INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    action TEXT NOT NULL,
+    content_b64 TEXT,
+    target TEXT,
+    mode INTEGER,
+    PRIMARY KEY (capsule_id, seq)
+);
 CREATE TABLE IF NOT EXISTS capsule_base (
     capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
     path TEXT NOT NULL,
@@ -120,12 +130,42 @@ class Journal:
         """Note that a capsule is gone (its execs stay, for witnesses already made)."""
         self.state.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
 
+    @staticmethod
+    def _last_seq(db: Any, capsule_id: str) -> int:
+        # Execs and writes share one sequence: a replay must redo them in this order.
+        (last,) = db.execute(
+            "SELECT MAX(COALESCE((SELECT MAX(seq) FROM execs WHERE capsule_id = ?), 0),"
+            " COALESCE((SELECT MAX(seq) FROM writes WHERE capsule_id = ?), 0))",
+            (capsule_id, capsule_id),
+        ).fetchone()
+        return int(last)
+
+    def add_write(self, capsule_id: str, path: str, action: str, content: bytes | None = None,
+                  target: str | None = None, mode: int | None = None) -> int:
+        """Record a change made to a capsule by a file tool (not by a command).
+
+        ``action`` is write | delete | symlink | chmod.  Replays redo these between the
+        execs, so a witness of a capsule edited by tools still replays.
+        """
+        import base64
+
+        with self.state.transaction() as db:
+            seq = self._last_seq(db, capsule_id) + 1
+            db.execute(
+                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None, target, mode),
+            )
+            return seq
+
+    def writes(self, capsule_id: str) -> list[dict[str, Any]]:
+        """Every file-tool change of a capsule, in order."""
+        rows = self.state.execute("SELECT * FROM writes WHERE capsule_id = ? ORDER BY seq", (capsule_id,))
+        return [dict(row) for row in rows]
+
     def add_exec(self, capsule_id: str, entry: dict[str, Any]) -> int:
         """Append an exec record; returns its sequence number."""
         with self.state.transaction() as db:
-            (last,) = db.execute(
-                "SELECT COALESCE(MAX(seq), 0) FROM execs WHERE capsule_id = ?", (capsule_id,)
-            ).fetchone()
+            last = self._last_seq(db, capsule_id)
             row = {"capsule_id": capsule_id, "seq": last + 1, **entry}
             for key in _JSON_EXEC_FIELDS:
                 row[key] = json.dumps(row[key], sort_keys=True)

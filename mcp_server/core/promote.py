@@ -158,7 +158,7 @@ class Promoter:
             if op.action == "write":
                 _write_temp(view, op.temp, content(op), op.mode if op.mode is not None else 0o644)
             else:
-                _symlink(view, op.target or "", op.temp)
+                make_symlink(view, op.target or "", op.temp)
             self._save(tx)
         tx.state = "prepared"
         self._save(tx)
@@ -173,7 +173,7 @@ class Promoter:
             touched_dirs.add(parent)
             if op.action == "delete":
                 if not _already_recreated(view, creates.get(op.path)):
-                    _remove_tree(view, op.path)
+                    remove_tree(view, op.path)
             elif op.action == "mkdir":
                 if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 != 0o040000:
                     view.unlink(op.path)
@@ -184,7 +184,7 @@ class Promoter:
                 assert op.temp is not None
                 if view.exists(op.temp):
                     if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 == 0o040000:
-                        _remove_tree(view, op.path)
+                        remove_tree(view, op.path)
                     _rename(view, op.temp, op.path)
             elif op.action == "chmod" and op.mode is not None and view.exists(op.path):
                 view.chmod(op.path, op.mode)
@@ -290,7 +290,7 @@ def _write_temp(view: RootView, rel: str, data: bytes, mode: int) -> None:
         os.close(parent)
 
 
-def _symlink(view: RootView, target: str, rel: str) -> None:
+def make_symlink(view: RootView, target: str, rel: str) -> None:
     head, name = _split(rel)
     parent = _dir_fd(view, head, "promote")
     try:
@@ -318,13 +318,13 @@ def _rename(view: RootView, src: str, dst: str) -> None:
             os.close(b)
 
 
-def _remove_tree(view: RootView, rel: str) -> None:
+def remove_tree(view: RootView, rel: str) -> None:
     """Remove a file, symlink or directory tree (links are removed, never followed)."""
     if not view.exists(rel):
         return
     if view.stat(rel).st_mode & 0o170000 == 0o040000:
         for name, _kind in view.listdir(rel):
-            _remove_tree(view, f"{rel}/{name}")
+            remove_tree(view, f"{rel}/{name}")
         view.rmdir(rel)
     else:
         view.unlink(rel)

@@ -2,7 +2,8 @@
 
 Format (``ccw-witness/1``): a tar (optionally zstd-compressed) whose first member is
 ``manifest.json`` — canonical JSON naming the base, the capsule's settings, every exec
-from the journal, and the change set — followed by ``blobs/<blake3 hex>`` for each blob
+from the journal, every change a file tool made between execs (``writes``, sharing the
+execs' sequence numbers), and the change set — followed by ``blobs/<blake3 hex>`` for each blob
 the manifest names, in hash order.  ``root_hash`` is ``blake3:`` + blake3 of the
 canonical manifest bytes; since the manifest names every blob by its blake3, the root
 hash covers every byte of the witness.  The archive is deterministic: fixed member
@@ -55,6 +56,9 @@ def manifest_blobs(manifest: dict[str, Any]) -> list[str]:
     for ex in manifest.get("execs", []):
         if ex.get("stdin_blob"):
             names.add(ex["stdin_blob"])
+    for write in manifest.get("writes", []):
+        if write.get("blob"):
+            names.add(write["blob"])
     return sorted(names)
 
 
@@ -218,4 +222,7 @@ def _fields_naming(manifest: dict[str, Any], name: str) -> list[str]:
     for i, ex in enumerate(manifest.get("execs", [])):
         if ex.get("stdin_blob") == name:
             out.append(f"/execs/{i}/stdin_blob")
+    for i, write in enumerate(manifest.get("writes", [])):
+        if write.get("blob") == name:
+            out.append(f"/writes/{i}/blob")
     return out

@@ -100,9 +100,21 @@ def _exec_entry(ex: dict[str, Any], sources: _Sources) -> dict[str, Any]:
     return entry
 
 
+def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
+    content = write.get("content_b64")
+    return {
+        "seq": write["seq"],
+        "path": write["path"],
+        "action": write["action"],
+        "blob": sources.add_bytes(base64.b64decode(content)) if content is not None else None,
+        "target": write.get("target"),
+        "mode": write.get("mode"),
+    }
+
+
 def build_manifest(
     record: CapsuleRecord, execs: list[dict[str, Any]], changes: list[dict[str, Any]],
-    base: RootView, capsule: RootView, include_blobs: bool,
+    base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
     sources = _Sources(base, capsule)
@@ -156,6 +168,7 @@ def build_manifest(
             "network": record.network,
         },
         "execs": [_exec_entry(ex, sources) for ex in execs],
+        "writes": [_write_entry(w, sources) for w in writes or []],
         "changes": change_items,
     }
     return manifest, sources
@@ -191,13 +204,14 @@ async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include
     record = _record(ctx, capsule_id)
     journal = Journal(ctx.state)
     execs = journal.execs(capsule_id)
+    writes = journal.writes(capsule_id)
     helper = await ctx.helper()
     changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
     root_fd = await helper.open_root(capsule_id)
 
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs)
+            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs, writes)
             if not include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
@@ -273,6 +287,25 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: Path)
         else:
             target.write_bytes(blobs[item["blob"]])
             os.chmod(target, item["mode"])
+
+
+def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
+    """Redo one recorded file-tool change inside a capsule (through its root fd)."""
+    from mcp_server.core.promote import make_symlink, remove_tree
+
+    with RootView.from_fd(root_fd) as view:
+        path = write["path"]
+        parent = path.rpartition("/")[0]
+        if write["action"] in ("write", "symlink") and parent:
+            view.makedirs(parent)
+        if write["action"] == "write":
+            view.write_bytes(path, blobs[write["blob"]], write.get("mode"))
+        elif write["action"] == "symlink":
+            make_symlink(view, write["target"], path)
+        elif write["action"] == "delete":
+            remove_tree(view, path)
+        elif write["action"] == "chmod" and write.get("mode") is not None:
+            view.chmod(path, write["mode"])
 
 
 def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -381,7 +414,15 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         cpu_ms = 0
         cpu_known = True
         rss_max = None
-        for ex in manifest["execs"]:
+        steps = sorted(
+            [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
+            key=lambda step: step[1]["seq"],
+        )
+        for kind, ex in steps:
+            if kind == "write":
+                root = await helper.open_root(capsule_id)
+                await trio.to_thread.run_sync(apply_write, root, ex, blobs)
+                continue
             run: dict[str, Any] = {
                 "capsule_id": capsule_id, "argv": ex["argv"], "cwd": ex["cwd"], "env": _exec_env(record),
                 "timeout_ms": ex.get("timeout_ms") or 300_000,
