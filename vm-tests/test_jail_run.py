@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import jail, namespaces
+from sandbox import jail, mounts, namespaces
 from sandbox.errors import CcwError
 
 NOBODY = 65534
@@ -51,15 +51,16 @@ class Capsule:
         return jail.JailSpec(**fields)  # type: ignore[arg-type]
 
 
-def mount_table() -> list[str]:
+def our_mounts(tmp_path: Path) -> list[str]:
+    """Mounts in the helper's namespace that a jail could have left (others' tests mount too)."""
+    marks = (str(tmp_path), "/srv/ccw-ws-", mounts.OLD_ROOT)
     with open("/proc/self/mountinfo") as handle:
-        return sorted(" ".join(line.split()[3:5]) for line in handle)
+        return [line for line in handle if any(mark in line for mark in marks)]
 
 
 @pytest.fixture
 def capsule(root_required: None, tmp_path: Path) -> Iterator[Capsule]:
     """Capsule-like dirs writable by NOBODY; checks that no mount or process is left behind."""
-    before = mount_table()
     dirs = []
     for name in ("merged", "tmp", "home"):
         path = tmp_path / name
@@ -69,7 +70,7 @@ def capsule(root_required: None, tmp_path: Path) -> Iterator[Capsule]:
     (dirs[0] / "hello.txt").write_text("hello from the workspace\n")
     os.chown(dirs[0] / "hello.txt", NOBODY, NOBODY)
     yield Capsule(dirs[0], dirs[1], dirs[2], f"/srv/ccw-ws-{uuid.uuid4().hex[:8]}")
-    assert mount_table() == before, "a jail left a mount behind in the helper's namespace"
+    assert our_mounts(tmp_path) == [], "a jail left a mount behind in the helper's namespace"
     assert psutil.Process().children(recursive=True) == [], "a jail left a process behind"
 
 
