@@ -1,0 +1,143 @@
+"""The jail's plan, parsers and result decoding: pure logic, no root, no namespaces."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+from pathlib import Path
+
+import pytest
+
+from sandbox import jail, mounts, namespaces
+from sandbox.errors import CcwError
+
+
+def test_parse_id_map_and_mapping() -> None:
+    text = "         0       1000          1\n      1000     100000      65536\n"
+    ranges = namespaces.parse_id_map(text)
+    assert ranges == [(0, 1000, 1), (1000, 100000, 65536)]
+    assert namespaces.is_mapped(0, ranges) and namespaces.is_mapped(66535, ranges)
+    assert not namespaces.is_mapped(1, ranges) and not namespaces.is_mapped(66536, ranges)
+    assert namespaces.is_initial_user_namespace(namespaces.parse_id_map("0 0 4294967295\n"))
+    assert not namespaces.is_initial_user_namespace(ranges)
+
+
+def test_timens_offsets_clamp_negative_shifts() -> None:
+    assert namespaces.timens_offsets(3600, 100.5, 200.5) == b"monotonic 3600 0\nboottime 3600 0\n"
+    # -1000 s would make a 100 s-old clock negative: clamp so it stays at >= 1 s
+    assert namespaces.timens_offsets(-1000, 100.5, 2000.0) == b"monotonic -99 0\nboottime -1000 0\n"
+
+
+def test_prepare_without_offset_adds_no_time_namespace_nor_env() -> None:
+    plan = namespaces.prepare(0, "ccw", {"PATH": "/bin"})
+    assert plan.timens_offsets is None and plan.extra_env == {}
+    assert plan.flags & namespaces.JAIL_FLAGS == namespaces.JAIL_FLAGS
+
+
+def test_prepare_with_offset_uses_libfaketime_when_installed() -> None:
+    plan = namespaces.prepare(86400, "ccw", {"LD_PRELOAD": "/x.so"})
+    library = namespaces.faketime_library()
+    if library is None:
+        assert plan.extra_env == {}
+    else:
+        assert plan.extra_env == {"LD_PRELOAD": f"{library}:/x.so", "FAKETIME": "+86400",
+                                  "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def test_mount_plan_order(tmp_path: Path) -> None:
+    for name in ("merged", "tmp", "home"):
+        (tmp_path / name).mkdir()
+    workspace = str(tmp_path / "project")  # under /tmp: must be bound after /tmp itself
+    steps = mounts.prepare(merged_dir=str(tmp_path / "merged"), workspace=workspace,
+                           tmp_dir=str(tmp_path / "tmp"), home="/home/agent", home_dir=str(tmp_path / "home"))
+    actions = [step.action for step in steps]
+    assert actions[:2] == ["private", "root"]
+    assert actions[-2:] == ["detach_old_root", "seal_root"]
+    targets = [step.target for step in steps]
+    assert targets.index("/tmp") < targets.index(workspace)
+    assert targets.index(workspace) < targets.index("/proc") < targets.index("/sys") < targets.index("/dev")
+    by_target = {step.target: step for step in steps}
+    assert by_target[workspace].source == mounts.OLD_ROOT + os.path.realpath(tmp_path / "merged")
+    assert by_target["/usr"].attrs & 1  # MOUNT_ATTR_RDONLY
+    assert not by_target[workspace].attrs & 1
+    assert "/proc/sys" in by_target and by_target["/proc/sys"].attrs & 1
+    if Path("/etc/shadow").exists():
+        assert by_target["/etc/shadow"].action == "mask_file"
+    for step in steps:
+        assert step.describe()
+
+
+def test_system_steps_recreate_symlinks(tmp_path: Path) -> None:
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    (tmp_path / "bin").symlink_to("usr/bin")
+    steps = mounts.system_steps(str(tmp_path))
+    assert mounts.MountStep("symlink", "/bin", data="usr/bin") in steps
+    assert [s.target for s in steps if s.action == "bind"] == ["/usr"]
+
+
+def test_stream_keeps_the_cap_and_counts_everything() -> None:
+    stream = jail._Stream(cap=5)
+    for chunk in (b"abc", b"defgh", b"ij"):
+        stream.feed(chunk)
+    assert (bytes(stream.data), stream.total) == (b"abcde", 10)
+
+
+def _message(kind: bytes, payload: bytes) -> bytes:
+    body = kind + payload
+    return struct.pack("!H", len(body)) + body
+
+
+def _running(status: int | None = None, timed_out: bool = False) -> jail._Running:
+    running = jail._Running(pid=0, direct=True, cgroup=None)
+    running.status, running.timed_out = status, timed_out
+    return running
+
+
+def test_result_decoding() -> None:
+    out, err = jail._Stream(10), jail._Stream(10)
+    exited = jail._parse_reports(_message(b"W", struct.pack("!i", 3 << 8)))
+    result = jail._result(exited, _running(0), 5, out, err)
+    assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
+    killed = jail._parse_reports(_message(b"W", struct.pack("!i", signal.SIGSEGV)))
+    assert jail._result(killed, _running(0), 5, out, err).signal == "SIGSEGV"
+    timeout = jail._result([], _running(signal.SIGKILL, timed_out=True), 5, out, err)
+    assert (timeout.exit_code, timeout.signal, timeout.timed_out) == (None, "SIGKILL", True)
+    oom = jail._result([], _running(signal.SIGKILL), 5, out, err)
+    assert oom.signal == "SIGKILL" and not oom.timed_out
+
+
+def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
+    raw = _message(b"P", struct.pack("!i", 42)) + _message(b"E", b"chdir /nope\x002\x00No such file or directory")
+    assert jail._init_pid(raw) == 42
+    with pytest.raises(CcwError) as info:
+        jail._result(jail._parse_reports(raw), _running(125 << 8), 5, jail._Stream(1), jail._Stream(1))
+    assert info.value.code == "NOT_FOUND"
+    assert info.value.details["step"] == "chdir /nope"
+    assert "cwd" in info.value.message
+
+
+def test_spec_checks(tmp_path: Path) -> None:
+    for name in ("m", "t", "h"):
+        (tmp_path / name).mkdir()
+    good = jail.JailSpec(merged_dir=str(tmp_path / "m"), workspace="/srv/ws", tmp_dir=str(tmp_path / "t"),
+                         home_dir=str(tmp_path / "h"), argv=["/bin/true"], cwd="/srv/ws",
+                         env={"PATH": "/bin", "HOME": "/home/a"})
+    jail._check_spec(good)
+    bad_cases: list[dict[str, object]] = [
+        {"argv": []}, {"argv": ["a\0b"]}, {"env": {"A=B": "1"}}, {"workspace": "/srv/ws/"},
+        {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"}, {"cwd": "x"},
+        {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"hostname": ""},
+        {"timeout_ms": 0}, {"output_cap": -1},
+    ]
+    for bad in bad_cases:
+        spec = jail.JailSpec(**{**good.__dict__, **bad})  # type: ignore[arg-type]
+        with pytest.raises(CcwError):
+            jail._check_spec(spec)
+
+
+def test_mechanisms_describe_what_is_in_force() -> None:
+    info = jail.mechanisms()
+    assert info["no_new_privs"] is True
+    assert set(namespaces.JAIL_NAMESPACES) <= set(str(n).split(" ")[0] for n in info["namespaces"])  # type: ignore[attr-defined]
+    assert "clock_offset" in info and "seccomp" in info
