@@ -54,7 +54,8 @@ class _Ctx:
 def _git(repo: Path, *args: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_AUTHOR_NAME="b", GIT_AUTHOR_EMAIL="b@e", GIT_COMMITTER_NAME="b", GIT_COMMITTER_EMAIL="b@e")
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+    # gc.auto=0: an automatic repack in the background would run into the measurements.
+    subprocess.run(["git", "-c", "gc.auto=0", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
 def _generate(root: Path, files: int, total_bytes: int) -> None:
