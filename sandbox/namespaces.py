@@ -25,7 +25,9 @@ Some facts about namespaces, as the jail uses them:
   ``SIOCSIFFLAGS`` ioctl.  pyroute2 does the same over netlink, but creating an
   ``IPRoute`` costs milliseconds (module machinery, an asyncio loop) in a process that
   was just forked from a multi-threaded helper, where anything that takes locks is a
-  hazard; the ioctl is two syscalls.
+  hazard; the ioctl is two syscalls.  Measured in a forked child in a fresh netns on
+  this project's 2-core VM: ioctl median 0.35 ms, pyroute2 ``IPRoute().link("set",
+  state="up")`` median 12 ms.
 - Inside a user namespace (the rootless helper), ``setresuid`` to a uid that has no
   mapping fails with EINVAL and ``setgroups`` fails with EPERM once
   ``/proc/self/setgroups`` says "deny"; the jail then keeps the mapped ids.
