@@ -30,126 +30,36 @@ import os
 import re
 import stat as stat_mod
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import anyio
 
 from mcp_server.core import fingerprint as fp_mod
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import BlobStore, blob_id_of
+from mcp_server.core.blobstore import blob_id_of
 from mcp_server.core.export import tar_bundle
-from mcp_server.core.fingerprint import Fingerprint
-from mcp_server.core.fsview import RootView
 from mcp_server.core.grep import Matcher, is_binary
-from mcp_server.core.manifest import Entry, Snapshot, SnapshotStore
+from mcp_server.core.manifest import Entry, Snapshot
 from mcp_server.core.unidiff import FileChange, render_all
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
 from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
+from mcp_server.tools.targets import (
+    begin_live,
+    blobs,
+    capture,
+    encode_content,
+    git_mode,
+    live_files,
+    norm_paths,
+    read_entry,
+    run_live,
+    run_sync,
+    scoped,
+    snapshots,
+)
 from sandbox.errors import CcwError
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_EXPORT_BYTES = 64 * 1024 * 1024
-_WORKERS = 4
-
-
-# --- shared plumbing (workspace.py uses it too) --------------------------------------
-
-
-def blobs(ctx: Any) -> BlobStore:
-    """The state dir's blob store."""
-    return BlobStore(ctx.state.objects_dir)
-
-
-def snapshots(ctx: Any) -> SnapshotStore:
-    """The state dir's snapshot store."""
-    return SnapshotStore(ctx.state)
-
-
-def git_mode(st: os.stat_result) -> int:
-    """git's mode for a stat: 120000, 100755 or 100644."""
-    if stat_mod.S_ISLNK(st.st_mode):
-        return 0o120000
-    return 0o100755 if st.st_mode & 0o111 else 0o100644
-
-
-def read_entry(view: RootView, path: str) -> tuple[bytes, int] | None:
-    """Content and git mode of a file or symlink; None when absent, a directory or special."""
-    try:
-        st = view.stat(path)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            return None
-        raise
-    if stat_mod.S_ISLNK(st.st_mode):
-        return os.fsencode(view.readlink(path)), 0o120000
-    if not stat_mod.S_ISREG(st.st_mode):
-        return None
-    return view.read_bytes(path), git_mode(st)
-
-
-def scoped(candidates: list[str], scopes: list[str]) -> list[str]:
-    """The candidates within any of the normalised scopes."""
-    if P.ROOT in scopes:
-        return candidates
-    return [c for c in candidates if any(P.is_within(c, s) for s in scopes)]
-
-
-def norm_paths(raw: list[str] | None) -> list[str]:
-    """Normalise a ``paths`` argument (default: the root)."""
-    return P.sort_paths(P.normalize(p) for p in (raw or [P.ROOT]))
-
-
-def live_files(target: T.LiveTarget, scopes: list[str]) -> list[str]:
-    """Files git's ignore rules leave, within the scopes, in byte order."""
-    specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
-    return fp_mod.candidate_files(target.git_root, specs)
-
-
-def capture(view: RootView, store: BlobStore, files: list[str]) -> list[Entry]:
-    """Read, hash and store files in parallel; absent files are skipped."""
-
-    def one(path: str) -> Entry | None:
-        item = read_entry(view, path)
-        if item is None:
-            return None
-        data, mode = item
-        return Entry(path, store.put(data, blob_id_of(data)), len(data), mode)
-
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        return [e for e in pool.map(one, files) if e is not None]
-
-
-def begin_live(ctx: Any, target: T.LiveTarget, lease_id: str | None) -> tuple[str, Fingerprint]:
-    """Fingerprint the target and validate (or issue) the lease."""
-    live = target.fingerprint()
-    lease = T.lease_store(ctx).acquire(lease_id, target.key, live)
-    return lease.lease_id, live
-
-
-async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[T.LiveTarget], dict[str, Any]]) -> dict[str, Any]:
-    """Open the live target, run ``body`` in a worker thread, close the target."""
-    target = await T.open_live(ctx, args)
-    try:
-        return await anyio.to_thread.run_sync(body, target)
-    finally:
-        target.close()
-
-
-async def run_sync(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run blocking work in a worker thread."""
-    return await anyio.to_thread.run_sync(fn)
-
-
-def encode_content(data: bytes) -> tuple[str, str]:
-    """(content, encoding): UTF-8 text as is; binary (a NUL near the start) or other bytes as ``base64:…``."""
-    if is_binary(data):
-        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
-    try:
-        return data.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
 
 
 # --- snapshot_create -----------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Which view a file tool acts on, and the JSON-Schema fragments every file tool shares.
+"""Which view a file tool acts on, the JSON-Schema fragments every file tool shares, and
+the plumbing the snapshot and workspace tools share (stores, leases, capture).
 
 Every file tool (snapshot, workspace, text, hashline) reads or edits one of three views:
 
@@ -14,13 +15,23 @@ Every file tool (snapshot, workspace, text, hashline) reads or edits one of thre
 
 from __future__ import annotations
 
+import base64
 import os
+import stat as stat_mod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mcp_server.core import fingerprint
+import anyio
+
+from mcp_server.core import fingerprint as fp_mod
+from mcp_server.core import paths as P
+from mcp_server.core.blobstore import BlobStore, blob_id_of
 from mcp_server.core.fingerprint import Fingerprint
 from mcp_server.core.fsview import RootView
+from mcp_server.core.grep import is_binary
 from mcp_server.core.leases import LeaseStore
+from mcp_server.core.manifest import Entry, SnapshotStore
 from sandbox.errors import CcwError
 
 
@@ -43,6 +54,9 @@ async def open_view(ctx: Any, *, capsule_id: str | None, workspace: str | None =
         fd = await helper.open_root(capsule_id)
         return RootView.from_fd(fd)
     return RootView.open(workspace_root(ctx, workspace))
+
+
+_WORKERS = 4  # threads reading, hashing and compressing files during capture
 
 
 # --- shared schema fragments ---------------------------------------------------------
@@ -160,7 +174,7 @@ class LiveTarget:
 
     def fingerprint(self) -> Fingerprint:
         """The live fingerprint of this target (blocking: call from a worker thread)."""
-        return fingerprint.compute(self.git_root)
+        return fp_mod.compute(self.git_root)
 
     def close(self) -> None:
         """Close the view."""
@@ -217,3 +231,101 @@ def resolve_mode(args: dict[str, Any]) -> str:
         if args.get("capsule_id") or args.get("lease_id"):
             raise CcwError("INVALID_ARGUMENT", "capsule_id and lease_id apply to worktree mode only; drop them for mode 'snapshot'")
     return str(mode)
+
+
+# --- shared plumbing of the snapshot and workspace tools ----------------------------
+
+
+def blobs(ctx: Any) -> BlobStore:
+    """The state dir's blob store."""
+    return BlobStore(ctx.state.objects_dir)
+
+
+def snapshots(ctx: Any) -> SnapshotStore:
+    """The state dir's snapshot store."""
+    return SnapshotStore(ctx.state)
+
+
+def git_mode(st: os.stat_result) -> int:
+    """git's mode for a stat: 120000, 100755 or 100644."""
+    if stat_mod.S_ISLNK(st.st_mode):
+        return 0o120000
+    return 0o100755 if st.st_mode & 0o111 else 0o100644
+
+
+def read_entry(view: RootView, path: str) -> tuple[bytes, int] | None:
+    """Content and git mode of a file or symlink; None when absent, a directory or special."""
+    try:
+        st = view.stat(path)
+    except CcwError as exc:
+        if exc.code == "NOT_FOUND":
+            return None
+        raise
+    if stat_mod.S_ISLNK(st.st_mode):
+        return os.fsencode(view.readlink(path)), 0o120000
+    if not stat_mod.S_ISREG(st.st_mode):
+        return None
+    return view.read_bytes(path), git_mode(st)
+
+
+def scoped(candidates: list[str], scopes: list[str]) -> list[str]:
+    """The candidates within any of the normalised scopes."""
+    if P.ROOT in scopes:
+        return candidates
+    return [c for c in candidates if any(P.is_within(c, s) for s in scopes)]
+
+
+def norm_paths(raw: list[str] | None) -> list[str]:
+    """Normalise a ``paths`` argument (default: the root)."""
+    return P.sort_paths(P.normalize(p) for p in (raw or [P.ROOT]))
+
+
+def live_files(target: LiveTarget, scopes: list[str]) -> list[str]:
+    """Files git's ignore rules leave, within the scopes, in byte order."""
+    specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
+    return fp_mod.candidate_files(target.git_root, specs)
+
+
+def capture(view: RootView, store: BlobStore, files: list[str]) -> list[Entry]:
+    """Read, hash and store files in parallel; absent files are skipped."""
+
+    def one(path: str) -> Entry | None:
+        item = read_entry(view, path)
+        if item is None:
+            return None
+        data, mode = item
+        return Entry(path, store.put(data, blob_id_of(data)), len(data), mode)
+
+    with ThreadPoolExecutor(_WORKERS) as pool:
+        return [e for e in pool.map(one, files) if e is not None]
+
+
+def begin_live(ctx: Any, target: LiveTarget, lease_id: str | None) -> tuple[str, Fingerprint]:
+    """Fingerprint the target and validate (or issue) the lease."""
+    live = target.fingerprint()
+    lease = lease_store(ctx).acquire(lease_id, target.key, live)
+    return lease.lease_id, live
+
+
+async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], dict[str, Any]]) -> dict[str, Any]:
+    """Open the live target, run ``body`` in a worker thread, close the target."""
+    target = await open_live(ctx, args)
+    try:
+        return await anyio.to_thread.run_sync(body, target)
+    finally:
+        target.close()
+
+
+async def run_sync(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run blocking work in a worker thread."""
+    return await anyio.to_thread.run_sync(fn)
+
+
+def encode_content(data: bytes) -> tuple[str, str]:
+    """(content, encoding): UTF-8 text as is; binary (a NUL near the start) or other bytes as ``base64:…``."""
+    if is_binary(data):
+        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
+    try:
+        return data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"

@@ -28,7 +28,6 @@ from mcp_server.core.blobstore import blob_id_of
 from mcp_server.core.fsview import RootView
 from mcp_server.core.manifest import Entry
 from mcp_server.core.patch import ApplyResult, apply, parse_patch
-from mcp_server.tools import snapshot as S
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
 from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
@@ -85,9 +84,9 @@ async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any
         T.resolve_mode({**args, "mode": "snapshot"})
 
         def on_snapshot() -> dict[str, Any]:
-            snap = S.snapshots(ctx).load(args["snapshot_id"])
+            snap = T.snapshots(ctx).load(args["snapshot_id"])
             index = snap.by_path()
-            store = S.blobs(ctx)
+            store = T.blobs(ctx)
 
             def read(path: str) -> tuple[bytes, int] | None:
                 entry = index.get(path)
@@ -102,21 +101,21 @@ async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any
                     entries.pop(path, None)
                 else:
                     entries[path] = Entry(path, store.put(item[0]), len(item[0]), item[1])
-            new = S.snapshots(ctx).save(snap.fingerprint, entries.values())
+            new = T.snapshots(ctx).save(snap.fingerprint, entries.values())
             files = P.sort_paths(result.files)
             return T.immutable_response({"applied": True, "files": files, "rejects": []}, new.snapshot_id)
 
-        return await S.run_sync(on_snapshot)
+        return await T.run_sync(on_snapshot)
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
-        lease_id, live = S.begin_live(ctx, target, args.get("lease_id"))
-        result = apply(patches, lambda path: S.read_entry(target.view, path))
+        lease_id, live = T.begin_live(ctx, target, args.get("lease_id"))
+        result = apply(patches, lambda path: T.read_entry(target.view, path))
         if result.rejects:
             return T.worktree_response({"applied": False, "files": [], "rejects": result.rejects}, target, lease_id, live)
         files = write_result(target.view, result)
         return _after_write(ctx, target, lease_id, {"applied": True, "files": files, "rejects": []}, files)
 
-    return await S.run_live(ctx, args, body)
+    return await T.run_live(ctx, args, body)
 
 
 def _after_write(ctx: Any, target: T.LiveTarget, lease_id: str, payload: dict[str, Any], touched: list[str]) -> dict[str, Any]:
@@ -136,7 +135,7 @@ async def workspace_write_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]
     executable = args.get("executable")
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
-        lease_id, _ = S.begin_live(ctx, target, args.get("lease_id"))
+        lease_id, _ = T.begin_live(ctx, target, args.get("lease_id"))
         parents = P.parents(path)
         if parents and args.get("create_dirs", True):
             target.view.makedirs(parents[-1])
@@ -145,7 +144,7 @@ async def workspace_write_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]
         payload = {"path": path, "size": len(data), "blob": blob_id_of(data)}
         return _after_write(ctx, target, lease_id, payload, [path])
 
-    return await S.run_live(ctx, args, body)
+    return await T.run_live(ctx, args, body)
 
 
 async def workspace_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +154,7 @@ async def workspace_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         raise CcwError("PERMISSION_DENIED", "the workspace root itself cannot be deleted; name a path inside it")
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
-        lease_id, _ = S.begin_live(ctx, target, args.get("lease_id"))
+        lease_id, _ = T.begin_live(ctx, target, args.get("lease_id"))
         view = target.view
         st = view.stat(path)
         deleted: list[str] = []
@@ -169,7 +168,7 @@ async def workspace_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         deleted = P.sort_paths(deleted)
         return _after_write(ctx, target, lease_id, {"path": path, "deleted": deleted}, deleted)
 
-    return await S.run_live(ctx, args, body)
+    return await T.run_live(ctx, args, body)
 
 
 def _rmtree(view: RootView, path: str) -> list[str]:
