@@ -284,3 +284,40 @@ def test_invalid_specs_are_refused(capsule: Capsule) -> None:
                 {"workspace": "/tmp"}, {"cwd": "rel"}, {"network": "host"}):
         with pytest.raises(CcwError):
             jail.run(replace(capsule.spec(["/bin/true"]), **bad))
+
+
+class RecordingCgroup:
+    """Stands in for cgroups.ExecCgroup: records what the jail asks of it."""
+
+    def __init__(self, fail_enter: bool = False) -> None:
+        self.fail_enter = fail_enter
+        self.entered: list[int] = []
+        self.entered_state: list[str] = []
+        self.kills = 0
+
+    def enter(self, pid: int) -> None:
+        # The child must not have unshared yet: the cgroup namespace would be rooted elsewhere.
+        self.entered_state.append(os.readlink(f"/proc/{pid}/ns/cgroup"))
+        self.entered.append(pid)
+        if self.fail_enter:
+            raise CcwError("UNAVAILABLE", "cgroup is gone")
+
+    def kill(self) -> None:
+        self.kills += 1
+
+
+def test_cgroup_is_entered_before_the_jail_starts_and_killed_on_timeout(capsule: Capsule) -> None:
+    cgroup = RecordingCgroup()
+    started: list[int] = []
+    result = jail.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup,  # type: ignore[arg-type]
+                      on_started=started.append)
+    assert result.timed_out
+    assert len(cgroup.entered) == 1
+    assert cgroup.entered_state == [os.readlink("/proc/self/ns/cgroup")]  # still waiting on the sync pipe
+    assert cgroup.kills >= 1
+    assert len(started) == 1
+
+
+def test_a_failing_cgroup_enter_aborts_without_leftovers(capsule: Capsule) -> None:
+    with pytest.raises(CcwError, match="cgroup is gone"):
+        jail.run(capsule.spec(["/bin/true"]), cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
