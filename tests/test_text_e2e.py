@@ -14,7 +14,7 @@ import pytest
 import trio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from tests.mcp_process import CCW_MCP, server_env
 
@@ -112,7 +112,19 @@ def test_agent_session_over_stdio(tmp_path: Path) -> None:
             listing = await client.read_resource("list:///")
             body = json.loads(listing.contents[0].text)
             assert body["entries"] == [{"name": "app.py", "kind": "file"}, {"name": "notes", "kind": "dir"}]
-            with pytest.raises(MCPError):
+            with pytest.raises(MCPError) as missing:
                 await client.read_resource("list:///missing")
+            assert missing.value.error.code == -32002  # MCP's resource-not-found
+
+            # The client changes its roots and says so: the next call sees the new ones.
+            roots[:] = [outside]
+            with pytest.warns(MCPDeprecationWarning):  # roots are deprecated in the 2026-07-28 era
+                await client.send_roots_list_changed()
+            # The server handles a notification in a task of its own; a round trip after it
+            # lets that task run before the next call asks for roots.
+            await client.call_tool("text_read", {"path": "/"})  # (its outcome does not matter)
+            moved = _ok(schemas, "read_text_file", await client.call_tool("read_text_file", {"path": str(outside / "secret.txt")}))
+            assert moved["total_lines"] == 1
+            assert _error(await client.call_tool("read_text_file", {"path": str(app)}))["code"] == "PERMISSION_DENIED"
 
     trio.run(session)

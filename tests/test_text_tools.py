@@ -320,3 +320,77 @@ def test_huge_read_is_paged_not_refused(ctx: FakeContext, ws: Path) -> None:
     assert len(first["content"]) <= hashline_tools.MAX_READ_CHARS
     rest = call(ctx, "read_text_file", path="huge.txt", offset=first["next_offset"])
     assert rest["start_line"] == first["end_line"] + 1
+
+
+class FakeHelper:
+    """Stands in for the helper's open_root: an O_PATH descriptor of a 'merged view' dir."""
+
+    def __init__(self, views: dict[str, Path]) -> None:
+        self.views = views
+
+    async def open_root(self, capsule_id: str) -> int:
+        if capsule_id not in self.views:
+            raise CcwError("NOT_FOUND", f"capsule {capsule_id} not found")
+        return os.open(self.views[capsule_id], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+@dataclasses.dataclass
+class CapsuleContext(FakeContext):
+    fake_helper: Any = None
+
+    async def helper(self) -> Any:
+        return self.fake_helper
+
+
+def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
+    from mcp_server.journal import CapsuleRecord, Journal
+    from mcp_server.state import State
+
+    merged = tmp_path / "merged"  # what the capsule sees: a different copy of the workspace
+    merged.mkdir()
+    (merged / "f.txt").write_text("in capsule\n")
+    (ws / "f.txt").write_text("live\n")
+    state = State(tmp_path / "state")
+    try:
+        Journal(state).add_capsule(CapsuleRecord(
+            capsule_id="cap1", workspace=str(ws), base=str(ws), parent=None, created_at="", clock="",
+            clock_offset_sec=0, env_whitelist=[], limits={}, network="none", isolation={}, mount=str(merged),
+            base_fingerprint=None, destroyed_at=None,
+        ))
+        ctx = CapsuleContext(Config(workspace=str(ws)), state=state, fake_helper=FakeHelper({"cap1": merged}))
+        read = call(ctx, "read_text_file", path=str(ws / "f.txt"), capsule_id="cap1")
+        assert read["content"].endswith("|in capsule")
+        call(ctx, "edit_text_file", path="f.txt", capsule_id="cap1", file_hash=read["file_hash"],
+             ops=[{"op": "replace", "anchor": read["content"].split("|")[0], "content": "changed in capsule"}])
+        assert (merged / "f.txt").read_text() == "changed in capsule\n"
+        assert (ws / "f.txt").read_text() == "live\n"  # the live tree is untouched
+        assert fails(ctx, "read_text_file", path=str(tmp_path / "elsewhere"), capsule_id="cap1").code == "PERMISSION_DENIED"
+        assert fails(ctx, "read_text_file", path="f.txt", capsule_id="nope").code == "NOT_FOUND"
+        made = call(ctx, "file_create", path="/new.txt", content="n\n", capsule_id="cap1")
+        assert (merged / "new.txt").read_text() == "n\n" and not (ws / "new.txt").exists()
+        got = call(ctx, "text_read", path="/new.txt", capsule_id="cap1")
+        assert got["hash"] == made["hash"]
+        call(ctx, "file_remove", path="/new.txt", hash=made["hash"], capsule_id="cap1")
+        assert not (merged / "new.txt").exists()
+    finally:
+        state.close()
+
+
+def test_every_anchored_op_on_an_empty_file_is_rejected_with_an_empty_context(ctx: FakeContext, ws: Path) -> None:
+    (ws / "empty").write_bytes(b"")
+    read = call(ctx, "read_text_file", path="empty")
+    for op in ("replace", "replace_range", "insert_after", "insert_before", "delete", "delete_range"):
+        anchor = "1:00..1:00" if op.endswith("_range") else "1:00"
+        raw: dict[str, Any] = {"op": op, "anchor": anchor}
+        if not op.startswith("delete"):
+            raw["content"] = "x"
+        err = fails(ctx, "edit_text_file", path="empty", file_hash=read["file_hash"], ops=[raw])
+        assert err.details["reason"] == "anchor_not_found"
+        assert err.details["context"]["1:00"] == {"around": [], "lines_with_hash": []}
+    assert (ws / "empty").read_bytes() == b""
+    state = call(ctx, "text_read", path="/empty")
+    assert (state["content"], state["total_lines"]) == ("", 0)
+    assert fails(ctx, "text_insert", path="/empty", hash=state["hash"], line=1, anchor="", content="x").code == "INVALID_ARGUMENT"
+    assert fails(ctx, "text_replace", path="/empty", hash=state["hash"], lines=[0, 0], old="x", new="y").code == "INVALID_ARGUMENT"
+    call(ctx, "text_append", path="/empty", hash=state["hash"], content="first\n")
+    assert (ws / "empty").read_bytes() == b"first\n"
