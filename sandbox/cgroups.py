@@ -490,18 +490,26 @@ class ExecCgroup:
         return []
 
     def owns(self, pid: int) -> bool | None:
-        """Whether ``pid`` is in this exec's cgroup; None when the process is gone."""
+        """Whether ``pid`` is in this exec's cgroup; None when the process is gone.
+
+        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows it in the root.
+        """
         try:
             text = _read(f"/proc/{pid}/cgroup")
         except OSError:
             return None
         mine = parse_self_cgroup(text)
-        for hier, path in self.dirs.items():
+        for hier, path in sorted(self.dirs.items(), key=lambda item: -item[0].version):
             rel = "/" + os.path.relpath(path, hier.mount_point)
             key = "" if hier.version == 2 else next(
                 (k for k in mine if k and frozenset(k.split(",")) == hier.controllers), None)
-            if key is not None and key in mine:
-                return mine[key] == rel or mine[key].startswith(rel + "/")
+            if key is None or key not in mine:
+                continue
+            if mine[key] == rel or mine[key].startswith(rel + "/"):
+                return True
+            if hier.version == 1 and _is_zombie(pid):
+                return None
+            return False
         return False
 
     # -- kill
@@ -638,6 +646,13 @@ class ExecCgroup:
             with contextlib.suppress(OSError):  # busy: another exec or helper still uses it
                 os.rmdir(os.path.dirname(path))
         self._torn_down = True
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return _read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _rmdir_retry(path: str) -> None:

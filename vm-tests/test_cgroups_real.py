@@ -216,3 +216,18 @@ def test_cleanup_stale_leaves_live_helpers_alone(make: Callable[..., ExecCgroup]
     dirs = list(cg.dirs.values())
     assert cleanup_stale("ccwtest-", layout) == []  # type: ignore[arg-type]
     assert all(os.path.isdir(d) for d in dirs)
+
+
+def test_owns_tells_members_zombies_and_strangers(make: Callable[..., ExecCgroup]) -> None:
+    cg = make()
+    proc = start_gated(cg, "print('ok', flush=True); input()")
+    assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
+    assert cg.owns(proc.pid) is True
+    assert cg.owns(os.getpid()) is False
+    assert proc.stdin is not None
+    proc.stdin.write(b"\n")
+    proc.stdin.flush()
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not yet reaped
+    assert cg.owns(proc.pid) in (True, None)  # v2 keeps a zombie's cgroup; v1 shows the root
+    proc.communicate(timeout=10)
+    assert cg.owns(proc.pid) is None
