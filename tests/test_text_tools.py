@@ -372,6 +372,10 @@ def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
         assert got["hash"] == made["hash"]
         call(ctx, "file_remove", path="/new.txt", hash=made["hash"], capsule_id="cap1")
         assert not (merged / "new.txt").exists()
+        # Every change is journaled for the capsule's witness, in order, with its bytes.
+        writes = Journal(state).writes("cap1")
+        assert [(w["path"], w["action"]) for w in writes] == [("f.txt", "write"), ("new.txt", "write"), ("new.txt", "delete")]
+        assert base64.b64decode(writes[0]["content_b64"]) == b"changed in capsule\n"
     finally:
         state.close()
 

@@ -41,6 +41,13 @@ class Target:
     view: RootView
     rel: str
     shown: str
+    capsule_id: str | None = None
+    state: Any = None
+
+    def record(self, action: str, content: bytes | None = None) -> None:
+        """Journal a change made inside a capsule, so its witness replays it (live tree: nothing)."""
+        if self.capsule_id:
+            Journal(self.state).add_write(self.capsule_id, self.rel, action, content)
 
 
 async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
@@ -56,7 +63,7 @@ async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
             )
         located = locate_lexical(path, record.workspace)
         view = await open_view(ctx, capsule_id=capsule_id)
-        return Target(view, located.rel, os.path.join(record.workspace, located.rel))
+        return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state)
     located = locate(path, await ctx.roots(), ctx.config.workspace)
     return Target(RootView.open(located.root), located.rel, os.path.join(located.root, located.rel))
 
@@ -89,16 +96,17 @@ def read_file(view: RootView, rel: str, shown: str, next_call: str) -> bytes:
         raise
 
 
-def write_checked(view: RootView, rel: str, shown: str, before: tuple[int, ...], data: bytes, reread: str) -> None:
+def write_checked(found: Target, before: tuple[int, ...], data: bytes, reread: str) -> None:
     """Replace the file atomically unless someone wrote it since ``before`` was taken."""
-    if file_identity(view, rel) != before:
+    if file_identity(found.view, found.rel) != before:
         raise CcwError(
             "CONFLICT",
-            f"{shown} was changed by another writer while this edit was being applied; nothing "
-            f"was written. {reread}",
-            {"path": shown, "reason": "concurrent_write"},
+            f"{found.shown} was changed by another writer while this edit was being applied; "
+            f"nothing was written. {reread}",
+            {"path": found.shown, "reason": "concurrent_write"},
         )
-    view.write_bytes(rel, data)
+    found.view.write_bytes(found.rel, data)
+    found.record("write", data)
 
 
 def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
@@ -163,7 +171,7 @@ def _edit_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     result = hashline.edit(data, args["file_hash"], args["ops"], found.shown)
     new_data = result.text.encode("utf-8")
     if new_data != data:
-        write_checked(found.view, found.rel, found.shown, before, new_data, reread)
+        write_checked(found, before, new_data, reread)
     return {
         "path": found.shown,
         "file_hash": hashline.file_hash(new_data),

@@ -42,7 +42,7 @@ async def rooted(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
         view = await open_view(ctx, capsule_id=capsule_id)
     else:
         view = RootView.open(effective_roots(await ctx.roots(), ctx.config.workspace)[0])
-    return Target(view, rel, rootspace.display_path(rel))
+    return Target(view, rel, rootspace.display_path(rel), capsule_id, ctx.state)
 
 
 def _with_root(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
@@ -64,7 +64,7 @@ def _read_state(found: Target) -> tuple[tuple[int, ...], rootspace.TextState]:
 
 def _write(found: Target, before: tuple[int, ...], text: str) -> dict[str, Any]:
     data = text.encode("utf-8")
-    write_checked(found.view, found.rel, found.shown, before, data, _REREAD)
+    write_checked(found, before, data, _REREAD)
     return {"path": found.shown, "hash": file_hash(data), "total_lines": rootspace.TextState.parse(data, found.shown).total_lines}
 
 
@@ -84,6 +84,7 @@ def _file_create(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     if parent:
         found.view.makedirs(parent)
     found.view.write_bytes(found.rel, data)
+    found.record("write", data)
     return {"path": found.shown, "hash": file_hash(data), "size": len(data)}
 
 
@@ -94,6 +95,7 @@ def _file_remove(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     if file_identity(found.view, found.rel) != before:
         raise CcwError("CONFLICT", f"{found.shown} changed while being removed; nothing was removed. {_REREAD}", {"path": found.shown})
     found.view.unlink(found.rel)
+    found.record("delete")
     return {"path": found.shown, "removed": True}
 
 
