@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import struct
@@ -205,14 +206,16 @@ def is_initial_user_namespace(uid_ranges: list[tuple[int, int, int]]) -> bool:
     return uid_ranges == [(0, 0, 4294967295)]
 
 
+@functools.lru_cache(maxsize=1)
 def read_id_maps() -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-    """The helper's own uid and gid maps."""
+    """The helper's own uid and gid maps (fixed once its user namespace is set up; read once)."""
     with open("/proc/self/uid_map") as uid_file, open("/proc/self/gid_map") as gid_file:
         return parse_id_map(uid_file.read()), parse_id_map(gid_file.read())
 
 
+@functools.lru_cache(maxsize=1)
 def setgroups_allowed() -> bool:
-    """False when /proc/self/setgroups says "deny" (an unprivileged user namespace)."""
+    """False when /proc/self/setgroups says "deny" (an unprivileged user namespace; read once)."""
     try:
         with open("/proc/self/setgroups") as handle:
             return handle.read().strip() != "deny"
