@@ -89,7 +89,9 @@ async def _ask_roots(session: Any) -> list[str] | None:
     if capabilities is None or capabilities.roots is None or not session.can_send_request:
         return None
     try:
-        result = await session.list_roots()
+        # session.list_roots() is marked deprecated (roots leave the 2026 era); the
+        # request itself is still how 2025-era clients are asked.
+        result = await session.send_request(types.ListRootsRequest(), types.ListRootsResult)
     except Exception as exc:  # the client may refuse; roots are advisory
         print(f"mcp:roots unavailable: {exc}", file=sys.stderr, flush=True)
         return None
