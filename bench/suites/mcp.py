@@ -1,0 +1,145 @@
+"""The MCP front end over its unix socket: latency and throughput of a trivial tool.
+
+Measured in one run, against a real ``ccw-mcp`` process (``MCP_ENDPOINT=socket``):
+
+* ``ccw_info`` as a direct method, one request at a time: median round trip, beside
+  the same call made in process on ``CcwServer.run_direct`` (the transport's share is
+  the ratio);
+* ``ccw_info`` through ``tools/call`` with the SDK's client (2025-11-25 handshake era);
+* requests/s with 4 connections each pipelining direct-method requests.
+
+The capsule rows (``capsule_create``, ``capsule_exec`` of /bin/true beside the helper's
+own figures) are added when the capsule tools land.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from bench.common import Report, Row
+
+ROOT = Path(__file__).resolve().parents[2]
+CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
+
+
+def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
+    env.update(
+        MCP_ENDPOINT="socket", MCP_SOCKET_PATH=str(tmp / "mcp.sock"), MCP_READY_FILE=str(tmp / "ready"),
+        CCW_STATE_DIR=str(tmp / "state"), CCW_TOOLSETS="server",
+    )
+    proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    for raw in proc.stderr:
+        match = re.match(r"mcp:ready mode=socket path=(\S+)", raw.decode())
+        if match:
+            return proc, match.group(1)
+    raise RuntimeError("ccw-mcp did not become ready")
+
+
+async def _sequential(path: str, count: int) -> list[float]:
+    stream = await trio.open_unix_socket(path)
+    times = []
+    buffer = b""
+    async with stream:
+        for i in range(count):
+            start = time.perf_counter()
+            await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n")
+            while b"\n" not in buffer:
+                buffer += await stream.receive_some(65536)
+            _, buffer = buffer.split(b"\n", 1)
+            times.append(time.perf_counter() - start)
+    return times
+
+
+async def _pipelined(path: str, connections: int, per_connection: int) -> float:
+    async def one() -> None:
+        stream = await trio.open_unix_socket(path)
+        async with stream:
+            batch = b"".join(
+                json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n"
+                for i in range(per_connection)
+            )
+            await stream.send_all(batch)
+            seen = 0
+            while seen < per_connection:
+                seen += (await stream.receive_some(1 << 20)).count(b"\n")
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(connections):
+            nursery.start_soon(one)
+    return connections * per_connection / (time.perf_counter() - start)
+
+
+async def _sdk_calls(path: str, count: int) -> list[float]:
+    from mcp import Client
+
+    from mcp_server.transports.unix import connect
+
+    times = []
+    async with Client(connect(path), mode="legacy") as client:
+        await client.list_tools()
+        for _ in range(count):
+            start = time.perf_counter()
+            await client.call_tool("ccw_info", {})
+            times.append(time.perf_counter() - start)
+    return times
+
+
+async def _in_process(state_dir: Path, count: int) -> list[float]:
+    from mcp_server.config import Config
+    from mcp_server.server import CcwServer
+    from mcp_server.state import State
+
+    config = Config.from_env({"CCW_STATE_DIR": str(state_dir), "CCW_TOOLSETS": "server"})
+    server = CcwServer(config, State(config.state_dir))
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        await server.run_direct(i, "ccw_info", {})
+        times.append(time.perf_counter() - start)
+    server.state.close()
+    return times
+
+
+def _median_ms(times: list[float]) -> float:
+    return statistics.median(times[len(times) // 10 :]) * 1000  # first 10%: warm-up
+
+
+def run(quick: bool = False) -> Report:
+    """Measure the front end's transport overhead and throughput."""
+    report = Report("mcp")
+    count = 200 if quick else 2000
+    with tempfile.TemporaryDirectory(prefix="ccw-bench-mcp-") as tmp_name:
+        tmp = Path(tmp_name)
+        proc, path = _start(tmp)
+        try:
+            direct = trio.run(_sequential, path, count)
+            local = trio.run(_in_process, tmp / "state-local", count)
+            sdk = trio.run(_sdk_calls, path, count // 4)
+            rate = trio.run(_pipelined, path, 4, count)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+            if proc.stderr is not None:
+                proc.stderr.close()
+    report.add(Row("ccw_info direct method, unix socket", _median_ms(direct),
+                   baseline="in-process run_direct", baseline_ms=_median_ms(local)))
+    report.add(Row("ccw_info tools/call, SDK client, unix socket", _median_ms(sdk),
+                   baseline="direct method, unix socket", baseline_ms=_median_ms(direct)))
+    extra: dict[str, Any] = {"requests_per_s": round(rate), "connections": 4, "pipelined_per_connection": count}
+    report.add(Row("pipelined ccw_info (ms per request)", 1000.0 / rate, extra=extra))
+    report.notes.append("medians over the run after a 10% warm-up; ratios compare figures from this run")
+    return report
