@@ -71,3 +71,9 @@ def test_lexical_locate_for_capsules() -> None:
         locate_lexical("/w_evil/a.py", "/w")
     with pytest.raises(CcwError):
         locate_lexical("../x", "/w")
+
+
+def test_declared_but_empty_roots_allow_nothing(tree: Path) -> None:
+    with pytest.raises(CcwError) as info:
+        locate(str(tree / "allowed" / "src" / "a.py"), [], str(tree / "allowed"))
+    assert info.value.code == "PERMISSION_DENIED" and "add the project directory" in info.value.message

@@ -14,8 +14,10 @@ Some facts about checking a path against a root:
   (``mcp_server/core/fsview.py``), so a swapped link fails there rather than escaping.
 
 Roots come from the client (``roots/list``; the server refreshes them on
-``notifications/roots/list_changed``) or, when it declared none, the workspace the
-server was started for.  A relative path is taken relative to the first root.
+``notifications/roots/list_changed``) or, when it does not declare the roots capability,
+the workspace the server was started for.  A client that declares the capability but
+lists no roots allows nothing (it said so; the workspace does not stand in).  A relative
+path is taken relative to the first root.
 """
 
 from __future__ import annotations
@@ -57,8 +59,14 @@ def _components(path: str) -> list[str]:
 
 
 def effective_roots(roots: Sequence[str] | None, workspace: str) -> list[str]:
-    """The client's roots when it declared any, else the workspace; each resolved."""
-    if roots:
+    """The client's roots when it declared the capability (even none), else the workspace."""
+    if roots is not None:
+        if not roots:
+            raise CcwError(
+                "PERMISSION_DENIED",
+                "the client declared the roots capability but lists no roots, so no path is "
+                "allowed; add the project directory as a root in the client.",
+            )
         return [root_dir(r) for r in roots]
     if not workspace:
         raise CcwError(
