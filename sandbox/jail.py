@@ -2,18 +2,23 @@
 
 The process tree of one exec::
 
-    helper thread ── fork ─▶ jail parent   host pid ns; waits for the sync byte (the helper
-                                           puts it in the exec's cgroup meanwhile), unshares
-                                └ fork ─▶ jail init     pid 1: builds the root (``contain``),
-                                                        forwards signals, reaps, reports
-                                             └ fork ─▶ command   drops every privilege, execs
+    helper thread ── fork ─▶ jail init      pid 1 of a new pid namespace (the thread
+                               │             unshares CLONE_NEWPID for its next child, then
+                               │             setns back); waits for the sync byte while the
+                               │             helper puts it in the exec's cgroup, then builds
+                               │             the jail (``contain``), drops every privilege,
+                               │             and reaps, forwards signals, reports
+                               └ posix_spawn ─▶ command   (vfork + exec: no second Python fork)
+
+A rootless helper cannot setns back into its pid namespace, so there the helper's child
+waits for the sync byte, unshares the pid namespace and forks the init itself.
 
 Choices made here (DESIGN §2 leaves them open):
 
 - The command's exit ends the jail: when it exits, the init exits with its status and
   the kernel kills whatever else still runs in the pid namespace (background jobs,
-  daemons).  The same happens on timeout, when the helper SIGKILLs the init (and the
-  jail parent, whose death the init follows through PDEATHSIG) and the exec's cgroup.
+  daemons).  The same happens on timeout, when the helper SIGKILLs the init (through
+  its pidfd in the rootless fallback) and calls the exec cgroup's ``kill()``.
 - Failures of the jail's own steps (a mount, chdir to a missing cwd) raise CcwError
   naming the step; a command that cannot be executed is a *result*, exit code 127
   (not found) or 126 (not executable) with a shell-like message on stderr.
@@ -23,6 +28,11 @@ Choices made here (DESIGN §2 leaves them open):
 - The children forked from the (multi-threaded) helper use only os, ctypes and
   C-level modules (prctl, signal, fcntl, socket, resource): no logging, no locks.  Every
   path in them ends in ``os._exit``, never back in the helper's code.
+- The init drops its own privileges before spawning the command, so the command
+  inherits them (uid/gid, empty capability sets, no_new_privs, RLIMIT_CORE 0).  The
+  init is then non-dumpable, so a command under the same uid can neither ptrace it nor
+  open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
+  namespace: when the init dies, the kernel kills every process in it.
 - Messages from the children to the helper go over one pipe, each a single write
   shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
   ``W`` the command's wait status (from the init), ``A`` the init's wait status.
@@ -576,5 +586,7 @@ def mechanisms() -> dict[str, object]:
         "no_new_privs": True,
         "seccomp": None,  # not in force yet: no filter is installed
         "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
+        "init": "python reaper as pid 1; command started with posix_spawn",
+        "direct_pid_namespace": namespaces.pid_namespace_restorable(),
     })
     return info

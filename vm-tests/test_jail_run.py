@@ -321,3 +321,31 @@ def test_cgroup_is_entered_before_the_jail_starts_and_killed_on_timeout(capsule:
 def test_a_failing_cgroup_enter_aborts_without_leftovers(capsule: Capsule) -> None:
     with pytest.raises(CcwError, match="cgroup is gone"):
         jail.run(capsule.spec(["/bin/true"]), cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
+
+
+def test_concurrent_runs_from_helper_threads(capsule: Capsule) -> None:
+    import threading
+
+    outputs: dict[int, list[bytes]] = {}
+
+    def worker(index: int) -> None:
+        outputs[index] = [run(capsule, f"echo {index}-$$-$PPID").stdout for _ in range(3)]
+
+    threads = [threading.Thread(target=worker, args=(index,)) for index in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert outputs == {index: [f"{index}-2-1\n".encode()] * 3 for index in range(4)}
+    # the threads went back to the helper's own pid namespace
+    assert os.readlink("/proc/thread-self/ns/pid_for_children") == os.readlink("/proc/self/ns/pid")
+
+
+@pytest.mark.parametrize("uid", [NOBODY, 0])
+def test_the_init_is_out_of_the_commands_reach(capsule: Capsule, uid: int) -> None:
+    # Same uid as the command, but non-dumpable: no /proc/1/fd (the report pipe), no ptrace.
+    result = run(capsule, "(echo forged > /proc/1/fd/4) 2>/dev/null && echo fd-leak || echo fd-protected; "
+                          "cat /proc/1/environ >/dev/null 2>&1 && echo env-leak || echo env-protected; "
+                          "kill -9 1; echo still-here", uid=uid, gid=uid)
+    assert result.stdout.split() == [b"fd-protected", b"env-protected", b"still-here"]
+    assert result.exit_code == 0
