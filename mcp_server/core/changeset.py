@@ -49,15 +49,27 @@ class Entry:
 
 
 def _side(view: RootView, path: str) -> Side | None:
+    """lstat of ``path`` where every parent must be a real directory, or None.
+
+    A path below a symlink does not exist as such in that tree (``src/x`` when ``src``
+    became a link is gone, whatever the link points at), so parents are resolved with
+    RESOLVE_NO_SYMLINKS and a link or file on the way means "absent".
+    """
+    head, _, name = path.rpartition("/")
     try:
-        st = view.stat(path, follow=False)
+        parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="stat")
     except CcwError as exc:
-        if exc.code == "NOT_FOUND":
+        if exc.code == "NOT_FOUND" or exc.details.get("errno") in ("ELOOP", "ENOTDIR"):
             return None
         raise
-    kind = kind_of(st.st_mode)
-    target = view.readlink(path) if kind == "symlink" else None
-    return Side(kind, stat_mod.S_IMODE(st.st_mode), target)
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        target = os.readlink(name, dir_fd=parent) if stat_mod.S_ISLNK(st.st_mode) else None
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(parent)
+    return Side(kind_of(st.st_mode), stat_mod.S_IMODE(st.st_mode), target)
 
 
 def _descendants(view: RootView, path: str) -> Iterable[str]:

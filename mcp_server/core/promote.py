@@ -191,8 +191,13 @@ class Promoter:
             if i == 0:
                 _crash_point("first_commit_op")
         for directory in sorted(touched_dirs):
-            if view.exists(directory):
+            try:
                 _fsync_rel(view, directory)
+            except CcwError as exc:
+                # Gone, or replaced by a link or file by a later op: its own parent,
+                # where that replacement happened, is in touched_dirs too.
+                if exc.code not in ("NOT_FOUND", "PERMISSION_DENIED"):
+                    raise
         _crash_point("all_ops")
         tx.state = "done"
         self._forget(tx)
