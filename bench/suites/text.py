@@ -172,6 +172,50 @@ async def _reference_session(client: Any, path: Path, repeat: int) -> dict[str, 
     }
 
 
+class _LocalContext:
+    """The least ToolContext for calling a handler in-process (no roots: the workspace)."""
+
+    def __init__(self, workspace: Path) -> None:
+        from mcp_server.config import Config
+
+        self.config = Config(workspace=str(workspace))
+        self.state = None
+
+    async def roots(self) -> None:
+        return None
+
+
+def _in_process(path: Path, repeat: int) -> list[Row]:
+    """The handlers alone, without transport or JSON: where the round trip's time goes."""
+    from mcp_server.tools import hashline as tools
+
+    ctx = _LocalContext(path.parent)
+
+    async def measure() -> list[Row]:
+        read_ms, read = await _median(lambda: tools.read_text_file(ctx, {"path": str(path)}), repeat)
+        row = read["content"].split("\n")[TARGET_LINE]
+        original = row.split("|", 1)[1]
+        state = {"hash": read["file_hash"], "anchor": row.split("|", 1)[0], "flip": False}
+
+        async def edit() -> Any:
+            text = original if state["flip"] else original + "  # edited"
+            ops = [{"op": "replace", "anchor": state["anchor"], "content": text}]
+            result = await tools.edit_text_file(ctx, {"path": str(path), "file_hash": state["hash"], "ops": ops})
+            state["hash"] = result["file_hash"]
+            state["anchor"] = next(r for r in result["context"] if r.startswith(f"{TARGET_LINE + 1}:")).split("|", 1)[0]
+            state["flip"] = not state["flip"]
+            return result
+
+        edit_ms, _ = await _median(edit, repeat)
+        return [
+            Row(name=f"read_text_file {LINES} lines (handler only)", ccw_ms=read_ms),
+            Row(name=f"edit_text_file 1 line, {LINES} lines (handler only)", ccw_ms=edit_ms,
+                extra={"includes": "fsync of the file and its directory (the reference does not fsync)"}),
+        ]
+
+    return trio.run(measure)
+
+
 def _ccw_env(tmp: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
     env.update(
@@ -270,6 +314,8 @@ def run(quick: bool = False) -> Report:
                     target="<= 1x",
                     extra=extra,
                 ))
+        for row in _in_process(ccw_file, repeat):
+            report.add(row)
         report.notes.append(
             f"median of {repeat} tools/call round trips per figure, SDK client, one session each; "
             "reference over stdio (it has no socket transport)"
