@@ -48,7 +48,7 @@ class Entry:
     modified: bool  # for files present on both sides: the bytes differ
 
 
-def _side(view: RootView, path: str) -> Side | None:
+def lstat(view: RootView, path: str) -> Side | None:
     """lstat of ``path`` where every parent must be a real directory, or None.
 
     A path below a symlink does not exist as such in that tree (``src/x`` when ``src``
@@ -93,13 +93,13 @@ def expand(changes: list[dict[str, Any]], base: RootView, capsule: RootView) -> 
     paths = set(kinds)
     for change in changes:
         if change["kind"] in ("deleted", "opaque", "type_changed"):
-            old = _side(base, change["path"])
+            old = lstat(base, change["path"])
             if old is not None and old.kind == "dir":
                 paths.update(_descendants(base, change["path"]))
     out = []
     for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
-        old = _side(base, path)
-        new = _side(capsule, path)
+        old = lstat(base, path)
+        new = lstat(capsule, path)
         if old is None and new is None:
             continue
         modified = kinds.get(path) in ("modified", "added", "type_changed", "opaque")
@@ -213,7 +213,7 @@ def base_state(view: RootView, path: str) -> str:
 
     from mcp_server.core.canonical import canonical_text
 
-    side = _side(view, path)
+    side = lstat(view, path)
     if side is None:
         return "absent"
     state: dict[str, Any] = {"kind": side.kind, "mode": side.mode}

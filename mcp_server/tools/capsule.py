@@ -83,7 +83,7 @@ def _iso(moment: dt.datetime) -> str:
     return moment.isoformat(timespec="microseconds")
 
 
-def _record(ctx: ToolContext, capsule_id: str) -> CapsuleRecord:
+def live_record(ctx: ToolContext, capsule_id: str) -> CapsuleRecord:
     record = _journal(ctx).capsule(capsule_id)
     if record is None or record.destroyed_at is not None:
         raise CcwError(
@@ -152,7 +152,7 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     return _capsule_result(record)
 
 
-def _exec_env(record: CapsuleRecord) -> dict[str, str]:
+def exec_env(record: CapsuleRecord) -> dict[str, str]:
     env = {k: os.environ[k] for k in record.env_whitelist if k in os.environ and k != "HOME"}
     env.setdefault("PATH", DEFAULT_PATH)
     env.setdefault("LANG", "C.UTF-8")
@@ -178,7 +178,7 @@ def _hash(data: bytes) -> str:
 
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Run a command in a capsule's jail and record it in the journal."""
-    record = _record(ctx, args["capsule_id"])
+    record = live_record(ctx, args["capsule_id"])
     cwd = _resolve_cwd(record, args.get("cwd"))
     timeout_ms = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
     stdin = args.get("stdin")
@@ -187,7 +187,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "capsule_id": record.capsule_id,
         "argv": list(args["cmd"]),
         "cwd": cwd,
-        "env": _exec_env(record),
+        "env": exec_env(record),
         "timeout_ms": timeout_ms,
     }
     if stdin_bytes is not None:
@@ -293,7 +293,7 @@ def _diff_entries(record: CapsuleRecord, changes: list[dict[str, Any]], root_fd:
 
 async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The capsule's changes against its base, as a unified diff, JSON or a stat."""
-    record = _record(ctx, args["capsule_id"])
+    record = live_record(ctx, args["capsule_id"])
     fmt = args.get("format") or "unified"
     helper = await ctx.helper()
     changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
@@ -336,7 +336,7 @@ def _stat_line(file: dict[str, Any]) -> str:
 
 async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """A child capsule stacked on its parent's view."""
-    parent = _record(ctx, args["capsule_id"])
+    parent = live_record(ctx, args["capsule_id"])
     helper = await ctx.helper()
     reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
     created = _now()
@@ -383,7 +383,7 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Unmount a capsule and delete its data; its journal stays for witnesses."""
-    record = _record(ctx, args["capsule_id"])
+    record = live_record(ctx, args["capsule_id"])
     helper = await ctx.helper()
     await helper.request("destroy", {"capsule_id": record.capsule_id})
     _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))

@@ -36,7 +36,7 @@ from mcp_server.core.policy import (
 )
 from mcp_server.core.promote import Promoter
 from mcp_server.journal import CapsuleRecord, Journal
-from mcp_server.tools.capsule import CAPSULE_ID, _exec_env, _record
+from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.policy import POLICY_NAME, PolicyStore
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from mcp_server.tools.witness import make_witness, replay
@@ -108,7 +108,7 @@ async def _run_tests(ctx: ToolContext, record: CapsuleRecord, tests: list[str | 
             reply = await helper.request(
                 "exec",
                 {"capsule_id": fork["capsule_id"], "argv": argv, "cwd": record.workspace,
-                 "env": _exec_env(record), "timeout_ms": TEST_TIMEOUT_MS},
+                 "env": exec_env(record), "timeout_ms": TEST_TIMEOUT_MS},
             )
             tail = base64.b64decode(reply["stderr_b64"])[-2000:].decode("utf-8", "replace")
             outcomes.append(RequiredTestOutcome(test, reply["exit_code"], bool(reply["timed_out"]), tail))
@@ -120,7 +120,7 @@ async def _run_tests(ctx: ToolContext, record: CapsuleRecord, tests: list[str | 
 
 async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Check policies and conflicts, then write the capsule's changes to the workspace."""
-    record = _record(ctx, args["capsule_id"])
+    record = live_record(ctx, args["capsule_id"])
     names = args.get("policies") or ["baseline"]
     dry_run = bool(args.get("dry_run"))
     store = PolicyStore(ctx.state)

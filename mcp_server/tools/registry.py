@@ -108,6 +108,7 @@ class ResourceSpec:
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
     "mcp_server.tools.promote",
+    "mcp_server.tools.counterfactual",
     "mcp_server.tools.policy",
     "mcp_server.tools.witness",
     "mcp_server.tools.snapshot",

@@ -34,7 +34,7 @@ from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
-from mcp_server.tools.capsule import CAPSULE_ID, _exec_env, _record
+from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
 
@@ -129,7 +129,7 @@ def build_manifest(
     names = (p for p, kind in base.walk("") if kind in ("file", "symlink")) if unknown_reads else reads
     base_files = []
     for path in sorted(set(names), key=lambda p: p.encode("utf-8", "surrogateescape")):
-        side = changeset._side(base, path)
+        side = changeset.lstat(base, path)
         if side is None or side.kind not in ("file", "symlink"):
             continue
         item: dict[str, Any] = {"path": path, "mode": side.mode, "type": side.kind}
@@ -201,7 +201,7 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
 
 async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool) -> dict[str, Any]:
     """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
-    record = _record(ctx, capsule_id)
+    record = live_record(ctx, capsule_id)
     journal = Journal(ctx.state)
     execs = journal.execs(capsule_id)
     writes = journal.writes(capsule_id)
@@ -316,7 +316,7 @@ def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"path": ".", "problem": "workspace missing"}]
     with view:
         for item in manifest["base"]["files"]:
-            side = changeset._side(view, item["path"])
+            side = changeset.lstat(view, item["path"])
             if side is None:
                 problems.append({"path": item["path"], "problem": "missing"})
             elif item["type"] == "symlink":
@@ -424,7 +424,7 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
                 await trio.to_thread.run_sync(apply_write, root, ex, blobs)
                 continue
             run: dict[str, Any] = {
-                "capsule_id": capsule_id, "argv": ex["argv"], "cwd": ex["cwd"], "env": _exec_env(record),
+                "capsule_id": capsule_id, "argv": ex["argv"], "cwd": ex["cwd"], "env": exec_env(record),
                 "timeout_ms": ex.get("timeout_ms") or 300_000,
             }
             if spec["limits"]:

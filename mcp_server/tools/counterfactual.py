@@ -1,0 +1,604 @@
+"""Counterfactual analysis: capsule_deltamin and capsule_commutativity (seed 003 §8–§9).
+
+Both ask "what if only part of this change had been made?" and answer by running the
+target command in fresh capsules over the capsule's base with a subset of the change
+applied (through the capsule's root descriptor, as any file tool writes).
+
+Units of change (deltamin): first whole paths (added, modified, deleted files, symlinks,
+mode changes); then, within the text files that remain, their hunks (HDD).  A hunk is one
+non-equal run of lines between the base and the capsule (difflib opcodes), so any
+subset of a file's hunks applies cleanly to the base.
+
+Evidence (what the journal shows the failing command read) orders the units: those it
+read, and every file it could not have read because the change created or deleted it,
+come first and are tried alone before ddmin proper (core/deltamin.py).
+
+Flakiness: before searching, the full change set must fail twice and the empty set
+pass twice; otherwise the tool says so instead of minimising noise.  The minimal set is
+re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
+witness of that run gives ``root_hash``.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import difflib
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+
+import trio
+
+from mcp_server.core import changeset, unidiff
+from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search
+from mcp_server.core.fsview import RootView
+from mcp_server.core.promote import make_symlink, remove_tree
+from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.tools.capsule import (
+    CAPSULE_ID,
+    capsule_create,
+    capsule_destroy,
+    capsule_exec,
+    exec_env,
+    live_record,
+)
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from mcp_server.tools.witness import make_witness
+from sandbox.errors import CcwError
+
+PARALLEL = 2  # trials at once: this is a 2-core machine
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One piece of the change: a whole path, or one hunk of a text file."""
+
+    path: str
+    action: str  # write | delete | symlink | chmod | hunk
+    mode: int | None = None
+    target: str | None = None
+    content: bytes | None = None
+    hunk: tuple[int, int, int, int] | None = None  # base lines [i1, i2) -> capsule lines [j1, j2)
+
+
+@dataclass
+class Material:
+    """Everything a trial needs, read once from the capsule and its base."""
+
+    units: list[Unit]
+    old: dict[str, bytes]  # base bytes of files that get hunk units
+    new_lines: dict[str, list[bytes]]  # capsule lines of those files
+    modes: dict[str, int]
+
+
+def _units_from(entries: list[changeset.Entry], base: RootView, capsule: RootView) -> Material:
+    units = []
+    modes: dict[str, int] = {}
+    for entry in entries:
+        new = entry.new
+        if new is None:
+            units.append(Unit(entry.path, "delete"))
+        elif new.kind == "dir":
+            continue  # created on demand by the files below it
+        elif new.kind == "symlink":
+            units.append(Unit(entry.path, "symlink", target=new.target))
+        elif new.kind == "file":
+            if entry.old is not None and entry.old.kind == "file" and not entry.modified:
+                units.append(Unit(entry.path, "chmod", mode=new.mode))
+            else:
+                units.append(Unit(entry.path, "write", mode=new.mode, content=capsule.read_bytes(entry.path)))
+            modes[entry.path] = new.mode
+    return Material(units, {}, {}, modes)
+
+
+def _split_hunks(material: Material, keep: Iterable[int], base: RootView) -> Material:
+    """Level two: the kept units, with each multi-hunk text file split into its hunks."""
+    units: list[Unit] = []
+    old: dict[str, bytes] = {}
+    new_lines: dict[str, list[bytes]] = {}
+    for index in keep:
+        unit = material.units[index]
+        if unit.action != "write" or unit.content is None:
+            units.append(unit)
+            continue
+        try:
+            before = base.read_bytes(unit.path)
+        except CcwError:
+            units.append(unit)
+            continue
+        if unidiff.is_binary(before) or unidiff.is_binary(unit.content):
+            units.append(unit)
+            continue
+        a = before.splitlines(keepends=True)
+        b = unit.content.splitlines(keepends=True)
+        ops = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+        if len(ops) < 2:
+            units.append(unit)
+            continue
+        old[unit.path] = before
+        new_lines[unit.path] = b
+        units.extend(Unit(unit.path, "hunk", mode=unit.mode, hunk=(i1, i2, j1, j2)) for _, i1, i2, j1, j2 in ops)
+    return Material(units, old, new_lines, material.modes)
+
+
+def _file_contents(material: Material, subset: Iterable[int]) -> dict[str, Unit]:
+    """Whole-path units of a subset, with hunk units folded into file writes."""
+    hunks: dict[str, list[tuple[int, int, int, int]]] = {}
+    out: dict[str, Unit] = {}
+    for index in subset:
+        unit = material.units[index]
+        if unit.action == "hunk":
+            assert unit.hunk is not None
+            hunks.setdefault(unit.path, []).append(unit.hunk)
+        else:
+            out[unit.path] = unit
+    for path, chosen in hunks.items():
+        lines = material.old[path].splitlines(keepends=True)
+        new = material.new_lines[path]
+        for i1, i2, j1, j2 in sorted(chosen, reverse=True):  # from the end: indices stay valid
+            lines[i1:i2] = new[j1:j2]
+        out[path] = Unit(path, "write", mode=material.modes.get(path), content=b"".join(lines))
+    return out
+
+
+def apply_units(root_fd: int, units: dict[str, Unit], journal: Journal | None = None, capsule_id: str = "") -> None:
+    """Write whole-path units into a capsule through its root descriptor."""
+    with RootView.from_fd(root_fd) as view:
+        for path in sorted(units, key=lambda p: (p.count("/"), p)):
+            unit = units[path]
+            parent = path.rpartition("/")[0]
+            if unit.action in ("write", "symlink") and parent:
+                view.makedirs(parent)
+            if unit.action == "write":
+                assert unit.content is not None
+                side = changeset.lstat(view, path)
+                if side is not None and side.kind == "dir":
+                    remove_tree(view, path)
+                view.write_bytes(path, unit.content, unit.mode)
+            elif unit.action == "symlink":
+                remove_tree(view, path)
+                make_symlink(view, unit.target or "", path)
+            elif unit.action == "delete":
+                remove_tree(view, path)
+            elif unit.action == "chmod" and unit.mode is not None:
+                view.chmod(path, unit.mode)
+            if journal is not None:
+                journal.add_write(capsule_id, path, unit.action, unit.content, unit.target, unit.mode)
+
+
+# --- the failure predicate ---------------------------------------------------------------
+
+
+def predicate(spec: Any) -> Any:
+    """A function from an exec reply to FAIL / PASS / UNRESOLVED, from the tool argument."""
+    if spec in (None, "exit_code"):
+        return lambda r: UNRESOLVED if r["timed_out"] else (FAIL if r["exit_code"] != 0 else PASS)
+    if spec == "timeout":
+        return lambda r: FAIL if r["timed_out"] else PASS
+    if isinstance(spec, dict) and len(spec) == 1:
+        (key, value), = spec.items()
+        if key == "exit_code" and isinstance(value, int):
+            return lambda r: UNRESOLVED if r["timed_out"] else (FAIL if r["exit_code"] == value else PASS)
+        if key in ("stdout_regex", "stderr_regex") and isinstance(value, str):
+            try:
+                pattern = re.compile(value)
+            except re.error as exc:
+                raise CcwError("INVALID_ARGUMENT", f"failure_predicate {key}: bad regex ({exc})") from exc
+            stream = key.split("_")[0]
+            return lambda r: UNRESOLVED if r["timed_out"] else (
+                FAIL if pattern.search(base64.b64decode(r[f"{stream}_b64"]).decode("utf-8", "replace")) else PASS
+            )
+    raise CcwError(
+        "INVALID_ARGUMENT",
+        'failure_predicate must be "exit_code", "timeout", {"exit_code": N}, {"stdout_regex": R} or {"stderr_regex": R}',
+    )
+
+
+class Trials:
+    """Runs subsets of the change in fresh capsules over the capsule's base."""
+
+    def __init__(self, ctx: ToolContext, record: CapsuleRecord, material: Material, argv: list[str], judge: Any, timeout_ms: int) -> None:
+        self.ctx = ctx
+        self.record = record
+        self.material = material
+        self.argv = argv
+        self.judge = judge
+        self.timeout_ms = timeout_ms
+        self.runs = 0
+
+    async def outcome(self, subset: Iterable[int]) -> str:
+        helper = await self.ctx.helper()
+        request: dict[str, Any] = {
+            "workspace": self.record.workspace, "clock_offset_sec": self.record.clock_offset_sec,
+            "env_whitelist": self.record.env_whitelist, "limits": self.record.limits, "network": self.record.network,
+        }
+        if self.record.base != self.record.workspace:
+            request["base"] = self.record.base
+        capsule = (await helper.request("create", request))["capsule_id"]
+        try:
+            root = await helper.open_root(capsule)
+            await trio.to_thread.run_sync(apply_units, root, _file_contents(self.material, subset))
+            reply = await helper.request("exec", {
+                "capsule_id": capsule, "argv": self.argv, "cwd": self.record.workspace,
+                "env": exec_env(self.record), "timeout_ms": self.timeout_ms,
+            })
+            self.runs += 1
+            return str(self.judge(reply))
+        finally:
+            with trio.CancelScope(shield=True):
+                await helper.request("destroy", {"capsule_id": capsule})
+
+    async def batch(self, subsets: list[tuple[int, ...]]) -> list[str]:
+        results: list[str] = [UNRESOLVED] * len(subsets)
+
+        async def one(i: int) -> None:
+            results[i] = await self.outcome(subsets[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(subsets)):
+                nursery.start_soon(one, i)
+        return results
+
+
+def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str]) -> set[str] | None:
+    """Paths the target command read in the capsule's own runs, or None if unknown."""
+    reads: set[str] = set()
+    seen = False
+    for ex in journal.execs(record.capsule_id):
+        if ex["argv"] != argv:
+            continue
+        if ex["touched"]["read"] is None:
+            return None
+        seen = True
+        reads.update(ex["touched"]["read"])
+    return reads if seen else None
+
+
+def _relevant(material: Material, reads: set[str] | None, created: set[str]) -> frozenset[int] | None:
+    if reads is None:
+        return None
+    return frozenset(
+        i for i, u in enumerate(material.units) if u.path in reads or u.path in created or u.action == "delete"
+    )
+
+
+async def _search(search: Search, trials: Trials) -> Search:
+    while batch := search.next_batch():
+        search.report(await trials.batch(batch))
+    return search
+
+
+async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """The smallest part of the capsule's change that still makes target_cmd fail."""
+    started = time.monotonic()
+    record = live_record(ctx, args["capsule_id"])
+    argv = list(args["target_cmd"])
+    judge = predicate(args.get("failure_predicate", "exit_code"))
+    budget_s = (args.get("budget_ms") or 600_000) / 1000
+    journal = Journal(ctx.state)
+    helper = await ctx.helper()
+    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+    root_fd = await helper.open_root(record.capsule_id)
+
+    def read_material() -> tuple[Material, set[str]]:
+        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+            entries = changeset.expand(changes, base, capsule)
+            return _units_from(entries, base, capsule), {e.path for e in entries if e.old is None}
+
+    material, created = await trio.to_thread.run_sync(read_material)
+    if not material.units:
+        raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
+    trials = Trials(ctx, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
+    everything = tuple(range(len(material.units)))
+    confirm = await trials.batch([everything, (), everything, ()])
+    if confirm[0] != confirm[2] or confirm[1] != confirm[3]:
+        raise CcwError(
+            "CONFLICT",
+            "target_cmd is flaky: the same change set gave different outcomes on two runs "
+            f"(full change: {confirm[0]}, {confirm[2]}; no change: {confirm[1]}, {confirm[3]}); "
+            "make it deterministic (seed randomness, fix the clock) before minimising",
+            {"full": [confirm[0], confirm[2]], "empty": [confirm[1], confirm[3]]},
+        )
+    if confirm[0] != FAIL:
+        raise CcwError("INVALID_ARGUMENT", f"the full change set does not fail ({confirm[0]}): nothing to minimise",
+                       {"full": confirm[0]})
+    if confirm[1] != PASS:
+        raise CcwError("INVALID_ARGUMENT", f"the base without any change already fails ({confirm[1]}): "
+                       "the change is not the cause", {"empty": confirm[1]})
+    reads = _evidence(journal, record, argv)
+    remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
+    level1 = await _search(Search(everything, PARALLEL, _relevant(material, reads, created), budget_s=remaining()), trials)
+    total_trials, cache_hits = 4 + level1.trials, level1.cache_hits
+    one_minimal = level1.one_minimal
+    chosen, final = material, level1.result
+    base_view = await trio.to_thread.run_sync(RootView.open, record.base)
+    with base_view:
+        split = await trio.to_thread.run_sync(_split_hunks, material, level1.result, base_view)
+    if len(split.units) > len(level1.result) and remaining() > 0:
+        trials.material = split
+        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, budget_s=remaining()), trials)
+        total_trials += level2.trials
+        cache_hits += level2.cache_hits
+        one_minimal = one_minimal and level2.one_minimal
+        chosen, final = split, level2.result
+    files = _file_contents(chosen, final)
+    verified = await _verify(ctx, record, files, argv, judge)
+    patch = await trio.to_thread.run_sync(_patch, record, files)
+    return {
+        "minimal_patch": patch,
+        "replay_ok": verified["fails_again"],
+        "root_hash": verified["root_hash"],
+        "units": sorted({u.path for u in files.values()}),
+        "trials": total_trials,
+        "cache_hits": cache_hits,
+        "elapsed_ms": int((time.monotonic() - started) * 1000),
+        "one_minimal": one_minimal,
+    }
+
+
+def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
+    changes = []
+    with RootView.open(record.base) as base:
+        for path, unit in sorted(files.items()):
+            old_side = changeset.lstat(base, path)
+            old = base.read_bytes(path) if old_side and old_side.kind == "file" else (
+                (old_side.target or "").encode() if old_side and old_side.kind == "symlink" else None)
+            old_mode = None if old_side is None else (0o120000 if old_side.kind == "symlink" else (0o100755 if old_side.mode & 0o111 else 0o100644))
+            if unit.action == "delete":
+                new, new_mode = None, None
+            elif unit.action == "symlink":
+                new, new_mode = (unit.target or "").encode(), 0o120000
+            elif unit.action == "chmod":
+                new, new_mode = old, (0o100755 if (unit.mode or 0) & 0o111 else 0o100644)
+            else:
+                new, new_mode = unit.content, (0o100755 if (unit.mode or 0o644) & 0o111 else 0o100644)
+            changes.append(unidiff.FileChange(path, old, new, old_mode, new_mode))
+    return unidiff.render_all(changes).decode("utf-8", "replace")
+
+
+async def _verify(ctx: ToolContext, record: CapsuleRecord, files: dict[str, Unit], argv: list[str], judge: Any) -> dict[str, Any]:
+    """Re-run the minimal change in a journaled capsule; witness that run."""
+    created = await capsule_create(ctx, {
+        "workspace": record.workspace, "base": record.base if record.base != record.workspace else None,
+        "clock_offset_sec": record.clock_offset_sec, "env_whitelist": record.env_whitelist,
+        "limits": record.limits or None,
+    })
+    capsule_id = created["capsule_id"]
+    try:
+        helper = await ctx.helper()
+        root = await helper.open_root(capsule_id)
+        await trio.to_thread.run_sync(apply_units, root, files, Journal(ctx.state), capsule_id)
+        ran = await capsule_exec(ctx, {"capsule_id": capsule_id, "cmd": argv})
+        reply = {
+            "exit_code": ran["exit_code"], "timed_out": ran["timed_out"],
+            "stdout_b64": base64.b64encode(ran["stdout"].encode()).decode(),
+            "stderr_b64": base64.b64encode(ran["stderr"].encode()).decode(),
+        }
+        made = await make_witness(ctx, capsule_id, "zstd", True)
+        return {"fails_again": judge(reply) == FAIL, "root_hash": made["root_hash"]}
+    finally:
+        with trio.CancelScope(shield=True):
+            await capsule_destroy(ctx, {"capsule_id": capsule_id})
+
+
+# --- commutativity -------------------------------------------------------------------------
+
+
+def _module_paths(path: str, module: str, level: int) -> list[str]:
+    """Candidate repo paths for an import of ``module`` from file ``path``."""
+    if level:
+        base = path.split("/")[:-level] if level <= path.count("/") + 1 else []
+        parts = base + (module.split(".") if module else [])
+    else:
+        parts = module.split(".")
+    stem = "/".join(parts)
+    return [f"{stem}.py", f"{stem}/__init__.py"] if stem else []
+
+
+def import_edges(sources: dict[str, bytes]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs among the given Python files, from their ``import``s."""
+    edges = []
+    known = set(sources)
+    for path, data in sorted(sources.items()):
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    targets += _module_paths(path, alias.name, 0)
+            elif isinstance(node, ast.ImportFrom):
+                targets += _module_paths(path, node.module or "", node.level)
+                for alias in node.names:  # from pkg import module
+                    targets += _module_paths(path, f"{node.module}.{alias.name}" if node.module else alias.name, node.level)
+            for target in targets:
+                # A suffix match: "from src.mod import f" run from the repo root or its src/.
+                for candidate in known:
+                    if candidate != path and (candidate == target or candidate.endswith("/" + target)):
+                        edges.append((path, candidate))
+    return sorted(set(edges))
+
+
+def analyse(nodes: list[str], edges: dict[tuple[str, str], list[dict[str, Any]]], dependents: dict[str, set[str]]) -> dict[str, Any]:
+    """Independent sets and conflict pairs from an interaction graph (see the docstring of the tool)."""
+    adjacency: dict[str, set[str]] = {n: set() for n in nodes}
+    for a, b in edges:
+        adjacency[a].add(b)
+        adjacency[b].add(a)
+
+    def components(without: set[str]) -> list[list[str]]:
+        seen: set[str] = set()
+        out = []
+        for start in nodes:
+            if start in seen or start in without:
+                continue
+            stack, group = [start], []
+            seen.add(start)
+            while stack:
+                node = stack.pop()
+                group.append(node)
+                for nxt in adjacency[node]:
+                    if nxt not in seen and nxt not in without:
+                        seen.add(nxt)
+                        stack.append(nxt)
+            out.append(sorted(group))
+        return sorted(out)
+
+    hubs = set()
+    for node in nodes:
+        users = dependents.get(node, set())
+        if len(users) < 2:
+            continue
+        groups = components({node})
+        owning = {next(i for i, g in enumerate(groups) if u in g) for u in users}
+        if len(owning) >= 2:
+            hubs.add(node)
+    conflict_pairs = sorted({tuple(sorted(pair)) for pair in edges if pair[0] in hubs or pair[1] in hubs})
+    return {
+        "independent_sets": components(hubs),
+        "conflict_pairs": [list(p) for p in conflict_pairs],
+        "evidence": [
+            {"pair": list(pair), "kinds": sorted({e["kind"] for e in items}), "details": items}
+            for pair, items in sorted(edges.items())
+        ],
+    }
+
+
+async def capsule_commutativity(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Which changed files can be promoted separately, with the evidence for each link."""
+    record = live_record(ctx, args["capsule_id"])
+    helper = await ctx.helper()
+    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+    root_fd = await helper.open_root(record.capsule_id)
+
+    def read() -> tuple[Material, dict[str, bytes]]:
+        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+            entries = changeset.expand(changes, base, capsule)
+            material = _units_from(entries, base, capsule)
+            sources = {}
+            for entry in entries:
+                if entry.path.endswith(".py"):
+                    side = entry.new if entry.new is not None else entry.old
+                    view = capsule if entry.new is not None else base
+                    if side is not None and side.kind == "file":
+                        sources[entry.path] = view.read_bytes(entry.path)
+            return material, sources
+
+    material, sources = await trio.to_thread.run_sync(read)
+    nodes = sorted({u.path for u in material.units}, key=lambda p: p.encode("utf-8", "surrogateescape"))
+    edges: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    dependents: dict[str, set[str]] = {}
+
+    def link(a: str, b: str, item: dict[str, Any], user: str | None = None, used: str | None = None) -> None:
+        key = (a, b) if a < b else (b, a)
+        edges.setdefault(key, []).append(item)
+        if user is not None and used is not None:
+            dependents.setdefault(used, set()).add(user)
+
+    for importer, imported in import_edges(sources):
+        if importer in nodes and imported in nodes:
+            link(importer, imported, {"kind": "import", "detail": f"{importer} imports {imported}"}, importer, imported)
+    for ex in Journal(ctx.state).execs(record.capsule_id):
+        for proc in ex["touched"].get("processes") or []:
+            touched = sorted(set(proc.get("read", [])) | set(proc.get("written", [])))
+            for a, b in combinations([p for p in touched if p in nodes], 2):
+                link(a, b, {"kind": "journal", "detail": f"exec {ex['seq']} pid {proc.get('pid')} touched both"})
+    if args.get("verify"):
+        if not args.get("target_cmd"):
+            raise CcwError("INVALID_ARGUMENT", "verify needs target_cmd: the command whose outcome is compared")
+        if len(nodes) > 12:
+            raise CcwError("TOO_LARGE", f"verify runs n + n(n-1)/2 trials; {len(nodes)} changed files is too many "
+                           "(at most 12): fork the capsule and remove unrelated changes first")
+        judge = predicate(args.get("failure_predicate", "exit_code"))
+        trials = Trials(ctx, record, material, list(args["target_cmd"]), judge, 600_000)
+        index = {p: [i for i, u in enumerate(material.units) if u.path == p] for p in nodes}
+        singles = dict(zip(nodes, await trials.batch([tuple(index[p]) for p in nodes]), strict=True))
+        pairs = list(combinations(nodes, 2))
+        together = await trials.batch([tuple(index[a] + index[b]) for a, b in pairs])
+        for (a, b), outcome in zip(pairs, together, strict=True):
+            predicted = FAIL if FAIL in (singles[a], singles[b]) else PASS
+            if outcome != predicted:
+                link(a, b, {"kind": "measured", "detail": f"alone: {singles[a]}, {singles[b]}; together: {outcome}"})
+    return analyse(nodes, edges, dependents)
+
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_deltamin",
+        family="capsule",
+        title="Minimise failing change",
+        description=(
+            "Find the smallest part of the capsule's change (files, then hunks) that still makes "
+            "target_cmd fail, by delta debugging in fresh capsules. Returns a patch that applies with git apply."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_id", "target_cmd"], "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "target_cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "failure_predicate": {
+                    "oneOf": [
+                        {"enum": ["exit_code", "timeout"]},
+                        {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                         "properties": {"exit_code": {"type": "integer"}, "stdout_regex": {"type": "string"},
+                                        "stderr_regex": {"type": "string"}}},
+                    ]
+                },
+                "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
+            },
+        },
+        output_schema={
+            "type": "object",
+            "required": ["minimal_patch", "replay_ok", "root_hash", "trials", "cache_hits", "elapsed_ms", "one_minimal"],
+            "additionalProperties": False,
+            "properties": {
+                "minimal_patch": {"type": "string"}, "replay_ok": {"type": "boolean"},
+                "root_hash": {"type": "string"}, "units": {"type": "array", "items": {"type": "string"}},
+                "trials": {"type": "integer"}, "cache_hits": {"type": "integer"},
+                "elapsed_ms": {"type": "integer"}, "one_minimal": {"type": "boolean"},
+            },
+        },
+        handler=capsule_deltamin,
+        scope="exec",
+        aliases=("capsule/deltamin",),
+        read_only=True,
+    ),
+    ToolSpec(
+        name="capsule_commutativity",
+        family="capsule",
+        title="Change commutativity",
+        description=(
+            "Which changed files can be promoted separately. Links come from imports between Python "
+            "files, processes that touched both files, and (verify) measured interactions of target_cmd. "
+            "A file several independent groups depend on is a conflict with each of them."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_id"], "additionalProperties": False,
+            "properties": {
+                "capsule_id": CAPSULE_ID,
+                "target_cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "verify": {"type": "boolean"},
+                "failure_predicate": {"enum": ["exit_code", "timeout"]},
+            },
+        },
+        output_schema={
+            "type": "object", "required": ["independent_sets", "conflict_pairs", "evidence"], "additionalProperties": False,
+            "properties": {
+                "independent_sets": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
+                "conflict_pairs": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
+                "evidence": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        handler=capsule_commutativity,
+        scope="exec",
+        aliases=("capsule/commutativity",),
+        read_only=True,
+        idempotent=True,
+    ),
+]
