@@ -13,8 +13,8 @@ Evidence (what the journal shows the failing command read) orders the units: tho
 read, and every file it could not have read because the change created or deleted it,
 come first and are tried alone before ddmin proper (core/deltamin.py).
 
-Flakiness: before searching, the full change set must fail twice and the empty set
-pass twice; otherwise the tool says so instead of minimising noise.  The minimal set is
+Flakiness: before searching, the full change set must fail and the empty set pass on
+each of ``confirm_runs`` runs (default 2); otherwise the tool says so instead of minimising noise.  The minimal set is
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
 """
@@ -294,25 +294,27 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
         raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
     trials = Trials(ctx, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
     everything = tuple(range(len(material.units)))
-    confirm = await trials.batch([everything, (), everything, ()])
-    if confirm[0] != confirm[2] or confirm[1] != confirm[3]:
+    runs = int(args.get("confirm_runs") or 2)
+    confirm = await trials.batch([everything, ()] * runs)
+    full, empty = confirm[0::2], confirm[1::2]
+    if len(set(full)) > 1 or len(set(empty)) > 1:
         raise CcwError(
             "CONFLICT",
-            "target_cmd is flaky: the same change set gave different outcomes on two runs "
-            f"(full change: {confirm[0]}, {confirm[2]}; no change: {confirm[1]}, {confirm[3]}); "
+            f"target_cmd is flaky: the same change set gave different outcomes over {runs} runs "
+            f"(full change: {', '.join(full)}; no change: {', '.join(empty)}); "
             "make it deterministic (seed randomness, fix the clock) before minimising",
-            {"full": [confirm[0], confirm[2]], "empty": [confirm[1], confirm[3]]},
+            {"full": full, "empty": empty},
         )
-    if confirm[0] != FAIL:
-        raise CcwError("INVALID_ARGUMENT", f"the full change set does not fail ({confirm[0]}): nothing to minimise",
-                       {"full": confirm[0]})
-    if confirm[1] != PASS:
-        raise CcwError("INVALID_ARGUMENT", f"the base without any change already fails ({confirm[1]}): "
-                       "the change is not the cause", {"empty": confirm[1]})
+    if full[0] != FAIL:
+        raise CcwError("INVALID_ARGUMENT", f"the full change set does not fail ({full[0]}): nothing to minimise",
+                       {"full": full})
+    if empty[0] != PASS:
+        raise CcwError("INVALID_ARGUMENT", f"the base without any change already fails ({empty[0]}): "
+                       "the change is not the cause", {"empty": empty})
     reads = _evidence(journal, record, argv)
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
     level1 = await _search(Search(everything, PARALLEL, _relevant(material, reads, created), budget_s=remaining()), trials)
-    total_trials, cache_hits = 4 + level1.trials, level1.cache_hits
+    total_trials, cache_hits = 2 * runs + level1.trials, level1.cache_hits
     one_minimal = level1.one_minimal
     chosen, final = material, level1.result
     base_view = await trio.to_thread.run_sync(RootView.open, record.base)
@@ -551,6 +553,8 @@ TOOLS = [
                     ]
                 },
                 "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
+                "confirm_runs": {"type": "integer", "minimum": 1, "maximum": 10,
+                                 "description": "Runs of the full and the empty change before searching (flakiness check; default 2)."},
             },
         },
         output_schema={
