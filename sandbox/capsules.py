@@ -34,7 +34,9 @@ point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
   fork would apply.  ``destroy`` refuses a capsule that still has forks.
 * **Workspace inside the state dir is refused; the state dir inside the workspace is
   allowed** (``./.ccw-state`` in a repo): the capsule dirs are 0700, so a jail sees
-  them in its lower layer but cannot enter them.
+  them in its lower layer but cannot enter them.  Such capsules cannot be forked,
+  though: overlayfs refuses (ELOOP) a lower layer inside another lower layer, and a
+  fork's lowers would be the parent's upper inside the workspace; fork says so.
 * **recover()** assumes it is the only helper using this state dir.  It detaches every
   mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
   capsules whose meta.json is unreadable or whose upper dir or parent is gone, keeps
@@ -233,6 +235,11 @@ class CapsuleManager:
         """A child capsule seeing its parent's view; the parent is frozen while it exists."""
         _check_uid_gid(caller_uid, caller_gid)
         parent = self._get(capsule_id, caller_uid)
+        if any(_inside(parent.root, lower) for lower in parent.base_lowers):
+            # overlayfs refuses (ELOOP) a lower layer that lies inside another lower layer.
+            raise CcwError("UNSUPPORTED", f"capsule {capsule_id} cannot be forked: the helper's state dir "
+                           f"{self.state_dir!r} lies inside its workspace; run the helper with a state dir "
+                           "outside the workspace (CCW_STATE_DIR)")
         if len(parent.ancestors) + 1 >= MAX_FORK_DEPTH:
             raise CcwError("TOO_LARGE", f"forks nest at most {MAX_FORK_DEPTH} deep; fork an earlier capsule")
         with self._lock:

@@ -1,0 +1,138 @@
+"""CapsuleManager.exec end to end: jail + cgroup + fanotify over a real capsule."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import overlay
+from sandbox.capsules import CapsuleManager
+from sandbox.errors import CcwError
+
+# The helper's own interpreter: the jail binds its prefix read-only (mounts.python_prefix).
+PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+DEPS = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
+
+
+@pytest.fixture
+def manager(root_required: None, tmp_path: Path) -> Iterator[CapsuleManager]:
+    state = tmp_path / "state"
+    state.mkdir()
+    manager = CapsuleManager(str(state), rootless=False)
+    manager.recover()
+    yield manager
+    for item in reversed(manager.list(0)["capsules"]):
+        manager.destroy(item["capsule_id"], 0)
+    assert overlay.mounts_under(str(state)) == []
+
+
+def run(manager: CapsuleManager, capsule_id: str, argv: list[str], **kwargs: object) -> dict[str, object]:
+    result = manager.exec(capsule_id, 0, 0, argv, **kwargs)  # type: ignore[arg-type]
+    result["stdout"] = base64.b64decode(str(result["stdout_b64"])).decode(errors="replace")
+    result["stderr"] = base64.b64decode(str(result["stderr_b64"])).decode(errors="replace")
+    return result
+
+
+def make_project(ws: Path) -> None:
+    """A tiny project with a tested module, a test, an untouched file, and pytest vendored."""
+    (ws / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (ws / "untouched.py").write_text("raise SystemExit('nobody imports me')\n")
+    (ws / "tests").mkdir()
+    (ws / "tests" / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
+    site = Path(__import__("pytest").__file__).resolve().parent.parent
+    deps = ws / "_deps"
+    deps.mkdir()
+    for name in DEPS:
+        source = site / name
+        if source.is_dir():
+            shutil.copytree(source, deps / name, ignore=shutil.ignore_patterns("__pycache__"))
+        elif source.exists():
+            shutil.copy2(source, deps / name)
+
+
+def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager, tmp_path: Path, require: object) -> None:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    make_project(ws)
+    before = sorted(p.name for p in ws.iterdir())
+    capsule = manager.create(0, 0, str(ws), env_whitelist=["PYTHONPATH"])
+    result = run(manager, capsule["capsule_id"],
+                 [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_calc.py"],
+                 env={"PYTHONPATH": f"{ws}:{ws}/_deps"}, timeout_ms=120_000)
+    assert result["exit_code"] == 0, result["stdout"] + result["stderr"]
+    assert "1 passed" in str(result["stdout"])
+    touched = result["touched"]
+    assert isinstance(touched, dict)
+    read = touched["read"]
+    assert read is not None, result["touched_unavailable"]
+    assert "calc.py" in read and "tests/test_calc.py" in read
+    assert "untouched.py" not in read
+    assert read == sorted(read, key=os.fsencode)
+    # pytest wrote bytecode caches inside the capsule; the host tree is unchanged
+    assert any(p.startswith("__pycache__/calc") for p in touched["written"])
+    assert sorted(p.name for p in ws.iterdir()) == before
+    assert not (ws / "__pycache__").exists()
+
+
+def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "a.txt").write_text("hello\n")
+    (ws / "gone.txt").write_text("bye\n")
+    (ws / "old.txt").write_text("rename me\n")
+    cid = manager.create(0, 0, str(ws))["capsule_id"]
+    result = run(manager, cid, ["/bin/sh", "-c",
+                                "cat a.txt; echo out > sub/new.txt; rm gone.txt; mv old.txt renamed.txt; "
+                                "echo err >&2; exit 3"])
+    assert (result["exit_code"], result["signal"], result["timed_out"]) == (3, None, False)
+    assert result["stdout"] == "hello\n" and result["stderr"] == "err\n"
+    assert result["stdout_bytes"] == 6 and result["truncated"] == {"stdout": False, "stderr": False}
+    touched = result["touched"]
+    assert isinstance(touched, dict)
+    assert touched["written"] == ["gone.txt", "old.txt", "renamed.txt", "sub/new.txt"]
+    changes = {c["path"]: c["kind"] for c in manager.changes(cid, 0)["changes"]}
+    assert changes == {"gone.txt": "deleted", "old.txt": "deleted", "renamed.txt": "added", "sub/new.txt": "added"}
+    # $HOME and /tmp persist across execs of one capsule
+    run(manager, cid, ["/bin/sh", "-c", "echo kept > $HOME/h; echo kept > /tmp/t"])
+    again = run(manager, cid, ["/bin/sh", "-c", "cat $HOME/h /tmp/t; echo $HOME $LANG"])
+    assert again["stdout"] == "kept\nkept\n/home/ccw C.UTF-8\n"
+
+
+def test_exec_arguments_are_checked_again(manager: CapsuleManager, tmp_path: Path) -> None:
+    cid = manager.create(0, 0, str(tmp_path))["capsule_id"]
+    for kwargs in ({"argv": []}, {"argv": ["a\0b"]}, {"argv": ["/bin/true"], "env": {"SECRET": "1"}},
+                   {"argv": ["/bin/true"], "timeout_ms": 0}, {"argv": ["/bin/true"], "output_cap": -1},
+                   {"argv": ["/bin/true"], "cwd": "../.."}):
+        argv = kwargs.pop("argv")
+        with pytest.raises(CcwError) as err:
+            manager.exec(cid, 0, 0, argv, **kwargs)  # type: ignore[arg-type]
+        assert err.value.code == "INVALID_ARGUMENT", kwargs
+    result = run(manager, cid, ["/bin/sleep", "30"], timeout_ms=300)
+    assert result["timed_out"] is True and result["signal"] == "SIGKILL"
+
+
+def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "base.txt").write_text("base\n")
+    parent = manager.create(0, 0, str(ws))["capsule_id"]
+    run(manager, parent, ["/bin/sh", "-c", "echo parent > p.txt"])
+    child = manager.fork(parent, 0, 0)["capsule_id"]
+    result = run(manager, child, ["/bin/sh", "-c", "cat p.txt base.txt; echo child > c.txt"])
+    assert result["stdout"] == "parent\nbase\n"
+    assert [c["path"] for c in manager.changes(parent, 0)["changes"]] == ["p.txt"]
+    assert [c["path"] for c in manager.changes(child, 0)["changes"]] == ["c.txt", "p.txt"]
+
+
+def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: CapsuleManager, tmp_path: Path) -> None:
+    cid = manager.create(0, 0, str(tmp_path))["capsule_id"]  # tmp_path holds the state dir
+    with pytest.raises(CcwError) as err:
+        manager.fork(cid, 0, 0)
+    assert err.value.code == "UNSUPPORTED" and "state dir" in err.value.message
+    assert manager.exec(cid, 0, 0, ["/bin/true"])["exit_code"] == 0  # not frozen by the failed fork
