@@ -44,7 +44,9 @@ Some facts about overlayfs
   are gone.
 * ``userxattr`` (5.11+) stores overlay xattrs as ``user.overlay.*``.  A rootless helper
   mounts inside a user namespace, where ``trusted.*`` is out of reach, so it must use
-  it; userxattr also forbids redirect_dir/metacopy, which we keep off anyway.
+  it.  userxattr forbids metacopy and any redirect_dir but ``nofollow`` (even ``off``
+  is refused with EINVAL, measured on 6.18); ``nofollow`` neither creates nor follows
+  redirects, which is what ``off`` means for us.
 * ``volatile`` skips syncing the upper dir, and after a host crash the kernel refuses
   to remount it until the work dir's ``incompat/volatile`` is removed by hand.  Capsule
   data must survive a helper restart (and should survive a host crash), so we do not
@@ -113,7 +115,8 @@ class _NoNewMountApi(Exception):
 
 def _common_options(userxattr: bool) -> list[tuple[str, str | None]]:
     options: list[tuple[str, str | None]] = [
-        ("redirect_dir", "off"),
+        # userxattr refuses redirect_dir=off (EINVAL); nofollow neither creates nor follows.
+        ("redirect_dir", "nofollow" if userxattr else "off"),
         ("metacopy", "off"),
         ("index", "off"),
         ("nfs_export", "off"),
@@ -487,3 +490,27 @@ def upper_signature(upper: str) -> dict[str, tuple[int, ...]]:
             else:
                 signature[rel] = (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev)
     return signature
+
+
+def mechanisms() -> dict[str, Any]:
+    """What hello reports: whether overlayfs is there and how capsules are mounted."""
+    try:
+        with open("/proc/filesystems", encoding="ascii") as file:
+            available = any(line.split()[-1:] == ["overlay"] for line in file)
+    except OSError:
+        available = False
+    mount_api = "mount(2)"
+    try:
+        fs_fd = syscalls.fsopen("overlay")
+    except OSError:
+        pass
+    else:
+        try:
+            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "lowerdir+", "/")
+            mount_api = "fsopen/fsconfig lowerdir+"
+        except OSError:
+            pass
+        finally:
+            os.close(fs_fd)
+    options = ",".join(key if value is None else f"{key}={value}" for key, value in _common_options(False))
+    return {"available": available, "mount_api": mount_api, "options": options}
