@@ -29,7 +29,8 @@ Choices made here (DESIGN §2 leaves them open):
   C-level modules (prctl, signal, fcntl, socket, resource): no logging, no locks.  Every
   path in them ends in ``os._exit``, never back in the helper's code.
 - The init drops its own privileges before spawning the command, so the command
-  inherits them (uid/gid, empty capability sets, no_new_privs, RLIMIT_CORE 0).  The
+  inherits them (uid/gid, empty capability sets, no_new_privs, RLIMIT_CORE 0, and the
+  seccomp filter of seccomp.py, installed last).  The
   init is then non-dumpable, so a command under the same uid can neither ptrace it nor
   open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
   namespace: when the init dies, the kernel kills every process in it.
@@ -55,7 +56,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import prctl
 
-from sandbox import mounts, namespaces, syscalls
+from sandbox import mounts, namespaces, seccomp, syscalls
 from sandbox.errors import CcwError, from_oserror
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class _Plan:
     set_gid: bool
     clear_groups: bool
     last_cap: int
+    seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
 
 
 @dataclass
@@ -205,6 +207,7 @@ def prepare(spec: JailSpec) -> _Plan:
         set_gid=namespaces.is_mapped(spec.gid, gid_ranges),
         clear_groups=namespaces.setgroups_allowed(),
         last_cap=_LAST_CAP,
+        seccomp_filter=seccomp.prepare(),
     )
 
 
@@ -281,7 +284,7 @@ def _step(name: str, action: Callable[..., object], *args: object) -> None:
 
 
 def drop_privileges(plan: _Plan) -> None:
-    """Caller's uid/gid, no capabilities in any set, no_new_privs, PDEATHSIG, no core dumps."""
+    """Caller's uid/gid, no capabilities in any set, no_new_privs, PDEATHSIG, no core dumps, seccomp."""
     for cap in range(plan.last_cap + 1):
         prctl.capbset_drop(cap)  # needs CAP_SETPCAP, so before the uid changes
     if plan.clear_groups:
@@ -297,6 +300,9 @@ def drop_privileges(plan: _Plan) -> None:
     prctl.set_dumpable(0)
     prctl.set_pdeathsig(signal.SIGKILL)  # after the credential change, which clears it
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # Last: the filter holds for the init and everything it spawns (see seccomp.py).
+    if plan.seccomp_filter is not None:
+        seccomp.enter(plan.seccomp_filter)
 
 
 def _spawn(plan: _Plan) -> int:
@@ -584,7 +590,7 @@ def mechanisms() -> dict[str, object]:
         "dev": "minimal: null zero full random urandom tty (bound), devpts, shm",
         "capabilities": "none (bounding, effective, permitted, inheritable, ambient all empty)",
         "no_new_privs": True,
-        "seccomp": None,  # not in force yet: no filter is installed
+        "seccomp": seccomp.mechanisms(),
         "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
         "init": "python reaper as pid 1; command started with posix_spawn",
         "direct_pid_namespace": namespaces.pid_namespace_restorable(),
