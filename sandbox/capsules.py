@@ -488,7 +488,10 @@ class CapsuleManager:
         meta = capsule.meta
         final_env = _final_env(env, meta["env_whitelist"])
         workdir = _resolve_cwd(cwd, meta["workspace"])
-        exec_limits = dict(meta["limits"], **_check_limits(limits))
+        # Per-exec limits may only tighten the capsule's own.
+        exec_limits = dict(meta["limits"])
+        for key, value in _check_limits(limits).items():
+            exec_limits[key] = min(value, exec_limits.get(key, value))
         with self._lock:
             if capsule.children:
                 forks = sorted(c for c in capsule.children if c)

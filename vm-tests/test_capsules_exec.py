@@ -136,3 +136,16 @@ def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: Capsul
         manager.fork(cid, 0, 0)
     assert err.value.code == "UNSUPPORTED" and "state dir" in err.value.message
     assert manager.exec(cid, 0, 0, ["/bin/true"])["exit_code"] == 0  # not frozen by the failed fork
+
+
+def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    cid = manager.create(0, 0, str(ws), limits={"memory_mb": 64})["capsule_id"]
+    # an exec asking for more than the capsule allows still gets the capsule's 64 MiB
+    result = run(manager, cid, [PYTHON, "-c", "b = bytearray(256 << 20); print(len(b))"],
+                 limits={"memory_mb": 1024}, timeout_ms=60_000)
+    assert result["oom_killed"] is True and result["exit_code"] != 0
+    ok = run(manager, cid, [PYTHON, "-c", "print(len(bytearray(8 << 20)))"], timeout_ms=60_000)
+    assert ok["exit_code"] == 0 and ok["stdout"] == f"{8 << 20}\n"
+    assert isinstance(ok["usage"], dict) and ok["usage"]["cpu_ms"] is not None
