@@ -282,7 +282,10 @@ class CapsuleManager:
                 os.mkdir(os.path.join(building, name), 0o700 if name == "work" else 0o755)
             upper = os.path.join(building, "upper")
             os.mkdir(upper, 0o700)
-            os.chown(upper, root_st.st_uid, root_st.st_gid)
+            # Rootless: a workspace owned by an unmapped uid shows as the overflow uid,
+            # which cannot be chowned to; the merged root then shows as the helper's.
+            with contextlib.suppress(OSError) if self.rootless else contextlib.nullcontext():
+                os.chown(upper, root_st.st_uid, root_st.st_gid)
             os.chmod(upper, stat.S_IMODE(root_st.st_mode))
             _make_private_dirs(building, meta["owner_uid"], meta["owner_gid"])
             _write_json(os.path.join(building, "meta.json"), meta)
