@@ -8,7 +8,28 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search, split, textbook_ddmin
+from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search, split
+
+
+def textbook_ddmin(units: tuple[int, ...], test: object) -> tuple[tuple[int, ...], int]:
+    """Plain ddmin (Zeller & Hildebrandt), no cache, one trial at a time: the reference."""
+    trials = 0
+    current, n = tuple(units), 2
+    while len(current) >= 2:
+        chunks = split(current, n)
+        reduced = False
+        for candidate, next_n in [(c, 2) for c in chunks] + [
+            (tuple(u for u in current if u not in set(c)), max(n - 1, 2)) for c in chunks
+        ]:
+            trials += 1
+            if test(candidate) == FAIL:  # type: ignore[operator]
+                current, n, reduced = candidate, next_n, True
+                break
+        if not reduced:
+            if n >= len(current):
+                break
+            n = min(len(current), 2 * n)
+    return current, trials
 
 
 def _run(search: Search, oracle: object) -> Search:

@@ -170,33 +170,3 @@ class Search:
             self.done = True
             return
         self._prepare_round()
-
-
-def textbook_ddmin(units: Sequence[int], test: object) -> tuple[tuple[int, ...], int]:
-    """Plain ddmin, no cache, one trial at a time: the benchmark's baseline.
-
-    ``test(subset) -> outcome``.  Returns (minimal configuration, number of trials).
-    """
-    trials = 0
-    current = tuple(units)
-    n = 2
-    while len(current) >= 2:
-        chunks = split(current, n)
-        reduced = False
-        for chunk in chunks:
-            trials += 1
-            if test(chunk) == FAIL:  # type: ignore[operator]
-                current, n, reduced = chunk, 2, True
-                break
-        if not reduced:
-            for chunk in chunks:
-                complement = tuple(u for u in current if u not in set(chunk))
-                trials += 1
-                if test(complement) == FAIL:  # type: ignore[operator]
-                    current, n, reduced = complement, max(n - 1, 2), True
-                    break
-        if not reduced:
-            if n >= len(current):
-                break
-            n = min(len(current), 2 * n)
-    return current, trials

@@ -14,7 +14,8 @@ read, and every file it could not have read because the change created or delete
 come first and are tried alone before ddmin proper (core/deltamin.py).
 
 Flakiness: before searching, the full change set must fail and the empty set pass on
-each of ``confirm_runs`` runs (default 2); otherwise the tool says so instead of minimising noise.  The minimal set is
+each of ``confirm_runs`` runs (default 1), and the capsule's own journaled runs of the
+target command must agree with them; otherwise the tool says so instead of minimising noise.  The minimal set is
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
 """
@@ -258,6 +259,23 @@ def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str]) -> set[s
     return reads if seen else None
 
 
+def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any) -> list[str]:
+    """Outcomes of the capsule's own runs of target_cmd, where the journal can tell them.
+
+    They are observations of the full change set too: one that disagrees with the
+    confirmation run exposes a flaky command at no cost.  Only exit-status predicates
+    can be judged from the journal (it keeps output hashes, not output).
+    """
+    if isinstance(spec, dict) and "exit_code" not in spec:
+        return []
+    judge = predicate(spec)
+    return [
+        str(judge({"exit_code": ex["exit_code"], "timed_out": ex["timed_out"]}))
+        for ex in journal.execs(record.capsule_id)
+        if ex["argv"] == argv
+    ]
+
+
 def _relevant(material: Material, reads: set[str] | None, created: set[str]) -> frozenset[int] | None:
     if reads is None:
         return None
@@ -294,9 +312,10 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
         raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
     trials = Trials(ctx, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
     everything = tuple(range(len(material.units)))
-    runs = int(args.get("confirm_runs") or 2)
+    runs = int(args.get("confirm_runs") or 1)
     confirm = await trials.batch([everything, ()] * runs)
     full, empty = confirm[0::2], confirm[1::2]
+    full += _journal_outcomes(journal, record, argv, args.get("failure_predicate", "exit_code"))
     if len(set(full)) > 1 or len(set(empty)) > 1:
         raise CcwError(
             "CONFLICT",
@@ -554,7 +573,7 @@ TOOLS = [
                 },
                 "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
                 "confirm_runs": {"type": "integer", "minimum": 1, "maximum": 10,
-                                 "description": "Runs of the full and the empty change before searching (flakiness check; default 2)."},
+                                 "description": "Runs of the full and the empty change before searching (flakiness check; default 1)."},
             },
         },
         output_schema={
