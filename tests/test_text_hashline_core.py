@@ -324,3 +324,63 @@ def test_insert_then_delete_restores_the_file(text: str, where: int) -> None:
         # The inserted line took the file's dominant ending; all others kept theirs.
         assert back.doc.lines == doc.lines
         assert back.doc.final_newline == doc.final_newline
+
+
+@st.composite
+def _doc_and_ops(draw: st.DrawFn) -> tuple[list[str], list[dict[str, str]]]:
+    count = draw(st.integers(min_value=1, max_value=30))
+    lines = [f"line {i}" for i in range(count)]
+    taken: set[int] = set()  # original lines touched by some op (spans and insert anchors)
+    gaps: set[int] = set()
+    ops = []
+    for _ in range(draw(st.integers(min_value=1, max_value=6))):
+        kind = draw(st.sampled_from(hashline.OPS))
+        first = draw(st.integers(min_value=1, max_value=count))
+        last = draw(st.integers(min_value=first, max_value=min(count, first + 3))) if kind.endswith("_range") else first
+        span = set(range(first, last + 1))
+        gap = first if kind == "insert_after" else first - 1
+        if kind.startswith("insert"):
+            if first in {n for n in taken if n > 0} or gap in gaps:
+                continue
+            gaps.add(gap)
+            taken.add(-first)  # an insert anchor: spans may not cover it
+        else:
+            if span & {abs(n) for n in taken}:
+                continue
+        taken |= span if not kind.startswith("insert") else set()
+        tag = line_tag(lines[first - 1])
+        anchor = f"{first}:{tag}" + (f"..{last}:{line_tag(lines[last - 1])}" if kind.endswith("_range") else "")
+        op = {"op": kind, "anchor": anchor}
+        if not kind.startswith("delete"):
+            op["content"] = draw(st.sampled_from(["new", "x\ny", "p\nq\nr"]))
+        ops.append(op)
+    return lines, ops
+
+
+@given(_doc_and_ops())
+def test_multi_op_edits_match_a_naive_model(case: tuple[list[str], list[dict[str, str]]]) -> None:
+    lines, ops = case
+    if not ops:
+        return
+    data = ("\n".join(lines) + "\n").encode()
+    # The model: apply ops from the bottom of the file up, so earlier positions hold.
+    model = list(lines)
+    keyed = []
+    for op in ops:
+        first = int(op["anchor"].split(":")[0])
+        last = int(op["anchor"].split("..")[1].split(":")[0]) if ".." in op["anchor"] else first
+        new = op.get("content", "").split("\n") if "content" in op else []
+        if op["op"] == "insert_after":
+            keyed.append((first, 0, first, first, new))
+        elif op["op"] == "insert_before":
+            keyed.append((first - 1, 0, first - 1, first - 1, new))
+        else:
+            keyed.append((first - 1, 1, first - 1, last, new))
+    for _, _, lo, hi, new in sorted(keyed, key=lambda k: (k[0], k[1]), reverse=True):
+        model[lo:hi] = new
+    try:
+        result = edit(data, file_hash(data), ops, "f")
+    except CcwError as exc:
+        raise AssertionError(f"{ops}: {exc.message}") from exc
+    assert result.doc.lines == model
+    assert result.text == "".join(line + "\n" for line in model)
