@@ -1,0 +1,154 @@
+"""``ccw``: the command for people.
+
+    ccw doctor                      which kernel features work here, and the fix for each missing one
+    ccw serve [--endpoint ...]      run the MCP server (ccw-mcp), flags mapped onto its env vars
+    ccw capsule VERB ...            create exec diff promote witness replay list destroy deltamin
+    ccw helper start|stop|status    the state dir's detached helper (see helperctl.py)
+    ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode
+
+Every command takes ``--json`` (the whole structured result on stdout) and the global
+``--state-dir`` / ``--helper-socket`` (the same as ``CCW_STATE_DIR`` /
+``CCW_HELPER_SOCKET``).  Exit status: the command's own (``capsule exec``), 0 on
+success, 1 when the operation failed or refused (a policy, a replay mismatch, a
+``CcwError``), 2 for a usage error or bad configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from sandbox.errors import CcwError
+
+
+def _common() -> argparse.ArgumentParser:
+    # Options accepted after any subcommand too; SUPPRESS keeps a subcommand from
+    # overwriting a value given before it (``ccw --json doctor`` and ``ccw doctor --json``).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
+    common.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS, help="never colour")
+    common.add_argument("--state-dir", default=argparse.SUPPRESS, help="state dir (CCW_STATE_DIR)")
+    common.add_argument("--helper-socket", default=argparse.SUPPRESS, help="helper socket (CCW_HELPER_SOCKET)")
+    common.add_argument("--no-autostart", action="store_true", default=argparse.SUPPRESS,
+                        help="fail instead of starting a detached helper")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    from mcp_server.cli import capsule
+    from mcp_server.cli.clients import CLIENTS
+
+    common = _common()
+    parser = argparse.ArgumentParser(prog="ccw", parents=[common],
+                                     description="ccw: counterfactual capsule workspaces for coding agents")
+    parser.set_defaults(json=False, no_color=False, state_dir=None, helper_socket=None, no_autostart=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("doctor", parents=[common], help="which kernel features work here, with fixes")
+
+    serve = sub.add_parser("serve", parents=[common], help="run the MCP server (ccw-mcp)")
+    serve.add_argument("--endpoint", choices=("stdio", "socket", "http"), help="MCP_ENDPOINT")
+    serve.add_argument("--socket", help="MCP_SOCKET_PATH (implies --endpoint socket)")
+    serve.add_argument("--http", metavar="HOST:PORT", help="CCW_HTTP_ADDR (implies --endpoint http)")
+    serve.add_argument("--ready-file", help="MCP_READY_FILE")
+    serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE")
+    serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated)")
+
+    capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
+
+    helper = sub.add_parser("helper", parents=[common], help="the state dir's detached helper")
+    helper.add_argument("action", choices=("start", "stop", "status"))
+
+    client = sub.add_parser("client-config", parents=[common], help="config snippet for an MCP client")
+    client.add_argument("client", choices=CLIENTS)
+    return parser
+
+
+def serve_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment ``ccw serve`` gives ccw-mcp: its flags mapped onto the env vars."""
+    env: dict[str, str] = {}
+    endpoint = args.endpoint
+    if args.socket:
+        env["MCP_SOCKET_PATH"] = os.path.abspath(args.socket)
+        endpoint = endpoint or "socket"
+    if args.http:
+        env["CCW_HTTP_ADDR"] = args.http
+        endpoint = endpoint or "http"
+    if endpoint:
+        env["MCP_ENDPOINT"] = endpoint
+    for flag, name in (("ready_file", "MCP_READY_FILE"), ("tokens_file", "CCW_TOKENS_FILE"),
+                       ("toolsets", "CCW_TOOLSETS")):
+        value = getattr(args, flag)
+        if value:
+            env[name] = value
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point ``ccw``."""
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.state_dir:
+        os.environ["CCW_STATE_DIR"] = os.path.abspath(args.state_dir)
+    if args.helper_socket:
+        os.environ["CCW_HELPER_SOCKET"] = args.helper_socket
+    try:
+        return _dispatch(args)
+    except CcwError as exc:
+        print(f"ccw: {exc.code}: {exc.message}", file=sys.stderr)
+        return 2 if exc.code == "INVALID_ARGUMENT" and args.command == "serve" else 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from mcp_server.cli.output import print_json, use_color
+    from mcp_server.config import Config
+
+    if args.command == "serve":
+        os.environ.update(serve_env(args))
+        from mcp_server.__main__ import main as serve_main
+
+        return serve_main()
+    config = Config.from_env()
+    if args.command == "doctor":
+        from mcp_server import doctor
+
+        report = doctor.run(config.state_dir, config.helper_socket or None)
+        if args.json:
+            print_json(report)
+        else:
+            sys.stdout.write(doctor.render(report, use_color(sys.stdout, args.no_color)))
+        return 0 if report["can_run"] else 1
+    if args.command == "client-config":
+        from mcp_server.cli import clients
+
+        return clients.run(args.client, config, args.json)
+    if args.command == "helper":
+        from mcp_server.cli import helperctl
+
+        if args.action == "start":
+            result = helperctl.start(config.state_dir)
+        elif args.action == "stop":
+            result = helperctl.stop(config.state_dir)
+        else:
+            result = helperctl.status_of(str(helperctl.HelperPaths.of(config.state_dir).socket))
+        if args.json:
+            print_json(result)
+        else:
+            print(" ".join(f"{key}={value}" for key, value in sorted(result.items())))
+        return 0 if args.action != "status" or result["running"] else 1
+    if args.command == "capsule":
+        from mcp.shared.exceptions import MCPError
+
+        from mcp_server.cli import capsule
+
+        try:
+            return capsule.run(args, config)
+        except MCPError as exc:
+            print(f"ccw: {exc.error.message}", file=sys.stderr)
+            return 2
+    raise AssertionError(args.command)

@@ -1,0 +1,274 @@
+"""``ccw capsule …``: the capsule tools for people, run in-process through the same pipeline.
+
+Each command builds the same ``CcwServer`` that ``ccw-mcp`` serves (registry, input
+schema validation, handlers) and calls one tool with a ``CallContext`` over a real
+``Runtime``: the state dir, the SQLite metadata and the helper are exactly what the
+server uses, so a capsule made here can be used by an agent through ``ccw-mcp`` on the
+same state dir, and the other way round.  The helper is found or started by
+``helperctl.ensure`` first (see there for why it is detached).
+
+Output: a short human form on stdout (``create`` prints only the id, so
+``CAP=$(ccw capsule create .)`` works), the tool's whole structured result with
+``--json``.  ``exec`` prints the command's stdout and stderr to ours and exits with its
+exit code (128+N when killed by signal N, 124 on timeout, as timeout(1) does).
+Failures print ``ccw: CODE: message`` on stderr and exit 1 (2 for bad arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from typing import Any
+
+from mcp_server.cli import helperctl
+from mcp_server.cli.output import (
+    Progress,
+    color_diff,
+    paint,
+    print_json,
+    run_with_progress,
+    use_color,
+)
+from mcp_server.config import Config
+from mcp_server.context import CallContext, Runtime
+
+EXIT_TIMEOUT = 124
+
+
+class CliCallContext(CallContext):
+    """A CallContext whose progress reports go to the terminal's progress line."""
+
+    def __init__(self, runtime: Runtime, progress: Progress | None) -> None:
+        super().__init__(runtime)
+        self._progress = progress
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Show the tool's progress on the progress line (if one is drawn)."""
+        if self._progress is not None:
+            self._progress.update(progress, total, message)
+
+
+async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+    """Run tool ``name`` in-process (validated as ccw-mcp does); a progress line if ``label``."""
+    from mcp_server.server import CcwServer
+    from mcp_server.state import State
+
+    state = State(config.state_dir)
+    try:
+        app = CcwServer(config, state)
+        spec = app.registry.lookup(name)
+        assert spec is not None, f"tool {name} is not registered"
+        progress = Progress(label) if label else None
+        ctx = CliCallContext(app.runtime, progress)
+        try:
+            if progress is None:
+                return await app.call_tool(spec, args, ctx)
+            return await run_with_progress(progress, lambda: app.call_tool(spec, args, ctx))
+        finally:
+            await app.runtime.aclose()
+    finally:
+        state.close()
+
+
+def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Register ``ccw capsule <verb>`` under the ``capsule`` subparser ``sub``."""
+    verbs = sub.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    create = verbs.add_parser("create", parents=[common], help="make a capsule over a workspace; prints its id")
+    create.add_argument("workspace", nargs="?", default=".", help="project directory (default: .)")
+    create.add_argument("--base", help="directory to use as the base instead of the live workspace")
+    create.add_argument("--memory-mb", type=int, help="per-exec memory limit (MiB)")
+    create.add_argument("--pids-max", type=int, help="per-exec process limit")
+    create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
+    create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
+    create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
+
+    exec_ = verbs.add_parser("exec", parents=[common], help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
+    exec_.add_argument("capsule_id")
+    exec_.add_argument("--cwd", help="working directory, relative to the workspace")
+    exec_.add_argument("--timeout-ms", type=int)
+    exec_.add_argument("--stdin-file", help="file whose text is the command's stdin ('-': ours)")
+    exec_.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+
+    diff = verbs.add_parser("diff", parents=[common], help="what the capsule changed (coloured on a terminal)")
+    diff.add_argument("capsule_id")
+    diff.add_argument("--stat", action="store_true", help="a summary per file instead of the diff")
+
+    promote = verbs.add_parser("promote", parents=[common], help="apply the capsule to the workspace if policies pass")
+    promote.add_argument("capsule_id")
+    promote.add_argument("--policy", action="append", dest="policies", metavar="NAME",
+                         help="policy to check (repeatable; default: baseline)")
+    promote.add_argument("--dry-run", action="store_true", help="check the policies, change nothing")
+
+    witness = verbs.add_parser("witness", parents=[common], help="write the capsule's witness (.tar.zst)")
+    witness.add_argument("capsule_id")
+    witness.add_argument("--no-blobs", action="store_true", help="do not carry the base files the runs read")
+    witness.add_argument("--no-compress", action="store_true", help="plain .tar")
+
+    replay = verbs.add_parser("replay", parents=[common], help="re-run a witness and compare")
+    replay.add_argument("witness", help="a witness id (wit_…) or the path of a witness file")
+
+    verbs.add_parser("list", parents=[common], help="the capsules in this state dir")
+
+    destroy = verbs.add_parser("destroy", parents=[common], help="remove a capsule and its changes")
+    destroy.add_argument("capsule_id")
+
+    deltamin = verbs.add_parser("deltamin", parents=[common],
+                                help="the smallest part of the change that still fails: ... CAP -- CMD...")
+    deltamin.add_argument("capsule_id")
+    deltamin.add_argument("--budget-ms", type=int)
+    deltamin.add_argument("cmd", nargs=argparse.REMAINDER)
+
+
+def _command(words: list[str]) -> list[str]:
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        raise SystemExit("ccw: give the command after --, e.g. ccw capsule exec CAP -- pytest -q")
+    return words
+
+
+def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None]:
+    """(tool name, arguments, progress label or None) for a parsed ``ccw capsule`` command."""
+    verb = args.verb
+    if verb == "create":
+        call: dict[str, Any] = {"workspace": os.path.abspath(args.workspace)}
+        if args.base:
+            call["base"] = os.path.abspath(args.base)
+        limits = {k: v for k, v in (("memory_mb", args.memory_mb), ("pids_max", args.pids_max),
+                                    ("cpu_ms", args.cpu_ms)) if v is not None}
+        if limits:
+            call["limits"] = limits
+        if args.clock_offset_sec is not None:
+            call["clock_offset_sec"] = args.clock_offset_sec
+        if args.env:
+            call["env_whitelist"] = sorted(set(args.env))
+        return "capsule_create", call, None
+    if verb == "exec":
+        call = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
+        if args.cwd:
+            call["cwd"] = args.cwd
+        if args.timeout_ms is not None:
+            call["timeout_ms"] = args.timeout_ms
+        if args.stdin_file:
+            if args.stdin_file == "-":
+                call["stdin"] = sys.stdin.read()
+            else:
+                with open(args.stdin_file) as stdin:
+                    call["stdin"] = stdin.read()
+        return "capsule_exec", call, f"exec {' '.join(call['cmd'])[:40]}"
+    if verb == "diff":
+        return "capsule_diff", {"capsule_id": args.capsule_id, "format": "stat" if args.stat else "unified"}, None
+    if verb == "promote":
+        call = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
+        if args.policies:
+            call["policies"] = args.policies
+        return "capsule_promote", call, "promote"
+    if verb == "witness":
+        call = {"capsule_id": args.capsule_id, "include_blobs": not args.no_blobs,
+                "compress": "none" if args.no_compress else "zstd"}
+        return "capsule_witness", call, "witness"
+    if verb == "replay":
+        key = args.witness
+        call = {"witness_id": key} if key.startswith("wit_") and not os.path.exists(key) else {"path": os.path.abspath(key)}
+        return "capsule_replay", call, "replay"
+    if verb == "list":
+        return "capsule_list", {}, None
+    if verb == "destroy":
+        return "capsule_destroy", {"capsule_id": args.capsule_id}, None
+    if verb == "deltamin":
+        call = {"capsule_id": args.capsule_id, "target_cmd": _command(args.cmd)}
+        if args.budget_ms is not None:
+            call["budget_ms"] = args.budget_ms
+        return "capsule_deltamin", call, "deltamin"
+    raise AssertionError(verb)
+
+
+def exec_status(result: dict[str, Any]) -> int:
+    """The exit status ``ccw capsule exec`` ends with, from the exec's result."""
+    if result.get("timed_out"):
+        return EXIT_TIMEOUT
+    if result.get("exit_code") is not None:
+        return int(result["exit_code"])
+    name = result.get("signal") or ""
+    try:
+        return 128 + int(signal.Signals[name])
+    except KeyError:
+        return 1
+
+
+def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Print ``result`` for people; the exit status."""
+    color_out = use_color(sys.stdout, args.no_color)
+    color_err = use_color(sys.stderr, args.no_color)
+    if verb == "create":
+        print(result["capsule_id"])
+        return 0
+    if verb == "exec":
+        sys.stdout.write(result["stdout"])
+        sys.stdout.flush()
+        sys.stderr.write(result["stderr"])
+        notes = []
+        if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
+            notes.append("output truncated")
+        if result.get("timed_out"):
+            notes.append("timed out")
+        if result.get("oom_killed"):
+            notes.append("killed: out of memory")
+        if result.get("signal"):
+            notes.append(f"killed by {result['signal']}")
+        if notes:
+            print(paint(f"ccw: {', '.join(notes)}", "\x1b[33m", color_err), file=sys.stderr)
+        return exec_status(result)
+    if verb == "diff":
+        sys.stdout.write(color_diff(result["diff"], color_out))
+        summary = result["summary"]
+        print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
+              file=sys.stderr)
+        return 0
+    if verb == "promote":
+        report = result["policy_report"]
+        for path in result["applied"]:
+            print(path)
+        done = "would promote" if result.get("dry_run") else "promoted"
+        if result["promoted"] or (result.get("dry_run") and report["passed"]):
+            print(paint(f"{done}: {len(result['applied'])} paths", "\x1b[32m", color_err), file=sys.stderr)
+            return 0
+        print(paint(f"not promoted: {report['details']}", "\x1b[31m", color_err), file=sys.stderr)
+        return 1
+    if verb == "witness":
+        print(f"{result['witness_id']} {result['path']}")
+        print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
+        return 0
+    if verb == "replay":
+        ok = result["replay_ok"]
+        print("replay_ok" if ok else "replay MISMATCH")
+        for mismatch in result.get("mismatches", []):
+            print(f"  {mismatch}")
+        return 0 if ok else 1
+    if verb == "list":
+        for capsule in result["capsules"]:
+            parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
+            print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
+                  f"{capsule['workspace']}{parent}")
+        return 0
+    if verb == "destroy":
+        print(f"destroyed {result['capsule_id']}")
+        return 0
+    print_json(result)  # deltamin: the structured result is the readable form
+    return 0
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    """``ccw capsule VERB``: ensure a helper, call the tool, print; the exit status."""
+    import trio
+
+    name, call, label = tool_call(args)
+    helperctl.ensure(config, autostart=not args.no_autostart)
+    result = trio.run(call_tool, config, name, call, label)
+    if args.json:
+        print_json(result)
+        return exec_status(result) if args.verb == "exec" else 0
+    return show(args.verb, result, args)

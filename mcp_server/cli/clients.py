@@ -1,0 +1,97 @@
+"""``ccw client-config CLIENT``: the snippet that registers ccw-mcp with an MCP client.
+
+Every client starts ccw-mcp as a stdio server: the absolute path of the installed
+``ccw-mcp`` (the one beside this Python, so a venv install works without PATH), and the
+environment it needs: ``CCW_STATE_DIR`` always (an agent's capsules then live where
+``ccw capsule list`` finds them), ``CCW_HELPER_SOCKET`` when a system helper is
+configured or its socket exists.  The snippet goes to stdout (so it can be redirected
+into the file); where the file is, on stderr (as a comment line for TOML).
+
+Formats, as the clients document them:
+
+- claude: Claude Code reads ``mcpServers`` from ``.mcp.json`` in a project (or
+  ``~/.claude.json``; ``claude mcp add-json ccw '<json>'`` writes it); Claude Desktop
+  the same shape in ``claude_desktop_config.json``.
+- codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table.
+- cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project), ``mcpServers``.
+- vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp_server.config import Config
+
+CLIENTS = ("claude", "codex", "cursor", "vscode")
+SERVICE_SOCKET = "/run/ccw/helper.sock"
+
+WHERE = {
+    "claude": "Claude Code: .mcp.json in the project, or ~/.claude.json (or run: claude mcp add-json ccw "
+              "'<the server object>'); Claude Desktop: ~/.config/Claude/claude_desktop_config.json",
+    "codex": "~/.codex/config.toml",
+    "cursor": "~/.cursor/mcp.json (all projects) or .cursor/mcp.json (one project)",
+    "vscode": ".vscode/mcp.json in the workspace (or the \"mcp\" section of your user settings)",
+}
+
+
+def ccw_mcp_path() -> str:
+    """The absolute path of the installed ccw-mcp script (beside this interpreter, else on PATH)."""
+    beside = Path(sys.executable).parent / "ccw-mcp"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside.absolute())
+    found = shutil.which("ccw-mcp")
+    return os.path.abspath(found) if found else str(beside.absolute())
+
+
+def server_env(config: Config) -> dict[str, str]:
+    """The environment the client should start ccw-mcp with."""
+    env = {"CCW_STATE_DIR": os.path.abspath(config.state_dir)}
+    helper = config.helper_socket or (SERVICE_SOCKET if os.path.exists(SERVICE_SOCKET) else "")
+    if helper:
+        env["CCW_HELPER_SOCKET"] = helper
+    return env
+
+
+def _toml_string(value: str) -> str:
+    # A TOML basic string is JSON's string syntax for everything ccw writes here.
+    return json.dumps(value, ensure_ascii=False)
+
+
+def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
+    """(text to print, the same as a JSON value) for ``client``."""
+    if client == "codex":
+        pairs = ", ".join(f"{key} = {_toml_string(value)}" for key, value in sorted(env.items()))
+        text = f"[mcp_servers.ccw]\ncommand = {_toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
+        value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env}}}
+        return text, value
+    server: dict[str, Any] = {"command": command, "args": [], "env": env}
+    if client == "vscode":
+        value = {"servers": {"ccw": {"type": "stdio", **server}}}
+    elif client == "claude":
+        value = {"mcpServers": {"ccw": {"type": "stdio", **server}}}
+    else:
+        value = {"mcpServers": {"ccw": server}}
+    return json.dumps(value, indent=2, sort_keys=True) + "\n", value
+
+
+def run(client: str, config: Config, as_json: bool) -> int:
+    """Print the snippet for ``client`` (and where it goes)."""
+    command = ccw_mcp_path()
+    text, value = snippet(client, command, server_env(config))
+    if as_json:
+        document = {"client": client, "file": WHERE[client], "format": "toml" if client == "codex" else "json",
+                    "config": value, "text": text}
+        sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        return 0
+    if client == "codex":
+        sys.stdout.write(f"# add to {WHERE[client]}\n")
+    else:
+        print(f"ccw: merge into {WHERE[client]}", file=sys.stderr)
+    sys.stdout.write(text)
+    return 0

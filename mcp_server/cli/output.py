@@ -1,0 +1,142 @@
+"""How the ``ccw`` command writes: JSON, colour only on a terminal, a progress line on stderr.
+
+Colour follows the usual conventions: only when the stream is a terminal, never with
+``--no-color``, ``NO_COLOR`` set (any value, no-color.org) or ``TERM=dumb``.  The
+progress line (a spinner, the elapsed time and the last progress message a tool
+reported) is drawn on stderr only when stderr is a terminal, and erased when the call
+ends, so piped output and ``--json`` stay clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO, TypeVar
+
+import trio
+
+T = TypeVar("T")
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+TICK_S = 0.1
+
+RESET = "\x1b[0m"
+GREEN, RED, CYAN, BOLD, DIM = "\x1b[32m", "\x1b[31m", "\x1b[36m", "\x1b[1m", "\x1b[2m"
+
+
+def use_color(stream: TextIO, no_color: bool = False) -> bool:
+    """Whether to colour what goes to ``stream``."""
+    if no_color or "NO_COLOR" in os.environ or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def paint(text: str, code: str, color: bool) -> str:
+    """``text`` in the ANSI colour ``code`` when ``color``, else unchanged."""
+    return f"{code}{text}{RESET}" if color and text else text
+
+
+def color_diff(diff: str, color: bool) -> str:
+    """A unified diff with git's colours: headers bold, hunks cyan, + green, - red."""
+    if not color:
+        return diff
+    out = []
+    for line in diff.splitlines(keepends=True):
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        if body.startswith(("+++", "---", "diff ", "new file", "deleted file", "old mode", "new mode", "index ")):
+            out.append(paint(body, BOLD, True) + end)
+        elif body.startswith("@@"):
+            out.append(paint(body, CYAN, True) + end)
+        elif body.startswith("+"):
+            out.append(paint(body, GREEN, True) + end)
+        elif body.startswith("-"):
+            out.append(paint(body, RED, True) + end)
+        else:
+            out.append(line)
+    return "".join(out)
+
+
+def print_json(value: Any, stream: TextIO | None = None) -> None:
+    """One JSON document, keys sorted, on stdout (or ``stream``)."""
+    stream = stream or sys.stdout
+    stream.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    stream.flush()
+
+
+class Progress:
+    """The progress line's state: what is running, since when, the last message."""
+
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.enabled = use_color(self.stream)  # same rule: a terminal that can redraw
+        self.started = time.monotonic()
+        self.message = ""
+        self.fraction: float | None = None
+        self._drawn = False
+
+    def update(self, progress: float, total: float | None, message: str | None) -> None:
+        """Record a progress report from the tool (drawn on the next tick)."""
+        self.fraction = progress / total if total else None
+        if message:
+            self.message = message
+
+    def line(self, frame: int) -> str:
+        """The text of the line for spinner frame ``frame``."""
+        elapsed = time.monotonic() - self.started
+        parts = [SPINNER[frame % len(SPINNER)], self.label, f"{elapsed:5.1f}s"]
+        if self.fraction is not None:
+            parts.append(f"{100 * min(self.fraction, 1.0):3.0f}%")
+        if self.message:
+            parts.append(self.message)
+        return " ".join(parts)
+
+    def draw(self, frame: int) -> None:
+        """Redraw the line in place (terminal only)."""
+        if not self.enabled:
+            return
+        text = self.line(frame)
+        width = os.get_terminal_size(self.stream.fileno()).columns if self._is_terminal() else 80
+        self.stream.write("\r\x1b[K" + text[: max(width - 1, 10)])
+        self.stream.flush()
+        self._drawn = True
+
+    def clear(self) -> None:
+        """Erase the line."""
+        if self._drawn:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._drawn = False
+
+    def _is_terminal(self) -> bool:
+        try:
+            os.get_terminal_size(self.stream.fileno())
+        except (OSError, ValueError):
+            return False
+        return True
+
+
+async def run_with_progress(progress: Progress, call: Callable[[], Awaitable[T]]) -> T:
+    """Await ``call()`` while drawing ``progress`` every tick; erase the line afterwards."""
+    if not progress.enabled:
+        return await call()
+    outcome: list[T] = []
+
+    async def tick() -> None:
+        frame = 0
+        while True:
+            progress.draw(frame)
+            frame += 1
+            await trio.sleep(TICK_S)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tick)
+            outcome.append(await call())
+            nursery.cancel_scope.cancel()
+    finally:
+        progress.clear()
+    return outcome[0]
