@@ -1,0 +1,1 @@
+"""Parts of the benchmark suites: each ``measure(...)`` returns rows for a Report."""

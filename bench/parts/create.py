@@ -1,0 +1,110 @@
+"""Capsule creation against copying the tree: flat in workspace size, or not.
+
+Trees of 1,000 and 100,000 small files are generated under /tmp once per run and
+committed to git (for ``git worktree add``).  ccw's figure is the median of
+``CapsuleManager.create`` alone (the destroy after each is not timed); the baselines
+are ``cp -a`` of the tree and ``git worktree add --detach`` of its commit, fewer times
+for the big tree because each takes seconds (writing the 100,000 files alone takes a
+minute on a slow VM disk).  Needs root (mounts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from bench.common import Row, median_ms
+
+SIZES = (1_000, 100_000)
+FILES_PER_DIR = 100
+
+
+def make_tree(root: str, files: int) -> None:
+    """``files`` small files in directories of FILES_PER_DIR, committed to git."""
+    os.makedirs(root)
+    for index in range(files):
+        directory = os.path.join(root, f"d{index // FILES_PER_DIR:04d}")
+        if index % FILES_PER_DIR == 0:
+            os.mkdir(directory)
+        with open(os.path.join(directory, f"f{index:06d}.txt"), "w") as file:
+            file.write(f"file {index}\n")
+    git = ["git", "-C", root, "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    # No background auto-gc: it would repack .git/objects while cp -a copies them.
+    subprocess.run([*git, "config", "gc.auto", "0"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "tree"], check=True)
+
+
+def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
+    from sandbox.capsules import CapsuleManager
+
+    assert isinstance(manager, CapsuleManager)
+    times = []
+    for attempt in range(repeat + 1):  # the first is a warm-up
+        start = time.perf_counter()
+        capsule = manager.create(0, 0, workspace)
+        elapsed = time.perf_counter() - start
+        manager.destroy(capsule["capsule_id"], 0)
+        if attempt:
+            times.append(elapsed)
+    return times
+
+
+def _time_command(make: list[str], cleanup: list[str] | None, target: str, repeat: int) -> list[float]:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(make, check=True, stdout=subprocess.DEVNULL)
+        times.append(time.perf_counter() - start)
+        if cleanup:
+            subprocess.run(cleanup, check=True, stdout=subprocess.DEVNULL)
+        shutil.rmtree(target, ignore_errors=True)
+    return times
+
+
+def measure(repeat: int, quick: bool) -> list[Row]:
+    """Rows: create per size beside cp -a and git worktree add, and the 100k/1k ratio."""
+    from sandbox.capsules import CapsuleManager
+
+    if os.geteuid() != 0:
+        return [Row("capsule create", float("nan"), target="needs root", extra={"skipped": "not root"})]
+    scratch = tempfile.mkdtemp(prefix="ccw-bench-create-")
+    rows: list[Row] = []
+    try:
+        manager = CapsuleManager(os.path.join(scratch, "state"), rootless=False)
+        manager.recover()
+        medians: dict[int, float] = {}
+        for files in SIZES:
+            tree = os.path.join(scratch, f"tree{files}")
+            make_tree(tree, files)
+            base_repeat = max(1, repeat // (10 if files > 10_000 else 3))
+            ccw = median_ms(_time_create(manager, tree, repeat))
+            medians[files] = ccw
+            copy = os.path.join(scratch, "copy")
+            cp = median_ms(_time_command(["cp", "-a", tree, copy], None, copy, base_repeat))
+            worktree = os.path.join(scratch, "worktree")
+            git = median_ms(_time_command(
+                ["git", "-C", tree, "worktree", "add", "-q", "--detach", worktree, "HEAD"],
+                ["git", "-C", tree, "worktree", "remove", "--force", worktree], worktree, base_repeat))
+            label = f"{files:,} files"
+            rows.append(Row(f"capsule create, {label}", ccw, "cp -a", cp, "<= 5 ms",
+                            {"runs": repeat, "baseline runs": base_repeat}))
+            rows.append(Row(f"capsule create, {label}", ccw, "git worktree add", git, "<= 5 ms"))
+        small, big = SIZES
+        rows.append(Row(f"capsule create {big:,} vs {small:,} files", medians[big],
+                        f"create on {small:,}", medians[small], "<= 1.3x"))
+    finally:
+        for point in reversed(_mounts_under(scratch)):
+            subprocess.run(["umount", "-l", point], check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+    return rows
+
+
+def _mounts_under(path: str) -> list[str]:
+    from sandbox import overlay
+
+    return overlay.mounts_under(path)
