@@ -233,6 +233,7 @@ def test_rootspace_lifecycle(ctx: FakeContext, ws: Path) -> None:
     made = call(ctx, "file.create", path="/src//pkg/./mod.py", content="def f():\n    return 1\n")
     assert made == {"path": "/src/pkg/mod.py", "hash": hashlib.sha256(b"def f():\n    return 1\n").hexdigest(), "size": 22}
     assert fails(ctx, "file_create", path="src/pkg/mod.py", content="x").code == "CONFLICT"
+    assert (ws / "src/pkg/mod.py").stat().st_mode & 0o777 == 0o644
     read = call(ctx, "text.read", path="/src/pkg/mod.py")
     assert read["hash"] == made["hash"] and read["total_lines"] == 2 and read["encoding"] == "utf-8"
     r = call(ctx, "text.replace", path="/src/pkg/mod.py", hash=read["hash"], lines=[2, 0], old="    return 1", new="    return 2")
@@ -271,6 +272,10 @@ def test_rootspace_paths_stay_in_the_root(ctx: FakeContext, ws: Path) -> None:
     assert fails(ctx, "text_read", path="/etc/hostname").code == "NOT_FOUND"
     os.symlink("/etc/hostname", ws / "out")
     assert fails(ctx, "text_read", path="/out").code == "PERMISSION_DENIED"
+    (ws / "real").mkdir()
+    os.symlink("real", ws / "via")
+    assert fails(ctx, "file_create", path="/via/x.txt", content="x").code == "PERMISSION_DENIED"
+    assert not (ws / "real" / "x.txt").exists()
 
 
 def test_rootspace_base64(ctx: FakeContext, ws: Path) -> None:
@@ -398,3 +403,20 @@ def test_every_anchored_op_on_an_empty_file_is_rejected_with_an_empty_context(ct
     assert fails(ctx, "text_replace", path="/empty", hash=state["hash"], lines=[0, 0], old="x", new="y").code == "INVALID_ARGUMENT"
     call(ctx, "text_append", path="/empty", hash=state["hash"], content="first\n")
     assert (ws / "empty").read_bytes() == b"first\n"
+
+
+def test_file_create_never_replaces_a_file_that_appears_meanwhile(ctx: FakeContext, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcp_server.core.fsview import RootView
+
+    real_exists = RootView.exists
+
+    def exists_then_someone_creates(self: RootView, rel: str) -> bool:
+        answer = real_exists(self, rel)
+        (ws / "late.txt").write_text("theirs\n")  # after our check, before our create
+        return answer
+
+    monkeypatch.setattr(RootView, "exists", exists_then_someone_creates)
+    err = fails(ctx, "file_create", path="/late.txt", content="ours\n")
+    assert err.code == "CONFLICT"
+    assert (ws / "late.txt").read_text() == "theirs\n"
+    assert sorted(p.name for p in ws.iterdir()) == ["late.txt"]  # no temp file left behind

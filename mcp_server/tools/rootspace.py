@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import secrets
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
@@ -30,7 +32,7 @@ from mcp_server.core.roots import effective_roots
 from mcp_server.tools.hashline import Target, file_identity, read_file, write_checked
 from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec
 from mcp_server.tools.targets import CAPSULE_ID, open_view
-from sandbox.errors import CcwError
+from sandbox.errors import CcwError, wrap_oserror
 
 _REREAD = "Call text_read again and retry with the new hash."
 
@@ -73,19 +75,50 @@ def _file_create(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     data = rootspace.decode_content(args["content"], args.get("encoding", "utf-8"))
     if found.rel == "":
         raise CcwError("INVALID_ARGUMENT", "'/' is the root directory; give a file path such as '/notes.txt'.")
+    exists = CcwError(
+        "CONFLICT",
+        f"{found.shown} already exists; to change it use text_replace/text_insert/text_append "
+        "with the hash from text_read, or file_remove it (with its hash) first.",
+        {"path": found.shown},
+    )
     if found.view.exists(found.rel):
-        raise CcwError(
-            "CONFLICT",
-            f"{found.shown} already exists; to change it use text_replace/text_insert/text_append "
-            "with the hash from text_read, or file_remove it (with its hash) first.",
-            {"path": found.shown},
-        )
-    parent = found.rel.rpartition("/")[0]
+        raise exists
+    parent, _, name = found.rel.rpartition("/")
     if parent:
         found.view.makedirs(parent)
-    found.view.write_bytes(found.rel, data)
+    create_new(found.view, parent, name, data, exists)
     found.record("write", data)
     return {"path": found.shown, "hash": file_hash(data), "size": len(data)}
+
+
+def create_new(view: RootView, parent: str, name: str, data: bytes, exists: CcwError) -> None:
+    """Create ``parent/name`` whole, or not at all if anything appeared there meanwhile.
+
+    The content goes to a temp file first; ``link`` then gives it its name, which fails
+    with EEXIST rather than replace a file another writer created since our check.
+    """
+    parent_fd = view.open_fd(parent, os.O_RDONLY | os.O_DIRECTORY, write=True, what="create")
+    tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
+    try:
+        with wrap_oserror("create", f"{parent}/{name}".lstrip("/")):
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent_fd)
+            try:
+                rest = memoryview(data)
+                while rest:
+                    rest = rest[os.write(fd, rest) :]
+                os.fchmod(fd, 0o644)  # as RootView.write_bytes gives new files
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd, follow_symlinks=False)
+            except FileExistsError:
+                raise exists from None
+            finally:
+                os.unlink(tmp, dir_fd=parent_fd)
+            os.fsync(parent_fd)
+    finally:
+        os.close(parent_fd)
 
 
 def _file_remove(found: Target, args: dict[str, Any]) -> dict[str, Any]:
