@@ -182,3 +182,31 @@ def test_non_loopback_without_tokens_is_refused(tmp_path: Path):
     assert server.wait() == 2
     assert "CCW_TOKENS_FILE" in server.log
     assert not (tmp_path / "mcp.ready").exists()
+
+
+@SDK_CLIENT_GC
+def test_sigterm_finishes_in_flight_http_request(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
+    url = server.wait_ready()
+
+    async def session():
+        async with Client(url, mode="legacy") as client:
+            await client.list_tools()
+            signalled: list[float] = []
+
+            async def on_progress(value, total, message):
+                if not signalled:
+                    server.signal()
+                    signalled.append(value)
+
+            return await client.call_tool("ccw_info", {"delay_ms": 1500}, progress_callback=on_progress)
+
+    try:
+        result = trio.run(session)
+        assert result.structured_content["delayed_ms"] == 1500
+        assert server.wait() == 0
+    finally:
+        server.stop()
+    assert "mcp:draining mode=http signal=SIGTERM" in server.log
+    assert "mcp:shutdown mode=http" in server.log
+    assert not (tmp_path / "mcp.ready").exists()

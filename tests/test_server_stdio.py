@@ -131,3 +131,22 @@ def test_ready_file_and_exit_when_stdin_closes(tmp_path: Path):
     assert json.loads(out)["result"]["delayed_ms"] == 200
     assert not (tmp_path / "mcp.ready").exists()
     assert "mcp:shutdown mode=stdio" in server.log
+
+
+def test_children_and_prints_never_reach_the_wire(tmp_path: Path):
+    code = (
+        "import os, subprocess\n"
+        "from mcp_server.transports.stdio import claim_stdio\n"
+        "with claim_stdio() as (wire_in, wire_out):\n"
+        "    subprocess.run(['sh', '-c', 'echo child-stdout; cat'], check=True)\n"
+        "    print('python-print')\n"
+        "    os.write(wire_out, b'frame\\n')\n"
+        "    os.write(wire_out, os.read(wire_in, 100))\n"
+    )
+    proc = subprocess.run(
+        [str(CCW_MCP.parent / "python"), "-c", code], input=b"hello\n", capture_output=True,
+        cwd=CCW_MCP.parent.parent.parent, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"frame\nhello\n"  # the child's cat saw /dev/null, not our frames
+    assert b"child-stdout" in proc.stderr and b"python-print" in proc.stderr

@@ -166,3 +166,42 @@ def test_path_that_is_not_a_socket_is_never_removed(tmp_path: Path):
     assert server.wait() == 2
     assert "is not a socket" in server.log
     assert (tmp_path / "mcp.sock").read_text() == "precious"
+
+
+def test_cancelled_requests_get_no_answer_and_do_not_block_later_ones(socket_server: ServerProcess):
+    def call(id_, delay):
+        return {"jsonrpc": "2.0", "id": id_, "method": "tools/call",
+                "params": {"name": "ccw_info", "arguments": {"delay_ms": delay}}}
+
+    def cancel(id_):
+        return {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": id_}}
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
+
+    async def main():
+        stream = await trio.open_unix_socket(socket_server.path)
+        async with stream:
+            frames = [
+                init, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                call(2, 10_000),  # MCP request, cancelled below
+                {"jsonrpc": "2.0", "id": 3, "method": "ccw_info", "params": {"delay_ms": 10_000}},  # direct, cancelled
+                call(4, 0),
+                {"jsonrpc": "2.0", "id": 5, "method": "ccw_info"},
+                cancel(2), cancel(3),
+                {"jsonrpc": "2.0", "id": 6, "method": "ccw_info", "params": {"echo": "last"}},
+            ]
+            await stream.send_all(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+            answers: list[dict] = []
+            buffer = b""
+            while not answers or answers[-1].get("id") != 6:
+                chunk = await stream.receive_some(65536)
+                assert chunk
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                answers += [json.loads(line) for line in lines if line]
+            return answers
+
+    answers = trio.run(main)
+    assert [a["id"] for a in answers] == [1, 4, 5, 6]
+    assert answers[-1]["result"]["echo"] == "last"

@@ -322,22 +322,22 @@ class ResponseOrder:
         slot = self._next
         self._next += 1
         if request_id is not None:
-            self._by_id.setdefault(_id_key(request_id), []).append(slot)
+            self._by_id.setdefault(id_key(request_id), []).append(slot)
         return slot
 
     def slot_for(self, request_id: Any) -> int | None:
         """The oldest open slot reserved for ``request_id``, without taking it."""
-        slots = self._by_id.get(_id_key(request_id))
+        slots = self._by_id.get(id_key(request_id))
         return slots[0] if slots else None
 
     def fill_id(self, request_id: Any, frame: bytes | None) -> list[bytes]:
         """Fill the oldest slot reserved for ``request_id``; an unknown id is sent at once."""
-        slots = self._by_id.get(_id_key(request_id))
+        slots = self._by_id.get(id_key(request_id))
         if not slots:
             return [frame] if frame is not None else []
         slot = slots.pop(0)
         if not slots:
-            del self._by_id[_id_key(request_id)]
+            del self._by_id[id_key(request_id)]
         return self.fill(slot, frame)
 
     def fill(self, slot: int, frame: bytes | None) -> list[bytes]:
@@ -363,5 +363,6 @@ class ResponseOrder:
         return self._next - self._due
 
 
-def _id_key(request_id: Any) -> tuple[str, Any]:
+def id_key(request_id: Any) -> tuple[str, Any]:
+    """A dict key for a JSON-RPC id that keeps 1 and "1" apart."""
     return (type(request_id).__name__, request_id)

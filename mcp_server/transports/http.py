@@ -23,8 +23,9 @@ this module's ASGI layer does what ccw adds, in this order:
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
    session or handshake; everything else is replayed to the SDK.
 
-Shutdown: on drain hypercorn stops accepting and waits up to ``GRACEFUL_S`` for
-requests in flight.
+Shutdown: on drain hypercorn stops accepting; once the requests in flight are answered
+the sessions end (closing their GET event streams), and hypercorn waits at most
+``GRACEFUL_S`` for anything left.
 """
 
 from __future__ import annotations
@@ -103,6 +104,19 @@ class CcwHttpApp:
         self.manager = manager
         self.tokens = tokens
         self.origin_hosts = {*LOOPBACK_NAMES, host}
+        self._in_flight = 0  # requests being answered, not counting GET event streams
+        self._settled = trio.lowlevel.ParkingLot()
+        self._streams: set[trio.CancelScope] = set()
+
+    async def idle(self) -> None:
+        """Return once no request (other than a GET event stream) is being answered."""
+        while self._in_flight:
+            await self._settled.park()
+
+    def close_streams(self) -> None:
+        """End every open GET event stream (at shutdown, once requests are answered)."""
+        for stream_scope in list(self._streams):
+            stream_scope.cancel()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -110,6 +124,23 @@ class CcwHttpApp:
             return
         if scope["type"] != "http":
             return
+        if scope["method"] == "GET":
+            # A GET is a long-lived event stream; it is cut when the server drains.
+            with trio.CancelScope() as stream_scope:
+                self._streams.add(stream_scope)
+                try:
+                    await self._serve(scope, receive, send)
+                finally:
+                    self._streams.discard(stream_scope)
+            return
+        self._in_flight += 1
+        try:
+            await self._serve(scope, receive, send)
+        finally:
+            self._in_flight -= 1
+            self._settled.unpark_all()
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"].rstrip("/") != MCP_PATH:
             await _respond(send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
             return
@@ -235,10 +266,16 @@ async def serve(
     hconfig.accesslog = None
     hconfig.errorlog = "-"  # stderr
     asgi = CcwHttpApp(app, manager, tokens, host)
-    async with manager.run(), trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery, manager.run():
         await nursery.start(_hypercorn, asgi, hconfig, draining)
         log(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
         task_status.started(url)
+        await draining.wait()
+        # hypercorn has stopped accepting; let requests in flight finish, then cut the
+        # long-lived GET streams and end the sessions, so hypercorn's graceful wait
+        # does not sit on them.
+        await asgi.idle()
+        asgi.close_streams()
 
 
 async def _hypercorn(

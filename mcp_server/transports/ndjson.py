@@ -13,6 +13,7 @@ parsing), then
 
 A request the SDK settles without an answer (the client cancelled it) frees its slot
 through the ``on_request_unanswered`` hook, so later answers are not held forever.
+A cancelled direct method likewise gets no answer and frees its slot.
 
 Shutdown: when ``draining`` is set, requests read from then on are answered with
 error -32001 ("shutting down"), requests already read are finished and answered, and
@@ -55,6 +56,7 @@ class NdjsonConnection:
         self._progress = trio.lowlevel.ParkingLot()
         self._input_ended = False
         self._broken = False  # the peer stopped reading; answers are discarded
+        self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
@@ -143,11 +145,24 @@ class NdjsonConnection:
                 )
             elif self.app.is_direct_method(frame.method):
                 slot = self.order.reserve()
-                nursery.start_soon(self._run_direct, slot, frame)
+                # Registered now, not when the task starts, so a cancellation read
+                # right after the request still finds it.
+                scope = trio.CancelScope()
+                self._direct[framing.id_key(frame.id)] = scope
+                nursery.start_soon(self._run_direct, slot, frame, scope)
             else:
                 await self._to_sdk(frame.message, request_id=frame.id)
         else:
+            if isinstance(frame, framing.Notification) and frame.method == "notifications/cancelled":
+                self._cancel_direct(frame.message.get("params"))
             await self._to_sdk(frame.message)
+
+    def _cancel_direct(self, params: Any) -> None:
+        # The SDK cancels its own requests; direct methods are ours to cancel.
+        request_id = params.get("requestId") if isinstance(params, dict) else None
+        scope = self._direct.get(framing.id_key(request_id)) if request_id is not None else None
+        if scope is not None:
+            scope.cancel()
 
     async def _to_sdk(self, message: dict[str, Any], request_id: Any = None) -> None:
         try:
@@ -166,6 +181,15 @@ class NdjsonConnection:
             )
         await self._to_sdk_send.send(SessionMessage(parsed, metadata=metadata))
 
-    async def _run_direct(self, slot: int, frame: framing.Request) -> None:
-        answer = await self.app.run_direct(frame.id, frame.method, frame.params)
-        await self._out_send.send(("slot", slot, framing.encode(answer)))
+    async def _run_direct(self, slot: int, frame: framing.Request, scope: trio.CancelScope) -> None:
+        frame_out: bytes | None = None
+        key = framing.id_key(frame.id)
+        with scope:
+            try:
+                answer = await self.app.run_direct(frame.id, frame.method, frame.params)
+                frame_out = framing.encode(answer)
+            finally:
+                if self._direct.get(key) is scope:
+                    del self._direct[key]
+        # Cancelled by the client: like the SDK, send no answer, but free the slot.
+        await self._out_send.send(("slot", slot, frame_out))
