@@ -36,6 +36,7 @@ import grp
 import logging
 import os
 import signal
+import socket
 import sys
 from types import FrameType
 from typing import Any
@@ -179,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             enter_mount_namespace()
         server = build_server(args, mode)
-        server.listen()
+        activated = systemd_listener()
+        if activated is not None:
+            server.adopt(activated)
+        else:
+            server.listen()
     except CcwError as exc:
         log.error("%s", exc.message)
         return 1
@@ -213,6 +218,28 @@ def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
             raise CcwError("NOT_FOUND", f"no group {args.socket_group!r}; create it or drop --socket-group") from None
     socket_mode = args.socket_mode if args.socket_mode is not None else (0o660 if group is not None else 0o600)
     return HelperServer(args.socket, dispatcher, mode=socket_mode, group=group)
+
+
+SD_LISTEN_FDS_START = 3
+
+
+def systemd_listener(env: dict[str, str] | None = None) -> socket.socket | None:
+    """The listening socket systemd passed (LISTEN_FDS/LISTEN_PID, fd 3), or None.
+
+    Socket activation (deploy/ccw-helper.socket): systemd owns the socket file, its mode
+    and group; the helper only accepts on it, and leaves the file in place on exit so
+    that the next connection starts the service again.
+    """
+    environ = os.environ if env is None else env
+    if environ.get("LISTEN_PID") != str(os.getpid()) or int(environ.get("LISTEN_FDS", "0") or 0) < 1:
+        return None
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)  # not for the processes the helper starts
+    listener = socket.socket(fileno=SD_LISTEN_FDS_START)
+    if listener.family != socket.AF_UNIX or listener.type != socket.SOCK_STREAM:
+        raise CcwError("INVALID_ARGUMENT", "the socket systemd passed is not a unix stream socket; "
+                       "use ListenStream=/run/ccw/helper.sock in ccw-helper.socket")
+    return listener
 
 
 def _install_signal_handlers(server: HelperServer) -> None:

@@ -207,6 +207,7 @@ class HelperServer:
         self.mode = mode
         self.group = group
         self._listener: socket.socket | None = None
+        self._owns_path = True  # False for a socket systemd made (adopt): it stays for the next start
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._stopping = threading.Event()
         self._lock = threading.Lock()
@@ -234,6 +235,13 @@ class HelperServer:
             raise from_oserror(exc, "bind", self.path, "check that its directory exists and is writable") from exc
         self._listener = listener
         log.info("listening on %s (mode %04o)", self.path, self.mode)
+
+    def adopt(self, listener: socket.socket) -> None:
+        """Serve on a socket already listening (systemd socket activation) instead of listen()."""
+        listener.set_inheritable(False)  # a jail must never inherit it
+        self._listener = listener
+        self._owns_path = False
+        log.info("serving on the socket passed by systemd (%s)", self.path)
 
     def _remove_stale(self) -> None:
         try:
@@ -314,8 +322,9 @@ class HelperServer:
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+            if self._owns_path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.path)
         with self._lock:
             connections = dict(self._connections)
         for conn in connections:
