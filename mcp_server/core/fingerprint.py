@@ -132,8 +132,10 @@ def repo_paths(root: str) -> RepoPaths:
 def compute(root: str, tmp_dir: str | None = None) -> Fingerprint:
     """The live fingerprint of the worktree at ``root``; writes nothing into it."""
     repo = repo_paths(root)
-    head = run_git(root, "rev-parse", "-q", "--verify", "HEAD^{commit}", check=False)
-    head_oid = head.stdout.decode().strip() if head.returncode == 0 else ""
+    head = subprocess.Popen(
+        ["git", "-C", root, "--no-optional-locks", "rev-parse", "-q", "--verify", "HEAD^{commit}"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=git_env(),
+    )
     scratch = tempfile.mkdtemp(prefix="ccw-fp-", dir=tmp_dir)
     try:
         index_copy = os.path.join(scratch, "index")
@@ -148,15 +150,20 @@ def compute(root: str, tmp_dir: str | None = None) -> Fingerprint:
                 "GIT_ALTERNATE_OBJECT_DIRECTORIES": repo.objects_dir,
             }
         )
-        # status and write-tree are independent: run them side by side.
+        # HEAD, status and write-tree are independent: run them side by side.
         status = subprocess.Popen(
             ["git", "-C", root, "--no-optional-locks", "status", "--porcelain=v1", "-z"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=git_env(),
         )
         tree = run_git(root, "write-tree", env=env, check=False)
         out, err = status.communicate()
+        head_out, _ = head.communicate()
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if head.returncode is None:  # an error above left it running: reap it
+            head.kill()
+            head.wait()
+    head_oid = head_out.decode().strip() if head.returncode == 0 else ""
     if status.returncode != 0:
         raise CcwError("INTERNAL", f"git status failed in {root!r}: {err.decode(errors='replace').strip()}")
     index_oid = tree.stdout.decode().strip() if tree.returncode == 0 else ""

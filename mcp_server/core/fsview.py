@@ -136,18 +136,33 @@ class RootView:
     # -- reads ------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes:
         """The whole content of a regular file (symlinks beneath the root are followed)."""
-        fd = self.open_fd(rel, os.O_RDONLY, what="read")
+        data = self.read_regular(rel, follow=True, missing_ok=False)
+        assert data is not None
+        return data
+
+    def read_regular(self, rel: str, *, follow: bool = False, missing_ok: bool = True) -> bytes | None:
+        """A regular file's content in one open; None for a symlink (unless ``follow``), a
+        non-regular file or (with ``missing_ok``) a missing path.
+
+        O_NONBLOCK keeps a FIFO planted in the tree from blocking the open; it changes
+        nothing for regular files.
+        """
+        flags = os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
+        try:
+            fd = syscalls.openat2(self.fd, rel.rstrip("/") or ".", flags | os.O_CLOEXEC, 0, _RESOLVE_READ)
+        except OSError as exc:
+            if missing_ok and exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            if not follow and exc.errno == errno.ELOOP:
+                return None
+            raise _error(exc, "read", rel) from exc
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
+                if missing_ok:
+                    return None
                 raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})", {"path": rel})
-            chunks = []
-            while True:
-                chunk = os.read(fd, max(st.st_size + 1, 65536))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            return b"".join(chunks)
+            return _read_all(fd, st.st_size)
         except OSError as exc:
             raise _error(exc, "read", rel) from exc
         finally:
@@ -308,6 +323,19 @@ class RootView:
             raise _error(exc, "chmod", rel) from exc
         finally:
             os.close(fd)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    # A regular file read returns short only at end of file, so one read of size + 1
+    # bytes that comes back short is the whole file; a file that grew keeps reading.
+    want = size + 1
+    first = os.read(fd, want)
+    if len(first) < want:
+        return first
+    chunks = [first]
+    while chunk := os.read(fd, 1 << 20):
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _join(base: str, name: str) -> str:

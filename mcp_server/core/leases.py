@@ -10,7 +10,8 @@
   anyone else's change still makes the lease stale.
 - Leases live in the state dir's SQLite database and expire after ``ttl`` seconds
   without use (idle TTL); an expired or unknown lease is NOT_FOUND.
-- Touched paths are kept as a set; ``touched()`` returns them in byte order.
+- Touched paths are stored one row per call (a JSON list: a grep over ten thousand
+  files is one insert, not ten thousand); ``touched()`` returns their union in byte order.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ CREATE TABLE IF NOT EXISTS leases (
     created REAL NOT NULL,
     last_used REAL NOT NULL
 );
-CREATE TABLE IF NOT EXISTS lease_touched (
+CREATE TABLE IF NOT EXISTS lease_touches (
     lease_id TEXT NOT NULL REFERENCES leases(lease_id) ON DELETE CASCADE,
-    path TEXT NOT NULL,
-    PRIMARY KEY (lease_id, path)
+    paths TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS lease_touches_by_lease ON lease_touches (lease_id);
 """
 
 
@@ -127,16 +128,19 @@ class LeaseStore:
 
     def touch(self, lease_id: str, paths: Iterable[str]) -> None:
         """Add paths to the lease's touched set."""
-        rows = [(lease_id, p) for p in set(paths)]
-        if not rows:
-            return
-        with self.state.transaction() as db:
-            db.executemany("INSERT OR IGNORE INTO lease_touched (lease_id, path) VALUES (?, ?)", rows)
+        batch = sorted(set(paths), key=path_key)
+        if batch:
+            self.state.execute(
+                "INSERT INTO lease_touches (lease_id, paths) VALUES (?, ?)", (lease_id, json.dumps(batch))
+            )
 
     def touched(self, lease_id: str) -> list[str]:
         """The touched set, in byte order."""
-        rows = self.state.execute("SELECT path FROM lease_touched WHERE lease_id = ?", (lease_id,))
-        return sorted((r["path"] for r in rows), key=path_key)
+        rows = self.state.execute("SELECT paths FROM lease_touches WHERE lease_id = ?", (lease_id,))
+        union: set[str] = set()
+        for row in rows:
+            union.update(json.loads(row["paths"]))
+        return sorted(union, key=path_key)
 
     def expire(self) -> int:
         """Delete leases idle longer than the TTL; return how many."""
@@ -144,6 +148,6 @@ class LeaseStore:
         with self.state.transaction() as db:
             ids = [r[0] for r in db.execute("SELECT lease_id FROM leases WHERE last_used < ?", (cutoff,))]
             for lease_id in ids:
-                db.execute("DELETE FROM lease_touched WHERE lease_id = ?", (lease_id,))
+                db.execute("DELETE FROM lease_touches WHERE lease_id = ?", (lease_id,))
                 db.execute("DELETE FROM leases WHERE lease_id = ?", (lease_id,))
         return len(ids)

@@ -30,6 +30,7 @@ import os
 import re
 import stat as stat_mod
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcp_server.core import fingerprint as fp_mod
@@ -220,23 +221,39 @@ async def snapshot_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 # --- snapshot_grep -------------------------------------------------------------------
 
 
+_GREP_CHUNK = 256  # files read ahead in parallel; bounds the work wasted past max_files
+_GREP_WORKERS = min(4, os.cpu_count() or 1)
+
+
 def _grep(
     read: Callable[[str], bytes | None], candidates: list[str], matcher: Matcher, max_files: int, max_matches: int
 ) -> tuple[dict[str, Any], list[str]]:
+    """Search candidates in order; reading and searching run in worker threads a chunk
+    at a time, and the results are consumed in candidate order, so the outcome (and
+    which files count as searched) is the same as a sequential walk."""
+
+    def one(path: str) -> list[dict[str, Any]] | None:
+        data = read(path)
+        if data is None or is_binary(data):
+            return None
+        return [{"path": path, **m} for m in matcher.search(data, max_matches)]
+
     matches: list[dict[str, Any]] = []
     searched: list[str] = []
     truncated = False
-    for path in candidates:
-        data = read(path)
-        if data is None or is_binary(data):
-            continue
-        if len(searched) >= max_files:
-            truncated = True
-            break
-        searched.append(path)
-        if len(matches) < max_matches:
-            for m in matcher.search(data, max_matches - len(matches)):
-                matches.append({"path": path, **m})
+    with ThreadPoolExecutor(_GREP_WORKERS) as pool:
+        for start in range(0, len(candidates), _GREP_CHUNK):
+            chunk = candidates[start:start + _GREP_CHUNK]
+            for path, found in zip(chunk, pool.map(one, chunk), strict=True):
+                if found is None:
+                    continue
+                if len(searched) >= max_files:
+                    truncated = True
+                    break
+                searched.append(path)
+                matches.extend(found[: max(0, max_matches - len(matches))])
+            if truncated:
+                break
     payload = {
         "matches": matches,
         "files_searched": len(searched),
@@ -268,21 +285,12 @@ async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         return await run_sync(from_snapshot)
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
-        lease_id, live = begin_live(ctx, target, args.get("lease_id"))
-        candidates = live_files(target, scopes)
-
-        def read(path: str) -> bytes | None:
-            try:
-                st = target.view.stat(path)
-                if not stat_mod.S_ISREG(st.st_mode):
-                    return None
-                return target.view.read_bytes(path)
-            except CcwError as exc:
-                if exc.code == "NOT_FOUND":
-                    return None
-                raise
-
-        payload, searched = _grep(read, candidates, matcher, max_files, max_matches)
+        # git's candidate list does not depend on the fingerprint: list while it runs.
+        with ThreadPoolExecutor(1) as pool:
+            listing = pool.submit(live_files, target, scopes)
+            lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+            candidates = listing.result()
+        payload, searched = _grep(target.view.read_regular, candidates, matcher, max_files, max_matches)
         T.lease_store(ctx).touch(lease_id, searched)
         return T.worktree_response(payload, target, lease_id, live)
 
