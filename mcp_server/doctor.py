@@ -44,7 +44,6 @@ import pwd
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -382,36 +381,21 @@ def _probe_bubblewrap() -> Check:
 
 def probe_service(path: str) -> Check:
     """Whether a system helper answers on ``path``, and in which mode."""
-    from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, Reply, encode_request
+    from mcp_server.cli.helperctl import hello
+    from sandbox.errors import CcwError
 
     if not os.path.exists(path):
         return Check("helper_service", None, f"no helper socket at {path}",
                      "optional: install deploy/ccw-helper.socket and .service (see README)")
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5.0)
-            sock.connect(path)
-            sock.sendall(encode_request(1, "hello", {"version": PROTOCOL_VERSION}))
-            decoder = FrameDecoder("reply")
-            reply = None
-            while reply is None:
-                data = sock.recv(65536)
-                if not data:
-                    decoder.feed_eof()
-                    reply = decoder.next_message()
-                    break
-                decoder.feed(data)
-                reply = decoder.next_message()
+        info = hello(path)
     except OSError as exc:
         fix = "add yourself to group ccw (usermod -aG ccw $USER) and log in again" \
             if exc.errno in (errno.EACCES, errno.EPERM) else "systemctl start ccw-helper.socket"
         return Check("helper_service", False, f"{path}: {_describe(exc)}", fix)
-    except Exception as exc:
-        return Check("helper_service", False, f"{path}: {_describe(exc)}", "check the helper's log")
-    if not isinstance(reply, Reply) or reply.error is not None or reply.result is None:
-        why = reply.error.message if isinstance(reply, Reply) and reply.error is not None else "no reply"
-        return Check("helper_service", False, f"{path} refused hello: {why}", "check the helper's log")
-    return Check("helper_service", True, f"{path} answers ({reply.result.get('mode')} mode)")
+    except CcwError as exc:
+        return Check("helper_service", False, f"{path} refused hello: {exc.message}", "check the helper's log")
+    return Check("helper_service", True, f"{path} answers ({info.get('mode')} mode)")
 
 
 # --------------------------------------------------------------------- the report
