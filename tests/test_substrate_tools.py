@@ -319,3 +319,17 @@ def test_capsule_target_reads_and_writes_through_the_passed_descriptor(tmp_path:
     with pytest.raises(CcwError):
         call("snapshot_file", capsule_id="cap1", path="f.txt", lease_id=read["lease_id"] + "x")
     state.close()
+
+
+def test_patch_through_a_symlinked_directory_writes_nothing(env: tuple[Path, Any, State], tmp_path: Path) -> None:
+    repo, call, _state = env
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (repo / "linked").symlink_to("src")  # stays beneath the root, but is a symlink
+    patch = (
+        "--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,2 @@\n-alpha = 1\n+alpha = 5\n needle here\n"
+        "--- /dev/null\n+++ b/linked/new.py\n@@ -0,0 +1 @@\n+x\n"
+    )
+    assert error(call, "workspace_apply_patch", patch=patch).code == "PERMISSION_DENIED"
+    assert (repo / "src" / "a.py").read_text() == "alpha = 1\nneedle here\n"
+    assert not (repo / "src" / "new.py").exists()

@@ -51,9 +51,35 @@ def _remove_empty_parents(view: RootView, path: str) -> None:
         view.rmdir(parent)
 
 
+def _preflight(view: RootView, paths: list[str], deleted: set[str]) -> None:
+    """Refuse before writing anything when a parent is a symlink or a file: the writes
+    would fail part way (writes never pass through symlinks) and leave half a patch."""
+    seen: set[str] = set()
+    for path in paths:
+        for parent in P.parents(path):
+            if parent in seen or parent in deleted:
+                continue
+            seen.add(parent)
+            try:
+                st = view.stat(parent)
+            except CcwError as exc:
+                if exc.code == "NOT_FOUND":
+                    break
+                raise
+            if stat_mod.S_ISLNK(st.st_mode):
+                raise CcwError(
+                    "PERMISSION_DENIED",
+                    f"{path!r} lies under the symlink {parent!r}; patches never write through symlinks",
+                    {"path": path},
+                )
+            if not stat_mod.S_ISDIR(st.st_mode):
+                raise CcwError("CONFLICT", f"{path!r} needs {parent!r} to be a directory, but it is a file", {"path": path})
+
+
 def write_result(view: RootView, result: ApplyResult) -> list[str]:
     """Write an accepted patch's files (deletions first, so renames onto them work)."""
     changed = P.sort_paths(result.files)
+    _preflight(view, changed, {p for p, item in result.files.items() if item is None})
     for path in changed:
         if result.files[path] is None and view.exists(path):
             view.unlink(path)
