@@ -16,6 +16,7 @@ does real work; ccw's next ``file_hash`` comes from the previous edit's result.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -45,8 +46,8 @@ def _line(i: int) -> str:
     return f"    value_{i} = compute({i}, name='item-{i}')  # line {i + 1}"
 
 
-def _make_file(directory: Path) -> Path:
-    path = directory / "big.py"
+def _make_file(directory: Path, name: str = "big.py") -> Path:
+    path = directory / name
     path.write_text("def main():\n" + "".join(_line(i) + "\n" for i in range(LINES)))
     return path
 
@@ -117,59 +118,90 @@ async def _median(call: Callable[[], Awaitable[Any]], repeat: int) -> tuple[floa
     return statistics.median(times) * 1000.0, last
 
 
-async def _ccw_session(client: Any, path: Path, repeat: int) -> dict[str, Any]:
-    read_args = {"path": str(path)}
-    read_ms, read = await _median(lambda: client.call_tool("read_text_file", read_args), repeat)
-    assert read.is_error is not True, read
-    content = read.structured_content
-    row = content["content"].split("\n")[TARGET_LINE]
-    anchor = row.split("|", 1)[0]
-    original = row.split("|", 1)[1]
-    state = {"hash": content["file_hash"], "anchor": anchor, "flip": False, "args": {}}
+class _Subject:
+    """One server behind one client: a read and a one-line edit that toggles back and forth."""
 
-    async def edit() -> Any:
-        text = original if state["flip"] else original + "  # edited"
-        args = {"path": str(path), "file_hash": state["hash"], "ops": [{"op": "replace", "anchor": state["anchor"], "content": text}]}
-        result = await client.call_tool("edit_text_file", args)
+    def __init__(self, client: Any, path: Path) -> None:
+        self.client = client
+        self.path = path
+        self.flip = False
+        self.last_args: dict[str, Any] = {}
+        self.times: dict[str, list[float]] = {"read": [], "edit": []}
+        self.results: dict[str, Any] = {}
+
+    async def read(self) -> Any:
+        result = await self.client.call_tool("read_text_file", {"path": str(self.path)})
         assert result.is_error is not True, result
-        state["hash"] = result.structured_content["file_hash"]
+        return result
+
+    async def prepare(self) -> None:
+        raise NotImplementedError
+
+    async def edit(self) -> Any:
+        raise NotImplementedError
+
+    async def timed(self, what: str) -> None:
+        start = time.perf_counter()
+        self.results[what] = await (self.read() if what == "read" else self.edit())
+        self.times[what].append(time.perf_counter() - start)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "read_ms": statistics.median(self.times["read"]) * 1000.0,
+            "read_bytes": _text_bytes(self.results["read"]),
+            "edit_ms": statistics.median(self.times["edit"]) * 1000.0,
+            "edit_bytes": _text_bytes(self.results["edit"]),
+            "edit_args_bytes": len(json.dumps(self.last_args)),
+        }
+
+
+class _Ccw(_Subject):
+    async def prepare(self) -> None:
+        content = (await self.read()).structured_content
+        row = content["content"].split("\n")[TARGET_LINE]
+        self.anchor, self.original = row.split("|", 1)
+        self.hash = content["file_hash"]
+
+    async def edit(self) -> Any:
+        text = self.original if self.flip else self.original + "  # edited"
+        args = {"path": str(self.path), "file_hash": self.hash, "ops": [{"op": "replace", "anchor": self.anchor, "content": text}]}
+        result = await self.client.call_tool("edit_text_file", args)
+        assert result.is_error is not True, result
+        self.hash = result.structured_content["file_hash"]
         # The edited line's fresh tag comes back in the result: no re-read needed.
         prefix = f"{TARGET_LINE + 1}:"
-        state["anchor"] = next(r for r in result.structured_content["context"] if r.startswith(prefix)).split("|", 1)[0]
-        state["flip"] = not state["flip"]
-        state["args"] = args
+        self.anchor = next(r for r in result.structured_content["context"] if r.startswith(prefix)).split("|", 1)[0]
+        self.flip = not self.flip
+        self.last_args = args
         return result
 
-    edit_ms, edited = await _median(edit, repeat)
-    return {
-        "read_ms": read_ms, "read_bytes": _text_bytes(read),
-        "edit_ms": edit_ms, "edit_bytes": _text_bytes(edited),
-        "edit_args_bytes": len(json.dumps(state["args"])),
-    }
 
+class _Reference(_Subject):
+    async def prepare(self) -> None:
+        await self.read()
+        self.original = _line(TARGET_LINE - 1)  # file line TARGET_LINE + 1, as for ccw
 
-async def _reference_session(client: Any, path: Path, repeat: int) -> dict[str, Any]:
-    read_args = {"path": str(path)}
-    read_ms, read = await _median(lambda: client.call_tool("read_text_file", read_args), repeat)
-    assert read.is_error is not True, read
-    original = _line(TARGET_LINE - 1)  # file line TARGET_LINE + 1, as in _ccw_session
-    state = {"flip": False, "args": {}}
-
-    async def edit() -> Any:
-        old, new = (original + "  # edited", original) if state["flip"] else (original, original + "  # edited")
-        args = {"path": str(path), "edits": [{"oldText": old, "newText": new}]}
-        result = await client.call_tool("edit_file", args)
+    async def edit(self) -> Any:
+        edited = self.original + "  # edited"
+        old, new = (edited, self.original) if self.flip else (self.original, edited)
+        args = {"path": str(self.path), "edits": [{"oldText": old, "newText": new}]}
+        result = await self.client.call_tool("edit_file", args)
         assert result.is_error is not True, result
-        state["flip"] = not state["flip"]
-        state["args"] = args
+        self.flip = not self.flip
+        self.last_args = args
         return result
 
-    edit_ms, edited = await _median(edit, repeat)
-    return {
-        "read_ms": read_ms, "read_bytes": _text_bytes(read),
-        "edit_ms": edit_ms, "edit_bytes": _text_bytes(edited),
-        "edit_args_bytes": len(json.dumps(state["args"])),
-    }
+
+async def _interleaved(subjects: dict[str, _Subject], repeat: int) -> dict[str, dict[str, Any]]:
+    """Each round calls every subject once, so load from elsewhere hits all of them alike."""
+    for subject in subjects.values():
+        await subject.prepare()
+        await subject.edit()  # warm-up
+    for what in ("read", "edit"):
+        for _ in range(repeat):
+            for subject in subjects.values():
+                await subject.timed(what)
+    return {name: subject.figures() for name, subject in subjects.items()}
 
 
 class _LocalContext:
@@ -264,37 +296,31 @@ def run(quick: bool = False) -> Report:
         ref_dir = tmp / "ref"
         ref_dir.mkdir()
         ref_file = _make_file(ref_dir)
-        results: dict[str, dict[str, Any]] = {}
-
-        proc, sock = _start_socket_server(tmp)
-        try:
-            async def over_socket() -> None:
-                async with Client(_Transport(sock), mode="legacy") as client:
-                    results["socket"] = await _ccw_session(client, ccw_file, repeat)
-
-            trio.run(over_socket)
-        finally:
-            _stop(proc)
-
-        async def over_stdio() -> None:
-            params = StdioServerParameters(command=str(CCW_MCP), env=_ccw_env(tmp))
-            async with Client(params, mode="legacy") as client:
-                results["stdio"] = await _ccw_session(client, ccw_file, repeat)
-
-        trio.run(over_stdio)
-
         node = shutil.which("node")
-        if node and REFERENCE.exists():
-            async def reference() -> None:
-                params = StdioServerParameters(command=node, args=[str(REFERENCE), str(ref_dir.resolve())])
-                async with Client(params, mode="legacy") as client:
-                    results["reference"] = await _reference_session(client, ref_file.resolve(), repeat)
-
-            trio.run(reference)
-        else:
+        have_reference = bool(node) and REFERENCE.exists()
+        if not have_reference:
             report.notes.append(
                 "reference server not installed: npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem"
             )
+        proc, sock = _start_socket_server(tmp)
+        try:
+            async def measure() -> dict[str, dict[str, Any]]:
+                async with contextlib.AsyncExitStack() as stack:
+                    subjects: dict[str, _Subject] = {}
+                    client = await stack.enter_async_context(Client(_Transport(sock), mode="legacy"))
+                    subjects["socket"] = _Ccw(client, ccw_file)
+                    params = StdioServerParameters(command=str(CCW_MCP), env=_ccw_env(tmp))
+                    client = await stack.enter_async_context(Client(params, mode="legacy"))
+                    subjects["stdio"] = _Ccw(client, _make_file(ws, "big_stdio.py"))
+                    if have_reference:
+                        params = StdioServerParameters(command=str(node), args=[str(REFERENCE), str(ref_dir.resolve())])
+                        client = await stack.enter_async_context(Client(params, mode="legacy"))
+                        subjects["reference"] = _Reference(client, ref_file.resolve())
+                    return await _interleaved(subjects, repeat)
+
+            results = trio.run(measure)
+        finally:
+            _stop(proc)
         ref = results.get("reference")
         for op, ref_tool in (("read", "read_text_file"), ("edit", "edit_file")):
             for transport in ("socket", "stdio"):
@@ -317,8 +343,8 @@ def run(quick: bool = False) -> Report:
         for row in _in_process(ccw_file, repeat):
             report.add(row)
         report.notes.append(
-            f"median of {repeat} tools/call round trips per figure, SDK client, one session each; "
-            "reference over stdio (it has no socket transport)"
+            f"median of {repeat} tools/call round trips per figure, SDK client, one session per server, "
+            "calls interleaved round by round; reference over stdio (it has no socket transport)"
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
