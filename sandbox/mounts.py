@@ -33,6 +33,9 @@ Some facts about mounts, as the jail uses them:
 - /dev is a small tmpfs with the host's null, zero, full, random, urandom and tty
   *bound* onto empty files: mknod is not allowed in a user namespace, binds are.
   devpts is a new instance (its own pty numbers) with /dev/ptmx a symlink into it.
+- When the helper's state dir lies inside the workspace, its top directory there is
+  covered by an empty read-only tmpfs (``state_inside_workspace``): the socket, the
+  capsules' upper dirs and the front end's database stay out of the jail's sight.
 - The last step makes the tmpfs root read-only, so nothing outside the workspace,
   /tmp, $HOME, /dev/shm and /dev/pts can be created or removed, even by uid 0.
 """
@@ -158,6 +161,7 @@ def prepare(
     if prefix is not None and not _under(prefix, workspace):
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
     steps += sorted(capsule, key=lambda step: _depth(step.target))
+    steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
     steps += host_kernel
     steps += [
@@ -167,6 +171,24 @@ def prepare(
         MountStep("seal_root", "/"),
     ]
     return steps
+
+
+def state_inside_workspace(workspace: str, *capsule_dirs: str) -> list[str]:
+    """Jail paths to hide: the top directory under the workspace that holds a capsule's own dirs.
+
+    A state dir inside the workspace (``./.ccw-state``) is part of the capsule's lower
+    layer, so without this the jail would see the helper's socket, every capsule's upper
+    dir and the front end's database.  Mode 0700 does not keep out a root caller's jail
+    (uid 0 owns them), so the whole top directory is covered by an empty read-only tmpfs.
+    """
+    real_workspace = os.path.realpath(workspace)
+    hidden = set()
+    for path in capsule_dirs:
+        real = os.path.realpath(path)
+        if real != real_workspace and _under(real, real_workspace):
+            top = os.path.relpath(real, real_workspace).split("/")[0]
+            hidden.add(os.path.join(workspace, top))
+    return sorted(hidden)
 
 
 def _makedirs(path: str) -> None:
