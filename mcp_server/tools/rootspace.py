@@ -1,14 +1,15 @@
 """RootSpace tools (seed 004): ``file_*`` (family ``file``), ``text_*`` (family ``text``), ``list://``.
 
 Every path is root-relative (MCP-025..028, ``mcp_server/core/rootspace.py``): ``/`` is
-the root, which is the first root the client declared (MCP roots), else the workspace
-ccw-mcp was started for (``CCW_WORKSPACE``), else, with ``capsule_id``, the capsule's
-copy-on-write view of its workspace.  Every mutation takes the ``hash`` (sha256 hex of
+the root, which is, with ``capsule_id``, the capsule's copy-on-write view of its
+workspace; otherwise the first root the client declared (MCP roots), or the workspace
+ccw-mcp was started for (``CCW_WORKSPACE``) when it declares none.  Every mutation takes the ``hash`` (sha256 hex of
 the stored bytes) of a prior read and returns the new one (MCP-031..034); a write that
 races another writer is rejected as in ``mcp_server/tools/hashline.py``.
 
 Choices seed 004 leaves open: ``file.create`` refuses to overwrite (remove first, with
-the hash) and creates missing parent directories; ``file.remove`` removes files and
+the hash), even a file that appears between its check and its write (the name is given
+with ``link``), and creates missing parent directories; ``file.remove`` removes files and
 symlinks, not directories; ``text.read`` takes an optional ``encoding`` so that a file
 that is not UTF-8 can be read as base64, which is what its error suggests.
 ``list://{+path}`` returns ``{"path", "entries": [{"name", "kind"}]}`` with every
