@@ -31,7 +31,7 @@ from mcp_server.tools.registry import ToolContext, ToolSpec
 from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError
 
-MAX_READ_CHARS = 2_000_000  # a read without ``limit`` stops here and says where to go on
+MAX_READ_CHARS = 2_000_000  # one read stops here and gives next_offset to go on from
 
 
 @dataclass
@@ -138,7 +138,7 @@ def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     stop = total if limit is None else min(total, offset - 1 + int(limit))
     lines = doc.lines[offset - 1 : stop]
     digits = len(str(offset + len(lines)))
-    if limit is None and sum(map(len, lines)) + (digits + 5) * len(lines) > MAX_READ_CHARS:
+    if sum(map(len, lines)) + (digits + 5) * len(lines) > MAX_READ_CHARS:
         # Perhaps too much for one answer: stop at the line where the cap falls (at least
         # one line), counting each row exactly: "n:hh|" + content + "\n".
         size = 0
