@@ -188,3 +188,40 @@ def test_layout_is_hashable_value() -> None:
     hier = Hierarchy(2, frozenset(), "/sys/fs/cgroup", "/sys/fs/cgroup")
     assert CgroupLayout((hier,)).unified == hier
     assert {hier: 1}[Hierarchy(2, frozenset(), "/sys/fs/cgroup", "/sys/fs/cgroup")] == 1
+
+
+def test_no_hierarchy_gives_null_usage_with_reasons() -> None:
+    from sandbox.cgroups import ExecCgroup, Limits
+
+    cg = ExecCgroup.prepare(CgroupLayout(), "nothing", Limits())
+    usage = cg.collect()
+    assert (usage.cpu_ms, usage.rss_max_kb, usage.io_read_kb, usage.io_write_kb) == (None, None, None, None)
+    assert set(usage.unavailable) >= {"cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb"}
+    assert all(reason for reason in usage.unavailable.values())
+    cg.teardown()
+    cg.teardown()
+
+
+def test_requested_limit_without_a_hierarchy_is_unsupported() -> None:
+    import pytest
+
+    from sandbox.cgroups import ExecCgroup, Limits
+    from sandbox.errors import CcwError
+
+    for limits, what in ((Limits(memory_bytes=1 << 20), "memory_mb"), (Limits(pids_max=5), "pids_max"),
+                         (Limits(cpu_ms=10), "cpu_ms")):
+        with pytest.raises(CcwError) as info:
+            ExecCgroup.prepare(CgroupLayout(), "limited", limits)
+        assert info.value.code == "UNSUPPORTED"
+        assert what in info.value.message and "omit" in info.value.message
+
+
+def test_bad_names_are_refused() -> None:
+    import pytest
+
+    from sandbox.cgroups import ExecCgroup, Limits
+    from sandbox.errors import CcwError
+
+    for name in ("", "a/b", "a@1", "..", "."):
+        with pytest.raises(CcwError):
+            ExecCgroup.prepare(CgroupLayout(), name, Limits())

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.cgroups import ExecCgroup, Limits, cleanup_stale, detect_layout
+from sandbox.errors import CcwError
 
 Require = Callable[[bool, str], None]
 
@@ -231,3 +232,24 @@ def test_owns_tells_members_zombies_and_strangers(make: Callable[..., ExecCgroup
     assert cg.owns(proc.pid) in (True, None)  # v2 keeps a zombie's cgroup; v1 shows the root
     proc.communicate(timeout=10)
     assert cg.owns(proc.pid) is None
+
+
+def test_unwritable_hierarchy_gives_null_usage_with_the_reason(tmp_path: Path, root_required: None) -> None:
+    from sandbox import syscalls
+    from sandbox.cgroups import CgroupLayout, Hierarchy
+
+    fake = tmp_path / "cg"
+    fake.mkdir()
+    syscalls.mount(str(fake), str(fake), None, syscalls.MS_BIND)
+    try:
+        syscalls.mount("", str(fake), None, syscalls.MS_BIND | syscalls.MS_REMOUNT | syscalls.MS_RDONLY)
+        hier = Hierarchy(1, frozenset({"memory"}), str(fake), str(fake))
+        cg = ExecCgroup.prepare(CgroupLayout((hier,)), "ro", Limits())
+        usage = cg.collect()
+        cg.teardown()
+        assert usage.rss_max_kb is None
+        assert "mkdir" in usage.unavailable["rss_max_kb"] and "EROFS" in usage.unavailable["rss_max_kb"]
+        with pytest.raises(CcwError, match=r"limits\.memory_mb cannot be enforced"):
+            ExecCgroup.prepare(CgroupLayout((hier,)), "ro", Limits(memory_bytes=1 << 20))
+    finally:
+        syscalls.umount2(str(fake))

@@ -156,3 +156,19 @@ def test_collect_and_teardown_are_safe_in_any_order(overlay: Path) -> None:
     assert tracer.collect().read == []  # never entered: nothing belongs to an exec
     tracer.teardown()
     tracer.teardown()
+
+
+def test_rootless_tracer_reports_read_as_unavailable(overlay: Path) -> None:
+    # Root inside a user namespace has no CAP_SYS_ADMIN in the initial one: the rootless helper.
+    root = Path(__file__).resolve().parent.parent
+    code = (f"import sys; sys.path.insert(0, {str(root)!r})\n"
+            "from sandbox.fanotify import Tracer\n"
+            f"t = Tracer.prepare({str(overlay / 'merged')!r})\n"
+            "t.enter(None)\n"
+            "print(repr(t.collect()))\n"
+            "t.teardown()\n")
+    out = subprocess.run(["unshare", "-U", "-r", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "read=None" in out.stdout and "written=[]" in out.stdout
+    assert "CAP_SYS_ADMIN" in out.stdout
