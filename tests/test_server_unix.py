@@ -205,3 +205,28 @@ def test_cancelled_requests_get_no_answer_and_do_not_block_later_ones(socket_ser
     answers = trio.run(main)
     assert [a["id"] for a in answers] == [1, 4, 5, 6]
     assert answers[-1]["result"]["echo"] == "last"
+
+
+def test_deep_pipeline_beyond_the_pending_limit_stays_in_order(socket_server: ServerProcess):
+    from mcp_server.transports.ndjson import MAX_PENDING
+
+    count = MAX_PENDING + 500
+
+    async def main():
+        stream = await trio.open_unix_socket(socket_server.path)
+        batch = b"".join(
+            json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n" for i in range(count)
+        )
+        ids: list[int] = []
+        async with stream, trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, batch)
+            buffer = b""
+            while len(ids) < count:
+                chunk = await stream.receive_some(1 << 20)
+                assert chunk
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                ids += [json.loads(line)["id"] for line in lines if line]
+        return ids
+
+    assert trio.run(main) == list(range(count))

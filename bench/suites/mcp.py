@@ -66,12 +66,14 @@ async def _sequential(path: str, count: int) -> list[float]:
 async def _pipelined(path: str, connections: int, per_connection: int) -> float:
     async def one() -> None:
         stream = await trio.open_unix_socket(path)
-        async with stream:
-            batch = b"".join(
-                json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n"
-                for i in range(per_connection)
-            )
-            await stream.send_all(batch)
+        batch = b"".join(
+            json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n"
+            for i in range(per_connection)
+        )
+        async with stream, trio.open_nursery() as nursery:
+            # Send while reading, as a pipelining client must (the server stops reading
+            # a connection whose answers are not being read).
+            nursery.start_soon(stream.send_all, batch)
             seen = 0
             while seen < per_connection:
                 seen += (await stream.receive_some(1 << 20)).count(b"\n")

@@ -36,6 +36,7 @@ from mcp_server.server import SHUTTING_DOWN, CcwServer
 from mcp_server.transports import framing
 
 READ_CHUNK = 65536
+MAX_PENDING = 1024  # requests read but not yet answered, per connection
 
 
 class NdjsonConnection:
@@ -120,6 +121,10 @@ class NdjsonConnection:
                 if not data:
                     return
                 for event in self.splitter.feed(data):
+                    while self.order.pending >= MAX_PENDING:
+                        # Backpressure: a client that pipelines without reading its
+                        # answers stops being read, instead of growing our memory.
+                        await self._progress.park()
                     await self._handle(event, nursery)
         finally:
             self._input_ended = True
