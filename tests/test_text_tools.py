@@ -420,3 +420,11 @@ def test_file_create_never_replaces_a_file_that_appears_meanwhile(ctx: FakeConte
     assert err.code == "CONFLICT"
     assert (ws / "late.txt").read_text() == "theirs\n"
     assert sorted(p.name for p in ws.iterdir()) == ["late.txt"]  # no temp file left behind
+
+
+def test_text_read_of_too_much_says_to_read_in_parts(ctx: FakeContext, ws: Path) -> None:
+    (ws / "huge.txt").write_text(("y" * 999 + "\n") * 3000)
+    err = fails(ctx, "text_read", path="/huge.txt")
+    assert err.code == "TOO_LARGE" and "lines=[start, end]" in err.message and err.details["total_lines"] == 3000
+    part = call(ctx, "text_read", path="/huge.txt", lines=[1, 1001])
+    assert part["total_lines"] == 3000 and part["content"].count("\n") == 1000

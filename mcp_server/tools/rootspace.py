@@ -30,7 +30,13 @@ from mcp_server.core import rootspace
 from mcp_server.core.fsview import RootView
 from mcp_server.core.hashline import file_hash
 from mcp_server.core.roots import effective_roots
-from mcp_server.tools.hashline import Target, file_identity, read_file, write_checked
+from mcp_server.tools.hashline import (
+    MAX_READ_CHARS,
+    Target,
+    file_identity,
+    read_file,
+    write_checked,
+)
 from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec
 from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError, wrap_oserror
@@ -160,9 +166,18 @@ def _text_read(found: Target, args: dict[str, Any]) -> dict[str, Any]:
             "total_lines": lines,
         }
     _, state = _read_state(found)
+    content = rootspace.read_range(state, args.get("lines"))
+    if len(content) > MAX_READ_CHARS:
+        raise CcwError(
+            "TOO_LARGE",
+            f"{found.shown}: the requested text is {len(content)} characters, more than one answer "
+            f"carries ({MAX_READ_CHARS}); read it in parts with lines=[start, end] "
+            f"(the file has {state.total_lines} lines).",
+            {"path": found.shown, "total_lines": state.total_lines, "hash": state.hash},
+        )
     return {
         "path": found.shown,
-        "content": rootspace.read_range(state, args.get("lines")),
+        "content": content,
         "encoding": "utf-8",
         "hash": state.hash,
         "total_lines": state.total_lines,
