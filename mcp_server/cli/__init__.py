@@ -23,15 +23,22 @@ from collections.abc import Sequence
 from sandbox.errors import CcwError
 
 
-def _common() -> argparse.ArgumentParser:
-    # Options accepted after any subcommand too; SUPPRESS keeps a subcommand from
-    # overwriting a value given before it (``ccw --json doctor`` and ``ccw doctor --json``).
+def _common(top: bool) -> argparse.ArgumentParser:
+    """Options accepted before the command and after it (``ccw --json doctor``, ``ccw doctor --json``).
+
+    Two instances, because argparse shares action objects with the parsers that use a
+    parent: the top level's carries the real defaults; the subcommands' default to
+    SUPPRESS, so that they never overwrite a value given before the command.
+    """
+    def default(value: object) -> object:
+        return value if top else argparse.SUPPRESS
+
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON")
-    common.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS, help="never colour")
-    common.add_argument("--state-dir", default=argparse.SUPPRESS, help="state dir (CCW_STATE_DIR)")
-    common.add_argument("--helper-socket", default=argparse.SUPPRESS, help="helper socket (CCW_HELPER_SOCKET)")
-    common.add_argument("--no-autostart", action="store_true", default=argparse.SUPPRESS,
+    common.add_argument("--json", action="store_true", default=default(False), help="print JSON")
+    common.add_argument("--no-color", action="store_true", default=default(False), help="never colour")
+    common.add_argument("--state-dir", default=default(None), help="state dir (CCW_STATE_DIR)")
+    common.add_argument("--helper-socket", default=default(None), help="helper socket (CCW_HELPER_SOCKET)")
+    common.add_argument("--no-autostart", action="store_true", default=default(False),
                         help="fail instead of starting a detached helper")
     return common
 
@@ -41,10 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mcp_server.cli import capsule
     from mcp_server.cli.clients import CLIENTS
 
-    common = _common()
-    parser = argparse.ArgumentParser(prog="ccw", parents=[common],
+    common = _common(top=False)
+    parser = argparse.ArgumentParser(prog="ccw", parents=[_common(top=True)],
                                      description="ccw: counterfactual capsule workspaces for coding agents")
-    parser.set_defaults(json=False, no_color=False, state_dir=None, helper_socket=None, no_autostart=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     sub.add_parser("doctor", parents=[common], help="which kernel features work here, with fixes")
@@ -87,10 +93,28 @@ def serve_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse ``argv``; everything after the first ``--`` is the command of exec/deltamin.
+
+    Split by hand because argparse's REMAINDER would also swallow options given between
+    the capsule id and ``--`` (``exec CAP --timeout-ms 500 -- make``).
+    """
+    argv = list(argv)
+    command: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1 :]
+    args = build_parser().parse_args(argv)
+    if command is not None:
+        if not hasattr(args, "cmd"):
+            build_parser().error("'--' is only for capsule exec and capsule deltamin")
+        args.cmd = [*args.cmd, *command]
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``ccw``."""
-    parser = build_parser()
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.state_dir:
         os.environ["CCW_STATE_DIR"] = os.path.abspath(args.state_dir)
     if args.helper_socket:

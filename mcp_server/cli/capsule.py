@@ -90,7 +90,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     exec_.add_argument("--cwd", help="working directory, relative to the workspace")
     exec_.add_argument("--timeout-ms", type=int)
     exec_.add_argument("--stdin-file", help="file whose text is the command's stdin ('-': ours)")
-    exec_.add_argument("cmd", nargs=argparse.REMAINDER, help="the command, after --")
+    exec_.add_argument("cmd", nargs="*", help="the command, after --")
 
     diff = verbs.add_parser("diff", parents=[common], help="what the capsule changed (coloured on a terminal)")
     diff.add_argument("capsule_id")
@@ -119,12 +119,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                                 help="the smallest part of the change that still fails: ... CAP -- CMD...")
     deltamin.add_argument("capsule_id")
     deltamin.add_argument("--budget-ms", type=int)
-    deltamin.add_argument("cmd", nargs=argparse.REMAINDER)
+    deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
 
 
 def _command(words: list[str]) -> list[str]:
-    if words and words[0] == "--":
-        words = words[1:]
     if not words:
         raise SystemExit("ccw: give the command after --, e.g. ccw capsule exec CAP -- pytest -q")
     return words

@@ -1,0 +1,241 @@
+"""The ``ccw`` command without root: parsing, tool arguments, client configs, colour, doctor's shape."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from mcp_server.cli import clients, main, parse_args, serve_env
+from mcp_server.cli.capsule import exec_status, tool_call
+from mcp_server.cli.output import Progress, color_diff, use_color
+from mcp_server.doctor import render
+
+CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
+
+
+def parse(*argv: str) -> object:
+    return parse_args(argv)
+
+
+def test_json_flag_before_or_after_the_command() -> None:
+    assert parse("--json", "doctor").json is True  # type: ignore[attr-defined]
+    assert parse("doctor", "--json").json is True  # type: ignore[attr-defined]
+    assert parse("doctor").json is False  # type: ignore[attr-defined]
+    assert parse("capsule", "list", "--json").json is True  # type: ignore[attr-defined]
+
+
+def test_exec_takes_the_command_after_double_dash() -> None:
+    args = parse("capsule", "exec", "cap_1", "--timeout-ms", "500", "--", "pytest", "-q", "--json")
+    name, call, label = tool_call(args)  # type: ignore[arg-type]
+    assert name == "capsule_exec"
+    assert call == {"capsule_id": "cap_1", "cmd": ["pytest", "-q", "--json"], "timeout_ms": 500}
+    assert label is not None and "pytest" in label
+
+
+def test_exec_without_a_command_is_a_usage_error() -> None:
+    args = parse("capsule", "exec", "cap_1")
+    with pytest.raises(SystemExit):
+        tool_call(args)  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        parse("doctor", "--", "true")  # '--' belongs to exec and deltamin only
+    assert tool_call(parse("capsule", "exec", "cap_1", "true"))[1]["cmd"] == ["true"]  # type: ignore[arg-type]
+
+
+def test_create_maps_limits_env_and_absolute_workspace(tmp_path: Path) -> None:
+    args = parse("capsule", "create", str(tmp_path), "--memory-mb", "256", "--pids-max", "64",
+                 "--env", "PATH", "--env", "HOME", "--env", "PATH", "--clock-offset-sec", "-60")
+    name, call, _ = tool_call(args)  # type: ignore[arg-type]
+    assert name == "capsule_create"
+    assert call == {"workspace": str(tmp_path), "limits": {"memory_mb": 256, "pids_max": 64},
+                    "env_whitelist": ["HOME", "PATH"], "clock_offset_sec": -60}
+    _, default_call, _ = tool_call(parse("capsule", "create"))  # type: ignore[arg-type]
+    assert default_call["workspace"] == os.getcwd()
+
+
+def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
+    _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--policy", "strict", "--dry-run"))  # type: ignore[arg-type]
+    assert call == {"capsule_id": "cap_1", "dry_run": True, "policies": ["strict"]}
+    _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--no-blobs"))  # type: ignore[arg-type]
+    assert call == {"capsule_id": "cap_1", "include_blobs": False, "compress": "zstd"}
+    _, call, _ = tool_call(parse("capsule", "replay", "wit_0123456789abcdef"))  # type: ignore[arg-type]
+    assert call == {"witness_id": "wit_0123456789abcdef"}
+    witness_file = tmp_path / "w.tar.zst"
+    witness_file.write_bytes(b"")
+    _, call, _ = tool_call(parse("capsule", "replay", str(witness_file)))  # type: ignore[arg-type]
+    assert call == {"path": str(witness_file)}
+    assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat"}  # type: ignore[arg-type]
+    assert tool_call(parse("capsule", "destroy", "cap_1"))[:2] == ("capsule_destroy", {"capsule_id": "cap_1"})  # type: ignore[arg-type]
+    assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})  # type: ignore[arg-type]
+
+
+def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
+    import jsonschema
+
+    from mcp_server.config import TOOLSETS
+    from mcp_server.tools.registry import Registry
+
+    registry = Registry.load(TOOLSETS)
+    commands = [
+        ("capsule", "create", str(tmp_path), "--memory-mb", "1", "--cpu-ms", "5", "--env", "LANG"),
+        ("capsule", "exec", "cap_1", "--cwd", "sub", "--", "true"),
+        ("capsule", "diff", "cap_1"),
+        ("capsule", "promote", "cap_1", "--policy", "baseline"),
+        ("capsule", "witness", "cap_1", "--no-compress"),
+        ("capsule", "replay", "wit_0123456789abcdef"),
+        ("capsule", "list"),
+        ("capsule", "destroy", "cap_1"),
+        ("capsule", "deltamin", "cap_1", "--budget-ms", "5000", "--", "make", "test"),
+    ]
+    for argv in commands:
+        name, call, _ = tool_call(parse(*argv))  # type: ignore[arg-type]
+        spec = registry.lookup(name)
+        assert spec is not None, name
+        jsonschema.Draft202012Validator(spec.input_schema).validate(call)
+
+
+def test_exec_status_follows_timeout_and_signal_conventions() -> None:
+    assert exec_status({"exit_code": 3}) == 3
+    assert exec_status({"exit_code": None, "signal": "SIGKILL"}) == 137
+    assert exec_status({"exit_code": None, "timed_out": True, "signal": "SIGKILL"}) == 124
+    assert exec_status({"exit_code": None, "signal": None}) == 1
+
+
+def test_serve_flags_map_onto_env_vars(tmp_path: Path) -> None:
+    args = parse("serve", "--socket", str(tmp_path / "m.sock"), "--toolsets", "capsule,text")
+    assert serve_env(args) == {"MCP_ENDPOINT": "socket", "MCP_SOCKET_PATH": str(tmp_path / "m.sock"),  # type: ignore[arg-type]
+                               "CCW_TOOLSETS": "capsule,text"}
+    assert serve_env(parse("serve", "--http", "127.0.0.1:9999")) == {  # type: ignore[arg-type]
+        "MCP_ENDPOINT": "http", "CCW_HTTP_ADDR": "127.0.0.1:9999"}
+    assert serve_env(parse("serve")) == {}  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        parse("serve", "--endpoint", "carrier-pigeon")
+
+
+@pytest.mark.parametrize("client", clients.CLIENTS)
+def test_client_config_json_names_the_installed_server(client: str, state_dir: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--state-dir", str(state_dir), "client-config", client, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["client"] == client and document["file"]
+    key = {"codex": "mcp_servers", "vscode": "servers"}.get(client, "mcpServers")
+    server = document["config"][key]["ccw"]
+    assert os.path.isabs(server["command"]) and server["command"].endswith("ccw-mcp")
+    assert server["env"]["CCW_STATE_DIR"] == str(state_dir)
+    if client == "vscode":
+        assert server["type"] == "stdio"
+
+
+def test_client_config_text_forms_parse(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--state-dir", str(state_dir), "client-config", "codex"])
+    codex = tomllib.loads(capsys.readouterr().out)
+    assert codex["mcp_servers"]["ccw"]["env"]["CCW_STATE_DIR"] == str(state_dir)
+    assert codex["mcp_servers"]["ccw"]["args"] == []
+    main(["--state-dir", str(state_dir), "client-config", "cursor"])
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["mcpServers"]["ccw"]["command"].endswith("ccw-mcp")
+    assert "cursor/mcp.json" in captured.err  # where it goes: on stderr, so stdout can be redirected
+
+
+def test_client_config_passes_a_configured_helper_socket(state_dir: Path) -> None:
+    from mcp_server.config import Config
+
+    config = Config.from_env({"CCW_STATE_DIR": str(state_dir), "CCW_HELPER_SOCKET": "/run/x/helper.sock"})
+    assert clients.server_env(config)["CCW_HELPER_SOCKET"] == "/run/x/helper.sock"
+
+
+def test_colour_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    assert use_color(io.StringIO()) is False
+    leader, follower = os.openpty()
+    try:
+        with open(follower, "w", closefd=False) as tty:
+            assert use_color(tty) is True
+            assert use_color(tty, no_color=True) is False
+            monkeypatch.setenv("NO_COLOR", "")
+            assert use_color(tty) is False
+    finally:
+        os.close(leader)
+        os.close(follower)
+
+
+def test_diff_colours_added_and_removed_lines() -> None:
+    diff = "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n same\n"
+    assert color_diff(diff, False) == diff
+    coloured = color_diff(diff, True)
+    assert "\x1b[31m-old\x1b[0m\n" in coloured and "\x1b[32m+new\x1b[0m\n" in coloured
+    assert "\x1b[36m@@ -1 +1 @@\x1b[0m" in coloured and " same\n" in coloured
+    assert coloured.replace("\x1b[1m", "").replace("\x1b[31m", "").replace("\x1b[32m", "") \
+        .replace("\x1b[36m", "").replace("\x1b[0m", "") == diff
+
+
+def test_progress_line_only_for_a_terminal() -> None:
+    progress = Progress("replay", io.StringIO())
+    assert progress.enabled is False
+    progress.update(1, 4, "exec 1 of 4")
+    line = progress.line(0)
+    assert "replay" in line and " 25%" in line and "exec 1 of 4" in line
+    progress.draw(0)
+    assert progress.stream.getvalue() == ""  # type: ignore[attr-defined]
+
+
+def test_doctor_render_puts_the_fix_under_what_is_missing() -> None:
+    report = {
+        "kernel": "6.1", "arch": "x86_64", "euid": 1000, "user": "dev", "mode": "rootless", "can_run": True,
+        "checks": [
+            {"name": "overlayfs", "ok": True, "detail": "mounted", "fix": None, "required_for": "both"},
+            {"name": "fanotify", "ok": False, "detail": "needs CAP_SYS_ADMIN", "fix": "run as root", "required_for": ""},
+        ],
+        "modes": {"privileged": {"ok": False, "detail": "needs root"},
+                  "rootless": {"ok": True, "detail": "user namespace"},
+                  "service": {"ok": None, "detail": "no socket"}},
+    }
+    text = render(report, color=False)
+    lines = text.splitlines()
+    miss = next(i for i, line in enumerate(lines) if "fanotify" in line)
+    assert "MISS" in lines[miss] and lines[miss + 1].strip() == "fix: run as root"
+    assert "capsules can run here: rootless mode" in text and "\x1b" not in text
+    assert "\x1b[31m" in render(report, color=True)
+
+
+def test_doctor_json_on_this_machine(state_dir: Path) -> None:
+    done = subprocess.run([*CCW, "doctor", "--json", "--state-dir", str(state_dir)],
+                          capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout)
+    assert done.returncode == (0 if report["can_run"] else 1), done.stderr
+    assert set(report) == {"kernel", "arch", "euid", "user", "checks", "modes", "mode", "can_run"}
+    assert report["euid"] == os.geteuid()
+    names = [c["name"] for c in report["checks"]]
+    for expected in ("namespace.user", "namespace.mount", "namespace.pid", "namespace.net", "namespace.uts",
+                     "namespace.ipc", "namespace.cgroup", "namespace.time", "overlayfs", "cgroups",
+                     "fanotify", "seccomp", "landlock", "openat2", "libfaketime", "bubblewrap", "helper_service"):
+        assert expected in names
+    for check in report["checks"]:
+        assert set(check) == {"name", "ok", "detail", "fix", "required_for"}
+        assert check["ok"] in (True, False, None) and check["detail"]
+        if check["ok"] is False:
+            assert check["fix"], check  # every missing feature says how to fix it
+    assert set(report["modes"]) == {"privileged", "rootless", "service"}
+    assert report["mode"] in ("privileged", "rootless", "service", None)
+    assert report["can_run"] == (report["mode"] is not None)
+    assert os.listdir(state_dir) == []  # the probes' scratch dirs are gone
+
+
+def test_helper_status_without_a_helper(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--state-dir", str(state_dir), "helper", "status", "--json"]) == 1
+    status = json.loads(capsys.readouterr().out)
+    assert status["running"] is False and status["socket"] == str(state_dir / "helper" / "helper.sock")
+
+
+def test_capsule_command_without_a_helper_and_no_autostart(state_dir: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--state-dir", str(state_dir), "--no-autostart", "capsule", "create", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err and "ccw helper start" in err
