@@ -12,8 +12,8 @@ Order of life (seed 001 §3, §10, §12):
 5. Log ``mcp:shutdown mode=…``, remove the ready file, close the helper client (which
    stops an embedded helper) and the state dir.
 
-Exit status: 0 after a graceful shutdown, 2 when configuration or startup fails (the
-reason is on stderr, with what to change).
+Exit status: 0 after a graceful shutdown, 1 when a second signal cut requests short,
+2 when configuration or startup fails (the reason is on stderr, with what to change).
 """
 
 from __future__ import annotations
@@ -54,7 +54,9 @@ def remove_ready_file(path: str) -> None:
             os.unlink(path)
 
 
-async def _watch_signals(draining: trio.Event, cancel: trio.CancelScope, mode: str) -> None:
+async def _watch_signals(
+    draining: trio.Event, aborted: trio.Event, cancel: trio.CancelScope, mode: str
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if not draining.is_set():
@@ -62,22 +64,24 @@ async def _watch_signals(draining: trio.Event, cancel: trio.CancelScope, mode: s
                 draining.set()
             else:
                 log(f"mcp:abort mode={mode}: second signal, cancelling in-flight requests")
+                aborted.set()
                 cancel.cancel()
                 return
 
 
-async def run(config: Config) -> None:
-    """Serve ``config.endpoint`` until it ends or a signal drains it."""
+async def run(config: Config) -> int:
+    """Serve ``config.endpoint`` until it ends or a signal drains it; the exit status."""
     from mcp_server.transports import http, stdio, unix
 
     state = State(config.state_dir)
     app = CcwServer(config, state)
     transport = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
     draining = trio.Event()
+    aborted = trio.Event()
     ready = False
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, draining, nursery.cancel_scope, config.endpoint)
+            nursery.start_soon(_watch_signals, draining, aborted, nursery.cancel_scope, config.endpoint)
             path = await nursery.start(_serve_then_stop, transport, app, draining, nursery.cancel_scope)
             write_ready_file(config.ready_file)
             ready = True
@@ -92,6 +96,7 @@ async def run(config: Config) -> None:
         with trio.CancelScope(shield=True):
             await app.runtime.aclose()
         state.close()
+    return 1 if aborted.is_set() else 0
 
 
 async def _serve_then_stop(
@@ -116,7 +121,7 @@ def main() -> int:
         log(f"mcp:error {exc.message}")
         return 2
     try:
-        trio.run(run, config)
+        return trio.run(run, config)
     except BaseException as exc:
         failure = _ccw_error_in(exc)
         if failure is None:
@@ -124,7 +129,6 @@ def main() -> int:
         log(f"mcp:error {failure.code}: {failure.message}")
         remove_ready_file(config.ready_file)
         return 2
-    return 0
 
 
 def _ccw_error_in(exc: BaseException) -> CcwError | None:

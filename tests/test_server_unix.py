@@ -114,7 +114,8 @@ def test_oversized_frame_on_socket_keeps_connection(socket_server: ServerProcess
     assert second["id"] == 2 and second["result"]["name"] == "ccw"
 
 
-def test_sigterm_finishes_in_flight_request_then_exits(tmp_path: Path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_in_flight_request_then_exits(tmp_path: Path, signum: signal.Signals):
     server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
     path = server.wait_ready()
 
@@ -125,7 +126,7 @@ def test_sigterm_finishes_in_flight_request_then_exits(tmp_path: Path):
 
             async def on_progress(value, total, message):
                 if not signalled:  # the request is running in the server now
-                    server.signal(signal.SIGTERM)
+                    server.signal(signum)
                     signalled.append(value)
 
             result = await client.call_tool("ccw_info", {"delay_ms": 1500}, progress_callback=on_progress)
@@ -138,7 +139,7 @@ def test_sigterm_finishes_in_flight_request_then_exits(tmp_path: Path):
     assert server.wait() == 0
     assert not os.path.exists(path)
     assert not (tmp_path / "mcp.ready").exists()
-    assert "mcp:draining mode=socket signal=SIGTERM" in server.log
+    assert f"mcp:draining mode=socket signal={signum.name}" in server.log
     assert "mcp:shutdown mode=socket" in server.log
 
 
@@ -230,3 +231,31 @@ def test_deep_pipeline_beyond_the_pending_limit_stays_in_order(socket_server: Se
         return ids
 
     assert trio.run(main) == list(range(count))
+
+
+def test_second_signal_aborts_in_flight_request(tmp_path: Path):
+    from mcp.shared.exceptions import MCPError
+
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    path = server.wait_ready()
+
+    async def main():
+        async with Client(connect(path), mode="legacy") as client:
+            await client.list_tools()
+            signals: list[float] = []
+
+            async def on_progress(value, total, message):
+                if len(signals) < 2:  # first: drain; second: abort
+                    server.signal(signal.SIGTERM)
+                    signals.append(value)
+                    if len(signals) == 1:
+                        server.wait_for_line("mcp:draining")
+
+            with pytest.raises(MCPError):
+                await client.call_tool("ccw_info", {"delay_ms": 10_000}, progress_callback=on_progress)
+
+    trio.run(main)
+    assert server.wait() == 1
+    assert "mcp:abort mode=socket" in server.log
+    assert not os.path.exists(path)
+    assert not (tmp_path / "mcp.ready").exists()
