@@ -111,6 +111,7 @@ class Tracer:
         self._own_mntns = _ns_inode("self")
         self._pids: dict[int, bool] = {}
         self._ns_fd: int | None = None  # the exec's mount namespace, held open (see essay)
+        self._recent: list[int] = []  # live exec pids whose namespace we may hold
         self._proc_fd: int | None = os.open("/proc/self/fd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._prefixes = [self.merged_dir.rstrip("/") + "/"]
         self.read: set[str] = set()
@@ -194,6 +195,8 @@ class Tracer:
             fds = self._handle(buf)
             if fds:
                 _close_all(fds)
+            if self._ns_fd is None:
+                self._hold_namespace()
 
     def _handle(self, buf: bytes) -> list[int]:
         """Record the events in ``buf``; returns their fds, for the caller to close."""
@@ -253,10 +256,29 @@ class Tracer:
             if ns is None:
                 return True
             owned = ns != self._own_mntns
-        if owned and self._ns_fd is None:
-            with contextlib.suppress(OSError):
-                self._ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        if owned:
+            self._recent.append(pid)
+            self._hold_namespace()
         return owned
+
+    def _hold_namespace(self) -> None:
+        """Hold the mount namespace of a live exec process, once it has its own (see essay).
+
+        The jail moves its child into the cgroup *before* the child unshares, so a pid
+        seen early may still be in the helper's namespace: try again on later batches.
+        """
+        del self._recent[:-8]  # the latest few are enough
+        for pid in reversed(self._recent):
+            try:
+                fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            if os.fstat(fd).st_ino == self._own_mntns:
+                os.close(fd)
+                continue
+            self._ns_fd = fd
+            self._recent.clear()
+            return
 
     def _learn(self, path: str, fd: int) -> str | None:
         """Find which suffix of ``path`` names the fd's file under merged_dir; learn the prefix."""
