@@ -428,3 +428,14 @@ def test_text_read_of_too_much_says_to_read_in_parts(ctx: FakeContext, ws: Path)
     assert err.code == "TOO_LARGE" and "lines=[start, end]" in err.message and err.details["total_lines"] == 3000
     part = call(ctx, "text_read", path="/huge.txt", lines=[1, 1001])
     assert part["total_lines"] == 3000 and part["content"].count("\n") == 1000
+
+
+def test_tags_stay_right_across_cached_reads(ctx: FakeContext, ws: Path) -> None:
+    path = ws / "c.txt"
+    for text in ("a\nb\nc\n", "x\ny\nz\n", "a\nb\nc\n"):
+        path.write_text(text)
+        whole = call(ctx, "read_text_file", path="c.txt")
+        lines = text.split("\n")[:-1]
+        assert whole["content"].split("\n") == [f"{n}:{line_tag(t)}|{t}" for n, t in enumerate(lines, 1)]
+        page = call(ctx, "read_text_file", path="c.txt", offset=2, limit=1)  # served from the cached list
+        assert page["content"] == f"2:{line_tag(lines[1])}|{lines[1]}"

@@ -19,6 +19,7 @@ between that ``stat`` and the rename.
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,25 @@ from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError
 
 MAX_READ_CHARS = 2_000_000  # one read stops here and gives next_offset to go on from
+TAG_CACHE_FILES = 32  # whole-file tag lists kept, keyed by file_hash (most recent first out last)
+
+# Agents re-read what they just read; the tags of an unchanged file are a pure function of
+# its bytes, so whole-file tag lists are kept by sha256.  A tag list is small (the two-hex
+# strings are shared objects), so 32 of them cost little even for large files.
+_tag_cache: OrderedDict[str, list[str]] = OrderedDict()
+
+
+def file_tags(digest: str, lines: list[str]) -> list[str]:
+    """Tags of every line of the file whose sha256 is ``digest`` (cached by digest)."""
+    cached = _tag_cache.get(digest)
+    if cached is not None and len(cached) == len(lines):
+        _tag_cache.move_to_end(digest)
+        return cached
+    computed = hashline.tags(lines)
+    _tag_cache[digest] = computed
+    while len(_tag_cache) > TAG_CACHE_FILES:
+        _tag_cache.popitem(last=False)
+    return computed
 
 
 @dataclass
@@ -147,13 +167,17 @@ def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
             if size > MAX_READ_CHARS:
                 lines = lines[: max(kept, 1)]
                 break
-    tag_list = hashline.tags(lines)
+    digest = hashline.file_hash(data)
+    if len(lines) == total or digest in _tag_cache:
+        tag_list = file_tags(digest, doc.lines)[offset - 1 : offset - 1 + len(lines)]
+    else:  # a page of a file not seen whole: tag just the page
+        tag_list = hashline.tags(lines)
     rows = [f"{n}:{tag}|{line}" for n, tag, line in zip(range(offset, offset + len(lines)), tag_list, lines, strict=True)]
     end_line = offset - 1 + len(rows)
     result: dict[str, Any] = {
         "path": found.shown,
         "content": "\n".join(rows),
-        "file_hash": hashline.file_hash(data),
+        "file_hash": digest,
         "total_lines": total,
         "start_line": offset if rows else 0,
         "end_line": end_line,
