@@ -26,6 +26,8 @@ import trio
 from mcp_server.config import Config
 from mcp_server.state import State
 
+ROOTS_TIMEOUT_S = 10.0  # a client that never answers roots/list must not hold a call forever
+
 
 class Runtime:
     """What every call shares: config, state, the lazily opened helper client."""
@@ -91,7 +93,9 @@ async def _ask_roots(session: Any) -> list[str] | None:
     try:
         # session.list_roots() is marked deprecated (roots leave the 2026 era); the
         # request itself is still how 2025-era clients are asked.
-        result = await session.send_request(types.ListRootsRequest(), types.ListRootsResult)
+        result = await session.send_request(
+            types.ListRootsRequest(), types.ListRootsResult, request_read_timeout_seconds=ROOTS_TIMEOUT_S
+        )
     except Exception as exc:  # the client may refuse; roots are advisory
         print(f"mcp:roots unavailable: {exc}", file=sys.stderr, flush=True)
         return None

@@ -17,8 +17,9 @@ A cancelled direct method likewise gets no answer and frees its slot.
 
 Shutdown: when ``draining`` is set, requests read from then on are answered with
 error -32001 ("shutting down"), requests already read are finished and answered, and
-the connection ends once nothing is pending.  End of input (stdin closed, client
-hung up) ends the connection the same way.
+the connection ends once nothing is pending.  End of input (stdin closed, a client's
+half-close) ends the connection the same way.  A peer that stops accepting answers
+(write fails) ends it at once, cancelling its requests: nobody is left to answer.
 """
 
 from __future__ import annotations
@@ -69,8 +70,14 @@ class NdjsonConnection:
                 inner.start_soon(self._read_loop, nursery)
                 inner.start_soon(self._wake_on_drain)
                 while not ((self._input_ended or self.draining.is_set()) and self.order.pending == 0):
+                    if self._broken:
+                        break
                     await self._progress.park()
                 inner.cancel_scope.cancel()
+            if self._broken:
+                # The peer is gone: nobody is left to answer, so stop the work too.
+                nursery.cancel_scope.cancel()
+                return
             # Nothing is pending: closing the SDK's input ends its loop, which closes its
             # output, which ends the pump, which closes ours, which ends the writer.
             await self._to_sdk_send.aclose()
