@@ -259,3 +259,21 @@ def test_second_signal_aborts_in_flight_request(tmp_path: Path):
     assert "mcp:abort mode=socket" in server.log
     assert not os.path.exists(path)
     assert not (tmp_path / "mcp.ready").exists()
+
+
+def test_client_that_hangs_up_mid_request_does_not_wedge_the_server(tmp_path: Path):
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    path = server.wait_ready()
+
+    async def hang_up():
+        stream = await trio.open_unix_socket(path)
+        await stream.send_all(b'{"jsonrpc":"2.0","id":1,"method":"ccw_info","params":{"delay_ms":300}}\n')
+        await stream.aclose()
+
+    try:
+        for _ in range(3):
+            trio.run(hang_up)
+        answers = trio.run(ndjson_session, path, [{"jsonrpc": "2.0", "id": 2, "method": "ccw_info"}])
+        assert answers[0]["result"]["name"] == "ccw"
+    finally:
+        assert server.stop() == 0
