@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -20,20 +21,20 @@ from mcp_server.doctor import render
 CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
 
 
-def parse(*argv: str) -> object:
+def parse(*argv: str) -> argparse.Namespace:
     return parse_args(argv)
 
 
 def test_json_flag_before_or_after_the_command() -> None:
-    assert parse("--json", "doctor").json is True  # type: ignore[attr-defined]
-    assert parse("doctor", "--json").json is True  # type: ignore[attr-defined]
-    assert parse("doctor").json is False  # type: ignore[attr-defined]
-    assert parse("capsule", "list", "--json").json is True  # type: ignore[attr-defined]
+    assert parse("--json", "doctor").json is True
+    assert parse("doctor", "--json").json is True
+    assert parse("doctor").json is False
+    assert parse("capsule", "list", "--json").json is True
 
 
 def test_exec_takes_the_command_after_double_dash() -> None:
     args = parse("capsule", "exec", "cap_1", "--timeout-ms", "500", "--", "pytest", "-q", "--json")
-    name, call, label = tool_call(args)  # type: ignore[arg-type]
+    name, call, label = tool_call(args)
     assert name == "capsule_exec"
     assert call == {"capsule_id": "cap_1", "cmd": ["pytest", "-q", "--json"], "timeout_ms": 500}
     assert label is not None and "pytest" in label
@@ -42,37 +43,37 @@ def test_exec_takes_the_command_after_double_dash() -> None:
 def test_exec_without_a_command_is_a_usage_error() -> None:
     args = parse("capsule", "exec", "cap_1")
     with pytest.raises(SystemExit):
-        tool_call(args)  # type: ignore[arg-type]
+        tool_call(args)
     with pytest.raises(SystemExit):
         parse("doctor", "--", "true")  # '--' belongs to exec and deltamin only
-    assert tool_call(parse("capsule", "exec", "cap_1", "true"))[1]["cmd"] == ["true"]  # type: ignore[arg-type]
+    assert tool_call(parse("capsule", "exec", "cap_1", "true"))[1]["cmd"] == ["true"]
 
 
 def test_create_maps_limits_env_and_absolute_workspace(tmp_path: Path) -> None:
     args = parse("capsule", "create", str(tmp_path), "--memory-mb", "256", "--pids-max", "64",
                  "--env", "PATH", "--env", "HOME", "--env", "PATH", "--clock-offset-sec", "-60")
-    name, call, _ = tool_call(args)  # type: ignore[arg-type]
+    name, call, _ = tool_call(args)
     assert name == "capsule_create"
     assert call == {"workspace": str(tmp_path), "limits": {"memory_mb": 256, "pids_max": 64},
                     "env_whitelist": ["HOME", "PATH"], "clock_offset_sec": -60}
-    _, default_call, _ = tool_call(parse("capsule", "create"))  # type: ignore[arg-type]
+    _, default_call, _ = tool_call(parse("capsule", "create"))
     assert default_call["workspace"] == os.getcwd()
 
 
 def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
-    _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--policy", "strict", "--dry-run"))  # type: ignore[arg-type]
+    _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--policy", "strict", "--dry-run"))
     assert call == {"capsule_id": "cap_1", "dry_run": True, "policies": ["strict"]}
-    _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--no-blobs"))  # type: ignore[arg-type]
+    _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--no-blobs"))
     assert call == {"capsule_id": "cap_1", "include_blobs": False, "compress": "zstd"}
-    _, call, _ = tool_call(parse("capsule", "replay", "wit_0123456789abcdef"))  # type: ignore[arg-type]
+    _, call, _ = tool_call(parse("capsule", "replay", "wit_0123456789abcdef"))
     assert call == {"witness_id": "wit_0123456789abcdef"}
     witness_file = tmp_path / "w.tar.zst"
     witness_file.write_bytes(b"")
-    _, call, _ = tool_call(parse("capsule", "replay", str(witness_file)))  # type: ignore[arg-type]
+    _, call, _ = tool_call(parse("capsule", "replay", str(witness_file)))
     assert call == {"path": str(witness_file)}
-    assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat"}  # type: ignore[arg-type]
-    assert tool_call(parse("capsule", "destroy", "cap_1"))[:2] == ("capsule_destroy", {"capsule_id": "cap_1"})  # type: ignore[arg-type]
-    assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})  # type: ignore[arg-type]
+    assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat"}
+    assert tool_call(parse("capsule", "destroy", "cap_1"))[:2] == ("capsule_destroy", {"capsule_id": "cap_1"})
+    assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})
 
 
 def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
@@ -94,7 +95,7 @@ def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
         ("capsule", "deltamin", "cap_1", "--budget-ms", "5000", "--", "make", "test"),
     ]
     for argv in commands:
-        name, call, _ = tool_call(parse(*argv))  # type: ignore[arg-type]
+        name, call, _ = tool_call(parse(*argv))
         spec = registry.lookup(name)
         assert spec is not None, name
         jsonschema.Draft202012Validator(spec.input_schema).validate(call)
@@ -109,11 +110,11 @@ def test_exec_status_follows_timeout_and_signal_conventions() -> None:
 
 def test_serve_flags_map_onto_env_vars(tmp_path: Path) -> None:
     args = parse("serve", "--socket", str(tmp_path / "m.sock"), "--toolsets", "capsule,text")
-    assert serve_env(args) == {"MCP_ENDPOINT": "socket", "MCP_SOCKET_PATH": str(tmp_path / "m.sock"),  # type: ignore[arg-type]
+    assert serve_env(args) == {"MCP_ENDPOINT": "socket", "MCP_SOCKET_PATH": str(tmp_path / "m.sock"),
                                "CCW_TOOLSETS": "capsule,text"}
-    assert serve_env(parse("serve", "--http", "127.0.0.1:9999")) == {  # type: ignore[arg-type]
+    assert serve_env(parse("serve", "--http", "127.0.0.1:9999")) == {
         "MCP_ENDPOINT": "http", "CCW_HTTP_ADDR": "127.0.0.1:9999"}
-    assert serve_env(parse("serve")) == {}  # type: ignore[arg-type]
+    assert serve_env(parse("serve")) == {}
     with pytest.raises(SystemExit):
         parse("serve", "--endpoint", "carrier-pigeon")
 
@@ -177,13 +178,14 @@ def test_diff_colours_added_and_removed_lines() -> None:
 
 
 def test_progress_line_only_for_a_terminal() -> None:
-    progress = Progress("replay", io.StringIO())
+    stream = io.StringIO()
+    progress = Progress("replay", stream)
     assert progress.enabled is False
     progress.update(1, 4, "exec 1 of 4")
     line = progress.line(0)
     assert "replay" in line and " 25%" in line and "exec 1 of 4" in line
     progress.draw(0)
-    assert progress.stream.getvalue() == ""  # type: ignore[attr-defined]
+    assert stream.getvalue() == ""
 
 
 def test_doctor_render_puts_the_fix_under_what_is_missing() -> None:

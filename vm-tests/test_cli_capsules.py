@@ -1,0 +1,181 @@
+"""The ``ccw`` command end to end as root: capsules survive between CLI processes; doctor here.
+
+Each ``ccw`` invocation is its own process sharing one state dir, so the capsule made by
+``create`` must still be there for ``exec``, ``diff``, ``promote``: the detached helper
+started by the first command serves them all (same pid throughout) until ``helper stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
+
+
+def ccw(state: Path, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_")) or k == "CCW_MUST_WORK"}
+    env["CCW_STATE_DIR"] = str(state)
+    done = subprocess.run([*CCW, *argv], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    if check:
+        assert done.returncode == 0, f"ccw {shlex.join(argv)}: {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture
+def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
+    """A state dir whose detached helper is stopped (and checked gone) at the end."""
+    state_dir = tmp_path / "state"
+    yield state_dir
+    stopped = ccw(state_dir, "helper", "stop", "--json", check=False)
+    assert stopped.returncode == 0, stopped.stderr
+    assert ccw(state_dir, "helper", "status", check=False).returncode == 1
+    with open("/proc/self/mountinfo") as f:
+        assert str(state_dir) not in f.read()
+
+
+def test_capsule_lifecycle_across_cli_processes(state: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("hello\n")
+
+    capsule_id = ccw(state, "capsule", "create", str(workspace)).stdout.strip()
+    assert capsule_id.startswith("cap_")
+    helper = json.loads(ccw(state, "helper", "status", "--json").stdout)
+    assert helper["running"] is True and helper["mode"] == "privileged" and helper["pid"] > 1
+
+    ran = ccw(state, "capsule", "exec", capsule_id, "--",
+              "sh", "-c", "echo out; echo err >&2; echo changed > a.txt; echo new > b.txt; exit 3", check=False)
+    assert ran.returncode == 3, ran.stderr
+    assert ran.stdout == "out\n" and "err\n" in ran.stderr
+    assert (workspace / "a.txt").read_text() == "hello\n"  # the live tree is untouched
+
+    listed = json.loads(ccw(state, "capsule", "list", "--json").stdout)
+    assert [c["capsule_id"] for c in listed["capsules"]] == [capsule_id]
+    assert listed["capsules"][0]["execs"] == 1
+
+    diff = ccw(state, "capsule", "diff", capsule_id).stdout  # piped: plain
+    assert "\x1b[" not in diff
+    assert "-hello\n+changed\n" in diff and "+new\n" in diff
+    assert "1 added, 1 modified, 0 deleted" in ccw(state, "capsule", "diff", capsule_id).stderr
+
+    dry = ccw(state, "capsule", "promote", capsule_id, "--policy", "baseline", "--dry-run")
+    assert dry.stdout.split() == ["a.txt", "b.txt"] and "would promote" in dry.stderr
+    assert not (workspace / "b.txt").exists()
+
+    witness_id, witness_path = ccw(state, "capsule", "witness", capsule_id).stdout.split()
+    assert witness_id.startswith("wit_") and Path(witness_path).is_file()
+    replay = ccw(state, "capsule", "replay", witness_id)
+    assert replay.stdout.strip() == "replay_ok"
+
+    promoted = json.loads(ccw(state, "capsule", "promote", capsule_id, "--json").stdout)
+    assert promoted["promoted"] is True and promoted["applied"] == ["a.txt", "b.txt"]
+    assert (workspace / "a.txt").read_text() == "changed\n" and (workspace / "b.txt").read_text() == "new\n"
+
+    assert ccw(state, "capsule", "destroy", capsule_id).stdout.strip() == f"destroyed {capsule_id}"
+    assert json.loads(ccw(state, "capsule", "list", "--json").stdout)["capsules"] == []
+    after = json.loads(ccw(state, "helper", "status", "--json").stdout)
+    assert after["pid"] == helper["pid"]  # one helper served every command
+
+
+def test_capsule_errors_are_reported_with_codes(state: Path, tmp_path: Path) -> None:
+    missing = ccw(state, "capsule", "exec", "cap_0000000000000_00000000", "--", "true", check=False)
+    assert missing.returncode == 1 and "ccw: NOT_FOUND" in missing.stderr
+    bad = ccw(state, "capsule", "destroy", "not-a-capsule", check=False)
+    assert bad.returncode == 2 and "input schema" in bad.stderr
+
+
+def test_doctor_as_root_reports_privileged_and_everything_here(root_required: None,
+                                                               require: Callable[[bool, str], None]) -> None:
+    done = subprocess.run([*CCW, "doctor", "--json"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mode"] == "privileged" and report["can_run"] is True
+    assert report["modes"]["privileged"]["ok"] is True
+    checks = {c["name"]: c for c in report["checks"]}
+    for name in ("namespace.user", "namespace.mount", "namespace.pid", "namespace.net", "namespace.uts",
+                 "namespace.ipc", "namespace.cgroup", "overlayfs", "fanotify", "seccomp", "openat2"):
+        assert checks[name]["ok"] is True, checks[name]
+    require(checks["namespace.time"]["ok"] is True, "this kernel has no time namespace")
+    assert checks["cgroups"]["ok"] is True, checks["cgroups"]
+    assert not [c for c in report["checks"] if c["ok"] is False]
+    text = subprocess.run([*CCW, "doctor"], capture_output=True, text=True, timeout=120).stdout
+    assert "capsules can run here: privileged mode" in text and "\x1b[" not in text
+
+
+def _as_user_command(user: str, argv: list[str], keep_dirs: list[str]) -> list[str]:
+    # The interpreter may live under a directory other users cannot search (/root/.pyenv):
+    # in a private mount namespace, put a 0755 tmpfs over each such directory with just
+    # the needed child bound back, then drop to the user.
+    needed = [os.path.realpath(sys.executable), sys.base_prefix, sys.prefix, str(ROOT)]
+    lines = ["set -e"]
+    seen: set[str] = set()
+    for path in needed:
+        parts = Path(path).parts
+        for depth in range(1, len(parts) - 1):
+            directory = os.path.join(*parts[:depth])
+            if os.stat(directory).st_mode & 0o001:
+                continue
+            if directory not in seen:
+                seen.add(directory)
+                keep = tempfile.mkdtemp(prefix="ccw-cli-keep-")
+                keep_dirs.append(keep)  # removed by the caller once the namespace is gone
+                lines += [f"mount --bind {shlex.quote(directory)} {shlex.quote(keep)}",
+                          f"mount -t tmpfs -o mode=0755 ccw-cli-test {shlex.quote(directory)}"]
+                child = parts[depth]
+                lines.append(f"mkdir -p {shlex.quote(os.path.join(directory, child))} && mount --bind "
+                             f"{shlex.quote(os.path.join(keep, child))} {shlex.quote(os.path.join(directory, child))}")
+            break
+    lines.append(f"exec setpriv --reuid={user} --regid={user} --init-groups -- {shlex.join(argv)}")
+    return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", "\n".join(lines)]
+
+
+@pytest.fixture
+def unprivileged_user(root_required: None, require: Callable[[bool, str], None]) -> Iterator[str]:
+    """A throwaway system user (removed afterwards)."""
+    require(all(shutil.which(t) for t in ("useradd", "userdel", "setpriv", "unshare")),
+            "needs useradd, setpriv and unshare")
+    name = f"ccwcli{uuid.uuid4().hex[:6]}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=True)
+
+
+def test_doctor_as_an_unprivileged_user_reports_rootless_and_fixes(unprivileged_user: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.chown(home, unprivileged_user, unprivileged_user)
+    os.chmod(tmp_path, 0o755)
+    argv = ["env", f"HOME={home}", f"CCW_STATE_DIR={home}/state", *CCW, "doctor", "--json"]
+    keep_dirs: list[str] = []
+    try:
+        done = subprocess.run(_as_user_command(unprivileged_user, argv, keep_dirs), capture_output=True,
+                              text=True, timeout=120, cwd="/")
+    finally:
+        for keep in keep_dirs:
+            os.rmdir(keep)
+    report = json.loads(done.stdout)
+    assert report["euid"] != 0 and report["user"] == unprivileged_user
+    checks = {c["name"]: c for c in report["checks"]}
+    assert report["modes"]["privileged"]["ok"] is False
+    if checks["namespace.user"]["ok"]:
+        assert report["mode"] == "rootless" and done.returncode == 0, done.stderr
+        assert checks["overlayfs"]["ok"] is True and "userxattr" in checks["overlayfs"]["detail"]
+        assert "inside a user namespace" in checks["namespace.net"]["detail"]
+    else:  # user namespaces are off: the fix names the sysctl
+        assert "sysctl" in checks["namespace.user"]["fix"] or "root" in checks["namespace.user"]["fix"]
+    assert checks["fanotify"]["ok"] is False and "root" in checks["fanotify"]["fix"]
+    assert checks["cgroups"]["ok"] is False and "delegat" in checks["cgroups"]["fix"]
