@@ -51,9 +51,6 @@ TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, m
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
 SHUTTING_DOWN = -32001  # a request read while draining for shutdown
 
-PROTOCOL_ERAS = ("2025-11-25", "2026-07-28")
-TRANSPORTS = ("stdio", "socket", "http")
-
 
 def log(line: str) -> None:
     """One diagnostic line on stderr (stdout is for frames only)."""
@@ -296,8 +293,3 @@ def _template_regex(template: str) -> re.Pattern[str]:
         pos = match.end()
     pattern += re.escape(template[pos:])
     return re.compile(pattern)
-
-
-def build(config: Config, state: State | None = None) -> CcwServer:
-    """A CcwServer for ``config`` (opening the state dir unless given)."""
-    return CcwServer(config, state if state is not None else State(config.state_dir))
