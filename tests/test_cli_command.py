@@ -241,3 +241,15 @@ def test_capsule_command_without_a_helper_and_no_autostart(state_dir: Path, tmp_
     assert main(["--state-dir", str(state_dir), "--no-autostart", "capsule", "create", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err and "ccw helper start" in err
+
+
+def test_serve_runs_the_mcp_server_on_stdio(state_dir: Path, tmp_path: Path) -> None:
+    request = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "policy_list", "params": {}}) + "\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
+    done = subprocess.run([*CCW, "--state-dir", str(state_dir), "serve", "--endpoint", "stdio",
+                           "--ready-file", str(tmp_path / "ready")],
+                          input=request, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout.splitlines()[0])
+    assert reply["id"] == 7 and "policies" in reply["result"]
+    assert f"state_dir={state_dir}" in done.stderr and "mcp:ready mode=stdio" in done.stderr
