@@ -86,3 +86,21 @@ def tools(tmp_path: Path, root_required: None) -> ToolRunner:
     state = tmp_path / "state"
     state.mkdir()
     return ToolRunner(state)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Print the counts the security suites record (``record_property("escapes_tried", 1)``).
+
+    Any user property whose name ends in ``_tried`` is summed over the run and printed as
+    "escapes tried: N" (issue 9 asks for the count of escapes tried at the end of the run).
+    """
+    totals: dict[str, int] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) != "call":
+                continue
+            for key, value in getattr(report, "user_properties", ()):
+                if isinstance(key, str) and key.endswith("_tried"):
+                    totals[key] = totals.get(key, 0) + int(value)
+    for key in sorted(totals):
+        terminalreporter.write_line(f"{key.replace('_', ' ')}: {totals[key]}")
