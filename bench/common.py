@@ -47,7 +47,7 @@ class Row:
         """ccw / baseline, or None without a baseline."""
         if self.baseline_ms in (None, 0):
             return None
-        return self.ccw_ms / self.baseline_ms  # type: ignore[operator]
+        return self.ccw_ms / self.baseline_ms
 
 
 @dataclass
