@@ -16,7 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.mcp_process import CCW_MCP, ServerProcess, server_env
 
-ERAS = ["legacy", "2026-07-28"]
+ERAS = ["legacy", "2026-07-28", "auto"]  # auto: the client probes server/discover
 
 
 def check_output(tools: dict[str, dict], name: str, result) -> dict:
