@@ -384,3 +384,7 @@ def test_multi_op_edits_match_a_naive_model(case: tuple[list[str], list[dict[str
         raise AssertionError(f"{ops}: {exc.message}") from exc
     assert result.doc.lines == model
     assert result.text == "".join(line + "\n" for line in model)
+    assert result.tags is None
+    # Given the old tags (as a cache would), the new ones are spliced, not recomputed.
+    spliced = edit(data, file_hash(data), ops, "f", known_tags=tags(lines))
+    assert spliced.tags == tags(model)

@@ -121,8 +121,9 @@ def test_read_edit_reread(ctx: FakeContext, ws: Path, data: bytes) -> None:
     assert (ws / "f.txt").read_bytes() == want.encode()
     assert out["file_hash"] == hashlib.sha256(want.encode()).hexdigest()
     assert out["context"] == [f"1:{line_tag('a')}|a", f"2:{line_tag('B')}|B", f"3:{line_tag('c')}|c", f"4:{line_tag('d')}|d"]
-    again = call(ctx, "read_text_file", path=str(ws / "f.txt"))
+    again = call(ctx, "read_text_file", path=str(ws / "f.txt"))  # tags spliced by the edit
     assert again["file_hash"] == out["file_hash"]
+    assert again["content"].split("\n") == [f"{n}:{line_tag(t)}|{t}" for n, t in enumerate(["a", "B", "c", "d"], 1)]
 
 
 def test_read_offset_limit_and_empty_file(ctx: FakeContext, ws: Path) -> None:

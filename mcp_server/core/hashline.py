@@ -277,6 +277,7 @@ class EditResult:
     doc: TextDoc
     moved: list[dict[str, Any]]
     regions: list[tuple[int, int]]  # where the changes landed: 0-based half-open line spans
+    tags: list[str] | None = None  # every tag of the new text, when the old tags were known
 
 
 def _context(doc: TextDoc, tag_list: Sequence[str], line: int) -> list[str]:
@@ -383,11 +384,14 @@ def _overlap(a: Change, b: Change, why: str) -> None:
     )
 
 
-def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> tuple[TextDoc, list[tuple[int, int]]]:
+def apply_changes(
+    doc: TextDoc, changes: Sequence[Change], old_tags: list[str] | None = None
+) -> tuple[TextDoc, list[tuple[int, int]], list[str] | None]:
     """Build the new document from resolved, non-overlapping changes.
 
-    Also returns where each change landed in the new document: 0-based half-open line
-    spans (empty for a delete), in file order, so a caller can show the fresh tags there.
+    Also returns where each change landed in the new document (0-based half-open line
+    spans, empty for a delete, in file order) and, when the old document's tags are given,
+    the new document's tags: the old ones for kept lines, fresh ones for new lines.
     """
     # (position in the original, order at that position, lines to put, original lines to skip)
     edits: list[tuple[int, int, list[str], int]] = []
@@ -405,6 +409,7 @@ def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> tuple[TextDoc, lis
     lines: list[str] = []
     endings: list[str] = []
     regions: list[tuple[int, int]] = []
+    new_tags: list[str] | None = [] if old_tags is not None else None
     pos = 0
     for at, _, new, skip in edits:
         lines += doc.lines[pos:at]
@@ -412,13 +417,18 @@ def apply_changes(doc: TextDoc, changes: Sequence[Change]) -> tuple[TextDoc, lis
         regions.append((len(lines), len(lines) + len(new)))
         lines += new
         endings += [eol] * len(new)
+        if new_tags is not None and old_tags is not None:
+            new_tags += old_tags[pos:at]
+            new_tags += tags(new)
         pos = at + skip
     lines += doc.lines[pos:]
     endings += old_endings[pos:]
+    if new_tags is not None and old_tags is not None:
+        new_tags += old_tags[pos:]
     if endings:
         # Keep the file's final-newline state; an empty file gets one (nothing to keep).
         endings[-1] = endings[-1] if (doc.final_newline or not doc.lines) else ""
-    return TextDoc(lines, endings, eol), regions
+    return TextDoc(lines, endings, eol), regions, new_tags
 
 
 def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence[str], ops: Sequence[Op], path: str) -> None:
@@ -444,18 +454,28 @@ def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence
     )
 
 
-def edit(data: bytes, expected_hash: str, raw_ops: Sequence[dict[str, Any] | str], path: str) -> EditResult:
-    """Apply a hashline edit to a file's bytes; every check happens before any change."""
+def edit(
+    data: bytes,
+    expected_hash: str,
+    raw_ops: Sequence[dict[str, Any] | str],
+    path: str,
+    known_tags: list[str] | None = None,
+) -> EditResult:
+    """Apply a hashline edit to a file's bytes; every check happens before any change.
+
+    ``known_tags``: the tags of ``data``'s lines if the caller has them (a cache keyed by
+    the file's hash); then the result carries the new text's tags too, at little cost.
+    """
     if not raw_ops:
         raise CcwError("INVALID_ARGUMENT", "ops is empty; give at least one op.", {"path": path})
     ops = [parse_op(raw, i) for i, raw in enumerate(raw_ops)]
     doc = split_text(decode_text(data, path))
-    tag_list = LazyTags(doc.lines)
+    tag_list = LazyTags(doc.lines, known_tags)
     check_file_hash(expected_hash, data, doc, tag_list, ops, path)
     changes = resolve_ops(ops, doc, tag_list)
-    new_doc, regions = apply_changes(doc, changes)
+    new_doc, regions, new_tags = apply_changes(doc, changes, tag_list.complete)
     moved = [m for c in changes for m in c.moved]
-    return EditResult(new_doc.render(), new_doc, moved, regions)
+    return EditResult(new_doc.render(), new_doc, moved, regions, new_tags)
 
 
 def context_after(result: EditResult, around: int = 1, limit: int = 200) -> list[str]:

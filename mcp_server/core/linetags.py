@@ -111,9 +111,15 @@ class LazyTags(Sequence[str]):
     whole list is computed (once) only to find a moved line or to explain a failure.
     """
 
-    def __init__(self, lines: Sequence[str]) -> None:
+    def __init__(self, lines: Sequence[str], known: list[str] | None = None) -> None:
         self._lines = lines
-        self._all: list[str] | None = None
+        # ``known``: the tags already computed for exactly these lines (e.g. cached by hash).
+        self._all: list[str] | None = known if known is not None and len(known) == len(lines) else None
+
+    @property
+    def complete(self) -> list[str] | None:
+        """Every tag, if they are already known; None otherwise (nothing is computed)."""
+        return self._all
 
     def __len__(self) -> int:
         return len(self._lines)

@@ -48,10 +48,16 @@ def file_tags(digest: str, lines: list[str]) -> list[str]:
         _tag_cache.move_to_end(digest)
         return cached
     computed = hashline.tags(lines)
-    _tag_cache[digest] = computed
+    remember_tags(digest, computed)
+    return computed
+
+
+def remember_tags(digest: str, tag_list: list[str]) -> None:
+    """Keep a file's tag list under its sha256, dropping the least recently used."""
+    _tag_cache[digest] = tag_list
+    _tag_cache.move_to_end(digest)
     while len(_tag_cache) > TAG_CACHE_FILES:
         _tag_cache.popitem(last=False)
-    return computed
 
 
 @dataclass
@@ -192,13 +198,17 @@ def _edit_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     reread = "Call read_text_file again and retry with the new tags and file_hash."
     before = file_identity_or_missing(found)
     data = read_file(found.view, found.rel, found.shown, "edit_text_file edits existing files; create it first")
-    result = hashline.edit(data, args["file_hash"], args["ops"], found.shown)
+    known = _tag_cache.get(hashline.file_hash(data))
+    result = hashline.edit(data, args["file_hash"], args["ops"], found.shown, known)
     new_data = result.text.encode("utf-8")
+    new_digest = hashline.file_hash(new_data)
     if new_data != data:
         write_checked(found, before, new_data, reread)
+    if result.tags is not None:
+        remember_tags(new_digest, result.tags)  # the agent's next read of this file is cheap
     return {
         "path": found.shown,
-        "file_hash": hashline.file_hash(new_data),
+        "file_hash": new_digest,
         "total_lines": len(result.doc.lines),
         "applied": len(args["ops"]),
         "moved": result.moved,
