@@ -129,7 +129,8 @@ class _Subject:
         self.path = path
         self.flip = False
         self.last_args: dict[str, Any] = {}
-        self.times: dict[str, list[float]] = {"read": [], "edit": [], "reread": []}
+        self.times: dict[str, list[float]] = {"read": [], "edit": [], "reread": [], "cold": []}
+        self.outside_writes = 0
         self.results: dict[str, Any] = {}
 
     async def read(self) -> Any:
@@ -143,9 +144,19 @@ class _Subject:
     async def edit(self) -> Any:
         raise NotImplementedError
 
+    async def outside_write(self) -> None:
+        """Another process changes the file (untimed): nothing about it can be cached."""
+        self.outside_writes += 1
+        path = trio.Path(self.path)
+        lines = (await path.read_text()).split("\n")
+        lines[100] = f"    # changed from outside, {self.outside_writes} times"
+        await path.write_text("\n".join(lines))
+
     async def timed(self, what: str) -> None:
         if what == "reread":
-            await self.edit()  # untimed: the file changed, so nothing about it is cached
+            await self.edit()  # untimed: the agent edits, then reads the file again
+        elif what == "cold":
+            await self.outside_write()
         start = time.perf_counter()
         self.results[what] = await (self.edit() if what == "edit" else self.read())
         self.times[what].append(time.perf_counter() - start)
@@ -159,6 +170,8 @@ class _Subject:
             "edit_args_bytes": len(json.dumps(self.last_args)),
             "reread_ms": statistics.median(self.times["reread"]) * 1000.0,
             "reread_bytes": _text_bytes(self.results["reread"]),
+            "cold_ms": statistics.median(self.times["cold"]) * 1000.0,
+            "cold_bytes": _text_bytes(self.results["cold"]),
         }
 
 
@@ -204,7 +217,7 @@ async def _interleaved(subjects: dict[str, _Subject], repeat: int) -> dict[str, 
     for subject in subjects.values():
         await subject.prepare()
         await subject.edit()  # warm-up
-    for what in ("read", "edit", "reread"):
+    for what in ("read", "edit", "reread", "cold"):  # "cold" last: it makes ccw's file_hash stale
         for _ in range(repeat):
             for subject in subjects.values():
                 await subject.timed(what)
@@ -247,8 +260,8 @@ def _in_process(path: Path, repeat: int) -> list[Row]:
 
         edit_ms, _ = await _median(edit, repeat)
         return [
-            Row(name=f"read_text_file {LINES} lines, unchanged (handler only)", ccw_ms=read_ms),
-            Row(name=f"edit_text_file 1 line, {LINES} lines (handler only)", ccw_ms=edit_ms,
+            Row(name=f"read {LINES} lines: unchanged (handler)", ccw_ms=read_ms),
+            Row(name=f"edit 1 of {LINES} lines (handler)", ccw_ms=edit_ms,
                 extra={"includes": "fsync of the file and its directory (the reference does not fsync)"}),
         ]
 
@@ -330,11 +343,13 @@ def run(quick: bool = False) -> Report:
             _stop(proc)
         ref = results.get("reference")
         names = {
-            "read": f"read_text_file {LINES} lines, unchanged",
-            "edit": f"edit_text_file 1 line, {LINES} lines",
-            "reread": f"read_text_file {LINES} lines, after an edit",
+            "read": f"read {LINES} lines: unchanged",
+            "edit": f"edit 1 of {LINES} lines",
+            "reread": f"read {LINES} lines: after own edit",
+            "cold": f"read {LINES} lines: outside change",
         }
-        for op, ref_tool in (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file")):
+        ops = (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file"), ("cold", "read_text_file"))
+        for op, ref_tool in ops:
             for transport in ("socket", "stdio"):
                 ours = results[transport]
                 extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
@@ -359,8 +374,9 @@ def run(quick: bool = False) -> Report:
             "calls interleaved round by round; reference over stdio (it has no socket transport)"
         )
         report.notes.append(
-            "ccw keeps whole-file tag lists by file_hash, so re-reading an unchanged file skips tagging; "
-            "'after an edit' rows read a file changed since its last read (nothing cached)"
+            "ccw keeps whole-file tag lists by file_hash: re-reading an unchanged file skips tagging, and "
+            "an edit splices the new tags in; 'after outside change' reads a file another process "
+            "rewrote (nothing cached: the cold cost)"
         )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
