@@ -9,9 +9,14 @@ One 10,000-line file.  Measured with the SDK's own client (``mcp.Client``), in o
   ``npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem``.
 
 Each figure is the median round trip of a ``tools/call`` on an already-initialised
-session.  "bytes" are what the agent receives (the text content of the result) and what
-it must send (the arguments).  The edit toggles one line back and forth so every call
-does real work; ccw's next ``file_hash`` comes from the previous edit's result.
+session; the three servers run side by side and are called in turn, round by round, so
+load from elsewhere hits them alike.  "bytes" are what the agent receives (the text
+content of the result) and what it must send (the arguments).  The edit toggles one line
+back and forth so every call does real work; ccw's next ``file_hash`` and anchor come
+from the previous edit's result.  Reads are measured three ways, because ccw caches tag
+lists by file hash: the file unchanged since the last read, just edited by the agent
+(tags spliced by the edit), and rewritten by another process (nothing cached).  The
+"handler" rows call ccw's handlers in-process, to show what the transport adds.
 """
 
 from __future__ import annotations
