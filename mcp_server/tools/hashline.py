@@ -13,6 +13,11 @@ A writer that changes the file between our read and our rename is detected by a 
 rather than clobbering the other write.  The window left is the few microseconds
 between that ``stat`` and the rename.
 
+Tags are a pure function of the file's bytes, so whole-file tag lists are kept for the
+last few files, keyed by ``file_hash``: re-reading an unchanged file skips tagging, and an
+edit of a file whose tags are kept splices the new tags in (kept lines keep theirs), so
+the agent's usual read → edit → re-read tags each line once.
+
 ``target`` is shared with the RootSpace tools (``mcp_server/tools/rootspace.py``).
 """
 
