@@ -75,6 +75,7 @@ async def run(config: Config) -> int:
 
     state = State(config.state_dir)
     app = CcwServer(config, state)
+    app.startup()
     transport = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
     draining = trio.Event()
     aborted = trio.Event()

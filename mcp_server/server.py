@@ -102,6 +102,19 @@ class CcwServer:
             self.sdk, read_stream, write_stream, lifespan_state={}, init_options=self.init_options
         )
 
+    def startup(self) -> None:
+        """Work due before the first request: finish or undo interrupted promotions (no
+        workspace stays half-promoted after a crash) and read the schema files (seed 001:
+        files are read at start only)."""
+        from mcp_server.core.promote import Promoter
+
+        for outcome in Promoter(self.state.root).recover():
+            log(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
+        if "schema" in self.config.toolsets:
+            from mcp_server.tools import schemas
+
+            schemas.warm(self.config, log)
+
     def is_direct_method(self, method: str) -> bool:
         """True when ``method`` names a tool (or alias) rather than an MCP method."""
         if method in spec_methods.SPEC_CLIENT_METHODS or method.startswith("notifications/"):

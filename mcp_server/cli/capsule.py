@@ -58,6 +58,7 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], label: str 
     state = State(config.state_dir)
     try:
         app = CcwServer(config, state)
+        app.startup()
         spec = app.registry.lookup(name)
         assert spec is not None, f"tool {name} is not registered"
         progress = Progress(label) if label else None
