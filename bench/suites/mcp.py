@@ -8,8 +8,10 @@ Measured in one run, against a real ``ccw-mcp`` process (``MCP_ENDPOINT=socket``
 * ``ccw_info`` through ``tools/call`` with the SDK's client (2025-11-25 handshake era);
 * requests/s with 4 connections each pipelining direct-method requests.
 
-The capsule rows (``capsule_create``, ``capsule_exec`` of /bin/true beside the helper's
-own figures) are added when the capsule tools land.
+* ``capsule_create`` and ``capsule_exec`` of /bin/true end to end (direct methods over
+  the unix socket), each beside the same operation sent straight to the helper the
+  front end started (its IPC socket), in the same run: the front end's overhead as a
+  ratio.  Targets: exec <= 2x the helper's own, create <= 10 ms median.  Needs root.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
     env.update(
         MCP_ENDPOINT="socket", MCP_SOCKET_PATH=str(tmp / "mcp.sock"), MCP_READY_FILE=str(tmp / "ready"),
-        CCW_STATE_DIR=str(tmp / "state"), CCW_TOOLSETS="server",
+        CCW_STATE_DIR=str(tmp / "state"), CCW_TOOLSETS="server,capsule",
     )
     proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.stderr is not None
@@ -116,6 +118,57 @@ async def _in_process(state_dir: Path, count: int) -> list[float]:
     return times
 
 
+async def _call(stream: Any, buffer: list[bytes], request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode() + b"\n")
+    while b"\n" not in buffer[0]:
+        buffer[0] += await stream.receive_some(1 << 20)
+    line, buffer[0] = buffer[0].split(b"\n", 1)
+    reply: dict[str, Any] = json.loads(line)
+    if "result" not in reply:
+        raise RuntimeError(f"{method} failed: {reply}")
+    return reply["result"]
+
+
+async def _capsules(path: str, state_dir: Path, workspace: Path, count: int) -> dict[str, list[float]]:
+    """capsule_create / capsule_exec through the front end, then the same on the helper."""
+    from mcp_server.helper import HelperClient
+
+    out: dict[str, list[float]] = {"create": [], "exec": [], "helper_create": [], "helper_exec": []}
+    stream = await trio.open_unix_socket(path)
+    buffer = [b""]
+    created = []
+    async with stream:
+        for i in range(count):
+            start = time.perf_counter()
+            cap = await _call(stream, buffer, i, "capsule_create", {"workspace": str(workspace)})
+            out["create"].append(time.perf_counter() - start)
+            created.append(cap["capsule_id"])
+        target = created[0]
+        for i in range(count):
+            start = time.perf_counter()
+            ran = await _call(stream, buffer, 10_000 + i, "capsule_exec", {"capsule_id": target, "cmd": ["/bin/true"]})
+            out["exec"].append(time.perf_counter() - start)
+            assert ran["exit_code"] == 0
+        helper = HelperClient(str(state_dir / "helper" / "helper.sock"))
+        try:
+            env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+            for _ in range(count):
+                start = time.perf_counter()
+                cap = await helper.request("create", {"workspace": str(workspace)})
+                out["helper_create"].append(time.perf_counter() - start)
+                created.append(cap["capsule_id"])
+            for _ in range(count):
+                start = time.perf_counter()
+                await helper.request("exec", {"capsule_id": target, "argv": ["/bin/true"], "cwd": str(workspace),
+                                              "env": env, "timeout_ms": 60_000})
+                out["helper_exec"].append(time.perf_counter() - start)
+            for capsule_id in created:
+                await helper.request("destroy", {"capsule_id": capsule_id})
+        finally:
+            await helper.aclose()
+    return out
+
+
 def _median_ms(times: list[float]) -> float:
     return statistics.median(times[len(times) // 10 :]) * 1000  # first 10%: warm-up
 
@@ -132,6 +185,10 @@ def run(quick: bool = False) -> Report:
             local = trio.run(_in_process, tmp / "state-local", count)
             sdk = trio.run(_sdk_calls, path, count // 4)
             rate = trio.run(_pipelined, path, 4, count)
+            workspace = tmp / "ws"
+            workspace.mkdir()
+            (workspace / "file.txt").write_text("x\n")
+            capsules = trio.run(_capsules, path, tmp / "state", workspace, 20 if quick else 100)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
@@ -143,5 +200,11 @@ def run(quick: bool = False) -> Report:
                    baseline="direct method, unix socket", baseline_ms=_median_ms(direct)))
     extra: dict[str, Any] = {"requests_per_s": round(rate), "connections": 4, "pipelined_per_connection": count}
     report.add(Row("pipelined ccw_info (ms per request)", 1000.0 / rate, extra=extra))
+    report.add(Row("capsule_create end to end, unix socket", _median_ms(capsules["create"]),
+                   baseline="helper create over its IPC", baseline_ms=_median_ms(capsules["helper_create"]),
+                   target="<= 10 ms"))
+    report.add(Row("capsule_exec /bin/true end to end, unix socket", _median_ms(capsules["exec"]),
+                   baseline="helper exec over its IPC", baseline_ms=_median_ms(capsules["helper_exec"]),
+                   target="<= 2x"))
     report.notes.append("medians over the run after a 10% warm-up; ratios compare figures from this run")
     return report

@@ -19,6 +19,7 @@ import os
 import socket
 import stat
 from collections.abc import AsyncIterator
+from typing import Any
 
 import trio
 
@@ -109,7 +110,7 @@ def _unlink(path: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def connect(path: str) -> AsyncIterator[tuple[object, object]]:
+async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
     """Client side: an SDK ``Transport`` (read, write streams) over a unix socket.
 
     Usable as ``mcp.Client(connect(path))``; the tests and the benchmark use it.
