@@ -218,3 +218,25 @@ def test_parent_escape_in_patch_is_refused() -> None:
     with pytest.raises(CcwError) as info:
         parse_patch(b"--- a/../x\n+++ b/../x\n@@ -1 +1 @@\n-a\n+b\n")
     assert info.value.code == "PERMISSION_DENIED"
+
+
+def test_binary_literal_patches_agree_with_git(tmp_path: Path) -> None:
+    from mcp_server.core.unidiff import FileChange, render_all
+
+    repo = tmp_path / "bin"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    old, new = bytes(range(256)) * 4, b"\0new binary\0" * 50
+    (repo / "img.bin").write_bytes(old)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "bin")
+    base = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    patch = render_all([
+        FileChange("img.bin", old, new, 0o100644, 0o100644),
+        FileChange("added.bin", None, b"\0\1\2", None, 0o100644),
+    ])
+    assert _check(repo, base, patch) == (True, True)
+    (repo / "img.bin").write_bytes(old + b"drift")
+    git(repo, "commit", "-qam", "drift")
+    drifted = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    assert _check(repo, drifted, patch) == (False, True)

@@ -38,12 +38,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_server.core.paths import normalize, path_key
+from mcp_server.core.unidiff import git_blob_id
 from sandbox.errors import CcwError
 
 MODE_FILE = 0o100644
 MODE_EXEC = 0o100755
 MODE_LINK = 0o120000
 
+_NULL_OID = "0" * 40
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -73,6 +75,7 @@ class FilePatch:
     is_copy: bool = False
     hunks: list[Hunk] = field(default_factory=list)
     binary: bytes | None = None  # literal new content of a binary patch
+    old_oid: str = ""  # from the "index" line; binary patches need it in full
     binary_unsupported: bool = False
 
     @property
@@ -194,6 +197,7 @@ def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
             patch.is_new, patch.new_mode = True, int(line[14:], 8)
         elif line.startswith(b"index "):
             parts = line.split(b" ")
+            patch.old_oid = parts[1].split(b"..")[0].decode("ascii", "replace")
             if len(parts) == 3:
                 patch.old_mode = patch.new_mode = int(parts[2], 8)
         elif line.startswith((b"rename from ", b"copy from ")):
@@ -441,6 +445,11 @@ def apply(patches: list[FilePatch], read: Reader) -> ApplyResult:
             continue
         failed: list[int] = []
         if patch.binary is not None:
+            # As git does: the full preimage id must name the current content.
+            expected = patch.old_oid if not patch.is_new else _NULL_OID
+            if len(expected) != 40 or (not patch.is_new and git_blob_id(content) != expected):
+                _reject(rejects, path, 0, "binary_preimage_mismatch")
+                continue
             new_content = patch.binary
         else:
             new_content, failed = apply_hunks(content, patch.hunks)
