@@ -333,3 +333,35 @@ def test_patch_through_a_symlinked_directory_writes_nothing(env: tuple[Path, Any
     assert error(call, "workspace_apply_patch", patch=patch).code == "PERMISSION_DENIED"
     assert (repo / "src" / "a.py").read_text() == "alpha = 1\nneedle here\n"
     assert not (repo / "src" / "new.py").exists()
+
+
+def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, State], monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, call, _state = env
+    from mcp_server.tools import targets
+
+    real = targets.LiveTarget.fingerprint
+    calls = []
+
+    def moving(self: targets.LiveTarget) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # after the files were read
+            (repo / "docs" / "guide.md").write_text("edited meanwhile\n")
+        return real(self)
+
+    monkeypatch.setattr(targets.LiveTarget, "fingerprint", moving)
+    err = error(call, "snapshot_create")
+    assert err.code == "REPO_CHANGED"
+    assert err.details["fingerprint"] == compute(str(repo)).to_dict()
+
+
+def test_gc_keeps_what_snapshots_name(env: tuple[Path, Any, State]) -> None:
+    _repo, call, state = env
+    from mcp_server.core.blobstore import BlobStore
+    from mcp_server.core.manifest import SnapshotStore
+
+    sid = call("snapshot_create", paths=["src"])["snapshot_id"]
+    store = BlobStore(state.objects_dir)
+    orphan = store.put(b"nobody names me")
+    removed = store.gc(SnapshotStore(state).live_blobs(), grace_seconds=-1)
+    assert removed == [orphan]
+    assert call("snapshot_file", snapshot_id=sid, path="src/pkg/b.py")["content"].startswith("beta")
