@@ -8,7 +8,7 @@ import io
 import os
 import subprocess
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ def git(repo: Path, *args: str) -> bytes:
 
 
 @pytest.fixture
-def env(tmp_path: Path) -> tuple[Path, Callable[..., dict[str, Any]], State]:
+def env(tmp_path: Path) -> Iterator[tuple[Path, Callable[..., dict[str, Any]], State]]:
     repo = tmp_path / "repo"
     (repo / "src" / "pkg").mkdir(parents=True)
     (repo / "src" / "a.py").write_text("alpha = 1\nneedle here\n")
