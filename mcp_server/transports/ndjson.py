@@ -6,8 +6,10 @@ parsing), then
 * direct methods (a tool name as the JSON-RPC method) run here, without the SDK;
 * MCP requests, notifications and the client's answers to our own requests go to the
   SDK's dual-era loop (``CcwServer.serve_streams``) as ``SessionMessage``s;
+* direct methods run one after another per connection (seed 001: "processed
+  sequentially"); MCP requests run concurrently, as MCP allows;
 * every answer goes through ``ResponseOrder``, so answers leave in request order per
-  connection while requests still run concurrently; notifications (cancellation
+  connection; notifications (cancellation
   included) reach the SDK at once, and server-initiated messages (progress,
   ``roots/list``) are written at once.
 
@@ -59,6 +61,7 @@ class NdjsonConnection:
         self._input_ended = False
         self._broken = False  # the peer stopped reading; answers are discarded
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
+        self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
@@ -161,7 +164,8 @@ class NdjsonConnection:
                 # right after the request still finds it.
                 scope = trio.CancelScope()
                 self._direct[framing.id_key(frame.id)] = scope
-                nursery.start_soon(self._run_direct, slot, frame, scope)
+                before, self._direct_tail = self._direct_tail, trio.Event()
+                nursery.start_soon(self._run_direct, slot, frame, scope, before, self._direct_tail)
             else:
                 await self._to_sdk(frame.message, request_id=frame.id)
         else:
@@ -193,15 +197,24 @@ class NdjsonConnection:
             )
         await self._to_sdk_send.send(SessionMessage(parsed, metadata=metadata))
 
-    async def _run_direct(self, slot: int, frame: framing.Request, scope: trio.CancelScope) -> None:
+    async def _run_direct(
+        self, slot: int, frame: framing.Request, scope: trio.CancelScope, before: trio.Event | None, done: trio.Event
+    ) -> None:
+        # Seed 001: direct requests on one connection are processed one after another,
+        # so a pipelined capsule/exec then capsule/diff sees the exec's effects.
         frame_out: bytes | None = None
         key = framing.id_key(frame.id)
-        with scope:
-            try:
-                answer = await self.app.run_direct(frame.id, frame.method, frame.params)
-                frame_out = framing.encode(answer)
-            finally:
-                if self._direct.get(key) is scope:
-                    del self._direct[key]
+        try:
+            with scope:
+                try:
+                    if before is not None:
+                        await before.wait()
+                    answer = await self.app.run_direct(frame.id, frame.method, frame.params)
+                    frame_out = framing.encode(answer)
+                finally:
+                    if self._direct.get(key) is scope:
+                        del self._direct[key]
+        finally:
+            done.set()
         # Cancelled by the client: like the SDK, send no answer, but free the slot.
         await self._out_send.send(("slot", slot, frame_out))
