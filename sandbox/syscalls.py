@@ -277,3 +277,11 @@ def capset_clear() -> None:
     if nr is None:
         raise OSError(38, f"capset: no syscall number known for architecture {_ARCH}")
     _check(_libc.syscall(nr, header, data), "capset(all sets empty)")
+
+
+_libc.syncfs.argtypes = [ctypes.c_int]
+
+
+def syncfs(fd: int) -> None:
+    """syncfs(2): write back everything dirty on the filesystem holding ``fd``."""
+    _check(_libc.syncfs(fd), f"syncfs({fd})")

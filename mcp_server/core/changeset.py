@@ -18,24 +18,14 @@ recorded.
 from __future__ import annotations
 
 import os
-import stat as stat_mod
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mcp_server.core import unidiff
-from mcp_server.core.fsview import RootView, kind_of
+from mcp_server.core.fsview import RootView, Side, lstat
 from mcp_server.core.promote import Op
 from sandbox.errors import CcwError
-
-
-@dataclass(frozen=True)
-class Side:
-    """One path's state in one view."""
-
-    kind: str  # file | dir | symlink | other
-    mode: int  # permission bits
-    target: str | None = None  # symlink target
 
 
 @dataclass(frozen=True)
@@ -46,30 +36,6 @@ class Entry:
     old: Side | None
     new: Side | None
     modified: bool  # for files present on both sides: the bytes differ
-
-
-def lstat(view: RootView, path: str) -> Side | None:
-    """lstat of ``path`` where every parent must be a real directory, or None.
-
-    A path below a symlink does not exist as such in that tree (``src/x`` when ``src``
-    became a link is gone, whatever the link points at), so parents are resolved with
-    RESOLVE_NO_SYMLINKS and a link or file on the way means "absent".
-    """
-    head, _, name = path.rpartition("/")
-    try:
-        parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="stat")
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND" or exc.details.get("errno") in ("ELOOP", "ENOTDIR"):
-            return None
-        raise
-    try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        target = os.readlink(name, dir_fd=parent) if stat_mod.S_ISLNK(st.st_mode) else None
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(parent)
-    return Side(kind_of(st.st_mode), stat_mod.S_IMODE(st.st_mode), target)
 
 
 def _descendants(view: RootView, path: str) -> Iterable[str]:
