@@ -546,7 +546,7 @@ class CapsuleManager:
                     tracer = None
             result = jail.run(spec, cgroup)
             touched = tracer.collect() if tracer is not None else None
-            usage = cgroup.collect()
+            usage = cgroup.collect(result.rusage)
         finally:
             if tracer is not None:
                 tracer.teardown()

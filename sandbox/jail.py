@@ -108,6 +108,9 @@ class JailResult:
     stderr_bytes: int
     stdout_truncated: bool
     stderr_truncated: bool
+    # wait4's rusage of the helper's child: it covers every process of the jail, since
+    # the init reaps them all (block I/O counts for usage where cgroups cannot tell).
+    rusage: resource.struct_rusage | None = None
 
 
 @dataclass(frozen=True)
@@ -498,6 +501,7 @@ class _Running:
         self.init_pidfd: int | None = None
         self.timed_out = False
         self.status: int | None = None  # our child's wait status once reaped
+        self.rusage: resource.struct_rusage | None = None
 
     def kill(self) -> None:
         """SIGKILL the jail's init (the kernel then kills its whole pid namespace) and the cgroup."""
@@ -520,7 +524,7 @@ class _Running:
     def reap(self) -> None:
         """Wait for our child to end."""
         if self.status is None:
-            self.status = os.waitpid(self.pid, 0)[1]
+            _, self.status, self.rusage = os.wait4(self.pid, 0)
 
     def close(self) -> None:
         """Release the init's pidfd."""
@@ -578,6 +582,7 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         stderr_bytes=err.total,
         stdout_truncated=out.total > len(out.data),
         stderr_truncated=err.total > len(err.data),
+        rusage=jail.rusage,
     )
 
 
