@@ -198,15 +198,20 @@ class CapsuleManager:
         limits = _check_limits(limits)
         if network not in NETWORKS:
             raise CcwError("INVALID_ARGUMENT", f"network must be one of {list(NETWORKS)}, not {network!r:.40}")
-        ws_fd = _open_dir(workspace, "workspace")
+        # With a base, the workspace is only where the jail shows it: a replay on another
+        # machine, or after the workspace was deleted, has no directory there.  Nothing
+        # is written at that path on the host, so there is nothing to check access to.
+        ws_fd = None if base is not None and not os.path.lexists(workspace) else _open_dir(workspace, "workspace")
         base_fd = _open_dir(base, "base") if base is not None else None
         try:
-            _check_access(ws_fd, workspace, owner_uid, owner_gid, os.W_OK | os.X_OK, "write")
+            if ws_fd is not None:
+                _check_access(ws_fd, workspace, owner_uid, owner_gid, os.W_OK | os.X_OK, "write")
+                # Check the resolved path again: a symlink in the argument may lead elsewhere.
+                self._check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), allow_state=False)
             if base_fd is not None:
                 _check_access(base_fd, base or "", owner_uid, owner_gid, os.R_OK | os.X_OK, "read")
             lower_fd = base_fd if base_fd is not None else ws_fd
-            # Check the resolved paths again: a symlink in the argument may lead elsewhere.
-            self._check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), allow_state=False)
+            assert lower_fd is not None
             lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
             self._check_resolved("base" if base is not None else "workspace", lower_real, allow_state=base is not None)
             meta = {
@@ -226,7 +231,8 @@ class CapsuleManager:
             st = os.fstat(lower_fd)
             capsule = self._materialise(meta, st, mount_lowers=[f"/proc/self/fd/{lower_fd}"])
         finally:
-            os.close(ws_fd)
+            if ws_fd is not None:
+                os.close(ws_fd)
             if base_fd is not None:
                 os.close(base_fd)
         return self._describe(capsule)
