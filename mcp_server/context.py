@@ -42,10 +42,21 @@ class Runtime:
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
 
     async def helper(self) -> Any:
-        """The helper client, connected or spawned on first use (mcp_server.helper)."""
-        if self._helper is not None:
+        """The helper client, connected or spawned on first use (mcp_server.helper).
+
+        An embedded helper that died (kill -9, OOM) is replaced by a fresh one on the next
+        call; the new helper's recovery re-registers the capsules and removes the dead
+        one's cgroups, so a crash costs the calls in flight, not the session.
+        """
+        if self._helper is not None and _usable(self._helper):
             return self._helper
         async with self._helper_lock:
+            if self._helper is not None and not _usable(self._helper):
+                dead, self._helper = self._helper, None
+                print(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}",
+                      file=sys.stderr, flush=True)
+                with trio.CancelScope(shield=True):
+                    await dead.aclose()
             if self._helper is None:
                 # Imported here: the helper client lands separately and only capsule
                 # tools need it.
@@ -82,6 +93,11 @@ class Runtime:
         if connection is not None:
             self._roots[connection] = roots
         return roots
+
+
+def _usable(client: Any) -> bool:
+    usable = getattr(client, "usable", None)
+    return usable is None or bool(usable())
 
 
 async def _ask_roots(session: Any) -> list[str] | None:

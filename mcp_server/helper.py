@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,9 @@ MAX_IDLE = 4  # idle connections kept open
 READY_TIMEOUT_S = 60.0  # the helper recovers existing capsules before it listens
 STOP_TIMEOUT_S = 10.0  # SIGTERM lets in-flight execs finish; then SIGKILL
 STDERR_TAIL_LINES = 40
+
+
+ProgressSink = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 class _Connection:
@@ -88,7 +92,8 @@ class _Connection:
                 self.decoder.feed_eof()
                 if self.decoder.next_message() is None:
                     raise CcwError("UNAVAILABLE", "the helper closed the connection before replying; "
-                                   "it may have been stopped or crashed (see its log on stderr)")
+                                   "it may have been stopped or crashed (see its log on stderr); the request "
+                                   "did not complete: retry it (an embedded helper is restarted on the next call)")
 
     def close(self) -> None:
         self.sock.close()
@@ -120,7 +125,9 @@ class HelperClient:
             ) from exc
         return _Connection(sock)
 
-    async def _round_trip(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    async def _round_trip(
+        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None
+    ) -> tuple[dict[str, Any], list[int]]:
         if self._closed:
             raise CcwError("UNAVAILABLE", "the helper client is closed")
         request_id = next(self._ids)
@@ -131,6 +138,10 @@ class HelperClient:
         try:
             await conn.send(frame)
             reply = await conn.receive(fds)
+            while reply.progress is not None and reply.id == request_id:
+                if on_progress is not None:
+                    await on_progress(reply.progress)
+                reply = await conn.receive(fds)
             if reply.id != request_id:
                 if reply.error is not None:  # the helper could not read our frame at all
                     raise reply.error
@@ -150,9 +161,13 @@ class HelperClient:
             else:
                 conn.close()
 
-    async def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return its result; an error reply raises its CcwError."""
-        result, fds = await self._round_trip(op, args)
+    async def request(self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None) -> dict[str, Any]:
+        """Send one request and return its result; an error reply raises its CcwError.
+
+        With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
+        sends is awaited in order before the result arrives.
+        """
+        result, fds = await self._round_trip(op, args, on_progress)
         for fd in fds:
             os.close(fd)
         return result
@@ -165,6 +180,11 @@ class HelperClient:
                 os.close(fd)
             raise CcwError("INTERNAL", f"open_root reply carried {len(fds)} descriptors, not 1")
         return fds[0]
+
+    def usable(self) -> bool:
+        """False once the embedded helper this client started has exited (kill -9, crash):
+        its socket will never answer again, so the caller should spawn a new one."""
+        return self.process is None or self.process.process.poll() is None
 
     async def hello(self) -> dict[str, Any]:
         """The helper's version, mode, mechanisms in force and op list."""
