@@ -58,6 +58,7 @@ import shutil
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -485,8 +486,14 @@ class CapsuleManager:
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         limits: dict[str, int] | None = None,
         output_cap: int = DEFAULT_OUTPUT_CAP,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        progress_ms: int = 1000,
     ) -> dict[str, Any]:
-        """Run ``argv`` in a fresh jail over the capsule; output, usage and touched files."""
+        """Run ``argv`` in a fresh jail over the capsule; output, usage and touched files.
+
+        ``on_progress`` receives the jail's progress reports (elapsed time, byte counts,
+        output tails) about every ``progress_ms`` while the command runs.
+        """
         _check_uid_gid(caller_uid, caller_gid)
         capsule = self._get(capsule_id, caller_uid)
         _check_argv(argv)
@@ -514,14 +521,15 @@ class CapsuleManager:
             exec_name = f"{capsule_id}.{self._exec_count}"
         try:
             return self._run(capsule, exec_name, argv, workdir, final_env, stdin, timeout_ms, exec_limits,
-                             output_cap, caller_uid, caller_gid)
+                             output_cap, caller_uid, caller_gid, on_progress, progress_ms)
         finally:
             with self._lock:
                 capsule.busy = False
 
     def _run(self, capsule: Capsule, exec_name: str, argv: _Argv, cwd: str, env: dict[str, str],
              stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
-             uid: int, gid: int) -> dict[str, Any]:
+             uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
+             progress_ms: int = 1000) -> dict[str, Any]:
         """prepare cgroup → prepare+enter tracer → jail.run → collect → teardown (always)."""
         from sandbox import cgroups, fanotify, jail
 
@@ -550,7 +558,7 @@ class CapsuleManager:
                 if tracer is not None:
                     tracer.teardown()
                     tracer = None
-            result = jail.run(spec, cgroup)
+            result = jail.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
             touched = tracer.collect() if tracer is not None else None
             usage = cgroup.collect(result.rusage)
         finally:

@@ -52,7 +52,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import prctl
 
@@ -131,17 +131,23 @@ class _Plan:
     seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
 
 
+PROGRESS_TAIL = 2048  # bytes of the latest output each progress report carries
+
+
 @dataclass
 class _Stream:
     cap: int
     data: bytearray = field(default_factory=bytearray)
     total: int = 0
+    tail: bytearray = field(default_factory=bytearray)  # the latest bytes, for progress
 
     def feed(self, chunk: bytes) -> None:
         room = self.cap - len(self.data)
         if room > 0:
             self.data += chunk[:room]
         self.total += len(chunk)
+        self.tail += chunk[-PROGRESS_TAIL:]
+        del self.tail[:-PROGRESS_TAIL]
 
 
 def _last_cap() -> int:
@@ -409,12 +415,15 @@ def run(
     spec: JailSpec,
     cgroup: ExecCgroup | None = None,
     on_started: Callable[[int], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    progress_interval_s: float = 1.0,
 ) -> JailResult:
     """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
 
     ``cgroup.enter(pid)`` is called before the child unshares its namespaces;
     ``on_started`` gets the host pid of the jail's init (pid 1 inside; killing it ends
-    the whole jail).
+    the whole jail).  ``on_progress`` is called about every ``progress_interval_s`` while
+    the command runs, with the elapsed time, byte counts and the latest output (tails).
     """
     plan = prepare(spec)
     start = time.monotonic()
@@ -455,8 +464,13 @@ def run(
             poller.register(fd, select.POLLIN)
         open_fds = {out_r, err_r, report_r}
         deadline = start + spec.timeout_ms / 1000.0
+        next_progress = start + progress_interval_s
         while open_fds:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if on_progress is not None and now >= next_progress:
+                on_progress(_progress(now - start, streams[out_r], streams[err_r]))
+                next_progress = now + progress_interval_s
+            remaining = deadline - now
             if remaining <= 0:
                 if jail.timed_out:
                     break  # something outside the jail holds a pipe: stop waiting for it
@@ -464,7 +478,8 @@ def run(
                 jail.kill()
                 deadline = time.monotonic() + _KILL_GRACE_SEC
                 continue
-            for fd, _event in poller.poll(remaining * 1000.0):
+            wait = remaining if on_progress is None else min(remaining, max(next_progress - now, 0.0))
+            for fd, _event in poller.poll(wait * 1000.0):
                 chunk = os.read(fd, _READ_CHUNK)
                 if not chunk:
                     poller.unregister(fd)
@@ -489,6 +504,16 @@ def run(
             os.close(fd)
     duration_ms = int((time.monotonic() - start) * 1000)
     return _result(_parse_reports(bytes(reports)), jail, duration_ms, streams[out_r], streams[err_r])
+
+
+def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> dict[str, Any]:
+    return {
+        "elapsed_ms": int(elapsed_s * 1000),
+        "stdout_bytes": out.total,
+        "stderr_bytes": err.total,
+        "stdout_tail": bytes(out.tail),
+        "stderr_tail": bytes(err.tail),
+    }
 
 
 class _Running:

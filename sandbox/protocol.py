@@ -12,6 +12,8 @@ Wire format
     request = {"id": int, "op": str, "args": {...}}
     reply   = {"id": int|null, "ok": true, "result": {...}}
             | {"id": int|null, "ok": false, "error": {"code", "message", "details"}}
+    progress = {"id": int, "progress": {...}}, zero or more before an ``exec`` reply
+              whose request asked for them (``progress_ms``)
     ``open_root``'s reply carries one descriptor (SCM_RIGHTS) with its first byte.
 
 What the decoder refuses, always as ``ProtocolError`` and never as anything else: a
@@ -158,6 +160,7 @@ class Reply:
     ok: bool
     result: dict[str, Any] | None = None
     error: CcwError | None = None
+    progress: dict[str, Any] | None = None  # an interim report; the reply proper follows
 
 
 def _is_int(value: Any) -> bool:
@@ -195,6 +198,12 @@ def parse_request(message: dict[str, Any]) -> Request:
 
 def parse_reply(message: dict[str, Any]) -> Reply:
     """Check a reply envelope and return it; an error reply's error becomes a CcwError."""
+    if "progress" in message and "ok" not in message:
+        _check_keys(message, {"id", "progress"}, {"id", "progress"}, "progress report")
+        progress_id = _check_id(message["id"], nullable=False)
+        if not isinstance(message["progress"], dict):
+            raise ProtocolError("progress report 'progress' must be an object")
+        return Reply(progress_id, True, progress=message["progress"])
     ok = message.get("ok")
     if not isinstance(ok, bool):
         raise ProtocolError("reply 'ok' must be a boolean")
@@ -294,6 +303,11 @@ def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
 def encode_reply(request_id: int | None, result: dict[str, Any]) -> bytes:
     """A success reply frame."""
     return encode_frame({"id": request_id, "ok": True, "result": result})
+
+
+def encode_progress(request_id: int, progress: dict[str, Any]) -> bytes:
+    """An interim progress report for a running request."""
+    return encode_frame({"id": request_id, "progress": progress})
 
 
 def encode_error(request_id: int | None, error: CcwError) -> bytes:
@@ -480,6 +494,7 @@ OPS: dict[str, OpSpec] = {
                 "timeout_ms": _int(1, MAX_TIMEOUT_MS),
                 "limits": _limits,
                 "output_cap": _int(0, MAX_OUTPUT_CAP),
+                "progress_ms": _int(100, 60_000),
             },
         ),
         _op(

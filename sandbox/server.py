@@ -52,6 +52,7 @@ from sandbox.protocol import (
     ProtocolError,
     Request,
     encode_error,
+    encode_progress,
     encode_reply,
     validate_args,
 )
@@ -120,8 +121,13 @@ class Dispatcher:
         }
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
-    def handle(self, request: Request, peer: Peer) -> tuple[dict[str, Any], int | None]:
-        """Run one request; returns (result, fd to pass or None).  Raises CcwError only."""
+    def handle(
+        self, request: Request, peer: Peer, progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[dict[str, Any], int | None]:
+        """Run one request; returns (result, fd to pass or None).  Raises CcwError only.
+
+        ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
+        """
         if peer.uid == OVERFLOW_UID or (
             self.allowed_uids is not None and peer.uid not in self.allowed_uids
         ):
@@ -132,7 +138,10 @@ class Dispatcher:
             )
         args = validate_args(request.op, request.args)
         try:
-            result, fd = self._handlers[request.op](args, peer)
+            if request.op == "exec" and progress is not None and "progress_ms" in args:
+                result, fd = self._exec(args, peer, progress)
+            else:
+                result, fd = self._handlers[request.op](args, peer)
         except CcwError:
             raise
         except OSError as exc:
@@ -170,10 +179,25 @@ class Dispatcher:
         kwargs = {k: args[k] for k in OPS["create"].optional if k in args}
         return self.manager.create(peer.uid, peer.gid, args["workspace"], **kwargs), None
 
-    def _exec(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+    def _exec(
+        self, args: dict[str, Any], peer: Peer, progress: Callable[[dict[str, Any]], None] | None = None
+    ) -> tuple[dict[str, Any], None]:
         kwargs: dict[str, Any] = {
-            k: args[k] for k in ("cwd", "env", "timeout_ms", "limits", "output_cap") if k in args
+            k: args[k] for k in ("cwd", "env", "timeout_ms", "limits", "output_cap", "progress_ms") if k in args
         }
+        if progress is not None:
+            # Reports go out on the caller's connection while the command runs; if the
+            # caller has gone, sending fails and the exec ends with it.
+            def on_progress(report: dict[str, Any]) -> None:
+                progress({
+                    "elapsed_ms": report["elapsed_ms"],
+                    "stdout_bytes": report["stdout_bytes"],
+                    "stderr_bytes": report["stderr_bytes"],
+                    "stdout_tail_b64": base64.b64encode(report["stdout_tail"]).decode(),
+                    "stderr_tail_b64": base64.b64encode(report["stderr_tail"]).decode(),
+                })
+
+            kwargs["on_progress"] = on_progress
         if args.get("stdin_b64") is not None:
             kwargs["stdin"] = base64.b64decode(args["stdin_b64"], validate=True)
         result = self.manager.exec(args["capsule_id"], peer.uid, peer.gid, args["argv"], **kwargs)
@@ -368,7 +392,9 @@ class HelperServer:
         fd: int | None = None
         try:
             try:
-                result, fd = self.dispatcher.handle(request, peer)
+                result, fd = self.dispatcher.handle(
+                    request, peer, lambda report: conn.sendall(encode_progress(request.id, report))
+                )
                 frame = encode_reply(request.id, result)
             except CcwError as exc:
                 if fd is not None:

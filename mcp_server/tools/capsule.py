@@ -22,7 +22,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
-from collections.abc import Awaitable
 from typing import Any
 
 import blake3
@@ -37,6 +36,8 @@ from sandbox.errors import CcwError
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
+PROGRESS_LINES = 20  # lines of the latest output in each progress message
 
 CAPSULE_ID = {
     "type": "string",
@@ -196,7 +197,12 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         request["limits"] = record.limits
     started = _now()
     helper = await ctx.helper()
-    reply = await _with_heartbeat(ctx, timeout_ms, helper.request("exec", request))
+    request["progress_ms"] = PROGRESS_MS
+
+    async def forward(report: dict[str, Any]) -> None:
+        await ctx.progress(float(report["elapsed_ms"]), float(timeout_ms), _progress_message(report))
+
+    reply = await helper.request("exec", request, on_progress=forward)
     stdout = base64.b64decode(reply["stdout_b64"])
     stderr = base64.b64decode(reply["stderr_b64"])
     usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
@@ -259,30 +265,14 @@ def record_base_states(ctx: ToolContext, record: CapsuleRecord, paths: list[str]
         journal.record_base(record.capsule_id, {p: changeset.base_state(base_view, p) for p in fresh})
 
 
-async def _with_heartbeat(ctx: ToolContext, timeout_ms: int, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
-    """Await ``work`` while sending progress; its error comes out as itself, not in a group."""
-    result: dict[str, Any] = {}
-    error: Exception | None = None
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_heartbeat, ctx, timeout_ms)
-        try:
-            result = await work
-        except Exception as exc:  # re-raised below, outside the nursery's ExceptionGroup
-            error = exc
-        finally:
-            nursery.cancel_scope.cancel()
-    if error is not None:
-        raise error
-    return result
-
-
-async def _heartbeat(ctx: ToolContext, timeout_ms: int) -> None:
-    # Long commands: tell a client that asked for progress that the exec is alive.
-    elapsed = 0.0
-    while True:
-        await trio.sleep(1.0)
-        elapsed += 1.0
-        await ctx.progress(elapsed * 1000, float(timeout_ms), f"running for {int(elapsed)} s")
+def _progress_message(report: dict[str, Any]) -> str:
+    """A progress line: elapsed time, byte counts, and the latest output lines."""
+    out = base64.b64decode(report["stdout_tail_b64"]).decode("utf-8", "replace")
+    err = base64.b64decode(report["stderr_tail_b64"]).decode("utf-8", "replace")
+    tail = "\n".join((out + err).splitlines()[-PROGRESS_LINES:])
+    head = (f"running {report['elapsed_ms'] // 1000} s; stdout {report['stdout_bytes']} B, "
+            f"stderr {report['stderr_bytes']} B")
+    return f"{head}\n{tail}" if tail else head
 
 
 def _diff_entries(record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int) -> tuple[list[changeset.Entry], list[unidiff.FileChange]]:
