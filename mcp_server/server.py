@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import sys
 import traceback
 from collections.abc import Mapping
@@ -41,7 +42,7 @@ from mcp_types import methods as spec_methods
 from mcp_server import __version__
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
-from mcp_server.state import State
+from mcp_server.state import State, storage_error
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 from sandbox.errors import CcwError
 
@@ -110,6 +111,11 @@ class CcwServer:
 
         for outcome in Promoter(self.state.root).recover():
             log(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
+        if "witness" in self.config.toolsets:
+            from mcp_server.tools.witness import remove_stale_temps
+
+            for name in remove_stale_temps(self.state):
+                log(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")
         if "schema" in self.config.toolsets:
             from mcp_server.tools import schemas
 
@@ -178,7 +184,14 @@ class CcwServer:
                 message=f"{spec.name}: arguments do not match the input schema: {summary}",
                 data={"errors": errors},
             )
-        result = await spec.handler(ctx, args)
+        try:
+            result = await spec.handler(ctx, args)
+        except (OSError, sqlite3.Error) as exc:
+            failure = storage_error(exc, self.config.state_dir)
+            if failure is None:
+                raise
+            log(f"mcp:state {spec.name}: {failure.message}")
+            raise failure from exc
         if self.check_output:
             problems = list(self._validators[spec.name][1].iter_errors(result))
             if problems:

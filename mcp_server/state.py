@@ -9,18 +9,42 @@ Layout under ``CCW_STATE_DIR``::
 
 Each tool family declares its tables with ``ensure_schema``; statements run under one
 lock because the trio thread and worker threads share the connection.
+
+Faults, and what happens:
+
+- **A corrupt database** (a damaged page, a file that is not SQLite at all): found at
+  open by ``PRAGMA quick_check`` (it reads every page; the metadata database is small).
+  ccw-mcp does not refuse to start: it moves the damaged file and its ``-wal``/``-shm``
+  aside to ``ccw.sqlite3.corrupt-<UTC timestamp>``, logs ``mcp:state-corrupt …`` on
+  stderr naming both files, and starts with an empty database.  What lives only in the
+  database is lost then: capsule records and their exec journals (the capsules' files
+  are still in ``helper/capsules/`` but the front end no longer knows them), leases,
+  snapshot and policy records, the witness index.  Blobs, witness archives and the
+  workspace are untouched; the moved-aside file can be salvaged with
+  ``sqlite3 ccw.sqlite3.corrupt-… .recover``.  A corruption met while serving is
+  answered with an INTERNAL error that says to restart ccw-mcp (``storage_error``).
+- **A full disk**: SQLite's SQLITE_FULL and ENOSPC/EDQUOT from any write under the state
+  dir become a TOO_LARGE error that names the state dir and says what to free
+  (``storage_error``); the transaction is rolled back, so the database stays intact and
+  every tool works again once space is freed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
+import errno
+import os
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox.errors import wrap_oserror
+from sandbox.errors import CcwError, wrap_oserror
+
+DB_NAME = "ccw.sqlite3"
 
 
 class State:
@@ -33,17 +57,51 @@ class State:
             for sub in ("objects", "witnesses", "tmp"):
                 (self.root / sub).mkdir(exist_ok=True, mode=0o700)
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            self.root / "ccw.sqlite3", check_same_thread=False, isolation_level=None, timeout=30
-        )
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS schema_versions (name TEXT PRIMARY KEY, ddl TEXT NOT NULL)"
-        )
+        self.corrupt_copy: Path | None = None  # where a corrupt database was moved at open
+        try:
+            self._db = self._open()
+        except sqlite3.DatabaseError as exc:
+            self.corrupt_copy = self._move_aside(exc)
+            self._db = self._open()
         self._schemas: set[str] = set()
+
+    @property
+    def db_path(self) -> Path:
+        """The SQLite database file."""
+        return self.root / DB_NAME
+
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None, timeout=30)
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            problems = [row[0] for row in db.execute("PRAGMA quick_check(5)").fetchall()]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(str(p) for p in problems))
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("CREATE TABLE IF NOT EXISTS schema_versions (name TEXT PRIMARY KEY, ddl TEXT NOT NULL)")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self, exc: sqlite3.DatabaseError) -> Path:
+        # Loud on purpose: this loses the capsule journals (see the module docstring).
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+        aside = self.root / f"{DB_NAME}.corrupt-{stamp}"
+        with wrap_oserror("move the corrupt database aside", str(self.db_path), "move or delete it by hand"):
+            for suffix in ("", "-wal", "-shm"):
+                if os.path.exists(f"{self.db_path}{suffix}"):
+                    os.replace(f"{self.db_path}{suffix}", f"{aside}{suffix}")
+        print(
+            f"mcp:state-corrupt {self.db_path} is damaged ({exc}); moved it to {aside} and started "
+            "with an empty database: capsule records, exec journals, leases, snapshot and policy "
+            f"records are lost (blobs, witness files and capsule dirs are kept); salvage with "
+            f"`sqlite3 {aside} .recover`",
+            file=sys.stderr, flush=True,
+        )
+        return aside
 
     @property
     def objects_dir(self) -> Path:
@@ -86,9 +144,50 @@ class State:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error:
+                # SQLite may or may not have rolled back already (SQLITE_FULL, IOERR):
+                # make sure no transaction stays open on the shared connection.
+                if self._db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
+                raise
 
     def close(self) -> None:
         """Close the database."""
         with self._lock:
             self._db.close()
+
+
+SQLITE_FULL = 13
+SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
+
+
+def storage_error(exc: BaseException, state_dir: str | Path) -> CcwError | None:
+    """The CcwError for a full disk or a corrupt database under the state dir, else None.
+
+    Tools let these through as plain OSError / sqlite3 errors; the server turns them into
+    errors that tell the agent what to do instead of "failed unexpectedly".
+    """
+    code = getattr(exc, "sqlite_errorcode", None)
+    full = (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+        isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF == SQLITE_FULL
+    )
+    if full:
+        return CcwError(
+            "TOO_LARGE",
+            f"no space left on the device ({exc}); the request did not complete. ccw keeps its state "
+            f"in {state_dir}: free space there (capsule_destroy capsules you no longer need, delete old "
+            "witness files) or set CCW_STATE_DIR to a larger filesystem, then retry",
+            {"state_dir": str(state_dir), "errno": "ENOSPC"},
+        )
+    if isinstance(exc, sqlite3.DatabaseError) and code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        return CcwError(
+            "INTERNAL",
+            f"ccw's state database {Path(state_dir) / DB_NAME} is corrupt ({exc}); restart ccw-mcp: "
+            "it moves the damaged file aside and starts with an empty one (capsule journals are lost)",
+            {"state_dir": str(state_dir)},
+        )
+    return None

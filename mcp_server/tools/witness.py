@@ -14,6 +14,11 @@ A witness packages what a capsule did (see core/witness.py for the format).  Cho
   with the recorded argv, cwd, stdin and clock offset; environment values come from the
   replaying server (witnesses record variable names only, never values, which may be
   secrets).  Exit codes, stdout/stderr hashes and the resulting change set are compared.
+- An archive is written to ``witnesses/.<witness_id>.<pid>.<random>.tmp``, fsynced, then
+  renamed to its final name, so a crash mid-write never leaves a partial witness under
+  the final name; ``remove_stale_temps`` (run at server start) deletes temp files whose
+  writer pid is gone.  ``CCW_TEST_WITNESS_CRASH_AFTER=partial`` (tests only) makes the
+  process SIGKILL itself after the first bytes of the temp file are written.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import contextlib
 import datetime as dt
 import os
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -50,6 +56,8 @@ CREATE TABLE IF NOT EXISTS witnesses (
     created_at TEXT NOT NULL
 );
 """
+
+CRASH_ENV = "CCW_TEST_WITNESS_CRASH_AFTER"  # tests only: "partial" kills us mid-write
 
 WITNESS_ID = {"type": "string", "pattern": "^wit_[0-9a-f]{16}$"}
 _EXEC_FIELDS = (
@@ -179,10 +187,11 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
     witness_id = "wit_" + root.split(":", 1)[1][:16]
     suffix = ".tar.zst" if compress == "zstd" else ".tar"
     final = state.witnesses_dir / f"{witness_id}{suffix}"
-    fd, tmp = tempfile.mkstemp(dir=state.witnesses_dir, prefix=f".{witness_id}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=state.witnesses_dir, prefix=f".{witness_id}.{os.getpid()}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as out:
-            written = wfmt.write_archive(manifest, sources.read, out, compress)
+            sink: Any = _CrashAfterFirstWrite(out) if os.environ.get(CRASH_ENV) == "partial" else out
+            written = wfmt.write_archive(manifest, sources.read, sink, compress)
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)
@@ -197,6 +206,45 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
          int(bool(manifest["include_blobs"])), now),
     )
     return {"witness_id": witness_id, "path": str(final), "root_hash": written.root_hash, "size_bytes": written.size_bytes}
+
+
+class _CrashAfterFirstWrite:
+    """Test hook: flush the first write to the temp file, then die as kill -9 would."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+
+    def write(self, data: Any) -> int:
+        count: int = self._out.write(data)
+        self._out.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        return count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._out, name)
+
+
+def remove_stale_temps(state: State) -> list[str]:
+    """Delete witness temp files left by a writer that died (its pid no longer runs)."""
+    removed = []
+    for path in sorted(state.witnesses_dir.glob(".wit_*.tmp")):
+        parts = path.name.split(".")  # "", witness_id, pid, random, "tmp"
+        if len(parts) == 5 and parts[2].isdigit() and _pid_alive(int(parts[2])):
+            continue  # another ccw-mcp sharing this state dir is writing it
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        removed.append(path.name)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
 
 
 async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool) -> dict[str, Any]:
