@@ -175,3 +175,26 @@ def test_replay_after_the_workspace_is_deleted(tools: Any, workspace: Path) -> N
     out = tools.run(scenario)
     assert out["replay_ok"] is True, out["mismatches"]
     assert not workspace.exists()
+
+
+def test_promotion_blocked_by_cpu_time_and_by_a_replay_that_differs(tools: Any, workspace: Path) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        busy = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        spin = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo spun > spun.txt"
+        ran = await t.call("capsule_exec", {"capsule_id": busy, "cmd": ["sh", "-c", spin]})
+        await t.call("policy_set", {"name": "quick", "rules": {"max_cpu_ms": 1}})
+        cpu = await t.call("capsule_promote", {"capsule_id": busy, "policies": ["quick"]})
+        noisy = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": noisy, "cmd": ["sh", "-c", "od -An -N8 -tx8 /dev/urandom > rand.txt"]})
+        replay = await t.call("capsule_promote", {"capsule_id": noisy, "policies": ["strict"]})
+        return {"ran": ran, "cpu": cpu, "replay": replay}
+
+    out = tools.run(scenario)
+    assert out["ran"]["usage"]["cpu_ms"] > 1
+    report = out["cpu"]["policy_report"]
+    assert out["cpu"]["promoted"] is False and report["resource_ok"] is False
+    assert report["resource_violations"][0]["rule"] == "max_cpu_ms"
+    replay = out["replay"]["policy_report"]
+    assert out["replay"]["promoted"] is False and replay["replay_ok"] is False and replay["tests_ok"] is True
+    assert "replay" in replay["details"]
+    assert not (workspace / "spun.txt").exists() and not (workspace / "rand.txt").exists()

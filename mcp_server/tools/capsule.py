@@ -28,7 +28,7 @@ import blake3
 import trio
 
 from mcp_server.core import changeset, unidiff
-from mcp_server.core.fsview import RootView
+from mcp_server.core.fsview import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
@@ -249,6 +249,27 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     }
 
 
+def note_tool_changes(state: Any, capsule_id: str, view: RootView, paths: list[str]) -> None:
+    """Journal what a file tool just did to a capsule, path by path, as the view now shows it.
+
+    Replays redo these between the execs (so a witness of a tool-edited capsule still
+    replays), and promotion's conflict check learns the base state at each path.
+    """
+    journal = Journal(state)
+    record = journal.capsule(capsule_id)
+    if record is None:
+        return
+    for path in paths:
+        side = lstat(view, path)
+        if side is None:
+            journal.add_write(capsule_id, path, "delete")
+        elif side.kind == "symlink":
+            journal.add_write(capsule_id, path, "symlink", target=side.target)
+        elif side.kind == "file":
+            journal.add_write(capsule_id, path, "write", view.read_bytes(path), mode=side.mode)
+    _record_base(journal, record, paths)
+
+
 def record_base_states(ctx: ToolContext, record: CapsuleRecord, paths: list[str]) -> None:
     """Note the base's state at newly changed paths, for promotion's conflict check.
 
@@ -256,7 +277,10 @@ def record_base_states(ctx: ToolContext, record: CapsuleRecord, paths: list[str]
     capsule): the base cannot be read as it was before the change, so "when first seen"
     is the closest record there is.
     """
-    journal = _journal(ctx)
+    _record_base(_journal(ctx), record, paths)
+
+
+def _record_base(journal: Journal, record: CapsuleRecord, paths: list[str]) -> None:
     known = journal.known_paths(record.capsule_id)
     fresh = [p for p in paths if p not in known]
     if not fresh:

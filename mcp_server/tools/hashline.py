@@ -78,7 +78,9 @@ class Target:
     def record(self, action: str, content: bytes | None = None) -> None:
         """Journal a change made inside a capsule, so its witness replays it (live tree: nothing)."""
         if self.capsule_id:
-            Journal(self.state).add_write(self.capsule_id, self.rel, action, content)
+            from mcp_server.tools.capsule import note_tool_changes
+
+            note_tool_changes(self.state, self.capsule_id, self.view, [self.rel])
 
 
 async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:

@@ -401,6 +401,13 @@ async def snapshot_changes(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
         return await run_sync(from_snapshot)
 
+    if args.get("capsule_id"):
+        raise CcwError(
+            "UNSUPPORTED",
+            "snapshot_changes reads git status, which cannot run inside a capsule's view; "
+            "call capsule_diff for the capsule's changes against its base",
+        )
+
     def body(target: T.LiveTarget) -> dict[str, Any]:
         lease_id, live = begin_live(ctx, target, args.get("lease_id"))
         proc = fp_mod.run_git(target.git_root, "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all")

@@ -166,14 +166,17 @@ def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, 
 class LiveTarget:
     """An open worktree or capsule view, with the key its leases are issued under."""
 
-    def __init__(self, view: RootView, key: str, git_root: str, capsule_id: str | None) -> None:
+    def __init__(self, view: RootView, key: str, git_root: str, capsule_id: str | None, state: Any = None) -> None:
         self.view = view
         self.key = key
         self.git_root = git_root
         self.capsule_id = capsule_id
+        self.state = state
 
     def fingerprint(self) -> Fingerprint:
         """The live fingerprint of this target (blocking: call from a worker thread)."""
+        if self.capsule_id:
+            return capsule_fingerprint(self.view, self.state, self.capsule_id)
         return fp_mod.compute(self.git_root)
 
     def close(self) -> None:
@@ -184,13 +187,14 @@ class LiveTarget:
 async def open_live(ctx: Any, args: dict[str, Any]) -> LiveTarget:
     """Open the worktree (or ``capsule_id``'s view) a worktree-mode call acts on.
 
-    git reaches a capsule's view through ``/proc/<our pid>/fd/<root fd>``, so the
-    fingerprint of a capsule is computed on exactly the tree the descriptor names.
+    A capsule's view lives in the helper's mount namespace: reachable through the
+    descriptor, but not by any path git could resolve, so capsules get
+    ``capsule_fingerprint`` instead of git's.
     """
     capsule_id = args.get("capsule_id")
     if capsule_id:
         view = await open_view(ctx, capsule_id=capsule_id)
-        return LiveTarget(view, f"capsule:{capsule_id}", f"/proc/{os.getpid()}/fd/{view.fd}", capsule_id)
+        return LiveTarget(view, f"capsule:{capsule_id}", "", capsule_id, ctx.state)
     root = workspace_root(ctx, args.get("workspace"))
     view = RootView.open(root)
     # The canonical path of the directory actually opened (symlinks in root resolved).
@@ -281,9 +285,56 @@ def norm_paths(raw: list[str] | None) -> list[str]:
 
 
 def live_files(target: LiveTarget, scopes: list[str]) -> list[str]:
-    """Files git's ignore rules leave, within the scopes, in byte order."""
+    """Files git's ignore rules leave, within the scopes, in byte order.
+
+    In a capsule git cannot run (see ``open_live``): every file but ``.git`` counts.
+    """
+    if target.capsule_id:
+        files = [path for path, kind in target.view.walk("") if kind in ("file", "symlink")]
+        return scoped(P.sort_paths(files), scopes)
     specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
     return fp_mod.candidate_files(target.git_root, specs)
+
+
+def _read_ref(view: RootView, ref: str, depth: int = 0) -> str:
+    """A ref's object id read from .git's files (loose ref, then packed-refs); "" if unborn."""
+    try:
+        value = view.read_bytes(f".git/{ref}").decode("ascii", "replace").strip()
+    except CcwError:
+        value = ""
+    if value.startswith("ref: ") and depth < 5:
+        return _read_ref(view, value[5:], depth + 1)
+    if value:
+        return value
+    try:
+        packed = view.read_bytes(".git/packed-refs").decode("ascii", "replace")
+    except CcwError:
+        return ""
+    for line in packed.splitlines():
+        oid, _, name = line.partition(" ")
+        if name == ref:
+            return oid
+    return ""
+
+
+def capsule_fingerprint(view: RootView, state: Any, capsule_id: str) -> Fingerprint:
+    """The fingerprint of a capsule's view, computed without git.
+
+    ``head_oid`` is read from the capsule's ``.git`` files; ``index_oid`` is "" (writing a
+    tree needs git, which cannot reach the view); ``status_hash`` is sha256 over the
+    capsule's change sequence: every change to a capsule is an exec or a tool write,
+    both journaled, so the last sequence number names its state exactly, and a lease
+    goes stale on any change to the capsule.
+    """
+    import hashlib
+
+    from mcp_server.core.canonical import canonical_json
+    from mcp_server.journal import Journal
+
+    journal = Journal(state)
+    seq = max([0] + [e["seq"] for e in journal.execs(capsule_id)] + [w["seq"] for w in journal.writes(capsule_id)])
+    status = hashlib.sha256(canonical_json({"capsule_id": capsule_id, "seq": seq})).hexdigest()
+    return Fingerprint(head_oid=_read_ref(view, "HEAD"), index_oid="", status_hash=status)
 
 
 def capture(view: RootView, store: BlobStore, files: list[str]) -> list[Entry]:

@@ -41,7 +41,14 @@ def decode_content(content: str) -> bytes:
             return base64.b64decode(content[7:], validate=True)
         except binascii.Error as exc:
             raise CcwError("INVALID_ARGUMENT", f"content is not valid base64 after 'base64:': {exc}") from exc
-    return content.encode("utf-8", "surrogateescape")
+    try:
+        return content.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # "\ud800" in JSON: a lone surrogate that surrogateescape cannot map to a byte.
+        raise CcwError(
+            "INVALID_ARGUMENT", "content holds a lone surrogate, which is not UTF-8; send valid text "
+            "or the bytes as 'base64:...'",
+        ) from None
 
 
 def _remove_empty_parents(view: RootView, path: str) -> None:
@@ -145,6 +152,10 @@ async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any
 
 
 def _after_write(ctx: Any, target: T.LiveTarget, lease_id: str, payload: dict[str, Any], touched: list[str]) -> dict[str, Any]:
+    if target.capsule_id:
+        from mcp_server.tools.capsule import note_tool_changes
+
+        note_tool_changes(ctx.state, target.capsule_id, target.view, touched)
     new = target.fingerprint()
     leases = T.lease_store(ctx)
     leases.rebase(lease_id, new)
