@@ -1,5 +1,6 @@
-"""Faults that kill a process: the helper during an exec, the front end during a promotion
-and during a witness, and stale socket files left at start.
+"""Faults, each followed by a restart: kill -9 of the helper during an exec and of the
+front end during a promotion and during a witness; stale socket files at start; a full
+disk under the state dir; a corrupt SQLite database.
 
 Each test runs a real ``ccw-mcp`` on a unix socket (``MCP_ENDPOINT=socket``) with its
 embedded helper, injects the fault, restarts what died, and checks that no data is lost,
@@ -15,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import threading
 import time
@@ -325,3 +327,121 @@ def test_stale_socket_files_at_start(front: Front, record_property: Props) -> No
     assert helper_socket.is_socket() and len(front.helper_pids()) == 1
     front.stop()
     assert not mcp_socket.exists()
+
+
+# --- storage faults ------------------------------------------------------------------
+
+
+def _git(cwd: Path, *args: str) -> None:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+@pytest.fixture
+def small_state(root_required: None, tmp_path: Path) -> Iterator[Path]:
+    """The state dir on a 16 MiB tmpfs, unmounted after the server stopped."""
+    state = tmp_path / "state"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "ccw-faults", str(state)], check=True)
+    try:
+        yield state
+    finally:
+        subprocess.run(["umount", str(state)], check=True)
+
+
+def _fill(directory: Path) -> Path:
+    """Write a file until the filesystem is full, down to the last byte."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as out:
+        for chunk in (1 << 20, 1 << 12, 1):
+            try:
+                while True:
+                    out.write(b"\xa5" * chunk)
+            except OSError as exc:
+                assert exc.errno == 28, exc
+    return filler
+
+
+def test_disk_full_in_the_state_dir(small_state: Path, front: Front, record_property: Props) -> None:
+    _git(front.workspace, "init", "-q")
+    _git(front.workspace, "add", "-A")
+    _git(front.workspace, "commit", "-qm", "base")
+    front.start()
+    client = front.client()
+    capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
+    assert client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "echo 1 > one.txt"]})["exit_code"] == 0
+    filler = _fill(small_state)
+    record_property("faults_tried", 1)
+
+    # Every tool that writes state answers with a structured error that says what to do.
+    writes: list[tuple[str, dict[str, Any]]] = [
+        ("capsule_create", {"workspace": str(front.workspace)}),
+        ("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "seq 1 300000; seq 1 300000 >&2"]}),
+        ("capsule_witness", {"capsule_id": capsule}),
+        ("snapshot_create", {}),
+    ]
+    for method, params in writes:
+        with pytest.raises(ToolFailed) as failed:
+            client.call(method, params)
+        assert failed.value.code == "TOO_LARGE", (method, failed.value)
+        message = failed.value.error["message"]
+        assert str(small_state) in message and "space" in message.lower(), (method, message)
+    server = front.server
+    assert server is not None and server.proc.poll() is None
+    assert "mcp:bug" not in server.log
+
+    filler.unlink()
+    other = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
+    ran = client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["cat", "one.txt"]})
+    assert ran["stdout"] == "1\n"
+    made = client.call("capsule_witness", {"capsule_id": capsule})
+    assert client.call("witness_verify", {"witness_id": made["witness_id"]})["ok"] is True
+    assert client.call("snapshot_create", {})["snapshot_id"]
+    client.call("capsule_destroy", {"capsule_id": other})
+    front.stop()
+    db = sqlite3.connect(small_state / "ccw.sqlite3")
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        db.close()
+    assert not list((small_state / "witnesses").glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["table_page", "header"])
+def test_corrupt_database_is_moved_aside(front: Front, damage: str, record_property: Props) -> None:
+    front.start()
+    client = front.client()
+    client.call("policy_set", {"name": "mine", "rules": {"deny_paths": ["secret"]}})
+    assert "mine" in json.dumps(client.call("policy_list", {}))
+    front.stop()
+    db_path = front.state / "ccw.sqlite3"
+    assert not Path(f"{db_path}-wal").exists() or Path(f"{db_path}-wal").stat().st_size == 0
+    with open(db_path, "r+b") as db_file:
+        header = db_file.read(100)
+        page_size = int.from_bytes(header[16:18], "big")
+        pages = db_path.stat().st_size // page_size
+        assert pages > 2
+        if damage == "header":
+            db_file.seek(0)
+            db_file.write(b"this is not sqlite" * 4)
+        else:  # every b-tree page but the schema's: their headers become garbage
+            for page in range(1, pages):
+                db_file.seek(page * page_size)
+                db_file.write(b"\x0d\xff\xff\xff\xff\x00\x00\x00")
+    record_property("faults_tried", 1)
+
+    server = front.start()
+    corrupt = sorted(front.state.glob("ccw.sqlite3.corrupt-*"))
+    assert len(corrupt) == 1, server.log
+    assert f"mcp:state-corrupt {db_path}" in server.log and str(corrupt[0]) in server.log
+    assert "Traceback" not in server.log
+    client = front.client()
+    assert "mine" not in json.dumps(client.call("policy_list", {}))  # lost, as documented
+    client.call("policy_set", {"name": "mine", "rules": {"deny_paths": ["secret"]}})
+    capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
+    assert client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["cat", "a.txt"]})["stdout"] == "old a\n"
+    front.stop()
+    front.start()  # the fresh database is healthy: no second move
+    assert len(sorted(front.state.glob("ccw.sqlite3.corrupt-*"))) == 1
+    assert "mine" in json.dumps(front.client().call("policy_list", {}))
