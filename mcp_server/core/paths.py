@@ -6,7 +6,8 @@
   component anywhere (even ``a/../b``, which a naive join would accept), an absolute
   path, and a component starting with ``~`` (shell home expansion).  ``foo~`` backup
   files are ordinary names.
-- Refused with INVALID_ARGUMENT: NUL bytes, and paths over ``MAX_PATH_BYTES``.
+- Refused with INVALID_ARGUMENT: NUL bytes, lone surrogates (which no file name can hold),
+  and paths over ``MAX_PATH_BYTES``.
 - Returned paths are sorted by their UTF-8 bytes (``sort_paths``), never by locale.
 """
 
@@ -26,7 +27,15 @@ def normalize(path: str) -> str:
         raise CcwError("INVALID_ARGUMENT", f"path must be a string, got {type(path).__name__}")
     if "\x00" in path:
         raise CcwError("INVALID_ARGUMENT", f"path {path!r} contains a NUL byte", {"path": path})
-    if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+    try:
+        encoded = path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
+        raise CcwError(
+            "INVALID_ARGUMENT", f"path {path!r} contains a lone UTF-16 surrogate; give the path as UTF-8 text",
+            {"path": path[:200]},
+        ) from None
+    if len(encoded) > MAX_PATH_BYTES:
         raise CcwError("INVALID_ARGUMENT", f"path is longer than {MAX_PATH_BYTES} bytes", {"path": path[:200]})
     if path.startswith("/"):
         raise CcwError(

@@ -82,6 +82,11 @@ def locate(path: str, roots: Sequence[str] | None, workspace: str) -> Located:
     allowed = effective_roots(roots, workspace)
     if "\x00" in path:
         raise CcwError("INVALID_ARGUMENT", "path contains a NUL byte; give a plain file path.")
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
+        raise CcwError("INVALID_ARGUMENT", "path contains a lone UTF-16 surrogate; give the path as UTF-8 text.") from None
     absolute = path if os.path.isabs(path) else os.path.join(allowed[0], path)
     resolved = os.path.realpath(absolute)
     # The most specific root wins when roots nest, so the result does not depend on order.
@@ -107,6 +112,11 @@ def locate_lexical(path: str, root: str) -> Located:
     """
     if "\x00" in path:
         raise CcwError("INVALID_ARGUMENT", "path contains a NUL byte; give a plain file path.")
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
+        raise CcwError("INVALID_ARGUMENT", "path contains a lone UTF-16 surrogate; give the path as UTF-8 text.") from None
     absolute = os.path.normpath(path if os.path.isabs(path) else os.path.join(root, path))
     if not is_within(absolute, root):
         raise CcwError(
