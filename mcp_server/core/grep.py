@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sandbox.errors import CcwError
+
 BINARY_SNIFF = 8000
 MAX_LINE_TEXT = 400
 
@@ -34,7 +36,13 @@ class Matcher:
     @classmethod
     def build(cls, pattern: str, *, regex: bool = False, ignore_case: bool = False) -> Matcher:
         """Compile ``pattern``; invalid regular expressions raise ``re.error``."""
-        raw = pattern.encode("utf-8")
+        try:
+            raw = pattern.encode("utf-8")
+        except UnicodeEncodeError:
+            # JSON's "\ud800" decodes to a lone surrogate, which no UTF-8 file can contain.
+            raise CcwError(
+                "INVALID_ARGUMENT", "pattern holds a lone surrogate, which is not UTF-8 text; search for valid text"
+            ) from None
         if not regex and not ignore_case:
             return cls(raw, None)
         source = raw if regex else re.escape(raw)

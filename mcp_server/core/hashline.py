@@ -179,6 +179,15 @@ def parse_anchor(text: str, index: int) -> Anchor:
 
 def content_lines(content: str) -> list[str]:
     """New content as lines: split on LF (CRLF accepted), one trailing newline dropped."""
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # JSON can carry "\ud800" or a surrogate-escaped byte; neither is text we can write.
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"content holds {content[exc.start]!r} at {exc.start}, a surrogate that is not UTF-8 text; "
+            "send valid Unicode text (write raw bytes with file_create encoding='base64').",
+        ) from None
     if content.endswith("\n"):
         content = content[:-1]
     return [line[:-1] if line.endswith("\r") else line for line in content.split("\n")]

@@ -41,6 +41,13 @@ def normalize_path(path: str) -> str:
     """Root-relative, normalised form of an agent's path; ``""`` is the root itself."""
     if not isinstance(path, str) or "\x00" in path:
         raise CcwError("INVALID_ARGUMENT", "path must be a string without NUL bytes; give a path like '/src/main.py'.")
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
+        raise CcwError(
+            "INVALID_ARGUMENT", f"path {path[:200]!r} contains a lone UTF-16 surrogate; give the path as UTF-8 text.",
+        ) from None
     if _DRIVE.match(path) or "\\" in path:
         raise CcwError(
             "INVALID_ARGUMENT",
@@ -74,7 +81,14 @@ def display_path(rel: str) -> str:
 def decode_content(content: str, encoding: str) -> bytes:
     """Bytes to store for ``content`` in ``encoding`` (MCP-030, MCP-031)."""
     if encoding == "utf-8":
-        return content.encode("utf-8")
+        try:
+            return content.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CcwError(
+                "INVALID_ARGUMENT",
+                "content holds a lone surrogate, which is not UTF-8 text; send valid Unicode text, "
+                "or the bytes with encoding='base64'.",
+            ) from None
     if encoding == "base64":
         try:
             return base64.b64decode(content, validate=True)
