@@ -109,6 +109,12 @@ def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
 
 def _real(path: str) -> str:
     # The helper re-checks the path; resolving here makes journal entries canonical.
+    try:
+        os.fsencode(path)  # a lone surrogate ("\ud800" in JSON) names no directory
+    except UnicodeEncodeError:
+        path = "\x00"
+    if "\x00" in path:
+        raise CcwError("INVALID_ARGUMENT", "workspace and base must be directory paths without NUL bytes or lone surrogates")
     return os.path.realpath(os.path.expanduser(path))
 
 
