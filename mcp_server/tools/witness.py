@@ -42,7 +42,7 @@ from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.errors import CcwError
+from sandbox.errors import CcwError, from_oserror
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS witnesses (
@@ -287,7 +287,14 @@ def _locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
             )
         return Path(rows[0]["path"]), rows[0]["root_hash"]
     if args.get("path"):
-        return Path(args["path"]), None
+        path = args["path"]
+        try:
+            os.fsencode(path)  # a lone surrogate ("\ud800" in JSON) names no file
+        except UnicodeEncodeError:
+            path = "\x00"
+        if "\x00" in path:
+            raise CcwError("INVALID_ARGUMENT", "path holds a NUL byte or a lone surrogate; give a witness file path")
+        return Path(path), None
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
 
@@ -297,6 +304,8 @@ def _verify(path: Path, expected: str | None) -> dict[str, Any]:
             return wfmt.verify(f, expected)
     except FileNotFoundError:
         raise CcwError("NOT_FOUND", f"witness file {str(path)!r} does not exist; check the path") from None
+    except OSError as exc:
+        raise from_oserror(exc, "reading witness file", str(path), "give the path of a .tar.zst from capsule_witness") from None
 
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
