@@ -108,7 +108,10 @@ def _unquote(raw: bytes) -> bytes:
                 i += 2
                 continue
             if nxt.isdigit():
-                out.append(int(raw[i + 1:i + 4], 8))
+                digits = raw[i + 1:i + 4]
+                if len(digits) != 3 or any(c not in b"01234567" for c in digits) or digits[0] > ord("3"):
+                    raise ValueError(f"{digits!r} after a backslash is not a three-digit octal byte")
+                out.append(int(digits, 8))
                 i += 4
                 continue
         out += ch
@@ -123,7 +126,10 @@ def _name(raw: bytes, strip: int, lineno: int) -> str | None:
         raw = raw.split(b"\t", 1)[0]
     if raw == b"/dev/null":
         return None
-    name = _unquote(raw)
+    try:
+        name = _unquote(raw)
+    except ValueError as exc:
+        raise _corrupt(lineno, str(exc)) from None
     for _ in range(strip):
         if b"/" not in name:
             raise _corrupt(lineno, f"path {name!r} has no prefix to strip")
@@ -181,6 +187,14 @@ def parse_patch(data: bytes) -> list[FilePatch]:
     return patches
 
 
+def _mode(raw: bytes, lineno: int) -> int:
+    """A file mode from a git header line (octal digits)."""
+    try:
+        return int(raw, 8)
+    except ValueError:
+        raise _corrupt(lineno, f"{raw[:20]!r} is not an octal file mode") from None
+
+
 def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
     old, new = _git_header_names(lines[i][len(b"diff --git "):], i + 1)
     patch = FilePatch(old, new)
@@ -188,18 +202,18 @@ def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
     while i < len(lines):
         line = lines[i].rstrip(b"\n")
         if line.startswith(b"old mode "):
-            patch.old_mode = int(line[9:], 8)
+            patch.old_mode = _mode(line[9:], i + 1)
         elif line.startswith(b"new mode "):
-            patch.new_mode = int(line[9:], 8)
+            patch.new_mode = _mode(line[9:], i + 1)
         elif line.startswith(b"deleted file mode "):
-            patch.is_delete, patch.old_mode = True, int(line[18:], 8)
+            patch.is_delete, patch.old_mode = True, _mode(line[18:], i + 1)
         elif line.startswith(b"new file mode "):
-            patch.is_new, patch.new_mode = True, int(line[14:], 8)
+            patch.is_new, patch.new_mode = True, _mode(line[14:], i + 1)
         elif line.startswith(b"index "):
             parts = line.split(b" ")
             patch.old_oid = parts[1].split(b"..")[0].decode("ascii", "replace")
             if len(parts) == 3:
-                patch.old_mode = patch.new_mode = int(parts[2], 8)
+                patch.old_mode = patch.new_mode = _mode(parts[2], i + 1)
         elif line.startswith((b"rename from ", b"copy from ")):
             patch.old_path = _name(line.split(b" ", 2)[2], 0, i + 1)
             patch.is_rename = line.startswith(b"rename")
@@ -231,6 +245,9 @@ def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
         patch.new_path = None
     if patch.old_path is None and patch.new_path is None:
         raise _corrupt(i, "a file diff names no path")
+    # A damaged header can leave one side unnamed; apply() needs both unless new or deleted.
+    if (patch.old_path is None and not patch.is_new) or (patch.new_path is None and not patch.is_delete):
+        raise _corrupt(i, "a file diff names only one side (old or new path) and is neither a new nor a deleted file")
     patches.append(patch)
     return i
 
