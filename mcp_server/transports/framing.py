@@ -176,6 +176,11 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
+def is_valid_id(value: Any) -> bool:
+    """True for a JSON-RPC id that can name a request: a string or a number, not a bool."""
+    return _valid_id(value)
+
+
 def classify(data: bytes) -> Frame:
     """Parse one frame and say what it is; malformed input becomes ``Invalid``."""
     try:

@@ -176,7 +176,9 @@ class NdjsonConnection:
     def _cancel_direct(self, params: Any) -> None:
         # The SDK cancels its own requests; direct methods are ours to cancel.
         request_id = params.get("requestId") if isinstance(params, dict) else None
-        scope = self._direct.get(framing.id_key(request_id)) if request_id is not None else None
+        # Only a valid id can name a request; a list or object here is unhashable and must
+        # not reach the dict lookup (a TypeError would end the connection's nursery).
+        scope = self._direct.get(framing.id_key(request_id)) if framing.is_valid_id(request_id) else None
         if scope is not None:
             scope.cancel()
 
