@@ -29,6 +29,7 @@ response order.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,8 +173,11 @@ def result_message(id_: Any, result: Any) -> dict[str, Any]:
 
 
 def _valid_id(value: Any) -> bool:
-    # Seed 001: ids are strings or numbers (not booleans, which Python calls ints).
-    return isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool))
+    # Seed 001: ids are strings or numbers (not booleans, which Python calls ints).  1e400
+    # parses as inf, which no JSON answer can carry back: not a usable id.
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def is_valid_id(value: Any) -> bool:
@@ -200,8 +204,8 @@ def classify(data: bytes) -> Frame:
         return Invalid(error_message(id_ if _valid_id(id_) else None, INVALID_REQUEST, "method must be a string"))
     if not has_id:
         return Notification(method, message)
-    if not isinstance(id_, str | int | float) or isinstance(id_, bool):
-        return Invalid(error_message(None, INVALID_REQUEST, "id must be a string or a number"))
+    if not _valid_id(id_) or not isinstance(id_, str | int | float):
+        return Invalid(error_message(None, INVALID_REQUEST, "id must be a string or a finite number"))
     return Request(id_, method, message.get("params"), message)
 
 
@@ -301,7 +305,12 @@ def oversized_answer(event: Oversized, is_direct_method: bool) -> dict[str, Any]
 
 def encode(message: dict[str, Any]) -> bytes:
     """One frame: compact JSON and a newline (non-ASCII stays literal UTF-8)."""
-    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    try:
+        return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+    except UnicodeEncodeError:
+        # A lone surrogate (a client's "\ud800" echoed back, say) has no UTF-8 form; JSON's
+        # own \u escape carries it, as the client sent it.
+        return json.dumps(message, ensure_ascii=True, separators=(",", ":")).encode("ascii") + b"\n"
 
 
 # --- per-connection response order -----------------------------------------------

@@ -96,7 +96,7 @@ class NdjsonConnection:
         async with self._out_send:
             async for item in self._from_sdk_recv:
                 message = item.message
-                frame = (message.model_dump_json(by_alias=True, exclude_unset=True) + "\n").encode("utf-8")
+                frame = framing.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
                 if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id is not None:
                     await self._out_send.send(("id", message.id, frame))
                 else:
@@ -190,6 +190,14 @@ class NdjsonConnection:
                 await self._answer_now(
                     framing.error_message(request_id, framing.INVALID_REQUEST, f"invalid JSON-RPC message: {exc}")
                 )
+            return
+        if request_id is not None and not (
+            isinstance(parsed, types.JSONRPCRequest) and framing.id_key(parsed.id) == framing.id_key(request_id)
+        ):
+            # The SDK reads a request with a float id (1.5, even 2.0) as a notification and
+            # would never answer it; its reserved slot would then hold back every later answer.
+            await self._answer_now(framing.error_message(
+                request_id, framing.INVALID_REQUEST, "MCP methods take a string or integer id; resend with one"))
             return
         metadata = None
         if request_id is not None:
