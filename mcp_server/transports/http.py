@@ -174,7 +174,7 @@ class CcwHttpApp:
             return
         try:
             message = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: 100,000 nested arrays
             message = None
         if isinstance(message, dict) and isinstance(message.get("method"), str):
             method, params = message["method"], message.get("params")
@@ -187,6 +187,10 @@ class CcwHttpApp:
             if self.app.is_direct_method(method):
                 if "id" not in message:
                     await _respond(send, 202, None)
+                    return
+                if not framing.is_valid_id(message["id"]):
+                    await _respond(send, 400, framing.error_message(
+                        None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
                     return
                 await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
                 return
@@ -229,7 +233,7 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 
 async def _respond(send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = b"" if payload is None else json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    body = b"" if payload is None else framing.encode(payload).rstrip(b"\n")
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
