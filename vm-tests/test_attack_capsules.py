@@ -192,3 +192,50 @@ def test_witness_paths_hostile(tools: Any, arena: tuple[Path, Path], tmp_path: P
     tried = tools.run(scenario)
     assert tree_digest(canary) == before
     record_property("attacks_tried", tried)
+
+
+def test_promotion_while_a_link_is_swapped_in_and_out(tools: Any, arena: tuple[Path, Path],
+                                                      record_property: Any) -> None:
+    """A thread flips ws/sw between a real directory and a link to the canary while capsules
+    that write sw/x (and sw/sub/y) are promoted one after another, for two seconds."""
+    import threading
+    import time
+
+    ws, canary = arena
+    (ws / "sw_real").mkdir()
+    os.symlink("sw_real", ws / "sw")
+    before = tree_digest(canary)
+    stop = threading.Event()
+
+    def swap() -> None:
+        flips = 0
+        while not stop.is_set():
+            tmp = ws / f".sw.{flips % 2}"
+            os.symlink(str(canary) if flips % 2 else "sw_real", tmp)
+            os.replace(tmp, ws / "sw")
+            flips += 1
+
+    async def scenario(t: Any) -> int:
+        a = Attacks(t)
+        thread = threading.Thread(target=swap)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 2.0
+            n = 0
+            while time.monotonic() < deadline:
+                cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+                await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c",
+                    f"rm -f sw && mkdir -p sw/sub && echo PWNED{n} > sw/x && echo PWNED > sw/sub/y"]})
+                await a.attempt("capsule_promote", {"capsule_id": cap, "policies": []})
+                await a.attempt("workspace_write_file", {"capsule_id": cap, "path": "sw/z", "content": "PWNED"})
+                await t.call("capsule_destroy", {"capsule_id": cap})
+                n += 1
+        finally:
+            stop.set()
+            thread.join()
+        return a.tried
+
+    tried = tools.run(scenario)
+    assert tree_digest(canary) == before
+    assert not (canary / "x").exists() and not (canary / "sub").exists()
+    record_property("attacks_tried", tried)
