@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +200,6 @@ def test_promotion_while_a_link_is_swapped_in_and_out(tools: Any, arena: tuple[P
                                                       record_property: Any) -> None:
     """A thread flips ws/sw between a real directory and a link to the canary while capsules
     that write sw/x (and sw/sub/y) are promoted one after another, for two seconds."""
-    import threading
-    import time
-
     ws, canary = arena
     (ws / "sw_real").mkdir()
     os.symlink("sw_real", ws / "sw")
