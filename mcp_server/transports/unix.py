@@ -109,6 +109,9 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+MAX_ANSWER = 256 << 20  # what the client side accepts in one answer line
+
+
 @contextlib.asynccontextmanager
 async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
     """Client side: an SDK ``Transport`` (read, write streams) over a unix socket.
@@ -124,9 +127,11 @@ async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](32)
 
     async def reader() -> None:
-        from mcp_server.transports.framing import Line, LineSplitter
+        from mcp_server.transports.framing import Line, LineSplitter, Oversized
 
-        splitter = LineSplitter()
+        # The 1 MiB guard is on requests (seed 001); answers may be larger (a whole file
+        # read back), so the client reads up to MAX_ANSWER and reports anything bigger.
+        splitter = LineSplitter(max_frame=MAX_ANSWER)
         async with read_send:
             while True:
                 try:
@@ -136,6 +141,9 @@ async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
                 if not data:
                     return
                 for event in splitter.feed(data):
+                    if isinstance(event, Oversized):
+                        await read_send.send(ValueError(f"an answer over {MAX_ANSWER} bytes was dropped"))
+                        continue
                     if isinstance(event, Line):
                         try:
                             message = types.jsonrpc_message_adapter.validate_json(event.data, by_name=False)
