@@ -17,18 +17,19 @@ def test_a_two_megabyte_answer_arrives_whole(tmp_path: Path) -> None:
     server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", CCW_TOOLSETS="text", CCW_WORKSPACE=str(tmp_path)))
     path = server.wait_ready()
 
-    async def main() -> tuple[int, str]:
+    async def main() -> tuple[int, int, str]:
         async with Client(connect(path), mode="legacy") as client:
             result = await client.call_tool("read_text_file", {"path": str(big)})
-            return result.structured_content["total_lines"], result.structured_content["content"]
+            out = result.structured_content
+            return out["total_lines"], out["end_line"], out["content"]
 
-    async def bounded() -> tuple[int, str]:
+    async def bounded() -> tuple[int, int, str]:
         with trio.fail_after(60):  # the bug this guards against was a silent hang
             return await main()
 
     try:
-        total, content = trio.run(bounded)
+        total, end, content = trio.run(bounded)
     finally:
         server.stop()
-    assert total == 10_000 and len(content) > 1_900_000
-    assert content.splitlines()[-1].startswith("10000:") and content.splitlines()[-1].endswith("x" * 190)
+    assert total == 10_000 and len(content) > 1_800_000  # one page of the read, well over 1 MiB
+    assert content.splitlines()[-1].startswith(f"{end}:") and content.splitlines()[-1].endswith("x" * 190)
