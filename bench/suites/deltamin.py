@@ -66,7 +66,7 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
     from mcp_server.core import changeset
     from mcp_server.core.fsview import RootView
     from mcp_server.state import State
-    from mcp_server.tools import counterfactual
+    from mcp_server.tools import deltamin as counterfactual
     from mcp_server.tools.registry import Registry
 
     ws = root / "ws"
@@ -92,7 +92,7 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         changes = (await helper.request("changes", {"capsule_id": cap}))["changes"]
         root_fd = await helper.open_root(cap)
         with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
-            material = counterfactual._units_from(changeset.expand(changes, base, capsule), base, capsule)
+            material = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
         record = counterfactual.live_record(ctx, cap)
         trials = counterfactual.Trials(ctx, record, material, argv, counterfactual.predicate("exit_code"), 600_000)
         start = time.perf_counter()

@@ -39,7 +39,8 @@ from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.policy import POLICY_NAME, PolicyStore
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from mcp_server.tools.witness import make_witness, replay
+from mcp_server.tools.replay import replay
+from mcp_server.tools.witness import make_witness
 from sandbox.errors import CcwError
 
 TEST_TIMEOUT_MS = 600_000

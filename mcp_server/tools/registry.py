@@ -108,9 +108,11 @@ class ResourceSpec:
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
     "mcp_server.tools.promote",
-    "mcp_server.tools.counterfactual",
+    "mcp_server.tools.deltamin",
+    "mcp_server.tools.commutativity",
     "mcp_server.tools.policy",
     "mcp_server.tools.witness",
+    "mcp_server.tools.replay",
     "mcp_server.tools.snapshot",
     "mcp_server.tools.workspace",
     "mcp_server.tools.hashline",

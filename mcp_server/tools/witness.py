@@ -1,4 +1,4 @@
-"""Witness tools: capsule_witness, witness_verify, witness_list, capsule_replay (seed 003 §4–§5).
+"""Witness tools: capsule_witness, witness_verify, witness_list (seed 003 §4; replay is in replay.py).
 
 A witness packages what a capsule did (see core/witness.py for the format).  Choices:
 
@@ -27,7 +27,6 @@ import base64
 import contextlib
 import datetime as dt
 import os
-import shutil
 import signal
 import tempfile
 from pathlib import Path
@@ -40,7 +39,7 @@ from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
-from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
+from mcp_server.tools.capsule import CAPSULE_ID, live_record
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError, from_oserror
 
@@ -276,7 +275,7 @@ async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
 # --- reading witnesses ---------------------------------------------------------------
 
 
-def _locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
+def locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
     if args.get("witness_id"):
         rows = _table(state).execute("SELECT path, root_hash FROM witnesses WHERE witness_id = ?", (args["witness_id"],))
         if not rows:
@@ -298,7 +297,7 @@ def _locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
 
-def _verify(path: Path, expected: str | None) -> dict[str, Any]:
+def verify_file(path: Path, expected: str | None) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
             return wfmt.verify(f, expected)
@@ -310,8 +309,8 @@ def _verify(path: Path, expected: str | None) -> dict[str, Any]:
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Recompute every hash of a witness and list what does not match."""
-    path, expected = _locate(ctx.state, args)
-    report = await trio.to_thread.run_sync(_verify, path, args.get("root_hash") or expected)
+    path, expected = locate(ctx.state, args)
+    report = await trio.to_thread.run_sync(verify_file, path, args.get("root_hash") or expected)
     return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"]}
 
 
@@ -332,205 +331,7 @@ async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     }
 
 
-# --- replay ----------------------------------------------------------------------------
-
-
-def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: Path) -> None:
-    for item in manifest["base"]["files"]:
-        target = into / item["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if item["type"] == "symlink":
-            os.symlink(item["target"], target)
-        else:
-            target.write_bytes(blobs[item["blob"]])
-            os.chmod(target, item["mode"])
-
-
-def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
-    """Redo one recorded file-tool change inside a capsule (through its root fd)."""
-    from mcp_server.core.promote import make_symlink, remove_tree
-
-    with RootView.from_fd(root_fd) as view:
-        path = write["path"]
-        parent = path.rpartition("/")[0]
-        if write["action"] in ("write", "symlink") and parent:
-            view.makedirs(parent)
-        if write["action"] == "write":
-            view.write_bytes(path, blobs[write["blob"]], write.get("mode"))
-        elif write["action"] == "symlink":
-            make_symlink(view, write["target"], path)
-        elif write["action"] == "delete":
-            remove_tree(view, path)
-        elif write["action"] == "chmod" and write.get("mode") is not None:
-            view.chmod(path, write["mode"])
-
-
-def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    problems = []
-    try:
-        view = RootView.open(manifest["workspace"])
-    except CcwError:
-        return [{"path": ".", "problem": "workspace missing"}]
-    with view:
-        for item in manifest["base"]["files"]:
-            side = changeset.lstat(view, item["path"])
-            if side is None:
-                problems.append({"path": item["path"], "problem": "missing"})
-            elif item["type"] == "symlink":
-                if side.target != item["target"]:
-                    problems.append({"path": item["path"], "problem": "link target differs"})
-            elif side.kind != "file" or wfmt.blob_hash(view.read_bytes(item["path"])) != item["blob"]:
-                problems.append({"path": item["path"], "problem": "content differs"})
-    return problems
-
-
-def _replay_changes(changes: list[dict[str, Any]], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
-    with RootView.from_fd(root_fd) as capsule, RootView.open(base_dir) as base:
-        entries = changeset.expand(changes, base, capsule)
-        out = []
-        for entry in entries:
-            new = entry.new
-            out.append({
-                "path": entry.path,
-                "status": "added" if entry.old is None else "deleted" if new is None else "modified",
-                "type": new.kind if new else None,
-                "mode": new.mode if new else None,
-                "target": new.target if new and new.kind == "symlink" else None,
-                "blob": wfmt.blob_hash(capsule.read_bytes(entry.path)) if new and new.kind == "file" else None,
-            })
-        return out
-
-
-def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:
-    # Only where each path ends up matters: "modified" against the original base and
-    # "added" against a rebuilt base that holds just the files read are the same outcome.
-    return {
-        c["path"]: None if c["status"] == "deleted" else (c["type"], c["mode"], c["target"], c["blob"])
-        for c in changes
-    }
-
-
-def _compare_changes(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    want = _final_states(expected)
-    got = _final_states(actual)
-    out = []
-    for path in sorted(set(want) | set(got), key=lambda p: p.encode("utf-8", "surrogateescape")):
-        if want.get(path) != got.get(path):
-            out.append({"kind": "change", "path": path, "expected": want.get(path), "actual": got.get(path)})
-    return out
-
-
-async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dict[str, Any]:
-    """Verify, rebuild the base, re-run the execs in a fresh capsule and compare."""
-    report = await trio.to_thread.run_sync(_verify, path, expected_root)
-    if not report["ok"]:
-        raise CcwError(
-            "CONFLICT",
-            "the witness failed verification, so it cannot be replayed; see details.problems "
-            "(a tampered or truncated file): make the witness again from its capsule",
-            {"problems": report["problems"]},
-        )
-    manifest, blobs = report["manifest"], report["blobs"]
-    workspace = manifest["workspace"]
-    scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=ctx.state.tmp_dir))
-    helper = await ctx.helper()
-    capsule_id = None
-    try:
-        if manifest["include_blobs"]:
-            base_dir = str(scratch / "base")
-            os.mkdir(base_dir, 0o755)
-            await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, Path(base_dir))
-        else:
-            problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest)
-            if problems:
-                raise CcwError(
-                    "NOT_FOUND",
-                    f"the witness carries no blobs and the live workspace no longer matches its base "
-                    f"({len(problems)} file(s), first {problems[0]['path']}: {problems[0]['problem']}); "
-                    "make the witness with include_blobs: true to replay it anywhere",
-                    {"files": problems},
-                )
-            base_dir = workspace
-        spec = manifest["capsule"]
-        recorded_clock = dt.datetime.fromisoformat(spec["clock"])
-        offset = int((recorded_clock - dt.datetime.now(dt.UTC)).total_seconds())
-        request: dict[str, Any] = {
-            "workspace": workspace, "clock_offset_sec": offset, "env_whitelist": spec["env_whitelist"],
-            "limits": spec["limits"], "network": spec["network"],
-        }
-        if base_dir != workspace:
-            request["base"] = base_dir
-        created = await helper.request("create", request)
-        capsule_id = created["capsule_id"]
-        record = CapsuleRecord(
-            capsule_id=capsule_id, workspace=workspace, base=base_dir, parent=None, created_at="", clock=spec["clock"],
-            clock_offset_sec=offset, env_whitelist=spec["env_whitelist"], limits=spec["limits"], network=spec["network"],
-            isolation={}, mount="", base_fingerprint=None, destroyed_at=None,
-        )
-        mismatches: list[dict[str, Any]] = []
-        cpu_ms = 0
-        cpu_known = True
-        rss_max = None
-        steps = sorted(
-            [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
-            key=lambda step: step[1]["seq"],
-        )
-        for kind, ex in steps:
-            if kind == "write":
-                root = await helper.open_root(capsule_id)
-                await trio.to_thread.run_sync(apply_write, root, ex, blobs)
-                continue
-            run: dict[str, Any] = {
-                "capsule_id": capsule_id, "argv": ex["argv"], "cwd": ex["cwd"], "env": exec_env(record),
-                "timeout_ms": ex.get("timeout_ms") or 300_000,
-            }
-            if spec["limits"]:
-                run["limits"] = spec["limits"]
-            if ex.get("stdin_blob"):
-                run["stdin_b64"] = base64.b64encode(blobs[ex["stdin_blob"]]).decode()
-            reply = await helper.request("exec", run)
-            for stream in ("stdout", "stderr"):
-                actual = wfmt.blob_hash(base64.b64decode(reply[f"{stream}_b64"]))
-                if actual != ex[f"{stream}_blake3"]:
-                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": stream,
-                                       "expected": ex[f"{stream}_blake3"], "actual": actual, "argv": ex["argv"]})
-            for field in ("exit_code", "signal", "timed_out"):
-                if reply.get(field) != ex[field]:
-                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": field,
-                                       "expected": ex[field], "actual": reply.get(field), "argv": ex["argv"]})
-            usage = reply["usage"]
-            if usage.get("cpu_ms") is None:
-                cpu_known = False
-            else:
-                cpu_ms += usage["cpu_ms"]
-            if usage.get("rss_max_kb") is not None:
-                rss_max = max(rss_max or 0, usage["rss_max_kb"])
-        changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
-        root_fd = await helper.open_root(capsule_id)
-        actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
-        mismatches += _compare_changes(manifest["changes"], actual_changes)
-        return {
-            "replay_ok": not mismatches,
-            "root_hash": report["root_hash"],
-            "execs": len(manifest["execs"]),
-            "mismatches": mismatches,
-            "metrics": {"cpu_ms": cpu_ms if cpu_known else None, "rss_max_kb": rss_max},
-        }
-    finally:
-        with trio.CancelScope(shield=True):
-            if capsule_id is not None:
-                with contextlib.suppress(CcwError):
-                    await helper.request("destroy", {"capsule_id": capsule_id})
-            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
-
-
-async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Replay a witness and say whether every exec and the change set came out the same."""
-    path, expected = _locate(ctx.state, args)
-    return await replay(ctx, path, expected)
-
-
-_PROBLEMS = {"type": "array", "items": {"type": "object"}}
+PROBLEMS = {"type": "array", "items": {"type": "object"}}
 
 TOOLS = [
     ToolSpec(
@@ -572,7 +373,7 @@ TOOLS = [
         },
         output_schema={
             "type": "object", "required": ["ok", "root_hash", "problems"], "additionalProperties": False,
-            "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": _PROBLEMS},
+            "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": PROBLEMS},
         },
         handler=witness_verify,
         scope="read",
@@ -595,33 +396,5 @@ TOOLS = [
         aliases=("witness/list",),
         read_only=True,
         idempotent=True,
-    ),
-    ToolSpec(
-        name="capsule_replay",
-        family="witness",
-        title="Replay witness",
-        description=(
-            "Re-run a witness's commands in a fresh capsule over its recorded base and compare exit "
-            "codes, output hashes and changes; mismatches name the exec and stream that differed."
-        ),
-        input_schema={
-            "type": "object", "additionalProperties": False,
-            "properties": {"witness_id": WITNESS_ID, "path": {"type": "string"}},
-        },
-        output_schema={
-            "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
-            "properties": {
-                "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "execs": {"type": "integer"},
-                "mismatches": _PROBLEMS,
-                "metrics": {
-                    "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
-                    "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},
-                },
-            },
-        },
-        handler=capsule_replay,
-        scope="exec",
-        aliases=("capsule/replay",),
-        read_only=True,
     ),
 ]
