@@ -58,10 +58,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import queue
 import select
 import struct
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -174,8 +174,9 @@ class Tracer:
                 poller.poll()
                 if not self._stopping:
                     # Let events pile up: one big read instead of a wakeup per open,
-                    # which costs the traced process more than the queueing does.
-                    time.sleep(_BATCH_DELAY)
+                    # which costs the traced process more than the queueing does.  Wait
+                    # on the wake pipe, not a plain sleep: collect() must not pay it.
+                    select.select([self._wake_r], [], [], _BATCH_DELAY)
                 self._drain()
                 if self._stopping:
                     self._drain()
@@ -321,14 +322,43 @@ class Tracer:
             self._thread.join()
 
     def teardown(self) -> None:
-        """Stop the reader and close every descriptor; idempotent."""
+        """Stop the reader and close every descriptor; idempotent.
+
+        Closing a fanotify group waits for an SRCU grace period (milliseconds): that
+        close is handed to a background thread so the exec's answer does not wait.
+        """
         self._stop()
         for name in ("_fan_fd", "_ns_fd", "_proc_fd", "_wake_r", "_wake_w"):
             fd = getattr(self, name)
             if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+                if name == "_fan_fd":
+                    _close_later(fd)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
                 setattr(self, name, None)
+
+
+_closing: queue.SimpleQueue[int] = queue.SimpleQueue()
+_closer: threading.Thread | None = None
+_closer_lock = threading.Lock()
+
+
+def _close_later(fd: int) -> None:
+    """Close ``fd`` on the closer thread (started on first use, lives with the helper)."""
+    global _closer
+    with _closer_lock:
+        if _closer is None:
+            _closer = threading.Thread(target=_close_forever, name="ccw-fanotify-close", daemon=True)
+            _closer.start()
+    _closing.put(fd)
+
+
+def _close_forever() -> None:
+    while True:
+        fd = _closing.get()
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _close_all(fds: list[int]) -> None:

@@ -77,7 +77,14 @@ def _abuse(tools: Any, workspace: Path, limits: dict[str, int] | None,
             nursery.start_soon(serve_meanwhile)
         after = await t.call("capsule_exec", {"capsule_id": bystander, "cmd": ["sh", "-c", "echo still serving"]})
         again = await t.call("capsule_exec", {"capsule_id": victim, "cmd": ["echo", "victim usable"]})
+        # Fanotify groups are closed on a background thread (their close waits for an
+        # RCU grace period): give it a moment; a real leak stays.
         fds_after = _fd_count(helper_pid)
+        for _ in range(50):
+            if fds_after <= fds_before:
+                break
+            await trio.sleep(0.05)
+            fds_after = _fd_count(helper_pid)
         for capsule in (victim, bystander):
             await t.call("capsule_destroy", {"capsule_id": capsule})
         return {"outcome": outcome, "bystander": after, "again": again, "fds": (fds_before, fds_after),
@@ -88,7 +95,7 @@ def _abuse(tools: Any, workspace: Path, limits: dict[str, int] | None,
     assert out["during"], "no exec of the other capsule completed while the abuse ran"
     assert all(r["exit_code"] == 0 and r["stdout"] == "ok\n" for r in out["during"])
     assert out["again"]["stdout"] == "victim usable\n"
-    assert out["fds"][1] == out["fds"][0], "the helper holds descriptors the abuse left behind"
+    assert out["fds"][1] <= out["fds"][0], "the helper holds descriptors the abuse left behind"
     assert _leftovers() == [], "processes of the abuse outlived its exec"
     return dict(out["outcome"])
 
