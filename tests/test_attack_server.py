@@ -94,3 +94,43 @@ def test_hostile_raw_json_paths_through_the_server(served: tuple[ServerProcess, 
     codes = {a["error"]["code"] for a in answers if "error" in a}
     assert TOOL_ERROR in codes and INVALID_PARAMS in codes, codes  # both layers were reached
     assert len(frames) - 1 == len(CALLS) * len(RAW_PATHS)
+
+
+def test_hostile_paths_through_tools_call_and_resources_read(served: tuple[ServerProcess, Path]) -> None:
+    """The same through the MCP SDK path (initialize, tools/call, resources/read list://)."""
+    server, tmp = served
+    before = tree_digest(tmp / "canary")
+    frames = [
+        '{"jsonrpc":"2.0","id":"init","method":"initialize","params":{"protocolVersion":"2025-11-25",'
+        '"capabilities":{},"clientInfo":{"name":"attack","version":"0"}}}',
+        '{"jsonrpc":"2.0","method":"notifications/initialized"}',
+    ]
+    ids: list[Any] = ["init"]
+    for tool, template in sorted(CALLS.items()):
+        for raw in RAW_PATHS:
+            ids.append(len(ids))
+            frames.append(f'{{"jsonrpc":"2.0","id":{ids[-1]},"method":"tools/call",'
+                          f'"params":{{"name":"{tool}","arguments":{template.format(p=raw)}}}}}')
+    for raw in RAW_PATHS:
+        ids.append(len(ids))
+        inner = raw[1:-1]  # the JSON string's escaped text, spliced after the scheme
+        frames.append(f'{{"jsonrpc":"2.0","id":{ids[-1]},"method":"resources/read","params":{{"uri":"list://{inner}"}}}}')
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(60)
+        sock.connect(server.path)
+        sock.sendall("\n".join(frames).encode() + b"\n")
+        buffer = b""
+        answers: list[Any] = []
+        while len(answers) < len(ids):
+            chunk = sock.recv(1 << 16)
+            assert chunk, f"server hung up after {len(answers)} answers"
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            answers += [json.loads(line) for line in lines if line]
+    assert [a["id"] for a in answers] == ids
+    for answer in answers[1:]:
+        error = answer.get("error") or (answer["result"].get("structuredContent") or {}).get("error")
+        if isinstance(error, dict):
+            assert error.get("code") not in (INTERNAL_ERROR, "INTERNAL"), answer
+        assert SECRET not in json.dumps(answer)
+    assert tree_digest(tmp / "canary") == before
