@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcp_server.core import fingerprint as fp_mod
+from mcp_server.core import gitgrep
 from mcp_server.core import paths as P
 from mcp_server.core.blobstore import blob_id_of
 from mcp_server.core.export import tar_bundle
@@ -285,12 +286,43 @@ async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         return await run_sync(from_snapshot)
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
+        if target.capsule_id is None and gitgrep.usable(matcher):
+            return _git_grep(target)
         # git's candidate list does not depend on the fingerprint: list while it runs.
         with ThreadPoolExecutor(1) as pool:
             listing = pool.submit(live_files, target, scopes)
             lease_id, live = begin_live(ctx, target, args.get("lease_id"))
             candidates = listing.result()
         payload, searched = _grep(target.view.read_regular, candidates, matcher, max_files, max_matches)
+        T.lease_store(ctx).touch(lease_id, searched)
+        return T.worktree_response(payload, target, lease_id, live)
+
+    def _git_grep(target: T.LiveTarget) -> dict[str, Any]:
+        # git greps, the candidate list and the fingerprint all run at once.
+        assert matcher.literal is not None
+        specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
+        procs = gitgrep.start(target.git_root, matcher.literal, specs)
+        try:
+            with ThreadPoolExecutor(1) as pool:
+                listing = pool.submit(live_files, target, scopes)
+                lease_id, live = begin_live(ctx, target, args.get("lease_id"))
+                candidates = listing.result()
+        finally:
+            text, found = gitgrep.finish(procs, matcher, max_matches)
+        ordered = [c for c in candidates if c in text]
+        searched = ordered[:max_files]
+        matches: list[dict[str, Any]] = []
+        for path in searched:
+            for hit in found.get(path, ()):
+                if len(matches) >= max_matches:
+                    break
+                matches.append({"path": path, **hit})
+        payload = {
+            "matches": matches,
+            "files_searched": len(searched),
+            "truncated": len(ordered) > max_files,
+            "matches_truncated": len(matches) >= max_matches,
+        }
         T.lease_store(ctx).touch(lease_id, searched)
         return T.worktree_response(payload, target, lease_id, live)
 
