@@ -298,18 +298,16 @@ async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         return T.worktree_response(payload, target, lease_id, live)
 
     def _git_grep(target: T.LiveTarget) -> dict[str, Any]:
-        # git greps, the candidate list and the fingerprint all run at once.
+        # The git greps run while the fingerprint is taken.  Between them they name every
+        # text candidate (git walks what ls-files lists), so no separate listing is needed.
         assert matcher.literal is not None
         specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
         procs = gitgrep.start(target.git_root, matcher.literal, specs)
         try:
-            with ThreadPoolExecutor(1) as pool:
-                listing = pool.submit(live_files, target, scopes)
-                lease_id, live = begin_live(ctx, target, args.get("lease_id"))
-                candidates = listing.result()
+            lease_id, live = begin_live(ctx, target, args.get("lease_id"))
         finally:
             text, found = gitgrep.finish(procs, matcher, max_matches)
-        ordered = [c for c in candidates if c in text]
+        ordered = P.sort_paths(text)
         searched = ordered[:max_files]
         matches: list[dict[str, Any]] = []
         for path in searched:
