@@ -32,8 +32,9 @@ import json
 import os
 import secrets
 import signal
+import stat as stat_mod
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,11 @@ class Transaction:
 
     def to_json(self) -> bytes:
         """The journal file's contents."""
-        return json.dumps(asdict(self), sort_keys=True).encode()
+        body = {
+            "txid": self.txid, "workspace": self.workspace, "state": self.state,
+            "created_dirs": self.created_dirs, "ops": [op.__dict__ for op in self.ops],
+        }
+        return json.dumps(body, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Transaction:
@@ -162,13 +167,14 @@ class Promoter:
         self._save(tx)
         for created in tx.created_dirs:
             view.makedirs(created)
-        for op in tx.ops:
-            if op.temp is None:
-                continue
-            if op.action == "write":
-                _write_temp(view, op.temp, content(op), op.mode if op.mode is not None else 0o644)
-            else:
-                make_symlink(view, op.target or "", op.temp)
+        with _DirFds(view) as dirs:
+            for op in tx.ops:
+                if op.temp is None:
+                    continue
+                if op.action == "write":
+                    _write_temp(dirs, op.temp, content(op), op.mode if op.mode is not None else 0o644)
+                else:
+                    make_symlink(view, op.target or "", op.temp)
         # One syncfs makes every temp file durable: far cheaper than an fsync per file,
         # and the commit phase needs only that all of them are on disk.
         with wrap_oserror("promote: syncfs", tx.workspace):
@@ -179,9 +185,21 @@ class Promoter:
         # A path that is deleted and then created again (a type change) must not be
         # deleted a second time when recovery replays the commit after the creation.
         creates = {op.path: op for op in tx.ops if op.action in ("write", "symlink", "mkdir")}
+        with _DirFds(view) as dirs:
+            self._apply_ops(view, dirs, tx, creates)
+        # The renames, deletions and mode changes reach the disk together.
+        with wrap_oserror("promote: syncfs", tx.workspace):
+            syscalls.syncfs(view.fd)
+        _crash_point("all_ops")
+        tx.state = "done"
+        self._forget(tx)
+        _crash_point("done")
+
+    def _apply_ops(self, view: RootView, dirs: _DirFds, tx: Transaction, creates: dict[str, Op]) -> None:
         for i, op in enumerate(tx.ops):
             if op.action == "delete":
                 if not _already_recreated(view, creates.get(op.path)):
+                    dirs.forget()  # a directory may go: no cached descriptor may outlive it
                     remove_tree(view, op.path)
             elif op.action == "mkdir":
                 if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 != 0o040000:
@@ -191,21 +209,20 @@ class Promoter:
                     view.chmod(op.path, op.mode)
             elif op.action in ("write", "symlink"):
                 assert op.temp is not None
-                if view.exists(op.temp):
-                    if view.exists(op.path) and view.stat(op.path).st_mode & 0o170000 == 0o040000:
+                head, name = _split(op.path)
+                parent = dirs.get(head)
+                temp_name = _split(op.temp)[1]
+                if _kind_at(parent, temp_name) is not None:
+                    if _kind_at(parent, name) == stat_mod.S_IFDIR:
+                        dirs.forget()
                         remove_tree(view, op.path)
-                    _rename(view, op.temp, op.path)
+                        parent = dirs.get(head)
+                    with wrap_oserror("promote: rename into place", op.path):
+                        os.rename(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
             elif op.action == "chmod" and op.mode is not None and view.exists(op.path):
                 view.chmod(op.path, op.mode)
             if i == 0:
                 _crash_point("first_commit_op")
-        # The renames, deletions and mode changes reach the disk together.
-        with wrap_oserror("promote: syncfs", tx.workspace):
-            syscalls.syncfs(view.fd)
-        _crash_point("all_ops")
-        tx.state = "done"
-        self._forget(tx)
-        _crash_point("done")
 
     def _rollback(self, view: RootView, tx: Transaction) -> None:
         for op in tx.ops:
@@ -284,21 +301,56 @@ def _missing_dirs(view: RootView, rel: str, known: set[str]) -> list[str]:
     return missing
 
 
-def _write_temp(view: RootView, rel: str, data: bytes, mode: int) -> None:
-    head, name = _split(rel)
-    parent = _dir_fd(view, head, "promote")
+class _DirFds:
+    """Directory descriptors of one phase, each resolved once (RESOLVE_NO_SYMLINKS).
+
+    A thousand files in one directory then cost one openat2, not a thousand.  Any step
+    that may remove a directory calls ``forget`` first, so no descriptor of a removed
+    directory is ever used.
+    """
+
+    def __init__(self, view: RootView) -> None:
+        self.view = view
+        self.fds: dict[str, int] = {}
+
+    def get(self, rel: str) -> int:
+        fd = self.fds.get(rel)
+        if fd is None:
+            fd = self.fds[rel] = _dir_fd(self.view, rel, "promote")
+        return fd
+
+    def forget(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def __enter__(self) -> _DirFds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.forget()
+
+
+def _kind_at(dir_fd: int, name: str) -> int | None:
+    """The file type bits of ``name`` in a directory (the link itself for a symlink), or None."""
     try:
-        with wrap_oserror("promote: write", rel):
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
-            try:
-                mv = memoryview(data)
-                while mv:
-                    mv = mv[os.write(fd, mv) :]
-                os.fchmod(fd, mode)
-            finally:
-                os.close(fd)
-    finally:
-        os.close(parent)
+        return stat_mod.S_IFMT(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return None
+
+
+def _write_temp(dirs: _DirFds, rel: str, data: bytes, mode: int) -> None:
+    head, name = _split(rel)
+    parent = dirs.get(head)
+    with wrap_oserror("promote: write", rel):
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        try:
+            mv = memoryview(data)
+            while mv:
+                mv = mv[os.write(fd, mv) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
 
 def make_symlink(view: RootView, target: str, rel: str) -> None:
@@ -313,20 +365,6 @@ def make_symlink(view: RootView, target: str, rel: str) -> None:
             os.symlink(target, name, dir_fd=parent)
     finally:
         os.close(parent)
-
-
-def _rename(view: RootView, src: str, dst: str) -> None:
-    src_head, src_name = _split(src)
-    dst_head, dst_name = _split(dst)
-    a = _dir_fd(view, src_head, "promote")
-    b = _dir_fd(view, dst_head, "promote") if dst_head != src_head else a
-    try:
-        with wrap_oserror("promote: rename into place", dst):
-            os.rename(src_name, dst_name, src_dir_fd=a, dst_dir_fd=b)
-    finally:
-        os.close(a)
-        if b != a:
-            os.close(b)
 
 
 def remove_tree(view: RootView, rel: str) -> None:
