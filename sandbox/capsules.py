@@ -552,7 +552,7 @@ class CapsuleManager:
             cgroup = cgroups.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
             try:
                 tracer = fanotify.Tracer.prepare(merged)
-                tracer.enter(cgroup)
+                tracer.enter(cgroup, visible_at=capsule.meta["workspace"])
             except CcwError as exc:
                 trace_error = exc.message
                 if tracer is not None:

@@ -152,12 +152,20 @@ class Tracer:
         return cls(merged_dir, fan_fd, None)
 
     # -- enter
-    def enter(self, cgroup: ExecCgroup | None) -> None:
+    def enter(self, cgroup: ExecCgroup | None, visible_at: str | None = None) -> None:
         """Start recording, counting only events of processes in ``cgroup``.
 
         Without a cgroup, events of processes in the helper's own mount namespace are
-        the ones left out.
+        the ones left out.  ``visible_at`` is where the exec sees the merged view (the
+        jail binds it at the workspace's own path): paths under it are known at once,
+        without learning the prefix from an inode, which a copy-up between the open
+        and our read of its event would defeat.
         """
+        if visible_at:
+            # Longest first: with the state dir inside the workspace, the helper-side
+            # merged path lies under the workspace path and must win.
+            self._prefixes.append(visible_at.rstrip("/") + "/")
+            self._prefixes.sort(key=len, reverse=True)
         if self._fan_fd is None or self._thread is not None:
             return
         self._cgroup = cgroup

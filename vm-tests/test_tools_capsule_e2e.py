@@ -198,3 +198,20 @@ def test_promotion_blocked_by_cpu_time_and_by_a_replay_that_differs(tools: Any, 
     assert out["replay"]["promoted"] is False and replay["replay_ok"] is False and replay["tests_ok"] is True
     assert "replay" in replay["details"]
     assert not (workspace / "spun.txt").exists() and not (workspace / "rand.txt").exists()
+
+
+def test_a_file_read_then_copied_up_stays_in_the_read_set(tools: Any, workspace: Path) -> None:
+    # The tracer reads events after the fact; a chmod right after the read copies the
+    # file up, so its inode changes before the event is seen.  Ten tries, every one kept.
+    async def scenario(t: Any) -> list[list[str] | None]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        reads = []
+        for i in range(10):
+            name = f"r{i}.txt"
+            (workspace / name).write_text("x\n")
+            ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", f"cat {name}; chmod +x {name}"]})
+            reads.append(ran["touched"]["read"])
+        return reads
+
+    reads = tools.run(scenario)
+    assert all(r is not None and f"r{i}.txt" in r for i, r in enumerate(reads)), reads
