@@ -36,9 +36,14 @@ def usable(matcher: Matcher) -> bool:
     return matcher.literal is not None and bool(matcher.literal) and b"\n" not in matcher.literal
 
 
+# The two greps run at once: each gets half the cores (measured on 2 cores: two
+# single-threaded greps 0.085 s, two with git's default of one thread per core 0.12 s).
+THREADS = max(1, (os.cpu_count() or 2) // 2)
+
+
 def _command(root: str, args: list[str], pattern: bytes, pathspecs: list[str]) -> list[str | bytes]:
-    return ["git", "-C", root, "--no-optional-locks", "grep", "--untracked", "--no-color", "-I", "-z", "-F",
-            *args, "-e", pattern, "--", *pathspecs]
+    return ["git", "-C", root, "--no-optional-locks", "grep", f"--threads={THREADS}", "--untracked", "--no-color",
+            "-I", "-z", "-F", *args, "-e", pattern, "--", *pathspecs]
 
 
 def start(root: str, pattern: bytes, pathspecs: list[str]) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
