@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+import trio
 
 from mcp_server.core import hashline
 from mcp_server.core.fsview import RootView
@@ -142,16 +144,29 @@ def write_checked(found: Target, before: tuple[int, ...], data: bytes, reread: s
     found.record("write", data)
 
 
-def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
-    async def handler(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-        found = await target(ctx, args["path"], args.get("capsule_id"))
-        try:
-            return run(found, args)
-        finally:
-            found.view.close()
+Resolver = Callable[[ToolContext, str, str | None], Awaitable[Target]]
 
-    handler.__doc__ = run.__doc__
-    return handler
+
+def with_view(resolve: Resolver) -> Callable[[Callable[[Target, dict[str, Any]], dict[str, Any]]], Any]:
+    """Make a handler: resolve the path to an open view, run the body in a worker thread
+    (file reads, tagging and writes block), close the view."""
+
+    def wrap(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
+        async def handler(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+            found = await resolve(ctx, args["path"], args.get("capsule_id"))
+            try:
+                return await trio.to_thread.run_sync(run, found, args)
+            finally:
+                found.view.close()
+
+        handler.__doc__ = run.__doc__
+        return handler
+
+    return wrap
+
+
+def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
+    return with_view(target)(run)
 
 
 def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:

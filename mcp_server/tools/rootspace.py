@@ -35,6 +35,7 @@ from mcp_server.tools.hashline import (
     Target,
     file_identity,
     read_file,
+    with_view,
     write_checked,
 )
 from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec
@@ -55,15 +56,7 @@ async def rooted(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
 
 
 def _with_root(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
-    async def handler(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-        found = await rooted(ctx, args["path"], args.get("capsule_id"))
-        try:
-            return run(found, args)
-        finally:
-            found.view.close()
-
-    handler.__doc__ = run.__doc__
-    return handler
+    return with_view(rooted)(run)
 
 
 def _read_state(found: Target) -> tuple[tuple[int, ...], rootspace.TextState]:
