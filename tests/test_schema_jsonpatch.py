@@ -140,3 +140,11 @@ def test_whole_document_replace_and_pointer_escapes() -> None:
     assert diff_assets(1, "x") == [{"op": "replace", "path": "", "value": "x"}]
     assert diff_assets({}, []) == [{"op": "replace", "path": "", "value": []}]
     assert pointer(["a/b", "~", 0]) == "/a~1b/~0/0"
+
+
+def test_negative_zero_is_a_change() -> None:
+    # 0.0 == -0.0 in Python, but they are different JSON texts (found by hypothesis).
+    from mcp_server.core.jsonpatch import diff_assets
+
+    assert diff_assets({"x": [0.0]}, {"x": [-0.0]}) == [{"op": "replace", "path": "/x", "value": [-0.0]}]
+    assert diff_assets({"x": -0.0}, {"x": -0.0}) == []

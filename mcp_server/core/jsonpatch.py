@@ -33,6 +33,7 @@ byte under canonical JSON, not merely ``==`` in Python.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 OP_RANK = {"remove": 0, "add": 1, "replace": 2}
@@ -49,13 +50,16 @@ def pointer(tokens: list[str] | tuple[str | int, ...]) -> str:
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """JSON equality that keeps booleans, integers and floats apart."""
+    """JSON equality that keeps booleans, integers and floats apart, and 0.0 from -0.0
+    (they compare equal in Python but serialise differently)."""
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
     if isinstance(a, list):
         return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
     return bool(a == b)
 
 
