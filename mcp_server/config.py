@@ -12,7 +12,6 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandbox.errors import CcwError
 
@@ -70,11 +69,6 @@ class Config:
         if not config.workspace:
             config = dataclasses.replace(config, workspace=os.getcwd())
         return config
-
-    @property
-    def state_path(self) -> Path:
-        """The state directory as a Path."""
-        return Path(self.state_dir)
 
     @staticmethod
     def describe() -> list[tuple[str, str, str]]:

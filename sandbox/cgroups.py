@@ -443,10 +443,6 @@ class ExecCgroup:
         if lim.cpu_ms is not None:
             self._require("cpu", "limits.cpu_ms")
 
-    @property
-    def _leaf(self) -> str:
-        return f"{self.name}{_OWNER_SEP}{os.getpid()}"
-
     def _v1(self, path: str) -> bool:
         return any(h.version == 1 for h, d in self.dirs.items() if d == path)
 

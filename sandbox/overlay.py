@@ -305,7 +305,8 @@ def is_opaque(path: str) -> bool:
     return False
 
 
-def _type_name(mode: int) -> str:
+def kind_of(mode: int) -> str:
+    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -356,7 +357,7 @@ def _same_bytes(path_a: str, path_b: str) -> bool:
 
 def _entry_change(rel: str, path: str, st: os.stat_result, base: tuple[str, os.stat_result] | None) -> Change | None:
     """Classify one non-directory upper entry against the base entry below it."""
-    ftype = _type_name(st.st_mode)
+    ftype = kind_of(st.st_mode)
     mode: int | None = stat.S_IMODE(st.st_mode)
     size = st.st_size if ftype == "file" else None
     target = os.readlink(path) if ftype == "symlink" else None
@@ -427,7 +428,7 @@ def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[C
             base = lower_lookup(lowers, rel) if base_visible else None
             if is_whiteout(st):
                 if base is not None:
-                    changes.append(Change(rel, "deleted", _type_name(base[1].st_mode)))
+                    changes.append(Change(rel, "deleted", kind_of(base[1].st_mode)))
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 change = _entry_change(rel, path, st, base)

@@ -32,23 +32,10 @@ from dataclasses import dataclass
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
+from sandbox.overlay import kind_of
 
 _RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS
-
-KINDS = ("file", "dir", "symlink", "other")
-
-
-def kind_of(mode: int) -> str:
-    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode``."""
-    if stat_mod.S_ISREG(mode):
-        return "file"
-    if stat_mod.S_ISDIR(mode):
-        return "dir"
-    if stat_mod.S_ISLNK(mode):
-        return "symlink"
-    return "other"
-
 
 def _error(exc: OSError, what: str, rel: str) -> CcwError:
     if exc.errno == errno.EXDEV:

@@ -87,8 +87,3 @@ def parents(path: str) -> list[str]:
 def join(base: str, name: str) -> str:
     """``base/name`` in normal form (``.`` as base gives ``name``)."""
     return name if base == ROOT else f"{base}/{name}"
-
-
-def to_fs(path: str) -> str:
-    """The path as RootView takes it (the root is ``""``)."""
-    return "" if path == ROOT else path
