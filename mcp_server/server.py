@@ -23,7 +23,6 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import sys
@@ -44,6 +43,7 @@ from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.state import State, storage_error
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
+from mcp_server.transports import framing
 from sandbox.errors import CcwError
 
 INVALID_PARAMS = types.INVALID_PARAMS  # -32602
@@ -294,7 +294,8 @@ class CcwServer:
 
 
 def _json_text(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    """The structured result as compact JSON with sorted keys, for the text block."""
+    return framing.dumps(value, sort_keys=True).decode("utf-8")
 
 
 def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:

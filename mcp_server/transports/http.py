@@ -233,7 +233,7 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 
 async def _respond(send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = b"" if payload is None else framing.encode(payload).rstrip(b"\n")
+    body = b"" if payload is None else framing.dumps(payload)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
     await send({"type": "http.response.body", "body": body})
