@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import os
+import stat
 import sys
 from dataclasses import dataclass
 
@@ -76,6 +77,7 @@ class MountStep:
     source: str = ""
     attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind
     data: str = ""  # mount options, or a symlink's text
+    source_is_file: bool = False  # a bind's source is not a directory: its mount point is an empty file
 
     def describe(self) -> str:
         """A short human description for error messages: ``bind /.oldroot/usr -> /usr``."""
@@ -130,7 +132,8 @@ def _host_steps() -> tuple[tuple[MountStep, ...], tuple[MountStep, ...]]:
     kernel.append(MountStep("dev", "/dev", data="mode=0755,size=64k"))
     # No nosuid/nodev/ro attrs on single device binds: /dev is a nosuid tmpfs, and
     # the nodes must stay usable; each skipped mount_setattr is a syscall per exec.
-    kernel += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}") for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    kernel += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}", source_is_file=True)
+               for n in DEVICES if os.path.exists(f"/dev/{n}")]
     return tuple(system), tuple(kernel)
 
 
@@ -191,31 +194,33 @@ def state_inside_workspace(workspace: str, *capsule_dirs: str) -> list[str]:
     return sorted(hidden)
 
 
-def _makedirs(path: str) -> None:
+def _mountpoint(path: str, is_file: bool = False) -> None:
+    """Create a mount point: one mkdir (or mknod of an empty file) when its parent exists.
+
+    Almost every mount point is new in a fresh tmpfs whose parent was just made, so the
+    first call is the only syscall; an existing path of any type is left as it is.
+    """
     try:
-        os.makedirs(path, 0o755, exist_ok=True)
+        if is_file:
+            os.mknod(path, 0o644 | stat.S_IFREG)  # unlike open(O_CREAT), never follows a symlink
+        else:
+            os.mkdir(path, 0o755)
     except FileExistsError:
-        pass  # an existing non-directory (a file to bind over): fine
+        pass
+    except FileNotFoundError:
+        _mountpoint(os.path.dirname(path))
+        _mountpoint(path, is_file)
 
 
-def _touch(path: str) -> None:
-    if not os.path.exists(path):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-
-
-def _bind(source: str, target: str, attrs: int) -> None:
-    if os.path.isdir(source):
-        _makedirs(target)
-    else:
-        _makedirs(os.path.dirname(target))
-        _touch(target)
+def _bind(source: str, target: str, attrs: int, source_is_file: bool = False) -> None:
+    _mountpoint(target, source_is_file)
     syscalls.mount(source, target, None, syscalls.MS_BIND | syscalls.MS_REC)
     if attrs:
         syscalls.mount_setattr(target, attrs)
 
 
 def _tmpfs(target: str, flags: int, data: str) -> None:
-    _makedirs(target)
+    _mountpoint(target)
     syscalls.mount("tmpfs", target, "tmpfs", flags, data)
 
 
@@ -223,7 +228,7 @@ def enter(step: MountStep) -> None:
     """Apply one step (in the jail's mount namespace; uses only os and ctypes)."""
     action, target = step.action, step.target
     if action == "bind":
-        _bind(step.source, target, step.attrs)
+        _bind(step.source, target, step.attrs, step.source_is_file)
     elif action == "symlink":
         os.symlink(step.data, target)
     elif action == "mask_file":
@@ -234,10 +239,10 @@ def enter(step: MountStep) -> None:
     elif action == "tmpfs":
         _tmpfs(target, syscalls.MS_NOSUID | syscalls.MS_NODEV, step.data)
     elif action == "proc":
-        _makedirs(target)
+        _mountpoint(target)
         syscalls.mount("proc", target, "proc", _NOSUID_NODEV_NOEXEC)
     elif action == "sysfs":
-        _makedirs(target)
+        _mountpoint(target)
         try:
             syscalls.mount("sysfs", target, "sysfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC)
         except OSError:
@@ -249,7 +254,7 @@ def enter(step: MountStep) -> None:
                            ("ptmx", "pts/ptmx")):
             os.symlink(link, f"{target}/{name}")
     elif action == "devpts":
-        _makedirs(target)
+        _mountpoint(target)
         syscalls.mount("devpts", target, "devpts", syscalls.MS_NOSUID | syscalls.MS_NOEXEC, step.data)
     elif action == "private":
         syscalls.mount(None, target, None, syscalls.MS_REC | syscalls.MS_PRIVATE)
