@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     from sandbox.cgroups import ExecCgroup
 
 _FD_SYNC, _FD_REPORT = 3, 4  # in the jail parent; 0-2 are the command's stdio
+_FD_NET = 5  # a prepared network namespace, when the helper had one (namespaces.prepare_spare_net)
 _SETUP_FAILED = 125
 _KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
 _READ_CHUNK = 1 << 16
@@ -237,19 +238,23 @@ def _fail(step: str, exc: BaseException) -> NoReturn:
         os._exit(_SETUP_FAILED)
 
 
-def _arrange_fds(stdin: int, stdout: int, stderr: int, sync: int, report: int) -> None:
+def _arrange_fds(fds: tuple[int, ...]) -> None:
     # Copy above any target first, so no dup2 clobbers a descriptor still to be moved.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (stdin, stdout, stderr, sync, report)]
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
     for target, fd in enumerate(high):
         os.dup2(fd, target, inheritable=target <= 2)
-    syscalls.close_range(5)  # every descriptor of the helper: sockets, fanotify, capsule dirs
+    syscalls.close_range(len(fds))  # every descriptor of the helper: sockets, fanotify, capsule dirs
 
 
-def _jail_child(plan: _Plan, fds: tuple[int, int, int, int, int], is_init: bool) -> NoReturn:
-    """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init."""
+def _jail_child(plan: _Plan, fds: tuple[int, ...], is_init: bool) -> NoReturn:
+    """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init.
+
+    ``fds``: stdin, stdout, stderr, sync, report and, when the helper had one ready, a
+    prepared network namespace; they become descriptors 0 to 5.
+    """
     try:
         gc.disable()  # a collection would touch (and so copy) every page of the helper's heap
-        _arrange_fds(*fds)
+        _arrange_fds(fds)
         prctl.set_pdeathsig(signal.SIGKILL)  # the helper's thread blocks in run() until we end
         if os.read(_FD_SYNC, 1) != b"1":
             os._exit(1)  # the helper gave up (cgroup.enter failed)
@@ -267,18 +272,28 @@ def _jail_child(plan: _Plan, fds: tuple[int, int, int, int, int], is_init: bool)
                 _send(b"A", struct.pack("!i", status))
                 os._exit(0)
             prctl.set_pdeathsig(signal.SIGKILL)  # this process's death ends the namespace
-        _jail_init(plan)
+        _jail_init(plan, net_prepared=len(fds) > _FD_NET)
     except BaseException as exc:
         _fail("jail child", exc)
 
 
-def contain(plan: _Plan) -> None:
-    """Build the jail, step by step, in the jail's init (nsjail's containProc)."""
-    _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
+def contain(plan: _Plan, net_prepared: bool) -> None:
+    """Build the jail, step by step, in the jail's init (nsjail's containProc).
+
+    ``net_prepared``: descriptor 5 is a fresh network namespace with lo up, made by the
+    helper while the previous jail was being built (see namespaces.py).
+    """
+    if net_prepared:
+        _step("setns into the prepared network namespace", namespaces.enter_net, _FD_NET)
+        _step("unshare mount, uts, ipc, cgroup namespaces", namespaces.enter,
+              plan.ns.flags & ~syscalls.CLONE_NEWNET)
+    else:
+        _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
     for mount_step in plan.mount_steps:  # private → root → system → capsule → proc → sys → dev → seal
         _step(mount_step.describe(), mounts.enter, mount_step)
     _step("sethostname", namespaces.set_hostname, plan.ns.hostname)
-    _step("lo up", namespaces.loopback_up)
+    if not net_prepared:
+        _step("lo up", namespaces.loopback_up)
     if plan.ns.timens_offsets is not None:
         _step("time namespace", namespaces.enter_time, plan.ns.timens_offsets)
     _step("drop privileges", drop_privileges, plan)
@@ -339,9 +354,9 @@ def _spawn(plan: _Plan) -> int:
     raise FileNotFoundError(errno.ENOENT, "command not found" if "/" not in name else "No such file or directory")
 
 
-def _jail_init(plan: _Plan) -> NoReturn:
+def _jail_init(plan: _Plan, net_prepared: bool) -> NoReturn:
     """pid 1: build the jail, spawn the command, forward signals, reap until it ends."""
-    contain(plan)
+    contain(plan, net_prepared)
     try:
         command = _spawn(plan)
     except OSError as exc:
@@ -432,7 +447,8 @@ def run(
     err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
     sync_r, sync_w = os.pipe()
-    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w)
+    spare_net = namespaces.take_spare_net()
+    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w) + (() if spare_net is None else (spare_net,))
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself
@@ -459,6 +475,9 @@ def run(
             os.close(sync_w)
         if direct and on_started is not None:
             on_started(pid)
+        # The next jail's network namespace, made on this thread while the child builds
+        # this one on the other core (see namespaces.py): off the next exec's path.
+        namespaces.prepare_spare_net()
         poller = select.poll()
         for fd in (out_r, err_r, report_r):
             poller.register(fd, select.POLLIN)

@@ -125,6 +125,29 @@ def test_cannot_reach_a_listener_on_the_hosts_loopback(capsule: Capsule) -> None
     assert result.stdout.split()[2:] == [b"lo"]
 
 
+def test_every_jail_has_its_own_network_namespace_prepared_or_not(capsule: Capsule) -> None:
+    # Jails take a network namespace the helper made while the previous jail was being
+    # built, or unshare their own when none waits; either way: fresh, only lo, lo up.
+    host_netns = os.stat("/proc/self/ns/net").st_ino
+    seen = set()
+    script = "stat -L -c %i /proc/self/ns/net; cat /sys/class/net/lo/flags; ls /sys/class/net"
+    for drained in (True, False, False):
+        if drained:
+            while (spare := namespaces.take_spare_net()) is not None:
+                os.close(spare)
+        result = run(capsule, script)
+        assert result.exit_code == 0, result.stderr
+        inode, flags, *interfaces = result.stdout.decode().split()
+        assert flags in ("0x9", "0x49") and interfaces == ["lo"]
+        seen.add(int(inode))
+    assert len(seen) == 3 and host_netns not in seen
+    if namespaces.net_namespace_restorable():
+        assert os.stat("/proc/self/ns/net").st_ino == host_netns  # this thread came back home
+        spare = namespaces.take_spare_net()
+        assert spare is not None, "a run leaves a prepared namespace for the next one"
+        os.close(spare)
+
+
 def test_hostname_is_ccw(capsule: Capsule) -> None:
     result = run(capsule, "cat /proc/sys/kernel/hostname")
     assert result.stdout == b"ccw\n"
