@@ -57,14 +57,22 @@ def test_vectorised_tags_equal_scalar_tags(lines: list[str]) -> None:
     assert [line_tag(line) for line in lines] == expected
 
 
+@given(st.lists(st.text(st.characters(max_codepoint=127), max_size=120), min_size=16, max_size=80))
+def test_vectorised_tags_of_ascii_lines_equal_scalar_tags(lines: list[str]) -> None:
+    # ASCII text takes its own path (the matrix built from str rows); control characters
+    # and even a "\n" inside a line included.
+    assert tags(lines) == [f"{fnv1a32(line.rstrip().encode()) & 0xFF:02x}" for line in lines]
+
+
 def test_vectorised_tags_on_many_lines_of_mixed_lengths() -> None:
     lines = [("x" * (i % 300)) + str(i) + (" " * (i % 3)) for i in range(3000)]
     assert tags(lines) == [f"{fnv1a32(line.rstrip().encode()) & 0xFF:02x}" for line in lines]
 
 
-def test_vectorised_tags_on_very_uneven_lengths() -> None:
+@pytest.mark.parametrize("char", ["é", "x"])
+def test_vectorised_tags_on_very_uneven_lengths(char: str) -> None:
     # Mostly short lines and a few long ones: the length-sorted grouping path.
-    lines = [("é" * (2000 if i % 97 == 0 else i % 7)) + str(i) for i in range(2000)]
+    lines = [(char * (2000 if i % 97 == 0 else i % 7)) + str(i) for i in range(2000)]
     assert tags(lines) == [f"{fnv1a32(line.rstrip().encode()) & 0xFF:02x}" for line in lines]
 
 

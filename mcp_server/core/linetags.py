@@ -9,9 +9,12 @@ carry information downwards, so the low byte of FNV-1a depends only on the low b
 the offset basis (0xc5) and the prime (0x93).  The tag is therefore an 8-bit recurrence,
 ``h = ((h ^ byte) * 0x93) & 0xff``, and many lines can be hashed at once: right-align the
 lines in a matrix, padded with the one byte that leaves the initial state unchanged,
-and run the recurrence column by column with big-integer XOR and ``bytes.translate``.
-Python then loops over columns, not bytes, which keeps 100,000 lines in tens of
-milliseconds.  ``fnv1a32`` is the plain 32-bit function, kept for the published test
+and run the recurrence column by column on one big integer that holds every line's state
+in a 16-bit lane: XOR the column in, multiply by 0x93 (a byte times 0x93 is below 2**16,
+so nothing carries into the next lane), mask each lane back to its low byte.  Python
+then loops over columns, not bytes, three integer operations each, which keeps 100,000
+lines in tens of milliseconds.  When the text is ASCII (most source files), the matrix
+is built from the str lines directly, with no per-line encoding.  ``fnv1a32`` is the plain 32-bit function, kept for the published test
 vectors.
 """
 
@@ -39,6 +42,7 @@ _LOW_OFFSET = FNV32_OFFSET & 0xFF
 _MUL = bytes((x * _LOW_PRIME) & 0xFF for x in range(256))
 # A byte that leaves the initial state unchanged: (0xc5 ^ p) * 0x93 == 0xc5 (mod 256).
 _PAD = next(p for p in range(256) if _MUL[_LOW_OFFSET ^ p] == _LOW_OFFSET)
+_PAD_CHAR = chr(_PAD)  # the pad as a character of a str matrix row
 _HEX = [f"{x:02x}" for x in range(256)]
 _VECTOR_MIN_LINES = 16  # below this many lines, the plain loop beats column passes
 
@@ -59,7 +63,17 @@ def tags(lines: Sequence[str]) -> list[str]:
     """Tags of many lines at once (same result as ``line_tag`` on each)."""
     if not lines:
         return []
-    encoded = "\n".join(line.rstrip() for line in lines).encode("utf-8").split(b"\n")
+    stripped = list(map(str.rstrip, lines))
+    joined = "\n".join(stripped)
+    if joined.isascii() and len(stripped) >= _VECTOR_MIN_LINES:
+        # Most source files: a character is a byte, so the padded matrix is built from the
+        # str lines directly, without encoding and splitting each line.
+        lens = list(map(len, stripped))
+        width = max(lens)
+        if _fits_one_matrix(lens, width):
+            matrix = "".join([line.rjust(width, _PAD_CHAR) for line in stripped])
+            return list(map(_HEX.__getitem__, _matrix_tags(matrix, width, len(stripped))))
+    encoded = joined.encode("utf-8").split(b"\n")
     count = len(encoded)
     if count != len(lines):  # a line held a "\n" itself; never from split_text
         return [line_tag(line) for line in lines]
@@ -67,8 +81,7 @@ def tags(lines: Sequence[str]) -> list[str]:
         return [_HEX[_tag_byte(data)] for data in encoded]
     lens = list(map(len, encoded))
     width = max(lens)
-    if width * count <= 4 * sum(lens) + 32 * count:
-        # Lengths are close enough that one padded matrix wastes little.
+    if _fits_one_matrix(lens, width):
         return list(map(_HEX.__getitem__, _tag_columns(encoded, width)))
     # Very uneven lengths: hash groups of similar length (sorted), so padding at most
     # doubles the work, then put the tags back in line order.
@@ -90,18 +103,30 @@ def tags(lines: Sequence[str]) -> list[str]:
     return result
 
 
+def _fits_one_matrix(lens: list[int], width: int) -> bool:
+    """Lengths are close enough that one padded matrix wastes little."""
+    return width * len(lens) <= 4 * sum(lens) + 32 * len(lens)
+
+
 def _tag_columns(group: Sequence[bytes], width: int) -> bytes:
     """The tag byte of every line in ``group`` (each at most ``width`` bytes), column by column."""
-    count = len(group)
     # Right-align each line in a row of ``width`` bytes, padding with the byte that keeps
-    # the state at its initial value; column k is then matrix[k::width].
+    # the state at its initial value.
     pad = bytes([_PAD])
-    matrix = b"".join([data.rjust(width, pad) for data in group])
-    state = int.from_bytes(bytes([_LOW_OFFSET]) * count, "big")
+    matrix = b"".join([data.rjust(width, pad) for data in group]).decode("latin-1")  # one char per byte
+    return _matrix_tags(matrix, width, len(group))
+
+
+def _matrix_tags(matrix: str, width: int, count: int) -> bytes:
+    """The tag byte of each ``width``-character row of ``matrix`` (characters below 256,
+    each standing for one byte); column k is matrix[k::width]."""
+    # UTF-16-LE puts each character below 256 in a 16-bit lane: its byte, then zero.
+    low_bytes = int.from_bytes(b"\xff\x00" * count, "little")
+    state = int.from_bytes(bytes([_LOW_OFFSET, 0]) * count, "little")
     for k in range(width):
-        column = int.from_bytes(matrix[k::width], "big")
-        state = int.from_bytes((state ^ column).to_bytes(count, "big").translate(_MUL), "big")
-    return state.to_bytes(count, "big")
+        column = int.from_bytes(matrix[k::width].encode("utf-16-le"), "little")
+        state = ((state ^ column) * _LOW_PRIME) & low_bytes
+    return state.to_bytes(2 * count, "little")[0::2]
 
 
 class LazyTags(Sequence[str]):
