@@ -172,7 +172,8 @@ def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any
 def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
     """Tagged lines ``n:hh|content``, the sha256 ``file_hash`` and ``total_lines``."""
     data = read_file(found.view, found.rel, found.shown, "list its directory to see what exists")
-    doc = hashline.split_text(hashline.decode_text(data, found.shown))
+    text = hashline.decode_text(data, found.shown)
+    doc = hashline.split_text(text)
     total = len(doc.lines)
     offset = int(args.get("offset", 1))
     limit = args.get("limit")
@@ -185,8 +186,9 @@ def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
         )
     stop = total if limit is None else min(total, offset - 1 + int(limit))
     lines = doc.lines[offset - 1 : stop]
-    digits = len(str(offset + len(lines)))
-    if sum(map(len, lines)) + (digits + 5) * len(lines) > MAX_READ_CHARS:
+    prefix_chars = (len(str(offset + len(lines))) + 5) * len(lines)  # at most, for "n:hh|" and "\n"
+    # The whole text bounds the lines' length: count them only when that bound is too high.
+    if len(text) + prefix_chars > MAX_READ_CHARS and sum(map(len, lines)) + prefix_chars > MAX_READ_CHARS:
         # Perhaps too much for one answer: stop at the line where the cap falls (at least
         # one line), counting each row exactly: "n:hh|" + content + "\n".
         size = 0
