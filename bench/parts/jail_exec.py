@@ -7,12 +7,13 @@ cost belongs to the cgroup part.  The baselines run in the same process, interle
 round by round so drift on these 2-core VMs hits all three alike:
 ``bwrap --unshare-all --ro-bind / / --dev /dev --proc /proc /bin/true`` (Debian's
 bubblewrap: fork+exec of bwrap itself, its namespaces and its pid-1) and
-``subprocess.run(['/bin/true'])``.  Needs root.
+``subprocess.run(['/bin/true'])``, in a new (seeded) order each round.  Needs root.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import subprocess
 import tempfile
@@ -58,10 +59,16 @@ def measure(repeat: int) -> list[Row]:
         times: dict[str, list[float]] = {name: [] for name in runners}
         for fn in runners.values():  # warm-up: page cache, first-use costs
             fn()
+        # A new order every round: each run leaves kernel work behind (freeing its
+        # network namespace, RCU callbacks) to kworkers that share the 2 cores with
+        # whatever runs next; a fixed order would always bill it to the same runner.
+        shuffler = random.Random(0)
+        order = list(runners)
         for _ in range(repeat):
-            for name, fn in runners.items():
+            shuffler.shuffle(order)
+            for name in order:
                 start = time.perf_counter()
-                fn()
+                runners[name]()
                 times[name].append(time.perf_counter() - start)
     finally:
         shutil.rmtree(base)
