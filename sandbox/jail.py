@@ -479,8 +479,12 @@ def run(
         # this one on the other core (see namespaces.py): off the next exec's path.
         namespaces.prepare_spare_net()
         poller = select.poll()
-        for fd in (out_r, err_r, report_r):
+        for fd in (out_r, err_r):
             poller.register(fd, select.POLLIN)
+        # The init's few reports (well under a pipe's capacity) wait in the pipe until it
+        # exits: woken only by the hang-up (always reported), this thread sleeps through
+        # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
+        poller.register(report_r, 0 if direct else select.POLLIN)
         open_fds = {out_r, err_r, report_r}
         deadline = start + spec.timeout_ms / 1000.0
         next_progress = start + progress_interval_s
