@@ -440,3 +440,36 @@ def test_tags_stay_right_across_cached_reads(ctx: FakeContext, ws: Path) -> None
         assert whole["content"].split("\n") == [f"{n}:{line_tag(t)}|{t}" for n, t in enumerate(lines, 1)]
         page = call(ctx, "read_text_file", path="c.txt", offset=2, limit=1)  # served from the cached list
         assert page["content"] == f"2:{line_tag(lines[1])}|{lines[1]}"
+
+
+@pytest.mark.parametrize(("first", "count"), [
+    (1, 0), (1, 1), (1, 300), (7, 40),
+    (hashline_tools.ROW_PREFIX_LINES - 5, 20),  # crosses the end of the shared prefixes
+    (hashline_tools.ROW_PREFIX_LINES + 3, 5),  # wholly past it
+])
+def test_rendered_rows_are_the_tagged_lines(first: int, count: int) -> None:
+    lines = [f"line {n} = {'x' * (n % 7)}" for n in range(count)]
+    tags = [line_tag(line) for line in lines]
+    expected = "\n".join(f"{first + i}:{tag}|{line}" for i, (tag, line) in enumerate(zip(tags, lines, strict=True)))
+    assert hashline_tools.render_rows(lines, tags, first) == expected
+
+
+def test_rows_rendered_in_many_threads_at_once_are_right() -> None:
+    # Handlers run in worker threads; the shared prefixes grow under a lock.
+    import threading
+
+    lines = ["same"] * 3000
+    tags = [line_tag("same")] * 3000
+    failures: list[int] = []
+
+    def render(first: int) -> None:
+        got = hashline_tools.render_rows(lines, tags, first).split("\n")
+        if got != [f"{first + i}:{tags[0]}|same" for i in range(3000)]:
+            failures.append(first)
+
+    threads = [threading.Thread(target=render, args=(1 + 2000 * k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []

@@ -24,6 +24,7 @@ the agent's usual read → edit → re-read tags each line once.
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -65,6 +66,37 @@ def remember_tags(digest: str, tag_list: list[str]) -> None:
     _tag_cache.move_to_end(digest)
     while len(_tag_cache) > TAG_CACHE_FILES:
         _tag_cache.popitem(last=False)
+
+
+# A read's rows are joined from shared pieces, "\n{n}:", "{hh}|" and the line itself, so no
+# string is made per line: formatting 10,000 rows one by one cost more than reading,
+# hashing and splitting the file together.  The "\n{n}:" pieces are made once per line
+# number, up to ROW_PREFIX_LINES (about 4 MB at most); rows past it make their own.
+ROW_PREFIX_LINES = 1 << 16
+_row_prefixes: list[str] = ["\n0:"]
+_row_prefixes_lock = threading.Lock()  # handlers run in worker threads
+_TAG_BARS = {f"{x:02x}": f"{x:02x}|" for x in range(256)}
+
+
+def render_rows(lines: list[str], tag_list: list[str], first: int) -> str:
+    """Lines numbered from ``first`` as ``n:hh|content`` rows, joined by newlines."""
+    count = len(lines)
+    if count == 0:
+        return ""
+    stop = first + count
+    if len(_row_prefixes) < min(stop, ROW_PREFIX_LINES):
+        with _row_prefixes_lock:
+            known = len(_row_prefixes)
+            _row_prefixes.extend([f"\n{n}:" for n in range(known, max(known, min(stop, ROW_PREFIX_LINES)))])
+    prefixes = _row_prefixes[first:stop]
+    if len(prefixes) < count:
+        prefixes += [f"\n{n}:" for n in range(first + len(prefixes), stop)]
+    prefixes[0] = f"{first}:"  # no newline before the first row
+    parts = [""] * (3 * count)
+    parts[0::3] = prefixes
+    parts[1::3] = map(_TAG_BARS.__getitem__, tag_list)
+    parts[2::3] = lines
+    return "".join(parts)
 
 
 @dataclass
@@ -202,14 +234,13 @@ def _read_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
         tag_list = file_tags(digest, doc.lines)[offset - 1 : offset - 1 + len(lines)]
     else:  # a page of a file not seen whole: tag just the page
         tag_list = hashline.tags(lines)
-    rows = [f"{n}:{tag}|{line}" for n, tag, line in zip(range(offset, offset + len(lines)), tag_list, lines, strict=True)]
-    end_line = offset - 1 + len(rows)
+    end_line = offset - 1 + len(lines)
     result: dict[str, Any] = {
         "path": found.shown,
-        "content": "\n".join(rows),
+        "content": render_rows(lines, tag_list, offset),
         "file_hash": digest,
         "total_lines": total,
-        "start_line": offset if rows else 0,
+        "start_line": offset if lines else 0,
         "end_line": end_line,
     }
     if end_line < total:
