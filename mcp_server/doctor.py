@@ -227,6 +227,33 @@ def _probe_fanotify(base: str) -> Callable[[], str]:
     return probe
 
 
+def _probe_disk(base: str) -> Callable[[], str]:
+    def probe() -> str:
+        from sandbox import disk, overlay
+
+        reason = disk.unavailable_reason()
+        if reason is not None:
+            raise RuntimeError(reason)
+        _private_mount_namespace(rootless=False)
+        image, target = os.path.join(base, "disk.img"), os.path.join(base, "disk")
+        os.mkdir(target)
+        disk.format_image(image, disk.MIN_MB)
+        mount_fd = disk.mount_image(image)
+        try:
+            disk.attach(mount_fd, target)
+        finally:
+            os.close(mount_fd)
+        try:
+            os.mkdir(os.path.join(target, "upper"))
+            free_mb = disk.usage(target)["free_kb"] // 1024
+        finally:
+            overlay.teardown(target)
+        return (f"a {disk.MIN_MB} MiB ext4 image mounts on a loop device ({free_mb} MiB free for files): "
+                f"each capsule's writes are limited to CCW_CAPSULE_DISK_MB (default {disk.DEFAULT_MB} MiB)")
+
+    return probe
+
+
 def _probe_seccomp() -> str:
     import prctl
 
@@ -442,6 +469,14 @@ def run(state_dir: str | None = None, helper_socket: str | None = None) -> dict[
         else:
             checks.append(Check("fanotify", False, "FAN_MARK_FILESYSTEM needs CAP_SYS_ADMIN in the initial "
                                 "user namespace: rootless capsules report touched.read as null", FIX_ROOT))
+        if privileged:
+            ok, detail = _in_child(_probe_disk(fresh("disk")))
+            checks.append(Check("capsule_disk", ok, detail, None if ok else
+                                "enable loop devices (CONFIG_BLK_DEV_LOOP) and ext4, install e2fsprogs; until "
+                                "then capsules write to the state dir's filesystem without a size limit"))
+        else:
+            checks.append(Check("capsule_disk", False, "loop devices need root: a rootless helper's capsules write "
+                                "to the state dir's filesystem without a size limit", FIX_ROOT))
         ok, detail = _in_child(_probe_seccomp)
         checks.append(Check("seccomp", ok, detail, None if ok else "use a kernel with CONFIG_SECCOMP_FILTER",
                             "both"))

@@ -2,6 +2,7 @@
 
     ccw-helper --socket PATH --state-dir DIR [--rootless|--privileged|--auto]
                [--ready-fd N] [--socket-mode 0600] [--socket-group NAME] [--die-with-parent]
+               [--capsule-disk-mb N]
 
 Some facts about running rootless that this entry point follows from:
 
@@ -38,10 +39,11 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from sandbox import syscalls
+from sandbox import disk, syscalls
 from sandbox.errors import CcwError
 from sandbox.server import Dispatcher, HelperServer
 
@@ -64,7 +66,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--socket-group", default=None, help="group that may connect (service)")
     parser.add_argument("--die-with-parent", action="store_true", help="exit when the parent dies")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--capsule-disk-mb", type=int, default=None,
+                        help="size limit of each capsule's own disk in MiB (default $CCW_CAPSULE_DISK_MB, "
+                        f"else {disk.DEFAULT_MB}); 0: no disks, capsules write to the state dir's filesystem")
     return parser.parse_args(argv)
+
+
+def capsule_disk_mb(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> int:
+    """--capsule-disk-mb, else CCW_CAPSULE_DISK_MB, else the default; checked."""
+    value: object = args.capsule_disk_mb
+    if value is None:
+        text = (os.environ if env is None else env).get("CCW_CAPSULE_DISK_MB", "").strip()
+        try:
+            value = int(text) if text else disk.DEFAULT_MB
+        except ValueError:
+            raise CcwError("INVALID_ARGUMENT", f"CCW_CAPSULE_DISK_MB must be a whole number of MiB, not {text!r:.40}") from None
+    if value != 0:
+        disk.check_size("--capsule-disk-mb (CCW_CAPSULE_DISK_MB)", value)
+    assert isinstance(value, int)
+    return value
 
 
 def choose_mode(requested: str, euid: int) -> str:
@@ -204,12 +224,15 @@ def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
     from sandbox.capsules import CapsuleManager
 
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
-    manager = CapsuleManager(args.state_dir, rootless=mode == "rootless")
+    manager = CapsuleManager(args.state_dir, rootless=mode == "rootless", disk_mb=capsule_disk_mb(args))
     manager.recover()
     # A rootless helper sees every other uid as the overflow uid; only its own user may
     # talk to it (the socket's 0600 mode says the same, this says it again).
     allowed = frozenset({os.getuid()}) if mode == "rootless" else None
-    dispatcher = Dispatcher(manager, mode, collect_mechanisms(mode), allowed_uids=allowed)
+    mechanisms = collect_mechanisms(mode)
+    mechanisms["disk"] = ({"available": True, "default_mb": manager.disks.default_mb, "kind": "ext4 image on a loop device"}
+                          if manager.disks is not None else {"available": False, "reason": manager.disk_reason})
+    dispatcher = Dispatcher(manager, mode, mechanisms, allowed_uids=allowed)
     group = None
     if args.socket_group is not None:
         try:

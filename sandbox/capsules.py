@@ -3,7 +3,10 @@
 A capsule is one overlay superblock (see overlay.py) plus a few dirs under
 ``<state_dir>/capsules/<id>/``: ``upper`` and ``work`` (overlay), ``merged`` (the mount
 point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
-``meta.json`` (who owns it and how to mount it again).  Choices made here:
+``meta.json`` (who owns it and how to mount it again).  With a disk limit (the default
+when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and ``home`` live
+on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that nothing a
+command writes can outgrow it.  Choices made here:
 
 * **Ids** are ``cap_<13-digit ms>_<8 hex>``; within one millisecond the hex part is
   made to increase, so ids sort by creation within a helper's life.
@@ -39,8 +42,9 @@ point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
   fork's lowers would be the parent's upper inside the workspace; fork says so.
 * **recover()** assumes it is the only helper using this state dir.  It detaches every
   mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
-  capsules whose meta.json is unreadable or whose upper dir or parent is gone, keeps
-  every other capsule and mounts it again on first use.
+  capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent
+  is gone, keeps every other capsule and mounts it again (disk first, and its
+  ancestors' disks, whose uppers are its lower layers) on first use.
 """
 
 from __future__ import annotations
@@ -62,9 +66,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandbox import overlay
+from sandbox import disk, overlay
 from sandbox.errors import CcwError, from_oserror
 from sandbox.protocol import (
+    DISK_MB_MAX,
+    DISK_MB_MIN,
     ENV_NAME_RE,
     MAX_ARG_BYTES,
     MAX_CLOCK_OFFSET_SEC,
@@ -85,7 +91,9 @@ DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_OUTPUT_CAP = 1 << 20
 MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug
 _Argv = list[str]  # the class's own ``list`` method shadows the builtin in its annotations
-_LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms")
+_LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms", "disk_mb")
+_ON_DISK = frozenset({"upper", "work", "tmp", "home"})  # what a capsule disk holds
+DISK_FULL_KB = 1024  # less free than this after an exec: the command hit the limit
 _META_VERSION = 1
 
 
@@ -103,10 +111,19 @@ class Capsule:
     meta: dict[str, Any]
     mounted: bool = False
     busy: bool = False
+    disk_ready: bool = False
     children: set[str] = field(default_factory=set)
 
+    @property
+    def disk_mb(self) -> int | None:
+        """The size of the capsule's own disk, or None for a capsule without one."""
+        value = self.meta.get("disk_mb")
+        return value if isinstance(value, int) else None
+
     def path(self, name: str) -> str:
-        """One of upper, work, merged, tmp, home, meta.json."""
+        """One of upper, work, merged, tmp, home, meta.json, disk, disk.img."""
+        if name in _ON_DISK and self.disk_mb is not None:
+            return os.path.join(self.root, "disk", name)
         return os.path.join(self.root, name)
 
     @property
@@ -136,10 +153,19 @@ class Capsule:
 class CapsuleManager:
     """Every capsule under ``<state_dir>/capsules``; the only writer of that directory."""
 
-    def __init__(self, state_dir: str, rootless: bool) -> None:
+    def __init__(self, state_dir: str, rootless: bool, disk_mb: int | None = disk.DEFAULT_MB) -> None:
+        """``disk_mb``: the default size of each capsule's disk; None or 0 for none."""
         self.state_dir = os.path.realpath(state_dir)
         self.capsules_dir = os.path.join(self.state_dir, "capsules")
         self.rootless = rootless
+        self.disks: disk.Disks | None = None
+        self.disk_reason: str | None = "disk limits are turned off (CCW_CAPSULE_DISK_MB=0)"
+        if disk_mb:
+            self.disk_reason = disk.unavailable_reason()
+            if rootless:
+                self.disk_reason = "a rootless helper cannot mount loop devices"
+            if self.disk_reason is None:
+                self.disks = disk.Disks(os.path.join(self.state_dir, "disks"), disk_mb)
         self._lock = threading.RLock()
         self._capsules: dict[str, Capsule] = {}
         self._last_id = (0, 0)
@@ -197,6 +223,7 @@ class CapsuleManager:
         _check_int("clock_offset_sec", clock_offset_sec, -MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)
         whitelist = _check_env_whitelist(env_whitelist)
         limits = _check_limits(limits)
+        disk_mb = self._disk_size(limits.pop("disk_mb", None))
         if network not in NETWORKS:
             raise CcwError("INVALID_ARGUMENT", f"network must be one of {list(NETWORKS)}, not {network!r:.40}")
         # With a base, the workspace is only where the jail shows it: a replay on another
@@ -228,6 +255,7 @@ class CapsuleManager:
                 "env_whitelist": whitelist,
                 "limits": limits,
                 "network": network,
+                "disk_mb": disk_mb,
             }
             st = os.fstat(lower_fd)
             capsule = self._materialise(meta, st, mount_lowers=[f"/proc/self/fd/{lower_fd}"])
@@ -237,6 +265,15 @@ class CapsuleManager:
             if base_fd is not None:
                 os.close(base_fd)
         return self._describe(capsule)
+
+    def _disk_size(self, requested: int | None) -> int | None:
+        """The disk size for a new capsule: the request, else the default; None for no disk."""
+        if self.disks is None:
+            if requested is not None:
+                raise CcwError("UNSUPPORTED", f"this helper cannot give capsules a disk limit: {self.disk_reason}; "
+                               "create the capsule without limits.disk_mb")
+            return None
+        return requested if requested is not None else self.disks.default_mb
 
     def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> dict[str, Any]:
         """A child capsule seeing its parent's view; the parent is frozen while it exists."""
@@ -263,6 +300,7 @@ class CapsuleManager:
                 lowers=[parent.path("upper"), *parent.lowers],
                 ancestors=[parent.capsule_id, *parent.ancestors],
                 parent=parent.capsule_id,
+                disk_mb=self._disk_size(parent.disk_mb),
             )
             st = os.stat(parent.path("merged"))
             child = self._materialise(meta, st, mount_lowers=meta["lowers"])
@@ -283,24 +321,41 @@ class CapsuleManager:
         meta = dict(meta, capsule_id=capsule_id, created_at=_now_iso())
         building = os.path.join(self.capsules_dir, f".new-{capsule_id}")
         final = os.path.join(self.capsules_dir, capsule_id)
+        data = building  # where upper, work, tmp and home go
         try:
             os.mkdir(building, 0o700)
-            for name in ("work", "merged"):
-                os.mkdir(os.path.join(building, name), 0o700 if name == "work" else 0o755)
-            upper = os.path.join(building, "upper")
-            os.mkdir(upper, 0o700)
+            os.mkdir(os.path.join(building, "merged"), 0o755)
+            if meta["disk_mb"] is not None:
+                assert self.disks is not None
+                data = os.path.join(building, "disk")
+                os.mkdir(data, 0o700)
+                mount_fd = self.disks.take(meta["disk_mb"], os.path.join(building, "disk.img"))
+                try:
+                    disk.attach(mount_fd, data)
+                finally:
+                    os.close(mount_fd)
+                self.disks.start()
+            else:
+                for name, mode in disk.LAYOUT:
+                    os.mkdir(os.path.join(data, name))
+                    os.chmod(os.path.join(data, name), mode)
+            os.chown(os.path.join(data, "home"), meta["owner_uid"], meta["owner_gid"])
+            upper = os.path.join(data, "upper")
             # Rootless: a workspace owned by an unmapped uid shows as the overflow uid,
             # which cannot be chowned to; the merged root then shows as the helper's.
             with contextlib.suppress(OSError) if self.rootless else contextlib.nullcontext():
                 os.chown(upper, root_st.st_uid, root_st.st_gid)
             os.chmod(upper, stat.S_IMODE(root_st.st_mode))
-            _make_private_dirs(building, meta["owner_uid"], meta["owner_gid"])
             _write_json(os.path.join(building, "meta.json"), meta)
             os.rename(building, final)
-        except OSError as exc:
+        except BaseException as exc:
+            for point in overlay.mounts_under(building):
+                overlay.teardown(point)
             shutil.rmtree(building, ignore_errors=True)
-            raise from_oserror(exc, "create capsule dirs", building, "check the state dir's space and permissions") from exc
-        capsule = Capsule(capsule_id, final, meta)
+            if isinstance(exc, OSError):
+                raise from_oserror(exc, "create capsule dirs", building, "check the state dir's space and permissions") from exc
+            raise
+        capsule = Capsule(capsule_id, final, meta, disk_ready=meta["disk_mb"] is not None)
         try:
             overlay.prepare(mount_lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
         except BaseException:
@@ -333,8 +388,12 @@ class CapsuleManager:
                 except Exception as exc:  # a missing or failing probe is reported, not fatal
                     probes[name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
             self._isolation = probes
+        filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless, "frozen_base": meta["base"] is not None,
+                                      "disk_limit_mb": meta.get("disk_mb")}
+        if meta.get("disk_mb") is None:
+            filesystem["disk_limit_unavailable"] = self.disk_reason or "the capsule was made without a disk"
         return {
-            "filesystem": {"overlayfs": True, "userxattr": self.rootless, "frozen_base": meta["base"] is not None},
+            "filesystem": filesystem,
             "network": meta["network"],
             "clock_offset_sec": meta["clock_offset_sec"],
             **self._isolation,
@@ -346,16 +405,36 @@ class CapsuleManager:
         """Mount a capsule recovered from disk (parents first); call with the lock held."""
         if capsule.mounted:
             return
+        self._ensure_disks(capsule)
         overlay.prepare(capsule.lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
         capsule.mounted = True
         if capsule.children:
             overlay.set_readonly(capsule.path("merged"), True)
+
+    def _ensure_disks(self, capsule: Capsule) -> None:
+        """Mount the disks of a capsule and of its ancestors (their uppers are its lowers)."""
+        for one in (capsule, *(self._capsules[a] for a in capsule.ancestors if a in self._capsules)):
+            if one.disk_ready or one.disk_mb is None:
+                continue
+            target = one.path("disk")
+            if not os.path.ismount(target):
+                mount_fd = disk.mount_image(one.path("disk.img"))
+                try:
+                    disk.attach(mount_fd, target)
+                finally:
+                    os.close(mount_fd)
+            _make_private_dirs(target, one.meta["owner_uid"], one.meta["owner_gid"], exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(one.path("work"), 0o700)
+            one.disk_ready = True
 
     # --- queries -------------------------------------------------------------------
 
     def changes(self, capsule_id: str, caller_uid: int) -> dict[str, Any]:
         """The capsule's changes against its base, sorted by path (see overlay.collect_changes)."""
         capsule = self._get(capsule_id, caller_uid)
+        with self._lock:
+            self._ensure_disks(capsule)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
         found = overlay.collect_changes(uppers, capsule.base_lowers)
         return {"changes": [change.to_dict() for change in found]}
@@ -401,7 +480,9 @@ class CapsuleManager:
         return {"capsule_id": capsule_id, "destroyed": True}
 
     def _remove_dir(self, root: str, capsule_id: str) -> None:
-        for point in overlay.mounts_under(root):
+        # The overlay first: its upper dir lives on the disk mounted beside it.
+        merged = os.path.join(root, "merged")
+        for point in sorted(overlay.mounts_under(root), key=lambda p: p != merged):
             overlay.teardown(point)
         dead = os.path.join(self.capsules_dir, f".dead-{capsule_id}")
         try:
@@ -413,7 +494,10 @@ class CapsuleManager:
         shutil.rmtree(dead)
 
     def recover(self) -> dict[str, Any]:
-        """At start: detach stale mounts, delete half-made capsules, re-register the rest."""
+        """At start: detach stale mounts, delete half-made capsules, re-register the rest.
+
+        Also starts filling the disk pool.
+        """
         for point in overlay.mounts_under(self.capsules_dir):
             log.info("detaching stale mount %s", point)
             overlay.teardown(point)
@@ -437,10 +521,12 @@ class CapsuleManager:
                 removed.append(name)
                 continue
             capsule = Capsule(name, root, meta)
-            _make_private_dirs(root, meta["owner_uid"], meta["owner_gid"], exist_ok=True)
-            for sub, mode in (("work", 0o700), ("merged", 0o755)):
+            if capsule.disk_mb is None:  # a capsule with a disk gets these when it is mounted
+                _make_private_dirs(root, meta["owner_uid"], meta["owner_gid"], exist_ok=True)
                 with contextlib.suppress(FileExistsError):
-                    os.mkdir(capsule.path(sub), mode)
+                    os.mkdir(capsule.path("work"), 0o700)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(capsule.path("merged"), 0o755)
             found[name] = capsule
         for capsule in found.values():
             parent = found.get(capsule.meta["parent"] or "")
@@ -449,6 +535,8 @@ class CapsuleManager:
         with self._lock:
             self._capsules = found
         stale_cgroups = _cleanup_stale_cgroups()
+        if self.disks is not None:
+            self.disks.start()  # so that the first create finds a disk ready
         return {"capsules": sorted(found), "removed": removed, "cgroups_removed": stale_cgroups}
 
     # --- argument checks that need the manager ---------------------------------------
@@ -507,7 +595,8 @@ class CapsuleManager:
         # Per-exec limits may only tighten the capsule's own.
         exec_limits = dict(meta["limits"])
         for key, value in _check_limits(limits).items():
-            exec_limits[key] = min(value, exec_limits.get(key, value))
+            if key != "disk_mb":  # the disk's size is the capsule's, fixed when it was made
+                exec_limits[key] = min(value, exec_limits.get(key, value))
         with self._lock:
             if capsule.children:
                 forks = sorted(c for c in capsule.children if c)
@@ -568,6 +657,10 @@ class CapsuleManager:
                 cgroup.teardown()
         after = overlay.upper_signature(upper)
         moved = _upper_diff(before, after, capsule.lowers)
+        disk_report: dict[str, Any] | None = None
+        if capsule.disk_mb is not None:
+            disk_report = {"limit_mb": capsule.disk_mb, **disk.usage(upper)}
+            disk_report["full"] = disk_report["free_kb"] < DISK_FULL_KB
         touched_unavailable: dict[str, str] = {}
         if touched is None:
             read: list[str] | None = None
@@ -595,6 +688,7 @@ class CapsuleManager:
             "usage": {"cpu_ms": usage.cpu_ms, "rss_max_kb": usage.rss_max_kb,
                       "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
             "usage_unavailable": dict(usage.unavailable),
+            "disk": disk_report,
             "touched": {"read": read, "written": written},
             "touched_unavailable": touched_unavailable,
         }
@@ -674,9 +768,10 @@ def _check_limits(limits: Any) -> dict[str, int]:
         return {}
     if not isinstance(limits, dict) or not set(limits) <= set(_LIMIT_KEYS):
         raise CcwError("INVALID_ARGUMENT", f"limits must be an object with keys among {list(_LIMIT_KEYS)}")
-    bounds = {"memory_mb": 1 << 20, "pids_max": 1 << 22, "cpu_ms": MAX_TIMEOUT_MS}
+    bounds = {"memory_mb": (1, 1 << 20), "pids_max": (1, 1 << 22), "cpu_ms": (1, MAX_TIMEOUT_MS),
+              "disk_mb": (DISK_MB_MIN, DISK_MB_MAX)}
     for key, value in limits.items():
-        _check_int(f"limits.{key}", value, 1, bounds[key])
+        _check_int(f"limits.{key}", value, *bounds[key])
     return dict(limits)
 
 
@@ -813,6 +908,12 @@ def _load_meta(root: str, capsule_id: str) -> tuple[dict[str, Any] | None, str]:
         return None, "meta.json has more ancestors than lower layers"
     if (meta.get("parent") or None) != (meta["ancestors"][0] if meta["ancestors"] else None):
         return None, "meta.json parent and ancestors disagree"
-    if not os.path.isdir(os.path.join(root, "upper")):
+    disk_mb = meta.get("disk_mb")
+    if disk_mb is not None and (not isinstance(disk_mb, int) or isinstance(disk_mb, bool)):
+        return None, "meta.json disk_mb is not an integer"
+    if disk_mb is not None:
+        if not os.path.isfile(os.path.join(root, "disk.img")):
+            return None, "the disk image holding the upper dir is gone"
+    elif not os.path.isdir(os.path.join(root, "upper")):
         return None, "the upper dir is gone"
     return meta, ""

@@ -63,6 +63,8 @@ MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
 MAX_ID = 2**53 - 1  # exact in every JSON reader
 NETWORKS = ("none",)
+DISK_MB_MIN = 32  # a capsule disk smaller than this is mostly ext4's own metadata
+DISK_MB_MAX = 1 << 24  # 16 TiB: ext4's limit with 4 KiB blocks
 
 CAPSULE_ID_RE = re.compile(r"cap_[A-Za-z0-9_]{1,100}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
@@ -426,6 +428,7 @@ _LIMIT_FIELDS: dict[str, Check] = {
     "memory_mb": _int(1, 1 << 20),
     "pids_max": _int(1, 1 << 22),
     "cpu_ms": _int(1, MAX_TIMEOUT_MS),
+    "disk_mb": _int(DISK_MB_MIN, DISK_MB_MAX),
 }
 
 

@@ -4,9 +4,6 @@ Every test runs one abuse in a capsule with limits, then checks what the agent i
 (signal, timeout, truncation, OOM), that nothing of the abuse outlives the exec (no
 process whose command line carries the test's token), that the helper holds no more
 descriptors than before, and that an exec in *another* capsule still succeeds.
-
-Not here: disk fill.  The capsule's upper dir has no size limit yet (see the jail
-hardening report); filling it would fill the host's disk.
 """
 
 from __future__ import annotations
@@ -206,3 +203,22 @@ def test_cpu_spinner_is_stopped_by_its_cpu_budget_or_timeout(tools: Any, workspa
 
     out = _abuse(tools, workspace, None, body)
     assert out["timed_out"] is True and out["signal"] == "SIGKILL"
+
+
+def test_disk_fill_stops_at_the_capsule_disk_and_spares_the_host(tools: Any, workspace: Path,
+                                                                record_property: Callable[[str, object], None]) -> None:
+    record_property("abuses_tried", 1)
+    fill = "dd if=/dev/zero of=fill bs=1M count=4096 status=none; echo dd=$?; dd if=/dev/zero of=/tmp/more bs=1M count=64; echo tmp=$?"
+    host = os.statvfs(workspace)
+    before_kb = (host.f_blocks - host.f_bfree) * host.f_frsize // 1024
+
+    async def body(t: Any, capsule: str) -> dict[str, Any]:
+        return await _exec(t, capsule, fill)
+
+    out = _abuse(tools, workspace, {"disk_mb": 64}, body)
+    host = os.statvfs(workspace)
+    grown_kb = (host.f_blocks - host.f_bfree) * host.f_frsize // 1024 - before_kb
+    assert "dd=1" in out["stdout"] and "tmp=1" in out["stdout"], out
+    assert "No space left on device" in out["stderr"]
+    assert out["disk_full"] is True and out["disk"]["limit_mb"] == 64 and out["disk"]["free_kb"] < 1024
+    assert grown_kb < 128 * 1024, f"the host's filesystem grew by {grown_kb} KiB for a 64 MiB disk"

@@ -155,7 +155,8 @@ def test_destroy_leaves_nothing(env: tuple[CapsuleManager, Path, Path]) -> None:
     ids = [manager.create(0, 0, str(ws))["capsule_id"] for _ in range(3)]
     fork = manager.fork(ids[0], 0, 0)["capsule_id"]
     sh(str(state / "capsules" / fork / "merged"), "echo x > y")
-    assert len(overlay.mounts_under(str(state))) == 4
+    mounts = overlay.mounts_under(str(state))
+    assert sorted(os.path.basename(p) for p in mounts) == ["disk"] * 4 + ["merged"] * 4  # each its own disk
     for capsule_id in [fork, *ids]:
         assert manager.destroy(capsule_id, 0) == {"capsule_id": capsule_id, "destroyed": True}
     assert overlay.mounts_under(str(state)) == []
@@ -219,7 +220,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-    assert len(overlay.mounts_under(str(state))) == 2  # left behind by the dead helper
+    assert len(overlay.mounts_under(str(state))) == 4  # overlays and disks left by the dead helper
     (state / "capsules" / ".new-cap_0000000000001_00000000").mkdir()  # half-created
     broken = state / "capsules" / "cap_0000000000002_00000000"
     broken.mkdir()

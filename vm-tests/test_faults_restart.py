@@ -350,9 +350,9 @@ def small_state(root_required: None, tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(state)], check=True)
 
 
-def _fill(directory: Path) -> Path:
+def _fill(directory: Path, number: int = 0) -> Path:
     """Write a file until the filesystem is full, down to the last byte."""
-    filler = directory / "filler"
+    filler = directory / f"filler-{number}"
     with open(filler, "wb", buffering=0) as out:
         for chunk in (1 << 20, 1 << 12, 1):
             try:
@@ -371,7 +371,7 @@ def test_disk_full_in_the_state_dir(small_state: Path, front: Front, record_prop
     client = front.client()
     capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
     assert client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "echo 1 > one.txt"]})["exit_code"] == 0
-    filler = _fill(small_state)
+    fillers: list[Path] = []
     record_property("faults_tried", 1)
 
     # Every tool that writes state answers with a structured error that says what to do.
@@ -382,6 +382,8 @@ def test_disk_full_in_the_state_dir(small_state: Path, front: Front, record_prop
         ("snapshot_create", {}),
     ]
     for method, params in writes:
+        # Fill again: a failed call may free what it had taken (a capsule's disk image).
+        fillers.append(_fill(small_state, len(fillers)))
         with pytest.raises(ToolFailed) as failed:
             client.call(method, params)
         assert failed.value.code == "TOO_LARGE", (method, failed.value)
@@ -391,7 +393,8 @@ def test_disk_full_in_the_state_dir(small_state: Path, front: Front, record_prop
     assert server is not None and server.proc.poll() is None
     assert "mcp:bug" not in server.log
 
-    filler.unlink()
+    for filler in fillers:
+        filler.unlink()
     other = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
     ran = client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["cat", "one.txt"]})
     assert ran["stdout"] == "1\n"

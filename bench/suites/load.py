@@ -286,6 +286,10 @@ ABUSES = {
     "fork bomb": ("f() { f | f & }; f; sleep 8", {"pids_max": 64}),
     "memory bomb": ("python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'; sleep 8", {"memory_mb": 64}),
     "output flood": ("timeout 8 yes", None),
+    # Fill the capsule's disk, free it, fill it again: ENOSPC over and over, and the
+    # loop device's writeback competing with everything else for the host's disk.
+    "disk fill": ("timeout 8 sh -c 'while :; do dd if=/dev/zero of=fill bs=1M count=512 status=none; rm -f fill; done'",
+                  {"disk_mb": 256}),
 }
 
 

@@ -81,6 +81,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("workspace", nargs="?", default=".", help="project directory (default: .)")
     create.add_argument("--base", help="directory to use as the base instead of the live workspace")
     create.add_argument("--memory-mb", type=int, help="per-exec memory limit (MiB)")
+    create.add_argument("--disk-mb", type=int, help="size of the capsule's own disk (MiB): all it may write")
     create.add_argument("--pids-max", type=int, help="per-exec process limit")
     create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
     create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
@@ -137,7 +138,7 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
         if args.base:
             call["base"] = os.path.abspath(args.base)
         limits = {k: v for k, v in (("memory_mb", args.memory_mb), ("pids_max", args.pids_max),
-                                    ("cpu_ms", args.cpu_ms)) if v is not None}
+                                    ("cpu_ms", args.cpu_ms), ("disk_mb", args.disk_mb)) if v is not None}
         if limits:
             call["limits"] = limits
         if args.clock_offset_sec is not None:
@@ -216,6 +217,8 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
             notes.append("timed out")
         if result.get("oom_killed"):
             notes.append("killed: out of memory")
+        if result.get("disk_full"):
+            notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); create it with a larger --disk-mb")
         if result.get("signal"):
             notes.append(f"killed by {result['signal']}")
         if notes:

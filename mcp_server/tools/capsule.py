@@ -32,6 +32,7 @@ from mcp_server.core.fsview import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
+from sandbox.protocol import DISK_MB_MAX, DISK_MB_MIN
 
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000
@@ -52,8 +53,12 @@ LIMITS = {
         "memory_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
         "pids_max": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
         "cpu_ms": {"type": "integer", "minimum": 1},
+        "disk_mb": {"type": "integer", "minimum": DISK_MB_MIN, "maximum": DISK_MB_MAX},
     },
-    "description": "Per-exec limits: memory (MiB), number of processes, CPU time (ms).",
+    "description": (
+        "Per-exec limits: memory (MiB), number of processes, CPU time (ms); and the size of the "
+        "capsule's own disk (MiB), which holds everything its commands write (default: the helper's)."
+    ),
 }
 ISOLATION = {"type": "object", "description": "Each isolation mechanism in force and how."}
 _CAPSULE_OUT_PROPS: dict[str, Any] = {
@@ -250,6 +255,8 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "truncated": {"stdout": bool(reply["truncated"]["stdout"]), "stderr": bool(reply["truncated"]["stderr"])},
         "usage": usage,
         "usage_unavailable": dict(sorted(reply.get("usage_unavailable", {}).items())),
+        "disk_full": bool((reply.get("disk") or {}).get("full")),
+        "disk": reply.get("disk"),
         "touched": touched,
         "touched_unavailable": dict(sorted(reply.get("touched_unavailable", {}).items())),
     }
@@ -417,6 +424,18 @@ _USAGE = {
     "additionalProperties": False,
 }
 _PATHS = {"type": "array", "items": {"type": "string"}}
+_DISK = {
+    "type": ["object", "null"],
+    "description": "The capsule's disk after the command (null: the capsule has no disk limit).",
+    "required": ["limit_mb", "used_kb", "free_kb", "full"],
+    "properties": {
+        "limit_mb": {"type": "integer"},
+        "used_kb": {"type": "integer"},
+        "free_kb": {"type": "integer"},
+        "full": {"type": "boolean", "description": "The disk is (nearly) full: writes failed with ENOSPC."},
+    },
+    "additionalProperties": False,
+}
 _REASONS = {"type": "object", "additionalProperties": {"type": "string"}}
 
 TOOLS = [
@@ -476,6 +495,8 @@ TOOLS = [
                 "signal": {"type": ["string", "null"]},
                 "timed_out": {"type": "boolean"},
                 "oom_killed": {"type": "boolean"},
+                "disk_full": {"type": "boolean"},
+                "disk": _DISK,
                 "duration_ms": {"type": "integer"},
                 "stdout": {"type": "string"},
                 "stderr": {"type": "string"},
