@@ -288,9 +288,7 @@ class Disks:
                 try:
                     os.rename(pooled, image)
                 except OSError:
-                    os.close(mount_fd)
-                    with contextlib.suppress(OSError):
-                        os.unlink(pooled)
+                    _discard(mount_fd, pooled)
                     raise
                 return mount_fd
         return self._make(size_mb, image)
@@ -300,17 +298,14 @@ class Disks:
         try:
             mount_fd = mount_image(image)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(image)
+            _discard(None, image)
             raise
         try:
             for name, mode in LAYOUT:
                 os.mkdir(name, mode, dir_fd=mount_fd)
                 os.chmod(name, mode, dir_fd=mount_fd)  # mkdir's mode passes through the umask
         except BaseException:
-            os.close(mount_fd)
-            with contextlib.suppress(OSError):
-                os.unlink(image)
+            _discard(mount_fd, image)
             raise
         return mount_fd
 
@@ -330,9 +325,7 @@ class Disks:
                 return
             with self._lock:
                 if self._closed:
-                    os.close(mount_fd)
-                    with contextlib.suppress(OSError):
-                        os.unlink(image)
+                    _discard(mount_fd, image)
                     return
                 self._ready.append((mount_fd, image))
 
@@ -343,6 +336,12 @@ class Disks:
             ready, self._ready = self._ready, []
             self._wake.notify_all()
         for mount_fd, image in ready:
-            os.close(mount_fd)
-            with contextlib.suppress(OSError):
-                os.unlink(image)
+            _discard(mount_fd, image)
+
+
+def _discard(mount_fd: int | None, image: str) -> None:
+    """Drop a disk that will not be used: its detached mount, then its image."""
+    if mount_fd is not None:
+        os.close(mount_fd)
+    with contextlib.suppress(OSError):
+        os.unlink(image)
