@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_server.core import unidiff
-from mcp_server.core.fsview import RootView, Side, lstat
+from mcp_server.core.fsview import DirFds, RootView, Side, lstat
 from mcp_server.core.promote import Op
 from sandbox.errors import CcwError
 
@@ -63,15 +63,17 @@ def expand(changes: list[dict[str, Any]], base: RootView, capsule: RootView) -> 
             if old is not None and old.kind == "dir":
                 paths.update(_descendants(base, change["path"]))
     out = []
-    for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
-        old = lstat(base, path)
-        new = lstat(capsule, path)
-        if old is None and new is None:
-            continue
-        modified = kinds.get(path) in ("modified", "added", "type_changed", "opaque")
-        if old is not None and new is not None and old == new and not modified:
-            continue
-        out.append(Entry(path, old, new, modified))
+    # Changed paths crowd into few directories: each is resolved once per side.
+    with DirFds(base) as base_dirs, DirFds(capsule) as capsule_dirs:
+        for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
+            old = base_dirs.lstat(path)
+            new = capsule_dirs.lstat(path)
+            if old is None and new is None:
+                continue
+            modified = kinds.get(path) in ("modified", "added", "type_changed", "opaque")
+            if old is not None and new is not None and old == new and not modified:
+                continue
+            out.append(Entry(path, old, new, modified))
     return out
 
 
@@ -173,18 +175,23 @@ def summary(entries: list[Entry]) -> dict[str, int]:
     return counts
 
 
-def base_state(view: RootView, path: str) -> str:
-    """A path's state as canonical JSON text (kind, mode, blake3 or link target), or "absent"."""
+def base_state(view: RootView, path: str, dirs: DirFds | None = None) -> str:
+    """A path's state as canonical JSON text (kind, mode, blake3 or link target), or "absent".
+
+    ``dirs``: a descriptor cache of ``view`` for many paths in a row (see ``DirFds``).
+    """
     import blake3
 
     from mcp_server.core.canonical import canonical_text
 
-    side = lstat(view, path)
+    side = lstat(view, path) if dirs is None else dirs.lstat(path)
     if side is None:
         return "absent"
     state: dict[str, Any] = {"kind": side.kind, "mode": side.mode}
     if side.kind == "symlink":
         state["target"] = side.target
     elif side.kind == "file":
-        state["blake3"] = blake3.blake3(view.read_bytes(path)).hexdigest()
+        data = view.read_bytes(path) if dirs is None else dirs.read_regular(path, missing_ok=False)
+        assert data is not None
+        state["blake3"] = blake3.blake3(data).hexdigest()
     return canonical_text(state)

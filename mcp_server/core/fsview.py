@@ -144,17 +144,7 @@ class RootView:
             if not follow and exc.errno == errno.ELOOP:
                 return None
             raise _error(exc, "read", rel) from exc
-        try:
-            st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                if missing_ok:
-                    return None
-                raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})", {"path": rel})
-            return _read_all(fd, st.st_size)
-        except OSError as exc:
-            raise _error(exc, "read", rel) from exc
-        finally:
-            os.close(fd)
+        return _read_regular_fd(fd, rel, missing_ok)
 
     def readlink(self, rel: str) -> str:
         """The target of a symlink beneath the root (the link itself is not followed)."""
@@ -313,6 +303,21 @@ class RootView:
             os.close(fd)
 
 
+def _read_regular_fd(fd: int, rel: str, missing_ok: bool) -> bytes | None:
+    """Read and close ``fd``: the content if it is a regular file, else None or an error."""
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            if missing_ok:
+                return None
+            raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})", {"path": rel})
+        return _read_all(fd, st.st_size)
+    except OSError as exc:
+        raise _error(exc, "read", rel) from exc
+    finally:
+        os.close(fd)
+
+
 def _read_all(fd: int, size: int) -> bytes:
     # A regular file read returns short only at end of file, so one read of size + 1
     # bytes that comes back short is the whole file; a file that grew keeps reading.
@@ -360,17 +365,115 @@ def lstat(view: RootView, path: str) -> Side | None:
     RESOLVE_NO_SYMLINKS and a link or file on the way means "absent".
     """
     head, _, name = path.rpartition("/")
+    parent = _open_parent(view, head)
+    if parent is None:
+        return None
     try:
-        parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="stat")
+        return _lstat_at(parent, name)
+    finally:
+        os.close(parent)
+
+
+def _open_parent(view: RootView, head: str) -> int | None:
+    """A directory beneath the root, resolved without symlinks; None if it is not one."""
+    try:
+        return view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="stat")
     except CcwError as exc:
         if exc.code == "NOT_FOUND" or exc.details.get("errno") in ("ELOOP", "ENOTDIR"):
             return None
         raise
+
+
+def _lstat_at(parent: int, name: str) -> Side | None:
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         target = os.readlink(name, dir_fd=parent) if stat_mod.S_ISLNK(st.st_mode) else None
     except FileNotFoundError:
         return None
-    finally:
-        os.close(parent)
     return Side(kind_of(st.st_mode), stat_mod.S_IMODE(st.st_mode), target)
+
+
+def open_name(dir_fd: int, name: str, flags: int, mode: int = 0) -> int:
+    """Open one entry of a directory descriptor, with what openat2's rules would give.
+
+    A plain name (no ``/``, not ``.`` or ``..``) walks nothing, so the kernel's resolve
+    rules only matter for its last step, and ``O_NOFOLLOW`` (which the caller passes)
+    refuses a symlink there as RESOLVE_NO_SYMLINKS would: plain ``openat`` is then
+    equivalent, and much cheaper from Python than openat2 through ctypes.  Any other
+    name goes through openat2.
+    """
+    if name in ("", ".", "..") or "/" in name or not flags & os.O_NOFOLLOW:
+        return syscalls.openat2(dir_fd, name, flags | os.O_CLOEXEC, mode, _RESOLVE_WRITE)
+    return os.open(name, flags | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+
+
+class DirFds:
+    """Directory descriptors beneath one root, each resolved once (RESOLVE_NO_SYMLINKS).
+
+    A thousand paths in one directory then cost one openat2 and a thousand ``*at`` calls
+    on a single name, instead of a thousand walks from the root.  The last component is
+    never followed (``AT_SYMLINK_NOFOLLOW``, ``O_NOFOLLOW``), so what is reached is the
+    same as with ``lstat`` and ``RootView``'s write resolution.
+
+    A descriptor keeps naming the directory it was opened on, so the cache lives for one
+    phase only; any step that may remove or create a directory calls ``forget`` first
+    (absent directories are cached too, for the read-only phases).
+    """
+
+    def __init__(self, view: RootView) -> None:
+        self.view = view
+        self._fds: dict[str, int] = {}
+        self._absent: set[str] = set()
+
+    def get(self, rel: str, what: str = "open") -> int:
+        """The descriptor of directory ``rel`` (``""``: the root); errors if it is not one."""
+        fd = self._fds.get(rel)
+        if fd is None:
+            fd = self._fds[rel] = self.view.open_fd(rel or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what=what)
+            self._absent.discard(rel)
+        return fd
+
+    def find(self, rel: str) -> int | None:
+        """Like ``get``, but None when ``rel`` is missing, a file or reached through a link."""
+        fd = self._fds.get(rel)
+        if fd is not None or rel in self._absent:
+            return fd
+        fd = _open_parent(self.view, rel)
+        if fd is None:
+            self._absent.add(rel)
+        else:
+            self._fds[rel] = fd
+        return fd
+
+    def lstat(self, path: str) -> Side | None:
+        """``lstat(view, path)``, through the cache."""
+        head, _, name = path.rpartition("/")
+        parent = self.find(head)
+        return None if parent is None else _lstat_at(parent, name)
+
+    def read_regular(self, path: str, *, missing_ok: bool = True) -> bytes | None:
+        """A regular file's content; None for anything else (or, with ``missing_ok``, nothing)."""
+        head, _, name = path.rpartition("/")
+        parent = self.find(head) if missing_ok else self.get(head, "read")
+        if parent is None:
+            return None
+        try:
+            fd = open_name(parent, name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:
+            if missing_ok and exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
+            raise _error(exc, "read", path) from exc
+        return _read_regular_fd(fd, path, missing_ok)
+
+    def forget(self) -> None:
+        """Close every descriptor; the next use resolves afresh."""
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._absent.clear()
+
+    def __enter__(self) -> DirFds:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.forget()
