@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcp_server.core.fsview import RootView, lstat
+from mcp_server.core.fsview import DirFds, RootView, lstat
 from sandbox import syscalls
-from sandbox.errors import CcwError, wrap_oserror
+from sandbox.errors import CcwError, from_oserror, wrap_oserror
 
 # Tests set this to a step name to have the process SIGKILL itself right after that step:
 # the crash-recovery tests use it to stop a promotion at every point that matters.
@@ -167,14 +167,16 @@ class Promoter:
         self._save(tx)
         for created in tx.created_dirs:
             view.makedirs(created)
-        with _DirFds(view) as dirs:
+        with DirFds(view) as dirs:
             for op in tx.ops:
                 if op.temp is None:
                     continue
+                temp_dir, temp_name = _split(op.temp)
+                dir_fd = dirs.get(temp_dir, "promote")
                 if op.action == "write":
-                    _write_temp(dirs, op.temp, content(op), op.mode if op.mode is not None else 0o644)
+                    _write_temp(dir_fd, temp_name, op.temp, content(op), op.mode if op.mode is not None else 0o644)
                 else:
-                    make_symlink(view, op.target or "", op.temp)
+                    _symlink_at(dir_fd, temp_name, op.target or "", op.temp)
         # One syncfs makes every temp file durable: far cheaper than an fsync per file,
         # and the commit phase needs only that all of them are on disk.
         with wrap_oserror("promote: syncfs", tx.workspace):
@@ -185,7 +187,7 @@ class Promoter:
         # A path that is deleted and then created again (a type change) must not be
         # deleted a second time when recovery replays the commit after the creation.
         creates = {op.path: op for op in tx.ops if op.action in ("write", "symlink", "mkdir")}
-        with _DirFds(view) as dirs:
+        with DirFds(view) as dirs:
             self._apply_ops(view, dirs, tx, creates)
         # The renames, deletions and mode changes reach the disk together.
         with wrap_oserror("promote: syncfs", tx.workspace):
@@ -195,7 +197,7 @@ class Promoter:
         self._forget(tx)
         _crash_point("done")
 
-    def _apply_ops(self, view: RootView, dirs: _DirFds, tx: Transaction, creates: dict[str, Op]) -> None:
+    def _apply_ops(self, view: RootView, dirs: DirFds, tx: Transaction, creates: dict[str, Op]) -> None:
         for i, op in enumerate(tx.ops):
             if op.action == "delete":
                 if not _already_recreated(view, creates.get(op.path)):
@@ -209,16 +211,7 @@ class Promoter:
                     view.chmod(op.path, op.mode)
             elif op.action in ("write", "symlink"):
                 assert op.temp is not None
-                head, name = _split(op.path)
-                parent = dirs.get(head)
-                temp_name = _split(op.temp)[1]
-                if _kind_at(parent, temp_name) is not None:
-                    if _kind_at(parent, name) == stat_mod.S_IFDIR:
-                        dirs.forget()
-                        remove_tree(view, op.path)
-                        parent = dirs.get(head)
-                    with wrap_oserror("promote: rename into place", op.path):
-                        os.rename(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
+                _rename_into_place(view, dirs, op.temp, op.path)
             elif op.action == "chmod" and op.mode is not None and view.exists(op.path):
                 view.chmod(op.path, op.mode)
             if i == 0:
@@ -301,36 +294,6 @@ def _missing_dirs(view: RootView, rel: str, known: set[str]) -> list[str]:
     return missing
 
 
-class _DirFds:
-    """Directory descriptors of one phase, each resolved once (RESOLVE_NO_SYMLINKS).
-
-    A thousand files in one directory then cost one openat2, not a thousand.  Any step
-    that may remove a directory calls ``forget`` first, so no descriptor of a removed
-    directory is ever used.
-    """
-
-    def __init__(self, view: RootView) -> None:
-        self.view = view
-        self.fds: dict[str, int] = {}
-
-    def get(self, rel: str) -> int:
-        fd = self.fds.get(rel)
-        if fd is None:
-            fd = self.fds[rel] = _dir_fd(self.view, rel, "promote")
-        return fd
-
-    def forget(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-
-    def __enter__(self) -> _DirFds:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.forget()
-
-
 def _kind_at(dir_fd: int, name: str) -> int | None:
     """The file type bits of ``name`` in a directory (the link itself for a symlink), or None."""
     try:
@@ -339,9 +302,32 @@ def _kind_at(dir_fd: int, name: str) -> int | None:
         return None
 
 
-def _write_temp(dirs: _DirFds, rel: str, data: bytes, mode: int) -> None:
+def _rename_into_place(view: RootView, dirs: DirFds, temp: str, rel: str) -> None:
+    """Rename a prepared temp file over ``rel``; done already if the temp file is gone.
+
+    One ``renameat`` per file on the common path: the rename itself tells the cases
+    apart (ENOENT: recovery replaying a commit that got past this file; EISDIR: a
+    directory is in the way, left by a type change), so nothing is stat'ed beforehand.
+    """
     head, name = _split(rel)
-    parent = dirs.get(head)
+    temp_name = _split(temp)[1]
+    parent = dirs.get(head, "promote")
+    try:
+        os.rename(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
+        return
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if _kind_at(parent, name) != stat_mod.S_IFDIR:
+            raise from_oserror(exc, "promote: rename into place", rel) from exc
+    dirs.forget()  # a directory goes: no cached descriptor may outlive it
+    remove_tree(view, rel)
+    parent = dirs.get(head, "promote")
+    with wrap_oserror("promote: rename into place", rel):
+        os.rename(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def _write_temp(parent: int, name: str, rel: str, data: bytes, mode: int) -> None:
     with wrap_oserror("promote: write", rel):
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
@@ -353,16 +339,21 @@ def _write_temp(dirs: _DirFds, rel: str, data: bytes, mode: int) -> None:
             os.close(fd)
 
 
+def _symlink_at(parent: int, name: str, target: str, rel: str) -> None:
+    with wrap_oserror("promote: symlink", rel):
+        try:
+            os.unlink(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        os.symlink(target, name, dir_fd=parent)
+
+
 def make_symlink(view: RootView, target: str, rel: str) -> None:
+    """Create (or replace) a symlink at ``rel``; its parent is reached without links."""
     head, name = _split(rel)
     parent = _dir_fd(view, head, "promote")
     try:
-        with wrap_oserror("promote: symlink", rel):
-            try:
-                os.unlink(name, dir_fd=parent)
-            except FileNotFoundError:
-                pass
-            os.symlink(target, name, dir_fd=parent)
+        _symlink_at(parent, name, target, rel)
     finally:
         os.close(parent)
 
