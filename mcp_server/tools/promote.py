@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from outcome import acapture
 
 from mcp_server.core import changeset
-from mcp_server.core.fsview import RootView
+from mcp_server.core.fsview import DirFds, RootView
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -34,7 +35,7 @@ from mcp_server.core.policy import (
     RequiredTestOutcome,
     evaluate,
 )
-from mcp_server.core.promote import Promoter
+from mcp_server.core.promote import Op, Promoter
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.policy import POLICY_NAME, PolicyStore
@@ -56,27 +57,44 @@ def _lineage(journal: Journal, record: CapsuleRecord) -> list[CapsuleRecord]:
     return chain
 
 
-def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry]) -> list[dict[str, Any]]:
+def _recorded_states(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
     # A fork's changes include its parents', so their recorded base states count too.
     recorded: dict[str, str] = {}
     for capsule in reversed(_lineage(journal, record)):
         recorded.update(journal.base_states(capsule.capsule_id))
-    out = []
-    with RootView.open(record.workspace) as live:
-        for entry in entries:
-            expected = recorded.get(entry.path)
-            if expected is None:
-                continue
-            actual = changeset.base_state(live, entry.path)
-            if actual != expected:
-                out.append({"path": entry.path, "expected": expected, "actual": actual})
-    return out
+    return recorded
 
 
-def _plan(record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int, journal: Journal) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
+def _live_states(workspace: str, paths: list[str]) -> dict[str, str]:
+    """The live workspace's state at each path, as ``changeset.base_state`` records it."""
+    with RootView.open(workspace) as live, DirFds(live) as live_dirs:
+        return {path: changeset.base_state(live, path, live_dirs) for path in paths}
+
+
+def _read_live_early(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
+    """Live states at every path with a recorded base state, read while the helper lists changes."""
+    return _live_states(record.workspace, sorted(_recorded_states(journal, record)))
+
+
+def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry], early: dict[str, str]) -> list[dict[str, Any]]:
+    # Recorded states are read afresh: an exec that ended after the early read may have
+    # recorded more, and those paths are then read from the workspace here.
+    recorded = _recorded_states(journal, record)
+    checked = [entry.path for entry in entries if entry.path in recorded]
+    live = {**early, **_live_states(record.workspace, [path for path in checked if path not in early])}
+    return [
+        {"path": path, "expected": recorded[path], "actual": live[path]}
+        for path in checked
+        if live[path] != recorded[path]
+    ]
+
+
+def _plan(
+    record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int, journal: Journal, early: dict[str, str]
+) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries = changeset.expand(changes, base, capsule)
-    return entries, _conflicts(journal, record, entries)
+    return entries, _conflicts(journal, record, entries, early)
 
 
 def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
@@ -128,9 +146,26 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     rules = CombinedRules.combine(store.get(name) for name in names)
     journal = Journal(ctx.state)
     helper = await ctx.helper()
-    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+    # The conflict check reads (and hashes) the live workspace at every changed path; it
+    # needs only the recorded paths, not the helper's change list, so it runs in a thread
+    # while the helper compares the capsule with its base in its own process.
+    # Errors keep their type (no exception group): the helper's is captured and raised
+    # after the nursery, and an early read that fails is simply done again, and its
+    # error reported, by the conflict check proper.
+    early: dict[str, str] = {}
+
+    async def read_early() -> None:
+        try:
+            early.update(await trio.to_thread.run_sync(_read_live_early, journal, record))
+        except CcwError:
+            pass
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(read_early)
+        listed = await acapture(helper.request, "changes", {"capsule_id": record.capsule_id})
+    changes = listed.unwrap()["changes"]
     root_fd = await helper.open_root(record.capsule_id)
-    entries, conflicts = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal)
+    entries, conflicts = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early)
     if conflicts:
         paths = [c["path"] for c in conflicts]
         raise CcwError(
@@ -160,8 +195,14 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     root_fd = await helper.open_root(record.capsule_id)
 
     def write() -> list[str]:
-        with RootView.from_fd(root_fd) as capsule:
-            return Promoter(ctx.state.root).promote(record.workspace, ops, lambda op: capsule.read_bytes(op.path))
+        with RootView.from_fd(root_fd) as capsule, DirFds(capsule) as capsule_dirs:
+
+            def content(op: Op) -> bytes:
+                data = capsule_dirs.read_regular(op.path, missing_ok=False)
+                assert data is not None
+                return data
+
+            return Promoter(ctx.state.root).promote(record.workspace, ops, content)
 
     applied = await trio.to_thread.run_sync(write)
     return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report}
