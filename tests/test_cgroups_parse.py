@@ -105,9 +105,12 @@ def test_hybrid_layout_uses_v1_for_resources_and_v2_for_kill() -> None:
     assert io is not None and io.mount_point == "/sys/fs/cgroup/blkio"
     kill = layout.for_resource("kill")
     assert kill is not None and kill.version == 2 and kill.base == "/sys/fs/cgroup/unified"
-    # cpuset, cpu-only and name=systemd hierarchies are not used
+    # the cpu-only hierarchy gives each exec one CPU share
+    share = layout.for_resource("share")
+    assert share is not None and share.mount_point == "/sys/fs/cgroup/cpu"
+    # cpuset and name=systemd hierarchies are not used
     assert {h.mount_point for h in layout.hierarchies} == {
-        "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/freezer",
+        "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/memory", "/sys/fs/cgroup/freezer",
         "/sys/fs/cgroup/blkio", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified",
     }
 
