@@ -93,7 +93,10 @@ MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bu
 _Argv = list[str]  # the class's own ``list`` method shadows the builtin in its annotations
 _LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms", "disk_mb")
 _ON_DISK = frozenset({"upper", "work", "tmp", "home"})  # what a capsule disk holds
-DISK_FULL_KB = 1024  # less free than this after an exec: the command hit the limit
+# A disk counts as full after an exec with less than 1% (at least 4 MiB) free: a write
+# that hit ENOSPC leaves a little behind (a short final write, and ext4's delalloc
+# reserves room for metadata of dirty data that writeback later gives back).
+DISK_FULL_MIN_KB = 4096
 _META_VERSION = 1
 
 
@@ -660,7 +663,7 @@ class CapsuleManager:
         disk_report: dict[str, Any] | None = None
         if capsule.disk_mb is not None:
             disk_report = {"limit_mb": capsule.disk_mb, **disk.usage(upper)}
-            disk_report["full"] = disk_report["free_kb"] < DISK_FULL_KB
+            disk_report["full"] = disk_report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
         touched_unavailable: dict[str, str] = {}
         if touched is None:
             read: list[str] | None = None

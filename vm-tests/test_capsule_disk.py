@@ -93,7 +93,7 @@ def test_filling_the_workspace_stops_at_the_limit_and_is_reported(env: tuple[Cap
     report = out["disk"]
     assert isinstance(report, dict)
     assert report["full"] is True and report["limit_mb"] == LIMIT_MB
-    assert report["used_kb"] > (LIMIT_MB - 16) * 1024 and report["free_kb"] < 1024
+    assert report["used_kb"] > (LIMIT_MB - 16) * 1024 and report["free_kb"] < 4096
     # The host gave the capsule at most its disk's size (plus metadata slack), not 1000 MiB.
     assert grown < (LIMIT_MB + 16) * 1024, f"the host's filesystem grew by {grown} KiB"
     assert not (ws / "fill").exists()
