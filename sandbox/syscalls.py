@@ -205,16 +205,25 @@ def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     _check(ret, f"close_range({first}, {last})")
 
 
-# --- the new mount API (fsopen/fsconfig/fsmount/move_mount) -------------------------
+# --- the new mount API (open_tree/fsopen/fsconfig/fsmount/move_mount) ---------------
 # Added after 5.1, these share one number on every architecture (the unified table).
-_NEW_MOUNT_NR = {"move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432}
+_NEW_MOUNT_NR = {"open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432}
 FSOPEN_CLOEXEC = 0x1
 FSMOUNT_CLOEXEC = 0x1
 FSCONFIG_SET_FLAG = 0
 FSCONFIG_SET_STRING = 1
 FSCONFIG_CMD_CREATE = 6
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
+OPEN_TREE_CLONE = 0x1
+OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+AT_EMPTY_PATH = 0x1000
 AT_FDCWD = -100
+
+
+def open_tree(dirfd: int, path: str, flags: int) -> int:
+    """open_tree(2); with OPEN_TREE_CLONE, a detached copy of the mount (a bind not yet attached)."""
+    ret = _libc.syscall(_NEW_MOUNT_NR["open_tree"], ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags))
+    return _check(ret, f"open_tree({dirfd}, {path!r}, {flags:#x})")
 
 
 def fsopen(fstype: str, flags: int = FSOPEN_CLOEXEC) -> int:
@@ -254,14 +263,16 @@ MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
 
-def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_RECURSIVE) -> None:
+def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_RECURSIVE,
+                  dirfd: int = AT_FDCWD, propagation: int = 0) -> None:
     """mount_setattr(2) on ``path`` (recursively by default): struct mount_attr {set, clr, propagation, userns_fd}."""
-    attr = struct.pack("QQQQ", attr_set, attr_clr, 0, 0)
+    attr = struct.pack("QQQQ", attr_set, attr_clr, propagation, 0)
     buf = ctypes.create_string_buffer(attr, len(attr))
     ret = _libc.syscall(
-        _MOUNT_SETATTR_NR, ctypes.c_int(AT_FDCWD), _b(path), ctypes.c_uint(flags), buf, ctypes.c_size_t(len(attr))
+        _MOUNT_SETATTR_NR, ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags), buf, ctypes.c_size_t(len(attr))
     )
-    _check(ret, f"mount_setattr({path!r}, set={attr_set:#x}, clr={attr_clr:#x}, flags={flags:#x})")
+    _check(ret, f"mount_setattr({dirfd}, {path!r}, set={attr_set:#x}, clr={attr_clr:#x}, "
+                f"propagation={propagation:#x}, flags={flags:#x})")
 
 
 # --- capset: clear every capability set (python-prctl only knows the caps it was built with)
