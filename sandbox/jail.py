@@ -49,6 +49,7 @@ import resource
 import select
 import signal
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from sandbox.cgroups import ExecCgroup
 
 _FD_SYNC, _FD_REPORT = 3, 4  # in the jail parent; 0-2 are the command's stdio
-_FD_NET = 5  # a prepared network namespace, when the helper had one (namespaces.prepare_spare_net)
+_FD_NET, _FD_ROOT = 5, 6  # spares made ahead, when the helper had them (see _SparePool)
 _SETUP_FAILED = 125
 _KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
 _READ_CHUNK = 1 << 16
@@ -149,6 +150,44 @@ class _Stream:
         self.total += len(chunk)
         self.tail += chunk[-PROGRESS_TAIL:]
         del self.tail[:-PROGRESS_TAIL]
+
+
+class _SparePool:
+    """Kernel objects made ahead for the next jails, each handed to one jail: at most ``limit`` wait.
+
+    ``make`` returns a descriptor, or None when it cannot make one (then nothing waits
+    and jails make their own).  The helper refills on its thread while a jail is being
+    built on the other core, off the next exec's path.
+    """
+
+    def __init__(self, make: Callable[[], int | None], limit: int = 2) -> None:
+        self._make = make
+        self._limit = limit  # two jails may start at once; each spare holds kernel memory
+        self._ready: list[int] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """A spare's descriptor (the caller owns it), or None when none waits."""
+        with self._lock:
+            return self._ready.pop() if self._ready else None
+
+    def refill(self) -> None:
+        """Make one spare, unless enough wait."""
+        with self._lock:
+            if len(self._ready) >= self._limit:
+                return
+        spare = self._make()
+        if spare is None:
+            return
+        with self._lock:
+            if len(self._ready) < self._limit:
+                self._ready.append(spare)
+                return
+        os.close(spare)
+
+
+_SPARE_NETS = _SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
+_SPARE_ROOTS = _SparePool(mounts.spare_root)  # the root tree: tmpfs, system dirs, /dev
 
 
 def _last_cap() -> int:
@@ -238,19 +277,25 @@ def _fail(step: str, exc: BaseException) -> NoReturn:
         os._exit(_SETUP_FAILED)
 
 
-def _arrange_fds(fds: tuple[int, ...]) -> None:
+def _arrange_fds(fds: tuple[int | None, ...]) -> None:
     # Copy above any target first, so no dup2 clobbers a descriptor still to be moved.
-    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
+    high = [None if fd is None else fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
     for target, fd in enumerate(high):
-        os.dup2(fd, target, inheritable=target <= 2)
+        if fd is not None:
+            os.dup2(fd, target, inheritable=target <= 2)
+        else:
+            try:
+                os.close(target)  # whatever of the helper's sits in an unused slot
+            except OSError:
+                pass
     syscalls.close_range(len(fds))  # every descriptor of the helper: sockets, fanotify, capsule dirs
 
 
-def _jail_child(plan: _Plan, fds: tuple[int, ...], is_init: bool) -> NoReturn:
+def _jail_child(plan: _Plan, fds: tuple[int | None, ...], is_init: bool) -> NoReturn:
     """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init.
 
-    ``fds``: stdin, stdout, stderr, sync, report and, when the helper had one ready, a
-    prepared network namespace; they become descriptors 0 to 5.
+    ``fds``: stdin, stdout, stderr, sync, report, then a spare network namespace and a
+    spare root tree or None; they become descriptors 0 to 6.
     """
     try:
         gc.disable()  # a collection would touch (and so copy) every page of the helper's heap
@@ -272,16 +317,18 @@ def _jail_child(plan: _Plan, fds: tuple[int, ...], is_init: bool) -> NoReturn:
                 _send(b"A", struct.pack("!i", status))
                 os._exit(0)
             prctl.set_pdeathsig(signal.SIGKILL)  # this process's death ends the namespace
-        _jail_init(plan, net_prepared=len(fds) > _FD_NET)
+        _jail_init(plan, net_prepared=fds[_FD_NET] is not None,
+                   root=_FD_ROOT if fds[_FD_ROOT] is not None else None)
     except BaseException as exc:
         _fail("jail child", exc)
 
 
-def contain(plan: _Plan, net_prepared: bool) -> None:
+def contain(plan: _Plan, net_prepared: bool, root: int | None) -> None:
     """Build the jail, step by step, in the jail's init (nsjail's containProc).
 
-    ``net_prepared``: descriptor 5 is a fresh network namespace with lo up, made by the
-    helper while the previous jail was being built (see namespaces.py).
+    ``net_prepared``: descriptor 5 is a fresh network namespace with lo up; ``root``, a
+    descriptor of the root tree (mounts.build_root); both made by the helper while the
+    previous jail was being built.  Without them, the init makes its own.
     """
     if net_prepared:
         _step("setns into the prepared network namespace", namespaces.enter_net, _FD_NET)
@@ -289,8 +336,8 @@ def contain(plan: _Plan, net_prepared: bool) -> None:
               plan.ns.flags & ~syscalls.CLONE_NEWNET)
     else:
         _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
-    for mount_step in plan.mount_steps:  # private → root → system → capsule → proc → sys → dev → seal
-        _step(mount_step.describe(), mounts.enter, mount_step)
+    for mount_step in plan.mount_steps:  # private → root (system, /dev) → capsule → proc → sys → seal
+        _step(mount_step.describe(), mounts.enter, mount_step, root)
     _step("sethostname", namespaces.set_hostname, plan.ns.hostname)
     if not net_prepared:
         _step("lo up", namespaces.loopback_up)
@@ -354,9 +401,9 @@ def _spawn(plan: _Plan) -> int:
     raise FileNotFoundError(errno.ENOENT, "command not found" if "/" not in name else "No such file or directory")
 
 
-def _jail_init(plan: _Plan, net_prepared: bool) -> NoReturn:
+def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
     """pid 1: build the jail, spawn the command, forward signals, reap until it ends."""
-    contain(plan, net_prepared)
+    contain(plan, net_prepared, root)
     try:
         command = _spawn(plan)
     except OSError as exc:
@@ -447,8 +494,7 @@ def run(
     err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
     sync_r, sync_w = os.pipe()
-    spare_net = namespaces.take_spare_net()
-    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w) + (() if spare_net is None else (spare_net,))
+    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w, _SPARE_NETS.take(), _SPARE_ROOTS.take())
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself
@@ -462,7 +508,8 @@ def run(
                 _jail_child(plan, child_fds, is_init=False)
     finally:
         for fd in child_fds:
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
     jail = _Running(pid, direct, cgroup)
     streams = {out_r: _Stream(spec.output_cap), err_r: _Stream(spec.output_cap)}
     reports = bytearray()
@@ -475,9 +522,10 @@ def run(
             os.close(sync_w)
         if direct and on_started is not None:
             on_started(pid)
-        # The next jail's network namespace, made on this thread while the child builds
-        # this one on the other core (see namespaces.py): off the next exec's path.
-        namespaces.prepare_spare_net()
+        # The next jail's network namespace and root tree, made on this thread while the
+        # child builds this one on the other core: off the next exec's path.
+        _SPARE_NETS.refill()
+        _SPARE_ROOTS.refill()
         poller = select.poll()
         for fd in (out_r, err_r):
             poller.register(fd, select.POLLIN)

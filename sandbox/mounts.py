@@ -2,19 +2,33 @@
 
 ``prepare`` (in the helper, where logging and stat are safe) turns a capsule's paths into
 a flat list of ``MountStep``; ``enter`` applies one step inside the jail's fresh mount
-namespace, in a freshly forked child where only ``os`` and ctypes are used.
+namespace, in a freshly forked child where only ``os`` and ctypes are used.  The part
+of the root that does not depend on the capsule (``root_steps``: the tmpfs, the host's
+system dirs, the masked secrets, /dev) is a detached mount tree made by ``build_root``,
+usually ahead of time on the helper's thread (``spare_root``).
 
 Some facts about mounts, as the jail uses them:
 
 - The first step makes every mount private (``MS_REC|MS_PRIVATE``): otherwise mounts
   made in the jail could propagate back to the host's shared mounts, and the host's
   later mounts into the jail.
-- Like bubblewrap, the jail mounts its tmpfs root on ``/tmp`` and pivots into it at
+- Like bubblewrap, the jail puts its tmpfs root on ``/tmp`` and pivots into it at
   once, with the host's root kept at ``/.oldroot``.  pivot_root moves the tmpfs away
   from ``/tmp``, so every source (even one under the host's /tmp) is reachable as
   ``/.oldroot/<path>`` until the old root is detached, one of the last steps.  Because
   absolute symlinks would then resolve against the new root, ``prepare`` resolves
   every source path with ``realpath`` first.
+- The new mount API builds a tree that is attached nowhere: ``fsmount`` gives a fresh
+  tmpfs as a descriptor, ``open_tree(OPEN_TREE_CLONE)`` a bind of a host path, and
+  ``move_mount`` puts one onto the other (onto a detached tree since Linux 6.15; older
+  kernels refuse with EINVAL, and there the jail attaches its tmpfs first).  Such a tree
+  is no one's until it is moved into a namespace, so the helper's thread builds the
+  next jail's root (about 45 syscalls) while the current jail builds its own, and the
+  jail's init moves it onto ``/tmp`` with one call.  Each tree serves one jail: the
+  tmpfs root, /dev, its devpts instance and /dev/shm are fresh superblocks.  A clone
+  of a host mount joins the host mount's peer group, so the finished tree is made
+  private (``mount_setattr`` propagation) before anyone can use it.  Cloning a detached
+  tree is refused (EINVAL), so there is no one template for all jails.
 - A bind mount keeps the flags of its source, and ``MS_RDONLY`` on the bind call itself
   is ignored.  ``mount_setattr(AT_RECURSIVE)`` makes a bind and everything under it
   read-only in one call, which a remount cannot do (it changes one mount only).  Binds
@@ -33,6 +47,7 @@ Some facts about mounts, as the jail uses them:
 - /dev is a small tmpfs with the host's null, zero, full, random, urandom and tty
   *bound* onto empty files: mknod is not allowed in a user namespace, binds are.
   devpts is a new instance (its own pty numbers) with /dev/ptmx a symlink into it.
+  /dev is part of the root tree, so it is in place before the capsule's binds.
 - When the helper's state dir lies inside the workspace, its top directory there is
   covered by an empty read-only tmpfs (``state_inside_workspace``): the socket, the
   capsules' upper dirs and the front end's database stay out of the jail's sight.
@@ -65,6 +80,8 @@ SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
 
 _RO = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+_NOSUID_NOEXEC = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NOEXEC
+_ROOT_DATA = "mode=0755,size=1m"
 _NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
 
 
@@ -75,7 +92,7 @@ class MountStep:
     action: str  # private root bind symlink mask_file mask_dir proc sysfs dev devpts tmpfs detach_old_root seal_root
     target: str
     source: str = ""
-    attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind
+    attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind, or of a new mount in the root tree
     data: str = ""  # mount options, or a symlink's text
     source_is_file: bool = False  # a bind's source is not a directory: its mount point is an empty file
 
@@ -102,7 +119,7 @@ def system_steps(host_root: str = "/") -> list[MountStep]:
         if os.path.islink(host_path):
             steps.append(MountStep("symlink", "/" + name, data=os.readlink(host_path)))
         elif os.path.isdir(host_path):
-            steps.append(MountStep("bind", "/" + name, OLD_ROOT + "/" + name, attrs=_RO))
+            steps.append(MountStep("bind", "/" + name, "/" + name, attrs=_RO))
     return steps
 
 
@@ -118,10 +135,23 @@ def python_prefix() -> str | None:
 
 
 @functools.lru_cache(maxsize=1)
-def _host_steps() -> tuple[tuple[MountStep, ...], tuple[MountStep, ...]]:
-    """The steps that depend only on the host (its system dirs, what its kernel has): computed once."""
-    system = system_steps()
-    system += [MountStep("mask_file", path) for path in SECRET_FILES if os.path.exists(path)]
+def root_steps() -> tuple[MountStep, ...]:
+    """What ``build_root`` puts in the jail's root tree (host paths as sources): computed once."""
+    steps = system_steps()
+    steps += [MountStep("mask_file", path) for path in SECRET_FILES if os.path.exists(path)]
+    steps.append(MountStep("dev", "/dev", data="mode=0755,size=64k", attrs=_NOSUID_NOEXEC))
+    # No nosuid/nodev/ro attrs on single device binds: /dev is a nosuid tmpfs, and
+    # the nodes must stay usable; each skipped mount_setattr is a syscall per exec.
+    steps += [MountStep("bind", f"/dev/{n}", f"/dev/{n}", source_is_file=True)
+              for n in DEVICES if os.path.exists(f"/dev/{n}")]
+    steps.append(MountStep("devpts", "/dev/pts", data="newinstance,ptmxmode=0666,mode=0620", attrs=_NOSUID_NOEXEC))
+    steps.append(MountStep("tmpfs", "/dev/shm", data="mode=1777", attrs=_RW))
+    return tuple(steps)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_steps() -> tuple[MountStep, ...]:
+    """/proc and /sys with their masks (mounted by the jail's init: they follow its namespaces)."""
     kernel = [MountStep("proc", "/proc")]
     kernel += [MountStep("bind", f"/proc/{n}", f"/proc/{n}", attrs=_RO | syscalls.MOUNT_ATTR_NOEXEC)
                for n in PROC_READONLY if os.path.exists(f"/proc/{n}")]
@@ -129,12 +159,7 @@ def _host_steps() -> tuple[tuple[MountStep, ...], tuple[MountStep, ...]]:
     kernel += [MountStep("mask_dir", f"/proc/{n}") for n in PROC_MASKED_DIRS if os.path.isdir(f"/proc/{n}")]
     kernel.append(MountStep("sysfs", "/sys"))
     kernel += [MountStep("mask_dir", f"/sys/{n}") for n in SYS_MASKED_DIRS if os.path.isdir(f"/sys/{n}")]
-    kernel.append(MountStep("dev", "/dev", data="mode=0755,size=64k"))
-    # No nosuid/nodev/ro attrs on single device binds: /dev is a nosuid tmpfs, and
-    # the nodes must stay usable; each skipped mount_setattr is a syscall per exec.
-    kernel += [MountStep("bind", f"/dev/{n}", f"{OLD_ROOT}/dev/{n}", source_is_file=True)
-               for n in DEVICES if os.path.exists(f"/dev/{n}")]
-    return tuple(system), tuple(kernel)
+    return tuple(kernel)
 
 
 def prepare(
@@ -146,12 +171,7 @@ def prepare(
     home_dir: str,
 ) -> list[MountStep]:
     """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace."""
-    host_system, host_kernel = _host_steps()
-    steps = [
-        MountStep("private", "/"),
-        MountStep("root", STAGING, data="mode=0755,size=1m"),
-        *host_system,
-    ]
+    steps = [MountStep("private", "/"), MountStep("root", STAGING)]
 
     # Capsule binds, parents before children (a workspace may live under /tmp or $HOME).
     capsule = [
@@ -166,13 +186,8 @@ def prepare(
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
-    steps += host_kernel
-    steps += [
-        MountStep("devpts", "/dev/pts", data="newinstance,ptmxmode=0666,mode=0620"),
-        MountStep("tmpfs", "/dev/shm", data="mode=1777"),
-        MountStep("detach_old_root", OLD_ROOT),
-        MountStep("seal_root", "/"),
-    ]
+    steps += _kernel_steps()
+    steps += [MountStep("detach_old_root", OLD_ROOT), MountStep("seal_root", "/")]
     return steps
 
 
@@ -224,8 +239,12 @@ def _tmpfs(target: str, flags: int, data: str) -> None:
     syscalls.mount("tmpfs", target, "tmpfs", flags, data)
 
 
-def enter(step: MountStep) -> None:
-    """Apply one step (in the jail's mount namespace; uses only os and ctypes)."""
+def enter(step: MountStep, root: int | None = None) -> None:
+    """Apply one step (in the jail's mount namespace; uses only os and ctypes).
+
+    ``root``: for the "root" step, a tree from ``build_root`` made ahead (consumed);
+    None builds it here.
+    """
     action, target = step.action, step.target
     if action == "bind":
         _bind(step.source, target, step.attrs, step.source_is_file)
@@ -236,8 +255,6 @@ def enter(step: MountStep) -> None:
         syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
     elif action == "mask_dir":
         _tmpfs(target, syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
-    elif action == "tmpfs":
-        _tmpfs(target, syscalls.MS_NOSUID | syscalls.MS_NODEV, step.data)
     elif action == "proc":
         _mountpoint(target)
         syscalls.mount("proc", target, "proc", _NOSUID_NODEV_NOEXEC)
@@ -247,22 +264,16 @@ def enter(step: MountStep) -> None:
             syscalls.mount("sysfs", target, "sysfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC)
         except OSError:
             _bind(OLD_ROOT + "/sys", target, _RO | syscalls.MOUNT_ATTR_NOEXEC)
-    elif action == "dev":
-        _tmpfs(target, syscalls.MS_NOSUID | syscalls.MS_NOEXEC, step.data)
-        for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                           ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
-                           ("ptmx", "pts/ptmx")):
-            os.symlink(link, f"{target}/{name}")
-    elif action == "devpts":
-        _mountpoint(target)
-        syscalls.mount("devpts", target, "devpts", syscalls.MS_NOSUID | syscalls.MS_NOEXEC, step.data)
     elif action == "private":
         syscalls.mount(None, target, None, syscalls.MS_REC | syscalls.MS_PRIVATE)
     elif action == "root":
-        # tmpfs on the staging dir, then pivot into it at once with the host at OLD_ROOT.
-        syscalls.mount("tmpfs", target, "tmpfs", syscalls.MS_NOSUID | syscalls.MS_NODEV, step.data)
+        # The root tree on the staging dir, then pivot into it at once with the host at OLD_ROOT.
+        if root is None:
+            root = build_root(attach_at=target)
+        else:
+            syscalls.move_mount(root, "", syscalls.AT_FDCWD, target, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+        os.close(root)
         os.chdir(target)
-        os.mkdir(OLD_ROOT.lstrip("/"), 0o700)
         syscalls.pivot_root(".", OLD_ROOT.lstrip("/"))
         os.chdir("/")
     elif action == "detach_old_root":
@@ -274,3 +285,112 @@ def enter(step: MountStep) -> None:
         syscalls.mount_setattr("/dev", syscalls.MOUNT_ATTR_RDONLY, flags=0)
     else:
         raise OSError(22, f"unknown mount step {action!r}")
+
+
+# --- the root tree (new mount API; relative to the tree's descriptor) -----------------
+
+_DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+              ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
+_CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC
+
+
+def build_root(attach_at: str | None = None) -> int:
+    """The jail's root before its capsule (``root_steps``, with ``/.oldroot``), as a mount descriptor.
+
+    Detached, unless ``attach_at``: then the tmpfs is put there first and filled in place,
+    which kernels older than 6.15 need.  Uses only os and ctypes (it runs in the jail's
+    init when no tree was made ahead).
+    """
+    root = _new_mount("tmpfs", _ROOT_DATA, _RW)
+    try:
+        if attach_at is not None:
+            syscalls.move_mount(root, "", syscalls.AT_FDCWD, attach_at, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+        os.mkdir(OLD_ROOT.lstrip("/"), 0o700, dir_fd=root)
+        for step in root_steps():
+            _build(root, step)
+        # Clones of host mounts joined their peer groups: keep the host's later mounts out.
+        syscalls.mount_setattr("", 0, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=root,
+                               propagation=syscalls.MS_PRIVATE)
+    except BaseException:
+        os.close(root)
+        raise
+    return root
+
+
+_spare_roots_work: bool | None = None  # None: not tried yet
+
+
+def spare_root() -> int | None:
+    """A detached root tree for a later jail (see the essay), or None where the kernel cannot build one."""
+    global _spare_roots_work
+    if _spare_roots_work is False:
+        return None
+    try:
+        root = build_root()
+    except OSError:
+        # EINVAL before 6.15 (no mounting onto a detached tree); the jail builds its own.
+        _spare_roots_work = False
+        return None
+    _spare_roots_work = True
+    return root
+
+
+def _build(root: int, step: MountStep) -> None:
+    rel = step.target.lstrip("/")
+    action = step.action
+    if action == "bind":
+        _mountpoint_at(root, rel, step.source_is_file)
+        tree = syscalls.open_tree(syscalls.AT_FDCWD, step.source, _CLONE | syscalls.AT_RECURSIVE)
+        try:
+            if step.attrs:
+                syscalls.mount_setattr("", step.attrs, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE,
+                                       dirfd=tree)
+        except BaseException:
+            os.close(tree)
+            raise
+        _attach(tree, root, rel)
+    elif action == "symlink":
+        os.symlink(step.data, rel, dir_fd=root)
+    elif action == "mask_file":
+        # A plain bind, as Docker does: writes to the mask go to /dev/null, reads see EOF.
+        _attach(syscalls.open_tree(syscalls.AT_FDCWD, "/dev/null", _CLONE), root, rel)
+    elif action in ("dev", "devpts", "tmpfs"):
+        _mountpoint_at(root, rel)
+        _attach(_new_mount("devpts" if action == "devpts" else "tmpfs", step.data, step.attrs), root, rel)
+        if action == "dev":
+            for name, link in _DEV_LINKS:
+                os.symlink(link, f"{rel}/{name}", dir_fd=root)
+    else:
+        raise OSError(22, f"unknown root tree step {action!r}")
+
+
+def _new_mount(fstype: str, data: str, attrs: int) -> int:
+    """A fresh filesystem as a detached mount; ``data`` as for mount(2): ``key=value,flag``."""
+    context = syscalls.fsopen(fstype)
+    try:
+        for option in data.split(","):
+            key, has_value, value = option.partition("=")
+            if has_value:
+                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_STRING, key, value)
+            elif key:
+                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_FLAG, key)
+        syscalls.fsconfig(context, syscalls.FSCONFIG_CMD_CREATE)
+        return syscalls.fsmount(context, syscalls.FSMOUNT_CLOEXEC, attrs)
+    finally:
+        os.close(context)
+
+
+def _attach(tree: int, root: int, rel: str) -> None:
+    """Move a detached mount onto ``rel`` in the root tree; the descriptor is closed either way."""
+    try:
+        syscalls.move_mount(tree, "", root, rel, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(tree)
+
+
+def _mountpoint_at(root: int, rel: str, is_file: bool = False) -> None:
+    """A new mount point in the root tree (its parent is always made first)."""
+    if is_file:
+        os.mknod(rel, 0o644 | stat.S_IFREG, dir_fd=root)
+    else:
+        os.mkdir(rel, 0o755, dir_fd=root)

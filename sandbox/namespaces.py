@@ -34,11 +34,10 @@ Some facts about namespaces, as the jail uses them:
   more.  Neither needs the jail's process: a thread may ``unshare(CLONE_NEWNET)`` for
   itself alone (the namespace proxy is per thread), raise ``lo``, keep a descriptor
   of the namespace and ``setns`` back.  So while one jail builds its root, the helper's
-  thread makes the next jail's network namespace (``prepare_spare_net``), and that
-  jail's init ``setns`` into it (``take_spare_net``, ``enter_net``).  Each spare serves
-  one jail only and no process ever lives in it before; it is owned by the same user
-  namespace as one the init would make, so the jail sees exactly what it would see
-  after its own unshare.  Going back needs CAP_SYS_ADMIN over the user namespace that
+  thread makes the next jail's network namespace (``spare_net``), and that jail's
+  init ``setns`` into it (``enter_net``).  Each spare serves one jail only and no
+  process ever lives in it before; it is owned by the same user namespace as one the
+  init would make, so the jail sees exactly what it would see after its own unshare.  Going back needs CAP_SYS_ADMIN over the user namespace that
   owns the helper's network namespace; a helper that lacks it makes no spares.
 - Inside a user namespace (the rootless helper), ``setresuid`` to a uid that has no
   mapping fails with EINVAL and ``setgroups`` fails with EPERM once
@@ -53,7 +52,6 @@ import functools
 import os
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -172,9 +170,6 @@ def pid_namespace_for_next_child() -> Iterator[None]:
 
 
 _NET = "/proc/thread-self/ns/net"
-_SPARE_NETS_MAX = 2  # enough for two jails started at once; each spare holds a whole network stack
-_spare_nets: list[int] = []  # descriptors of prepared network namespaces, each for one jail
-_spare_nets_lock = threading.Lock()
 _netns_restorable: bool | None = None
 
 
@@ -194,42 +189,27 @@ def net_namespace_restorable() -> bool:
     return _netns_restorable
 
 
-def prepare_spare_net() -> None:
-    """Make a fresh network namespace with ``lo`` up for a later jail (this thread only; see the essay).
+def spare_net() -> int | None:
+    """A fresh network namespace with ``lo`` up, for a later jail (made on this thread; see the essay).
 
-    Does nothing when enough spares wait or this helper could not come back to its own
-    namespace; a failure to create one leaves the jail to unshare its own.  A failure to
-    come back raises: this thread would otherwise stay in the spare.
+    None when this helper could not come back to its own namespace, or the new one
+    could not be made (the jail then unshares its own and reports what fails).  A
+    failure to come back raises: this thread would otherwise stay in the spare.
     """
     if not net_namespace_restorable():
-        return
-    with _spare_nets_lock:
-        if len(_spare_nets) >= _SPARE_NETS_MAX:
-            return
-    spare = _new_net_namespace()
-    if spare is None:
-        return
-    with _spare_nets_lock:
-        if len(_spare_nets) < _SPARE_NETS_MAX:
-            _spare_nets.append(spare)
-            return
-    os.close(spare)
-
-
-def _new_net_namespace() -> int | None:
-    """unshare a network namespace in this thread, raise lo, keep a descriptor, setns back."""
+        return None
     saved = os.open(_NET, os.O_RDONLY | os.O_CLOEXEC)
     try:
         try:
             syscalls.unshare(syscalls.CLONE_NEWNET)
         except OSError:
-            return None  # out of namespaces, say: the jail will report its own unshare's error
+            return None
         spare: int | None = None
         try:
             loopback_up()
             spare = os.open(_NET, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
-            pass  # the jail will make its own, and report what fails there
+            pass
         try:
             syscalls.setns(saved, syscalls.CLONE_NEWNET)
         except OSError:
@@ -239,12 +219,6 @@ def _new_net_namespace() -> int | None:
         return spare
     finally:
         os.close(saved)
-
-
-def take_spare_net() -> int | None:
-    """A prepared network namespace's descriptor (the caller owns it), or None when none waits."""
-    with _spare_nets_lock:
-        return _spare_nets.pop() if _spare_nets else None
 
 
 def enter(flags: int) -> None:

@@ -56,16 +56,26 @@ def test_mount_plan_order(tmp_path: Path) -> None:
     assert actions[-2:] == ["detach_old_root", "seal_root"]
     targets = [step.target for step in steps]
     assert targets.index("/tmp") < targets.index(workspace)
-    assert targets.index(workspace) < targets.index("/proc") < targets.index("/sys") < targets.index("/dev")
+    assert targets.index(workspace) < targets.index("/proc") < targets.index("/sys")
     by_target = {step.target: step for step in steps}
     assert by_target[workspace].source == mounts.OLD_ROOT + os.path.realpath(tmp_path / "merged")
-    assert by_target["/usr"].attrs & 1  # MOUNT_ATTR_RDONLY
     assert not by_target[workspace].attrs & 1
     assert "/proc/sys" in by_target and by_target["/proc/sys"].attrs & 1
-    if Path("/etc/shadow").exists():
-        assert by_target["/etc/shadow"].action == "mask_file"
     for step in steps:
         assert step.describe()
+
+
+def test_root_tree_steps() -> None:
+    # Built before the jail pivots: host paths as sources, parents before children.
+    steps = mounts.root_steps()
+    by_target = {step.target: step for step in steps}
+    assert by_target["/usr"].source == "/usr" and by_target["/usr"].attrs & 1  # MOUNT_ATTR_RDONLY
+    if Path("/etc/shadow").exists():
+        assert by_target["/etc/shadow"].action == "mask_file"
+    targets = [step.target for step in steps]
+    assert targets.index("/dev") < targets.index("/dev/null") < targets.index("/dev/pts") < targets.index("/dev/shm")
+    assert by_target["/dev/null"].source_is_file and not by_target["/dev/null"].attrs
+    assert not any(step.source.startswith(mounts.OLD_ROOT) for step in steps)
 
 
 def test_system_steps_recreate_symlinks(tmp_path: Path) -> None:

@@ -125,6 +125,12 @@ def test_cannot_reach_a_listener_on_the_hosts_loopback(capsule: Capsule) -> None
     assert result.stdout.split()[2:] == [b"lo"]
 
 
+def _drain_spares() -> None:
+    for pool in (jail._SPARE_NETS, jail._SPARE_ROOTS):
+        while (spare := pool.take()) is not None:
+            os.close(spare)
+
+
 def test_every_jail_has_its_own_network_namespace_prepared_or_not(capsule: Capsule) -> None:
     # Jails take a network namespace the helper made while the previous jail was being
     # built, or unshare their own when none waits; either way: fresh, only lo, lo up.
@@ -133,8 +139,7 @@ def test_every_jail_has_its_own_network_namespace_prepared_or_not(capsule: Capsu
     script = "stat -L -c %i /proc/self/ns/net; cat /sys/class/net/lo/flags; ls /sys/class/net"
     for drained in (True, False, False):
         if drained:
-            while (spare := namespaces.take_spare_net()) is not None:
-                os.close(spare)
+            _drain_spares()
         result = run(capsule, script)
         assert result.exit_code == 0, result.stderr
         inode, flags, *interfaces = result.stdout.decode().split()
@@ -143,8 +148,32 @@ def test_every_jail_has_its_own_network_namespace_prepared_or_not(capsule: Capsu
     assert len(seen) == 3 and host_netns not in seen
     if namespaces.net_namespace_restorable():
         assert os.stat("/proc/self/ns/net").st_ino == host_netns  # this thread came back home
-        spare = namespaces.take_spare_net()
+        spare = jail._SPARE_NETS.take()
         assert spare is not None, "a run leaves a prepared namespace for the next one"
+        os.close(spare)
+
+
+def test_the_root_is_the_same_built_ahead_or_in_the_jail(capsule: Capsule) -> None:
+    # The root tree (system dirs read-only, secrets masked, /dev) comes from the helper's
+    # thread or, with none waiting, from the init itself: the jail must not tell.
+    script = ("cat /proc/self/mountinfo | awk '{print $5, $6, $9}' | sort; ls -la /dev | awk '{print $1, $NF}'; "
+              "touch /usr/x /etc/x /dev/x /x 2>&1 | wc -l; stat -c %s /etc/shadow; "
+              "echo hi > /dev/shm/y && cat /dev/shm/y; ls /dev/pts")
+    outputs = []
+    for drained in (True, False, False):
+        if drained:
+            _drain_spares()
+        result = run(capsule, script)
+        assert result.exit_code == 0, result.stderr
+        outputs.append(result.stdout)
+    assert outputs[0] == outputs[1] == outputs[2]
+    text = outputs[0].decode()
+    assert "\n4\n0\nhi\nptmx\n" in text  # all four touches refused, /etc/shadow empty
+    assert " /.oldroot " not in text and "/dev/null" in text
+    if (tree := mounts.spare_root()) is not None:  # this kernel builds detached trees (6.15+)
+        os.close(tree)
+        spare = jail._SPARE_ROOTS.take()
+        assert spare is not None, "a run leaves a root tree for the next one"
         os.close(spare)
 
 
