@@ -8,6 +8,7 @@ descriptors than before, and that an exec in *another* capsule still succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,7 +32,17 @@ def _leftovers() -> list[str]:
 
 
 def _fd_count(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
+    """The helper's descriptors, less its pool of ready capsule disks.
+
+    The pool (sandbox/disk.py) refills in the background after each create, holding one
+    detached mount per disk, up to a fixed few; such a descriptor reads as "/".
+    """
+    count = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{name}") != "/":
+                count += 1
+    return count
 
 
 def _abuse(tools: Any, workspace: Path, limits: dict[str, int] | None,

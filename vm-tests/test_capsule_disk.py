@@ -77,25 +77,25 @@ def run(manager: CapsuleManager, capsule_id: str, script: str) -> dict[str, obje
     return result
 
 
-def host_used_kb(path: Path) -> int:
-    st = os.statvfs(path)
-    return (st.f_blocks - st.f_bfree) * st.f_frsize // 1024
+def image_kb(state: Path, capsule_id: str) -> int:
+    """What the host's filesystem gives a capsule's disk: the image's allocated blocks."""
+    return os.stat(state / "capsules" / capsule_id / "disk.img").st_blocks // 2
 
 
 def test_filling_the_workspace_stops_at_the_limit_and_is_reported(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, state, ws = env
     capsule = manager.create(0, 0, str(ws))
     assert capsule["isolation"]["filesystem"]["disk_limit_mb"] == LIMIT_MB
-    before = host_used_kb(state)
     out = run(manager, capsule["capsule_id"], "dd if=/dev/zero of=fill bs=1M count=1000; echo dd=$?")
-    grown = host_used_kb(state) - before
+    os.sync()  # the loop device writes the image back like any dirty file
+    grown = image_kb(state, capsule["capsule_id"])
     assert "dd=1" in str(out["stdout"]) and "No space left on device" in str(out["stderr"]), out
     report = out["disk"]
     assert isinstance(report, dict)
     assert report["full"] is True and report["limit_mb"] == LIMIT_MB
     assert report["used_kb"] > (LIMIT_MB - 16) * 1024 and report["free_kb"] < 4096
     # The host gave the capsule at most its disk's size (plus metadata slack), not 1000 MiB.
-    assert grown < (LIMIT_MB + 16) * 1024, f"the host's filesystem grew by {grown} KiB"
+    assert (LIMIT_MB - 16) * 1024 < grown <= LIMIT_MB * 1024, f"the disk image holds {grown} KiB"
     assert not (ws / "fill").exists()
     # Still usable: freeing space frees it, and the next exec is not reported full.
     again = run(manager, capsule["capsule_id"], "rm fill && echo freed > note && cat note")
