@@ -150,3 +150,22 @@ def test_children_and_prints_never_reach_the_wire(tmp_path: Path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"frame\nhello\n"  # the child's cat saw /dev/null, not our frames
     assert b"child-stdout" in proc.stderr and b"python-print" in proc.stderr
+
+
+def test_the_output_pipe_is_enlarged_for_large_answers(tmp_path: Path):
+    # The pipe is shared: the server's F_SETPIPE_SZ shows on our end of it.
+    import fcntl
+
+    from mcp_server.transports.stdio import PIPE_SIZE
+
+    server = ServerProcess(server_env(tmp_path), stdin=subprocess.PIPE)
+    try:
+        server.wait_ready()
+        assert server.proc.stdout is not None
+        size = fcntl.fcntl(server.proc.stdout.fileno(), fcntl.F_GETPIPE_SZ)
+        if int(Path("/proc/sys/fs/pipe-max-size").read_text()) >= PIPE_SIZE:
+            assert size == PIPE_SIZE
+        else:  # the kernel may refuse (unprivileged): the pipe keeps working as it was
+            assert size >= 4096
+    finally:
+        server.stop()

@@ -7,6 +7,12 @@ before serving, the transport moves the real stdin and stdout to private descrip
 above 2 (close-on-exec, so no child inherits them), then points fd 0 at /dev/null and
 fd 1 at stderr.  From then on only this module can write a frame, and whatever
 anything else prints lands in the log.  (The SDK's own stdio server does the same.)
+
+A pipe holds 64 KiB by default, so a large answer (a whole file read back) leaves in
+many small writes, each waiting for the client to drain the last; a client that
+re-joins its buffer on every read it makes (the SDK's stdio client does) then pays for
+each piece.  The output pipe is enlarged to PIPE_SIZE (1 MiB, the most an unprivileged
+process may ask for), when stdout is a pipe at all.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import trio
 
 from mcp_server.server import CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
+
+PIPE_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size's default
 
 
 @contextlib.contextmanager
@@ -48,6 +56,8 @@ def claim_stdio() -> Iterator[tuple[int, int]]:
 async def serve(app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve one NDJSON session on stdin/stdout until stdin closes (or drain completes)."""
     with claim_stdio() as (wire_in, wire_out):
+        with contextlib.suppress(OSError):  # not a pipe, or a lower pipe-max-size: keep what it is
+            fcntl.fcntl(wire_out, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
         reader = trio.lowlevel.FdStream(wire_in)
         writer = trio.lowlevel.FdStream(wire_out)
         async with reader, writer:
