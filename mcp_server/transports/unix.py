@@ -116,7 +116,8 @@ MAX_ANSWER = 256 << 20  # what the client side accepts in one answer line
 async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
     """Client side: an SDK ``Transport`` (read, write streams) over a unix socket.
 
-    Usable as ``mcp.Client(connect(path))``; the tests and the benchmark use it.
+    Usable as ``mcp.Client(connect(path))``; the tests use it (the benchmark has its own
+    client, which it also points at the reference server).
     """
     import anyio
     import mcp_types as types
