@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, AnyStr
 
 FNV32_OFFSET = 0x811C9DC5
 FNV32_PRIME = 0x01000193
@@ -45,6 +45,7 @@ _PAD = next(p for p in range(256) if _MUL[_LOW_OFFSET ^ p] == _LOW_OFFSET)
 _PAD_CHAR = chr(_PAD)  # the pad as a character of a str matrix row
 _HEX = [f"{x:02x}" for x in range(256)]
 _VECTOR_MIN_LINES = 16  # below this many lines, the plain loop beats column passes
+_PAD_TABLE_MAX = 1024  # widest matrix padded from a table of every pad (width**2 / 2 bytes)
 
 
 def _tag_byte(data: bytes) -> int:
@@ -71,7 +72,7 @@ def tags(lines: Sequence[str]) -> list[str]:
         lens = list(map(len, stripped))
         width = max(lens)
         if _fits_one_matrix(lens, width):
-            matrix = "".join([line.rjust(width, _PAD_CHAR) for line in stripped])
+            matrix = _right_aligned(stripped, lens, width, _PAD_CHAR)
             return list(map(_HEX.__getitem__, _matrix_tags(matrix, width, len(stripped))))
     encoded = joined.encode("utf-8").split(b"\n")
     count = len(encoded)
@@ -112,9 +113,21 @@ def _tag_columns(group: Sequence[bytes], width: int) -> bytes:
     """The tag byte of every line in ``group`` (each at most ``width`` bytes), column by column."""
     # Right-align each line in a row of ``width`` bytes, padding with the byte that keeps
     # the state at its initial value.
-    pad = bytes([_PAD])
-    matrix = b"".join([data.rjust(width, pad) for data in group]).decode("latin-1")  # one char per byte
-    return _matrix_tags(matrix, width, len(group))
+    padded = _right_aligned(group, list(map(len, group)), width, bytes([_PAD]))
+    return _matrix_tags(padded.decode("latin-1"), width, len(group))  # one char per byte
+
+
+def _right_aligned(rows: Sequence[AnyStr], lens: list[int], width: int, pad: AnyStr) -> AnyStr:
+    """The rows (of lengths ``lens``) right-aligned in ``width`` with ``pad``, concatenated."""
+    empty = pad[:0]
+    if width > _PAD_TABLE_MAX:
+        return empty.join([row.rjust(width, pad) for row in rows])
+    # One shared pad string per length, interleaved with the rows: no string per row.
+    pads = [pad * n for n in range(width + 1)]
+    parts = [empty] * (2 * len(rows))
+    parts[0::2] = map(pads.__getitem__, map(width.__sub__, lens))
+    parts[1::2] = rows
+    return empty.join(parts)
 
 
 def _matrix_tags(matrix: str, width: int, count: int) -> bytes:
