@@ -283,7 +283,8 @@ def _snapshot(server: Server, transport: str, workspace: Path) -> str:
 # --- exec latency beside an abusive capsule ------------------------------------------
 
 ABUSES = {
-    "fork bomb": ("f() { f | f & }; f; sleep 8", {"pids_max": 64}),
+    # In a subshell, and the parent waits with builtins: dash exits when its own fork fails.
+    "fork bomb": ("(f() { f | f & }; f); i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done", {"pids_max": 64}),
     "memory bomb": ("python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'; sleep 8", {"memory_mb": 64}),
     "output flood": ("timeout 8 yes", None),
     # Fill the capsule's disk, free it, fill it again: ENOSPC over and over, and the
