@@ -14,8 +14,8 @@ in a 16-bit lane: XOR the column in, multiply by 0x93 (a byte times 0x93 is belo
 so nothing carries into the next lane), mask each lane back to its low byte.  Python
 then loops over columns, not bytes, three integer operations each, which keeps 100,000
 lines in tens of milliseconds.  When the text is ASCII (most source files), the matrix
-is built from the str lines directly, with no per-line encoding.  ``fnv1a32`` is the plain 32-bit function, kept for the published test
-vectors.
+is built from the str lines directly, with no per-line encoding.  ``fnv1a32`` is the
+plain 32-bit function, kept for the published test vectors.
 """
 
 from __future__ import annotations
