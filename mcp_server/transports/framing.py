@@ -85,6 +85,9 @@ class LineSplitter:
             end = len(data) if newline < 0 else newline
             chunk = data[start:end]
             if self._discarding:
+                # Top the head up to HEAD_SCAN, so it does not depend on how the line
+                # was chunked (it matters when max_frame < HEAD_SCAN).
+                self._head += chunk[: HEAD_SCAN - len(self._head)]
                 self._dropped += len(chunk)
             elif len(self._buffer) + len(chunk) > self.max_frame + 1:
                 # +1 leaves room for a trailing \r that is not part of the frame.
