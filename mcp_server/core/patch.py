@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mcp_server.core.paths import normalize, path_key
-from mcp_server.core.unidiff import git_blob_id
+from mcp_server.core.unidiff import git_blob_id, split_lines
 from sandbox.errors import CcwError
 
 MODE_FILE = 0o100644
@@ -138,12 +138,25 @@ def _name(raw: bytes, strip: int, lineno: int) -> str | None:
     return normalize(text)
 
 
+def _closing_quote(raw: bytes) -> int:
+    """Index of the quote that ends the C-quoted name at the start of ``raw``, or -1."""
+    i = 1
+    while i < len(raw):
+        if raw[i] == 0x5C:  # a backslash escapes the next byte, a quote or itself included
+            i += 2
+            continue
+        if raw[i] == 0x22:
+            return i
+        i += 1
+    return -1
+
+
 def _git_header_names(rest: bytes, lineno: int) -> tuple[str | None, str | None]:
     rest = rest.rstrip(b"\n")
     if rest.startswith(b'"'):
-        end = rest.index(b'"', 1)
-        while rest[end - 1:end] == b"\\":
-            end = rest.index(b'"', end + 1)
+        end = _closing_quote(rest)
+        if end < 0:
+            raise _corrupt(lineno, "a quoted path has no closing quote")
         first, second = rest[: end + 1], rest[end + 2:]
         return _name(first, 1, lineno), _name(second, 1, lineno)
     # "a/NAME b/NAME": the only split where both halves agree.
@@ -154,17 +167,9 @@ def _git_header_names(rest: bytes, lineno: int) -> tuple[str | None, str | None]
     return None, None
 
 
-def _split_lines(data: bytes) -> list[bytes]:
-    lines = data.split(b"\n")
-    out = [line + b"\n" for line in lines[:-1]]
-    if lines[-1]:
-        out.append(lines[-1])
-    return out
-
-
 def parse_patch(data: bytes) -> list[FilePatch]:
     """Parse a unified diff (git's extended headers included) into file patches."""
-    lines = _split_lines(data)
+    lines = split_lines(data)
     patches: list[FilePatch] = []
     i = 0
     while i < len(lines):
@@ -181,7 +186,7 @@ def parse_patch(data: bytes) -> list[FilePatch]:
             new = _name(lines[i + 1][4:], 1, i + 2) if lines[i + 1][4:].rstrip(b"\n") != b"/dev/null" else None
             patch = FilePatch(old, new, is_new=old is None, is_delete=new is None)
             i = _parse_hunks(lines, i + 2, patch)
-            patches.append(patch)
+            patches.append(_named(patch, i))
         else:
             i += 1
     return patches
@@ -243,13 +248,19 @@ def _parse_git(lines: list[bytes], i: int, patches: list[FilePatch]) -> int:
         patch.old_path = None
     if patch.is_delete:
         patch.new_path = None
+    patches.append(_named(patch, i))
+    return i
+
+
+def _named(patch: FilePatch, lineno: int) -> FilePatch:
+    """``patch`` if it names the paths apply() needs, else a corrupt-patch error."""
+    # "--- /dev/null" and "+++ /dev/null" together read as both new and deleted.
     if patch.old_path is None and patch.new_path is None:
-        raise _corrupt(i, "a file diff names no path")
+        raise _corrupt(lineno, "a file diff names no path")
     # A damaged header can leave one side unnamed; apply() needs both unless new or deleted.
     if (patch.old_path is None and not patch.is_new) or (patch.new_path is None and not patch.is_delete):
-        raise _corrupt(i, "a file diff names only one side (old or new path) and is neither a new nor a deleted file")
-    patches.append(patch)
-    return i
+        raise _corrupt(lineno, "a file diff names only one side (old or new path) and is neither a new nor a deleted file")
+    return patch
 
 
 def _parse_hunks(lines: list[bytes], i: int, patch: FilePatch) -> int:
@@ -316,17 +327,32 @@ def _parse_binary(lines: list[bytes], i: int, patch: FilePatch) -> int:
         while i < len(lines) and not lines[i].startswith(b"diff --git "):
             i += 1
         return i
-    size = int(header[8:])
+    digits = header[8:]
+    if not digits.isdigit() or len(digits) > 18:  # 18 digits still fit zlib's max_length
+        raise _corrupt(i + 1, f"{header[:40]!r} is not 'literal SIZE'")
+    size = int(digits)
     i += 1
     encoded = bytearray()
     while i < len(lines) and lines[i].rstrip(b"\n"):
         row = lines[i].rstrip(b"\n")
-        count = row[0] - 64 if row[0] <= 90 else row[0] - 96 + 26
-        chunk = base64.b85decode(row[1:])
+        # git's length byte: A-Z for 1-26 bytes, a-z for 27-52.
+        count = row[0] - 64 if 65 <= row[0] <= 90 else row[0] - 70 if 97 <= row[0] <= 122 else 0
+        try:
+            chunk = base64.b85decode(row[1:])
+        except ValueError:
+            chunk = b""
+        if not count or len(chunk) < count:
+            raise _corrupt(i + 1, "binary literal line is not git's base85")
         encoded += chunk[:count]
         i += 1
-    data = zlib.decompress(bytes(encoded))
-    if len(data) != size:
+    # Inflate at most one byte past the announced size: a small patch must not be able to
+    # inflate to gigabytes before the size check.
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(bytes(encoded), size + 1)
+    except zlib.error as exc:
+        raise _corrupt(i, f"binary literal does not inflate ({exc})") from None
+    if len(data) != size or not inflater.eof:
         raise _corrupt(i, "binary literal has the wrong size")
     patch.binary = data
     # Skip the reverse hunk, if any, up to the next file diff.
@@ -395,7 +421,7 @@ def _find(image: list[bytes], patched: list[bool], hunk: Hunk, begin: bool, end:
 
 def apply_hunks(content: bytes, hunks: list[Hunk]) -> tuple[bytes, list[int]]:
     """Apply hunks in order; return the new content and the indices of hunks that failed."""
-    image = _split_lines(content)
+    image = split_lines(content)
     patched = [False] * len(image)
     failed = []
     for index, hunk in enumerate(hunks):

@@ -63,9 +63,22 @@ def _quote(path: str) -> bytes:
     return bytes(out)
 
 
+def split_lines(data: bytes) -> list[bytes]:
+    """Lines as git sees them: split on LF only, each keeping its LF (the last may lack one).
+
+    Not ``bytes.splitlines``, which also splits on a lone CR: a line ``a\rb`` would be
+    shown as two lines, and the diff would no longer apply to the file it came from.
+    """
+    lines = data.split(b"\n")
+    out = [line + b"\n" for line in lines[:-1]]
+    if lines[-1]:
+        out.append(lines[-1])
+    return out
+
+
 def _hunks(old: bytes, new: bytes) -> list[bytes]:
-    a = old.splitlines(keepends=True)
-    b = new.splitlines(keepends=True)
+    a = split_lines(old)
+    b = split_lines(new)
     out: list[bytes] = []
     matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
     for group in matcher.get_grouped_opcodes(CONTEXT):
@@ -161,8 +174,8 @@ def numstat(change: FileChange) -> tuple[int | None, int | None]:
     """(lines added, lines removed), or (None, None) for binary files, as git --numstat."""
     if change.binary or is_binary(change.old) or is_binary(change.new):
         return None, None
-    a = (change.old or b"").splitlines()
-    b = (change.new or b"").splitlines()
+    a = split_lines(change.old or b"")
+    b = split_lines(change.new or b"")
     added = removed = 0
     for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
         if tag in ("replace", "delete"):
