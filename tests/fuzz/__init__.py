@@ -1,0 +1,1 @@
+"""Coverage-guided fuzzing with atheris: one target per parser (see ``targets.py``)."""
