@@ -41,8 +41,10 @@ CHILD = textwrap.dedent("""
         home_dir=f"{base}/home", cwd="/srv/project",
         env={"PATH": "/usr/bin:/bin", "HOME": "/home/agent"},
         argv=["/bin/sh", "-c", sys.argv[4]], uid=0, gid=0, timeout_ms=int(sys.argv[5]))
-    result = jail.run(spec)
+    runs = [jail.run(spec) for _ in range(int(sys.argv[6]))]  # later runs take the spares made meanwhile
+    result = runs[0]
     print(json.dumps({"exit_code": result.exit_code, "signal": result.signal,
+                      "stdouts": [run.stdout.decode() for run in runs],
                       "timed_out": result.timed_out, "stdout": result.stdout.decode(),
                       "stderr": result.stderr.decode(),
                       "direct_pidns": namespaces.pid_namespace_restorable(),
@@ -64,9 +66,9 @@ def base(root_required: None, require: Callable[[bool, str], None]) -> Iterator[
     shutil.rmtree(path)
 
 
-def run_rootless(base: Path, script: str, timeout_ms: int = 20_000) -> dict[str, object]:
+def run_rootless(base: Path, script: str, timeout_ms: int = 20_000, runs: int = 1) -> dict[str, object]:
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(ROOT), str(base), str(USER), script, str(timeout_ms)],
+        [sys.executable, "-c", CHILD, str(ROOT), str(base), str(USER), script, str(timeout_ms), str(runs)],
         capture_output=True, timeout=60, check=False,
     )
     assert proc.returncode == 0, proc.stderr.decode()
@@ -89,6 +91,17 @@ def test_rootless_jail_runs_isolated(base: Path) -> None:
     assert lines[6:] == ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "usr-ro", "end"]
     assert (base / "merged" / "made.txt").read_text() == "w\n"
     assert (base / "tmp" / "t").stat().st_uid == USER  # uid 0 in the namespace is USER outside
+
+
+def test_rootless_jails_after_the_first_see_the_same_root(base: Path) -> None:
+    # The first jail builds its root itself; the next ones take a tree the helper built
+    # in its user namespace meanwhile (no network namespace spares: it cannot setns back).
+    script = ("cat /proc/self/mountinfo | awk '{print $5, $6, $9}' | sort; ls -la /dev | awk '{print $1, $NF}'; "
+              "touch /usr/x /etc/x /dev/x /x 2>&1 | wc -l; stat -c %s /etc/shadow; ls /sys/class/net")
+    result = run_rootless(base, script, runs=3)
+    stdouts = result["stdouts"]
+    assert isinstance(stdouts, list) and stdouts[0] == stdouts[1] == stdouts[2]
+    assert "\n4\n0\nlo\n" in stdouts[0]
 
 
 def test_rootless_timeout_kills_the_jail(base: Path) -> None:
