@@ -83,3 +83,13 @@ def test_binary_literal_inflates_no_further_than_announced() -> None:
 def test_dev_null_on_both_sides_is_a_corrupt_patch() -> None:
     # Read as a new *and* deleted file with no name; apply() then failed an assert.
     _refused(b"--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+x\n")
+
+
+def test_binary_literal_over_the_cap_is_refused_before_inflating() -> None:
+    # An honest announcement is no better: 1 GiB of zeros fits a ~1 MiB patch.
+    from mcp_server.core.patch import MAX_LITERAL_BYTES
+
+    with pytest.raises(CcwError) as caught:
+        parse_patch(_literal(MAX_LITERAL_BYTES + 1, b"\0" * 1024))
+    assert caught.value.code == "TOO_LARGE" and "copy such a file" in caught.value.message
+    assert caught.value.details["limit"] == MAX_LITERAL_BYTES

@@ -46,6 +46,9 @@ MODE_EXEC = 0o100755
 MODE_LINK = 0o120000
 
 _NULL_OID = "0" * 40
+# The largest binary literal a patch may carry.  zlib compresses zeros about 1000:1, so
+# without a cap a 1 MiB patch could make the front end build a gigabyte in memory.
+MAX_LITERAL_BYTES = 64 << 20
 _HUNK = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -331,6 +334,10 @@ def _parse_binary(lines: list[bytes], i: int, patch: FilePatch) -> int:
     if not digits.isdigit() or len(digits) > 18:  # 18 digits still fit zlib's max_length
         raise _corrupt(i + 1, f"{header[:40]!r} is not 'literal SIZE'")
     size = int(digits)
+    if size > MAX_LITERAL_BYTES:
+        raise CcwError("TOO_LARGE", f"binary literal at line {i + 1} is {size} bytes, over the {MAX_LITERAL_BYTES >> 20} MiB "
+                       "a patch may carry; copy such a file into the workspace (or the capsule) directly",
+                       {"line": i + 1, "size": size, "limit": MAX_LITERAL_BYTES})
     i += 1
     encoded = bytearray()
     while i < len(lines) and lines[i].rstrip(b"\n"):
