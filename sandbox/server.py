@@ -334,6 +334,12 @@ class HelperServer:
         with contextlib.suppress(OSError):
             conn.setblocking(False)
             conn.send(encode_error(None, busy))
+            # Closing a unix socket with unread data makes the peer's next recv() fail with
+            # ECONNRESET instead of reading the refusal: drop what the client already sent
+            # (without waiting for more; the accept loop must not block on it).
+            for _ in range(16):
+                if not conn.recv(1 << 16):
+                    break
         conn.close()
 
     def shutdown(self) -> None:
