@@ -37,6 +37,11 @@ Choices made here (DESIGN §2 leaves them open):
 - Messages from the children to the helper go over one pipe, each a single write
   shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
   ``W`` the command's wait status (from the init), ``A`` the init's wait status.
+- The two dearest parts of a jail that need nothing of its process, the network
+  namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
+  helper's thread for the *next* jail while the child builds the current one on the
+  other core (``_SparePool``); the init setns into the one and moves the other onto
+  /tmp, or makes its own when none waits.  Each serves one jail.
 """
 
 from __future__ import annotations
