@@ -53,10 +53,10 @@ class Runtime:
         async with self._helper_lock:
             if self._helper is not None and not _usable(self._helper):
                 dead, self._helper = self._helper, None
+                with trio.CancelScope(shield=True):  # a dying helper is waited for: see helper.ending()
+                    await dead.aclose()
                 print(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}",
                       file=sys.stderr, flush=True)
-                with trio.CancelScope(shield=True):
-                    await dead.aclose()
             if self._helper is None:
                 # Imported here: the helper client lands separately and only capsule
                 # tools need it.

@@ -53,6 +53,7 @@ MAX_IDLE = 4  # idle connections kept open
 READY_TIMEOUT_S = 60.0  # the helper recovers existing capsules before it listens
 STOP_TIMEOUT_S = 10.0  # SIGTERM lets in-flight execs finish; then SIGKILL
 STDERR_TAIL_LINES = 40
+PF_EXITING = 0x4  # /proc/<pid>/stat flags: the task has begun to exit
 
 
 ProgressSink = Callable[[dict[str, Any]], Awaitable[None]]
@@ -182,9 +183,10 @@ class HelperClient:
         return fds[0]
 
     def usable(self) -> bool:
-        """False once the embedded helper this client started has exited (kill -9, crash):
-        its socket will never answer again, so the caller should spawn a new one."""
-        return self.process is None or self.process.process.poll() is None
+        """False once the embedded helper this client started has exited or is exiting
+        (kill -9, crash): its socket will never answer again, so the caller should spawn
+        a new one."""
+        return self.process is None or not self.process.ending()
 
     async def hello(self) -> dict[str, Any]:
         """The helper's version, mode, mechanisms in force and op list."""
@@ -217,6 +219,22 @@ class EmbeddedHelper:
                 self.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
                 with contextlib.suppress(OSError):
                     os.write(2, line)
+
+    def ending(self) -> bool:
+        """Whether the child has exited or has begun to (PF_EXITING).
+
+        A killed helper takes a while to become a zombie: its exit unmounts its mount
+        namespace, capsule disks included, and ext4 writes their journals back first.
+        Meanwhile its socket refuses connections, so "not yet reaped" is not "usable".
+        """
+        if self.process.poll() is not None:
+            return True
+        try:
+            with open(f"/proc/{self.process.pid}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            return True
+        return fields[0] in (b"Z", b"X") or int(fields[6]) & PF_EXITING != 0
 
     def describe_death(self) -> str:
         """A sentence on how the child ended, with its last log lines, or '' if it runs."""
