@@ -18,7 +18,10 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 4. With ``CCW_DEBUG=1`` the result is checked against the output schema; a violation is
    a server bug, answered as JSON-RPC -32603 and logged.
 5. The structured result is sent as ``structuredContent`` and, for clients that read
-   only content blocks, as the same JSON in one text block.
+   only content blocks, as the same JSON in one text block; except for tools whose
+   result is one document (``ToolSpec.text``: reading a file's lines), whose text block
+   is the other fields as one JSON line and then the document as text, which a model
+   reads as the file is (seed 002's tagged lines) rather than as one escaped string.
 """
 
 from __future__ import annotations
@@ -245,7 +248,8 @@ class CcwServer:
         except Exception as exc:
             log(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
             raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
-        return types.CallToolResult(content=[types.TextContent(text=_json_text(result))], structured_content=result)
+        text = spec.text(result) if spec.text is not None else _json_text(result)
+        return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
 
     async def _on_list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

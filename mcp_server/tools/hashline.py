@@ -36,7 +36,7 @@ from mcp_server.core import hashline
 from mcp_server.core.fsview import RootView
 from mcp_server.core.roots import locate, locate_lexical
 from mcp_server.journal import Journal
-from mcp_server.tools.registry import ToolContext, ToolSpec
+from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
 from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError
 
@@ -401,6 +401,7 @@ TOOLS = [
         scope="read",
         read_only=True,
         idempotent=True,
+        text=text_with_header("content"),
     ),
     ToolSpec(
         name="edit_text_file",

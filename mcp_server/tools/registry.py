@@ -15,6 +15,7 @@ return their own ``{ok, reason, errors}`` shapes as ordinary results.
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -66,6 +67,10 @@ class ToolSpec:
     destructive: bool = False
     idempotent: bool = False
     title: str = ""
+    # The text block of a result, for clients (and models) that read only content blocks.
+    # None: the structured result as JSON.  Tools whose result is mostly one document
+    # (a file's lines) render it as text instead (see text_with_header).
+    text: Callable[[dict[str, Any]], str] | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:
@@ -166,3 +171,18 @@ class Registry:
                 if resource.family in wanted:
                     registry.resources.append(resource)
         return registry
+
+
+def text_with_header(field: str) -> Callable[[dict[str, Any]], str]:
+    """A text block: the result without ``field`` as one line of JSON, then ``field`` as is.
+
+    A 10,000-line file as a JSON string costs a model (and the wire) an escaped quote or
+    newline per line; as text it reads the way seed 002 prints tagged lines, and a
+    program still finds every other field on the first line.
+    """
+
+    def render(result: dict[str, Any]) -> str:
+        header = {key: value for key, value in result.items() if key != field}
+        return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n" + str(result.get(field, ""))
+
+    return render

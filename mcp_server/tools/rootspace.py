@@ -38,7 +38,7 @@ from mcp_server.tools.hashline import (
     with_view,
     write_checked,
 )
-from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec
+from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec, text_with_header
 from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError, wrap_oserror
 
@@ -307,6 +307,7 @@ TOOLS = [
         aliases=("text.read",),
         read_only=True,
         idempotent=True,
+        text=text_with_header("content"),
     ),
     ToolSpec(
         name="text_replace",
