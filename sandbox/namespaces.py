@@ -136,23 +136,25 @@ def prepare(clock_offset_sec: int = 0, hostname: str = "ccw", env: dict[str, str
 
 
 _PID_FOR_CHILDREN = "/proc/thread-self/ns/pid_for_children"
-_pidns_restorable: bool | None = None
+
+
+@functools.cache
+def _restorable(path: str, nstype: int) -> bool:
+    """Whether this helper may setns back into its own namespace at ``path`` (probed once)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            syscalls.setns(fd, nstype)  # to the namespace we are in: a no-op
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
 
 
 def pid_namespace_restorable() -> bool:
     """Whether this helper may setns back into its own pid namespace (probed once)."""
-    global _pidns_restorable
-    if _pidns_restorable is None:
-        try:
-            fd = os.open(_PID_FOR_CHILDREN, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                syscalls.setns(fd, syscalls.CLONE_NEWPID)  # to the namespace we are in: a no-op
-            finally:
-                os.close(fd)
-            _pidns_restorable = True
-        except OSError:
-            _pidns_restorable = False
-    return _pidns_restorable
+    return _restorable(_PID_FOR_CHILDREN, syscalls.CLONE_NEWPID)
 
 
 @contextlib.contextmanager
@@ -170,23 +172,11 @@ def pid_namespace_for_next_child() -> Iterator[None]:
 
 
 _NET = "/proc/thread-self/ns/net"
-_netns_restorable: bool | None = None
 
 
 def net_namespace_restorable() -> bool:
     """Whether this helper's threads may setns back into its own network namespace (probed once)."""
-    global _netns_restorable
-    if _netns_restorable is None:
-        try:
-            fd = os.open(_NET, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                syscalls.setns(fd, syscalls.CLONE_NEWNET)  # to the namespace we are in: a no-op
-            finally:
-                os.close(fd)
-            _netns_restorable = True
-        except OSError:
-            _netns_restorable = False
-    return _netns_restorable
+    return _restorable(_NET, syscalls.CLONE_NEWNET)
 
 
 def spare_net() -> int | None:
