@@ -2,7 +2,8 @@
 
 Trees of 1,000 and 100,000 small files are generated under /tmp once per run and
 committed to git (for ``git worktree add``).  ccw's figure is the median of
-``CapsuleManager.create`` alone (the destroy after each is not timed); the baselines
+``CapsuleManager.create`` alone (the destroy after each is not timed; the two sizes take
+turns, create by create); the baselines
 are ``cp -a`` of the tree and ``git worktree add --detach`` of its commit, fewer times
 for the big tree because each takes seconds (writing the 100,000 files alone takes a
 minute on a slow VM disk).  Needs root (mounts).
@@ -44,13 +45,12 @@ def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
 
     assert isinstance(manager, CapsuleManager)
     times = []
-    for attempt in range(repeat + 1):  # the first is a warm-up
+    for _ in range(repeat):
         start = time.perf_counter()
         capsule = manager.create(0, 0, workspace)
         elapsed = time.perf_counter() - start
         manager.destroy(capsule["capsule_id"], 0)
-        if attempt:
-            times.append(elapsed)
+        times.append(elapsed)
     return times
 
 
@@ -77,16 +77,28 @@ def measure(repeat: int, quick: bool) -> list[Row]:
     try:
         manager = CapsuleManager(os.path.join(scratch, "state"), rootless=False)
         manager.recover()
-        medians: dict[int, float] = {}
-        for files in SIZES:
-            tree = os.path.join(scratch, f"tree{files}")
+        warm = os.path.join(scratch, "warm")
+        os.mkdir(warm)
+        _time_create(manager, warm, 3)  # imports, the disk template, the pool
+        trees = {files: os.path.join(scratch, f"tree{files}") for files in SIZES}
+        for files, tree in trees.items():
             make_tree(tree, files)
-            # Write the fresh tree back first: its dirty pages flushing during the timed
-            # creates would be measured as create cost (seen: 2 ms instead of 0.5 ms).
-            subprocess.run(["sync"], check=True)
+        # Write the fresh trees back first: their dirty pages flushing during the timed
+        # creates would be measured as create cost (seen: 2 ms instead of 0.5 ms).
+        subprocess.run(["sync"], check=True)
+        # The sizes take turns, create by create: whatever the machine does meanwhile
+        # (writeback, the inode allocator after the big tree's 100,000 creations) falls on
+        # both alike, so the ratio compares the workspaces, not the moments (measured one
+        # size after the other, the ratio ranged 1.14-3.62x over three runs).
+        runs = max(repeat, 30)
+        times: dict[int, list[float]] = {files: [] for files in SIZES}
+        for _ in range(runs):
+            for files, tree in trees.items():
+                times[files] += _time_create(manager, tree, 1)
+        medians = {files: median_ms(times[files]) for files in SIZES}
+        for files, tree in trees.items():
             base_repeat = max(1, repeat // (10 if files > 10_000 else 3))
-            ccw = median_ms(_time_create(manager, tree, max(repeat, 30)))
-            medians[files] = ccw
+            ccw = medians[files]
             copy = os.path.join(scratch, "copy")
             cp = median_ms(_time_command(["cp", "-a", tree, copy], None, copy, base_repeat))
             worktree = os.path.join(scratch, "worktree")
@@ -95,7 +107,7 @@ def measure(repeat: int, quick: bool) -> list[Row]:
                 ["git", "-C", tree, "worktree", "remove", "--force", worktree], worktree, base_repeat))
             label = f"{files:,} files"
             rows.append(Row(f"capsule create, {label}", ccw, "cp -a", cp, "<= 5 ms",
-                            {"runs": max(repeat, 30), "baseline runs": base_repeat}))
+                            {"runs": runs, "baseline runs": base_repeat}))
             rows.append(Row(f"capsule create, {label}", ccw, "git worktree add", git, "<= 5 ms"))
         small, big = SIZES
         rows.append(Row(f"capsule create {big:,} vs {small:,} files", medians[big],
