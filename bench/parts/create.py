@@ -3,10 +3,9 @@
 Trees of 1,000 and 100,000 small files are generated under /tmp once per run and
 committed to git (for ``git worktree add``).  ccw's figure is the median of
 ``CapsuleManager.create`` alone (the destroy after each is not timed; the two sizes take
-turns, create by create); the baselines
-are ``cp -a`` of the tree and ``git worktree add --detach`` of its commit, fewer times
-for the big tree because each takes seconds (writing the 100,000 files alone takes a
-minute on a slow VM disk).  Needs root (mounts).
+turns, create by create); the baselines are ``cp -a`` of the tree and ``git worktree
+add --detach`` of its commit, fewer times for the big tree because each takes seconds
+(writing the 100,000 files alone takes a minute on a slow VM disk).  Needs root (mounts).
 """
 
 from __future__ import annotations
