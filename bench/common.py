@@ -90,3 +90,25 @@ class Report:
             lines.append("")
             lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+async def timed_requests(path: str, method: str, params: dict[str, Any], count: int) -> list[float]:
+    """Seconds per answer of ``count`` NDJSON requests sent one after another on one
+    connection to the unix socket ``path``; an error answer raises RuntimeError."""
+    import trio
+
+    stream = await trio.open_unix_socket(path)
+    times = []
+    buffer = b""
+    async with stream:
+        for i in range(count):
+            start = time.perf_counter()
+            frame = {"jsonrpc": "2.0", "id": i, "method": method, "params": params}
+            await stream.send_all(json.dumps(frame).encode() + b"\n")
+            while b"\n" not in buffer:
+                buffer += await stream.receive_some(1 << 16)
+            line, buffer = buffer.split(b"\n", 1)
+            times.append(time.perf_counter() - start)
+            if "error" in json.loads(line):
+                raise RuntimeError(f"{method} failed: {line[:300]!r}")
+    return times

@@ -64,6 +64,23 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerPro
     assert "mcp:bug" not in server.log, server.log
 
 
+def _pipelined(path: str, frames: list[str], expected: int) -> list[Any]:
+    """Send every frame at once over one connection; the first ``expected`` answers, in order."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(60)
+        sock.connect(path)
+        sock.sendall("\n".join(frames).encode() + b"\n")
+        buffer = b""
+        answers: list[Any] = []
+        while len(answers) < expected:
+            chunk = sock.recv(1 << 16)
+            assert chunk, f"server hung up after {len(answers)} answers"
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            answers += [json.loads(line) for line in lines if line]
+    return answers
+
+
 def test_hostile_raw_json_paths_through_the_server(served: tuple[ServerProcess, Path]) -> None:
     server, tmp = served
     before = tree_digest(tmp / "canary")
@@ -72,18 +89,7 @@ def test_hostile_raw_json_paths_through_the_server(served: tuple[ServerProcess, 
         for raw in RAW_PATHS:
             frames.append(f'{{"jsonrpc":"2.0","id":{len(frames)},"method":"{tool}","params":{template.format(p=raw)}}}')
     frames.append('{"jsonrpc":"2.0","id":"last","method":"ccw_info"}')
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(60)
-        sock.connect(server.path)
-        sock.sendall("\n".join(frames).encode() + b"\n")
-        buffer = b""
-        answers: list[Any] = []
-        while len(answers) < len(frames):
-            chunk = sock.recv(1 << 16)
-            assert chunk, f"server hung up after {len(answers)} answers"
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            answers += [json.loads(line) for line in lines if line]
+    answers = _pipelined(server.path, frames, len(frames))
     assert [a["id"] for a in answers] == [*range(len(frames) - 1), "last"]  # in order, none lost
     for frame, answer in zip(frames, answers, strict=True):
         error = answer.get("error")
@@ -115,18 +121,7 @@ def test_hostile_paths_through_tools_call_and_resources_read(served: tuple[Serve
         ids.append(len(ids))
         inner = raw[1:-1]  # the JSON string's escaped text, spliced after the scheme
         frames.append(f'{{"jsonrpc":"2.0","id":{ids[-1]},"method":"resources/read","params":{{"uri":"list://{inner}"}}}}')
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.settimeout(60)
-        sock.connect(server.path)
-        sock.sendall("\n".join(frames).encode() + b"\n")
-        buffer = b""
-        answers: list[Any] = []
-        while len(answers) < len(ids):
-            chunk = sock.recv(1 << 16)
-            assert chunk, f"server hung up after {len(answers)} answers"
-            buffer += chunk
-            *lines, buffer = buffer.split(b"\n")
-            answers += [json.loads(line) for line in lines if line]
+    answers = _pipelined(server.path, frames, len(ids))
     assert [a["id"] for a in answers] == ids
     for answer in answers[1:]:
         error = answer.get("error") or (answer["result"].get("structuredContent") or {}).get("error")

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 import trio
 
-from bench.common import Report, Row
+from bench.common import Report, Row, timed_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
@@ -295,21 +295,7 @@ ABUSES = {
 
 
 async def _exec_latencies(path: str, capsule: str, count: int) -> list[float]:
-    stream = await trio.open_unix_socket(path)
-    times = []
-    buffer = b""
-    async with stream:
-        for i in range(count):
-            start = time.perf_counter()
-            frame = {"jsonrpc": "2.0", "id": i, "method": "capsule_exec", "params": {"capsule_id": capsule, "cmd": ["/bin/true"]}}
-            await stream.send_all(json.dumps(frame).encode() + b"\n")
-            while b"\n" not in buffer:
-                buffer += await stream.receive_some(1 << 16)
-            line, buffer = buffer.split(b"\n", 1)
-            times.append(time.perf_counter() - start)
-            if "error" in json.loads(line):
-                raise LoadError(f"capsule_exec failed: {line[:300]!r}")
-    return times
+    return await timed_requests(path, "capsule_exec", {"capsule_id": capsule, "cmd": ["/bin/true"]}, count)
 
 
 async def _under_abuse(path: str, victim: str, abuser: str, script: str, limits: dict[str, int] | None, count: int) -> list[float]:

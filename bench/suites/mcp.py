@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from bench.common import Report, Row
+from bench.common import Report, Row, timed_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
@@ -51,18 +51,7 @@ def _start(tmp: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 
 async def _sequential(path: str, count: int) -> list[float]:
-    stream = await trio.open_unix_socket(path)
-    times = []
-    buffer = b""
-    async with stream:
-        for i in range(count):
-            start = time.perf_counter()
-            await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": i, "method": "ccw_info"}).encode() + b"\n")
-            while b"\n" not in buffer:
-                buffer += await stream.receive_some(65536)
-            _, buffer = buffer.split(b"\n", 1)
-            times.append(time.perf_counter() - start)
-    return times
+    return await timed_requests(path, "ccw_info", {}, count)
 
 
 async def _pipelined(path: str, connections: int, per_connection: int) -> float:

@@ -21,22 +21,31 @@ ROOT = "."
 MAX_PATH_BYTES = 4096
 
 
-def normalize(path: str) -> str:
-    """The normal form of a repo-relative path; raises CcwError for unsafe paths."""
+def encoded(path: str, what: str = "path") -> bytes:
+    """The bytes a file name ``path`` stands for; CcwError when no file can have it.
+
+    Refused: NUL bytes, lone surrogates (a JSON "\\ud800" escape has no byte form), and
+    more than MAX_PATH_BYTES.  ``what`` names the argument in the message.
+    """
     if not isinstance(path, str):
-        raise CcwError("INVALID_ARGUMENT", f"path must be a string, got {type(path).__name__}")
+        raise CcwError("INVALID_ARGUMENT", f"{what} must be a string, got {type(path).__name__}")
     if "\x00" in path:
-        raise CcwError("INVALID_ARGUMENT", f"path {path!r} contains a NUL byte", {"path": path})
+        raise CcwError("INVALID_ARGUMENT", f"{what} {path!r} contains a NUL byte", {"path": path})
     try:
-        encoded = path.encode("utf-8", "surrogateescape")
+        data = path.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
-        # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
         raise CcwError(
-            "INVALID_ARGUMENT", f"path {path!r} contains a lone UTF-16 surrogate; give the path as UTF-8 text",
+            "INVALID_ARGUMENT", f"{what} {path!r} contains a lone UTF-16 surrogate; give the path as UTF-8 text",
             {"path": path[:200]},
         ) from None
-    if len(encoded) > MAX_PATH_BYTES:
-        raise CcwError("INVALID_ARGUMENT", f"path is longer than {MAX_PATH_BYTES} bytes", {"path": path[:200]})
+    if len(data) > MAX_PATH_BYTES:
+        raise CcwError("INVALID_ARGUMENT", f"{what} is longer than {MAX_PATH_BYTES} bytes", {"path": path[:200]})
+    return data
+
+
+def normalize(path: str) -> str:
+    """The normal form of a repo-relative path; raises CcwError for unsafe paths."""
+    encoded(path)
     if path.startswith("/"):
         raise CcwError(
             "PERMISSION_DENIED",

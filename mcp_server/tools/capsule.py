@@ -29,6 +29,7 @@ import trio
 
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView, lstat
+from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
@@ -112,22 +113,17 @@ def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
     }
 
 
-def _real(path: str) -> str:
+def _real(path: str, what: str) -> str:
     # The helper re-checks the path; resolving here makes journal entries canonical.
-    try:
-        os.fsencode(path)  # a lone surrogate ("\ud800" in JSON) names no directory
-    except UnicodeEncodeError:
-        path = "\x00"
-    if "\x00" in path:
-        raise CcwError("INVALID_ARGUMENT", "workspace and base must be directory paths without NUL bytes or lone surrogates")
+    encoded_path(path, what)
     return os.path.realpath(os.path.expanduser(path))
 
 
 async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Create a capsule over a workspace."""
-    workspace = _real(args["workspace"])
+    workspace = _real(args["workspace"], "workspace")
     base = args.get("base")
-    base_path = _real(base) if base else workspace
+    base_path = _real(base, "base") if base else workspace
     offset = int(args.get("clock_offset_sec") or 0)
     whitelist = sorted(set(args.get("env_whitelist") or []))
     limits = args.get("limits") or {}

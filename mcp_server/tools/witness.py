@@ -34,7 +34,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.core import changeset
+from mcp_server.core import changeset, paths
 from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
@@ -287,12 +287,7 @@ def locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
         return Path(rows[0]["path"]), rows[0]["root_hash"]
     if args.get("path"):
         path = args["path"]
-        try:
-            os.fsencode(path)  # a lone surrogate ("\ud800" in JSON) names no file
-        except UnicodeEncodeError:
-            path = "\x00"
-        if "\x00" in path:
-            raise CcwError("INVALID_ARGUMENT", "path holds a NUL byte or a lone surrogate; give a witness file path")
+        paths.encoded(path, "witness path")
         return Path(path), None
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
