@@ -15,14 +15,18 @@ back-channel for server-initiated requests, so roots are None there.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+import time
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.capsule_queue import CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.state import State
 
@@ -37,6 +41,7 @@ class Runtime:
         self.state = state
         self._helper: Any = None
         self._helper_lock = trio.Lock()
+        self.capsule_queue = CapsuleQueue()  # execs, forks, destroys: one at a time per capsule
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -154,6 +159,22 @@ class CallContext:
         """Send notifications/progress if the caller sent a progress token; else nothing."""
         if self._session is not None:
             await self._session.report_progress(progress, total, message)
+
+    @contextlib.asynccontextmanager
+    async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
+        """Hold the capsule's turn (mcp_server.capsule_queue) for the block.
+
+        While the call waits, its progress reports say so: behind whom and how many
+        calls ahead; ``progress`` counts the milliseconds waited.
+        """
+
+        async def report(ticket: Ticket, ahead: int, holder: Ticket) -> None:
+            waited_ms = (time.monotonic() - ticket.arrived) * 1000
+            await self.progress(waited_ms, None, f"queued: {ahead} ahead on {capsule_id}, holding it now: "
+                                f"{holder.describe()}; this call: #{ticket.number} {ticket.label}")
+
+        async with self._runtime.capsule_queue.turn(capsule_id, label, report) as ticket:
+            yield ticket
 
     def log(self, message: str) -> None:
         """A diagnostic line on stderr (stdout carries frames only)."""

@@ -15,6 +15,14 @@ Choices made here, where seed 003 is silent:
 - ``capsule_diff`` compares the capsule's view with its base (the workspace as it is now,
   since the live tree is the capsule's lower layer); files that are not UTF-8 are shown
   as git binary patches, so the unified diff always applies with ``git apply``.
+- Execs, forks and destroys of one capsule take turns in arrival order
+  (``ctx.capsule_turn``, see mcp_server/capsule_queue.py): a second exec sent while one
+  runs waits, reporting "queued" through progress, instead of failing; cancelled while
+  it waits, it never runs.  Diff, list and file reads take no turn.
+- Every result that describes a capsule carries its change ``generation`` (see
+  mcp_server/journal.py); an exec's result gives the one it started on and the one it
+  left.  An exec whose reply never came (cancelled while running, the helper died)
+  advances the generation: what it wrote is unknown.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
+import shlex
 from typing import Any
 
 import blake3
@@ -40,6 +49,11 @@ DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
+SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
+SETTLE_POLL_S = 0.1
+LABEL_CHARS = 60  # of a command, in the "queued behind" reports
+# Errors with which the helper refuses an exec before anything runs in the capsule.
+_REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
 CAPSULE_ID = {
     "type": "string",
@@ -47,6 +61,12 @@ CAPSULE_ID = {
     "description": "A capsule id returned by capsule_create or capsule_fork.",
 }
 _NULLABLE_INT = {"type": ["integer", "null"]}
+GENERATION = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "The capsule's change generation: every write to its contents (a file tool, a patch, "
+                   "an exec that wrote) advances it. capsule_deltamin trusts only runs of the current one.",
+}
 LIMITS = {
     "type": "object",
     "additionalProperties": False,
@@ -69,10 +89,11 @@ _CAPSULE_OUT_PROPS: dict[str, Any] = {
     "clock": {"type": "string", "description": "The time the capsule's commands see (ISO 8601)."},
     "isolation": ISOLATION,
     "parent": {"type": ["string", "null"]},
+    "generation": GENERATION,
 }
 CAPSULE_OUT = {
     "type": "object",
-    "required": ["capsule_id", "mount", "clock", "isolation", "workspace"],
+    "required": ["capsule_id", "mount", "clock", "isolation", "workspace", "generation"],
     "properties": _CAPSULE_OUT_PROPS,
     "additionalProperties": False,
 }
@@ -110,6 +131,7 @@ def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
         "clock": record.clock,
         "isolation": record.isolation,
         "parent": record.parent,
+        "generation": record.generation,
     }
 
 
@@ -185,7 +207,7 @@ def _hash(data: bytes) -> str:
 
 
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Run a command in a capsule's jail and record it in the journal."""
+    """Run a command in a capsule's jail (after the calls queued before it) and journal it."""
     record = live_record(ctx, args["capsule_id"])
     cwd = _resolve_cwd(record, args.get("cwd"))
     timeout_ms = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
@@ -202,42 +224,60 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         request["stdin_b64"] = base64.b64encode(stdin_bytes).decode()
     if record.limits:
         request["limits"] = record.limits
-    started = _now()
-    helper = await ctx.helper()
     request["progress_ms"] = PROGRESS_MS
+    async with ctx.capsule_turn(record.capsule_id, f"exec `{_label(request['argv'])}`") as ticket:
+        record = live_record(ctx, record.capsule_id)  # a destroy queued before this call may have run
+        assert ticket.started is not None
+        waited_ms = int((ticket.started - ticket.arrived) * 1000)
+        journal = _journal(ctx)
+        started_generation = journal.generation(record.capsule_id)
+        started = _now()
+        helper = await ctx.helper()
 
-    async def forward(report: dict[str, Any]) -> None:
-        await ctx.progress(float(report["elapsed_ms"]), float(timeout_ms), _progress_message(report))
+        async def forward(report: dict[str, Any]) -> None:
+            # Counted from the call's arrival, so the reports of a call that was queued
+            # keep increasing (MCP asks progress to grow).
+            await ctx.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
+                               _progress_message(report))
 
-    reply = await helper.request("exec", request, on_progress=forward)
-    stdout = base64.b64decode(reply["stdout_b64"])
-    stderr = base64.b64decode(reply["stderr_b64"])
-    usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
-    touched = {"read": reply["touched"]["read"], "written": reply["touched"]["written"]}
-    _journal(ctx).add_exec(
-        record.capsule_id,
-        {
-            "started_at": _iso(started),
-            "argv": request["argv"],
-            "cwd": cwd,
-            "env_keys": sorted(request["env"]),
-            "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
-            "stdin_b64": request.get("stdin_b64"),
-            "timeout_ms": timeout_ms,
-            "exit_code": reply["exit_code"],
-            "signal": reply.get("signal"),
-            "timed_out": int(bool(reply["timed_out"])),
-            "oom_killed": int(bool(reply.get("oom_killed"))),
-            "stdout_blake3": _hash(stdout),
-            "stderr_blake3": _hash(stderr),
-            "stdout_bytes": reply["stdout_bytes"],
-            "stderr_bytes": reply["stderr_bytes"],
-            "duration_ms": reply["duration_ms"],
-            "usage": usage,
-            "touched": touched,
-        },
-    )
-    await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
+        try:
+            reply = await helper.request("exec", request, on_progress=forward)
+        except BaseException as exc:
+            if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
+                with trio.CancelScope(shield=True):
+                    await _settle(helper, record.capsule_id)
+                    journal.advance(record.capsule_id)
+            raise
+        stdout = base64.b64decode(reply["stdout_b64"])
+        stderr = base64.b64decode(reply["stderr_b64"])
+        usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
+        touched = {"read": reply["touched"]["read"], "written": reply["touched"]["written"]}
+        journal.add_exec(
+            record.capsule_id,
+            {
+                "started_at": _iso(started),
+                "argv": request["argv"],
+                "cwd": cwd,
+                "env_keys": sorted(request["env"]),
+                "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
+                "stdin_b64": request.get("stdin_b64"),
+                "timeout_ms": timeout_ms,
+                "exit_code": reply["exit_code"],
+                "signal": reply.get("signal"),
+                "timed_out": int(bool(reply["timed_out"])),
+                "oom_killed": int(bool(reply.get("oom_killed"))),
+                "stdout_blake3": _hash(stdout),
+                "stderr_blake3": _hash(stderr),
+                "stdout_bytes": reply["stdout_bytes"],
+                "stderr_bytes": reply["stderr_bytes"],
+                "duration_ms": reply["duration_ms"],
+                "usage": usage,
+                "touched": touched,
+                "generation": started_generation,
+            },
+        )
+        generation = journal.generation(record.capsule_id)
+        await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
     return {
         "exit_code": reply["exit_code"],
         "signal": reply.get("signal"),
@@ -255,7 +295,33 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "disk": reply.get("disk"),
         "touched": touched,
         "touched_unavailable": dict(sorted(reply.get("touched_unavailable", {}).items())),
+        "started_generation": started_generation,
+        "generation": generation,
+        "queued_ms": waited_ms,
     }
+
+
+def _label(argv: list[str]) -> str:
+    text = shlex.join(argv)
+    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
+
+
+async def _settle(helper: Any, capsule_id: str) -> None:
+    """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
+
+    The helper notices a caller that went away when its next progress report fails to
+    send (every PROGRESS_MS), then kills the jail; until then the capsule is busy there,
+    and the next queued exec would be refused with CONFLICT.
+    """
+    with trio.move_on_after(SETTLE_S):
+        while True:
+            try:
+                listed = (await helper.request("list", {}))["capsules"]
+            except CcwError:
+                return  # the helper is gone: nothing runs there any more
+            if not any(c["capsule_id"] == capsule_id and c.get("state") == "busy" for c in listed):
+                return
+            await trio.sleep(SETTLE_POLL_S)
 
 
 def note_tool_changes(state: Any, capsule_id: str, view: RootView, paths: list[str]) -> None:
@@ -360,8 +426,10 @@ def _stat_line(file: dict[str, Any]) -> str:
 async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """A child capsule stacked on its parent's view."""
     parent = live_record(ctx, args["capsule_id"])
-    helper = await ctx.helper()
-    reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
+    async with ctx.capsule_turn(parent.capsule_id, "fork"):
+        parent = live_record(ctx, parent.capsule_id)
+        helper = await ctx.helper()
+        reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
     created = _now()
     record = CapsuleRecord(
         capsule_id=reply["capsule_id"],
@@ -399,6 +467,7 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
                 "parent": item.get("parent"),
                 "created_at": record.created_at if record else item.get("created_at", ""),
                 "execs": execs,
+                "generation": record.generation if record else 0,
             }
         )
     return {"capsules": out}
@@ -407,9 +476,11 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Unmount a capsule and delete its data; its journal stays for witnesses."""
     record = live_record(ctx, args["capsule_id"])
-    helper = await ctx.helper()
-    await helper.request("destroy", {"capsule_id": record.capsule_id})
-    _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))
+    async with ctx.capsule_turn(record.capsule_id, "destroy"):
+        record = live_record(ctx, record.capsule_id)
+        helper = await ctx.helper()
+        await helper.request("destroy", {"capsule_id": record.capsule_id})
+        _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))
     return {"capsule_id": record.capsule_id, "destroyed": True}
 
 
@@ -468,7 +539,8 @@ TOOLS = [
         description=(
             "Run `cmd` (argv list) in the capsule's jail: its own pid/net/mount namespaces, the "
             "workspace at its own path (copy-on-write), no network. Returns exit status, output, "
-            "resource usage and the files read and written."
+            "resource usage and the files read and written. Execs on one capsule run one at a time in "
+            "arrival order: a call sent while another runs waits (progress says it is queued)."
         ),
         input_schema={
             "type": "object",
@@ -484,7 +556,8 @@ TOOLS = [
         },
         output_schema={
             "type": "object",
-            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms"],
+            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms",
+                         "started_generation", "generation"],
             "additionalProperties": False,
             "properties": {
                 "exit_code": _NULLABLE_INT,
@@ -513,6 +586,12 @@ TOOLS = [
                     "additionalProperties": False,
                 },
                 "touched_unavailable": _REASONS,
+                "started_generation": {**GENERATION, "description": "The capsule's change generation the command ran on."},
+                "generation": {**GENERATION, "description": (
+                    "The capsule's change generation after the command: one more than started_generation "
+                    "if it wrote (or its writes could not be fully traced), else the same.")},
+                "queued_ms": {"type": "integer", "minimum": 0,
+                              "description": "How long the call waited for earlier execs on the capsule."},
             },
         },
         handler=capsule_exec,
@@ -557,7 +636,10 @@ TOOLS = [
         name="capsule_fork",
         family="capsule",
         title="Fork capsule",
-        description="A child capsule that starts from the parent's current view; the parent is left as it is.",
+        description=(
+            "A child capsule that starts from the parent's current view; the parent is left as it is (and "
+            "refuses execs and writes while it has forks). Waits for execs already running or queued on the parent."
+        ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema=CAPSULE_OUT,
         handler=capsule_fork,
@@ -579,7 +661,7 @@ TOOLS = [
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs"],
+                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs", "generation"],
                         "additionalProperties": False,
                         "properties": {
                             "capsule_id": CAPSULE_ID,
@@ -587,6 +669,7 @@ TOOLS = [
                             "parent": {"type": ["string", "null"]},
                             "created_at": {"type": "string"},
                             "execs": {"type": "integer"},
+                            "generation": GENERATION,
                         },
                     },
                 }
@@ -602,7 +685,10 @@ TOOLS = [
         name="capsule_destroy",
         family="capsule",
         title="Destroy capsule",
-        description="Unmount the capsule and delete its changes. The real tree is not touched.",
+        description=(
+            "Unmount the capsule and delete its changes. The real tree is not touched. Waits for execs already "
+            "running or queued on the capsule; calls queued after it find the capsule gone."
+        ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema={
             "type": "object",
