@@ -8,10 +8,12 @@ parsing), then
   SDK's dual-era loop (``CcwServer.serve_streams``) as ``SessionMessage``s;
 * direct methods run one after another per connection (seed 001: "processed
   sequentially"); MCP requests run concurrently, as MCP allows;
-* every answer goes through ``ResponseOrder``, so answers leave in request order per
-  connection; notifications (cancellation
-  included) reach the SDK at once, and server-initiated messages (progress,
-  ``roots/list``) are written at once.
+* answers to direct methods, and the framing layer's own answers (oversized, invalid
+  frames), go through ``ResponseOrder``, so they leave in request order per connection
+  (seed 001); answers to MCP requests leave as soon as they are ready: JSON-RPC matches
+  answers by id, and an MCP client that sends a diff while a long exec runs must not
+  wait for the exec (issue 13).  Notifications (cancellation included) reach the SDK at
+  once, and server-initiated messages (progress, ``roots/list``) are written at once.
 
 A request the SDK settles without an answer (the client cancelled it) frees its slot
 through the ``on_request_unanswered`` hook, so later answers are not held forever.
@@ -64,6 +66,7 @@ class NdjsonConnection:
         self._broken = False  # the peer stopped reading; answers are discarded
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
+        self._sdk_pending: dict[tuple[str, Any], int] = {}  # MCP requests read but not yet answered, by id
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
@@ -74,7 +77,7 @@ class NdjsonConnection:
             async with trio.open_nursery() as inner:
                 inner.start_soon(self._read_loop, nursery)
                 inner.start_soon(self._wake_on_drain)
-                while not ((self._input_ended or self.draining.is_set()) and self.order.pending == 0):
+                while not ((self._input_ended or self.draining.is_set()) and self.pending == 0):
                     if self._broken:
                         break
                     await self._progress.park()
@@ -86,6 +89,23 @@ class NdjsonConnection:
             # Nothing is pending: closing the SDK's input ends its loop, which closes its
             # output, which ends the pump, which closes ours, which ends the writer.
             await self._to_sdk_send.aclose()
+
+    @property
+    def pending(self) -> int:
+        """Requests read but not yet answered (or settled unanswered)."""
+        return self.order.pending + sum(self._sdk_pending.values())
+
+    def _settle_sdk(self, request_id: Any) -> bool:
+        """Count an MCP request as answered; False if it was not one of ours in flight."""
+        key = framing.id_key(request_id)
+        left = self._sdk_pending.get(key, 0)
+        if left == 0:
+            return False
+        if left == 1:
+            del self._sdk_pending[key]
+        else:
+            self._sdk_pending[key] = left - 1
+        return True
 
     async def _wake_on_drain(self) -> None:
         await self.draining.wait()
@@ -111,7 +131,9 @@ class NdjsonConnection:
             elif kind == "slot":
                 frames = self.order.fill(key, frame)
             elif kind == "drop":
-                frames = self.order.drop_id(key)
+                frames = [] if self._settle_sdk(key) else self.order.drop_id(key)
+            elif self._settle_sdk(key):
+                frames = [frame] if frame is not None else []
             else:
                 frames = self.order.fill_id(key, frame)
             for item in frames:
@@ -143,7 +165,7 @@ class NdjsonConnection:
                 if not data:
                     return
                 for event in self.splitter.feed(data):
-                    while self.order.pending >= MAX_PENDING:
+                    while self.pending >= MAX_PENDING:
                         # Backpressure: a client that pipelines without reading its
                         # answers stops being read, instead of growing our memory.
                         await self._progress.park()
@@ -213,7 +235,8 @@ class NdjsonConnection:
             return
         metadata = None
         if request_id is not None:
-            self.order.reserve(request_id)
+            key = framing.id_key(request_id)
+            self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
             metadata = ServerMessageMetadata(
                 on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None))
             )
