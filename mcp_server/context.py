@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from mcp_server.capsule_queue import CapsuleQueue, Ticket
+from mcp_server.capsule_queue import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.state import State
 
@@ -133,9 +133,10 @@ async def _ask_roots(session: Any) -> list[str] | None:
 class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
-    def __init__(self, runtime: Runtime, session: Any = None) -> None:
+    def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None) -> None:
         self._runtime = runtime
         self._session = session
+        self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
 
     @property
     def config(self) -> Config:
@@ -173,7 +174,13 @@ class CallContext:
             await self.progress(waited_ms, None, f"queued: {ahead} ahead on {capsule_id}, holding it now: "
                                 f"{holder.describe()}; this call: #{ticket.number} {ticket.label}")
 
-        async with self._runtime.capsule_queue.turn(capsule_id, label, report) as ticket:
+        arrivals = ARRIVALS.get()
+        reserved = None
+        if arrivals is not None and self._request_id is not None:
+            from mcp_server.transports.framing import id_key
+
+            reserved = arrivals.pop((id_key(self._request_id), capsule_id), None)
+        async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
             yield ticket
 
     def log(self, message: str) -> None:

@@ -30,12 +30,12 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
-import shlex
 from typing import Any
 
 import blake3
 import trio
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView, lstat
 from mcp_server.core.paths import encoded as encoded_path
@@ -51,7 +51,6 @@ PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the call
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
 SETTLE_POLL_S = 0.1
-LABEL_CHARS = 60  # of a command, in the "queued behind" reports
 # Errors with which the helper refuses an exec before anything runs in the capsule.
 _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
@@ -225,7 +224,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     if record.limits:
         request["limits"] = record.limits
     request["progress_ms"] = PROGRESS_MS
-    async with ctx.capsule_turn(record.capsule_id, f"exec `{_label(request['argv'])}`") as ticket:
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_exec", args)) as ticket:
         record = live_record(ctx, record.capsule_id)  # a destroy queued before this call may have run
         assert ticket.started is not None
         waited_ms = int((ticket.started - ticket.arrived) * 1000)
@@ -299,11 +298,6 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "generation": generation,
         "queued_ms": waited_ms,
     }
-
-
-def _label(argv: list[str]) -> str:
-    text = shlex.join(argv)
-    return text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + "…"
 
 
 async def _settle(helper: Any, capsule_id: str) -> None:
@@ -426,7 +420,7 @@ def _stat_line(file: dict[str, Any]) -> str:
 async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """A child capsule stacked on its parent's view."""
     parent = live_record(ctx, args["capsule_id"])
-    async with ctx.capsule_turn(parent.capsule_id, "fork"):
+    async with ctx.capsule_turn(parent.capsule_id, turn_label("capsule_fork", args)):
         parent = live_record(ctx, parent.capsule_id)
         helper = await ctx.helper()
         reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
@@ -476,7 +470,7 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Unmount a capsule and delete its data; its journal stays for witnesses."""
     record = live_record(ctx, args["capsule_id"])
-    async with ctx.capsule_turn(record.capsule_id, "destroy"):
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_destroy", args)):
         record = live_record(ctx, record.capsule_id)
         helper = await ctx.helper()
         await helper.request("destroy", {"capsule_id": record.capsule_id})

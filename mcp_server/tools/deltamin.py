@@ -44,6 +44,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search
 from mcp_server.core.fsview import RootView
@@ -313,7 +314,7 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     budget_s = (args.get("budget_ms") or 600_000) / 1000
     journal = Journal(ctx.state)
     helper = await ctx.helper()
-    async with ctx.capsule_turn(record.capsule_id, "deltamin (reading the change)"):
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_deltamin", args)):
         record = live_record(ctx, record.capsule_id)
         generation = journal.generation(record.capsule_id)
         changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]

@@ -37,6 +37,7 @@ import mcp_types as types
 import trio
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from mcp_server.capsule_queue import ARRIVALS, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
 from mcp_server.transports import framing
 
@@ -67,9 +68,19 @@ class NdjsonConnection:
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
         self._sdk_pending: dict[tuple[str, Any], int] = {}  # MCP requests read but not yet answered, by id
+        # Capsule turns taken when a request was read (mcp_server/capsule_queue.py): the
+        # handler claims its place; one that never does gives it back when answered.
+        self._arrivals: dict[tuple[Any, str], Ticket] = {}
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
+        try:
+            await self._run()
+        finally:
+            for key in list(self._arrivals):
+                self._give_back(key[0])
+
+    async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_sdk)
             nursery.start_soon(self._pump_sdk)
@@ -112,7 +123,13 @@ class NdjsonConnection:
         self._progress.unpark_all()
 
     async def _serve_sdk(self) -> None:
+        ARRIVALS.set(self._arrivals)  # the SDK's request tasks inherit it
         await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send)
+
+    def _give_back(self, key: tuple[str, Any]) -> None:
+        """Release the capsule turns a request took on arrival and never claimed."""
+        for arrival in [a for a in self._arrivals if a[0] == key]:
+            self.app.runtime.capsule_queue.release(arrival[1], self._arrivals.pop(arrival))
 
     async def _pump_sdk(self) -> None:
         async with self._out_send:
@@ -131,8 +148,10 @@ class NdjsonConnection:
             elif kind == "slot":
                 frames = self.order.fill(key, frame)
             elif kind == "drop":
+                self._give_back(framing.id_key(key))
                 frames = [] if self._settle_sdk(key) else self.order.drop_id(key)
             elif self._settle_sdk(key):
+                self._give_back(framing.id_key(key))
                 frames = [frame] if frame is not None else []
             else:
                 frames = self.order.fill_id(key, frame)
@@ -237,6 +256,10 @@ class NdjsonConnection:
         if request_id is not None:
             key = framing.id_key(request_id)
             self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
+            if not any(a[0] == key for a in self._arrivals):  # a reused id in flight takes its turn late
+                reserved = self.app.reserve_turn(str(message.get("method")), message.get("params"))
+                if reserved is not None:
+                    self._arrivals[(key, reserved[0])] = reserved[1]
             metadata = ServerMessageMetadata(
                 on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None))
             )
