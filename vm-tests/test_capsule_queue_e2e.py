@@ -184,3 +184,61 @@ def test_pipelined_frames_on_the_unix_socket(tmp_path: Path, root_required: None
     second = [p["params"]["message"] for p in progress if p["params"]["progressToken"] == "second"]
     assert any(m.startswith("queued: 1 ahead") for m in second), second
     assert _journaled(tmp_path / "state", capsule_id) == [SLOW, SECOND]
+
+
+def test_cancelling_a_running_exec_hands_the_capsule_to_the_next(tmp_path: Path, root_required: None) -> None:
+    ws = _workspace(tmp_path)
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", CCW_TOOLSETS="capsule"))
+    path = server.wait_ready()
+
+    async def main() -> tuple[list[dict[str, Any]], str]:
+        stream = await trio.open_unix_socket(path)
+        buffer = b""
+        seen: list[dict[str, Any]] = []
+
+        async def until(request_id: str) -> dict[str, Any]:
+            nonlocal buffer
+            while not any(m.get("id") == request_id for m in seen):
+                while b"\n" not in buffer:
+                    chunk = await stream.receive_some(1 << 16)
+                    assert chunk, "the server closed the connection"
+                    buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                seen.extend(json.loads(line) for line in lines if line)
+            return next(m for m in seen if m.get("id") == request_id)
+
+        async def send(*frames: dict[str, Any]) -> None:
+            await stream.send_all(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+
+        async with stream:
+            await send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                _call("create", "capsule_create", {"workspace": str(ws)}))
+            cap = (await until("create"))["result"]["structuredContent"]["capsule_id"]
+            # A long exec that writes as it starts, then an exec queued behind it.
+            await send(_call("long", "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo x > out.txt; sleep 60"]},
+                             token="long"),
+                       _call("next", "capsule_exec", {"capsule_id": cap, "cmd": ["cat", "out.txt"]}))
+            while not any(m.get("method") == "notifications/progress" and m["params"]["progressToken"] == "long"
+                          for m in seen):  # it runs
+                await send(_call("probe", "capsule_list", {}))
+                await until("probe")
+                seen[:] = [m for m in seen if m.get("id") != "probe"]
+            await send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "long"}})
+            following = await until("next")
+            await send(_call("list", "capsule_list", {}))
+            listed = await until("list")
+            return [following, listed], cap
+
+    try:
+        (following, listed), capsule_id = trio.run(main)
+    finally:
+        assert server.stop() == 0
+    # The cancelled exec's jail was ended, so the next one ran instead of meeting CONFLICT;
+    # what the cancelled one wrote counts as a change (generation advanced, no journal row).
+    assert not following["result"]["isError"], following
+    result = following["result"]["structuredContent"]
+    assert result["stdout"] == "x\n" and result["started_generation"] == 1
+    assert listed["result"]["structuredContent"]["capsules"][0]["execs"] == 1
+    assert _journaled(tmp_path / "state", capsule_id) == [["cat", "out.txt"]]
