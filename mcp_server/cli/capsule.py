@@ -254,7 +254,7 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         for capsule in result["capsules"]:
             parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
             print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
-                  f"{capsule['workspace']}{parent}")
+                  f"generation={capsule['generation']}  {capsule['workspace']}{parent}")
         return 0
     if verb == "destroy":
         print(f"destroyed {result['capsule_id']}")
