@@ -56,6 +56,8 @@ def manifest_blobs(manifest: dict[str, Any]) -> list[str]:
     for ex in manifest.get("execs", []):
         if ex.get("stdin_blob"):
             names.add(ex["stdin_blob"])
+        for kept in (ex.get("output") or {}).values():
+            names.add(kept["blob"])
     for write in manifest.get("writes", []):
         if write.get("blob"):
             names.add(write["blob"])
@@ -222,6 +224,9 @@ def _fields_naming(manifest: dict[str, Any], name: str) -> list[str]:
     for i, ex in enumerate(manifest.get("execs", [])):
         if ex.get("stdin_blob") == name:
             out.append(f"/execs/{i}/stdin_blob")
+        for stream, kept in sorted((ex.get("output") or {}).items()):
+            if kept["blob"] == name:
+                out.append(f"/execs/{i}/output/{stream}/blob")
     for i, write in enumerate(manifest.get("writes", [])):
         if write.get("blob") == name:
             out.append(f"/writes/{i}/blob")

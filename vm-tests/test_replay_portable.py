@@ -1,0 +1,119 @@
+"""Witnesses that carry what their runs need, replayed after the workspace moved away.
+
+A real interpreter venv lives inside the workspace (``python3 -m venv``: ``bin/python ->
+python3 -> /usr/bin/python3``, ``lib64 -> lib``), a script lists a directory and
+imports the modules it finds there, and a ``bin/`` symlink chain leads to a shell
+script.  Everything runs through the real tools; the replay runs on a fresh state dir
+with the workspace renamed, so only the witness can provide the base.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+MAIN = """\
+import importlib, os, sys
+names = sorted(n[:-3] for n in os.listdir("plugins") if n.endswith(".py"))
+sys.path.insert(0, "plugins")
+for name in names:
+    print(name, importlib.import_module(name).VALUE)
+print("prefix-is-venv", sys.prefix.endswith("/.venv"))
+"""
+
+
+def _project(tmp_path: Path) -> Path:
+    ws = tmp_path / "project"
+    (ws / "plugins").mkdir(parents=True)
+    # The system interpreter: the jail binds the host's system dirs, not a home dir.
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(ws / ".venv")], check=True)
+    (ws / "main.py").write_text(MAIN)
+    for name, value in (("alpha", 1), ("beta", 2), ("gamma", 3)):
+        (ws / "plugins" / f"{name}.py").write_text(f"VALUE = {value}\n")
+    (ws / "plugins" / "notes.txt").write_text("listed, never opened\n")
+    (ws / "scripts").mkdir()
+    (ws / "scripts" / "run.sh").write_text("#!/bin/sh\nexec .venv/bin/python main.py \"$@\"\n")
+    (ws / "scripts" / "run.sh").chmod(0o755)
+    (ws / "bin").mkdir()
+    os.symlink("../scripts/run.sh", ws / "bin" / "run-real")
+    os.symlink("run-real", ws / "bin" / "run")
+    (ws / "out").mkdir()  # an empty directory a run writes into
+    return ws
+
+
+def _fresh(tools: Any, state: Path) -> Any:
+    state.mkdir()
+    return type(tools)(state)
+
+
+def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: Path) -> None:
+    ws = _project(tmp_path)
+    cmds = [
+        [".venv/bin/python", "main.py"],
+        ["bin/run"],
+        ["sh", "-c", ".venv/bin/python -c 'import sys; print(sys.version_info[0])' > out/version.txt"],
+        ["ls", "plugins"],
+    ]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        runs = [await t.call("capsule_exec", {"capsule_id": cap, "cmd": cmd}) for cmd in cmds]
+        made = await t.call("capsule_witness", {"capsule_id": cap})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return {"runs": runs, "made": made}
+
+    recorded = tools.run(record)
+    runs = recorded["runs"]
+    assert [r["exit_code"] for r in runs] == [0, 0, 0, 0], [r["stderr"] for r in runs]
+    assert runs[0]["stdout"] == "alpha 1\nbeta 2\ngamma 3\nprefix-is-venv True\n"
+    if runs[0]["touched"]["read"] is not None:
+        assert "plugins" in runs[0]["touched"]["listed"]
+        assert "scripts/run.sh" in runs[1]["touched"]["executed"]
+
+    moved = tmp_path / "moved-away"
+    ws.rename(moved)
+    replayed = _fresh(tools, tmp_path / "state2").run(
+        lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    assert not ws.exists()
+    assert replayed["mismatches"] == [] and replayed["replay_ok"] is True, replayed
+    assert replayed["output_identical"] is True, replayed["output_diffs"]
+
+
+def test_a_duration_in_the_output_is_shown_but_does_not_fail_the_replay(tools: Any, tmp_path: Path) -> None:
+    ws = _project(tmp_path)
+    timed = ["sh", "-c", "echo collected 3 items; echo \"== 3 passed in 0.$(date +%N)s ==\"; echo done"]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "main.py"]})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": timed})
+        return await t.call("capsule_witness", {"capsule_id": cap})
+
+    made = tools.run(record)
+    ws.rename(tmp_path / "moved-away")
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    assert out["replay_ok"] is True, out["mismatches"]
+    assert out["output_identical"] is False
+    (diff,) = out["output_diffs"]
+    assert (diff["exec"], diff["stream"]) == (2, "stdout")
+    changed = [line for line in diff["lines"] if line[:1] in "-+"]
+    assert len(changed) == 2 and all(" passed in 0." in line for line in changed), diff
+    assert changed[0].startswith("-") and changed[1].startswith("+")
+
+
+def test_a_written_file_that_differs_fails_the_replay_and_is_named(tools: Any, tmp_path: Path) -> None:
+    ws = _project(tmp_path)
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "date +%s%N > out/stamp.txt"]})
+        return await t.call("capsule_witness", {"capsule_id": cap})
+
+    made = tools.run(record)
+    ws.rename(tmp_path / "moved-away")
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    assert out["replay_ok"] is False
+    assert out["output_identical"] is True
+    assert [(m["kind"], m["path"]) for m in out["mismatches"]] == [("change", "out/stamp.txt")]
