@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 MAIN = """\
 import importlib, os, sys
@@ -40,6 +43,7 @@ def _project(tmp_path: Path) -> Path:
     os.symlink("../scripts/run.sh", ws / "bin" / "run-real")
     os.symlink("run-real", ws / "bin" / "run")
     (ws / "out").mkdir()  # an empty directory a run writes into
+    (ws / "plugins").chmod(0o750)  # a mode the rebuilt base must keep
     return ws
 
 
@@ -55,6 +59,7 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
         ["bin/run"],
         ["sh", "-c", ".venv/bin/python -c 'import sys; print(sys.version_info[0])' > out/version.txt"],
         ["ls", "plugins"],
+        ["stat", "-c", "%n %a %F", "plugins", "scripts/run.sh", "bin/run", ".venv/bin/python3"],
     ]
 
     async def record(t: Any) -> dict[str, Any]:
@@ -66,7 +71,7 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
 
     recorded = tools.run(record)
     runs = recorded["runs"]
-    assert [r["exit_code"] for r in runs] == [0, 0, 0, 0], [r["stderr"] for r in runs]
+    assert [r["exit_code"] for r in runs] == [0] * len(cmds), [r["stderr"] for r in runs]
     assert runs[0]["stdout"] == "alpha 1\nbeta 2\ngamma 3\nprefix-is-venv True\n"
     if runs[0]["touched"]["read"] is not None:
         assert "plugins" in runs[0]["touched"]["listed"]
@@ -78,7 +83,10 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
         lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
     assert not ws.exists()
     assert replayed["mismatches"] == [] and replayed["replay_ok"] is True, replayed
+    # The same output: the same names listed and imported, the same modes and link types.
     assert replayed["output_identical"] is True, replayed["output_diffs"]
+    assert runs[4]["stdout"] == ("plugins 750 directory\nscripts/run.sh 755 regular file\n"
+                                 "bin/run 777 symbolic link\n.venv/bin/python3 777 symbolic link\n")
 
 
 def test_a_duration_in_the_output_is_shown_but_does_not_fail_the_replay(tools: Any, tmp_path: Path) -> None:
@@ -117,3 +125,57 @@ def test_a_written_file_that_differs_fails_the_replay_and_is_named(tools: Any, t
     assert out["replay_ok"] is False
     assert out["output_identical"] is True
     assert [(m["kind"], m["path"]) for m in out["mismatches"]] == [("change", "out/stamp.txt")]
+
+
+def test_strict_passes_a_run_that_prints_durations_unless_output_must_be_identical(tools: Any, tmp_path: Path) -> None:
+    ws = _project(tmp_path)
+    timed = ["sh", "-c", "echo \"3 passed in 0.$(date +%N)s\" && .venv/bin/python main.py > out/result.txt"]
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": timed})
+        await t.call("policy_set", {"name": "same-output", "rules": {"require_identical_output": True}})
+        same = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["same-output"], "dry_run": True})
+        strict = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["strict"]})
+        return {"same": same, "strict": strict}
+
+    out = tools.run(scenario)
+    same = out["same"]["policy_report"]
+    assert out["same"]["promoted"] is False and same["passed"] is False
+    assert same["replay_ok"] is True and same["output_identical"] is False
+    assert "identical output" in same["details"] and "exec 1 stdout" in same["details"]
+    strict = out["strict"]["policy_report"]
+    assert out["strict"]["promoted"] is True, strict["details"]
+    assert strict["replay_ok"] is True and strict["output_identical"] is False
+    assert (ws / "out" / "result.txt").read_text().startswith("alpha 1\n")
+
+
+@pytest.mark.parametrize("bytecode", ["written", "off"])
+def test_bytecode_of_a_file_edited_in_the_capsule_differs_unless_not_written(
+        tools: Any, tmp_path: Path, bytecode: str) -> None:
+    # What the README says: base files keep their mtimes in a replay, but a file edited
+    # in the capsule gets a new one, and the .pyc of it records that mtime.
+    ws = _project(tmp_path)
+    run = [".venv/bin/python", "main.py"]
+    if bytecode == "off":
+        run = ["env", "PYTHONDONTWRITEBYTECODE=1", *run]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo 'VALUE = 9' > plugins/alpha.py"]})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": run})
+        return await t.call("capsule_witness", {"capsule_id": cap})
+
+    made = tools.run(record)
+    second = int(time.time())
+    while int(time.time()) == second:  # the replay's edit must fall in a later second (.pyc mtimes are seconds)
+        time.sleep(0.05)
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    if bytecode == "off":
+        assert out["replay_ok"] is True, out["mismatches"]
+    else:
+        assert out["replay_ok"] is False
+        tag = subprocess.run(["/usr/bin/python3", "-c", "import sys; print(sys.implementation.cache_tag)"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert [m["path"] for m in out["mismatches"]] == [f"plugins/__pycache__/alpha.{tag}.pyc"]
+    assert out["output_identical"] is True

@@ -249,6 +249,10 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         print("replay_ok" if ok else "replay MISMATCH")
         for mismatch in result.get("mismatches", []):
             print(f"  {mismatch}")
+        for diff in result.get("output_diffs", []):  # shown, never a failure by itself
+            print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
+            for line in diff["lines"] or [diff.get("note", "")]:
+                print(f"  {line}", file=sys.stderr)
         return 0 if ok else 1
     if verb == "list":
         for capsule in result["capsules"]:
