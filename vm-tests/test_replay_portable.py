@@ -9,8 +9,10 @@ with the workspace renamed, so only the witness can provide the base.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -179,3 +181,73 @@ def test_bytecode_of_a_file_edited_in_the_capsule_differs_unless_not_written(
                              capture_output=True, text=True, check=True).stdout.strip()
         assert [m["path"] for m in out["mismatches"]] == [f"plugins/__pycache__/alpha.{tag}.pyc"]
     assert out["output_identical"] is True
+
+
+ROOTLESS_SCRIPT = r"""
+import json, os, sys, trio
+from mcp_server.config import TOOLSETS, Config
+from mcp_server.context import CallContext, Runtime
+from mcp_server.state import State
+from mcp_server.tools.registry import Registry
+
+async def tools(state, calls):
+    runtime = Runtime(Config.from_env({"CCW_STATE_DIR": state}), State(state))
+    ctx, registry = CallContext(runtime), Registry.load(TOOLSETS)
+    try:
+        return await calls(lambda name, args: registry.lookup(name).handler(ctx, args))
+    finally:
+        await runtime.aclose()
+
+async def record(call):
+    cap = (await call("capsule_create", {"workspace": ws}))["capsule_id"]
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "main.py"]})
+    made = await call("capsule_witness", {"capsule_id": cap})
+    await call("capsule_destroy", {"capsule_id": cap})
+    return {"ran": ran, "made": made}
+
+async def main():
+    out = await tools(state1, record)
+    os.rename(ws, moved)
+    out["replayed"] = await tools(state2, lambda call: call("capsule_replay", {"path": out["made"]["path"]}))
+    print(json.dumps(out))
+
+ws, moved, state1, state2 = sys.argv[1:]
+trio.run(main)
+"""
+
+
+def test_a_rootless_witness_carries_the_whole_base_and_replays(tmp_path: Path, root_required: None,
+                                                                require: Any) -> None:
+    # Unknown reads (no fanotify in a user namespace): the witness carries the whole base.
+    import importlib.util
+    import shutil
+    import tempfile
+
+    require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None, "needs util-linux")
+    spec = importlib.util.spec_from_file_location("ccw_vm_ipc_users", Path(__file__).with_name("test_ipc_users.py"))
+    assert spec is not None and spec.loader is not None
+    ipc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ipc)  # for as_user: the interpreter made reachable to another uid
+    public = Path(tempfile.mkdtemp(prefix="ccw-replay-"))
+    keep_dirs: list[str] = []
+    try:
+        public.chmod(0o755)
+        ws = _project(public)
+        for state in ("state1", "state2"):
+            (public / state).mkdir()
+        subprocess.run(["chown", "-R", "65534:65534", str(public)], check=True)
+        argv = [sys.executable, "-c", ROOTLESS_SCRIPT, str(ws), str(public / "moved"), str(public / "state1"),
+                str(public / "state2")]
+        done = subprocess.run(ipc.as_user(65534, 65534, argv, keep_dirs), cwd=str(public), capture_output=True,
+                              timeout=240, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+        assert done.returncode == 0, done.stderr.decode()
+        out = json.loads(done.stdout.decode().splitlines()[-1])
+    finally:
+        for keep in keep_dirs:
+            os.rmdir(keep)
+        shutil.rmtree(public)
+    assert out["ran"]["exit_code"] == 0 and out["ran"]["touched"]["read"] is None
+    assert out["ran"]["touched"]["listed"] is None and out["ran"]["touched"]["executed"] is None
+    replayed = out["replayed"]
+    assert replayed["replay_ok"] is True, replayed["mismatches"]
+    assert replayed["output_identical"] is True
