@@ -126,3 +126,23 @@ def test_past_the_cap_the_witness_is_refused_with_the_fix(tmp_path: Path) -> Non
     assert info.value.details["at"] == "unused/huge.bin" and info.value.details["read_sets_complete"] is False
     # Without blobs the bytes do not travel, so no cap applies.
     assert "unused/huge.bin" in _entries(ws, Needs.from_journal(str(ws), [_exec(ws, None)], []), cap=None)
+
+
+def test_the_source_of_each_pyc_read_is_carried(tmp_path: Path) -> None:
+    # A valid .pyc is opened; its source is only stat-ed, which no fanotify event shows.
+    ws = _tree(tmp_path)
+    pkg = ws / ".venv/lib/python3.11/site-packages/pkg"
+    (pkg / "__pycache__").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__pycache__/__init__.cpython-311.pyc").write_bytes(b"pyc")
+    (ws / "tests").mkdir()
+    (ws / "tests/test_x.py").write_text("def test(): pass\n")
+    (ws / "tests/__pycache__").mkdir()
+    (ws / "tests/__pycache__/test_x.cpython-311-pytest-9.2.0.pyc").write_bytes(b"rewritten")
+    (ws / "__pycache__").mkdir()
+    (ws / "__pycache__/tool.cpython-311.opt-1.pyc").write_bytes(b"top")
+    (ws / "tool.py").write_text("")
+    read = [".venv/lib/python3.11/site-packages/pkg/__pycache__/__init__.cpython-311.pyc",
+            "tests/__pycache__/test_x.cpython-311-pytest-9.2.0.pyc", "__pycache__/tool.cpython-311.opt-1.pyc"]
+    got = _entries(ws, Needs.from_journal(str(ws), [_exec(ws, read, listed=[], executed=[])], []))
+    assert {".venv/lib/python3.11/site-packages/pkg/__init__.py", "tests/test_x.py", "tool.py"} <= set(got)

@@ -26,6 +26,9 @@ sys.path.insert(0, "plugins")
 for name in names:
     print(name, importlib.import_module(name).VALUE)
 print("prefix-is-venv", sys.prefix.endswith("/.venv"))
+sys.path.insert(0, "lib")
+import helpers
+print(helpers.NAME)
 """
 
 
@@ -46,6 +49,10 @@ def _project(tmp_path: Path) -> Path:
     os.symlink("run-real", ws / "bin" / "run")
     (ws / "out").mkdir()  # an empty directory a run writes into
     (ws / "plugins").chmod(0o750)  # a mode the rebuilt base must keep
+    # A package with valid bytecode: Python stats its source and opens only the .pyc.
+    (ws / "lib" / "helpers").mkdir(parents=True)
+    (ws / "lib" / "helpers" / "__init__.py").write_text("NAME = 'helpers'\n")
+    subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(ws / "lib")], check=True)
     return ws
 
 
@@ -74,10 +81,11 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
     recorded = tools.run(record)
     runs = recorded["runs"]
     assert [r["exit_code"] for r in runs] == [0] * len(cmds), [r["stderr"] for r in runs]
-    assert runs[0]["stdout"] == "alpha 1\nbeta 2\ngamma 3\nprefix-is-venv True\n"
+    assert runs[0]["stdout"] == "alpha 1\nbeta 2\ngamma 3\nprefix-is-venv True\nhelpers\n"
     if runs[0]["touched"]["read"] is not None:
         assert "plugins" in runs[0]["touched"]["listed"]
         assert "scripts/run.sh" in runs[1]["touched"]["executed"]
+        assert "lib/helpers/__init__.py" not in runs[0]["touched"]["read"]  # only stat-ed
 
     moved = tmp_path / "moved-away"
     ws.rename(moved)

@@ -17,6 +17,10 @@ Choices:
   carried from the base (a run that deletes or rewrites a file needs it there first),
   with mode and mtime: Python's ``.pyc`` files record their source's mtime, so a base
   rebuilt with fresh mtimes would make every replayed import rewrite its bytecode.
+- Python never opens the source of a module whose ``.pyc`` is valid: it checks the
+  source's mtime and size with ``stat``, which fanotify does not report.  Without the
+  source, the rebuilt package has no ``__init__.py`` and imports as a namespace
+  package.  So the source of every ``.pyc`` read (PEP 3147 naming) is carried too.
 - A listed directory is carried with every direct entry: files with their bytes,
   symlinks as links, subdirectories as (empty unless otherwise needed) directories, so
   a replayed listing sees the same names.
@@ -37,7 +41,8 @@ Choices:
   (``max_base_bytes``); past the cap the witness is refused with ``TOO_LARGE``, naming
   the fix, rather than written half.
 - What is never seen cannot be carried: a file only ``stat``-ed (never opened) is
-  absent from the rebuilt base unless a rule above brings it.
+  absent from the rebuilt base unless a rule above brings it (``make`` deciding that a
+  target is up to date stats its sources and opens none of them).
 """
 
 from __future__ import annotations
@@ -164,6 +169,15 @@ class _Resolver:
         return followed, "/".join(current) or "."
 
 
+def _pyc_source(path: str) -> str | None:
+    """The source a ``__pycache__/NAME.TAG[...].pyc`` was compiled from (PEP 3147), or None."""
+    head, _, name = path.rpartition("/")
+    if not name.endswith(".pyc") or not (head == "__pycache__" or head.endswith("/__pycache__")):
+        return None
+    parent = head[: -len("__pycache__")]
+    return f"{parent}{name.partition('.')[0]}.py"
+
+
 def _shebang(view: RootView, path: str) -> str | None:
     """The interpreter named by a script's ``#!`` line, or None."""
     try:
@@ -211,6 +225,7 @@ def base_entries(
             if rel is not None:
                 needs.entry_points.add(rel)
         used = needs.files | needs.listed | needs.dirs
+        used.update(filter(None, map(_pyc_source, needs.files)))
         for point in needs.entry_points:
             followed, final = resolver.resolve(point)
             carry.update(followed)
