@@ -114,6 +114,10 @@ def test_unknown_reads_carry_the_whole_base_but_git(tmp_path: Path) -> None:
     got = _entries(ws, Needs.from_journal(str(ws), [_exec(ws, None)], []))
     every = {str(p.relative_to(ws)) for p in ws.rglob("*") if ".git" not in p.parts}
     assert set(got) == every
+    with RootView.open(str(ws)) as view:  # asked for: carry "all" with known reads
+        known = Needs.from_journal(str(ws), [_exec(ws, [], listed=[], executed=[])], [])
+        everything = base_entries(view, str(ws), known, lambda p: ("b", 0), None, carry_all=True)
+    assert {e["path"] for e in everything} == every
 
 
 def test_past_the_cap_the_witness_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -259,3 +259,74 @@ def test_a_rootless_witness_carries_the_whole_base_and_replays(tmp_path: Path, r
     replayed = out["replayed"]
     assert replayed["replay_ok"] is True, replayed["mismatches"]
     assert replayed["output_identical"] is True
+
+
+def _node_project(tmp_path: Path) -> Path:
+    ws = tmp_path / "nodep"
+    for d in ("node_modules/mytool/bin", "node_modules/.bin", "node_modules/mylib", "fixtures"):
+        (ws / d).mkdir(parents=True)
+    (ws / "package.json").write_text(
+        '{"name": "nodep", "version": "1.0.0", "private": true, "scripts": {"test": "mytool && node test.js"}}\n')
+    cli = ws / "node_modules/mytool/bin/cli.js"
+    cli.write_text('#!/usr/bin/env node\nconsole.log("mytool ran");\n')
+    cli.chmod(0o755)
+    os.symlink("../mytool/bin/cli.js", ws / "node_modules/.bin/mytool")
+    (ws / "node_modules/mylib/package.json").write_text('{"name": "mylib", "main": "index.js"}\n')
+    (ws / "node_modules/mylib/index.js").write_text("module.exports = (x) => x * 2;\n")
+    (ws / "test.js").write_text(
+        'const fs = require("fs"); const double = require("mylib");\n'
+        'for (const f of fs.readdirSync("fixtures").sort()) '
+        'console.log(f, double(Number(fs.readFileSync("fixtures/" + f, "utf8"))));\n')
+    for name, value in (("a.txt", 1), ("b.txt", 2)):
+        (ws / "fixtures" / name).write_text(f"{value}\n")
+    return ws
+
+
+def test_an_npm_project_replays_after_the_workspace_moved(tools: Any, tmp_path: Path, require: Any) -> None:
+    import shutil
+
+    require(shutil.which("npm") is not None and shutil.which("node") is not None, "needs node and npm")
+    ws = _node_project(tmp_path)
+    # npm must not look for its own updates (no network in a capsule).
+    npm_test = ["env", "npm_config_update_notifier=false", "npm", "test"]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": npm_test})
+        made = await t.call("capsule_witness", {"capsule_id": cap})
+        return {"ran": ran, "made": made}
+
+    recorded = tools.run(record)
+    assert recorded["ran"]["exit_code"] == 0, recorded["ran"]["stderr"]
+    assert "mytool ran\na.txt 2\nb.txt 4\n" in recorded["ran"]["stdout"]
+    ws.rename(tmp_path / "moved-away")
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    assert out["replay_ok"] is True, out["mismatches"]
+    assert out["output_identical"] is True, out["output_diffs"]
+
+
+@pytest.mark.parametrize("carry", ["used", "all"])
+def test_make_with_up_to_date_targets_replays(tools: Any, tmp_path: Path, require: Any, carry: str) -> None:
+    # make opens none of its sources when all is up to date, but it lists the
+    # directories it looks in (its directory cache), so they travel all the same.
+    import shutil
+
+    require(shutil.which("make") is not None and shutil.which("cc") is not None, "needs make and cc")
+    ws = tmp_path / "cproj"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "hello.c").write_text('#include <stdio.h>\nint main(void) { puts("hello"); return 0; }\n')
+    (ws / "Makefile").write_text("hello: hello.o\n\tcc -o $@ $^\nhello.o: src/hello.c\n\tcc -c -o $@ $<\n")
+    subprocess.run(["make", "-s"], cwd=ws, check=True, capture_output=True)
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        built = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "make && ./hello"]})
+        assert built["exit_code"] == 0 and "up to date" in built["stdout"], built
+        assert "src/hello.c" not in (built["touched"]["read"] or []) and "src" in built["touched"]["listed"]
+        return await t.call("capsule_witness", {"capsule_id": cap, "carry": carry})
+
+    made = tools.run(record)
+    ws.rename(tmp_path / "moved-away")
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    # mtimes travel too: make finds hello and hello.o up to date again and rebuilds nothing.
+    assert out["replay_ok"] is True and out["output_identical"] is True, out

@@ -136,6 +136,7 @@ def build_manifest(
     base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
     outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
     max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,
+    carry_all: bool = False,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
     sources = _Sources(base, capsule)
@@ -143,7 +144,7 @@ def build_manifest(
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]
     needs = Needs.from_journal(record.workspace, execs, changed)
     base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
-                              max_base_bytes if include_blobs else None)
+                              max_base_bytes if include_blobs else None, carry_all)
     unknown_reads = needs.unknown
     change_items = []
     for entry in entries:
@@ -164,6 +165,7 @@ def build_manifest(
         "base": {
             "fingerprint": record.base_fingerprint,
             "read_sets_complete": not unknown_reads,
+            "carried": "all" if unknown_reads or carry_all else "used",
             "files": base_files,
         },
         "capsule": {
@@ -246,7 +248,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool,
-                       max_base_mb: int = DEFAULT_MAX_BASE_MB) -> dict[str, Any]:
+                       max_base_mb: int = DEFAULT_MAX_BASE_MB, carry_all: bool = False) -> dict[str, Any]:
     """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
     record = live_record(ctx, capsule_id)
     journal = Journal(ctx.state)
@@ -260,7 +262,7 @@ async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
             manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs, writes,
-                                               outputs, max_base_mb << 20)
+                                               outputs, max_base_mb << 20, carry_all)
             if not include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
@@ -272,7 +274,7 @@ async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include
 async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Package the capsule's execs and changes as a witness archive."""
     return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
-                              args.get("max_base_mb") or DEFAULT_MAX_BASE_MB)
+                              args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
 
 
 # --- reading witnesses ---------------------------------------------------------------
@@ -346,6 +348,9 @@ TOOLS = [
                 "capsule_id": CAPSULE_ID,
                 "compress": {"enum": ["zstd", "none"]},
                 "include_blobs": {"type": "boolean", "description": "Carry the base files the runs used (default true)."},
+                "carry": {"enum": ["used", "all"], "description": (
+                    "Base files that travel: those the runs used (default: opened, listed, run, linked), or all "
+                    "(.git aside) for runs that decide from stat alone, such as make with up-to-date targets.")},
                 "max_base_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20, "description": (
                     f"Most MiB of base files the witness may carry (default {DEFAULT_MAX_BASE_MB}); past it, TOO_LARGE.")},
             },

@@ -41,8 +41,12 @@ Choices:
   (``max_base_bytes``); past the cap the witness is refused with ``TOO_LARGE``, naming
   the fix, rather than written half.
 - What is never seen cannot be carried: a file only ``stat``-ed (never opened) is
-  absent from the rebuilt base unless a rule above brings it (``make`` deciding that a
-  target is up to date stats its sources and opens none of them).
+  absent from the rebuilt base unless a rule above brings it (a tool that checks
+  whether a config file exists with ``stat`` and finds it there, say).  ``make`` with
+  up-to-date targets opens no source, but it lists the directories it searches, so
+  their entries travel.  For runs that depend on what is never opened nor listed, the
+  caller asks for the whole base (``carry_all``: ``capsule_witness`` with
+  ``carry: "all"``), under the same cap.
 """
 
 from __future__ import annotations
@@ -200,11 +204,13 @@ def base_entries(
     needs: Needs,
     add_file: Callable[[str], tuple[str, int]],
     max_base_bytes: int | None,
+    carry_all: bool = False,
 ) -> list[dict[str, Any]]:
     """The manifest's ``base.files``: the entries a replay rebuilds the base from, sorted.
 
     ``add_file(path)`` reads a base file for the witness and returns (blob name, size);
     ``max_base_bytes`` caps their total (None: no cap, the bytes do not travel).
+    ``carry_all`` carries the whole base (``.git`` aside), as unknown reads do.
     """
     kinds: dict[str, str] = {}
     links: dict[str, str] = {}
@@ -215,7 +221,7 @@ def base_entries(
         if kind == "symlink":
             links[path] = view.readlink(path)
     carry: set[str] = set()
-    if needs.unknown:
+    if needs.unknown or carry_all:
         carry.update(kinds)
     else:
         resolver = _Resolver(workspace, links)
@@ -261,15 +267,15 @@ def base_entries(
             item["mtime_ns"] = view.stat(path).st_mtime_ns
             total += size
             if max_base_bytes is not None and total > max_base_bytes:
-                raise _too_large(needs.unknown, max_base_bytes, path)
+                raise _too_large(needs.unknown, carry_all, max_base_bytes, path)
         entries.append(item)
     return entries
 
 
-def _too_large(unknown: bool, cap: int, path: str) -> CcwError:
+def _too_large(unknown: bool, carry_all: bool, cap: int, path: str) -> CcwError:
     why = (
         "the runs' read sets are unknown (rootless: touched.read is null), so the witness must carry the whole base"
-        if unknown else "the files the runs used"
+        if unknown else "carry: all asks for the whole base" if carry_all else "the files the runs used"
     )
     return CcwError(
         "TOO_LARGE",
