@@ -9,6 +9,7 @@ from mcp_server.core.replaydiff import (
     change_mismatches,
     exec_mismatches,
     output_diff,
+    written_mismatch,
 )
 from mcp_server.core.witness import blob_hash
 
@@ -30,18 +31,29 @@ def test_the_same_ending_and_writes_is_no_mismatch() -> None:
     assert exec_mismatches(_exec(), _exec()) == []
 
 
-def test_exit_code_signal_timeout_and_written_set_are_each_named() -> None:
-    got = _exec(exit_code=None, signal="SIGKILL", timed_out=True, touched={"read": [], "written": ["other.txt"]})
+def test_exit_code_signal_and_timeout_are_each_named() -> None:
+    got = _exec(exit_code=None, signal="SIGKILL", timed_out=True)
     found = exec_mismatches(_exec(), got)
-    assert [(m["exec"], m["field"]) for m in found] == [(2, "exit_code"), (2, "signal"), (2, "timed_out"), (2, "written")]
-    assert found[3]["expected_only"] == ["out.txt"] and found[3]["actual_only"] == ["other.txt"]
+    assert [(m["exec"], m["field"]) for m in found] == [(2, "exit_code"), (2, "signal"), (2, "timed_out")]
+    assert (found[0]["expected"], found[0]["actual"]) == (0, None)
+
+
+def test_written_sets_compare_the_paths_that_survive() -> None:
+    recorded = _exec(touched={"read": [], "written": ["out.txt", "x.pyc", "x.pyc.2"]})
+    # The temp name a rename hid from one run and not the other does not count.
+    same = written_mismatch(recorded, {"read": [], "written": ["out.txt", "x.pyc", "x.pyc.3"]}, {"out.txt", "x.pyc"},
+                            {"out.txt", "x.pyc"})
+    assert same is None
+    other = written_mismatch(recorded, {"read": [], "written": ["other.txt"]}, {"out.txt"}, {"other.txt"})
+    assert other is not None and other["field"] == "written"
+    assert (other["expected_only"], other["actual_only"]) == (["out.txt"], ["other.txt"])
 
 
 def test_written_sets_are_not_compared_across_tracing_modes() -> None:
     # A rootless replay (read unknown) sees writes only through the upper dir.
+    assert written_mismatch(_exec(), {"read": None, "written": []}, {"out.txt"}, set()) is None
     rootless = _exec(touched={"read": None, "written": []})
-    assert exec_mismatches(_exec(), rootless) == []
-    assert exec_mismatches(rootless, _exec(touched={"read": None, "written": ["x"]}))[0]["field"] == "written"
+    assert written_mismatch(rootless, {"read": None, "written": ["x"]}, set(), {"x"}) is not None
 
 
 def test_changes_compare_final_states_and_name_the_path() -> None:

@@ -3,9 +3,13 @@
 DESIGN §8: ``replay_ok`` means what a reviewer means by "it does the same thing":
 
 - every exec ends the same way: exit code, signal, timed out or not;
-- every exec writes the same files: its ``touched.written`` set, compared when both runs
-  recorded it the same way (traced with fanotify on both sides, or on neither: a
-  rootless replay of a traced witness sees only what the upper dir shows);
+- every exec writes the same files: its ``touched.written`` set, restricted to the paths
+  its run ended up changing, and compared when both runs recorded it the same way
+  (traced with fanotify on both sides, or on neither: a rootless replay of a traced
+  witness sees only what the upper dir shows).  Paths that do not survive are left
+  out: a temp file renamed into place (pytest writes ``x.pyc.<pid>`` then renames it)
+  is named by whichever of its names the file had when the tracer read the event, so
+  it would make the comparison depend on a race;
 - the capsule ends with the same changes: for every path either run changed, the same
   type, mode, link target and content (blake3).  A file written with different bytes
   ("files written (content hashes)") shows up here, by name.
@@ -33,20 +37,29 @@ def _path_key(path: str) -> bytes:
 
 
 def exec_mismatches(expected: dict[str, Any], actual: dict[str, Any]) -> list[dict[str, Any]]:
-    """How a replayed exec ended differently from the recorded one, and what it wrote."""
+    """How a replayed exec ended differently from the recorded one."""
     out = []
     for name in EXEC_FIELDS:
         if actual.get(name) != expected.get(name):
             out.append({"kind": "exec", "exec": expected["seq"], "field": name,
                         "expected": expected.get(name), "actual": actual.get(name), "argv": expected["argv"]})
-    want, got = expected["touched"], actual["touched"]
-    if (want.get("read") is None) == (got.get("read") is None):
-        missing = sorted(set(want["written"]) - set(got["written"]), key=_path_key)
-        extra = sorted(set(got["written"]) - set(want["written"]), key=_path_key)
-        if missing or extra:
-            out.append({"kind": "exec", "exec": expected["seq"], "field": "written", "argv": expected["argv"],
-                        "expected_only": missing, "actual_only": extra})
     return out
+
+
+def written_mismatch(
+    expected: dict[str, Any], actual_touched: dict[str, Any], expected_changed: set[str], actual_changed: set[str],
+) -> dict[str, Any] | None:
+    """Whether a replayed exec wrote other surviving files than the recorded one (None: the same)."""
+    want = expected["touched"]
+    if (want.get("read") is None) != (actual_touched.get("read") is None):
+        return None
+    wrote = set(want["written"]) & expected_changed
+    wrote_now = set(actual_touched["written"]) & actual_changed
+    if wrote == wrote_now:
+        return None
+    return {"kind": "exec", "exec": expected["seq"], "field": "written", "argv": expected["argv"],
+            "expected_only": sorted(wrote - wrote_now, key=_path_key),
+            "actual_only": sorted(wrote_now - wrote, key=_path_key)}
 
 
 def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:

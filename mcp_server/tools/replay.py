@@ -193,6 +193,7 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         )
         mismatches: list[dict[str, Any]] = []
         output_diffs: list[dict[str, Any]] = []
+        touched_now: dict[int, dict[str, Any]] = {}
         cpu_ms = 0
         cpu_known = True
         rss_max = None
@@ -215,6 +216,7 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
                 run["stdin_b64"] = base64.b64encode(blobs[ex["stdin_blob"]]).decode()
             reply = await helper.request("exec", run)
             mismatches += replaydiff.exec_mismatches(ex, reply)
+            touched_now[ex["seq"]] = reply["touched"]
             kept = ex.get("output") or {}
             for stream in ("stdout", "stderr"):
                 data = base64.b64decode(reply[f"{stream}_b64"])
@@ -232,7 +234,14 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
         root_fd = await helper.open_root(capsule_id)
         actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
+        changed = {c["path"] for c in manifest["changes"]}
+        changed_now = {c["path"] for c in actual_changes}
+        for ex in manifest["execs"]:
+            wrote = replaydiff.written_mismatch(ex, touched_now[ex["seq"]], changed, changed_now)
+            if wrote is not None:
+                mismatches.append(wrote)
         mismatches += replaydiff.change_mismatches(manifest["changes"], actual_changes)
+        mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
         return {
             "replay_ok": not mismatches,
             "output_identical": not output_diffs,
