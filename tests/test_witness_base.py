@@ -150,3 +150,14 @@ def test_the_source_of_each_pyc_read_is_carried(tmp_path: Path) -> None:
             "tests/__pycache__/test_x.cpython-311-pytest-9.2.0.pyc", "__pycache__/tool.cpython-311.opt-1.pyc"]
     got = _entries(ws, Needs.from_journal(str(ws), [_exec(ws, read, listed=[], executed=[])], []))
     assert {".venv/lib/python3.11/site-packages/pkg/__init__.py", "tests/test_x.py", "tool.py"} <= set(got)
+
+
+def test_what_git_commands_used_in_dot_git_travels(tmp_path: Path) -> None:
+    ws = _tree(tmp_path)
+    (ws / ".git/refs/heads").mkdir(parents=True)
+    (ws / ".git/refs/heads/main").write_text("0" * 40 + "\n")
+    (ws / ".git/HEAD").write_text("ref: refs/heads/main\n")
+    execs = [_exec(ws, [".git/HEAD", ".git/config"], listed=[".git/refs/heads"], executed=[], written=[".git/index"])]
+    got = _entries(ws, Needs.from_journal(str(ws), execs, []))
+    assert {".git", ".git/HEAD", ".git/config", ".git/refs", ".git/refs/heads", ".git/refs/heads/main"} <= set(got)
+    assert got[".git/HEAD"]["blob"] == "blob:.git/HEAD" and got[".git/refs"]["type"] == "dir"

@@ -330,3 +330,28 @@ def test_make_with_up_to_date_targets_replays(tools: Any, tmp_path: Path, requir
     out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
     # mtimes travel too: make finds hello and hello.o up to date again and rebuilds nothing.
     assert out["replay_ok"] is True and out["output_identical"] is True, out
+
+
+def test_git_commands_in_the_capsule_replay(tools: Any, tmp_path: Path) -> None:
+    # .git is not walked for a witness, but what git opened and listed in it travels.
+    ws = tmp_path / "repo"
+    ws.mkdir()
+    (ws / "a.txt").write_text("one\n")
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=ws, env=env, check=True)
+    # --no-optional-locks: status must not refresh the index, whose stat data (inode,
+    # ctime) a rebuilt base cannot have.
+    show = ["sh", "-c", "echo two >> a.txt && git log --format=%s && git --no-optional-locks status --short"]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": show})
+        return {"ran": ran, "made": await t.call("capsule_witness", {"capsule_id": cap})}
+
+    recorded = tools.run(record)
+    assert recorded["ran"]["stdout"] == "base\n M a.txt\n", recorded["ran"]["stderr"]
+    ws.rename(tmp_path / "moved-away")
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    assert out["replay_ok"] is True and out["output_identical"] is True, out

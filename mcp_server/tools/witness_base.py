@@ -26,7 +26,7 @@ Choices:
   a replayed listing sees the same names.
 - Every ancestor directory of a carried entry is carried with its mode, and so is each
   exec's cwd and every directory a run wrote into.
-- Symlinks: the base is walked once for its symlinks (``.git`` aside) and each is
+- Symlinks: the base is walked once (readdir only, ``.git`` aside) and each symlink is
   resolved within the base as the kernel would.  A link is carried when its resolution
   leaves the workspace (``bin/python3 -> /usr/bin/python3``: the host provides the
   target, and whether it was followed cannot be seen), or ends at a carried or recorded
@@ -47,6 +47,9 @@ Choices:
   their entries travel.  For runs that depend on what is never opened nor listed, the
   caller asks for the whole base (``carry_all``: ``capsule_witness`` with
   ``carry: "all"``), under the same cap.
+- ``.git`` is not walked (it can be most of a tree, and "the whole base" leaves it
+  out): what runs opened or listed in it (git commands) travels like anything else,
+  but symlinks inside it are not looked for.
 """
 
 from __future__ import annotations
@@ -113,6 +116,17 @@ def _inside(workspace: str, path: str) -> str | None:
         return "."
     prefix = workspace.rstrip("/") + "/"
     return norm[len(prefix):] if norm.startswith(prefix) else None
+
+
+def _skipped(path: str) -> bool:
+    return path.partition("/")[0] in _SKIP
+
+
+def _listdir(view: RootView, path: str) -> list[tuple[str, str]]:
+    try:
+        return view.listdir(path)
+    except CcwError:
+        return []  # gone or no longer a directory: nothing of it to carry
 
 
 def _ancestors(path: str) -> Iterator[str]:
@@ -225,14 +239,15 @@ def base_entries(
         carry.update(kinds)
     else:
         resolver = _Resolver(workspace, links)
+        points = set(needs.entry_points)
         for path in needs.executed:
             interpreter = _shebang(view, path) if kinds.get(path) == "file" else None
             rel = _inside(workspace, interpreter) if interpreter and interpreter.startswith("/") else None
             if rel is not None:
-                needs.entry_points.add(rel)
+                points.add(rel)
         used = needs.files | needs.listed | needs.dirs
         used.update(filter(None, map(_pyc_source, needs.files)))
-        for point in needs.entry_points:
+        for point in points:
             followed, final = resolver.resolve(point)
             carry.update(followed)
             if final is not None:
@@ -244,20 +259,24 @@ def base_entries(
                 carry.update(followed)
                 if final is not None:
                     used.add(final)
-        carry.update(p for p in used if p in kinds)
-        carry.update(d for d in used_dirs if kinds.get(d) == "dir")  # where runs wrote new files
+        # .git was not walked: what the runs used in it (git commands) is taken as it is.
+        carry.update(p for p in used if p in kinds or _skipped(p))
+        carry.update(d for d in used_dirs if kinds.get(d) == "dir" or _skipped(d))  # where runs wrote new files
         for directory in needs.listed:
-            carry.update(children.get(directory, ()))
+            if _skipped(directory):
+                carry.update(f"{directory}/{name}" for name, _ in _listdir(view, directory))
+            else:
+                carry.update(children.get(directory, ()))
     carry.discard(".")
     carry.update({a for path in carry for a in _ancestors(path)})
     entries = []
     total = 0
     for path in sorted(carry, key=lambda p: p.encode("utf-8", "surrogateescape")):
-        kind = kinds.get(path, "")
-        if kind not in ("file", "dir", "symlink"):
-            continue
         side = changeset.lstat(view, path)
-        if side is None or side.kind != kind:
+        if side is None or side.kind not in ("file", "dir", "symlink"):
+            continue
+        kind = side.kind
+        if kinds.get(path, kind) != kind:
             continue  # changed since the walk: what is there now is not what the runs saw
         item: dict[str, Any] = {"path": path, "mode": side.mode, "type": kind}
         if kind == "symlink":
