@@ -87,6 +87,9 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
         assert "scripts/run.sh" in runs[1]["touched"]["executed"]
         assert "lib/helpers/__init__.py" not in runs[0]["touched"]["read"]  # only stat-ed
 
+    base = recorded["made"]["base"]
+    if base["read_sets_complete"]:  # only what the runs used: .venv/include and bin/activate stay home
+        assert base["carried"] == "used" and base["symlinks"] >= 6, base
     moved = tmp_path / "moved-away"
     ws.rename(moved)
     replayed = _fresh(tools, tmp_path / "state2").run(
@@ -256,6 +259,7 @@ def test_a_rootless_witness_carries_the_whole_base_and_replays(tmp_path: Path, r
         shutil.rmtree(public)
     assert out["ran"]["exit_code"] == 0 and out["ran"]["touched"]["read"] is None
     assert out["ran"]["touched"]["listed"] is None and out["ran"]["touched"]["executed"] is None
+    assert out["made"]["base"]["carried"] == "all" and out["made"]["base"]["read_sets_complete"] is False
     replayed = out["replayed"]
     assert replayed["replay_ok"] is True, replayed["mismatches"]
     assert replayed["output_identical"] is True

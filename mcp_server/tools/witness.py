@@ -247,6 +247,15 @@ def _pid_alive(pid: int) -> bool:
     return pid != os.getpid()
 
 
+def _base_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How much of the base the witness carries, and why that much (for the agent)."""
+    counts = {"file": 0, "dir": 0, "symlink": 0}
+    for entry in manifest["base"]["files"]:
+        counts[entry["type"]] += 1
+    return {"carried": manifest["base"]["carried"], "read_sets_complete": manifest["base"]["read_sets_complete"],
+            "files": counts["file"], "dirs": counts["dir"], "symlinks": counts["symlink"]}
+
+
 async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool,
                        max_base_mb: int = DEFAULT_MAX_BASE_MB, carry_all: bool = False) -> dict[str, Any]:
     """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
@@ -266,7 +275,8 @@ async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include
             if not include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
-            return _write(ctx.state, capsule_id, manifest, sources, compress)
+            written = _write(ctx.state, capsule_id, manifest, sources, compress)
+            return {**written, "base": _base_summary(manifest)}
 
     return await trio.to_thread.run_sync(work)
 
@@ -360,6 +370,16 @@ TOOLS = [
             "properties": {
                 "witness_id": WITNESS_ID, "path": {"type": "string"},
                 "root_hash": {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}, "size_bytes": {"type": "integer"},
+                "base": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["carried", "read_sets_complete", "files", "dirs", "symlinks"],
+                    "description": "The base entries a replay rebuilds from: 'used' (what the runs opened, listed, "
+                                   "ran or followed) or 'all' (asked for, or the read sets are unknown: rootless).",
+                    "properties": {
+                        "carried": {"enum": ["used", "all"]}, "read_sets_complete": {"type": "boolean"},
+                        "files": {"type": "integer"}, "dirs": {"type": "integer"}, "symlinks": {"type": "integer"},
+                    },
+                },
             },
         },
         handler=capsule_witness,
