@@ -26,6 +26,12 @@ one its own writes produced (null when it advanced nothing); each write row keep
 generation it produced.  ``observes`` decides which runs describe the current contents.
 State dirs made before generations existed get the columns and their values, replayed
 from the journal's own order, when they are first opened (``_backfill``).
+
+``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
+show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
+default capture cap, so normally all it captured), zstd-compressed, with the cap in
+force recorded.  It is bounded per exec, and a capsule's rows go when it is destroyed
+(a witness can only be made of a live capsule); the hashes in ``execs`` stay.
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import zstandard
+
 from mcp_server.state import State
+
+OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS capsules (
@@ -91,6 +101,15 @@ CREATE TABLE IF NOT EXISTS writes (
     mode INTEGER,
     generation INTEGER,
     PRIMARY KEY (capsule_id, seq)
+);
+CREATE TABLE IF NOT EXISTS exec_outputs (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    seq INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    zstd BLOB NOT NULL,
+    kept_bytes INTEGER NOT NULL,
+    cap INTEGER NOT NULL,
+    PRIMARY KEY (capsule_id, seq, stream)
 );
 CREATE TABLE IF NOT EXISTS capsule_base (
     capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
@@ -210,7 +229,26 @@ class Journal:
 
     def mark_destroyed(self, capsule_id: str, when: str) -> None:
         """Note that a capsule is gone (its execs stay, for witnesses already made)."""
-        self.state.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
+        with self.state.transaction() as db:
+            db.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
+            db.execute("DELETE FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+
+    def add_outputs(self, capsule_id: str, seq: int, streams: dict[str, bytes]) -> None:
+        """Keep what exec ``seq`` printed (the first OUTPUT_KEEP_BYTES of each stream)."""
+        cctx = zstandard.ZstdCompressor(level=3)
+        rows = [
+            (capsule_id, seq, stream, cctx.compress(data[:OUTPUT_KEEP_BYTES]), min(len(data), OUTPUT_KEEP_BYTES),
+             OUTPUT_KEEP_BYTES)
+            for stream, data in sorted(streams.items())
+        ]
+        with self.state.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO exec_outputs VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def outputs(self, capsule_id: str) -> dict[tuple[int, str], tuple[bytes, int]]:
+        """What each exec printed, as kept: (seq, stream) -> (bytes, cap in force)."""
+        rows = self.state.execute("SELECT * FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+        dctx = zstandard.ZstdDecompressor()
+        return {(row["seq"], row["stream"]): (dctx.decompress(row["zstd"]), row["cap"]) for row in rows}
 
     @staticmethod
     def _last_seq(db: Any, capsule_id: str) -> int:

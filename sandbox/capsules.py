@@ -665,15 +665,17 @@ class CapsuleManager:
             disk_report = {"limit_mb": capsule.disk_mb, **disk.usage(upper)}
             disk_report["full"] = disk_report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
         touched_unavailable: dict[str, str] = {}
+        listed: list[str] | None = None  # directories opened and files executed: known when read is
+        executed: list[str] | None = None
         if touched is None:
             read: list[str] | None = None
             written = moved
             touched_unavailable["read"] = trace_error or "no tracer"
         else:
-            read = touched.read
+            read, listed, executed = touched.read, touched.listed, touched.executed
             written = sorted(set(touched.written) | set(moved), key=os.fsencode)
             if touched.overflow:
-                read = None
+                read = listed = executed = None
                 touched_unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
             elif read is None:
                 touched_unavailable["read"] = touched.unavailable_reason or "not recorded"
@@ -692,7 +694,7 @@ class CapsuleManager:
                       "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
             "usage_unavailable": dict(usage.unavailable),
             "disk": disk_report,
-            "touched": {"read": read, "written": written},
+            "touched": {"read": read, "written": written, "listed": listed, "executed": executed},
             "touched_unavailable": touched_unavailable,
         }
 

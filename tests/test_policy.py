@@ -126,3 +126,22 @@ def test_policy_tools_store_list_get_and_protect_builtins(direct_ctx: Any, call_
     with pytest.raises(CcwError) as unknown:
         call_tool(direct_ctx, "policy_set", {"name": "bad", "rules": {"max_rss": 1}})
     assert "known rules" in unknown.value.message
+
+
+def test_identical_output_is_a_separate_rule_that_fails_only_when_asked() -> None:
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[ExecFacts(1, ["pytest"], 5, 1024)])
+    strict = CombinedRules.combine([builtin_policies()["strict"]])
+    assert strict.needs_replay and not strict.require_identical_output
+    # A test runner's durations: the replay did the same, the output differed.
+    durations = evaluate(CombinedRules(require_replay_ok=True), facts, [], replay_ok=True, output_identical=False)
+    assert durations["passed"] is True and durations["output_identical"] is False
+    same = CombinedRules.combine([{"rules": {"require_identical_output": True}}, {"rules": {}}])
+    assert same.require_identical_output and same.needs_replay and not same.require_replay_ok
+    refused = evaluate(same, facts, [], replay_ok=True, output_identical=False, output_details="exec 1 stdout (-a; +b)")
+    assert refused["passed"] is False
+    assert refused["details"].endswith("requires identical output: exec 1 stdout (-a; +b)")
+    assert evaluate(same, facts, [], replay_ok=True, output_identical=True)["passed"] is True
+    assert evaluate(same, facts, [], replay_ok=None, output_identical=None)["passed"] is False
+    validate_policy({"name": "same-output", "rules": {"require_identical_output": True}})
+    with pytest.raises(CcwError):
+        validate_policy({"name": "bad", "rules": {"require_identical_output": "yes"}})

@@ -108,6 +108,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     witness.add_argument("capsule_id")
     witness.add_argument("--no-blobs", action="store_true", help="do not carry the base files the runs read")
     witness.add_argument("--no-compress", action="store_true", help="plain .tar")
+    witness.add_argument("--all", action="store_true", help="carry the whole base (.git aside), not only what the runs used")
+    witness.add_argument("--max-base-mb", type=int, help="most MiB of base files to carry (default 1024)")
 
     replay = verbs.add_parser("replay", parents=[common], help="re-run a witness and compare")
     replay.add_argument("witness", help="a witness id (wit_…) or the path of a witness file")
@@ -168,7 +170,9 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
         return "capsule_promote", call, "promote"
     if verb == "witness":
         call = {"capsule_id": args.capsule_id, "include_blobs": not args.no_blobs,
-                "compress": "none" if args.no_compress else "zstd"}
+                "compress": "none" if args.no_compress else "zstd", "carry": "all" if args.all else "used"}
+        if args.max_base_mb is not None:
+            call["max_base_mb"] = args.max_base_mb
         return "capsule_witness", call, "witness"
     if verb == "replay":
         key = args.witness
@@ -249,6 +253,10 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         print("replay_ok" if ok else "replay MISMATCH")
         for mismatch in result.get("mismatches", []):
             print(f"  {mismatch}")
+        for diff in result.get("output_diffs", []):  # shown, never a failure by itself
+            print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
+            for line in diff["lines"] or [diff.get("note", "")]:
+                print(f"  {line}", file=sys.stderr)
         return 0 if ok else 1
     if verb == "list":
         for capsule in result["capsules"]:

@@ -11,7 +11,10 @@ Choices made here:
   show a ceiling was kept, so it counts as a violation that says so: fail closed.
 - ``replay_ok`` is ``null`` when no policy required a replay and none was run: a
   replay re-runs every exec, too costly to do unasked, and ``true`` would claim a check
-  that did not happen.
+  that did not happen.  It means the same exit codes, signals, timeouts, files written
+  and changes (core/replaydiff.py); output is not part of it.  ``require_identical_output``
+  asks, in addition, that every exec print the same bytes (``output_identical``), which
+  a test runner printing durations never does.
 - ``deny_paths`` globs: ``*`` and ``?`` stay inside one path segment, ``**`` spans any
   number of segments (zero included), ``~`` is the caller's home directory.  A glob that
   is absolute (after ``~`` expansion) matches the absolute path of each file
@@ -34,7 +37,7 @@ import jsonschema
 from sandbox.errors import CcwError
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
-RULE_NAMES = ("deny_paths", "max_cpu_ms", "max_rss_mb", "require_replay_ok", "require_tests")
+RULE_NAMES = ("deny_paths", "max_cpu_ms", "max_rss_mb", "require_identical_output", "require_replay_ok", "require_tests")
 
 
 @functools.cache
@@ -166,6 +169,12 @@ class CombinedRules:
     deny_paths: list[str] = field(default_factory=list)
     require_tests: list[str | list[str]] = field(default_factory=list)
     require_replay_ok: bool = False
+    require_identical_output: bool = False
+
+    @property
+    def needs_replay(self) -> bool:
+        """Whether judging these rules takes a replay."""
+        return self.require_replay_ok or self.require_identical_output
 
     @classmethod
     def combine(cls, policies: Iterable[dict[str, Any]]) -> CombinedRules:
@@ -184,6 +193,7 @@ class CombinedRules:
                 if test not in out.require_tests:
                     out.require_tests.append(test)
             out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
+            out.require_identical_output = out.require_identical_output or bool(rules.get("require_identical_output"))
         out.deny_paths.sort()
         return out
 
@@ -234,8 +244,10 @@ def evaluate(
     tests: Sequence[RequiredTestOutcome],
     replay_ok: bool | None,
     replay_details: str = "",
+    output_identical: bool | None = None,
+    output_details: str = "",
 ) -> dict[str, Any]:
-    """Seed 003's policy_report for these facts."""
+    """Seed 003's policy_report for these facts (plus ``output_identical``)."""
     denied = denied_paths(rules, facts)
     violations = resource_violations(rules, facts)
     failures = [
@@ -248,7 +260,9 @@ def evaluate(
     resource_ok = not violations
     replay_needed = rules.require_replay_ok
     replay_pass = (replay_ok is True) if replay_needed else (replay_ok is not False)
-    passed = tests_ok and paths_ok and resource_ok and replay_pass
+    # Output that differs fails only a policy that asks for identical output.
+    output_pass = output_identical is True if rules.require_identical_output else True
+    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass
     reasons = []
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
@@ -258,12 +272,16 @@ def evaluate(
         reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
     if not replay_pass:
         reasons.append("replay did not reproduce the capsule's runs" + (f": {replay_details}" if replay_details else ""))
+    if not output_pass:
+        reasons.append("replay printed different output and a policy requires identical output"
+                       + (f": {output_details}" if output_details else ""))
     if facts.read_unavailable and rules.deny_paths:
         reasons.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
     return {
         "passed": passed,
         "tests_ok": tests_ok,
         "replay_ok": replay_ok,  # null when no policy asked for a replay and none was run
+        "output_identical": output_identical,  # likewise
         "resource_ok": resource_ok,
         "paths_ok": paths_ok,
         "deny_paths": [d["path"] for d in denied],

@@ -250,8 +250,9 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         stdout = base64.b64decode(reply["stdout_b64"])
         stderr = base64.b64decode(reply["stderr_b64"])
         usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
-        touched = {"read": reply["touched"]["read"], "written": reply["touched"]["written"]}
-        journal.add_exec(
+        # listed (directories opened) and executed are null exactly when read is.
+        touched = {key: reply["touched"].get(key) for key in ("read", "written", "listed", "executed")}
+        seq = journal.add_exec(
             record.capsule_id,
             {
                 "started_at": _iso(started),
@@ -275,6 +276,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
                 "generation": started_generation,
             },
         )
+        journal.add_outputs(record.capsule_id, seq, {"stdout": stdout, "stderr": stderr})  # for witnesses
         generation = journal.generation(record.capsule_id)
         await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
     return {
@@ -576,7 +578,14 @@ TOOLS = [
                 "touched": {
                     "type": "object",
                     "required": ["read", "written"],
-                    "properties": {"read": {"type": ["array", "null"], "items": {"type": "string"}}, "written": _PATHS},
+                    "properties": {
+                        "read": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "written": _PATHS,
+                        "listed": {"type": ["array", "null"], "items": {"type": "string"},
+                                   "description": "Directories opened (listed), '.' the workspace root; null when read is."},
+                        "executed": {"type": ["array", "null"], "items": {"type": "string"},
+                                     "description": "Files run (execve), also in read; null when read is."},
+                    },
                     "additionalProperties": False,
                 },
                 "touched_unavailable": _REASONS,
