@@ -36,7 +36,13 @@ Choices made here (DESIGN §2 leaves them open):
   namespace: when the init dies, the kernel kills every process in it.
 - Messages from the children to the helper go over one pipe, each a single write
   shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
-  ``W`` the command's wait status (from the init), ``A`` the init's wait status.
+  ``W`` the command's wait status (from the init), ``A`` the init's wait status,
+  ``R`` the rusage of every process the init reaped (rusage.py), sent last.
+- When the command has exited, the init SIGKILLs what is left of the jail (``kill(-1)``
+  reaches only its own pid namespace) and reaps it before it reports ``R`` and exits:
+  what the kernel would do when the init exits, but done by the init, so that
+  ``getrusage(RUSAGE_CHILDREN)`` covers every process the jail ever had.  This is the
+  usage source where no cgroup serves (rootless mode).
 - The two dearest parts of a jail that need nothing of its process, the network
   namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
   helper's thread for the *next* jail while the child builds the current one on the
@@ -63,6 +69,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import prctl
 
 from sandbox import mounts, namespaces, seccomp, syscalls
+from sandbox import rusage as rusage_
 from sandbox.errors import CcwError, from_oserror
 
 if TYPE_CHECKING:
@@ -116,8 +123,11 @@ class JailResult:
     stdout_truncated: bool
     stderr_truncated: bool
     # wait4's rusage of the helper's child: it covers every process of the jail, since
-    # the init reaps them all (block I/O counts for usage where cgroups cannot tell).
+    # the init reaps them all, and the init itself (and, rootless, its parent).
     rusage: resource.struct_rusage | None = None
+    # What the init measured of the processes it reaped, without itself (None: it was
+    # killed, on timeout, before it could report).
+    init_report: rusage_.InitReport | None = None
 
 
 @dataclass(frozen=True)
@@ -418,6 +428,7 @@ def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
         code = 127 if exc.errno == errno.ENOENT else 126
         os.write(2, f"ccw: {plan.argv[0]}: {exc.strerror}\n".encode(errors="replace"))
         _send(b"W", struct.pack("!i", code << 8))
+        _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), 0))
         os._exit(0)
     os.closerange(0, 3)
 
@@ -427,6 +438,9 @@ def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
         except OSError:
             pass
 
+    # The peak the command inherits from this process's image (see rusage.py), read
+    # after the spawn: posix_spawn's vfork child has exec'd by the time it returns.
+    inherited_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for signum in _FORWARDED_SIGNALS:
         signal.signal(signum, forward)
     while True:
@@ -434,7 +448,22 @@ def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
         if pid == command:
             break
     _send(b"W", struct.pack("!i", status))
+    _end_jail()
+    _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), inherited_kb))
     os._exit(0)
+
+
+def _end_jail() -> None:
+    """SIGKILL every other process of the pid namespace and reap them all (we are its pid 1)."""
+    try:
+        os.kill(-1, signal.SIGKILL)  # every process of our pid namespace but ourselves
+    except OSError:
+        pass  # ESRCH: nothing left
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 # --- the helper's side ----------------------------------------------------------------
@@ -674,6 +703,7 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         signal_name = _signal_name(os.WTERMSIG(init_status))
     else:
         raise CcwError("INTERNAL", "the jail ended without reporting the command's status; see the helper's log")
+    init_report = rusage_.unpack(by_kind[b"R"]) if b"R" in by_kind else None
     return JailResult(
         exit_code=exit_code,
         signal=signal_name,
@@ -686,6 +716,7 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         stdout_truncated=out.total > len(out.data),
         stderr_truncated=err.total > len(err.data),
         rusage=jail.rusage,
+        init_report=init_report,
     )
 
 
