@@ -234,11 +234,20 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         report = result["policy_report"]
         for path in result["applied"]:
             print(path)
-        done = "would promote" if result.get("dry_run") else "promoted"
-        if result["promoted"] or (result.get("dry_run") and report["passed"]):
-            print(paint(f"{done}: {len(result['applied'])} paths", "\x1b[32m", color_err), file=sys.stderr)
+        dry_run = bool(result.get("dry_run"))
+        policies = ", ".join(report.get("policies", [])) or "baseline"
+        lines = policy_lines(report)
+        if result["promoted"] or (dry_run and report["passed"]):
+            done = "would promote" if dry_run else "promoted"
+            print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
+                  file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
             return 0
-        print(paint(f"not promoted: {report['details']}", "\x1b[31m", color_err), file=sys.stderr)
+        head = "would not promote" if dry_run else "not promoted, nothing written"
+        print(paint(f"{head}: policy {policies} failed", "\x1b[31m", color_err), file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
         return 1
     if verb == "witness":
         print(f"{result['witness_id']} {result['path']}")
@@ -261,6 +270,31 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         return 0
     print_json(result)  # deltamin: the structured result is the readable form
     return 0
+
+
+def policy_lines(report: dict[str, Any]) -> list[str]:
+    """One line per failed check of a policy report, then its notes and what to do about them."""
+    lines = []
+    for failure in report["test_failures"]:
+        lines.append(f"tests: {failure['cmd']!r} exited {failure['exit_code']}"
+                     + (" (timed out)" if failure.get("timed_out") else ""))
+    for denied in report.get("denied", []):
+        lines.append(f"paths: {denied['path']} ({'/'.join(denied['how'])}) matches denied {denied['glob']}")
+    violations = report["resource_violations"]
+    refused = [v for v in violations if v.get("value") is None]
+    for violation in violations:
+        lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
+    lines += [f"replay: {clause}" for clause in report["details"].split("; ") if clause.startswith("replay")]
+    for item in report.get("resource_unmeasured", []):
+        lines.append(f"note: {item['rule']} passed without its figure (if_unmeasured: pass): {item['reason']}")
+    if "read sets unavailable" in report["details"]:
+        lines.append("note: files read are not traced here (rootless: no fanotify), so deny_paths "
+                     "was checked against the files written and changed only")
+    if refused:
+        lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
+                     "ccw-helper service, README 'System service'), or a policy that passes them "
+                     "(--policy baseline: if_unmeasured pass)")
+    return lines
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
