@@ -281,12 +281,16 @@ def policy_lines(report: dict[str, Any]) -> list[str]:
     for denied in report.get("denied", []):
         lines.append(f"paths: {denied['path']} ({'/'.join(denied['how'])}) matches denied {denied['glob']}")
     violations = report["resource_violations"]
-    refused = [v for v in violations if v.get("value") is None]
+    refused = [v for v in violations if "figure" in v]
     for violation in violations:
-        lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
-    lines += [f"replay: {clause}" for clause in report["details"].split("; ") if clause.startswith("replay")]
-    for item in report.get("resource_unmeasured", []):
-        lines.append(f"note: {item['rule']} passed without its figure (if_unmeasured: pass): {item['reason']}")
+        if "figure" not in violation:
+            lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
+    lines += [f"resources: {line}; the policy refuses what it cannot check (if_unmeasured: refuse)"
+              for line in _unmeasured_lines(refused)]
+    lines += [f"replay: {clause.removeprefix('replay ')}" for clause in report["details"].split("; ")
+              if clause.startswith("replay")]
+    lines += [f"note: {line}; passed, as the policy allows (if_unmeasured: pass)"
+              for line in _unmeasured_lines(report.get("resource_unmeasured", []))]
     if "read sets unavailable" in report["details"]:
         lines.append("note: files read are not traced here (rootless: no fanotify), so deny_paths "
                      "was checked against the files written and changed only")
@@ -294,6 +298,23 @@ def policy_lines(report: dict[str, Any]) -> list[str]:
         lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
                      "ccw-helper service, README 'System service'), or a policy that passes them "
                      "(--policy baseline: if_unmeasured pass)")
+    return lines
+
+
+def _unmeasured_lines(items: list[dict[str, Any]]) -> list[str]:
+    """One line per ceiling whose figure was not measured, for all the execs concerned."""
+    by_rule: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for item in items:
+        by_rule.setdefault((item["rule"], item["figure"]), []).append(item)
+    lines = []
+    for (rule, figure), group in sorted(by_rule.items()):
+        execs = ", ".join(str(item["exec"]) for item in group)
+        why = group[0]["why"].split("; ")[0]  # the first clause says what was missing
+        line = f"{rule} {group[0]['limit']} cannot be checked: {figure} was not measured for exec(s) {execs} ({why})"
+        largest = [item["largest_process_mb"] for item in group if "largest_process_mb" in item]
+        if largest:
+            line += f"; the largest single process peaked at {max(largest):.1f} MiB"
+        lines.append(line)
     return lines
 
 

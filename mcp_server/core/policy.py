@@ -270,9 +270,9 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
                                "reason": f"{label} had a single process at {round(single, 3)} MiB > {limit} "
                                          "(rss_max_process_kb; the total was not measured and is at least that)"})
                 continue
-            reason = f"{figure} ({_FIGURE_NAMES[figure]}) was not measured for {label}: "
-            reason += _short(ex.unavailable.get(figure, "no reason was recorded"))
-            entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure}
+            why = _short(ex.unavailable.get(figure, "no reason was recorded"))
+            reason = f"{figure} ({_FIGURE_NAMES[figure]}) was not measured for {label}: {why}"
+            entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure, "why": why}
             if single is not None:
                 entry["largest_process_mb"] = round(single, 3)
                 reason += f"; its largest single process peaked at {round(single, 1)} MiB"
