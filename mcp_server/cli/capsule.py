@@ -33,6 +33,7 @@ from mcp_server.cli.output import (
 )
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.core.policy import FIGURE_MEANINGS
 
 EXIT_TIMEOUT = 124
 
@@ -310,7 +311,8 @@ def _unmeasured_lines(items: list[dict[str, Any]]) -> list[str]:
     for (rule, figure), group in sorted(by_rule.items()):
         execs = ", ".join(str(item["exec"]) for item in group)
         why = group[0]["why"].split("; ")[0]  # the first clause says what was missing
-        line = f"{rule} {group[0]['limit']} cannot be checked: {figure} was not measured for exec(s) {execs} ({why})"
+        line = (f"{rule} {group[0]['limit']} cannot be checked: {figure} ({FIGURE_MEANINGS[figure]}) was not "
+                f"measured for exec(s) {execs} ({why})")
         largest = [item["largest_process_mb"] for item in group if "largest_process_mb" in item]
         if largest:
             line += f"; the largest single process peaked at {max(largest):.1f} MiB"

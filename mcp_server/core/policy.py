@@ -225,7 +225,7 @@ def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, An
     return hits
 
 
-_FIGURE_NAMES = {"rss_max_kb": "the exec's total memory", "cpu_ms": "the exec's CPU time"}
+FIGURE_MEANINGS = {"rss_max_kb": "the exec's total memory", "cpu_ms": "the exec's CPU time"}
 _REASON_CAP = 300  # characters of a helper's reason kept in a report
 
 
@@ -271,7 +271,7 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
                                          "(rss_max_process_kb; the total was not measured and is at least that)"})
                 continue
             why = _short(ex.unavailable.get(figure, "no reason was recorded"))
-            reason = f"{figure} ({_FIGURE_NAMES[figure]}) was not measured for {label}: {why}"
+            reason = f"{figure} ({FIGURE_MEANINGS[figure]}) was not measured for {label}: {why}"
             entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure, "why": why}
             if single is not None:
                 entry["largest_process_mb"] = round(single, 3)
