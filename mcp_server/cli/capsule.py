@@ -298,7 +298,7 @@ def policy_lines(report: dict[str, Any]) -> list[str]:
     if refused:
         lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
                      "ccw-helper service, README 'System service'), or a policy that passes them "
-                     "(--policy baseline: if_unmeasured pass)")
+                     "(if_unmeasured: pass, as --policy baseline has)")
     return lines
 
 
