@@ -652,8 +652,9 @@ class CapsuleManager:
                     tracer = None
             result = jail.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
             touched = tracer.collect() if tracer is not None else None
-            usage = cgroup.collect(result.init_report or result.rusage)
-            rusage.fill(usage, result.init_report, result.rusage)
+            # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
+            usage = cgroup.collect(result.init_report)
+            rusage.fill(usage, result.init_report)
         finally:
             if tracer is not None:
                 tracer.teardown()

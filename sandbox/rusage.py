@@ -22,10 +22,13 @@ Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18
   orphans are reparented to it (pid 1 of the jail's pid namespace); when the command
   exits the init SIGKILLs what is left and reaps it (jail.py), so RUSAGE_CHILDREN taken
   then covers every process the jail ever had, without the init itself.
-- When the init is killed (on timeout) it cannot report.  The helper's own ``wait4`` of
-  its child still covers the jail: the kernel tears the pid namespace down by having the
-  dying init reap everything first.  That figure includes the init: its CPU time spent
-  building the jail, and its image.
+- A killed init cannot report, and then nothing else can: the kernel tears its pid
+  namespace down by having the dying init reap everything with SIGCHLD *ignored*, and
+  children reaped so are not added to anyone's usage.  A 1.5 s busy loop ended that way
+  leaves 9 ms in the helper's own ``wait4`` of the init (measured), so that figure is
+  no source: the figures are null, with the reason.  On timeout the helper therefore
+  first asks the init to end the jail itself (jail.py, ``END_SIGNAL``), and kills it
+  only when it has not ended a second later.
 - ``ru_inblock``/``ru_oublock`` are task I/O accounting, in 512-byte units (see cgroups.py).
 
 Why not sample the process tree (psutil, /proc) instead: the figures sampling could add
@@ -50,10 +53,9 @@ _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inheri
 
 INIT_CPU = "wait4 rusage of the jail's init: CPU time (user + system) summed over every process of the jail"
 INIT_RSS = "wait4 rusage of the jail's init: peak RSS of the largest single process (not a total)"
-WHOLE_CPU = ("wait4 rusage of the jail as a whole, ccw's init included "
-             "(it was killed before it could report)")
-WHOLE_RSS = ("wait4 rusage of the jail as a whole: peak RSS of the largest single process, "
-             "ccw's init included (it was killed before it could report)")
+NO_REPORT = ("the jail's init was killed before it could report the rusage of the processes it reaped, "
+             "and the kernel counts none of the processes it reaps then")
+_RUSAGE_FIGURES = ("cpu_ms", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 
 
 @dataclass(frozen=True)
@@ -92,31 +94,28 @@ def unpack(payload: bytes) -> InitReport | None:
     return InitReport(cpu_us // 1000, maxrss_kb, inblock, oublock, inherited_kb)
 
 
-def fill(usage: Usage, report: InitReport | None, waited: resource.struct_rusage | None) -> None:
-    """Give ``usage`` the figures rusage measures where no cgroup did, naming each source.
+def fill(usage: Usage, report: InitReport | None) -> None:
+    """Give ``usage`` the figures the init's ``report`` measured where no cgroup did, naming each source.
 
-    ``report``: the init's; ``waited``: the helper's wait4 of the jail, used when the
-    init could not report.  A cgroup's CPU figure is kept (it is the same sum, and it
-    also counts processes a timeout killed); ``rss_max_process_kb`` always comes from here.
+    A cgroup's CPU figure is kept (the same sum, and it also counts what a kill ended);
+    ``rss_max_process_kb`` always comes from here.  Without a report, each figure still
+    null gets the reason.
     """
-    if report is not None:
-        cpu_ms, rss_kb = report.cpu_ms, report.maxrss_kb
-        cpu_source, rss_source = INIT_CPU, INIT_RSS
-        if report.inherited_kb and rss_kb <= report.inherited_kb:
-            rss_source += (f"; no process of the jail peaked above the {report.inherited_kb} kB of ccw's "
-                           "init image that the command starts from (a peak counts the image before exec)")
-    elif waited is not None:
-        cpu_ms = round((waited.ru_utime + waited.ru_stime) * 1000)
-        rss_kb = waited.ru_maxrss
-        cpu_source, rss_source = WHOLE_CPU, WHOLE_RSS
-    else:
-        usage.unavailable.setdefault("rss_max_process_kb", "the jail's init did not report and was not waited for")
+    if report is None:
+        for figure in _RUSAGE_FIGURES:
+            if getattr(usage, figure) is None:
+                why = usage.unavailable.get(figure)
+                usage.unavailable[figure] = NO_REPORT if why is None else f"{why}; {NO_REPORT}"
         return
+    rss_source = INIT_RSS
+    if report.inherited_kb and report.maxrss_kb <= report.inherited_kb:
+        rss_source += (f"; no process of the jail peaked above the {report.inherited_kb} kB of ccw's "
+                       "init image that the command starts from (a peak counts the image before exec)")
     if usage.cpu_ms is None:
-        usage.cpu_ms = cpu_ms
-        usage.sources["cpu_ms"] = cpu_source
+        usage.cpu_ms = report.cpu_ms
+        usage.sources["cpu_ms"] = INIT_CPU
         usage.unavailable.pop("cpu_ms", None)
-    usage.rss_max_process_kb = rss_kb
+    usage.rss_max_process_kb = report.maxrss_kb
     usage.sources["rss_max_process_kb"] = rss_source
     if usage.rss_max_kb is None and "rss_max_kb" in usage.unavailable:
         usage.unavailable["rss_max_kb"] += (

@@ -39,7 +39,7 @@ def test_malformed_report_is_ignored(payload: bytes) -> None:
 
 def test_rootless_usage_takes_cpu_and_largest_process_from_the_init() -> None:
     usage = _rootless_usage()
-    rusage.fill(usage, rusage.InitReport(1750, 40 * MIB, 8, 16, 18 * MIB), _rusage(utime=9.0, maxrss=99 * MIB))
+    rusage.fill(usage, rusage.InitReport(1750, 40 * MIB, 8, 16, 18 * MIB))
     assert (usage.cpu_ms, usage.rss_max_process_kb) == (1750, 40 * MIB)
     assert usage.sources == {"cpu_ms": rusage.INIT_CPU, "rss_max_process_kb": rusage.INIT_RSS}
     # The total stays null, never 0 nor the single process's figure, and says where to look.
@@ -49,30 +49,26 @@ def test_rootless_usage_takes_cpu_and_largest_process_from_the_init() -> None:
 
 def test_cgroup_figures_are_kept() -> None:
     usage = Usage(900, 120 * MIB, 0, 0, False, False, sources={"cpu_ms": "cgroup v1 cpuacct.usage"})
-    rusage.fill(usage, rusage.InitReport(700, 40 * MIB, 0, 0, 18 * MIB), None)
+    rusage.fill(usage, rusage.InitReport(700, 40 * MIB, 0, 0, 18 * MIB))
     assert (usage.cpu_ms, usage.rss_max_kb, usage.rss_max_process_kb) == (900, 120 * MIB, 40 * MIB)
     assert usage.sources["cpu_ms"] == "cgroup v1 cpuacct.usage"
 
 
 def test_a_peak_within_the_inherited_image_says_so() -> None:
     usage = _rootless_usage()
-    rusage.fill(usage, rusage.InitReport(1, 17 * MIB, 0, 0, 18 * MIB), None)
+    rusage.fill(usage, rusage.InitReport(1, 17 * MIB, 0, 0, 18 * MIB))
     assert usage.rss_max_process_kb == 17 * MIB
     assert f"{18 * MIB} kB of ccw's init image" in usage.sources["rss_max_process_kb"]
 
 
-def test_killed_init_falls_back_to_the_helpers_wait4() -> None:
+def test_a_killed_init_leaves_nulls_with_the_reason() -> None:
     usage = _rootless_usage()
-    rusage.fill(usage, None, _rusage(utime=0.2, stime=0.1, maxrss=50 * MIB))
-    assert (usage.cpu_ms, usage.rss_max_process_kb) == (300, 50 * MIB)
-    assert usage.sources == {"cpu_ms": rusage.WHOLE_CPU, "rss_max_process_kb": rusage.WHOLE_RSS}
-
-
-def test_nothing_to_fill_from_leaves_nulls_with_reasons() -> None:
-    usage = _rootless_usage()
-    rusage.fill(usage, None, None)
-    assert usage.cpu_ms is None and usage.rss_max_process_kb is None
-    assert {"cpu_ms", "rss_max_kb", "rss_max_process_kb"} <= set(usage.unavailable)
+    rusage.fill(usage, None)
+    assert usage.cpu_ms is None and usage.rss_max_process_kb is None and usage.io_read_kb == 4
+    for figure in ("cpu_ms", "rss_max_process_kb"):
+        assert usage.unavailable[figure].endswith(rusage.NO_REPORT)
+    assert usage.unavailable["cpu_ms"].startswith("no readable cpu usage counter")
+    assert "io_read_kb" not in usage.unavailable and "io_read_kb" not in usage.sources
 
 
 # --- the kernel's semantics, as rusage.py writes them down ---------------------------
