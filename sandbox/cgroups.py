@@ -36,9 +36,9 @@ Some facts about cgroups on the machines ccw runs on
   The honest source is task I/O accounting, which the kernel sums over every reaped
   descendant into the waiter's rusage: ``ru_inblock`` (reads that went to storage) and
   ``ru_oublock`` (pages dirtied for storage, charged when dirtied).  So ``collect``
-  takes the jail's rusage (the report of its init, rusage.py) when the caller has it; without it, v2 io.stat is used
-  when nothing the exec dirtied is still unwritten, v1 blkio only when it saw a device,
-  and anything else is null with the reason.
+  takes the jail's rusage (its init's report, rusage.py) when the caller has it;
+  without it, v2 io.stat is used when nothing the exec dirtied is still unwritten, v1
+  blkio only when it saw a device, and anything else is null with the reason.
 - CPU *share*: without a cpu-controller cgroup every process of a jail competes with
   every host process one by one, so a fork bomb held at 64 processes by pids.max still
   takes 64/65 of a CPU from the helper and from other capsules' commands.  Each exec

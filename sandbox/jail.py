@@ -83,7 +83,8 @@ _SETUP_FAILED = 125
 _KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
 _END_GRACE_SEC = 1.0  # after asking the init to end the jail on timeout, how long before killing it
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
-# reports the rusage of what it reaps); not one of the forwarded signals.
+# reports the rusage of what it reaps); not one of the forwarded signals.  A command may
+# send it to its init too, which gains it nothing: it can kill(-1) its own jail anyway.
 END_SIGNAL = signal.SIGRTMIN
 _READ_CHUNK = 1 << 16
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
