@@ -47,6 +47,7 @@ from sandbox.protocol import DISK_MB_MAX, DISK_MB_MIN
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+USAGE_FIGURES = ("cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
@@ -182,8 +183,15 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 
 def exec_env(record: CapsuleRecord) -> dict[str, str]:
+    """The environment of a command in the capsule: whitelisted variables, else defaults.
+
+    PATH starts with the workspace's ``.venv/bin``, as ``uv run`` and ``poetry run`` put
+    the project's environment first: ``pytest`` in a capsule is the project's pytest.
+    Always there, present or not, so the environment of a run does not depend on the
+    host (a replay sees the same PATH).
+    """
     env = {k: os.environ[k] for k in record.env_whitelist if k in os.environ and k != "HOME"}
-    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("PATH", f"{os.path.join(record.workspace, '.venv', 'bin')}:{DEFAULT_PATH}")
     env.setdefault("LANG", "C.UTF-8")
     return env
 
@@ -249,7 +257,9 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
             raise
         stdout = base64.b64decode(reply["stdout_b64"])
         stderr = base64.b64decode(reply["stderr_b64"])
-        usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
+        usage = {k: reply["usage"].get(k) for k in USAGE_FIGURES}
+        usage_unavailable = dict(sorted(reply.get("usage_unavailable", {}).items()))
+        usage_sources = dict(sorted(reply.get("usage_sources", {}).items()))
         # listed (directories opened) and executed are null exactly when read is.
         touched = {key: reply["touched"].get(key) for key in ("read", "written", "listed", "executed")}
         seq = journal.add_exec(
@@ -271,7 +281,8 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
                 "stdout_bytes": reply["stdout_bytes"],
                 "stderr_bytes": reply["stderr_bytes"],
                 "duration_ms": reply["duration_ms"],
-                "usage": usage,
+                # The journal keeps each figure's mechanism and each null's reason with it.
+                "usage": {**usage, "sources": usage_sources, "unavailable": usage_unavailable},
                 "touched": touched,
                 "generation": started_generation,
             },
@@ -291,7 +302,8 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "stderr_bytes": reply["stderr_bytes"],
         "truncated": {"stdout": bool(reply["truncated"]["stdout"]), "stderr": bool(reply["truncated"]["stderr"])},
         "usage": usage,
-        "usage_unavailable": dict(sorted(reply.get("usage_unavailable", {}).items())),
+        "usage_unavailable": usage_unavailable,
+        "usage_sources": usage_sources,
         "disk_full": bool((reply.get("disk") or {}).get("full")),
         "disk": reply.get("disk"),
         "touched": touched,
@@ -482,8 +494,13 @@ async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
 
 _USAGE = {
     "type": "object",
-    "required": ["cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb"],
-    "properties": {k: _NULLABLE_INT for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")},
+    "description": (
+        "null: not measured (the reason is in usage_unavailable), never 0; usage_sources names the "
+        "mechanism of every other figure. rss_max_kb is the exec's total (its memory cgroup's peak); "
+        "rss_max_process_kb the largest single process (wait4 rusage), present without cgroups too."
+    ),
+    "required": list(USAGE_FIGURES),
+    "properties": {k: _NULLABLE_INT for k in USAGE_FIGURES},
     "additionalProperties": False,
 }
 _PATHS = {"type": "array", "items": {"type": "string"}}
@@ -534,8 +551,9 @@ TOOLS = [
         title="Run in capsule",
         description=(
             "Run `cmd` (argv list) in the capsule's jail: its own pid/net/mount namespaces, the "
-            "workspace at its own path (copy-on-write), no network. Returns exit status, output, "
-            "resource usage and the files read and written. Execs on one capsule run one at a time in "
+            "workspace at its own path (copy-on-write), no network; PATH starts with the workspace's "
+            ".venv/bin. Returns exit status, output, resource usage (each figure's mechanism in "
+            "usage_sources) and the files read and written. Execs on one capsule run one at a time in "
             "arrival order: a call sent while another runs waits (progress says it is queued)."
         ),
         input_schema={
@@ -575,6 +593,7 @@ TOOLS = [
                 },
                 "usage": _USAGE,
                 "usage_unavailable": _REASONS,
+                "usage_sources": _REASONS,
                 "touched": {
                     "type": "object",
                     "required": ["read", "written"],

@@ -103,7 +103,8 @@ def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entr
     for capsule in reversed(_lineage(journal, record)):
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]
-            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb")))
+            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
+                                         usage.get("rss_max_process_kb"), usage.get("unavailable", {})))
             read = ex["touched"]["read"]
             if read is None:
                 facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
