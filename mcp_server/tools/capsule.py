@@ -355,7 +355,8 @@ def note_tool_changes(state: Any, capsule_id: str, view: RootView, paths: list[s
         elif side.kind == "symlink":
             journal.add_write(capsule_id, path, "symlink", target=side.target)
         elif side.kind == "file":
-            journal.add_write(capsule_id, path, "write", view.read_bytes(path), mode=side.mode)
+            journal.add_write(capsule_id, path, "write", view.read_bytes(path), mode=side.mode,
+                              mtime_ns=view.stat(path).st_mtime_ns)
     _record_base(journal, record, paths)
 
 
