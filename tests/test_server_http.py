@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import httpx2
 import pytest
 import trio
@@ -32,7 +31,7 @@ def bearer(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-def decode(response: httpx.Response) -> dict | None:
+def decode(response: httpx2.Response) -> dict | None:
     """The JSON-RPC message in a JSON or SSE response body."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         for line in response.text.splitlines():
@@ -103,7 +102,7 @@ def test_sdk_client_with_bearer_token(token_server: ServerProcess):
 
 def test_sessions_unknown_id_404_and_delete(http_server: ServerProcess):
     url = http_server.path
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         opened = http.post(url, json=INIT, headers=ACCEPT)
         assert opened.status_code == 200
         session_id = opened.headers["mcp-session-id"]
@@ -124,7 +123,7 @@ def test_origin_is_validated(http_server: ServerProcess):
     url = http_server.path
     port = url.split(":")[2].split("/")[0]
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         evil = http.post(url, json=direct, headers={"origin": "http://evil.example"})
         assert evil.status_code == 403 and "Origin" in evil.json()["error"]
         local = http.post(url, json=direct, headers={"origin": f"http://localhost:{port}"})
@@ -133,7 +132,7 @@ def test_origin_is_validated(http_server: ServerProcess):
 
 def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess):
     url = http_server.path
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         ok = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ccw_info", "params": {"echo": "d"}})
         assert ok.status_code == 200 and ok.json() == {"jsonrpc": "2.0", "id": 1, "result": ok.json()["result"]}
         assert ok.json()["result"]["echo"] == "d"
@@ -152,7 +151,7 @@ def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess
 def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
     url = token_server.path
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         missing = http.post(url, json=direct)
         assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
         wrong = http.post(url, json=direct, headers={"authorization": "Bearer nope"})
