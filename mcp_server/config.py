@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mcp_server.logs import FORMATS, LEVELS
 from sandbox.errors import CcwError
 
 ENDPOINTS = ("stdio", "socket", "http")
@@ -47,6 +48,8 @@ class Config:
     examples_dir: str = field(default="", metadata=_setting("CCW_EXAMPLES_DIR", "examples directory for the schema tools", ("SYN_EXAMPLES_DIR",)))
     backend_url: str = field(default="", metadata=_setting("CCW_BACKEND_URL", "enables populate_backend", ("SYN_BACKEND_URL",)))
     backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting("CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
+    log_level: str = field(default="info", metadata=_setting("CCW_LOG_LEVEL", "debug | info | warning | error (ccw-mcp --log-level)"))
+    log_format: str = field(default="text", metadata=_setting("CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
     debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
@@ -102,6 +105,12 @@ def _parse(name: str, env_name: str, raw: str) -> object:
         if value < 1:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: give a positive integer")
         return value
+    if name in ("log_level", "log_format"):
+        choices = LEVELS if name == "log_level" else FORMATS
+        word = raw.strip().lower()
+        if word not in choices:
+            raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: use one of {', '.join(choices)}")
+        return word
     if name == "debug":
         return raw.strip().lower() not in ("0", "false", "no", "off")
     if name == "toolsets":

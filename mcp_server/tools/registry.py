@@ -44,7 +44,7 @@ class ToolContext(Protocol):
         """Report progress if the caller sent a progress token; otherwise do nothing."""
 
     def log(self, message: str) -> None:
-        """Write a diagnostic line to stderr (never stdout)."""
+        """Write a diagnostic line to the server's log (stderr, never stdout)."""
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]

@@ -31,6 +31,7 @@ the sessions end (closing their GET event streams), and hypercorn waits at most
 from __future__ import annotations
 
 import ipaddress
+import logging
 import json
 import socket
 from collections import deque
@@ -46,7 +47,8 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
 from mcp_server.auth import Principal, TokenTable
-from mcp_server.server import CcwServer, log
+from mcp_server.logs import LOGGER
+from mcp_server.server import CcwServer
 from mcp_server.transports import framing
 from sandbox.errors import CcwError, from_oserror
 
@@ -268,11 +270,11 @@ async def serve(
     hconfig.bind = [f"fd://{sock.detach()}"]
     hconfig.graceful_timeout = GRACEFUL_S
     hconfig.accesslog = None
-    hconfig.errorlog = "-"  # stderr
+    hconfig.errorlog = logging.getLogger("hypercorn.error")  # through ccw's handler (logs.py)
     asgi = CcwHttpApp(app, manager, tokens, host)
     async with trio.open_nursery() as nursery, manager.run():
         await nursery.start(_hypercorn, asgi, hconfig, draining)
-        log(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
+        LOGGER.info(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
         task_status.started(url)
         await draining.wait()
         # hypercorn has stopped accepting; let requests in flight finish, then cut the
