@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 from mcp_server.config import Config
+from sandbox.errors import CcwError
 
 CLIENTS = ("claude", "codex", "cursor", "vscode")
 SERVICE_SOCKET = "/run/ccw/helper.sock"
@@ -58,16 +60,41 @@ def server_env(config: Config) -> dict[str, str]:
     return env
 
 
-def _toml_string(value: str) -> str:
-    # A TOML basic string is JSON's string syntax for everything ccw writes here.
-    return json.dumps(value, ensure_ascii=False)
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string.
+
+    Not JSON's string syntax: TOML forbids raw control characters, U+007F included,
+    which ``json.dumps`` leaves as they are.  A path that is not valid UTF-8 (Python
+    holds its bytes as lone surrogates) has no TOML spelling at all: refused.
+    """
+    out = []
+    for char in value:
+        if char in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04X}")
+        elif 0xD800 <= ord(char) <= 0xDFFF:
+            raise CcwError("INVALID_ARGUMENT", f"{value!r} is not valid UTF-8, which a TOML file cannot hold; "
+                           "use a state dir and an install path whose names are UTF-8")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def toml_key(key: str) -> str:
+    """A TOML key: bare when it can be, quoted otherwise."""
+    return key if _BARE_KEY.match(key) else toml_string(key)
 
 
 def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     """(text to print, the same as a JSON value) for ``client``."""
     if client == "codex":
-        pairs = ", ".join(f"{key} = {_toml_string(value)}" for key, value in sorted(env.items()))
-        text = f"[mcp_servers.ccw]\ncommand = {_toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
+        pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in sorted(env.items()))
+        text = f"[mcp_servers.ccw]\ncommand = {toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
         value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env}}}
         return text, value
     server: dict[str, Any] = {"command": command, "args": [], "env": env}
