@@ -46,7 +46,7 @@ def _common(top: bool) -> argparse.ArgumentParser:
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     from mcp_server import __version__, logs
-    from mcp_server.cli import capsule
+    from mcp_server.cli import capsule, clients
     from mcp_server.cli.clients import CLIENTS
 
     common = _common(top=False)
@@ -72,8 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     helper = sub.add_parser("helper", parents=[common], help="the state dir's detached helper")
     helper.add_argument("action", choices=("start", "stop", "status"))
 
-    client = sub.add_parser("client-config", parents=[common], help="config snippet for an MCP client")
+    client = sub.add_parser(
+        "client-config", parents=[common], help="config snippet for an MCP client",
+        description="Print the snippet that registers ccw-mcp with an MCP client.",
+        epilog=clients.TOOLSETS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     client.add_argument("client", choices=CLIENTS)
+    client.add_argument("--toolsets", help="CCW_TOOLSETS for the client's ccw-mcp: families and profiles, "
+                        "comma-separated (default: all tools); see below")
     return parser
 
 
@@ -157,7 +162,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "client-config":
         from mcp_server.cli import clients
 
-        return clients.run(args.client, config, args.json)
+        return clients.run(args.client, config, args.json, args.toolsets)
     if args.command == "helper":
         from mcp_server.cli import helperctl
 

@@ -15,6 +15,10 @@ Formats, as the clients document them:
 - codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table.
 - cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project), ``mcpServers``.
 - vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``.
+
+``--toolsets`` puts ``CCW_TOOLSETS`` in the snippet: every tool in ``tools/list`` costs
+the agent's context on every turn, so a client that needs only the agent loop should
+use the ``agent`` profile (``TOOLSETS_HELP``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcp_server.config import Config
+from mcp_server.config import PROFILES, TOOLSETS, Config
 from sandbox.errors import CcwError
 
 CLIENTS = ("claude", "codex", "cursor", "vscode")
@@ -42,6 +46,15 @@ WHERE = {
 }
 
 
+TOOLSETS_HELP = (
+    "CCW_TOOLSETS (--toolsets) chooses the tools ccw-mcp lists; each listed tool costs the "
+    "agent's context on every turn.\n"
+    f"  families: {', '.join(TOOLSETS)} (default: all of them)\n"
+    + "".join(f"  profile {name}: {', '.join(tools)}\n" for name, tools in PROFILES.items())
+    + "  Families and profiles combine: --toolsets agent,witness.  bench/run.py surface measures them."
+)
+
+
 def ccw_mcp_path() -> str:
     """The absolute path of the installed ccw-mcp script (beside this interpreter, else on PATH)."""
     beside = Path(sys.executable).parent / "ccw-mcp"
@@ -51,9 +64,12 @@ def ccw_mcp_path() -> str:
     return os.path.abspath(found) if found else str(beside.absolute())
 
 
-def server_env(config: Config) -> dict[str, str]:
-    """The environment the client should start ccw-mcp with."""
+def server_env(config: Config, toolsets: str | None = None) -> dict[str, str]:
+    """The environment the client should start ccw-mcp with (``toolsets``: CCW_TOOLSETS, checked)."""
     env = {"CCW_STATE_DIR": os.path.abspath(config.state_dir)}
+    if toolsets:
+        chosen = Config.from_env({"CCW_TOOLSETS": toolsets}).toolsets  # refuses unknown names
+        env["CCW_TOOLSETS"] = ",".join(chosen)
     helper = config.helper_socket or (SERVICE_SOCKET if os.path.exists(SERVICE_SOCKET) else "")
     if helper:
         env["CCW_HELPER_SOCKET"] = helper
@@ -107,10 +123,10 @@ def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     return json.dumps(value, indent=2, sort_keys=True) + "\n", value
 
 
-def run(client: str, config: Config, as_json: bool) -> int:
+def run(client: str, config: Config, as_json: bool, toolsets: str | None = None) -> int:
     """Print the snippet for ``client`` (and where it goes)."""
     command = ccw_mcp_path()
-    text, value = snippet(client, command, server_env(config))
+    text, value = snippet(client, command, server_env(config, toolsets))
     if as_json:
         document = {"client": client, "file": WHERE[client], "format": "toml" if client == "codex" else "json",
                     "config": value, "text": text}
