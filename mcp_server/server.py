@@ -46,6 +46,11 @@ from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
+from mcp_server.tools.surface import (
+    advertised_annotations,
+    advertised_input_schema,
+    advertised_output_schema,
+)
 from mcp_server.transports import framing
 from sandbox.errors import CcwError
 
@@ -73,6 +78,7 @@ class CcwServer:
                 Draft202012Validator(spec.input_schema),
                 Draft202012Validator(spec.output_schema),
             )
+        self._listed_tools: list[types.Tool] | None = None
         self._resource_patterns = [(_template_regex(r.uri_template), r) for r in self.registry.resources]
         self.sdk: Server[Any] = Server(
             "ccw",
@@ -207,24 +213,22 @@ class CcwServer:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools = [
+        if self._listed_tools is None:  # built once: factoring the schemas is not free
+            self._listed_tools = self._tool_list()
+        return types.ListToolsResult(tools=self._listed_tools)
+
+    def _tool_list(self) -> list[types.Tool]:
+        return [
             types.Tool(
                 name=spec.name,
                 title=spec.title or None,
                 description=spec.description,
-                input_schema=spec.input_schema,
-                output_schema=spec.output_schema,
-                annotations=types.ToolAnnotations(
-                    title=spec.title or spec.name,
-                    read_only_hint=spec.read_only,
-                    destructive_hint=spec.destructive,
-                    idempotent_hint=spec.idempotent,
-                    open_world_hint=False,
-                ),
+                input_schema=advertised_input_schema(spec),
+                output_schema=advertised_output_schema(spec),
+                annotations=types.ToolAnnotations.model_validate(advertised_annotations(spec)),
             )
             for spec in self.registry.tools
         ]
-        return types.ListToolsResult(tools=tools)
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
