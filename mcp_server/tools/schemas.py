@@ -425,7 +425,7 @@ TOOLS = [
     ToolSpec(
         name="diff_assets",
         family="schema",
-        description="RFC 6902 patch (add/remove/replace only) from base to new: object keys in sorted order, arrays replaced whole, ops sorted by path then remove < add < replace.",
+        description="RFC 6902 patch (add/remove/replace) from base to new; arrays are replaced whole, ops sorted by path.",
         input_schema=_input(
             {"base": _ANY, "new": _ANY},
             ["base", "new"],
@@ -440,7 +440,7 @@ TOOLS = [
     ToolSpec(
         name="populate_backend",
         family="schema",
-        description="Validate an asset (unless validate_first is false) and POST it to the backend at CCW_BACKEND_URL; disabled (unsupported) when that is unset. One attempt, 5 s timeout.",
+        description="Validate an asset (unless validate_first is false) and POST it to CCW_BACKEND_URL (unsupported when unset); one attempt.",
         input_schema=_input(
             {
                 "asset": _ANY,

@@ -5,15 +5,17 @@ advertised form is built here, once per process, from the ``ToolSpec``:
 
 - The input schema goes out as written (it is what a model reads to call the tool, and
   some LLM APIs still do not resolve ``$ref`` in tool parameters), less ``$schema`` (MCP's
-  default dialect is 2020-12, which every schema here uses) and the example calls, which
-  the schema tools serve (``get_example``).
+  default dialect is 2020-12, which every schema here uses), the example calls, which
+  the schema tools serve (``get_example``), and size limits no call plans for
+  (``maxLength``, ``maxItems``, ``minLength: 1``): the server checks every call against
+  the full schema and names the limit a call broke.
 - The output schema goes out *factored*: what every ``oneOf`` branch says alike is said
   once beside it (``hoist``), then every subschema that occurs more than once
   (the branches of a ``oneOf`` repeat most of their properties, a fingerprint or a
   usage object appears in several places) is written once under ``$defs`` and referred
   to with ``$ref``; and it keeps only the shape (``shape_only``): types, properties,
   required names, enums and consts.  Documentation (``description``, ``examples``) and
-  bounds (``pattern``, ``minimum``, ``maxLength``…) stay out: clients check a result's
+  bounds (``pattern``, ``minimum``, ``maxLength``, ``additionalProperties: false``…) stay out: clients check a result's
   shape, models read the result itself, and the server guarantees the bounds (it checks
   every result against the full schema under ``CCW_DEBUG=1``).  Every result the full
   schema accepts, the advertised one accepts too (tests/test_tool_surface.py).
@@ -42,6 +44,9 @@ _DOC_ONLY = ("description", "title", "examples", "$comment")
 # (a capsule id's pattern, a count's minimum); get_schema serves them.
 _BOUNDS = ("pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength",
            "maxLength", "minItems", "maxItems", "uniqueItems", "minProperties", "maxProperties")
+# Input limits a model never needs to plan for (a path under 4,096 bytes, at most 10,000
+# of them); the server still enforces them, answering -32602 with the limit broken.
+_SIZE_LIMITS = ("maxLength", "maxItems", "maxProperties")
 # A $ref costs about this many bytes ({"$ref":"#/$defs/x"}); only subschemas that save
 # more than that by being written once are factored.
 _REF_COST = 24
@@ -101,6 +106,8 @@ def shape_only(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: v for k, v in schema.items() if k not in _DOC_ONLY and k not in _BOUNDS and k != "$schema"}
+    if out.get("additionalProperties") is False:  # closedness is a bound too; a map's value schema stays
+        del out["additionalProperties"]
     for key in _ONE:
         if isinstance(out.get(key), dict):
             out[key] = shape_only(out[key])
@@ -120,7 +127,7 @@ def hoist(schema: Any) -> Any:
     """``schema`` with what every ``oneOf`` branch says alike said once, beside the ``oneOf``.
 
     A property whose subschema is the same in every branch, and a name every branch
-    requires, move to the parent.  The same documents validate: each branch still sees
+    requires, move to the parent; a branch's ``type`` that repeats the parent's goes.  The same documents validate: each branch still sees
     the property checked (by the parent), so no branch starts or stops matching.  Not
     done when a branch closes its object (``additionalProperties`` and friends), where
     taking a property out of ``properties`` would forbid it.
@@ -148,6 +155,8 @@ def hoist(schema: Any) -> Any:
     trimmed = []
     for branch in branches:
         branch = dict(branch)
+        if "type" in out and branch.get("type") == out["type"]:
+            del branch["type"]  # said by the parent already
         branch["properties"] = {n: sub for n, sub in branch["properties"].items() if n not in shared}
         rest = [name for name in branch.get("required", []) if name not in required]
         if rest:
@@ -194,9 +203,26 @@ def factor(schema: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _without_size_limits(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if k not in _SIZE_LIMITS and not (k == "minLength" and v == 1)}
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _without_size_limits(out[key])
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [_without_size_limits(c) for c in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _without_size_limits(c) for k, c in out[key].items()}
+    return out
+
+
 def advertised_input_schema(spec: ToolSpec) -> dict[str, Any]:
     """The input schema ``tools/list`` shows for ``spec`` (module docstring)."""
-    return {key: value for key, value in spec.input_schema.items() if key not in ("$schema", "examples")}
+    schema = {key: value for key, value in spec.input_schema.items() if key not in ("$schema", "examples")}
+    return _without_size_limits(schema)
 
 
 def advertised_output_schema(spec: ToolSpec) -> dict[str, Any]:
