@@ -6,7 +6,9 @@ filesystem server (``@modelcontextprotocol/server-filesystem``, installed by ``.
 under ``.cache/npm``):
 
 1. ``tools/list``: the bytes of the response line for the whole list, for the ``agent``
-   profile and for each family (``CCW_TOOLSETS``), and per tool.
+   profile and for each family (``CCW_TOOLSETS``), and per tool; and the part an LLM API
+   is given (name, description, input schema: clients keep output schemas and
+   annotations to themselves), "model-visible bytes".
 2. A scripted agent loop over a 500-line Python module and its test: read the file, edit
    one line, run the test, see the diff, promote.  ccw (the ``agent`` profile) does it in
    a capsule; the reference server reads and edits in place and has no way to run
@@ -115,6 +117,13 @@ def _listed(session: StdioSession) -> tuple[int, int, list[dict[str, Any]]]:
     return got, len(result["tools"]), result["tools"]
 
 
+def _model_visible(tools: list[dict[str, Any]]) -> int:
+    """What an LLM API is given of a tool list: name, description and input schema of each
+    (clients keep output schemas and annotations to themselves)."""
+    return sum(len(json.dumps({k: tool.get(k) for k in ("name", "description", "inputSchema")},
+                              separators=(",", ":"), ensure_ascii=False).encode()) for tool in tools)
+
+
 def _make_project(directory: Path) -> Path:
     """A git repository with a 500-line module and a test that checks one of its lines."""
     directory.mkdir()
@@ -210,15 +219,15 @@ def run(quick: bool = False) -> Report:
 
     with tempfile.TemporaryDirectory(prefix="ccw-bench-surface-") as tmp:
         base = Path(tmp)
-        reference: tuple[int, int] | None = None
+        reference: tuple[int, int, int] | None = None
         if have_reference:
             empty = base / "ref-empty"
             empty.mkdir()
             session = StdioSession(["node", str(REFERENCE), str(empty)], dict(os.environ), str(empty))
             try:
                 session.open()
-                got, count, _ = _listed(session)
-                reference = (got, count)
+                got, count, listed = _listed(session)
+                reference = (got, count, _model_visible(listed))
             finally:
                 session.close()
         for index, toolsets in enumerate((None, "agent", *TOOLSETS)):
@@ -232,11 +241,12 @@ def run(quick: bool = False) -> Report:
             finally:
                 session.close()
             largest = max(tools, key=lambda tool: len(json.dumps(tool)))
-            extra = {"tools": count, "bytes per tool": round(got / count),
+            extra = {"tools": count, "bytes per tool": round(got / count), "model-visible bytes": _model_visible(tools),
                      "largest": f"{largest['name']} ({len(json.dumps(largest, separators=(',', ':')))} B)"}
             row = Row(f"tools/list {name}", float(got), unit="B", target=TARGETS.get(name, ""), extra=extra)
             if reference is not None and name in ("all", "agent"):
                 row.baseline, row.baseline_ms = f"reference fs ({reference[1]} tools)", float(reference[0])
+                row.extra["reference model-visible bytes"] = reference[2]
             report.add(row)
         ccw_steps = _ccw_loop(base)
         reference_steps = _reference_loop(base) if have_reference else {}
