@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +59,12 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
         pytest.skip("needs root")
     base = tmp_path_factory.mktemp("installed")
     assert not base.resolve().is_relative_to(ROOT)
-    built = _pip("wheel", "--no-deps", "-q", "-w", str(base / "dist"), str(ROOT))
+    # Built from a copy of the tree as it is (committed or not), without the checkout's
+    # venv, caches or an old build/ (whose stale files a wheel would pick up).
+    source = base / "source"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".cache", "build", "*.egg-info", "__pycache__", ".hypothesis", ".ccw-state"))
+    built = _pip("wheel", "--no-deps", "-q", "-w", str(base / "dist"), str(source))
     assert built.returncode == 0, built.stderr
     (wheel,) = (base / "dist").glob("ccw-*.whl")
     venv = base / "venv"
@@ -141,6 +148,8 @@ def test_installed_ccw_mcp_serves_stdio(installed: Installed, tmp_path: Path) ->
     created = answers[3]["result"]
     assert created.get("isError") is not True, created
     assert created["structuredContent"]["capsule_id"].startswith("cap_")
+    listed = {tool["name"]: tool for tool in answers[2]["result"]["tools"]}
+    jsonschema.Draft202012Validator(listed["capsule_create"]["outputSchema"]).validate(created["structuredContent"])
     assert "mcp:ready mode=stdio" in done.stderr and "mcp:shutdown mode=stdio" in done.stderr
 
 
