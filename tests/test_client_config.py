@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -41,3 +42,30 @@ def test_a_path_that_is_not_utf8_is_refused_with_a_reason() -> None:
     undecodable = b"/srv/\xff/state".decode("utf-8", "surrogateescape")
     with pytest.raises(CcwError, match="not valid UTF-8, which a TOML file cannot hold"):
         snippet("codex", "/usr/bin/ccw-mcp", {"CCW_STATE_DIR": undecodable})
+
+
+def test_toolsets_go_into_the_snippet_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from mcp_server.cli import main
+
+    assert main(["--state-dir", str(tmp_path), "client-config", "codex", "--toolsets", "witness,agent"]) == 0
+    codex = tomllib.loads(capsys.readouterr().out)
+    assert codex["mcp_servers"]["ccw"]["env"]["CCW_TOOLSETS"] == "agent,witness"
+    assert main(["--state-dir", str(tmp_path), "client-config", "claude", "--toolsets", "agnet"]) == 1
+    assert "profiles: agent" in capsys.readouterr().err
+
+
+def test_client_config_help_documents_the_profiles(capsys: pytest.CaptureFixture[str]) -> None:
+    from mcp_server.cli import main
+    from mcp_server.config import PROFILES
+
+    with pytest.raises(SystemExit):
+        main(["client-config", "--help"])
+    shown = capsys.readouterr().out
+    assert "profile agent:" in shown and all(name in shown for name in PROFILES["agent"])
+
+
+def test_serve_maps_the_log_flags() -> None:
+    from mcp_server.cli import parse_args, serve_env
+
+    args = parse_args(["serve", "--log-level", "debug", "--log-format", "json"])
+    assert serve_env(args) == {"CCW_LOG_LEVEL": "debug", "CCW_LOG_FORMAT": "json"}
