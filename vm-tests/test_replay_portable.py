@@ -217,6 +217,27 @@ def test_bytecode_of_a_file_a_tool_edited_replays_identically(tools: Any, tmp_pa
     assert out["output_identical"] is True
 
 
+
+def test_a_run_that_sleeps_replays(tools: Any, tmp_path: Path) -> None:
+    # Python's time.sleep is clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME), which
+    # libfaketime 0.9.10 refuses (EINVAL) under any wall-clock shift: a replay that
+    # shifted its clock back to the original's time failed every test that sleeps.
+    ws = _project(tmp_path)
+    sleeper = [".venv/bin/python", "-c", "import time; time.sleep(0.05); print('slept')"]
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": sleeper})
+        assert ran["exit_code"] == 0, ran["stderr"]
+        return await t.call("capsule_witness", {"capsule_id": cap})
+
+    made = tools.run(record)
+    time.sleep(1.5)  # the replay comes seconds after the capsule was made, as it always does
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    assert out["replay_ok"] is True, out["mismatches"]
+    assert out["output_identical"] is True
+
+
 ROOTLESS_SCRIPT = r"""
 import json, os, sys, trio
 from mcp_server.config import TOOLSETS, Config

@@ -5,7 +5,7 @@ modes and mtimes, directories with their modes, symlinks as links) and mounted a
 recorded workspace path, or, without blobs, taken from the live workspace if every
 named base entry still matches.  So a witness replays on a fresh state dir after the
 workspace has moved away.  Execs are re-run with the recorded argv, cwd, stdin and
-clock; file-tool writes recorded between them are redone in sequence.  Environment
+clock offset (the capsule's shift from the real clock, usually none); file-tool writes recorded between them are redone in sequence.  Environment
 values come from the replaying server (witnesses record names only).
 
 What is compared, and what ``replay_ok`` and ``output_identical`` mean, is in
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime as dt
 import os
 import shutil
 import tempfile
@@ -176,8 +175,13 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
                 )
             base_dir = workspace
         spec = manifest["capsule"]
-        recorded_clock = dt.datetime.fromisoformat(spec["clock"])
-        offset = int((recorded_clock - dt.datetime.now(dt.UTC)).total_seconds())
+        # The capsule's own offset from the real clock, not "the time the capsule was
+        # made": that would shift every replay's clock into the past, and libfaketime
+        # (the wall-clock shift) breaks Python's time.sleep under any shift (0.9.10:
+        # clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) gets EINVAL when monotonic is
+        # not faked, and lock timeouts hang when it is).  Nothing a replay compares
+        # depends on the wall clock's value.
+        offset = int(spec.get("clock_offset_sec") or 0)
         request: dict[str, Any] = {
             "workspace": workspace, "clock_offset_sec": offset, "env_whitelist": spec["env_whitelist"],
             "limits": spec["limits"], "network": spec["network"],
