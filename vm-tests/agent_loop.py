@@ -32,6 +32,8 @@ Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 # A server on a fresh state dir, for as long as the context lasts: its ``call``.
 FreshServer = Callable[[Path], contextlib.AbstractAsyncContextManager[Call]]
 
+CCW_MCP = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "ccw-mcp"
+
 # Lines a test runner prints that carry a duration ("in 0.31s", "Ran 21 tests in 0.004s").
 DURATION = re.compile(r"\bin \d+(\.\d+)?m?s\b")
 
@@ -161,8 +163,7 @@ async def mcp_stdio(env: dict[str, str]) -> AsyncIterator[Call]:
 
     from sandbox.errors import CcwError
 
-    ccw_mcp = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "ccw-mcp"
-    params = StdioServerParameters(command=str(ccw_mcp), env=env)
+    params = StdioServerParameters(command=str(CCW_MCP), env=env)
     async with Client(params, mode="legacy") as client:
         async def call(tool: str, args: dict[str, Any]) -> dict[str, Any]:
             result = await client.call_tool(tool, args, read_timeout_seconds=600)
@@ -173,6 +174,13 @@ async def mcp_stdio(env: dict[str, str]) -> AsyncIterator[Call]:
             return content
 
         yield call
+
+
+def leaf(error: BaseException) -> BaseException:
+    """The first exception inside (nested) exception groups: the failure itself."""
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:

@@ -93,7 +93,7 @@ def _unpack(archive: Path, into: Path) -> None:
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
         for member in members:
-            top, _, rest = member.name.partition("/")
+            _top, _, rest = member.name.partition("/")
             member.name = rest
         tar.extractall(into, members=[m for m in members if m.name], filter="data")
 

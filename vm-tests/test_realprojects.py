@@ -10,6 +10,7 @@ project, once through a real MCP client over stdio, and (in
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,14 +20,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agent_loop  # noqa: E402
-import realprojects  # noqa: E402
+import agent_loop
+import realprojects
 
 
 def _fresh_runner(runner_type: type) -> agent_loop.FreshServer:
     @contextlib.asynccontextmanager
     async def fresh(state: Path) -> AsyncIterator[agent_loop.Call]:
-        state.mkdir()
+        os.mkdir(state)
         runner = runner_type(state)
         try:
             yield runner.call
@@ -62,7 +63,7 @@ def test_agent_loop_on_a_node_project_over_stdio(root_required: None, tmp_path: 
 
     @contextlib.asynccontextmanager
     async def fresh(state: Path) -> AsyncIterator[agent_loop.Call]:
-        state.mkdir()
+        os.mkdir(state)
         async with agent_loop.mcp_stdio(agent_loop.server_env(state, tmp_path)) as call:
             yield call
 
