@@ -118,6 +118,11 @@ async def agent_loop(call: Call, fresh_server: FreshServer, project: Project, ws
     fixed = await run_tests(call, cap, project.test_cmd)
     assert fixed["exit_code"] == 0, fixed["stdout"][-3000:] + fixed["stderr"][-3000:]
 
+    # What promotion would write: the harmless edits, and no cache or bytecode of the runs.
+    diff = await call("capsule_diff", {"capsule_id": cap, "format": "unified"})
+    assert sorted(changed_lines(diff["diff"])) == edit_lines(list(project.harmless)), diff["diff"]
+    assert diff["summary"] == {"added": 0, "deleted": 0, "modified": len({e.path for e in project.harmless})}, diff
+
     witness = await call("capsule_witness", {"capsule_id": cap})
     carried = scratch / Path(witness["path"]).name
     shutil.copyfile(witness["path"], carried)

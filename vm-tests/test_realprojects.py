@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -41,7 +42,10 @@ def _fresh_runner(runner_type: type) -> agent_loop.FreshServer:
     ("more-itertools", {}),
     ("idna", {"commit_in_capsule": True}),
 ])
-def test_agent_loop_on_a_python_project(tools: Any, tmp_path: Path, name: str, options: dict[str, Any]) -> None:
+def test_agent_loop_on_a_python_project(tools: Any, require: Any, tmp_path: Path, name: str,
+                                        options: dict[str, Any]) -> None:
+    require(os.path.exists(realprojects.SYSTEM_PYTHON) and shutil.which("git") is not None,
+            f"needs {realprojects.SYSTEM_PYTHON} and git")
     project = realprojects.PROJECTS[name]
     ws = realprojects.pristine(project, tmp_path / "ws")
 
@@ -54,9 +58,11 @@ def test_agent_loop_on_a_python_project(tools: Any, tmp_path: Path, name: str, o
     assert read is not None and project.breaking.path in read, read
 
 
-def test_agent_loop_on_a_node_project_over_stdio(root_required: None, tmp_path: Path) -> None:
+def test_agent_loop_on_a_node_project_over_stdio(root_required: None, require: Any, tmp_path: Path) -> None:
     """The npm package through a real MCP client and ``ccw-mcp`` on stdio, as an agent would."""
     import trio
+
+    require(all(shutil.which(tool) for tool in ("node", "npm", "git")), "needs node, npm and git")
 
     project = realprojects.PROJECTS["json-stable-stringify-without-jsonify"]
     ws = realprojects.pristine(project, tmp_path / "ws")
