@@ -15,14 +15,18 @@ back-channel for server-initiated requests, so roots are None there.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
+import time
 import weakref
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.capsule_queue import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.state import State
 
@@ -37,6 +41,7 @@ class Runtime:
         self.state = state
         self._helper: Any = None
         self._helper_lock = trio.Lock()
+        self.capsule_queue = CapsuleQueue()  # execs, forks, destroys: one at a time per capsule
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -128,9 +133,10 @@ async def _ask_roots(session: Any) -> list[str] | None:
 class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
-    def __init__(self, runtime: Runtime, session: Any = None) -> None:
+    def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None) -> None:
         self._runtime = runtime
         self._session = session
+        self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
 
     @property
     def config(self) -> Config:
@@ -154,6 +160,28 @@ class CallContext:
         """Send notifications/progress if the caller sent a progress token; else nothing."""
         if self._session is not None:
             await self._session.report_progress(progress, total, message)
+
+    @contextlib.asynccontextmanager
+    async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
+        """Hold the capsule's turn (mcp_server.capsule_queue) for the block.
+
+        While the call waits, its progress reports say so: behind whom and how many
+        calls ahead; ``progress`` counts the milliseconds waited.
+        """
+
+        async def report(ticket: Ticket, ahead: int, holder: Ticket) -> None:
+            waited_ms = (time.monotonic() - ticket.arrived) * 1000
+            await self.progress(waited_ms, None, f"queued: {ahead} ahead on {capsule_id}, holding it now: "
+                                f"{holder.describe()}; this call: #{ticket.number} {ticket.label}")
+
+        arrivals = ARRIVALS.get()
+        reserved = None
+        if arrivals is not None and self._request_id is not None:
+            from mcp_server.transports.framing import id_key
+
+            reserved = arrivals.pop((id_key(self._request_id), capsule_id), None)
+        async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
+            yield ticket
 
     def log(self, message: str) -> None:
         """A diagnostic line on stderr (stdout carries frames only)."""

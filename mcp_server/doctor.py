@@ -20,7 +20,8 @@ happened.  Some facts the probes follow from:
   as null.  The probe marks a real overlay and sees a real open.
 - cgroup limits need a hierarchy the helper may create cgroups in: as root, any
   mounted one; unprivileged, only a delegated cgroup v2 subtree.  Without one,
-  capsules still run, but limits and usage figures are null.
+  capsules still run, without limits and without the total memory of an exec (null);
+  CPU time and the largest single process come from the jail init's rusage.
 - The seccomp probe installs ccw's own jail filter (``sandbox.seccomp``) in a child and
   checks that a denied call (``keyctl``) fails with EPERM.
 - Landlock and bubblewrap are informational: ccw uses neither, but they tell a user
@@ -334,7 +335,7 @@ def _probe_cgroups(privileged: bool) -> Check:
         fix = ("limits need root (the ccw-helper service), or mount cgroup2 with controllers delegated: "
                "run ccw in a systemd scope with Delegate=yes (systemd-run --user --scope -p Delegate=yes ...)")
     settable = ", ".join(limitable) or "none"
-    return Check("cgroups", False, f"{detail}; limits settable: {settable} (capsules run, limits and usage null)", fix)
+    return Check("cgroups", False, f"{detail}; limits settable: {settable} (capsules run without limits; usage: no total memory, CPU time and the largest process from rusage)", fix)
 
 
 def _can_create_cgroup(base: str) -> bool:

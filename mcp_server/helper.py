@@ -6,7 +6,10 @@ rebuilt from the error reply.  Requests on one connection are answered in order,
 ``exec`` can run for minutes, so each in-flight request holds a connection of its own:
 idle connections are kept in a small pool and new ones opened when all are busy.  A
 request that is cancelled or fails mid-frame closes its connection (its stream position
-is unknown) and the pool opens a fresh one next time.
+is unknown) and the pool opens a fresh one next time.  So a diff or a file read sent
+while an exec runs travels on a connection of its own and is not held behind it; the
+helper notices a cancelled exec's closed connection at its next progress report and
+ends the command.
 
 Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
 (``open_root``) is never lost; descriptors arrive close-on-exec, and any the caller did

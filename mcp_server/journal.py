@@ -8,15 +8,45 @@ kept (a replay must feed it again); environment values are not.
 
 ``capsule_base`` holds, for each path a capsule changed, what the base held there when
 the change was first seen (kind, mode, blake3 or link target, or "absent").
+
+**Change generations.**  Each capsule has a generation, 0 when it is made, that every
+write to its contents advances by one: each file-tool change journaled with
+``add_write`` (text and file tools, workspace writes and patches, deltamin's apply) and
+each exec that wrote.  An exec's write set is exact when fanotify traced it
+(``touched.read`` is a list: close-after-write events plus the upper dir's changes).
+When it was not traced (a rootless helper, an overflowed fanotify queue:
+``touched.read`` is null) the written set comes from upper-dir signatures alone, which
+miss a rewrite that keeps a file's size and mtime (``tar x``, ``cp -p``), so such an
+exec advances the generation whether or not it reports writes.  An exec the front end
+lost track of (cancelled while running, the helper died) advances it too (``advance``).
+The capsule's /tmp and $HOME are not its contents: writes there advance nothing.
+
+Each exec row keeps ``generation``, the one it started on, and ``generation_out``, the
+one its own writes produced (null when it advanced nothing); each write row keeps the
+generation it produced.  ``observes`` decides which runs describe the current contents.
+State dirs made before generations existed get the columns and their values, replayed
+from the journal's own order, when they are first opened (``_backfill``).
+
+``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
+show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
+default capture cap, so normally all it captured), zstd-compressed, with the cap in
+force recorded.  It is bounded per exec, and a capsule's rows go when it is destroyed
+(a witness can only be made of a live capsule); the hashes in ``execs`` stay.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import zstandard
+
 from mcp_server.state import State
+
+OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS capsules (
@@ -33,7 +63,8 @@ CREATE TABLE IF NOT EXISTS capsules (
     isolation TEXT NOT NULL,
     mount TEXT NOT NULL,
     base_fingerprint TEXT,
-    destroyed_at TEXT
+    destroyed_at TEXT,
+    generation INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS execs (
     capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
@@ -56,6 +87,8 @@ CREATE TABLE IF NOT EXISTS execs (
     duration_ms INTEGER NOT NULL,
     usage TEXT NOT NULL,
     touched TEXT NOT NULL,
+    generation INTEGER,
+    generation_out INTEGER,
     PRIMARY KEY (capsule_id, seq)
 );
 CREATE TABLE IF NOT EXISTS writes (
@@ -66,7 +99,17 @@ CREATE TABLE IF NOT EXISTS writes (
     content_b64 TEXT,
     target TEXT,
     mode INTEGER,
+    generation INTEGER,
     PRIMARY KEY (capsule_id, seq)
+);
+CREATE TABLE IF NOT EXISTS exec_outputs (
+    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
+    seq INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    zstd BLOB NOT NULL,
+    kept_bytes INTEGER NOT NULL,
+    cap INTEGER NOT NULL,
+    PRIMARY KEY (capsule_id, seq, stream)
 );
 CREATE TABLE IF NOT EXISTS capsule_base (
     capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
@@ -78,6 +121,62 @@ CREATE TABLE IF NOT EXISTS capsule_base (
 
 _JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprint")
 _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
+# Columns added since the first release, for state dirs made before them.
+_NEW_COLUMNS = {
+    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0"},
+    "execs": {"generation": "INTEGER", "generation_out": "INTEGER"},
+    "writes": {"generation": "INTEGER"},
+}
+
+
+def exec_advances(touched: Mapping[str, Any]) -> bool:
+    """Whether an exec with these touched sets advances its capsule's generation.
+
+    It does when it wrote, and when its write set may be incomplete (no fanotify trace:
+    ``read`` is null), see the module docstring.
+    """
+    return bool(touched.get("written")) or touched.get("read") is None
+
+
+def observes(entry: Mapping[str, Any], current: int) -> bool:
+    """Whether a journaled exec observed the capsule's contents at generation ``current``.
+
+    It did when it started on ``current``; and when its own writes produced ``current``
+    from the generation it started on (``generation_out == generation + 1 == current``),
+    because the contents it ran on differ from the current ones only by what the run
+    itself wrote (test caches, build outputs).  A run on older contents, a run whose
+    contents changed under it (a file tool wrote during the run), and a run without a
+    recorded generation are not observations of the current contents.
+    """
+    started, out = entry.get("generation"), entry.get("generation_out")
+    if started is None:
+        return False
+    if out is None:
+        return bool(started == current)
+    return bool(out == current and out == started + 1)
+
+
+def _backfill(db: sqlite3.Connection) -> None:
+    """Generations for a journal written before they existed, replayed in seq order."""
+    steps: dict[str, list[tuple[int, str, Any]]] = {}
+    for row in db.execute("SELECT capsule_id, seq, touched FROM execs"):
+        steps.setdefault(row["capsule_id"], []).append((row["seq"], "exec", json.loads(row["touched"])))
+    for row in db.execute("SELECT capsule_id, seq FROM writes"):
+        steps.setdefault(row["capsule_id"], []).append((row["seq"], "write", None))
+    for capsule_id, ordered in steps.items():
+        generation = 0
+        for seq, kind, touched in sorted(ordered, key=lambda step: step[0]):
+            if kind == "write":
+                generation += 1
+                db.execute("UPDATE writes SET generation = ? WHERE capsule_id = ? AND seq = ?",
+                           (generation, capsule_id, seq))
+                continue
+            started = generation
+            if exec_advances(touched):
+                generation += 1
+            db.execute("UPDATE execs SET generation = ?, generation_out = ? WHERE capsule_id = ? AND seq = ?",
+                       (started, generation if generation != started else None, capsule_id, seq))
+        db.execute("UPDATE capsules SET generation = ? WHERE capsule_id = ?", (generation, capsule_id))
 
 
 @dataclass(frozen=True)
@@ -98,6 +197,7 @@ class CapsuleRecord:
     mount: str
     base_fingerprint: dict[str, Any] | None
     destroyed_at: str | None
+    generation: int = 0  # the change generation: every write to the capsule advances it
 
 
 class Journal:
@@ -106,6 +206,7 @@ class Journal:
     def __init__(self, state: State) -> None:
         self.state = state
         state.ensure_schema("journal", _DDL)
+        state.add_columns(_NEW_COLUMNS, backfill=_backfill)
 
     def add_capsule(self, record: CapsuleRecord) -> None:
         """Record a new capsule."""
@@ -128,7 +229,26 @@ class Journal:
 
     def mark_destroyed(self, capsule_id: str, when: str) -> None:
         """Note that a capsule is gone (its execs stay, for witnesses already made)."""
-        self.state.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
+        with self.state.transaction() as db:
+            db.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
+            db.execute("DELETE FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+
+    def add_outputs(self, capsule_id: str, seq: int, streams: dict[str, bytes]) -> None:
+        """Keep what exec ``seq`` printed (the first OUTPUT_KEEP_BYTES of each stream)."""
+        cctx = zstandard.ZstdCompressor(level=3)
+        rows = [
+            (capsule_id, seq, stream, cctx.compress(data[:OUTPUT_KEEP_BYTES]), min(len(data), OUTPUT_KEEP_BYTES),
+             OUTPUT_KEEP_BYTES)
+            for stream, data in sorted(streams.items())
+        ]
+        with self.state.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO exec_outputs VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+    def outputs(self, capsule_id: str) -> dict[tuple[int, str], tuple[bytes, int]]:
+        """What each exec printed, as kept: (seq, stream) -> (bytes, cap in force)."""
+        rows = self.state.execute("SELECT * FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+        dctx = zstandard.ZstdDecompressor()
+        return {(row["seq"], row["stream"]): (dctx.decompress(row["zstd"]), row["cap"]) for row in rows}
 
     @staticmethod
     def _last_seq(db: Any, capsule_id: str) -> int:
@@ -151,9 +271,12 @@ class Journal:
 
         with self.state.transaction() as db:
             seq = self._last_seq(db, capsule_id) + 1
+            generation = self._advance(db, capsule_id)
             db.execute(
-                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None, target, mode),
+                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
+                 target, mode, generation),
             )
             return seq
 
@@ -162,11 +285,42 @@ class Journal:
         rows = self.state.execute("SELECT * FROM writes WHERE capsule_id = ? ORDER BY seq", (capsule_id,))
         return [dict(row) for row in rows]
 
+    @staticmethod
+    def _generation(db: Any, capsule_id: str) -> int:
+        row = db.execute("SELECT generation FROM capsules WHERE capsule_id = ?", (capsule_id,)).fetchone()
+        return int(row[0]) if row is not None else 0
+
+    @classmethod
+    def _advance(cls, db: Any, capsule_id: str) -> int:
+        db.execute("UPDATE capsules SET generation = generation + 1 WHERE capsule_id = ?", (capsule_id,))
+        return cls._generation(db, capsule_id)
+
+    def generation(self, capsule_id: str) -> int:
+        """The capsule's current change generation (0 for an unknown capsule)."""
+        with self.state.transaction() as db:
+            return self._generation(db, capsule_id)
+
+    def advance(self, capsule_id: str) -> int:
+        """Advance the generation for a change the journal has no row for; the new one.
+
+        For an exec that may have written but whose reply never came (cancelled while
+        running, the helper died): its contents can no longer be vouched for.
+        """
+        with self.state.transaction() as db:
+            return self._advance(db, capsule_id)
+
     def add_exec(self, capsule_id: str, entry: dict[str, Any]) -> int:
-        """Append an exec record; returns its sequence number."""
+        """Append an exec record; returns its sequence number.
+
+        ``entry["generation"]`` is the generation the exec started on (default: the
+        current one); an exec that wrote, or whose writes are not fully known, advances
+        the capsule's generation and records the new one as ``generation_out``.
+        """
         with self.state.transaction() as db:
             last = self._last_seq(db, capsule_id)
             row = {"capsule_id": capsule_id, "seq": last + 1, **entry}
+            row.setdefault("generation", self._generation(db, capsule_id))
+            row["generation_out"] = self._advance(db, capsule_id) if exec_advances(entry["touched"]) else None
             for key in _JSON_EXEC_FIELDS:
                 row[key] = json.dumps(row[key], sort_keys=True)
             cols = ", ".join(row)

@@ -42,6 +42,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
 
 from mcp_server import __version__
+from mcp_server.capsule_queue import TURN_TOOLS, Ticket, turn_label
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.state import State, storage_error
@@ -123,6 +124,21 @@ class CcwServer:
             from mcp_server.tools import schemas
 
             schemas.warm(self.config, log)
+
+    def reserve_turn(self, method: str, params: Any) -> tuple[str, Ticket] | None:
+        """Take a capsule's turn for a ``tools/call`` the moment a transport reads it, so
+        that calls on one capsule run in arrival order (mcp_server/capsule_queue.py).
+        Returns (capsule id, place), or None for calls that take no turn."""
+        if method != "tools/call" or not isinstance(params, Mapping):
+            return None
+        spec = self.registry.lookup(str(params.get("name", "")))
+        args = params.get("arguments")
+        if spec is None or spec.name not in TURN_TOOLS or not isinstance(args, Mapping):
+            return None
+        capsule_id = args.get("capsule_id")
+        if not isinstance(capsule_id, str):
+            return None
+        return capsule_id, self.runtime.capsule_queue.reserve(capsule_id, turn_label(spec.name, args))
 
     def is_direct_method(self, method: str) -> bool:
         """True when ``method`` names a tool (or alias) rather than an MCP method."""
@@ -237,7 +253,7 @@ class CcwServer:
         spec = self._lookup(params.name)
         args = dict(params.arguments or {})
         try:
-            result = await self.call_tool(spec, args, CallContext(self.runtime, ctx.session))
+            result = await self.call_tool(spec, args, CallContext(self.runtime, ctx.session, ctx.request_id))
         except CcwError as exc:
             failure: dict[str, Any] = {"error": exc.to_dict()}
             return types.CallToolResult(

@@ -38,7 +38,7 @@ import os
 import sqlite3
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,34 @@ class State:
                 "INSERT OR REPLACE INTO schema_versions (name, ddl) VALUES (?, ?)", (name, ddl)
             )
             self._schemas.add(name)
+
+    def add_columns(
+        self, columns: dict[str, dict[str, str]], backfill: Callable[[sqlite3.Connection], None] | None = None
+    ) -> list[str]:
+        """Give existing tables the columns they lack; returns the ``table.column`` names added.
+
+        ``CREATE TABLE IF NOT EXISTS`` leaves a table made by an older ccw as it was, so a
+        family that grows a column lists it here too (``columns``: table -> name ->
+        declaration, e.g. ``"INTEGER NOT NULL DEFAULT 0"``).  The check, every ``ALTER
+        TABLE`` and ``backfill`` (run only when something was added) share one
+        transaction, so two processes opening the same old state dir add each column
+        once and never see it half filled.  Once per process.
+        """
+        key = "columns:" + ";".join(f"{t}.{c}" for t in sorted(columns) for c in sorted(columns[t]))
+        if key in self._schemas:
+            return []
+        added: list[str] = []
+        with self.transaction() as db:
+            for table, wanted in columns.items():
+                present = {row["name"] for row in db.execute(f"PRAGMA table_info({table})")}
+                for name, declaration in wanted.items():
+                    if name not in present:
+                        db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declaration}")
+                        added.append(f"{table}.{name}")
+            if added and backfill is not None:
+                backfill(db)
+        self._schemas.add(key)
+        return added
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         """Run one statement and return all rows."""

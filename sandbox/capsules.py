@@ -623,7 +623,7 @@ class CapsuleManager:
              uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
              progress_ms: int = 1000) -> dict[str, Any]:
         """prepare cgroup → prepare+enter tracer → jail.run → collect → teardown (always)."""
-        from sandbox import cgroups, fanotify, jail
+        from sandbox import cgroups, fanotify, jail, rusage
 
         merged, upper = capsule.path("merged"), capsule.path("upper")
         spec = jail.JailSpec(
@@ -652,7 +652,9 @@ class CapsuleManager:
                     tracer = None
             result = jail.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
             touched = tracer.collect() if tracer is not None else None
-            usage = cgroup.collect(result.rusage)
+            # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
+            usage = cgroup.collect(result.init_report)
+            rusage.fill(usage, result.init_report)
         finally:
             if tracer is not None:
                 tracer.teardown()
@@ -665,15 +667,17 @@ class CapsuleManager:
             disk_report = {"limit_mb": capsule.disk_mb, **disk.usage(upper)}
             disk_report["full"] = disk_report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
         touched_unavailable: dict[str, str] = {}
+        listed: list[str] | None = None  # directories opened and files executed: known when read is
+        executed: list[str] | None = None
         if touched is None:
             read: list[str] | None = None
             written = moved
             touched_unavailable["read"] = trace_error or "no tracer"
         else:
-            read = touched.read
+            read, listed, executed = touched.read, touched.listed, touched.executed
             written = sorted(set(touched.written) | set(moved), key=os.fsencode)
             if touched.overflow:
-                read = None
+                read = listed = executed = None
                 touched_unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
             elif read is None:
                 touched_unavailable["read"] = touched.unavailable_reason or "not recorded"
@@ -689,10 +693,12 @@ class CapsuleManager:
             "stderr_bytes": result.stderr_bytes,
             "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
             "usage": {"cpu_ms": usage.cpu_ms, "rss_max_kb": usage.rss_max_kb,
+                      "rss_max_process_kb": usage.rss_max_process_kb,
                       "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
             "usage_unavailable": dict(usage.unavailable),
+            "usage_sources": dict(usage.sources),
             "disk": disk_report,
-            "touched": {"read": read, "written": written},
+            "touched": {"read": read, "written": written, "listed": listed, "executed": executed},
             "touched_unavailable": touched_unavailable,
         }
 

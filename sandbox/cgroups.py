@@ -25,6 +25,10 @@ Some facts about cgroups on the machines ccw runs on
   dying.  ``memory.oom_control`` counts ``oom_kill`` (4.13+); v2 has ``memory.events``.
 - ``rss_max_kb`` is the cgroup's peak memory charge (``memory.max_usage_in_bytes`` /
   ``memory.peak``): resident anonymous memory *plus* page cache the exec brought in.
+  Without a memory cgroup it is null: rusage (rusage.py) measures only the largest
+  single process, reported apart as ``rss_max_process_kb``, and CPU time, which fills
+  ``cpu_ms`` where no cpu counter is readable.  ``Usage.sources`` names each figure's
+  mechanism.
 - I/O is the hard one.  v1 blkio charges buffered writes to the kernel flusher at
   writeback, not to the writer, and on some hosts (the CI VM's virtio disk: measured)
   it counts no device I/O at all, so a 0 from it cannot be told from "not measured".
@@ -32,9 +36,9 @@ Some facts about cgroups on the machines ccw runs on
   The honest source is task I/O accounting, which the kernel sums over every reaped
   descendant into the waiter's rusage: ``ru_inblock`` (reads that went to storage) and
   ``ru_oublock`` (pages dirtied for storage, charged when dirtied).  So ``collect``
-  takes the jail's wait4 rusage when the caller has it; without it, v2 io.stat is used
-  when nothing the exec dirtied is still unwritten, v1 blkio only when it saw a device,
-  and anything else is null with the reason.
+  takes the jail's rusage (its init's report, rusage.py) when the caller has it;
+  without it, v2 io.stat is used when nothing the exec dirtied is still unwritten, v1
+  blkio only when it saw a device, and anything else is null with the reason.
 - CPU *share*: without a cpu-controller cgroup every process of a jail competes with
   every host process one by one, so a fork bomb held at 64 processes by pids.max still
   takes 64/65 of a CPU from the helper and from other capsules' commands.  Each exec
@@ -55,12 +59,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import resource
+import re
 import signal
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sandbox.errors import CcwError, from_oserror
 
@@ -303,6 +308,16 @@ def mechanisms(layout: CgroupLayout | None = None) -> dict[str, str | None]:
 
 
 # --------------------------------------------------------------------- per-exec cgroups
+class BlockCounts(Protocol):
+    """Task I/O accounting, as ``resource.struct_rusage`` and rusage.InitReport carry it."""
+
+    @property
+    def ru_inblock(self) -> int: ...
+
+    @property
+    def ru_oublock(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-exec limits; None = not limited."""
@@ -324,6 +339,9 @@ class Usage:
     pids_limited: bool
     unavailable: dict[str, str] = field(default_factory=dict)
     cpu_limited: bool = False  # the cpu_ms budget was spent and the exec was killed
+    # The peak RSS of the largest single process (rusage.py fills it; never a total).
+    rss_max_process_kb: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # figure -> the mechanism that measured it
 
 
 _HINT = "run the helper as root, or delegate a cgroup v2 subtree to it (systemd Delegate=yes)"
@@ -459,10 +477,14 @@ class ExecCgroup:
     def _v1(self, path: str) -> bool:
         return any(h.version == 1 for h, d in self.dirs.items() if d == path)
 
+    def _version(self, resource: str) -> int:
+        hier = self.layout.for_resource(resource)
+        return hier.version if hier is not None else 0
+
     def _require(self, resource: str, what: str) -> str:
         path = self._dir_for(resource)
         if path is None:
-            why = "; ".join(self.unavailable.values()) or "no cgroup hierarchy on this host provides it"
+            why = _why_none(self.unavailable)
             raise CcwError("UNSUPPORTED", f"{what} cannot be enforced: no writable {resource} cgroup ({why}); "
                            f"{_HINT}, or omit {what}")
         return path
@@ -571,22 +593,27 @@ class ExecCgroup:
         return True
 
     # -- collect
-    def collect(self, rusage: resource.struct_rusage | None = None) -> Usage:
-        """Usage after the command ended; every null figure has its reason in ``unavailable``.
+    def collect(self, rusage: BlockCounts | None = None) -> Usage:
+        """Usage after the command ended; every null figure has its reason in ``unavailable``,
+        every other its mechanism in ``sources``.
 
-        ``rusage`` is the jail's ``os.wait4`` rusage, when the caller has it: its task I/O
-        accounting is the only honest source of io_read_kb/io_write_kb on cgroup v1.
+        ``rusage`` is the jail's rusage (the init's report, or the helper's ``os.wait4``), when
+        the caller has it: its task I/O accounting is the only honest source of
+        io_read_kb/io_write_kb on cgroup v1.
         """
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join()
-        why_none = "; ".join(self.unavailable.values()) or "no cgroup hierarchy on this host provides it"
+        why_none = _why_none(self.unavailable)
         unavailable: dict[str, str] = {}
         usage = Usage(None, None, None, None, False, False, unavailable, self.cpu_limited)
 
         cpu_ns = self._cpu_ns()
         if cpu_ns is not None:
             usage.cpu_ms = round(cpu_ns / 1_000_000)
+            counter = "cpuacct.usage" if self._v1(self._dir_for("cpu") or "") else "cpu.stat usage_usec"
+            usage.sources["cpu_ms"] = (f"cgroup v{self._version('cpu')} {counter}: CPU time of every process "
+                                       "of the exec's cgroup, ccw's init included")
         else:
             unavailable["cpu_ms"] = f"no readable cpu usage counter: {why_none}"
 
@@ -596,11 +623,15 @@ class ExecCgroup:
             unavailable["oom_killed"] = f"no memory cgroup, an OOM kill cannot be told apart: {why_none}"
         elif self._v1(mem):
             usage.rss_max_kb = int(_read(os.path.join(mem, "memory.max_usage_in_bytes"))) // 1024
+            usage.sources["rss_max_kb"] = ("cgroup v1 memory.max_usage_in_bytes: peak charge of the exec's cgroup, "
+                                           "all its processes together, page cache included")
             usage.oom_killed = parse_flat_keyed(_read(os.path.join(mem, "memory.oom_control"))).get("oom_kill", 0) > 0
         else:
             peak = os.path.join(mem, "memory.peak")
             if os.path.exists(peak):
                 usage.rss_max_kb = int(_read(peak)) // 1024
+                usage.sources["rss_max_kb"] = ("cgroup v2 memory.peak: peak charge of the exec's cgroup, "
+                                               "all its processes together, page cache included")
             else:
                 unavailable["rss_max_kb"] = "this kernel has no memory.peak (added in Linux 5.19)"
             usage.oom_killed = parse_flat_keyed(_read(os.path.join(mem, "memory.events"))).get("oom_kill", 0) > 0
@@ -614,13 +645,15 @@ class ExecCgroup:
         self._collect_io(usage, why_none, rusage)
         return usage
 
-    def _collect_io(self, usage: Usage, why_none: str, rusage: resource.struct_rusage | None) -> None:
+    def _collect_io(self, usage: Usage, why_none: str, rusage: BlockCounts | None) -> None:
         if rusage is not None and os.path.exists("/proc/self/io"):
             # Task I/O accounting, summed by the kernel over every reaped descendant: reads
             # that went to storage, and pages dirtied for storage (charged to the writer
             # when dirtied, so unflushed writes count too).
             usage.io_read_kb = rusage.ru_inblock * 512 // 1024
             usage.io_write_kb = rusage.ru_oublock * 512 // 1024
+            usage.sources["io_read_kb"] = usage.sources["io_write_kb"] = (
+                "wait4 rusage: task I/O accounting summed over every process of the jail")
             return
         io_dir = self._dir_for("io")
         if io_dir is None:
@@ -630,6 +663,7 @@ class ExecCgroup:
             text = _read(os.path.join(io_dir, "blkio.throttle.io_service_bytes"))
             if any(len(line.split()) == 3 for line in text.splitlines()):
                 usage.io_read_kb = parse_blkio_bytes(text)[0] // 1024
+                usage.sources["io_read_kb"] = "cgroup v1 blkio.throttle.io_service_bytes of the exec's cgroup"
             else:
                 usage.unavailable["io_read_kb"] = (
                     "blkio attributed no device I/O to the exec, and on some hosts (virtio, overlay on "
@@ -640,6 +674,7 @@ class ExecCgroup:
             return
         read, write = parse_io_stat(_read(os.path.join(io_dir, "io.stat")))
         usage.io_read_kb = read // 1024
+        usage.sources["io_read_kb"] = "cgroup v2 io.stat of the exec's cgroup"
         mem = self._dir_for("memory")
         stat = parse_flat_keyed(_read(os.path.join(mem, "memory.stat"))) if mem and not self._v1(mem) else None
         if stat is None:
@@ -649,6 +684,7 @@ class ExecCgroup:
             usage.unavailable["io_write_kb"] = f"{pending} kB written by the exec were still in the page cache, not yet on disk"
         else:
             usage.io_write_kb = write // 1024
+            usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"
 
     # -- teardown
     def teardown(self) -> None:
@@ -665,6 +701,18 @@ class ExecCgroup:
             with contextlib.suppress(OSError):  # busy: another exec or helper still uses it
                 os.rmdir(os.path.dirname(path))
         self._torn_down = True
+
+
+def _why_none(refused: dict[str, str]) -> str:
+    """Why no hierarchy serves a resource: one line when every mkdir failed alike (rootless)."""
+    if not refused:
+        return "no cgroup hierarchy on this host provides it"
+    errnos = {match.group(1) if (match := re.search(r"failed: ([A-Z]+ \([^)]*\))", why)) else why
+              for why in refused.values()}
+    if len(errnos) == 1 and len(refused) > 1:
+        where = ", ".join(os.path.basename(mount) for mount in sorted(refused))
+        return f"mkdir of the exec's cgroup failed with {errnos.pop()} in every hierarchy ({where}); {_HINT}"
+    return "; ".join(refused.values())
 
 
 def _is_zombie(pid: int) -> bool:

@@ -38,10 +38,22 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   real reads.  The cost is a rare false positive from a short-lived process *outside*
   the exec that opened a file of this very capsule during the exec.
 - ``read`` means *opened* (any access mode, and executed): the open event does not carry
-  the open flags.  ``written`` means closed after being opened for writing.  Directories
-  are not reported (no ``FAN_ONDIR``).  A path is as it is when the event is read: a
-  file renamed meanwhile shows its new name, one deleted meanwhile is left out (the
-  upper-dir scan reports creations, deletions and renames).
+  the open flags.  ``written`` means closed after being opened for writing.  ``executed``
+  means opened by execve (``FAN_OPEN_EXEC``; the same event also carries ``FAN_OPEN``, so
+  an executed file is in ``read`` too).  A script's interpreter is exec-opened by the
+  kernel as well, so it is seen when it lies on this overlay.  A path is as it is when
+  the event is read: a file renamed meanwhile shows its new name, one deleted meanwhile
+  is left out (the upper-dir scan reports creations, deletions and renames).
+- Directories: with ``FAN_ONDIR`` in the mark's mask, opening a directory (``ls``,
+  ``os.listdir``, ``readdir``, a dirfd for ``openat``) gives a ``FAN_OPEN`` event, on
+  overlayfs as elsewhere, for lower-only and upper directories alike (measured on this
+  kernel).  But in fd-reporting mode the kernel does *not* set ``FAN_ONDIR`` in the
+  event's mask (only FID-reporting groups get it, and overlayfs refuses those), so a
+  directory is told from a file by ``fstat`` of the event's fd, once per path.  They
+  are ``listed``: opened, which is what listing needs (``getdents`` itself gives no
+  event).  ``chdir``, ``stat``, ``readlink`` and ``O_PATH`` opens give no event at all,
+  so symlinks followed on the way to a file are never seen: the fd's path is the
+  resolved one.  The workspace root itself is reported as ``"."``.
 - ``FAN_UNLIMITED_QUEUE`` removes the 16384-event queue limit, so nothing is lost; a
   ``FAN_Q_OVERFLOW`` event would still be honoured (``overflow=True``).  Identical
   events of one pid on one file merge in the queue, which only helps.
@@ -49,8 +61,10 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   waits 20 ms so events gather, then reads them 256 KiB at a time: a wakeup per open
   costs the traced process more than queueing the event does.  Per event it does one
   ``readlinkat(/proc/self/fd, "N")`` and nothing else once the opener's pid and the
-  path prefix are known; the fds of one read are usually consecutive and closed with a
-  single ``close_range``.
+  path prefix are known, plus one ``fstat`` the first time a path is seen (file or
+  directory?); the fds of one read are usually consecutive and closed with a single
+  ``close_range``.  Recording directory opens too cost nothing measurable: pytest on
+  400 tests in a venv, median exec time within 3% either way over three rounds of 12.
 """
 
 from __future__ import annotations
@@ -60,6 +74,7 @@ import errno
 import os
 import queue
 import select
+import stat
 import struct
 import threading
 from dataclasses import dataclass, field
@@ -75,7 +90,7 @@ _EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 _METADATA_VERSION = 3
 _READ_SIZE = 256 * 1024
 _BATCH_DELAY = 0.02  # seconds the reader lets events gather after a wakeup
-_MASK = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC | syscalls.FAN_CLOSE_WRITE
+_MASK = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC | syscalls.FAN_CLOSE_WRITE | syscalls.FAN_ONDIR
 _READ_BITS = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC
 _ROOTLESS_REASON = (
     "fanotify needs CAP_SYS_ADMIN in the initial user namespace to watch a filesystem; "
@@ -86,13 +101,18 @@ _ROOTLESS_REASON = (
 
 @dataclass
 class Touched:
-    """Files an exec opened and wrote, relative to the merged dir, sorted."""
+    """Files an exec opened and wrote, relative to the merged dir, sorted.
+
+    ``listed`` (directories opened) and ``executed`` are None exactly when ``read`` is.
+    """
 
     read: list[str] | None
     written: list[str]
     overflow: bool
     unavailable_reason: str | None = None
     dropped: int = field(default=0)  # events whose file was gone before we could name it
+    listed: list[str] | None = None
+    executed: list[str] | None = None
 
 
 class Tracer:
@@ -116,6 +136,9 @@ class Tracer:
         self._prefixes = [self.merged_dir.rstrip("/") + "/"]
         self.read: set[str] = set()
         self.written: set[str] = set()
+        self.listed: set[str] = set()
+        self.executed: set[str] = set()
+        self._is_dir: dict[str, bool] = {}  # per path, from one fstat (see essay)
         self.overflow = False
         self.dropped = 0
 
@@ -212,6 +235,7 @@ class Tracer:
         unpack, size, total = _EVENT.unpack_from, _EVENT.size, len(buf)
         pids, readlink, proc_fd = self._pids, os.readlink, self._proc_fd
         read, written, prefixes = self.read, self.written, self._prefixes
+        listed, executed, is_dirs = self.listed, self.executed, self._is_dir
         fds: list[int] = []
         offset = 0
         while offset + size <= total:
@@ -242,12 +266,20 @@ class Tracer:
                     rel = path[len(prefix) :]
                     break
             if rel is None:
-                rel = self._learn(path, fd)
+                rel = "." if path + "/" in prefixes else self._learn(path, fd)
                 if rel is None:
                     self.dropped += 1
                     continue
             if mask & _READ_BITS:
+                is_dir = is_dirs.get(rel)
+                if is_dir is None:
+                    is_dir = is_dirs[rel] = _fd_is_dir(fd)
+                if is_dir:
+                    listed.add(rel or ".")
+                    continue
                 read.add(rel)
+                if mask & syscalls.FAN_OPEN_EXEC:
+                    executed.add(rel)
             if mask & syscalls.FAN_CLOSE_WRITE:
                 written.add(rel)
         return fds
@@ -319,8 +351,9 @@ class Tracer:
         if self._error is not None:
             raise CcwError("INTERNAL", f"the fanotify reader failed: {self._error!r}") from self._error
         if self._thread is None:  # enter() was never called: nothing belongs to an exec
-            return Touched([], [], False, None)
-        return Touched(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped)
+            return Touched([], [], False, None, 0, [], [])
+        return Touched(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
+                       sorted(self.listed), sorted(self.executed))
 
     def _stop(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -379,6 +412,13 @@ def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _fd_is_dir(fd: int) -> bool:
+    try:
+        return stat.S_ISDIR(os.fstat(fd).st_mode)
+    except OSError:
+        return False
 
 
 def _ns_inode(pid: str) -> int | None:

@@ -15,10 +15,12 @@ waits for the sync byte, unshares the pid namespace and forks the init itself.
 
 Choices made here (DESIGN §2 leaves them open):
 
-- The command's exit ends the jail: when it exits, the init exits with its status and
-  the kernel kills whatever else still runs in the pid namespace (background jobs,
-  daemons).  The same happens on timeout, when the helper SIGKILLs the init (through
-  its pidfd in the rootless fallback) and calls the exec cgroup's ``kill()``.
+- The command's exit ends the jail: when it exits, the init SIGKILLs whatever else still
+  runs in the pid namespace (background jobs, daemons), reaps it, reports and exits.
+  On timeout the helper asks the init to do the same at once (``END_SIGNAL``), and if
+  it has not ended ``_END_GRACE_SEC`` later, SIGKILLs it (through its pidfd in the
+  rootless fallback) and calls the exec cgroup's ``kill()``: the kernel then kills what
+  is left, but the usage of what it reaps so is lost (see rusage.py).
 - Failures of the jail's own steps (a mount, chdir to a missing cwd) raise CcwError
   naming the step; a command that cannot be executed is a *result*, exit code 127
   (not found) or 126 (not executable) with a shell-like message on stderr.
@@ -36,7 +38,13 @@ Choices made here (DESIGN §2 leaves them open):
   namespace: when the init dies, the kernel kills every process in it.
 - Messages from the children to the helper go over one pipe, each a single write
   shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
-  ``W`` the command's wait status (from the init), ``A`` the init's wait status.
+  ``W`` the command's wait status (from the init), ``A`` the init's wait status,
+  ``R`` the rusage of every process the init reaped (rusage.py), sent last.
+- When the command has exited, the init SIGKILLs what is left of the jail (``kill(-1)``
+  reaches only its own pid namespace) and reaps it before it reports ``R`` and exits:
+  what the kernel would do when the init exits, but done by the init, so that
+  ``getrusage(RUSAGE_CHILDREN)`` covers every process the jail ever had.  This is the
+  usage source where no cgroup serves (rootless mode).
 - The two dearest parts of a jail that need nothing of its process, the network
   namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
   helper's thread for the *next* jail while the child builds the current one on the
@@ -63,6 +71,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import prctl
 
 from sandbox import mounts, namespaces, seccomp, syscalls
+from sandbox import rusage as rusage_
 from sandbox.errors import CcwError, from_oserror
 
 if TYPE_CHECKING:
@@ -72,6 +81,11 @@ _FD_SYNC, _FD_REPORT = 3, 4  # in the jail parent; 0-2 are the command's stdio
 _FD_NET, _FD_ROOT = 5, 6  # spares made ahead, when the helper had them (see _SparePool)
 _SETUP_FAILED = 125
 _KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
+_END_GRACE_SEC = 1.0  # after asking the init to end the jail on timeout, how long before killing it
+# Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
+# reports the rusage of what it reaps); not one of the forwarded signals.  A command may
+# send it to its init too, which gains it nothing: it can kill(-1) its own jail anyway.
+END_SIGNAL = signal.SIGRTMIN
 _READ_CHUNK = 1 << 16
 _FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
                       signal.SIGUSR1, signal.SIGUSR2)
@@ -115,9 +129,12 @@ class JailResult:
     stderr_bytes: int
     stdout_truncated: bool
     stderr_truncated: bool
-    # wait4's rusage of the helper's child: it covers every process of the jail, since
-    # the init reaps them all (block I/O counts for usage where cgroups cannot tell).
+    # wait4's rusage of the helper's child: the init itself (and, rootless, its parent),
+    # and what the init reaped while it ran; not what a kill of the init ended (rusage.py).
     rusage: resource.struct_rusage | None = None
+    # What the init measured of the processes it reaped, without itself (None: it was
+    # killed, on timeout, before it could report).
+    init_report: rusage_.InitReport | None = None
 
 
 @dataclass(frozen=True)
@@ -418,6 +435,7 @@ def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
         code = 127 if exc.errno == errno.ENOENT else 126
         os.write(2, f"ccw: {plan.argv[0]}: {exc.strerror}\n".encode(errors="replace"))
         _send(b"W", struct.pack("!i", code << 8))
+        _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), 0))
         os._exit(0)
     os.closerange(0, 3)
 
@@ -427,14 +445,42 @@ def _jail_init(plan: _Plan, net_prepared: bool, root: int | None) -> NoReturn:
         except OSError:
             pass
 
+    # The peak the command inherits from this process's image (see rusage.py), read
+    # after the spawn: posix_spawn's vfork child has exec'd by the time it returns.
+    inherited_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     for signum in _FORWARDED_SIGNALS:
         signal.signal(signum, forward)
+    signal.signal(END_SIGNAL, _kill_all)  # the helper's timeout: the command is reaped below
     while True:
         pid, status = os.waitpid(-1, 0)  # reaps orphans too: we are their init
         if pid == command:
             break
     _send(b"W", struct.pack("!i", status))
+    _end_jail()
+    _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), inherited_kb))
     os._exit(0)
+
+
+def _kill_all(_signum: int = 0, _frame: object = None) -> None:
+    """SIGKILL every process of our pid namespace but ourselves.
+
+    One call suffices: kill(-1) walks the tasks under the lock fork needs to add a child,
+    and a process with SIGKILL pending cannot fork any more.
+    """
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass  # ESRCH: nothing left
+
+
+def _end_jail() -> None:
+    """SIGKILL every other process of the pid namespace and reap them all (we are its pid 1)."""
+    _kill_all()
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 # --- the helper's side ----------------------------------------------------------------
@@ -550,9 +596,13 @@ def run(
                 next_progress = now + progress_interval_s
             remaining = deadline - now
             if remaining <= 0:
-                if jail.timed_out:
+                if not jail.timed_out:
+                    jail.timed_out = True
+                    deadline = time.monotonic() + _END_GRACE_SEC
+                    if jail.end():
+                        continue
+                if jail.killed:
                     break  # something outside the jail holds a pipe: stop waiting for it
-                jail.timed_out = True
                 jail.kill()
                 deadline = time.monotonic() + _KILL_GRACE_SEC
                 continue
@@ -603,11 +653,26 @@ class _Running:
         self.cgroup = cgroup
         self.init_pidfd: int | None = None
         self.timed_out = False
+        self.killed = False
         self.status: int | None = None  # our child's wait status once reaped
         self.rusage: resource.struct_rusage | None = None
 
+    def end(self) -> bool:
+        """Ask the init to end the jail (it kills, reaps and reports); False if it cannot be asked."""
+        try:
+            if self.init_pidfd is not None:
+                syscalls.pidfd_send_signal(self.init_pidfd, END_SIGNAL)
+            elif self.direct and self.status is None:
+                os.kill(self.pid, END_SIGNAL)  # not reaped yet, so the pid cannot be reused
+            else:
+                return False
+        except OSError:
+            return False
+        return True
+
     def kill(self) -> None:
         """SIGKILL the jail's init (the kernel then kills its whole pid namespace) and the cgroup."""
+        self.killed = True
         if self.init_pidfd is not None:
             try:
                 syscalls.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
@@ -674,6 +739,7 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         signal_name = _signal_name(os.WTERMSIG(init_status))
     else:
         raise CcwError("INTERNAL", "the jail ended without reporting the command's status; see the helper's log")
+    init_report = rusage_.unpack(by_kind[b"R"]) if b"R" in by_kind else None
     return JailResult(
         exit_code=exit_code,
         signal=signal_name,
@@ -686,6 +752,7 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         stdout_truncated=out.total > len(out.data),
         stderr_truncated=err.total > len(err.data),
         rusage=jail.rusage,
+        init_report=init_report,
     )
 
 

@@ -23,7 +23,10 @@ Some facts about unix sockets that this module follows from:
   helper closes its own copy once sent.
 
 Requests on one connection are answered in order; a client that wants concurrency opens
-more connections (``mcp_server/helper.py`` does).  A frame that cannot be decoded is
+more connections (``mcp_server/helper.py`` does).  Nothing but a second exec waits for
+an exec: ``changes``, ``open_root`` and ``list`` on a busy capsule answer at once (each
+connection has its own thread, and the manager's lock guards bookkeeping only, never a
+running command), so a diff or a file read sees a running command's writes so far.  A frame that cannot be decoded is
 answered with an error reply (id null) and the connection is closed; the server keeps
 serving everyone else.  Every failure inside an op becomes an error reply.
 """

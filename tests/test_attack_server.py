@@ -122,8 +122,9 @@ def test_hostile_paths_through_tools_call_and_resources_read(served: tuple[Serve
         inner = raw[1:-1]  # the JSON string's escaped text, spliced after the scheme
         frames.append(f'{{"jsonrpc":"2.0","id":{ids[-1]},"method":"resources/read","params":{{"uri":"list://{inner}"}}}}')
     answers = _pipelined(server.path, frames, len(ids))
-    assert [a["id"] for a in answers] == ids
-    for answer in answers[1:]:
+    # Every request answered once; MCP answers leave as they are ready, in any order.
+    assert sorted((a["id"] for a in answers), key=str) == sorted(ids, key=str)
+    for answer in (a for a in answers if a["id"] != "init"):
         error = answer.get("error") or (answer["result"].get("structuredContent") or {}).get("error")
         if isinstance(error, dict):
             assert error.get("code") not in (INTERNAL_ERROR, "INTERNAL"), answer

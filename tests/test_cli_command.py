@@ -64,7 +64,9 @@ def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
     _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--policy", "strict", "--dry-run"))
     assert call == {"capsule_id": "cap_1", "dry_run": True, "policies": ["strict"]}
     _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--no-blobs"))
-    assert call == {"capsule_id": "cap_1", "include_blobs": False, "compress": "zstd"}
+    assert call == {"capsule_id": "cap_1", "include_blobs": False, "compress": "zstd", "carry": "used"}
+    _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--all", "--max-base-mb", "64"))
+    assert (call["carry"], call["max_base_mb"]) == ("all", 64)
     _, call, _ = tool_call(parse("capsule", "replay", "wit_0123456789abcdef"))
     assert call == {"witness_id": "wit_0123456789abcdef"}
     witness_file = tmp_path / "w.tar.zst"

@@ -126,3 +126,82 @@ def test_policy_tools_store_list_get_and_protect_builtins(direct_ctx: Any, call_
     with pytest.raises(CcwError) as unknown:
         call_tool(direct_ctx, "policy_set", {"name": "bad", "rules": {"max_rss": 1}})
     assert "known rules" in unknown.value.message
+
+
+def test_identical_output_is_a_separate_rule_that_fails_only_when_asked() -> None:
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[ExecFacts(1, ["pytest"], 5, 1024)])
+    strict = CombinedRules.combine([builtin_policies()["strict"]])
+    assert strict.needs_replay and not strict.require_identical_output
+    # A test runner's durations: the replay did the same, the output differed.
+    durations = evaluate(CombinedRules(require_replay_ok=True), facts, [], replay_ok=True, output_identical=False)
+    assert durations["passed"] is True and durations["output_identical"] is False
+    same = CombinedRules.combine([{"rules": {"require_identical_output": True}}, {"rules": {}}])
+    assert same.require_identical_output and same.needs_replay and not same.require_replay_ok
+    refused = evaluate(same, facts, [], replay_ok=True, output_identical=False, output_details="exec 1 stdout (-a; +b)")
+    assert refused["passed"] is False
+    assert refused["details"].endswith("requires identical output: exec 1 stdout (-a; +b)")
+    assert evaluate(same, facts, [], replay_ok=True, output_identical=True)["passed"] is True
+    assert evaluate(same, facts, [], replay_ok=None, output_identical=None)["passed"] is False
+    validate_policy({"name": "same-output", "rules": {"require_identical_output": True}})
+    with pytest.raises(CcwError):
+        validate_policy({"name": "bad", "rules": {"require_identical_output": "yes"}})
+
+
+def _rootless_exec(seq: int = 1, largest_mb: int = 30) -> ExecFacts:
+    """An exec run by a rootless helper: CPU from the init's rusage, no total memory."""
+    return ExecFacts(seq, ["pytest", "-q"], cpu_ms=800, rss_max_kb=None, rss_max_process_kb=largest_mb * 1024,
+                     unavailable={"rss_max_kb": "no memory cgroup: mkdir of the exec's cgroup failed with EACCES"})
+
+
+def test_builtin_baseline_passes_an_unmeasured_total_and_says_why() -> None:
+    rules = CombinedRules.combine([builtin_policies()["baseline"]])
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[_rootless_exec()], paths={"a.py": {"changed"}})
+    report = evaluate(rules, facts, [], replay_ok=None)
+    assert report["passed"] and report["resource_ok"] and report["resource_violations"] == []
+    [note] = report["resource_unmeasured"]
+    assert (note["exec"], note["rule"], note["figure"], note["largest_process_mb"]) == (1, "max_rss_mb", "rss_max_kb", 30)
+    assert "no memory cgroup" in note["reason"]
+    assert "rss_max_kb not measured" in report["details"] and "if_unmeasured: pass" in report["details"]
+
+
+def test_builtin_strict_refuses_an_unmeasured_total_naming_it() -> None:
+    rules = CombinedRules.combine([builtin_policies()["strict"]])
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[_rootless_exec()], paths={"a.py": {"changed"}})
+    report = evaluate(rules, facts, [], replay_ok=True)
+    assert not report["passed"] and not report["resource_ok"] and report["resource_unmeasured"] == []
+    [refused] = report["resource_violations"]
+    assert (refused["rule"], refused["figure"], refused["value"]) == ("max_rss_mb", "rss_max_kb", None)
+    assert "rss_max_kb (the exec's total memory) was not measured" in report["details"]
+    assert "if_unmeasured: refuse" in refused["reason"] and "no memory cgroup" in refused["reason"]
+
+
+def test_a_single_process_over_the_ceiling_is_a_violation_whatever_if_unmeasured_says() -> None:
+    rules = CombinedRules(max_rss_mb=100, if_unmeasured="pass")
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[_rootless_exec(largest_mb=150)])
+    report = evaluate(rules, facts, [], replay_ok=None)
+    [broken] = report["resource_violations"]
+    assert broken["value"] == 150 and "single process" in broken["reason"]
+    assert not report["passed"] and report["resource_unmeasured"] == []
+
+
+def test_cpu_from_rusage_is_checked_like_a_cgroups() -> None:
+    facts = CapsuleFacts(workspace="/w", home="/h", execs=[_rootless_exec()])
+    assert evaluate(CombinedRules(max_cpu_ms=1000), facts, [], replay_ok=None)["passed"]
+    over = evaluate(CombinedRules(max_cpu_ms=500), facts, [], replay_ok=None)["resource_violations"]
+    assert [(v["rule"], v["value"]) for v in over] == [("max_cpu_ms", 800)]
+
+
+@pytest.mark.parametrize(
+    ("decisions", "combined"),
+    [([], "refuse"), (["pass"], "pass"), (["pass", "refuse"], "refuse"), (["pass", None], "refuse")],
+)
+def test_unmeasured_figures_pass_only_if_every_policy_says_so(decisions: list[str | None], combined: str) -> None:
+    policies = [{"rules": {} if d is None else {"if_unmeasured": d}} for d in decisions]
+    assert CombinedRules.combine(policies).if_unmeasured == combined
+
+
+def test_if_unmeasured_takes_only_its_two_values() -> None:
+    validate_policy({"name": "x", "rules": {"if_unmeasured": "pass"}})
+    with pytest.raises(CcwError) as info:
+        validate_policy({"name": "x", "rules": {"if_unmeasured": "ignore"}})
+    assert info.value.details["errors"][0]["path"] == "/rules/if_unmeasured"

@@ -382,6 +382,8 @@ def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
         writes = Journal(state).writes("cap1")
         assert [(w["path"], w["action"]) for w in writes] == [("f.txt", "write"), ("new.txt", "write"), ("new.txt", "delete")]
         assert base64.b64decode(writes[0]["content_b64"]) == b"changed in capsule\n"
+        # Each advanced the capsule's change generation (deltamin trusts only runs of the last).
+        assert [w["generation"] for w in writes] == [1, 2, 3] and Journal(state).generation("cap1") == 3
     finally:
         state.close()
 

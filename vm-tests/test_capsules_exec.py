@@ -149,3 +149,18 @@ def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -
     ok = run(manager, cid, [PYTHON, "-c", "print(len(bytearray(8 << 20)))"], timeout_ms=60_000)
     assert ok["exit_code"] == 0 and ok["stdout"] == f"{8 << 20}\n"
     assert isinstance(ok["usage"], dict) and ok["usage"]["cpu_ms"] is not None
+
+
+def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: CapsuleManager, tmp_path: Path) -> None:
+    """On timeout the init is asked to end the jail itself, so it reaps and reports: a
+    SIGKILLed init has its processes reaped by the kernel, which counts none of them."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    capsule = manager.create(0, 0, str(ws))["capsule_id"]
+    grow = f"{PYTHON} -c \"b = b'x' * (64 << 20)\""
+    result = run(manager, capsule, ["sh", "-c", f"{grow}; exec sleep 600"], timeout_ms=5000)
+    assert result["timed_out"] is True and result["signal"] == "SIGKILL"
+    usage, sources = result["usage"], result["usage_sources"]
+    assert isinstance(usage, dict) and isinstance(sources, dict)
+    assert usage["rss_max_process_kb"] >= 64 << 10, result["usage_unavailable"]
+    assert sources["rss_max_process_kb"].startswith("wait4 rusage of the jail's init")

@@ -172,3 +172,19 @@ def test_rootless_tracer_reports_read_as_unavailable(overlay: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "read=None" in out.stdout and "written=[]" in out.stdout
     assert "CAP_SYS_ADMIN" in out.stdout
+
+
+def test_directories_opened_are_listed_and_executables_named(overlay: Path, cgroup: ExecCgroup) -> None:
+    # FAN_ONDIR: a directory open is a FAN_OPEN event whose mask does not say "dir" (fd
+    # mode); the tracer tells it by fstat and puts it in `listed`, never in `read`.
+    shutil.copy("/bin/true", overlay / "merged" / "tool")
+    tracer = Tracer.prepare(str(overlay / "merged"))
+    try:
+        tracer.enter(cgroup, visible_at=str(overlay / "jail"))
+        run_in_jail(overlay, cgroup, "ls >/dev/null && ls src >/dev/null && ./tool && cat a.txt >/dev/null")
+        touched = tracer.collect()
+    finally:
+        tracer.teardown()
+    assert touched.listed == [".", "src"]
+    assert touched.executed == ["tool"]
+    assert touched.read == ["a.txt", "tool"]

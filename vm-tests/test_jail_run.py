@@ -358,16 +358,26 @@ class RecordingCgroup:
         self.kills += 1
 
 
-def test_cgroup_is_entered_before_the_jail_starts_and_killed_on_timeout(capsule: Capsule) -> None:
+def test_cgroup_is_entered_before_the_jail_starts_and_the_init_ends_it_on_timeout(capsule: Capsule) -> None:
     cgroup = RecordingCgroup()
     started: list[int] = []
     result = jail.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup,  # type: ignore[arg-type]
                       on_started=started.append)
-    assert result.timed_out
+    assert result.timed_out and result.signal == "SIGKILL"
     assert len(cgroup.entered) == 1
     assert cgroup.entered_state == [os.readlink("/proc/self/ns/cgroup")]  # still waiting on the sync pipe
-    assert cgroup.kills >= 1
+    # Asked to, the init killed and reaped the jail itself, and reported what it used.
+    assert cgroup.kills == 0 and result.init_report is not None
     assert len(started) == 1
+
+
+def test_an_init_that_cannot_be_asked_is_killed_with_its_cgroup(capsule: Capsule,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jail._Running, "end", lambda self: False)
+    cgroup = RecordingCgroup()
+    result = jail.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup)  # type: ignore[arg-type]
+    assert result.timed_out and result.signal == "SIGKILL"
+    assert cgroup.kills >= 1 and result.init_report is None
 
 
 def test_a_failing_cgroup_enter_aborts_without_leftovers(capsule: Capsule) -> None:

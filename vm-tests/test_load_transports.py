@@ -1,7 +1,7 @@
 """Load: 50 concurrent clients over the unix socket and 50 over HTTP (loopback), mixed
 side-effect-free tools, half of each as direct methods and half over an initialized MCP
-session; no answer lost or out of order on any connection, no tool error, and the
-server survives and exits cleanly.
+session; no answer lost on any connection, no direct method's answer out of order, no
+tool error, and the server survives and exits cleanly.
 
 The full size of issue 9 (50 clients x 2,000 requests per transport) is
 ``python bench/run.py load``; here each client sends fewer requests (socket 200, HTTP
@@ -23,7 +23,7 @@ SIZES = {"socket": 200, "http": 100}
 @pytest.mark.parametrize("transport", ["socket", "http"])
 def test_fifty_concurrent_clients(tmp_path: Path, transport: str, record_property: object) -> None:
     result = run_load(tmp_path, transport, clients=50, count=SIZES[transport])
-    assert len(result.latencies) == 50 * SIZES[transport]  # run_load also checked every id, in order
+    assert len(result.latencies) == 50 * SIZES[transport]  # run_load also checked every id (direct methods: in order)
     assert result.tool_errors == 0
     print(
         f"\nload {transport}: 50 clients x {SIZES[transport]}: p50 {result.quantile_ms(0.5):.1f} ms, "

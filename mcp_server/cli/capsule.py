@@ -33,6 +33,7 @@ from mcp_server.cli.output import (
 )
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.core.policy import FIGURE_MEANINGS
 
 EXIT_TIMEOUT = 124
 
@@ -108,6 +109,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     witness.add_argument("capsule_id")
     witness.add_argument("--no-blobs", action="store_true", help="do not carry the base files the runs read")
     witness.add_argument("--no-compress", action="store_true", help="plain .tar")
+    witness.add_argument("--all", action="store_true", help="carry the whole base (.git aside), not only what the runs used")
+    witness.add_argument("--max-base-mb", type=int, help="most MiB of base files to carry (default 1024)")
 
     replay = verbs.add_parser("replay", parents=[common], help="re-run a witness and compare")
     replay.add_argument("witness", help="a witness id (wit_…) or the path of a witness file")
@@ -168,7 +171,9 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
         return "capsule_promote", call, "promote"
     if verb == "witness":
         call = {"capsule_id": args.capsule_id, "include_blobs": not args.no_blobs,
-                "compress": "none" if args.no_compress else "zstd"}
+                "compress": "none" if args.no_compress else "zstd", "carry": "all" if args.all else "used"}
+        if args.max_base_mb is not None:
+            call["max_base_mb"] = args.max_base_mb
         return "capsule_witness", call, "witness"
     if verb == "replay":
         key = args.witness
@@ -234,11 +239,20 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         report = result["policy_report"]
         for path in result["applied"]:
             print(path)
-        done = "would promote" if result.get("dry_run") else "promoted"
-        if result["promoted"] or (result.get("dry_run") and report["passed"]):
-            print(paint(f"{done}: {len(result['applied'])} paths", "\x1b[32m", color_err), file=sys.stderr)
+        dry_run = bool(result.get("dry_run"))
+        policies = ", ".join(report.get("policies", [])) or "baseline"
+        lines = policy_lines(report)
+        if result["promoted"] or (dry_run and report["passed"]):
+            done = "would promote" if dry_run else "promoted"
+            print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
+                  file=sys.stderr)
+            for line in lines:
+                print(f"  {line}", file=sys.stderr)
             return 0
-        print(paint(f"not promoted: {report['details']}", "\x1b[31m", color_err), file=sys.stderr)
+        head = "would not promote" if dry_run else "not promoted, nothing written"
+        print(paint(f"{head}: policy {policies} failed", "\x1b[31m", color_err), file=sys.stderr)
+        for line in lines:
+            print(f"  {line}", file=sys.stderr)
         return 1
     if verb == "witness":
         print(f"{result['witness_id']} {result['path']}")
@@ -249,18 +263,69 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
         print("replay_ok" if ok else "replay MISMATCH")
         for mismatch in result.get("mismatches", []):
             print(f"  {mismatch}")
+        for diff in result.get("output_diffs", []):  # shown, never a failure by itself
+            print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
+            for line in diff["lines"] or [diff.get("note", "")]:
+                print(f"  {line}", file=sys.stderr)
         return 0 if ok else 1
     if verb == "list":
         for capsule in result["capsules"]:
             parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
             print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
-                  f"{capsule['workspace']}{parent}")
+                  f"generation={capsule['generation']}  {capsule['workspace']}{parent}")
         return 0
     if verb == "destroy":
         print(f"destroyed {result['capsule_id']}")
         return 0
     print_json(result)  # deltamin: the structured result is the readable form
     return 0
+
+
+def policy_lines(report: dict[str, Any]) -> list[str]:
+    """One line per failed check of a policy report, then its notes and what to do about them."""
+    lines = []
+    for failure in report["test_failures"]:
+        lines.append(f"tests: {failure['cmd']!r} exited {failure['exit_code']}"
+                     + (" (timed out)" if failure.get("timed_out") else ""))
+    for denied in report.get("denied", []):
+        lines.append(f"paths: {denied['path']} ({'/'.join(denied['how'])}) matches denied {denied['glob']}")
+    violations = report["resource_violations"]
+    refused = [v for v in violations if "figure" in v]
+    for violation in violations:
+        if "figure" not in violation:
+            lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
+    lines += [f"resources: {line}; the policy refuses what it cannot check (if_unmeasured: refuse)"
+              for line in _unmeasured_lines(refused)]
+    lines += [f"replay: {clause.removeprefix('replay ')}" for clause in report["details"].split("; ")
+              if clause.startswith("replay")]
+    lines += [f"note: {line}; passed, as the policy allows (if_unmeasured: pass)"
+              for line in _unmeasured_lines(report.get("resource_unmeasured", []))]
+    if "read sets unavailable" in report["details"]:
+        lines.append("note: files read are not traced here (rootless: no fanotify), so deny_paths "
+                     "was checked against the files written and changed only")
+    if refused:
+        lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
+                     "ccw-helper service, README 'System service'), or a policy that passes them "
+                     "(if_unmeasured: pass, as --policy baseline has)")
+    return lines
+
+
+def _unmeasured_lines(items: list[dict[str, Any]]) -> list[str]:
+    """One line per ceiling whose figure was not measured, for all the execs concerned."""
+    by_rule: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for item in items:
+        by_rule.setdefault((item["rule"], item["figure"]), []).append(item)
+    lines = []
+    for (rule, figure), group in sorted(by_rule.items()):
+        execs = ", ".join(str(item["exec"]) for item in group)
+        why = group[0]["why"].split("; ")[0]  # the first clause says what was missing
+        line = (f"{rule} {group[0]['limit']} cannot be checked: {figure} ({FIGURE_MEANINGS[figure]}) was not "
+                f"measured for exec(s) {execs} ({why})")
+        largest = [item["largest_process_mb"] for item in group if "largest_process_mb" in item]
+        if largest:
+            line += f"; the largest single process peaked at {max(largest):.1f} MiB"
+        lines.append(line)
+    return lines
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

@@ -7,11 +7,24 @@ it read, wrote and changed, the results of required tests and of the replay) and
 Choices made here:
 - Several policies combine as the strictest of each: the lowest resource ceilings, the
   union of denied globs and required tests, replay required if any policy requires it.
-- A resource figure that could not be measured (``null``, e.g. in rootless mode) cannot
-  show a ceiling was kept, so it counts as a violation that says so: fail closed.
+- A resource figure that could not be measured (``null``, e.g. the total memory of a
+  rootless exec, which has no memory cgroup) cannot show a ceiling was kept.  The policy
+  decides, explicitly, with ``if_unmeasured``: ``refuse`` makes it a violation that names
+  the figure and why it is missing; ``pass`` lets the check pass and lists it in the
+  report's ``resource_unmeasured`` with the reason.  Combined, ``refuse`` wins; with no
+  policy saying anything, ``refuse`` (fail closed).
+- ``max_rss_mb`` is about the exec's total memory (``rss_max_kb``: its memory cgroup's
+  peak, all processes together).  Without one, ``rss_max_process_kb`` (the largest
+  single process, from wait4 rusage) is a lower bound of the total: above the ceiling,
+  it proves a violation; below, it proves nothing, and the total counts as unmeasured.
+  ``max_cpu_ms`` takes ``cpu_ms`` from either source: the cgroup's counter and the
+  rusage of every process the jail's init reaped are the same sum.
 - ``replay_ok`` is ``null`` when no policy required a replay and none was run: a
   replay re-runs every exec, too costly to do unasked, and ``true`` would claim a check
-  that did not happen.
+  that did not happen.  It means the same exit codes, signals, timeouts, files written
+  and changes (core/replaydiff.py); output is not part of it.  ``require_identical_output``
+  asks, in addition, that every exec print the same bytes (``output_identical``), which
+  a test runner printing durations never does.
 - ``deny_paths`` globs: ``*`` and ``?`` stay inside one path segment, ``**`` spans any
   number of segments (zero included), ``~`` is the caller's home directory.  A glob that
   is absolute (after ``~`` expansion) matches the absolute path of each file
@@ -34,7 +47,8 @@ import jsonschema
 from sandbox.errors import CcwError
 
 POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
-RULE_NAMES = ("deny_paths", "max_cpu_ms", "max_rss_mb", "require_replay_ok", "require_tests")
+RULE_NAMES = ("deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb", "require_identical_output", "require_replay_ok",
+              "require_tests")
 
 
 @functools.cache
@@ -134,6 +148,8 @@ class ExecFacts:
     argv: list[str]
     cpu_ms: int | None
     rss_max_kb: int | None
+    rss_max_process_kb: int | None = None  # the largest single process (rusage), where known
+    unavailable: dict[str, str] = field(default_factory=dict)  # figure -> why it is null
 
 
 @dataclass
@@ -166,12 +182,22 @@ class CombinedRules:
     deny_paths: list[str] = field(default_factory=list)
     require_tests: list[str | list[str]] = field(default_factory=list)
     require_replay_ok: bool = False
+    require_identical_output: bool = False
+    if_unmeasured: str = "refuse"  # or "pass": what a ceiling does with a figure that was not measured
+
+    @property
+    def needs_replay(self) -> bool:
+        """Whether judging these rules takes a replay."""
+        return self.require_replay_ok or self.require_identical_output
 
     @classmethod
     def combine(cls, policies: Iterable[dict[str, Any]]) -> CombinedRules:
-        """Fold policies: lowest ceilings, union of globs and tests, replay if any wants it."""
+        """Fold policies: lowest ceilings, union of globs and tests, replay if any wants it,
+        unmeasured figures passed only if every policy says so."""
         out = cls()
+        decisions = []
         for policy in policies:
+            decisions.append(policy["rules"].get("if_unmeasured", "refuse"))
             rules = policy["rules"]
             for key in ("max_rss_mb", "max_cpu_ms"):
                 if key in rules:
@@ -184,7 +210,9 @@ class CombinedRules:
                 if test not in out.require_tests:
                     out.require_tests.append(test)
             out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
+            out.require_identical_output = out.require_identical_output or bool(rules.get("require_identical_output"))
         out.deny_paths.sort()
+        out.if_unmeasured = "pass" if decisions and all(d == "pass" for d in decisions) else "refuse"
         return out
 
 
@@ -208,10 +236,32 @@ def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, An
     return hits
 
 
+FIGURE_MEANINGS = {"rss_max_kb": "the exec's total memory", "cpu_ms": "the exec's CPU time"}
+_REASON_CAP = 300  # characters of a helper's reason kept in a report
+
+
+def _short(reason: str) -> str:
+    return reason if len(reason) <= _REASON_CAP else reason[: _REASON_CAP - 1] + "…"
+
+
 def resource_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, Any]]:
-    """Each exec that broke (or could not be shown to keep) a resource ceiling."""
-    out = []
+    """Each exec that broke a resource ceiling, or could not be shown to keep it and the
+    rules refuse unmeasured figures."""
+    broken, unmeasured = resource_checks(rules, facts)
+    if rules.if_unmeasured == "refuse":
+        for item in unmeasured:
+            broken.append({**item, "value": None, "reason": item["reason"] + "; the policy refuses figures it "
+                           "cannot check (if_unmeasured: refuse)"})
+        broken.sort(key=lambda v: (v["exec"], v["rule"]))
+    return broken
+
+
+def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(ceilings broken, ceilings whose figure was not measured), one entry per exec and rule."""
+    broken: list[dict[str, Any]] = []
+    unmeasured: list[dict[str, Any]] = []
     for ex in facts.execs:
+        label = f"exec {ex.seq} ({' '.join(ex.argv)[:80]})"
         checks = (
             ("max_rss_mb", rules.max_rss_mb, None if ex.rss_max_kb is None else ex.rss_max_kb / 1024, "rss_max_kb"),
             ("max_cpu_ms", rules.max_cpu_ms, ex.cpu_ms, "cpu_ms"),
@@ -219,13 +269,26 @@ def resource_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[
         for rule, limit, value, figure in checks:
             if limit is None:
                 continue
-            if value is None:
-                out.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": None,
-                            "reason": f"{figure} was not measured for this exec, so the ceiling cannot be shown to hold"})
-            elif value > limit:
-                out.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(value, 3),
-                            "reason": f"exec {ex.seq} ({' '.join(ex.argv)[:80]}) used {round(value, 3)} > {limit}"})
-    return out
+            if value is not None:
+                if value > limit:
+                    broken.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(value, 3),
+                                   "reason": f"{label} used {round(value, 3)} > {limit}"})
+                continue
+            single = None if figure != "rss_max_kb" or ex.rss_max_process_kb is None else ex.rss_max_process_kb / 1024
+            if single is not None and single > limit:
+                # The total is at least its largest process: the ceiling was broken.
+                broken.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(single, 3),
+                               "reason": f"{label} had a single process at {round(single, 3)} MiB > {limit} "
+                                         "(rss_max_process_kb; the total was not measured and is at least that)"})
+                continue
+            why = _short(ex.unavailable.get(figure, "no reason was recorded"))
+            reason = f"{figure} ({FIGURE_MEANINGS[figure]}) was not measured for {label}: {why}"
+            entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure, "why": why}
+            if single is not None:
+                entry["largest_process_mb"] = round(single, 3)
+                reason += f"; its largest single process peaked at {round(single, 1)} MiB"
+            unmeasured.append({**entry, "reason": reason})
+    return broken, unmeasured
 
 
 def evaluate(
@@ -234,10 +297,13 @@ def evaluate(
     tests: Sequence[RequiredTestOutcome],
     replay_ok: bool | None,
     replay_details: str = "",
+    output_identical: bool | None = None,
+    output_details: str = "",
 ) -> dict[str, Any]:
-    """Seed 003's policy_report for these facts."""
+    """Seed 003's policy_report for these facts (plus ``output_identical``)."""
     denied = denied_paths(rules, facts)
     violations = resource_violations(rules, facts)
+    passed_unmeasured = resource_checks(rules, facts)[1] if rules.if_unmeasured == "pass" else []
     failures = [
         {"cmd": t.cmd, "exit_code": t.exit_code, "timed_out": t.timed_out, "stderr_tail": t.stderr_tail}
         for t in tests
@@ -248,7 +314,9 @@ def evaluate(
     resource_ok = not violations
     replay_needed = rules.require_replay_ok
     replay_pass = (replay_ok is True) if replay_needed else (replay_ok is not False)
-    passed = tests_ok and paths_ok and resource_ok and replay_pass
+    # Output that differs fails only a policy that asks for identical output.
+    output_pass = output_identical is True if rules.require_identical_output else True
+    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass
     reasons = []
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
@@ -258,17 +326,26 @@ def evaluate(
         reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
     if not replay_pass:
         reasons.append("replay did not reproduce the capsule's runs" + (f": {replay_details}" if replay_details else ""))
+    if not output_pass:
+        reasons.append("replay printed different output and a policy requires identical output"
+                       + (f": {output_details}" if output_details else ""))
+    if passed_unmeasured:
+        figures = sorted({u["figure"] for u in passed_unmeasured})
+        reasons.append(f"note: {', '.join(figures)} not measured for {len(passed_unmeasured)} check(s), passed as the "
+                       f"policy allows (if_unmeasured: pass); first: {passed_unmeasured[0]['reason']}")
     if facts.read_unavailable and rules.deny_paths:
         reasons.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
     return {
         "passed": passed,
         "tests_ok": tests_ok,
         "replay_ok": replay_ok,  # null when no policy asked for a replay and none was run
+        "output_identical": output_identical,  # likewise
         "resource_ok": resource_ok,
         "paths_ok": paths_ok,
         "deny_paths": [d["path"] for d in denied],
         "denied": denied,
         "resource_violations": violations,
+        "resource_unmeasured": passed_unmeasured,  # ceilings passed without their figure (if_unmeasured: pass)
         "test_failures": failures,
         "details": "All checks passed" if passed and not reasons else "; ".join(reasons) or "All checks passed",
     }

@@ -4,7 +4,11 @@ Format (``ccw-witness/1``): a tar (optionally zstd-compressed) whose first membe
 ``manifest.json`` — canonical JSON naming the base, the capsule's settings, every exec
 from the journal, every change a file tool made between execs (``writes``, sharing the
 execs' sequence numbers), and the change set — followed by ``blobs/<blake3 hex>`` for each blob
-the manifest names, in hash order.  ``root_hash`` is ``blake3:`` + blake3 of the
+the manifest names, in hash order.  ``base.files`` lists what a replay rebuilds the
+base from: files (blob, mode, ``mtime_ns``), directories (mode) and symlinks (target),
+chosen as tools/witness_base.py says.  Each exec's ``output`` names the blobs of its
+stdout and stderr as kept (``kept_bytes``, and the ``cap`` in force); fields added since
+the first witnesses are optional, so older witnesses still verify and replay.  ``root_hash`` is ``blake3:`` + blake3 of the
 canonical manifest bytes; since the manifest names every blob by its blake3, the root
 hash covers every byte of the witness.  The archive is deterministic: fixed member
 metadata (mtime 0, uid/gid 0, mode 0644, no user names), fixed order, fixed zstd level
@@ -56,6 +60,8 @@ def manifest_blobs(manifest: dict[str, Any]) -> list[str]:
     for ex in manifest.get("execs", []):
         if ex.get("stdin_blob"):
             names.add(ex["stdin_blob"])
+        for kept in (ex.get("output") or {}).values():
+            names.add(kept["blob"])
     for write in manifest.get("writes", []):
         if write.get("blob"):
             names.add(write["blob"])
@@ -222,6 +228,9 @@ def _fields_naming(manifest: dict[str, Any], name: str) -> list[str]:
     for i, ex in enumerate(manifest.get("execs", [])):
         if ex.get("stdin_blob") == name:
             out.append(f"/execs/{i}/stdin_blob")
+        for stream, kept in sorted((ex.get("output") or {}).items()):
+            if kept["blob"] == name:
+                out.append(f"/execs/{i}/output/{stream}/blob")
     for i, write in enumerate(manifest.get("writes", [])):
         if write.get("blob") == name:
             out.append(f"/writes/{i}/blob")

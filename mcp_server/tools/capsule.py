@@ -15,6 +15,14 @@ Choices made here, where seed 003 is silent:
 - ``capsule_diff`` compares the capsule's view with its base (the workspace as it is now,
   since the live tree is the capsule's lower layer); files that are not UTF-8 are shown
   as git binary patches, so the unified diff always applies with ``git apply``.
+- Execs, forks and destroys of one capsule take turns in arrival order
+  (``ctx.capsule_turn``, see mcp_server/capsule_queue.py): a second exec sent while one
+  runs waits, reporting "queued" through progress, instead of failing; cancelled while
+  it waits, it never runs.  Diff, list and file reads take no turn.
+- Every result that describes a capsule carries its change ``generation`` (see
+  mcp_server/journal.py); an exec's result gives the one it started on and the one it
+  left.  An exec whose reply never came (cancelled while running, the helper died)
+  advances the generation: what it wrote is unknown.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any
 import blake3
 import trio
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView, lstat
 from mcp_server.core.paths import encoded as encoded_path
@@ -38,8 +47,13 @@ from sandbox.protocol import DISK_MB_MAX, DISK_MB_MIN
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+USAGE_FIGURES = ("cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
+SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
+SETTLE_POLL_S = 0.1
+# Errors with which the helper refuses an exec before anything runs in the capsule.
+_REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
 CAPSULE_ID = {
     "type": "string",
@@ -47,6 +61,12 @@ CAPSULE_ID = {
     "description": "A capsule id returned by capsule_create or capsule_fork.",
 }
 _NULLABLE_INT = {"type": ["integer", "null"]}
+GENERATION = {
+    "type": "integer",
+    "minimum": 0,
+    "description": "The capsule's change generation: every write to its contents (a file tool, a patch, "
+                   "an exec that wrote) advances it. capsule_deltamin trusts only runs of the current one.",
+}
 LIMITS = {
     "type": "object",
     "additionalProperties": False,
@@ -69,10 +89,11 @@ _CAPSULE_OUT_PROPS: dict[str, Any] = {
     "clock": {"type": "string", "description": "The time the capsule's commands see (ISO 8601)."},
     "isolation": ISOLATION,
     "parent": {"type": ["string", "null"]},
+    "generation": GENERATION,
 }
 CAPSULE_OUT = {
     "type": "object",
-    "required": ["capsule_id", "mount", "clock", "isolation", "workspace"],
+    "required": ["capsule_id", "mount", "clock", "isolation", "workspace", "generation"],
     "properties": _CAPSULE_OUT_PROPS,
     "additionalProperties": False,
 }
@@ -110,6 +131,7 @@ def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
         "clock": record.clock,
         "isolation": record.isolation,
         "parent": record.parent,
+        "generation": record.generation,
     }
 
 
@@ -161,8 +183,15 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 
 def exec_env(record: CapsuleRecord) -> dict[str, str]:
+    """The environment of a command in the capsule: whitelisted variables, else defaults.
+
+    PATH starts with the workspace's ``.venv/bin``, as ``uv run`` and ``poetry run`` put
+    the project's environment first: ``pytest`` in a capsule is the project's pytest.
+    Always there, present or not, so the environment of a run does not depend on the
+    host (a replay sees the same PATH).
+    """
     env = {k: os.environ[k] for k in record.env_whitelist if k in os.environ and k != "HOME"}
-    env.setdefault("PATH", DEFAULT_PATH)
+    env.setdefault("PATH", f"{os.path.join(record.workspace, '.venv', 'bin')}:{DEFAULT_PATH}")
     env.setdefault("LANG", "C.UTF-8")
     return env
 
@@ -185,7 +214,7 @@ def _hash(data: bytes) -> str:
 
 
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Run a command in a capsule's jail and record it in the journal."""
+    """Run a command in a capsule's jail (after the calls queued before it) and journal it."""
     record = live_record(ctx, args["capsule_id"])
     cwd = _resolve_cwd(record, args.get("cwd"))
     timeout_ms = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
@@ -202,42 +231,65 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         request["stdin_b64"] = base64.b64encode(stdin_bytes).decode()
     if record.limits:
         request["limits"] = record.limits
-    started = _now()
-    helper = await ctx.helper()
     request["progress_ms"] = PROGRESS_MS
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_exec", args)) as ticket:
+        record = live_record(ctx, record.capsule_id)  # a destroy queued before this call may have run
+        assert ticket.started is not None
+        waited_ms = int((ticket.started - ticket.arrived) * 1000)
+        journal = _journal(ctx)
+        started_generation = journal.generation(record.capsule_id)
+        started = _now()
+        helper = await ctx.helper()
 
-    async def forward(report: dict[str, Any]) -> None:
-        await ctx.progress(float(report["elapsed_ms"]), float(timeout_ms), _progress_message(report))
+        async def forward(report: dict[str, Any]) -> None:
+            # Counted from the call's arrival, so the reports of a call that was queued
+            # keep increasing (MCP asks progress to grow).
+            await ctx.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
+                               _progress_message(report))
 
-    reply = await helper.request("exec", request, on_progress=forward)
-    stdout = base64.b64decode(reply["stdout_b64"])
-    stderr = base64.b64decode(reply["stderr_b64"])
-    usage = {k: reply["usage"].get(k) for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")}
-    touched = {"read": reply["touched"]["read"], "written": reply["touched"]["written"]}
-    _journal(ctx).add_exec(
-        record.capsule_id,
-        {
-            "started_at": _iso(started),
-            "argv": request["argv"],
-            "cwd": cwd,
-            "env_keys": sorted(request["env"]),
-            "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
-            "stdin_b64": request.get("stdin_b64"),
-            "timeout_ms": timeout_ms,
-            "exit_code": reply["exit_code"],
-            "signal": reply.get("signal"),
-            "timed_out": int(bool(reply["timed_out"])),
-            "oom_killed": int(bool(reply.get("oom_killed"))),
-            "stdout_blake3": _hash(stdout),
-            "stderr_blake3": _hash(stderr),
-            "stdout_bytes": reply["stdout_bytes"],
-            "stderr_bytes": reply["stderr_bytes"],
-            "duration_ms": reply["duration_ms"],
-            "usage": usage,
-            "touched": touched,
-        },
-    )
-    await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
+        try:
+            reply = await helper.request("exec", request, on_progress=forward)
+        except BaseException as exc:
+            if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
+                with trio.CancelScope(shield=True):
+                    await _settle(helper, record.capsule_id)
+                    journal.advance(record.capsule_id)
+            raise
+        stdout = base64.b64decode(reply["stdout_b64"])
+        stderr = base64.b64decode(reply["stderr_b64"])
+        usage = {k: reply["usage"].get(k) for k in USAGE_FIGURES}
+        usage_unavailable = dict(sorted(reply.get("usage_unavailable", {}).items()))
+        usage_sources = dict(sorted(reply.get("usage_sources", {}).items()))
+        # listed (directories opened) and executed are null exactly when read is.
+        touched = {key: reply["touched"].get(key) for key in ("read", "written", "listed", "executed")}
+        seq = journal.add_exec(
+            record.capsule_id,
+            {
+                "started_at": _iso(started),
+                "argv": request["argv"],
+                "cwd": cwd,
+                "env_keys": sorted(request["env"]),
+                "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
+                "stdin_b64": request.get("stdin_b64"),
+                "timeout_ms": timeout_ms,
+                "exit_code": reply["exit_code"],
+                "signal": reply.get("signal"),
+                "timed_out": int(bool(reply["timed_out"])),
+                "oom_killed": int(bool(reply.get("oom_killed"))),
+                "stdout_blake3": _hash(stdout),
+                "stderr_blake3": _hash(stderr),
+                "stdout_bytes": reply["stdout_bytes"],
+                "stderr_bytes": reply["stderr_bytes"],
+                "duration_ms": reply["duration_ms"],
+                # The journal keeps each figure's mechanism and each null's reason with it.
+                "usage": {**usage, "sources": usage_sources, "unavailable": usage_unavailable},
+                "touched": touched,
+                "generation": started_generation,
+            },
+        )
+        journal.add_outputs(record.capsule_id, seq, {"stdout": stdout, "stderr": stderr})  # for witnesses
+        generation = journal.generation(record.capsule_id)
+        await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
     return {
         "exit_code": reply["exit_code"],
         "signal": reply.get("signal"),
@@ -250,12 +302,34 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "stderr_bytes": reply["stderr_bytes"],
         "truncated": {"stdout": bool(reply["truncated"]["stdout"]), "stderr": bool(reply["truncated"]["stderr"])},
         "usage": usage,
-        "usage_unavailable": dict(sorted(reply.get("usage_unavailable", {}).items())),
+        "usage_unavailable": usage_unavailable,
+        "usage_sources": usage_sources,
         "disk_full": bool((reply.get("disk") or {}).get("full")),
         "disk": reply.get("disk"),
         "touched": touched,
         "touched_unavailable": dict(sorted(reply.get("touched_unavailable", {}).items())),
+        "started_generation": started_generation,
+        "generation": generation,
+        "queued_ms": waited_ms,
     }
+
+
+async def _settle(helper: Any, capsule_id: str) -> None:
+    """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
+
+    The helper notices a caller that went away when its next progress report fails to
+    send (every PROGRESS_MS), then kills the jail; until then the capsule is busy there,
+    and the next queued exec would be refused with CONFLICT.
+    """
+    with trio.move_on_after(SETTLE_S):
+        while True:
+            try:
+                listed = (await helper.request("list", {}))["capsules"]
+            except CcwError:
+                return  # the helper is gone: nothing runs there any more
+            if not any(c["capsule_id"] == capsule_id and c.get("state") == "busy" for c in listed):
+                return
+            await trio.sleep(SETTLE_POLL_S)
 
 
 def note_tool_changes(state: Any, capsule_id: str, view: RootView, paths: list[str]) -> None:
@@ -360,8 +434,10 @@ def _stat_line(file: dict[str, Any]) -> str:
 async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """A child capsule stacked on its parent's view."""
     parent = live_record(ctx, args["capsule_id"])
-    helper = await ctx.helper()
-    reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
+    async with ctx.capsule_turn(parent.capsule_id, turn_label("capsule_fork", args)):
+        parent = live_record(ctx, parent.capsule_id)
+        helper = await ctx.helper()
+        reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
     created = _now()
     record = CapsuleRecord(
         capsule_id=reply["capsule_id"],
@@ -399,6 +475,7 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
                 "parent": item.get("parent"),
                 "created_at": record.created_at if record else item.get("created_at", ""),
                 "execs": execs,
+                "generation": record.generation if record else 0,
             }
         )
     return {"capsules": out}
@@ -407,16 +484,23 @@ async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Unmount a capsule and delete its data; its journal stays for witnesses."""
     record = live_record(ctx, args["capsule_id"])
-    helper = await ctx.helper()
-    await helper.request("destroy", {"capsule_id": record.capsule_id})
-    _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_destroy", args)):
+        record = live_record(ctx, record.capsule_id)
+        helper = await ctx.helper()
+        await helper.request("destroy", {"capsule_id": record.capsule_id})
+        _journal(ctx).mark_destroyed(record.capsule_id, _iso(_now()))
     return {"capsule_id": record.capsule_id, "destroyed": True}
 
 
 _USAGE = {
     "type": "object",
-    "required": ["cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb"],
-    "properties": {k: _NULLABLE_INT for k in ("cpu_ms", "rss_max_kb", "io_read_kb", "io_write_kb")},
+    "description": (
+        "null: not measured (the reason is in usage_unavailable), never 0; usage_sources names the "
+        "mechanism of every other figure. rss_max_kb is the exec's total (its memory cgroup's peak); "
+        "rss_max_process_kb the largest single process (wait4 rusage), present without cgroups too."
+    ),
+    "required": list(USAGE_FIGURES),
+    "properties": {k: _NULLABLE_INT for k in USAGE_FIGURES},
     "additionalProperties": False,
 }
 _PATHS = {"type": "array", "items": {"type": "string"}}
@@ -467,8 +551,10 @@ TOOLS = [
         title="Run in capsule",
         description=(
             "Run `cmd` (argv list) in the capsule's jail: its own pid/net/mount namespaces, the "
-            "workspace at its own path (copy-on-write), no network. Returns exit status, output, "
-            "resource usage and the files read and written."
+            "workspace at its own path (copy-on-write), no network; PATH starts with the workspace's "
+            ".venv/bin. Returns exit status, output, resource usage (each figure's mechanism in "
+            "usage_sources) and the files read and written. Execs on one capsule run one at a time in "
+            "arrival order: a call sent while another runs waits (progress says it is queued)."
         ),
         input_schema={
             "type": "object",
@@ -484,7 +570,8 @@ TOOLS = [
         },
         output_schema={
             "type": "object",
-            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms"],
+            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms",
+                         "started_generation", "generation"],
             "additionalProperties": False,
             "properties": {
                 "exit_code": _NULLABLE_INT,
@@ -506,13 +593,27 @@ TOOLS = [
                 },
                 "usage": _USAGE,
                 "usage_unavailable": _REASONS,
+                "usage_sources": _REASONS,
                 "touched": {
                     "type": "object",
                     "required": ["read", "written"],
-                    "properties": {"read": {"type": ["array", "null"], "items": {"type": "string"}}, "written": _PATHS},
+                    "properties": {
+                        "read": {"type": ["array", "null"], "items": {"type": "string"}},
+                        "written": _PATHS,
+                        "listed": {"type": ["array", "null"], "items": {"type": "string"},
+                                   "description": "Directories opened (listed), '.' the workspace root; null when read is."},
+                        "executed": {"type": ["array", "null"], "items": {"type": "string"},
+                                     "description": "Files run (execve), also in read; null when read is."},
+                    },
                     "additionalProperties": False,
                 },
                 "touched_unavailable": _REASONS,
+                "started_generation": {**GENERATION, "description": "The capsule's change generation the command ran on."},
+                "generation": {**GENERATION, "description": (
+                    "The capsule's change generation after the command: one more than started_generation "
+                    "if it wrote (or its writes could not be fully traced), else the same.")},
+                "queued_ms": {"type": "integer", "minimum": 0,
+                              "description": "How long the call waited for earlier execs on the capsule."},
             },
         },
         handler=capsule_exec,
@@ -557,7 +658,10 @@ TOOLS = [
         name="capsule_fork",
         family="capsule",
         title="Fork capsule",
-        description="A child capsule that starts from the parent's current view; the parent is left as it is.",
+        description=(
+            "A child capsule that starts from the parent's current view; the parent is left as it is (and "
+            "refuses execs and writes while it has forks). Waits for execs already running or queued on the parent."
+        ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema=CAPSULE_OUT,
         handler=capsule_fork,
@@ -579,7 +683,7 @@ TOOLS = [
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs"],
+                        "required": ["capsule_id", "workspace", "parent", "created_at", "execs", "generation"],
                         "additionalProperties": False,
                         "properties": {
                             "capsule_id": CAPSULE_ID,
@@ -587,6 +691,7 @@ TOOLS = [
                             "parent": {"type": ["string", "null"]},
                             "created_at": {"type": "string"},
                             "execs": {"type": "integer"},
+                            "generation": GENERATION,
                         },
                     },
                 }
@@ -602,7 +707,10 @@ TOOLS = [
         name="capsule_destroy",
         family="capsule",
         title="Destroy capsule",
-        description="Unmount the capsule and delete its changes. The real tree is not touched.",
+        description=(
+            "Unmount the capsule and delete its changes. The real tree is not touched. Waits for execs already "
+            "running or queued on the capsule; calls queued after it find the capsule gone."
+        ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema={
             "type": "object",

@@ -18,6 +18,18 @@ each of ``confirm_runs`` runs (default 1), and the capsule's own journaled runs 
 target command must agree with them; otherwise the tool says so instead of minimising noise.  The minimal set is
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
+
+Which journaled runs count (for the flakiness check and as evidence of what was read):
+only observations of the change being minimised, the capsule's contents at its current
+change generation (mcp_server/journal.py).  A run counts when it started on the current
+generation, or when its own writes produced the current generation from the one it
+started on: then nothing but its own outputs (``.pytest_cache``, ``__pycache__``, build
+products) differs from what it ran on.  So in the usual loop (tests pass and write
+caches, an edit, tests fail and write caches, deltamin) the failing run counts and the
+passing run before the edit does not; a command that gives different outcomes on the
+same generation is still called flaky.  The capsule's change, and the generation it is
+judged against, are read in the capsule's turn (after execs queued before this call),
+so they describe the same contents.
 """
 
 from __future__ import annotations
@@ -32,11 +44,12 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search
 from mcp_server.core.fsview import RootView
 from mcp_server.core.promote import make_symlink, remove_tree
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import CapsuleRecord, Journal, observes
 from mcp_server.tools.capsule import (
     CAPSULE_ID,
     capsule_create,
@@ -243,13 +256,16 @@ class Trials:
         return results
 
 
-def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str]) -> set[str] | None:
-    """Paths the target command read in the capsule's own runs, or None if unknown."""
+def _current_runs(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> list[dict[str, Any]]:
+    """The capsule's journaled runs of ``argv`` that observed its contents at ``generation``."""
+    return [ex for ex in journal.execs(record.capsule_id) if ex["argv"] == argv and observes(ex, generation)]
+
+
+def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> set[str] | None:
+    """Paths the target command read in the capsule's own runs of its current contents, or None if unknown."""
     reads: set[str] = set()
     seen = False
-    for ex in journal.execs(record.capsule_id):
-        if ex["argv"] != argv:
-            continue
+    for ex in _current_runs(journal, record, argv, generation):
         if ex["touched"]["read"] is None:
             return None
         seen = True
@@ -257,20 +273,21 @@ def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str]) -> set[s
     return reads if seen else None
 
 
-def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any) -> list[str]:
-    """Outcomes of the capsule's own runs of target_cmd, where the journal can tell them.
+def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any, generation: int) -> list[str]:
+    """Outcomes of the capsule's own runs of target_cmd on its current contents, where the
+    journal can tell them.
 
     They are observations of the full change set too: one that disagrees with the
-    confirmation run exposes a flaky command at no cost.  Only exit-status predicates
-    can be judged from the journal (it keeps output hashes, not output).
+    confirmation run exposes a flaky command at no cost.  Runs of earlier contents are
+    not (see the module docstring).  Only exit-status predicates can be judged from the
+    journal (it keeps output hashes, not output).
     """
     if isinstance(spec, dict) and "exit_code" not in spec:
         return []
     judge = predicate(spec)
     return [
         str(judge({"exit_code": ex["exit_code"], "timed_out": ex["timed_out"]}))
-        for ex in journal.execs(record.capsule_id)
-        if ex["argv"] == argv
+        for ex in _current_runs(journal, record, argv, generation)
     ]
 
 
@@ -297,15 +314,18 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     budget_s = (args.get("budget_ms") or 600_000) / 1000
     journal = Journal(ctx.state)
     helper = await ctx.helper()
-    changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
-    root_fd = await helper.open_root(record.capsule_id)
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_deltamin", args)):
+        record = live_record(ctx, record.capsule_id)
+        generation = journal.generation(record.capsule_id)
+        changes = (await helper.request("changes", {"capsule_id": record.capsule_id}))["changes"]
+        root_fd = await helper.open_root(record.capsule_id)
 
-    def read_material() -> tuple[Material, set[str]]:
-        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-            entries = changeset.expand(changes, base, capsule)
-            return units_from(entries, base, capsule), {e.path for e in entries if e.old is None}
+        def read_material() -> tuple[Material, set[str]]:
+            with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
+                entries = changeset.expand(changes, base, capsule)
+                return units_from(entries, base, capsule), {e.path for e in entries if e.old is None}
 
-    material, created = await trio.to_thread.run_sync(read_material)
+        material, created = await trio.to_thread.run_sync(read_material)
     if not material.units:
         raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
     trials = Trials(ctx, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
@@ -313,14 +333,16 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     runs = int(args.get("confirm_runs") or 1)
     confirm = await trials.batch([everything, ()] * runs)
     full, empty = confirm[0::2], confirm[1::2]
-    full += _journal_outcomes(journal, record, argv, args.get("failure_predicate", "exit_code"))
+    journaled = _journal_outcomes(journal, record, argv, args.get("failure_predicate", "exit_code"), generation)
+    full += journaled
     if len(set(full)) > 1 or len(set(empty)) > 1:
         raise CcwError(
             "CONFLICT",
             f"target_cmd is flaky: the same change set gave different outcomes over {runs} runs "
+            f"and {len(journaled)} journaled runs of the capsule's current contents (generation {generation}) "
             f"(full change: {', '.join(full)}; no change: {', '.join(empty)}); "
             "make it deterministic (seed randomness, fix the clock) before minimising",
-            {"full": full, "empty": empty},
+            {"full": full, "empty": empty, "generation": generation, "journaled": len(journaled)},
         )
     if full[0] != FAIL:
         raise CcwError("INVALID_ARGUMENT", f"the full change set does not fail ({full[0]}): nothing to minimise",
@@ -328,7 +350,7 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     if empty[0] != PASS:
         raise CcwError("INVALID_ARGUMENT", f"the base without any change already fails ({empty[0]}): "
                        "the change is not the cause", {"empty": empty})
-    reads = _evidence(journal, record, argv)
+    reads = _evidence(journal, record, argv, generation)
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
     level1 = await _search(Search(everything, PARALLEL, _relevant(material, reads, created), budget_s=remaining()), trials)
     total_trials, cache_hits = 2 * runs + level1.trials, level1.cache_hits

@@ -7,8 +7,9 @@ Order of checks, cheapest first, and why:
    error names every such path.
 2. **Policies**: paths and resources from the journal (no new runs), then required
    tests (run in a *fork* of the capsule, so test runs leave the capsule itself as it
-   is and are not promoted), then the replay if a policy requires it (a witness with
-   blobs, replayed in a fresh capsule).
+   is and are not promoted), then the replay if a policy requires it
+   (``require_replay_ok`` or ``require_identical_output``: a witness with blobs,
+   replayed in a fresh capsule).
 3. **Write** with core/promote.Promoter: temp files, fsync, journal, renames; recovered
    on the next start if interrupted.
 
@@ -102,7 +103,8 @@ def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entr
     for capsule in reversed(_lineage(journal, record)):
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]
-            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb")))
+            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
+                                         usage.get("rss_max_process_kb"), usage.get("unavailable", {})))
             read = ex["touched"]["read"]
             if read is None:
                 facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
@@ -178,15 +180,21 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     facts = _facts(record, journal, entries)
     tests = await _run_tests(ctx, record, rules.require_tests)
     replay_ok: bool | None = None
-    replay_details = ""
-    if rules.require_replay_ok:
+    output_identical: bool | None = None
+    replay_details = output_details = ""
+    if rules.needs_replay:
         made = await make_witness(ctx, record.capsule_id, "zstd", True)
         outcome = await replay(ctx, Path(made["path"]), made["root_hash"])
         replay_ok = bool(outcome["replay_ok"])
+        output_identical = bool(outcome["output_identical"])
         if not replay_ok:
             first = outcome["mismatches"][0]
             replay_details = f"{len(outcome['mismatches'])} mismatch(es), first {first.get('kind')} {first.get('exec', first.get('path'))} {first.get('field', '')}".strip()
-    report = evaluate(rules, facts, tests, replay_ok, replay_details)
+        if not output_identical:
+            diff = outcome["output_diffs"][0]
+            shown = "; ".join((diff["lines"] or [])[:2])
+            output_details = f"exec {diff['exec']} {diff['stream']}" + (f" ({shown})" if shown else "")
+    report = evaluate(rules, facts, tests, replay_ok, replay_details, output_identical, output_details)
     report["policies"] = list(names)
     ops = changeset.promote_ops(entries)
     would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
@@ -239,6 +247,8 @@ TOOLS = [
                     "properties": {
                         "passed": {"type": "boolean"}, "tests_ok": {"type": "boolean"},
                         "replay_ok": {"type": ["boolean", "null"]}, "resource_ok": {"type": "boolean"},
+                        "output_identical": {"type": ["boolean", "null"],
+                                             "description": "Whether the replay printed the same output (null: no replay)."},
                         "paths_ok": {"type": "boolean"}, "deny_paths": {"type": "array", "items": {"type": "string"}},
                         "resource_violations": {"type": "array"}, "test_failures": {"type": "array"},
                         "details": {"type": "string"},

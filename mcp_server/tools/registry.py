@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -42,6 +43,10 @@ class ToolContext(Protocol):
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress if the caller sent a progress token; otherwise do nothing."""
+
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Any]:
+        """Wait for the capsule's turn in arrival order and hold it for the block (execs, fork,
+        destroy: one at a time per capsule); a queued call reports so through ``progress``."""
 
     def log(self, message: str) -> None:
         """Write a diagnostic line to stderr (never stdout)."""

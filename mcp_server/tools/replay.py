@@ -1,13 +1,15 @@
 """capsule_replay: re-run a witness in a fresh capsule and compare (seed 003 §5).
 
-The base is rebuilt from the witness's blobs into a scratch directory and mounted at the
-recorded workspace path, or, without blobs, taken from the live workspace if every named
-base file still has its recorded hash.  Execs are re-run with the recorded argv, cwd,
-stdin and clock; file-tool writes recorded between them are redone in sequence.
-Environment values come from the replaying server (witnesses record names only).
-Exit codes, stdout/stderr hashes and the final state of every changed path are compared;
-``replay_ok`` is true only if all match, and each mismatch names the exec and stream or
-the path.
+The base is rebuilt from the witness's blobs into a scratch directory (files with their
+modes and mtimes, directories with their modes, symlinks as links) and mounted at the
+recorded workspace path, or, without blobs, taken from the live workspace if every
+named base entry still matches.  So a witness replays on a fresh state dir after the
+workspace has moved away.  Execs are re-run with the recorded argv, cwd, stdin and
+clock; file-tool writes recorded between them are redone in sequence.  Environment
+values come from the replaying server (witnesses record names only).
+
+What is compared, and what ``replay_ok`` and ``output_identical`` mean, is in
+core/replaydiff.py.  Each mismatch names the exec and field, or the path.
 """
 
 from __future__ import annotations
@@ -23,25 +25,65 @@ from typing import Any
 
 import trio
 
-from mcp_server.core import changeset
+from mcp_server.core import changeset, replaydiff
 from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.capsule import exec_env
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from mcp_server.tools.witness import PROBLEMS, WITNESS_ID, locate, verify_file
-from sandbox.errors import CcwError
+from sandbox.errors import CcwError, from_oserror
 
 
-def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: Path) -> None:
-    for item in manifest["base"]["files"]:
-        target = into / item["path"]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if item["type"] == "symlink":
-            os.symlink(item["target"], target)
-        else:
-            target.write_bytes(blobs[item["blob"]])
-            os.chmod(target, item["mode"])
+def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
+    """Lay out the witness's base entries under ``into``, never writing through a link.
+
+    The paths come from an archive, so every write resolves beneath ``into`` without
+    symlinks (RootView) and creates files exclusively.
+    """
+    from mcp_server.core.promote import make_symlink
+
+    dirs: list[tuple[str, int]] = []
+    with RootView.open(into) as view:
+        for item in manifest["base"]["files"]:
+            path = item["path"]
+            head = path.rpartition("/")[0]
+            if head:
+                view.makedirs(head)
+            if item["type"] == "dir":
+                view.makedirs(path)
+                dirs.append((path, item["mode"]))
+            elif item["type"] == "symlink":
+                make_symlink(view, item["target"], path)
+            else:
+                _create_file(view, path, blobs[item["blob"]], item["mode"], item.get("mtime_ns"))
+        for path, mode in reversed(dirs):  # deepest first: a read-only parent still lets children be set
+            view.chmod(path, mode)
+
+
+def _create_file(view: RootView, path: str, data: bytes, mode: int, mtime_ns: int | None) -> None:
+    head, _, name = path.rpartition("/")
+    parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="rebuild")
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    except OSError as exc:
+        raise from_oserror(exc, "creating a base file of the witness", path,
+                           "the witness names this path twice or below a non-directory: make it again") from exc
+    finally:
+        os.close(parent)
+    try:
+        _write_all(fd, data)
+        os.fchmod(fd, mode)
+        if mtime_ns is not None:
+            os.utime(fd, ns=(mtime_ns, mtime_ns))  # .pyc files check their source's mtime
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    rest = memoryview(data)
+    while rest:
+        rest = rest[os.write(fd, rest):]
 
 
 def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
@@ -77,6 +119,9 @@ def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             elif item["type"] == "symlink":
                 if side.target != item["target"]:
                     problems.append({"path": item["path"], "problem": "link target differs"})
+            elif item["type"] == "dir":
+                if side.kind != "dir":
+                    problems.append({"path": item["path"], "problem": "no longer a directory"})
             elif side.kind != "file" or wfmt.blob_hash(view.read_bytes(item["path"])) != item["blob"]:
                 problems.append({"path": item["path"], "problem": "content differs"})
     return problems
@@ -99,25 +144,6 @@ def _replay_changes(changes: list[dict[str, Any]], base_dir: str, root_fd: int) 
         return out
 
 
-def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:
-    # Only where each path ends up matters: "modified" against the original base and
-    # "added" against a rebuilt base that holds just the files read are the same outcome.
-    return {
-        c["path"]: None if c["status"] == "deleted" else (c["type"], c["mode"], c["target"], c["blob"])
-        for c in changes
-    }
-
-
-def _compare_changes(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    want = _final_states(expected)
-    got = _final_states(actual)
-    out = []
-    for path in sorted(set(want) | set(got), key=lambda p: p.encode("utf-8", "surrogateescape")):
-        if want.get(path) != got.get(path):
-            out.append({"kind": "change", "path": path, "expected": want.get(path), "actual": got.get(path)})
-    return out
-
-
 async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dict[str, Any]:
     """Verify, rebuild the base, re-run the execs in a fresh capsule and compare."""
     report = await trio.to_thread.run_sync(verify_file, path, expected_root)
@@ -137,7 +163,7 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         if manifest["include_blobs"]:
             base_dir = str(scratch / "base")
             os.mkdir(base_dir, 0o755)
-            await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, Path(base_dir))
+            await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, base_dir)
         else:
             problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest)
             if problems:
@@ -166,6 +192,8 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
             isolation={}, mount="", base_fingerprint=None, destroyed_at=None,
         )
         mismatches: list[dict[str, Any]] = []
+        output_diffs: list[dict[str, Any]] = []
+        touched_now: dict[int, dict[str, Any]] = {}
         cpu_ms = 0
         cpu_known = True
         rss_max = None
@@ -187,15 +215,15 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
             if ex.get("stdin_blob"):
                 run["stdin_b64"] = base64.b64encode(blobs[ex["stdin_blob"]]).decode()
             reply = await helper.request("exec", run)
+            mismatches += replaydiff.exec_mismatches(ex, reply)
+            touched_now[ex["seq"]] = reply["touched"]
+            kept = ex.get("output") or {}
             for stream in ("stdout", "stderr"):
-                actual = wfmt.blob_hash(base64.b64decode(reply[f"{stream}_b64"]))
-                if actual != ex[f"{stream}_blake3"]:
-                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": stream,
-                                       "expected": ex[f"{stream}_blake3"], "actual": actual, "argv": ex["argv"]})
-            for field in ("exit_code", "signal", "timed_out"):
-                if reply.get(field) != ex[field]:
-                    mismatches.append({"kind": "exec", "exec": ex["seq"], "field": field,
-                                       "expected": ex[field], "actual": reply.get(field), "argv": ex["argv"]})
+                data = base64.b64decode(reply[f"{stream}_b64"])
+                recorded = (blobs[kept[stream]["blob"]], kept[stream]["cap"]) if stream in kept else None
+                diff = replaydiff.output_diff(ex, stream, wfmt.blob_hash(data), data, recorded)
+                if diff is not None:
+                    output_diffs.append(diff)
             usage = reply["usage"]
             if usage.get("cpu_ms") is None:
                 cpu_known = False
@@ -206,12 +234,21 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
         root_fd = await helper.open_root(capsule_id)
         actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
-        mismatches += _compare_changes(manifest["changes"], actual_changes)
+        changed = {c["path"] for c in manifest["changes"]}
+        changed_now = {c["path"] for c in actual_changes}
+        for ex in manifest["execs"]:
+            wrote = replaydiff.written_mismatch(ex, touched_now[ex["seq"]], changed, changed_now)
+            if wrote is not None:
+                mismatches.append(wrote)
+        mismatches += replaydiff.change_mismatches(manifest["changes"], actual_changes)
+        mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
         return {
             "replay_ok": not mismatches,
+            "output_identical": not output_diffs,
             "root_hash": report["root_hash"],
             "execs": len(manifest["execs"]),
             "mismatches": mismatches,
+            "output_diffs": output_diffs,
             "metrics": {"cpu_ms": cpu_ms if cpu_known else None, "rss_max_kb": rss_max},
         }
     finally:
@@ -228,16 +265,16 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     return await replay(ctx, path, expected)
 
 
-
-
 TOOLS = [
     ToolSpec(
         name="capsule_replay",
         family="witness",
         title="Replay witness",
         description=(
-            "Re-run a witness's commands in a fresh capsule over its recorded base and compare exit "
-            "codes, output hashes and changes; mismatches name the exec and stream that differed."
+            "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
+            "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path). "
+            "Output is compared apart: output_identical, and output_diffs shows the differing lines per "
+            "exec and stream (durations and timestamps usually)."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -247,7 +284,22 @@ TOOLS = [
             "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
             "properties": {
                 "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "execs": {"type": "integer"},
+                "output_identical": {"type": "boolean"},
                 "mismatches": PROBLEMS,
+                "output_diffs": {
+                    "type": "array",
+                    "items": {
+                        "type": "object", "required": ["exec", "stream", "lines"],
+                        "properties": {
+                            "exec": {"type": "integer"}, "stream": {"enum": ["stdout", "stderr"]},
+                            "argv": {"type": "array", "items": {"type": "string"}},
+                            "lines": {"type": ["array", "null"], "items": {"type": "string"},
+                                      "description": "Unified-diff lines, no context: '-' recorded, '+' replayed."},
+                            "lines_omitted": {"type": "integer"}, "expected_bytes": {"type": "integer"},
+                            "actual_bytes": {"type": "integer"}, "note": {"type": "string"},
+                        },
+                    },
+                },
                 "metrics": {
                     "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
                     "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},

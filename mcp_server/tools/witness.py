@@ -4,10 +4,12 @@ A witness packages what a capsule did (see core/witness.py for the format).  Cho
 
 - ``witness_id`` is ``wit_`` + the first 16 hex digits of the root hash: the same capsule
   gives the same witness bytes, hence the same id and file.
-- Base files named in the manifest are those the capsule's execs read (the union of
-  their read sets) that exist in the base; with ``include_blobs`` their bytes travel in
-  the witness.  When some exec's read set is unknown (rootless mode), every base file
-  (``.git`` aside) is named instead, so a replay still has everything.
+- The base entries named in the manifest (files, directories, symlinks) are what the
+  runs need to start again: see witness_base.py.  With ``include_blobs`` the files'
+  bytes travel in the witness, capped by ``max_base_mb``.
+- Each exec's stdout and stderr travel as blobs (as the journal kept them: the first
+  ``OUTPUT_KEEP_BYTES`` of each stream, the cap recorded beside them), so a replay can
+  show the lines that differ; the archive is zstd-compressed as a whole.
 - A replay rebuilds the base from the blobs into a scratch directory and mounts a fresh
   capsule over it *at the recorded workspace path*, or, without blobs, uses the live
   workspace if every named base file still has its recorded hash.  It re-runs each exec
@@ -41,6 +43,7 @@ from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from mcp_server.tools.capsule import CAPSULE_ID, live_record
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from mcp_server.tools.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries
 from sandbox.errors import CcwError, from_oserror
 
 _DDL = """
@@ -83,10 +86,13 @@ class _Sources:
         self.inline: dict[str, bytes] = {}
 
     def add_file(self, view: str, path: str) -> str:
+        return self.add_sized(view, path)[0]
+
+    def add_sized(self, view: str, path: str) -> tuple[str, int]:
         data = (self.base if view == "base" else self.capsule).read_bytes(path)
         name = wfmt.blob_hash(data)
         self.where.setdefault(name, (view, path))
-        return name
+        return name, len(data)
 
     def add_bytes(self, data: bytes) -> str:
         name = wfmt.blob_hash(data)
@@ -100,10 +106,16 @@ class _Sources:
         return (self.base if view == "base" else self.capsule).read_bytes(path)
 
 
-def _exec_entry(ex: dict[str, Any], sources: _Sources) -> dict[str, Any]:
+def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, str], tuple[bytes, int]]) -> dict[str, Any]:
     entry = {key: ex[key] for key in _EXEC_FIELDS}
     stdin = ex.get("stdin_b64")
     entry["stdin_blob"] = sources.add_bytes(base64.b64decode(stdin)) if stdin is not None else None
+    kept = {}
+    for stream in ("stdout", "stderr"):
+        if (ex["seq"], stream) in outputs:
+            data, cap = outputs[ex["seq"], stream]
+            kept[stream] = {"blob": sources.add_bytes(data), "kept_bytes": len(data), "cap": cap}
+    entry["output"] = kept or None  # None: made before outputs were kept
     return entry
 
 
@@ -122,30 +134,18 @@ def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
 def build_manifest(
     record: CapsuleRecord, execs: list[dict[str, Any]], changes: list[dict[str, Any]],
     base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
+    outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
+    max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,
+    carry_all: bool = False,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
     sources = _Sources(base, capsule)
-    reads: set[str] = set()
-    unknown_reads = False
-    for ex in execs:
-        read = ex["touched"]["read"]
-        if read is None:
-            unknown_reads = True
-        else:
-            reads.update(read)
-    names = (p for p, kind in base.walk("") if kind in ("file", "symlink")) if unknown_reads else reads
-    base_files = []
-    for path in sorted(set(names), key=lambda p: p.encode("utf-8", "surrogateescape")):
-        side = changeset.lstat(base, path)
-        if side is None or side.kind not in ("file", "symlink"):
-            continue
-        item: dict[str, Any] = {"path": path, "mode": side.mode, "type": side.kind}
-        if side.kind == "symlink":
-            item["target"] = side.target
-        else:
-            item["blob"] = sources.add_file("base", path)
-        base_files.append(item)
     entries = changeset.expand(changes, base, capsule)
+    changed = [e.path for e in entries] + [w["path"] for w in writes or []]
+    needs = Needs.from_journal(record.workspace, execs, changed)
+    base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
+                              max_base_bytes if include_blobs else None, carry_all)
+    unknown_reads = needs.unknown
     change_items = []
     for entry in entries:
         new = entry.new
@@ -165,6 +165,7 @@ def build_manifest(
         "base": {
             "fingerprint": record.base_fingerprint,
             "read_sets_complete": not unknown_reads,
+            "carried": "all" if unknown_reads or carry_all else "used",
             "files": base_files,
         },
         "capsule": {
@@ -174,7 +175,7 @@ def build_manifest(
             "limits": record.limits,
             "network": record.network,
         },
-        "execs": [_exec_entry(ex, sources) for ex in execs],
+        "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
         "writes": [_write_entry(w, sources) for w in writes or []],
         "changes": change_items,
     }
@@ -246,30 +247,44 @@ def _pid_alive(pid: int) -> bool:
     return pid != os.getpid()
 
 
-async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool) -> dict[str, Any]:
+def _base_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    """How much of the base the witness carries, and why that much (for the agent)."""
+    counts = {"file": 0, "dir": 0, "symlink": 0}
+    for entry in manifest["base"]["files"]:
+        counts[entry["type"]] += 1
+    return {"carried": manifest["base"]["carried"], "read_sets_complete": manifest["base"]["read_sets_complete"],
+            "files": counts["file"], "dirs": counts["dir"], "symlinks": counts["symlink"]}
+
+
+async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool,
+                       max_base_mb: int = DEFAULT_MAX_BASE_MB, carry_all: bool = False) -> dict[str, Any]:
     """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
     record = live_record(ctx, capsule_id)
     journal = Journal(ctx.state)
     execs = journal.execs(capsule_id)
     writes = journal.writes(capsule_id)
+    outputs = journal.outputs(capsule_id)
     helper = await ctx.helper()
     changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
     root_fd = await helper.open_root(capsule_id)
 
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs, writes)
+            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs, writes,
+                                               outputs, max_base_mb << 20, carry_all)
             if not include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
-            return _write(ctx.state, capsule_id, manifest, sources, compress)
+            written = _write(ctx.state, capsule_id, manifest, sources, compress)
+            return {**written, "base": _base_summary(manifest)}
 
     return await trio.to_thread.run_sync(work)
 
 
 async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Package the capsule's execs and changes as a witness archive."""
-    return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)))
+    return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
+                              args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
 
 
 # --- reading witnesses ---------------------------------------------------------------
@@ -342,7 +357,12 @@ TOOLS = [
             "properties": {
                 "capsule_id": CAPSULE_ID,
                 "compress": {"enum": ["zstd", "none"]},
-                "include_blobs": {"type": "boolean", "description": "Carry the base files the runs read (default true)."},
+                "include_blobs": {"type": "boolean", "description": "Carry the base files the runs used (default true)."},
+                "carry": {"enum": ["used", "all"], "description": (
+                    "Base files that travel: those the runs used (default: opened, listed, run, linked), or all "
+                    "(.git aside) for runs that decide from stat alone, such as make with up-to-date targets.")},
+                "max_base_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20, "description": (
+                    f"Most MiB of base files the witness may carry (default {DEFAULT_MAX_BASE_MB}); past it, TOO_LARGE.")},
             },
         },
         output_schema={
@@ -350,6 +370,16 @@ TOOLS = [
             "properties": {
                 "witness_id": WITNESS_ID, "path": {"type": "string"},
                 "root_hash": {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}, "size_bytes": {"type": "integer"},
+                "base": {
+                    "type": "object", "additionalProperties": False,
+                    "required": ["carried", "read_sets_complete", "files", "dirs", "symlinks"],
+                    "description": "The base entries a replay rebuilds from: 'used' (what the runs opened, listed, "
+                                   "ran or followed) or 'all' (asked for, or the read sets are unknown: rootless).",
+                    "properties": {
+                        "carried": {"enum": ["used", "all"]}, "read_sets_complete": {"type": "boolean"},
+                        "files": {"type": "integer"}, "dirs": {"type": "integer"}, "symlinks": {"type": "integer"},
+                    },
+                },
             },
         },
         handler=capsule_witness,

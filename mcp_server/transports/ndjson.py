@@ -8,10 +8,12 @@ parsing), then
   SDK's dual-era loop (``CcwServer.serve_streams``) as ``SessionMessage``s;
 * direct methods run one after another per connection (seed 001: "processed
   sequentially"); MCP requests run concurrently, as MCP allows;
-* every answer goes through ``ResponseOrder``, so answers leave in request order per
-  connection; notifications (cancellation
-  included) reach the SDK at once, and server-initiated messages (progress,
-  ``roots/list``) are written at once.
+* answers to direct methods, and the framing layer's own answers (oversized, invalid
+  frames), go through ``ResponseOrder``, so they leave in request order per connection
+  (seed 001); answers to MCP requests leave as soon as they are ready: JSON-RPC matches
+  answers by id, and an MCP client that sends a diff while a long exec runs must not
+  wait for the exec (issue 13).  Notifications (cancellation included) reach the SDK at
+  once, and server-initiated messages (progress, ``roots/list``) are written at once.
 
 A request the SDK settles without an answer (the client cancelled it) frees its slot
 through the ``on_request_unanswered`` hook, so later answers are not held forever.
@@ -35,6 +37,7 @@ import mcp_types as types
 import trio
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from mcp_server.capsule_queue import ARRIVALS, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
 from mcp_server.transports import framing
 
@@ -64,9 +67,20 @@ class NdjsonConnection:
         self._broken = False  # the peer stopped reading; answers are discarded
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
+        self._sdk_pending: dict[tuple[str, Any], int] = {}  # MCP requests read but not yet answered, by id
+        # Capsule turns taken when a request was read (mcp_server/capsule_queue.py): the
+        # handler claims its place; one that never does gives it back when answered.
+        self._arrivals: dict[tuple[Any, str], Ticket] = {}
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
+        try:
+            await self._run()
+        finally:
+            for key in list(self._arrivals):
+                self._give_back(key[0])
+
+    async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_sdk)
             nursery.start_soon(self._pump_sdk)
@@ -74,7 +88,7 @@ class NdjsonConnection:
             async with trio.open_nursery() as inner:
                 inner.start_soon(self._read_loop, nursery)
                 inner.start_soon(self._wake_on_drain)
-                while not ((self._input_ended or self.draining.is_set()) and self.order.pending == 0):
+                while not ((self._input_ended or self.draining.is_set()) and self.pending == 0):
                     if self._broken:
                         break
                     await self._progress.park()
@@ -87,12 +101,35 @@ class NdjsonConnection:
             # output, which ends the pump, which closes ours, which ends the writer.
             await self._to_sdk_send.aclose()
 
+    @property
+    def pending(self) -> int:
+        """Requests read but not yet answered (or settled unanswered)."""
+        return self.order.pending + sum(self._sdk_pending.values())
+
+    def _settle_sdk(self, request_id: Any) -> bool:
+        """Count an MCP request as answered; False if it was not one of ours in flight."""
+        key = framing.id_key(request_id)
+        left = self._sdk_pending.get(key, 0)
+        if left == 0:
+            return False
+        if left == 1:
+            del self._sdk_pending[key]
+        else:
+            self._sdk_pending[key] = left - 1
+        return True
+
     async def _wake_on_drain(self) -> None:
         await self.draining.wait()
         self._progress.unpark_all()
 
     async def _serve_sdk(self) -> None:
+        ARRIVALS.set(self._arrivals)  # the SDK's request tasks inherit it
         await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send)
+
+    def _give_back(self, key: tuple[str, Any]) -> None:
+        """Release the capsule turns a request took on arrival and never claimed."""
+        for arrival in [a for a in self._arrivals if a[0] == key]:
+            self.app.runtime.capsule_queue.release(arrival[1], self._arrivals.pop(arrival))
 
     async def _pump_sdk(self) -> None:
         async with self._out_send:
@@ -111,7 +148,11 @@ class NdjsonConnection:
             elif kind == "slot":
                 frames = self.order.fill(key, frame)
             elif kind == "drop":
-                frames = self.order.drop_id(key)
+                self._give_back(framing.id_key(key))
+                frames = [] if self._settle_sdk(key) else self.order.drop_id(key)
+            elif self._settle_sdk(key):
+                self._give_back(framing.id_key(key))
+                frames = [frame] if frame is not None else []
             else:
                 frames = self.order.fill_id(key, frame)
             for item in frames:
@@ -143,7 +184,7 @@ class NdjsonConnection:
                 if not data:
                     return
                 for event in self.splitter.feed(data):
-                    while self.order.pending >= MAX_PENDING:
+                    while self.pending >= MAX_PENDING:
                         # Backpressure: a client that pipelines without reading its
                         # answers stops being read, instead of growing our memory.
                         await self._progress.park()
@@ -213,7 +254,12 @@ class NdjsonConnection:
             return
         metadata = None
         if request_id is not None:
-            self.order.reserve(request_id)
+            key = framing.id_key(request_id)
+            self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
+            if not any(a[0] == key for a in self._arrivals):  # a reused id in flight takes its turn late
+                reserved = self.app.reserve_turn(str(message.get("method")), message.get("params"))
+                if reserved is not None:
+                    self._arrivals[(key, reserved[0])] = reserved[1]
             metadata = ServerMessageMetadata(
                 on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None))
             )

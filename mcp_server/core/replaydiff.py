@@ -1,0 +1,116 @@
+"""Comparing a replay with its witness: what decides ``replay_ok``, what is only shown.
+
+DESIGN §8: ``replay_ok`` means what a reviewer means by "it does the same thing":
+
+- every exec ends the same way: exit code, signal, timed out or not;
+- every exec writes the same files: its ``touched.written`` set, restricted to the paths
+  its run ended up changing, and compared when both runs recorded it the same way
+  (traced with fanotify on both sides, or on neither: a rootless replay of a traced
+  witness sees only what the upper dir shows).  Paths that do not survive are left
+  out: a temp file renamed into place (pytest writes ``x.pyc.<pid>`` then renames it)
+  is named by whichever of its names the file had when the tracer read the event, so
+  it would make the comparison depend on a race;
+- the capsule ends with the same changes: for every path either run changed, the same
+  type, mode, link target and content (blake3).  A file written with different bytes
+  ("files written (content hashes)") shows up here, by name.
+
+Output is compared apart from that.  ``output_identical`` says whether every stream of
+every exec has the same bytes (its blake3, as captured); where it differs,
+``output_diffs`` shows the lines that differ, per exec and stream, as unified-diff lines
+with no context (``-`` the witness, ``+`` the replay), at most ``MAX_DIFF_LINES`` each,
+so an agent sees at a glance that only ``in 0.55s`` changed.  A test runner that prints
+durations therefore replays ``replay_ok: true, output_identical: false``; a policy may
+still ask for identical output (``require_identical_output``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+EXEC_FIELDS = ("exit_code", "signal", "timed_out")
+MAX_DIFF_LINES = 40  # per exec and stream
+
+
+def _path_key(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def exec_mismatches(expected: dict[str, Any], actual: dict[str, Any]) -> list[dict[str, Any]]:
+    """How a replayed exec ended differently from the recorded one."""
+    out = []
+    for name in EXEC_FIELDS:
+        if actual.get(name) != expected.get(name):
+            out.append({"kind": "exec", "exec": expected["seq"], "field": name,
+                        "expected": expected.get(name), "actual": actual.get(name), "argv": expected["argv"]})
+    return out
+
+
+def written_mismatch(
+    expected: dict[str, Any], actual_touched: dict[str, Any], expected_changed: set[str], actual_changed: set[str],
+) -> dict[str, Any] | None:
+    """Whether a replayed exec wrote other surviving files than the recorded one (None: the same)."""
+    want = expected["touched"]
+    if (want.get("read") is None) != (actual_touched.get("read") is None):
+        return None
+    wrote = set(want["written"]) & expected_changed
+    wrote_now = set(actual_touched["written"]) & actual_changed
+    if wrote == wrote_now:
+        return None
+    return {"kind": "exec", "exec": expected["seq"], "field": "written", "argv": expected["argv"],
+            "expected_only": sorted(wrote - wrote_now, key=_path_key),
+            "actual_only": sorted(wrote_now - wrote, key=_path_key)}
+
+
+def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:
+    # Only where each path ends up matters: "modified" against the original base and
+    # "added" against a rebuilt base that holds just the files used are the same outcome.
+    return {
+        c["path"]: None if c["status"] == "deleted" else (c["type"], c["mode"], c["target"], c["blob"])
+        for c in changes
+    }
+
+
+def change_mismatches(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every path whose final state differs between the witness's changes and the replay's."""
+    want = _final_states(expected)
+    got = _final_states(actual)
+    out = []
+    for path in sorted(set(want) | set(got), key=_path_key):
+        if want.get(path) != got.get(path):
+            out.append({"kind": "change", "path": path, "expected": want.get(path), "actual": got.get(path)})
+    return out
+
+
+def output_diff(
+    expected: dict[str, Any], stream: str, actual_hash: str, actual: bytes, kept: tuple[bytes, int] | None,
+) -> dict[str, Any] | None:
+    """None when a stream's output is identical; else the lines that differ.
+
+    ``kept`` is the recorded output as the witness carries it (bytes, cap in force), or
+    None for a witness made before outputs were kept: then only the hashes are known.
+    """
+    if actual_hash == expected[f"{stream}_blake3"]:
+        return None
+    diff: dict[str, Any] = {"exec": expected["seq"], "stream": stream, "argv": expected["argv"],
+                            "expected_bytes": expected[f"{stream}_bytes"], "actual_bytes": len(actual)}
+    if kept is None:
+        diff.update(lines=None, lines_omitted=0,
+                    note="this witness does not carry its output (made by an older ccw): only the hashes differ")
+        return diff
+    data, cap = kept
+    compared = actual[:cap]
+    lines = [
+        line for line in difflib.unified_diff(
+            data.decode("utf-8", "replace").splitlines(), compared.decode("utf-8", "replace").splitlines(),
+            n=0, lineterm="",
+        )
+        if not line.startswith(("---", "+++"))
+    ]
+    diff["lines"] = lines[:MAX_DIFF_LINES]
+    diff["lines_omitted"] = max(0, len(lines) - MAX_DIFF_LINES)
+    if expected[f"{stream}_bytes"] > len(data) or len(actual) > cap:
+        diff["note"] = f"only the first {cap} bytes of each side are compared line by line (the cap kept per stream)"
+    elif not lines:
+        diff["note"] = "the bytes differ but no line does (line endings or a missing final newline)"
+    return diff
