@@ -12,10 +12,12 @@ lets the change be promoted (issue 13 item 4).
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,9 +65,14 @@ def user_dir(root_required: None, require: Callable[[bool, str], None]) -> Itera
     """A system user made for the test, and a directory it owns that everyone can traverse."""
     require(all(shutil.which(tool) for tool in ("useradd", "setpriv", "unshare")),
             "needs useradd, setpriv and unshare")
-    name = f"ccwrp{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                   check=True, capture_output=True)
+    name = f"ccwrp{secrets.token_hex(4)}"
+    for attempt in range(10):  # other tests add users too: /etc/passwd's lock may be held a moment
+        made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                              capture_output=True, text=True, check=False)
+        if made.returncode == 0:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    assert made.returncode == 0, made.stderr
     path = Path(tempfile.mkdtemp(prefix="ccw-realproj-", dir="/var/tmp"))
     try:
         import pwd
