@@ -423,7 +423,28 @@ def probe_service(path: str) -> Check:
         return Check("helper_service", False, f"{path}: {_describe(exc)}", fix)
     except CcwError as exc:
         return Check("helper_service", False, f"{path} refused hello: {exc.message}", "check the helper's log")
-    return Check("helper_service", True, f"{path} answers ({info.get('mode')} mode)")
+    granted = ", ".join(service_grants(info.get("mechanisms") or {})) or "nothing beyond its mode"
+    return Check("helper_service", True, f"{path} answers ({info.get('mode')} mode; grants {granted})")
+
+
+def service_grants(mechanisms: dict[str, Any]) -> list[str]:
+    """What a helper's ``hello`` mechanisms give its callers, in words for the report."""
+    grants = []
+    fanotify = mechanisms.get("fanotify")
+    if isinstance(fanotify, dict) and fanotify.get("touched_read"):
+        grants.append("fanotify read tracing")
+    cgroups = mechanisms.get("cgroups")
+    if isinstance(cgroups, dict):
+        limits = [name for name in ("memory", "pids", "cpu") if cgroups.get(name)]
+        if limits:
+            grants.append("cgroups " + "/".join(limits))
+    disk = mechanisms.get("disk")
+    if isinstance(disk, dict) and disk.get("available"):
+        grants.append("capsule disks")
+    jail = mechanisms.get("jail")
+    if isinstance(jail, dict) and isinstance(jail.get("seccomp"), dict) and jail["seccomp"].get("mode") == "filter":
+        grants.append("seccomp")
+    return grants
 
 
 # --------------------------------------------------------------------- the report

@@ -125,7 +125,7 @@ _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 _NEW_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0"},
     "execs": {"generation": "INTEGER", "generation_out": "INTEGER"},
-    "writes": {"generation": "INTEGER"},
+    "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
 
 
@@ -261,11 +261,13 @@ class Journal:
         return int(last)
 
     def add_write(self, capsule_id: str, path: str, action: str, content: bytes | None = None,
-                  target: str | None = None, mode: int | None = None) -> int:
+                  target: str | None = None, mode: int | None = None, mtime_ns: int | None = None) -> int:
         """Record a change made to a capsule by a file tool (not by a command).
 
         ``action`` is write | delete | symlink | chmod.  Replays redo these between the
-        execs, so a witness of a capsule edited by tools still replays.
+        execs, so a witness of a capsule edited by tools still replays.  ``mtime_ns`` is
+        the written file's mtime: a replay gives the file the same one, since a ``.pyc``
+        compiled from it records its source's mtime.
         """
         import base64
 
@@ -273,10 +275,10 @@ class Journal:
             seq = self._last_seq(db, capsule_id) + 1
             generation = self._advance(db, capsule_id)
             db.execute(
-                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
-                 target, mode, generation),
+                 target, mode, generation, mtime_ns),
             )
             return seq
 

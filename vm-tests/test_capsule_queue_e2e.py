@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -260,3 +261,24 @@ def test_cancelling_a_running_exec_hands_the_capsule_to_the_next(tmp_path: Path,
     assert result["stdout"] == "x\n" and result["started_generation"] == 1
     assert listed["result"]["structuredContent"]["capsules"][0]["execs"] == 1
     assert _journaled(tmp_path / "state", capsule_id) == [["cat", "out.txt"]]
+
+
+def test_fork_waits_for_the_running_exec(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 2; echo done > made.txt"]})
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the exec waits for the helper's reply
+            assert [ticket.label for ticket in t.runtime.capsule_queue.line(cap)] == ["exec `sh -c 'sleep 2; echo done > made.txt'`"]
+            # Before turns: CONFLICT "capsule … is running a command; fork it when that ends".
+            fork = await t.call("capsule_fork", {"capsule_id": cap})
+        seen = await t.call("capsule_exec", {"capsule_id": fork["capsule_id"], "cmd": ["cat", "made.txt"]})
+        await t.call("capsule_destroy", {"capsule_id": fork["capsule_id"]})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return fork, seen
+
+    fork, seen = tools.run(scenario)
+    assert fork["generation"] == 0 and fork["parent"]
+    assert seen["stdout"] == "done\n"  # the fork was made after the exec had finished

@@ -194,6 +194,29 @@ def test_bytecode_of_a_file_edited_in_the_capsule_differs_unless_not_written(
     assert out["output_identical"] is True
 
 
+
+def test_bytecode_of_a_file_a_tool_edited_replays_identically(tools: Any, tmp_path: Path) -> None:
+    # An agent's edit goes through a file tool: the journal keeps the file's mtime and the
+    # replay gives the rewritten file the same one, so the .pyc that Python writes from it
+    # (it records its source's mtime) has the same bytes.
+    ws = _project(tmp_path)
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("workspace_write_file", {"capsule_id": cap, "path": "plugins/alpha.py", "content": "VALUE = 9\n"})
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "main.py"]})
+        assert "alpha 9" in ran["stdout"]
+        return await t.call("capsule_witness", {"capsule_id": cap})
+
+    made = tools.run(record)
+    second = int(time.time())
+    while int(time.time()) == second:  # a fresh mtime would fall in a later second (.pyc mtimes are seconds)
+        time.sleep(0.05)
+    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    assert out["replay_ok"] is True, out["mismatches"]
+    assert out["output_identical"] is True
+
+
 ROOTLESS_SCRIPT = r"""
 import json, os, sys, trio
 from mcp_server.config import TOOLSETS, Config

@@ -216,8 +216,11 @@ class RootView:
                 yield path, kind
 
     # -- writes -----------------------------------------------------------------------
-    def write_bytes(self, rel: str, data: bytes, mode: int | None = None) -> None:
-        """Atomically replace (or create) a file: temp file, fsync, renameat, dir fsync."""
+    def write_bytes(self, rel: str, data: bytes, mode: int | None = None, mtime_ns: int | None = None) -> None:
+        """Atomically replace (or create) a file: temp file, fsync, renameat, dir fsync.
+
+        ``mtime_ns`` sets the file's mtime (and atime); by default it is the time of writing.
+        """
         parent, name = self._parent(rel, "write")
         tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
         try:
@@ -234,6 +237,8 @@ class RootView:
                     written = os.write(fd, view)
                     view = view[written:]
                 os.fchmod(fd, mode)
+                if mtime_ns is not None:
+                    os.utime(fd, ns=(mtime_ns, mtime_ns))
                 os.fsync(fd)
             finally:
                 os.close(fd)

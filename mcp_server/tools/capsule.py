@@ -35,7 +35,7 @@ from typing import Any
 import blake3
 import trio
 
-from mcp_server.capsule_queue import turn_label
+from mcp_server.capsule_queue import Ticket, turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView, lstat
 from mcp_server.core.paths import encoded as encoded_path
@@ -214,8 +214,16 @@ def _hash(data: bytes) -> str:
 
 
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Run a command in a capsule's jail (after the calls queued before it) and journal it."""
+    """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
     record = live_record(ctx, args["capsule_id"])
+    _resolve_cwd(record, args.get("cwd"))  # bad arguments fail now, not after the wait
+    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_exec", args)) as ticket:
+        return await _exec_in_turn(ctx, args, ticket)
+
+
+async def _exec_in_turn(ctx: ToolContext, args: dict[str, Any], ticket: Ticket) -> dict[str, Any]:
+    """capsule_exec while it holds the capsule's turn: run, journal, answer."""
+    record = live_record(ctx, args["capsule_id"])  # a destroy queued before this call may have run
     cwd = _resolve_cwd(record, args.get("cwd"))
     timeout_ms = args.get("timeout_ms") or DEFAULT_TIMEOUT_MS
     stdin = args.get("stdin")
@@ -231,65 +239,63 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         request["stdin_b64"] = base64.b64encode(stdin_bytes).decode()
     if record.limits:
         request["limits"] = record.limits
+    assert ticket.started is not None
+    waited_ms = int((ticket.started - ticket.arrived) * 1000)
+    started_generation = _journal(ctx).generation(record.capsule_id)
+    started = _now()
+    helper = await ctx.helper()
     request["progress_ms"] = PROGRESS_MS
-    async with ctx.capsule_turn(record.capsule_id, turn_label("capsule_exec", args)) as ticket:
-        record = live_record(ctx, record.capsule_id)  # a destroy queued before this call may have run
-        assert ticket.started is not None
-        waited_ms = int((ticket.started - ticket.arrived) * 1000)
-        journal = _journal(ctx)
-        started_generation = journal.generation(record.capsule_id)
-        started = _now()
-        helper = await ctx.helper()
 
-        async def forward(report: dict[str, Any]) -> None:
-            # Counted from the call's arrival, so the reports of a call that was queued
-            # keep increasing (MCP asks progress to grow).
-            await ctx.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
-                               _progress_message(report))
+    async def forward(report: dict[str, Any]) -> None:
+        # Counted from the call's arrival, so the reports of a call that was queued keep
+        # growing (MCP asks progress to increase).
+        await ctx.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
+                           _progress_message(report))
 
-        try:
-            reply = await helper.request("exec", request, on_progress=forward)
-        except BaseException as exc:
-            if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
-                with trio.CancelScope(shield=True):
-                    await _settle(helper, record.capsule_id)
-                    journal.advance(record.capsule_id)
-            raise
-        stdout = base64.b64decode(reply["stdout_b64"])
-        stderr = base64.b64decode(reply["stderr_b64"])
-        usage = {k: reply["usage"].get(k) for k in USAGE_FIGURES}
-        usage_unavailable = dict(sorted(reply.get("usage_unavailable", {}).items()))
-        usage_sources = dict(sorted(reply.get("usage_sources", {}).items()))
-        # listed (directories opened) and executed are null exactly when read is.
-        touched = {key: reply["touched"].get(key) for key in ("read", "written", "listed", "executed")}
-        seq = journal.add_exec(
-            record.capsule_id,
-            {
-                "started_at": _iso(started),
-                "argv": request["argv"],
-                "cwd": cwd,
-                "env_keys": sorted(request["env"]),
-                "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
-                "stdin_b64": request.get("stdin_b64"),
-                "timeout_ms": timeout_ms,
-                "exit_code": reply["exit_code"],
-                "signal": reply.get("signal"),
-                "timed_out": int(bool(reply["timed_out"])),
-                "oom_killed": int(bool(reply.get("oom_killed"))),
-                "stdout_blake3": _hash(stdout),
-                "stderr_blake3": _hash(stderr),
-                "stdout_bytes": reply["stdout_bytes"],
-                "stderr_bytes": reply["stderr_bytes"],
-                "duration_ms": reply["duration_ms"],
-                # The journal keeps each figure's mechanism and each null's reason with it.
-                "usage": {**usage, "sources": usage_sources, "unavailable": usage_unavailable},
-                "touched": touched,
-                "generation": started_generation,
-            },
-        )
-        journal.add_outputs(record.capsule_id, seq, {"stdout": stdout, "stderr": stderr})  # for witnesses
-        generation = journal.generation(record.capsule_id)
-        await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
+    try:
+        reply = await helper.request("exec", request, on_progress=forward)
+    except BaseException as exc:
+        if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
+            with trio.CancelScope(shield=True):
+                await _settle(helper, record.capsule_id)
+                _journal(ctx).advance(record.capsule_id)
+        raise
+    stdout = base64.b64decode(reply["stdout_b64"])
+    stderr = base64.b64decode(reply["stderr_b64"])
+    usage = {k: reply["usage"].get(k) for k in USAGE_FIGURES}
+    usage_unavailable = dict(sorted(reply.get("usage_unavailable", {}).items()))
+    usage_sources = dict(sorted(reply.get("usage_sources", {}).items()))
+    # listed (directories opened) and executed are null exactly when read is.
+    touched = {key: reply["touched"].get(key) for key in ("read", "written", "listed", "executed")}
+    journal = _journal(ctx)
+    seq = journal.add_exec(
+        record.capsule_id,
+        {
+            "started_at": _iso(started),
+            "argv": request["argv"],
+            "cwd": cwd,
+            "env_keys": sorted(request["env"]),
+            "stdin_blake3": _hash(stdin_bytes) if stdin_bytes is not None else None,
+            "stdin_b64": request.get("stdin_b64"),
+            "timeout_ms": timeout_ms,
+            "exit_code": reply["exit_code"],
+            "signal": reply.get("signal"),
+            "timed_out": int(bool(reply["timed_out"])),
+            "oom_killed": int(bool(reply.get("oom_killed"))),
+            "stdout_blake3": _hash(stdout),
+            "stderr_blake3": _hash(stderr),
+            "stdout_bytes": reply["stdout_bytes"],
+            "stderr_bytes": reply["stderr_bytes"],
+            "duration_ms": reply["duration_ms"],
+            # The journal keeps each figure's mechanism and each null's reason with it.
+            "usage": {**usage, "sources": usage_sources, "unavailable": usage_unavailable},
+            "touched": touched,
+            "generation": started_generation,
+        },
+    )
+    journal.add_outputs(record.capsule_id, seq, {"stdout": stdout, "stderr": stderr})  # for witnesses
+    generation = journal.generation(record.capsule_id)
+    await trio.to_thread.run_sync(record_base_states, ctx, record, touched["written"])
     return {
         "exit_code": reply["exit_code"],
         "signal": reply.get("signal"),
@@ -349,7 +355,8 @@ def note_tool_changes(state: Any, capsule_id: str, view: RootView, paths: list[s
         elif side.kind == "symlink":
             journal.add_write(capsule_id, path, "symlink", target=side.target)
         elif side.kind == "file":
-            journal.add_write(capsule_id, path, "write", view.read_bytes(path), mode=side.mode)
+            journal.add_write(capsule_id, path, "write", view.read_bytes(path), mode=side.mode,
+                              mtime_ns=view.stat(path).st_mtime_ns)
     _record_base(journal, record, paths)
 
 

@@ -96,7 +96,7 @@ def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) ->
         if write["action"] in ("write", "symlink") and parent:
             view.makedirs(parent)
         if write["action"] == "write":
-            view.write_bytes(path, blobs[write["blob"]], write.get("mode"))
+            view.write_bytes(path, blobs[write["blob"]], write.get("mode"), write.get("mtime_ns"))
         elif write["action"] == "symlink":
             make_symlink(view, write["target"], path)
         elif write["action"] == "delete":

@@ -128,6 +128,7 @@ def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
         "blob": sources.add_bytes(base64.b64decode(content)) if content is not None else None,
         "target": write.get("target"),
         "mode": write.get("mode"),
+        "mtime_ns": write.get("mtime_ns"),  # None: recorded before mtimes were kept
     }
 
 
