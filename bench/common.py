@@ -41,6 +41,7 @@ class Row:
     baseline_ms: float | None = None
     target: str = ""  # e.g. "<= 1.5x", "<= 5 ms"
     extra: dict[str, Any] = field(default_factory=dict)
+    unit: str = "ms"  # what ccw_ms and baseline_ms hold: "ms", or "B" for the byte counts of `surface`
 
     @property
     def ratio(self) -> float | None:
@@ -81,15 +82,20 @@ class Report:
         for row in self.rows:
             base = ""
             if row.baseline:
-                base = f"{row.baseline} {row.baseline_ms:.2f} ms" if row.baseline_ms is not None else f"{row.baseline} n/a"
+                base = (f"{row.baseline} {_figure(row.baseline_ms, row.unit)}" if row.baseline_ms is not None
+                        else f"{row.baseline} n/a")
             ratio = f"{row.ratio:.2f}x" if row.ratio is not None else ""
-            lines.append(f"{row.name:44} {row.ccw_ms:11.2f} ms {base:>28} {ratio:>8}  {row.target}")
+            lines.append(f"{row.name:44} {_figure(row.ccw_ms, row.unit):>14} {base:>28} {ratio:>8}  {row.target}")
             for key, value in row.extra.items():
                 lines.append(f"{'':46}{key}: {value}")
         if self.notes:
             lines.append("")
             lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def _figure(value: float, unit: str) -> str:
+    return f"{value:.0f} B" if unit == "B" else f"{value:.2f} {unit}"
 
 
 async def timed_requests(path: str, method: str, params: dict[str, Any], count: int) -> list[float]:

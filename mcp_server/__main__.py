@@ -5,7 +5,8 @@ Order of life (seed 001 §3, §10, §12):
 1. ``Config.from_env()``, open the state dir, load the tool registry.
 2. Start the transport chosen by ``MCP_ENDPOINT`` (stdio | socket | http).
 3. Once it accepts requests: write ``MCP_READY_FILE`` as ``<pid> <ISO8601 UTC>\\n`` and
-   log ``mcp:ready mode=… path=… state_dir=… schemas_dir=…`` on stderr.
+   log ``mcp:ready mode=… path=… state_dir=… schemas_dir=…`` on stderr (logs.py: every
+   diagnostic goes through ``logging``).
 4. Serve.  stdio ends when stdin closes.  The first SIGINT/SIGTERM starts a graceful
    drain: no new connections, requests already read finish and are answered, then the
    process exits; a second signal cancels whatever is left.
@@ -14,21 +15,29 @@ Order of life (seed 001 §3, §10, §12):
 
 Exit status: 0 after a graceful shutdown, 1 when a second signal cut requests short,
 2 when configuration or startup fails (the reason is on stderr, with what to change).
+
+Everything is configured by environment variables (``ccw-mcp --help`` lists them); the
+command line has only what does not start a server (``--help``, ``--version``,
+``--validate``) and the log settings, which win over their variables.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
+from mcp_server import __version__, logs
 from mcp_server.config import Config
-from mcp_server.server import CcwServer, log
+from mcp_server.logs import LIFECYCLE, LOGGER
+from mcp_server.server import CcwServer
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
@@ -60,10 +69,10 @@ async def _watch_signals(
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             if not draining.is_set():
-                log(f"mcp:draining mode={mode} signal={signal.Signals(signum).name}")
+                LIFECYCLE.info(f"mcp:draining mode={mode} signal={signal.Signals(signum).name}")
                 draining.set()
             else:
-                log(f"mcp:abort mode={mode}: second signal, cancelling in-flight requests")
+                LIFECYCLE.warning(f"mcp:abort mode={mode}: second signal, cancelling in-flight requests")
                 aborted.set()
                 cancel.cancel()
                 return
@@ -86,13 +95,13 @@ async def run(config: Config) -> int:
             path = await nursery.start(_serve_then_stop, transport, app, draining, nursery.cancel_scope)
             write_ready_file(config.ready_file)
             ready = True
-            log(
+            LIFECYCLE.info(
                 f"mcp:ready mode={config.endpoint} path={path} state_dir={config.state_dir} "
                 f"schemas_dir={config.schemas_dir or '-'} tools={len(app.registry.tools)} ts={_now_iso()}"
             )
     finally:
         if ready:
-            log(f"mcp:shutdown mode={config.endpoint} ts={_now_iso()}")
+            LIFECYCLE.info(f"mcp:shutdown mode={config.endpoint} ts={_now_iso()}")
         remove_ready_file(config.ready_file)
         with trio.CancelScope(shield=True):
             await app.runtime.aclose()
@@ -131,25 +140,47 @@ def tune_malloc() -> None:
     mallopt(m_top_pad, 16 << 20)
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """``ccw-mcp``'s command line; the settings table is its epilog."""
+    settings = "\n".join(f"  {env:<24} {default or '-':<16} {meaning}" for env, default, meaning in Config.describe())
+    parser = argparse.ArgumentParser(
+        prog="ccw-mcp",
+        description="ccw's MCP server: capsule, file and policy tools over stdio, a unix socket or "
+        "Streamable HTTP.  With no arguments it serves MCP_ENDPOINT (default stdio).",
+        epilog=f"environment (variable, default, meaning):\n{settings}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ccw-mcp {__version__}")
+    parser.add_argument("--log-level", choices=logs.LEVELS, help="overrides CCW_LOG_LEVEL (default info)")
+    parser.add_argument("--log-format", choices=logs.FORMATS, help="overrides CCW_LOG_FORMAT (default text)")
+    parser.add_argument("--validate", metavar="PATH", help="validate one JSON file against its schema and exit")
+    parser.add_argument("--schema", metavar="NAME", help="with --validate: the schema to use")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``ccw-mcp``."""
-    if "--validate" in sys.argv[1:]:  # seed 001 §10: validate one file and exit
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.validate is not None:  # seed 001 §10: validate one file and exit
         from mcp_server import validate_cli
 
-        return validate_cli.main(sys.argv[1:])
+        return validate_cli.main(argv)
+    logs.configure(args.log_level or "info", args.log_format or "text")
     tune_malloc()
     try:
         config = Config.from_env()
     except CcwError as exc:
-        log(f"mcp:error {exc.message}")
+        LOGGER.error(f"mcp:error {exc.message}")
         return 2
+    logs.configure(args.log_level or config.log_level, args.log_format or config.log_format)
     try:
         return trio.run(run, config)
     except BaseException as exc:
         failure = _ccw_error_in(exc)
         if failure is None:
             raise
-        log(f"mcp:error {failure.code}: {failure.message}")
+        LOGGER.error(f"mcp:error {failure.code}: {failure.message}")
         remove_ready_file(config.ready_file)
         return 2
 

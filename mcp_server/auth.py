@@ -20,10 +20,10 @@ import hmac
 import json
 import os
 import stat
-import sys
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_server.logs import LOGGER
 from mcp_server.tools.registry import SCOPES
 from sandbox.errors import CcwError, wrap_oserror
 
@@ -54,7 +54,7 @@ class TokenTable:
             with open(path, encoding="utf-8") as handle:
                 text = handle.read()
         if mode & (stat.S_IRGRP | stat.S_IROTH):
-            print(f"mcp:warning tokens file {path} is readable by group or others", file=sys.stderr, flush=True)
+            LOGGER.warning(f"mcp:warning tokens file {path} is readable by group or others")
         try:
             data = json.loads(text)
         except ValueError as exc:

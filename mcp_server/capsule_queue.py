@@ -66,6 +66,14 @@ class Ticket:
     label: str  # what the call does: "exec `pytest -q`", "destroy"
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None  # when it got the turn
+    waited: bool = False  # whether another call held the turn when its handler asked
+
+    @property
+    def waited_ms(self) -> int:
+        """How long the call waited for others (0 if it never had to)."""
+        if not self.waited or self.started is None:
+            return 0
+        return int((self.started - self.arrived) * 1000)
 
     def describe(self) -> str:
         """``#3 exec `make` (running 4 s)`` or ``#4 destroy (waiting)``."""
@@ -125,6 +133,7 @@ class CapsuleQueue:
             reported: tuple[int, int] | None = None
             last_report = 0.0
             while line[0] is not ticket:
+                ticket.waited = True
                 ahead = line.index(ticket)
                 place = (ahead, line[0].number)
                 now = time.monotonic()

@@ -13,10 +13,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mcp_server.logs import FORMATS, LEVELS
 from sandbox.errors import CcwError
 
 ENDPOINTS = ("stdio", "socket", "http")
 TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "file", "schema", "server")
+# Named selections of single tools for CCW_TOOLSETS, beside the families.  ``agent``: what
+# a coding agent's loop needs (make a capsule, read and edit files in it, run, diff,
+# promote under a policy), about a quarter of the full list's bytes (bench/run.py surface).
+PROFILES: dict[str, tuple[str, ...]] = {
+    "agent": ("capsule_create", "capsule_exec", "capsule_diff", "capsule_promote", "capsule_destroy",
+              "capsule_list", "read_text_file", "edit_text_file", "policy_list"),
+}
 
 
 def _default_state_dir(env: Mapping[str, str]) -> str:
@@ -41,12 +49,14 @@ class Config:
     helper_socket: str = field(default="", metadata=_setting("CCW_HELPER_SOCKET", "helper's IPC socket; empty or unreachable: start an embedded helper"))
     http_addr: str = field(default="127.0.0.1:8765", metadata=_setting("CCW_HTTP_ADDR", "host:port for MCP_ENDPOINT=http"))
     tokens_file: str = field(default="", metadata=_setting("CCW_TOKENS_FILE", "HTTP bearer tokens and scopes (JSON); unset: loopback only, no auth"))
-    toolsets: tuple[str, ...] = field(default=TOOLSETS, metadata=_setting("CCW_TOOLSETS", "comma-separated tool families to expose (default: all)"))
+    toolsets: tuple[str, ...] = field(default=TOOLSETS, metadata=_setting("CCW_TOOLSETS", "comma-separated tool families and profiles (agent) to expose (default: all)"))
     workspace: str = field(default="", metadata=_setting("CCW_WORKSPACE", "workspace root for file tools when the client declares no roots (default: cwd)"))
     schemas_dir: str = field(default="", metadata=_setting("CCW_SCHEMAS_DIR", "JSON Schema directory for the schema tools (default: ccw's own)", ("SYN_SCHEMAS_DIR",)))
     examples_dir: str = field(default="", metadata=_setting("CCW_EXAMPLES_DIR", "examples directory for the schema tools", ("SYN_EXAMPLES_DIR",)))
     backend_url: str = field(default="", metadata=_setting("CCW_BACKEND_URL", "enables populate_backend", ("SYN_BACKEND_URL",)))
     backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting("CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
+    log_level: str = field(default="info", metadata=_setting("CCW_LOG_LEVEL", "debug | info | warning | error (ccw-mcp --log-level)"))
+    log_format: str = field(default="text", metadata=_setting("CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
     debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
@@ -102,15 +112,22 @@ def _parse(name: str, env_name: str, raw: str) -> object:
         if value < 1:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: give a positive integer")
         return value
+    if name in ("log_level", "log_format"):
+        choices = LEVELS if name == "log_level" else FORMATS
+        word = raw.strip().lower()
+        if word not in choices:
+            raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: use one of {', '.join(choices)}")
+        return word
     if name == "debug":
         return raw.strip().lower() not in ("0", "false", "no", "off")
     if name == "toolsets":
         chosen = tuple(sorted({part.strip() for part in raw.split(",") if part.strip()}))
-        unknown = [t for t in chosen if t not in TOOLSETS]
+        unknown = [t for t in chosen if t not in TOOLSETS and t not in PROFILES]
         if unknown:
             raise CcwError(
                 "INVALID_ARGUMENT",
-                f"{env_name}: unknown tool families {unknown}; known: {', '.join(TOOLSETS)}",
+                f"{env_name}: unknown tool families {unknown}; known: {', '.join(TOOLSETS)}; "
+                f"profiles: {', '.join(PROFILES)}",
             )
         return chosen
     return raw

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ import trio
 
 from mcp_server.capsule_queue import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
+from mcp_server.logs import LOGGER
 from mcp_server.state import State
 
 ROOTS_TIMEOUT_S = 10.0  # a client that never answers roots/list must not hold a call forever
@@ -60,8 +60,7 @@ class Runtime:
                 dead, self._helper = self._helper, None
                 with trio.CancelScope(shield=True):  # a dying helper is waited for: see helper.ending()
                     await dead.aclose()
-                print(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}",
-                      file=sys.stderr, flush=True)
+                LOGGER.warning(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}")
             if self._helper is None:
                 # Imported here: the helper client lands separately and only capsule
                 # tools need it.
@@ -118,7 +117,7 @@ async def _ask_roots(session: Any) -> list[str] | None:
             types.ListRootsRequest(), types.ListRootsResult, request_read_timeout_seconds=ROOTS_TIMEOUT_S
         )
     except Exception as exc:  # the client may refuse; roots are advisory
-        print(f"mcp:roots unavailable: {exc}", file=sys.stderr, flush=True)
+        LOGGER.warning(f"mcp:roots unavailable: {exc}")
         return None
     paths = []
     for root in result.roots:
@@ -184,5 +183,5 @@ class CallContext:
             yield ticket
 
     def log(self, message: str) -> None:
-        """A diagnostic line on stderr (stdout carries frames only)."""
-        print(f"mcp:tool {message}", file=sys.stderr, flush=True)
+        """A diagnostic line in the server's log (stderr; stdout carries frames only)."""
+        LOGGER.info(f"mcp:tool {message}")

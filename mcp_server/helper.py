@@ -28,7 +28,6 @@ helper already serving the same state dir (another ccw-mcp) is reused, not repla
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 import logging
 import os
@@ -49,6 +48,7 @@ from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, ProtocolError, Repl
 from sandbox.server import unix_address
 
 log = logging.getLogger("ccw.helper_client")
+HELPER_LOG = logging.getLogger("ccw.helper")  # the embedded helper's own lines
 
 RECV_CHUNK = 256 * 1024
 ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors
@@ -219,12 +219,13 @@ class EmbeddedHelper:
         self._pump.start()
 
     def _copy_log(self, fd: int) -> None:
-        # The child's stdout and stderr, line by line, to our stderr (never our stdout).
+        # The child's stdout and stderr, line by line, into our log (stderr, never our
+        # stdout), so a log level and JSON lines apply to the helper's lines too.
         with open(fd, "rb", closefd=True) as stream:
             for line in stream:
-                self.tail.append(line.decode("utf-8", "replace").rstrip("\n"))
-                with contextlib.suppress(OSError):
-                    os.write(2, line)
+                text = line.decode("utf-8", "replace").rstrip("\n")
+                self.tail.append(text)
+                HELPER_LOG.info(text)
 
     def ending(self) -> bool:
         """Whether the child has exited or has begun to (PF_EXITING).

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import sys
 import traceback
 from collections.abc import Mapping
 from typing import Any
@@ -45,8 +44,14 @@ from mcp_server import __version__
 from mcp_server.capsule_queue import TURN_TOOLS, Ticket, turn_label
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
+from mcp_server.tools.surface import (
+    advertised_annotations,
+    advertised_input_schema,
+    advertised_output_schema,
+)
 from mcp_server.transports import framing
 from sandbox.errors import CcwError
 
@@ -55,11 +60,6 @@ INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
 TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
 SHUTTING_DOWN = -32001  # a request read while draining for shutdown
-
-
-def log(line: str) -> None:
-    """One diagnostic line on stderr (stdout is for frames only)."""
-    print(line, file=sys.stderr, flush=True)
 
 
 class CcwServer:
@@ -79,6 +79,7 @@ class CcwServer:
                 Draft202012Validator(spec.input_schema),
                 Draft202012Validator(spec.output_schema),
             )
+        self._listed_tools: list[types.Tool] | None = None
         self._resource_patterns = [(_template_regex(r.uri_template), r) for r in self.registry.resources]
         self.sdk: Server[Any] = Server(
             "ccw",
@@ -114,16 +115,16 @@ class CcwServer:
         from mcp_server.core.promote import Promoter
 
         for outcome in Promoter(self.state.root).recover():
-            log(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
+            LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
         if "witness" in self.config.toolsets:
             from mcp_server.tools.witness import remove_stale_temps
 
             for name in remove_stale_temps(self.state):
-                log(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")
+                LOGGER.info(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")
         if "schema" in self.config.toolsets:
             from mcp_server.tools import schemas
 
-            schemas.warm(self.config, log)
+            schemas.warm(self.config, LOGGER.warning)
 
     def reserve_turn(self, method: str, params: Any) -> tuple[str, Ticket] | None:
         """Take a capsule's turn for a ``tools/call`` the moment a transport reads it, so
@@ -172,7 +173,7 @@ class CcwServer:
         except CcwError as exc:
             return _error(request_id, TOOL_ERROR, exc.message, {"error": exc.to_dict()})
         except Exception as exc:
-            log(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
+            LOGGER.error(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
             return _error(request_id, INTERNAL_ERROR, f"{spec.name} failed unexpectedly: {exc}; see the server log")
         return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
@@ -184,7 +185,7 @@ class CcwServer:
             known = ", ".join(sorted(s.name for s in self.registry.tools))
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {name!r}; tools/list shows the tools: {known}")
         if self.registry.is_deprecated_alias(name):
-            log(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
+            LOGGER.warning(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
         return spec
 
     def argument_errors(self, spec: ToolSpec, args: Any) -> list[dict[str, str]]:
@@ -209,13 +210,13 @@ class CcwServer:
             failure = storage_error(exc, self.config.state_dir)
             if failure is None:
                 raise
-            log(f"mcp:state {spec.name}: {failure.message}")
+            LOGGER.error(f"mcp:state {spec.name}: {failure.message}")
             raise failure from exc
         if self.check_output:
             problems = list(self._validators[spec.name][1].iter_errors(result))
             if problems:
                 detail = "; ".join(f"{_pointer(p.absolute_path) or '/'}: {p.message}" for p in problems[:5])
-                log(f"mcp:bug {spec.name} result violates its output schema: {detail}")
+                LOGGER.error(f"mcp:bug {spec.name} result violates its output schema: {detail}")
                 raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name}: result violates its output schema: {detail}")
         return result
 
@@ -228,24 +229,22 @@ class CcwServer:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools = [
+        if self._listed_tools is None:  # built once: factoring the schemas is not free
+            self._listed_tools = self._tool_list()
+        return types.ListToolsResult(tools=self._listed_tools)
+
+    def _tool_list(self) -> list[types.Tool]:
+        return [
             types.Tool(
                 name=spec.name,
                 title=spec.title or None,
                 description=spec.description,
-                input_schema=spec.input_schema,
-                output_schema=spec.output_schema,
-                annotations=types.ToolAnnotations(
-                    title=spec.title or spec.name,
-                    read_only_hint=spec.read_only,
-                    destructive_hint=spec.destructive,
-                    idempotent_hint=spec.idempotent,
-                    open_world_hint=False,
-                ),
+                input_schema=advertised_input_schema(spec),
+                output_schema=advertised_output_schema(spec),
+                annotations=types.ToolAnnotations.model_validate(advertised_annotations(spec)),
             )
             for spec in self.registry.tools
         ]
-        return types.ListToolsResult(tools=tools)
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
@@ -262,7 +261,7 @@ class CcwServer:
         except MCPError:
             raise
         except Exception as exc:
-            log(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
+            LOGGER.error(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
             raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
         text = spec.text(result) if spec.text is not None else _json_text(result)
         return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)

@@ -36,12 +36,12 @@ import datetime
 import errno
 import os
 import sqlite3
-import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mcp_server.logs import LOGGER
 from sandbox.errors import CcwError, wrap_oserror
 
 DB_NAME = "ccw.sqlite3"
@@ -94,12 +94,11 @@ class State:
             for suffix in ("", "-wal", "-shm"):
                 if os.path.exists(f"{self.db_path}{suffix}"):
                     os.replace(f"{self.db_path}{suffix}", f"{aside}{suffix}")
-        print(
+        LOGGER.error(
             f"mcp:state-corrupt {self.db_path} is damaged ({exc}); moved it to {aside} and started "
             "with an empty database: capsule records, exec journals, leases, snapshot and policy "
             f"records are lost (blobs, witness files and capsule dirs are kept); salvage with "
-            f"`sqlite3 {aside} .recover`",
-            file=sys.stderr, flush=True,
+            f"`sqlite3 {aside} .recover`"
         )
         return aside
 

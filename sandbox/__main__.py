@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from sandbox import disk, syscalls
+from sandbox import __version__, disk, syscalls
 from sandbox.errors import CcwError
 from sandbox.server import Dispatcher, HelperServer
 
@@ -53,6 +53,7 @@ log = logging.getLogger("ccw.helper")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="ccw-helper", description="ccw's privileged helper")
+    parser.add_argument("--version", action="version", version=f"ccw-helper {__version__}")
     parser.add_argument("--socket", required=True, help="unix socket path to listen on")
     parser.add_argument("--state-dir", required=True, help="capsule upper/work dirs and registry")
     mode = parser.add_mutually_exclusive_group()

@@ -57,6 +57,12 @@ Some facts about overlayfs
   stacks, no escaping of user-chosen workspace paths, and the kernel's own error text
   can be read back from the context fd.  We use it, and fall back to ``mount(2)`` on
   kernels without it.
+* Before 6.5 overlayfs had no parameter parser of its own: ``fsopen("overlay")``
+  works, but its context is the generic "legacy" one, which accepts *any* key and
+  only joins them into a mount(2) string that ``FSCONFIG_CMD_CREATE`` then rejects
+  with EINVAL ("unrecognized mount option lowerdir+").  So whether ``lowerdir+`` is
+  understood is asked with a key no kernel knows: a parser refuses it (EINVAL), the
+  legacy context takes it.  Debian 12's 6.1 kernel is such a kernel.
 """
 
 from __future__ import annotations
@@ -134,6 +140,8 @@ def _mount_fsconfig(lowers: Sequence[str], upper: str, work: str, merged: str, u
             raise _NoNewMountApi from exc
         raise from_oserror(exc, "fsopen overlay", merged, "is the overlay module available?") from exc
     try:
+        if not _parses_keys(fs_fd):
+            raise _NoNewMountApi  # overlayfs < 6.5: see the module's facts
         try:
             syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "source", "ccw")
             for index, lower in enumerate(lowers):
@@ -163,6 +171,16 @@ def _mount_fsconfig(lowers: Sequence[str], upper: str, work: str, merged: str, u
             os.close(mnt_fd)
     finally:
         os.close(fs_fd)
+
+
+def _parses_keys(fs_fd: int) -> bool:
+    """Whether this overlay context checks its keys (6.5+), not the legacy pass-through."""
+    try:
+        syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "ccw-no-such-key", "1")
+    except OSError as exc:
+        _kernel_log(fs_fd)  # drop the "Unknown parameter" message
+        return exc.errno == errno.EINVAL
+    return False
 
 
 def _kernel_log(fs_fd: int) -> str:
@@ -507,8 +525,9 @@ def mechanisms() -> dict[str, Any]:
         pass
     else:
         try:
-            syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "lowerdir+", "/")
-            mount_api = "fsopen/fsconfig lowerdir+"
+            if _parses_keys(fs_fd):
+                syscalls.fsconfig(fs_fd, syscalls.FSCONFIG_SET_STRING, "lowerdir+", "/")
+                mount_api = "fsopen/fsconfig lowerdir+"
         except OSError:
             pass
         finally:

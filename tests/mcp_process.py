@@ -33,10 +33,11 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
 class ServerProcess:
     """A ccw-mcp child; stderr is collected line by line in a thread."""
 
-    def __init__(self, env: dict[str, str], stdin: int | None = subprocess.DEVNULL) -> None:
+    def __init__(self, env: dict[str, str], stdin: int | None = subprocess.DEVNULL,
+                 argv: list[str] | None = None) -> None:
         self.env = env
         self.proc = subprocess.Popen(
-            [str(CCW_MCP)], env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [str(CCW_MCP), *(argv or [])], env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         self.lines: list[str] = []
         self._ready = threading.Event()

@@ -17,7 +17,7 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -239,7 +239,7 @@ def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert server.stop() == 0
 
 
-def post(http: httpx.Client, url: str, body: bytes) -> None:
+def post(http: httpx2.Client, url: str, body: bytes) -> None:
     """POST a body; the answer is a 2xx/4xx with a JSON-RPC body (or none), and a probe works."""
     response = http.post(url, content=body, headers={"content-type": "application/json",
                                                      "accept": "application/json, text/event-stream"})
@@ -254,12 +254,12 @@ def post(http: httpx.Client, url: str, body: bytes) -> None:
 
 
 @pytest.fixture(scope="module")
-def http(http_url: str) -> Iterator[httpx.Client]:
-    with httpx.Client(timeout=30) as client:
+def http(http_url: str) -> Iterator[httpx2.Client]:
+    with httpx2.Client(timeout=30) as client:
         yield client
 
 
-def test_http_hostile_bodies(http: httpx.Client, http_url: str) -> None:
+def test_http_hostile_bodies(http: httpx2.Client, http_url: str) -> None:
     for name, body in sorted(hostile_frames().items()):
         try:
             post(http, http_url, body)
@@ -269,14 +269,14 @@ def test_http_hostile_bodies(http: httpx.Client, http_url: str) -> None:
 
 @FUZZ
 @given(st.binary(max_size=300))
-def test_http_random_bodies(http: httpx.Client, http_url: str, body: bytes) -> None:
+def test_http_random_bodies(http: httpx2.Client, http_url: str, body: bytes) -> None:
     post(http, http_url, body)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.fixed_dictionaries({}, optional={"jsonrpc": st.just("2.0"), "id": json_any, "method": methods, "params": json_any}))
-def test_http_random_requests(http: httpx.Client, http_url: str, request: dict[str, Any]) -> None:
+def test_http_random_requests(http: httpx2.Client, http_url: str, request: dict[str, Any]) -> None:
     post(http, http_url, json.dumps(request).encode())
 
 

@@ -182,8 +182,7 @@ def test_ccw_own_schema_set_holds_every_tools_io_and_policies(own: Ctx) -> None:
         assert {f"tool.{spec.name}.input", f"tool.{spec.name}.output"} <= names
         got = call(own, "get_schema", {"name": f"tool.{spec.name}.output"})
         assert got["schema"] == spec.output_schema and got["schema"] is not spec.output_schema
-    if schema_tools.POLICIES_DIR.joinpath("policy.schema.json").exists():
-        assert "policy" in names
+    assert "policy" in names
     examples = call(own, "list_examples", {})["examples"]
     assert {"component": "tool.diff_assets.input", "path": "tools/diff_assets/example-1.json"} in examples
     for example in examples:

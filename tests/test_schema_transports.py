@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import trio
 
@@ -98,7 +98,7 @@ def over_http(tmp: Path) -> tuple[list[dict[str, Any]], str]:
     server = ServerProcess(env_for(tmp, "http"))
     try:
         url = server.wait_ready()
-        with httpx.Client(timeout=30, trust_env=False) as client:
+        with httpx2.Client(timeout=30, trust_env=False) as client:
             answers = []
             for request in REQUESTS:
                 response = client.post(url, json=request)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import httpx2
 import pytest
 import trio
@@ -32,7 +31,7 @@ def bearer(name: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
-def decode(response: httpx.Response) -> dict | None:
+def decode(response: httpx2.Response) -> dict | None:
     """The JSON-RPC message in a JSON or SSE response body."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         for line in response.text.splitlines():
@@ -103,7 +102,7 @@ def test_sdk_client_with_bearer_token(token_server: ServerProcess):
 
 def test_sessions_unknown_id_404_and_delete(http_server: ServerProcess):
     url = http_server.path
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         opened = http.post(url, json=INIT, headers=ACCEPT)
         assert opened.status_code == 200
         session_id = opened.headers["mcp-session-id"]
@@ -124,7 +123,7 @@ def test_origin_is_validated(http_server: ServerProcess):
     url = http_server.path
     port = url.split(":")[2].split("/")[0]
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         evil = http.post(url, json=direct, headers={"origin": "http://evil.example"})
         assert evil.status_code == 403 and "Origin" in evil.json()["error"]
         local = http.post(url, json=direct, headers={"origin": f"http://localhost:{port}"})
@@ -133,7 +132,7 @@ def test_origin_is_validated(http_server: ServerProcess):
 
 def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess):
     url = http_server.path
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         ok = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ccw_info", "params": {"echo": "d"}})
         assert ok.status_code == 200 and ok.json() == {"jsonrpc": "2.0", "id": 1, "result": ok.json()["result"]}
         assert ok.json()["result"]["echo"] == "d"
@@ -152,7 +151,7 @@ def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess
 def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
     url = token_server.path
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         missing = http.post(url, json=direct)
         assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer")
         wrong = http.post(url, json=direct, headers={"authorization": "Bearer nope"})
@@ -210,3 +209,65 @@ def test_sigterm_finishes_in_flight_http_request(tmp_path: Path):
     assert "mcp:draining mode=http signal=SIGTERM" in server.log
     assert "mcp:shutdown mode=http" in server.log
     assert not (tmp_path / "mcp.ready").exists()
+
+
+def test_tokens_refuse_a_body_json_loads_cannot_parse(token_server: ServerProcess):
+    # Python's json.loads refuses integers over 4,300 digits; the SDK's parser (pydantic)
+    # reads them.  A body with one used to skip the scope check and reach the SDK: a
+    # token without 'read' could call a 'read' tool.  It is refused before anything runs.
+    url = token_server.path
+    with httpx2.Client(timeout=30) as http:
+        opened = http.post(url, json=INIT, headers={**ACCEPT, **bearer("runner")})
+        headers = {**ACCEPT, **bearer("runner"), "mcp-session-id": opened.headers["mcp-session-id"],
+                   "mcp-protocol-version": "2025-11-25"}
+        http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        huge = b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"ccw_info","arguments":{},' \
+               b'"_meta":{"n":' + b"1" * 5000 + b'}}}'
+        smuggled = http.post(url, content=huge, headers=headers)
+        assert smuggled.status_code == 400, smuggled.text
+        assert smuggled.json()["error"]["code"] == -32700 and "scope" in smuggled.json()["error"]["message"]
+        for body in (b"not json", b"[1, 2]", b'{"jsonrpc": "2.0", "id": 3, "method": 7}'):
+            refused = http.post(url, content=body, headers=headers)
+            assert refused.status_code == 400, (body, refused.text)
+        # A well-formed call still gets its 403, and the connection and session still work.
+        call = {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "ccw_info", "arguments": {}}}
+        assert http.post(url, json=call, headers=headers).status_code == 403
+        boss = http.post(url, json={"jsonrpc": "2.0", "id": 5, "method": "ccw_info"}, headers=bearer("boss"))
+        assert boss.status_code == 200
+
+
+def test_dns_rebinding_host_is_refused_on_loopback(http_server: ServerProcess):
+    # The SDK's own check (host_guard): a page rebound to 127.0.0.1 still sends its own
+    # name as Host; refused before any method runs, direct methods included.
+    url = http_server.path
+    port = url.split(":")[2].split("/")[0]
+    direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+    with httpx2.Client(timeout=30) as http:
+        rebound = http.post(url, json=direct, headers={"host": f"evil.example:{port}"})
+        assert rebound.status_code == 421 and "Host 'evil.example:" in rebound.json()["error"]
+        wrong_port = http.post(url, json=direct, headers={"host": "127.0.0.1:1"})
+        assert wrong_port.status_code == 421
+        rebound_get = http.get(url, headers={"host": f"evil.example:{port}", "accept": "text/event-stream"})
+        assert rebound_get.status_code == 421
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}"):
+            assert http.post(url, json=direct, headers={"host": host}).status_code == 200
+
+
+def test_beyond_loopback_tokens_guard_and_origin_is_still_checked(tmp_path: Path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    tokens.chmod(0o600)
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_HTTP_ADDR="0.0.0.0:0",
+                                      CCW_TOKENS_FILE=str(tokens)))
+    try:
+        url = server.wait_ready().replace("0.0.0.0", "127.0.0.1")
+        direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+        with httpx2.Client(timeout=30) as http:
+            # Any name may reach the machine: Host is not ccw's to judge here; the token is.
+            named = http.post(url, json=direct, headers={**bearer("reader"), "host": "build-box.lan:80"})
+            assert named.status_code == 200
+            assert http.post(url, json=direct, headers={"host": "build-box.lan:80"}).status_code == 401
+            evil = http.post(url, json=direct, headers={**bearer("reader"), "origin": "http://evil.example"})
+            assert evil.status_code == 403 and "Origin" in evil.json()["error"]
+    finally:
+        server.stop()

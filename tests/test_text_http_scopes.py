@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 
 from tests.mcp_process import ServerProcess, server_env
@@ -39,14 +39,14 @@ def server(tmp_path: Path):
     proc.stop()
 
 
-def _direct(http: httpx.Client, url: str, who: str, method: str, params: dict) -> httpx.Response:
+def _direct(http: httpx2.Client, url: str, who: str, method: str, params: dict) -> httpx2.Response:
     return http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=bearer(who))
 
 
 def test_scopes_of_text_and_file_tools(server: tuple[ServerProcess, Path]) -> None:
     proc, ws = server
     url = proc.path
-    with httpx.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30) as http:
         read = _direct(http, url, "reader", "text.read", {"path": "/a.txt"})
         assert read.status_code == 200
         digest = read.json()["result"]["hash"]

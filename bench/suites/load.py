@@ -7,7 +7,7 @@ beside an abusive capsule.
   on its own connection pipelining up to ``WINDOW`` requests; half the clients use
   direct methods, half an initialized MCP session (``tools/call``).  Over HTTP (loopback,
   keep-alive, one connection per client) the same mix, one request at a time per client
-  (HTTP/1.1 has no pipelining in httpx).  The mix is side-effect free: ccw_info,
+  (HTTP/1.1 has no pipelining in httpx2).  The mix is side-effect free: ccw_info,
   policy_list, list_schemas, validate_asset, diff_assets, read_text_file of a small
   file, snapshot_info of a snapshot of a small git repo.  Every answer's id is checked:
   none lost or duplicated, direct methods' answers in request order on their connection
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import trio
 
 from bench.common import Report, Row, timed_requests
@@ -206,7 +206,7 @@ async def _unix_client(path: str, count: int, mix: list[tuple[str, dict[str, Any
             answered += 1
 
 
-def _decode(response: httpx.Response) -> dict[str, Any]:
+def _decode(response: httpx2.Response) -> dict[str, Any]:
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         for line in response.text.splitlines():
             if line.startswith("data:") and line[5:].strip():
@@ -219,8 +219,8 @@ def _decode(response: httpx.Response) -> dict[str, Any]:
 
 async def _http_client(url: str, count: int, mix: list[tuple[str, dict[str, Any]]], session: bool,
                        offset: int, out: list[float], errors: list[int]) -> None:
-    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+    limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
         headers = dict(ACCEPT)
         if session:
             opened = await http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}, headers=headers)
@@ -272,7 +272,7 @@ def run_load(tmp: Path, transport: str, clients: int, count: int) -> LoadResult:
 def _snapshot(server: Server, transport: str, workspace: Path) -> str:
     frame = {"jsonrpc": "2.0", "id": 1, "method": "snapshot_create", "params": {}}
     if transport == "http":
-        answer = _decode(httpx.post(server.path, json=frame, headers=ACCEPT, timeout=60))
+        answer = _decode(httpx2.post(server.path, json=frame, headers=ACCEPT, timeout=60))
     else:
         import socket
 

@@ -45,12 +45,14 @@ def _common(top: bool) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    from mcp_server.cli import capsule
+    from mcp_server import __version__, logs
+    from mcp_server.cli import capsule, clients
     from mcp_server.cli.clients import CLIENTS
 
     common = _common(top=False)
     parser = argparse.ArgumentParser(prog="ccw", parents=[_common(top=True)],
                                      description="ccw: counterfactual capsule workspaces for coding agents")
+    parser.add_argument("--version", action="version", version=f"ccw {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     sub.add_parser("doctor", parents=[common], help="which kernel features work here, with fixes")
@@ -61,15 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", metavar="HOST:PORT", help="CCW_HTTP_ADDR (implies --endpoint http)")
     serve.add_argument("--ready-file", help="MCP_READY_FILE")
     serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE")
-    serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated)")
+    serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated families, or a profile such as agent)")
+    serve.add_argument("--log-level", choices=logs.LEVELS, help="CCW_LOG_LEVEL")
+    serve.add_argument("--log-format", choices=logs.FORMATS, help="CCW_LOG_FORMAT")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
 
     helper = sub.add_parser("helper", parents=[common], help="the state dir's detached helper")
     helper.add_argument("action", choices=("start", "stop", "status"))
 
-    client = sub.add_parser("client-config", parents=[common], help="config snippet for an MCP client")
+    client = sub.add_parser(
+        "client-config", parents=[common], help="config snippet for an MCP client",
+        description="Print the snippet that registers ccw-mcp with an MCP client.",
+        epilog=clients.TOOLSETS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     client.add_argument("client", choices=CLIENTS)
+    client.add_argument("--toolsets", help="CCW_TOOLSETS for the client's ccw-mcp: families and profiles, "
+                        "comma-separated (default: all tools); see below")
     return parser
 
 
@@ -86,7 +95,8 @@ def serve_env(args: argparse.Namespace) -> dict[str, str]:
     if endpoint:
         env["MCP_ENDPOINT"] = endpoint
     for flag, name in (("ready_file", "MCP_READY_FILE"), ("tokens_file", "CCW_TOKENS_FILE"),
-                       ("toolsets", "CCW_TOOLSETS")):
+                       ("toolsets", "CCW_TOOLSETS"), ("log_level", "CCW_LOG_LEVEL"),
+                       ("log_format", "CCW_LOG_FORMAT")):
         value = getattr(args, flag)
         if value:
             env[name] = value
@@ -129,6 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from mcp_server import logs
     from mcp_server.cli.output import print_json, use_color
     from mcp_server.config import Config
 
@@ -136,8 +147,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         os.environ.update(serve_env(args))
         from mcp_server.__main__ import main as serve_main
 
-        return serve_main()
+        return serve_main([])
     config = Config.from_env()
+    logs.configure(config.log_level, config.log_format)
     if args.command == "doctor":
         from mcp_server import doctor
 
@@ -150,7 +162,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "client-config":
         from mcp_server.cli import clients
 
-        return clients.run(args.client, config, args.json)
+        return clients.run(args.client, config, args.json, args.toolsets)
     if args.command == "helper":
         from mcp_server.cli import helperctl
 

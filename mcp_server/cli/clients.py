@@ -15,18 +15,24 @@ Formats, as the clients document them:
 - codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table.
 - cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project), ``mcpServers``.
 - vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``.
+
+``--toolsets`` puts ``CCW_TOOLSETS`` in the snippet: every tool in ``tools/list`` costs
+the agent's context on every turn, so a client that needs only the agent loop should
+use the ``agent`` profile (``TOOLSETS_HELP``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from mcp_server.config import Config
+from mcp_server.config import PROFILES, TOOLSETS, Config
+from sandbox.errors import CcwError
 
 CLIENTS = ("claude", "codex", "cursor", "vscode")
 SERVICE_SOCKET = "/run/ccw/helper.sock"
@@ -40,6 +46,15 @@ WHERE = {
 }
 
 
+TOOLSETS_HELP = (
+    "CCW_TOOLSETS (--toolsets) chooses the tools ccw-mcp lists; each listed tool costs the "
+    "agent's context on every turn.\n"
+    f"  families: {', '.join(TOOLSETS)} (default: all of them)\n"
+    + "".join(f"  profile {name}: {', '.join(tools)}\n" for name, tools in PROFILES.items())
+    + "  Families and profiles combine: --toolsets agent,witness.  bench/run.py surface measures them."
+)
+
+
 def ccw_mcp_path() -> str:
     """The absolute path of the installed ccw-mcp script (beside this interpreter, else on PATH)."""
     beside = Path(sys.executable).parent / "ccw-mcp"
@@ -49,25 +64,53 @@ def ccw_mcp_path() -> str:
     return os.path.abspath(found) if found else str(beside.absolute())
 
 
-def server_env(config: Config) -> dict[str, str]:
-    """The environment the client should start ccw-mcp with."""
+def server_env(config: Config, toolsets: str | None = None) -> dict[str, str]:
+    """The environment the client should start ccw-mcp with (``toolsets``: CCW_TOOLSETS, checked)."""
     env = {"CCW_STATE_DIR": os.path.abspath(config.state_dir)}
+    if toolsets:
+        chosen = Config.from_env({"CCW_TOOLSETS": toolsets}).toolsets  # refuses unknown names
+        env["CCW_TOOLSETS"] = ",".join(chosen)
     helper = config.helper_socket or (SERVICE_SOCKET if os.path.exists(SERVICE_SOCKET) else "")
     if helper:
         env["CCW_HELPER_SOCKET"] = helper
     return env
 
 
-def _toml_string(value: str) -> str:
-    # A TOML basic string is JSON's string syntax for everything ccw writes here.
-    return json.dumps(value, ensure_ascii=False)
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+\Z")
+
+
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string.
+
+    Not JSON's string syntax: TOML forbids raw control characters, U+007F included,
+    which ``json.dumps`` leaves as they are.  A path that is not valid UTF-8 (Python
+    holds its bytes as lone surrogates) has no TOML spelling at all: refused.
+    """
+    out = []
+    for char in value:
+        if char in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[char])
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\u{ord(char):04X}")
+        elif 0xD800 <= ord(char) <= 0xDFFF:
+            raise CcwError("INVALID_ARGUMENT", f"{value!r} is not valid UTF-8, which a TOML file cannot hold; "
+                           "use a state dir and an install path whose names are UTF-8")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
+
+
+def toml_key(key: str) -> str:
+    """A TOML key: bare when it can be, quoted otherwise."""
+    return key if _BARE_KEY.match(key) else toml_string(key)
 
 
 def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     """(text to print, the same as a JSON value) for ``client``."""
     if client == "codex":
-        pairs = ", ".join(f"{key} = {_toml_string(value)}" for key, value in sorted(env.items()))
-        text = f"[mcp_servers.ccw]\ncommand = {_toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
+        pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in sorted(env.items()))
+        text = f"[mcp_servers.ccw]\ncommand = {toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
         value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env}}}
         return text, value
     server: dict[str, Any] = {"command": command, "args": [], "env": env}
@@ -80,10 +123,10 @@ def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     return json.dumps(value, indent=2, sort_keys=True) + "\n", value
 
 
-def run(client: str, config: Config, as_json: bool) -> int:
+def run(client: str, config: Config, as_json: bool, toolsets: str | None = None) -> int:
     """Print the snippet for ``client`` (and where it goes)."""
     command = ccw_mcp_path()
-    text, value = snippet(client, command, server_env(config))
+    text, value = snippet(client, command, server_env(config, toolsets))
     if as_json:
         document = {"client": client, "file": WHERE[client], "format": "toml" if client == "codex" else "json",
                     "config": value, "text": text}

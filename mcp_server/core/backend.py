@@ -1,6 +1,6 @@
 """``populate_backend``: POST one asset to the configured backend (seed 001 §2, §4, §6).
 
-One request, httpx, a 5 s timeout, no retries (a retry could store an asset twice).
+One request, httpx2 (the MCP SDK's own client), a 5 s timeout, no retries (a retry could store an asset twice).
 The result is always one of seed 001's shapes, never an exception:
 
 - 2xx with a JSON object naming the asset (``asset_id``, else ``id``, else
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import httpx2
 
 BACKEND_TIMEOUT_S = 5.0
 DETAIL_LIMIT = 512  # characters of a response body quoted back in ``detail``
@@ -31,7 +31,7 @@ def assets_url(backend_url: str, assets_path: str) -> str:
     return backend_url.rstrip("/") + "/" + assets_path.lstrip("/")
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: httpx2.Response) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -53,21 +53,21 @@ async def populate(
     assets_path: str,
     *,
     timeout_s: float = BACKEND_TIMEOUT_S,
-    transport: httpx.AsyncBaseTransport | None = None,
+    transport: httpx2.AsyncBaseTransport | None = None,
 ) -> dict[str, Any]:
     """POST ``asset`` as JSON to the backend once and map the outcome to seed 001's shapes."""
     url = assets_url(backend_url, assets_path)
-    # retries=0 is httpx's default; trust_env=False keeps proxies from the environment
+    # retries=0 is httpx2's default; trust_env=False keeps proxies from the environment
     # out of a call the operator pointed at one URL.
-    transport = transport or httpx.AsyncHTTPTransport(retries=0)
+    transport = transport or httpx2.AsyncHTTPTransport(retries=0)
     try:
-        async with httpx.AsyncClient(
+        async with httpx2.AsyncClient(
             timeout=timeout_s, transport=transport, trust_env=False, follow_redirects=False
         ) as client:
             response = await client.post(url, json=asset)
-    except httpx.TimeoutException:
+    except httpx2.TimeoutException:
         return backend_error(504, "timeout")
-    except httpx.TransportError:
+    except httpx2.TransportError:
         return backend_error(503, "network_unreachable")
     if response.status_code >= 300:
         return backend_error(response.status_code, _detail(response))

@@ -46,17 +46,22 @@ from typing import Any
 
 import jsonschema
 
+from mcp_server.data import data_dir
 from sandbox.errors import CcwError
 
-POLICIES_DIR = Path(__file__).resolve().parents[2] / "policies"
 RULE_NAMES = ("deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb", "require_identical_output", "require_replay_ok",
               "require_tests")
+
+
+def policies_dir() -> Path:
+    """The built-in policies and their schema: ``policies/``, shipped as package data."""
+    return data_dir("policies")
 
 
 @functools.cache
 def policy_schema() -> dict[str, Any]:
     """The JSON Schema every policy is validated against (policies/policy.schema.json)."""
-    with open(POLICIES_DIR / "policy.schema.json", encoding="utf-8") as f:
+    with open(policies_dir() / "policy.schema.json", encoding="utf-8") as f:
         schema: dict[str, Any] = json.load(f)
     return schema
 
@@ -88,7 +93,7 @@ def validate_policy(policy: dict[str, Any]) -> None:
 def builtin_policies() -> dict[str, dict[str, Any]]:
     """The policies shipped in policies/ (every *.json but the schema), by name."""
     out: dict[str, dict[str, Any]] = {}
-    for path in sorted(POLICIES_DIR.glob("*.json")):
+    for path in sorted(policies_dir().glob("*.json")):
         if path.name == "policy.schema.json":
             continue
         with open(path, encoding="utf-8") as f:

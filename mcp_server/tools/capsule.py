@@ -239,8 +239,7 @@ async def _exec_in_turn(ctx: ToolContext, args: dict[str, Any], ticket: Ticket) 
         request["stdin_b64"] = base64.b64encode(stdin_bytes).decode()
     if record.limits:
         request["limits"] = record.limits
-    assert ticket.started is not None
-    waited_ms = int((ticket.started - ticket.arrived) * 1000)
+    waited_ms = ticket.waited_ms
     started_generation = _journal(ctx).generation(record.capsule_id)
     started = _now()
     helper = await ctx.helper()

@@ -391,9 +391,8 @@ TOOLS = [
         family="text",
         title="Read a text file with line tags",
         description=(
-            "Read a UTF-8 text file as lines tagged '{n}:{hh}|{content}' (hh: 2-hex FNV-1a hash of the "
-            "line), with file_hash and total_lines. Use the tags as anchors in edit_text_file. "
-            "offset/limit page through large files."
+            "Read a UTF-8 text file as lines tagged '{n}:{hh}|{line}', with file_hash and total_lines; "
+            "the tags are edit_text_file's anchors. offset/limit page through large files."
         ),
         input_schema=READ_INPUT,
         output_schema=READ_OUTPUT,
@@ -408,10 +407,9 @@ TOOLS = [
         family="text",
         title="Edit a text file by line tags",
         description=(
-            "Edit a text file with ops anchored on 'LINE:HASH' tags from read_text_file: replace, "
-            "replace_range, insert_after, insert_before, delete, delete_range. All ops apply "
-            "atomically against the file as read (file_hash must match); a stale hash or an anchor "
-            "that no longer matches rejects the whole edit and returns the current tags."
+            "Edit a text file by 'LINE:HASH' anchors from read_text_file. The ops apply together to "
+            "the file as read (file_hash); a stale hash or anchor rejects the whole edit and returns "
+            "the current tags."
         ),
         input_schema=EDIT_INPUT,
         output_schema=EDIT_OUTPUT,

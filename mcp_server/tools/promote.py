@@ -222,9 +222,9 @@ TOOLS = [
         family="capsule",
         title="Promote capsule",
         description=(
-            "Write the capsule's changes into the real workspace, all or nothing, only if the named "
-            "policies pass (default: baseline) and the workspace did not change underneath the "
-            "capsule (else REPO_CHANGED). dry_run: evaluate and report, write nothing."
+            "Write the capsule's changes into the real workspace, all or nothing, if the policies "
+            "pass (default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
+            "dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,

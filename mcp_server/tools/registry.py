@@ -49,7 +49,7 @@ class ToolContext(Protocol):
         destroy: one at a time per capsule); a queued call reports so through ``progress``."""
 
     def log(self, message: str) -> None:
-        """Write a diagnostic line to stderr (never stdout)."""
+        """Write a diagnostic line to the server's log (stderr, never stdout)."""
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -159,9 +159,12 @@ class Registry:
 
     @classmethod
     def load(cls, toolsets: Sequence[str], modules: Sequence[str] = FAMILY_MODULES) -> Registry:
-        """Collect the tools of the selected families from their modules."""
+        """Collect the tools of the selected families and profiles (config.PROFILES) from their modules."""
+        from mcp_server.config import PROFILES
+
         registry = cls()
         wanted = set(toolsets)
+        single = {name for profile in wanted & set(PROFILES) for name in PROFILES[profile]}
         for module_name in modules:
             try:
                 module = importlib.import_module(module_name)
@@ -170,7 +173,7 @@ class Registry:
                     continue
                 raise
             for spec in getattr(module, "TOOLS", []):
-                if spec.family in wanted:
+                if spec.family in wanted or spec.name in single:
                     registry.add(spec)
             for resource in getattr(module, "RESOURCES", []):
                 if resource.family in wanted:

@@ -297,8 +297,8 @@ TOOLS = [
         family="text",
         title="Read text",
         description=(
-            "Read a file's text (all, or lines=[start, end], end exclusive, negatives from the end, 0 open) "
-            "with the whole file's hash and total_lines. encoding='base64' reads any file whole."
+            "Read a file's text (all, or lines=[start, end]) with the file's hash and total_lines; "
+            "encoding='base64' reads any file whole."
         ),
         input_schema=_input({"lines": _LINES, "encoding": _ENCODING}, []),
         output_schema=_output({"content": {"type": "string"}, "encoding": _ENCODING, "hash": _HEX, "total_lines": _COUNT}),

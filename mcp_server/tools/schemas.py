@@ -12,8 +12,8 @@ What they serve:
   input and output schema of every exposed tool (``tool.<name>.input`` /
   ``tool.<name>.output``, virtual paths ``tools/<name>.<input|output>.schema.json``),
   every ``*.json`` under the package's ``mcp_server/schemas/`` (where the policy and
-  witness-manifest schemas go once they exist), and ``policies/*.schema.json`` in the
-  source tree.  Examples: each ``examples`` entry of a tool's input schema (one honest
+  witness-manifest schemas go once they exist), and ``policies/*.schema.json`` (package
+  data, see ``mcp_server.data``).  Examples: each ``examples`` entry of a tool's input schema (one honest
   example call, component ``tool.<name>.input``), the built-in policies
   (``policies/*.json``), and ``CCW_EXAMPLES_DIR`` if set.
 
@@ -31,7 +31,7 @@ from typing import Any
 import mcp_server
 from mcp_server.core import backend
 from mcp_server.core.jsonpatch import diff_assets
-from mcp_server.core.policy import POLICIES_DIR
+from mcp_server.core.policy import policies_dir
 from mcp_server.core.schemas import (
     ExampleEntry,
     SchemaCatalogue,
@@ -68,13 +68,14 @@ def _default_entries(toolsets: tuple[str, ...]) -> tuple[list[SchemaEntry], list
         for index, call in enumerate(spec.input_schema.get("examples", []), start=1):
             name = f"tool.{spec.name}.input"
             examples.append(ExampleEntry(name, f"tools/{spec.name}/example-{index}.json", name, call))
-    if POLICIES_DIR.is_dir():
-        documents = list(read_json_tree(POLICIES_DIR, problems))
+    policies = policies_dir()
+    if policies.is_dir():
+        documents = list(read_json_tree(policies, problems))
         policy_schemas = [rel for rel, _ in documents if rel.endswith(".schema.json")]
         for rel, document in documents:
             path = f"policies/{rel}"
             if rel in policy_schemas:
-                uri = (POLICIES_DIR / rel).as_uri()
+                uri = (policies / rel).as_uri()
                 name = rel.rsplit("/", 1)[-1].removesuffix(".schema.json")
                 schemas.append(SchemaEntry(name, version, path, uri, document))
                 continue
@@ -424,7 +425,7 @@ TOOLS = [
     ToolSpec(
         name="diff_assets",
         family="schema",
-        description="RFC 6902 patch (add/remove/replace only) from base to new: object keys in sorted order, arrays replaced whole, ops sorted by path then remove < add < replace.",
+        description="RFC 6902 patch (add/remove/replace) from base to new; arrays are replaced whole, ops sorted by path.",
         input_schema=_input(
             {"base": _ANY, "new": _ANY},
             ["base", "new"],
@@ -439,7 +440,7 @@ TOOLS = [
     ToolSpec(
         name="populate_backend",
         family="schema",
-        description="Validate an asset (unless validate_first is false) and POST it to the backend at CCW_BACKEND_URL; disabled (unsupported) when that is unset. One attempt, 5 s timeout.",
+        description="Validate an asset (unless validate_first is false) and POST it to CCW_BACKEND_URL (unsupported when unset); one attempt.",
         input_schema=_input(
             {
                 "asset": _ANY,

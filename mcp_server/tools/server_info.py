@@ -85,8 +85,7 @@ TOOLS = [
         name="ccw_info",
         family="server",
         title="ccw server info",
-        description="Version, protocol eras, transports, state dir and tool families of this ccw server; "
-        "a health check. delay_ms (≤ 10000) delays the answer, reporting progress.",
+        description="Version, transports, state dir and tool families of this server; a health check.",
         input_schema=INPUT_SCHEMA,
         output_schema=OUTPUT_SCHEMA,
         handler=ccw_info,

@@ -65,20 +65,20 @@ CAPSULE_ID: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": 128,
-    "description": "Act on this capsule's copy-on-write view instead of the live worktree.",
+    "description": "Work in this capsule's copy-on-write view, not the live tree.",
 }
 
 WORKSPACE: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
-    "description": "Absolute worktree root; defaults to the server's configured workspace (CCW_WORKSPACE).",
+    "description": "Absolute root of the live tree (default: CCW_WORKSPACE).",
 }
 
 PATH: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": 4096,
-    "description": "Repo-relative POSIX path ('.' is the root); no '..', '~' or absolute paths.",
+    "description": "Repo-relative path ('.' is the root).",
 }
 
 PATHS: dict[str, Any] = {"type": "array", "items": PATH, "maxItems": 10000}
@@ -87,13 +87,12 @@ LEASE_ID: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": 128,
-    "description": "Lease from an earlier worktree read; validated against the live fingerprint.",
+    "description": "From an earlier live-tree read; refused once the tree changed.",
 }
 
 SNAPSHOT_ID: dict[str, Any] = {
     "type": "string",
     "pattern": "^sha256:[0-9a-f]{64}$",
-    "description": "A snapshot id (content-addressed).",
 }
 
 BLOB_ID: dict[str, Any] = {"type": "string", "pattern": "^sha256:[0-9a-f]{64}$"}
@@ -102,7 +101,7 @@ MODE: dict[str, Any] = {
     "type": "string",
     "enum": ["worktree", "snapshot"],
     "default": "worktree",
-    "description": "worktree: the live tree (leases); snapshot: an immutable snapshot (snapshot_id).",
+    "description": "worktree: the live tree; snapshot: the snapshot_id given.",
 }
 
 FINGERPRINT: dict[str, Any] = {

@@ -7,7 +7,14 @@ anything else goes through 2025-11-25 sessions (``initialize`` creates one and r
 this module's ASGI layer does what ccw adds, in this order:
 
 1. Only ``/mcp`` exists (404 otherwise).
-2. ``Origin``, when present, must name this server's host or a loopback host (403).
+2. DNS rebinding and Origin (``host_guard``).  Bound to loopback (the only way to serve
+   without tokens), the SDK's own protection (``TransportSecurityMiddleware``) judges every
+   request, direct methods included: ``Host`` must be a loopback name with this server's
+   port (421 otherwise), and ``Origin``, when present, a loopback origin (403).  Bound
+   beyond loopback, tokens are mandatory and are the protection: a rebinding page cannot
+   send a bearer token, and the names clients use to reach the machine are not ccw's to
+   list, so ``Host`` is not checked there; ``Origin``, when present, must still name a
+   loopback host or the bound address (403).
 3. With ``CCW_TOKENS_FILE``: ``Authorization: Bearer`` must name a token (401 with
    ``WWW-Authenticate: Bearer``).  Sessions are bound to the token that created them
    (the SDK answers 404 to another token).  Without a tokens file the server only binds
@@ -19,7 +26,9 @@ this module's ASGI layer does what ccw adds, in this order:
    other transports).  The connection stays usable (HTTP keep-alive).
 5. The JSON-RPC method decides the scope a token needs (``CcwServer.scope_for``: the
    tool's own scope for ``tools/call`` and direct methods); a token without it gets
-   **403** naming the scope.
+   **403** naming the scope.  With tokens, a body that ``json.loads`` cannot read as one
+   message (so no scope can be judged) is refused with **400** (-32700) before the SDK
+   sees it: fail closed rather than trust two parsers to agree.
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
    session or handshake; everything else is replayed to the SDK.
 
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import socket
 from collections import deque
 from typing import Any
@@ -43,10 +53,12 @@ from hypercorn.trio import serve as hypercorn_serve
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from starlette.requests import Request
 
 from mcp_server.auth import Principal, TokenTable
-from mcp_server.server import CcwServer, log
+from mcp_server.logs import LOGGER
+from mcp_server.server import CcwServer
 from mcp_server.transports import framing
 from sandbox.errors import CcwError, from_oserror
 
@@ -94,15 +106,35 @@ def bind_http(addr: str, has_tokens: bool) -> socket.socket:
     return sock
 
 
+def host_guard(host: str, port: int) -> TransportSecuritySettings:
+    """The SDK's DNS-rebinding settings for a server bound to ``host:port`` (module docstring, 2).
+
+    Off for a non-loopback bind, where ``CcwHttpApp`` checks only ``Origin``.
+    """
+    if not is_loopback(host):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    names = ["localhost", "127.0.0.1", "[::1]"]
+    bound = f"[{host}]" if ":" in host else host
+    if bound not in names:
+        names.append(bound)  # another loopback address, e.g. 127.0.0.2
+    origins = [f"{scheme}://{name}{port_part}" for scheme in ("http", "https") for name in names
+               for port_part in ("", ":*")]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{name}:{port}" for name in names], allowed_origins=origins)
+
+
 class CcwHttpApp:
     """The ASGI layer in front of the SDK's Streamable HTTP handler (see module docstring)."""
 
     def __init__(
-        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable | None, host: str
+        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable | None, host: str,
+        port: int,
     ) -> None:
         self.app = app
         self.manager = manager
         self.tokens = tokens
+        self.guard = host_guard(host, port)
+        self._guard_check = TransportSecurityMiddleware(self.guard)
         self.origin_hosts = {*LOOPBACK_NAMES, host}
         self._in_flight = 0  # requests being answered, not counting GET event streams
         self._settled = trio.lowlevel.ParkingLot()
@@ -146,7 +178,15 @@ class CcwHttpApp:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         origin = headers.get("origin")
-        if origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
+        if self.guard.enable_dns_rebinding_protection:
+            refused = await self._guard_check.validate_request(Request(scope), is_post=False)
+            if refused is not None:
+                what = f"Host {headers.get('host')!r}" if refused.status_code == 421 else f"Origin {origin!r}"
+                await _respond(send, refused.status_code,
+                               {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
+                                         "http://localhost:PORT from this host"})
+                return
+        elif origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
             await _respond(send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
             return
         principal: Principal | None = None
@@ -176,6 +216,15 @@ class CcwHttpApp:
             message = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: 100,000 nested arrays
             message = None
+        if principal is not None and not _scope_checkable(message):
+            # Fail closed: the scope check reads the method from json.loads' view of the
+            # body; a body it cannot read (or that is no single message) must not go on to
+            # the SDK's own parser, which might read it differently and run it unchecked.
+            await _respond(send, 400, framing.error_message(
+                None, framing.PARSE_ERROR,
+                "parse error: the body is not one JSON-RPC message that json.loads reads, so its "
+                "scope cannot be checked; send one JSON object (UTF-8, no BOM)"))
+            return
         if isinstance(message, dict) and isinstance(message.get("method"), str):
             method, params = message["method"], message.get("params")
             needed = self.app.scope_for(method, params)
@@ -195,6 +244,12 @@ class CcwHttpApp:
                 await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
                 return
         await self.manager.handle_request(scope, _replay(body, receive), send)
+
+
+def _scope_checkable(message: Any) -> bool:
+    """Whether the scope check can judge ``message``: a request or notification with a
+    string method, or a response to the server (no method, needs no scope)."""
+    return isinstance(message, dict) and (isinstance(message.get("method"), str) or "method" not in message)
 
 
 def _what(method: str, params: Any) -> str:
@@ -261,6 +316,8 @@ async def serve(
     url = f"http://{shown}:{port}{MCP_PATH}"
     manager = StreamableHTTPSessionManager(
         app=app.sdk,
+        # ccw's layer already ran the same check (host_guard) on every request, direct
+        # methods included, before any token or body handling: not repeated here.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_request_body_size=framing.MAX_FRAME + 1,
     )
@@ -268,11 +325,11 @@ async def serve(
     hconfig.bind = [f"fd://{sock.detach()}"]
     hconfig.graceful_timeout = GRACEFUL_S
     hconfig.accesslog = None
-    hconfig.errorlog = "-"  # stderr
-    asgi = CcwHttpApp(app, manager, tokens, host)
+    hconfig.errorlog = logging.getLogger("hypercorn.error")  # through ccw's handler (logs.py)
+    asgi = CcwHttpApp(app, manager, tokens, host, port)
     async with trio.open_nursery() as nursery, manager.run():
         await nursery.start(_hypercorn, asgi, hconfig, draining)
-        log(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
+        LOGGER.info(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
         task_status.started(url)
         await draining.wait()
         # hypercorn has stopped accepting; let requests in flight finish, then cut the

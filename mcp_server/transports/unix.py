@@ -23,7 +23,8 @@ from typing import Any
 
 import trio
 
-from mcp_server.server import CcwServer, log
+from mcp_server.logs import LOGGER
+from mcp_server.server import CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
 from sandbox.errors import CcwError, from_oserror
 
@@ -43,7 +44,7 @@ def _clear_stale(path: str) -> None:
     try:
         probe.connect(path)
     except ConnectionRefusedError:
-        log(f"mcp:stale socket {path} removed (no server was listening)")
+        LOGGER.info(f"mcp:stale socket {path} removed (no server was listening)")
         os.unlink(path)
         return
     except OSError as exc:
