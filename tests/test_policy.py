@@ -193,11 +193,20 @@ def test_cpu_from_rusage_is_checked_like_a_cgroups() -> None:
 
 @pytest.mark.parametrize(
     ("decisions", "combined"),
-    [([], "refuse"), (["pass"], "pass"), (["pass", "refuse"], "refuse"), (["pass", None], "refuse")],
+    [([], "refuse"), (["pass"], "pass"), (["pass", "refuse"], "refuse"), (["pass", None], "refuse"),
+     (["pass", "no ceiling"], "pass"), (["no ceiling"], "refuse")],
 )
 def test_unmeasured_figures_pass_only_if_every_policy_says_so(decisions: list[str | None], combined: str) -> None:
-    policies = [{"rules": {} if d is None else {"if_unmeasured": d}} for d in decisions]
-    assert CombinedRules.combine(policies).if_unmeasured == combined
+    """``None``: a ceiling and no word on it (the default, refuse); "no ceiling": a policy
+    with neither (only require_tests), which has no say."""
+    def policy(decision: str | None) -> dict[str, Any]:
+        if decision is None:
+            return {"rules": {"max_cpu_ms": 1000}}
+        if decision == "no ceiling":
+            return {"rules": {"require_tests": ["pytest -q"]}}
+        return {"rules": {"if_unmeasured": decision}}
+
+    assert CombinedRules.combine([policy(d) for d in decisions]).if_unmeasured == combined
 
 
 def test_if_unmeasured_takes_only_its_two_values() -> None:

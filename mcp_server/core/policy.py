@@ -12,7 +12,9 @@ Choices made here:
   decides, explicitly, with ``if_unmeasured``: ``refuse`` makes it a violation that names
   the figure and why it is missing; ``pass`` lets the check pass and lists it in the
   report's ``resource_unmeasured`` with the reason.  Combined, ``refuse`` wins; with no
-  policy saying anything, ``refuse`` (fail closed).
+  policy saying anything, ``refuse`` (fail closed).  A policy that sets no ceiling and
+  no ``if_unmeasured`` (say, only ``require_tests``) has no say: it governs no ceiling,
+  and its silence must not turn ``baseline``'s ``pass`` into a refusal.
 - ``max_rss_mb`` is about the exec's total memory (``rss_max_kb``: its memory cgroup's
   peak, all processes together).  Without one, ``rss_max_process_kb`` (the largest
   single process, from wait4 rusage) is a lower bound of the total: above the ceiling,
@@ -198,12 +200,13 @@ class CombinedRules:
     @classmethod
     def combine(cls, policies: Iterable[dict[str, Any]]) -> CombinedRules:
         """Fold policies: lowest ceilings, union of globs and tests, replay if any wants it,
-        unmeasured figures passed only if every policy says so."""
+        unmeasured figures passed only if every policy with a ceiling or a say says so."""
         out = cls()
         decisions = []
         for policy in policies:
-            decisions.append(policy["rules"].get("if_unmeasured", "refuse"))
             rules = policy["rules"]
+            if "if_unmeasured" in rules or "max_rss_mb" in rules or "max_cpu_ms" in rules:
+                decisions.append(rules.get("if_unmeasured", "refuse"))
             for key in ("max_rss_mb", "max_cpu_ms"):
                 if key in rules:
                     current = getattr(out, key)

@@ -1,0 +1,115 @@
+"""The Python project's agent loop as an unprivileged user, through a rootless helper.
+
+The test creates a system user, gives it a copy of the prepared more-itertools
+workspace (its own ``.venv/`` inside) and runs a script as that user which starts
+``ccw-mcp`` on stdio through a real MCP client; ``ccw-mcp`` starts its embedded helper
+rootless (user namespace).  The script runs the same loop as the root tests
+(``agent_loop.agent_loop``), so every step is asserted there; here: no fanotify as a user,
+so ``touched.read`` is null with a reason, and the default ``baseline`` policy still
+lets the change be promoted (issue 13 item 4).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import realprojects  # noqa: E402
+from test_ipc_users import as_user  # noqa: E402
+
+SCRIPT = r"""
+import contextlib, json, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import trio
+import agent_loop, realprojects
+
+ws, scratch = Path(sys.argv[2]), Path(sys.argv[3])
+project = realprojects.PROJECTS["more-itertools"]
+
+@contextlib.asynccontextmanager
+async def fresh(state):
+    os.mkdir(state)
+    async with agent_loop.mcp_stdio(agent_loop.server_env(state, scratch)) as call:
+        yield call
+
+async def main():
+    os.mkdir(scratch / "state")
+    async with agent_loop.mcp_stdio(agent_loop.server_env(scratch / "state", scratch)) as call:
+        out = await agent_loop.agent_loop(call, fresh, project, ws, scratch)
+        out["info"] = await call("ccw_info", {})
+    return out
+
+try:
+    print(json.dumps(trio.run(main)))
+except BaseExceptionGroup as group:  # the MCP client's task groups wrap the loop's failure
+    raise agent_loop.leaf(group) from None
+"""
+
+
+@pytest.fixture
+def user_dir(root_required: None, require: Callable[[bool, str], None]) -> Iterator[tuple[int, int, Path]]:
+    """A system user made for the test, and a directory it owns that everyone can traverse."""
+    require(all(shutil.which(tool) for tool in ("useradd", "setpriv", "unshare")),
+            "needs useradd, setpriv and unshare")
+    name = f"ccwrp{secrets.token_hex(4)}"
+    for attempt in range(10):  # other tests add users too: /etc/passwd's lock may be held a moment
+        made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                              capture_output=True, text=True, check=False)
+        if made.returncode == 0:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    assert made.returncode == 0, made.stderr
+    path = Path(tempfile.mkdtemp(prefix="ccw-realproj-", dir="/var/tmp"))
+    try:
+        import pwd
+
+        entry = pwd.getpwnam(name)
+        path.chmod(0o755)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+        yield entry.pw_uid, entry.pw_gid, path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["userdel", name], check=True, capture_output=True)
+
+
+def test_agent_loop_on_the_python_project_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
+    import json
+
+    uid, gid, home = user_dir
+    project = realprojects.PROJECTS["more-itertools"]
+    ws = realprojects.pristine(project, home / "ws")
+    scratch = home / "scratch"
+    scratch.mkdir()
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(scratch)], check=True)
+    keep: list[str] = []
+    try:
+        argv = [sys.executable, "-c", SCRIPT, str(HERE), str(ws), str(scratch)]
+        done = subprocess.run(as_user(uid, gid, argv, keep), cwd=str(home), capture_output=True, timeout=280,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+    finally:
+        for directory in keep:
+            os.rmdir(directory)
+    assert done.returncode == 0, done.stderr.decode()[-6000:]
+    out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
+    # fanotify does not work from a user namespace: no read set, and the reason instead.
+    first = out["first"]
+    assert first["touched"]["read"] is None and first.get("touched_unavailable", {}).get("read"), first["touched"]
+    # The baseline policy passed without cgroups (promotion is asserted in the loop).
+    assert out["promoted"]["policy_report"]["passed"] is True, out["promoted"]
+    # Everything promoted belongs to the user.
+    for rel in (e.path for e in project.harmless):
+        assert (ws / rel).stat().st_uid == uid
