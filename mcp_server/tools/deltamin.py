@@ -13,9 +13,19 @@ Evidence (what the journal shows the failing command read) orders the units: tho
 read, and every file it could not have read because the change created or deleted it,
 come first and are tried alone before ddmin proper (core/deltamin.py).
 
-Flakiness: before searching, the full change set must fail and the empty set pass on
-each of ``confirm_runs`` runs (default 1), and the capsule's own journaled runs of the
-target command must agree with them; otherwise the tool says so instead of minimising noise.  The minimal set is
+Flakiness: before searching, the full change set must fail and the empty set pass, and
+every observation must agree; otherwise the tool says so instead of minimising noise.
+The observations are the capsule's own journaled runs of the target command (runs of its
+current contents for the full change; runs that started on generation 0, the base as the
+capsule first saw it, for the empty one) plus ``confirm_runs`` fresh runs of each.  When
+``confirm_runs`` is not given and the journal holds both kinds (the usual loop: the tests
+passed, edits, the tests failed), no fresh confirmation runs: the journal already
+observed both ends.
+
+Stack-trace localisation: the failing runs' output (kept in the journal) often names the
+line that raised (``File "x.py", line 189``, ``x.py:189:``, ``at f (x.js:12:5)``).  At the
+hunk level, the hunks at or just above a named line (``TRACE_WINDOW``) are tried alone
+first, as the evidence of reads orders files: a guess that costs one trial when wrong.  The minimal set is
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
 
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import difflib
+import os
 import re
 import time
 from collections.abc import Iterable
@@ -63,6 +74,9 @@ from mcp_server.tools.witness import make_witness
 from sandbox.errors import CcwError
 
 PARALLEL = 2  # trials at once: this is a 2-core machine
+TRACE_WINDOW = 3  # a line named in a traceback usually sits at or a few lines below the changed condition
+# "path", line N (Python); path:N (pytest, compilers, node's "at f (path:N:C)").
+_TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
 
 
 @dataclass(frozen=True)
@@ -291,6 +305,58 @@ def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], 
     ]
 
 
+def _journal_outcomes_at_start(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any) -> list[str]:
+    """Outcomes of the capsule's runs of target_cmd that started on generation 0 (its base).
+
+    A fork's generation 0 is its parent's change, not the base: none count for it.
+    """
+    if record.parent is not None or (isinstance(spec, dict) and "exit_code" not in spec):
+        return []
+    judge = predicate(spec)
+    return [
+        str(judge({"exit_code": ex["exit_code"], "timed_out": ex["timed_out"]}))
+        for ex in journal.execs(record.capsule_id)
+        if ex["argv"] == argv and ex.get("generation") == 0
+    ]
+
+
+def traced_lines(output: str, workspace: str, cwd: str) -> dict[str, set[int]]:
+    """Workspace-relative paths and line numbers that ``output`` names (tracebacks, errors)."""
+    lines: dict[str, set[int]] = {}
+    for match in _TRACE.finditer(output):
+        path, number = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+        full = os.path.normpath(os.path.join(cwd, path))
+        if full.startswith(workspace.rstrip("/") + "/"):
+            lines.setdefault(full[len(workspace.rstrip("/")) + 1:], set()).add(int(number))
+    return lines
+
+
+def _traced(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> dict[str, set[int]]:
+    """What the capsule's failing runs of its current contents named in their output."""
+    kept = journal.outputs(record.capsule_id)
+    traced: dict[str, set[int]] = {}
+    for ex in _current_runs(journal, record, argv, generation):
+        if ex["exit_code"] == 0 and not ex["timed_out"]:
+            continue
+        for stream in ("stdout", "stderr"):
+            data = kept.get((ex["seq"], stream))
+            if data is None:
+                continue
+            for path, numbers in traced_lines(data[0].decode("utf-8", "replace"), record.workspace, ex["cwd"]).items():
+                traced.setdefault(path, set()).update(numbers)
+    return traced
+
+
+def _suspects(material: Material, traced: dict[str, set[int]]) -> frozenset[int] | None:
+    """Hunks at or just above a line the failing output named (1-based new-side lines)."""
+    found = frozenset(
+        i for i, u in enumerate(material.units)
+        if u.action == "hunk" and u.hunk is not None and u.path in traced
+        and any(u.hunk[2] <= line <= u.hunk[3] + TRACE_WINDOW for line in traced[u.path])
+    )
+    return found or None
+
+
 def _relevant(material: Material, reads: set[str] | None, created: set[str]) -> frozenset[int] | None:
     if reads is None:
         return None
@@ -330,11 +396,12 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
         raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
     trials = Trials(ctx, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
     everything = tuple(range(len(material.units)))
-    runs = int(args.get("confirm_runs") or 1)
-    confirm = await trials.batch([everything, ()] * runs)
-    full, empty = confirm[0::2], confirm[1::2]
-    journaled = _journal_outcomes(journal, record, argv, args.get("failure_predicate", "exit_code"), generation)
-    full += journaled
+    spec = args.get("failure_predicate", "exit_code")
+    journaled = _journal_outcomes(journal, record, argv, spec, generation)
+    at_start = _journal_outcomes_at_start(journal, record, argv, spec) if generation > 0 else []
+    runs = 0 if args.get("confirm_runs") is None and journaled and at_start else int(args.get("confirm_runs") or 1)
+    confirm = await trials.batch([everything, ()] * runs) if runs else []
+    full, empty = confirm[0::2] + journaled, confirm[1::2] + at_start
     if len(set(full)) > 1 or len(set(empty)) > 1:
         raise CcwError(
             "CONFLICT",
@@ -361,7 +428,8 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
         split = await trio.to_thread.run_sync(_split_hunks, material, level1.result, base_view)
     if len(split.units) > len(level1.result) and remaining() > 0:
         trials.material = split
-        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, budget_s=remaining()), trials)
+        suspects = _suspects(split, await trio.to_thread.run_sync(_traced, journal, record, argv, generation))
+        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, suspects, budget_s=remaining()), trials)
         total_trials += level2.trials
         cache_hits += level2.cache_hits
         one_minimal = one_minimal and level2.one_minimal
