@@ -9,7 +9,9 @@ the workspace, prepared once and cached under ``.cache/realprojects/`` (see
   alternating which goes first, so drift on these 2-core VMs falls on both.
 - ``capsule_deltamin`` against textbook ddmin (``bench/suites/deltamin.py``) on the
   same real changes: the scenario's (two harmless edits and one breaking edit, through
-  ``edit_text_file``) and a wider one (twelve more harmless edits across the package).
+  ``edit_text_file``) and a wider one (twelve more harmless edits across the package),
+  each in the agent's loop: the tests pass, the edits, the tests fail, then deltamin
+  (which takes both ends from the journal, and the failure's traceback as evidence).
   Textbook ddmin searches the hunks of the whole change flat, with real trials (each a
   fresh capsule, the subset written, the tests run), as ccw's trials are.
 - ``capsule_replay`` of the scenario's witness (the runs of the loop) against the wall
@@ -113,6 +115,9 @@ async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> d
     from mcp_server.tools import deltamin as counterfactual
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    # The agent's loop (issue 13): the tests pass, edits, the tests fail, then deltamin.
+    passing = await agent_loop.run_tests(tools.call, cap, PROJECT.test_cmd)
+    assert passing["exit_code"] == 0, passing
     for item in edits:
         await agent_loop.edit(tools.call, cap, ws, item.path, item.old, item.new)
     failing = await agent_loop.run_tests(tools.call, cap, PROJECT.test_cmd)

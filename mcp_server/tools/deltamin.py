@@ -371,6 +371,61 @@ async def _search(search: Search, trials: Trials) -> Search:
     return search
 
 
+@dataclass
+class Found:
+    """A search's answer: the units it kept, out of which material, and what it cost."""
+
+    material: Material
+    result: tuple[int, ...]
+    trials: int = 0
+    cache_hits: int = 0
+    one_minimal: bool = True
+
+
+async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str, set[int]],
+                        remaining: Any) -> Found | None:
+    """The hunks the failing output points at, tried alone before any search (None: no such
+    hunk, or they do not fail by themselves).
+
+    When the guess fails, only those hunks are searched, at once at the hunk level; the
+    empty change is known to pass, so a single failing hunk is 1-minimal.
+    """
+    if not traced:
+        return None
+    base_view = await trio.to_thread.run_sync(RootView.open, record.base)
+    with base_view:
+        hunks = await trio.to_thread.run_sync(_split_hunks, trials.material, range(len(trials.material.units)), base_view)
+    suspects = _suspects(hunks, traced)
+    if suspects is None or len(suspects) == len(hunks.units):
+        return None
+    whole, trials.material = trials.material, hunks
+    guess = tuple(sorted(suspects))
+    [outcome] = await trials.batch([guess])
+    if outcome != FAIL:
+        trials.material = whole
+        return None
+    narrowed = await _search(Search(guess, PARALLEL, budget_s=remaining()), trials)
+    return Found(hunks, narrowed.result, 1 + narrowed.trials, narrowed.cache_hits, narrowed.one_minimal)
+
+
+async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozenset[int] | None,
+                        traced: dict[str, set[int]], remaining: Any) -> Found:
+    """ddmin over whole paths (read ones first), then over the hunks of the files that remain."""
+    material = trials.material
+    level1 = await _search(Search(tuple(range(len(material.units))), PARALLEL, relevant, budget_s=remaining()), trials)
+    found = Found(material, level1.result, level1.trials, level1.cache_hits, level1.one_minimal)
+    base_view = await trio.to_thread.run_sync(RootView.open, record.base)
+    with base_view:
+        split = await trio.to_thread.run_sync(_split_hunks, material, level1.result, base_view)
+    if len(split.units) > len(level1.result) and remaining() > 0:
+        trials.material = split
+        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, _suspects(split, traced),
+                                      budget_s=remaining()), trials)
+        found = Found(split, level2.result, found.trials + level2.trials, found.cache_hits + level2.cache_hits,
+                      found.one_minimal and level2.one_minimal)
+    return found
+
+
 async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The smallest part of the capsule's change that still makes target_cmd fail."""
     started = time.monotonic()
@@ -399,15 +454,18 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     spec = args.get("failure_predicate", "exit_code")
     journaled = _journal_outcomes(journal, record, argv, spec, generation)
     at_start = _journal_outcomes_at_start(journal, record, argv, spec) if generation > 0 else []
-    runs = 0 if args.get("confirm_runs") is None and journaled and at_start else int(args.get("confirm_runs") or 1)
-    confirm = await trials.batch([everything, ()] * runs) if runs else []
-    full, empty = confirm[0::2] + journaled, confirm[1::2] + at_start
+    asked = args.get("confirm_runs")
+    # Fresh runs of each end: as many as asked, else one of each end the journal has not seen.
+    fresh = [everything] * (asked or (0 if journaled else 1)) + [()] * (asked or (0 if at_start else 1))
+    confirm = await trials.batch(fresh) if fresh else []
+    full = [o for o, subset in zip(confirm, fresh, strict=True) if subset] + journaled
+    empty = [o for o, subset in zip(confirm, fresh, strict=True) if not subset] + at_start
     if len(set(full)) > 1 or len(set(empty)) > 1:
         raise CcwError(
             "CONFLICT",
-            f"target_cmd is flaky: the same change set gave different outcomes over {runs} runs "
-            f"and {len(journaled)} journaled runs of the capsule's current contents (generation {generation}) "
-            f"(full change: {', '.join(full)}; no change: {', '.join(empty)}); "
+            f"target_cmd is flaky: the same change set gave different outcomes over {len(fresh)} fresh runs "
+            f"and {len(journaled) + len(at_start)} journaled runs "
+            f"(full change, generation {generation}: {', '.join(full)}; no change: {', '.join(empty)}); "
             "make it deterministic (seed randomness, fix the clock) before minimising",
             {"full": full, "empty": empty, "generation": generation, "journaled": len(journaled)},
         )
@@ -417,23 +475,14 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     if empty[0] != PASS:
         raise CcwError("INVALID_ARGUMENT", f"the base without any change already fails ({empty[0]}): "
                        "the change is not the cause", {"empty": empty})
-    reads = _evidence(journal, record, argv, generation)
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
-    level1 = await _search(Search(everything, PARALLEL, _relevant(material, reads, created), budget_s=remaining()), trials)
-    total_trials, cache_hits = 2 * runs + level1.trials, level1.cache_hits
-    one_minimal = level1.one_minimal
-    chosen, final = material, level1.result
-    base_view = await trio.to_thread.run_sync(RootView.open, record.base)
-    with base_view:
-        split = await trio.to_thread.run_sync(_split_hunks, material, level1.result, base_view)
-    if len(split.units) > len(level1.result) and remaining() > 0:
-        trials.material = split
-        suspects = _suspects(split, await trio.to_thread.run_sync(_traced, journal, record, argv, generation))
-        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, suspects, budget_s=remaining()), trials)
-        total_trials += level2.trials
-        cache_hits += level2.cache_hits
-        one_minimal = one_minimal and level2.one_minimal
-        chosen, final = split, level2.result
+    traced = await trio.to_thread.run_sync(_traced, journal, record, argv, generation)
+    found = await _traced_first(trials, record, traced, remaining)
+    if found is None:
+        found = await _hierarchical(trials, record, _relevant(material, _evidence(journal, record, argv, generation),
+                                                              created), traced, remaining)
+    chosen, final = found.material, found.result
+    total_trials, cache_hits, one_minimal = len(fresh) + found.trials, found.cache_hits, found.one_minimal
     files = _file_contents(chosen, final)
     verified = await _verify(ctx, record, files, argv, judge)
     patch = await trio.to_thread.run_sync(_patch, record, files)
