@@ -164,3 +164,37 @@ def test_commutativity_matches_the_seed_example_structure(tools: Any, tmp_path: 
     assert first["conflict_pairs"] == [["src/module_a.py", "src/shared.py"], ["src/module_b.py", "src/shared.py"]]
     kinds = {tuple(e["pair"]): e["kinds"] for e in first["evidence"]}
     assert kinds[("src/module_a.py", "tests/test_a.py")] == ["import"]
+
+
+MODULE = "".join(f"def f{i}():\n    return {i}\n\n" for i in range(40))
+
+
+@pytest.mark.parametrize("points_at", ["culprit", "harmless"])
+def test_deltamin_tries_the_hunk_a_traceback_names_first(tools: Any, tmp_path: Path, points_at: str) -> None:
+    # Three hunks of one file; the failing run prints "m.py:LINE:" as a test runner does.
+    # Pointing at the culprit, one trial settles it; pointing at a harmless hunk, the guess
+    # passes and the search goes on to the same answer.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "m.py").write_text(MODULE)
+    culprit_line = 3 * 30 + 2  # "return 30" of f30
+    named = culprit_line if points_at == "culprit" else 3 * 5 + 2
+    check = ["sh", "-c", f"grep -q 'return -30' m.py || exit 0; echo 'm.py:{named}: AssertionError'; exit 1"]
+    edited = MODULE.replace("return 5\n", "return 5  # five\n").replace("return 30\n", "return -30\n").replace(
+        "return 12\n", "return 12  # twelve\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": check}))["exit_code"] == 0
+        await t.call("workspace_write_file", {"capsule_id": cap, "path": "m.py", "content": edited})
+        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": check}))["exit_code"] == 1
+        return await t.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": check})
+
+    out = tools.run(scenario)
+    changed = [line for line in out["minimal_patch"].splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == ["-    return 30", "+    return -30"]
+    assert out["one_minimal"] is True
+    if points_at == "culprit":
+        assert out["trials"] == 1  # both ends came from the journal, the named hunk failed alone
+    else:
+        assert out["trials"] > 1
