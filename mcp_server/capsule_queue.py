@@ -2,9 +2,9 @@
 
 A capsule runs one command at a time (the helper refuses a second exec with CONFLICT,
 and stays the backstop for clients of other front ends).  Agents send tool calls in
-parallel, so the front end queues ``capsule_exec``, ``capsule_fork``, ``capsule_destroy``
-and the reading of a capsule's change by ``capsule_deltamin`` per capsule, first come
-first served.  Read-only tools (diff, file reads, list) take no turn: they answer while
+parallel, so the front end queues ``capsule_exec``, ``capsule_fork``, ``capsule_destroy``,
+``capsule_witness``, ``capsule_promote`` and the reading of a capsule's change by
+``capsule_deltamin`` per capsule, first come first served.  Read-only tools (diff, file reads, list) take no turn: they answer while
 a command runs, and see its writes as far as they have got.
 
 Why not ``trio.Lock``: it is fair (``release`` hands the lock straight to the longest
@@ -41,7 +41,8 @@ WAIT_REPORT_S = 1.0  # a queued call repeats its "queued" report this often
 LABEL_CHARS = 60  # of a command, in the "queued behind" reports
 # The tools that take a capsule's turn, and what they are called in the reports.
 TURN_TOOLS = {"capsule_exec": "exec", "capsule_fork": "fork", "capsule_destroy": "destroy",
-              "capsule_deltamin": "deltamin (reading the change)"}
+              "capsule_deltamin": "deltamin (reading the change)", "capsule_promote": "promote",
+              "capsule_witness": "witness"}
 # Places taken by the transport when it read a request, by (request id key, capsule id):
 # set per connection for the tasks that serve it.
 ARRIVALS: contextvars.ContextVar[dict[tuple[Any, str], Ticket] | None] = contextvars.ContextVar(

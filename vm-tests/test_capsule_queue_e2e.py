@@ -282,3 +282,31 @@ def test_fork_waits_for_the_running_exec(tools: Any, tmp_path: Path) -> None:
     fork, seen = tools.run(scenario)
     assert fork["generation"] == 0 and fork["parent"]
     assert seen["stdout"] == "done\n"  # the fork was made after the exec had finished
+
+
+def test_witness_and_promote_wait_for_the_running_exec(tools: Any, tmp_path: Path) -> None:
+    # Sent while an exec runs, a witness must hold that run whole and a promotion must
+    # write what it wrote, not a half-done tree or a journal without it.
+    ws = _workspace(tmp_path)
+    slow = ["sh", "-c", "sleep 2; echo done > made.txt"]
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": slow})
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            witness = await t.call("capsule_witness", {"capsule_id": cap})
+            nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 1; echo more > more.txt"]})
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            promoted = await t.call("capsule_promote", {"capsule_id": cap})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return witness, promoted
+
+    witness, promoted = tools.run(scenario)
+    from mcp_server.core.witness import read_archive
+
+    with open(witness["path"], "rb") as archive:
+        manifest = read_archive(archive)[0]
+    assert [ex["argv"] for ex in manifest["execs"]] == [slow]
+    assert promoted["promoted"] is True
+    assert (ws / "made.txt").read_text() == "done\n" and (ws / "more.txt").read_text() == "more\n"

@@ -27,6 +27,7 @@ from typing import Any
 import trio
 from outcome import acapture
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset
 from mcp_server.core.fsview import DirFds, RootView
 from mcp_server.core.policy import (
@@ -140,8 +141,18 @@ async def _run_tests(ctx: ToolContext, record: CapsuleRecord, tests: list[str | 
 
 
 async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Check policies and conflicts, then write the capsule's changes to the workspace."""
-    record = live_record(ctx, args["capsule_id"])
+    """Check policies and conflicts, then write the capsule's changes to the workspace.
+
+    It takes the capsule's turn (mcp_server.capsule_queue): execs sent before it finish
+    first, and none runs while it reads, tests and writes the change.
+    """
+    live_record(ctx, args["capsule_id"])
+    async with ctx.capsule_turn(args["capsule_id"], turn_label("capsule_promote", args)):
+        return await _promote_in_turn(ctx, args)
+
+
+async def _promote_in_turn(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    record = live_record(ctx, args["capsule_id"])  # a destroy queued before this call may have run
     names = args.get("policies") or ["baseline"]
     dry_run = bool(args.get("dry_run"))
     store = PolicyStore(ctx.state)

@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsule_queue import turn_label
 from mcp_server.core import changeset, paths
 from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
@@ -283,8 +284,11 @@ async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include
 
 
 async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Package the capsule's execs and changes as a witness archive."""
-    return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
+    """Package the capsule's execs and changes as a witness archive, in the capsule's turn
+    (after the execs sent before it, so it holds their runs whole)."""
+    live_record(ctx, args["capsule_id"])
+    async with ctx.capsule_turn(args["capsule_id"], turn_label("capsule_witness", args)):
+        return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
                               args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
 
 
