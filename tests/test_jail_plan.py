@@ -70,8 +70,9 @@ def test_root_tree_steps() -> None:
     steps = mounts.root_steps()
     by_target = {step.target: step for step in steps}
     assert by_target["/usr"].source == "/usr" and by_target["/usr"].attrs & 1  # MOUNT_ATTR_RDONLY
-    if Path("/etc/shadow").exists():
-        assert by_target["/etc/shadow"].action == "mask_file"
+    # The secrets are hidden by name inside the /etc overlay, not by a mount on each file.
+    assert by_target["/etc"].action == "etc" and by_target["/etc"].attrs & 1
+    assert not any(step.target in mounts.SECRET_FILES for step in steps)
     targets = [step.target for step in steps]
     assert targets.index("/dev") < targets.index("/dev/null") < targets.index("/dev/pts") < targets.index("/dev/shm")
     assert by_target["/dev/null"].source_is_file and not by_target["/dev/null"].attrs
@@ -84,6 +85,19 @@ def test_system_steps_recreate_symlinks(tmp_path: Path) -> None:
     steps = mounts.system_steps(str(tmp_path))
     assert mounts.MountStep("symlink", "/bin", data="usr/bin") in steps
     assert [s.target for s in steps if s.action == "bind"] == ["/usr"]
+
+
+def test_host_mounts_inside_etc_are_bound_over_the_overlay_but_never_a_secret(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir()
+    line = "{n} 1 0:{n} / {point} rw,relatime - {fstype} src rw"
+    mountinfo = "\n".join(line.format(n=n, point=point, fstype=fstype) for n, (point, fstype) in enumerate([
+        ("/", "ext4"), ("/etc", "ext4"), ("/etc/hosts", "ext4"), ("/etc/resolv.conf", "tmpfs"),
+        ("/etc/ssl", "tmpfs"), ("/etc/ssl/private", "tmpfs"), ("/etc/shadow", "ext4"), ("/etcetera", "tmpfs"),
+        ("/etc/with\\040space", "tmpfs")]))
+    steps = mounts.system_steps(str(tmp_path), mountinfo)
+    assert [(s.action, s.target) for s in steps] == [("etc", "/etc")] + [
+        ("bind_over", p) for p in ("/etc/hosts", "/etc/resolv.conf", "/etc/ssl", "/etc/with space")]
+    assert all(s.source == s.target and s.attrs & 1 for s in steps)
 
 
 def test_stream_keeps_the_cap_and_counts_everything() -> None:

@@ -7,9 +7,12 @@ then a missing privilege or kernel feature fails the test instead (bubblewrap's
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import subprocess
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,3 +107,52 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                     totals[key] = totals.get(key, 0) + int(value)
     for key in sorted(totals):
         terminalreporter.write_line(f"{key.replace('_', ' ')}: {totals[key]}")
+
+
+# --- the host's password files, replaced the way useradd does -------------------------
+
+SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
+
+
+@contextlib.contextmanager
+def _pwd_lock() -> Iterator[None]:
+    """lckpwdf(3)'s lock, which useradd and passwd take: no other edit lands between copy and rename."""
+    fd = os.open("/etc/.pwd.lock", os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _identity(path: str) -> tuple[bytes, int, int, int]:
+    info = os.stat(path)
+    return Path(path).read_bytes(), info.st_mode, info.st_uid, info.st_gid
+
+
+def replace_secrets_by_rename() -> None:
+    """Replace each of the host's /etc/shadow, gshadow (and their backups) by a copy of itself.
+
+    As useradd does: a new file renamed over the old one.  Same bytes, mode, owner and
+    times, so the machine is unharmed; checked after each file.
+    """
+    with _pwd_lock():
+        for path in SECRET_FILES:
+            if not os.path.exists(path):
+                continue
+            before = _identity(path)
+            copy = path + ".ccwtest"
+            try:
+                subprocess.run(["cp", "-p", path, copy], check=True)
+                assert _identity(copy) == before, f"cp -p changed {path}"
+                os.rename(copy, path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(copy)
+            assert _identity(path) == before, f"{path} changed: restore it from {path}- or a backup"
+
+
+@pytest.fixture
+def rename_secrets(root_required: None) -> Callable[[], None]:
+    """``replace_secrets_by_rename``, for tests (test modules cannot import conftest)."""
+    return replace_secrets_by_rename

@@ -65,6 +65,8 @@ ATTEMPTS = [
     Attempt("planted-symlink-write-out", "echo x > link_outside/{esc}"),
     Attempt("planted-symlink-to-etc-write", "echo x > link_etc/{esc}"),
     Attempt("etc-shadow", "cat /etc/shadow /etc/gshadow; cat link_etc/shadow", judge="quiet"),
+    # The host replaced them by rename (as useradd does) after this jail's root was built.
+    Attempt("etc-shadow-after-host-rename", "cat /etc/shadow /etc/shadow- /etc/gshadow /etc/gshadow-", judge="quiet"),
     Attempt("dev-mem-kmem-port", "head -c 16 /dev/mem || head -c 16 /dev/kmem || head -c 16 /dev/port"),
     Attempt("raw-block-devices", "ls /dev/sd* /dev/vd* /dev/nvme* /dev/xvd* /dev/loop* 2>&1 && head -c 1 /dev/sda"),
     Attempt("proc-kcore", "test $(head -c 64 /proc/kcore | wc -c) -gt 0"),
@@ -322,6 +324,9 @@ def escape_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             }
             before = _host_photo(places, watched, [1, helper_pid, os.getpid()])
             cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            # This jail leaves the next one's root tree made ahead; then the host renames.
+            await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["true"]})
+            conftest.replace_secrets_by_rename()
             ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", _batch(ATTEMPTS, context)],
                                                 "timeout_ms": 120_000})
             killed = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", _batch([KILL_ALL], context)]})
@@ -375,15 +380,18 @@ JUDGES: dict[str, Callable[[int, str], bool]] = {
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)
-def test_escape_attempt_fails(escape_run: EscapeRun, name: str, record_property: Callable[[str, object], None]) -> None:
+def test_escape_attempt_fails(escape_run: EscapeRun, name: str, record_property: Callable[[str, object], None],
+                              request: pytest.FixtureRequest) -> None:
     record_property("escapes_tried", 1)
     assert name in escape_run.outcomes, f"{name} did not report (the batch died early?) {list(escape_run.outcomes)[-3:]}"
     status, out = escape_run.outcomes[name]
     attempt = next(a for a in [*ATTEMPTS, KILL_ALL, *NOBODY_ATTEMPTS] if a.name == name)
     assert SECRET_VALUE not in out, f"{name} saw a host secret:\n{out}"
-    if name == "etc-shadow":
-        shadow_root = next((line for line in _read("/etc/shadow").splitlines() if line.startswith("root:")), None)
-        assert out.strip() == "" and (shadow_root is None or shadow_root not in out), out
+    if name.startswith("etc-shadow"):
+        # Each name is an empty mode-0000 file: cat is refused and prints nothing else.
+        leaked = [line for path in _conftest(request.config).SECRET_FILES if os.path.exists(path)
+                  for line in _read(path).splitlines() if line.strip() and line in out]
+        assert leaked == [] and all(line.endswith("Permission denied") for line in out.splitlines()), out
     elif name == "env-secret":
         assert "CCW_ESCAPE_SECRET" not in out, out
     elif attempt.judge == "host":

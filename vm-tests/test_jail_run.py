@@ -86,10 +86,11 @@ def test_runs_as_the_callers_uid_and_gid(capsule: Capsule) -> None:
 
 def test_cannot_read_etc_shadow(capsule: Capsule) -> None:
     assert Path("/etc/shadow").stat().st_size > 0
-    # Hidden under /dev/null, so not even a root caller's jail reads password hashes.
+    # Empty mode-0000 files by name (mounts.ETC_SECRETS), so not even a root caller's jail reads password hashes.
     for uid in (NOBODY, 0):
         result = run(capsule, "cat /etc/shadow /etc/gshadow; echo rc=$?", uid=uid, gid=uid)
-        assert result.stdout == b"rc=0\n", result.stderr
+        assert result.stdout == b"rc=1\n", result.stderr
+        assert result.stderr.decode().count("Permission denied") == 2, result.stderr
 
 
 def test_fresh_pid_namespace_hides_and_protects_host_pids(capsule: Capsule) -> None:
