@@ -202,7 +202,8 @@ def _served_by_get_schema() -> list[tuple[dict[str, Any], str]]:
 
 def advertised_input_schema(spec: ToolSpec) -> dict[str, Any]:
     """The input schema ``tools/list`` shows for ``spec`` (module docstring)."""
-    schema = {key: value for key, value in spec.input_schema.items() if key not in ("$schema", "examples")}
+    schema = {key: value for key, value in spec.input_schema.items()
+              if key not in ("$schema", "examples") and not (key == "required" and value == [])}
     return _documented_elsewhere(_without_size_limits(schema))
 
 
