@@ -82,9 +82,13 @@ def test_shallow_accepts_what_the_full_schema_accepts(instance: Any) -> None:
         assert Draft202012Validator(shallow(closed)).is_valid(instance)
 
 
-def test_policy_rules_are_advertised_by_shape_with_a_pointer() -> None:
+def test_policy_rules_are_advertised_by_shape_with_a_pointer_when_get_schema_is_listed() -> None:
     spec = REGISTRY.lookup("policy_set")
-    rules = advertised_input_schema(spec)["properties"]["rules"]
+    alone = advertised_input_schema(spec, beside=["policy_set", "policy_get"])["properties"]["rules"]
+    full = spec.input_schema["properties"]["rules"]["properties"]
+    assert {name: rule.get("description") for name, rule in alone["properties"].items()} == {
+        name: rule.get("description") for name, rule in full.items()}  # no get_schema to point to: documented here
+    rules = advertised_input_schema(spec, beside=["policy_set", "get_schema"])["properties"]["rules"]
     assert "get_schema" in rules["description"] and "policy" in rules["description"]
     assert set(rules["properties"]) == set(spec.input_schema["properties"]["rules"]["properties"])
     assert "description" not in json.dumps(rules["properties"])

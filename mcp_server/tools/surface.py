@@ -10,7 +10,8 @@ schemas, the full ones, stay what the server validates against):
   the schema tools serve (``get_example``), and size limits no call plans for
   (``maxLength``, ``maxItems``, ``minLength: 1``): the server checks every call against
   the full schema and names the limit a call broke.  A copy of a schema that
-  ``get_schema`` serves (policy_set's ``rules``) goes out as its shape and a pointer.
+  ``get_schema`` serves (policy_set's ``rules``) goes out as its shape and a pointer,
+  when ``get_schema`` is listed too.
 - The output schema goes out *shallow* (``shallow``): the top-level properties with
   their types (or scalar constants), and the names every result has.  A nested object
   is ``{"type": "object"}``; branches of a top-level ``oneOf`` are merged.  Models read
@@ -25,6 +26,7 @@ schemas, the full ones, stay what the server validates against):
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 from mcp_server.core.policy import policy_schema
@@ -200,11 +202,15 @@ def _served_by_get_schema() -> list[tuple[dict[str, Any], str]]:
     return [(policy_schema()["$defs"]["rules"], 'Each rule is documented by get_schema {"name": "policy"}.')]
 
 
-def advertised_input_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The input schema ``tools/list`` shows for ``spec`` (module docstring)."""
+def advertised_input_schema(spec: ToolSpec, beside: Collection[str] = ()) -> dict[str, Any]:
+    """The input schema ``tools/list`` shows for ``spec`` (module docstring), listed with the tools ``beside``.
+
+    A schema ``get_schema`` serves is cut to a pointer only when ``get_schema`` is among them.
+    """
     schema = {key: value for key, value in spec.input_schema.items()
               if key not in ("$schema", "examples") and not (key == "required" and value == [])}
-    return _documented_elsewhere(_without_size_limits(schema))
+    schema = _without_size_limits(schema)
+    return _documented_elsewhere(schema) if "get_schema" in beside else schema
 
 
 def advertised_output_schema(spec: ToolSpec) -> dict[str, Any]:
