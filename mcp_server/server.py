@@ -234,12 +234,13 @@ class CcwServer:
         return types.ListToolsResult(tools=self._listed_tools)
 
     def _tool_list(self) -> list[types.Tool]:
+        names = [spec.name for spec in self.registry.tools]
         return [
             types.Tool(
                 name=spec.name,
                 title=spec.title or None,
                 description=spec.description,
-                input_schema=advertised_input_schema(spec),
+                input_schema=advertised_input_schema(spec, beside=names),
                 output_schema=advertised_output_schema(spec),
                 annotations=types.ToolAnnotations.model_validate(advertised_annotations(spec)),
             )

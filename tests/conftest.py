@@ -73,12 +73,15 @@ def call_tool(ctx: object, name: str, args: dict[str, Any]) -> dict[str, Any]:
 
     from mcp_server.config import TOOLSETS
     from mcp_server.tools.registry import Registry
+    from mcp_server.tools.surface import advertised_output_schema
 
     spec = Registry.load(TOOLSETS).lookup(name)
     assert spec is not None, f"no tool {name}"
     jsonschema.Draft202012Validator(spec.input_schema).validate(args)
     result: dict[str, Any] = trio.run(spec.handler, ctx, args)
     jsonschema.Draft202012Validator(spec.output_schema).validate(result)
+    # What tools/list advertises must be true of every result too (clients validate against it).
+    jsonschema.Draft202012Validator(advertised_output_schema(spec)).validate(result)
     return result
 
 

@@ -17,9 +17,7 @@ from mcp_server.tools.surface import (
     advertised_annotations,
     advertised_input_schema,
     advertised_output_schema,
-    factor,
-    hoist,
-    shape_only,
+    shallow,
 )
 from sandbox.errors import CcwError
 from tests.mcp_process import CCW_MCP, server_env
@@ -27,60 +25,74 @@ from tests.mcp_process import CCW_MCP, server_env
 REGISTRY = Registry.load(TOOLSETS)
 
 
-def _inline(schema: Any, defs: dict[str, Any]) -> Any:
-    if isinstance(schema, dict):
-        if set(schema) == {"$ref"}:
-            return _inline(defs[schema["$ref"].removeprefix("#/$defs/")], defs)
-        return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
-    if isinstance(schema, list):
-        return [_inline(v, defs) for v in schema]
-    return schema
-
-
 @pytest.mark.parametrize("spec", REGISTRY.tools, ids=lambda spec: spec.name)
-def test_factoring_loses_nothing(spec: Any) -> None:
+def test_advertised_schemas_are_valid_and_shallow(spec: Any) -> None:
     advertised = advertised_output_schema(spec)
     Draft202012Validator.check_schema(advertised)
-    assert _inline(advertised, advertised.get("$defs", {})) == hoist(shape_only(spec.output_schema))
+    Draft202012Validator.check_schema(advertised_input_schema(spec))
     assert "$schema" not in advertised_input_schema(spec)
+    for name, summary in advertised.get("properties", {}).items():
+        assert set(summary) <= {"type", "const", "enum"}, (name, summary)  # nothing nested
+    full_names = {name for branch in [spec.output_schema, *spec.output_schema.get("oneOf", [])]
+                  for name in branch.get("properties", {})}
+    assert set(advertised.get("properties", {})) == full_names  # every field a result can have is named
 
 
-def test_factoring_writes_a_repeated_piece_once() -> None:
-    piece = {"type": "object", "properties": {"head": {"type": "string"}, "index": {"type": "string"}},
-             "required": ["head", "index"], "additionalProperties": False}
-    schema = {"type": "object", "properties": {"before": piece, "after": piece, "other": {"type": "integer"}}}
-    factored = factor(schema)
-    assert factored["properties"]["before"] == factored["properties"]["after"] == {"$ref": "#/$defs/before"}
-    assert factored["$defs"] == {"before": piece}
-    assert len(json.dumps(factored)) < len(json.dumps(schema))
-
-
-HOISTABLE = {
+BRANCHED = {
     "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0}},
     "oneOf": [
-        {"properties": {"n": {"type": "integer"}, "kind": {"const": "a"}, "a": {"type": "string"}},
-         "required": ["n", "kind", "a"]},
-        {"properties": {"n": {"type": "integer"}, "kind": {"const": "b"}}, "required": ["n", "kind"],
-         "not": {"required": ["a"]}},
+        {"type": "object", "properties": {"ok": {"const": True}, "value": {"type": "object", "properties": {
+            "x": {"type": "string"}}, "required": ["x"]}, "size": {"type": ["integer", "null"]}},
+         "required": ["ok", "value"], "additionalProperties": False},
+        {"type": "object", "properties": {"ok": {"const": False}, "reason": {"enum": ["gone", "bad"]},
+                                          "size": {"type": "string"}},
+         "required": ["ok", "reason"], "additionalProperties": False},
+        {"type": "object", "properties": {"ok": {"const": False}, "reason": {"const": "odd"},
+                                          "extra": {"oneOf": [{"type": "string"}, {"type": "array"}]}},
+         "required": ["ok", "reason"]},
     ],
 }
 
 
+def test_shallow_merges_branches_into_top_level_types() -> None:
+    assert shallow(BRANCHED) == {
+        "type": "object",
+        "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}, "value": {},
+                       "size": {}, "reason": {"enum": ["gone", "bad", "odd"]},
+                       "extra": {"type": ["string", "array"]}},
+        "required": ["ok"],
+    }
+    closed = {**BRANCHED, "oneOf": BRANCHED["oneOf"][:2]}
+    assert shallow(closed)["properties"]["value"] == {"type": "object"}  # the other branch forbids it
+    assert shallow(closed)["properties"]["size"] == {"type": ["integer", "null", "string"]}
+    assert shallow(closed)["required"] == ["ok"]
+
+
 @pytest.mark.parametrize("instance", [
-    {"n": 1, "kind": "a", "a": "x"}, {"n": 1, "kind": "b"}, {"n": "1", "kind": "b"}, {"kind": "b"},
-    {"n": 1, "kind": "b", "a": "x"}, {"n": 1, "kind": "c"}, {"n": 1, "kind": "a"}, {}, [], 3,
+    {"ok": True, "value": {"x": "a"}}, {"ok": True, "value": {"x": "a"}, "size": None}, {"ok": False, "reason": "odd", "n": 2},
+    {"ok": False, "reason": "gone", "size": "big"}, {"ok": False, "reason": "odd", "value": 7, "extra": []},
+    {"ok": False, "reason": "odd", "size": {"any": "thing"}, "extra": "e"},
 ])
-def test_hoisting_accepts_exactly_what_the_branches_did(instance: Any) -> None:
-    hoisted = hoist(HOISTABLE)
-    assert hoisted["properties"] == {"n": {"type": "integer"}} and hoisted["required"] == ["n", "kind"]
-    assert (Draft202012Validator(hoisted).is_valid(instance)
-            == Draft202012Validator(HOISTABLE).is_valid(instance))
+def test_shallow_accepts_what_the_full_schema_accepts(instance: Any) -> None:
+    assert Draft202012Validator(BRANCHED).is_valid(instance)
+    assert Draft202012Validator(shallow(BRANCHED)).is_valid(instance)
+    closed = {**BRANCHED, "oneOf": BRANCHED["oneOf"][:2]}
+    if Draft202012Validator(closed).is_valid(instance):
+        assert Draft202012Validator(shallow(closed)).is_valid(instance)
 
 
-def test_hoisting_leaves_closed_branches_alone() -> None:
-    closed = json.loads(json.dumps(HOISTABLE))
-    closed["oneOf"][0]["additionalProperties"] = False
-    assert hoist(closed) == closed
+def test_policy_rules_are_advertised_by_shape_with_a_pointer_when_get_schema_is_listed() -> None:
+    spec = REGISTRY.lookup("policy_set")
+    alone = advertised_input_schema(spec, beside=["policy_set", "policy_get"])["properties"]["rules"]
+    full = spec.input_schema["properties"]["rules"]["properties"]
+    assert {name: rule.get("description") for name, rule in alone["properties"].items()} == {
+        name: rule.get("description") for name, rule in full.items()}  # no get_schema to point to: documented here
+    rules = advertised_input_schema(spec, beside=["policy_set", "get_schema"])["properties"]["rules"]
+    assert "get_schema" in rules["description"] and "policy" in rules["description"]
+    assert set(rules["properties"]) == set(spec.input_schema["properties"]["rules"]["properties"])
+    assert "description" not in json.dumps(rules["properties"])
+    assert len(json.dumps(spec.input_schema["properties"]["rules"])) > 3 * len(json.dumps(rules))
 
 
 def test_annotations_keep_only_what_differs_from_mcp_defaults() -> None:
@@ -128,8 +140,19 @@ def test_results_conform_to_the_advertised_schemas(tmp_path: Path) -> None:
         Draft202012Validator(listed[name]["outputSchema"]).validate(result["structuredContent"])
 
 
+def _listed_bytes(tmp_path: Path, toolsets: str) -> tuple[int, list[dict[str, Any]]]:
+    """The bytes of the tools/list answer line (with its newline, as `bench/run.py surface` counts), and the tools."""
+    listed = next(line for line in _session(tmp_path, toolsets, []) if json.loads(line)["id"] == 1)
+    return len(listed.encode()) + 1, json.loads(listed)["result"]["tools"]
+
+
+def test_full_list_costs_at_most_1_kb_per_tool(tmp_path: Path) -> None:
+    size, tools = _listed_bytes(tmp_path, ",".join(TOOLSETS))
+    assert len(tools) == len(REGISTRY.tools)
+    assert size <= 1024 * len(tools), f"tools/list is {size} B for {len(tools)} tools ({size // len(tools)} B/tool)"
+
+
 def test_agent_profile_lists_under_15_kb(tmp_path: Path) -> None:
-    lines = _session(tmp_path, "agent", [])
-    listed = next(line for line in lines if json.loads(line)["id"] == 1)
-    assert len(listed.encode()) < 15_000
-    assert sorted(tool["name"] for tool in json.loads(listed)["result"]["tools"]) == sorted(PROFILES["agent"])
+    size, tools = _listed_bytes(tmp_path, "agent")
+    assert size < 15_000, f"the agent profile lists {size} B"
+    assert sorted(tool["name"] for tool in tools) == sorted(PROFILES["agent"])

@@ -31,6 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from jsonschema import Draft202012Validator
+
 from bench.common import Report, Row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -51,6 +53,7 @@ class StdioSession:
                                      stderr=subprocess.DEVNULL, env=env, cwd=cwd)
         self.received = 0
         self._next_id = 0
+        self.output_schemas: dict[str, dict[str, Any]] = {}  # tool name -> advertised output schema to check
 
     def request(self, method: str, params: dict[str, Any]) -> tuple[dict[str, Any], int]:
         """Send one request; (its result, bytes received until its answer, notifications included)."""
@@ -91,6 +94,8 @@ class StdioSession:
         result, got = self.request("tools/call", {"name": name, "arguments": arguments})
         if result.get("isError"):
             raise RuntimeError(f"{name} failed: {json.dumps(result)[:500]}")
+        if name in self.output_schemas:
+            Draft202012Validator(self.output_schemas[name]).validate(result["structuredContent"])
         return result, got
 
     def close(self) -> None:
@@ -163,7 +168,10 @@ def _ccw_loop(base: Path) -> dict[str, int]:
     steps: dict[str, int] = {}
     try:
         steps["initialize"] = session.open()
-        steps["tools/list"] = _listed(session)[0]
+        steps["tools/list"], _, listed = _listed(session)
+        # Check every result against the schema tools/list advertised, as a validating client
+        # (the SDK's ClientSession) does: the advertised schemas must be true of real results.
+        session.output_schemas = {tool["name"]: tool["outputSchema"] for tool in listed if "outputSchema" in tool}
         created, steps["capsule_create"] = session.call("capsule_create", {"workspace": str(workspace)})
         capsule_id = created["structuredContent"]["capsule_id"]
         read, steps["read 500 lines"] = session.call(

@@ -58,7 +58,6 @@ _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_D
 CAPSULE_ID = {
     "type": "string",
     "pattern": "^cap_[0-9A-Za-z_]{1,64}$",
-    "description": "A capsule id returned by capsule_create or capsule_fork.",
 }
 _NULLABLE_INT = {"type": ["integer", "null"]}
 GENERATION = {
@@ -556,11 +555,10 @@ TOOLS = [
         family="capsule",
         title="Run in capsule",
         description=(
-            "Run `cmd` (argv list) in the capsule's jail: its own pid/net/mount namespaces, the "
-            "workspace at its own path (copy-on-write), no network; PATH starts with the workspace's "
-            ".venv/bin. Returns exit status, output, resource usage (each figure's mechanism in "
-            "usage_sources) and the files read and written. Execs on one capsule run one at a time in "
-            "arrival order: a call sent while another runs waits (progress says it is queued)."
+            "Run `cmd` (argv list) in the capsule's jail: own pid/net/mount namespaces, the workspace "
+            "at its own path, no network; PATH starts with the workspace's .venv/bin. Returns exit "
+            "status, output, resource usage and the files read and written. Execs, forks and destroys "
+            "of one capsule take turns in arrival order (progress says when a call is queued)."
         ),
         input_schema={
             "type": "object",
@@ -665,8 +663,8 @@ TOOLS = [
         family="capsule",
         title="Fork capsule",
         description=(
-            "A child capsule that starts from the parent's current view; the parent is left as it is (and "
-            "refuses execs and writes while it has forks). Waits for execs already running or queued on the parent."
+            "A child capsule that starts from the parent's current view; the parent refuses execs and "
+            "writes while it has forks."
         ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema=CAPSULE_OUT,
@@ -714,8 +712,7 @@ TOOLS = [
         family="capsule",
         title="Destroy capsule",
         description=(
-            "Unmount the capsule and delete its changes. The real tree is not touched. Waits for execs already "
-            "running or queued on the capsule; calls queued after it find the capsule gone."
+            "Unmount the capsule and delete its changes; the real tree is not touched."
         ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema={

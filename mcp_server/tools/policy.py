@@ -124,9 +124,8 @@ TOOLS = [
         family="policy",
         title="Set policy",
         description=(
-            "Create or replace a promotion policy. Rules: "
-            + ", ".join(RULE_NAMES)
-            + ". Built-in policies (baseline, strict) need override_builtin: true."
+            "Create or replace a promotion policy: rules by name. Built-in policies (baseline, strict) "
+            "need override_builtin: true."
         ),
         input_schema={
             "type": "object",

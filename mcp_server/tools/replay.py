@@ -277,8 +277,7 @@ TOOLS = [
         description=(
             "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
             "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path). "
-            "Output is compared apart: output_identical, and output_diffs shows the differing lines per "
-            "exec and stream (durations and timestamps usually)."
+            "Output is compared apart (output_identical; output_diffs shows the differing lines)."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,

@@ -294,7 +294,7 @@ def _input(properties: dict[str, Any], required: list[str], examples: list[dict[
 
 _SCHEMA_ARG = {
     "type": "string",
-    "description": "Schema name (see list_schemas), nested-<name>, or a path relative to the schemas root. Required: a missing or empty schema fails validation.",
+    "description": "Schema name (see list_schemas), nested-<name>, or a path under the schemas root.",
 }
 _ANY: dict[str, Any] = {"description": "Any JSON value."}
 _PATCH_OP = {

@@ -1,37 +1,35 @@
 """What ``tools/list`` shows of a tool: its wire form, as small as it can be without losing meaning.
 
 Every tool's list entry is paid for by an agent's context on every turn, so the
-advertised form is built here, once per process, from the ``ToolSpec``:
+advertised form is built here, once per process, from the ``ToolSpec`` (whose own
+schemas, the full ones, stay what the server validates against):
 
 - The input schema goes out as written (it is what a model reads to call the tool, and
   some LLM APIs still do not resolve ``$ref`` in tool parameters), less ``$schema`` (MCP's
   default dialect is 2020-12, which every schema here uses), the example calls, which
   the schema tools serve (``get_example``), and size limits no call plans for
   (``maxLength``, ``maxItems``, ``minLength: 1``): the server checks every call against
-  the full schema and names the limit a call broke.
-- The output schema goes out *factored*: what every ``oneOf`` branch says alike is said
-  once beside it (``hoist``), then every subschema that occurs more than once
-  (the branches of a ``oneOf`` repeat most of their properties, a fingerprint or a
-  usage object appears in several places) is written once under ``$defs`` and referred
-  to with ``$ref``; and it keeps only the shape (``shape_only``): types, properties,
-  required names, enums and consts.  Documentation (``description``, ``examples``) and
-  bounds (``pattern``, ``minimum``, ``maxLength``, ``additionalProperties: false``…) stay out: clients check a result's
-  shape, models read the result itself, and the server guarantees the bounds (it checks
-  every result against the full schema under ``CCW_DEBUG=1``).  Every result the full
-  schema accepts, the advertised one accepts too (tests/test_tool_surface.py).
-  ``get_schema`` still serves the schema as written.
+  the full schema and names the limit a call broke.  A copy of a schema that
+  ``get_schema`` serves (policy_set's ``rules``) goes out as its shape and a pointer,
+  when ``get_schema`` is listed too.
+- The output schema goes out *shallow* (``shallow``): the top-level properties with
+  their types (or scalar constants), and the names every result has.  A nested object
+  is ``{"type": "object"}``; branches of a top-level ``oneOf`` are merged.  Models read
+  the result itself, not its schema; clients that validate ``structuredContent`` (the
+  SDK's ClientSession does) only need a schema that is true of every result, and this
+  one only drops constraints of the full one, so it is.  The full output schema stays
+  the ``ToolSpec``'s, and the server checks every result against it under ``CCW_DEBUG=1``.
 - Annotations carry only the hints whose value differs from MCP's defaults
   (readOnlyHint false, destructiveHint true, idempotentHint false, openWorldHint true).
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection
 from typing import Any
 
+from mcp_server.core.policy import policy_schema
 from mcp_server.tools.registry import ToolSpec
 
 # Keywords whose value is one schema, a list of schemas, or a map of name → schema.
@@ -47,55 +45,11 @@ _BOUNDS = ("pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclu
 # Input limits a model never needs to plan for (a path under 4,096 bytes, at most 10,000
 # of them); the server still enforces them, answering -32602 with the limit broken.
 _SIZE_LIMITS = ("maxLength", "maxItems", "maxProperties")
-# A $ref costs about this many bytes ({"$ref":"#/$defs/x"}); only subschemas that save
-# more than that by being written once are factored.
-_REF_COST = 24
 MCP_HINT_DEFAULTS = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": True}
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _subschemas(schema: Any, name: str = "") -> Iterator[tuple[dict[str, Any], str]]:
-    """(subschema, the property name it sits under or '') for every schema position below ``schema``."""
-    if not isinstance(schema, dict):
-        return
-    for key in _ONE:
-        child = schema.get(key)
-        if isinstance(child, dict):
-            yield child, name if key == "items" else key
-            yield from _subschemas(child, name)
-    for key in _LIST:
-        for child in schema.get(key, []) if isinstance(schema.get(key), list) else []:
-            if isinstance(child, dict):
-                yield child, name
-                yield from _subschemas(child, name)
-    for key in _MAP:
-        children = schema.get(key)
-        if isinstance(children, dict):
-            for child_name, child in children.items():
-                if isinstance(child, dict):
-                    yield child, child_name
-                    yield from _subschemas(child, child_name)
-
-
-def _replace(schema: Any, text: str, ref: dict[str, str]) -> Any:
-    """``schema`` with every schema position whose canonical text is ``text`` replaced by ``ref``."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = ref if _dumps(out[key]) == text else _replace(out[key], text, ref)
-    for key in _LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [ref if isinstance(c, dict) and _dumps(c) == text else _replace(c, text, ref) for c in out[key]]
-    for key in _MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: ref if isinstance(c, dict) and _dumps(c) == text else _replace(c, text, ref)
-                        for k, c in out[key].items()}
-    return out
 
 
 def shape_only(schema: Any) -> Any:
@@ -120,87 +74,93 @@ def shape_only(schema: Any) -> Any:
     return out
 
 
-_CLOSED = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (type(None), "null"))
 
 
-def hoist(schema: Any) -> Any:
-    """``schema`` with what every ``oneOf`` branch says alike said once, beside the ``oneOf``.
+def _type_of(value: Any) -> str | None:
+    return next((name for kind, name in _JSON_TYPES if isinstance(value, kind)), None)
 
-    A property whose subschema is the same in every branch, and a name every branch
-    requires, move to the parent; a branch's ``type`` that repeats the parent's goes.  The same documents validate: each branch still sees
-    the property checked (by the parent), so no branch starts or stops matching.  Not
-    done when a branch closes its object (``additionalProperties`` and friends), where
-    taking a property out of ``properties`` would forbid it.
-    """
+
+def _union(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary true of every value any of ``summaries`` is true of (``{}`` when none is narrower)."""
+    values: list[Any] = []
+    for summary in summaries:
+        if "const" in summary:
+            values.append(summary["const"])
+        elif "enum" in summary:
+            values.extend(summary["enum"])
+        else:
+            break
+    else:
+        unique = list(dict.fromkeys(_dumps(v) for v in values))
+        if sorted(unique) == ["false", "true"]:
+            return {"type": "boolean"}  # shorter, and the same values
+        return {"const": json.loads(unique[0])} if len(unique) == 1 else {"enum": [json.loads(v) for v in unique]}
+    types: list[str] = []
+    for summary in summaries:
+        if "type" in summary:
+            found = summary["type"] if isinstance(summary["type"], list) else [summary["type"]]
+        else:
+            found = [_type_of(v) for v in summary.get("enum", [summary.get("const", ...)])]
+        if not found or any(t is None for t in found):
+            return {}
+        types += [t for t in found if t not in types]
+    return {"type": types[0] if len(types) == 1 else types}
+
+
+def _summary(schema: Any) -> dict[str, Any]:
+    """A value's type (or its scalar constant or enum) as ``schema`` states it, and nothing nested."""
     if not isinstance(schema, dict):
-        return schema
-    out = {k: ([hoist(c) for c in v] if k in _LIST and isinstance(v, list) else
-               {n: hoist(c) for n, c in v.items()} if k in _MAP and isinstance(v, dict) else
-               hoist(v) if k in _ONE else v) for k, v in schema.items()}
-    branches = out.get("oneOf")
-    if (not isinstance(branches, list) or len(branches) < 2 or "properties" in out or "required" in out
-            or not all(isinstance(b, dict) and isinstance(b.get("properties"), dict) for b in branches)
-            or any(key in b for b in branches for key in _CLOSED)):
-        return out
-    first = branches[0]["properties"]
-    shared = {name: sub for name, sub in first.items()
-              if all(_dumps(b["properties"].get(name)) == _dumps(sub) for b in branches[1:])}
-    required = [name for name in branches[0].get("required", [])
-                if all(name in b.get("required", []) for b in branches[1:])]
-    if not shared and not required:
-        return out
-    out["properties"] = shared
+        return {}
+    if "const" in schema and _type_of(schema["const"]):
+        return {"const": schema["const"]}
+    if isinstance(schema.get("enum"), list) and all(_type_of(v) for v in schema["enum"]):
+        return {"enum": schema["enum"]}
+    if "type" in schema:
+        return {"type": schema["type"]}
+    for key in ("oneOf", "anyOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            return _union([_summary(branch) for branch in schema[key]])
+    return {}
+
+
+def _closed(schema: dict[str, Any]) -> bool:
+    return schema.get("additionalProperties") is False and not schema.get("patternProperties")
+
+
+def shallow(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` cut to its top level: each property's type (or scalar constant), required names.
+
+    A nested object is ``{"type": "object"}``, an array ``{"type": "array"}``.  Branches of a
+    top-level ``oneOf``/``anyOf`` are merged: a property any branch declares is listed with
+    the union of its branches' types (``{}`` when a branch that leaves it out would accept
+    anything there), and a name every branch requires is required.  It only drops
+    constraints, so every result the full schema accepts, it accepts too.
+    """
+    out: dict[str, Any] = {}
+    if "type" in schema:
+        out["type"] = schema["type"]
+    properties = {name: _summary(sub) for name, sub in schema.get("properties", {}).items()}
+    required = list(schema.get("required", []))
+    listed: list[Any] = next((schema[k] for k in ("oneOf", "anyOf") if isinstance(schema.get(k), list)), [])
+    branches: list[dict[str, Any]] = [b for b in listed if isinstance(b, dict)]
+    if branches:
+        names = [n for b in branches for n in b.get("properties", {}) if n not in properties]
+        for name in dict.fromkeys(names):
+            if any(name not in b.get("properties", {}) and not _closed(b) for b in branches):
+                properties[name] = {}
+            else:
+                properties[name] = _union([_summary(b["properties"][name]) for b in branches
+                                           if name in b.get("properties", {})])
+        required += [n for n in branches[0].get("required", [])
+                     if n not in required and all(n in b.get("required", []) for b in branches[1:])]
+        if "type" not in out and all(b.get("type") == "object" for b in branches):
+            out["type"] = "object"
+    if properties:
+        out["properties"] = properties
     if required:
         out["required"] = required
-    trimmed = []
-    for branch in branches:
-        branch = dict(branch)
-        if "type" in out and branch.get("type") == out["type"]:
-            del branch["type"]  # said by the parent already
-        branch["properties"] = {n: sub for n, sub in branch["properties"].items() if n not in shared}
-        rest = [name for name in branch.get("required", []) if name not in required]
-        if rest:
-            branch["required"] = rest
-        else:
-            branch.pop("required", None)
-        if not branch["properties"]:
-            del branch["properties"]
-        trimmed.append(branch)
-    out["oneOf"] = trimmed
     return out
-
-
-def factor(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with each repeated subschema moved to ``$defs`` once, largest saving first."""
-    if "$defs" in schema or "$ref" in _dumps(schema):
-        return schema  # already uses references: left as its author wrote it
-    result = copy.deepcopy(schema)
-    defs: dict[str, Any] = {}
-    while True:
-        counts: Counter[str] = Counter()
-        names: dict[str, str] = {}
-        for subschema, name in _subschemas({"properties": {"": result}, "$defs": defs}):
-            text = _dumps(subschema)
-            counts[text] += 1
-            names.setdefault(text, name)
-        # Written once under $defs instead of `count` times, plus a $ref per occurrence.
-        savings = [((count - 1) * len(text) - count * _REF_COST - len(names[text]), text)
-                   for text, count in counts.items() if count > 1]
-        best = max(savings) if savings else None
-        if best is None or best[0] <= 0:
-            break
-        text = best[1]
-        base = (names[text] or "part").replace("/", "_").replace("~", "_")
-        name, n = base, 2
-        while name in defs:
-            name, n = f"{base}{n}", n + 1
-        ref = {"$ref": f"#/$defs/{name}"}
-        result = _replace(result, text, ref)
-        defs = {k: _replace(v, text, ref) for k, v in defs.items()}
-        defs[name] = json.loads(text)
-    if defs:
-        result["$defs"] = dict(sorted(defs.items()))
-    return result
 
 
 def _without_size_limits(schema: Any) -> Any:
@@ -219,15 +179,43 @@ def _without_size_limits(schema: Any) -> Any:
     return out
 
 
-def advertised_input_schema(spec: ToolSpec) -> dict[str, Any]:
-    """The input schema ``tools/list`` shows for ``spec`` (module docstring)."""
-    schema = {key: value for key, value in spec.input_schema.items() if key not in ("$schema", "examples")}
-    return _without_size_limits(schema)
+def _documented_elsewhere(schema: Any) -> Any:
+    """``schema`` with every copy of a schema that ``get_schema`` serves cut to its shape and a pointer.
+
+    policy_set's ``rules`` are the policy schema's rules, a paragraph each: a model that
+    needs more than the names and types asks ``get_schema`` once, instead of every
+    agent paying for the paragraphs on every turn.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    for served, pointer in _served_by_get_schema():
+        if schema.get("properties") == _without_size_limits(served).get("properties"):
+            return {**shape_only(schema), "description": pointer}
+    out = dict(schema)
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: _documented_elsewhere(c) for k, c in out[key].items()}
+    return out
+
+
+def _served_by_get_schema() -> list[tuple[dict[str, Any], str]]:
+    return [(policy_schema()["$defs"]["rules"], 'Each rule is documented by get_schema {"name": "policy"}.')]
+
+
+def advertised_input_schema(spec: ToolSpec, beside: Collection[str] = ()) -> dict[str, Any]:
+    """The input schema ``tools/list`` shows for ``spec`` (module docstring), listed with the tools ``beside``.
+
+    A schema ``get_schema`` serves is cut to a pointer only when ``get_schema`` is among them.
+    """
+    schema = {key: value for key, value in spec.input_schema.items()
+              if key not in ("$schema", "examples") and not (key == "required" and value == [])}
+    schema = _without_size_limits(schema)
+    return _documented_elsewhere(schema) if "get_schema" in beside else schema
 
 
 def advertised_output_schema(spec: ToolSpec) -> dict[str, Any]:
     """The output schema ``tools/list`` shows for ``spec`` (module docstring)."""
-    return factor(hoist(shape_only(spec.output_schema)))
+    return shallow(spec.output_schema)
 
 
 def advertised_annotations(spec: ToolSpec) -> dict[str, Any]:

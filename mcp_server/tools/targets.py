@@ -65,13 +65,13 @@ CAPSULE_ID: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
     "maxLength": 128,
-    "description": "Work in this capsule's copy-on-write view, not the live tree.",
+    "description": "This capsule's view instead of the live tree.",
 }
 
 WORKSPACE: dict[str, Any] = {
     "type": "string",
     "minLength": 1,
-    "description": "Absolute root of the live tree (default: CCW_WORKSPACE).",
+    "description": "Absolute path (default: CCW_WORKSPACE).",
 }
 
 PATH: dict[str, Any] = {
@@ -101,7 +101,6 @@ MODE: dict[str, Any] = {
     "type": "string",
     "enum": ["worktree", "snapshot"],
     "default": "worktree",
-    "description": "worktree: the live tree; snapshot: the snapshot_id given.",
 }
 
 FINGERPRINT: dict[str, Any] = {
