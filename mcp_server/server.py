@@ -229,7 +229,7 @@ class CcwServer:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        if self._listed_tools is None:  # built once: factoring the schemas is not free
+        if self._listed_tools is None:  # built once: making the advertised (shallow) schemas is not free
             self._listed_tools = self._tool_list()
         return types.ListToolsResult(tools=self._listed_tools)
 
