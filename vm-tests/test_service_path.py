@@ -132,6 +132,7 @@ def test_capsule_through_the_system_helper(service: Service, workspace: Path, tm
         assert ran["stdout"].splitlines() == ["from the workspace", str(os.getuid()), str(os.getuid())]
         # fanotify is the privileged helper's: an unprivileged caller's own helper has none.
         assert ran["touched_unavailable"] == {}, ran
+        assert ran["disk"]["limit_mb"] > 0, ran  # a capsule disk: the helper may use loop devices
         assert "input.txt" in ran["touched"]["read"] and ran["touched"]["written"] == ["output.txt"], ran
         diff = ccw(service, state, "capsule", "diff", capsule)
         assert diff["summary"] == {"added": 1, "deleted": 0, "modified": 0}, diff
@@ -154,3 +155,41 @@ def test_exec_is_measured_by_the_helpers_cgroups(service: Service, workspace: Pa
         assert ran["usage"]["cpu_ms"] is not None and ran["usage"]["rss_max_kb"] > 0, ran
     finally:
         ccw(service, state, "capsule", "destroy", capsule)
+
+
+LEAF_SCRIPT = r"""
+import json, os, sys
+from sandbox import cgroups
+with open(os.path.join(sys.argv[1], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))  # alone in a v2 cgroup, as systemd starts a Delegate=yes service
+leaf = cgroups.enter_leaf()
+again = cgroups.enter_leaf()  # already in the leaf: nothing to do
+layout = cgroups.detect_layout()
+with open("/proc/self/cgroup") as f:
+    v2 = next(line.split("::", 1)[1].strip() for line in f if line.startswith("0::"))
+print(json.dumps({"leaf": leaf, "again": again, "v2": v2, "base": layout.unified.base}))
+"""
+
+
+def test_a_helper_alone_in_its_v2_cgroup_moves_into_a_leaf(root_required: None,
+                                                           require: Callable[[bool, str], None]) -> None:
+    from sandbox import cgroups
+
+    unified = cgroups.detect_layout().unified
+    require(unified is not None, "needs a cgroup v2 hierarchy")
+    assert unified is not None
+    own = Path(unified.mount_point) / f"ccw-leaf-test-{os.getpid()}"
+    own.mkdir()
+    try:
+        done = subprocess.run([sys.executable, "-c", LEAF_SCRIPT, str(own)], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert out["leaf"] == str(own / cgroups.HELPER_LEAF) and out["again"] is None
+        assert out["v2"].endswith(f"/{own.name}/{cgroups.HELPER_LEAF}")
+        assert out["base"] == str(own)  # exec cgroups go beside the leaf, not below it
+    finally:
+        leaf = own / cgroups.HELPER_LEAF
+        if leaf.exists():
+            leaf.rmdir()
+        own.rmdir()
