@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
             enter_user_namespace()
         else:
             enter_mount_namespace()
+            from sandbox import cgroups
+
+            cgroups.enter_leaf()  # a systemd service's own v2 cgroup may not hold it (cgroups.py)
         server = build_server(args, mode)
         activated = systemd_listener()
         if activated is not None:

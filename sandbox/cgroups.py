@@ -18,6 +18,13 @@ Some facts about cgroups on the machines ccw runs on
   helper's *own* cgroup in each hierarchy, so the helper's own limits keep applying to
   what it runs, and a delegated v2 subtree works without root.  A hierarchy where the
   mkdir is refused is skipped and the reason kept.
+- cgroup v2 forbids controllers in the subtree of a cgroup that holds processes (the
+  "no internal processes" rule), and systemd starts a ``Delegate=yes`` service *in* the
+  cgroup it delegates (systemd 254's ``DelegateSubgroup=`` is not in Debian 12). So
+  a privileged helper that is alone in its v2 cgroup moves itself into a leaf,
+  ``<own>/ccw-helper`` (``enter_leaf``), and the layout takes a cgroup of that name as
+  the helper's leaf: ``ccw`` is made beside it, under ``<own>``, which then holds no
+  process. Found by booting the Vagrant VM, where every exec failed with EBUSY.
 - Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale`` can
   tell a dead helper's leftovers from those of a helper that is still running.
 - v1 memory: ``memory.limit_in_bytes`` must be lowered before ``memory.memsw.limit_in_bytes``
@@ -70,6 +77,7 @@ from typing import Protocol
 from sandbox.errors import CcwError, from_oserror
 
 PARENT_NAME = "ccw"
+HELPER_LEAF = "ccw-helper"  # the v2 leaf a helper alone in its cgroup moves into (see the essay)
 # v1 controllers ccw uses; cpuset is left alone (a child needs cpus/mems before any task joins).
 V1_WANTED = ("memory", "pids", "cpu", "cpuacct", "blkio", "freezer")
 V2_WANTED = ("memory", "pids", "cpu", "io")
@@ -251,7 +259,10 @@ def build_layout(
             if any(h.version == 2 for h in hierarchies):
                 continue
             ctrls = frozenset(v2_controllers.get(mount.mount_point, "").split())
-            hierarchies.append(Hierarchy(2, ctrls, mount.mount_point, _own_dir(mount, own.get(""))))
+            own_v2 = own.get("")
+            if own_v2 is not None and own_v2.endswith("/" + HELPER_LEAF):
+                own_v2 = own_v2[: -len(HELPER_LEAF) - 1] or "/"  # enter_leaf moved us: the base is above
+            hierarchies.append(Hierarchy(2, ctrls, mount.mount_point, _own_dir(mount, own_v2)))
             continue
         ctrls = frozenset(o for o in mount.options if o in enabled)
         wanted = ctrls & set(V1_WANTED)
@@ -287,6 +298,27 @@ def detect_layout() -> CgroupLayout:
             h = Hierarchy(2, frozenset(read(os.path.join(h.base, "cgroup.controllers")).split()), h.mount_point, h.base)
         fixed.append(h)
     return CgroupLayout(tuple(fixed), layout.notes)
+
+
+def enter_leaf(layout: CgroupLayout | None = None) -> str | None:
+    """Move this process into ``<own v2 cgroup>/ccw-helper`` when it is alone in its cgroup.
+
+    Returns the leaf, or None when nothing was moved (no v2 hierarchy, the root cgroup,
+    other processes beside us, or a cgroup we may not write: execs then report why).
+    """
+    layout = layout or detect_layout()
+    unified = layout.unified
+    if unified is None or unified.base == unified.mount_point:
+        return None
+    if _procs(unified.base) != [os.getpid()]:
+        return None  # already in the leaf, or sharing the cgroup: moving would not help
+    leaf = os.path.join(unified.base, HELPER_LEAF)
+    try:
+        _mkdir(leaf)
+        _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+    except (OSError, CcwError):
+        return None
+    return leaf
 
 
 def _resources_worth_joining(layout: CgroupLayout) -> tuple[str, ...]:

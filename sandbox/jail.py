@@ -360,8 +360,13 @@ def contain(plan: _Plan, net_prepared: bool, root: int | None) -> None:
               plan.ns.flags & ~syscalls.CLONE_NEWNET)
     else:
         _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
+    # Mount points are made for the caller to traverse (a workspace under a 0700 $HOME
+    # needs its parents made inside the jail's $HOME), whatever umask the helper has: the
+    # service runs with UMask=0077, which made them 0700 root's (found in the Vagrant VM).
+    helper_umask = os.umask(0o022)
     for mount_step in plan.mount_steps:  # private → root (system, /dev) → capsule → proc → sys → seal
         _step(mount_step.describe(), mounts.enter, mount_step, root)
+    os.umask(helper_umask)
     _step("sethostname", namespaces.set_hostname, plan.ns.hostname)
     if not net_prepared:
         _step("lo up", namespaces.loopback_up)

@@ -502,3 +502,6 @@ def _mountpoint_at(root: int, rel: str, is_file: bool = False) -> None:
         os.mknod(rel, 0o644 | stat.S_IFREG, dir_fd=root)
     else:
         os.mkdir(rel, 0o755, dir_fd=root)
+    # Built in the helper, whose umask (0077 as a service) must not make it 0700 root's;
+    # umask is per process, so it is corrected here rather than changed meanwhile.
+    os.chmod(rel, 0o644 if is_file else 0o755, dir_fd=root)

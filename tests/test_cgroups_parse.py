@@ -123,6 +123,13 @@ def test_v2_layout_with_controllers() -> None:
         assert hier.base == "/sys/fs/cgroup/system.slice/ccw-helper.service"
 
 
+def test_v2_helper_in_its_leaf_uses_the_cgroup_above() -> None:
+    self_cgroup = "0::/system.slice/ccw-helper.service/ccw-helper\n"
+    layout = build_layout(V2_MOUNTINFO, V2_PROC_CGROUPS, self_cgroup, {"/sys/fs/cgroup": "cpu io memory pids"})
+    memory = layout.for_resource("memory")
+    assert memory is not None and memory.base == "/sys/fs/cgroup/system.slice/ccw-helper.service"
+
+
 def test_v2_without_cpu_controller_still_serves_cpu_usage() -> None:
     layout = build_layout(V2_MOUNTINFO, V2_PROC_CGROUPS, V2_SELF, {"/sys/fs/cgroup": "memory pids"})
     cpu = layout.for_resource("cpu")

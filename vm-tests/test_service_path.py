@@ -51,6 +51,7 @@ def _start_helper(workdir: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
             [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(workdir / "state"),
              "--privileged", "--socket-group", "root", "--ready-fd", str(ready_w)],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
+            preexec_fn=lambda: os.umask(0o077),  # as deploy/ccw-helper.service's UMask=0077
         )  # fmt: skip
     os.close(ready_w)
     with os.fdopen(ready_r, "rb") as ready:
@@ -127,11 +128,14 @@ def test_capsule_through_the_system_helper(service: Service, workspace: Path, tm
     capsule = created["capsule_id"]
     try:
         ran = ccw(service, state, "capsule", "exec", capsule, "--",
-                  "sh", "-c", "cat input.txt; echo made > output.txt; stat -c %u output.txt; id -u")
+                  "sh", "-c", "cat input.txt; echo made > output.txt; stat -c %u output.txt; id -u; stat -c %a ..")
         assert ran["exit_code"] == 0, ran
-        assert ran["stdout"].splitlines() == ["from the workspace", str(os.getuid()), str(os.getuid())]
+        # The workspace's parent is made in the jail (under its /tmp or $HOME): traversable,
+        # whatever the helper's umask.
+        assert ran["stdout"].splitlines() == ["from the workspace", str(os.getuid()), str(os.getuid()), "755"]
         # fanotify is the privileged helper's: an unprivileged caller's own helper has none.
         assert ran["touched_unavailable"] == {}, ran
+        assert ran["disk"]["limit_mb"] > 0, ran  # a capsule disk: the helper may use loop devices
         assert "input.txt" in ran["touched"]["read"] and ran["touched"]["written"] == ["output.txt"], ran
         diff = ccw(service, state, "capsule", "diff", capsule)
         assert diff["summary"] == {"added": 1, "deleted": 0, "modified": 0}, diff
@@ -154,3 +158,4 @@ def test_exec_is_measured_by_the_helpers_cgroups(service: Service, workspace: Pa
         assert ran["usage"]["cpu_ms"] is not None and ran["usage"]["rss_max_kb"] > 0, ran
     finally:
         ccw(service, state, "capsule", "destroy", capsule)
+

@@ -117,6 +117,7 @@ def libvirt_host(tmp_path: Path, root_required: None,
     """libvirt up for the test, and afterwards only what it started stopped again."""
     env = {**os.environ, "CCW_LIBVIRT_STATE": str(tmp_path / "libvirt-host.state")}
     before_processes = processes(*VM_PROCESSES)
+    forwarding = Path("/proc/sys/net/ipv4/ip_forward").read_text()  # libvirt's NAT turns it on
     done = subprocess.run([str(ROOT / "deploy/libvirt-host"), "up"], env=env, capture_output=True, text=True,
                           timeout=900)
     require(done.returncode == 0, f"deploy/libvirt-host up failed: {done.stderr}")
@@ -126,6 +127,7 @@ def libvirt_host(tmp_path: Path, root_required: None,
     assert down.returncode == 0, down.stderr
     left = processes(*VM_PROCESSES) - before_processes
     assert not left, f"processes left behind: {left}"
+    assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forwarding
 
 
 @pytest.mark.timeout(5400)
