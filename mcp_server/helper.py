@@ -62,6 +62,13 @@ PF_EXITING = 0x4  # /proc/<pid>/stat flags: the task has begun to exit
 ProgressSink = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+def _gone() -> CcwError:
+    """The helper went away mid-request (EOF, ECONNRESET or EPIPE on its socket)."""
+    return CcwError("UNAVAILABLE", "the helper closed the connection before replying; "
+                    "it may have been stopped or crashed (see its log on stderr); the request "
+                    "did not complete: retry it (an embedded helper is restarted on the next call)")
+
+
 class _Connection:
     """One socket to the helper and the decoder of its reply stream."""
 
@@ -72,7 +79,10 @@ class _Connection:
     async def send(self, frame: bytes) -> None:
         view = memoryview(frame)
         while view:
-            sent = await self.sock.send(view)
+            try:
+                sent = await self.sock.send(view)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise _gone() from exc
             view = view[sent:]
 
     async def receive(self, fds: list[int]) -> Reply:
@@ -82,9 +92,14 @@ class _Connection:
             if reply is not None:
                 assert isinstance(reply, Reply)
                 return reply
-            data, ancdata, _flags, _addr = await self.sock.recvmsg(
-                RECV_CHUNK, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
-            )
+            try:
+                data, ancdata, _flags, _addr = await self.sock.recvmsg(
+                    RECV_CHUNK, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                )
+            except ConnectionResetError as exc:
+                # A helper killed with bytes of ours still unread in its socket resets
+                # the connection instead of closing it: the same event as an EOF.
+                raise _gone() from exc
             for level, kind, payload in ancdata:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     usable = len(payload) - len(payload) % 4
@@ -95,9 +110,7 @@ class _Connection:
             else:
                 self.decoder.feed_eof()
                 if self.decoder.next_message() is None:
-                    raise CcwError("UNAVAILABLE", "the helper closed the connection before replying; "
-                                   "it may have been stopped or crashed (see its log on stderr); the request "
-                                   "did not complete: retry it (an embedded helper is restarted on the next call)")
+                    raise _gone()
 
     def close(self) -> None:
         self.sock.close()
