@@ -77,7 +77,7 @@ class Ticket:
         return int((self.started - self.arrived) * 1000)
 
     def describe(self) -> str:
-        """``#3 exec `make` (running 4 s)`` or ``#4 destroy (waiting)``."""
+        """``#3 exec `make` (running 4 s)``, or ``#4 destroy (starting)`` before its handler claims the turn."""
         if self.started is None:
             return f"#{self.number} {self.label} (starting)"
         return f"#{self.number} {self.label} (running {int(time.monotonic() - self.started)} s)"
