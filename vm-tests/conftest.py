@@ -156,3 +156,31 @@ def replace_secrets_by_rename() -> None:
 def rename_secrets(root_required: None) -> Callable[[], None]:
     """``replace_secrets_by_rename``, for tests (test modules cannot import conftest)."""
     return replace_secrets_by_rename
+
+
+def launch_helper(socket_path: Path, state_dir: Path, log_path: Path, *extra: str,
+                  umask: int | None = None) -> subprocess.Popen[bytes]:
+    """A root ``ccw-helper`` on ``socket_path``, returned once it listens (its ready fd says so).
+
+    ``umask`` runs it under that umask, as deploy/ccw-helper.service's ``UMask=`` does.
+    """
+    ready_r, ready_w = os.pipe()
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(state_dir),
+             "--ready-fd", str(ready_w), *extra],
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
+            preexec_fn=None if umask is None else lambda: os.umask(umask),
+        )  # fmt: skip
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as ready:
+        if ready.read(1) != b"1":
+            process.wait(30)
+            raise AssertionError(log_path.read_text())
+    return process
+
+
+@pytest.fixture(name="launch_helper")
+def launch_helper_fixture() -> Callable[..., subprocess.Popen[bytes]]:
+    """The ``launch_helper`` function, for tests."""
+    return launch_helper

@@ -121,24 +121,6 @@ trio.run(main, *sys.argv[1:])
 """
 
 
-def start_helper(socket_path: Path, state_dir: Path, *extra: str) -> tuple[subprocess.Popen[bytes], Path]:
-    """A root helper; returns the process and its log file once it listens."""
-    log_path = state_dir.parent / "helper.log"
-    ready_r, ready_w = os.pipe()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(state_dir),
-             "--ready-fd", str(ready_w), *extra],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
-        )  # fmt: skip
-    os.close(ready_w)
-    with os.fdopen(ready_r, "rb") as ready:
-        if ready.read(1) != b"1":
-            process.wait(30)
-            raise AssertionError(log_path.read_text())
-    return process, log_path
-
-
 def root_call(path: Path, op: str, args: dict[str, Any]) -> dict[str, Any]:
     import trio
 
@@ -154,7 +136,8 @@ def root_call(path: Path, op: str, args: dict[str, Any]) -> dict[str, Any]:
     return trio.run(main)
 
 
-def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], public_dir: Path) -> None:
+def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], public_dir: Path,
+                                                  launch_helper: Callable[..., Any]) -> None:
     root_ws = public_dir / "root-ws"
     root_ws.mkdir()
     (root_ws / "secret.txt").write_text("root's\n")
@@ -163,7 +146,8 @@ def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], pub
     os.chown(own_ws, OTHER_UID, OTHER_UID)
     socket_path = public_dir / "helper.sock"
     state = public_dir / "state"
-    process, log_path = start_helper(socket_path, state, "--socket-mode", "0666")
+    log_path = public_dir / "helper.log"
+    process = launch_helper(socket_path, state, log_path, "--socket-mode", "0666")
     try:
         foreign = root_call(socket_path, "create", {"workspace": str(root_ws)})["capsule_id"]
         out = run_as(OTHER_UID, OTHER_UID, PEER_SCRIPT, str(socket_path), foreign, str(own_ws), str(root_ws))

@@ -42,27 +42,8 @@ class Service:
     systemd: bool  # the VM's ccw-helper.socket, not one this test started
 
 
-def _start_helper(workdir: Path) -> tuple[subprocess.Popen[bytes], Path, Path]:
-    socket_path = workdir / "helper.sock"
-    log_path = workdir / "helper.log"
-    ready_r, ready_w = os.pipe()
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(workdir / "state"),
-             "--privileged", "--socket-group", "root", "--ready-fd", str(ready_w)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
-            preexec_fn=lambda: os.umask(0o077),  # as deploy/ccw-helper.service's UMask=0077
-        )  # fmt: skip
-    os.close(ready_w)
-    with os.fdopen(ready_r, "rb") as ready:
-        if ready.read(1) != b"1":
-            process.wait(30)
-            raise AssertionError(log_path.read_text())
-    return process, socket_path, log_path
-
-
 @pytest.fixture
-def service(require: Callable[[bool, str], None]) -> Iterator[Service]:
+def service(require: Callable[[bool, str], None], launch_helper: Callable[..., Any]) -> Iterator[Service]:
     """CCW_HELPER_SOCKET's helper when set (the VM), else a privileged helper started here (root)."""
     configured = os.environ.get("CCW_HELPER_SOCKET")
     if configured:
@@ -70,7 +51,9 @@ def service(require: Callable[[bool, str], None]) -> Iterator[Service]:
         return
     require(os.geteuid() == 0, "needs root to start a privileged helper (or CCW_HELPER_SOCKET set)")
     workdir = Path(tempfile.mkdtemp(prefix="ccw-service-"))
-    process, socket_path, log_path = _start_helper(workdir)
+    socket_path, log_path = workdir / "helper.sock", workdir / "helper.log"
+    process = launch_helper(socket_path, workdir / "state", log_path, "--privileged", "--socket-group", "root",
+                            umask=0o077)  # as deploy/ccw-helper.service's UMask=0077
     try:
         yield Service(str(socket_path), "root", systemd=False)
     finally:
