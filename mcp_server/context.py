@@ -1,4 +1,4 @@
-"""The ToolContext a handler receives: configuration, state, the helper, roots, progress.
+"""The ToolContext a handler receives: config, state, the helper, the capsule service, roots, progress.
 
 ``Runtime`` is per process: the Config, the State and the one helper connection, which
 is opened (or the embedded helper started) on first use, never at startup, so tools
@@ -25,7 +25,8 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from mcp_server.capsule_queue import ARRIVALS, CapsuleQueue, Ticket
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
@@ -151,6 +152,11 @@ class CallContext:
         """The helper IPC client, connected (or started) on first use."""
         return await self._runtime.helper()
 
+    @property
+    def capsules(self) -> CapsuleService:
+        """The capsule service, reporting progress and taking turns as this call."""
+        return CapsuleService(self._runtime.state, self._runtime.helper, self)
+
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
         return await self._runtime.roots_for(self._session)
@@ -162,7 +168,7 @@ class CallContext:
 
     @contextlib.asynccontextmanager
     async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
-        """Hold the capsule's turn (mcp_server.capsule_queue) for the block.
+        """Hold the capsule's turn (mcp_server.capsules.turns) for the block.
 
         While the call waits, its progress reports say so: behind whom and how many
         calls ahead; ``progress`` counts the milliseconds waited.

@@ -41,7 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
 
 from mcp_server import __version__
-from mcp_server.capsule_queue import TURN_TOOLS, Ticket, turn_label
+from mcp_server.capsules.turns import TURN_TOOLS, Ticket, turn_label
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
@@ -117,7 +117,7 @@ class CcwServer:
         for outcome in Promoter(self.state.root).recover():
             LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
         if "witness" in self.config.toolsets:
-            from mcp_server.tools.witness import remove_stale_temps
+            from mcp_server.capsules.witnesses import remove_stale_temps
 
             for name in remove_stale_temps(self.state):
                 LOGGER.info(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")
@@ -128,7 +128,7 @@ class CcwServer:
 
     def reserve_turn(self, method: str, params: Any) -> tuple[str, Ticket] | None:
         """Take a capsule's turn for a ``tools/call`` the moment a transport reads it, so
-        that calls on one capsule run in arrival order (mcp_server/capsule_queue.py).
+        that calls on one capsule run in arrival order (mcp_server/capsules/turns.py).
         Returns (capsule id, place), or None for calls that take no turn."""
         if method != "tools/call" or not isinstance(params, Mapping):
             return None

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from mcp_server.capsules.minimise import _evidence, _journal_outcomes
 from mcp_server.journal import CapsuleRecord, Journal, exec_advances, observes
 from mcp_server.state import State
-from mcp_server.tools.deltamin import _evidence, _journal_outcomes
 
 TRACED_NO_WRITE = {"read": ["t.py"], "written": []}
 TRACED_WRITE = {"read": ["t.py"], "written": [".pytest_cache/v/cache/lastfailed"]}

@@ -1,4 +1,4 @@
-"""Capsule turns (mcp_server/capsule_queue.py): arrival order, places taken on arrival,
+"""Capsule turns (mcp_server/capsules/turns.py): arrival order, places taken on arrival,
 cancellation while waiting, and the reports a waiting call gets."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from mcp_server.capsule_queue import CapsuleQueue, Ticket, turn_label
+from mcp_server.capsules.turns import CapsuleQueue, Ticket, turn_label
 
 
 def test_turns_go_in_arrival_order_and_report_who_is_ahead() -> None:

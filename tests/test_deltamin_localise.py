@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from mcp_server.tools.deltamin import TRACE_WINDOW, Material, Unit, _suspects, traced_lines
+from mcp_server.capsules.minimise import TRACE_WINDOW, _suspects, traced_lines
+from mcp_server.capsules.trials import Material, Unit
 
 PYTEST_FAILURE = """\
 tests/test_more.py:89:

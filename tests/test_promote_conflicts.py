@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mcp_server.capsules.promotion import _conflicts, _read_live_early
 from mcp_server.core import changeset
 from mcp_server.core.fsview import RootView, Side
-from mcp_server.tools.promote import _conflicts, _read_live_early
 
 
 class _Record:

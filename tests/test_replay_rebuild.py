@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from mcp_server.capsules.replays import _rebuild_base
 from mcp_server.core.witness import blob_hash
-from mcp_server.tools.replay import _rebuild_base
 from sandbox.errors import CcwError
 
 DATA = b"print('hi')\n"

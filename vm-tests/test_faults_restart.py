@@ -27,9 +27,9 @@ from typing import Any
 import psutil
 import pytest
 
+from mcp_server.capsules.witnesses import CRASH_ENV as WITNESS_CRASH_ENV
 from mcp_server.config import TOOLSETS
 from mcp_server.core.promote import CRASH_ENV, STEPS
-from mcp_server.tools.witness import CRASH_ENV as WITNESS_CRASH_ENV
 from tests.mcp_process import ServerProcess, server_env
 
 Props = Any  # pytest's record_property

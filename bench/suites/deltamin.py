@@ -61,12 +61,12 @@ async def _textbook(trials: Any, units: tuple[int, ...]) -> tuple[tuple[int, ...
 
 
 async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) -> dict[str, Any]:
+    from mcp_server.capsules import trials as counterfactual
     from mcp_server.config import TOOLSETS, Config
     from mcp_server.context import CallContext, Runtime
     from mcp_server.core import changeset
     from mcp_server.core.fsview import RootView
     from mcp_server.state import State
-    from mcp_server.tools import deltamin as counterfactual
     from mcp_server.tools.registry import Registry
 
     ws = root / "ws"
@@ -93,8 +93,8 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         root_fd = await helper.open_root(cap)
         with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
             material = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
-        record = counterfactual.live_record(ctx, cap)
-        trials = counterfactual.Trials(ctx, record, material, argv, counterfactual.predicate("exit_code"), 600_000)
+        record = ctx.capsules.live_record(cap)
+        trials = counterfactual.Trials(ctx.capsules, record, material, argv, counterfactual.predicate("exit_code"), 600_000)
         start = time.perf_counter()
         found, textbook_trials = await _textbook(trials, tuple(range(len(material.units))))
         textbook_s = time.perf_counter() - start

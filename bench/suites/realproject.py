@@ -110,9 +110,9 @@ async def _full_suite(tools: Tools, ws: Path, rounds: int) -> dict[str, list[flo
 
 
 async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
+    from mcp_server.capsules import trials as counterfactual
     from mcp_server.core import changeset
     from mcp_server.core.fsview import RootView
-    from mcp_server.tools import deltamin as counterfactual
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     # The agent's loop (issue 13): the tests pass, edits, the tests fail, then deltamin.
@@ -134,9 +134,9 @@ async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> d
     root_fd = await helper.open_root(cap)
     with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
         files = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
-        hunks = counterfactual._split_hunks(files, range(len(files.units)), base)
-    record = counterfactual.live_record(tools.ctx, cap)
-    trials = counterfactual.Trials(tools.ctx, record, hunks, argv, counterfactual.predicate("exit_code"), 600_000)
+        hunks = counterfactual.split_hunks(files, range(len(files.units)), base)
+    record = tools.ctx.capsules.live_record(cap)
+    trials = counterfactual.Trials(tools.ctx.capsules, record, hunks, argv, counterfactual.predicate("exit_code"), 600_000)
     start = time.perf_counter()
     found, textbook_trials = await _textbook(trials, tuple(range(len(hunks.units))))
     textbook_s = time.perf_counter() - start

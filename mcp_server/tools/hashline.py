@@ -112,7 +112,7 @@ class Target:
     def record(self, action: str, content: bytes | None = None) -> None:
         """Journal a change made inside a capsule, so its witness replays it (live tree: nothing)."""
         if self.capsule_id:
-            from mcp_server.tools.capsule import note_tool_changes
+            from mcp_server.capsules.notes import note_tool_changes
 
             note_tool_changes(self.state, self.capsule_id, self.view, [self.rel])
 

@@ -1,230 +1,23 @@
 """capsule_promote: policies first, then an all-or-nothing write into the real tree.
 
-Order of checks, cheapest first, and why:
-1. **Conflicts** (``REPO_CHANGED``): for each path the capsule changed, the base state
-   recorded when the change was first seen must still be the live workspace's state.
-   Otherwise promotion would overwrite someone else's edit; nothing is written and the
-   error names every such path.
-2. **Policies**: paths and resources from the journal (no new runs), then required
-   tests (run in a *fork* of the capsule, so test runs leave the capsule itself as it
-   is and are not promoted), then the replay if a policy requires it
-   (``require_replay_ok`` or ``require_identical_output``: a witness with blobs,
-   replayed in a fresh capsule).
-3. **Write** with core/promote.Promoter: temp files, fsync, journal, renames; recovered
-   on the next start if interrupted.
-
-``dry_run`` runs 1 and 2, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
-``["baseline"]``.
+An adapter over mcp_server/capsules/promotion.py, which gives the order of the checks
+and why.  ``dry_run`` runs the checks, writes nothing, and lists in ``applied`` what
+would be applied.  Default policies: ``["baseline"]``.
 """
 
 from __future__ import annotations
 
-import base64
-import os
-from pathlib import Path
 from typing import Any
 
-import trio
-from outcome import acapture
-
-from mcp_server.capsule_queue import turn_label
-from mcp_server.core import changeset
-from mcp_server.core.fsview import DirFds, RootView
-from mcp_server.core.policy import (
-    CapsuleFacts,
-    CombinedRules,
-    ExecFacts,
-    RequiredTestOutcome,
-    evaluate,
-)
-from mcp_server.core.promote import Op, Promoter
-from mcp_server.journal import CapsuleRecord, Journal
-from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
-from mcp_server.tools.policy import POLICY_NAME, PolicyStore
+from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
+from mcp_server.capsules.promotion import Request, promote
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from mcp_server.tools.replay import replay
-from mcp_server.tools.witness import make_witness
-from sandbox.errors import CcwError
-
-TEST_TIMEOUT_MS = 600_000
-
-
-def _lineage(journal: Journal, record: CapsuleRecord) -> list[CapsuleRecord]:
-    chain = [record]
-    while chain[-1].parent:
-        parent = journal.capsule(chain[-1].parent)
-        if parent is None:
-            break
-        chain.append(parent)
-    return chain
-
-
-def _recorded_states(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
-    # A fork's changes include its parents', so their recorded base states count too.
-    recorded: dict[str, str] = {}
-    for capsule in reversed(_lineage(journal, record)):
-        recorded.update(journal.base_states(capsule.capsule_id))
-    return recorded
-
-
-def _live_states(workspace: str, paths: list[str]) -> dict[str, str]:
-    """The live workspace's state at each path, as ``changeset.base_state`` records it."""
-    with RootView.open(workspace) as live, DirFds(live) as live_dirs:
-        return {path: changeset.base_state(live, path, live_dirs) for path in paths}
-
-
-def _read_live_early(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
-    """Live states at every path with a recorded base state, read while the helper lists changes."""
-    return _live_states(record.workspace, sorted(_recorded_states(journal, record)))
-
-
-def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry], early: dict[str, str]) -> list[dict[str, Any]]:
-    # Recorded states are read afresh: an exec that ended after the early read may have
-    # recorded more, and those paths are then read from the workspace here.
-    recorded = _recorded_states(journal, record)
-    checked = [entry.path for entry in entries if entry.path in recorded]
-    live = {**early, **_live_states(record.workspace, [path for path in checked if path not in early])}
-    return [
-        {"path": path, "expected": recorded[path], "actual": live[path]}
-        for path in checked
-        if live[path] != recorded[path]
-    ]
-
-
-def _plan(
-    record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int, journal: Journal, early: dict[str, str]
-) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
-    with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-        entries = changeset.expand(changes, base, capsule)
-    return entries, _conflicts(journal, record, entries, early)
-
-
-def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
-    facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"))
-    for capsule in reversed(_lineage(journal, record)):
-        for ex in journal.execs(capsule.capsule_id):
-            usage = ex["usage"]
-            facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
-                                         usage.get("rss_max_process_kb"), usage.get("unavailable", {})))
-            read = ex["touched"]["read"]
-            if read is None:
-                facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
-            for path in read or []:
-                facts.paths.setdefault(path, set()).add("read")
-            for path in ex["touched"]["written"]:
-                facts.paths.setdefault(path, set()).add("written")
-    for entry in entries:
-        facts.paths.setdefault(entry.path, set()).add("changed")
-    return facts
-
-
-async def _run_tests(ctx: ToolContext, record: CapsuleRecord, tests: list[str | list[str]]) -> list[RequiredTestOutcome]:
-    if not tests:
-        return []
-    helper = await ctx.helper()
-    fork = await helper.request("fork", {"capsule_id": record.capsule_id})
-    outcomes = []
-    try:
-        for test in tests:
-            argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = await helper.request(
-                "exec",
-                {"capsule_id": fork["capsule_id"], "argv": argv, "cwd": record.workspace,
-                 "env": exec_env(record), "timeout_ms": TEST_TIMEOUT_MS},
-            )
-            tail = base64.b64decode(reply["stderr_b64"])[-2000:].decode("utf-8", "replace")
-            outcomes.append(RequiredTestOutcome(test, reply["exit_code"], bool(reply["timed_out"]), tail))
-    finally:
-        with trio.CancelScope(shield=True):
-            await helper.request("destroy", {"capsule_id": fork["capsule_id"]})
-    return outcomes
 
 
 async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Check policies and conflicts, then write the capsule's changes to the workspace.
-
-    It takes the capsule's turn (mcp_server.capsule_queue): execs sent before it finish
-    first, and none runs while it reads, tests and writes the change.
-    """
-    live_record(ctx, args["capsule_id"])
-    async with ctx.capsule_turn(args["capsule_id"], turn_label("capsule_promote", args)):
-        return await _promote_in_turn(ctx, args)
-
-
-async def _promote_in_turn(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    record = live_record(ctx, args["capsule_id"])  # a destroy queued before this call may have run
-    names = args.get("policies") or ["baseline"]
-    dry_run = bool(args.get("dry_run"))
-    store = PolicyStore(ctx.state)
-    rules = CombinedRules.combine(store.get(name) for name in names)
-    journal = Journal(ctx.state)
-    helper = await ctx.helper()
-    # The conflict check reads (and hashes) the live workspace at every changed path; it
-    # needs only the recorded paths, not the helper's change list, so it runs in a thread
-    # while the helper compares the capsule with its base in its own process.
-    # Errors keep their type (no exception group): the helper's is captured and raised
-    # after the nursery, and an early read that fails is simply done again, and its
-    # error reported, by the conflict check proper.
-    early: dict[str, str] = {}
-
-    async def read_early() -> None:
-        try:
-            early.update(await trio.to_thread.run_sync(_read_live_early, journal, record))
-        except CcwError:
-            pass
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(read_early)
-        listed = await acapture(helper.request, "changes", {"capsule_id": record.capsule_id})
-    changes = listed.unwrap()["changes"]
-    root_fd = await helper.open_root(record.capsule_id)
-    entries, conflicts = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early)
-    if conflicts:
-        paths = [c["path"] for c in conflicts]
-        raise CcwError(
-            "REPO_CHANGED",
-            f"the workspace changed underneath the capsule at {len(paths)} path(s) ({', '.join(paths[:5])}"
-            f"{', …' if len(paths) > 5 else ''}); nothing was written. Re-create the capsule from the "
-            "current workspace and redo the change, or revert those edits in the workspace",
-            {"paths": paths, "conflicts": conflicts},
-        )
-    facts = _facts(record, journal, entries)
-    tests = await _run_tests(ctx, record, rules.require_tests)
-    replay_ok: bool | None = None
-    output_identical: bool | None = None
-    replay_details = output_details = ""
-    if rules.needs_replay:
-        made = await make_witness(ctx, record.capsule_id, "zstd", True)
-        outcome = await replay(ctx, Path(made["path"]), made["root_hash"])
-        replay_ok = bool(outcome["replay_ok"])
-        output_identical = bool(outcome["output_identical"])
-        if not replay_ok:
-            first = outcome["mismatches"][0]
-            replay_details = f"{len(outcome['mismatches'])} mismatch(es), first {first.get('kind')} {first.get('exec', first.get('path'))} {first.get('field', '')}".strip()
-        if not output_identical:
-            diff = outcome["output_diffs"][0]
-            shown = "; ".join((diff["lines"] or [])[:2])
-            output_details = f"exec {diff['exec']} {diff['stream']}" + (f" ({shown})" if shown else "")
-    report = evaluate(rules, facts, tests, replay_ok, replay_details, output_identical, output_details)
-    report["policies"] = list(names)
-    ops = changeset.promote_ops(entries)
-    would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
-    if not report["passed"] or dry_run:
-        return {"promoted": False, "dry_run": dry_run, "applied": [] if not dry_run else would_apply, "policy_report": report}
-    root_fd = await helper.open_root(record.capsule_id)
-
-    def write() -> list[str]:
-        with RootView.from_fd(root_fd) as capsule, DirFds(capsule) as capsule_dirs:
-
-            def content(op: Op) -> bytes:
-                data = capsule_dirs.read_regular(op.path, missing_ok=False)
-                assert data is not None
-                return data
-
-            return Promoter(ctx.state.root).promote(record.workspace, ops, content)
-
-    applied = await trio.to_thread.run_sync(write)
-    return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report}
+    """Check policies and conflicts, then write the capsule's changes to the workspace."""
+    request = Request(args["capsule_id"], args.get("policies") or ["baseline"], bool(args.get("dry_run")))
+    return await promote(ctx.capsules, request)
 
 
 TOOLS = [

@@ -38,6 +38,10 @@ class ToolContext(Protocol):
     async def helper(self) -> Any:  # mcp_server.helper.HelperClient
         """The helper IPC client, connected (or started, in the embedded default) on first use."""
 
+    @property
+    def capsules(self) -> Any:  # mcp_server.capsules.service.CapsuleService
+        """The capsule service (create, exec, fork, diff, list, destroy; journal; turns) for this call."""
+
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared (MCP roots), or None if it declared none."""
 

@@ -1,352 +1,49 @@
 """Witness tools: capsule_witness, witness_verify, witness_list (seed 003 §4; replay is in replay.py).
 
-A witness packages what a capsule did (see core/witness.py for the format).  Choices:
-
-- ``witness_id`` is ``wit_`` + the first 16 hex digits of the root hash: the same capsule
-  gives the same witness bytes, hence the same id and file.
-- The base entries named in the manifest (files, directories, symlinks) are what the
-  runs need to start again: see witness_base.py.  With ``include_blobs`` the files'
-  bytes travel in the witness, capped by ``max_base_mb``.
-- Each exec's stdout and stderr travel as blobs (as the journal kept them: the first
-  ``OUTPUT_KEEP_BYTES`` of each stream, the cap recorded beside them), so a replay can
-  show the lines that differ; the archive is zstd-compressed as a whole.
-- A replay rebuilds the base from the blobs into a scratch directory and mounts a fresh
-  capsule over it *at the recorded workspace path*, or, without blobs, uses the live
-  workspace if every named base file still has its recorded hash.  It re-runs each exec
-  with the recorded argv, cwd, stdin and clock offset; environment values come from the
-  replaying server (witnesses record variable names only, never values, which may be
-  secrets).  Exit codes, stdout/stderr hashes and the resulting change set are compared.
-- An archive is written to ``witnesses/.<witness_id>.<pid>.<random>.tmp``, fsynced, then
-  renamed to its final name, so a crash mid-write never leaves a partial witness under
-  the final name; ``remove_stale_temps`` (run at server start) deletes temp files whose
-  writer pid is gone.  ``CCW_TEST_WITNESS_CRASH_AFTER=partial`` (tests only) makes the
-  process SIGKILL itself after the first bytes of the temp file are written.
+Adapters over mcp_server/capsules/witnesses.py, which says what a witness holds and how
+it is stored.  ``capsule_witness`` runs in the capsule's turn (after the execs sent
+before it, so it holds their runs whole).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import datetime as dt
-import os
-import signal
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from mcp_server.capsule_queue import turn_label
-from mcp_server.core import changeset, paths
-from mcp_server.core import witness as wfmt
-from mcp_server.core.fsview import RootView
-from mcp_server.journal import CapsuleRecord, Journal
-from mcp_server.state import State
-from mcp_server.tools.capsule import CAPSULE_ID, live_record
-from mcp_server.tools.registry import ToolContext, ToolSpec
-from mcp_server.tools.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries
-from sandbox.errors import CcwError, from_oserror
-
-_DDL = """
-CREATE TABLE IF NOT EXISTS witnesses (
-    witness_id TEXT PRIMARY KEY,
-    capsule_id TEXT NOT NULL,
-    path TEXT NOT NULL,
-    root_hash TEXT NOT NULL,
-    size_bytes INTEGER NOT NULL,
-    compress TEXT NOT NULL,
-    include_blobs INTEGER NOT NULL,
-    created_at TEXT NOT NULL
-);
-"""
-
-CRASH_ENV = "CCW_TEST_WITNESS_CRASH_AFTER"  # tests only: "partial" kills us mid-write
-
-WITNESS_ID = {"type": "string", "pattern": "^wit_[0-9a-f]{16}$"}
-_EXEC_FIELDS = (
-    "seq", "argv", "cwd", "env_keys", "exit_code", "signal", "timed_out", "oom_killed",
-    "stdout_blake3", "stderr_blake3", "stdout_bytes", "stderr_bytes", "duration_ms", "usage", "touched", "timeout_ms",
+from mcp_server.capsules.fragments import CAPSULE_ID, PROBLEMS, WITNESS_ID
+from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
+from mcp_server.capsules.witnesses import (
+    WitnessOptions,
+    locate,
+    make_witness,
+    stored_witnesses,
+    verify_file,
 )
-
-
-def _table(state: State) -> State:
-    state.ensure_schema("witnesses", _DDL)
-    return state
-
-
-# --- building a witness ------------------------------------------------------------
-
-
-class _Sources:
-    """Where each blob's bytes can be read again while the archive is written."""
-
-    def __init__(self, base: RootView, capsule: RootView) -> None:
-        self.base = base
-        self.capsule = capsule
-        self.where: dict[str, tuple[str, str]] = {}  # blob -> (view name, path) or ("bytes", b64)
-        self.inline: dict[str, bytes] = {}
-
-    def add_file(self, view: str, path: str) -> str:
-        return self.add_sized(view, path)[0]
-
-    def add_sized(self, view: str, path: str) -> tuple[str, int]:
-        data = (self.base if view == "base" else self.capsule).read_bytes(path)
-        name = wfmt.blob_hash(data)
-        self.where.setdefault(name, (view, path))
-        return name, len(data)
-
-    def add_bytes(self, data: bytes) -> str:
-        name = wfmt.blob_hash(data)
-        self.inline[name] = data
-        return name
-
-    def read(self, name: str) -> bytes:
-        if name in self.inline:
-            return self.inline[name]
-        view, path = self.where[name]
-        return (self.base if view == "base" else self.capsule).read_bytes(path)
-
-
-def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, str], tuple[bytes, int]]) -> dict[str, Any]:
-    entry = {key: ex[key] for key in _EXEC_FIELDS}
-    stdin = ex.get("stdin_b64")
-    entry["stdin_blob"] = sources.add_bytes(base64.b64decode(stdin)) if stdin is not None else None
-    kept = {}
-    for stream in ("stdout", "stderr"):
-        if (ex["seq"], stream) in outputs:
-            data, cap = outputs[ex["seq"], stream]
-            kept[stream] = {"blob": sources.add_bytes(data), "kept_bytes": len(data), "cap": cap}
-    entry["output"] = kept or None  # None: made before outputs were kept
-    return entry
-
-
-def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
-    content = write.get("content_b64")
-    return {
-        "seq": write["seq"],
-        "path": write["path"],
-        "action": write["action"],
-        "blob": sources.add_bytes(base64.b64decode(content)) if content is not None else None,
-        "target": write.get("target"),
-        "mode": write.get("mode"),
-        "mtime_ns": write.get("mtime_ns"),  # None: recorded before mtimes were kept
-    }
-
-
-def build_manifest(
-    record: CapsuleRecord, execs: list[dict[str, Any]], changes: list[dict[str, Any]],
-    base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
-    outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
-    max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,
-    carry_all: bool = False,
-) -> tuple[dict[str, Any], _Sources]:
-    """The manifest of a capsule's witness, and where to read each blob it names."""
-    sources = _Sources(base, capsule)
-    entries = changeset.expand(changes, base, capsule)
-    changed = [e.path for e in entries] + [w["path"] for w in writes or []]
-    needs = Needs.from_journal(record.workspace, execs, changed)
-    base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
-                              max_base_bytes if include_blobs else None, carry_all)
-    unknown_reads = needs.unknown
-    change_items = []
-    for entry in entries:
-        new = entry.new
-        item = {
-            "path": entry.path,
-            "status": "added" if entry.old is None else "deleted" if new is None else "modified",
-            "type": new.kind if new else None,
-            "mode": new.mode if new else None,
-            "target": new.target if new and new.kind == "symlink" else None,
-            "blob": sources.add_file("capsule", entry.path) if new and new.kind == "file" else None,
-        }
-        change_items.append(item)
-    manifest = {
-        "format": wfmt.FORMAT,
-        "workspace": record.workspace,
-        "include_blobs": include_blobs,
-        "base": {
-            "fingerprint": record.base_fingerprint,
-            "read_sets_complete": not unknown_reads,
-            "carried": "all" if unknown_reads or carry_all else "used",
-            "files": base_files,
-        },
-        "capsule": {
-            "clock": record.clock,
-            "clock_offset_sec": record.clock_offset_sec,
-            "env_whitelist": record.env_whitelist,
-            "limits": record.limits,
-            "network": record.network,
-        },
-        "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
-        "writes": [_write_entry(w, sources) for w in writes or []],
-        "changes": change_items,
-    }
-    return manifest, sources
-
-
-def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _Sources, compress: str) -> dict[str, Any]:
-    root = wfmt.root_hash(manifest)
-    witness_id = "wit_" + root.split(":", 1)[1][:16]
-    suffix = ".tar.zst" if compress == "zstd" else ".tar"
-    final = state.witnesses_dir / f"{witness_id}{suffix}"
-    fd, tmp = tempfile.mkstemp(dir=state.witnesses_dir, prefix=f".{witness_id}.{os.getpid()}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            sink: Any = _CrashAfterFirstWrite(out) if os.environ.get(CRASH_ENV) == "partial" else out
-            written = wfmt.write_archive(manifest, sources.read, sink, compress)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    now = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    _table(state).execute(
-        "INSERT OR REPLACE INTO witnesses VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (witness_id, capsule_id, str(final), written.root_hash, written.size_bytes, compress,
-         int(bool(manifest["include_blobs"])), now),
-    )
-    return {"witness_id": witness_id, "path": str(final), "root_hash": written.root_hash, "size_bytes": written.size_bytes}
-
-
-class _CrashAfterFirstWrite:
-    """Test hook: flush the first write to the temp file, then die as kill -9 would."""
-
-    def __init__(self, out: Any) -> None:
-        self._out = out
-
-    def write(self, data: Any) -> int:
-        count: int = self._out.write(data)
-        self._out.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-        return count
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._out, name)
-
-
-def remove_stale_temps(state: State) -> list[str]:
-    """Delete witness temp files left by a writer that died (its pid no longer runs)."""
-    removed = []
-    for path in sorted(state.witnesses_dir.glob(".wit_*.tmp")):
-        parts = path.name.split(".")  # "", witness_id, pid, random, "tmp"
-        if len(parts) == 5 and parts[2].isdigit() and _pid_alive(int(parts[2])):
-            continue  # another ccw-mcp sharing this state dir is writing it
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        removed.append(path.name)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
-
-
-def _base_summary(manifest: dict[str, Any]) -> dict[str, Any]:
-    """How much of the base the witness carries, and why that much (for the agent)."""
-    counts = {"file": 0, "dir": 0, "symlink": 0}
-    for entry in manifest["base"]["files"]:
-        counts[entry["type"]] += 1
-    return {"carried": manifest["base"]["carried"], "read_sets_complete": manifest["base"]["read_sets_complete"],
-            "files": counts["file"], "dirs": counts["dir"], "symlinks": counts["symlink"]}
-
-
-async def make_witness(ctx: ToolContext, capsule_id: str, compress: str, include_blobs: bool,
-                       max_base_mb: int = DEFAULT_MAX_BASE_MB, carry_all: bool = False) -> dict[str, Any]:
-    """Build and store the witness of a capsule (used by capsule_witness and promotion)."""
-    record = live_record(ctx, capsule_id)
-    journal = Journal(ctx.state)
-    execs = journal.execs(capsule_id)
-    writes = journal.writes(capsule_id)
-    outputs = journal.outputs(capsule_id)
-    helper = await ctx.helper()
-    changes = (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
-    root_fd = await helper.open_root(capsule_id)
-
-    def work() -> dict[str, Any]:
-        with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-            manifest, sources = build_manifest(record, execs, changes, base, capsule, include_blobs, writes,
-                                               outputs, max_base_mb << 20, carry_all)
-            if not include_blobs:
-                # Only the changed files' blobs travel; base files are named by hash.
-                sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
-            written = _write(ctx.state, capsule_id, manifest, sources, compress)
-            return {**written, "base": _base_summary(manifest)}
-
-    return await trio.to_thread.run_sync(work)
+from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
 async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Package the capsule's execs and changes as a witness archive, in the capsule's turn
-    (after the execs sent before it, so it holds their runs whole)."""
-    live_record(ctx, args["capsule_id"])
-    async with ctx.capsule_turn(args["capsule_id"], turn_label("capsule_witness", args)):
-        return await make_witness(ctx, args["capsule_id"], args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
-                              args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
-
-
-# --- reading witnesses ---------------------------------------------------------------
-
-
-def locate(state: State, args: dict[str, Any]) -> tuple[Path, str | None]:
-    if args.get("witness_id"):
-        rows = _table(state).execute("SELECT path, root_hash FROM witnesses WHERE witness_id = ?", (args["witness_id"],))
-        if not rows:
-            raise CcwError(
-                "NOT_FOUND",
-                f"no witness {args['witness_id']}; call witness_list, or pass `path` to a witness file",
-                {"witness_id": args["witness_id"]},
-            )
-        return Path(rows[0]["path"]), rows[0]["root_hash"]
-    if args.get("path"):
-        path = args["path"]
-        paths.encoded(path, "witness path")
-        return Path(path), None
-    raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
-
-
-def verify_file(path: Path, expected: str | None) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return wfmt.verify(f, expected)
-    except FileNotFoundError:
-        raise CcwError("NOT_FOUND", f"witness file {str(path)!r} does not exist; check the path") from None
-    except OSError as exc:
-        raise from_oserror(exc, "reading witness file", str(path), "give the path of a .tar.zst from capsule_witness") from None
+    """Package the capsule's execs and changes as a witness archive, in the capsule's turn."""
+    options = WitnessOptions(args.get("compress") or "zstd", bool(args.get("include_blobs", True)),
+                             args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
+    service = ctx.capsules
+    service.live_record(args["capsule_id"])
+    async with service.turn(args["capsule_id"], "capsule_witness"):
+        return await make_witness(service, args["capsule_id"], options)
 
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Recompute every hash of a witness and list what does not match."""
-    path, expected = locate(ctx.state, args)
+    path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
     report = await trio.to_thread.run_sync(verify_file, path, args.get("root_hash") or expected)
     return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"]}
 
 
 async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Witnesses made here, newest first."""
-    rows = _table(ctx.state).execute("SELECT * FROM witnesses ORDER BY created_at DESC, witness_id")
-    capsule = args.get("capsule_id")
-    return {
-        "witnesses": [
-            {
-                "witness_id": r["witness_id"], "capsule_id": r["capsule_id"], "path": r["path"],
-                "root_hash": r["root_hash"], "size_bytes": r["size_bytes"], "compress": r["compress"],
-                "include_blobs": bool(r["include_blobs"]), "created_at": r["created_at"],
-            }
-            for r in rows
-            if capsule is None or r["capsule_id"] == capsule
-        ]
-    }
+    return {"witnesses": stored_witnesses(ctx.state, args.get("capsule_id"))}
 
-
-PROBLEMS = {"type": "array", "items": {"type": "object"}}
 
 TOOLS = [
     ToolSpec(

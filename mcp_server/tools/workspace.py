@@ -153,7 +153,7 @@ async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any
 
 def _after_write(ctx: Any, target: T.LiveTarget, lease_id: str, payload: dict[str, Any], touched: list[str]) -> dict[str, Any]:
     if target.capsule_id:
-        from mcp_server.tools.capsule import note_tool_changes
+        from mcp_server.capsules.notes import note_tool_changes
 
         note_tool_changes(ctx.state, target.capsule_id, target.view, touched)
     new = target.fingerprint()

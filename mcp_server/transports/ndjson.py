@@ -37,7 +37,7 @@ import mcp_types as types
 import trio
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
-from mcp_server.capsule_queue import ARRIVALS, Ticket
+from mcp_server.capsules.turns import ARRIVALS, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
 from mcp_server.transports import framing
 
@@ -68,7 +68,7 @@ class NdjsonConnection:
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
         self._sdk_pending: dict[tuple[str, Any], int] = {}  # MCP requests read but not yet answered, by id
-        # Capsule turns taken when a request was read (mcp_server/capsule_queue.py): the
+        # Capsule turns taken when a request was read (mcp_server/capsules/turns.py): the
         # handler claims its place; one that never does gives it back when answered.
         self._arrivals: dict[tuple[Any, str], Ticket] = {}
 

@@ -49,14 +49,18 @@ ARRIVALS: contextvars.ContextVar[dict[tuple[Any, str], Ticket] | None] = context
     "ccw_arrivals", default=None)
 
 
-def turn_label(tool: str, args: Mapping[str, Any]) -> str:
+def turn_label(tool: str, args: Mapping[str, Any] | None = None) -> str:
     """How a call of ``tool`` is named in "queued behind" reports: "exec `make -j2`"."""
-    label = TURN_TOOLS.get(tool, tool)
-    cmd = args.get("cmd")
+    cmd = (args or {}).get("cmd")
     if tool == "capsule_exec" and isinstance(cmd, list) and all(isinstance(a, str) for a in cmd):
-        text = shlex.join(cmd)
-        label += f" `{text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + '…'}`"
-    return label
+        return exec_label(cmd)
+    return TURN_TOOLS.get(tool, tool)
+
+
+def exec_label(argv: list[str]) -> str:
+    """The turn label of an exec of ``argv``, its command shortened to ``LABEL_CHARS``."""
+    text = shlex.join(argv)
+    return f"{TURN_TOOLS['capsule_exec']} `{text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + '…'}`"
 
 
 @dataclass(eq=False)

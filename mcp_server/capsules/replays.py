@@ -1,0 +1,264 @@
+"""Replaying a witness: re-run it in a fresh capsule and compare (seed 003 §5).
+
+The base is rebuilt from the witness's blobs into a scratch directory (files with their
+modes and mtimes, directories with their modes, symlinks as links) and mounted at the
+recorded workspace path, or, without blobs, taken from the live workspace if every
+named base entry still matches.  So a witness replays on a fresh state dir after the
+workspace has moved away.  Execs are re-run with the recorded argv, cwd, stdin and
+clock offset (the capsule's shift from the real clock, usually none); file-tool writes recorded between them are redone in sequence.  Environment
+values come from the replaying server (witnesses record names only).
+
+What is compared, and what ``replay_ok`` and ``output_identical`` mean, is in
+core/replaydiff.py.  Each mismatch names the exec and field, or the path.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mcp_server.capsules.execenv import DEFAULT_TIMEOUT_MS
+from mcp_server.capsules.service import CapsuleService, NewCapsule
+from mcp_server.capsules.witnesses import verify_file
+from mcp_server.core import changeset, replaydiff
+from mcp_server.core import witness as wfmt
+from mcp_server.core.fsview import RootView
+from sandbox.errors import CcwError, from_oserror
+
+
+def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
+    """Lay out the witness's base entries under ``into``, never writing through a link.
+
+    The paths come from an archive, so every write resolves beneath ``into`` without
+    symlinks (RootView) and creates files exclusively.
+    """
+    from mcp_server.core.promote import make_symlink
+
+    dirs: list[tuple[str, int]] = []
+    with RootView.open(into) as view:
+        for item in manifest["base"]["files"]:
+            path = item["path"]
+            head = path.rpartition("/")[0]
+            if head:
+                view.makedirs(head)
+            if item["type"] == "dir":
+                view.makedirs(path)
+                dirs.append((path, item["mode"]))
+            elif item["type"] == "symlink":
+                make_symlink(view, item["target"], path)
+            else:
+                _create_file(view, path, blobs[item["blob"]], item["mode"], item.get("mtime_ns"))
+        for path, mode in reversed(dirs):  # deepest first: a read-only parent still lets children be set
+            view.chmod(path, mode)
+
+
+def _create_file(view: RootView, path: str, data: bytes, mode: int, mtime_ns: int | None) -> None:
+    head, _, name = path.rpartition("/")
+    parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="rebuild")
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+    except OSError as exc:
+        raise from_oserror(exc, "creating a base file of the witness", path,
+                           "the witness names this path twice or below a non-directory: make it again") from exc
+    finally:
+        os.close(parent)
+    try:
+        _write_all(fd, data)
+        os.fchmod(fd, mode)
+        if mtime_ns is not None:
+            os.utime(fd, ns=(mtime_ns, mtime_ns))  # .pyc files check their source's mtime
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    rest = memoryview(data)
+    while rest:
+        rest = rest[os.write(fd, rest):]
+
+
+def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
+    """Redo one recorded file-tool change inside a capsule (through its root fd)."""
+    from mcp_server.core.promote import make_symlink, remove_tree
+
+    with RootView.from_fd(root_fd) as view:
+        path = write["path"]
+        parent = path.rpartition("/")[0]
+        if write["action"] in ("write", "symlink") and parent:
+            view.makedirs(parent)
+        if write["action"] == "write":
+            view.write_bytes(path, blobs[write["blob"]], write.get("mode"), write.get("mtime_ns"))
+        elif write["action"] == "symlink":
+            make_symlink(view, write["target"], path)
+        elif write["action"] == "delete":
+            remove_tree(view, path)
+        elif write["action"] == "chmod" and write.get("mode") is not None:
+            view.chmod(path, write["mode"])
+
+
+def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    problems = []
+    try:
+        view = RootView.open(manifest["workspace"])
+    except CcwError:
+        return [{"path": ".", "problem": "workspace missing"}]
+    with view:
+        for item in manifest["base"]["files"]:
+            side = changeset.lstat(view, item["path"])
+            if side is None:
+                problems.append({"path": item["path"], "problem": "missing"})
+            elif item["type"] == "symlink":
+                if side.target != item["target"]:
+                    problems.append({"path": item["path"], "problem": "link target differs"})
+            elif item["type"] == "dir":
+                if side.kind != "dir":
+                    problems.append({"path": item["path"], "problem": "no longer a directory"})
+            elif side.kind != "file" or wfmt.blob_hash(view.read_bytes(item["path"])) != item["blob"]:
+                problems.append({"path": item["path"], "problem": "content differs"})
+    return problems
+
+
+def _replay_changes(changes: list[dict[str, Any]], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
+    with RootView.from_fd(root_fd) as capsule, RootView.open(base_dir) as base:
+        entries = changeset.expand(changes, base, capsule)
+        out = []
+        for entry in entries:
+            new = entry.new
+            out.append({
+                "path": entry.path,
+                "status": "added" if entry.old is None else "deleted" if new is None else "modified",
+                "type": new.kind if new else None,
+                "mode": new.mode if new else None,
+                "target": new.target if new and new.kind == "symlink" else None,
+                "blob": wfmt.blob_hash(capsule.read_bytes(entry.path)) if new and new.kind == "file" else None,
+            })
+        return out
+
+
+@dataclass
+class _Tally:
+    """What the replayed execs did, gathered as they run."""
+
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+    output_diffs: list[dict[str, Any]] = field(default_factory=list)
+    touched: dict[int, dict[str, Any]] = field(default_factory=dict)  # by exec seq
+    cpu_ms: int | None = 0  # None once some exec's figure is unknown
+    rss_max_kb: int | None = None
+
+    def add_exec(self, ex: dict[str, Any], reply: dict[str, Any], blobs: dict[str, bytes]) -> None:
+        """Compare one replayed exec with its record and add up its usage."""
+        self.mismatches += replaydiff.exec_mismatches(ex, reply)
+        self.touched[ex["seq"]] = reply["touched"]
+        kept = ex.get("output") or {}
+        for stream in ("stdout", "stderr"):
+            data = base64.b64decode(reply[f"{stream}_b64"])
+            recorded = (blobs[kept[stream]["blob"]], kept[stream]["cap"]) if stream in kept else None
+            diff = replaydiff.output_diff(ex, stream, wfmt.blob_hash(data), data, recorded)
+            if diff is not None:
+                self.output_diffs.append(diff)
+        usage = reply["usage"]
+        self.cpu_ms = None if self.cpu_ms is None or usage.get("cpu_ms") is None else self.cpu_ms + usage["cpu_ms"]
+        if usage.get("rss_max_kb") is not None:
+            self.rss_max_kb = max(self.rss_max_kb or 0, usage["rss_max_kb"])
+
+
+async def replay(service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
+    """Verify, rebuild the base, re-run the execs in a fresh capsule and compare."""
+    report = await trio.to_thread.run_sync(verify_file, path, expected_root)
+    if not report["ok"]:
+        raise CcwError(
+            "CONFLICT",
+            "the witness failed verification, so it cannot be replayed; see details.problems "
+            "(a tampered or truncated file): make the witness again from its capsule",
+            {"problems": report["problems"]},
+        )
+    manifest, blobs = report["manifest"], report["blobs"]
+    scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
+    try:
+        base_dir = await _base_dir(manifest, blobs, scratch)
+        spec = manifest["capsule"]
+        # The capsule's own offset from the real clock, not "the time the capsule was
+        # made": that would shift every replay's clock into the past, and libfaketime
+        # (the wall-clock shift) breaks Python's time.sleep under any shift (0.9.10:
+        # clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) gets EINVAL when monotonic is
+        # not faked, and lock timeouts hang when it is).  Nothing a replay compares
+        # depends on the wall clock's value.
+        like = NewCapsule(manifest["workspace"], base_dir, int(spec.get("clock_offset_sec") or 0),
+                          tuple(spec["env_whitelist"]), spec["limits"], spec["network"])
+        async with service.scratch(like, quiet=True) as capsule_id:
+            tally = await _rerun(service, capsule_id, like, manifest, blobs)
+            changes = await service.changes(capsule_id)
+            root_fd = await service.open_root(capsule_id)
+            actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+    mismatches = tally.mismatches + _change_mismatches(manifest, tally, actual_changes)
+    mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
+    return {
+        "replay_ok": not mismatches,
+        "output_identical": not tally.output_diffs,
+        "root_hash": report["root_hash"],
+        "execs": len(manifest["execs"]),
+        "mismatches": mismatches,
+        "output_diffs": tally.output_diffs,
+        "metrics": {"cpu_ms": tally.cpu_ms, "rss_max_kb": tally.rss_max_kb},
+    }
+
+
+async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: Path) -> str:
+    """The base to replay over: rebuilt from the blobs under ``scratch``, else the live workspace."""
+    if manifest["include_blobs"]:
+        base_dir = str(scratch / "base")
+        os.mkdir(base_dir, 0o755)
+        await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, base_dir)
+        return base_dir
+    problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest)
+    if problems:
+        raise CcwError(
+            "NOT_FOUND",
+            f"the witness carries no blobs and the live workspace no longer matches its base "
+            f"({len(problems)} file(s), first {problems[0]['path']}: {problems[0]['problem']}); "
+            "make the witness with include_blobs: true to replay it anywhere",
+            {"files": problems},
+        )
+    return str(manifest["workspace"])
+
+
+async def _rerun(service: CapsuleService, capsule_id: str, like: NewCapsule, manifest: dict[str, Any],
+                 blobs: dict[str, bytes]) -> _Tally:
+    """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
+    tally = _Tally()
+    steps = sorted(
+        [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
+        key=lambda step: step[1]["seq"],
+    )
+    for kind, ex in steps:
+        if kind == "write":
+            root = await service.open_root(capsule_id)
+            await trio.to_thread.run_sync(apply_write, root, ex, blobs)
+            continue
+        stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
+        reply = await service.run(capsule_id, like, ex["argv"], ex["cwd"], ex.get("timeout_ms") or DEFAULT_TIMEOUT_MS,
+                                  like.limits, stdin)
+        tally.add_exec(ex, reply, blobs)
+    return tally
+
+
+def _change_mismatches(manifest: dict[str, Any], tally: _Tally, actual_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Execs whose written files differ from their record, and changes that differ from the recorded ones."""
+    mismatches = []
+    changed = {c["path"] for c in manifest["changes"]}
+    changed_now = {c["path"] for c in actual_changes}
+    for ex in manifest["execs"]:
+        wrote = replaydiff.written_mismatch(ex, tally.touched[ex["seq"]], changed, changed_now)
+        if wrote is not None:
+            mismatches.append(wrote)
+    return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes)

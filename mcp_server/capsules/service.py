@@ -1,0 +1,361 @@
+"""CapsuleService: make, run, fork, diff, list and destroy capsules, journaled, one call at a time.
+
+The helper does the kernel work; the service checks what the helper cannot (a capsule
+the journal knows, a cwd inside the workspace), keeps the journal (every exec: argv,
+cwd, env keys, exit status, blake3 of the output, usage, touched sets) and reads
+changes through the capsule's O_PATH root (no file content crosses the IPC).  It is
+the only place that reads or builds a ``CapsuleRecord``.
+
+- Execs, forks and destroys of one capsule take turns in arrival order (``turns``): a
+  second exec sent while one runs waits, reporting "queued" through progress, instead
+  of failing; cancelled while it waits, it never runs.  Diff, list and file reads take
+  no turn.
+- Every capsule carries its change ``generation`` (see mcp_server/journal.py); an exec's
+  outcome gives the one it started on and the one it left.  An exec whose reply never
+  came (cancelled while running, the helper died) advances the generation: what it
+  wrote is unknown.
+- Scratch capsules (``scratch``, ``scratch_fork``, ``run``) are the unjournaled ones that
+  deltamin's trials, replays and promotion's required tests run in; they are destroyed
+  when the block ends, even when it is cancelled.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from mcp_server.capsules.execenv import exec_env, resolve_cwd
+from mcp_server.capsules.notes import record_base_states
+from mcp_server.capsules.runs import (
+    PROGRESS_MS,
+    Command,
+    ExecOutcome,
+    exec_request,
+    journal_entry,
+    outcome_of,
+    progress_message,
+)
+from mcp_server.capsules.turns import Ticket, exec_label, turn_label
+from mcp_server.core import changeset, unidiff
+from mcp_server.core.fsview import RootView
+from mcp_server.journal import CapsuleRecord, Journal
+from sandbox.errors import CcwError
+
+SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
+SETTLE_POLL_S = 0.1
+# Errors with which the helper refuses an exec before anything runs in the capsule.
+_REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
+
+
+class CallHooks(Protocol):
+    """What the service needs of the call it serves: progress reports and the capsule's turn."""
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress to the caller, if it asked for reports."""
+
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
+        """Hold the capsule's turn (mcp_server.capsules.turns) for the block."""
+
+
+@dataclass(frozen=True)
+class NewCapsule:
+    """What a capsule is made of: the workspace, its base, and how its commands run."""
+
+    workspace: str  # absolute and resolved
+    base: str  # the lower dir: the workspace itself, or a directory standing in for it
+    clock_offset_sec: int = 0
+    env_whitelist: tuple[str, ...] = ()
+    limits: dict[str, Any] = field(default_factory=dict)
+    network: str = "none"
+
+    @classmethod
+    def like(cls, record: CapsuleRecord) -> NewCapsule:
+        """A fresh capsule made as ``record``'s was."""
+        return cls(record.workspace, record.base, record.clock_offset_sec, tuple(record.env_whitelist),
+                   record.limits, record.network)
+
+    def create_args(self) -> dict[str, Any]:
+        """The helper's ``create`` arguments."""
+        request: dict[str, Any] = {
+            "workspace": self.workspace,
+            "clock_offset_sec": self.clock_offset_sec,
+            "env_whitelist": list(self.env_whitelist),
+            "limits": self.limits,
+            "network": self.network,
+        }
+        if self.base != self.workspace:
+            request["base"] = self.base
+        return request
+
+
+@dataclass(frozen=True)
+class CapsuleSummary:
+    """One live capsule as ``list`` shows it."""
+
+    capsule_id: str
+    workspace: str
+    parent: str | None
+    created_at: str
+    execs: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Diff:
+    """A capsule's change against its base: the entries and, for files, their contents."""
+
+    record: CapsuleRecord
+    entries: list[changeset.Entry]
+    file_changes: list[unidiff.FileChange]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.isoformat(timespec="microseconds")
+
+
+class CapsuleService:
+    """The capsules of one state dir, as seen by one call (its progress and turns)."""
+
+    def __init__(self, state: Any, helper: Callable[[], Awaitable[Any]], call: CallHooks) -> None:
+        self.state = state
+        self._helper = helper
+        self._call = call
+
+    @property
+    def journal(self) -> Journal:
+        """The state dir's capsule journal."""
+        return Journal(self.state)
+
+    async def helper(self) -> Any:
+        """The helper client (connected, or the embedded helper started, on first use)."""
+        return await self._helper()
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Report progress to the caller (nothing if it did not ask)."""
+        await self._call.progress(progress, total, message)
+
+    def turn(self, capsule_id: str, tool: str) -> AbstractAsyncContextManager[Ticket]:
+        """Hold the capsule's turn for the block, as a call of ``tool`` (turns.TURN_TOOLS)."""
+        return self._call.capsule_turn(capsule_id, turn_label(tool))
+
+    def live_record(self, capsule_id: str) -> CapsuleRecord:
+        """The journal's record of a live capsule; NOT_FOUND if destroyed or unknown."""
+        record = self.journal.capsule(capsule_id)
+        if record is None or record.destroyed_at is not None:
+            raise CcwError(
+                "NOT_FOUND",
+                f"capsule {capsule_id} not found (destroyed or never created); "
+                "call capsule_list to see live capsules or capsule_create to make one",
+                {"capsule_id": capsule_id},
+            )
+        return record
+
+    # --- journaled capsules --------------------------------------------------------
+
+    async def create(self, spec: NewCapsule) -> CapsuleRecord:
+        """Make a capsule over a workspace and journal it."""
+        helper = await self.helper()
+        reply = await helper.request("create", spec.create_args())
+        created = _now()
+        record = CapsuleRecord(
+            capsule_id=reply["capsule_id"],
+            workspace=spec.workspace,
+            base=spec.base,
+            parent=None,
+            created_at=_iso(created),
+            clock=_iso(created + dt.timedelta(seconds=spec.clock_offset_sec)),
+            clock_offset_sec=spec.clock_offset_sec,
+            env_whitelist=list(spec.env_whitelist),
+            limits=spec.limits,
+            network=spec.network,
+            isolation=reply.get("isolation", {}),
+            mount=reply.get("mount", ""),
+            base_fingerprint=None,
+            destroyed_at=None,
+        )
+        self.journal.add_capsule(record)
+        return record
+
+    async def exec(self, capsule_id: str, command: Command) -> ExecOutcome:
+        """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
+        record = self.live_record(capsule_id)
+        resolve_cwd(record.workspace, command.cwd)  # bad arguments fail now, not after the wait
+        async with self._call.capsule_turn(record.capsule_id, exec_label(command.argv)) as ticket:
+            record = self.live_record(capsule_id)  # a destroy queued before this call may have run
+            request = exec_request(record, command)
+            started_generation = self.journal.generation(record.capsule_id)
+            started = _now()
+            reply = await self._exec_reply(request, ticket.waited_ms)
+            outcome = outcome_of(reply, started_generation, ticket.waited_ms)
+            journal = self.journal
+            seq = journal.add_exec(record.capsule_id, journal_entry(request, outcome, started))
+            journal.add_outputs(record.capsule_id, seq, {"stdout": outcome.stdout, "stderr": outcome.stderr})  # for witnesses
+            generation = journal.generation(record.capsule_id)
+            await trio.to_thread.run_sync(record_base_states, journal, record, outcome.touched["written"])
+            return dataclasses.replace(outcome, generation=generation)
+
+    async def _exec_reply(self, request: dict[str, Any], waited_ms: int) -> dict[str, Any]:
+        """The helper's reply to an exec, its progress sent on; a lost reply advances the generation."""
+        helper = await self.helper()
+        capsule_id, timeout_ms = request["capsule_id"], request["timeout_ms"]
+
+        async def forward(report: dict[str, Any]) -> None:
+            # Counted from the call's arrival, so the reports of a call that was queued keep
+            # growing (MCP asks progress to increase).
+            await self.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
+                                progress_message(report))
+
+        try:
+            return await helper.request("exec", {**request, "progress_ms": PROGRESS_MS}, on_progress=forward)
+        except BaseException as exc:
+            if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
+                with trio.CancelScope(shield=True):
+                    await _settle(helper, capsule_id)
+                    self.journal.advance(capsule_id)
+            raise
+
+    async def fork(self, capsule_id: str) -> CapsuleRecord:
+        """A child capsule stacked on its parent's view, journaled."""
+        parent = self.live_record(capsule_id)
+        async with self.turn(parent.capsule_id, "capsule_fork"):
+            parent = self.live_record(parent.capsule_id)
+            helper = await self.helper()
+            reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
+        created = _now()
+        record = CapsuleRecord(
+            capsule_id=reply["capsule_id"],
+            workspace=parent.workspace,
+            base=parent.base,
+            parent=parent.capsule_id,
+            created_at=_iso(created),
+            clock=_iso(created + dt.timedelta(seconds=parent.clock_offset_sec)),
+            clock_offset_sec=parent.clock_offset_sec,
+            env_whitelist=parent.env_whitelist,
+            limits=parent.limits,
+            network=parent.network,
+            isolation=reply.get("isolation", parent.isolation),
+            mount=reply.get("mount", ""),
+            base_fingerprint=parent.base_fingerprint,
+            destroyed_at=None,
+        )
+        self.journal.add_capsule(record)
+        return record
+
+    async def destroy(self, capsule_id: str) -> CapsuleRecord:
+        """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""
+        record = self.live_record(capsule_id)
+        async with self.turn(record.capsule_id, "capsule_destroy"):
+            record = self.live_record(record.capsule_id)
+            helper = await self.helper()
+            await helper.request("destroy", {"capsule_id": record.capsule_id})
+            self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
+        return record
+
+    async def list_live(self) -> list[CapsuleSummary]:
+        """The caller's live capsules, by id."""
+        helper = await self.helper()
+        live = (await helper.request("list", {}))["capsules"]
+        journal = self.journal
+        out = []
+        for item in sorted(live, key=lambda c: c["capsule_id"]):
+            record = journal.capsule(item["capsule_id"])
+            out.append(CapsuleSummary(
+                capsule_id=item["capsule_id"],
+                workspace=item.get("workspace", record.workspace if record else ""),
+                parent=item.get("parent"),
+                created_at=record.created_at if record else item.get("created_at", ""),
+                execs=len(journal.execs(item["capsule_id"])) if record else 0,
+                generation=record.generation if record else 0,
+            ))
+        return out
+
+    async def changes(self, capsule_id: str) -> list[dict[str, Any]]:
+        """The helper's list of what differs between the capsule's upper layer and its base."""
+        helper = await self.helper()
+        return (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
+
+    async def open_root(self, capsule_id: str) -> int:
+        """An O_PATH descriptor of the capsule's merged view (the caller closes it)."""
+        helper = await self.helper()
+        return await helper.open_root(capsule_id)
+
+    async def diff(self, capsule_id: str) -> Diff:
+        """The capsule's changes against its base, read through its root."""
+        record = self.live_record(capsule_id)
+        changes = await self.changes(record.capsule_id)
+        root_fd = await self.open_root(record.capsule_id)
+
+        def read() -> Diff:
+            with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
+                entries = changeset.expand(changes, base_view, capsule_view)
+                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view))
+
+        return await trio.to_thread.run_sync(read)
+
+    # --- scratch capsules: not journaled, destroyed after the block ----------------
+
+    @contextlib.asynccontextmanager
+    async def scratch(self, spec: NewCapsule, quiet: bool = False) -> AsyncIterator[str]:
+        """A fresh unjournaled capsule for the block; ``quiet``: a failed destroy is not an error."""
+        helper = await self.helper()
+        capsule_id = (await helper.request("create", spec.create_args()))["capsule_id"]
+        try:
+            yield capsule_id
+        finally:
+            with trio.CancelScope(shield=True), contextlib.suppress(*((CcwError,) if quiet else ())):
+                await helper.request("destroy", {"capsule_id": capsule_id})
+
+    @contextlib.asynccontextmanager
+    async def scratch_fork(self, capsule_id: str) -> AsyncIterator[str]:
+        """An unjournaled fork of a capsule for the block (runs that must leave the capsule as it is)."""
+        helper = await self.helper()
+        fork_id = (await helper.request("fork", {"capsule_id": capsule_id}))["capsule_id"]
+        try:
+            yield fork_id
+        finally:
+            with trio.CancelScope(shield=True):
+                await helper.request("destroy", {"capsule_id": fork_id})
+
+    async def run(self, capsule_id: str, like: NewCapsule, argv: list[str], cwd: str, timeout_ms: int,
+                  limits: dict[str, Any] | None = None, stdin: bytes | None = None) -> dict[str, Any]:
+        """Run ``argv`` in a scratch capsule made ``like`` so, unjournaled; the helper's reply."""
+        request: dict[str, Any] = {
+            "capsule_id": capsule_id, "argv": argv, "cwd": cwd,
+            "env": exec_env(like.workspace, like.env_whitelist), "timeout_ms": timeout_ms,
+        }
+        if limits:
+            request["limits"] = limits
+        if stdin is not None:
+            request["stdin_b64"] = base64.b64encode(stdin).decode()
+        helper = await self.helper()
+        return await helper.request("exec", request)
+
+
+async def _settle(helper: Any, capsule_id: str) -> None:
+    """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
+
+    The helper notices a caller that went away when its next progress report fails to
+    send (every PROGRESS_MS), then kills the jail; until then the capsule is busy there,
+    and the next queued exec would be refused with CONFLICT.
+    """
+    with trio.move_on_after(SETTLE_S):
+        while True:
+            try:
+                listed = (await helper.request("list", {}))["capsules"]
+            except CcwError:
+                return  # the helper is gone: nothing runs there any more
+            if not any(c["capsule_id"] == capsule_id and c.get("state") == "busy" for c in listed):
+                return
+            await trio.sleep(SETTLE_POLL_S)
