@@ -226,47 +226,11 @@ def base_entries(
     ``max_base_bytes`` caps their total (None: no cap, the bytes do not travel).
     ``carry_all`` carries the whole base (``.git`` aside), as unknown reads do.
     """
-    kinds: dict[str, str] = {}
-    links: dict[str, str] = {}
-    children: dict[str, list[str]] = {}
-    for path, kind in _walk(view):
-        kinds[path] = kind
-        children.setdefault(path.rpartition("/")[0] or ".", []).append(path)
-        if kind == "symlink":
-            links[path] = view.readlink(path)
-    carry: set[str] = set()
+    base = _Walked.of(view)
     if needs.unknown or carry_all:
-        carry.update(kinds)
+        carry = set(base.kinds)
     else:
-        resolver = _Resolver(workspace, links)
-        points = set(needs.entry_points)
-        for path in needs.executed:
-            interpreter = _shebang(view, path) if kinds.get(path) == "file" else None
-            rel = _inside(workspace, interpreter) if interpreter and interpreter.startswith("/") else None
-            if rel is not None:
-                points.add(rel)
-        used = needs.files | needs.listed | needs.dirs
-        used.update(filter(None, map(_pyc_source, needs.files)))
-        for point in points:
-            followed, final = resolver.resolve(point)
-            carry.update(followed)
-            if final is not None:
-                used.add(final)
-        used_dirs = {a for path in used for a in _ancestors(path)} | needs.listed | needs.dirs
-        for link in links:
-            followed, final = resolver.resolve(link)
-            if final is None or final in used or final in used_dirs:
-                carry.update(followed)
-                if final is not None:
-                    used.add(final)
-        # .git was not walked: what the runs used in it (git commands) is taken as it is.
-        carry.update(p for p in used if p in kinds or _skipped(p))
-        carry.update(d for d in used_dirs if kinds.get(d) == "dir" or _skipped(d))  # where runs wrote new files
-        for directory in needs.listed:
-            if _skipped(directory):
-                carry.update(f"{directory}/{name}" for name, _ in _listdir(view, directory))
-            else:
-                carry.update(children.get(directory, ()))
+        carry = _used_entries(view, workspace, needs, base)
     carry.discard(".")
     carry.update({a for path in carry for a in _ancestors(path)})
     entries = []
@@ -276,7 +240,7 @@ def base_entries(
         if side is None or side.kind not in ("file", "dir", "symlink"):
             continue
         kind = side.kind
-        if kinds.get(path, kind) != kind:
+        if base.kinds.get(path, kind) != kind:
             continue  # changed since the walk: what is there now is not what the runs saw
         item: dict[str, Any] = {"path": path, "mode": side.mode, "type": kind}
         if kind == "symlink":
@@ -289,6 +253,61 @@ def base_entries(
                 raise _too_large(needs.unknown, carry_all, max_base_bytes, path)
         entries.append(item)
     return entries
+
+
+@dataclass
+class _Walked:
+    """The base as one walk saw it: each entry's kind, each symlink's target, each directory's entries."""
+
+    kinds: dict[str, str] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, view: RootView) -> _Walked:
+        """Walk the base once (``.git`` aside), never following links."""
+        walked = cls()
+        for path, kind in _walk(view):
+            walked.kinds[path] = kind
+            walked.children.setdefault(path.rpartition("/")[0] or ".", []).append(path)
+            if kind == "symlink":
+                walked.links[path] = view.readlink(path)
+        return walked
+
+
+def _used_entries(view: RootView, workspace: str, needs: Needs, base: _Walked) -> set[str]:
+    """The paths of the base the runs used, with the links that lead to them (see the module docstring)."""
+    carry: set[str] = set()
+    resolver = _Resolver(workspace, base.links)
+    points = set(needs.entry_points)
+    for path in needs.executed:
+        interpreter = _shebang(view, path) if base.kinds.get(path) == "file" else None
+        rel = _inside(workspace, interpreter) if interpreter and interpreter.startswith("/") else None
+        if rel is not None:
+            points.add(rel)
+    used = needs.files | needs.listed | needs.dirs
+    used.update(filter(None, map(_pyc_source, needs.files)))
+    for point in points:
+        followed, final = resolver.resolve(point)
+        carry.update(followed)
+        if final is not None:
+            used.add(final)
+    used_dirs = {a for path in used for a in _ancestors(path)} | needs.listed | needs.dirs
+    for link in base.links:
+        followed, final = resolver.resolve(link)
+        if final is None or final in used or final in used_dirs:
+            carry.update(followed)
+            if final is not None:
+                used.add(final)
+    # .git was not walked: what the runs used in it (git commands) is taken as it is.
+    carry.update(p for p in used if p in base.kinds or _skipped(p))
+    carry.update(d for d in used_dirs if base.kinds.get(d) == "dir" or _skipped(d))  # where runs wrote new files
+    for directory in needs.listed:
+        if _skipped(directory):
+            carry.update(f"{directory}/{name}" for name, _ in _listdir(view, directory))
+        else:
+            carry.update(base.children.get(directory, ()))
+    return carry
 
 
 def _too_large(unknown: bool, carry_all: bool, cap: int, path: str) -> CcwError:

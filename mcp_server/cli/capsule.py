@@ -20,6 +20,7 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mcp_server.cli import helperctl
@@ -206,79 +207,104 @@ def exec_status(result: dict[str, Any]) -> int:
 
 def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
     """Print ``result`` for people; the exit status."""
-    color_out = use_color(sys.stdout, args.no_color)
-    color_err = use_color(sys.stderr, args.no_color)
-    if verb == "create":
-        print(result["capsule_id"])
+    color = (use_color(sys.stdout, args.no_color), use_color(sys.stderr, args.no_color))
+    shown = _SHOW.get(verb)
+    if shown is None:
+        print_json(result)  # deltamin: the structured result is the readable form
         return 0
-    if verb == "exec":
-        sys.stdout.write(result["stdout"])
-        sys.stdout.flush()
-        sys.stderr.write(result["stderr"])
-        notes = []
-        if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
-            notes.append("output truncated")
-        if result.get("timed_out"):
-            notes.append("timed out")
-        if result.get("oom_killed"):
-            notes.append("killed: out of memory")
-        if result.get("disk_full"):
-            notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); create it with a larger --disk-mb")
-        if result.get("signal"):
-            notes.append(f"killed by {result['signal']}")
-        if notes:
-            print(paint(f"ccw: {', '.join(notes)}", "\x1b[33m", color_err), file=sys.stderr)
-        return exec_status(result)
-    if verb == "diff":
-        sys.stdout.write(color_diff(result["diff"], color_out))
-        summary = result["summary"]
-        print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
+    return shown(result, *color)
+
+
+def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    print(result["capsule_id"])
+    return 0
+
+
+def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    sys.stdout.write(result["stdout"])
+    sys.stdout.flush()
+    sys.stderr.write(result["stderr"])
+    notes = []
+    if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
+        notes.append("output truncated")
+    if result.get("timed_out"):
+        notes.append("timed out")
+    if result.get("oom_killed"):
+        notes.append("killed: out of memory")
+    if result.get("disk_full"):
+        notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); create it with a larger --disk-mb")
+    if result.get("signal"):
+        notes.append(f"killed by {result['signal']}")
+    if notes:
+        print(paint(f"ccw: {', '.join(notes)}", "\x1b[33m", color_err), file=sys.stderr)
+    return exec_status(result)
+
+
+def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    sys.stdout.write(color_diff(result["diff"], color_out))
+    summary = result["summary"]
+    print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
+          file=sys.stderr)
+    return 0
+
+
+def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    report = result["policy_report"]
+    for path in result["applied"]:
+        print(path)
+    dry_run = bool(result.get("dry_run"))
+    policies = ", ".join(report.get("policies", [])) or "baseline"
+    lines = policy_lines(report)
+    if result["promoted"] or (dry_run and report["passed"]):
+        done = "would promote" if dry_run else "promoted"
+        print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
               file=sys.stderr)
-        return 0
-    if verb == "promote":
-        report = result["policy_report"]
-        for path in result["applied"]:
-            print(path)
-        dry_run = bool(result.get("dry_run"))
-        policies = ", ".join(report.get("policies", [])) or "baseline"
-        lines = policy_lines(report)
-        if result["promoted"] or (dry_run and report["passed"]):
-            done = "would promote" if dry_run else "promoted"
-            print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
-                  file=sys.stderr)
-            for line in lines:
-                print(f"  {line}", file=sys.stderr)
-            return 0
-        head = "would not promote" if dry_run else "not promoted, nothing written"
-        print(paint(f"{head}: policy {policies} failed", "\x1b[31m", color_err), file=sys.stderr)
         for line in lines:
             print(f"  {line}", file=sys.stderr)
-        return 1
-    if verb == "witness":
-        print(f"{result['witness_id']} {result['path']}")
-        print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
         return 0
-    if verb == "replay":
-        ok = result["replay_ok"]
-        print("replay_ok" if ok else "replay MISMATCH")
-        for mismatch in result.get("mismatches", []):
-            print(f"  {mismatch}")
-        for diff in result.get("output_diffs", []):  # shown, never a failure by itself
-            print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
-            for line in diff["lines"] or [diff.get("note", "")]:
-                print(f"  {line}", file=sys.stderr)
-        return 0 if ok else 1
-    if verb == "list":
-        for capsule in result["capsules"]:
-            parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
-            print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
-                  f"generation={capsule['generation']}  {capsule['workspace']}{parent}")
-        return 0
-    if verb == "destroy":
-        print(f"destroyed {result['capsule_id']}")
-        return 0
-    print_json(result)  # deltamin: the structured result is the readable form
+    head = "would not promote" if dry_run else "not promoted, nothing written"
+    print(paint(f"{head}: policy {policies} failed", "\x1b[31m", color_err), file=sys.stderr)
+    for line in lines:
+        print(f"  {line}", file=sys.stderr)
+    return 1
+
+
+def _show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    print(f"{result['witness_id']} {result['path']}")
+    print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
     return 0
+
+
+def _show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    ok = result["replay_ok"]
+    print("replay_ok" if ok else "replay MISMATCH")
+    for mismatch in result.get("mismatches", []):
+        print(f"  {mismatch}")
+    for diff in result.get("output_diffs", []):  # shown, never a failure by itself
+        print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
+        for line in diff["lines"] or [diff.get("note", "")]:
+            print(f"  {line}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    for capsule in result["capsules"]:
+        parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
+        print(f"{capsule['capsule_id']}  {capsule['created_at']}  execs={capsule['execs']}  "
+              f"generation={capsule['generation']}  {capsule['workspace']}{parent}")
+    return 0
+
+
+def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    print(f"destroyed {result['capsule_id']}")
+    return 0
+
+
+# How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
+_SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
+    "create": _show_create, "exec": _show_exec, "diff": _show_diff, "promote": _show_promote,
+    "witness": _show_witness, "replay": _show_replay, "list": _show_list, "destroy": _show_destroy,
+}
 
 
 def policy_lines(report: dict[str, Any]) -> list[str]:
