@@ -6,7 +6,7 @@ from the journal, every change a file tool made between execs (``writes``, shari
 execs' sequence numbers), and the change set — followed by ``blobs/<blake3 hex>`` for each blob
 the manifest names, in hash order.  ``base.files`` lists what a replay rebuilds the
 base from: files (blob, mode, ``mtime_ns``), directories (mode) and symlinks (target),
-chosen as tools/witness_base.py says.  Each exec's ``output`` names the blobs of its
+chosen as mcp_server/capsules/witness_base.py says.  Each exec's ``output`` names the blobs of its
 stdout and stderr as kept (``kept_bytes``, and the ``cap`` in force); fields added since
 the first witnesses are optional, so older witnesses still verify and replay.  ``root_hash`` is ``blake3:`` + blake3 of the
 canonical manifest bytes; since the manifest names every blob by its blake3, the root
