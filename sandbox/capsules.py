@@ -68,7 +68,7 @@ from typing import Any
 
 from sandbox import disk, overlay
 from sandbox.errors import CcwError, from_oserror
-from sandbox.protocol import (
+from sandbox.spec import (
     DISK_MB_MAX,
     DISK_MB_MIN,
     ENV_NAME_RE,
