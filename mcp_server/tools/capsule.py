@@ -29,9 +29,7 @@ from mcp_server.core import changeset, unidiff
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.protocol import DISK_MB_MAX, DISK_MB_MIN
-
-MAX_TIMEOUT_MS = 24 * 3600 * 1000
+from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
 LIMITS = {
