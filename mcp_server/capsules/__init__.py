@@ -1,12 +1,13 @@
 """The front end's capsule service: what the capsule tools, deltamin, replay and promotion share.
 
 ``service.CapsuleService`` is the one way to make, run, fork, diff, list and destroy a
-capsule: it talks to the helper, keeps the journal (execs, file-tool writes, base
-states, the change generation) and takes each capsule's turn (``turns``).  The tool
-modules in ``mcp_server/tools`` are thin adapters over it (``ctx.capsules``).  Beside it,
-one module per job: ``execenv`` (what a command in a capsule sees), ``notes`` (journal
-notes of changes seen), ``witnesses`` and ``witness_base`` (building and storing witness
-archives), ``replays`` (re-running one), ``trials`` and ``minimise`` (deltamin),
-``interactions`` (commutativity), ``promotion`` and ``policies`` (capsule_promote), and
-``fragments`` (the JSON-Schema pieces of the identifiers the tools share).
+capsule: it talks to the helper in typed requests (``sandbox.ops``), keeps the journal
+(execs, file-tool writes, base states, the change generation) and takes each capsule's
+turn (``turns``).  The tool modules in ``mcp_server/tools`` are thin adapters over it
+(``ctx.capsules``).  Beside it, one module per job: ``runs`` (one exec: its request,
+environment, outcome and journal entry), ``notes`` (journal notes of changes seen),
+``witnesses`` and ``witness_base`` (building and storing witness archives), ``replays``
+(re-running one), ``trials`` and ``minimise`` (deltamin), ``interactions``
+(commutativity), ``promotion`` and ``policies`` (capsule_promote), and ``fragments``
+(the JSON-Schema pieces of the identifiers the tools share).
 """

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sandbox.spec import CAPSULE_ID_RE
+
 CAPSULE_ID: dict[str, Any] = {
     "type": "string",
-    "pattern": "^cap_[0-9A-Za-z_]{1,64}$",
+    "pattern": f"^{CAPSULE_ID_RE.pattern}$",  # the one id grammar
 }
 GENERATION: dict[str, Any] = {
     "type": "integer",

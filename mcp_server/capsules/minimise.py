@@ -42,7 +42,6 @@ so they describe the same contents.
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import time
@@ -53,8 +52,10 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.runs import Command
-from mcp_server.capsules.service import CapsuleService, NewCapsule
+from mcp_server.capsules.service import CapsuleService, spec_of
 from mcp_server.capsules.trials import (
+    JournaledRun,
+    Judge,
     Material,
     Trials,
     Unit,
@@ -107,7 +108,7 @@ def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], 
         return []
     judge = predicate(spec)
     return [
-        str(judge({"exit_code": ex["exit_code"], "timed_out": ex["timed_out"]}))
+        judge(JournaledRun(ex["exit_code"], bool(ex["timed_out"])))
         for ex in _current_runs(journal, record, argv, generation)
     ]
 
@@ -121,7 +122,7 @@ def _journal_outcomes_at_start(journal: Journal, record: CapsuleRecord, argv: li
         return []
     judge = predicate(spec)
     return [
-        str(judge({"exit_code": ex["exit_code"], "timed_out": ex["timed_out"]}))
+        judge(JournaledRun(ex["exit_code"], bool(ex["timed_out"])))
         for ex in journal.execs(record.capsule_id)
         if ex["argv"] == argv and ex.get("generation") == 0
     ]
@@ -361,20 +362,15 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
 
 
 async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[str, Unit], argv: list[str],
-                  judge: Any) -> dict[str, Any]:
+                  judge: Judge) -> dict[str, Any]:
     """Re-run the minimal change in a journaled capsule; witness that run."""
-    capsule_id = (await service.create(NewCapsule.like(record))).capsule_id
+    capsule_id = (await service.create(spec_of(record))).capsule_id
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
         ran = await service.exec(capsule_id, Command(argv))
-        reply = {
-            "exit_code": ran.exit_code, "timed_out": ran.timed_out,
-            "stdout_b64": base64.b64encode(ran.stdout).decode(),
-            "stderr_b64": base64.b64encode(ran.stderr).decode(),
-        }
         made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
-        return {"fails_again": judge(reply) == FAIL, "root_hash": made["root_hash"]}
+        return {"fails_again": judge(ran) == FAIL, "root_hash": made["root_hash"]}
     finally:
         with trio.CancelScope(shield=True):
             await service.destroy(capsule_id)

@@ -19,7 +19,6 @@ Order of checks, cheapest first, and why:
 
 from __future__ import annotations
 
-import base64
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,8 @@ from outcome import acapture
 
 from mcp_server.capsules.policies import PolicyStore
 from mcp_server.capsules.replays import replay
-from mcp_server.capsules.service import CapsuleService, NewCapsule
+from mcp_server.capsules.runs import Command
+from mcp_server.capsules.service import CapsuleService, spec_of
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
 from mcp_server.core import changeset
 from mcp_server.core.fsview import DirFds, RootView
@@ -126,9 +126,9 @@ async def _run_tests(service: CapsuleService, record: CapsuleRecord,
     async with service.scratch_fork(record.capsule_id) as fork_id:
         for test in tests:
             argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = await service.run(fork_id, NewCapsule.like(record), argv, record.workspace, TEST_TIMEOUT_MS)
-            tail = base64.b64decode(reply["stderr_b64"])[-2000:].decode("utf-8", "replace")
-            outcomes.append(RequiredTestOutcome(test, reply["exit_code"], bool(reply["timed_out"]), tail))
+            reply = await service.run(fork_id, spec_of(record), Command(argv, record.workspace, TEST_TIMEOUT_MS))
+            tail = reply.stderr[-2000:].decode("utf-8", "replace")
+            outcomes.append(RequiredTestOutcome(test, reply.exit_code, bool(reply.timed_out), tail))
     return outcomes
 
 

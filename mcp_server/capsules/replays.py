@@ -14,7 +14,6 @@ core/replaydiff.py.  Each mismatch names the exec and field, or the path.
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import tempfile
@@ -24,13 +23,15 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.execenv import DEFAULT_TIMEOUT_MS
-from mcp_server.capsules.service import CapsuleService, NewCapsule
+from mcp_server.capsules.runs import Command
+from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import verify_file
 from mcp_server.core import changeset, replaydiff
 from mcp_server.core import witness as wfmt
 from mcp_server.core.fsview import RootView
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import ExecReply
+from sandbox.spec import CapsuleSpec, Limits
 
 
 def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
@@ -152,18 +153,17 @@ class _Tally:
     cpu_ms: int | None = 0  # None once some exec's figure is unknown
     rss_max_kb: int | None = None
 
-    def add_exec(self, ex: dict[str, Any], reply: dict[str, Any], blobs: dict[str, bytes]) -> None:
+    def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes]) -> None:
         """Compare one replayed exec with its record and add up its usage."""
-        self.mismatches += replaydiff.exec_mismatches(ex, reply)
-        self.touched[ex["seq"]] = reply["touched"]
+        self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name) for name in replaydiff.EXEC_FIELDS})
+        self.touched[ex["seq"]] = reply.touched
         kept = ex.get("output") or {}
-        for stream in ("stdout", "stderr"):
-            data = base64.b64decode(reply[f"{stream}_b64"])
+        for stream, data in (("stdout", reply.stdout), ("stderr", reply.stderr)):
             recorded = (blobs[kept[stream]["blob"]], kept[stream]["cap"]) if stream in kept else None
             diff = replaydiff.output_diff(ex, stream, wfmt.blob_hash(data), data, recorded)
             if diff is not None:
                 self.output_diffs.append(diff)
-        usage = reply["usage"]
+        usage = reply.usage
         self.cpu_ms = None if self.cpu_ms is None or usage.get("cpu_ms") is None else self.cpu_ms + usage["cpu_ms"]
         if usage.get("rss_max_kb") is not None:
             self.rss_max_kb = max(self.rss_max_kb or 0, usage["rss_max_kb"])
@@ -190,10 +190,14 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None)
         # clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) gets EINVAL when monotonic is
         # not faked, and lock timeouts hang when it is).  Nothing a replay compares
         # depends on the wall clock's value.
-        like = NewCapsule(manifest["workspace"], base_dir, int(spec.get("clock_offset_sec") or 0),
-                          tuple(spec["env_whitelist"]), spec["limits"], spec["network"])
-        async with service.scratch(like, quiet=True) as capsule_id:
-            tally = await _rerun(service, capsule_id, like, manifest, blobs)
+        workspace = manifest["workspace"]
+        capsule_spec = CapsuleSpec(
+            workspace=workspace, base=base_dir if base_dir != workspace else None,
+            clock_offset_sec=int(spec.get("clock_offset_sec") or 0), env_whitelist=tuple(spec["env_whitelist"]),
+            limits=Limits(**spec["limits"]), network=spec["network"],
+        )
+        async with service.scratch(capsule_spec, quiet=True) as capsule_id:
+            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
@@ -232,7 +236,7 @@ async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: 
     return str(manifest["workspace"])
 
 
-async def _rerun(service: CapsuleService, capsule_id: str, like: NewCapsule, manifest: dict[str, Any],
+async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, manifest: dict[str, Any],
                  blobs: dict[str, bytes]) -> _Tally:
     """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
     tally = _Tally()
@@ -246,8 +250,8 @@ async def _rerun(service: CapsuleService, capsule_id: str, like: NewCapsule, man
             await trio.to_thread.run_sync(apply_write, root, ex, blobs)
             continue
         stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
-        reply = await service.run(capsule_id, like, ex["argv"], ex["cwd"], ex.get("timeout_ms") or DEFAULT_TIMEOUT_MS,
-                                  like.limits, stdin)
+        reply = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin),
+                                  limits=True)
         tally.add_exec(ex, reply, blobs)
     return tally
 

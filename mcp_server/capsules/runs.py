@@ -1,5 +1,9 @@
 """One command run in a capsule: what is asked of the helper, what comes back, what is journaled.
 
+- ``env_whitelist`` names variables of the server's own environment that pass into the
+  capsule; HOME is always the capsule's own home, PATH and LANG get defaults if absent.
+- ``cwd`` is relative to the workspace, or absolute inside it; default the workspace
+  (``sandbox.spec.resolve_cwd``, the rule the helper re-checks).
 - ``stdout``/``stderr`` come back as bytes; the journal hashes the raw bytes, and
   ``stdout_bytes``/``stderr_bytes`` count all the command wrote, even past the capture
   cap (``truncated`` says whether the captured bytes are whole).
@@ -11,13 +15,15 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import blake3
 
-from mcp_server.capsules.execenv import DEFAULT_TIMEOUT_MS, exec_env, resolve_cwd
-from mcp_server.journal import CapsuleRecord
+from sandbox.ops import ExecReply, ExecRequest
+from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_cwd
 
 USAGE_FIGURES = ("cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
@@ -40,7 +46,7 @@ class ExecOutcome:
     """What a journaled exec did: the helper's reply, normalised, and the generations around it."""
 
     exit_code: int | None
-    signal: str | None
+    signal: Any  # the signal's name ("SIGKILL") or None
     timed_out: bool
     oom_killed: bool
     duration_ms: int
@@ -60,20 +66,33 @@ class ExecOutcome:
     queued_ms: int
 
 
-def exec_request(record: CapsuleRecord, command: Command) -> dict[str, Any]:
-    """The helper's ``exec`` arguments for ``command`` in the capsule of ``record``."""
-    request: dict[str, Any] = {
-        "capsule_id": record.capsule_id,
-        "argv": list(command.argv),
-        "cwd": resolve_cwd(record.workspace, command.cwd),
-        "env": exec_env(record.workspace, record.env_whitelist),
-        "timeout_ms": command.timeout_ms or DEFAULT_TIMEOUT_MS,
-    }
-    if command.stdin is not None:
-        request["stdin_b64"] = base64.b64encode(command.stdin).decode()
-    if record.limits:
-        request["limits"] = record.limits
-    return request
+def exec_env(workspace: str, env_whitelist: Iterable[str]) -> dict[str, str]:
+    """The environment of a command in the capsule: whitelisted variables, else defaults.
+
+    PATH starts with the workspace's ``.venv/bin``, as ``uv run`` and ``poetry run`` put
+    the project's environment first: ``pytest`` in a capsule is the project's pytest.
+    Always there, present or not, so the environment of a run does not depend on the
+    host (a replay sees the same PATH).
+    """
+    env = {k: os.environ[k] for k in env_whitelist if k in os.environ and k != "HOME"}
+    env.setdefault("PATH", f"{os.path.join(workspace, '.venv', 'bin')}:{DEFAULT_PATH}")
+    env.setdefault("LANG", "C.UTF-8")
+    return env
+
+
+def exec_request(capsule_id: str, spec: CapsuleSpec, command: Command, progress_ms: int | None = None) -> ExecRequest:
+    """The helper's ``exec`` request for ``command`` in a capsule made from ``spec``."""
+    limits = spec.limits if spec.limits.to_json() else None
+    return ExecRequest(
+        capsule_id=capsule_id,
+        argv=tuple(command.argv),
+        cwd=resolve_cwd(command.cwd, spec.workspace),
+        env=exec_env(spec.workspace, spec.env_whitelist),
+        stdin=command.stdin,
+        timeout_ms=command.timeout_ms or DEFAULT_TIMEOUT_MS,
+        limits=limits,
+        progress_ms=progress_ms,
+    )
 
 
 def blake3_of(data: bytes) -> str:
@@ -81,42 +100,41 @@ def blake3_of(data: bytes) -> str:
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
-def outcome_of(reply: dict[str, Any], started_generation: int, queued_ms: int) -> ExecOutcome:
+def outcome_of(reply: ExecReply, started_generation: int, queued_ms: int) -> ExecOutcome:
     """The outcome of an exec from the helper's reply (``generation``: as it started, until journaled)."""
     return ExecOutcome(
-        exit_code=reply["exit_code"],
-        signal=reply.get("signal"),
-        timed_out=bool(reply["timed_out"]),
-        oom_killed=bool(reply.get("oom_killed")),
-        duration_ms=reply["duration_ms"],
-        stdout=base64.b64decode(reply["stdout_b64"]),
-        stderr=base64.b64decode(reply["stderr_b64"]),
-        stdout_bytes=reply["stdout_bytes"],
-        stderr_bytes=reply["stderr_bytes"],
-        truncated={"stdout": bool(reply["truncated"]["stdout"]), "stderr": bool(reply["truncated"]["stderr"])},
-        usage={k: reply["usage"].get(k) for k in USAGE_FIGURES},
-        usage_unavailable=dict(sorted(reply.get("usage_unavailable", {}).items())),
-        usage_sources=dict(sorted(reply.get("usage_sources", {}).items())),
-        disk=reply.get("disk"),
-        touched={key: reply["touched"].get(key) for key in TOUCHED_SETS},
-        touched_unavailable=dict(sorted(reply.get("touched_unavailable", {}).items())),
+        exit_code=reply.exit_code,
+        signal=reply.signal,
+        timed_out=bool(reply.timed_out),
+        oom_killed=bool(reply.oom_killed),
+        duration_ms=reply.duration_ms,
+        stdout=reply.stdout,
+        stderr=reply.stderr,
+        stdout_bytes=reply.stdout_bytes,
+        stderr_bytes=reply.stderr_bytes,
+        truncated={"stdout": bool(reply.truncated["stdout"]), "stderr": bool(reply.truncated["stderr"])},
+        usage={k: reply.usage.get(k) for k in USAGE_FIGURES},
+        usage_unavailable=dict(sorted(reply.usage_unavailable.items())),
+        usage_sources=dict(sorted(reply.usage_sources.items())),
+        disk=reply.disk,
+        touched={key: reply.touched.get(key) for key in TOUCHED_SETS},
+        touched_unavailable=dict(sorted(reply.touched_unavailable.items())),
         started_generation=started_generation,
         generation=started_generation,
         queued_ms=queued_ms,
     )
 
 
-def journal_entry(request: dict[str, Any], outcome: ExecOutcome, started: dt.datetime) -> dict[str, Any]:
+def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.datetime) -> dict[str, Any]:
     """The journal's record of one exec (Journal.add_exec)."""
-    stdin_b64 = request.get("stdin_b64")
     return {
         "started_at": started.isoformat(timespec="microseconds"),
-        "argv": request["argv"],
-        "cwd": request["cwd"],
-        "env_keys": sorted(request["env"]),
-        "stdin_blake3": blake3_of(base64.b64decode(stdin_b64)) if stdin_b64 is not None else None,
-        "stdin_b64": stdin_b64,
-        "timeout_ms": request["timeout_ms"],
+        "argv": list(request.argv),
+        "cwd": request.cwd,
+        "env_keys": sorted(request.env or {}),
+        "stdin_blake3": blake3_of(request.stdin) if request.stdin is not None else None,
+        "stdin_b64": base64.b64encode(request.stdin).decode() if request.stdin is not None else None,
+        "timeout_ms": request.timeout_ms,
         "exit_code": outcome.exit_code,
         "signal": outcome.signal,
         "timed_out": int(outcome.timed_out),

@@ -21,18 +21,16 @@ the only place that reads or builds a ``CapsuleRecord``.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import trio
 
-from mcp_server.capsules.execenv import exec_env, resolve_cwd
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.capsules.runs import (
     PROGRESS_MS,
@@ -48,6 +46,23 @@ from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
+from sandbox.ops import (
+    ChangesReply,
+    ChangesRequest,
+    CreateReply,
+    CreateRequest,
+    DestroyReply,
+    DestroyRequest,
+    ExecReply,
+    ExecRequest,
+    ForkReply,
+    ForkRequest,
+    ListReply,
+    ListRequest,
+    OpReply,
+    OpRequest,
+)
+from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
 
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
 SETTLE_POLL_S = 0.1
@@ -65,35 +80,19 @@ class CallHooks(Protocol):
         """Hold the capsule's turn (mcp_server.capsules.turns) for the block."""
 
 
-@dataclass(frozen=True)
-class NewCapsule:
-    """What a capsule is made of: the workspace, its base, and how its commands run."""
+ReplyT = TypeVar("ReplyT", bound=OpReply)
 
-    workspace: str  # absolute and resolved
-    base: str  # the lower dir: the workspace itself, or a directory standing in for it
-    clock_offset_sec: int = 0
-    env_whitelist: tuple[str, ...] = ()
-    limits: dict[str, Any] = field(default_factory=dict)
-    network: str = "none"
 
-    @classmethod
-    def like(cls, record: CapsuleRecord) -> NewCapsule:
-        """A fresh capsule made as ``record``'s was."""
-        return cls(record.workspace, record.base, record.clock_offset_sec, tuple(record.env_whitelist),
-                   record.limits, record.network)
-
-    def create_args(self) -> dict[str, Any]:
-        """The helper's ``create`` arguments."""
-        request: dict[str, Any] = {
-            "workspace": self.workspace,
-            "clock_offset_sec": self.clock_offset_sec,
-            "env_whitelist": list(self.env_whitelist),
-            "limits": self.limits,
-            "network": self.network,
-        }
-        if self.base != self.workspace:
-            request["base"] = self.base
-        return request
+def spec_of(record: CapsuleRecord) -> CapsuleSpec:
+    """The spec a journaled capsule was made from (a fresh capsule made from it is made as it was)."""
+    return CapsuleSpec(
+        workspace=record.workspace,
+        base=record.base if record.base != record.workspace else None,
+        clock_offset_sec=record.clock_offset_sec,
+        env_whitelist=tuple(record.env_whitelist),
+        limits=Limits(**record.limits),
+        network=record.network,
+    )
 
 
 @dataclass(frozen=True)
@@ -142,6 +141,13 @@ class CapsuleService:
         """The helper client (connected, or the embedded helper started, on first use)."""
         return await self._helper()
 
+    async def call(self, request: OpRequest, reply: type[ReplyT], on_progress: Any = None) -> ReplyT:
+        """Ask the helper ``request``; its typed reply."""
+        helper = await self.helper()
+        answer = await helper.call(request, on_progress)
+        assert isinstance(answer, reply), answer
+        return answer
+
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress to the caller (nothing if it did not ask)."""
         await self._call.progress(progress, total, message)
@@ -164,24 +170,23 @@ class CapsuleService:
 
     # --- journaled capsules --------------------------------------------------------
 
-    async def create(self, spec: NewCapsule) -> CapsuleRecord:
-        """Make a capsule over a workspace and journal it."""
-        helper = await self.helper()
-        reply = await helper.request("create", spec.create_args())
+    async def create(self, spec: CapsuleSpec) -> CapsuleRecord:
+        """Make a capsule from ``spec`` and journal it."""
+        reply = await self.call(CreateRequest(spec), CreateReply)
         created = _now()
         record = CapsuleRecord(
-            capsule_id=reply["capsule_id"],
+            capsule_id=reply.capsule_id,
             workspace=spec.workspace,
-            base=spec.base,
+            base=spec.lower,
             parent=None,
             created_at=_iso(created),
             clock=_iso(created + dt.timedelta(seconds=spec.clock_offset_sec)),
             clock_offset_sec=spec.clock_offset_sec,
             env_whitelist=list(spec.env_whitelist),
-            limits=spec.limits,
+            limits=spec.limits.to_json(),
             network=spec.network,
-            isolation=reply.get("isolation", {}),
-            mount=reply.get("mount", ""),
+            isolation=reply.isolation,
+            mount=reply.mount,
             base_fingerprint=None,
             destroyed_at=None,
         )
@@ -191,10 +196,10 @@ class CapsuleService:
     async def exec(self, capsule_id: str, command: Command) -> ExecOutcome:
         """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
         record = self.live_record(capsule_id)
-        resolve_cwd(record.workspace, command.cwd)  # bad arguments fail now, not after the wait
+        resolve_cwd(command.cwd, record.workspace)  # bad arguments fail now, not after the wait
         async with self._call.capsule_turn(record.capsule_id, exec_label(command.argv)) as ticket:
             record = self.live_record(capsule_id)  # a destroy queued before this call may have run
-            request = exec_request(record, command)
+            request = exec_request(record.capsule_id, spec_of(record), command, PROGRESS_MS)
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
             reply = await self._exec_reply(request, ticket.waited_ms)
@@ -206,10 +211,10 @@ class CapsuleService:
             await trio.to_thread.run_sync(record_base_states, journal, record, outcome.touched["written"])
             return dataclasses.replace(outcome, generation=generation)
 
-    async def _exec_reply(self, request: dict[str, Any], waited_ms: int) -> dict[str, Any]:
+    async def _exec_reply(self, request: ExecRequest, waited_ms: int) -> ExecReply:
         """The helper's reply to an exec, its progress sent on; a lost reply advances the generation."""
         helper = await self.helper()
-        capsule_id, timeout_ms = request["capsule_id"], request["timeout_ms"]
+        timeout_ms = request.timeout_ms or 0
 
         async def forward(report: dict[str, Any]) -> None:
             # Counted from the call's arrival, so the reports of a call that was queued keep
@@ -218,12 +223,12 @@ class CapsuleService:
                                 progress_message(report))
 
         try:
-            return await helper.request("exec", {**request, "progress_ms": PROGRESS_MS}, on_progress=forward)
+            return await self.call(request, ExecReply, on_progress=forward)
         except BaseException as exc:
             if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
                 with trio.CancelScope(shield=True):
-                    await _settle(helper, capsule_id)
-                    self.journal.advance(capsule_id)
+                    await _settle(helper, request.capsule_id)
+                    self.journal.advance(request.capsule_id)
             raise
 
     async def fork(self, capsule_id: str) -> CapsuleRecord:
@@ -231,11 +236,10 @@ class CapsuleService:
         parent = self.live_record(capsule_id)
         async with self.turn(parent.capsule_id, "capsule_fork"):
             parent = self.live_record(parent.capsule_id)
-            helper = await self.helper()
-            reply = await helper.request("fork", {"capsule_id": parent.capsule_id})
+            reply = await self.call(ForkRequest(parent.capsule_id), ForkReply)
         created = _now()
         record = CapsuleRecord(
-            capsule_id=reply["capsule_id"],
+            capsule_id=reply.capsule_id,
             workspace=parent.workspace,
             base=parent.base,
             parent=parent.capsule_id,
@@ -245,8 +249,8 @@ class CapsuleService:
             env_whitelist=parent.env_whitelist,
             limits=parent.limits,
             network=parent.network,
-            isolation=reply.get("isolation", parent.isolation),
-            mount=reply.get("mount", ""),
+            isolation=reply.isolation,
+            mount=reply.mount,
             base_fingerprint=parent.base_fingerprint,
             destroyed_at=None,
         )
@@ -258,33 +262,30 @@ class CapsuleService:
         record = self.live_record(capsule_id)
         async with self.turn(record.capsule_id, "capsule_destroy"):
             record = self.live_record(record.capsule_id)
-            helper = await self.helper()
-            await helper.request("destroy", {"capsule_id": record.capsule_id})
+            await self.call(DestroyRequest(record.capsule_id), DestroyReply)
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
         return record
 
     async def list_live(self) -> list[CapsuleSummary]:
         """The caller's live capsules, by id."""
-        helper = await self.helper()
-        live = (await helper.request("list", {}))["capsules"]
+        live = (await self.call(ListRequest(), ListReply)).capsules
         journal = self.journal
         out = []
-        for item in sorted(live, key=lambda c: c["capsule_id"]):
-            record = journal.capsule(item["capsule_id"])
+        for item in sorted(live, key=lambda c: c.capsule_id):
+            record = journal.capsule(item.capsule_id)
             out.append(CapsuleSummary(
-                capsule_id=item["capsule_id"],
-                workspace=item.get("workspace", record.workspace if record else ""),
-                parent=item.get("parent"),
-                created_at=record.created_at if record else item.get("created_at", ""),
-                execs=len(journal.execs(item["capsule_id"])) if record else 0,
+                capsule_id=item.capsule_id,
+                workspace=item.workspace,
+                parent=item.parent,
+                created_at=record.created_at if record else item.created_at,
+                execs=len(journal.execs(item.capsule_id)) if record else 0,
                 generation=record.generation if record else 0,
             ))
         return out
 
     async def changes(self, capsule_id: str) -> list[dict[str, Any]]:
         """The helper's list of what differs between the capsule's upper layer and its base."""
-        helper = await self.helper()
-        return (await helper.request("changes", {"capsule_id": capsule_id}))["changes"]
+        return (await self.call(ChangesRequest(capsule_id), ChangesReply)).changes
 
     async def open_root(self, capsule_id: str) -> int:
         """An O_PATH descriptor of the capsule's merged view (the caller closes it)."""
@@ -307,40 +308,32 @@ class CapsuleService:
     # --- scratch capsules: not journaled, destroyed after the block ----------------
 
     @contextlib.asynccontextmanager
-    async def scratch(self, spec: NewCapsule, quiet: bool = False) -> AsyncIterator[str]:
+    async def scratch(self, spec: CapsuleSpec, quiet: bool = False) -> AsyncIterator[str]:
         """A fresh unjournaled capsule for the block; ``quiet``: a failed destroy is not an error."""
-        helper = await self.helper()
-        capsule_id = (await helper.request("create", spec.create_args()))["capsule_id"]
+        capsule_id = (await self.call(CreateRequest(spec), CreateReply)).capsule_id
         try:
             yield capsule_id
         finally:
             with trio.CancelScope(shield=True), contextlib.suppress(*((CcwError,) if quiet else ())):
-                await helper.request("destroy", {"capsule_id": capsule_id})
+                await self.call(DestroyRequest(capsule_id), DestroyReply)
 
     @contextlib.asynccontextmanager
     async def scratch_fork(self, capsule_id: str) -> AsyncIterator[str]:
         """An unjournaled fork of a capsule for the block (runs that must leave the capsule as it is)."""
-        helper = await self.helper()
-        fork_id = (await helper.request("fork", {"capsule_id": capsule_id}))["capsule_id"]
+        fork_id = (await self.call(ForkRequest(capsule_id), ForkReply)).capsule_id
         try:
             yield fork_id
         finally:
             with trio.CancelScope(shield=True):
-                await helper.request("destroy", {"capsule_id": fork_id})
+                await self.call(DestroyRequest(fork_id), DestroyReply)
 
-    async def run(self, capsule_id: str, like: NewCapsule, argv: list[str], cwd: str, timeout_ms: int,
-                  limits: dict[str, Any] | None = None, stdin: bytes | None = None) -> dict[str, Any]:
-        """Run ``argv`` in a scratch capsule made ``like`` so, unjournaled; the helper's reply."""
-        request: dict[str, Any] = {
-            "capsule_id": capsule_id, "argv": argv, "cwd": cwd,
-            "env": exec_env(like.workspace, like.env_whitelist), "timeout_ms": timeout_ms,
-        }
-        if limits:
-            request["limits"] = limits
-        if stdin is not None:
-            request["stdin_b64"] = base64.b64encode(stdin).decode()
-        helper = await self.helper()
-        return await helper.request("exec", request)
+    async def run(self, capsule_id: str, spec: CapsuleSpec, command: Command, limits: bool = False) -> ExecReply:
+        """Run ``command`` in a scratch capsule made from ``spec``, unjournaled; the helper's reply.
+
+        ``limits``: with the spec's limits (a replay, as the recorded run had them).
+        """
+        request = exec_request(capsule_id, spec if limits else dataclasses.replace(spec, limits=Limits()), command)
+        return await self.call(request, ExecReply)
 
 
 async def _settle(helper: Any, capsule_id: str) -> None:

@@ -10,16 +10,16 @@ tool writes) and runs the target command there; the failure predicate judges the
 
 from __future__ import annotations
 
-import base64
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
-from mcp_server.capsules.service import CapsuleService, NewCapsule
+from mcp_server.capsules.runs import Command
+from mcp_server.capsules.service import CapsuleService, spec_of
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
 from mcp_server.core.fsview import RootView
@@ -146,24 +146,57 @@ def apply_units(root_fd: int, units: dict[str, Unit], journal: Journal | None = 
                 journal.add_write(capsule_id, path, unit.action, unit.content, unit.target, unit.mode)
 
 
-def predicate(spec: Any) -> Any:
-    """A function from an exec reply to FAIL / PASS / UNRESOLVED, from the tool argument."""
+class Run(Protocol):
+    """What a predicate judges of a run: a helper's exec reply, a journaled exec's outcome."""
+
+    @property
+    def exit_code(self) -> int | None:
+        """The command's exit status (None: killed by a signal)."""
+
+    @property
+    def timed_out(self) -> bool:
+        """Whether the command ran out of time."""
+
+    @property
+    def stdout(self) -> bytes:
+        """What it wrote to stdout (as captured)."""
+
+    @property
+    def stderr(self) -> bytes:
+        """What it wrote to stderr (as captured)."""
+
+
+@dataclass(frozen=True)
+class JournaledRun:
+    """A journaled exec as a predicate sees it: the journal keeps exit status, not output."""
+
+    exit_code: int | None
+    timed_out: bool
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+Judge = Callable[[Run], str]
+
+
+def predicate(spec: Any) -> Judge:
+    """A function from a run to FAIL / PASS / UNRESOLVED, from the tool argument."""
     if spec in (None, "exit_code"):
-        return lambda r: UNRESOLVED if r["timed_out"] else (FAIL if r["exit_code"] != 0 else PASS)
+        return lambda r: UNRESOLVED if r.timed_out else (FAIL if r.exit_code != 0 else PASS)
     if spec == "timeout":
-        return lambda r: FAIL if r["timed_out"] else PASS
+        return lambda r: FAIL if r.timed_out else PASS
     if isinstance(spec, dict) and len(spec) == 1:
         (key, value), = spec.items()
         if key == "exit_code" and isinstance(value, int):
-            return lambda r: UNRESOLVED if r["timed_out"] else (FAIL if r["exit_code"] == value else PASS)
+            return lambda r: UNRESOLVED if r.timed_out else (FAIL if r.exit_code == value else PASS)
         if key in ("stdout_regex", "stderr_regex") and isinstance(value, str):
             try:
                 pattern = re.compile(value)
             except re.error as exc:
                 raise CcwError("INVALID_ARGUMENT", f"failure_predicate {key}: bad regex ({exc})") from exc
             stream = key.split("_")[0]
-            return lambda r: UNRESOLVED if r["timed_out"] else (
-                FAIL if pattern.search(base64.b64decode(r[f"{stream}_b64"]).decode("utf-8", "replace")) else PASS
+            return lambda r: UNRESOLVED if r.timed_out else (
+                FAIL if pattern.search(getattr(r, stream).decode("utf-8", "replace")) else PASS
             )
     raise CcwError(
         "INVALID_ARGUMENT",
@@ -175,10 +208,10 @@ class Trials:
     """Runs subsets of the change in fresh capsules over the capsule's base."""
 
     def __init__(self, service: CapsuleService, record: CapsuleRecord, material: Material, argv: list[str],
-                 judge: Any, timeout_ms: int) -> None:
+                 judge: Judge, timeout_ms: int) -> None:
         self.service = service
         self.record = record
-        self.like = NewCapsule.like(record)
+        self.spec = spec_of(record)
         self.material = material
         self.argv = argv
         self.judge = judge
@@ -187,12 +220,12 @@ class Trials:
 
     async def outcome(self, subset: Iterable[int]) -> str:
         """FAIL, PASS or UNRESOLVED: the target command over the base with ``subset`` applied."""
-        async with self.service.scratch(self.like) as capsule:
+        async with self.service.scratch(self.spec) as capsule:
             root = await self.service.open_root(capsule)
             await trio.to_thread.run_sync(apply_units, root, file_contents(self.material, subset))
-            reply = await self.service.run(capsule, self.like, self.argv, self.record.workspace, self.timeout_ms)
+            reply = await self.service.run(capsule, self.spec, Command(self.argv, self.record.workspace, self.timeout_ms))
             self.runs += 1
-            return str(self.judge(reply))
+            return self.judge(reply)
 
     async def batch(self, subsets: list[tuple[int, ...]]) -> list[str]:
         """The outcomes of several subsets, run at once."""

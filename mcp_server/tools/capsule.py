@@ -24,12 +24,11 @@ from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION
 from mcp_server.capsules.runs import USAGE_FIGURES, Command
-from mcp_server.capsules.service import NewCapsule
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS
+from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS, CapsuleSpec, Limits
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
 LIMITS = {
@@ -85,13 +84,13 @@ def _real(path: str, what: str) -> str:
 async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Create a capsule over a workspace."""
     workspace = _real(args["workspace"], "workspace")
-    base = args.get("base")
-    spec = NewCapsule(
+    base = _real(args["base"], "base") if args.get("base") else workspace
+    spec = CapsuleSpec(
         workspace=workspace,
-        base=_real(base, "base") if base else workspace,
+        base=base if base != workspace else None,
         clock_offset_sec=int(args.get("clock_offset_sec") or 0),
         env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
-        limits=args.get("limits") or {},
+        limits=Limits(**(args.get("limits") or {})),
         network=args.get("network") or "none",
     )
     return _capsule_result(await ctx.capsules.create(spec))
