@@ -370,7 +370,7 @@ async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[st
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
         ran = await service.exec(capsule_id, Command(argv))
         made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
-        return {"fails_again": judge(ran) == FAIL, "root_hash": made["root_hash"]}
+        return {"fails_again": judge(ran.reply) == FAIL, "root_hash": made["root_hash"]}
     finally:
         with trio.CancelScope(shield=True):
             await service.destroy(capsule_id)

@@ -43,27 +43,37 @@ class Command:
 
 @dataclass(frozen=True)
 class ExecOutcome:
-    """What a journaled exec did: the helper's reply, normalised, and the generations around it."""
+    """What a journaled exec did: the helper's reply, and the generations and wait around it."""
 
-    exit_code: int | None
-    signal: Any  # the signal's name ("SIGKILL") or None
-    timed_out: bool
-    oom_killed: bool
-    duration_ms: int
-    stdout: bytes
-    stderr: bytes
-    stdout_bytes: int
-    stderr_bytes: int
-    truncated: dict[str, bool]
-    usage: dict[str, Any]
-    usage_unavailable: dict[str, str]
-    usage_sources: dict[str, str]
-    disk: dict[str, Any] | None
-    touched: dict[str, Any]  # read/written/listed/executed; listed and executed are null exactly when read is
-    touched_unavailable: dict[str, str]
-    started_generation: int
-    generation: int
-    queued_ms: int
+    reply: ExecReply
+    started_generation: int  # the capsule's change generation the command ran on
+    generation: int  # the one it left (advanced if the command wrote)
+    queued_ms: int  # how long the call waited for the calls on the capsule before it
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        """The usage figures (null: not measured, never 0)."""
+        return {k: self.reply.usage.get(k) for k in USAGE_FIGURES}
+
+    @property
+    def usage_unavailable(self) -> dict[str, str]:
+        """Why each null usage figure is null."""
+        return dict(sorted(self.reply.usage_unavailable.items()))
+
+    @property
+    def usage_sources(self) -> dict[str, str]:
+        """The mechanism behind each usage figure."""
+        return dict(sorted(self.reply.usage_sources.items()))
+
+    @property
+    def touched(self) -> dict[str, Any]:
+        """Files read, written, listed, executed; listed and executed are null exactly when read is."""
+        return {key: self.reply.touched.get(key) for key in TOUCHED_SETS}
+
+    @property
+    def touched_unavailable(self) -> dict[str, str]:
+        """Why a touched set is null or incomplete."""
+        return dict(sorted(self.reply.touched_unavailable.items()))
 
 
 def exec_env(workspace: str, env_whitelist: Iterable[str]) -> dict[str, str]:
@@ -100,33 +110,9 @@ def blake3_of(data: bytes) -> str:
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
-def outcome_of(reply: ExecReply, started_generation: int, queued_ms: int) -> ExecOutcome:
-    """The outcome of an exec from the helper's reply (``generation``: as it started, until journaled)."""
-    return ExecOutcome(
-        exit_code=reply.exit_code,
-        signal=reply.signal,
-        timed_out=bool(reply.timed_out),
-        oom_killed=bool(reply.oom_killed),
-        duration_ms=reply.duration_ms,
-        stdout=reply.stdout,
-        stderr=reply.stderr,
-        stdout_bytes=reply.stdout_bytes,
-        stderr_bytes=reply.stderr_bytes,
-        truncated={"stdout": bool(reply.truncated["stdout"]), "stderr": bool(reply.truncated["stderr"])},
-        usage={k: reply.usage.get(k) for k in USAGE_FIGURES},
-        usage_unavailable=dict(sorted(reply.usage_unavailable.items())),
-        usage_sources=dict(sorted(reply.usage_sources.items())),
-        disk=reply.disk,
-        touched={key: reply.touched.get(key) for key in TOUCHED_SETS},
-        touched_unavailable=dict(sorted(reply.touched_unavailable.items())),
-        started_generation=started_generation,
-        generation=started_generation,
-        queued_ms=queued_ms,
-    )
-
-
 def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.datetime) -> dict[str, Any]:
     """The journal's record of one exec (Journal.add_exec)."""
+    reply = outcome.reply
     return {
         "started_at": started.isoformat(timespec="microseconds"),
         "argv": list(request.argv),
@@ -135,15 +121,15 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "stdin_blake3": blake3_of(request.stdin) if request.stdin is not None else None,
         "stdin_b64": base64.b64encode(request.stdin).decode() if request.stdin is not None else None,
         "timeout_ms": request.timeout_ms,
-        "exit_code": outcome.exit_code,
-        "signal": outcome.signal,
-        "timed_out": int(outcome.timed_out),
-        "oom_killed": int(outcome.oom_killed),
-        "stdout_blake3": blake3_of(outcome.stdout),
-        "stderr_blake3": blake3_of(outcome.stderr),
-        "stdout_bytes": outcome.stdout_bytes,
-        "stderr_bytes": outcome.stderr_bytes,
-        "duration_ms": outcome.duration_ms,
+        "exit_code": reply.exit_code,
+        "signal": reply.signal,
+        "timed_out": int(bool(reply.timed_out)),
+        "oom_killed": int(bool(reply.oom_killed)),
+        "stdout_blake3": blake3_of(reply.stdout),
+        "stderr_blake3": blake3_of(reply.stderr),
+        "stdout_bytes": reply.stdout_bytes,
+        "stderr_bytes": reply.stderr_bytes,
+        "duration_ms": reply.duration_ms,
         # The journal keeps each figure's mechanism and each null's reason with it.
         "usage": {**outcome.usage, "sources": outcome.usage_sources, "unavailable": outcome.usage_unavailable},
         "touched": outcome.touched,

@@ -38,7 +38,6 @@ from mcp_server.capsules.runs import (
     ExecOutcome,
     exec_request,
     journal_entry,
-    outcome_of,
     progress_message,
 )
 from mcp_server.capsules.turns import Ticket, exec_label, turn_label
@@ -173,12 +172,16 @@ class CapsuleService:
     async def create(self, spec: CapsuleSpec) -> CapsuleRecord:
         """Make a capsule from ``spec`` and journal it."""
         reply = await self.call(CreateRequest(spec), CreateReply)
+        return self._journal_new(reply, spec, None)
+
+    def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None) -> CapsuleRecord:
+        """Journal a capsule the helper just made from ``spec`` (a fork: of ``parent``)."""
         created = _now()
         record = CapsuleRecord(
             capsule_id=reply.capsule_id,
             workspace=spec.workspace,
             base=spec.lower,
-            parent=None,
+            parent=parent.capsule_id if parent else None,
             created_at=_iso(created),
             clock=_iso(created + dt.timedelta(seconds=spec.clock_offset_sec)),
             clock_offset_sec=spec.clock_offset_sec,
@@ -187,7 +190,7 @@ class CapsuleService:
             network=spec.network,
             isolation=reply.isolation,
             mount=reply.mount,
-            base_fingerprint=None,
+            base_fingerprint=parent.base_fingerprint if parent else None,
             destroyed_at=None,
         )
         self.journal.add_capsule(record)
@@ -203,10 +206,10 @@ class CapsuleService:
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
             reply = await self._exec_reply(request, ticket.waited_ms)
-            outcome = outcome_of(reply, started_generation, ticket.waited_ms)
+            outcome = ExecOutcome(reply, started_generation, started_generation, ticket.waited_ms)
             journal = self.journal
             seq = journal.add_exec(record.capsule_id, journal_entry(request, outcome, started))
-            journal.add_outputs(record.capsule_id, seq, {"stdout": outcome.stdout, "stderr": outcome.stderr})  # for witnesses
+            journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
             generation = journal.generation(record.capsule_id)
             await trio.to_thread.run_sync(record_base_states, journal, record, outcome.touched["written"])
             return dataclasses.replace(outcome, generation=generation)
@@ -237,25 +240,7 @@ class CapsuleService:
         async with self.turn(parent.capsule_id, "capsule_fork"):
             parent = self.live_record(parent.capsule_id)
             reply = await self.call(ForkRequest(parent.capsule_id), ForkReply)
-        created = _now()
-        record = CapsuleRecord(
-            capsule_id=reply.capsule_id,
-            workspace=parent.workspace,
-            base=parent.base,
-            parent=parent.capsule_id,
-            created_at=_iso(created),
-            clock=_iso(created + dt.timedelta(seconds=parent.clock_offset_sec)),
-            clock_offset_sec=parent.clock_offset_sec,
-            env_whitelist=parent.env_whitelist,
-            limits=parent.limits,
-            network=parent.network,
-            isolation=reply.isolation,
-            mount=reply.mount,
-            base_fingerprint=parent.base_fingerprint,
-            destroyed_at=None,
-        )
-        self.journal.add_capsule(record)
-        return record
+        return self._journal_new(reply, spec_of(parent), parent)
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""
