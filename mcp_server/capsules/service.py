@@ -95,7 +95,7 @@ def spec_of(record: CapsuleRecord) -> CapsuleSpec:
 
 
 @dataclass(frozen=True)
-class CapsuleSummary:
+class LiveCapsule:
     """One live capsule as ``list`` shows it."""
 
     capsule_id: str
@@ -251,14 +251,14 @@ class CapsuleService:
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
         return record
 
-    async def list_live(self) -> list[CapsuleSummary]:
+    async def list_live(self) -> list[LiveCapsule]:
         """The caller's live capsules, by id."""
         live = (await self.call(ListRequest(), ListReply)).capsules
         journal = self.journal
         out = []
         for item in sorted(live, key=lambda c: c.capsule_id):
             record = journal.capsule(item.capsule_id)
-            out.append(CapsuleSummary(
+            out.append(LiveCapsule(
                 capsule_id=item.capsule_id,
                 workspace=item.workspace,
                 parent=item.parent,

@@ -1,0 +1,220 @@
+"""The capsule service (mcp_server/capsules/service.py) against a fake helper: the typed
+requests it sends, what it journals, and what an exec whose reply never came does."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcp_server.capsules.runs import PROGRESS_MS, Command
+from mcp_server.capsules.service import CapsuleService, spec_of
+from mcp_server.capsules.turns import CapsuleQueue, Ticket
+from mcp_server.journal import Journal
+from mcp_server.state import State
+from sandbox.errors import CcwError
+from sandbox.ops import (
+    CapsuleSummary,
+    ChangesReply,
+    ChangesRequest,
+    CreateReply,
+    CreateRequest,
+    DestroyReply,
+    DestroyRequest,
+    ExecReply,
+    ExecRequest,
+    ForkReply,
+    ForkRequest,
+    ListReply,
+    ListRequest,
+    OpReply,
+    OpRequest,
+)
+from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
+
+
+def _exec_reply(written: list[str], stdout: bytes = b"out\n") -> ExecReply:
+    return ExecReply(
+        exit_code=0, signal=None, timed_out=False, oom_killed=False, duration_ms=5, stdout=stdout, stderr=b"",
+        stdout_bytes=len(stdout), stderr_bytes=0, truncated={"stdout": False, "stderr": False},
+        usage={"cpu_ms": 1, "rss_max_kb": 2, "rss_max_process_kb": 2, "io_read_kb": 0, "io_write_kb": 0},
+        usage_unavailable={}, usage_sources={"cpu_ms": "cgroup"}, disk=None,
+        touched={"read": ["a.txt"], "written": written, "listed": [], "executed": []}, touched_unavailable={},
+    )
+
+
+class FakeHelper:
+    """Answers each typed request as the helper would, and remembers them."""
+
+    def __init__(self) -> None:
+        self.requests: list[OpRequest] = []
+        self.made = 0
+        self.exec_error: BaseException | None = None
+        self.written: list[str] = ["a.txt"]
+
+    async def call(self, request: OpRequest, on_progress: Any = None) -> OpReply:
+        self.requests.append(request)
+        if isinstance(request, CreateRequest | ForkRequest):
+            self.made += 1
+            made = {"capsule_id": f"cap_{self.made}", "mount": f"/m/{self.made}", "workspace": "/w",
+                    "created_at": "", "clock": "", "isolation": {"pid": "namespace"}}
+            if isinstance(request, ForkRequest):
+                return ForkReply(**made, parent=request.capsule_id)
+            return CreateReply(**made)
+        if isinstance(request, ExecRequest):
+            if self.exec_error is not None:
+                raise self.exec_error
+            if on_progress is not None:
+                await on_progress({"elapsed_ms": 1000, "stdout_bytes": 4, "stderr_bytes": 0,
+                                   "stdout_tail_b64": "b3V0Cg==", "stderr_tail_b64": ""})
+            return _exec_reply(self.written)
+        if isinstance(request, ChangesRequest):
+            return ChangesReply([])
+        if isinstance(request, DestroyRequest):
+            return DestroyReply(request.capsule_id, True)
+        if isinstance(request, ListRequest):
+            return ListReply((CapsuleSummary("cap_1", "/w", None, "then", "ready"),))
+        raise AssertionError(request)
+
+    async def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        assert op == "list"  # the settling after a lost exec reply
+        return {"capsules": []}
+
+
+class Hooks:
+    """The call the service serves: progress recorded, turns from a real queue."""
+
+    def __init__(self) -> None:
+        self.queue = CapsuleQueue()
+        self.reports: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        self.reports.append((progress, total, message))
+
+    @contextlib.asynccontextmanager
+    async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
+        async with self.queue.turn(capsule_id, label) as ticket:
+            yield ticket
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[CapsuleService, FakeHelper, Hooks, Path]:
+    helper, hooks = FakeHelper(), Hooks()
+
+    async def get_helper() -> FakeHelper:
+        return helper
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("a\n")
+    return CapsuleService(State(tmp_path / "state"), get_helper, hooks), helper, hooks, workspace
+
+
+def test_create_sends_the_spec_and_journals_the_capsule(world: Any) -> None:
+    service, helper, _, workspace = world
+    spec = CapsuleSpec(workspace=str(workspace), clock_offset_sec=60, env_whitelist=("LANG",),
+                       limits=Limits(memory_mb=256))
+    record = trio.run(service.create, spec)
+    assert helper.requests == [CreateRequest(spec)]
+    assert record.capsule_id == "cap_1" and record.mount == "/m/1" and record.isolation == {"pid": "namespace"}
+    assert Journal(service.state).capsule("cap_1") == record
+    assert (record.base, record.limits, record.env_whitelist) == (str(workspace), {"memory_mb": 256}, ["LANG"])
+    assert spec_of(record) == spec
+
+
+def test_exec_sends_a_typed_request_and_journals_the_run(world: Any) -> None:
+    service, helper, hooks, workspace = world
+
+    async def main() -> Any:
+        record = await service.create(CapsuleSpec(workspace=str(workspace), limits=Limits(pids_max=64)))
+        return await service.exec(record.capsule_id, Command(["cat"], "sub", None, b"in"))
+
+    ran = trio.run(main)
+    request = helper.requests[-1]
+    assert isinstance(request, ExecRequest)
+    assert request.cwd == os.path.join(str(workspace), "sub") and request.stdin == b"in"
+    assert request.timeout_ms == DEFAULT_TIMEOUT_MS and request.progress_ms == PROGRESS_MS
+    assert request.limits == Limits(pids_max=64)
+    assert request.env is not None and request.env["PATH"].startswith(f"{workspace}/.venv/bin:")
+    assert (ran.started_generation, ran.generation, ran.queued_ms) == (0, 1, 0)
+    assert ran.reply.stdout == b"out\n" and ran.touched["written"] == ["a.txt"]
+    [entry] = Journal(service.state).execs("cap_1")
+    assert entry["argv"] == ["cat"] and entry["stdin_b64"] == "aW4=" and entry["generation"] == 0
+    assert Journal(service.state).base_states("cap_1")  # the base at a.txt, for promotion's conflict check
+    assert hooks.reports and hooks.reports[0][0] == 1000.0  # progress sent on
+
+
+def test_exec_refuses_a_cwd_outside_the_workspace_before_asking_the_helper(world: Any) -> None:
+    service, helper, _, workspace = world
+
+    async def main() -> None:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        await service.exec(record.capsule_id, Command(["true"], "../elsewhere"))
+
+    with pytest.raises(CcwError) as caught:
+        trio.run(main)
+    assert caught.value.code == "INVALID_ARGUMENT" and "outside the workspace" in caught.value.message
+    assert not any(isinstance(r, ExecRequest) for r in helper.requests)
+
+
+def test_an_exec_whose_reply_never_came_advances_the_generation(world: Any) -> None:
+    service, helper, _, workspace = world
+    helper.exec_error = CcwError("UNAVAILABLE", "the helper went away")
+
+    async def main() -> None:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        await service.exec(record.capsule_id, Command(["true"]))
+
+    with pytest.raises(CcwError, match="went away"):
+        trio.run(main)
+    assert Journal(service.state).generation("cap_1") == 1  # what it wrote is unknown
+    helper.exec_error = CcwError("CONFLICT", "busy")  # refused: nothing ran, nothing changed
+    record = Journal(service.state).capsule("cap_1")
+    assert record is not None
+    with pytest.raises(CcwError, match="busy"):
+        trio.run(service.exec, "cap_1", Command(["true"]))
+    assert Journal(service.state).generation("cap_1") == 1
+
+
+def test_fork_list_and_destroy(world: Any) -> None:
+    service, helper, _, workspace = world
+
+    async def main() -> None:
+        parent = await service.create(CapsuleSpec(workspace=str(workspace), clock_offset_sec=5))
+        child = await service.fork(parent.capsule_id)
+        assert (child.parent, child.clock_offset_sec, child.workspace) == ("cap_1", 5, str(workspace))
+        [live] = await service.list_live()
+        assert (live.capsule_id, live.execs, live.created_at) == ("cap_1", 0, parent.created_at)
+        await service.destroy(child.capsule_id)
+        with pytest.raises(CcwError) as gone:
+            service.live_record(child.capsule_id)
+        assert gone.value.code == "NOT_FOUND"
+
+    trio.run(main)
+    assert [type(r).__name__ for r in helper.requests] == ["CreateRequest", "ForkRequest", "ListRequest",
+                                                           "DestroyRequest"]
+
+
+def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:
+    service, helper, _, workspace = world
+    spec = CapsuleSpec(workspace=str(workspace), limits=Limits(memory_mb=64))
+
+    async def main() -> None:
+        async with service.scratch(spec) as capsule_id:
+            reply = await service.run(capsule_id, spec, Command(["true"], str(workspace)))
+            assert reply.exit_code == 0
+        with pytest.raises(RuntimeError):
+            async with service.scratch(spec):
+                raise RuntimeError("the trial failed")
+
+    trio.run(main)
+    assert Journal(service.state).capsule("cap_1") is None
+    destroyed = [r.capsule_id for r in helper.requests if isinstance(r, DestroyRequest)]
+    assert destroyed == ["cap_1", "cap_2"]
+    [run] = [r for r in helper.requests if isinstance(r, ExecRequest)]
+    assert run.limits is None and run.progress_ms is None  # trials run without the capsule's exec limits
