@@ -4,7 +4,8 @@ The helper does the kernel work; the service checks what the helper cannot (a ca
 the journal knows, a cwd inside the workspace), keeps the journal (every exec: argv,
 cwd, env keys, exit status, blake3 of the output, usage, touched sets) and reads
 changes through the capsule's O_PATH root (no file content crosses the IPC).  It is
-the only place that reads or builds a ``CapsuleRecord``.
+the only place that builds a ``CapsuleRecord`` (``_journal_new``) or reads the spec back
+out of one (``spec_of``).
 
 - Execs, forks and destroys of one capsule take turns in arrival order (``turns``): a
   second exec sent while one runs waits, reporting "queued" through progress, instead
@@ -44,6 +45,7 @@ from mcp_server.capsules.turns import Ticket, exec_label, turn_label
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.fsview import RootView
 from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import (
     ChangesReply,
@@ -126,7 +128,7 @@ def _iso(moment: dt.datetime) -> str:
 class CapsuleService:
     """The capsules of one state dir, as seen by one call (its progress and turns)."""
 
-    def __init__(self, state: Any, helper: Callable[[], Awaitable[Any]], call: CallHooks) -> None:
+    def __init__(self, state: State, helper: Callable[[], Awaitable[Any]], call: CallHooks) -> None:
         self.state = state
         self._helper = helper
         self._call = call
@@ -137,7 +139,7 @@ class CapsuleService:
         return Journal(self.state)
 
     async def helper(self) -> Any:
-        """The helper client (connected, or the embedded helper started, on first use)."""
+        """The helper client (sandbox.client.HelperClient; connected, or started, on first use)."""
         return await self._helper()
 
     async def call(self, request: OpRequest, reply: type[ReplyT], on_progress: Any = None) -> ReplyT:
