@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, execution, overlay
+from sandbox import access, disk, execution, overlay, probe
 from sandbox import meta as meta_json
 from sandbox.access import check_int, check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -301,14 +301,7 @@ class CapsuleManager:
     def isolation(self, meta: dict[str, Any]) -> dict[str, Any]:
         """The mechanisms in force for a capsule (helper-wide ones probed once)."""
         if self._isolation is None:
-            probes: dict[str, Any] = {}
-            for name, module_name in (("jail", "contain"), ("cgroups", "cgroups"), ("fanotify", "fanotify")):
-                try:
-                    module = __import__(f"sandbox.{module_name}", fromlist=["mechanisms"])
-                    probes[name] = module.mechanisms()
-                except Exception as exc:  # a missing or failing probe is reported, not fatal
-                    probes[name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-            self._isolation = probes
+            self._isolation = probe.isolation()
         filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless, "frozen_base": meta["base"] is not None,
                                       "disk_limit_mb": meta.get("disk_mb")}
         if meta.get("disk_mb") is None:
