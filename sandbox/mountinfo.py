@@ -20,6 +20,7 @@ mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 PATH = "/proc/self/mountinfo"
@@ -76,3 +77,14 @@ def mounts_under(prefix: str) -> list[str]:
     prefix = prefix.rstrip("/")
     found = [m.mount_point for m in parse(read()) if m.mount_point == prefix or m.mount_point.startswith(prefix + "/")]
     return sorted(found, key=lambda p: (-p.count("/"), p))
+
+
+def filesystem_of(path: str) -> str:
+    """The type of the filesystem ``path`` lies on, by the deepest mount above it ("?" unknown)."""
+    best, fstype = "", "?"
+    with contextlib.suppress(OSError):
+        for mount in parse(read()):
+            point = mount.mount_point
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, fstype = point, mount.fstype
+    return fstype

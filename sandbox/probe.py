@@ -42,7 +42,6 @@ Some facts the probes follow from:
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import json
@@ -66,16 +65,6 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT_S = 15.0
 # Probed after the user namespace, in this order; time only matters for clock offsets.
 NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup", "time")
-_NAMESPACE_FLAGS = {
-    "mount": syscalls.CLONE_NEWNS,
-    "pid": syscalls.CLONE_NEWPID,
-    "net": syscalls.CLONE_NEWNET,
-    "uts": syscalls.CLONE_NEWUTS,
-    "ipc": syscalls.CLONE_NEWIPC,
-    "cgroup": syscalls.CLONE_NEWCGROUP,
-    "user": syscalls.CLONE_NEWUSER,
-    "time": syscalls.CLONE_NEWTIME,
-}
 LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (unified table)
 LANDLOCK_CREATE_RULESET_VERSION = 1
 # The rooms that report what they put in force: (key in hello's mechanisms, module).
@@ -289,7 +278,8 @@ def _namespace_probe(name: str, rootless: bool) -> Callable[[], str]:
             return "unshare(CLONE_NEWUSER) and uid/gid maps written"
         if rootless:
             _enter_user_namespace()
-        syscalls.unshare(_NAMESPACE_FLAGS[name])
+        flag = "NS" if name == "mount" else name.upper()
+        syscalls.unshare(getattr(syscalls, f"CLONE_NEW{flag}"))
         where = " inside a user namespace" if rootless else ""
         if name == "pid":  # the *next* child is pid 1 of the new namespace
             child = os.fork()
@@ -299,7 +289,7 @@ def _namespace_probe(name: str, rootless: bool) -> Callable[[], str]:
             if os.waitstatus_to_exitcode(status) != 0:
                 raise RuntimeError("the first child of a new pid namespace is not pid 1")
             return f"unshare(CLONE_NEWPID){where}; first child is pid 1"
-        return f"unshare(CLONE_NEW{name.upper() if name != 'mount' else 'NS'}){where}"
+        return f"unshare(CLONE_NEW{flag}){where}"
 
     return probe
 
@@ -331,7 +321,7 @@ def _overlay_probe(base: str, rootless: bool) -> Callable[[], str]:
         finally:
             overlay.teardown(merged)
         options = "userxattr, in a user namespace" if rootless else "trusted xattrs"
-        return f"mounted on {_filesystem_of(base)} ({options}); copy-up and whiteouts work"
+        return f"mounted on {mountinfo.filesystem_of(base)} ({options}); copy-up and whiteouts work"
 
     return probe
 
@@ -409,16 +399,6 @@ def _seccomp() -> str:
 
 
 # --------------------------------------------------------------------- in-process probes
-def _filesystem_of(path: str) -> str:
-    best, fstype = "", "?"
-    with contextlib.suppress(OSError):
-        for mount in mountinfo.parse(mountinfo.read()):
-            point = mount.mount_point
-            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
-                best, fstype = point, mount.fstype
-    return fstype
-
-
 def _read_sysctl(name: str) -> str | None:
     try:
         with open("/proc/sys/" + name.replace(".", "/")) as f:
@@ -452,7 +432,7 @@ def _cgroups(privileged: bool) -> Finding:
         parts.append(f"v{h.version} {h.mount_point} ({ctrls})")
     for resource in ("memory", "pids", "cpu", "kill"):
         serving = layout.for_resource(resource)
-        if serving is not None and _can_create_cgroup(serving.base):
+        if serving is not None and cgroups.can_create_child(serving.base):
             limitable.append(resource)
     detail = "; ".join(parts)
     if {"memory", "pids"} <= set(limitable):
@@ -461,17 +441,6 @@ def _cgroups(privileged: bool) -> Finding:
     return Finding("cgroups", False, f"{detail}; limits settable: {settable} (capsules run without limits; usage: "
                    "no total memory, CPU time and the largest process from rusage)",
                    "no_cgroup_controllers" if privileged else "no_cgroup_delegation")
-
-
-def _can_create_cgroup(base: str) -> bool:
-    probe = os.path.join(base, f"ccw-doctor-{os.getpid()}")
-    try:
-        os.mkdir(probe)
-    except OSError:
-        return False
-    with contextlib.suppress(OSError):
-        os.rmdir(probe)
-    return True
 
 
 def _landlock() -> Finding:
