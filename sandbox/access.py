@@ -27,8 +27,10 @@ reach a directory, where a path really leads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+from collections.abc import Iterator
 from typing import Any
 
 from sandbox.errors import CcwError, from_oserror
@@ -187,6 +189,34 @@ def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: 
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+@contextlib.contextmanager
+def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir: str) -> Iterator[tuple[int, str]]:
+    """The capsule's lower dir (``base``, else the workspace) pinned by a descriptor, with its
+    resolved path, once the caller may write the workspace and read the base; closed after."""
+    # With a base, the workspace is only where the jail shows it: a replay on another
+    # machine, or after the workspace was deleted, has no directory there.  Nothing
+    # is written at that path on the host, so there is nothing to check access to.
+    ws_fd = None if base is not None and not os.path.lexists(workspace) else open_dir(workspace, "workspace")
+    base_fd = open_dir(base, "base") if base is not None else None
+    try:
+        if ws_fd is not None:
+            check_access(ws_fd, workspace, uid, gid, os.W_OK | os.X_OK, "write")
+            # Check the resolved path again: a symlink in the argument may lead elsewhere.
+            check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), state_dir, allow_state=False)
+        if base_fd is not None:
+            check_access(base_fd, base or "", uid, gid, os.R_OK | os.X_OK, "read")
+        lower_fd = base_fd if base_fd is not None else ws_fd
+        assert lower_fd is not None
+        lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
+        check_resolved("base" if base is not None else "workspace", lower_real, state_dir, allow_state=base is not None)
+        yield lower_fd, lower_real
+    finally:
+        if ws_fd is not None:
+            os.close(ws_fd)
+        if base_fd is not None:
+            os.close(base_fd)
 
 
 def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> None:

@@ -57,13 +57,7 @@ from sandbox.access import check_int, check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
-from sandbox.protocol import (
-    MAX_CLOCK_OFFSET_SEC,
-    MAX_OUTPUT_CAP,
-    MAX_STDIN,
-    MAX_TIMEOUT_MS,
-    NETWORKS,
-)
+from sandbox.protocol import MAX_CLOCK_OFFSET_SEC, NETWORKS
 
 log = logging.getLogger("ccw.capsules")
 
@@ -146,23 +140,7 @@ class CapsuleManager:
         disk_mb = self._disk_size(limits.pop("disk_mb", None))
         if network not in NETWORKS:
             raise CcwError("INVALID_ARGUMENT", f"network must be one of {list(NETWORKS)}, not {network!r:.40}")
-        # With a base, the workspace is only where the jail shows it: a replay on another
-        # machine, or after the workspace was deleted, has no directory there.  Nothing
-        # is written at that path on the host, so there is nothing to check access to.
-        ws_fd = None if base is not None and not os.path.lexists(workspace) else access.open_dir(workspace, "workspace")
-        base_fd = access.open_dir(base, "base") if base is not None else None
-        try:
-            if ws_fd is not None:
-                access.check_access(ws_fd, workspace, owner_uid, owner_gid, os.W_OK | os.X_OK, "write")
-                # Check the resolved path again: a symlink in the argument may lead elsewhere.
-                access.check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), self.state_dir, allow_state=False)
-            if base_fd is not None:
-                access.check_access(base_fd, base or "", owner_uid, owner_gid, os.R_OK | os.X_OK, "read")
-            lower_fd = base_fd if base_fd is not None else ws_fd
-            assert lower_fd is not None
-            lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
-            access.check_resolved("base" if base is not None else "workspace", lower_real, self.state_dir,
-                                  allow_state=base is not None)
+        with access.pinned_lower(workspace, base, owner_uid, owner_gid, self.state_dir) as (lower_fd, lower_real):
             meta = {
                 "version": meta_json.VERSION,
                 "owner_uid": owner_uid,
@@ -178,13 +156,7 @@ class CapsuleManager:
                 "network": network,
                 "disk_mb": disk_mb,
             }
-            st = os.fstat(lower_fd)
-            capsule = self._materialise(meta, st, mount_lowers=[f"/proc/self/fd/{lower_fd}"])
-        finally:
-            if ws_fd is not None:
-                os.close(ws_fd)
-            if base_fd is not None:
-                os.close(base_fd)
+            capsule = self._materialise(meta, os.fstat(lower_fd), mount_lowers=[f"/proc/self/fd/{lower_fd}"])
         return self._describe(capsule)
 
     def _disk_size(self, requested: int | None) -> int | None:
@@ -477,19 +449,8 @@ class CapsuleManager:
         """
         check_uid_gid(caller_uid, caller_gid)
         capsule = self._get(capsule_id, caller_uid)
-        access.check_argv(argv)
-        check_int("timeout_ms", timeout_ms, 1, MAX_TIMEOUT_MS)
-        check_int("output_cap", output_cap, 0, MAX_OUTPUT_CAP)
-        if stdin is not None and (not isinstance(stdin, bytes) or len(stdin) > MAX_STDIN):
-            raise CcwError("INVALID_ARGUMENT", f"stdin must be at most {MAX_STDIN} bytes")
-        meta = capsule.meta
-        final_env = execution.final_env(env, meta["env_whitelist"])
-        workdir = execution.resolve_cwd(cwd, meta["workspace"])
-        # Per-exec limits may only tighten the capsule's own.
-        exec_limits = dict(meta["limits"])
-        for key, value in access.check_limits(limits).items():
-            if key != "disk_mb":  # the disk's size is the capsule's, fixed when it was made
-                exec_limits[key] = min(value, exec_limits.get(key, value))
+        final_env, workdir, exec_limits = execution.settings(capsule, argv, cwd, env, stdin, timeout_ms, limits,
+                                                             output_cap)
         with self._lock:
             if capsule.children:
                 forks = sorted(c for c in capsule.children if c)

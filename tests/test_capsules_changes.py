@@ -168,14 +168,14 @@ def test_lower_lookup_and_signature(layers: tuple[Path, Path]) -> None:
     assert overlay.lower_lookup([str(upper), str(lower)], "keep.txt") is None
     assert overlay.lower_lookup([str(upper), str(lower)], "mod.txt") is not None
     assert overlay.lower_lookup([str(lower)], "keep.txt/under") is None
-    before = overlay.upper_signature(str(upper))
+    before = execution.upper_signature(str(upper))
     write(upper / "deep" / "new.txt", "n")
-    after = overlay.upper_signature(str(upper))
+    after = execution.upper_signature(str(upper))
     moved = execution.upper_diff(before, after, [str(lower)])
     assert moved == ["deep/new.txt"]  # deep/ exists below: a copy-up, not a creation
     (upper / "brandnew").mkdir()
     os.unlink(upper / "keep.txt")
-    again = overlay.upper_signature(str(upper))
+    again = execution.upper_signature(str(upper))
     assert execution.upper_diff(after, again, [str(lower)]) == ["brandnew", "keep.txt"]
 
 
