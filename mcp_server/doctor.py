@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sandbox import probe
+from sandbox.spec import JAIL_NAMESPACES  # what every jail needs; time only for clock offsets
 
 SERVICE_SOCKET = "/run/ccw/helper.sock"
-# What every jail needs (sandbox/namespaces.py JAIL_NAMESPACES); time only for clock offsets.
-JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
 FIX_ROOT = "run as root, or install the ccw-helper service (deploy/) and join group ccw"
 # The fix for each cause a probe names (sandbox.probe.Finding.cause).
 FIXES = {
@@ -79,14 +78,15 @@ def check_of(finding: probe.Finding) -> Check:
 
 def probe_service(path: str) -> Check:
     """Whether a system helper answers on ``path``, and in which mode."""
-    from mcp_server.cli.helperctl import hello
+    from sandbox.client import BlockingClient
     from sandbox.errors import CcwError
 
     if not os.path.exists(path):
         return Check("helper_service", None, f"no helper socket at {path}",
                      "optional: install deploy/ccw-helper.socket and .service (see README)")
     try:
-        info = hello(path)
+        with BlockingClient(path) as client:
+            info = client.hello()
     except OSError as exc:
         fix = "add yourself to group ccw (usermod -aG ccw $USER) and log in again" \
             if exc.errno in (errno.EACCES, errno.EPERM) else "systemctl start ccw-helper.socket"

@@ -33,11 +33,16 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import access, disk, overlay
-from sandbox.access import inside
+from sandbox import access, disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.protocol import ENV_NAME_RE, MAX_OUTPUT_CAP, MAX_STDIN, MAX_TIMEOUT_MS
+from sandbox.spec import (
+    DEFAULT_PATH,
+    MAX_OUTPUT_CAP,
+    MAX_STDIN,
+    MAX_TIMEOUT_MS,
+    resolve_cwd,
+)
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
@@ -47,12 +52,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ccw.capsules")
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_HOME = "/home/ccw"
 DEFAULT_LANG = "C.UTF-8"
 ALWAYS_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG"})
-DEFAULT_TIMEOUT_MS = 300_000
-DEFAULT_OUTPUT_CAP = 1 << 20
 DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
 
 
@@ -60,9 +62,9 @@ def settings(capsule: Capsule, argv: Any, cwd: Any, env: Any, stdin: Any, timeou
              output_cap: Any) -> tuple[dict[str, str], str, dict[str, int]]:
     """An exec's arguments checked again: the jail's environment, its cwd, and its limits
     (the capsule's, tightened by the exec's own)."""
-    access.check_argv(argv)
-    access.check_int("timeout_ms", timeout_ms, 1, MAX_TIMEOUT_MS)
-    access.check_int("output_cap", output_cap, 0, MAX_OUTPUT_CAP)
+    spec.argv("argv", argv)
+    spec.int_in(1, MAX_TIMEOUT_MS)("timeout_ms", timeout_ms)
+    spec.int_in(0, MAX_OUTPUT_CAP)("output_cap", output_cap)
     if stdin is not None and (not isinstance(stdin, bytes) or len(stdin) > MAX_STDIN):
         raise CcwError("INVALID_ARGUMENT", f"stdin must be at most {MAX_STDIN} bytes")
     meta = capsule.meta
@@ -77,34 +79,14 @@ def settings(capsule: Capsule, argv: Any, cwd: Any, env: Any, stdin: Any, timeou
 
 def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
     """The given variables (each must be whitelisted) over PATH/HOME/LANG defaults."""
-    env = {} if env is None else env
-    if not isinstance(env, dict):
-        raise CcwError("INVALID_ARGUMENT", "env must be an object of strings")
+    env = {} if env is None else spec.env("env", env)
     allowed = ALWAYS_ALLOWED_ENV | set(whitelist)
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
-            raise CcwError("INVALID_ARGUMENT", f"env name {key!r:.80} is not a variable name")
-        if not isinstance(value, str) or "\0" in value:
-            raise CcwError("INVALID_ARGUMENT", f"env value of {key} must be a string without NUL")
+    for key in env:
         if key not in allowed:
             raise CcwError("INVALID_ARGUMENT",
                            f"env variable {key} is not in the capsule's env_whitelist {sorted(allowed)}; "
                            "create the capsule with it whitelisted", {"name": key})
     return {"PATH": DEFAULT_PATH, "HOME": DEFAULT_HOME, "LANG": DEFAULT_LANG, **env}
-
-
-def resolve_cwd(cwd: Any, workspace: str) -> str:
-    """None → the workspace; relative → under the workspace (no escaping it); absolute as is."""
-    if cwd is None:
-        return workspace
-    if not isinstance(cwd, str) or "\0" in cwd or not cwd or len(cwd) > 4096:
-        raise CcwError("INVALID_ARGUMENT", f"cwd must be a path without NUL, got {cwd!r:.80}")
-    if cwd.startswith("/"):
-        return os.path.normpath(cwd)
-    joined = os.path.normpath(os.path.join(workspace, cwd))
-    if not inside(joined, workspace):
-        raise CcwError("INVALID_ARGUMENT", f"cwd {cwd!r} leaves the workspace; pass an absolute path instead")
-    return joined
 
 
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],

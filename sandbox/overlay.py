@@ -76,6 +76,7 @@ from typing import Any
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import kind_of
 
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data
@@ -284,17 +285,6 @@ def is_opaque(path: str) -> bool:
             if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
                 raise from_oserror(exc, f"getxattr {name}", path) from exc
     return False
-
-
-def kind_of(mode: int) -> str:
-    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "other"
 
 
 def lower_lookup(lowers: Sequence[str], rel: str) -> tuple[str, os.stat_result] | None:

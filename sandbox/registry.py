@@ -51,16 +51,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, execution, overlay, probe
+from sandbox import access, disk, execution, overlay, probe, spec
 from sandbox import meta as meta_json
-from sandbox.access import check_int, check_uid_gid, inside
+from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
-from sandbox.protocol import MAX_CLOCK_OFFSET_SEC, NETWORKS
+from sandbox.spec import (
+    DEFAULT_OUTPUT_CAP,
+    DEFAULT_TIMEOUT_MS,
+    MAX_CLOCK_OFFSET_SEC,
+    NETWORKS,
+    check_capsule_id,
+)
 
 log = logging.getLogger("ccw.capsules")
 
+# The ids this helper makes (see _new_id): within spec.CAPSULE_ID_RE, the one grammar every
+# side validates with; recover() knows its own capsule dirs by this narrower form.
 ID_RE = re.compile(r"cap_\d{13}_[0-9a-f]{8}")
 MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug
 _Argv = list[str]  # the class's own ``list`` method shadows the builtin in its annotations
@@ -106,8 +114,7 @@ class CapsuleManager:
             return f"cap_{millis:013d}_{rand:08x}"
 
     def _get(self, capsule_id: Any, caller_uid: int) -> Capsule:
-        if not isinstance(capsule_id, str) or not ID_RE.fullmatch(capsule_id):
-            raise CcwError("INVALID_ARGUMENT", f"{capsule_id!r:.80} is not a capsule id (cap_<ms>_<hex>)")
+        check_capsule_id(capsule_id)
         with self._lock:
             capsule = self._capsules.get(capsule_id)
         if capsule is None:
@@ -134,7 +141,7 @@ class CapsuleManager:
         workspace = access.check_dir_arg("workspace", workspace, self.state_dir)
         if base is not None:
             base = access.check_dir_arg("base", base, self.state_dir, allow_state=True)
-        check_int("clock_offset_sec", clock_offset_sec, -MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)
+        spec.int_in(-MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)("clock_offset_sec", clock_offset_sec)
         whitelist = access.check_env_whitelist(env_whitelist)
         limits = access.check_limits(limits)
         disk_mb = self._disk_size(limits.pop("disk_mb", None))
@@ -436,9 +443,9 @@ class CapsuleManager:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         stdin: bytes | None = None,
-        timeout_ms: int = execution.DEFAULT_TIMEOUT_MS,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
         limits: dict[str, int] | None = None,
-        output_cap: int = execution.DEFAULT_OUTPUT_CAP,
+        output_cap: int = DEFAULT_OUTPUT_CAP,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
         progress_ms: int = 1000,
     ) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access, execution, mountinfo, overlay, registry
+from sandbox import access, execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
 
 
@@ -205,14 +205,14 @@ def test_argument_checks() -> None:
         execution.final_env({"SECRET": "x"}, ["PYTHONPATH"])
     assert err.value.code == "INVALID_ARGUMENT" and "SECRET" in err.value.message
     env = execution.final_env({"PYTHONPATH": "/w", "LANG": "en_US.UTF-8"}, ["PYTHONPATH"])
-    assert env == {"PATH": execution.DEFAULT_PATH, "HOME": execution.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
+    assert env == {"PATH": spec.DEFAULT_PATH, "HOME": execution.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
     for bad_argv in ([], ["a\0b"], "ls", [1]):
         with pytest.raises(CcwError):
-            access.check_argv(bad_argv)
-    assert execution.resolve_cwd(None, "/w") == "/w"
-    assert execution.resolve_cwd("sub/../x", "/w") == "/w/x"
+            spec.argv("argv", bad_argv)
+    assert spec.resolve_cwd(None, "/w") == "/w"
+    assert spec.resolve_cwd("sub/../x", "/w") == "/w/x"
     with pytest.raises(CcwError):
-        execution.resolve_cwd("../../etc", "/w")
+        spec.resolve_cwd("../../etc", "/w")
     with pytest.raises(CcwError):
         access.check_limits({"memory_mb": 0})
     with pytest.raises(CcwError):
