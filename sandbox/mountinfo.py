@@ -15,7 +15,8 @@ Some facts about mountinfo (proc(5))
 - The table is that of the reader's mount namespace: the helper reads its own.
 
 Users: registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
-mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies).
+mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies),
+probe.py (``filesystem_of``: what the state dir lies on).
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@
 A capsule is one overlay superblock (see overlay.py) plus a few dirs under
 ``<state_dir>/capsules/<id>/``: ``upper`` and ``work`` (overlay), ``merged`` (the mount
 point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
-``meta.json`` (who owns it and how to mount it again; meta.py).  With a disk limit (the default
-when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and ``home`` live
-on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that nothing a
-command writes can outgrow it.  Choices made here:
+``meta.json`` (who owns it and how to mount it again; meta.py).  With a disk limit (the
+default when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and
+``home`` live on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that
+nothing a command writes can outgrow it.  Choices made here:
 
-* **Ids** are ``cap_<13-digit ms>_<8 hex>``; within one millisecond the hex part is
-  made to increase, so ids sort by creation within a helper's life.
+* **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside spec.py's one id grammar); within
+  one millisecond the hex part is made to increase, so ids sort by creation within a
+  helper's life.
 * **Exec** marks the capsule busy and hands it to execution.py.
 * **Creation is O(1)** in the workspace's size: a handful of mkdirs, one small JSON
   file, one rename and one mount.  Nothing walks or copies the workspace.  The upper
@@ -28,8 +29,9 @@ command writes can outgrow it.  Choices made here:
   relative to the base, i.e. they include the parent's changes: what promoting the
   fork would apply.  ``destroy`` refuses a capsule that still has forks.
 * **The state dir inside the workspace** is allowed (access.py), but such capsules
-  cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower layer, and a
-  fork's lowers would be the parent's upper inside the workspace; fork says so.
+  cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower
+  layer, and a fork's lowers would be the parent's upper inside the workspace; fork
+  says so.
 * **recover()** assumes it is the only helper using this state dir.  It detaches every
   mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
   capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent
