@@ -267,43 +267,6 @@ def teardown(merged: str) -> None:
                 raise from_oserror(exc, "umount", merged) from exc
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo(text: str) -> list[tuple[str, str]]:
-    """``(mount point, fstype)`` of every line of a /proc/<pid>/mountinfo text."""
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-")
-        except ValueError:
-            continue
-        if len(fields) < 5 or sep + 1 >= len(fields):
-            continue
-        mounts.append((_unescape_mountinfo(fields[4]), fields[sep + 1]))
-    return mounts
-
-
-def mounts_under(prefix: str) -> list[str]:
-    """Mount points at or below ``prefix`` in our mount namespace, deepest first."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as file:
-        text = file.read()
-    prefix = prefix.rstrip("/")
-    found = [point for point, _ in parse_mountinfo(text) if point == prefix or point.startswith(prefix + "/")]
-    return sorted(found, key=lambda p: (-p.count("/"), p))
-
-
 # --- reading the upper dir ----------------------------------------------------------
 
 
