@@ -1,9 +1,10 @@
-"""Who may do what: the privileged side's checks of a caller and its arguments, in one place.
+"""Who may do what: the privileged side's re-checks, in one place.
 
-The front end validates every request before it is sent; the helper checks again
-here, "in case something manages to send hacked requests" (bubblewrap's words), and
-checks what only the host can answer: whose capsule it is, whether the caller may
-reach a directory, where a path really leads.
+The front end validates every request before it is sent, and the helper checks every
+argument again when it reads the request (sandbox/ops.py: "in case something manages to
+send hacked requests", bubblewrap's words).  What only the host can answer is checked
+here: whose capsule it is, whether the caller may reach a directory, where a path
+really leads.
 
 * **Ownership**: a capsule belongs to the uid that made it; any other uid gets
   PERMISSION_DENIED, root included (``check_owner``).
@@ -33,16 +34,6 @@ from typing import Any
 
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule
-from sandbox.spec import (
-    DISK_MB_MAX,
-    DISK_MB_MIN,
-    ENV_NAME_RE,
-    MAX_ARG_BYTES,
-    MAX_TIMEOUT_MS,
-)
-
-LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms", "disk_mb")
-
 
 # --- the caller -------------------------------------------------------------------------
 
@@ -62,50 +53,6 @@ def check_owner(capsule: Capsule, caller_uid: int) -> None:
 
 
 # --- arguments --------------------------------------------------------------------------
-
-
-def check_int(name: str, value: Any, low: int, high: int) -> None:
-    """``value`` is an int (not a bool) in [low, high]."""
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise CcwError("INVALID_ARGUMENT", f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
-
-
-def check_env_whitelist(names: Any) -> list[str]:
-    """The whitelist as a sorted list of distinct variable names."""
-    if names is None:
-        return []
-    if not isinstance(names, list) or len(names) > 1024:
-        raise CcwError("INVALID_ARGUMENT", "env_whitelist must be a list of at most 1024 variable names")
-    for item in names:
-        if not isinstance(item, str) or not ENV_NAME_RE.fullmatch(item):
-            raise CcwError("INVALID_ARGUMENT", f"env_whitelist entry {item!r:.80} is not a variable name")
-    return sorted(set(names))
-
-
-def check_limits(limits: Any) -> dict[str, int]:
-    """The limits as a dict of known keys, each within its bounds."""
-    if limits is None:
-        return {}
-    if not isinstance(limits, dict) or not set(limits) <= set(LIMIT_KEYS):
-        raise CcwError("INVALID_ARGUMENT", f"limits must be an object with keys among {list(LIMIT_KEYS)}")
-    bounds = {"memory_mb": (1, 1 << 20), "pids_max": (1, 1 << 22), "cpu_ms": (1, MAX_TIMEOUT_MS),
-              "disk_mb": (DISK_MB_MIN, DISK_MB_MAX)}
-    for key, value in limits.items():
-        check_int(f"limits.{key}", value, *bounds[key])
-    return dict(limits)
-
-
-def check_argv(argv: Any) -> None:
-    """argv is a non-empty list of strings without NUL, within the kernel's bound."""
-    if not isinstance(argv, list) or not argv:
-        raise CcwError("INVALID_ARGUMENT", "argv must be a non-empty list of strings")
-    total = 0
-    for item in argv:
-        if not isinstance(item, str) or "\0" in item:
-            raise CcwError("INVALID_ARGUMENT", f"argv entry {item!r:.80} must be a string without NUL")
-        total += len(item.encode(errors="surrogateescape")) + 1
-    if total > MAX_ARG_BYTES:
-        raise CcwError("TOO_LARGE", f"argv is {total} bytes, over {MAX_ARG_BYTES}; pass data through stdin or a file")
 
 
 # --- directories on the host --------------------------------------------------------------

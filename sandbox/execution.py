@@ -32,19 +32,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sandbox import disk, overlay
-from sandbox.access import inside
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.spec import ENV_NAME_RE
+from sandbox.spec import DEFAULT_PATH, ENV_NAME_RE
 
 log = logging.getLogger("ccw.capsules")
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_HOME = "/home/ccw"
 DEFAULT_LANG = "C.UTF-8"
 ALWAYS_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG"})
-DEFAULT_TIMEOUT_MS = 300_000
-DEFAULT_OUTPUT_CAP = 1 << 20
 DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
 
 
@@ -66,20 +62,6 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
     return {"PATH": DEFAULT_PATH, "HOME": DEFAULT_HOME, "LANG": DEFAULT_LANG, **env}
 
 
-def resolve_cwd(cwd: Any, workspace: str) -> str:
-    """None → the workspace; relative → under the workspace (no escaping it); absolute as is."""
-    if cwd is None:
-        return workspace
-    if not isinstance(cwd, str) or "\0" in cwd or not cwd or len(cwd) > 4096:
-        raise CcwError("INVALID_ARGUMENT", f"cwd must be a path without NUL, got {cwd!r:.80}")
-    if cwd.startswith("/"):
-        return os.path.normpath(cwd)
-    joined = os.path.normpath(os.path.join(workspace, cwd))
-    if not inside(joined, workspace):
-        raise CcwError("INVALID_ARGUMENT", f"cwd {cwd!r} leaves the workspace; pass an absolute path instead")
-    return joined
-
-
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
          stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
          uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
@@ -90,10 +72,10 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
 
     merged, upper = capsule.path("merged"), capsule.path("upper")
     spec = JailSpec(
-        merged_dir=merged, workspace=capsule.meta["workspace"], tmp_dir=capsule.path("tmp"),
+        merged_dir=merged, workspace=capsule.spec.workspace, tmp_dir=capsule.path("tmp"),
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
-        clock_offset_sec=capsule.meta["clock_offset_sec"], network=capsule.meta["network"],
+        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network,
     )
     cg_limits = exec_cgroup.Limits(
         memory_bytes=limits["memory_mb"] << 20 if "memory_mb" in limits else None,
@@ -107,7 +89,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
         cgroup = exec_cgroup.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
         try:
             tracer = fanotify.Tracer.prepare(merged)
-            tracer.enter(cgroup, visible_at=capsule.meta["workspace"])
+            tracer.enter(cgroup, visible_at=capsule.spec.workspace)
         except CcwError as exc:
             trace_error = exc.message
             if tracer is not None:
