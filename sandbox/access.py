@@ -1,10 +1,10 @@
-"""Who may do what: the privileged side's checks of a caller and its arguments, in one place.
+"""Who may do what: the privileged side's re-checks, in one place.
 
-Every request was checked at the boundary (ops.py, with spec.py's bounds) before it
-reached the registry; the helper checks again here, with the same bounds, "in case
-something manages to send hacked requests" (bubblewrap's words), and checks what only
-the host can answer: whose capsule it is, whether the caller may reach a directory,
-where a path really leads.
+The front end validates every request before it is sent, and the helper checks every
+argument again when it reads the request (sandbox/ops.py: "in case something manages to
+send hacked requests", bubblewrap's words).  What only the host can answer is checked
+here: whose capsule it is, whether the caller may reach a directory, where a path
+really leads.
 
 * **Ownership**: a capsule belongs to the uid that made it; any other uid gets
   PERMISSION_DENIED, root included (``check_owner``).
@@ -56,24 +56,6 @@ def check_owner(capsule: Capsule, caller_uid: int) -> None:
 
 
 # --- arguments --------------------------------------------------------------------------
-
-
-def check_env_whitelist(names: Any) -> list[str]:
-    """The whitelist as a sorted list of distinct variable names."""
-    if names is None:
-        return []
-    spec.env_names("env_whitelist", names)
-    return sorted(set(names))
-
-
-def check_limits(limits: Any) -> dict[str, int]:
-    """The limits as a dict of known keys, each within its bounds."""
-    if limits is None:
-        return {}
-    return dict(spec.limits("limits", limits))
-
-
-# --- directories on the host --------------------------------------------------------------
 
 
 def inside(path: str, root: str) -> bool:

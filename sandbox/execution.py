@@ -33,16 +33,11 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import access, disk, overlay, spec
+from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.spec import (
-    DEFAULT_PATH,
-    MAX_OUTPUT_CAP,
-    MAX_STDIN,
-    MAX_TIMEOUT_MS,
-    resolve_cwd,
-)
+from sandbox.ops import ExecRequest
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
@@ -58,23 +53,24 @@ ALWAYS_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG"})
 DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
 
 
-def settings(capsule: Capsule, argv: Any, cwd: Any, env: Any, stdin: Any, timeout_ms: Any, limits: Any,
-             output_cap: Any) -> tuple[dict[str, str], str, dict[str, int]]:
-    """An exec's arguments checked again: the jail's environment, its cwd, and its limits
-    (the capsule's, tightened by the exec's own)."""
-    spec.argv("argv", argv)
-    spec.int_in(1, MAX_TIMEOUT_MS)("timeout_ms", timeout_ms)
-    spec.int_in(0, MAX_OUTPUT_CAP)("output_cap", output_cap)
-    if stdin is not None and (not isinstance(stdin, bytes) or len(stdin) > MAX_STDIN):
-        raise CcwError("INVALID_ARGUMENT", f"stdin must be at most {MAX_STDIN} bytes")
-    meta = capsule.meta
-    jail_env = final_env(env, meta["env_whitelist"])
-    workdir = resolve_cwd(cwd, meta["workspace"])
-    exec_limits = dict(meta["limits"])
-    for key, value in access.check_limits(limits).items():
-        if key != "disk_mb":  # the disk's size is the capsule's, fixed when it was made
+def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], str, dict[str, int], int, int]:
+    """An exec's jail environment, cwd, limits, timeout and output cap.
+
+    The request's arguments were checked when the helper read it (sandbox/ops.py); what
+    is decided here depends on the capsule: the whitelist, the workspace, and its limits,
+    which per-exec limits may only tighten (the disk's size is the capsule's, fixed when
+    it was made).
+    """
+    spec = capsule.spec
+    jail_env = final_env(dict(request.env or {}), list(spec.env_whitelist))
+    workdir = resolve_cwd(request.cwd, spec.workspace)
+    exec_limits = {key: value for key, value in spec.limits.to_json().items() if key != "disk_mb"}
+    for key, value in (request.limits or Limits()).to_json().items():
+        if key != "disk_mb":
             exec_limits[key] = min(value, exec_limits.get(key, value))
-    return jail_env, workdir, exec_limits
+    timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
+    output_cap = DEFAULT_OUTPUT_CAP if request.output_cap is None else request.output_cap
+    return jail_env, workdir, exec_limits, timeout_ms, output_cap
 
 
 def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
@@ -97,10 +93,10 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
     from sandbox.contain import JailSpec
 
     spec = JailSpec(
-        merged_dir=capsule.path("merged"), workspace=capsule.meta["workspace"], tmp_dir=capsule.path("tmp"),
+        merged_dir=capsule.path("merged"), workspace=capsule.spec.workspace, tmp_dir=capsule.path("tmp"),
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
-        clock_offset_sec=capsule.meta["clock_offset_sec"], network=capsule.meta["network"],
+        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network,
     )
     upper = capsule.path("upper")
     before = upper_signature(upper)

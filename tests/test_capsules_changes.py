@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access, execution, mountinfo, overlay, registry, spec
+from sandbox import execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
+from sandbox.spec import CapsuleSpec
 
 
 def whiteout(path: Path) -> None:
@@ -214,10 +215,10 @@ def test_argument_checks() -> None:
     with pytest.raises(CcwError):
         spec.resolve_cwd("../../etc", "/w")
     with pytest.raises(CcwError):
-        access.check_limits({"memory_mb": 0})
+        spec.limits("limits", {"memory_mb": 0})
     with pytest.raises(CcwError):
-        access.check_limits({"disk": 1})
-    assert access.check_env_whitelist(["B", "A", "B"]) == ["A", "B"]
+        spec.limits("limits", {"disk": 1})
+    assert CapsuleSpec.from_json({"workspace": "/w", "env_whitelist": ["B", "A", "B"]}).env_whitelist == ("A", "B")
 
 
 def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
@@ -225,19 +226,19 @@ def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
     uid, gid = os.getuid(), os.getgid()
     for bad in ("relative/path", "/", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
         with pytest.raises(CcwError) as err:
-            manager.create(uid, gid, bad)
+            manager.create(uid, gid, CapsuleSpec.from_json({"workspace": bad}))
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND"), bad
     (tmp_path / "file").write_text("x")
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path / "file"))
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path / "file")}))
     assert err.value.code == "NOT_FOUND"
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path), env_whitelist=["NOT A NAME"])
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path), "env_whitelist": ["NOT A NAME"]}))
     assert err.value.code == "INVALID_ARGUMENT"
     # a symlink that leads into the state dir is refused after resolution
     os.symlink(state_dir, tmp_path / "sneaky")
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path / "sneaky"))
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path / "sneaky")}))
     assert err.value.code == "INVALID_ARGUMENT"
     assert os.listdir(state_dir / "capsules") == []
 
