@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from mcp_server.capsules.runs import PROGRESS_MS, Command
-from mcp_server.capsules.service import CapsuleService, spec_of
+from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.journal import Journal
 from mcp_server.state import State
@@ -124,7 +124,7 @@ def test_create_sends_the_spec_and_journals_the_capsule(world: Any) -> None:
     assert record.capsule_id == "cap_1" and record.mount == "/m/1" and record.isolation == {"pid": "namespace"}
     assert Journal(service.state).capsule("cap_1") == record
     assert (record.base, record.limits, record.env_whitelist) == (str(workspace), {"memory_mb": 256}, ["LANG"])
-    assert spec_of(record) == spec
+    assert record.spec == spec
 
 
 def test_exec_sends_a_typed_request_and_journals_the_run(world: Any) -> None:

@@ -52,7 +52,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.runs import Command
-from mcp_server.capsules.service import CapsuleService, spec_of
+from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import (
     JournaledRun,
     Judge,
@@ -364,7 +364,7 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
 async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[str, Unit], argv: list[str],
                   judge: Judge) -> dict[str, Any]:
     """Re-run the minimal change in a journaled capsule; witness that run."""
-    capsule_id = (await service.create(spec_of(record))).capsule_id
+    capsule_id = (await service.create(record.spec)).capsule_id
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)

@@ -30,7 +30,7 @@ from outcome import acapture
 from mcp_server.capsules.policies import PolicyStore
 from mcp_server.capsules.replays import replay
 from mcp_server.capsules.runs import Command
-from mcp_server.capsules.service import CapsuleService, spec_of
+from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
 from mcp_server.core import changeset
 from mcp_server.core.fsview import DirFds, RootView
@@ -126,7 +126,7 @@ async def _run_tests(service: CapsuleService, record: CapsuleRecord,
     async with service.scratch_fork(record.capsule_id) as fork_id:
         for test in tests:
             argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = await service.run(fork_id, spec_of(record), Command(argv, record.workspace, TEST_TIMEOUT_MS))
+            reply = await service.run(fork_id, record.spec, Command(argv, record.workspace, TEST_TIMEOUT_MS))
             tail = reply.stderr[-2000:].decode("utf-8", "replace")
             outcomes.append(RequiredTestOutcome(test, reply.exit_code, bool(reply.timed_out), tail))
     return outcomes

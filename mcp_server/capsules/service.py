@@ -4,8 +4,7 @@ The helper does the kernel work; the service checks what the helper cannot (a ca
 the journal knows, a cwd inside the workspace), keeps the journal (every exec: argv,
 cwd, env keys, exit status, blake3 of the output, usage, touched sets) and reads
 changes through the capsule's O_PATH root (no file content crosses the IPC).  It is
-the only place that builds a ``CapsuleRecord`` (``_journal_new``) or reads the spec back
-out of one (``spec_of``).
+the only place that builds a ``CapsuleRecord`` (``_journal_new``).
 
 - Execs, forks and destroys of one capsule take turns in arrival order (``turns``): a
   second exec sent while one runs waits, reporting "queued" through progress, instead
@@ -82,18 +81,6 @@ class CallHooks(Protocol):
 
 
 ReplyT = TypeVar("ReplyT", bound=OpReply)
-
-
-def spec_of(record: CapsuleRecord) -> CapsuleSpec:
-    """The spec a journaled capsule was made from (a fresh capsule made from it is made as it was)."""
-    return CapsuleSpec(
-        workspace=record.workspace,
-        base=record.base if record.base != record.workspace else None,
-        clock_offset_sec=record.clock_offset_sec,
-        env_whitelist=tuple(record.env_whitelist),
-        limits=Limits(**record.limits),
-        network=record.network,
-    )
 
 
 @dataclass(frozen=True)
@@ -181,15 +168,10 @@ class CapsuleService:
         created = _now()
         record = CapsuleRecord(
             capsule_id=reply.capsule_id,
-            workspace=spec.workspace,
-            base=spec.lower,
+            spec=spec,
             parent=parent.capsule_id if parent else None,
             created_at=_iso(created),
             clock=_iso(created + dt.timedelta(seconds=spec.clock_offset_sec)),
-            clock_offset_sec=spec.clock_offset_sec,
-            env_whitelist=list(spec.env_whitelist),
-            limits=spec.limits.to_json(),
-            network=spec.network,
             isolation=reply.isolation,
             mount=reply.mount,
             base_fingerprint=parent.base_fingerprint if parent else None,
@@ -204,7 +186,7 @@ class CapsuleService:
         resolve_cwd(command.cwd, record.workspace)  # bad arguments fail now, not after the wait
         async with self._call.capsule_turn(record.capsule_id, exec_label(command.argv)) as ticket:
             record = self.live_record(capsule_id)  # a destroy queued before this call may have run
-            request = exec_request(record.capsule_id, spec_of(record), command, PROGRESS_MS)
+            request = exec_request(record.capsule_id, record.spec, command, PROGRESS_MS)
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
             reply = await self._exec_reply(request, ticket.waited_ms)
@@ -242,7 +224,7 @@ class CapsuleService:
         async with self.turn(parent.capsule_id, "capsule_fork"):
             parent = self.live_record(parent.capsule_id)
             reply = await self.call(ForkRequest(parent.capsule_id), ForkReply)
-        return self._journal_new(reply, spec_of(parent), parent)
+        return self._journal_new(reply, parent.spec, parent)
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""

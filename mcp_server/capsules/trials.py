@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import trio
 
 from mcp_server.capsules.runs import Command
-from mcp_server.capsules.service import CapsuleService, spec_of
+from mcp_server.capsules.service import CapsuleService
 from mcp_server.core import changeset, unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
 from mcp_server.core.fsview import RootView
@@ -211,7 +211,7 @@ class Trials:
                  judge: Judge, timeout_ms: int) -> None:
         self.service = service
         self.record = record
-        self.spec = spec_of(record)
+        self.spec = record.spec
         self.material = material
         self.argv = argv
         self.judge = judge
