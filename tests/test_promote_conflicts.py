@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mcp_server.core import changeset
-from mcp_server.core.fsview import RootView, Side
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView, Side
 from mcp_server.tools.promote import _conflicts, _read_live_early
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.core.witness import blob_hash
+from mcp_server.fs.witness import blob_hash
 from mcp_server.tools.replay import _rebuild_base
 from sandbox.errors import CcwError
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.core.fsview import RootView
+from mcp_server.fs.view import RootView
 from mcp_server.tools.witness_base import Needs, base_entries
 from sandbox.errors import CcwError
 

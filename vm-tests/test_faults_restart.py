@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from mcp_server.config import TOOLSETS
-from mcp_server.core.promote import CRASH_ENV, STEPS
+from mcp_server.fs.promote import CRASH_ENV, STEPS
 from mcp_server.tools.witness import CRASH_ENV as WITNESS_CRASH_ENV
 from tests.mcp_process import ServerProcess, server_env
 

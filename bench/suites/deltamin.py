@@ -63,8 +63,8 @@ async def _textbook(trials: Any, units: tuple[int, ...]) -> tuple[tuple[int, ...
 async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) -> dict[str, Any]:
     from mcp_server.config import TOOLSETS, Config
     from mcp_server.context import CallContext, Runtime
-    from mcp_server.core import changeset
-    from mcp_server.core.fsview import RootView
+    from mcp_server.fs import changeset
+    from mcp_server.fs.view import RootView
     from mcp_server.state import State
     from mcp_server.tools import deltamin as counterfactual
     from mcp_server.tools.registry import Registry

@@ -36,9 +36,10 @@ import blake3
 import trio
 
 from mcp_server.capsule_queue import Ticket, turn_label
-from mcp_server.core import changeset, unidiff
-from mcp_server.core.fsview import RootView, lstat
+from mcp_server.core import unidiff
 from mcp_server.core.paths import encoded as encoded_path
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError

@@ -23,9 +23,9 @@ from typing import Any
 
 import trio
 
-from mcp_server.core import changeset
 from mcp_server.core.deltamin import FAIL, PASS
-from mcp_server.core.fsview import RootView
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from mcp_server.tools.capsule import CAPSULE_ID, live_record
 from mcp_server.tools.deltamin import Material, Trials, predicate, units_from

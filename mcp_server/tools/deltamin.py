@@ -56,10 +56,11 @@ from typing import Any
 import trio
 
 from mcp_server.capsule_queue import turn_label
-from mcp_server.core import changeset, unidiff
+from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Search
-from mcp_server.core.fsview import RootView
-from mcp_server.core.promote import make_symlink, remove_tree
+from mcp_server.fs import changeset
+from mcp_server.fs.promote import make_symlink, remove_tree
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, observes
 from mcp_server.tools.capsule import (
     CAPSULE_ID,

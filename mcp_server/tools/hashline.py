@@ -33,8 +33,9 @@ from typing import Any
 import trio
 
 from mcp_server.core import hashline
-from mcp_server.core.fsview import RootView
-from mcp_server.core.roots import locate, locate_lexical
+from mcp_server.core.roots import locate_lexical
+from mcp_server.fs.roots import locate
+from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
 from mcp_server.tools.targets import CAPSULE_ID, open_view

@@ -12,7 +12,8 @@ import datetime as dt
 import json
 from typing import Any
 
-from mcp_server.core.policy import RULE_NAMES, builtin_policies, policy_schema, validate_policy
+from mcp_server.core.policy import RULE_NAMES
+from mcp_server.fs.policies import builtin_policies, policy_schema, validate_policy
 from mcp_server.state import State
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError

@@ -28,8 +28,6 @@ import trio
 from outcome import acapture
 
 from mcp_server.capsule_queue import turn_label
-from mcp_server.core import changeset
-from mcp_server.core.fsview import DirFds, RootView
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -37,7 +35,9 @@ from mcp_server.core.policy import (
     RequiredTestOutcome,
     evaluate,
 )
-from mcp_server.core.promote import Op, Promoter
+from mcp_server.fs import changeset
+from mcp_server.fs.promote import Op, Promoter
+from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.capsule import CAPSULE_ID, exec_env, live_record
 from mcp_server.tools.policy import POLICY_NAME, PolicyStore

@@ -27,9 +27,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from mcp_server.core import rootspace
-from mcp_server.core.fsview import RootView
 from mcp_server.core.hashline import file_hash
-from mcp_server.core.roots import effective_roots
+from mcp_server.fs.roots import effective_roots
+from mcp_server.fs.view import RootView
 from mcp_server.tools.hashline import (
     MAX_READ_CHARS,
     Target,

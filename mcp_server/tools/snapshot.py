@@ -33,14 +33,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from mcp_server.core import fingerprint as fp_mod
-from mcp_server.core import gitgrep
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import blob_id_of
-from mcp_server.core.export import tar_bundle
+from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.grep import Matcher, is_binary
 from mcp_server.core.manifest import Entry, Snapshot
 from mcp_server.core.unidiff import FileChange, render_all
+from mcp_server.fs import fingerprint as fp_mod
+from mcp_server.fs import gitgrep
+from mcp_server.fs.export import tar_bundle
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
 from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS

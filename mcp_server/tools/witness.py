@@ -37,9 +37,10 @@ from typing import Any
 import trio
 
 from mcp_server.capsule_queue import turn_label
-from mcp_server.core import changeset, paths
-from mcp_server.core import witness as wfmt
-from mcp_server.core.fsview import RootView
+from mcp_server.core import paths
+from mcp_server.fs import changeset
+from mcp_server.fs import witness as wfmt
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from mcp_server.tools.capsule import CAPSULE_ID, live_record

@@ -24,10 +24,10 @@ import stat as stat_mod
 from typing import Any
 
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import blob_id_of
-from mcp_server.core.fsview import RootView
+from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.manifest import Entry
 from mcp_server.core.patch import ApplyResult, apply, parse_patch
+from mcp_server.fs.view import RootView
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
 from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
