@@ -28,10 +28,11 @@ from mcp_server.core import paths as P
 from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.fingerprint import Fingerprint
 from mcp_server.core.grep import is_binary
-from mcp_server.core.leases import LeaseStore
-from mcp_server.core.manifest import Entry, SnapshotStore
+from mcp_server.core.manifest import Entry
 from mcp_server.fs import fingerprint as fp_mod
 from mcp_server.fs.blobstore import BlobStore
+from mcp_server.fs.leases import LeaseStore
+from mcp_server.fs.snapshots import SnapshotStore
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
