@@ -43,7 +43,7 @@ from mcp_server.fs import gitgrep
 from mcp_server.fs.export import tar_bundle
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
-from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
+from mcp_server.tools.snapshot_schemas import TOOL_SCHEMAS
 from mcp_server.tools.targets import (
     begin_live,
     blobs,

@@ -133,6 +133,16 @@ ERROR: dict[str, Any] = {
 }
 
 
+COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
+LIVE: dict[str, Any] = {"lease_id": LEASE_ID, "capsule_id": CAPSULE_ID, "workspace": WORKSPACE}  # a live target's arguments
+HYBRID: dict[str, Any] = {"mode": MODE, "snapshot_id": SNAPSHOT_ID, **LIVE}  # ... or a snapshot's
+
+
+def input_schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """A tool's input schema: these properties, nothing else."""
+    return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
+
+
 def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     """Seed 000 §5: ``oneOf`` [Immutable (cache_hint "immutable"), Worktree (cache_hint
     "until_dirty" with ``lease_id`` and ``fingerprint``)] over the same payload."""
