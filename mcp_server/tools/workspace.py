@@ -26,7 +26,8 @@ from typing import Any
 from mcp_server.core import paths as P
 from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.manifest import Entry
-from mcp_server.core.patch import ApplyResult, apply, parse_patch
+from mcp_server.core.patch import parse_patch
+from mcp_server.core.patch_apply import ApplyResult, apply
 from mcp_server.fs.view import RootView
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
