@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_server.core.canonical import canonical_json
-from mcp_server.core.paths import path_key
+from mcp_server.core.paths import ROOT, path_key, sort_paths
 
 
 def manifest_entries(files: Mapping[str, str] | Iterable[tuple[str, str]]) -> list[dict[str, str]]:
@@ -66,3 +66,40 @@ class Snapshot:
     def total_bytes(self) -> int:
         """Sum of the entries' sizes."""
         return sum(e.size for e in self.entries)
+
+
+def compare_entries(old: dict[str, Entry], new: dict[str, Entry]) -> list[dict[str, str]]:
+    """How ``new`` differs from ``old``, path by path in byte order: added, deleted, modified, type_changed."""
+    out = []
+    for path in sort_paths([*old, *new]):
+        a, b = old.get(path), new.get(path)
+        if a is None:
+            out.append({"path": path, "status": "added"})
+        elif b is None:
+            out.append({"path": path, "status": "deleted"})
+        elif a.blob != b.blob or a.mode != b.mode:
+            kind = "type_changed" if (a.mode ^ b.mode) & 0o170000 else "modified"
+            out.append({"path": path, "status": kind})
+    return out
+
+
+def tree_entries(files: list[tuple[str, int, int]], base: str, recursive: bool) -> list[dict[str, Any]]:
+    """List entries under ``base`` from a flat file list; directories are implicit."""
+    out: dict[str, dict[str, Any]] = {}
+    prefix = "" if base == ROOT else base + "/"
+    for path, size, mode in files:
+        if not path.startswith(prefix):
+            continue
+        rest = path[len(prefix):]
+        parts = rest.split("/")
+        if recursive:
+            for depth in range(1, len(parts)):
+                d = prefix + "/".join(parts[:depth])
+                out.setdefault(d, {"path": d, "kind": "dir"})
+            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
+        elif len(parts) == 1:
+            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
+        else:
+            d = prefix + parts[0]
+            out.setdefault(d, {"path": d, "kind": "dir"})
+    return [out[k] for k in sort_paths(out)]

@@ -37,6 +37,7 @@ import tempfile
 from dataclasses import dataclass
 
 from mcp_server.core.fingerprint import Fingerprint
+from mcp_server.core.paths import sort_paths
 from sandbox.errors import CcwError
 
 
@@ -155,3 +156,30 @@ def candidate_files(root: str, pathspecs: list[str] | None = None) -> list[str]:
     proc = run_git(root, *args, *(pathspecs or []))
     names = {os.fsdecode(raw) for raw in proc.stdout.split(b"\0") if raw}
     return sorted(names, key=lambda p: p.encode("utf-8", "surrogateescape"))
+
+
+_STATUS = {"A": "added", "D": "deleted", "M": "modified", "T": "type_changed", "R": "modified", "C": "added"}
+_UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
+
+
+def parse_porcelain(raw: bytes) -> list[dict[str, str]]:
+    """``git status --porcelain=v1 -z --no-renames`` → sorted ``[{path, status}]``."""
+    out = {}
+    for record in raw.split(b"\0"):
+        if len(record) < 4:
+            continue
+        xy, path = record[:2].decode(), os.fsdecode(record[3:])
+        if xy in _UNMERGED:
+            status = "conflicted"
+        elif xy == "??":
+            status = "untracked"
+        elif "D" in xy:
+            status = "deleted"
+        elif xy[0] == "A":
+            status = "added"
+        elif "T" in xy:
+            status = "type_changed"
+        else:
+            status = _STATUS.get(xy[1] if xy[1] != " " else xy[0], "modified")
+        out[path] = status
+    return [{"path": p, "status": out[p]} for p in sort_paths(out)]
