@@ -409,14 +409,15 @@ def _probe_bubblewrap() -> Check:
 
 def probe_service(path: str) -> Check:
     """Whether a system helper answers on ``path``, and in which mode."""
-    from mcp_server.cli.helperctl import hello
+    from sandbox.client import BlockingClient
     from sandbox.errors import CcwError
 
     if not os.path.exists(path):
         return Check("helper_service", None, f"no helper socket at {path}",
                      "optional: install deploy/ccw-helper.socket and .service (see README)")
     try:
-        info = hello(path)
+        with BlockingClient(path) as client:
+            info = client.hello()
     except OSError as exc:
         fix = "add yourself to group ccw (usermod -aG ccw $USER) and log in again" \
             if exc.errno in (errno.EACCES, errno.EPERM) else "systemctl start ccw-helper.socket"

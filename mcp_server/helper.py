@@ -1,22 +1,7 @@
-"""The front end's IPC client for ccw-helper (trio), and the embedded default.
+"""The front end's helper: the service's socket, or the embedded default it starts.
 
-``HelperClient.request(op, args)`` sends one request of the closed op set
-(``sandbox/protocol.py``) and returns its result, or raises the helper's CcwError
-rebuilt from the error reply.  Requests on one connection are answered in order, and an
-``exec`` can run for minutes, so each in-flight request holds a connection of its own:
-idle connections are kept in a small pool and new ones opened when all are busy.  A
-request that is cancelled or fails mid-frame closes its connection (its stream position
-is unknown) and the pool opens a fresh one next time.  So a diff or a file read sent
-while an exec runs travels on a connection of its own and is not held behind it; the
-helper notices a cancelled exec's closed connection at its next progress report and
-ends the command.
-
-Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
-(``open_root``) is never lost; descriptors arrive close-on-exec, and any the caller did
-not ask for are closed at once.
-
-``connect_or_spawn(config)``: with ``CCW_HELPER_SOCKET`` set and answering, connect to
-it (the service).  Otherwise start the embedded helper as a child,
+The client itself is ``sandbox.client.HelperClient``.  ``connect_or_spawn(config)``:
+with ``CCW_HELPER_SOCKET`` set and answering, connect to it (the service).  Otherwise start the embedded helper as a child,
 ``python -m sandbox --socket <state>/helper/helper.sock --state-dir <state>/helper
 --ready-fd N --die-with-parent``, wait for its ready byte, and stop it (SIGTERM, then
 SIGKILL) on ``aclose``.  The child never gets the front end's stdout (which carries MCP
@@ -28,194 +13,27 @@ helper already serving the same state dir (another ccw-mcp) is reused, not repla
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from mcp_server.config import Config
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, ProtocolError, Reply, encode_request
-from sandbox.server import unix_address
 
 log = logging.getLogger("ccw.helper_client")
 HELPER_LOG = logging.getLogger("ccw.helper")  # the embedded helper's own lines
 
-RECV_CHUNK = 256 * 1024
-ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors
-MAX_IDLE = 4  # idle connections kept open
 READY_TIMEOUT_S = 60.0  # the helper recovers existing capsules before it listens
 STOP_TIMEOUT_S = 10.0  # SIGTERM lets in-flight execs finish; then SIGKILL
 STDERR_TAIL_LINES = 40
 PF_EXITING = 0x4  # /proc/<pid>/stat flags: the task has begun to exit
-
-
-ProgressSink = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-def _gone() -> CcwError:
-    """The helper went away mid-request (EOF, ECONNRESET or EPIPE on its socket)."""
-    return CcwError("UNAVAILABLE", "the helper closed the connection before replying; "
-                    "it may have been stopped or crashed (see its log on stderr); the request "
-                    "did not complete: retry it (an embedded helper is restarted on the next call)")
-
-
-class _Connection:
-    """One socket to the helper and the decoder of its reply stream."""
-
-    def __init__(self, sock: trio.socket.SocketType) -> None:
-        self.sock = sock
-        self.decoder = FrameDecoder("reply")
-
-    async def send(self, frame: bytes) -> None:
-        view = memoryview(frame)
-        while view:
-            try:
-                sent = await self.sock.send(view)
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                raise _gone() from exc
-            view = view[sent:]
-
-    async def receive(self, fds: list[int]) -> Reply:
-        """The next reply; descriptors that arrive with it are appended to ``fds``."""
-        while True:
-            reply = self.decoder.next_message()
-            if reply is not None:
-                assert isinstance(reply, Reply)
-                return reply
-            try:
-                data, ancdata, _flags, _addr = await self.sock.recvmsg(
-                    RECV_CHUNK, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
-                )
-            except ConnectionResetError as exc:
-                # A helper killed with bytes of ours still unread in its socket resets
-                # the connection instead of closing it: the same event as an EOF.
-                raise _gone() from exc
-            for level, kind, payload in ancdata:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
-                               for i in range(0, usable, 4))
-            if data:
-                self.decoder.feed(data)
-            else:
-                self.decoder.feed_eof()
-                if self.decoder.next_message() is None:
-                    raise _gone()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-class HelperClient:
-    """A client of one helper socket; optionally owns the embedded helper process."""
-
-    def __init__(self, socket_path: str, process: EmbeddedHelper | None = None) -> None:
-        self.socket_path = socket_path
-        self.process = process
-        self._ids = itertools.count(1)
-        self._idle: list[_Connection] = []
-        self._closed = False
-
-    async def _connect(self) -> _Connection:
-        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with unix_address(self.socket_path) as address:
-                await sock.connect(address)
-        except OSError as exc:
-            sock.close()
-            hint = self.process.describe_death() if self.process is not None else ""
-            raise CcwError(
-                "UNAVAILABLE",
-                f"cannot reach the helper at {self.socket_path}: {exc.strerror or exc}; "
-                "start ccw-helper (or unset CCW_HELPER_SOCKET to use the embedded one)" + hint,
-                {"socket": self.socket_path},
-            ) from exc
-        return _Connection(sock)
-
-    async def _round_trip(
-        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None
-    ) -> tuple[dict[str, Any], list[int]]:
-        if self._closed:
-            raise CcwError("UNAVAILABLE", "the helper client is closed")
-        request_id = next(self._ids)
-        frame = encode_request(request_id, op, args)  # refuses what the helper would refuse
-        conn = self._idle.pop() if self._idle else await self._connect()
-        fds: list[int] = []
-        reusable = False
-        try:
-            await conn.send(frame)
-            reply = await conn.receive(fds)
-            while reply.progress is not None and reply.id == request_id:
-                if on_progress is not None:
-                    await on_progress(reply.progress)
-                reply = await conn.receive(fds)
-            if reply.id != request_id:
-                if reply.error is not None:  # the helper could not read our frame at all
-                    raise reply.error
-                raise ProtocolError(f"reply id {reply.id} does not answer request {request_id}")
-            reusable = True
-            if reply.error is not None:
-                raise reply.error
-            assert reply.result is not None
-            return reply.result, fds
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        finally:
-            if reusable and not self._closed and len(self._idle) < MAX_IDLE:
-                self._idle.append(conn)
-            else:
-                conn.close()
-
-    async def request(self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None) -> dict[str, Any]:
-        """Send one request and return its result; an error reply raises its CcwError.
-
-        With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
-        sends is awaited in order before the result arrives.
-        """
-        result, fds = await self._round_trip(op, args, on_progress)
-        for fd in fds:
-            os.close(fd)
-        return result
-
-    async def open_root(self, capsule_id: str) -> int:
-        """An O_PATH descriptor of the capsule's merged view; the caller closes it."""
-        _result, fds = await self._round_trip("open_root", {"capsule_id": capsule_id})
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise CcwError("INTERNAL", f"open_root reply carried {len(fds)} descriptors, not 1")
-        return fds[0]
-
-    def usable(self) -> bool:
-        """False once the embedded helper this client started has exited or is exiting
-        (kill -9, crash): its socket will never answer again, so the caller should spawn
-        a new one."""
-        return self.process is None or not self.process.ending()
-
-    async def hello(self) -> dict[str, Any]:
-        """The helper's version, mode, mechanisms in force and op list."""
-        return await self.request("hello", {"version": PROTOCOL_VERSION})
-
-    async def aclose(self) -> None:
-        """Close every idle connection and stop the embedded helper, if we started one."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
-        if self.process is not None:
-            await self.process.stop()
 
 
 class EmbeddedHelper:

@@ -136,19 +136,19 @@ def _one_way_propagation() -> None:
 def collect_mechanisms(mode: str) -> dict[str, Any]:
     """What each module reports in force; a module that is absent is reported as such."""
     mechanisms: dict[str, Any] = {"user_namespace": mode == "rootless"}
-    for module_name in ("jail", "cgroups", "fanotify", "overlay"):
+    for key, module_name in (("jail", "contain"), ("cgroups", "cgroups"), ("fanotify", "fanotify"), ("overlay", "overlay")):
         try:
             module = __import__(f"sandbox.{module_name}", fromlist=["mechanisms"])
         except ImportError as exc:
-            mechanisms[module_name] = {"available": False, "reason": f"not installed: {exc}"}
+            mechanisms[key] = {"available": False, "reason": f"not installed: {exc}"}
             continue
         report = getattr(module, "mechanisms", None)
         if report is None:
             continue
         try:
-            mechanisms[module_name] = report()
+            mechanisms[key] = report()
         except Exception as exc:  # a probe failing must not keep the helper down
-            mechanisms[module_name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
+            mechanisms[key] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
     if isinstance(mechanisms.get("cgroups"), dict):
         _drop_unwritable_cgroups(mechanisms)
     return mechanisms
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
     """The CapsuleManager (recovered from disk), its dispatcher and the socket server."""
-    from sandbox.capsules import CapsuleManager
+    from sandbox.registry import CapsuleManager
 
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
     manager = CapsuleManager(args.state_dir, rootless=mode == "rootless", disk_mb=capsule_disk_mb(args))

@@ -49,8 +49,8 @@ from typing import Any
 
 from sandbox import overlay, syscalls
 from sandbox.errors import CcwError, from_oserror
-from sandbox.protocol import DISK_MB_MAX as MAX_MB
-from sandbox.protocol import DISK_MB_MIN as MIN_MB
+from sandbox.spec import DISK_MB_MAX as MAX_MB
+from sandbox.spec import DISK_MB_MIN as MIN_MB
 
 log = logging.getLogger("ccw.disk")
 

@@ -81,6 +81,16 @@ class CcwError(Exception):
         return f"CcwError({self.code!r}, {self.message!r})"
 
 
+class ProtocolError(CcwError):
+    """A frame, request or argument that breaks the IPC protocol's rules (sandbox/protocol.py,
+    sandbox/ops.py); ``code`` is INVALID_ARGUMENT or TOO_LARGE."""
+
+    def __init__(
+        self, message: str, details: dict[str, Any] | None = None, code: str = "INVALID_ARGUMENT"
+    ) -> None:
+        super().__init__(code, message, details)
+
+
 def from_oserror(exc: OSError, what: str, path: str | None = None, hint: str = "") -> CcwError:
     """Turn an OSError into a CcwError that names the operation, the path and the errno."""
     num = exc.errno or 0

@@ -84,7 +84,7 @@ from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
 
 if TYPE_CHECKING:
-    from sandbox.cgroups import ExecCgroup
+    from sandbox.exec_cgroup import ExecCgroup
 
 _EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 _METADATA_VERSION = 3

@@ -95,7 +95,8 @@ import stat
 import sys
 from dataclasses import dataclass
 
-from sandbox import overlay, syscalls
+from sandbox import mountinfo as mountinfo_
+from sandbox import syscalls
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -173,8 +174,8 @@ def etc_submounts(mountinfo: str) -> list[str]:
     A container's /etc/hosts and /etc/resolv.conf are binds like these.  Each is bound
     recursively, so mounts nested inside one come along and are not listed.
     """
-    points = sorted({point for point, _ in overlay.parse_mountinfo(mountinfo)
-                     if _under(point, "/etc") and point != "/etc" and point not in SECRET_FILES})
+    every = [m.mount_point for m in mountinfo_.parse(mountinfo)]
+    points = sorted({point for point in every if _under(point, "/etc") and point != "/etc" and point not in SECRET_FILES})
     return [point for point in points if not any(_under(point, other) for other in points if other != point)]
 
 
@@ -192,8 +193,7 @@ def python_prefix() -> str | None:
 @functools.lru_cache(maxsize=1)
 def root_steps() -> tuple[MountStep, ...]:
     """What ``build_root`` puts in the jail's root tree (host paths as sources): computed once."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as file:
-        steps = system_steps(mountinfo=file.read())
+    steps = system_steps(mountinfo=mountinfo_.read())
     steps.append(MountStep("dev", "/dev", data="mode=0755,size=64k", attrs=_NOSUID_NOEXEC))
     # No nosuid/nodev/ro attrs on single device binds: /dev is a nosuid tmpfs, and
     # the nodes must stay usable; each skipped mount_setattr is a syscall per exec.

@@ -76,6 +76,7 @@ from typing import Any
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import kind_of
 
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data
@@ -266,43 +267,6 @@ def teardown(merged: str) -> None:
                 raise from_oserror(exc, "umount", merged) from exc
 
 
-def _unescape_mountinfo(field: str) -> str:
-    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo(text: str) -> list[tuple[str, str]]:
-    """``(mount point, fstype)`` of every line of a /proc/<pid>/mountinfo text."""
-    mounts = []
-    for line in text.splitlines():
-        fields = line.split(" ")
-        try:
-            sep = fields.index("-")
-        except ValueError:
-            continue
-        if len(fields) < 5 or sep + 1 >= len(fields):
-            continue
-        mounts.append((_unescape_mountinfo(fields[4]), fields[sep + 1]))
-    return mounts
-
-
-def mounts_under(prefix: str) -> list[str]:
-    """Mount points at or below ``prefix`` in our mount namespace, deepest first."""
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as file:
-        text = file.read()
-    prefix = prefix.rstrip("/")
-    found = [point for point, _ in parse_mountinfo(text) if point == prefix or point.startswith(prefix + "/")]
-    return sorted(found, key=lambda p: (-p.count("/"), p))
-
-
 # --- reading the upper dir ----------------------------------------------------------
 
 
@@ -321,17 +285,6 @@ def is_opaque(path: str) -> bool:
             if exc.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EPERM, errno.EACCES):
                 raise from_oserror(exc, f"getxattr {name}", path) from exc
     return False
-
-
-def kind_of(mode: int) -> str:
-    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "other"
 
 
 def lower_lookup(lowers: Sequence[str], rel: str) -> tuple[str, os.stat_result] | None:

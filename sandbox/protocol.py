@@ -1,14 +1,14 @@
-"""The helper's IPC protocol: sans-IO framing and the closed set of operations.
+"""The helper's IPC protocol: sans-IO framing of requests, replies and progress reports.
 
 Both halves import this module: the helper (``sandbox/server.py``) decodes requests and
-encodes replies, the front end (``mcp_server/helper.py``) does the reverse.  Nothing here
+encodes replies, the front end (``sandbox/client.py``) does the reverse.  Nothing here
 touches a socket (h11's habit): callers feed bytes in and get messages out, so every
 rule below is tested synchronously, and fuzzed, without I/O.
 
 Wire format
     frame   = length (4 bytes, big-endian, unsigned) + body (``length`` bytes)
-    body    = canonical JSON of one object (``mcp_server.core.canonical``), at most
-              ``MAX_FRAME`` bytes
+    body    = compact sorted JSON of one object (canonical JSON, the same bytes as
+              ``mcp_server.core.canonical``), at most ``MAX_FRAME`` bytes
     request = {"id": int, "op": str, "args": {...}}
     reply   = {"id": int|null, "ok": true, "result": {...}}
             | {"id": int|null, "ok": false, "error": {"code", "message", "details"}}
@@ -25,58 +25,38 @@ envelope whose fields are missing, unknown or of the wrong type.  The decoder ac
 any strict JSON, not only canonical JSON: the sender's spelling is harmless, ambiguity
 is not.
 
-Op arguments are checked by ``validate_args`` against ``OPS``, the closed table below;
-the helper re-checks every argument even though the front end checked it already
-(bubblewrap: "in case something manages to send hacked requests").  A request whose
+Op arguments are checked against the closed op table in ``sandbox/ops.py``, which also
+builds request frames (``encode_request``); the helper re-checks every argument even
+though the front end checked it already (bubblewrap: "in case something manages to
+send hacked requests").  A request whose
 envelope is sound but whose op or arguments are not gets an error reply and the
 connection stays usable; a frame that cannot be decoded ends the connection.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
-import re
 import struct
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from mcp_server.core.canonical import canonical_json
-from sandbox.errors import CcwError
+from sandbox.errors import CcwError, ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 8 * 1024 * 1024  # bytes of one frame's body; replies are built to fit
 HEADER = struct.Struct(">I")
-
-# Bounds on arguments.  They are generous for real use and small enough that no single
-# request can make the helper allocate without limit.
-MAX_PATH = 4096  # PATH_MAX
-MAX_ARGV = 4096  # entries
-MAX_ARG_BYTES = 2 * 1024 * 1024  # all argv + env strings together, like ARG_MAX
-MAX_ENV = 1024  # entries
-MAX_STDIN = 4 * 1024 * 1024  # decoded bytes
-MAX_OUTPUT_CAP = 2 * 1024 * 1024  # per stream; two base64 streams still fit one frame
-MAX_TIMEOUT_MS = 24 * 3600 * 1000
-MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
 MAX_ID = 2**53 - 1  # exact in every JSON reader
-NETWORKS = ("none",)
-DISK_MB_MIN = 32  # a capsule disk smaller than this is mostly ext4's own metadata
-DISK_MB_MAX = 1 << 24  # 16 TiB: ext4's limit with 4 KiB blocks
 
-CAPSULE_ID_RE = re.compile(r"cap_[A-Za-z0-9_]{1,100}")
-ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# Frames are compact sorted JSON, byte for byte what mcp_server.core.canonical writes
+# (the front end's one serialisation for hashes); the helper keeps its own encoder so
+# that it imports nothing of the front end.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-class ProtocolError(CcwError):
-    """A frame or request that breaks the protocol; ``code`` is INVALID_ARGUMENT or TOO_LARGE."""
-
-    def __init__(
-        self, message: str, details: dict[str, Any] | None = None, code: str = "INVALID_ARGUMENT"
-    ) -> None:
-        super().__init__(code, message, details)
+def _json_bytes(value: Any) -> bytes:
+    return _ENCODER.encode(value).encode("utf-8")
 
 
 # --- framing ----------------------------------------------------------------------------
@@ -85,7 +65,7 @@ class ProtocolError(CcwError):
 def encode_frame(message: dict[str, Any]) -> bytes:
     """Length-prefix the canonical JSON of ``message``; over ``MAX_FRAME`` is TOO_LARGE."""
     try:
-        body = canonical_json(message)
+        body = _json_bytes(message)
     except (TypeError, ValueError) as exc:  # NaN, lone surrogates, non-JSON types
         raise ProtocolError(f"message is not encodable as canonical JSON: {exc}") from exc
     if len(body) > MAX_FRAME:
@@ -139,7 +119,7 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise ProtocolError(f"frame holds a JSON {type(value).__name__}, not an object")
     try:
         # Lone surrogates (from \\ud800 escapes) parse but cannot be re-encoded as UTF-8.
-        canonical_json(value)
+        _json_bytes(value)
     except (ValueError, UnicodeEncodeError, RecursionError) as exc:
         raise ProtocolError(f"frame holds text that is not valid Unicode: {exc}") from None
     return value
@@ -165,19 +145,22 @@ class Reply:
     progress: dict[str, Any] | None = None  # an interim report; the reply proper follows
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An int that is not a bool (JSON's true is not 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_id(value: Any, nullable: bool) -> int | None:
+def check_id(value: Any, nullable: bool) -> int | None:
+    """A request id in [0, MAX_ID] (or None where ``nullable``), else ProtocolError."""
     if value is None and nullable:
         return None
-    if not _is_int(value) or not 0 <= value <= MAX_ID:
+    if not is_int(value) or not 0 <= value <= MAX_ID:
         raise ProtocolError(f"'id' must be an integer in [0, {MAX_ID}], got {value!r:.80}")
     return int(value)
 
 
-def _check_keys(obj: dict[str, Any], required: set[str], allowed: set[str], what: str) -> None:
+def check_keys(obj: dict[str, Any], required: set[str], allowed: set[str], what: str) -> None:
+    """Refuse an object that lacks a required key or has one not allowed."""
     missing = required - obj.keys()
     unknown = obj.keys() - allowed
     if missing:
@@ -188,8 +171,8 @@ def _check_keys(obj: dict[str, Any], required: set[str], allowed: set[str], what
 
 def parse_request(message: dict[str, Any]) -> Request:
     """Check a request envelope (not its arguments) and return it."""
-    _check_keys(message, {"id", "op", "args"}, {"id", "op", "args"}, "request")
-    request_id = _check_id(message["id"], nullable=False)
+    check_keys(message, {"id", "op", "args"}, {"id", "op", "args"}, "request")
+    request_id = check_id(message["id"], nullable=False)
     assert request_id is not None
     if not isinstance(message["op"], str):
         raise ProtocolError("request 'op' must be a string")
@@ -201,8 +184,8 @@ def parse_request(message: dict[str, Any]) -> Request:
 def parse_reply(message: dict[str, Any]) -> Reply:
     """Check a reply envelope and return it; an error reply's error becomes a CcwError."""
     if "progress" in message and "ok" not in message:
-        _check_keys(message, {"id", "progress"}, {"id", "progress"}, "progress report")
-        progress_id = _check_id(message["id"], nullable=False)
+        check_keys(message, {"id", "progress"}, {"id", "progress"}, "progress report")
+        progress_id = check_id(message["id"], nullable=False)
         if not isinstance(message["progress"], dict):
             raise ProtocolError("progress report 'progress' must be an object")
         return Reply(progress_id, True, progress=message["progress"])
@@ -210,14 +193,14 @@ def parse_reply(message: dict[str, Any]) -> Reply:
     if not isinstance(ok, bool):
         raise ProtocolError("reply 'ok' must be a boolean")
     body = "result" if ok else "error"
-    _check_keys(message, {"id", "ok", body}, {"id", "ok", body}, "reply")
-    reply_id = _check_id(message["id"], nullable=True)
+    check_keys(message, {"id", "ok", body}, {"id", "ok", body}, "reply")
+    reply_id = check_id(message["id"], nullable=True)
     if not isinstance(message[body], dict):
         raise ProtocolError(f"reply '{body}' must be an object")
     if ok:
         return Reply(reply_id, True, result=message["result"])
     error = message["error"]
-    _check_keys(error, {"code", "message"}, {"code", "message", "details"}, "reply error")
+    check_keys(error, {"code", "message"}, {"code", "message", "details"}, "reply error")
     if not isinstance(error["code"], str) or not isinstance(error["message"], str):
         raise ProtocolError("reply error 'code' and 'message' must be strings")
     if not isinstance(error.get("details", {}), dict):
@@ -295,13 +278,6 @@ class FrameDecoder:
         return message
 
 
-def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
-    """A request frame; the arguments are validated here as well as in the helper."""
-    _check_id(request_id, nullable=False)
-    validate_args(op, args)
-    return encode_frame({"id": request_id, "op": op, "args": args})
-
-
 def encode_reply(request_id: int | None, result: dict[str, Any]) -> bytes:
     """A success reply frame."""
     return encode_frame({"id": request_id, "ok": True, "result": result})
@@ -319,234 +295,3 @@ def encode_error(request_id: int | None, error: CcwError) -> bytes:
     except ProtocolError:
         bare = {"code": error.code, "message": error.message[:4096], "details": {}}
         return encode_frame({"id": request_id, "ok": False, "error": bare})
-
-
-# --- argument checking -------------------------------------------------------------------
-
-Check = Callable[[str, Any], Any]
-
-
-def _fail(name: str, why: str) -> ProtocolError:
-    return ProtocolError(f"argument {name!r} {why}", {"argument": name})
-
-
-def _int(lo: int, hi: int) -> Check:
-    def check(name: str, value: Any) -> Any:
-        if not _is_int(value) or not lo <= value <= hi:
-            raise _fail(name, f"must be an integer in [{lo}, {hi}]")
-        return value
-
-    return check
-
-
-def _text(name: str, value: Any, limit: int) -> str:
-    if not isinstance(value, str):
-        raise _fail(name, "must be a string")
-    if "\x00" in value:
-        raise _fail(name, "must not contain NUL")
-    if len(value.encode("utf-8", "surrogatepass")) > limit:
-        raise _fail(name, f"is longer than {limit} bytes")
-    return value
-
-
-def _abs_path(name: str, value: Any) -> Any:
-    _text(name, value, MAX_PATH)
-    if not value.startswith("/"):
-        raise _fail(name, "must be an absolute path")
-    return value
-
-
-def _nullable(check: Check) -> Check:
-    def nullable(name: str, value: Any) -> Any:
-        return None if value is None else check(name, value)
-
-    return nullable
-
-
-def _capsule_id(name: str, value: Any) -> Any:
-    if not isinstance(value, str) or not CAPSULE_ID_RE.fullmatch(value):
-        raise _fail(name, "must be a capsule id such as 'cap_0001700000000000_1a2b'")
-    return value
-
-
-def _enum(*choices: str) -> Check:
-    def check(name: str, value: Any) -> Any:
-        if value not in choices:
-            raise _fail(name, f"must be one of {list(choices)}")
-        return value
-
-    return check
-
-
-def _env_names(name: str, value: Any) -> Any:
-    if not isinstance(value, list) or len(value) > MAX_ENV:
-        raise _fail(name, f"must be a list of at most {MAX_ENV} variable names")
-    for item in value:
-        if not isinstance(item, str) or not ENV_NAME_RE.fullmatch(item):
-            raise _fail(name, f"holds {item!r:.80}, not an environment variable name")
-    return value
-
-
-def _env(name: str, value: Any) -> Any:
-    if not isinstance(value, dict) or len(value) > MAX_ENV:
-        raise _fail(name, f"must be an object of at most {MAX_ENV} variables")
-    total = 0
-    for key, item in value.items():
-        if not ENV_NAME_RE.fullmatch(key):
-            raise _fail(name, f"holds {key!r:.80}, not an environment variable name")
-        total += len(key) + len(_text(f"{name}.{key}", item, MAX_ARG_BYTES)) + 2
-    if total > MAX_ARG_BYTES:
-        raise _fail(name, f"is larger than {MAX_ARG_BYTES} bytes")
-    return value
-
-
-def _argv(name: str, value: Any) -> Any:
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_ARGV:
-        raise _fail(name, f"must be a list of 1 to {MAX_ARGV} strings")
-    total = sum(len(_text(name, item, MAX_ARG_BYTES)) + 1 for item in value)
-    if total > MAX_ARG_BYTES:
-        raise _fail(name, f"is larger than {MAX_ARG_BYTES} bytes")
-    if value[0] == "":
-        raise _fail(name, "must start with a program name")
-    return value
-
-
-def _base64(limit: int) -> Check:
-    def check(name: str, value: Any) -> Any:
-        if not isinstance(value, str) or len(value) > (limit + 2) // 3 * 4:
-            raise _fail(name, f"must be base64 text of at most {limit} decoded bytes")
-        try:
-            base64.b64decode(value.encode("ascii"), validate=True)
-        except (binascii.Error, UnicodeEncodeError):
-            raise _fail(name, "is not valid base64") from None
-        return value
-
-    return check
-
-
-_LIMIT_FIELDS: dict[str, Check] = {
-    "memory_mb": _int(1, 1 << 20),
-    "pids_max": _int(1, 1 << 22),
-    "cpu_ms": _int(1, MAX_TIMEOUT_MS),
-    "disk_mb": _int(DISK_MB_MIN, DISK_MB_MAX),
-}
-
-
-def _limits(name: str, value: Any) -> Any:
-    if not isinstance(value, dict):
-        raise _fail(name, "must be an object")
-    _check_keys(value, set(), set(_LIMIT_FIELDS), f"argument {name!r}")
-    for key, item in value.items():
-        _LIMIT_FIELDS[key](f"{name}.{key}", item)
-    return value
-
-
-@dataclass(frozen=True)
-class OpSpec:
-    """One operation of the closed set: its arguments and why serving it is safe."""
-
-    name: str
-    required: dict[str, Check]
-    optional: dict[str, Check] = field(default_factory=dict)
-    safety: str = ""
-
-
-def _op(name: str, safety: str, required: dict[str, Check], optional: dict[str, Check] | None = None) -> OpSpec:
-    return OpSpec(name, required, optional or {}, " ".join(safety.split()))
-
-
-# The closed op set (bubblewrap's PrivSepOp).  The helper serves these and nothing else.
-# Every op that names a capsule is authorised against the capsule's owner uid, which the
-# helper takes from SO_PEERCRED, never from the request.
-OPS: dict[str, OpSpec] = {
-    op.name: op
-    for op in (
-        _op(
-            "hello",
-            """Reads nothing but constants: the protocol version, the helper's mode and the
-            mechanisms in force.  No state is touched.""",
-            {"version": _int(0, 1 << 31)},
-        ),
-        _op(
-            "create",
-            """Mounts an overlay whose lower layer is a directory the caller can already
-            write (checked against the peer's uid/gid), so the capsule grants no access the
-            caller lacks; upper/work dirs live under the helper's state dir with names the
-            helper chooses.  Paths are absolute, bounded and NUL-free; network is a closed
-            enum; limits are bounded integers that only restrict.""",
-            {"workspace": _abs_path},
-            {
-                "base": _nullable(_abs_path),
-                "clock_offset_sec": _int(-MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC),
-                "env_whitelist": _env_names,
-                "limits": _limits,
-                "network": _enum(*NETWORKS),
-            },
-        ),
-        _op(
-            "exec",
-            """Runs argv in a fresh jail (mount, pid, net, uts, ipc, cgroup namespaces) as the
-            caller's own uid/gid with no capabilities and no_new_privs, so the command can do
-            nothing the caller could not do outside, and less.  Only the caller's own
-            capsules.  Sizes of argv, env, stdin, output and time are bounded.""",
-            {"capsule_id": _capsule_id, "argv": _argv},
-            {
-                "cwd": _nullable(_abs_path),
-                "env": _env,
-                "stdin_b64": _nullable(_base64(MAX_STDIN)),
-                "timeout_ms": _int(1, MAX_TIMEOUT_MS),
-                "limits": _limits,
-                "output_cap": _int(0, MAX_OUTPUT_CAP),
-                "progress_ms": _int(100, 60_000),
-            },
-        ),
-        _op(
-            "changes",
-            """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
-            symlink targets (read with readlink, never followed).  No file content.""",
-            {"capsule_id": _capsule_id},
-        ),
-        _op(
-            "fork",
-            """Creates a capsule stacked on one the caller owns; the child sees exactly what
-            the parent sees and belongs to the same caller.""",
-            {"capsule_id": _capsule_id},
-        ),
-        _op(
-            "open_root",
-            """Passes an O_PATH directory descriptor of the merged view of the caller's own
-            capsule.  O_PATH grants no read or write by itself; every open through it is
-            checked by the kernel against the caller's own credentials, and the front end
-            resolves beneath it (openat2 RESOLVE_BENEATH).""",
-            {"capsule_id": _capsule_id},
-        ),
-        _op(
-            "destroy",
-            """Unmounts and deletes the caller's own capsule, whose files live only under the
-            helper's state dir; the workspace (the lower layer) is never written.""",
-            {"capsule_id": _capsule_id},
-        ),
-        _op(
-            "list",
-            """Lists the caller's own capsules (ids, workspaces, parents, times); other
-            callers' capsules are not shown.""",
-            {},
-        ),
-    )
-}
-
-
-def validate_args(op: str, args: Any) -> dict[str, Any]:
-    """Check ``args`` against ``op``'s schema: types, required/optional, bounds, no unknown keys."""
-    spec = OPS.get(op) if isinstance(op, str) else None
-    if spec is None:
-        raise ProtocolError(
-            f"unknown op {op!r:.80}; the helper serves {sorted(OPS)}", {"op": str(op)[:80]}
-        )
-    if not isinstance(args, dict):
-        raise ProtocolError(f"{op}: args must be an object")
-    _check_keys(args, set(spec.required), set(spec.required) | set(spec.optional), f"{op} args")
-    for key, value in args.items():
-        check = spec.required.get(key) or spec.optional[key]
-        check(key, value)
-    return args

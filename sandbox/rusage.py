@@ -20,16 +20,16 @@ Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18
   figure at or below it says only that no process peaked higher than ccw's own image.
 - Only reaped processes count.  Every process of a jail descends from its init, and
   orphans are reparented to it (pid 1 of the jail's pid namespace); when the command
-  exits the init SIGKILLs what is left and reaps it (jail.py), so RUSAGE_CHILDREN taken
+  exits the init SIGKILLs what is left and reaps it (contain.py), so RUSAGE_CHILDREN taken
   then covers every process the jail ever had, without the init itself.
 - A killed init cannot report, and then nothing else can: the kernel tears its pid
   namespace down by having the dying init reap everything with SIGCHLD *ignored*, and
   children reaped so are not added to anyone's usage.  A 1.5 s busy loop ended that way
   leaves 9 ms in the helper's own ``wait4`` of the init (measured), so that figure is
   no source: the figures are null, with the reason.  On timeout the helper therefore
-  first asks the init to end the jail itself (jail.py, ``END_SIGNAL``), and kills it
+  first asks the init to end the jail itself (supervise.py, ``END_SIGNAL``), and kills it
   only when it has not ended a second later.
-- ``ru_inblock``/``ru_oublock`` are task I/O accounting, in 512-byte units (see cgroups.py).
+- ``ru_inblock``/``ru_oublock`` are task I/O accounting, in 512-byte units (see exec_cgroup.py).
 
 Why not sample the process tree (psutil, /proc) instead: the figures sampling could add
 are no better for any use ccw has.  Summed RSS counts every shared page (libraries, a
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sandbox.cgroups import Usage
+    from sandbox.exec_cgroup import Usage
 
 _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inherited_kb
 
@@ -70,12 +70,12 @@ class InitReport:
 
     @property
     def ru_inblock(self) -> int:
-        """As ``struct_rusage``, for the I/O figures (cgroups.ExecCgroup.collect)."""
+        """As ``struct_rusage``, for the I/O figures (exec_cgroup.ExecCgroup.collect)."""
         return self.inblock
 
     @property
     def ru_oublock(self) -> int:
-        """As ``struct_rusage``, for the I/O figures (cgroups.ExecCgroup.collect)."""
+        """As ``struct_rusage``, for the I/O figures (exec_cgroup.ExecCgroup.collect)."""
         return self.oublock
 
 

@@ -301,7 +301,7 @@ def enter(prepared: Filter) -> None:
 
 
 def mechanisms() -> dict[str, object]:
-    """What ``jail.mechanisms()`` reports under "seccomp"."""
+    """What ``contain.mechanisms()`` reports under "seccomp"."""
     prepared = prepare()
     if prepared is None:
         return {"mode": None, "reason": f"no filter for architecture {platform.machine()}", "denied": []}

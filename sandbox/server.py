@@ -23,7 +23,7 @@ Some facts about unix sockets that this module follows from:
   helper closes its own copy once sent.
 
 Requests on one connection are answered in order; a client that wants concurrency opens
-more connections (``mcp_server/helper.py`` does).  Nothing but a second exec waits for
+more connections (``sandbox/client.py`` does).  Nothing but a second exec waits for
 an exec: ``changes``, ``open_root`` and ``list`` on a busy capsule answer at once (each
 connection has its own thread, and the manager's lock guards bookkeeping only, never a
 running command), so a diff or a file read sees a running command's writes so far.  A frame that cannot be decoded is
@@ -47,24 +47,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox.errors import CcwError, from_oserror
+from sandbox.errors import CcwError, ProtocolError, from_oserror
+from sandbox.ops import OPS, ExecProgress, validate_args
 from sandbox.protocol import (
-    OPS,
     PROTOCOL_VERSION,
     FrameDecoder,
-    ProtocolError,
     Request,
     encode_error,
     encode_progress,
     encode_reply,
-    validate_args,
 )
+from sandbox.syscalls import unix_address
 
 log = logging.getLogger("ccw.helper")
 
 RECV_CHUNK = 256 * 1024
 MAX_CONNECTIONS = 256  # one thread each; more are told to retry, not queued without bound
-SUN_PATH_MAX = 107
 OVERFLOW_UID = 65534
 
 
@@ -82,20 +80,6 @@ def peer_credentials(sock: socket.socket) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return Peer(pid, uid, gid)
-
-
-@contextlib.contextmanager
-def unix_address(path: str) -> Any:
-    """Yield an address for ``path`` that fits sun_path (via /proc/self/fd for long paths)."""
-    if len(os.fsencode(path)) <= SUN_PATH_MAX:
-        yield path
-        return
-    directory, name = os.path.split(os.path.abspath(path))
-    dirfd = os.open(directory or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{dirfd}/{name}"
-    finally:
-        os.close(dirfd)
 
 
 class Dispatcher:
@@ -192,13 +176,10 @@ class Dispatcher:
             # Reports go out on the caller's connection while the command runs; if the
             # caller has gone, sending fails and the exec ends with it.
             def on_progress(report: dict[str, Any]) -> None:
-                progress({
-                    "elapsed_ms": report["elapsed_ms"],
-                    "stdout_bytes": report["stdout_bytes"],
-                    "stderr_bytes": report["stderr_bytes"],
-                    "stdout_tail_b64": base64.b64encode(report["stdout_tail"]).decode(),
-                    "stderr_tail_b64": base64.b64encode(report["stderr_tail"]).decode(),
-                })
+                progress(ExecProgress(
+                    report["elapsed_ms"], report["stdout_bytes"], report["stderr_bytes"],
+                    report["stdout_tail"], report["stderr_tail"],
+                ).to_args())
 
             kwargs["on_progress"] = on_progress
         if args.get("stdin_b64") is not None:

@@ -1,4 +1,5 @@
-"""Thin ctypes wrappers for the syscalls Python 3.11 does not expose.
+"""Thin ctypes wrappers for the syscalls Python 3.11 does not expose, and the kernel's
+limit on unix socket addresses (``unix_address``).
 
 Each wrapper raises OSError with the syscall's name and arguments in the message, so a
 failure deep in jail setup still says exactly what was asked of the kernel.  Numbers are
@@ -8,11 +9,13 @@ looked up from ``_SYSCALL_NR``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import platform
 import struct
+from collections.abc import Iterator
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -296,3 +299,21 @@ _libc.syncfs.argtypes = [ctypes.c_int]
 def syncfs(fd: int) -> None:
     """syncfs(2): write back everything dirty on the filesystem holding ``fd``."""
     _check(_libc.syncfs(fd), f"syncfs({fd})")
+
+
+# --- unix socket addresses ----------------------------------------------------------
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL
+
+
+@contextlib.contextmanager
+def unix_address(path: str) -> Iterator[str]:
+    """Yield an address for ``path`` that fits sun_path (via /proc/self/fd for long paths)."""
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        yield path
+        return
+    directory, name = os.path.split(os.path.abspath(path))
+    dirfd = os.open(directory or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{dirfd}/{name}"
+    finally:
+        os.close(dirfd)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import capsules, overlay
+from sandbox import access, execution, mountinfo, overlay, registry
 from sandbox.errors import CcwError
 
 
@@ -171,12 +171,12 @@ def test_lower_lookup_and_signature(layers: tuple[Path, Path]) -> None:
     before = overlay.upper_signature(str(upper))
     write(upper / "deep" / "new.txt", "n")
     after = overlay.upper_signature(str(upper))
-    moved = capsules._upper_diff(before, after, [str(lower)])
+    moved = execution.upper_diff(before, after, [str(lower)])
     assert moved == ["deep/new.txt"]  # deep/ exists below: a copy-up, not a creation
     (upper / "brandnew").mkdir()
     os.unlink(upper / "keep.txt")
     again = overlay.upper_signature(str(upper))
-    assert capsules._upper_diff(after, again, [str(lower)]) == ["brandnew", "keep.txt"]
+    assert execution.upper_diff(after, again, [str(lower)]) == ["brandnew", "keep.txt"]
 
 
 def test_parse_mountinfo_unescapes() -> None:
@@ -185,7 +185,7 @@ def test_parse_mountinfo_unescapes() -> None:
         "40 27 0:39 / /st/capsules/cap_1/merged rw,relatime shared:5 - overlay ccw rw,lowerdir+=/w\n"
         "garbage line\n"
     )
-    assert overlay.parse_mountinfo(text) == [("/mnt/with space", "ext3"), ("/st/capsules/cap_1/merged", "overlay")]
+    assert [(m.mount_point, m.fstype) for m in mountinfo.parse(text)] == [("/mnt/with space", "ext3"), ("/st/capsules/cap_1/merged", "overlay")]
 
 
 def test_option_escaping_for_mount2() -> None:
@@ -193,35 +193,35 @@ def test_option_escaping_for_mount2() -> None:
 
 
 def test_ids_are_unique_and_sorted(state_dir: Path) -> None:
-    manager = capsules.CapsuleManager(str(state_dir), rootless=True)
+    manager = registry.CapsuleManager(str(state_dir), rootless=True)
     ids = [manager._new_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
-    assert all(capsules.ID_RE.fullmatch(i) for i in ids)
+    assert all(registry.ID_RE.fullmatch(i) for i in ids)
 
 
 def test_argument_checks() -> None:
     with pytest.raises(CcwError) as err:
-        capsules._final_env({"SECRET": "x"}, ["PYTHONPATH"])
+        execution.final_env({"SECRET": "x"}, ["PYTHONPATH"])
     assert err.value.code == "INVALID_ARGUMENT" and "SECRET" in err.value.message
-    env = capsules._final_env({"PYTHONPATH": "/w", "LANG": "en_US.UTF-8"}, ["PYTHONPATH"])
-    assert env == {"PATH": capsules.DEFAULT_PATH, "HOME": capsules.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
+    env = execution.final_env({"PYTHONPATH": "/w", "LANG": "en_US.UTF-8"}, ["PYTHONPATH"])
+    assert env == {"PATH": execution.DEFAULT_PATH, "HOME": execution.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
     for bad_argv in ([], ["a\0b"], "ls", [1]):
         with pytest.raises(CcwError):
-            capsules._check_argv(bad_argv)
-    assert capsules._resolve_cwd(None, "/w") == "/w"
-    assert capsules._resolve_cwd("sub/../x", "/w") == "/w/x"
+            access.check_argv(bad_argv)
+    assert execution.resolve_cwd(None, "/w") == "/w"
+    assert execution.resolve_cwd("sub/../x", "/w") == "/w/x"
     with pytest.raises(CcwError):
-        capsules._resolve_cwd("../../etc", "/w")
+        execution.resolve_cwd("../../etc", "/w")
     with pytest.raises(CcwError):
-        capsules._check_limits({"memory_mb": 0})
+        access.check_limits({"memory_mb": 0})
     with pytest.raises(CcwError):
-        capsules._check_limits({"disk": 1})
-    assert capsules._check_env_whitelist(["B", "A", "B"]) == ["A", "B"]
+        access.check_limits({"disk": 1})
+    assert access.check_env_whitelist(["B", "A", "B"]) == ["A", "B"]
 
 
 def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
-    manager = capsules.CapsuleManager(str(state_dir), rootless=True)
+    manager = registry.CapsuleManager(str(state_dir), rootless=True)
     uid, gid = os.getuid(), os.getgid()
     for bad in ("relative/path", "/", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
         with pytest.raises(CcwError) as err:
@@ -243,7 +243,7 @@ def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_and_malformed_ids(state_dir: Path) -> None:
-    manager = capsules.CapsuleManager(str(state_dir), rootless=True)
+    manager = registry.CapsuleManager(str(state_dir), rootless=True)
     with pytest.raises(CcwError) as err:
         manager.changes("cap_0000000000000_00000000", os.getuid())
     assert err.value.code == "NOT_FOUND"

@@ -6,10 +6,10 @@ from sandbox.cgroups import (
     CgroupLayout,
     Hierarchy,
     build_layout,
+    cgroup_mounts,
     parse_blkio_bytes,
     parse_flat_keyed,
     parse_io_stat,
-    parse_mountinfo,
     parse_proc_cgroups,
     parse_self_cgroup,
 )
@@ -59,7 +59,7 @@ V2_SELF = "0::/system.slice/ccw-helper.service\n"
 
 
 def test_mountinfo_finds_cgroup_mounts_and_their_controllers() -> None:
-    mounts = parse_mountinfo(HYBRID_MOUNTINFO)
+    mounts = cgroup_mounts(HYBRID_MOUNTINFO)
     assert [m.mount_point for m in mounts][:2] == ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpuacct"]
     assert len(mounts) == 9  # tmpfs and ext4 are not cgroups
     unified = mounts[-1]
@@ -69,14 +69,14 @@ def test_mountinfo_finds_cgroup_mounts_and_their_controllers() -> None:
 
 def test_mountinfo_unescapes_octal_and_skips_optional_fields() -> None:
     text = "50 25 0:40 /sub /mnt/my\\040cgroups rw shared:7 master:2 - cgroup cgroup rw,pids,memory\n"
-    (mount,) = parse_mountinfo(text)
+    (mount,) = cgroup_mounts(text)
     assert mount.mount_point == "/mnt/my cgroups"
     assert mount.root == "/sub"
     assert mount.options >= {"pids", "memory"}
 
 
 def test_mountinfo_ignores_garbage_lines() -> None:
-    assert parse_mountinfo("nonsense\n\n1 2 3\n") == []
+    assert cgroup_mounts("nonsense\n\n1 2 3\n") == []
 
 
 def test_proc_cgroups() -> None:
@@ -201,7 +201,7 @@ def test_layout_is_hashable_value() -> None:
 
 
 def test_no_hierarchy_gives_null_usage_with_reasons() -> None:
-    from sandbox.cgroups import ExecCgroup, Limits
+    from sandbox.exec_cgroup import ExecCgroup, Limits
 
     cg = ExecCgroup.prepare(CgroupLayout(), "nothing", Limits())
     usage = cg.collect()
@@ -215,8 +215,8 @@ def test_no_hierarchy_gives_null_usage_with_reasons() -> None:
 def test_requested_limit_without_a_hierarchy_is_unsupported() -> None:
     import pytest
 
-    from sandbox.cgroups import ExecCgroup, Limits
     from sandbox.errors import CcwError
+    from sandbox.exec_cgroup import ExecCgroup, Limits
 
     for limits, what in ((Limits(memory_bytes=1 << 20), "memory_mb"), (Limits(pids_max=5), "pids_max"),
                          (Limits(cpu_ms=10), "cpu_ms")):
@@ -229,8 +229,8 @@ def test_requested_limit_without_a_hierarchy_is_unsupported() -> None:
 def test_bad_names_are_refused() -> None:
     import pytest
 
-    from sandbox.cgroups import ExecCgroup, Limits
     from sandbox.errors import CcwError
+    from sandbox.exec_cgroup import ExecCgroup, Limits
 
     for name in ("", "a/b", "a@1", "..", "."):
         with pytest.raises(CcwError):

@@ -7,13 +7,13 @@ import socket
 import pytest
 import trio
 
-from mcp_server.helper import _Connection
+from sandbox.client import TrioConnection
 from sandbox.errors import CcwError
 
 
 async def _receive_after(peer_ends: str) -> CcwError:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    connection = _Connection(trio.socket.from_stdlib_socket(ours))
+    connection = TrioConnection(trio.socket.from_stdlib_socket(ours))
     await connection.send(b"a request the helper never read\n")
     if peer_ends == "reset":
         theirs.close()  # with our bytes unread: the kernel resets the connection (ECONNRESET)
@@ -38,7 +38,7 @@ def test_sending_to_a_helper_that_is_gone_is_unavailable() -> None:
     async def main() -> CcwError:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         theirs.close()
-        connection = _Connection(trio.socket.from_stdlib_socket(ours))
+        connection = TrioConnection(trio.socket.from_stdlib_socket(ours))
         try:
             with pytest.raises(CcwError) as info:
                 await connection.send(b"x\n")

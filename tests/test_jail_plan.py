@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import jail, mounts, namespaces
+from sandbox import contain, mounts, namespaces, supervise
 from sandbox.errors import CcwError
 
 
@@ -101,7 +101,7 @@ def test_host_mounts_inside_etc_are_bound_over_the_overlay_but_never_a_secret(tm
 
 
 def test_stream_keeps_the_cap_and_counts_everything() -> None:
-    stream = jail._Stream(cap=5)
+    stream = supervise._Stream(cap=5)
     for chunk in (b"abc", b"defgh", b"ij"):
         stream.feed(chunk)
     assert (bytes(stream.data), stream.total) == (b"abcde", 10)
@@ -112,30 +112,30 @@ def _message(kind: bytes, payload: bytes) -> bytes:
     return struct.pack("!H", len(body)) + body
 
 
-def _running(status: int | None = None, timed_out: bool = False) -> jail._Running:
-    running = jail._Running(pid=0, direct=True, cgroup=None)
+def _running(status: int | None = None, timed_out: bool = False) -> supervise._Running:
+    running = supervise._Running(pid=0, direct=True, cgroup=None)
     running.status, running.timed_out = status, timed_out
     return running
 
 
 def test_result_decoding() -> None:
-    out, err = jail._Stream(10), jail._Stream(10)
-    exited = jail._parse_reports(_message(b"W", struct.pack("!i", 3 << 8)))
-    result = jail._result(exited, _running(0), 5, out, err)
+    out, err = supervise._Stream(10), supervise._Stream(10)
+    exited = supervise._parse_reports(_message(b"W", struct.pack("!i", 3 << 8)))
+    result = supervise._result(exited, _running(0), 5, out, err)
     assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
-    killed = jail._parse_reports(_message(b"W", struct.pack("!i", signal.SIGSEGV)))
-    assert jail._result(killed, _running(0), 5, out, err).signal == "SIGSEGV"
-    timeout = jail._result([], _running(signal.SIGKILL, timed_out=True), 5, out, err)
+    killed = supervise._parse_reports(_message(b"W", struct.pack("!i", signal.SIGSEGV)))
+    assert supervise._result(killed, _running(0), 5, out, err).signal == "SIGSEGV"
+    timeout = supervise._result([], _running(signal.SIGKILL, timed_out=True), 5, out, err)
     assert (timeout.exit_code, timeout.signal, timeout.timed_out) == (None, "SIGKILL", True)
-    oom = jail._result([], _running(signal.SIGKILL), 5, out, err)
+    oom = supervise._result([], _running(signal.SIGKILL), 5, out, err)
     assert oom.signal == "SIGKILL" and not oom.timed_out
 
 
 def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
     raw = _message(b"P", struct.pack("!i", 42)) + _message(b"E", b"chdir /nope\x002\x00No such file or directory")
-    assert jail._init_pid(raw) == 42
+    assert supervise._init_pid(raw) == 42
     with pytest.raises(CcwError) as info:
-        jail._result(jail._parse_reports(raw), _running(125 << 8), 5, jail._Stream(1), jail._Stream(1))
+        supervise._result(supervise._parse_reports(raw), _running(125 << 8), 5, supervise._Stream(1), supervise._Stream(1))
     assert info.value.code == "NOT_FOUND"
     assert info.value.details["step"] == "chdir /nope"
     assert "cwd" in info.value.message
@@ -144,10 +144,10 @@ def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
 def test_spec_checks(tmp_path: Path) -> None:
     for name in ("m", "t", "h"):
         (tmp_path / name).mkdir()
-    good = jail.JailSpec(merged_dir=str(tmp_path / "m"), workspace="/srv/ws", tmp_dir=str(tmp_path / "t"),
+    good = contain.JailSpec(merged_dir=str(tmp_path / "m"), workspace="/srv/ws", tmp_dir=str(tmp_path / "t"),
                          home_dir=str(tmp_path / "h"), argv=["/bin/true"], cwd="/srv/ws",
                          env={"PATH": "/bin", "HOME": "/home/a"})
-    jail._check_spec(good)
+    contain._check_spec(good)
     bad_cases: list[dict[str, object]] = [
         {"argv": []}, {"argv": ["a\0b"]}, {"env": {"A=B": "1"}}, {"workspace": "/srv/ws/"},
         {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"}, {"cwd": "x"},
@@ -155,13 +155,13 @@ def test_spec_checks(tmp_path: Path) -> None:
         {"timeout_ms": 0}, {"output_cap": -1},
     ]
     for bad in bad_cases:
-        spec = jail.JailSpec(**{**good.__dict__, **bad})  # type: ignore[arg-type]
+        spec = contain.JailSpec(**{**good.__dict__, **bad})  # type: ignore[arg-type]
         with pytest.raises(CcwError):
-            jail._check_spec(spec)
+            contain._check_spec(spec)
 
 
 def test_mechanisms_describe_what_is_in_force() -> None:
-    info = jail.mechanisms()
+    info = contain.mechanisms()
     assert info["no_new_privs"] is True
     assert set(namespaces.JAIL_NAMESPACES) <= set(str(n).split(" ")[0] for n in info["namespaces"])  # type: ignore[attr-defined]
     assert "clock_offset" in info and "seccomp" in info

@@ -10,18 +10,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sandbox.errors import CcwError
+from sandbox.errors import CcwError, ProtocolError
+from sandbox.ops import encode_request
 from sandbox.protocol import (
     HEADER,
     MAX_FRAME,
     FrameDecoder,
-    ProtocolError,
     Reply,
     Request,
     encode_error,
     encode_frame,
     encode_reply,
-    encode_request,
 )
 
 

@@ -21,15 +21,15 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server.helper import HelperClient
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
+from sandbox.ops import encode_request
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
     Reply,
     Request,
     encode_frame,
-    encode_request,
 )
 from sandbox.server import Dispatcher, HelperServer, Peer
 

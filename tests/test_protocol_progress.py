@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from sandbox.errors import ProtocolError
+from sandbox.ops import validate_args
 from sandbox.protocol import (
     FrameDecoder,
-    ProtocolError,
     encode_frame,
     encode_progress,
     encode_reply,
-    validate_args,
 )
 
 

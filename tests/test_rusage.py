@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sandbox import rusage
-from sandbox.cgroups import Usage
+from sandbox.exec_cgroup import Usage
 
 MIB = 1024  # ru_maxrss is in kB
 
@@ -21,7 +21,7 @@ def _rusage(utime: float = 0.0, stime: float = 0.0, maxrss: int = 0, inblock: in
 
 
 def _rootless_usage() -> Usage:
-    """What cgroups.collect gives when no hierarchy was writable."""
+    """What exec_cgroup.collect gives when no hierarchy was writable."""
     why = "mkdir of the exec's cgroup failed with EACCES in every hierarchy"
     return Usage(None, None, 4, 0, False, False,
                  {"cpu_ms": f"no readable cpu usage counter: {why}", "rss_max_kb": f"no memory cgroup: {why}"})

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import disk, overlay
-from sandbox.capsules import CapsuleManager
+from sandbox import disk, mountinfo
 from sandbox.errors import CcwError
+from sandbox.registry import CapsuleManager
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_MB = 64
@@ -64,7 +64,7 @@ def env(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager, P
     yield manager, state, ws
     for item in reversed(manager.list(0)["capsules"]):
         manager.destroy(item["capsule_id"], 0)
-    assert overlay.mounts_under(str(state)) == []
+    assert mountinfo.mounts_under(str(state)) == []
     assert manager.disks is not None
     manager.disks.close()
     assert wait_for_no_loops(state) == [], "a loop device outlived its capsule or the pool"
@@ -160,7 +160,7 @@ def test_without_disks_a_disk_limit_is_refused_with_the_reason(root_required: No
 KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {root!r})
-from sandbox.capsules import CapsuleManager
+from sandbox.registry import CapsuleManager
 m = CapsuleManager({state!r}, rootless=False, disk_mb={limit})
 m.recover()
 c = m.create(0, 0, {ws!r})
@@ -186,7 +186,7 @@ def test_a_killed_helper_loses_nothing_on_the_disk_and_leaks_no_pool(root_requir
     assert [Path(f).name for f in ours(state) if "/disks/pool/" in f] == []
     manager = CapsuleManager(str(state), rootless=False, disk_mb=LIMIT_MB)
     assert manager.recover()["capsules"] == [capsule_id]
-    assert overlay.mounts_under(str(state)) == []
+    assert mountinfo.mounts_under(str(state)) == []
     assert [c["path"] for c in manager.changes(capsule_id, 0)["changes"]] == ["kept.txt"]
     out = run(manager, capsule_id, "cat kept.txt /tmp/t")
     assert out["stdout"] == "kept\ntmp\n"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import overlay
-from sandbox.capsules import CapsuleManager
+from sandbox import mountinfo
 from sandbox.errors import CcwError
+from sandbox.registry import CapsuleManager
 
 # The helper's own interpreter: the jail binds its prefix read-only (mounts.python_prefix).
 PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
@@ -29,7 +29,7 @@ def manager(root_required: None, tmp_path: Path) -> Iterator[CapsuleManager]:
     yield manager
     for item in reversed(manager.list(0)["capsules"]):
         manager.destroy(item["capsule_id"], 0)
-    assert overlay.mounts_under(str(state)) == []
+    assert mountinfo.mounts_under(str(state)) == []
 
 
 def run(manager: CapsuleManager, capsule_id: str, argv: list[str], **kwargs: object) -> dict[str, object]:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import overlay
-from sandbox.capsules import CapsuleManager
+from sandbox import mountinfo, overlay
 from sandbox.errors import CcwError
+from sandbox.registry import CapsuleManager
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -64,7 +64,7 @@ def env(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager, P
     for owner in (0, NOBODY):  # forks sort after their parents: destroy newest first
         for item in reversed(manager.list(owner)["capsules"]):
             manager.destroy(item["capsule_id"], owner)
-    assert overlay.mounts_under(str(state)) == []
+    assert mountinfo.mounts_under(str(state)) == []
 
 
 def sh(cwd: str, script: str) -> None:
@@ -155,11 +155,11 @@ def test_destroy_leaves_nothing(env: tuple[CapsuleManager, Path, Path]) -> None:
     ids = [manager.create(0, 0, str(ws))["capsule_id"] for _ in range(3)]
     fork = manager.fork(ids[0], 0, 0)["capsule_id"]
     sh(str(state / "capsules" / fork / "merged"), "echo x > y")
-    mounts = overlay.mounts_under(str(state))
+    mounts = mountinfo.mounts_under(str(state))
     assert sorted(os.path.basename(p) for p in mounts) == ["disk"] * 4 + ["merged"] * 4  # each its own disk
     for capsule_id in [fork, *ids]:
         assert manager.destroy(capsule_id, 0) == {"capsule_id": capsule_id, "destroyed": True}
-    assert overlay.mounts_under(str(state)) == []
+    assert mountinfo.mounts_under(str(state)) == []
     assert os.listdir(state / "capsules") == []
     assert manager.list(0) == {"capsules": []}
 
@@ -179,7 +179,7 @@ def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager
         assert (merged / "f").read_text() == "f"
     finally:
         overlay.teardown(str(merged))
-    assert overlay.mounts_under(str(merged)) == []
+    assert mountinfo.mounts_under(str(merged)) == []
 
 
 def test_open_root_gives_the_merged_view(env: tuple[CapsuleManager, Path, Path]) -> None:
@@ -198,7 +198,7 @@ def test_open_root_gives_the_merged_view(env: tuple[CapsuleManager, Path, Path])
 RECOVER_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from sandbox.capsules import CapsuleManager
+from sandbox.registry import CapsuleManager
 m = CapsuleManager({state!r}, rootless=False)
 m.recover()
 c = m.create(0, 0, {ws!r})
@@ -220,7 +220,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-    assert len(overlay.mounts_under(str(state))) == 4  # overlays and disks left by the dead helper
+    assert len(mountinfo.mounts_under(str(state))) == 4  # overlays and disks left by the dead helper
     (state / "capsules" / ".new-cap_0000000000001_00000000").mkdir()  # half-created
     broken = state / "capsules" / "cap_0000000000002_00000000"
     broken.mkdir()
@@ -229,7 +229,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
     report = manager.recover()
     assert report["capsules"] == [parent_id, fork_id]
     assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
-    assert overlay.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
+    assert mountinfo.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
     assert sorted(os.listdir(state / "capsules")) == [parent_id, fork_id]
     assert [c["path"] for c in manager.changes(fork_id, 0)["changes"]] == ["forked.txt", "precious.txt"]
     fd = manager.open_root(fork_id, 0)
@@ -246,7 +246,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
         os.close(parent_fd)
     manager.destroy(fork_id, 0)
     manager.destroy(parent_id, 0)
-    assert overlay.mounts_under(str(state)) == [] and os.listdir(state / "capsules") == []
+    assert mountinfo.mounts_under(str(state)) == [] and os.listdir(state / "capsules") == []
 
 
 @pytest.fixture

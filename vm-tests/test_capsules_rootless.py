@@ -31,8 +31,8 @@ SCRIPT = textwrap.dedent("""
         with open(f"/proc/self/{{name}}", "w") as f:
             f.write(text)
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-    from sandbox.capsules import CapsuleManager
-    from sandbox import overlay
+    from sandbox.registry import CapsuleManager
+    from sandbox import mountinfo
     m = CapsuleManager({state!r}, rootless=True)
     m.recover()
     c = m.create(0, 0, {ws!r})
@@ -50,9 +50,9 @@ SCRIPT = textwrap.dedent("""
     out = {{"changes": m.changes(c["capsule_id"], 0)["changes"],
             "child_paths": child_paths, "child_changes": child_changes,
             "xattrs": os.listxattr(os.path.join(merged.replace("merged", "upper"), "dir")),
-            "mounted": len(overlay.mounts_under({state!r}))}}
+            "mounted": len(mountinfo.mounts_under({state!r}))}}
     m.destroy(c["capsule_id"], 0)
-    out["after"] = len(overlay.mounts_under({state!r}))
+    out["after"] = len(mountinfo.mounts_under({state!r}))
     print(json.dumps(out))
 """)
 

@@ -1,4 +1,4 @@
-"""sandbox/cgroups.py on the real kernel: limits, usage, kill, teardown, stale cleanup."""
+"""sandbox/exec_cgroup.py on the real kernel: limits, usage, kill, teardown, stale cleanup."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.cgroups import ExecCgroup, Limits, cleanup_stale, detect_layout
+from sandbox.cgroups import detect_layout
 from sandbox.errors import CcwError
+from sandbox.exec_cgroup import ExecCgroup, Limits, cleanup_stale
 
 Require = Callable[[bool, str], None]
 
@@ -187,7 +188,8 @@ def test_cleanup_stale_removes_a_crashed_helpers_cgroups(layout: object) -> None
     crash = f"""
 import os, subprocess, sys
 sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})
-from sandbox.cgroups import ExecCgroup, Limits, detect_layout
+from sandbox.cgroups import detect_layout
+from sandbox.exec_cgroup import ExecCgroup, Limits
 cg = ExecCgroup.prepare(detect_layout(), "ccwtest-stale", Limits(pids_max=10))
 sleeper = subprocess.Popen(["sleep", "300"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 cg.enter(sleeper.pid)

@@ -78,7 +78,7 @@ def test_units_say_what_the_brief_requires() -> None:
 
 def test_helper_serves_a_socket_passed_by_systemd(tmp_path: Path, root_required: None,
                                                   require: Callable[[bool, str], None]) -> None:
-    from mcp_server.cli.helperctl import hello
+    from sandbox.client import BlockingClient
 
     activate = shutil.which("systemd-socket-activate")
     require(activate is not None, "needs systemd-socket-activate (Debian package systemd)")
@@ -94,7 +94,8 @@ def test_helper_serves_a_socket_passed_by_systemd(tmp_path: Path, root_required:
         while not path.exists():
             assert time.monotonic() < deadline and process.poll() is None, "no socket from systemd-socket-activate"
             time.sleep(0.05)
-        assert hello(str(path))["mode"] == "privileged"  # the first connection starts the helper
+        with BlockingClient(str(path)) as client:
+            assert client.hello()["mode"] == "privileged"  # the first connection starts the helper
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
     finally:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import jail, seccomp
+from sandbox import contain, seccomp, supervise
 
 NOBODY = 65534
 TOKEN = uuid.uuid4().hex[:12]
@@ -139,7 +139,7 @@ ATTEMPTS = [
 ]
 # In a separate exec: it kills every process it can see, the batch's shell included.
 KILL_ALL = Attempt("kill-minus-one", "kill -9 -1; sleep 2; echo survived")
-# Through jail.run as uid nobody.
+# Through supervise.run as uid nobody.
 NOBODY_ATTEMPTS = [
     Attempt("setuid-root-shell-as-nobody", "./suid-sh -p -c 'id -u' | grep -qx 0 && echo ESCAPED; false"),
     Attempt("su-root", "su -c 'echo ESCAPED' root < /dev/null"),
@@ -351,7 +351,7 @@ def escape_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 
 
 def _run_as_nobody(tmp: Path, ws: Path, context: dict[str, str]) -> dict[str, tuple[int, str]]:
-    """The setuid attempts, as an unprivileged caller (jail.run over a copy of the workspace)."""
+    """The setuid attempts, as an unprivileged caller (supervise.run over a copy of the workspace)."""
     merged = tmp / "nobody-ws"
     shutil.copytree(ws, merged, symlinks=True)
     os.chown(merged / "suid-sh", 0, 0)
@@ -364,11 +364,11 @@ def _run_as_nobody(tmp: Path, ws: Path, context: dict[str, str]) -> dict[str, tu
         dirs.append(path)
     os.chown(merged, NOBODY, NOBODY)
     workspace = f"/srv/ccw-escape-{TOKEN}"
-    spec = jail.JailSpec(merged_dir=str(merged), workspace=workspace, tmp_dir=str(dirs[0]), home_dir=str(dirs[1]),
+    spec = contain.JailSpec(merged_dir=str(merged), workspace=workspace, tmp_dir=str(dirs[0]), home_dir=str(dirs[1]),
                          argv=["sh", "-c", _batch(NOBODY_ATTEMPTS, context)], cwd=workspace,
                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/home/agent"},
                          uid=NOBODY, gid=NOBODY, timeout_ms=60_000)
-    result = jail.run(spec)
+    result = supervise.run(spec)
     assert (merged / "root-owned.txt").read_text() == "root's\n"
     return _split(result.stdout.decode(errors="replace"))
 

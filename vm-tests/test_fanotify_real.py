@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import syscalls
-from sandbox.cgroups import ExecCgroup, Limits, detect_layout
+from sandbox.cgroups import detect_layout
+from sandbox.exec_cgroup import ExecCgroup, Limits
 from sandbox.fanotify import Tracer
 
 Require = Callable[[bool, str], None]

@@ -26,10 +26,12 @@ import pytest
 import trio
 
 from mcp_server.config import Config
-from mcp_server.helper import HelperClient, connect_or_spawn
+from mcp_server.helper import connect_or_spawn
 from sandbox import syscalls
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, encode_request
+from sandbox.ops import encode_request
+from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder
 
 ROOT = Path(__file__).resolve().parent.parent
 BENEATH = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS

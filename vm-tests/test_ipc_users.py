@@ -91,7 +91,7 @@ def public_dir() -> Iterator[Path]:
 
 PEER_SCRIPT = r"""
 import json, sys, trio
-from mcp_server.helper import HelperClient
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 
 async def main(path, foreign, own_ws, root_ws):
@@ -124,7 +124,7 @@ trio.run(main, *sys.argv[1:])
 def root_call(path: Path, op: str, args: dict[str, Any]) -> dict[str, Any]:
     import trio
 
-    from mcp_server.helper import HelperClient
+    from sandbox.client import HelperClient
 
     async def main() -> dict[str, Any]:
         client = HelperClient(str(path))

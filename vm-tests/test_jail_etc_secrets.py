@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import jail, mounts
+from sandbox import contain, mounts, supervise
 
 SECRET_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-")
 READ_ALL = "cat " + " ".join(SECRET_FILES)
@@ -50,8 +50,8 @@ def dirs(root_required: None, tmp_path: Path) -> dict[str, str]:
     return found
 
 
-def spec(dirs: dict[str, str], script: str) -> jail.JailSpec:
-    return jail.JailSpec(merged_dir=dirs["merged"], workspace="/srv/ccw-etc-secrets", tmp_dir=dirs["tmp"],
+def spec(dirs: dict[str, str], script: str) -> contain.JailSpec:
+    return contain.JailSpec(merged_dir=dirs["merged"], workspace="/srv/ccw-etc-secrets", tmp_dir=dirs["tmp"],
                          home_dir=dirs["home"], argv=["sh", "-c", script], cwd="/srv/ccw-etc-secrets",
                          env={"PATH": "/usr/bin:/bin"}, uid=0, gid=0, timeout_ms=30_000)
 
@@ -62,9 +62,9 @@ def test_a_root_tree_built_before_the_rename_still_hides_the_secrets(
     require(tree is not None, "this kernel builds no root tree ahead (< 6.15)")
     assert tree is not None
     os.close(tree)
-    jail._SPARE_ROOTS.refill()  # the next jail takes this tree, built before the rename
+    supervise._SPARE_ROOTS.refill()  # the next jail takes this tree, built before the rename
     rename_secrets()
-    result = jail.run(spec(dirs, f"{READ_ALL} 2>&1; echo @@; stat -c '%n %a %s' {' '.join(SECRET_FILES)}"))
+    result = supervise.run(spec(dirs, f"{READ_ALL} 2>&1; echo @@; stat -c '%n %a %s' {' '.join(SECRET_FILES)}"))
     read, _, stats = result.stdout.decode(errors="replace").partition("@@\n")
     assert_nothing_leaked(read)
     # Every name is there, empty and mode 0, whether or not the host has it.
@@ -93,7 +93,7 @@ def test_a_running_jail_still_hides_the_secrets_after_the_rename(dirs: dict[str,
     thread = threading.Thread(target=host)
     thread.start()
     try:
-        result = jail.run(spec(dirs, script))
+        result = supervise.run(spec(dirs, script))
     finally:
         thread.join()
     assert not errors, errors

@@ -2,7 +2,7 @@
 
 The test starts a Python child as root, which imports ccw, drops to an unused uid (no
 passwd entry needed), unshares a user and mount namespace mapping that uid to 0 (what
-``unshare -Urm`` does), and then calls ``jail.run`` like the helper would.
+``unshare -Urm`` does), and then calls ``supervise.run`` like the helper would.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     import json, os, sys
     import prctl
     sys.path.insert(0, sys.argv[1])
-    from sandbox import jail, namespaces, syscalls
+    from sandbox import contain, namespaces, supervise, syscalls
     base, uid = sys.argv[2], int(sys.argv[3])
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -36,19 +36,19 @@ CHILD = textwrap.dedent("""
     for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {uid} 1")):
         with open(f"/proc/self/{name}", "w") as handle:
             handle.write(text)
-    spec = jail.JailSpec(
+    spec = contain.JailSpec(
         merged_dir=f"{base}/merged", workspace="/srv/project", tmp_dir=f"{base}/tmp",
         home_dir=f"{base}/home", cwd="/srv/project",
         env={"PATH": "/usr/bin:/bin", "HOME": "/home/agent"},
         argv=["/bin/sh", "-c", sys.argv[4]], uid=0, gid=0, timeout_ms=int(sys.argv[5]))
-    runs = [jail.run(spec) for _ in range(int(sys.argv[6]))]  # later runs take the spares made meanwhile
+    runs = [supervise.run(spec) for _ in range(int(sys.argv[6]))]  # later runs take the spares made meanwhile
     result = runs[0]
     print(json.dumps({"exit_code": result.exit_code, "signal": result.signal,
                       "stdouts": [run.stdout.decode() for run in runs],
                       "timed_out": result.timed_out, "stdout": result.stdout.decode(),
                       "stderr": result.stderr.decode(),
                       "direct_pidns": namespaces.pid_namespace_restorable(),
-                      "user_namespace": jail.mechanisms()["user_namespace"]}))
+                      "user_namespace": contain.mechanisms()["user_namespace"]}))
 """)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import jail, mounts, namespaces
+from sandbox import contain, mounts, namespaces, supervise
 from sandbox.errors import CcwError
 
 NOBODY = 65534
@@ -34,7 +34,7 @@ class Capsule:
     home: Path
     workspace: str
 
-    def spec(self, argv: list[str], **kwargs: object) -> jail.JailSpec:
+    def spec(self, argv: list[str], **kwargs: object) -> contain.JailSpec:
         fields: dict[str, object] = {
             "merged_dir": str(self.merged),
             "workspace": self.workspace,
@@ -48,7 +48,7 @@ class Capsule:
             "timeout_ms": 30_000,
         }
         fields.update(kwargs)
-        return jail.JailSpec(**fields)  # type: ignore[arg-type]
+        return contain.JailSpec(**fields)  # type: ignore[arg-type]
 
 
 def our_mounts(tmp_path: Path) -> list[str]:
@@ -74,8 +74,8 @@ def capsule(root_required: None, tmp_path: Path) -> Iterator[Capsule]:
     assert psutil.Process().children(recursive=True) == [], "a jail left a process behind"
 
 
-def run(capsule: Capsule, script: str, **kwargs: object) -> jail.JailResult:
-    return jail.run(capsule.spec(["/bin/sh", "-c", script], **kwargs))
+def run(capsule: Capsule, script: str, **kwargs: object) -> supervise.JailResult:
+    return supervise.run(capsule.spec(["/bin/sh", "-c", script], **kwargs))
 
 
 def test_runs_as_the_callers_uid_and_gid(capsule: Capsule) -> None:
@@ -115,7 +115,7 @@ def test_cannot_reach_a_listener_on_the_hosts_loopback(capsule: Capsule) -> None
                 f"s=socket.socket(); s.settimeout(2)\n"
                 f"try:\n s.connect(('127.0.0.1',{port})); print('connected')\n"
                 "except OSError as e: print('refused', e.errno)\n")
-        result = jail.run(capsule.spec([PYTHON, "-c", code]))
+        result = supervise.run(capsule.spec([PYTHON, "-c", code]))
         assert result.exit_code == 0, result.stderr
         assert result.stdout.startswith(b"refused")
         with pytest.raises(BlockingIOError):
@@ -127,7 +127,7 @@ def test_cannot_reach_a_listener_on_the_hosts_loopback(capsule: Capsule) -> None
 
 
 def _drain_spares() -> None:
-    for pool in (jail._SPARE_NETS, jail._SPARE_ROOTS):
+    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS):
         while (spare := pool.take()) is not None:
             os.close(spare)
 
@@ -149,7 +149,7 @@ def test_every_jail_has_its_own_network_namespace_prepared_or_not(capsule: Capsu
     assert len(seen) == 3 and host_netns not in seen
     if namespaces.net_namespace_restorable():
         assert os.stat("/proc/self/ns/net").st_ino == host_netns  # this thread came back home
-        spare = jail._SPARE_NETS.take()
+        spare = supervise._SPARE_NETS.take()
         assert spare is not None, "a run leaves a prepared namespace for the next one"
         os.close(spare)
 
@@ -173,7 +173,7 @@ def test_the_root_is_the_same_built_ahead_or_in_the_jail(capsule: Capsule) -> No
     assert " /.oldroot " not in text and "/dev/null" in text
     if (tree := mounts.spare_root()) is not None:  # this kernel builds detached trees (6.15+)
         os.close(tree)
-        spare = jail._SPARE_ROOTS.take()
+        spare = supervise._SPARE_ROOTS.take()
         assert spare is not None, "a run leaves a root tree for the next one"
         os.close(spare)
 
@@ -185,7 +185,7 @@ def test_hostname_is_ccw(capsule: Capsule) -> None:
 
 def test_environment_is_exactly_the_spec(capsule: Capsule) -> None:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent", "ONLY_THIS": "1 2 3"}
-    result = jail.run(capsule.spec(["/bin/cat", "/proc/self/environ"], env=env))
+    result = supervise.run(capsule.spec(["/bin/cat", "/proc/self/environ"], env=env))
     assert result.exit_code == 0, result.stderr
     got = dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if item)
     assert got == env
@@ -201,10 +201,10 @@ def test_output_cap_counts_and_flags_truncation(capsule: Capsule) -> None:
 
 def test_stdin_is_delivered(capsule: Capsule) -> None:
     data = os.urandom(300_000)  # larger than a pipe buffer
-    result = jail.run(capsule.spec(["/bin/sh", "-c", "cat; echo done >&2"], stdin=data))
+    result = supervise.run(capsule.spec(["/bin/sh", "-c", "cat; echo done >&2"], stdin=data))
     assert result.stdout == data
     assert result.stderr == b"done\n"
-    assert jail.run(capsule.spec(["/bin/cat"])).stdout == b""  # no stdin: /dev/null
+    assert supervise.run(capsule.spec(["/bin/cat"])).stdout == b""  # no stdin: /dev/null
 
 
 def test_timeout_kills_a_daemonised_grandchild(capsule: Capsule) -> None:
@@ -235,24 +235,24 @@ def test_no_descriptor_above_2_leaks_into_the_jail(capsule: Capsule) -> None:
     leaky = os.open("/etc/hostname", os.O_RDONLY)
     os.set_inheritable(leaky, True)
     try:
-        result = jail.run(capsule.spec(["/bin/ls", "/proc/self/fd"]))
+        result = supervise.run(capsule.spec(["/bin/ls", "/proc/self/fd"]))
     finally:
         os.close(leaky)
     assert result.stdout.split() == [b"0", b"1", b"2", b"3"]  # 3 is ls's own directory handle
 
 
 def test_missing_or_unrunnable_command(capsule: Capsule) -> None:
-    result = jail.run(capsule.spec(["no-such-command-ccw"]))
+    result = supervise.run(capsule.spec(["no-such-command-ccw"]))
     assert result.exit_code == 127
     assert b"no-such-command-ccw" in result.stderr and b"not found" in result.stderr
-    assert jail.run(capsule.spec(["/no/such/file"])).exit_code == 127
+    assert supervise.run(capsule.spec(["/no/such/file"])).exit_code == 127
     (capsule.merged / "script.sh").write_text("echo hi\n")  # mode 0644: not executable
-    assert jail.run(capsule.spec([f"{capsule.workspace}/script.sh"])).exit_code == 126
+    assert supervise.run(capsule.spec([f"{capsule.workspace}/script.sh"])).exit_code == 126
 
 
 def test_missing_cwd_is_an_error_naming_the_step(capsule: Capsule) -> None:
     with pytest.raises(CcwError) as info:
-        jail.run(capsule.spec(["/bin/true"], cwd="/no/such/dir"))
+        supervise.run(capsule.spec(["/bin/true"], cwd="/no/such/dir"))
     assert info.value.code == "NOT_FOUND"
     assert "chdir /no/such/dir" in info.value.message
 
@@ -336,11 +336,11 @@ def test_invalid_specs_are_refused(capsule: Capsule) -> None:
     for bad in ({"argv": []}, {"workspace": "relative"}, {"workspace": "/proc/x"},
                 {"workspace": "/tmp"}, {"cwd": "rel"}, {"network": "host"}):
         with pytest.raises(CcwError):
-            jail.run(replace(capsule.spec(["/bin/true"]), **bad))
+            supervise.run(replace(capsule.spec(["/bin/true"]), **bad))
 
 
 class RecordingCgroup:
-    """Stands in for cgroups.ExecCgroup: records what the jail asks of it."""
+    """Stands in for exec_cgroup.ExecCgroup: records what the jail asks of it."""
 
     def __init__(self, fail_enter: bool = False) -> None:
         self.fail_enter = fail_enter
@@ -362,7 +362,7 @@ class RecordingCgroup:
 def test_cgroup_is_entered_before_the_jail_starts_and_the_init_ends_it_on_timeout(capsule: Capsule) -> None:
     cgroup = RecordingCgroup()
     started: list[int] = []
-    result = jail.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup,  # type: ignore[arg-type]
+    result = supervise.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup,  # type: ignore[arg-type]
                       on_started=started.append)
     assert result.timed_out and result.signal == "SIGKILL"
     assert len(cgroup.entered) == 1
@@ -374,16 +374,16 @@ def test_cgroup_is_entered_before_the_jail_starts_and_the_init_ends_it_on_timeou
 
 def test_an_init_that_cannot_be_asked_is_killed_with_its_cgroup(capsule: Capsule,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jail._Running, "end", lambda self: False)
+    monkeypatch.setattr(supervise._Running, "end", lambda self: False)
     cgroup = RecordingCgroup()
-    result = jail.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup)  # type: ignore[arg-type]
+    result = supervise.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup)  # type: ignore[arg-type]
     assert result.timed_out and result.signal == "SIGKILL"
     assert cgroup.kills >= 1 and result.init_report is None
 
 
 def test_a_failing_cgroup_enter_aborts_without_leftovers(capsule: Capsule) -> None:
     with pytest.raises(CcwError, match="cgroup is gone"):
-        jail.run(capsule.spec(["/bin/true"]), cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
+        supervise.run(capsule.spec(["/bin/true"]), cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
 
 
 def test_concurrent_runs_from_helper_threads(capsule: Capsule) -> None:

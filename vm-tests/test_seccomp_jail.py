@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import jail, seccomp
+from sandbox import contain, seccomp, supervise
 
 NOBODY = 65534
 ARCH = os.uname().machine
@@ -113,13 +113,13 @@ def dirs(root_required: None, tmp_path: Path, require: Any) -> Iterator[dict[str
     yield made
 
 
-def _run(dirs: dict[str, str], argv: list[str], uid: int = NOBODY, **kwargs: Any) -> jail.JailResult:
-    spec = jail.JailSpec(
+def _run(dirs: dict[str, str], argv: list[str], uid: int = NOBODY, **kwargs: Any) -> supervise.JailResult:
+    spec = contain.JailSpec(
         merged_dir=dirs["merged"], workspace="/srv/ccw-seccomp", tmp_dir=dirs["tmp"], home_dir=dirs["home"],
         argv=argv, cwd="/srv/ccw-seccomp", env={"PATH": "/usr/bin:/bin", "HOME": "/home/agent", "LANG": "C.UTF-8"},
         uid=uid, gid=uid, timeout_ms=60_000, **kwargs,
     )
-    return jail.run(spec)
+    return supervise.run(spec)
 
 
 @pytest.mark.parametrize("uid", [NOBODY, 0], ids=["nobody", "root"])

@@ -40,7 +40,7 @@ def make_tree(root: str, files: int) -> None:
 
 
 def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
-    from sandbox.capsules import CapsuleManager
+    from sandbox.registry import CapsuleManager
 
     assert isinstance(manager, CapsuleManager)
     times = []
@@ -67,7 +67,7 @@ def _time_command(make: list[str], cleanup: list[str] | None, target: str, repea
 
 def measure(repeat: int, quick: bool) -> list[Row]:
     """Rows: create per size beside cp -a and git worktree add, and the 100k/1k ratio."""
-    from sandbox.capsules import CapsuleManager
+    from sandbox.registry import CapsuleManager
 
     if os.geteuid() != 0:
         return [Row("capsule create", float("nan"), target="needs root", extra={"skipped": "not root"})]
@@ -119,6 +119,6 @@ def measure(repeat: int, quick: bool) -> list[Row]:
 
 
 def _mounts_under(path: str) -> list[str]:
-    from sandbox import overlay
+    from sandbox import mountinfo
 
-    return overlay.mounts_under(path)
+    return mountinfo.mounts_under(path)

@@ -1,6 +1,6 @@
 """Exec of /bin/true in the full jail, against bubblewrap and a bare subprocess.
 
-ccw's figure is ``jail.run`` of ``/bin/true`` with every step of a real exec (mount,
+ccw's figure is ``supervise.run`` of ``/bin/true`` with every step of a real exec (mount,
 pid, net, uts, ipc and cgroup namespaces, the tmpfs root with system binds, /proc with
 its masks, /sys, /dev, /tmp and $HOME, lo up, privileges dropped) but no cgroup, whose
 cost belongs to the cgroup part.  The baselines run in the same process, interleaved
@@ -26,14 +26,14 @@ BWRAP_ARGS = [BWRAP, "--unshare-all", "--ro-bind", "/", "/", "--dev", "/dev", "-
 
 
 def measure(repeat: int) -> list[Row]:
-    """Median ms of jail.run(/bin/true), bwrap and a bare subprocess, with ratios."""
-    from sandbox import jail
+    """Median ms of supervise.run(/bin/true), bwrap and a bare subprocess, with ratios."""
+    from sandbox import contain, supervise
 
     base = tempfile.mkdtemp(prefix="ccw-bench-jail-")
     try:
         for name in ("merged", "tmp", "home"):
             os.mkdir(os.path.join(base, name))
-        spec = jail.JailSpec(
+        spec = contain.JailSpec(
             merged_dir=os.path.join(base, "merged"), workspace="/srv/bench-workspace",
             tmp_dir=os.path.join(base, "tmp"), home_dir=os.path.join(base, "home"),
             argv=["/bin/true"], cwd="/srv/bench-workspace",
@@ -43,7 +43,7 @@ def measure(repeat: int) -> list[Row]:
         has_bwrap = os.access(BWRAP, os.X_OK)
 
         def run_jail() -> None:
-            result = jail.run(spec)
+            result = supervise.run(spec)
             if result.exit_code != 0:
                 raise RuntimeError(f"jail /bin/true failed: {result}")
 

@@ -48,7 +48,8 @@ def _workload(base: str, strace: bool) -> list[str]:
 def measure(repeat: int) -> list[Row]:
     """Median ms of reading 20,000 files untraced, with the Tracer, and under strace."""
     from sandbox import syscalls
-    from sandbox.cgroups import ExecCgroup, Limits, detect_layout
+    from sandbox.cgroups import detect_layout
+    from sandbox.exec_cgroup import ExecCgroup, Limits
     from sandbox.fanotify import Tracer
 
     base = tempfile.mkdtemp(prefix="ccw-bench-trace-")

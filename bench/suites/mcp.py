@@ -120,7 +120,7 @@ async def _call(stream: Any, buffer: list[bytes], request_id: int, method: str, 
 
 async def _capsules(path: str, state_dir: Path, workspace: Path, count: int) -> dict[str, list[float]]:
     """capsule_create / capsule_exec through the front end, then the same on the helper."""
-    from mcp_server.helper import HelperClient
+    from sandbox.client import HelperClient
 
     out: dict[str, list[float]] = {"create": [], "exec": [], "helper_create": [], "helper_exec": []}
     stream = await trio.open_unix_socket(path)

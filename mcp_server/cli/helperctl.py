@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from mcp_server.config import Config
+from sandbox.client import BlockingClient
 from sandbox.errors import CcwError
-from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder, Reply, encode_request
 
 START_TIMEOUT_S = 60.0  # the helper recovers every capsule before it listens
 STOP_TIMEOUT_S = 15.0  # SIGTERM lets in-flight execs finish; then SIGKILL
@@ -66,35 +66,11 @@ class HelperPaths:
         return cls(directory, directory / "helper.sock", directory / "helper.log", directory / "start.lock")
 
 
-def hello(socket_path: str, timeout_s: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
-    """The helper's ``hello`` result; raises OSError when nothing listens, CcwError on refusal."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        sock.connect(socket_path)
-        sock.sendall(encode_request(1, "hello", {"version": PROTOCOL_VERSION}))
-        decoder = FrameDecoder("reply")
-        while True:
-            reply = decoder.next_message()
-            if reply is not None:
-                break
-            data = sock.recv(65536)
-            if not data:
-                decoder.feed_eof()
-                reply = decoder.next_message()
-                break
-            decoder.feed(data)
-    if not isinstance(reply, Reply):
-        raise CcwError("UNAVAILABLE", f"the helper at {socket_path} closed the connection without a reply")
-    if reply.error is not None:
-        raise reply.error
-    assert reply.result is not None
-    return reply.result
-
-
 def answering(socket_path: str) -> dict[str, Any] | None:
     """``hello`` when a helper answers on ``socket_path``, else None."""
     try:
-        return hello(socket_path)
+        with BlockingClient(socket_path, HELLO_TIMEOUT_S) as client:
+            return client.hello()
     except (OSError, CcwError):
         return None
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
-from sandbox.overlay import kind_of
+from sandbox.ops import kind_of
 
 _RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS

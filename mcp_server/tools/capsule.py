@@ -43,7 +43,7 @@ from mcp_server.fs.view import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
-from sandbox.protocol import DISK_MB_MAX, DISK_MB_MIN
+from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN
 
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mcp_server.core.unidiff import FileChange, render_all
 from sandbox.errors import CcwError
-from sandbox.protocol import encode_error, encode_progress, encode_reply, encode_request
+from sandbox.ops import encode_request
+from sandbox.protocol import encode_error, encode_progress, encode_reply
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 

@@ -38,8 +38,8 @@ with atheris.instrument_imports(include=["mcp_server", "sandbox"]):
     from mcp_server.core.patch import parse_patch
     from mcp_server.core.patch_apply import apply
     from mcp_server.transports import framing
-    from sandbox import protocol
-    from sandbox.errors import CcwError
+    from sandbox import ops, protocol
+    from sandbox.errors import CcwError, ProtocolError
 
 
 def _split(data: bytes) -> tuple[int, bytes]:
@@ -139,7 +139,7 @@ def _decode(stream: bytes, kind: str, step: int) -> tuple[list[Any], tuple[str, 
             messages.extend(decoder.messages())
         decoder.feed_eof()
         messages.extend(decoder.messages())
-    except protocol.ProtocolError as exc:
+    except ProtocolError as exc:
         assert exc.code in ("INVALID_ARGUMENT", "TOO_LARGE"), exc
         return [_comparable(m) for m in messages], (exc.code, exc.message)
     return [_comparable(m) for m in messages], None
@@ -154,10 +154,10 @@ def ipc_frames(data: bytes) -> None:
     for message in whole[0]:
         if isinstance(message, protocol.Request):
             try:
-                protocol.validate_args(message.op, message.args)
-            except protocol.ProtocolError:
+                ops.validate_args(message.op, message.args)
+            except ProtocolError:
                 continue
-            frame = protocol.encode_request(message.id, message.op, message.args)
+            frame = ops.encode_request(message.id, message.op, message.args)
         elif isinstance(message, protocol.Reply):
             if message.progress is not None:
                 assert message.id is not None

@@ -1,0 +1,203 @@
+"""Who may do what: the privileged side's checks of a caller and its arguments, in one place.
+
+The front end validates every request before it is sent; the helper checks again
+here, "in case something manages to send hacked requests" (bubblewrap's words), and
+checks what only the host can answer: whose capsule it is, whether the caller may
+reach a directory, where a path really leads.
+
+* **Ownership**: a capsule belongs to the uid that made it; any other uid gets
+  PERMISSION_DENIED, root included (``check_owner``).
+* **Directories**: a caller may create a capsule only over a directory it can write and
+  search, and with a ``base`` it can read.  The helper opens the directory first
+  (pinning it); when the caller is another uid, a forked child switches to the caller's
+  uid, gid and supplementary groups, opens the same path (so every ancestor is searched
+  with the caller's rights), checks it is the same inode and asks
+  ``access(W_OK|X_OK)`` of it (so ACLs and read-only mounts count).  The overlay is then
+  mounted from the pinned descriptor, so a path swapped after the check changes
+  nothing.  When the caller's uid is the helper's own, ``access()`` with effective ids
+  answers directly (``check_access``).
+* **The state dir**: a workspace inside the helper's state dir is refused (a capsule
+  could then see or change other capsules); the state dir inside the workspace is
+  allowed (``./.ccw-state`` in a repo), because the capsule dirs are 0700: a jail sees
+  them in its lower layer but cannot enter them.  A path is checked as given and again
+  as resolved from the pinned descriptor, since a symlink may lead elsewhere.
+* **Private dirs**: each capsule's ``tmp`` (sticky, like /tmp) and ``home`` (the caller's
+  own, 0700) are made here, with the owner the checks above allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+from typing import Any
+
+from sandbox.errors import CcwError, from_oserror
+from sandbox.meta import Capsule
+from sandbox.spec import (
+    DISK_MB_MAX,
+    DISK_MB_MIN,
+    ENV_NAME_RE,
+    MAX_ARG_BYTES,
+    MAX_TIMEOUT_MS,
+)
+
+LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms", "disk_mb")
+
+
+# --- the caller -------------------------------------------------------------------------
+
+
+def check_uid_gid(uid: Any, gid: Any) -> None:
+    """A caller's uid and gid are ids the kernel can hold (not -1)."""
+    for name, value in (("uid", uid), ("gid", gid)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**32 - 1:
+            raise CcwError("INVALID_ARGUMENT", f"{name} must be an integer in [0, 2**32-1), got {value!r:.40}")
+
+
+def check_owner(capsule: Capsule, caller_uid: int) -> None:
+    """The caller owns the capsule; anyone else (root included) is denied."""
+    if capsule.meta["owner_uid"] != caller_uid:
+        raise CcwError("PERMISSION_DENIED", f"capsule {capsule.capsule_id} belongs to another user",
+                       {"capsule_id": capsule.capsule_id})
+
+
+# --- arguments --------------------------------------------------------------------------
+
+
+def check_int(name: str, value: Any, low: int, high: int) -> None:
+    """``value`` is an int (not a bool) in [low, high]."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise CcwError("INVALID_ARGUMENT", f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
+
+
+def check_env_whitelist(names: Any) -> list[str]:
+    """The whitelist as a sorted list of distinct variable names."""
+    if names is None:
+        return []
+    if not isinstance(names, list) or len(names) > 1024:
+        raise CcwError("INVALID_ARGUMENT", "env_whitelist must be a list of at most 1024 variable names")
+    for item in names:
+        if not isinstance(item, str) or not ENV_NAME_RE.fullmatch(item):
+            raise CcwError("INVALID_ARGUMENT", f"env_whitelist entry {item!r:.80} is not a variable name")
+    return sorted(set(names))
+
+
+def check_limits(limits: Any) -> dict[str, int]:
+    """The limits as a dict of known keys, each within its bounds."""
+    if limits is None:
+        return {}
+    if not isinstance(limits, dict) or not set(limits) <= set(LIMIT_KEYS):
+        raise CcwError("INVALID_ARGUMENT", f"limits must be an object with keys among {list(LIMIT_KEYS)}")
+    bounds = {"memory_mb": (1, 1 << 20), "pids_max": (1, 1 << 22), "cpu_ms": (1, MAX_TIMEOUT_MS),
+              "disk_mb": (DISK_MB_MIN, DISK_MB_MAX)}
+    for key, value in limits.items():
+        check_int(f"limits.{key}", value, *bounds[key])
+    return dict(limits)
+
+
+def check_argv(argv: Any) -> None:
+    """argv is a non-empty list of strings without NUL, within the kernel's bound."""
+    if not isinstance(argv, list) or not argv:
+        raise CcwError("INVALID_ARGUMENT", "argv must be a non-empty list of strings")
+    total = 0
+    for item in argv:
+        if not isinstance(item, str) or "\0" in item:
+            raise CcwError("INVALID_ARGUMENT", f"argv entry {item!r:.80} must be a string without NUL")
+        total += len(item.encode(errors="surrogateescape")) + 1
+    if total > MAX_ARG_BYTES:
+        raise CcwError("TOO_LARGE", f"argv is {total} bytes, over {MAX_ARG_BYTES}; pass data through stdin or a file")
+
+
+# --- directories on the host --------------------------------------------------------------
+
+
+def inside(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies below it (both normalised)."""
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
+
+
+def check_dir_arg(name: str, value: Any, state_dir: str, allow_state: bool = False) -> str:
+    """An absolute directory argument, normalised, and not inside the helper's state dir."""
+    if not isinstance(value, str) or not value.startswith("/") or "\0" in value or len(value) > 4096:
+        raise CcwError("INVALID_ARGUMENT", f"{name} must be an absolute path without NUL, got {value!r:.80}")
+    path = os.path.normpath(value)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    check_resolved(name, path, state_dir, allow_state)
+    return path
+
+
+def check_resolved(name: str, path: str, state_dir: str, allow_state: bool) -> None:
+    """``path`` is not / and not inside the state dir (with ``allow_state``: its capsules dir)."""
+    if path == "/":
+        raise CcwError("INVALID_ARGUMENT", f"{name} may not be / itself; pass the project's directory")
+    forbidden = os.path.join(state_dir, "capsules") if allow_state else state_dir
+    if inside(path, forbidden):
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            f"{name} {path!r} lies inside the helper's state dir {forbidden!r}; use a directory outside it",
+        )
+
+
+def open_dir(path: str, name: str) -> int:
+    """An O_PATH descriptor pinning the directory ``path`` (the ``name`` argument)."""
+    try:
+        return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise from_oserror(exc, f"open {name}", path, f"the {name} must be an existing directory") from exc
+
+
+def check_access(fd: int, path: str, uid: int, gid: int, mode: int, verb: str) -> None:
+    """Can ``uid``/``gid`` (with its supplementary groups) reach ``path`` and ``verb`` it?
+
+    ``fd`` pins the directory the helper will mount; the answer is about that inode.
+    """
+    link = f"/proc/self/fd/{fd}"
+    if uid == os.geteuid():
+        ok = os.access(link, mode, effective_ids=True)
+    else:
+        try:
+            user = pwd.getpwuid(uid).pw_name
+            groups = os.getgrouplist(user, gid)
+        except KeyError:
+            groups = [gid]
+        ok = _access_as(fd, path, uid, gid, groups, mode)
+    if not ok:
+        raise CcwError("PERMISSION_DENIED", f"uid {uid} may not {verb} {path!r}; a capsule may only be "
+                       f"created over a directory you can {verb}", {"path": path})
+
+
+def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: int) -> bool:
+    """In a forked child with the caller's credentials: same inode reachable, and ``mode`` granted."""
+    pinned = os.fstat(fd)
+    pid = os.fork()
+    if pid == 0:  # the child: only raw os calls, then _exit
+        code = 1
+        try:
+            os.setgroups(groups)
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+            own = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            st = os.fstat(own)
+            if (st.st_dev, st.st_ino) == (pinned.st_dev, pinned.st_ino) and os.access(f"/proc/self/fd/{own}", mode):
+                code = 0
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> None:
+    """tmp (sticky, like /tmp) and home (the caller's own), kept across execs."""
+    for name, mode, owner in (("tmp", 0o1777, (0, 0)), ("home", 0o700, (uid, gid))):
+        path = os.path.join(root, name)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if exist_ok:
+                continue
+            raise
+        os.chown(path, *owner)
+        os.chmod(path, mode)

@@ -1,0 +1,342 @@
+"""The one client of ccw-helper: a sans-IO core, a trio wrapper and a blocking wrapper.
+
+``ClientConnection`` (the core) does no I/O, as h11 does not: it turns a request into
+the bytes to send, takes the bytes received, and hands back the replies and progress
+reports of the request in flight, or raises its error.  The wrappers only move bytes:
+
+* ``HelperClient`` (trio), the front end's: ``request(op, args)`` sends one request of
+  the closed op set (``sandbox/ops.py``) and returns its result, or raises the helper's
+  CcwError rebuilt from the error reply.  Requests on one connection are answered in
+  order, and an ``exec`` can run for minutes, so each in-flight request holds a
+  connection of its own: idle connections are kept in a small pool and new ones opened
+  when all are busy.  A request that is cancelled or fails mid-frame closes its
+  connection (its stream position is unknown) and the pool opens a fresh one next time.
+  So a diff or a file read sent while an exec runs travels on a connection of its own
+  and is not held behind it; the helper notices a cancelled exec's closed connection at
+  its next progress report and ends the command.
+* ``BlockingClient``, for short-lived commands (``ccw helper status``, ``ccw doctor``):
+  one connection, one request at a time, with a timeout.
+
+Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
+(``open_root``) is never lost; descriptors arrive close-on-exec, and any the caller did
+not ask for are closed at once.  A helper that goes away mid-request (EOF, or a reset
+when it died with our bytes unread, or EPIPE on send) is UNAVAILABLE with the advice to
+retry, never an internal error.  The helper process itself never imports this module.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import trio
+
+from sandbox.errors import CcwError, ProtocolError
+from sandbox.ops import HelloRequest, OpReply, OpRequest, encode_request
+from sandbox.protocol import FrameDecoder, Reply
+from sandbox.syscalls import unix_address
+
+RECV_CHUNK = 256 * 1024
+ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors
+MAX_IDLE = 4  # idle connections kept open
+BLOCKING_TIMEOUT_S = 10.0
+
+ProgressSink = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def gone() -> CcwError:
+    """The helper went away mid-request (EOF, ECONNRESET or EPIPE on its socket)."""
+    return CcwError("UNAVAILABLE", "the helper closed the connection before replying; "
+                    "it may have been stopped or crashed (see its log on stderr); the request "
+                    "did not complete: retry it (an embedded helper is restarted on the next call)")
+
+
+# --- the sans-IO core -------------------------------------------------------------------
+
+
+class ClientConnection:
+    """One connection's side of the protocol: requests out as bytes, bytes in, replies out."""
+
+    def __init__(self) -> None:
+        self._decoder = FrameDecoder("reply")
+        self._pending: int | None = None  # the id of the request in flight
+        self._eof = False
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight: the last one was answered (ok or error) and nothing else came."""
+        return self._pending is None and self._decoder.buffered == 0 and not self._eof
+
+    def send_request(self, request_id: int, op: str, args: dict[str, Any]) -> bytes:
+        """The frame for one request (refused here if the helper would refuse it)."""
+        if self._pending is not None:
+            raise ProtocolError(f"request {self._pending} is still in flight on this connection")
+        frame = encode_request(request_id, op, args)
+        self._pending = request_id
+        return frame
+
+    def receive_data(self, data: bytes) -> None:
+        """Bytes from the helper; b"" means it closed the connection."""
+        if data:
+            self._decoder.feed(data)
+        else:
+            self._eof = True
+            self._decoder.feed_eof()
+
+    def next_event(self) -> Reply | None:
+        """A progress report or the final reply of the request in flight, or None for more bytes.
+
+        An error reply raises its CcwError; a reply to another request is a ProtocolError;
+        the connection closing first is UNAVAILABLE.
+        """
+        reply = self._decoder.next_message()
+        if reply is None:
+            if self._eof:
+                raise gone()
+            return None
+        assert isinstance(reply, Reply)
+        if reply.progress is not None and reply.id == self._pending:
+            return reply
+        if reply.id != self._pending:
+            if reply.error is not None:  # the helper could not read our frame at all
+                raise reply.error
+            raise ProtocolError(f"reply id {reply.id} does not answer request {self._pending}")
+        self._pending = None
+        if reply.error is not None:
+            raise reply.error
+        return reply
+
+
+def _take_fds(ancdata: list[tuple[int, int, bytes]], fds: list[int]) -> None:
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4))
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _one_fd(fds: list[int]) -> int:
+    if len(fds) != 1:
+        _close_all(fds)
+        raise CcwError("INTERNAL", f"open_root reply carried {len(fds)} descriptors, not 1")
+    return fds[0]
+
+
+# --- trio -------------------------------------------------------------------------------
+
+
+class TrioConnection:
+    """One trio socket to the helper around a ClientConnection."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
+        self.core = ClientConnection()
+
+    async def send(self, frame: bytes) -> None:
+        """Send all of ``frame``; a helper that is gone is UNAVAILABLE."""
+        view = memoryview(frame)
+        while view:
+            try:
+                sent = await self.sock.send(view)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise gone() from exc
+            view = view[sent:]
+
+    async def receive(self, fds: list[int]) -> Reply:
+        """The next event; descriptors that arrive with it are appended to ``fds``."""
+        while (event := self.core.next_event()) is None:
+            try:
+                data, ancdata, _flags, _addr = await self.sock.recvmsg(
+                    RECV_CHUNK, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                )
+            except ConnectionResetError as exc:
+                # A helper killed with bytes of ours still unread in its socket resets
+                # the connection instead of closing it: the same event as an EOF.
+                raise gone() from exc
+            _take_fds(ancdata, fds)
+            self.core.receive_data(data)
+        return event
+
+    def close(self) -> None:
+        """Close the socket."""
+        self.sock.close()
+
+
+class HelperProcess(Protocol):
+    """A helper this client started and owns (mcp_server's embedded helper)."""
+
+    def describe_death(self) -> str:
+        """A sentence on how it ended, or '' while it runs."""
+
+    def ending(self) -> bool:
+        """Whether it has exited or begun to."""
+
+    async def stop(self) -> None:
+        """Stop it."""
+
+
+class HelperClient:
+    """A trio client of one helper socket; optionally owns the helper process it started."""
+
+    def __init__(self, socket_path: str, process: HelperProcess | None = None) -> None:
+        self.socket_path = socket_path
+        self.process = process
+        self._ids = itertools.count(1)
+        self._idle: list[TrioConnection] = []
+        self._closed = False
+
+    async def _connect(self) -> TrioConnection:
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with unix_address(self.socket_path) as address:
+                await sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            hint = self.process.describe_death() if self.process is not None else ""
+            raise CcwError(
+                "UNAVAILABLE",
+                f"cannot reach the helper at {self.socket_path}: {exc.strerror or exc}; "
+                "start ccw-helper (or unset CCW_HELPER_SOCKET to use the embedded one)" + hint,
+                {"socket": self.socket_path},
+            ) from exc
+        return TrioConnection(sock)
+
+    async def _round_trip(
+        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None
+    ) -> tuple[dict[str, Any], list[int]]:
+        if self._closed:
+            raise CcwError("UNAVAILABLE", "the helper client is closed")
+        conn = self._idle.pop() if self._idle else await self._connect()
+        fds: list[int] = []
+        try:
+            await conn.send(conn.core.send_request(next(self._ids), op, args))
+            reply = await conn.receive(fds)
+            while reply.progress is not None:
+                if on_progress is not None:
+                    await on_progress(reply.progress)
+                reply = await conn.receive(fds)
+            assert reply.result is not None
+            return reply.result, fds
+        except BaseException:
+            _close_all(fds)
+            raise
+        finally:
+            if conn.core.idle and not self._closed and len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+
+    async def request(self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None) -> dict[str, Any]:
+        """Send one request and return its result; an error reply raises its CcwError.
+
+        With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
+        sends is awaited in order before the result arrives.
+        """
+        result, fds = await self._round_trip(op, args, on_progress)
+        _close_all(fds)
+        return result
+
+    async def call(self, request: OpRequest, on_progress: ProgressSink | None = None) -> OpReply:
+        """``request`` with a typed request, returning the op's typed reply."""
+        result = await self.request(request.op, request.to_args(), on_progress)
+        return request.reply.from_args(result)
+
+    async def open_root(self, capsule_id: str) -> int:
+        """An O_PATH descriptor of the capsule's merged view; the caller closes it."""
+        _result, fds = await self._round_trip("open_root", {"capsule_id": capsule_id})
+        return _one_fd(fds)
+
+    def usable(self) -> bool:
+        """False once the helper this client started has exited or is exiting (kill -9,
+        crash): its socket will never answer again, so the caller should start a new one."""
+        return self.process is None or not self.process.ending()
+
+    async def hello(self) -> dict[str, Any]:
+        """The helper's version, mode, mechanisms in force and op list."""
+        request = HelloRequest()
+        return await self.request(request.op, request.to_args())
+
+    async def aclose(self) -> None:
+        """Close every idle connection and stop the helper process, if this client owns one."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+        if self.process is not None:
+            await self.process.stop()
+
+
+# --- blocking ---------------------------------------------------------------------------
+
+
+class BlockingClient:
+    """One blocking connection to a helper, for short-lived commands; a context manager.
+
+    Connecting raises OSError when nothing listens; every call is bounded by ``timeout_s``.
+    """
+
+    def __init__(self, socket_path: str, timeout_s: float = BLOCKING_TIMEOUT_S) -> None:
+        self.socket_path = socket_path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self._core = ClientConnection()
+        self._ids = itertools.count(1)
+        try:
+            self._sock.settimeout(timeout_s)
+            with unix_address(socket_path) as address:
+                self._sock.connect(address)
+        except BaseException:
+            self._sock.close()
+            raise
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
+    def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and return its result (progress reports are skipped)."""
+        result, fds = self._round_trip(op, args)
+        _close_all(fds)
+        return result
+
+    def hello(self) -> dict[str, Any]:
+        """The helper's version, mode, mechanisms in force and op list."""
+        request = HelloRequest()
+        return self.request(request.op, request.to_args())
+
+    def _round_trip(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        fds: list[int] = []
+        try:
+            self._sock.sendall(self._core.send_request(next(self._ids), op, args))
+            while True:
+                reply = self._core.next_event()
+                if reply is not None and reply.result is not None:
+                    return reply.result, fds
+                if reply is None:
+                    try:
+                        data, ancdata, _flags, _addr = self._sock.recvmsg(
+                            RECV_CHUNK, ANCILLARY_SPACE, socket.MSG_CMSG_CLOEXEC
+                        )
+                    except ConnectionResetError as exc:
+                        raise gone() from exc
+                    _take_fds(ancdata, fds)
+                    self._core.receive_data(data)
+        except BrokenPipeError as exc:
+            _close_all(fds)
+            raise gone() from exc
+        except BaseException:
+            _close_all(fds)
+            raise

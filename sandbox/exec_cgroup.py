@@ -1,0 +1,530 @@
+"""Per-exec cgroups: limits, usage read back, kill, teardown.
+
+Each exec gets one cgroup in every hierarchy that serves it (cgroups.py says which,
+and where ccw's parent cgroup goes); ``ExecCgroup`` makes them, writes the limits,
+moves the jail's first process in, reads the usage back and removes them.
+
+Some facts about per-exec cgroups
+---------------------------------
+- Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale`` can
+  tell a dead helper's leftovers from those of a helper that is still running.
+- v1 memory: ``memory.limit_in_bytes`` must be lowered before ``memory.memsw.limit_in_bytes``
+  (memsw may never be below it), and memsw must be set too or a bomb swaps instead of
+  dying.  ``memory.oom_control`` counts ``oom_kill`` (4.13+); v2 has ``memory.events``.
+- ``rss_max_kb`` is the cgroup's peak memory charge (``memory.max_usage_in_bytes`` /
+  ``memory.peak``): resident anonymous memory *plus* page cache the exec brought in.
+  Without a memory cgroup it is null: rusage (rusage.py) measures only the largest
+  single process, reported apart as ``rss_max_process_kb``, and CPU time, which fills
+  ``cpu_ms`` where no cpu counter is readable.  ``Usage.sources`` names each figure's
+  mechanism.
+- I/O is the hard one.  v1 blkio charges buffered writes to the kernel flusher at
+  writeback, not to the writer, and on some hosts (the CI VM's virtio disk: measured)
+  it counts no device I/O at all, so a 0 from it cannot be told from "not measured".
+  v2's io.stat charges writeback to the writer's cgroup, but only once it happened.
+  The honest source is task I/O accounting, which the kernel sums over every reaped
+  descendant into the waiter's rusage: ``ru_inblock`` (reads that went to storage) and
+  ``ru_oublock`` (pages dirtied for storage, charged when dirtied).  So ``collect``
+  takes the jail's rusage (its init's report, rusage.py) when the caller has it;
+  without it, v2 io.stat is used when nothing the exec dirtied is still unwritten, v1
+  blkio only when it saw a device, and anything else is null with the reason.
+- CPU *share*: without a cpu-controller cgroup every process of a jail competes with
+  every host process one by one, so a fork bomb held at 64 processes by pids.max still
+  takes 64/65 of a CPU from the helper and from other capsules' commands.  Each exec
+  therefore also joins a cgroup of the cpu controller (v2 ``cpu``, else the v1 ``cpu``
+  hierarchy, which on hybrid hosts is mounted apart from ``cpuacct``) with the default
+  weight: one exec gets one share however many processes it forks, and ``ccw`` as a
+  whole one share beside each host process.  The scheduler is work-conserving: an exec
+  alone on an idle machine still gets every CPU.  Joining costs one more mkdir and
+  migration per exec (~0.1 ms measured).
+- CPU time has no v1/v2 "budget" knob (cpu.max is a rate), so ``Limits.cpu_ms`` is
+  enforced by a watcher thread that polls the usage counter and kills the cgroup when the
+  budget is spent (``Usage.cpu_limited``).  It sleeps for at most the remaining budget
+  divided by the number of CPUs, so it overshoots by at most one poll interval.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sandbox.cgroups import (
+    HINT,
+    CgroupLayout,
+    Hierarchy,
+    detect_layout,
+    make_dir,
+    parse_blkio_bytes,
+    parse_flat_keyed,
+    parse_io_stat,
+    parse_self_cgroup,
+    procs,
+    read_file,
+    resources_worth_joining,
+    write_file,
+)
+from sandbox.errors import CcwError, from_oserror
+
+PARENT_NAME = "ccw"
+V2_WANTED = ("memory", "pids", "cpu", "io")
+_OWNER_SEP = "@"
+
+
+# --------------------------------------------------------------------- per-exec cgroups
+class BlockCounts(Protocol):
+    """Task I/O accounting, as ``resource.struct_rusage`` and rusage.InitReport carry it."""
+
+    @property
+    def ru_inblock(self) -> int: ...
+
+    @property
+    def ru_oublock(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-exec limits; None = not limited."""
+
+    memory_bytes: int | None = None
+    pids_max: int | None = None
+    cpu_ms: int | None = None
+
+
+@dataclass
+class Usage:
+    """What an exec used; a None figure could not be measured and ``unavailable`` says why."""
+
+    cpu_ms: int | None
+    rss_max_kb: int | None
+    io_read_kb: int | None
+    io_write_kb: int | None
+    oom_killed: bool
+    pids_limited: bool
+    unavailable: dict[str, str] = field(default_factory=dict)
+    cpu_limited: bool = False  # the cpu_ms budget was spent and the exec was killed
+    # The peak RSS of the largest single process (rusage.py fills it; never a total).
+    rss_max_process_kb: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # figure -> the mechanism that measured it
+
+
+class ExecCgroup:
+    """One exec's cgroup, one directory per hierarchy that serves a resource."""
+
+    def __init__(self, layout: CgroupLayout, name: str, limits: Limits) -> None:
+        self.layout = layout
+        self.name = name
+        self.limits = limits
+        self.dirs: dict[Hierarchy, str] = {}
+        self.unavailable: dict[str, str] = {}
+        self.cpu_limited = False
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self._torn_down = False
+
+    # -- prepare
+    @classmethod
+    def prepare(cls, layout: CgroupLayout, name: str, limits: Limits) -> ExecCgroup:
+        """mkdir ``ccw/<name>@<pid>`` under our own cgroup in every useful hierarchy; write limits.
+
+        A hierarchy we may not write is skipped (usage from it is null with the reason);
+        a *requested* limit that no writable hierarchy can enforce is an UNSUPPORTED error.
+        """
+        if not name or "/" in name or _OWNER_SEP in name or name in (".", ".."):
+            raise CcwError("INVALID_ARGUMENT", f"cgroup name {name!r} must be non-empty, without '/' or '@'")
+        cg = cls(layout, name, limits)
+        try:
+            cg._make_dirs()
+            cg._write_limits()
+        except BaseException:
+            cg.teardown()
+            raise
+        return cg
+
+    def _make_dirs(self) -> None:
+        # Every hierarchy costs a migration at enter() (milliseconds each on v1), so only
+        # those that give something: v1 blkio is left out, since the jail's wait4 rusage
+        # measures an exec's I/O where blkio cannot (see the essay).
+        wanted = {self.layout.for_resource(r) for r in resources_worth_joining(self.layout)}
+        leaf = f"{self.name}{_OWNER_SEP}{os.getpid()}"
+        for hier in self.layout.hierarchies:
+            if hier not in wanted:
+                continue
+            parent = os.path.join(hier.base, PARENT_NAME)
+            path = os.path.join(parent, leaf)
+            for attempt in range(5):  # another helper may rmdir an empty parent meanwhile
+                try:
+                    if make_dir(parent) and hier.version == 2:
+                        self._delegate_v2(hier, parent)
+                    if not make_dir(path):
+                        raise CcwError("CONFLICT", f"cgroup {path!r} already exists; another exec uses the name {self.name!r}")
+                    self.dirs[hier] = path
+                    break
+                except FileNotFoundError:
+                    if attempt == 4:
+                        raise
+                except OSError as exc:
+                    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                        self.unavailable[hier.mount_point] = str(from_oserror(exc, "mkdir", path, HINT))
+                        break
+                    raise from_oserror(exc, "mkdir", path, HINT) from exc
+
+    def _delegate_v2(self, hier: Hierarchy, parent: str) -> None:
+        # Controllers must be enabled top-down: in our own cgroup for `ccw`, in `ccw` for execs.
+        ctrls = " ".join(f"+{c}" for c in sorted(hier.controllers & set(V2_WANTED)))
+        if not ctrls:
+            return
+        for where in (hier.base, parent):
+            try:
+                write_file(os.path.join(where, "cgroup.subtree_control"), ctrls)
+            except CcwError as exc:
+                if exc.details.get("errno") == "EBUSY":
+                    exc.message += (" (cgroup v2 forbids controllers below a cgroup that holds processes:"
+                                    " start the helper in a leaf cgroup of a delegated subtree)")
+                raise
+
+    def _dir_for(self, resource: str) -> str | None:
+        hier = self.layout.for_resource(resource)
+        return self.dirs.get(hier) if hier is not None else None
+
+    def _write_limits(self) -> None:
+        lim = self.limits
+        if lim.memory_bytes is not None:
+            mem = self._require("memory", "limits.memory_mb")
+            if self._v1(mem):
+                write_file(os.path.join(mem, "memory.limit_in_bytes"), str(lim.memory_bytes))
+                memsw = os.path.join(mem, "memory.memsw.limit_in_bytes")
+                if os.path.exists(memsw):  # else swap accounting is off: the limit covers RAM only
+                    write_file(memsw, str(lim.memory_bytes))
+            else:
+                write_file(os.path.join(mem, "memory.max"), str(lim.memory_bytes))
+                with contextlib.suppress(CcwError):  # memory.swap.max exists only with swap accounting
+                    write_file(os.path.join(mem, "memory.swap.max"), "0")
+        if lim.pids_max is not None:
+            write_file(os.path.join(self._require("pids", "limits.pids_max"), "pids.max"), str(lim.pids_max))
+        if lim.cpu_ms is not None:
+            self._require("cpu", "limits.cpu_ms")
+
+    def _v1(self, path: str) -> bool:
+        return any(h.version == 1 for h, d in self.dirs.items() if d == path)
+
+    def _version(self, resource: str) -> int:
+        hier = self.layout.for_resource(resource)
+        return hier.version if hier is not None else 0
+
+    def _require(self, resource: str, what: str) -> str:
+        path = self._dir_for(resource)
+        if path is None:
+            why = _why_none(self.unavailable)
+            raise CcwError("UNSUPPORTED", f"{what} cannot be enforced: no writable {resource} cgroup ({why}); "
+                           f"{HINT}, or omit {what}")
+        return path
+
+    # -- enter / watch
+    def enter(self, pid: int) -> None:
+        """Move ``pid`` into every hierarchy (before it unshares its cgroup namespace)."""
+        for path in self.dirs.values():
+            write_file(os.path.join(path, "cgroup.procs"), str(pid), "the process may have exited already")
+        if self.limits.cpu_ms is not None and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch_cpu, name=f"ccw-cpu-{self.name}", daemon=True)
+            self._watcher.start()
+
+    def _cpu_ns(self) -> int | None:
+        path = self._dir_for("cpu")
+        if path is None:
+            return None
+        try:
+            if self._v1(path):
+                return int(read_file(os.path.join(path, "cpuacct.usage")))
+            return parse_flat_keyed(read_file(os.path.join(path, "cpu.stat")))["usage_usec"] * 1000
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def _watch_cpu(self) -> None:
+        budget_ns = (self.limits.cpu_ms or 0) * 1_000_000
+        ncpu = os.cpu_count() or 1
+        while not self._stop.is_set():
+            used = self._cpu_ns()
+            if used is None:
+                return
+            if used >= budget_ns:
+                self.cpu_limited = True
+                with contextlib.suppress(CcwError):
+                    self.kill()
+                return
+            # Usage grows at most ncpu seconds per second: sleep no longer than that allows.
+            self._stop.wait(min(0.1, max(0.002, (budget_ns - used) / 1e9 / ncpu)))
+
+    def pids(self) -> list[int]:
+        """The processes in the exec cgroup (host pids)."""
+        for path in self.dirs.values():
+            return procs(path)
+        return []
+
+    def owns(self, pid: int) -> bool | None:
+        """Whether ``pid`` is in this exec's cgroup; None when the process is gone.
+
+        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows it in the root.
+        """
+        try:
+            text = read_file(f"/proc/{pid}/cgroup")
+        except OSError:
+            return None
+        mine = parse_self_cgroup(text)
+        for hier, path in sorted(self.dirs.items(), key=lambda item: -item[0].version):
+            rel = "/" + os.path.relpath(path, hier.mount_point)
+            key = "" if hier.version == 2 else next(
+                (k for k in mine if k and frozenset(k.split(",")) == hier.controllers), None)
+            if key is None or key not in mine:
+                continue
+            if mine[key] == rel or mine[key].startswith(rel + "/"):
+                return True
+            if hier.version == 1 and _is_zombie(pid):
+                return None
+            return False
+        return False
+
+    # -- kill
+    def kill(self) -> None:
+        """Kill every process in the exec cgroup and wait until it is empty."""
+        v2 = self.layout.unified
+        v2_dir = self.dirs.get(v2) if v2 is not None else None
+        if v2_dir is not None and os.path.exists(os.path.join(v2_dir, "cgroup.kill")):
+            write_file(os.path.join(v2_dir, "cgroup.kill"), "1")
+            if self._wait_empty(v2_dir, 2.0):
+                return
+        freezer = next((d for h, d in self.dirs.items() if h.version == 1 and "freezer" in h.controllers), None)
+        any_dir = v2_dir or next(iter(self.dirs.values()), None)
+        if any_dir is None:
+            return
+        for _ in range(100):  # freeze so nothing forks while we kill, then thaw to let SIGKILL land
+            pids = procs(freezer or any_dir)
+            if not pids:
+                return
+            if freezer:
+                with contextlib.suppress(CcwError):
+                    write_file(os.path.join(freezer, "freezer.state"), "FROZEN")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if freezer:
+                with contextlib.suppress(CcwError):
+                    write_file(os.path.join(freezer, "freezer.state"), "THAWED")
+            if self._wait_empty(freezer or any_dir, 0.05):
+                return
+        raise CcwError("INTERNAL", f"cgroup {any_dir!r} still has processes after 100 SIGKILL rounds: {procs(any_dir)}")
+
+    @staticmethod
+    def _wait_empty(path: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while procs(path):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    # -- collect
+    def collect(self, rusage: BlockCounts | None = None) -> Usage:
+        """Usage after the command ended; every null figure has its reason in ``unavailable``,
+        every other its mechanism in ``sources``.
+
+        ``rusage`` is the jail's rusage (the init's report, or the helper's ``os.wait4``), when
+        the caller has it: its task I/O accounting is the only honest source of
+        io_read_kb/io_write_kb on cgroup v1.
+        """
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join()
+        why_none = _why_none(self.unavailable)
+        unavailable: dict[str, str] = {}
+        usage = Usage(None, None, None, None, False, False, unavailable, self.cpu_limited)
+
+        cpu_ns = self._cpu_ns()
+        if cpu_ns is not None:
+            usage.cpu_ms = round(cpu_ns / 1_000_000)
+            counter = "cpuacct.usage" if self._v1(self._dir_for("cpu") or "") else "cpu.stat usage_usec"
+            usage.sources["cpu_ms"] = (f"cgroup v{self._version('cpu')} {counter}: CPU time of every process "
+                                       "of the exec's cgroup, ccw's init included")
+        else:
+            unavailable["cpu_ms"] = f"no readable cpu usage counter: {why_none}"
+
+        mem = self._dir_for("memory")
+        if mem is None:
+            unavailable["rss_max_kb"] = f"no memory cgroup: {why_none}"
+            unavailable["oom_killed"] = f"no memory cgroup, an OOM kill cannot be told apart: {why_none}"
+        elif self._v1(mem):
+            usage.rss_max_kb = int(read_file(os.path.join(mem, "memory.max_usage_in_bytes"))) // 1024
+            usage.sources["rss_max_kb"] = ("cgroup v1 memory.max_usage_in_bytes: peak charge of the exec's cgroup, "
+                                           "all its processes together, page cache included")
+            usage.oom_killed = parse_flat_keyed(read_file(os.path.join(mem, "memory.oom_control"))).get("oom_kill", 0) > 0
+        else:
+            peak = os.path.join(mem, "memory.peak")
+            if os.path.exists(peak):
+                usage.rss_max_kb = int(read_file(peak)) // 1024
+                usage.sources["rss_max_kb"] = ("cgroup v2 memory.peak: peak charge of the exec's cgroup, "
+                                               "all its processes together, page cache included")
+            else:
+                unavailable["rss_max_kb"] = "this kernel has no memory.peak (added in Linux 5.19)"
+            usage.oom_killed = parse_flat_keyed(read_file(os.path.join(mem, "memory.events"))).get("oom_kill", 0) > 0
+
+        pids = self._dir_for("pids")
+        if pids is not None:
+            usage.pids_limited = parse_flat_keyed(read_file(os.path.join(pids, "pids.events"))).get("max", 0) > 0
+        else:
+            unavailable["pids_limited"] = f"no pids cgroup: {why_none}"
+
+        self._collect_io(usage, why_none, rusage)
+        return usage
+
+    def _collect_io(self, usage: Usage, why_none: str, rusage: BlockCounts | None) -> None:
+        if rusage is not None and os.path.exists("/proc/self/io"):
+            # Task I/O accounting, summed by the kernel over every reaped descendant: reads
+            # that went to storage, and pages dirtied for storage (charged to the writer
+            # when dirtied, so unflushed writes count too).
+            usage.io_read_kb = rusage.ru_inblock * 512 // 1024
+            usage.io_write_kb = rusage.ru_oublock * 512 // 1024
+            usage.sources["io_read_kb"] = usage.sources["io_write_kb"] = (
+                "wait4 rusage: task I/O accounting summed over every process of the jail")
+            return
+        io_dir = self._dir_for("io")
+        if io_dir is None:
+            usage.unavailable["io_read_kb"] = usage.unavailable["io_write_kb"] = f"no io/blkio cgroup: {why_none}"
+            return
+        if self._v1(io_dir):
+            text = read_file(os.path.join(io_dir, "blkio.throttle.io_service_bytes"))
+            if any(len(line.split()) == 3 for line in text.splitlines()):
+                usage.io_read_kb = parse_blkio_bytes(text)[0] // 1024
+                usage.sources["io_read_kb"] = "cgroup v1 blkio.throttle.io_service_bytes of the exec's cgroup"
+            else:
+                usage.unavailable["io_read_kb"] = (
+                    "blkio attributed no device I/O to the exec, and on some hosts (virtio, overlay on "
+                    "a device blkio does not see) it sees none at all, so 0 cannot be told from unmeasured")
+            usage.unavailable["io_write_kb"] = (
+                "cgroup v1 blkio charges buffered writes to the kernel flusher at writeback, not to the "
+                "writing process, so the exec's writes cannot be attributed")
+            return
+        read, write = parse_io_stat(read_file(os.path.join(io_dir, "io.stat")))
+        usage.io_read_kb = read // 1024
+        usage.sources["io_read_kb"] = "cgroup v2 io.stat of the exec's cgroup"
+        mem = self._dir_for("memory")
+        stat = parse_flat_keyed(read_file(os.path.join(mem, "memory.stat"))) if mem and not self._v1(mem) else None
+        if stat is None:
+            usage.unavailable["io_write_kb"] = "without the v2 memory controller, writeback is not charged to the exec"
+        elif stat.get("file_dirty", 0) + stat.get("file_writeback", 0) > 0:
+            pending = (stat.get("file_dirty", 0) + stat.get("file_writeback", 0)) // 1024
+            usage.unavailable["io_write_kb"] = f"{pending} kB written by the exec were still in the page cache, not yet on disk"
+        else:
+            usage.io_write_kb = write // 1024
+            usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"
+
+    # -- teardown
+    def teardown(self) -> None:
+        """Kill leftovers and remove every directory (and the parent when empty); idempotent."""
+        self._stop.set()
+        if self._watcher is not None and self._watcher is not threading.current_thread():
+            self._watcher.join()
+        if self._torn_down:
+            return
+        self.kill()
+        for hier, path in list(self.dirs.items()):
+            _rmdir_retry(path)
+            del self.dirs[hier]
+            with contextlib.suppress(OSError):  # busy: another exec or helper still uses it
+                os.rmdir(os.path.dirname(path))
+        self._torn_down = True
+
+
+def _why_none(refused: dict[str, str]) -> str:
+    """Why no hierarchy serves a resource: one line when every mkdir failed alike (rootless)."""
+    if not refused:
+        return "no cgroup hierarchy on this host provides it"
+    errnos = {match.group(1) if (match := re.search(r"failed: ([A-Z]+ \([^)]*\))", why)) else why
+              for why in refused.values()}
+    if len(errnos) == 1 and len(refused) > 1:
+        where = ", ".join(os.path.basename(mount) for mount in sorted(refused))
+        return f"mkdir of the exec's cgroup failed with {errnos.pop()} in every hierarchy ({where}); {HINT}"
+    return "; ".join(refused.values())
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return read_file(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def _rmdir_retry(path: str) -> None:
+    # A killed task leaves cgroup.procs a moment after the SIGKILL lands.
+    for _ in range(500):
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise from_oserror(exc, "rmdir", path, HINT) from exc
+            time.sleep(0.002)
+    raise CcwError("INTERNAL", f"rmdir {path!r} failed: EBUSY after 1 s; processes left: {procs(path)}")
+
+
+def _parent_dirs(layout: CgroupLayout) -> Iterable[str]:
+    # ccw parents under our own cgroup, and under any other cgroup (a crashed helper may
+    # have lived in another one, e.g. a per-command cgroup), up to a few levels deep.
+    for hier in layout.hierarchies:
+        stack = [(hier.mount_point, 0)]
+        while stack:
+            path, depth = stack.pop()
+            try:
+                entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name == PARENT_NAME:
+                    yield entry.path
+                elif depth < 3:
+                    stack.append((entry.path, depth + 1))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[str]:
+    """Kill and remove exec cgroups named ``<prefix>…@<pid>`` whose helper pid is dead.
+
+    Returns the removed directories, sorted.  Cgroups of helpers that are still running
+    are left alone, as is anything not named by ccw.
+    """
+    layout = layout or detect_layout()
+    removed = []
+    for parent in _parent_dirs(layout):
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            base, sep, owner = name.rpartition(_OWNER_SEP)
+            path = os.path.join(parent, name)
+            if not sep or not base.startswith(prefix) or not owner.isdigit() or not os.path.isdir(path):
+                continue
+            if _alive(int(owner)):
+                continue
+            hier = next(h for h in layout.hierarchies if path.startswith(h.mount_point + "/"))
+            stale = ExecCgroup(CgroupLayout((hier,)), base, Limits())
+            stale.dirs[hier] = path
+            stale.teardown()
+            removed.append(path)
+    return sorted(removed)

@@ -1,0 +1,78 @@
+"""The kernel's mount table, /proc/<pid>/mountinfo: the one parser of it in ccw.
+
+Some facts about mountinfo (proc(5))
+------------------------------------
+- One line per mount, fields separated by single spaces: mount id, parent id,
+  ``major:minor``, the *root* (the path inside the filesystem that is mounted here: a
+  bind of a subdirectory, or a cgroup hierarchy's subtree), the mount point, the mount's
+  options, zero or more optional fields (``shared:N``, ``master:N`` ...), a lone ``-``,
+  then the filesystem type, the source and the superblock's options (where a cgroup v1
+  hierarchy names its controllers).  The optional fields vary, so everything after them
+  is found from the ``-``.
+- Space, tab, newline and backslash in a path are written as ``\\ooo`` octal escapes;
+  any other byte is written as is, so a path need not be UTF-8 (it is read with
+  surrogateescape, as os does).
+- The table is that of the reader's mount namespace: the helper reads its own.
+
+Users: registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
+mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PATH = "/proc/self/mountinfo"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of mountinfo."""
+
+    mount_point: str
+    root: str  # the path inside the filesystem that is mounted there
+    fstype: str
+    super_options: frozenset[str]  # cgroup v1 controller names live here
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as \ooo octal escapes.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def parse(text: str) -> list[Mount]:
+    """Every mount of a /proc/<pid>/mountinfo text, in order; lines that are not mounts are skipped."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split(" ")
+        try:
+            sep = fields.index("-")
+        except ValueError:
+            continue
+        if sep < 5 or sep + 1 >= len(fields):
+            continue
+        options = fields[sep + 3] if sep + 3 < len(fields) else ""
+        mounts.append(Mount(mount_point=_unescape(fields[4]), root=_unescape(fields[3]),
+                            fstype=fields[sep + 1], super_options=frozenset(options.split(","))))
+    return mounts
+
+
+def read(path: str = PATH) -> str:
+    """The text of a mountinfo file (our own mount namespace's by default)."""
+    with open(path, encoding="utf-8", errors="surrogateescape") as file:
+        return file.read()
+
+
+def mounts_under(prefix: str) -> list[str]:
+    """Mount points at or below ``prefix`` in our mount namespace, deepest first."""
+    prefix = prefix.rstrip("/")
+    found = [m.mount_point for m in parse(read()) if m.mount_point == prefix or m.mount_point.startswith(prefix + "/")]
+    return sorted(found, key=lambda p: (-p.count("/"), p))

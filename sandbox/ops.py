@@ -1,0 +1,499 @@
+"""The helper's closed set of operations: the op table, and one typed request and reply per op.
+
+``OPS`` is bubblewrap's PrivSepOp: the helper serves these operations and nothing else,
+and each says why serving it is safe.  Every op that names a capsule is authorised
+against the capsule's owner uid, which the helper takes from SO_PEERCRED, never from
+the request.
+
+Arguments are checked against the table (``validate_args``) at the boundary: the
+front end refuses to send what the helper would refuse (``encode_request``), and the
+helper checks every request again when it decodes it (``<Op>Request.from_args``), in
+case something manages to send hacked requests.  Past that point code holds typed
+requests; what the privileged side must re-check on the host (paths, ownership) it
+re-checks in one place of its own.
+
+Each request class has ``to_args()`` / ``from_args()`` for the wire's ``args`` object,
+each reply class ``to_args()`` / ``from_args()`` for a reply's ``result`` object.  A
+field left None in a request is left out of its arguments, so the helper's default
+holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from sandbox import spec
+from sandbox.errors import ProtocolError
+from sandbox.protocol import MAX_FRAME, PROTOCOL_VERSION, check_id, check_keys, encode_frame
+from sandbox.spec import (
+    MAX_OUTPUT_CAP,
+    MAX_STDIN,
+    MAX_TIMEOUT_MS,
+    CapsuleSpec,
+    Check,
+    Limits,
+)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One operation of the closed set: its arguments and why serving it is safe."""
+
+    name: str
+    required: dict[str, Check]
+    optional: dict[str, Check] = field(default_factory=dict)
+    safety: str = ""
+
+
+def _op(name: str, safety: str, required: dict[str, Check], optional: dict[str, Check] | None = None) -> OpSpec:
+    return OpSpec(name, required, optional or {}, " ".join(safety.split()))
+
+
+_CAPSULE: dict[str, Check] = {"capsule_id": spec.capsule_id}
+
+OPS: dict[str, OpSpec] = {
+    op.name: op
+    for op in (
+        _op(
+            "hello",
+            """Reads nothing but constants: the protocol version, the helper's mode and the
+            mechanisms in force.  No state is touched.""",
+            {"version": spec.int_in(0, 1 << 31)},
+        ),
+        _op(
+            "create",
+            """Mounts an overlay whose lower layer is a directory the caller can already
+            write (checked against the peer's uid/gid), so the capsule grants no access the
+            caller lacks; upper/work dirs live under the helper's state dir with names the
+            helper chooses.  Paths are absolute, bounded and NUL-free; network is a closed
+            enum; limits are bounded integers that only restrict.""",
+            spec.SPEC_REQUIRED,
+            spec.SPEC_OPTIONAL,
+        ),
+        _op(
+            "exec",
+            """Runs argv in a fresh jail (mount, pid, net, uts, ipc, cgroup namespaces) as the
+            caller's own uid/gid with no capabilities and no_new_privs, so the command can do
+            nothing the caller could not do outside, and less.  Only the caller's own
+            capsules.  Sizes of argv, env, stdin, output and time are bounded.""",
+            {"capsule_id": spec.capsule_id, "argv": spec.argv},
+            {
+                "cwd": spec.nullable(spec.abs_path),
+                "env": spec.env,
+                "stdin_b64": spec.nullable(spec.base64_text(MAX_STDIN)),
+                "timeout_ms": spec.int_in(1, MAX_TIMEOUT_MS),
+                "limits": spec.limits,
+                "output_cap": spec.int_in(0, MAX_OUTPUT_CAP),
+                "progress_ms": spec.int_in(100, 60_000),
+            },
+        ),
+        _op(
+            "changes",
+            """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
+            symlink targets (read with readlink, never followed).  No file content.""",
+            _CAPSULE,
+        ),
+        _op(
+            "fork",
+            """Creates a capsule stacked on one the caller owns; the child sees exactly what
+            the parent sees and belongs to the same caller.""",
+            _CAPSULE,
+        ),
+        _op(
+            "open_root",
+            """Passes an O_PATH directory descriptor of the merged view of the caller's own
+            capsule.  O_PATH grants no read or write by itself; every open through it is
+            checked by the kernel against the caller's own credentials, and the front end
+            resolves beneath it (openat2 RESOLVE_BENEATH).""",
+            _CAPSULE,
+        ),
+        _op(
+            "destroy",
+            """Unmounts and deletes the caller's own capsule, whose files live only under the
+            helper's state dir; the workspace (the lower layer) is never written.""",
+            _CAPSULE,
+        ),
+        _op(
+            "list",
+            """Lists the caller's own capsules (ids, workspaces, parents, times); other
+            callers' capsules are not shown.""",
+            {},
+        ),
+    )
+}
+
+
+def validate_args(op: str, args: Any) -> dict[str, Any]:
+    """Check ``args`` against ``op``'s schema: types, required/optional, bounds, no unknown keys."""
+    op_spec = OPS.get(op) if isinstance(op, str) else None
+    if op_spec is None:
+        raise ProtocolError(
+            f"unknown op {op!r:.80}; the helper serves {sorted(OPS)}", {"op": str(op)[:80]}
+        )
+    if not isinstance(args, dict):
+        raise ProtocolError(f"{op}: args must be an object")
+    return spec.check_fields(args, op_spec.required, op_spec.optional, f"{op} args")
+
+
+def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
+    """A request frame; the arguments are validated here as well as in the helper."""
+    check_id(request_id, nullable=False)
+    validate_args(op, args)
+    return encode_frame({"id": request_id, "op": op, "args": args})
+
+
+def kind_of(mode: int) -> str:
+    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "other"
+
+
+# --- typed requests -----------------------------------------------------------------------
+
+RequestT = TypeVar("RequestT", bound="OpRequest")
+ReplyT = TypeVar("ReplyT", bound="OpReply")
+
+
+class OpRequest:
+    """A request of one op; ``to_args`` is its wire ``args``, ``from_args`` reads and checks them."""
+
+    op: ClassVar[str]
+    reply: ClassVar[type[OpReply]]
+
+    def to_args(self) -> dict[str, Any]:
+        """The wire arguments: fields left None are left out."""
+        out = {}
+        for one in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, one.name)
+            if value is not None:
+                out[one.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_args(cls: type[RequestT], args: Any) -> RequestT:
+        """Check ``args`` against the op table, then build the typed request."""
+        return cls._build(validate_args(cls.op, args))
+
+    @classmethod
+    def _build(cls: type[RequestT], args: dict[str, Any]) -> RequestT:
+        return cls(**args)
+
+
+@dataclass(frozen=True)
+class CapsuleRequest(OpRequest):
+    """A request that names one capsule and nothing else."""
+
+    capsule_id: str
+
+
+@dataclass(frozen=True)
+class HelloRequest(OpRequest):
+    """The handshake: the front end's protocol version."""
+
+    op = "hello"
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class CreateRequest(OpRequest):
+    """Make a capsule from a spec."""
+
+    op = "create"
+    spec: CapsuleSpec
+
+    def to_args(self) -> dict[str, Any]:
+        return self.spec.to_json()
+
+    @classmethod
+    def from_args(cls, args: Any) -> CreateRequest:
+        # The spec's own check is the create op's (OPS["create"] is built from it).
+        return cls(CapsuleSpec.from_json(args))
+
+
+@dataclass(frozen=True)
+class ExecRequest(OpRequest):
+    """Run a command in a capsule; None fields take the helper's defaults."""
+
+    op = "exec"
+    capsule_id: str
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    stdin: bytes | None = None
+    timeout_ms: int | None = None
+    limits: Limits | None = None
+    output_cap: int | None = None
+    progress_ms: int | None = None
+
+    def to_args(self) -> dict[str, Any]:
+        out = super().to_args()
+        if self.env is not None:
+            out["env"] = dict(self.env)
+        if self.limits is not None:
+            out["limits"] = self.limits.to_json()
+        if self.stdin is not None:
+            out["stdin_b64"] = base64.b64encode(out.pop("stdin")).decode()
+        return out
+
+    @classmethod
+    def _build(cls, args: dict[str, Any]) -> ExecRequest:
+        stdin_b64 = args.get("stdin_b64")
+        return cls(
+            capsule_id=args["capsule_id"],
+            argv=tuple(args["argv"]),
+            cwd=args.get("cwd"),
+            env=args.get("env"),
+            stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
+            timeout_ms=args.get("timeout_ms"),
+            limits=None if "limits" not in args else Limits(**args["limits"]),
+            output_cap=args.get("output_cap"),
+            progress_ms=args.get("progress_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class ChangesRequest(CapsuleRequest):
+    """The capsule's changes against its base."""
+
+    op = "changes"
+
+
+@dataclass(frozen=True)
+class ForkRequest(CapsuleRequest):
+    """A child capsule seeing its parent's view."""
+
+    op = "fork"
+
+
+@dataclass(frozen=True)
+class OpenRootRequest(CapsuleRequest):
+    """An O_PATH descriptor of the capsule's merged view (passed with the reply)."""
+
+    op = "open_root"
+
+
+@dataclass(frozen=True)
+class DestroyRequest(CapsuleRequest):
+    """Unmount and delete the capsule."""
+
+    op = "destroy"
+
+
+@dataclass(frozen=True)
+class ListRequest(OpRequest):
+    """The caller's own capsules."""
+
+    op = "list"
+
+
+# --- typed replies ------------------------------------------------------------------------
+
+
+class OpReply:
+    """A reply's ``result`` object; its keys are the fields' names unless a class says otherwise."""
+
+    def to_args(self) -> dict[str, Any]:
+        """The wire ``result`` object."""
+        return {one.name: _plain(getattr(self, one.name)) for one in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_args(cls: type[ReplyT], result: Any) -> ReplyT:
+        """Read a ``result`` object; a missing or unknown key is a ProtocolError."""
+        names = {one.name for one in fields(cls)}  # type: ignore[arg-type]
+        if not isinstance(result, dict):
+            raise ProtocolError(f"{cls.__name__} must be an object")
+        check_keys(result, names, names, cls.__name__)
+        return cls._build(result)
+
+    @classmethod
+    def _build(cls: type[ReplyT], result: dict[str, Any]) -> ReplyT:
+        return cls(**result)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, OpReply):
+        return value.to_args()
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class HelloReply(OpReply):
+    """The helper's protocol version, mode, the mechanisms in force and its ops."""
+
+    version: int
+    mode: str
+    mechanisms: dict[str, Any]
+    ops: tuple[str, ...]
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> HelloReply:
+        return cls(result["version"], result["mode"], result["mechanisms"], tuple(result["ops"]))
+
+
+@dataclass(frozen=True)
+class CreateReply(OpReply):
+    """A capsule just made: where it is mounted, the clock it shows, its isolation."""
+
+    capsule_id: str
+    mount: str
+    workspace: str
+    created_at: str
+    clock: str
+    isolation: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ForkReply(CreateReply):
+    """A fork just made; ``parent`` is the capsule it was forked from."""
+
+    parent: str
+
+
+@dataclass(frozen=True)
+class ExecProgress(OpReply):
+    """An interim report of a running exec: time so far, bytes so far, the latest output."""
+
+    elapsed_ms: int
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_tail: bytes
+    stderr_tail: bytes
+
+    def to_args(self) -> dict[str, Any]:
+        return {
+            "elapsed_ms": self.elapsed_ms,
+            "stdout_bytes": self.stdout_bytes,
+            "stderr_bytes": self.stderr_bytes,
+            "stdout_tail_b64": base64.b64encode(self.stdout_tail).decode(),
+            "stderr_tail_b64": base64.b64encode(self.stderr_tail).decode(),
+        }
+
+    @classmethod
+    def from_args(cls, result: Any) -> ExecProgress:
+        keys = {"elapsed_ms", "stdout_bytes", "stderr_bytes", "stdout_tail_b64", "stderr_tail_b64"}
+        if not isinstance(result, dict):
+            raise ProtocolError("ExecProgress must be an object")
+        check_keys(result, keys, keys, "ExecProgress")
+        return cls(
+            result["elapsed_ms"], result["stdout_bytes"], result["stderr_bytes"],
+            _b64("stdout_tail_b64", result), _b64("stderr_tail_b64", result),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ExecReply(OpReply):
+    """How a command ended, its output, its resource use and the files it touched.
+
+    ``usage``, ``disk``, ``touched`` and their ``*_unavailable`` companions are the
+    helper's reports as they are (see sandbox/rusage.py, disk.py, fanotify.py).
+    """
+
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    oom_killed: bool
+    duration_ms: int
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    truncated: dict[str, bool]
+    usage: dict[str, Any]
+    usage_unavailable: dict[str, str]
+    usage_sources: dict[str, str]
+    disk: dict[str, Any] | None
+    touched: dict[str, Any]
+    touched_unavailable: dict[str, str]
+
+    def to_args(self) -> dict[str, Any]:
+        out = super().to_args()
+        out["stdout_b64"] = base64.b64encode(out.pop("stdout")).decode()
+        out["stderr_b64"] = base64.b64encode(out.pop("stderr")).decode()
+        return out
+
+    @classmethod
+    def from_args(cls, result: Any) -> ExecReply:
+        if not isinstance(result, dict) or "stdout_b64" not in result or "stderr_b64" not in result:
+            raise ProtocolError("ExecReply lacks ['stderr_b64', 'stdout_b64']")
+        plain = dict(result, stdout=_b64("stdout_b64", result), stderr=_b64("stderr_b64", result))
+        del plain["stdout_b64"], plain["stderr_b64"]
+        return super().from_args(plain)
+
+
+@dataclass(frozen=True)
+class ChangesReply(OpReply):
+    """The capsule's changes, sorted by path (each as sandbox/overlay.py's Change.to_dict)."""
+
+    changes: list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OpenRootReply(OpReply):
+    """Sent with the descriptor (SCM_RIGHTS)."""
+
+    capsule_id: str
+
+
+@dataclass(frozen=True)
+class DestroyReply(OpReply):
+    """The capsule is gone."""
+
+    capsule_id: str
+    destroyed: bool
+
+
+@dataclass(frozen=True)
+class CapsuleSummary(OpReply):
+    """One capsule in a list: state is busy, frozen (has forks), ready or unmounted."""
+
+    capsule_id: str
+    workspace: str
+    parent: str | None
+    created_at: str
+    state: str
+
+
+@dataclass(frozen=True)
+class ListReply(OpReply):
+    """The caller's own capsules, sorted by id (= creation)."""
+
+    capsules: tuple[CapsuleSummary, ...]
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> ListReply:
+        if not isinstance(result["capsules"], list):
+            raise ProtocolError("ListReply 'capsules' must be a list")
+        return cls(tuple(CapsuleSummary.from_args(item) for item in result["capsules"]))
+
+
+def _b64(name: str, result: dict[str, Any]) -> bytes:
+    value = spec.base64_text(MAX_FRAME)(name, result[name])  # no field holds more than a frame
+    return base64.b64decode(value, validate=True)
+
+
+HelloRequest.reply = HelloReply
+CreateRequest.reply = CreateReply
+ExecRequest.reply = ExecReply
+ChangesRequest.reply = ChangesReply
+ForkRequest.reply = ForkReply
+OpenRootRequest.reply = OpenRootReply
+DestroyRequest.reply = DestroyReply
+ListRequest.reply = ListReply
+
+REQUESTS: dict[str, type[OpRequest]] = {
+    cls.op: cls
+    for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
+                DestroyRequest, ListRequest)
+}
+assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"

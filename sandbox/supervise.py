@@ -1,0 +1,401 @@
+"""Supervise one jail from the helper: fork it, feed it, drain its output, time it out, reap it.
+
+This is nsjail's subproc: ``run`` forks the jail's first child (contain.py builds the
+jail inside it), moves it into the exec's cgroup, and waits, reading the command's
+output and the children's reports (contain.py's message pipe) until the jail ends.
+
+Choices made here (DESIGN §2 leaves them open):
+
+- The command's exit ends the jail: when it exits, the init SIGKILLs whatever else still
+  runs in the pid namespace (background jobs, daemons), reaps it, reports and exits.
+  On timeout the helper asks the init to do the same at once (``END_SIGNAL``), and if
+  it has not ended ``_END_GRACE_SEC`` later, SIGKILLs it (through its pidfd in the
+  rootless fallback) and calls the exec cgroup's ``kill()``: the kernel then kills what
+  is left, but the usage of what it reaps so is lost (see rusage.py).
+- Failures of the jail's own steps (a mount, chdir to a missing cwd) raise CcwError
+  naming the step; a command that cannot be executed is a *result*, exit code 127
+  (not found) or 126 (not executable) with a shell-like message on stderr.
+- stdin is a memfd holding ``spec.stdin`` (or /dev/null): no writer thread, no deadlock
+  however large it is.  stdout and stderr are pipes drained to the end; bytes past
+  ``output_cap`` are counted and dropped, so the command never blocks on a full pipe.
+- The two dearest parts of a jail that need nothing of its process, the network
+  namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
+  helper's thread for the *next* jail while the child builds the current one on the
+  other core (``_SparePool``); the init setns into the one and moves the other onto
+  /tmp, or makes its own when none waits.  Each serves one jail.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sandbox import mounts, namespaces, syscalls
+from sandbox import rusage as rusage_
+from sandbox.contain import END_SIGNAL, JailSpec, jail_child, prepare
+from sandbox.errors import CcwError, from_oserror
+
+if TYPE_CHECKING:
+    from sandbox.exec_cgroup import ExecCgroup
+
+_KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
+_END_GRACE_SEC = 1.0  # after asking the init to end the jail on timeout, how long before killing it
+_READ_CHUNK = 1 << 16
+
+
+@dataclass
+class JailResult:
+    """How the command ended and what it printed."""
+
+    exit_code: int | None
+    signal: str | None
+    timed_out: bool
+    duration_ms: int
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    stdout_truncated: bool
+    stderr_truncated: bool
+    # wait4's rusage of the helper's child: the init itself (and, rootless, its parent),
+    # and what the init reaped while it ran; not what a kill of the init ended (rusage.py).
+    rusage: resource.struct_rusage | None = None
+    # What the init measured of the processes it reaped, without itself (None: it was
+    # killed, on timeout, before it could report).
+    init_report: rusage_.InitReport | None = None
+
+
+PROGRESS_TAIL = 2048  # bytes of the latest output each progress report carries
+
+
+@dataclass
+class _Stream:
+    cap: int
+    data: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    tail: bytearray = field(default_factory=bytearray)  # the latest bytes, for progress
+
+    def feed(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.total += len(chunk)
+        self.tail += chunk[-PROGRESS_TAIL:]
+        del self.tail[:-PROGRESS_TAIL]
+
+
+class _SparePool:
+    """Kernel objects made ahead for the next jail, each handed to one jail: at most ``limit`` wait.
+
+    ``make`` returns a descriptor, or None when it cannot make one (then nothing waits
+    and jails make their own).  The helper refills on its thread while a jail is being
+    built on the other core, off the next exec's path.
+    """
+
+    def __init__(self, make: Callable[[], int | None], limit: int = 1) -> None:
+        self._make = make
+        # One waits: a second jail started at the same moment makes its own.  So the
+        # helper's descriptors stay steady once the pool is full (the abuse tests count them).
+        self._limit = limit
+        self._ready: list[int] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> int | None:
+        """A spare's descriptor (the caller owns it), or None when none waits."""
+        with self._lock:
+            return self._ready.pop() if self._ready else None
+
+    def refill(self) -> None:
+        """Make one spare, unless enough wait."""
+        with self._lock:
+            if len(self._ready) >= self._limit:
+                return
+        spare = self._make()
+        if spare is None:
+            return
+        with self._lock:
+            if len(self._ready) < self._limit:
+                self._ready.append(spare)
+                return
+        os.close(spare)
+
+
+_SPARE_NETS = _SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
+_SPARE_ROOTS = _SparePool(mounts.spare_root)  # the root tree: tmpfs, system dirs, /dev
+
+def _stdin_fd(data: bytes | None) -> int:
+    if data is None:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    fd = os.memfd_create("ccw-stdin", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def _parse_reports(raw: bytes) -> list[tuple[bytes, bytes]]:
+    messages = []
+    offset = 0
+    while offset + 2 <= len(raw):
+        (length,) = struct.unpack_from("!H", raw, offset)
+        body = raw[offset + 2 : offset + 2 + length]
+        messages.append((body[:1], body[1:]))
+        offset += 2 + length
+    return messages
+
+
+def _setup_error(payload: bytes) -> CcwError:
+    step, number, text = [*payload.decode(errors="replace").split("\0"), "", ""][:3]
+    exc = OSError(int(number or 0), text)
+    hint = "check that the capsule's directories exist and the helper has the privileges it reported in hello"
+    if step.startswith("chdir"):
+        hint = "pass a cwd that exists inside the jail (the workspace, /tmp or $HOME)"
+    error = from_oserror(exc, f"jail step '{step}'", hint=hint)
+    error.details["step"] = step
+    return error
+
+
+def run(
+    spec: JailSpec,
+    cgroup: ExecCgroup | None = None,
+    on_started: Callable[[int], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    progress_interval_s: float = 1.0,
+) -> JailResult:
+    """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
+
+    ``cgroup.enter(pid)`` is called before the child unshares its namespaces;
+    ``on_started`` gets the host pid of the jail's init (pid 1 inside; killing it ends
+    the whole jail).  ``on_progress`` is called about every ``progress_interval_s`` while
+    the command runs, with the elapsed time, byte counts and the latest output (tails).
+    """
+    plan = prepare(spec)
+    start = time.monotonic()
+    stdin_fd = _stdin_fd(spec.stdin)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    report_r, report_w = os.pipe()
+    sync_r, sync_w = os.pipe()
+    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w, _SPARE_NETS.take(), _SPARE_ROOTS.take())
+    direct = namespaces.pid_namespace_restorable()
+    try:
+        if direct:  # our child is the init itself
+            with namespaces.pid_namespace_for_next_child():
+                pid = os.fork()
+                if pid == 0:
+                    jail_child(plan, child_fds, is_init=True)
+        else:
+            pid = os.fork()
+            if pid == 0:
+                jail_child(plan, child_fds, is_init=False)
+    finally:
+        for fd in child_fds:
+            if fd is not None:
+                os.close(fd)
+    jail = _Running(pid, direct, cgroup)
+    streams = {out_r: _Stream(spec.output_cap), err_r: _Stream(spec.output_cap)}
+    reports = bytearray()
+    try:
+        try:
+            if cgroup is not None:
+                cgroup.enter(pid)
+            os.write(sync_w, b"1")
+        finally:
+            os.close(sync_w)
+        if direct and on_started is not None:
+            on_started(pid)
+        # The next jail's network namespace and root tree, made on this thread while the
+        # child builds this one on the other core: off the next exec's path.
+        _SPARE_NETS.refill()
+        _SPARE_ROOTS.refill()
+        poller = select.poll()
+        for fd in (out_r, err_r):
+            poller.register(fd, select.POLLIN)
+        # The init's few reports (well under a pipe's capacity) wait in the pipe until it
+        # exits: woken only by the hang-up (always reported), this thread sleeps through
+        # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
+        poller.register(report_r, 0 if direct else select.POLLIN)
+        open_fds = {out_r, err_r, report_r}
+        deadline = start + spec.timeout_ms / 1000.0
+        next_progress = start + progress_interval_s
+        while open_fds:
+            now = time.monotonic()
+            if on_progress is not None and now >= next_progress:
+                on_progress(_progress(now - start, streams[out_r], streams[err_r]))
+                next_progress = now + progress_interval_s
+            remaining = deadline - now
+            if remaining <= 0:
+                if not jail.timed_out:
+                    jail.timed_out = True
+                    deadline = time.monotonic() + _END_GRACE_SEC
+                    if jail.end():
+                        continue
+                if jail.killed:
+                    break  # something outside the jail holds a pipe: stop waiting for it
+                jail.kill()
+                deadline = time.monotonic() + _KILL_GRACE_SEC
+                continue
+            wait = remaining if on_progress is None else min(remaining, max(next_progress - now, 0.0))
+            for fd, _event in poller.poll(wait * 1000.0):
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == report_r:
+                    reports += chunk
+                    if not direct and jail.init_pidfd is None:
+                        init_pid = _init_pid(bytes(reports))
+                        if init_pid is not None:
+                            jail.init_pidfd = _open_pidfd(init_pid)
+                            if on_started is not None:
+                                on_started(init_pid)
+                else:
+                    streams[fd].feed(chunk)
+        jail.reap()
+    finally:
+        if jail.status is None:  # an exception (or cancellation) on the way: end the jail
+            jail.kill()
+            jail.reap()
+        jail.close()
+        for fd in (out_r, err_r, report_r):
+            os.close(fd)
+    duration_ms = int((time.monotonic() - start) * 1000)
+    return _result(_parse_reports(bytes(reports)), jail, duration_ms, streams[out_r], streams[err_r])
+
+
+def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> dict[str, Any]:
+    return {
+        "elapsed_ms": int(elapsed_s * 1000),
+        "stdout_bytes": out.total,
+        "stderr_bytes": err.total,
+        "stdout_tail": bytes(out.tail),
+        "stderr_tail": bytes(err.tail),
+    }
+
+
+class _Running:
+    """The helper's handle on one running jail: its child, and the init if that is another process."""
+
+    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None) -> None:
+        self.pid = pid  # our child: the init itself when ``direct``
+        self.direct = direct
+        self.cgroup = cgroup
+        self.init_pidfd: int | None = None
+        self.timed_out = False
+        self.killed = False
+        self.status: int | None = None  # our child's wait status once reaped
+        self.rusage: resource.struct_rusage | None = None
+
+    def end(self) -> bool:
+        """Ask the init to end the jail (it kills, reaps and reports); False if it cannot be asked."""
+        try:
+            if self.init_pidfd is not None:
+                syscalls.pidfd_send_signal(self.init_pidfd, END_SIGNAL)
+            elif self.direct and self.status is None:
+                os.kill(self.pid, END_SIGNAL)  # not reaped yet, so the pid cannot be reused
+            else:
+                return False
+        except OSError:
+            return False
+        return True
+
+    def kill(self) -> None:
+        """SIGKILL the jail's init (the kernel then kills its whole pid namespace) and the cgroup."""
+        self.killed = True
+        if self.init_pidfd is not None:
+            try:
+                syscalls.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
+            except OSError:
+                pass
+        elif self.status is None:
+            # Our child is the init, or (fallback) the init's parent, whose death the init
+            # follows through PDEATHSIG.  With the init's pidfd we spare its parent, which
+            # then reaps it: killed first, the init would linger as the host init's zombie.
+            try:
+                os.kill(self.pid, signal.SIGKILL)  # not reaped yet, so the pid cannot be reused
+            except OSError:
+                pass
+        if self.cgroup is not None:
+            self.cgroup.kill()
+
+    def reap(self) -> None:
+        """Wait for our child to end."""
+        if self.status is None:
+            _, self.status, self.rusage = os.wait4(self.pid, 0)
+
+    def close(self) -> None:
+        """Release the init's pidfd."""
+        if self.init_pidfd is not None:
+            os.close(self.init_pidfd)
+            self.init_pidfd = None
+
+
+def _init_pid(raw: bytes) -> int | None:
+    for kind, payload in _parse_reports(raw):
+        if kind == b"P" and len(payload) == 4:
+            return int(struct.unpack("!i", payload)[0])
+    return None
+
+
+def _open_pidfd(pid: int) -> int | None:
+    try:
+        return syscalls.pidfd_open(pid)
+    except OSError:
+        return None  # already gone; killing the jail parent still ends it
+
+
+def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: int,
+            out: _Stream, err: _Stream) -> JailResult:
+    by_kind = {kind: payload for kind, payload in reversed(messages)}  # first of each kind wins
+    exit_code: int | None = None
+    signal_name: str | None = None
+    timed_out = jail.timed_out
+    init_status = jail.status if jail.direct else None
+    if b"A" in by_kind:
+        init_status = struct.unpack("!i", by_kind[b"A"])[0]
+    if b"E" in by_kind and not timed_out:
+        raise _setup_error(by_kind[b"E"])
+    if b"W" in by_kind:
+        status = struct.unpack("!i", by_kind[b"W"])[0]
+        if os.WIFSIGNALED(status):
+            signal_name = _signal_name(os.WTERMSIG(status))
+        else:
+            exit_code = os.waitstatus_to_exitcode(status)
+    elif timed_out:
+        signal_name = "SIGKILL"
+    elif init_status is not None and os.WIFSIGNALED(init_status):
+        # The init was killed from outside (OOM killer, a stray kill): so was the command.
+        signal_name = _signal_name(os.WTERMSIG(init_status))
+    else:
+        raise CcwError("INTERNAL", "the jail ended without reporting the command's status; see the helper's log")
+    init_report = rusage_.unpack(by_kind[b"R"]) if b"R" in by_kind else None
+    return JailResult(
+        exit_code=exit_code,
+        signal=signal_name,
+        timed_out=timed_out,
+        duration_ms=duration_ms,
+        stdout=bytes(out.data),
+        stderr=bytes(err.data),
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        stdout_truncated=out.total > len(out.data),
+        stderr_truncated=err.total > len(err.data),
+        rusage=jail.rusage,
+        init_report=init_report,
+    )

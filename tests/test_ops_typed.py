@@ -1,0 +1,160 @@
+"""Typed requests and replies (sandbox/ops.py) and the sans-IO client core (sandbox/client.py)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_server.core.canonical import canonical_json
+from sandbox.client import BlockingClient, ClientConnection
+from sandbox.errors import CcwError, ProtocolError
+from sandbox.ops import (
+    OPS,
+    REQUESTS,
+    CapsuleSummary,
+    ChangesRequest,
+    CreateRequest,
+    ExecProgress,
+    ExecReply,
+    ExecRequest,
+    HelloReply,
+    ListReply,
+    encode_request,
+)
+from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
+from sandbox.spec import CapsuleSpec, Limits
+
+EXEC_RESULT: dict[str, Any] = {
+    "exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False, "duration_ms": 3,
+    "stdout_b64": base64.b64encode(b"out").decode(), "stderr_b64": "", "stdout_bytes": 3, "stderr_bytes": 0,
+    "truncated": {"stdout": False, "stderr": False}, "usage": {"cpu_ms": 1}, "usage_unavailable": {},
+    "usage_sources": {}, "disk": None, "touched": {"read": [], "written": [], "listed": [], "executed": []},
+    "touched_unavailable": {},
+}
+
+
+def test_every_op_has_one_typed_request() -> None:
+    assert set(REQUESTS) == set(OPS)
+    for op, cls in REQUESTS.items():
+        assert cls.op == op and cls.reply is not None
+
+
+def test_requests_round_trip_through_their_args() -> None:
+    requests = [
+        CreateRequest(CapsuleSpec("/w", base="/b", env_whitelist=("A",), limits=Limits(cpu_ms=5))),
+        ExecRequest("cap_1", ("sh", "-c", "x"), cwd="/w", env={"A": "1"}, stdin=b"\x00in", timeout_ms=9,
+                    limits=Limits(memory_mb=4), output_cap=0, progress_ms=100),
+        ExecRequest("cap_1", ("true",)),
+        ChangesRequest("cap_2"),
+    ]
+    for request in requests:
+        args = request.to_args()
+        assert type(request).from_args(json.loads(json.dumps(args))) == request
+
+
+def test_exec_request_leaves_defaults_to_the_helper() -> None:
+    assert ExecRequest("cap_1", ("true",)).to_args() == {"capsule_id": "cap_1", "argv": ["true"]}
+    typed = ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["x"], "cwd": None, "stdin_b64": None})
+    assert typed.cwd is None and typed.stdin is None
+
+
+def test_from_args_refuses_what_the_op_table_refuses() -> None:
+    for cls, args in ((ExecRequest, {"capsule_id": "cap_1", "argv": []}), (ChangesRequest, {"capsule_id": "x"}),
+                      (CreateRequest, {"workspace": "/w", "uid": 0})):
+        with pytest.raises(ProtocolError):
+            cls.from_args(args)
+
+
+def test_replies_round_trip() -> None:
+    reply = ExecReply.from_args(EXEC_RESULT)
+    assert reply.stdout == b"out" and reply.to_args() == EXEC_RESULT
+    listed = {"capsules": [{"capsule_id": "cap_1", "workspace": "/w", "parent": None, "created_at": "t",
+                            "state": "ready"}]}
+    assert ListReply.from_args(listed) == ListReply((CapsuleSummary("cap_1", "/w", None, "t", "ready"),))
+    assert ListReply.from_args(listed).to_args() == listed
+    hello = {"version": 1, "mode": "privileged", "mechanisms": {}, "ops": sorted(OPS)}
+    assert HelloReply.from_args(hello).to_args() == hello
+    progress = ExecProgress(5, 1, 0, b"a", b"")
+    assert ExecProgress.from_args(progress.to_args()) == progress
+    with pytest.raises(ProtocolError):
+        ExecReply.from_args({k: v for k, v in EXEC_RESULT.items() if k != "usage"})
+
+
+def test_frames_are_canonical_json() -> None:
+    args = {"workspace": "/w/é", "limits": {"memory_mb": 5}, "env_whitelist": ["Z", "A"]}
+    frame = encode_request(3, "create", args)
+    assert frame[4:] == canonical_json({"id": 3, "op": "create", "args": args})
+
+
+def test_client_core_reads_progress_then_the_reply() -> None:
+    core = ClientConnection()
+    frame = core.send_request(1, "list", {})
+    decoder = FrameDecoder("request")
+    decoder.feed(frame)
+    assert decoder.next_message().op == "list"
+    assert not core.idle
+    data = encode_progress(1, {"elapsed_ms": 5}) + encode_reply(1, {"capsules": []})
+    for byte in data[:-1]:
+        core.receive_data(bytes([byte]))
+        if (event := core.next_event()) is not None:
+            assert event.progress == {"elapsed_ms": 5}
+    core.receive_data(data[-1:])
+    reply = core.next_event()
+    assert reply is not None and reply.result == {"capsules": []} and core.idle
+
+
+def test_client_core_errors() -> None:
+    core = ClientConnection()
+    core.send_request(1, "list", {})
+    with pytest.raises(ProtocolError):
+        core.send_request(2, "list", {})  # one request in flight per connection
+    core.receive_data(encode_error(1, CcwError("NOT_FOUND", "gone")))
+    with pytest.raises(CcwError) as info:
+        core.next_event()
+    assert info.value.code == "NOT_FOUND" and core.idle  # an answered error leaves it usable
+    core.send_request(2, "list", {})
+    core.receive_data(encode_reply(9, {}))
+    with pytest.raises(ProtocolError):
+        core.next_event()
+    eof = ClientConnection()
+    eof.send_request(1, "list", {})
+    eof.receive_data(b"")
+    with pytest.raises(CcwError) as info:
+        eof.next_event()
+    assert info.value.code == "UNAVAILABLE" and "retry" in info.value.message
+    with pytest.raises(ProtocolError):
+        ClientConnection().send_request(1, "exec", {"capsule_id": "cap_1"})
+
+
+def test_blocking_client_says_hello(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            decoder = FrameDecoder("request")
+            while (request := decoder.next_message()) is None:
+                decoder.feed(conn.recv(4096))
+            assert request.op == "hello"
+            conn.sendall(encode_progress(request.id, {}) + encode_frame(
+                {"id": request.id, "ok": True, "result": {"version": request.args["version"]}}))
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with BlockingClient(path, 5.0) as client:
+            assert client.hello() == {"version": 1}
+    finally:
+        thread.join()
+        listener.close()
+    with pytest.raises(OSError):
+        BlockingClient(path, 1.0)

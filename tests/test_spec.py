@@ -1,0 +1,92 @@
+"""The one capsule spec, id grammar and cwd rule (sandbox/spec.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandbox.errors import CcwError, ProtocolError
+from sandbox.ops import OPS
+from sandbox.spec import (
+    CAPSULE_ID_RE,
+    DISK_MB_MIN,
+    CapsuleSpec,
+    Limits,
+    check_capsule_id,
+    resolve_cwd,
+)
+
+
+def test_generated_ids_match_the_one_grammar() -> None:
+    assert CAPSULE_ID_RE.fullmatch("cap_1700000000000_0a1b2c3d")
+    assert check_capsule_id("cap_1") == "cap_1"
+    for bad in ("cap_", "cap_../x", "cap_" + "a" * 65, "CAP_1", "cap_1/..", 5, None):
+        with pytest.raises(CcwError) as info:
+            check_capsule_id(bad)
+        assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_spec_round_trips_through_json() -> None:
+    spec = CapsuleSpec(
+        workspace="/w", base="/snap", clock_offset_sec=-60, env_whitelist=("CI", "PYTHONPATH"),
+        limits=Limits(memory_mb=512, disk_mb=DISK_MB_MIN), network="none",
+    )
+    assert CapsuleSpec.from_json(spec.to_json()) == spec
+    assert spec.lower == "/snap"
+    plain = CapsuleSpec(workspace="/w")
+    assert plain.lower == "/w"
+    # What the front end sends today for a capsule without a base: no "base" key.
+    assert plain.to_json() == {"workspace": "/w", "clock_offset_sec": 0, "env_whitelist": [], "limits": {},
+                               "network": "none"}
+    assert CapsuleSpec.from_json({"workspace": "/w"}) == plain
+
+
+def test_spec_whitelist_is_sorted_and_unique() -> None:
+    spec = CapsuleSpec.from_json({"workspace": "/w", "env_whitelist": ["B", "A", "B"]})
+    assert spec.env_whitelist == ("A", "B")
+
+
+@pytest.mark.parametrize(
+    ("value", "field"),
+    [
+        ({"workspace": "rel"}, "workspace"),
+        ({"workspace": "/w", "clock_offset_sec": 1.5}, "clock_offset_sec"),
+        ({"workspace": "/w", "env_whitelist": ["1A"]}, "env_whitelist"),
+        ({"workspace": "/w", "limits": {"memory_mb": 0}}, "limits.memory_mb"),
+        ({"workspace": "/w", "network": "host"}, "network"),
+    ],
+)
+def test_a_bad_spec_names_its_field(value: dict[str, Any], field: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        CapsuleSpec.from_json(value)
+    assert info.value.code == "INVALID_ARGUMENT" and info.value.details == {"argument": field}
+
+
+def test_a_spec_with_unknown_or_missing_fields_is_refused() -> None:
+    for value in ({}, {"workspace": "/w", "owner_uid": 0}, ["/w"]):
+        with pytest.raises(ProtocolError):
+            CapsuleSpec.from_json(value)
+
+
+def test_the_create_op_checks_exactly_the_spec() -> None:
+    create = OPS["create"]
+    assert set(create.required) | set(create.optional) == set(CapsuleSpec.__dataclass_fields__)
+
+
+def test_limits_leave_unset_ones_out() -> None:
+    assert Limits(pids_max=5).to_json() == {"pids_max": 5}
+    assert Limits.from_json({}) == Limits()
+    with pytest.raises(ProtocolError):
+        Limits.from_json({"swap_mb": 1})
+
+
+def test_cwd_rule() -> None:
+    assert resolve_cwd(None, "/w") == "/w"
+    assert resolve_cwd("", "/w") == "/w"
+    assert resolve_cwd("sub/../x", "/w") == "/w/x"
+    assert resolve_cwd("/w/a", "/w") == "/w/a"
+    for bad in ("../../etc", "/etc", "/wx", "a\x00b"):
+        with pytest.raises(CcwError) as info:
+            resolve_cwd(bad, "/w")
+        assert info.value.code == "INVALID_ARGUMENT"
