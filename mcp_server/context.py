@@ -47,7 +47,7 @@ class Runtime:
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
 
     async def helper(self) -> Any:
-        """The helper client, connected or spawned on first use (mcp_server.helper).
+        """The helper client, connected or spawned on first use (mcp_server.launcher).
 
         An embedded helper that died (kill -9, OOM) is replaced by a fresh one on the next
         call; the new helper's recovery re-registers the capsules and removes the dead
@@ -62,11 +62,10 @@ class Runtime:
                     await dead.aclose()
                 LOGGER.warning(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}")
             if self._helper is None:
-                # Imported here: the helper client lands separately and only capsule
-                # tools need it.
-                from mcp_server import helper as helper_module
+                # Imported here: only capsule tools need the helper.
+                from mcp_server import launcher
 
-                self._helper = await helper_module.connect_or_spawn(self.config)
+                self._helper = await launcher.connect_or_spawn(self.config)
         return self._helper
 
     async def aclose(self) -> None:

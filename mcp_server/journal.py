@@ -36,6 +36,7 @@ force recorded.  It is bounded per exec, and a capsule's rows go when it is dest
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ from typing import Any
 import zstandard
 
 from mcp_server.state import State
+from sandbox.spec import CapsuleSpec, Limits
 
 OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
 
@@ -181,23 +183,79 @@ def _backfill(db: sqlite3.Connection) -> None:
 
 @dataclass(frozen=True)
 class CapsuleRecord:
-    """A capsule as the journal knows it."""
+    """A capsule as the journal knows it: the spec it was made from, and what became of it."""
 
     capsule_id: str
-    workspace: str
-    base: str
+    spec: CapsuleSpec
     parent: str | None
     created_at: str
     clock: str
-    clock_offset_sec: int
-    env_whitelist: list[str]
-    limits: dict[str, Any]
-    network: str
     isolation: dict[str, Any]
     mount: str
     base_fingerprint: dict[str, Any] | None
     destroyed_at: str | None
     generation: int = 0  # the change generation: every write to the capsule advances it
+
+    # The spec's fields as the journal's readers name them (and its columns hold them).
+    @property
+    def workspace(self) -> str:
+        """Where the capsule's commands see their workspace."""
+        return self.spec.workspace
+
+    @property
+    def base(self) -> str:
+        """The directory the capsule's view starts from (the workspace, or a snapshot)."""
+        return self.spec.lower
+
+    @property
+    def clock_offset_sec(self) -> int:
+        """The capsule's clock offset from the real one."""
+        return self.spec.clock_offset_sec
+
+    @property
+    def env_whitelist(self) -> list[str]:
+        """The variables a command in the capsule may set."""
+        return list(self.spec.env_whitelist)
+
+    @property
+    def limits(self) -> dict[str, Any]:
+        """The capsule's limits as given (only those set)."""
+        return self.spec.limits.to_json()
+
+    @property
+    def network(self) -> str:
+        """The capsule's network ("none")."""
+        return self.spec.network
+
+
+def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
+    """The capsules table's row for ``record`` (its columns predate CapsuleSpec)."""
+    row: dict[str, Any] = {
+        "capsule_id": record.capsule_id, "workspace": record.workspace, "base": record.base,
+        "parent": record.parent, "created_at": record.created_at, "clock": record.clock,
+        "clock_offset_sec": record.clock_offset_sec, "env_whitelist": record.env_whitelist,
+        "limits": record.limits, "network": record.network, "isolation": record.isolation,
+        "mount": record.mount, "base_fingerprint": record.base_fingerprint,
+        "destroyed_at": record.destroyed_at, "generation": record.generation,
+    }
+    for key in _JSON_CAPSULE_FIELDS:
+        row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
+    return row
+
+
+def _capsule_record(row: Any) -> CapsuleRecord:
+    """The record a capsules row (sqlite3.Row) holds."""
+    data = dict(row)
+    for key in _JSON_CAPSULE_FIELDS:
+        data[key] = None if data[key] is None else json.loads(data[key])
+    spec = CapsuleSpec(
+        workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
+        env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),
+        network=data.pop("network"),
+    )
+    if spec.base == spec.workspace:
+        spec = dataclasses.replace(spec, base=None)
+    return CapsuleRecord(spec=spec, **data)
 
 
 class Journal:
@@ -210,9 +268,7 @@ class Journal:
 
     def add_capsule(self, record: CapsuleRecord) -> None:
         """Record a new capsule."""
-        row = dict(record.__dict__)
-        for key in _JSON_CAPSULE_FIELDS:
-            row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
+        row = _capsule_row(record)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         self.state.execute(f"INSERT OR REPLACE INTO capsules ({cols}) VALUES ({marks})", list(row.values()))
@@ -222,10 +278,7 @@ class Journal:
         rows = self.state.execute("SELECT * FROM capsules WHERE capsule_id = ?", (capsule_id,))
         if not rows:
             return None
-        data = dict(rows[0])
-        for key in _JSON_CAPSULE_FIELDS:
-            data[key] = None if data[key] is None else json.loads(data[key])
-        return CapsuleRecord(**data)
+        return _capsule_record(rows[0])
 
     def mark_destroyed(self, capsule_id: str, when: str) -> None:
         """Note that a capsule is gone (its execs stay, for witnesses already made)."""

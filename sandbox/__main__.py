@@ -41,9 +41,8 @@ import socket
 import sys
 from collections.abc import Mapping
 from types import FrameType
-from typing import Any
 
-from sandbox import __version__, disk, syscalls
+from sandbox import __version__, disk, probe, syscalls
 from sandbox.errors import CcwError
 from sandbox.server import Dispatcher, HelperServer
 
@@ -133,48 +132,6 @@ def _one_way_propagation() -> None:
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_SLAVE)
 
 
-def collect_mechanisms(mode: str) -> dict[str, Any]:
-    """What each module reports in force; a module that is absent is reported as such."""
-    mechanisms: dict[str, Any] = {"user_namespace": mode == "rootless"}
-    for key, module_name in (("jail", "contain"), ("cgroups", "cgroups"), ("fanotify", "fanotify"), ("overlay", "overlay")):
-        try:
-            module = __import__(f"sandbox.{module_name}", fromlist=["mechanisms"])
-        except ImportError as exc:
-            mechanisms[key] = {"available": False, "reason": f"not installed: {exc}"}
-            continue
-        report = getattr(module, "mechanisms", None)
-        if report is None:
-            continue
-        try:
-            mechanisms[key] = report()
-        except Exception as exc:  # a probe failing must not keep the helper down
-            mechanisms[key] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-    if isinstance(mechanisms.get("cgroups"), dict):
-        _drop_unwritable_cgroups(mechanisms)
-    return mechanisms
-
-
-def _drop_unwritable_cgroups(mechanisms: dict[str, Any]) -> None:
-    # A hierarchy that is mounted but whose cgroup we cannot create children in (rootless
-    # without a delegated subtree, a read-only cgroupfs) is not in force: say None and why.
-    from sandbox import cgroups
-
-    layout = cgroups.detect_layout()
-    report = dict(mechanisms["cgroups"])
-    reasons: dict[str, str] = {}
-    for resource, value in report.items():
-        hierarchy = layout.for_resource(resource)
-        if value is None or hierarchy is None:
-            continue
-        if not os.access(hierarchy.base, os.W_OK | os.X_OK):
-            report[resource] = None
-            why = " (rootless, no delegated cgroup v2 subtree)" if mechanisms["user_namespace"] else ""
-            reasons[resource] = f"{hierarchy.base} is not writable by the helper{why}"
-    mechanisms["cgroups"] = report
-    if reasons:
-        mechanisms["cgroups_unavailable"] = reasons
-
-
 def _die_with_parent(expected_parent: int) -> None:
     import prctl
 
@@ -233,9 +190,7 @@ def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
     # A rootless helper sees every other uid as the overflow uid; only its own user may
     # talk to it (the socket's 0600 mode says the same, this says it again).
     allowed = frozenset({os.getuid()}) if mode == "rootless" else None
-    mechanisms = collect_mechanisms(mode)
-    mechanisms["disk"] = ({"available": True, "default_mb": manager.disks.default_mb, "kind": "ext4 image on a loop device"}
-                          if manager.disks is not None else {"available": False, "reason": manager.disk_reason})
+    mechanisms = probe.in_force(mode == "rootless", manager.disks, manager.disk_reason)
     dispatcher = Dispatcher(manager, mode, mechanisms, allowed_uids=allowed)
     group = None
     if args.socket_group is not None:

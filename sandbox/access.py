@@ -1,9 +1,10 @@
-"""Who may do what: the privileged side's checks of a caller and its arguments, in one place.
+"""Who may do what: the privileged side's re-checks, in one place.
 
-The front end validates every request before it is sent; the helper checks again
-here, "in case something manages to send hacked requests" (bubblewrap's words), and
-checks what only the host can answer: whose capsule it is, whether the caller may
-reach a directory, where a path really leads.
+The front end validates every request before it is sent, and the helper checks every
+argument again when it reads the request (sandbox/ops.py: "in case something manages to
+send hacked requests", bubblewrap's words).  What only the host can answer is checked
+here: whose capsule it is, whether the caller may reach a directory, where a path
+really leads.
 
 * **Ownership**: a capsule belongs to the uid that made it; any other uid gets
   PERMISSION_DENIED, root included (``check_owner``).
@@ -27,22 +28,15 @@ reach a directory, where a path really leads.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
+from collections.abc import Iterator
 from typing import Any
 
+from sandbox import spec
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule
-from sandbox.spec import (
-    DISK_MB_MAX,
-    DISK_MB_MIN,
-    ENV_NAME_RE,
-    MAX_ARG_BYTES,
-    MAX_TIMEOUT_MS,
-)
-
-LIMIT_KEYS = ("memory_mb", "pids_max", "cpu_ms", "disk_mb")
-
 
 # --- the caller -------------------------------------------------------------------------
 
@@ -64,53 +58,6 @@ def check_owner(capsule: Capsule, caller_uid: int) -> None:
 # --- arguments --------------------------------------------------------------------------
 
 
-def check_int(name: str, value: Any, low: int, high: int) -> None:
-    """``value`` is an int (not a bool) in [low, high]."""
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise CcwError("INVALID_ARGUMENT", f"{name} must be an integer in [{low}, {high}], got {value!r:.40}")
-
-
-def check_env_whitelist(names: Any) -> list[str]:
-    """The whitelist as a sorted list of distinct variable names."""
-    if names is None:
-        return []
-    if not isinstance(names, list) or len(names) > 1024:
-        raise CcwError("INVALID_ARGUMENT", "env_whitelist must be a list of at most 1024 variable names")
-    for item in names:
-        if not isinstance(item, str) or not ENV_NAME_RE.fullmatch(item):
-            raise CcwError("INVALID_ARGUMENT", f"env_whitelist entry {item!r:.80} is not a variable name")
-    return sorted(set(names))
-
-
-def check_limits(limits: Any) -> dict[str, int]:
-    """The limits as a dict of known keys, each within its bounds."""
-    if limits is None:
-        return {}
-    if not isinstance(limits, dict) or not set(limits) <= set(LIMIT_KEYS):
-        raise CcwError("INVALID_ARGUMENT", f"limits must be an object with keys among {list(LIMIT_KEYS)}")
-    bounds = {"memory_mb": (1, 1 << 20), "pids_max": (1, 1 << 22), "cpu_ms": (1, MAX_TIMEOUT_MS),
-              "disk_mb": (DISK_MB_MIN, DISK_MB_MAX)}
-    for key, value in limits.items():
-        check_int(f"limits.{key}", value, *bounds[key])
-    return dict(limits)
-
-
-def check_argv(argv: Any) -> None:
-    """argv is a non-empty list of strings without NUL, within the kernel's bound."""
-    if not isinstance(argv, list) or not argv:
-        raise CcwError("INVALID_ARGUMENT", "argv must be a non-empty list of strings")
-    total = 0
-    for item in argv:
-        if not isinstance(item, str) or "\0" in item:
-            raise CcwError("INVALID_ARGUMENT", f"argv entry {item!r:.80} must be a string without NUL")
-        total += len(item.encode(errors="surrogateescape")) + 1
-    if total > MAX_ARG_BYTES:
-        raise CcwError("TOO_LARGE", f"argv is {total} bytes, over {MAX_ARG_BYTES}; pass data through stdin or a file")
-
-
-# --- directories on the host --------------------------------------------------------------
-
-
 def inside(path: str, root: str) -> bool:
     """``path`` is ``root`` or lies below it (both normalised)."""
     root = root.rstrip("/")
@@ -119,16 +66,15 @@ def inside(path: str, root: str) -> bool:
 
 def check_dir_arg(name: str, value: Any, state_dir: str, allow_state: bool = False) -> str:
     """An absolute directory argument, normalised, and not inside the helper's state dir."""
-    if not isinstance(value, str) or not value.startswith("/") or "\0" in value or len(value) > 4096:
-        raise CcwError("INVALID_ARGUMENT", f"{name} must be an absolute path without NUL, got {value!r:.80}")
+    spec.abs_path(name, value)
     path = os.path.normpath(value)
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
-    check_resolved(name, path, state_dir, allow_state)
+    _check_resolved(name, path, state_dir, allow_state)
     return path
 
 
-def check_resolved(name: str, path: str, state_dir: str, allow_state: bool) -> None:
+def _check_resolved(name: str, path: str, state_dir: str, allow_state: bool) -> None:
     """``path`` is not / and not inside the state dir (with ``allow_state``: its capsules dir)."""
     if path == "/":
         raise CcwError("INVALID_ARGUMENT", f"{name} may not be / itself; pass the project's directory")
@@ -140,7 +86,7 @@ def check_resolved(name: str, path: str, state_dir: str, allow_state: bool) -> N
         )
 
 
-def open_dir(path: str, name: str) -> int:
+def _open_dir(path: str, name: str) -> int:
     """An O_PATH descriptor pinning the directory ``path`` (the ``name`` argument)."""
     try:
         return os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -148,7 +94,7 @@ def open_dir(path: str, name: str) -> int:
         raise from_oserror(exc, f"open {name}", path, f"the {name} must be an existing directory") from exc
 
 
-def check_access(fd: int, path: str, uid: int, gid: int, mode: int, verb: str) -> None:
+def _check_access(fd: int, path: str, uid: int, gid: int, mode: int, verb: str) -> None:
     """Can ``uid``/``gid`` (with its supplementary groups) reach ``path`` and ``verb`` it?
 
     ``fd`` pins the directory the helper will mount; the answer is about that inode.
@@ -187,6 +133,34 @@ def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: 
         os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
+
+
+@contextlib.contextmanager
+def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir: str) -> Iterator[tuple[int, str]]:
+    """The capsule's lower dir (``base``, else the workspace) pinned by a descriptor, with its
+    resolved path, once the caller may write the workspace and read the base; closed after."""
+    # With a base, the workspace is only where the jail shows it: a replay on another
+    # machine, or after the workspace was deleted, has no directory there.  Nothing
+    # is written at that path on the host, so there is nothing to check access to.
+    ws_fd = None if base is not None and not os.path.lexists(workspace) else _open_dir(workspace, "workspace")
+    base_fd = _open_dir(base, "base") if base is not None else None
+    try:
+        if ws_fd is not None:
+            _check_access(ws_fd, workspace, uid, gid, os.W_OK | os.X_OK, "write")
+            # Check the resolved path again: a symlink in the argument may lead elsewhere.
+            _check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), state_dir, allow_state=False)
+        if base_fd is not None:
+            _check_access(base_fd, base or "", uid, gid, os.R_OK | os.X_OK, "read")
+        lower_fd = base_fd if base_fd is not None else ws_fd
+        assert lower_fd is not None
+        lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
+        _check_resolved("base" if base is not None else "workspace", lower_real, state_dir, allow_state=base is not None)
+        yield lower_fd, lower_real
+    finally:
+        if ws_fd is not None:
+            os.close(ws_fd)
+        if base_fd is not None:
+            os.close(base_fd)
 
 
 def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandbox import mountinfo
@@ -270,6 +271,39 @@ def mechanisms(layout: CgroupLayout | None = None) -> dict[str, str | None]:
     if "io" not in resources_worth_joining(layout):
         out["io"] = "the jail's wait4 rusage (block reads and writes of every jail process)"
     return out
+
+
+def dirs_named(layout: CgroupLayout, name: str) -> Iterator[str]:
+    """Every cgroup called ``name`` up to four levels deep in each hierarchy.
+
+    ccw's parents live under our own cgroup, but a crashed helper may have lived in
+    another one (e.g. a per-command cgroup), so the whole top of each tree is searched.
+    """
+    for hier in layout.hierarchies:
+        stack = [(hier.mount_point, 0)]
+        while stack:
+            path, depth = stack.pop()
+            try:
+                entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name == name:
+                    yield entry.path
+                elif depth < 3:
+                    stack.append((entry.path, depth + 1))
+
+
+def can_create_child(base: str) -> bool:
+    """Whether this process may make a cgroup below ``base`` (tried: made and removed)."""
+    probe = os.path.join(base, f"ccw-doctor-{os.getpid()}")
+    try:
+        os.mkdir(probe)
+    except OSError:
+        return False
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return True
 
 
 # --------------------------------------------------------------------- cgroupfs files

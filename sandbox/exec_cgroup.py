@@ -51,15 +51,14 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass
 
 from sandbox.cgroups import (
     HINT,
     CgroupLayout,
     Hierarchy,
     detect_layout,
+    dirs_named,
     make_dir,
     parse_blkio_bytes,
     parse_flat_keyed,
@@ -71,6 +70,7 @@ from sandbox.cgroups import (
     write_file,
 )
 from sandbox.errors import CcwError, from_oserror
+from sandbox.rusage import BlockCounts, Usage
 
 PARENT_NAME = "ccw"
 V2_WANTED = ("memory", "pids", "cpu", "io")
@@ -78,16 +78,6 @@ _OWNER_SEP = "@"
 
 
 # --------------------------------------------------------------------- per-exec cgroups
-class BlockCounts(Protocol):
-    """Task I/O accounting, as ``resource.struct_rusage`` and rusage.InitReport carry it."""
-
-    @property
-    def ru_inblock(self) -> int: ...
-
-    @property
-    def ru_oublock(self) -> int: ...
-
-
 @dataclass(frozen=True)
 class Limits:
     """Per-exec limits; None = not limited."""
@@ -95,23 +85,6 @@ class Limits:
     memory_bytes: int | None = None
     pids_max: int | None = None
     cpu_ms: int | None = None
-
-
-@dataclass
-class Usage:
-    """What an exec used; a None figure could not be measured and ``unavailable`` says why."""
-
-    cpu_ms: int | None
-    rss_max_kb: int | None
-    io_read_kb: int | None
-    io_write_kb: int | None
-    oom_killed: bool
-    pids_limited: bool
-    unavailable: dict[str, str] = field(default_factory=dict)
-    cpu_limited: bool = False  # the cpu_ms budget was spent and the exec was killed
-    # The peak RSS of the largest single process (rusage.py fills it; never a total).
-    rss_max_process_kb: int | None = None
-    sources: dict[str, str] = field(default_factory=dict)  # figure -> the mechanism that measured it
 
 
 class ExecCgroup:
@@ -474,24 +447,6 @@ def _rmdir_retry(path: str) -> None:
     raise CcwError("INTERNAL", f"rmdir {path!r} failed: EBUSY after 1 s; processes left: {procs(path)}")
 
 
-def _parent_dirs(layout: CgroupLayout) -> Iterable[str]:
-    # ccw parents under our own cgroup, and under any other cgroup (a crashed helper may
-    # have lived in another one, e.g. a per-command cgroup), up to a few levels deep.
-    for hier in layout.hierarchies:
-        stack = [(hier.mount_point, 0)]
-        while stack:
-            path, depth = stack.pop()
-            try:
-                entries = [e for e in os.scandir(path) if e.is_dir(follow_symlinks=False)]
-            except OSError:
-                continue
-            for entry in entries:
-                if entry.name == PARENT_NAME:
-                    yield entry.path
-                elif depth < 3:
-                    stack.append((entry.path, depth + 1))
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -510,7 +465,7 @@ def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[
     """
     layout = layout or detect_layout()
     removed = []
-    for parent in _parent_dirs(layout):
+    for parent in dirs_named(layout, PARENT_NAME):
         try:
             names = os.listdir(parent)
         except OSError:

@@ -1,20 +1,22 @@
 """One command in a capsule: exec cgroup, tracer, jail, collect, teardown, and the reply.
 
-The registry (registry.py) has checked the caller and the arguments and marked the
-capsule busy; ``run`` then does the exec's steps in order, undoing each on the way out:
+The registry (registry.py) has checked the caller, had the arguments checked again
+(``settings``) and marked the capsule busy; ``run`` then does the exec's steps in
+order, undoing each on the way out:
 
     prepare the exec cgroup (exec_cgroup.py) → prepare and enter the fanotify tracer
     (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
     rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
-    (overlay.py) → teardown (always)
+    → teardown (always)
 
 Choices made here:
 
 * The jail's environment is exactly the given variables (each in the capsule's
   whitelist) over PATH, HOME and LANG defaults; nothing of the helper's leaks in.
-* The written set is what fanotify saw written *and* what the upper dir's signature says
-  changed (renames and deletions do not open files); a directory that only appeared
-  because something below it was copied up is no change (``upper_diff``).
+* The written set is what fanotify saw written *and* what the upper dir's signature
+  (``upper_signature``, taken before and after) says changed: renames and deletions
+  open no file.  A directory that only appeared because something below it was copied
+  up is no change (``upper_diff``).
 * A tracer that cannot start (no fanotify) or overflows makes the read set null with the
   reason, never a guess; usage figures likewise come with their sources or reasons.
 * A disk counts as full after an exec with less than 1% (at least 4 MiB) free: a write
@@ -29,36 +31,53 @@ import logging
 import os
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sandbox import disk, overlay
-from sandbox.access import inside
+from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.spec import ENV_NAME_RE
+from sandbox.ops import ExecRequest
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
+
+if TYPE_CHECKING:
+    from sandbox.contain import JailSpec
+    from sandbox.fanotify import Touched
+    from sandbox.rusage import Usage
+    from sandbox.supervise import JailResult
 
 log = logging.getLogger("ccw.capsules")
 
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEFAULT_HOME = "/home/ccw"
 DEFAULT_LANG = "C.UTF-8"
 ALWAYS_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG"})
-DEFAULT_TIMEOUT_MS = 300_000
-DEFAULT_OUTPUT_CAP = 1 << 20
 DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
+
+
+def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], str, dict[str, int], int, int]:
+    """An exec's jail environment, cwd, limits, timeout and output cap.
+
+    The request's arguments were checked when the helper read it (sandbox/ops.py); what
+    is decided here depends on the capsule: the whitelist, the workspace, and its limits,
+    which per-exec limits may only tighten (the disk's size is the capsule's, fixed when
+    it was made).
+    """
+    spec = capsule.spec
+    jail_env = final_env(dict(request.env or {}), list(spec.env_whitelist))
+    workdir = resolve_cwd(request.cwd, spec.workspace)
+    exec_limits = {key: value for key, value in spec.limits.to_json().items() if key != "disk_mb"}
+    for key, value in (request.limits or Limits()).to_json().items():
+        if key != "disk_mb":
+            exec_limits[key] = min(value, exec_limits.get(key, value))
+    timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
+    output_cap = DEFAULT_OUTPUT_CAP if request.output_cap is None else request.output_cap
+    return jail_env, workdir, exec_limits, timeout_ms, output_cap
 
 
 def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
     """The given variables (each must be whitelisted) over PATH/HOME/LANG defaults."""
-    env = {} if env is None else env
-    if not isinstance(env, dict):
-        raise CcwError("INVALID_ARGUMENT", "env must be an object of strings")
+    env = {} if env is None else spec.env("env", env)
     allowed = ALWAYS_ALLOWED_ENV | set(whitelist)
-    for key, value in env.items():
-        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(key):
-            raise CcwError("INVALID_ARGUMENT", f"env name {key!r:.80} is not a variable name")
-        if not isinstance(value, str) or "\0" in value:
-            raise CcwError("INVALID_ARGUMENT", f"env value of {key} must be a string without NUL")
+    for key in env:
         if key not in allowed:
             raise CcwError("INVALID_ARGUMENT",
                            f"env variable {key} is not in the capsule's env_whitelist {sorted(allowed)}; "
@@ -66,84 +85,24 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
     return {"PATH": DEFAULT_PATH, "HOME": DEFAULT_HOME, "LANG": DEFAULT_LANG, **env}
 
 
-def resolve_cwd(cwd: Any, workspace: str) -> str:
-    """None → the workspace; relative → under the workspace (no escaping it); absolute as is."""
-    if cwd is None:
-        return workspace
-    if not isinstance(cwd, str) or "\0" in cwd or not cwd or len(cwd) > 4096:
-        raise CcwError("INVALID_ARGUMENT", f"cwd must be a path without NUL, got {cwd!r:.80}")
-    if cwd.startswith("/"):
-        return os.path.normpath(cwd)
-    joined = os.path.normpath(os.path.join(workspace, cwd))
-    if not inside(joined, workspace):
-        raise CcwError("INVALID_ARGUMENT", f"cwd {cwd!r} leaves the workspace; pass an absolute path instead")
-    return joined
-
-
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
-         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
-         uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
-         progress_ms: int = 1000) -> dict[str, Any]:
+        stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
+        uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
+        progress_ms: int = 1000) -> dict[str, Any]:
     """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply."""
-    from sandbox import exec_cgroup, fanotify, rusage, supervise
     from sandbox.contain import JailSpec
 
-    merged, upper = capsule.path("merged"), capsule.path("upper")
     spec = JailSpec(
-        merged_dir=merged, workspace=capsule.meta["workspace"], tmp_dir=capsule.path("tmp"),
+        merged_dir=capsule.path("merged"), workspace=capsule.spec.workspace, tmp_dir=capsule.path("tmp"),
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
-        clock_offset_sec=capsule.meta["clock_offset_sec"], network=capsule.meta["network"],
+        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network,
     )
-    cg_limits = exec_cgroup.Limits(
-        memory_bytes=limits["memory_mb"] << 20 if "memory_mb" in limits else None,
-        pids_max=limits.get("pids_max"), cpu_ms=limits.get("cpu_ms"),
-    )
-    before = overlay.upper_signature(upper)
-    cgroup = None
-    tracer = None
-    trace_error: str | None = None
-    try:
-        cgroup = exec_cgroup.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
-        try:
-            tracer = fanotify.Tracer.prepare(merged)
-            tracer.enter(cgroup, visible_at=capsule.meta["workspace"])
-        except CcwError as exc:
-            trace_error = exc.message
-            if tracer is not None:
-                tracer.teardown()
-                tracer = None
-        result = supervise.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
-        touched = tracer.collect() if tracer is not None else None
-        # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
-        usage = cgroup.collect(result.init_report)
-        rusage.fill(usage, result.init_report)
-    finally:
-        if tracer is not None:
-            tracer.teardown()
-        if cgroup is not None:
-            cgroup.teardown()
-    after = overlay.upper_signature(upper)
-    moved = upper_diff(before, after, capsule.lowers)
-    disk_report: dict[str, Any] | None = None
-    if capsule.disk_mb is not None:
-        disk_report = {"limit_mb": capsule.disk_mb, **disk.usage(upper)}
-        disk_report["full"] = disk_report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
-    touched_unavailable: dict[str, str] = {}
-    listed: list[str] | None = None  # directories opened and files executed: known when read is
-    executed: list[str] | None = None
-    if touched is None:
-        read: list[str] | None = None
-        written = moved
-        touched_unavailable["read"] = trace_error or "no tracer"
-    else:
-        read, listed, executed = touched.read, touched.listed, touched.executed
-        written = sorted(set(touched.written) | set(moved), key=os.fsencode)
-        if touched.overflow:
-            read = listed = executed = None
-            touched_unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
-        elif read is None:
-            touched_unavailable["read"] = touched.unavailable_reason or "not recorded"
+    upper = capsule.path("upper")
+    before = upper_signature(upper)
+    result, usage, traced, trace_error = _run_traced(spec, exec_name, limits, on_progress, progress_ms)
+    moved = upper_diff(before, upper_signature(upper), capsule.lowers)
+    touched, touched_unavailable = _touched(traced, trace_error, moved)
     return {
         "exit_code": result.exit_code,
         "signal": result.signal,
@@ -160,10 +119,104 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
                   "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
         "usage_unavailable": dict(usage.unavailable),
         "usage_sources": dict(usage.sources),
-        "disk": disk_report,
-        "touched": {"read": read, "written": written, "listed": listed, "executed": executed},
+        "disk": _disk_report(capsule),
+        "touched": touched,
         "touched_unavailable": touched_unavailable,
     }
+
+
+def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
+                on_progress: Callable[[dict[str, Any]], None] | None,
+                progress_ms: int) -> tuple[JailResult, Usage, Touched | None, str | None]:
+    """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
+    (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""
+    from sandbox import exec_cgroup, fanotify, rusage, supervise
+
+    cg_limits = exec_cgroup.Limits(
+        memory_bytes=limits["memory_mb"] << 20 if "memory_mb" in limits else None,
+        pids_max=limits.get("pids_max"), cpu_ms=limits.get("cpu_ms"),
+    )
+    cgroup = None
+    tracer = None
+    trace_error: str | None = None
+    try:
+        cgroup = exec_cgroup.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
+        try:
+            tracer = fanotify.Tracer.prepare(spec.merged_dir)
+            tracer.enter(cgroup, visible_at=spec.workspace)
+        except CcwError as exc:
+            trace_error = exc.message
+            if tracer is not None:
+                tracer.teardown()
+                tracer = None
+        result = supervise.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
+        traced = tracer.collect() if tracer is not None else None
+        # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
+        usage = cgroup.collect(result.init_report)
+        rusage.fill(usage, result.init_report)
+    finally:
+        if tracer is not None:
+            tracer.teardown()
+        if cgroup is not None:
+            cgroup.teardown()
+    return result, usage, traced, trace_error
+
+
+def _touched(traced: Touched | None, trace_error: str | None,
+             moved: list[str]) -> tuple[dict[str, list[str] | None], dict[str, str]]:
+    """The reply's touched sets and, for each one not known, why."""
+    unavailable: dict[str, str] = {}
+    listed: list[str] | None = None  # directories opened and files executed: known when read is
+    executed: list[str] | None = None
+    if traced is None:
+        read: list[str] | None = None
+        written = moved
+        unavailable["read"] = trace_error or "no tracer"
+    else:
+        read, listed, executed = traced.read, traced.listed, traced.executed
+        written = sorted(set(traced.written) | set(moved), key=os.fsencode)
+        if traced.overflow:
+            read = listed = executed = None
+            unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
+        elif read is None:
+            unavailable["read"] = traced.unavailable_reason or "not recorded"
+    return {"read": read, "written": written, "listed": listed, "executed": executed}, unavailable
+
+
+def _disk_report(capsule: Capsule) -> dict[str, Any] | None:
+    """The capsule disk's size and use after the exec, and whether it counts as full."""
+    if capsule.disk_mb is None:
+        return None
+    report: dict[str, Any] = {"limit_mb": capsule.disk_mb, **disk.usage(capsule.path("upper"))}
+    report["full"] = report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
+    return report
+
+
+def upper_signature(upper: str) -> dict[str, tuple[int, ...]]:
+    """A cheap fingerprint of every entry in one upper dir (lstat only, no content).
+
+    Two signatures taken around an exec differ exactly at the paths it created,
+    deleted, renamed or rewrote; a directory's signature ignores its mtime, so adding a
+    file does not mark its directory.
+    """
+    signature: dict[str, tuple[int, ...]] = {}
+    stack = [""]
+    while stack:
+        rel_dir = stack.pop()
+        dir_path = os.path.join(upper, rel_dir) if rel_dir else upper
+        try:
+            entries = list(os.scandir(dir_path))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                signature[rel] = (stat.S_IFDIR, st.st_ino, int(overlay.is_opaque(entry.path)))
+                stack.append(rel)
+            else:
+                signature[rel] = (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev)
+    return signature
 
 
 def upper_diff(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]], lowers: list[str]) -> list[str]:

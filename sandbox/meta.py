@@ -6,6 +6,14 @@ else.  It is written with rename-over (not fsynced: a killed helper loses nothin
 page cache survives it) and read back strictly: a field of the wrong type, a parent
 that disagrees with the ancestors, or an upper dir (or disk image) that is gone makes
 the capsule unrecoverable, and ``load`` says why.
+
+What the capsule was made from is its ``CapsuleSpec`` (sandbox/spec.py), stored as the
+spec's own JSON under ``"spec"`` (version 2).  Version 1 files, written before there was
+a spec type, held the spec's fields at the top level (``limits`` without ``disk_mb``);
+``load`` reads both, and the next write of a capsule's meta is a new capsule's, so old
+files are never rewritten.  Beside the spec: the owner, the overlay's lower stack
+(``lowers``, top first), the ids of the ``ancestors`` (``parent`` first), the size of
+the capsule's own disk as made (``disk_mb``; None for none) and ``created_at``.
 """
 
 from __future__ import annotations
@@ -16,7 +24,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-VERSION = 1
+from sandbox.errors import CcwError
+from sandbox.spec import CapsuleSpec
+
+VERSION = 2
+_V1_SPEC_FIELDS = ("workspace", "base", "clock_offset_sec", "env_whitelist", "limits", "network")
 ON_DISK = frozenset({"upper", "work", "tmp", "home"})  # what a capsule disk holds
 
 
@@ -32,7 +44,8 @@ class Capsule:
 
     capsule_id: str
     root: str  # <state_dir>/capsules/<id>
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # meta.json but the spec
+    spec: CapsuleSpec
     mounted: bool = False
     busy: bool = False
     disk_ready: bool = False
@@ -70,47 +83,59 @@ class Capsule:
         state = "busy" if self.busy else "frozen" if self.children else "ready" if self.mounted else "unmounted"
         return {
             "capsule_id": self.capsule_id,
-            "workspace": self.meta["workspace"],
+            "workspace": self.spec.workspace,
             "parent": self.meta["parent"],
             "created_at": self.meta["created_at"],
             "state": state,
         }
 
 
-def save(path: str, meta: dict[str, Any]) -> None:
-    """Write ``meta`` to ``path`` by rename-over: a reader sees the old file or the new one."""
+def save(path: str, meta: dict[str, Any], spec: CapsuleSpec) -> None:
+    """Write ``meta`` and ``spec`` to ``path`` by rename-over: a reader sees the old file or the new one."""
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(meta, file, sort_keys=True)
+        json.dump({**meta, "version": VERSION, "spec": spec.to_json()}, file, sort_keys=True)
     os.rename(tmp, path)
 
 
-def load(root: str, capsule_id: str) -> tuple[dict[str, Any] | None, str]:
-    """meta.json if it is valid and the upper dir holds the data, else (None, why)."""
+def load(root: str, capsule_id: str) -> tuple[dict[str, Any], CapsuleSpec] | str:
+    """meta.json (but the spec) and the spec, if valid and the upper dir holds the data; else why not."""
     try:
         with open(os.path.join(root, "meta.json"), encoding="utf-8") as file:
             meta = json.load(file)
     except (OSError, ValueError) as exc:
-        return None, f"meta.json unreadable: {exc}"
-    expected = {"owner_uid": int, "owner_gid": int, "workspace": str, "lowers": list, "ancestors": list,
-                "clock_offset_sec": int, "env_whitelist": list, "limits": dict, "network": str, "created_at": str}
-    if not isinstance(meta, dict) or meta.get("capsule_id") != capsule_id or meta.get("version") != VERSION:
-        return None, "meta.json is not this capsule's"
+        return f"meta.json unreadable: {exc}"
+    if not isinstance(meta, dict) or meta.get("capsule_id") != capsule_id or meta.get("version") not in (1, VERSION):
+        return "meta.json is not this capsule's"
+    if meta.pop("version") == 1:
+        spec_json = {key: meta.pop(key) for key in _V1_SPEC_FIELDS if key in meta}
+    else:
+        spec_json = meta.pop("spec", None)
+    try:
+        spec = CapsuleSpec.from_json(spec_json)
+    except CcwError as exc:
+        return f"meta.json holds no valid spec: {exc.message}"
+    why = _check(root, meta)
+    return why if why else (meta, spec)
+
+
+def _check(root: str, meta: dict[str, Any]) -> str:
+    expected = {"owner_uid": int, "owner_gid": int, "lowers": list, "ancestors": list, "created_at": str}
     for key, kind in expected.items():
         if not isinstance(meta.get(key), kind):
-            return None, f"meta.json field {key} is missing or not a {kind.__name__}"
+            return f"meta.json field {key} is missing or not a {kind.__name__}"
     if not meta["lowers"] or not all(isinstance(p, str) and p.startswith("/") for p in meta["lowers"]):
-        return None, "meta.json lowers are not absolute paths"
+        return "meta.json lowers are not absolute paths"
     if len(meta["ancestors"]) >= len(meta["lowers"]):
-        return None, "meta.json has more ancestors than lower layers"
+        return "meta.json has more ancestors than lower layers"
     if (meta.get("parent") or None) != (meta["ancestors"][0] if meta["ancestors"] else None):
-        return None, "meta.json parent and ancestors disagree"
+        return "meta.json parent and ancestors disagree"
     disk_mb = meta.get("disk_mb")
     if disk_mb is not None and (not isinstance(disk_mb, int) or isinstance(disk_mb, bool)):
-        return None, "meta.json disk_mb is not an integer"
+        return "meta.json disk_mb is not an integer"
     if disk_mb is not None:
         if not os.path.isfile(os.path.join(root, "disk.img")):
-            return None, "the disk image holding the upper dir is gone"
+            return "the disk image holding the upper dir is gone"
     elif not os.path.isdir(os.path.join(root, "upper")):
-        return None, "the upper dir is gone"
-    return meta, ""
+        return "the upper dir is gone"
+    return ""

@@ -15,11 +15,13 @@ Some facts about mountinfo (proc(5))
 - The table is that of the reader's mount namespace: the helper reads its own.
 
 Users: registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
-mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies).
+mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies),
+probe.py (``filesystem_of``: what the state dir lies on).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 PATH = "/proc/self/mountinfo"
@@ -76,3 +78,14 @@ def mounts_under(prefix: str) -> list[str]:
     prefix = prefix.rstrip("/")
     found = [m.mount_point for m in parse(read()) if m.mount_point == prefix or m.mount_point.startswith(prefix + "/")]
     return sorted(found, key=lambda p: (-p.count("/"), p))
+
+
+def filesystem_of(path: str) -> str:
+    """The type of the filesystem ``path`` lies on, by the deepest mount above it ("?" unknown)."""
+    best, fstype = "", "?"
+    with contextlib.suppress(OSError):
+        for mount in parse(read()):
+            point = mount.mount_point
+            if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+                best, fstype = point, mount.fstype
+    return fstype

@@ -82,7 +82,8 @@ Some facts about mounts, as the jail uses them:
   /dev is part of the root tree, so it is in place before the capsule's binds.
 - When the helper's state dir lies inside the workspace, its top directory there is
   covered by an empty read-only tmpfs (``state_inside_workspace``): the socket, the
-  capsules' upper dirs and the front end's database stay out of the jail's sight.
+  capsules' upper dirs and the front end's database stay out of the jail's sight, even
+  a root caller's jail, which mode 0700 would not keep out (uid 0 owns them).
 - The last step makes the tmpfs root read-only, so nothing outside the workspace,
   /tmp, $HOME, /dev/shm and /dev/pts can be created or removed, even by uid 0.
 """
@@ -249,10 +250,8 @@ def prepare(
 def state_inside_workspace(workspace: str, *capsule_dirs: str) -> list[str]:
     """Jail paths to hide: the top directory under the workspace that holds a capsule's own dirs.
 
-    A state dir inside the workspace (``./.ccw-state``) is part of the capsule's lower
-    layer, so without this the jail would see the helper's socket, every capsule's upper
-    dir and the front end's database.  Mode 0700 does not keep out a root caller's jail
-    (uid 0 owns them), so the whole top directory is covered by an empty read-only tmpfs.
+    A state dir inside the workspace (``./.ccw-state``) is in the capsule's lower layer,
+    and mode 0700 does not keep out a root caller's jail (see the essay).
     """
     real_workspace = os.path.realpath(workspace)
     hidden = set()
@@ -289,11 +288,6 @@ def _bind(source: str, target: str, attrs: int, source_is_file: bool = False) ->
         syscalls.mount_setattr(target, attrs)
 
 
-def _tmpfs(target: str, flags: int, data: str) -> None:
-    _mountpoint(target)
-    syscalls.mount("tmpfs", target, "tmpfs", flags, data)
-
-
 def enter(step: MountStep, root: int | None = None) -> None:
     """Apply one step (in the jail's mount namespace; uses only os and ctypes).
 
@@ -309,7 +303,8 @@ def enter(step: MountStep, root: int | None = None) -> None:
         # A plain bind, as Docker does: writes to the mask go to /dev/null, reads see EOF.
         syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
     elif action == "mask_dir":
-        _tmpfs(target, syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
+        _mountpoint(target)
+        syscalls.mount("tmpfs", target, "tmpfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
     elif action == "proc":
         _mountpoint(target)
         syscalls.mount("proc", target, "proc", _NOSUID_NODEV_NOEXEC)
@@ -441,12 +436,8 @@ def _etc_mask() -> int:
 def _etc_overlay(root: int, source: str, attrs: int, attached: bool) -> int:
     """The jail's /etc: a read-only overlay of the mask (``_etc_mask``) over the host's ``source``.
 
-    Overlayfs takes each layer by path and keeps its own private clone of it.  A detached
-    mask is a layer since 6.15 (the only kernels that build detached trees), but one
-    moved into a detached tree is refused (EINVAL, measured on 6.18).  So a detached tree
-    names the mask by its descriptor; a tree attached in the jail's namespace (any
-    kernel) mounts the mask on its empty /.oldroot for the moment, and unmounts it once
-    the overlay holds it: both trees end with one mount at /etc.
+    A detached tree names the mask by its descriptor; an attached one parks it on its
+    empty /.oldroot until the overlay holds it (see the essay on overlayfs layers).
     """
     mask = _etc_mask()
     parked = ""

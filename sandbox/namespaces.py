@@ -57,6 +57,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from sandbox import syscalls
+from sandbox.spec import JAIL_NAMESPACES
 
 # Every jail gets these (and a pid namespace, made before the init is forked; a time
 # namespace only when a clock offset is asked for).  They all apply to the caller itself.
@@ -67,7 +68,6 @@ JAIL_FLAGS = (
     | syscalls.CLONE_NEWIPC
     | syscalls.CLONE_NEWCGROUP
 )
-JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
 
 FAKETIME_LIBRARIES = (
     "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",

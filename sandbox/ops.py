@@ -157,162 +157,41 @@ def kind_of(mode: int) -> str:
     return "other"
 
 
-# --- typed requests -----------------------------------------------------------------------
-
-RequestT = TypeVar("RequestT", bound="OpRequest")
-ReplyT = TypeVar("ReplyT", bound="OpReply")
-
-
-class OpRequest:
-    """A request of one op; ``to_args`` is its wire ``args``, ``from_args`` reads and checks them."""
-
-    op: ClassVar[str]
-    reply: ClassVar[type[OpReply]]
-
-    def to_args(self) -> dict[str, Any]:
-        """The wire arguments: fields left None are left out."""
-        out = {}
-        for one in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, one.name)
-            if value is not None:
-                out[one.name] = list(value) if isinstance(value, tuple) else value
-        return out
-
-    @classmethod
-    def from_args(cls: type[RequestT], args: Any) -> RequestT:
-        """Check ``args`` against the op table, then build the typed request."""
-        return cls._build(validate_args(cls.op, args))
-
-    @classmethod
-    def _build(cls: type[RequestT], args: dict[str, Any]) -> RequestT:
-        return cls(**args)
-
-
-@dataclass(frozen=True)
-class CapsuleRequest(OpRequest):
-    """A request that names one capsule and nothing else."""
-
-    capsule_id: str
-
-
-@dataclass(frozen=True)
-class HelloRequest(OpRequest):
-    """The handshake: the front end's protocol version."""
-
-    op = "hello"
-    version: int = PROTOCOL_VERSION
-
-
-@dataclass(frozen=True)
-class CreateRequest(OpRequest):
-    """Make a capsule from a spec."""
-
-    op = "create"
-    spec: CapsuleSpec
-
-    def to_args(self) -> dict[str, Any]:
-        return self.spec.to_json()
-
-    @classmethod
-    def from_args(cls, args: Any) -> CreateRequest:
-        # The spec's own check is the create op's (OPS["create"] is built from it).
-        return cls(CapsuleSpec.from_json(args))
-
-
-@dataclass(frozen=True)
-class ExecRequest(OpRequest):
-    """Run a command in a capsule; None fields take the helper's defaults."""
-
-    op = "exec"
-    capsule_id: str
-    argv: tuple[str, ...]
-    cwd: str | None = None
-    env: Mapping[str, str] | None = None
-    stdin: bytes | None = None
-    timeout_ms: int | None = None
-    limits: Limits | None = None
-    output_cap: int | None = None
-    progress_ms: int | None = None
-
-    def to_args(self) -> dict[str, Any]:
-        out = super().to_args()
-        if self.env is not None:
-            out["env"] = dict(self.env)
-        if self.limits is not None:
-            out["limits"] = self.limits.to_json()
-        if self.stdin is not None:
-            out["stdin_b64"] = base64.b64encode(out.pop("stdin")).decode()
-        return out
-
-    @classmethod
-    def _build(cls, args: dict[str, Any]) -> ExecRequest:
-        stdin_b64 = args.get("stdin_b64")
-        return cls(
-            capsule_id=args["capsule_id"],
-            argv=tuple(args["argv"]),
-            cwd=args.get("cwd"),
-            env=args.get("env"),
-            stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
-            timeout_ms=args.get("timeout_ms"),
-            limits=None if "limits" not in args else Limits(**args["limits"]),
-            output_cap=args.get("output_cap"),
-            progress_ms=args.get("progress_ms"),
-        )
-
-
-@dataclass(frozen=True)
-class ChangesRequest(CapsuleRequest):
-    """The capsule's changes against its base."""
-
-    op = "changes"
-
-
-@dataclass(frozen=True)
-class ForkRequest(CapsuleRequest):
-    """A child capsule seeing its parent's view."""
-
-    op = "fork"
-
-
-@dataclass(frozen=True)
-class OpenRootRequest(CapsuleRequest):
-    """An O_PATH descriptor of the capsule's merged view (passed with the reply)."""
-
-    op = "open_root"
-
-
-@dataclass(frozen=True)
-class DestroyRequest(CapsuleRequest):
-    """Unmount and delete the capsule."""
-
-    op = "destroy"
-
-
-@dataclass(frozen=True)
-class ListRequest(OpRequest):
-    """The caller's own capsules."""
-
-    op = "list"
-
-
 # --- typed replies ------------------------------------------------------------------------
 
 
+ReplyT = TypeVar("ReplyT", bound="OpReply")
+
+
 class OpReply:
-    """A reply's ``result`` object; its keys are the fields' names unless a class says otherwise."""
+    """A reply's ``result`` object; its keys are the fields' names, and a bytes field named
+    in ``base64_fields`` travels as base64 text under ``<name>_b64``."""
+
+    base64_fields: ClassVar[tuple[str, ...]] = ()
 
     def to_args(self) -> dict[str, Any]:
         """The wire ``result`` object."""
-        return {one.name: _plain(getattr(self, one.name)) for one in fields(self)}  # type: ignore[arg-type]
+        out = {}
+        for one in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, one.name)
+            if one.name in self.base64_fields:
+                out[f"{one.name}_b64"] = base64.b64encode(value).decode()
+            else:
+                out[one.name] = _plain(value)
+        return out
 
     @classmethod
     def from_args(cls: type[ReplyT], result: Any) -> ReplyT:
         """Read a ``result`` object; a missing or unknown key is a ProtocolError."""
-        names = {one.name for one in fields(cls)}  # type: ignore[arg-type]
         if not isinstance(result, dict):
             raise ProtocolError(f"{cls.__name__} must be an object")
-        check_keys(result, names, names, cls.__name__)
-        return cls._build(result)
+        keys = {f"{one.name}_b64" if one.name in cls.base64_fields else one.name for one in fields(cls)}  # type: ignore[arg-type]
+        check_keys(result, keys, keys, cls.__name__)
+        plain = dict(result)
+        for name in cls.base64_fields:
+            text = spec.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
+            plain[name] = base64.b64decode(text, validate=True)
+        return cls._build(plain)
 
     @classmethod
     def _build(cls: type[ReplyT], result: dict[str, Any]) -> ReplyT:
@@ -370,25 +249,7 @@ class ExecProgress(OpReply):
     stdout_tail: bytes
     stderr_tail: bytes
 
-    def to_args(self) -> dict[str, Any]:
-        return {
-            "elapsed_ms": self.elapsed_ms,
-            "stdout_bytes": self.stdout_bytes,
-            "stderr_bytes": self.stderr_bytes,
-            "stdout_tail_b64": base64.b64encode(self.stdout_tail).decode(),
-            "stderr_tail_b64": base64.b64encode(self.stderr_tail).decode(),
-        }
-
-    @classmethod
-    def from_args(cls, result: Any) -> ExecProgress:
-        keys = {"elapsed_ms", "stdout_bytes", "stderr_bytes", "stdout_tail_b64", "stderr_tail_b64"}
-        if not isinstance(result, dict):
-            raise ProtocolError("ExecProgress must be an object")
-        check_keys(result, keys, keys, "ExecProgress")
-        return cls(
-            result["elapsed_ms"], result["stdout_bytes"], result["stderr_bytes"],
-            _b64("stdout_tail_b64", result), _b64("stderr_tail_b64", result),
-        )  # fmt: skip
+    base64_fields = ("stdout_tail", "stderr_tail")
 
 
 @dataclass(frozen=True)
@@ -416,19 +277,7 @@ class ExecReply(OpReply):
     touched: dict[str, Any]
     touched_unavailable: dict[str, str]
 
-    def to_args(self) -> dict[str, Any]:
-        out = super().to_args()
-        out["stdout_b64"] = base64.b64encode(out.pop("stdout")).decode()
-        out["stderr_b64"] = base64.b64encode(out.pop("stderr")).decode()
-        return out
-
-    @classmethod
-    def from_args(cls, result: Any) -> ExecReply:
-        if not isinstance(result, dict) or "stdout_b64" not in result or "stderr_b64" not in result:
-            raise ProtocolError("ExecReply lacks ['stderr_b64', 'stdout_b64']")
-        plain = dict(result, stdout=_b64("stdout_b64", result), stderr=_b64("stderr_b64", result))
-        del plain["stdout_b64"], plain["stderr_b64"]
-        return super().from_args(plain)
+    base64_fields = ("stdout", "stderr")
 
 
 @dataclass(frozen=True)
@@ -477,19 +326,150 @@ class ListReply(OpReply):
         return cls(tuple(CapsuleSummary.from_args(item) for item in result["capsules"]))
 
 
-def _b64(name: str, result: dict[str, Any]) -> bytes:
-    value = spec.base64_text(MAX_FRAME)(name, result[name])  # no field holds more than a frame
-    return base64.b64decode(value, validate=True)
+# --- typed requests -----------------------------------------------------------------------
+
+RequestT = TypeVar("RequestT", bound="OpRequest")
 
 
-HelloRequest.reply = HelloReply
-CreateRequest.reply = CreateReply
-ExecRequest.reply = ExecReply
-ChangesRequest.reply = ChangesReply
-ForkRequest.reply = ForkReply
-OpenRootRequest.reply = OpenRootReply
-DestroyRequest.reply = DestroyReply
-ListRequest.reply = ListReply
+class OpRequest:
+    """A request of one op; ``to_args`` is its wire ``args``, ``from_args`` reads and checks them."""
+
+    op: ClassVar[str]
+    reply: ClassVar[type[OpReply]]
+
+    def to_args(self) -> dict[str, Any]:
+        """The wire arguments: fields left None are left out."""
+        out = {}
+        for one in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, one.name)
+            if value is not None:
+                out[one.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_args(cls: type[RequestT], args: Any) -> RequestT:
+        """Check ``args`` against the op table, then build the typed request."""
+        return cls._build(validate_args(cls.op, args))
+
+    @classmethod
+    def _build(cls: type[RequestT], args: dict[str, Any]) -> RequestT:
+        return cls(**args)
+
+
+@dataclass(frozen=True)
+class CapsuleRequest(OpRequest):
+    """A request that names one capsule and nothing else."""
+
+    capsule_id: str
+
+
+@dataclass(frozen=True)
+class HelloRequest(OpRequest):
+    """The handshake: the front end's protocol version."""
+
+    op = "hello"
+    reply = HelloReply
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class CreateRequest(OpRequest):
+    """Make a capsule from a spec."""
+
+    op = "create"
+    reply = CreateReply
+    spec: CapsuleSpec
+
+    def to_args(self) -> dict[str, Any]:
+        return self.spec.to_json()
+
+    @classmethod
+    def from_args(cls, args: Any) -> CreateRequest:
+        # The spec's own check is the create op's (OPS["create"] is built from it).
+        return cls(CapsuleSpec.from_json(args))
+
+
+@dataclass(frozen=True)
+class ExecRequest(OpRequest):
+    """Run a command in a capsule; None fields take the helper's defaults."""
+
+    op = "exec"
+    reply = ExecReply
+    capsule_id: str
+    argv: tuple[str, ...]
+    cwd: str | None = None
+    env: Mapping[str, str] | None = None
+    stdin: bytes | None = None
+    timeout_ms: int | None = None
+    limits: Limits | None = None
+    output_cap: int | None = None
+    progress_ms: int | None = None
+
+    def to_args(self) -> dict[str, Any]:
+        out = super().to_args()
+        if self.env is not None:
+            out["env"] = dict(self.env)
+        if self.limits is not None:
+            out["limits"] = self.limits.to_json()
+        if self.stdin is not None:
+            out["stdin_b64"] = base64.b64encode(out.pop("stdin")).decode()
+        return out
+
+    @classmethod
+    def _build(cls, args: dict[str, Any]) -> ExecRequest:
+        stdin_b64 = args.get("stdin_b64")
+        return cls(
+            capsule_id=args["capsule_id"],
+            argv=tuple(args["argv"]),
+            cwd=args.get("cwd"),
+            env=args.get("env"),
+            stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
+            timeout_ms=args.get("timeout_ms"),
+            limits=None if "limits" not in args else Limits(**args["limits"]),
+            output_cap=args.get("output_cap"),
+            progress_ms=args.get("progress_ms"),
+        )
+
+
+@dataclass(frozen=True)
+class ChangesRequest(CapsuleRequest):
+    """The capsule's changes against its base."""
+
+    op = "changes"
+    reply = ChangesReply
+
+
+@dataclass(frozen=True)
+class ForkRequest(CapsuleRequest):
+    """A child capsule seeing its parent's view."""
+
+    op = "fork"
+    reply = ForkReply
+
+
+@dataclass(frozen=True)
+class OpenRootRequest(CapsuleRequest):
+    """An O_PATH descriptor of the capsule's merged view (passed with the reply)."""
+
+    op = "open_root"
+    reply = OpenRootReply
+
+
+@dataclass(frozen=True)
+class DestroyRequest(CapsuleRequest):
+    """Unmount and delete the capsule."""
+
+    op = "destroy"
+    reply = DestroyReply
+
+
+@dataclass(frozen=True)
+class ListRequest(OpRequest):
+    """The caller's own capsules."""
+
+    op = "list"
+    reply = ListReply
+
 
 REQUESTS: dict[str, type[OpRequest]] = {
     cls.op: cls
@@ -497,3 +477,12 @@ REQUESTS: dict[str, type[OpRequest]] = {
                 DestroyRequest, ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
+
+
+def parse_request(op: str, args: Any) -> OpRequest:
+    """The typed request for ``op`` with ``args``, checked (an unknown op is refused too)."""
+    cls = REQUESTS.get(op) if isinstance(op, str) else None
+    if cls is None:
+        validate_args(op, args)  # raises: the op is unknown
+    assert cls is not None
+    return cls.from_args(args)

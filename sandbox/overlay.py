@@ -381,18 +381,7 @@ def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[C
     stack: list[tuple[str, list[str], bool]] = [("", uppers, True)]
     while stack:
         rel_dir, layers, base_visible = stack.pop()
-        topmost: dict[str, int] = {}
-        for index, layer in enumerate(layers):
-            dir_path = os.path.join(layer, rel_dir) if rel_dir else layer
-            try:
-                names = os.listdir(dir_path)
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as exc:
-                raise from_oserror(exc, "listdir", dir_path) from exc
-            for name in names:
-                topmost.setdefault(name, index)
-        for name, index in topmost.items():
+        for name, index in _topmost(rel_dir, layers).items():
             rel = f"{rel_dir}/{name}" if rel_dir else name
             path = os.path.join(layers[index], rel)
             st = os.lstat(path)
@@ -403,65 +392,63 @@ def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[C
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 change = _entry_change(rel, path, st, base)
-                if change is not None:
-                    changes.append(change)
-                continue
-            # A directory: which layers below still show through it?
-            below = [layers[index]]
-            child_base_visible = base_visible and not is_opaque(path)
-            if child_base_visible:
-                for deeper in layers[index + 1 :]:
-                    deeper_path = os.path.join(deeper, rel)
-                    try:
-                        deeper_st = os.lstat(deeper_path)
-                    except (FileNotFoundError, NotADirectoryError):
-                        continue
-                    if not stat.S_ISDIR(deeper_st.st_mode):
-                        child_base_visible = False  # a whiteout or a non-dir hides the rest
-                        break
-                    below.append(deeper)
-                    if is_opaque(deeper_path):
-                        child_base_visible = False
-                        break
-            mode = stat.S_IMODE(st.st_mode)
-            if base is None:
-                changes.append(Change(rel, "added", "dir", mode))
-            elif not stat.S_ISDIR(base[1].st_mode):
-                changes.append(Change(rel, "type_changed", "dir", mode))
-            elif not child_base_visible:
-                changes.append(Change(rel, "opaque", "dir", mode))
-            elif stat.S_IMODE(base[1].st_mode) != mode:
-                changes.append(Change(rel, "mode_changed", "dir", mode))
-            stack.append((rel, below, child_base_visible and base is not None))
+            else:
+                below, child_base_visible = _showing_through(layers, index, rel, base_visible and not is_opaque(path))
+                change = _dir_change(rel, stat.S_IMODE(st.st_mode), base, child_base_visible)
+                stack.append((rel, below, child_base_visible and base is not None))
+            if change is not None:
+                changes.append(change)
     changes.sort(key=lambda change: os.fsencode(change.path))
     return changes
 
 
-def upper_signature(upper: str) -> dict[str, tuple[int, ...]]:
-    """A cheap fingerprint of every entry in one upper dir (lstat only, no content).
-
-    Two signatures taken around an exec differ exactly at the paths it created,
-    deleted, renamed or rewrote; a directory's signature ignores its mtime, so adding a
-    file does not mark its directory.
-    """
-    signature: dict[str, tuple[int, ...]] = {}
-    stack = [""]
-    while stack:
-        rel_dir = stack.pop()
-        dir_path = os.path.join(upper, rel_dir) if rel_dir else upper
+def _topmost(rel_dir: str, layers: list[str]) -> dict[str, int]:
+    """Each name in directory ``rel_dir`` of the layers, with the index of the topmost layer holding it."""
+    topmost: dict[str, int] = {}
+    for index, layer in enumerate(layers):
+        dir_path = os.path.join(layer, rel_dir) if rel_dir else layer
         try:
-            entries = list(os.scandir(dir_path))
+            names = os.listdir(dir_path)
         except (FileNotFoundError, NotADirectoryError):
             continue
-        for entry in entries:
-            rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-            st = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(st.st_mode):
-                signature[rel] = (stat.S_IFDIR, st.st_ino, int(is_opaque(entry.path)))
-                stack.append(rel)
-            else:
-                signature[rel] = (st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns, st.st_rdev)
-    return signature
+        except OSError as exc:
+            raise from_oserror(exc, "listdir", dir_path) from exc
+        for name in names:
+            topmost.setdefault(name, index)
+    return topmost
+
+
+def _showing_through(layers: list[str], index: int, rel: str, base_visible: bool) -> tuple[list[str], bool]:
+    """For the directory ``rel`` found in ``layers[index]``: the layers that contribute to it
+    (it, and the directories at ``rel`` below it), and whether the base still shows."""
+    below = [layers[index]]
+    if not base_visible:
+        return below, False
+    for deeper in layers[index + 1 :]:
+        deeper_path = os.path.join(deeper, rel)
+        try:
+            deeper_st = os.lstat(deeper_path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if not stat.S_ISDIR(deeper_st.st_mode):
+            return below, False  # a whiteout or a non-dir hides the rest
+        below.append(deeper)
+        if is_opaque(deeper_path):
+            return below, False
+    return below, True
+
+
+def _dir_change(rel: str, mode: int, base: tuple[str, os.stat_result] | None, base_visible: bool) -> Change | None:
+    """The change a directory in the upper layers makes, if any (see collect_changes)."""
+    if base is None:
+        return Change(rel, "added", "dir", mode)
+    if not stat.S_ISDIR(base[1].st_mode):
+        return Change(rel, "type_changed", "dir", mode)
+    if not base_visible:
+        return Change(rel, "opaque", "dir", mode)
+    if stat.S_IMODE(base[1].st_mode) != mode:
+        return Change(rel, "mode_changed", "dir", mode)
+    return None
 
 
 def mechanisms() -> dict[str, Any]:

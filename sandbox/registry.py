@@ -3,13 +3,14 @@
 A capsule is one overlay superblock (see overlay.py) plus a few dirs under
 ``<state_dir>/capsules/<id>/``: ``upper`` and ``work`` (overlay), ``merged`` (the mount
 point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
-``meta.json`` (who owns it and how to mount it again; meta.py).  With a disk limit (the default
-when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and ``home`` live
-on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that nothing a
-command writes can outgrow it.  Choices made here:
+``meta.json`` (who owns it and how to mount it again; meta.py).  With a disk limit (the
+default when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and
+``home`` live on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that
+nothing a command writes can outgrow it.  Choices made here:
 
-* **Ids** are ``cap_<13-digit ms>_<8 hex>``; within one millisecond the hex part is
-  made to increase, so ids sort by creation within a helper's life.
+* **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside spec.py's one id grammar); within
+  one millisecond the hex part is made to increase, so ids sort by creation within a
+  helper's life.
 * **Exec** marks the capsule busy and hands it to execution.py.
 * **Creation is O(1)** in the workspace's size: a handful of mkdirs, one small JSON
   file, one rename and one mount.  Nothing walks or copies the workspace.  The upper
@@ -28,8 +29,9 @@ command writes can outgrow it.  Choices made here:
   relative to the base, i.e. they include the parent's changes: what promoting the
   fork would apply.  ``destroy`` refuses a capsule that still has forks.
 * **The state dir inside the workspace** is allowed (access.py), but such capsules
-  cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower layer, and a
-  fork's lowers would be the parent's upper inside the workspace; fork says so.
+  cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower
+  layer, and a fork's lowers would be the parent's upper inside the workspace; fork
+  says so.
 * **recover()** assumes it is the only helper using this state dir.  It detaches every
   mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
   capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent
@@ -40,6 +42,7 @@ command writes can outgrow it.  Choices made here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -51,25 +54,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, execution, overlay
+from sandbox import access, disk, execution, overlay, probe
 from sandbox import meta as meta_json
-from sandbox.access import check_int, check_uid_gid, inside
+from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
-from sandbox.spec import (
-    MAX_CLOCK_OFFSET_SEC,
-    MAX_OUTPUT_CAP,
-    MAX_STDIN,
-    MAX_TIMEOUT_MS,
-    NETWORKS,
-)
+from sandbox.ops import ExecRequest
+from sandbox.spec import CapsuleSpec, check_capsule_id
 
 log = logging.getLogger("ccw.capsules")
 
+# The ids this helper makes (see _new_id): within spec.CAPSULE_ID_RE, the one grammar every
+# side validates with; recover() knows its own capsule dirs by this narrower form.
 ID_RE = re.compile(r"cap_\d{13}_[0-9a-f]{8}")
 MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug
-_Argv = list[str]  # the class's own ``list`` method shadows the builtin in its annotations
 
 
 class CapsuleManager:
@@ -112,8 +111,7 @@ class CapsuleManager:
             return f"cap_{millis:013d}_{rand:08x}"
 
     def _get(self, capsule_id: Any, caller_uid: int) -> Capsule:
-        if not isinstance(capsule_id, str) or not ID_RE.fullmatch(capsule_id):
-            raise CcwError("INVALID_ARGUMENT", f"{capsule_id!r:.80} is not a capsule id (cap_<ms>_<hex>)")
+        check_capsule_id(capsule_id)
         with self._lock:
             capsule = self._capsules.get(capsule_id)
         if capsule is None:
@@ -124,67 +122,29 @@ class CapsuleManager:
 
     # --- create / fork -------------------------------------------------------------
 
-    def create(
-        self,
-        owner_uid: int,
-        owner_gid: int,
-        workspace: str,
-        base: str | None = None,
-        clock_offset_sec: int = 0,
-        env_whitelist: list[str] | None = None,
-        limits: dict[str, int] | None = None,
-        network: str = "none",
-    ) -> dict[str, Any]:
-        """Mount a capsule over ``workspace`` (or over ``base``, shown at the workspace's path)."""
+    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> dict[str, Any]:
+        """Mount a capsule over the spec's workspace (or over its base, shown at the workspace's path).
+
+        The spec was checked when the request was read (sandbox/ops.py); what depends on
+        the host (the directories, the caller's access to them) is checked here.
+        """
         check_uid_gid(owner_uid, owner_gid)
-        workspace = access.check_dir_arg("workspace", workspace, self.state_dir)
+        workspace = access.check_dir_arg("workspace", spec.workspace, self.state_dir)
+        base = spec.base
         if base is not None:
             base = access.check_dir_arg("base", base, self.state_dir, allow_state=True)
-        check_int("clock_offset_sec", clock_offset_sec, -MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)
-        whitelist = access.check_env_whitelist(env_whitelist)
-        limits = access.check_limits(limits)
-        disk_mb = self._disk_size(limits.pop("disk_mb", None))
-        if network not in NETWORKS:
-            raise CcwError("INVALID_ARGUMENT", f"network must be one of {list(NETWORKS)}, not {network!r:.40}")
-        # With a base, the workspace is only where the jail shows it: a replay on another
-        # machine, or after the workspace was deleted, has no directory there.  Nothing
-        # is written at that path on the host, so there is nothing to check access to.
-        ws_fd = None if base is not None and not os.path.lexists(workspace) else access.open_dir(workspace, "workspace")
-        base_fd = access.open_dir(base, "base") if base is not None else None
-        try:
-            if ws_fd is not None:
-                access.check_access(ws_fd, workspace, owner_uid, owner_gid, os.W_OK | os.X_OK, "write")
-                # Check the resolved path again: a symlink in the argument may lead elsewhere.
-                access.check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), self.state_dir, allow_state=False)
-            if base_fd is not None:
-                access.check_access(base_fd, base or "", owner_uid, owner_gid, os.R_OK | os.X_OK, "read")
-            lower_fd = base_fd if base_fd is not None else ws_fd
-            assert lower_fd is not None
-            lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
-            access.check_resolved("base" if base is not None else "workspace", lower_real, self.state_dir,
-                                  allow_state=base is not None)
+        spec = dataclasses.replace(spec, workspace=workspace, base=base)
+        disk_mb = self._disk_size(spec.limits.disk_mb)
+        with access.pinned_lower(workspace, base, owner_uid, owner_gid, self.state_dir) as (lower_fd, lower_real):
             meta = {
-                "version": meta_json.VERSION,
                 "owner_uid": owner_uid,
                 "owner_gid": owner_gid,
-                "workspace": workspace,
-                "base": base,
                 "lowers": [lower_real],
                 "ancestors": [],
                 "parent": None,
-                "clock_offset_sec": clock_offset_sec,
-                "env_whitelist": whitelist,
-                "limits": limits,
-                "network": network,
                 "disk_mb": disk_mb,
             }
-            st = os.fstat(lower_fd)
-            capsule = self._materialise(meta, st, mount_lowers=[f"/proc/self/fd/{lower_fd}"])
-        finally:
-            if ws_fd is not None:
-                os.close(ws_fd)
-            if base_fd is not None:
-                os.close(base_fd)
+            capsule = self._materialise(meta, spec, os.fstat(lower_fd), mount_lowers=[f"/proc/self/fd/{lower_fd}"])
         return self._describe(capsule)
 
     def _disk_size(self, requested: int | None) -> int | None:
@@ -224,7 +184,7 @@ class CapsuleManager:
                 disk_mb=self._disk_size(parent.disk_mb),
             )
             st = os.stat(parent.path("merged"))
-            child = self._materialise(meta, st, mount_lowers=meta["lowers"])
+            child = self._materialise(meta, parent.spec, st, mount_lowers=meta["lowers"])
         finally:
             with self._lock:
                 parent.children.discard("")
@@ -236,7 +196,8 @@ class CapsuleManager:
         result["parent"] = parent.capsule_id
         return result
 
-    def _materialise(self, meta: dict[str, Any], root_st: os.stat_result, mount_lowers: list[str]) -> Capsule:
+    def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
+                     mount_lowers: list[str]) -> Capsule:
         """Build ``.new-<id>``, rename it into place, mount it.  O(1) in the workspace."""
         capsule_id = self._new_id()
         meta = dict(meta, capsule_id=capsule_id, created_at=now_iso())
@@ -267,7 +228,7 @@ class CapsuleManager:
             with contextlib.suppress(OSError) if self.rootless else contextlib.nullcontext():
                 os.chown(upper, root_st.st_uid, root_st.st_gid)
             os.chmod(upper, stat.S_IMODE(root_st.st_mode))
-            meta_json.save(os.path.join(building, "meta.json"), meta)
+            meta_json.save(os.path.join(building, "meta.json"), meta, spec)
             os.rename(building, final)
         except BaseException as exc:
             for point in mounts_under(building):
@@ -276,7 +237,7 @@ class CapsuleManager:
             if isinstance(exc, OSError):
                 raise from_oserror(exc, "create capsule dirs", building, "check the state dir's space and permissions") from exc
             raise
-        capsule = Capsule(capsule_id, final, meta, disk_ready=meta["disk_mb"] is not None)
+        capsule = Capsule(capsule_id, final, meta, spec, disk_ready=meta["disk_mb"] is not None)
         try:
             overlay.prepare(mount_lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
         except BaseException:
@@ -288,35 +249,27 @@ class CapsuleManager:
         return capsule
 
     def _describe(self, capsule: Capsule) -> dict[str, Any]:
-        meta = capsule.meta
         return {
             "capsule_id": capsule.capsule_id,
             "mount": capsule.path("merged"),
-            "workspace": meta["workspace"],
-            "created_at": meta["created_at"],
-            "clock": now_iso(meta["clock_offset_sec"]),
-            "isolation": self.isolation(meta),
+            "workspace": capsule.spec.workspace,
+            "created_at": capsule.meta["created_at"],
+            "clock": now_iso(capsule.spec.clock_offset_sec),
+            "isolation": self.isolation(capsule),
         }
 
-    def isolation(self, meta: dict[str, Any]) -> dict[str, Any]:
+    def isolation(self, capsule: Capsule) -> dict[str, Any]:
         """The mechanisms in force for a capsule (helper-wide ones probed once)."""
         if self._isolation is None:
-            probes: dict[str, Any] = {}
-            for name, module_name in (("jail", "contain"), ("cgroups", "cgroups"), ("fanotify", "fanotify")):
-                try:
-                    module = __import__(f"sandbox.{module_name}", fromlist=["mechanisms"])
-                    probes[name] = module.mechanisms()
-                except Exception as exc:  # a missing or failing probe is reported, not fatal
-                    probes[name] = {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-            self._isolation = probes
-        filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless, "frozen_base": meta["base"] is not None,
-                                      "disk_limit_mb": meta.get("disk_mb")}
-        if meta.get("disk_mb") is None:
+            self._isolation = probe.isolation()
+        filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless,
+                                      "frozen_base": capsule.spec.base is not None, "disk_limit_mb": capsule.disk_mb}
+        if capsule.disk_mb is None:
             filesystem["disk_limit_unavailable"] = self.disk_reason or "the capsule was made without a disk"
         return {
             "filesystem": filesystem,
-            "network": meta["network"],
-            "clock_offset_sec": meta["clock_offset_sec"],
+            "network": capsule.spec.network,
+            "clock_offset_sec": capsule.spec.clock_offset_sec,
             **self._isolation,
         }
 
@@ -432,16 +385,16 @@ class CapsuleManager:
                 continue
             if not ID_RE.fullmatch(name):
                 continue  # not ours
-            meta, why = meta_json.load(root, name)
-            if meta is not None and meta["parent"] is not None and meta["parent"] not in found:
-                why = f"its parent {meta['parent']} is gone"
-                meta = None
-            if meta is None:
-                log.warning("removing capsule %s: %s", name, why)
+            loaded = meta_json.load(root, name)
+            if not isinstance(loaded, str) and loaded[0]["parent"] is not None and loaded[0]["parent"] not in found:
+                loaded = f"its parent {loaded[0]['parent']} is gone"
+            if isinstance(loaded, str):
+                log.warning("removing capsule %s: %s", name, loaded)
                 self._remove_dir(root, name)
                 removed.append(name)
                 continue
-            capsule = Capsule(name, root, meta)
+            meta, spec = loaded
+            capsule = Capsule(name, root, meta, spec)
             if capsule.disk_mb is None:  # a capsule with a disk gets these when it is mounted
                 access.make_private_dirs(root, meta["owner_uid"], meta["owner_gid"], exist_ok=True)
                 with contextlib.suppress(FileExistsError):
@@ -464,39 +417,21 @@ class CapsuleManager:
 
     def exec(
         self,
-        capsule_id: str,
+        request: ExecRequest,
         caller_uid: int,
         caller_gid: int,
-        argv: _Argv,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        stdin: bytes | None = None,
-        timeout_ms: int = execution.DEFAULT_TIMEOUT_MS,
-        limits: dict[str, int] | None = None,
-        output_cap: int = execution.DEFAULT_OUTPUT_CAP,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
-        progress_ms: int = 1000,
     ) -> dict[str, Any]:
-        """Run ``argv`` in a fresh jail over the capsule; output, usage and touched files.
+        """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
-        ``on_progress`` receives the jail's progress reports (elapsed time, byte counts,
-        output tails) about every ``progress_ms`` while the command runs.
+        The request was checked when it was read (sandbox/ops.py).  ``on_progress``
+        receives the jail's progress reports (elapsed time, byte counts, output tails)
+        about every ``request.progress_ms`` while the command runs.
         """
         check_uid_gid(caller_uid, caller_gid)
+        capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
-        access.check_argv(argv)
-        check_int("timeout_ms", timeout_ms, 1, MAX_TIMEOUT_MS)
-        check_int("output_cap", output_cap, 0, MAX_OUTPUT_CAP)
-        if stdin is not None and (not isinstance(stdin, bytes) or len(stdin) > MAX_STDIN):
-            raise CcwError("INVALID_ARGUMENT", f"stdin must be at most {MAX_STDIN} bytes")
-        meta = capsule.meta
-        final_env = execution.final_env(env, meta["env_whitelist"])
-        workdir = execution.resolve_cwd(cwd, meta["workspace"])
-        # Per-exec limits may only tighten the capsule's own.
-        exec_limits = dict(meta["limits"])
-        for key, value in access.check_limits(limits).items():
-            if key != "disk_mb":  # the disk's size is the capsule's, fixed when it was made
-                exec_limits[key] = min(value, exec_limits.get(key, value))
+        final_env, workdir, exec_limits, timeout_ms, output_cap = execution.settings(capsule, request)
         with self._lock:
             if capsule.children:
                 forks = sorted(c for c in capsule.children if c)
@@ -509,8 +444,9 @@ class CapsuleManager:
             self._exec_count += 1
             exec_name = f"{capsule_id}.{self._exec_count}"
         try:
-            return execution.run(capsule, exec_name, argv, workdir, final_env, stdin, timeout_ms, exec_limits,
-                             output_cap, caller_uid, caller_gid, on_progress, progress_ms)
+            return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
+                                 timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
+                                 request.progress_ms or 1000)
         finally:
             with self._lock:
                 capsule.busy = False

@@ -1,5 +1,8 @@
 """Usage without cgroups: what the jail's init learns from reaping every process of the jail.
 
+An exec's ``Usage`` record lives here: the exec cgroup (exec_cgroup.py) fills what its
+hierarchies measure, ``fill`` adds what the init's rusage report measured.
+
 Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18)
 ---------------------------------------------------------------------------------
 - ``wait4`` on a child, and ``getrusage(RUSAGE_CHILDREN)`` in its parent afterwards, give
@@ -43,11 +46,8 @@ from __future__ import annotations
 
 import resource
 import struct
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sandbox.exec_cgroup import Usage
+from dataclasses import dataclass, field
+from typing import Protocol
 
 _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inherited_kb
 
@@ -56,6 +56,33 @@ INIT_RSS = "wait4 rusage of the jail's init: peak RSS of the largest single proc
 NO_REPORT = ("the jail's init was killed before it could report the rusage of the processes it reaped, "
              "and the kernel counts none of the processes it reaps then")
 _RUSAGE_FIGURES = ("cpu_ms", "rss_max_process_kb", "io_read_kb", "io_write_kb")
+
+
+@dataclass
+class Usage:
+    """What an exec used; a None figure could not be measured and ``unavailable`` says why."""
+
+    cpu_ms: int | None
+    rss_max_kb: int | None
+    io_read_kb: int | None
+    io_write_kb: int | None
+    oom_killed: bool
+    pids_limited: bool
+    unavailable: dict[str, str] = field(default_factory=dict)
+    cpu_limited: bool = False  # the cpu_ms budget was spent and the exec was killed
+    # The peak RSS of the largest single process (``fill`` sets it; never a total).
+    rss_max_process_kb: int | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # figure -> the mechanism that measured it
+
+
+class BlockCounts(Protocol):
+    """Task I/O accounting, as ``resource.struct_rusage`` and rusage.InitReport carry it."""
+
+    @property
+    def ru_inblock(self) -> int: ...
+
+    @property
+    def ru_oublock(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ serving everyone else.  Every failure inside an op becomes an error reply.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import logging
@@ -48,7 +47,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox.errors import CcwError, ProtocolError, from_oserror
-from sandbox.ops import OPS, ExecProgress, validate_args
+from sandbox.ops import (
+    OPS,
+    ChangesRequest,
+    CreateRequest,
+    DestroyRequest,
+    ExecProgress,
+    ExecRequest,
+    ForkRequest,
+    HelloReply,
+    HelloRequest,
+    ListRequest,
+    OpenRootReply,
+    OpenRootRequest,
+    parse_request,
+)
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
@@ -61,6 +74,7 @@ from sandbox.syscalls import unix_address
 
 log = logging.getLogger("ccw.helper")
 
+Progress = Callable[[dict[str, Any]], None]  # sends one progress report to the caller
 RECV_CHUNK = 256 * 1024
 MAX_CONNECTIONS = 256  # one thread each; more are told to retry, not queued without bound
 OVERFLOW_UID = 65534
@@ -83,7 +97,12 @@ def peer_credentials(sock: socket.socket) -> Peer:
 
 
 class Dispatcher:
-    """Routes each op of the closed set to the CapsuleManager, with the caller from SO_PEERCRED."""
+    """Routes each op of the closed set to the CapsuleManager, with the caller from SO_PEERCRED.
+
+    Each request is read into its typed form (``sandbox/ops.py``), which checks every
+    argument, before any handler runs; the manager re-checks only what depends on the
+    host (paths, ownership), in ``sandbox/access.py``.
+    """
 
     def __init__(
         self,
@@ -96,7 +115,7 @@ class Dispatcher:
         self.mode = mode
         self.mechanisms = mechanisms
         self.allowed_uids = allowed_uids
-        self._handlers: dict[str, Callable[[dict[str, Any], Peer], tuple[dict[str, Any], int | None]]] = {
+        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[dict[str, Any], int | None]]] = {
             "hello": self._hello,
             "create": self._create,
             "exec": self._exec,
@@ -108,9 +127,7 @@ class Dispatcher:
         }
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
-    def handle(
-        self, request: Request, peer: Peer, progress: Callable[[dict[str, Any]], None] | None = None
-    ) -> tuple[dict[str, Any], int | None]:
+    def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], int | None]:
         """Run one request; returns (result, fd to pass or None).  Raises CcwError only.
 
         ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
@@ -123,12 +140,9 @@ class Dispatcher:
                 f"uid {peer.uid} may not use this helper; a rootless helper serves only the "
                 "user that started it: start your own (ccw-mcp does so by default)",
             )
-        args = validate_args(request.op, request.args)
+        typed = parse_request(request.op, request.args)
         try:
-            if request.op == "exec" and progress is not None and "progress_ms" in args:
-                result, fd = self._exec(args, peer, progress)
-            else:
-                result, fd = self._handlers[request.op](args, peer)
+            result, fd = self._handlers[request.op](typed, peer, progress)
         except CcwError:
             raise
         except OSError as exc:
@@ -146,61 +160,47 @@ class Dispatcher:
             raise CcwError("INTERNAL", f"{request.op} returned {type(result).__name__}, not an object")
         return result, fd
 
-    # Each handler passes only the arguments the caller gave, so the manager's defaults hold.
-
-    def _hello(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
-        if args["version"] != PROTOCOL_VERSION:
+    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        if request.version != PROTOCOL_VERSION:
             raise CcwError(
                 "UNSUPPORTED",
-                f"the front end speaks IPC version {args['version']}, this helper "
+                f"the front end speaks IPC version {request.version}, this helper "
                 f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
             )
-        return {
-            "version": PROTOCOL_VERSION,
-            "mode": self.mode,
-            "mechanisms": self.mechanisms,
-            "ops": sorted(OPS),
-        }, None
+        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))).to_args(), None
 
-    def _create(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
-        kwargs = {k: args[k] for k in OPS["create"].optional if k in args}
-        return self.manager.create(peer.uid, peer.gid, args["workspace"], **kwargs), None
+    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        return self.manager.create(peer.uid, peer.gid, request.spec), None
 
-    def _exec(
-        self, args: dict[str, Any], peer: Peer, progress: Callable[[dict[str, Any]], None] | None = None
-    ) -> tuple[dict[str, Any], None]:
-        kwargs: dict[str, Any] = {
-            k: args[k] for k in ("cwd", "env", "timeout_ms", "limits", "output_cap", "progress_ms") if k in args
-        }
-        if progress is not None:
+    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        on_progress = None
+        if progress is not None and request.progress_ms is not None:
+            send = progress
+
             # Reports go out on the caller's connection while the command runs; if the
             # caller has gone, sending fails and the exec ends with it.
             def on_progress(report: dict[str, Any]) -> None:
-                progress(ExecProgress(
+                send(ExecProgress(
                     report["elapsed_ms"], report["stdout_bytes"], report["stderr_bytes"],
                     report["stdout_tail"], report["stderr_tail"],
                 ).to_args())
 
-            kwargs["on_progress"] = on_progress
-        if args.get("stdin_b64") is not None:
-            kwargs["stdin"] = base64.b64decode(args["stdin_b64"], validate=True)
-        result = self.manager.exec(args["capsule_id"], peer.uid, peer.gid, args["argv"], **kwargs)
-        return result, None
+        return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), None
 
-    def _changes(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
-        return self.manager.changes(args["capsule_id"], peer.uid), None
+    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        return self.manager.changes(request.capsule_id, peer.uid), None
 
-    def _fork(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
-        return self.manager.fork(args["capsule_id"], peer.uid, peer.gid), None
+    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        return self.manager.fork(request.capsule_id, peer.uid, peer.gid), None
 
-    def _open_root(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], int]:
-        fd = self.manager.open_root(args["capsule_id"], peer.uid)
-        return {"capsule_id": args["capsule_id"]}, fd
+    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], int]:
+        fd = self.manager.open_root(request.capsule_id, peer.uid)
+        return OpenRootReply(request.capsule_id).to_args(), fd
 
-    def _destroy(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
-        return self.manager.destroy(args["capsule_id"], peer.uid), None
+    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+        return self.manager.destroy(request.capsule_id, peer.uid), None
 
-    def _list(self, args: dict[str, Any], peer: Peer) -> tuple[dict[str, Any], None]:
+    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
         return self.manager.list(peer.uid), None
 
 

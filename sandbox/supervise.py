@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox import mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
-from sandbox.contain import END_SIGNAL, JailSpec, jail_child, prepare
+from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
 from sandbox.errors import CcwError, from_oserror
 
 if TYPE_CHECKING:
@@ -187,6 +187,51 @@ def run(
     """
     plan = prepare(spec)
     start = time.monotonic()
+    jail, output, sync_w = _fork(plan, spec, cgroup)
+    try:
+        try:
+            if cgroup is not None:
+                cgroup.enter(jail.pid)
+            os.write(sync_w, b"1")
+        finally:
+            os.close(sync_w)
+        if jail.direct and on_started is not None:
+            on_started(jail.pid)
+        # The next jail's network namespace and root tree, made on this thread while the
+        # child builds this one on the other core: off the next exec's path.
+        _SPARE_NETS.refill()
+        _SPARE_ROOTS.refill()
+        _drain(jail, output, start, start + spec.timeout_ms / 1000.0, on_started, on_progress, progress_interval_s)
+        jail.reap()
+    finally:
+        if jail.status is None:  # an exception (or cancellation) on the way: end the jail
+            jail.kill()
+            jail.reap()
+        jail.close()
+        output.close()
+    duration_ms = int((time.monotonic() - start) * 1000)
+    return _result(_parse_reports(bytes(output.reports)), jail, duration_ms, output.out, output.err)
+
+
+@dataclass
+class _Output:
+    """The helper's ends of the jail's pipes, and what came through them."""
+
+    out_r: int
+    err_r: int
+    report_r: int
+    out: _Stream
+    err: _Stream
+    reports: bytearray = field(default_factory=bytearray)
+
+    def close(self) -> None:
+        """Close the three read ends."""
+        for fd in (self.out_r, self.err_r, self.report_r):
+            os.close(fd)
+
+
+def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output, int]:
+    """Fork the jail's first child with its descriptors; it waits for the sync byte (the returned fd)."""
     stdin_fd = _stdin_fd(spec.stdin)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -208,75 +253,57 @@ def run(
         for fd in child_fds:
             if fd is not None:
                 os.close(fd)
-    jail = _Running(pid, direct, cgroup)
-    streams = {out_r: _Stream(spec.output_cap), err_r: _Stream(spec.output_cap)}
-    reports = bytearray()
-    try:
-        try:
-            if cgroup is not None:
-                cgroup.enter(pid)
-            os.write(sync_w, b"1")
-        finally:
-            os.close(sync_w)
-        if direct and on_started is not None:
-            on_started(pid)
-        # The next jail's network namespace and root tree, made on this thread while the
-        # child builds this one on the other core: off the next exec's path.
-        _SPARE_NETS.refill()
-        _SPARE_ROOTS.refill()
-        poller = select.poll()
-        for fd in (out_r, err_r):
-            poller.register(fd, select.POLLIN)
-        # The init's few reports (well under a pipe's capacity) wait in the pipe until it
-        # exits: woken only by the hang-up (always reported), this thread sleeps through
-        # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
-        poller.register(report_r, 0 if direct else select.POLLIN)
-        open_fds = {out_r, err_r, report_r}
-        deadline = start + spec.timeout_ms / 1000.0
-        next_progress = start + progress_interval_s
-        while open_fds:
-            now = time.monotonic()
-            if on_progress is not None and now >= next_progress:
-                on_progress(_progress(now - start, streams[out_r], streams[err_r]))
-                next_progress = now + progress_interval_s
-            remaining = deadline - now
-            if remaining <= 0:
-                if not jail.timed_out:
-                    jail.timed_out = True
-                    deadline = time.monotonic() + _END_GRACE_SEC
-                    if jail.end():
-                        continue
-                if jail.killed:
-                    break  # something outside the jail holds a pipe: stop waiting for it
-                jail.kill()
-                deadline = time.monotonic() + _KILL_GRACE_SEC
-                continue
-            wait = remaining if on_progress is None else min(remaining, max(next_progress - now, 0.0))
-            for fd, _event in poller.poll(wait * 1000.0):
-                chunk = os.read(fd, _READ_CHUNK)
-                if not chunk:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                elif fd == report_r:
-                    reports += chunk
-                    if not direct and jail.init_pidfd is None:
-                        init_pid = _init_pid(bytes(reports))
-                        if init_pid is not None:
-                            jail.init_pidfd = _open_pidfd(init_pid)
-                            if on_started is not None:
-                                on_started(init_pid)
-                else:
-                    streams[fd].feed(chunk)
-        jail.reap()
-    finally:
-        if jail.status is None:  # an exception (or cancellation) on the way: end the jail
+    output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
+    return _Running(pid, direct, cgroup), output, sync_w
+
+
+def _drain(jail: _Running, output: _Output, start: float, deadline: float,
+           on_started: Callable[[int], None] | None,
+           on_progress: Callable[[dict[str, Any]], None] | None, progress_interval_s: float) -> None:
+    """Read the jail's output and reports until every pipe is closed; end the jail on timeout."""
+    streams = {output.out_r: output.out, output.err_r: output.err}
+    poller = select.poll()
+    for fd in streams:
+        poller.register(fd, select.POLLIN)
+    # The init's few reports (well under a pipe's capacity) wait in the pipe until it
+    # exits: woken only by the hang-up (always reported), this thread sleeps through
+    # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
+    poller.register(output.report_r, 0 if jail.direct else select.POLLIN)
+    open_fds = {output.out_r, output.err_r, output.report_r}
+    next_progress = start + progress_interval_s
+    while open_fds:
+        now = time.monotonic()
+        if on_progress is not None and now >= next_progress:
+            on_progress(_progress(now - start, output.out, output.err))
+            next_progress = now + progress_interval_s
+        remaining = deadline - now
+        if remaining <= 0:
+            if not jail.timed_out:
+                jail.timed_out = True
+                deadline = time.monotonic() + _END_GRACE_SEC
+                if jail.end():
+                    continue
+            if jail.killed:
+                break  # something outside the jail holds a pipe: stop waiting for it
             jail.kill()
-            jail.reap()
-        jail.close()
-        for fd in (out_r, err_r, report_r):
-            os.close(fd)
-    duration_ms = int((time.monotonic() - start) * 1000)
-    return _result(_parse_reports(bytes(reports)), jail, duration_ms, streams[out_r], streams[err_r])
+            deadline = time.monotonic() + _KILL_GRACE_SEC
+            continue
+        wait = remaining if on_progress is None else min(remaining, max(next_progress - now, 0.0))
+        for fd, _event in poller.poll(wait * 1000.0):
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                poller.unregister(fd)
+                open_fds.discard(fd)
+            elif fd == output.report_r:
+                output.reports += chunk
+                if not jail.direct and jail.init_pidfd is None:
+                    init_pid = _init_pid(bytes(output.reports))
+                    if init_pid is not None:
+                        jail.init_pidfd = _open_pidfd(init_pid)
+                        if on_started is not None:
+                            on_started(init_pid)
+            else:
+                streams[fd].feed(chunk)
 
 
 def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> dict[str, Any]:

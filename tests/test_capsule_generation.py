@@ -13,6 +13,7 @@ import pytest
 from mcp_server.journal import CapsuleRecord, Journal, exec_advances, observes
 from mcp_server.state import State
 from mcp_server.tools.deltamin import _evidence, _journal_outcomes
+from sandbox.spec import CapsuleSpec
 
 TRACED_NO_WRITE = {"read": ["t.py"], "written": []}
 TRACED_WRITE = {"read": ["t.py"], "written": [".pytest_cache/v/cache/lastfailed"]}
@@ -21,8 +22,8 @@ UNTRACED_NO_WRITE = {"read": None, "written": []}  # rootless: no fanotify
 
 def _record(capsule_id: str = "cap_1") -> CapsuleRecord:
     return CapsuleRecord(
-        capsule_id=capsule_id, workspace="/ws", base="/ws", parent=None, created_at="", clock="",
-        clock_offset_sec=0, env_whitelist=[], limits={}, network="none", isolation={}, mount="",
+        capsule_id=capsule_id, spec=CapsuleSpec(workspace="/ws"), parent=None, created_at="", clock="",
+        isolation={}, mount="",
         base_fingerprint=None, destroyed_at=None,
     )
 

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access, execution, mountinfo, overlay, registry
+from sandbox import execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
+from sandbox.spec import CapsuleSpec
 
 
 def whiteout(path: Path) -> None:
@@ -168,14 +169,14 @@ def test_lower_lookup_and_signature(layers: tuple[Path, Path]) -> None:
     assert overlay.lower_lookup([str(upper), str(lower)], "keep.txt") is None
     assert overlay.lower_lookup([str(upper), str(lower)], "mod.txt") is not None
     assert overlay.lower_lookup([str(lower)], "keep.txt/under") is None
-    before = overlay.upper_signature(str(upper))
+    before = execution.upper_signature(str(upper))
     write(upper / "deep" / "new.txt", "n")
-    after = overlay.upper_signature(str(upper))
+    after = execution.upper_signature(str(upper))
     moved = execution.upper_diff(before, after, [str(lower)])
     assert moved == ["deep/new.txt"]  # deep/ exists below: a copy-up, not a creation
     (upper / "brandnew").mkdir()
     os.unlink(upper / "keep.txt")
-    again = overlay.upper_signature(str(upper))
+    again = execution.upper_signature(str(upper))
     assert execution.upper_diff(after, again, [str(lower)]) == ["brandnew", "keep.txt"]
 
 
@@ -205,19 +206,19 @@ def test_argument_checks() -> None:
         execution.final_env({"SECRET": "x"}, ["PYTHONPATH"])
     assert err.value.code == "INVALID_ARGUMENT" and "SECRET" in err.value.message
     env = execution.final_env({"PYTHONPATH": "/w", "LANG": "en_US.UTF-8"}, ["PYTHONPATH"])
-    assert env == {"PATH": execution.DEFAULT_PATH, "HOME": execution.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
+    assert env == {"PATH": spec.DEFAULT_PATH, "HOME": execution.DEFAULT_HOME, "LANG": "en_US.UTF-8", "PYTHONPATH": "/w"}
     for bad_argv in ([], ["a\0b"], "ls", [1]):
         with pytest.raises(CcwError):
-            access.check_argv(bad_argv)
-    assert execution.resolve_cwd(None, "/w") == "/w"
-    assert execution.resolve_cwd("sub/../x", "/w") == "/w/x"
+            spec.argv("argv", bad_argv)
+    assert spec.resolve_cwd(None, "/w") == "/w"
+    assert spec.resolve_cwd("sub/../x", "/w") == "/w/x"
     with pytest.raises(CcwError):
-        execution.resolve_cwd("../../etc", "/w")
+        spec.resolve_cwd("../../etc", "/w")
     with pytest.raises(CcwError):
-        access.check_limits({"memory_mb": 0})
+        spec.limits("limits", {"memory_mb": 0})
     with pytest.raises(CcwError):
-        access.check_limits({"disk": 1})
-    assert access.check_env_whitelist(["B", "A", "B"]) == ["A", "B"]
+        spec.limits("limits", {"disk": 1})
+    assert CapsuleSpec.from_json({"workspace": "/w", "env_whitelist": ["B", "A", "B"]}).env_whitelist == ("A", "B")
 
 
 def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
@@ -225,19 +226,19 @@ def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
     uid, gid = os.getuid(), os.getgid()
     for bad in ("relative/path", "/", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
         with pytest.raises(CcwError) as err:
-            manager.create(uid, gid, bad)
+            manager.create(uid, gid, CapsuleSpec.from_json({"workspace": bad}))
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND"), bad
     (tmp_path / "file").write_text("x")
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path / "file"))
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path / "file")}))
     assert err.value.code == "NOT_FOUND"
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path), env_whitelist=["NOT A NAME"])
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path), "env_whitelist": ["NOT A NAME"]}))
     assert err.value.code == "INVALID_ARGUMENT"
     # a symlink that leads into the state dir is refused after resolution
     os.symlink(state_dir, tmp_path / "sneaky")
     with pytest.raises(CcwError) as err:
-        manager.create(uid, gid, str(tmp_path / "sneaky"))
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path / "sneaky")}))
     assert err.value.code == "INVALID_ARGUMENT"
     assert os.listdir(state_dir / "capsules") == []
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import contain, mounts, namespaces, supervise
+from sandbox import contain, mounts, namespaces, spec, supervise
 from sandbox.errors import CcwError
 
 
@@ -163,5 +163,5 @@ def test_spec_checks(tmp_path: Path) -> None:
 def test_mechanisms_describe_what_is_in_force() -> None:
     info = contain.mechanisms()
     assert info["no_new_privs"] is True
-    assert set(namespaces.JAIL_NAMESPACES) <= set(str(n).split(" ")[0] for n in info["namespaces"])  # type: ignore[attr-defined]
+    assert set(spec.JAIL_NAMESPACES) <= set(str(n).split(" ")[0] for n in info["namespaces"])  # type: ignore[attr-defined]
     assert "clock_offset" in info and "seccomp" in info

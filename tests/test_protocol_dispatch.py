@@ -23,7 +23,7 @@ import trio
 
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import encode_request
+from sandbox.ops import ExecRequest, encode_request
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
@@ -32,6 +32,7 @@ from sandbox.protocol import (
     encode_frame,
 )
 from sandbox.server import Dispatcher, HelperServer, Peer
+from sandbox.spec import CapsuleSpec, Limits
 
 
 class ManagerDouble:
@@ -46,16 +47,18 @@ class ManagerDouble:
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
 
-    def create(self, owner_uid: int, owner_gid: int, workspace: str, **kwargs: Any) -> dict[str, Any]:
-        self._record("create", owner_uid, owner_gid, workspace, **kwargs)
+    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> dict[str, Any]:
+        self._record("create", owner_uid, owner_gid, spec)
+        workspace = spec.workspace
         if workspace == "/boom":
             raise RuntimeError("a bug")
         if workspace == "/missing":
             raise FileNotFoundError(2, "No such file or directory", workspace)
         return {"capsule_id": "cap_1", "workspace": workspace}
 
-    def exec(self, capsule_id: str, caller_uid: int, caller_gid: int, argv: list[str], **kwargs: Any) -> dict[str, Any]:
-        self._record("exec", capsule_id, caller_uid, caller_gid, argv, **kwargs)
+    def exec(self, request: ExecRequest, caller_uid: int, caller_gid: int, **kwargs: Any) -> dict[str, Any]:
+        self._record("exec", request, caller_uid, caller_gid, **kwargs)
+        argv = request.argv
         if argv[0] == "wait":
             self.release.wait(10)
         if argv[0] == "huge":
@@ -110,9 +113,9 @@ def test_each_op_reaches_its_manager_method_with_peer_identity(manager: ManagerD
     dispatch(manager, "destroy", {"capsule_id": "cap_1"})
     dispatch(manager, "list", {})
     assert manager.calls == [
-        ("create", (1234, 99, "/w"), {"network": "none", "limits": {"pids_max": 5}}),
-        ("exec", ("cap_1", 1234, 99, ["true"]), {"stdin": b"in", "timeout_ms": 5}),
-        ("exec", ("cap_1", 1234, 99, ["true"]), {}),
+        ("create", (1234, 99, CapsuleSpec("/w", network="none", limits=Limits(pids_max=5))), {}),
+        ("exec", (ExecRequest("cap_1", ("true",), stdin=b"in", timeout_ms=5), 1234, 99), {"on_progress": None}),
+        ("exec", (ExecRequest("cap_1", ("true",)), 1234, 99), {"on_progress": None}),
         ("changes", ("cap_1", 1234), {}),
         ("fork", ("cap_1", 1234, 99), {}),
         ("open_root", ("cap_1", 1234), {}),

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sandbox import rusage
-from sandbox.exec_cgroup import Usage
+from sandbox.rusage import Usage
 
 MIB = 1024  # ru_maxrss is in kB
 

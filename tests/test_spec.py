@@ -90,3 +90,29 @@ def test_cwd_rule() -> None:
         with pytest.raises(CcwError) as info:
             resolve_cwd(bad, "/w")
         assert info.value.code == "INVALID_ARGUMENT"
+
+
+def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> None:
+    from mcp_server.journal import CapsuleRecord, Journal
+    from mcp_server.state import State
+
+    state = State(tmp_path / "state")
+    try:
+        journal = Journal(state)
+        spec = CapsuleSpec(workspace="/ws", base="/snap", clock_offset_sec=5, env_whitelist=("A", "B"),
+                           limits=Limits(pids_max=9))
+        for capsule_id, one in (("cap_1", spec), ("cap_2", CapsuleSpec(workspace="/ws"))):
+            record = CapsuleRecord(capsule_id=capsule_id, spec=one, parent=None, created_at="t", clock="c",
+                                   isolation={"x": 1}, mount="/m", base_fingerprint=None, destroyed_at=None)
+            journal.add_capsule(record)
+            assert journal.capsule(capsule_id) == record
+        row = dict(state.execute("SELECT * FROM capsules WHERE capsule_id = 'cap_1'")[0])
+        assert row == {
+            "capsule_id": "cap_1", "workspace": "/ws", "base": "/snap", "parent": None, "created_at": "t",
+            "clock": "c", "clock_offset_sec": 5, "env_whitelist": '["A", "B"]', "limits": '{"pids_max": 9}',
+            "network": "none", "isolation": '{"x": 1}', "mount": "/m", "base_fingerprint": None,
+            "destroyed_at": None, "generation": 0,
+        }
+        assert state.execute("SELECT base FROM capsules WHERE capsule_id = 'cap_2'")[0][0] == "/ws"
+    finally:
+        state.close()

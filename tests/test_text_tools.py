@@ -21,6 +21,7 @@ from mcp_server.tools import hashline as hashline_tools
 from mcp_server.tools import rootspace as rootspace_tools
 from mcp_server.tools.registry import Registry, ToolSpec
 from sandbox.errors import CcwError
+from sandbox.spec import CapsuleSpec
 
 REGISTRY = Registry.load(["text", "file"], ["mcp_server.tools.hashline", "mcp_server.tools.rootspace"])
 
@@ -359,8 +360,8 @@ def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
     state = State(tmp_path / "state")
     try:
         Journal(state).add_capsule(CapsuleRecord(
-            capsule_id="cap1", workspace=str(ws), base=str(ws), parent=None, created_at="", clock="",
-            clock_offset_sec=0, env_whitelist=[], limits={}, network="none", isolation={}, mount=str(merged),
+            capsule_id="cap1", spec=CapsuleSpec(workspace=str(ws)), parent=None, created_at="", clock="",
+            isolation={}, mount=str(merged),
             base_fingerprint=None, destroyed_at=None,
         ))
         ctx = CapsuleContext(Config(workspace=str(ws)), state=state, fake_helper=FakeHelper({"cap1": merged}))

@@ -21,7 +21,9 @@ import pytest
 
 from sandbox import disk, mountinfo
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.spec import CapsuleSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_MB = 64
@@ -71,7 +73,7 @@ def env(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager, P
 
 
 def run(manager: CapsuleManager, capsule_id: str, script: str) -> dict[str, object]:
-    result = manager.exec(capsule_id, 0, 0, ["sh", "-c", script])
+    result = manager.exec(ExecRequest.from_args({"capsule_id": capsule_id, "argv": ["sh", "-c", script]}), 0, 0)
     result["stdout"] = base64.b64decode(str(result["stdout_b64"])).decode(errors="replace")
     result["stderr"] = base64.b64decode(str(result["stderr_b64"])).decode(errors="replace")
     return result
@@ -84,7 +86,7 @@ def image_kb(state: Path, capsule_id: str) -> int:
 
 def test_filling_the_workspace_stops_at_the_limit_and_is_reported(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, state, ws = env
-    capsule = manager.create(0, 0, str(ws))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     assert capsule["isolation"]["filesystem"]["disk_limit_mb"] == LIMIT_MB
     out = run(manager, capsule["capsule_id"], "dd if=/dev/zero of=fill bs=1M count=1000; echo dd=$?")
     os.sync()  # the loop device writes the image back like any dirty file
@@ -104,7 +106,7 @@ def test_filling_the_workspace_stops_at_the_limit_and_is_reported(env: tuple[Cap
 
 def test_tmp_and_home_count_against_the_same_disk(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    capsule_id = manager.create(0, 0, str(ws))["capsule_id"]
+    capsule_id = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     out = run(manager, capsule_id, "dd if=/dev/zero of=/tmp/t bs=1M count=40 2>/dev/null; "
                                    "dd if=/dev/zero of=$HOME/h bs=1M count=40 2>/dev/null; echo dd=$?")
     assert "dd=1" in str(out["stdout"]), out  # the second write ran out: /tmp and $HOME share the limit
@@ -113,8 +115,8 @@ def test_tmp_and_home_count_against_the_same_disk(env: tuple[CapsuleManager, Pat
 
 def test_one_full_capsule_leaves_another_untouched(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    full = manager.create(0, 0, str(ws))["capsule_id"]
-    other = manager.create(0, 0, str(ws))["capsule_id"]
+    full = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
+    other = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     run(manager, full, "dd if=/dev/zero of=fill bs=1M count=1000 2>/dev/null; true")
     out = run(manager, other, "dd if=/dev/zero of=ok bs=1M count=16 2>/dev/null && echo wrote")
     assert out["stdout"] == "wrote\n"
@@ -123,7 +125,7 @@ def test_one_full_capsule_leaves_another_untouched(env: tuple[CapsuleManager, Pa
 
 def test_a_fork_has_its_own_disk_and_sees_its_parent(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    parent = manager.create(0, 0, str(ws))["capsule_id"]
+    parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     run(manager, parent, "dd if=/dev/zero of=half bs=1M count=30 2>/dev/null")
     child = manager.fork(parent, 0, 0)["capsule_id"]
     out = run(manager, child, "ls -s --block-size=M half; dd if=/dev/zero of=more bs=1M count=40 2>/dev/null; echo dd=$?")
@@ -136,9 +138,9 @@ def test_sizes_are_checked_and_per_capsule(env: tuple[CapsuleManager, Path, Path
     manager, _state, ws = env
     for bad in (0, 16, disk.MAX_MB + 1, "64", True):
         with pytest.raises(CcwError) as err:
-            manager.create(0, 0, str(ws), limits={"disk_mb": bad})  # type: ignore[dict-item]
+            manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"disk_mb": bad}}))  # type: ignore[dict-item]
         assert err.value.code == "INVALID_ARGUMENT"
-    bigger = manager.create(0, 0, str(ws), limits={"disk_mb": 128})
+    bigger = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"disk_mb": 128}}))
     assert bigger["isolation"]["filesystem"]["disk_limit_mb"] == 128
     out = run(manager, bigger["capsule_id"], "dd if=/dev/zero of=f bs=1M count=100 2>/dev/null; echo dd=$?")
     assert "dd=0" in str(out["stdout"]) and isinstance(out["disk"], dict) and out["disk"]["limit_mb"] == 128
@@ -149,9 +151,9 @@ def test_without_disks_a_disk_limit_is_refused_with_the_reason(root_required: No
     manager = CapsuleManager(str(tmp_path / "state"), rootless=False, disk_mb=0)
     manager.recover()
     with pytest.raises(CcwError) as err:
-        manager.create(0, 0, str(tmp_path / "ws"), limits={"disk_mb": 64})
+        manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path / "ws"), "limits": {"disk_mb": 64}}))
     assert err.value.code == "UNSUPPORTED" and "CCW_CAPSULE_DISK_MB=0" in err.value.message
-    plain = manager.create(0, 0, str(tmp_path / "ws"))
+    plain = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path / "ws")}))
     filesystem = plain["isolation"]["filesystem"]
     assert filesystem["disk_limit_mb"] is None and "turned off" in filesystem["disk_limit_unavailable"]
     manager.destroy(plain["capsule_id"], 0)
@@ -160,11 +162,13 @@ def test_without_disks_a_disk_limit_is_refused_with_the_reason(root_required: No
 KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {root!r})
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.spec import CapsuleSpec
 m = CapsuleManager({state!r}, rootless=False, disk_mb={limit})
 m.recover()
-c = m.create(0, 0, {ws!r})
-m.exec(c["capsule_id"], 0, 0, ["sh", "-c", "echo kept > kept.txt; echo tmp > /tmp/t; sync"])
+c = m.create(0, 0, CapsuleSpec({ws!r}))
+m.exec(ExecRequest(c["capsule_id"], ("sh", "-c", "echo kept > kept.txt; echo tmp > /tmp/t; sync")), 0, 0)
 print(c["capsule_id"], flush=True)
 time.sleep(600)
 """

@@ -13,7 +13,9 @@ import pytest
 
 from sandbox import mountinfo
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.spec import CapsuleSpec
 
 # The helper's own interpreter: the jail binds its prefix read-only (mounts.python_prefix).
 PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
@@ -33,7 +35,7 @@ def manager(root_required: None, tmp_path: Path) -> Iterator[CapsuleManager]:
 
 
 def run(manager: CapsuleManager, capsule_id: str, argv: list[str], **kwargs: object) -> dict[str, object]:
-    result = manager.exec(capsule_id, 0, 0, argv, **kwargs)  # type: ignore[arg-type]
+    result = manager.exec(ExecRequest.from_args({"capsule_id": capsule_id, "argv": argv, **kwargs}), 0, 0)  # type: ignore[arg-type]
     result["stdout"] = base64.b64decode(str(result["stdout_b64"])).decode(errors="replace")
     result["stderr"] = base64.b64decode(str(result["stderr_b64"])).decode(errors="replace")
     return result
@@ -61,7 +63,7 @@ def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager
     ws.mkdir()
     make_project(ws)
     before = sorted(p.name for p in ws.iterdir())
-    capsule = manager.create(0, 0, str(ws), env_whitelist=["PYTHONPATH"])
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "env_whitelist": ["PYTHONPATH"]}))
     result = run(manager, capsule["capsule_id"],
                  [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_calc.py"],
                  env={"PYTHONPATH": f"{ws}:{ws}/_deps"}, timeout_ms=120_000)
@@ -86,7 +88,7 @@ def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path)
     (ws / "a.txt").write_text("hello\n")
     (ws / "gone.txt").write_text("bye\n")
     (ws / "old.txt").write_text("rename me\n")
-    cid = manager.create(0, 0, str(ws))["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     result = run(manager, cid, ["/bin/sh", "-c",
                                 "cat a.txt; echo out > sub/new.txt; rm gone.txt; mv old.txt renamed.txt; "
                                 "echo err >&2; exit 3"])
@@ -105,13 +107,13 @@ def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path)
 
 
 def test_exec_arguments_are_checked_again(manager: CapsuleManager, tmp_path: Path) -> None:
-    cid = manager.create(0, 0, str(tmp_path))["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)}))["capsule_id"]
     for kwargs in ({"argv": []}, {"argv": ["a\0b"]}, {"argv": ["/bin/true"], "env": {"SECRET": "1"}},
                    {"argv": ["/bin/true"], "timeout_ms": 0}, {"argv": ["/bin/true"], "output_cap": -1},
                    {"argv": ["/bin/true"], "cwd": "../.."}):
         argv = kwargs.pop("argv")
         with pytest.raises(CcwError) as err:
-            manager.exec(cid, 0, 0, argv, **kwargs)  # type: ignore[arg-type]
+            manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": argv, **kwargs}), 0, 0)  # type: ignore[arg-type]
         assert err.value.code == "INVALID_ARGUMENT", kwargs
     result = run(manager, cid, ["/bin/sleep", "30"], timeout_ms=300)
     assert result["timed_out"] is True and result["signal"] == "SIGKILL"
@@ -121,7 +123,7 @@ def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "base.txt").write_text("base\n")
-    parent = manager.create(0, 0, str(ws))["capsule_id"]
+    parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     run(manager, parent, ["/bin/sh", "-c", "echo parent > p.txt"])
     child = manager.fork(parent, 0, 0)["capsule_id"]
     result = run(manager, child, ["/bin/sh", "-c", "cat p.txt base.txt; echo child > c.txt"])
@@ -131,17 +133,17 @@ def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
 
 
 def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: CapsuleManager, tmp_path: Path) -> None:
-    cid = manager.create(0, 0, str(tmp_path))["capsule_id"]  # tmp_path holds the state dir
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)}))["capsule_id"]  # tmp_path holds the state dir
     with pytest.raises(CcwError) as err:
         manager.fork(cid, 0, 0)
     assert err.value.code == "UNSUPPORTED" and "state dir" in err.value.message
-    assert manager.exec(cid, 0, 0, ["/bin/true"])["exit_code"] == 0  # not frozen by the failed fork
+    assert manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), 0, 0)["exit_code"] == 0  # not frozen by the failed fork
 
 
 def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    cid = manager.create(0, 0, str(ws), limits={"memory_mb": 64})["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"memory_mb": 64}}))["capsule_id"]
     # an exec asking for more than the capsule allows still gets the capsule's 64 MiB
     result = run(manager, cid, [PYTHON, "-c", "b = bytearray(256 << 20); print(len(b))"],
                  limits={"memory_mb": 1024}, timeout_ms=60_000)
@@ -156,7 +158,7 @@ def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: Caps
     SIGKILLed init has its processes reaped by the kernel, which counts none of them."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    capsule = manager.create(0, 0, str(ws))["capsule_id"]
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
     grow = f"{PYTHON} -c \"b = b'x' * (64 << 20)\""
     result = run(manager, capsule, ["sh", "-c", f"{grow}; exec sleep 600"], timeout_ms=5000)
     assert result["timed_out"] is True and result["signal"] == "SIGKILL"

@@ -17,7 +17,9 @@ import pytest
 
 from sandbox import mountinfo, overlay
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.spec import CapsuleSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 NOBODY = 65534
@@ -74,7 +76,7 @@ def sh(cwd: str, script: str) -> None:
 def test_writes_land_in_the_capsule_not_the_host(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
     before = tree_digest(ws)
-    capsule = manager.create(0, 0, str(ws))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     assert capsule["capsule_id"].startswith("cap_") and capsule["workspace"] == str(ws)
     merged = capsule["mount"]
     sh(merged, "echo new > added.txt; echo changed > mod.txt; rm gone.txt; rm -rf gonedir; mkdir -p x/y")
@@ -87,7 +89,7 @@ def test_writes_land_in_the_capsule_not_the_host(env: tuple[CapsuleManager, Path
 
 def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    capsule = manager.create(0, 0, str(ws))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     sh(capsule["mount"], textwrap.dedent("""
         echo new > added.txt
         echo changed > mod.txt
@@ -120,7 +122,7 @@ def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Pat
 
 def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    parent = manager.create(0, 0, str(ws))
+    parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     pid = parent["capsule_id"]
     sh(parent["mount"], "echo parent > p.txt; rm gone.txt")
     child = manager.fork(pid, 0, 0)
@@ -135,7 +137,7 @@ def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, P
         (Path(parent["mount"]) / "late.txt").write_text("x")
     assert err.value.errno == 30  # EROFS
     with pytest.raises(CcwError) as cerr:
-        manager.exec(pid, 0, 0, ["/bin/true"])
+        manager.exec(ExecRequest.from_args({"capsule_id": pid, "argv": ["/bin/true"]}), 0, 0)
     assert cerr.value.code == "CONFLICT"
     with pytest.raises(CcwError) as cerr:
         manager.destroy(pid, 0)
@@ -152,7 +154,7 @@ def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, P
 
 def test_destroy_leaves_nothing(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, state, ws = env
-    ids = [manager.create(0, 0, str(ws))["capsule_id"] for _ in range(3)]
+    ids = [manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"] for _ in range(3)]
     fork = manager.fork(ids[0], 0, 0)["capsule_id"]
     sh(str(state / "capsules" / fork / "merged"), "echo x > y")
     mounts = mountinfo.mounts_under(str(state))
@@ -169,7 +171,7 @@ def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager
     weird = tmp_path / "we,ird:name with space"
     weird.mkdir()
     (weird / "f").write_text("f")
-    capsule = manager.create(0, 0, str(weird))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(weird)}))
     assert (Path(capsule["mount"]) / "f").read_text() == "f"
     upper, work, merged = tmp_path / "u", tmp_path / "w", tmp_path / "m,x"
     for d in (upper, work, merged):
@@ -184,7 +186,7 @@ def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager
 
 def test_open_root_gives_the_merged_view(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
-    capsule = manager.create(0, 0, str(ws))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     fd = manager.open_root(capsule["capsule_id"], 0)
     try:
         file_fd = os.open("keep.txt", os.O_RDONLY, dir_fd=fd)
@@ -199,9 +201,10 @@ RECOVER_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
 from sandbox.registry import CapsuleManager
+from sandbox.spec import CapsuleSpec
 m = CapsuleManager({state!r}, rootless=False)
 m.recover()
-c = m.create(0, 0, {ws!r})
+c = m.create(0, 0, CapsuleSpec({ws!r}))
 open(os.path.join(c["mount"], "precious.txt"), "w").write("keep me")
 f = m.fork(c["capsule_id"], 0, 0)
 open(os.path.join(f["mount"], "forked.txt"), "w").write("mine")
@@ -263,7 +266,7 @@ def shared_dir(root_required: None) -> Iterator[Path]:
 def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path], shared_dir: Path,
                                           require: Callable[[bool, str], None]) -> None:
     manager, _state, ws = env
-    capsule = manager.create(0, 0, str(ws))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
     cid = capsule["capsule_id"]
     for op in (manager.changes, manager.open_root, manager.destroy):
         with pytest.raises(CcwError) as err:
@@ -273,7 +276,7 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
         manager.fork(cid, NOBODY, NOBODY)
     assert err.value.code == "PERMISSION_DENIED"
     with pytest.raises(CcwError) as err:
-        manager.exec(cid, NOBODY, NOBODY, ["/bin/true"])
+        manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), NOBODY, NOBODY)
     assert err.value.code == "PERMISSION_DENIED"
     assert manager.list(NOBODY) == {"capsules": []}
 
@@ -289,12 +292,12 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
     os.chown(own, NOBODY, NOBODY)
     for denied in (root_owned, open_inside):
         with pytest.raises(CcwError) as err:
-            manager.create(NOBODY, NOBODY, str(denied))
+            manager.create(NOBODY, NOBODY, CapsuleSpec.from_json({"workspace": str(denied)}))
         assert err.value.code == "PERMISSION_DENIED", denied
     with pytest.raises(CcwError) as err:
-        manager.create(NOBODY, NOBODY, str(own), base=str(hidden))
+        manager.create(NOBODY, NOBODY, CapsuleSpec.from_json({"workspace": str(own), "base": str(hidden)}))
     assert err.value.code == "PERMISSION_DENIED"
-    theirs = manager.create(NOBODY, NOBODY, str(own))
+    theirs = manager.create(NOBODY, NOBODY, CapsuleSpec.from_json({"workspace": str(own)}))
     root_st = os.stat(theirs["mount"])
     assert (root_st.st_uid, root_st.st_mode & 0o777) == (NOBODY, 0o755)  # the merged root mirrors the workspace
     assert [c["capsule_id"] for c in manager.list(NOBODY)["capsules"]] == [theirs["capsule_id"]]
@@ -309,7 +312,7 @@ def test_base_is_a_frozen_lower(env: tuple[CapsuleManager, Path, Path], tmp_path
     base = tmp_path / "snapshot"
     base.mkdir()
     (base / "from-base.txt").write_text("b")
-    capsule = manager.create(0, 0, str(ws), base=str(base))
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "base": str(base)}))
     merged = Path(capsule["mount"])
     assert sorted(os.listdir(merged)) == ["from-base.txt"]
     assert capsule["isolation"]["filesystem"]["frozen_base"] is True

@@ -33,9 +33,10 @@ SCRIPT = textwrap.dedent("""
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
     from sandbox.registry import CapsuleManager
     from sandbox import mountinfo
+    from sandbox.spec import CapsuleSpec
     m = CapsuleManager({state!r}, rootless=True)
     m.recover()
-    c = m.create(0, 0, {ws!r})
+    c = m.create(0, 0, CapsuleSpec({ws!r}))
     merged = c["mount"]
     open(os.path.join(merged, "new.txt"), "w").write("n")
     os.unlink(os.path.join(merged, "gone.txt"))

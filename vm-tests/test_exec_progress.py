@@ -45,7 +45,7 @@ def test_progress_notifications_carry_the_output_tail(tmp_path: Path, root_requi
 
 
 def test_helper_progress_reports_reach_the_client(tmp_path: Path, root_required: None) -> None:
-    from mcp_server.helper import spawn_embedded
+    from mcp_server.launcher import spawn_embedded
 
     ws = tmp_path / "ws"
     ws.mkdir()

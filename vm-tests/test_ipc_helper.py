@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from mcp_server.config import Config
-from mcp_server.helper import connect_or_spawn
+from mcp_server.launcher import connect_or_spawn
 from sandbox import syscalls
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError

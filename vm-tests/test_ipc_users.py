@@ -175,7 +175,7 @@ def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], pub
 ROOTLESS_SCRIPT = r"""
 import base64, json, os, sys, trio
 from mcp_server.config import Config
-from mcp_server.helper import connect_or_spawn
+from mcp_server.launcher import connect_or_spawn
 
 async def main(state, ws):
     client = await connect_or_spawn(Config(state_dir=state))

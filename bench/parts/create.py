@@ -41,12 +41,14 @@ def make_tree(root: str, files: int) -> None:
 
 def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
     from sandbox.registry import CapsuleManager
+    from sandbox.spec import CapsuleSpec
 
     assert isinstance(manager, CapsuleManager)
+    spec = CapsuleSpec(workspace)
     times = []
     for _ in range(repeat):
         start = time.perf_counter()
-        capsule = manager.create(0, 0, workspace)
+        capsule = manager.create(0, 0, spec)
         elapsed = time.perf_counter() - start
         manager.destroy(capsule["capsule_id"], 0)
         times.append(elapsed)

@@ -166,12 +166,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "helper":
         from mcp_server.cli import helperctl
 
-        if args.action == "start":
-            result = helperctl.start(config.state_dir)
-        elif args.action == "stop":
-            result = helperctl.stop(config.state_dir)
-        else:
-            result = helperctl.status_of(str(helperctl.HelperPaths.of(config.state_dir).socket))
+        result = helperctl.run(args.action, config.state_dir)
         if args.json:
             print_json(result)
         else:

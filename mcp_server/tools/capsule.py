@@ -43,7 +43,8 @@ from mcp_server.fs.view import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
-from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN
+from sandbox.ops import CreateRequest
+from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, CapsuleSpec, Limits
 
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 DEFAULT_TIMEOUT_MS = 300_000
@@ -147,32 +148,23 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     base = args.get("base")
     base_path = _real(base, "base") if base else workspace
     offset = int(args.get("clock_offset_sec") or 0)
-    whitelist = sorted(set(args.get("env_whitelist") or []))
-    limits = args.get("limits") or {}
-    network = args.get("network") or "none"
-    request: dict[str, Any] = {
-        "workspace": workspace,
-        "clock_offset_sec": offset,
-        "env_whitelist": whitelist,
-        "limits": limits,
-        "network": network,
-    }
-    if base_path != workspace:
-        request["base"] = base_path
+    spec = CapsuleSpec(
+        workspace=workspace,
+        base=base_path if base_path != workspace else None,
+        clock_offset_sec=offset,
+        env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
+        limits=Limits(**(args.get("limits") or {})),
+        network=args.get("network") or "none",
+    )
     helper = await ctx.helper()
-    reply = await helper.request("create", request)
+    reply = await helper.request("create", CreateRequest(spec).to_args())
     created = _now()
     record = CapsuleRecord(
         capsule_id=reply["capsule_id"],
-        workspace=workspace,
-        base=base_path,
+        spec=spec,
         parent=None,
         created_at=_iso(created),
         clock=_iso(created + dt.timedelta(seconds=offset)),
-        clock_offset_sec=offset,
-        env_whitelist=whitelist,
-        limits=limits,
-        network=network,
         isolation=reply.get("isolation", {}),
         mount=reply.get("mount", ""),
         base_fingerprint=None,
@@ -447,15 +439,10 @@ async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     created = _now()
     record = CapsuleRecord(
         capsule_id=reply["capsule_id"],
-        workspace=parent.workspace,
-        base=parent.base,
+        spec=parent.spec,
         parent=parent.capsule_id,
         created_at=_iso(created),
         clock=_iso(created + dt.timedelta(seconds=parent.clock_offset_sec)),
-        clock_offset_sec=parent.clock_offset_sec,
-        env_whitelist=parent.env_whitelist,
-        limits=parent.limits,
-        network=parent.network,
         isolation=reply.get("isolation", parent.isolation),
         mount=reply.get("mount", ""),
         base_fingerprint=parent.base_fingerprint,

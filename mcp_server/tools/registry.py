@@ -35,7 +35,7 @@ class ToolContext(Protocol):
     def state(self) -> Any:  # mcp_server.state.State
         """The state dir: SQLite database and blob store paths."""
 
-    async def helper(self) -> Any:  # mcp_server.helper.HelperClient
+    async def helper(self) -> Any:  # sandbox.client.HelperClient
         """The helper IPC client, connected (or started, in the embedded default) on first use."""
 
     async def roots(self) -> list[str] | None:

@@ -33,6 +33,8 @@ from mcp_server.tools.capsule import exec_env
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from mcp_server.tools.witness import PROBLEMS, WITNESS_ID, locate, verify_file
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import CreateRequest
+from sandbox.spec import CapsuleSpec, Limits
 
 
 def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
@@ -183,17 +185,14 @@ async def replay(ctx: ToolContext, path: Path, expected_root: str | None) -> dic
         # not faked, and lock timeouts hang when it is).  Nothing a replay compares
         # depends on the wall clock's value.
         offset = int(spec.get("clock_offset_sec") or 0)
-        request: dict[str, Any] = {
-            "workspace": workspace, "clock_offset_sec": offset, "env_whitelist": spec["env_whitelist"],
-            "limits": spec["limits"], "network": spec["network"],
-        }
-        if base_dir != workspace:
-            request["base"] = base_dir
-        created = await helper.request("create", request)
+        capsule_spec = CapsuleSpec(
+            workspace=workspace, base=base_dir if base_dir != workspace else None, clock_offset_sec=offset,
+            env_whitelist=tuple(spec["env_whitelist"]), limits=Limits(**spec["limits"]), network=spec["network"],
+        )
+        created = await helper.request("create", CreateRequest(capsule_spec).to_args())
         capsule_id = created["capsule_id"]
         record = CapsuleRecord(
-            capsule_id=capsule_id, workspace=workspace, base=base_dir, parent=None, created_at="", clock=spec["clock"],
-            clock_offset_sec=offset, env_whitelist=spec["env_whitelist"], limits=spec["limits"], network=spec["network"],
+            capsule_id=capsule_id, spec=capsule_spec, parent=None, created_at="", clock=spec["clock"],
             isolation={}, mount="", base_fingerprint=None, destroyed_at=None,
         )
         mismatches: list[dict[str, Any]] = []
