@@ -112,7 +112,7 @@ class CcwServer:
         """Work due before the first request: finish or undo interrupted promotions (no
         workspace stays half-promoted after a crash) and read the schema files (seed 001:
         files are read at start only)."""
-        from mcp_server.core.promote import Promoter
+        from mcp_server.fs.promote import Promoter
 
         for outcome in Promoter(self.state.root).recover():
             LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")

@@ -3,7 +3,7 @@
 Layout under ``CCW_STATE_DIR``::
 
     ccw.sqlite3     capsules, exec journal, leases, snapshots, policies, witnesses
-    objects/        content-addressed blobs (zstd), see core/blobstore
+    objects/        content-addressed blobs (zstd), see fs/blobstore
     witnesses/      witness archives
     helper/         the embedded helper's own state (capsule upper/work dirs)
 

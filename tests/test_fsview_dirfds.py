@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.core.fsview import DirFds, RootView, lstat, open_name
+from mcp_server.fs.view import DirFds, RootView, lstat, open_name
 from sandbox.errors import CcwError
 
 

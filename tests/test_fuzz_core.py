@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcp_server.core import hashline, paths, rootspace
-from mcp_server.core.patch import apply, parse_patch
+from mcp_server.core.patch import parse_patch
+from mcp_server.core.patch_apply import apply
 from sandbox.errors import CcwError
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 RUNTIME_DIRS = ("sandbox", "mcp_server")
 TEST_DIRS = ("tests", "vm-tests", "bench")
-# Declared in the test extra, used by `./dev test`, never imported.
-TEST_TOOLS = {"pytest-timeout", "ruff", "mypy"}
+# Declared in the test extra, used by `./dev test` (and tests/test_layers.py), never imported.
+TEST_TOOLS = {"pytest-timeout", "ruff", "mypy", "import-linter"}
 
 
 def canonical(name: str) -> str:

@@ -11,11 +11,10 @@ from mcp_server.core.policy import (
     CombinedRules,
     ExecFacts,
     RequiredTestOutcome,
-    builtin_policies,
     evaluate,
     glob_match,
-    validate_policy,
 )
+from mcp_server.fs.policies import builtin_policies, validate_policy
 from sandbox.errors import CcwError
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from mcp_server.capsules.promotion import _conflicts, _read_live_early
-from mcp_server.core import changeset
-from mcp_server.core.fsview import RootView, Side
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView, Side
 
 
 class _Record:

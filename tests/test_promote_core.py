@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.core.promote import CRASH_ENV, STEPS, Op, Promoter
+from mcp_server.fs.promote import CRASH_ENV, STEPS, Op, Promoter
 from sandbox.errors import CcwError
 
 
@@ -111,7 +111,7 @@ def test_a_symlink_swapped_in_during_commit_is_refused(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from mcp_server.core.promote import Op, Promoter
+from mcp_server.fs.promote import Op, Promoter
 sys.path.insert(0, {tests!r})
 from test_promote_core import _ops, _content
 Promoter(__import__('pathlib').Path({state!r})).promote({ws!r}, _ops(), _content)

@@ -11,7 +11,7 @@ from mcp_server.core.replaydiff import (
     output_diff,
     written_mismatch,
 )
-from mcp_server.core.witness import blob_hash
+from mcp_server.fs.witness import blob_hash
 
 RECORDED = b"collected 3 items\n\ntests/test_a.py ...\n== 3 passed in 0.55s ==\n"
 REPLAYED = b"collected 3 items\n\ntests/test_a.py ...\n== 3 passed in 0.61s ==\n"

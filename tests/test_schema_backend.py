@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from mcp_server.config import Config
-from mcp_server.core import backend
+from mcp_server.tools import schema_backend as backend
 from mcp_server.tools import schemas as schema_tools
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"

@@ -12,6 +12,7 @@ import pytest
 
 from mcp_server.core.canonical import canonical_json
 from mcp_server.core.schemas import SchemaCatalogue, UnsafePath, check_relative_path
+from mcp_server.fs.schemafiles import catalogue_from_dirs
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"
 SCHEMAS = FIXTURES / "jsonschema"
@@ -20,7 +21,7 @@ EXAMPLES = FIXTURES / "examples"
 
 @pytest.fixture
 def catalogue() -> SchemaCatalogue:
-    return SchemaCatalogue.from_dirs(str(SCHEMAS), str(EXAMPLES))
+    return catalogue_from_dirs(str(SCHEMAS), str(EXAMPLES))
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def test_symlinks_leaving_the_root_are_skipped(tmp_path: Path) -> None:
     (tmp_path / "secret.json").write_text('{"type": "object"}')
     (root / "leak.schema.json").symlink_to(tmp_path / "secret.json")
     (root / "ok.schema.json").write_text('{"type": "object"}')
-    cat = SchemaCatalogue.from_dirs(str(root))
+    cat = catalogue_from_dirs(str(root))
     assert [s["name"] for s in cat.list_schemas()] == ["ok"]
     assert any("symlink leaves" in p for p in cat.problems)
 
@@ -161,7 +162,7 @@ def test_files_are_read_at_start_only(tmp_path: Path) -> None:
     root = tmp_path / "schemas"
     root.mkdir()
     (root / "a.schema.json").write_text('{"type": "integer"}')
-    cat = SchemaCatalogue.from_dirs(str(root))
+    cat = catalogue_from_dirs(str(root))
     (root / "a.schema.json").write_text('{"type": "string"}')
     (root / "b.schema.json").write_text("{}")
     assert cat.validate(1, "a") == [] and cat.find("b") == (None, False)
@@ -184,7 +185,7 @@ def test_schemas_are_never_mutated(catalogue: SchemaCatalogue) -> None:
 
 
 def test_missing_roots_give_empty_listings(tmp_path: Path) -> None:
-    cat = SchemaCatalogue.from_dirs(str(tmp_path / "none"), str(tmp_path / "none2"))
+    cat = catalogue_from_dirs(str(tmp_path / "none"), str(tmp_path / "none2"))
     assert cat.list_schemas() == [] and cat.list_examples() == []
     assert cat.find("x") == (None, False)
 
@@ -193,7 +194,7 @@ def test_invalid_schema_is_reported_not_raised(tmp_path: Path) -> None:
     root = tmp_path / "schemas"
     root.mkdir()
     (root / "bad.schema.json").write_text('{"type": 12}')
-    [error] = SchemaCatalogue.from_dirs(str(root)).validate({}, "bad")
+    [error] = catalogue_from_dirs(str(root)).validate({}, "bad")
     assert "not a valid JSON Schema" in error["msg"]
 
 
@@ -205,7 +206,7 @@ def test_refs_to_files_outside_the_roots_are_refused(tmp_path: Path, no_network:
     (root / "absolute.schema.json").write_text(
         json.dumps({"properties": {"a": {"$ref": (tmp_path / "outside.schema.json").as_uri()}}})
     )
-    cat = SchemaCatalogue.from_dirs(str(root))
+    cat = catalogue_from_dirs(str(root))
     for name in ("escape", "absolute"):
         [error] = cat.validate({"a": 1}, name)
         assert "remote retrieval is refused" in error["msg"] and "outside.schema.json" in error["msg"]
@@ -216,7 +217,7 @@ def test_meta_schema_refs_resolve_offline(tmp_path: Path, no_network: list[Any])
     root = tmp_path / "schemas"
     root.mkdir()
     (root / "meta.schema.json").write_text('{"$ref": "https://json-schema.org/draft/2020-12/schema"}')
-    cat = SchemaCatalogue.from_dirs(str(root))
+    cat = catalogue_from_dirs(str(root))
     assert cat.validate({"type": "object"}, "meta") == []
     assert cat.validate({"type": 12}, "meta") != []
     assert no_network == []
@@ -227,4 +228,4 @@ def test_repeated_validation_gives_identical_bytes(catalogue: SchemaCatalogue) -
     first = canonical_json(catalogue.validate(asset, "synesthetic-asset"))
     for _ in range(5):
         assert canonical_json(catalogue.validate(json.loads(json.dumps(asset)), "synesthetic-asset")) == first
-    assert canonical_json(SchemaCatalogue.from_dirs(str(SCHEMAS)).validate(asset, "synesthetic-asset")) == first
+    assert canonical_json(catalogue_from_dirs(str(SCHEMAS)).validate(asset, "synesthetic-asset")) == first

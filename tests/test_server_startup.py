@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from mcp_server.config import Config
-from mcp_server.core.promote import CRASH_ENV
+from mcp_server.fs.promote import CRASH_ENV
 from mcp_server.server import CcwServer
 from mcp_server.state import State
 
 _CHILD = """
 from pathlib import Path
-from mcp_server.core.promote import Op, Promoter
+from mcp_server.fs.promote import Op, Promoter
 Promoter(Path({state!r})).promote({ws!r}, [Op("write", "a.txt", 0o644), Op("write", "b/c.txt", 0o644), Op("delete", "old")],
                                   lambda op: ("new " + op.path).encode())
 """

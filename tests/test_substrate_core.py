@@ -15,11 +15,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import BlobStore, blob_id_of
-from mcp_server.core.fingerprint import Fingerprint, compute
-from mcp_server.core.fsview import RootView
-from mcp_server.core.leases import LeaseStore
-from mcp_server.core.manifest import Entry, SnapshotStore, manifest_bytes, snapshot_id
+from mcp_server.core.blobid import blob_id_of
+from mcp_server.core.fingerprint import Fingerprint
+from mcp_server.core.manifest import Entry, manifest_bytes, snapshot_id
+from mcp_server.fs.blobstore import BlobStore
+from mcp_server.fs.fingerprint import compute
+from mcp_server.fs.leases import LeaseStore
+from mcp_server.fs.snapshots import SnapshotStore
+from mcp_server.fs.view import RootView
 from mcp_server.state import State
 from sandbox.errors import CcwError
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from mcp_server.core.fsview import RootView
 from mcp_server.core.grep import Matcher
+from mcp_server.fs.view import RootView
 from mcp_server.tools import snapshot
 from mcp_server.tools.targets import LiveTarget, live_files
 

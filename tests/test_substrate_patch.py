@@ -20,7 +20,8 @@ from pathlib import Path
 import hypothesis
 import pytest
 
-from mcp_server.core.patch import apply, parse_patch
+from mcp_server.core.patch import parse_patch
+from mcp_server.core.patch_apply import apply
 from sandbox.errors import CcwError
 
 N_COMMITS = 90

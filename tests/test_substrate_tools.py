@@ -17,8 +17,8 @@ import jsonschema
 import pytest
 
 from mcp_server.config import Config
-from mcp_server.core.fingerprint import compute
-from mcp_server.core.leases import LeaseStore
+from mcp_server.fs.fingerprint import compute
+from mcp_server.fs.leases import LeaseStore
 from mcp_server.state import State
 from mcp_server.tools import snapshot, workspace
 from mcp_server.tools.registry import Registry
@@ -359,8 +359,8 @@ def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, S
 
 def test_gc_keeps_what_snapshots_name(env: tuple[Path, Any, State]) -> None:
     _repo, call, state = env
-    from mcp_server.core.blobstore import BlobStore
-    from mcp_server.core.manifest import SnapshotStore
+    from mcp_server.fs.blobstore import BlobStore
+    from mcp_server.fs.snapshots import SnapshotStore
 
     sid = call("snapshot_create", paths=["src"])["snapshot_id"]
     store = BlobStore(state.objects_dir)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.core.roots import Located, is_within, locate, locate_lexical
+from mcp_server.core.roots import Located, is_within, locate_lexical
+from mcp_server.fs.roots import locate
 from sandbox.errors import CcwError
 
 

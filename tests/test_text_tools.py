@@ -410,7 +410,7 @@ def test_every_anchored_op_on_an_empty_file_is_rejected_with_an_empty_context(ct
 
 
 def test_file_create_never_replaces_a_file_that_appears_meanwhile(ctx: FakeContext, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcp_server.core.fsview import RootView
+    from mcp_server.fs.view import RootView
 
     real_exists = RootView.exists
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules.witness_base import Needs, base_entries
-from mcp_server.core.fsview import RootView
+from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
 

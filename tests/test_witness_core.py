@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from mcp_server.core.canonical import canonical_json
-from mcp_server.core.witness import (
+from mcp_server.fs.witness import (
     FORMAT,
     blob_hash,
     read_archive,

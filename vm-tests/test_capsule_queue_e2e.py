@@ -303,7 +303,7 @@ def test_witness_and_promote_wait_for_the_running_exec(tools: Any, tmp_path: Pat
         return witness, promoted
 
     witness, promoted = tools.run(scenario)
-    from mcp_server.core.witness import read_archive
+    from mcp_server.fs.witness import read_archive
 
     with open(witness["path"], "rb") as archive:
         manifest = read_archive(archive)[0]

@@ -29,7 +29,7 @@ import pytest
 
 from mcp_server.capsules.witnesses import CRASH_ENV as WITNESS_CRASH_ENV
 from mcp_server.config import TOOLSETS
-from mcp_server.core.promote import CRASH_ENV, STEPS
+from mcp_server.fs.promote import CRASH_ENV, STEPS
 from tests.mcp_process import ServerProcess, server_env
 
 Props = Any  # pytest's record_property

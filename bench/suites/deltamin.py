@@ -64,8 +64,8 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
     from mcp_server.capsules import trials as counterfactual
     from mcp_server.config import TOOLSETS, Config
     from mcp_server.context import CallContext, Runtime
-    from mcp_server.core import changeset
-    from mcp_server.core.fsview import RootView
+    from mcp_server.fs import changeset
+    from mcp_server.fs.view import RootView
     from mcp_server.state import State
     from mcp_server.tools.registry import Registry
 

@@ -111,8 +111,8 @@ async def _full_suite(tools: Tools, ws: Path, rounds: int) -> dict[str, list[flo
 
 async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
-    from mcp_server.core import changeset
-    from mcp_server.core.fsview import RootView
+    from mcp_server.fs import changeset
+    from mcp_server.fs.view import RootView
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     # The agent's loop (issue 13): the tests pass, edits, the tests fail, then deltamin.

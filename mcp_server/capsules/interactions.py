@@ -26,9 +26,9 @@ import trio
 
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Material, Trials, predicate, units_from
-from mcp_server.core import changeset
 from mcp_server.core.deltamin import FAIL, PASS
-from mcp_server.core.fsview import RootView
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError
 

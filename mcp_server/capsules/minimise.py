@@ -66,9 +66,10 @@ from mcp_server.capsules.trials import (
     units_from,
 )
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
-from mcp_server.core import changeset, unidiff
+from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search
-from mcp_server.core.fsview import RootView
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, observes
 from sandbox.errors import CcwError
 

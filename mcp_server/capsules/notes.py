@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.core import changeset
-from mcp_server.core.fsview import RootView, lstat
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView, lstat
 from mcp_server.journal import CapsuleRecord, Journal
 
 

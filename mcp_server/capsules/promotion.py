@@ -10,7 +10,7 @@ Order of checks, cheapest first, and why:
    is and are not promoted), then the replay if a policy requires it
    (``require_replay_ok`` or ``require_identical_output``: a witness with blobs,
    replayed in a fresh capsule).
-3. **Write** with core/promote.Promoter: temp files, fsync, journal, renames; recovered
+3. **Write** with fs/promote.Promoter: temp files, fsync, journal, renames; recovered
    on the next start if interrupted.
 
 ``dry_run`` runs 1 and 2, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
@@ -32,8 +32,6 @@ from mcp_server.capsules.replays import replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
-from mcp_server.core import changeset
-from mcp_server.core.fsview import DirFds, RootView
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -41,7 +39,9 @@ from mcp_server.core.policy import (
     RequiredTestOutcome,
     evaluate,
 )
-from mcp_server.core.promote import Op, Promoter
+from mcp_server.fs import changeset
+from mcp_server.fs.promote import Op, Promoter
+from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
 

@@ -26,9 +26,10 @@ import trio
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import verify_file
-from mcp_server.core import changeset, replaydiff
-from mcp_server.core import witness as wfmt
-from mcp_server.core.fsview import RootView
+from mcp_server.core import replaydiff
+from mcp_server.fs import changeset
+from mcp_server.fs import witness as wfmt
+from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError, from_oserror
 from sandbox.ops import ExecReply
 from sandbox.spec import CapsuleSpec, Limits
@@ -40,7 +41,7 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) 
     The paths come from an archive, so every write resolves beneath ``into`` without
     symlinks (RootView) and creates files exclusively.
     """
-    from mcp_server.core.promote import make_symlink
+    from mcp_server.fs.promote import make_symlink
 
     dirs: list[tuple[str, int]] = []
     with RootView.open(into) as view:
@@ -87,7 +88,7 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
     """Redo one recorded file-tool change inside a capsule (through its root fd)."""
-    from mcp_server.core.promote import make_symlink, remove_tree
+    from mcp_server.fs.promote import make_symlink, remove_tree
 
     with RootView.from_fd(root_fd) as view:
         path = write["path"]

@@ -41,8 +41,9 @@ from mcp_server.capsules.runs import (
     progress_message,
 )
 from mcp_server.capsules.turns import Ticket, exec_label, turn_label
-from mcp_server.core import changeset, unidiff
-from mcp_server.core.fsview import RootView
+from mcp_server.core import unidiff
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from sandbox.errors import CcwError

@@ -20,10 +20,11 @@ import trio
 
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.core import changeset, unidiff
+from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
-from mcp_server.core.fsview import RootView
-from mcp_server.core.promote import make_symlink, remove_tree
+from mcp_server.fs import changeset
+from mcp_server.fs.promote import make_symlink, remove_tree
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
 

@@ -59,8 +59,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from mcp_server.core import changeset
-from mcp_server.core.fsview import RootView
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
 DEFAULT_MAX_BASE_MB = 1024

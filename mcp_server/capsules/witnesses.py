@@ -1,6 +1,6 @@
 """Witnesses: building, storing, finding and verifying them (seed 003 §4; replaying is replays.py).
 
-A witness packages what a capsule did (see core/witness.py for the format).  Choices:
+A witness packages what a capsule did (see fs/witness.py for the format).  Choices:
 
 - ``witness_id`` is ``wit_`` + the first 16 hex digits of the root hash: the same capsule
   gives the same witness bytes, hence the same id and file.
@@ -39,9 +39,10 @@ import trio
 
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries
-from mcp_server.core import changeset, paths
-from mcp_server.core import witness as wfmt
-from mcp_server.core.fsview import RootView
+from mcp_server.core import paths
+from mcp_server.fs import changeset
+from mcp_server.fs import witness as wfmt
+from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror

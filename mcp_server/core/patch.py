@@ -1,31 +1,15 @@
-"""Unified-diff patches: a parser and a strict applier that decides as ``git apply`` does.
+"""Unified-diff patches: the parser (applying them is ``mcp_server/core/patch_apply.py``).
 
-Some facts about how ``git apply`` places a hunk (apply.c, default options), which this
-module reproduces so that the same patch is accepted or refused the same way:
+Some facts about how ``git apply`` reads a patch (apply.c, default options), which this
+module reproduces so that the same patch is understood the same way:
 
-- Matching is byte for byte on whole lines, newline included: no whitespace
-  normalisation and no fuzz (``-C`` is unlimited by default, so context is never
-  reduced).  A line ending in CR LF is just a line whose content ends in CR.
-- The search starts at the hunk's *new* start line minus one (earlier hunks have
-  already moved the text) and alternates forward, backward, forward, … one line at a
-  time until the preimage matches exactly.  The first match wins.
-- A hunk whose old start is 0 or 1 must match at the beginning of the file; a hunk
-  with no trailing context must match at its end.
-- Lines produced by an earlier hunk are marked patched and can never be matched by a
-  later one, so hunks cannot overlap.
 - ``\\ No newline at end of file`` removes the newline of the line before it, in the
   old side, the new side or both.  An empty line inside a hunk is an empty context line.
 - Patches are parsed by the counts in the ``@@`` headers, so trailing text such as a
   ``format-patch`` signature is ignored; anything outside a file diff is ignored.
-- A new file must not exist; a deleted file must exist and the deletion must leave
-  nothing; a path removed or renamed away by an earlier file diff cannot be patched.
-  Mode bits follow the patch (``new mode``, ``index … <mode>``), else the old file's.
-- Binary ``literal`` patches are applied; binary ``delta`` patches and symlinks are
-  refused as unsupported rejects rather than guessed at.
-
-A refused hunk is reported, and the remaining hunks are still tried so that every
-problem is reported at once; nothing is written by this module: ``apply`` returns the
-new content of every touched path and the caller writes only when there are no rejects.
+- Mode bits come from ``new mode`` / ``old mode`` and the ``index … <mode>`` line.
+- Binary ``literal`` patches are decoded (at most ``MAX_LITERAL_BYTES``); binary
+  ``delta`` patches are marked unsupported, for the applier to refuse.
 """
 
 from __future__ import annotations
@@ -33,19 +17,16 @@ from __future__ import annotations
 import base64
 import re
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from mcp_server.core.paths import normalize, path_key
-from mcp_server.core.unidiff import git_blob_id, split_lines
+from mcp_server.core.paths import normalize
+from mcp_server.core.unidiff import split_lines
 from sandbox.errors import CcwError
 
 MODE_FILE = 0o100644
 MODE_EXEC = 0o100755
 MODE_LINK = 0o120000
 
-_NULL_OID = "0" * 40
 # The largest binary literal a patch may carry.  zlib compresses zeros about 1000:1, so
 # without a cap a 1 MiB patch could make the front end build a gigabyte in memory.
 MAX_LITERAL_BYTES = 64 << 20
@@ -366,164 +347,3 @@ def _parse_binary(lines: list[bytes], i: int, patch: FilePatch) -> int:
     while i < len(lines) and not lines[i].startswith(b"diff --git "):
         i += 1
     return i
-
-
-# --- application ---------------------------------------------------------------------
-
-Reader = Callable[[str], "tuple[bytes, int] | None"]
-
-
-@dataclass
-class ApplyResult:
-    """What applying a patch would do: new content per path (None: deleted) and rejects."""
-
-    files: dict[str, tuple[bytes, int] | None]
-    rejects: list[dict[str, Any]]
-    touched: list[str]
-
-
-def _find(image: list[bytes], patched: list[bool], hunk: Hunk, begin: bool, end: bool) -> int:
-    pre = hunk.old
-    nr = len(image)
-    line = hunk.new_start - 1 if hunk.new_start else 0
-    if begin:
-        line = 0
-    elif end:
-        line = nr - len(pre)
-    line = min(max(line, 0), nr) if line >= 0 else nr
-
-    def matches(at: int) -> bool:
-        if at + len(pre) > nr:
-            return False
-        if end and at + len(pre) != nr:
-            return False
-        if begin and at:
-            return False
-        return all(not patched[at + k] and image[at + k] == pre[k] for k in range(len(pre)))
-
-    back = fwd = line
-    at = line
-    i = 0
-    while True:
-        if matches(at):
-            return at
-        while True:
-            if back == 0 and fwd == nr:
-                return -1
-            if i & 1:
-                if back == 0:
-                    i += 1
-                    continue
-                back -= 1
-                at = back
-            else:
-                if fwd == nr:
-                    i += 1
-                    continue
-                fwd += 1
-                at = fwd
-            break
-        i += 1
-
-
-def apply_hunks(content: bytes, hunks: list[Hunk]) -> tuple[bytes, list[int]]:
-    """Apply hunks in order; return the new content and the indices of hunks that failed."""
-    image = split_lines(content)
-    patched = [False] * len(image)
-    failed = []
-    for index, hunk in enumerate(hunks):
-        begin = hunk.old_start == 0 or hunk.old_start == 1
-        end = hunk.trailing == 0
-        at = _find(image, patched, hunk, begin, end)
-        if at < 0:
-            failed.append(index)
-            continue
-        image[at:at + len(hunk.old)] = hunk.new
-        patched[at:at + len(hunk.old)] = [True] * len(hunk.new)
-    return b"".join(image), failed
-
-
-def _reject(rejects: dict[str, list[dict[str, Any]]], path: str, index: int, reason: str) -> None:
-    rejects.setdefault(path, []).append({"index": index, "reason": reason})
-
-
-def apply(patches: list[FilePatch], read: Reader) -> ApplyResult:
-    """Apply file patches over a tree seen through ``read(path) -> (content, mode) | None``."""
-    state: dict[str, tuple[bytes, int] | None] = {}
-    gone: set[str] = set()  # removed or renamed away by an earlier file diff
-    rejects: dict[str, list[dict[str, Any]]] = {}
-    touched: set[str] = set()
-
-    def current(path: str) -> tuple[bytes, int] | None:
-        if path in state:
-            return state[path]
-        return read(path)
-
-    for patch in patches:
-        path = patch.path
-        touched.update(p for p in (patch.old_path, patch.new_path) if p)
-        if patch.binary_unsupported:
-            _reject(rejects, path, 0, "binary_patch_unsupported")
-            continue
-        if MODE_LINK in (patch.old_mode, patch.new_mode):
-            _reject(rejects, path, 0, "symlink_unsupported")
-            continue
-        if patch.is_new:
-            assert patch.new_path is not None
-            if current(patch.new_path) is not None:
-                _reject(rejects, path, 0, "already_exists")
-                continue
-            old: tuple[bytes, int] | None = (b"", patch.new_mode or MODE_FILE)
-        else:
-            assert patch.old_path is not None
-            if patch.old_path in gone and not (patch.is_rename or patch.is_copy):
-                _reject(rejects, path, 0, "path_deleted_earlier")
-                continue
-            old = current(patch.old_path)
-            if old is None:
-                _reject(rejects, path, 0, "file_not_found")
-                continue
-            if (patch.is_rename or patch.is_copy) and patch.new_path != patch.old_path:
-                assert patch.new_path is not None
-                if current(patch.new_path) is not None and patch.new_path not in gone:
-                    _reject(rejects, path, 0, "already_exists")
-                    continue
-        assert old is not None
-        content, mode = old
-        if patch.old_mode is not None and (patch.old_mode & 0o170000) != (mode & 0o170000):
-            _reject(rejects, path, 0, "wrong_type")
-            continue
-        failed: list[int] = []
-        if patch.binary is not None:
-            # As git does: the full preimage id must name the current content.
-            expected = patch.old_oid if not patch.is_new else _NULL_OID
-            if len(expected) != 40 or (not patch.is_new and git_blob_id(content) != expected):
-                _reject(rejects, path, 0, "binary_preimage_mismatch")
-                continue
-            new_content = patch.binary
-        else:
-            new_content, failed = apply_hunks(content, patch.hunks)
-        for index in failed:
-            _reject(rejects, path, index, "context_mismatch")
-        if failed:
-            continue
-        if patch.is_delete:
-            if new_content:
-                _reject(rejects, path, len(patch.hunks) - 1 if patch.hunks else 0, "removal_leaves_content")
-                continue
-            assert patch.old_path is not None
-            state[patch.old_path] = None
-            gone.add(patch.old_path)
-            continue
-        new_mode = patch.new_mode if patch.new_mode is not None else mode
-        if patch.is_rename and patch.old_path and patch.old_path != patch.new_path:
-            state[patch.old_path] = None
-            gone.add(patch.old_path)
-        assert patch.new_path is not None
-        state[patch.new_path] = (new_content, new_mode)
-        gone.discard(patch.new_path)
-    ordered: list[dict[str, Any]] = [
-        {"path": p, "hunks": sorted(rejects[p], key=lambda h: (int(h["index"]), str(h["reason"])))}
-        for p in sorted(rejects, key=path_key)
-    ]
-    return ApplyResult(state, ordered, sorted(touched, key=path_key))

@@ -1,4 +1,7 @@
-"""Promotion policies: loading, validation, and judging a capsule against them.
+"""Promotion policies: combining them and judging a capsule against them.
+
+The policy files (schema, built-in policies) and validating a policy against the schema
+are ``mcp_server.fs.policies``.
 
 Pure logic: the caller gathers the facts (the capsule's execs with their usage, the paths
 it read, wrote and changed, the results of required tests and of the replay) and
@@ -36,71 +39,14 @@ Choices made here:
 from __future__ import annotations
 
 import functools
-import json
-import os
+import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import jsonschema
-
-from mcp_server.data import data_dir
-from sandbox.errors import CcwError
 
 RULE_NAMES = ("deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb", "require_identical_output", "require_replay_ok",
               "require_tests")
-
-
-def policies_dir() -> Path:
-    """The built-in policies and their schema: ``policies/``, shipped as package data."""
-    return data_dir("policies")
-
-
-@functools.cache
-def policy_schema() -> dict[str, Any]:
-    """The JSON Schema every policy is validated against (policies/policy.schema.json)."""
-    with open(policies_dir() / "policy.schema.json", encoding="utf-8") as f:
-        schema: dict[str, Any] = json.load(f)
-    return schema
-
-
-def validate_policy(policy: dict[str, Any]) -> None:
-    """Raise INVALID_ARGUMENT naming every problem, unknown rule names first."""
-    rules = policy.get("rules")
-    if isinstance(rules, dict):
-        unknown = sorted(set(rules) - set(RULE_NAMES))
-        if unknown:
-            raise CcwError(
-                "INVALID_ARGUMENT",
-                f"unknown policy rule(s) {', '.join(unknown)}; known rules: {', '.join(RULE_NAMES)}",
-                {"unknown_rules": unknown, "known_rules": list(RULE_NAMES)},
-            )
-    validator = jsonschema.Draft202012Validator(policy_schema())
-    errors = sorted(validator.iter_errors(policy), key=lambda e: (list(e.absolute_path), e.message))
-    if errors:
-        problems = [{"path": "/" + "/".join(str(p) for p in e.absolute_path), "msg": e.message} for e in errors]
-        raise CcwError(
-            "INVALID_ARGUMENT",
-            "policy does not match policies/policy.schema.json: "
-            + "; ".join(f"{p['path']}: {p['msg']}" for p in problems),
-            {"errors": problems},
-        )
-
-
-@functools.cache
-def builtin_policies() -> dict[str, dict[str, Any]]:
-    """The policies shipped in policies/ (every *.json but the schema), by name."""
-    out: dict[str, dict[str, Any]] = {}
-    for path in sorted(policies_dir().glob("*.json")):
-        if path.name == "policy.schema.json":
-            continue
-        with open(path, encoding="utf-8") as f:
-            policy = json.load(f)
-        validate_policy(policy)
-        out[policy["name"]] = policy
-    return out
 
 
 @functools.lru_cache(maxsize=512)
@@ -235,7 +181,7 @@ def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, An
     hits = []
     globs = [(g, _expand(g, facts.home)) for g in rules.deny_paths]
     for rel in sorted(facts.paths, key=lambda p: p.encode()):
-        absolute = os.path.join(facts.workspace, rel)
+        absolute = posixpath.join(facts.workspace, rel)
         for original, glob in globs:
             target = absolute if glob.startswith("/") else rel
             if glob_match(glob, target):

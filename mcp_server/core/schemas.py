@@ -40,14 +40,12 @@ Choices, written down because the seed leaves them open:
 from __future__ import annotations
 
 import copy
-import json
-import os
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urljoin
+from urllib.parse import quote_from_bytes, urljoin
 
 import referencing
 import referencing.exceptions
@@ -88,19 +86,19 @@ class UnsafePath(ValueError):
     """A path given by a caller tries to leave its root."""
 
 
-def check_relative_path(path: str) -> PurePosixPath:
-    """The caller's path as a relative POSIX path, or UnsafePath if it could escape its root."""
+def check_relative_path(path: str) -> str:
+    """The caller's path as a normal relative POSIX path, or UnsafePath if it could escape its root."""
     if not path or "\x00" in path or "\\" in path:
         raise UnsafePath(f"{path!r} is not a relative path")
-    posix = PurePosixPath(path)
-    if posix.is_absolute() or ".." in posix.parts:
+    if path.startswith("/") or ".." in path.split("/"):
         raise UnsafePath(f"{path!r} leaves the configured root")
-    return posix
+    return posixpath.normpath(path)
 
 
 def schema_name_of_file(path: str) -> str:
     """``dir/foo.schema.json`` → ``foo``."""
-    name = PurePosixPath(path).name
+    parts = _parts(path)
+    name = parts[-1] if parts else ""
     name = name.removesuffix(".json")
     return name.removesuffix(".schema")
 
@@ -117,10 +115,15 @@ def _version_of(schema: Any, rel_path: str) -> str:
         for key in ("version", "x-version"):
             if isinstance(schema.get(key), str) and schema[key]:
                 return str(schema[key])
-    for part in PurePosixPath(rel_path).parts[:-1]:
+    for part in _parts(rel_path)[:-1]:
         if _VERSION_DIR.match(part):
             return part
     return UNVERSIONED
+
+
+def _parts(rel: str) -> tuple[str, ...]:
+    # A relative path's components, as pathlib's ``parts`` gives them.
+    return tuple(part for part in rel.split("/") if part not in ("", "."))
 
 
 def _kebab(word: str) -> str:
@@ -134,27 +137,6 @@ def schema_name_of_ref(ref: Any) -> str:
         return ""
     last = ref.split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
     return schema_name_of_file(last) if last else ""
-
-
-def read_json_tree(root: Path, problems: list[str]) -> Iterable[tuple[str, Any]]:
-    """(relative POSIX path, parsed document) for every ``*.json`` inside ``root``, sorted."""
-    real_root = root.resolve()
-    found: list[tuple[str, Path]] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for filename in sorted(filenames):
-            if not filename.endswith(".json"):
-                continue
-            file = Path(dirpath) / filename
-            if not file.resolve().is_relative_to(real_root):
-                problems.append(f"{file}: symlink leaves {root}; skipped")
-                continue
-            found.append((file.relative_to(root).as_posix(), file))
-    for rel, file in sorted(found):
-        try:
-            yield rel, json.loads(file.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            problems.append(f"{file}: not readable JSON ({exc}); skipped")
 
 
 def _refuse_retrieval(uri: str) -> referencing.Resource[Any]:
@@ -207,40 +189,31 @@ class SchemaCatalogue:
     # -- building ---------------------------------------------------------------------
 
     @classmethod
-    def from_dirs(
+    def from_documents(
         cls,
-        schemas_dir: str,
-        examples_dir: str = "",
+        schema_documents: Iterable[tuple[str, Any]],
+        schemas_root: str,
+        example_documents: Iterable[tuple[str, Any]] = (),
+        examples_root: str = "",
+        problems: Iterable[str] = (),
         extra_schemas: Iterable[SchemaEntry] = (),
         extra_examples: Iterable[ExampleEntry] = (),
     ) -> SchemaCatalogue:
-        """Read every ``*.json`` under the two roots (either may be "" or missing)."""
-        problems: list[str] = []
+        """A catalogue of documents read from two roots (absolute paths, or ""): each
+        ``(relative POSIX path, parsed JSON)`` named and versioned by the rules above."""
         schemas = list(extra_schemas)
-        if schemas_dir and Path(schemas_dir).is_dir():
-            root = Path(schemas_dir).absolute()
-            for rel, document in read_json_tree(root, problems):
-                file_uri = (root / rel).as_uri()
-                schema_id = document.get("$id") if isinstance(document, dict) else None
-                uri = urljoin(file_uri, schema_id) if isinstance(schema_id, str) else file_uri
-                uri = uri.rstrip("#")
-                schemas.append(
-                    SchemaEntry(schema_name_of_file(rel), _version_of(document, rel), rel, uri, document)
-                )
+        for rel, document in schema_documents:
+            file_uri = _file_uri(schemas_root, rel)
+            schema_id = document.get("$id") if isinstance(document, dict) else None
+            uri = urljoin(file_uri, schema_id) if isinstance(schema_id, str) else file_uri
+            uri = uri.rstrip("#")
+            schemas.append(SchemaEntry(schema_name_of_file(rel), _version_of(document, rel), rel, uri, document))
         names = {s.name for s in schemas}
         examples = list(extra_examples)
-        if examples_dir and Path(examples_dir).is_dir():
-            root = Path(examples_dir).absolute()
-            for rel, document in read_json_tree(root, problems):
-                schema = _schema_of_example(document, rel, names)
-                examples.append(ExampleEntry(schema, rel, schema, document))
-        return cls(
-            schemas,
-            examples,
-            problems,
-            str(Path(schemas_dir).absolute()) if schemas_dir else "",
-            str(Path(examples_dir).absolute()) if examples_dir else "",
-        )
+        for rel, document in example_documents:
+            schema = _schema_of_example(document, rel, names)
+            examples.append(ExampleEntry(schema, rel, schema, document))
+        return cls(schemas, examples, problems, schemas_root, examples_root)
 
     # -- lookup -----------------------------------------------------------------------
 
@@ -251,7 +224,7 @@ class SchemaCatalogue:
         Raises UnsafePath for a path that tries to leave the schemas root.
         """
         if "/" in name_or_path or name_or_path.endswith(".json") or "\\" in name_or_path:
-            return self._by_path.get(str(check_relative_path(name_or_path))), False
+            return self._by_path.get(check_relative_path(name_or_path)), False
         entry = self._latest(name_or_path)
         if entry is None and name_or_path.startswith(NESTED_PREFIX):
             return self._latest(name_or_path.removeprefix(NESTED_PREFIX)), True
@@ -277,7 +250,7 @@ class SchemaCatalogue:
 
     def example(self, path: str) -> ExampleEntry | None:
         """The example at a relative path; UnsafePath if the path tries to leave the root."""
-        return self._examples_by_path.get(str(check_relative_path(path)))
+        return self._examples_by_path.get(check_relative_path(path))
 
     def schema_copy(self, entry: SchemaEntry) -> Any:
         """A deep copy of a schema, so no caller can change the catalogue."""
@@ -316,7 +289,8 @@ class SchemaCatalogue:
 
 
 def _file_uri(root: str, rel: str) -> str:
-    return (Path(root or "/") / rel).absolute().as_uri()
+    # Roots are absolute (the catalogue's builder makes them so); "" stands for "/".
+    return "file://" + quote_from_bytes(posixpath.join(root or "/", rel).encode("utf-8", "surrogateescape"))
 
 
 def _schema_of_example(document: Any, rel: str, names: set[str]) -> str:
@@ -325,7 +299,7 @@ def _schema_of_example(document: Any, rel: str, names: set[str]) -> str:
             name = schema_name_of_ref(document.get(key))
             if name:
                 return name
-    parts = PurePosixPath(rel).parts
+    parts = _parts(rel)
     if len(parts) > 1 and parts[-2] in names:
         return parts[-2]
     stem = re.split(r"[_.]", parts[-1], maxsplit=1)[0]

@@ -24,8 +24,9 @@ from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION
 from mcp_server.capsules.runs import USAGE_FIGURES, Command
-from mcp_server.core import changeset, unidiff
+from mcp_server.core import unidiff
 from mcp_server.core.paths import encoded as encoded_path
+from mcp_server.fs import changeset
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS, CapsuleSpec, Limits

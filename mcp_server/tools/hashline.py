@@ -18,7 +18,8 @@ last few files, keyed by ``file_hash``: re-reading an unchanged file skips taggi
 edit of a file whose tags are kept splices the new tags in (kept lines keep theirs), so
 the agent's usual read → edit → re-read tags each line once.
 
-``target`` is shared with the RootSpace tools (``mcp_server/tools/rootspace.py``).
+What the RootSpace tools (``mcp_server/tools/rootspace.py``) share with these (the open
+file, its reads and checked writes) is ``mcp_server/tools/textfiles.py``.
 """
 
 from __future__ import annotations
@@ -26,21 +27,26 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-import trio
-
 from mcp_server.core import hashline
-from mcp_server.core.fsview import RootView
-from mcp_server.core.roots import locate, locate_lexical
+from mcp_server.core.roots import locate_lexical
+from mcp_server.fs.roots import locate
+from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
 from mcp_server.tools.targets import CAPSULE_ID, open_view
+from mcp_server.tools.textfiles import (
+    MAX_READ_CHARS,
+    Target,
+    file_identity,
+    read_file,
+    with_view,
+    write_checked,
+)
 from sandbox.errors import CcwError
 
-MAX_READ_CHARS = 2_000_000  # one read stops here and gives next_offset to go on from
 TAG_CACHE_FILES = 32  # whole-file tag lists kept, keyed by file_hash (most recent first out last)
 
 # Agents re-read what they just read; the tags of an unchanged file are a pure function of
@@ -99,24 +105,6 @@ def render_rows(lines: list[str], tag_list: list[str], first: int) -> str:
     return "".join(parts)
 
 
-@dataclass
-class Target:
-    """An open view and the file's path beneath it, plus how to name it to the agent."""
-
-    view: RootView
-    rel: str
-    shown: str
-    capsule_id: str | None = None
-    state: Any = None
-
-    def record(self, action: str, content: bytes | None = None) -> None:
-        """Journal a change made inside a capsule, so its witness replays it (live tree: nothing)."""
-        if self.capsule_id:
-            from mcp_server.capsules.notes import note_tool_changes
-
-            note_tool_changes(self.state, self.capsule_id, self.view, [self.rel])
-
-
 async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
     """Find the root holding a host ``path`` (or the capsule's view) and open it."""
     if capsule_id:
@@ -133,68 +121,6 @@ async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
         return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state)
     located = locate(path, await ctx.roots(), ctx.config.workspace)
     return Target(RootView.open(located.root), located.rel, os.path.join(located.root, located.rel))
-
-
-def file_identity(view: RootView, rel: str) -> tuple[int, ...]:
-    """What changes when anyone writes the file: inode, size, mtime, ctime."""
-    st = view.stat(rel, follow=True)
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def read_file(view: RootView, rel: str, shown: str, next_call: str) -> bytes:
-    """A file's bytes, with errors that say what to call next."""
-    if rel == "":
-        raise CcwError("INVALID_ARGUMENT", f"{shown} is a directory; give the path of a file in it.", {"path": shown})
-    try:
-        return view.read_bytes(rel)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            raise CcwError(
-                "NOT_FOUND",
-                f"{shown} does not exist; check the path ({next_call}).",
-                {**exc.details, "path": shown},
-            ) from exc
-        if "not a regular file" in exc.message:
-            raise CcwError(
-                "INVALID_ARGUMENT",
-                f"{shown} is not a regular file (a directory?); give the path of a file.",
-                {**exc.details, "path": shown},
-            ) from exc
-        raise
-
-
-def write_checked(found: Target, before: tuple[int, ...], data: bytes, reread: str) -> None:
-    """Replace the file atomically unless someone wrote it since ``before`` was taken."""
-    if file_identity(found.view, found.rel) != before:
-        raise CcwError(
-            "CONFLICT",
-            f"{found.shown} was changed by another writer while this edit was being applied; "
-            f"nothing was written. {reread}",
-            {"path": found.shown, "reason": "concurrent_write"},
-        )
-    found.view.write_bytes(found.rel, data)
-    found.record("write", data)
-
-
-Resolver = Callable[[ToolContext, str, str | None], Awaitable[Target]]
-
-
-def with_view(resolve: Resolver) -> Callable[[Callable[[Target, dict[str, Any]], dict[str, Any]]], Any]:
-    """Make a handler: resolve the path to an open view, run the body in a worker thread
-    (file reads, tagging and writes block), close the view."""
-
-    def wrap(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:
-        async def handler(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-            found = await resolve(ctx, args["path"], args.get("capsule_id"))
-            try:
-                return await trio.to_thread.run_sync(run, found, args)
-            finally:
-                found.view.close()
-
-        handler.__doc__ = run.__doc__
-        return handler
-
-    return wrap
 
 
 def _with_target(run: Callable[[Target, dict[str, Any]], dict[str, Any]]) -> Any:

@@ -13,7 +13,8 @@ from typing import Any
 
 from mcp_server.capsules.fragments import POLICY_NAME
 from mcp_server.capsules.policies import PolicyStore
-from mcp_server.core.policy import RULE_NAMES, builtin_policies, policy_schema, validate_policy
+from mcp_server.core.policy import RULE_NAMES
+from mcp_server.fs.policies import builtin_policies, policy_schema, validate_policy
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
 

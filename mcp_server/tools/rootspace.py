@@ -27,10 +27,12 @@ from typing import Any
 from urllib.parse import unquote
 
 from mcp_server.core import rootspace
-from mcp_server.core.fsview import RootView
 from mcp_server.core.hashline import file_hash
-from mcp_server.core.roots import effective_roots
-from mcp_server.tools.hashline import (
+from mcp_server.fs.roots import effective_roots
+from mcp_server.fs.view import RootView
+from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec, text_with_header
+from mcp_server.tools.targets import CAPSULE_ID, open_view
+from mcp_server.tools.textfiles import (
     MAX_READ_CHARS,
     Target,
     file_identity,
@@ -38,8 +40,6 @@ from mcp_server.tools.hashline import (
     with_view,
     write_checked,
 )
-from mcp_server.tools.registry import ResourceSpec, ToolContext, ToolSpec, text_with_header
-from mcp_server.tools.targets import CAPSULE_ID, open_view
 from sandbox.errors import CcwError, wrap_oserror
 
 _REREAD = "Call text_read again and retry with the new hash."

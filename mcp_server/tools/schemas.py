@@ -29,17 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import mcp_server
-from mcp_server.core import backend
 from mcp_server.core.jsonpatch import diff_assets
-from mcp_server.core.policy import policies_dir
 from mcp_server.core.schemas import (
     ExampleEntry,
     SchemaCatalogue,
     SchemaEntry,
     UnsafePath,
-    read_json_tree,
     schema_name_of_ref,
 )
+from mcp_server.fs.policies import policies_dir
+from mcp_server.fs.schemafiles import catalogue_from_dirs, read_json_tree
+from mcp_server.tools import schema_backend as backend
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 PACKAGE_DIR = Path(mcp_server.__file__).resolve().parent
@@ -94,10 +94,10 @@ def catalogue(config: Any) -> SchemaCatalogue:
         if found is not None:
             return found
     if config.schemas_dir:
-        built = SchemaCatalogue.from_dirs(config.schemas_dir, config.examples_dir)
+        built = catalogue_from_dirs(config.schemas_dir, config.examples_dir)
     else:
         schemas, examples, problems = _default_entries(tuple(config.toolsets))
-        built = SchemaCatalogue.from_dirs(
+        built = catalogue_from_dirs(
             str(DEFAULT_SCHEMAS_DIR), config.examples_dir, schemas, examples
         )
         built = SchemaCatalogue(

@@ -31,19 +31,20 @@ import re
 import stat as stat_mod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from mcp_server.core import fingerprint as fp_mod
-from mcp_server.core import gitgrep
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import blob_id_of
-from mcp_server.core.export import tar_bundle
+from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.grep import Matcher, is_binary
-from mcp_server.core.manifest import Entry, Snapshot
+from mcp_server.core.manifest import Entry, Snapshot, compare_entries, tree_entries
 from mcp_server.core.unidiff import FileChange, render_all
+from mcp_server.fs import fingerprint as fp_mod
+from mcp_server.fs import gitgrep
+from mcp_server.fs.export import tar_bundle
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
-from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
+from mcp_server.tools.snapshot_schemas import TOOL_SCHEMAS
 from mcp_server.tools.targets import (
     begin_live,
     blobs,
@@ -131,7 +132,7 @@ async def snapshot_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
         def from_snapshot() -> dict[str, Any]:
             snap = snapshots(ctx).load(args["snapshot_id"])
-            entries = _tree_entries([(e.path, e.size, e.mode) for e in snap.entries], base, recursive)
+            entries = tree_entries([(e.path, e.size, e.mode) for e in snap.entries], base, recursive)
             items, truncated = _limit(entries, limit)
             return T.immutable_response({"path": base, "entries": items, "truncated": truncated}, snap.snapshot_id)
 
@@ -151,7 +152,7 @@ async def snapshot_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
             except CcwError:
                 continue
             sized.append((path, st.st_size, git_mode(st)))
-        entries = _tree_entries(sized, base, recursive)
+        entries = tree_entries(sized, base, recursive)
         items, truncated = _limit(entries, limit)
         touched = {e["path"] for e in items}
         for path in list(touched):
@@ -160,28 +161,6 @@ async def snapshot_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         return T.worktree_response({"path": base, "entries": items, "truncated": truncated}, target, lease_id, live)
 
     return await run_live(ctx, args, body)
-
-
-def _tree_entries(files: list[tuple[str, int, int]], base: str, recursive: bool) -> list[dict[str, Any]]:
-    """List entries under ``base`` from a flat file list; directories are implicit."""
-    out: dict[str, dict[str, Any]] = {}
-    prefix = "" if base == P.ROOT else base + "/"
-    for path, size, mode in files:
-        if not path.startswith(prefix):
-            continue
-        rest = path[len(prefix):]
-        parts = rest.split("/")
-        if recursive:
-            for depth in range(1, len(parts)):
-                d = prefix + "/".join(parts[:depth])
-                out.setdefault(d, {"path": d, "kind": "dir"})
-            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
-        elif len(parts) == 1:
-            out[path] = {"path": path, "kind": "symlink" if mode == 0o120000 else "file", "size": size}
-        else:
-            d = prefix + parts[0]
-            out.setdefault(d, {"path": d, "kind": "dir"})
-    return [out[k] for k in P.sort_paths(out)]
 
 
 # --- snapshot_file -------------------------------------------------------------------
@@ -264,84 +243,79 @@ def _grep(
     return payload, searched
 
 
+@dataclass(frozen=True)
+class _GrepQuery:
+    """What snapshot_grep looks for, and where it stops."""
+
+    matcher: Matcher
+    scopes: list[str]
+    max_files: int
+    max_matches: int
+
+
 async def snapshot_grep(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Search text files for a literal (or regex) in deterministic candidate order."""
     try:
         matcher = Matcher.build(args["pattern"], regex=bool(args.get("regex")), ignore_case=bool(args.get("ignore_case")))
     except re.error as exc:
         raise CcwError("INVALID_ARGUMENT", f"pattern is not a valid regular expression: {exc}") from exc
-    scopes = norm_paths(args.get("paths"))
-    max_files = int(args.get("max_files", 10000))
-    max_matches = int(args.get("max_matches", 1000))
+    query = _GrepQuery(matcher, norm_paths(args.get("paths")), int(args.get("max_files", 10000)), int(args.get("max_matches", 1000)))
     if T.resolve_mode(args) == "snapshot":
-
-        def from_snapshot() -> dict[str, Any]:
-            snap = snapshots(ctx).load(args["snapshot_id"])
-            index = snap.by_path()
-            store = blobs(ctx)
-            candidates = scoped([e.path for e in snap.entries if e.mode != 0o120000], scopes)
-            payload, _ = _grep(lambda p: store.get(index[p].blob), candidates, matcher, max_files, max_matches)
-            return T.immutable_response(payload, snap.snapshot_id)
-
-        return await run_sync(from_snapshot)
+        return await run_sync(lambda: _grep_snapshot(ctx, args["snapshot_id"], query))
 
     def body(target: T.LiveTarget) -> dict[str, Any]:
         if target.capsule_id is None and gitgrep.usable(matcher):
-            return _git_grep(target)
+            return _git_grep(ctx, target, args.get("lease_id"), query)
         # git's candidate list does not depend on the fingerprint: list while it runs.
         with ThreadPoolExecutor(1) as pool:
-            listing = pool.submit(live_files, target, scopes)
+            listing = pool.submit(live_files, target, query.scopes)
             lease_id, live = begin_live(ctx, target, args.get("lease_id"))
             candidates = listing.result()
-        payload, searched = _grep(target.view.read_regular, candidates, matcher, max_files, max_matches)
-        T.lease_store(ctx).touch(lease_id, searched)
-        return T.worktree_response(payload, target, lease_id, live)
-
-    def _git_grep(target: T.LiveTarget) -> dict[str, Any]:
-        # The git greps run while the fingerprint is taken.  Between them they name every
-        # text candidate (git walks what ls-files lists), so no separate listing is needed.
-        assert matcher.literal is not None
-        specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
-        procs = gitgrep.start(target.git_root, matcher.literal, specs)
-        try:
-            lease_id, live = begin_live(ctx, target, args.get("lease_id"))
-        finally:
-            text, found = gitgrep.finish(procs, matcher, max_matches)
-        ordered = P.sort_paths(text)
-        searched = ordered[:max_files]
-        matches: list[dict[str, Any]] = []
-        for path in searched:
-            for hit in found.get(path, ()):
-                if len(matches) >= max_matches:
-                    break
-                matches.append({"path": path, **hit})
-        payload = {
-            "matches": matches,
-            "files_searched": len(searched),
-            "truncated": len(ordered) > max_files,
-            "matches_truncated": len(matches) >= max_matches,
-        }
+        payload, searched = _grep(target.view.read_regular, candidates, matcher, query.max_files, query.max_matches)
         T.lease_store(ctx).touch(lease_id, searched)
         return T.worktree_response(payload, target, lease_id, live)
 
     return await run_live(ctx, args, body)
 
 
+def _grep_snapshot(ctx: Any, snapshot_id: str, query: _GrepQuery) -> dict[str, Any]:
+    snap = snapshots(ctx).load(snapshot_id)
+    index = snap.by_path()
+    store = blobs(ctx)
+    candidates = scoped([e.path for e in snap.entries if e.mode != 0o120000], query.scopes)
+    payload, _ = _grep(lambda p: store.get(index[p].blob), candidates, query.matcher, query.max_files, query.max_matches)
+    return T.immutable_response(payload, snap.snapshot_id)
+
+
+def _git_grep(ctx: Any, target: T.LiveTarget, lease_id: str | None, query: _GrepQuery) -> dict[str, Any]:
+    # The git greps run while the fingerprint is taken.  Between them they name every
+    # text candidate (git walks what ls-files lists), so no separate listing is needed.
+    assert query.matcher.literal is not None
+    specs = [] if P.ROOT in query.scopes else [f":(literal){s}" for s in query.scopes]
+    procs = gitgrep.start(target.git_root, query.matcher.literal, specs)
+    try:
+        lease_id, live = begin_live(ctx, target, lease_id)
+    finally:
+        text, found = gitgrep.finish(procs, query.matcher, query.max_matches)
+    ordered = P.sort_paths(text)
+    searched = ordered[:query.max_files]
+    matches: list[dict[str, Any]] = []
+    for path in searched:
+        for hit in found.get(path, ()):
+            if len(matches) >= query.max_matches:
+                break
+            matches.append({"path": path, **hit})
+    payload = {
+        "matches": matches,
+        "files_searched": len(searched),
+        "truncated": len(ordered) > query.max_files,
+        "matches_truncated": len(matches) >= query.max_matches,
+    }
+    T.lease_store(ctx).touch(lease_id, searched)
+    return T.worktree_response(payload, target, lease_id, live)
+
+
 # --- snapshot_diff / snapshot_changes -------------------------------------------------
-
-
-def _compare(old: dict[str, Entry], new: dict[str, Entry]) -> list[dict[str, str]]:
-    out = []
-    for path in P.sort_paths([*old, *new]):
-        a, b = old.get(path), new.get(path)
-        if a is None:
-            out.append({"path": path, "status": "added"})
-        elif b is None:
-            out.append({"path": path, "status": "deleted"})
-        elif a.blob != b.blob or a.mode != b.mode:
-            kind = "type_changed" if (a.mode ^ b.mode) & 0o170000 else "modified"
-            out.append({"path": path, "status": kind})
-    return out
 
 
 def _diff_text(ctx: Any, old: dict[str, Entry], new: dict[str, Entry], changes: list[dict[str, str]]) -> str:
@@ -374,7 +348,7 @@ async def snapshot_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
             base = within(snapshots(ctx).load(args["base_snapshot_id"]).by_path())
             snap = snapshots(ctx).load(args["snapshot_id"])
             new = within(snap.by_path())
-            changes = _compare(base, new)
+            changes = compare_entries(base, new)
             return T.immutable_response({"changes": changes, "diff": _diff_text(ctx, base, new, changes)}, snap.snapshot_id)
 
         return await run_sync(from_snapshot)
@@ -384,38 +358,11 @@ async def snapshot_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         base = within(snapshots(ctx).load(args["base_snapshot_id"]).by_path())
         files = P.sort_paths([*live_files(target, scopes), *base])
         new = {e.path: e for e in capture(target.view, blobs(ctx), files)}
-        changes = _compare(base, new)
+        changes = compare_entries(base, new)
         T.lease_store(ctx).touch(lease_id, scopes)
         return T.worktree_response({"changes": changes, "diff": _diff_text(ctx, base, new, changes)}, target, lease_id, live)
 
     return await run_live(ctx, args, body)
-
-
-_STATUS = {"A": "added", "D": "deleted", "M": "modified", "T": "type_changed", "R": "modified", "C": "added"}
-_UNMERGED = {"DD", "AU", "UD", "UA", "DU", "AA", "UU"}
-
-
-def parse_porcelain(raw: bytes) -> list[dict[str, str]]:
-    """``git status --porcelain=v1 -z --no-renames`` → sorted ``[{path, status}]``."""
-    out = {}
-    for record in raw.split(b"\0"):
-        if len(record) < 4:
-            continue
-        xy, path = record[:2].decode(), os.fsdecode(record[3:])
-        if xy in _UNMERGED:
-            status = "conflicted"
-        elif xy == "??":
-            status = "untracked"
-        elif "D" in xy:
-            status = "deleted"
-        elif xy[0] == "A":
-            status = "added"
-        elif "T" in xy:
-            status = "type_changed"
-        else:
-            status = _STATUS.get(xy[1] if xy[1] != " " else xy[0], "modified")
-        out[path] = status
-    return [{"path": p, "status": out[p]} for p in P.sort_paths(out)]
 
 
 async def snapshot_changes(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -427,7 +374,7 @@ async def snapshot_changes(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
                 raise CcwError("INVALID_ARGUMENT", "mode 'snapshot' compares two snapshots: give base_snapshot_id too")
             base = snapshots(ctx).load(args["base_snapshot_id"]).by_path()
             snap = snapshots(ctx).load(args["snapshot_id"])
-            return T.immutable_response({"changes": _compare(base, snap.by_path())}, snap.snapshot_id)
+            return T.immutable_response({"changes": compare_entries(base, snap.by_path())}, snap.snapshot_id)
 
         return await run_sync(from_snapshot)
 
@@ -441,7 +388,7 @@ async def snapshot_changes(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     def body(target: T.LiveTarget) -> dict[str, Any]:
         lease_id, live = begin_live(ctx, target, args.get("lease_id"))
         proc = fp_mod.run_git(target.git_root, "status", "--porcelain=v1", "-z", "--no-renames", "--untracked-files=all")
-        return T.worktree_response({"changes": parse_porcelain(proc.stdout)}, target, lease_id, live)
+        return T.worktree_response({"changes": fp_mod.parse_porcelain(proc.stdout)}, target, lease_id, live)
 
     return await run_live(ctx, args, body)
 
@@ -487,7 +434,6 @@ async def snapshot_export(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         return T.worktree_response(_bundle(files), target, lease_id, live)
 
     return await run_live(ctx, args, body)
-
 
 
 _HANDLERS = {

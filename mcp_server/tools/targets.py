@@ -24,14 +24,16 @@ from typing import Any
 
 import anyio
 
-from mcp_server.core import fingerprint as fp_mod
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import BlobStore, blob_id_of
+from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.fingerprint import Fingerprint
-from mcp_server.core.fsview import RootView
 from mcp_server.core.grep import is_binary
-from mcp_server.core.leases import LeaseStore
-from mcp_server.core.manifest import Entry, SnapshotStore
+from mcp_server.core.manifest import Entry
+from mcp_server.fs import fingerprint as fp_mod
+from mcp_server.fs.blobstore import BlobStore
+from mcp_server.fs.leases import LeaseStore
+from mcp_server.fs.snapshots import SnapshotStore
+from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
 
@@ -129,6 +131,16 @@ ERROR: dict[str, Any] = {
     },
     "required": ["error"],
 }
+
+
+COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
+LIVE: dict[str, Any] = {"lease_id": LEASE_ID, "capsule_id": CAPSULE_ID, "workspace": WORKSPACE}  # a live target's arguments
+HYBRID: dict[str, Any] = {"mode": MODE, "snapshot_id": SNAPSHOT_ID, **LIVE}  # ... or a snapshot's
+
+
+def input_schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """A tool's input schema: these properties, nothing else."""
+    return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
 
 
 def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -24,13 +24,13 @@ import stat as stat_mod
 from typing import Any
 
 from mcp_server.core import paths as P
-from mcp_server.core.blobstore import blob_id_of
-from mcp_server.core.fsview import RootView
+from mcp_server.core.blobid import blob_id_of
 from mcp_server.core.manifest import Entry
-from mcp_server.core.patch import ApplyResult, apply, parse_patch
+from mcp_server.core.patch import parse_patch
+from mcp_server.core.patch_apply import ApplyResult, apply
+from mcp_server.fs.view import RootView
 from mcp_server.tools import targets as T
 from mcp_server.tools.registry import ToolSpec
-from mcp_server.tools.substrate_schemas import TOOL_SCHEMAS
 from sandbox.errors import CcwError
 
 
@@ -221,6 +221,66 @@ def _rmtree(view: RootView, path: str) -> list[str]:
     view.rmdir(path)
     return removed
 
+
+# --- schemas (seed 000 §5) ------------------------------------------------------------
+
+_REJECTS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "path": {"type": "string"},
+            "hunks": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"index": T.COUNT, "reason": {"type": "string"}},
+                    "required": ["index", "reason"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["path", "hunks"],
+        "additionalProperties": False,
+    },
+}
+
+TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
+    "workspace_apply_patch": {
+        "description": "Apply a unified diff strictly (byte-exact context, no fuzz, all or nothing) to the worktree, a capsule or a snapshot (which yields a new snapshot).",
+        "input": T.input_schema(
+            {
+                **T.HYBRID,
+                "mode": {"enum": ["worktree", "snapshot", "capsule"], "default": "worktree"},
+                "patch": {"type": "string", "minLength": 1, "maxLength": 32 * 1024 * 1024},
+            },
+            ["patch"],
+        ),
+        "output": T.hybrid_output(
+            {"applied": {"type": "boolean"}, "files": {"type": "array", "items": {"type": "string"}}, "rejects": _REJECTS},
+            ["applied", "files", "rejects"],
+        ),
+    },
+    "workspace_write_file": {
+        "description": "Write a file atomically beneath the root (never through a symlink); content is text or 'base64:…'.",
+        "input": T.input_schema(
+            {
+                **T.LIVE,
+                "path": T.PATH,
+                "content": {"type": "string", "maxLength": 64 * 1024 * 1024},
+                "executable": {"type": "boolean"},
+                "create_dirs": {"type": "boolean", "default": True},
+            },
+            ["path", "content"],
+        ),
+        "output": T.hybrid_output({"path": {"type": "string"}, "size": T.COUNT, "blob": T.BLOB_ID}, ["path", "size", "blob"]),
+    },
+    "workspace_delete": {
+        "description": "Delete a file or symlink (or, with recursive, a directory) beneath the root.",
+        "input": T.input_schema({**T.LIVE, "path": T.PATH, "recursive": {"type": "boolean", "default": False}}, ["path"]),
+        "output": T.hybrid_output({"path": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}}, ["path", "deleted"]),
+    },
+}
 
 _HANDLERS = {
     "workspace_apply_patch": workspace_apply_patch,

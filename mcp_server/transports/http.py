@@ -177,17 +177,7 @@ class CcwHttpApp:
             await _respond(send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        origin = headers.get("origin")
-        if self.guard.enable_dns_rebinding_protection:
-            refused = await self._guard_check.validate_request(Request(scope), is_post=False)
-            if refused is not None:
-                what = f"Host {headers.get('host')!r}" if refused.status_code == 421 else f"Origin {origin!r}"
-                await _respond(send, refused.status_code,
-                               {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
-                                         "http://localhost:PORT from this host"})
-                return
-        elif origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
-            await _respond(send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
+        if await self._refused_origin(scope, headers, send):
             return
         principal: Principal | None = None
         if self.tokens is not None:
@@ -205,6 +195,25 @@ class CcwHttpApp:
         if scope["method"] != "POST":
             await self.manager.handle_request(scope, receive, send)
             return
+        await self._serve_post(scope, receive, send, principal)
+
+    async def _refused_origin(self, scope: dict[str, Any], headers: dict[str, str], send: Any) -> bool:
+        """Answer a request from a Host or Origin this server does not serve; True if refused."""
+        origin = headers.get("origin")
+        if self.guard.enable_dns_rebinding_protection:
+            refused = await self._guard_check.validate_request(Request(scope), is_post=False)
+            if refused is not None:
+                what = f"Host {headers.get('host')!r}" if refused.status_code == 421 else f"Origin {origin!r}"
+                await _respond(send, refused.status_code,
+                               {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
+                                         "http://localhost:PORT from this host"})
+                return True
+        elif origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
+            await _respond(send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
+            return True
+        return False
+
+    async def _serve_post(self, scope: dict[str, Any], receive: Any, send: Any, principal: Principal | None) -> None:
         body, trailing = await _read_body(receive, framing.MAX_FRAME)
         if body is None:
             event = framing.Oversized(trailing or b"", -1)
@@ -234,16 +243,20 @@ class CcwHttpApp:
                 )
                 return
             if self.app.is_direct_method(method):
-                if "id" not in message:
-                    await _respond(send, 202, None)
-                    return
-                if not framing.is_valid_id(message["id"]):
-                    await _respond(send, 400, framing.error_message(
-                        None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
-                    return
-                await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
+                await self._serve_direct(message, method, params, send)
                 return
         await self.manager.handle_request(scope, _replay(body, receive), send)
+
+    async def _serve_direct(self, message: dict[str, Any], method: str, params: Any, send: Any) -> None:
+        # A direct method (a tool called by name) is answered here; the SDK does not know it.
+        if "id" not in message:
+            await _respond(send, 202, None)
+            return
+        if not framing.is_valid_id(message["id"]):
+            await _respond(send, 400, framing.error_message(
+                None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
+            return
+        await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
 
 
 def _scope_checkable(message: Any) -> bool:

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import threading
@@ -25,22 +24,10 @@ from pathlib import Path
 
 import zstandard
 
+from mcp_server.core.blobid import PREFIX, blob_id_of, check_blob_id
 from sandbox.errors import CcwError, wrap_oserror
 
-PREFIX = "sha256:"
 _LEVEL = 3
-
-
-def blob_id_of(data: bytes) -> str:
-    """The id a blob with this content has."""
-    return PREFIX + hashlib.sha256(data).hexdigest()
-
-
-def _check_id(blob_id: str) -> str:
-    hexpart = blob_id[len(PREFIX):] if blob_id.startswith(PREFIX) else ""
-    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
-        raise CcwError("INVALID_ARGUMENT", f"{blob_id!r} is not a blob id (sha256:<64 hex>)", {"blob": blob_id})
-    return hexpart
 
 
 class BlobStore:
@@ -67,7 +54,7 @@ class BlobStore:
 
     def path(self, blob_id: str) -> Path:
         """Where the blob lives on disk (compressed)."""
-        hexpart = _check_id(blob_id)
+        hexpart = check_blob_id(blob_id)
         return self.root / hexpart[:2] / (hexpart[2:] + ".zst")
 
     def has(self, blob_id: str) -> bool:

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcp_server.core.fsview import DirFds, RootView, lstat
+from mcp_server.fs.view import DirFds, RootView, lstat
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
 

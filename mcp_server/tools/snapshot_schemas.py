@@ -1,8 +1,9 @@
-"""Input and output schemas of the snapshot and workspace tools (seed 000 §5).
+"""Input and output schemas of the snapshot tools (``mcp_server/tools/snapshot.py``; seed 000 §5).
 
 Hybrid tools answer ``oneOf`` [Immutable, Worktree] (``targets.hybrid_output``);
 snapshot-only tools answer the immutable shape alone.  Inputs are Draft 2020-12 with
-``additionalProperties: false``.
+``additionalProperties: false``.  A file of its own beside the tools, which would
+otherwise pass 500 lines.
 """
 
 from __future__ import annotations
@@ -11,14 +12,6 @@ from typing import Any
 
 from mcp_server.tools import targets as T
 
-
-def _input(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required or [], "additionalProperties": False}
-
-
-_LIVE = {"lease_id": T.LEASE_ID, "capsule_id": T.CAPSULE_ID, "workspace": T.WORKSPACE}
-_HYBRID = {"mode": T.MODE, "snapshot_id": T.SNAPSHOT_ID, **_LIVE}
-_COUNT = {"type": "integer", "minimum": 0}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": 1_000_000}
 _CHANGES = {
     "type": "array",
@@ -34,7 +27,7 @@ _CHANGES = {
 }
 _STATS = {
     "type": "object",
-    "properties": {"files": _COUNT, "bytes": _COUNT},
+    "properties": {"files": T.COUNT, "bytes": T.COUNT},
     "required": ["files", "bytes"],
     "additionalProperties": False,
 }
@@ -49,41 +42,20 @@ _SNAPSHOT_OUT = {
     "required": ["snapshot_id", "fingerprint", "manifest_stats", "cache_hint"],
     "additionalProperties": False,
 }
-_REJECTS = {
-    "type": "array",
-    "items": {
-        "type": "object",
-        "properties": {
-            "path": {"type": "string"},
-            "hunks": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {"index": _COUNT, "reason": {"type": "string"}},
-                    "required": ["index", "reason"],
-                    "additionalProperties": False,
-                },
-            },
-        },
-        "required": ["path", "hunks"],
-        "additionalProperties": False,
-    },
-}
-
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "snapshot_create": {
         "description": "Capture files into an immutable content-addressed snapshot: the given paths, else the lease's touched files, else every file git does not ignore.",
-        "input": _input({"lease_id": T.LEASE_ID, "paths": T.PATHS, "capsule_id": T.CAPSULE_ID, "workspace": T.WORKSPACE}),
+        "input": T.input_schema({"lease_id": T.LEASE_ID, "paths": T.PATHS, "capsule_id": T.CAPSULE_ID, "workspace": T.WORKSPACE}),
         "output": _SNAPSHOT_OUT,
     },
     "snapshot_info": {
         "description": "A snapshot's fingerprint and manifest stats (file count, total bytes).",
-        "input": _input({"snapshot_id": T.SNAPSHOT_ID}, ["snapshot_id"]),
+        "input": T.input_schema({"snapshot_id": T.SNAPSHOT_ID}, ["snapshot_id"]),
         "output": _SNAPSHOT_OUT,
     },
     "snapshot_list": {
         "description": "List a directory of the worktree (issues/uses a lease, touches entries and parents) or of a snapshot (captured entries only).",
-        "input": _input({**_HYBRID, "path": T.PATH, "recursive": {"type": "boolean", "default": False}, "max_entries": _LIMIT}),
+        "input": T.input_schema({**T.HYBRID, "path": T.PATH, "recursive": {"type": "boolean", "default": False}, "max_entries": _LIMIT}),
         "output": T.hybrid_output(
             {
                 "path": {"type": "string"},
@@ -91,7 +63,7 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"path": {"type": "string"}, "kind": {"enum": ["file", "dir", "symlink"]}, "size": _COUNT},
+                        "properties": {"path": {"type": "string"}, "kind": {"enum": ["file", "dir", "symlink"]}, "size": T.COUNT},
                         "required": ["path", "kind"],
                         "additionalProperties": False,
                     },
@@ -103,13 +75,13 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "snapshot_file": {
         "description": "Read one file from the worktree (touches it) or a snapshot; binary content comes as 'base64:…'.",
-        "input": _input({**_HYBRID, "path": T.PATH}, ["path"]),
+        "input": T.input_schema({**T.HYBRID, "path": T.PATH}, ["path"]),
         "output": T.hybrid_output(
             {
                 "path": {"type": "string"},
                 "content": {"type": "string"},
                 "encoding": {"enum": ["utf-8", "base64"]},
-                "size": _COUNT,
+                "size": T.COUNT,
                 "mode": {"type": "string", "pattern": "^[0-7]{6}$"},
                 "blob": T.BLOB_ID,
             },
@@ -118,9 +90,9 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "snapshot_grep": {
         "description": "Search text files (binaries excluded, git ignore rules applied) in byte order of path; matches ordered by line and column.",
-        "input": _input(
+        "input": T.input_schema(
             {
-                **_HYBRID,
+                **T.HYBRID,
                 "pattern": {"type": "string", "minLength": 1},
                 "paths": T.PATHS,
                 "regex": {"type": "boolean", "default": False},
@@ -136,12 +108,12 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"path": {"type": "string"}, "line": _COUNT, "col": _COUNT, "text": {"type": "string"}},
+                        "properties": {"path": {"type": "string"}, "line": T.COUNT, "col": T.COUNT, "text": {"type": "string"}},
                         "required": ["path", "line", "col", "text"],
                         "additionalProperties": False,
                     },
                 },
-                "files_searched": _COUNT,
+                "files_searched": T.COUNT,
                 "truncated": {"type": "boolean"},
                 "matches_truncated": {"type": "boolean"},
             },
@@ -150,60 +122,26 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     },
     "snapshot_diff": {
         "description": "Unified diff from base_snapshot_id to snapshot_id, or to the live worktree (touches the target paths).",
-        "input": _input({**_HYBRID, "base_snapshot_id": T.SNAPSHOT_ID, "paths": T.PATHS}, ["base_snapshot_id"]),
+        "input": T.input_schema({**T.HYBRID, "base_snapshot_id": T.SNAPSHOT_ID, "paths": T.PATHS}, ["base_snapshot_id"]),
         "output": T.hybrid_output({"changes": _CHANGES, "diff": {"type": "string"}}, ["changes", "diff"]),
     },
     "snapshot_changes": {
         "description": "Changed files: the worktree against HEAD (git status, no rename detection), or snapshot_id against base_snapshot_id.",
-        "input": _input({**_HYBRID, "base_snapshot_id": T.SNAPSHOT_ID}),
+        "input": T.input_schema({**T.HYBRID, "base_snapshot_id": T.SNAPSHOT_ID}),
         "output": T.hybrid_output({"changes": _CHANGES}, ["changes"]),
     },
     "snapshot_export": {
         "description": "A deterministic tar bundle (sorted entries, fixed metadata) of a snapshot or of live files, as 'base64:…'.",
-        "input": _input({**_HYBRID, "paths": T.PATHS}),
+        "input": T.input_schema({**T.HYBRID, "paths": T.PATHS}),
         "output": T.hybrid_output(
             {
                 "format": {"const": "tar"},
                 "bundle": {"type": "string", "pattern": "^base64:"},
                 "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
-                "size": _COUNT,
-                "files": _COUNT,
+                "size": T.COUNT,
+                "files": T.COUNT,
             },
             ["format", "bundle", "sha256", "size", "files"],
         ),
-    },
-    "workspace_apply_patch": {
-        "description": "Apply a unified diff strictly (byte-exact context, no fuzz, all or nothing) to the worktree, a capsule or a snapshot (which yields a new snapshot).",
-        "input": _input(
-            {
-                **_HYBRID,
-                "mode": {"enum": ["worktree", "snapshot", "capsule"], "default": "worktree"},
-                "patch": {"type": "string", "minLength": 1, "maxLength": 32 * 1024 * 1024},
-            },
-            ["patch"],
-        ),
-        "output": T.hybrid_output(
-            {"applied": {"type": "boolean"}, "files": {"type": "array", "items": {"type": "string"}}, "rejects": _REJECTS},
-            ["applied", "files", "rejects"],
-        ),
-    },
-    "workspace_write_file": {
-        "description": "Write a file atomically beneath the root (never through a symlink); content is text or 'base64:…'.",
-        "input": _input(
-            {
-                **_LIVE,
-                "path": T.PATH,
-                "content": {"type": "string", "maxLength": 64 * 1024 * 1024},
-                "executable": {"type": "boolean"},
-                "create_dirs": {"type": "boolean", "default": True},
-            },
-            ["path", "content"],
-        ),
-        "output": T.hybrid_output({"path": {"type": "string"}, "size": _COUNT, "blob": T.BLOB_ID}, ["path", "size", "blob"]),
-    },
-    "workspace_delete": {
-        "description": "Delete a file or symlink (or, with recursive, a directory) beneath the root.",
-        "input": _input({**_LIVE, "path": T.PATH, "recursive": {"type": "boolean", "default": False}}, ["path"]),
-        "output": T.hybrid_output({"path": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}}, ["path", "deleted"]),
     },
 }

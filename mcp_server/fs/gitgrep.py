@@ -26,8 +26,8 @@ import os
 import subprocess
 from collections.abc import Iterator
 
-from mcp_server.core.fingerprint import git_env
 from mcp_server.core.grep import Matcher
+from mcp_server.fs.fingerprint import git_env
 from sandbox.errors import CcwError
 
 

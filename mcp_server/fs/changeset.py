@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_server.core import unidiff
-from mcp_server.core.fsview import DirFds, RootView, Side, lstat
-from mcp_server.core.promote import Op
+from mcp_server.fs.promote import Op
+from mcp_server.fs.view import DirFds, RootView, Side, lstat
 from sandbox.errors import CcwError
 
 
