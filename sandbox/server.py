@@ -49,17 +49,24 @@ from typing import Any
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
     OPS,
+    ChangesReply,
     ChangesRequest,
+    CreateReply,
     CreateRequest,
+    DestroyReply,
     DestroyRequest,
     ExecProgress,
+    ExecReply,
     ExecRequest,
+    ForkReply,
     ForkRequest,
     HelloReply,
     HelloRequest,
+    ListReply,
     ListRequest,
     OpenRootReply,
     OpenRootRequest,
+    OpReply,
     parse_request,
 )
 from sandbox.protocol import (
@@ -101,7 +108,8 @@ class Dispatcher:
 
     Each request is read into its typed form (``sandbox/ops.py``), which checks every
     argument, before any handler runs; the manager re-checks only what depends on the
-    host (paths, ownership), in ``sandbox/access.py``.
+    host (paths, ownership), in ``sandbox/access.py``, and answers with the op's typed
+    reply, whose ``to_args()`` is what goes on the wire.
     """
 
     def __init__(
@@ -115,7 +123,7 @@ class Dispatcher:
         self.mode = mode
         self.mechanisms = mechanisms
         self.allowed_uids = allowed_uids
-        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[dict[str, Any], int | None]]] = {
+        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[OpReply, int | None]]] = {
             "hello": self._hello,
             "create": self._create,
             "exec": self._exec,
@@ -128,7 +136,7 @@ class Dispatcher:
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
     def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], int | None]:
-        """Run one request; returns (result, fd to pass or None).  Raises CcwError only.
+        """Run one request; returns (its typed reply's ``to_args()``, fd to pass or None).  Raises CcwError only.
 
         ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
         """
@@ -142,7 +150,7 @@ class Dispatcher:
             )
         typed = parse_request(request.op, request.args)
         try:
-            result, fd = self._handlers[request.op](typed, peer, progress)
+            reply, fd = self._handlers[request.op](typed, peer, progress)
         except CcwError:
             raise
         except OSError as exc:
@@ -154,25 +162,25 @@ class Dispatcher:
                 f"{request.op} failed inside the helper: {type(exc).__name__}: {exc}; "
                 "see the helper's log, and report it",
             ) from exc
-        if not isinstance(result, dict):
+        if not isinstance(reply, typed.reply):
             if fd is not None:
                 os.close(fd)
-            raise CcwError("INTERNAL", f"{request.op} returned {type(result).__name__}, not an object")
-        return result, fd
+            raise CcwError("INTERNAL", f"{request.op} returned {type(reply).__name__}, not {typed.reply.__name__}")
+        return reply.to_args(), fd
 
-    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[HelloReply, None]:
         if request.version != PROTOCOL_VERSION:
             raise CcwError(
                 "UNSUPPORTED",
                 f"the front end speaks IPC version {request.version}, this helper "
                 f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
             )
-        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))).to_args(), None
+        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))), None
 
-    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[CreateReply, None]:
         return self.manager.create(peer.uid, peer.gid, request.spec), None
 
-    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[ExecReply, None]:
         on_progress = None
         if progress is not None and request.progress_ms is not None:
             send = progress
@@ -187,20 +195,20 @@ class Dispatcher:
 
         return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), None
 
-    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[ChangesReply, None]:
         return self.manager.changes(request.capsule_id, peer.uid), None
 
-    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, None]:
         return self.manager.fork(request.capsule_id, peer.uid, peer.gid), None
 
-    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], int]:
+    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[OpenRootReply, int]:
         fd = self.manager.open_root(request.capsule_id, peer.uid)
-        return OpenRootReply(request.capsule_id).to_args(), fd
+        return OpenRootReply(request.capsule_id), fd
 
-    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, None]:
         return self.manager.destroy(request.capsule_id, peer.uid), None
 
-    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[ListReply, None]:
         return self.manager.list(peer.uid), None
 
 
