@@ -165,6 +165,17 @@ def test_failures_become_ccw_errors(manager: ManagerDouble, op: str, args: dict[
     assert info.value.code == code
 
 
+def test_a_reply_of_another_op_is_an_internal_error(manager: ManagerDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager, "changes", lambda capsule_id, caller_uid: {"changes": []})
+    with pytest.raises(CcwError) as info:
+        dispatch(manager, "changes", {"capsule_id": "cap_1"})
+    assert info.value.code == "INTERNAL" and "not ChangesReply" in info.value.message
+    monkeypatch.setattr(manager, "destroy", lambda capsule_id, caller_uid: ListReply(()))
+    with pytest.raises(CcwError) as info:
+        dispatch(manager, "destroy", {"capsule_id": "cap_1"})
+    assert info.value.code == "INTERNAL"
+
+
 def test_unknown_op_and_bad_args_never_reach_the_manager(manager: ManagerDouble) -> None:
     for op, args in [("mount", {}), ("exec", {"capsule_id": "../x", "argv": ["true"]})]:
         with pytest.raises(CcwError):
