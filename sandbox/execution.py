@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.ops import ExecReply, ExecRequest
+from sandbox.ops import ExecProgress, ExecReply, ExecRequest
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
 
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
-        uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
+        uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
         progress_ms: int = 1000) -> ExecReply:
     """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply."""
     from sandbox.contain import JailSpec
@@ -125,7 +125,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
 
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
-                on_progress: Callable[[dict[str, Any]], None] | None,
+                on_progress: Callable[[ExecProgress], None] | None,
                 progress_ms: int) -> tuple[JailResult, Usage, Touched | None, str | None]:
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
     (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""

@@ -64,6 +64,7 @@ from sandbox.ops import (
     ChangesReply,
     CreateReply,
     DestroyReply,
+    ExecProgress,
     ExecReply,
     ExecRequest,
     ForkReply,
@@ -427,7 +428,7 @@ class CapsuleManager:
         request: ExecRequest,
         caller_uid: int,
         caller_gid: int,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        on_progress: Callable[[ExecProgress], None] | None = None,
     ) -> ExecReply:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 

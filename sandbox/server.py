@@ -44,7 +44,7 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
@@ -78,6 +78,9 @@ from sandbox.protocol import (
     encode_reply,
 )
 from sandbox.syscalls import unix_address
+
+if TYPE_CHECKING:
+    from sandbox.registry import CapsuleManager
 
 log = logging.getLogger("ccw.helper")
 
@@ -114,7 +117,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        manager: Any,
+        manager: CapsuleManager,
         mode: str,
         mechanisms: dict[str, Any],
         allowed_uids: frozenset[int] | None = None,
@@ -187,11 +190,8 @@ class Dispatcher:
 
             # Reports go out on the caller's connection while the command runs; if the
             # caller has gone, sending fails and the exec ends with it.
-            def on_progress(report: dict[str, Any]) -> None:
-                send(ExecProgress(
-                    report["elapsed_ms"], report["stdout_bytes"], report["stderr_bytes"],
-                    report["stdout_tail"], report["stderr_tail"],
-                ).to_args())
+            def on_progress(report: ExecProgress) -> None:
+                send(report.to_args())
 
         return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), None
 
