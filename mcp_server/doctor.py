@@ -66,14 +66,23 @@ class Check:
     required_for: str = ""  # which mode needs it: "privileged", "rootless", "both", "" (optional)
 
 
+def fix_for(finding: probe.Finding) -> str | None:
+    """The fix text for a finding's cause; None when nothing is against us.
+
+    A cause without a text here (a bug: tests/test_doctor_causes.py checks that every
+    cause the probe names has one) still gets a row that names it, rather than failing
+    the whole report.
+    """
+    if finding.cause is None:
+        return None
+    if finding.cause == "no_namespace":
+        return f"enable CONFIG_{finding.name.removeprefix('namespace.').upper()}_NS in the kernel"
+    return FIXES.get(finding.cause, f"no fix is known for cause {finding.cause!r} (please report it); see the detail")
+
+
 def check_of(finding: probe.Finding) -> Check:
     """A probe's finding as a row of the report: its fix, and which mode needs it."""
-    fix = None
-    if finding.cause == "no_namespace":
-        fix = f"enable CONFIG_{finding.name.removeprefix('namespace.').upper()}_NS in the kernel"
-    elif finding.cause is not None:
-        fix = FIXES[finding.cause]
-    return Check(finding.name, finding.ok, finding.detail, fix, REQUIRED_FOR.get(finding.name, ""))
+    return Check(finding.name, finding.ok, finding.detail, fix_for(finding), REQUIRED_FOR.get(finding.name, ""))
 
 
 def probe_service(path: str) -> Check:

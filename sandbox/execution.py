@@ -26,7 +26,6 @@ Choices made here:
 
 from __future__ import annotations
 
-import base64
 import logging
 import os
 import stat
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.ops import ExecRequest
+from sandbox.ops import ExecProgress, ExecReply, ExecRequest
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:
@@ -87,8 +86,8 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
 
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
-        uid: int, gid: int, on_progress: Callable[[dict[str, Any]], None] | None = None,
-        progress_ms: int = 1000) -> dict[str, Any]:
+        uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
+        progress_ms: int = 1000) -> ExecReply:
     """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply."""
     from sandbox.contain import JailSpec
 
@@ -103,30 +102,30 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
     result, usage, traced, trace_error = _run_traced(spec, exec_name, limits, on_progress, progress_ms)
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
     touched, touched_unavailable = _touched(traced, trace_error, moved)
-    return {
-        "exit_code": result.exit_code,
-        "signal": result.signal,
-        "timed_out": result.timed_out,
-        "oom_killed": usage.oom_killed,
-        "duration_ms": result.duration_ms,
-        "stdout_b64": base64.b64encode(result.stdout).decode(),
-        "stderr_b64": base64.b64encode(result.stderr).decode(),
-        "stdout_bytes": result.stdout_bytes,
-        "stderr_bytes": result.stderr_bytes,
-        "truncated": {"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
-        "usage": {"cpu_ms": usage.cpu_ms, "rss_max_kb": usage.rss_max_kb,
-                  "rss_max_process_kb": usage.rss_max_process_kb,
-                  "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
-        "usage_unavailable": dict(usage.unavailable),
-        "usage_sources": dict(usage.sources),
-        "disk": _disk_report(capsule),
-        "touched": touched,
-        "touched_unavailable": touched_unavailable,
-    }
+    return ExecReply(
+        exit_code=result.exit_code,
+        signal=result.signal,
+        timed_out=result.timed_out,
+        oom_killed=usage.oom_killed,
+        duration_ms=result.duration_ms,
+        stdout=result.stdout,
+        stderr=result.stderr,
+        stdout_bytes=result.stdout_bytes,
+        stderr_bytes=result.stderr_bytes,
+        truncated={"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
+        usage={"cpu_ms": usage.cpu_ms, "rss_max_kb": usage.rss_max_kb,
+               "rss_max_process_kb": usage.rss_max_process_kb,
+               "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
+        usage_unavailable=dict(usage.unavailable),
+        usage_sources=dict(usage.sources),
+        disk=_disk_report(capsule),
+        touched=touched,
+        touched_unavailable=touched_unavailable,
+    )
 
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
-                on_progress: Callable[[dict[str, Any]], None] | None,
+                on_progress: Callable[[ExecProgress], None] | None,
                 progress_ms: int) -> tuple[JailResult, Usage, Touched | None, str | None]:
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
     (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""

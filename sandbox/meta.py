@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.errors import CcwError
+from sandbox.ops import CapsuleSummary
 from sandbox.spec import CapsuleSpec
 
 VERSION = 2
@@ -78,16 +79,10 @@ class Capsule:
         """The lower layers below the ancestors' uppers: the workspace or the base."""
         return self.lowers[len(self.ancestors) :]
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CapsuleSummary:
         """The capsule as ``list`` shows it."""
         state = "busy" if self.busy else "frozen" if self.children else "ready" if self.mounted else "unmounted"
-        return {
-            "capsule_id": self.capsule_id,
-            "workspace": self.spec.workspace,
-            "parent": self.meta["parent"],
-            "created_at": self.meta["created_at"],
-            "state": state,
-        }
+        return CapsuleSummary(self.capsule_id, self.spec.workspace, self.meta["parent"], self.meta["created_at"], state)
 
 
 def save(path: str, meta: dict[str, Any], spec: CapsuleSpec) -> None:

@@ -261,7 +261,7 @@ class ExecReply(OpReply):
     """
 
     exit_code: int | None
-    signal: int | None
+    signal: str | None  # the signal's name (SIGKILL), when one ended the command
     timed_out: bool
     oom_killed: bool
     duration_ms: int

@@ -60,7 +60,16 @@ from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
-from sandbox.ops import ExecRequest
+from sandbox.ops import (
+    ChangesReply,
+    CreateReply,
+    DestroyReply,
+    ExecProgress,
+    ExecReply,
+    ExecRequest,
+    ForkReply,
+    ListReply,
+)
 from sandbox.spec import CapsuleSpec, check_capsule_id
 
 log = logging.getLogger("ccw.capsules")
@@ -122,7 +131,7 @@ class CapsuleManager:
 
     # --- create / fork -------------------------------------------------------------
 
-    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> dict[str, Any]:
+    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> CreateReply:
         """Mount a capsule over the spec's workspace (or over its base, shown at the workspace's path).
 
         The spec was checked when the request was read (sandbox/ops.py); what depends on
@@ -145,7 +154,7 @@ class CapsuleManager:
                 "disk_mb": disk_mb,
             }
             capsule = self._materialise(meta, spec, os.fstat(lower_fd), mount_lowers=[f"/proc/self/fd/{lower_fd}"])
-        return self._describe(capsule)
+        return CreateReply(**self._describe(capsule))
 
     def _disk_size(self, requested: int | None) -> int | None:
         """The disk size for a new capsule: the request, else the default; None for no disk."""
@@ -156,7 +165,7 @@ class CapsuleManager:
             return None
         return requested if requested is not None else self.disks.default_mb
 
-    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> dict[str, Any]:
+    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> ForkReply:
         """A child capsule seeing its parent's view; the parent is frozen while it exists."""
         check_uid_gid(caller_uid, caller_gid)
         parent = self._get(capsule_id, caller_uid)
@@ -192,9 +201,7 @@ class CapsuleManager:
                     parent.children.add(child.capsule_id)
                 elif not parent.children:
                     overlay.set_readonly(parent.path("merged"), False)
-        result = self._describe(child)
-        result["parent"] = parent.capsule_id
-        return result
+        return ForkReply(**self._describe(child), parent=parent.capsule_id)
 
     def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
                      mount_lowers: list[str]) -> Capsule:
@@ -249,6 +256,7 @@ class CapsuleManager:
         return capsule
 
     def _describe(self, capsule: Capsule) -> dict[str, Any]:
+        """The fields of a create or fork reply for a capsule just made."""
         return {
             "capsule_id": capsule.capsule_id,
             "mount": capsule.path("merged"),
@@ -304,14 +312,14 @@ class CapsuleManager:
 
     # --- queries -------------------------------------------------------------------
 
-    def changes(self, capsule_id: str, caller_uid: int) -> dict[str, Any]:
+    def changes(self, capsule_id: str, caller_uid: int) -> ChangesReply:
         """The capsule's changes against its base, sorted by path (see overlay.collect_changes)."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
             self._ensure_disks(capsule)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
         found = overlay.collect_changes(uppers, capsule.base_lowers)
-        return {"changes": [change.to_dict() for change in found]}
+        return ChangesReply([change.to_dict() for change in found])
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:
         """An O_PATH|O_DIRECTORY descriptor of the merged view; the caller closes it."""
@@ -325,15 +333,15 @@ class CapsuleManager:
             raise CcwError("INTERNAL", f"capsule {capsule_id}'s overlay is not mounted; destroy and recreate it")
         return fd
 
-    def list(self, caller_uid: int) -> dict[str, Any]:
+    def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""
         with self._lock:
             own = [c.summary() for c in self._capsules.values() if c.meta["owner_uid"] == caller_uid]
-        return {"capsules": sorted(own, key=lambda c: c["capsule_id"])}
+        return ListReply(tuple(sorted(own, key=lambda c: c.capsule_id)))
 
     # --- destroy / recover ---------------------------------------------------------
 
-    def destroy(self, capsule_id: str, caller_uid: int) -> dict[str, Any]:
+    def destroy(self, capsule_id: str, caller_uid: int) -> DestroyReply:
         """Unmount (lazily if busy) and delete a capsule without forks."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
@@ -351,7 +359,7 @@ class CapsuleManager:
                 parent.children.discard(capsule_id)
                 if not parent.children and parent.mounted:
                     overlay.set_readonly(parent.path("merged"), False)
-        return {"capsule_id": capsule_id, "destroyed": True}
+        return DestroyReply(capsule_id, destroyed=True)
 
     def _remove_dir(self, root: str, capsule_id: str) -> None:
         # The overlay first: its upper dir lives on the disk mounted beside it.
@@ -420,8 +428,8 @@ class CapsuleManager:
         request: ExecRequest,
         caller_uid: int,
         caller_gid: int,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
-    ) -> dict[str, Any]:
+        on_progress: Callable[[ExecProgress], None] | None = None,
+    ) -> ExecReply:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
         The request was checked when it was read (sandbox/ops.py).  ``on_progress``

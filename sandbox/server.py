@@ -44,22 +44,29 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
     OPS,
+    ChangesReply,
     ChangesRequest,
+    CreateReply,
     CreateRequest,
+    DestroyReply,
     DestroyRequest,
     ExecProgress,
+    ExecReply,
     ExecRequest,
+    ForkReply,
     ForkRequest,
     HelloReply,
     HelloRequest,
+    ListReply,
     ListRequest,
     OpenRootReply,
     OpenRootRequest,
+    OpReply,
     parse_request,
 )
 from sandbox.protocol import (
@@ -71,6 +78,9 @@ from sandbox.protocol import (
     encode_reply,
 )
 from sandbox.syscalls import unix_address
+
+if TYPE_CHECKING:
+    from sandbox.registry import CapsuleManager
 
 log = logging.getLogger("ccw.helper")
 
@@ -101,12 +111,13 @@ class Dispatcher:
 
     Each request is read into its typed form (``sandbox/ops.py``), which checks every
     argument, before any handler runs; the manager re-checks only what depends on the
-    host (paths, ownership), in ``sandbox/access.py``.
+    host (paths, ownership), in ``sandbox/access.py``, and answers with the op's typed
+    reply, whose ``to_args()`` is what goes on the wire.
     """
 
     def __init__(
         self,
-        manager: Any,
+        manager: CapsuleManager,
         mode: str,
         mechanisms: dict[str, Any],
         allowed_uids: frozenset[int] | None = None,
@@ -115,7 +126,7 @@ class Dispatcher:
         self.mode = mode
         self.mechanisms = mechanisms
         self.allowed_uids = allowed_uids
-        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[dict[str, Any], int | None]]] = {
+        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[OpReply, int | None]]] = {
             "hello": self._hello,
             "create": self._create,
             "exec": self._exec,
@@ -128,7 +139,7 @@ class Dispatcher:
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
     def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], int | None]:
-        """Run one request; returns (result, fd to pass or None).  Raises CcwError only.
+        """Run one request; returns (its typed reply's ``to_args()``, fd to pass or None).  Raises CcwError only.
 
         ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
         """
@@ -142,7 +153,7 @@ class Dispatcher:
             )
         typed = parse_request(request.op, request.args)
         try:
-            result, fd = self._handlers[request.op](typed, peer, progress)
+            reply, fd = self._handlers[request.op](typed, peer, progress)
         except CcwError:
             raise
         except OSError as exc:
@@ -154,53 +165,50 @@ class Dispatcher:
                 f"{request.op} failed inside the helper: {type(exc).__name__}: {exc}; "
                 "see the helper's log, and report it",
             ) from exc
-        if not isinstance(result, dict):
+        if not isinstance(reply, typed.reply):
             if fd is not None:
                 os.close(fd)
-            raise CcwError("INTERNAL", f"{request.op} returned {type(result).__name__}, not an object")
-        return result, fd
+            raise CcwError("INTERNAL", f"{request.op} returned {type(reply).__name__}, not {typed.reply.__name__}")
+        return reply.to_args(), fd
 
-    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[HelloReply, None]:
         if request.version != PROTOCOL_VERSION:
             raise CcwError(
                 "UNSUPPORTED",
                 f"the front end speaks IPC version {request.version}, this helper "
                 f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
             )
-        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))).to_args(), None
+        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))), None
 
-    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[CreateReply, None]:
         return self.manager.create(peer.uid, peer.gid, request.spec), None
 
-    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[ExecReply, None]:
         on_progress = None
         if progress is not None and request.progress_ms is not None:
             send = progress
 
             # Reports go out on the caller's connection while the command runs; if the
             # caller has gone, sending fails and the exec ends with it.
-            def on_progress(report: dict[str, Any]) -> None:
-                send(ExecProgress(
-                    report["elapsed_ms"], report["stdout_bytes"], report["stderr_bytes"],
-                    report["stdout_tail"], report["stderr_tail"],
-                ).to_args())
+            def on_progress(report: ExecProgress) -> None:
+                send(report.to_args())
 
         return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), None
 
-    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[ChangesReply, None]:
         return self.manager.changes(request.capsule_id, peer.uid), None
 
-    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, None]:
         return self.manager.fork(request.capsule_id, peer.uid, peer.gid), None
 
-    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], int]:
+    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[OpenRootReply, int]:
         fd = self.manager.open_root(request.capsule_id, peer.uid)
-        return OpenRootReply(request.capsule_id).to_args(), fd
+        return OpenRootReply(request.capsule_id), fd
 
-    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, None]:
         return self.manager.destroy(request.capsule_id, peer.uid), None
 
-    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[dict[str, Any], None]:
+    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[ListReply, None]:
         return self.manager.list(peer.uid), None
 
 

@@ -36,12 +36,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sandbox import mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import ExecProgress
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
@@ -175,7 +176,7 @@ def run(
     spec: JailSpec,
     cgroup: ExecCgroup | None = None,
     on_started: Callable[[int], None] | None = None,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[ExecProgress], None] | None = None,
     progress_interval_s: float = 1.0,
 ) -> JailResult:
     """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
@@ -183,7 +184,7 @@ def run(
     ``cgroup.enter(pid)`` is called before the child unshares its namespaces;
     ``on_started`` gets the host pid of the jail's init (pid 1 inside; killing it ends
     the whole jail).  ``on_progress`` is called about every ``progress_interval_s`` while
-    the command runs, with the elapsed time, byte counts and the latest output (tails).
+    the command runs, with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
     """
     plan = prepare(spec)
     start = time.monotonic()
@@ -259,7 +260,7 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
 
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,
            on_started: Callable[[int], None] | None,
-           on_progress: Callable[[dict[str, Any]], None] | None, progress_interval_s: float) -> None:
+           on_progress: Callable[[ExecProgress], None] | None, progress_interval_s: float) -> None:
     """Read the jail's output and reports until every pipe is closed; end the jail on timeout."""
     streams = {output.out_r: output.out, output.err_r: output.err}
     poller = select.poll()
@@ -306,14 +307,8 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
                 streams[fd].feed(chunk)
 
 
-def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> dict[str, Any]:
-    return {
-        "elapsed_ms": int(elapsed_s * 1000),
-        "stdout_bytes": out.total,
-        "stderr_bytes": err.total,
-        "stdout_tail": bytes(out.tail),
-        "stderr_tail": bytes(err.tail),
-    }
+def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> ExecProgress:
+    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, bytes(out.tail), bytes(err.tail))
 
 
 class _Running:

@@ -15,6 +15,7 @@ import pytest
 
 from sandbox import execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
+from sandbox.ops import ListReply
 from sandbox.spec import CapsuleSpec
 
 
@@ -251,4 +252,4 @@ def test_unknown_and_malformed_ids(state_dir: Path) -> None:
     with pytest.raises(CcwError) as err:
         manager.destroy("../../etc", os.getuid())
     assert err.value.code == "INVALID_ARGUMENT"
-    assert manager.list(os.getuid()) == {"capsules": []}
+    assert manager.list(os.getuid()) == ListReply(())

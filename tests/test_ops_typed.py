@@ -18,13 +18,19 @@ from sandbox.ops import (
     OPS,
     REQUESTS,
     CapsuleSummary,
+    ChangesReply,
     ChangesRequest,
+    CreateReply,
     CreateRequest,
+    DestroyReply,
     ExecProgress,
     ExecReply,
     ExecRequest,
+    ForkReply,
     HelloReply,
     ListReply,
+    OpenRootReply,
+    OpReply,
     encode_request,
 )
 from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
@@ -84,6 +90,34 @@ def test_replies_round_trip() -> None:
     assert ExecProgress.from_args(progress.to_args()) == progress
     with pytest.raises(ProtocolError):
         ExecReply.from_args({k: v for k, v in EXEC_RESULT.items() if k != "usage"})
+
+
+ISOLATION: dict[str, Any] = {"filesystem": {"overlayfs": True, "disk_limit_mb": None}, "network": "none"}
+REPLIES: list[OpReply] = [
+    HelloReply(1, "rootless", {"jail": {"namespaces": ["mnt"]}}, tuple(sorted(OPS))),
+    CreateReply("cap_1", "/s/merged", "/w", "2026-01-01T00:00:00Z", "2026-01-01T00:00:05Z", ISOLATION),
+    ForkReply("cap_2", "/s/m2", "/w", "t1", "t2", ISOLATION, parent="cap_1"),
+    ExecProgress(5, 1, 0, b"a\x00", b""),
+    ExecReply.from_args(EXEC_RESULT),
+    ExecReply(None, "SIGKILL", True, True, 9, b"\xff" * 3, b"e", 3, 1, {"stdout": True, "stderr": False},
+              {"cpu_ms": None}, {"cpu_ms": "gone"}, {"rss_max_kb": "cgroup"}, {"limit_mb": 8, "full": True},
+              {"read": None, "written": ["a"], "listed": None, "executed": None}, {"read": "overflow"}),
+    ChangesReply([{"path": "a", "kind": "added", "type": "file", "mode": 420, "size": 1},
+                  {"path": "l", "kind": "modified", "type": "symlink", "target": "x"}]),
+    ChangesReply([]),
+    OpenRootReply("cap_1"),
+    DestroyReply("cap_1", destroyed=True),
+    ListReply((CapsuleSummary("cap_1", "/w", None, "t", "frozen"), CapsuleSummary("cap_2", "/w", "cap_1", "t", "busy"))),
+    ListReply(()),
+]
+
+
+def test_every_reply_class_round_trips_through_its_args() -> None:
+    assert {type(reply) for reply in REPLIES} >= {cls.reply for cls in REQUESTS.values()} | {ExecProgress}
+    for reply in REPLIES:
+        result = json.loads(json.dumps(reply.to_args()))  # as a frame carries it
+        assert type(reply).from_args(result) == reply
+        assert type(reply).from_args(result).to_args() == result
 
 
 def test_frames_are_canonical_json() -> None:

@@ -1,6 +1,6 @@
 """Dispatch routing and the socket server/client pair, with a CapsuleManager double.
 
-The double records calls and hands back canned shapes; it exists only to show that each
+The double records calls and hands back canned typed replies; it exists only to show that each
 op reaches the right manager method with the caller's SO_PEERCRED identity, that
 failures become error replies, and that the server survives malformed frames.  The
 real CapsuleManager is exercised end to end in vm-tests/test_ipc_*.py.
@@ -23,7 +23,16 @@ import trio
 
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import ExecRequest, encode_request
+from sandbox.ops import (
+    ChangesReply,
+    CreateReply,
+    DestroyReply,
+    ExecReply,
+    ExecRequest,
+    ForkReply,
+    ListReply,
+    encode_request,
+)
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
@@ -33,6 +42,12 @@ from sandbox.protocol import (
 )
 from sandbox.server import Dispatcher, HelperServer, Peer
 from sandbox.spec import CapsuleSpec, Limits
+
+
+def exec_reply(stdout: bytes = b"") -> ExecReply:
+    """An exec reply of a command that printed ``stdout`` and exited 0."""
+    return ExecReply(0, None, False, False, 1, stdout, b"", len(stdout), 0, {"stdout": False, "stderr": False},
+                     {}, {}, {}, None, {"read": None, "written": [], "listed": None, "executed": None}, {})
 
 
 class ManagerDouble:
@@ -47,45 +62,45 @@ class ManagerDouble:
     def _record(self, name: str, *args: Any, **kwargs: Any) -> None:
         self.calls.append((name, args, kwargs))
 
-    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> dict[str, Any]:
+    def create(self, owner_uid: int, owner_gid: int, spec: CapsuleSpec) -> CreateReply:
         self._record("create", owner_uid, owner_gid, spec)
         workspace = spec.workspace
         if workspace == "/boom":
             raise RuntimeError("a bug")
         if workspace == "/missing":
             raise FileNotFoundError(2, "No such file or directory", workspace)
-        return {"capsule_id": "cap_1", "workspace": workspace}
+        return CreateReply("cap_1", "/merged", workspace, "t", "t", {})
 
-    def exec(self, request: ExecRequest, caller_uid: int, caller_gid: int, **kwargs: Any) -> dict[str, Any]:
+    def exec(self, request: ExecRequest, caller_uid: int, caller_gid: int, **kwargs: Any) -> ExecReply:
         self._record("exec", request, caller_uid, caller_gid, **kwargs)
         argv = request.argv
         if argv[0] == "wait":
             self.release.wait(10)
         if argv[0] == "huge":
-            return {"stdout_b64": "A" * (9 * 1024 * 1024)}
-        return {"exit_code": 0}
+            return exec_reply(b"A" * (7 * 1024 * 1024))  # 9.3 MiB as base64
+        return exec_reply()
 
-    def changes(self, capsule_id: str, caller_uid: int) -> dict[str, Any]:
+    def changes(self, capsule_id: str, caller_uid: int) -> ChangesReply:
         self._record("changes", capsule_id, caller_uid)
         if capsule_id == "cap_other":
             raise CcwError("PERMISSION_DENIED", "capsule belongs to another user")
-        return {"changes": []}
+        return ChangesReply([])
 
-    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> dict[str, Any]:
+    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> ForkReply:
         self._record("fork", capsule_id, caller_uid, caller_gid)
-        return {"capsule_id": "cap_2", "parent": capsule_id}
+        return ForkReply("cap_2", "/merged2", "/w", "t", "t", {}, parent=capsule_id)
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:
         self._record("open_root", capsule_id, caller_uid)
         return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
-    def destroy(self, capsule_id: str, caller_uid: int) -> dict[str, Any]:
+    def destroy(self, capsule_id: str, caller_uid: int) -> DestroyReply:
         self._record("destroy", capsule_id, caller_uid)
-        return {"capsule_id": capsule_id, "destroyed": True}
+        return DestroyReply(capsule_id, destroyed=True)
 
-    def list(self, caller_uid: int) -> Any:
+    def list(self, caller_uid: int) -> ListReply:
         self._record("list", caller_uid)
-        return {"capsules": []}
+        return ListReply(())
 
 
 PEER = Peer(pid=10, uid=1234, gid=99)
@@ -148,6 +163,17 @@ def test_failures_become_ccw_errors(manager: ManagerDouble, op: str, args: dict[
     with pytest.raises(CcwError) as info:
         dispatch(manager, op, args)
     assert info.value.code == code
+
+
+def test_a_reply_of_another_op_is_an_internal_error(manager: ManagerDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(manager, "changes", lambda capsule_id, caller_uid: {"changes": []})
+    with pytest.raises(CcwError) as info:
+        dispatch(manager, "changes", {"capsule_id": "cap_1"})
+    assert info.value.code == "INTERNAL" and "not ChangesReply" in info.value.message
+    monkeypatch.setattr(manager, "destroy", lambda capsule_id, caller_uid: ListReply(()))
+    with pytest.raises(CcwError) as info:
+        dispatch(manager, "destroy", {"capsule_id": "cap_1"})
+    assert info.value.code == "INTERNAL"
 
 
 def test_unknown_op_and_bad_args_never_reach_the_manager(manager: ManagerDouble) -> None:

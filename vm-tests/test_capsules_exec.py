@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import os
 import shutil
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from sandbox import mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import ExecRequest
+from sandbox.ops import ExecReply, ExecRequest
 from sandbox.registry import CapsuleManager
 from sandbox.spec import CapsuleSpec
 
@@ -29,16 +28,13 @@ def manager(root_required: None, tmp_path: Path) -> Iterator[CapsuleManager]:
     manager = CapsuleManager(str(state), rootless=False)
     manager.recover()
     yield manager
-    for item in reversed(manager.list(0)["capsules"]):
-        manager.destroy(item["capsule_id"], 0)
+    for item in reversed(manager.list(0).capsules):
+        manager.destroy(item.capsule_id, 0)
     assert mountinfo.mounts_under(str(state)) == []
 
 
-def run(manager: CapsuleManager, capsule_id: str, argv: list[str], **kwargs: object) -> dict[str, object]:
-    result = manager.exec(ExecRequest.from_args({"capsule_id": capsule_id, "argv": argv, **kwargs}), 0, 0)  # type: ignore[arg-type]
-    result["stdout"] = base64.b64decode(str(result["stdout_b64"])).decode(errors="replace")
-    result["stderr"] = base64.b64decode(str(result["stderr_b64"])).decode(errors="replace")
-    return result
+def run(manager: CapsuleManager, capsule_id: str, argv: list[str], **kwargs: object) -> ExecReply:
+    return manager.exec(ExecRequest.from_args({"capsule_id": capsule_id, "argv": argv, **kwargs}), 0, 0)  # type: ignore[arg-type]
 
 
 def make_project(ws: Path) -> None:
@@ -64,15 +60,15 @@ def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager
     make_project(ws)
     before = sorted(p.name for p in ws.iterdir())
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "env_whitelist": ["PYTHONPATH"]}))
-    result = run(manager, capsule["capsule_id"],
+    result = run(manager, capsule.capsule_id,
                  [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_calc.py"],
                  env={"PYTHONPATH": f"{ws}:{ws}/_deps"}, timeout_ms=120_000)
-    assert result["exit_code"] == 0, result["stdout"] + result["stderr"]
-    assert "1 passed" in str(result["stdout"])
-    touched = result["touched"]
+    assert result.exit_code == 0, result.stdout + result.stderr
+    assert b"1 passed" in result.stdout
+    touched = result.touched
     assert isinstance(touched, dict)
     read = touched["read"]
-    assert read is not None, result["touched_unavailable"]
+    assert read is not None, result.touched_unavailable
     assert "calc.py" in read and "tests/test_calc.py" in read
     assert "untouched.py" not in read
     assert read == sorted(read, key=os.fsencode)
@@ -88,26 +84,26 @@ def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path)
     (ws / "a.txt").write_text("hello\n")
     (ws / "gone.txt").write_text("bye\n")
     (ws / "old.txt").write_text("rename me\n")
-    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     result = run(manager, cid, ["/bin/sh", "-c",
                                 "cat a.txt; echo out > sub/new.txt; rm gone.txt; mv old.txt renamed.txt; "
                                 "echo err >&2; exit 3"])
-    assert (result["exit_code"], result["signal"], result["timed_out"]) == (3, None, False)
-    assert result["stdout"] == "hello\n" and result["stderr"] == "err\n"
-    assert result["stdout_bytes"] == 6 and result["truncated"] == {"stdout": False, "stderr": False}
-    touched = result["touched"]
+    assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
+    assert result.stdout == b"hello\n" and result.stderr == b"err\n"
+    assert result.stdout_bytes == 6 and result.truncated == {"stdout": False, "stderr": False}
+    touched = result.touched
     assert isinstance(touched, dict)
     assert touched["written"] == ["gone.txt", "old.txt", "renamed.txt", "sub/new.txt"]
-    changes = {c["path"]: c["kind"] for c in manager.changes(cid, 0)["changes"]}
+    changes = {c["path"]: c["kind"] for c in manager.changes(cid, 0).changes}
     assert changes == {"gone.txt": "deleted", "old.txt": "deleted", "renamed.txt": "added", "sub/new.txt": "added"}
     # $HOME and /tmp persist across execs of one capsule
     run(manager, cid, ["/bin/sh", "-c", "echo kept > $HOME/h; echo kept > /tmp/t"])
     again = run(manager, cid, ["/bin/sh", "-c", "cat $HOME/h /tmp/t; echo $HOME $LANG"])
-    assert again["stdout"] == "kept\nkept\n/home/ccw C.UTF-8\n"
+    assert again.stdout == b"kept\nkept\n/home/ccw C.UTF-8\n"
 
 
 def test_exec_arguments_are_checked_again(manager: CapsuleManager, tmp_path: Path) -> None:
-    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)}))["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)})).capsule_id
     for kwargs in ({"argv": []}, {"argv": ["a\0b"]}, {"argv": ["/bin/true"], "env": {"SECRET": "1"}},
                    {"argv": ["/bin/true"], "timeout_ms": 0}, {"argv": ["/bin/true"], "output_cap": -1},
                    {"argv": ["/bin/true"], "cwd": "../.."}):
@@ -116,41 +112,41 @@ def test_exec_arguments_are_checked_again(manager: CapsuleManager, tmp_path: Pat
             manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": argv, **kwargs}), 0, 0)  # type: ignore[arg-type]
         assert err.value.code == "INVALID_ARGUMENT", kwargs
     result = run(manager, cid, ["/bin/sleep", "30"], timeout_ms=300)
-    assert result["timed_out"] is True and result["signal"] == "SIGKILL"
+    assert result.timed_out is True and result.signal == "SIGKILL"
 
 
 def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "base.txt").write_text("base\n")
-    parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
+    parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     run(manager, parent, ["/bin/sh", "-c", "echo parent > p.txt"])
-    child = manager.fork(parent, 0, 0)["capsule_id"]
+    child = manager.fork(parent, 0, 0).capsule_id
     result = run(manager, child, ["/bin/sh", "-c", "cat p.txt base.txt; echo child > c.txt"])
-    assert result["stdout"] == "parent\nbase\n"
-    assert [c["path"] for c in manager.changes(parent, 0)["changes"]] == ["p.txt"]
-    assert [c["path"] for c in manager.changes(child, 0)["changes"]] == ["c.txt", "p.txt"]
+    assert result.stdout == b"parent\nbase\n"
+    assert [c["path"] for c in manager.changes(parent, 0).changes] == ["p.txt"]
+    assert [c["path"] for c in manager.changes(child, 0).changes] == ["c.txt", "p.txt"]
 
 
 def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: CapsuleManager, tmp_path: Path) -> None:
-    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)}))["capsule_id"]  # tmp_path holds the state dir
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)})).capsule_id  # tmp_path holds the state dir
     with pytest.raises(CcwError) as err:
         manager.fork(cid, 0, 0)
     assert err.value.code == "UNSUPPORTED" and "state dir" in err.value.message
-    assert manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), 0, 0)["exit_code"] == 0  # not frozen by the failed fork
+    assert manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), 0, 0).exit_code == 0  # not frozen by the failed fork
 
 
 def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
-    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"memory_mb": 64}}))["capsule_id"]
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"memory_mb": 64}})).capsule_id
     # an exec asking for more than the capsule allows still gets the capsule's 64 MiB
     result = run(manager, cid, [PYTHON, "-c", "b = bytearray(256 << 20); print(len(b))"],
                  limits={"memory_mb": 1024}, timeout_ms=60_000)
-    assert result["oom_killed"] is True and result["exit_code"] != 0
+    assert result.oom_killed is True and result.exit_code != 0
     ok = run(manager, cid, [PYTHON, "-c", "print(len(bytearray(8 << 20)))"], timeout_ms=60_000)
-    assert ok["exit_code"] == 0 and ok["stdout"] == f"{8 << 20}\n"
-    assert isinstance(ok["usage"], dict) and ok["usage"]["cpu_ms"] is not None
+    assert ok.exit_code == 0 and ok.stdout == f"{8 << 20}\n".encode()
+    assert isinstance(ok.usage, dict) and ok.usage["cpu_ms"] is not None
 
 
 def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: CapsuleManager, tmp_path: Path) -> None:
@@ -158,11 +154,11 @@ def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: Caps
     SIGKILLed init has its processes reaped by the kernel, which counts none of them."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"]
+    capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     grow = f"{PYTHON} -c \"b = b'x' * (64 << 20)\""
     result = run(manager, capsule, ["sh", "-c", f"{grow}; exec sleep 600"], timeout_ms=5000)
-    assert result["timed_out"] is True and result["signal"] == "SIGKILL"
-    usage, sources = result["usage"], result["usage_sources"]
+    assert result.timed_out is True and result.signal == "SIGKILL"
+    usage, sources = result.usage, result.usage_sources
     assert isinstance(usage, dict) and isinstance(sources, dict)
-    assert usage["rss_max_process_kb"] >= 64 << 10, result["usage_unavailable"]
+    assert usage["rss_max_process_kb"] >= 64 << 10, result.usage_unavailable
     assert sources["rss_max_process_kb"].startswith("wait4 rusage of the jail's init")

@@ -17,7 +17,7 @@ import pytest
 
 from sandbox import mountinfo, overlay
 from sandbox.errors import CcwError
-from sandbox.ops import ExecRequest
+from sandbox.ops import DestroyReply, ExecRequest, ListReply
 from sandbox.registry import CapsuleManager
 from sandbox.spec import CapsuleSpec
 
@@ -64,8 +64,8 @@ def env(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager, P
     manager.recover()
     yield manager, state, ws
     for owner in (0, NOBODY):  # forks sort after their parents: destroy newest first
-        for item in reversed(manager.list(owner)["capsules"]):
-            manager.destroy(item["capsule_id"], owner)
+        for item in reversed(manager.list(owner).capsules):
+            manager.destroy(item.capsule_id, owner)
     assert mountinfo.mounts_under(str(state)) == []
 
 
@@ -77,20 +77,20 @@ def test_writes_land_in_the_capsule_not_the_host(env: tuple[CapsuleManager, Path
     manager, _state, ws = env
     before = tree_digest(ws)
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
-    assert capsule["capsule_id"].startswith("cap_") and capsule["workspace"] == str(ws)
-    merged = capsule["mount"]
+    assert capsule.capsule_id.startswith("cap_") and capsule.workspace == str(ws)
+    merged = capsule.mount
     sh(merged, "echo new > added.txt; echo changed > mod.txt; rm gone.txt; rm -rf gonedir; mkdir -p x/y")
     assert (Path(merged) / "added.txt").read_text() == "new\n"
     assert not (Path(merged) / "gone.txt").exists()
     assert tree_digest(ws) == before
-    paths = [c["path"] for c in manager.changes(capsule["capsule_id"], 0)["changes"]]
+    paths = [c["path"] for c in manager.changes(capsule.capsule_id, 0).changes]
     assert paths == ["added.txt", "gone.txt", "gonedir", "mod.txt", "x", "x/y"]
 
 
 def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
-    sh(capsule["mount"], textwrap.dedent("""
+    sh(capsule.mount, textwrap.dedent("""
         echo new > added.txt
         echo changed > mod.txt
         chmod 600 chmod.txt
@@ -104,7 +104,7 @@ def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Pat
         cat keep.txt > /dev/null; touch keep.txt
         mv moved renamed
     """))
-    found = {c["path"]: c for c in manager.changes(capsule["capsule_id"], 0)["changes"]}
+    found = {c["path"]: c for c in manager.changes(capsule.capsule_id, 0).changes}
     assert list(found) == sorted(found, key=os.fsencode)
     expected = {
         "added.txt": ("added", "file"), "chmod.txt": ("mode_changed", "file"),
@@ -123,18 +123,18 @@ def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Pat
 def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
     parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
-    pid = parent["capsule_id"]
-    sh(parent["mount"], "echo parent > p.txt; rm gone.txt")
+    pid = parent.capsule_id
+    sh(parent.mount, "echo parent > p.txt; rm gone.txt")
     child = manager.fork(pid, 0, 0)
-    assert child["parent"] == pid
-    cm = Path(child["mount"])
+    assert child.parent == pid
+    cm = Path(child.mount)
     assert (cm / "p.txt").read_text() == "parent\n" and not (cm / "gone.txt").exists()
     sh(str(cm), "echo child > c.txt; echo overwritten > p.txt")
-    assert not (Path(parent["mount"]) / "c.txt").exists()
-    assert (Path(parent["mount"]) / "p.txt").read_text() == "parent\n"
+    assert not (Path(parent.mount) / "c.txt").exists()
+    assert (Path(parent.mount) / "p.txt").read_text() == "parent\n"
     # the parent is frozen by the kernel while the fork exists
     with pytest.raises(OSError) as err:
-        (Path(parent["mount"]) / "late.txt").write_text("x")
+        (Path(parent.mount) / "late.txt").write_text("x")
     assert err.value.errno == 30  # EROFS
     with pytest.raises(CcwError) as cerr:
         manager.exec(ExecRequest.from_args({"capsule_id": pid, "argv": ["/bin/true"]}), 0, 0)
@@ -142,28 +142,28 @@ def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, P
     with pytest.raises(CcwError) as cerr:
         manager.destroy(pid, 0)
     assert cerr.value.code == "CONFLICT"
-    child_changes = {c["path"]: c["kind"] for c in manager.changes(child["capsule_id"], 0)["changes"]}
+    child_changes = {c["path"]: c["kind"] for c in manager.changes(child.capsule_id, 0).changes}
     assert child_changes == {"c.txt": "added", "gone.txt": "deleted", "p.txt": "added"}
-    assert [c["path"] for c in manager.changes(pid, 0)["changes"]] == ["gone.txt", "p.txt"]
-    grandchild = manager.fork(child["capsule_id"], 0, 0)
-    assert (Path(grandchild["mount"]) / "c.txt").read_text() == "child\n"
-    manager.destroy(grandchild["capsule_id"], 0)
-    manager.destroy(child["capsule_id"], 0)
-    (Path(parent["mount"]) / "late.txt").write_text("thawed")
+    assert [c["path"] for c in manager.changes(pid, 0).changes] == ["gone.txt", "p.txt"]
+    grandchild = manager.fork(child.capsule_id, 0, 0)
+    assert (Path(grandchild.mount) / "c.txt").read_text() == "child\n"
+    manager.destroy(grandchild.capsule_id, 0)
+    manager.destroy(child.capsule_id, 0)
+    (Path(parent.mount) / "late.txt").write_text("thawed")
 
 
 def test_destroy_leaves_nothing(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, state, ws = env
-    ids = [manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))["capsule_id"] for _ in range(3)]
-    fork = manager.fork(ids[0], 0, 0)["capsule_id"]
+    ids = [manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id for _ in range(3)]
+    fork = manager.fork(ids[0], 0, 0).capsule_id
     sh(str(state / "capsules" / fork / "merged"), "echo x > y")
     mounts = mountinfo.mounts_under(str(state))
     assert sorted(os.path.basename(p) for p in mounts) == ["disk"] * 4 + ["merged"] * 4  # each its own disk
     for capsule_id in [fork, *ids]:
-        assert manager.destroy(capsule_id, 0) == {"capsule_id": capsule_id, "destroyed": True}
+        assert manager.destroy(capsule_id, 0) == DestroyReply(capsule_id, destroyed=True)
     assert mountinfo.mounts_under(str(state)) == []
     assert os.listdir(state / "capsules") == []
-    assert manager.list(0) == {"capsules": []}
+    assert manager.list(0) == ListReply(())
 
 
 def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager, Path, Path], tmp_path: Path) -> None:
@@ -172,7 +172,7 @@ def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager
     weird.mkdir()
     (weird / "f").write_text("f")
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(weird)}))
-    assert (Path(capsule["mount"]) / "f").read_text() == "f"
+    assert (Path(capsule.mount) / "f").read_text() == "f"
     upper, work, merged = tmp_path / "u", tmp_path / "w", tmp_path / "m,x"
     for d in (upper, work, merged):
         d.mkdir()
@@ -187,7 +187,7 @@ def test_weird_workspace_paths_and_the_mount2_fallback(env: tuple[CapsuleManager
 def test_open_root_gives_the_merged_view(env: tuple[CapsuleManager, Path, Path]) -> None:
     manager, _state, ws = env
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
-    fd = manager.open_root(capsule["capsule_id"], 0)
+    fd = manager.open_root(capsule.capsule_id, 0)
     try:
         file_fd = os.open("keep.txt", os.O_RDONLY, dir_fd=fd)
         assert os.read(file_fd, 100) == b"keep"
@@ -205,10 +205,10 @@ from sandbox.spec import CapsuleSpec
 m = CapsuleManager({state!r}, rootless=False)
 m.recover()
 c = m.create(0, 0, CapsuleSpec({ws!r}))
-open(os.path.join(c["mount"], "precious.txt"), "w").write("keep me")
-f = m.fork(c["capsule_id"], 0, 0)
-open(os.path.join(f["mount"], "forked.txt"), "w").write("mine")
-print(c["capsule_id"], f["capsule_id"], flush=True)
+open(os.path.join(c.mount, "precious.txt"), "w").write("keep me")
+f = m.fork(c.capsule_id, 0, 0)
+open(os.path.join(f.mount, "forked.txt"), "w").write("mine")
+print(c.capsule_id, f.capsule_id, flush=True)
 time.sleep(600)
 """
 
@@ -234,7 +234,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
     assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
     assert mountinfo.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
     assert sorted(os.listdir(state / "capsules")) == [parent_id, fork_id]
-    assert [c["path"] for c in manager.changes(fork_id, 0)["changes"]] == ["forked.txt", "precious.txt"]
+    assert [c["path"] for c in manager.changes(fork_id, 0).changes] == ["forked.txt", "precious.txt"]
     fd = manager.open_root(fork_id, 0)
     try:
         with open(f"/proc/self/fd/{fd}/precious.txt") as f:
@@ -267,7 +267,7 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
                                           require: Callable[[bool, str], None]) -> None:
     manager, _state, ws = env
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)}))
-    cid = capsule["capsule_id"]
+    cid = capsule.capsule_id
     for op in (manager.changes, manager.open_root, manager.destroy):
         with pytest.raises(CcwError) as err:
             op(cid, NOBODY)
@@ -278,7 +278,7 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
     with pytest.raises(CcwError) as err:
         manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), NOBODY, NOBODY)
     assert err.value.code == "PERMISSION_DENIED"
-    assert manager.list(NOBODY) == {"capsules": []}
+    assert manager.list(NOBODY) == ListReply(())
 
     root_owned = shared_dir / "root-owned"
     root_owned.mkdir(mode=0o755)
@@ -298,13 +298,13 @@ def test_capsules_belong_to_their_creator(env: tuple[CapsuleManager, Path, Path]
         manager.create(NOBODY, NOBODY, CapsuleSpec.from_json({"workspace": str(own), "base": str(hidden)}))
     assert err.value.code == "PERMISSION_DENIED"
     theirs = manager.create(NOBODY, NOBODY, CapsuleSpec.from_json({"workspace": str(own)}))
-    root_st = os.stat(theirs["mount"])
+    root_st = os.stat(theirs.mount)
     assert (root_st.st_uid, root_st.st_mode & 0o777) == (NOBODY, 0o755)  # the merged root mirrors the workspace
-    assert [c["capsule_id"] for c in manager.list(NOBODY)["capsules"]] == [theirs["capsule_id"]]
+    assert [c.capsule_id for c in manager.list(NOBODY).capsules] == [theirs.capsule_id]
     with pytest.raises(CcwError) as err:
-        manager.changes(theirs["capsule_id"], 0)
+        manager.changes(theirs.capsule_id, 0)
     assert err.value.code == "PERMISSION_DENIED"
-    manager.destroy(theirs["capsule_id"], NOBODY)
+    manager.destroy(theirs.capsule_id, NOBODY)
 
 
 def test_base_is_a_frozen_lower(env: tuple[CapsuleManager, Path, Path], tmp_path: Path) -> None:
@@ -313,6 +313,6 @@ def test_base_is_a_frozen_lower(env: tuple[CapsuleManager, Path, Path], tmp_path
     base.mkdir()
     (base / "from-base.txt").write_text("b")
     capsule = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "base": str(base)}))
-    merged = Path(capsule["mount"])
+    merged = Path(capsule.mount)
     assert sorted(os.listdir(merged)) == ["from-base.txt"]
-    assert capsule["isolation"]["filesystem"]["frozen_base"] is True
+    assert capsule.isolation["filesystem"]["frozen_base"] is True

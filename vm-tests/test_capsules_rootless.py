@@ -37,22 +37,22 @@ SCRIPT = textwrap.dedent("""
     m = CapsuleManager({state!r}, rootless=True)
     m.recover()
     c = m.create(0, 0, CapsuleSpec({ws!r}))
-    merged = c["mount"]
+    merged = c.mount
     open(os.path.join(merged, "new.txt"), "w").write("n")
     os.unlink(os.path.join(merged, "gone.txt"))
     import shutil
     shutil.rmtree(os.path.join(merged, "dir"))
     os.mkdir(os.path.join(merged, "dir"))
-    f = m.fork(c["capsule_id"], 0, 0)
-    open(os.path.join(f["mount"], "child.txt"), "w").write("c")
-    child_paths = sorted(os.listdir(f["mount"]))
-    child_changes = [ch["path"] for ch in m.changes(f["capsule_id"], 0)["changes"]]
-    m.destroy(f["capsule_id"], 0)
-    out = {{"changes": m.changes(c["capsule_id"], 0)["changes"],
+    f = m.fork(c.capsule_id, 0, 0)
+    open(os.path.join(f.mount, "child.txt"), "w").write("c")
+    child_paths = sorted(os.listdir(f.mount))
+    child_changes = [ch["path"] for ch in m.changes(f.capsule_id, 0).changes]
+    m.destroy(f.capsule_id, 0)
+    out = {{"changes": m.changes(c.capsule_id, 0).changes,
             "child_paths": child_paths, "child_changes": child_changes,
             "xattrs": os.listxattr(os.path.join(merged.replace("merged", "upper"), "dir")),
             "mounted": len(mountinfo.mounts_under({state!r}))}}
-    m.destroy(c["capsule_id"], 0)
+    m.destroy(c.capsule_id, 0)
     out["after"] = len(mountinfo.mounts_under({state!r}))
     print(json.dumps(out))
 """)

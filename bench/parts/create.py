@@ -50,7 +50,7 @@ def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
         start = time.perf_counter()
         capsule = manager.create(0, 0, spec)
         elapsed = time.perf_counter() - start
-        manager.destroy(capsule["capsule_id"], 0)
+        manager.destroy(capsule.capsule_id, 0)
         times.append(elapsed)
     return times
 

@@ -1,0 +1,134 @@
+"""The helper's typed replies put on the wire exactly the objects it sent before they were typed.
+
+Each op runs through the real Dispatcher and CapsuleManager on a real capsule; the
+result must equal the dict the manager used to build by hand (written out here from its
+parts), and read back by the op's reply class it must give the same object again.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox import mountinfo, probe
+from sandbox.ops import OPS, REQUESTS
+from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
+from sandbox.registry import CapsuleManager
+from sandbox.server import Dispatcher, Peer
+
+ROOT_PEER = Peer(pid=1, uid=0, gid=0)
+USAGE_KEYS = {"cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb"}
+
+
+@pytest.fixture
+def served(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager, Dispatcher, Path]]:
+    state, ws = tmp_path / "state", tmp_path / "ws"
+    state.mkdir()
+    ws.mkdir()
+    (ws / "old.txt").write_text("old\n")
+    manager = CapsuleManager(str(state), rootless=False)
+    manager.recover()
+    mechanisms = probe.in_force(False, manager.disks, manager.disk_reason)
+    yield manager, Dispatcher(manager, "privileged", mechanisms), ws
+    for item in reversed(manager.list(0).capsules):
+        manager.destroy(item.capsule_id, 0)
+    if manager.disks is not None:
+        manager.disks.close()
+    assert mountinfo.mounts_under(str(state)) == []
+
+
+def call(dispatcher: Dispatcher, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+    """One op through the dispatcher; the result also survives the JSON of a frame unchanged."""
+    result, fd = dispatcher.handle(Request(1, op, args), ROOT_PEER)
+    assert json.loads(json.dumps(result)) == result
+    reply_class = REQUESTS[op].reply
+    assert reply_class.from_args(result).to_args() == result
+    assert encode_reply(1, result) == encode_reply(1, reply_class.from_args(result).to_args())
+    return result, fd
+
+
+def described(manager: CapsuleManager, result: dict[str, Any]) -> dict[str, Any]:
+    """A create reply as registry.create built it by hand."""
+    capsule = manager._capsules[result["capsule_id"]]
+    datetime.datetime.fromisoformat(result["clock"])  # now, in the capsule's clock
+    return {
+        "capsule_id": capsule.capsule_id,
+        "mount": capsule.path("merged"),
+        "workspace": capsule.spec.workspace,
+        "created_at": capsule.meta["created_at"],
+        "clock": result["clock"],
+        "isolation": manager.isolation(capsule),
+    }
+
+
+def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Dispatcher, Path]) -> None:
+    manager, dispatcher, ws = served
+    seen = set()
+
+    hello, _ = call(dispatcher, "hello", {"version": PROTOCOL_VERSION})
+    assert hello == {"version": PROTOCOL_VERSION, "mode": "privileged", "mechanisms": dispatcher.mechanisms,
+                     "ops": sorted(OPS)}
+    seen.add("hello")
+
+    created, _ = call(dispatcher, "create", {"workspace": str(ws)})
+    cid = created["capsule_id"]
+    assert created == described(manager, created) and created["workspace"] == str(ws)
+    seen.add("create")
+
+    ran, _ = call(dispatcher, "exec", {"capsule_id": cid, "argv": ["/bin/sh", "-c", "cat old.txt; echo new > new.txt"]})
+    assert set(ran) == {"exit_code", "signal", "timed_out", "oom_killed", "duration_ms", "stdout_b64", "stderr_b64",
+                        "stdout_bytes", "stderr_bytes", "truncated", "usage", "usage_unavailable", "usage_sources",
+                        "disk", "touched", "touched_unavailable"}
+    assert (ran["exit_code"], ran["signal"], ran["timed_out"], ran["oom_killed"]) == (0, None, False, False)
+    assert base64.b64decode(ran["stdout_b64"]) == b"old\n" and ran["stderr_b64"] == ""
+    assert (ran["stdout_bytes"], ran["stderr_bytes"]) == (4, 0)
+    assert ran["truncated"] == {"stdout": False, "stderr": False}
+    assert set(ran["usage"]) == USAGE_KEYS and isinstance(ran["duration_ms"], int)
+    assert isinstance(ran["usage_unavailable"], dict) and isinstance(ran["usage_sources"], dict)
+    assert set(ran["touched"]) == {"read", "written", "listed", "executed"}
+    assert ran["touched"]["written"] == ["new.txt"]
+    if manager.disks is not None:
+        assert set(ran["disk"]) == {"limit_mb", "used_kb", "free_kb", "full"} and ran["disk"]["full"] is False
+    seen.add("exec")
+
+    changes, _ = call(dispatcher, "changes", {"capsule_id": cid})
+    assert changes == {"changes": [{"path": "new.txt", "kind": "added", "type": "file", "mode": 0o644, "size": 4}]}
+    seen.add("changes")
+
+    forked, _ = call(dispatcher, "fork", {"capsule_id": cid})
+    assert forked == {**described(manager, forked), "parent": cid}
+    seen.add("fork")
+
+    rooted, fd = call(dispatcher, "open_root", {"capsule_id": forked["capsule_id"]})
+    assert fd is not None
+    try:
+        assert rooted == {"capsule_id": forked["capsule_id"]}
+        assert os.path.samestat(os.fstat(fd), os.stat(forked["mount"]))
+    finally:
+        os.close(fd)
+    seen.add("open_root")
+
+    listed, _ = call(dispatcher, "list", {})
+    parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))
+    assert listed == {"capsules": [
+        {"capsule_id": cid, "workspace": str(ws), "parent": None, "created_at": parent.meta["created_at"],
+         "state": "frozen"},
+        {"capsule_id": forked["capsule_id"], "workspace": str(ws), "parent": cid,
+         "created_at": child.meta["created_at"], "state": "ready"},
+    ]}
+    seen.add("list")
+
+    for capsule_id in (forked["capsule_id"], cid):
+        destroyed, _ = call(dispatcher, "destroy", {"capsule_id": capsule_id})
+        assert destroyed == {"capsule_id": capsule_id, "destroyed": True}
+    assert call(dispatcher, "list", {})[0] == {"capsules": []}
+    seen.add("destroy")
+
+    assert seen == set(OPS)
