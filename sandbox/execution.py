@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.ops import ExecProgress, ExecReply, ExecRequest
+from sandbox.ops import ExecProgress, ExecReply, ExecRequest, Touched
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
-    from sandbox.fanotify import Touched
+    from sandbox.fanotify import Traced
     from sandbox.rusage import Usage
     from sandbox.supervise import JailResult
 
@@ -126,7 +126,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None,
-                progress_ms: int) -> tuple[JailResult, Usage, Touched | None, str | None]:
+                progress_ms: int) -> tuple[JailResult, Usage, Traced | None, str | None]:
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
     (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""
     from sandbox import exec_cgroup, fanotify, rusage, supervise
@@ -161,8 +161,7 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     return result, usage, traced, trace_error
 
 
-def _touched(traced: Touched | None, trace_error: str | None,
-             moved: list[str]) -> tuple[dict[str, list[str] | None], dict[str, str]]:
+def _touched(traced: Traced | None, trace_error: str | None, moved: list[str]) -> tuple[Touched, dict[str, str]]:
     """The reply's touched sets and, for each one not known, why."""
     unavailable: dict[str, str] = {}
     listed: list[str] | None = None  # directories opened and files executed: known when read is
@@ -179,7 +178,11 @@ def _touched(traced: Touched | None, trace_error: str | None,
             unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
         elif read is None:
             unavailable["read"] = traced.unavailable_reason or "not recorded"
-    return {"read": read, "written": written, "listed": listed, "executed": executed}, unavailable
+    return Touched(_tuple(read), tuple(written), _tuple(listed), _tuple(executed)), unavailable
+
+
+def _tuple(paths: list[str] | None) -> tuple[str, ...] | None:
+    return None if paths is None else tuple(paths)
 
 
 def _disk_report(capsule: Capsule) -> dict[str, Any] | None:

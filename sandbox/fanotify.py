@@ -100,8 +100,9 @@ _ROOTLESS_REASON = (
 
 
 @dataclass
-class Touched:
-    """Files an exec opened and wrote, relative to the merged dir, sorted.
+class Traced:
+    """What the tracer saw an exec open and write, relative to the merged dir, sorted
+    (execution.py makes the reply's ``ops.Touched`` of it).
 
     ``listed`` (directories opened) and ``executed`` are None exactly when ``read`` is.
     """
@@ -343,16 +344,16 @@ class Tracer:
         return None
 
     # -- collect / teardown
-    def collect(self) -> Touched:
+    def collect(self) -> Traced:
         """Stop the reader, drain what is queued, and return the touched files."""
         if self._fan_fd is None:
-            return Touched(None, [], False, self.unavailable_reason)
+            return Traced(None, [], False, self.unavailable_reason)
         self._stop()
         if self._error is not None:
             raise CcwError("INTERNAL", f"the fanotify reader failed: {self._error!r}") from self._error
         if self._thread is None:  # enter() was never called: nothing belongs to an exec
-            return Touched([], [], False, None, 0, [], [])
-        return Touched(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
+            return Traced([], [], False, None, 0, [], [])
+        return Traced(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
                        sorted(self.listed), sorted(self.executed))
 
     def _stop(self) -> None:

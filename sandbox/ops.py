@@ -164,10 +164,12 @@ ReplyT = TypeVar("ReplyT", bound="OpReply")
 
 
 class OpReply:
-    """A reply's ``result`` object; its keys are the fields' names, and a bytes field named
-    in ``base64_fields`` travels as base64 text under ``<name>_b64``."""
+    """A reply's ``result`` object, or one entry in it; its keys are the fields' names, a
+    bytes field named in ``base64_fields`` travels as base64 text under ``<name>_b64``, and
+    a field named in ``optional_fields`` is left out when None."""
 
     base64_fields: ClassVar[tuple[str, ...]] = ()
+    optional_fields: ClassVar[tuple[str, ...]] = ()
 
     def to_args(self) -> dict[str, Any]:
         """The wire ``result`` object."""
@@ -176,7 +178,7 @@ class OpReply:
             value = getattr(self, one.name)
             if one.name in self.base64_fields:
                 out[f"{one.name}_b64"] = base64.b64encode(value).decode()
-            else:
+            elif value is not None or one.name not in self.optional_fields:
                 out[one.name] = _plain(value)
         return out
 
@@ -186,7 +188,7 @@ class OpReply:
         if not isinstance(result, dict):
             raise ProtocolError(f"{cls.__name__} must be an object")
         keys = {f"{one.name}_b64" if one.name in cls.base64_fields else one.name for one in fields(cls)}  # type: ignore[arg-type]
-        check_keys(result, keys, keys, cls.__name__)
+        check_keys(result, keys - set(cls.optional_fields), keys, cls.__name__)
         plain = dict(result)
         for name in cls.base64_fields:
             text = spec.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
@@ -204,6 +206,59 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return [_plain(item) for item in value]
     return value
+
+
+def _entries(cls: type[ReplyT], items: Any, what: str) -> tuple[ReplyT, ...]:
+    """A list of wire objects read as a tuple of ``cls``."""
+    if not isinstance(items, list):
+        raise ProtocolError(f"{what} must be a list")
+    return tuple(cls.from_args(item) for item in items)
+
+
+def _paths(items: Any, what: str) -> tuple[str, ...] | None:
+    """A wire list of paths (or null) as a tuple."""
+    if items is None:
+        return None
+    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+        raise ProtocolError(f"{what} must be a list of paths or null")
+    return tuple(items)
+
+
+@dataclass(frozen=True)
+class Change(OpReply):
+    """One entry of a capsule's diff against its base (sandbox/overlay.py finds them)."""
+
+    path: str  # repo-relative, POSIX
+    kind: str  # added | modified | deleted | type_changed | mode_changed | opaque
+    type: str  # file | dir | symlink | other (the new type; the old one for deleted)
+    mode: int | None = None  # permission bits (S_IMODE) of the new entry
+    size: int | None = None  # regular files only
+    target: str | None = None  # symlinks only, as readlink says, never followed
+
+    optional_fields = ("mode", "size", "target")
+
+
+@dataclass(frozen=True)
+class Touched(OpReply):
+    """The files an exec touched, relative to the workspace, each set sorted by path bytes.
+
+    ``read`` is None when it could not be recorded (the exec reply's
+    ``touched_unavailable`` says why); ``listed`` (directories opened) and ``executed``
+    are None exactly when ``read`` is.  ``written`` is always known: the upper dir shows it.
+    """
+
+    read: tuple[str, ...] | None
+    written: tuple[str, ...]
+    listed: tuple[str, ...] | None
+    executed: tuple[str, ...] | None
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> Touched:
+        written = _paths(result["written"], "touched.written")
+        if written is None:
+            raise ProtocolError("touched.written must be a list of paths")
+        return cls(_paths(result["read"], "touched.read"), written, _paths(result["listed"], "touched.listed"),
+                   _paths(result["executed"], "touched.executed"))
 
 
 @dataclass(frozen=True)
@@ -256,8 +311,8 @@ class ExecProgress(OpReply):
 class ExecReply(OpReply):
     """How a command ended, its output, its resource use and the files it touched.
 
-    ``usage``, ``disk``, ``touched`` and their ``*_unavailable`` companions are the
-    helper's reports as they are (see sandbox/rusage.py, disk.py, fanotify.py).
+    ``usage``, ``disk`` and the ``*_unavailable`` companions are the helper's reports as
+    they are (see sandbox/rusage.py, disk.py, fanotify.py).
     """
 
     exit_code: int | None
@@ -274,17 +329,25 @@ class ExecReply(OpReply):
     usage_unavailable: dict[str, str]
     usage_sources: dict[str, str]
     disk: dict[str, Any] | None
-    touched: dict[str, Any]
+    touched: Touched
     touched_unavailable: dict[str, str]
 
     base64_fields = ("stdout", "stderr")
 
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> ExecReply:
+        return cls(**{**result, "touched": Touched.from_args(result["touched"])})
+
 
 @dataclass(frozen=True)
 class ChangesReply(OpReply):
-    """The capsule's changes, sorted by path (each as sandbox/overlay.py's Change.to_dict)."""
+    """The capsule's changes, sorted by path."""
 
-    changes: list[dict[str, Any]]
+    changes: tuple[Change, ...]
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> ChangesReply:
+        return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"))
 
 
 @dataclass(frozen=True)
@@ -321,9 +384,7 @@ class ListReply(OpReply):
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ListReply:
-        if not isinstance(result["capsules"], list):
-            raise ProtocolError("ListReply 'capsules' must be a list")
-        return cls(tuple(CapsuleSummary.from_args(item) for item in result["capsules"]))
+        return cls(_entries(CapsuleSummary, result["capsules"], "ListReply 'capsules'"))
 
 
 # --- typed requests -----------------------------------------------------------------------

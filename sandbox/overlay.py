@@ -71,36 +71,14 @@ import errno
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import kind_of
+from sandbox.ops import Change, kind_of
 
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data
-
-
-@dataclass(frozen=True)
-class Change:
-    """One entry of a capsule's diff against its base."""
-
-    path: str  # repo-relative, POSIX
-    kind: str  # added | modified | deleted | type_changed | mode_changed | opaque
-    type: str  # file | dir | symlink | other (the new type; the old one for deleted)
-    mode: int | None = None  # permission bits (S_IMODE) of the new entry
-    size: int | None = None  # regular files only
-    target: str | None = None  # symlinks only, as readlink says, never followed
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form: absent fields are left out."""
-        out: dict[str, Any] = {"path": self.path, "kind": self.kind, "type": self.type}
-        for key in ("mode", "size", "target"):
-            value = getattr(self, key)
-            if value is not None:
-                out[key] = value
-        return out
 
 
 # --- mount / unmount ----------------------------------------------------------------

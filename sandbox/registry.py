@@ -319,7 +319,7 @@ class CapsuleManager:
             self._ensure_disks(capsule)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
         found = overlay.collect_changes(uppers, capsule.base_lowers)
-        return ChangesReply([change.to_dict() for change in found])
+        return ChangesReply(tuple(found))
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:
         """An O_PATH|O_DIRECTORY descriptor of the merged view; the caller closes it."""

@@ -34,6 +34,7 @@ from sandbox.ops import (
     ListRequest,
     OpReply,
     OpRequest,
+    Touched,
 )
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
@@ -44,7 +45,7 @@ def _exec_reply(written: list[str], stdout: bytes = b"out\n") -> ExecReply:
         stdout_bytes=len(stdout), stderr_bytes=0, truncated={"stdout": False, "stderr": False},
         usage={"cpu_ms": 1, "rss_max_kb": 2, "rss_max_process_kb": 2, "io_read_kb": 0, "io_write_kb": 0},
         usage_unavailable={}, usage_sources={"cpu_ms": "cgroup"}, disk=None,
-        touched={"read": ["a.txt"], "written": written, "listed": [], "executed": []}, touched_unavailable={},
+        touched=Touched(("a.txt",), tuple(written), (), ()), touched_unavailable={},
     )
 
 
@@ -74,7 +75,7 @@ class FakeHelper:
                                    "stdout_tail_b64": "b3V0Cg==", "stderr_tail_b64": ""})
             return _exec_reply(self.written)
         if isinstance(request, ChangesRequest):
-            return ChangesReply([])
+            return ChangesReply(())
         if isinstance(request, DestroyRequest):
             return DestroyReply(request.capsule_id, True)
         if isinstance(request, ListRequest):

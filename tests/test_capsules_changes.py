@@ -15,7 +15,7 @@ import pytest
 
 from sandbox import execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
-from sandbox.ops import ListReply
+from sandbox.ops import Change, ListReply
 from sandbox.spec import CapsuleSpec
 
 
@@ -54,8 +54,8 @@ def layers(tmp_path: Path) -> tuple[Path, Path]:
     return lower, upper
 
 
-def kinds(changes: list[overlay.Change]) -> dict[str, dict[str, object]]:
-    return {c.path: c.to_dict() for c in changes}
+def kinds(changes: list[Change]) -> dict[str, dict[str, object]]:
+    return {c.path: c.to_args() for c in changes}
 
 
 def test_every_kind_of_change(layers: tuple[Path, Path]) -> None:

@@ -31,6 +31,7 @@ from sandbox.ops import (
     ExecRequest,
     ForkReply,
     ListReply,
+    Touched,
     encode_request,
 )
 from sandbox.protocol import (
@@ -47,7 +48,7 @@ from sandbox.spec import CapsuleSpec, Limits
 def exec_reply(stdout: bytes = b"") -> ExecReply:
     """An exec reply of a command that printed ``stdout`` and exited 0."""
     return ExecReply(0, None, False, False, 1, stdout, b"", len(stdout), 0, {"stdout": False, "stderr": False},
-                     {}, {}, {}, None, {"read": None, "written": [], "listed": None, "executed": None}, {})
+                     {}, {}, {}, None, Touched(None, (), None, None), {})
 
 
 class ManagerDouble:
@@ -84,7 +85,7 @@ class ManagerDouble:
         self._record("changes", capsule_id, caller_uid)
         if capsule_id == "cap_other":
             raise CcwError("PERMISSION_DENIED", "capsule belongs to another user")
-        return ChangesReply([])
+        return ChangesReply(())
 
     def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> ForkReply:
         self._record("fork", capsule_id, caller_uid, caller_gid)

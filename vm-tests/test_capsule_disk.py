@@ -187,7 +187,7 @@ def test_a_killed_helper_loses_nothing_on_the_disk_and_leaks_no_pool(root_requir
     manager = CapsuleManager(str(state), rootless=False, disk_mb=LIMIT_MB)
     assert manager.recover()["capsules"] == [capsule_id]
     assert mountinfo.mounts_under(str(state)) == []
-    assert [c["path"] for c in manager.changes(capsule_id, 0).changes] == ["kept.txt"]
+    assert [c.path for c in manager.changes(capsule_id, 0).changes] == ["kept.txt"]
     out = run(manager, capsule_id, "cat kept.txt /tmp/t")
     assert out.stdout == b"kept\ntmp\n"
     manager.destroy(capsule_id, 0)

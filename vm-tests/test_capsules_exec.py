@@ -12,7 +12,7 @@ import pytest
 
 from sandbox import mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import ExecReply, ExecRequest
+from sandbox.ops import ExecReply, ExecRequest, Touched
 from sandbox.registry import CapsuleManager
 from sandbox.spec import CapsuleSpec
 
@@ -66,14 +66,14 @@ def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager
     assert result.exit_code == 0, result.stdout + result.stderr
     assert b"1 passed" in result.stdout
     touched = result.touched
-    assert isinstance(touched, dict)
-    read = touched["read"]
+    assert isinstance(touched, Touched)
+    read = touched.read
     assert read is not None, result.touched_unavailable
     assert "calc.py" in read and "tests/test_calc.py" in read
     assert "untouched.py" not in read
-    assert read == sorted(read, key=os.fsencode)
+    assert list(read) == sorted(read, key=os.fsencode)
     # pytest wrote bytecode caches inside the capsule; the host tree is unchanged
-    assert any(p.startswith("__pycache__/calc") for p in touched["written"])
+    assert any(p.startswith("__pycache__/calc") for p in touched.written)
     assert sorted(p.name for p in ws.iterdir()) == before
     assert not (ws / "__pycache__").exists()
 
@@ -92,9 +92,9 @@ def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path)
     assert result.stdout == b"hello\n" and result.stderr == b"err\n"
     assert result.stdout_bytes == 6 and result.truncated == {"stdout": False, "stderr": False}
     touched = result.touched
-    assert isinstance(touched, dict)
-    assert touched["written"] == ["gone.txt", "old.txt", "renamed.txt", "sub/new.txt"]
-    changes = {c["path"]: c["kind"] for c in manager.changes(cid, 0).changes}
+    assert isinstance(touched, Touched)
+    assert touched.to_args()["written"] == ["gone.txt", "old.txt", "renamed.txt", "sub/new.txt"]
+    changes = {c.path: c.kind for c in manager.changes(cid, 0).changes}
     assert changes == {"gone.txt": "deleted", "old.txt": "deleted", "renamed.txt": "added", "sub/new.txt": "added"}
     # $HOME and /tmp persist across execs of one capsule
     run(manager, cid, ["/bin/sh", "-c", "echo kept > $HOME/h; echo kept > /tmp/t"])
@@ -124,8 +124,8 @@ def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
     child = manager.fork(parent, 0, 0).capsule_id
     result = run(manager, child, ["/bin/sh", "-c", "cat p.txt base.txt; echo child > c.txt"])
     assert result.stdout == b"parent\nbase\n"
-    assert [c["path"] for c in manager.changes(parent, 0).changes] == ["p.txt"]
-    assert [c["path"] for c in manager.changes(child, 0).changes] == ["c.txt", "p.txt"]
+    assert [c.path for c in manager.changes(parent, 0).changes] == ["p.txt"]
+    assert [c.path for c in manager.changes(child, 0).changes] == ["c.txt", "p.txt"]
 
 
 def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: CapsuleManager, tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_writes_land_in_the_capsule_not_the_host(env: tuple[CapsuleManager, Path
     assert (Path(merged) / "added.txt").read_text() == "new\n"
     assert not (Path(merged) / "gone.txt").exists()
     assert tree_digest(ws) == before
-    paths = [c["path"] for c in manager.changes(capsule.capsule_id, 0).changes]
+    paths = [c.path for c in manager.changes(capsule.capsule_id, 0).changes]
     assert paths == ["added.txt", "gone.txt", "gonedir", "mod.txt", "x", "x/y"]
 
 
@@ -104,7 +104,7 @@ def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Pat
         cat keep.txt > /dev/null; touch keep.txt
         mv moved renamed
     """))
-    found = {c["path"]: c for c in manager.changes(capsule.capsule_id, 0).changes}
+    found = {c.path: c for c in manager.changes(capsule.capsule_id, 0).changes}
     assert list(found) == sorted(found, key=os.fsencode)
     expected = {
         "added.txt": ("added", "file"), "chmod.txt": ("mode_changed", "file"),
@@ -114,10 +114,10 @@ def test_every_kind_of_change_is_reported_exactly(env: tuple[CapsuleManager, Pat
         "opq": ("opaque", "dir"), "opq/fresh.txt": ("added", "file"),
         "renamed": ("added", "dir"), "renamed/a.txt": ("added", "file"),
     }
-    assert {p: (c["kind"], c["type"]) for p, c in found.items()} == expected
-    assert found["chmod.txt"]["mode"] == 0o600
-    assert found["f2s"]["target"] == "../target" and found["link"]["target"] == "mod.txt"
-    assert found["mod.txt"]["size"] == len("changed\n")
+    assert {p: (c.kind, c.type) for p, c in found.items()} == expected
+    assert found["chmod.txt"].mode == 0o600
+    assert found["f2s"].target == "../target" and found["link"].target == "mod.txt"
+    assert found["mod.txt"].size == len("changed\n")
 
 
 def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, Path, Path]) -> None:
@@ -142,9 +142,9 @@ def test_fork_sees_parent_and_does_not_leak_into_it(env: tuple[CapsuleManager, P
     with pytest.raises(CcwError) as cerr:
         manager.destroy(pid, 0)
     assert cerr.value.code == "CONFLICT"
-    child_changes = {c["path"]: c["kind"] for c in manager.changes(child.capsule_id, 0).changes}
+    child_changes = {c.path: c.kind for c in manager.changes(child.capsule_id, 0).changes}
     assert child_changes == {"c.txt": "added", "gone.txt": "deleted", "p.txt": "added"}
-    assert [c["path"] for c in manager.changes(pid, 0).changes] == ["gone.txt", "p.txt"]
+    assert [c.path for c in manager.changes(pid, 0).changes] == ["gone.txt", "p.txt"]
     grandchild = manager.fork(child.capsule_id, 0, 0)
     assert (Path(grandchild.mount) / "c.txt").read_text() == "child\n"
     manager.destroy(grandchild.capsule_id, 0)
@@ -234,7 +234,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
     assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
     assert mountinfo.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
     assert sorted(os.listdir(state / "capsules")) == [parent_id, fork_id]
-    assert [c["path"] for c in manager.changes(fork_id, 0).changes] == ["forked.txt", "precious.txt"]
+    assert [c.path for c in manager.changes(fork_id, 0).changes] == ["forked.txt", "precious.txt"]
     fd = manager.open_root(fork_id, 0)
     try:
         with open(f"/proc/self/fd/{fd}/precious.txt") as f:

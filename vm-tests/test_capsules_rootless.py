@@ -46,9 +46,9 @@ SCRIPT = textwrap.dedent("""
     f = m.fork(c.capsule_id, 0, 0)
     open(os.path.join(f.mount, "child.txt"), "w").write("c")
     child_paths = sorted(os.listdir(f.mount))
-    child_changes = [ch["path"] for ch in m.changes(f.capsule_id, 0).changes]
+    child_changes = [ch.path for ch in m.changes(f.capsule_id, 0).changes]
     m.destroy(f.capsule_id, 0)
-    out = {{"changes": m.changes(c.capsule_id, 0).changes,
+    out = {{"changes": m.changes(c.capsule_id, 0).to_args()["changes"],
             "child_paths": child_paths, "child_changes": child_changes,
             "xattrs": os.listxattr(os.path.join(merged.replace("merged", "upper"), "dir")),
             "mounted": len(mountinfo.mounts_under({state!r}))}}

@@ -89,7 +89,7 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         ours_s = time.perf_counter() - start
         # The baseline searches the same units with real trials, sequentially.
         helper = await ctx.helper()
-        changes = (await helper.request("changes", {"capsule_id": cap}))["changes"]
+        changes = await ctx.capsules.changes(cap)
         root_fd = await helper.open_root(cap)
         with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
             material = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)

@@ -130,7 +130,7 @@ async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> d
     assert agent_loop.changed_lines(ours["minimal_patch"]) == expected, ours["minimal_patch"]
 
     helper = await tools.ctx.helper()
-    changes = (await helper.request("changes", {"capsule_id": cap}))["changes"]
+    changes = await tools.ctx.capsules.changes(cap)
     root_fd = await helper.open_root(cap)
     with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
         files = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)

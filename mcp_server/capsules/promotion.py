@@ -20,6 +20,7 @@ Order of checks, cheapest first, and why:
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
+from sandbox.ops import Change
 
 TEST_TIMEOUT_MS = 600_000
 
@@ -91,7 +93,7 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
 
 
 def _plan(
-    record: CapsuleRecord, changes: list[dict[str, Any]], root_fd: int, journal: Journal, early: dict[str, str]
+    record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal, early: dict[str, str]
 ) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries = changeset.expand(changes, base, capsule)

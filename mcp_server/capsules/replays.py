@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import ExecReply
+from sandbox.ops import Change, ExecReply, Touched
 from sandbox.spec import CapsuleSpec, Limits
 
 
@@ -127,7 +128,7 @@ def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return problems
 
 
-def _replay_changes(changes: list[dict[str, Any]], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
+def _replay_changes(changes: Sequence[Change], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
     with RootView.from_fd(root_fd) as capsule, RootView.open(base_dir) as base:
         entries = changeset.expand(changes, base, capsule)
         out = []
@@ -150,7 +151,7 @@ class _Tally:
 
     mismatches: list[dict[str, Any]] = field(default_factory=list)
     output_diffs: list[dict[str, Any]] = field(default_factory=list)
-    touched: dict[int, dict[str, Any]] = field(default_factory=dict)  # by exec seq
+    touched: dict[int, Touched] = field(default_factory=dict)  # by exec seq
     cpu_ms: int | None = 0  # None once some exec's figure is unknown
     rss_max_kb: int | None = None
 
@@ -263,7 +264,8 @@ def _change_mismatches(manifest: dict[str, Any], tally: _Tally, actual_changes: 
     changed = {c["path"] for c in manifest["changes"]}
     changed_now = {c["path"] for c in actual_changes}
     for ex in manifest["execs"]:
-        wrote = replaydiff.written_mismatch(ex, tally.touched[ex["seq"]], changed, changed_now)
+        # The record's touched sets are the journal's form of the reply's (Touched.to_args).
+        wrote = replaydiff.written_mismatch(ex, tally.touched[ex["seq"]].to_args(), changed, changed_now)
         if wrote is not None:
             mismatches.append(wrote)
     return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes)

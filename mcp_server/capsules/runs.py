@@ -28,7 +28,6 @@ from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_
 USAGE_FIGURES = ("cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
-TOUCHED_SETS = ("read", "written", "listed", "executed")
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,8 @@ class ExecOutcome:
 
     @property
     def touched(self) -> dict[str, Any]:
-        """Files read, written, listed, executed; listed and executed are null exactly when read is."""
-        return {key: self.reply.touched.get(key) for key in TOUCHED_SETS}
+        """Files read, written, listed, executed, as the journal keeps them (sandbox.ops.Touched)."""
+        return self.reply.touched.to_args()
 
     @property
     def touched_unavailable(self) -> dict[str, str]:

@@ -48,6 +48,7 @@ from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import (
+    Change,
     ChangesReply,
     ChangesRequest,
     CreateReply,
@@ -196,7 +197,7 @@ class CapsuleService:
             seq = journal.add_exec(record.capsule_id, journal_entry(request, outcome, started))
             journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
             generation = journal.generation(record.capsule_id)
-            await trio.to_thread.run_sync(record_base_states, journal, record, outcome.touched["written"])
+            await trio.to_thread.run_sync(record_base_states, journal, record, list(reply.touched.written))
             return dataclasses.replace(outcome, generation=generation)
 
     async def _exec_reply(self, request: ExecRequest, waited_ms: int) -> ExecReply:
@@ -253,7 +254,7 @@ class CapsuleService:
             ))
         return out
 
-    async def changes(self, capsule_id: str) -> list[dict[str, Any]]:
+    async def changes(self, capsule_id: str) -> tuple[Change, ...]:
         """The helper's list of what differs between the capsule's upper layer and its base."""
         return (await self.call(ChangesRequest(capsule_id), ChangesReply)).changes
 

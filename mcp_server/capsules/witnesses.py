@@ -31,6 +31,7 @@ import datetime as dt
 import os
 import signal
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import Change
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS witnesses (
@@ -133,7 +135,7 @@ def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
 
 
 def build_manifest(
-    record: CapsuleRecord, execs: list[dict[str, Any]], changes: list[dict[str, Any]],
+    record: CapsuleRecord, execs: list[dict[str, Any]], changes: Sequence[Change],
     base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
     outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
     max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,

@@ -18,7 +18,7 @@ recorded.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from mcp_server.core import unidiff
 from mcp_server.fs.promote import Op
 from mcp_server.fs.view import DirFds, RootView, Side, lstat
 from sandbox.errors import CcwError
+from sandbox.ops import Change
 
 
 @dataclass(frozen=True)
@@ -53,15 +54,15 @@ def _descendants(view: RootView, path: str) -> Iterable[str]:
             yield from _descendants(view, child)
 
 
-def expand(changes: list[dict[str, Any]], base: RootView, capsule: RootView) -> list[Entry]:
-    """Per-path (old, new) states for a change list, sorted by path bytes."""
-    kinds = {c["path"]: c["kind"] for c in changes}
+def expand(changes: Sequence[Change], base: RootView, capsule: RootView) -> list[Entry]:
+    """Per-path (old, new) states for the helper's change list, sorted by path bytes."""
+    kinds = {c.path: c.kind for c in changes}
     paths = set(kinds)
     for change in changes:
-        if change["kind"] in ("deleted", "opaque", "type_changed"):
-            old = lstat(base, change["path"])
+        if change.kind in ("deleted", "opaque", "type_changed"):
+            old = lstat(base, change.path)
             if old is not None and old.kind == "dir":
-                paths.update(_descendants(base, change["path"]))
+                paths.update(_descendants(base, change.path))
     out = []
     # Changed paths crowd into few directories: each is resolved once per side.
     with DirFds(base) as base_dirs, DirFds(capsule) as capsule_dirs:
