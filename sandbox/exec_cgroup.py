@@ -15,7 +15,7 @@ Some facts about per-exec cgroups
   ``memory.peak``): resident anonymous memory *plus* page cache the exec brought in.
   Without a memory cgroup it is null: rusage (rusage.py) measures only the largest
   single process, reported apart as ``rss_max_process_kb``, and CPU time, which fills
-  ``cpu_ms`` where no cpu counter is readable.  ``Usage.sources`` names each figure's
+  ``cpu_ms`` where no cpu counter is readable.  ``Measurement.sources`` names each figure's
   mechanism.
 - I/O is the hard one.  v1 blkio charges buffered writes to the kernel flusher at
   writeback, not to the writer, and on some hosts (the CI VM's virtio disk: measured)
@@ -38,7 +38,7 @@ Some facts about per-exec cgroups
   migration per exec (~0.1 ms measured).
 - CPU time has no v1/v2 "budget" knob (cpu.max is a rate), so ``Limits.cpu_ms`` is
   enforced by a watcher thread that polls the usage counter and kills the cgroup when the
-  budget is spent (``Usage.cpu_limited``).  It sleeps for at most the remaining budget
+  budget is spent (``Measurement.cpu_limited``).  It sleeps for at most the remaining budget
   divided by the number of CPUs, so it overshoots by at most one poll interval.
 """
 
@@ -70,7 +70,7 @@ from sandbox.cgroups import (
     write_file,
 )
 from sandbox.errors import CcwError, from_oserror
-from sandbox.rusage import BlockCounts, Usage
+from sandbox.rusage import BlockCounts, Measurement
 
 PARENT_NAME = "ccw"
 V2_WANTED = ("memory", "pids", "cpu", "io")
@@ -303,7 +303,7 @@ class ExecCgroup:
         return True
 
     # -- collect
-    def collect(self, rusage: BlockCounts | None = None) -> Usage:
+    def collect(self, rusage: BlockCounts | None = None) -> Measurement:
         """Usage after the command ended; every null figure has its reason in ``unavailable``,
         every other its mechanism in ``sources``.
 
@@ -316,7 +316,7 @@ class ExecCgroup:
             self._watcher.join()
         why_none = _why_none(self.unavailable)
         unavailable: dict[str, str] = {}
-        usage = Usage(None, None, None, None, False, False, unavailable, self.cpu_limited)
+        usage = Measurement(None, None, None, None, False, False, unavailable, self.cpu_limited)
 
         cpu_ns = self._cpu_ns()
         if cpu_ns is not None:
@@ -355,7 +355,7 @@ class ExecCgroup:
         self._collect_io(usage, why_none, rusage)
         return usage
 
-    def _collect_io(self, usage: Usage, why_none: str, rusage: BlockCounts | None) -> None:
+    def _collect_io(self, usage: Measurement, why_none: str, rusage: BlockCounts | None) -> None:
         if rusage is not None and os.path.exists("/proc/self/io"):
             # Task I/O accounting, summed by the kernel over every reaped descendant: reads
             # that went to storage, and pages dirtied for storage (charged to the writer

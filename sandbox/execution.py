@@ -35,13 +35,13 @@ from typing import TYPE_CHECKING, Any
 from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.ops import ExecProgress, ExecReply, ExecRequest, Touched
+from sandbox.ops import DiskUse, ExecProgress, ExecReply, ExecRequest, Touched, Truncated
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
     from sandbox.fanotify import Traced
-    from sandbox.rusage import Usage
+    from sandbox.rusage import Measurement
     from sandbox.supervise import JailResult
 
 log = logging.getLogger("ccw.capsules")
@@ -112,10 +112,8 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
         stderr=result.stderr,
         stdout_bytes=result.stdout_bytes,
         stderr_bytes=result.stderr_bytes,
-        truncated={"stdout": result.stdout_truncated, "stderr": result.stderr_truncated},
-        usage={"cpu_ms": usage.cpu_ms, "rss_max_kb": usage.rss_max_kb,
-               "rss_max_process_kb": usage.rss_max_process_kb,
-               "io_read_kb": usage.io_read_kb, "io_write_kb": usage.io_write_kb},
+        truncated=Truncated(result.stdout_truncated, result.stderr_truncated),
+        usage=usage.figures(),
         usage_unavailable=dict(usage.unavailable),
         usage_sources=dict(usage.sources),
         disk=_disk_report(capsule),
@@ -126,7 +124,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None,
-                progress_ms: int) -> tuple[JailResult, Usage, Traced | None, str | None]:
+                progress_ms: int) -> tuple[JailResult, Measurement, Traced | None, str | None]:
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
     (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""
     from sandbox import exec_cgroup, fanotify, rusage, supervise
@@ -185,13 +183,13 @@ def _tuple(paths: list[str] | None) -> tuple[str, ...] | None:
     return None if paths is None else tuple(paths)
 
 
-def _disk_report(capsule: Capsule) -> dict[str, Any] | None:
+def _disk_report(capsule: Capsule) -> DiskUse | None:
     """The capsule disk's size and use after the exec, and whether it counts as full."""
     if capsule.disk_mb is None:
         return None
-    report: dict[str, Any] = {"limit_mb": capsule.disk_mb, **disk.usage(capsule.path("upper"))}
-    report["full"] = report["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
-    return report
+    used = disk.usage(capsule.path("upper"))
+    full = used["free_kb"] < max(DISK_FULL_MIN_KB, capsule.disk_mb * 1024 // 100)
+    return DiskUse(capsule.disk_mb, used["used_kb"], used["free_kb"], full)
 
 
 def upper_signature(upper: str) -> dict[str, tuple[int, ...]]:

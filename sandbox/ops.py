@@ -239,6 +239,37 @@ class Change(OpReply):
 
 
 @dataclass(frozen=True)
+class Truncated(OpReply):
+    """Whether each captured output stopped at the output cap (the byte counts go on)."""
+
+    stdout: bool
+    stderr: bool
+
+
+@dataclass(frozen=True)
+class Usage(OpReply):
+    """What an exec used.  A None figure was not measured (never 0): the exec reply's
+    ``usage_unavailable`` says why, and ``usage_sources`` names each figure's mechanism
+    (sandbox/exec_cgroup.py, rusage.py)."""
+
+    cpu_ms: int | None
+    rss_max_kb: int | None  # the jail's peak total (a memory cgroup's peak charge)
+    rss_max_process_kb: int | None  # the largest single process's peak (rusage), never a total
+    io_read_kb: int | None
+    io_write_kb: int | None
+
+
+@dataclass(frozen=True)
+class DiskUse(OpReply):
+    """A capsule disk after an exec: its size, use, and whether it counts as full (execution.py)."""
+
+    limit_mb: int
+    used_kb: int
+    free_kb: int
+    full: bool
+
+
+@dataclass(frozen=True)
 class Touched(OpReply):
     """The files an exec touched, relative to the workspace, each set sorted by path bytes.
 
@@ -311,8 +342,8 @@ class ExecProgress(OpReply):
 class ExecReply(OpReply):
     """How a command ended, its output, its resource use and the files it touched.
 
-    ``usage``, ``disk`` and the ``*_unavailable`` companions are the helper's reports as
-    they are (see sandbox/rusage.py, disk.py, fanotify.py).
+    ``disk`` is None for a capsule without a disk of its own; ``usage_unavailable`` and
+    ``touched_unavailable`` say why a figure or set is None.
     """
 
     exit_code: int | None
@@ -324,11 +355,11 @@ class ExecReply(OpReply):
     stderr: bytes
     stdout_bytes: int
     stderr_bytes: int
-    truncated: dict[str, bool]
-    usage: dict[str, Any]
+    truncated: Truncated
+    usage: Usage
     usage_unavailable: dict[str, str]
     usage_sources: dict[str, str]
-    disk: dict[str, Any] | None
+    disk: DiskUse | None
     touched: Touched
     touched_unavailable: dict[str, str]
 
@@ -336,7 +367,10 @@ class ExecReply(OpReply):
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ExecReply:
-        return cls(**{**result, "touched": Touched.from_args(result["touched"])})
+        disk = None if result["disk"] is None else DiskUse.from_args(result["disk"])
+        return cls(**{**result, "truncated": Truncated.from_args(result["truncated"]),
+                      "usage": Usage.from_args(result["usage"]), "disk": disk,
+                      "touched": Touched.from_args(result["touched"])})
 
 
 @dataclass(frozen=True)

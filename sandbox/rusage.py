@@ -1,7 +1,8 @@
 """Usage without cgroups: what the jail's init learns from reaping every process of the jail.
 
-An exec's ``Usage`` record lives here: the exec cgroup (exec_cgroup.py) fills what its
-hierarchies measure, ``fill`` adds what the init's rusage report measured.
+An exec's ``Measurement`` lives here: the exec cgroup (exec_cgroup.py) fills what its
+hierarchies measure, ``fill`` adds what the init's rusage report measured, and the exec
+reply carries its ``figures()`` (sandbox.ops.Usage) with the reasons and sources.
 
 Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18)
 ---------------------------------------------------------------------------------
@@ -49,6 +50,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sandbox.ops import Usage
+
 _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inherited_kb
 
 INIT_CPU = "wait4 rusage of the jail's init: CPU time (user + system) summed over every process of the jail"
@@ -59,8 +62,9 @@ _RUSAGE_FIGURES = ("cpu_ms", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 
 
 @dataclass
-class Usage:
-    """What an exec used; a None figure could not be measured and ``unavailable`` says why."""
+class Measurement:
+    """What an exec used, as it is being measured; a None figure could not be measured and
+    ``unavailable`` says why."""
 
     cpu_ms: int | None
     rss_max_kb: int | None
@@ -73,6 +77,10 @@ class Usage:
     # The peak RSS of the largest single process (``fill`` sets it; never a total).
     rss_max_process_kb: int | None = None
     sources: dict[str, str] = field(default_factory=dict)  # figure -> the mechanism that measured it
+
+    def figures(self) -> Usage:
+        """The figures as the exec reply carries them."""
+        return Usage(self.cpu_ms, self.rss_max_kb, self.rss_max_process_kb, self.io_read_kb, self.io_write_kb)
 
 
 class BlockCounts(Protocol):
@@ -121,7 +129,7 @@ def unpack(payload: bytes) -> InitReport | None:
     return InitReport(cpu_us // 1000, maxrss_kb, inblock, oublock, inherited_kb)
 
 
-def fill(usage: Usage, report: InitReport | None) -> None:
+def fill(usage: Measurement, report: InitReport | None) -> None:
     """Give ``usage`` the figures the init's ``report`` measured where no cgroup did, naming each source.
 
     A cgroup's CPU figure is kept (the same sum, and it also counts what a kill ended);

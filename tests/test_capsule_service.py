@@ -35,6 +35,8 @@ from sandbox.ops import (
     OpReply,
     OpRequest,
     Touched,
+    Truncated,
+    Usage,
 )
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
@@ -42,8 +44,8 @@ from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 def _exec_reply(written: list[str], stdout: bytes = b"out\n") -> ExecReply:
     return ExecReply(
         exit_code=0, signal=None, timed_out=False, oom_killed=False, duration_ms=5, stdout=stdout, stderr=b"",
-        stdout_bytes=len(stdout), stderr_bytes=0, truncated={"stdout": False, "stderr": False},
-        usage={"cpu_ms": 1, "rss_max_kb": 2, "rss_max_process_kb": 2, "io_read_kb": 0, "io_write_kb": 0},
+        stdout_bytes=len(stdout), stderr_bytes=0, truncated=Truncated(False, False),
+        usage=Usage(cpu_ms=1, rss_max_kb=2, rss_max_process_kb=2, io_read_kb=0, io_write_kb=0),
         usage_unavailable={}, usage_sources={"cpu_ms": "cgroup"}, disk=None,
         touched=Touched(("a.txt",), tuple(written), (), ()), touched_unavailable={},
     )

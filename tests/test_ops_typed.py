@@ -24,6 +24,7 @@ from sandbox.ops import (
     CreateReply,
     CreateRequest,
     DestroyReply,
+    DiskUse,
     ExecProgress,
     ExecReply,
     ExecRequest,
@@ -33,6 +34,8 @@ from sandbox.ops import (
     OpenRootReply,
     OpReply,
     Touched,
+    Truncated,
+    Usage,
     encode_request,
 )
 from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
@@ -41,7 +44,9 @@ from sandbox.spec import CapsuleSpec, Limits
 EXEC_RESULT: dict[str, Any] = {
     "exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False, "duration_ms": 3,
     "stdout_b64": base64.b64encode(b"out").decode(), "stderr_b64": "", "stdout_bytes": 3, "stderr_bytes": 0,
-    "truncated": {"stdout": False, "stderr": False}, "usage": {"cpu_ms": 1}, "usage_unavailable": {},
+    "truncated": {"stdout": False, "stderr": False},
+    "usage": {"cpu_ms": 1, "rss_max_kb": None, "rss_max_process_kb": 2, "io_read_kb": 0, "io_write_kb": 0},
+    "usage_unavailable": {"rss_max_kb": "no memory cgroup"},
     "usage_sources": {}, "disk": None, "touched": {"read": [], "written": [], "listed": [], "executed": []},
     "touched_unavailable": {},
 }
@@ -101,8 +106,9 @@ REPLIES: list[OpReply] = [
     ForkReply("cap_2", "/s/m2", "/w", "t1", "t2", ISOLATION, parent="cap_1"),
     ExecProgress(5, 1, 0, b"a\x00", b""),
     ExecReply.from_args(EXEC_RESULT),
-    ExecReply(None, "SIGKILL", True, True, 9, b"\xff" * 3, b"e", 3, 1, {"stdout": True, "stderr": False},
-              {"cpu_ms": None}, {"cpu_ms": "gone"}, {"rss_max_kb": "cgroup"}, {"limit_mb": 8, "full": True},
+    ExecReply(None, "SIGKILL", True, True, 9, b"\xff" * 3, b"e", 3, 1, Truncated(stdout=True, stderr=False),
+              Usage(None, 5, None, None, None), {"cpu_ms": "gone"}, {"rss_max_kb": "cgroup"},
+              DiskUse(limit_mb=8, used_kb=8000, free_kb=100, full=True),
               Touched(None, ("a",), None, None), {"read": "overflow"}),
     ChangesReply((Change("a", "added", "file", mode=420, size=1), Change("l", "modified", "symlink", target="x"))),
     ChangesReply(()),

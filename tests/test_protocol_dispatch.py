@@ -32,6 +32,8 @@ from sandbox.ops import (
     ForkReply,
     ListReply,
     Touched,
+    Truncated,
+    Usage,
     encode_request,
 )
 from sandbox.protocol import (
@@ -47,8 +49,8 @@ from sandbox.spec import CapsuleSpec, Limits
 
 def exec_reply(stdout: bytes = b"") -> ExecReply:
     """An exec reply of a command that printed ``stdout`` and exited 0."""
-    return ExecReply(0, None, False, False, 1, stdout, b"", len(stdout), 0, {"stdout": False, "stderr": False},
-                     {}, {}, {}, None, Touched(None, (), None, None), {})
+    return ExecReply(0, None, False, False, 1, stdout, b"", len(stdout), 0, Truncated(False, False),
+                     Usage(None, None, None, None, None), {}, {}, None, Touched(None, (), None, None), {})
 
 
 class ManagerDouble:

@@ -1,4 +1,4 @@
-"""Usage without cgroups: the init's rusage report, how it fills a Usage, and the kernel facts it rests on."""
+"""Usage without cgroups: the init's rusage report, how it fills a Measurement, and the kernel facts it rests on."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sandbox import rusage
-from sandbox.rusage import Usage
+from sandbox.rusage import Measurement
 
 MIB = 1024  # ru_maxrss is in kB
 
@@ -20,10 +20,10 @@ def _rusage(utime: float = 0.0, stime: float = 0.0, maxrss: int = 0, inblock: in
     return resource.struct_rusage(fields)
 
 
-def _rootless_usage() -> Usage:
+def _rootless_usage() -> Measurement:
     """What exec_cgroup.collect gives when no hierarchy was writable."""
     why = "mkdir of the exec's cgroup failed with EACCES in every hierarchy"
-    return Usage(None, None, 4, 0, False, False,
+    return Measurement(None, None, 4, 0, False, False,
                  {"cpu_ms": f"no readable cpu usage counter: {why}", "rss_max_kb": f"no memory cgroup: {why}"})
 
 
@@ -48,7 +48,7 @@ def test_rootless_usage_takes_cpu_and_largest_process_from_the_init() -> None:
 
 
 def test_cgroup_figures_are_kept() -> None:
-    usage = Usage(900, 120 * MIB, 0, 0, False, False, sources={"cpu_ms": "cgroup v1 cpuacct.usage"})
+    usage = Measurement(900, 120 * MIB, 0, 0, False, False, sources={"cpu_ms": "cgroup v1 cpuacct.usage"})
     rusage.fill(usage, rusage.InitReport(700, 40 * MIB, 0, 0, 18 * MIB))
     assert (usage.cpu_ms, usage.rss_max_kb, usage.rss_max_process_kb) == (900, 120 * MIB, 40 * MIB)
     assert usage.sources["cpu_ms"] == "cgroup v1 cpuacct.usage"

@@ -20,7 +20,7 @@ import pytest
 
 from sandbox import disk, mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import ExecReply, ExecRequest
+from sandbox.ops import DiskUse, ExecReply, ExecRequest
 from sandbox.registry import CapsuleManager
 from sandbox.spec import CapsuleSpec
 
@@ -89,15 +89,15 @@ def test_filling_the_workspace_stops_at_the_limit_and_is_reported(env: tuple[Cap
     grown = image_kb(state, capsule.capsule_id)
     assert b"dd=1" in out.stdout and b"No space left on device" in out.stderr, out
     report = out.disk
-    assert isinstance(report, dict)
-    assert report["full"] is True and report["limit_mb"] == LIMIT_MB
-    assert report["used_kb"] > (LIMIT_MB - 16) * 1024 and report["free_kb"] < 4096
+    assert isinstance(report, DiskUse)
+    assert report.full is True and report.limit_mb == LIMIT_MB
+    assert report.used_kb > (LIMIT_MB - 16) * 1024 and report.free_kb < 4096
     # The host gave the capsule at most its disk's size (plus metadata slack), not 1000 MiB.
     assert (LIMIT_MB - 16) * 1024 < grown <= LIMIT_MB * 1024, f"the disk image holds {grown} KiB"
     assert not (ws / "fill").exists()
     # Still usable: freeing space frees it, and the next exec is not reported full.
     again = run(manager, capsule.capsule_id, "rm fill && echo freed > note && cat note")
-    assert again.stdout == b"freed\n" and isinstance(again.disk, dict) and again.disk["full"] is False
+    assert again.stdout == b"freed\n" and isinstance(again.disk, DiskUse) and again.disk.full is False
 
 
 def test_tmp_and_home_count_against_the_same_disk(env: tuple[CapsuleManager, Path, Path]) -> None:
@@ -106,7 +106,7 @@ def test_tmp_and_home_count_against_the_same_disk(env: tuple[CapsuleManager, Pat
     out = run(manager, capsule_id, "dd if=/dev/zero of=/tmp/t bs=1M count=40 2>/dev/null; "
                                    "dd if=/dev/zero of=$HOME/h bs=1M count=40 2>/dev/null; echo dd=$?")
     assert b"dd=1" in out.stdout, out  # the second write ran out: /tmp and $HOME share the limit
-    assert isinstance(out.disk, dict) and out.disk["full"] is True
+    assert isinstance(out.disk, DiskUse) and out.disk.full is True
 
 
 def test_one_full_capsule_leaves_another_untouched(env: tuple[CapsuleManager, Path, Path]) -> None:
@@ -116,7 +116,7 @@ def test_one_full_capsule_leaves_another_untouched(env: tuple[CapsuleManager, Pa
     run(manager, full, "dd if=/dev/zero of=fill bs=1M count=1000 2>/dev/null; true")
     out = run(manager, other, "dd if=/dev/zero of=ok bs=1M count=16 2>/dev/null && echo wrote")
     assert out.stdout == b"wrote\n"
-    assert isinstance(out.disk, dict) and out.disk["full"] is False
+    assert isinstance(out.disk, DiskUse) and out.disk.full is False
 
 
 def test_a_fork_has_its_own_disk_and_sees_its_parent(env: tuple[CapsuleManager, Path, Path]) -> None:
@@ -139,7 +139,7 @@ def test_sizes_are_checked_and_per_capsule(env: tuple[CapsuleManager, Path, Path
     bigger = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws), "limits": {"disk_mb": 128}}))
     assert bigger.isolation["filesystem"]["disk_limit_mb"] == 128
     out = run(manager, bigger.capsule_id, "dd if=/dev/zero of=f bs=1M count=100 2>/dev/null; echo dd=$?")
-    assert b"dd=0" in out.stdout and isinstance(out.disk, dict) and out.disk["limit_mb"] == 128
+    assert b"dd=0" in out.stdout and isinstance(out.disk, DiskUse) and out.disk.limit_mb == 128
 
 
 def test_without_disks_a_disk_limit_is_refused_with_the_reason(root_required: None, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from sandbox import mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import ExecReply, ExecRequest, Touched
+from sandbox.ops import ExecReply, ExecRequest, Touched, Usage
 from sandbox.registry import CapsuleManager
 from sandbox.spec import CapsuleSpec
 
@@ -90,7 +90,7 @@ def test_output_changes_and_written_set(manager: CapsuleManager, tmp_path: Path)
                                 "echo err >&2; exit 3"])
     assert (result.exit_code, result.signal, result.timed_out) == (3, None, False)
     assert result.stdout == b"hello\n" and result.stderr == b"err\n"
-    assert result.stdout_bytes == 6 and result.truncated == {"stdout": False, "stderr": False}
+    assert result.stdout_bytes == 6 and result.truncated.to_args() == {"stdout": False, "stderr": False}
     touched = result.touched
     assert isinstance(touched, Touched)
     assert touched.to_args()["written"] == ["gone.txt", "old.txt", "renamed.txt", "sub/new.txt"]
@@ -146,7 +146,7 @@ def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -
     assert result.oom_killed is True and result.exit_code != 0
     ok = run(manager, cid, [PYTHON, "-c", "print(len(bytearray(8 << 20)))"], timeout_ms=60_000)
     assert ok.exit_code == 0 and ok.stdout == f"{8 << 20}\n".encode()
-    assert isinstance(ok.usage, dict) and ok.usage["cpu_ms"] is not None
+    assert isinstance(ok.usage, Usage) and ok.usage.cpu_ms is not None
 
 
 def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: CapsuleManager, tmp_path: Path) -> None:
@@ -159,6 +159,6 @@ def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: Caps
     result = run(manager, capsule, ["sh", "-c", f"{grow}; exec sleep 600"], timeout_ms=5000)
     assert result.timed_out is True and result.signal == "SIGKILL"
     usage, sources = result.usage, result.usage_sources
-    assert isinstance(usage, dict) and isinstance(sources, dict)
-    assert usage["rss_max_process_kb"] >= 64 << 10, result.usage_unavailable
+    assert isinstance(usage, Usage) and isinstance(sources, dict)
+    assert usage.rss_max_process_kb is not None and usage.rss_max_process_kb >= 64 << 10, result.usage_unavailable
     assert sources["rss_max_process_kb"].startswith("wait4 rusage of the jail's init")

@@ -166,9 +166,9 @@ class _Tally:
             if diff is not None:
                 self.output_diffs.append(diff)
         usage = reply.usage
-        self.cpu_ms = None if self.cpu_ms is None or usage.get("cpu_ms") is None else self.cpu_ms + usage["cpu_ms"]
-        if usage.get("rss_max_kb") is not None:
-            self.rss_max_kb = max(self.rss_max_kb or 0, usage["rss_max_kb"])
+        self.cpu_ms = None if self.cpu_ms is None or usage.cpu_ms is None else self.cpu_ms + usage.cpu_ms
+        if usage.rss_max_kb is not None:
+            self.rss_max_kb = max(self.rss_max_kb or 0, usage.rss_max_kb)
 
 
 async def replay(service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:

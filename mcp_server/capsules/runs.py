@@ -17,15 +17,15 @@ import base64
 import datetime as dt
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import blake3
 
-from sandbox.ops import ExecReply, ExecRequest
+from sandbox.ops import ExecReply, ExecRequest, Usage
 from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_cwd
 
-USAGE_FIGURES = ("cpu_ms", "rss_max_kb", "rss_max_process_kb", "io_read_kb", "io_write_kb")
+USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
 
@@ -52,7 +52,7 @@ class ExecOutcome:
     @property
     def usage(self) -> dict[str, Any]:
         """The usage figures (null: not measured, never 0)."""
-        return {k: self.reply.usage.get(k) for k in USAGE_FIGURES}
+        return self.reply.usage.to_args()
 
     @property
     def usage_unavailable(self) -> dict[str, str]:
