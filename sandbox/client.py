@@ -36,8 +36,9 @@ from typing import Any, Protocol
 import trio
 
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import HelloRequest, OpReply, OpRequest, encode_request
+from sandbox.ops import HelloRequest, OpRequest, encode_request
 from sandbox.protocol import FrameDecoder, Reply
+from sandbox.replies import OpReply
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024

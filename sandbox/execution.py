@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 from sandbox import disk, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
-from sandbox.ops import DiskUse, ExecProgress, ExecReply, ExecRequest, Touched, Truncated
+from sandbox.ops import ExecRequest
+from sandbox.replies import DiskUse, ExecProgress, ExecReply, Touched, Truncated
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
 
 if TYPE_CHECKING:

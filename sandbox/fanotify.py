@@ -102,7 +102,7 @@ _ROOTLESS_REASON = (
 @dataclass
 class Traced:
     """What the tracer saw an exec open and write, relative to the merged dir, sorted
-    (execution.py makes the reply's ``ops.Touched`` of it).
+    (execution.py makes the reply's ``replies.Touched`` of it).
 
     ``listed`` (directories opened) and ``executed`` are None exactly when ``read`` is.
     """

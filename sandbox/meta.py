@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandbox.errors import CcwError
-from sandbox.ops import CapsuleSummary
+from sandbox.replies import CapsuleSummary
 from sandbox.spec import CapsuleSpec
 
 VERSION = 2

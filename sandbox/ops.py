@@ -1,4 +1,4 @@
-"""The helper's closed set of operations: the op table, and one typed request and reply per op.
+"""The helper's closed set of operations: the op table, and one typed request per op.
 
 ``OPS`` is bubblewrap's PrivSepOp: the helper serves these operations and nothing else,
 and each says why serving it is safe.  Every op that names a capsule is authorised
@@ -13,9 +13,8 @@ requests; what the privileged side must re-check on the host (paths, ownership) 
 re-checks in one place of its own.
 
 Each request class has ``to_args()`` / ``from_args()`` for the wire's ``args`` object,
-each reply class ``to_args()`` / ``from_args()`` for a reply's ``result`` object.  A
-field left None in a request is left out of its arguments, so the helper's default
-holds.
+and names the class of its op's reply (sandbox/replies.py).  A field left None in a
+request is left out of its arguments, so the helper's default holds.
 """
 
 from __future__ import annotations
@@ -28,7 +27,18 @@ from typing import Any, ClassVar, TypeVar
 
 from sandbox import spec
 from sandbox.errors import ProtocolError
-from sandbox.protocol import MAX_FRAME, PROTOCOL_VERSION, check_id, check_keys, encode_frame
+from sandbox.protocol import PROTOCOL_VERSION, check_id, encode_frame
+from sandbox.replies import (
+    ChangesReply,
+    CreateReply,
+    DestroyReply,
+    ExecReply,
+    ForkReply,
+    HelloReply,
+    ListReply,
+    OpenRootReply,
+    OpReply,
+)
 from sandbox.spec import (
     MAX_OUTPUT_CAP,
     MAX_STDIN,
@@ -155,270 +165,6 @@ def kind_of(mode: int) -> str:
     if stat.S_ISLNK(mode):
         return "symlink"
     return "other"
-
-
-# --- typed replies ------------------------------------------------------------------------
-
-
-ReplyT = TypeVar("ReplyT", bound="OpReply")
-
-
-class OpReply:
-    """A reply's ``result`` object, or one entry in it; its keys are the fields' names, a
-    bytes field named in ``base64_fields`` travels as base64 text under ``<name>_b64``, and
-    a field named in ``optional_fields`` is left out when None."""
-
-    base64_fields: ClassVar[tuple[str, ...]] = ()
-    optional_fields: ClassVar[tuple[str, ...]] = ()
-
-    def to_args(self) -> dict[str, Any]:
-        """The wire ``result`` object."""
-        out = {}
-        for one in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, one.name)
-            if one.name in self.base64_fields:
-                out[f"{one.name}_b64"] = base64.b64encode(value).decode()
-            elif value is not None or one.name not in self.optional_fields:
-                out[one.name] = _plain(value)
-        return out
-
-    @classmethod
-    def from_args(cls: type[ReplyT], result: Any) -> ReplyT:
-        """Read a ``result`` object; a missing or unknown key is a ProtocolError."""
-        if not isinstance(result, dict):
-            raise ProtocolError(f"{cls.__name__} must be an object")
-        keys = {f"{one.name}_b64" if one.name in cls.base64_fields else one.name for one in fields(cls)}  # type: ignore[arg-type]
-        check_keys(result, keys - set(cls.optional_fields), keys, cls.__name__)
-        plain = dict(result)
-        for name in cls.base64_fields:
-            text = spec.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
-            plain[name] = base64.b64decode(text, validate=True)
-        return cls._build(plain)
-
-    @classmethod
-    def _build(cls: type[ReplyT], result: dict[str, Any]) -> ReplyT:
-        return cls(**result)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, OpReply):
-        return value.to_args()
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    return value
-
-
-def _entries(cls: type[ReplyT], items: Any, what: str) -> tuple[ReplyT, ...]:
-    """A list of wire objects read as a tuple of ``cls``."""
-    if not isinstance(items, list):
-        raise ProtocolError(f"{what} must be a list")
-    return tuple(cls.from_args(item) for item in items)
-
-
-def _paths(items: Any, what: str) -> tuple[str, ...] | None:
-    """A wire list of paths (or null) as a tuple."""
-    if items is None:
-        return None
-    if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-        raise ProtocolError(f"{what} must be a list of paths or null")
-    return tuple(items)
-
-
-@dataclass(frozen=True)
-class Change(OpReply):
-    """One entry of a capsule's diff against its base (sandbox/overlay.py finds them)."""
-
-    path: str  # repo-relative, POSIX
-    kind: str  # added | modified | deleted | type_changed | mode_changed | opaque
-    type: str  # file | dir | symlink | other (the new type; the old one for deleted)
-    mode: int | None = None  # permission bits (S_IMODE) of the new entry
-    size: int | None = None  # regular files only
-    target: str | None = None  # symlinks only, as readlink says, never followed
-
-    optional_fields = ("mode", "size", "target")
-
-
-@dataclass(frozen=True)
-class Truncated(OpReply):
-    """Whether each captured output stopped at the output cap (the byte counts go on)."""
-
-    stdout: bool
-    stderr: bool
-
-
-@dataclass(frozen=True)
-class Usage(OpReply):
-    """What an exec used.  A None figure was not measured (never 0): the exec reply's
-    ``usage_unavailable`` says why, and ``usage_sources`` names each figure's mechanism
-    (sandbox/exec_cgroup.py, rusage.py)."""
-
-    cpu_ms: int | None
-    rss_max_kb: int | None  # the jail's peak total (a memory cgroup's peak charge)
-    rss_max_process_kb: int | None  # the largest single process's peak (rusage), never a total
-    io_read_kb: int | None
-    io_write_kb: int | None
-
-
-@dataclass(frozen=True)
-class DiskUse(OpReply):
-    """A capsule disk after an exec: its size, use, and whether it counts as full (execution.py)."""
-
-    limit_mb: int
-    used_kb: int
-    free_kb: int
-    full: bool
-
-
-@dataclass(frozen=True)
-class Touched(OpReply):
-    """The files an exec touched, relative to the workspace, each set sorted by path bytes.
-
-    ``read`` is None when it could not be recorded (the exec reply's
-    ``touched_unavailable`` says why); ``listed`` (directories opened) and ``executed``
-    are None exactly when ``read`` is.  ``written`` is always known: the upper dir shows it.
-    """
-
-    read: tuple[str, ...] | None
-    written: tuple[str, ...]
-    listed: tuple[str, ...] | None
-    executed: tuple[str, ...] | None
-
-    @classmethod
-    def _build(cls, result: dict[str, Any]) -> Touched:
-        written = _paths(result["written"], "touched.written")
-        if written is None:
-            raise ProtocolError("touched.written must be a list of paths")
-        return cls(_paths(result["read"], "touched.read"), written, _paths(result["listed"], "touched.listed"),
-                   _paths(result["executed"], "touched.executed"))
-
-
-@dataclass(frozen=True)
-class HelloReply(OpReply):
-    """The helper's protocol version, mode, the mechanisms in force and its ops."""
-
-    version: int
-    mode: str
-    mechanisms: dict[str, Any]
-    ops: tuple[str, ...]
-
-    @classmethod
-    def _build(cls, result: dict[str, Any]) -> HelloReply:
-        return cls(result["version"], result["mode"], result["mechanisms"], tuple(result["ops"]))
-
-
-@dataclass(frozen=True)
-class CreateReply(OpReply):
-    """A capsule just made: where it is mounted, the clock it shows, its isolation."""
-
-    capsule_id: str
-    mount: str
-    workspace: str
-    created_at: str
-    clock: str
-    isolation: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ForkReply(CreateReply):
-    """A fork just made; ``parent`` is the capsule it was forked from."""
-
-    parent: str
-
-
-@dataclass(frozen=True)
-class ExecProgress(OpReply):
-    """An interim report of a running exec: time so far, bytes so far, the latest output."""
-
-    elapsed_ms: int
-    stdout_bytes: int
-    stderr_bytes: int
-    stdout_tail: bytes
-    stderr_tail: bytes
-
-    base64_fields = ("stdout_tail", "stderr_tail")
-
-
-@dataclass(frozen=True)
-class ExecReply(OpReply):
-    """How a command ended, its output, its resource use and the files it touched.
-
-    ``disk`` is None for a capsule without a disk of its own; ``usage_unavailable`` and
-    ``touched_unavailable`` say why a figure or set is None.
-    """
-
-    exit_code: int | None
-    signal: str | None  # the signal's name (SIGKILL), when one ended the command
-    timed_out: bool
-    oom_killed: bool
-    duration_ms: int
-    stdout: bytes
-    stderr: bytes
-    stdout_bytes: int
-    stderr_bytes: int
-    truncated: Truncated
-    usage: Usage
-    usage_unavailable: dict[str, str]
-    usage_sources: dict[str, str]
-    disk: DiskUse | None
-    touched: Touched
-    touched_unavailable: dict[str, str]
-
-    base64_fields = ("stdout", "stderr")
-
-    @classmethod
-    def _build(cls, result: dict[str, Any]) -> ExecReply:
-        disk = None if result["disk"] is None else DiskUse.from_args(result["disk"])
-        return cls(**{**result, "truncated": Truncated.from_args(result["truncated"]),
-                      "usage": Usage.from_args(result["usage"]), "disk": disk,
-                      "touched": Touched.from_args(result["touched"])})
-
-
-@dataclass(frozen=True)
-class ChangesReply(OpReply):
-    """The capsule's changes, sorted by path."""
-
-    changes: tuple[Change, ...]
-
-    @classmethod
-    def _build(cls, result: dict[str, Any]) -> ChangesReply:
-        return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"))
-
-
-@dataclass(frozen=True)
-class OpenRootReply(OpReply):
-    """Sent with the descriptor (SCM_RIGHTS)."""
-
-    capsule_id: str
-
-
-@dataclass(frozen=True)
-class DestroyReply(OpReply):
-    """The capsule is gone."""
-
-    capsule_id: str
-    destroyed: bool
-
-
-@dataclass(frozen=True)
-class CapsuleSummary(OpReply):
-    """One capsule in a list: state is busy, frozen (has forks), ready or unmounted."""
-
-    capsule_id: str
-    workspace: str
-    parent: str | None
-    created_at: str
-    state: str
-
-
-@dataclass(frozen=True)
-class ListReply(OpReply):
-    """The caller's own capsules, sorted by id (= creation)."""
-
-    capsules: tuple[CapsuleSummary, ...]
-
-    @classmethod
-    def _build(cls, result: dict[str, Any]) -> ListReply:
-        return cls(_entries(CapsuleSummary, result["capsules"], "ListReply 'capsules'"))
 
 
 # --- typed requests -----------------------------------------------------------------------

@@ -75,7 +75,8 @@ from typing import Any
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import Change, kind_of
+from sandbox.ops import kind_of
+from sandbox.replies import Change
 
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data

@@ -60,13 +60,13 @@ from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
-from sandbox.ops import (
+from sandbox.ops import ExecRequest
+from sandbox.replies import (
     ChangesReply,
     CreateReply,
     DestroyReply,
     ExecProgress,
     ExecReply,
-    ExecRequest,
     ForkReply,
     ListReply,
 )

@@ -2,7 +2,7 @@
 
 An exec's ``Measurement`` lives here: the exec cgroup (exec_cgroup.py) fills what its
 hierarchies measure, ``fill`` adds what the init's rusage report measured, and the exec
-reply carries its ``figures()`` (sandbox.ops.Usage) with the reasons and sources.
+reply carries its ``figures()`` (sandbox.replies.Usage) with the reasons and sources.
 
 Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18)
 ---------------------------------------------------------------------------------
@@ -50,7 +50,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sandbox.ops import Usage
+from sandbox.replies import Usage
 
 _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inherited_kb
 

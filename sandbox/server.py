@@ -49,24 +49,14 @@ from typing import TYPE_CHECKING, Any
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
     OPS,
-    ChangesReply,
     ChangesRequest,
-    CreateReply,
     CreateRequest,
-    DestroyReply,
     DestroyRequest,
-    ExecProgress,
-    ExecReply,
     ExecRequest,
-    ForkReply,
     ForkRequest,
-    HelloReply,
     HelloRequest,
-    ListReply,
     ListRequest,
-    OpenRootReply,
     OpenRootRequest,
-    OpReply,
     parse_request,
 )
 from sandbox.protocol import (
@@ -76,6 +66,18 @@ from sandbox.protocol import (
     encode_error,
     encode_progress,
     encode_reply,
+)
+from sandbox.replies import (
+    ChangesReply,
+    CreateReply,
+    DestroyReply,
+    ExecProgress,
+    ExecReply,
+    ForkReply,
+    HelloReply,
+    ListReply,
+    OpenRootReply,
+    OpReply,
 )
 from sandbox.syscalls import unix_address
 

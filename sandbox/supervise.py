@@ -42,7 +42,7 @@ from sandbox import mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import ExecProgress
+from sandbox.replies import ExecProgress
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup

@@ -19,21 +19,23 @@ from mcp_server.journal import Journal
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import (
+    ChangesRequest,
+    CreateRequest,
+    DestroyRequest,
+    ExecRequest,
+    ForkRequest,
+    ListRequest,
+    OpRequest,
+)
+from sandbox.replies import (
     CapsuleSummary,
     ChangesReply,
-    ChangesRequest,
     CreateReply,
-    CreateRequest,
     DestroyReply,
-    DestroyRequest,
     ExecReply,
-    ExecRequest,
     ForkReply,
-    ForkRequest,
     ListReply,
-    ListRequest,
     OpReply,
-    OpRequest,
     Touched,
     Truncated,
     Usage,

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox import execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
-from sandbox.ops import Change, ListReply
+from sandbox.replies import Change, ListReply
 from sandbox.spec import CapsuleSpec
 
 

@@ -1,4 +1,4 @@
-"""Typed requests and replies (sandbox/ops.py) and the sans-IO client core (sandbox/client.py)."""
+"""Typed requests and replies (sandbox/ops.py, replies.py) and the sans-IO client core (sandbox/client.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +14,17 @@ import pytest
 from mcp_server.core.canonical import canonical_json
 from sandbox.client import BlockingClient, ClientConnection
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import (
-    OPS,
-    REQUESTS,
+from sandbox.ops import OPS, REQUESTS, ChangesRequest, CreateRequest, ExecRequest, encode_request
+from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
+from sandbox.replies import (
     CapsuleSummary,
     Change,
     ChangesReply,
-    ChangesRequest,
     CreateReply,
-    CreateRequest,
     DestroyReply,
     DiskUse,
     ExecProgress,
     ExecReply,
-    ExecRequest,
     ForkReply,
     HelloReply,
     ListReply,
@@ -36,9 +33,7 @@ from sandbox.ops import (
     Touched,
     Truncated,
     Usage,
-    encode_request,
 )
-from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
 from sandbox.spec import CapsuleSpec, Limits
 
 EXEC_RESULT: dict[str, Any] = {

@@ -23,25 +23,24 @@ import trio
 
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import (
-    ChangesReply,
-    CreateReply,
-    DestroyReply,
-    ExecReply,
-    ExecRequest,
-    ForkReply,
-    ListReply,
-    Touched,
-    Truncated,
-    Usage,
-    encode_request,
-)
+from sandbox.ops import ExecRequest, encode_request
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
     Reply,
     Request,
     encode_frame,
+)
+from sandbox.replies import (
+    ChangesReply,
+    CreateReply,
+    DestroyReply,
+    ExecReply,
+    ForkReply,
+    ListReply,
+    Touched,
+    Truncated,
+    Usage,
 )
 from sandbox.server import Dispatcher, HelperServer, Peer
 from sandbox.spec import CapsuleSpec, Limits

@@ -20,8 +20,9 @@ import pytest
 
 from sandbox import disk, mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import DiskUse, ExecReply, ExecRequest
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.replies import DiskUse, ExecReply
 from sandbox.spec import CapsuleSpec
 
 ROOT = Path(__file__).resolve().parent.parent

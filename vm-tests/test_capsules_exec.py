@@ -12,8 +12,9 @@ import pytest
 
 from sandbox import mountinfo
 from sandbox.errors import CcwError
-from sandbox.ops import ExecReply, ExecRequest, Touched, Usage
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.replies import ExecReply, Touched, Usage
 from sandbox.spec import CapsuleSpec
 
 # The helper's own interpreter: the jail binds its prefix read-only (mounts.python_prefix).

@@ -17,8 +17,9 @@ import pytest
 
 from sandbox import mountinfo, overlay
 from sandbox.errors import CcwError
-from sandbox.ops import DestroyReply, ExecRequest, ListReply
+from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
+from sandbox.replies import DestroyReply, ListReply
 from sandbox.spec import CapsuleSpec
 
 ROOT = Path(__file__).resolve().parent.parent

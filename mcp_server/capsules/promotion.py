@@ -45,7 +45,7 @@ from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
-from sandbox.ops import Change
+from sandbox.replies import Change
 
 TEST_TIMEOUT_MS = 600_000
 

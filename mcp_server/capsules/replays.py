@@ -32,7 +32,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import Change, ExecReply, Touched
+from sandbox.replies import Change, ExecReply, Touched
 from sandbox.spec import CapsuleSpec, Limits
 
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import blake3
 
-from sandbox.ops import ExecReply, ExecRequest, Usage
+from sandbox.ops import ExecRequest
+from sandbox.replies import ExecReply, Usage
 from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_cwd
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
@@ -66,7 +67,7 @@ class ExecOutcome:
 
     @property
     def touched(self) -> dict[str, Any]:
-        """Files read, written, listed, executed, as the journal keeps them (sandbox.ops.Touched)."""
+        """Files read, written, listed, executed, as the journal keeps them (sandbox.replies.Touched)."""
         return self.reply.touched.to_args()
 
     @property

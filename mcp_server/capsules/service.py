@@ -48,21 +48,23 @@ from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import (
+    ChangesRequest,
+    CreateRequest,
+    DestroyRequest,
+    ExecRequest,
+    ForkRequest,
+    ListRequest,
+    OpRequest,
+)
+from sandbox.replies import (
     Change,
     ChangesReply,
-    ChangesRequest,
     CreateReply,
-    CreateRequest,
     DestroyReply,
-    DestroyRequest,
     ExecReply,
-    ExecRequest,
     ForkReply,
-    ForkRequest,
     ListReply,
-    ListRequest,
     OpReply,
-    OpRequest,
 )
 from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
 

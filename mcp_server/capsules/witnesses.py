@@ -47,7 +47,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import Change
+from sandbox.replies import Change
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS witnesses (

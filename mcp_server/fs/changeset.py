@@ -26,7 +26,7 @@ from mcp_server.core import unidiff
 from mcp_server.fs.promote import Op
 from mcp_server.fs.view import DirFds, RootView, Side, lstat
 from sandbox.errors import CcwError
-from sandbox.ops import Change
+from sandbox.replies import Change
 
 
 @dataclass(frozen=True)
