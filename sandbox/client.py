@@ -4,9 +4,9 @@
 the bytes to send, takes the bytes received, and hands back the replies and progress
 reports of the request in flight, or raises its error.  The wrappers only move bytes:
 
-* ``HelperClient`` (trio), the front end's: ``request(op, args)`` sends one request of
-  the closed op set (``sandbox/ops.py``) and returns its result, or raises the helper's
-  CcwError rebuilt from the error reply.  Requests on one connection are answered in
+* ``HelperClient`` (trio), the front end's: ``call(request)`` sends one typed request of
+  the closed op set (``sandbox/ops.py``) and returns the op's typed reply
+  (``sandbox/replies.py``), or raises the helper's CcwError rebuilt from the error reply.  Requests on one connection are answered in
   order, and an ``exec`` can run for minutes, so each in-flight request holds a
   connection of its own: idle connections are kept in a small pool and new ones opened
   when all are busy.  A request that is cancelled or fails mid-frame closes its
@@ -15,7 +15,7 @@ reports of the request in flight, or raises its error.  The wrappers only move b
   and is not held behind it; the helper notices a cancelled exec's closed connection at
   its next progress report and ends the command.
 * ``BlockingClient``, for short-lived commands (``ccw helper status``, ``ccw doctor``):
-  one connection, one request at a time, with a timeout.
+  one connection and a timeout, for ``hello``.
 
 Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
 (``open_root``) is never lost; descriptors arrive close-on-exec, and any the caller did
@@ -31,14 +31,14 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import trio
 
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import HelloRequest, OpRequest, encode_request
 from sandbox.protocol import FrameDecoder, Reply
-from sandbox.replies import OpReply
+from sandbox.replies import ReplyT
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
@@ -236,19 +236,24 @@ class HelperClient:
                 conn.close()
 
     async def request(self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None) -> dict[str, Any]:
-        """Send one request and return its result; an error reply raises its CcwError.
+        """``call``'s wire form: an op's name and ``args`` object in, the ``result`` object out.
 
-        With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
-        sends is awaited in order before the result arrives.
+        Code holds typed requests and uses ``call``; this form is for what only the wire
+        can say (the tests of the wire: an unknown op, a raw result).  The arguments are
+        still checked against the op table before they are sent.
         """
         result, fds = await self._round_trip(op, args, on_progress)
         _close_all(fds)
         return result
 
-    async def call(self, request: OpRequest, on_progress: ProgressSink | None = None) -> OpReply:
-        """``request`` with a typed request, returning the op's typed reply."""
+    async def call(self, request: OpRequest[ReplyT], on_progress: ProgressSink | None = None) -> ReplyT:
+        """Send a typed request and return the op's typed reply; an error reply raises its CcwError.
+
+        With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
+        sends is awaited in order before the result arrives.
+        """
         result = await self.request(request.op, request.to_args(), on_progress)
-        return request.reply.from_args(result)
+        return cast(ReplyT, request.reply.from_args(result))  # reply is the class OpRequest[ReplyT] names
 
     async def open_root(self, capsule_id: str) -> int:
         """An O_PATH descriptor of the capsule's merged view; the caller closes it."""
@@ -307,16 +312,12 @@ class BlockingClient:
         """Close the connection."""
         self._sock.close()
 
-    def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and return its result (progress reports are skipped)."""
-        result, fds = self._round_trip(op, args)
+    def hello(self) -> dict[str, Any]:
+        """The helper's version, mode, mechanisms in force and op list, as the helper sent them."""
+        request = HelloRequest()
+        result, fds = self._round_trip(request.op, request.to_args())
         _close_all(fds)
         return result
-
-    def hello(self) -> dict[str, Any]:
-        """The helper's version, mode, mechanisms in force and op list."""
-        request = HelloRequest()
-        return self.request(request.op, request.to_args())
 
     def _round_trip(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         fds: list[int] = []

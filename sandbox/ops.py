@@ -23,7 +23,7 @@ import base64
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from sandbox import spec
 from sandbox.errors import ProtocolError
@@ -38,6 +38,7 @@ from sandbox.replies import (
     ListReply,
     OpenRootReply,
     OpReply,
+    ReplyT,
 )
 from sandbox.spec import (
     MAX_OUTPUT_CAP,
@@ -169,11 +170,15 @@ def kind_of(mode: int) -> str:
 
 # --- typed requests -----------------------------------------------------------------------
 
-RequestT = TypeVar("RequestT", bound="OpRequest")
+RequestT = TypeVar("RequestT", bound="OpRequest[Any]")
 
 
-class OpRequest:
-    """A request of one op; ``to_args`` is its wire ``args``, ``from_args`` reads and checks them."""
+class OpRequest(Generic[ReplyT]):
+    """A request of one op; ``to_args`` is its wire ``args``, ``from_args`` reads and checks them.
+
+    The type parameter is the op's reply class, which ``reply`` names (a class variable
+    cannot be typed by it): a client's ``call`` returns that type.
+    """
 
     op: ClassVar[str]
     reply: ClassVar[type[OpReply]]
@@ -198,14 +203,14 @@ class OpRequest:
 
 
 @dataclass(frozen=True)
-class CapsuleRequest(OpRequest):
+class CapsuleRequest(OpRequest[ReplyT]):
     """A request that names one capsule and nothing else."""
 
     capsule_id: str
 
 
 @dataclass(frozen=True)
-class HelloRequest(OpRequest):
+class HelloRequest(OpRequest[HelloReply]):
     """The handshake: the front end's protocol version."""
 
     op = "hello"
@@ -214,7 +219,7 @@ class HelloRequest(OpRequest):
 
 
 @dataclass(frozen=True)
-class CreateRequest(OpRequest):
+class CreateRequest(OpRequest[CreateReply]):
     """Make a capsule from a spec."""
 
     op = "create"
@@ -231,7 +236,7 @@ class CreateRequest(OpRequest):
 
 
 @dataclass(frozen=True)
-class ExecRequest(OpRequest):
+class ExecRequest(OpRequest[ExecReply]):
     """Run a command in a capsule; None fields take the helper's defaults."""
 
     op = "exec"
@@ -273,7 +278,7 @@ class ExecRequest(OpRequest):
 
 
 @dataclass(frozen=True)
-class ChangesRequest(CapsuleRequest):
+class ChangesRequest(CapsuleRequest[ChangesReply]):
     """The capsule's changes against its base."""
 
     op = "changes"
@@ -281,7 +286,7 @@ class ChangesRequest(CapsuleRequest):
 
 
 @dataclass(frozen=True)
-class ForkRequest(CapsuleRequest):
+class ForkRequest(CapsuleRequest[ForkReply]):
     """A child capsule seeing its parent's view."""
 
     op = "fork"
@@ -289,7 +294,7 @@ class ForkRequest(CapsuleRequest):
 
 
 @dataclass(frozen=True)
-class OpenRootRequest(CapsuleRequest):
+class OpenRootRequest(CapsuleRequest[OpenRootReply]):
     """An O_PATH descriptor of the capsule's merged view (passed with the reply)."""
 
     op = "open_root"
@@ -297,7 +302,7 @@ class OpenRootRequest(CapsuleRequest):
 
 
 @dataclass(frozen=True)
-class DestroyRequest(CapsuleRequest):
+class DestroyRequest(CapsuleRequest[DestroyReply]):
     """Unmount and delete the capsule."""
 
     op = "destroy"
@@ -305,14 +310,14 @@ class DestroyRequest(CapsuleRequest):
 
 
 @dataclass(frozen=True)
-class ListRequest(OpRequest):
+class ListRequest(OpRequest[ListReply]):
     """The caller's own capsules."""
 
     op = "list"
     reply = ListReply
 
 
-REQUESTS: dict[str, type[OpRequest]] = {
+REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
                 DestroyRequest, ListRequest)
@@ -320,7 +325,7 @@ REQUESTS: dict[str, type[OpRequest]] = {
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
 
 
-def parse_request(op: str, args: Any) -> OpRequest:
+def parse_request(op: str, args: Any) -> OpRequest[Any]:
     """The typed request for ``op`` with ``args``, checked (an unknown op is refused too)."""
     cls = REQUESTS.get(op) if isinstance(op, str) else None
     if cls is None:

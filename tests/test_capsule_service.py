@@ -86,10 +86,6 @@ class FakeHelper:
             return ListReply((CapsuleSummary("cap_1", "/w", None, "then", "ready"),))
         raise AssertionError(request)
 
-    async def request(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
-        assert op == "list"  # the settling after a lost exec reply
-        return {"capsules": []}
-
 
 class Hooks:
     """The call the service serves: progress recorded, turns from a real queue."""

@@ -121,6 +121,8 @@ async def _call(stream: Any, buffer: list[bytes], request_id: int, method: str, 
 async def _capsules(path: str, state_dir: Path, workspace: Path, count: int) -> dict[str, list[float]]:
     """capsule_create / capsule_exec through the front end, then the same on the helper."""
     from sandbox.client import HelperClient
+    from sandbox.ops import CreateRequest, DestroyRequest, ExecRequest
+    from sandbox.spec import CapsuleSpec
 
     out: dict[str, list[float]] = {"create": [], "exec": [], "helper_create": [], "helper_exec": []}
     stream = await trio.open_unix_socket(path)
@@ -143,16 +145,15 @@ async def _capsules(path: str, state_dir: Path, workspace: Path, count: int) -> 
             env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
             for _ in range(count):
                 start = time.perf_counter()
-                cap = await helper.request("create", {"workspace": str(workspace)})
+                made = await helper.call(CreateRequest(CapsuleSpec(str(workspace))))
                 out["helper_create"].append(time.perf_counter() - start)
-                created.append(cap["capsule_id"])
+                created.append(made.capsule_id)
             for _ in range(count):
                 start = time.perf_counter()
-                await helper.request("exec", {"capsule_id": target, "argv": ["/bin/true"], "cwd": str(workspace),
-                                              "env": env, "timeout_ms": 60_000})
+                await helper.call(ExecRequest(target, ("/bin/true",), cwd=str(workspace), env=env, timeout_ms=60_000))
                 out["helper_exec"].append(time.perf_counter() - start)
             for capsule_id in created:
-                await helper.request("destroy", {"capsule_id": capsule_id})
+                await helper.call(DestroyRequest(capsule_id))
         finally:
             await helper.aclose()
     return out

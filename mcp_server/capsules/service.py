@@ -319,9 +319,9 @@ async def _settle(helper: Any, capsule_id: str) -> None:
     with trio.move_on_after(SETTLE_S):
         while True:
             try:
-                listed = (await helper.request("list", {}))["capsules"]
+                listed = (await helper.call(ListRequest())).capsules
             except CcwError:
                 return  # the helper is gone: nothing runs there any more
-            if not any(c["capsule_id"] == capsule_id and c.get("state") == "busy" for c in listed):
+            if not any(c.capsule_id == capsule_id and c.state == "busy" for c in listed):
                 return
             await trio.sleep(SETTLE_POLL_S)
