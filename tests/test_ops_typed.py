@@ -94,6 +94,22 @@ def test_replies_round_trip() -> None:
         ExecReply.from_args({k: v for k, v in EXEC_RESULT.items() if k != "usage"})
 
 
+def test_reply_entries_are_checked_as_they_are_read() -> None:
+    deleted = {"path": "gone", "kind": "deleted", "type": "file"}
+    assert Change.from_args(deleted) == Change("gone", "deleted", "file")
+    assert Change.from_args(deleted).to_args() == deleted  # absent fields stay absent
+    for bad in ({"path": "a", "kind": "added"}, {**deleted, "blob": "x"}):
+        with pytest.raises(ProtocolError):
+            Change.from_args(bad)
+    with pytest.raises(ProtocolError):
+        ChangesReply.from_args({"changes": {}})
+    for touched in ({"read": "a", "written": [], "listed": None, "executed": None},
+                    {"read": None, "written": None, "listed": None, "executed": None},
+                    {"read": None, "written": [1], "listed": None, "executed": None}):
+        with pytest.raises(ProtocolError):
+            Touched.from_args(touched)
+
+
 ISOLATION: dict[str, Any] = {"filesystem": {"overlayfs": True, "disk_limit_mb": None}, "network": "none"}
 REPLIES: list[OpReply] = [
     HelloReply(1, "rootless", {"jail": {"namespaces": ["mnt"]}}, tuple(sorted(OPS))),
