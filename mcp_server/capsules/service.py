@@ -27,7 +27,7 @@ import datetime as dt
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import trio
 
@@ -58,13 +58,9 @@ from sandbox.ops import (
 )
 from sandbox.replies import (
     Change,
-    ChangesReply,
     CreateReply,
-    DestroyReply,
     ExecReply,
-    ForkReply,
-    ListReply,
-    OpReply,
+    ReplyT,
 )
 from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
 
@@ -82,9 +78,6 @@ class CallHooks(Protocol):
 
     def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
         """Hold the capsule's turn (mcp_server.capsules.turns) for the block."""
-
-
-ReplyT = TypeVar("ReplyT", bound=OpReply)
 
 
 @dataclass(frozen=True)
@@ -133,11 +126,11 @@ class CapsuleService:
         """The helper client (sandbox.client.HelperClient; connected, or started, on first use)."""
         return await self._helper()
 
-    async def call(self, request: OpRequest, reply: type[ReplyT], on_progress: Any = None) -> ReplyT:
-        """Ask the helper ``request``; its typed reply."""
+    async def call(self, request: OpRequest[ReplyT], on_progress: Any = None) -> ReplyT:
+        """Ask the helper ``request``; its typed reply (of the class the request names)."""
         helper = await self.helper()
-        answer = await helper.call(request, on_progress)
-        assert isinstance(answer, reply), answer
+        answer: ReplyT = await helper.call(request, on_progress)
+        assert isinstance(answer, request.reply), answer
         return answer
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -164,7 +157,7 @@ class CapsuleService:
 
     async def create(self, spec: CapsuleSpec) -> CapsuleRecord:
         """Make a capsule from ``spec`` and journal it."""
-        reply = await self.call(CreateRequest(spec), CreateReply)
+        reply = await self.call(CreateRequest(spec))
         return self._journal_new(reply, spec, None)
 
     def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None) -> CapsuleRecord:
@@ -214,7 +207,7 @@ class CapsuleService:
                                 progress_message(report))
 
         try:
-            return await self.call(request, ExecReply, on_progress=forward)
+            return await self.call(request, on_progress=forward)
         except BaseException as exc:
             if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
                 with trio.CancelScope(shield=True):
@@ -227,7 +220,7 @@ class CapsuleService:
         parent = self.live_record(capsule_id)
         async with self.turn(parent.capsule_id, "capsule_fork"):
             parent = self.live_record(parent.capsule_id)
-            reply = await self.call(ForkRequest(parent.capsule_id), ForkReply)
+            reply = await self.call(ForkRequest(parent.capsule_id))
         return self._journal_new(reply, parent.spec, parent)
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
@@ -235,13 +228,13 @@ class CapsuleService:
         record = self.live_record(capsule_id)
         async with self.turn(record.capsule_id, "capsule_destroy"):
             record = self.live_record(record.capsule_id)
-            await self.call(DestroyRequest(record.capsule_id), DestroyReply)
+            await self.call(DestroyRequest(record.capsule_id))
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
         return record
 
     async def list_live(self) -> list[LiveCapsule]:
         """The caller's live capsules, by id."""
-        live = (await self.call(ListRequest(), ListReply)).capsules
+        live = (await self.call(ListRequest())).capsules
         journal = self.journal
         out = []
         for item in sorted(live, key=lambda c: c.capsule_id):
@@ -258,7 +251,7 @@ class CapsuleService:
 
     async def changes(self, capsule_id: str) -> tuple[Change, ...]:
         """The helper's list of what differs between the capsule's upper layer and its base."""
-        return (await self.call(ChangesRequest(capsule_id), ChangesReply)).changes
+        return (await self.call(ChangesRequest(capsule_id))).changes
 
     async def open_root(self, capsule_id: str) -> int:
         """An O_PATH descriptor of the capsule's merged view (the caller closes it)."""
@@ -283,22 +276,22 @@ class CapsuleService:
     @contextlib.asynccontextmanager
     async def scratch(self, spec: CapsuleSpec, quiet: bool = False) -> AsyncIterator[str]:
         """A fresh unjournaled capsule for the block; ``quiet``: a failed destroy is not an error."""
-        capsule_id = (await self.call(CreateRequest(spec), CreateReply)).capsule_id
+        capsule_id = (await self.call(CreateRequest(spec))).capsule_id
         try:
             yield capsule_id
         finally:
             with trio.CancelScope(shield=True), contextlib.suppress(*((CcwError,) if quiet else ())):
-                await self.call(DestroyRequest(capsule_id), DestroyReply)
+                await self.call(DestroyRequest(capsule_id))
 
     @contextlib.asynccontextmanager
     async def scratch_fork(self, capsule_id: str) -> AsyncIterator[str]:
         """An unjournaled fork of a capsule for the block (runs that must leave the capsule as it is)."""
-        fork_id = (await self.call(ForkRequest(capsule_id), ForkReply)).capsule_id
+        fork_id = (await self.call(ForkRequest(capsule_id))).capsule_id
         try:
             yield fork_id
         finally:
             with trio.CancelScope(shield=True):
-                await self.call(DestroyRequest(fork_id), DestroyReply)
+                await self.call(DestroyRequest(fork_id))
 
     async def run(self, capsule_id: str, spec: CapsuleSpec, command: Command, limits: bool = False) -> ExecReply:
         """Run ``command`` in a scratch capsule made from ``spec``, unjournaled; the helper's reply.
@@ -306,7 +299,7 @@ class CapsuleService:
         ``limits``: with the spec's limits (a replay, as the recorded run had them).
         """
         request = exec_request(capsule_id, spec if limits else dataclasses.replace(spec, limits=Limits()), command)
-        return await self.call(request, ExecReply)
+        return await self.call(request)
 
 
 async def _settle(helper: Any, capsule_id: str) -> None:
