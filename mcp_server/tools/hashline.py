@@ -41,6 +41,7 @@ from mcp_server.tools.textfiles import (
     MAX_READ_CHARS,
     Target,
     file_identity,
+    missing_means,
     read_file,
     with_view,
     write_checked,
@@ -199,17 +200,12 @@ def _edit_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
 
 def file_identity_or_missing(found: Target) -> tuple[int, ...]:
     """``file_identity``, turning a missing file into an instructional NOT_FOUND."""
-    try:
+    with missing_means(
+        found.shown,
+        f"{found.shown} does not exist; edit_text_file edits existing files (create it "
+        "with file_create, then read_text_file).",
+    ):
         return file_identity(found.view, found.rel)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            raise CcwError(
-                "NOT_FOUND",
-                f"{found.shown} does not exist; edit_text_file edits existing files (create it "
-                "with file_create, then read_text_file).",
-                {"path": found.shown},
-            ) from exc
-        raise
 
 
 read_text_file = _with_target(_read_text_file)
