@@ -109,14 +109,11 @@ def render_rows(lines: list[str], tag_list: list[str], first: int) -> str:
 async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
     """Find the root holding a host ``path`` (or the capsule's view) and open it."""
     if capsule_id:
-        record = Journal(ctx.state).capsule(capsule_id)
-        if record is None or record.destroyed_at is not None:
-            raise CcwError(
-                "NOT_FOUND",
-                f"capsule {capsule_id} not found; call capsule_list for live capsules, or omit "
-                "capsule_id to act on the workspace.",
-                {"capsule_id": capsule_id},
-            )
+        record = Journal(ctx.state).live_capsule(
+            capsule_id,
+            f"capsule {capsule_id} not found; call capsule_list for live capsules, or omit "
+            "capsule_id to act on the workspace.",
+        )
         located = locate_lexical(path, record.workspace)
         view = await open_view(ctx, capsule_id=capsule_id)
         return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state)
