@@ -62,29 +62,21 @@ def _make_file(directory: Path, name: str = "big.py") -> Path:
 
 
 @asynccontextmanager
-async def _unix_transport(socket_path: str) -> AsyncIterator[Any]:
-    """A client transport for ccw's NDJSON unix socket (the SDK has none)."""
-    stream = await anyio.connect_unix(socket_path)
-    try:
-        async with _ndjson_transport(stream, stream) as streams:
-            yield streams
-    finally:
-        await stream.aclose()
-
-
-@asynccontextmanager
 async def _process_transport(argv: list[str]) -> AsyncIterator[Any]:
-    """The same NDJSON client over a server process's stdin and stdout.
+    """The NDJSON client over a server process's stdin and stdout.
 
     The SDK's stdio client joins each chunk onto the text received so far and splits it
     again, which is quadratic in the size of one answer: ~6 ms of a 1.2 MB read is spent
-    there.  The socket client above has no such cost, so the reference is driven through
-    this transport too for the socket rows: both sides then pay the same client.
+    there.  ccw's socket client (``mcp_server.transports.unix``) has no such cost, so the
+    reference is driven through it too for the socket rows: both sides then pay the
+    same client.
     """
+    from mcp_server.transports.unix import ndjson_client
+
     process = await anyio.open_process(argv, stderr=subprocess.DEVNULL)
     assert process.stdout is not None and process.stdin is not None
     try:
-        async with _ndjson_transport(process.stdout, process.stdin) as streams:
+        async with ndjson_client(process.stdout, process.stdin) as streams:
             yield streams
     finally:
         await process.stdin.aclose()
@@ -93,53 +85,13 @@ async def _process_transport(argv: list[str]) -> AsyncIterator[Any]:
             await process.wait()
 
 
-@asynccontextmanager
-async def _ndjson_transport(incoming: Any, outgoing: Any) -> AsyncIterator[Any]:
-    """SDK message streams over byte streams: one JSON-RPC message per line."""
-    import mcp_types as types
-    from mcp.shared.message import SessionMessage
-
-    to_session, read_stream = anyio.create_memory_object_stream[Any](16)
-    write_stream, from_session = anyio.create_memory_object_stream[Any](16)
-
-    async def reader() -> None:
-        pending: list[bytes] = []  # joined only once a line is complete: no quadratic copying
-        async with to_session:
-            try:
-                while True:
-                    chunk = await incoming.receive(1 << 20)
-                    pending.append(chunk)
-                    if b"\n" not in chunk:
-                        continue
-                    *lines, rest = b"".join(pending).split(b"\n")
-                    pending = [rest]
-                    for line in lines:
-                        if line.strip():
-                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                            await to_session.send(SessionMessage(message))
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-
-    async def writer() -> None:
-        async with from_session:
-            async for session_message in from_session:
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await outgoing.send(data.encode() + b"\n")
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(reader)
-        group.start_soon(writer)
-        try:
-            yield read_stream, write_stream
-        finally:
-            group.cancel_scope.cancel()
-
-
 class _Transport:
     """An SDK ``Transport``: the NDJSON client on a unix socket path or a server's argv."""
 
     def __init__(self, target: str | list[str]) -> None:
-        self._cm = _unix_transport(target) if isinstance(target, str) else _process_transport(target)
+        from mcp_server.transports.unix import connect
+
+        self._cm = connect(target) if isinstance(target, str) else _process_transport(target)
 
     async def __aenter__(self) -> Any:
         return await self._cm.__aenter__()
