@@ -37,23 +37,20 @@ from sandbox.ops import kind_of
 
 _RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS
+# openat2's RESOLVE_* refusals, as the agent reads them: what happened, what to do instead.
+_REFUSALS = {
+    errno.EXDEV: "the path escapes the workspace root (through '..', an absolute path or a "
+    "symlink pointing outside); name a path inside the root",
+    errno.ELOOP: "the path passes through a symlink, which could lead outside the workspace "
+    "root; write to the link's target path instead",
+}
+
 
 def _error(exc: OSError, what: str, rel: str) -> CcwError:
-    if exc.errno == errno.EXDEV:
-        return CcwError(
-            "PERMISSION_DENIED",
-            f"{what} {rel!r}: the path escapes the workspace root (through '..', an absolute "
-            "path or a symlink pointing outside); name a path inside the root",
-            {"path": rel, "errno": "EXDEV"},
-        )
-    if exc.errno == errno.ELOOP:
-        return CcwError(
-            "PERMISSION_DENIED",
-            f"{what} {rel!r}: the path passes through a symlink, which could lead outside "
-            "the workspace root; write to the link's target path instead",
-            {"path": rel, "errno": "ELOOP"},
-        )
-    return from_oserror(exc, what, rel)
+    refusal = _REFUSALS.get(exc.errno or 0)
+    if refusal is None:
+        return from_oserror(exc, what, rel)
+    return CcwError("PERMISSION_DENIED", f"{what} {rel!r}: {refusal}", {"path": rel, "errno": errno.errorcode[exc.errno or 0]})
 
 
 def _split(rel: str) -> tuple[str, str]:
