@@ -294,6 +294,56 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _transport_rows(results: dict[str, dict[str, Any]]) -> list[Row]:
+    """One row per operation and ccw transport, beside the reference behind the same client."""
+    rows: list[Row] = []
+    # Each ccw transport is compared with the reference behind the same client code:
+    # the socket rows with the NDJSON client, the stdio rows with the SDK's stdio client.
+    baselines = {"socket": results.get("reference_ndjson"), "stdio": results.get("reference")}
+    clients = {"socket": "NDJSON client", "stdio": "SDK stdio client"}
+    names = {
+        "read": f"read {LINES} lines: unchanged",
+        "edit": f"edit 1 of {LINES} lines",
+        "reread": f"read {LINES} lines: after own edit",
+        "cold": f"read {LINES} lines: outside change",
+    }
+    ops = (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file"), ("cold", "read_text_file"))
+    for op, ref_tool in ops:
+        for transport in ("socket", "stdio"):
+            ours = results[transport]
+            ref = baselines[transport]
+            extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
+            if op == "edit":
+                extra["ccw bytes sent (args)"] = ours["edit_args_bytes"]
+            if ref:
+                extra["reference bytes returned"] = ref[f"{op}_bytes"]
+                if op == "edit":
+                    extra["reference bytes sent (args)"] = ref["edit_args_bytes"]
+            rows.append(Row(
+                name=f"{names[op]} ({transport})",
+                ccw_ms=ours[f"{op}_ms"],
+                baseline=f"server-filesystem {ref_tool} ({clients[transport]})" if ref else "",
+                baseline_ms=ref[f"{op}_ms"] if ref else None,
+                target="<= 1x",
+                extra=extra,
+            ))
+    return rows
+
+
+def _notes(repeat: int) -> list[str]:
+    """What the report says about how it measured."""
+    return [
+        f"median of {repeat} tools/call round trips per figure, SDK client, one session per server, "
+        "calls interleaved round by round; reference over stdio (it has no socket transport)",
+        "the reference runs twice: behind the SDK's stdio client (baseline of the stdio rows) and behind "
+        "the NDJSON client the socket rows use, on its stdin/stdout (baseline of the socket rows); the "
+        "SDK's stdio client re-joins the whole answer on every chunk, which costs ~6 ms on a 1.2 MB read",
+        "ccw keeps whole-file tag lists by file_hash: re-reading an unchanged file skips tagging, and "
+        "an edit splices the new tags in; 'after outside change' reads a file another process "
+        "rewrote (nothing cached: the cold cost)",
+    ]
+
+
 def run(quick: bool = False) -> Report:
     """Measure ccw (socket and stdio) and the reference server on the same file."""
     from mcp import Client
@@ -338,52 +388,11 @@ def run(quick: bool = False) -> Report:
             results = trio.run(measure)
         finally:
             _stop(proc)
-        # Each ccw transport is compared with the reference behind the same client code:
-        # the socket rows with the NDJSON client, the stdio rows with the SDK's stdio client.
-        baselines = {"socket": results.get("reference_ndjson"), "stdio": results.get("reference")}
-        clients = {"socket": "NDJSON client", "stdio": "SDK stdio client"}
-        names = {
-            "read": f"read {LINES} lines: unchanged",
-            "edit": f"edit 1 of {LINES} lines",
-            "reread": f"read {LINES} lines: after own edit",
-            "cold": f"read {LINES} lines: outside change",
-        }
-        ops = (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file"), ("cold", "read_text_file"))
-        for op, ref_tool in ops:
-            for transport in ("socket", "stdio"):
-                ours = results[transport]
-                ref = baselines[transport]
-                extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
-                if op == "edit":
-                    extra["ccw bytes sent (args)"] = ours["edit_args_bytes"]
-                if ref:
-                    extra["reference bytes returned"] = ref[f"{op}_bytes"]
-                    if op == "edit":
-                        extra["reference bytes sent (args)"] = ref["edit_args_bytes"]
-                report.add(Row(
-                    name=f"{names[op]} ({transport})",
-                    ccw_ms=ours[f"{op}_ms"],
-                    baseline=f"server-filesystem {ref_tool} ({clients[transport]})" if ref else "",
-                    baseline_ms=ref[f"{op}_ms"] if ref else None,
-                    target="<= 1x",
-                    extra=extra,
-                ))
+        for row in _transport_rows(results):
+            report.add(row)
         for row in _in_process(ccw_file, repeat):
             report.add(row)
-        report.notes.append(
-            f"median of {repeat} tools/call round trips per figure, SDK client, one session per server, "
-            "calls interleaved round by round; reference over stdio (it has no socket transport)"
-        )
-        report.notes.append(
-            "the reference runs twice: behind the SDK's stdio client (baseline of the stdio rows) and behind "
-            "the NDJSON client the socket rows use, on its stdin/stdout (baseline of the socket rows); the "
-            "SDK's stdio client re-joins the whole answer on every chunk, which costs ~6 ms on a 1.2 MB read"
-        )
-        report.notes.append(
-            "ccw keeps whole-file tag lists by file_hash: re-reading an unchanged file skips tagging, and "
-            "an edit splices the new tags in; 'after outside change' reads a file another process "
-            "rewrote (nothing cached: the cold cost)"
-        )
+        report.notes.extend(_notes(repeat))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report
