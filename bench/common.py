@@ -7,6 +7,7 @@ and the number that matters is the ratio to a baseline measured in the same run.
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import time
 from collections.abc import Callable
@@ -23,6 +24,27 @@ def sample(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
+    return times
+
+
+def interleaved(runners: dict[str, Callable[[], object]], repeat: int, seed: int = 0) -> dict[str, list[float]]:
+    """Seconds per run of each runner, after one warm-up each, in a new order every round.
+
+    Each run leaves kernel work behind (freeing a network namespace, RCU callbacks) to
+    kworkers that share the 2 cores with whatever runs next; a fixed order would always
+    bill it to the same runner.
+    """
+    for fn in runners.values():  # warm-up: page cache, first-use costs
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    shuffler = random.Random(seed)
+    order = list(runners)
+    for _ in range(repeat):
+        shuffler.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            runners[name]()
+            times[name].append(time.perf_counter() - start)
     return times
 
 

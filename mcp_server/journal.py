@@ -46,6 +46,7 @@ from typing import Any
 import zstandard
 
 from mcp_server.state import State
+from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec, Limits
 
 OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
@@ -279,6 +280,14 @@ class Journal:
         if not rows:
             return None
         return _capsule_record(rows[0])
+
+    def live_capsule(self, capsule_id: str, missing: str) -> CapsuleRecord:
+        """The record of a capsule not destroyed; NOT_FOUND with the message ``missing``
+        (which says what to call instead) when it is destroyed or unknown."""
+        record = self.capsule(capsule_id)
+        if record is None or record.destroyed_at is not None:
+            raise CcwError("NOT_FOUND", missing, {"capsule_id": capsule_id})
+        return record
 
     def mark_destroyed(self, capsule_id: str, when: str) -> None:
         """Note that a capsule is gone (its execs stay, for witnesses already made)."""

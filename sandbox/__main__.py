@@ -237,6 +237,7 @@ def _install_signal_handlers(server: HelperServer) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    server.wake_on_signals()
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ from sandbox.cgroups import (
 )
 from sandbox.errors import CcwError, from_oserror
 from sandbox.rusage import BlockCounts, Measurement
+from sandbox.syscalls import pid_alive
 
 PARENT_NAME = "ccw"
 V2_WANTED = ("memory", "pids", "cpu", "io")
@@ -447,16 +448,6 @@ def _rmdir_retry(path: str) -> None:
     raise CcwError("INTERNAL", f"rmdir {path!r} failed: EBUSY after 1 s; processes left: {procs(path)}")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[str]:
     """Kill and remove exec cgroups named ``<prefix>…@<pid>`` whose helper pid is dead.
 
@@ -475,7 +466,7 @@ def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[
             path = os.path.join(parent, name)
             if not sep or not base.startswith(prefix) or not owner.isdigit() or not os.path.isdir(path):
                 continue
-            if _alive(int(owner)):
+            if pid_alive(int(owner)):
                 continue
             hier = next(h for h in layout.hierarchies if path.startswith(h.mount_point + "/"))
             stale = ExecCgroup(CgroupLayout((hier,)), base, Limits())

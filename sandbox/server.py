@@ -38,6 +38,7 @@ import errno
 import logging
 import os
 import select
+import signal
 import socket
 import stat
 import struct
@@ -227,6 +228,7 @@ class HelperServer:
         self._listener: socket.socket | None = None
         self._owns_path = True  # False for a socket systemd made (adopt): it stays for the next start
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._wakes_on_signals = False
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
@@ -336,6 +338,19 @@ class HelperServer:
                     break
         conn.close()
 
+    def wake_on_signals(self) -> None:
+        """Make every signal Python handles wake ``serve_forever``; call from the main thread.
+
+        A signal sent to the process may land on any of its threads (the disk and
+        namespace pools run their own).  CPython runs the Python handler only in the main
+        thread, when it next runs bytecode, so a main thread asleep in ``poll()`` never
+        notices a SIGTERM that another thread took: ``ccw helper stop`` then waited
+        forever.  With the wake pipe as the wakeup fd, the C-level handler writes to it
+        from whichever thread, the poll returns, and the handler runs.
+        """
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self._wakes_on_signals = True
+
     def shutdown(self) -> None:
         """Stop accepting and wind down; safe to call from a signal handler or any thread."""
         self._stopping.set()
@@ -356,6 +371,8 @@ class HelperServer:
                 conn.shutdown(socket.SHUT_RD)
         for thread in connections.values():
             thread.join()
+        if self._wakes_on_signals:
+            signal.set_wakeup_fd(-1)
         os.close(self._wake_r)
         os.close(self._wake_w)
         log.info("stopped")

@@ -202,6 +202,20 @@ def pidfd_send_signal(pidfd: int, sig: int) -> None:
     _check(ret, f"pidfd_send_signal({pidfd}, {sig})")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` names a running process (kill(2) with signal 0).
+
+    A process we may not signal (EPERM) still exists, so it counts as alive.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def close_range(first: int, last: int = 0xFFFFFFFF, flags: int = 0) -> None:
     """close_range(2): close every descriptor in [first, last]."""
     ret = _libc.syscall(_nr("close_range"), ctypes.c_uint(first), ctypes.c_uint(last), ctypes.c_uint(flags))

@@ -1,4 +1,4 @@
-"""The shape targets of issue 14: no source file in sandbox/ or mcp_server/ over 520 lines
+"""The shape targets of issue 14: no source file in sandbox/, mcp_server/ or bench/ over 520 lines
 (~500 is the aim), no function over 60 lines unless a comment at its top says why it must
 be one piece (a ``#`` line containing "one piece", before or just after its first statement).
 """
@@ -9,7 +9,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sandbox", "mcp_server")
+PACKAGES = ("sandbox", "mcp_server", "bench")
 MAX_FILE_LINES = 520
 MAX_FUNCTION_LINES = 60
 

@@ -10,8 +10,10 @@ losing no capsule data (with the stale socket file left behind); the embedded de
 from __future__ import annotations
 
 import base64
+import ctypes
 import errno
 import os
+import platform
 import select
 import signal
 import socket
@@ -257,6 +259,23 @@ def test_second_helper_on_a_live_socket_is_refused(start_helper: Callable[..., H
     with pytest.raises(AssertionError, match="another helper is serving"):
         Helper(Path(helper.socket_path), tmp_path / "state2")
     assert rpc(helper.socket_path, "list", {}) == {"capsules": []}
+
+
+def test_sigterm_taken_by_another_thread_still_stops_the_helper(start_helper: Callable[..., Helper]) -> None:
+    """A SIGTERM that the kernel hands to a pool thread, not the main thread, stops the helper.
+
+    CPython runs the handler in the main thread only; without a wakeup fd, a main thread
+    asleep in poll() never learned of it (found when ``stop`` timed out in a loaded run).
+    """
+    helper = start_helper()
+    pid = helper.process.pid
+    others = [int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid]
+    assert others, "the helper runs pool threads; this test needs one to aim the signal at"
+    libc = ctypes.CDLL(None, use_errno=True)
+    sys_tgkill = {"x86_64": 234, "aarch64": 131}[platform.machine()]
+    assert libc.syscall(sys_tgkill, pid, others[0], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+    assert helper.process.wait(30) == 0, helper.log.read_text()
+    assert "SIGTERM: finishing in-flight requests" in helper.log.read_text()
 
 
 def test_embedded_default_starts_and_stops_its_helper(root_required: None, tmp_path: Path, workspace: Path) -> None:

@@ -17,12 +17,14 @@ Needs root (overlay, fanotify, cgroups).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 from bench.common import Row, median_ms
 
@@ -45,12 +47,10 @@ def _workload(base: str, strace: bool) -> list[str]:
     return ["unshare", "-m", "--propagation", "private", "sh", "-c", script]
 
 
-def measure(repeat: int) -> list[Row]:
-    """Median ms of reading 20,000 files untraced, with the Tracer, and under strace."""
+@contextlib.contextmanager
+def _overlay_tree() -> Iterator[str]:
+    """A base dir whose ``merged`` is an overlay over FILES small files in ``lower/many``."""
     from sandbox import syscalls
-    from sandbox.cgroups import detect_layout
-    from sandbox.exec_cgroup import ExecCgroup, Limits
-    from sandbox.fanotify import Tracer
 
     base = tempfile.mkdtemp(prefix="ccw-bench-trace-")
     mounted = False
@@ -63,64 +63,71 @@ def measure(repeat: int) -> list[Row]:
         opts = f"lowerdir={base}/lower,upperdir={base}/upper,workdir={base}/work"
         syscalls.mount("overlay", f"{base}/merged", "overlay", 0, opts)
         mounted = True
-        layout = detect_layout()
-        has_strace = shutil.which("strace") is not None
-        counts: list[int] = []
-        overflow = False
-
-        def run(strace: bool = False, trace: bool = False) -> float:
-            nonlocal overflow
-            cg = ExecCgroup.prepare(layout, f"bench-trace-{os.getpid()}", Limits())
-            try:
-                start = time.perf_counter()
-                tracer = Tracer.prepare(f"{base}/merged") if trace else None
-                if tracer is not None:
-                    tracer.enter(cg)
-                proc = subprocess.Popen(_workload(base, strace), stdin=subprocess.PIPE)
-                cg.enter(proc.pid)
-                proc.communicate(b"go\n")
-                if tracer is not None:
-                    touched = tracer.collect()
-                    tracer.teardown()
-                    counts.append(len(touched.read or []))
-                    overflow = overflow or touched.overflow
-                elapsed = time.perf_counter() - start
-                if proc.returncode != 0:
-                    raise RuntimeError(f"workload failed with {proc.returncode}")
-                return elapsed
-            finally:
-                cg.teardown()
-
-        untraced: list[float] = []
-        traced: list[float] = []
-        straced: list[float] = []
-        run(), run(trace=True)  # warm the page and dentry caches
-        if has_strace:
-            run(strace=True)
-        for _ in range(repeat):
-            untraced.append(run())
-            traced.append(run(trace=True))
-            if has_strace:
-                straced.append(run(strace=True))
-        base_ms = median_ms(untraced)
-        rows = [
-            Row("read 20k files: untraced", base_ms),
-            Row("read 20k files: ccw Tracer (incl. collect)", median_ms(traced), "untraced", base_ms,
-                "<= 1.3x", {"files recorded (min over runs)": min(counts), "overflow": overflow}),
-        ]
-        if has_strace:
-            rows.append(Row("read 20k files: strace -f --seccomp-bpf", median_ms(straced), "untraced", base_ms))
-            rows.append(Row("ccw Tracer vs strace", median_ms(traced), "strace", median_ms(straced)))
-        return rows
+        yield base
     finally:
         if mounted:
             syscalls.umount2(f"{base}/merged", syscalls.MNT_DETACH)
         shutil.rmtree(base, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    from bench.common import Report
+class _Runs:
+    """One workload run in an exec cgroup: untraced, with the Tracer, or under strace."""
 
-    report = Report("tracing", measure(int(sys.argv[1]) if len(sys.argv) > 1 else 5))
-    print(report.to_text())
+    def __init__(self, base: str) -> None:
+        from sandbox.cgroups import detect_layout
+
+        self.base = base
+        self.layout = detect_layout()
+        self.counts: list[int] = []  # files the Tracer recorded, per traced run
+        self.overflow = False
+
+    def run(self, strace: bool = False, trace: bool = False) -> float:
+        from sandbox.exec_cgroup import ExecCgroup, Limits
+        from sandbox.fanotify import Tracer
+
+        cg = ExecCgroup.prepare(self.layout, f"bench-trace-{os.getpid()}", Limits())
+        try:
+            start = time.perf_counter()
+            tracer = Tracer.prepare(f"{self.base}/merged") if trace else None
+            if tracer is not None:
+                tracer.enter(cg)
+            proc = subprocess.Popen(_workload(self.base, strace), stdin=subprocess.PIPE)
+            cg.enter(proc.pid)
+            proc.communicate(b"go\n")
+            if tracer is not None:
+                touched = tracer.collect()
+                tracer.teardown()
+                self.counts.append(len(touched.read or []))
+                self.overflow = self.overflow or touched.overflow
+            elapsed = time.perf_counter() - start
+            if proc.returncode != 0:
+                raise RuntimeError(f"workload failed with {proc.returncode}")
+            return elapsed
+        finally:
+            cg.teardown()
+
+
+def measure(repeat: int) -> list[Row]:
+    """Median ms of reading 20,000 files untraced, with the Tracer, and under strace."""
+    has_strace = shutil.which("strace") is not None
+    with _overlay_tree() as base:
+        runs = _Runs(base)
+        variants = {"untraced": {}, "traced": {"trace": True}}
+        if has_strace:
+            variants["straced"] = {"strace": True}
+        for kwargs in variants.values():  # warm the page and dentry caches
+            runs.run(**kwargs)
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(repeat):
+            for name, kwargs in variants.items():
+                times[name].append(runs.run(**kwargs))
+    base_ms = median_ms(times["untraced"])
+    rows = [
+        Row("read 20k files: untraced", base_ms),
+        Row("read 20k files: ccw Tracer (incl. collect)", median_ms(times["traced"]), "untraced", base_ms,
+            "<= 1.3x", {"files recorded (min over runs)": min(runs.counts), "overflow": runs.overflow}),
+    ]
+    if has_strace:
+        rows.append(Row("read 20k files: strace -f --seccomp-bpf", median_ms(times["straced"]), "untraced", base_ms))
+        rows.append(Row("ccw Tracer vs strace", median_ms(times["traced"]), "strace", median_ms(times["straced"])))
+    return rows

@@ -62,29 +62,21 @@ def _make_file(directory: Path, name: str = "big.py") -> Path:
 
 
 @asynccontextmanager
-async def _unix_transport(socket_path: str) -> AsyncIterator[Any]:
-    """A client transport for ccw's NDJSON unix socket (the SDK has none)."""
-    stream = await anyio.connect_unix(socket_path)
-    try:
-        async with _ndjson_transport(stream, stream) as streams:
-            yield streams
-    finally:
-        await stream.aclose()
-
-
-@asynccontextmanager
 async def _process_transport(argv: list[str]) -> AsyncIterator[Any]:
-    """The same NDJSON client over a server process's stdin and stdout.
+    """The NDJSON client over a server process's stdin and stdout.
 
     The SDK's stdio client joins each chunk onto the text received so far and splits it
     again, which is quadratic in the size of one answer: ~6 ms of a 1.2 MB read is spent
-    there.  The socket client above has no such cost, so the reference is driven through
-    this transport too for the socket rows: both sides then pay the same client.
+    there.  ccw's socket client (``mcp_server.transports.unix``) has no such cost, so the
+    reference is driven through it too for the socket rows: both sides then pay the
+    same client.
     """
+    from mcp_server.transports.unix import ndjson_client
+
     process = await anyio.open_process(argv, stderr=subprocess.DEVNULL)
     assert process.stdout is not None and process.stdin is not None
     try:
-        async with _ndjson_transport(process.stdout, process.stdin) as streams:
+        async with ndjson_client(process.stdout, process.stdin) as streams:
             yield streams
     finally:
         await process.stdin.aclose()
@@ -93,53 +85,13 @@ async def _process_transport(argv: list[str]) -> AsyncIterator[Any]:
             await process.wait()
 
 
-@asynccontextmanager
-async def _ndjson_transport(incoming: Any, outgoing: Any) -> AsyncIterator[Any]:
-    """SDK message streams over byte streams: one JSON-RPC message per line."""
-    import mcp_types as types
-    from mcp.shared.message import SessionMessage
-
-    to_session, read_stream = anyio.create_memory_object_stream[Any](16)
-    write_stream, from_session = anyio.create_memory_object_stream[Any](16)
-
-    async def reader() -> None:
-        pending: list[bytes] = []  # joined only once a line is complete: no quadratic copying
-        async with to_session:
-            try:
-                while True:
-                    chunk = await incoming.receive(1 << 20)
-                    pending.append(chunk)
-                    if b"\n" not in chunk:
-                        continue
-                    *lines, rest = b"".join(pending).split(b"\n")
-                    pending = [rest]
-                    for line in lines:
-                        if line.strip():
-                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                            await to_session.send(SessionMessage(message))
-            except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-
-    async def writer() -> None:
-        async with from_session:
-            async for session_message in from_session:
-                data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                await outgoing.send(data.encode() + b"\n")
-
-    async with anyio.create_task_group() as group:
-        group.start_soon(reader)
-        group.start_soon(writer)
-        try:
-            yield read_stream, write_stream
-        finally:
-            group.cancel_scope.cancel()
-
-
 class _Transport:
     """An SDK ``Transport``: the NDJSON client on a unix socket path or a server's argv."""
 
     def __init__(self, target: str | list[str]) -> None:
-        self._cm = _unix_transport(target) if isinstance(target, str) else _process_transport(target)
+        from mcp_server.transports.unix import connect
+
+        self._cm = connect(target) if isinstance(target, str) else _process_transport(target)
 
     async def __aenter__(self) -> Any:
         return await self._cm.__aenter__()
@@ -342,6 +294,56 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+def _transport_rows(results: dict[str, dict[str, Any]]) -> list[Row]:
+    """One row per operation and ccw transport, beside the reference behind the same client."""
+    rows: list[Row] = []
+    # Each ccw transport is compared with the reference behind the same client code:
+    # the socket rows with the NDJSON client, the stdio rows with the SDK's stdio client.
+    baselines = {"socket": results.get("reference_ndjson"), "stdio": results.get("reference")}
+    clients = {"socket": "NDJSON client", "stdio": "SDK stdio client"}
+    names = {
+        "read": f"read {LINES} lines: unchanged",
+        "edit": f"edit 1 of {LINES} lines",
+        "reread": f"read {LINES} lines: after own edit",
+        "cold": f"read {LINES} lines: outside change",
+    }
+    ops = (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file"), ("cold", "read_text_file"))
+    for op, ref_tool in ops:
+        for transport in ("socket", "stdio"):
+            ours = results[transport]
+            ref = baselines[transport]
+            extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
+            if op == "edit":
+                extra["ccw bytes sent (args)"] = ours["edit_args_bytes"]
+            if ref:
+                extra["reference bytes returned"] = ref[f"{op}_bytes"]
+                if op == "edit":
+                    extra["reference bytes sent (args)"] = ref["edit_args_bytes"]
+            rows.append(Row(
+                name=f"{names[op]} ({transport})",
+                ccw_ms=ours[f"{op}_ms"],
+                baseline=f"server-filesystem {ref_tool} ({clients[transport]})" if ref else "",
+                baseline_ms=ref[f"{op}_ms"] if ref else None,
+                target="<= 1x",
+                extra=extra,
+            ))
+    return rows
+
+
+def _notes(repeat: int) -> list[str]:
+    """What the report says about how it measured."""
+    return [
+        f"median of {repeat} tools/call round trips per figure, SDK client, one session per server, "
+        "calls interleaved round by round; reference over stdio (it has no socket transport)",
+        "the reference runs twice: behind the SDK's stdio client (baseline of the stdio rows) and behind "
+        "the NDJSON client the socket rows use, on its stdin/stdout (baseline of the socket rows); the "
+        "SDK's stdio client re-joins the whole answer on every chunk, which costs ~6 ms on a 1.2 MB read",
+        "ccw keeps whole-file tag lists by file_hash: re-reading an unchanged file skips tagging, and "
+        "an edit splices the new tags in; 'after outside change' reads a file another process "
+        "rewrote (nothing cached: the cold cost)",
+    ]
+
+
 def run(quick: bool = False) -> Report:
     """Measure ccw (socket and stdio) and the reference server on the same file."""
     from mcp import Client
@@ -386,52 +388,11 @@ def run(quick: bool = False) -> Report:
             results = trio.run(measure)
         finally:
             _stop(proc)
-        # Each ccw transport is compared with the reference behind the same client code:
-        # the socket rows with the NDJSON client, the stdio rows with the SDK's stdio client.
-        baselines = {"socket": results.get("reference_ndjson"), "stdio": results.get("reference")}
-        clients = {"socket": "NDJSON client", "stdio": "SDK stdio client"}
-        names = {
-            "read": f"read {LINES} lines: unchanged",
-            "edit": f"edit 1 of {LINES} lines",
-            "reread": f"read {LINES} lines: after own edit",
-            "cold": f"read {LINES} lines: outside change",
-        }
-        ops = (("read", "read_text_file"), ("edit", "edit_file"), ("reread", "read_text_file"), ("cold", "read_text_file"))
-        for op, ref_tool in ops:
-            for transport in ("socket", "stdio"):
-                ours = results[transport]
-                ref = baselines[transport]
-                extra: dict[str, Any] = {f"ccw {transport} bytes returned": ours[f"{op}_bytes"]}
-                if op == "edit":
-                    extra["ccw bytes sent (args)"] = ours["edit_args_bytes"]
-                if ref:
-                    extra["reference bytes returned"] = ref[f"{op}_bytes"]
-                    if op == "edit":
-                        extra["reference bytes sent (args)"] = ref["edit_args_bytes"]
-                report.add(Row(
-                    name=f"{names[op]} ({transport})",
-                    ccw_ms=ours[f"{op}_ms"],
-                    baseline=f"server-filesystem {ref_tool} ({clients[transport]})" if ref else "",
-                    baseline_ms=ref[f"{op}_ms"] if ref else None,
-                    target="<= 1x",
-                    extra=extra,
-                ))
+        for row in _transport_rows(results):
+            report.add(row)
         for row in _in_process(ccw_file, repeat):
             report.add(row)
-        report.notes.append(
-            f"median of {repeat} tools/call round trips per figure, SDK client, one session per server, "
-            "calls interleaved round by round; reference over stdio (it has no socket transport)"
-        )
-        report.notes.append(
-            "the reference runs twice: behind the SDK's stdio client (baseline of the stdio rows) and behind "
-            "the NDJSON client the socket rows use, on its stdin/stdout (baseline of the socket rows); the "
-            "SDK's stdio client re-joins the whole answer on every chunk, which costs ~6 ms on a 1.2 MB read"
-        )
-        report.notes.append(
-            "ccw keeps whole-file tag lists by file_hash: re-reading an unchanged file skips tagging, and "
-            "an edit splices the new tags in; 'after outside change' reads a file another process "
-            "rewrote (nothing cached: the cold cost)"
-        )
+        report.notes.extend(_notes(repeat))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return report

@@ -44,7 +44,10 @@ def _sh(command: str) -> None:
     subprocess.run(command, shell=True, check=True)
 
 
-async def _time_promote(call: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]], capsule_id: str) -> float:
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]  # a tool handler by name
+
+
+async def _time_promote(call: Call, capsule_id: str) -> float:
     _sh("sync")  # the exec's own writes are not the promotion's to flush
     start = time.perf_counter()
     promoted = await call("capsule_promote", {"capsule_id": capsule_id})
@@ -84,51 +87,61 @@ async def _measure(root: Path, repeat: int, promote_rounds: int) -> dict[str, li
 
     out: dict[str, list[float]] = {"witness": [], "tar": [], "promote": [], "cp_sync": []}
     try:
-        cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat data*.bin > /dev/null; echo x > note.txt"]})
-        assert ran["exit_code"] == 0 and ran["touched"]["read"] is not None and len(ran["touched"]["read"]) >= FILES
-        for i in range(repeat):
-            _sh("sync")
-            start = time.perf_counter()
-            made = await call("capsule_witness", {"capsule_id": cap, "include_blobs": True})
-            out["witness"].append(time.perf_counter() - start)
-            os.unlink(made["path"])
-            target = root / f"tar{i}.tar.zst"
-            _sh("sync")
-            start = time.perf_counter()
-            _sh(f"tar --zstd -cf {target} -C {ws} .")
-            out["tar"].append(time.perf_counter() - start)
-            target.unlink()
-        await call("capsule_destroy", {"capsule_id": cap})
+        await _witness_rounds(call, root, ws, repeat, out)
         for i in range(promote_rounds):
-            cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-            script = f"mkdir -p gen; for n in $(seq 1 {PROMOTE_FILES}); do echo round {i} file $n > gen/f$n.txt; done"
-            assert (await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
-            source = root / f"src{i}"
-            source.mkdir()
-            for n in range(1, PROMOTE_FILES + 1):
-                (source / f"f{n}.txt").write_text(f"round {i} file {n}\n")
-            # The copy replaces the previous round's files, as the promotion does: on
-            # a journal-less ext4 (these VMs) creating a file skips, one buffer lookup
-            # each, every inode of its block group freed in the last ~30 s, so a copy
-            # into a fresh directory (placed by ext4 in an untouched group) would not
-            # pay what replacing files in a long-lived directory costs.
-            dest = root / "dest"
-            dest.mkdir(exist_ok=True)
-            for old in dest.iterdir():
-                old.unlink()
-            # Whichever side runs first after this round's deletions pays the most for
-            # them, so the order alternates.
-            if i % 2 == 0:
-                out["promote"].append(await _time_promote(call, cap))
-                out["cp_sync"].append(_time_copy(source, dest))
-            else:
-                out["cp_sync"].append(_time_copy(source, dest))
-                out["promote"].append(await _time_promote(call, cap))
-            await call("capsule_destroy", {"capsule_id": cap})
+            await _promote_round(call, root, i, out)
     finally:
         await runtime.aclose()
     return out
+
+
+async def _witness_rounds(call: Call, root: Path, ws: Path, repeat: int, out: dict[str, list[float]]) -> None:
+    """``capsule_witness`` with blobs after a run that read every file, beside ``tar --zstd``."""
+    cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat data*.bin > /dev/null; echo x > note.txt"]})
+    assert ran["exit_code"] == 0 and ran["touched"]["read"] is not None and len(ran["touched"]["read"]) >= FILES
+    for i in range(repeat):
+        _sh("sync")
+        start = time.perf_counter()
+        made = await call("capsule_witness", {"capsule_id": cap, "include_blobs": True})
+        out["witness"].append(time.perf_counter() - start)
+        os.unlink(made["path"])
+        target = root / f"tar{i}.tar.zst"
+        _sh("sync")
+        start = time.perf_counter()
+        _sh(f"tar --zstd -cf {target} -C {ws} .")
+        out["tar"].append(time.perf_counter() - start)
+        target.unlink()
+    await call("capsule_destroy", {"capsule_id": cap})
+
+
+async def _promote_round(call: Call, root: Path, i: int, out: dict[str, list[float]]) -> None:
+    """One promotion of PROMOTE_FILES new files, beside ``cp`` + ``sync -f`` of the same files."""
+    cap = (await call("capsule_create", {"workspace": str(root / "ws")}))["capsule_id"]
+    script = f"mkdir -p gen; for n in $(seq 1 {PROMOTE_FILES}); do echo round {i} file $n > gen/f$n.txt; done"
+    assert (await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
+    source = root / f"src{i}"
+    source.mkdir()
+    for n in range(1, PROMOTE_FILES + 1):
+        (source / f"f{n}.txt").write_text(f"round {i} file {n}\n")
+    # The copy replaces the previous round's files, as the promotion does: on
+    # a journal-less ext4 (these VMs) creating a file skips, one buffer lookup
+    # each, every inode of its block group freed in the last ~30 s, so a copy
+    # into a fresh directory (placed by ext4 in an untouched group) would not
+    # pay what replacing files in a long-lived directory costs.
+    dest = root / "dest"
+    dest.mkdir(exist_ok=True)
+    for old in dest.iterdir():
+        old.unlink()
+    # Whichever side runs first after this round's deletions pays the most for
+    # them, so the order alternates.
+    if i % 2 == 0:
+        out["promote"].append(await _time_promote(call, cap))
+        out["cp_sync"].append(_time_copy(source, dest))
+    else:
+        out["cp_sync"].append(_time_copy(source, dest))
+        out["promote"].append(await _time_promote(call, cap))
+    await call("capsule_destroy", {"capsule_id": cap})
 
 
 def run(quick: bool = False) -> Report:

@@ -143,15 +143,11 @@ class CapsuleService:
 
     def live_record(self, capsule_id: str) -> CapsuleRecord:
         """The journal's record of a live capsule; NOT_FOUND if destroyed or unknown."""
-        record = self.journal.capsule(capsule_id)
-        if record is None or record.destroyed_at is not None:
-            raise CcwError(
-                "NOT_FOUND",
-                f"capsule {capsule_id} not found (destroyed or never created); "
-                "call capsule_list to see live capsules or capsule_create to make one",
-                {"capsule_id": capsule_id},
-            )
-        return record
+        return self.journal.live_capsule(
+            capsule_id,
+            f"capsule {capsule_id} not found (destroyed or never created); "
+            "call capsule_list to see live capsules or capsule_create to make one",
+        )
 
     # --- journaled capsules --------------------------------------------------------
 

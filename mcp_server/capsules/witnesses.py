@@ -48,6 +48,7 @@ from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change
+from sandbox.syscalls import pid_alive
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS witnesses (
@@ -232,22 +233,15 @@ def remove_stale_temps(state: State) -> list[str]:
     removed = []
     for path in sorted(state.witnesses_dir.glob(".wit_*.tmp")):
         parts = path.name.split(".")  # "", witness_id, pid, random, "tmp"
-        if len(parts) == 5 and parts[2].isdigit() and _pid_alive(int(parts[2])):
-            continue  # another ccw-mcp sharing this state dir is writing it
+        # A temp file named with our own pid is a leftover of an earlier process that had
+        # this pid; one named with another live pid is another ccw-mcp sharing the state
+        # dir, still writing it.
+        if len(parts) == 5 and parts[2].isdigit() and int(parts[2]) != os.getpid() and pid_alive(int(parts[2])):
+            continue
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         removed.append(path.name)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
 
 
 def _base_summary(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Paths given to ``RootView`` are already-normalised repo-relative strings
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -36,23 +37,20 @@ from sandbox.ops import kind_of
 
 _RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS
+# openat2's RESOLVE_* refusals, as the agent reads them: what happened, what to do instead.
+_REFUSALS = {
+    errno.EXDEV: "the path escapes the workspace root (through '..', an absolute path or a "
+    "symlink pointing outside); name a path inside the root",
+    errno.ELOOP: "the path passes through a symlink, which could lead outside the workspace "
+    "root; write to the link's target path instead",
+}
+
 
 def _error(exc: OSError, what: str, rel: str) -> CcwError:
-    if exc.errno == errno.EXDEV:
-        return CcwError(
-            "PERMISSION_DENIED",
-            f"{what} {rel!r}: the path escapes the workspace root (through '..', an absolute "
-            "path or a symlink pointing outside); name a path inside the root",
-            {"path": rel, "errno": "EXDEV"},
-        )
-    if exc.errno == errno.ELOOP:
-        return CcwError(
-            "PERMISSION_DENIED",
-            f"{what} {rel!r}: the path passes through a symlink, which could lead outside "
-            "the workspace root; write to the link's target path instead",
-            {"path": rel, "errno": "ELOOP"},
-        )
-    return from_oserror(exc, what, rel)
+    refusal = _REFUSALS.get(exc.errno or 0)
+    if refusal is None:
+        return from_oserror(exc, what, rel)
+    return CcwError("PERMISSION_DENIED", f"{what} {rel!r}: {refusal}", {"path": rel, "errno": errno.errorcode[exc.errno or 0]})
 
 
 def _split(rel: str) -> tuple[str, str]:
@@ -115,11 +113,20 @@ class RootView:
         except OSError as exc:
             raise _error(exc, what, rel) from exc
 
-    def _parent(self, rel: str, what: str) -> tuple[int, str]:
+    @contextlib.contextmanager
+    def _in_parent(self, rel: str, what: str) -> Iterator[tuple[int, str]]:
+        """Open ``rel``'s parent directory (never through a symlink) for the block, which
+        gets (parent fd, name); an OSError in it becomes the CcwError for ``what``."""
         head, name = _split(rel)
         if name in (".", ".."):
             raise CcwError("INVALID_ARGUMENT", f"{what} {rel!r}: '.' and '..' are not file names")
-        return self.open_fd(head, os.O_RDONLY | os.O_DIRECTORY, write=True, what=what), name
+        parent = self.open_fd(head, os.O_RDONLY | os.O_DIRECTORY, write=True, what=what)
+        try:
+            yield parent, name
+        except OSError as exc:
+            raise _error(exc, what, rel) from exc
+        finally:
+            os.close(parent)
 
     # -- reads ------------------------------------------------------------------------
     def read_bytes(self, rel: str) -> bytes:
@@ -221,9 +228,8 @@ class RootView:
 
         ``mtime_ns`` sets the file's mtime (and atime); by default it is the time of writing.
         """
-        parent, name = self._parent(rel, "write")
-        tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
-        try:
+        with self._in_parent(rel, "write") as (parent, name):
+            tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
             if mode is None:
                 try:
                     old = os.stat(name, dir_fd=parent, follow_symlinks=False)
@@ -248,31 +254,17 @@ class RootView:
                 os.unlink(tmp, dir_fd=parent)
                 raise
             os.fsync(parent)
-        except OSError as exc:
-            raise _error(exc, "write", rel) from exc
-        finally:
-            os.close(parent)
 
     def unlink(self, rel: str) -> None:
         """Remove a file or symlink (never follows the link)."""
-        parent, name = self._parent(rel, "delete")
-        try:
+        with self._in_parent(rel, "delete") as (parent, name):
             os.unlink(name, dir_fd=parent)
             os.fsync(parent)
-        except OSError as exc:
-            raise _error(exc, "delete", rel) from exc
-        finally:
-            os.close(parent)
 
     def rmdir(self, rel: str) -> None:
         """Remove an empty directory."""
-        parent, name = self._parent(rel, "delete")
-        try:
+        with self._in_parent(rel, "delete") as (parent, name):
             os.rmdir(name, dir_fd=parent)
-        except OSError as exc:
-            raise _error(exc, "delete", rel) from exc
-        finally:
-            os.close(parent)
 
     def makedirs(self, rel: str) -> None:
         """Create a directory and its missing parents, never through a symlink."""

@@ -41,6 +41,7 @@ from mcp_server.tools.textfiles import (
     MAX_READ_CHARS,
     Target,
     file_identity,
+    missing_means,
     read_file,
     with_view,
     write_checked,
@@ -108,14 +109,11 @@ def render_rows(lines: list[str], tag_list: list[str], first: int) -> str:
 async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
     """Find the root holding a host ``path`` (or the capsule's view) and open it."""
     if capsule_id:
-        record = Journal(ctx.state).capsule(capsule_id)
-        if record is None or record.destroyed_at is not None:
-            raise CcwError(
-                "NOT_FOUND",
-                f"capsule {capsule_id} not found; call capsule_list for live capsules, or omit "
-                "capsule_id to act on the workspace.",
-                {"capsule_id": capsule_id},
-            )
+        record = Journal(ctx.state).live_capsule(
+            capsule_id,
+            f"capsule {capsule_id} not found; call capsule_list for live capsules, or omit "
+            "capsule_id to act on the workspace.",
+        )
         located = locate_lexical(path, record.workspace)
         view = await open_view(ctx, capsule_id=capsule_id)
         return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state)
@@ -199,17 +197,12 @@ def _edit_text_file(found: Target, args: dict[str, Any]) -> dict[str, Any]:
 
 def file_identity_or_missing(found: Target) -> tuple[int, ...]:
     """``file_identity``, turning a missing file into an instructional NOT_FOUND."""
-    try:
+    with missing_means(
+        found.shown,
+        f"{found.shown} does not exist; edit_text_file edits existing files (create it "
+        "with file_create, then read_text_file).",
+    ):
         return file_identity(found.view, found.rel)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            raise CcwError(
-                "NOT_FOUND",
-                f"{found.shown} does not exist; edit_text_file edits existing files (create it "
-                "with file_create, then read_text_file).",
-                {"path": found.shown},
-            ) from exc
-        raise
 
 
 read_text_file = _with_target(_read_text_file)

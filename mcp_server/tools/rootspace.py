@@ -36,6 +36,7 @@ from mcp_server.tools.textfiles import (
     MAX_READ_CHARS,
     Target,
     file_identity,
+    missing_means,
     read_file,
     with_view,
     write_checked,
@@ -133,14 +134,8 @@ def _file_remove(found: Target, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _identity_and_bytes(found: Target) -> tuple[tuple[int, ...], bytes]:
-    try:
+    with missing_means(found.shown, f"{found.shown} does not exist; read list:// of its directory to see what exists."):
         before = file_identity(found.view, found.rel) if found.rel else ()
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            raise CcwError(
-                "NOT_FOUND", f"{found.shown} does not exist; read list:// of its directory to see what exists.", {"path": found.shown}
-            ) from exc
-        raise
     return before, read_file(found.view, found.rel, found.shown, "read list:// of its directory")
 
 
@@ -203,16 +198,12 @@ async def list_resource(ctx: ToolContext, uri: str) -> tuple[str, str]:
     raw = unquote(uri.removeprefix("list://"))
     found = await rooted(ctx, raw or "/", None)
     try:
-        entries = found.view.listdir(found.rel)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            raise CcwError(
-                "NOT_FOUND",
-                f"{found.shown} is not a directory that exists; read list:/// (the root) and follow "
-                "the entries of kind 'dir'.",
-                {"path": found.shown},
-            ) from exc
-        raise
+        with missing_means(
+            found.shown,
+            f"{found.shown} is not a directory that exists; read list:/// (the root) and follow "
+            "the entries of kind 'dir'.",
+        ):
+            entries = found.view.listdir(found.rel)
     finally:
         found.view.close()
     body = {"path": found.shown, "entries": [{"name": name, "kind": kind} for name, kind in entries]}

@@ -43,7 +43,6 @@ from mcp_server.fs import fingerprint as fp_mod
 from mcp_server.fs import gitgrep
 from mcp_server.fs.export import tar_bundle
 from mcp_server.tools import targets as T
-from mcp_server.tools.registry import ToolSpec
 from mcp_server.tools.snapshot_schemas import TOOL_SCHEMAS
 from mcp_server.tools.targets import (
     begin_live,
@@ -447,19 +446,11 @@ _HANDLERS = {
     "snapshot_export": snapshot_export,
 }
 
-TOOLS = [
-    ToolSpec(
-        name=name,
-        family="snapshot",
-        description=TOOL_SCHEMAS[name]["description"],
-        input_schema=TOOL_SCHEMAS[name]["input"],
-        output_schema=TOOL_SCHEMAS[name]["output"],
-        handler=handler,
-        scope="read",
-        aliases=("snapshot." + name.split("_", 1)[1],),
-        read_only=name != "snapshot_create",
-        idempotent=True,
-        title=name.replace("_", " "),
-    )
-    for name, handler in _HANDLERS.items()
-]
+TOOLS = T.family_tools(
+    "snapshot",
+    TOOL_SCHEMAS,
+    _HANDLERS,
+    scope="read",
+    read_only=[name for name in _HANDLERS if name != "snapshot_create"],
+    idempotent=True,
+)

@@ -26,7 +26,7 @@ schemas, the full ones, stay what the server validates against):
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from mcp_server.fs.policies import policy_schema
@@ -52,6 +52,21 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _map_subschemas(out: dict[str, Any], transform: Callable[[Any], Any]) -> dict[str, Any]:
+    """``out`` with ``transform`` applied to each schema it holds one level down (the
+    values of _ONE, _LIST and _MAP keywords), in place."""
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = transform(out[key])
+    for key in _LIST:
+        if isinstance(out.get(key), list):
+            out[key] = [transform(c) for c in out[key]]
+    for key in _MAP:
+        if isinstance(out.get(key), dict):
+            out[key] = {k: transform(c) for k, c in out[key].items()}
+    return out
+
+
 def shape_only(schema: Any) -> Any:
     """``schema`` without documentation and bounds, at every schema position: its shape.
 
@@ -62,16 +77,7 @@ def shape_only(schema: Any) -> Any:
     out = {k: v for k, v in schema.items() if k not in _DOC_ONLY and k not in _BOUNDS and k != "$schema"}
     if out.get("additionalProperties") is False:  # closedness is a bound too; a map's value schema stays
         del out["additionalProperties"]
-    for key in _ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = shape_only(out[key])
-    for key in _LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [shape_only(c) for c in out[key]]
-    for key in _MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: shape_only(c) for k, c in out[key].items()}
-    return out
+    return _map_subschemas(out, shape_only)
 
 
 _JSON_TYPES = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (type(None), "null"))
@@ -167,16 +173,7 @@ def _without_size_limits(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: v for k, v in schema.items() if k not in _SIZE_LIMITS and not (k == "minLength" and v == 1)}
-    for key in _ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = _without_size_limits(out[key])
-    for key in _LIST:
-        if isinstance(out.get(key), list):
-            out[key] = [_without_size_limits(c) for c in out[key]]
-    for key in _MAP:
-        if isinstance(out.get(key), dict):
-            out[key] = {k: _without_size_limits(c) for k, c in out[key].items()}
-    return out
+    return _map_subschemas(out, _without_size_limits)
 
 
 def _documented_elsewhere(schema: Any) -> Any:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import os
 import stat as stat_mod
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +34,7 @@ from mcp_server.fs.blobstore import BlobStore
 from mcp_server.fs.leases import LeaseStore
 from mcp_server.fs.snapshots import SnapshotStore
 from mcp_server.fs.view import RootView
+from mcp_server.tools.registry import Handler, ToolSpec
 from sandbox.errors import CcwError
 
 
@@ -168,6 +169,39 @@ def hybrid_output(properties: dict[str, Any], required: list[str]) -> dict[str, 
         "required": [*required, "cache_hint", "lease_id", "fingerprint"],
     }
     return {"type": "object", "oneOf": [immutable, worktree]}
+
+
+def family_tools(
+    family: str,
+    schemas: dict[str, dict[str, Any]],
+    handlers: Mapping[str, Handler],
+    *,
+    scope: str,
+    read_only: Collection[str] = (),
+    idempotent: bool = False,
+    destructive: bool = False,
+) -> list[ToolSpec]:
+    """The ToolSpecs of a substrate family (snapshot, workspace) from its ``TOOL_SCHEMAS``
+    table (description, input, output by tool name) and its handlers; each tool also
+    answers to the seed's dotted alias (``snapshot_list`` → ``snapshot.list``) and is
+    read-only when named in ``read_only``."""
+    return [
+        ToolSpec(
+            name=name,
+            family=family,
+            description=schemas[name]["description"],
+            input_schema=schemas[name]["input"],
+            output_schema=schemas[name]["output"],
+            handler=handler,
+            scope=scope,
+            aliases=(f"{family}." + name.split("_", 1)[1],),
+            read_only=name in read_only,
+            destructive=destructive,
+            idempotent=idempotent,
+            title=name.replace("_", " "),
+        )
+        for name, handler in handlers.items()
+    ]
 
 
 # --- live targets (worktree or capsule) and their leases -----------------------------

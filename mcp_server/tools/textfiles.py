@@ -5,7 +5,8 @@ what to call next, and replaced only if nobody wrote it since it was read.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,17 @@ def file_identity(view: RootView, rel: str) -> tuple[int, ...]:
     """What changes when anyone writes the file: inode, size, mtime, ctime."""
     st = view.stat(rel, follow=True)
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@contextlib.contextmanager
+def missing_means(shown: str, message: str) -> Iterator[None]:
+    """Turn a NOT_FOUND raised in the block into one whose ``message`` says what to call next."""
+    try:
+        yield
+    except CcwError as exc:
+        if exc.code != "NOT_FOUND":
+            raise
+        raise CcwError("NOT_FOUND", message, {"path": shown}) from exc
 
 
 def read_file(view: RootView, rel: str, shown: str, next_call: str) -> bytes:

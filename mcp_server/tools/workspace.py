@@ -30,7 +30,6 @@ from mcp_server.core.patch import parse_patch
 from mcp_server.core.patch_apply import ApplyResult, apply
 from mcp_server.fs.view import RootView
 from mcp_server.tools import targets as T
-from mcp_server.tools.registry import ToolSpec
 from sandbox.errors import CcwError
 
 
@@ -288,18 +287,4 @@ _HANDLERS = {
     "workspace_delete": workspace_delete,
 }
 
-TOOLS = [
-    ToolSpec(
-        name=name,
-        family="workspace",
-        description=TOOL_SCHEMAS[name]["description"],
-        input_schema=TOOL_SCHEMAS[name]["input"],
-        output_schema=TOOL_SCHEMAS[name]["output"],
-        handler=handler,
-        scope="write",
-        aliases=("workspace." + name.split("_", 1)[1],),
-        destructive=True,
-        title=name.replace("_", " "),
-    )
-    for name, handler in _HANDLERS.items()
-]
+TOOLS = T.family_tools("workspace", TOOL_SCHEMAS, _HANDLERS, scope="write", destructive=True)

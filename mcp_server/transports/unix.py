@@ -117,30 +117,47 @@ MAX_ANSWER = 256 << 20  # what the client side accepts in one answer line
 async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
     """Client side: an SDK ``Transport`` (read, write streams) over a unix socket.
 
-    Usable as ``mcp.Client(connect(path))``; the tests use it (the benchmark has its own
-    client, which it also points at the reference server).
+    Usable as ``mcp.Client(connect(path))``; the tests use it.
+    """
+    import anyio
+
+    stream = await anyio.connect_unix(path)
+    try:
+        async with ndjson_client(stream, stream) as streams:
+            yield streams
+    finally:
+        await stream.aclose()
+
+
+@contextlib.asynccontextmanager
+async def ndjson_client(incoming: Any, outgoing: Any) -> AsyncIterator[tuple[Any, Any]]:
+    """An SDK ``Transport``'s (read, write) streams over anyio byte streams, one JSON-RPC
+    message per line: ``connect``'s, and the benchmark's on a socket or on a server
+    process's stdout and stdin (so ccw and the reference server sit behind one client).
+
+    An answer that is not JSON-RPC, or is over MAX_ANSWER, reaches the reader as an
+    exception; the connection ending ends the read stream.
     """
     import anyio
     import mcp_types as types
     from mcp.shared.message import SessionMessage
 
-    stream = await trio.open_unix_socket(path)
+    from mcp_server.transports.framing import Line, LineSplitter, Oversized
+
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](32)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](32)
+    gone = (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError)
 
     async def reader() -> None:
-        from mcp_server.transports.framing import Line, LineSplitter, Oversized
-
         # The 1 MiB guard is on requests (seed 001); answers may be larger (a whole file
         # read back), so the client reads up to MAX_ANSWER and reports anything bigger.
+        # The splitter's buffer grows by each chunk: no quadratic joining of a large answer.
         splitter = LineSplitter(max_frame=MAX_ANSWER)
         async with read_send:
             while True:
                 try:
-                    data = await stream.receive_some(65536)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    return
-                if not data:
+                    data = await incoming.receive(1 << 20)
+                except gone:
                     return
                 for event in splitter.feed(data):
                     if isinstance(event, Oversized):
@@ -159,15 +176,14 @@ async def connect(path: str) -> AsyncIterator[tuple[Any, Any]]:
             async for item in write_recv:
                 line = item.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
                 try:
-                    await stream.send_all(line.encode("utf-8"))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await outgoing.send(line.encode("utf-8"))
+                except gone:
                     return
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(reader)
-        nursery.start_soon(writer)
+    async with anyio.create_task_group() as group:
+        group.start_soon(reader)
+        group.start_soon(writer)
         try:
             yield read_recv, write_send
         finally:
-            nursery.cancel_scope.cancel()
-            await stream.aclose()
+            group.cancel_scope.cancel()
