@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import platform
 import struct
@@ -162,13 +163,24 @@ def sethostname(name: str) -> None:
     _check(_libc.sethostname(raw, len(raw)), f"sethostname({name!r})")
 
 
+OPENAT2_RACE_RETRIES = 16
+
+
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
-    """openat2(2) with struct open_how {u64 flags; u64 mode; u64 resolve}."""
+    """openat2(2) with struct open_how {u64 flags; u64 mode; u64 resolve}.
+
+    With RESOLVE_BENEATH or RESOLVE_IN_ROOT, a rename or mount anywhere on the system
+    during the lookup makes the kernel give up on proving that a ``..`` stayed beneath
+    the root, and it returns EAGAIN, asking the caller to retry (openat2(2)).  Seen
+    under load as an INTERNAL error from a file tool; the lookup is retried a few times.
+    """
     how = struct.pack("QQQ", flags & 0xFFFFFFFFFFFFFFFF, mode, resolve)
     buf = ctypes.create_string_buffer(how, len(how))
-    ret = _libc.syscall(
-        _nr("openat2"), ctypes.c_int(dirfd), _b(path), buf, ctypes.c_size_t(len(how))
-    )
+    encoded = _b(path)
+    for _ in range(OPENAT2_RACE_RETRIES):
+        ret = _libc.syscall(_nr("openat2"), ctypes.c_int(dirfd), encoded, buf, ctypes.c_size_t(len(how)))
+        if ret >= 0 or ctypes.get_errno() != errno.EAGAIN:
+            break
     return _check(ret, f"openat2({dirfd}, {path!r}, {flags:#o}, resolve={resolve:#x})")
 
 
