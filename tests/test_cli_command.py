@@ -255,3 +255,25 @@ def test_serve_runs_the_mcp_server_on_stdio(state_dir: Path, tmp_path: Path) -> 
     reply = json.loads(done.stdout.splitlines()[0])
     assert reply["id"] == 7 and "policies" in reply["result"]
     assert f"state_dir={state_dir}" in done.stderr and "mcp:ready mode=stdio" in done.stderr
+
+
+def test_a_reader_that_goes_away_ends_ccw_quietly() -> None:
+    """``ccw capsule diff | head``: a closed pipe ends ccw with 141 and no traceback."""
+    script = (
+        "import sys\n"
+        "from mcp_server import cli\n"
+        "def flood(args):\n"
+        "    for n in range(200_000):\n"
+        "        print(f'line {n} of a long diff')\n"
+        "    return 0\n"
+        "cli._dispatch = flood\n"
+        "sys.exit(cli.main(['doctor']))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.read(20)  # one line, as head would take
+    proc.stdout.close()
+    with proc.stderr:
+        stderr = proc.stderr.read().decode()
+    assert proc.wait(60) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

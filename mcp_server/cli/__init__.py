@@ -136,6 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if exc.code == "INVALID_ARGUMENT" and args.command == "serve" else 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``ccw capsule diff | head``): what it wanted was printed.
+        # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended
 
 
 def _dispatch(args: argparse.Namespace) -> int:
