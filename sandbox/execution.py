@@ -61,10 +61,10 @@ def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], st
     which per-exec limits may only tighten (the disk's size is the capsule's, fixed when
     it was made).
     """
-    spec = capsule.spec
-    jail_env = final_env(dict(request.env or {}), list(spec.env_whitelist))
-    workdir = resolve_cwd(request.cwd, spec.workspace)
-    exec_limits = {key: value for key, value in spec.limits.to_json().items() if key != "disk_mb"}
+    capsule_spec = capsule.spec  # not ``spec``: that is the module final_env checks with
+    jail_env = final_env(dict(request.env or {}), list(capsule_spec.env_whitelist))
+    workdir = resolve_cwd(request.cwd, capsule_spec.workspace)
+    exec_limits = {key: value for key, value in capsule_spec.limits.to_json().items() if key != "disk_mb"}
     for key, value in (request.limits or Limits()).to_json().items():
         if key != "disk_mb":
             exec_limits[key] = min(value, exec_limits.get(key, value))
