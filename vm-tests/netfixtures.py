@@ -1,0 +1,199 @@
+"""Test servers for the network tests: a namespace of the test's own, and a loopback service.
+
+Every byte these tests send stays on this machine: the servers listen either on the
+host's 127.0.0.1 or inside a network namespace the test creates and removes.  The
+server namespace is joined to the host by one veth pair with addresses the tests own
+(10.98.0.1 on the host's end, 10.98.0.2 on the server's, a /30), so the front end's
+proxy, which connects out from the host's namespace, reaches the servers the way it
+would reach a real one, and a jail's direct attempt at 10.98.0.2 is the "bypass the
+proxy" case.
+
+- ``ServerNamespace``: the namespace, the veth and ``netservers.py`` running inside it
+  (HTTP files and a PEP 503 index, the same over TLS, and a redirector).
+- ``make_cert``: a self-signed certificate for 10.98.0.2 made with ``openssl``.
+- ``build_wheel``: a tiny pure-Python wheel, zipped by hand (no build backend, so no
+  download: pip would fetch setuptools to build one in isolation).
+- ``loopback_server``: a TCP service on the host's 127.0.0.1 that a jail must not reach.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+HOST_ADDRESS = "10.98.0.1"
+SERVER_ADDRESS = "10.98.0.2"
+HTTP_PORT, HTTPS_PORT, REDIRECT_PORT = 8080, 8443, 8081
+SERVER_PYTHON = "/usr/bin/python3"  # the system's, present in every namespace and jail
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
+
+
+@dataclass(frozen=True)
+class Servers:
+    """Where the servers in the namespace answer, and the files they serve."""
+
+    root: Path  # files/ and wheels/ under it
+    cert: Path  # the TLS server's certificate (a CA file for clients)
+
+    @property
+    def http(self) -> str:
+        return f"http://{SERVER_ADDRESS}:{HTTP_PORT}"
+
+    @property
+    def https(self) -> str:
+        return f"https://{SERVER_ADDRESS}:{HTTPS_PORT}"
+
+    @property
+    def redirect(self) -> str:
+        return f"http://{SERVER_ADDRESS}:{REDIRECT_PORT}"
+
+    @property
+    def index(self) -> str:
+        return f"{self.http}/simple/"
+
+
+@contextlib.contextmanager
+def server_namespace(root: Path, redirect_to: str) -> Iterator[Servers]:
+    """The server namespace with its veth to the host and the servers running in it; removed after.
+
+    ``root`` holds ``files/`` and ``wheels/`` (made here if absent); the redirector sends
+    every request to ``redirect_to``.
+    """
+    name = f"ccwt{os.getpid()}"
+    host_end, server_end = f"ccwh{os.getpid()}"[:15], f"ccws{os.getpid()}"[:15]
+    for sub in ("files", "wheels"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    cert, key = make_cert(root / "tls")
+    _ip("netns", "add", name)
+    server = None
+    try:
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", server_end)
+        _ip("link", "set", server_end, "netns", name)
+        _ip("addr", "add", f"{HOST_ADDRESS}/30", "dev", host_end)
+        _ip("link", "set", host_end, "up")
+        _ip("-n", name, "addr", "add", f"{SERVER_ADDRESS}/30", "dev", server_end)
+        _ip("-n", name, "link", "set", server_end, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", name, SERVER_PYTHON, str(HERE / "netservers.py"), "--root", str(root),
+             "--http", str(HTTP_PORT), "--https", str(HTTPS_PORT), "--cert", str(cert), "--key", str(key),
+             "--redirect", str(REDIRECT_PORT), "--redirect-to", redirect_to],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert server.stdout is not None
+        ready = server.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"the test servers did not start (said {ready!r}, exit {server.poll()})")
+        yield Servers(root, cert)
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+        # Deleting the namespace removes its veth end, and with it the host's.
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)
+
+
+def make_cert(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate (and its key) for the server's address; made once per directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    if not cert.exists():
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+             "-nodes", "-days", "2", "-subj", "/CN=ccw-test", "-addext", f"subjectAltName=IP:{SERVER_ADDRESS}",
+             "-keyout", str(key), "-out", str(cert)],
+            capture_output=True, check=True,
+        )
+        os.chmod(cert, 0o644)
+        os.chmod(key, 0o644)  # the server runs as root, clients only need the certificate
+    return cert, key
+
+
+def build_wheel(directory: Path, project: str = "ccwtiny", version: str = "1.0") -> Path:
+    """A pure-Python wheel ``project`` whose module says ``hello from <project>``; its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    dist = f"{project}-{version}"
+    files = {
+        f"{project}/__init__.py": f"GREETING = 'hello from {project}'\n".encode(),
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n".encode(),
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: ccw-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{dist}.dist-info/RECORD,,")
+    files[f"{dist}.dist-info/RECORD"] = ("\n".join(record) + "\n").encode()
+    wheel = directory / f"{dist}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    wheel.chmod(0o644)
+    return wheel
+
+
+@contextlib.contextmanager
+def loopback_server() -> Iterator[int]:
+    """A TCP service on the host's 127.0.0.1 that answers ``host-loopback`` to anyone; its port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(b"host-loopback\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def big_file(root: Path, name: str, size: int) -> Path:
+    """A file of ``size`` bytes under the servers' ``files/`` (sparse-free, not all zeros)."""
+    path = root / "files" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.stat().st_size != size:
+        block = hashlib.sha256(name.encode()).digest() * (1 << 15)  # 1 MiB
+        with path.open("wb") as f:
+            left = size
+            while left > 0:
+                f.write(block[:left])
+                left -= len(block)
+    path.chmod(0o644)
+    return path
+
+
+if __name__ == "__main__":  # a quick manual check: serve until Enter
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp, server_namespace(Path(tmp), "http://denied.example/") as s:
+        build_wheel(Path(tmp) / "wheels")
+        print(s, file=sys.stderr)
+        input()
