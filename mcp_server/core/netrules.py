@@ -1,0 +1,311 @@
+"""A capsule's network allowlist: the rule grammar, parsing, and the decision per request.
+
+Pure logic (no I/O): the egress proxy (``mcp_server.egress``) asks ``decide`` before it
+resolves or connects anything, and ``loopback_ok`` after it has resolved an allowed name.
+
+Choices made here:
+- A capsule's ``network`` is ``None`` ("none": the jail has only loopback) or a
+  ``NetworkSpec``: the allow rules and two per-exec caps (bytes both ways summed,
+  connections).  There is no empty allowlist: that is "none", said plainly.
+- Rule grammar: ``host[:port]``, ``*.domain[:port]`` (any name strictly under the
+  domain, never the domain itself), IPv4 ``a.b.c.d[:port]``, IPv4 CIDR
+  ``a.b.c.d/n[:port]``, IPv6 ``[addr]:port`` or bare ``addr`` (no port), IPv6 CIDR
+  ``addr/n`` or ``[addr/n]:port``.  No port means any port.  Names are lowercased
+  ASCII letters, digits, ``-`` and ``.`` with no trailing dot.
+- Names match only name rules and IP literals only IP rules.  So a denied name is never
+  resolved (no DNS query leaves for it), and an allowed name is not judged by the
+  address it happens to resolve to, which the agent's DNS answers could steer.
+- A name whose last label is all digits (``127.1``, ``010.0.0.1``) is refused as a
+  rule and as a request: the C resolver reads such strings as IPv4 addresses in
+  inet_aton's loose forms (``127.1`` is 127.0.0.1, ``010`` is octal), so they would
+  reach an address no IP rule allowed.
+- Loopback, link-local and unspecified destinations (127/8, 0/8, ::1, ::, 169.254/16,
+  fe80::/10, and their IPv4-mapped IPv6 forms) are the host's own services, not the
+  internet.  ``loopback_ok`` allows them only for a rule that names them exactly: the
+  exact IP (not a CIDR, which could be meant for the internet) or the exact name
+  ``localhost``.  A wildcard or other name that resolves there is DNS rebinding and is
+  refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sandbox.errors import CcwError
+
+DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB per exec, both directions summed
+DEFAULT_MAX_CONNECTIONS = 512  # per exec
+
+GRAMMAR = (
+    "a rule is host[:port], *.domain[:port], a.b.c.d[:port], a.b.c.d/n[:port], "
+    "[ipv6]:port, ipv6, ipv6/n or [ipv6/n]:port; port 1-65535, none = any port"
+)
+
+RuleKind = Literal["name", "wildcard", "ip", "cidr"]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_LABEL = re.compile(r"[a-z0-9-]{1,63}\Z")
+_NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0x[0-9a-f]*)\Z")
+_PORT = re.compile(r"[0-9]{1,5}\Z")
+
+# The host's own services: never reachable through a CIDR or a name other than
+# ``localhost``.  0/8 is here because Linux connects 0.x.x.x to the local host.
+_LOCAL_SPACE: tuple[IPNetwork, ...] = (
+    ipaddress.ip_network("127.0.0.0/8"),
+    ipaddress.ip_network("0.0.0.0/8"),
+    ipaddress.ip_network("169.254.0.0/16"),
+    ipaddress.ip_network("::1/128"),
+    ipaddress.ip_network("::/128"),
+    ipaddress.ip_network("fe80::/10"),
+)
+
+
+@dataclass(frozen=True, order=True)
+class Rule:
+    """One allow rule; ``text`` is its canonical form (what records and reports name)."""
+
+    text: str
+    kind: RuleKind
+    host: str  # the name, the wildcard's domain (without "*."), or the address/network
+    port: int | None
+
+    def network(self) -> IPNetwork:
+        """The rule's addresses (an exact IP rule is a /32 or /128)."""
+        return ipaddress.ip_network(self.host)
+
+    def matches(self, host: str, port: int) -> bool:
+        """True if this rule allows ``host:port`` (``host`` as ``normalize_host`` left it)."""
+        if self.port is not None and self.port != port:
+            return False
+        if self.kind == "name":
+            return host == self.host
+        if self.kind == "wildcard":
+            return host.endswith("." + self.host)
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        network = self.network()
+        return address.version == network.version and address in network
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one request: the matching rule's text, or why none matched."""
+
+    allowed: bool
+    rule: str | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """An allowlist capsule's network: the rules (sorted, canonical) and per-exec caps."""
+
+    allow: tuple[Rule, ...]
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+
+    def to_json(self) -> dict[str, Any]:
+        """The canonical form; ``parse_network`` reads it back to an equal spec."""
+        return {
+            "allow": [rule.text for rule in self.allow],
+            "max_bytes": self.max_bytes,
+            "max_connections": self.max_connections,
+        }
+
+    def rules_text(self) -> str:
+        """The rules as one line, for a denial's message."""
+        return ", ".join(rule.text for rule in self.allow)
+
+
+def _invalid(message: str, **details: Any) -> CcwError:
+    return CcwError("INVALID_ARGUMENT", message, details)
+
+
+def _port(text: str, rule: str) -> int:
+    if not _PORT.match(text) or not 1 <= int(text) <= 65535:
+        raise _invalid(f"network rule {rule!r}: port {text!r} is not 1-65535; {GRAMMAR}", rule=rule)
+    return int(text)
+
+
+def _name_problem(name: str) -> str | None:
+    """Why ``name`` (lowercase) is not a host name ccw accepts, or None if it is one."""
+    if not name or len(name) > 253:
+        return "a host name has 1-253 characters"
+    labels = name.split(".")
+    if not all(_LABEL.match(label) for label in labels):
+        return "a host name is ASCII letters, digits, '-' and '.', no empty label, no trailing dot"
+    if _NUMERIC_LABEL.match(labels[-1]):
+        return "it is neither an IP address nor a host name (the resolver would read it as an IPv4 address)"
+    return None
+
+
+def _ip_rule(text: str, port: int | None, rule: str, version: int) -> Rule:
+    try:
+        network = ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        raise _invalid(f"network rule {rule!r}: {exc}; {GRAMMAR}", rule=rule) from None
+    if network.version != version:
+        where = "IPv6 goes in brackets with a port, bare without" if version == 4 else "brackets hold IPv6 only"
+        raise _invalid(f"network rule {rule!r}: {where}; {GRAMMAR}", rule=rule)
+    exact = "/" not in text
+    host = str(network.network_address) if exact else str(network)
+    if version == 6:
+        body = f"[{host}]:{port}" if port is not None else host
+    else:
+        body = f"{host}:{port}" if port is not None else host
+    return Rule(body, "ip" if exact else "cidr", host, port)
+
+
+def parse_rule(text: str) -> Rule:
+    """Parse one rule; INVALID_ARGUMENT naming the rule and the grammar if it is not one."""
+    if not isinstance(text, str):
+        raise _invalid(f"network rule {text!r} is not a string; {GRAMMAR}")
+    rule = text.strip().lower()
+    if not rule or not rule.isascii() or any(ch.isspace() for ch in rule):
+        raise _invalid(f"network rule {text!r} is empty or has spaces or non-ASCII; {GRAMMAR}", rule=text)
+    if "%" in rule:
+        raise _invalid(f"network rule {text!r}: scoped IPv6 addresses (%zone) are not allowed; {GRAMMAR}", rule=text)
+    if rule.startswith("["):
+        close = rule.find("]")
+        if close == -1:
+            raise _invalid(f"network rule {text!r}: '[' without ']'; {GRAMMAR}", rule=text)
+        rest = rule[close + 1 :]
+        if rest and not rest.startswith(":"):
+            raise _invalid(f"network rule {text!r}: after ']' comes ':port' or nothing; {GRAMMAR}", rule=text)
+        port = _port(rest[1:], text) if rest else None
+        return _ip_rule(rule[1:close], port, text, 6)
+    if rule.count(":") >= 2:
+        return _ip_rule(rule, None, text, 6)
+    host, colon, port_text = rule.partition(":")
+    port = _port(port_text, text) if colon else None
+    if "/" in host or _is_ipv4(host):
+        return _ip_rule(host, port, text, 4)
+    wildcard = host.startswith("*.")
+    name = host[2:] if wildcard else host
+    problem = _name_problem(name)
+    if problem is not None:
+        raise _invalid(f"network rule {text!r}: {problem}; {GRAMMAR}", rule=text)
+    canonical = ("*." if wildcard else "") + name + (f":{port}" if port is not None else "")
+    return Rule(canonical, "wildcard" if wildcard else "name", name, port)
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def parse_rules(values: Iterable[Any]) -> tuple[Rule, ...]:
+    """Parse a list of rule strings into sorted, de-duplicated canonical rules."""
+    return tuple(sorted({parse_rule(value) for value in values}))
+
+
+def _cap(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _invalid(f"network {name} must be a positive integer, not {value!r}", field=name)
+    return value
+
+
+def parse_network(value: Any) -> NetworkSpec | None:
+    """A capsule's ``network`` argument: ``"none"``/None, a list of rules, or an object.
+
+    The object is ``{"allow": [...], "max_bytes": n, "max_connections": n}`` (caps
+    optional).  Anything else is INVALID_ARGUMENT saying what is expected.
+    """
+    if value is None or value == "none":
+        return None
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"allow", "max_bytes", "max_connections"})
+        if unknown:
+            raise _invalid(f"network has unknown fields {unknown}; it takes allow, max_bytes, max_connections")
+        if "allow" not in value:
+            raise _invalid("network object needs 'allow': a list of rules")
+        allow = value["allow"]
+        max_bytes = _cap(value.get("max_bytes", DEFAULT_MAX_BYTES), "max_bytes")
+        max_connections = _cap(value.get("max_connections", DEFAULT_MAX_CONNECTIONS), "max_connections")
+    elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        allow, max_bytes, max_connections = value, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONNECTIONS
+    else:
+        raise _invalid(f"network must be 'none', a list of rules or an object with 'allow', not {value!r}")
+    if isinstance(allow, str | bytes) or not isinstance(allow, Sequence):
+        raise _invalid(f"network allow must be a list of rules, not {allow!r}; {GRAMMAR}")
+    if not allow:
+        raise _invalid("network allow list is empty: use 'none' for a capsule without network")
+    return NetworkSpec(parse_rules(allow), max_bytes, max_connections)
+
+
+def network_json(spec: NetworkSpec | None) -> str | dict[str, Any]:
+    """What the capsule's record keeps: ``"none"`` or the spec's canonical object."""
+    return "none" if spec is None else spec.to_json()
+
+
+def normalize_host(host: str) -> tuple[str | None, str]:
+    """A requested host in the form rules match (lowercase, IPv6 unbracketed, no trailing dot).
+
+    Returns ``(host, "")`` or ``(None, why)`` when it is neither an IP nor a host name.
+    """
+    text = host.strip().lower()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    if "%" in text:
+        return None, f"{host!r} is not allowed: scoped IPv6 addresses (%zone) name a local link"
+    try:
+        return str(ipaddress.ip_address(text)), ""
+    except ValueError:
+        pass
+    if text.endswith(".") and not text.endswith(".."):
+        text = text[:-1]  # the root's dot: "pypi.org." is "pypi.org"
+    problem = _name_problem(text) if text.isascii() else "a host name is ASCII"
+    if problem is not None:
+        return None, f"{host!r} is not allowed: {problem}"
+    return text, ""
+
+
+def decide(spec: NetworkSpec, host: str, port: int) -> Decision:
+    """Whether ``spec`` allows a connection to ``host:port``, by which rule, or why not."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        return Decision(False, None, f"port {port!r} is not 1-65535")
+    name, why = normalize_host(host)
+    if name is None:
+        return Decision(False, None, why)
+    for rule in spec.allow:
+        if rule.matches(name, port):
+            return Decision(True, rule.text, f"allowed by {rule.text}")
+    shown = f"[{name}]" if ":" in name else name
+    return Decision(False, None, f"no rule allows {shown}:{port}")
+
+
+def is_local_address(address: str | IPAddress) -> bool:
+    """True for loopback, link-local and unspecified space (also IPv4-mapped in IPv6)."""
+    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip.version == net.version and ip in net for net in _LOCAL_SPACE)
+
+
+def loopback_ok(rule: Rule | str, host: str, address: str | IPAddress) -> bool:
+    """Whether ``address`` (what ``host`` resolved to) may be reached under ``rule``.
+
+    Addresses outside loopback/link-local/unspecified space always may.  Inside it, only
+    when the rule names the destination exactly: the exact IP rule for that address, or
+    the rule for the name ``localhost`` itself (anything else is DNS rebinding).
+    """
+    if not is_local_address(address):
+        return True
+    matched = parse_rule(rule) if isinstance(rule, str) else rule
+    name, _ = normalize_host(host)
+    if matched.kind == "name":
+        return matched.host == "localhost" and name == "localhost"
+    if matched.kind != "ip":
+        return False
+    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
+    return ipaddress.ip_address(matched.host) == ip and name == str(ip)
