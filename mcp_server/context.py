@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
@@ -43,6 +44,7 @@ class Runtime:
         self._helper: Any = None
         self._helper_lock = trio.Lock()
         self.capsule_queue = CapsuleQueue()  # execs, forks, destroys: one at a time per capsule
+        self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -70,7 +72,9 @@ class Runtime:
         return self._helper
 
     async def aclose(self) -> None:
-        """Close the helper client (stopping an embedded helper) if one was opened."""
+        """End the egress sessions, and close the helper client (stopping an embedded helper) if one was opened."""
+        with trio.CancelScope(shield=True):
+            await self.networks.aclose()
         client, self._helper = self._helper, None
         if client is None:
             return
@@ -154,7 +158,7 @@ class CallContext:
     @property
     def capsules(self) -> CapsuleService:
         """The capsule service, reporting progress and taking turns as this call."""
-        return CapsuleService(self._runtime.state, self._runtime.helper, self)
+        return CapsuleService(self._runtime.state, self._runtime.helper, self, self._runtime.networks)
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""

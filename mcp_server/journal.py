@@ -45,6 +45,7 @@ from typing import Any
 
 import zstandard
 
+from mcp_server.core.netrules import NetworkSpec, network_json, parse_network
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec, Limits
@@ -196,6 +197,7 @@ class CapsuleRecord:
     base_fingerprint: dict[str, Any] | None
     destroyed_at: str | None
     generation: int = 0  # the change generation: every write to the capsule advances it
+    network_spec: NetworkSpec | None = None  # the allowlist (spec.network is then "egress"); None: none
 
     # The spec's fields as the journal's readers name them (and its columns hold them).
     @property
@@ -224,9 +226,9 @@ class CapsuleRecord:
         return self.spec.limits.to_json()
 
     @property
-    def network(self) -> str:
-        """The capsule's network ("none")."""
-        return self.spec.network
+    def network(self) -> str | dict[str, Any]:
+        """The capsule's network: "none" or its allowlist's canonical object (netrules.network_json)."""
+        return network_json(self.network_spec)
 
 
 def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
@@ -235,7 +237,7 @@ def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
         "capsule_id": record.capsule_id, "workspace": record.workspace, "base": record.base,
         "parent": record.parent, "created_at": record.created_at, "clock": record.clock,
         "clock_offset_sec": record.clock_offset_sec, "env_whitelist": record.env_whitelist,
-        "limits": record.limits, "network": record.network, "isolation": record.isolation,
+        "limits": record.limits, "network": _network_column(record.network_spec), "isolation": record.isolation,
         "mount": record.mount, "base_fingerprint": record.base_fingerprint,
         "destroyed_at": record.destroyed_at, "generation": record.generation,
     }
@@ -249,14 +251,32 @@ def _capsule_record(row: Any) -> CapsuleRecord:
     data = dict(row)
     for key in _JSON_CAPSULE_FIELDS:
         data[key] = None if data[key] is None else json.loads(data[key])
+    network_spec = network_from_column(data.pop("network"))
     spec = CapsuleSpec(
         workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
         env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),
-        network=data.pop("network"),
+        network=helper_network(network_spec),
     )
     if spec.base == spec.workspace:
         spec = dataclasses.replace(spec, base=None)
-    return CapsuleRecord(spec=spec, **data)
+    return CapsuleRecord(spec=spec, network_spec=network_spec, **data)
+
+
+def _network_column(network_spec: NetworkSpec | None) -> str:
+    """The ``network`` column: "none" (as before allowlists) or the allowlist's canonical JSON."""
+    return "none" if network_spec is None else json.dumps(network_spec.to_json(), sort_keys=True)
+
+
+def network_from_column(value: Any) -> NetworkSpec | None:
+    """The allowlist a ``network`` column (or a witness's ``capsule.network``) holds; None for "none"."""
+    if isinstance(value, str) and value != "none":
+        value = json.loads(value)
+    return parse_network(value)
+
+
+def helper_network(network_spec: NetworkSpec | None) -> str:
+    """The helper's CapsuleSpec.network for an allowlist (sandbox.spec.NETWORKS): it never sees the rules."""
+    return "none" if network_spec is None else "egress"
 
 
 class Journal:

@@ -207,7 +207,7 @@ def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:
 
     async def main() -> None:
         async with service.scratch(spec) as capsule_id:
-            reply = await service.run(capsule_id, spec, Command(["true"], str(workspace)))
+            reply = (await service.run(capsule_id, spec, Command(["true"], str(workspace)))).value
             assert reply.exit_code == 0
         with pytest.raises(RuntimeError):
             async with service.scratch(spec):

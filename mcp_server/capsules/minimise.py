@@ -365,7 +365,7 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
 async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[str, Unit], argv: list[str],
                   judge: Judge) -> dict[str, Any]:
     """Re-run the minimal change in a journaled capsule; witness that run."""
-    capsule_id = (await service.create(record.spec)).capsule_id
+    capsule_id = (await service.create(record.spec, record.network_spec)).capsule_id
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)

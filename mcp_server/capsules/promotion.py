@@ -106,7 +106,8 @@ def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entr
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]
             facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
-                                         usage.get("rss_max_process_kb"), usage.get("unavailable", {})))
+                                         usage.get("rss_max_process_kb"), usage.get("unavailable", {}),
+                                         ex["touched"].get("network") or []))
             read = ex["touched"]["read"]
             if read is None:
                 facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
@@ -128,7 +129,8 @@ async def _run_tests(service: CapsuleService, record: CapsuleRecord,
     async with service.scratch_fork(record.capsule_id) as fork_id:
         for test in tests:
             argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = await service.run(fork_id, record.spec, Command(argv, record.workspace, TEST_TIMEOUT_MS))
+            reply = (await service.run(fork_id, record.spec, Command(argv, record.workspace, TEST_TIMEOUT_MS),
+                                       network=record.network_spec)).value
             tail = reply.stderr[-2000:].decode("utf-8", "replace")
             outcomes.append(RequiredTestOutcome(test, reply.exit_code, bool(reply.timed_out), tail))
     return outcomes

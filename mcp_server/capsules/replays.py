@@ -28,9 +28,11 @@ from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import verify_file
 from mcp_server.core import replaydiff
+from mcp_server.core.netrules import NetworkSpec
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
+from mcp_server.journal import network_from_column
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change, ExecReply, Touched
 from sandbox.spec import CapsuleSpec, Limits
@@ -155,9 +157,13 @@ class _Tally:
     cpu_ms: int | None = 0  # None once some exec's figure is unknown
     rss_max_kb: int | None = None
 
-    def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes]) -> None:
-        """Compare one replayed exec with its record and add up its usage."""
+    def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes],
+                 network: list[dict[str, Any]] | None) -> None:
+        """Compare one replayed exec with its record (and its network attempts) and add up its usage."""
         self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name) for name in replaydiff.EXEC_FIELDS})
+        reached = replaydiff.network_mismatch(ex, network)
+        if reached is not None:
+            self.mismatches.append(reached)
         self.touched[ex["seq"]] = reply.touched
         kept = ex.get("output") or {}
         for stream, data in (("stdout", reply.stdout), ("stderr", reply.stderr)):
@@ -196,10 +202,12 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None)
         capsule_spec = CapsuleSpec(
             workspace=workspace, base=base_dir if base_dir != workspace else None,
             clock_offset_sec=int(spec.get("clock_offset_sec") or 0), env_whitelist=tuple(spec["env_whitelist"]),
-            limits=Limits(**spec["limits"]), network=spec["network"],
+            limits=Limits(**spec["limits"]),
         )
-        async with service.scratch(capsule_spec, quiet=True) as capsule_id:
-            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs)
+        # Old witnesses say "none"; an allowlist capsule's say its rules, and the replay has them.
+        network = network_from_column(spec.get("network", "none"))
+        async with service.scratch(capsule_spec, quiet=True, network=network) as capsule_id:
+            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs, network)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
@@ -239,7 +247,7 @@ async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: 
 
 
 async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, manifest: dict[str, Any],
-                 blobs: dict[str, bytes]) -> _Tally:
+                 blobs: dict[str, bytes], network: NetworkSpec | None) -> _Tally:
     """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
     tally = _Tally()
     steps = sorted(
@@ -252,9 +260,9 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
             await trio.to_thread.run_sync(apply_write, root, ex, blobs)
             continue
         stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
-        reply = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin),
-                                  limits=True)
-        tally.add_exec(ex, reply, blobs)
+        ran = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin),
+                                limits=True, network=network)
+        tally.add_exec(ex, ran.value, blobs, ran.network)
     return tally
 
 

@@ -29,6 +29,8 @@ from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
+NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
+                       "and are not recorded")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class ExecOutcome:
     started_generation: int  # the capsule's change generation the command ran on
     generation: int  # the one it left (advanced if the command wrote)
     queued_ms: int  # how long the call waited for the calls on the capsule before it
+    network: list[dict[str, Any]] | None = None  # the attempts to connect out (None: network none)
+    network_notes: tuple[str, ...] = ()  # a line per denied attempt, for the agent
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -67,13 +71,17 @@ class ExecOutcome:
 
     @property
     def touched(self) -> dict[str, Any]:
-        """Files read, written, listed, executed, as the journal keeps them (sandbox.replies.Touched)."""
-        return self.reply.touched.to_args()
+        """Files read, written, listed, executed (sandbox.replies.Touched), and the network
+        attempts, as the journal keeps them."""
+        return {**self.reply.touched.to_args(), "network": self.network}
 
     @property
     def touched_unavailable(self) -> dict[str, str]:
         """Why a touched set is null or incomplete."""
-        return dict(sorted(self.reply.touched_unavailable.items()))
+        unavailable = dict(self.reply.touched_unavailable)
+        if self.network is None:
+            unavailable["network"] = NETWORK_NONE_REASON
+        return dict(sorted(unavailable.items()))
 
 
 def exec_env(workspace: str, env_whitelist: Iterable[str]) -> dict[str, str]:

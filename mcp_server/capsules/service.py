@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
+from mcp_server.capsules.networks import Networks, Traced, network_not_open
 from mcp_server.capsules.notes import record_base_states
 from mcp_server.capsules.runs import (
     PROGRESS_MS,
@@ -42,9 +43,10 @@ from mcp_server.capsules.runs import (
 )
 from mcp_server.capsules.turns import Ticket, exec_label, turn_label
 from mcp_server.core import unidiff
+from mcp_server.core.netrules import NetworkSpec
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import CapsuleRecord, Journal, helper_network
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import (
@@ -112,10 +114,13 @@ def _iso(moment: dt.datetime) -> str:
 class CapsuleService:
     """The capsules of one state dir, as seen by one call (its progress and turns)."""
 
-    def __init__(self, state: State, helper: Callable[[], Awaitable[Any]], call: CallHooks) -> None:
+    def __init__(self, state: State, helper: Callable[[], Awaitable[Any]], call: CallHooks,
+                 networks: Networks | None = None) -> None:
         self.state = state
         self._helper = helper
         self._call = call
+        # The process's egress sessions (Runtime.networks); a service of its own has its own.
+        self.networks = networks if networks is not None else Networks()
 
     @property
     def journal(self) -> Journal:
@@ -151,12 +156,29 @@ class CapsuleService:
 
     # --- journaled capsules --------------------------------------------------------
 
-    async def create(self, spec: CapsuleSpec) -> CapsuleRecord:
-        """Make a capsule from ``spec`` and journal it."""
-        reply = await self.call(CreateRequest(spec))
-        return self._journal_new(reply, spec, None)
+    async def create(self, spec: CapsuleSpec, network: NetworkSpec | None = None) -> CapsuleRecord:
+        """Make a capsule from ``spec`` (with the allowlist ``network``, if any) and journal it.
 
-    def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None) -> CapsuleRecord:
+        An allowlist capsule's egress session is opened now, so its first exec does not
+        pay for it; a failure to open it destroys the capsule again.
+        """
+        spec = dataclasses.replace(spec, network=helper_network(network))
+        reply = await self.call(CreateRequest(spec))
+        await self._open_network(reply.capsule_id, network)
+        return self._journal_new(reply, spec, None, network)
+
+    async def _open_network(self, capsule_id: str, network: NetworkSpec | None) -> None:
+        if network is None:
+            return
+        try:
+            await self.networks.open(await self.helper(), capsule_id, network)
+        except BaseException:
+            with trio.CancelScope(shield=True), contextlib.suppress(CcwError):
+                await self.call(DestroyRequest(capsule_id))
+            raise
+
+    def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None,
+                     network: NetworkSpec | None) -> CapsuleRecord:
         """Journal a capsule the helper just made from ``spec`` (a fork: of ``parent``)."""
         created = _now()
         record = CapsuleRecord(
@@ -169,6 +191,7 @@ class CapsuleService:
             mount=reply.mount,
             base_fingerprint=parent.base_fingerprint if parent else None,
             destroyed_at=None,
+            network_spec=network,
         )
         self.journal.add_capsule(record)
         return record
@@ -182,8 +205,11 @@ class CapsuleService:
             request = exec_request(record.capsule_id, record.spec, command, PROGRESS_MS)
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
-            reply = await self._exec_reply(request, ticket.waited_ms)
-            outcome = ExecOutcome(reply, started_generation, started_generation, ticket.waited_ms)
+            traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
+                                              lambda: self._exec_reply(request, ticket.waited_ms))
+            reply = traced.value
+            outcome = ExecOutcome(reply, started_generation, started_generation, ticket.waited_ms,
+                                  traced.network, tuple(traced.notes))
             journal = self.journal
             seq = journal.add_exec(record.capsule_id, journal_entry(request, outcome, started))
             journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
@@ -205,7 +231,7 @@ class CapsuleService:
         try:
             return await self.call(request, on_progress=forward)
         except BaseException as exc:
-            if not (isinstance(exc, CcwError) and exc.code in _REFUSED):
+            if not (isinstance(exc, CcwError) and exc.code in _REFUSED) and not network_not_open(exc):
                 with trio.CancelScope(shield=True):
                     await _settle(helper, request.capsule_id)
                     self.journal.advance(request.capsule_id)
@@ -217,13 +243,15 @@ class CapsuleService:
         async with self.turn(parent.capsule_id, "capsule_fork"):
             parent = self.live_record(parent.capsule_id)
             reply = await self.call(ForkRequest(parent.capsule_id))
-        return self._journal_new(reply, parent.spec, parent)
+        await self._open_network(reply.capsule_id, parent.network_spec)
+        return self._journal_new(reply, parent.spec, parent, parent.network_spec)
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""
         record = self.live_record(capsule_id)
         async with self.turn(record.capsule_id, "capsule_destroy"):
             record = self.live_record(record.capsule_id)
+            await self.networks.close(record.capsule_id)
             await self.call(DestroyRequest(record.capsule_id))
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
         return record
@@ -270,13 +298,17 @@ class CapsuleService:
     # --- scratch capsules: not journaled, destroyed after the block ----------------
 
     @contextlib.asynccontextmanager
-    async def scratch(self, spec: CapsuleSpec, quiet: bool = False) -> AsyncIterator[str]:
-        """A fresh unjournaled capsule for the block; ``quiet``: a failed destroy is not an error."""
+    async def scratch(self, spec: CapsuleSpec, quiet: bool = False,
+                      network: NetworkSpec | None = None) -> AsyncIterator[str]:
+        """A fresh unjournaled capsule for the block (with the allowlist ``network``);
+        ``quiet``: a failed destroy is not an error."""
+        spec = dataclasses.replace(spec, network=helper_network(network))
         capsule_id = (await self.call(CreateRequest(spec))).capsule_id
         try:
             yield capsule_id
         finally:
             with trio.CancelScope(shield=True), contextlib.suppress(*((CcwError,) if quiet else ())):
+                await self.networks.close(capsule_id)
                 await self.call(DestroyRequest(capsule_id))
 
     @contextlib.asynccontextmanager
@@ -287,15 +319,18 @@ class CapsuleService:
             yield fork_id
         finally:
             with trio.CancelScope(shield=True):
+                await self.networks.close(fork_id)
                 await self.call(DestroyRequest(fork_id))
 
-    async def run(self, capsule_id: str, spec: CapsuleSpec, command: Command, limits: bool = False) -> ExecReply:
-        """Run ``command`` in a scratch capsule made from ``spec``, unjournaled; the helper's reply.
+    async def run(self, capsule_id: str, spec: CapsuleSpec, command: Command, limits: bool = False,
+                  network: NetworkSpec | None = None) -> Traced:
+        """Run ``command`` in a scratch capsule made from ``spec``, unjournaled: the helper's
+        reply (``value``) and, with an allowlist ``network``, the attempts it made.
 
         ``limits``: with the spec's limits (a replay, as the recorded run had them).
         """
         request = exec_request(capsule_id, spec if limits else dataclasses.replace(spec, limits=Limits()), command)
-        return await self.call(request)
+        return await self.networks.exec(await self.helper(), capsule_id, network, lambda: self.call(request))
 
 
 async def _settle(helper: Any, capsule_id: str) -> None:

@@ -221,10 +221,12 @@ class Trials:
 
     async def outcome(self, subset: Iterable[int]) -> str:
         """FAIL, PASS or UNRESOLVED: the target command over the base with ``subset`` applied."""
-        async with self.service.scratch(self.spec) as capsule:
+        network = self.record.network_spec
+        async with self.service.scratch(self.spec, network=network) as capsule:
             root = await self.service.open_root(capsule)
             await trio.to_thread.run_sync(apply_units, root, file_contents(self.material, subset))
-            reply = await self.service.run(capsule, self.spec, Command(self.argv, self.record.workspace, self.timeout_ms))
+            command = Command(self.argv, self.record.workspace, self.timeout_ms)
+            reply = (await self.service.run(capsule, self.spec, command, network=network)).value
             self.runs += 1
             return self.judge(reply)
 

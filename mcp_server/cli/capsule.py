@@ -88,6 +88,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
     create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
     create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
+    create.add_argument("--network", action="append", metavar="RULE",
+                        help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
+                             "IP or CIDR[:port], [IPv6]:port (repeatable; default: no network)")
+    create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
+    create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
 
     exec_ = verbs.add_parser("exec", parents=[common], help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
     exec_.add_argument("capsule_id")
@@ -134,6 +139,17 @@ def _command(words: list[str]) -> list[str]:
     return words
 
 
+def _network_arg(args: argparse.Namespace) -> dict[str, Any] | None:
+    """capsule_create's ``network`` from --network/--net-max-*; None: none (the caps alone are an error)."""
+    caps = {k: v for k, v in (("max_bytes", args.net_max_bytes), ("max_connections", args.net_max_connections))
+            if v is not None}
+    if not args.network:
+        if caps:
+            raise SystemExit("ccw: --net-max-bytes and --net-max-connections need at least one --network RULE")
+        return None
+    return {"allow": list(args.network), **caps}
+
+
 def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None]:
     """(tool name, arguments, progress label or None) for a parsed ``ccw capsule`` command."""
     verb = args.verb
@@ -149,6 +165,9 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
             call["clock_offset_sec"] = args.clock_offset_sec
         if args.env:
             call["env_whitelist"] = sorted(set(args.env))
+        network = _network_arg(args)
+        if network is not None:
+            call["network"] = network
         return "capsule_create", call, None
     if verb == "exec":
         call = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
@@ -224,6 +243,8 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     sys.stdout.write(result["stdout"])
     sys.stdout.flush()
     sys.stderr.write(result["stderr"])
+    for line in result.get("network_notes") or ():
+        print(paint(line, "\x1b[33m", color_err), file=sys.stderr)
     notes = []
     if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
         notes.append("output truncated")

@@ -34,6 +34,14 @@ Choices made here:
   number of segments (zero included), ``~`` is the caller's home directory.  A glob that
   is absolute (after ``~`` expansion) matches the absolute path of each file
   (workspace + relative path); a relative glob matches the repo-relative path.
+- ``allow_hosts`` / ``deny_hosts`` use the capsule allowlist's rule grammar
+  (core/netrules.py) and judge the connections the runs *made* (``touched.network``
+  records with ``allowed: true``): denied attempts reached nothing.  Combined: unions.
+  Once any policy has ``allow_hosts`` (even ``[]``, as ``strict`` has), every allowed
+  connection must match one of the union's rules; any allowed connection matching a
+  ``deny_hosts`` rule is a violation.  A connection matches by the host it asked for or
+  by the address the proxy reached (a name rule never matches an address, nor the
+  other way round, as in the allowlist).
 """
 
 from __future__ import annotations
@@ -45,8 +53,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-RULE_NAMES = ("deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb", "require_identical_output", "require_replay_ok",
-              "require_tests")
+from mcp_server.core.netrules import Rule, normalize_host, parse_rules
+
+RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
+              "require_identical_output", "require_replay_ok", "require_tests")
 
 
 @functools.lru_cache(maxsize=512)
@@ -103,6 +113,7 @@ class ExecFacts:
     rss_max_kb: int | None
     rss_max_process_kb: int | None = None  # the largest single process (rusage), where known
     unavailable: dict[str, str] = field(default_factory=dict)  # figure -> why it is null
+    network: list[dict[str, Any]] = field(default_factory=list)  # its touched.network records ([]: none)
 
 
 @dataclass
@@ -137,6 +148,8 @@ class CombinedRules:
     require_replay_ok: bool = False
     require_identical_output: bool = False
     if_unmeasured: str = "refuse"  # or "pass": what a ceiling does with a figure that was not measured
+    allow_hosts: list[str] | None = None  # None: no policy limits where connections go
+    deny_hosts: list[str] = field(default_factory=list)
 
     @property
     def needs_replay(self) -> bool:
@@ -163,6 +176,9 @@ class CombinedRules:
             for test in rules.get("require_tests", []):
                 if test not in out.require_tests:
                     out.require_tests.append(test)
+            if "allow_hosts" in rules:
+                out.allow_hosts = sorted(set(out.allow_hosts or ()) | set(rules["allow_hosts"]))
+            out.deny_hosts = sorted(set(out.deny_hosts) | set(rules.get("deny_hosts", ())))
             out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
             out.require_identical_output = out.require_identical_output or bool(rules.get("require_identical_output"))
         out.deny_paths.sort()
@@ -188,6 +204,43 @@ def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, An
                 hits.append({"path": rel, "glob": original, "how": sorted(facts.paths[rel])})
                 break
     return hits
+
+
+def _matching(rules: Sequence[Rule], record: dict[str, Any]) -> str | None:
+    """The first rule the connection matches, by its host or by the address reached."""
+    for target in (record.get("host"), record.get("address")):
+        if not isinstance(target, str):
+            continue
+        host, _ = normalize_host(target)
+        if host is None:
+            continue
+        for rule in rules:
+            if rule.matches(host, record["port"]):
+                return rule.text
+    return None
+
+
+def network_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, Any]]:
+    """Each connection a run made that the policies' allow_hosts/deny_hosts refuse (once per exec and place)."""
+    allow = None if rules.allow_hosts is None else parse_rules(rules.allow_hosts)
+    deny = parse_rules(rules.deny_hosts)
+    out: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for ex in facts.execs:
+        for record in ex.network:
+            if not record.get("allowed"):
+                continue
+            place = f"{record['host']}:{record['port']}"
+            denied = _matching(deny, record)
+            if denied is not None:
+                out.setdefault((ex.seq, record["host"], record["port"], "deny_hosts"), {
+                    "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "deny_hosts",
+                    "matched": denied, "reason": f"exec {ex.seq} connected to {place}, which deny_hosts {denied} refuses"})
+            elif allow is not None and _matching(allow, record) is None:
+                out.setdefault((ex.seq, record["host"], record["port"], "allow_hosts"), {
+                    "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "allow_hosts",
+                    "matched": None, "reason": f"exec {ex.seq} connected to {place}, which no allow_hosts rule of "
+                                               f"the policies names ({', '.join(rules.allow_hosts or ()) or 'none'})"})
+    return [out[key] for key in sorted(out, key=lambda k: (k[0], k[1], k[2], k[3]))]
 
 
 FIGURE_MEANINGS = {"rss_max_kb": "the exec's total memory", "cpu_ms": "the exec's CPU time"}
@@ -257,21 +310,20 @@ def evaluate(
     """Seed 003's policy_report for these facts (plus ``output_identical``)."""
     denied = denied_paths(rules, facts)
     violations = resource_violations(rules, facts)
+    reached = network_violations(rules, facts)
     passed_unmeasured = resource_checks(rules, facts)[1] if rules.if_unmeasured == "pass" else []
     failures = [
         {"cmd": t.cmd, "exit_code": t.exit_code, "timed_out": t.timed_out, "stderr_tail": t.stderr_tail}
         for t in tests
         if t.exit_code != 0 or t.timed_out
     ]
-    tests_ok = not failures
-    paths_ok = not denied
-    resource_ok = not violations
-    replay_needed = rules.require_replay_ok
-    replay_pass = (replay_ok is True) if replay_needed else (replay_ok is not False)
+    tests_ok, paths_ok, resource_ok = not failures, not denied, not violations
+    replay_pass = (replay_ok is True) if rules.require_replay_ok else (replay_ok is not False)
     # Output that differs fails only a policy that asks for identical output.
     output_pass = output_identical is True if rules.require_identical_output else True
-    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass
-    reasons = []
+    network_ok = not reached
+    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok
+    reasons = [f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}"] if reached else []
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
     if violations:
@@ -296,6 +348,8 @@ def evaluate(
         "output_identical": output_identical,  # likewise
         "resource_ok": resource_ok,
         "paths_ok": paths_ok,
+        "network_ok": network_ok,
+        "network_violations": reached,
         "deny_paths": [d["path"] for d in denied],
         "denied": denied,
         "resource_violations": violations,

@@ -14,6 +14,11 @@ DESIGN §8: ``replay_ok`` means what a reviewer means by "it does the same thing
   type, mode, link target and content (blake3).  A file written with different bytes
   ("files written (content hashes)") shows up here, by name.
 
+- every exec reaches the same places: the distinct (host, port, protocol, allowed) of
+  its network attempts (``touched.network``), when the capsule has an allowlist.  Bytes,
+  addresses and the order of attempts are left out: a download's size, a resolver's
+  answer and which connection opened first are the world's, not the run's.
+
 Output is compared apart from that.  ``output_identical`` says whether every stream of
 every exec has the same bytes (its blake3, as captured); where it differs,
 ``output_diffs`` shows the lines that differ, per exec and stream, as unified-diff lines
@@ -60,6 +65,24 @@ def written_mismatch(
     return {"kind": "exec", "exec": expected["seq"], "field": "written", "argv": expected["argv"],
             "expected_only": sorted(wrote - wrote_now, key=_path_key),
             "actual_only": sorted(wrote_now - wrote, key=_path_key)}
+
+
+def _reached(records: list[dict[str, Any]] | None) -> list[tuple[str, int, str, bool]]:
+    return sorted({(r["host"], r["port"], r["protocol"], bool(r["allowed"])) for r in records or ()})
+
+
+def network_mismatch(expected: dict[str, Any], actual_network: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """Whether a replayed exec reached other places than the recorded one (None: the same).
+
+    A record without ``touched.network`` (made before allowlists, or network none) and a
+    replay without one agree.
+    """
+    want, got = _reached(expected["touched"].get("network")), _reached(actual_network)
+    if want == got:
+        return None
+    return {"kind": "exec", "exec": expected["seq"], "field": "network", "argv": expected["argv"],
+            "expected_only": [list(t) for t in sorted(set(want) - set(got))],
+            "actual_only": [list(t) for t in sorted(set(got) - set(want))]}
 
 
 def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | None]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import jsonschema
 
+from mcp_server.core.netrules import parse_rules
 from mcp_server.core.policy import RULE_NAMES
 from mcp_server.data import data_dir
 from sandbox.errors import CcwError
@@ -52,6 +53,8 @@ def validate_policy(policy: dict[str, Any]) -> None:
             + "; ".join(f"{p['path']}: {p['msg']}" for p in problems),
             {"errors": problems},
         )
+    for key in ("allow_hosts", "deny_hosts"):
+        parse_rules(policy["rules"].get(key, ()))  # INVALID_ARGUMENT naming the rule and the grammar
 
 
 @functools.cache

@@ -19,12 +19,14 @@ the tool's result.  What the results mean, where seed 003 is silent:
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION
 from mcp_server.capsules.runs import USAGE_FIGURES, Command
 from mcp_server.core import unidiff
+from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
 from mcp_server.journal import CapsuleRecord
@@ -32,6 +34,45 @@ from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS, CapsuleSpec, Limits
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
+_RULES = {"type": "array", "minItems": 1, "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300}}
+NETWORK_IN = {
+    "anyOf": [
+        {"enum": ["none", None]},
+        _RULES,
+        {"type": "object", "required": ["allow"], "additionalProperties": False, "properties": {
+            "allow": _RULES,
+            "max_bytes": {"type": "integer", "minimum": 1},
+            "max_connections": {"type": "integer", "minimum": 1},
+        }},
+    ],
+    "description": (
+        "'none' (default: an empty network namespace, loopback only), or an allowlist: the commands reach "
+        "only these, through ccw's proxy (HTTP_PROXY/HTTPS_PROXY/ALL_PROXY are set in the jail). Rules: "
+        "host[:port], *.domain[:port] (names under the domain), a.b.c.d[/n][:port], [v6addr[/n]]:port or a "
+        "bare v6 address/CIDR; no port: any port. As an object: {allow, max_bytes (per exec, default 1 GiB), "
+        "max_connections (per exec, default 512)}."
+    ),
+}
+NETWORK_RECORDS = {
+    "type": ["array", "null"],
+    "description": "Every connection attempt, allowed or denied (and by which rule), sorted; null: network none.",
+    "items": {
+        "type": "object",
+        "required": ["host", "port", "protocol", "allowed"],
+        "properties": {
+            "host": {"type": "string"},
+            "port": {"type": "integer"},
+            "protocol": {"enum": ["http", "https", "socks5", "tcp", "udp"]},
+            "allowed": {"type": "boolean"},
+            "rule": {"type": ["string", "null"]},
+            "reason": {"type": ["string", "null"]},
+            "address": {"type": ["string", "null"]},
+            "bytes_out": {"type": "integer"},
+            "bytes_in": {"type": "integer"},
+            "cut": {"type": ["string", "null"]},
+        },
+    },
+}
 LIMITS = {
     "type": "object",
     "additionalProperties": False,
@@ -55,6 +96,7 @@ _CAPSULE_OUT_PROPS: dict[str, Any] = {
     "isolation": ISOLATION,
     "parent": {"type": ["string", "null"]},
     "generation": GENERATION,
+    "network": {"type": ["string", "object"], "description": "'none', or the allowlist in canonical form."},
 }
 CAPSULE_OUT = {
     "type": "object",
@@ -67,6 +109,7 @@ CAPSULE_OUT = {
 def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
     return {
         "capsule_id": record.capsule_id,
+        "network": record.network,
         "mount": record.mount,
         "workspace": record.workspace,
         "clock": record.clock,
@@ -92,9 +135,15 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
         clock_offset_sec=int(args.get("clock_offset_sec") or 0),
         env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
         limits=Limits(**(args.get("limits") or {})),
-        network=args.get("network") or "none",
     )
-    return _capsule_result(await ctx.capsules.create(spec))
+    return _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network"))))
+
+
+def exec_text(result: dict[str, Any]) -> str:
+    """The exec's text block: the result as JSON, then each denied connection's line, as a
+    command's stderr would show it (an agent that reads only text sees why it failed)."""
+    text = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "\n".join([text, *result.get("network_notes", ())])
 
 
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +171,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         "disk": None if reply.disk is None else reply.disk.to_args(),
         "touched": ran.touched,
         "touched_unavailable": ran.touched_unavailable,
+        "network_notes": list(ran.network_notes),
         "started_generation": ran.started_generation,
         "generation": ran.generation,
         "queued_ms": ran.queued_ms,
@@ -228,7 +278,7 @@ TOOLS = [
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
-                "network": {"enum": ["none", None], "description": "Only 'none' (an empty network namespace with loopback)."},
+                "network": NETWORK_IN,
             },
         },
         output_schema=CAPSULE_OUT,
@@ -288,6 +338,7 @@ TOOLS = [
                     "type": "object",
                     "required": ["read", "written"],
                     "properties": {
+                        "network": NETWORK_RECORDS,
                         "read": {"type": ["array", "null"], "items": {"type": "string"}},
                         "written": _PATHS,
                         "listed": {"type": ["array", "null"], "items": {"type": "string"},
@@ -298,6 +349,8 @@ TOOLS = [
                     "additionalProperties": False,
                 },
                 "touched_unavailable": _REASONS,
+                "network_notes": {"type": "array", "items": {"type": "string"},
+                                  "description": "A line per denied connection attempt (also in the text content)."},
                 "started_generation": {**GENERATION, "description": "The capsule's change generation the command ran on."},
                 "generation": {**GENERATION, "description": (
                     "The capsule's change generation after the command: one more than started_generation "
@@ -307,6 +360,7 @@ TOOLS = [
             },
         },
         handler=capsule_exec,
+        text=exec_text,
         scope="exec",
         aliases=("capsule/exec",),
     ),

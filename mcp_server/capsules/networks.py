@@ -1,0 +1,196 @@
+"""The egress sessions of this process's allowlist capsules, served in one background nursery.
+
+A capsule made with an allowlist (``network`` other than "none") gets from the helper,
+with ``net_open``, three descriptors: the HTTP proxy's and the SOCKS5 endpoint's
+listening sockets in the capsule's private egress namespace, and a sniffer that sees
+every direct attempt (mcp_server/egress/session.py says what is done with them).  The
+front end serves them for as long as the capsule lives, across calls, so the sessions
+belong to the process (``Runtime``), not to a call.
+
+- **Where the sessions run.**  No task of the server lives as long as the process (each
+  transport has its own nursery, the CLI and the tests run one call at a time), so the
+  first session starts a trio *system task* that holds a nursery, and every session is
+  started in it (``Nursery.start`` may be called from any task).  The system task ends
+  with the trio run; ``aclose`` ends it sooner.  A session whose serving fails is
+  logged and forgotten: the next exec opens a new one, as after a restart.
+- **Opened lazily.**  ``open`` at create; but after the front end restarted (CLI: every
+  command is a process) there is no session, and ``exec`` opens one first.  ``net_open``
+  gives the same namespaces while the helper has them.  After a *helper* restart the
+  helper has none: its exec fails ``UNAVAILABLE`` with ``reason: network_not_open``
+  before anything runs, and ``exec`` opens a new session and tries once more.
+- **Counted per exec.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
+  records are exactly the attempts made while the command ran (an exec of a capsule
+  takes its turn: two never overlap).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from mcp_server.core.netrules import NetworkSpec
+from mcp_server.logs import LOGGER
+from sandbox.errors import CcwError
+
+if TYPE_CHECKING:
+    from mcp_server.egress.session import EgressSession
+
+T = TypeVar("T")
+
+def network_not_open(exc: BaseException) -> bool:
+    """Whether ``exc`` is the helper saying it has no namespaces for an egress capsule (yet)."""
+    return (isinstance(exc, CcwError) and exc.code == "UNAVAILABLE"
+            and (exc.details or {}).get("reason") == "network_not_open")
+
+
+@dataclass
+class Traced:
+    """A call's outcome with the network attempts made while it ran (None: network none)."""
+
+    value: Any
+    network: list[dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Served:
+    session: EgressSession
+    scope: trio.CancelScope
+
+
+class Networks:
+    """One EgressSession per allowlist capsule of this process, by capsule id."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Served] = {}
+        self._nursery: trio.Nursery | None = None
+        self._host_scope: trio.CancelScope | None = None
+        self._lock = trio.Lock()
+
+    async def open(self, helper: Any, capsule_id: str, spec: NetworkSpec, fresh: bool = False) -> EgressSession:
+        """The capsule's session, opened (net_open) if it has none; ``fresh``: a new one anyway."""
+        async with self._lock:
+            served = self._sessions.get(capsule_id)
+            if served is not None and not fresh:
+                return served.session
+            if served is not None:
+                await self._close(capsule_id)
+            # Imported here: only allowlist capsules need the proxy.
+            from mcp_server.egress.session import EgressSession
+
+            reply, fds = await helper.net_open(capsule_id)
+            try:
+                session = EgressSession(spec, fds[0], fds[1], fds[2], tuple(reply.jail_addresses))
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                raise
+            nursery = await self._host()
+            scope = await nursery.start(self._serve, capsule_id, session)
+            self._sessions[capsule_id] = _Served(session, scope)
+            return session
+
+    async def exec(self, helper: Any, capsule_id: str, spec: NetworkSpec | None,
+                   call: Callable[[], Awaitable[T]]) -> Traced:
+        """Run ``call`` (the helper's exec) with the capsule's session counting; its records and notes."""
+        if spec is None:
+            return Traced(await call())
+        session = await self.open(helper, capsule_id, spec)
+        try:
+            return await self._counted(session, call)
+        except CcwError as exc:
+            if not network_not_open(exc):
+                raise
+        session = await self.open(helper, capsule_id, spec, fresh=True)
+        return await self._counted(session, call)
+
+    @staticmethod
+    async def _counted(session: EgressSession, call: Callable[[], Awaitable[Any]]) -> Traced:
+        session.begin_exec()
+        try:
+            value = await call()
+        except BaseException:
+            session.end_exec()
+            raise
+        return Traced(value, session.end_exec(), session.notes())
+
+    async def close(self, capsule_id: str) -> None:
+        """End the capsule's session, if it has one (destroy)."""
+        async with self._lock:
+            await self._close(capsule_id)
+
+    async def _close(self, capsule_id: str) -> None:
+        served = self._sessions.pop(capsule_id, None)
+        if served is None:
+            return
+        served.scope.cancel()
+        with trio.CancelScope(shield=True):
+            await served.session.aclose()
+
+    async def aclose(self) -> None:
+        """End every session and the nursery they run in."""
+        for capsule_id in list(self._sessions):
+            await self.close(capsule_id)
+        if self._host_scope is not None:
+            self._host_scope.cancel()
+
+    async def _host(self) -> trio.Nursery:
+        """The nursery the sessions run in, started (as a system task) on first use."""
+        if self._nursery is not None:
+            return self._nursery
+        ready = trio.Event()
+
+        async def host() -> None:
+            try:
+                with trio.CancelScope() as self._host_scope:
+                    async with trio.open_nursery() as nursery:
+                        self._nursery = nursery
+                        ready.set()
+                        await trio.sleep_forever()
+            finally:
+                self._nursery, self._host_scope = None, None
+                self._sessions.clear()  # their tasks ended with the nursery
+
+        trio.lowlevel.spawn_system_task(host, name="ccw egress sessions")
+        await ready.wait()
+        assert self._nursery is not None
+        return self._nursery
+
+    async def _serve(self, capsule_id: str, session: EgressSession,
+                     task_status: trio.TaskStatus[trio.CancelScope] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve one session until its scope is cancelled.
+
+        A failure before the session is up goes to ``open``'s caller (``Nursery.start``
+        raises it there); one after is logged and the session forgotten, never spread to
+        the nursery, which serves the other capsules.
+        """
+        started = False
+        with trio.CancelScope() as scope:
+
+            def report(value: object = None) -> None:
+                nonlocal started
+                started = True
+                task_status.started(scope)
+
+            try:
+                await session.serve(task_status=_Relay(report))
+            except Exception as exc:
+                if not started:
+                    raise
+                LOGGER.warning(f"mcp:egress session of {capsule_id} failed: {exc!r}; the next exec opens a new one")
+                served = self._sessions.get(capsule_id)
+                if served is not None and served.session is session:
+                    del self._sessions[capsule_id]
+                with trio.CancelScope(shield=True):
+                    await session.aclose()
+
+
+@dataclass(frozen=True)
+class _Relay:
+    """The task_status ``session.serve`` reports to: it hands ``open`` the session's cancel scope."""
+
+    started: Callable[..., None]
