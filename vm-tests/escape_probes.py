@@ -249,6 +249,75 @@ def probe_resolve(_):
         raise OSError(errno.EHOSTUNREACH, str(exc)) from None
 
 
+def probe_tcp6_connect(address):
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+        sock.settimeout(3)
+        sock.connect((host.strip("[]"), int(port)))
+
+
+def probe_udp_reply(address):
+    """A UDP datagram that gets an answer (a refused one raises ECONNREFUSED)."""
+    host, port = address.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(3)
+        sock.connect((host, int(port)))
+        sock.send(b"\0" * 12)
+        sock.recv(512)
+
+
+def _proxy_talk(proxy, request, expect):
+    host, port = proxy.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=3) as sock:
+        sock.sendall(request)
+        answer = sock.recv(4096)
+    if not answer.startswith(expect):
+        raise OSError(errno.EACCES, f"proxy said {answer[:80]!r}")
+
+
+def probe_proxy_connect(target):
+    """CONNECT through the jail's HTTP proxy; 'escaped' when the proxy says 200."""
+    _proxy_talk("10.99.0.1:3128", f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode(), b"HTTP/1.1 200")
+
+
+def probe_socks_connect(target):
+    """SOCKS5 CONNECT (domain form) to TARGET; 'escaped' when the reply is 0x00 (succeeded)."""
+    host, port = target.rsplit(":", 1)
+    with socket.create_connection(("10.99.0.1", 1080), timeout=3) as sock:
+        sock.sendall(b"\x05\x01\x00")
+        if sock.recv(2) != b"\x05\x00":
+            raise OSError(errno.EACCES, "no no-auth method")
+        name = host.encode()
+        sock.sendall(b"\x05\x01\x00\x03" + bytes([len(name)]) + name + int(port).to_bytes(2, "big"))
+        reply = sock.recv(10)
+    if reply[1:2] != b"\x00":
+        raise OSError(errno.EACCES, f"socks reply {reply[1]:#x}")
+
+
+def probe_socks_udp_associate(_):
+    with socket.create_connection(("10.99.0.1", 1080), timeout=3) as sock:
+        sock.sendall(b"\x05\x01\x00")
+        sock.recv(2)
+        sock.sendall(b"\x05\x03\x00\x01" + bytes(6))
+        reply = sock.recv(10)
+    if reply[1:2] != b"\x00":
+        raise OSError(errno.EACCES, f"socks reply {reply[1]:#x}")
+
+
+def probe_net_admin(_):
+    """Give the jail's interface another address (needs CAP_NET_ADMIN in its namespace)."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
+    with sock:
+        # RTM_NEWADDR for 10.98.0.9/32 on ifindex 2: refused with EPERM without the capability.
+        body = struct.pack("=BBBBI", socket.AF_INET, 32, 0, 0, 2) + struct.pack("=HH4s", 8, 1, socket.inet_aton("10.98.0.9"))
+        header = struct.pack("=IHHII", 16 + len(body), 20, 0x1 | 0x4 | 0x400 | 0x200, 1, 0)
+        sock.sendto(header + body, (0, 0))
+        answer = sock.recv(4096)
+        code = struct.unpack_from("=i", answer, 16)[0]
+        if code < 0:
+            raise OSError(-code, os.strerror(-code))
+
+
 def probe_kill(pid):
     os.kill(int(pid), 9)
 

@@ -1,0 +1,144 @@
+"""``python bench/run.py network``: what an allowlist costs a capsule, and the proxy's throughput.
+
+- capsule create with ``network: none`` beside the same create with an allowlist (the
+  helper's egress namespaces from its spare pool, ``net_open`` and the front end's egress
+  session).  Target: at most 1.2x.
+- exec of ``/bin/true`` in a capsule with ``network: none`` beside one with an
+  allowlist (per exec: the session's begin/end and the jail joining the capsule's
+  namespace instead of a spare one).  Target: at most 1.2x.
+- an HTTP download of ``DOWNLOAD_MIB`` MiB from the server namespace of
+  ``vm-tests/netfixtures.py`` by curl in a capsule, through the proxy, beside the same
+  curl on the host straight to the server.  Throughput is curl's own (bytes over its
+  ``time_total``), so the jail's start is not billed to the transfer.  Target: at least
+  0.8x the host's.
+Rounds are interleaved in a new order each time (bench.common.interleaved's reason).
+Needs root (the helper runs privileged; the server namespace is the test's own).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import Report, Row, median_ms
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "vm-tests"))
+
+import netfixtures as nf  # noqa: E402
+
+DOWNLOAD_MIB = 100
+URL = f"http://{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}/files/download.bin"
+CURL = ["curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{size_download} %{time_total}"]
+ALLOW = [f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"]
+
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _rounds(runners: dict[str, Callable[[], Awaitable[float]]], repeat: int) -> dict[str, list[float]]:
+    """Each runner's figures over ``repeat`` rounds after one warm-up, in a new order every round."""
+    for runner in runners.values():
+        await runner()
+    figures: dict[str, list[float]] = {name: [] for name in runners}
+    order, shuffler = list(runners), random.Random(0)
+    for _ in range(repeat):
+        shuffler.shuffle(order)
+        for name in order:
+            figures[name].append(await runners[name]())
+    return figures
+
+
+def _throughput(printed: str, size: int) -> float:
+    """MiB/s from curl's ``size_download time_total``."""
+    got, seconds = printed.split()
+    assert int(got) == size, printed
+    return size / float(seconds) / (1 << 20)
+
+
+async def _measure(root: Path, repeat: int, size: int) -> dict[str, list[float]]:
+    import trio
+
+    from mcp_server.config import TOOLSETS, Config
+    from mcp_server.context import CallContext, Runtime
+    from mcp_server.state import State
+    from mcp_server.tools.registry import Registry
+
+    ws = root / "ws"
+    ws.mkdir()
+    config = Config.from_env({"CCW_STATE_DIR": str(root / "state")})
+    runtime = Runtime(config, State(config.state_dir))
+    ctx = CallContext(runtime)
+    registry = Registry.load(TOOLSETS)
+
+    async def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        spec = registry.lookup(name)
+        assert spec is not None
+        result: dict[str, Any] = await spec.handler(ctx, args)
+        return result
+
+    async def create(network: Any) -> float:
+        start = time.perf_counter()
+        cap = await call("capsule_create", {"workspace": str(ws), "network": network})
+        elapsed = time.perf_counter() - start
+        await call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
+        return elapsed
+
+    try:
+        plain = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        allowed = (await call("capsule_create", {"workspace": str(ws), "network": ALLOW}))["capsule_id"]
+
+        async def true_in(cap: str) -> float:
+            start = time.perf_counter()
+            ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["/bin/true"]})
+            assert ran["exit_code"] == 0, ran
+            return time.perf_counter() - start
+
+        async def download_in_capsule() -> float:
+            ran = await call("capsule_exec", {"capsule_id": allowed, "cmd": [*CURL, URL], "timeout_ms": 300000})
+            assert ran["exit_code"] == 0, ran["stderr"]
+            return _throughput(ran["stdout"], size)
+
+        async def download_on_host() -> float:
+            done = await trio.run_process([*CURL, "--noproxy", "*", URL], capture_stdout=True)
+            return _throughput(done.stdout.decode(), size)
+
+        return await _rounds({
+            "create_none": lambda: create("none"), "create_allowlist": lambda: create(ALLOW),
+            "true_none": lambda: true_in(plain), "true_allowlist": lambda: true_in(allowed),
+            "download_capsule": download_in_capsule, "download_host": download_on_host,
+        }, repeat)
+    finally:
+        await runtime.aclose()
+
+
+def run(quick: bool = False) -> Report:
+    """Start the server namespace, measure every pair interleaved, and report medians and ratios."""
+    import trio
+
+    repeat = 5 if quick else 15
+    size = (16 if quick else DOWNLOAD_MIB) << 20
+    report = Report("network")
+    with tempfile.TemporaryDirectory(prefix="ccw-bench-network-") as tmp:
+        root = Path(tmp)
+        nf.big_file(root / "srv", "download.bin", size)
+        with nf.server_namespace(root / "srv", "http://denied.example/"):
+            figures = trio.run(_measure, root, repeat, size)
+    report.add(Row("capsule create, allowlist", median_ms(figures["create_allowlist"]),
+                   "network none", median_ms(figures["create_none"]), "<= 1.2x"))
+    report.add(Row("exec /bin/true, allowlist", median_ms(figures["true_allowlist"]),
+                   "network none", median_ms(figures["true_none"]), "<= 1.2x"))
+    capsule_mibs, host_mibs = statistics.median(figures["download_capsule"]), statistics.median(figures["download_host"])
+    # Rows hold "lower is better" figures, so the download is given as seconds per GiB:
+    # the ratio is then host throughput over the capsule's, and >= 0.8x throughput is <= 1.25.
+    report.add(Row(f"HTTP download {size >> 20} MiB via proxy (s/GiB)", 1024.0 / capsule_mibs,
+                   "host direct", 1024.0 / host_mibs, "<= 1.25 (throughput >= 0.8x)", unit="s",
+                   extra={"capsule MiB/s": round(capsule_mibs, 1), "host MiB/s": round(host_mibs, 1),
+                          "throughput ratio": round(capsule_mibs / host_mibs, 3)}))
+    report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
+    return report
