@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import socket
 import struct
@@ -69,6 +70,8 @@ from dataclasses import dataclass
 
 from sandbox import namespaces, syscalls
 from sandbox.netlink import Rtnl
+
+log = logging.getLogger("ccw.egress")
 
 JAIL_LINK = "eth0"
 EGRESS_LINK = "ccw0"
@@ -305,3 +308,65 @@ def _sniffer() -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+# --- the kits of a helper's capsules ------------------------------------------------------
+
+
+def _spare_kit() -> Kit | None:
+    try:
+        return build()
+    except OSError as exc:  # the next net_open builds its own and reports the failure
+        log.warning("could not build a spare egress kit: %s", exc)
+        return None
+
+
+class Kits:
+    """The kit of each capsule that asked for one since the helper started, and a spare.
+
+    Kits live in the helper's memory only: after a restart a capsule has none until the
+    front end calls ``net_open`` again (exec says ``network_not_open`` until then).
+    """
+
+    def __init__(self) -> None:
+        self._by_capsule: dict[str, Kit] = {}
+        self._lock = threading.Lock()
+        self._spares: namespaces.SparePool[Kit] = namespaces.SparePool(_spare_kit, Kit.close)
+
+    def open(self, capsule_id: str) -> list[int]:
+        """Copies of the capsule's [http listener, socks listener, sniffer], its kit made on first use."""
+        with self._lock:
+            kit = self._by_capsule.get(capsule_id)
+            if kit is not None:
+                return kit.descriptors()
+        made = self._spares.take() or build()
+        # Once a capsule has asked, the next one is likely to: keep one ready, built on a
+        # thread of its own (it ends in the kit's egress namespace; see the essay).
+        threading.Thread(target=self._spares.refill, name="ccw-egress-spare", daemon=True).start()
+        with self._lock:
+            kit = self._by_capsule.setdefault(capsule_id, made)
+            descriptors = kit.descriptors()
+        if kit is not made:  # another net_open of the same capsule won the race
+            made.close()
+        return descriptors
+
+    def jail_descriptor(self, capsule_id: str) -> int | None:
+        """A copy of the capsule's jail namespace descriptor (the caller closes it), or None: no kit."""
+        with self._lock:
+            kit = self._by_capsule.get(capsule_id)
+            return None if kit is None else kit.jail_descriptor()
+
+    def close(self, capsule_id: str) -> None:
+        """Close the capsule's kit, if it has one (destroy)."""
+        with self._lock:
+            kit = self._by_capsule.pop(capsule_id, None)
+        if kit is not None:
+            kit.close()
+
+    def close_all(self) -> None:
+        """Close every kit and the spare (the helper is stopping)."""
+        self._spares.close()
+        with self._lock:
+            kits, self._by_capsule = list(self._by_capsule.values()), {}
+        for kit in kits:
+            kit.close()
