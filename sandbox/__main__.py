@@ -176,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.close(args.ready_fd)
     log.info("ready (%s mode, state %s)", mode, args.state_dir)
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    finally:
+        server.dispatcher.manager.close()  # the capsules' egress kits (sandbox/egress.py)
     return 0
 
 

@@ -15,10 +15,10 @@ reports of the request in flight, or raises its error.  The wrappers only move b
   and is not held behind it; the helper notices a cancelled exec's closed connection at
   its next progress report and ends the command.
 * ``BlockingClient``, for short-lived commands (``ccw helper status``, ``ccw doctor``):
-  one connection and a timeout, for ``hello``.
+  one connection and a timeout, for ``hello`` (and ``net_open``, for callers without trio).
 
 Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
-(``open_root``) is never lost; descriptors arrive close-on-exec, and any the caller did
+(``open_root``, ``net_open``) is never lost; descriptors arrive close-on-exec, and any the caller did
 not ask for are closed at once.  A helper that goes away mid-request (EOF, or a reset
 when it died with our bytes unread, or EPIPE on send) is UNAVAILABLE with the advice to
 retry, never an internal error.  The helper process itself never imports this module.
@@ -36,9 +36,9 @@ from typing import Any, Protocol, cast
 import trio
 
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import HelloRequest, OpRequest, encode_request
+from sandbox.ops import HelloRequest, NetOpenRequest, OpRequest, encode_request
 from sandbox.protocol import FrameDecoder, Reply
-from sandbox.replies import ReplyT
+from sandbox.replies import NetOpenReply, ReplyT
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
@@ -124,11 +124,22 @@ def _close_all(fds: list[int]) -> None:
         os.close(fd)
 
 
-def _one_fd(fds: list[int]) -> int:
-    if len(fds) != 1:
+def _expect_fds(fds: list[int], count: int, op: str) -> list[int]:
+    """``fds`` if the reply carried exactly ``count`` descriptors; else they are closed and INTERNAL."""
+    if len(fds) != count:
         _close_all(fds)
-        raise CcwError("INTERNAL", f"open_root reply carried {len(fds)} descriptors, not 1")
-    return fds[0]
+        raise CcwError("INTERNAL", f"{op} reply carried {len(fds)} descriptors, not {count}")
+    return fds
+
+
+def _net_open_reply(result: dict[str, Any], fds: list[int]) -> tuple[NetOpenReply, list[int]]:
+    """A net_open result read, with its three descriptors (closed if the result is malformed)."""
+    _expect_fds(fds, 3, "net_open")
+    try:
+        return NetOpenReply.from_args(result), fds
+    except BaseException:
+        _close_all(fds)
+        raise
 
 
 # --- trio -------------------------------------------------------------------------------
@@ -258,7 +269,12 @@ class HelperClient:
     async def open_root(self, capsule_id: str) -> int:
         """An O_PATH descriptor of the capsule's merged view; the caller closes it."""
         _result, fds = await self._round_trip("open_root", {"capsule_id": capsule_id})
-        return _one_fd(fds)
+        return _expect_fds(fds, 1, "open_root")[0]
+
+    async def net_open(self, capsule_id: str) -> tuple[NetOpenReply, list[int]]:
+        """An egress capsule's kit: the reply and [http listener, socks listener, sniffer]; the caller closes them."""
+        request = NetOpenRequest(capsule_id)
+        return _net_open_reply(*await self._round_trip(request.op, request.to_args()))
 
     def usable(self) -> bool:
         """False once the helper this client started has exited or is exiting (kill -9,
@@ -318,6 +334,11 @@ class BlockingClient:
         result, fds = self._round_trip(request.op, request.to_args())
         _close_all(fds)
         return result
+
+    def net_open(self, capsule_id: str) -> tuple[NetOpenReply, list[int]]:
+        """As ``HelperClient.net_open``: the reply and the three descriptors the caller now owns."""
+        request = NetOpenRequest(capsule_id)
+        return _net_open_reply(*self._round_trip(request.op, request.to_args()))
 
     def _round_trip(self, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         fds: list[int] = []

@@ -40,7 +40,8 @@ Choices made here (DESIGN §2 leaves them open):
   usage source where no cgroup serves (rootless mode).
 - The init setns into a network namespace and moves a root tree onto /tmp when the
   helper made them ahead (supervise.py's spare pools, descriptors 5 and 6), or makes its
-  own when none waits.
+  own when none waits.  An "egress" capsule's init always gets descriptor 5: the
+  capsule's own jail namespace (egress.py), lo and eth0 already up.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from typing import NoReturn
 
 import prctl
 
-from sandbox import mounts, namespaces, seccomp, syscalls
+from sandbox import egress, mounts, namespaces, seccomp, syscalls
 from sandbox import rusage as rusage_
 from sandbox.errors import CcwError
 
@@ -94,7 +95,8 @@ class JailSpec:
     gid: int = 0
     clock_offset_sec: int = 0
     hostname: str = "ccw"
-    network: str = "none"  # "none": an empty network namespace with lo up
+    network: str = "none"  # "none": an empty network namespace with lo up; "egress": net_fd's
+    net_fd: int | None = None  # "egress": the capsule's jail network namespace (the caller keeps it)
 
 
 @dataclass(frozen=True)
@@ -147,8 +149,9 @@ def _check_spec(spec: JailSpec) -> None:
         path = getattr(spec, name)
         if not os.path.isdir(path):
             raise CcwError("NOT_FOUND", f"{name} {path!r} is not a directory; create the capsule's dirs first", {"path": path})
-    if spec.network != "none":
-        raise CcwError("UNSUPPORTED", f"network {spec.network!r} is not supported; use 'none'")
+    if spec.network not in ("none", "egress") or (spec.network == "egress") != (spec.net_fd is not None):
+        raise CcwError("INTERNAL", f"network {spec.network!r} with net_fd {spec.net_fd}: 'egress' comes with "
+                       "the capsule's namespace, 'none' without one")
     if not 0 < len(spec.hostname.encode()) <= 64 or "\0" in spec.hostname:
         raise _invalid("hostname must be 1 to 64 bytes")
     if spec.timeout_ms <= 0 or spec.output_cap < 0 or spec.uid < 0 or spec.gid < 0:
@@ -402,5 +405,6 @@ def mechanisms() -> dict[str, object]:
         "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
         "init": "python reaper as pid 1; command started with posix_spawn",
         "direct_pid_namespace": namespaces.pid_namespace_restorable(),
+        "network_egress": egress.MECHANISM,
     })
     return info

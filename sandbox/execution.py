@@ -12,7 +12,8 @@ order, undoing each on the way out:
 Choices made here:
 
 * The jail's environment is exactly the given variables (each in the capsule's
-  whitelist) over PATH, HOME and LANG defaults; nothing of the helper's leaks in.
+  whitelist) over PATH, HOME and LANG defaults, and for an "egress" capsule over the
+  proxy variables (egress.PROXY_ENV); nothing of the helper's leaks in.
 * The written set is what fanotify saw written *and* what the upper dir's signature
   (``upper_signature``, taken before and after) says changed: renames and deletions
   open no file.  A directory that only appeared because something below it was copied
@@ -32,7 +33,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import disk, overlay, spec
+from sandbox import disk, egress, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.ops import ExecRequest
@@ -63,6 +64,8 @@ def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], st
     """
     capsule_spec = capsule.spec  # not ``spec``: that is the module final_env checks with
     jail_env = final_env(dict(request.env or {}), list(capsule_spec.env_whitelist))
+    if capsule_spec.network == "egress":
+        jail_env = egress.proxy_env(jail_env)
     workdir = resolve_cwd(request.cwd, capsule_spec.workspace)
     exec_limits = {key: value for key, value in capsule_spec.limits.to_json().items() if key != "disk_mb"}
     for key, value in (request.limits or Limits()).to_json().items():
@@ -88,15 +91,18 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
         uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
-        progress_ms: int = 1000) -> ExecReply:
-    """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply."""
+        progress_ms: int = 1000, net_fd: int | None = None) -> ExecReply:
+    """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply.
+
+    ``net_fd``: an "egress" capsule's jail network namespace (the caller keeps it).
+    """
     from sandbox.contain import JailSpec
 
     spec = JailSpec(
         merged_dir=capsule.path("merged"), workspace=capsule.spec.workspace, tmp_dir=capsule.path("tmp"),
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
-        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network,
+        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network, net_fd=net_fd,
     )
     upper = capsule.path("upper")
     before = upper_signature(upper)

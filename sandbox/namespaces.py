@@ -52,9 +52,11 @@ import functools
 import os
 import socket
 import struct
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from sandbox import syscalls
 from sandbox.spec import JAIL_NAMESPACES
@@ -209,6 +211,57 @@ def spare_net() -> int | None:
         return spare
     finally:
         os.close(saved)
+
+
+T = TypeVar("T")
+
+
+class SparePool(Generic[T]):
+    """Kernel objects made ahead for later use, each handed out once: at most ``limit`` wait.
+
+    ``make`` returns one (a descriptor, an egress kit), or None when it cannot make one
+    (then nothing waits and the user makes its own); ``discard`` releases one nobody will
+    take.  Refills run on a thread that would otherwise wait (supervise.py's, while a jail
+    is built on the other core), off the next user's path.
+    """
+
+    def __init__(self, make: Callable[[], T | None], discard: Callable[[T], None] = os.close,  # type: ignore[assignment]
+                 limit: int = 1) -> None:
+        self._make = make
+        self._discard = discard
+        # One waits: a second user at the same moment makes its own.  So the helper's
+        # descriptors stay steady once the pool is full (the abuse tests count them).
+        self._limit = limit
+        self._ready: list[T] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> T | None:
+        """A spare (the caller owns it), or None when none waits."""
+        with self._lock:
+            return self._ready.pop() if self._ready else None
+
+    def refill(self) -> None:
+        """Make one spare, unless enough wait (or the pool is closed)."""
+        with self._lock:
+            if self._closed or len(self._ready) >= self._limit:
+                return
+        spare = self._make()
+        if spare is None:
+            return
+        with self._lock:
+            if not self._closed and len(self._ready) < self._limit:
+                self._ready.append(spare)
+                return
+        self._discard(spare)
+
+    def close(self) -> None:
+        """Discard what waits; later refills make nothing."""
+        with self._lock:
+            self._closed = True
+            ready, self._ready = self._ready, []
+        for spare in ready:
+            self._discard(spare)
 
 
 def enter(flags: int) -> None:

@@ -36,6 +36,7 @@ from sandbox.replies import (
     ForkReply,
     HelloReply,
     ListReply,
+    NetOpenReply,
     OpenRootReply,
     OpReply,
     ReplyT,
@@ -120,6 +121,16 @@ OPS: dict[str, OpSpec] = {
             capsule.  O_PATH grants no read or write by itself; every open through it is
             checked by the kernel against the caller's own credentials, and the front end
             resolves beneath it (openat2 RESOLVE_BENEATH).""",
+            _CAPSULE,
+        ),
+        _op(
+            "net_open",
+            """Passes three sockets of the caller's own "egress" capsule: two TCP listeners and
+            a packet socket in a network namespace the helper made for that capsule alone,
+            where nothing else exists (no host interface, no route out).  Accepting on them
+            reaches only the capsule's own jail; the packet socket sees only the jail's
+            traffic.  They grant the front end nothing it could not do in the host's own
+            namespace, and the jail nothing but a path to them.""",
             _CAPSULE,
         ),
         _op(
@@ -302,6 +313,14 @@ class OpenRootRequest(CapsuleRequest[OpenRootReply]):
 
 
 @dataclass(frozen=True)
+class NetOpenRequest(CapsuleRequest[NetOpenReply]):
+    """The egress kit of an "egress" capsule: [http listener, socks listener, sniffer] passed with the reply."""
+
+    op = "net_open"
+    reply = NetOpenReply
+
+
+@dataclass(frozen=True)
 class DestroyRequest(CapsuleRequest[DestroyReply]):
     """Unmount and delete the capsule."""
 
@@ -320,7 +339,7 @@ class ListRequest(OpRequest[ListReply]):
 REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
-                DestroyRequest, ListRequest)
+                NetOpenRequest, DestroyRequest, ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
 

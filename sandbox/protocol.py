@@ -14,7 +14,8 @@ Wire format
             | {"id": int|null, "ok": false, "error": {"code", "message", "details"}}
     progress = {"id": int, "progress": {...}}, zero or more before an ``exec`` reply
               whose request asked for them (``progress_ms``)
-    ``open_root``'s reply carries one descriptor (SCM_RIGHTS) with its first byte.
+    ``open_root``'s reply carries one descriptor (SCM_RIGHTS) with its first byte,
+    ``net_open``'s three.
 
 What the decoder refuses, always as ``ProtocolError`` and never as anything else: a
 length over ``MAX_FRAME`` (refused as soon as the header arrives, before buffering the

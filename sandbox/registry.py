@@ -12,6 +12,10 @@ nothing a command writes can outgrow it.  Choices made here:
   one millisecond the hex part is made to increase, so ids sort by creation within a
   helper's life.
 * **Exec** marks the capsule busy and hands it to execution.py.
+* **Network**: an "egress" capsule's kit (egress.py) is made at its first ``net_open``
+  and kept in memory until destroy or shutdown; it is not in meta.json (namespaces do
+  not outlive the helper), so after a restart exec says ``network_not_open`` until the
+  front end calls ``net_open`` again.  A fork gets its own at its own ``net_open``.
 * **Creation is O(1)** in the workspace's size: a handful of mkdirs, one small JSON
   file, one rename and one mount.  Nothing walks or copies the workspace.  The upper
   dir's root takes the workspace root's owner and mode, because an overlay shows its
@@ -54,7 +58,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, execution, overlay, probe
+from sandbox import access, disk, egress, execution, overlay, probe
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -69,6 +73,7 @@ from sandbox.replies import (
     ExecReply,
     ForkReply,
     ListReply,
+    NetOpenReply,
 )
 from sandbox.spec import CapsuleSpec, check_capsule_id
 
@@ -101,6 +106,7 @@ class CapsuleManager:
         self._last_id = (0, 0)
         self._exec_count = 0
         self._isolation: dict[str, Any] | None = None
+        self.kits = egress.Kits()
         with contextlib.suppress(FileExistsError):
             os.makedirs(self.capsules_dir, mode=0o700)
 
@@ -277,6 +283,7 @@ class CapsuleManager:
         return {
             "filesystem": filesystem,
             "network": capsule.spec.network,
+            "network_mechanism": egress.MECHANISM if capsule.spec.network == "egress" else egress.NO_MECHANISM,
             "clock_offset_sec": capsule.spec.clock_offset_sec,
             **self._isolation,
         }
@@ -333,6 +340,23 @@ class CapsuleManager:
             raise CcwError("INTERNAL", f"capsule {capsule_id}'s overlay is not mounted; destroy and recreate it")
         return fd
 
+    def net_open(self, capsule_id: str, caller_uid: int) -> tuple[NetOpenReply, list[int]]:
+        """An "egress" capsule's kit (made on first use): the reply and the descriptors to pass."""
+        capsule = self._get(capsule_id, caller_uid)
+        if capsule.spec.network != "egress":
+            raise CcwError("INVALID_ARGUMENT", f"capsule {capsule_id}'s network is {capsule.spec.network}: it has "
+                           "no way out to open; create the capsule with an allowlist", {"capsule_id": capsule_id})
+        fds = self.kits.open(capsule_id)
+        with self._lock:
+            gone = capsule_id not in self._capsules
+        if gone:  # destroyed while its kit was being made
+            self.kits.close(capsule_id)
+            for fd in fds:
+                os.close(fd)
+            raise CcwError("NOT_FOUND", f"capsule {capsule_id} was destroyed", {"capsule_id": capsule_id})
+        return NetOpenReply(egress.HTTP_PROXY, egress.SOCKS_PROXY, egress.JAIL_ADDRESSES, dict(egress.PROXY_ENV),
+                            egress.MECHANISM), fds
+
     def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""
         with self._lock:
@@ -353,6 +377,7 @@ class CapsuleManager:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; destroy it when that ends")
             self._capsules.pop(capsule_id, None)
             parent = self._capsules.get(capsule.meta["parent"] or "")
+        self.kits.close(capsule_id)
         self._remove_dir(capsule.root, capsule_id)
         if parent is not None:
             with self._lock:
@@ -440,21 +465,45 @@ class CapsuleManager:
         capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
         final_env, workdir, exec_limits, timeout_ms, output_cap = execution.settings(capsule, request)
-        with self._lock:
-            if capsule.children:
-                forks = sorted(c for c in capsule.children if c)
-                raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks}; "
-                               "exec in a fork, or destroy the forks first", {"forks": forks})
-            if capsule.busy:
-                raise CcwError("CONFLICT", f"capsule {capsule_id} is already running a command; wait for it")
-            self._ensure_mounted(capsule)
-            capsule.busy = True
-            self._exec_count += 1
-            exec_name = f"{capsule_id}.{self._exec_count}"
+        net_fd = self._jail_network(capsule)
         try:
-            return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
-                                 timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
-                                 request.progress_ms or 1000)
-        finally:
             with self._lock:
-                capsule.busy = False
+                if capsule.children:
+                    forks = sorted(c for c in capsule.children if c)
+                    raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks}; "
+                                   "exec in a fork, or destroy the forks first", {"forks": forks})
+                if capsule.busy:
+                    raise CcwError("CONFLICT", f"capsule {capsule_id} is already running a command; wait for it")
+                self._ensure_mounted(capsule)
+                capsule.busy = True
+                self._exec_count += 1
+                exec_name = f"{capsule_id}.{self._exec_count}"
+            try:
+                return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
+                                     timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
+                                     request.progress_ms or 1000, net_fd)
+            finally:
+                with self._lock:
+                    capsule.busy = False
+        finally:
+            if net_fd is not None:
+                os.close(net_fd)
+
+    def _jail_network(self, capsule: Capsule) -> int | None:
+        """An "egress" capsule's jail namespace (a copy the caller closes); None for "none".
+
+        Without a kit (none since this helper started) the exec is refused before anything
+        starts: the front end opens it (net_open) and retries.
+        """
+        if capsule.spec.network != "egress":
+            return None
+        fd = self.kits.jail_descriptor(capsule.capsule_id)
+        if fd is None:
+            raise CcwError("UNAVAILABLE", f"capsule {capsule.capsule_id}'s network is not open in this helper "
+                           "(it started after the capsule was made): call net_open, then exec again",
+                           {"reason": "network_not_open", "capsule_id": capsule.capsule_id})
+        return fd
+
+    def close(self) -> None:
+        """Release what the helper holds beyond the state dir: the capsules' egress kits (at shutdown)."""
+        self.kits.close_all()

@@ -250,6 +250,30 @@ class OpenRootReply(OpReply):
 
 
 @dataclass(frozen=True)
+class NetOpenReply(OpReply):
+    """Sent with an egress capsule's three descriptors (SCM_RIGHTS): [http listener, socks
+    listener, sniffer], each non-blocking and close-on-exec (sandbox/egress.py)."""
+
+    http_proxy: str  # "10.99.0.1:3128", as the jail reaches the HTTP listener
+    socks_proxy: str  # "10.99.0.1:1080", as the jail reaches the SOCKS5 listener
+    jail_addresses: tuple[str, ...]  # the jail's own addresses (v4, v6): the source of its attempts
+    env: dict[str, str]  # the proxy variables each exec's jail gets unless the caller sets them
+    mechanism: str  # one line for the isolation report
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> NetOpenReply:
+        addresses, env = result["jail_addresses"], result["env"]
+        if not isinstance(addresses, list) or not all(isinstance(one, str) for one in addresses):
+            raise ProtocolError("NetOpenReply 'jail_addresses' must be a list of strings")
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise ProtocolError("NetOpenReply 'env' must be an object of strings")
+        for name in ("http_proxy", "socks_proxy", "mechanism"):
+            if not isinstance(result[name], str):
+                raise ProtocolError(f"NetOpenReply {name!r} must be a string")
+        return cls(result["http_proxy"], result["socks_proxy"], tuple(addresses), dict(env), result["mechanism"])
+
+
+@dataclass(frozen=True)
 class DestroyReply(OpReply):
     """The capsule is gone."""
 

@@ -19,8 +19,8 @@ Some facts about unix sockets that this module follows from:
 - ``shutdown(SHUT_RD)`` on a connection wakes a thread blocked in ``recv()`` with EOF
   once the data already queued has been read, and still lets it send: graceful stop
   is "shut every connection for reading, let each thread answer what it holds, join".
-- A descriptor sent with SCM_RIGHTS travels with the first byte of the message; the
-  helper closes its own copy once sent.
+- Descriptors sent with SCM_RIGHTS travel with the first byte of the message, in the
+  order given (``net_open``'s three); the helper closes its own copies once sent.
 
 Requests on one connection are answered in order; a client that wants concurrency opens
 more connections (``sandbox/client.py`` does).  Nothing but a second exec waits for
@@ -57,6 +57,7 @@ from sandbox.ops import (
     ForkRequest,
     HelloRequest,
     ListRequest,
+    NetOpenRequest,
     OpenRootRequest,
     parse_request,
 )
@@ -77,6 +78,7 @@ from sandbox.replies import (
     ForkReply,
     HelloReply,
     ListReply,
+    NetOpenReply,
     OpenRootReply,
     OpReply,
 )
@@ -129,20 +131,21 @@ class Dispatcher:
         self.mode = mode
         self.mechanisms = mechanisms
         self.allowed_uids = allowed_uids
-        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[OpReply, int | None]]] = {
+        self._handlers: dict[str, Callable[[Any, Peer, Progress | None], tuple[OpReply, list[int]]]] = {
             "hello": self._hello,
             "create": self._create,
             "exec": self._exec,
             "changes": self._changes,
             "fork": self._fork,
             "open_root": self._open_root,
+            "net_open": self._net_open,
             "destroy": self._destroy,
             "list": self._list,
         }
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
-    def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], int | None]:
-        """Run one request; returns (its typed reply's ``to_args()``, fd to pass or None).  Raises CcwError only.
+    def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], list[int]]:
+        """Run one request; returns (its typed reply's ``to_args()``, the fds to pass, in order).  Raises CcwError only.
 
         ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
         """
@@ -156,7 +159,7 @@ class Dispatcher:
             )
         typed = parse_request(request.op, request.args)
         try:
-            reply, fd = self._handlers[request.op](typed, peer, progress)
+            reply, fds = self._handlers[request.op](typed, peer, progress)
         except CcwError:
             raise
         except OSError as exc:
@@ -169,24 +172,24 @@ class Dispatcher:
                 "see the helper's log, and report it",
             ) from exc
         if not isinstance(reply, typed.reply):
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)
             raise CcwError("INTERNAL", f"{request.op} returned {type(reply).__name__}, not {typed.reply.__name__}")
-        return reply.to_args(), fd
+        return reply.to_args(), fds
 
-    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[HelloReply, None]:
+    def _hello(self, request: HelloRequest, peer: Peer, progress: Progress | None) -> tuple[HelloReply, list[int]]:
         if request.version != PROTOCOL_VERSION:
             raise CcwError(
                 "UNSUPPORTED",
                 f"the front end speaks IPC version {request.version}, this helper "
                 f"{PROTOCOL_VERSION}; install matching versions of ccw-mcp and ccw-helper",
             )
-        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))), None
+        return HelloReply(PROTOCOL_VERSION, self.mode, self.mechanisms, tuple(sorted(OPS))), []
 
-    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[CreateReply, None]:
-        return self.manager.create(peer.uid, peer.gid, request.spec), None
+    def _create(self, request: CreateRequest, peer: Peer, progress: Progress | None) -> tuple[CreateReply, list[int]]:
+        return self.manager.create(peer.uid, peer.gid, request.spec), []
 
-    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[ExecReply, None]:
+    def _exec(self, request: ExecRequest, peer: Peer, progress: Progress | None) -> tuple[ExecReply, list[int]]:
         on_progress = None
         if progress is not None and request.progress_ms is not None:
             send = progress
@@ -196,23 +199,26 @@ class Dispatcher:
             def on_progress(report: ExecProgress) -> None:
                 send(report.to_args())
 
-        return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), None
+        return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), []
 
-    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[ChangesReply, None]:
-        return self.manager.changes(request.capsule_id, peer.uid), None
+    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[ChangesReply, list[int]]:
+        return self.manager.changes(request.capsule_id, peer.uid), []
 
-    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, None]:
-        return self.manager.fork(request.capsule_id, peer.uid, peer.gid), None
+    def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, list[int]]:
+        return self.manager.fork(request.capsule_id, peer.uid, peer.gid), []
 
-    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[OpenRootReply, int]:
+    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[OpenRootReply, list[int]]:
         fd = self.manager.open_root(request.capsule_id, peer.uid)
-        return OpenRootReply(request.capsule_id), fd
+        return OpenRootReply(request.capsule_id), [fd]
 
-    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, None]:
-        return self.manager.destroy(request.capsule_id, peer.uid), None
+    def _net_open(self, request: NetOpenRequest, peer: Peer, progress: Progress | None) -> tuple[NetOpenReply, list[int]]:
+        return self.manager.net_open(request.capsule_id, peer.uid)
 
-    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[ListReply, None]:
-        return self.manager.list(peer.uid), None
+    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, list[int]]:
+        return self.manager.destroy(request.capsule_id, peer.uid), []
+
+    def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[ListReply, list[int]]:
+        return self.manager.list(peer.uid), []
 
 
 class HelperServer:
@@ -406,24 +412,24 @@ class HelperServer:
             conn.close()
 
     def _answer(self, conn: socket.socket, request: Request, peer: Peer) -> None:
-        fd: int | None = None
+        fds: list[int] = []
         try:
             try:
-                result, fd = self.dispatcher.handle(
+                result, fds = self.dispatcher.handle(
                     request, peer, lambda report: conn.sendall(encode_progress(request.id, report))
                 )
                 frame = encode_reply(request.id, result)
             except CcwError as exc:
-                if fd is not None:
+                for fd in fds:
                     os.close(fd)
-                    fd = None
+                fds = []
                 frame = encode_error(request.id, exc)
-            if fd is None:
+            if not fds:
                 conn.sendall(frame)
             else:
-                sent = socket.send_fds(conn, [frame], [fd])
+                sent = socket.send_fds(conn, [frame], fds)
                 if sent < len(frame):
                     conn.sendall(frame[sent:])
         finally:
-            if fd is not None:
+            for fd in fds:
                 os.close(fd)

@@ -49,7 +49,9 @@ MAX_STDIN = 4 * 1024 * 1024  # decoded bytes
 MAX_OUTPUT_CAP = 2 * 1024 * 1024  # per stream; two base64 streams still fit one frame
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
-NETWORKS = ("none",)
+# "none": an empty network namespace, lo only; "egress": the capsule's own namespaces whose
+# only way out is the front end's proxies (sandbox/egress.py).  The allowlist is the front end's.
+NETWORKS = ("none", "egress")
 DISK_MB_MIN = 32  # a capsule disk smaller than this is mostly ext4's own metadata
 DISK_MB_MAX = 1 << 24  # 16 TiB: ext4's limit with 4 KiB blocks
 

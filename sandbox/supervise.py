@@ -21,8 +21,10 @@ Choices made here (DESIGN §2 leaves them open):
 - The two dearest parts of a jail that need nothing of its process, the network
   namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
   helper's thread for the *next* jail while the child builds the current one on the
-  other core (``_SparePool``); the init setns into the one and moves the other onto
-  /tmp, or makes its own when none waits.  Each serves one jail.
+  other core (``namespaces.SparePool``); the init setns into the one and moves the other onto
+  /tmp, or makes its own when none waits.  Each serves one jail.  An "egress" capsule's
+  jail setns into the capsule's own network namespace instead (egress.py), the same
+  one for each of its execs.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import resource
 import select
 import signal
 import struct
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,44 +94,8 @@ class _Stream:
         del self.tail[:-PROGRESS_TAIL]
 
 
-class _SparePool:
-    """Kernel objects made ahead for the next jail, each handed to one jail: at most ``limit`` wait.
-
-    ``make`` returns a descriptor, or None when it cannot make one (then nothing waits
-    and jails make their own).  The helper refills on its thread while a jail is being
-    built on the other core, off the next exec's path.
-    """
-
-    def __init__(self, make: Callable[[], int | None], limit: int = 1) -> None:
-        self._make = make
-        # One waits: a second jail started at the same moment makes its own.  So the
-        # helper's descriptors stay steady once the pool is full (the abuse tests count them).
-        self._limit = limit
-        self._ready: list[int] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> int | None:
-        """A spare's descriptor (the caller owns it), or None when none waits."""
-        with self._lock:
-            return self._ready.pop() if self._ready else None
-
-    def refill(self) -> None:
-        """Make one spare, unless enough wait."""
-        with self._lock:
-            if len(self._ready) >= self._limit:
-                return
-        spare = self._make()
-        if spare is None:
-            return
-        with self._lock:
-            if len(self._ready) < self._limit:
-                self._ready.append(spare)
-                return
-        os.close(spare)
-
-
-_SPARE_NETS = _SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
-_SPARE_ROOTS = _SparePool(mounts.spare_root)  # the root tree: tmpfs, system dirs, /dev
+_SPARE_NETS = namespaces.SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
+_SPARE_ROOTS = namespaces.SparePool(mounts.spare_root)  # the root tree: tmpfs, system dirs, /dev
 
 def _stdin_fd(data: bytes | None) -> int:
     if data is None:
@@ -238,7 +203,10 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
     err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
     sync_r, sync_w = os.pipe()
-    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w, _SPARE_NETS.take(), _SPARE_ROOTS.take())
+    # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
+    # "none" one takes a spare empty one, or makes its own.
+    net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
+    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w, net, _SPARE_ROOTS.take())
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself

@@ -151,7 +151,8 @@ def test_spec_checks(tmp_path: Path) -> None:
     bad_cases: list[dict[str, object]] = [
         {"argv": []}, {"argv": ["a\0b"]}, {"env": {"A=B": "1"}}, {"workspace": "/srv/ws/"},
         {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"}, {"cwd": "x"},
-        {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"hostname": ""},
+        {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"network": "egress"}, {"net_fd": 3},
+        {"hostname": ""},
         {"timeout_ms": 0}, {"output_cap": -1},
     ]
     for bad in bad_cases:

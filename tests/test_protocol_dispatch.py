@@ -38,6 +38,7 @@ from sandbox.replies import (
     ExecReply,
     ForkReply,
     ListReply,
+    NetOpenReply,
     Touched,
     Truncated,
     Usage,
@@ -96,6 +97,12 @@ class ManagerDouble:
         self._record("open_root", capsule_id, caller_uid)
         return os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
+    def net_open(self, capsule_id: str, caller_uid: int) -> tuple[NetOpenReply, list[int]]:
+        self._record("net_open", capsule_id, caller_uid)
+        reply = NetOpenReply("10.99.0.1:3128", "10.99.0.1:1080", ("10.99.0.2", "fd63:6377::2"),
+                             {"HTTP_PROXY": "http://10.99.0.1:3128"}, "egress: test")
+        return reply, [os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for _ in range(3)]
+
     def destroy(self, capsule_id: str, caller_uid: int) -> DestroyReply:
         self._record("destroy", capsule_id, caller_uid)
         return DestroyReply(capsule_id, destroyed=True)
@@ -113,7 +120,7 @@ def manager(tmp_path: Path) -> ManagerDouble:
     return ManagerDouble(tmp_path)
 
 
-def dispatch(manager: ManagerDouble, op: str, args: dict[str, Any], peer: Peer = PEER) -> tuple[dict[str, Any], int | None]:
+def dispatch(manager: ManagerDouble, op: str, args: dict[str, Any], peer: Peer = PEER) -> tuple[dict[str, Any], list[int]]:
     return Dispatcher(manager, "privileged", {"jail": {}}).handle(Request(1, op, args), peer)
 
 
@@ -124,9 +131,13 @@ def test_each_op_reaches_its_manager_method_with_peer_identity(manager: ManagerD
     dispatch(manager, "exec", {"capsule_id": "cap_1", "argv": ["true"], "stdin_b64": None})
     dispatch(manager, "changes", {"capsule_id": "cap_1"})
     dispatch(manager, "fork", {"capsule_id": "cap_1"})
-    result, fd = dispatch(manager, "open_root", {"capsule_id": "cap_1"})
-    assert result == {"capsule_id": "cap_1"} and fd is not None
-    os.close(fd)
+    result, fds = dispatch(manager, "open_root", {"capsule_id": "cap_1"})
+    assert result == {"capsule_id": "cap_1"} and len(fds) == 1
+    os.close(fds[0])
+    result, fds = dispatch(manager, "net_open", {"capsule_id": "cap_1"})
+    assert result["http_proxy"] == "10.99.0.1:3128" and len(fds) == 3
+    for fd in fds:
+        os.close(fd)
     dispatch(manager, "destroy", {"capsule_id": "cap_1"})
     dispatch(manager, "list", {})
     assert manager.calls == [
@@ -136,16 +147,18 @@ def test_each_op_reaches_its_manager_method_with_peer_identity(manager: ManagerD
         ("changes", ("cap_1", 1234), {}),
         ("fork", ("cap_1", 1234, 99), {}),
         ("open_root", ("cap_1", 1234), {}),
+        ("net_open", ("cap_1", 1234), {}),
         ("destroy", ("cap_1", 1234), {}),
         ("list", (1234,), {}),
     ]
 
 
 def test_hello_reports_mode_mechanisms_and_ops(manager: ManagerDouble) -> None:
-    result, fd = dispatch(manager, "hello", {"version": PROTOCOL_VERSION})
-    assert fd is None and manager.calls == []
+    result, fds = dispatch(manager, "hello", {"version": PROTOCOL_VERSION})
+    assert fds == [] and manager.calls == []
     assert result["mode"] == "privileged" and result["mechanisms"] == {"jail": {}}
-    assert result["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "destroy", "list"])
+    assert result["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "destroy",
+                                    "list"])
     with pytest.raises(CcwError) as info:
         dispatch(manager, "hello", {"version": PROTOCOL_VERSION + 1})
     assert info.value.code == "UNSUPPORTED"

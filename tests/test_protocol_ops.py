@@ -21,7 +21,7 @@ GOOD: dict[str, list[dict[str, Any]]] = {
             "clock_offset_sec": -3600,
             "env_whitelist": ["PYTHONPATH", "CI"],
             "limits": {"memory_mb": 512, "pids_max": 64, "cpu_ms": 1000},
-            "network": "none",
+            "network": "egress",
         },
         {"workspace": "/w", "base": "/var/lib/ccw/snap/abc", "limits": {}},
     ],
@@ -42,6 +42,7 @@ GOOD: dict[str, list[dict[str, Any]]] = {
     "changes": [{"capsule_id": "cap_1"}],
     "fork": [{"capsule_id": "cap_1"}],
     "open_root": [{"capsule_id": "cap_1"}],
+    "net_open": [{"capsule_id": "cap_1"}],
     "destroy": [{"capsule_id": "cap_1"}],
     "list": [{}],
 }
@@ -67,6 +68,9 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("create", {"workspace": "/w", "limits": {"swap_mb": 1}}),
     ("create", {"workspace": "/w", "limits": []}),
     ("create", {"workspace": "/w", "network": "host"}),
+    ("create", {"workspace": "/w", "network": ["pypi.org"]}),  # the allowlist is the front end's alone
+    ("net_open", {}),
+    ("net_open", {"capsule_id": "cap_1", "network": "egress"}),
     ("create", {"workspace": "/w", "owner_uid": 0}),
     ("exec", {"capsule_id": "cap_1"}),
     ("exec", {"argv": ["true"]}),
@@ -103,7 +107,7 @@ BAD: list[tuple[str, dict[str, Any]]] = [
 
 
 def test_op_set_is_closed_and_each_op_argues_its_safety() -> None:
-    assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "destroy", "list"}
+    assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "net_open", "destroy", "list"}
     for spec in OPS.values():
         assert len(spec.safety) > 40, spec.name
         assert not set(spec.required) & set(spec.optional)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import mountinfo, probe
+from sandbox import egress, mountinfo, probe
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.registry import CapsuleManager
@@ -39,19 +39,20 @@ def served(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager
     yield manager, Dispatcher(manager, "privileged", mechanisms), ws
     for item in reversed(manager.list(0).capsules):
         manager.destroy(item.capsule_id, 0)
+    manager.close()
     if manager.disks is not None:
         manager.disks.close()
     assert mountinfo.mounts_under(str(state)) == []
 
 
-def call(dispatcher: Dispatcher, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+def call(dispatcher: Dispatcher, op: str, args: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """One op through the dispatcher; the result also survives the JSON of a frame unchanged."""
-    result, fd = dispatcher.handle(Request(1, op, args), ROOT_PEER)
+    result, fds = dispatcher.handle(Request(1, op, args), ROOT_PEER)
     assert json.loads(json.dumps(result)) == result
     reply_class = REQUESTS[op].reply
     assert reply_class.from_args(result).to_args() == result
     assert encode_reply(1, result) == encode_reply(1, reply_class.from_args(result).to_args())
-    return result, fd
+    return result, fds
 
 
 def described(manager: CapsuleManager, result: dict[str, Any]) -> dict[str, Any]:
@@ -106,14 +107,26 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
     assert forked == {**described(manager, forked), "parent": cid}
     seen.add("fork")
 
-    rooted, fd = call(dispatcher, "open_root", {"capsule_id": forked["capsule_id"]})
-    assert fd is not None
+    rooted, fds = call(dispatcher, "open_root", {"capsule_id": forked["capsule_id"]})
+    assert len(fds) == 1
+    fd = fds[0]
     try:
         assert rooted == {"capsule_id": forked["capsule_id"]}
         assert os.path.samestat(os.fstat(fd), os.stat(forked["mount"]))
     finally:
         os.close(fd)
     seen.add("open_root")
+
+    egress_capsule, _ = call(dispatcher, "create", {"workspace": str(ws), "network": "egress"})
+    assert egress_capsule["isolation"]["network"] == "egress"
+    opened, fds = call(dispatcher, "net_open", {"capsule_id": egress_capsule["capsule_id"]})
+    for fd in fds:
+        os.close(fd)
+    assert len(fds) == 3 and opened == {
+        "http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080", "jail_addresses": ["10.99.0.2", "fd63:6377::2"],
+        "env": dict(egress.PROXY_ENV), "mechanism": egress.MECHANISM}
+    call(dispatcher, "destroy", {"capsule_id": egress_capsule["capsule_id"]})
+    seen.add("net_open")
 
     listed, _ = call(dispatcher, "list", {})
     parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))
