@@ -292,8 +292,9 @@ TOOLS = [
         title="Run in capsule",
         description=(
             "Run `cmd` (argv list) in the capsule's jail: own pid/net/mount namespaces, the workspace "
-            "at its own path, no network; PATH starts with the workspace's .venv/bin. Returns exit "
-            "status, output, resource usage and the files read and written. Execs, forks and destroys "
+            "at its own path, no network unless the capsule has an allowlist (then only through ccw's "
+            "proxy); PATH starts with the workspace's .venv/bin. Returns exit status, output, resource "
+            "usage, the files read and written and the connections tried (touched.network). Execs, forks and destroys "
             "of one capsule take turns in arrival order (progress says when a call is queued)."
         ),
         input_schema={
