@@ -105,6 +105,9 @@ def server_namespace(root: Path, redirect_to: str) -> Iterator[Servers]:
         if server is not None:
             server.kill()
             server.wait()
+            for pipe in (server.stdin, server.stdout):
+                if pipe is not None:
+                    pipe.close()
         # Deleting the namespace removes its veth end, and with it the host's.
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)

@@ -82,5 +82,8 @@ def test_every_network_escape_fails_at_once(outcomes: dict[str, tuple[int | None
     record_property("escapes_tried", len(ATTEMPTS))
     escaped = {name: out for name, (status, out, _) in outcomes.items() if status == 0 or "ESCAPED" in out}
     assert escaped == {}
+    # Each probe ran and was refused by the kernel or the proxy (not, say, a missing file).
+    unrun = {name: out for name, (_, out, _) in outcomes.items() if "denied:" not in out}
+    assert unrun == {}
     slow = {name: round(took, 2) for name, (_, _, took) in outcomes.items() if took > FAST_S and name not in SLOW_OK}
     assert slow == {}  # a refusal, never a hang
