@@ -13,13 +13,16 @@ unassigned one that the egress namespace answers itself.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -259,3 +262,29 @@ def test_a_capsule_without_network_says_so(tools: Any, workspace: Path) -> None:
     assert out["cap"]["network"] == "none"
     assert out["ran"]["exit_code"] != 0 and out["ran"]["touched"]["network"] is None
     assert out["ran"]["touched_unavailable"]["network"].startswith("network is none")
+
+
+def test_sessions_come_back_after_the_front_end_and_the_helper_restart(tools: Any, workspace: Path) -> None:
+    fetch = _curl(f"http://{HTTP}/files/small.bin")
+
+    async def first(t: Any) -> tuple[str, dict[str, Any]]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [HTTP]}))["capsule_id"]
+        return cap, await t.call("capsule_exec", {"capsule_id": cap, "cmd": fetch})
+
+    cap, before = tools.run(first)
+
+    async def second(t: Any) -> dict[str, Any]:
+        # A new front end (and, embedded, a new helper): no session until the exec opens one.
+        after_restart = await t.call("capsule_exec", {"capsule_id": cap, "cmd": fetch})
+        # The helper dies under a live session: its exec says network_not_open, the
+        # service opens a new session and runs the command once more.
+        helper = await t.runtime.helper()
+        os.kill(helper.process.process.pid, signal.SIGKILL)
+        await trio.sleep(0.2)
+        after_kill = await t.call("capsule_exec", {"capsule_id": cap, "cmd": fetch})
+        return {"after_restart": after_restart, "after_kill": after_kill}
+
+    out = tools.run(second)
+    for ran in (before, out["after_restart"], out["after_kill"]):
+        assert ran["exit_code"] == 0 and ran["stdout"] == "200 1000\n", ran
+        assert _places(ran) == {(SERVER, nf.HTTP_PORT, "http", True)}
