@@ -13,7 +13,8 @@ belong to the process (``Runtime``), not to a call.
   started in it (``Nursery.start`` may be called from any task).  The system task ends
   with the trio run; ``aclose`` ends it sooner.  A session whose serving fails is
   logged and forgotten: the next exec opens a new one, as after a restart.
-- **Opened lazily.**  ``open`` at create; but after the front end restarted (CLI: every
+- **Opened lazily.**  ``open_soon`` at create starts opening it in the background, so
+  create costs what a capsule without network costs; but after the front end restarted (CLI: every
   command is a process) there is no session, and ``exec`` opens one first.  ``net_open``
   gives the same namespaces while the helper has them.  After a *helper* restart the
   helper has none: its exec fails ``UNAVAILABLE`` with ``reason: network_not_open``
@@ -70,6 +71,29 @@ class Networks:
         self._nursery: trio.Nursery | None = None
         self._host_scope: trio.CancelScope | None = None
         self._lock = trio.Lock()
+        self._pending: dict[str, trio.CancelScope] = {}  # opens started by open_soon, by capsule
+
+    async def open_soon(self, helper: Any, capsule_id: str, spec: NetworkSpec) -> None:
+        """Start opening the capsule's session in the background (capsule_create returns first).
+
+        ``net_open`` costs the helper a few milliseconds (namespaces from its spare pool,
+        the descriptors' round trip) that the caller of create need not wait for: the
+        first exec waits for the open in flight (``open`` takes the same lock), or opens
+        the session itself if this one failed (logged).
+        """
+        nursery = await self._host()
+        scope = trio.CancelScope()
+        self._pending[capsule_id] = scope
+        nursery.start_soon(self._open_quietly, helper, capsule_id, spec, scope)
+
+    async def _open_quietly(self, helper: Any, capsule_id: str, spec: NetworkSpec, scope: trio.CancelScope) -> None:
+        with scope:
+            try:
+                await self.open(helper, capsule_id, spec)
+            except Exception as exc:
+                LOGGER.warning(f"mcp:egress opening the session of {capsule_id} failed: {exc!r}; its exec will retry")
+        if self._pending.get(capsule_id) is scope:
+            del self._pending[capsule_id]
 
     async def open(self, helper: Any, capsule_id: str, spec: NetworkSpec, fresh: bool = False) -> EgressSession:
         """The capsule's session, opened (net_open) if it has none; ``fresh``: a new one anyway."""
@@ -89,8 +113,13 @@ class Networks:
                 for fd in fds:
                     os.close(fd)
                 raise
-            nursery = await self._host()
-            scope = await nursery.start(self._serve, capsule_id, session)
+            try:
+                nursery = await self._host()
+                scope = await nursery.start(self._serve, capsule_id, session)
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await session.aclose()
+                raise
             self._sessions[capsule_id] = _Served(session, scope)
             return session
 
@@ -119,7 +148,10 @@ class Networks:
         return Traced(value, session.end_exec(), session.notes())
 
     async def close(self, capsule_id: str) -> None:
-        """End the capsule's session, if it has one (destroy)."""
+        """End the capsule's session, if it has one, and any open of it in flight (destroy)."""
+        pending = self._pending.pop(capsule_id, None)
+        if pending is not None:
+            pending.cancel()
         async with self._lock:
             await self._close(capsule_id)
 

@@ -159,8 +159,9 @@ class CapsuleService:
     async def create(self, spec: CapsuleSpec, network: NetworkSpec | None = None) -> CapsuleRecord:
         """Make a capsule from ``spec`` (with the allowlist ``network``, if any) and journal it.
 
-        An allowlist capsule's egress session is opened now, so its first exec does not
-        pay for it; a failure to open it destroys the capsule again.
+        An allowlist capsule's egress session starts opening now, in the background
+        (capsules/networks.py: ``open_soon``), so that neither create nor, usually, the
+        first exec waits for it.
         """
         spec = dataclasses.replace(spec, network=helper_network(network))
         reply = await self.call(CreateRequest(spec))
@@ -168,14 +169,8 @@ class CapsuleService:
         return self._journal_new(reply, spec, None, network)
 
     async def _open_network(self, capsule_id: str, network: NetworkSpec | None) -> None:
-        if network is None:
-            return
-        try:
-            await self.networks.open(await self.helper(), capsule_id, network)
-        except BaseException:
-            with trio.CancelScope(shield=True), contextlib.suppress(CcwError):
-                await self.call(DestroyRequest(capsule_id))
-            raise
+        if network is not None:
+            await self.networks.open_soon(await self.helper(), capsule_id, network)
 
     def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None,
                      network: NetworkSpec | None) -> CapsuleRecord:
