@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -182,7 +183,10 @@ async def connect_upstream(attempt: Attempt, resolver: Resolver) -> trio.socket.
         attempt.address = address
         return sock
     attempt.address = usable[0]
-    detail = "timed out" if isinstance(last, trio.TooSlowError) else (getattr(last, "strerror", None) or str(last))
+    if isinstance(last, OSError) and last.errno:
+        detail = os.strerror(last.errno)  # trio's message repeats the address
+    else:
+        detail = "timed out" if isinstance(last, trio.TooSlowError) else str(last)
     refused = isinstance(last, ConnectionRefusedError)
     raise Refused(f"cannot connect to {host}:{port}: {detail}", denied=False, refused=refused)
 
