@@ -1,0 +1,255 @@
+"""What the HTTP proxy and the SOCKS server share: attempts, the gate, upstream, the relay.
+
+A connection from the jail becomes an ``Attempt`` (the record the exec reports) when the
+gate admits it; the gate is the ``EgressSession`` (``Gate`` here names only what the
+protocol handlers call, so they need not import the session).  ``connect_upstream``
+resolves an allowed name from the host's network namespace, keeps only the addresses
+``netrules.loopback_ok`` lets through and connects to the first that answers; ``relay``
+copies bytes both ways until both sides are done, charging them to the exec's byte
+budget and cutting the connection when it runs out.
+
+The relay is the hot path (a 200 MiB download goes through it): each direction reuses
+one 256 KiB buffer (``recv_into`` and ``send`` on memoryviews, no bytes object per
+chunk), and the byte count is one subtraction per chunk.  Figures: ``proxy.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import trio
+
+from mcp_server.core import netrules
+
+BUFFER_SIZE = 256 * 1024
+CONNECT_TIMEOUT = 10.0  # seconds for one address; up to MAX_ADDRESSES are tried
+MAX_ADDRESSES = 4
+DIRECT_REASON = "direct connection outside ccw's proxy (use HTTP_PROXY/ALL_PROXY)"
+
+Protocol_ = Literal["http", "https", "socks5", "tcp", "udp"]
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+@dataclass
+class Attempt:
+    """One connection attempt of an exec, as its record will say it."""
+
+    seq: int
+    host: str
+    port: int
+    protocol: Protocol_
+    allowed: bool
+    rule: str | None
+    reason: str | None
+    address: str | None = None
+    bytes_out: int = 0  # jail -> upstream
+    bytes_in: int = 0  # upstream -> jail
+    cut: str | None = None
+
+    def record(self) -> dict[str, object]:
+        """The record in the exec result's ``touched.network``."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "protocol": self.protocol,
+            "allowed": self.allowed,
+            "rule": self.rule,
+            "reason": self.reason,
+            "address": self.address,
+            "bytes_out": self.bytes_out,
+            "bytes_in": self.bytes_in,
+            "cut": self.cut,
+        }
+
+    def sort_key(self) -> tuple[str, int, str, int]:
+        """Records are sorted by (host, port, protocol, seq)."""
+        return (self.host, self.port, self.protocol, self.seq)
+
+    def deny(self, reason: str) -> None:
+        """Turn an admitted attempt into a denial (rebinding found after resolution)."""
+        self.allowed, self.reason = False, reason
+
+    def note(self) -> str:
+        """The line the agent reads for a denial."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
+
+
+class Refused(Exception):
+    """No upstream connection: ``denied`` (policy: 403 / SOCKS 0x02) or a failure (502)."""
+
+    def __init__(self, message: str, *, denied: bool, refused: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.denied = denied
+        self.refused = refused  # the upstream said ECONNREFUSED (SOCKS 0x05)
+
+
+class ByteCapReached(Exception):
+    """The exec's byte budget ran out in the middle of a relay."""
+
+
+class Budget(Protocol):
+    """The exec's remaining bytes."""
+
+    def take(self, wanted: int) -> int:
+        """Charge up to ``wanted`` bytes; returns how many may pass (0 when spent)."""
+        ...
+
+    def cap_text(self) -> str:
+        """What a cut record says: "byte cap (N bytes)"."""
+        ...
+
+
+class Gate(Protocol):
+    """What the protocol handlers ask of the session."""
+
+    @property
+    def header_timeout(self) -> float:
+        """Seconds a client has for its request head or SOCKS handshake."""
+        ...
+
+    @property
+    def budget(self) -> Budget:
+        """The exec's byte budget."""
+        ...
+
+    def admit(self, host: str, port: int, protocol: Protocol_) -> Attempt:
+        """Decide (rules, then the connection cap) and record the attempt."""
+        ...
+
+    def allowed_text(self) -> str:
+        """The rules, for a denial's message."""
+        ...
+
+    async def open(self, attempt: Attempt) -> trio.socket.SocketType:
+        """Resolve and connect an admitted attempt; raises ``Refused``."""
+        ...
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """The host's resolver (getaddrinfo in a thread): distinct addresses, in its order."""
+    infos = await trio.socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    addresses: list[str] = []
+    for _family, _type, _proto, _name, sockaddr in infos:
+        if sockaddr[0] not in addresses:
+            addresses.append(str(sockaddr[0]))
+    return addresses
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+async def connect_upstream(attempt: Attempt, resolver: Resolver) -> trio.socket.SocketType:
+    """Resolve (names only), drop what loopback_ok refuses, connect to the first that answers."""
+    assert attempt.rule is not None
+    host, port = attempt.host, attempt.port
+    try:
+        found = [host] if _is_ip(host) else await resolver(host, port)
+    except OSError as exc:
+        raise Refused(f"cannot resolve {host}: {exc.strerror or exc}", denied=False) from None
+    usable = [a for a in found if netrules.loopback_ok(attempt.rule, host, a)]
+    if not usable:
+        attempt.address = found[0] if found else None
+        raise Refused(
+            f"{host} resolves to {', '.join(found) or 'nothing'}: loopback, link-local and "
+            "unspecified addresses are reached only by a rule naming them exactly "
+            "(that IP, or localhost)",
+            denied=bool(found),
+        )
+    last: BaseException | None = None
+    for address in usable[:MAX_ADDRESSES]:
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                await sock.connect((address, port))
+        except (OSError, trio.TooSlowError) as exc:
+            sock.close()
+            last = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        attempt.address = address
+        return sock
+    attempt.address = usable[0]
+    if isinstance(last, OSError) and last.errno:
+        detail = os.strerror(last.errno)  # trio's message repeats the address
+    else:
+        detail = "timed out" if isinstance(last, trio.TooSlowError) else str(last)
+    refused = isinstance(last, ConnectionRefusedError)
+    raise Refused(f"cannot connect to {host}:{port}: {detail}", denied=False, refused=refused)
+
+
+async def send_all(sock: trio.socket.SocketType, data: bytes | memoryview) -> None:
+    """Send every byte (a trio socket's send may send part)."""
+    view = memoryview(data)
+    while view:
+        sent = await sock.send(view)
+        view = view[sent:]
+
+
+async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt: Attempt,
+               budget: Budget, outbound: bool) -> None:
+    """Copy ``src`` to ``dst`` until EOF (then half-close ``dst``) or the budget is spent."""
+    buffer = bytearray(BUFFER_SIZE)
+    view = memoryview(buffer)
+    while True:
+        try:
+            received = await src.recv_into(buffer)
+        except ConnectionResetError:
+            received = 0
+        if received == 0:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+            return
+        allowed = budget.take(received)
+        if allowed:
+            await send_all(dst, view[:allowed])
+        if outbound:
+            attempt.bytes_out += allowed
+        else:
+            attempt.bytes_in += allowed
+        if allowed < received:
+            attempt.cut = budget.cap_text()
+            raise ByteCapReached
+
+
+async def charge_and_send(dst: trio.socket.SocketType, data: bytes, attempt: Attempt,
+                          budget: Budget, outbound: bool) -> None:
+    """Send bytes the handler produced itself (a rewritten head), charged like relayed ones."""
+    allowed = budget.take(len(data))
+    await send_all(dst, data[:allowed])
+    if outbound:
+        attempt.bytes_out += allowed
+    else:
+        attempt.bytes_in += allowed
+    if allowed < len(data):
+        attempt.cut = budget.cap_text()
+        raise ByteCapReached
+
+
+async def relay(jail: trio.socket.SocketType, upstream: trio.socket.SocketType, attempt: Attempt,
+                budget: Budget, first: bytes = b"") -> None:
+    """Both directions at once until both reach EOF, or one fails or spends the budget."""
+    try:
+        if first:
+            await charge_and_send(upstream, first, attempt, budget, outbound=True)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, jail, upstream, attempt, budget, True)
+            nursery.start_soon(pump, upstream, jail, attempt, budget, False)
+    except* (ByteCapReached, OSError):
+        pass  # the record says what happened (cut, or the bytes so far); both sides close
+    finally:
+        upstream.close()
+        jail.close()

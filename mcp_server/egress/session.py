@@ -1,0 +1,236 @@
+"""One egress capsule's network, front-end side: its proxy listeners, sniffer and records.
+
+The helper builds the capsule's two network namespaces and hands over three descriptors
+(``net_open``): the HTTP proxy's and the SOCKS server's listening sockets, made in the
+capsule's private egress namespace, and the sniffer.  A listening socket keeps the
+namespace it was made in, so ``accept`` here, in the host's namespace, takes the jail's
+connections; the upstream sockets this process opens are the host's.  ``serve`` runs in
+a nursery for the capsule's life; an exec is bracketed by ``begin_exec`` (fresh caps)
+and ``end_exec`` (the sorted records; ``notes`` then has the denial lines).
+
+Bounds, so that a jail cannot make the front end grow without limit:
+- every attempt through the proxy counts against ``max_connections`` (a denied one
+  too); past it, attempts are refused with "connection cap (N) reached" and recorded once
+  per (host, port, protocol);
+- direct attempts seen by the sniffer are recorded once per (protocol, address, port)
+  in an exec (a loop of retries is one record);
+- at most ``MAX_CLIENTS`` client connections are open at once (more are closed at
+  accept), and each has ``header_timeout`` seconds for its request head or handshake.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterable
+
+import trio
+
+from mcp_server.core import netrules
+from mcp_server.egress import sniff
+from mcp_server.egress.proxy import handle_http
+from mcp_server.egress.relay import (
+    DIRECT_REASON,
+    Attempt,
+    Protocol_,
+    Refused,
+    Resolver,
+    connect_upstream,
+    system_resolver,
+)
+from mcp_server.egress.socks import handle_socks
+
+log = logging.getLogger("ccw.egress")
+
+MAX_CLIENTS = 1024
+HEADER_TIMEOUT = 30.0
+_ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
+
+
+class ExecBudget:
+    """The bytes an exec may still move, both directions summed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.left = limit
+
+    def take(self, wanted: int) -> int:
+        """Charge up to ``wanted`` bytes; how many may pass."""
+        granted = min(wanted, self.left)
+        self.left -= granted
+        return granted
+
+    def cap_text(self) -> str:
+        """What a cut record says."""
+        return f"byte cap ({self.limit} bytes)"
+
+
+def _adopt(fd: int) -> trio.socket.SocketType:
+    return trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
+
+
+class EgressSession:
+    """The proxy, SOCKS server and sniffer of one egress capsule, and its exec records."""
+
+    def __init__(self, spec: netrules.NetworkSpec, http_fd: int, socks_fd: int,
+                 sniffer_fd: int | None, jail_addresses: Iterable[str], *,
+                 resolver: Resolver = system_resolver, header_timeout: float = HEADER_TIMEOUT) -> None:
+        self.spec = spec
+        self.header_timeout = header_timeout
+        self.jail_addresses = frozenset(jail_addresses)
+        self.budget = ExecBudget(spec.max_bytes)
+        self._resolver = resolver
+        self._http = _adopt(http_fd)
+        self._socks = _adopt(socks_fd)
+        self._sniffer = _adopt(sniffer_fd) if sniffer_fd is not None else None
+        self._endpoints = {self._http.getsockname()[:2], self._socks.getsockname()[:2]}
+        self._seq = 0
+        self._connections = 0
+        self._attempts: list[Attempt] = []
+        self._once: set[tuple[object, ...]] = set()
+        self._notes: list[str] = []
+        self._clients = 0
+        self._scope: trio.CancelScope | None = None
+        self._stopped = trio.Event()
+        self._closed = False
+
+    # --- the exec's books ---------------------------------------------------------
+
+    def begin_exec(self) -> None:
+        """Fresh caps for the next exec; records made since the last exec stay for it."""
+        self.budget = ExecBudget(self.spec.max_bytes)
+        self._connections = 0
+        self._once.clear()
+
+    def end_exec(self) -> list[dict[str, object]]:
+        """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials."""
+        attempts = sorted(self._attempts, key=Attempt.sort_key)
+        self._attempts = []
+        self._notes = [attempt.note() for attempt in attempts if not attempt.allowed]
+        return [attempt.record() for attempt in attempts]
+
+    def notes(self) -> list[str]:
+        """One line per denied attempt of the last exec ended."""
+        return list(self._notes)
+
+    def allowed_text(self) -> str:
+        """The rules, for a denial's message."""
+        return self.spec.rules_text()
+
+    def _record(self, attempt: Attempt) -> Attempt:
+        self._attempts.append(attempt)
+        return attempt
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def admit(self, host: str, port: int, protocol: Protocol_) -> Attempt:
+        """Decide one proxy request (rules, then the connection cap) and record it."""
+        name, _ = netrules.normalize_host(host)
+        shown = name if name is not None else host[:255]
+        if self._connections >= self.spec.max_connections:
+            reason = f"connection cap ({self.spec.max_connections}) reached"
+            attempt = Attempt(self._next_seq(), shown, port, protocol, False, None, reason)
+            key = ("cap", shown, port, protocol)
+            if key not in self._once:
+                self._once.add(key)
+                self._record(attempt)
+            return attempt
+        self._connections += 1
+        decision = netrules.decide(self.spec, host, port)
+        return self._record(
+            Attempt(self._next_seq(), shown, port, protocol, decision.allowed, decision.rule,
+                    None if decision.allowed else decision.reason)
+        )
+
+    async def open(self, attempt: Attempt) -> trio.socket.SocketType:
+        """Resolve and connect an admitted attempt; a refusal is written into its record."""
+        try:
+            return await connect_upstream(attempt, self._resolver)
+        except Refused as exc:
+            if exc.denied:
+                attempt.deny(exc.message)
+            else:
+                attempt.reason = exc.message
+            raise
+
+    def _direct(self, seen: sniff.DirectAttempt) -> None:
+        if seen.protocol == "tcp" and (seen.address, seen.port) in self._endpoints:
+            return  # the proxy's own listeners: the proxy at work
+        if seen.address in self.jail_addresses:
+            return  # toward the jail: the egress side's own traffic
+        key = ("direct", seen.protocol, seen.address, seen.port)
+        if key in self._once:
+            return
+        self._once.add(key)
+        self._record(Attempt(self._next_seq(), seen.address, seen.port, seen.protocol, False, None,
+                             DIRECT_REASON, address=seen.address))
+
+    # --- serving ------------------------------------------------------------------
+
+    async def serve(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept on both listeners and read the sniffer until ``aclose``."""
+        if self._closed:
+            raise RuntimeError("this egress session is closed")
+        try:
+            with trio.CancelScope() as self._scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._accept, self._http, handle_http, nursery)
+                    nursery.start_soon(self._accept, self._socks, handle_socks, nursery)
+                    if self._sniffer is not None:
+                        nursery.start_soon(self._sniff)
+                    task_status.started()
+        finally:
+            self._stopped.set()
+
+    async def _accept(self, listener: trio.socket.SocketType, handler: Handler,
+                      nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                client, _ = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RETRY:
+                    log.warning("egress proxy: accept failed (%s); retrying", exc.strerror)
+                    await trio.sleep(0.1)
+                    continue
+                if exc.errno == errno.ECONNABORTED:
+                    continue
+                raise
+            if self._clients >= MAX_CLIENTS:
+                client.close()
+                continue
+            nursery.start_soon(self._client, handler, client)
+
+    async def _client(self, handler: Handler, client: trio.socket.SocketType) -> None:
+        self._clients += 1
+        try:
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await handler(self, client)
+        except Exception:  # one client's bug must not end the capsule's proxy
+            log.exception("egress proxy: a client connection failed")
+        finally:
+            self._clients -= 1
+            client.close()
+
+    async def _sniff(self) -> None:
+        assert self._sniffer is not None
+        while True:
+            packet, address = await self._sniffer.recvfrom(65536)
+            if isinstance(address, tuple) and len(address) > 2 and address[2] == sniff.PACKET_OUTGOING:
+                continue
+            seen = sniff.parse_packet(packet)
+            if seen is not None:
+                self._direct(seen)
+
+    async def aclose(self) -> None:
+        """Stop serving (open relays are cancelled) and close the descriptors."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._stopped.wait()
+        for sock in (self._http, self._socks, self._sniffer):
+            if sock is not None:
+                sock.close()

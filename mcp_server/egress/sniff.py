@@ -1,0 +1,114 @@
+"""Direct connection attempts, from the packets the helper's sniffer socket delivers.
+
+Some facts about the sniffer, as the helper makes it and this module reads it:
+
+- It is an ``AF_PACKET`` ``SOCK_DGRAM`` socket bound to the egress end of the capsule's
+  veth.  ``SOCK_DGRAM`` strips the link-layer header, so each datagram starts at the IP
+  header (v4 or v6, told apart by the first nibble), and ``recvfrom`` gives a
+  ``sockaddr_ll`` whose ``sll_pkttype`` says the direction: ``PACKET_HOST`` for what the
+  jail sent to the egress namespace, ``PACKET_OUTGOING`` for what the egress side sent.
+- A packet socket sees both directions, so the helper attaches a classic-BPF filter that
+  keeps only TCP segments with SYN and without ACK, and UDP (v4 and v6).  The filter runs
+  in the kernel before anything is queued; the parser below re-checks the same facts
+  (``bubblewrap``'s habit: the other side's check is not trusted).
+- Every destination is local in the egress namespace ("AnyIP" routes) and nothing
+  listens but the proxy's two sockets, so a direct TCP attempt is refused with a RST
+  after the first SYN and a UDP datagram draws an ICMP port-unreachable.  The client
+  gives up at once, so there is no retransmission to count twice; a program that loops
+  still makes one packet per try, and the session keeps one record per distinct
+  (protocol, address, port) in an exec.
+- SYNs to the proxy's own listeners are the proxy at work, not direct attempts; the
+  session drops them by their destination.
+- The kernel queues at most the socket's receive buffer; a flood beyond it is dropped
+  (the denial itself does not depend on the sniffer: the egress namespace refuses
+  regardless).  Reading the sniffer only records what happened.
+- IPv6 may put extension headers before TCP/UDP (hop-by-hop, routing, destination
+  options, fragment); they are walked.  A non-first fragment carries no ports and is
+  ignored, as are IPv4 fragments after the first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+from dataclasses import dataclass
+from typing import Literal
+
+PACKET_OUTGOING = 4  # sll_pkttype of what this host sent (linux/if_packet.h)
+IPPROTO_TCP = 6
+IPPROTO_UDP = 17
+TCP_SYN = 0x02
+TCP_ACK = 0x10
+_IPV6_EXTENSIONS = {0, 43, 60}  # hop-by-hop, routing, destination options
+_IPV6_FRAGMENT = 44
+_MAX_EXTENSIONS = 8
+
+
+@dataclass(frozen=True)
+class DirectAttempt:
+    """One packet the jail sent around the proxy: where it was going."""
+
+    protocol: Literal["tcp", "udp"]
+    address: str
+    port: int
+    source: str
+
+
+def _transport(protocol: int, segment: bytes, source: str, address: str) -> DirectAttempt | None:
+    if protocol == IPPROTO_TCP:
+        if len(segment) < 14:
+            return None
+        flags = segment[13]
+        if not flags & TCP_SYN or flags & TCP_ACK:
+            return None
+        return DirectAttempt("tcp", address, struct.unpack_from("!H", segment, 2)[0], source)
+    if protocol == IPPROTO_UDP:
+        if len(segment) < 8:
+            return None
+        return DirectAttempt("udp", address, struct.unpack_from("!H", segment, 2)[0], source)
+    return None
+
+
+def _parse_v4(packet: bytes) -> DirectAttempt | None:
+    if len(packet) < 20:
+        return None
+    header = (packet[0] & 0x0F) * 4
+    fragment_offset = struct.unpack_from("!H", packet, 6)[0] & 0x1FFF
+    if header < 20 or len(packet) < header or fragment_offset:
+        return None
+    source = str(ipaddress.IPv4Address(packet[12:16]))
+    address = str(ipaddress.IPv4Address(packet[16:20]))
+    return _transport(packet[9], packet[header:], source, address)
+
+
+def _parse_v6(packet: bytes) -> DirectAttempt | None:
+    if len(packet) < 40:
+        return None
+    next_header = packet[6]
+    source = str(ipaddress.IPv6Address(packet[8:24]))
+    address = str(ipaddress.IPv6Address(packet[24:40]))
+    offset = 40
+    for _ in range(_MAX_EXTENSIONS):
+        if next_header in _IPV6_EXTENSIONS:
+            if len(packet) < offset + 2:
+                return None
+            next_header, offset = packet[offset], offset + (packet[offset + 1] + 1) * 8
+        elif next_header == _IPV6_FRAGMENT:
+            if len(packet) < offset + 8 or struct.unpack_from("!H", packet, offset + 2)[0] & 0xFFF8:
+                return None
+            next_header, offset = packet[offset], offset + 8
+        else:
+            break
+    return _transport(next_header, packet[offset:], source, address)
+
+
+def parse_packet(packet: bytes) -> DirectAttempt | None:
+    """The TCP SYN or UDP datagram in an L3 packet, or None for anything else or garbage."""
+    if not packet:
+        return None
+    version = packet[0] >> 4
+    if version == 4:
+        return _parse_v4(packet)
+    if version == 6:
+        return _parse_v6(packet)
+    return None

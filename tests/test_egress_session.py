@@ -1,0 +1,261 @@
+"""EgressSession over real loopback sockets: SOCKS5, caps, records, parallelism, aclose."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+
+import trio
+
+from tests.egress_harness import NoDns, egress, network, read_all, read_head, shout, upstream
+
+
+def socks_request(host: str, port: int, command: int = 1) -> bytes:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        target = bytes([3, len(host)]) + host.encode()
+    else:
+        target = bytes([1 if address.version == 4 else 4]) + address.packed
+    return b"\x05\x01\x00" + bytes([5, command, 0]) + target + struct.pack("!H", port)
+
+
+async def socks_connect(stream: trio.SocketStream, host: str, port: int, command: int = 1) -> int:
+    """Send greeting + request at once; the reply code (after checking the greeting)."""
+    await stream.send_all(socks_request(host, port, command))
+    received = b""
+    with trio.fail_after(10):
+        while len(received) < 12:
+            data = await stream.receive_some()
+            if not data:
+                break
+            received += data
+    assert received[:2] == b"\x05\x00", received
+    return received[3]
+
+
+def test_socks_domain_v4_v6_allowed_and_denied() -> None:
+    async def main() -> None:
+        async with upstream(shout) as up4, upstream(shout, "::1") as up6:
+            rules = network(f"localhost:{up4.port}", f"127.0.0.1:{up4.port}", f"[::1]:{up6.port}")
+            resolver = NoDns({"localhost": ["127.0.0.1"]})
+            async with egress(rules, resolver=resolver) as proxy:
+                for host, port in (("localhost", up4.port), ("127.0.0.1", up4.port), ("::1", up6.port)):
+                    client = await proxy.socks()
+                    assert await socks_connect(client, host, port) == 0
+                    await client.send_all(b"abc")
+                    assert await client.receive_some() == b"ABC"
+                    await client.aclose()
+                codes = []
+                for host, port, command in (("pypi.org", 443, 1), ("10.0.0.1", 80, 1), ("::2", 80, 1),
+                                            ("127.0.0.1", up4.port, 2), ("127.0.0.1", up4.port, 3)):
+                    client = await proxy.socks()
+                    codes.append(await socks_connect(client, host, port, command))
+                    await client.aclose()
+                await trio.sleep(0.05)
+                records = proxy.session.end_exec()
+        assert codes == [2, 2, 2, 7, 7]
+        assert resolver.calls == ["localhost"]
+        assert [(r["host"], r["protocol"], r["allowed"], r["bytes_out"], r["bytes_in"]) for r in records] == [
+            ("10.0.0.1", "socks5", False, 0, 0),
+            ("127.0.0.1", "socks5", True, 3, 3),
+            ("::1", "socks5", True, 3, 3),
+            ("::2", "socks5", False, 0, 0),
+            ("localhost", "socks5", True, 3, 3),
+            ("pypi.org", "socks5", False, 0, 0),
+        ]
+
+    trio.run(main)
+
+
+def test_socks_bad_handshakes() -> None:
+    async def main() -> None:
+        async with egress(network("127.0.0.1"), header_timeout=0.3) as proxy:
+            client = await proxy.socks()
+            await client.send_all(b"\x05\x01\x02")  # username/password only
+            assert await read_all(client) == b"\x05\xff"
+            client = await proxy.socks()
+            await client.send_all(b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00")  # SOCKS4
+            assert await read_all(client) == b""
+            client = await proxy.socks()
+            await client.send_all(b"\x05\x01\x00\x05\x01\x00\x09")  # address type 9
+            assert (await read_all(client))[:4] == b"\x05\x00\x05\x08"
+            client = await proxy.socks()
+            await client.send_all(b"\x05\x01")  # then nothing: the handshake deadline
+            assert await read_all(client) == b""
+            assert proxy.session.end_exec() == []
+
+    trio.run(main)
+
+
+def test_connection_cap_refuses_with_reason() -> None:
+    async def main() -> None:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}", max_connections=2)) as proxy:
+            opened = []
+            for _ in range(2):
+                client = await proxy.http()
+                await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+                opened.append(client)
+            for _ in range(3):
+                client = await proxy.http()
+                await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                answer = await read_all(client)
+                assert answer.startswith(b"HTTP/1.1 403 ") and b"ccw: connection cap (2) reached" in answer
+            client = await proxy.socks()
+            assert await socks_connect(client, "127.0.0.1", up.port) == 2
+            await client.aclose()
+            records = proxy.session.end_exec()
+            proxy.session.begin_exec()  # a new exec has the full cap again
+            client = await proxy.http()
+            await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+            for stream in [*opened, client]:
+                await stream.aclose()
+        reasons = [(r["protocol"], r["allowed"], r["reason"]) for r in records]
+        assert reasons == [("https", True, None), ("https", True, None),
+                           ("https", False, "connection cap (2) reached"),
+                           ("socks5", False, "connection cap (2) reached")]
+
+    trio.run(main)
+
+
+def test_byte_cap_cuts_the_relay() -> None:
+    payload = b"x" * (4 << 20)
+
+    async def flood(stream: trio.SocketStream, state: object) -> None:
+        await stream.receive_some()
+        try:
+            await stream.send_all(payload)
+        except trio.BrokenResourceError:
+            pass
+
+    async def main() -> None:
+        async with upstream(flood) as up, egress(network(f"127.0.0.1:{up.port}", max_bytes=100_000)) as proxy:
+            client = await proxy.http()
+            await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\ngo".encode())
+            received = await read_all(client)
+            records = proxy.session.end_exec()
+        [record] = records
+        assert record["cut"] == "byte cap (100000 bytes)"
+        assert record["bytes_out"] == 2
+        assert record["bytes_in"] == 100_000 - 2
+        assert len(received) == len(b"HTTP/1.1 200 Connection established\r\n\r\n") + 100_000 - 2
+
+    trio.run(main)
+
+
+def test_records_sorted_and_between_execs_kept() -> None:
+    async def main() -> None:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}"), resolver=NoDns()) as proxy:
+            session = proxy.session
+            for target in ("zeta.example:1", f"127.0.0.1:{up.port}", "alpha.example:2", "alpha.example:1"):
+                client = await proxy.http()
+                await client.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                if target.startswith("127."):
+                    await read_head(client)
+                    await client.send_all(b"hi")
+                    assert await client.receive_some() == b"HI"
+                    await client.aclose()
+                else:
+                    await read_all(client)
+            await trio.sleep(0.05)
+            first = session.end_exec()
+            client = await proxy.http()  # between execs: goes to the next exec
+            await client.send_all(b"CONNECT late.example:9 HTTP/1.1\r\nHost: x\r\n\r\n")
+            await read_all(client)
+            session.begin_exec()
+            second = session.end_exec()
+            assert session.notes() == ["ccw network: denied https late.example:9: no rule allows late.example:9"]
+            assert session.end_exec() == []
+        assert [(r["host"], r["port"]) for r in first] == [
+            ("127.0.0.1", up.port), ("alpha.example", 1), ("alpha.example", 2), ("zeta.example", 1)]
+        assert (first[0]["bytes_out"], first[0]["bytes_in"]) == (2, 2)
+        assert [r["host"] for r in second] == ["late.example"]
+
+    trio.run(main)
+
+
+def test_fifty_parallel_connections() -> None:
+    async def main() -> None:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+
+            async def one(index: int) -> None:
+                client = await (proxy.http() if index % 2 else proxy.socks())
+                if index % 2:
+                    await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                    await read_head(client)
+                else:
+                    assert await socks_connect(client, "127.0.0.1", up.port) == 0
+                message = f"conn-{index:02d}-".encode() * 1000
+                await client.send_all(message)
+                await client.send_eof()
+                assert await read_all(client) == message.upper()
+
+            async with trio.open_nursery() as nursery:
+                for index in range(50):
+                    nursery.start_soon(one, index)
+            records = proxy.session.end_exec()
+        assert len(records) == 50
+        assert all(r["allowed"] and r["bytes_out"] == r["bytes_in"] == 8000 for r in records)
+        assert sorted(up.seen) == sorted(f"conn-{i:02d}-".encode() * 1000 for i in range(50))
+
+    trio.run(main)
+
+
+def test_aclose_cancels_open_relays() -> None:
+    async def main() -> None:
+        async with upstream(shout) as up:
+            async with egress(network(f"127.0.0.1:{up.port}")) as proxy:
+                client = await proxy.http()
+                await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                await read_head(client)
+                with trio.fail_after(5):
+                    await proxy.session.aclose()
+                assert await read_all(client) == b""
+                port = proxy.http_port
+            with socket.socket() as probe:
+                assert probe.connect_ex(("127.0.0.1", port)) != 0  # the listener is closed
+
+    trio.run(main)
+
+
+def _syn(src: str, dst: str, port: int, flags: int = 0x02) -> bytes:
+    tcp = struct.pack("!HHIIBBHHH", 40000, port, 0, 0, 5 << 4, flags, 65535, 0, 0)
+    header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(tcp), 0, 0, 64, 6, 0,
+                         socket.inet_aton(src), socket.inet_aton(dst))
+    return header + tcp
+
+
+def _udp6(src: str, dst: str, port: int) -> bytes:
+    udp = struct.pack("!HHHH", 5353, port, 8, 0)
+    return struct.pack("!IHBB16s16s", 6 << 28, len(udp), 17, 64, socket.inet_pton(socket.AF_INET6, src),
+                       socket.inet_pton(socket.AF_INET6, dst)) + udp
+
+
+def test_sniffer_records_direct_attempts_once() -> None:
+    async def main() -> None:
+        async with egress(network("127.0.0.1")) as proxy:
+            peer = proxy.sniff_peer
+            peer.send(_syn("10.99.0.2", "1.2.3.4", 443))
+            peer.send(_syn("10.99.0.2", "1.2.3.4", 443))  # the same attempt looping: one record
+            peer.send(_syn("10.99.0.2", "127.0.0.1", proxy.http_port))  # the proxy at work
+            peer.send(_syn("10.99.0.2", "1.2.3.4", 80, flags=0x12))  # SYN-ACK: not an attempt
+            peer.send(_syn("10.99.0.1", "10.99.0.2", 5555))  # toward the jail
+            peer.send(_udp6("fd63:6377::2", "2001:4860:4860::8888", 53))
+            peer.send(b"\x00garbage")
+            await trio.sleep(0.1)
+            records = proxy.session.end_exec()
+            notes = proxy.session.notes()
+        reason = "direct connection outside ccw's proxy (use HTTP_PROXY/ALL_PROXY)"
+        assert records == [
+            {"host": "1.2.3.4", "port": 443, "protocol": "tcp", "allowed": False, "rule": None,
+             "reason": reason, "address": "1.2.3.4", "bytes_out": 0, "bytes_in": 0, "cut": None},
+            {"host": "2001:4860:4860::8888", "port": 53, "protocol": "udp", "allowed": False, "rule": None,
+             "reason": reason, "address": "2001:4860:4860::8888", "bytes_out": 0, "bytes_in": 0, "cut": None},
+        ]
+        assert notes == [f"ccw network: denied tcp 1.2.3.4:443: {reason}",
+                         f"ccw network: denied udp [2001:4860:4860::8888]:53: {reason}"]
+
+    trio.run(main)
