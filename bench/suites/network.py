@@ -64,9 +64,55 @@ def _throughput(printed: str, size: int) -> float:
     return size / float(seconds) / (1 << 20)
 
 
-async def _measure(root: Path, repeat: int, size: int) -> dict[str, list[float]]:
-    import trio
+class _Runs:
+    """The measured runs, each a tool call (or curl) returning its figure."""
 
+    def __init__(self, call: Call, ws: Path, size: int) -> None:
+        self.call, self.ws, self.size = call, ws, size
+        self.plain = self.allowed = ""
+
+    async def setup(self) -> None:
+        """The two long-lived capsules the exec and download runs use."""
+        self.plain = (await self.call("capsule_create", {"workspace": str(self.ws)}))["capsule_id"]
+        self.allowed = (await self.call("capsule_create", {"workspace": str(self.ws), "network": ALLOW}))["capsule_id"]
+
+    async def create(self, network: Any) -> float:
+        start = time.perf_counter()
+        cap = await self.call("capsule_create", {"workspace": str(self.ws), "network": network})
+        elapsed = time.perf_counter() - start
+        await self.call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
+        return elapsed
+
+    async def create_and_true(self, network: Any) -> float:
+        # The whole first use: the session that create opens in the background is
+        # waited for (or opened) by the first exec, so its cost shows here.
+        start = time.perf_counter()
+        cap = await self.call("capsule_create", {"workspace": str(self.ws), "network": network})
+        ran = await self.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["/bin/true"]})
+        elapsed = time.perf_counter() - start
+        assert ran["exit_code"] == 0, ran
+        await self.call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
+        return elapsed
+
+    async def true_in(self, cap: str) -> float:
+        start = time.perf_counter()
+        ran = await self.call("capsule_exec", {"capsule_id": cap, "cmd": ["/bin/true"]})
+        assert ran["exit_code"] == 0, ran
+        return time.perf_counter() - start
+
+    async def download_in_capsule(self) -> float:
+        ran = await self.call("capsule_exec", {"capsule_id": self.allowed, "cmd": [*CURL, URL], "timeout_ms": 300000})
+        assert ran["exit_code"] == 0, ran["stderr"]
+        return _throughput(ran["stdout"], self.size)
+
+    async def download_on_host(self) -> float:
+        import trio
+
+        done = await trio.run_process([*CURL, "--noproxy", "*", URL], capture_stdout=True)
+        return _throughput(done.stdout.decode(), self.size)
+
+
+async def _measure(root: Path, repeat: int, size: int) -> dict[str, list[float]]:
     from mcp_server.config import TOOLSETS, Config
     from mcp_server.context import CallContext, Runtime
     from mcp_server.state import State
@@ -85,48 +131,14 @@ async def _measure(root: Path, repeat: int, size: int) -> dict[str, list[float]]
         result: dict[str, Any] = await spec.handler(ctx, args)
         return result
 
-    async def create(network: Any) -> float:
-        start = time.perf_counter()
-        cap = await call("capsule_create", {"workspace": str(ws), "network": network})
-        elapsed = time.perf_counter() - start
-        await call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
-        return elapsed
-
-    async def create_and_true(network: Any) -> float:
-        # The whole first use: the session that create opens in the background is
-        # waited for (or opened) by the first exec, so its cost shows here.
-        start = time.perf_counter()
-        cap = await call("capsule_create", {"workspace": str(ws), "network": network})
-        ran = await call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["/bin/true"]})
-        elapsed = time.perf_counter() - start
-        assert ran["exit_code"] == 0, ran
-        await call("capsule_destroy", {"capsule_id": cap["capsule_id"]})
-        return elapsed
-
+    runs = _Runs(call, ws, size)
     try:
-        plain = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        allowed = (await call("capsule_create", {"workspace": str(ws), "network": ALLOW}))["capsule_id"]
-
-        async def true_in(cap: str) -> float:
-            start = time.perf_counter()
-            ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["/bin/true"]})
-            assert ran["exit_code"] == 0, ran
-            return time.perf_counter() - start
-
-        async def download_in_capsule() -> float:
-            ran = await call("capsule_exec", {"capsule_id": allowed, "cmd": [*CURL, URL], "timeout_ms": 300000})
-            assert ran["exit_code"] == 0, ran["stderr"]
-            return _throughput(ran["stdout"], size)
-
-        async def download_on_host() -> float:
-            done = await trio.run_process([*CURL, "--noproxy", "*", URL], capture_stdout=True)
-            return _throughput(done.stdout.decode(), size)
-
+        await runs.setup()
         return await _rounds({
-            "create_none": lambda: create("none"), "create_allowlist": lambda: create(ALLOW),
-            "first_none": lambda: create_and_true("none"), "first_allowlist": lambda: create_and_true(ALLOW),
-            "true_none": lambda: true_in(plain), "true_allowlist": lambda: true_in(allowed),
-            "download_capsule": download_in_capsule, "download_host": download_on_host,
+            "create_none": lambda: runs.create("none"), "create_allowlist": lambda: runs.create(ALLOW),
+            "first_none": lambda: runs.create_and_true("none"), "first_allowlist": lambda: runs.create_and_true(ALLOW),
+            "true_none": lambda: runs.true_in(runs.plain), "true_allowlist": lambda: runs.true_in(runs.allowed),
+            "download_capsule": runs.download_in_capsule, "download_host": runs.download_on_host,
         }, repeat)
     finally:
         await runtime.aclose()
