@@ -288,3 +288,23 @@ def test_sessions_come_back_after_the_front_end_and_the_helper_restart(tools: An
     for ran in (before, out["after_restart"], out["after_kill"]):
         assert ran["exit_code"] == 0 and ran["stdout"] == "200 1000\n", ran
         assert _places(ran) == {(SERVER, nf.HTTP_PORT, "http", True)}
+
+
+def test_the_cli_takes_an_allowlist_and_prints_denials(tmp_path: Path, workspace: Path) -> None:
+    # Each ccw command is its own front end: the exec opens the session the create started.
+    from test_cli_capsules import ccw
+
+    state = tmp_path / "state"
+    try:
+        cap = ccw(state, "capsule", "create", str(workspace), "--network", HTTP, "--net-max-connections", "8").stdout.strip()
+        fetched = ccw(state, "capsule", "exec", cap, "--", *_curl(f"http://{HTTP}/files/small.bin"))
+        assert fetched.stdout == "200 1000\n"
+        denied = ccw(state, "capsule", "exec", cap, "--", *_curl(f"http://{HTTPS}/"), check=False)
+        assert denied.returncode != 0
+        assert f"ccw network: denied http {HTTPS}: no rule allows {HTTPS}" in denied.stderr, denied.stderr
+        listed = json.loads(ccw(state, "capsule", "exec", cap, "--json", "--", "true").stdout)
+        assert listed["touched"]["network"] == []
+        bad = ccw(state, "capsule", "create", str(workspace), "--network", "pypi.org:0", check=False)
+        assert bad.returncode != 0 and "INVALID_ARGUMENT" in bad.stderr
+    finally:
+        ccw(state, "helper", "stop", check=False)
