@@ -107,7 +107,9 @@ def test_allowed_http_and_https_work_through_the_proxy_and_are_recorded(tools: A
         tls = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"],
                                             "cmd": _curl("--cacert", "server.pem", f"https://{HTTPS}/files/small.bin")})
         env = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["sh", "-c", "echo $HTTPS_PROXY $ALL_PROXY"]})
-        return {"cap": cap, "plain": plain, "tls": tls, "env": env}
+        socks = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": _curl(
+            "-x", "socks5h://10.99.0.1:1080", f"http://{HTTP}/files/small.bin")})
+        return {"cap": cap, "plain": plain, "tls": tls, "env": env, "socks": socks}
 
     out = tools.run(scenario)
     assert out["cap"]["network"] == {"allow": [HTTP, HTTPS], "max_bytes": 1 << 30, "max_connections": 512}
@@ -120,6 +122,8 @@ def test_allowed_http_and_https_work_through_the_proxy_and_are_recorded(tools: A
     assert plain[0]["bytes_in"] >= 1000 and plain[0]["bytes_out"] > 0
     tls = out["tls"]["touched"]["network"]
     assert [(r["host"], r["port"], r["protocol"], r["allowed"]) for r in tls] == [(SERVER, nf.HTTPS_PORT, "https", True)]
+    assert out["socks"]["stdout"] == "200 1000\n", out["socks"]  # other TCP goes through SOCKS5
+    assert _places(out["socks"]) == {(SERVER, nf.HTTP_PORT, "socks5", True)}
     assert out["plain"]["network_notes"] == [] and "network" not in out["plain"]["touched_unavailable"]
 
 
