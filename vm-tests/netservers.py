@@ -18,14 +18,11 @@ import argparse
 import html
 import http.server
 import os
-import shutil
 import ssl
 import sys
 import threading
 from pathlib import Path
 from typing import Any
-
-CHUNK = 1 << 20  # big writes: the download benchmark measures the proxy, not this server
 
 
 def handler_for(root: Path, redirect_to: str | None) -> type[http.server.BaseHTTPRequestHandler]:
@@ -71,8 +68,11 @@ def handler_for(root: Path, redirect_to: str | None) -> type[http.server.BaseHTT
             self.send_header("Content-Type", "application/octet-stream")
             self.send_header("Content-Length", str(path.stat().st_size))
             self.end_headers()
+            self.wfile.flush()
             with path.open("rb") as f:
-                shutil.copyfileobj(f, self.wfile, CHUNK)
+                # sendfile: the server costs almost no CPU, so on a 2-core machine the
+                # download benchmark's ratio is the proxy's, not the server's share.
+                self.connection.sendfile(f)
 
         def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
             self.send_response(status)
