@@ -69,7 +69,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sandbox import namespaces, syscalls
+from sandbox.errors import CcwError
 from sandbox.netlink import Rtnl
+from sandbox.replies import NetOpenReply
 
 log = logging.getLogger("ccw.egress")
 
@@ -101,6 +103,10 @@ PROXY_ENV = {
 }
 
 _ICMP_SYSCTLS = ("/proc/sys/net/ipv4/icmp_ratelimit", "/proc/sys/net/ipv6/icmp/ratelimit")
+
+
+# What net_open answers (the same for every capsule: each has namespaces of its own).
+REPLY = NetOpenReply(HTTP_PROXY, SOCKS_PROXY, JAIL_ADDRESSES, dict(PROXY_ENV), MECHANISM)
 
 
 def proxy_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -350,11 +356,18 @@ class Kits:
             made.close()
         return descriptors
 
-    def jail_descriptor(self, capsule_id: str) -> int | None:
-        """A copy of the capsule's jail namespace descriptor (the caller closes it), or None: no kit."""
+    def jail_descriptor(self, capsule_id: str) -> int:
+        """A copy of the capsule's jail namespace descriptor (the caller closes it).
+
+        UNAVAILABLE (reason ``network_not_open``) when the capsule has no kit in this
+        helper: the front end calls net_open and retries.
+        """
         with self._lock:
             kit = self._by_capsule.get(capsule_id)
-            return None if kit is None else kit.jail_descriptor()
+            if kit is not None:
+                return kit.jail_descriptor()
+        raise CcwError("UNAVAILABLE", f"capsule {capsule_id}'s network is not open in this helper (none since it "
+                       "started): call net_open, then exec again", {"reason": "network_not_open", "capsule_id": capsule_id})
 
     def close(self, capsule_id: str) -> None:
         """Close the capsule's kit, if it has one (destroy)."""
