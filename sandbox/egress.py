@@ -53,7 +53,10 @@ two listeners, the sniffer), medians of 20: raw rtnetlink (``sandbox/netlink.py`
 helper speaks raw netlink: five kinds of request are about 150 lines of struct packing,
 and pyroute2's asyncio machinery would run in the threads of a process that forks
 jails.  A spare kit (one waits once a capsule has asked for one) makes ``net_open``
-cost a few dups.
+cost a few dups: through the client, medians of 31, 1.2 to 2.1 ms with a spare ready
+against 5.4 to 6.4 ms right after another net_open took it (both modes).  An exec in
+an egress capsule costs what one in a "none" capsule does (/bin/true, interleaved:
+19.1 against 20.0 ms privileged, 18.1 against 19.4 ms rootless, on a shared VM).
 """
 
 from __future__ import annotations
