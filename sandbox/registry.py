@@ -354,8 +354,7 @@ class CapsuleManager:
             for fd in fds:
                 os.close(fd)
             raise CcwError("NOT_FOUND", f"capsule {capsule_id} was destroyed", {"capsule_id": capsule_id})
-        return NetOpenReply(egress.HTTP_PROXY, egress.SOCKS_PROXY, egress.JAIL_ADDRESSES, dict(egress.PROXY_ENV),
-                            egress.MECHANISM), fds
+        return egress.REPLY, fds
 
     def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""
@@ -465,7 +464,9 @@ class CapsuleManager:
         capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
         final_env, workdir, exec_limits, timeout_ms, output_cap = execution.settings(capsule, request)
-        net_fd = self._jail_network(capsule)
+        # An "egress" capsule's jail namespace; without one (no net_open since this helper
+        # started) the exec is refused before anything starts.
+        net_fd = self.kits.jail_descriptor(capsule_id) if capsule.spec.network == "egress" else None
         try:
             with self._lock:
                 if capsule.children:
@@ -488,21 +489,6 @@ class CapsuleManager:
         finally:
             if net_fd is not None:
                 os.close(net_fd)
-
-    def _jail_network(self, capsule: Capsule) -> int | None:
-        """An "egress" capsule's jail namespace (a copy the caller closes); None for "none".
-
-        Without a kit (none since this helper started) the exec is refused before anything
-        starts: the front end opens it (net_open) and retries.
-        """
-        if capsule.spec.network != "egress":
-            return None
-        fd = self.kits.jail_descriptor(capsule.capsule_id)
-        if fd is None:
-            raise CcwError("UNAVAILABLE", f"capsule {capsule.capsule_id}'s network is not open in this helper "
-                           "(it started after the capsule was made): call net_open, then exec again",
-                           {"reason": "network_not_open", "capsule_id": capsule.capsule_id})
-        return fd
 
     def close(self) -> None:
         """Release what the helper holds beyond the state dir: the capsules' egress kits (at shutdown)."""
