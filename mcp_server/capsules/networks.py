@@ -184,8 +184,13 @@ class Networks:
                         ready.set()
                         await trio.sleep_forever()
             finally:
+                # The trio run is ending (or aclose ran): the serving tasks are gone with
+                # the nursery; close what is left of their sessions (descriptors).
                 self._nursery, self._host_scope = None, None
-                self._sessions.clear()  # their tasks ended with the nursery
+                left, self._sessions = list(self._sessions.values()), {}
+                with trio.CancelScope(shield=True):
+                    for served in left:
+                        await served.session.aclose()
 
         trio.lowlevel.spawn_system_task(host, name="ccw egress sessions")
         await ready.wait()
