@@ -240,7 +240,9 @@ def test_policies_refuse_promotion_of_a_capsule_that_reached_outside_them(tools:
         await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", f"curl -sS http://{HTTP}/files/small.bin > got.bin"]})
         await t.call("policy_set", {"name": "only-pypi", "rules": {"allow_hosts": ["pypi.org:443"]}})
         await t.call("policy_set", {"name": "no-lab", "rules": {"deny_hosts": ["10.98.0.0/24"]}})
-        await t.call("policy_set", {"name": "lab", "rules": {"allow_hosts": [HTTP]}})
+        # The required test runs in a fork of the capsule, which opens a session of its own.
+        await t.call("policy_set", {"name": "lab", "rules": {"allow_hosts": [HTTP], "require_tests": [
+            f"curl -sS --fail -o /dev/null http://{HTTP}/files/small.bin"]}})
         reports = {}
         for names in (["only-pypi"], ["no-lab"], ["strict"], ["lab"], ["baseline"]):
             done = await t.call("capsule_promote", {"capsule_id": cap, "policies": names, "dry_run": True})
@@ -254,6 +256,7 @@ def test_policies_refuse_promotion_of_a_capsule_that_reached_outside_them(tools:
         assert [(v["exec"], v["host"], v["port"], v["rule"]) for v in report["network_violations"]] == [
             (1, SERVER, nf.HTTP_PORT, rule)], (name, report)
     assert reports["lab"]["network_ok"] is True and reports["lab"]["passed"] is True, reports["lab"]
+    assert reports["lab"]["tests_ok"] is True
     assert reports["baseline"]["network_ok"] is True
 
 
