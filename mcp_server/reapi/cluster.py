@@ -119,9 +119,13 @@ def ensure_buildgrid(venv_dir: Path, python: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and bgd.exists():
             return bgd
-        subprocess.run([python, "-m", "venv", "--clear", str(venv_dir)], check=True)
-        subprocess.run([str(venv_dir / "bin" / "python"), "-m", "pip", "install", "-q",
-                        f"buildgrid=={BUILDGRID_VERSION}"], check=True)  # fmt: skip
+        for argv in ([python, "-m", "venv", "--clear", str(venv_dir)],
+                     [str(venv_dir / "bin" / "python"), "-m", "pip", "install", "-q",
+                      "--disable-pip-version-check", f"buildgrid=={BUILDGRID_VERSION}"]):  # fmt: skip
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                raise CcwError("UNAVAILABLE", f"{' '.join(argv)} failed with {done.returncode}: "
+                                              f"{done.stderr[-3000:]}")  # fmt: skip
         stamp.write_text(f"{python}\n")
     return bgd
 
@@ -337,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     state = args.state_dir
+    made = state is None
     if state is None:
         state = Path(tempfile.mkdtemp(prefix="ccw-cluster-"))
         state.chmod(0o711)
@@ -344,13 +349,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cluster.up()
         print(f"CCW_REAPI_URL={cluster.url}", flush=True)
-        print(f"ready in {cluster.timings['ready_s']} s {cluster.timings}; Ctrl-C stops it",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(f"ready in {cluster.timings['ready_s']} s {cluster.timings}, state in {state}; "
+              "Ctrl-C stops it", file=sys.stderr, flush=True)  # fmt: skip
         signal.pause()
     except KeyboardInterrupt:
         pass
     finally:
         cluster.down()
+        if made:
+            shutil.rmtree(state, ignore_errors=True)
     return 0
 
 
