@@ -1,13 +1,16 @@
 """The REAPI client against a real local cluster: private PostgreSQL + BuildGrid 0.9.1 on loopback.
 
 The cluster comes up once for the module (about 7 s here, plus about 20 s the first
-time, to make BuildGrid's Python 3.13 venv).  No worker exists yet (ccw-bot is issue
-17's next step), so Execute is shown through the action cache (a hit needs no worker)
-and, for an uncached action, by its staying QUEUED.
+time, to make BuildGrid's Python 3.13 venv).  ccw-bot (which runs actions in capsules)
+is issue 17's next step; Execute is shown here through the action cache, by an
+uncached action staying QUEUED while no bot serves, and end to end with the test bot
+of reapi_bot.py (the Remote Workers API session of mcp_server.reapi.worker running
+plain subprocesses).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -21,6 +24,10 @@ from typing import Any
 
 import pytest
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from reapi_bot import running_bot
 
 from mcp_server.reapi import postgres
 from mcp_server.reapi.action import CommandSpec, build_action
@@ -53,12 +60,21 @@ def _require_cluster_prerequisites(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """One cluster for the module (module-scoped: the `require` fixture is function-scoped)."""
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the module (module-scoped: the `require` fixture is function-scoped).
+
+    Its logs are kept in the test run's temporary directory (``cluster-logs*``).
+    """
     _require_cluster_prerequisites(request.config)
+    logs = tmp_path_factory.mktemp("cluster-logs")
     with temporary_cluster() as running:
         print(f"cluster ready in {running.timings}")
-        yield running
+        try:
+            yield running
+        finally:
+            for name in ("bgd.log", "postgres.log"):
+                with contextlib.suppress(OSError):
+                    shutil.copy(running.state_dir / name, logs / name)
 
 
 @pytest.fixture
@@ -221,3 +237,82 @@ def test_one_command_up_and_down(request: pytest.FixtureRequest) -> None:
     assert not _listening(port)
     state = Path(said.split("state in ", 1)[1].split(";", 1)[0])
     assert not state.exists(), said  # removed after PostgreSQL stopped
+
+
+PY = "/usr/bin/python3"
+SCRIPT = b"""\
+import os, sys, time
+time.sleep(float(os.environ.get("NAP", "0")))
+with open("result.txt", "w") as out:
+    out.write("made by " + os.environ["WHO"] + "\\n")
+print("out", sys.argv[1:])
+print("err", file=sys.stderr)
+sys.exit(int(os.environ.get("CODE", "0")))
+"""
+
+
+def _submit(client: ReapiClient, env: dict[str, str], *, timeout_s: float = 60, do_not_cache: bool = False,
+            argv: tuple[str, ...] = (PY, "job.py", "a")) -> re_pb2.Digest:  # fmt: skip
+    tree = build_tree({"src/job.py": FileEntry(data=SCRIPT)})
+    spec = CommandSpec(argv=list(argv), env={"PATH": "/usr/bin:/bin", **env}, cwd="src",
+                       output_paths=["result.txt", "absent.txt"], platform={"OSFamily": "linux"})  # fmt: skip
+    built = build_action(spec, tree.root, timeout_s=timeout_s, do_not_cache=do_not_cache)
+    client.upload_tree(tree, built.blobs)
+    return built.action_digest
+
+
+def test_execute_on_a_bot_then_from_the_cache(client: ReapiClient, cluster: Cluster) -> None:
+    action = _submit(client, {"WHO": "bot", "CODE": "3"})
+    with running_bot(cluster.url, "bot-a") as bot:
+        first = client.execute(action, timeout_s=60)
+        assert not first.response.cached_result and first.response.status.code == 0
+        assert first.result.exit_code == 3
+        assert client.outputs(first.result) == (b"out ['a']\n", b"err\n")
+        (made,) = first.result.output_files  # absent.txt was not made: not listed
+        assert made.path == "result.txt" and client.read_blob(made.digest) == b"made by bot\n"
+        assert re_pb2.ExecutionStage.EXECUTING in first.stages or re_pb2.ExecutionStage.QUEUED in first.stages
+        second = client.execute(action, timeout_s=60)
+        assert second.response.cached_result and second.result.exit_code == 3
+        rerun = client.execute(action, skip_cache_lookup=True, timeout_s=60)
+        assert not rerun.response.cached_result and rerun.result.exit_code == 3
+        uncached = _submit(client, {"WHO": "bot"}, do_not_cache=True)
+        client.execute(uncached, timeout_s=60)
+        assert client.get_action_result(uncached) is None
+        assert not client.execute(uncached, timeout_s=60).response.cached_result
+    assert bot.completed >= 4
+
+
+def test_execute_timeout_is_a_status_not_an_exit_code(client: ReapiClient, cluster: Cluster) -> None:
+    action = _submit(client, {"WHO": "slow", "NAP": "30"}, timeout_s=1)
+    with running_bot(cluster.url, "bot-t"):
+        start = time.monotonic()
+        executed = client.execute(action, timeout_s=60)
+    assert executed.response.status.code == 4  # DEADLINE_EXCEEDED
+    assert time.monotonic() - start < 15
+
+
+def test_a_bot_runs_leases_in_parallel_and_overhead(client: ReapiClient, cluster: Cluster) -> None:
+    """Capacity 2: two 2-second actions overlap.  Also the median round trip of a trivial action."""
+    naps = [_submit(client, {"WHO": f"p{i}", "NAP": "2"}) for i in range(2)]
+    trivial = [_submit(client, {"WHO": f"t{i}"}, do_not_cache=True) for i in range(5)]
+    with running_bot(cluster.url, "bot-p", capacity=2):
+        client.execute(trivial[0], timeout_s=60)  # the bot's session is up and polling
+        start = time.monotonic()
+
+        async def both() -> None:
+            reapi = TrioReapi(client)
+            async with trio.open_nursery() as nursery:
+                for action in naps:
+                    nursery.start_soon(lambda a=action: reapi.execute(a, timeout_s=60))
+
+        trio.run(both)
+        parallel = time.monotonic() - start
+        rounds = []
+        for action in trivial:
+            begin = time.monotonic()
+            client.execute(action, skip_cache_lookup=True, timeout_s=60)
+            rounds.append(time.monotonic() - begin)
+    rounds.sort()
+    print(f"two 2 s actions on a capacity-2 bot: {parallel:.2f} s; trivial action round trip: "
+          f"median {rounds[2] * 1000:.0f} ms, min {rounds[0] * 1000:.0f} ms")  # fmt: skip
+    assert parallel < 3.9  # serial would be over 4 s

@@ -264,6 +264,18 @@ class ReapiClient:
                                        f"not {digest.size_bytes}")  # fmt: skip
         return data
 
+    def get_tree(self, root: re_pb2.Digest) -> Iterator[re_pb2.Directory]:
+        """Every Directory under ``root`` (root included), page by page from GetTree."""
+        token = ""
+        while True:
+            request = re_pb2.GetTreeRequest(instance_name=self.instance, root_digest=root, page_token=token)
+            with rpc_errors("GetTree"):
+                for page in self._cas.GetTree(request):
+                    yield from page.directories
+                    token = page.next_page_token
+            if not token:
+                return
+
     # --- action cache and execution ------------------------------------------------
 
     def get_action_result(self, action_digest: re_pb2.Digest) -> re_pb2.ActionResult | None:

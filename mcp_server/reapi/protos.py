@@ -38,6 +38,7 @@ from buildgrid.common.protos.google.bytestream import bytestream_pb2, bytestream
 from buildgrid.common.protos.google.devtools.remoteworkers.v1test2 import (
     bots_pb2,
     bots_pb2_grpc,
+    worker_pb2,
 )
 from buildgrid.common.protos.google.longrunning import operations_pb2, operations_pb2_grpc
 from buildgrid.common.protos.google.rpc import code_pb2, status_pb2
@@ -53,4 +54,5 @@ __all__ = [
     "re_grpc",
     "re_pb2",
     "status_pb2",
+    "worker_pb2",
 ]
