@@ -100,7 +100,7 @@ class BotSession:
                 continue
             error = run.future.exception()
             if error is not None:
-                outcome = LeaseOutcome(re_pb2.ActionResult(), 13, f"runner failed: {error}")  # INTERNAL
+                outcome = LeaseOutcome(re_pb2.ActionResult(), code_pb2.INTERNAL, f"runner failed: {error}")
             else:
                 outcome = run.future.result()
             lease.state = bots_pb2.LeaseState.COMPLETED
@@ -124,16 +124,23 @@ class BotSession:
                 lease.state = bots_pb2.LeaseState.ACTIVE
 
     def _start(self, lease: bots_pb2.Lease, pool: ThreadPoolExecutor) -> _Run:
-        action = re_pb2.Action()
-        if not lease.payload.Unpack(action):
-            digest = re_pb2.Digest()
-            if not lease.payload.Unpack(digest):
-                raise ValueError(f"lease {lease.id} carries {lease.payload.type_url}")
-            action = re_pb2.Action.FromString(self.client.read_blob(digest))
         cancelled = threading.Event()
-        future = pool.submit(self.runner, self.client, action, cancelled)
+        action = re_pb2.Action()
+        digest = re_pb2.Digest()
+        if lease.payload.Unpack(action):
+            future = pool.submit(self.runner, self.client, action, cancelled)
+        elif lease.payload.Unpack(digest):
+            future = pool.submit(self._run_by_digest, digest, cancelled)
+        else:  # not ours to run: report it failed rather than stop serving
+            future = Future()
+            future.set_result(LeaseOutcome(re_pb2.ActionResult(), code_pb2.INVALID_ARGUMENT,
+                                           f"lease payload {lease.payload.type_url} is not an Action"))  # fmt: skip
         future.add_done_callback(lambda _: self._wake.set())
         return _Run(future, cancelled)
+
+    def _run_by_digest(self, digest: re_pb2.Digest, cancelled: threading.Event) -> LeaseOutcome:
+        action = re_pb2.Action.FromString(self.client.read_blob(digest))
+        return self.runner(self.client, action, cancelled)
 
     def _busy(self) -> int:
         return sum(not run.future.done() for run in self._runs.values())
