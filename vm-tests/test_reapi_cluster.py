@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
 
 ROOT = Path(__file__).resolve().parent.parent
+KEEPALIVE_S = 10  # a silent bot is dropped after this (BuildGrid's bot-session-keepalive-timeout)
 pytestmark = pytest.mark.slow
 
 
@@ -67,7 +69,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     """
     _require_cluster_prerequisites(request.config)
     logs = tmp_path_factory.mktemp("cluster-logs")
-    with temporary_cluster() as running:
+    with temporary_cluster(bot_keepalive_s=KEEPALIVE_S) as running:
         print(f"cluster ready in {running.timings}")
         try:
             yield running
@@ -316,3 +318,51 @@ def test_a_bot_runs_leases_in_parallel_and_overhead(client: ReapiClient, cluster
     print(f"two 2 s actions on a capacity-2 bot: {parallel:.2f} s; trivial action round trip: "
           f"median {rounds[2] * 1000:.0f} ms, min {rounds[0] * 1000:.0f} ms")  # fmt: skip
     assert parallel < 3.9  # serial would be over 4 s
+
+
+DOOMED_BOT = """
+import sys, threading
+sys.path.insert(0, sys.argv[2])
+from reapi_bot import running_bot
+with running_bot(sys.argv[1], "doomed"):
+    print("serving", flush=True)
+    threading.Event().wait()
+"""
+
+
+def test_bot_killed_mid_lease_loses_nothing(client: ReapiClient, cluster: Cluster) -> None:
+    """SIGKILL the bot running a lease: the server requeues the job after the keepalive, another bot runs it."""
+    action = _submit(client, {"WHO": "survivor", "NAP": "3"})
+    with subprocess.Popen([sys.executable, "-c", DOOMED_BOT, cluster.url, str(Path(__file__).parent)],
+                          cwd=ROOT, stdout=subprocess.PIPE, text=True) as doomed:  # fmt: skip
+        assert doomed.stdout is not None and doomed.stdout.readline() == "serving\n"
+        answers: list[Any] = []
+        waiter = threading.Thread(target=lambda: answers.append(client.execute(action, timeout_s=120)))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while not _stage_is_executing(client, action) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        doomed.kill()
+    killed = time.monotonic()
+    with running_bot(cluster.url, "survivor"):
+        waiter.join(120)
+    assert answers, "Execute did not finish"
+    (executed,) = answers
+    assert executed.result.exit_code == 0
+    assert client.read_blob(executed.result.output_files[0].digest) == b"made by survivor\n"
+    print(f"requeued and done {time.monotonic() - killed:.1f} s after the kill (keepalive {KEEPALIVE_S} s)")
+
+
+def _stage_is_executing(client: ReapiClient, action: re_pb2.Digest) -> bool:
+    """Whether an Execute of ``action`` (joining the running job) reports EXECUTING first thing."""
+    stages: list[int] = []
+    with contextlib.suppress(CcwError):
+        client.execute(action, timeout_s=0.5,
+                       on_update=lambda op: stages.append(_stage(op)))  # fmt: skip
+    return re_pb2.ExecutionStage.EXECUTING in stages
+
+
+def _stage(operation: Any) -> int:
+    metadata = re_pb2.ExecuteOperationMetadata()
+    operation.metadata.Unpack(metadata)
+    return int(metadata.stage)

@@ -133,15 +133,8 @@ def ensure_buildgrid(venv_dir: Path, python: str) -> Path:
     return bgd
 
 
-def bgd_config(grpc_port: int, sql_url: str, *, poll_interval: float = POLL_INTERVAL_S,
-               cas_size: str = "2GB", match_keys: Sequence[str] = ()) -> str:
-    """BuildGrid's YAML for one loopback instance (the unnamed one) with CAS, AC, execution, bots.
-
-    ``match_keys`` are the platform properties (beyond OSFamily and ISA) that jobs may
-    set and that must match a bot's.
-    """
-    keys = "[" + ", ".join(f'"{k}"' for k in match_keys) + "]"
-    return f"""\
+# BuildGrid's configuration (its reference: buildgrid/server/app/settings/reference.yml).
+BGD_CONFIG = """\
 server:
   - !channel
     address: "127.0.0.1:{grpc_port}"
@@ -170,7 +163,7 @@ schedulers:
     poll-interval: {poll_interval}
     bot-poll-interval: {poll_interval}
     proactive-fetch-to-capacity: false
-    bot-session-keepalive-timeout: 30
+    bot-session-keepalive-timeout: {bot_keepalive_s}
     session-expiry-timer-interval: 2.0
     property-set: !dynamic-property-set
       match-property-keys: {keys}
@@ -192,6 +185,20 @@ instances:
         storage: *cas
 thread-pool-size: 40
 """
+
+
+def bgd_config(grpc_port: int, sql_url: str, *, poll_interval: float = POLL_INTERVAL_S,
+               cas_size: str = "2GB", match_keys: Sequence[str] = (),
+               bot_keepalive_s: int = 30) -> str:
+    """BuildGrid's YAML for one loopback instance (the unnamed one) with CAS, AC, execution, bots.
+
+    ``match_keys`` are the platform properties (beyond OSFamily and ISA) that jobs may
+    set and that must match a bot's; a bot silent for ``bot_keepalive_s`` is dropped
+    and its leases requeued.
+    """
+    keys = "[" + ", ".join(f'"{k}"' for k in match_keys) + "]"
+    return BGD_CONFIG.format(grpc_port=grpc_port, sql_url=sql_url, poll_interval=poll_interval,
+                             cas_size=cas_size, keys=keys, bot_keepalive_s=bot_keepalive_s)  # fmt: skip
 
 
 def free_loopback_port() -> int:
@@ -228,6 +235,7 @@ class Cluster:
     state_dir: Path
     venv_dir: Path = field(default_factory=default_venv_dir)
     match_keys: Sequence[str] = ()
+    bot_keepalive_s: int = 30
     timings: dict[str, float] = field(default_factory=dict)
     server_python: str = ""
     grpc_port: int = 0
@@ -278,7 +286,8 @@ class Cluster:
         assert self._db is not None, "up() first"
         self.grpc_port = self.grpc_port or free_loopback_port()
         config = self.state_dir / "bgd.yml"
-        config.write_text(bgd_config(self.grpc_port, self._db.url, match_keys=self.match_keys))
+        config.write_text(bgd_config(self.grpc_port, self._db.url, match_keys=self.match_keys,
+                                     bot_keepalive_s=self.bot_keepalive_s))  # fmt: skip
         log = self.state_dir / "bgd.log"
         with open(log, "ab") as sink:
             self._server = subprocess.Popen(
