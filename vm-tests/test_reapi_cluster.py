@@ -1,7 +1,8 @@
 """The REAPI client against a real local cluster: private PostgreSQL + BuildGrid 0.9.1 on loopback.
 
-The cluster comes up once for the module (about 7 s here, plus about 20 s the first
-time, to make BuildGrid's Python 3.13 venv).  ccw-bot (which runs actions in capsules)
+The cluster comes up once for the module (5-9 s on this project's 2-core VM, plus
+about 17 s the first time, to make BuildGrid's Python 3.13 venv, and about 10 s where
+PostgreSQL must be installed from Debian).  ccw-bot (which runs actions in capsules)
 is issue 17's next step; Execute is shown here through the action cache, by an
 uncached action staying QUEUED while no bot serves, and end to end with the test bot
 of reapi_bot.py (the Remote Workers API session of mcp_server.reapi.worker running

@@ -283,12 +283,12 @@ class ReapiClient:
         request = re_pb2.GetActionResultRequest(instance_name=self.instance, action_digest=action_digest,
                                                 inline_stdout=True, inline_stderr=True)  # fmt: skip
         try:
-            return self._ac.GetActionResult(request)
-        except grpc.RpcError as error:
-            if isinstance(error, grpc.Call) and error.code() == grpc.StatusCode.NOT_FOUND:
-                return None
             with rpc_errors("GetActionResult"):
-                raise
+                return self._ac.GetActionResult(request)
+        except CcwError as error:
+            if error.code == "NOT_FOUND":  # a miss is an answer
+                return None
+            raise
 
     def update_action_result(self, action_digest: re_pb2.Digest, result: re_pb2.ActionResult) -> None:
         """Store ``result`` for ``action_digest`` (servers may refuse: allow-updates)."""
