@@ -331,11 +331,13 @@ with running_bot(sys.argv[1], "doomed"):
 """
 
 
-def test_bot_killed_mid_lease_loses_nothing(client: ReapiClient, cluster: Cluster) -> None:
+def test_bot_killed_mid_lease_loses_nothing(client: ReapiClient, cluster: Cluster, tmp_path: Path) -> None:
     """SIGKILL the bot running a lease: the server requeues the job after the keepalive, another bot runs it."""
     action = _submit(client, {"WHO": "survivor", "NAP": "3"})
+    # TMPDIR: the killed bot cannot remove its lease's directory; the test's tmp_path holds it.
     with subprocess.Popen([sys.executable, "-c", DOOMED_BOT, cluster.url, str(Path(__file__).parent)],
-                          cwd=ROOT, stdout=subprocess.PIPE, text=True) as doomed:  # fmt: skip
+                          cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "TMPDIR": str(tmp_path)}) as doomed:  # fmt: skip
         assert doomed.stdout is not None and doomed.stdout.readline() == "serving\n"
         answers: list[Any] = []
         waiter = threading.Thread(target=lambda: answers.append(client.execute(action, timeout_s=120)))
