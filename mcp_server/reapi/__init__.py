@@ -1,0 +1,8 @@
+"""REAPI (Remote Execution API v2) for ccw: a client and a local BuildGrid cluster (issue 17).
+
+- ``protos``: the generated modules, from one place (and why from BuildGrid's package).
+- ``merkle``: a directory as a REAPI Directory Merkle tree (SHA-256).
+- ``client``: CAS, action cache and Execute over gRPC, blocking; ``TrioReapi`` runs it
+  in worker threads for trio code.
+- ``postgres``, ``cluster``: a private PostgreSQL and BuildGrid on loopback, one command.
+"""
