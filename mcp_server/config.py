@@ -57,6 +57,8 @@ class Config:
     backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting("CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
     log_level: str = field(default="info", metadata=_setting("CCW_LOG_LEVEL", "debug | info | warning | error (ccw-mcp --log-level)"))
     log_format: str = field(default="text", metadata=_setting("CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
+    reapi_url: str = field(default="", metadata=_setting("CCW_REAPI_URL", "grpc://host:port[/instance]: deltamin's trials and replays run on this REAPI cluster (ccw serve --reapi); empty: local capsules"))
+    reapi_parallel: int = field(default=4, metadata=_setting("CCW_REAPI_PARALLEL", "trials at once on the REAPI cluster: its capacity (the bots' slots)"))
     debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
@@ -104,7 +106,7 @@ def _parse(name: str, env_name: str, raw: str) -> object:
             return int(raw, 8)
         except ValueError:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: give an octal mode such as 0600") from None
-    if name == "max_batch":
+    if name in ("max_batch", "reapi_parallel"):
         try:
             value = int(raw)
         except ValueError:

@@ -51,6 +51,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.executors import Executor, LocalExecutor
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import (
@@ -73,7 +74,6 @@ from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, observes
 from sandbox.errors import CcwError
 
-PARALLEL = 2  # trials at once: this is a 2-core machine
 TRACE_WINDOW = 3  # a line named in a traceback usually sits at or a few lines below the changed condition
 # "path", line N (Python); path:N (pytest, compilers, node's "at f (path:N:C)").
 _TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
@@ -213,7 +213,7 @@ async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str,
     if outcome != FAIL:
         trials.material = whole
         return None
-    narrowed = await _search(Search(guess, PARALLEL, budget_s=remaining()), trials)
+    narrowed = await _search(Search(guess, trials.executor.parallelism, budget_s=remaining()), trials)
     return Found(hunks, narrowed.result, 1 + narrowed.trials, narrowed.cache_hits, narrowed.one_minimal)
 
 
@@ -221,14 +221,14 @@ async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozens
                         traced: dict[str, set[int]], remaining: Callable[[], float]) -> Found:
     """ddmin over whole paths (read ones first), then over the hunks of the files that remain."""
     material = trials.material
-    level1 = await _search(Search(tuple(range(len(material.units))), PARALLEL, relevant, budget_s=remaining()), trials)
+    level1 = await _search(Search(tuple(range(len(material.units))), trials.executor.parallelism, relevant, budget_s=remaining()), trials)
     found = Found(material, level1.result, level1.trials, level1.cache_hits, level1.one_minimal)
     base_view = await trio.to_thread.run_sync(RootView.open, record.base)
     with base_view:
         split = await trio.to_thread.run_sync(split_hunks, material, level1.result, base_view)
     if len(split.units) > len(level1.result) and remaining() > 0:
         trials.material = split
-        level2 = await _search(Search(tuple(range(len(split.units))), PARALLEL, _suspects(split, traced),
+        level2 = await _search(Search(tuple(range(len(split.units))), trials.executor.parallelism, _suspects(split, traced),
                                       budget_s=remaining()), trials)
         found = Found(split, level2.result, found.trials + level2.trials, found.cache_hits + level2.cache_hits,
                       found.one_minimal and level2.one_minimal)
@@ -256,8 +256,12 @@ class _Change:
     generation: int
 
 
-async def deltamin(service: CapsuleService, question: Question) -> dict[str, Any]:
-    """The smallest part of the capsule's change that still makes target_cmd fail."""
+async def deltamin(service: CapsuleService, question: Question, executor: Executor | None = None) -> dict[str, Any]:
+    """The smallest part of the capsule's change that still makes target_cmd fail.
+
+    Trials run through ``executor`` (default: local capsules); the final check of the
+    minimal change runs locally, in a journaled capsule, for its witness.
+    """
     started = time.monotonic()
     service.live_record(question.capsule_id)
     argv = list(question.target_cmd)
@@ -265,7 +269,8 @@ async def deltamin(service: CapsuleService, question: Question) -> dict[str, Any
     budget_s = question.budget_ms / 1000
     change = await _read_change(service, question.capsule_id)
     record, material = change.record, change.material
-    trials = Trials(service, record, material, argv, judge, timeout_ms=int(min(budget_s * 1000, 600_000)))
+    executor = executor or LocalExecutor()
+    trials = Trials(service, record, material, argv, judge, int(min(budget_s * 1000, 600_000)), executor)
     confirmations = await _confirm(service.journal, trials, change, question)
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
     journal = service.journal
@@ -283,7 +288,8 @@ async def deltamin(service: CapsuleService, question: Question) -> dict[str, Any
         "root_hash": verified["root_hash"],
         "units": sorted({u.path for u in files.values()}),
         "trials": confirmations + found.trials,
-        "cache_hits": found.cache_hits,
+        "cache_hits": found.cache_hits + executor.cache_hits,
+        "executor": executor.summary(),
         "elapsed_ms": int((time.monotonic() - started) * 1000),
         "one_minimal": found.one_minimal,
     }
@@ -321,7 +327,7 @@ async def _confirm(journal: Journal, trials: Trials, change: _Change, question: 
     at_start = _journal_outcomes_at_start(journal, record, argv, spec) if generation > 0 else []
     asked = question.confirm_runs
     fresh = [everything] * (asked or (0 if journaled else 1)) + [()] * (asked or (0 if at_start else 1))
-    confirm = await trials.batch(fresh) if fresh else []
+    confirm = await trials.batch(fresh, fresh=True) if fresh else []
     full = [o for o, subset in zip(confirm, fresh, strict=True) if subset] + journaled
     empty = [o for o, subset in zip(confirm, fresh, strict=True) if not subset] + at_start
     if len(set(full)) > 1 or len(set(empty)) > 1:

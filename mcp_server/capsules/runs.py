@@ -41,6 +41,7 @@ class Command:
     cwd: str | None = None  # relative to the workspace, or absolute inside it; None: the workspace
     timeout_ms: int | None = None  # None: DEFAULT_TIMEOUT_MS
     stdin: bytes | None = None
+    env: dict[str, str] | None = None  # the whole environment (a REAPI Command's); None: exec_env's
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ def exec_request(capsule_id: str, spec: CapsuleSpec, command: Command, progress_
         capsule_id=capsule_id,
         argv=tuple(command.argv),
         cwd=resolve_cwd(command.cwd, spec.workspace),
-        env=exec_env(spec.workspace, spec.env_whitelist),
+        env=dict(command.env) if command.env is not None else exec_env(spec.workspace, spec.env_whitelist),
         stdin=command.stdin,
         timeout_ms=command.timeout_ms or DEFAULT_TIMEOUT_MS,
         limits=limits,

@@ -14,7 +14,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -27,6 +27,9 @@ from mcp_server.fs.promote import make_symlink, remove_tree
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
+
+if TYPE_CHECKING:
+    from mcp_server.capsules.executors import Executor
 
 
 @dataclass(frozen=True)
@@ -206,10 +209,12 @@ def predicate(spec: Any) -> Judge:
 
 
 class Trials:
-    """Runs subsets of the change in fresh capsules over the capsule's base."""
+    """Runs subsets of the change over the capsule's base, through an executor (capsules/executors.py)."""
 
     def __init__(self, service: CapsuleService, record: CapsuleRecord, material: Material, argv: list[str],
-                 judge: Judge, timeout_ms: int) -> None:
+                 judge: Judge, timeout_ms: int, executor: Executor | None = None) -> None:
+        from mcp_server.capsules.executors import LocalExecutor  # executors builds on this module
+
         self.service = service
         self.record = record
         self.spec = record.spec
@@ -217,25 +222,30 @@ class Trials:
         self.argv = argv
         self.judge = judge
         self.timeout_ms = timeout_ms
+        self.executor: Executor = executor or LocalExecutor()
         self.runs = 0
 
-    async def outcome(self, subset: Iterable[int]) -> str:
-        """FAIL, PASS or UNRESOLVED: the target command over the base with ``subset`` applied."""
-        network = self.record.network_spec
-        async with self.service.scratch(self.spec, network=network) as capsule:
-            root = await self.service.open_root(capsule)
-            await trio.to_thread.run_sync(apply_units, root, file_contents(self.material, subset))
-            command = Command(self.argv, self.record.workspace, self.timeout_ms)
-            reply = (await self.service.run(capsule, self.spec, command, network=network)).value
-            self.runs += 1
-            return self.judge(reply)
+    async def outcome(self, subset: Iterable[int], fresh: bool = False) -> str:
+        """FAIL, PASS or UNRESOLVED: the target command over the base with ``subset`` applied.
 
-    async def batch(self, subsets: list[tuple[int, ...]]) -> list[str]:
-        """The outcomes of several subsets, run at once."""
+        ``fresh``: a confirmation run, never answered from (nor stored in) a cache.
+        """
+        from mcp_server.capsules.executors import Trial
+
+        command = Command(self.argv, self.record.workspace, self.timeout_ms)
+        trial = Trial(self.record, file_contents(self.material, subset), command, fresh)
+        run = await self.executor.run_trial(self.service, trial)
+        self.runs += 1
+        return self.judge(run)
+
+    async def batch(self, subsets: list[tuple[int, ...]], fresh: bool = False) -> list[str]:
+        """The outcomes of several subsets, run at once (as many as the executor runs in parallel)."""
         results: list[str] = [UNRESOLVED] * len(subsets)
+        limit = trio.CapacityLimiter(self.executor.parallelism)
 
         async def one(i: int) -> None:
-            results[i] = await self.outcome(subsets[i])
+            async with limit:
+                results[i] = await self.outcome(subsets[i], fresh)
 
         async with trio.open_nursery() as nursery:
             for i in range(len(subsets)):

@@ -5,6 +5,7 @@
     ccw capsule VERB ...            create exec diff promote witness replay list destroy deltamin
     ccw helper start|stop|status    the state dir's detached helper (see helperctl.py)
     ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode
+    ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
 ``--state-dir`` / ``--helper-socket`` (the same as ``CCW_STATE_DIR`` /
@@ -64,8 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--ready-file", help="MCP_READY_FILE")
     serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE")
     serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated families, or a profile such as agent)")
+    serve.add_argument("--reapi", metavar="URL", help="CCW_REAPI_URL (deltamin's trials and replays on a REAPI cluster)")
     serve.add_argument("--log-level", choices=logs.LEVELS, help="CCW_LOG_LEVEL")
     serve.add_argument("--log-format", choices=logs.FORMATS, help="CCW_LOG_FORMAT")
+
+    cluster = sub.add_parser("cluster", parents=[common], help="a local REAPI cluster (BuildGrid) on loopback")
+    cluster.add_argument("action", choices=("up",), help="up: start it, print CCW_REAPI_URL, stop on Ctrl-C")
+    cluster.add_argument("--cluster-dir", dest="cluster_state", help="its PostgreSQL and logs (default: a fresh /tmp dir)")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
 
@@ -96,7 +102,7 @@ def serve_env(args: argparse.Namespace) -> dict[str, str]:
         env["MCP_ENDPOINT"] = endpoint
     for flag, name in (("ready_file", "MCP_READY_FILE"), ("tokens_file", "CCW_TOKENS_FILE"),
                        ("toolsets", "CCW_TOOLSETS"), ("log_level", "CCW_LOG_LEVEL"),
-                       ("log_format", "CCW_LOG_FORMAT")):
+                       ("log_format", "CCW_LOG_FORMAT"), ("reapi", "CCW_REAPI_URL")):
         value = getattr(args, flag)
         if value:
             env[name] = value
@@ -155,6 +161,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from mcp_server.__main__ import main as serve_main
 
         return serve_main([])
+    if args.command == "cluster":
+        from mcp_server.reapi import cluster
+
+        return cluster.main([args.action, *(["--state-dir", args.cluster_state] if args.cluster_state else [])])
     config = Config.from_env()
     logs.configure(config.log_level, config.log_format)
     if args.command == "doctor":

@@ -60,11 +60,15 @@ def digest_file(path: Path) -> re_pb2.Digest:
 
 @dataclass(frozen=True)
 class FileEntry:
-    """A regular file: its bytes (``data``) or where to read them (``path``), and its x bit."""
+    """A regular file: its bytes (``data``) or where to read them (``path``), and its x bit.
+
+    ``digest``: the file's digest when already known (a base scanned once for many trees).
+    """
 
     data: bytes | None = None
     path: Path | None = None
     executable: bool = False
+    digest: re_pb2.Digest | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ def _seal(node: _Node, tree: InputTree) -> re_pb2.Digest:
         if entry.data is not None:
             digest, source = digest_bytes(entry.data), entry.data
         elif entry.path is not None:
-            digest, source = digest_file(entry.path), entry.path
+            digest, source = entry.digest or digest_file(entry.path), entry.path
         else:
             raise CcwError("INVALID_ARGUMENT", f"file {name!r} has neither data nor path")
         tree.blobs.setdefault(key(digest), source)
@@ -180,6 +184,13 @@ def build_tree(entries: Mapping[str, Entry]) -> InputTree:
     tree = InputTree(root=re_pb2.Digest())
     tree.root = _seal(root, tree)
     return tree
+
+
+def digested(entries: Mapping[str, Entry]) -> dict[str, Entry]:
+    """``entries`` with every file's digest computed once (for trees built over and over)."""
+    return {where: FileEntry(path=e.path, executable=e.executable, digest=digest_file(e.path))
+            if isinstance(e, FileEntry) and e.path is not None and e.digest is None else e
+            for where, e in entries.items()}  # fmt: skip
 
 
 def tree_of_directory(root: Path) -> InputTree:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.minimise import Question, deltamin
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -17,8 +18,20 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     """The smallest part of the capsule's change that still makes target_cmd fail."""
     question = Question(args["capsule_id"], list(args["target_cmd"]), args.get("failure_predicate", "exit_code"),
                         args.get("budget_ms") or 600_000, args.get("confirm_runs"))
-    return await deltamin(ctx.capsules, question)
+    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel)
+    try:
+        return await deltamin(ctx.capsules, question, executor)
+    finally:
+        executor.close()
 
+
+EXECUTOR = {
+    "type": "object", "required": ["kind"],
+    "description": "Where the trials ran: local capsules, or a REAPI cluster (CCW_REAPI_URL) with its counts.",
+    "properties": {"kind": {"enum": ["local", "reapi"]}, "executed": {"type": "integer"},
+                   "action_cache_hits": {"type": "integer"}, "uploaded_blobs": {"type": "integer"},
+                   "uploaded_bytes": {"type": "integer"}},
+}
 
 TOOLS = [
     ToolSpec(
@@ -56,6 +69,7 @@ TOOLS = [
                 "root_hash": {"type": "string"}, "units": {"type": "array", "items": {"type": "string"}},
                 "trials": {"type": "integer"}, "cache_hits": {"type": "integer"},
                 "elapsed_ms": {"type": "integer"}, "one_minimal": {"type": "boolean"},
+                "executor": EXECUTOR,
             },
         },
         handler=capsule_deltamin,

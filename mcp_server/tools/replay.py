@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import PROBLEMS, WITNESS_ID
-from mcp_server.capsules.replays import replay
 from mcp_server.capsules.witnesses import locate
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
@@ -18,7 +18,11 @@ from mcp_server.tools.registry import ToolContext, ToolSpec
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
-    return await replay(ctx.capsules, path, expected)
+    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel)
+    try:
+        return await executor.replay(ctx.capsules, path, expected)
+    finally:
+        executor.close()
 
 
 TOOLS = [

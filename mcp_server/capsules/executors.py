@@ -1,0 +1,105 @@
+"""Where deltamin's trials and witness replays run: local capsules, or a REAPI cluster (issue 17).
+
+One interface, two implementations:
+
+- ``LocalExecutor`` (the default) is what ccw always did: a trial is a scratch capsule
+  over the capsule's base with a subset of the change written into it, the target
+  command run there; a replay is replays.replay.  Its parallelism is this machine's.
+- ``ReapiExecutor`` (capsules/remote.py; ``CCW_REAPI_URL``, ``ccw serve --reapi URL``)
+  sends the same trial to a Remote Execution API cluster as an Action over a Merkle
+  tree of the base with the subset laid over it, and judges the ActionResult as a
+  local reply is judged.  Its parallelism is the cluster's capacity.
+
+A trial returns what a predicate judges (trials.Run): exit code, timed out, stdout and
+stderr; so FAIL/PASS/UNRESOLVED are decided by the same code either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import trio
+
+from mcp_server.capsules.replays import replay
+from mcp_server.capsules.runs import Command
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.trials import Run, Unit, apply_units
+from mcp_server.journal import CapsuleRecord
+
+LOCAL_PARALLEL = 2  # trials at once on this machine: a 2-core VM
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One trial: the target command over the capsule's base with ``files`` written in.
+
+    ``fresh``: a flakiness confirmation run, which must really run (no action-cache
+    lookup) and must not be remembered (do_not_cache).
+    """
+
+    record: CapsuleRecord
+    files: dict[str, Unit]
+    command: Command
+    fresh: bool = False
+
+
+class Executor(Protocol):
+    """Runs trials and replays; counts what it served from a cache."""
+
+    name: str
+    parallelism: int
+    cache_hits: int  # trials answered by the action cache (0 locally)
+
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+        """The trial's run, for the failure predicate."""
+
+    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
+        """capsule_replay's answer for the witness at ``path``."""
+
+    def summary(self) -> dict[str, Any]:
+        """What a result reports of the executor (kind, and the cluster's counts)."""
+
+    def close(self) -> None:
+        """Let go of what the executor holds (a channel)."""
+
+
+class LocalExecutor:
+    """Trials in scratch capsules on this machine, replays by replays.replay: ccw's own behaviour."""
+
+    name = "local"
+
+    def __init__(self, parallelism: int = LOCAL_PARALLEL) -> None:
+        self.parallelism = parallelism
+        self.cache_hits = 0
+
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+        """A scratch capsule over the base, the subset written in, the command run there."""
+        record = trial.record
+        network = record.network_spec
+        async with service.scratch(record.spec, network=network) as capsule:
+            root = await service.open_root(capsule)
+            await trio.to_thread.run_sync(apply_units, root, trial.files)
+            reply: Run = (await service.run(capsule, record.spec, trial.command, network=network)).value
+            return reply
+
+    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
+        """replays.replay, here."""
+        return await replay(service, path, expected_root)
+
+    def summary(self) -> dict[str, Any]:
+        """Only the kind: nothing is cached locally."""
+        return {"kind": self.name}
+
+    def close(self) -> None:
+        """Nothing to let go of."""
+
+
+def executor_for(reapi_url: str, parallelism: int = 0) -> Executor:
+    """The executor a setting names: REAPI at ``reapi_url`` when set, else local capsules."""
+    if not reapi_url:
+        return LocalExecutor()
+    from mcp_server.capsules.remote import ReapiExecutor  # gRPC only when a cluster is used
+
+    return ReapiExecutor(reapi_url, parallelism or None)

@@ -1,0 +1,252 @@
+"""ccw-bot: a REAPI worker that runs every lease in a capsule (issue 17).
+
+``ccw-bot --reapi grpc://HOST:PORT [--capacity N] [--property k=v ...]`` serves a
+cluster's Remote Workers API (mcp_server.reapi.worker's session loop) beside a ccw
+helper: the one at ``CCW_HELPER_SOCKET``, else an embedded one it starts, as ccw-mcp
+does.  Its own state dir (``CCW_STATE_DIR`` or ``--state-dir``) keeps the capsules'
+journal, so each run is witnessed as a local exec is.
+
+For each lease:
+
+- The Command and input root are fetched from the CAS into a lease directory.
+- The input root becomes a capsule's base, shown at the workspace path the client's
+  ``CCW_REAPI_CAPSULE`` variable names (capsules/remote.py; the variable is taken out
+  of the environment first), or at the lease directory itself for any other REAPI
+  client.  The command runs there with exactly the Command's environment, in the jail,
+  under the limits the client asked for, with every file it touched recorded.
+- stdout, stderr, the declared outputs that exist, and the run's witness (as the
+  output file ``.ccw-witness.ccwz``) go to the CAS; the ActionResult names them.  A
+  run that hit the action's timeout reports DEADLINE_EXCEEDED; a lease the server
+  withdraws cancels the run (the capsule is destroyed, which ends its processes).
+- A replay lease (``CCW_REAPI_CAPSULE`` with ``replay``) carries a witness instead:
+  the bot replays it (replays.replay, in its own capsules) and answers with the result
+  as JSON on stdout, so replay_ok is judged by the same code as a local replay's.
+
+A bot killed mid-lease loses nothing: the server requeues the lease after the
+session's keepalive (worker.py); the capsule it left is removed by the helper's
+recovery when a helper starts on that state dir again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mcp_server.capsules.remote import CAPSULE_VAR
+from mcp_server.capsules.replays import replay
+from mcp_server.capsules.runs import Command
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.witnesses import WitnessOptions, make_witness
+from mcp_server.config import Config
+from mcp_server.context import CallContext, Runtime
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
+from mcp_server.reapi.client import ReapiClient
+from mcp_server.reapi.inputs import fetch_input_root
+from mcp_server.reapi.merkle import digest_bytes, key
+from mcp_server.reapi.protos import code_pb2, re_pb2
+from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome
+from mcp_server.state import State
+from sandbox.errors import CcwError
+from sandbox.replies import ExecReply
+from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
+
+WITNESS_OUTPUT = ".ccw-witness.ccwz"
+
+
+@dataclass
+class _Ran:
+    """What a lease's capsule gave: the helper's reply, the witness file, the outputs' bytes."""
+
+    reply: ExecReply
+    witness: Path
+    outputs: dict[str, tuple[bytes, bool]]  # relative to the working directory: (bytes, executable)
+
+
+def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> dict[str, tuple[bytes, bool]]:
+    found = {}
+    with RootView.from_fd(root_fd) as view:
+        for relative in [*command.output_paths, *command.output_files]:
+            path = os.path.normpath(os.path.join(cwd, relative)) if cwd else relative
+            side = changeset.lstat(view, path)
+            if side is not None and side.kind == "file":
+                found[relative] = (view.read_bytes(path), bool(side.mode & 0o111))
+    return found
+
+
+class CapsuleRunner:
+    """worker.Runner that runs each lease in a capsule of ``service`` (its calls go to the trio loop)."""
+
+    def __init__(self, service: CapsuleService, token: trio.lowlevel.TrioToken, scratch: Path, bot_id: str) -> None:
+        self.service = service
+        self.token = token
+        self.scratch = scratch
+        self.bot_id = bot_id
+
+    def __call__(self, client: ReapiClient, action: re_pb2.Action, cancelled: threading.Event) -> LeaseOutcome:
+        """Fetch, run in a capsule (or replay), upload; the ActionResult (a lease thread)."""
+        command = re_pb2.Command.FromString(client.read_blob(action.command_digest))
+        env = {variable.name: variable.value for variable in command.environment_variables}
+        marker: dict[str, Any] = json.loads(env.pop(CAPSULE_VAR, "{}"))
+        timeout_s = action.timeout.ToNanoseconds() / 1e9 if action.HasField("timeout") else DEFAULT_TIMEOUT_MS / 1000
+        with tempfile.TemporaryDirectory(prefix="lease-", dir=self.scratch) as work:
+            root = Path(work) / "root"
+            root.mkdir()
+            fetch_input_root(client, action.input_root_digest, root)
+            if "replay" in marker:
+                return self._replay(client, root / marker["replay"], marker.get("expected_root"))
+            ran = trio.from_thread.run(self._run, root, command, env, marker, timeout_s, cancelled,
+                                       trio_token=self.token)  # fmt: skip
+            if ran is None:
+                return LeaseOutcome(re_pb2.ActionResult(), code_pb2.CANCELLED, "lease withdrawn")
+            return self._report(client, ran)
+
+    async def _run(self, root: Path, command: re_pb2.Command, env: dict[str, str], marker: dict[str, Any],
+                   timeout_s: float, cancelled: threading.Event) -> _Ran | None:  # fmt: skip
+        """The command in a journaled capsule over ``root``; None when the lease was withdrawn."""
+        workspace = str(marker.get("workspace") or root)
+        spec = CapsuleSpec(workspace=workspace, base=None if workspace == str(root) else str(root),
+                           clock_offset_sec=int(marker.get("clock_offset_sec") or 0),
+                           limits=Limits.from_json(marker.get("limits") or {}))  # fmt: skip
+        cwd = command.working_directory
+        record = await self.service.create(spec)
+        try:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_cancel_when, cancelled, scope)
+                    ran = await self.service.exec(record.capsule_id, Command(
+                        list(command.arguments), os.path.join(workspace, cwd) if cwd else workspace,
+                        int(timeout_s * 1000), env=env))  # fmt: skip
+                    nursery.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                return None
+            witness = await make_witness(self.service, record.capsule_id, WitnessOptions("zstd", True))
+            root_fd = await self.service.open_root(record.capsule_id)
+            outputs = await trio.to_thread.run_sync(_read_outputs, root_fd, cwd, command)
+            return _Ran(ran.reply, Path(witness["path"]), outputs)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.service.destroy(record.capsule_id)
+
+    def _report(self, client: ReapiClient, ran: _Ran) -> LeaseOutcome:
+        reply = ran.reply
+        exit_code = reply.exit_code if reply.exit_code is not None else _signalled(reply.signal)
+        blobs: dict[tuple[str, int], bytes | Path] = {}
+        result = re_pb2.ActionResult(exit_code=exit_code, stdout_digest=digest_bytes(reply.stdout),
+                                     stderr_digest=digest_bytes(reply.stderr))  # fmt: skip
+        blobs[key(result.stdout_digest)] = reply.stdout
+        blobs[key(result.stderr_digest)] = reply.stderr
+        for path, (data, executable) in sorted({**ran.outputs, WITNESS_OUTPUT: (ran.witness.read_bytes(), False)}.items()):
+            digest = digest_bytes(data)
+            blobs[key(digest)] = data
+            result.output_files.add(path=path, digest=digest, is_executable=executable)
+        result.execution_metadata.worker = self.bot_id
+        client.upload({k: v for k, v in blobs.items() if k[1] > 0})
+        if reply.timed_out:
+            return LeaseOutcome(result, code_pb2.DEADLINE_EXCEEDED, "the action's timeout hit")
+        return LeaseOutcome(result)
+
+    def _replay(self, client: ReapiClient, witness: Path, expected_root: str | None) -> LeaseOutcome:
+        try:
+            answer = trio.from_thread.run(replay, self.service, witness, expected_root, trio_token=self.token)
+            stdout, stderr, code = json.dumps(answer, sort_keys=True).encode(), b"", 0
+        except CcwError as error:
+            failed = {"code": error.code, "message": error.message, "details": error.details}
+            stdout, stderr, code = b"", json.dumps(failed, sort_keys=True, default=str).encode(), 1
+        result = re_pb2.ActionResult(exit_code=code, stdout_digest=digest_bytes(stdout),
+                                     stderr_digest=digest_bytes(stderr))  # fmt: skip
+        result.execution_metadata.worker = self.bot_id
+        client.upload({key(digest_bytes(data)): data for data in (stdout, stderr) if data})
+        return LeaseOutcome(result)
+
+
+def _signalled(name: str | None) -> int:
+    """A shell's exit status for a command a signal ended (128 + its number)."""
+    try:
+        return 128 + signal.Signals[name or ""].value
+    except KeyError:
+        return 128
+
+
+async def _cancel_when(cancelled: threading.Event, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` when the lease is withdrawn (the nursery's own cancel ends this wait)."""
+    if await trio.to_thread.run_sync(cancelled.wait, abandon_on_cancel=True):
+        scope.cancel()
+
+
+def parse_properties(pairs: Sequence[str]) -> dict[str, str]:
+    """``--property k=v`` flags as platform properties (OSFamily=linux unless given)."""
+    properties = {"OSFamily": "linux"}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise CcwError("INVALID_ARGUMENT", f"--property {pair!r}: want name=value")
+        properties[name] = value
+    return properties
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """ccw-bot's command line."""
+    parser = argparse.ArgumentParser(prog="ccw-bot", description="A REAPI worker that runs each action in a ccw capsule.")
+    parser.add_argument("--reapi", default=os.environ.get("CCW_REAPI_URL", ""), metavar="URL",
+                        help="the cluster, grpc://host:port[/instance] (default CCW_REAPI_URL)")
+    parser.add_argument("--bot-id", default=f"ccw-bot-{socket.gethostname()}-{os.getpid()}")
+    parser.add_argument("--capacity", type=int, default=os.cpu_count() or 1, help="leases at once (default: cores)")
+    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                        help="a platform property to advertise (repeat); the cluster must match on its name")
+    parser.add_argument("--state-dir", help="CCW_STATE_DIR for the bot's capsules and journal")
+    return parser
+
+
+async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event) -> None:
+    """Serve leases until ``stop`` is set (or SIGINT/SIGTERM)."""
+    state = State(config.state_dir)
+    runtime = Runtime(config, state)
+    try:
+        service = CallContext(runtime).capsules
+        await service.helper()  # no helper, no bot: say so before taking a lease
+        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id)
+        with ReapiClient(url) as client, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            session = BotSession(client, bot, runner)
+            async with trio.open_nursery() as nursery:
+                async def on_signal() -> None:
+                    async for _ in signals:
+                        stop.set()
+
+                nursery.start_soon(on_signal)
+                await trio.to_thread.run_sync(session.serve, stop)
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await runtime.aclose()
+        state.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``ccw-bot``: serve a REAPI cluster's leases in capsules until interrupted."""
+    args = build_parser().parse_args(argv)
+    try:
+        if not args.reapi:
+            raise CcwError("INVALID_ARGUMENT", "no cluster: give --reapi URL or set CCW_REAPI_URL")
+        config = Config.from_env()
+        if args.state_dir:
+            config = dataclasses.replace(config, state_dir=os.path.abspath(args.state_dir))
+        bot = BotConfig(args.bot_id, max(1, args.capacity), parse_properties(args.property))
+        print(f"ccw-bot {bot.bot_id}: serving {args.reapi} with capacity {bot.capacity}", flush=True)
+        trio.run(serve, config, args.reapi, bot, threading.Event())
+    except CcwError as error:
+        print(f"ccw-bot: {error.code}: {error.message}", flush=True)
+        return 1
+    return 0
