@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cluster = sub.add_parser("cluster", parents=[common], help="a local REAPI cluster (BuildGrid) on loopback")
     cluster.add_argument("action", choices=("up",), help="up: start it, print CCW_REAPI_URL, stop on Ctrl-C")
+    cluster.add_argument("--bots", type=int, default=0, help="ccw-bots to start beside it (each with its own helper)")
+    cluster.add_argument("--capacity", type=int, default=1, help="leases at once per bot")
     cluster.add_argument("--cluster-dir", dest="cluster_state", help="its PostgreSQL and logs (default: a fresh /tmp dir)")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
@@ -164,7 +166,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "cluster":
         from mcp_server.reapi import cluster
 
-        return cluster.main([args.action, *(["--state-dir", args.cluster_state] if args.cluster_state else [])])
+        where = ["--state-dir", args.cluster_state] if args.cluster_state else []
+        return cluster.main([args.action, "--bots", str(args.bots), "--capacity", str(args.capacity), *where])
     config = Config.from_env()
     logs.configure(config.log_level, config.log_format)
     if args.command == "doctor":

@@ -64,6 +64,7 @@ from sandbox.replies import ExecReply
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
+RETRY_S = 1.0  # between bot sessions when the cluster is unavailable
 
 
 @dataclass
@@ -210,6 +211,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _sessions(client: ReapiClient, bot: BotConfig, runner: CapsuleRunner, stop: threading.Event) -> None:
+    """Bot sessions one after another: a server that restarts (or is not up yet) ends one, the next waits for it."""
+    while not stop.is_set():
+        try:
+            await trio.to_thread.run_sync(BotSession(client, bot, runner).serve, stop)
+        except CcwError as error:
+            if error.code != "UNAVAILABLE":
+                raise
+            print(f"ccw-bot {bot.bot_id}: {error.message}; a new session in {RETRY_S} s", flush=True)
+            await trio.sleep(RETRY_S)
+
+
 async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event) -> None:
     """Serve leases until ``stop`` is set (or SIGINT/SIGTERM)."""
     state = State(config.state_dir)
@@ -219,14 +232,13 @@ async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event)
         await service.helper()  # no helper, no bot: say so before taking a lease
         runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id)
         with ReapiClient(url) as client, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            session = BotSession(client, bot, runner)
             async with trio.open_nursery() as nursery:
                 async def on_signal() -> None:
                     async for _ in signals:
                         stop.set()
 
                 nursery.start_soon(on_signal)
-                await trio.to_thread.run_sync(session.serve, stop)
+                await _sessions(client, bot, runner, stop)
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
@@ -250,3 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ccw-bot: {error.code}: {error.message}", flush=True)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

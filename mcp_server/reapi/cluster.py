@@ -341,6 +341,28 @@ def temporary_cluster(**options: object) -> Iterator[Cluster]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+def start_bot(url: str, bot_id: str, state_dir: Path, capacity: int = 1) -> subprocess.Popen[bytes]:
+    """A ccw-bot process serving ``url``, with its own state dir (and embedded helper); log in bot.log there."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = {key: value for key, value in os.environ.items() if key != "CCW_HELPER_SOCKET"}
+    env["CCW_STATE_DIR"] = str(state_dir)
+    with open(state_dir / "bot.log", "ab") as sink:
+        return subprocess.Popen([sys.executable, "-m", "mcp_server.reapi.bot", "--reapi", url, "--bot-id", bot_id,
+                                 "--capacity", str(capacity)], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                                env=env, start_new_session=True)  # fmt: skip
+
+
+def stop_bot(bot: subprocess.Popen[bytes], grace_s: float = 30.0) -> int:
+    """SIGTERM a bot (it signs off and hands back its leases), SIGKILL it after ``grace_s``."""
+    if bot.poll() is None:
+        bot.terminate()
+        try:
+            bot.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            bot.kill()
+    return bot.wait()
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -351,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="A local BuildGrid cluster on loopback")  # fmt: skip
     parser.add_argument("command", choices=["up"])
     parser.add_argument("--state-dir", type=Path, help="default: a fresh directory under /tmp")
+    parser.add_argument("--bots", type=int, default=0, help="ccw-bots to start beside it (each with its own helper)")
+    parser.add_argument("--capacity", type=int, default=1, help="leases at once per bot")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     state = args.state_dir
@@ -359,8 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         state = Path(tempfile.mkdtemp(prefix="ccw-cluster-"))
         state.chmod(0o711)
     cluster = Cluster(state)
+    bots: list[subprocess.Popen[bytes]] = []
     try:
         cluster.up()
+        bots += [start_bot(cluster.url, f"bot-{i}", state / f"bot-{i}", args.capacity) for i in range(args.bots)]
         print(f"CCW_REAPI_URL={cluster.url}", flush=True)
         print(f"ready in {cluster.timings['ready_s']} s {cluster.timings}, state in {state}; "
               "Ctrl-C stops it", file=sys.stderr, flush=True)  # fmt: skip
@@ -368,6 +394,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        for bot in bots:
+            stop_bot(bot)
         cluster.down()
         if made:
             shutil.rmtree(state, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""deltamin and replays through a real local cluster (BuildGrid 0.9.1 + PostgreSQL) and two ccw-bots (issue 17).
+
+Each ccw-bot is a process of its own with its own state dir and embedded helper, so every
+trial runs in a capsule on a bot, jailed and recorded as a local exec is.  Shown here:
+
+- on the Python real project (more-itertools), a deltamin through the cluster gives the
+  same minimal patch as locally; a second identical deltamin is served wholly from the
+  action cache; the capsule's witness replays through the cluster with the same
+  replay_ok as locally;
+- after the server restarts (its in-memory CAS is then empty) the next deltamin
+  re-uploads what the CAS misses and still gives the same patch;
+- a bot killed with SIGKILL in the middle of trials changes nothing in the result
+  (BuildGrid requeues its leases after the keepalive).
+
+CI cost: the module's cluster comes up in 5-9 s; the figures of a run are printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import agent_loop
+import realprojects
+from test_reapi_cluster import _require_cluster_prerequisites
+
+from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
+
+KEEPALIVE_S = 10  # a silent (killed) bot is dropped after this, and its leases requeued
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    _require_cluster_prerequisites(request.config)
+    with temporary_cluster(bot_keepalive_s=KEEPALIVE_S) as running:
+        print(f"cluster ready in {running.timings}")
+        yield running
+
+
+@pytest.fixture(scope="module")
+def bots(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, subprocess.Popen[bytes]]]:
+    """Two ccw-bots, capacity 2 each; a test may replace one (the dict is shared)."""
+    root = tmp_path_factory.mktemp("bots")
+    running = {name: start_bot(cluster.url, name, root / name, capacity=2) for name in ("bot-a", "bot-b")}
+    running["_root"] = root  # type: ignore[assignment]
+    try:
+        yield running
+    finally:
+        for name, bot in running.items():
+            if name != "_root":
+                stop_bot(bot)
+        for name in ("bot-a", "bot-b"):
+            log = root / name / "bot.log"
+            if log.exists():
+                print(f"--- {name}:\n{log.read_text()[-2000:]}")
+
+
+def _remote(t: Any, url: str) -> None:
+    t.runtime.config = dataclasses.replace(t.runtime.config, reapi_url=url, reapi_parallel=4)
+
+
+def _local(t: Any) -> None:
+    t.runtime.config = dataclasses.replace(t.runtime.config, reapi_url="")
+
+
+async def _broken_python_project(t: Any, ws: Path) -> tuple[str, list[str]]:
+    """The agent loop's capsule: tests pass, two harmless edits and a breaking one, tests fail."""
+    project = realprojects.MORE_ITERTOOLS
+    cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    assert (await agent_loop.run_tests(t.call, cap, project.test_cmd))["exit_code"] == 0
+    for e in (*project.harmless, project.breaking):
+        await agent_loop.edit(t.call, cap, ws, e.path, e.old, e.new)
+    assert (await agent_loop.run_tests(t.call, cap, project.test_cmd))["exit_code"] not in (0, None)
+    return cap, list(project.test_cmd)
+
+
+def test_python_project_through_the_cluster(tools: Any, require: Any, tmp_path: Path, cluster: Cluster,
+                                            bots: dict[str, Any]) -> None:  # fmt: skip
+    require(os.path.exists(realprojects.SYSTEM_PYTHON), f"needs {realprojects.SYSTEM_PYTHON}")
+    ws = realprojects.pristine(realprojects.MORE_ITERTOOLS, tmp_path / "ws")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap, cmd = await _broken_python_project(t, ws)
+        ask = {"capsule_id": cap, "target_cmd": cmd}
+        out: dict[str, Any] = {}
+        begin = time.monotonic()
+        out["local"] = await t.call("capsule_deltamin", ask)
+        out["local_s"] = time.monotonic() - begin
+        _remote(t, cluster.url)
+        begin = time.monotonic()
+        out["remote"] = await t.call("capsule_deltamin", ask)
+        out["remote_s"] = time.monotonic() - begin
+        out["again"] = await t.call("capsule_deltamin", ask)
+        witness = await t.call("capsule_witness", {"capsule_id": cap})
+        out["replay_remote"] = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
+        _local(t)
+        out["replay_local"] = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
+        await trio.to_thread.run_sync(cluster.restart_server)  # the in-memory CAS and action cache start empty
+        _remote(t, cluster.url)
+        out["after_restart"] = await t.call("capsule_deltamin", ask)
+        return out
+
+    out = tools.run(scenario)
+    local, remote, again, after = out["local"], out["remote"], out["again"], out["after_restart"]
+    assert local["executor"] == {"kind": "local"}
+    assert remote["minimal_patch"] == local["minimal_patch"] and remote["units"] == local["units"], remote
+    assert remote["executor"]["kind"] == "reapi" and remote["executor"]["executed"] > 0, remote
+    assert again["minimal_patch"] == local["minimal_patch"]
+    # Every trial of the repeated search is an action-cache hit: nothing ran on a bot.
+    assert again["executor"]["executed"] == 0 and again["executor"]["action_cache_hits"] > 0, again
+    assert again["executor"]["uploaded_blobs"] == 0, again
+    assert out["replay_remote"]["replay_ok"] == out["replay_local"]["replay_ok"] is True, out["replay_remote"]
+    assert out["replay_remote"]["root_hash"] == out["replay_local"]["root_hash"]
+    assert after["minimal_patch"] == local["minimal_patch"] and after["executor"]["uploaded_blobs"] > 0, after
+    print(f"more-itertools deltamin: local {out['local_s']:.1f} s ({local['trials']} trials), cluster "
+          f"{out['remote_s']:.1f} s {remote['executor']}; repeated: {again['executor']}; after restart: "
+          f"{after['executor']}")
+
+
+# A change of eight files of which one (m3.py) breaks the check; each run waits a second.
+CHECK = "import time, m3\ntime.sleep(1.0)\nraise SystemExit(1 if m3.VALUE == 1 else 0)\n"
+FILES = 8
+
+
+def sleepy_workspace(ws: Path) -> None:
+    """The base: m0..m7.py with VALUE = 0 and the check."""
+    ws.mkdir()
+    for i in range(FILES):
+        (ws / f"m{i}.py").write_text("VALUE = 0\n")
+    (ws / "check.py").write_text(CHECK)
+
+
+async def sleepy_capsule(t: Any, ws: Path) -> str:
+    """A capsule whose change sets every m*.py to VALUE = 1."""
+    cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    script = "for f in m*.py; do echo 'VALUE = 1' > $f; done"
+    assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
+    return cap
+
+
+SLEEPY_CMD = ["/usr/bin/python3", "-B", "check.py"]
+
+
+def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluster: Cluster,
+                                              bots: dict[str, Any]) -> None:  # fmt: skip
+    ws = tmp_path / "ws"
+    sleepy_workspace(ws)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = await sleepy_capsule(t, ws)
+        ask = {"capsule_id": cap, "target_cmd": SLEEPY_CMD}
+        local = await t.call("capsule_deltamin", ask)
+        _remote(t, cluster.url)
+        results: dict[str, Any] = {}
+
+        async def minimise() -> None:
+            results["remote"] = await t.call("capsule_deltamin", ask)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(minimise)
+            await trio.sleep(3.5)  # the confirmation runs are done; the search's first trials run
+            bots["bot-a"].send_signal(signal.SIGKILL)
+        return {"local": local, **results}
+
+    out = tools.run(scenario)
+    assert bots["bot-a"].wait(10) == -signal.SIGKILL
+    bots["bot-a"] = start_bot(cluster.url, "bot-a2", bots["_root"] / "bot-a2", capacity=2)
+    assert out["local"]["units"] == ["m3.py"]
+    assert out["remote"]["minimal_patch"] == out["local"]["minimal_patch"], out["remote"]
+    assert out["remote"]["executor"]["executed"] > 0
+    print(f"with a bot killed: {out['remote']['elapsed_ms']} ms, {out['remote']['executor']}")
+
