@@ -117,15 +117,14 @@ def overlay(base: dict[str, Entry], files: dict[str, Unit]) -> dict[str, Entry]:
 
     for path in sorted(files, key=lambda p: (p.count("/"), p)):
         unit = files[path]
-        parent = path.rpartition("/")[0]
-        if parent in entries and isinstance(entries[parent], DirEntry):
-            del entries[parent]
-        if unit.action == "write":
+        if unit.action in ("write", "symlink"):
             remove(path)
-            entries[path] = FileEntry(data=unit.content or b"", executable=bool((unit.mode or 0o644) & 0o111))
-        elif unit.action == "symlink":
-            remove(path)
-            entries[path] = SymlinkEntry(unit.target or "")
+            entries[path] = (FileEntry(data=unit.content or b"", executable=bool((unit.mode or 0o644) & 0o111))
+                             if unit.action == "write" else SymlinkEntry(unit.target or ""))  # fmt: skip
+            parts = path.split("/")
+            for depth in range(1, len(parts)):  # an ancestor marked empty is not empty now
+                if isinstance(entries.get("/".join(parts[:depth])), DirEntry):
+                    del entries["/".join(parts[:depth])]
         elif unit.action == "delete":
             remove(path)
         elif unit.action == "chmod" and isinstance(entries.get(path), FileEntry):

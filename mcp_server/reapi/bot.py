@@ -200,7 +200,10 @@ def parse_properties(pairs: Sequence[str]) -> dict[str, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """ccw-bot's command line."""
+    from mcp_server import __version__
+
     parser = argparse.ArgumentParser(prog="ccw-bot", description="A REAPI worker that runs each action in a ccw capsule.")
+    parser.add_argument("--version", action="version", version=f"ccw-bot {__version__}")
     parser.add_argument("--reapi", default=os.environ.get("CCW_REAPI_URL", ""), metavar="URL",
                         help="the cluster, grpc://host:port[/instance] (default CCW_REAPI_URL)")
     parser.add_argument("--bot-id", default=f"ccw-bot-{socket.gethostname()}-{os.getpid()}")

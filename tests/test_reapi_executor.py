@@ -1,0 +1,97 @@
+"""The reapi executor's pieces that need no cluster: the trial's tree, settings, flags (issue 17)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcp_server.capsules.executors import LocalExecutor, executor_for
+from mcp_server.capsules.remote import _digested_base, _relative, overlay, platform_from
+from mcp_server.capsules.trials import Unit
+from mcp_server.cli import parse_args, serve_env
+from mcp_server.config import Config
+from mcp_server.reapi.bot import _signalled, parse_properties
+from mcp_server.reapi.merkle import (
+    DirEntry,
+    FileEntry,
+    SymlinkEntry,
+    build_tree,
+    digest_bytes,
+    tree_of_directory,
+)
+from sandbox.errors import CcwError
+
+
+def _base(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    (ws / "pkg" / "sub").mkdir(parents=True)
+    (ws / "pkg" / "a.py").write_text("A = 1\n")
+    (ws / "pkg" / "sub" / "b.py").write_text("B = 1\n")
+    (ws / "run.sh").write_text("#!/bin/sh\n")
+    (ws / "only").mkdir()
+    (ws / "only" / "gone.txt").write_text("x\n")
+    return ws
+
+
+def test_overlay_lays_units_over_the_base(tmp_path: Path) -> None:
+    base = _digested_base(str(_base(tmp_path)))
+    files = {
+        "pkg/a.py": Unit("pkg/a.py", "write", mode=0o644, content=b"A = 2\n"),
+        "new/dir/c.py": Unit("new/dir/c.py", "write", mode=0o755, content=b"C\n"),
+        "pkg/sub": Unit("pkg/sub", "delete"),
+        "only/gone.txt": Unit("only/gone.txt", "delete"),
+        "run.sh": Unit("run.sh", "chmod", mode=0o755),
+        "link": Unit("link", "symlink", target="pkg/a.py"),
+    }
+    entries = overlay(base, files)
+    assert entries["pkg/a.py"] == FileEntry(data=b"A = 2\n", executable=False)
+    assert entries["new/dir/c.py"] == FileEntry(data=b"C\n", executable=True)
+    assert "pkg/sub/b.py" not in entries
+    assert entries["only"] == DirEntry()  # emptied, kept (as a capsule keeps it)
+    run = entries["run.sh"]
+    assert isinstance(run, FileEntry) and run.executable and run.digest == digest_bytes(b"#!/bin/sh\n")
+    assert entries["link"] == SymlinkEntry("pkg/a.py")
+    assert base["pkg/a.py"] != entries["pkg/a.py"]  # the base is not changed
+
+
+def test_empty_overlay_is_the_directory_tree(tmp_path: Path) -> None:
+    ws = _base(tmp_path)
+    assert build_tree(overlay(_digested_base(str(ws)), {})).root == tree_of_directory(ws).root
+
+
+def test_writing_into_an_emptied_directory_drops_its_empty_marker(tmp_path: Path) -> None:
+    base = _digested_base(str(_base(tmp_path)))
+    entries = overlay(base, {"only/gone.txt": Unit("only/gone.txt", "delete"),
+                             "only/new.txt": Unit("only/new.txt", "write", mode=0o644, content=b"n\n")})
+    assert "only" not in entries and "only/new.txt" in entries
+
+
+def test_platform_and_properties() -> None:
+    assert platform_from("") == {"OSFamily": "linux"}
+    assert platform_from("OSFamily=linux, pool=big") == {"OSFamily": "linux", "pool": "big"}
+    with pytest.raises(CcwError):
+        platform_from("nonsense")
+    assert parse_properties(["pool=big"]) == {"OSFamily": "linux", "pool": "big"}
+    with pytest.raises(CcwError):
+        parse_properties(["=x"])
+
+
+def test_relative_cwd_and_signal_status() -> None:
+    assert _relative("/w/ws", "/w/ws") == ""
+    assert _relative("/w/ws/.hidden/x", "/w/ws") == ".hidden/x"
+    assert _signalled("SIGKILL") == 137 and _signalled(None) == 128
+
+
+def test_settings_choose_the_executor() -> None:
+    config = Config.from_env({"CCW_REAPI_URL": "grpc://127.0.0.1:1", "CCW_REAPI_PARALLEL": "8"})
+    assert config.reapi_url == "grpc://127.0.0.1:1" and config.reapi_parallel == 8
+    with pytest.raises(CcwError):
+        Config.from_env({"CCW_REAPI_PARALLEL": "0"})
+    assert isinstance(executor_for(""), LocalExecutor)
+    remote = executor_for("grpc://127.0.0.1:1", 8)  # a channel connects lazily: no traffic here
+    try:
+        assert remote.name == "reapi" and remote.parallelism == 8 and remote.summary()["executed"] == 0
+    finally:
+        remote.close()
+    assert serve_env(parse_args(["serve", "--reapi", "grpc://127.0.0.1:9"]))["CCW_REAPI_URL"] == "grpc://127.0.0.1:9"
