@@ -59,6 +59,7 @@ class Config:
     log_format: str = field(default="text", metadata=_setting("CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
     reapi_url: str = field(default="", metadata=_setting("CCW_REAPI_URL", "grpc://host:port[/instance]: deltamin's trials and replays run on this REAPI cluster (ccw serve --reapi); empty: local capsules"))
     reapi_parallel: int = field(default=4, metadata=_setting("CCW_REAPI_PARALLEL", "trials at once on the REAPI cluster: its capacity (the bots' slots)"))
+    reapi_platform: str = field(default="OSFamily=linux", metadata=_setting("CCW_REAPI_PLATFORM", "platform properties of every REAPI Action, name=value[,name=value]"))
     debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod

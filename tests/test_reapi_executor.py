@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from mcp_server.capsules.executors import LocalExecutor, executor_for
-from mcp_server.capsules.remote import _digested_base, _relative, overlay, platform_from
+from mcp_server.capsules.remote import (
+    ReapiExecutor,
+    _digested_base,
+    _relative,
+    overlay,
+    platform_from,
+)
 from mcp_server.capsules.trials import Unit
 from mcp_server.cli import parse_args, serve_env
 from mcp_server.config import Config
@@ -89,9 +95,11 @@ def test_settings_choose_the_executor() -> None:
     with pytest.raises(CcwError):
         Config.from_env({"CCW_REAPI_PARALLEL": "0"})
     assert isinstance(executor_for(""), LocalExecutor)
-    remote = executor_for("grpc://127.0.0.1:1", 8)  # a channel connects lazily: no traffic here
+    assert config.reapi_platform == "OSFamily=linux"
+    remote = executor_for("grpc://127.0.0.1:1", 8, "pool=big")  # a channel connects lazily: no traffic here
     try:
         assert remote.name == "reapi" and remote.parallelism == 8 and remote.summary()["executed"] == 0
+        assert isinstance(remote, ReapiExecutor) and remote.platform == {"pool": "big"}
     finally:
         remote.close()
     assert serve_env(parse_args(["serve", "--reapi", "grpc://127.0.0.1:9"]))["CCW_REAPI_URL"] == "grpc://127.0.0.1:9"

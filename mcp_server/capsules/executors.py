@@ -96,10 +96,12 @@ class LocalExecutor:
         """Nothing to let go of."""
 
 
-def executor_for(reapi_url: str, parallelism: int = 0) -> Executor:
-    """The executor a setting names: REAPI at ``reapi_url`` when set, else local capsules."""
+def executor_for(reapi_url: str, parallelism: int = 0, platform: str = "") -> Executor:
+    """The executor the settings name: REAPI at ``reapi_url`` (``platform``: ``k=v,k=v``)
+    when set, else local capsules."""
     if not reapi_url:
         return LocalExecutor()
-    from mcp_server.capsules.remote import ReapiExecutor  # gRPC only when a cluster is used
+    # Imported here: gRPC only when a cluster is used.
+    from mcp_server.capsules.remote import ReapiExecutor, platform_from
 
-    return ReapiExecutor(reapi_url, parallelism or None)
+    return ReapiExecutor(reapi_url, parallelism or None, platform_from(platform))

@@ -159,7 +159,7 @@ class ReapiExecutor:
         self.client = ReapiClient(url)
         self.reapi = TrioReapi(self.client)
         self.parallelism = parallelism or DEFAULT_PARALLEL
-        self.platform = platform if platform is not None else platform_from(os.environ.get("CCW_REAPI_PLATFORM", ""))
+        self.platform = platform if platform is not None else platform_from("")
         self.cache_hits = 0
         self.executed = 0  # actions a bot ran
         self.uploaded_blobs = 0

@@ -18,7 +18,7 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     """The smallest part of the capsule's change that still makes target_cmd fail."""
     question = Question(args["capsule_id"], list(args["target_cmd"]), args.get("failure_predicate", "exit_code"),
                         args.get("budget_ms") or 600_000, args.get("confirm_runs"))
-    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel)
+    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
     try:
         return await deltamin(ctx.capsules, question, executor)
     finally:

@@ -18,7 +18,7 @@ from mcp_server.tools.registry import ToolContext, ToolSpec
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
-    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel)
+    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
     try:
         return await executor.replay(ctx.capsules, path, expected)
     finally:
