@@ -65,6 +65,7 @@ from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
 RETRY_S = 1.0  # between bot sessions when the cluster is unavailable
+CANCEL_POLL_S = 0.1  # how soon a withdrawn lease's run is stopped
 
 
 @dataclass
@@ -182,9 +183,15 @@ def _signalled(name: str | None) -> int:
 
 
 async def _cancel_when(cancelled: threading.Event, scope: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the lease is withdrawn (the nursery's own cancel ends this wait)."""
-    if await trio.to_thread.run_sync(cancelled.wait, abandon_on_cancel=True):
-        scope.cancel()
+    """Cancel ``scope`` when the lease is withdrawn (the nursery's own cancel ends this wait).
+
+    A poll, not a thread blocked in ``cancelled.wait``: an abandoned thread keeps its
+    token of trio's thread limiter, and after 40 leases every ``to_thread`` call of
+    the bot (the witness, the outputs) would wait for a token forever.
+    """
+    while not cancelled.is_set():  # noqa: ASYNC110 (a threading.Event, set by the session's thread)
+        await trio.sleep(CANCEL_POLL_S)
+    scope.cancel()
 
 
 def parse_properties(pairs: Sequence[str]) -> dict[str, str]:
