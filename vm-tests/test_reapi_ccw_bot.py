@@ -10,18 +10,22 @@ trial runs in a capsule on a bot, jailed and recorded as a local exec is.  Shown
 - after the server restarts (its in-memory CAS is then empty) the next deltamin
   re-uploads what the CAS misses and still gives the same patch;
 - a bot killed with SIGKILL in the middle of trials changes nothing in the result
-  (BuildGrid requeues its leases after the keepalive).
+  (BuildGrid requeues its leases after the keepalive);
+- a bot serves more leases than trio's thread limiter has tokens, and a lease the
+  server withdraws (CancelOperation) stops its run.
 
 CI cost: the module's cluster comes up in 5-9 s; the figures of a run are printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,7 +40,11 @@ import agent_loop
 import realprojects
 from test_reapi_cluster import _require_cluster_prerequisites
 
+from mcp_server.reapi.action import CommandSpec, build_action
+from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
+from mcp_server.reapi.merkle import FileEntry, build_tree
+from sandbox.errors import CcwError
 
 KEEPALIVE_S = 10  # a silent (killed) bot is dropped after this, and its leases requeued
 pytestmark = pytest.mark.slow
@@ -183,3 +191,48 @@ def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluste
     assert out["remote"]["executor"]["executed"] > 0
     print(f"with a bot killed: {out['remote']['elapsed_ms']} ms, {out['remote']['executor']}")
 
+
+
+def _action(client: ReapiClient, argv: list[str], tag: str) -> Any:
+    """An uncached action over a one-file input root (no ccw workspace: the bot shows the lease dir)."""
+    tree = build_tree({"tag.txt": FileEntry(data=tag.encode())})
+    built = build_action(CommandSpec(argv=argv, env={"PATH": "/usr/bin:/bin"}, platform={"OSFamily": "linux"}),
+                         tree.root, timeout_s=120, do_not_cache=True)  # fmt: skip
+    client.upload_tree(tree, built.blobs)
+    return built.action_digest
+
+
+def _running(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+def test_many_leases_and_a_withdrawn_one(cluster: Cluster, bots: dict[str, Any]) -> None:
+    """More leases than trio's thread limiter has tokens (40) all finish; a cancelled
+    operation's lease is withdrawn and its run stopped."""
+    with ReapiClient(cluster.url) as client:
+        begin = time.monotonic()
+        for i in range(45):
+            done = client.execute(_action(client, ["/bin/sh", "-c", "cat tag.txt"], f"lease {i}"), timeout_s=60)
+            assert done.result.exit_code == 0 and client.outputs(done.result)[0] == f"lease {i}".encode()
+            assert {f.path for f in done.result.output_files} == {".ccw-witness.ccwz"}
+        print(f"45 trivial leases one after another: {time.monotonic() - begin:.1f} s")
+        names: list[str] = []
+        action = _action(client, ["/bin/sleep", "31.5"], "withdrawn")
+
+        def wait() -> None:
+            with contextlib.suppress(CcwError):  # a cancelled operation ends in an error
+                client.execute(action, timeout_s=60, on_update=lambda op: names.append(op.name))
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while not _running("sleep 31.5") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _running("sleep 31.5"), "the lease never ran"
+        client.cancel_operation(names[0])
+        cancelled = time.monotonic()
+        while _running("sleep 31.5") and time.monotonic() < cancelled + 20:
+            time.sleep(0.2)
+        assert not _running("sleep 31.5"), "the withdrawn lease still runs"
+        print(f"withdrawn lease stopped {time.monotonic() - cancelled:.1f} s after CancelOperation")
+        waiter.join(60)

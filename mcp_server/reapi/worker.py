@@ -14,6 +14,8 @@ Some facts about the Remote Workers API, as BuildGrid 0.9.1 serves it:
   of the ActionResult and ``status``), the server answers with the leases it wants
   the bot to hold (new ones PENDING or ACTIVE, withdrawn ones CANCELLED; reported
   COMPLETED ones are gone).  A lease's payload is the Action itself (or its digest).
+  BuildGrid withdraws a lease (its operation cancelled) by leaving it out of the
+  answer rather than marking it CANCELLED; the bot treats both alike.
 - The call is a long poll: with free capacity the server holds it until a job is
   assigned or 80% of the call's deadline, and gives no lease at all when that is
   under 3 s (``NETWORK_TIMEOUT``), so ``poll_s`` must be above 3.75 s.  A finished
@@ -111,8 +113,13 @@ class BotSession:
 
     def _take_leases(self, session: bots_pb2.BotSession, pool: ThreadPoolExecutor) -> None:
         held = {lease.id for lease in session.leases}
-        for lease_id in [i for i, run in self._runs.items() if i not in held and run.future.done()]:
-            del self._runs[lease_id]
+        for lease_id, running in list(self._runs.items()):
+            if lease_id in held:
+                continue
+            if running.future.done():
+                del self._runs[lease_id]
+            else:  # dropped from the session while it runs: withdrawn (BuildGrid's cancel)
+                running.cancelled.set()
         for lease in list(session.leases):
             run = self._runs.get(lease.id)
             if lease.state == bots_pb2.LeaseState.CANCELLED:
