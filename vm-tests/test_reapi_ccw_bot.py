@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -162,6 +163,15 @@ async def sleepy_capsule(t: Any, ws: Path) -> str:
 SLEEPY_CMD = ["/usr/bin/python3", "-B", "check.py"]
 
 
+def _mid_lease(state: Path) -> bool:
+    """Whether the bot with this state dir has a capsule up (a lease it is running)."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{state / 'ccw.sqlite3'}?mode=ro", uri=True)) as db:
+            return bool(db.execute("select count(*) from capsules where destroyed_at is null").fetchone()[0])
+    except sqlite3.Error:
+        return False
+
+
 def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluster: Cluster,
                                               bots: dict[str, Any]) -> None:  # fmt: skip
     ws = tmp_path / "ws"
@@ -173,14 +183,18 @@ def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluste
         local = await t.call("capsule_deltamin", ask)
         _remote(t, cluster.url)
         results: dict[str, Any] = {}
+        begin = time.monotonic()
 
         async def minimise() -> None:
             results["remote"] = await t.call("capsule_deltamin", ask)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(minimise)
-            await trio.sleep(3.5)  # the confirmation runs are done; the search's first trials run
+            with trio.fail_after(60):  # until bot-a is in the middle of a lease (its capsule is up)
+                while not _mid_lease(bots["_root"] / "bot-a"):  # noqa: ASYNC110 (another process's database)
+                    await trio.sleep(0.05)
             bots["bot-a"].send_signal(signal.SIGKILL)
+            results["killed_at_ms"] = int((time.monotonic() - begin) * 1000)
         return {"local": local, **results}
 
     out = tools.run(scenario)
@@ -189,7 +203,8 @@ def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluste
     assert out["local"]["units"] == ["m3.py"]
     assert out["remote"]["minimal_patch"] == out["local"]["minimal_patch"], out["remote"]
     assert out["remote"]["executor"]["executed"] > 0
-    print(f"with a bot killed: {out['remote']['elapsed_ms']} ms, {out['remote']['executor']}")
+    print(f"with a bot killed (at {out['killed_at_ms']} ms): {out['remote']['elapsed_ms']} ms, "
+          f"{out['remote']['executor']}")
 
 
 
