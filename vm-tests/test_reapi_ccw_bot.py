@@ -11,6 +11,8 @@ trial runs in a capsule on a bot, jailed and recorded as a local exec is.  Shown
   re-uploads what the CAS misses and still gives the same patch;
 - a bot killed with SIGKILL in the middle of trials changes nothing in the result
   (BuildGrid requeues its leases after the keepalive);
+- BuildGrid restarted in the middle of a search (its CAS and queue then empty): the
+  Executes are retried after re-uploading, the bots open new sessions, same answer;
 - a bot serves more leases than trio's thread limiter has tokens, and a lease the
   server withdraws (CancelOperation) stops its run.
 
@@ -206,6 +208,37 @@ def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluste
     print(f"with a bot killed (at {out['killed_at_ms']} ms): {out['remote']['elapsed_ms']} ms, "
           f"{out['remote']['executor']}")
 
+
+
+def test_server_restart_mid_search(tools: Any, tmp_path: Path, cluster: Cluster, bots: dict[str, Any]) -> None:
+    """BuildGrid restarts while trials run (its CAS and queue then empty): the Executes are
+    retried after re-uploading, the bots open new sessions, the answer stays the same."""
+    ws = tmp_path / "ws"
+    sleepy_workspace(ws)
+    (ws / "check.py").write_text("# restart\n" + CHECK)  # actions of their own: no cache hits
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = await sleepy_capsule(t, ws)
+        _remote(t, cluster.url)
+        results: dict[str, Any] = {}
+
+        async def minimise() -> None:
+            results["remote"] = await t.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": SLEEPY_CMD})
+
+        # The bots serving now (bot-a's journal keeps the capsule it had when it was killed).
+        serving = [bots["_root"] / n for n in ("bot-a2" if (bots["_root"] / "bot-a2").exists() else "bot-a", "bot-b")]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(minimise)
+            with trio.fail_after(60):
+                while not any(_mid_lease(state) for state in serving):  # noqa: ASYNC110
+                    await trio.sleep(0.05)
+            await trio.to_thread.run_sync(cluster.restart_server)
+        return results
+
+    out = tools.run(scenario)
+    assert out["remote"]["units"] == ["m3.py"], out["remote"]
+    assert out["remote"]["executor"]["uploaded_blobs"] > 22, out["remote"]  # the base went up twice
+    print(f"through a server restart: {out['remote']['elapsed_ms']} ms, {out['remote']['executor']}")
 
 
 def _action(client: ReapiClient, argv: list[str], tag: str) -> Any:

@@ -19,6 +19,11 @@ A trial becomes an Action:
   ``k=v,k=v``; default OSFamily=linux).  Confirmation runs set ``skip_cache_lookup``
   and ``do_not_cache``: a flaky command must be seen to flake, and not be remembered.
 
+A server that loses blobs (an in-memory CAS restarted, an evicted blob) answers
+FAILED_PRECONDITION, and one that restarts drops the Execute stream (UNAVAILABLE):
+both are retried for up to a minute, each time after FindMissingBlobs and re-uploading
+what is gone.
+
 The answer is judged as a local reply: exit code, stdout and stderr from the
 ActionResult; the operation's DEADLINE_EXCEEDED status is "timed out".  Any other
 failed status is the cluster's failure, not the command's, and is raised, so it never
@@ -65,6 +70,9 @@ from sandbox.spec import DEFAULT_TIMEOUT_MS, resolve_cwd
 CAPSULE_VAR = "CCW_REAPI_CAPSULE"  # taken out of the environment by ccw-bot
 DEFAULT_PARALLEL = 4
 REPLAY_ARGV = ["ccw-bot", "replay"]  # run by ccw-bot itself, not exec'd
+RETRY_WINDOW_S = 60.0  # how long one Execute is retried while the server is away or lost its inputs
+RETRY_S = 1.0
+_RETRIED = ("UNAVAILABLE", "FAILED_PRECONDITION")  # gRPC statuses worth another upload and Execute
 QUEUE_SLACK_S = 600.0  # how long Execute may wait beyond the action's timeout (queueing, a requeue)
 
 # (path, size, mtime_ns, ino) -> digest: a base's files are hashed once per process.
@@ -175,13 +183,26 @@ class ReapiExecutor:
 
     async def _execute(self, spec: CommandSpec, entries: dict[str, Entry], timeout_s: float,
                        fresh: bool) -> Executed:  # fmt: skip
+        """Upload what the CAS misses, Execute; again (re-uploading) when the server lost
+        blobs or went away meanwhile (a restart empties an in-memory CAS)."""
         tree = await trio.to_thread.run_sync(build_tree, entries)
         built = build_action(spec, tree.root, timeout_s=timeout_s, do_not_cache=fresh)
-        report = await self.reapi.upload_tree(tree, built.blobs)
-        self.uploaded_blobs += report.blobs
-        self.uploaded_bytes += report.bytes
-        executed = await self.reapi.execute(built.action_digest, skip_cache_lookup=fresh,
-                                            timeout_s=timeout_s + QUEUE_SLACK_S)  # fmt: skip
+        give_up = trio.current_time() + RETRY_WINDOW_S
+        while True:
+            try:
+                report = await self.reapi.upload_tree(tree, built.blobs)
+                self.uploaded_blobs += report.blobs
+                self.uploaded_bytes += report.bytes
+                executed = await self.reapi.execute(built.action_digest, skip_cache_lookup=fresh,
+                                                    timeout_s=timeout_s + QUEUE_SLACK_S)  # fmt: skip
+            except CcwError as error:
+                if trio.current_time() > give_up or error.details.get("grpc_status") not in _RETRIED:
+                    raise
+                await trio.sleep(RETRY_S)
+                continue
+            if executed.response.status.code != code_pb2.FAILED_PRECONDITION or trio.current_time() > give_up:
+                break
+            await trio.sleep(RETRY_S)  # inputs missing at run time: upload them again
         if executed.response.cached_result:
             self.cache_hits += 1
         else:
