@@ -8,7 +8,11 @@ journal, so each run is witnessed as a local exec is.
 
 For each lease:
 
-- The Command and input root are fetched from the CAS into a lease directory.
+- The Command and input root are fetched from the CAS into a lease directory, every
+  file a hard link into the bot's cache of blobs (``reapi-cas`` in its state dir), so a
+  lease reads from the CAS only what the host has not seen (trials over one base: the
+  few files their subset changed).  The cache is never evicted: remove the directory
+  (while the bot is stopped) to reclaim it.
 - The input root becomes a capsule's base, shown at the workspace path the client's
   ``CCW_REAPI_CAPSULE`` variable names (capsules/remote.py; the variable is taken out
   of the environment first), or at the lease directory itself for any other REAPI
@@ -64,6 +68,7 @@ from sandbox.replies import ExecReply
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
+CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease (never evicted)
 RETRY_S = 1.0  # between bot sessions when the cluster is unavailable
 CANCEL_POLL_S = 0.1  # how soon a withdrawn lease's run is stopped
 
@@ -106,7 +111,7 @@ class CapsuleRunner:
         with tempfile.TemporaryDirectory(prefix="lease-", dir=self.scratch) as work:
             root = Path(work) / "root"
             root.mkdir()
-            fetch_input_root(client, action.input_root_digest, root)
+            fetch_input_root(client, action.input_root_digest, root, self.scratch.parent / CAS_CACHE)
             if "replay" in marker:
                 return self._replay(client, root / marker["replay"], marker.get("expected_root"))
             ran = trio.from_thread.run(self._run, root, command, env, marker, timeout_s, cancelled,

@@ -264,6 +264,32 @@ class ReapiClient:
                                        f"not {digest.size_bytes}")  # fmt: skip
         return data
 
+    def read_blobs(self, digests: Iterable[re_pb2.Digest]) -> Iterator[tuple[re_pb2.Digest, bytes]]:
+        """Each blob's bytes, many small ones per BatchReadBlobs (within the batch budget), large ones alone."""
+        budget = self.batch_budget()
+        batch: list[re_pb2.Digest] = []
+        size = 0
+        for digest in {key(d): d for d in digests}.values():
+            if digest.size_bytes == 0 or digest.size_bytes > budget:
+                yield digest, self.read_blob(digest)
+                continue
+            if batch and size + digest.size_bytes > budget:
+                yield from self._batch_read(batch)
+                batch, size = [], 0
+            batch.append(digest)
+            size += digest.size_bytes
+        if batch:
+            yield from self._batch_read(batch)
+
+    def _batch_read(self, digests: list[re_pb2.Digest]) -> Iterator[tuple[re_pb2.Digest, bytes]]:
+        with rpc_errors("BatchReadBlobs"):
+            reply = self._cas.BatchReadBlobs(re_pb2.BatchReadBlobsRequest(instance_name=self.instance, digests=digests))
+        for answer in reply.responses:
+            if _status_failed(answer.status) or len(answer.data) != answer.digest.size_bytes:
+                raise CcwError("NOT_FOUND", f"CAS has no blob {answer.digest.hash}/{answer.digest.size_bytes}: "
+                                            f"{answer.status.message}")  # fmt: skip
+            yield answer.digest, answer.data
+
     def get_tree(self, root: re_pb2.Digest) -> Iterator[re_pb2.Directory]:
         """Every Directory under ``root`` (root included), page by page from GetTree."""
         token = ""

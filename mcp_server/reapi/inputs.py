@@ -4,7 +4,8 @@ Some facts about fetching an input root:
 
 - ``GetTree`` streams every Directory under a root in pages, so one call replaces a
   read per directory; the files are then read by digest, each distinct blob once
-  (``BatchReadBlobs`` for many small ones, ByteStream for a large one).
+  (``BatchReadBlobs`` for many small ones at a time, ByteStream for a large one), and
+  with a cache only the blobs the host has not seen before.
 - Names in a Directory come from the client: a worker must refuse ``..``, ``/`` and
   empty names, or an input root could write outside its directory.  Symlinks are made
   as given; what they point at is resolved by the command at run time, inside the
@@ -17,6 +18,8 @@ Some facts about fetching an input root:
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from mcp_server.reapi.client import ReapiClient
@@ -41,10 +44,54 @@ def fetch_directories(client: ReapiClient, root: re_pb2.Digest) -> dict[tuple[st
     return found
 
 
-def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path) -> int:
-    """Write the tree ``root`` names into the empty directory ``dest``; the number of files written."""
+def _cached(cache: Path, digest: re_pb2.Digest, executable: bool) -> Path:
+    return cache / f"{digest.hash}-{digest.size_bytes}-{'x' if executable else 'r'}"
+
+
+def _store(cache: Path, digest: re_pb2.Digest, executable: bool, data: bytes) -> None:
+    """Put a blob in the cache as a file of its own mode (written aside, then renamed: leases share it)."""
+    final = _cached(cache, digest, executable)
+    if final.exists():
+        return
+    fd, temporary = tempfile.mkstemp(dir=cache, prefix=".part-")
+    with open(fd, "wb") as sink:
+        sink.write(data)
+    os.chmod(temporary, 0o755 if executable else 0o644)
+    os.replace(temporary, final)
+
+
+def _place(source: Path, path: Path) -> None:
+    """A hard link to the cached file, or a copy where links cannot go (another filesystem, link limit)."""
+    try:
+        os.link(source, path)
+    except OSError:
+        shutil.copy2(source, path)
+
+
+def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: Path | None = None) -> int:
+    """Write the tree ``root`` names into the empty directory ``dest``; the number of files written.
+
+    The blobs come many per ``BatchReadBlobs``.  With ``cache`` (a directory on the same
+    filesystem as ``dest``) every file is a hard link to a cached copy keyed by digest
+    and executable bit, and only blobs not cached yet are read: trials over one base
+    fetch only what their subset changed.  The links are safe to share because a
+    capsule never writes its lower directory (overlayfs copies up first).
+    """
     directories = fetch_directories(client, root)
-    blobs: dict[tuple[str, int], bytes] = {}
+    nodes = {(key(n.digest), n.is_executable): n.digest for d in directories.values() for n in d.files}
+    data: dict[tuple[str, int], bytes] = {}
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        wanted = {key(d): d for (k, x), d in nodes.items() if not _cached(cache, d, x).exists()}
+    else:
+        wanted = {k: d for (k, _), d in nodes.items()}
+    for digest, blob in client.read_blobs(wanted.values()):
+        if cache is None:
+            data[key(digest)] = blob
+            continue
+        for executable in (False, True):
+            if (key(digest), executable) in nodes:
+                _store(cache, digest, executable, blob)
     written = 0
 
     def lay_out(digest: re_pb2.Digest, here: Path) -> None:
@@ -53,14 +100,14 @@ def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path) -> in
         if directory is None:
             raise CcwError("NOT_FOUND", f"GetTree did not return Directory {digest.hash}/{digest.size_bytes}")
         for node in directory.files:
-            wanted = key(node.digest)
-            if wanted not in blobs:
-                blobs[wanted] = client.read_blob(node.digest)
             path = here / _safe_name(node.name)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                         0o755 if node.is_executable else 0o644)  # fmt: skip
-            with open(fd, "wb") as sink:
-                sink.write(blobs[wanted])
+            if cache is not None:
+                _place(_cached(cache, node.digest, node.is_executable), path)
+            else:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o755 if node.is_executable else 0o644)  # fmt: skip
+                with open(fd, "wb") as sink:
+                    sink.write(data[key(node.digest)])
             written += 1
         for link in directory.symlinks:
             os.symlink(link.target, here / _safe_name(link.name))
