@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +21,7 @@ from mcp_server.capsules.trials import Unit
 from mcp_server.cli import parse_args, serve_env
 from mcp_server.config import Config
 from mcp_server.reapi.bot import _signalled, parse_properties
+from mcp_server.reapi.inputs import fetch_input_root
 from mcp_server.reapi.merkle import (
     DirEntry,
     FileEntry,
@@ -103,3 +107,49 @@ def test_settings_choose_the_executor() -> None:
     finally:
         remote.close()
     assert serve_env(parse_args(["serve", "--reapi", "grpc://127.0.0.1:9"]))["CCW_REAPI_URL"] == "grpc://127.0.0.1:9"
+
+
+class _FakeCas:
+    """What fetch_input_root asks of a client, served from a built tree's blobs; counts reads."""
+
+    def __init__(self, blobs: dict[tuple[str, int], bytes | Path]) -> None:
+        self.blobs = {k: v if isinstance(v, bytes) else v.read_bytes() for k, v in blobs.items()}
+        self.read: list[tuple[str, int]] = []
+
+    def get_tree(self, root: Any) -> Iterator[Any]:
+        from mcp_server.reapi.protos import re_pb2
+
+        pending = [root]
+        while pending:
+            directory = re_pb2.Directory.FromString(self.blobs[(pending[0].hash, pending[0].size_bytes)])
+            pending = pending[1:] + [child.digest for child in directory.directories]
+            yield directory
+
+    def read_blobs(self, digests: Any) -> Iterator[tuple[Any, bytes]]:
+        for digest in digests:
+            self.read.append((digest.hash, digest.size_bytes))
+            yield digest, self.blobs[(digest.hash, digest.size_bytes)]
+
+
+def test_fetch_through_the_cache_links_files_and_reads_each_blob_once(tmp_path: Path) -> None:
+    ws = _base(tmp_path)
+    (ws / "run.sh").chmod(0o755)
+    (ws / "same.txt").write_text("A = 1\n")  # the bytes of pkg/a.py: one blob
+    tree = tree_of_directory(ws)
+    cas = _FakeCas(tree.blobs)
+    cache = tmp_path / "cas"
+    first, second = tmp_path / "lease1", tmp_path / "lease2"
+    first.mkdir()
+    second.mkdir()
+    assert fetch_input_root(cas, tree.root, first, cache) == 5  # type: ignore[arg-type]
+    assert len(cas.read) == 4  # distinct file contents
+    assert fetch_input_root(cas, tree.root, second, cache) == 5  # type: ignore[arg-type]
+    assert len(cas.read) == 4  # nothing read again
+    assert tree_of_directory(second).root == tree.root
+    assert os.stat(second / "pkg" / "a.py").st_ino == os.stat(first / "same.txt").st_ino
+    assert os.stat(second / "run.sh").st_mode & 0o777 == 0o755
+    assert (second / "only").is_dir()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    fetch_input_root(cas, tree.root, plain)  # type: ignore[arg-type]
+    assert tree_of_directory(plain).root == tree.root and os.stat(plain / "pkg" / "a.py").st_nlink == 1
