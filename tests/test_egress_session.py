@@ -6,9 +6,20 @@ import ipaddress
 import socket
 import struct
 
+import pytest
 import trio
 
-from tests.egress_harness import NoDns, egress, network, read_all, read_head, shout, upstream
+from mcp_server.egress import splice
+from tests.egress_harness import (
+    NoDns,
+    egress,
+    network,
+    read_all,
+    read_head,
+    relay_engine,  # noqa: F401  (a fixture)
+    shout,
+    upstream,
+)
 
 
 def socks_request(host: str, port: int, command: int = 1) -> bytes:
@@ -35,6 +46,7 @@ async def socks_connect(stream: trio.SocketStream, host: str, port: int, command
     return received[3]
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_socks_domain_v4_v6_allowed_and_denied() -> None:
     async def main() -> None:
         async with upstream(shout) as up4, upstream(shout, "::1") as up6:
@@ -121,6 +133,7 @@ def test_connection_cap_refuses_with_reason() -> None:
     trio.run(main)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_byte_cap_cuts_the_relay() -> None:
     payload = b"x" * (4 << 20)
 
@@ -177,7 +190,11 @@ def test_records_sorted_and_between_execs_kept() -> None:
     trio.run(main)
 
 
-def test_fifty_parallel_connections() -> None:
+@pytest.mark.usefixtures("relay_engine")
+def test_fifty_parallel_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With 8 splice threads, the other 42 tunnels take the trio relay.
+    monkeypatch.setattr(splice, "THREADS", trio.CapacityLimiter(8))
+
     async def main() -> None:
         async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
 
@@ -204,6 +221,7 @@ def test_fifty_parallel_connections() -> None:
     trio.run(main)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_aclose_cancels_open_relays() -> None:
     async def main() -> None:
         async with upstream(shout) as up:

@@ -8,9 +8,10 @@ resolves an allowed name from the host's network namespace, keeps only the addre
 copies bytes both ways until both sides are done, charging them to the exec's byte
 budget and cutting the connection when it runs out.
 
-The relay is the hot path (a 200 MiB download goes through it): each direction reuses
-one 256 KiB buffer (``recv_into`` and ``send`` on memoryviews, no bytes object per
-chunk), and the byte count is one subtraction per chunk.  Figures: ``proxy.py``.
+Tunnels and response bodies are normally spliced in a worker thread (``splice.py``,
+which has the throughput figures); ``relay`` and ``pump`` here are the trio relay used
+when no splice thread is free: each direction reuses one 256 KiB buffer (``recv_into``
+and ``send`` on memoryviews, no bytes object per chunk).
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ class Budget(Protocol):
 
     def take(self, wanted: int) -> int:
         """Charge up to ``wanted`` bytes; returns how many may pass (0 when spent)."""
+        ...
+
+    def refund(self, unused: int) -> None:
+        """Give back bytes taken but not moved."""
         ...
 
     def cap_text(self) -> str:
