@@ -17,7 +17,6 @@ and ``send`` on memoryviews, no bytes object per chunk).
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -71,6 +70,18 @@ class Attempt:
     def sort_key(self) -> tuple[str, int, str, int]:
         """Records are sorted by (host, port, protocol, seq)."""
         return (self.host, self.port, self.protocol, self.seq)
+
+    def charge(self, budget: Budget, size: int, outbound: bool) -> int:
+        """Charge ``size`` moved bytes to the exec's budget and count what it granted; a
+        short grant marks the record cut (the caller stops relaying)."""
+        granted = budget.take(size)
+        if outbound:
+            self.bytes_out += granted
+        else:
+            self.bytes_in += granted
+        if granted < size:
+            self.cut = budget.cap_text()
+        return granted
 
     def deny(self, reason: str) -> None:
         """Turn an admitted attempt into a denial (rebinding found after resolution)."""
@@ -148,20 +159,12 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return addresses
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 async def connect_upstream(attempt: Attempt, resolver: Resolver) -> trio.socket.SocketType:
     """Resolve (names only), drop what loopback_ok refuses, connect to the first that answers."""
     assert attempt.rule is not None
     host, port = attempt.host, attempt.port
     try:
-        found = [host] if _is_ip(host) else await resolver(host, port)
+        found = [host] if netrules.is_ip_literal(host) else await resolver(host, port)
     except OSError as exc:
         raise Refused(f"cannot resolve {host}: {exc.strerror or exc}", denied=False) from None
     usable = [a for a in found if netrules.loopback_ok(attempt.rule, host, a)]
@@ -218,29 +221,19 @@ async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
             return
-        allowed = budget.take(received)
+        allowed = attempt.charge(budget, received, outbound)
         if allowed:
             await send_all(dst, view[:allowed])
-        if outbound:
-            attempt.bytes_out += allowed
-        else:
-            attempt.bytes_in += allowed
         if allowed < received:
-            attempt.cut = budget.cap_text()
             raise ByteCapReached
 
 
 async def charge_and_send(dst: trio.socket.SocketType, data: bytes, attempt: Attempt,
                           budget: Budget, outbound: bool) -> None:
     """Send bytes the handler produced itself (a rewritten head), charged like relayed ones."""
-    allowed = budget.take(len(data))
+    allowed = attempt.charge(budget, len(data), outbound)
     await send_all(dst, data[:allowed])
-    if outbound:
-        attempt.bytes_out += allowed
-    else:
-        attempt.bytes_in += allowed
     if allowed < len(data):
-        attempt.cut = budget.cap_text()
         raise ByteCapReached
 
 

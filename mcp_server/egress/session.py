@@ -207,7 +207,10 @@ class EgressSession:
                     continue
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                raise
+                # Anything else (the listener gone with its namespace) ends this listener
+                # only: the capsule's nursery must not fail for it.
+                log.warning("egress proxy: stopped accepting: %s", exc)
+                return
             if self._clients >= MAX_CLIENTS:
                 client.close()
                 continue
@@ -227,7 +230,11 @@ class EgressSession:
     async def _sniff(self) -> None:
         assert self._sniffer is not None
         while True:
-            packet, address = await self._sniffer.recvfrom(65536)
+            try:
+                packet, address = await self._sniffer.recvfrom(65536)
+            except OSError as exc:  # e.g. ENETDOWN once the veth is gone
+                log.warning("egress sniffer: stopped reading: %s", exc)
+                return
             if isinstance(address, tuple) and len(address) > 2 and address[2] == sniff.PACKET_OUTGOING:
                 continue
             seen = sniff.parse_packet(packet)

@@ -105,16 +105,9 @@ def _fill(way: Direction, attempt: Attempt, budget: Budget) -> bool | None:
     if moved == 0:
         way.eof = True
         return True
-    granted = budget.take(moved)
+    granted = attempt.charge(budget, moved, way.outbound)
     way.pending += granted  # bytes past the cap stay in the pipe and die with it
-    if way.outbound:
-        attempt.bytes_out += granted
-    else:
-        attempt.bytes_in += granted
-    if granted < moved:
-        attempt.cut = budget.cap_text()
-        return False
-    return True
+    return granted == moved
 
 
 def _drain(way: Direction) -> bool:
