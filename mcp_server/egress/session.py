@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 
 import trio
@@ -50,17 +51,25 @@ Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
 
 
 class ExecBudget:
-    """The bytes an exec may still move, both directions summed."""
+    """The bytes an exec may still move, both directions summed (trio tasks and splice
+    threads charge it, hence the lock)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.left = limit
+        self._lock = threading.Lock()
 
     def take(self, wanted: int) -> int:
         """Charge up to ``wanted`` bytes; how many may pass."""
-        granted = min(wanted, self.left)
-        self.left -= granted
+        with self._lock:
+            granted = min(wanted, self.left)
+            self.left -= granted
         return granted
+
+    def refund(self, unused: int) -> None:
+        """Give back bytes taken but not moved."""
+        with self._lock:
+            self.left += unused
 
     def cap_text(self) -> str:
         """What a cut record says."""
@@ -198,7 +207,10 @@ class EgressSession:
                     continue
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                raise
+                # Anything else (the listener gone with its namespace) ends this listener
+                # only: the capsule's nursery must not fail for it.
+                log.warning("egress proxy: stopped accepting: %s", exc)
+                return
             if self._clients >= MAX_CLIENTS:
                 client.close()
                 continue
@@ -218,7 +230,11 @@ class EgressSession:
     async def _sniff(self) -> None:
         assert self._sniffer is not None
         while True:
-            packet, address = await self._sniffer.recvfrom(65536)
+            try:
+                packet, address = await self._sniffer.recvfrom(65536)
+            except OSError as exc:  # e.g. ENETDOWN once the veth is gone
+                log.warning("egress sniffer: stopped reading: %s", exc)
+                return
             if isinstance(address, tuple) and len(address) > 2 and address[2] == sniff.PACKET_OUTGOING:
                 continue
             seen = sniff.parse_packet(packet)
