@@ -154,8 +154,10 @@ def test_byte_cap_cuts_the_relay() -> None:
             await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\ngo".encode())
             received = await read_all(client)
             records = proxy.session.end_exec()
+            notes = proxy.session.notes()
         [record] = records
         assert record["cut"] == "byte cap (100000 bytes)"
+        assert notes == [f"ccw network: cut https 127.0.0.1:{up.port} after 100000 bytes: byte cap (100000 bytes)"]
         assert record["bytes_out"] == 2
         assert record["bytes_in"] == 100_000 - 2
         assert len(received) == len(b"HTTP/1.1 200 Connection established\r\n\r\n") + 100_000 - 2

@@ -202,6 +202,8 @@ def test_the_byte_cap_and_the_connection_cap_hold(tools: Any, workspace: Path) -
     assert out["big"]["exit_code"] != 0, out["big"]  # the transfer was cut short
     (record,) = out["big"]["touched"]["network"]
     assert record["cut"] == f"byte cap ({1 << 20} bytes)" and record["bytes_in"] + record["bytes_out"] <= (1 << 20) + (1 << 18)
+    # The agent reads why the transfer stopped, beside curl's own complaint.
+    assert out["big"]["network_notes"] == [f"ccw network: cut http {SERVER}:{nf.HTTP_PORT} after {1 << 20} bytes: byte cap ({1 << 20} bytes)"]
     assert out["many"]["stdout"].split() == ["200", "200", "403", "403"], out["many"]
     # Refusals by the cap are recorded once per place and exec (the records stay bounded).
     refused = [r for r in out["many"]["touched"]["network"] if not r["allowed"]]

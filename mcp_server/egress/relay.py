@@ -87,10 +87,15 @@ class Attempt:
         """Turn an admitted attempt into a denial (rebinding found after resolution)."""
         self.allowed, self.reason = False, reason
 
-    def note(self) -> str:
-        """The line the agent reads for a denial."""
+    def note(self) -> str | None:
+        """The line the agent reads for a denial or a connection the byte cap cut; None
+        for an allowed connection that ran its course."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
+        if not self.allowed:
+            return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
+        if self.cut is not None:
+            return f"ccw network: cut {self.protocol} {host}:{self.port} after {self.bytes_in + self.bytes_out} bytes: {self.cut}"
+        return None
 
 
 class Refused(Exception):

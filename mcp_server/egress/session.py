@@ -114,14 +114,15 @@ class EgressSession:
         self._once.clear()
 
     def end_exec(self) -> list[dict[str, object]]:
-        """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials."""
+        """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials
+        and the connections a cap cut."""
         attempts = sorted(self._attempts, key=Attempt.sort_key)
         self._attempts = []
-        self._notes = [attempt.note() for attempt in attempts if not attempt.allowed]
+        self._notes = [note for note in map(Attempt.note, attempts) if note is not None]
         return [attempt.record() for attempt in attempts]
 
     def notes(self) -> list[str]:
-        """One line per denied attempt of the last exec ended."""
+        """One line per denied or cut attempt of the last exec ended."""
         return list(self._notes)
 
     def allowed_text(self) -> str:
