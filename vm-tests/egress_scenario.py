@@ -54,6 +54,19 @@ JAIL = textwrap.dedent("""
         finally:
             sock.close()
 
+    def sent(family, address, broadcast=False):
+        # A datagram nobody answers (a group, a broadcast): only whether it left at once.
+        start = time.monotonic()
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, int(broadcast))
+            sock.sendto(b"who?", address)
+            return {"sent": True, "s": time.monotonic() - start}
+        except OSError as exc:
+            return {"errno": errno.errorcode.get(exc.errno, str(exc)), "s": time.monotonic() - start}
+        finally:
+            sock.close()
+
     if targets.get("proxy"):
         out["proxy"] = attempt(socket.AF_INET, socket.SOCK_STREAM, ("10.99.0.1", 3128), b"ping")
     out["testnet"] = attempt(socket.AF_INET, socket.SOCK_STREAM, ("192.0.2.1", 80))
@@ -63,6 +76,19 @@ JAIL = textwrap.dedent("""
     out["host_addresses"] = [
         [host, port, attempt(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, (host, port))]
         for host, port in targets["host"]]
+    if targets.get("proxy"):  # the edges: link-local, multicast, broadcast (eth0 exists)
+        eth0 = socket.if_nametoindex("eth0")  # a link-local address needs its link (scope id)
+        out["edges"] = {
+            "link_local": attempt(socket.AF_INET6, socket.SOCK_STREAM, ("fe80::1", 80, 0, eth0)),
+            "link_local_udp": attempt(socket.AF_INET6, socket.SOCK_DGRAM, ("fe80::1", 53, 0, eth0), b"dns?"),
+            "link_local_v4": attempt(socket.AF_INET, socket.SOCK_STREAM, ("169.254.169.254", 80)),
+            "multicast_tcp": attempt(socket.AF_INET, socket.SOCK_STREAM, ("224.0.0.1", 80)),
+            "multicast_tcp_v6": attempt(socket.AF_INET6, socket.SOCK_STREAM, ("ff02::1", 80, 0, eth0)),
+            "multicast_udp": sent(socket.AF_INET, ("224.0.0.251", 5353)),
+            "multicast_udp_v6": sent(socket.AF_INET6, ("ff02::fb", 5353, 0, eth0)),
+            "broadcast_udp": sent(socket.AF_INET, ("255.255.255.255", 67), broadcast=True),
+            "broadcast_no_option": sent(socket.AF_INET, ("255.255.255.255", 67)),
+        }
     out["env"] = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
     print(json.dumps(out))
 """)
