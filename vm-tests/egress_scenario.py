@@ -240,18 +240,34 @@ async def scenario(helper: subprocess.Popen[bytes], ws: str, loopback_port: int)
     return out
 
 
-async def after_restart(capsule_id: str, loopback_port: int) -> dict[str, Any]:
-    """A capsule made before a restart: still "egress", but without a kit until net_open."""
+async def spare_at_start(pid: int) -> list[str]:
+    """What the helper holds once its spare kit is made (a network namespace among them)."""
+    for _ in range(100):
+        held = helper_holds(pid)
+        if any(link.startswith("net:[") for link in held):
+            return held
+        await trio.sleep(0.05)
+    return helper_holds(pid)
+
+
+async def after_restart(helper: subprocess.Popen[bytes], capsule_id: str, loopback_port: int) -> dict[str, Any]:
+    """A capsule made before a restart: still "egress", but without a kit until net_open.
+
+    The helper saw an egress capsule in its state dir, so a spare kit waits before any
+    net_open: the kit net_open passes, and the jail's namespace, are ones it held already.
+    """
     client = HelperClient(os.path.join(DIR, "helper.sock"))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"held_at_start": await spare_at_start(helper.pid)}
     targets = {"loopback_port": loopback_port, "host": []}
     try:
         out["before_open"] = await exec_code(client, capsule_id, targets)
         _reply, fds = await client.net_open(capsule_id)
+        out["kit_links"] = kit_links(fds)
         for fd in fds:
             os.close(fd)
         jail = await exec_code(client, capsule_id, targets)
         out["testnet"] = jail["testnet"] if isinstance(jail, dict) else jail
+        out["netns"] = jail["netns"] if isinstance(jail, dict) else jail
         await client.call(DestroyRequest(capsule_id))
     finally:
         await client.aclose()
@@ -274,7 +290,7 @@ def main() -> None:
     out["helper_exit"] = out_code
     helper = start_helper(2)
     try:
-        out["restart"] = trio.run(after_restart, out["kept"], port)
+        out["restart"] = trio.run(after_restart, helper, out["kept"], port)
     finally:
         helper.send_signal(signal.SIGTERM)
         out["helper_exit_2"] = helper.wait(30)

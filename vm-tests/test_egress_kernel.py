@@ -130,6 +130,10 @@ def test_exec_without_a_kit_is_unavailable_until_net_open(scenario: dict[str, An
     restart = scenario["restart"]
     assert restart["before_open"] == "UNAVAILABLE network_not_open"
     assert restart["testnet"]["errno"] == "ECONNREFUSED"
+    # It saw an egress capsule in its state dir, so a spare kit was ready before net_open:
+    # the sockets net_open passed and the jail's namespace were held from the start.
+    assert set(restart["kit_links"]) <= set(restart["held_at_start"])
+    assert restart["netns"] in restart["held_at_start"]
     assert scenario["helper_exit"] == 0 and scenario["helper_exit_2"] == 0
 
 
