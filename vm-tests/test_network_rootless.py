@@ -110,11 +110,12 @@ def test_the_rootless_path_passes_the_same_network_tests(world: tuple[int, int, 
     assert [(r["host"], r["protocol"], r["allowed"]) for r in out["https"]["touched"]["network"]] == [
         (nf.SERVER_ADDRESS, "https", True)]
     results = [json.loads(line) for line in out["probes"]["stdout"].splitlines()]
-    assert len(results) == 7 and all(not r["ok"] and r["elapsed"] < 2.0 for r in results), results
+    assert len(results) == 9 and all(not r["ok"] and r["elapsed"] < 2.0 for r in results), results
     places = {(r["host"], r["port"], r["protocol"], r["allowed"]) for r in out["probes"]["touched"]["network"]}
     assert {("denied.example", 80, "http", False), (nf.SERVER_ADDRESS, 8080, "tcp", False),
             (nf.SERVER_ADDRESS, 53, "udp", False), ("fd98::2", 80, "tcp", False),
-            ("127.0.0.1", loop_port, "http", False)} <= places
+            ("127.0.0.1", loop_port, "http", False), ("fe80::1", 80, "tcp", False),
+            ("169.254.169.254", 80, "tcp", False), ("224.0.0.251", 5353, "udp", False)} <= places
     assert out["pip"]["exit_code"] == 0, out["pip"]["stderr"]
     assert out["used"]["stdout"] == "hello from ccwtiny\n"
     assert any(r["allowed"] and r["port"] == nf.HTTP_PORT for r in out["pip"]["touched"]["network"])
