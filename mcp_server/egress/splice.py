@@ -66,6 +66,7 @@ PIPE_SIZE = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 # Worker threads for spliced relays at once; a tunnel beyond them uses the trio relay.
 THREADS = trio.CapacityLimiter(64)
+UNPACED_CC = b"reno"  # the jail side's congestion control (``unpaced``)
 ENABLED = True  # False: always the trio relay (tests cover both; a bench compares them)
 
 
@@ -184,6 +185,18 @@ def splice_relay(ways: list[Direction], stop: int, stopping: threading.Event, at
         for way in ways:
             os.close(way.pipe_read)
             os.close(way.pipe_write)
+
+
+def unpaced(listener: trio.socket.SocketType) -> None:
+    """Give the connections ``listener`` accepts a congestion control without pacing.
+
+    The jail's side of a tunnel is a veth in memory; pacing it only costs timers (see
+    the module's notes).  Set on the listener, before the handshake: a connection made
+    with BBR stays paced after a switch, since the kernel never clears the pacing
+    status BBR set.  Reno is built into every kernel and open to unprivileged callers;
+    if even that fails, the connection keeps the system's default."""
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, UNPACED_CC)
 
 
 def _direction(src: trio.socket.SocketType, dst: trio.socket.SocketType, outbound: bool) -> Direction:
