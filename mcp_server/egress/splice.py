@@ -43,6 +43,33 @@ across the capsule's veth to this relay, then the host's veth to a server namesp
 100 MiB, 15 interleaved rounds): spliced 1084 MiB/s against the host's 1718, 0.63x;
 with the trio relay 701 against 1452, 0.48x.  An MTU of 65535 on the capsule's veth
 (a scratch change to the helper) measured 0.58x, no better.
+
+Pacing, and why the jail's side uses Reno (``unpaced``).  ``perf record -a -g`` during
+those downloads put the relay thread at about 2.4 times curl's CPU (35% of all samples
+on the 2 cores against curl's 15%), and a third of the relay's samples at one spot:
+``tcp_write_xmit`` releasing an irq-safe lock, under ``splice_to_socket``, with
+``tcp_pace_kick``/``tcp_tsq_handler`` from the hrtimer softirq beside it.  That is TCP's
+internal pacing: this system's default congestion control is BBR (as on many hosts),
+BBR asks for pacing, and without an ``fq`` qdisc the kernel paces each socket itself,
+arming an hrtimer per burst; in a VM every timer reprogramming is a trap to the
+hypervisor.  The jail's side of a tunnel is a veth in memory, where pacing buys nothing,
+so its connections use Reno (no pacing); the upstream side keeps the system's choice,
+since it is the real network.  It has to be set on the listeners: a connection that
+starts with BBR stays paced after a switch.  With it the relay's share of samples fell
+from 35% to 19% (curl's stayed), about 0.11 s of relay CPU per 400 MiB by its
+/proc stat, some 800 fills of ~520 KiB and 100 polls.  Interleaved in one run (the
+listeners switched between BBR and Reno before each download, host direct beside
+them, 11 rounds, medians):
+
+    size      host       BBR (before)    Reno (kept)
+    400 MiB   2207 MiB/s 1265 0.57x      1916 0.87x
+    100 MiB   2119 MiB/s 1203 0.57x      1733 0.82x
+
+Tried and not kept, each interleaved against the same run's baseline on the loaded
+VM: SO_SNDBUF of 4 MiB on the jail's socket (0.61x against 0.64x), that with
+SO_RCVBUF 4 MiB on the upstream socket (0.53x); no better, within the noise.  What is
+left of the gap is the second TCP stack pass: the relay's send carries curl's receive
+processing (the veth hands each packet to the receiving socket in the sender's softirq).
 """
 
 from __future__ import annotations
