@@ -229,8 +229,8 @@ def unpaced(listener: trio.socket.SocketType) -> None:
     the module's notes).  Set on the listener, before the handshake: a connection made
     with BBR stays paced after a switch, since the kernel never clears the pacing
     status BBR set.  Reno is built into every kernel and open to unprivileged callers
-    (cubic is not, for uid 65534 on this VM);
-    if even that fails, the connection keeps the system's default."""
+    (cubic is not, for uid 65534 on this VM); if even Reno fails, the connection keeps
+    the system's default."""
     with contextlib.suppress(OSError):
         listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, UNPACED_CC)
 
