@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import trio
 
 from mcp_server.core import netrules
-from mcp_server.egress import sniff
+from mcp_server.egress import sniff, splice
 from mcp_server.egress.proxy import handle_http
 from mcp_server.egress.relay import (
     DIRECT_REASON,
@@ -93,6 +93,8 @@ class EgressSession:
         self._resolver = resolver
         self._http = _adopt(http_fd)
         self._socks = _adopt(socks_fd)
+        for listener in (self._http, self._socks):
+            splice.unpaced(listener)  # the jail's connections: no pacing (splice.py's notes)
         self._sniffer = _adopt(sniffer_fd) if sniffer_fd is not None else None
         self._endpoints = {self._http.getsockname()[:2], self._socks.getsockname()[:2]}
         self._seq = 0
