@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, Row, median_ms
+from bench.common import Call, Report, Row, in_process_tools, median_ms
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT / "vm-tests"))
@@ -53,7 +53,6 @@ URL = f"http://{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}/files/download.bin"
 CURL = ["curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{size_download} %{time_total}"]
 ALLOW = [f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"]
 
-Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 async def _rounds(runners: dict[str, Callable[[], Awaitable[float]]], repeat: int) -> dict[str, list[float]]:
@@ -144,26 +143,10 @@ class _Runs:
 
 
 async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> dict[str, list[float]]:
-    from mcp_server.config import TOOLSETS, Config
-    from mcp_server.context import CallContext, Runtime
-    from mcp_server.state import State
-    from mcp_server.tools.registry import Registry
-
     ws = root / "ws"
     ws.mkdir()
-    config = Config.from_env({"CCW_STATE_DIR": str(root / "state")})
-    runtime = Runtime(config, State(config.state_dir))
-    ctx = CallContext(runtime)
-    registry = Registry.load(TOOLSETS)
-
-    async def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-        spec = registry.lookup(name)
-        assert spec is not None
-        result: dict[str, Any] = await spec.handler(ctx, args)
-        return result
-
-    runs = _Runs(call, ws, size)
-    try:
+    async with in_process_tools(root / "state") as tools:
+        runs = _Runs(tools.call, ws, size)
         await runs.setup()
         return await _rounds({
             "create_none": lambda: runs.create("none"), "create_allowlist": lambda: runs.create(ALLOW),
@@ -173,8 +156,6 @@ async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> d
             "shaped_capsule": _at_link_speed(servers, runs.download_in_capsule),
             "shaped_host": _at_link_speed(servers, runs.download_on_host),
         }, repeat)
-    finally:
-        await runtime.aclose()
 
 
 def run(quick: bool = False) -> Report:
