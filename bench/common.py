@@ -6,13 +6,51 @@ and the number that matters is the ratio to a baseline measured in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]  # a tool handler by name
+
+
+@dataclass(frozen=True)
+class InProcess:
+    """ccw's tools called in this process, as a transport calls them (no framing)."""
+
+    call: Call
+    ctx: Any  # mcp_server.context.CallContext, for suites that reach past the tools
+
+
+@contextlib.asynccontextmanager
+async def in_process_tools(state_dir: Path) -> AsyncIterator[InProcess]:
+    """The tool handlers over a fresh runtime keeping its state in ``state_dir``; the
+    runtime (its helper, its egress sessions) is closed on the way out."""
+    from mcp_server.config import TOOLSETS, Config
+    from mcp_server.context import CallContext, Runtime
+    from mcp_server.state import State
+    from mcp_server.tools.registry import Registry
+
+    config = Config.from_env({"CCW_STATE_DIR": str(state_dir)})
+    runtime = Runtime(config, State(config.state_dir))
+    ctx = CallContext(runtime)
+    registry = Registry.load(TOOLSETS)
+
+    async def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        spec = registry.lookup(name)
+        assert spec is not None, name
+        result: dict[str, Any] = await spec.handler(ctx, args)
+        return result
+
+    try:
+        yield InProcess(call, ctx)
+    finally:
+        await runtime.aclose()
 
 
 def sample(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float]:

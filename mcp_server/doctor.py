@@ -49,6 +49,11 @@ FIXES = {
     "openat2_escapes": "use a kernel of 5.6 or later",
     "no_openat2": "use a kernel of 5.6 or later (the front end reads capsules with openat2)",
     "no_faketime": "apt-get install libfaketime",
+    "no_veth": ("load the veth module: modprobe veth (CONFIG_VETH); until then capsules can only have "
+                "network none"),
+    "no_egress": ("network allowlists need veth, IPv6 and packet sockets (CONFIG_VETH, CONFIG_IPV6, "
+                  "CONFIG_PACKET; see the detail for the step that failed); until then capsules can only "
+                  "have network none"),
 }
 # Which helper mode needs each feature ("both", "rootless", or "" for optional).
 REQUIRED_FOR = {"namespace.user": "rootless", "overlayfs": "both", "seccomp": "both", "openat2": "both",

@@ -36,6 +36,8 @@ Some facts the probes follow from:
   asks ``access(W_OK)`` of each hierarchy's base; doctor makes and removes a cgroup.
 - The seccomp probe installs ccw's own jail filter (seccomp.py) in a child and checks
   that a denied call (``keyctl``) fails with EPERM.
+- The egress probe builds a capsule's network kit (egress.py), rootless in a user
+  namespace as the helper would.  A veth the kernel cannot make fails with EOPNOTSUPP.
 - Landlock and bubblewrap are informational: ccw uses neither, but they tell a user
   what else the machine offers.
 """
@@ -167,6 +169,7 @@ def features(state_dir: str | None = None) -> list[Finding]:
             "dir's filesystem without a size limit", "needs_root"))
         ok, detail = in_child(_seccomp)
         found.append(Finding("seccomp", ok, detail, None if ok else "no_seccomp"))
+        found.append(_egress_network(rootless, userns_ok))
         found.append(_landlock())
         found.append(_openat2(fresh("openat2")))
         found.append(_faketime())
@@ -202,6 +205,14 @@ def _fanotify(fresh: Callable[[str], str]) -> Finding:
 def _capsule_disk(fresh: Callable[[str], str]) -> Finding:
     ok, detail = in_child(_disk_probe(fresh("disk")))
     return Finding("capsule_disk", ok, detail, None if ok else "no_loop_disk")
+
+
+def _egress_network(rootless: bool, userns_ok: bool) -> Finding:
+    if rootless and not userns_ok:
+        return Finding("egress_network", False, "not probed: needs a user namespace first", userns_cause())
+    ok, detail = in_child(lambda: _egress_probe(rootless))
+    no_veth = f"({errno.errorcode[errno.EOPNOTSUPP]})" in detail  # as describe() names it
+    return Finding("egress_network", ok, detail, None if ok else "no_veth" if no_veth else "no_egress")
 
 
 # --------------------------------------------------------------------- child probes
@@ -292,6 +303,14 @@ def _namespace_probe(name: str, rootless: bool) -> Callable[[], str]:
         return f"unshare(CLONE_NEW{flag}){where}"
 
     return probe
+
+
+def _egress_probe(rootless: bool) -> str:
+    from sandbox import egress  # the helper's own code, only when probed
+
+    if rootless:
+        _enter_user_namespace()
+    return egress.probe()
 
 
 def _make_layers(base: str) -> tuple[str, str, str, str]:

@@ -402,7 +402,7 @@ class CapsuleManager:
     def recover(self) -> dict[str, Any]:
         """At start: detach stale mounts, delete half-made capsules, re-register the rest.
 
-        Also starts filling the disk pool.
+        Also starts filling the disk pool, and makes a spare egress kit if any capsule is "egress".
         """
         for point in mounts_under(self.capsules_dir):
             log.info("detaching stale mount %s", point)
@@ -440,6 +440,8 @@ class CapsuleManager:
                 parent.children.add(capsule.capsule_id)
         with self._lock:
             self._capsules = found
+        if any(capsule.spec.network == "egress" for capsule in found.values()):
+            self.kits.prepare()  # their first net_open after this restart finds a kit ready
         stale_cgroups = execution.cleanup_stale_cgroups()
         if self.disks is not None:
             self.disks.start()  # so that the first create finds a disk ready

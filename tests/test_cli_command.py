@@ -219,7 +219,8 @@ def test_doctor_json_on_this_machine(state_dir: Path) -> None:
     names = [c["name"] for c in report["checks"]]
     for expected in ("namespace.user", "namespace.mount", "namespace.pid", "namespace.net", "namespace.uts",
                      "namespace.ipc", "namespace.cgroup", "namespace.time", "overlayfs", "cgroups",
-                     "fanotify", "seccomp", "landlock", "openat2", "libfaketime", "bubblewrap", "helper_service"):
+                     "fanotify", "seccomp", "egress_network", "landlock", "openat2", "libfaketime", "bubblewrap",
+                     "helper_service"):
         assert expected in names
     for check in report["checks"]:
         assert set(check) == {"name", "ok", "detail", "fix", "required_for"}

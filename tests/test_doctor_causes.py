@@ -9,10 +9,14 @@ otherwise show up first on a machine where that feature is missing.
 from __future__ import annotations
 
 import ast
+import errno
 import inspect
+import os
+
+import pytest
 
 from mcp_server import doctor
-from sandbox import probe
+from sandbox import egress, probe
 
 SOURCE = ast.parse(inspect.getsource(probe))
 FUNCTIONS = {node.name: node for node in ast.walk(SOURCE) if isinstance(node, ast.FunctionDef)}
@@ -74,3 +78,27 @@ def test_an_unknown_cause_still_makes_a_row() -> None:
     assert check.fix is not None and "a_cause_from_elsewhere" in check.fix
     assert (check.ok, check.detail, check.required_for) == (False, "seen", "both")
     assert doctor.check_of(probe.Finding("bubblewrap", None, "informational")).fix is None
+
+
+@pytest.mark.parametrize(("code", "cause", "words"), [
+    (errno.EOPNOTSUPP, "no_veth", "modprobe veth"),
+    (errno.EAFNOSUPPORT, "no_egress", "CONFIG_PACKET"),
+])
+def test_an_egress_kit_that_cannot_be_built_says_why_and_how_to_fix(
+        monkeypatch: pytest.MonkeyPatch, code: int, cause: str, words: str) -> None:
+    def refused() -> egress.Kit:
+        raise OSError(code, f"create veth ccw0 (peer eth0): {os.strerror(code)}")  # as netlink.py says it
+
+    monkeypatch.setattr(egress, "build", refused)  # the forked probe child inherits it
+    finding = probe._egress_network(rootless=False, userns_ok=True)
+    assert (finding.ok, finding.cause) == (False, cause)
+    assert "create veth ccw0" in finding.detail
+    check = doctor.check_of(finding)
+    assert check.fix is not None and words in check.fix and "network none" in check.fix
+    assert check.required_for == ""  # optional: capsules still run with network none
+
+
+def test_the_egress_probe_waits_for_a_user_namespace_when_rootless() -> None:
+    finding = probe._egress_network(rootless=True, userns_ok=False)
+    assert (finding.ok, finding.cause) == (False, probe.userns_cause())
+    assert "needs a user namespace first" in finding.detail

@@ -11,13 +11,14 @@ from mcp_server.egress.proxy import (
     rewrite_response_head,
     split_authority,
 )
-from tests.egress_harness import (
+from tests.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
     NoDns,
     egress,
     http_responder,
     network,
     read_all,
     read_head,
+    relay_engine,
     shout,
     upstream,
 )
@@ -27,6 +28,7 @@ def run(fn) -> None:  # type: ignore[no-untyped-def]
     trio.run(fn)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_connect_relays_both_ways() -> None:
     async def main() -> None:
         async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
@@ -57,6 +59,7 @@ def test_connect_relays_both_ways() -> None:
     run(main)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_absolute_form_is_forwarded_and_rewritten() -> None:
     reply = (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nKeep-Alive: timeout=5\r\n"
              b"Connection: keep-alive, X-Secret\r\nX-Secret: 1\r\nX-Kept: yes\r\n\r\nhello")
@@ -218,3 +221,23 @@ def test_pure_helpers() -> None:
     for bad in (b"SSH-2.0\r\n\r\n", b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", b"HTTP/1.1 200 OK\r\n x: y\r\n\r\n"):
         with pytest.raises(ValueError):
             rewrite_response_head(bad)
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_byte_cap_cuts_a_plain_response() -> None:
+    body = b"y" * (2 << 20)
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    async def main() -> None:
+        async with upstream(http_responder(reply)) as up, \
+                egress(network(f"127.0.0.1:{up.port}", max_bytes=300_000)) as proxy:
+            client = await proxy.http()
+            await client.send_all(f"GET http://127.0.0.1:{up.port}/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            answer = await read_all(client)
+            [record] = proxy.session.end_exec()
+        assert record["cut"] == "byte cap (300000 bytes)"
+        assert record["bytes_out"] + record["bytes_in"] == 300_000
+        assert len(answer) == record["bytes_in"]
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\nyyy")
+
+    trio.run(main)

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import logging
 import socket
 import struct
 
+import pytest
 import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tests.egress_harness import NoDns, egress, network, read_all, read_head, shout, upstream
+from mcp_server.egress import splice
+from tests.egress_harness import (
+    NoDns,
+    egress,
+    network,
+    read_all,
+    read_head,
+    relay_engine,  # noqa: F401  (a fixture)
+    shout,
+    upstream,
+)
 
 
 def socks_request(host: str, port: int, command: int = 1) -> bytes:
@@ -35,6 +50,7 @@ async def socks_connect(stream: trio.SocketStream, host: str, port: int, command
     return received[3]
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_socks_domain_v4_v6_allowed_and_denied() -> None:
     async def main() -> None:
         async with upstream(shout) as up4, upstream(shout, "::1") as up6:
@@ -121,6 +137,7 @@ def test_connection_cap_refuses_with_reason() -> None:
     trio.run(main)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_byte_cap_cuts_the_relay() -> None:
     payload = b"x" * (4 << 20)
 
@@ -137,8 +154,10 @@ def test_byte_cap_cuts_the_relay() -> None:
             await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\ngo".encode())
             received = await read_all(client)
             records = proxy.session.end_exec()
+            notes = proxy.session.notes()
         [record] = records
         assert record["cut"] == "byte cap (100000 bytes)"
+        assert notes == [f"ccw network: cut https 127.0.0.1:{up.port} after 100000 bytes: byte cap (100000 bytes)"]
         assert record["bytes_out"] == 2
         assert record["bytes_in"] == 100_000 - 2
         assert len(received) == len(b"HTTP/1.1 200 Connection established\r\n\r\n") + 100_000 - 2
@@ -177,7 +196,11 @@ def test_records_sorted_and_between_execs_kept() -> None:
     trio.run(main)
 
 
-def test_fifty_parallel_connections() -> None:
+@pytest.mark.usefixtures("relay_engine")
+def test_fifty_parallel_connections(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With 8 splice threads, the other 42 tunnels take the trio relay.
+    monkeypatch.setattr(splice, "THREADS", trio.CapacityLimiter(8))
+
     async def main() -> None:
         async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
 
@@ -204,6 +227,7 @@ def test_fifty_parallel_connections() -> None:
     trio.run(main)
 
 
+@pytest.mark.usefixtures("relay_engine")
 def test_aclose_cancels_open_relays() -> None:
     async def main() -> None:
         async with upstream(shout) as up:
@@ -259,3 +283,43 @@ def test_sniffer_records_direct_attempts_once() -> None:
                          f"ccw network: denied udp [2001:4860:4860::8888]:53: {reason}"]
 
     trio.run(main)
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+_PREFIXES = [b"", b"\x05\x01\x00", b"\x05\x01\x00\x05\x01\x00\x03", b"\x05\x01\x00\x05\x01\x00\x01",
+             b"CONNECT ", b"GET http://", b"GET http://127.0.0.1:1/ HTTP/1.1\r\n"]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from(_PREFIXES), st.binary(max_size=200), st.booleans()),
+                min_size=1, max_size=6))
+def test_random_bytes_never_hurt_the_session(payloads: list[tuple[bytes, bytes, bool]]) -> None:
+    errors = _Errors()
+    logging.getLogger("ccw.egress").addHandler(errors)
+
+    async def main() -> None:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}"), header_timeout=0.2) as proxy:
+            for prefix, junk, socks in payloads:
+                client = await (proxy.socks() if socks else proxy.http())
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await client.send_all(prefix + junk)
+                    await client.send_eof()
+                await read_all(client)
+            client = await proxy.http()
+            await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+            await client.aclose()
+
+    try:
+        trio.run(main)
+    finally:
+        logging.getLogger("ccw.egress").removeHandler(errors)
+    assert errors.messages == []

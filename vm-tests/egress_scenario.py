@@ -54,6 +54,19 @@ JAIL = textwrap.dedent("""
         finally:
             sock.close()
 
+    def sent(family, address, broadcast=False):
+        # A datagram nobody answers (a group, a broadcast): only whether it left at once.
+        start = time.monotonic()
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, int(broadcast))
+            sock.sendto(b"who?", address)
+            return {"sent": True, "s": time.monotonic() - start}
+        except OSError as exc:
+            return {"errno": errno.errorcode.get(exc.errno, str(exc)), "s": time.monotonic() - start}
+        finally:
+            sock.close()
+
     if targets.get("proxy"):
         out["proxy"] = attempt(socket.AF_INET, socket.SOCK_STREAM, ("10.99.0.1", 3128), b"ping")
     out["testnet"] = attempt(socket.AF_INET, socket.SOCK_STREAM, ("192.0.2.1", 80))
@@ -63,6 +76,19 @@ JAIL = textwrap.dedent("""
     out["host_addresses"] = [
         [host, port, attempt(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, (host, port))]
         for host, port in targets["host"]]
+    if targets.get("proxy"):  # the edges: link-local, multicast, broadcast (eth0 exists)
+        eth0 = socket.if_nametoindex("eth0")  # a link-local address needs its link (scope id)
+        out["edges"] = {
+            "link_local": attempt(socket.AF_INET6, socket.SOCK_STREAM, ("fe80::1", 80, 0, eth0)),
+            "link_local_udp": attempt(socket.AF_INET6, socket.SOCK_DGRAM, ("fe80::1", 53, 0, eth0), b"dns?"),
+            "link_local_v4": attempt(socket.AF_INET, socket.SOCK_STREAM, ("169.254.169.254", 80)),
+            "multicast_tcp": attempt(socket.AF_INET, socket.SOCK_STREAM, ("224.0.0.1", 80)),
+            "multicast_tcp_v6": attempt(socket.AF_INET6, socket.SOCK_STREAM, ("ff02::1", 80, 0, eth0)),
+            "multicast_udp": sent(socket.AF_INET, ("224.0.0.251", 5353)),
+            "multicast_udp_v6": sent(socket.AF_INET6, ("ff02::fb", 5353, 0, eth0)),
+            "broadcast_udp": sent(socket.AF_INET, ("255.255.255.255", 67), broadcast=True),
+            "broadcast_no_option": sent(socket.AF_INET, ("255.255.255.255", 67)),
+        }
     out["env"] = {k: v for k, v in os.environ.items() if "proxy" in k.lower()}
     print(json.dumps(out))
 """)
@@ -214,18 +240,34 @@ async def scenario(helper: subprocess.Popen[bytes], ws: str, loopback_port: int)
     return out
 
 
-async def after_restart(capsule_id: str, loopback_port: int) -> dict[str, Any]:
-    """A capsule made before a restart: still "egress", but without a kit until net_open."""
+async def spare_at_start(pid: int) -> list[str]:
+    """What the helper holds once its spare kit is made (a network namespace among them)."""
+    for _ in range(100):
+        held = helper_holds(pid)
+        if any(link.startswith("net:[") for link in held):
+            return held
+        await trio.sleep(0.05)
+    return helper_holds(pid)
+
+
+async def after_restart(helper: subprocess.Popen[bytes], capsule_id: str, loopback_port: int) -> dict[str, Any]:
+    """A capsule made before a restart: still "egress", but without a kit until net_open.
+
+    The helper saw an egress capsule in its state dir, so a spare kit waits before any
+    net_open: the kit net_open passes, and the jail's namespace, are ones it held already.
+    """
     client = HelperClient(os.path.join(DIR, "helper.sock"))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"held_at_start": await spare_at_start(helper.pid)}
     targets = {"loopback_port": loopback_port, "host": []}
     try:
         out["before_open"] = await exec_code(client, capsule_id, targets)
         _reply, fds = await client.net_open(capsule_id)
+        out["kit_links"] = kit_links(fds)
         for fd in fds:
             os.close(fd)
         jail = await exec_code(client, capsule_id, targets)
         out["testnet"] = jail["testnet"] if isinstance(jail, dict) else jail
+        out["netns"] = jail["netns"] if isinstance(jail, dict) else jail
         await client.call(DestroyRequest(capsule_id))
     finally:
         await client.aclose()
@@ -248,7 +290,7 @@ def main() -> None:
     out["helper_exit"] = out_code
     helper = start_helper(2)
     try:
-        out["restart"] = trio.run(after_restart, out["kept"], port)
+        out["restart"] = trio.run(after_restart, helper, out["kept"], port)
     finally:
         helper.send_signal(signal.SIGTERM)
         out["helper_exit_2"] = helper.wait(30)

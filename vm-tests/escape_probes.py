@@ -253,7 +253,8 @@ def probe_tcp6_connect(address):
     host, port = address.rsplit(":", 1)
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
         sock.settimeout(3)
-        sock.connect((host.strip("[]"), int(port)))
+        # getaddrinfo keeps a "%eth0" scope id (a bare (host, port) tuple drops it: EINVAL).
+        sock.connect(socket.getaddrinfo(host.strip("[]"), int(port), socket.AF_INET6)[0][4])
 
 
 def probe_udp_reply(address):

@@ -50,6 +50,8 @@ class Servers:
 
     root: Path  # files/ and wheels/ under it
     cert: Path  # the TLS server's certificate (a CA file for clients)
+    namespace: str = ""  # the server namespace's name (for ``ip -n``/``tc -n``)
+    link: str = ""  # the server's end of the veth, in that namespace
 
     @property
     def http(self) -> str:
@@ -100,7 +102,7 @@ def server_namespace(root: Path, redirect_to: str) -> Iterator[Servers]:
         ready = server.stdout.readline()
         if ready.strip() != "ready":
             raise RuntimeError(f"the test servers did not start (said {ready!r}, exit {server.poll()})")
-        yield Servers(root, cert)
+        yield Servers(root, cert, name, server_end)
     finally:
         if server is not None:
             server.kill()

@@ -105,7 +105,7 @@ def test_doctor_as_root_reports_privileged_and_everything_here(root_required: No
     assert report["modes"]["privileged"]["ok"] is True
     checks = {c["name"]: c for c in report["checks"]}
     for name in ("namespace.user", "namespace.mount", "namespace.pid", "namespace.net", "namespace.uts",
-                 "namespace.ipc", "namespace.cgroup", "overlayfs", "fanotify", "seccomp", "openat2"):
+                 "namespace.ipc", "namespace.cgroup", "overlayfs", "fanotify", "seccomp", "openat2", "egress_network"):
         assert checks[name]["ok"] is True, checks[name]
     require(checks["namespace.time"]["ok"] is True, "this kernel has no time namespace")
     assert checks["cgroups"]["ok"] is True, checks["cgroups"]
@@ -175,6 +175,7 @@ def test_doctor_as_an_unprivileged_user_reports_rootless_and_fixes(unprivileged_
         assert report["mode"] == "rootless" and done.returncode == 0, done.stderr
         assert checks["overlayfs"]["ok"] is True and "userxattr" in checks["overlayfs"]["detail"]
         assert "inside a user namespace" in checks["namespace.net"]["detail"]
+        assert checks["egress_network"]["ok"] is True and "veth" in checks["egress_network"]["detail"]
     else:  # user namespaces are off: the fix names the sysctl
         assert "sysctl" in checks["namespace.user"]["fix"] or "root" in checks["namespace.user"]["fix"]
     assert checks["fanotify"]["ok"] is False and "root" in checks["fanotify"]["fix"]

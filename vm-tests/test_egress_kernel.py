@@ -84,9 +84,27 @@ def test_sniffer_sees_every_direct_attempt(scenario: dict[str, Any]) -> None:
     expected = [("tcp", "10.99.0.1", 3128), ("tcp", "192.0.2.1", 80), ("udp", "192.0.2.53", 53),
                 ("tcp", "2001:db8::1", 80)]
     expected += [("tcp", host, port) for host, port, _seen in scenario["jail"]["host_addresses"]]
+    # The edges (test_link_local_multicast_and_broadcast_never_hang): what left the jail.
+    expected += [("tcp", "fe80::1", 80), ("udp", "fe80::1", 53), ("tcp", "169.254.169.254", 80),
+                 ("udp", "224.0.0.251", 5353), ("udp", "ff02::fb", 5353), ("udp", "255.255.255.255", 67)]
     # One packet per attempt (none of the kernel's SYN-ACKs, resets or ICMP), and nothing
     # for 127.0.0.1: that stays on the jail's own loopback.
     assert sniffed == expected
+
+
+def test_link_local_multicast_and_broadcast_never_hang(scenario: dict[str, Any]) -> None:
+    edges = scenario["jail"]["edges"]
+    # Link-local, v6 and v4, is refused by the egress namespace at once: no neighbour
+    # discovery for a neighbour nobody is (the sniffer test sees each attempt).
+    for name in ("link_local", "link_local_udp", "link_local_v4"):
+        assert edges[name]["errno"] == "ECONNREFUSED" and edges[name]["s"] < FAST_S, (name, edges[name])
+    # TCP to a group: the jail's own kernel refuses before any packet.
+    for name in ("multicast_tcp", "multicast_tcp_v6"):
+        assert edges[name]["errno"] == "ENETUNREACH" and edges[name]["s"] < FAST_S, (name, edges[name])
+    # UDP to a group or the broadcast address leaves at once (and is sniffed, so recorded).
+    for name in ("multicast_udp", "multicast_udp_v6", "broadcast_udp"):
+        assert edges[name]["sent"] is True and edges[name]["s"] < FAST_S, (name, edges[name])
+    assert edges["broadcast_no_option"]["errno"] == "EACCES"
 
 
 def test_net_open_reply_and_descriptors(scenario: dict[str, Any]) -> None:
@@ -112,6 +130,10 @@ def test_exec_without_a_kit_is_unavailable_until_net_open(scenario: dict[str, An
     restart = scenario["restart"]
     assert restart["before_open"] == "UNAVAILABLE network_not_open"
     assert restart["testnet"]["errno"] == "ECONNREFUSED"
+    # It saw an egress capsule in its state dir, so a spare kit was ready before net_open:
+    # the sockets net_open passed and the jail's namespace were held from the start.
+    assert set(restart["kit_links"]) <= set(restart["held_at_start"])
+    assert restart["netns"] in restart["held_at_start"]
     assert scenario["helper_exit"] == 0 and scenario["helper_exit_2"] == 0
 
 

@@ -60,6 +60,21 @@ def as_user(uid: int, gid: int, argv: list[str], keep_dirs: list[str]) -> list[s
     return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", "\n".join(lines)]
 
 
+def run_script_as(uid: int, gid: int, argv: list[str], cwd: Path, timeout: float = 280) -> dict[str, Any]:
+    """Run ``argv`` (a script that prints one JSON object last) as uid/gid and return that
+    object; a failure shows the tail of its stderr."""
+    keep: list[str] = []
+    try:
+        done = subprocess.run(as_user(uid, gid, argv, keep), cwd=str(cwd), capture_output=True, timeout=timeout,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+    finally:
+        for directory in keep:
+            os.rmdir(directory)
+    assert done.returncode == 0, done.stderr.decode()[-6000:]
+    out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
+    return out
+
+
 @pytest.fixture
 def run_as(root_required: None, require: Callable[[bool, str], None]) -> Iterator[Callable[..., Any]]:
     require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None,

@@ -52,6 +52,12 @@ def tcp(host, port, family=socket.AF_INET):
 def udp(host, port, payload):
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.settimeout(10); s.connect((host, port)); s.send(payload); s.recv(512)
+def tcp_scoped(host, port):  # getaddrinfo keeps fe80::1%eth0's scope id
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+        s.settimeout(10); s.connect(socket.getaddrinfo(host, port, socket.AF_INET6)[0][4])
+def sent(host, port):  # a group: nothing answers, so only the record shows it
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"who?", (host, port))
 def proxied(url):
     urllib.request.urlopen(url, timeout=10).read()
 server, loop_port = sys.argv[1], int(sys.argv[2])
@@ -62,6 +68,9 @@ attempt("udp", lambda: udp(server, 9999, b"hello"))
 attempt("raw-dns", lambda: udp(server, 53, DNS_QUERY))
 attempt("ipv6", lambda: tcp("fd98::2", 80, socket.AF_INET6))
 attempt("host-loopback-direct", lambda: tcp("127.0.0.1", loop_port))
+attempt("ipv6-link-local", lambda: tcp_scoped("fe80::1%eth0", 80))
+attempt("ipv4-link-local", lambda: tcp("169.254.169.254", 80))
+sent("224.0.0.251", 5353)
 def through_proxy(url):  # urllib would go direct: NO_PROXY names 127.0.0.1
     with socket.create_connection(("10.99.0.1", 3128), timeout=10) as s:
         s.sendall(f"GET {url} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -137,16 +146,18 @@ def test_every_other_way_out_fails_at_once_and_is_recorded_as_denied(tools: Any,
         ran = tools.run(scenario)
     results = {r["case"]: r for r in map(json.loads, ran["stdout"].splitlines())}
     assert set(results) == {"denied-host", "direct-tcp", "udp", "raw-dns", "ipv6", "host-loopback-direct",
-                            "host-loopback-proxied"}, ran
+                            "ipv6-link-local", "ipv4-link-local", "host-loopback-proxied"}, ran
     for case, result in results.items():
         assert not result["ok"], (case, result)
         assert result["elapsed"] < FAST_S, (case, result)
     assert "403" in results["denied-host"]["error"] and "403" in results["host-loopback-proxied"]["error"]
-    for case in ("direct-tcp", "udp", "raw-dns", "ipv6", "host-loopback-direct"):
+    for case in ("direct-tcp", "udp", "raw-dns", "ipv6", "host-loopback-direct", "ipv6-link-local", "ipv4-link-local"):
         assert "ConnectionRefusedError" in results[case]["error"], (case, results[case])
     places = _places(ran)
     assert {("denied.example", 80, "http", False), (SERVER, nf.HTTP_PORT, "tcp", False), (SERVER, 9999, "udp", False),
-            (SERVER, 53, "udp", False), ("fd98::2", 80, "tcp", False), ("127.0.0.1", loop_port, "http", False)} <= places
+            (SERVER, 53, "udp", False), ("fd98::2", 80, "tcp", False), ("127.0.0.1", loop_port, "http", False),
+            ("fe80::1", 80, "tcp", False), ("169.254.169.254", 80, "tcp", False), ("224.0.0.251", 5353, "udp", False),
+            } <= places
     assert not any(allowed for *_, allowed in places)
     notes = "\n".join(ran["network_notes"])
     for fragment in ("denied http denied.example:80", f"denied tcp {SERVER}:8080", f"denied udp {SERVER}:53",
@@ -202,6 +213,8 @@ def test_the_byte_cap_and_the_connection_cap_hold(tools: Any, workspace: Path) -
     assert out["big"]["exit_code"] != 0, out["big"]  # the transfer was cut short
     (record,) = out["big"]["touched"]["network"]
     assert record["cut"] == f"byte cap ({1 << 20} bytes)" and record["bytes_in"] + record["bytes_out"] <= (1 << 20) + (1 << 18)
+    # The agent reads why the transfer stopped, beside curl's own complaint.
+    assert out["big"]["network_notes"] == [f"ccw network: cut http {SERVER}:{nf.HTTP_PORT} after {1 << 20} bytes: byte cap ({1 << 20} bytes)"]
     assert out["many"]["stdout"].split() == ["200", "200", "403", "403"], out["many"]
     # Refusals by the cap are recorded once per place and exec (the records stay bounded).
     refused = [r for r in out["many"]["touched"]["network"] if not r["allowed"]]

@@ -12,13 +12,11 @@ byte cap.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import netfixtures as nf  # noqa: E402
-from test_ipc_users import as_user  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
 from test_network_e2e import PROBES  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402, F401 - a fixture, used by name
 
@@ -94,27 +92,20 @@ def test_the_rootless_path_passes_the_same_network_tests(world: tuple[int, int, 
     (ws / "probes.py").write_text(PROBES)
     shutil.copy(servers.cert, ws / "server.pem")
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(state)], check=True)
-    keep: list[str] = []
     with nf.loopback_server() as loop_port:
-        try:
-            argv = [sys.executable, "-c", SCRIPT, str(HERE.parent), str(state), str(ws), HTTP, HTTPS, servers.index,
-                    nf.SERVER_ADDRESS, str(loop_port)]
-            done = subprocess.run(as_user(uid, gid, argv, keep), cwd=str(home), capture_output=True, timeout=280,
-                                  env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
-        finally:
-            for directory in keep:
-                os.rmdir(directory)
-    assert done.returncode == 0, done.stderr.decode()[-6000:]
-    out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
+        argv = [sys.executable, "-c", SCRIPT, str(HERE.parent), str(state), str(ws), HTTP, HTTPS, servers.index,
+                nf.SERVER_ADDRESS, str(loop_port)]
+        out = run_script_as(uid, gid, argv, home)
     assert out["http"]["stdout"] == "200 1000\n" and out["https"]["stdout"] == "200 1000\n", (out["http"], out["https"])
     assert [(r["host"], r["protocol"], r["allowed"]) for r in out["https"]["touched"]["network"]] == [
         (nf.SERVER_ADDRESS, "https", True)]
     results = [json.loads(line) for line in out["probes"]["stdout"].splitlines()]
-    assert len(results) == 7 and all(not r["ok"] and r["elapsed"] < 2.0 for r in results), results
+    assert len(results) == 9 and all(not r["ok"] and r["elapsed"] < 2.0 for r in results), results
     places = {(r["host"], r["port"], r["protocol"], r["allowed"]) for r in out["probes"]["touched"]["network"]}
     assert {("denied.example", 80, "http", False), (nf.SERVER_ADDRESS, 8080, "tcp", False),
             (nf.SERVER_ADDRESS, 53, "udp", False), ("fd98::2", 80, "tcp", False),
-            ("127.0.0.1", loop_port, "http", False)} <= places
+            ("127.0.0.1", loop_port, "http", False), ("fe80::1", 80, "tcp", False),
+            ("169.254.169.254", 80, "tcp", False), ("224.0.0.251", 5353, "udp", False)} <= places
     assert out["pip"]["exit_code"] == 0, out["pip"]["stderr"]
     assert out["used"]["stdout"] == "hello from ccwtiny\n"
     assert any(r["allowed"] and r["port"] == nf.HTTP_PORT for r in out["pip"]["touched"]["network"])

@@ -20,7 +20,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -28,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import realprojects  # noqa: E402
-from test_ipc_users import as_user  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
 
 SCRIPT = r"""
 import contextlib, json, os, sys
@@ -87,7 +86,6 @@ def user_dir(root_required: None, require: Callable[[bool, str], None]) -> Itera
 
 
 def test_agent_loop_on_the_python_project_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
-    import json
 
     uid, gid, home = user_dir
     project = realprojects.PROJECTS["more-itertools"]
@@ -95,16 +93,7 @@ def test_agent_loop_on_the_python_project_as_an_unprivileged_user(user_dir: tupl
     scratch = home / "scratch"
     scratch.mkdir()
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(scratch)], check=True)
-    keep: list[str] = []
-    try:
-        argv = [sys.executable, "-c", SCRIPT, str(HERE), str(ws), str(scratch)]
-        done = subprocess.run(as_user(uid, gid, argv, keep), cwd=str(home), capture_output=True, timeout=280,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
-    finally:
-        for directory in keep:
-            os.rmdir(directory)
-    assert done.returncode == 0, done.stderr.decode()[-6000:]
-    out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
+    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), str(ws), str(scratch)], home)
     # fanotify does not work from a user namespace: no read set, and the reason instead.
     first = out["first"]
     assert first["touched"]["read"] is None and first.get("touched_unavailable", {}).get("read"), first["touched"]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, Row
+from bench.common import Report, Row, in_process_tools
 
 N = 32
 CASES = [
@@ -62,23 +62,15 @@ async def _textbook(trials: Any, units: tuple[int, ...]) -> tuple[tuple[int, ...
 
 async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
-    from mcp_server.config import TOOLSETS, Config
-    from mcp_server.context import CallContext, Runtime
     from mcp_server.fs import changeset
     from mcp_server.fs.view import RootView
-    from mcp_server.state import State
-    from mcp_server.tools.registry import Registry
 
     ws = root / "ws"
     ws.mkdir()
     for i in range(N):
         (ws / f"f{i:02}.txt").write_text("ok\n")
-    config = Config.from_env({"CCW_STATE_DIR": str(root / "state")})
-    runtime = Runtime(config, State(config.state_dir))
-    ctx = CallContext(runtime)
-    registry = Registry.load(TOOLSETS)
-    call = lambda tool, args: registry.lookup(tool).handler(ctx, args)  # type: ignore[union-attr]  # noqa: E731
-    try:
+    async with in_process_tools(root / "state") as tools:
+        call, ctx = tools.call, tools.ctx
         cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         script = "; ".join(f"echo {'BAD' if i in culprits else 'fine'} >> f{i:02}.txt" for i in range(N))
         await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]})
@@ -98,16 +90,14 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         start = time.perf_counter()
         found, textbook_trials = await _textbook(trials, tuple(range(len(material.units))))
         textbook_s = time.perf_counter() - start
-        expected = [f"f{i:02}.txt" for i in culprits]
-        assert ours["units"] == expected, (ours["units"], expected)
-        assert sorted(material.units[i].path for i in found) == expected
-        return {
-            "name": name, "ours_trials": ours["trials"], "ours_s": ours_s,
-            "textbook_trials": textbook_trials, "textbook_s": textbook_s,
-            "cache_hits": ours["cache_hits"], "one_minimal": ours["one_minimal"],
-        }
-    finally:
-        await runtime.aclose()
+    expected = [f"f{i:02}.txt" for i in culprits]
+    assert ours["units"] == expected, (ours["units"], expected)
+    assert sorted(material.units[i].path for i in found) == expected
+    return {
+        "name": name, "ours_trials": ours["trials"], "ours_s": ours_s,
+        "textbook_trials": textbook_trials, "textbook_s": textbook_s,
+        "cache_hits": ours["cache_hits"], "one_minimal": ours["one_minimal"],
+    }
 
 
 def run(quick: bool = False) -> Report:

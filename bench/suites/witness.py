@@ -19,11 +19,9 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
-from bench.common import Report, Row
+from bench.common import Call, Report, Row, in_process_tools
 
 FILES = 200
 FILE_BYTES = 1 << 20
@@ -44,7 +42,6 @@ def _sh(command: str) -> None:
     subprocess.run(command, shell=True, check=True)
 
 
-Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]  # a tool handler by name
 
 
 async def _time_promote(call: Call, capsule_id: str) -> float:
@@ -66,32 +63,14 @@ def _time_copy(source: Path, dest: Path) -> float:
 
 
 async def _measure(root: Path, repeat: int, promote_rounds: int) -> dict[str, list[float]]:
-    from mcp_server.config import TOOLSETS, Config
-    from mcp_server.context import CallContext, Runtime
-    from mcp_server.state import State
-    from mcp_server.tools.registry import Registry
-
     ws = root / "ws"
     ws.mkdir()
     _make_tree(ws)
-    config = Config.from_env({"CCW_STATE_DIR": str(root / "state")})
-    runtime = Runtime(config, State(config.state_dir))
-    ctx = CallContext(runtime)
-    registry = Registry.load(TOOLSETS)
-
-    async def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-        spec = registry.lookup(name)
-        assert spec is not None
-        result: dict[str, Any] = await spec.handler(ctx, args)
-        return result
-
     out: dict[str, list[float]] = {"witness": [], "tar": [], "promote": [], "cp_sync": []}
-    try:
-        await _witness_rounds(call, root, ws, repeat, out)
+    async with in_process_tools(root / "state") as tools:
+        await _witness_rounds(tools.call, root, ws, repeat, out)
         for i in range(promote_rounds):
-            await _promote_round(call, root, i, out)
-    finally:
-        await runtime.aclose()
+            await _promote_round(tools.call, root, i, out)
     return out
 
 

@@ -185,7 +185,7 @@ def parse_rule(text: str) -> Rule:
         return _ip_rule(rule, None, text, 6)
     host, colon, port_text = rule.partition(":")
     port = _port(port_text, text) if colon else None
-    if "/" in host or _is_ipv4(host):
+    if "/" in host or is_ip_literal(host, 4):
         return _ip_rule(host, port, text, 4)
     wildcard = host.startswith("*.")
     name = host[2:] if wildcard else host
@@ -196,12 +196,13 @@ def parse_rule(text: str) -> Rule:
     return Rule(canonical, "wildcard" if wildcard else "name", name, port)
 
 
-def _is_ipv4(text: str) -> bool:
+def is_ip_literal(text: str, version: int | None = None) -> bool:
+    """True if ``text`` is an IP address (of ``version``, if given) in its strict form."""
     try:
-        ipaddress.IPv4Address(text)
+        address = ipaddress.ip_address(text)
     except ValueError:
         return False
-    return True
+    return version is None or address.version == version
 
 
 def parse_rules(values: Iterable[Any]) -> tuple[Rule, ...]:

@@ -17,7 +17,7 @@ The request is parsed with h11 (it comes with hypercorn); response heads with th
 bounded parser below, since the body after it is relayed as raw bytes (no per-chunk
 parsing on the download path).
 
-Throughput (2-core VM, loopback, 200 MiB): see the figures in ``relay.py``'s docstring.
+Throughput (2-core VM, loopback, 200 MiB): the figures are in ``splice.py``.
 """
 
 from __future__ import annotations
@@ -37,10 +37,9 @@ from mcp_server.egress.relay import (
     Protocol_,
     Refused,
     charge_and_send,
-    pump,
-    relay,
     send_all,
 )
+from mcp_server.egress.splice import copy_to_eof, tunnel
 
 MAX_HEAD = 64 * 1024
 HOP_BY_HOP = frozenset(
@@ -207,7 +206,7 @@ async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     except OSError:
         upstream.close()
         raise
-    await relay(sock, upstream, attempt, gate.budget, bytes(early))
+    await tunnel(sock, upstream, attempt, gate.budget, bytes(early))
 
 
 async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
@@ -292,7 +291,7 @@ class _Exchange:
         self.answered = True
         await charge_and_send(self.sock, head + bytes(received[end + 4 :]), self.attempt,
                               self.budget, outbound=False)
-        await pump(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
+        await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
 
 
 class UpstreamGarbage(Exception):

@@ -8,15 +8,15 @@ resolves an allowed name from the host's network namespace, keeps only the addre
 copies bytes both ways until both sides are done, charging them to the exec's byte
 budget and cutting the connection when it runs out.
 
-The relay is the hot path (a 200 MiB download goes through it): each direction reuses
-one 256 KiB buffer (``recv_into`` and ``send`` on memoryviews, no bytes object per
-chunk), and the byte count is one subtraction per chunk.  Figures: ``proxy.py``.
+Tunnels and response bodies are normally spliced in a worker thread (``splice.py``,
+which has the throughput figures); ``relay`` and ``pump`` here are the trio relay used
+when no splice thread is free: each direction reuses one 256 KiB buffer (``recv_into``
+and ``send`` on memoryviews, no bytes object per chunk).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -71,14 +71,31 @@ class Attempt:
         """Records are sorted by (host, port, protocol, seq)."""
         return (self.host, self.port, self.protocol, self.seq)
 
+    def charge(self, budget: Budget, size: int, outbound: bool) -> int:
+        """Charge ``size`` moved bytes to the exec's budget and count what it granted; a
+        short grant marks the record cut (the caller stops relaying)."""
+        granted = budget.take(size)
+        if outbound:
+            self.bytes_out += granted
+        else:
+            self.bytes_in += granted
+        if granted < size:
+            self.cut = budget.cap_text()
+        return granted
+
     def deny(self, reason: str) -> None:
         """Turn an admitted attempt into a denial (rebinding found after resolution)."""
         self.allowed, self.reason = False, reason
 
-    def note(self) -> str:
-        """The line the agent reads for a denial."""
+    def note(self) -> str | None:
+        """The line the agent reads for a denial or a connection the byte cap cut; None
+        for an allowed connection that ran its course."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
+        if not self.allowed:
+            return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
+        if self.cut is not None:
+            return f"ccw network: cut {self.protocol} {host}:{self.port} after {self.bytes_in + self.bytes_out} bytes: {self.cut}"
+        return None
 
 
 class Refused(Exception):
@@ -100,6 +117,10 @@ class Budget(Protocol):
 
     def take(self, wanted: int) -> int:
         """Charge up to ``wanted`` bytes; returns how many may pass (0 when spent)."""
+        ...
+
+    def refund(self, unused: int) -> None:
+        """Give back bytes taken but not moved."""
         ...
 
     def cap_text(self) -> str:
@@ -143,20 +164,12 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return addresses
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
-
-
 async def connect_upstream(attempt: Attempt, resolver: Resolver) -> trio.socket.SocketType:
     """Resolve (names only), drop what loopback_ok refuses, connect to the first that answers."""
     assert attempt.rule is not None
     host, port = attempt.host, attempt.port
     try:
-        found = [host] if _is_ip(host) else await resolver(host, port)
+        found = [host] if netrules.is_ip_literal(host) else await resolver(host, port)
     except OSError as exc:
         raise Refused(f"cannot resolve {host}: {exc.strerror or exc}", denied=False) from None
     usable = [a for a in found if netrules.loopback_ok(attempt.rule, host, a)]
@@ -213,29 +226,19 @@ async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
             return
-        allowed = budget.take(received)
+        allowed = attempt.charge(budget, received, outbound)
         if allowed:
             await send_all(dst, view[:allowed])
-        if outbound:
-            attempt.bytes_out += allowed
-        else:
-            attempt.bytes_in += allowed
         if allowed < received:
-            attempt.cut = budget.cap_text()
             raise ByteCapReached
 
 
 async def charge_and_send(dst: trio.socket.SocketType, data: bytes, attempt: Attempt,
                           budget: Budget, outbound: bool) -> None:
     """Send bytes the handler produced itself (a rewritten head), charged like relayed ones."""
-    allowed = budget.take(len(data))
+    allowed = attempt.charge(budget, len(data), outbound)
     await send_all(dst, data[:allowed])
-    if outbound:
-        attempt.bytes_out += allowed
-    else:
-        attempt.bytes_in += allowed
     if allowed < len(data):
-        attempt.cut = budget.cap_text()
         raise ByteCapReached
 
 

@@ -23,12 +23,13 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 
 import trio
 
 from mcp_server.core import netrules
-from mcp_server.egress import sniff
+from mcp_server.egress import sniff, splice
 from mcp_server.egress.proxy import handle_http
 from mcp_server.egress.relay import (
     DIRECT_REASON,
@@ -50,17 +51,25 @@ Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
 
 
 class ExecBudget:
-    """The bytes an exec may still move, both directions summed."""
+    """The bytes an exec may still move, both directions summed (trio tasks and splice
+    threads charge it, hence the lock)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.left = limit
+        self._lock = threading.Lock()
 
     def take(self, wanted: int) -> int:
         """Charge up to ``wanted`` bytes; how many may pass."""
-        granted = min(wanted, self.left)
-        self.left -= granted
+        with self._lock:
+            granted = min(wanted, self.left)
+            self.left -= granted
         return granted
+
+    def refund(self, unused: int) -> None:
+        """Give back bytes taken but not moved."""
+        with self._lock:
+            self.left += unused
 
     def cap_text(self) -> str:
         """What a cut record says."""
@@ -84,6 +93,8 @@ class EgressSession:
         self._resolver = resolver
         self._http = _adopt(http_fd)
         self._socks = _adopt(socks_fd)
+        for listener in (self._http, self._socks):
+            splice.unpaced(listener)  # the jail's connections: no pacing (splice.py's notes)
         self._sniffer = _adopt(sniffer_fd) if sniffer_fd is not None else None
         self._endpoints = {self._http.getsockname()[:2], self._socks.getsockname()[:2]}
         self._seq = 0
@@ -105,14 +116,15 @@ class EgressSession:
         self._once.clear()
 
     def end_exec(self) -> list[dict[str, object]]:
-        """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials."""
+        """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials
+        and the connections a cap cut."""
         attempts = sorted(self._attempts, key=Attempt.sort_key)
         self._attempts = []
-        self._notes = [attempt.note() for attempt in attempts if not attempt.allowed]
+        self._notes = [note for note in map(Attempt.note, attempts) if note is not None]
         return [attempt.record() for attempt in attempts]
 
     def notes(self) -> list[str]:
-        """One line per denied attempt of the last exec ended."""
+        """One line per denied or cut attempt of the last exec ended."""
         return list(self._notes)
 
     def allowed_text(self) -> str:
@@ -198,7 +210,10 @@ class EgressSession:
                     continue
                 if exc.errno == errno.ECONNABORTED:
                     continue
-                raise
+                # Anything else (the listener gone with its namespace) ends this listener
+                # only: the capsule's nursery must not fail for it.
+                log.warning("egress proxy: stopped accepting: %s", exc)
+                return
             if self._clients >= MAX_CLIENTS:
                 client.close()
                 continue
@@ -218,7 +233,11 @@ class EgressSession:
     async def _sniff(self) -> None:
         assert self._sniffer is not None
         while True:
-            packet, address = await self._sniffer.recvfrom(65536)
+            try:
+                packet, address = await self._sniffer.recvfrom(65536)
+            except OSError as exc:  # e.g. ENETDOWN once the veth is gone
+                log.warning("egress sniffer: stopped reading: %s", exc)
+                return
             if isinstance(address, tuple) and len(address) > 2 and address[2] == sniff.PACKET_OUTGOING:
                 continue
             seen = sniff.parse_packet(packet)

@@ -19,7 +19,8 @@ import struct
 
 import trio
 
-from mcp_server.egress.relay import Gate, Refused, relay, send_all
+from mcp_server.egress.relay import Gate, Refused, send_all
+from mcp_server.egress.splice import tunnel
 
 VERSION = 5
 NO_AUTH = 0x00
@@ -118,7 +119,7 @@ async def handle_socks(gate: Gate, sock: trio.socket.SocketType) -> None:
         except OSError:
             upstream.close()
             raise
-        await relay(sock, upstream, attempt, gate.budget, bytes(reader.buffer))
+        await tunnel(sock, upstream, attempt, gate.budget, bytes(reader.buffer))
     except SocksError as exc:
         if exc.reply is not None:
             with contextlib.suppress(OSError):
