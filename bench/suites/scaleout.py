@@ -28,7 +28,6 @@ and a Python >= 3.13 for BuildGrid (see mcp_server/reapi/cluster.py).
 
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, Row
+from bench.common import InProcess, Report, Row, in_process_tools
 
 SLEEP_S = 1.0
 FILES = 16
@@ -65,29 +64,13 @@ CHANGE = "for f in m*.py; do echo 'VALUE = 1' > $f; done"
 
 
 class Bench:
-    """One state dir, one cluster, bots started and stopped per measurement."""
+    """One state dir's tools (bench.common.in_process_tools), one cluster, bots started and stopped per measurement."""
 
-    def __init__(self, root: Path, cluster: Any) -> None:
-        from mcp_server.config import TOOLSETS, Config
-        from mcp_server.context import CallContext, Runtime
-        from mcp_server.state import State
-        from mcp_server.tools.registry import Registry
-
+    def __init__(self, root: Path, cluster: Any, tools: InProcess) -> None:
         self.root = root
         self.cluster = cluster
-        config = Config.from_env({"CCW_STATE_DIR": str(root / "state")})
-        self.runtime = Runtime(config, State(config.state_dir))
-        self.ctx = CallContext(self.runtime)
-        self.registry = Registry.load(TOOLSETS)
-
-    async def call(self, tool: str, args: dict[str, Any], reapi: bool = False, parallel: int = 1) -> dict[str, Any]:
-        """A tool's handler, with the cluster as executor when ``reapi``."""
-        self.runtime.config = dataclasses.replace(self.runtime.config, reapi_url=self.cluster.url if reapi else "",
-                                                  reapi_parallel=parallel)  # fmt: skip
-        spec = self.registry.lookup(tool)
-        assert spec is not None, tool
-        result: dict[str, Any] = await spec.handler(self.ctx, args)
-        return result
+        self.call = tools.call
+        self.ctx = tools.ctx
 
     async def capsule(self, tag: str) -> str:
         """A capsule whose journal saw the check pass on the base and fail on the change (no confirmation runs)."""
@@ -106,9 +89,16 @@ class Bench:
         return [start_bot(self.cluster.url, f"{tag}-{i}", self.root / "bots" / f"{tag}-{i}") for i in range(count)]
 
     async def deltamin(self, cap: str, parallel: int) -> tuple[float, dict[str, Any]]:
-        """Seconds and result of a deltamin through the cluster."""
+        """Seconds and result of a deltamin through the cluster (``parallel`` trials at once)."""
+        from mcp_server.capsules.minimise import Question, deltamin
+        from mcp_server.capsules.remote import ReapiExecutor
+
+        executor = ReapiExecutor(self.cluster.url, parallel)
         start = time.perf_counter()
-        result = await self.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": CMD}, True, parallel)
+        try:
+            result = await deltamin(self.ctx.capsules, Question(cap, CMD), executor)
+        finally:
+            executor.close()
         assert result["units"] == [f"m{i:02}.py" for i in CULPRITS], result["units"]
         return time.perf_counter() - start, result
 
@@ -152,10 +142,11 @@ async def _measure(root: Path, cluster: Any, quick: bool) -> dict[str, Any]:
 
     from mcp_server.reapi.cluster import stop_bot
 
-    bench = Bench(root, cluster)
     out: dict[str, Any] = {"walls": {}, "trials": {}}
-    try:
-        for count in BOT_COUNTS[:2] if quick else BOT_COUNTS:
+    async with in_process_tools(root / "state") as tools:
+        bench = Bench(root, cluster, tools)
+        counts = BOT_COUNTS[:2] if quick else BOT_COUNTS
+        for count in counts:
             cap = await bench.capsule(f"b{count}")
             bots = bench.bots(count, f"b{count}")
             try:
@@ -166,13 +157,11 @@ async def _measure(root: Path, cluster: Any, quick: bool) -> dict[str, Any]:
                     out["repeat_s"], out["repeat"] = await bench.deltamin(cap, count)
                 if count == 1:
                     out["overhead"] = await bench.overhead()
-                if count in (1, max(BOT_COUNTS)):
+                if count in (1, max(counts)):
                     out.setdefault("together", {})[count] = await bench.together(count)
             finally:
                 for bot in bots:
                     stop_bot(bot)
-    finally:
-        await bench.runtime.aclose()
     return out
 
 
@@ -225,7 +214,7 @@ def run(quick: bool = False) -> Report:
                    {"added by the remote path": f"{added * 1000:.0f} ms", "runs": len(remote)}))
     executor = out["repeat"]["executor"]
     hits, ran = executor["action_cache_hits"], executor["executed"]
-    report.add(Row("repeated deltamin (4 bots): wall time", out["repeat_s"] * 1000, "first run",
+    report.add(Row(f"repeated deltamin ({max(walls)} bots): wall time", out["repeat_s"] * 1000, "first run",
                    walls[max(walls)] * 1000, "every trial a hit",
                    {"action-cache hit rate": f"{hits}/{hits + ran} = {hits / max(hits + ran, 1):.0%}"}))
     report.notes.append(f"target command sleeps {SLEEP_S} s; {FILES} files change, {len(CULPRITS)} culprits; "
