@@ -9,7 +9,9 @@ trials.py, which also runs each trial).
 
 Evidence (what the journal shows the failing command read) orders the units: those it
 read, and every file it could not have read because the change created or deleted it,
-come first and are tried alone before ddmin proper (core/deltamin.py).
+come first and are tried alone before the search proper (core/deltamin.py: group testing,
+ddmin as its fallback).  The search's last question (does the result fail?) is answered by
+the final check below, which runs the result anyway.
 
 Flakiness: before searching, the full change set must fail and the empty set pass, and
 every observation must agree; otherwise the tool says so instead of minimising noise.
@@ -45,7 +47,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +70,7 @@ from mcp_server.capsules.trials import (
 )
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
 from mcp_server.core import unidiff
-from mcp_server.core.deltamin import FAIL, PASS, Search
+from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, observes
@@ -174,9 +176,21 @@ def _relevant(material: Material, reads: set[str] | None, created: set[str]) -> 
     )
 
 
-async def _search(search: Search, trials: Trials) -> Search:
+Finish = Callable[[tuple[int, ...]], Awaitable[str | None]]
+
+
+async def _search(search: Search, trials: Trials, finish: Finish | None = None) -> Search:
+    """Run ``search`` to its end; its last question, when a lone decisive one, goes to ``finish``.
+
+    The search's last trial asks whether its result fails: exactly what deltamin's final
+    check runs (journaled, witnessed).  ``finish`` answers it with that run (or None: run
+    it as a trial after all), so the result is not run twice.
+    """
     while batch := search.next_batch():
-        search.report(await trials.batch(batch))
+        outcome = None
+        if finish is not None and len(batch) == 1 and decisive(search, batch[0]):
+            outcome = await finish(batch[0])
+        search.report([outcome] if outcome is not None else await trials.batch(batch))
     return search
 
 
@@ -192,7 +206,7 @@ class Found:
 
 
 async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str, set[int]],
-                        remaining: Callable[[], float]) -> Found | None:
+                        remaining: Callable[[], float], check: _FinalCheck) -> Found | None:
     """The hunks the failing output points at, tried alone before any search (None: no such
     hunk, or they do not fail by themselves).
 
@@ -213,15 +227,26 @@ async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str,
     if outcome != FAIL:
         trials.material = whole
         return None
-    narrowed = await _search(Search(guess, trials.executor.parallelism, budget_s=remaining()), trials)
+    narrowed = await _search(Search(guess, trials.executor.parallelism, budget_s=remaining()), trials,
+                             lambda subset: check.run(hunks, subset))
     return Found(hunks, narrowed.result, 1 + narrowed.trials, narrowed.cache_hits, narrowed.one_minimal)
 
 
 async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozenset[int] | None,
-                        traced: dict[str, set[int]], remaining: Callable[[], float]) -> Found:
-    """ddmin over whole paths (read ones first), then over the hunks of the files that remain."""
+                        traced: dict[str, set[int]], remaining: Callable[[], float], check: _FinalCheck) -> Found:
+    """A search over whole paths (read ones first), then over the hunks of the files that remain."""
     material = trials.material
-    level1 = await _search(Search(tuple(range(len(material.units))), trials.executor.parallelism, relevant, budget_s=remaining()), trials)
+
+    async def last_of_level1(subset: tuple[int, ...]) -> str | None:
+        # The paths' search is the last one only when its result has no files to split.
+        def splits() -> bool:
+            with RootView.open(record.base) as base:
+                return len(split_hunks(material, subset, base).units) > len(subset)
+
+        return None if await trio.to_thread.run_sync(splits) else await check.run(material, subset)
+
+    level1 = await _search(Search(tuple(range(len(material.units))), trials.executor.parallelism, relevant, budget_s=remaining()),
+                           trials, last_of_level1)
     found = Found(material, level1.result, level1.trials, level1.cache_hits, level1.one_minimal)
     base_view = await trio.to_thread.run_sync(RootView.open, record.base)
     with base_view:
@@ -229,10 +254,34 @@ async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozens
     if len(split.units) > len(level1.result) and remaining() > 0:
         trials.material = split
         level2 = await _search(Search(tuple(range(len(split.units))), trials.executor.parallelism, _suspects(split, traced),
-                                      budget_s=remaining()), trials)
+                                      budget_s=remaining()), trials, lambda subset: check.run(split, subset))
         found = Found(split, level2.result, found.trials + level2.trials, found.cache_hits + level2.cache_hits,
                       found.one_minimal and level2.one_minimal)
     return found
+
+
+class _FinalCheck:
+    """deltamin's final check (``_verify``), run early when the search's last question is its result.
+
+    ``run`` answers that question with the journaled, witnessed run the final check makes
+    anyway; ``answer`` hands it back when the search did end there.
+    """
+
+    def __init__(self, service: CapsuleService, record: CapsuleRecord, trials: Trials) -> None:
+        self.service, self.record, self.trials = service, record, trials
+        self._last: tuple[Material, tuple[int, ...], dict[str, Any]] | None = None
+
+    async def run(self, material: Material, subset: tuple[int, ...]) -> str:
+        # as a trial runs it (same command, judge and timeout), so it can stand for one
+        verified = await _verify(self.service, self.record, file_contents(material, subset), self.trials.argv,
+                                 self.trials.judge, self.trials.timeout_ms)
+        self._last = (material, tuple(subset), verified)
+        return str(verified["outcome"])
+
+    def answer(self, material: Material, result: tuple[int, ...]) -> dict[str, Any] | None:
+        if self._last is not None and self._last[0] is material and self._last[1] == tuple(result):
+            return self._last[2]
+        return None
 
 
 @dataclass(frozen=True)
@@ -275,12 +324,14 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
     journal = service.journal
     traced = await trio.to_thread.run_sync(_traced, journal, record, argv, change.generation)
-    found = await _traced_first(trials, record, traced, remaining)
+    check = _FinalCheck(service, record, trials)
+    found = await _traced_first(trials, record, traced, remaining, check)
     if found is None:
         reads = _evidence(journal, record, argv, change.generation)
-        found = await _hierarchical(trials, record, _relevant(material, reads, change.created), traced, remaining)
+        found = await _hierarchical(trials, record, _relevant(material, reads, change.created), traced, remaining, check)
     files = file_contents(found.material, found.result)
-    verified = await _verify(service, record, files, argv, judge)
+    verified = check.answer(found.material, found.result) or await _verify(service, record, files, argv, judge,
+                                                                           trials.timeout_ms)
     patch = await trio.to_thread.run_sync(_patch, record, files)
     return {
         "minimal_patch": patch,
@@ -369,15 +420,16 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
 
 
 async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[str, Unit], argv: list[str],
-                  judge: Judge) -> dict[str, Any]:
+                  judge: Judge, timeout_ms: int | None = None) -> dict[str, Any]:
     """Re-run the minimal change in a journaled capsule; witness that run."""
     capsule_id = (await service.create(record.spec, record.network_spec)).capsule_id
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
-        ran = await service.exec(capsule_id, Command(argv))
+        ran = await service.exec(capsule_id, Command(argv, None, timeout_ms))
         made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
-        return {"fails_again": judge(ran.reply) == FAIL, "root_hash": made["root_hash"]}
+        outcome = judge(ran.reply)
+        return {"fails_again": outcome == FAIL, "outcome": outcome, "root_hash": made["root_hash"]}
     finally:
         with trio.CancelScope(shield=True):
             await service.destroy(capsule_id)
