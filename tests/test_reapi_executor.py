@@ -21,7 +21,7 @@ from mcp_server.capsules.trials import Unit
 from mcp_server.cli import parse_args, serve_env
 from mcp_server.config import Config
 from mcp_server.reapi.bot import _signalled, parse_properties
-from mcp_server.reapi.inputs import fetch_input_root
+from mcp_server.reapi.inputs import BlobCache, fetch_input_root
 from mcp_server.reapi.merkle import (
     DirEntry,
     FileEntry,
@@ -137,7 +137,7 @@ def test_fetch_through_the_cache_links_files_and_reads_each_blob_once(tmp_path: 
     (ws / "same.txt").write_text("A = 1\n")  # the bytes of pkg/a.py: one blob
     tree = tree_of_directory(ws)
     cas = _FakeCas(tree.blobs)
-    cache = tmp_path / "cas"
+    cache = BlobCache(tmp_path / "cas")
     first, second = tmp_path / "lease1", tmp_path / "lease2"
     first.mkdir()
     second.mkdir()
@@ -153,3 +153,30 @@ def test_fetch_through_the_cache_links_files_and_reads_each_blob_once(tmp_path: 
     plain.mkdir()
     fetch_input_root(cas, tree.root, plain)  # type: ignore[arg-type]
     assert tree_of_directory(plain).root == tree.root and os.stat(plain / "pkg" / "a.py").st_nlink == 1
+
+
+def test_the_cache_evicts_the_least_recently_used_files_but_never_under_a_lease(tmp_path: Path) -> None:
+    from mcp_server.reapi.merkle import digest_bytes
+
+    blobs = [bytes([i]) * 1000 for i in range(6)]
+    digests = [digest_bytes(b) for b in blobs]
+    cache = BlobCache(tmp_path / "cas", max_bytes=3500)
+    leases = [tmp_path / f"lease{i}" for i in range(6)]
+    with cache.lease():
+        for i in range(4):
+            cache.store(digests[i], False, blobs[i])
+        assert cache.size == 4000  # over the cap, but a lease is laying out: nothing goes
+    # past the cap once the lease is done: the oldest go, down to 90% of it
+    assert not cache.has(digests[0], False) and cache.has(digests[1], False) and cache.size == 3000
+    with cache.lease():
+        leases[2].mkdir()
+        cache.link(digests[2], False, leases[2] / "f")  # used: now the most recent
+        cache.store(digests[4], False, blobs[4])
+        cache.store(digests[5], False, blobs[5])
+    assert [cache.has(d, False) for d in digests] == [False, False, True, False, True, True]
+    assert cache.evicted == 3
+    assert (leases[2] / "f").read_bytes() == blobs[2]
+    # a bot that restarts finds what is on disk; a half-written file is cleared
+    (tmp_path / "cas" / ".part-x").write_bytes(b"half")
+    again = BlobCache(tmp_path / "cas", max_bytes=3500)
+    assert again.size == cache.size and not (tmp_path / "cas" / ".part-x").exists()

@@ -11,8 +11,8 @@ For each lease:
 - The Command and input root are fetched from the CAS into a lease directory, every
   file a hard link into the bot's cache of blobs (``reapi-cas`` in its state dir), so a
   lease reads from the CAS only what the host has not seen (trials over one base: the
-  few files their subset changed).  The cache is never evicted: remove the directory
-  (while the bot is stopped) to reclaim it.
+  few files their subset changed).  Past ``--cache-max-mb`` (default 10 GiB) the least
+  recently used files go (inputs.BlobCache).
 - The input root becomes a capsule's base, shown at the workspace path the client's
   ``CCW_REAPI_CAPSULE`` variable names (capsules/remote.py; the variable is taken out
   of the environment first), or at the lease directory itself for any other REAPI
@@ -58,7 +58,7 @@ from mcp_server.context import CallContext, Runtime
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient
-from mcp_server.reapi.inputs import fetch_input_root
+from mcp_server.reapi.inputs import BlobCache, fetch_input_root
 from mcp_server.reapi.merkle import digest_bytes, key
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome
@@ -68,7 +68,8 @@ from sandbox.replies import ExecReply
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
-CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease (never evicted)
+CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease
+CACHE_MAX_MB = 10240  # past this, the least recently used cached input files go
 RETRY_S = 1.0  # between bot sessions when the cluster is unavailable
 CANCEL_POLL_S = 0.1  # how soon a withdrawn lease's run is stopped
 
@@ -96,11 +97,13 @@ def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> dict[str, 
 class CapsuleRunner:
     """worker.Runner that runs each lease in a capsule of ``service`` (its calls go to the trio loop)."""
 
-    def __init__(self, service: CapsuleService, token: trio.lowlevel.TrioToken, scratch: Path, bot_id: str) -> None:
+    def __init__(self, service: CapsuleService, token: trio.lowlevel.TrioToken, scratch: Path, bot_id: str,
+                 cache_max_mb: int = CACHE_MAX_MB) -> None:
         self.service = service
         self.token = token
         self.scratch = scratch
         self.bot_id = bot_id
+        self.cache = BlobCache(scratch.parent / CAS_CACHE, cache_max_mb * 1024 * 1024 if cache_max_mb > 0 else None)
 
     def __call__(self, client: ReapiClient, action: re_pb2.Action, cancelled: threading.Event) -> LeaseOutcome:
         """Fetch, run in a capsule (or replay), upload; the ActionResult (a lease thread)."""
@@ -111,7 +114,7 @@ class CapsuleRunner:
         with tempfile.TemporaryDirectory(prefix="lease-", dir=self.scratch) as work:
             root = Path(work) / "root"
             root.mkdir()
-            fetch_input_root(client, action.input_root_digest, root, self.scratch.parent / CAS_CACHE)
+            fetch_input_root(client, action.input_root_digest, root, self.cache)
             if "replay" in marker:
                 return self._replay(client, root / marker["replay"], marker.get("expected_root"))
             ran = trio.from_thread.run(self._run, root, command, env, marker, timeout_s, cancelled,
@@ -223,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                         help="a platform property to advertise (repeat); the cluster must match on its name")
     parser.add_argument("--state-dir", help="CCW_STATE_DIR for the bot's capsules and journal")
+    parser.add_argument("--cache-max-mb", type=int, default=CACHE_MAX_MB,
+                        help=f"input files kept for later leases, least recently used evicted past it (default {CACHE_MAX_MB}; 0: no limit)")
     return parser
 
 
@@ -238,14 +243,14 @@ async def _sessions(client: ReapiClient, bot: BotConfig, runner: CapsuleRunner, 
             await trio.sleep(RETRY_S)
 
 
-async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event) -> None:
+async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event, cache_max_mb: int = CACHE_MAX_MB) -> None:
     """Serve leases until ``stop`` is set (or SIGINT/SIGTERM)."""
     state = State(config.state_dir)
     runtime = Runtime(config, state)
     try:
         service = CallContext(runtime).capsules
         await service.helper()  # no helper, no bot: say so before taking a lease
-        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id)
+        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id, cache_max_mb)
         with ReapiClient(url) as client, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 async def on_signal() -> None:
@@ -272,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = dataclasses.replace(config, state_dir=os.path.abspath(args.state_dir))
         bot = BotConfig(args.bot_id, max(1, args.capacity), parse_properties(args.property))
         print(f"ccw-bot {bot.bot_id}: serving {args.reapi} with capacity {bot.capacity}", flush=True)
-        trio.run(serve, config, args.reapi, bot, threading.Event())
+        trio.run(serve, config, args.reapi, bot, threading.Event(), args.cache_max_mb)
     except CcwError as error:
         print(f"ccw-bot: {error.code}: {error.message}", flush=True)
         return 1

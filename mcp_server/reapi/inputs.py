@@ -17,9 +17,12 @@ Some facts about fetching an input root:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from mcp_server.reapi.client import ReapiClient
@@ -44,45 +47,125 @@ def fetch_directories(client: ReapiClient, root: re_pb2.Digest) -> dict[tuple[st
     return found
 
 
-def _cached(cache: Path, digest: re_pb2.Digest, executable: bool) -> Path:
-    return cache / f"{digest.hash}-{digest.size_bytes}-{'x' if executable else 'r'}"
+class BlobCache:
+    """A host's input files by digest and executable bit, hard-linked into every lease's input root.
+
+    Leases on one host share it, so a lease reads from the CAS only what the host has
+    not seen.  Past ``max_bytes`` the least recently used files go, down to 90% of it,
+    but only when no lease is laying out links (``lease``): a file picked as cached
+    must still be there to link.  Removing a cache entry never breaks a running lease:
+    its input root holds its own links to the same inodes.  Use is tracked in memory
+    (touching a file would change the mtime the lease's command sees, and atime is not
+    kept reliably under relatime); at start, older files count as less recently used.
+    """
+
+    def __init__(self, root: Path, max_bytes: int | None = None) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root, self.max_bytes = root, max_bytes
+        self._lock = threading.Lock()
+        self._active = 0
+        self._tick = 0
+        self._entries: dict[str, tuple[int, int]] = {}  # name: (last use, size)
+        found = []
+        for entry in os.scandir(root):
+            if entry.name.startswith(".part-"):  # a write a killed bot left half done
+                os.unlink(entry.path)
+                continue
+            stat = entry.stat(follow_symlinks=False)
+            found.append((stat.st_mtime_ns, entry.name, stat.st_size))
+        for _, name, size in sorted(found):
+            self._entries[name] = (self._next(), size)
+        self.evicted = 0
+
+    def _next(self) -> int:
+        self._tick += 1
+        return self._tick
+
+    @staticmethod
+    def name(digest: re_pb2.Digest, executable: bool) -> str:
+        return f"{digest.hash}-{digest.size_bytes}-{'x' if executable else 'r'}"
+
+    def has(self, digest: re_pb2.Digest, executable: bool) -> bool:
+        with self._lock:
+            return self.name(digest, executable) in self._entries
+
+    @property
+    def size(self) -> int:
+        with self._lock:
+            return sum(size for _, size in self._entries.values())
+
+    def store(self, digest: re_pb2.Digest, executable: bool, data: bytes) -> None:
+        """Put a blob in as a file of its own mode (written aside, then renamed: leases share it)."""
+        name = self.name(digest, executable)
+        if self.has(digest, executable):
+            return
+        fd, temporary = tempfile.mkstemp(dir=self.root, prefix=".part-")
+        with open(fd, "wb") as sink:
+            sink.write(data)
+        os.chmod(temporary, 0o755 if executable else 0o644)
+        os.replace(temporary, self.root / name)
+        with self._lock:
+            self._entries[name] = (self._next(), len(data))
+
+    def link(self, digest: re_pb2.Digest, executable: bool, path: Path) -> None:
+        """``path`` as a hard link to the cached file (a copy where links cannot go: another filesystem, link limit)."""
+        name = self.name(digest, executable)
+        source = self.root / name
+        try:
+            os.link(source, path)
+        except OSError:
+            shutil.copy2(source, path)
+        with self._lock:
+            self._entries[name] = (self._next(), digest.size_bytes)
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[None]:
+        """While a lease picks and links cached files: nothing is evicted until the last such lease is done."""
+        with self._lock:
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._evict()
+
+    def _evict(self) -> None:
+        total = sum(size for _, size in self._entries.values())
+        if self.max_bytes is None or total <= self.max_bytes:
+            return
+        for name, (_, size) in sorted(self._entries.items(), key=lambda item: item[1][0]):
+            if total <= self.max_bytes * 0.9:
+                break
+            try:
+                os.unlink(self.root / name)
+            except FileNotFoundError:
+                pass
+            del self._entries[name]
+            total -= size
+            self.evicted += 1
 
 
-def _store(cache: Path, digest: re_pb2.Digest, executable: bool, data: bytes) -> None:
-    """Put a blob in the cache as a file of its own mode (written aside, then renamed: leases share it)."""
-    final = _cached(cache, digest, executable)
-    if final.exists():
-        return
-    fd, temporary = tempfile.mkstemp(dir=cache, prefix=".part-")
-    with open(fd, "wb") as sink:
-        sink.write(data)
-    os.chmod(temporary, 0o755 if executable else 0o644)
-    os.replace(temporary, final)
-
-
-def _place(source: Path, path: Path) -> None:
-    """A hard link to the cached file, or a copy where links cannot go (another filesystem, link limit)."""
-    try:
-        os.link(source, path)
-    except OSError:
-        shutil.copy2(source, path)
-
-
-def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: Path | None = None) -> int:
+def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: BlobCache | None = None) -> int:
     """Write the tree ``root`` names into the empty directory ``dest``; the number of files written.
 
-    The blobs come many per ``BatchReadBlobs``.  With ``cache`` (a directory on the same
+    The blobs come many per ``BatchReadBlobs``.  With ``cache`` (a BlobCache on the same
     filesystem as ``dest``) every file is a hard link to a cached copy keyed by digest
     and executable bit, and only blobs not cached yet are read: trials over one base
     fetch only what their subset changed.  The links are safe to share because a
     capsule never writes its lower directory (overlayfs copies up first).
     """
+    with cache.lease() if cache is not None else contextlib.nullcontext():
+        return _fetch(client, root, dest, cache)
+
+
+def _fetch(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: BlobCache | None) -> int:
     directories = fetch_directories(client, root)
     nodes = {(key(n.digest), n.is_executable): n.digest for d in directories.values() for n in d.files}
     data: dict[tuple[str, int], bytes] = {}
     if cache is not None:
-        cache.mkdir(parents=True, exist_ok=True)
-        wanted = {key(d): d for (k, x), d in nodes.items() if not _cached(cache, d, x).exists()}
+        wanted = {key(d): d for (k, x), d in nodes.items() if not cache.has(d, x)}
     else:
         wanted = {k: d for (k, _), d in nodes.items()}
     for digest, blob in client.read_blobs(wanted.values()):
@@ -91,7 +174,7 @@ def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache
             continue
         for executable in (False, True):
             if (key(digest), executable) in nodes:
-                _store(cache, digest, executable, blob)
+                cache.store(digest, executable, blob)
     written = 0
 
     def lay_out(digest: re_pb2.Digest, here: Path) -> None:
@@ -102,7 +185,7 @@ def fetch_input_root(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache
         for node in directory.files:
             path = here / _safe_name(node.name)
             if cache is not None:
-                _place(_cached(cache, node.digest, node.is_executable), path)
+                cache.link(node.digest, node.is_executable, path)
             else:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                              0o755 if node.is_executable else 0o644)  # fmt: skip
