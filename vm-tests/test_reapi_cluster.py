@@ -294,6 +294,33 @@ def test_execute_timeout_is_a_status_not_an_exit_code(client: ReapiClient, clust
     assert time.monotonic() - start < 15
 
 
+def test_a_dropped_stream_is_picked_up_by_wait_execution(client: ReapiClient, cluster: Cluster) -> None:
+    """The client drops its Execute stream while the job runs; WaitExecution on the name gets the same run's result."""
+    action = _submit(client, {"WHO": "resume", "NAP": "2"}, do_not_cache=True)
+    names: list[str] = []
+    calls: list[Any] = []
+
+    def dropped() -> None:
+        def seen(operation: Any) -> None:
+            names.append(operation.name)
+            if _stage(operation) == re_pb2.ExecutionStage.EXECUTING:
+                calls[-1].cancel()  # as a proxy's idle timeout or a client restart would
+
+        client.execute(action, skip_cache_lookup=True, timeout_s=60, on_update=seen, on_call=calls.append)
+
+    with running_bot(cluster.url, "bot-w") as bot:
+        with pytest.raises(CcwError):
+            dropped()
+        assert names and names[-1]
+        resumed = client.wait_execution(names[-1], timeout_s=60)
+    assert resumed.operation == names[-1] and resumed.result.exit_code == 0
+    assert not resumed.response.cached_result
+    assert bot.completed == 1  # one run: the wait did not start another
+    with pytest.raises(CcwError) as unknown:
+        client.wait_execution("no-such-operation", timeout_s=10)
+    assert unknown.value.code in ("NOT_FOUND", "INVALID_ARGUMENT")
+
+
 def test_a_bot_runs_leases_in_parallel_and_overhead(client: ReapiClient, cluster: Cluster) -> None:
     """Capacity 2: two 2-second actions overlap.  Also the median round trip of a trivial action."""
     naps = [_submit(client, {"WHO": f"p{i}", "NAP": "2"}) for i in range(2)]

@@ -19,12 +19,17 @@ Some facts about REAPI servers, as this client meets them:
   ``status`` (DEADLINE_EXCEEDED when the action's timeout hit) is separate from the
   ActionResult's exit code.  A cache hit comes back done at once with
   ``cached_result``.  Without a worker, an uncached Execute stays QUEUED.
+- The stream is not the operation: it can break (a proxy's idle timeout, a server
+  restart) while the job queues or runs.  ``WaitExecution`` with the operation's name
+  picks it up again without running it twice; a server that restarted with its
+  operations in memory answers NOT_FOUND, and the action is executed again.
 - The action cache answers NOT_FOUND for a miss, which is an answer, not an error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +54,8 @@ GRPC_MESSAGE_LIMIT = 4 * 1024 * 1024  # gRPC's default maximum received message
 BATCH_HEADROOM = 64 * 1024  # room for per-blob digests and statuses in one batch
 BYTESTREAM_CHUNK = 1024 * 1024
 FIND_MISSING_CHUNK = 10_000  # digests per FindMissingBlobs call
+RESUMES = 3  # broken Execute streams resumed (WaitExecution) before giving up
+RESUME_PAUSE_S = 0.2  # times the attempt, between them
 
 _CODES = {
     grpc.StatusCode.NOT_FOUND: "NOT_FOUND",
@@ -112,11 +119,12 @@ class UploadReport:
 
 @dataclass
 class Executed:
-    """An Execute's answer: the ExecuteResponse, the operation's name and the stages seen."""
+    """An Execute's answer: the ExecuteResponse, the operation's name, the stages seen, streams resumed."""
 
     response: re_pb2.ExecuteResponse
     operation: str
     stages: list[int]
+    resumed: int = 0
 
     @property
     def result(self) -> re_pb2.ActionResult:
@@ -328,27 +336,55 @@ class ReapiClient:
                 on_call: Callable[[grpc.Call], None] | None = None) -> Executed:  # fmt: skip
         """Run the action (or take it from the cache) and wait until its operation is done.
 
-        ``on_call`` receives the stream, so another thread can cancel it; ``timeout_s``
-        bounds the whole wait (TIMEOUT), queueing included.
+        ``on_call`` receives each stream, so another thread can cancel it; ``timeout_s``
+        bounds the whole wait (TIMEOUT), queueing included.  A stream that breaks
+        (UNAVAILABLE, or ends before the operation is done) is resumed with
+        ``WaitExecution`` on the operation's name, up to ``RESUMES`` times; an operation
+        the server no longer knows (NOT_FOUND: it restarted) is executed again.
         """
         request = re_pb2.ExecuteRequest(instance_name=self.instance, action_digest=action_digest,
                                         skip_cache_lookup=skip_cache_lookup)  # fmt: skip
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         stages: list[int] = []
         name = ""
-        with rpc_errors("Execute"):
-            stream = self._exec.Execute(request, timeout=timeout_s)
-            if on_call is not None:
-                on_call(stream)
-            for operation in stream:
-                name = operation.name or name
+        for attempt in range(RESUMES + 1):
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            what = "WaitExecution" if name else "Execute"
+            try:
+                with rpc_errors(what):
+                    stream = (self._exec.WaitExecution(re_pb2.WaitExecutionRequest(name=name), timeout=left) if name
+                              else self._exec.Execute(request, timeout=left))  # fmt: skip
+                    if on_call is not None:
+                        on_call(stream)
+                    for operation in stream:
+                        name = operation.name or name
+                        metadata = re_pb2.ExecuteOperationMetadata()
+                        if operation.metadata.Unpack(metadata) and (not stages or stages[-1] != metadata.stage):
+                            stages.append(metadata.stage)
+                        if on_update is not None:
+                            on_update(operation)
+                        if operation.done:
+                            return Executed(self._finished(operation), name, stages, attempt)
+            except CcwError as error:
+                if error.code == "NOT_FOUND" and what == "WaitExecution":
+                    name = ""  # the server forgot it (a restart): ask again; the cache may answer
+                elif error.code != "UNAVAILABLE" or attempt == RESUMES:
+                    raise
+            time.sleep(RESUME_PAUSE_S * (attempt + 1))
+        raise CcwError("UNAVAILABLE", f"Execute stream for {name or 'the action'} broke {RESUMES + 1} times "
+                       "before it was done", {"operation": name})
+
+    def wait_execution(self, name: str, timeout_s: float | None = None) -> Executed:
+        """Wait for an operation started earlier (by this client or another) to be done."""
+        stages: list[int] = []
+        with rpc_errors("WaitExecution"):
+            for operation in self._exec.WaitExecution(re_pb2.WaitExecutionRequest(name=name), timeout=timeout_s):
                 metadata = re_pb2.ExecuteOperationMetadata()
                 if operation.metadata.Unpack(metadata) and (not stages or stages[-1] != metadata.stage):
                     stages.append(metadata.stage)
-                if on_update is not None:
-                    on_update(operation)
                 if operation.done:
-                    return Executed(self._finished(operation), name, stages)
-        raise CcwError("UNAVAILABLE", f"Execute stream for {name or 'the action'} ended before it was done")
+                    return Executed(self._finished(operation), operation.name or name, stages)
+        raise CcwError("UNAVAILABLE", f"WaitExecution stream for {name} ended before it was done")
 
     @staticmethod
     def _finished(operation: operations_pb2.Operation) -> re_pb2.ExecuteResponse:
