@@ -46,7 +46,8 @@ from test_reapi_cluster import _require_cluster_prerequisites
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
-from mcp_server.reapi.merkle import FileEntry, build_tree
+from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes
+from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
 
 KEEPALIVE_S = 10  # a silent (killed) bot is dropped after this, and its leases requeued
@@ -284,3 +285,31 @@ def test_many_leases_and_a_withdrawn_one(cluster: Cluster, bots: dict[str, Any])
         assert not _running("sleep 31.5"), "the withdrawn lease still runs"
         print(f"withdrawn lease stopped {time.monotonic() - cancelled:.1f} s after CancelOperation")
         waiter.join(60)
+
+
+def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -> None:
+    """A declared output that is a directory comes back as a Tree (files, x bits, symlinks); a missing one is absent."""
+    script = ("mkdir -p out/sub && echo alpha > out/a.txt && printf '#!/bin/sh\\n' > out/sub/b.sh && "
+              "chmod +x out/sub/b.sh && ln -s a.txt out/link && echo one > single.txt")
+    tree = build_tree({"tag.txt": FileEntry(data=b"outputs")})
+    spec = CommandSpec(argv=["/bin/sh", "-c", script], env={"PATH": "/usr/bin:/bin"}, platform={"OSFamily": "linux"},
+                       output_paths=["out", "single.txt", "missing"])
+    built = build_action(spec, tree.root, timeout_s=120, do_not_cache=True)
+    with ReapiClient(cluster.url) as client:
+        client.upload_tree(tree, built.blobs)
+        result = client.execute(built.action_digest, timeout_s=60).result
+        assert result.exit_code == 0
+        files = {f.path: f for f in result.output_files}
+        assert set(files) == {"single.txt", ".ccw-witness.ccwz"}
+        assert client.read_blob(files["single.txt"].digest) == b"one\n"
+        (made,) = result.output_directories
+        assert made.path == "out"
+        out = re_pb2.Tree.FromString(client.read_blob(made.tree_digest))
+        assert {f.name for f in out.root.files} == {"a.txt"}
+        assert client.read_blob(out.root.files[0].digest) == b"alpha\n"
+        assert [(s.name, s.target) for s in out.root.symlinks] == [("link", "a.txt")]
+        (sub,) = out.root.directories
+        (below,) = out.children
+        assert sub.name == "sub" and digest_bytes(below.SerializeToString(deterministic=True)) == sub.digest
+        assert [(f.name, f.is_executable) for f in below.files] == [("b.sh", True)]
+        assert client.read_blob(below.files[0].digest) == b"#!/bin/sh\n"

@@ -18,7 +18,8 @@ For each lease:
   of the environment first), or at the lease directory itself for any other REAPI
   client.  The command runs there with exactly the Command's environment, in the jail,
   under the limits the client asked for, with every file it touched recorded.
-- stdout, stderr, the declared outputs that exist, and the run's witness (as the
+- stdout, stderr, the declared outputs that exist (files, and directories as a
+  ``Tree`` each), and the run's witness (as the
   output file ``.ccw-witness.ccwz``) go to the CAS; the ActionResult names them.  A
   run that hit the action's timeout reports DEADLINE_EXCEEDED; a lease the server
   withdraws cancels the run (the capsule is destroyed, which ends its processes).
@@ -59,7 +60,15 @@ from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.inputs import BlobCache, fetch_input_root
-from mcp_server.reapi.merkle import digest_bytes, key
+from mcp_server.reapi.merkle import (
+    Entry,
+    FileEntry,
+    SymlinkEntry,
+    build_tree,
+    digest_bytes,
+    key,
+    output_tree,
+)
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome
 from mcp_server.state import State
@@ -81,17 +90,34 @@ class _Ran:
     reply: ExecReply
     witness: Path
     outputs: dict[str, tuple[bytes, bool]]  # relative to the working directory: (bytes, executable)
+    directories: dict[str, dict[str, Entry]]  # output directories: their files and symlinks
 
 
-def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> dict[str, tuple[bytes, bool]]:
-    found = {}
+def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> tuple[dict[str, tuple[bytes, bool]], dict[str, dict[str, Entry]]]:
+    """The declared outputs the run made: files (bytes, executable), and directories (their entries).
+
+    A declared path may be either (``output_paths``; or the older ``output_files`` and
+    ``output_directories``).  A directory's empty subdirectories are not kept.
+    """
+    files: dict[str, tuple[bytes, bool]] = {}
+    directories: dict[str, dict[str, Entry]] = {}
     with RootView.from_fd(root_fd) as view:
-        for relative in [*command.output_paths, *command.output_files]:
-            path = os.path.normpath(os.path.join(cwd, relative)) if cwd else relative
+        for relative in dict.fromkeys([*command.output_paths, *command.output_files, *command.output_directories]):
+            path = os.path.normpath(os.path.join(cwd, relative)) if cwd else os.path.normpath(relative)
             side = changeset.lstat(view, path)
             if side is not None and side.kind == "file":
-                found[relative] = (view.read_bytes(path), bool(side.mode & 0o111))
-    return found
+                files[relative] = (view.read_bytes(path), bool(side.mode & 0o111))
+            elif side is not None and side.kind == "dir":
+                entries: dict[str, Entry] = {}
+                for inner, kind in view.walk(path, skip=frozenset()):
+                    below = inner[len(path) + 1:]
+                    if kind == "file":
+                        entries[below] = FileEntry(data=view.read_bytes(inner),
+                                                   executable=bool(view.stat(inner).st_mode & 0o111))  # fmt: skip
+                    elif kind == "symlink":
+                        entries[below] = SymlinkEntry(view.readlink(inner))
+                directories[relative] = entries
+    return files, directories
 
 
 class CapsuleRunner:
@@ -144,8 +170,8 @@ class CapsuleRunner:
                 return None
             witness = await make_witness(self.service, record.capsule_id, WitnessOptions("zstd", True))
             root_fd = await self.service.open_root(record.capsule_id)
-            outputs = await trio.to_thread.run_sync(_read_outputs, root_fd, cwd, command)
-            return _Ran(ran.reply, Path(witness["path"]), outputs)
+            outputs, directories = await trio.to_thread.run_sync(_read_outputs, root_fd, cwd, command)
+            return _Ran(ran.reply, Path(witness["path"]), outputs, directories)
         finally:
             with trio.CancelScope(shield=True):
                 await self.service.destroy(record.capsule_id)
@@ -162,6 +188,13 @@ class CapsuleRunner:
             digest = digest_bytes(data)
             blobs[key(digest)] = data
             result.output_files.add(path=path, digest=digest, is_executable=executable)
+        for path, entries in sorted(ran.directories.items()):
+            tree = build_tree(entries)
+            blobs.update(tree.blobs)
+            message = output_tree(tree).SerializeToString(deterministic=True)
+            tree_digest = digest_bytes(message)
+            blobs[key(tree_digest)] = message
+            result.output_directories.add(path=path, tree_digest=tree_digest)
         result.execution_metadata.worker = self.bot_id
         client.upload({k: v for k, v in blobs.items() if k[1] > 0})
         if reply.timed_out:

@@ -206,8 +206,8 @@ def _fetch(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: BlobCach
 def upload_outputs(client: ReapiClient, workdir: Path, command: re_pb2.Command) -> list[re_pb2.OutputFile]:
     """Upload the regular files among the command's outputs; their OutputFile entries.
 
-    Output directories (a ``Tree`` each) are not sent yet: ccw's trials and replays
-    name files.
+    Files only: vm-tests' plain-subprocess bot uses it.  ccw-bot (bot.py) also sends
+    output directories, a ``Tree`` each.
     """
     outputs: list[re_pb2.OutputFile] = []
     for relative in [*command.output_paths, *command.output_files]:

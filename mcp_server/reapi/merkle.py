@@ -196,3 +196,23 @@ def digested(entries: Mapping[str, Entry]) -> dict[str, Entry]:
 def tree_of_directory(root: Path) -> InputTree:
     """The Merkle tree of the directory at ``root``."""
     return build_tree(scan_directory(root))
+
+
+def output_tree(tree: InputTree) -> re_pb2.Tree:
+    """``tree`` as REAPI's ``Tree`` message (an output directory): the root Directory and every one below it once."""
+    def directory(digest: re_pb2.Digest) -> re_pb2.Directory:
+        data = tree.blobs[key(digest)]
+        return re_pb2.Directory.FromString(data if isinstance(data, bytes) else data.read_bytes())
+
+    root = directory(tree.root)
+    children, seen = [], set()
+    pending = [node.digest for node in root.directories]
+    while pending:
+        digest = pending.pop(0)
+        if key(digest) in seen:
+            continue
+        seen.add(key(digest))
+        child = directory(digest)
+        children.append(child)
+        pending.extend(node.digest for node in child.directories)
+    return re_pb2.Tree(root=root, children=children)
