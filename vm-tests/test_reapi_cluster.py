@@ -2,11 +2,11 @@
 
 The cluster comes up once for the module (5-9 s on this project's 2-core VM, plus
 about 17 s the first time, to make BuildGrid's Python 3.13 venv, and about 10 s where
-PostgreSQL must be installed from Debian).  ccw-bot (which runs actions in capsules)
-is issue 17's next step; Execute is shown here through the action cache, by an
-uncached action staying QUEUED while no bot serves, and end to end with the test bot
-of reapi_bot.py (the Remote Workers API session of mcp_server.reapi.worker running
-plain subprocesses).
+PostgreSQL must be installed from Debian).  Execute is shown here through the action
+cache, by an uncached action staying QUEUED while no bot serves, and end to end with
+the test bot of reapi_bot.py (the Remote Workers API session of mcp_server.reapi.worker
+running plain subprocesses); ``ccw cluster up`` starts real ccw-bots, which
+test_reapi_ccw_bot.py drives through deltamin and replays.
 """
 
 from __future__ import annotations
@@ -222,16 +222,25 @@ def test_one_command_up_and_down(request: pytest.FixtureRequest) -> None:
     """``python -m mcp_server.reapi.cluster up`` prints the URL once ready; SIGTERM tears all down."""
     _require_cluster_prerequisites(request.config)
     start = time.monotonic()
-    with subprocess.Popen([sys.executable, "-m", "mcp_server.reapi.cluster", "up"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:  # fmt: skip
+    up = [sys.executable, "-m", "mcp_server.reapi.cluster", "up", "--bots", "1", "--capacity", "2", "--property", "pool=big"]
+    with subprocess.Popen(up, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None and process.stderr is not None
         try:
             line = process.stdout.readline().strip()
             ready = time.monotonic() - start
             assert line.startswith("CCW_REAPI_URL=grpc://127.0.0.1:"), line
             port = int(line.rsplit(":", 1)[1])
+            # the slots one deltamin can fill, and the platform that reaches these bots
+            assert process.stdout.readline().strip() == "CCW_REAPI_PARALLEL=2"
+            assert process.stdout.readline().strip() == "CCW_REAPI_PLATFORM=OSFamily=linux,pool=big"
             with ReapiClient(line.split("=", 1)[1]) as reapi:
                 assert reapi.capabilities().execution_capabilities.exec_enabled
+                big = _submit(reapi, {"WHO": "big"}, platform={"OSFamily": "linux", "pool": "big"})
+                assert reapi.execute(big, timeout_s=60).result.exit_code == 0  # the bot advertises pool=big
+                small = _submit(reapi, {"WHO": "small"}, platform={"OSFamily": "linux", "pool": "small"})
+                with pytest.raises(CcwError) as unmatched:
+                    reapi.execute(small, timeout_s=5)  # no bot matches: it stays queued
+                assert unmatched.value.code == "TIMEOUT"
             print(f"one command: ready in {ready:.1f} s")
         finally:
             process.send_signal(signal.SIGTERM)
@@ -255,10 +264,10 @@ sys.exit(int(os.environ.get("CODE", "0")))
 
 
 def _submit(client: ReapiClient, env: dict[str, str], *, timeout_s: float = 60, do_not_cache: bool = False,
-            argv: tuple[str, ...] = (PY, "job.py", "a")) -> re_pb2.Digest:  # fmt: skip
+            argv: tuple[str, ...] = (PY, "job.py", "a"), platform: dict[str, str] | None = None) -> re_pb2.Digest:  # fmt: skip
     tree = build_tree({"src/job.py": FileEntry(data=SCRIPT)})
     spec = CommandSpec(argv=list(argv), env={"PATH": "/usr/bin:/bin", **env}, cwd="src",
-                       output_paths=["result.txt", "absent.txt"], platform={"OSFamily": "linux"})  # fmt: skip
+                       output_paths=["result.txt", "absent.txt"], platform=platform or {"OSFamily": "linux"})  # fmt: skip
     built = build_action(spec, tree.root, timeout_s=timeout_s, do_not_cache=do_not_cache)
     client.upload_tree(tree, built.blobs)
     return built.action_digest

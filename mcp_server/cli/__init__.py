@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("action", choices=("up",), help="up: start it, print CCW_REAPI_URL, stop on Ctrl-C")
     cluster.add_argument("--bots", type=int, default=0, help="ccw-bots to start beside it (each with its own helper)")
     cluster.add_argument("--capacity", type=int, default=1, help="leases at once per bot")
+    cluster.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                         help="a platform property the bots advertise and jobs may ask for (repeat)")
     cluster.add_argument("--cluster-dir", dest="cluster_state", help="its PostgreSQL and logs (default: a fresh /tmp dir)")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
@@ -167,7 +169,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         from mcp_server.reapi import cluster
 
         where = ["--state-dir", args.cluster_state] if args.cluster_state else []
-        return cluster.main([args.action, "--bots", str(args.bots), "--capacity", str(args.capacity), *where])
+        properties = [arg for item in args.property for arg in ("--property", item)]
+        return cluster.main([args.action, "--bots", str(args.bots), "--capacity", str(args.capacity), *where,
+                             *properties])  # fmt: skip
     config = Config.from_env()
     logs.configure(config.log_level, config.log_format)
     if args.command == "doctor":

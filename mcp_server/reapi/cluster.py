@@ -341,15 +341,20 @@ def temporary_cluster(**options: object) -> Iterator[Cluster]:
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
-def start_bot(url: str, bot_id: str, state_dir: Path, capacity: int = 1) -> subprocess.Popen[bytes]:
-    """A ccw-bot process serving ``url``, with its own state dir (and embedded helper); log in bot.log there."""
+def start_bot(url: str, bot_id: str, state_dir: Path, capacity: int = 1,
+              properties: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """A ccw-bot process serving ``url``, with its own state dir (and embedded helper); log in bot.log there.
+
+    ``properties``: ``name=value`` platform properties it advertises (beyond OSFamily=linux).
+    """
     state_dir.mkdir(parents=True, exist_ok=True)
     env = {key: value for key, value in os.environ.items() if key != "CCW_HELPER_SOCKET"}
     env["CCW_STATE_DIR"] = str(state_dir)
     with open(state_dir / "bot.log", "ab") as sink:
+        extra = [arg for item in properties for arg in ("--property", item)]
         return subprocess.Popen([sys.executable, "-m", "mcp_server.reapi.bot", "--reapi", url, "--bot-id", bot_id,
-                                 "--capacity", str(capacity)], stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
-                                env=env, start_new_session=True)  # fmt: skip
+                                 "--capacity", str(capacity), *extra], stdin=subprocess.DEVNULL, stdout=sink,
+                                stderr=sink, env=env, start_new_session=True)  # fmt: skip
 
 
 def stop_bot(bot: subprocess.Popen[bytes], grace_s: float = 30.0) -> int:
@@ -375,19 +380,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--state-dir", type=Path, help="default: a fresh directory under /tmp")
     parser.add_argument("--bots", type=int, default=0, help="ccw-bots to start beside it (each with its own helper)")
     parser.add_argument("--capacity", type=int, default=1, help="leases at once per bot")
+    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
+                        help="a platform property the bots advertise and jobs may ask for (repeat)")
     args = parser.parse_args(argv)
+    keys = []
+    for item in args.property:
+        name, sep, value = item.partition("=")
+        if not sep or not name or not value or name in ("OSFamily", "ISA"):
+            parser.error(f"--property {item!r}: give NAME=VALUE (OSFamily and ISA are set already)")
+        keys.append(name)
     signal.signal(signal.SIGTERM, _interrupt)
     state = args.state_dir
     made = state is None
     if state is None:
         state = Path(tempfile.mkdtemp(prefix="ccw-cluster-"))
         state.chmod(0o711)
-    cluster = Cluster(state)
+    cluster = Cluster(state, match_keys=sorted(set(keys)))
     bots: list[subprocess.Popen[bytes]] = []
     try:
         cluster.up()
-        bots += [start_bot(cluster.url, f"bot-{i}", state / f"bot-{i}", args.capacity) for i in range(args.bots)]
+        bots += [start_bot(cluster.url, f"bot-{i}", state / f"bot-{i}", args.capacity, args.property)
+                 for i in range(args.bots)]  # fmt: skip
         print(f"CCW_REAPI_URL={cluster.url}", flush=True)
+        if args.bots:  # the slots one deltamin can fill at once
+            print(f"CCW_REAPI_PARALLEL={args.bots * args.capacity}", flush=True)
+        if args.property:
+            print(f"CCW_REAPI_PLATFORM=OSFamily=linux,{','.join(args.property)}", flush=True)
         print(f"ready in {cluster.timings['ready_s']} s {cluster.timings}, state in {state}; "
               "Ctrl-C stops it", file=sys.stderr, flush=True)  # fmt: skip
         signal.pause()
