@@ -195,3 +195,34 @@ def test_the_final_check_answers_the_searchs_last_question() -> None:
         assert set(search.result) == culprits and search.one_minimal
         assert checked[-1] == search.result and frozenset(search.result) not in ran
         assert search.trials == len(ran) + len(checked)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(2, 24), st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 4]),
+       st.sampled_from([0.2, 0.5, 0.8]))
+def test_property_any_oracle_ends_with_a_failing_result(n: int, seed: int, parallel: int, fail_rate: float) -> None:
+    # An arbitrary (deterministic, non-monotone, sometimes unresolved) oracle: the search
+    # must still end, answer with a configuration a trial saw fail, and claim
+    # 1-minimality only when every single removal from it was seen (or implied) not to.
+    everything = frozenset(range(n))
+
+    def oracle(subset: tuple[int, ...]) -> str:
+        key = frozenset(subset)
+        if key == everything:
+            return FAIL
+        draw = random.Random(hash((seed, key))).random()
+        return FAIL if draw < fail_rate else UNRESOLVED if draw < fail_rate + 0.1 else PASS
+
+    search = Search(tuple(range(n)), parallel=parallel)
+    for _ in range(10_000):
+        batch = search.next_batch()
+        if not batch:
+            break
+        search.report([oracle(c) for c in batch])
+    else:
+        raise AssertionError("the search did not end")
+    assert oracle(search.result) == FAIL
+    if search.one_minimal:
+        for unit in search.result:
+            rest = tuple(u for u in search.result if u != unit)
+            assert search.cache.get(frozenset(rest)) != FAIL
