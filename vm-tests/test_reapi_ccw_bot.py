@@ -137,6 +137,10 @@ def test_python_project_through_the_cluster(tools: Any, require: Any, tmp_path: 
     assert out["replay_remote"]["replay_ok"] == out["replay_local"]["replay_ok"] is True, out["replay_remote"]
     assert out["replay_remote"]["root_hash"] == out["replay_local"]["root_hash"]
     assert after["minimal_patch"] == local["minimal_patch"] and after["executor"]["uploaded_blobs"] > 0, after
+    # The base goes up once, not once per trial of the first round (4 at once).
+    base_bytes = sum(p.lstat().st_size for p in ws.rglob("*") if p.is_file() and not p.is_symlink())
+    for run in (remote, after):
+        assert run["executor"]["uploaded_bytes"] < 1.5 * base_bytes, (run["executor"], base_bytes)
     print(f"more-itertools deltamin: local {out['local_s']:.1f} s ({local['trials']} trials), cluster "
           f"{out['remote_s']:.1f} s {remote['executor']}; repeated: {again['executor']}; after restart: "
           f"{after['executor']}")
@@ -313,3 +317,38 @@ def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -
         assert sub.name == "sub" and digest_bytes(below.SerializeToString(deterministic=True)) == sub.digest
         assert [(f.name, f.is_executable) for f in below.files] == [("b.sh", True)]
         assert client.read_blob(below.files[0].digest) == b"#!/bin/sh\n"
+
+
+def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster: Cluster, bots: dict[str, Any]) -> None:
+    """Four trials at once over a base the CAS has never seen: the base goes up once, each trial adds its file."""
+    from mcp_server.capsules.executors import Trial
+    from mcp_server.capsules.remote import ReapiExecutor
+    from mcp_server.capsules.runs import Command
+    from mcp_server.capsules.trials import Unit
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(200):  # contents no other test uploads
+        (ws / f"f{i:03}.txt").write_bytes(os.urandom(2000))
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        record = t.ctx.capsules.live_record(cap)
+        executor = ReapiExecutor(cluster.url, 4)
+        try:
+            async def one(i: int) -> None:
+                files = {f"new{i}.txt": Unit(f"new{i}.txt", "write", content=f"trial {i}\n".encode(), mode=0o644)}
+                run = await executor.run_trial(t.ctx.capsules, Trial(record, files, Command(["true"], record.workspace, 60_000)))
+                assert run.exit_code == 0
+
+            async with trio.open_nursery() as nursery:
+                for i in range(4):
+                    nursery.start_soon(one, i)
+            return executor.summary()
+        finally:
+            executor.close()
+
+    summary = tools.run(scenario)
+    # 200 files + root Directory once; then per trial its file, its root Directory, Command and Action
+    assert summary["executed"] == 4 and summary["uploaded_blobs"] <= 201 + 4 * 4, summary
+    assert summary["uploaded_bytes"] < 1.2 * 200 * 2000, summary
