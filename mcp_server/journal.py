@@ -93,6 +93,7 @@ CREATE TABLE IF NOT EXISTS execs (
     touched TEXT NOT NULL,
     generation INTEGER,
     generation_out INTEGER,
+    written_mtimes TEXT,
     PRIMARY KEY (capsule_id, seq)
 );
 CREATE TABLE IF NOT EXISTS writes (
@@ -128,7 +129,7 @@ _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 # Columns added since the first release, for state dirs made before them.
 _NEW_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0"},
-    "execs": {"generation": "INTEGER", "generation_out": "INTEGER"},
+    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
 
@@ -407,6 +408,8 @@ class Journal:
             row["generation_out"] = self._advance(db, capsule_id) if exec_advances(entry["touched"]) else None
             for key in _JSON_EXEC_FIELDS:
                 row[key] = json.dumps(row[key], sort_keys=True)
+            if row.get("written_mtimes") is not None:
+                row["written_mtimes"] = json.dumps(row["written_mtimes"], sort_keys=True)
             cols = ", ".join(row)
             marks = ", ".join("?" for _ in row)
             db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(row.values()))
@@ -443,5 +446,7 @@ class Journal:
                 data[key] = json.loads(data[key])
             data["timed_out"] = bool(data["timed_out"])
             data["oom_killed"] = bool(data["oom_killed"])
+            # path -> mtime_ns of the files the exec wrote, as it left them (None: not known)
+            data["written_mtimes"] = json.loads(data["written_mtimes"]) if data.get("written_mtimes") else None
             out.append(data)
         return out

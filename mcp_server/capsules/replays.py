@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import verify_file
@@ -263,6 +264,9 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
         ran = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin),
                                 limits=True, network=network)
         tally.add_exec(ex, ran.value, blobs, ran.network)
+        if ex.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
+            root = await service.open_root(capsule_id)
+            await trio.to_thread.run_sync(restore_mtimes, root, ex["written_mtimes"])
     return tally
 
 

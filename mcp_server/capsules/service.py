@@ -32,7 +32,7 @@ from typing import Any, Protocol
 import trio
 
 from mcp_server.capsules.networks import Networks, Traced, network_not_open
-from mcp_server.capsules.notes import record_base_states
+from mcp_server.capsules.notes import record_base_states, written_mtimes
 from mcp_server.capsules.runs import (
     PROGRESS_MS,
     Command,
@@ -206,7 +206,11 @@ class CapsuleService:
             outcome = ExecOutcome(reply, started_generation, started_generation, ticket.waited_ms,
                                   traced.network, tuple(traced.notes))
             journal = self.journal
-            seq = journal.add_exec(record.capsule_id, journal_entry(request, outcome, started))
+            entry = journal_entry(request, outcome, started)
+            if reply.touched.written:
+                root = await self.open_root(record.capsule_id)
+                entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, list(reply.touched.written))
+            seq = journal.add_exec(record.capsule_id, entry)
             journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
             generation = journal.generation(record.capsule_id)
             await trio.to_thread.run_sync(record_base_states, journal, record, list(reply.touched.written))

@@ -119,6 +119,7 @@ def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, 
             data, cap = outputs[ex["seq"], stream]
             kept[stream] = {"blob": sources.add_bytes(data), "kept_bytes": len(data), "cap": cap}
     entry["output"] = kept or None  # None: made before outputs were kept
+    entry["written_mtimes"] = ex.get("written_mtimes")  # None: not traced, or made before mtimes were kept
     return entry
 
 
