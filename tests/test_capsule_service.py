@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ class FakeHelper:
         self.made = 0
         self.exec_error: BaseException | None = None
         self.written: list[str] = ["a.txt"]
+        self.root: str | None = None
 
     async def call(self, request: OpRequest, on_progress: Any = None) -> OpReply:
         self.requests.append(request)
@@ -85,6 +87,16 @@ class FakeHelper:
         if isinstance(request, ListRequest):
             return ListReply((CapsuleSummary("cap_1", "/w", None, "then", "ready"),))
         raise AssertionError(request)
+
+    async def open_root(self, capsule_id: str) -> int:
+        """A capsule root holding what the exec wrote (the journal notes its mtimes)."""
+        if self.root is None:
+            self.root = tempfile.mkdtemp(prefix="fake-capsule-")
+            for path in self.written:
+                fd = os.open(os.path.join(self.root, path), os.O_WRONLY | os.O_CREAT, 0o644)
+                os.utime(fd, ns=(1_000_000_000, 1_000_000_000))
+                os.close(fd)
+        return os.open(self.root, os.O_PATH | os.O_DIRECTORY)
 
 
 class Hooks:
@@ -146,6 +158,7 @@ def test_exec_sends_a_typed_request_and_journals_the_run(world: Any) -> None:
     assert ran.reply.stdout == b"out\n" and ran.touched["written"] == ["a.txt"]
     [entry] = Journal(service.state).execs("cap_1")
     assert entry["argv"] == ["cat"] and entry["stdin_b64"] == "aW4=" and entry["generation"] == 0
+    assert entry["written_mtimes"] == {"a.txt": 1_000_000_000}  # replays give it back (notes.py)
     assert Journal(service.state).base_states("cap_1")  # the base at a.txt, for promotion's conflict check
     assert hooks.reports and hooks.reports[0][0] == 1000.0  # progress sent on
 

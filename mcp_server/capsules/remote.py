@@ -157,6 +157,9 @@ def _judged(executed: Executed, client: ReapiClient) -> RemoteRun:
     return RemoteRun(executed.result.exit_code, status.code == code_pb2.DEADLINE_EXCEEDED, stdout, stderr)
 
 
+_UPLOAD_LOCKS: dict[str, trio.Lock] = {}  # by cluster URL, shared by the executors of one process
+
+
 class ReapiExecutor:
     """Trials and replays as Actions on the REAPI server at ``url``."""
 
@@ -172,13 +175,15 @@ class ReapiExecutor:
         self.executed = 0  # actions a bot ran
         self.uploaded_blobs = 0
         self.uploaded_bytes = 0
+        self.retried = 0  # Executes sent again: the server went away or lost inputs meanwhile
         self._bases: dict[str, dict[str, Entry]] = {}
         self._lock = trio.Lock()
-        # One upload at a time: the first round's trials all find the whole base missing
-        # and, run side by side, each uploaded it (4x the bytes at 4 slots, seen on a
-        # real project's 40 MB base).  In turn, the first uploads it and the others
-        # only their subsets' files (a FindMissingBlobs each, milliseconds).
-        self._upload_lock = trio.Lock()
+        # One upload at a time per cluster: the first round's trials all find the whole
+        # base missing and, run side by side, each uploaded it (4x the bytes at 4
+        # slots, seen on a real project's 40 MB base; two deltamins at once, twice).
+        # In turn, the first uploads it and the others only their subsets' files (a
+        # FindMissingBlobs each, milliseconds).
+        self._upload_lock = _UPLOAD_LOCKS.setdefault(url, trio.Lock())
 
     async def _base(self, base: str) -> dict[str, Entry]:
         async with self._lock:  # one scan, however many trials start at once
@@ -204,10 +209,12 @@ class ReapiExecutor:
             except CcwError as error:
                 if trio.current_time() > give_up or error.details.get("grpc_status") not in _RETRIED:
                     raise
+                self.retried += 1
                 await trio.sleep(RETRY_S)
                 continue
             if executed.response.status.code != code_pb2.FAILED_PRECONDITION or trio.current_time() > give_up:
                 break
+            self.retried += 1
             await trio.sleep(RETRY_S)  # inputs missing at run time: upload them again
         if executed.response.cached_result:
             self.cache_hits += 1
@@ -250,7 +257,7 @@ class ReapiExecutor:
     def summary(self) -> dict[str, Any]:
         """The kind, and what the cluster did: runs, action-cache hits, uploads."""
         return {"kind": self.name, "executed": self.executed, "action_cache_hits": self.cache_hits,
-                "uploaded_blobs": self.uploaded_blobs, "uploaded_bytes": self.uploaded_bytes}
+                "uploaded_blobs": self.uploaded_blobs, "uploaded_bytes": self.uploaded_bytes, "retried": self.retried}
 
     def close(self) -> None:
         """Close the channel."""

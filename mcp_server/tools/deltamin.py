@@ -30,7 +30,8 @@ EXECUTOR = {
     "description": "Where the trials ran: local capsules, or a REAPI cluster (CCW_REAPI_URL) with its counts.",
     "properties": {"kind": {"enum": ["local", "reapi"]}, "executed": {"type": "integer"},
                    "action_cache_hits": {"type": "integer"}, "uploaded_blobs": {"type": "integer"},
-                   "uploaded_bytes": {"type": "integer"}},
+                   "uploaded_bytes": {"type": "integer"},
+                   "retried": {"type": "integer", "description": "Executes sent again after the server went away or lost inputs"}},
 }
 
 TOOLS = [
