@@ -52,6 +52,17 @@ def split(units: Sequence[int], n: int) -> list[tuple[int, ...]]:
     return [c for c in out if c]
 
 
+def known_outcome(cache: dict[frozenset[int], str], candidate: Iterable[int]) -> str | None:
+    """The cached outcome of ``candidate``, or PASS for a subset of one known to pass (monotone skipping)."""
+    key = frozenset(candidate)
+    if key in cache:
+        return cache[key]
+    for known, outcome in cache.items():
+        if outcome == PASS and key <= known:
+            return PASS
+    return None
+
+
 @dataclass
 class Ddmin:
     """ddmin over ``units`` (a failing configuration), asking for trials in batches.
@@ -137,13 +148,7 @@ class Ddmin:
 
     # --- ddmin ---------------------------------------------------------------------------
     def _known(self, candidate: Iterable[int]) -> str | None:
-        key = frozenset(candidate)
-        if key in self.cache:
-            return self.cache[key]
-        for known, outcome in self.cache.items():
-            if outcome == PASS and key <= known:
-                return PASS
-        return None
+        return known_outcome(self.cache, candidate)
 
     def _prepare_round(self) -> None:
         self._pos = 0
@@ -324,13 +329,7 @@ class Search:
 
     # --- planning ----------------------------------------------------------------------------
     def _known(self, subset: tuple[int, ...]) -> str | None:
-        key = frozenset(subset)
-        if key in self.cache:
-            return self.cache[key]
-        for known, outcome in self.cache.items():
-            if outcome == PASS and key <= known:
-                return PASS
-        return None
+        return known_outcome(self.cache, subset)
 
     def _test(self, kind: str, removed: Iterable[int], cell: int = -1, bit: int = -1) -> _Test:
         gone = frozenset(removed)
