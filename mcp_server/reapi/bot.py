@@ -70,7 +70,7 @@ from mcp_server.reapi.merkle import (
     output_tree,
 )
 from mcp_server.reapi.protos import code_pb2, re_pb2
-from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome
+from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome, parse_properties
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.replies import ExecReply
@@ -233,17 +233,6 @@ async def _cancel_when(cancelled: threading.Event, scope: trio.CancelScope) -> N
     while not cancelled.is_set():  # noqa: ASYNC110 (a threading.Event, set by the session's thread)
         await trio.sleep(CANCEL_POLL_S)
     scope.cancel()
-
-
-def parse_properties(pairs: Sequence[str]) -> dict[str, str]:
-    """``--property k=v`` flags as platform properties (OSFamily=linux unless given)."""
-    properties = {"OSFamily": "linux"}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise CcwError("INVALID_ARGUMENT", f"--property {pair!r}: want name=value")
-        properties[name] = value
-    return properties
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -132,6 +132,13 @@ class Executed:
         return self.response.result
 
 
+def _note_stage(operation: operations_pb2.Operation, stages: list[int]) -> None:
+    """Append the operation's stage to ``stages`` when it moved on."""
+    metadata = re_pb2.ExecuteOperationMetadata()
+    if operation.metadata.Unpack(metadata) and (not stages or stages[-1] != metadata.stage):
+        stages.append(metadata.stage)
+
+
 class ReapiClient:
     """One channel to a REAPI server and instance; every call blocks."""
 
@@ -358,9 +365,7 @@ class ReapiClient:
                         on_call(stream)
                     for operation in stream:
                         name = operation.name or name
-                        metadata = re_pb2.ExecuteOperationMetadata()
-                        if operation.metadata.Unpack(metadata) and (not stages or stages[-1] != metadata.stage):
-                            stages.append(metadata.stage)
+                        _note_stage(operation, stages)
                         if on_update is not None:
                             on_update(operation)
                         if operation.done:
@@ -379,9 +384,7 @@ class ReapiClient:
         stages: list[int] = []
         with rpc_errors("WaitExecution"):
             for operation in self._exec.WaitExecution(re_pb2.WaitExecutionRequest(name=name), timeout=timeout_s):
-                metadata = re_pb2.ExecuteOperationMetadata()
-                if operation.metadata.Unpack(metadata) and (not stages or stages[-1] != metadata.stage):
-                    stages.append(metadata.stage)
+                _note_stage(operation, stages)
                 if operation.done:
                     return Executed(self._finished(operation), operation.name or name, stages)
         raise CcwError("UNAVAILABLE", f"WaitExecution stream for {name} ended before it was done")

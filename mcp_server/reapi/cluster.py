@@ -45,6 +45,7 @@ import grpc
 
 from mcp_server.reapi import postgres
 from mcp_server.reapi.protos import re_grpc, re_pb2
+from mcp_server.reapi.worker import parse_properties
 from sandbox.errors import CcwError
 
 BUILDGRID_VERSION = "0.9.1"
@@ -383,19 +384,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                         help="a platform property the bots advertise and jobs may ask for (repeat)")
     args = parser.parse_args(argv)
-    keys = []
-    for item in args.property:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value or name in ("OSFamily", "ISA"):
-            parser.error(f"--property {item!r}: give NAME=VALUE (OSFamily and ISA are set already)")
-        keys.append(name)
+    try:
+        properties = parse_properties(args.property)
+    except CcwError as error:
+        parser.error(error.message)
+    keys = sorted(set(properties) - {"OSFamily", "ISA"})  # what the scheduler matches on beyond its own
     signal.signal(signal.SIGTERM, _interrupt)
     state = args.state_dir
     made = state is None
     if state is None:
         state = Path(tempfile.mkdtemp(prefix="ccw-cluster-"))
         state.chmod(0o711)
-    cluster = Cluster(state, match_keys=sorted(set(keys)))
+    cluster = Cluster(state, match_keys=keys)
     bots: list[subprocess.Popen[bytes]] = []
     try:
         cluster.up()
@@ -404,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"CCW_REAPI_URL={cluster.url}", flush=True)
         if args.bots:  # the slots one deltamin can fill at once
             print(f"CCW_REAPI_PARALLEL={args.bots * args.capacity}", flush=True)
-        if args.property:
-            print(f"CCW_REAPI_PLATFORM=OSFamily=linux,{','.join(args.property)}", flush=True)
+        if keys:
+            print(f"CCW_REAPI_PLATFORM={','.join(f'{k}={v}' for k, v in properties.items())}", flush=True)
         print(f"ready in {cluster.timings['ready_s']} s {cluster.timings}, state in {state}; "
               "Ctrl-C stops it", file=sys.stderr, flush=True)  # fmt: skip
         signal.pause()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -40,9 +40,21 @@ import grpc
 
 from mcp_server.reapi.client import ReapiClient, rpc_errors
 from mcp_server.reapi.protos import bots_pb2, bots_pb2_grpc, code_pb2, re_pb2, worker_pb2
+from sandbox.errors import CcwError
 
 POLL_S = 5.0
 KEEPALIVE_S = 5.0  # between updates while every slot is busy
+
+
+def parse_properties(pairs: Sequence[str]) -> dict[str, str]:
+    """``--property k=v`` flags as platform properties (OSFamily=linux unless given)."""
+    properties = {"OSFamily": "linux"}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise CcwError("INVALID_ARGUMENT", f"--property {pair!r}: want name=value")
+        properties[name] = value
+    return properties
 
 
 @dataclass(frozen=True)
