@@ -241,13 +241,21 @@ async def scenario(helper: subprocess.Popen[bytes], ws: str, loopback_port: int)
 
 
 async def spare_at_start(pid: int) -> list[str]:
-    """What the helper holds once its spare kit is made (a network namespace among them)."""
-    for _ in range(100):
-        held = helper_holds(pid)
-        if any(link.startswith("net:[") for link in held):
-            return held
+    """What the helper holds once its spare kit is made (a network namespace among them).
+
+    A namespace alone does not say the kit is done: a privileged helper also keeps a
+    spare namespace for plain jails, and the kit's sockets come after its namespace.
+    So wait until the helper holds a namespace and nothing has changed for half a second.
+    """
+    held, same = helper_holds(pid), 0
+    for _ in range(300):
         await trio.sleep(0.05)
-    return helper_holds(pid)
+        now = helper_holds(pid)
+        same = same + 1 if sorted(now) == sorted(held) else 0
+        held = now
+        if same >= 10 and any(link.startswith("net:[") for link in held):
+            break
+    return held
 
 
 async def after_restart(helper: subprocess.Popen[bytes], capsule_id: str, loopback_port: int) -> dict[str, Any]:
