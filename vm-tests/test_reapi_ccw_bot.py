@@ -292,8 +292,9 @@ def test_many_leases_and_a_withdrawn_one(cluster: Cluster, bots: dict[str, Any])
 
 
 def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -> None:
-    """A declared output that is a directory comes back as a Tree (files, x bits, symlinks); a missing one is absent."""
-    script = ("mkdir -p out/sub && echo alpha > out/a.txt && printf '#!/bin/sh\\n' > out/sub/b.sh && "
+    """A declared output that is a directory comes back as a Tree (files, x bits, symlinks, empty
+    subdirectories); a missing one is absent."""
+    script = ("mkdir -p out/sub out/empty/deeper && echo alpha > out/a.txt && printf '#!/bin/sh\\n' > out/sub/b.sh && "
               "chmod +x out/sub/b.sh && ln -s a.txt out/link && echo one > single.txt")
     tree = build_tree({"tag.txt": FileEntry(data=b"outputs")})
     spec = CommandSpec(argv=["/bin/sh", "-c", script], env={"PATH": "/usr/bin:/bin"}, platform={"OSFamily": "linux"},
@@ -312,9 +313,13 @@ def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -
         assert {f.name for f in out.root.files} == {"a.txt"}
         assert client.read_blob(out.root.files[0].digest) == b"alpha\n"
         assert [(s.name, s.target) for s in out.root.symlinks] == [("link", "a.txt")]
-        (sub,) = out.root.directories
-        (below,) = out.children
-        assert sub.name == "sub" and digest_bytes(below.SerializeToString(deterministic=True)) == sub.digest
+        children = {digest_bytes(child.SerializeToString(deterministic=True)).hash: child for child in out.children}
+        assert len(children) == len(out.children) == 3  # sub, empty, and the empty deeper below it
+        subdirectories = {node.name: children[node.digest.hash] for node in out.root.directories}
+        assert sorted(subdirectories) == ["empty", "sub"]
+        below, empty = subdirectories["sub"], subdirectories["empty"]
+        assert [node.name for node in empty.directories] == ["deeper"] and not empty.files
+        assert children[empty.directories[0].digest.hash] == re_pb2.Directory()
         assert [(f.name, f.is_executable) for f in below.files] == [("b.sh", True)]
         assert client.read_blob(below.files[0].digest) == b"#!/bin/sh\n"
 

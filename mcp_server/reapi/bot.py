@@ -61,6 +61,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.inputs import BlobCache, fetch_input_root
 from mcp_server.reapi.merkle import (
+    DirEntry,
     Entry,
     FileEntry,
     SymlinkEntry,
@@ -97,7 +98,7 @@ def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> tuple[dict
     """The declared outputs the run made: files (bytes, executable), and directories (their entries).
 
     A declared path may be either (``output_paths``; or the older ``output_files`` and
-    ``output_directories``).  A directory's empty subdirectories are not kept.
+    ``output_directories``).
     """
     files: dict[str, tuple[bytes, bool]] = {}
     directories: dict[str, dict[str, Entry]] = {}
@@ -108,16 +109,30 @@ def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> tuple[dict
             if side is not None and side.kind == "file":
                 files[relative] = (view.read_bytes(path), bool(side.mode & 0o111))
             elif side is not None and side.kind == "dir":
-                entries: dict[str, Entry] = {}
-                for inner, kind in view.walk(path, skip=frozenset()):
-                    below = inner[len(path) + 1:]
-                    if kind == "file":
-                        entries[below] = FileEntry(data=view.read_bytes(inner),
-                                                   executable=bool(view.stat(inner).st_mode & 0o111))  # fmt: skip
-                    elif kind == "symlink":
-                        entries[below] = SymlinkEntry(view.readlink(inner))
-                directories[relative] = entries
+                directories[relative] = _directory_entries(view, path)
     return files, directories
+
+
+def _directory_entries(view: RootView, top: str) -> dict[str, Entry]:
+    """The files, symlinks and empty subdirectories under ``top``, relative to it (a REAPI Tree's contents)."""
+    entries: dict[str, Entry] = {}
+    top = "" if top in ("", ".") else top
+
+    def visit(path: str, below: str) -> None:
+        listed = view.listdir(path)
+        if not listed and below:  # an empty directory is a node of its own; others follow from their contents
+            entries[below] = DirEntry()
+        for name, kind in listed:
+            inner, where = "/".join(filter(None, (path, name))), "/".join(filter(None, (below, name)))
+            if kind == "dir":
+                visit(inner, where)
+            elif kind == "file":
+                entries[where] = FileEntry(data=view.read_bytes(inner), executable=bool(view.stat(inner).st_mode & 0o111))
+            elif kind == "symlink":
+                entries[where] = SymlinkEntry(view.readlink(inner))
+
+    visit(top, "")
+    return entries
 
 
 class CapsuleRunner:
