@@ -88,7 +88,7 @@ def _abuse(tools: Any, workspace: Path, limits: dict[str, int] | None,
         # Fanotify groups are closed on a background thread (their close waits for an
         # RCU grace period): give it a moment; a real leak stays.
         fds_after = _fd_count(helper_pid)
-        for _ in range(50):
+        for _ in range(200):
             if fds_after <= fds_before:
                 break
             await trio.sleep(0.05)

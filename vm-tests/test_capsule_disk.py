@@ -47,7 +47,7 @@ def ours(state: Path) -> list[str]:
 
 def wait_for_no_loops(state: Path) -> list[str]:
     # Autoclear unbinds a loop device when its last user goes, from a workqueue: poll.
-    for _ in range(100):
+    for _ in range(500):
         left = ours(state)
         if not left:
             return []
