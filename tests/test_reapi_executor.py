@@ -21,9 +21,10 @@ from mcp_server.capsules.trials import Unit
 from mcp_server.cli import parse_args, serve_env
 from mcp_server.config import Config
 from mcp_server.reapi.bot import _signalled, parse_properties
-from mcp_server.reapi.inputs import BlobCache, fetch_input_root
+from mcp_server.reapi.inputs import BlobCache, InputRoots, fetch_input_root
 from mcp_server.reapi.merkle import (
     DirEntry,
+    Entry,
     FileEntry,
     SymlinkEntry,
     build_tree,
@@ -153,6 +154,77 @@ def test_fetch_through_the_cache_links_files_and_reads_each_blob_once(tmp_path: 
     plain.mkdir()
     fetch_input_root(cas, tree.root, plain)  # type: ignore[arg-type]
     assert tree_of_directory(plain).root == tree.root and os.stat(plain / "pkg" / "a.py").st_nlink == 1
+
+
+def _entries_of(root: Path) -> dict[str, Any]:
+    """What a laid-out tree holds: kind and bytes or target, the executable bit, empty directories."""
+    seen: dict[str, Any] = {}
+    for path in sorted(root.rglob("*")):
+        where = str(path.relative_to(root))
+        if path.is_symlink():
+            seen[where] = ("link", os.readlink(path))
+        elif path.is_file():
+            seen[where] = ("file", path.read_bytes(), bool(path.stat().st_mode & 0o100))
+        elif not any(path.iterdir()):
+            seen[where] = ("empty dir",)
+    return seen
+
+
+def test_a_kept_input_root_is_synced_to_the_next_tree(tmp_path: Path) -> None:
+    """Every kind of difference (edited, new, gone, x bit, symlink retargeted, a name changing
+    kind, subtrees gone and new): the synced root holds exactly the new tree, reads only the
+    new blobs, and keeps the unchanged files' links."""
+    first: dict[str, Entry] = {
+        "keep/a.py": FileEntry(data=b"A = 1\n"), "keep/deep/b.py": FileEntry(data=b"B = 1\n"),
+        "edit.txt": FileEntry(data=b"old\n"), "gone.txt": FileEntry(data=b"gone\n"),
+        "run.sh": FileEntry(data=b"#!/bin/sh\n"), "link": SymlinkEntry("edit.txt"),
+        "becomes_dir": FileEntry(data=b"file\n"), "becomes_file/x": FileEntry(data=b"x\n"),
+        "old_tree/sub/c.txt": FileEntry(data=b"c\n"), "empty": DirEntry(),
+    }
+    second: dict[str, Entry] = {
+        "keep/a.py": FileEntry(data=b"A = 1\n"), "keep/deep/b.py": FileEntry(data=b"B = 2\n"),
+        "edit.txt": FileEntry(data=b"new\n"), "new.txt": FileEntry(data=b"gone\n"),
+        "run.sh": FileEntry(data=b"#!/bin/sh\n", executable=True), "link": SymlinkEntry("new.txt"),
+        "becomes_dir/inside": FileEntry(data=b"inside\n"), "becomes_file": FileEntry(data=b"now a file\n"),
+        "new_tree/sub/empty": DirEntry(), "empty": DirEntry(),
+    }
+    trees = [build_tree(first), build_tree(second)]
+    cas = _FakeCas({k: v for tree in trees for k, v in tree.blobs.items()})
+    roots = InputRoots(tmp_path / "roots", BlobCache(tmp_path / "cas"), keep=1)
+    with roots.checkout(cas, trees[0].root) as laid:  # type: ignore[arg-type]
+        assert tree_of_directory(laid).root == trees[0].root
+        kept_inode = os.stat(laid / "keep" / "a.py").st_ino
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    fetch_input_root(cas, trees[1].root, fresh)  # type: ignore[arg-type]
+    reads = len(cas.read)
+    with roots.checkout(cas, trees[1].root) as synced:  # type: ignore[arg-type]
+        # new contents: b.py, edit.txt, inside, becomes_file; run.sh's bytes, new as executable
+        assert len(cas.read) - reads == 5
+        assert synced == laid and roots.reused == 1
+        assert tree_of_directory(synced).root == trees[1].root
+        assert _entries_of(synced) == _entries_of(fresh)
+        assert os.stat(synced / "keep" / "a.py").st_ino == kept_inode
+    # back to the first tree, through the same root
+    with roots.checkout(cas, trees[0].root) as again:  # type: ignore[arg-type]
+        assert tree_of_directory(again).root == trees[0].root and roots.reused == 2
+
+
+def test_input_roots_are_not_shared_and_a_failed_lease_is_not_kept(tmp_path: Path) -> None:
+    tree = build_tree({"a.txt": FileEntry(data=b"a\n")})
+    cas = _FakeCas(tree.blobs)
+    roots = InputRoots(tmp_path / "roots", BlobCache(tmp_path / "cas"), keep=2)
+    with roots.checkout(cas, tree.root) as one, roots.checkout(cas, tree.root) as two:  # type: ignore[arg-type]
+        assert one != two and roots.reused == 0
+    with roots.checkout(cas, tree.root) as three:  # type: ignore[arg-type]
+        assert three in (one, two) and roots.reused == 1
+    with pytest.raises(RuntimeError), roots.checkout(cas, tree.root) as failed:  # type: ignore[arg-type]
+        raise RuntimeError("the lease failed")
+    assert not failed.exists()
+    assert sorted(p.name for p in (tmp_path / "roots").iterdir()) == sorted({one.name, two.name} - {failed.name})
+    # a bot that restarts starts from no kept roots
+    InputRoots(tmp_path / "roots", BlobCache(tmp_path / "cas"))
+    assert list((tmp_path / "roots").iterdir()) == []
 
 
 def test_the_cache_evicts_the_least_recently_used_files_but_never_under_a_lease(tmp_path: Path) -> None:

@@ -24,6 +24,10 @@ measures:
   capsule, medians; the difference is what the remote path adds.
 - **the repeated run's cache hit rate**: the 4-bot deltamin again on the same capsule;
   every trial should be an action-cache hit.
+- **a lease's input root**: a project-sized tree (``ROOT_DIRS`` directories of
+  ``ROOT_FILES`` files, one file different in each lease, as trials differ) made ready
+  from a root a bot kept (inputs.InputRoots) against laid out afresh from the host's
+  cache (every file a link), from the cluster's CAS, medians.
 
 Needs root (the helpers run privileged), PostgreSQL (installed from Debian if absent)
 and a Python >= 3.13 for BuildGrid (see mcp_server/reapi/cluster.py).
@@ -46,6 +50,7 @@ BOT_COUNTS = (1, 2, 4)
 OVERHEAD_REPEAT = 15
 BOT_START_S = 4.0
 TOGETHER = 4  # deltamins at once (CI minimising or replaying many changes)
+ROOT_DIRS, ROOT_FILES, ROOT_LEASES = 250, 10, 15  # a lease's input root: about a real project with its .venv
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,36 @@ class Bench:
         return times["remote"], times["local"]
 
 
+def _input_roots(url: str, root: Path) -> tuple[list[float], list[float]]:
+    """Seconds to make each lease's input root ready: from a kept root, and laid out afresh (both from the cache)."""
+    from mcp_server.reapi.client import ReapiClient
+    from mcp_server.reapi.inputs import BlobCache, InputRoots, fetch_input_root
+    from mcp_server.reapi.merkle import Entry, FileEntry, build_tree
+
+    base: dict[str, Entry] = {f"pkg{d // 10:02}/sub{d % 10}/mod{f}.py": FileEntry(data=f"VALUE = {d}{f}\n".encode())
+                              for d in range(ROOT_DIRS) for f in range(ROOT_FILES)}  # fmt: skip
+    trees = [build_tree({**base, f"pkg{i:02}/sub0/mod0.py": FileEntry(data=f"CHANGED = {i}\n".encode())})
+             for i in range(ROOT_LEASES)]  # fmt: skip
+    cache = BlobCache(root / "cas")
+    roots = InputRoots(root / "roots", cache)
+    fresh: list[float] = []
+    kept: list[float] = []
+    with ReapiClient(url) as client:
+        for tree in trees:
+            client.upload_tree(tree, {})
+        for i, tree in enumerate(trees):
+            dest = root / f"fresh-{i}"
+            dest.mkdir()
+            start = time.perf_counter()
+            fetch_input_root(client, tree.root, dest, cache)
+            fresh.append(time.perf_counter() - start)
+            shutil.rmtree(dest)
+            start = time.perf_counter()
+            with roots.checkout(client, tree.root):
+                kept.append(time.perf_counter() - start)
+    return kept[1:], fresh[1:]  # the first of each filled the cache, or laid the kept root out
+
+
 async def _measure(root: Path, cluster: Any, quick: bool) -> dict[str, Any]:
     """Both cases at each bot count on the same bots (interleaved), then the other figures."""
     import trio
@@ -168,6 +203,7 @@ async def _measure(root: Path, cluster: Any, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"walls": {c.name: {} for c in CASES}, "trials": {c.name: {} for c in CASES}}
     async with in_process_tools(root / "state") as tools:
         bench = Bench(root, cluster, tools)
+        out["roots"] = await trio.to_thread.run_sync(_input_roots, cluster.url, root / "input-roots")
         counts = BOT_COUNTS[:2] if quick else BOT_COUNTS
         for count in counts:
             caps = {case.name: await bench.capsule(f"{case.name}-{count}", case) for case in CASES}
@@ -257,6 +293,10 @@ def run(quick: bool = False) -> Report:
     report.add(Row("trivial trial through the cluster", statistics.median(remote) * 1000, "local scratch capsule",
                    statistics.median(local) * 1000, "added <= 300 ms",
                    {"added by the remote path": f"{added * 1000:.0f} ms", "runs": len(remote)}))
+    kept, fresh = out["roots"]
+    report.add(Row(f"a lease's input root ({ROOT_DIRS} dirs, {ROOT_DIRS * ROOT_FILES} files, one changed)",
+                   statistics.median(kept) * 1000, "laid out afresh from the host's cache", statistics.median(fresh) * 1000,
+                   "", {"how": "a kept root, synced by what differs", "leases": len(kept)}))  # fmt: skip
     walls = out["walls"][NARROW.name]
     executor = out["repeat"]["executor"]
     hits, ran = executor["action_cache_hits"], executor["executed"]

@@ -12,7 +12,9 @@ For each lease:
   file a hard link into the bot's cache of blobs (``reapi-cas`` in its state dir), so a
   lease reads from the CAS only what the host has not seen (trials over one base: the
   few files their subset changed).  Past ``--cache-max-mb`` (default 10 GiB) the least
-  recently used files go (inputs.BlobCache).
+  recently used files go (inputs.BlobCache).  The bot keeps as many laid-out roots as
+  its capacity (``reapi-roots``) and brings one to the next lease's tree by what differs
+  (inputs.InputRoots): a real project's tree is not laid out again for every trial.
 - The input root becomes a capsule's base, shown at the workspace path the client's
   ``CCW_REAPI_CAPSULE`` variable names (capsules/remote.py; the variable is taken out
   of the environment first), or at the lease directory itself for any other REAPI
@@ -40,7 +42,6 @@ import json
 import os
 import signal
 import socket
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from mcp_server.context import CallContext, Runtime
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient
-from mcp_server.reapi.inputs import BlobCache, fetch_input_root
+from mcp_server.reapi.inputs import BlobCache, InputRoots
 from mcp_server.reapi.merkle import (
     DirEntry,
     Entry,
@@ -79,6 +80,7 @@ from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
 CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease
+INPUT_ROOTS = "reapi-roots"  # in the state dir: input roots kept laid out between leases
 CACHE_MAX_MB = 10240  # past this, the least recently used cached input files go
 RETRY_S = 1.0  # between bot sessions when the cluster is unavailable
 CANCEL_POLL_S = 0.1  # how soon a withdrawn lease's run is stopped
@@ -139,12 +141,12 @@ class CapsuleRunner:
     """worker.Runner that runs each lease in a capsule of ``service`` (its calls go to the trio loop)."""
 
     def __init__(self, service: CapsuleService, token: trio.lowlevel.TrioToken, scratch: Path, bot_id: str,
-                 cache_max_mb: int = CACHE_MAX_MB) -> None:
+                 cache_max_mb: int = CACHE_MAX_MB, capacity: int = 1) -> None:
         self.service = service
         self.token = token
-        self.scratch = scratch
         self.bot_id = bot_id
         self.cache = BlobCache(scratch.parent / CAS_CACHE, cache_max_mb * 1024 * 1024 if cache_max_mb > 0 else None)
+        self.roots = InputRoots(scratch.parent / INPUT_ROOTS, self.cache, keep=capacity)
 
     def __call__(self, client: ReapiClient, action: re_pb2.Action, cancelled: threading.Event) -> LeaseOutcome:
         """Fetch, run in a capsule (or replay), upload; the ActionResult (a lease thread)."""
@@ -152,10 +154,7 @@ class CapsuleRunner:
         env = {variable.name: variable.value for variable in command.environment_variables}
         marker: dict[str, Any] = json.loads(env.pop(CAPSULE_VAR, "{}"))
         timeout_s = action.timeout.ToNanoseconds() / 1e9 if action.HasField("timeout") else DEFAULT_TIMEOUT_MS / 1000
-        with tempfile.TemporaryDirectory(prefix="lease-", dir=self.scratch) as work:
-            root = Path(work) / "root"
-            root.mkdir()
-            fetch_input_root(client, action.input_root_digest, root, self.cache)
+        with self.roots.checkout(client, action.input_root_digest) as root:
             if "replay" in marker:
                 return self._replay(client, root / marker["replay"], marker.get("expected_root"))
             ran = trio.from_thread.run(self._run, root, command, env, marker, timeout_s, cancelled,
@@ -287,7 +286,8 @@ async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event,
     try:
         service = CallContext(runtime).capsules
         await service.helper()  # no helper, no bot: say so before taking a lease
-        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id, cache_max_mb)
+        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id, cache_max_mb,
+                               bot.capacity)
         with ReapiClient(url) as client, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 async def on_signal() -> None:
