@@ -246,40 +246,57 @@ def _fetch(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: BlobCach
         for executable in (False, True):
             if (key(digest), executable) in nodes:
                 cache.store(digest, executable, blob)
-    written = 0
+    layout = _Layout(directories, cache, data, old.directories if old is not None else {})
+    if old is None:
+        layout.lay_out(root, dest)
+    elif key(old.root) != key(root):
+        layout.sync(old.directories[key(old.root)], root, dest)
+    return layout.written, directories
 
-    def directory(digest: re_pb2.Digest) -> re_pb2.Directory:
-        found = directories.get(key(digest))
+
+class _Layout:
+    """Puts a fetched tree on disk: a directory laid out afresh, or synced from the older tree it holds."""
+
+    def __init__(self, directories: dict[tuple[str, int], re_pb2.Directory], cache: BlobCache | None,
+                 data: dict[tuple[str, int], bytes], old: dict[tuple[str, int], re_pb2.Directory]) -> None:  # fmt: skip
+        self.directories, self.cache, self.data, self.old = directories, cache, data, old
+        self.written = 0  # files put
+
+    def directory(self, digest: re_pb2.Digest) -> re_pb2.Directory:
+        found = self.directories.get(key(digest))
         if found is None:
             raise CcwError("NOT_FOUND", f"GetTree did not return Directory {digest.hash}/{digest.size_bytes}")
         return found
 
-    def put(node: re_pb2.FileNode, path: Path) -> None:
-        nonlocal written
-        if cache is not None:
-            cache.link(node.digest, node.is_executable, path)
+    def put(self, node: re_pb2.FileNode, path: Path) -> None:
+        if self.cache is not None:
+            self.cache.link(node.digest, node.is_executable, path)
         else:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
                          0o755 if node.is_executable else 0o644)  # fmt: skip
             with open(fd, "wb") as sink:
-                sink.write(data[key(node.digest)])
-        written += 1
+                sink.write(self.data[key(node.digest)])
+        self.written += 1
 
-    def lay_out(digest: re_pb2.Digest, here: Path) -> None:
-        found = directory(digest)
+    def lay_out(self, digest: re_pb2.Digest, here: Path) -> None:
+        """Every entry of the Directory ``digest`` into the empty directory ``here``."""
+        found = self.directory(digest)
         for node in found.files:
-            put(node, here / _safe_name(node.name))
+            self.put(node, here / _safe_name(node.name))
         for link in found.symlinks:
             os.symlink(link.target, here / _safe_name(link.name))
         for child in found.directories:
             sub = here / _safe_name(child.name)
             sub.mkdir()
-            lay_out(child.digest, sub)
+            self.lay_out(child.digest, sub)
 
-    def sync(was: re_pb2.Directory, digest: re_pb2.Digest, here: Path) -> None:
-        # Remove what the new Directory does not hold as it is, recurse into the
-        # subdirectories that changed, then add what is new (a name may change kind).
-        now = directory(digest)
+    def sync(self, was: re_pb2.Directory, digest: re_pb2.Digest, here: Path) -> None:
+        """``here`` holds the Directory ``was``: make it the Directory ``digest``.
+
+        Remove what the new Directory does not hold as it is, recurse into the
+        subdirectories that changed, then add what is new (a name may change kind).
+        """
+        now = self.directory(digest)
         files = {node.name: node for node in now.files}
         links = {link.name: link.target for link in now.symlinks}
         subdirectories = {child.name: child.digest for child in now.directories}
@@ -299,22 +316,15 @@ def _fetch(client: ReapiClient, root: re_pb2.Digest, dest: Path, cache: BlobCach
             if below is None:
                 shutil.rmtree(here / child.name)
             elif key(below) != key(child.digest):
-                assert old is not None
-                sync(old.directories[key(child.digest)], below, here / child.name)
+                self.sync(self.old[key(child.digest)], below, here / child.name)
         for node in files.values():
-            put(node, here / _safe_name(node.name))
+            self.put(node, here / _safe_name(node.name))
         for name, target in links.items():
             os.symlink(target, here / _safe_name(name))
         for name, below in subdirectories.items():
             sub = here / _safe_name(name)
             sub.mkdir()
-            lay_out(below, sub)
-
-    if old is None:
-        lay_out(root, dest)
-    elif key(old.root) != key(root):
-        sync(old.directories[key(old.root)], root, dest)
-    return written, directories
+            self.lay_out(below, sub)
 
 
 def upload_outputs(client: ReapiClient, workdir: Path, command: re_pb2.Command) -> list[re_pb2.OutputFile]:
