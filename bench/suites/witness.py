@@ -3,6 +3,10 @@
 - Witness creation throughput (MB/s of blob data) for a capsule whose exec read 200 MB
   (200 files of 1 MiB), with ``include_blobs``, beside ``tar --zstd -cf`` of the same
   files in the same run.  Target: at least 0.8x tar's throughput.
+- Replay of that witness (verify while reading, rebuild the 200 MB base, re-run the
+  exec, compare), beside ``tar --zstd -xf`` of the same archive into a fresh directory:
+  the part of a replay that any tool must do.  ``bench/against.py witness REV`` compares
+  it (and the rest) with an earlier revision in one run.
 - Promotion of 1,000 changed files (temp files made durable by one syncfs, journaled,
   renamed into place, the renames made durable by a second syncfs), beside ``cp`` of the
   same files followed by ``sync -f`` (syncfs of the same filesystem).  Both start with
@@ -66,7 +70,7 @@ async def _measure(root: Path, repeat: int, promote_rounds: int) -> dict[str, li
     ws = root / "ws"
     ws.mkdir()
     _make_tree(ws)
-    out: dict[str, list[float]] = {"witness": [], "tar": [], "promote": [], "cp_sync": []}
+    out: dict[str, list[float]] = {"witness": [], "tar": [], "promote": [], "cp_sync": [], "replay": [], "untar": []}
     async with in_process_tools(root / "state") as tools:
         await _witness_rounds(tools.call, root, ws, repeat, out)
         for i in range(promote_rounds):
@@ -84,7 +88,8 @@ async def _witness_rounds(call: Call, root: Path, ws: Path, repeat: int, out: di
         start = time.perf_counter()
         made = await call("capsule_witness", {"capsule_id": cap, "include_blobs": True})
         out["witness"].append(time.perf_counter() - start)
-        os.unlink(made["path"])
+        if i < repeat - 1:
+            os.unlink(made["path"])
         target = root / f"tar{i}.tar.zst"
         _sh("sync")
         start = time.perf_counter()
@@ -92,6 +97,25 @@ async def _witness_rounds(call: Call, root: Path, ws: Path, repeat: int, out: di
         out["tar"].append(time.perf_counter() - start)
         target.unlink()
     await call("capsule_destroy", {"capsule_id": cap})
+    await _replay_rounds(call, root, Path(made["path"]), repeat, out)
+
+
+async def _replay_rounds(call: Call, root: Path, witness: Path, repeat: int, out: dict[str, list[float]]) -> None:
+    """``capsule_replay`` of the last witness, beside ``tar --zstd -xf`` of it into a fresh directory."""
+    for i in range(repeat):
+        _sh("sync")
+        start = time.perf_counter()
+        replayed = await call("capsule_replay", {"path": str(witness)})
+        out["replay"].append(time.perf_counter() - start)
+        assert replayed["replay_ok"], replayed["mismatches"]
+        target = root / f"untar{i}"
+        target.mkdir()
+        _sh("sync")
+        start = time.perf_counter()
+        _sh(f"tar --zstd -xf {witness} -C {target}")
+        out["untar"].append(time.perf_counter() - start)
+        shutil.rmtree(target)
+    os.unlink(witness)
 
 
 async def _promote_round(call: Call, root: Path, i: int, out: dict[str, list[float]]) -> None:
@@ -140,6 +164,10 @@ def run(quick: bool = False) -> Report:
         f"capsule_witness, {megabytes:.0f} MB read", witness_s * 1000, "tar --zstd -cf", tar_s * 1000, "<= 1.25x time",
         {"throughput (MB/s)": f"ccw {megabytes / witness_s:.0f}, tar {megabytes / tar_s:.0f}, "
                               f"ccw/tar {tar_s / witness_s:.2f}x (target >= 0.8x)"},
+    ))
+    report.add(Row(
+        "capsule_replay of that witness", statistics.median(times["replay"]) * 1000,
+        "tar --zstd -xf", statistics.median(times["untar"]) * 1000, "",
     ))
     report.add(Row(
         f"capsule_promote, {PROMOTE_FILES} files", statistics.median(times["promote"]) * 1000,
