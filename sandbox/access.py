@@ -22,6 +22,12 @@ really leads.
   allowed (``./.ccw-state`` in a repo), because the capsule dirs are 0700: a jail sees
   them in its lower layer but cannot enter them.  A path is checked as given and again
   as resolved from the pinned descriptor, since a symlink may lead elsewhere.
+* **System directories and homes**: a capsule may not show the host's secrets, so the
+  workspace and the base are checked against ``spec.check_capsule_dir`` (its argument is
+  there) as resolved from the pinned descriptor, and again under every other path the
+  same directory is mounted at (a bind mount of /etc elsewhere is /etc;
+  ``mountinfo.other_paths``).  The caller's uid is taken on the host: a rootless
+  helper's namespace maps its one user to 0 (``host_uid``).
 * **Private dirs**: each capsule's ``tmp`` (sticky, like /tmp) and ``home`` (the caller's
   own, 0700) are made here, with the owner the checks above allowed.
 """
@@ -34,9 +40,10 @@ import pwd
 from collections.abc import Iterator
 from typing import Any
 
-from sandbox import spec
+from sandbox import mountinfo, namespaces, spec
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule
+from sandbox.spec import inside
 
 # --- the caller -------------------------------------------------------------------------
 
@@ -58,12 +65,6 @@ def check_owner(capsule: Capsule, caller_uid: int) -> None:
 # --- arguments --------------------------------------------------------------------------
 
 
-def inside(path: str, root: str) -> bool:
-    """``path`` is ``root`` or lies below it (both normalised)."""
-    root = root.rstrip("/")
-    return path == root or path.startswith(root + "/")
-
-
 def check_dir_arg(name: str, value: Any, state_dir: str, allow_state: bool = False) -> str:
     """An absolute directory argument, normalised, and not inside the helper's state dir."""
     spec.abs_path(name, value)
@@ -75,9 +76,8 @@ def check_dir_arg(name: str, value: Any, state_dir: str, allow_state: bool = Fal
 
 
 def _check_resolved(name: str, path: str, state_dir: str, allow_state: bool) -> None:
-    """``path`` is not / and not inside the state dir (with ``allow_state``: its capsules dir)."""
-    if path == "/":
-        raise CcwError("INVALID_ARGUMENT", f"{name} may not be / itself; pass the project's directory")
+    """``path`` is not inside the state dir (with ``allow_state``: its capsules dir); / and the
+    other system directories are ``_check_place``'s."""
     forbidden = os.path.join(state_dir, "capsules") if allow_state else state_dir
     if inside(path, forbidden):
         raise CcwError(
@@ -145,6 +145,9 @@ def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir
     ws_fd = None if base is not None and not os.path.lexists(workspace) else _open_dir(workspace, "workspace")
     base_fd = _open_dir(base, "base") if base is not None else None
     try:
+        _check_place("workspace", ws_fd, workspace, uid, shown_only=base is not None)
+        if base_fd is not None:
+            _check_place("base", base_fd, base or "", uid, shown_only=False)
         if ws_fd is not None:
             _check_access(ws_fd, workspace, uid, gid, os.W_OK | os.X_OK, "write")
             # Check the resolved path again: a symlink in the argument may lead elsewhere.
@@ -161,6 +164,26 @@ def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir
             os.close(ws_fd)
         if base_fd is not None:
             os.close(base_fd)
+
+
+def host_uid(uid: int) -> int:
+    """The caller's uid on the host (a rootless helper's user namespace maps its user to 0)."""
+    for start, outside, count in namespaces.read_id_maps()[0]:
+        if start <= uid < start + count:
+            return outside + uid - start
+    return uid
+
+
+def _check_place(name: str, fd: int | None, given: str, uid: int, shown_only: bool) -> None:
+    """``spec.check_capsule_dir`` on the directory ``fd`` under each path it has (``given``
+    itself when nothing is there: a workspace that is only where a base is shown)."""
+    paths = [given]
+    if fd is not None:
+        resolved = os.readlink(f"/proc/self/fd/{fd}")
+        paths = [resolved, *mountinfo.other_paths(fd, resolved)]
+    homes, caller = spec.login_homes(), host_uid(uid)
+    for path in paths:
+        spec.check_capsule_dir(name, path, caller, homes, shown_only=shown_only, given=given)
 
 
 def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> None:

@@ -13,16 +13,24 @@ Some facts about mountinfo (proc(5))
   any other byte is written as is, so a path need not be UTF-8 (it is read with
   surrogateescape, as os does).
 - The table is that of the reader's mount namespace: the helper reads its own.
+- One directory can be reached at several paths: a bind mount shows, at its mount point,
+  the directory named by its *root* inside a filesystem (``major:minor``) that is also
+  mounted elsewhere.  A descriptor's own mount is the ``mnt_id`` of
+  /proc/self/fdinfo/<fd>, so its other paths follow from the table (``other_paths``).
 
 Users: registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
 mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies),
-probe.py (``filesystem_of``: what the state dir lies on).
+probe.py (``filesystem_of``: what the state dir lies on), access.py (``other_paths``: a
+capsule's directory checked under every path it has).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
+
+from sandbox.spec import inside
 
 PATH = "/proc/self/mountinfo"
 
@@ -35,6 +43,8 @@ class Mount:
     root: str  # the path inside the filesystem that is mounted there
     fstype: str
     super_options: frozenset[str]  # cgroup v1 controller names live here
+    mount_id: int = 0
+    device: str = ""  # major:minor of the filesystem
 
 
 def _unescape(field: str) -> str:
@@ -63,7 +73,8 @@ def parse(text: str) -> list[Mount]:
             continue
         options = fields[sep + 3] if sep + 3 < len(fields) else ""
         mounts.append(Mount(mount_point=_unescape(fields[4]), root=_unescape(fields[3]),
-                            fstype=fields[sep + 1], super_options=frozenset(options.split(","))))
+                            fstype=fields[sep + 1], super_options=frozenset(options.split(",")),
+                            mount_id=int(fields[0]) if fields[0].isdigit() else 0, device=fields[2]))
     return mounts
 
 
@@ -89,3 +100,33 @@ def filesystem_of(path: str) -> str:
             if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
                 best, fstype = point, mount.fstype
     return fstype
+
+
+def _mount_id(fd: int) -> int | None:
+    """The id of the mount a descriptor lies on (``mnt_id`` in /proc/self/fdinfo)."""
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def other_paths(fd: int, path: str) -> list[str]:
+    """The other paths at which the directory ``fd`` (resolved as ``path``) is mounted in our namespace."""
+    return paths_of(parse(read()), _mount_id(fd), path)
+
+
+def paths_of(mounts: list[Mount], mount_id: int | None, path: str) -> list[str]:
+    """The other paths showing ``path``, which lies on mount ``mount_id`` of ``mounts``; sorted.
+
+    The mount's root plus ``path`` below its mount point is where the directory lies
+    inside its filesystem; every mount of that filesystem whose root holds it shows it
+    too (the source of a bind mount of /etc is /etc).
+    """
+    here = next((m for m in mounts if m.mount_id == mount_id), None)
+    if here is None or not inside(path, here.mount_point):
+        return []
+    inner = os.path.normpath(os.path.join(here.root, os.path.relpath(path, here.mount_point)))
+    found = {os.path.normpath(os.path.join(m.mount_point, os.path.relpath(inner, m.root)))
+             for m in mounts if m.device == here.device and inside(inner, m.root)}
+    return sorted(found - {path})

@@ -14,6 +14,10 @@ bounds.  Each failure is a ``ProtocolError`` (INVALID_ARGUMENT) naming the field
 Capsule ids: the helper generates ``cap_<13-digit ms>_<8 hex>``; everyone validates
 with the one wider grammar ``CAPSULE_ID_RE``, so an id is never refused for a detail
 of how it was made.
+
+Where a capsule may be made (``check_capsule_dir``) is a rule both processes apply: the
+front end to answer early and clearly, the helper again on what the path really is.
+Its argument is at the rule.
 """
 
 from __future__ import annotations
@@ -21,12 +25,13 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from sandbox.errors import ProtocolError
+from sandbox.errors import CcwError, ProtocolError
 from sandbox.protocol import check_keys, is_int
 
 CAPSULE_ID_RE = re.compile(r"cap_[0-9A-Za-z_]{1,64}")
@@ -310,3 +315,134 @@ def resolve_cwd(cwd: str | None, workspace: str) -> str:
             f"cwd {cwd!r} is outside the workspace {workspace}; give a path relative to it", {"cwd": cwd}
         )
     return joined
+
+
+# --- where a capsule may be made ------------------------------------------------------
+#
+# A capsule over a system directory would show the host's secrets: the jail hides
+# /etc/shadow by name in *its own* /etc, but a workspace that is /etc is bound over that,
+# and the front end reads a capsule's files through open_root with its own rights (root,
+# for the service), where no jail mask applies.  Masking secrets inside the capsule's
+# view instead would mean knowing every secret's name in every directory a workspace
+# might hold, in a tree the agent writes to, for the jail and for every front-end read
+# alike.  No project is a system directory, so the rule refuses at the door instead,
+# in both processes (the helper on the path as resolved and on every other path the
+# same directory is mounted at), and the message says what to make a capsule of.
+#
+# Refused, for every caller: a directory that is, contains or lies inside one of
+# SYSTEM_TREES (so / and /var too); one of SHARED_DIRS itself (each holds many owners'
+# files: a project is a directory inside it); a login user's home itself or anything
+# containing one (~ holds ~/.ssh; /home holds every home); and anything inside one of
+# HOME_SECRETS of a home, the caller's own included.  For a root caller, also anything
+# inside another login user's home: uid 0 reads every file there, whereas any other
+# caller's jail runs as that caller, whom the kernel already keeps out of what it may
+# not read (a group-writable project in a colleague's home stays usable).  A project
+# under /root for root, under ~ for anyone, under /srv, /opt, /tmp, /var/tmp, /var/lib
+# or /work stays allowed.
+#
+# With a base, the workspace is only where the jail shows the view (and where promotion
+# writes): nothing is read from the host there, so only the system part applies, and a
+# replay still works where the recorded workspace lies in a home that is another user's
+# on this host.  Login users are root and uids UID_MIN..UID_MAX of /etc/login.defs; a
+# service account's "home" (/var/www, /nonexistent, /) is not a home here.
+
+SYSTEM_TREES: dict[str, str] = {
+    "/etc": "the host's configuration and secrets (password hashes, ssh host keys)",
+    "/boot": "the kernels and their boot secrets",
+    "/proc": "the kernel's view of every process",
+    "/sys": "the kernel's devices and settings",
+    "/dev": "the host's devices",
+    "/run": "the host's runtime state (service sockets, other users' sessions)",
+    "/usr": "the system's programs",
+    "/bin": "the system's programs",
+    "/sbin": "the system's programs",
+    "/lib": "the system's libraries",
+    "/lib32": "the system's libraries",
+    "/lib64": "the system's libraries",
+    "/libx32": "the system's libraries",
+    "/var/backups": "backups of system files (shadow.bak)",
+    "/var/log": "the system's logs",
+    "/var/mail": "every user's mail",
+    "/var/spool": "every user's queued jobs and crontabs",
+}
+SHARED_DIRS = ("/home", "/tmp", "/var/tmp", "/var/lib", "/var/cache", "/opt", "/srv", "/mnt", "/media")
+HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store", ".pki",
+                ".config/gcloud", ".config/gh", ".local/share/keyrings")
+_INSTEAD = "make a capsule of a project directory instead (one inside your home, /srv or /tmp)"
+
+
+@dataclass(frozen=True)
+class Home:
+    """A login user's home directory (resolved), as the rule on capsule directories sees it."""
+
+    user: str
+    uid: int
+    path: str
+
+
+def login_homes(login_defs: str = "/etc/login.defs") -> tuple[Home, ...]:
+    """The homes of root and of uids UID_MIN..UID_MAX (login.defs; 1000..60000 by default)."""
+    bounds = {"UID_MIN": 1000, "UID_MAX": 60000}
+    try:
+        with open(login_defs, encoding="utf-8", errors="replace") as defs:
+            for line in defs:
+                words = line.split()
+                if len(words) == 2 and words[0] in bounds and words[1].isdigit():
+                    bounds[words[0]] = int(words[1])
+    except OSError:
+        pass
+    homes = []
+    for entry in pwd.getpwall():
+        if (entry.pw_uid == 0 or bounds["UID_MIN"] <= entry.pw_uid <= bounds["UID_MAX"]) and entry.pw_dir.startswith("/"):
+            path = os.path.realpath(entry.pw_dir)
+            if path != "/":
+                homes.append(Home(entry.pw_name, entry.pw_uid, path))
+    return tuple(homes)
+
+
+def inside(path: str, root: str) -> bool:
+    """``path`` is ``root`` or lies below it (both absolute and normalised)."""
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
+
+
+def _refusal(path: str, caller_uid: int, homes: tuple[Home, ...], shown_only: bool) -> str | None:
+    """Why ``path`` (absolute, normalised) may not be a capsule directory; None if it may."""
+    for tree, what in SYSTEM_TREES.items():
+        if inside(path, tree):
+            return f"lies in {tree}, {what}"
+        if inside(tree, path):
+            return f"contains {tree}, {what}"
+    if path in SHARED_DIRS:
+        return "holds many owners' files; a capsule shows everything under its directory"
+    if shown_only:
+        return None
+    for home in homes:
+        whose = "your home" if home.uid == caller_uid else f"the home of {home.user}"
+        if inside(home.path, path):
+            return f"{'is' if home.path == path else 'contains'} {whose} ({home.path}), which holds keys and credentials"
+        for secret in HOME_SECRETS:
+            if inside(path, f"{home.path}/{secret}"):
+                return f"lies in {home.path}/{secret}, where {home.user}'s keys and credentials are kept"
+        if caller_uid == 0 and home.uid != 0 and inside(path, home.path):
+            return f"lies in {whose} ({home.path}): as root, a capsule would show {home.user}'s files"
+    return None
+
+
+def check_capsule_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, ...], *,
+                      shown_only: bool = False, given: str | None = None) -> None:
+    """Refuse (PERMISSION_DENIED) a capsule directory that would show the host's secrets.
+
+    ``path`` is absolute and resolved (symlinks followed); ``given`` is what the caller
+    named, when it differs (another path of the same directory).  ``caller_uid`` is the
+    caller's uid on the host, ``homes`` come from ``login_homes``; ``shown_only``: a
+    workspace that is only where a base is shown.  The rule and its reasons are above.
+    """
+    path = os.path.normpath(path)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    why = _refusal(path, caller_uid, homes, shown_only)
+    if why is not None:
+        seen = f"{given!r} (the directory {path})" if given and given != path else repr(path)
+        raise CcwError("PERMISSION_DENIED", f"{name} {seen} {why}; {_INSTEAD}",
+                       {"argument": name, "path": path})

@@ -31,7 +31,15 @@ from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.spec import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS, CapsuleSpec, Limits
+from sandbox.spec import (
+    DISK_MB_MAX,
+    DISK_MB_MIN,
+    MAX_TIMEOUT_MS,
+    CapsuleSpec,
+    Limits,
+    check_capsule_dir,
+    login_homes,
+)
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
 _RULES = {"type": "array", "minItems": 1, "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300}}
@@ -49,8 +57,11 @@ NETWORK_IN = {
         "'none' (default: an empty network namespace, loopback only), or an allowlist: the commands reach "
         "only these, through ccw's proxy (HTTP_PROXY/HTTPS_PROXY/ALL_PROXY are set in the jail). Rules: "
         "host[:port], *.domain[:port] (names under the domain), a.b.c.d[/n][:port], [v6addr[/n]]:port or a "
-        "bare v6 address/CIDR; no port: any port. As an object: {allow, max_bytes (per exec, default 1 GiB), "
-        "max_connections (per exec, default 512)}."
+        "bare v6 address/CIDR; no port: ports 80 and 443 only. Whatever the rules, the host itself (its own "
+        "addresses, loopback, its DNS resolvers) and private, link-local, CGNAT, multicast, reserved and "
+        "documentation space are refused, also when a name resolves there, unless a rule names that exact "
+        "address (10.1.2.3:5432, [fd00::1]:443; a CIDR that contains it is not enough). As an object: {allow, "
+        "max_bytes (per exec, default 1 GiB), max_connections (per exec, default 512)}."
     ),
 }
 NETWORK_RECORDS = {
@@ -126,9 +137,14 @@ def _real(path: str, what: str) -> str:
 
 
 async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Create a capsule over a workspace."""
+    """Create a capsule over a workspace (never a system directory or a home's secrets: the
+    rule is sandbox/spec.py's ``check_capsule_dir``, which the helper applies again)."""
     workspace = _real(args["workspace"], "workspace")
     base = _real(args["base"], "base") if args.get("base") else workspace
+    homes, uid = login_homes(), os.getuid()
+    check_capsule_dir("workspace", workspace, uid, homes, shown_only=base != workspace, given=args["workspace"])
+    if base != workspace:
+        check_capsule_dir("base", base, uid, homes, given=args["base"])
     spec = CapsuleSpec(
         workspace=workspace,
         base=base if base != workspace else None,
@@ -273,7 +289,7 @@ TOOLS = [
             "required": ["workspace"],
             "additionalProperties": False,
             "properties": {
-                "workspace": {"type": "string", "minLength": 1, "description": "Absolute path of the project directory."},
+                "workspace": {"type": "string", "minLength": 1, "description": "Absolute path of the project directory (not a system directory such as /etc, a home itself or a key store such as ~/.ssh)."},
                 "base": {"type": ["string", "null"], "description": "Directory to use as the capsule's base (default: the workspace itself)."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
