@@ -3,7 +3,8 @@
 The helper's listeners live in a capsule's egress namespace; here the session is given
 plain listening sockets on 127.0.0.1 (ephemeral ports) and one end of a datagram
 socketpair as its sniffer, so the tests need no privilege.  Upstream servers listen on
-127.0.0.1 (or ::1) and are allowed by exact IP rules.
+127.0.0.1 (or ::1) and are allowed by exact IP rules, which re-open loopback
+(core/netspace.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import trio
 
 from mcp_server.core.netrules import NetworkSpec, parse_network
 from mcp_server.egress import splice
-from mcp_server.egress.relay import Resolver, system_resolver
+from mcp_server.egress.relay import Resolver, SpaceReader, system_resolver
 from mcp_server.egress.session import EgressSession
 
 
@@ -68,14 +69,15 @@ class Running:
 
 
 @asynccontextmanager
-async def egress(spec: NetworkSpec, *, resolver: Resolver = system_resolver,
+async def egress(spec: NetworkSpec, *, resolver: Resolver = system_resolver, space: SpaceReader | None = None,
                  header_timeout: float = 5.0) -> AsyncIterator[Running]:
-    """A session serving in a nursery for the block; closed after it."""
+    """A session serving in a nursery for the block; closed after it (``space``: the host's
+    space it judges against; None, the real host's)."""
     http_fd, http_port = _listening_fd()
     socks_fd, socks_port = _listening_fd()
     sniff_peer, sniff_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     session = EgressSession(spec, http_fd, socks_fd, sniff_end.detach(), ["10.99.0.2", "fd63:6377::2"],
-                            resolver=resolver, header_timeout=header_timeout)
+                            resolver=resolver, space=space, header_timeout=header_timeout)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(session.serve)

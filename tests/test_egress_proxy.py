@@ -132,7 +132,7 @@ def test_rebinding_refused_but_exact_localhost_allowed() -> None:
     resolver = NoDns({"evil.allowed.example": ["127.0.0.1"], "localhost": ["127.0.0.1"]})
 
     async def main() -> None:
-        async with upstream(shout) as up, egress(network("*.allowed.example", f"localhost:{up.port}"),
+        async with upstream(shout) as up, egress(network(f"*.allowed.example:{up.port}", f"localhost:{up.port}"),
                                                  resolver=resolver) as proxy:
             client = await proxy.http()
             await client.send_all(f"CONNECT evil.allowed.example:{up.port} HTTP/1.1\r\nHost: e\r\n\r\n".encode())
@@ -146,10 +146,10 @@ def test_rebinding_refused_but_exact_localhost_allowed() -> None:
             await trio.sleep(0.05)
             records = proxy.session.end_exec()
         assert refused.startswith(b"HTTP/1.1 403 ")
-        assert b"evil.allowed.example resolves to 127.0.0.1" in refused
+        assert b"loopback: evil.allowed.example resolves to 127.0.0.1" in refused
         evil, local = records
-        assert (evil["allowed"], evil["address"], evil["rule"]) == (False, "127.0.0.1", "*.allowed.example")
-        assert "resolves to 127.0.0.1" in str(evil["reason"])
+        assert (evil["allowed"], evil["address"], evil["rule"]) == (False, "127.0.0.1", f"*.allowed.example:{up.port}")
+        assert str(evil["reason"]).startswith("loopback: evil.allowed.example resolves to 127.0.0.1")
         assert (local["allowed"], local["address"], local["rule"]) == (True, "127.0.0.1", f"localhost:{up.port}")
 
     run(main)
@@ -159,7 +159,7 @@ def test_upstream_failures_are_502() -> None:
     async def main() -> None:
         async with upstream(shout) as up:
             closed = up.port
-        async with egress(network("127.0.0.1", "nowhere.example"), resolver=NoDns()) as proxy:
+        async with egress(network(f"127.0.0.1:{closed}", "nowhere.example"), resolver=NoDns()) as proxy:
             answers = []
             for target in (f"127.0.0.1:{closed}", "nowhere.example:80"):
                 client = await proxy.http()

@@ -13,6 +13,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mcp_server.core.netspace import HostSpace
 from mcp_server.egress import splice
 from tests.egress_harness import (
     NoDns,
@@ -323,3 +324,56 @@ def test_random_bytes_never_hurt_the_session(payloads: list[tuple[bytes, bytes, 
     finally:
         logging.getLogger("ccw.egress").removeHandler(errors)
     assert errors.messages == []
+
+
+def test_the_host_and_private_space_are_refused_on_the_address_connected_to() -> None:
+    host = HostSpace(addresses=frozenset({ipaddress.ip_address("198.18.0.1")}),
+                     resolvers=frozenset({ipaddress.ip_address("198.18.0.53")}))
+    reads: list[HostSpace] = []
+
+    def space() -> HostSpace:
+        reads.append(host)
+        return host
+
+    resolver = NoDns({"host.example": ["198.18.0.1"], "lan.example": ["10.1.2.3"],
+                      "mixed.example": ["10.1.2.3", "127.0.0.1"]})
+
+    async def main() -> None:
+        async with upstream(shout) as up:
+            p = up.port
+            rules = network(f"*.example:{p}", f"0.0.0.0/0:{p}", f"[::/0]:{p}", f"127.0.0.1:{p}")
+            async with egress(rules, resolver=resolver, space=space) as proxy:
+                answers = []
+                for target in (f"host.example:{p}", f"10.1.2.3:{p}", f"[::ffff:10.1.2.3]:{p}"):
+                    client = await proxy.http()
+                    await client.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                    answers.append(await read_all(client))
+                client = await proxy.http()
+                await client.send_all(f"GET http://lan.example:{p}/ HTTP/1.1\r\nHost: lan.example\r\n\r\n".encode())
+                answers.append(await read_all(client))
+                client = await proxy.socks()
+                socks = await socks_connect(client, "198.18.0.53", p)
+                await client.aclose()
+                client = await proxy.http()  # one address refused, the next (named exactly) taken
+                await client.send_all(f"CONNECT mixed.example:{p} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+                await client.send_all(b"hi")
+                assert await client.receive_some() == b"HI"
+                await client.aclose()
+                await trio.sleep(0.05)
+                records = {(r["host"], r["protocol"]): r for r in proxy.session.end_exec()}
+        assert all(answer.startswith(b"HTTP/1.1 403 ") for answer in answers) and socks == 2
+        mapped = str(ipaddress.ip_address("::ffff:10.1.2.3"))
+        verdicts = {key: (r["allowed"], r["address"], str(r["reason"]).split(":")[0]) for key, r in records.items()}
+        assert verdicts == {
+            ("host.example", "https"): (False, "198.18.0.1", "host address"),
+            ("10.1.2.3", "https"): (False, "10.1.2.3", "private"),
+            (mapped, "https"): (False, mapped, "private"),
+            ("lan.example", "http"): (False, "10.1.2.3", "private"),
+            ("198.18.0.53", "socks5"): (False, "198.18.0.53", "resolver"),
+            ("mixed.example", "https"): (True, "127.0.0.1", "None"),
+        }
+        assert b"ccw: host address: host.example resolves to 198.18.0.1, an address of this host;" in answers[0]
+        assert len(reads) == 6  # read again for every connection
+
+    trio.run(main)

@@ -1,4 +1,4 @@
-"""The network allowlist: rule grammar, canonical form, decisions, the loopback rule."""
+"""The network allowlist: rule grammar, canonical form, decisions, ports (test_netspace.py: the host's space)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ from hypothesis import strategies as st
 from mcp_server.core.netrules import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    WEB_PORTS,
     NetworkSpec,
     decide,
-    is_local_address,
-    loopback_ok,
     network_json,
     parse_network,
     parse_rule,
@@ -157,7 +156,8 @@ def test_names_match_exactly_and_ports_bind() -> None:
     assert decide(rules, "pypi.org", 443).allowed
     denied = decide(rules, "pypi.org", 80)
     assert (denied.allowed, denied.rule, denied.reason) == (False, None, "no rule allows pypi.org:80")
-    assert decide(rules, "files.pythonhosted.org", 8443).allowed
+    assert decide(rules, "files.pythonhosted.org", 80).allowed
+    assert decide(rules, "files.pythonhosted.org", 443).allowed
     assert not decide(rules, "www.pypi.org", 443).allowed
     assert not decide(rules, "pypi.org", 0).allowed
     assert not decide(rules, "pypi.org", 70000).allowed
@@ -207,38 +207,27 @@ def test_denials_say_why() -> None:
     assert decide(rules, "pypi.org", True).reason.startswith("port True")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    ("rule", "host", "address", "ok"),
-    [
-        ("pypi.org", "pypi.org", "151.101.0.223", True),
-        ("pypi.org", "pypi.org", "127.0.0.1", False),
-        ("*.example.com", "a.example.com", "127.0.0.53", False),
-        ("*.example.com", "a.example.com", "::1", False),
-        ("*.example.com", "a.example.com", "169.254.169.254", False),
-        ("*.example.com", "a.example.com", "fe80::1", False),
-        ("*.example.com", "a.example.com", "0.0.0.0", False),
-        ("*.example.com", "a.example.com", "::", False),
-        ("*.example.com", "a.example.com", "::ffff:127.0.0.1", False),
-        ("localhost", "localhost", "127.0.0.1", True),
-        ("localhost:8080", "localhost", "::1", True),
-        ("*.localhost", "a.localhost", "127.0.0.1", False),
-        ("127.0.0.1:8080", "127.0.0.1", "127.0.0.1", True),
-        ("127.0.0.0/8", "127.0.0.1", "127.0.0.1", False),
-        ("169.254.169.254", "169.254.169.254", "169.254.169.254", True),
-        ("::1", "::1", "::1", True),
-        ("0.0.0.0/0", "10.1.1.1", "10.1.1.1", True),
-    ],
-)
-def test_loopback_only_by_exact_rule(rule: str, host: str, address: str, ok: bool) -> None:
-    assert loopback_ok(rule, host, address) is ok
-    assert loopback_ok(parse_rule(rule), host, ipaddress.ip_address(address)) is ok
+@pytest.mark.parametrize("rule", ["files.pythonhosted.org", "*.pythonhosted.org", "10.1.2.3", "10.0.0.0/8",
+                                  "2001:db8::1", "0.0.0.0/0", "::/0"])
+def test_a_rule_without_a_port_allows_80_and_443_only(rule: str) -> None:
+    host = {"files.pythonhosted.org": "files.pythonhosted.org", "*.pythonhosted.org": "a.pythonhosted.org",
+            "2001:db8::1": "2001:db8::1", "::/0": "2001:db8::7"}.get(rule, "10.1.2.3")
+    rules = spec(rule)
+    assert WEB_PORTS == (80, 443)
+    assert [port for port in (22, 80, 443, 5432, 8080, 8443) if decide(rules, host, port).allowed] == [80, 443]
+    shown = f"[{host}]" if ":" in host else host
+    assert decide(rules, host, 5432).reason == (f"no rule allows {shown}:5432 ({rule} has no port, so it allows "
+                                                f"80 and 443 only; name the port: {shown}:5432)")
+    assert decide(spec(rule, f"{shown}:5432"), host, 5432).allowed
 
 
-def test_local_space() -> None:
-    for address in ("127.255.0.1", "0.1.2.3", "169.254.0.1", "::1", "::", "fe80::abcd", "::ffff:169.254.1.1"):
-        assert is_local_address(address), address
-    for address in ("10.99.0.1", "8.8.8.8", "2001:db8::1", "fd63:6377::1", "::2"):
-        assert not is_local_address(address), address
+def test_policy_matching_reads_a_rule_without_a_port_as_any_port() -> None:
+    rule = parse_rule("*.corp.example")
+    assert rule.matches("git.corp.example", 22) and not rule.allows("git.corp.example", 22)
+    assert rule.allows("git.corp.example", 443) and rule.matches("git.corp.example", 443)
+    ported = parse_rule("git.corp.example:22")
+    assert ported.matches("git.corp.example", 22) and ported.allows("git.corp.example", 22)
+    assert not ported.matches("git.corp.example", 23)
 
 
 # --- property tests -----------------------------------------------------------------
@@ -281,11 +270,11 @@ def test_to_json_round_trips(texts: list[str], max_bytes: int, max_connections: 
     assert parsed.to_json()["allow"] == sorted(set(parsed.to_json()["allow"]))
 
 
-@given(_names, st.lists(_labels, min_size=0, max_size=3), _ports, st.integers(1, 65535))
+@given(_names, st.lists(_labels, min_size=0, max_size=3), _ports, st.sampled_from(WEB_PORTS) | st.integers(1, 65535))
 def test_wildcard_property(domain: str, prefix: list[str], rule_port: int | None, port: int) -> None:
     rules = spec(_with_port("*." + domain, rule_port))
     host = ".".join([*prefix, domain])
-    expected = bool(prefix) and rule_port in (None, port)
+    expected = bool(prefix) and (port == rule_port or (rule_port is None and port in WEB_PORTS))
     assert decide(rules, host, port).allowed is expected
 
 

@@ -19,6 +19,9 @@ belong to the process (``Runtime``), not to a call.
   gives the same namespaces while the helper has them.  After a *helper* restart the
   helper has none: its exec fails ``UNAVAILABLE`` with ``reason: network_not_open``
   before anything runs, and ``exec`` opens a new session and tries once more.
+- **One view of the host.**  Every session judges its connections against the host's
+  own addresses and resolvers (core/netspace.py); one ``HostSpaceReader`` (one netlink
+  subscription) serves them all, made with the first session and closed by ``aclose``.
 - **Counted per exec.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
   records are exactly the attempts made while the command ran (an exec of a capsule
   takes its turn: two never overlap).
@@ -38,6 +41,7 @@ from mcp_server.logs import LOGGER
 from sandbox.errors import CcwError
 
 if TYPE_CHECKING:
+    from mcp_server.egress.hostspace import HostSpaceReader
     from mcp_server.egress.session import EgressSession
 
 T = TypeVar("T")
@@ -66,7 +70,9 @@ class _Served:
 class Networks:
     """One EgressSession per allowlist capsule of this process, by capsule id."""
 
-    def __init__(self) -> None:
+    def __init__(self, space: HostSpaceReader | None = None) -> None:
+        self._space = space  # made with the first session unless given (tests give a fake resolv.conf)
+        self._made_space = False
         self._sessions: dict[str, _Served] = {}
         self._nursery: trio.Nursery | None = None
         self._host_scope: trio.CancelScope | None = None
@@ -104,11 +110,15 @@ class Networks:
             if served is not None:
                 await self._close(capsule_id)
             # Imported here: only allowlist capsules need the proxy.
+            from mcp_server.egress.hostspace import HostSpaceReader
             from mcp_server.egress.session import EgressSession
 
+            if self._space is None:
+                self._space, self._made_space = HostSpaceReader(), True
             reply, fds = await helper.net_open(capsule_id)
             try:
-                session = EgressSession(spec, fds[0], fds[1], fds[2], tuple(reply.jail_addresses))
+                session = EgressSession(spec, fds[0], fds[1], fds[2], tuple(reply.jail_addresses),
+                                        space=self._space.current)
             except BaseException:
                 for fd in fds:
                     os.close(fd)
@@ -169,6 +179,9 @@ class Networks:
             await self.close(capsule_id)
         if self._host_scope is not None:
             self._host_scope.cancel()
+        if self._made_space and self._space is not None:
+            self._space.close()
+            self._space, self._made_space = None, False
 
     async def _host(self) -> trio.Nursery:
         """The nursery the sessions run in, started (as a system task) on first use."""

@@ -1,7 +1,8 @@
 """A capsule's network allowlist: the rule grammar, parsing, and the decision per request.
 
 Pure logic (no I/O): the egress proxy (``mcp_server.egress``) asks ``decide`` before it
-resolves or connects anything, and ``loopback_ok`` after it has resolved an allowed name.
+resolves or connects anything, and ``core/netspace.refusal`` for each address it is
+about to connect to.
 
 Choices made here:
 - A capsule's ``network`` is ``None`` ("none": the jail has only loopback) or a
@@ -10,8 +11,14 @@ Choices made here:
 - Rule grammar: ``host[:port]``, ``*.domain[:port]`` (any name strictly under the
   domain, never the domain itself), IPv4 ``a.b.c.d[:port]``, IPv4 CIDR
   ``a.b.c.d/n[:port]``, IPv6 ``[addr]:port`` or bare ``addr`` (no port), IPv6 CIDR
-  ``addr/n`` or ``[addr/n]:port``.  No port means any port.  Names are lowercased
-  ASCII letters, digits, ``-`` and ``.`` with no trailing dot.
+  ``addr/n`` or ``[addr/n]:port``.  Names are lowercased ASCII letters, digits, ``-``
+  and ``.`` with no trailing dot.
+- A rule without a port allows ports 80 and 443 (``WEB_PORTS``), not every port: what
+  an allowlist is mostly for is the web, and an unported rule for a host that also
+  runs ssh, a database or an admin console should not open them by accident.  Any
+  other port is named: ``pypi.org:8443``.  (A policy's ``allow_hosts``/``deny_hosts``
+  share the grammar but judge connections already made, where a rule without a port
+  matches any port: ``Rule.matches``.)
 - Names match only name rules and IP literals only IP rules.  So a denied name is never
   resolved (no DNS query leaves for it), and an allowed name is not judged by the
   address it happens to resolve to, which the agent's DNS answers could steer.
@@ -19,12 +26,11 @@ Choices made here:
   rule and as a request: the C resolver reads such strings as IPv4 addresses in
   inet_aton's loose forms (``127.1`` is 127.0.0.1, ``010`` is octal), so they would
   reach an address no IP rule allowed.
-- Loopback, link-local and unspecified destinations (127/8, 0/8, ::1, ::, 169.254/16,
-  fe80::/10, and their IPv4-mapped IPv6 forms) are the host's own services, not the
-  internet.  ``loopback_ok`` allows them only for a rule that names them exactly: the
-  exact IP (not a CIDR, which could be meant for the internet) or the exact name
-  ``localhost``.  A wildcard or other name that resolves there is DNS rebinding and is
-  refused.
+- Whatever the rules allow, the host itself (its addresses, loopback, its resolvers)
+  and space that is not the internet (private, ULA, CGNAT, multicast, reserved,
+  documentation) are refused after resolution unless a rule names that exact address
+  (``10.1.2.3:5432``, ``[fd00::1]:443``; a CIDR that contains it does not):
+  ``core/netspace.py`` says which space and why.  So ``0.0.0.0/0`` means the internet.
 """
 
 from __future__ import annotations
@@ -40,9 +46,10 @@ from sandbox.errors import CcwError
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB per exec, both directions summed
 DEFAULT_MAX_CONNECTIONS = 512  # per exec
 
+WEB_PORTS = (80, 443)  # what a rule without a port allows
 GRAMMAR = (
     "a rule is host[:port], *.domain[:port], a.b.c.d[:port], a.b.c.d/n[:port], "
-    "[ipv6]:port, ipv6, ipv6/n or [ipv6/n]:port; port 1-65535, none = any port"
+    "[ipv6]:port, ipv6, ipv6/n or [ipv6/n]:port; port 1-65535, none = 80 and 443"
 )
 
 RuleKind = Literal["name", "wildcard", "ip", "cidr"]
@@ -52,18 +59,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL = re.compile(r"[a-z0-9-]{1,63}\Z")
 _NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0x[0-9a-f]*)\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
-
-# The host's own services: never reachable through a CIDR or a name other than
-# ``localhost``.  0/8 is here because Linux connects 0.x.x.x to the local host.
-_LOCAL_SPACE: tuple[IPNetwork, ...] = (
-    ipaddress.ip_network("127.0.0.0/8"),
-    ipaddress.ip_network("0.0.0.0/8"),
-    ipaddress.ip_network("169.254.0.0/16"),
-    ipaddress.ip_network("::1/128"),
-    ipaddress.ip_network("::/128"),
-    ipaddress.ip_network("fe80::/10"),
-)
-
 
 @dataclass(frozen=True, order=True)
 class Rule:
@@ -78,10 +73,21 @@ class Rule:
         """The rule's addresses (an exact IP rule is a /32 or /128)."""
         return ipaddress.ip_network(self.host)
 
+    def allows_port(self, port: int) -> bool:
+        """Whether the allowlist rule lets ``port`` through (no port: ``WEB_PORTS``)."""
+        return port in WEB_PORTS if self.port is None else port == self.port
+
+    def allows(self, host: str, port: int) -> bool:
+        """True if this allowlist rule allows ``host:port`` (``host`` as ``normalize_host`` left it)."""
+        return self.allows_port(port) and self.names(host)
+
     def matches(self, host: str, port: int) -> bool:
-        """True if this rule allows ``host:port`` (``host`` as ``normalize_host`` left it)."""
-        if self.port is not None and self.port != port:
-            return False
+        """True if a connection made to ``host:port`` matches the rule as a policy reads it
+        (``allow_hosts``/``deny_hosts``): a rule without a port matches any port."""
+        return (self.port is None or self.port == port) and self.names(host)
+
+    def names(self, host: str) -> bool:
+        """True if ``host`` is this rule's name, under its wildcard, or in its addresses."""
         if self.kind == "name":
             return host == self.host
         if self.kind == "wildcard":
@@ -279,34 +285,11 @@ def decide(spec: NetworkSpec, host: str, port: int) -> Decision:
     if name is None:
         return Decision(False, None, why)
     for rule in spec.allow:
-        if rule.matches(name, port):
+        if rule.allows(name, port):
             return Decision(True, rule.text, f"allowed by {rule.text}")
     shown = f"[{name}]" if ":" in name else name
+    unported = [rule.text for rule in spec.allow if rule.port is None and rule.names(name)]
+    if unported:
+        return Decision(False, None, f"no rule allows {shown}:{port} ({unported[0]} has no port, "
+                                     f"so it allows 80 and 443 only; name the port: {shown}:{port})")
     return Decision(False, None, f"no rule allows {shown}:{port}")
-
-
-def is_local_address(address: str | IPAddress) -> bool:
-    """True for loopback, link-local and unspecified space (also IPv4-mapped in IPv6)."""
-    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return any(ip.version == net.version and ip in net for net in _LOCAL_SPACE)
-
-
-def loopback_ok(rule: Rule | str, host: str, address: str | IPAddress) -> bool:
-    """Whether ``address`` (what ``host`` resolved to) may be reached under ``rule``.
-
-    Addresses outside loopback/link-local/unspecified space always may.  Inside it, only
-    when the rule names the destination exactly: the exact IP rule for that address, or
-    the rule for the name ``localhost`` itself (anything else is DNS rebinding).
-    """
-    if not is_local_address(address):
-        return True
-    matched = parse_rule(rule) if isinstance(rule, str) else rule
-    name, _ = normalize_host(host)
-    if matched.kind == "name":
-        return matched.host == "localhost" and name == "localhost"
-    if matched.kind != "ip":
-        return False
-    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
-    return ipaddress.ip_address(matched.host) == ip and name == str(ip)

@@ -3,8 +3,11 @@
 A connection from the jail becomes an ``Attempt`` (the record the exec reports) when the
 gate admits it; the gate is the ``EgressSession`` (``Gate`` here names only what the
 protocol handlers call, so they need not import the session).  ``connect_upstream``
-resolves an allowed name from the host's network namespace, keeps only the addresses
-``netrules.loopback_ok`` lets through and connects to the first that answers; ``relay``
+resolves an allowed name from the host's network namespace, reads the host's space
+(its addresses and resolvers, ``hostspace.py``) once the answer is in, keeps only the
+addresses ``netspace.refusal`` lets through and connects to the first that answers:
+the address judged is the address connected to, so a DNS answer that changes between
+check and connect changes nothing.  ``relay``
 copies bytes both ways until both sides are done, charging them to the exec's byte
 budget and cutting the connection when it runs out.
 
@@ -25,7 +28,7 @@ from typing import Literal, Protocol
 
 import trio
 
-from mcp_server.core import netrules
+from mcp_server.core import netrules, netspace
 
 BUFFER_SIZE = 256 * 1024
 CONNECT_TIMEOUT = 10.0  # seconds for one address; up to MAX_ADDRESSES are tried
@@ -34,6 +37,7 @@ DIRECT_REASON = "direct connection outside ccw's proxy (use HTTP_PROXY/ALL_PROXY
 
 Protocol_ = Literal["http", "https", "socks5", "tcp", "udp"]
 Resolver = Callable[[str, int], Awaitable[list[str]]]
+SpaceReader = Callable[[], netspace.HostSpace]
 
 
 @dataclass
@@ -164,23 +168,26 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return addresses
 
 
-async def connect_upstream(attempt: Attempt, resolver: Resolver) -> trio.socket.SocketType:
-    """Resolve (names only), drop what loopback_ok refuses, connect to the first that answers."""
+async def connect_upstream(attempt: Attempt, resolver: Resolver, spec: netrules.NetworkSpec,
+                           space: SpaceReader) -> trio.socket.SocketType:
+    """Resolve (names only), drop what netspace.refusal refuses, connect to the first that answers."""
     assert attempt.rule is not None
     host, port = attempt.host, attempt.port
     try:
         found = [host] if netrules.is_ip_literal(host) else await resolver(host, port)
     except OSError as exc:
         raise Refused(f"cannot resolve {host}: {exc.strerror or exc}", denied=False) from None
-    usable = [a for a in found if netrules.loopback_ok(attempt.rule, host, a)]
+    if not found:
+        raise Refused(f"{host} resolves to nothing", denied=False)
+    try:
+        now = space()
+    except OSError as exc:  # unknown host addresses: refuse rather than guess
+        raise Refused(f"cannot read this host's addresses: {exc}", denied=False) from None
+    refusals = [netspace.refusal(spec, attempt.rule, host, port, address, now) for address in found]
+    usable = [address for address, why in zip(found, refusals, strict=True) if why is None]
     if not usable:
-        attempt.address = found[0] if found else None
-        raise Refused(
-            f"{host} resolves to {', '.join(found) or 'nothing'}: loopback, link-local and "
-            "unspecified addresses are reached only by a rule naming them exactly "
-            "(that IP, or localhost)",
-            denied=bool(found),
-        )
+        attempt.address = found[0]
+        raise Refused(next(why for why in refusals if why is not None), denied=True)
     last: BaseException | None = None
     for address in usable[:MAX_ADDRESSES]:
         family = socket.AF_INET6 if ":" in address else socket.AF_INET

@@ -4,7 +4,9 @@ The helper builds the capsule's two network namespaces and hands over three desc
 (``net_open``): the HTTP proxy's and the SOCKS server's listening sockets, made in the
 capsule's private egress namespace, and the sniffer.  A listening socket keeps the
 namespace it was made in, so ``accept`` here, in the host's namespace, takes the jail's
-connections; the upstream sockets this process opens are the host's.  ``serve`` runs in
+connections; the upstream sockets this process opens are the host's, which is why each
+one is judged against the host's own space (``core/netspace.py``, read by
+``hostspace.py`` at every connection) before it is made.  ``serve`` runs in
 a nursery for the capsule's life; an exec is bracketed by ``begin_exec`` (fresh caps)
 and ``end_exec`` (the sorted records; ``notes`` then has the denial lines).
 
@@ -30,6 +32,7 @@ import trio
 
 from mcp_server.core import netrules
 from mcp_server.egress import sniff, splice
+from mcp_server.egress.hostspace import HostSpaceReader
 from mcp_server.egress.proxy import handle_http
 from mcp_server.egress.relay import (
     DIRECT_REASON,
@@ -37,6 +40,7 @@ from mcp_server.egress.relay import (
     Protocol_,
     Refused,
     Resolver,
+    SpaceReader,
     connect_upstream,
     system_resolver,
 )
@@ -85,7 +89,8 @@ class EgressSession:
 
     def __init__(self, spec: netrules.NetworkSpec, http_fd: int, socks_fd: int,
                  sniffer_fd: int | None, jail_addresses: Iterable[str], *,
-                 resolver: Resolver = system_resolver, header_timeout: float = HEADER_TIMEOUT) -> None:
+                 resolver: Resolver = system_resolver, space: SpaceReader | None = None,
+                 header_timeout: float = HEADER_TIMEOUT) -> None:
         self.spec = spec
         self.header_timeout = header_timeout
         self.jail_addresses = frozenset(jail_addresses)
@@ -106,6 +111,13 @@ class EgressSession:
         self._scope: trio.CancelScope | None = None
         self._stopped = trio.Event()
         self._closed = False
+        # The host's addresses and resolvers, read at each connection: the process's
+        # reader (capsules/networks.py), or, for a session made alone, its own.
+        self._own_space: HostSpaceReader | None = None
+        if space is None:
+            self._own_space = HostSpaceReader()
+            space = self._own_space.current
+        self._space = space
 
     # --- the exec's books ---------------------------------------------------------
 
@@ -161,7 +173,7 @@ class EgressSession:
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:
         """Resolve and connect an admitted attempt; a refusal is written into its record."""
         try:
-            return await connect_upstream(attempt, self._resolver)
+            return await connect_upstream(attempt, self._resolver, self.spec, self._space)
         except Refused as exc:
             if exc.denied:
                 attempt.deny(exc.message)
@@ -253,3 +265,5 @@ class EgressSession:
         for sock in (self._http, self._socks, self._sniffer):
             if sock is not None:
                 sock.close()
+        if self._own_space is not None:
+            self._own_space.close()
