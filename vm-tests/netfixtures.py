@@ -14,6 +14,13 @@ proxy" case.
 - ``build_wheel``: a tiny pure-Python wheel, zipped by hand (no build backend, so no
   download: pip would fetch setuptools to build one in isolation).
 - ``loopback_server``: a TCP service on the host's 127.0.0.1 that a jail must not reach.
+- ``banner_servers`` and ``lab_namespace``: for the attacks on the host's own space
+  (test_attack_egress.py), TCP services that name themselves, on the host's 0.0.0.0 and
+  [::] or in a namespace reached by a veth whose host end has addresses of the test's.
+
+Egress refuses the host's own addresses and private space unless a rule names the
+exact address (mcp_server/core/netspace.py), so the network tests allow their servers
+by exact-address rules (``10.98.0.2:8080``): those still go through the proxy.
 """
 
 from __future__ import annotations
@@ -178,6 +185,79 @@ def loopback_server() -> Iterator[int]:
         stop.set()
         thread.join()
         listener.close()
+
+
+BANNER = """
+import socket, sys, threading
+label, wanted = sys.argv[1], [int(p) for p in sys.argv[2:]]
+listeners = []
+for want in wanted:
+    v4 = socket.create_server(("0.0.0.0", want))
+    port = v4.getsockname()[1]
+    v6 = socket.create_server(("::", port), family=socket.AF_INET6, dualstack_ipv6=False)
+    listeners += [(v4, port), (v6, port)]
+def serve(listener, port):
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(f"{label}:{port}\\n".encode())
+for listener, port in listeners:
+    threading.Thread(target=serve, args=(listener, port), daemon=True).start()
+print(" ".join(str(port) for _, port in listeners[::2]), flush=True)
+sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def banner_servers(label: str, ports: list[int], namespace: str | None = None) -> Iterator[list[int]]:
+    """TCP services on 0.0.0.0 and [::] at each of ``ports`` (0: any free one) that answer
+    ``<label>:<port>`` and close; on the host, or in ``namespace``.  Yields the ports."""
+    prefix = ["ip", "netns", "exec", namespace] if namespace else []
+    server = subprocess.Popen([*prefix, SERVER_PYTHON, "-c", BANNER, label, *map(str, ports)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert server.stdin is not None and server.stdout is not None
+    try:
+        line = server.stdout.readline().split()
+        if len(line) != len(ports):
+            raise RuntimeError(f"the banner servers did not start (exit {server.poll()})")
+        yield [int(port) for port in line]
+    finally:
+        server.kill()
+        server.wait()
+        server.stdin.close()
+        server.stdout.close()
+
+
+@dataclass(frozen=True)
+class Lab:
+    """A namespace behind a veth: the host's end and the namespace's end, with their addresses."""
+
+    namespace: str
+    host: tuple[str, ...]
+    far: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def lab_namespace(host: tuple[str, ...], far: tuple[str, ...]) -> Iterator[Lab]:
+    """A namespace joined to the host by a veth; ``host`` and ``far`` are the addresses (with
+    prefix lengths) of the host's end and the namespace's end.  Removed after."""
+    name = f"ccwl{os.getpid()}"
+    host_end, far_end = f"ccwlh{os.getpid()}"[:15], f"ccwlf{os.getpid()}"[:15]
+    _ip("netns", "add", name)
+    try:
+        _ip("link", "add", host_end, "type", "veth", "peer", "name", far_end)
+        _ip("link", "set", far_end, "netns", name)
+        for address in host:
+            _ip("addr", "add", address, "dev", host_end, *(["nodad"] if ":" in address else []))
+        for address in far:
+            _ip("-n", name, "addr", "add", address, "dev", far_end, *(["nodad"] if ":" in address else []))
+        _ip("link", "set", host_end, "up")
+        _ip("-n", name, "link", "set", far_end, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        yield Lab(name, tuple(a.split("/")[0] for a in host), tuple(a.split("/")[0] for a in far))
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)
 
 
 def big_file(root: Path, name: str, size: int) -> Path:

@@ -1,0 +1,245 @@
+"""Attacks on the host through a capsule's egress proxy (issue 24, class 8): the host itself.
+
+The proxy connects from the host's network namespace, so an allowlist rule that leads to
+one of the host's own addresses reaches every service the host binds to 0.0.0.0 or [::].
+Here a server listens on the host's 0.0.0.0 and [::] at a port of the test's, and a
+namespace of the test's (``netfixtures.lab_namespace``) stands for the host's LAN and
+its resolver.  The host's end of the veth carries addresses that are in no refused
+range (198.18.0.1, 2001:2::1: benchmarking space, which egress leaves open), so it is
+their being the host's that refuses them, and a private one (10.97.0.1); the far end has
+198.18.0.2 (a stand-in for the internet), 198.18.0.3 (the resolver: the front end reads
+a resolv.conf of the test's naming it) and 10.97.0.2 (the LAN).  Names resolve through
+a trio hostname resolver the test installs, as the host's DNS would answer them.
+
+From a jail, through the HTTP proxy and SOCKS5: names that resolve to the host's
+addresses (v4, v6) or into the LAN, ``0.0.0.0/0`` and ``::/0`` rules, IPv4-mapped
+literals, the resolver, CIDRs that contain the host, every real address of the host
+(whatever its interfaces carry), and rules without a port aimed at other ports.  Each
+is refused before any connection, recorded with the class that refused it, and
+nothing answers; an exact-address rule with the port reaches the host (the explicit
+way), and a rule without a port reaches 80 and 443 only.  Traffic stays on loopback and
+the test's namespace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import netfixtures as nf  # noqa: E402
+
+from mcp_server.capsules.networks import Networks  # noqa: E402
+from mcp_server.egress.hostspace import HostSpaceReader, dump_addresses  # noqa: E402
+
+HOST_V4, HOST_V6, HOST_LAN = "198.18.0.1", "2001:2::1", "10.97.0.1"
+FAR, RESOLVER, LAN = "198.18.0.2", "198.18.0.3", "10.97.0.2"
+NAMES = {b"host.attack.test": [HOST_V4], b"host6.attack.test": [HOST_V6], b"lan.attack.test": [LAN]}
+
+# Runs in the jail: each (protocol, target) through the proxy; what the proxy said and
+# what the server behind it answered (empty: nothing reached).
+JAIL = r"""
+import json, socket, struct, sys
+out = []
+for protocol, target in json.loads(sys.argv[1]):
+    host, port = target.rsplit(":", 1)
+    with socket.create_connection(("10.99.0.1", 3128 if protocol == "http" else 1080), timeout=10) as s:
+        if protocol == "http":
+            s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = s.recv(4096)
+                if not data:
+                    break
+                head += data
+            said, rest = head.split(b"\r\n", 1)[0].decode(), head.partition(b"\r\n\r\n")[2]
+        else:
+            name = host.strip("[]").encode()
+            s.sendall(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name + struct.pack("!H", int(port)))
+            reply = b""
+            while len(reply) < 12:
+                data = s.recv(64)
+                if not data:
+                    break
+                reply += data
+            said, rest = f"socks {reply[3] if len(reply) > 3 else None}", reply[12:]
+        banner = b""  # the proxy's own refusal body is not the server's
+        if said.endswith(" 200 Connection established") or said == "socks 0":
+            banner = rest
+            s.settimeout(5)
+            while not banner.endswith(b"\n"):
+                data = s.recv(100)
+                if not data:
+                    break
+                banner += data
+        out.append([protocol, target, said, banner.decode(errors="replace").strip()])
+print(json.dumps(out))
+"""
+
+
+class TestResolver(trio.abc.HostnameResolver):
+    """The test's names as the host's DNS would answer them; anything else is unknown."""
+
+    async def getaddrinfo(self, host: bytes | None, port: Any, family: int = 0, type: int = 0,
+                          proto: int = 0, flags: int = 0) -> list[Any]:
+        if host not in NAMES:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        infos = []
+        for address in NAMES[host]:
+            v6 = ":" in address
+            sockaddr = (address, int(port), 0, 0) if v6 else (address, int(port))
+            infos.append((socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM, 6, "", sockaddr))
+        return infos
+
+    async def getnameinfo(self, sockaddr: Any, flags: int) -> tuple[str, str]:
+        raise NotImplementedError
+
+
+def _shown(address: str, port: int) -> str:
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def _host_addresses() -> list[str]:
+    """The host's real addresses (its interfaces', before the test adds any), loopback and link-local aside."""
+    return sorted(str(a) for a in dump_addresses()[0] if not (a.is_loopback or a.is_link_local))
+
+
+def attacks(port: int, real: list[str]) -> dict[tuple[str, ...], list[tuple[str, str, str]]]:
+    """Rules -> the attempts made under them: (protocol, target, the class that must refuse it)."""
+    mapped = str(ipaddress.ip_address(f"::ffff:{HOST_V4}"))
+    mapped_lan = str(ipaddress.ip_address(f"::ffff:{LAN}"))
+    p = port
+    return {
+        (f"*.attack.test:{p}", f"0.0.0.0/0:{p}", f"[::/0]:{p}", "0.0.0.0/0:53"): [
+            ("http", f"host.attack.test:{p}", "host address"),
+            ("socks", f"host.attack.test:{p}", "host address"),
+            ("http", f"host6.attack.test:{p}", "host address"),
+            ("http", f"lan.attack.test:{p}", "private"),
+            ("http", f"{HOST_V4}:{p}", "host address"),
+            ("http", f"[{HOST_V6}]:{p}", "host address"),
+            ("http", f"{HOST_LAN}:{p}", "host address"),
+            ("http", f"{LAN}:{p}", "private"),
+            ("http", f"[{mapped}]:{p}", "host address"),
+            ("http", f"[{mapped_lan}]:{p}", "private"),
+            ("http", f"{RESOLVER}:53", "resolver"),
+            *[("http", _shown(address, p), "host address") for address in real],
+        ],
+        (f"198.18.0.0/24:{p}", f"[2001:2::/64]:{p}", f"10.97.0.0/24:{p}"): [
+            ("http", f"{HOST_V4}:{p}", "host address"),
+            ("http", f"[{HOST_V6}]:{p}", "host address"),
+            ("http", f"{HOST_LAN}:{p}", "host address"),
+            ("http", f"{LAN}:{p}", "private"),
+        ],
+        (HOST_V4, "0.0.0.0/0", "::/0"): [  # no port: 80 and 443 only
+            ("http", f"{HOST_V4}:{p}", "port"),
+            ("http", f"[{HOST_V6}]:{p}", "port"),
+            ("http", f"{FAR}:22", "port"),
+            ("http", f"{FAR}:5432", "port"),
+        ],
+    }
+
+
+def allowed(port: int) -> dict[tuple[str, ...], list[tuple[str, str, str]]]:
+    """Rules -> attempts that must reach their server: (protocol, target, the banner it answers)."""
+    p = port
+    return {
+        (f"{HOST_V4}:{p}", f"[{HOST_V6}]:{p}", f"{LAN}:{p}", f"{RESOLVER}:53"): [
+            ("http", f"{HOST_V4}:{p}", f"host:{p}"),
+            ("http", f"[{HOST_V6}]:{p}", f"host:{p}"),
+            ("http", f"{LAN}:{p}", f"far:{p}"),
+            ("http", f"{RESOLVER}:53", "far:53"),
+        ],
+        (FAR,): [("http", f"{FAR}:80", "far:80"), ("http", f"{FAR}:443", "far:443")],
+    }
+
+
+@pytest.fixture
+def lab(tools: Any, tmp_path: Path) -> Iterator[tuple[int, list[str]]]:
+    """The host's server and the lab namespace with its servers; (the host server's port, the host's real addresses)."""
+    real = _host_addresses()
+    with nf.banner_servers("host", [0]) as (port,), \
+            nf.lab_namespace(host=(f"{HOST_V4}/24", f"{HOST_V6}/64", f"{HOST_LAN}/24"),
+                             far=(f"{FAR}/24", f"{RESOLVER}/24", f"{LAN}/24", "2001:2::2/64")) as made, \
+            nf.banner_servers("far", [port, 22, 53, 80, 443, 5432], made.namespace):
+        resolv = tmp_path / "resolv.conf"
+        resolv.write_text(f"nameserver {RESOLVER}\n")
+        reader = HostSpaceReader(resolv)
+        tools.runtime.networks = Networks(reader)
+        try:
+            yield port, real
+        finally:
+            reader.close()
+
+
+def _run(tools: Any, tmp_path: Path, plan: dict[tuple[str, ...], list[tuple[str, str, str]]]) -> list[Any]:
+    """Each rule set's capsule runs its attempts in one exec: [(rules, attempts, jail's answers, records)]."""
+    ws = tmp_path / "project"
+    ws.mkdir(exist_ok=True)
+
+    async def scenario(t: Any) -> list[Any]:
+        trio.socket.set_custom_hostname_resolver(TestResolver())
+        out = []
+        for rules, attempts in plan.items():
+            cap = (await t.call("capsule_create", {"workspace": str(ws), "network": list(rules)}))["capsule_id"]
+            targets = [[protocol, target] for protocol, target, _ in attempts]
+            ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [
+                "/usr/bin/python3", "-c", JAIL, json.dumps(targets)], "timeout_ms": 120000})
+            assert ran["exit_code"] == 0, ran["stderr"]
+            out.append((rules, attempts, json.loads(ran["stdout"]), ran["touched"]["network"]))
+            await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    result: list[Any] = tools.run(scenario)
+    return result
+
+
+def _record(records: list[dict[str, Any]], protocol: str, target: str) -> dict[str, Any]:
+    host, _, port = target.rpartition(":")
+    kind = "https" if protocol == "http" else "socks5"
+    name = host.strip("[]")
+    found = [r for r in records if r["host"] == name and r["port"] == int(port) and r["protocol"] == kind]
+    assert len(found) == 1, (target, records)
+    return found[0]
+
+
+def test_egress_never_reaches_the_host_or_private_space(tools: Any, lab: tuple[int, list[str]], tmp_path: Path,
+                                                        record_property: Callable[[str, object], None]) -> None:
+    port, real = lab
+    plan = attacks(port, real)
+    record_property("escapes_tried", sum(len(attempts) for attempts in plan.values()))
+    escaped, unrecorded = [], []
+    for rules, attempts, answers, records in _run(tools, tmp_path, plan):
+        for (protocol, target, klass), (_, _, said, banner) in zip(attempts, answers, strict=True):
+            if banner:
+                escaped.append((rules, protocol, target, said, banner))
+            record = _record(records, protocol, target)
+            reason = str(record["reason"])
+            if klass == "port":
+                verdict = reason.startswith("no rule allows") and "has no port, so it allows 80 and 443 only" in reason
+            else:
+                verdict = reason.startswith(f"{klass}: ")
+            if record["allowed"] or not verdict:
+                unrecorded.append((rules, protocol, target, record["allowed"], reason))
+    assert escaped == []
+    assert unrecorded == []
+
+
+def test_an_exact_address_rule_reaches_it_and_no_port_means_80_and_443(
+        tools: Any, lab: tuple[int, list[str]], tmp_path: Path) -> None:
+    port, _ = lab
+    plan = allowed(port)
+    for _rules, attempts, answers, records in _run(tools, tmp_path, plan):
+        for (protocol, target, banner), (_, _, said, got) in zip(attempts, answers, strict=True):
+            assert (said, got) == ("HTTP/1.1 200 Connection established", banner), target
+            record = _record(records, protocol, target)
+            assert record["allowed"] and record["reason"] is None, record
