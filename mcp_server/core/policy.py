@@ -34,6 +34,11 @@ Choices made here:
   number of segments (zero included), ``~`` is the caller's home directory.  A glob that
   is absolute (after ``~`` expansion) matches the absolute path of each file
   (workspace + relative path); a relative glob matches the repo-relative path.
+- Hazards (core/hazards.py: setuid bits, git hooks and config, files tools run by
+  themselves) are judged under every policy, ``baseline`` included, and no policy can
+  allow them: a standing allowance would let the next capsule's hook through unseen.
+  Only the promotion itself allows them, by kind (``allow_hazards``), after a review.
+  They come first in ``details``, being what matters most when they are there.
 - ``allow_hosts`` / ``deny_hosts`` use the capsule allowlist's rule grammar
   (core/netrules.py) and judge the connections the runs *made* (``touched.network``
   records with ``allowed: true``): denied attempts reached nothing.  Combined: unions.
@@ -41,7 +46,11 @@ Choices made here:
   connection must match one of the union's rules; any allowed connection matching a
   ``deny_hosts`` rule is a violation.  A connection matches by the host it asked for or
   by the address the proxy reached (a name rule never matches an address, nor the
-  other way round, as in the allowlist).
+  other way round, as in the allowlist).  Here a rule without a port matches any port
+  (``Rule.matches``: ``deny_hosts: ["*.corp.example"]`` must catch ssh to it too),
+  while in a capsule's allowlist it allows 80 and 443 only (``Rule.allows``); and the
+  allowlist's refusal of the host and private space (core/netspace.py) is the proxy's,
+  so a policy only ever sees connections that got past it.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
@@ -135,6 +145,7 @@ class CapsuleFacts:
     execs: list[ExecFacts] = field(default_factory=list)
     paths: dict[str, set[str]] = field(default_factory=dict)  # repo-relative path -> {"read", "written", "changed"}
     read_unavailable: str | None = None  # why some exec's read set is unknown
+    hazards: list[Hazard] = field(default_factory=list)  # what the promotion would carry out (core/hazards.py)
 
 
 @dataclass
@@ -298,6 +309,18 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
     return broken, unmeasured
 
 
+def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[dict[str, Any]]) -> list[str]:
+    """The report's notes on checks that passed with less than the full facts."""
+    notes = []
+    if passed_unmeasured:
+        figures = sorted({u["figure"] for u in passed_unmeasured})
+        notes.append(f"note: {', '.join(figures)} not measured for {len(passed_unmeasured)} check(s), passed as the "
+                     f"policy allows (if_unmeasured: pass); first: {passed_unmeasured[0]['reason']}")
+    if facts.read_unavailable and rules.deny_paths:
+        notes.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
+    return notes
+
+
 def evaluate(
     rules: CombinedRules,
     facts: CapsuleFacts,
@@ -322,8 +345,11 @@ def evaluate(
     # Output that differs fails only a policy that asks for identical output.
     output_pass = output_identical is True if rules.require_identical_output else True
     network_ok = not reached
-    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok
-    reasons = [f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}"] if reached else []
+    hazards_ok = all(h.allowed for h in facts.hazards)
+    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok and hazards_ok
+    reasons, hazard_notes = report_reasons(facts.hazards)
+    if reached:
+        reasons.append(f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}")
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
     if violations:
@@ -335,12 +361,7 @@ def evaluate(
     if not output_pass:
         reasons.append("replay printed different output and a policy requires identical output"
                        + (f": {output_details}" if output_details else ""))
-    if passed_unmeasured:
-        figures = sorted({u["figure"] for u in passed_unmeasured})
-        reasons.append(f"note: {', '.join(figures)} not measured for {len(passed_unmeasured)} check(s), passed as the "
-                       f"policy allows (if_unmeasured: pass); first: {passed_unmeasured[0]['reason']}")
-    if facts.read_unavailable and rules.deny_paths:
-        reasons.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
+    reasons += _notes(rules, facts, passed_unmeasured) + hazard_notes
     return {
         "passed": passed,
         "tests_ok": tests_ok,
@@ -350,6 +371,8 @@ def evaluate(
         "paths_ok": paths_ok,
         "network_ok": network_ok,
         "network_violations": reached,
+        "hazards_ok": hazards_ok,  # every hazard found was allowed (allow_hazards), or none was found
+        "hazards": [h.to_json() for h in facts.hazards],
         "deny_paths": [d["path"] for d in denied],
         "denied": denied,
         "resource_violations": violations,

@@ -1,0 +1,304 @@
+"""Hazards: what a promotion would carry into the host tree that runs or escalates there.
+
+A capsule is hostile (DESIGN §8, "Every exit is a boundary"): whatever it wrote, the
+jail held it.  Promotion moves it out of the jail, so what the capsule's files would *do*
+on the host is judged here, under every policy (``baseline`` included), before anything
+is written.  Pure logic: the caller passes the change set the Promoter will write and the
+directories that look like bare repositories; ``find`` names each hazard.
+
+Some facts this module is built on:
+
+- Promotion writes as the caller (often root) and keeps the capsule's mode bits.  A file
+  with the setuid or setgid bit that root writes is a setuid-root program on the host,
+  where the jail's no_new_privs no longer holds.  ``cp /bin/sh s; chmod 6755 s`` in a
+  capsule run by root is exactly that.
+- Git runs programs that its repository names: hooks (``hooks/*``) and config
+  (``core.hooksPath``, ``core.fsmonitor``, ``core.pager``, ``core.sshCommand``, filter,
+  diff and merge drivers, ``include.path``).  Git finds a repository at a ``.git``
+  directory, at a ``.git`` *file* (``gitdir: elsewhere``), and at any directory that
+  looks like a bare repository (``HEAD``, ``objects/``, ``refs/``) when run inside it,
+  as shell prompts do on every ``cd``.  So anything a capsule writes there is code the
+  next ``git status`` or ``git commit`` on the host runs, outside any jail.  Git's
+  *data* (objects, refs, logs, the index, ``HEAD``) names no program: a commit made in
+  a capsule still promotes.  That list is an allowlist (``GIT_DATA``), so whatever git
+  adds next is refused until it is argued into it.
+- Tools run files of the tree by themselves: direnv on ``cd``, VS Code on folder open,
+  pre-commit and husky on commit, dev containers on open (``initializeCommand`` runs
+  on the host).  ``AUTORUN`` names them, each with its reason.  The project's own code
+  (a Makefile, ``package.json`` scripts, ``conftest.py``, ``.venv/``) is not there: it
+  runs when the user asks for it, and the diff shows it as the code it is.
+- A symlink standing in for a directory such a tool reads (``.vscode -> decoy``) plants
+  as much as a file inside it, so a link on the way to a listed file counts.
+- On a case-insensitive filesystem (ext4 casefold, vfat) ``.Git`` is ``.git``: names are
+  compared casefolded.  (NTFS's and HFS+'s further aliases, ``GIT~1`` or ignorable code
+  points, do not arise on the Linux filesystems a workspace lives on.)
+
+The kinds, as capsule_promote's ``allow_hazards`` names them:
+
+- ``setuid``: a setuid or setgid bit on a file.  Not on a directory: a setgid directory
+  only passes its group on (``git init --shared`` makes them).  Allowed, the file is
+  promoted *without* the bits: fs/promote.py never writes them, since no agent's change
+  needs a setuid program and a project that ships one installs it by hand as root.
+- ``world_writable``: a file, or a directory without the sticky bit, that becomes
+  writable by every user, who could then change what its owner runs.  One that was
+  already so in the workspace is nothing new.  Allowed: kept as the capsule has it.
+- ``git_control``: a ``.git`` entry itself, or anything in a git directory (``.git`` at
+  any depth, nested repositories and submodules included, or a bare-looking directory)
+  outside ``GIT_DATA``.  Allowed: promoted as the capsule has it.
+- ``autorun``: a path ``AUTORUN`` lists.  Allowed: promoted as the capsule has it.
+
+Deletions count for ``git_control`` and ``autorun`` too: removing a hook or a
+``.pre-commit-config.yaml`` disarms a check the user relies on, and ``rm -rf .git`` in a
+capsule would take the repository's history with it.
+
+Left out on purpose: ``.gitattributes`` (it can only select filter, diff and merge
+drivers that a git config defines, and that config is ``git_control``); ``.env.*``
+variants such as ``.env.local`` (frameworks read them into their own process after it
+started, where loader variables like ``LD_PRELOAD`` no longer act); ``.lfsconfig``
+(git-lfs honours only URLs and fetch lists from it, no command); CI files such as
+``.github/workflows`` (they run on the CI's machines, not this host; ``strict`` denies
+them as paths).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+SETID_BITS = 0o6000  # S_ISUID | S_ISGID
+_WORLD_WRITE = 0o002
+_STICKY = 0o1000
+
+# Each kind: what it is, and what allowing it does.
+KINDS: dict[str, tuple[str, str]] = {
+    "setuid": ("a setuid or setgid bit on a file", "promoted without the bits, which are never written"),
+    "world_writable": ("a file or directory made writable by every user", "promoted with that mode"),
+    "git_control": ("git hooks, config and repository pointers", "promoted as the capsule has them"),
+    "autorun": ("a file a tool runs or obeys by itself (AUTORUN)", "promoted as the capsule has it"),
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One path the Promoter would change, as the hazard rules need it."""
+
+    path: str  # repo-relative
+    action: str  # write | symlink | mkdir | chmod | delete (fs/promote.Op's actions)
+    kind: str | None  # what the path becomes: file | dir | symlink; None when deleted
+    mode: int | None = None  # the permission bits it gets (write, mkdir, chmod)
+    old_mode: int | None = None  # its bits in the workspace, if it is there as the same kind
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One thing the promotion would carry out that runs or escalates on the host."""
+
+    kind: str  # a key of KINDS
+    path: str
+    action: str
+    reason: str
+    allowed: bool = False  # named in allow_hazards
+
+    def to_json(self) -> dict[str, Any]:
+        """The policy report's entry."""
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Autorun:
+    """Paths a tool runs or obeys by itself, at any depth (casefolded names, ``*`` at most once in
+    each; a trailing ``/**``: that directory and everything below it)."""
+
+    patterns: tuple[str, ...]
+    reason: str
+
+
+AUTORUN: tuple[Autorun, ...] = (
+    Autorun((".envrc",), "direnv sources it into the shell on cd (once allowed, by the habit of `direnv allow`)"),
+    Autorun((".env",), "pipenv and VS Code's Python extension load it into the environment of what they run: "
+                       "LD_PRELOAD, NODE_OPTIONS or PYTHONSTARTUP there run code"),
+    Autorun((".vscode/**", "*.code-workspace"), "VS Code runs tasks.json tasks on folder open, and settings name the "
+                                                "programs its extensions start (interpreters, linters, terminal env)"),
+    Autorun((".idea/**",), "JetBrains IDEs read run configurations, external tools and startup tasks from it"),
+    Autorun((".devcontainer/**", ".devcontainer.json"), "dev containers run initializeCommand on the host as they open"),
+    Autorun((".gitmodules",), "git submodule update fetches from the URLs and writes to the paths it names (the way "
+                              "into CVE-2018-11235, CVE-2019-19604, CVE-2024-32002)"),
+    Autorun((".husky/**",), "husky points core.hooksPath here: its files are git hooks"),
+    Autorun((".pre-commit-config.yaml",), "pre-commit, run by the git hook it installs, runs each hook's entry"),
+    Autorun((".tool-versions", "mise.toml", ".mise.toml", "mise.*.toml", ".mise.*.toml", ".mise/**",
+             "mise/config.toml", ".config/mise.toml", ".config/mise/**"),
+            "asdf and mise choose (and install) the programs run as the tools it names; mise runs its hooks on cd"),
+    Autorun((".npmrc",), "npm runs every package script with the script-shell and node-options it sets"),
+    Autorun((".yarnrc.yml", ".yarnrc"), "yarn runs the file its yarnPath names as yarn itself, on every command"),
+    Autorun((".pnpmfile.cjs",), "pnpm runs its hooks on every install"),
+    Autorun((".cargo/config.toml", ".cargo/config"), "cargo runs the rustc-wrapper and target runners it names"),
+    Autorun((".exrc", ".vimrc", ".gvimrc", ".nvimrc", ".nvim.lua"), "vim and neovim source it when started here "
+                                                                     "with 'exrc' set"),
+    Autorun((".hg/hgrc",), "Mercurial runs the hooks it names on commit, pull and update"),
+    Autorun((".jj/repo/config.toml",), "jj runs the pager, editor and fix tools it names"),
+)
+
+# What a git directory holds that names no program: object and ref data.  Paths relative to
+# the git directory, casefolded, patterns as in AUTORUN; everything else in it is git_control.
+GIT_DATA = ("objects/**", "refs/**", "logs/**", "index", "head", "orig_head", "fetch_head", "merge_head",
+            "merge_msg", "merge_mode", "auto_merge", "cherry_pick_head", "revert_head", "commit_editmsg",
+            "packed-refs", "shallow", "description", "info", "info/exclude", "rr-cache/**", "lfs", "lfs/objects/**")
+# Under objects/ but not data: they send git to read objects from other places.
+GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates")
+BARE_REPO_MARKS = ("HEAD", "objects", "refs")  # a directory with all three is a repository to git
+
+
+def _parse(pattern: str) -> tuple[tuple[str, ...], bool]:
+    """A pattern's name globs (``*``: any run of characters, at most once per name) and whether ``/**`` ends it."""
+    subtree = pattern.endswith("/**")
+    segments = tuple((pattern[:-3] if subtree else pattern).split("/"))
+    assert all(s.count("*") <= 1 for s in segments), pattern
+    return segments, subtree
+
+
+def _name_matches(glob: str, name: str) -> bool:
+    head, star, tail = glob.partition("*")
+    if not star:
+        return name == glob
+    return len(name) >= len(head) + len(tail) and name.startswith(head) and name.endswith(tail)
+
+
+def _prefix_matches(segments: tuple[str, ...], parts: list[str]) -> bool:
+    """Whether ``parts`` begin with names matching ``segments`` (as far as ``parts`` go)."""
+    return all(_name_matches(s, part) for s, part in zip(segments, parts, strict=False))
+
+
+def _covers(pattern: tuple[tuple[str, ...], bool], parts: list[str]) -> bool:
+    """Whether a parsed pattern, anchored at the first of ``parts``, names that path."""
+    segments, subtree = pattern
+    if len(parts) < len(segments) or (len(parts) > len(segments) and not subtree):
+        return False
+    return _prefix_matches(segments, parts)
+
+
+_AUTORUN_PATTERNS = [(_parse(p), rule) for rule in AUTORUN for p in rule.patterns]
+_GIT_DATA_PATTERNS = [_parse(p) for p in GIT_DATA]
+
+
+def gitdir_candidates(paths: Iterable[str]) -> list[str]:
+    """Directories whose look (``BARE_REPO_MARKS``) decides whether a changed path is in a repository.
+
+    Every ancestor of every path ("" is the workspace), the paths themselves too (a
+    directory may be one), except those already inside a ``.git``.
+    """
+    out = {""}
+    for path in paths:
+        parts = path.split("/")
+        for n in range(1, len(parts) + 1):
+            if parts[n - 1].casefold() == ".git":
+                break
+            out.add("/".join(parts[:n]))
+    return sorted(out)
+
+
+def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = ()) -> list[Hazard]:
+    """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories."""
+    found: dict[tuple[str, str, str], Hazard] = {}
+    for change in changes:
+        for hazard in (_setuid(change), _world_writable(change), _git_control(change, bare_gitdirs)
+                       or _autorun(change)):
+            if hazard is not None:
+                found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
+    return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
+
+
+def judge(found: Iterable[Hazard], allow: Collection[str]) -> list[Hazard]:
+    """``found`` with each hazard whose kind ``allow`` names marked allowed."""
+    return [dataclasses.replace(h, allowed=h.kind in allow) for h in found]
+
+
+def _setuid(change: Change) -> Hazard | None:
+    if change.action not in ("write", "chmod") or change.kind != "file" or not (change.mode or 0) & SETID_BITS:
+        return None
+    assert change.mode is not None
+    names = [name for bit, name in ((0o4000, "setuid"), (0o2000, "setgid")) if change.mode & bit]
+    bits = " and ".join(names) + (" bits" if len(names) > 1 else " bit")
+    return Hazard("setuid", change.path, change.action,
+                  f"mode {change.mode:04o}: the {bits} would make it run with its owner's privileges (the "
+                  "promoting user's; root's when ccw runs as root) whoever starts it")
+
+
+def _world_writable(change: Change) -> Hazard | None:
+    mode = change.mode or 0
+    if change.action not in ("write", "chmod", "mkdir") or change.kind not in ("file", "dir"):
+        return None
+    if not mode & _WORLD_WRITE or (change.kind == "dir" and mode & _STICKY):
+        return None
+    if change.old_mode is not None and change.old_mode & _WORLD_WRITE:
+        return None  # already so in the workspace
+    return Hazard("world_writable", change.path, change.action,
+                  f"mode {mode:04o}: any local user could change it, and so what runs from it")
+
+
+def _git_control(change: Change, bare_gitdirs: Collection[str]) -> Hazard | None:
+    parts = change.path.split("/")
+    folded = [part.casefold() for part in parts]
+    depth = next((n for n in range(len(parts), -1, -1)
+                  if (n and folded[n - 1] == ".git") or "/".join(parts[:n]) in bare_gitdirs), None)
+    if depth is None:
+        return None
+    if depth == len(parts):
+        reason = ("a .git file (gitdir:) or directory decides which repository, config and hooks git uses here"
+                  if folded[-1] == ".git" else "a directory git takes for a bare repository, with its config and hooks")
+        return Hazard("git_control", change.path, change.action, reason)
+    rel = folded[depth:]
+    if any(_covers(pattern, rel) for pattern in _GIT_DATA_PATTERNS) and "/".join(rel) not in GIT_NOT_DATA:
+        return None
+    if folded[depth] == "hooks":
+        reason = "a git hook: git runs it on commit, merge, checkout or push"
+    elif rel[-1] in ("config", "config.worktree"):
+        reason = "git config: core.hooksPath, core.fsmonitor, core.pager and filter or diff drivers name programs git runs"
+    else:
+        reason = "git reads it to decide what to run or where its repository is (it is not object or ref data)"
+    return Hazard("git_control", change.path, change.action, reason)
+
+
+def _autorun(change: Change) -> Hazard | None:
+    folded = [part.casefold() for part in change.path.split("/")]
+    is_link = change.kind == "symlink"
+    for pattern, rule in _AUTORUN_PATTERNS:
+        for start in range(len(folded)):
+            tail = folded[start:]
+            # A link whose path is a leading part of a listed path stands in for a directory on its way.
+            standing_in = is_link and len(tail) < len(pattern[0]) and _prefix_matches(pattern[0], tail)
+            if standing_in or _covers(pattern, tail):
+                return Hazard("autorun", change.path, change.action, rule.reason)
+    return None
+
+
+def report_reasons(found: Sequence[Hazard]) -> tuple[list[str], list[str]]:
+    """The policy report's ``details`` clauses for ``found``: (what is refused and how to allow it, what was allowed)."""
+    refused = [h for h in found if not h.allowed]
+    allowed = [h for h in found if h.allowed]
+    failures, notes = [], []
+    if refused:
+        kinds = sorted({h.kind for h in refused})
+        first = refused[0]
+        failures.append(f"{len(refused)} hazard(s), what would run or escalate on the host: {_listed(refused)}; "
+                        f"{first.path}: {first.reason}. Review them (dry_run lists each) and undo them in the "
+                        f"capsule, or promote with allow_hazards {json_list(kinds)} ({_effects(kinds)})")
+    if allowed:
+        kinds = sorted({h.kind for h in allowed})
+        notes.append(f"note: {len(allowed)} hazard(s) allowed (allow_hazards {json_list(kinds)}): "
+                     f"{_listed(allowed)}; {_effects(kinds)}")
+    return failures, notes
+
+
+def json_list(names: Iterable[str]) -> str:
+    """``["a", "b"]``, as an agent would pass it."""
+    return "[" + ", ".join(f'"{name}"' for name in names) + "]"
+
+
+def _listed(found: Sequence[Hazard], shown: int = 5) -> str:
+    return ", ".join(f"{h.path} ({h.kind})" for h in found[:shown]) + (", …" if len(found) > shown else "")
+
+
+def _effects(kinds: Iterable[str]) -> str:
+    return "; ".join(f"{kind}: {KINDS[kind][1]}" for kind in kinds)

@@ -1,0 +1,145 @@
+"""core/hazards.py: which changes a promotion would carry out that run or escalate on the host."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_server.core import hazards
+from mcp_server.core.hazards import (
+    AUTORUN,
+    GIT_DATA,
+    KINDS,
+    Change,
+    find,
+    gitdir_candidates,
+    judge,
+    report_reasons,
+)
+from mcp_server.core.policy import CapsuleFacts, CombinedRules, evaluate
+
+
+def _kinds(change: Change, bare: tuple[str, ...] = ()) -> list[str]:
+    return [h.kind for h in find([change], bare)]
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (Change("s", "write", "file", 0o6755), ["setuid"]),
+    (Change("s", "write", "file", 0o2755), ["setuid"]),
+    (Change("tool", "chmod", "file", 0o4755, 0o755), ["setuid"]),
+    (Change("tool", "write", "file", 0o4755, 0o4755), ["setuid"]),  # new bytes under an old bit are new code
+    (Change("shared", "mkdir", "dir", 0o2775), []),  # a setgid directory passes its group on, nothing more
+    (Change("shared", "chmod", "dir", 0o2775, 0o775), []),
+    (Change("run.sh", "write", "file", 0o755), []),
+    (Change("open.sh", "write", "file", 0o777), ["world_writable"]),
+    (Change("open.sh", "chmod", "file", 0o666, 0o644), ["world_writable"]),
+    (Change("open.sh", "write", "file", 0o666, 0o666), []),  # already so in the workspace
+    (Change("drop", "mkdir", "dir", 0o777), ["world_writable"]),
+    (Change("tmp", "mkdir", "dir", 0o1777), []),  # sticky: nobody replaces another's files
+    (Change("link", "symlink", "symlink"), []),
+    (Change("gone", "delete", None), []),
+])
+def test_mode_bits(change: Change, expected: list[str]) -> None:
+    assert _kinds(change) == expected
+
+
+@pytest.mark.parametrize("path", [
+    ".git", ".git/config", ".git/config.worktree", ".git/hooks", ".git/hooks/pre-commit", ".git/info/attributes",
+    ".git/commondir", ".git/objects/info/alternates", ".git/objects/info/http-alternates", ".git/modules/x/config",
+    ".git/worktrees/w/gitdir", ".git/rebase-merge/git-rebase-todo", ".git/index.lock", "sub/.git",
+    "sub/.git/hooks/post-checkout", "a/b/.git/config", ".GIT/config", "sub/.Git",
+])
+def test_git_control_at_any_depth(path: str) -> None:
+    for action, kind in (("write", "file"), ("symlink", "symlink"), ("delete", None)):
+        assert _kinds(Change(path, action, kind, 0o644 if kind == "file" else None)) == ["git_control"], (path, action)
+
+
+@pytest.mark.parametrize("path", [
+    ".git/objects", ".git/objects/ab/cdef", ".git/objects/pack/pack-1.pack", ".git/objects/info/commit-graph",
+    ".git/refs/heads/main", ".git/logs/HEAD", ".git/logs/refs/heads/main", ".git/index", ".git/HEAD",
+    ".git/ORIG_HEAD", ".git/COMMIT_EDITMSG", ".git/packed-refs", ".git/info", ".git/info/exclude",
+    "sub/.git/refs/tags/v1", "gitsrc/.gitignore", "src/git/config", "docs/hooks/pre-commit.md",
+])
+def test_git_data_and_lookalikes_are_not_hazards(path: str) -> None:
+    assert _kinds(Change(path, "write", "file", 0o644)) == []
+
+
+def test_a_bare_looking_directory_is_a_repository() -> None:
+    bare = ("vendor/inner.git",)
+    assert _kinds(Change("vendor/inner.git/config", "write", "file", 0o644), bare) == ["git_control"]
+    assert _kinds(Change("vendor/inner.git/hooks/update", "write", "file", 0o755), bare) == ["git_control"]
+    assert _kinds(Change("vendor/inner.git", "mkdir", "dir", 0o755), bare) == ["git_control"]
+    assert _kinds(Change("vendor/inner.git/objects/ab/c", "write", "file", 0o444), bare) == []
+    assert _kinds(Change("vendor/inner.git/config", "write", "file", 0o644)) == []  # not bare-looking: a file
+    assert _kinds(Change("config", "write", "file", 0o644), ("",)) == ["git_control"]  # the workspace itself
+
+
+def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:
+    assert gitdir_candidates(["a/b/c", ".git/x", "sub/.git/hooks/y"]) == ["", "a", "a/b", "a/b/c", "sub"]
+
+
+@pytest.mark.parametrize("path", [
+    ".envrc", "sub/.envrc", ".env", ".vscode", ".vscode/tasks.json", ".vscode/settings.json", "x.code-workspace",
+    ".idea/workspace.xml", ".devcontainer/devcontainer.json", ".devcontainer.json", ".gitmodules", "lib/.gitmodules",
+    ".husky/pre-commit", ".husky/_/h", ".pre-commit-config.yaml", ".tool-versions", "mise.toml", ".mise.toml",
+    "mise.local.toml", ".mise/tasks/build", ".config/mise/config.toml", ".npmrc", ".yarnrc.yml", ".pnpmfile.cjs",
+    ".cargo/config.toml", ".exrc", ".nvim.lua", ".hg/hgrc", ".jj/repo/config.toml", ".ENVRC", ".VSCode/tasks.json",
+])
+def test_autorun_paths(path: str) -> None:
+    assert _kinds(Change(path, "write", "file", 0o644)) == ["autorun"]
+    assert _kinds(Change(path, "delete", None)) == ["autorun"]
+
+
+@pytest.mark.parametrize("path", [
+    ".env.example", "src/.envrc.md", "vscode/tasks.json", "x/.cargo/registry/index", "Makefile", "package.json",
+    "conftest.py", ".gitattributes", ".gitignore", ".github/workflows/ci.yml", "mise", ".cargo", ".config/other",
+])
+def test_project_files_are_not_autorun(path: str) -> None:
+    assert _kinds(Change(path, "write", "file", 0o644)) == []
+
+
+@pytest.mark.parametrize("path", [".cargo", "x/.cargo", ".config", ".config/mise", ".jj", ".jj/repo", ".hg"])
+def test_a_link_standing_in_for_a_listed_directory(path: str) -> None:
+    assert _kinds(Change(path, "symlink", "symlink")) == ["autorun"]
+    assert _kinds(Change(path, "mkdir", "dir", 0o755)) == ([] if path not in (".config/mise",) else ["autorun"])
+
+
+def test_every_autorun_rule_has_a_reason_and_patterns() -> None:
+    for rule in AUTORUN:
+        assert rule.patterns and rule.reason and len(rule.reason) < 200, rule
+    assert all(p == p.casefold() for rule in AUTORUN for p in rule.patterns)
+    assert all(p == p.casefold() for p in GIT_DATA)
+
+
+def test_find_sorts_deduplicates_and_judge_marks_the_allowed() -> None:
+    changes = [Change("z", "write", "file", 0o4777), Change(".envrc", "delete", None),
+               Change(".envrc", "write", "file", 0o644), Change(".envrc", "write", "file", 0o644)]
+    found = find(changes)
+    assert [(h.path, h.kind, h.action) for h in found] == [
+        (".envrc", "autorun", "delete"), (".envrc", "autorun", "write"), ("z", "setuid", "write"),
+        ("z", "world_writable", "write")]
+    judged = judge(found, {"setuid", "autorun"})
+    assert [h.allowed for h in judged] == [True, True, True, False]
+    assert judged[0].to_json() == {"kind": "autorun", "path": ".envrc", "action": "delete",
+                                   "reason": judged[0].reason, "allowed": True}
+
+
+def test_the_report_refuses_names_and_says_how_to_allow() -> None:
+    found = find([Change(".git/hooks/pre-commit", "write", "file", 0o755), Change("s", "write", "file", 0o6755)])
+    facts = CapsuleFacts(workspace="/w", home="/h", hazards=judge(found, set()))
+    report = evaluate(CombinedRules(), facts, [], None)
+    assert report["passed"] is False and report["hazards_ok"] is False
+    assert [h["path"] for h in report["hazards"]] == [".git/hooks/pre-commit", "s"]
+    assert '.git/hooks/pre-commit (git_control), s (setuid)' in report["details"]
+    assert 'allow_hazards ["git_control", "setuid"]' in report["details"]
+    allowed = evaluate(CombinedRules(), CapsuleFacts("/w", "/h", hazards=judge(found, set(KINDS))), [], None)
+    assert allowed["passed"] is True and allowed["hazards_ok"] is True
+    assert allowed["details"].startswith("note: 2 hazard(s) allowed") and "never written" in allowed["details"]
+    clean = evaluate(CombinedRules(), CapsuleFacts("/w", "/h"), [], None)
+    assert clean["hazards"] == [] and clean["hazards_ok"] is True and clean["details"] == "All checks passed"
+
+
+def test_report_reasons_list_at_most_five_paths() -> None:
+    found = find([Change(f".git/hooks/h{i}", "write", "file", 0o755) for i in range(7)])
+    failures, notes = report_reasons(found)
+    assert notes == [] and len(failures) == 1 and "h4 (git_control), …" in failures[0]
+    assert hazards.json_list(["a", "b"]) == '["a", "b"]'
