@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mcp_server.cli import clients, main, parse_args, serve_env
-from mcp_server.cli.capsule import exec_status, tool_call
+from mcp_server.cli.capsule import exec_status, policy_lines, tool_call
 from mcp_server.cli.output import Progress, color_diff, use_color
 from mcp_server.doctor import render
 
@@ -63,6 +63,11 @@ def test_create_maps_limits_env_and_absolute_workspace(tmp_path: Path) -> None:
 def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
     _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--policy", "strict", "--dry-run"))
     assert call == {"capsule_id": "cap_1", "dry_run": True, "policies": ["strict"]}
+    _, call, _ = tool_call(parse("capsule", "promote", "cap_1", "--allow-hazard", "setuid", "--allow-hazard",
+                                 "autorun", "--allow-hazard", "setuid"))
+    assert call == {"capsule_id": "cap_1", "dry_run": False, "allow_hazards": ["autorun", "setuid"]}
+    with pytest.raises(SystemExit):
+        parse("capsule", "promote", "cap_1", "--allow-hazard", "everything")
     _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--no-blobs"))
     assert call == {"capsule_id": "cap_1", "include_blobs": False, "compress": "zstd", "carry": "used"}
     _, call, _ = tool_call(parse("capsule", "witness", "cap_1", "--all", "--max-base-mb", "64"))
@@ -278,3 +283,18 @@ def test_a_reader_that_goes_away_ends_ccw_quietly() -> None:
         stderr = proc.stderr.read().decode()
     assert proc.wait(60) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+
+
+def test_promote_report_lines_name_each_hazard_and_the_flag_that_allows_it() -> None:
+    hazard = {"kind": "git_control", "path": ".git/hooks/pre-commit", "action": "write", "reason": "a git hook",
+              "allowed": False}
+    allowed = {**hazard, "kind": "setuid", "path": "s", "reason": "mode 6755", "allowed": True}
+    report = {"hazards": [hazard, allowed], "test_failures": [], "resource_violations": [], "details": ""}
+    assert policy_lines(report) == [
+        "hazard git_control: .git/hooks/pre-commit (write): a git hook",
+        "note: allowed hazard setuid: s (write): mode 6755",
+        "fix: undo them in the capsule, or, once reviewed (ccw capsule diff), promote them anyway with "
+        "--allow-hazard git_control",
+    ]
+    many = {**report, "hazards": [{**hazard, "path": f"h{i}"} for i in range(20)]}
+    assert policy_lines(many)[12] == "… and 8 more hazard(s) (--json lists each)"

@@ -4,6 +4,7 @@ and a process killed at any step leaves, after recovery, all of the change or no
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,19 @@ def test_every_kind_of_change_lands(tmp_path: Path) -> None:
     assert "gone.txt" not in tree and "src/pkg" not in tree
     assert not any(".ccw-" in name for name in tree)
     assert list((tmp_path / "state" / "promotions").iterdir()) == []
+
+
+def test_setuid_and_setgid_bits_are_never_written_to_a_file(tmp_path: Path) -> None:
+    # The hazard check refuses them first (core/hazards.py); this is the floor beneath it.
+    ws = tmp_path / "ws"
+    (ws / "shared").mkdir(parents=True)
+    (ws / "tool").write_text("#!/bin/sh\n")
+    os.chmod(ws / "tool", 0o755)
+    ops = [Op("write", "s", 0o6755), Op("chmod", "tool", 0o4755), Op("mkdir", "group", 0o2775),
+           Op("chmod", "shared", 0o2770), Op("write", "group/f", 0o2644)]
+    Promoter(tmp_path / "state").promote(str(ws), ops, lambda op: b"#!/bin/sh\n")
+    modes = {rel: stat.S_IMODE(os.lstat(ws / rel).st_mode) for rel in ("s", "tool", "group", "shared", "group/f")}
+    assert modes == {"s": 0o755, "tool": 0o755, "group": 0o2775, "shared": 0o2770, "group/f": 0o644}
 
 
 def test_a_symlinked_parent_cannot_redirect_a_write(tmp_path: Path) -> None:

@@ -5,15 +5,23 @@ Order of checks, cheapest first, and why:
    recorded when the change was first seen must still be the live workspace's state.
    Otherwise promotion would overwrite someone else's edit; nothing is written and the
    error names every such path.
-2. **Policies**: paths and resources from the journal (no new runs), then required
+2. **Hazards** (core/hazards.py), under every policy: setuid and setgid bits, git hooks
+   and config, files tools run by themselves.  They are judged on the very ops the
+   Promoter will write (``changeset.promote_ops`` of the checked change), and the
+   directories that look like bare repositories are read from the capsule's view,
+   which is what the workspace will hold at those paths.  Each one found is a named
+   entry of the report's ``hazards``; one the request's ``allow_hazards`` does not name
+   fails it (``hazards_ok: false``).  fs/promote.py never writes a setuid or setgid bit
+   anyway, allowed or not.
+3. **Policies**: paths and resources from the journal (no new runs), then required
    tests (run in a *fork* of the capsule, so test runs leave the capsule itself as it
    is and are not promoted), then the replay if a policy requires it
    (``require_replay_ok`` or ``require_identical_output``: a witness with blobs,
    replayed in a fresh capsule).
-3. **Write** with fs/promote.Promoter: temp files, fsync, journal, renames; recovered
+4. **Write** with fs/promote.Promoter: temp files, fsync, journal, renames; recovered
    on the next start if interrupted.
 
-``dry_run`` runs 1 and 2, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
+``dry_run`` runs 1 to 3, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
 ``["baseline"]``.
 """
 
@@ -29,10 +37,11 @@ import trio
 from outcome import acapture
 
 from mcp_server.capsules.policies import PolicyStore
-from mcp_server.capsules.replays import replay
+from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
+from mcp_server.core import hazards
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -94,10 +103,33 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
 
 def _plan(
     record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal, early: dict[str, str]
-) -> tuple[list[changeset.Entry], list[dict[str, Any]]]:
+) -> tuple[list[changeset.Entry], list[dict[str, Any]], frozenset[str]]:
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries = changeset.expand(changes, base, capsule)
-    return entries, _conflicts(journal, record, entries, early)
+        bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
+    return entries, _conflicts(journal, record, entries, early), bare
+
+
+def _bare_gitdirs(capsule: RootView, paths: list[str]) -> frozenset[str]:
+    """The changed paths' directories (and ancestors) that git would take for a bare repository."""
+    with DirFds(capsule) as dirs:
+        return frozenset(
+            d for d in hazards.gitdir_candidates(paths)
+            if all(dirs.lstat(f"{d}/{mark}" if d else mark) is not None for mark in hazards.BARE_REPO_MARKS)
+        )
+
+
+def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazards.Change]:
+    """The ops the Promoter will write, each with what its path becomes (from the entry it was made from)."""
+    by_path = {entry.path: entry for entry in entries}
+    out = []
+    for op in ops:
+        entry = by_path[op.path]
+        new = None if op.action == "delete" else entry.new
+        old = entry.old if entry.old is not None and new is not None and entry.old.kind == new.kind else None
+        out.append(hazards.Change(op.path, op.action, None if new is None else new.kind, op.mode,
+                                  None if old is None else old.mode))
+    return out
 
 
 def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
@@ -143,6 +175,7 @@ class Request:
     capsule_id: str
     policies: list[str] = field(default_factory=lambda: ["baseline"])
     dry_run: bool = False
+    allow_hazards: frozenset[str] = frozenset()  # hazard kinds (core/hazards.KINDS) to promote anyway
 
 
 async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
@@ -161,14 +194,15 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     names = request.policies
     rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in names)
     journal = service.journal
-    entries = await _checked_entries(service, journal, record)
+    entries, bare_gitdirs = await _checked_entries(service, journal, record)
+    ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries)
+    facts.hazards = hazards.judge(hazards.find(_hazard_changes(entries, ops), bare_gitdirs), request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = await _replay(service, record) if rules.needs_replay else _Replayed()
     report = evaluate(rules, facts, tests, replayed.ok, replayed.details, replayed.output_identical,
                       replayed.output_details)
     report["policies"] = list(names)
-    ops = changeset.promote_ops(entries)
     would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
     if not report["passed"] or request.dry_run:
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
@@ -189,8 +223,11 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report}
 
 
-async def _checked_entries(service: CapsuleService, journal: Journal, record: CapsuleRecord) -> list[changeset.Entry]:
-    """The capsule's change, once the conflict check passed; REPO_CHANGED (nothing written) if not.
+async def _checked_entries(
+    service: CapsuleService, journal: Journal, record: CapsuleRecord
+) -> tuple[list[changeset.Entry], frozenset[str]]:
+    """The capsule's change and its bare-looking git directories, once the conflict check passed;
+    REPO_CHANGED (nothing written) if not.
 
     The conflict check reads (and hashes) the live workspace at every changed path; it
     needs only the recorded paths, not the helper's change list, so it runs in a thread
@@ -212,7 +249,7 @@ async def _checked_entries(service: CapsuleService, journal: Journal, record: Ca
         listed = await acapture(service.changes, record.capsule_id)
     changes = listed.unwrap()
     root_fd = await service.open_root(record.capsule_id)
-    entries, conflicts = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early)
+    entries, conflicts, bare_gitdirs = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early)
     if conflicts:
         paths = [c["path"] for c in conflicts]
         raise CcwError(
@@ -222,7 +259,7 @@ async def _checked_entries(service: CapsuleService, journal: Journal, record: Ca
             "current workspace and redo the change, or revert those edits in the workspace",
             {"paths": paths, "conflicts": conflicts},
         )
-    return entries
+    return entries, bare_gitdirs
 
 
 @dataclass(frozen=True)
@@ -238,7 +275,7 @@ class _Replayed:
 async def _replay(service: CapsuleService, record: CapsuleRecord) -> _Replayed:
     """Witness the capsule with blobs and replay the witness in a fresh capsule."""
     made = await make_witness(service, record.capsule_id, WitnessOptions("zstd", True))
-    outcome = await replay(service, Path(made["path"]), made["root_hash"])
+    outcome = await replay(service, Path(made["path"]), made["root_hash"], ReplayOptions.of_capsule(record))
     ok = bool(outcome["replay_ok"])
     output_identical = bool(outcome["output_identical"])
     details = output_details = ""

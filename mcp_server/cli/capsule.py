@@ -34,6 +34,7 @@ from mcp_server.cli.output import (
 )
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.core.hazards import KINDS
 from mcp_server.core.policy import FIGURE_MEANINGS
 
 EXIT_TIMEOUT = 124
@@ -110,6 +111,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     promote.add_argument("--policy", action="append", dest="policies", metavar="NAME",
                          help="policy to check (repeatable; default: baseline)")
     promote.add_argument("--dry-run", action="store_true", help="check the policies, change nothing")
+    promote.add_argument("--allow-hazard", action="append", dest="allow_hazards", metavar="KIND", choices=list(KINDS),
+                         help="promote this kind of hazard anyway, after reviewing it (repeatable: "
+                              + ", ".join(KINDS) + "; setuid/setgid bits are never written)")
 
     witness = verbs.add_parser("witness", parents=[common], help="write the capsule's witness (.tar.zst)")
     witness.add_argument("capsule_id")
@@ -185,10 +189,7 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
     if verb == "diff":
         return "capsule_diff", {"capsule_id": args.capsule_id, "format": "stat" if args.stat else "unified"}, None
     if verb == "promote":
-        call = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
-        if args.policies:
-            call["policies"] = args.policies
-        return "capsule_promote", call, "promote"
+        return "capsule_promote", _promote_call(args), "promote"
     if verb == "witness":
         call = {"capsule_id": args.capsule_id, "include_blobs": not args.no_blobs,
                 "compress": "none" if args.no_compress else "zstd", "carry": "all" if args.all else "used"}
@@ -269,6 +270,16 @@ def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     return 0
 
 
+def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
+    """capsule_promote's arguments for ``ccw capsule promote``."""
+    call: dict[str, Any] = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
+    if args.policies:
+        call["policies"] = args.policies
+    if args.allow_hazards:
+        call["allow_hazards"] = sorted(set(args.allow_hazards))
+    return call
+
+
 def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     report = result["policy_report"]
     for path in result["applied"]:
@@ -330,7 +341,7 @@ _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
 
 def policy_lines(report: dict[str, Any]) -> list[str]:
     """One line per failed check of a policy report, then its notes and what to do about them."""
-    lines = []
+    lines = _hazard_lines(report.get("hazards", []))
     for failure in report["test_failures"]:
         lines.append(f"tests: {failure['cmd']!r} exited {failure['exit_code']}"
                      + (" (timed out)" if failure.get("timed_out") else ""))
@@ -354,6 +365,24 @@ def policy_lines(report: dict[str, Any]) -> list[str]:
         lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
                      "ccw-helper service, README 'System service'), or a policy that passes them "
                      "(if_unmeasured: pass, as --policy baseline has)")
+    return lines
+
+
+_HAZARDS_SHOWN = 12  # a new repository in a capsule brings a dozen hooks; --json has them all
+
+
+def _hazard_lines(found: list[dict[str, Any]]) -> list[str]:
+    """One line per hazard (refused, or allowed and so noted), then how to allow those refused."""
+    lines = []
+    for hazard in found[:_HAZARDS_SHOWN]:
+        head = "note: allowed hazard" if hazard["allowed"] else "hazard"
+        lines.append(f"{head} {hazard['kind']}: {hazard['path']} ({hazard['action']}): {hazard['reason']}")
+    if len(found) > _HAZARDS_SHOWN:
+        lines.append(f"… and {len(found) - _HAZARDS_SHOWN} more hazard(s) (--json lists each)")
+    refused = sorted({h["kind"] for h in found if not h["allowed"]})
+    if refused:
+        lines.append("fix: undo them in the capsule, or, once reviewed (ccw capsule diff), promote them anyway with "
+                     + " ".join(f"--allow-hazard {kind}" for kind in refused))
     return lines
 
 

@@ -24,6 +24,13 @@ Some facts this module is built on:
 The commit phase orders its steps so that every intermediate tree is well formed:
 deletions deepest first (a directory becomes a file only after its children are gone),
 then directories, then files and symlinks shallowest first, then mode changes.
+
+No file gets a setuid or setgid bit from a promotion, whatever its op says: the bits are
+masked off here, at the write and at the mode change, where the mode reaches the disk.
+The front end's hazard check (core/hazards.py) refuses them before anything is written;
+this is the floor beneath it, so a bit that reached an op some other way (a journal
+from an older version rolled forward, a caller that skipped the check) is still never
+written.  Directories keep theirs: a setgid directory only passes its group on.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mcp_server.core.hazards import SETID_BITS
 from mcp_server.fs.view import DirFds, RootView, lstat
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
@@ -174,7 +182,8 @@ class Promoter:
                 temp_dir, temp_name = _split(op.temp)
                 dir_fd = dirs.get(temp_dir, "promote")
                 if op.action == "write":
-                    _write_temp(dir_fd, temp_name, op.temp, content(op), op.mode if op.mode is not None else 0o644)
+                    mode = (op.mode if op.mode is not None else 0o644) & ~SETID_BITS
+                    _write_temp(dir_fd, temp_name, op.temp, content(op), mode)
                 else:
                     _symlink_at(dir_fd, temp_name, op.target or "", op.temp)
         # One syncfs makes every temp file durable: far cheaper than an fsync per file,
@@ -208,12 +217,12 @@ class Promoter:
                     view.unlink(op.path)
                 view.makedirs(op.path)
                 if op.mode is not None:
-                    view.chmod(op.path, op.mode)
+                    _chmod(view, op.path, op.mode)
             elif op.action in ("write", "symlink"):
                 assert op.temp is not None
                 _rename_into_place(view, dirs, op.temp, op.path)
             elif op.action == "chmod" and op.mode is not None and view.exists(op.path):
-                view.chmod(op.path, op.mode)
+                _chmod(view, op.path, op.mode)
             if i == 0:
                 _crash_point("first_commit_op")
 
@@ -325,6 +334,22 @@ def _rename_into_place(view: RootView, dirs: DirFds, temp: str, rel: str) -> Non
     parent = dirs.get(head, "promote")
     with wrap_oserror("promote: rename into place", rel):
         os.rename(temp_name, name, src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def _chmod(view: RootView, rel: str, mode: int) -> None:
+    """Set ``rel``'s permission bits, setuid and setgid masked off unless it is a directory.
+
+    The kind is read from the descriptor that is changed, so a file swapped in for a
+    directory meanwhile still loses the bits.
+    """
+    fd = view.open_fd(rel, os.O_RDONLY | os.O_NOFOLLOW, write=True, what="chmod")
+    try:
+        with wrap_oserror("promote: chmod", rel):
+            if not stat_mod.S_ISDIR(os.fstat(fd).st_mode):
+                mode &= ~SETID_BITS
+            os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _write_temp(parent: int, name: str, rel: str, data: bytes, mode: int) -> None:

@@ -2,7 +2,8 @@
 
 An adapter over mcp_server/capsules/promotion.py, which gives the order of the checks
 and why.  ``dry_run`` runs the checks, writes nothing, and lists in ``applied`` what
-would be applied.  Default policies: ``["baseline"]``.
+would be applied.  Default policies: ``["baseline"]``.  ``allow_hazards`` names the
+hazard kinds (mcp_server/core/hazards.py) to promote anyway, after a review.
 """
 
 from __future__ import annotations
@@ -11,12 +12,25 @@ from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
 from mcp_server.capsules.promotion import Request, promote
+from mcp_server.core.hazards import KINDS
 from mcp_server.tools.registry import ToolContext, ToolSpec
+
+HAZARD = {
+    "type": "object", "required": ["kind", "path", "action", "reason", "allowed"], "additionalProperties": False,
+    "properties": {
+        "kind": {"enum": list(KINDS)},
+        "path": {"type": "string"},
+        "action": {"enum": ["write", "symlink", "mkdir", "chmod", "delete"]},
+        "reason": {"type": "string"},
+        "allowed": {"type": "boolean", "description": "Named in allow_hazards: promoted anyway."},
+    },
+}
 
 
 async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Check policies and conflicts, then write the capsule's changes to the workspace."""
-    request = Request(args["capsule_id"], args.get("policies") or ["baseline"], bool(args.get("dry_run")))
+    request = Request(args["capsule_id"], args.get("policies") or ["baseline"], bool(args.get("dry_run")),
+                      frozenset(args.get("allow_hazards") or ()))
     return await promote(ctx.capsules, request)
 
 
@@ -28,7 +42,12 @@ TOOLS = [
         description=(
             "Write the capsule's changes into the real workspace, all or nothing, if the policies "
             "pass (default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
-            "dry_run: report only."
+            "Under every policy, what would run or escalate on the host is refused as a named hazard "
+            "(policy_report.hazards): setuid/setgid bits (setuid), files made world-writable "
+            "(world_writable), git hooks, config and .git files at any depth (git_control), files "
+            "tools run by themselves such as .envrc, .vscode/, .gitmodules, .husky/ (autorun). "
+            "After reviewing them, allow_hazards promotes those kinds anyway; setuid/setgid bits "
+            "are never written. dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -36,6 +55,11 @@ TOOLS = [
                 "capsule_id": CAPSULE_ID,
                 "policies": {"type": "array", "items": POLICY_NAME, "maxItems": 16},
                 "dry_run": {"type": "boolean"},
+                "allow_hazards": {
+                    "type": "array", "uniqueItems": True, "items": {"enum": list(KINDS)},
+                    "description": "Hazard kinds to promote anyway: " + "; ".join(
+                        f"{kind}: {what}, {allowed}" for kind, (what, allowed) in KINDS.items()) + ".",
+                },
             },
         },
         output_schema={
@@ -58,6 +82,10 @@ TOOLS = [
                                        "description": "No connection the runs made is refused by allow_hosts/deny_hosts."},
                         "network_violations": {"type": "array", "items": {"type": "object"},
                                                "description": "Each refused connection: exec, host, port, rule."},
+                        "hazards_ok": {"type": "boolean",
+                                       "description": "Every hazard found is allowed by allow_hazards (or none)."},
+                        "hazards": {"type": "array", "items": HAZARD,
+                                    "description": "What would run or escalate on the host, sorted by path."},
                         "resource_violations": {"type": "array"}, "test_failures": {"type": "array"},
                         "details": {"type": "string"},
                     },

@@ -1,0 +1,214 @@
+"""Promotion as a way out of the capsule (issue 24): what would run or escalate on the host.
+
+A capsule run by root can make a setuid-root binary, write a git hook or git config
+that the next ``git commit`` or ``git status`` on the host runs outside any jail, or
+plant files that tools run by themselves (direnv, VS Code, husky, submodules).  Each
+attack here is a capsule that does one of those things; its promotion under
+``baseline`` must be refused (a named hazard in the dry run and in the report, nothing
+written), and the host tree must never gain the file nor run it.  Then the same capsule
+is promoted with the explicit ``allow_hazards`` and gets the designed behaviour: kept
+as the capsule has it, except setuid/setgid bits, which promotion never writes.
+
+An ordinary capsule (source edits, a new executable script, a commit made in the
+capsule, a setgid directory) still promotes under ``baseline`` unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+GIT_ENV = {
+    "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "host", "GIT_AUTHOR_EMAIL": "host@example.invalid",
+    "GIT_COMMITTER_NAME": "host", "GIT_COMMITTER_EMAIL": "host@example.invalid",
+}
+# In the capsule: the same fixed identity, no user or system config.
+GIT_IN_CAPSULE = "git -c user.name=agent -c user.email=agent@example.invalid"
+MARKER = "pwned-on-host"  # what a planted hook or fsmonitor would create when the host runs it
+
+
+def _git(ws: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **GIT_ENV}
+    return subprocess.run(["git", *args], cwd=ws, env=env, capture_output=True, text=True, check=False)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+def _ran_on_host(ws: Path, *git_args: str) -> bool:
+    """Run a git command on the host tree, as a user would next, and say whether planted code ran."""
+    _git(ws, *git_args)
+    return (ws / MARKER).exists()
+
+
+HOOK = f"printf '#!/bin/sh\\ntouch {MARKER}\\n'"
+
+
+@dataclass(frozen=True)
+class Attack:
+    """A capsule that plants something, the hazard promotion must name, and how to tell it escaped."""
+
+    name: str
+    script: str  # run with sh -c in the capsule, at the workspace
+    kind: str  # the hazard kind the dry run names
+    path: str  # the path it names
+    escaped: Callable[[Path], bool]  # true if the host tree got what the capsule planted
+    allowed: Callable[[Path], bool]  # after promotion with allow_hazards [kind]: the designed behaviour
+
+
+def _exists(rel: str) -> Callable[[Path], bool]:
+    return lambda ws: os.path.lexists(ws / rel)
+
+
+ATTACKS = [
+    Attack("setuid root shell", "cp /bin/sh s && chmod 6755 s", "setuid", "s",
+           lambda ws: (ws / "s").exists() and _mode(ws / "s") & 0o6000 != 0,
+           lambda ws: _mode(ws / "s") == 0o755),
+    Attack("setuid by chmod of an existing file", "chmod 4755 tool", "setuid", "tool",
+           lambda ws: _mode(ws / "tool") & 0o4000 != 0,
+           lambda ws: _mode(ws / "tool") == 0o755),
+    Attack("setgid on an edited file", "echo 'echo edited' >> tool && chmod 2755 tool", "setuid", "tool",
+           lambda ws: _mode(ws / "tool") & 0o2000 != 0,
+           lambda ws: _mode(ws / "tool") == 0o755 and b"edited" in (ws / "tool").read_bytes()),
+    Attack("git pre-commit hook",
+           f"{HOOK} > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit", "git_control", ".git/hooks/pre-commit",
+           lambda ws: _ran_on_host(ws, "commit", "-q", "--allow-empty", "-m", "next"),
+           _exists(".git/hooks/pre-commit")),
+    Attack("core.hooksPath",
+           f"mkdir hooks && {HOOK} > hooks/pre-commit && chmod +x hooks/pre-commit && git config core.hooksPath hooks",
+           "git_control", ".git/config",
+           lambda ws: _ran_on_host(ws, "commit", "-q", "--allow-empty", "-m", "next"),
+           lambda ws: "hooksPath" in (ws / ".git" / "config").read_text()),
+    Attack("core.fsmonitor",
+           f"{HOOK} > fsmon && chmod +x fsmon && git config core.fsmonitor \"$PWD/fsmon\"",
+           "git_control", ".git/config",
+           lambda ws: _ran_on_host(ws, "status"),
+           lambda ws: "fsmonitor" in (ws / ".git" / "config").read_text()),
+    Attack("direnv .envrc", f"echo 'touch {MARKER}' > .envrc", "autorun", ".envrc",
+           _exists(".envrc"), _exists(".envrc")),
+    Attack("VS Code task on folder open",
+           "mkdir .vscode && echo '{\"tasks\": [{\"command\": \"id\", \"runOptions\": {\"runOn\": \"folderOpen\"}}]}'"
+           " > .vscode/tasks.json", "autorun", ".vscode/tasks.json",
+           _exists(".vscode/tasks.json"), _exists(".vscode/tasks.json")),
+    Attack(".vscode as a link to planted settings",
+           "mkdir decoy && echo '{}' > decoy/tasks.json && ln -s decoy .vscode", "autorun", ".vscode",
+           _exists(".vscode"), lambda ws: os.readlink(ws / ".vscode") == "decoy"),
+    Attack(".gitmodules",
+           "printf '[submodule \"x\"]\\n\\tpath = x\\n\\turl = https://example.invalid/x\\n\\tupdate = !id\\n'"
+           " > .gitmodules", "autorun", ".gitmodules",
+           _exists(".gitmodules"), _exists(".gitmodules")),
+    Attack("husky hook", f"mkdir .husky && {HOOK} > .husky/pre-commit", "autorun", ".husky/pre-commit",
+           _exists(".husky/pre-commit"), _exists(".husky/pre-commit")),
+    Attack("a nested repository's hook",
+           f"mkdir -p sub/.git/hooks && {HOOK} > sub/.git/hooks/post-checkout && chmod +x sub/.git/hooks/post-checkout",
+           "git_control", "sub/.git/hooks/post-checkout",
+           _exists("sub/.git/hooks/post-checkout"), _exists("sub/.git/hooks/post-checkout")),
+    Attack("a .git file redirecting the gitdir",
+           "mkdir -p sub2 && echo 'gitdir: ../planted' > sub2/.git", "git_control", "sub2/.git",
+           _exists("sub2/.git"), _exists("sub2/.git")),
+    Attack("an embedded bare repository's config",
+           "git init -q --bare vendor/inner.git && git config -f vendor/inner.git/config core.pager 'touch pwned'",
+           "git_control", "vendor/inner.git/config",
+           _exists("vendor/inner.git/config"), _exists("vendor/inner.git/config")),
+    Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
+           _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
+]
+
+
+@pytest.fixture
+def template(tmp_path: Path) -> Path:
+    """A small git repository: a source file and an executable script, committed."""
+    ws = tmp_path / "template"
+    (ws / "src").mkdir(parents=True)
+    (ws / "src" / "app.py").write_text("def answer():\n    return 41\n")
+    (ws / "tool").write_text("#!/bin/sh\necho tool\n")
+    os.chmod(ws / "tool", 0o755)
+    assert _git(ws, "init", "-q", "-b", "main").returncode == 0
+    assert _git(ws, "add", "-A").returncode == 0
+    assert _git(ws, "commit", "-q", "-m", "initial").returncode == 0
+    return ws
+
+
+def _hazards(result: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(h["kind"], h["path"]) for h in result["policy_report"]["hazards"]]
+
+
+def test_promotion_refuses_what_would_run_or_escalate_on_the_host(tools: Any, template: Path, tmp_path: Path,
+                                                                  record_property: Any) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        out = {}
+        for i, attack in enumerate(ATTACKS):
+            ws = tmp_path / f"ws{i}"
+            shutil.copytree(template, ws, symlinks=True)
+            cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", attack.script]})
+            assert ran["exit_code"] == 0, (attack.name, ran["stderr"])
+            refused = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline"]})
+            escaped = attack.escaped(ws)
+            dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+            allowed = await t.call("capsule_promote", {"capsule_id": cap, "allow_hazards": [attack.kind]})
+            out[attack.name] = {"escaped": escaped, "refused": refused, "dry": dry, "allowed": allowed,
+                                "allowed_ok": attack.allowed(ws), "ws": ws}
+            await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    record_property("escapes_tried", len(ATTACKS))
+    assert [name for name, o in out.items() if o["escaped"]] == []
+    for attack in ATTACKS:
+        o = out[attack.name]
+        report = o["refused"]["policy_report"]
+        assert o["refused"]["promoted"] is False and o["refused"]["applied"] == [], attack.name
+        assert report["passed"] is False and report["hazards_ok"] is False, (attack.name, report)
+        assert (attack.kind, attack.path) in _hazards(o["refused"]), (attack.name, report["hazards"])
+        assert "allow_hazards" in report["details"] and attack.path in report["details"], report["details"]
+        assert (attack.kind, attack.path) in _hazards(o["dry"]) and o["dry"]["promoted"] is False, attack.name
+        assert o["dry"]["applied"], attack.name  # the dry run still lists what would be written
+        assert not (o["ws"] / MARKER).exists(), attack.name
+        # Allowed explicitly: promoted, the hazard listed as allowed, the designed behaviour.
+        assert o["allowed"]["promoted"] is True, (attack.name, o["allowed"]["policy_report"])
+        listed = [h for h in o["allowed"]["policy_report"]["hazards"] if h["path"] == attack.path]
+        assert listed and all(h["allowed"] for h in listed), (attack.name, listed)
+        assert o["allowed_ok"], attack.name
+
+
+def test_an_ordinary_capsule_still_promotes_under_baseline(tools: Any, template: Path, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    shutil.copytree(template, ws, symlinks=True)
+    script = (
+        "sed -i 's/41/42/' src/app.py && printf '#!/bin/sh\\necho run\\n' > run.sh && chmod 755 run.sh && "
+        "mkdir shared && chmod 2775 shared && echo x > shared/f && "
+        f"{GIT_IN_CAPSULE} add -A && {GIT_IN_CAPSULE} commit -q -m 'answer 42'"
+    )
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]})
+        assert ran["exit_code"] == 0, ran["stderr"]
+        dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+        done = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline"]})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return {"dry": dry, "done": done}
+
+    out = tools.run(scenario)
+    report = out["done"]["policy_report"]
+    assert out["done"]["promoted"] is True, report
+    assert report["passed"] is True and report["hazards_ok"] is True and report["hazards"] == [], report
+    assert report["details"] == "All checks passed"
+    assert out["dry"]["policy_report"]["hazards"] == [] and out["dry"]["applied"] == out["done"]["applied"]
+    assert "run.sh" in out["done"]["applied"] and any(p.startswith(".git/objects/") for p in out["done"]["applied"])
+    assert _mode(ws / "run.sh") == 0o755 and _mode(ws / "shared") == 0o2775
+    assert "return 42" in (ws / "src" / "app.py").read_text()
+    assert _git(ws, "rev-list", "--count", "HEAD").stdout == "2\n"
+    assert _git(ws, "status", "--porcelain").stdout == ""
+    assert _git(ws, "fsck", "--strict", "--no-dangling").returncode == 0
