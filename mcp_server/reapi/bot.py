@@ -46,7 +46,6 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import trio
 
@@ -61,6 +60,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.inputs import BlobCache, InputRoots
+from mcp_server.reapi.marker import Marker, check_command_paths, witness_file
 from mcp_server.reapi.merkle import (
     DirEntry,
     Entry,
@@ -76,7 +76,7 @@ from mcp_server.reapi.worker import BotConfig, BotSession, LeaseOutcome, parse_p
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.replies import ExecReply
-from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
+from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
 CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease
@@ -149,28 +149,42 @@ class CapsuleRunner:
         self.roots = InputRoots(scratch.parent / INPUT_ROOTS, self.cache, keep=capacity)
 
     def __call__(self, client: ReapiClient, action: re_pb2.Action, cancelled: threading.Event) -> LeaseOutcome:
-        """Fetch, run in a capsule (or replay), upload; the ActionResult (a lease thread)."""
+        """Fetch, run in a capsule (or replay), upload; the ActionResult (a lease thread).
+
+        What the lease names is checked first (marker.py); a bad lease is answered with
+        a status, never followed.
+        """
         command = re_pb2.Command.FromString(client.read_blob(action.command_digest))
         env = {variable.name: variable.value for variable in command.environment_variables}
-        marker: dict[str, Any] = json.loads(env.pop(CAPSULE_VAR, "{}"))
+        try:
+            marker = Marker.parse(env.pop(CAPSULE_VAR, None))
+            cwd = check_command_paths(command)
+        except CcwError as error:
+            return _refused(error, code_pb2.INVALID_ARGUMENT)
         timeout_s = action.timeout.ToNanoseconds() / 1e9 if action.HasField("timeout") else DEFAULT_TIMEOUT_MS / 1000
         with self.roots.checkout(client, action.input_root_digest) as root:
-            if "replay" in marker:
-                return self._replay(client, root / marker["replay"], marker.get("expected_root"))
-            ran = trio.from_thread.run(self._run, root, command, env, marker, timeout_s, cancelled,
+            if marker.replay is not None:
+                try:
+                    witness = witness_file(root, marker.replay)
+                except CcwError as error:
+                    return _refused(error, code_pb2.FAILED_PRECONDITION)
+                return self._replay(client, witness, marker.expected_root)
+            ran = trio.from_thread.run(self._run, root, command, cwd, env, marker, timeout_s, cancelled,
                                        trio_token=self.token)  # fmt: skip
             if ran is None:
                 return LeaseOutcome(re_pb2.ActionResult(), code_pb2.CANCELLED, "lease withdrawn")
             return self._report(client, ran)
 
-    async def _run(self, root: Path, command: re_pb2.Command, env: dict[str, str], marker: dict[str, Any],
+    async def _run(self, root: Path, command: re_pb2.Command, cwd: str, env: dict[str, str], marker: Marker,
                    timeout_s: float, cancelled: threading.Event) -> _Ran | None:  # fmt: skip
-        """The command in a journaled capsule over ``root``; None when the lease was withdrawn."""
-        workspace = str(marker.get("workspace") or root)
+        """The command in a journaled capsule over ``root``; None when the lease was withdrawn.
+
+        The lease root is always the capsule's lower layer; the marker's workspace is
+        only where the jail shows it.
+        """
+        workspace = marker.workspace or str(root)
         spec = CapsuleSpec(workspace=workspace, base=None if workspace == str(root) else str(root),
-                           clock_offset_sec=int(marker.get("clock_offset_sec") or 0),
-                           limits=Limits.from_json(marker.get("limits") or {}))  # fmt: skip
-        cwd = command.working_directory
+                           clock_offset_sec=marker.clock_offset_sec, limits=marker.limits)  # fmt: skip
         record = await self.service.create(spec)
         try:
             with trio.CancelScope() as scope:
@@ -227,6 +241,12 @@ class CapsuleRunner:
         result.execution_metadata.worker = self.bot_id
         client.upload({key(digest_bytes(data)): data for data in (stdout, stderr) if data})
         return LeaseOutcome(result)
+
+
+def _refused(error: CcwError, code: int) -> LeaseOutcome:
+    """A lease that names what it may not: ``code`` (PERMISSION_DENIED when that was the refusal)."""
+    code = code_pb2.PERMISSION_DENIED if error.code == "PERMISSION_DENIED" else code
+    return LeaseOutcome(re_pb2.ActionResult(), code, f"refused: {error.message}")
 
 
 def _signalled(name: str | None) -> int:
