@@ -81,8 +81,11 @@ OPS: dict[str, OpSpec] = {
             """Mounts an overlay whose lower layer is a directory the caller can already
             write (checked against the peer's uid/gid), so the capsule grants no access the
             caller lacks; upper/work dirs live under the helper's state dir with names the
-            helper chooses.  Paths are absolute, bounded and NUL-free; network is a closed
-            enum; limits are bounded integers that only restrict.""",
+            helper chooses.  No directory that is, holds or lies in a system directory, a
+            home itself or a key store (nor, for root, another user's home) is taken, under
+            any path it is mounted at, so a root caller's capsule shows no host secret.
+            Paths are absolute, bounded and NUL-free; network is a closed enum; limits are
+            bounded integers that only restrict.""",
             spec.SPEC_REQUIRED,
             spec.SPEC_OPTIONAL,
         ),
