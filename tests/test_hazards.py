@@ -74,7 +74,7 @@ def test_a_bare_looking_directory_is_a_repository() -> None:
 
 
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:
-    assert gitdir_candidates(["a/b/c", ".git/x", "sub/.git/hooks/y"]) == ["", "a", "a/b", "a/b/c", "sub"]
+    assert gitdir_candidates(["a/b/c", ".git/x", "sub/.git/hooks/y", "top"]) == ["", "a", "a/b", "sub"]
 
 
 @pytest.mark.parametrize("path", [

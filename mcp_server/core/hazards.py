@@ -63,6 +63,7 @@ them as paths).
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -150,7 +151,10 @@ GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates")
 BARE_REPO_MARKS = ("HEAD", "objects", "refs")  # a directory with all three is a repository to git
 
 
-def _parse(pattern: str) -> tuple[tuple[str, ...], bool]:
+Pattern = tuple[tuple[str, ...], bool]  # parsed: the names, and whether the subtree counts
+
+
+def _parse(pattern: str) -> Pattern:
     """A pattern's name globs (``*``: any run of characters, at most once per name) and whether ``/**`` ends it."""
     subtree = pattern.endswith("/**")
     segments = tuple((pattern[:-3] if subtree else pattern).split("/"))
@@ -170,7 +174,7 @@ def _prefix_matches(segments: tuple[str, ...], parts: list[str]) -> bool:
     return all(_name_matches(s, part) for s, part in zip(segments, parts, strict=False))
 
 
-def _covers(pattern: tuple[tuple[str, ...], bool], parts: list[str]) -> bool:
+def _covers(pattern: Pattern, parts: list[str]) -> bool:
     """Whether a parsed pattern, anchored at the first of ``parts``, names that path."""
     segments, subtree = pattern
     if len(parts) < len(segments) or (len(parts) > len(segments) and not subtree):
@@ -178,20 +182,44 @@ def _covers(pattern: tuple[tuple[str, ...], bool], parts: list[str]) -> bool:
     return _prefix_matches(segments, parts)
 
 
-_AUTORUN_PATTERNS = [(_parse(p), rule) for rule in AUTORUN for p in rule.patterns]
-_GIT_DATA_PATTERNS = [_parse(p) for p in GIT_DATA]
+def _by_first_name(rules: Iterable[Autorun]) -> tuple[dict[str, list[tuple[Pattern, Autorun]]],
+                                                      list[tuple[Pattern, Autorun]]]:
+    """The rules' patterns by their first name, and apart those whose first name has a ``*``.
+
+    A path is then tried only from the names that can begin a pattern (a dict lookup and
+    the few starred ones), not against every pattern: 50,000 paths take a fraction of a
+    second, not seconds.
+    """
+    exact: dict[str, list[tuple[Pattern, Autorun]]] = {}
+    starred: list[tuple[Pattern, Autorun]] = []
+    for rule in rules:
+        for pattern in map(_parse, rule.patterns):
+            if "*" in pattern[0][0]:
+                starred.append((pattern, rule))
+            else:
+                exact.setdefault(pattern[0][0], []).append((pattern, rule))
+    return exact, starred
+
+
+_AUTORUN_BY_FIRST, _AUTORUN_STAR_FIRST = _by_first_name(AUTORUN)
+# Whether a name can begin one of the starred patterns: one C call for the common "no".
+_STAR_FIRST_RE = re.compile("|".join(
+    re.escape(first).replace(r"\*", ".*") for first in sorted({p[0][0] for p, _ in _AUTORUN_STAR_FIRST})), re.DOTALL)
+_GIT_DATA_BY_FIRST = {first: [p for p in map(_parse, GIT_DATA) if p[0][0] == first] for first in
+                      {_parse(p)[0][0] for p in GIT_DATA}}
 
 
 def gitdir_candidates(paths: Iterable[str]) -> list[str]:
     """Directories whose look (``BARE_REPO_MARKS``) decides whether a changed path is in a repository.
 
-    Every ancestor of every path ("" is the workspace), the paths themselves too (a
-    directory may be one), except those already inside a ``.git``.
+    Every ancestor of every path ("" is the workspace), except those in a ``.git``
+    (which is a repository by its name).  A repository's own directory is among them as
+    soon as anything in it changed.
     """
     out = {""}
     for path in paths:
         parts = path.split("/")
-        for n in range(1, len(parts) + 1):
+        for n in range(1, len(parts)):
             if parts[n - 1].casefold() == ".git":
                 break
             out.add("/".join(parts[:n]))
@@ -202,8 +230,9 @@ def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = ()) -> list[
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories."""
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
-        for hazard in (_setuid(change), _world_writable(change), _git_control(change, bare_gitdirs)
-                       or _autorun(change)):
+        folded = change.path.casefold().split("/")
+        for hazard in (_setuid(change), _world_writable(change), _git_control(change, folded, bare_gitdirs)
+                       or _autorun(change, folded)):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
     return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
@@ -237,11 +266,12 @@ def _world_writable(change: Change) -> Hazard | None:
                   f"mode {mode:04o}: any local user could change it, and so what runs from it")
 
 
-def _git_control(change: Change, bare_gitdirs: Collection[str]) -> Hazard | None:
+def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str]) -> Hazard | None:
+    if ".git" not in folded and not bare_gitdirs:
+        return None  # the common case, without a join per ancestor
     parts = change.path.split("/")
-    folded = [part.casefold() for part in parts]
     depth = next((n for n in range(len(parts), -1, -1)
-                  if (n and folded[n - 1] == ".git") or "/".join(parts[:n]) in bare_gitdirs), None)
+                  if (n and folded[n - 1] == ".git") or (bare_gitdirs and "/".join(parts[:n]) in bare_gitdirs)), None)
     if depth is None:
         return None
     if depth == len(parts):
@@ -249,7 +279,8 @@ def _git_control(change: Change, bare_gitdirs: Collection[str]) -> Hazard | None
                   if folded[-1] == ".git" else "a directory git takes for a bare repository, with its config and hooks")
         return Hazard("git_control", change.path, change.action, reason)
     rel = folded[depth:]
-    if any(_covers(pattern, rel) for pattern in _GIT_DATA_PATTERNS) and "/".join(rel) not in GIT_NOT_DATA:
+    data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
+    if data and "/".join(rel) not in GIT_NOT_DATA:
         return None
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
@@ -260,12 +291,14 @@ def _git_control(change: Change, bare_gitdirs: Collection[str]) -> Hazard | None
     return Hazard("git_control", change.path, change.action, reason)
 
 
-def _autorun(change: Change) -> Hazard | None:
-    folded = [part.casefold() for part in change.path.split("/")]
+def _autorun(change: Change, folded: list[str]) -> Hazard | None:
     is_link = change.kind == "symlink"
-    for pattern, rule in _AUTORUN_PATTERNS:
-        for start in range(len(folded)):
-            tail = folded[start:]
+    for start, name in enumerate(folded):
+        starting = _AUTORUN_BY_FIRST.get(name, [])
+        if _STAR_FIRST_RE.fullmatch(name):
+            starting = starting + [(p, rule) for p, rule in _AUTORUN_STAR_FIRST if _name_matches(p[0][0], name)]
+        tail = folded[start:] if starting else []
+        for pattern, rule in starting:
             # A link whose path is a leading part of a listed path stands in for a directory on its way.
             standing_in = is_link and len(tail) < len(pattern[0]) and _prefix_matches(pattern[0], tail)
             if standing_in or _covers(pattern, tail):
