@@ -179,6 +179,10 @@ class Networks:
             await self.close(capsule_id)
         if self._host_scope is not None:
             self._host_scope.cancel()
+        self._drop_space()
+
+    def _drop_space(self) -> None:
+        """Close the host-space reader if this object made it (a given one is the giver's)."""
         if self._made_space and self._space is not None:
             self._space.close()
             self._space, self._made_space = None, False
@@ -204,6 +208,7 @@ class Networks:
                 with trio.CancelScope(shield=True):
                     for served in left:
                         await served.session.aclose()
+                self._drop_space()
 
         trio.lowlevel.spawn_system_task(host, name="ccw egress sessions")
         await ready.wait()
