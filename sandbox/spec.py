@@ -332,13 +332,13 @@ def resolve_cwd(cwd: str | None, workspace: str) -> str:
 # Refused, for every caller: a directory that is, contains or lies inside one of
 # SYSTEM_TREES (so / and /var too); one of SHARED_DIRS itself (each holds many owners'
 # files: a project is a directory inside it); a login user's home itself or anything
-# containing one (~ holds ~/.ssh; /home holds every home); and anything inside one of
-# HOME_SECRETS of a home, the caller's own included.  For a root caller, also anything
-# inside another login user's home: uid 0 reads every file there, whereas any other
-# caller's jail runs as that caller, whom the kernel already keeps out of what it may
-# not read (a group-writable project in a colleague's home stays usable).  A project
-# under /root for root, under ~ for anyone, under /srv, /opt, /tmp, /var/tmp, /var/lib
-# or /work stays allowed.
+# containing one (~ holds ~/.ssh; /home holds every home); and anything inside or
+# holding one of HOME_SECRETS of a home (~/.ssh, ~/.config/gcloud), the caller's own
+# included.  For a root caller, also anything inside another login user's home: uid 0
+# reads every file there, whereas any other caller's jail runs as that caller, whom the
+# kernel already keeps out of what it may not read (a group-writable project in a
+# colleague's home stays usable).  A project under /root for root, under ~ for anyone,
+# under /srv, /opt, /tmp, /var/tmp, /var/lib or /work stays allowed.
 #
 # With a base, the workspace is only where the jail shows the view (and where promotion
 # writes): nothing is read from the host there, so only the system part applies, and a
@@ -422,8 +422,10 @@ def _refusal(path: str, caller_uid: int, homes: tuple[Home, ...], shown_only: bo
         if inside(home.path, path):
             return f"{'is' if home.path == path else 'contains'} {whose} ({home.path}), which holds keys and credentials"
         for secret in HOME_SECRETS:
-            if inside(path, f"{home.path}/{secret}"):
-                return f"lies in {home.path}/{secret}, where {home.user}'s keys and credentials are kept"
+            store = f"{home.path}/{secret}"
+            if inside(path, store) or inside(store, path):
+                where = "lies in" if inside(path, store) else "contains"
+                return f"{where} {store}, where {home.user}'s keys and credentials are kept"
         if caller_uid == 0 and home.uid != 0 and inside(path, home.path):
             return f"lies in {whose} ({home.path}): as root, a capsule would show {home.user}'s files"
     return None

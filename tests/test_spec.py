@@ -158,9 +158,12 @@ def test_homes_themselves_their_key_stores_and_for_root_other_users_homes_are_re
     assert "is the home of alice" in (_refused("/home/alice", 0) or "")
     assert "is your home" in (_refused("/home/alice", 1000) or "")
     assert "contains the home of ci" in (_refused("/work", 1000) or "")
-    for secret in ("/root/.ssh", "/root/.gnupg/private-keys-v1.d", "/home/alice/.aws", "/home/alice/.config/gcloud"):
+    for secret in ("/root/.ssh", "/root/.gnupg/private-keys-v1.d", "/home/alice/.aws", "/home/alice/.config/gcloud",
+                   "/home/alice/.config", "/home/alice/.local/share"):
         assert "keys and credentials are kept" in (_refused(secret, 0) or ""), secret
         assert _refused(secret, 1000), secret
+    assert "contains /home/alice/.config/gcloud" in (_refused("/home/alice/.config", 1000) or "")
+    assert _refused("/home/alice/.config/nvim", 1000) is None
     # Root may not look into another user's home; that user may, and so may a colleague the kernel lets in.
     assert "as root, a capsule would show alice's files" in (_refused("/home/alice/proj", 0) or "")
     assert _refused("/home/alice/proj", 1000) is None and _refused("/home/alice/proj", 1001) is None
