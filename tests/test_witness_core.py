@@ -12,7 +12,6 @@ import zstandard
 
 from mcp_server.core.canonical import canonical_json
 from mcp_server.fs.witness import (
-    FORMAT,
     blob_hash,
     read_archive,
     root_hash,
@@ -20,24 +19,25 @@ from mcp_server.fs.witness import (
     write_archive,
 )
 from sandbox.errors import CcwError
+from tests.witness_craft import exec_entry, manifest
 
 BLOBS = {blob_hash(data): data for data in (b"base file\n", b"changed file\n", b"stdin text", bytes(range(256)) * 64)}
 NAMES = sorted(BLOBS)
 
 
 def _manifest() -> dict[str, object]:
-    return {
-        "format": FORMAT,
-        "include_blobs": True,
-        "workspace": "/home/u/project",
-        "base": {"files": [{"path": "a.txt", "blob": blob_hash(b"base file\n"), "size": 10}]},
-        "changes": [
-            {"path": "b.bin", "status": "added", "blob": blob_hash(bytes(range(256)) * 64)},
-            {"path": "c.txt", "status": "modified", "blob": blob_hash(b"changed file\n")},
-            {"path": "d.txt", "status": "deleted", "blob": None},
-        ],
-        "execs": [{"seq": 1, "argv": ["cat"], "stdin_blob": blob_hash(b"stdin text")}],
-    }
+    entry, _ = exec_entry(1, ["cat"])
+    entry["stdin_blob"] = blob_hash(b"stdin text")
+    entry["output"] = None  # made before outputs were kept: only the four blobs below are named
+    made = manifest("/home/u/project", [entry], {"a.txt": b"base file\n"})
+    made["changes"] = [
+        {"path": "b.bin", "status": "added", "type": "file", "mode": 0o644, "target": None,
+         "blob": blob_hash(bytes(range(256)) * 64)},
+        {"path": "c.txt", "status": "modified", "type": "file", "mode": 0o644, "target": None,
+         "blob": blob_hash(b"changed file\n")},
+        {"path": "d.txt", "status": "deleted", "type": None, "mode": None, "target": None, "blob": None},
+    ]
+    return made
 
 
 def _archive(compress: str = "zstd") -> tuple[bytes, str]:

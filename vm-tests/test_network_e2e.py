@@ -233,15 +233,18 @@ def test_forks_inherit_the_allowlist_and_witness_replay_compares_the_places_reac
         fork = await t.call("capsule_fork", {"capsule_id": cap})
         ran = await t.call("capsule_exec", {"capsule_id": fork["capsule_id"], "cmd": follow})
         made = await t.call("capsule_witness", {"capsule_id": fork["capsule_id"]})
-        same = await t.call("capsule_replay", {"witness_id": made["witness_id"]})
+        # The replayer grants the network (the witness's own is reported, never used).
+        replayed = {"witness_id": made["witness_id"], "network": [HTTP, REDIRECT]}
+        same = await t.call("capsule_replay", replayed)
         target.write_text(f"http://{REDIRECT}/elsewhere\n")
-        moved = await t.call("capsule_replay", {"witness_id": made["witness_id"]})
+        moved = await t.call("capsule_replay", replayed)
         return {"fork": fork, "ran": ran, "same": same, "moved": moved}
 
     out = tools.run(scenario)
     assert out["fork"]["network"]["allow"] == [HTTP, REDIRECT]
     assert out["ran"]["exit_code"] == 0, out["ran"]
     assert out["same"]["replay_ok"] is True, out["same"]["mismatches"]
+    assert out["same"]["network"]["recorded"]["allow"] == out["same"]["network"]["used"]["allow"] == [HTTP, REDIRECT]
     assert out["moved"]["replay_ok"] is False
     (mismatch,) = [m for m in out["moved"]["mismatches"] if m.get("field") == "network"]
     assert mismatch["actual_only"] == [[SERVER, nf.REDIRECT_PORT, "http", True]]

@@ -61,6 +61,14 @@ def _fresh(tools: Any, state: Path) -> Any:
     return type(tools)(state)
 
 
+def _replay_elsewhere(tools: Any, tmp_path: Path, witness: str) -> dict[str, Any]:
+    """The witness replayed on a fresh state dir: another key, so foreign, and replayed only when asked."""
+    out: dict[str, Any] = _fresh(tools, tmp_path / "state2").run(
+        lambda t: t.call("capsule_replay", {"path": witness, "allow_untrusted": True}))
+    assert out["signature"] == "foreign" and out["network"] == {"recorded": "none", "used": "none"}, out
+    return out
+
+
 def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: Path) -> None:
     ws = _project(tmp_path)
     cmds = [
@@ -92,8 +100,7 @@ def test_a_venv_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
         assert base["carried"] == "used" and base["symlinks"] >= 6, base
     moved = tmp_path / "moved-away"
     ws.rename(moved)
-    replayed = _fresh(tools, tmp_path / "state2").run(
-        lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    replayed = _replay_elsewhere(tools, tmp_path, recorded["made"]["path"])
     assert not ws.exists()
     assert replayed["mismatches"] == [] and replayed["replay_ok"] is True, replayed
     # The same output: the same names listed and imported, the same modes and link types.
@@ -114,7 +121,7 @@ def test_a_duration_in_the_output_is_shown_but_does_not_fail_the_replay(tools: A
 
     made = tools.run(record)
     ws.rename(tmp_path / "moved-away")
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     assert out["replay_ok"] is True, out["mismatches"]
     assert out["output_identical"] is False
     (diff,) = out["output_diffs"]
@@ -134,7 +141,7 @@ def test_a_written_file_that_differs_fails_the_replay_and_is_named(tools: Any, t
 
     made = tools.run(record)
     ws.rename(tmp_path / "moved-away")
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     assert out["replay_ok"] is False
     assert out["output_identical"] is True
     assert [(m["kind"], m["path"]) for m in out["mismatches"]] == [("change", "out/stamp.txt")]
@@ -188,7 +195,7 @@ def test_bytecode_of_a_file_a_command_edited_replays_unless_the_same_command_com
     second = int(time.time())
     while int(time.time()) == second:  # the replay's edit must fall in a later second (.pyc mtimes are seconds)
         time.sleep(0.05)
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     if bytecode != "same exec":
         assert out["replay_ok"] is True, out["mismatches"]
     else:
@@ -217,7 +224,7 @@ def test_bytecode_of_a_file_a_tool_edited_replays_identically(tools: Any, tmp_pa
     second = int(time.time())
     while int(time.time()) == second:  # a fresh mtime would fall in a later second (.pyc mtimes are seconds)
         time.sleep(0.05)
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     assert out["replay_ok"] is True, out["mismatches"]
     assert out["output_identical"] is True
 
@@ -238,7 +245,7 @@ def test_a_run_that_sleeps_replays(tools: Any, tmp_path: Path) -> None:
 
     made = tools.run(record)
     time.sleep(1.5)  # the replay comes seconds after the capsule was made, as it always does
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     assert out["replay_ok"] is True, out["mismatches"]
     assert out["output_identical"] is True
 
@@ -268,7 +275,8 @@ async def record(call):
 async def main():
     out = await tools(state1, record)
     os.rename(ws, moved)
-    out["replayed"] = await tools(state2, lambda call: call("capsule_replay", {"path": out["made"]["path"]}))
+    out["replayed"] = await tools(state2, lambda call: call("capsule_replay", {"path": out["made"]["path"],
+                                                                               "allow_untrusted": True}))
     print(json.dumps(out))
 
 ws, moved, state1, state2 = sys.argv[1:]
@@ -353,7 +361,7 @@ def test_an_npm_project_replays_after_the_workspace_moved(tools: Any, tmp_path: 
     assert recorded["ran"]["exit_code"] == 0, recorded["ran"]["stderr"]
     assert "mytool ran\na.txt 2\nb.txt 4\n" in recorded["ran"]["stdout"]
     ws.rename(tmp_path / "moved-away")
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, recorded["made"]["path"])
     assert out["replay_ok"] is True, out["mismatches"]
     assert out["output_identical"] is True, out["output_diffs"]
 
@@ -380,7 +388,7 @@ def test_make_with_up_to_date_targets_replays(tools: Any, tmp_path: Path, requir
 
     made = tools.run(record)
     ws.rename(tmp_path / "moved-away")
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": made["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, made["path"])
     # mtimes travel too: make finds hello and hello.o up to date again and rebuilds nothing.
     assert out["replay_ok"] is True and out["output_identical"] is True, out
 
@@ -406,5 +414,5 @@ def test_git_commands_in_the_capsule_replay(tools: Any, tmp_path: Path) -> None:
     recorded = tools.run(record)
     assert recorded["ran"]["stdout"] == "base\n M a.txt\n", recorded["ran"]["stderr"]
     ws.rename(tmp_path / "moved-away")
-    out = _fresh(tools, tmp_path / "state2").run(lambda t: t.call("capsule_replay", {"path": recorded["made"]["path"]}))
+    out = _replay_elsewhere(tools, tmp_path, recorded["made"]["path"])
     assert out["replay_ok"] is True and out["output_identical"] is True, out

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mcp_server.capsules.replays import replay
+from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Unit, apply_units
@@ -55,8 +55,9 @@ class Executor(Protocol):
     async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
         """The trial's run, for the failure predicate."""
 
-    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
-        """capsule_replay's answer for the witness at ``path``."""
+    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,
+                     options: ReplayOptions) -> dict[str, Any]:
+        """capsule_replay's answer for the witness at ``path``, with what its replayer allows."""
 
     def summary(self) -> dict[str, Any]:
         """What a result reports of the executor (kind, and the cluster's counts)."""
@@ -84,9 +85,10 @@ class LocalExecutor:
             reply: Run = (await service.run(capsule, record.spec, trial.command, network=network)).value
             return reply
 
-    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
+    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,
+                     options: ReplayOptions) -> dict[str, Any]:
         """replays.replay, here."""
-        return await replay(service, path, expected_root)
+        return await replay(service, path, expected_root, options)
 
     def summary(self) -> dict[str, Any]:
         """Only the kind: nothing is cached locally."""

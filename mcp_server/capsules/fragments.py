@@ -1,7 +1,7 @@
 """JSON-Schema fragments of the identifiers the capsule-family tools share.
 
 Each tool keeps its own schemas beside it; these are the pieces several of them use
-(a capsule id, a change generation, a witness id, a policy name), defined once so the
+(a capsule id, a change generation, a witness id, a policy name, a network), defined once so the
 tools cannot drift apart.
 """
 
@@ -24,3 +24,27 @@ GENERATION: dict[str, Any] = {
 WITNESS_ID: dict[str, Any] = {"type": "string", "pattern": "^wit_[0-9a-f]{16}$"}
 PROBLEMS: dict[str, Any] = {"type": "array", "items": {"type": "object"}}
 POLICY_NAME: dict[str, Any] = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]{0,63}$"}
+_RULES: dict[str, Any] = {
+    "type": "array", "minItems": 1, "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300},
+}
+NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what a replay may use (capsule_replay)
+    "anyOf": [
+        {"enum": ["none", None]},
+        _RULES,
+        {"type": "object", "required": ["allow"], "additionalProperties": False, "properties": {
+            "allow": _RULES,
+            "max_bytes": {"type": "integer", "minimum": 1},
+            "max_connections": {"type": "integer", "minimum": 1},
+        }},
+    ],
+    "description": (
+        "'none' (default: an empty network namespace, loopback only), or an allowlist: the commands reach "
+        "only these, through ccw's proxy (HTTP_PROXY/HTTPS_PROXY/ALL_PROXY are set in the jail). Rules: "
+        "host[:port], *.domain[:port] (names under the domain), a.b.c.d[/n][:port], [v6addr[/n]]:port or a "
+        "bare v6 address/CIDR; no port: ports 80 and 443 only. Whatever the rules, the host itself (its own "
+        "addresses, loopback, its DNS resolvers) and private, link-local, CGNAT, multicast, reserved and "
+        "documentation space are refused, also when a name resolves there, unless a rule names that exact "
+        "address (10.1.2.3:5432, [fd00::1]:443; a CIDR that contains it is not enough). As an object: {allow, "
+        "max_bytes (per exec, default 1 GiB), max_connections (per exec, default 512)}."
+    ),
+}

@@ -32,7 +32,13 @@ counts as FAIL or PASS.
 A replay becomes one Action too: the witness file as the input root, and ccw-bot runs
 replays.replay over it in its capsules and answers with the result as JSON on stdout,
 so replay_ok is judged by the same code as a local replay's (and a repeated replay of
-the same witness is an action-cache hit).
+the same witness is an action-cache hit).  Whether the witness may replay at all is
+decided here, by this state dir's key (replays.admit, on the archive's head only): the
+bot's key is its own, so it replays with ``allow_untrusted``, and the answer's
+``signature`` is ours.  The values of the replayer's ``env`` travel in the Command's
+environment (as a trial's whitelisted values do), and the bot gives the commands those
+and nothing of its own.  A replay with an allowlist network, or of a witness without
+blobs (whose base is a directory on this machine), runs locally only (UNSUPPORTED).
 
 Network: a capsule with an allowlist network is refused here (UNSUPPORTED): a bot has
 no egress policy of the capsule's to enforce.
@@ -49,9 +55,11 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.executors import Trial
+from mcp_server.capsules.replays import ReplayOptions, admit
 from mcp_server.capsules.runs import exec_env
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Unit
+from mcp_server.capsules.witnesses import signature_of, witness_key
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import Executed, ReapiClient, TrioReapi
 from mcp_server.reapi.merkle import (
@@ -240,10 +248,18 @@ class ReapiExecutor:
         executed = await self._execute(spec, entries, timeout_s, trial.fresh)
         return await trio.to_thread.run_sync(_judged, executed, self.client)
 
-    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
-        """The witness replayed by a bot (replays.replay there); its answer."""
+    async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,
+                     options: ReplayOptions) -> dict[str, Any]:
+        """The witness replayed by a bot (replays.replay there), once this state dir admits it; its answer."""
+        key = await trio.to_thread.run_sync(witness_key, service.state)
+        manifest, _, signature = await trio.to_thread.run_sync(signature_of, path, key)
+        if options.network is not None or not manifest["include_blobs"]:
+            raise CcwError("UNSUPPORTED", "a replay with an allowlist network, or of a witness made without blobs "
+                                          "(its base is a directory here), runs locally only: unset CCW_REAPI_URL "
+                                          "for it")  # fmt: skip
+        admit(manifest, signature, options)
         name = "witness.ccwz"
-        env = {CAPSULE_VAR: json.dumps({"replay": name, "expected_root": expected_root}, sort_keys=True)}
+        env = {**options.env, CAPSULE_VAR: json.dumps({"replay": name, "expected_root": expected_root}, sort_keys=True)}
         spec = CommandSpec(argv=[*REPLAY_ARGV, name], env=env, platform=self.platform)
         executed = await self._execute(spec, {name: FileEntry(path=path)}, QUEUE_SLACK_S, False)
         run = await trio.to_thread.run_sync(_judged, executed, self.client)
@@ -252,6 +268,7 @@ class ReapiExecutor:
             raise CcwError(failed.get("code", "INTERNAL"), f"replay on the cluster: {failed.get('message', run.stderr)}",
                            failed.get("details"))  # fmt: skip
         result: dict[str, Any] = json.loads(run.stdout)
+        result["signature"] = signature  # the bot's key is not ours: it read the witness as foreign
         return result
 
     def summary(self) -> dict[str, Any]:

@@ -2,11 +2,32 @@
 
 The base is rebuilt from the witness's blobs into a scratch directory (files with their
 modes and mtimes, directories with their modes, symlinks as links) and mounted at the
-recorded workspace path, or, without blobs, taken from the live workspace if every
-named base entry still matches.  So a witness replays on a fresh state dir after the
-workspace has moved away.  Execs are re-run with the recorded argv, cwd, stdin and
-clock offset (the capsule's shift from the real clock, usually none); file-tool writes recorded between them are redone in sequence.  Environment
-values come from the replaying server (witnesses record names only).
+recorded workspace path, or, for a witness made without blobs, taken from a directory
+the replayer names (``workspace``) if every named base entry there still matches.  So a
+witness replays on a fresh state dir after the workspace has moved away.  Execs are
+re-run with the recorded argv, cwd, stdin and clock offset (the capsule's shift from the
+real clock, usually none); file-tool writes recorded between them are redone in sequence.
+
+A witness is untrusted input (issue 24): anyone can write one, and a replay runs its
+commands.  So a replay takes nothing from the replaying process because a witness asks:
+
+- **Environment.** Values only from what the replayer passes (``ReplayOptions.env``);
+  a name the witness's capsule whitelisted but the replayer did not pass is absent, and
+  the report lists it (``env_missing``).  Never the server's own environment.
+- **Network.** Only what the replayer allows (``network``, default none), under the
+  same egress rules as any capsule; the witness's recorded network is reported, never used.
+- **Files.** With blobs, only the witness's own bytes (and what every jail sees).  A
+  witness without blobs needs the replayer to name its live base, a directory the
+  replaying user can read: never the path the witness names.  That path is still
+  where the jail shows the base, a mount point inside the jail and nothing on the host.
+- **Trust.** A witness this state dir signed replays; an unsigned or foreign one only
+  with ``allow_untrusted`` (PERMISSION_DENIED otherwise, before any blob is read), and
+  its report says which (``signature``).
+
+Internal callers replay witnesses this state dir just made (promotion's
+``require_replay_ok``): they are signed, and ``ReplayOptions.of_capsule`` gives them the
+values and network the capsule's own runs had.  ccw-bot replays its clients' witnesses
+with ``allow_untrusted`` (its key is its own) and only the values its client sent.
 
 What is compared, and what ``replay_ok`` and ``output_identical`` mean, is in
 core/replaydiff.py.  Each mismatch names the exec and field, or the path.
@@ -14,10 +35,11 @@ core/replaydiff.py.  Each mismatch names the exec and field, or the path.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,15 +47,15 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.notes import restore_mtimes
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import Command, exec_env
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.witnesses import verify_file
-from mcp_server.core import replaydiff
-from mcp_server.core.netrules import NetworkSpec
+from mcp_server.capsules.witnesses import verify_file, witness_key
+from mcp_server.core import paths, replaydiff
+from mcp_server.core.netrules import NetworkSpec, network_json
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
-from mcp_server.journal import network_from_column
+from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change, ExecReply, Touched
 from sandbox.spec import CapsuleSpec, Limits
@@ -109,13 +131,10 @@ def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) ->
             view.chmod(path, write["mode"])
 
 
-def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def _live_base_mismatches(manifest: dict[str, Any], live: str) -> list[dict[str, Any]]:
+    """The witness's base entries that the replayer's live directory no longer matches."""
     problems = []
-    try:
-        view = RootView.open(manifest["workspace"])
-    except CcwError:
-        return [{"path": ".", "problem": "workspace missing"}]
-    with view:
+    with RootView.open(live) as view:
         for item in manifest["base"]["files"]:
             side = changeset.lstat(view, item["path"])
             if side is None:
@@ -129,6 +148,24 @@ def _live_base_mismatches(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             elif side.kind != "file" or wfmt.blob_hash(view.read_bytes(item["path"])) != item["blob"]:
                 problems.append({"path": item["path"], "problem": "content differs"})
     return problems
+
+
+def _live_dir(workspace: str) -> str:
+    """The replayer's live base: an absolute directory that the replaying user may read.
+
+    The front end runs as its caller, so its own access is the caller's (the helper checks
+    again with the caller's uid when it mounts the capsule).
+    """
+    paths.encoded(workspace, "workspace")
+    if not os.path.isabs(workspace):
+        raise CcwError("INVALID_ARGUMENT", f"workspace {workspace!r} must be an absolute path", {"workspace": workspace})
+    if not os.path.isdir(workspace):
+        raise CcwError("NOT_FOUND", f"workspace {workspace!r} is not a directory; name your copy of the witness's "
+                                    "workspace", {"workspace": workspace})
+    if not os.access(workspace, os.R_OK | os.X_OK):
+        raise CcwError("PERMISSION_DENIED", f"you may not read {workspace!r}; name a directory you can read",
+                       {"workspace": workspace})
+    return os.path.normpath(workspace)
 
 
 def _replay_changes(changes: Sequence[Change], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
@@ -178,37 +215,65 @@ class _Tally:
             self.rss_max_kb = max(self.rss_max_kb or 0, usage.rss_max_kb)
 
 
-async def replay(service: CapsuleService, path: Path, expected_root: str | None) -> dict[str, Any]:
-    """Verify, rebuild the base, re-run the execs in a fresh capsule and compare."""
-    report = await trio.to_thread.run_sync(verify_file, path, expected_root)
-    if not report["ok"]:
+@dataclass(frozen=True)
+class ReplayOptions:
+    """What a replayer lets a witness have; by default nothing of the replaying process's own."""
+
+    env: Mapping[str, str] = field(default_factory=dict)  # values for the commands (HOME is the capsule's own)
+    network: NetworkSpec | None = None  # the allowlist the replay may use; None: network none
+    workspace: str | None = None  # the live base of a witness made without blobs
+    allow_untrusted: bool = False  # replay a witness this state dir did not sign
+
+    @classmethod
+    def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
+        """Replay a capsule's own witness as its runs ran: its whitelisted variables' values (this
+        server's, as runs.exec_env gave its runs) and its network."""
+        env = {name: os.environ[name] for name in record.spec.env_whitelist if name in os.environ}
+        return cls(env=env, network=record.network_spec)
+
+
+_UNTRUSTED = {
+    "unsigned": "it bears no signature (made by another tool, or by a ccw from before witnesses were signed)",
+    "foreign": "it was signed with another state dir's key, or its signature does not match it",
+}
+
+
+def admit(manifest: dict[str, Any], signature: str, options: ReplayOptions) -> None:
+    """Refuse what the replayer has not allowed; run once the manifest and signature are read, before any blob."""
+    if signature != "valid" and not options.allow_untrusted:
         raise CcwError(
-            "CONFLICT",
-            "the witness failed verification, so it cannot be replayed; see details.problems "
-            "(a tampered or truncated file): make the witness again from its capsule",
-            {"problems": report["problems"]},
+            "PERMISSION_DENIED",
+            f"the witness is {signature}: {_UNTRUSTED[signature]}.  A replay runs its commands, so a witness this "
+            "state dir did not sign replays only when you say so: pass allow_untrusted: true (ccw capsule replay "
+            "--allow-untrusted) if you trust where it came from; its commands then get only the env, network and "
+            "workspace you pass",
+            {"signature": signature},
         )
+    if manifest["include_blobs"] and options.workspace is not None:
+        raise CcwError("INVALID_ARGUMENT", "the witness carries its base (made with include_blobs): replay it "
+                                           "without workspace, which names the base of a witness without blobs")
+    if not manifest["include_blobs"] and options.workspace is None:
+        raise CcwError(
+            "INVALID_ARGUMENT",
+            "the witness carries no blobs (made with include_blobs: false), so its base is a live directory you "
+            f"name: pass workspace (ccw capsule replay --workspace DIR) with your copy of {manifest['workspace']!r}, "
+            "or make the witness again with include_blobs: true",
+            {"recorded_workspace": manifest["workspace"]},
+        )
+
+
+async def replay(service: CapsuleService, path: Path, expected_root: str | None,
+                 options: ReplayOptions | None = None) -> dict[str, Any]:
+    """Verify, check what the replayer allows, rebuild the base, re-run the execs in a fresh capsule and compare."""
+    options = options or ReplayOptions()
+    report = await _verified(service, path, expected_root, options)
     manifest, blobs = report["manifest"], report["blobs"]
     scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
     try:
-        base_dir = await _base_dir(manifest, blobs, scratch)
-        spec = manifest["capsule"]
-        # The capsule's own offset from the real clock, not "the time the capsule was
-        # made": that would shift every replay's clock into the past, and libfaketime
-        # (the wall-clock shift) breaks Python's time.sleep under any shift (0.9.10:
-        # clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) gets EINVAL when monotonic is
-        # not faked, and lock timeouts hang when it is).  Nothing a replay compares
-        # depends on the wall clock's value.
-        workspace = manifest["workspace"]
-        capsule_spec = CapsuleSpec(
-            workspace=workspace, base=base_dir if base_dir != workspace else None,
-            clock_offset_sec=int(spec.get("clock_offset_sec") or 0), env_whitelist=tuple(spec["env_whitelist"]),
-            limits=Limits(**spec["limits"]),
-        )
-        # Old witnesses say "none"; an allowlist capsule's say its rules, and the replay has them.
-        network = network_from_column(spec.get("network", "none"))
-        async with service.scratch(capsule_spec, quiet=True, network=network) as capsule_id:
-            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs, network)
+        base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
+        capsule_spec = _capsule_spec(manifest, base_dir, options)
+        async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id:
+            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs, options)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
@@ -217,6 +282,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None)
             await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
     mismatches = tally.mismatches + _change_mismatches(manifest, tally, actual_changes)
     mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
+    recorded = manifest["capsule"]
     return {
         "replay_ok": not mismatches,
         "output_identical": not tally.output_diffs,
@@ -225,32 +291,73 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None)
         "mismatches": mismatches,
         "output_diffs": tally.output_diffs,
         "metrics": {"cpu_ms": tally.cpu_ms, "rss_max_kb": tally.rss_max_kb},
+        "signature": report["signature"],
+        "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
+        "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
     }
 
 
-async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: Path) -> str:
-    """The base to replay over: rebuilt from the blobs under ``scratch``, else the live workspace."""
+async def _verified(service: CapsuleService, path: Path, expected_root: str | None,
+                    options: ReplayOptions) -> dict[str, Any]:
+    """The witness read and verified, refused early if the replayer does not allow it, its blobs kept."""
+    key = await trio.to_thread.run_sync(witness_key, service.state)
+    check = functools.partial(verify_file, path, expected_root, key, True,
+                              lambda manifest, signature: admit(manifest, signature, options))
+    report: dict[str, Any] = await trio.to_thread.run_sync(check)
+    if not report["ok"]:
+        raise CcwError(
+            "CONFLICT",
+            "the witness failed verification, so it cannot be replayed; see details.problems "
+            "(a tampered or truncated file): make the witness again from its capsule",
+            {"problems": report["problems"]},
+        )
+    return report
+
+
+def _capsule_spec(manifest: dict[str, Any], base_dir: str, options: ReplayOptions) -> CapsuleSpec:
+    """The replay capsule: the base shown at the recorded workspace path, the recorded limits and clock
+    offset, and for variables only those the replayer passed."""
+    # The capsule's own offset from the real clock, not "the time the capsule was
+    # made": that would shift every replay's clock into the past, and libfaketime
+    # (the wall-clock shift) breaks Python's time.sleep under any shift (0.9.10:
+    # clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) gets EINVAL when monotonic is
+    # not faked, and lock timeouts hang when it is).  Nothing a replay compares
+    # depends on the wall clock's value.
+    recorded = manifest["capsule"]
+    workspace = manifest["workspace"]
+    return CapsuleSpec(
+        workspace=workspace, base=base_dir if base_dir != workspace else None,
+        clock_offset_sec=int(recorded.get("clock_offset_sec") or 0),
+        env_whitelist=tuple(sorted(set(options.env) - {"HOME"})), limits=Limits.from_json(recorded["limits"]),
+    )
+
+
+async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: Path, live: str | None) -> str:
+    """The base to replay over: rebuilt from the blobs under ``scratch``, else the replayer's ``live`` directory."""
     if manifest["include_blobs"]:
         base_dir = str(scratch / "base")
         os.mkdir(base_dir, 0o755)
         await trio.to_thread.run_sync(_rebuild_base, manifest, blobs, base_dir)
         return base_dir
-    problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest)
+    assert live is not None  # admit refused a witness without blobs that names no live base
+    live = _live_dir(live)
+    problems = await trio.to_thread.run_sync(_live_base_mismatches, manifest, live)
     if problems:
         raise CcwError(
             "NOT_FOUND",
-            f"the witness carries no blobs and the live workspace no longer matches its base "
+            f"the witness carries no blobs and {live!r} does not match its base "
             f"({len(problems)} file(s), first {problems[0]['path']}: {problems[0]['problem']}); "
-            "make the witness with include_blobs: true to replay it anywhere",
+            "name the directory the witness was made from, or make it with include_blobs: true to replay it anywhere",
             {"files": problems},
         )
-    return str(manifest["workspace"])
+    return live
 
 
 async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, manifest: dict[str, Any],
-                 blobs: dict[str, bytes], network: NetworkSpec | None) -> _Tally:
+                 blobs: dict[str, bytes], options: ReplayOptions) -> _Tally:
     """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
     tally = _Tally()
+    env = exec_env(spec.workspace, spec.env_whitelist, options.env)
     steps = sorted(
         [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
         key=lambda step: step[1]["seq"],
@@ -261,8 +368,8 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
             await trio.to_thread.run_sync(apply_write, root, ex, blobs)
             continue
         stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
-        ran = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin),
-                                limits=True, network=network)
+        ran = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin, env),
+                                limits=True, network=options.network)
         tally.add_exec(ex, ran.value, blobs, ran.network)
         if ex.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
             root = await service.open_root(capsule_id)

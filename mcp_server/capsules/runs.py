@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -85,15 +85,17 @@ class ExecOutcome:
         return dict(sorted(unavailable.items()))
 
 
-def exec_env(workspace: str, env_whitelist: Iterable[str]) -> dict[str, str]:
+def exec_env(workspace: str, env_whitelist: Iterable[str], values: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a command in the capsule: whitelisted variables, else defaults.
 
-    PATH starts with the workspace's ``.venv/bin``, as ``uv run`` and ``poetry run`` put
-    the project's environment first: ``pytest`` in a capsule is the project's pytest.
-    Always there, present or not, so the environment of a run does not depend on the
-    host (a replay sees the same PATH).
+    The values come from ``values`` (a replay's: what its replayer passed), by default
+    from the server's own environment.  PATH starts with the workspace's ``.venv/bin``,
+    as ``uv run`` and ``poetry run`` put the project's environment first: ``pytest`` in
+    a capsule is the project's pytest.  Always there, present or not, so the
+    environment of a run does not depend on the host (a replay sees the same PATH).
     """
-    env = {k: os.environ[k] for k in env_whitelist if k in os.environ and k != "HOME"}
+    source = os.environ if values is None else values
+    env = {k: source[k] for k in env_whitelist if k in source and k != "HOME"}
     env.setdefault("PATH", f"{os.path.join(workspace, '.venv', 'bin')}:{DEFAULT_PATH}")
     env.setdefault("LANG", "C.UTF-8")
     return env

@@ -10,12 +10,13 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
 - Each exec's stdout and stderr travel as blobs (as the journal kept them: the first
   ``OUTPUT_KEEP_BYTES`` of each stream, the cap recorded beside them), so a replay can
   show the lines that differ; the archive is zstd-compressed as a whole.
-- A replay rebuilds the base from the blobs into a scratch directory and mounts a fresh
-  capsule over it *at the recorded workspace path*, or, without blobs, uses the live
-  workspace if every named base file still has its recorded hash.  It re-runs each exec
-  with the recorded argv, cwd, stdin and clock offset; environment values come from the
-  replaying server (witnesses record variable names only, never values, which may be
-  secrets).  Exit codes, stdout/stderr hashes and the resulting change set are compared.
+- A replay (replays.py) rebuilds the base from the blobs into a scratch directory and
+  mounts a fresh capsule over it *at the recorded workspace path*, or, without blobs,
+  over a directory the replayer names.  Witnesses record variable names only, never
+  values (which may be secrets); a replay's values are the ones its replayer passes.
+- Every witness is signed with the state dir's key (fs/witness_key.py); ``verify_file``
+  says whether a witness bears this state dir's signature ("valid"), none
+  ("unsigned") or another's or a bad one ("foreign").
 - An archive is written to ``witnesses/.<witness_id>.<pid>.<random>.tmp``, fsynced, then
   renamed to its final name, so a crash mid-write never leaves a partial witness under
   the final name; ``remove_stale_temps`` (run at server start) deletes temp files whose
@@ -30,11 +31,12 @@ import contextlib
 import datetime as dt
 import os
 import signal
+import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import trio
 
@@ -44,6 +46,7 @@ from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
+from mcp_server.fs.witness_key import WitnessKey
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
@@ -196,7 +199,7 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
     try:
         with os.fdopen(fd, "wb") as out:
             sink: Any = _CrashAfterFirstWrite(out) if os.environ.get(CRASH_ENV) == "partial" else out
-            written = wfmt.write_archive(manifest, sources.read, sink, compress)
+            written = wfmt.write_archive(manifest, sources.read, sink, compress, witness_key(state))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)
@@ -310,15 +313,43 @@ def locate(state: State, witness_id: str | None, path: str | None) -> tuple[Path
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
 
-def verify_file(path: Path, expected: str | None) -> dict[str, Any]:
-    """Recompute every hash of the witness at ``path``: core/witness.py's report."""
+def witness_key(state: State) -> WitnessKey:
+    """The key this state dir signs its witnesses with (made on first use)."""
+    return WitnessKey.of_state_dir(state.root)
+
+
+def open_witness(path: Path) -> BinaryIO:
+    """The witness file at ``path``, opened for reading; refused unless it is a regular file.
+
+    O_NONBLOCK: a path naming a FIFO must not hang the call before it can be refused.
+    """
     try:
-        with open(path, "rb") as f:
-            return wfmt.verify(f, expected)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise CcwError("NOT_FOUND", f"witness file {str(path)!r} does not exist; check the path") from None
     except OSError as exc:
-        raise from_oserror(exc, "reading witness file", str(path), "give the path of a .tar.zst from capsule_witness") from None
+        raise from_oserror(exc, "opening witness file", str(path), "give the path of a .tar.zst from capsule_witness") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CcwError("INVALID_ARGUMENT", f"{str(path)!r} is not a regular file; give the path of a witness "
+                                           "file (.tar.zst) from capsule_witness", {"path": str(path)})
+    return os.fdopen(fd, "rb")
+
+
+def verify_file(path: Path, expected: str | None, key: WitnessKey | None, keep_blobs: bool = False,
+                admit: Callable[[dict[str, Any], str], None] | None = None) -> dict[str, Any]:
+    """Recompute every hash of the witness at ``path``, and check its signature: fs/witness.py's report.
+
+    ``admit`` may refuse the witness once its manifest and signature are read (before any blob).
+    """
+    with open_witness(path) as f:
+        return wfmt.verify(f, expected, key, keep_blobs, admit)
+
+
+def signature_of(path: Path, key: WitnessKey) -> tuple[dict[str, Any], str, str]:
+    """(manifest, root hash, signature state) of the witness at ``path``, from its head alone."""
+    with open_witness(path) as f:
+        return wfmt.read_signature(f, key)
 
 
 def stored_witnesses(state: State, capsule_id: str | None = None) -> list[dict[str, Any]]:

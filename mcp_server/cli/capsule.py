@@ -122,8 +122,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     witness.add_argument("--all", action="store_true", help="carry the whole base (.git aside), not only what the runs used")
     witness.add_argument("--max-base-mb", type=int, help="most MiB of base files to carry (default 1024)")
 
-    replay = verbs.add_parser("replay", parents=[common], help="re-run a witness and compare")
-    replay.add_argument("witness", help="a witness id (wit_…) or the path of a witness file")
+    _add_replay_parser(verbs, common)
 
     verbs.add_parser("list", parents=[common], help="the capsules in this state dir")
 
@@ -135,6 +134,21 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     deltamin.add_argument("capsule_id")
     deltamin.add_argument("--budget-ms", type=int)
     deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
+
+
+def _add_replay_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
+    """``ccw capsule replay``: the witness, and what the replayer lets it have (nothing of this shell's)."""
+    replay = verbs.add_parser("replay", parents=[common], help="re-run a witness and compare")
+    replay.add_argument("witness", help="a witness id (wit_…) or the path of a witness file")
+    replay.add_argument("--env", action="append", dest="env_values", metavar="NAME=VALUE",
+                        help="a variable the replayed commands get (repeatable); none come from this shell")
+    replay.add_argument("--network", action="append", metavar="RULE",
+                        help="allow the replayed commands RULE, as capsule create does (default: no network)")
+    replay.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy")
+    replay.add_argument("--net-max-connections", type=int, help="per-exec cap on connections")
+    replay.add_argument("--workspace", help="for a witness made without blobs: the directory to replay over")
+    replay.add_argument("--allow-untrusted", action="store_true",
+                        help="replay a witness this state dir did not sign (only if you trust its maker)")
 
 
 def _command(words: list[str]) -> list[str]:
@@ -197,9 +211,7 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
             call["max_base_mb"] = args.max_base_mb
         return "capsule_witness", call, "witness"
     if verb == "replay":
-        key = args.witness
-        call = {"witness_id": key} if key.startswith("wit_") and not os.path.exists(key) else {"path": os.path.abspath(key)}
-        return "capsule_replay", call, "replay"
+        return "capsule_replay", _replay_call(args), "replay"
     if verb == "list":
         return "capsule_list", {}, None
     if verb == "destroy":
@@ -210,6 +222,27 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
             call["budget_ms"] = args.budget_ms
         return "capsule_deltamin", call, "deltamin"
     raise AssertionError(verb)
+
+
+def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
+    """capsule_replay's arguments: the witness, and what the replayer lets it have."""
+    key = args.witness
+    call: dict[str, Any] = (
+        {"witness_id": key} if key.startswith("wit_") and not os.path.exists(key) else {"path": os.path.abspath(key)})
+    if args.env_values:
+        pairs = [item.partition("=") for item in args.env_values]
+        bad = [item for item, (_, sep, _) in zip(args.env_values, pairs, strict=True) if not sep]
+        if bad:
+            raise SystemExit(f"ccw: --env takes NAME=VALUE, not {bad[0]!r}")
+        call["env"] = {name: value for name, _, value in pairs}
+    network = _network_arg(args)
+    if network is not None:
+        call["network"] = network
+    if args.workspace:
+        call["workspace"] = os.path.abspath(args.workspace)
+    if args.allow_untrusted:
+        call["allow_untrusted"] = True
+    return call
 
 
 def exec_status(result: dict[str, Any]) -> int:
@@ -310,6 +343,11 @@ def _show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 def _show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     ok = result["replay_ok"]
     print("replay_ok" if ok else "replay MISMATCH")
+    if result.get("signature", "valid") != "valid":
+        print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m", color_err),
+              file=sys.stderr)
+    if result.get("env_missing"):
+        print(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}", file=sys.stderr)
     for mismatch in result.get("mismatches", []):
         print(f"  {mismatch}")
     for diff in result.get("output_diffs", []):  # shown, never a failure by itself

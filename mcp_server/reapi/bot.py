@@ -27,7 +27,10 @@ For each lease:
   withdraws cancels the run (the capsule is destroyed, which ends its processes).
 - A replay lease (``CCW_REAPI_CAPSULE`` with ``replay``) carries a witness instead:
   the bot replays it (replays.replay, in its own capsules) and answers with the result
-  as JSON on stdout, so replay_ok is judged by the same code as a local replay's.
+  as JSON on stdout, so replay_ok is judged by the same code as a local replay's.  The
+  witness is not signed by the bot's key, so it replays with ``allow_untrusted``, which
+  is safe because the replay takes nothing of the bot's: its commands get the Command's
+  variables only, no network and no live base (a witness without blobs is refused).
 
 A bot killed mid-lease loses nothing: the server requeues the lease after the
 session's keepalive (worker.py); the capsule it left is removed by the helper's
@@ -50,7 +53,7 @@ from pathlib import Path
 import trio
 
 from mcp_server.capsules.remote import CAPSULE_VAR
-from mcp_server.capsules.replays import replay
+from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
@@ -168,7 +171,7 @@ class CapsuleRunner:
                     witness = witness_file(root, marker.replay)
                 except CcwError as error:
                     return _refused(error, code_pb2.FAILED_PRECONDITION)
-                return self._replay(client, witness, marker.expected_root)
+                return self._replay(client, witness, marker.expected_root, env)
             ran = trio.from_thread.run(self._run, root, command, cwd, env, marker, timeout_s, cancelled,
                                        trio_token=self.token)  # fmt: skip
             if ran is None:
@@ -229,9 +232,14 @@ class CapsuleRunner:
             return LeaseOutcome(result, code_pb2.DEADLINE_EXCEEDED, "the action's timeout hit")
         return LeaseOutcome(result)
 
-    def _replay(self, client: ReapiClient, witness: Path, expected_root: str | None) -> LeaseOutcome:
+    def _replay(self, client: ReapiClient, witness: Path, expected_root: str | None,
+                env: dict[str, str]) -> LeaseOutcome:
+        """Replay a client's witness: untrusted here (the bot's key is its own; the client
+        decided whether it may replay), so it gets only ``env``, the values the client sent
+        (never the bot's own environment), no network and no live base."""
+        options = ReplayOptions(env=env, allow_untrusted=True)
         try:
-            answer = trio.from_thread.run(replay, self.service, witness, expected_root, trio_token=self.token)
+            answer = trio.from_thread.run(replay, self.service, witness, expected_root, options, trio_token=self.token)
             stdout, stderr, code = json.dumps(answer, sort_keys=True).encode(), b"", 0
         except CcwError as error:
             failed = {"code": error.code, "message": error.message, "details": error.details}

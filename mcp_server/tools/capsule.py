@@ -23,7 +23,7 @@ import json
 import os
 from typing import Any
 
-from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION
+from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.runs import USAGE_FIGURES, Command
 from mcp_server.core import unidiff
 from mcp_server.core.netrules import parse_network
@@ -42,28 +42,6 @@ from sandbox.spec import (
 )
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
-_RULES = {"type": "array", "minItems": 1, "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300}}
-NETWORK_IN = {
-    "anyOf": [
-        {"enum": ["none", None]},
-        _RULES,
-        {"type": "object", "required": ["allow"], "additionalProperties": False, "properties": {
-            "allow": _RULES,
-            "max_bytes": {"type": "integer", "minimum": 1},
-            "max_connections": {"type": "integer", "minimum": 1},
-        }},
-    ],
-    "description": (
-        "'none' (default: an empty network namespace, loopback only), or an allowlist: the commands reach "
-        "only these, through ccw's proxy (HTTP_PROXY/HTTPS_PROXY/ALL_PROXY are set in the jail). Rules: "
-        "host[:port], *.domain[:port] (names under the domain), a.b.c.d[/n][:port], [v6addr[/n]]:port or a "
-        "bare v6 address/CIDR; no port: ports 80 and 443 only. Whatever the rules, the host itself (its own "
-        "addresses, loopback, its DNS resolvers) and private, link-local, CGNAT, multicast, reserved and "
-        "documentation space are refused, also when a name resolves there, unless a rule names that exact "
-        "address (10.1.2.3:5432, [fd00::1]:443; a CIDR that contains it is not enough). As an object: {allow, "
-        "max_bytes (per exec, default 1 GiB), max_connections (per exec, default 512)}."
-    ),
-}
 NETWORK_RECORDS = {
     "type": ["array", "null"],
     "description": "Every connection attempt, allowed or denied (and by which rule), sorted; null: network none.",

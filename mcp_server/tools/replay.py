@@ -1,8 +1,9 @@
 """capsule_replay: re-run a witness in a fresh capsule and compare (seed 003 §5).
 
 An adapter over mcp_server/capsules/replays.py, which says how the base is rebuilt and
-the execs re-run; what is compared, and what ``replay_ok`` and ``output_identical``
-mean, is in core/replaydiff.py.
+the execs re-run, and what a replay takes from its replayer (``env``, ``network``,
+``workspace``, ``allow_untrusted``) and never from the server; what is compared, and
+what ``replay_ok`` and ``output_identical`` mean, is in core/replaydiff.py.
 """
 
 from __future__ import annotations
@@ -10,20 +11,27 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_server.capsules.executors import executor_for
-from mcp_server.capsules.fragments import PROBLEMS, WITNESS_ID
+from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
+from mcp_server.capsules.replays import ReplayOptions
 from mcp_server.capsules.witnesses import locate
+from mcp_server.core.netrules import parse_network
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.spec import ENV_NAME_RE, MAX_ENV
 
 
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
+    options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(args.get("network")),
+                            workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")))
     executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
     try:
-        return await executor.replay(ctx.capsules, path, expected)
+        return await executor.replay(ctx.capsules, path, expected, options)
     finally:
         executor.close()
 
+
+_NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
 
 TOOLS = [
     ToolSpec(
@@ -33,11 +41,32 @@ TOOLS = [
         description=(
             "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
             "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path). "
-            "Output is compared apart (output_identical; output_diffs shows the differing lines)."
+            "Output is compared apart (output_identical; output_diffs shows the differing lines). A witness is "
+            "untrusted input: its commands get only the env values, network and (for a witness without blobs) "
+            "workspace given here, never the server's own; one this state dir did not sign replays only with "
+            "allow_untrusted (signature says which it was)."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
-            "properties": {"witness_id": WITNESS_ID, "path": {"type": "string"}},
+            "properties": {
+                "witness_id": WITNESS_ID, "path": {"type": "string"},
+                "env": {
+                    "type": "object", "maxProperties": MAX_ENV,
+                    "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"}, "additionalProperties": {"type": "string"},
+                    "description": "Values of the commands' variables (name: value). A variable the witness's "
+                                   "capsule passed but not given here is absent (env_missing lists them); none comes "
+                                   "from the server's own environment. HOME is always the capsule's own.",
+                },
+                "network": {**NETWORK_IN, "description": (
+                    "The network the replayed commands may use, in capsule_create's form (default 'none'). The "
+                    "witness's recorded network is reported (network.recorded), never used.")},
+                "workspace": {"type": "string", "description": (
+                    "For a witness made without blobs: the directory to replay over, your copy of its workspace "
+                    "(one you can read). A witness with blobs carries its base and takes none.")},
+                "allow_untrusted": {"type": "boolean", "description": (
+                    "Replay a witness this state dir did not sign (unsigned, or signed by another): only if you "
+                    "trust where it came from. Default false: such a witness is refused (PERMISSION_DENIED).")},
+            },
         },
         output_schema={
             "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
@@ -62,6 +91,14 @@ TOOLS = [
                 "metrics": {
                     "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
                     "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},
+                },
+                "signature": {"enum": ["valid", "unsigned", "foreign"], "description": (
+                    "valid: signed by this state dir; unsigned; foreign: signed by another or not matching.")},
+                "env_missing": {"type": "array", "items": {"type": "string"}, "description": (
+                    "Variables the witness's capsule passed that this replay was not given.")},
+                "network": {
+                    "type": "object", "required": ["recorded", "used"], "additionalProperties": False,
+                    "properties": {"recorded": _NETWORK_SHOWN, "used": _NETWORK_SHOWN},
                 },
             },
         },

@@ -19,6 +19,7 @@ from mcp_server.capsules.witnesses import (
     make_witness,
     stored_witnesses,
     verify_file,
+    witness_key,
 )
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
@@ -34,10 +35,12 @@ async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
 
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Recompute every hash of a witness and list what does not match."""
+    """Recompute every hash of a witness, list what does not match, and say whose signature it bears."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
-    report = await trio.to_thread.run_sync(verify_file, path, args.get("root_hash") or expected)
-    return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"]}
+    key = await trio.to_thread.run_sync(witness_key, ctx.state)
+    report = await trio.to_thread.run_sync(verify_file, path, args.get("root_hash") or expected, key)
+    return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"],
+            "signature": report["signature"]}
 
 
 async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -52,7 +55,8 @@ TOOLS = [
         title="Make witness",
         description=(
             "Package the capsule's runs (argv, exit codes, output hashes, usage, files touched) and "
-            "its changes as a replayable .tar.zst witness; root_hash (blake3) covers every byte."
+            "its changes as a replayable .tar.zst witness; root_hash (blake3) covers every byte, and this state "
+            "dir signs it (capsule_replay here trusts only what it signed)."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -93,14 +97,19 @@ TOOLS = [
         name="witness_verify",
         family="witness",
         title="Verify witness",
-        description="Recompute every hash of a witness (by id or path); problems name each bad blob or field.",
+        description=(
+            "Recompute every hash of a witness (by id or path); problems name each bad blob or field. signature: "
+            "'valid' (signed by this state dir), 'unsigned', or 'foreign' (signed by another, or not matching); "
+            "capsule_replay refuses all but 'valid' unless allow_untrusted."
+        ),
         input_schema={
             "type": "object", "additionalProperties": False,
             "properties": {"witness_id": WITNESS_ID, "path": {"type": "string"}, "root_hash": {"type": "string"}},
         },
         output_schema={
-            "type": "object", "required": ["ok", "root_hash", "problems"], "additionalProperties": False,
-            "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": PROBLEMS},
+            "type": "object", "required": ["ok", "root_hash", "problems", "signature"], "additionalProperties": False,
+            "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": PROBLEMS,
+                           "signature": {"enum": ["valid", "unsigned", "foreign"]}},
         },
         handler=witness_verify,
         scope="read",

@@ -1,0 +1,204 @@
+"""The witness manifest's schema (``ccw-witness/1``), and the check every manifest passes before use.
+
+A witness comes from anyone, so its manifest is untrusted input: every field a replay
+or a verification reads is typed and bounded here, and ``check`` runs before any of
+them is used.  A manifest that fails is INVALID_ARGUMENT naming the field (a JSON
+pointer) and what was expected, never a KeyError or TypeError deep in a replay.
+
+Choices:
+
+- **Open objects.** Unknown fields are allowed everywhere (a newer ccw may add some,
+  as this one added ``writes`` and ``output``): nothing reads them, and the root hash
+  covers them all the same.  Fields added since the first witnesses are optional.
+- **Integers are integers.** JSON Schema counts ``1.0`` as an integer; a mode or an
+  mtime of ``420.0`` would reach ``os.fchmod`` as a float.  The validator here takes
+  only ``int`` (and never ``bool``).
+- **Paths** the replay writes (base files, changes, writes, recorded mtimes) are
+  repo-relative: no leading ``/``, no empty, ``.`` or ``..`` component, no NUL, at most
+  4096 characters; ``.`` alone is the root.  The replay writes through RootView anyway
+  (RESOLVE_BENEATH); this says what is wrong before anything is written.
+- **Numbers** are bounded to what the host can take: modes to 0o7777, mtimes to
+  ±2**62 ns (±146 years around 1970), timeouts and clock offsets to sandbox.spec's
+  limits, capsule limits by ``Limits.from_json``.
+- **The recorded network** is only reported by a replay, never used; it is "none" or
+  an object.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.validators import extend
+
+from sandbox.errors import CcwError
+from sandbox.spec import ENV_NAME_RE, MAX_CLOCK_OFFSET_SEC, MAX_TIMEOUT_MS, Limits
+
+FORMAT = "ccw-witness/1"
+MAX_REPORTED = 5  # schema errors named in one message (a hostile manifest may hold millions)
+
+_HASH = {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}
+_HASH_OR_NULL = {"anyOf": [_HASH, {"type": "null"}]}
+# A repo-relative path: "." alone, or components that are not empty, "." or "..", no leading "/".
+_REL_PATH = {
+    "type": "string",
+    "pattern": r"^(?:\.|(?!/)(?![\s\S]*//)(?!(?:[\s\S]*/)?\.\.?(?:/|$))(?![\s\S]*/$)[^\x00]{1,4096})$",
+}
+_MODE = {"type": "integer", "minimum": 0, "maximum": 0o7777}
+_MTIME = {"type": ["integer", "null"], "minimum": -(1 << 62), "maximum": 1 << 62}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 53}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_STRINGS_OR_NULL = {"type": ["array", "null"], "items": {"type": "string"}}
+_ENV_NAMES = {"type": "array", "items": {"type": "string", "pattern": f"^{ENV_NAME_RE.pattern}$"}}
+
+
+def _when(field: str, value: str, then: dict[str, Any]) -> dict[str, Any]:
+    """``if field == value then ...``: the fields one kind of entry must have."""
+    return {"if": {"properties": {field: {"const": value}}, "required": [field]}, "then": then}
+
+
+_BASE_ENTRY = {
+    "type": "object",
+    "required": ["path", "type", "mode"],
+    "properties": {
+        "path": _REL_PATH, "type": {"enum": ["file", "dir", "symlink"]}, "mode": _MODE,
+        "blob": _HASH, "mtime_ns": _MTIME, "target": {"type": "string", "minLength": 1}, "size": _COUNT,
+    },
+    "allOf": [_when("type", "file", {"required": ["blob"]}), _when("type", "symlink", {"required": ["target"]})],
+}
+_NETWORK_RECORD = {
+    "type": "object",
+    "required": ["host", "port", "protocol", "allowed"],
+    "properties": {"host": {"type": "string"}, "port": {"type": "integer"}, "protocol": {"type": "string"},
+                   "allowed": {"type": "boolean"}},
+}
+_KEPT = {
+    "type": "object",
+    "required": ["blob", "kept_bytes", "cap"],
+    "properties": {"blob": _HASH, "kept_bytes": _COUNT, "cap": _COUNT},
+}
+_EXEC = {
+    "type": "object",
+    "required": ["seq", "argv", "cwd", "exit_code", "signal", "timed_out", "stdout_blake3", "stderr_blake3",
+                 "stdout_bytes", "stderr_bytes", "touched"],
+    "properties": {
+        "seq": _COUNT,
+        "argv": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+        "cwd": {"type": ["string", "null"]},
+        "env_keys": _ENV_NAMES,
+        "exit_code": {"type": ["integer", "null"]},
+        "signal": {"type": ["string", "null"]},
+        "timed_out": {"type": "boolean"},
+        "oom_killed": {"type": "boolean"},
+        "stdout_blake3": _HASH, "stderr_blake3": _HASH, "stdout_bytes": _COUNT, "stderr_bytes": _COUNT,
+        "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
+        "stdin_blob": _HASH_OR_NULL,
+        "touched": {
+            "type": "object",
+            "required": ["written"],
+            "properties": {"read": _STRINGS_OR_NULL, "written": _STRINGS, "listed": _STRINGS_OR_NULL,
+                           "executed": _STRINGS_OR_NULL,
+                           "network": {"type": ["array", "null"], "items": _NETWORK_RECORD}},
+        },
+        "output": {
+            "type": ["object", "null"],
+            "properties": {"stdout": _KEPT, "stderr": _KEPT},
+            "additionalProperties": False,  # the replay walks its keys as stream names
+        },
+        "written_mtimes": {
+            "type": ["object", "null"],
+            "propertyNames": _REL_PATH,
+            "additionalProperties": {"type": "integer", "minimum": -(1 << 62), "maximum": 1 << 62},
+        },
+    },
+}
+_WRITE = {
+    "type": "object",
+    "required": ["seq", "path", "action"],
+    "properties": {
+        "seq": _COUNT, "path": _REL_PATH, "action": {"enum": ["write", "symlink", "delete", "chmod"]},
+        "blob": _HASH_OR_NULL, "target": {"type": ["string", "null"]},
+        "mode": {"anyOf": [_MODE, {"type": "null"}]}, "mtime_ns": _MTIME,
+    },
+    "allOf": [_when("action", "write", {"required": ["blob"], "properties": {"blob": _HASH}}),
+              _when("action", "symlink", {"required": ["target"],
+                                          "properties": {"target": {"type": "string", "minLength": 1}}})],
+}
+_CHANGE = {
+    "type": "object",
+    "required": ["path", "status", "type", "mode", "target", "blob"],
+    "properties": {
+        "path": _REL_PATH, "status": {"enum": ["added", "modified", "deleted"]},
+        "type": {"enum": ["file", "dir", "symlink", "other", None]},
+        "mode": {"type": ["integer", "null"]}, "target": {"type": ["string", "null"]}, "blob": _HASH_OR_NULL,
+    },
+}
+
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "ccw witness manifest",
+    "description": "manifest.json of a ccw witness archive (mcp_server/fs/witness.py says the format).",
+    "type": "object",
+    "required": ["format", "workspace", "include_blobs", "base", "capsule", "execs", "changes"],
+    "properties": {
+        "format": {"const": FORMAT},
+        # Where the replay shows the rebuilt base in the jail: an absolute, normal path.
+        "workspace": {"type": "string", "maxLength": 4096,
+                      "pattern": r"^/(?:(?!\.\.?(?:/|$))[^/\x00]+(?:/(?!\.\.?(?:/|$))[^/\x00]+)*)?$"},
+        "include_blobs": {"type": "boolean"},
+        "base": {
+            "type": "object",
+            "required": ["files"],
+            "properties": {
+                "read_sets_complete": {"type": "boolean"},
+                "carried": {"enum": ["used", "all"]},
+                "files": {"type": "array", "items": _BASE_ENTRY},
+            },
+        },
+        "capsule": {
+            "type": "object",
+            "required": ["env_whitelist", "limits"],
+            "properties": {
+                "clock": {"type": ["string", "null"]},
+                "clock_offset_sec": {"type": ["integer", "null"], "minimum": -MAX_CLOCK_OFFSET_SEC,
+                                     "maximum": MAX_CLOCK_OFFSET_SEC},
+                "env_whitelist": _ENV_NAMES,
+                "limits": {"type": "object"},  # each limit checked by sandbox.spec.Limits
+                "network": {"anyOf": [{"const": "none"}, {"type": "object"}]},
+            },
+        },
+        "execs": {"type": "array", "items": _EXEC},
+        "writes": {"type": "array", "items": _WRITE},
+        "changes": {"type": "array", "items": _CHANGE},
+    },
+}
+
+
+def _is_int(checker: Any, instance: Any) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+_Validator = extend(Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_int))
+_VALIDATOR = _Validator(SCHEMA)
+
+
+def check(manifest: Any) -> None:
+    """Raise INVALID_ARGUMENT naming the fields of ``manifest`` that break the schema."""
+    errors = list(itertools.islice(_VALIDATOR.iter_errors(manifest), MAX_REPORTED))
+    if errors:
+        problems = [{"field": "/" + "/".join(str(p) for p in e.absolute_path), "msg": e.message[:300]} for e in errors]
+        _refuse("; ".join(f"{p['field']}: {p['msg']}" for p in problems), problems)
+    try:
+        Limits.from_json(manifest["capsule"]["limits"], "capsule.limits")
+    except CcwError as exc:
+        _refuse(f"/capsule/limits: {exc.message}", [{"field": "/capsule/limits", "msg": exc.message}])
+
+
+def _refuse(what: str, problems: list[dict[str, str]]) -> None:
+    raise CcwError(
+        "INVALID_ARGUMENT",
+        f"the witness's manifest.json does not match the {FORMAT} manifest schema ({what}); "
+        "it was not made by ccw or was altered: make the witness again with capsule_witness",
+        {"errors": problems},
+    )
