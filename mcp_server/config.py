@@ -48,7 +48,7 @@ class Config:
     state_dir: str = field(default="", metadata=_setting("CCW_STATE_DIR", "SQLite, blobs and capsule dirs (default $XDG_STATE_HOME/ccw)"))
     helper_socket: str = field(default="", metadata=_setting("CCW_HELPER_SOCKET", "helper's IPC socket; empty or unreachable: start an embedded helper"))
     http_addr: str = field(default="127.0.0.1:8765", metadata=_setting("CCW_HTTP_ADDR", "host:port for MCP_ENDPOINT=http"))
-    tokens_file: str = field(default="", metadata=_setting("CCW_TOKENS_FILE", "HTTP bearer tokens and scopes (JSON); unset: loopback only, no auth"))
+    tokens_file: str = field(default="", metadata=_setting("CCW_TOKENS_FILE", "HTTP bearer tokens and scopes (JSON); unset: HTTP binds loopback only and needs the admin token generated in $CCW_STATE_DIR/http-tokens.json (ccw client-config CLIENT --http prints it)"))
     toolsets: tuple[str, ...] = field(default=TOOLSETS, metadata=_setting("CCW_TOOLSETS", "comma-separated tool families and profiles (agent) to expose (default: all)"))
     workspace: str = field(default="", metadata=_setting("CCW_WORKSPACE", "workspace root for file tools when the client declares no roots (default: cwd)"))
     schemas_dir: str = field(default="", metadata=_setting("CCW_SCHEMAS_DIR", "JSON Schema directory for the schema tools (default: ccw's own)", ("SYN_SCHEMAS_DIR",)))

@@ -1,14 +1,28 @@
-"""Run a real ``ccw-mcp`` process for tests: spawn, wait for ``mcp:ready``, stop, read logs."""
+"""Run a real ``ccw-mcp`` process for tests: spawn, wait for ``mcp:ready``, stop, read logs.
+
+Over HTTP every request needs a bearer token (transports/http.py, item 3): with no
+``CCW_TOKENS_FILE`` a server generates one in its state dir, which ``ServerProcess.bearer``
+reads for the tests; ``ServerProcess.client`` is an SDK client that sends it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from mcp_server.auth import TokenTable
 
 ROOT = Path(__file__).resolve().parent.parent
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
@@ -62,6 +76,20 @@ class ServerProcess:
             self.stop()
             raise AssertionError("ccw-mcp did not become ready:\n" + self.log)
         return self.path
+
+    def bearer(self) -> dict[str, str]:
+        """The ``Authorization`` header for this HTTP server: the token it generated in its state dir."""
+        token = TokenTable.generated(self.env["CCW_STATE_DIR"]).token_named(None)
+        return {"authorization": f"Bearer {token}"}
+
+    @contextlib.asynccontextmanager
+    async def client(self, mode: str = "legacy", **options: Any) -> AsyncIterator[Client]:
+        """An SDK client of this HTTP server (after ``wait_ready``) that sends ``bearer()``."""
+        async with (
+            httpx2.AsyncClient(headers=self.bearer(), timeout=httpx2.Timeout(30, read=300)) as http,
+            Client(streamable_http_client(self.path, http_client=http), mode=mode, **options) as client,
+        ):
+            yield client
 
     @property
     def log(self) -> str:

@@ -231,12 +231,17 @@ def test_random_requests(line: Line, request: dict[str, Any]) -> None:
 
 
 @pytest.fixture(scope="module")
-def http_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("fuzz-http")
     server = ServerProcess(server_env(tmp, MCP_ENDPOINT="http"))
-    url = server.wait_ready()
-    yield url
+    server.wait_ready()
+    yield server
     assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def http_url(http_server: ServerProcess) -> str:
+    return http_server.path
 
 
 def post(http: httpx2.Client, url: str, body: bytes) -> None:
@@ -254,8 +259,8 @@ def post(http: httpx2.Client, url: str, body: bytes) -> None:
 
 
 @pytest.fixture(scope="module")
-def http(http_url: str) -> Iterator[httpx2.Client]:
-    with httpx2.Client(timeout=30) as client:
+def http(http_server: ServerProcess) -> Iterator[httpx2.Client]:
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as client:
         yield client
 
 

@@ -98,7 +98,7 @@ def over_http(tmp: Path) -> tuple[list[dict[str, Any]], str]:
     server = ServerProcess(env_for(tmp, "http"))
     try:
         url = server.wait_ready()
-        with httpx2.Client(timeout=30, trust_env=False) as client:
+        with httpx2.Client(timeout=30, trust_env=False, headers=server.bearer()) as client:
             answers = []
             for request in REQUESTS:
                 response = client.post(url, json=request)

@@ -1,9 +1,12 @@
 """ccw-mcp over Streamable HTTP: SDK clients in both eras, sessions, Origin, bearer tokens
-and scopes, the 1 MiB body guard, direct methods, and the loopback-only rule."""
+and scopes (the generated local token included), the 1 MiB body guard, direct methods,
+and the loopback-only rule without a tokens file."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 
 import httpx2
@@ -72,7 +75,7 @@ SDK_CLIENT_GC = pytest.mark.filterwarnings(
 @pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
 def test_sdk_client_over_http(http_server: ServerProcess, mode: str):
     async def session():
-        async with Client(http_server.path, mode=mode) as client:
+        async with http_server.client(mode) as client:
             listed = await client.list_tools()
             assert [t.name for t in listed.tools] == ["ccw_info"]
             seen: list[float] = []
@@ -102,7 +105,7 @@ def test_sdk_client_with_bearer_token(token_server: ServerProcess):
 
 def test_sessions_unknown_id_404_and_delete(http_server: ServerProcess):
     url = http_server.path
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as http:
         opened = http.post(url, json=INIT, headers=ACCEPT)
         assert opened.status_code == 200
         session_id = opened.headers["mcp-session-id"]
@@ -123,7 +126,7 @@ def test_origin_is_validated(http_server: ServerProcess):
     url = http_server.path
     port = url.split(":")[2].split("/")[0]
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as http:
         evil = http.post(url, json=direct, headers={"origin": "http://evil.example"})
         assert evil.status_code == 403 and "Origin" in evil.json()["error"]
         local = http.post(url, json=direct, headers={"origin": f"http://localhost:{port}"})
@@ -132,7 +135,7 @@ def test_origin_is_validated(http_server: ServerProcess):
 
 def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess):
     url = http_server.path
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as http:
         ok = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ccw_info", "params": {"echo": "d"}})
         assert ok.status_code == 200 and ok.json() == {"jsonrpc": "2.0", "id": 1, "result": ok.json()["result"]}
         assert ok.json()["result"]["echo"] == "d"
@@ -181,15 +184,16 @@ def test_non_loopback_without_tokens_is_refused(tmp_path: Path):
     assert server.wait() == 2
     assert "CCW_TOKENS_FILE" in server.log
     assert not (tmp_path / "mcp.ready").exists()
+    assert not (tmp_path / "state" / "http-tokens.json").exists()  # refused before anything is written
 
 
 @SDK_CLIENT_GC
 def test_sigterm_finishes_in_flight_http_request(tmp_path: Path):
     server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
-    url = server.wait_ready()
+    server.wait_ready()
 
     async def session():
-        async with Client(url, mode="legacy") as client:
+        async with server.client() as client:
             await client.list_tools()
             signalled: list[float] = []
 
@@ -242,7 +246,7 @@ def test_dns_rebinding_host_is_refused_on_loopback(http_server: ServerProcess):
     url = http_server.path
     port = url.split(":")[2].split("/")[0]
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
-    with httpx2.Client(timeout=30) as http:
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as http:
         rebound = http.post(url, json=direct, headers={"host": f"evil.example:{port}"})
         assert rebound.status_code == 421 and "Host 'evil.example:" in rebound.json()["error"]
         wrong_port = http.post(url, json=direct, headers={"host": "127.0.0.1:1"})
@@ -271,3 +275,65 @@ def test_beyond_loopback_tokens_guard_and_origin_is_still_checked(tmp_path: Path
             assert evil.status_code == 403 and "Origin" in evil.json()["error"]
     finally:
         server.stop()
+
+
+def test_loopback_needs_the_generated_token(http_server: ServerProcess, tmp_path: Path):
+    # No CCW_TOKENS_FILE: the server made one token in its state dir and asks for it on
+    # loopback too; the unix socket is the tokenless local path, not HTTP.
+    made = tmp_path / "state" / "http-tokens.json"
+    info = os.lstat(made)
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == os.geteuid()
+    entry = json.loads(made.read_text())["tokens"][0]
+    assert entry["name"] == "local" and entry["scopes"] == ["admin"] and len(entry["token"]) >= 43
+    assert entry["token"] not in http_server.log
+    assert f"auth=bearer tokens={made} (generated" in http_server.log
+    url = http_server.path
+    direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+    with httpx2.Client(timeout=30) as http:
+        for headers in ({}, {"authorization": "Bearer " + entry["token"].swapcase()}, {"authorization": "Bearer"},
+                        {"authorization": entry["token"]}):
+            refused = http.post(url, json=direct, headers=headers)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+            assert entry["token"] not in refused.text
+        assert http.post(url, json=INIT, headers=ACCEPT).status_code == 401
+        assert http.get(url, headers={"accept": "text/event-stream"}).status_code == 401
+        assert http.post(url, json=direct, headers={"authorization": f"bearer  {entry['token']}"}).status_code == 200
+
+
+def test_the_generated_token_is_kept_across_restarts(tmp_path: Path):
+    first = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
+    first.wait_ready()
+    token = first.bearer()
+    assert first.stop() == 0
+    again = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
+    try:
+        url = again.wait_ready()
+        assert again.bearer() == token  # a client's config stays valid
+        assert httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}, headers=token,
+                           timeout=30).status_code == 200
+    finally:
+        again.stop()
+
+
+@pytest.mark.parametrize("plant", ["dangling symlink", "symlink to a tokens file", "group-readable", "fifo"])
+def test_an_unsafe_generated_file_stops_the_server(tmp_path: Path, plant: str):
+    state = tmp_path / "state"
+    state.mkdir()
+    spot = state / "http-tokens.json"
+    chosen = tmp_path / "chosen.json"
+    if plant == "dangling symlink":
+        spot.symlink_to(tmp_path / "written-through-the-link")
+    elif plant == "symlink to a tokens file":
+        chosen.write_text(json.dumps({"tokens": [{"name": "x", "token": "attacker-chose-this", "scopes": ["admin"]}]}))
+        chosen.chmod(0o600)
+        spot.symlink_to(chosen)
+    elif plant == "group-readable":
+        spot.write_text(json.dumps({"tokens": [{"name": "local", "token": "seen-by-others", "scopes": ["admin"]}]}))
+        spot.chmod(0o640)
+    else:
+        os.mkfifo(spot, 0o600)
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
+    assert server.wait() == 2, server.log
+    assert "http-tokens.json" in server.log and "remove" in server.log, server.log
+    assert not (tmp_path / "written-through-the-link").exists()
+    assert not (tmp_path / "mcp.ready").exists()

@@ -55,20 +55,24 @@ _CLIENT_LEAKS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExcep
 def test_parallel_calls_through_the_sdk(tmp_path: Path, root_required: None, transport: str) -> None:
     ws = _workspace(tmp_path)
     server: ServerProcess | None = None
-    target: Any
+    connect: Any
     if transport == "stdio":
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
         env.update(CCW_STATE_DIR=str(tmp_path / "state"), MCP_READY_FILE=str(tmp_path / "ready"), CCW_DEBUG="1")
-        target = StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "ccw-mcp"), env=env)
+        params = StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "ccw-mcp"), env=env)
+
+        def connect() -> Any:
+            return Client(params, mode="legacy")
     else:
         server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOOLSETS="capsule,text"))
-        target = server.wait_ready()
+        server.wait_ready()
+        connect = server.client  # an SDK client that sends the server's bearer token
     finished: list[str] = []  # tool calls in the order their answers arrived
     results: dict[str, Any] = {}
     reports: dict[str, list[str]] = {"second": [], "never": []}
 
     async def scenario() -> str:
-        async with Client(target, mode="legacy") as client:
+        async with connect() as client:
             cap = (await client.call_tool("capsule_create", {"workspace": str(ws)})).structured_content["capsule_id"]
             first_running, second_queued, never_queued = trio.Event(), trio.Event(), trio.Event()
 

@@ -1,6 +1,7 @@
 """The MCP Inspector's CLI (npm @modelcontextprotocol/inspector) drives ccw-mcp over stdio and HTTP.
 
 A client ccw did not write lists the tools and calls capsule_create and capsule_exec.
+Over HTTP it sends the server's bearer token (``--header``), and without it is refused.
 Over stdio each inspector call starts its own ccw-mcp (and embedded helper): the
 capsule made by one call is used by the next, as it would be across an agent's restarts.
 """
@@ -8,16 +9,15 @@ capsule made by one call is used by the next, as it would be across an agent's r
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from mcp_server.config import TOOLSETS
+from tests.mcp_process import ServerProcess, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 INSPECTOR = ROOT / ".cache" / "npm" / "node_modules" / ".bin" / "mcp-inspector"
@@ -67,31 +67,22 @@ def test_inspector_over_stdio(inspector: Path, tmp_path: Path) -> None:
     _capsule_round(["-e", f"CCW_STATE_DIR={tmp_path / 'state'}", str(CCW_MCP)], ws)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
-def http_server(tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
-    env.update(MCP_ENDPOINT="http", CCW_HTTP_ADDR=f"127.0.0.1:{port}", CCW_STATE_DIR=str(tmp_path / "state"),
-               MCP_READY_FILE=str(tmp_path / "ready"))
-    proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+def http_server(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOOLSETS=",".join(TOOLSETS)))
     try:
-        deadline = time.monotonic() + 30
-        while not (tmp_path / "ready").exists():
-            assert proc.poll() is None, "ccw-mcp exited before it was ready"
-            assert time.monotonic() < deadline, "ccw-mcp did not become ready"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/mcp"
+        server.wait_ready()
+        yield server
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        server.stop()
 
 
-def test_inspector_over_http(inspector: Path, tmp_path: Path, http_server: str) -> None:
-    _capsule_round([http_server, "--transport", "http"], _workspace(tmp_path))
+def test_inspector_over_http(inspector: Path, tmp_path: Path, http_server: ServerProcess) -> None:
+    # HTTP authenticates every caller, loopback included: the inspector sends the token
+    # the server generated in its state dir.
+    authorization = http_server.bearer()["authorization"]
+    target = [http_server.path, "--transport", "http", "--header", f"Authorization: {authorization}"]
+    _capsule_round(target, _workspace(tmp_path))
+    refused = subprocess.run([str(INSPECTOR), "--cli", http_server.path, "--transport", "http", "--method",
+                              "tools/list"], capture_output=True, text=True, timeout=120, check=False)
+    assert refused.returncode != 0 and "missing or unknown bearer token" in refused.stdout + refused.stderr

@@ -40,6 +40,7 @@ import httpx2
 import trio
 
 from bench.common import Report, Row, timed_requests
+from mcp_server.auth import TokenTable
 
 ROOT = Path(__file__).resolve().parents[2]
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
@@ -57,9 +58,10 @@ class Server:
 
     def __init__(self, tmp: Path, endpoint: str, toolsets: str, workspace: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+        self.state_dir = str(tmp / f"state-{endpoint}")
         env.update(
             MCP_ENDPOINT=endpoint, MCP_SOCKET_PATH=str(tmp / f"{endpoint}.sock"), MCP_READY_FILE=str(tmp / f"{endpoint}.ready"),
-            CCW_STATE_DIR=str(tmp / f"state-{endpoint}"), CCW_HTTP_ADDR="127.0.0.1:0", CCW_TOOLSETS=toolsets,
+            CCW_STATE_DIR=self.state_dir, CCW_HTTP_ADDR="127.0.0.1:0", CCW_TOOLSETS=toolsets,
             CCW_WORKSPACE=str(workspace),
         )  # fmt: skip
         self.proc = subprocess.Popen([str(CCW_MCP)], env=env, cwd=workspace, stdin=subprocess.DEVNULL,
@@ -84,6 +86,10 @@ class Server:
         if not ready.wait(60) or not self.path:
             self.stop()
             raise RuntimeError("ccw-mcp did not become ready:\n" + "\n".join(self.lines))
+
+    def bearer(self) -> dict[str, str]:
+        """The ``Authorization`` header HTTP needs: the token the server generated in its state dir."""
+        return {"authorization": f"Bearer {TokenTable.generated(self.state_dir).token_named(None)}"}
 
     def alive(self) -> bool:
         """True while the process runs."""
@@ -218,9 +224,9 @@ def _decode(response: httpx2.Response) -> dict[str, Any]:
 
 
 async def _http_client(url: str, count: int, mix: list[tuple[str, dict[str, Any]]], session: bool,
-                       offset: int, out: list[float], errors: list[int]) -> None:
+                       offset: int, out: list[float], errors: list[int], bearer: dict[str, str]) -> None:
     limits = httpx2.Limits(max_connections=1, max_keepalive_connections=1)
-    async with httpx2.AsyncClient(timeout=120, limits=limits) as http:
+    async with httpx2.AsyncClient(timeout=120, limits=limits, headers=bearer) as http:
         headers = dict(ACCEPT)
         if session:
             opened = await http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}, headers=headers)
@@ -239,14 +245,18 @@ async def _http_client(url: str, count: int, mix: list[tuple[str, dict[str, Any]
             await http.delete(url, headers=headers)
 
 
-async def _drive(transport: str, path: str, clients: int, count: int, mix: list[tuple[str, dict[str, Any]]]) -> LoadResult:
+async def _drive(server: Server, transport: str, clients: int, count: int,
+                 mix: list[tuple[str, dict[str, Any]]]) -> LoadResult:
     latencies: list[float] = []
     errors = [0]
-    client = _unix_client if transport == "socket" else _http_client
+    bearer = server.bearer() if transport == "http" else {}
     start = time.perf_counter()
     async with trio.open_nursery() as nursery:
         for n in range(clients):
-            nursery.start_soon(client, path, count, mix, n % 2 == 1, n, latencies, errors)
+            if transport == "socket":
+                nursery.start_soon(_unix_client, server.path, count, mix, n % 2 == 1, n, latencies, errors)
+            else:
+                nursery.start_soon(_http_client, server.path, count, mix, n % 2 == 1, n, latencies, errors, bearer)
     wall = time.perf_counter() - start
     if len(latencies) != clients * count:
         raise LoadError(f"{len(latencies)} answers for {clients * count} requests")
@@ -259,7 +269,7 @@ def run_load(tmp: Path, transport: str, clients: int, count: int) -> LoadResult:
     server = Server(tmp, transport, "server,policy,schema,snapshot,text", workspace)
     try:
         snapshot_id = _snapshot(server, transport, workspace)
-        result = trio.run(_drive, transport, server.path, clients, count, request_mix(snapshot_id, workspace))
+        result = trio.run(_drive, server, transport, clients, count, request_mix(snapshot_id, workspace))
         if not server.alive():
             raise LoadError("ccw-mcp died under load:\n" + "\n".join(server.lines[-20:]))
     finally:
@@ -272,7 +282,7 @@ def run_load(tmp: Path, transport: str, clients: int, count: int) -> LoadResult:
 def _snapshot(server: Server, transport: str, workspace: Path) -> str:
     frame = {"jsonrpc": "2.0", "id": 1, "method": "snapshot_create", "params": {}}
     if transport == "http":
-        answer = _decode(httpx2.post(server.path, json=frame, headers=ACCEPT, timeout=60))
+        answer = _decode(httpx2.post(server.path, json=frame, headers={**ACCEPT, **server.bearer()}, timeout=60))
     else:
         import socket
 

@@ -7,18 +7,25 @@ anything else goes through 2025-11-25 sessions (``initialize`` creates one and r
 this module's ASGI layer does what ccw adds, in this order:
 
 1. Only ``/mcp`` exists (404 otherwise).
-2. DNS rebinding and Origin (``host_guard``).  Bound to loopback (the only way to serve
-   without tokens), the SDK's own protection (``TransportSecurityMiddleware``) judges every
-   request, direct methods included: ``Host`` must be a loopback name with this server's
-   port (421 otherwise), and ``Origin``, when present, a loopback origin (403).  Bound
-   beyond loopback, tokens are mandatory and are the protection: a rebinding page cannot
-   send a bearer token, and the names clients use to reach the machine are not ccw's to
+2. DNS rebinding and Origin (``host_guard``).  Bound to loopback, the SDK's own
+   protection (``TransportSecurityMiddleware``) judges every request, direct methods
+   included: ``Host`` must be a loopback name with this server's port (421 otherwise),
+   and ``Origin``, when present, a loopback origin (403).  Bound beyond loopback (only
+   with ``CCW_TOKENS_FILE``), the names clients use to reach the machine are not ccw's to
    list, so ``Host`` is not checked there; ``Origin``, when present, must still name a
-   loopback host or the bound address (403).
-3. With ``CCW_TOKENS_FILE``: ``Authorization: Bearer`` must name a token (401 with
-   ``WWW-Authenticate: Bearer``).  Sessions are bound to the token that created them
-   (the SDK answers 404 to another token).  Without a tokens file the server only binds
-   to loopback and refuses to start otherwise.
+   loopback host or the bound address (403).  A rebinding page cannot send a bearer
+   token either way.
+3. Every request needs ``Authorization: Bearer`` naming a token (401 with
+   ``WWW-Authenticate: Bearer`` otherwise), on loopback too: any local user can reach a
+   loopback port, and the server may run as root.  The tokens are ``CCW_TOKENS_FILE``'s,
+   or, when it is unset, the one the server generates in its state dir on first start
+   (``mcp_server.auth``: mode 0600, owned by the server's uid, never through a symlink;
+   ``ccw client-config CLIENT --http HOST:PORT`` prints a client config carrying it).
+   Without ``CCW_TOKENS_FILE`` the server binds loopback only and refuses to start
+   otherwise: who may call from other machines, with which scopes, is the operator's
+   choice to write down.  Sessions are bound to the token that created them (the SDK
+   answers 404 to another token).  The tokenless local path is the unix socket
+   (``transports/unix.py``), where the kernel names the caller.
 4. POST bodies are read up to 1 MiB; a larger body is refused before parsing with
    **413** and a JSON-RPC error body whose ``data`` is seed 001's shape
    ``{"ok": false, "reason": "validation_failed", "errors": [{"path": "",
@@ -26,8 +33,8 @@ this module's ASGI layer does what ccw adds, in this order:
    other transports).  The connection stays usable (HTTP keep-alive).
 5. The JSON-RPC method decides the scope a token needs (``CcwServer.scope_for``: the
    tool's own scope for ``tools/call`` and direct methods); a token without it gets
-   **403** naming the scope.  With tokens, a body that ``json.loads`` cannot read as one
-   message (so no scope can be judged) is refused with **400** (-32700) before the SDK
+   **403** naming the scope.  A body that ``json.loads`` cannot read as one message (so
+   no scope can be judged) is refused with **400** (-32700) before the SDK
    sees it: fail closed rather than trust two parsers to agree.
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
    session or handshake; everything else is replayed to the SDK.
@@ -85,14 +92,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def bind_http(addr: str, has_tokens: bool) -> socket.socket:
-    """A listening TCP socket for CCW_HTTP_ADDR; non-loopback needs a tokens file."""
+def bind_http(addr: str, has_tokens_file: bool) -> socket.socket:
+    """A listening TCP socket for CCW_HTTP_ADDR; beyond loopback needs CCW_TOKENS_FILE (docstring, 3)."""
     host, port = parse_addr(addr)
-    if not has_tokens and not is_loopback(host):
+    if not has_tokens_file and not is_loopback(host):
         raise CcwError(
             "PERMISSION_DENIED",
-            f"refusing to serve HTTP on {host} without authentication: set CCW_TOKENS_FILE, "
-            "or bind a loopback address such as 127.0.0.1",
+            f"refusing to serve HTTP on {host} with only the generated local token: set CCW_TOKENS_FILE "
+            "to the tokens (and scopes) you hand out, or bind a loopback address such as 127.0.0.1",
         )
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
@@ -127,8 +134,7 @@ class CcwHttpApp:
     """The ASGI layer in front of the SDK's Streamable HTTP handler (see module docstring)."""
 
     def __init__(
-        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable | None, host: str,
-        port: int,
+        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable, host: str, port: int,
     ) -> None:
         self.app = app
         self.manager = manager
@@ -179,19 +185,16 @@ class CcwHttpApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if await self._refused_origin(scope, headers, send):
             return
-        principal: Principal | None = None
-        if self.tokens is not None:
-            principal = self.tokens.authenticate(headers.get("authorization"))
-            if principal is None:
-                await _respond(
-                    send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token>"},
-                    [(b"www-authenticate", b'Bearer realm="ccw"')],
-                )
-                return
-            scope = dict(scope)
-            scope["user"] = AuthenticatedUser(
-                AccessToken(token="-", client_id=principal.name, scopes=sorted(principal.scopes))
+        principal = self.tokens.authenticate(headers.get("authorization"))
+        if principal is None:
+            await _respond(
+                send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token> "
+                                     "(ccw client-config CLIENT --http HOST:PORT prints a config with it)"},
+                [(b"www-authenticate", b'Bearer realm="ccw"')],
             )
+            return
+        scope = dict(scope)
+        scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=principal.name, scopes=sorted(principal.scopes)))
         if scope["method"] != "POST":
             await self.manager.handle_request(scope, receive, send)
             return
@@ -213,7 +216,7 @@ class CcwHttpApp:
             return True
         return False
 
-    async def _serve_post(self, scope: dict[str, Any], receive: Any, send: Any, principal: Principal | None) -> None:
+    async def _serve_post(self, scope: dict[str, Any], receive: Any, send: Any, principal: Principal) -> None:
         body, trailing = await _read_body(receive, framing.MAX_FRAME)
         if body is None:
             event = framing.Oversized(trailing or b"", -1)
@@ -225,7 +228,7 @@ class CcwHttpApp:
             message = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: 100,000 nested arrays
             message = None
-        if principal is not None and not _scope_checkable(message):
+        if not _scope_checkable(message):
             # Fail closed: the scope check reads the method from json.loads' view of the
             # body; a body it cannot read (or that is no single message) must not go on to
             # the SDK's own parser, which might read it differently and run it unchecked.
@@ -237,7 +240,7 @@ class CcwHttpApp:
         if isinstance(message, dict) and isinstance(message.get("method"), str):
             method, params = message["method"], message.get("params")
             needed = self.app.scope_for(method, params)
-            if principal is not None and needed is not None and not principal.grants(needed):
+            if needed is not None and not principal.grants(needed):
                 await _respond(
                     send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"}
                 )
@@ -322,8 +325,12 @@ async def serve(
 ) -> None:
     """Serve Streamable HTTP on CCW_HTTP_ADDR until ``draining``."""
     config = app.config
-    tokens = TokenTable.load(config.tokens_file) if config.tokens_file else None
-    sock = bind_http(config.http_addr, tokens is not None)
+    sock = bind_http(config.http_addr, bool(config.tokens_file))
+    try:
+        tokens = TokenTable.for_server(config.tokens_file, config.state_dir)
+    except BaseException:
+        sock.close()
+        raise
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}{MCP_PATH}"
@@ -342,7 +349,8 @@ async def serve(
     asgi = CcwHttpApp(app, manager, tokens, host, port)
     async with trio.open_nursery() as nursery, manager.run():
         await nursery.start(_hypercorn, asgi, hconfig, draining)
-        LOGGER.info(f"mcp:http listening on {url} auth={'tokens' if tokens else 'none (loopback only)'}")
+        made = "" if config.tokens_file else " (generated; ccw client-config CLIENT --http HOST:PORT prints it)"
+        LOGGER.info(f"mcp:http listening on {url} auth=bearer tokens={tokens.source}{made}")
         task_status.started(url)
         await draining.wait()
         # hypercorn has stopped accepting; let requests in flight finish, then cut the
