@@ -4,7 +4,8 @@
     ccw serve [--endpoint ...]      run the MCP server (ccw-mcp), flags mapped onto its env vars
     ccw capsule VERB ...            create exec diff promote witness replay list destroy deltamin
     ccw helper start|stop|status    the state dir's detached helper (see helperctl.py)
-    ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode
+    ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode (--http: a
+                                    running `ccw serve --http`, with its bearer token)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
@@ -63,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--socket", help="MCP_SOCKET_PATH (implies --endpoint socket)")
     serve.add_argument("--http", metavar="HOST:PORT", help="CCW_HTTP_ADDR (implies --endpoint http)")
     serve.add_argument("--ready-file", help="MCP_READY_FILE")
-    serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE")
+    serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE (unset: HTTP needs the token it generates in the "
+                       "state dir; ccw client-config CLIENT --http HOST:PORT prints it)")
     serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated families, or a profile such as agent)")
     serve.add_argument("--reapi", metavar="URL", help="CCW_REAPI_URL (deltamin's trials and replays on a REAPI cluster)")
     serve.add_argument("--log-level", choices=logs.LEVELS, help="CCW_LOG_LEVEL")
@@ -89,6 +91,10 @@ def build_parser() -> argparse.ArgumentParser:
     client.add_argument("client", choices=CLIENTS)
     client.add_argument("--toolsets", help="CCW_TOOLSETS for the client's ccw-mcp: families and profiles, "
                         "comma-separated (default: all tools); see below")
+    client.add_argument("--http", metavar="HOST:PORT", help="call a running `ccw serve --http HOST:PORT` instead "
+                        "of starting ccw-mcp: its URL and an Authorization: Bearer header with its token (the "
+                        "one generated in the state dir, or CCW_TOKENS_FILE's)")
+    client.add_argument("--token-name", help="with --http and CCW_TOKENS_FILE: the entry whose token to use")
     return parser
 
 
@@ -186,7 +192,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "client-config":
         from mcp_server.cli import clients
 
-        return clients.run(args.client, config, args.json, args.toolsets)
+        return clients.run(args.client, config, args.json, args.toolsets, args.http, args.token_name)
     if args.command == "helper":
         from mcp_server.cli import helperctl
 

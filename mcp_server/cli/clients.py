@@ -1,20 +1,33 @@
 """``ccw client-config CLIENT``: the snippet that registers ccw-mcp with an MCP client.
 
-Every client starts ccw-mcp as a stdio server: the absolute path of the installed
-``ccw-mcp`` (the one beside this Python, so a venv install works without PATH), and the
-environment it needs: ``CCW_STATE_DIR`` always (an agent's capsules then live where
-``ccw capsule list`` finds them), ``CCW_HELPER_SOCKET`` when a system helper is
-configured or its socket exists.  The snippet goes to stdout (so it can be redirected
-into the file); where the file is, on stderr (as a comment line for TOML).
+By default every client starts ccw-mcp as a stdio server: the absolute path of the
+installed ``ccw-mcp`` (the one beside this Python, so a venv install works without PATH),
+and the environment it needs: ``CCW_STATE_DIR`` always (an agent's capsules then live
+where ``ccw capsule list`` finds them), ``CCW_HELPER_SOCKET`` when a system helper is
+configured or its socket exists.  A stdio server is the client's own child: no token.
+
+``--http HOST:PORT`` instead points the client at a running ``ccw serve --http
+HOST:PORT``: its URL, and an ``Authorization: Bearer`` header carrying a token, because
+HTTP authenticates every caller, loopback included (transports/http.py).  The token is
+the one the server generates in its state dir (``mcp_server.auth``; made here if the
+server has not started yet, the same way), or, with ``CCW_TOKENS_FILE``, the entry
+``--token-name`` names.  The snippet then holds a secret: keep it out of version control.
+
+The snippet goes to stdout (so it can be redirected into the file); where the file is,
+on stderr (as a comment line for TOML).
 
 Formats, as the clients document them:
 
 - claude: Claude Code reads ``mcpServers`` from ``.mcp.json`` in a project (or
   ``~/.claude.json``; ``claude mcp add-json ccw '<json>'`` writes it); Claude Desktop
-  the same shape in ``claude_desktop_config.json``.
-- codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table.
-- cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project), ``mcpServers``.
-- vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``.
+  the same shape in ``claude_desktop_config.json``.  ``"type": "stdio"`` or ``"http"``
+  with ``url`` and ``headers``.
+- codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table: ``command`` and
+  ``env``, or ``url`` and ``http_headers``.
+- cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project),
+  ``mcpServers``: ``command``, or ``url`` and ``headers``.
+- vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``, or
+  ``"type": "http"`` with ``url`` and ``headers``.
 
 ``--toolsets`` puts ``CCW_TOOLSETS`` in the snippet: every tool in ``tools/list`` costs
 the agent's context on every turn, so a client that needs only the agent loop should
@@ -31,6 +44,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mcp_server.auth import TokenTable
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from sandbox.errors import CcwError
 
@@ -123,13 +137,48 @@ def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     return json.dumps(value, indent=2, sort_keys=True) + "\n", value
 
 
-def run(client: str, config: Config, as_json: bool, toolsets: str | None = None) -> int:
-    """Print the snippet for ``client`` (and where it goes)."""
-    command = ccw_mcp_path()
-    text, value = snippet(client, command, server_env(config, toolsets))
+def http_snippet(client: str, url: str, token: str) -> tuple[str, Any]:
+    """(text to print, the same as a JSON value) for ``client`` calling ``url`` with ``token``."""
+    headers = {"Authorization": f"Bearer {token}"}
+    if client == "codex":
+        pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in headers.items())
+        text = f"[mcp_servers.ccw]\nurl = {toml_string(url)}\nhttp_headers = {{ {pairs} }}\n"
+        return text, {"mcp_servers": {"ccw": {"url": url, "http_headers": headers}}}
+    server: dict[str, Any] = {"url": url, "headers": headers}
+    if client == "vscode":
+        value: Any = {"servers": {"ccw": {"type": "http", **server}}}
+    elif client == "claude":
+        value = {"mcpServers": {"ccw": {"type": "http", **server}}}
+    else:
+        value = {"mcpServers": {"ccw": server}}
+    return json.dumps(value, indent=2, sort_keys=True) + "\n", value
+
+
+def http_target(config: Config, addr: str, token_name: str | None) -> tuple[str, str]:
+    """(URL, bearer token) of ``ccw serve --http addr`` over ``config``'s state dir or tokens file."""
+    from mcp_server.transports.http import MCP_PATH, parse_addr
+
+    host, port = parse_addr(addr)
+    shown = f"[{host}]" if ":" in host else host
+    token = TokenTable.for_server(config.tokens_file, config.state_dir).token_named(token_name)
+    return f"http://{shown}:{port}{MCP_PATH}", token
+
+
+def run(client: str, config: Config, as_json: bool, toolsets: str | None = None, http: str | None = None,
+        token_name: str | None = None) -> int:
+    """Print the snippet for ``client`` (and where it goes): stdio, or ``http`` (HOST:PORT) with a token."""
+    if http is None:
+        text, value = snippet(client, ccw_mcp_path(), server_env(config, toolsets))
+    else:
+        if toolsets:
+            raise CcwError("INVALID_ARGUMENT", "over HTTP the server chooses its tools: pass --toolsets to "
+                           "ccw serve, not to client-config --http")
+        text, value = http_snippet(client, *http_target(config, http, token_name))
+        print("ccw: this snippet holds a bearer token: keep the file private and out of version control",
+              file=sys.stderr)
     if as_json:
         document = {"client": client, "file": WHERE[client], "format": "toml" if client == "codex" else "json",
-                    "config": value, "text": text}
+                    "transport": "stdio" if http is None else "http", "config": value, "text": text}
         sys.stdout.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
         return 0
     if client == "codex":
