@@ -172,8 +172,8 @@ def parse_header(block: bytes) -> Member:
     except ValueError:
         stored = -1
     unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    signed = unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127)  # old tars summed signed bytes
-    if stored not in (unsigned, signed):
+    # Old tars summed signed bytes: each byte over 127 counts 256 less.
+    if stored != unsigned and stored != unsigned - 256 * sum(1 for b in block[:148] + block[156:] if b > 127):
         raise CcwError("INVALID_ARGUMENT", "not a witness archive: a tar header's checksum does not match "
                                            "(a damaged file, or not a tar); check the path or copy it again")
     name = block[:100].split(b"\0", 1)[0]
