@@ -83,6 +83,20 @@ def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
     assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})
 
 
+def test_replay_takes_env_network_workspace_and_trust_only_from_its_flags(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKEN", "from-this-shell")
+    monkeypatch.chdir(tmp_path)
+    _, call, _ = tool_call(parse("capsule", "replay", "wit_0123456789abcdef", "--env", "TOKEN=given",
+                                 "--env", "EMPTY=", "--env", "EQ=a=b", "--network", "pypi.org:443",
+                                 "--net-max-connections", "3", "--workspace", "ws", "--allow-untrusted"))
+    assert call == {"witness_id": "wit_0123456789abcdef", "env": {"TOKEN": "given", "EMPTY": "", "EQ": "a=b"},
+                    "network": {"allow": ["pypi.org:443"], "max_connections": 3},
+                    "workspace": str(tmp_path / "ws"), "allow_untrusted": True}
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        tool_call(parse("capsule", "replay", "wit_0123456789abcdef", "--env", "TOKEN"))
+
+
 def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
     import jsonschema
 
@@ -97,6 +111,8 @@ def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
         ("capsule", "promote", "cap_1", "--policy", "baseline"),
         ("capsule", "witness", "cap_1", "--no-compress"),
         ("capsule", "replay", "wit_0123456789abcdef"),
+        ("capsule", "replay", "wit_0123456789abcdef", "--env", "A=1", "--network", "pypi.org:443",
+         "--net-max-bytes", "1000", "--workspace", str(tmp_path), "--allow-untrusted"),
         ("capsule", "list"),
         ("capsule", "destroy", "cap_1"),
         ("capsule", "deltamin", "cap_1", "--budget-ms", "5000", "--", "make", "test"),

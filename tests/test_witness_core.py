@@ -18,6 +18,7 @@ from mcp_server.fs.witness import (
     verify,
     write_archive,
 )
+from mcp_server.fs.witness_key import WitnessKey
 from sandbox.errors import CcwError
 from tests.witness_craft import exec_entry, manifest
 
@@ -143,3 +144,58 @@ def test_a_source_that_changed_while_writing_is_refused() -> None:
     with pytest.raises(CcwError) as info:
         write_archive(_manifest(), lambda name: b"different", io.BytesIO())
     assert info.value.code == "CONFLICT"
+
+
+def test_a_signed_witness_is_valid_under_its_key_only_and_stays_plain_tar(tmp_path: Path) -> None:
+    key, other = WitnessKey(b"k" * 32), WitnessKey(b"o" * 32)
+    out = io.BytesIO()
+    written = write_archive(_manifest(), BLOBS.__getitem__, out, "zstd", key)
+    signed = out.getvalue()
+    assert written.root_hash == root_hash(_manifest())  # the signature is outside what the root hash covers
+    assert verify(io.BytesIO(signed), written.root_hash, key)["signature"] == "valid"
+    assert verify(io.BytesIO(signed), None, other)["signature"] == "foreign"
+    assert verify(io.BytesIO(_archive()[0]), None, key)["signature"] == "unsigned"
+    (tmp_path / "w.tar.zst").write_bytes(signed)
+    listing = subprocess.run(["tar", "--zstd", "-tf", str(tmp_path / "w.tar.zst")], capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert listing[:2] == ["manifest.json", "signature.json"] and len(listing) == 2 + len(NAMES)
+
+
+def test_a_signature_moved_onto_another_manifest_is_foreign() -> None:
+    key = WitnessKey(b"k" * 32)
+    out = io.BytesIO()
+    write_archive(_manifest(), BLOBS.__getitem__, out, "zstd", key)
+
+    def mutate(members: list[tuple[tarfile.TarInfo, bytes]]) -> list[tuple[tarfile.TarInfo, bytes]]:
+        m, content = members[0]
+        members[0] = (m, content.replace(b"/home/u/project", b"/home/u/projecu"))
+        return members
+
+    report = verify(io.BytesIO(_rewrite(out.getvalue(), mutate)), None, key)
+    assert report["signature"] == "foreign" and report["ok"] is True  # intact, but not ours
+
+
+def test_admit_refuses_before_any_blob_is_read_and_tampered_blobs_are_never_kept() -> None:
+    data, _ = _archive()
+    seen: list[str] = []
+
+    def admit(manifest: dict[str, object], signature: str) -> None:
+        seen.append(signature)
+        raise CcwError("PERMISSION_DENIED", "not this one")
+
+    with pytest.raises(CcwError, match="not this one"):
+        read_archive(io.BytesIO(data), admit=admit)
+    assert seen == ["unsigned"]
+    archive = read_archive(io.BytesIO(_rewrite(data, _flip(1, 3))))
+    assert NAMES[0] not in archive.blobs and set(archive.blobs) == set(NAMES[1:])
+    assert [p["kind"] for p in archive.problems] == ["blob_tampered"]
+
+
+def test_a_second_manifest_or_a_member_that_is_not_a_blob_is_a_problem() -> None:
+    data, root = _archive()
+
+    def mutate(members: list[tuple[tarfile.TarInfo, bytes]]) -> list[tuple[tarfile.TarInfo, bytes]]:
+        return [*members, (tarfile.TarInfo("manifest.json"), b"{}"), (tarfile.TarInfo("../evil"), b"x")]
+
+    kinds = sorted(p["kind"] for p in verify(io.BytesIO(_rewrite(data, mutate)), root)["problems"])
+    assert kinds == ["duplicate_member", "unexpected_member"]

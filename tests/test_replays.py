@@ -1,0 +1,49 @@
+"""capsules/replays: what a replayer must allow before a witness runs (the rest needs a helper: vm-tests)."""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import pytest
+
+from mcp_server.capsules.replays import ReplayOptions, admit
+from mcp_server.core.netrules import parse_network
+from sandbox.errors import CcwError
+from tests import witness_craft as craft
+
+
+def _manifest(include_blobs: bool = True) -> dict[str, Any]:
+    entry, _ = craft.exec_entry(1, ["true"])
+    return craft.manifest("/home/u/project", [entry], include_blobs=include_blobs)
+
+
+@pytest.mark.parametrize("signature", ["unsigned", "foreign"])
+def test_a_witness_this_state_dir_did_not_sign_needs_allow_untrusted(signature: str) -> None:
+    with pytest.raises(CcwError, match="allow_untrusted") as refused:
+        admit(_manifest(), signature, ReplayOptions())
+    assert refused.value.code == "PERMISSION_DENIED" and refused.value.details == {"signature": signature}
+    admit(_manifest(), signature, ReplayOptions(allow_untrusted=True))
+    admit(_manifest(), "valid", ReplayOptions())
+
+
+def test_a_witness_without_blobs_needs_the_replayer_to_name_its_base() -> None:
+    with pytest.raises(CcwError, match=r"pass workspace .* or make the witness again with include_blobs") as refused:
+        admit(_manifest(include_blobs=False), "valid", ReplayOptions())
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert refused.value.details == {"recorded_workspace": "/home/u/project"}
+    admit(_manifest(include_blobs=False), "valid", ReplayOptions(workspace="/srv/copy"))
+    with pytest.raises(CcwError, match="carries its base"):
+        admit(_manifest(), "valid", ReplayOptions(workspace="/srv/copy"))
+
+
+def test_a_capsules_own_witness_replays_with_its_own_values_and_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CCW_TEST_TOKEN", "the capsule had it")
+    monkeypatch.delenv("CCW_TEST_UNSET", raising=False)
+    network = parse_network(["pypi.org:443"])
+    record: Any = types.SimpleNamespace(spec=types.SimpleNamespace(env_whitelist=("CCW_TEST_TOKEN", "CCW_TEST_UNSET")),
+                                        network_spec=network)
+    options = ReplayOptions.of_capsule(record)
+    assert options.env == {"CCW_TEST_TOKEN": "the capsule had it"} and options.network == network
+    assert options.allow_untrusted is False and options.workspace is None
+    assert ReplayOptions().env == {} and ReplayOptions().network is None  # by default, nothing of this process's

@@ -1,0 +1,94 @@
+"""core/witness_manifest: what ccw writes passes; every field a replay reads is typed and bounded."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from mcp_server.core.witness_manifest import SCHEMA, check
+from sandbox.errors import CcwError
+from tests import witness_craft as craft
+
+
+def _manifest() -> dict[str, Any]:
+    entry, _ = craft.exec_entry(1, ["sh", "-c", "ls"], stdout=b"a.txt\n")
+    made = craft.manifest("/home/u/project", [entry], {"a.txt": b"a\n", "src/b.py": b"b\n"})
+    made["base"]["files"] += [{"path": "src", "type": "dir", "mode": 0o755},
+                              {"path": "link", "type": "symlink", "mode": 0o777, "target": "/usr/bin/python3"}]
+    made["writes"] = [{"seq": 2, "path": "c.txt", "action": "write", "blob": craft.blob_hash(b"c"), "target": None,
+                       "mode": 0o644, "mtime_ns": 5},
+                      {"seq": 3, "path": "c.txt", "action": "delete", "blob": None, "target": None, "mode": None,
+                       "mtime_ns": None}]
+    made["capsule"]["limits"] = {"memory_mb": 512}
+    return made
+
+
+def test_the_schema_is_draft_2020_12_and_what_ccw_writes_passes() -> None:
+    Draft202012Validator.check_schema(SCHEMA)
+    check(_manifest())
+
+
+def _set(made: dict[str, Any], pointer: str, value: Any) -> dict[str, Any]:
+    made = copy.deepcopy(made)
+    *parents, last = pointer.strip("/").split("/")
+    where: Any = made
+    for part in parents:
+        where = where[int(part)] if isinstance(where, list) else where[part]
+    if value is KeyError:
+        del where[last]
+    elif isinstance(where, list):
+        where[int(last)] = value
+    else:
+        where[last] = value
+    return made
+
+
+@pytest.mark.parametrize(("pointer", "value"), [
+    ("/base/files/0/mode", 420.0),  # JSON Schema's integer takes 420.0; os.fchmod must not
+    ("/base/files/0/mode", True),
+    ("/base/files/0/mode", 0o10000),
+    ("/base/files/0/mtime_ns", 1 << 63),
+    ("/base/files/0/blob", KeyError),  # a file without its blob
+    ("/base/files/3/target", KeyError),  # a symlink without its target
+    ("/base/files/0/path", "../x"), ("/base/files/0/path", "/etc/passwd"), ("/base/files/0/path", "a//b"),
+    ("/base/files/0/path", "a/./b"), ("/base/files/0/path", ""),
+    ("/writes/0/blob", None),  # a write without its bytes
+    ("/writes/0/action", "exec"),
+    ("/execs/0/argv", []), ("/execs/0/argv", ["sh", 1]), ("/execs/0/touched", {"read": []}),
+    ("/execs/0/output", {"stdin": {"blob": craft.blob_hash(b""), "kept_bytes": 0, "cap": 1}}),
+    ("/execs/0/written_mtimes", {"../x": 1}), ("/execs/0/timeout_ms", 0),
+    ("/execs/0/touched/network", [{"host": "h", "port": "80", "protocol": "http", "allowed": True}]),
+    ("/capsule/env_whitelist", ["A-B"]), ("/capsule/clock_offset_sec", 10 ** 12), ("/capsule/network", ["x"]),
+    ("/capsule/limits", {"memory_mb": 0}), ("/capsule/limits", {"swap_mb": 1}),
+    ("/workspace", "ws"), ("/workspace", "/a/../b"), ("/workspace", "/a/"), ("/format", "ccw-witness/2"),
+    ("/include_blobs", 1), ("/changes", KeyError),
+])
+def test_a_bad_field_is_invalid_argument_naming_it(pointer: str, value: Any) -> None:
+    with pytest.raises(CcwError) as refused:
+        check(_set(_manifest(), pointer, value))
+    assert refused.value.code == "INVALID_ARGUMENT"
+    fields = [error["field"] for error in refused.value.details["errors"]]
+    assert any(pointer.startswith(field) or field.startswith(pointer.rsplit("/", 1)[0]) for field in fields), fields
+
+
+def test_older_witnesses_without_the_later_fields_still_pass() -> None:
+    made = _manifest()
+    del made["writes"]
+    for ex in made["execs"]:
+        for later in ("output", "written_mtimes", "timeout_ms", "stdin_blob", "env_keys"):
+            del ex[later]
+    for entry in made["base"]["files"]:
+        entry.pop("mtime_ns", None)
+    del made["base"]["carried"], made["capsule"]["network"]
+    check(made)
+
+
+def test_a_hostile_manifest_is_named_in_a_few_errors_not_millions() -> None:
+    made = _manifest()
+    made["base"]["files"] = [{"path": "../x", "type": "file", "mode": -1}] * 100_000
+    with pytest.raises(CcwError) as refused:
+        check(made)
+    assert len(refused.value.details["errors"]) <= 5 and len(refused.value.message) < 3000
