@@ -11,8 +11,9 @@ hand) and gets a replayer to run ``capsule_replay`` on it, even with
     listener on this host's loopback gets none (the same replay with the replayer's
     own ``network`` reaches it, so the listener and the command do work);
 (c) a witness without blobs never picks its live base: one naming a directory that
-    holds a secret, or /etc with ``cat shadow``, is refused, and one replayed over a
-    directory the replayer names sees that directory, not the one it names;
+    holds a secret, or /etc with ``cat shadow``, is refused; /etc or /root named by the
+    replayer is refused as capsule_create refuses it; and one replayed over a directory
+    the replayer names sees that directory, not the one it names;
 (d) a zstd bomb (34 KB that expand to 1 GiB of zeros) is refused quickly, the replay's
     process growing by far less than the GiB (measured in a ``ccw capsule replay``
     subprocess and a witness_verify one);
@@ -168,6 +169,10 @@ def test_a_witness_without_blobs_never_chooses_its_live_base(tools: Any, tmp_pat
         kind, out = _replay(tools, path, allow_untrusted=True)
         outcomes.append((kind, out))
         assert (kind, out) == ("error", "INVALID_ARGUMENT"), (workspace, argv, out)
+        if workspace != str(private):  # named by the replayer, a system directory or a home is refused all the same
+            kind, out = _replay(tools, path, allow_untrusted=True, workspace=workspace)
+            outcomes.append((kind, out))
+            assert (kind, out) == ("error", "PERMISSION_DENIED"), (workspace, argv, out)
     # Replayed over a directory the replayer names: the commands see that one, not the witness's.
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -181,7 +186,7 @@ def test_a_witness_without_blobs_never_chooses_its_live_base(tools: Any, tmp_pat
         text = json.dumps(out)
         assert secret not in text and shadow not in text
         assert not any(line and line in text for line in shadow.splitlines()), out
-    record_property("escapes_tried", len(attempts) + 1)
+    record_property("escapes_tried", len(outcomes))
 
 
 # --- (d) a zstd bomb ----------------------------------------------------------------------

@@ -58,7 +58,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change, ExecReply, Touched
-from sandbox.spec import CapsuleSpec, Limits
+from sandbox.spec import CapsuleSpec, Limits, check_capsule_dir, login_homes
 
 
 def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
@@ -151,10 +151,12 @@ def _live_base_mismatches(manifest: dict[str, Any], live: str) -> list[dict[str,
 
 
 def _live_dir(workspace: str) -> str:
-    """The replayer's live base: an absolute directory that the replaying user may read.
+    """The replayer's live base: an absolute directory that the replaying user may read, and
+    that capsule_create would take (sandbox.spec.check_capsule_dir: no system directory,
+    home or key store).
 
     The front end runs as its caller, so its own access is the caller's (the helper checks
-    again with the caller's uid when it mounts the capsule).
+    both again with the caller's uid when it mounts the capsule).
     """
     paths.encoded(workspace, "workspace")
     if not os.path.isabs(workspace):
@@ -165,7 +167,9 @@ def _live_dir(workspace: str) -> str:
     if not os.access(workspace, os.R_OK | os.X_OK):
         raise CcwError("PERMISSION_DENIED", f"you may not read {workspace!r}; name a directory you can read",
                        {"workspace": workspace})
-    return os.path.normpath(workspace)
+    real = os.path.realpath(workspace)
+    check_capsule_dir("workspace", real, os.getuid(), login_homes(), given=workspace)
+    return real
 
 
 def _replay_changes(changes: Sequence[Change], base_dir: str, root_fd: int) -> list[dict[str, Any]]:
