@@ -334,11 +334,14 @@ def resolve_cwd(cwd: str | None, workspace: str) -> str:
 # files: a project is a directory inside it); a login user's home itself or anything
 # containing one (~ holds ~/.ssh; /home holds every home); and anything inside or
 # holding one of HOME_SECRETS of a home (~/.ssh, ~/.config/gcloud), the caller's own
-# included.  For a root caller, also anything inside another login user's home: uid 0
-# reads every file there, whereas any other caller's jail runs as that caller, whom the
-# kernel already keeps out of what it may not read (a group-writable project in a
-# colleague's home stays usable).  A project under /root for root, under ~ for anyone,
-# under /srv, /opt, /tmp, /var/tmp, /var/lib or /work stays allowed.
+# included.  A project *inside* a home stays allowed, another user's too, for root as
+# for anyone: a CI job runs as root on a checkout in its runner's home, and a capsule
+# over ~alice/proj shows that project and nothing beside it (the jail binds only the
+# workspace, so ../.ssh is not there; the front end reads with RESOLVE_BENEATH), while
+# what a home keeps secret sits at its top (its key stores, refused above).  A non-root
+# caller's jail runs as that caller, whom the kernel keeps out of what it may not read.
+# So a project under /root for root, under ~ for anyone, under /srv, /opt, /tmp,
+# /var/tmp, /var/lib or /work stays allowed.
 #
 # With a base, the workspace is only where the jail shows the view (and where promotion
 # writes): nothing is read from the host there, so only the system part applies, and a
@@ -426,8 +429,6 @@ def _refusal(path: str, caller_uid: int, homes: tuple[Home, ...], shown_only: bo
             if inside(path, store) or inside(store, path):
                 where = "lies in" if inside(path, store) else "contains"
                 return f"{where} {store}, where {home.user}'s keys and credentials are kept"
-        if caller_uid == 0 and home.uid != 0 and inside(path, home.path):
-            return f"lies in {whose} ({home.path}): as root, a capsule would show {home.user}'s files"
     return None
 
 

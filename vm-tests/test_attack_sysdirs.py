@@ -8,7 +8,8 @@ directory is mounted at.  Each attempt here is made as root, the caller whose ja
 read the hashes: through the tools, through ``ccw capsule create``, and straight through
 the helper's socket, bypassing the front end.  A capsule that is made anyway is probed
 (the jail's ``head -1`` and the front end's read of ``shadow``) and the test fails if the
-first line of /etc/shadow, or a planted secret in another user's home, comes back.
+first line of /etc/shadow, or a key planted in another user's ~/.ssh, comes back; a
+project inside that home is made, and shows nothing beside it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from sandbox.errors import CcwError
 
 ROOT = Path(__file__).resolve().parent.parent
 CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
-PROBE = "head -1 /etc/shadow; head -1 shadow; head -1 etc/shadow; cat secret.txt proj/secret.txt; true"
+PROBE = ("head -1 /etc/shadow; head -1 shadow; head -1 etc/shadow; cat .ssh/id_ed25519 ../.ssh/id_ed25519 "
+         "proj/../.ssh/id_ed25519; true")
 SYSTEM = ["/", "/etc", "/etc/../etc", "//etc", "/root", "/usr", "/boot", "/proc", "/sys", "/dev", "/var", "/home",
           "/run", "/tmp"]
 
@@ -44,14 +46,17 @@ def shadow_line() -> str:
 
 @pytest.fixture
 def victim(root_required: None) -> Iterator[tuple[str, Path, str]]:
-    """A throwaway login user with a project in its home holding a secret: (name, project, secret)."""
+    """A throwaway login user with a key in its home and a project beside it: (name, project, secret)."""
     name = f"ccwv{secrets.token_hex(3)}"
     subprocess.run(["useradd", "-m", "-s", "/bin/sh", name], check=True, capture_output=True)
     try:
-        project = Path(os.path.expanduser(f"~{name}")) / "proj"
+        home = Path(os.path.expanduser(f"~{name}"))
+        project = home / "proj"
         project.mkdir()
+        (project / "a.txt").write_text("fine\n")
+        (home / ".ssh").mkdir(mode=0o700)
         secret = f"VICTIM-SECRET-{secrets.token_hex(8)}"
-        (project / "secret.txt").write_text(secret + "\n")
+        (home / ".ssh" / "id_ed25519").write_text(secret + "\n")
         yield name, project, secret
     finally:
         subprocess.run(["userdel", "-r", "-f", name], check=False, capture_output=True)
@@ -63,7 +68,7 @@ def places(tmp_path: Path, victim: tuple[str, Path, str]) -> Iterator[dict[str, 
     namespace copies the bind mounts): name -> path."""
     found = {path: path for path in SYSTEM}
     found["another user's home"] = str(victim[1].parent)
-    found["inside another user's home"] = str(victim[1])
+    found["another user's key store"] = str(victim[1].parent / ".ssh")
     ssh = Path("/root/.ssh")
     made_ssh = not ssh.exists()
     ssh.mkdir(mode=0o700, exist_ok=True)
@@ -123,11 +128,12 @@ def test_capsule_create_refuses_system_dirs_homes_and_key_stores(
         for what, path in places.items():
             for args in ({"workspace": path}, {"workspace": str(project), "base": path}):
                 outcomes[f"{what}: {sorted(args.items())}"] = await escape(t, args)
-        # Ordinary projects still work, under /tmp and under root's own home.
-        for workspace in (project, root_project):
+        # Ordinary projects still work, under /tmp, under root's own home and inside another
+        # user's home (a root CI job on its runner's checkout), and show nothing beside them.
+        for workspace in (project, root_project, victim[1]):
             made = await t.call("capsule_create", {"workspace": str(workspace)})
             ran = await t.call("capsule_exec", {"capsule_id": made["capsule_id"], "cmd": ["sh", "-c", "ls; " + PROBE]})
-            assert ran["exit_code"] == 0 and ("a.txt" in ran["stdout"]) == (workspace == project), ran
+            assert ran["exit_code"] == 0 and ("a.txt" in ran["stdout"]) == (workspace != root_project), ran
             assert not leaks(ran["stdout"], victim[2]), ran
             await t.call("capsule_destroy", {"capsule_id": made["capsule_id"]})
         return len(outcomes), outcomes
