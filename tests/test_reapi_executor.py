@@ -252,3 +252,33 @@ def test_the_cache_evicts_the_least_recently_used_files_but_never_under_a_lease(
     (tmp_path / "cas" / ".part-x").write_bytes(b"half")
     again = BlobCache(tmp_path / "cas", max_bytes=3500)
     assert again.size == cache.size and not (tmp_path / "cas" / ".part-x").exists()
+
+
+def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path) -> None:
+    import trio
+
+    from mcp_server.capsules.replays import ReplayOptions
+    from mcp_server.core.netrules import parse_network
+    from mcp_server.state import State
+    from tests import witness_craft as craft
+
+    entry, blobs = craft.exec_entry(1, ["true"])
+    unsigned = craft.write(tmp_path / "unsigned.tar.zst", craft.manifest("/w", [entry]), blobs)
+    blobless = craft.write(tmp_path / "blobless.tar.zst", craft.manifest("/w", [entry], include_blobs=False), blobs)
+    state = State(tmp_path / "state")
+    service: Any = type("Service", (), {"state": state})()
+    remote = ReapiExecutor("grpc://127.0.0.1:1")  # a channel connects lazily: nothing reaches it here
+    cases = [
+        (unsigned, ReplayOptions(), "PERMISSION_DENIED"),  # this state dir's trust decides, not the bot's
+        (unsigned, ReplayOptions(allow_untrusted=True, network=parse_network(["pypi.org:443"])), "UNSUPPORTED"),
+        (blobless, ReplayOptions(allow_untrusted=True, workspace=str(tmp_path)), "UNSUPPORTED"),
+    ]
+    try:
+        for path, options, code in cases:
+            with pytest.raises(CcwError) as refused:
+                trio.run(remote.replay, service, path, None, options)
+            assert refused.value.code == code, (path, options, refused.value)
+        assert remote.summary()["executed"] == 0 and remote.uploaded_blobs == 0
+    finally:
+        remote.close()
+        state.close()
