@@ -1,7 +1,8 @@
-"""Before against after: ``python bench/against.py SUITE REV [--rounds N] [--quick]``.
+"""Before against after: ``python bench/against.py SUITE REV [--after REV2] [--rounds N] [--quick]``.
 
 Runs one suite on two trees in the same run: REV (checked out with ``git worktree add``
-into a scratch directory) and the current tree, alternating which goes first round by
+into a scratch directory) and the current tree (or ``--after``'s revision, checked out
+the same way, so edits made meanwhile do not count), alternating which goes first round by
 round, so drift on these 2-core VMs falls on both.  Both trees run the *current*
 ``bench/`` (copied over REV's), so what differs is ccw's code and nothing that measures
 it.  Each side is ``bench/run.py SUITE --json`` in its own process with ``PYTHONPATH``
@@ -28,9 +29,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _tree_at(rev: str, scratch: Path) -> Path:
+def _tree_at(rev: str, scratch: Path, side: str) -> Path:
     """A worktree of ``rev`` with the current bench/ and the shared .cache/ (prepared projects)."""
-    tree = scratch / "before"
+    tree = scratch / side
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(tree), rev], check=True)
     shutil.rmtree(tree / "bench")
     shutil.copytree(ROOT / "bench", tree / "bench", ignore=shutil.ignore_patterns("__pycache__"))
@@ -54,21 +55,26 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suite")
     parser.add_argument("rev", help="the 'before' revision (a commit, tag or branch)")
+    parser.add_argument("--after", help="the 'after' revision (default: the current tree as it is)")
     parser.add_argument("--rounds", type=int, default=3, help="runs of the suite per side (default 3)")
     parser.add_argument("--quick", action="store_true", help="pass --quick to the suite")
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="ccw-bench-against-"))
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     try:
-        trees = {"before": _tree_at(args.rev, scratch), "after": ROOT}
+        trees = {"before": _tree_at(args.rev, scratch, "before"),
+                 "after": _tree_at(args.after, scratch, "after") if args.after else ROOT}
         for i in range(args.rounds):
             for side in (("before", "after") if i % 2 == 0 else ("after", "before")):
                 runs[side].append(_run_suite(trees[side], args.suite, args.quick))
                 print(f"round {i + 1}/{args.rounds}: {side} done", file=sys.stderr)
     finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch / "before")], check=False)
+        for side in ("before", "after"):
+            if (scratch / side).exists():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch / side)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
-    print(f"suite {args.suite}: {args.rev} (before) against the current tree (after), {args.rounds} runs each\n")
+    after = args.after or "the current tree"
+    print(f"suite {args.suite}: {args.rev} (before) against {after} (after), {args.rounds} runs each\n")
     header = f"{'measure':60} {'before (median)':>16} {'after (median)':>16} {'after/before':>13}"
     print(header)
     print("-" * len(header))
