@@ -225,10 +225,13 @@ def test_argument_checks() -> None:
 def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
     manager = registry.CapsuleManager(str(state_dir), rootless=True)
     uid, gid = os.getuid(), os.getgid()
-    for bad in ("relative/path", "/", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
+    for bad in ("relative/path", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
         with pytest.raises(CcwError) as err:
             manager.create(uid, gid, CapsuleSpec.from_json({"workspace": bad}))
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND"), bad
+    with pytest.raises(CcwError) as err:  # / holds every system directory (spec.check_capsule_dir)
+        manager.create(uid, gid, CapsuleSpec.from_json({"workspace": "/"}))
+    assert err.value.code == "PERMISSION_DENIED" and "contains /etc" in err.value.message
     (tmp_path / "file").write_text("x")
     with pytest.raises(CcwError) as err:
         manager.create(uid, gid, CapsuleSpec.from_json({"workspace": str(tmp_path / "file")}))
