@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.capsules.background import Run, Runs
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
@@ -45,6 +46,7 @@ class Runtime:
         self._helper_lock = trio.Lock()
         self.capsule_queue = CapsuleQueue()  # execs, forks, destroys: one at a time per capsule
         self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
+        self.runs = Runs()  # calls that outlive their answer (capsules/background.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -72,7 +74,8 @@ class Runtime:
         return self._helper
 
     async def aclose(self) -> None:
-        """End the egress sessions, and close the helper client (stopping an embedded helper) if one was opened."""
+        """End the runs and the egress sessions, and close the helper client (stopping an embedded helper) if one was opened."""
+        await self.runs.aclose()  # their jails end while the helper is still there
         with trio.CancelScope(shield=True):
             await self.networks.aclose()
         client, self._helper = self._helper, None
@@ -160,6 +163,15 @@ class CallContext:
         """The capsule service, reporting progress and taking turns as this call."""
         return CapsuleService(self._runtime.state, self._runtime.helper, self, self._runtime.networks)
 
+    @property
+    def runs(self) -> Runs:
+        """The process's background runs (capsules/background.py)."""
+        return self._runtime.runs
+
+    def for_run(self, run: Run) -> CallContext:
+        """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
+        return _RunContext(self._runtime, self._session, self._request_id, run)
+
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
         return await self._runtime.roots_for(self._session)
@@ -194,3 +206,16 @@ class CallContext:
     def log(self, message: str) -> None:
         """A diagnostic line in the server's log (stderr; stdout carries frames only)."""
         LOGGER.info(f"mcp:tool {message}")
+
+
+class _RunContext(CallContext):
+    """A call's context as its run's body sees it: the run, not the call, hears its progress
+    (the call may have answered long ago, its connection may be gone)."""
+
+    def __init__(self, runtime: Runtime, session: Any, request_id: Any, run: Run) -> None:
+        super().__init__(runtime, session, request_id)
+        self._run = run
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Kept by the run, and sent to the call waiting for it, if any."""
+        await self._run.progress(progress, total, message)

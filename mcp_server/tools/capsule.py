@@ -23,8 +23,9 @@ import json
 import os
 from typing import Any
 
+from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
-from mcp_server.capsules.runs import USAGE_FIGURES, Command
+from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
 from mcp_server.core import unidiff
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
@@ -145,7 +146,16 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     stdin = args.get("stdin")
     command = Command(list(args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
                       stdin.encode() if stdin is not None else None)
-    ran = await ctx.capsules.exec(args["capsule_id"], command)
+
+    async def body(run: Run) -> dict[str, Any]:
+        return _exec_result(await ctx.for_run(run).capsules.exec(args["capsule_id"], command))
+
+    wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT)
+    return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress)
+
+
+def _exec_result(ran: ExecOutcome) -> dict[str, Any]:
+    """capsule_exec's result for a finished exec (seed 003's shape)."""
     reply = ran.reply
     return {
         "exit_code": reply.exit_code,
@@ -301,9 +311,10 @@ TOOLS = [
                 "cwd": {"type": ["string", "null"], "description": "Relative to the workspace (default: the workspace)."},
                 "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
                 "stdin": {"type": ["string", "null"]},
+                "wait_ms": WAIT_MS,
             },
         },
-        output_schema={
+        output_schema={"type": "object", "oneOf": [RUN_STATUS, {
             "type": "object",
             "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms",
                          "started_generation", "generation"],
@@ -353,7 +364,7 @@ TOOLS = [
                 "queued_ms": {"type": "integer", "minimum": 0,
                               "description": "How long the call waited for earlier execs on the capsule."},
             },
-        },
+        }]},
         handler=capsule_exec,
         text=exec_text,
         scope="exec",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.minimise import Question, deltamin
@@ -18,11 +19,16 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
     """The smallest part of the capsule's change that still makes target_cmd fail."""
     question = Question(args["capsule_id"], list(args["target_cmd"]), args.get("failure_predicate", "exit_code"),
                         args.get("budget_ms") or 600_000, args.get("confirm_runs"))
-    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
-    try:
-        return await deltamin(ctx.capsules, question, executor)
-    finally:
-        executor.close()
+
+    async def body(run: Run) -> dict[str, Any]:
+        executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
+        try:
+            return await deltamin(ctx.for_run(run).capsules, question, executor)
+        finally:
+            executor.close()
+
+    wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT)
+    return await ctx.runs.call("capsule_deltamin", question.capsule_id, body, wait_ms, ctx.progress)
 
 
 EXECUTOR = {
@@ -59,9 +65,10 @@ TOOLS = [
                 "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
                 "confirm_runs": {"type": "integer", "minimum": 1, "maximum": 10,
                                  "description": "Runs of the full and the empty change before searching (flakiness check; default 1)."},
+                "wait_ms": WAIT_MS,
             },
         },
-        output_schema={
+        output_schema={"type": "object", "oneOf": [RUN_STATUS, {
             "type": "object",
             "required": ["minimal_patch", "replay_ok", "root_hash", "trials", "cache_hits", "elapsed_ms", "one_minimal"],
             "additionalProperties": False,
@@ -72,7 +79,7 @@ TOOLS = [
                 "elapsed_ms": {"type": "integer"}, "one_minimal": {"type": "boolean"},
                 "executor": EXECUTOR,
             },
-        },
+        }]},
         handler=capsule_deltamin,
         scope="exec",
         aliases=("capsule/deltamin",),

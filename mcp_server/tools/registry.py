@@ -52,6 +52,13 @@ class ToolContext(Protocol):
         """Wait for the capsule's turn in arrival order and hold it for the block (execs, fork,
         destroy: one at a time per capsule); a queued call reports so through ``progress``."""
 
+    @property
+    def runs(self) -> Any:  # mcp_server.capsules.background.Runs
+        """The process's background runs: calls that answer "running" and are fetched by id."""
+
+    def for_run(self, run: Any) -> ToolContext:
+        """This call's context for the body of its background ``run`` (progress goes to the run)."""
+
     def log(self, message: str) -> None:
         """Write a diagnostic line to the server's log (stderr, never stdout)."""
 
@@ -121,6 +128,7 @@ class ResourceSpec:
 # skipped, so families can land one at a time.
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
+    "mcp_server.tools.runs",
     "mcp_server.tools.promote",
     "mcp_server.tools.deltamin",
     "mcp_server.tools.commutativity",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.replays import ReplayOptions
@@ -24,11 +25,15 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
     options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(args.get("network")),
                             workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")))
-    executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
-    try:
-        return await executor.replay(ctx.capsules, path, expected, options)
-    finally:
-        executor.close()
+
+    async def body(run: Run) -> dict[str, Any]:
+        executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
+        try:
+            return await executor.replay(ctx.for_run(run).capsules, path, expected, options)
+        finally:
+            executor.close()
+
+    return await ctx.runs.call("capsule_replay", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
 
 
 _NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
@@ -66,9 +71,10 @@ TOOLS = [
                 "allow_untrusted": {"type": "boolean", "description": (
                     "Replay a witness this state dir did not sign (unsigned, or signed by another): only if you "
                     "trust where it came from. Default false: such a witness is refused (PERMISSION_DENIED).")},
+                "wait_ms": WAIT_MS,
             },
         },
-        output_schema={
+        output_schema={"type": "object", "oneOf": [RUN_STATUS, {
             "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
             "properties": {
                 "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "execs": {"type": "integer"},
@@ -101,7 +107,7 @@ TOOLS = [
                     "properties": {"recorded": _NETWORK_SHOWN, "used": _NETWORK_SHOWN},
                 },
             },
-        },
+        }]},
         handler=capsule_replay,
         scope="exec",
         aliases=("capsule/replay",),

@@ -1,0 +1,204 @@
+"""Runs that outlive their call: a long exec answers "running" and is fetched later by id.
+
+MCP clients cut a tool call after a fixed time (Codex: ``tool_timeout_sec``, 60 s by
+default), while the capsule goes on running and holding its turn.  So a long call is
+started as a *run*: its body runs in a trio system task of its own, and the call waits
+for it at most ``wait_ms`` (an argument; the default is below the common 60 s limit).
+A run that ends within that budget answers exactly what the tool always answered; one
+that does not answers ``{"status": "running", "run_id", ...}``, and ``capsule_run``
+waits again, fetches, or cancels it.
+
+- **The turn is the run's.**  The body takes the capsule's turn (mcp_server.capsules.turns)
+  as the call would have, in the place the call took when it arrived, and holds it
+  until the run ends: a call sent after it on that capsule waits behind it.
+- **Why a system task.**  No task of the server lives as long as the process (each
+  transport has its own nursery; see capsules/networks.py), and a run must outlive the
+  call and its connection.  The task runs in a copy of the call's context (the arrival
+  places of its connection are found there).  It never raises but ``Cancelled`` at the
+  end of the trio run: what the body raised is kept and raised at the fetch.
+- **Cancelled while first waited for.**  If the call that started the run is cancelled
+  before it answered (``notifications/cancelled``, a closed connection), the run is
+  cancelled too, as an exec always was.  Once it answered "running", only
+  ``capsule_run`` with ``cancel`` (or the server's end) stops it; a client that leaves and
+  comes back fetches it by id.
+- **Progress** goes to whichever call is waiting for the run (none: dropped); the last
+  report (elapsed time, byte counts, the latest output lines) is in the "running" answer.
+- **Per process.**  Runs and their results live in this process: a restarted server
+  knows none of them (NOT_FOUND), and a second server of the same state dir does not see
+  this one's.  Finished runs are kept ``KEEP_S`` seconds, at most ``KEEP_FINISHED`` of them.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import math
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from sandbox.errors import CcwError
+
+WAIT_MS_DEFAULT = 50_000  # below the 60 s that Codex and other clients allow a tool call
+WAIT_MS_MAX = 600_000
+KEEP_S = 3600.0  # how long a finished run's result can still be fetched
+KEEP_FINISHED = 64  # and how many finished runs are kept at most
+STOP_WAIT_S = 40.0  # how long cancel waits for the jail to be ended (the helper's settle is 30 s)
+
+# The wait_ms argument of the tools that answer through runs.
+WAIT_MS = {"type": ["integer", "null"], "minimum": 0, "maximum": WAIT_MS_MAX, "description": (
+    f"Default {WAIT_MS_DEFAULT}; past it: status running, run_id for capsule_run. null: no limit.")}
+# What a call answers about a run that has not finished, or was cancelled.
+RUN_STATUS = {
+    "type": "object",
+    "required": ["status", "run_id", "elapsed_ms", "progress"],
+    "additionalProperties": False,
+    "properties": {
+        "status": {"enum": ["running", "cancelled"]},
+        "run_id": {"type": "string", "description": "Give it to capsule_run to wait again, fetch or cancel."},
+        "elapsed_ms": {"type": "integer", "minimum": 0},
+        "progress": {"type": ["string", "null"],
+                     "description": "The last progress report: elapsed time, byte counts, the latest output lines."},
+    },
+}
+
+Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+
+
+class Run:
+    """One call's work, running (or ended) in the background."""
+
+    def __init__(self, run_id: str, tool: str, capsule_id: str | None) -> None:
+        self.run_id = run_id
+        self.tool = tool
+        self.capsule_id = capsule_id
+        self.started = trio.current_time()
+        self.ended: float | None = None
+        self.done = trio.Event()
+        self.scope = trio.CancelScope()
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.last_report: str | None = None
+        self._listener: Progress | None = None
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """The body's progress: kept, and sent to the call waiting for the run (if any)."""
+        if message is not None:
+            self.last_report = message
+        listener = self._listener
+        if listener is None:
+            return
+        try:
+            await listener(progress, total, message)
+        except Exception:  # the waiting call's connection is gone: the run goes on
+            if self._listener is listener:
+                self._listener = None
+
+    def summary(self, status: str) -> dict[str, Any]:
+        """The answer about a run that has not finished (``running``) or was ``cancelled``."""
+        end = self.ended if self.ended is not None else trio.current_time()
+        return {"status": status, "run_id": self.run_id, "elapsed_ms": int((end - self.started) * 1000),
+                "progress": self.last_report}
+
+    def outcome(self) -> dict[str, Any]:
+        """An ended run's answer: the tool's own result, the ``cancelled`` summary, or what it raised."""
+        if self.cancelled:
+            return self.summary("cancelled")
+        if self.error is not None:
+            raise self.error
+        assert self.result is not None
+        return self.result
+
+
+Body = Callable[[Run], Awaitable[dict[str, Any]]]
+
+
+class Runs:
+    """The runs of this process, by id."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, Run] = {}
+        self._serial = itertools.count(1)
+
+    def start(self, tool: str, capsule_id: str | None, body: Body) -> Run:
+        """Start ``body`` as a run now, in a copy of the calling task's context."""
+        self._expire()
+        run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id)
+        self._runs[run.run_id] = run
+        trio.lowlevel.spawn_system_task(self._serve, run, body, name=f"ccw {tool} {run.run_id}",
+                                        context=contextvars.copy_context())
+        return run
+
+    async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
+                   progress: Progress) -> dict[str, Any]:
+        """Run ``body`` and answer within ``wait_ms`` (None: wait until it ends, in this task)."""
+        if wait_ms is None:
+            run = Run("", tool, capsule_id)
+            run._listener = progress
+            return await body(run)
+        run = self.start(tool, capsule_id, body)
+        try:
+            return await self.wait(run, wait_ms, progress)
+        except trio.Cancelled:
+            run.scope.cancel()  # cancelled before it answered: the run goes with it
+            raise
+
+    def get(self, run_id: str) -> Run:
+        """A run of this process by id; NOT_FOUND (saying why it may be gone) if unknown."""
+        self._expire()
+        run = self._runs.get(run_id)
+        if run is None:
+            raise CcwError("NOT_FOUND", (
+                f"run {run_id} not found: runs live in the server process that started them and a "
+                f"finished run's result is kept {int(KEEP_S)} s (at most {KEEP_FINISHED}); after a server "
+                "restart it is gone. Run the command again (capsule_diff shows what the capsule holds now)"),
+                {"run_id": run_id})
+        return run
+
+    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None) -> dict[str, Any]:
+        """The run's answer if it ends within ``wait_ms`` (None: no limit), else its "running" summary."""
+        run._listener = progress
+        try:
+            with trio.move_on_after(math.inf if wait_ms is None else wait_ms / 1000):
+                await run.done.wait()
+        finally:
+            if run._listener is progress:
+                run._listener = None
+        return run.outcome() if run.done.is_set() else run.summary("running")
+
+    async def cancel(self, run: Run) -> dict[str, Any]:
+        """Cancel the run (its jail is ended, its turn passed on) and answer how it ended."""
+        run.scope.cancel()
+        with trio.move_on_after(STOP_WAIT_S):
+            await run.done.wait()
+        return run.outcome() if run.done.is_set() else run.summary("running")
+
+    async def aclose(self) -> None:
+        """Cancel every run and wait (shielded, bounded) until each has ended."""
+        live = [run for run in self._runs.values() if not run.done.is_set()]
+        for run in live:
+            run.scope.cancel()
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_WAIT_S):
+            for run in live:
+                await run.done.wait()
+
+    async def _serve(self, run: Run, body: Body) -> None:
+        try:
+            with run.scope:
+                run.result = await body(run)
+            run.cancelled = run.result is None
+        except Exception as exc:  # kept for the fetch; a system task must not raise
+            run.error = exc
+        finally:
+            run.ended = trio.current_time()
+            run.done.set()
+
+    def _expire(self) -> None:
+        now = trio.current_time()
+        ended = sorted((r for r in self._runs.values() if r.ended is not None), key=lambda r: r.ended or 0.0)
+        for index, run in enumerate(ended):
+            if now - (run.ended or now) > KEEP_S or index < len(ended) - KEEP_FINISHED:
+                del self._runs[run.run_id]
