@@ -8,11 +8,13 @@ import os
 import stat
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mcp_server.capsules.background import WAIT_MS_DEFAULT, WAIT_MS_MAX
 from mcp_server.cli import main
 from mcp_server.cli.clients import CLIENTS, http_snippet, snippet, toml_key, toml_string
 from sandbox.errors import CcwError
@@ -36,6 +38,16 @@ def test_codex_snippet_round_trips_through_tomllib(path: str) -> None:
     text, value = snippet("codex", f"{path}/bin/ccw-mcp", env)
     assert tomllib.loads(text) == value
     assert value["mcp_servers"]["ccw"]["env"]["CCW_STATE_DIR"] == path
+
+
+@pytest.mark.parametrize("make", [lambda: snippet("codex", "/usr/bin/ccw-mcp", {"CCW_STATE_DIR": "/s"}),
+                                  lambda: http_snippet("codex", "http://127.0.0.1:9/mcp", "tok")])
+def test_codex_waits_longer_than_the_longest_wait_ms(make: Any) -> None:
+    # Codex cuts a tool call at tool_timeout_sec (60 s by default); a call asking for the
+    # longest wait_ms must still get its "running" answer.
+    text, value = make()
+    timeout = tomllib.loads(text)["mcp_servers"]["ccw"]["tool_timeout_sec"]
+    assert timeout == value["mcp_servers"]["ccw"]["tool_timeout_sec"] > WAIT_MS_MAX / 1000 > WAIT_MS_DEFAULT / 1000
 
 
 @given(st.text(st.characters(exclude_categories=["Cs"]), max_size=40))

@@ -23,7 +23,12 @@ Formats, as the clients document them:
   the same shape in ``claude_desktop_config.json``.  ``"type": "stdio"`` or ``"http"``
   with ``url`` and ``headers``.
 - codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table: ``command`` and
-  ``env``, or ``url`` and ``http_headers``.
+  ``env``, or ``url`` and ``http_headers``; and ``tool_timeout_sec``, the one client here
+  with a per-server tool timeout (default 60 s).  A long run answers "running" within its
+  ``wait_ms`` (capsules/background.py), so the timeout is set above the largest
+  ``wait_ms`` a call may ask for (``TOOL_TIMEOUT_S``).  Claude Code, Cursor and VS Code
+  document no per-server tool timeout in these files: their calls stay under the default
+  ``wait_ms``.
 - cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project),
   ``mcpServers``: ``command``, or ``url`` and ``headers``.
 - vscode: ``.vscode/mcp.json`` in a workspace, ``servers`` with ``"type": "stdio"``, or
@@ -45,10 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from mcp_server.auth import TokenTable
+from mcp_server.capsules.background import WAIT_MS_MAX
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from sandbox.errors import CcwError
 
 CLIENTS = ("claude", "codex", "cursor", "vscode")
+TOOL_TIMEOUT_S = WAIT_MS_MAX // 1000 + 60  # codex's tool_timeout_sec: the longest wait_ms, and answering
 SERVICE_SOCKET = "/run/ccw/helper.sock"
 
 WHERE = {
@@ -124,8 +131,10 @@ def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     """(text to print, the same as a JSON value) for ``client``."""
     if client == "codex":
         pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in sorted(env.items()))
-        text = f"[mcp_servers.ccw]\ncommand = {toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
-        value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env}}}
+        text = (f"[mcp_servers.ccw]\ncommand = {toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
+                f"tool_timeout_sec = {TOOL_TIMEOUT_S}\n")
+        value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env,
+                                              "tool_timeout_sec": TOOL_TIMEOUT_S}}}
         return text, value
     server: dict[str, Any] = {"command": command, "args": [], "env": env}
     if client == "vscode":
@@ -142,8 +151,9 @@ def http_snippet(client: str, url: str, token: str) -> tuple[str, Any]:
     headers = {"Authorization": f"Bearer {token}"}
     if client == "codex":
         pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in headers.items())
-        text = f"[mcp_servers.ccw]\nurl = {toml_string(url)}\nhttp_headers = {{ {pairs} }}\n"
-        return text, {"mcp_servers": {"ccw": {"url": url, "http_headers": headers}}}
+        text = (f"[mcp_servers.ccw]\nurl = {toml_string(url)}\nhttp_headers = {{ {pairs} }}\n"
+                f"tool_timeout_sec = {TOOL_TIMEOUT_S}\n")
+        return text, {"mcp_servers": {"ccw": {"url": url, "http_headers": headers, "tool_timeout_sec": TOOL_TIMEOUT_S}}}
     server: dict[str, Any] = {"url": url, "headers": headers}
     if client == "vscode":
         value: Any = {"servers": {"ccw": {"type": "http", **server}}}
