@@ -167,3 +167,33 @@ def test_a_run_outlives_the_client_that_started_it(tmp_path: Path, root_required
         assert server.stop() == 0
     assert started["status"] == "running"
     assert found["exit_code"] == 0 and found["stdout"] == "done\n"
+
+
+def _running(argv: list[str]) -> list[int]:
+    """Pids whose command line is ``argv`` (this host's /proc)."""
+    wanted = "\0".join(argv).encode() + b"\0"
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == wanted:
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_the_server_end_ends_its_runs(tmp_path: Path, root_required: None) -> None:
+    ws = _workspace(tmp_path)
+    marker = ["sleep", f"{4000 + os.getpid() % 1000}.25"]  # a command line no one else runs
+
+    async def scenario() -> dict[str, Any]:
+        async with _stdio_client(tmp_path) as client:
+            cap = (await _call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            started = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": marker, "wait_ms": 500})
+            assert _running(marker), "the run's command should be running"
+        return started  # the client closed the server's stdin: the server ended
+
+    started = trio.run(scenario)
+    assert started["status"] == "running"
+    # The run did not outlive its server: its jail was ended before the helper went away.
+    assert _running(marker) == []
