@@ -11,7 +11,10 @@ left comes back for the result on a new connection.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +25,14 @@ from mcp.client.stdio import StdioServerParameters
 
 from tests.mcp_process import ServerProcess, server_env
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import test_realprojects_rootless as rootless  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
+
+ROOT = HERE.parent
+user_dir = rootless.user_dir  # a system user made for the test, and a directory it owns
 CLIENT_TIMEOUT_S = 2.0  # the client's limit for one call, as Codex's 60 s
 SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
@@ -197,3 +207,48 @@ def test_the_server_end_ends_its_runs(tmp_path: Path, root_required: None) -> No
     assert started["status"] == "running"
     # The run did not outlive its server: its jail was ended before the helper went away.
     assert _running(marker) == []
+
+
+ROOTLESS_SCRIPT = r"""
+import json, os, sys
+import trio
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+ccw_mcp, ws, state = sys.argv[1:4]
+
+async def main():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
+    env.update(CCW_STATE_DIR=state, CCW_TOOLSETS="capsule")
+    async with Client(StdioServerParameters(command=ccw_mcp, env=env), mode="legacy") as client:
+        async def call(tool, args):
+            result = await client.call_tool(tool, args, read_timeout_seconds=2.0)
+            assert not result.is_error, result
+            return result.structured_content
+        cap = (await call("capsule_create", {"workspace": ws}))["capsule_id"]
+        started = await call("capsule_exec", {"capsule_id": cap, "wait_ms": 1000,
+                                              "cmd": ["sh", "-c", "sleep 3; echo done"]})
+        found = started
+        while found.get("status") == "running":
+            found = await call("capsule_run", {"run_id": started["run_id"], "wait_ms": 1000})
+        sleeper = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sleep", "60"], "wait_ms": 500})
+        cancelled = await call("capsule_run", {"run_id": sleeper["run_id"], "cancel": True})
+        after = await call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "after"]})
+        return {"started": started, "found": found, "cancelled": cancelled, "after": after}
+
+print(json.dumps(trio.run(main)))
+"""
+
+
+def test_long_runs_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
+    uid, gid, home = user_dir
+    ws, state = home / "ws", home / "state"
+    ws.mkdir()
+    (ws / "a.txt").write_text("good\n")
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws)], check=True)
+    out = run_script_as(uid, gid, [sys.executable, "-c", ROOTLESS_SCRIPT, str(ROOT / ".venv" / "bin" / "ccw-mcp"),
+                                   str(ws), str(state)], home)
+    assert out["started"]["status"] == "running", json.dumps(out)
+    assert out["found"]["exit_code"] == 0 and out["found"]["stdout"] == "done\n"
+    assert out["cancelled"]["status"] == "cancelled" and out["cancelled"]["elapsed_ms"] < 10_000
+    assert out["after"]["stdout"] == "after\n"
