@@ -22,7 +22,8 @@ TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "fi
 # a coding agent's loop needs (make a capsule, read and edit files in it, run, diff,
 # promote under a policy), about a quarter of the full list's bytes (bench/run.py surface).
 PROFILES: dict[str, tuple[str, ...]] = {
-    "agent": ("capsule_create", "capsule_exec", "capsule_diff", "capsule_promote", "capsule_destroy",
+    # capsule_run: an exec longer than its wait_ms answers "running" and is fetched with it.
+    "agent": ("capsule_create", "capsule_exec", "capsule_run", "capsule_diff", "capsule_promote", "capsule_destroy",
               "capsule_list", "read_text_file", "edit_text_file", "policy_list"),
 }
 
