@@ -432,6 +432,43 @@ def _refusal(path: str, caller_uid: int, homes: tuple[Home, ...], shown_only: bo
     return None
 
 
+# Exposing a toolchain shows a directory read-only in the jail beside the workspace
+# (issue 25): ~/.pyenv/versions/3.12.1, ~/.nvm/versions/node/v20.1.0.  The rule is the
+# capsule directories' one (no system tree, no home itself or what holds one, nothing
+# in or holding a key store) plus the stores that matter only when shown read-only:
+# files of credentials at a home's top (held by the home, refused already, named here
+# so the message says what they are), registries' tokens inside a tool's own dir (so
+# ~/.cargo is refused while ~/.cargo/bin is not), and browser and mail profiles.
+EXPOSE_SECRETS = (".netrc", ".git-credentials", ".pypirc", ".npmrc", ".yarnrc", ".vault-token",
+                  ".cargo/credentials", ".cargo/credentials.toml", ".config/hub", ".config/op",
+                  ".terraform.d", ".mozilla", ".thunderbird", ".config/google-chrome",
+                  ".config/chromium", ".config/BraveSoftware", ".config/microsoft-edge",
+                  ".local/share/password-store")
+
+
+def check_expose_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, ...]) -> None:
+    """Refuse (PERMISSION_DENIED) a directory to expose that would show secrets.
+
+    ``path`` is absolute and resolved.  Refused: whatever ``check_capsule_dir`` refuses,
+    and a directory that is, contains or lies in one of EXPOSE_SECRETS of a home; asking
+    for it explicitly changes nothing.
+    """
+    path = os.path.normpath(path)
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    why = _refusal(path, caller_uid, homes, shown_only=False)
+    for home in homes:
+        for secret in EXPOSE_SECRETS:
+            store = f"{home.path}/{secret}"
+            if why is None and (inside(path, store) or inside(store, path)):
+                where = "lies in" if inside(path, store) else "contains"
+                why = f"{where} {store}, where {home.user}'s credentials or profiles are kept"
+    if why is not None:
+        raise CcwError("PERMISSION_DENIED", f"{name} {path!r} {why}; expose a toolchain's own "
+                       "directory instead (~/.pyenv/versions/3.12.1, ~/.nvm/versions/node/v20.1.0)",
+                       {"argument": name, "path": path})
+
+
 def check_capsule_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, ...], *,
                       shown_only: bool = False, given: str | None = None) -> None:
     """Refuse (PERMISSION_DENIED) a capsule directory that would show the host's secrets.

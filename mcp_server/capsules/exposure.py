@@ -1,0 +1,130 @@
+"""Find the toolchains a workspace runs with outside it (issue 25): the reads for core/expose.
+
+At capsule_create the front end knows the workspace and the caller's PATH; this module
+reads what they point at, bounded (pyvenv.cfg up to 64 KiB, the first 256 bytes of at
+most MAX_SCRIPTS scripts per bin directory), resolves symlinks, and hands the paths to
+``core.expose`` for their toolchain roots.  The workspace is the agent's: a planted
+pyvenv.cfg or ``#!`` line may name anything, so every directory found is held to
+``sandbox.spec.check_expose_dir`` and dropped when refused (an explicit ``expose``
+entry that is refused is an error instead: the caller asked for it).  The helper checks
+each path again before it binds it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from mcp_server.core.expose import (
+    MAX_SHEBANG,
+    Need,
+    cover,
+    shebang_interpreter,
+    toolchain_root,
+    venv_home,
+)
+from sandbox.errors import CcwError
+from sandbox.spec import Home, check_expose_dir
+
+VENV_DIRS = (".venv", "venv")
+SCRIPT_DIRS = (".venv/bin", "venv/bin", "node_modules/.bin")
+MAX_SCRIPTS = 64
+MAX_CFG = 64 * 1024
+
+
+def _read_head(path: str, limit: int) -> bytes:
+    """The first ``limit`` bytes of a regular file (never a FIFO or device), else b""."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        if not os.path.isfile(f"/proc/self/fd/{fd}"):
+            return b""
+        return os.read(fd, limit)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _venv_needs(workspace: str, home: str | None) -> list[Need]:
+    """The interpreter prefix of each venv in the workspace (pyvenv.cfg home, bin/python)."""
+    needs = []
+    for venv in VENV_DIRS:
+        cfg = _read_head(os.path.join(workspace, venv, "pyvenv.cfg"), MAX_CFG)
+        bin_dir = venv_home(cfg.decode("utf-8", "replace"))
+        if bin_dir is not None:
+            root = toolchain_root(os.path.realpath(bin_dir), home)
+            if root is not None:
+                needs.append(Need(root, f"pyvenv.cfg home of {venv}"))
+        python = os.path.join(workspace, venv, "bin", "python")
+        if os.path.lexists(python):
+            root = toolchain_root(os.path.realpath(python), home)
+            if root is not None:
+                needs.append(Need(root, f"interpreter of {venv}/bin/python"))
+    return needs
+
+
+def _script_needs(workspace: str, home: str | None) -> list[Need]:
+    """The interpreters ``#!`` lines name in the workspace's bin directories (bounded)."""
+    needs = []
+    for scripts in SCRIPT_DIRS:
+        try:
+            names = sorted(os.listdir(os.path.join(workspace, scripts)))[:MAX_SCRIPTS]
+        except OSError:
+            continue
+        for name in names:
+            interpreter = shebang_interpreter(_read_head(os.path.join(workspace, scripts, name), MAX_SHEBANG))
+            if interpreter is not None:
+                root = toolchain_root(os.path.realpath(interpreter), home)
+                if root is not None:
+                    needs.append(Need(root, f"shebang of {scripts}/{name}"))
+    return needs
+
+
+def _path_needs(path_env: str, home: str | None) -> list[Need]:
+    """The caller's PATH entries outside the system trees, as their toolchain roots."""
+    needs = []
+    for entry in path_env.split(":"):
+        if entry.startswith("/") and os.path.isdir(entry):
+            root = toolchain_root(os.path.realpath(entry), home)
+            if root is not None:
+                needs.append(Need(root, f"PATH entry {entry}"))
+    return needs
+
+
+def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
+             homes: tuple[Home, ...]) -> list[Need]:
+    """The directories outside ``workspace`` its toolchains need, each with its reason.
+
+    Sorted, none inside another, none a secret (refused ones are left out).
+    """
+    workspace = os.path.realpath(workspace)
+    home = os.path.realpath(home) if home else None
+    found = _venv_needs(workspace, home) + _script_needs(workspace, home) + _path_needs(path_env, home)
+    kept = []
+    for need in found:
+        try:
+            check_expose_dir("expose", need.path, caller_uid, homes)
+        except CcwError:
+            continue
+        if os.path.isdir(need.path):
+            kept.append(need)
+    return cover(kept, workspace)
+
+
+def asked(paths: list[str], caller_uid: int, homes: tuple[Home, ...]) -> list[Need]:
+    """The caller's explicit ``expose`` entries, resolved and checked (refusals raise)."""
+    needs = []
+    for path in paths:
+        if not path.startswith("/"):
+            raise CcwError("INVALID_ARGUMENT", f"expose {path!r} is not absolute; name the directory "
+                           "from / (~/.pyenv/versions/3.12.1 as /home/you/.pyenv/versions/3.12.1)",
+                           {"argument": "expose", "path": path})
+        real = os.path.realpath(path)
+        check_expose_dir("expose", real, caller_uid, homes)
+        if not os.path.isdir(real):
+            raise CcwError("NOT_FOUND", f"expose {path!r} is not a directory; name one that exists",
+                           {"argument": "expose", "path": path})
+        needs.append(Need(real, "asked"))
+    return needs

@@ -1,0 +1,144 @@
+"""Finding the toolchains a workspace needs outside it (core/expose, capsules/exposure) and
+the rule on what may be exposed (sandbox.spec.check_expose_dir): secrets stay hidden."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mcp_server.capsules import exposure
+from mcp_server.core.expose import Need, cover, shebang_interpreter, toolchain_root, venv_home
+from sandbox.errors import CcwError
+from sandbox.spec import EXPOSE_SECRETS, HOME_SECRETS, Home, check_expose_dir
+
+HOME = "/home/ann"
+UID = 1000
+HOMES = (Home("ann", UID, HOME), Home("root", 0, "/root"))
+
+
+def test_venv_home_reads_the_home_key() -> None:
+    cfg = "include-system-site-packages = false\nhome = /home/ann/.pyenv/versions/3.12.1/bin\nversion = 3.12.1\n"
+    assert venv_home(cfg) == "/home/ann/.pyenv/versions/3.12.1/bin"
+    assert venv_home("HOME=/x/./bin/\n") == "/x/bin"
+    assert venv_home("home = relative/bin\n") is None
+    assert venv_home("version = 3\n") is None
+
+
+def test_shebang_names_an_absolute_interpreter_but_not_env() -> None:
+    assert shebang_interpreter(b"#!/home/ann/p/.venv/bin/python3 -E\nimport x") == "/home/ann/p/.venv/bin/python3"
+    assert shebang_interpreter(b"#! /opt/n/bin/node\n") == "/opt/n/bin/node"
+    assert shebang_interpreter(b"#!/usr/bin/env node\n") is None
+    assert shebang_interpreter(b"#!python\n") is None
+    assert shebang_interpreter(b"\x7fELF\x02") is None
+    assert shebang_interpreter(b"#!/" + b"a" * 1000) is not None  # cut at 256 bytes, not a crash
+
+
+@pytest.mark.parametrize(("path", "root"), [
+    (f"{HOME}/.pyenv/versions/3.12.1/bin/python3.12", f"{HOME}/.pyenv/versions/3.12.1"),
+    (f"{HOME}/.local/share/uv/python/cpython-3.12.3-linux-x86_64-gnu/bin/python3.12",
+     f"{HOME}/.local/share/uv/python/cpython-3.12.3-linux-x86_64-gnu"),
+    (f"{HOME}/.nvm/versions/node/v20.11.0/bin", f"{HOME}/.nvm/versions/node/v20.11.0"),
+    (f"{HOME}/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/bin/cargo",
+     f"{HOME}/.rustup/toolchains/stable-x86_64-unknown-linux-gnu"),
+    (f"{HOME}/.cargo/bin", f"{HOME}/.cargo/bin"),
+    (f"{HOME}/go/bin", f"{HOME}/go/bin"),
+    (f"{HOME}/miniconda3/envs/ml/bin/python", f"{HOME}/miniconda3/envs/ml"),
+    (f"{HOME}/bin", f"{HOME}/bin"),  # never the home itself
+    ("/nix/store/abc-python3-3.12.1/bin/python3", "/nix/store/abc-python3-3.12.1"),
+    ("/snap/node/8000/bin/node", "/snap/node/8000"),
+    ("/srv/tools/py/bin/python3", "/srv/tools/py"),
+    ("/usr/bin/python3", None),
+    ("/opt/go/bin", None),
+])
+def test_toolchain_root_is_the_smallest_dir_holding_the_toolchain(path: str, root: str | None) -> None:
+    assert toolchain_root(path, HOME) == root
+
+
+def test_cover_sorts_dedups_and_drops_nested_and_workspace() -> None:
+    needs = [Need("/b/x", "PATH entry"), Need("/a", "asked"), Need("/a/y", "shebang"),
+             Need("/b/x", "later"), Need("/w/.venv", "inside"), Need("/", "root")]
+    assert cover(needs, "/w") == [Need("/a", "asked"), Need("/b/x", "PATH entry")]
+
+
+@pytest.mark.parametrize("secret", HOME_SECRETS + EXPOSE_SECRETS)
+def test_every_secret_is_refused_inside_at_and_above(secret: str) -> None:
+    store = f"{HOME}/{secret}"
+    for path in (store, f"{store}/sub", os.path.dirname(store)):
+        with pytest.raises(CcwError) as raised:
+            check_expose_dir("expose", path, UID, HOMES)
+        assert raised.value.code == "PERMISSION_DENIED"
+
+
+@pytest.mark.parametrize("path", ["/", "/home", HOME, "/root", "/etc", "/etc/ssl", "/proc/1", "/var/log",
+                                  f"{HOME}/.cargo", f"{HOME}/.config", f"{HOME}/.local/share"])
+def test_homes_system_trees_and_what_holds_a_store_are_refused(path: str) -> None:
+    with pytest.raises(CcwError) as raised:
+        check_expose_dir("expose", path, UID, HOMES)
+    assert raised.value.code == "PERMISSION_DENIED"
+
+
+@pytest.mark.parametrize("path", [f"{HOME}/.pyenv/versions/3.12.1", f"{HOME}/.cargo/bin",
+                                  f"{HOME}/.local/share/uv/python/cpython-3.12", "/nix/store/abc-x",
+                                  f"{HOME}/.nvm/versions/node/v20.1.0"])
+def test_toolchains_may_be_exposed(path: str) -> None:
+    check_expose_dir("expose", path, UID, HOMES)
+
+
+def _fake_machine(tmp_path: Path) -> tuple[Path, Path, tuple[Home, ...]]:
+    """A home with a pyenv Python, an nvm node, a cargo bin and key stores; a project."""
+    home = tmp_path / "ann"
+    prefix = home / ".pyenv/versions/3.12.1"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/python3.12").write_text("")
+    (prefix / "bin/python3").symlink_to("python3.12")
+    node = home / ".nvm/versions/node/v20.1.0/bin"
+    node.mkdir(parents=True)
+    (home / ".cargo/bin").mkdir(parents=True)
+    (home / ".cargo/credentials.toml").write_text("token")
+    (home / ".ssh").mkdir()
+    project = home / "proj"
+    venv_bin = project / ".venv/bin"
+    venv_bin.mkdir(parents=True)
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {prefix}/bin\n")
+    (venv_bin / "python").symlink_to(prefix / "bin/python3")
+    (venv_bin / "pytest").write_text(f"#!{project}/.venv/bin/python\nimport pytest\n")
+    tool = project / "node_modules/tool/cli.js"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/usr/bin/env node\n")
+    (project / "node_modules/.bin").mkdir()
+    (project / "node_modules/.bin/tool").symlink_to("../tool/cli.js")
+    return home, project, (Home("ann", UID, str(home)),)
+
+
+def test_discover_finds_venv_prefix_and_path_entries(tmp_path: Path) -> None:
+    home, project, homes = _fake_machine(tmp_path)
+    path_env = f"{home}/.nvm/versions/node/v20.1.0/bin:{home}/.cargo/bin:/usr/bin:relative:{home}/missing"
+    found = exposure.discover(str(project), path_env, str(home), UID, homes)
+    assert found == [
+        Need(f"{home}/.cargo/bin", f"PATH entry {home}/.cargo/bin"),
+        Need(f"{home}/.nvm/versions/node/v20.1.0", f"PATH entry {home}/.nvm/versions/node/v20.1.0/bin"),
+        Need(f"{home}/.pyenv/versions/3.12.1", "pyvenv.cfg home of .venv"),
+    ]
+
+
+def test_discover_drops_planted_secrets(tmp_path: Path) -> None:
+    home, project, homes = _fake_machine(tmp_path)
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {home}/.ssh/bin\n")
+    (project / ".venv/bin/python").unlink()
+    (project / ".venv/bin/python").symlink_to(home / ".ssh")
+    (project / ".venv/bin/evil").write_text(f"#!{home}/.cargo/credentials.toml\n")
+    found = exposure.discover(str(project), f"{home}:{home}/.ssh:{home}/.cargo", str(home), UID, homes)
+    assert found == []
+
+
+def test_asked_entries_are_checked_and_refusals_raise(tmp_path: Path) -> None:
+    home, _project, homes = _fake_machine(tmp_path)
+    assert exposure.asked([f"{home}/.cargo/bin"], UID, homes) == [Need(f"{home}/.cargo/bin", "asked")]
+    for path, code in ((f"{home}/.ssh", "PERMISSION_DENIED"), (str(home), "PERMISSION_DENIED"),
+                       (f"{home}/.cargo", "PERMISSION_DENIED"), ("rel/dir", "INVALID_ARGUMENT"),
+                       (f"{home}/nothing", "NOT_FOUND")):
+        with pytest.raises(CcwError) as raised:
+            exposure.asked([path], UID, homes)
+        assert raised.value.code == code, path
