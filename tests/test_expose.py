@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 from mcp_server.capsules import exposure
-from mcp_server.core.expose import Need, cover, shebang_interpreter, toolchain_root, venv_home
+from mcp_server.core.expose import (
+    Need,
+    cover,
+    expose_hint,
+    missing_paths,
+    shebang_interpreter,
+    toolchain_root,
+    venv_home,
+)
 from sandbox.errors import CcwError
 from sandbox.spec import EXPOSE_SECRETS, HOME_SECRETS, Home, check_expose_dir
 
@@ -142,3 +150,39 @@ def test_asked_entries_are_checked_and_refusals_raise(tmp_path: Path) -> None:
         with pytest.raises(CcwError) as raised:
             exposure.asked([path], UID, homes)
         assert raised.value.code == code, path
+
+
+def test_missing_paths_come_only_from_a_could_not_run_exit() -> None:
+    jail = "ccw: .venv/bin/python: No such file or directory\n"
+    assert missing_paths(127, jail) == [".venv/bin/python"]
+    shell = "bash: ./run: /home/ann/.pyenv/versions/3.12.1/bin/python3: bad interpreter: No such file or directory\n"
+    assert missing_paths(126, shell) == ["/home/ann/.pyenv/versions/3.12.1/bin/python3"]
+    assert missing_paths(127, "/usr/bin/env: 'node': No such file or directory\n") == ["node"]
+    assert missing_paths(1, jail) == []
+    assert missing_paths(127, "x: a: No such file or directory\n" * 3 + jail) == ["a", ".venv/bin/python"]
+
+
+def test_expose_hint_names_the_path_and_how_to_expose_it() -> None:
+    root = f"{HOME}/.pyenv/versions/3.12.1"
+    hint = expose_hint(".venv/bin/python", f"{root}/bin/python3.12", root)
+    assert ".venv/bin/python leads to" in hint and f"--expose {root}" in hint and f'expose: ["{root}"]' in hint
+
+
+def test_exec_hints_name_the_hidden_interpreter_and_its_root(tmp_path: Path) -> None:
+    home, project, homes = _fake_machine(tmp_path)
+    node = home / ".nvm/versions/node/v20.1.0/bin/node"
+    node.write_text("")
+    node.chmod(0o755)
+    root = f"{home}/.pyenv/versions/3.12.1"
+    args = (str(project), str(project), f"{node.parent}:/usr/bin", str(home), UID, homes)
+    hints = exposure.exec_hints(127, "ccw: .venv/bin/python: No such file or directory\n", *args)
+    assert hints == [expose_hint(".venv/bin/python", f"{root}/bin/python3.12", root)]
+    hints = exposure.exec_hints(127, "/usr/bin/env: 'node': No such file or directory\n", *args)
+    assert hints == [expose_hint("node", str(node), f"{home}/.nvm/versions/node/v20.1.0")]
+    # Missing on the host too, inside the workspace, a secret, or not a could-not-run exit: no hint.
+    (project / "ssh-python").symlink_to(home / ".ssh")
+    for code, stderr in ((127, "ccw: ./gone: No such file or directory\n"),
+                         (127, "ccw: node_modules/.bin/tool: No such file or directory\n"),
+                         (127, "ccw: ./ssh-python: No such file or directory\n"),
+                         (1, "ccw: .venv/bin/python: No such file or directory\n")):
+        assert exposure.exec_hints(code, stderr, *args) == [], stderr

@@ -13,17 +13,20 @@ each path again before it binds it.
 from __future__ import annotations
 
 import os
+import shutil
 
 from mcp_server.core.expose import (
     MAX_SHEBANG,
     Need,
     cover,
+    expose_hint,
+    missing_paths,
     shebang_interpreter,
     toolchain_root,
     venv_home,
 )
 from sandbox.errors import CcwError
-from sandbox.spec import Home, check_expose_dir
+from sandbox.spec import Home, check_expose_dir, inside
 
 VENV_DIRS = (".venv", "venv")
 SCRIPT_DIRS = (".venv/bin", "venv/bin", "node_modules/.bin")
@@ -128,3 +131,33 @@ def asked(paths: list[str], caller_uid: int, homes: tuple[Home, ...]) -> list[Ne
                            {"argument": "expose", "path": path})
         needs.append(Need(real, "asked"))
     return needs
+
+
+def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, path_env: str,
+               home: str | None, caller_uid: int, homes: tuple[Home, ...]) -> list[str]:
+    """Notes for an exec that could not run a program the jail hides (exit 126/127).
+
+    Each names the path its stderr says is missing, where it leads on the host, and the
+    directory to expose; none for what is missing on the host too, lies in the
+    workspace or the system trees, or would be refused as a secret.
+    """
+    workspace = os.path.realpath(workspace)
+    home = os.path.realpath(home) if home else None
+    hints = []
+    for missing in missing_paths(exit_code, stderr):
+        if "/" in missing:
+            located: str | None = os.path.join(cwd, missing)
+        else:
+            located = shutil.which(missing, path=path_env)
+        if located is None:
+            continue
+        target = os.path.realpath(located)
+        root = toolchain_root(target, home)
+        if root is None or inside(target, workspace) or not os.path.exists(target):
+            continue
+        try:
+            check_expose_dir("expose", root, caller_uid, homes)
+        except CcwError:
+            continue
+        hints.append(expose_hint(missing, target, root))
+    return hints

@@ -22,6 +22,7 @@ Choices made here:
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass
 
 from sandbox.spec import inside
@@ -136,3 +137,32 @@ def cover(needs: list[Need], workspace: str) -> list[Need]:
     kept = [path for path in sorted(roots)
             if not any(other != path and inside(path, other) for other in roots)]
     return [Need(path, roots[path]) for path in kept]
+
+
+# What a failed exec says when the program or its interpreter is not in the jail: the
+# jail's own exec ("ccw: .venv/bin/python: No such file or directory"), a shell's "bad
+# interpreter", env's "'node': No such file or directory".
+_MISSING = re.compile(r"(?:^|: )'?([^\s:']+)'?: (?:bad interpreter: )?No such file or directory", re.MULTILINE)
+MAX_HINT_PATHS = 4
+
+
+def missing_paths(exit_code: int | None, stderr: str) -> list[str]:
+    """The paths (as written, first MAX_HINT_PATHS) a failed exec's stderr says are missing.
+
+    Only for exit 126/127 (the shell's and the jail's "could not run it"), so a test that
+    prints ENOENT for its own files gives none.
+    """
+    if exit_code not in (126, 127):
+        return []
+    found: list[str] = []
+    for match in _MISSING.finditer(stderr[-8192:]):
+        if match.group(1) not in found:
+            found.append(match.group(1))
+    return found[:MAX_HINT_PATHS]
+
+
+def expose_hint(missing: str, target: str, root: str) -> str:
+    """The note an exec result carries for a program the jail does not show."""
+    via = f" ({missing} leads to {target})" if target != missing else ""
+    return (f"{target} is outside what the jail shows{via}; expose {root} read-only: capsule_create "
+            f"with expose: [\"{root}\"], or ccw capsule create --expose {root}")
