@@ -5,6 +5,7 @@ Order of checks, cheapest first, and why:
    recorded when the change was first seen must still be the live workspace's state.
    Otherwise promotion would overwrite someone else's edit; nothing is written and the
    error names every such path.
+   Only the paths in scope count (below): a path left behind overwrites nothing.
 2. **Hazards** (core/hazards.py), under every policy: setuid and setgid bits, git hooks
    and config, files tools run by themselves.  They are judged on the very ops the
    Promoter will write (``changeset.promote_ops`` of the checked change), and the
@@ -20,6 +21,18 @@ Order of checks, cheapest first, and why:
    replayed in a fresh capsule).
 4. **Write** with fs/promote.Promoter: temp files, fsync, journal, renames; recovered
    on the next start if interrupted.
+
+**Scope** (``Request.scope``, fs/gitignore.py): by default what the live workspace's git
+ignores (``.pytest_cache/``, ``__pycache__/``, ``build/``, a built ``.so``) is not
+promoted; ``include_ignored`` promotes it too, ``paths`` and ``exclude`` globs select.
+Each path left behind is in the result's ``skipped`` (path, reason ``ignored``,
+``excluded`` or ``not in paths``); ``ignored: "not a git repository"`` says the workspace
+has no ignore rules.  Conflicts and hazards are judged on the paths promoted, since the
+rest is never written; the policies' required tests still run on the whole capsule (a
+fork of it, build output included).  A partial promotion leaves the capsule as it is.
+Promoting it again with the paths already promoted in scope ends in REPO_CHANGED naming
+them (the live tree no longer holds their recorded base state), as after a full
+promotion; a second promotion that leaves them out (``paths``/``exclude``) writes the rest.
 
 ``dry_run`` runs 1 to 3, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
 ``["baseline"]``.
@@ -50,6 +63,7 @@ from mcp_server.core.policy import (
     evaluate,
 )
 from mcp_server.fs import changeset
+from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
@@ -101,13 +115,59 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
     ]
 
 
-def _plan(
-    record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal, early: dict[str, str]
-) -> tuple[list[changeset.Entry], list[dict[str, Any]], frozenset[str]]:
+@dataclass
+class _Plan:
+    """The entries to promote (in scope), the skipped ones, the conflicts among the promoted."""
+
+    entries: list[changeset.Entry]
+    skipped: list[dict[str, str]]
+    ignored_note: str | None
+    conflicts: list[dict[str, Any]]
+    bare_gitdirs: frozenset[str]
+
+
+def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal,
+          early: dict[str, str], scope: Scope) -> _Plan:
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-        entries = changeset.expand(changes, base, capsule)
+        entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
-    return entries, _conflicts(journal, record, entries, early), bare
+    return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare)
+
+
+def _is_dir(side: changeset.Side | None) -> bool:
+    return side is not None and side.kind == "dir"
+
+
+def _scoped(entries: list[changeset.Entry], workspace: str,
+            scope: Scope) -> tuple[list[changeset.Entry], list[dict[str, str]], str | None]:
+    """The entries the scope keeps, and the skipped ones with their reason.
+
+    Directories follow their contents so the Promoter's ops stay consistent: a created
+    directory that holds a kept path is kept (its file needs it), and a deleted
+    directory that holds a skipped path is skipped (it would not be empty).
+    """
+    dirs = {e.path for e in entries if _is_dir(e.new) or _is_dir(e.old)}
+    stays_dir = {e.path for e in entries if _is_dir(e.new)}
+    kept_paths, skipped, note = scope.split(workspace, [e.path for e in entries], dirs)
+    kept = set(kept_paths)
+    reasons = {s["path"]: s["reason"] for s in skipped}
+    for path in sorted(kept_paths):
+        for parent in _parents(path):
+            if parent in reasons and parent in dirs:
+                kept.add(parent)
+                del reasons[parent]
+    for path, reason in list(reasons.items()):
+        for parent in _parents(path):
+            if parent in kept and parent in dirs and parent not in stays_dir:
+                kept.discard(parent)
+                reasons[parent] = reason
+    skipped = [{"path": e.path, "reason": reasons[e.path]} for e in entries if e.path in reasons]
+    return [e for e in entries if e.path in kept], skipped, note
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def _bare_gitdirs(capsule: RootView, paths: list[str]) -> frozenset[str]:
@@ -176,6 +236,7 @@ class Request:
     policies: list[str] = field(default_factory=lambda: ["baseline"])
     dry_run: bool = False
     allow_hazards: frozenset[str] = frozenset()  # hazard kinds (core/hazards.KINDS) to promote anyway
+    scope: Scope = field(default_factory=Scope)  # what is written: by default not what the workspace's git ignores
 
 
 async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
@@ -194,7 +255,8 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     names = request.policies
     rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in names)
     journal = service.journal
-    entries, bare_gitdirs = await _checked_entries(service, journal, record)
+    plan = await _checked_entries(service, journal, record, request.scope)
+    entries, bare_gitdirs = plan.entries, plan.bare_gitdirs
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries)
     facts.hazards = hazards.judge(hazards.find(_hazard_changes(entries, ops), bare_gitdirs), request.allow_hazards)
@@ -204,9 +266,10 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
                       replayed.output_details)
     report["policies"] = list(names)
     would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
+    scoped = {"skipped": plan.skipped, **({"ignored": plan.ignored_note} if plan.ignored_note else {})}
     if not report["passed"] or request.dry_run:
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
-                "policy_report": report}
+                "policy_report": report, **scoped}
     root_fd = await service.open_root(record.capsule_id)
 
     def write() -> list[str]:
@@ -220,14 +283,15 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
             return Promoter(service.state.root).promote(record.workspace, ops, content)
 
     applied = await trio.to_thread.run_sync(write)
-    return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report}
+    return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report, **scoped}
 
 
-async def _checked_entries(
-    service: CapsuleService, journal: Journal, record: CapsuleRecord
-) -> tuple[list[changeset.Entry], frozenset[str]]:
-    """The capsule's change and its bare-looking git directories, once the conflict check passed;
-    REPO_CHANGED (nothing written) if not.
+async def _checked_entries(service: CapsuleService, journal: Journal, record: CapsuleRecord, scope: Scope) -> _Plan:
+    """The capsule's change in scope and its bare-looking git directories, once the conflict
+    check passed; REPO_CHANGED (nothing written) if not.
+
+    Only what the scope promotes is checked: a path left behind overwrites nothing, so
+    a workspace edit there is no conflict.
 
     The conflict check reads (and hashes) the live workspace at every changed path; it
     needs only the recorded paths, not the helper's change list, so it runs in a thread
@@ -249,8 +313,9 @@ async def _checked_entries(
         listed = await acapture(service.changes, record.capsule_id)
     changes = listed.unwrap()
     root_fd = await service.open_root(record.capsule_id)
-    entries, conflicts, bare_gitdirs = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early)
-    if conflicts:
+    plan = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early, scope)
+    if plan.conflicts:
+        conflicts = plan.conflicts
         paths = [c["path"] for c in conflicts]
         raise CcwError(
             "REPO_CHANGED",
@@ -259,7 +324,7 @@ async def _checked_entries(
             "current workspace and redo the change, or revert those edits in the workspace",
             {"paths": paths, "conflicts": conflicts},
         )
-    return entries, bare_gitdirs
+    return plan
 
 
 @dataclass(frozen=True)

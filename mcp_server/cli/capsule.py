@@ -110,14 +110,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     diff.add_argument("capsule_id")
     diff.add_argument("--stat", action="store_true", help="a summary per file instead of the diff")
 
-    promote = verbs.add_parser("promote", parents=[common], help="apply the capsule to the workspace if policies pass")
-    promote.add_argument("capsule_id")
-    promote.add_argument("--policy", action="append", dest="policies", metavar="NAME",
-                         help="policy to check (repeatable; default: baseline)")
-    promote.add_argument("--dry-run", action="store_true", help="check the policies, change nothing")
-    promote.add_argument("--allow-hazard", action="append", dest="allow_hazards", metavar="KIND", choices=list(KINDS),
-                         help="promote this kind of hazard anyway, after reviewing it (repeatable: "
-                              + ", ".join(KINDS) + "; setuid/setgid bits are never written)")
+    _add_promote_parser(verbs, common)
 
     witness = verbs.add_parser("witness", parents=[common], help="write the capsule's witness (.tar.zst)")
     witness.add_argument("capsule_id")
@@ -138,6 +131,24 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     deltamin.add_argument("capsule_id")
     deltamin.add_argument("--budget-ms", type=int)
     deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
+
+
+def _add_promote_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
+    """``ccw capsule promote``: policies, hazards allowed, and the scope (what is written)."""
+    promote = verbs.add_parser("promote", parents=[common], help="apply the capsule to the workspace if policies pass")
+    promote.add_argument("capsule_id")
+    promote.add_argument("--policy", action="append", dest="policies", metavar="NAME",
+                         help="policy to check (repeatable; default: baseline)")
+    promote.add_argument("--dry-run", action="store_true", help="check the policies, change nothing")
+    promote.add_argument("--allow-hazard", action="append", dest="allow_hazards", metavar="KIND", choices=list(KINDS),
+                         help="promote this kind of hazard anyway, after reviewing it (repeatable: "
+                              + ", ".join(KINDS) + "; setuid/setgid bits are never written)")
+    promote.add_argument("--include-ignored", action="store_true",
+                         help="promote the files the workspace's git ignores too (.pytest_cache/, build/, ...)")
+    promote.add_argument("--path", action="append", dest="paths", metavar="GLOB",
+                         help="promote only the paths this glob matches (repeatable; ** spans directories)")
+    promote.add_argument("--exclude", action="append", dest="exclude", metavar="GLOB",
+                         help="leave behind the paths this glob matches (repeatable)")
 
 
 def _add_replay_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -314,6 +325,11 @@ def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
         call["policies"] = args.policies
     if args.allow_hazards:
         call["allow_hazards"] = sorted(set(args.allow_hazards))
+    if args.include_ignored:
+        call["include_ignored"] = True
+    for key in ("paths", "exclude"):
+        if getattr(args, key):
+            call[key] = getattr(args, key)
     return call
 
 
@@ -323,7 +339,7 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
         print(path)
     dry_run = bool(result.get("dry_run"))
     policies = ", ".join(report.get("policies", [])) or "baseline"
-    lines = policy_lines(report)
+    lines = policy_lines(report) + _skipped_lines(result.get("skipped") or [])
     if result["promoted"] or (dry_run and report["passed"]):
         done = "would promote" if dry_run else "promoted"
         print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
@@ -336,6 +352,19 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
     for line in lines:
         print(f"  {line}", file=sys.stderr)
     return 1
+
+
+def _skipped_lines(skipped: list[dict[str, str]]) -> list[str]:
+    """One line per reason: how many paths the scope left behind, the first few, how to take them."""
+    hint = {"ignored": "use --include-ignored", "excluded": "drop --exclude", "not in paths": "widen --path"}
+    lines = []
+    for reason in ("ignored", "excluded", "not in paths"):
+        paths = [s["path"] for s in skipped if s["reason"] == reason]
+        if paths:
+            shown = ", ".join(paths[:3]) + (", …" if len(paths) > 3 else "")
+            noun = f"{reason} files" if reason != "not in paths" else "files not in --path"
+            lines.append(f"skipped {len(paths)} {noun}: {shown} ({hint[reason]})")
+    return lines
 
 
 def _show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> int:

@@ -4,6 +4,9 @@ An adapter over mcp_server/capsules/promotion.py, which gives the order of the c
 and why.  ``dry_run`` runs the checks, writes nothing, and lists in ``applied`` what
 would be applied.  Default policies: ``["baseline"]``.  ``allow_hazards`` names the
 hazard kinds (mcp_server/core/hazards.py) to promote anyway, after a review.
+``include_ignored``, ``paths`` and ``exclude`` set the scope (mcp_server/fs/gitignore.py):
+what the live workspace's git ignores is left behind unless ``include_ignored``, and
+each path left behind is listed in ``skipped``.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
 from mcp_server.capsules.promotion import Request, promote
 from mcp_server.core.hazards import KINDS
+from mcp_server.fs.gitignore import Scope
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 HAZARD = {
@@ -26,11 +30,21 @@ HAZARD = {
     },
 }
 
+GLOB = {"type": "string", "minLength": 1, "maxLength": 4096,
+        "description": "Relative to the workspace: * ? [..] within a component, ** any number of components; "
+                       "a directory matches everything under it."}
+SKIPPED = {
+    "type": "object", "required": ["path", "reason"], "additionalProperties": False,
+    "properties": {"path": {"type": "string"}, "reason": {"enum": ["ignored", "excluded", "not in paths"]}},
+}
+
 
 async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Check policies and conflicts, then write the capsule's changes to the workspace."""
     request = Request(args["capsule_id"], args.get("policies") or ["baseline"], bool(args.get("dry_run")),
-                      frozenset(args.get("allow_hazards") or ()))
+                      frozenset(args.get("allow_hazards") or ()),
+                      Scope(bool(args.get("include_ignored")), tuple(args.get("paths") or ()),
+                            tuple(args.get("exclude") or ())))
     return await promote(ctx.capsules, request)
 
 
@@ -47,7 +61,9 @@ TOOLS = [
             "(world_writable), git hooks, config and .git files at any depth (git_control), files "
             "tools run by themselves such as .envrc, .vscode/, .gitmodules, .husky/ (autorun). "
             "After reviewing them, allow_hazards promotes those kinds anyway; setuid/setgid bits "
-            "are never written. dry_run: report only."
+            "are never written. Files the workspace's git ignores (.pytest_cache/, __pycache__/, "
+            "build output) are left behind and listed in skipped unless include_ignored; paths and "
+            "exclude globs select what is promoted. dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -60,6 +76,12 @@ TOOLS = [
                     "description": "Hazard kinds to promote anyway: " + "; ".join(
                         f"{kind}: {what}, {allowed}" for kind, (what, allowed) in KINDS.items()) + ".",
                 },
+                "include_ignored": {"type": "boolean",
+                                    "description": "Promote the files the live workspace's git ignores too (default: false)."},
+                "paths": {"type": "array", "items": GLOB, "maxItems": 256,
+                          "description": "Promote only the paths these globs match (default: all)."},
+                "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
+                            "description": "Leave behind the paths these globs match."},
             },
         },
         output_schema={
@@ -68,6 +90,10 @@ TOOLS = [
                 "promoted": {"type": "boolean"},
                 "dry_run": {"type": "boolean"},
                 "applied": {"type": "array", "items": {"type": "string"}},
+                "skipped": {"type": "array", "items": SKIPPED,
+                            "description": "The capsule's changes left behind by the scope, in change order."},
+                "ignored": {"const": "not a git repository",
+                            "description": "Present when the workspace has no git ignore rules to apply."},
                 "policy_report": {
                     "type": "object",
                     "required": ["passed", "tests_ok", "replay_ok", "resource_ok", "paths_ok", "deny_paths",

@@ -1,0 +1,93 @@
+"""Promotion scope (mcp_server/fs/gitignore.py): git's ignore rules of the live workspace, and path globs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mcp_server.fs.gitignore import NOT_A_REPOSITORY, Scope, compile_glob, ignored
+from sandbox.errors import CcwError
+
+
+def _repo(root: Path) -> Path:
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text("build/\n__pycache__/\n.pytest_cache/\n*.so\n")
+    (root / "src").mkdir()
+    (root / "src" / "kept.so").write_bytes(b"tracked anyway")
+    subprocess.run(["git", "-C", str(root), "add", "-f", ".gitignore", "src/kept.so"], check=True)
+    return root
+
+
+def test_ignored_asks_the_live_workspace_and_spares_tracked_files(tmp_path: Path) -> None:
+    root = _repo(tmp_path / "ws")
+    paths = ["src/a.py", "build/x.o", "build", "src/__pycache__/a.cpython-311.pyc", ".pytest_cache/v/x",
+             "src/kept.so", "src/new.so", "caf\udce9.py"]
+    assert ignored(str(root), paths, dirs={"build"}) == {"build/x.o", "build", "src/__pycache__/a.cpython-311.pyc",
+                                         ".pytest_cache/v/x", "src/new.so"}
+    assert ignored(str(root), []) == frozenset()
+    assert ignored(str(root), ["build"]) == frozenset()  # not said to be a directory, and none in the workspace
+
+
+def test_a_workspace_outside_git_ignores_nothing(tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    assert ignored(str(tmp_path / "plain"), ["build/x.o"]) == NOT_A_REPOSITORY
+
+
+def test_the_repository_fsmonitor_does_not_run(tmp_path: Path) -> None:
+    root = _repo(tmp_path / "ws")
+    marker = tmp_path / "ran"
+    subprocess.run(["git", "-C", str(root), "config", "core.fsmonitor", f"touch {marker}; false"], check=True)
+    assert ignored(str(root), ["build/x.o"]) == {"build/x.o"}
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("pattern", "path", "matches"), [
+    ("*.py", "a.py", True), ("*.py", "src/a.py", False), ("src/*.py", "src/a/b.py", False),
+    ("src/**", "src/a/b.py", True), ("**/*.py", "b.py", True), ("**/*.py", "src/a/b.py", True),
+    ("build", "build/x.o", True), ("build", "builder/x", False), ("[!a]*", "b/c", True), ("[!a]*", "a", False),
+    ("?.txt", "a.txt", True), ("?.txt", "/.txt", False), ("a+b(c)", "a+b(c)", True),
+])
+def test_globs(pattern: str, path: str, matches: bool) -> None:
+    assert bool(compile_glob(pattern).match(path)) is matches
+
+
+def test_an_empty_glob_is_refused() -> None:
+    with pytest.raises(CcwError) as err:
+        compile_glob("/")
+    assert err.value.code == "INVALID_ARGUMENT"
+
+
+def test_scope_split_reports_each_reason(tmp_path: Path) -> None:
+    root = str(_repo(tmp_path / "ws"))
+    paths = ["src/a.py", "src/b.py", "docs/x.md", "build/x.o", "src/__pycache__/a.pyc"]
+    kept, skipped, note = Scope(paths=("src/**", "build"), exclude=("src/b.py",)).split(root, paths)
+    assert kept == ["src/a.py"] and note is None
+    assert skipped == [{"path": "src/b.py", "reason": "excluded"}, {"path": "docs/x.md", "reason": "not in paths"},
+                       {"path": "build/x.o", "reason": "ignored"},
+                       {"path": "src/__pycache__/a.pyc", "reason": "ignored"}]
+    kept, skipped, note = Scope(include_ignored=True).split(root, paths)
+    assert kept == paths and skipped == [] and note is None
+    kept, skipped, note = Scope().split(str(tmp_path), paths)
+    assert kept == paths and note == NOT_A_REPOSITORY
+
+
+def test_directories_follow_their_contents(tmp_path: Path) -> None:
+    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.fs.changeset import Entry, promote_ops
+    from mcp_server.fs.view import Side
+
+    root = str(_repo(tmp_path / "ws"))
+    d, f = Side("dir", 0o755), Side("file", 0o644)
+    entries = [Entry("new", None, d, False), Entry("new/a.py", None, f, False), Entry("new/b.py", None, f, False),
+               Entry("old", d, None, False), Entry("old/a.py", f, None, False), Entry("old/b.py", f, None, False),
+               Entry("build", None, d, False), Entry("build/x.o", None, f, False)]
+    kept, skipped, _ = _scoped(entries, root, Scope(exclude=("new/b.py", "old/b.py")))
+    # new/ is made for new/a.py; old/ is not removed, since old/b.py stays in it.
+    assert [op.path for op in promote_ops(kept)] == ["new", "new/a.py", "old/a.py"]
+    assert skipped == [{"path": "new/b.py", "reason": "excluded"}, {"path": "old", "reason": "excluded"},
+                       {"path": "old/b.py", "reason": "excluded"}, {"path": "build", "reason": "ignored"},
+                       {"path": "build/x.o", "reason": "ignored"}]
+    kept, skipped, _ = _scoped(entries, root, Scope(paths=("new/a.py",)))
+    assert [e.path for e in kept] == ["new", "new/a.py"]
