@@ -91,3 +91,18 @@ def test_directories_follow_their_contents(tmp_path: Path) -> None:
                        {"path": "build/x.o", "reason": "ignored"}]
     kept, skipped, _ = _scoped(entries, root, Scope(paths=("new/a.py",)))
     assert [e.path for e in kept] == ["new", "new/a.py"]
+
+
+def test_a_made_directory_whose_contents_are_all_skipped_is_skipped(tmp_path: Path) -> None:
+    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.fs.changeset import Entry
+    from mcp_server.fs.view import Side
+
+    root = _repo(tmp_path / "ws")
+    (root / ".git" / "info" / "exclude").write_text("*.pyc\n")
+    d, f = Side("dir", 0o755), Side("file", 0o644)
+    entries = [Entry("src/__pycache__", None, d, False), Entry("src/__pycache__/a.pyc", None, f, False),
+               Entry("empty", None, d, False)]
+    kept, skipped, _ = _scoped(entries, str(root), Scope())
+    assert [e.path for e in kept] == ["empty"]  # made empty on purpose: kept
+    assert [s["path"] for s in skipped] == ["src/__pycache__", "src/__pycache__/a.pyc"]

@@ -142,9 +142,10 @@ def _scoped(entries: list[changeset.Entry], workspace: str,
             scope: Scope) -> tuple[list[changeset.Entry], list[dict[str, str]], str | None]:
     """The entries the scope keeps, and the skipped ones with their reason.
 
-    Directories follow their contents so the Promoter's ops stay consistent: a created
-    directory that holds a kept path is kept (its file needs it), and a deleted
-    directory that holds a skipped path is skipped (it would not be empty).
+    Directories follow their contents so the Promoter's ops stay consistent: a
+    directory that holds a kept path is kept (its file needs it), a deleted directory
+    that holds a skipped path is skipped (it would not be empty), and so is a changed
+    one whose every changed path is skipped (``__pycache__/`` when ``*.pyc`` is ignored).
     """
     dirs = {e.path for e in entries if _is_dir(e.new) or _is_dir(e.old)}
     stays_dir = {e.path for e in entries if _is_dir(e.new)}
@@ -156,9 +157,13 @@ def _scoped(entries: list[changeset.Entry], workspace: str,
             if parent in reasons and parent in dirs:
                 kept.add(parent)
                 del reasons[parent]
+    holds_kept: set[str] = set()
+    for path in kept:
+        holds_kept.update(_parents(path))
     for path, reason in list(reasons.items()):
         for parent in _parents(path):
-            if parent in kept and parent in dirs and parent not in stays_dir:
+            # A deleted directory would not be empty; a made one would hold nothing promoted.
+            if parent in kept and parent in dirs and (parent not in stays_dir or parent not in holds_kept):
                 kept.discard(parent)
                 reasons[parent] = reason
     skipped = [{"path": e.path, "reason": reasons[e.path]} for e in entries if e.path in reasons]

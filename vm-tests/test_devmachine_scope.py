@@ -1,0 +1,101 @@
+"""Promotion scope on a real project (issue 25 item 4), as root.
+
+more-itertools with its own .venv runs its tests in a capsule without pytest's
+``-B``/``-p no:cacheprovider``, so the capsule holds ``__pycache__/`` and
+``.pytest_cache/`` beside a source edit.  The workspace ignores them as a developer's
+checkout does (here through ``.git/info/exclude``): the edit lands, they are left
+behind and listed in ``skipped``; ``include_ignored``, ``paths`` and ``exclude`` select,
+through the tool and through ``ccw capsule promote``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import realprojects
+from test_cli_capsules import ccw, state  # noqa: F401  (state: the fixture that stops the CLI's helper)
+
+PROJECT = realprojects.MORE_ITERTOOLS
+EDIT = PROJECT.harmless[0]
+TESTS = [".venv/bin/python", "-m", "pytest", "-q", "tests/test_more.py", "-k", "Chunked"]
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = realprojects.pristine(PROJECT, tmp_path / "ws")
+    with open(ws / ".git" / "info" / "exclude", "a") as exclude:
+        exclude.write("__pycache__/\n.pytest_cache/\n")
+    return ws
+
+
+async def _capsule(call: Any, ws: Path) -> str:
+    cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": TESTS, "timeout_ms": 300_000})
+    assert ran["exit_code"] == 0, ran
+    edit = f"import pathlib; p = pathlib.Path({EDIT.path!r}); p.write_text(p.read_text().replace({EDIT.old!r}, {EDIT.new!r}))"
+    done = await call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "-c", edit]})
+    assert done["exit_code"] == 0, done
+    return str(cap)
+
+
+def _reasons(result: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for s in result["skipped"]:
+        out.setdefault(s["reason"], set()).add(s["path"].split("/")[0] if s["path"].startswith(".") else s["path"])
+    return out
+
+
+def test_ignored_build_output_is_left_behind(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> None:
+        cap = await _capsule(t.call, ws)
+        dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+        assert dry["applied"] == [EDIT.path], dry["applied"]
+        skipped = {s["path"] for s in dry["skipped"] if s["reason"] == "ignored"}
+        assert ".pytest_cache" in skipped and any("__pycache__" in p for p in skipped), skipped
+        only_readme = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True, "paths": ["README.rst"]})
+        assert only_readme["applied"] == [] and {s["reason"] for s in only_readme["skipped"]} >= {"not in paths"}
+        excluded = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True, "exclude": ["more_itertools"]})
+        assert excluded["applied"] == [] and {"path": EDIT.path, "reason": "excluded"} in excluded["skipped"]
+        everything = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True, "include_ignored": True})
+        assert EDIT.path in everything["applied"] and ".pytest_cache" in everything["applied"]
+        assert everything["skipped"] == []
+        done = await t.call("capsule_promote", {"capsule_id": cap})
+        assert done["promoted"] and done["applied"] == [EDIT.path], done["applied"]
+        assert {s["path"] for s in done["skipped"]} == {s["path"] for s in dry["skipped"]}
+
+    tools.run(scenario)
+    assert EDIT.new in (ws / EDIT.path).read_text()
+    assert not (ws / ".pytest_cache").exists()
+    assert not list(ws.glob("**/__pycache__")) or all(".venv" in str(p) for p in ws.glob("**/__pycache__"))
+
+
+def test_include_ignored_promotes_them(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> None:
+        cap = await _capsule(t.call, ws)
+        done = await t.call("capsule_promote", {"capsule_id": cap, "include_ignored": True})
+        assert done["promoted"] and done["skipped"] == []
+
+    tools.run(scenario)
+    assert (ws / ".pytest_cache").is_dir() and (ws / "tests" / "__pycache__").is_dir()
+
+
+def test_cli_flags(state: Path, tmp_path: Path) -> None:  # noqa: F811  (the fixture imported above)
+    assert shutil.which("git")
+    ws = _workspace(tmp_path)
+    cap = ccw(state, "capsule", "create", str(ws)).stdout.strip()
+    ccw(state, "capsule", "exec", cap, "--timeout-ms", "300000", "--", *TESTS)
+    dry = ccw(state, "capsule", "promote", cap, "--dry-run")
+    assert "ignored files: " in dry.stderr and "--include-ignored" in dry.stderr, dry.stderr
+    assert dry.stdout.strip() == ""  # the test run wrote only ignored files
+    picked = ccw(state, "capsule", "promote", cap, "--include-ignored", "--path", "tests/**", "--exclude", "**/*.pyc")
+    assert "excluded files" in picked.stderr and "files not in --path" in picked.stderr, picked.stderr
+    assert not (ws / ".pytest_cache").exists()
+    assert not list(ws.glob("tests/__pycache__/*.pyc"))
