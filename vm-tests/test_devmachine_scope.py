@@ -99,3 +99,26 @@ def test_cli_flags(state: Path, tmp_path: Path) -> None:  # noqa: F811  (the fix
     assert "excluded files" in picked.stderr and "files not in --path" in picked.stderr, picked.stderr
     assert not (ws / ".pytest_cache").exists()
     assert not list(ws.glob("tests/__pycache__/*.pyc"))
+
+
+def test_a_second_promotion_of_the_same_capsule(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+    readme = PROJECT.harmless[1]
+
+    async def scenario(t: Any) -> None:
+        cap = await _capsule(t.call, ws)
+        edit = (f"import pathlib; p = pathlib.Path({readme.path!r}); "
+                f"p.write_text(p.read_text().replace({readme.old!r}, {readme.new!r}))")
+        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "-c", edit]}))["exit_code"] == 0
+        first = await t.call("capsule_promote", {"capsule_id": cap, "paths": ["more_itertools/**"]})
+        assert first["applied"] == [EDIT.path]
+        # The capsule's base is the live tree: the path promoted is no change any more, so
+        # a second promotion writes the rest and finds no conflict.
+        dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True, "include_ignored": True,
+                                               "paths": ["*.rst", "more_itertools/*.py"]})
+        assert dry["applied"] == [readme.path], dry["applied"]
+        second = await t.call("capsule_promote", {"capsule_id": cap})
+        assert second["applied"] == [readme.path], second["applied"]
+
+    tools.run(scenario)
+    assert EDIT.new in (ws / EDIT.path).read_text() and readme.new in (ws / readme.path).read_text()

@@ -30,9 +30,9 @@ Each path left behind is in the result's ``skipped`` (path, reason ``ignored``,
 has no ignore rules.  Conflicts and hazards are judged on the paths promoted, since the
 rest is never written; the policies' required tests still run on the whole capsule (a
 fork of it, build output included).  A partial promotion leaves the capsule as it is.
-Promoting it again with the paths already promoted in scope ends in REPO_CHANGED naming
-them (the live tree no longer holds their recorded base state), as after a full
-promotion; a second promotion that leaves them out (``paths``/``exclude``) writes the rest.
+Its base is the live tree, so the paths promoted now equal it and are no change any
+more: promoting the capsule again writes the rest, with no conflict
+(vm-tests/test_devmachine_scope.py shows it).
 
 ``dry_run`` runs 1 to 3, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
 ``["baseline"]``.
