@@ -9,10 +9,12 @@ DESIGN §8: ``replay_ok`` means what a reviewer means by "it does the same thing
   witness sees only what the upper dir shows).  Paths that do not survive are left
   out: a temp file renamed into place (pytest writes ``x.pyc.<pid>`` then renames it)
   is named by whichever of its names the file had when the tracer read the event, so
-  it would make the comparison depend on a race;
+  it would make the comparison depend on a race.  Paths a volatile glob matches
+  (core/volatile.py: nyc's ``.nyc_output/<uuid>.json``) are left out and reported apart;
+  a mismatch whose names differ only by a random-looking part suggests the glob;
 - the capsule ends with the same changes: for every path either run changed, the same
   type, mode, link target and content (blake3).  A file written with different bytes
-  ("files written (content hashes)") shows up here, by name.
+  ("files written (content hashes)") shows up here, by name.  Volatile paths aside.
 
 - every exec reaches the same places: the distinct (host, port, protocol, allowed) of
   its network attempts (``touched.network``), when the capsule has an allowlist.  Bytes,
@@ -31,7 +33,10 @@ still ask for identical output (``require_identical_output``).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Any
+
+from mcp_server.core import volatile
 
 EXEC_FIELDS = ("exit_code", "signal", "timed_out")
 MAX_DIFF_LINES = 40  # per exec and stream
@@ -51,20 +56,50 @@ def exec_mismatches(expected: dict[str, Any], actual: dict[str, Any]) -> list[di
     return out
 
 
-def written_mismatch(
+def _written(
     expected: dict[str, Any], actual_touched: dict[str, Any], expected_changed: set[str], actual_changed: set[str],
-) -> dict[str, Any] | None:
-    """Whether a replayed exec wrote other surviving files than the recorded one (None: the same)."""
+) -> tuple[set[str], set[str]] | None:
     want = expected["touched"]
     if (want.get("read") is None) != (actual_touched.get("read") is None):
         return None
-    wrote = set(want["written"]) & expected_changed
-    wrote_now = set(actual_touched["written"]) & actual_changed
+    return set(want["written"]) & expected_changed, set(actual_touched["written"]) & actual_changed
+
+
+def written_mismatch(
+    expected: dict[str, Any], actual_touched: dict[str, Any], expected_changed: set[str], actual_changed: set[str],
+    volatile_globs: Sequence[str] = (),
+) -> dict[str, Any] | None:
+    """Whether a replayed exec wrote other surviving files than the recorded one (None: the same).
+
+    Paths a volatile glob matches are left out.  Where the names left differ only by a
+    random-looking part, ``suggest`` lists the globs that would cover them.
+    """
+    sets = _written(expected, actual_touched, expected_changed, actual_changed)
+    if sets is None:
+        return None
+    wrote, _ = volatile.split(sets[0], volatile_globs)
+    wrote_now, _ = volatile.split(sets[1], volatile_globs)
     if wrote == wrote_now:
         return None
+    expected_only = sorted(wrote - wrote_now, key=_path_key)
+    actual_only = sorted(wrote_now - wrote, key=_path_key)
     return {"kind": "exec", "exec": expected["seq"], "field": "written", "argv": expected["argv"],
-            "expected_only": sorted(wrote - wrote_now, key=_path_key),
-            "actual_only": sorted(wrote_now - wrote, key=_path_key)}
+            "expected_only": expected_only, "actual_only": actual_only,
+            "suggest_volatile": volatile.suggest(expected_only, actual_only)}
+
+
+def volatile_written(
+    expected: dict[str, Any], actual_touched: dict[str, Any], expected_changed: set[str], actual_changed: set[str],
+    volatile_globs: Sequence[str],
+) -> list[dict[str, Any]]:
+    """The volatile paths one exec wrote, each with whether the recorded and the replayed run wrote it."""
+    sets = _written(expected, actual_touched, expected_changed, actual_changed)
+    if sets is None or not volatile_globs:
+        return []
+    _, recorded = volatile.split(sets[0], volatile_globs)
+    _, replayed = volatile.split(sets[1], volatile_globs)
+    return [{"exec": expected["seq"], "path": path, "recorded": path in recorded, "replayed": path in replayed}
+            for path in sorted(recorded | replayed, key=_path_key)]
 
 
 def _reached(records: list[dict[str, Any]] | None) -> list[tuple[str, int, str, bool]]:
@@ -94,12 +129,15 @@ def _final_states(changes: list[dict[str, Any]]) -> dict[str, tuple[Any, ...] | 
     }
 
 
-def change_mismatches(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every path whose final state differs between the witness's changes and the replay's."""
+def change_mismatches(
+    expected: list[dict[str, Any]], actual: list[dict[str, Any]], volatile_globs: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """Every path whose final state differs between the witness's changes and the replay's (volatile ones aside)."""
     want = _final_states(expected)
     got = _final_states(actual)
     out = []
-    for path in sorted(set(want) | set(got), key=_path_key):
+    kept, _ = volatile.split(set(want) | set(got), volatile_globs)
+    for path in sorted(kept, key=_path_key):
         if want.get(path) != got.get(path):
             out.append({"kind": "change", "path": path, "expected": want.get(path), "actual": got.get(path)})
     return out
