@@ -253,10 +253,10 @@ class ReapiExecutor:
         """The witness replayed by a bot (replays.replay there), once this state dir admits it; its answer."""
         key = await trio.to_thread.run_sync(witness_key, service.state)
         manifest, _, signature = await trio.to_thread.run_sync(signature_of, path, key)
-        if options.network is not None or not manifest["include_blobs"]:
-            raise CcwError("UNSUPPORTED", "a replay with an allowlist network, or of a witness made without blobs "
-                                          "(its base is a directory here), runs locally only: unset CCW_REAPI_URL "
-                                          "for it")  # fmt: skip
+        if options.network is not None or not manifest["include_blobs"] or options.volatile:
+            raise CcwError("UNSUPPORTED", "a replay with an allowlist network or volatile globs, or of a witness "
+                                          "made without blobs (its base is a directory here), runs locally only: "
+                                          "unset CCW_REAPI_URL for it")  # fmt: skip
         admit(manifest, signature, options)
         name = "witness.ccwz"
         env = {**options.env, CAPSULE_VAR: json.dumps({"replay": name, "expected_root": expected_root}, sort_keys=True)}

@@ -50,7 +50,7 @@ from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.runs import Command, exec_env
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witnesses import verify_file, witness_key
-from mcp_server.core import paths, replaydiff
+from mcp_server.core import paths, replaydiff, volatile
 from mcp_server.core.netrules import NetworkSpec, network_json
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -227,6 +227,7 @@ class ReplayOptions:
     network: NetworkSpec | None = None  # the allowlist the replay may use; None: network none
     workspace: str | None = None  # the live base of a witness made without blobs
     allow_untrusted: bool = False  # replay a witness this state dir did not sign
+    volatile: tuple[str, ...] = ()  # globs of paths left out of the comparison, with the witness's own
 
     @classmethod
     def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
@@ -284,7 +285,9 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
-    mismatches = tally.mismatches + _change_mismatches(manifest, tally, actual_changes)
+    globs = sorted(set(manifest["capsule"].get("volatile", ())) | set(options.volatile))
+    changed, apart = _change_mismatches(manifest, tally, actual_changes, globs)
+    mismatches = tally.mismatches + changed
     mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
     recorded = manifest["capsule"]
     return {
@@ -298,6 +301,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "signature": report["signature"],
         "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
+        "volatile": {"globs": globs, "paths": apart},
     }
 
 
@@ -381,14 +385,23 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
     return tally
 
 
-def _change_mismatches(manifest: dict[str, Any], tally: _Tally, actual_changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Execs whose written files differ from their record, and changes that differ from the recorded ones."""
-    mismatches = []
+def _change_mismatches(
+    manifest: dict[str, Any], tally: _Tally, actual_changes: list[dict[str, Any]], globs: list[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Execs whose written files differ from their record, and changes that differ from the recorded ones;
+    and the volatile paths left out of both (exec null: a change no compared written set named)."""
+    mismatches, apart = [], []
     changed = {c["path"] for c in manifest["changes"]}
     changed_now = {c["path"] for c in actual_changes}
     for ex in manifest["execs"]:
         # The record's touched sets are the journal's form of the reply's (Touched.to_args).
-        wrote = replaydiff.written_mismatch(ex, tally.touched[ex["seq"]].to_args(), changed, changed_now)
+        touched = tally.touched[ex["seq"]].to_args()
+        wrote = replaydiff.written_mismatch(ex, touched, changed, changed_now, globs)
         if wrote is not None:
             mismatches.append(wrote)
-    return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes)
+        apart += replaydiff.volatile_written(ex, touched, changed, changed_now, globs)
+    named = {entry["path"] for entry in apart}
+    _, volatile_changes = volatile.split(changed | changed_now, globs)
+    apart += [{"exec": None, "path": path, "recorded": path in changed, "replayed": path in changed_now}
+              for path in sorted(volatile_changes - named)]
+    return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes, globs), apart

@@ -24,6 +24,11 @@ MAX_GLOBS = 64
 MAX_GLOB_CHARS = 1024
 SUGGEST_PAIRS = 64  # names per side looked at when suggesting: the heuristic is quadratic
 
+GLOBS_SCHEMA: dict[str, object] = {
+    "type": "array", "maxItems": MAX_GLOBS,
+    "items": {"type": "string", "minLength": 1, "maxLength": MAX_GLOB_CHARS},
+}
+
 _SEPARATORS = "._-+"
 _HEXISH = re.compile(r"[0-9a-fA-F]+(?:-[0-9a-fA-F]+)*\Z")
 _ALNUM = re.compile(r"[0-9A-Za-z]+\Z")

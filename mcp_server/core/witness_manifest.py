@@ -32,6 +32,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.validators import extend
 
+from mcp_server.core.volatile import GLOBS_SCHEMA
 from sandbox.errors import CcwError
 from sandbox.spec import ENV_NAME_RE, MAX_CLOCK_OFFSET_SEC, MAX_TIMEOUT_MS, Limits
 
@@ -166,6 +167,7 @@ SCHEMA: dict[str, Any] = {
                 "env_whitelist": _ENV_NAMES,
                 "limits": {"type": "object"},  # each limit checked by sandbox.spec.Limits
                 "network": {"anyOf": [{"const": "none"}, {"type": "object"}]},
+                "volatile": GLOBS_SCHEMA,  # absent in witnesses made before volatile paths
             },
         },
         "execs": {"type": "array", "items": _EXEC},

@@ -15,8 +15,10 @@ from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.replays import ReplayOptions
 from mcp_server.capsules.witnesses import locate
+from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
 from sandbox.spec import ENV_NAME_RE, MAX_ENV
 
 
@@ -24,7 +26,8 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
     options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(args.get("network")),
-                            workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")))
+                            workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")),
+                            volatile=tuple(_volatile(args.get("volatile"))))
 
     async def body(run: Run) -> dict[str, Any]:
         executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
@@ -34,6 +37,13 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
             executor.close()
 
     return await ctx.runs.call("capsule_replay", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
+
+
+def _volatile(globs: Any) -> list[str]:
+    try:
+        return volatile.check_globs(globs or [], "volatile")
+    except ValueError as exc:
+        raise CcwError("INVALID_ARGUMENT", str(exc), {"field": "volatile"}) from None
 
 
 _NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
@@ -71,6 +81,11 @@ TOOLS = [
                 "allow_untrusted": {"type": "boolean", "description": (
                     "Replay a witness this state dir did not sign (unsigned, or signed by another): only if you "
                     "trust where it came from. Default false: such a witness is refused (PERMISSION_DENIED).")},
+                "volatile": {**volatile.GLOBS_SCHEMA, "description": (
+                    "Globs of paths (relative to the workspace; ** spans directories) whose names change from run "
+                    "to run, like .nyc_output/*.json: left out of the written-set and change comparison and "
+                    "listed apart (volatile.paths), added to the witness's own. A written mismatch suggests them "
+                    "(suggest_volatile).")},
                 "wait_ms": WAIT_MS,
             },
         },
@@ -105,6 +120,20 @@ TOOLS = [
                 "network": {
                     "type": "object", "required": ["recorded", "used"], "additionalProperties": False,
                     "properties": {"recorded": _NETWORK_SHOWN, "used": _NETWORK_SHOWN},
+                },
+                "volatile": {
+                    "type": "object", "required": ["globs", "paths"], "additionalProperties": False,
+                    "description": "The volatile globs applied (the witness's and this replay's) and the paths "
+                                   "they left out; exec null: a change no compared written set named.",
+                    "properties": {
+                        "globs": {"type": "array", "items": {"type": "string"}},
+                        "paths": {"type": "array", "items": {
+                            "type": "object", "required": ["exec", "path", "recorded", "replayed"],
+                            "additionalProperties": False,
+                            "properties": {"exec": {"type": ["integer", "null"]}, "path": {"type": "string"},
+                                           "recorded": {"type": "boolean"}, "replayed": {"type": "boolean"}},
+                        }},
+                    },
                 },
             },
         }]},
