@@ -128,7 +128,7 @@ _JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprin
 _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 # Columns added since the first release, for state dirs made before them.
 _NEW_COLUMNS = {
-    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0"},
+    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT"},
     "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
@@ -199,6 +199,7 @@ class CapsuleRecord:
     destroyed_at: str | None
     generation: int = 0  # the change generation: every write to the capsule advances it
     network_spec: NetworkSpec | None = None  # the allowlist (spec.network is then "egress"); None: none
+    volatile: tuple[str, ...] = ()  # globs of paths replay leaves out (core/volatile.py): not the helper's
 
     # The spec's fields as the journal's readers name them (and its columns hold them).
     @property
@@ -241,6 +242,7 @@ def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
         "limits": record.limits, "network": _network_column(record.network_spec), "isolation": record.isolation,
         "mount": record.mount, "base_fingerprint": record.base_fingerprint,
         "destroyed_at": record.destroyed_at, "generation": record.generation,
+        "volatile": json.dumps(list(record.volatile)) if record.volatile else None,
     }
     for key in _JSON_CAPSULE_FIELDS:
         row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
@@ -253,6 +255,7 @@ def _capsule_record(row: Any) -> CapsuleRecord:
     for key in _JSON_CAPSULE_FIELDS:
         data[key] = None if data[key] is None else json.loads(data[key])
     network_spec = network_from_column(data.pop("network"))
+    data["volatile"] = tuple(json.loads(data.get("volatile") or "[]"))
     spec = CapsuleSpec(
         workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
         env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),

@@ -156,8 +156,10 @@ class CapsuleService:
 
     # --- journaled capsules --------------------------------------------------------
 
-    async def create(self, spec: CapsuleSpec, network: NetworkSpec | None = None) -> CapsuleRecord:
-        """Make a capsule from ``spec`` (with the allowlist ``network``, if any) and journal it.
+    async def create(self, spec: CapsuleSpec, network: NetworkSpec | None = None,
+                     volatile: tuple[str, ...] = ()) -> CapsuleRecord:
+        """Make a capsule from ``spec`` (with the allowlist ``network``, if any; ``volatile``: globs its
+        witnesses' replays leave out) and journal it.
 
         An allowlist capsule's egress session starts opening now, in the background
         (capsules/networks.py: ``open_soon``), so that neither create nor, usually, the
@@ -166,14 +168,14 @@ class CapsuleService:
         spec = dataclasses.replace(spec, network=helper_network(network))
         reply = await self.call(CreateRequest(spec))
         await self._open_network(reply.capsule_id, network)
-        return self._journal_new(reply, spec, None, network)
+        return self._journal_new(reply, spec, None, network, volatile)
 
     async def _open_network(self, capsule_id: str, network: NetworkSpec | None) -> None:
         if network is not None:
             await self.networks.open_soon(await self.helper(), capsule_id, network)
 
     def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None,
-                     network: NetworkSpec | None) -> CapsuleRecord:
+                     network: NetworkSpec | None, volatile: tuple[str, ...] = ()) -> CapsuleRecord:
         """Journal a capsule the helper just made from ``spec`` (a fork: of ``parent``)."""
         created = _now()
         record = CapsuleRecord(
@@ -187,6 +189,7 @@ class CapsuleService:
             base_fingerprint=parent.base_fingerprint if parent else None,
             destroyed_at=None,
             network_spec=network,
+            volatile=parent.volatile if parent else volatile,
         )
         self.journal.add_capsule(record)
         return record

@@ -182,6 +182,8 @@ def build_manifest(
             "env_whitelist": record.env_whitelist,
             "limits": record.limits,
             "network": record.network,
+            # Only when set: a witness of a capsule without volatile globs stays as before.
+            **({"volatile": list(record.volatile)} if record.volatile else {}),
         },
         "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
         "writes": [_write_entry(w, sources) for w in writes or []],

@@ -96,6 +96,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--network", action="append", metavar="RULE",
                         help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
                              "IP or CIDR[:port], [IPv6]:port (repeatable; default: no network)")
+    create.add_argument("--volatile", action="append", metavar="GLOB",
+                        help="paths whose names change from run to run (like .nyc_output/*.json): replays of "
+                             "this capsule's witnesses leave them out of the comparison (repeatable)")
     create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
     create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
 
@@ -164,6 +167,8 @@ def _add_replay_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     replay.add_argument("--workspace", help="for a witness made without blobs: the directory to replay over")
     replay.add_argument("--allow-untrusted", action="store_true",
                         help="replay a witness this state dir did not sign (only if you trust its maker)")
+    replay.add_argument("--volatile", action="append", metavar="GLOB",
+                        help="also leave the paths this glob matches out of the comparison (repeatable)")
 
 
 def _command(words: list[str]) -> list[str]:
@@ -201,6 +206,8 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
         network = _network_arg(args)
         if network is not None:
             call["network"] = network
+        if args.volatile:
+            call["volatile"] = list(args.volatile)
         return "capsule_create", call, None
     if verb == "exec":
         call = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
@@ -257,6 +264,8 @@ def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
         call["workspace"] = os.path.abspath(args.workspace)
     if args.allow_untrusted:
         call["allow_untrusted"] = True
+    if args.volatile:
+        call["volatile"] = list(args.volatile)
     return call
 
 

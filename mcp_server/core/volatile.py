@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Sequence
 
 from mcp_server.core.policy import glob_match
+from sandbox.errors import CcwError
 
 MAX_GLOBS = 64
 MAX_GLOB_CHARS = 1024
@@ -63,6 +64,15 @@ def check_globs(globs: object, where: str) -> list[str]:
         if glob.startswith("/") or ".." in glob.split("/"):
             raise ValueError(f"{where}: {glob!r} must be relative to the workspace root, like .nyc_output/*.json")
     return sorted(set(globs))
+
+
+def globs_arg(value: object, where: str = "volatile") -> tuple[str, ...]:
+    """A tool's or command line's volatile globs, checked (INVALID_ARGUMENT saying what is wrong)."""
+    try:
+        return tuple(check_globs(value or [], where))
+    except ValueError as exc:
+        raise CcwError("INVALID_ARGUMENT", f"{exc}; a volatile glob names paths relative to the workspace root "
+                                           "(* within a directory, ** across)", {"field": where}) from None
 
 
 def _escape(text: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
-from mcp_server.core import unidiff
+from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
@@ -131,7 +131,8 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
         env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
         limits=Limits(**(args.get("limits") or {})),
     )
-    return _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network"))))
+    globs = volatile.globs_arg(args.get("volatile"))
+    return _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs))
 
 
 def exec_text(result: dict[str, Any]) -> str:
@@ -283,6 +284,7 @@ TOOLS = [
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
                 "network": NETWORK_IN,
+                "volatile": {**volatile.GLOBS_SCHEMA, "description": "Globs of randomly named outputs (.nyc_output/*.json) its witnesses' replays leave out."},
             },
         },
         output_schema=CAPSULE_OUT,

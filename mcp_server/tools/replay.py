@@ -18,7 +18,6 @@ from mcp_server.capsules.witnesses import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.errors import CcwError
 from sandbox.spec import ENV_NAME_RE, MAX_ENV
 
 
@@ -27,7 +26,7 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
     options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(args.get("network")),
                             workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")),
-                            volatile=tuple(_volatile(args.get("volatile"))))
+                            volatile=volatile.globs_arg(args.get("volatile")))
 
     async def body(run: Run) -> dict[str, Any]:
         executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
@@ -37,13 +36,6 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
             executor.close()
 
     return await ctx.runs.call("capsule_replay", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
-
-
-def _volatile(globs: Any) -> list[str]:
-    try:
-        return volatile.check_globs(globs or [], "volatile")
-    except ValueError as exc:
-        raise CcwError("INVALID_ARGUMENT", str(exc), {"field": "volatile"}) from None
 
 
 _NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
@@ -82,10 +74,7 @@ TOOLS = [
                     "Replay a witness this state dir did not sign (unsigned, or signed by another): only if you "
                     "trust where it came from. Default false: such a witness is refused (PERMISSION_DENIED).")},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
-                    "Globs of paths (relative to the workspace; ** spans directories) whose names change from run "
-                    "to run, like .nyc_output/*.json: left out of the written-set and change comparison and "
-                    "listed apart (volatile.paths), added to the witness's own. A written mismatch suggests them "
-                    "(suggest_volatile).")},
+                    "Globs of randomly named paths (.nyc_output/*.json) to leave out, with the witness's own.")},
                 "wait_ms": WAIT_MS,
             },
         },
@@ -123,14 +112,10 @@ TOOLS = [
                 },
                 "volatile": {
                     "type": "object", "required": ["globs", "paths"], "additionalProperties": False,
-                    "description": "The volatile globs applied (the witness's and this replay's) and the paths "
-                                   "they left out; exec null: a change no compared written set named.",
                     "properties": {
                         "globs": {"type": "array", "items": {"type": "string"}},
                         "paths": {"type": "array", "items": {
-                            "type": "object", "required": ["exec", "path", "recorded", "replayed"],
-                            "additionalProperties": False,
-                            "properties": {"exec": {"type": ["integer", "null"]}, "path": {"type": "string"},
+                            "type": "object", "properties": {"exec": {"type": ["integer", "null"]}, "path": {"type": "string"},
                                            "recorded": {"type": "boolean"}, "replayed": {"type": "boolean"}},
                         }},
                     },
