@@ -77,3 +77,23 @@ def test_a_replayer_may_declare_the_glob_for_an_old_witness(tools: Any, tmp_path
     assert _apart(out) == [(False, True), (True, False)]
     # What the glob does not cover is still compared: report.txt is the same, so nothing else is listed.
     assert out["mismatches"] == []
+
+
+def test_a_policy_replay_ignores_the_capsules_own_globs(tools: Any, tmp_path: Path) -> None:
+    """``volatile: ["**"]`` is the agent's word: promotion's require_replay_ok still compares every file."""
+    ws = _project(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws), "volatile": ["**"]}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["/usr/bin/python3", "cover.py"]})
+        assert ran["exit_code"] == 0, ran
+        own = await t.call("capsule_replay", {"witness_id": (await t.call("capsule_witness", {"capsule_id": cap}))["witness_id"]})
+        assert own["replay_ok"] is True and own["volatile"]["globs"] == ["**"], own  # the replayer's view: declared
+        promoted: dict[str, Any] = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["strict"],
+                                                                    "dry_run": True})
+        return promoted
+
+    promoted = tools.run(scenario)
+    report = promoted["policy_report"]
+    assert promoted["promoted"] is False and report["replay_ok"] is False, report
+    assert not (ws / ".nyc_output").exists()

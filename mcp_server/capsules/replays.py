@@ -228,13 +228,18 @@ class ReplayOptions:
     workspace: str | None = None  # the live base of a witness made without blobs
     allow_untrusted: bool = False  # replay a witness this state dir did not sign
     volatile: tuple[str, ...] = ()  # globs of paths left out of the comparison, with the witness's own
+    # Whether the witness's own volatile globs count.  Not for a policy's replay: the globs are
+    # the agent's declaration, and ``volatile: ["**"]`` would blind require_replay_ok to every
+    # file a replay wrote differently.
+    witness_volatile: bool = True
 
     @classmethod
     def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
-        """Replay a capsule's own witness as its runs ran: its whitelisted variables' values (this
-        server's, as runs.exec_env gave its runs) and its network."""
+        """Replay a capsule's own witness as its runs ran, for a policy: its whitelisted variables'
+        values (this server's, as runs.exec_env gave its runs) and its network, but none of its
+        volatile globs (the capsule may not decide what its own policy check ignores)."""
         env = {name: os.environ[name] for name in record.spec.env_whitelist if name in os.environ}
-        return cls(env=env, network=record.network_spec)
+        return cls(env=env, network=record.network_spec, witness_volatile=False)
 
 
 _UNTRUSTED = {
@@ -285,7 +290,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
-    globs = sorted(set(manifest["capsule"].get("volatile", ())) | set(options.volatile))
+    declared = manifest["capsule"].get("volatile", ()) if options.witness_volatile else ()
+    globs = sorted(set(declared) | set(options.volatile))
     changed, apart = _change_mismatches(manifest, tally, actual_changes, globs)
     mismatches = tally.mismatches + changed
     mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
