@@ -38,13 +38,10 @@ NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what
         }},
     ],
     "description": (
-        "'none' (default: an empty network namespace, loopback only), or an allowlist: the commands reach "
-        "only these, through ccw's proxy (HTTP_PROXY/HTTPS_PROXY/ALL_PROXY are set in the jail). Rules: "
-        "host[:port], *.domain[:port] (names under the domain), a.b.c.d[/n][:port], [v6addr[/n]]:port or a "
-        "bare v6 address/CIDR; no port: ports 80 and 443 only. Whatever the rules, the host itself (its own "
-        "addresses, loopback, its DNS resolvers) and private, link-local, CGNAT, multicast, reserved and "
-        "documentation space are refused, also when a name resolves there, unless a rule names that exact "
-        "address (10.1.2.3:5432, [fd00::1]:443; a CIDR that contains it is not enough). As an object: {allow, "
-        "max_bytes (per exec, default 1 GiB), max_connections (per exec, default 512)}."
+        "'none' (default: loopback only), or an allowlist reached through ccw's proxy (HTTP_PROXY, "
+        "HTTPS_PROXY, ALL_PROXY are set). Rules: host[:port], *.domain[:port], a.b.c.d[/n][:port], "
+        "[v6[/n]]:port; no port: 80 and 443. The host itself and private or reserved space are refused, "
+        "by name or CIDR, unless a rule names that exact address:port. Object form: {allow, max_bytes, "
+        "max_connections} (per exec; default 1 GiB, 512)."
     ),
 }

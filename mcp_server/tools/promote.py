@@ -56,14 +56,11 @@ TOOLS = [
         description=(
             "Write the capsule's changes into the real workspace, all or nothing, if the policies "
             "pass (default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
-            "Under every policy, what would run or escalate on the host is refused as a named hazard "
-            "(policy_report.hazards): setuid/setgid bits (setuid), files made world-writable "
-            "(world_writable), git hooks, config and .git files at any depth (git_control), files "
-            "tools run by themselves such as .envrc, .vscode/, .gitmodules, .husky/ (autorun). "
-            "After reviewing them, allow_hazards promotes those kinds anyway; setuid/setgid bits "
-            "are never written. Files the workspace's git ignores (.pytest_cache/, __pycache__/, "
-            "build output) are left behind and listed in skipped unless include_ignored; paths and "
-            "exclude globs select what is promoted. dry_run: report only."
+            "Under every policy, hazards are refused (policy_report.hazards): setuid/setgid bits, "
+            "world-writable files, .git control files (git_control), files tools run by themselves "
+            "such as .envrc, .vscode/ (autorun); allow_hazards lets reviewed kinds through. Files git "
+            "ignores are left behind (skipped) unless include_ignored; paths/exclude globs select. "
+            "dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -73,8 +70,7 @@ TOOLS = [
                 "dry_run": {"type": "boolean"},
                 "allow_hazards": {
                     "type": "array", "uniqueItems": True, "items": {"enum": list(KINDS)},
-                    "description": "Hazard kinds to promote anyway: " + "; ".join(
-                        f"{kind}: {what}, {allowed}" for kind, (what, allowed) in KINDS.items()) + ".",
+                    "description": "Hazard kinds to promote anyway, once reviewed (setuid: without the bits).",
                 },
                 "include_ignored": {"type": "boolean",
                                     "description": "Promote the files the live workspace's git ignores too (default: false)."},

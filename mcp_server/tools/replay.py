@@ -47,11 +47,9 @@ TOOLS = [
         title="Replay witness",
         description=(
             "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
-            "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path). "
-            "Output is compared apart (output_identical; output_diffs shows the differing lines). A witness is "
-            "untrusted input: its commands get only the env values, network and (for a witness without blobs) "
-            "workspace given here, never the server's own; one this state dir did not sign replays only with "
-            "allow_untrusted (signature says which it was)."
+            "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path); "
+            "output apart (output_identical, output_diffs). A witness is untrusted: its commands get only "
+            "the env, network and workspace given here; one this state dir did not sign needs allow_untrusted."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -60,9 +58,8 @@ TOOLS = [
                 "env": {
                     "type": "object", "maxProperties": MAX_ENV,
                     "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"}, "additionalProperties": {"type": "string"},
-                    "description": "Values of the commands' variables (name: value). A variable the witness's "
-                                   "capsule passed but not given here is absent (env_missing lists them); none comes "
-                                   "from the server's own environment. HOME is always the capsule's own.",
+                    "description": "The commands' variables (name: value); recorded names not given are "
+                                   "absent (env_missing).",
                 },
                 "network": {**NETWORK_IN, "description": (
                     "The network the replayed commands may use, in capsule_create's form (default 'none'). The "
@@ -71,8 +68,7 @@ TOOLS = [
                     "For a witness made without blobs: the directory to replay over, your copy of its workspace "
                     "(one you can read). A witness with blobs carries its base and takes none.")},
                 "allow_untrusted": {"type": "boolean", "description": (
-                    "Replay a witness this state dir did not sign (unsigned, or signed by another): only if you "
-                    "trust where it came from. Default false: such a witness is refused (PERMISSION_DENIED).")},
+                    "Replay a witness this state dir did not sign, if you trust its maker (default: refused).")},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
                     "Globs of randomly named paths (.nyc_output/*.json) to leave out, with the witness's own.")},
                 "wait_ms": WAIT_MS,
