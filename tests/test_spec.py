@@ -114,7 +114,7 @@ def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> 
             "capsule_id": "cap_1", "workspace": "/ws", "base": "/snap", "parent": None, "created_at": "t",
             "clock": "c", "clock_offset_sec": 5, "env_whitelist": '["A", "B"]', "limits": '{"pids_max": 9}',
             "network": "none", "isolation": '{"x": 1}', "mount": "/m", "base_fingerprint": None,
-            "destroyed_at": None, "generation": 0,
+            "destroyed_at": None, "generation": 0, "volatile": None,
         }
         assert state.execute("SELECT base FROM capsules WHERE capsule_id = 'cap_2'")[0][0] == "/ws"
     finally:
