@@ -97,6 +97,7 @@ class JailSpec:
     hostname: str = "ccw"
     network: str = "none"  # "none": an empty network namespace with lo up; "egress": net_fd's
     net_fd: int | None = None  # "egress": the capsule's jail network namespace (the caller keeps it)
+    binds: tuple[mounts.Bind, ...] = ()  # host dirs shown besides the workspace (toolchains, git dirs)
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ def prepare(spec: JailSpec) -> Plan:
         tmp_dir=spec.tmp_dir,
         home=home if home and os.path.isabs(home) else None,
         home_dir=spec.home_dir,
+        binds=spec.binds,
     )
     uid_ranges, gid_ranges = namespaces.read_id_maps()
     return Plan(

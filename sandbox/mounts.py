@@ -124,6 +124,20 @@ _NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEX
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A host directory the capsule asks the jail to show at ``target`` (issue 25).
+
+    Toolchains exposed read-only, a git dir outside the workspace shown through its own
+    overlay read-write.  The helper checks each before it builds a JailSpec with it;
+    ``prepare`` only places it (the source resolved, parents before children).
+    """
+
+    source: str  # a host path (resolved by prepare)
+    target: str  # where the jail shows it (absolute)
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class MountStep:
     """One step in building the jail's root; ``action`` names what ``enter`` does."""
 
@@ -225,8 +239,13 @@ def prepare(
     tmp_dir: str,
     home: str | None,
     home_dir: str,
+    binds: tuple[Bind, ...] = (),
 ) -> list[MountStep]:
-    """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace."""
+    """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace.
+
+    ``binds`` come after the private $HOME at equal depth or deeper (sorting is stable
+    and by depth), so a toolchain under the caller's home shows through the empty one.
+    """
     steps = [MountStep("private", "/"), MountStep("root", STAGING)]
 
     # Capsule binds, parents before children (a workspace may live under /tmp or $HOME).
@@ -239,6 +258,8 @@ def prepare(
     prefix = python_prefix()
     if prefix is not None and not _under(prefix, workspace):
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
+    capsule += [MountStep("bind", bind.target, OLD_ROOT + os.path.realpath(bind.source),
+                          attrs=_RW if bind.writable else _RO) for bind in binds]
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 

@@ -166,3 +166,19 @@ def test_mechanisms_describe_what_is_in_force() -> None:
     assert info["no_new_privs"] is True
     assert set(spec.JAIL_NAMESPACES) <= set(str(n).split(" ")[0] for n in info["namespaces"])  # type: ignore[attr-defined]
     assert "clock_offset" in info and "seccomp" in info
+
+
+def test_capsule_binds_come_after_the_private_home_and_keep_their_mode(tmp_path: Path) -> None:
+    for name in ("merged", "tmp", "home", "toolchain", "gitdir"):
+        (tmp_path / name).mkdir()
+    binds = (mounts.Bind(str(tmp_path / "toolchain"), "/home/agent/.pyenv/versions/3.12.1"),
+             mounts.Bind(str(tmp_path / "gitdir"), "/srv/repo/.git", writable=True))
+    steps = mounts.prepare(merged_dir=str(tmp_path / "merged"), workspace="/srv/wt", tmp_dir=str(tmp_path / "tmp"),
+                           home="/home/agent", home_dir=str(tmp_path / "home"), binds=binds)
+    targets = [step.target for step in steps]
+    assert targets.index("/home/agent") < targets.index("/home/agent/.pyenv/versions/3.12.1")
+    by_target = {step.target: step for step in steps}
+    toolchain, gitdir = by_target["/home/agent/.pyenv/versions/3.12.1"], by_target["/srv/repo/.git"]
+    assert toolchain.source == mounts.OLD_ROOT + os.path.realpath(tmp_path / "toolchain")
+    assert toolchain.attrs & 1 and not gitdir.attrs & 1  # MOUNT_ATTR_RDONLY, and a writable one without it
+    assert targets.index("/srv/repo/.git") < targets.index("/proc")
