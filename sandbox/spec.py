@@ -54,6 +54,7 @@ MAX_STDIN = 4 * 1024 * 1024  # decoded bytes
 MAX_OUTPUT_CAP = 2 * 1024 * 1024  # per stream; two base64 streams still fit one frame
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
+MAX_BINDS = 64  # directories a capsule shows besides its workspace (exposed toolchains, git dirs)
 # "none": an empty network namespace, lo only; "egress": the capsule's own namespaces whose
 # only way out is the front end's proxies (sandbox/egress.py).  The allowlist is the front end's.
 NETWORKS = ("none", "egress")
@@ -133,6 +134,15 @@ def check_capsule_id(value: Any) -> str:
     return str(capsule_id("capsule_id", value))
 
 
+def abs_paths(name: str, value: Any) -> Any:
+    """A list of at most MAX_BINDS absolute paths (directories the jail shows besides the workspace)."""
+    if not isinstance(value, list) or len(value) > MAX_BINDS:
+        raise fail(name, f"must be a list of at most {MAX_BINDS} absolute paths")
+    for index, item in enumerate(value):
+        abs_path(f"{name}[{index}]", item)
+    return value
+
+
 def env_names(name: str, value: Any) -> Any:
     """A list of at most MAX_ENV environment variable names."""
     if not isinstance(value, list) or len(value) > MAX_ENV:
@@ -210,6 +220,8 @@ SPEC_OPTIONAL: dict[str, Check] = {
     "env_whitelist": env_names,
     "limits": limits,
     "network": one_of(*NETWORKS),
+    "expose": abs_paths,
+    "gitdirs": abs_paths,
 }
 
 
@@ -264,6 +276,12 @@ class CapsuleSpec:
     env_whitelist: tuple[str, ...] = ()  # sorted, unique
     limits: Limits = Limits()
     network: str = "none"
+    # Host directories the jail shows read-only (toolchains under $HOME and the like),
+    # sorted; the helper checks each again (check_expose_dir) before binding it.
+    expose: tuple[str, ...] = ()
+    # Git dirs outside the workspace that its .git file names (a worktree's common dir,
+    # a submodule's gitdir), sorted; each is shown through the capsule's own overlay.
+    gitdirs: tuple[str, ...] = ()
 
     @property
     def lower(self) -> str:
@@ -281,6 +299,11 @@ class CapsuleSpec:
         }
         if self.base is not None:
             out["base"] = self.base
+        # Only when set, so a spec without them reads as it always did (meta.json, journal).
+        if self.expose:
+            out["expose"] = list(self.expose)
+        if self.gitdirs:
+            out["gitdirs"] = list(self.gitdirs)
         return out
 
     @classmethod
@@ -294,6 +317,8 @@ class CapsuleSpec:
             env_whitelist=tuple(sorted(set(value.get("env_whitelist", ())))),
             limits=Limits.from_json(value.get("limits", {})),
             network=value.get("network", "none"),
+            expose=tuple(sorted(set(value.get("expose", ())))),
+            gitdirs=tuple(sorted(set(value.get("gitdirs", ())))),
         )
 
 
