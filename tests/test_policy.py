@@ -213,3 +213,15 @@ def test_if_unmeasured_takes_only_its_two_values() -> None:
     with pytest.raises(CcwError) as info:
         validate_policy({"name": "x", "rules": {"if_unmeasured": "ignore"}})
     assert info.value.details["errors"][0]["path"] == "/rules/if_unmeasured"
+
+
+def test_volatile_globs_combine_as_a_union_and_must_be_relative() -> None:
+    rules = CombinedRules.combine([{"rules": {"volatile": [".nyc_output/*.json"]}},
+                                   {"rules": {"volatile": ["coverage/*.tmp", ".nyc_output/*.json"]}}, {"rules": {}}])
+    assert rules.volatile == [".nyc_output/*.json", "coverage/*.tmp"]
+    assert not rules.needs_replay  # globs alone ask for no replay
+    validate_policy({"name": "cov", "rules": {"volatile": [".nyc_output/*.json"], "require_replay_ok": True}})
+    for bad in ("/etc/*", "../up/*.json", "a/../b", ""):
+        with pytest.raises(CcwError) as caught:
+            validate_policy({"name": "cov", "rules": {"volatile": [bad]}})
+        assert caught.value.code == "INVALID_ARGUMENT", bad

@@ -97,3 +97,24 @@ def test_a_policy_replay_ignores_the_capsules_own_globs(tools: Any, tmp_path: Pa
     report = promoted["policy_report"]
     assert promoted["promoted"] is False and report["replay_ok"] is False, report
     assert not (ws / ".nyc_output").exists()
+
+
+def test_a_policys_own_globs_count_in_its_replay(tools: Any, tmp_path: Path) -> None:
+    """The same capsule promotes once a policy (not the capsule) declares the random outputs."""
+    ws = _project(tmp_path)
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        await t.call("policy_set", {"name": "coverage", "rules": {"require_replay_ok": True, "volatile": [GLOB]}})
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["/usr/bin/python3", "cover.py"]})
+        assert ran["exit_code"] == 0, ran
+        plain = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["strict"], "dry_run": True})
+        declared = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["coverage"],
+                                                    "include_ignored": True})
+        return plain, declared
+
+    plain, declared = tools.run(scenario)
+    assert plain["promoted"] is False and plain["policy_report"]["replay_ok"] is False, plain
+    assert declared["promoted"] is True and declared["policy_report"]["replay_ok"] is True, declared
+    assert (ws / "report.txt").read_text() == "3 lines covered\n"
+    assert len(list((ws / ".nyc_output").glob("*.json"))) == 1

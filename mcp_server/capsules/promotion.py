@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +266,7 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     facts = _facts(record, journal, entries)
     facts.hazards = hazards.judge(hazards.find(_hazard_changes(entries, ops), bare_gitdirs), request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
-    replayed = await _replay(service, record) if rules.needs_replay else _Replayed()
+    replayed = await _replay(service, record, rules.volatile) if rules.needs_replay else _Replayed()
     report = evaluate(rules, facts, tests, replayed.ok, replayed.details, replayed.output_identical,
                       replayed.output_details)
     report["policies"] = list(names)
@@ -342,10 +342,12 @@ class _Replayed:
     output_details: str = ""
 
 
-async def _replay(service: CapsuleService, record: CapsuleRecord) -> _Replayed:
-    """Witness the capsule with blobs and replay the witness in a fresh capsule."""
+async def _replay(service: CapsuleService, record: CapsuleRecord, volatile: list[str]) -> _Replayed:
+    """Witness the capsule with blobs and replay the witness in a fresh capsule (``volatile``:
+    the policies' globs, the only ones that count here)."""
     made = await make_witness(service, record.capsule_id, WitnessOptions("zstd", True))
-    outcome = await replay(service, Path(made["path"]), made["root_hash"], ReplayOptions.of_capsule(record))
+    options = replace(ReplayOptions.of_capsule(record), volatile=tuple(volatile))
+    outcome = await replay(service, Path(made["path"]), made["root_hash"], options)
     ok = bool(outcome["replay_ok"])
     output_identical = bool(outcome["output_identical"])
     details = output_details = ""

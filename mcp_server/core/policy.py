@@ -39,6 +39,9 @@ Choices made here:
   allow them: a standing allowance would let the next capsule's hook through unseen.
   Only the promotion itself allows them, by kind (``allow_hazards``), after a review.
   They come first in ``details``, being what matters most when they are there.
+- ``volatile`` globs (core/volatile.py) are the policy's own word on which written paths
+  its replay may find named differently; the capsule's globs never count there (the
+  agent may not decide what its own check ignores).  Combined: the union.
 - ``allow_hosts`` / ``deny_hosts`` use the capsule allowlist's rule grammar
   (core/netrules.py) and judge the connections the runs *made* (``touched.network``
   records with ``allowed: true``): denied attempts reached nothing.  Combined: unions.
@@ -66,7 +69,7 @@ from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
-              "require_identical_output", "require_replay_ok", "require_tests")
+              "require_identical_output", "require_replay_ok", "require_tests", "volatile")
 
 
 @functools.lru_cache(maxsize=512)
@@ -161,6 +164,7 @@ class CombinedRules:
     if_unmeasured: str = "refuse"  # or "pass": what a ceiling does with a figure that was not measured
     allow_hosts: list[str] | None = None  # None: no policy limits where connections go
     deny_hosts: list[str] = field(default_factory=list)
+    volatile: list[str] = field(default_factory=list)  # globs the policies' replay leaves out (core/volatile.py)
 
     @property
     def needs_replay(self) -> bool:
@@ -190,6 +194,7 @@ class CombinedRules:
             if "allow_hosts" in rules:
                 out.allow_hosts = sorted(set(out.allow_hosts or ()) | set(rules["allow_hosts"]))
             out.deny_hosts = sorted(set(out.deny_hosts) | set(rules.get("deny_hosts", ())))
+            out.volatile = sorted(set(out.volatile) | set(rules.get("volatile", ())))
             out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
             out.require_identical_output = out.require_identical_output or bool(rules.get("require_identical_output"))
         out.deny_paths.sort()
