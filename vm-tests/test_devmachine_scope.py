@@ -11,6 +11,7 @@ through the tool and through ``ccw capsule promote``.
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,3 +123,31 @@ def test_a_second_promotion_of_the_same_capsule(tools: Any, tmp_path: Path) -> N
 
     tools.run(scenario)
     assert EDIT.new in (ws / EDIT.path).read_text() and readme.new in (ws / readme.path).read_text()
+
+
+def test_a_hazard_left_behind_blocks_nothing(tools: Any, tmp_path: Path) -> None:
+    """Hazards are judged on what is promoted: a setuid file in an ignored build dir, or in an
+    excluded path, stays behind without refusing the edit; promoted, it is refused."""
+    ws = tmp_path / "hazard"
+    ws.mkdir()
+    (ws / "main.c").write_text("int main(void) { return 0; }\n")
+    (ws / ".gitignore").write_text("build/\n")
+    assert subprocess.run(["git", "init", "-q", str(ws)], check=False).returncode == 0
+    make = "mkdir -p build tools && echo '#!/bin/sh' > build/tool && chmod 4755 build/tool " \
+           "&& cp build/tool tools/tool && echo '/* v2 */' >> main.c"
+
+    async def scenario(t: Any) -> None:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", make]}))["exit_code"] == 0
+        whole = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True, "include_ignored": True})
+        kinds = {h["kind"] for h in whole["policy_report"]["hazards"]}
+        assert whole["promoted"] is False and kinds == {"setuid"}, whole["policy_report"]
+        tools_dir = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+        assert tools_dir["promoted"] is False  # build/ is ignored, but tools/tool is promoted and refused
+        done = await t.call("capsule_promote", {"capsule_id": cap, "exclude": ["tools/**"]})
+        assert done["promoted"] is True and done["applied"] == ["main.c"], done
+        assert {s["path"] for s in done["skipped"]} >= {"build", "tools/tool"}, done["skipped"]
+
+    tools.run(scenario)
+    assert "v2" in (ws / "main.c").read_text()
+    assert not (ws / "build").exists() and not (ws / "tools").exists()
