@@ -116,9 +116,17 @@ def _prepare_idna(downloads: Path, ws: Path) -> None:
     _unpack(_sdist(downloads, "idna", "3.10"), ws)
 
 
+NPM_FLAGS = ("--cache", str(CACHE / "npm"), "--no-audit", "--no-fund", "--no-update-notifier")
+
+
+def npm_install(ws: Path, *packages: str) -> None:
+    """``npm install --no-save`` of ``packages`` into the workspace's node_modules (cached)."""
+    run(["npm", "install", "--no-save", "--no-package-lock", *NPM_FLAGS, *packages], cwd=ws)
+
+
 def _prepare_json_stable_stringify(downloads: Path, ws: Path) -> None:
     spec = "json-stable-stringify-without-jsonify@1.0.1"
-    npm = ["--cache", str(CACHE / "npm"), "--no-audit", "--no-fund", "--no-update-notifier"]
+    npm = list(NPM_FLAGS)
     run(["npm", "pack", spec, "--pack-destination", str(downloads), *npm], cwd=downloads)
     _unpack(downloads / "json-stable-stringify-without-jsonify-1.0.1.tgz", ws)
     run(["npm", "install", "--no-package-lock", *npm], cwd=ws)

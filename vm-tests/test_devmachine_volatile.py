@@ -29,10 +29,10 @@ def _project(tmp_path: Path) -> Path:
     return ws
 
 
-def _witness(tools: Any, ws: Path, create: dict[str, Any]) -> dict[str, Any]:
+def _witness(tools: Any, ws: Path, create: dict[str, Any], cmd: list[str] | None = None) -> dict[str, Any]:
     async def record(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(ws), **create}))["capsule_id"]
-        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["/usr/bin/python3", "cover.py"]})
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": cmd or ["/usr/bin/python3", "cover.py"]})
         assert ran["exit_code"] == 0, ran
         return await t.call("capsule_witness", {"capsule_id": cap})
 
@@ -118,3 +118,23 @@ def test_a_policys_own_globs_count_in_its_replay(tools: Any, tmp_path: Path) -> 
     assert declared["promoted"] is True and declared["policy_report"]["replay_ok"] is True, declared
     assert (ws / "report.txt").read_text() == "3 lines covered\n"
     assert len(list((ws / ".nyc_output").glob("*.json"))) == 1
+
+
+def test_real_nyc_replays_once_its_outputs_are_declared(tools: Any, tmp_path: Path) -> None:
+    """nyc itself (from npm) over a real package's tape suite: the replay fails and suggests
+    globs for its random names; declared, the witness replays true."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import realprojects
+
+    ws = realprojects.pristine(realprojects.JSON_STABLE_STRINGIFY, tmp_path / "ws")
+    realprojects.npm_install(ws, "nyc@17.1.0")
+    made = _witness(tools, ws, {}, ["npx", "nyc", "--reporter=text-summary", "npm", "test"])
+    failed = _replay(tools, made)
+    assert failed["replay_ok"] is False
+    suggested = sorted({glob for m in failed["mismatches"] for glob in m.get("suggest_volatile", ())})
+    assert ".nyc_output/*.json" in suggested, failed["mismatches"]
+    declared = _replay(tools, made, volatile=suggested)
+    assert declared["replay_ok"] is True, declared["mismatches"]
+    assert any(p["path"].startswith(".nyc_output/processinfo/") for p in declared["volatile"]["paths"])
