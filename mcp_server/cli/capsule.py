@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -99,6 +100,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--volatile", action="append", metavar="GLOB",
                         help="paths whose names change from run to run (like .nyc_output/*.json): replays of "
                              "this capsule's witnesses leave them out of the comparison (repeatable)")
+    create.add_argument("--expose", action="append", metavar="DIR",
+                        help="show this host directory read-only in the jail, like a toolchain under your home "
+                             "(repeatable; never a key store); besides those found by themselves")
+    create.add_argument("--no-auto-expose", action="store_true",
+                        help="do not look for the toolchains the workspace needs (its .venv, #! lines, your PATH)")
     create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
     create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
 
@@ -208,6 +214,10 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
             call["network"] = network
         if args.volatile:
             call["volatile"] = list(args.volatile)
+        if args.expose:
+            call["expose"] = [os.path.abspath(path) for path in args.expose]
+        if args.no_auto_expose:
+            call["auto_expose"] = False
         return "capsule_create", call, None
     if verb == "exec":
         call = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
@@ -391,12 +401,43 @@ def _show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> in
     if result.get("env_missing"):
         print(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}", file=sys.stderr)
     for mismatch in result.get("mismatches", []):
-        print(f"  {mismatch}")
+        print(f"  {_mismatch_line(mismatch)}")
+    suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
+    if suggested:
+        print("the names differ by a random part; if these outputs are volatile, replay with "
+              + " ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested), file=sys.stderr)
+    apart = (result.get("volatile") or {}).get("paths") or []
+    if apart:
+        print(f"left out as volatile: {len(apart)} path(s) matching {', '.join(result['volatile']['globs'])}",
+              file=sys.stderr)
     for diff in result.get("output_diffs", []):  # shown, never a failure by itself
         print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
         for line in diff["lines"] or [diff.get("note", "")]:
             print(f"  {line}", file=sys.stderr)
     return 0 if ok else 1
+
+
+def _state(state: list[Any] | None) -> str:
+    """A change's final state as a replay reports it ([type, mode, target, blob] or null)."""
+    if state is None:
+        return "absent"
+    kind, mode, target, blob = state
+    return " ".join(str(part) for part in (kind, oct(mode) if isinstance(mode, int) else None,
+                                           f"-> {target}" if target else None, (blob or "")[:19] or None) if part)
+
+
+def _mismatch_line(m: dict[str, Any]) -> str:
+    """One replay mismatch (core/replaydiff.py) as a line a person reads."""
+    if m.get("kind") == "change":
+        return f"{m['path']}: {_state(m.get('expected'))} in the witness, {_state(m.get('actual'))} in the replay"
+    head = f"exec {m.get('exec')} ({shlex.join(m.get('argv') or [])})"
+    if "expected_only" in m:
+        def few(items: list[Any]) -> str:
+            shown = [":".join(map(str, i)) if isinstance(i, list) else str(i) for i in items[:3]]
+            return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "") if items else "none"
+        return (f"{head} {m['field']}: only in the witness {few(m['expected_only'])}; "
+                f"only in the replay {few(m['actual_only'])}")
+    return f"{head} {m.get('field')}: {m.get('expected')!r} in the witness, {m.get('actual')!r} in the replay"
 
 
 def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:

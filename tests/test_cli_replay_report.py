@@ -1,0 +1,38 @@
+"""``ccw capsule replay`` prints each mismatch as a line a person reads, and says what to declare."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from mcp_server.cli.capsule import _mismatch_line, _show_replay
+
+NYC = {"kind": "exec", "exec": 1, "field": "written", "argv": ["npx", "nyc", "npm", "test"],
+       "expected_only": [".nyc_output/3cf8.json", ".nyc_output/processinfo/3cf8.json"],
+       "actual_only": [".nyc_output/90eb.json", ".nyc_output/processinfo/90eb.json"],
+       "suggest_volatile": [".nyc_output/*.json", ".nyc_output/processinfo/*.json"]}
+
+
+def test_each_kind_of_mismatch_reads_as_a_sentence() -> None:
+    assert _mismatch_line(NYC) == ("exec 1 (npx nyc npm test) written: only in the witness .nyc_output/3cf8.json, "
+                                   ".nyc_output/processinfo/3cf8.json; only in the replay .nyc_output/90eb.json, "
+                                   ".nyc_output/processinfo/90eb.json")
+    change = {"kind": "change", "path": "out.txt", "expected": ["file", 0o644, None, "blake3:" + "ab" * 32],
+              "actual": None}
+    assert _mismatch_line(change) == "out.txt: file 0o644 blake3:abababababab in the witness, absent in the replay"
+    code = {"kind": "exec", "exec": 2, "field": "exit_code", "expected": 0, "actual": 1, "argv": ["make", "a b"]}
+    assert _mismatch_line(code) == "exec 2 (make 'a b') exit_code: 0 in the witness, 1 in the replay"
+
+
+def test_the_report_names_the_volatile_flags_to_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    result: dict[str, Any] = {"replay_ok": False, "mismatches": [NYC], "output_diffs": []}
+    assert _show_replay(result, False, False) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0] == "replay MISMATCH" and "{" not in out
+    assert "--volatile '.nyc_output/*.json' --volatile '.nyc_output/processinfo/*.json'" in err
+    ok = {"replay_ok": True, "mismatches": [], "output_diffs": [],
+          "volatile": {"globs": [".nyc_output/**"], "paths": [{"exec": 1, "path": ".nyc_output/a.json"}] * 3}}
+    assert _show_replay(ok, False, False) == 0
+    out, err = capsys.readouterr()
+    assert out == "replay_ok\n" and "left out as volatile: 3 path(s) matching .nyc_output/**" in err
