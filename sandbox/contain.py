@@ -23,7 +23,8 @@ Choices made here (DESIGN §2 leaves them open):
   C-level modules (prctl, signal, fcntl, socket, resource): no logging, no locks.  Every
   path in them ends in ``os._exit``, never back in the helper's code.
 - The init drops its own privileges before spawning the command, so the command
-  inherits them (uid/gid, empty capability sets, no_new_privs, RLIMIT_CORE 0, and the
+  inherits them (uid/gid, empty capability sets but a root caller's four file-ownership
+  ones (rootcaps.py), no_new_privs, RLIMIT_CORE 0, and the
   seccomp filter of seccomp.py, installed last).  The
   init is then non-dumpable, so a command under the same uid can neither ptrace it nor
   open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
@@ -59,7 +60,7 @@ from typing import NoReturn
 
 import prctl
 
-from sandbox import egress, mounts, namespaces, seccomp, syscalls
+from sandbox import egress, mounts, namespaces, rootcaps, seccomp, syscalls
 from sandbox import rusage as rusage_
 from sandbox.errors import CcwError
 
@@ -115,6 +116,7 @@ class Plan:
     set_gid: bool
     clear_groups: bool
     last_cap: int
+    keep_caps: int = 0  # rootcaps.kept_for: the capabilities the command keeps (a mask)
     seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
 
 
@@ -186,6 +188,7 @@ def prepare(spec: JailSpec) -> Plan:
         set_gid=namespaces.is_mapped(spec.gid, gid_ranges),
         clear_groups=namespaces.setgroups_allowed(),
         last_cap=_LAST_CAP,
+        keep_caps=rootcaps.kept_for(spec.uid, uid_ranges),
         seccomp_filter=seccomp.prepare(),
     )
 
@@ -290,16 +293,20 @@ def _step(name: str, action: Callable[..., object], *args: object) -> None:
 
 
 def drop_privileges(plan: Plan) -> None:
-    """Caller's uid/gid, no capabilities in any set, no_new_privs, PDEATHSIG, no core dumps, seccomp."""
+    """Caller's uid/gid, no capabilities (a root caller keeps rootcaps.py's four), no_new_privs,
+    PDEATHSIG, no core dumps, seccomp."""
     for cap in range(plan.last_cap + 1):
-        prctl.capbset_drop(cap)  # needs CAP_SETPCAP, so before the uid changes
+        if not plan.keep_caps >> cap & 1:
+            prctl.capbset_drop(cap)  # needs CAP_SETPCAP, so before the uid changes
     if plan.clear_groups:
         os.setgroups([])
     if plan.set_gid:
         os.setresgid(plan.gid, plan.gid, plan.gid)
     if plan.set_uid:
         os.setresuid(plan.uid, plan.uid, plan.uid)
-    syscalls.capset_clear()  # uid 0 keeps its sets through setresuid; empty them all
+    # uid 0 keeps its sets through setresuid: set them to exactly what is kept.  With
+    # no_new_privs, root's exec then gives the command the bounding set (= keep_caps).
+    syscalls.capset(plan.keep_caps)
     prctl.set_no_new_privs(1)
     # The init keeps the report pipe: a non-dumpable process cannot be ptraced, nor its
     # /proc/1/fd opened, by the command running under the same uid.
@@ -401,7 +408,7 @@ def mechanisms() -> dict[str, object]:
         "root": "tmpfs, host system dirs read-only, workspace read-write at its own path",
         "proc": "fresh; /proc/sys, sysrq-trigger, irq, bus, fs read-only; kcore, keys, timer_list... masked",
         "dev": "minimal: null zero full random urandom tty (bound), devpts, shm",
-        "capabilities": "none (bounding, effective, permitted, inheritable, ambient all empty)",
+        "capabilities": rootcaps.mechanism(),
         "no_new_privs": True,
         "seccomp": seccomp.mechanisms(),
         "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",

@@ -304,19 +304,21 @@ def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_R
                 f"propagation={propagation:#x}, flags={flags:#x})")
 
 
-# --- capset: clear every capability set (python-prctl only knows the caps it was built with)
+# --- capset: set every capability set (python-prctl only knows the caps it was built with)
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _CAPSET_NR = {"x86_64": 126, "aarch64": 91}
 
 
-def capset_clear() -> None:
-    """capset(2) with empty effective, permitted and inheritable sets (which also empties ambient)."""
+def capset(keep: int = 0) -> None:
+    """capset(2): effective and permitted exactly ``keep`` (a bit mask), inheritable empty (so ambient too)."""
     header = ctypes.create_string_buffer(struct.pack("Ii", _LINUX_CAPABILITY_VERSION_3, 0), 8)
-    data = ctypes.create_string_buffer(bytes(24), 24)  # two struct __user_cap_data_struct, all zero
+    low, high = keep & 0xFFFFFFFF, keep >> 32
+    # two struct __user_cap_data_struct {effective, permitted, inheritable}: bits 0-31, then 32-63
+    data = ctypes.create_string_buffer(struct.pack("6I", low, low, 0, high, high, 0), 24)
     nr = _CAPSET_NR.get(_ARCH)
     if nr is None:
         raise OSError(38, f"capset: no syscall number known for architecture {_ARCH}")
-    _check(_libc.syscall(nr, header, data), "capset(all sets empty)")
+    _check(_libc.syscall(nr, header, data), f"capset(effective=permitted={keep:#x}, inheritable=0)")
 
 
 _libc.syncfs.argtypes = [ctypes.c_int]

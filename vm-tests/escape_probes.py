@@ -371,7 +371,10 @@ def probe_capabilities(_):
     with open("/proc/self/status") as handle:
         fields = dict(line.split(":", 1) for line in handle if ":" in line)
     caps = {k: int(fields[k], 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
-    if any(caps.values()) or fields["NoNewPrivs"].strip() != "1" or fields["Seccomp"].strip() != "2":
+    # A root caller's jail keeps the file-ownership four (sandbox/rootcaps.py): CHOWN,
+    # DAC_OVERRIDE, FOWNER, FSETID (0x1b), never inheritable or ambient; anything more escaped.
+    allowed = 0x1B if os.getuid() == 0 else 0
+    if caps["CapInh"] or caps["CapAmb"] or any(v & ~allowed for v in caps.values()) or fields["NoNewPrivs"].strip() != "1" or fields["Seccomp"].strip() != "2":
         print(caps, fields["NoNewPrivs"], fields["Seccomp"])
         return
     raise OSError(errno.EPERM, "no capabilities, no_new_privs, seccomp filter")

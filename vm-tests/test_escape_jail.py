@@ -123,7 +123,7 @@ ATTEMPTS = [
     Attempt("swapon-swapoff", "{P} swapon || {P} swapoff"),
     Attempt("personality-aslr-off", "{P} personality"),
     Attempt("capabilities-and-nnp", "{P} capabilities"),
-    Attempt("setuid-root-shell-as-root", "./suid-sh -p -c 'grep -q \"CapEff:.0000000000000000\" /proc/self/status || echo ESCAPED'; false"),
+    Attempt("setuid-root-shell-as-root", "./suid-sh -p -c 'grep -Eq \"CapEff:.0000000000000000|CapEff:.000000000000001b\" /proc/self/status || echo ESCAPED'; false"),
     # --- the network and the helper's sockets -------------------------------------------
     Attempt("helper-socket", "{P} unix_connect {helper_socket}"),
     Attempt("abstract-socket-on-host", "{P} abstract_connect {abstract}"),
