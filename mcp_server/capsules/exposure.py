@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 
 from mcp_server.core.expose import (
     MAX_SHEBANG,
@@ -26,7 +27,7 @@ from mcp_server.core.expose import (
     venv_home,
 )
 from sandbox.errors import CcwError
-from sandbox.spec import Home, check_expose_dir, inside
+from sandbox.spec import Home, check_expose_dir, inside, login_homes
 
 VENV_DIRS = (".venv", "venv")
 SCRIPT_DIRS = (".venv/bin", "venv/bin", "node_modules/.bin")
@@ -52,25 +53,31 @@ def _read_head(path: str, limit: int) -> bytes:
 
 def _venv_needs(workspace: str, home: str | None) -> list[Need]:
     """The interpreter prefix of each venv in the workspace (pyvenv.cfg home, bin/python)."""
-    needs = []
+    found = []
     for venv in VENV_DIRS:
         cfg = _read_head(os.path.join(workspace, venv, "pyvenv.cfg"), MAX_CFG)
         bin_dir = venv_home(cfg.decode("utf-8", "replace"))
         if bin_dir is not None:
-            root = toolchain_root(os.path.realpath(bin_dir), home)
-            if root is not None:
-                needs.append(Need(root, f"pyvenv.cfg home of {venv}"))
+            found.append((bin_dir, f"pyvenv.cfg home of {venv}"))
         python = os.path.join(workspace, venv, "bin", "python")
         if os.path.lexists(python):
-            root = toolchain_root(os.path.realpath(python), home)
-            if root is not None:
-                needs.append(Need(root, f"interpreter of {venv}/bin/python"))
+            found.append((python, f"interpreter of {venv}/bin/python"))
+    return _roots(found, home)
+
+
+def _roots(paths: list[tuple[str, str]], home: str | None) -> list[Need]:
+    """The toolchain root of each (path, reason), symlinks resolved; system trees left out."""
+    needs = []
+    for path, reason in paths:
+        root = toolchain_root(os.path.realpath(path), home)
+        if root is not None:
+            needs.append(Need(root, reason))
     return needs
 
 
 def _script_needs(workspace: str, home: str | None) -> list[Need]:
     """The interpreters ``#!`` lines name in the workspace's bin directories (bounded)."""
-    needs = []
+    found = []
     for scripts in SCRIPT_DIRS:
         try:
             names = sorted(os.listdir(os.path.join(workspace, scripts)))[:MAX_SCRIPTS]
@@ -79,21 +86,14 @@ def _script_needs(workspace: str, home: str | None) -> list[Need]:
         for name in names:
             interpreter = shebang_interpreter(_read_head(os.path.join(workspace, scripts, name), MAX_SHEBANG))
             if interpreter is not None:
-                root = toolchain_root(os.path.realpath(interpreter), home)
-                if root is not None:
-                    needs.append(Need(root, f"shebang of {scripts}/{name}"))
-    return needs
+                found.append((interpreter, f"shebang of {scripts}/{name}"))
+    return _roots(found, home)
 
 
 def _path_needs(path_env: str, home: str | None) -> list[Need]:
     """The caller's PATH entries outside the system trees, as their toolchain roots."""
-    needs = []
-    for entry in path_env.split(":"):
-        if entry.startswith("/") and os.path.isdir(entry):
-            root = toolchain_root(os.path.realpath(entry), home)
-            if root is not None:
-                needs.append(Need(root, f"PATH entry {entry}"))
-    return needs
+    entries = [entry for entry in path_env.split(":") if entry.startswith("/") and os.path.isdir(entry)]
+    return _roots([(entry, f"PATH entry {entry}") for entry in entries], home)
 
 
 def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
@@ -133,6 +133,16 @@ def asked(paths: list[str], caller_uid: int, homes: tuple[Home, ...]) -> list[Ne
     return needs
 
 
+def plan(workspace: str, expose: list[str], auto: bool, env: Mapping[str, str],
+         caller_uid: int, homes: tuple[Home, ...]) -> list[Need]:
+    """What a new capsule shows: the caller's ``expose`` (checked; refusals raise) and, when
+    ``auto``, what ``discover`` finds from the caller's environment ``env`` (PATH, HOME)."""
+    needs = asked(expose, caller_uid, homes)
+    if auto:
+        needs += discover(workspace, env.get("PATH", ""), env.get("HOME"), caller_uid, homes)
+    return cover(needs, os.path.realpath(workspace))
+
+
 def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, path_env: str,
                home: str | None, caller_uid: int, homes: tuple[Home, ...]) -> list[str]:
     """Notes for an exec that could not run a program the jail hides (exit 126/127).
@@ -161,3 +171,31 @@ def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, pat
             continue
         hints.append(expose_hint(missing, target, root))
     return hints
+
+
+def hints(workspace: str, cwd: str, path_env: str, exit_code: int | None, stderr: bytes) -> list[str]:
+    """``exec_hints`` for an exec of this front end's caller (its uid, HOME and the host's homes)."""
+    return exec_hints(exit_code, stderr.decode("utf-8", "replace"), workspace, cwd, path_env,
+                      os.environ.get("HOME"), os.getuid(), login_homes())
+
+
+def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) -> tuple[list[str], list[dict[str, str]]]:
+    """The directories a witness's capsule exposed that this replayer may show: (used, dropped).
+
+    The witness is untrusted: each is held to ``check_expose_dir`` against the replayer
+    (a witness naming ~/.ssh gets nothing), and one missing here is dropped, not fatal;
+    ``dropped`` says why for each (the replay's report lists them).
+    """
+    used, dropped = [], []
+    for path in recorded:
+        real = os.path.realpath(path)
+        try:
+            check_expose_dir("expose", real, caller_uid, homes)
+        except CcwError as exc:
+            dropped.append({"path": path, "reason": exc.message})
+            continue
+        if not os.path.isdir(real):
+            dropped.append({"path": path, "reason": "not a directory on this machine"})
+            continue
+        used.append(real)
+    return sorted(set(used)), dropped

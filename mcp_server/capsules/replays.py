@@ -40,12 +40,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from mcp_server.capsules import exposure
 from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.runs import Command, exec_env
 from mcp_server.capsules.service import CapsuleService
@@ -282,6 +283,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     try:
         base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
         capsule_spec = _capsule_spec(manifest, base_dir, options)
+        used, dropped = exposure.replayable(manifest["capsule"].get("expose", []), os.getuid(), login_homes())
+        capsule_spec = replace(capsule_spec, expose=tuple(used))
         async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id:
             tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs, options)
             changes = await service.changes(capsule_id)
@@ -308,6 +311,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
         "volatile": {"globs": globs, "paths": apart},
+        # Only for a witness whose capsule exposed directories: what this replayer showed of them.
+        **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
     }
 
 

@@ -54,6 +54,7 @@ class ExecOutcome:
     queued_ms: int  # how long the call waited for the calls on the capsule before it
     network: list[dict[str, Any]] | None = None  # the attempts to connect out (None: network none)
     network_notes: tuple[str, ...] = ()  # a line per denied attempt, for the agent
+    hints: tuple[str, ...] = ()  # what to expose for a program the jail hides (capsules/exposure.py)
 
     @property
     def usage(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
+from mcp_server.capsules import exposure
 from mcp_server.capsules.networks import Networks, Traced, network_not_open
 from mcp_server.capsules.notes import record_base_states, written_mtimes
 from mcp_server.capsules.runs import (
@@ -217,7 +218,11 @@ class CapsuleService:
             journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
             generation = journal.generation(record.capsule_id)
             await trio.to_thread.run_sync(record_base_states, journal, record, list(reply.touched.written))
-            return dataclasses.replace(outcome, generation=generation)
+            hints: list[str] = []
+            if reply.exit_code in (126, 127):  # could not run it: perhaps the jail hides it
+                hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
+                                                      (request.env or {}).get("PATH", ""), reply.exit_code, reply.stderr)
+            return dataclasses.replace(outcome, generation=generation, hints=tuple(hints))
 
     async def _exec_reply(self, request: ExecRequest, waited_ms: int) -> ExecReply:
         """The helper's reply to an exec, its progress sent on; a lost reply advances the generation."""

@@ -184,6 +184,7 @@ def build_manifest(
             "network": record.network,
             # Only when set: a witness of a capsule without volatile globs stays as before.
             **({"volatile": list(record.volatile)} if record.volatile else {}),
+            **({"expose": list(record.spec.expose)} if record.spec.expose else {}),
         },
         "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
         "writes": [_write_entry(w, sources) for w in writes or []],

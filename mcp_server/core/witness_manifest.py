@@ -34,7 +34,7 @@ from jsonschema.validators import extend
 
 from mcp_server.core.volatile import GLOBS_SCHEMA
 from sandbox.errors import CcwError
-from sandbox.spec import ENV_NAME_RE, MAX_CLOCK_OFFSET_SEC, MAX_TIMEOUT_MS, Limits
+from sandbox.spec import ENV_NAME_RE, MAX_BINDS, MAX_CLOCK_OFFSET_SEC, MAX_TIMEOUT_MS, Limits
 
 FORMAT = "ccw-witness/1"
 MAX_REPORTED = 5  # schema errors named in one message (a hostile manifest may hold millions)
@@ -168,6 +168,9 @@ SCHEMA: dict[str, Any] = {
                 "limits": {"type": "object"},  # each limit checked by sandbox.spec.Limits
                 "network": {"anyOf": [{"const": "none"}, {"type": "object"}]},
                 "volatile": GLOBS_SCHEMA,  # absent in witnesses made before volatile paths
+                # Host dirs the capsule showed read-only (absent when none); a replay shows only
+                # those its replayer's checks allow (capsules/exposure.py: replayable).
+                "expose": {"type": "array", "items": {"type": "string", "pattern": "^/"}, "maxItems": MAX_BINDS},
             },
         },
         "execs": {"type": "array", "items": _EXEC},

@@ -23,6 +23,9 @@ import json
 import os
 from typing import Any
 
+import trio
+
+from mcp_server.capsules import exposure
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
@@ -87,6 +90,9 @@ _CAPSULE_OUT_PROPS: dict[str, Any] = {
     "parent": {"type": ["string", "null"]},
     "generation": GENERATION,
     "network": {"type": ["string", "object"], "description": "'none', or the allowlist in canonical form."},
+    "exposed": {"type": "array", "description": "create: each dir shown read-only, and why.", "items": {
+        "type": "object", "required": ["path", "reason"], "additionalProperties": False,
+        "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}},
 }
 CAPSULE_OUT = {
     "type": "object",
@@ -132,7 +138,14 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
         limits=Limits(**(args.get("limits") or {})),
     )
     globs = volatile.globs_arg(args.get("volatile"))
-    return _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs))
+    # The caller's PATH and HOME are the front end's own (stdio and the CLI run as the caller).
+    needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(args.get("expose") or []),
+                                          args.get("auto_expose") is not False, os.environ, uid, homes)
+    spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
+    result = _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs))
+    if needs:
+        result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]
+    return result
 
 
 def exec_text(result: dict[str, Any]) -> str:
@@ -180,6 +193,7 @@ def _exec_result(ran: ExecOutcome) -> dict[str, Any]:
         "started_generation": ran.started_generation,
         "generation": ran.generation,
         "queued_ms": ran.queued_ms,
+        **({"hints": list(ran.hints)} if ran.hints else {}),
     }
 
 
@@ -278,13 +292,16 @@ TOOLS = [
             "required": ["workspace"],
             "additionalProperties": False,
             "properties": {
-                "workspace": {"type": "string", "minLength": 1, "description": "Absolute path of the project directory (not a system directory such as /etc, a home itself or a key store such as ~/.ssh)."},
-                "base": {"type": ["string", "null"], "description": "Directory to use as the capsule's base (default: the workspace itself)."},
+                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project directory (not /etc, a home itself or a key store like ~/.ssh)."},
+                "base": {"type": ["string", "null"], "description": "The capsule's base (default: the workspace)."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
                 "network": NETWORK_IN,
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": "Globs of randomly named outputs (.nyc_output/*.json) its witnesses' replays leave out."},
+                "expose": {"type": ["array", "null"], "items": {"type": "string"},
+                           "description": "Toolchain dirs to show read-only, besides those auto_expose finds."},
+                "auto_expose": {"type": "boolean"},
             },
         },
         output_schema=CAPSULE_OUT,
@@ -297,11 +314,10 @@ TOOLS = [
         family="capsule",
         title="Run in capsule",
         description=(
-            "Run `cmd` (argv list) in the capsule's jail: own pid/net/mount namespaces, the workspace "
-            "at its own path, no network unless the capsule has an allowlist (then only through ccw's "
-            "proxy); PATH starts with the workspace's .venv/bin. Returns exit status, output, resource "
-            "usage, the files read and written and the connections tried (touched.network). Execs, forks and destroys "
-            "of one capsule take turns in arrival order (progress says when a call is queued)."
+            "Run `cmd` in the capsule's jail: own namespaces, the workspace at its own path, no network "
+            "but its allowlist's (via ccw's proxy); PATH starts with the workspace's .venv/bin. Returns "
+            "exit status, output, usage, files read and written, connections tried. Calls on one "
+            "capsule queue in order."
         ),
         input_schema={
             "type": "object",
@@ -365,6 +381,7 @@ TOOLS = [
                     "if it wrote (or its writes could not be fully traced), else the same.")},
                 "queued_ms": {"type": "integer", "minimum": 0,
                               "description": "How long the call waited for earlier execs on the capsule."},
+                "hints": {**_PATHS, "description": "What to expose for a program the jail hides."},
             },
         }]},
         handler=capsule_exec,

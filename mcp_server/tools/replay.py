@@ -116,6 +116,11 @@ TOOLS = [
                         }},
                     },
                 },
+                "expose": {
+                    "type": "object", "required": ["used", "dropped"], "additionalProperties": False,
+                    "properties": {"used": {"type": "array", "items": {"type": "string"}}, "dropped": {"type": "array", "items": {
+                        "type": "object", "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}}},
+                },
             },
         }]},
         handler=capsule_replay,

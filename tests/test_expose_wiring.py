@@ -1,0 +1,71 @@
+"""Exposed toolchains, the front end's part: what capsule_create puts in the spec
+(capsules/exposure.plan) and what a replay of an untrusted witness may show (replayable).
+The helper's re-check is tests/test_expose_helper.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mcp_server.capsules import exposure
+from mcp_server.core.expose import Need
+from sandbox.errors import CcwError
+from sandbox.spec import Home
+
+UID = 1000
+
+
+def _machine(tmp_path: Path) -> tuple[Path, Path, tuple[Home, ...]]:
+    """A home with a pyenv-style prefix, an nvm-style node and key stores, and a project whose
+    .venv was made from the pyenv interpreter."""
+    home = tmp_path / "home/ann"
+    prefix = home / ".pyenv/versions/3.12.1"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin/python3").write_text("")
+    (home / ".nvm/versions/node/v20.1.0/bin").mkdir(parents=True)
+    (home / ".ssh").mkdir()
+    (home / ".aws").mkdir()
+    project = home / "proj"
+    (project / ".venv/bin").mkdir(parents=True)
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {prefix}/bin\n")
+    (project / ".venv/bin/python").symlink_to(prefix / "bin/python3")
+    return home, project, (Home("ann", UID, str(home)),)
+
+
+def test_plan_joins_asked_and_found_dirs_sorted_with_reasons(tmp_path: Path) -> None:
+    home, project, homes = _machine(tmp_path)
+    node = f"{home}/.nvm/versions/node/v20.1.0"
+    env = {"PATH": f"{node}/bin:/usr/bin", "HOME": str(home)}
+    needs = exposure.plan(str(project), [node], True, env, UID, homes)
+    # Asked first, so its reason wins over the PATH entry's.
+    assert needs == [Need(node, "asked"), Need(f"{home}/.pyenv/versions/3.12.1", "pyvenv.cfg home of .venv")]
+
+
+def test_plan_without_auto_shows_only_what_was_asked(tmp_path: Path) -> None:
+    home, project, homes = _machine(tmp_path)
+    env = {"PATH": f"{home}/.nvm/versions/node/v20.1.0/bin", "HOME": str(home)}
+    assert exposure.plan(str(project), [], False, env, UID, homes) == []
+
+
+def test_plan_refuses_an_asked_secret_but_drops_a_found_one(tmp_path: Path) -> None:
+    home, project, homes = _machine(tmp_path)
+    env = {"PATH": f"{home}/.ssh:{home}/.aws", "HOME": str(home)}
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {home}/.ssh\n")  # a planted pointer
+    assert [need.path for need in exposure.plan(str(project), [], True, env, UID, homes)] == [
+        f"{home}/.pyenv/versions/3.12.1"]  # only the real interpreter's prefix (.venv/bin/python)
+    for secret in (".ssh", ".aws"):
+        with pytest.raises(CcwError) as raised:
+            exposure.plan(str(project), [f"{home}/{secret}"], True, env, UID, homes)
+        assert raised.value.code == "PERMISSION_DENIED"
+
+
+def test_replay_shows_only_what_the_replayer_allows(tmp_path: Path) -> None:
+    home, _project, homes = _machine(tmp_path)
+    prefix = f"{home}/.pyenv/versions/3.12.1"
+    recorded = [f"{home}/.ssh", prefix, f"{home}/.pyenv/versions/3.9.0", "/root/.gnupg"]
+    used, dropped = exposure.replayable(recorded, UID, (*homes, Home("root", 0, "/root")))
+    assert used == [prefix]
+    assert [item["path"] for item in dropped] == [f"{home}/.ssh", f"{home}/.pyenv/versions/3.9.0", "/root/.gnupg"]
+    assert "keys and credentials" in dropped[0]["reason"]
+    assert dropped[1]["reason"] == "not a directory on this machine"
