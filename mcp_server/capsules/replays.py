@@ -1,7 +1,8 @@
 """Replaying a witness: re-run it in a fresh capsule and compare (seed 003 §5).
 
 The base is rebuilt from the witness's blobs into a scratch directory (files with their
-modes and mtimes, directories with their modes, symlinks as links) and mounted at the
+modes and mtimes, directories with their modes, symlinks as links; a root replayer gives
+each entry its recorded owner, capsules/owners.py) and mounted at the
 recorded workspace path, or, for a witness made without blobs, taken from a directory
 the replayer names (``workspace``) if every named base entry there still matches.  So a
 witness replays on a fresh state dir after the workspace has moved away.  Execs are
@@ -46,7 +47,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import exposure
+from mcp_server.capsules import exposure, owners
 from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.runs import Command, exec_env
 from mcp_server.capsules.service import CapsuleService
@@ -84,6 +85,8 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) 
                 make_symlink(view, item["target"], path)
             else:
                 _create_file(view, path, blobs[item["blob"]], item["mode"], item.get("mtime_ns"))
+        if owners.can_restore():
+            owners.restore(view, manifest["base"]["files"])
         for path, mode in reversed(dirs):  # deepest first: a read-only parent still lets children be set
             view.chmod(path, mode)
 
@@ -311,6 +314,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
         "volatile": {"globs": globs, "paths": apart},
+        "owners": owners.report(manifest["base"]["files"], manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
     }

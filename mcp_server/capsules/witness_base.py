@@ -15,7 +15,8 @@ Choices:
 
 - Files recorded as read, written or executed, and every path the capsule changed, are
   carried from the base (a run that deletes or rewrites a file needs it there first),
-  with mode and mtime: Python's ``.pyc`` files record their source's mtime, so a base
+  with mode, owner (uid and gid, which a root replayer restores: capsules/owners.py)
+  and mtime: Python's ``.pyc`` files record their source's mtime, so a base
   rebuilt with fresh mtimes would make every replayed import rewrite its bytecode.
 - Python never opens the source of a module whose ``.pyc`` is valid: it checks the
   source's mtime and size with ``stat``, which fanotify does not report.  Without the
@@ -59,6 +60,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from mcp_server.capsules import owners
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
@@ -242,12 +244,13 @@ def base_entries(
         kind = side.kind
         if base.kinds.get(path, kind) != kind:
             continue  # changed since the walk: what is there now is not what the runs saw
-        item: dict[str, Any] = {"path": path, "mode": side.mode, "type": kind}
+        st = view.stat(path)
+        item: dict[str, Any] = {"path": path, "mode": side.mode, "type": kind, **owners.of(st)}
         if kind == "symlink":
             item["target"] = side.target
         elif kind == "file":
             item["blob"], size = add_file(path)
-            item["mtime_ns"] = view.stat(path).st_mtime_ns
+            item["mtime_ns"] = st.st_mtime_ns
             total += size
             if max_base_bytes is not None and total > max_base_bytes:
                 raise _too_large(needs.unknown, carry_all, max_base_bytes, path)

@@ -17,7 +17,8 @@ Choices:
   repo-relative: no leading ``/``, no empty, ``.`` or ``..`` component, no NUL, at most
   4096 characters; ``.`` alone is the root.  The replay writes through RootView anyway
   (RESOLVE_BENEATH); this says what is wrong before anything is written.
-- **Numbers** are bounded to what the host can take: modes to 0o7777, mtimes to
+- **Numbers** are bounded to what the host can take: modes to 0o7777, owners (a base
+  entry's optional ``uid``/``gid``, capsules/owners.py) to 0..2**32-2, mtimes to
   ±2**62 ns (±146 years around 1970), timeouts and clock offsets to sandbox.spec's
   limits, capsule limits by ``Limits.from_json``.
 - **The recorded network** is only reported by a replay, never used; it is "none" or
@@ -47,6 +48,7 @@ _REL_PATH = {
     "pattern": r"^(?:\.|(?!/)(?![\s\S]*//)(?!(?:[\s\S]*/)?\.\.?(?:/|$))(?![\s\S]*/$)[^\x00]{1,4096})$",
 }
 _MODE = {"type": "integer", "minimum": 0, "maximum": 0o7777}
+_ID = {"type": "integer", "minimum": 0, "maximum": (1 << 32) - 2}  # (uid_t)-1 is chown's "unchanged"
 _MTIME = {"type": ["integer", "null"], "minimum": -(1 << 62), "maximum": 1 << 62}
 _COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 53}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
@@ -65,6 +67,7 @@ _BASE_ENTRY = {
     "properties": {
         "path": _REL_PATH, "type": {"enum": ["file", "dir", "symlink"]}, "mode": _MODE,
         "blob": _HASH, "mtime_ns": _MTIME, "target": {"type": "string", "minLength": 1}, "size": _COUNT,
+        "uid": _ID, "gid": _ID,  # absent in witnesses made before owners were recorded
     },
     "allOf": [_when("type", "file", {"required": ["blob"]}), _when("type", "symlink", {"required": ["target"]})],
 }

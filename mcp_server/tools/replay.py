@@ -13,6 +13,7 @@ from typing import Any
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
+from mcp_server.capsules.owners import REPORT_SCHEMA as OWNERS_REPORT
 from mcp_server.capsules.replays import ReplayOptions
 from mcp_server.capsules.witnesses import locate
 from mcp_server.core import volatile
@@ -94,6 +95,7 @@ TOOLS = [
                         },
                     },
                 },
+                "owners": OWNERS_REPORT,
                 "metrics": {
                     "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
                     "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},

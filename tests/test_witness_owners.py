@@ -1,0 +1,75 @@
+"""Owners in witnesses (capsules/owners.py): the schema's bounds, the rebuild's chown, the replay report."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_server.capsules import owners
+from mcp_server.capsules.replays import _rebuild_base
+from mcp_server.core.witness_manifest import check
+from mcp_server.fs.witness import blob_hash
+from sandbox.errors import CcwError
+from tests import witness_craft as craft
+
+DATA = b"x = 1\n"
+# Root gives files to another uid; anyone else can only "restore" its own.
+OTHER = 1234 if os.geteuid() == 0 else os.getuid()
+
+
+def _manifest(**owner: Any) -> dict[str, Any]:
+    made = craft.manifest("/home/u/project", [], {"a.txt": b"a\n"})
+    made["base"]["files"][0].update(owner)
+    return made
+
+
+@pytest.mark.parametrize("owner", [{"uid": 0, "gid": 0}, {"uid": (1 << 32) - 2, "gid": 1234}, {"uid": 5}, {}])
+def test_owners_in_range_pass(owner: dict[str, int]) -> None:
+    check(_manifest(**owner))
+
+
+@pytest.mark.parametrize("owner", [{"uid": -1}, {"gid": (1 << 32) - 1}, {"uid": 1.0}, {"gid": True}, {"uid": "0"},
+                                   {"uid": None}])
+def test_owners_out_of_range_or_not_integers_are_refused(owner: dict[str, Any]) -> None:
+    with pytest.raises(CcwError) as refused:
+        check(_manifest(**owner))
+    assert refused.value.code == "INVALID_ARGUMENT" and "/base/files/0/" in refused.value.message
+
+
+def test_a_root_rebuild_gives_each_entry_its_owner_never_through_a_link(tmp_path: Path) -> None:
+    into, outside = tmp_path / "base", tmp_path / "outside"
+    into.mkdir()
+    outside.write_text("host file\n")
+    before = outside.stat()
+    entries = [
+        {"path": "pkg", "type": "dir", "mode": 0o555, "uid": OTHER, "gid": OTHER},
+        {"path": "pkg/mod.py", "type": "file", "mode": 0o2755, "blob": blob_hash(DATA), "uid": OTHER, "gid": OTHER},
+        {"path": "pkg/out", "type": "symlink", "mode": 0o777, "target": str(outside), "uid": OTHER, "gid": OTHER},
+        {"path": "plain.txt", "type": "file", "mode": 0o644, "blob": blob_hash(DATA)},
+    ]
+    _rebuild_base({"base": {"files": entries}}, {blob_hash(DATA): DATA}, str(into))
+    for rel in ("pkg", "pkg/mod.py", "pkg/out"):
+        got = os.lstat(into / rel)
+        assert (got.st_uid, got.st_gid) == (OTHER, OTHER), rel
+    assert (into / "pkg/mod.py").stat().st_mode & 0o7777 == 0o2755  # chown cleared set-group-ID; set again
+    assert (into / "pkg").stat().st_mode & 0o777 == 0o555
+    assert (into / "plain.txt").stat().st_uid == os.geteuid()  # recorded no owner: the replayer's
+    after = outside.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+
+
+def test_the_report_counts_and_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    entries = [{"path": "a", "type": "dir", "mode": 0o755, "uid": 1234, "gid": 1234},
+               {"path": "a/b", "type": "file", "mode": 0o644, "blob": blob_hash(DATA), "uid": 0, "gid": 0},
+               {"path": "old", "type": "file", "mode": 0o644, "blob": blob_hash(DATA)}]
+    monkeypatch.setattr(owners.os, "geteuid", lambda: 0)
+    assert owners.report(entries, rebuilt=True) == {"recorded": 2, "restored": 2, "reason": None}
+    live = owners.report(entries, rebuilt=False)
+    assert live["restored"] == 0 and "live directory" in str(live["reason"])
+    monkeypatch.setattr(owners.os, "geteuid", lambda: 1000)
+    user = owners.report(entries, rebuilt=True)
+    assert user["restored"] == 0 and "uid 1000, not root" in str(user["reason"])
+    assert owners.report(entries[2:], rebuilt=True) == {"recorded": 0, "restored": 0, "reason": None}
