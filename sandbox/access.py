@@ -198,3 +198,13 @@ def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> 
             raise
         os.chown(path, *owner)
         os.chmod(path, mode)
+
+
+def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int) -> None:
+    """A directory the jail shows besides the workspace (a git dir, a toolchain), pinned by ``fd``:
+    ``spec.check_expose_dir`` under each path it has, and readable and searchable by the caller."""
+    resolved = os.readlink(f"/proc/self/fd/{fd}")
+    homes, caller = spec.login_homes(), host_uid(uid)
+    for path in [resolved, *mountinfo.other_paths(fd, resolved)]:
+        spec.check_expose_dir(name, path, caller, homes)
+    _check_access(fd, given, uid, gid, os.R_OK | os.X_OK, "read")

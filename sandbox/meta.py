@@ -59,8 +59,9 @@ class Capsule:
         return value if isinstance(value, int) else None
 
     def path(self, name: str) -> str:
-        """One of upper, work, merged, tmp, home, meta.json, disk, disk.img."""
-        if name in ON_DISK and self.disk_mb is not None:
+        """One of upper, work, merged, tmp, home, meta.json, disk, disk.img, gitdir-<i>-upper|work|merged."""
+        on_disk = name in ON_DISK or (name.startswith("gitdir-") and not name.endswith("-merged"))
+        if on_disk and self.disk_mb is not None:
             return os.path.join(self.root, "disk", name)
         return os.path.join(self.root, name)
 
@@ -125,6 +126,11 @@ def _check(root: str, meta: dict[str, Any]) -> str:
         return "meta.json has more ancestors than lower layers"
     if (meta.get("parent") or None) != (meta["ancestors"][0] if meta["ancestors"] else None):
         return "meta.json parent and ancestors disagree"
+    stacks = meta.get("gitdirs", [])
+    if not isinstance(stacks, list) or not all(
+            isinstance(stack, list) and stack and all(isinstance(p, str) and p.startswith("/") for p in stack)
+            for stack in stacks):
+        return "meta.json gitdirs are not lists of absolute paths"
     disk_mb = meta.get("disk_mb")
     if disk_mb is not None and (not isinstance(disk_mb, int) or isinstance(disk_mb, bool)):
         return "meta.json disk_mb is not an integer"

@@ -75,6 +75,7 @@ from typing import Any
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
+from sandbox.mountinfo import mounts_under
 from sandbox.ops import kind_of
 from sandbox.replies import Change
 
@@ -244,6 +245,14 @@ def teardown(merged: str) -> None:
                 return  # not a mount point (any more)
             if exc.errno != errno.EBUSY:
                 raise from_oserror(exc, "umount", merged) from exc
+
+
+def teardown_under(root: str) -> None:
+    """Unmount everything mounted under a capsule dir ``root``: its overlays before its disk
+    (``root/disk``), which holds their upper dirs."""
+    disk_point = os.path.join(root, "disk")
+    for point in sorted(mounts_under(root), key=lambda p: p == disk_point):
+        teardown(point)
 
 
 # --- reading the upper dir ----------------------------------------------------------

@@ -36,6 +36,8 @@ nothing a command writes can outgrow it.  Choices made here:
   cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower
   layer, and a fork's lowers would be the parent's upper inside the workspace; fork
   says so.
+* **Git dirs outside the workspace** (a worktree's, a submodule's) get overlays of their
+  own beside the capsule's, made, stacked, frozen and remounted with it (gitdirs.py).
 * **recover()** assumes it is the only helper using this state dir.  It detaches every
   mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
   capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent
@@ -58,7 +60,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, egress, execution, overlay, probe
+from sandbox import access, disk, egress, execution, gitdirs, overlay, probe
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -150,7 +152,8 @@ class CapsuleManager:
             base = access.check_dir_arg("base", base, self.state_dir, allow_state=True)
         spec = dataclasses.replace(spec, workspace=workspace, base=base)
         disk_mb = self._disk_size(spec.limits.disk_mb)
-        with access.pinned_lower(workspace, base, owner_uid, owner_gid, self.state_dir) as (lower_fd, lower_real):
+        with (access.pinned_lower(workspace, base, owner_uid, owner_gid, self.state_dir) as (lower_fd, lower_real),
+              gitdirs.pinned(spec.gitdirs, workspace, lower_real, owner_uid, owner_gid, self.state_dir) as held):
             meta = {
                 "owner_uid": owner_uid,
                 "owner_gid": owner_gid,
@@ -158,8 +161,10 @@ class CapsuleManager:
                 "ancestors": [],
                 "parent": None,
                 "disk_mb": disk_mb,
+                **({"gitdirs": [[real] for _, real in held]} if held else {}),
             }
-            capsule = self._materialise(meta, spec, os.fstat(lower_fd), mount_lowers=[f"/proc/self/fd/{lower_fd}"])
+            capsule = self._materialise(meta, spec, os.fstat(lower_fd), mount_lowers=[f"/proc/self/fd/{lower_fd}"],
+                                        gitdir_mounts=[(os.fstat(fd), [f"/proc/self/fd/{fd}"]) for fd, _ in held])
         return CreateReply(**self._describe(capsule))
 
     def _disk_size(self, requested: int | None) -> int | None:
@@ -187,7 +192,7 @@ class CapsuleManager:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
             self._ensure_mounted(parent)
             if not parent.children:
-                overlay.set_readonly(parent.path("merged"), True)
+                self._freeze(parent, True)
             parent.children.add("")  # reserve: keeps the parent frozen while the child is built
         child: Capsule | None = None
         try:
@@ -198,20 +203,29 @@ class CapsuleManager:
                 parent=parent.capsule_id,
                 disk_mb=self._disk_size(parent.disk_mb),
             )
+            shown = gitdirs.fork_mounts(parent)
+            meta.update({"gitdirs": [stack for _, stack in shown]} if shown else {})
             st = os.stat(parent.path("merged"))
-            child = self._materialise(meta, parent.spec, st, mount_lowers=meta["lowers"])
+            child = self._materialise(meta, parent.spec, st, mount_lowers=meta["lowers"], gitdir_mounts=shown)
         finally:
             with self._lock:
                 parent.children.discard("")
                 if child is not None:
                     parent.children.add(child.capsule_id)
                 elif not parent.children:
-                    overlay.set_readonly(parent.path("merged"), False)
+                    self._freeze(parent, False)
         return ForkReply(**self._describe(child), parent=parent.capsule_id)
 
+    def _freeze(self, capsule: Capsule, frozen: bool) -> None:
+        """Make a capsule's overlays (its git dirs' too) read-only while it has forks, or writable again."""
+        overlay.set_readonly(capsule.path("merged"), frozen)
+        gitdirs.set_frozen(capsule, frozen)
+
     def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
-                     mount_lowers: list[str]) -> Capsule:
-        """Build ``.new-<id>``, rename it into place, mount it.  O(1) in the workspace."""
+                     mount_lowers: list[str],
+                     gitdir_mounts: list[tuple[os.stat_result, list[str]]]) -> Capsule:
+        """Build ``.new-<id>``, rename it into place, mount it (and its git dirs', from ``gitdir_mounts``:
+        each host git dir's attributes and the lowers to mount).  O(1) in the workspace."""
         capsule_id = self._new_id()
         meta = dict(meta, capsule_id=capsule_id, created_at=now_iso())
         building = os.path.join(self.capsules_dir, f".new-{capsule_id}")
@@ -241,6 +255,7 @@ class CapsuleManager:
             with contextlib.suppress(OSError) if self.rootless else contextlib.nullcontext():
                 os.chown(upper, root_st.st_uid, root_st.st_gid)
             os.chmod(upper, stat.S_IMODE(root_st.st_mode))
+            gitdirs.make_dirs(data, len(gitdir_mounts), [st for st, _ in gitdir_mounts], self.rootless)
             meta_json.save(os.path.join(building, "meta.json"), meta, spec)
             os.rename(building, final)
         except BaseException as exc:
@@ -253,7 +268,9 @@ class CapsuleManager:
         capsule = Capsule(capsule_id, final, meta, spec, disk_ready=meta["disk_mb"] is not None)
         try:
             overlay.prepare(mount_lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
+            gitdirs.mount_all(capsule, self.rootless, [stack for _, stack in gitdir_mounts])
         except BaseException:
+            overlay.teardown_under(final)
             shutil.rmtree(final, ignore_errors=True)
             raise
         capsule.mounted = True
@@ -278,6 +295,8 @@ class CapsuleManager:
             self._isolation = probe.isolation()
         filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless,
                                       "frozen_base": capsule.spec.base is not None, "disk_limit_mb": capsule.disk_mb}
+        if capsule.spec.gitdirs:
+            filesystem["gitdirs"] = gitdirs.describe(capsule)
         if capsule.disk_mb is None:
             filesystem["disk_limit_unavailable"] = self.disk_reason or "the capsule was made without a disk"
         return {
@@ -296,9 +315,10 @@ class CapsuleManager:
             return
         self._ensure_disks(capsule)
         overlay.prepare(capsule.lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
+        gitdirs.mount_all(capsule, self.rootless)
         capsule.mounted = True
         if capsule.children:
-            overlay.set_readonly(capsule.path("merged"), True)
+            self._freeze(capsule, True)
 
     def _ensure_disks(self, capsule: Capsule) -> None:
         """Mount the disks of a capsule and of its ancestors (their uppers are its lowers)."""
@@ -315,6 +335,7 @@ class CapsuleManager:
             access.make_private_dirs(target, one.meta["owner_uid"], one.meta["owner_gid"], exist_ok=True)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(one.path("work"), 0o700)
+            gitdirs.make_dirs(target, len(gitdirs.layers(one)), (), self.rootless)
             one.disk_ready = True
 
     # --- queries -------------------------------------------------------------------
@@ -326,7 +347,7 @@ class CapsuleManager:
             self._ensure_disks(capsule)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
         found = overlay.collect_changes(uppers, capsule.base_lowers)
-        return ChangesReply(tuple(found))
+        return ChangesReply(tuple(found), gitdirs.changes(capsule) if capsule.spec.gitdirs else None)
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:
         """An O_PATH|O_DIRECTORY descriptor of the merged view; the caller closes it."""
@@ -382,14 +403,11 @@ class CapsuleManager:
             with self._lock:
                 parent.children.discard(capsule_id)
                 if not parent.children and parent.mounted:
-                    overlay.set_readonly(parent.path("merged"), False)
+                    self._freeze(parent, False)
         return DestroyReply(capsule_id, destroyed=True)
 
     def _remove_dir(self, root: str, capsule_id: str) -> None:
-        # The overlay first: its upper dir lives on the disk mounted beside it.
-        merged = os.path.join(root, "merged")
-        for point in sorted(mounts_under(root), key=lambda p: p != merged):
-            overlay.teardown(point)
+        overlay.teardown_under(root)
         dead = os.path.join(self.capsules_dir, f".dead-{capsule_id}")
         try:
             os.rename(root, dead)
@@ -431,6 +449,7 @@ class CapsuleManager:
                 access.make_private_dirs(root, meta["owner_uid"], meta["owner_gid"], exist_ok=True)
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(capsule.path("work"), 0o700)
+                gitdirs.make_dirs(root, len(gitdirs.layers(capsule)), (), self.rootless)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(capsule.path("merged"), 0o755)
             found[name] = capsule

@@ -232,14 +232,33 @@ class ExecReply(OpReply):
 
 
 @dataclass(frozen=True)
-class ChangesReply(OpReply):
-    """The capsule's changes, sorted by path."""
+class GitdirChanges(OpReply):
+    """A git dir outside the workspace that the capsule shows copy-on-write (sandbox/gitdirs.py),
+    and its changes against the host's, paths relative to it."""
 
+    path: str
     changes: tuple[Change, ...]
 
     @classmethod
+    def _build(cls, result: dict[str, Any]) -> GitdirChanges:
+        return cls(spec.text("path", result["path"], spec.MAX_PATH),
+                   _entries(Change, result["changes"], "GitdirChanges 'changes'"))
+
+
+@dataclass(frozen=True)
+class ChangesReply(OpReply):
+    """The capsule's changes, sorted by path; ``gitdirs``: those of its git dirs (None: it shows none)."""
+
+    changes: tuple[Change, ...]
+    gitdirs: tuple[GitdirChanges, ...] | None = None
+
+    optional_fields = ("gitdirs",)
+
+    @classmethod
     def _build(cls, result: dict[str, Any]) -> ChangesReply:
-        return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"))
+        gitdirs = result.get("gitdirs")
+        return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"),
+                   None if gitdirs is None else _entries(GitdirChanges, gitdirs, "ChangesReply 'gitdirs'"))
 
 
 @dataclass(frozen=True)
