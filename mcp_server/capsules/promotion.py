@@ -49,6 +49,7 @@ from typing import Any
 import trio
 from outcome import acapture
 
+from mcp_server.capsules import gitdirs
 from mcp_server.capsules.policies import PolicyStore
 from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
@@ -68,6 +69,7 @@ from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
+from sandbox.ops import ChangesRequest
 from sandbox.replies import Change
 
 TEST_TIMEOUT_MS = 600_000
@@ -124,6 +126,7 @@ class _Plan:
     ignored_note: str | None
     conflicts: list[dict[str, Any]]
     bare_gitdirs: frozenset[str]
+    git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
 
 
 def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal,
@@ -271,7 +274,8 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
                       replayed.output_details)
     report["policies"] = list(names)
     would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
-    scoped = {"skipped": plan.skipped, **({"ignored": plan.ignored_note} if plan.ignored_note else {})}
+    scoped = {"skipped": plan.skipped, **({"ignored": plan.ignored_note} if plan.ignored_note else {}),
+              **({"git": plan.git} if plan.git else {})}
     if not report["passed"] or request.dry_run:
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
                 "policy_report": report, **scoped}
@@ -315,10 +319,12 @@ async def _checked_entries(service: CapsuleService, journal: Journal, record: Ca
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(read_early)
-        listed = await acapture(service.changes, record.capsule_id)
-    changes = listed.unwrap()
+        listed = await acapture(service.call, ChangesRequest(record.capsule_id))
+    reply = listed.unwrap()
+    git = gitdirs.left_behind(reply.gitdirs)  # refused here when the capsule's git moved a ref
     root_fd = await service.open_root(record.capsule_id)
-    plan = await trio.to_thread.run_sync(_plan, record, changes, root_fd, journal, early, scope)
+    plan = await trio.to_thread.run_sync(_plan, record, reply.changes, root_fd, journal, early, scope)
+    plan.git = git
     if plan.conflicts:
         conflicts = plan.conflicts
         paths = [c["path"] for c in conflicts]

@@ -28,6 +28,8 @@ import trio
 from mcp_server.capsules import exposure
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
+from mcp_server.capsules.gitdirs import Found
+from mcp_server.capsules.gitdirs import find as find_gitdir
 from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
@@ -90,6 +92,7 @@ _CAPSULE_OUT_PROPS: dict[str, Any] = {
     "parent": {"type": ["string", "null"]},
     "generation": GENERATION,
     "network": {"type": ["string", "object"], "description": "'none', or the allowlist in canonical form."},
+    "git": {"type": "object"},  # create only: {gitdir} shown copy-on-write, or {note}: why git will not work
     "exposed": {"type": "array", "description": "create: each dir shown read-only, and why.", "items": {
         "type": "object", "required": ["path", "reason"], "additionalProperties": False,
         "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}},
@@ -115,6 +118,15 @@ def _capsule_result(record: CapsuleRecord) -> dict[str, Any]:
     }
 
 
+def _git_result(result: dict[str, Any], git: Found) -> dict[str, Any]:
+    """capsule_create's result with the git dir a worktree or submodule workspace needs, or why git will not work."""
+    if git.gitdir is not None:
+        result["git"] = {"gitdir": git.gitdir}
+    elif git.note is not None:
+        result["git"] = {"note": git.note}
+    return result
+
+
 def _real(path: str, what: str) -> str:
     # The helper re-checks the path; resolving here makes journal entries canonical.
     encoded_path(path, what)
@@ -130,19 +142,21 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     check_capsule_dir("workspace", workspace, uid, homes, shown_only=base != workspace, given=args["workspace"])
     if base != workspace:
         check_capsule_dir("base", base, uid, homes, given=args["base"])
+    git = find_gitdir(base, uid, homes)  # a few bounded reads of small files
     spec = CapsuleSpec(
         workspace=workspace,
         base=base if base != workspace else None,
         clock_offset_sec=int(args.get("clock_offset_sec") or 0),
         env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
         limits=Limits(**(args.get("limits") or {})),
+        gitdirs=(git.gitdir,) if git.gitdir is not None else (),
     )
     globs = volatile.globs_arg(args.get("volatile"))
     # The caller's PATH and HOME are the front end's own (stdio and the CLI run as the caller).
     needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(args.get("expose") or []),
                                           args.get("auto_expose") is not False, os.environ, uid, homes)
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
-    result = _capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs))
+    result = _git_result(_capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs)), git)
     if needs:
         result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]
     return result

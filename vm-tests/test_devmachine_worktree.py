@@ -1,0 +1,241 @@
+"""A git worktree, and a submodule, as a capsule's workspace (issue 25 item 2), as root and as an
+unprivileged user through the rootless helper.
+
+more-itertools' prepared checkout is the main repository; ``git worktree add`` makes the
+workspace, whose ``.git`` file names ``repo/.git/worktrees/wt``.  In the capsule git
+works (status, add, commit, log, in a fork too) on a copy-on-write view of the
+repository's ``.git`` (sandbox/gitdirs.py); the host repository (refs, objects, HEAD, the
+worktree's staged index) does not change.  Promotion does not write a git dir yet: with
+the capsule's commit on the branch it refuses (UNSUPPORTED, nothing written), and once
+the branch is moved back (``git reset --soft``) it promotes the files and lists the git
+dir's changes it left behind.  A submodule checked out as the workspace (``gitdir:
+../.git/modules/sub``) works the same way.  A ``.git`` file naming a key store is refused
+by the front end (a note, no git dir) and by the helper (a hand-made spec), and the
+capsule cannot read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import realprojects  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
+from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
+
+from sandbox.errors import CcwError  # noqa: E402
+
+PROJECT = realprojects.MORE_ITERTOOLS
+EDIT = PROJECT.harmless[1]
+IDENTITY = "git -c user.name=agent -c user.email=agent@example.com"
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+SCRIPT = r"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import trio
+import agent_loop, test_devmachine_worktree as t
+
+paths = json.loads(sys.argv[2])
+
+async def main():
+    state = Path(paths["scratch"]) / "state"
+    state.mkdir()
+    async with agent_loop.mcp_stdio(agent_loop.server_env(state, Path(paths["scratch"]))) as call:
+        return await t.scenario(call, paths)
+
+try:
+    print(json.dumps(trio.run(main)))
+except BaseExceptionGroup as group:
+    raise agent_loop.leaf(group) from None
+"""
+
+
+def _repos(base: Path) -> dict[str, str]:
+    """The main repository, its worktree, a superproject whose submodule is a workspace, a hostile workspace."""
+    repo = realprojects.pristine(PROJECT, base / "repo")
+    wt, sup = base / "wt", base / "super"
+    realprojects.git(repo, "worktree", "add", "-q", "-b", "feat", str(wt))
+    sup.mkdir()
+    realprojects.git(sup, "init", "-q", "-b", "main")
+    realprojects.git(sup, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(repo), "sub")
+    realprojects.git(sup, "commit", "-q", "-m", "add sub")
+    hostile = base / "hostile"
+    hostile.mkdir()
+    (base / "scratch").mkdir()
+    return {"repo": str(repo), "wt": str(wt), "sub": str(sup / "sub"), "super": str(sup), "hostile": str(hostile),
+            "scratch": str(base / "scratch"), "orig": realprojects.git(repo, "rev-parse", "feat").strip()}
+
+
+def _git_state(gitdir: Path) -> dict[str, str]:
+    """Every file of a git dir but the worktrees' index files (a host git may refresh their stat cache)
+    by path, with a hash of its bytes."""
+    out = {}
+    for path in sorted(gitdir.rglob("*")):
+        if path.is_file() and not path.is_symlink() and path.name != "index":
+            out[str(path.relative_to(gitdir))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+async def _sh(call: Call, cap: str, script: str) -> dict[str, Any]:
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]})
+    return {"exit": ran["exit_code"], "out": ran["stdout"], "err": ran["stderr"]}
+
+
+async def _promote(call: Call, cap: str) -> dict[str, Any]:
+    try:
+        return await call("capsule_promote", {"capsule_id": cap})
+    except CcwError as exc:
+        return {"error": exc.code, "message": exc.message, "details": exc.details}
+
+
+async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
+    """The whole story through ``call`` (a ToolRunner's or a real MCP client's); what it saw."""
+    out: dict[str, Any] = {}
+    made = await call("capsule_create", {"workspace": paths["wt"]})
+    cap = made["capsule_id"]
+    out["git"], out["shown"] = made.get("git"), made["isolation"]["filesystem"].get("gitdirs")
+    out["status"] = await _sh(call, cap, "git status --porcelain=v1 -b")
+    out["commit"] = await _sh(call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && git add {EDIT.path} && "
+                              f"{IDENTITY} commit -q -m 'made in a capsule' && git log -1 --format=%s")
+    fork = (await call("capsule_fork", {"capsule_id": cap}))["capsule_id"]
+    out["fork_log"] = await _sh(call, fork, "git log -1 --format=%s && git status --porcelain")
+    await call("capsule_destroy", {"capsule_id": fork})
+    out["refused"] = await _promote(call, cap)
+    out["reset"] = await _sh(call, cap, f"git reset -q --soft {paths['orig']} && git status --porcelain")
+    out["promoted"] = await _promote(call, cap)
+    await call("capsule_destroy", {"capsule_id": cap})
+
+    sub = await call("capsule_create", {"workspace": paths["sub"]})
+    out["sub_git"] = sub.get("git")
+    out["sub_commit"] = await _sh(call, sub["capsule_id"], f"git status -b --porcelain && {IDENTITY} commit -q "
+                                  "--allow-empty -m sub-capsule && git log -1 --format=%s")
+    await call("capsule_destroy", {"capsule_id": sub["capsule_id"]})
+
+    if paths.get("secret"):
+        bad = await call("capsule_create", {"workspace": paths["hostile"]})
+        out["hostile_git"], out["hostile_shown"] = bad.get("git"), bad["isolation"]["filesystem"].get("gitdirs")
+        out["hostile_read"] = await _sh(call, bad["capsule_id"], f"cat {paths['secret']}/id_ed25519; git status")
+        await call("capsule_destroy", {"capsule_id": bad["capsule_id"]})
+    return out
+
+
+def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], index_before: str) -> None:
+    repo, wt = Path(paths["repo"]), Path(paths["wt"])
+    gitdir = str(repo / ".git")
+    assert out["git"] == {"gitdir": gitdir}, out["git"]
+    assert out["shown"] == [{"path": gitdir, "copy_on_write": True}], out["shown"]
+    assert out["status"]["exit"] == 0 and out["status"]["out"].startswith("## feat"), out["status"]
+    assert out["commit"] == {"exit": 0, "out": "made in a capsule\n", "err": ""}, out["commit"]
+    assert out["fork_log"]["exit"] == 0 and out["fork_log"]["out"] == "made in a capsule\n", out["fork_log"]
+    # The capsule's commit moved refs/heads/feat: promotion refuses, nothing written.
+    refused = out["refused"]
+    assert refused.get("error") == "UNSUPPORTED", refused
+    assert refused["details"] == {"gitdir": gitdir, "refs": ["refs/heads/feat"]}, refused
+    # Moved back, the edit promotes as an uncommitted change; the git dir's changes are listed.
+    assert out["reset"]["exit"] == 0 and out["reset"]["out"] == f"M  {EDIT.path}\n", out["reset"]
+    promoted = out["promoted"]
+    assert promoted.get("promoted") is True and promoted["applied"] == [EDIT.path], promoted
+    left = promoted["git"][0]
+    assert left["gitdir"] == gitdir and any(p.startswith("objects/") for p in left["paths"]), left
+    assert "worktrees/wt/index" in left["paths"] and left["count"] >= len(left["paths"]), left
+    assert (wt / EDIT.path).read_text().endswith("capsule edit\n")
+    # The host repository did not change: refs, objects, HEAD; the worktree's staged content.
+    assert _git_state(repo / ".git") == before
+    assert realprojects.git(repo, "rev-parse", "feat").strip() == paths["orig"]
+    assert "made in a capsule" not in realprojects.git(wt, "log", "--format=%s")
+    assert realprojects.git(wt, "ls-files", "-s") == index_before
+    assert realprojects.git(wt, "status", "--porcelain") == f" M {EDIT.path}\n"
+    # The submodule: its gitdir under the superproject's .git/modules is shown, git commits in it.
+    sub_gitdir = str(Path(paths["super"]) / ".git" / "modules" / "sub")
+    assert out["sub_git"] == {"gitdir": sub_gitdir}, out["sub_git"]
+    assert out["sub_commit"]["exit"] == 0 and out["sub_commit"]["out"].endswith("sub-capsule\n"), out["sub_commit"]
+    assert "sub-capsule" not in realprojects.git(Path(paths["sub"]), "log", "--format=%s")
+
+
+def _snapshot(paths: dict[str, str]) -> tuple[dict[str, str], str]:
+    return _git_state(Path(paths["repo"]) / ".git"), realprojects.git(Path(paths["wt"]), "ls-files", "-s")
+
+
+@pytest.fixture
+def key_owner(root_required: None) -> Iterator[Path]:
+    """A login user (not --system: their homes are what the secret rule knows) whose ~/.ssh looks like
+    a git dir and holds a key."""
+    name = f"ccwwt{secrets.token_hex(4)}"
+    base = Path(tempfile.mkdtemp(prefix="ccw-wt-home-", dir="/var/tmp"))
+    base.chmod(0o755)
+    home = base / name
+    for attempt in range(10):  # other tests add users too: /etc/passwd's lock may be held a moment
+        made = subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell",
+                               "/usr/sbin/nologin", name], capture_output=True, text=True, check=False)
+        if made.returncode == 0:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    assert made.returncode == 0, made.stderr
+    try:
+        ssh = home / ".ssh"
+        for sub in ("objects", "refs"):
+            (ssh / sub).mkdir(parents=True)
+        (ssh / "HEAD").write_text("ref: refs/heads/main\n")
+        (ssh / "id_ed25519").write_text("PRIVATE KEY\n")
+        subprocess.run(["chmod", "-R", "a+rX", str(home)], check=True)  # readable: only the rule keeps it out
+        yield ssh
+    finally:
+        subprocess.run(["userdel", name], check=True, capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_worktree_and_submodule_as_root(tools: Any, tmp_path: Path, key_owner: Path) -> None:
+    paths = _repos(tmp_path)
+    paths["secret"] = str(key_owner)
+    Path(paths["hostile"], ".git").write_text(f"gitdir: {key_owner}\n")
+    before, index_before = _snapshot(paths)
+    out = tools.run(lambda t: scenario(t.call, paths))
+    _check(out, paths, before, index_before)
+    # A .git file naming a key store: a note, no git dir, the key unreadable in the capsule.
+    assert out["hostile_git"]["note"].startswith("git will not work in this capsule: "), out["hostile_git"]
+    assert ".ssh" in out["hostile_git"]["note"] and out["hostile_shown"] is None, out
+    read = out["hostile_read"]
+    assert "PRIVATE KEY" not in read["out"] and "No such file" in read["err"], read
+
+
+def test_the_helper_refuses_a_spec_naming_a_key_store(tools: Any, tmp_path: Path, key_owner: Path) -> None:
+    """The front end's note is not the boundary: a hand-made spec reaches the helper's own check."""
+    from sandbox.spec import CapsuleSpec
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def create(t: Any) -> Any:
+        return await t.ctx.capsules.create(CapsuleSpec(workspace=str(ws), gitdirs=(str(key_owner),)))
+
+    with pytest.raises(CcwError) as raised:
+        tools.run(create)
+    assert raised.value.code == "PERMISSION_DENIED" and ".ssh" in raised.value.message, raised.value
+    with open("/proc/self/mountinfo") as mounts:
+        assert str(key_owner) not in mounts.read()
+
+
+def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+    uid, gid, home = user_dir
+    paths = _repos(home)
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", *(paths[k] for k in ("repo", "wt", "super", "scratch"))],
+                   check=True)
+    before, index_before = _snapshot(paths)
+    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(paths)], home)
+    _check(out, paths, before, index_before)
