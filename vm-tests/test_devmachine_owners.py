@@ -17,12 +17,18 @@ CAP_FSETID (sandbox/rootcaps.py), so:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from mcp_server.fs.witness import read_signature
 from sandbox import contain, supervise
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import realprojects
 
 OWNER = 1234
 WORKSPACE = "/srv/ccw-owners"
@@ -133,3 +139,93 @@ def test_set_id_bits_made_in_the_capsule_are_inert(jail_dirs: dict[str, str]) ->
     result = jail(jail_dirs, "cp /usr/bin/id pkg/id && chown 1234:1234 pkg/id && chmod 6755 pkg/id "
                              "&& stat -c %a pkg/id && pkg/id -u && pkg/id -g")
     assert (result.exit_code, lines(result)) == (0, ["6755", "0", "0"]), result.stderr
+
+
+# --- the real project: more-itertools (its .venv and suite) plus a C extension, owned by uid 1234 ----------
+
+PROJECT = realprojects.MORE_ITERTOOLS
+EXT_C = """\
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_owners", NULL, -1, methods};
+PyMODINIT_FUNC PyInit__owners(void) { return PyModule_Create(&module); }
+"""
+SETUP = """\
+from setuptools import Extension, setup
+setup(name="owners-ext", version="0", py_modules=[], ext_modules=[Extension("_owners", ["owners.c"])])
+"""
+# In a directory of its own (setuptools would read the project's flit pyproject.toml); the .so lands in the package.
+BUILD = "(cd ext && /usr/bin/python3 setup_owners.py -q build_ext -b ../more_itertools)"
+TESTS = ".venv/bin/python -m pytest -q -p no:cacheprovider tests/test_more.py -k 'Chunked or Ichunked or Sliced'"
+
+
+def owned_checkout(tmp_path: Path) -> Path:
+    """A copy of the prepared project with a C extension to build, every entry (links too) owned by 1234."""
+    ws = realprojects.pristine(PROJECT, tmp_path / "ws")
+    (ws / "ext").mkdir()
+    (ws / "ext" / "owners.c").write_text(EXT_C)
+    (ws / "ext" / "setup_owners.py").write_text(SETUP)
+    for top, dirs, files in os.walk(ws):
+        for name in [*dirs, *files]:
+            os.lchown(os.path.join(top, name), OWNER, OWNER)
+    os.chown(ws, OWNER, OWNER)
+    return ws
+
+
+async def _exec(t: Any, cap: str, script: str | list[str]) -> str:
+    cmd = ["sh", "-c", script] if isinstance(script, str) else script
+    ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": cmd, "timeout_ms": 300_000})
+    assert ran["exit_code"] == 0, (ran["stdout"][-2000:], ran["stderr"][-3000:])
+    return str(ran["stdout"])
+
+
+def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools: Any, tmp_path: Path) -> None:
+    ws = owned_checkout(tmp_path)
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        out = [await _exec(t, cap, "echo b > more_itertools/new.txt && stat -c %u:%g more_itertools/new.txt"),
+               await _exec(t, cap, f"{BUILD} && .venv/bin/python -c 'import more_itertools._owners as m; print(m.answer())'"),
+               await _exec(t, cap, TESTS),
+               await _exec(t, cap, "ls more_itertools/__pycache__ tests/__pycache__ | grep -c '[.]pyc$'"),
+               await _exec(t, cap, "stat -c %u:%g more_itertools/more.py ext/setup_owners.py")]
+        made = await t.call("capsule_witness", {"capsule_id": cap})
+        replayed = await t.call("capsule_replay", {"witness_id": made["witness_id"]})
+        return made, replayed, out
+
+    made, replayed, out = tools.run(scenario)
+    assert out[0] == "0:0\n"  # the host's root would make it root's too
+    assert out[1].splitlines()[-1] == "42"
+    assert "passed" in out[2]
+    assert int(out[3]) >= 3  # .pyc files written: Python no longer skips them silently
+    assert out[4] == f"{OWNER}:{OWNER}\n{OWNER}:{OWNER}\n"
+    assert not (ws / "more_itertools" / "new.txt").exists()  # the capsule wrote its own layer only
+    with open(made["path"], "rb") as archive:
+        manifest, _, _ = read_signature(archive, None)
+    carried = {e["path"]: (e.get("uid"), e.get("gid")) for e in manifest["base"]["files"]}
+    assert carried["more_itertools/more.py"] == carried["ext/setup_owners.py"] == (OWNER, OWNER)
+    assert carried[".venv/bin/python"] == (OWNER, OWNER)  # a link's own owner
+    # The replay rebuilt the base with the recorded owners, so the stat exec printed the same (pytest's
+    # timing line differs, nothing else does).
+    assert replayed["replay_ok"] is True, replayed["mismatches"]
+    assert [d["argv"][-1] for d in replayed["output_diffs"]] == [TESTS], replayed["output_diffs"]
+    assert replayed["owners"] == {"recorded": len(carried), "restored": len(carried), "reason": None}
+
+
+def test_deltamin_finds_the_breaking_edit_instead_of_blaming_the_base(tools: Any, tmp_path: Path) -> None:
+    ws = owned_checkout(tmp_path)
+    edits = [*PROJECT.harmless, PROJECT.breaking]
+    script = "; ".join(f"p = pathlib.Path({e.path!r}); p.write_text(p.read_text().replace({e.old!r}, {e.new!r}, 1))"
+                       for e in edits)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await _exec(t, cap, [".venv/bin/python", "-c", f"import pathlib; {script}"])
+        found: dict[str, Any] = await t.call("capsule_deltamin", {
+            "capsule_id": cap, "target_cmd": ["sh", "-c", f"{BUILD} && {TESTS}"]})
+        return found
+
+    found = tools.run(scenario)
+    changed = [line for line in found["minimal_patch"].splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert changed == [f"-{PROJECT.breaking.old}", f"+{PROJECT.breaking.new}"], found["minimal_patch"]
