@@ -239,3 +239,32 @@ def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int
     before, index_before = _snapshot(paths)
     out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(paths)], home)
     _check(out, paths, before, index_before)
+
+
+def test_a_restarted_helper_mounts_git_dirs_again(tools: Any, tmp_path: Path) -> None:
+    """A new helper (a new front end's) remounts a capsule's git dir overlay, and a fork's stacked on
+    its parent's, on first use; the parent thaws when its fork goes, and destroying leaves no mount."""
+    paths = _repos(tmp_path)
+
+    async def first(t: Any) -> tuple[str, str]:
+        cap = (await t.call("capsule_create", {"workspace": paths["wt"]}))["capsule_id"]
+        made = await _sh(t.call, cap, f"{IDENTITY} commit -q --allow-empty -m before-restart")
+        assert made["exit"] == 0, made
+        return cap, (await t.call("capsule_fork", {"capsule_id": cap}))["capsule_id"]
+
+    cap, fork = tools.run(first)
+
+    async def second(t: Any) -> dict[str, Any]:
+        out = {"fork": await _sh(t.call, fork, f"{IDENTITY} commit -q --allow-empty -m in-fork && git log -2 --format=%s")}
+        await t.call("capsule_destroy", {"capsule_id": fork})
+        out["parent"] = await _sh(t.call, cap, f"{IDENTITY} commit -q --allow-empty -m after-thaw && git log -3 --format=%s")
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(second)
+    assert out["fork"] == {"exit": 0, "out": "in-fork\nbefore-restart\n", "err": ""}, out["fork"]
+    assert out["parent"]["exit"] == 0 and out["parent"]["out"].startswith("after-thaw\nbefore-restart\n"), out
+    assert "in-fork" not in out["parent"]["out"]
+    assert realprojects.git(Path(paths["repo"]), "rev-parse", "feat").strip() == paths["orig"]
+    with open("/proc/self/mountinfo") as mounts:
+        assert not [line for line in mounts if str(tmp_path / "state") in line], "a capsule's mount was left"
