@@ -33,7 +33,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sandbox import disk, egress, gitdirs, overlay, spec
+from sandbox import disk, egress, exposed, gitdirs, overlay, spec
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.ops import ExecRequest
@@ -103,7 +103,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
         clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network, net_fd=net_fd,
-        binds=gitdirs.binds(capsule),
+        binds=(*gitdirs.binds(capsule), *exposed.binds(capsule, uid, gid)),
     )
     upper = capsule.path("upper")
     before = upper_signature(upper)

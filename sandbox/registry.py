@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, egress, execution, gitdirs, overlay, probe
+from sandbox import access, disk, egress, execution, exposed, gitdirs, overlay, probe
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -151,6 +151,8 @@ class CapsuleManager:
         if base is not None:
             base = access.check_dir_arg("base", base, self.state_dir, allow_state=True)
         spec = dataclasses.replace(spec, workspace=workspace, base=base)
+        # Exposed dirs resolved and checked against the caller; each exec checks them again.
+        spec = dataclasses.replace(spec, expose=exposed.check(spec.expose, workspace, owner_uid, owner_gid))
         disk_mb = self._disk_size(spec.limits.disk_mb)
         with (access.pinned_lower(workspace, base, owner_uid, owner_gid, self.state_dir) as (lower_fd, lower_real),
               gitdirs.pinned(spec.gitdirs, workspace, lower_real, owner_uid, owner_gid, self.state_dir) as held):

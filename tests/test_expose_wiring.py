@@ -69,3 +69,15 @@ def test_replay_shows_only_what_the_replayer_allows(tmp_path: Path) -> None:
     assert [item["path"] for item in dropped] == [f"{home}/.ssh", f"{home}/.pyenv/versions/3.9.0", "/root/.gnupg"]
     assert "keys and credentials" in dropped[0]["reason"]
     assert dropped[1]["reason"] == "not a directory on this machine"
+
+
+def test_plan_guards_the_callers_home_even_when_passwd_names_another(tmp_path: Path) -> None:
+    home, project, _homes = _machine(tmp_path)
+    env = {"PATH": f"{home}/.ssh", "HOME": str(home)}
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {home}/.aws\n")
+    # No login home covers it: $HOME's stores are refused all the same.
+    assert [need.path for need in exposure.plan(str(project), [], True, env, UID, ())] == [
+        f"{home}/.pyenv/versions/3.12.1"]
+    with pytest.raises(CcwError) as raised:
+        exposure.plan(str(project), [f"{home}/.ssh"], True, env, UID, ())
+    assert raised.value.code == "PERMISSION_DENIED"

@@ -133,10 +133,20 @@ def asked(paths: list[str], caller_uid: int, homes: tuple[Home, ...]) -> list[Ne
     return needs
 
 
+def with_home(homes: tuple[Home, ...], home: str | None, caller_uid: int) -> tuple[Home, ...]:
+    """``homes`` and the caller's $HOME, when it is not a login home (HOME=/data/me): its key
+    stores are the caller's as much as those of the home /etc/passwd names."""
+    real = os.path.realpath(home) if home and home.startswith("/") else "/"
+    if real == "/" or any(known.path == real for known in homes):
+        return homes
+    return (*homes, Home("$HOME", caller_uid, real))
+
+
 def plan(workspace: str, expose: list[str], auto: bool, env: Mapping[str, str],
          caller_uid: int, homes: tuple[Home, ...]) -> list[Need]:
     """What a new capsule shows: the caller's ``expose`` (checked; refusals raise) and, when
     ``auto``, what ``discover`` finds from the caller's environment ``env`` (PATH, HOME)."""
+    homes = with_home(homes, env.get("HOME"), caller_uid)
     needs = asked(expose, caller_uid, homes)
     if auto:
         needs += discover(workspace, env.get("PATH", ""), env.get("HOME"), caller_uid, homes)

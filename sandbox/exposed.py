@@ -1,0 +1,73 @@
+"""Host directories a capsule shows read-only besides its workspace (issue 25: toolchains).
+
+The front end finds what a workspace needs (mcp_server/capsules/exposure.py) and puts
+the directories in ``CapsuleSpec.expose``; the spec is the caller's word, so the helper
+holds every path to the same rule again, as it does the workspace (sandbox/access.py):
+
+* at create, each path is opened (O_PATH, pinned), and the directory under every path it
+  has (resolved, and other mounts of it) must pass ``spec.check_expose_dir`` against the
+  caller's host uid and the login homes, and be readable and searchable by the caller
+  (``access.check_shown_dir``: a root helper must not show a user what the user could not
+  read).  The resolved paths go in the spec kept in meta.json; forks inherit them.
+* at every exec the same checks run again, since the host may have changed (a toolchain
+  removed, a directory replaced by a symlink to a key store): a refused one refuses the
+  exec (PERMISSION_DENIED), a missing one is left out (the command then fails as it
+  would on the host, and the front end's hint says what is missing).  Each passes to the
+  jail as a read-only ``mounts.Bind`` at the path it was recorded at.
+
+A directory inside the workspace is refused: the workspace is shown already, and a
+read-only bind over part of it would hide what the capsule writes there.  One that holds
+the workspace is bound first (binds go by depth), so the workspace shows over it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from sandbox import access, mounts
+from sandbox.errors import CcwError, from_oserror
+from sandbox.meta import Capsule
+from sandbox.spec import inside
+
+
+def _checked(path: str, workspace: str, uid: int, gid: int) -> str | None:
+    """``path`` resolved once the caller may see it through a capsule; None when it is gone."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise from_oserror(exc, "open expose", path, "expose existing directories only") from exc
+    try:
+        real = os.readlink(f"/proc/self/fd/{fd}")
+        if inside(real, os.path.realpath(workspace)):
+            raise CcwError("INVALID_ARGUMENT", f"expose {path!r} (the directory {real}) lies in the workspace "
+                           f"{workspace!r}, which the jail shows already; expose directories outside it",
+                           {"argument": "expose", "path": real})
+        access.check_shown_dir("expose", fd, path, uid, gid)
+        return real
+    finally:
+        os.close(fd)
+
+
+def check(paths: Iterable[str], workspace: str, uid: int, gid: int) -> tuple[str, ...]:
+    """The spec's ``expose`` at create: each checked and resolved (sorted); a missing one is NOT_FOUND."""
+    resolved = set()
+    for path in paths:
+        real = _checked(path, workspace, uid, gid)
+        if real is None:
+            raise CcwError("NOT_FOUND", f"expose {path!r} does not exist; expose existing directories only",
+                           {"argument": "expose", "path": path})
+        resolved.add(real)
+    return tuple(sorted(resolved))
+
+
+def binds(capsule: Capsule, uid: int, gid: int) -> tuple[mounts.Bind, ...]:
+    """The jail's read-only binds of the capsule's exposed directories, checked again now."""
+    shown = []
+    for path in capsule.spec.expose:
+        real = _checked(path, capsule.spec.workspace, uid, gid)
+        if real is not None:
+            shown.append(mounts.Bind(real, path))
+    return tuple(shown)
