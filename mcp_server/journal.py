@@ -128,7 +128,8 @@ _JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprin
 _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 # Columns added since the first release, for state dirs made before them.
 _NEW_COLUMNS = {
-    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT"},
+    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
+                 "gitdirs": "TEXT"},
     "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
@@ -244,6 +245,7 @@ def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
         "destroyed_at": record.destroyed_at, "generation": record.generation,
         "volatile": json.dumps(list(record.volatile)) if record.volatile else None,
         "expose": json.dumps(list(record.spec.expose)) if record.spec.expose else None,
+        "gitdirs": json.dumps(list(record.spec.gitdirs)) if record.spec.gitdirs else None,
     }
     for key in _JSON_CAPSULE_FIELDS:
         row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
@@ -261,6 +263,7 @@ def _capsule_record(row: Any) -> CapsuleRecord:
         workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
         env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),
         network=helper_network(network_spec), expose=tuple(json.loads(data.pop("expose", None) or "[]")),
+        gitdirs=tuple(json.loads(data.pop("gitdirs", None) or "[]")),
     )
     if spec.base == spec.workspace:
         spec = dataclasses.replace(spec, base=None)

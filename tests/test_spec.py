@@ -104,7 +104,7 @@ def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> 
         journal = Journal(state)
         spec = CapsuleSpec(workspace="/ws", base="/snap", clock_offset_sec=5, env_whitelist=("A", "B"),
                            limits=Limits(pids_max=9))
-        exposed = CapsuleSpec(workspace="/ws", expose=("/home/u/.pyenv/versions/3.12.1",))
+        exposed = CapsuleSpec(workspace="/ws", expose=("/home/u/.pyenv/versions/3.12.1",), gitdirs=("/repo/.git",))
         for capsule_id, one in (("cap_1", spec), ("cap_2", CapsuleSpec(workspace="/ws")), ("cap_3", exposed)):
             record = CapsuleRecord(capsule_id=capsule_id, spec=one, parent=None, created_at="t", clock="c",
                                    isolation={"x": 1}, mount="/m", base_fingerprint=None, destroyed_at=None)
@@ -116,11 +116,14 @@ def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> 
             "clock": "c", "clock_offset_sec": 5, "env_whitelist": '["A", "B"]', "limits": '{"pids_max": 9}',
             "network": "none", "isolation": '{"x": 1}', "mount": "/m", "base_fingerprint": None,
             "destroyed_at": None, "generation": 0, "volatile": None, "expose": None,
+            "gitdirs": None,
         }
         assert state.execute("SELECT base FROM capsules WHERE capsule_id = 'cap_2'")[0][0] == "/ws"
         # The exposed toolchains: a JSON list, NULL when none (cap_1 above).
         assert state.execute("SELECT expose FROM capsules WHERE capsule_id = 'cap_3'")[0][0] == \
             '["/home/u/.pyenv/versions/3.12.1"]'
+        # A worktree's git dir, likewise (scratch capsules made from the record show it too).
+        assert state.execute("SELECT gitdirs FROM capsules WHERE capsule_id = 'cap_3'")[0][0] == '["/repo/.git"]'
     finally:
         state.close()
 
