@@ -229,3 +229,36 @@ def test_deltamin_finds_the_breaking_edit_instead_of_blaming_the_base(tools: Any
     found = tools.run(scenario)
     changed = [line for line in found["minimal_patch"].splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == [f"-{PROJECT.breaking.old}", f"+{PROJECT.breaking.new}"], found["minimal_patch"]
+
+
+def test_promotion_keeps_a_replaced_files_owner_and_refuses_set_id_bits(tools: Any, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    ws = owned_checkout(tmp_path)
+    # Promotion asks the caller's git which paths are ignored, and root's git refuses a repository of
+    # another uid ("dubious ownership") unless the caller's config trusts it, as CI's checkout step does.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(f"[safe]\n\tdirectory = {ws}\n")
+    monkeypatch.setenv("HOME", str(home))
+    edit = PROJECT.harmless[0]
+    script = f"p = pathlib.Path({edit.path!r}); p.write_text(p.read_text().replace({edit.old!r}, {edit.new!r}, 1))"
+
+    async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await _exec(t, cap, [".venv/bin/python", "-c", f"import pathlib; {script}"])
+        # CAP_FOWNER lets root make a set-uid file of uid 1234: promotion must still refuse it.
+        await _exec(t, cap, "echo new > more_itertools/new.txt && cp /bin/sh more_itertools/sh "
+                            "&& chown 1234:1234 more_itertools/sh && chmod 6755 more_itertools/sh")
+        refused = await t.call("capsule_promote", {"capsule_id": cap})
+        done = await t.call("capsule_promote", {"capsule_id": cap, "exclude": ["more_itertools/sh"]})
+        return refused, done
+
+    refused, done = tools.run(scenario)
+    assert refused["promoted"] is False
+    assert [(h["kind"], h["path"]) for h in refused["policy_report"]["hazards"]] == [("setuid", "more_itertools/sh")]
+    assert done["promoted"] is True and set(done["applied"]) == {edit.path, "more_itertools/new.txt"}, done
+    assert edit.new in (ws / edit.path).read_text()
+    kept, new = (ws / edit.path).stat(), (ws / "more_itertools" / "new.txt").stat()
+    assert (kept.st_uid, kept.st_gid) == (OWNER, OWNER)  # as `echo > file` by the host's root
+    assert (new.st_uid, new.st_gid) == (0, 0)  # as a file the host's root creates
+    assert not (ws / "more_itertools" / "sh").exists()

@@ -25,6 +25,16 @@ The commit phase orders its steps so that every intermediate tree is well formed
 deletions deepest first (a directory becomes a file only after its children are gone),
 then directories, then files and symlinks shallowest first, then mode changes.
 
+Owners are what the host's root would leave (issue 25: a root caller on a checkout of
+another uid): a file the promotion replaces keeps its owner and group, as ``echo >
+file`` would, although its bytes arrive by rename; a new file, directory or symlink is
+the promoting process's, as one the host's root creates is root's.  Only root can give a
+file to another uid, so a promoter that is not root leaves its own uid on what it
+replaces (its capsule ran as that uid, which the host would not have let write another
+uid's file anyway).  The owner is read with ``fstatat(AT_SYMLINK_NOFOLLOW)`` in the
+parent reached through RootView, and only a regular file's is kept: a symlink or
+directory replaced by a file gives it nothing.
+
 No file gets a setuid or setgid bit from a promotion, whatever its op says: the bits are
 masked off here, at the write and at the mode change, where the mode reaches the disk.
 The front end's hazard check (core/hazards.py) refuses them before anything is written;
@@ -183,7 +193,7 @@ class Promoter:
                 dir_fd = dirs.get(temp_dir, "promote")
                 if op.action == "write":
                     mode = (op.mode if op.mode is not None else 0o644) & ~SETID_BITS
-                    _write_temp(dir_fd, temp_name, op.temp, content(op), mode)
+                    _write_temp(dir_fd, temp_name, op.temp, content(op), mode, _kept_owner(dir_fd, _split(op.path)[1]))
                 else:
                     _symlink_at(dir_fd, temp_name, op.target or "", op.temp)
         # One syncfs makes every temp file durable: far cheaper than an fsync per file,
@@ -352,13 +362,26 @@ def _chmod(view: RootView, rel: str, mode: int) -> None:
         os.close(fd)
 
 
-def _write_temp(parent: int, name: str, rel: str, data: bytes, mode: int) -> None:
+def _kept_owner(parent: int, name: str) -> tuple[int, int] | None:
+    """The owner a replaced regular file keeps (root only; see the module docstring), else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        old = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return (old.st_uid, old.st_gid) if stat_mod.S_ISREG(old.st_mode) else None
+
+
+def _write_temp(parent: int, name: str, rel: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> None:
     with wrap_oserror("promote: write", rel):
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
             mv = memoryview(data)
             while mv:
                 mv = mv[os.write(fd, mv) :]
+            if owner is not None:
+                os.fchown(fd, *owner)  # before the mode: chown would clear set-id bits (none are written)
             os.fchmod(fd, mode)
         finally:
             os.close(fd)
