@@ -113,6 +113,9 @@ async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
     out["status"] = await _sh(call, cap, "git status --porcelain=v1 -b")
     out["commit"] = await _sh(call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && git add {EDIT.path} && "
                               f"{IDENTITY} commit -q -m 'made in a capsule' && git log -1 --format=%s")
+    witness = await call("capsule_witness", {"capsule_id": cap})
+    replayed = await call("capsule_replay", {"witness_id": witness["witness_id"]})
+    out["replay"] = {key: replayed.get(key) for key in ("replay_ok", "gitdirs", "mismatches")}
     fork = (await call("capsule_fork", {"capsule_id": cap}))["capsule_id"]
     out["fork_log"] = await _sh(call, fork, "git log -1 --format=%s && git status --porcelain")
     await call("capsule_destroy", {"capsule_id": fork})
@@ -142,6 +145,10 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], i
     assert out["shown"] == [{"path": gitdir, "copy_on_write": True}], out["shown"]
     assert out["status"]["exit"] == 0 and out["status"]["out"].startswith("## feat"), out["status"]
     assert out["commit"] == {"exit": 0, "out": "made in a capsule\n", "err": ""}, out["commit"]
+    # A witness names the git dir but does not carry it: the replay's git finds no repository, and says why.
+    replay = out["replay"]
+    assert replay["gitdirs"]["not_shown"] == [gitdir] and "does not carry" in replay["gitdirs"]["reason"], replay
+    assert replay["replay_ok"] is False and any(m["kind"] == "exec" for m in replay["mismatches"]), replay
     assert out["fork_log"]["exit"] == 0 and out["fork_log"]["out"] == "made in a capsule\n", out["fork_log"]
     # The capsule's commit moved refs/heads/feat: promotion refuses, nothing written.
     refused = out["refused"]

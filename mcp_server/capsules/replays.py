@@ -317,7 +317,12 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "owners": owners.report(manifest["base"]["files"], manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
+        **({"gitdirs": {"not_shown": recorded["gitdirs"], "reason": GITDIRS_NOT_CARRIED}} if "gitdirs" in recorded else {}),
     }
+
+
+GITDIRS_NOT_CARRIED = ("a witness does not carry a git dir outside its workspace (a worktree's or a submodule's): "
+                       "git in the replay finds no repository, so its commands fail there")
 
 
 async def _verified(service: CapsuleService, path: Path, expected_root: str | None,

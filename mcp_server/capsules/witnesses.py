@@ -185,6 +185,8 @@ def build_manifest(
             # Only when set: a witness of a capsule without volatile globs stays as before.
             **({"volatile": list(record.volatile)} if record.volatile else {}),
             **({"expose": list(record.spec.expose)} if record.spec.expose else {}),
+            # Named, never carried: a replay runs without them (replays.py says so in its report).
+            **({"gitdirs": list(record.spec.gitdirs)} if record.spec.gitdirs else {}),
         },
         "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],
         "writes": [_write_entry(w, sources) for w in writes or []],

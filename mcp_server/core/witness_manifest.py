@@ -174,6 +174,9 @@ SCHEMA: dict[str, Any] = {
                 # Host dirs the capsule showed read-only (absent when none); a replay shows only
                 # those its replayer's checks allow (capsules/exposure.py: replayable).
                 "expose": {"type": "array", "items": {"type": "string", "pattern": "^/"}, "maxItems": MAX_BINDS},
+                # Git dirs outside the workspace the capsule showed (a worktree's; absent when none).
+                # A witness does not carry them: its replay runs git outside any repository.
+                "gitdirs": {"type": "array", "items": {"type": "string", "pattern": "^/"}, "maxItems": MAX_BINDS},
             },
         },
         "execs": {"type": "array", "items": _EXEC},

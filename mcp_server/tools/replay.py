@@ -118,6 +118,7 @@ TOOLS = [
                         }},
                     },
                 },
+                "gitdirs": {"type": "object"},  # {not_shown, reason}: the recorded capsule's git dirs a witness lacks
                 "expose": {
                     "type": "object", "required": ["used", "dropped"], "additionalProperties": False,
                     "properties": {"used": {"type": "array", "items": {"type": "string"}}, "dropped": {"type": "array", "items": {
