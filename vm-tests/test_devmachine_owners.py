@@ -29,6 +29,7 @@ from sandbox import contain, supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realprojects
+from test_jail_rootless import USER, base, run_rootless  # noqa: F401  (base: the rootless jail's dirs)
 
 OWNER = 1234
 WORKSPACE = "/srv/ccw-owners"
@@ -262,3 +263,16 @@ def test_promotion_keeps_a_replaced_files_owner_and_refuses_set_id_bits(tools: A
     assert (kept.st_uid, kept.st_gid) == (OWNER, OWNER)  # as `echo > file` by the host's root
     assert (new.st_uid, new.st_gid) == (0, 0)  # as a file the host's root creates
     assert not (ws / "more_itertools" / "sh").exists()
+
+
+def test_a_rootless_callers_jail_is_uid_0_of_its_namespace_and_gains_nothing(base: Path) -> None:  # noqa: F811
+    # The rootless helper maps its user to 0, but that user is not root on the host: another
+    # uid's directory stays closed to it in the capsule, as on the host, and it keeps no capability.
+    other = base / "merged" / "other"
+    other.mkdir()
+    os.chown(other, OWNER, OWNER)
+    result = run_rootless(base, "id -u; grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status | cut -f2; "
+                                "stat -c %u other; echo b > other/new.txt || echo refused")
+    assert result["exit_code"] == 0, result["stderr"]
+    assert str(result["stdout"]).splitlines() == ["0", "0" * 16, "0" * 16, "0" * 16, "65534", "refused"]
+    assert not (other / "new.txt").exists() and USER != OWNER
