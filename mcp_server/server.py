@@ -22,6 +22,10 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
    result is one document (``ToolSpec.text``: reading a file's lines), whose text block
    is the other fields as one JSON line and then the document as text, which a model
    reads as the file is (seed 002's tagged lines) rather than as one escaped string.
+6. A call answered as a live run's ``status: running`` (capsules/background.py) is
+   answered instead as an MCP task (``resultType: "task"``) when the request declared
+   the Tasks extension; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` serve it
+   (mcp_server/tasks.py).
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
+from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared
+from mcp_server.tasks import MODERN_ERA as TASKS_ERA
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 from mcp_server.tools.surface import (
     advertised_annotations,
@@ -60,6 +66,7 @@ INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
 TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
 SHUTTING_DOWN = -32001  # a request read while draining for shutdown
+TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 
 
 class CcwServer:
@@ -88,7 +95,6 @@ class CcwServer:
             instructions="Try changes and run commands in copy-on-write capsules; promote them when policies pass.",
             get_tool_input_schema=self._input_schema_of,
             on_list_tools=self._on_list_tools,
-            on_call_tool=self._on_call_tool,
             on_list_resources=self._on_list_resources,
             on_list_resource_templates=self._on_list_resource_templates,
             on_read_resource=self._on_read_resource,
@@ -98,6 +104,13 @@ class CcwServer:
         self.sdk.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._on_roots_changed
         )
+        # tools/call answers a CallToolResult or, to a client that declared tasks, a CreateTaskResult.
+        self.sdk.add_request_handler("tools/call", types.CallToolRequestParams, self._on_call_tool)
+        self.tasks = Tasks(self.runtime.runs)  # the MCP Tasks extension over the runs (mcp_server/tasks.py)
+        self.sdk.extensions[EXTENSION] = {}
+        self.sdk.add_request_handler("tasks/get", TaskParams, self._on_task_get)
+        self.sdk.add_request_handler("tasks/update", UpdateTaskParams, self._on_task_update)
+        self.sdk.add_request_handler("tasks/cancel", TaskParams, self._on_task_cancel)
         self.init_options = self.sdk.create_initialization_options()
 
     # --- entry points for transports ---------------------------------------------
@@ -149,6 +162,8 @@ class CcwServer:
 
     def scope_for(self, method: str, params: Any) -> str | None:
         """The bearer scope a request needs (None: any valid token will do)."""
+        if method in TASK_METHODS:
+            return "exec"  # a task is a run: capsule_run's scope
         if method == "tools/call" and isinstance(params, Mapping):
             spec = self.registry.lookup(str(params.get("name", "")))
             return spec.scope if spec is not None else None
@@ -204,8 +219,13 @@ class CcwServer:
                 message=f"{spec.name}: arguments do not match the input schema: {summary}",
                 data={"errors": errors},
             )
+        return await self.checked(spec, lambda: spec.handler(ctx, args))
+
+    async def checked(self, spec: ToolSpec, produce: Any) -> dict[str, Any]:
+        """``produce()`` (the tool's result): a state-dir failure as a CcwError, and in debug
+        the result checked against the output schema (a violation is a server bug)."""
         try:
-            result = await spec.handler(ctx, args)
+            result: dict[str, Any] = await produce()
         except (OSError, sqlite3.Error) as exc:
             failure = storage_error(exc, self.config.state_dir)
             if failure is None:
@@ -249,11 +269,22 @@ class CcwServer:
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | dict[str, Any]:
         spec = self._lookup(params.name)
         args = dict(params.arguments or {})
+        call = CallContext(self.runtime, ctx.session, ctx.request_id)
+        answer = await self.tool_answer(spec, lambda: self.call_tool(spec, args, call))
+        if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
+            task = self.tasks.adopt(spec.name, answer.structured_content)
+            if task is not None:
+                return task
+        return answer
+
+    async def tool_answer(self, spec: ToolSpec, produce: Any) -> types.CallToolResult:
+        """The CallToolResult of ``produce()`` (the tool's structured result): a CcwError is a
+        tool error (``isError``); any other failure a JSON-RPC error (MCPError raised)."""
         try:
-            result = await self.call_tool(spec, args, CallContext(self.runtime, ctx.session, ctx.request_id))
+            result = await produce()
         except CcwError as exc:
             failure: dict[str, Any] = {"error": exc.to_dict()}
             return types.CallToolResult(
@@ -266,6 +297,27 @@ class CcwServer:
             raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
         text = spec.text(result) if spec.text is not None else _json_text(result)
         return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
+
+    # --- the Tasks extension (mcp_server/tasks.py) --------------------------------
+
+    async def _task_result(self, tool: str, outcome: Any) -> dict[str, Any]:
+        """A finished task's ``result``: what tools/call of ``tool`` would have answered on the wire."""
+        spec = self._lookup(tool)
+        answer = await self.tool_answer(spec, lambda: self.checked(spec, outcome))
+        dumped = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return spec_methods.serialize_server_result("tools/call", TASKS_ERA, dumped)
+
+    async def _on_task_get(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
+        _tasks_era(ctx)
+        return await self.tasks.get(params.task_id, self._task_result)
+
+    async def _on_task_update(self, ctx: ServerRequestContext[Any], params: UpdateTaskParams) -> dict[str, Any]:
+        _tasks_era(ctx)
+        return self.tasks.update(params.task_id)
+
+    async def _on_task_cancel(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
+        _tasks_era(ctx)
+        return await self.tasks.cancel(params.task_id)
 
     async def _on_list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
@@ -311,6 +363,14 @@ class CcwServer:
 
     async def _on_roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         self.runtime.forget_roots(getattr(ctx.session, "_connection", None))
+
+
+def _tasks_era(ctx: ServerRequestContext[Any]) -> None:
+    """The tasks/* methods exist where the extension can be declared: the 2026-07-28 era."""
+    if ctx.protocol_version != TASKS_ERA:
+        raise MCPError(code=types.METHOD_NOT_FOUND, message=(
+            "Method not found: MCP tasks (io.modelcontextprotocol/tasks) are served to 2026-07-28 clients "
+            "that declare them; here a long call answers status running, and capsule_run fetches it"))
 
 
 def _json_text(value: Any) -> str:

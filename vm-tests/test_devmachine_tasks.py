@@ -1,0 +1,120 @@
+"""Long runs as MCP tasks (issue 25, item 6; mcp_server/tasks.py), through a real ccw-mcp.
+
+A client that declares ``io.modelcontextprotocol/tasks`` on its 2026-07-28 request gets a
+long capsule_exec as a task (``resultType: "task"``) and polls it with ``tasks/get``
+until it holds the exec's own CallToolResult; ``tasks/cancel`` ends the jail.  A client
+that does not declare it, or one of the 2025-11-25 era, gets ``status: running`` and a
+run id, as before.  The client is raw JSON-RPC over stdio (tests/raw_mcp.py): the SDK's
+client can neither declare an extension per request nor send ``tasks/get``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.raw_mcp import RawStdio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from test_devmachine_longruns import _running  # noqa: E402
+
+SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
+
+
+def _capsule(client: RawStdio, tmp_path: Path) -> str:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("good\n")
+    created = client.call("capsule_create", {"workspace": str(ws)})
+    assert not created.get("isError"), created
+    capsule_id: str = created["structuredContent"]["capsule_id"]
+    return capsule_id
+
+
+def _poll(client: RawStdio, task_id: str, limit_s: float = 60) -> tuple[dict[str, Any], list[str]]:
+    """``tasks/get`` until the task is terminal: (its last state, every status seen)."""
+    seen = []
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        answer = client.request("tasks/get", {"taskId": task_id})
+        assert "result" in answer, answer
+        task: dict[str, Any] = answer["result"]
+        assert task["resultType"] == "complete" and task["taskId"] == task_id
+        seen.append(task["status"])
+        if task["status"] != "working":
+            return task, seen
+        time.sleep(0.3)  # shorter than pollIntervalMs: the test should not wait for nothing
+    raise AssertionError(f"task {task_id} still working after {limit_s} s: {seen[-3:]}")
+
+
+def test_a_declaring_clients_long_exec_is_a_task_with_the_execs_result(tmp_path: Path, root_required: None) -> None:
+    with RawStdio(tmp_path / "state", "capsule", tasks=True) as client:
+        cap = _capsule(client, tmp_path)
+        created = client.call("capsule_exec", {"capsule_id": cap, "cmd": SLOW, "wait_ms": 1000}, timeout=10)
+        working = client.request("tasks/get", {"taskId": created["taskId"]})["result"]
+        # Sent while the task runs: it waits its turn behind it (no budget: its plain result).
+        after = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["cat", "order.txt"], "wait_ms": None})
+        task, seen = _poll(client, created["taskId"])
+        again = client.call("capsule_run", {"run_id": created["taskId"], "wait_ms": 0})  # the same run
+        quick = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "quick"]})
+
+    assert created["resultType"] == "task" and created["status"] == "working", created
+    assert created["taskId"].startswith("run_") and "content" not in created
+    assert created["ttlMs"] is None and created["pollIntervalMs"] > 0 and created["createdAt"].endswith("Z")
+    assert after["structuredContent"]["stdout"] == "first\n"  # it ran after the task's exec
+    assert working["status"] == "working" and working["taskId"] == created["taskId"]
+    assert working["resultType"] == "complete" and "result" not in working
+    assert seen[-1] == "completed"
+    assert task["ttlMs"] > 0 and task["lastUpdatedAt"] >= task["createdAt"]
+    result = task["result"]
+    assert result["structuredContent"]["exit_code"] == 0 and result["structuredContent"]["stdout"] == "done\n"
+    assert "status" not in result["structuredContent"]  # the exec's own result, not a run summary
+    assert json.loads(result["content"][0]["text"].splitlines()[0]) == result["structuredContent"]
+    assert not result.get("isError")
+    assert again["structuredContent"] == result["structuredContent"]
+    # The shape tools/call gives a finished exec (apart from what differs per exec).
+    assert set(result) <= set(quick) and set(result["structuredContent"]) == set(quick["structuredContent"])
+
+
+def test_a_client_that_does_not_declare_never_gets_a_task(tmp_path: Path, root_required: None) -> None:
+    answers = {}
+    for era, tasks in (("2026", False), ("2025", None)):
+        (tmp_path / era).mkdir()
+        with RawStdio(tmp_path / era / "state", "capsule", tasks=tasks) as client:
+            cap = _capsule(client, tmp_path / era)
+            running = client.call("capsule_exec", {"capsule_id": cap, "cmd": SLOW, "wait_ms": 1000}, timeout=10)
+            run_id = running["structuredContent"]["run_id"]
+            polled = client.request("tasks/get", {"taskId": run_id})
+            done = client.call("capsule_run", {"run_id": run_id, "wait_ms": None})
+            answers[era] = (running, polled, done)
+    for era, (running, polled, done) in answers.items():
+        assert running.get("resultType") != "task" and "taskId" not in running, era
+        assert running["structuredContent"]["status"] == "running", era
+        assert "error" in polled, era  # a run it was never given as a task is no task
+        assert done["structuredContent"]["stdout"] == "done\n", era
+    assert answers["2026"][1]["error"]["code"] == -32602 and answers["2025"][1]["error"]["code"] == -32601
+
+
+def test_tasks_cancel_ends_the_jail_and_frees_the_capsule(tmp_path: Path, root_required: None) -> None:
+    marker = ["sleep", f"{5000 + os.getpid() % 1000}.25"]  # a command line no one else runs
+    with RawStdio(tmp_path / "state", "capsule", tasks=True) as client:
+        cap = _capsule(client, tmp_path)
+        created = client.call("capsule_exec", {"capsule_id": cap, "cmd": marker, "wait_ms": 800}, timeout=10)
+        alive = _running(marker)
+        began = time.monotonic()
+        ack = client.request("tasks/cancel", {"taskId": created["taskId"]})
+        took = time.monotonic() - began
+        gone = _running(marker)
+        task = client.request("tasks/get", {"taskId": created["taskId"]})["result"]
+        after = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "after"]}, timeout=10)
+    assert created["resultType"] == "task" and alive, "the task's command should be running"
+    assert ack["result"]["resultType"] == "complete" and set(ack["result"]) <= {"resultType", "_meta"}  # empty
+    assert gone == [] and took < 10  # the jail ended before the ack, not left to sleep
+    assert task["status"] == "cancelled" and "result" not in task
+    assert after["structuredContent"]["stdout"] == "after\n"
