@@ -200,11 +200,14 @@ def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> 
         os.chmod(path, mode)
 
 
-def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int) -> None:
+def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
+                    read: tuple[tuple[spec.Home, ...], list[mountinfo.Mount]] | None = None) -> None:
     """A directory the jail shows besides the workspace (a git dir, a toolchain), pinned by ``fd``:
-    ``spec.check_expose_dir`` under each path it has, and readable and searchable by the caller."""
+    ``spec.check_expose_dir`` under each path it has, and readable and searchable by the caller.
+    ``read``: ``spec.login_homes()`` and our mount table, when the caller checks many dirs at once."""
     resolved = os.readlink(f"/proc/self/fd/{fd}")
-    homes, caller = spec.login_homes(), host_uid(uid)
-    for path in [resolved, *mountinfo.other_paths(fd, resolved)]:
+    homes, mounts = read or (spec.login_homes(), mountinfo.parse(mountinfo.read()))
+    caller = host_uid(uid)
+    for path in [resolved, *mountinfo.paths_of(mounts, mountinfo._mount_id(fd), resolved)]:
         spec.check_expose_dir(name, path, caller, homes)
     _check_access(fd, given, uid, gid, os.R_OK | os.X_OK, "read")

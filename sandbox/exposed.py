@@ -23,15 +23,20 @@ the workspace is bound first (binds go by depth), so the workspace shows over it
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
-from sandbox import access, mounts
+from sandbox import access, mountinfo, mounts, spec
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule
-from sandbox.spec import inside
+from sandbox.mountinfo import Mount
+from sandbox.spec import Home, inside
 
 
-def _checked(path: str, workspace: str, uid: int, gid: int) -> str | None:
+def _read() -> tuple[tuple[Home, ...], list[Mount]]:
+    """The login homes and our mount table, read once for all of a capsule's dirs."""
+    return spec.login_homes(), mountinfo.parse(mountinfo.read())
+
+
+def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], list[Mount]]) -> str | None:
     """``path`` resolved once the caller may see it through a capsule; None when it is gone."""
     try:
         fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -45,17 +50,19 @@ def _checked(path: str, workspace: str, uid: int, gid: int) -> str | None:
             raise CcwError("INVALID_ARGUMENT", f"expose {path!r} (the directory {real}) lies in the workspace "
                            f"{workspace!r}, which the jail shows already; expose directories outside it",
                            {"argument": "expose", "path": real})
-        access.check_shown_dir("expose", fd, path, uid, gid)
+        access.check_shown_dir("expose", fd, path, uid, gid, read)
         return real
     finally:
         os.close(fd)
 
 
-def check(paths: Iterable[str], workspace: str, uid: int, gid: int) -> tuple[str, ...]:
+def check(paths: tuple[str, ...], workspace: str, uid: int, gid: int) -> tuple[str, ...]:
     """The spec's ``expose`` at create: each checked and resolved (sorted); a missing one is NOT_FOUND."""
-    resolved = set()
+    if not paths:
+        return ()
+    resolved, read = set(), _read()
     for path in paths:
-        real = _checked(path, workspace, uid, gid)
+        real = _checked(path, workspace, uid, gid, read)
         if real is None:
             raise CcwError("NOT_FOUND", f"expose {path!r} does not exist; expose existing directories only",
                            {"argument": "expose", "path": path})
@@ -65,9 +72,11 @@ def check(paths: Iterable[str], workspace: str, uid: int, gid: int) -> tuple[str
 
 def binds(capsule: Capsule, uid: int, gid: int) -> tuple[mounts.Bind, ...]:
     """The jail's read-only binds of the capsule's exposed directories, checked again now."""
-    shown = []
+    if not capsule.spec.expose:
+        return ()
+    shown, read = [], _read()
     for path in capsule.spec.expose:
-        real = _checked(path, capsule.spec.workspace, uid, gid)
+        real = _checked(path, capsule.spec.workspace, uid, gid, read)
         if real is not None:
             shown.append(mounts.Bind(real, path))
     return tuple(shown)

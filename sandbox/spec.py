@@ -483,6 +483,8 @@ def check_expose_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, .
         path = "/" + path.lstrip("/")
     why = _refusal(path, caller_uid, homes, shown_only=False)
     for home in homes:
+        if why is not None or not (inside(path, home.path) or inside(home.path, path)):
+            continue  # a store lies in its home: a path neither in nor above it is in or above none
         for secret in EXPOSE_SECRETS:
             store = f"{home.path}/{secret}"
             if why is None and (inside(path, store) or inside(store, path)):

@@ -3,7 +3,9 @@
 - capsule create on a 1,000-file and a 100,000-file workspace (flat in size), beside
   ``cp -a`` and ``git worktree add`` of the same trees;
 - exec of /bin/true in a full jail, beside bwrap and a bare subprocess;
-- fanotify tracing of 20,000 small-file reads, beside no tracing and strace.
+- fanotify tracing of 20,000 small-file reads, beside no tracing and strace;
+- capsule_create + capsule_exec of /bin/true with two auto-exposed toolchains (a pyenv
+  Python, an nvm bin), beside the same with auto_expose off.
 Needs root (the helper's privileged mode).
 """
 
@@ -14,7 +16,7 @@ from bench.common import Report
 
 def run(quick: bool = False) -> Report:
     """Measure every part and collect the rows."""
-    from bench.parts import create, jail_exec, tracing
+    from bench.parts import create, expose, jail_exec, tracing
 
     report = Report("capsule")
     repeat = 5 if quick else 30
@@ -28,5 +30,8 @@ def run(quick: bool = False) -> Report:
         report.add(row)
     for row in tracing.measure(3 if quick else 7):
         report.add(row)
-    report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.5x bwrap; tracing <= 1.3x untraced")
+    for row in expose.measure(repeat):
+        report.add(row)
+    report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.5x bwrap; tracing <= 1.3x untraced; "
+                        "exposed toolchains <= 1.1x none")
     return report
