@@ -41,13 +41,13 @@ already had: uid 0 owns nearly every file the jail can see (the system trees, /d
 /proc), so it already read them by the owner bits.  The increment is files of other
 uids, and root-owned files whose mode denies root: in the jail those are
 
-- the capsule's own trees (workspace view, /tmp, $HOME, the binds a capsule was given):
-  the capsule's upper layer and directories, which the caller owns and the host's
+- the capsule's own trees (the workspace view, git dirs outside it, /tmp, $HOME):
+  copy-on-write layers and directories in the capsule's state, over files the host's
   root could write anyway.  Writes there never reach the host tree but through
   promotion, which refuses set-id bits and device nodes (mcp_server/core/hazards.py);
-- the read-only trees (system dirs, read-only binds, the sealed root): EROFS, which no
-  DAC capability passes; changing a mount needs CAP_SYS_ADMIN and the mount syscalls,
-  which seccomp denies too;
+- the read-only trees (system dirs, exposed toolchain dirs, the sealed root): EROFS,
+  which no DAC capability passes; changing a mount needs CAP_SYS_ADMIN and the mount
+  syscalls, which seccomp denies too;
 - the masked secrets: /etc/shadow and friends are empty mode-0000 files of a
   read-only tmpfs in an /etc overlay (mounts.py), so CAP_DAC_OVERRIDE reads them as
   empty instead of being refused; /proc's masked files are /dev/null or an empty
