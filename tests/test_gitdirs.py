@@ -172,7 +172,7 @@ def test_changes_reply_carries_git_dirs_only_when_the_capsule_shows_some() -> No
 
 
 def test_left_behind_refuses_a_moved_ref_and_lists_the_rest() -> None:
-    from mcp_server.capsules.gitdirs import left_behind
+    from mcp_server.capsules.gitdirs import left_behind, listing
     from sandbox.errors import CcwError
     from sandbox.replies import Change, GitdirChanges
 
@@ -181,6 +181,8 @@ def test_left_behind_refuses_a_moved_ref_and_lists_the_rest() -> None:
     assert left_behind(None) == [] and left_behind([GitdirChanges("/repo/.git", ())]) == []
     assert left_behind([data]) == [{"gitdir": "/repo/.git", "count": 2, "paths": ["objects/ab/cd", "worktrees/wt/index"]}]
     moved = GitdirChanges("/repo/.git", (*data.changes, Change("refs/heads/feat", "deleted", "file")))
+    assert listing([moved]) == [{"gitdir": "/repo/.git", "count": 3, "refs": ["refs/heads/feat"],
+                                 "paths": ["objects/ab/cd", "worktrees/wt/index", "refs/heads/feat"]}]
     with pytest.raises(CcwError) as raised:
         left_behind([moved])
     assert raised.value.code == "UNSUPPORTED" and raised.value.details == {"gitdir": "/repo/.git", "refs": ["refs/heads/feat"]}

@@ -113,6 +113,7 @@ async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
     out["status"] = await _sh(call, cap, "git status --porcelain=v1 -b")
     out["commit"] = await _sh(call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && git add {EDIT.path} && "
                               f"{IDENTITY} commit -q -m 'made in a capsule' && git log -1 --format=%s")
+    out["diff_git"] = (await call("capsule_diff", {"capsule_id": cap, "format": "stat"})).get("git")
     witness = await call("capsule_witness", {"capsule_id": cap})
     replayed = await call("capsule_replay", {"witness_id": witness["witness_id"]})
     out["replay"] = {key: replayed.get(key) for key in ("replay_ok", "gitdirs", "mismatches")}
@@ -145,6 +146,10 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], i
     assert out["shown"] == [{"path": gitdir, "copy_on_write": True}], out["shown"]
     assert out["status"]["exit"] == 0 and out["status"]["out"].startswith("## feat"), out["status"]
     assert out["commit"] == {"exit": 0, "out": "made in a capsule\n", "err": ""}, out["commit"]
+    # The diff lists the git dir's changes apart, with the ref the commit moved.
+    [diff_git] = out["diff_git"]
+    assert diff_git["gitdir"] == gitdir and diff_git["refs"] == ["refs/heads/feat"], diff_git
+    assert any(p.startswith("objects/") for p in diff_git["paths"]), diff_git
     # A witness names the git dir but does not carry it: the replay's git finds no repository, and says why.
     replay = out["replay"]
     assert replay["gitdirs"]["not_shown"] == [gitdir] and "does not carry" in replay["gitdirs"]["reason"], replay

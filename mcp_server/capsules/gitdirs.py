@@ -140,19 +140,26 @@ def left_behind(found: Sequence[GitdirChanges] | None) -> list[dict[str, Any]]:
     logs stay in the capsule, which loses nothing the files do not carry.  A moved ref is a commit,
     a branch or a tag that promoting the files alone would silently drop, so that is refused.
     """
-    out: list[dict[str, Any]] = []
-    for one in found or ():
-        paths = [change.path for change in one.changes if change.type != "dir"]
-        moved = ref_paths(paths)
+    out = listing(found)
+    for one in out:
+        moved = one.pop("refs")
         if moved:
             raise CcwError(
                 "UNSUPPORTED",
-                f"the capsule's git changed refs in {one.path} ({', '.join(moved[:5])}{', …' if len(moved) > 5 else ''}): "
+                f"the capsule's git changed refs in {one['gitdir']} ({', '.join(moved[:5])}{', …' if len(moved) > 5 else ''}): "
                 "ccw does not promote a git dir yet, and promoting the files alone would drop the commits; nothing was "
                 "written. To promote the files as uncommitted changes, move the refs back in the capsule (git reset "
                 "--soft to the commit it started from) and commit on the host afterwards",
-                {"gitdir": one.path, "refs": moved},
+                {"gitdir": one["gitdir"], "refs": moved},
             )
+    return out
+
+
+def listing(found: Sequence[GitdirChanges] | None) -> list[dict[str, Any]]:
+    """Each changed git dir: {gitdir, count, paths (the first MAX_LISTED files), refs (those moved)}."""
+    out: list[dict[str, Any]] = []
+    for one in found or ():
+        paths = [change.path for change in one.changes if change.type != "dir"]
         if paths:
-            out.append({"gitdir": one.path, "count": len(paths), "paths": paths[:MAX_LISTED]})
+            out.append({"gitdir": one.path, "count": len(paths), "paths": paths[:MAX_LISTED], "refs": ref_paths(paths)})
     return out

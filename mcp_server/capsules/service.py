@@ -63,6 +63,7 @@ from sandbox.replies import (
     Change,
     CreateReply,
     ExecReply,
+    GitdirChanges,
     ReplyT,
 )
 from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
@@ -102,6 +103,7 @@ class Diff:
     record: CapsuleRecord
     entries: list[changeset.Entry]
     file_changes: list[unidiff.FileChange]
+    gitdirs: tuple[GitdirChanges, ...] = ()  # its git dirs' changes (a worktree's; capsules/gitdirs.py)
 
 
 def _now() -> dt.datetime:
@@ -292,13 +294,13 @@ class CapsuleService:
     async def diff(self, capsule_id: str) -> Diff:
         """The capsule's changes against its base, read through its root."""
         record = self.live_record(capsule_id)
-        changes = await self.changes(record.capsule_id)
+        reply = await self.call(ChangesRequest(record.capsule_id))
         root_fd = await self.open_root(record.capsule_id)
 
         def read() -> Diff:
             with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
-                entries = changeset.expand(changes, base_view, capsule_view)
-                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view))
+                entries = changeset.expand(reply.changes, base_view, capsule_view)
+                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view), reply.gitdirs or ())
 
         return await trio.to_thread.run_sync(read)
 

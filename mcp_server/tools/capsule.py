@@ -28,7 +28,7 @@ import trio
 from mcp_server.capsules import exposure
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
-from mcp_server.capsules.gitdirs import Found
+from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.capsules.gitdirs import find as find_gitdir
 from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
 from mcp_server.core import unidiff, volatile
@@ -227,6 +227,8 @@ async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     result: dict[str, Any] = {"capsule_id": diff.record.capsule_id, "format": fmt, "summary": summary, "diff": text}
     if fmt == "json":
         result["files"] = files
+    if diff.gitdirs:  # a worktree's git dir changes are not in the diff text: listed apart
+        result["git"] = listing(diff.gitdirs)
     return result
 
 
@@ -421,6 +423,7 @@ TOOLS = [
             "properties": {
                 "capsule_id": CAPSULE_ID,
                 "format": {"enum": ["unified", "json", "stat"]},
+                "git": {"type": "array", "items": {"type": "object"}},  # each changed git dir: {gitdir, count, paths, refs}
                 "summary": {
                     "type": "object",
                     "required": ["added", "deleted", "modified"],
