@@ -69,7 +69,9 @@ def test_the_report_counts_and_says_why_not(monkeypatch: pytest.MonkeyPatch) -> 
     assert owners.report(entries, rebuilt=True) == {"recorded": 2, "restored": 2, "reason": None}
     live = owners.report(entries, rebuilt=False)
     assert live["restored"] == 0 and "live directory" in str(live["reason"])
-    monkeypatch.setattr(owners.os, "geteuid", lambda: 1000)
-    user = owners.report(entries, rebuilt=True)
-    assert user["restored"] == 0 and "uid 1000, not root" in str(user["reason"])
+    monkeypatch.setattr(owners.os, "geteuid", lambda: 1234)
+    monkeypatch.setattr(owners.os, "getegid", lambda: 1234)
+    user = owners.report(entries, rebuilt=True)  # a/ is its own already; a/b is root's
+    assert user["restored"] == 1 and "uid 1234, not root" in str(user["reason"])
+    assert owners.report(entries[:1], rebuilt=True) == {"recorded": 1, "restored": 1, "reason": None}
     assert owners.report(entries[2:], rebuilt=True) == {"recorded": 0, "restored": 0, "reason": None}

@@ -17,7 +17,10 @@ CAP_FSETID (sandbox/rootcaps.py), so:
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from sandbox import contain, supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import realprojects
+from test_ipc_users import run_script_as
 from test_jail_rootless import USER, base, run_rootless  # noqa: F401  (base: the rootless jail's dirs)
 
 OWNER = 1234
@@ -276,3 +280,54 @@ def test_a_rootless_callers_jail_is_uid_0_of_its_namespace_and_gains_nothing(bas
     assert result["exit_code"] == 0, result["stderr"]
     assert str(result["stdout"]).splitlines() == ["0", "0" * 16, "0" * 16, "0" * 16, "65534", "refused"]
     assert not (other / "new.txt").exists() and USER != OWNER
+
+
+REPLAY_AS_USER = r"""
+import json, sys, trio
+from mcp_server.config import TOOLSETS, Config
+from mcp_server.context import CallContext, Runtime
+from mcp_server.state import State
+from mcp_server.tools.registry import Registry
+
+async def main(state, witness):
+    runtime = Runtime(Config.from_env({"CCW_STATE_DIR": state}), State(state))
+    try:
+        handler = Registry.load(TOOLSETS).lookup("capsule_replay").handler
+        print(json.dumps(await handler(CallContext(runtime), {"path": witness, "allow_untrusted": True})))
+    finally:
+        await runtime.aclose()
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_replayer_that_is_not_root_says_it_could_not_restore_the_owners(tools: Any, tmp_path: Path,
+                                                                         require: Any) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "data.txt").write_text("d\n")
+    for path in (ws, ws / "data.txt"):
+        os.chown(path, OWNER, OWNER)
+
+    async def record(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await _exec(t, cap, "cat data.txt >/dev/null && stat -c %u:%g data.txt")
+        made: dict[str, Any] = await t.call("capsule_witness", {"capsule_id": cap})
+        return made
+
+    made = tools.run(record)
+    require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None, "needs util-linux")
+    public = Path(tempfile.mkdtemp(prefix="ccw-owners-replay-"))
+    try:
+        public.chmod(0o755)
+        (public / "state").mkdir()
+        shutil.copy(made["path"], public / "w.tar.zst")
+        subprocess.run(["chown", "-R", "65534:65534", str(public)], check=True)
+        out = run_script_as(65534, 65534, [sys.executable, "-c", REPLAY_AS_USER, str(public / "state"),
+                                           str(public / "w.tar.zst")], public)
+    finally:
+        shutil.rmtree(public)
+    # data.txt (and its directory's entry) are 1234's in the witness; the rootless replay's base is 65534's.
+    assert out["owners"]["recorded"] >= 1 and out["owners"]["restored"] == 0, out["owners"]
+    assert "not root" in out["owners"]["reason"]
+    assert [d["exec"] for d in out["output_diffs"]] == [1], out["output_diffs"]  # stat printed another owner

@@ -12,7 +12,8 @@ Choices:
 
 - **Only root restores.**  chown to another uid needs CAP_CHOWN; a replayer that is not
   root cannot, and says so in its report (``owners``: recorded, restored, and why not),
-  never silently.  Its rebuilt base is its own, which is also what its (rootless or
+  never silently.  Entries recorded as its own uid and gid count as restored: it
+  creates them so.  Its rebuilt base is its own, which is also what its (rootless or
   unprivileged) jail could write anyway.
 - **Never through a link.**  The chown is ``fchownat(AT_SYMLINK_NOFOLLOW)`` on a name in
   a parent reached through RootView (RESOLVE_BENEATH, no symlinks), like every other
@@ -79,13 +80,20 @@ def restore(view: RootView, entries: Iterable[dict[str, Any]]) -> int:
 
 
 def report(entries: list[dict[str, Any]], rebuilt: bool) -> dict[str, Any]:
-    """The replay report's ``owners``: how many base entries recorded one, how many the rebuilt base got
-    back (all of them when this process is root: ``restore`` raises otherwise), and why not."""
-    recorded = sum(1 for item in entries if "uid" in item or "gid" in item)
-    restored = recorded if rebuilt and can_restore() else 0
+    """The replay report's ``owners``: how many base entries recorded one, how many the rebuilt base has
+    (all of them when this process is root, ``restore`` raising otherwise; else those recorded as this
+    process's own, which it creates them as), and why not the rest."""
+    recorded = [item for item in entries if "uid" in item or "gid" in item]
+    if not rebuilt:
+        restored = 0
+    elif can_restore():
+        restored = len(recorded)
+    else:
+        me = {"uid": os.geteuid(), "gid": os.getegid()}
+        restored = sum(1 for item in recorded if all(item.get(k, me[k]) == me[k] for k in me))
     reason = None
-    if restored < recorded:
+    if restored < len(recorded):
         reason = ("the base was the replayer's live directory, whose owners are its own" if not rebuilt else
                   f"the replayer runs as uid {os.geteuid()}, not root, and cannot give files to other uids: "
                   "the rebuilt base is its own, so a run that depends on owners may differ; replay as root")
-    return {"recorded": recorded, "restored": restored, "reason": reason}
+    return {"recorded": len(recorded), "restored": restored, "reason": reason}
