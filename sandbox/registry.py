@@ -316,8 +316,9 @@ class CapsuleManager:
         if capsule.mounted:
             return
         self._ensure_disks(capsule)
-        overlay.prepare(capsule.lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
+        # Git dirs first (each skipped once mounted): a failure leaves nothing to mount twice on retry.
         gitdirs.mount_all(capsule, self.rootless)
+        overlay.prepare(capsule.lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
         capsule.mounted = True
         if capsule.children:
             self._freeze(capsule, True)
