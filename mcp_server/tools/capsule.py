@@ -78,8 +78,8 @@ LIMITS = {
         "disk_mb": {"type": "integer", "minimum": DISK_MB_MIN, "maximum": DISK_MB_MAX},
     },
     "description": (
-        "Per-exec limits: memory (MiB), number of processes, CPU time (ms); and the size of the "
-        "capsule's own disk (MiB), which holds everything its commands write (default: the helper's)."
+        "Per-exec memory (MiB), processes, CPU time (ms); disk_mb: the capsule's own disk, "
+        "holding all it writes (default: the helper's)."
     ),
 }
 ISOLATION = {"type": "object", "description": "Each isolation mechanism in force and how."}
@@ -300,21 +300,21 @@ TOOLS = [
         family="capsule",
         title="Create capsule",
         description=(
-            "Create a capsule: a copy-on-write view of `workspace` in which capsule_exec runs "
-            "commands in a namespace jail. Nothing touches the real tree until capsule_promote."
+            "Create a capsule: a copy-on-write view of `workspace` where capsule_exec runs commands "
+            "in a jail. The real tree is untouched until capsule_promote."
         ),
         input_schema={
             "type": "object",
             "required": ["workspace"],
             "additionalProperties": False,
             "properties": {
-                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project directory (not /etc, a home itself or a key store like ~/.ssh)."},
+                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project directory (not /etc, a home or a key store)."},
                 "base": {"type": ["string", "null"], "description": "The capsule's base (default: the workspace)."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
                 "network": NETWORK_IN,
-                "volatile": {**volatile.GLOBS_SCHEMA, "description": "Globs of randomly named outputs (.nyc_output/*.json) its witnesses' replays leave out."},
+                "volatile": {**volatile.GLOBS_SCHEMA, "description": "Randomly named outputs (.nyc_output/*.json) replays leave out."},
                 "expose": {"type": ["array", "null"], "items": {"type": "string"},
                            "description": "Toolchain dirs to show read-only, besides those auto_expose finds."},
                 "auto_expose": {"type": "boolean"},
