@@ -14,7 +14,8 @@ is the helper's side.
   refs, the worktree's index and admin dir) lands in that upper dir; the host repository
   does not change.
 * **Checked again here.**  The ``.git`` file is content an agent may have written, so the
-  spec's paths are hostile: each is pinned by a descriptor, must be a git dir (``HEAD``,
+  spec's paths are hostile: each is pinned by a descriptor, must be named by its resolved
+  path (the jail shows it there, nowhere a link would put it), be a git dir (``HEAD``,
   ``objects/``, ``refs/``), pass ``spec.check_expose_dir`` under every path it is mounted
   at (never a system dir or a home's secrets), lie outside the workspace and the state
   dir (and hold neither), and be readable and searchable by the caller (access.py).
@@ -96,6 +97,9 @@ def pinned(gitdirs: Sequence[str], workspace: str, lower: str, uid: int, gid: in
 
 
 def _check(fd: int, given: str, real: str, others: tuple[str, ...], uid: int, gid: int) -> None:
+    if real != given:  # the jail shows it at this path: where it really is, nowhere a link would put it
+        raise CcwError("INVALID_ARGUMENT", f"gitdir {given!r} leads to {real}: name git dirs by their resolved path",
+                       {"argument": "gitdir", "path": real})
     for other in others:
         if inside(real, other) or inside(other, real):
             raise CcwError("PERMISSION_DENIED", f"gitdir {given!r} (the directory {real}) overlaps {other!r}: "

@@ -241,6 +241,16 @@ def test_the_helper_refuses_a_spec_naming_a_key_store(tools: Any, tmp_path: Path
     assert raised.value.code == "PERMISSION_DENIED" and ".ssh" in raised.value.message, raised.value
     with open("/proc/self/mountinfo") as mounts:
         assert str(key_owner) not in mounts.read()
+    # A git dir named through a link is refused too: the jail would show it where the link says.
+    repo = realprojects.pristine(PROJECT, tmp_path / "repo")
+    (tmp_path / "link").symlink_to(repo / ".git")
+
+    async def linked(t: Any) -> Any:
+        return await t.ctx.capsules.create(CapsuleSpec(workspace=str(ws), gitdirs=(str(tmp_path / "link"),)))
+
+    with pytest.raises(CcwError) as raised:
+        tools.run(linked)
+    assert raised.value.code == "INVALID_ARGUMENT" and "resolved path" in raised.value.message, raised.value
 
 
 def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
