@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from mcp_server.cli.capsule import _mismatch_line, _show_replay
+from mcp_server.cli.replay_report import mismatch_line as _mismatch_line
+from mcp_server.cli.replay_report import show_replay as _show_replay
 
 NYC = {"kind": "exec", "exec": 1, "field": "written", "argv": ["npx", "nyc", "npm", "test"],
        "expected_only": [".nyc_output/3cf8.json", ".nyc_output/processinfo/3cf8.json"],
@@ -36,3 +37,10 @@ def test_the_report_names_the_volatile_flags_to_pass(capsys: pytest.CaptureFixtu
     assert _show_replay(ok, False, False) == 0
     out, err = capsys.readouterr()
     assert out == "replay_ok\n" and "left out as volatile: 3 path(s) matching .nyc_output/**" in err
+
+
+def test_owners_a_replayer_could_not_restore_are_said(capsys: pytest.CaptureFixture[str]) -> None:
+    result = {"replay_ok": True, "mismatches": [], "output_diffs": [],
+              "owners": {"recorded": 12, "restored": 3, "reason": "not root"}}
+    assert _show_replay(result, False, False) == 0
+    assert "owners: 3 of 12 restored (not root)" in capsys.readouterr().err

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import signal
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcp_server.cli import helperctl
+from mcp_server.cli import helperctl, replay_report
 from mcp_server.cli.output import (
     Progress,
     color_diff,
@@ -386,60 +385,6 @@ def _skipped_lines(skipped: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-def _show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    print(f"{result['witness_id']} {result['path']}")
-    print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
-    return 0
-
-
-def _show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    ok = result["replay_ok"]
-    print("replay_ok" if ok else "replay MISMATCH")
-    if result.get("signature", "valid") != "valid":
-        print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m", color_err),
-              file=sys.stderr)
-    if result.get("env_missing"):
-        print(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}", file=sys.stderr)
-    for mismatch in result.get("mismatches", []):
-        print(f"  {_mismatch_line(mismatch)}")
-    suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
-    if suggested:
-        print("the names differ by a random part; if these outputs are volatile, replay with "
-              + " ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested), file=sys.stderr)
-    apart = (result.get("volatile") or {}).get("paths") or []
-    if apart:
-        print(f"left out as volatile: {len(apart)} path(s) matching {', '.join(result['volatile']['globs'])}",
-              file=sys.stderr)
-    for diff in result.get("output_diffs", []):  # shown, never a failure by itself
-        print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
-        for line in diff["lines"] or [diff.get("note", "")]:
-            print(f"  {line}", file=sys.stderr)
-    return 0 if ok else 1
-
-
-def _state(state: list[Any] | None) -> str:
-    """A change's final state as a replay reports it ([type, mode, target, blob] or null)."""
-    if state is None:
-        return "absent"
-    kind, mode, target, blob = state
-    return " ".join(str(part) for part in (kind, oct(mode) if isinstance(mode, int) else None,
-                                           f"-> {target}" if target else None, (blob or "")[:19] or None) if part)
-
-
-def _mismatch_line(m: dict[str, Any]) -> str:
-    """One replay mismatch (core/replaydiff.py) as a line a person reads."""
-    if m.get("kind") == "change":
-        return f"{m['path']}: {_state(m.get('expected'))} in the witness, {_state(m.get('actual'))} in the replay"
-    head = f"exec {m.get('exec')} ({shlex.join(m.get('argv') or [])})"
-    if "expected_only" in m:
-        def few(items: list[Any]) -> str:
-            shown = [":".join(map(str, i)) if isinstance(i, list) else str(i) for i in items[:3]]
-            return ", ".join(shown) + (f" and {len(items) - 3} more" if len(items) > 3 else "") if items else "none"
-        return (f"{head} {m['field']}: only in the witness {few(m['expected_only'])}; "
-                f"only in the replay {few(m['actual_only'])}")
-    return f"{head} {m.get('field')}: {m.get('expected')!r} in the witness, {m.get('actual')!r} in the replay"
-
-
 def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     for capsule in result["capsules"]:
         parent = f" (fork of {capsule['parent']})" if capsule["parent"] else ""
@@ -456,7 +401,7 @@ def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 # How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
 _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
     "create": _show_create, "exec": _show_exec, "diff": _show_diff, "promote": _show_promote,
-    "witness": _show_witness, "replay": _show_replay, "list": _show_list, "destroy": _show_destroy,
+    "witness": replay_report.show_witness, "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
 }
 
 
