@@ -20,6 +20,7 @@ caller (root's /root, or the home /etc/passwd gives a user made for the test).  
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -40,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import realprojects  # noqa: E402
-from test_ipc_users import run_script_as  # noqa: E402
+from test_ipc_users import OTHER_UID, public_dir, run_as, run_script_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
 
 # Key stores of a home (issue 25's list): directories, then files.
 SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".kube", ".docker", ".local/share/keyrings",
@@ -313,3 +314,66 @@ def test_toolchains_in_a_users_home_run_rootless_and_its_secrets_stay_hidden(
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(home), str(scratch)], check=True)
     out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(setup)], scratch, timeout=500)
     check(out, setup, canary)
+
+
+# --- a root helper serving another uid: the caller's own access counts ----------------------
+
+PEER = r"""
+import json, os, sys, trio
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+
+async def main(path, ws, tools, hidden, store):
+    client = HelperClient(path)
+    out = {}
+    for name, expose in (("hidden", [hidden]), ("store", [store])):
+        try:
+            await client.request("create", {"workspace": ws, "expose": expose})
+            out[name] = "created"
+        except CcwError as exc:
+            out[name] = exc.code
+    made = await client.request("create", {"workspace": ws, "expose": [tools]})
+    argv = ["cat", os.path.join(tools, "hello.txt")]
+    ran = await client.request("exec", {"capsule_id": made["capsule_id"], "argv": argv, "cwd": ws})
+    out["shown"] = [ran["exit_code"], ran["stdout_b64"]]
+    # The caller swaps its toolchain for a link into what it may not read: the next exec is refused.
+    os.rename(tools, tools + ".old")
+    os.symlink(hidden, tools)
+    try:
+        await client.request("exec", {"capsule_id": made["capsule_id"], "argv": argv, "cwd": ws})
+        out["swapped"] = "ran"
+    except CcwError as exc:
+        out["swapped"] = exc.code
+    await client.request("destroy", {"capsule_id": made["capsule_id"]})
+    await client.aclose()
+    print(json.dumps(out))
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_root_helper_shows_a_caller_only_what_the_caller_may_read(
+        run_as: Callable[..., Any], public_dir: Path, launch_helper: Callable[..., Any]) -> None:  # noqa: F811
+    ws, mine = public_dir / "ws", public_dir / "mine"
+    ws.mkdir()
+    (mine / "tools" / "bin").mkdir(parents=True)
+    (mine / "tools" / "hello.txt").write_text("the caller's own toolchain\n")
+    for path in (ws, mine, mine / "tools"):
+        os.chown(path, OTHER_UID, OTHER_UID)
+    # Root's: a toolchain dir in a 0700 directory (the root helper could open it, the caller cannot).
+    hidden = public_dir / "private" / "tools"
+    hidden.mkdir(parents=True)
+    (public_dir / "private").chmod(0o700)
+    (hidden / "hello.txt").write_text("root's only\n")
+    socket_path, log_path = public_dir / "helper.sock", public_dir / "helper.log"
+    process = launch_helper(socket_path, public_dir / "state", log_path, "--socket-mode", "0666")
+    try:
+        out = run_as(OTHER_UID, OTHER_UID, PEER, str(socket_path), str(ws), str(mine / "tools"), str(hidden),
+                     f"{pwd.getpwuid(0).pw_dir}/.ssh")
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0, log_path.read_text()
+    assert out["hidden"] == "PERMISSION_DENIED", out
+    assert out["store"] in ("PERMISSION_DENIED", "NOT_FOUND"), out  # root's ~/.ssh: refused by rule (or absent)
+    assert out["shown"] == [0, base64.b64encode(b"the caller's own toolchain\n").decode()], out
+    assert out["swapped"] == "PERMISSION_DENIED", out
