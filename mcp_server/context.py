@@ -25,7 +25,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from mcp_server.capsules.background import Run, Runs
+from mcp_server.capsules.background import OwnedRuns, Run, Runs
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
@@ -139,10 +139,12 @@ async def _ask_roots(session: Any) -> list[str] | None:
 class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
-    def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None) -> None:
+    def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None,
+                 owner: str | None = None) -> None:
         self._runtime = runtime
         self._session = session
         self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
+        self._owner = owner  # the bearer token's name (HTTP); None over stdio and the unix socket
 
     @property
     def config(self) -> Config:
@@ -164,13 +166,13 @@ class CallContext:
         return CapsuleService(self._runtime.state, self._runtime.helper, self, self._runtime.networks)
 
     @property
-    def runs(self) -> Runs:
-        """The process's background runs (capsules/background.py)."""
-        return self._runtime.runs
+    def runs(self) -> OwnedRuns:
+        """The process's background runs (capsules/background.py), as this call's token sees them."""
+        return OwnedRuns(self._runtime.runs, self._owner)
 
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
-        return _RunContext(self._runtime, self._session, self._request_id, run)
+        return _RunContext(self._runtime, self._session, self._request_id, run, self._owner)
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
@@ -212,8 +214,8 @@ class _RunContext(CallContext):
     """A call's context as its run's body sees it: the run, not the call, hears its progress
     (the call may have answered long ago, its connection may be gone)."""
 
-    def __init__(self, runtime: Runtime, session: Any, request_id: Any, run: Run) -> None:
-        super().__init__(runtime, session, request_id)
+    def __init__(self, runtime: Runtime, session: Any, request_id: Any, run: Run, owner: str | None) -> None:
+        super().__init__(runtime, session, request_id, owner)
         self._run = run
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

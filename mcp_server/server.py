@@ -50,7 +50,7 @@ from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
-from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared
+from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name
 from mcp_server.tasks import MODERN_ERA as TASKS_ERA
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 from mcp_server.tools.surface import (
@@ -173,8 +173,9 @@ class CcwServer:
         spec = self.registry.lookup(method) if self.is_direct_method(method) else None
         return spec.scope if spec is not None else None
 
-    async def run_direct(self, request_id: Any, method: str, params: Any) -> dict[str, Any]:
-        """Serve a direct-method request; returns the JSON-RPC response message."""
+    async def run_direct(self, request_id: Any, method: str, params: Any, owner: str | None = None) -> dict[str, Any]:
+        """Serve a direct-method request (from the bearer token named ``owner``, over HTTP);
+        returns the JSON-RPC response message."""
         spec = self._lookup(method)
         if params is None:
             params = {}
@@ -182,7 +183,7 @@ class CcwServer:
             return _error(request_id, INVALID_PARAMS, f"{method}: params must be an object of tool arguments")
         args = {k: v for k, v in params.items() if k != "_meta"}
         try:
-            result = await self.call_tool(spec, args, CallContext(self.runtime))
+            result = await self.call_tool(spec, args, CallContext(self.runtime, owner=owner))
         except MCPError as exc:
             return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
         except CcwError as exc:
@@ -272,10 +273,11 @@ class CcwServer:
     ) -> types.CallToolResult | dict[str, Any]:
         spec = self._lookup(params.name)
         args = dict(params.arguments or {})
-        call = CallContext(self.runtime, ctx.session, ctx.request_id)
+        owner = token_name(ctx)
+        call = CallContext(self.runtime, ctx.session, ctx.request_id, owner)
         answer = await self.tool_answer(spec, lambda: self.call_tool(spec, args, call))
         if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
-            task = self.tasks.adopt(spec.name, answer.structured_content)
+            task = self.tasks.adopt(spec.name, answer.structured_content, owner)
             if task is not None:
                 return task
         return answer
@@ -309,15 +311,15 @@ class CcwServer:
 
     async def _on_task_get(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
         _tasks_era(ctx)
-        return await self.tasks.get(params.task_id, self._task_result)
+        return await self.tasks.get(params.task_id, token_name(ctx), self._task_result)
 
     async def _on_task_update(self, ctx: ServerRequestContext[Any], params: UpdateTaskParams) -> dict[str, Any]:
         _tasks_era(ctx)
-        return self.tasks.update(params.task_id)
+        return self.tasks.update(params.task_id, token_name(ctx))
 
     async def _on_task_cancel(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
         _tasks_era(ctx)
-        return await self.tasks.cancel(params.task_id)
+        return await self.tasks.cancel(params.task_id, token_name(ctx))
 
     async def _on_list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

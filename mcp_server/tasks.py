@@ -17,8 +17,9 @@ that answer as a ``CreateTaskResult`` instead (``resultType: "task"``) and polls
   kept as long as a finished run is.  ``capsule_run`` reaches it by the same id, and
   ``tasks/cancel`` is ``capsule_run`` with ``cancel``: the jail is ended and the turn
   passed on before the ack.  An id that was never answered as a task is no task.
-- **Who may poll.**  Runs are not bound to a token (THREATS.md): the id, 48 random bits,
-  is the capability.  Over HTTP the ``tasks/*`` methods need the ``exec`` scope, as
+- **Whose task.**  A task is its run's, and a run belongs to the bearer token that
+  started it (background.py): another token's ``tasks/*`` (or ``capsule_run``) finds no
+  such task.  Over HTTP the ``tasks/*`` methods need the ``exec`` scope, as
   ``capsule_run`` does (``CcwServer.scope_for``).
 - **The result is the call's.**  A completed task's ``result`` is what ``tools/call`` of
   the tool that made it would have answered (structured content, text block, ``isError``
@@ -64,6 +65,15 @@ class UpdateTaskParams(TaskParams):
     input_responses: dict[str, Any] = Field(alias="inputResponses", default_factory=dict)
 
 
+def token_name(ctx: Any) -> str | None:
+    """The name of the bearer token a request came with (HTTP: transports/http.py puts it in
+    the ASGI scope as the SDK's authenticated user); None over stdio and the unix socket."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    name = getattr(getattr(user, "access_token", None), "client_id", None)
+    return name if isinstance(name, str) else None
+
+
 def declared(ctx: Any) -> bool:
     """True when this request may be answered with a task: a 2026-era request whose own
     capabilities list the extension (in that era the connection is the request's envelope)."""
@@ -81,32 +91,35 @@ class Tasks:
         self._runs = runs
         self._tools: dict[str, str] = {}
 
-    def adopt(self, tool: str, result: Any) -> dict[str, Any] | None:
-        """The CreateTaskResult for a call whose answer was a live run's "running" summary; else None."""
+    def adopt(self, tool: str, result: Any, owner: str | None) -> dict[str, Any] | None:
+        """The CreateTaskResult for a call (by ``owner``) whose answer was a live run's "running"
+        summary; else None."""
         if not isinstance(result, dict) or set(result) != _SUMMARY_KEYS or result["status"] != "running":
             return None
         try:
-            run = self._runs.get(str(result["run_id"]))
+            run = self._runs.get(str(result["run_id"]), owner)
         except CcwError:
             return None
         self._tools[run.run_id] = tool
         return {"resultType": "task", **self._task(run, "working")}
 
-    def find(self, task_id: str) -> tuple[Run, str]:
-        """The task's run and the tool that made it; INVALID_PARAMS (-32602) if there is no such task."""
+    def find(self, task_id: str, owner: str | None) -> tuple[Run, str]:
+        """``owner``'s task: its run and the tool that made it; INVALID_PARAMS (-32602) if there
+        is no such task, or it is another token's (said the same way)."""
         tool = self._tools.get(task_id)
         if tool is not None:
             try:
-                return self._runs.get(task_id), tool
+                return self._runs.get(task_id, owner), tool
             except CcwError:
-                del self._tools[task_id]  # the run expired: so did its task
+                if task_id not in self._runs:
+                    del self._tools[task_id]  # the run expired: so did its task
         raise MCPError(code=types.INVALID_PARAMS, message=(
             f"no task {task_id!r}: tasks are the runs of this server process, kept {int(KEEP_S)} s after they "
             "end and lost when it restarts; call the tool again"), data={"taskId": task_id})
 
-    async def get(self, task_id: str, answer: Answer) -> dict[str, Any]:
+    async def get(self, task_id: str, owner: str | None, answer: Answer) -> dict[str, Any]:
         """``tasks/get``: the task, with the tool's result (completed), its error (failed), or neither."""
-        run, tool = self.find(task_id)
+        run, tool = self.find(task_id, owner)
         if not run.done.is_set():
             return self._task(run, "working")
         if run.cancelled:
@@ -121,15 +134,15 @@ class Tasks:
             return {**self._task(run, "failed"), "error": exc.error.model_dump(mode="json", exclude_none=True)}
         return {**self._task(run, "completed"), "result": result}
 
-    async def cancel(self, task_id: str) -> dict[str, Any]:
+    async def cancel(self, task_id: str, owner: str | None) -> dict[str, Any]:
         """``tasks/cancel``: end the run (its jail, its turn) before the ack; an ended task stays as it was."""
-        run, _ = self.find(task_id)
+        run, _ = self.find(task_id, owner)
         await self._runs.cancel(run)
         return {}
 
-    def update(self, task_id: str) -> dict[str, Any]:
+    def update(self, task_id: str, owner: str | None) -> dict[str, Any]:
         """``tasks/update``: ccw's tasks never wait for input, so answers to none are ignored."""
-        self.find(task_id)
+        self.find(task_id, owner)
         return {}
 
     def _task(self, run: Run, status: str) -> dict[str, Any]:

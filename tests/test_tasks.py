@@ -12,8 +12,9 @@ import mcp_types as types
 import pytest
 import trio
 import trio.testing
+from mcp.shared.exceptions import MCPError
 
-from mcp_server.capsules.background import Run
+from mcp_server.capsules.background import OwnedRuns, Run
 from mcp_server.config import Config
 from mcp_server.server import CcwServer
 from mcp_server.state import State
@@ -80,10 +81,10 @@ def _task_states(server: CcwServer, body: Any) -> tuple[dict[str, Any] | None, d
             pass
 
         running = await runs.call("capsule_exec", "cap", body, 1000, no_progress)
-        created = server.tasks.adopt("capsule_exec", running)
-        working = await server.tasks.get(running["run_id"], server._task_result)
+        created = server.tasks.adopt("capsule_exec", running, None)
+        working = await server.tasks.get(running["run_id"], None, server._task_result)
         await trio.sleep(10)
-        ended = await server.tasks.get(running["run_id"], server._task_result)
+        ended = await server.tasks.get(running["run_id"], None, server._task_result)
         return created, working, ended
 
     result: tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]] = trio.run(
@@ -125,9 +126,9 @@ def test_only_a_live_runs_running_summary_becomes_a_task(tmp_path: Path) -> None
     summary = {"status": "running", "run_id": "run_1_0123456789ab", "elapsed_ms": 1, "progress": None}
 
     async def main() -> list[Any]:
-        return [server.tasks.adopt("capsule_exec", summary),  # no such run
-                server.tasks.adopt("capsule_exec", {"exit_code": 0, "stdout": "x"}),
-                server.tasks.adopt("capsule_exec", [summary])]
+        return [server.tasks.adopt("capsule_exec", summary, None),  # no such run
+                server.tasks.adopt("capsule_exec", {"exit_code": 0, "stdout": "x"}, None),
+                server.tasks.adopt("capsule_exec", [summary], None)]
 
     assert trio.run(main) == [None, None, None]
 
@@ -142,3 +143,59 @@ def test_a_running_summary_is_recognised_by_run_statuss_fields() -> None:
     from mcp_server.tasks import _SUMMARY_KEYS
 
     assert set(RUN_STATUS["properties"]) == _SUMMARY_KEYS  # type: ignore[call-overload]
+
+
+def test_a_task_and_its_run_are_the_starting_tokens_only(tmp_path: Path) -> None:
+    server = _server(tmp_path)
+    unknown = "run_9_0123456789ab"
+
+    async def body(run: Run) -> dict[str, Any]:
+        await trio.sleep(5)
+        return {"done": True}
+
+    async def main() -> dict[str, Any]:
+        runs = server.runtime.runs
+        alice = OwnedRuns(runs, "alice")
+        running = await alice.call("capsule_exec", "cap", body, 1000, _no_progress)
+        run_id = running["run_id"]
+        assert server.tasks.adopt("capsule_exec", running, "bob") is None  # bob's call cannot claim it
+        assert server.tasks.adopt("capsule_exec", running, "alice") is not None
+        # Another token's run reads exactly as an unknown one: its existence is not told.
+        refused = {
+            "capsule_run": _refusal(lambda: OwnedRuns(runs, "bob").get(run_id)).replace(run_id, unknown),
+            "stdio capsule_run": _refusal(lambda: OwnedRuns(runs, None).get(run_id)).replace(run_id, unknown),
+            "unknown run": _refusal(lambda: OwnedRuns(runs, "bob").get(unknown)),
+            "tasks/get": _refusal(lambda: server.tasks.find(run_id, "bob")).replace(run_id, unknown),
+            "tasks/update": _refusal(lambda: server.tasks.update(run_id, "bob")).replace(run_id, unknown),
+            "unknown task": _refusal(lambda: server.tasks.find(unknown, "bob")),
+        }
+        try:
+            await server.tasks.cancel(run_id, "bob")
+            raise AssertionError("bob cancelled alice's task")
+        except MCPError as exc:
+            refused["tasks/cancel"] = str(exc).replace(run_id, unknown)
+        alive = not alice.get(run_id).done.is_set()  # bob's cancel did not touch it
+        return {"refused": refused, "alive": alive, "ended": await server.tasks.get(run_id, "alice", _never_answer)}
+
+    outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    refused = outcome["refused"]
+    assert refused["capsule_run"] == refused["stdio capsule_run"] == refused["unknown run"]
+    assert refused["tasks/get"] == refused["tasks/update"] == refused["tasks/cancel"] == refused["unknown task"]
+    assert outcome["alive"] and outcome["ended"]["status"] == "working"
+
+
+def _refusal(attempt: Any) -> str:
+    """The message of the error ``attempt()`` raises (it must raise one)."""
+    try:
+        attempt()
+    except (CcwError, MCPError) as exc:
+        return str(exc)
+    raise AssertionError("not refused")
+
+
+async def _no_progress(*_: Any) -> None:
+    pass
+
+
+async def _never_answer(tool: str, outcome: Any) -> dict[str, Any]:
+    raise AssertionError("the task has not ended")

@@ -17,7 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.raw_mcp import RawStdio
+import httpx2
+
+from tests.mcp_process import ServerProcess, server_env
+from tests.raw_mcp import MODERN, RawStdio, envelope
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -118,3 +121,74 @@ def test_tasks_cancel_ends_the_jail_and_frees_the_capsule(tmp_path: Path, root_r
     assert gone == [] and took < 10  # the jail ended before the ack, not left to sleep
     assert task["status"] == "cancelled" and "result" not in task
     assert after["structuredContent"]["stdout"] == "after\n"
+
+
+TOKENS = {"tokens": [{"name": "alice", "token": "alice-token-0123456789", "scopes": ["read", "exec"]},
+                     {"name": "bob", "token": "bob-token-0123456789ab", "scopes": ["read", "exec"]}]}
+
+
+class _Http:
+    """2026-era requests to a ccw-mcp over HTTP as one token; ``request`` returns the response."""
+
+    def __init__(self, http: httpx2.Client, url: str, token: str) -> None:
+        self.http, self.url, self.token = http, url, token
+
+    def request(self, method: str, params: dict[str, Any], tasks: bool = True) -> dict[str, Any]:
+        headers = {"authorization": f"Bearer {self.token}", "accept": "application/json, text/event-stream",
+                   "mcp-protocol-version": MODERN, "mcp-method": method}
+        if method.startswith("tasks/"):
+            headers["mcp-name"] = params["taskId"]  # the routing header the extension asks for
+        elif method == "tools/call":
+            headers["mcp-name"] = params["name"]
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": envelope(tasks)}}
+        answer: dict[str, Any] = self.http.post(self.url, json=body, headers=headers, timeout=60).json()
+        return answer
+
+    def call(self, tool: str, args: dict[str, Any], tasks: bool = True) -> dict[str, Any]:
+        answer = self.request("tools/call", {"name": tool, "arguments": args}, tasks)
+        assert "result" in answer, answer
+        result: dict[str, Any] = answer["result"]
+        return result
+
+    def direct(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        """A direct method (a tool called by name, seed 001 style)."""
+        body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+        answer: dict[str, Any] = self.http.post(self.url, json=body, timeout=60, headers={
+            "authorization": f"Bearer {self.token}"}).json()
+        return answer
+
+
+def test_a_task_and_a_run_are_the_starting_tokens_only(tmp_path: Path, root_required: None) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    tokens.chmod(0o600)
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens),
+                                      CCW_TOOLSETS="capsule"))
+    url = server.wait_ready()
+    try:
+        with httpx2.Client() as http:
+            alice, bob = (_Http(http, url, t["token"]) for t in TOKENS["tokens"])
+            cap = alice.call("capsule_create", {"workspace": str(ws)})["structuredContent"]["capsule_id"]
+            task = alice.call("capsule_exec", {"capsule_id": cap, "cmd": SLOW, "wait_ms": 800})
+            run = alice.call("capsule_exec", {"capsule_id": cap, "cmd": SLOW, "wait_ms": 0}, tasks=False)
+            direct = alice.direct("capsule_exec", {"capsule_id": cap, "cmd": SLOW, "wait_ms": 0})["result"]
+            ids = [task["taskId"], run["structuredContent"]["run_id"], direct["run_id"]]
+            refused = {"tasks/get": bob.request("tasks/get", {"taskId": ids[0]}),
+                       "tasks/cancel": bob.request("tasks/cancel", {"taskId": ids[0]}),
+                       "capsule_run": [bob.call("capsule_run", {"run_id": i, "cancel": True}) for i in ids],
+                       "direct": [bob.direct("capsule_run", {"run_id": i, "cancel": True}) for i in ids]}
+            done = [alice.call("capsule_run", {"run_id": i, "wait_ms": None})["structuredContent"] for i in ids]
+            polled = alice.request("tasks/get", {"taskId": ids[0]})["result"]
+    finally:
+        assert server.stop() == 0
+    assert task["resultType"] == "task" and run["structuredContent"]["status"] == "running"
+    assert refused["tasks/get"]["error"]["code"] == refused["tasks/cancel"]["error"]["code"] == -32602
+    for answer in refused["capsule_run"]:
+        assert answer["isError"] and answer["structuredContent"]["error"]["code"] == "NOT_FOUND"
+    for answer in refused["direct"]:
+        assert answer["error"]["data"]["error"]["code"] == "NOT_FOUND"
+    # Bob's cancels touched nothing: each of alice's three runs ended as its command did.
+    assert [d["stdout"] for d in done] == ["done\n"] * 3
+    assert polled["status"] == "completed" and polled["result"]["structuredContent"]["stdout"] == "done\n"

@@ -23,6 +23,11 @@ waits again, fetches, or cancels it.
   comes back fetches it by id.
 - **Progress** goes to whichever call is waiting for the run (none: dropped); the last
   report (elapsed time, byte counts, the latest output lines) is in the "running" answer.
+- **Whose run.**  A run belongs to the bearer token whose call started it (its name;
+  None over stdio and the unix socket, whose one client is the user): ``get`` finds
+  only the caller's own runs, and answers another's as it answers an unknown id, so a
+  run id is no key for another token.  ``OwnedRuns`` is the registry as one caller
+  sees it (CallContext.runs).
 - **Per process.**  Runs and their results live in this process: a restarted server
   knows none of them (NOT_FOUND), and a second server of the same state dir does not see
   this one's.  Finished runs are kept ``KEEP_S`` seconds, at most ``KEEP_FINISHED`` of them.
@@ -70,10 +75,11 @@ Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 class Run:
     """One call's work, running (or ended) in the background."""
 
-    def __init__(self, run_id: str, tool: str, capsule_id: str | None) -> None:
+    def __init__(self, run_id: str, tool: str, capsule_id: str | None, owner: str | None = None) -> None:
         self.run_id = run_id
         self.tool = tool
         self.capsule_id = capsule_id
+        self.owner = owner  # the token name that started it (None: stdio, unix socket)
         self.started = trio.current_time()
         self.ended: float | None = None
         self.done = trio.Event()
@@ -123,40 +129,45 @@ class Runs:
         self._runs: dict[str, Run] = {}
         self._serial = itertools.count(1)
 
-    def start(self, tool: str, capsule_id: str | None, body: Body) -> Run:
-        """Start ``body`` as a run now, in a copy of the calling task's context."""
+    def start(self, tool: str, capsule_id: str | None, body: Body, owner: str | None = None) -> Run:
+        """Start ``body`` as ``owner``'s run now, in a copy of the calling task's context."""
         self._expire()
-        run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id)
+        run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id, owner)
         self._runs[run.run_id] = run
         trio.lowlevel.spawn_system_task(self._serve, run, body, name=f"ccw {tool} {run.run_id}",
                                         context=contextvars.copy_context())
         return run
 
     async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
-                   progress: Progress) -> dict[str, Any]:
+                   progress: Progress, owner: str | None = None) -> dict[str, Any]:
         """Run ``body`` and answer within ``wait_ms`` (None: wait until it ends, in this task)."""
         if wait_ms is None:
-            run = Run("", tool, capsule_id)
+            run = Run("", tool, capsule_id, owner)
             run._listener = progress
             return await body(run)
-        run = self.start(tool, capsule_id, body)
+        run = self.start(tool, capsule_id, body, owner)
         try:
             return await self.wait(run, wait_ms, progress)
         except trio.Cancelled:
             run.scope.cancel()  # cancelled before it answered: the run goes with it
             raise
 
-    def get(self, run_id: str) -> Run:
-        """A run of this process by id; NOT_FOUND (saying why it may be gone) if unknown."""
+    def get(self, run_id: str, owner: str | None = None) -> Run:
+        """``owner``'s run of this process by id; NOT_FOUND (saying why it may be gone) if unknown
+        or another's (said the same way: whether another token's run exists is not told)."""
         self._expire()
         run = self._runs.get(run_id)
-        if run is None:
+        if run is None or run.owner != owner:
             raise CcwError("NOT_FOUND", (
                 f"run {run_id} not found: runs live in the server process that started them and a "
                 f"finished run's result is kept {int(KEEP_S)} s (at most {KEEP_FINISHED}); after a server "
                 "restart it is gone. Run the command again (capsule_diff shows what the capsule holds now)"),
                 {"run_id": run_id})
         return run
+
+    def __contains__(self, run_id: object) -> bool:
+        """Whether a run of that id is still kept (anyone's)."""
+        return run_id in self._runs
 
     async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None) -> dict[str, Any]:
         """The run's answer if it ends within ``wait_ms`` (None: no limit), else its "running" summary."""
@@ -202,3 +213,29 @@ class Runs:
         for index, run in enumerate(ended):
             if now - (run.ended or now) > KEEP_S or index < len(ended) - KEEP_FINISHED:
                 del self._runs[run.run_id]
+
+
+class OwnedRuns:
+    """The runs as one caller (a token's name, or None) sees them: what it starts is its own,
+    and it finds only its own.  The API the tools use (``ToolContext.runs``)."""
+
+    def __init__(self, runs: Runs, owner: str | None) -> None:
+        self.runs = runs
+        self.owner = owner
+
+    async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
+                   progress: Progress) -> dict[str, Any]:
+        """``Runs.call`` as this caller."""
+        return await self.runs.call(tool, capsule_id, body, wait_ms, progress, self.owner)
+
+    def get(self, run_id: str) -> Run:
+        """This caller's run by id (``Runs.get``)."""
+        return self.runs.get(run_id, self.owner)
+
+    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None) -> dict[str, Any]:
+        """``Runs.wait``, for a run ``get`` gave."""
+        return await self.runs.wait(run, wait_ms, progress)
+
+    async def cancel(self, run: Run) -> dict[str, Any]:
+        """``Runs.cancel``, for a run ``get`` gave."""
+        return await self.runs.cancel(run)

@@ -246,11 +246,12 @@ class CcwHttpApp:
                 )
                 return
             if self.app.is_direct_method(method):
-                await self._serve_direct(message, method, params, send)
+                await self._serve_direct(message, method, params, send, principal.name)
                 return
         await self.manager.handle_request(scope, _replay(body, receive), send)
 
-    async def _serve_direct(self, message: dict[str, Any], method: str, params: Any, send: Any) -> None:
+    async def _serve_direct(self, message: dict[str, Any], method: str, params: Any, send: Any,
+                            owner: str) -> None:
         # A direct method (a tool called by name) is answered here; the SDK does not know it.
         if "id" not in message:
             await _respond(send, 202, None)
@@ -259,7 +260,8 @@ class CcwHttpApp:
             await _respond(send, 400, framing.error_message(
                 None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
             return
-        await _respond(send, 200, await self.app.run_direct(message["id"], method, params))
+        # The token's name: a long run it starts is its own (capsules/background.py).
+        await _respond(send, 200, await self.app.run_direct(message["id"], method, params, owner))
 
 
 def _scope_checkable(message: Any) -> bool:
