@@ -15,7 +15,13 @@ caller (root's /root, or the home /etc/passwd gives a user made for the test).  
 * THE SECRETS TEST: with those toolchains shown, a command in the capsule lists and reads
   every key store of the caller's home (canaries planted in each) and finds none;
   asking ``expose`` for any of them is PERMISSION_DENIED, and a workspace whose
-  pyvenv.cfg points into ~/.ssh exposes nothing secret.
+  pyvenv.cfg points into ~/.ssh exposes nothing secret;
+* the capsule's witness replays with the same directories shown, and an unsigned witness
+  whose capsule "exposed" ~/.ssh replays without it (listed in ``expose.dropped``): its
+  exec's attempt to read the stores shows no canary.
+
+And a root helper serving another uid over its socket shows that uid only what it may
+read itself, checked again at every exec.
 """
 
 from __future__ import annotations
@@ -172,6 +178,9 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
     out["py_probe"] = await call("capsule_exec", {
         "capsule_id": created["capsule_id"],
         "cmd": [".venv/bin/python", "-c", PROBE, home, *SECRET_DIRS, *SECRET_FILES]})
+    witness = await call("capsule_witness", {"capsule_id": created["capsule_id"]})
+    out["replay"] = await call("capsule_replay", {"witness_id": witness["witness_id"]})
+    out["crafted"] = await call("capsule_replay", {"path": setup["crafted"], "allow_untrusted": True})
     off = await call("capsule_create", {"workspace": py, "auto_expose": False})
     out["py_off"] = await call("capsule_exec", {"capsule_id": off["capsule_id"], "cmd": setup["py_cmd"]})
     made = await call("capsule_create", {"workspace": node, "env_whitelist": ["PATH"]})
@@ -185,6 +194,18 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
     out["planted_probe"] = await call("capsule_exec", {
         "capsule_id": planted["capsule_id"], "cmd": ["/usr/bin/python3", "-c", PROBE, home, ".ssh"]})
     return out
+
+
+def crafted_witness(path: Path, home: Path, prefix: Path) -> Path:
+    """An unsigned witness (anyone could write it) whose capsule exposed ~/.ssh beside the
+    pyenv prefix and a toolchain this machine lacks, and whose exec reads the stores."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    import witness_craft
+
+    entry, blobs = witness_craft.exec_entry(1, ["/bin/sh", "-c", f"cat {home}/.ssh/* {home}/.netrc; ls -a {home}"])
+    manifest = witness_craft.manifest(str(path.parent / "crafted-ws"), [entry])
+    manifest["capsule"]["expose"] = [f"{home}/.ssh", str(prefix), f"{home}/.pyenv/versions/0.0.gone"]
+    return witness_craft.write(path, manifest, blobs)
 
 
 def prepare(home: Path, scratch: Path, tag: str) -> dict[str, Any]:
@@ -204,6 +225,7 @@ def prepare(home: Path, scratch: Path, tag: str) -> dict[str, Any]:
     (planted / ".venv" / "bin" / "python").symlink_to(f"{home}/.ssh/id_ed25519")
     (planted / ".venv" / "bin" / "tool").write_text(f"#!{home}/.aws/bin/python\n")
     return {
+        "crafted": str(crafted_witness(scratch / "crafted.ccw", home, prefix)),
         "home": str(home), "scratch": str(scratch), "prefix": str(prefix), "node_root": str(node_root),
         "py_ws": str(py_ws), "node_ws": str(node_ws), "planted_ws": str(planted),
         "py_cmd": list(realprojects.MORE_ITERTOOLS.test_cmd),
@@ -239,6 +261,14 @@ def check(out: dict[str, Any], setup: dict[str, Any], canary: str) -> None:
         # The home shows only the toolchains' own trees.
         assert set(seen["home"] or ()) <= {".pyenv", ".nvm"}, seen["home"]
     assert out["asked"] == dict.fromkeys(out["asked"], "PERMISSION_DENIED"), out["asked"]
+    # A replay shows what the witness's capsule exposed, as this replayer's checks allow.
+    assert out["replay"]["expose"] == {"used": sorted([prefix, node_root]), "dropped": []}, out["replay"]
+    assert out["replay"]["replay_ok"] is True, out["replay"]["mismatches"]
+    crafted = out["crafted"]
+    assert crafted["expose"]["used"] == [prefix], crafted
+    assert [item["path"] for item in crafted["expose"]["dropped"]] == [
+        f"{setup['home']}/.ssh", f"{setup['home']}/.pyenv/versions/0.0.gone"], crafted
+    assert canary not in json.dumps(crafted), crafted
     shown = [item["path"] for item in out["planted_created"].get("exposed", [])]
     assert not any(path.startswith(f"{setup['home']}/.") and not path.startswith(
         (f"{setup['home']}/.pyenv/", f"{setup['home']}/.nvm/")) for path in shown), shown
