@@ -178,6 +178,10 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
     out["py_probe"] = await call("capsule_exec", {
         "capsule_id": created["capsule_id"],
         "cmd": [".venv/bin/python", "-c", PROBE, home, *SECRET_DIRS, *SECRET_FILES]})
+    fork = await call("capsule_fork", {"capsule_id": created["capsule_id"]})
+    out["fork_run"] = await call("capsule_exec", {"capsule_id": fork["capsule_id"], "cmd": [
+        ".venv/bin/python", "-c", "import sys; print(sys.base_prefix)"]})
+    await call("capsule_destroy", {"capsule_id": fork["capsule_id"]})
     witness = await call("capsule_witness", {"capsule_id": created["capsule_id"]})
     out["replay"] = await call("capsule_replay", {"witness_id": witness["witness_id"]})
     out["crafted"] = await call("capsule_replay", {"path": setup["crafted"], "allow_untrusted": True})
@@ -241,6 +245,8 @@ def check(out: dict[str, Any], setup: dict[str, Any], canary: str) -> None:
     assert exposed.get(prefix) == "pyvenv.cfg home of .venv", exposed
     assert out["py_tests"]["exit_code"] == 0, out["py_tests"]["stderr"][-3000:]
     assert " passed" in out["py_tests"]["stdout"], out["py_tests"]["stdout"][-2000:]
+    # A fork shows what its parent exposed.
+    assert out["fork_run"]["exit_code"] == 0 and out["fork_run"]["stdout"] == f"{prefix}\n", out["fork_run"]
     # Exposure off: the interpreter is missing, and the hint names its prefix.
     off = out["py_off"]
     assert off["exit_code"] == 127, off
