@@ -4,14 +4,17 @@ A client that declares ``io.modelcontextprotocol/tasks`` on its 2026-07-28 reque
 long capsule_exec as a task (``resultType: "task"``) and polls it with ``tasks/get``
 until it holds the exec's own CallToolResult; ``tasks/cancel`` ends the jail.  A client
 that does not declare it, or one of the 2025-11-25 era, gets ``status: running`` and a
-run id, as before.  The client is raw JSON-RPC over stdio (tests/raw_mcp.py): the SDK's
-client can neither declare an extension per request nor send ``tasks/get``.
+run id, as before.  Over HTTP a task, like a run, is the token's that started it.
+The same holds for an unprivileged user with a rootless helper.  The client is raw
+JSON-RPC (tests/raw_mcp.py over stdio; 2026-era POSTs over HTTP): the SDK's client can
+neither declare an extension per request nor send ``tasks/get``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +28,11 @@ from tests.raw_mcp import MODERN, RawStdio, envelope
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import test_realprojects_rootless as rootless  # noqa: E402
 from test_devmachine_longruns import _running  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
+
+user_dir = rootless.user_dir  # a system user made for the test, and a directory it owns
 
 SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
@@ -192,3 +199,39 @@ def test_a_task_and_a_run_are_the_starting_tokens_only(tmp_path: Path, root_requ
     # Bob's cancels touched nothing: each of alice's three runs ended as its command did.
     assert [d["stdout"] for d in done] == ["done\n"] * 3
     assert polled["status"] == "completed" and polled["result"]["structuredContent"]["stdout"] == "done\n"
+
+
+ROOTLESS_SCRIPT = r"""
+import json, sys, time
+root, ws, state = sys.argv[1:4]
+sys.path.insert(0, root)
+from tests.raw_mcp import RawStdio
+
+with RawStdio(state, "capsule", tasks=True) as client:
+    cap = client.call("capsule_create", {"workspace": ws})["structuredContent"]["capsule_id"]
+    created = client.call("capsule_exec", {"capsule_id": cap, "wait_ms": 1000,
+                                           "cmd": ["sh", "-c", "sleep 3; echo done"]}, timeout=10)
+    task = created
+    while task["status"] == "working":
+        time.sleep(0.3)
+        task = client.request("tasks/get", {"taskId": created["taskId"]})["result"]
+    sleeper = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["sleep", "60"], "wait_ms": 500}, timeout=10)
+    ack = client.request("tasks/cancel", {"taskId": sleeper["taskId"]}, timeout=20)
+    cancelled = client.request("tasks/get", {"taskId": sleeper["taskId"]})["result"]
+    after = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "after"]}, timeout=10)
+print(json.dumps({"created": created, "task": task, "ack": ack, "cancelled": cancelled, "after": after}))
+"""
+
+
+def test_tasks_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
+    uid, gid, home = user_dir
+    ws, state = home / "ws", home / "state"
+    ws.mkdir()
+    (ws / "a.txt").write_text("good\n")
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws)], check=True)
+    out = run_script_as(uid, gid, [sys.executable, "-c", ROOTLESS_SCRIPT, str(HERE.parent), str(ws), str(state)],
+                        home)
+    assert out["created"]["resultType"] == "task", json.dumps(out)
+    assert out["task"]["status"] == "completed" and out["task"]["result"]["structuredContent"]["stdout"] == "done\n"
+    assert "result" in out["ack"] and out["cancelled"]["status"] == "cancelled"
+    assert out["after"]["structuredContent"]["stdout"] == "after\n"
