@@ -7,7 +7,14 @@ most MAX_SCRIPTS scripts per bin directory), resolves symlinks, and hands the pa
 pyvenv.cfg or ``#!`` line may name anything, so every directory found is held to
 ``sandbox.spec.check_expose_dir`` and dropped when refused (an explicit ``expose``
 entry that is refused is an error instead: the caller asked for it).  The helper checks
-each path again before it binds it.
+each path again before it binds it (sandbox/exposed.py), at create and at every exec.
+
+- ``plan``: what capsule_create puts in ``CapsuleSpec.expose``; the caller's PATH and HOME
+  are the front end's own environment (stdio and the CLI run as the caller), and a $HOME
+  that /etc/passwd does not name is guarded like a login home (``with_home``).
+- ``hints``: an exec that exits 126/127 on a program the jail hides names what to expose.
+- ``replayable``: a witness is untrusted; a replay shows only the directories its
+  ``capsule.expose`` names that this replayer's checks allow and that exist here.
 """
 
 from __future__ import annotations
