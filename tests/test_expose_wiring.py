@@ -81,3 +81,20 @@ def test_plan_guards_the_callers_home_even_when_passwd_names_another(tmp_path: P
     with pytest.raises(CcwError) as raised:
         exposure.plan(str(project), [f"{home}/.ssh"], True, env, UID, ())
     assert raised.value.code == "PERMISSION_DENIED"
+
+
+def test_cli_expose_flags_map_onto_the_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import jsonschema
+
+    from mcp_server.cli import parse_args
+    from mcp_server.cli.capsule import tool_call
+    from mcp_server.config import TOOLSETS
+    from mcp_server.tools.registry import Registry
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["capsule", "create", str(tmp_path), "--expose", "tools", "--expose", "/opt/x", "--no-auto-expose"]
+    name, call, _ = tool_call(parse_args(argv))
+    assert call == {"workspace": str(tmp_path), "expose": [str(tmp_path / "tools"), "/opt/x"], "auto_expose": False}
+    spec = Registry.load(TOOLSETS).lookup(name)
+    assert spec is not None
+    jsonschema.Draft202012Validator(spec.input_schema).validate(call)
