@@ -171,7 +171,7 @@ def test_changes_reply_carries_git_dirs_only_when_the_capsule_shows_some() -> No
     assert ChangesReply.from_args(shown.to_args()) == shown
 
 
-def test_left_behind_refuses_a_moved_ref_and_lists_the_rest() -> None:
+def test_left_behind_carries_branches_and_tags_and_refuses_other_refs() -> None:
     from mcp_server.capsules.gitdirs import left_behind, listing
     from sandbox.errors import CcwError
     from sandbox.replies import Change, GitdirChanges
@@ -179,7 +179,15 @@ def test_left_behind_refuses_a_moved_ref_and_lists_the_rest() -> None:
     data = GitdirChanges("/repo/.git", (Change("objects/ab", "added", "dir"), Change("objects/ab/cd", "added", "file"),
                                         Change("worktrees/wt/index", "modified", "file")))
     assert left_behind(None) == [] and left_behind([GitdirChanges("/repo/.git", ())]) == []
-    assert left_behind([data]) == [{"gitdir": "/repo/.git", "count": 2, "paths": ["objects/ab/cd", "worktrees/wt/index"]}]
+    assert left_behind([data]) == [{"gitdir": "/repo/.git", "count": 2, "paths": ["objects/ab/cd", "worktrees/wt/index"],
+                                    "refs": []}]
+    # A branch or tag added or changed is carried (capsules/gitpromote.py); a deleted one, another
+    # namespace or a name git would read as a refspec is refused.
+    carried = GitdirChanges("/repo/.git", (Change("refs/heads/feat", "modified", "file"), Change("refs/tags/v1", "added", "file")))
+    assert left_behind([carried])[0]["refs"] == ["refs/heads/feat", "refs/tags/v1"]
+    for odd in ("refs/stash", "refs/heads/a:refs/heads/main", "HEAD", "worktrees/wt/HEAD", "packed-refs"):
+        with pytest.raises(CcwError):
+            left_behind([GitdirChanges("/repo/.git", (Change(odd, "modified", "file"),))])
     moved = GitdirChanges("/repo/.git", (*data.changes, Change("refs/heads/feat", "deleted", "file")))
     assert listing([moved]) == [{"gitdir": "/repo/.git", "count": 3, "refs": ["refs/heads/feat"],
                                  "paths": ["objects/ab/cd", "worktrees/wt/index", "refs/heads/feat"]}]

@@ -5,13 +5,15 @@ more-itertools' prepared checkout is the main repository; ``git worktree add`` m
 workspace, whose ``.git`` file names ``repo/.git/worktrees/wt``.  In the capsule git
 works (status, add, commit, log, in a fork too) on a copy-on-write view of the
 repository's ``.git`` (sandbox/gitdirs.py); the host repository (refs, objects, HEAD, the
-worktree's staged index) does not change.  Promotion does not write a git dir yet: with
-the capsule's commit on the branch it refuses (UNSUPPORTED, nothing written), and once
-the branch is moved back (``git reset --soft``) it promotes the files and lists the git
-dir's changes it left behind.  A submodule checked out as the workspace (``gitdir:
-../.git/modules/sub``) works the same way.  A ``.git`` file naming a key store is refused
-by the front end (a note, no git dir) and by the helper (a hand-made spec), and the
-capsule cannot read it.
+worktree's staged index) does not change until promotion.  Promotion carries the commit
+and a new tag to the host (capsules/gitpromote.py: a bundle fetched with fsck, a
+fast-forward check, update-ref) with the file, and leaves the rest of the git dir behind,
+listed; a ref it cannot carry is refused (UNSUPPORTED), a branch the host moved meanwhile
+too (REPO_CHANGED), both before anything is written.  A hostile capsule's ref names,
+non-commit ids, config and hooks never reach the host.  A submodule checked out as the
+workspace (``gitdir: ../.git/modules/sub``) works the same way.  A ``.git`` file naming a
+key store is refused by the front end (a note, no git dir) and by the helper (a
+hand-made spec), and the capsule cannot read it.
 """
 
 from __future__ import annotations
@@ -120,8 +122,16 @@ async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
     fork = (await call("capsule_fork", {"capsule_id": cap}))["capsule_id"]
     out["fork_log"] = await _sh(call, fork, "git log -1 --format=%s && git status --porcelain")
     await call("capsule_destroy", {"capsule_id": fork})
+    out["host_before"] = _git_state(Path(paths["repo"]) / ".git")
+    # A ref outside refs/heads and refs/tags is refused, nothing written; a tag promotes.
+    out["odd_ref"] = await _sh(call, cap, "git update-ref refs/ccw-test/x HEAD && git tag capsule-tag")
     out["refused"] = await _promote(call, cap)
-    out["reset"] = await _sh(call, cap, f"git reset -q --soft {paths['orig']} && git status --porcelain")
+    out["unodd"] = await _sh(call, cap, "git update-ref -d refs/ccw-test/x && git status --porcelain")
+    # The host moves the branch meanwhile: the capsule's commit no longer follows, nothing written.
+    realprojects.git(Path(paths["wt"]), "commit", "-q", "--allow-empty", "-m", "moved on the host")
+    out["conflict"] = await _promote(call, cap)
+    out["file_after_conflict"] = realprojects.run(["cat", EDIT.path], cwd=Path(paths["wt"]))
+    realprojects.git(Path(paths["repo"]), "update-ref", "refs/heads/feat", paths["orig"])
     out["promoted"] = await _promote(call, cap)
     await call("capsule_destroy", {"capsule_id": cap})
 
@@ -139,7 +149,7 @@ async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], index_before: str) -> None:
+def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str]) -> None:
     repo, wt = Path(paths["repo"]), Path(paths["wt"])
     gitdir = str(repo / ".git")
     assert out["git"] == {"gitdir": gitdir}, out["git"]
@@ -155,24 +165,32 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], i
     assert replay["gitdirs"]["not_shown"] == [gitdir] and "does not carry" in replay["gitdirs"]["reason"], replay
     assert replay["replay_ok"] is False and any(m["kind"] == "exec" for m in replay["mismatches"]), replay
     assert out["fork_log"]["exit"] == 0 and out["fork_log"]["out"] == "made in a capsule\n", out["fork_log"]
-    # The capsule's commit moved refs/heads/feat: promotion refuses, nothing written.
+    # Until promotion the host repository did not change: refs, objects, HEAD (the capsule's commit,
+    # its fork, witness and replay included).
+    assert out["host_before"] == before
+    # A ref promotion cannot carry: refused, nothing written.
+    assert out["odd_ref"]["exit"] == 0 and out["unodd"] == {"exit": 0, "out": "", "err": ""}, out
     refused = out["refused"]
     assert refused.get("error") == "UNSUPPORTED", refused
-    assert refused["details"] == {"gitdir": gitdir, "refs": ["refs/heads/feat"]}, refused
-    # Moved back, the edit promotes as an uncommitted change; the git dir's changes are listed.
-    assert out["reset"]["exit"] == 0 and out["reset"]["out"] == f"M  {EDIT.path}\n", out["reset"]
+    assert refused["details"] == {"gitdir": gitdir, "refs": ["refs/ccw-test/x"]}, refused
+    # The host's branch moved: REPO_CHANGED, the file untouched.
+    assert out["conflict"].get("error") == "REPO_CHANGED", out["conflict"]
+    assert out["conflict"]["details"] == {"refs": ["refs/heads/feat"]}, out["conflict"]
+    assert "capsule edit" not in out["file_after_conflict"]
+    # Promoted: the file, the commit on the branch (a fast-forward) and the new tag; the host's
+    # worktree is as clean as the capsule's.
     promoted = out["promoted"]
     assert promoted.get("promoted") is True and promoted["applied"] == [EDIT.path], promoted
-    left = promoted["git"][0]
-    assert left["gitdir"] == gitdir and any(p.startswith("objects/") for p in left["paths"]), left
-    assert "worktrees/wt/index" in left["paths"] and left["count"] >= len(left["paths"]), left
+    [git] = promoted["git"]
+    assert git["gitdir"] == gitdir and "worktrees/wt/index" in git["paths"], git
+    new = realprojects.git(repo, "rev-parse", "feat").strip()
+    assert git["promoted_refs"] == [{"ref": "refs/heads/feat", "old": paths["orig"], "new": new},
+                                    {"ref": "refs/tags/capsule-tag", "old": None, "new": new}], git
+    assert realprojects.git(wt, "log", "-2", "--format=%s") == f"made in a capsule\n{PROJECT.name} {PROJECT.version} as published\n"
+    assert realprojects.git(repo, "rev-parse", "capsule-tag").strip() == new
     assert (wt / EDIT.path).read_text().endswith("capsule edit\n")
-    # The host repository did not change: refs, objects, HEAD; the worktree's staged content.
-    assert _git_state(repo / ".git") == before
-    assert realprojects.git(repo, "rev-parse", "feat").strip() == paths["orig"]
-    assert "made in a capsule" not in realprojects.git(wt, "log", "--format=%s")
-    assert realprojects.git(wt, "ls-files", "-s") == index_before
-    assert realprojects.git(wt, "status", "--porcelain") == f" M {EDIT.path}\n"
+    assert realprojects.git(wt, "status", "--porcelain") == ""
+    assert "capsule edit" in realprojects.git(repo, "show", f"{new}:{EDIT.path}")
     # The submodule: its gitdir under the superproject's .git/modules is shown, git commits in it.
     sub_gitdir = str(Path(paths["super"]) / ".git" / "modules" / "sub")
     assert out["sub_git"] == {"gitdir": sub_gitdir}, out["sub_git"]
@@ -180,8 +198,6 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str], i
     assert "sub-capsule" not in realprojects.git(Path(paths["sub"]), "log", "--format=%s")
 
 
-def _snapshot(paths: dict[str, str]) -> tuple[dict[str, str], str]:
-    return _git_state(Path(paths["repo"]) / ".git"), realprojects.git(Path(paths["wt"]), "ls-files", "-s")
 
 
 @pytest.fixture
@@ -216,9 +232,9 @@ def test_worktree_and_submodule_as_root(tools: Any, tmp_path: Path, key_owner: P
     paths = _repos(tmp_path)
     paths["secret"] = str(key_owner)
     Path(paths["hostile"], ".git").write_text(f"gitdir: {key_owner}\n")
-    before, index_before = _snapshot(paths)
+    before = _git_state(Path(paths["repo"]) / ".git")
     out = tools.run(lambda t: scenario(t.call, paths))
-    _check(out, paths, before, index_before)
+    _check(out, paths, before)
     # A .git file naming a key store: a note, no git dir, the key unreadable in the capsule.
     assert out["hostile_git"]["note"].startswith("git will not work in this capsule: "), out["hostile_git"]
     assert ".ssh" in out["hostile_git"]["note"] and out["hostile_shown"] is None, out
@@ -258,9 +274,9 @@ def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int
     paths = _repos(home)
     subprocess.run(["chown", "-R", f"{uid}:{gid}", *(paths[k] for k in ("repo", "wt", "super", "scratch"))],
                    check=True)
-    before, index_before = _snapshot(paths)
+    before = _git_state(Path(paths["repo"]) / ".git")
     out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(paths)], home)
-    _check(out, paths, before, index_before)
+    _check(out, paths, before)
 
 
 def test_a_restarted_helper_mounts_git_dirs_again(tools: Any, tmp_path: Path) -> None:
@@ -290,3 +306,37 @@ def test_a_restarted_helper_mounts_git_dirs_again(tools: Any, tmp_path: Path) ->
     assert realprojects.git(Path(paths["repo"]), "rev-parse", "feat").strip() == paths["orig"]
     with open("/proc/self/mountinfo") as mounts:
         assert not [line for line in mounts if str(tmp_path / "state") in line], "a capsule's mount was left"
+
+
+def test_what_a_hostile_capsule_s_git_leaves_is_not_carried(tools: Any, tmp_path: Path) -> None:
+    """Ref names and ids are the capsule's: a name that reads as a refspec, a branch naming a blob and
+    config or hooks written in the git dir never reach the host; nothing is written on a refusal."""
+    paths = _repos(tmp_path)
+    repo, wt = Path(paths["repo"]), Path(paths["wt"])
+    before = _git_state(repo / ".git")
+    refspec = f"mkdir -p {repo}/.git/refs/heads/a:refs/heads && git rev-parse HEAD > {repo}/.git/refs/heads/a:refs/heads/main"
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(wt)}))["capsule_id"]
+        out = {"edit": await _sh(t.call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && {refspec}")}
+        out["refspec"] = await _promote(t.call, cap)
+        out["blob"] = await _sh(t.call, cap, f"rm -r {repo}/.git/refs/heads/a:refs && "  # git refuses, files do not
+                                f"git hash-object -w {EDIT.path} > {repo}/.git/refs/heads/blobby")
+        out["blobby"] = await _promote(t.call, cap)
+        out["config"] = await _sh(t.call, cap, f"rm {repo}/.git/refs/heads/blobby && git config core.pager 'touch /tmp/pwned' "
+                                  "&& printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > $(git rev-parse --git-common-dir)/hooks/post-commit")
+        out["promoted"] = await _promote(t.call, cap)
+        return out
+
+    out = tools.run(scenario)
+    assert out["edit"]["exit"] == 0 and out["blob"]["exit"] == 0 and out["config"]["exit"] == 0, out
+    assert out["refspec"].get("error") == "UNSUPPORTED" and "refs/heads/a:refs/heads/main" in out["refspec"]["message"], out
+    assert out["blobby"].get("error") == "UNSUPPORTED" and out["blobby"]["details"] == {"refs": ["refs/heads/blobby"]}, out
+    after = _git_state(repo / ".git")  # objects fetched for the refused branch, unreferenced; nothing else
+    assert {p: h for p, h in after.items() if p in before} == before
+    assert all(p.startswith("objects/") for p in set(after) - set(before)), sorted(set(after) - set(before))
+    promoted = out["promoted"]
+    assert promoted.get("promoted") is True and promoted["applied"] == [EDIT.path], promoted
+    assert {"config", "hooks/post-commit"} <= set(promoted["git"][0]["paths"]) and "promoted_refs" not in promoted["git"][0]
+    assert "pwned" not in (repo / ".git" / "config").read_text() and not (repo / ".git" / "hooks" / "post-commit").exists()
+    assert realprojects.git(repo, "for-each-ref", "--format=%(refname)") == "refs/heads/feat\nrefs/heads/main\n"

@@ -14,6 +14,10 @@ symlink at the last step), and the directory it leads to must be a git dir (``HE
 ``check_expose_dir`` (never a system dir, a home or a home's secrets).  A refusal is not
 an error: the capsule is made without the git dir and ``find`` says why git will not
 work in it.
+
+What the capsule's git changed there is listed apart by capsule_diff and capsule_promote
+(``listing``); promotion carries the branches and tags it moved (capsules/gitpromote.py)
+and refuses a ref it cannot carry (``left_behind``), never copying the git dir itself.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ MAX_FILE = 4096  # git's own .git files and commondir are one short line
 MAX_LISTED = 100  # paths of a git dir's change a promotion result lists (a `git add` of a tree makes thousands)
 # What moves a branch, a tag or HEAD, in a common dir (a worktree's own under worktrees/NAME/).
 _REF_RE = re.compile(r"(?:worktrees/[^/]+/)?(?:HEAD|packed-refs|refs/.+)")
+PROMOTABLE_RE = re.compile(r"refs/(?:heads|tags)/[^\0\s:]+")  # what promotion carries (git check-ref-format too)
 
 
 @dataclass(frozen=True)
@@ -133,24 +138,24 @@ def ref_paths(paths: Iterable[str]) -> list[str]:
 
 
 def left_behind(found: Sequence[GitdirChanges] | None) -> list[dict[str, Any]]:
-    """What a promotion leaves behind in the capsule's git dirs, [{gitdir, count, paths}] (files only,
-    the first MAX_LISTED paths); UNSUPPORTED, before anything is written, when one of them moved a ref.
-
-    Promotion writes the workspace's files and never a git dir (not yet): objects, the index and
-    logs stay in the capsule, which loses nothing the files do not carry.  A moved ref is a commit,
-    a branch or a tag that promoting the files alone would silently drop, so that is refused.
+    """What a promotion does with the capsule's git dirs: [{gitdir, count, paths, refs}], ``refs`` the
+    branches and tags it carries to the host (capsules/gitpromote.py), ``paths`` (files only, the
+    first MAX_LISTED) what changed there; the rest of a git dir (objects the refs do not need, the
+    index, logs, config, hooks) stays in the capsule.  UNSUPPORTED, before anything is written, when
+    the capsule's git moved a ref promotion cannot carry: dropping it would silently lose commits.
     """
+    deleted = {(one.path, change.path) for one in found or () for change in one.changes if change.kind == "deleted"}
     out = listing(found)
     for one in out:
-        moved = one.pop("refs")
-        if moved:
+        bad = [ref for ref in one["refs"] if not PROMOTABLE_RE.fullmatch(ref) or (one["gitdir"], ref) in deleted]
+        if bad:
             raise CcwError(
                 "UNSUPPORTED",
-                f"the capsule's git changed refs in {one['gitdir']} ({', '.join(moved[:5])}{', …' if len(moved) > 5 else ''}): "
-                "ccw does not promote a git dir yet, and promoting the files alone would drop the commits; nothing was "
-                "written. To promote the files as uncommitted changes, move the refs back in the capsule (git reset "
-                "--soft to the commit it started from) and commit on the host afterwards",
-                {"gitdir": one["gitdir"], "refs": moved},
+                f"the capsule's git moved {', '.join(bad[:5])}{', …' if len(bad) > 5 else ''} in {one['gitdir']}: "
+                "promotion carries new and fast-forwarded branches and tags (refs/heads/*, refs/tags/*), nothing "
+                "else of a git dir; nothing was written. Move those back in the capsule (git checkout the branch, "
+                "git reset --soft to where it was) and redo them on the host after promoting",
+                {"gitdir": one["gitdir"], "refs": bad},
             )
     return out
 

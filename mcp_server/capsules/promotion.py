@@ -20,7 +20,10 @@ Order of checks, cheapest first, and why:
    (``require_replay_ok`` or ``require_identical_output``: a witness with blobs,
    replayed in a fresh capsule).
 4. **Write** with fs/promote.Promoter: temp files, fsync, journal, renames; recovered
-   on the next start if interrupted.
+   on the next start if interrupted.  A worktree capsule's git dir (capsules/gitdirs.py)
+   is never copied: the branches and tags its git moved are fetched from a bundle and
+   checked to fast-forward before the files are written, and moved after them
+   (capsules/gitpromote.py); what else changed there is listed in ``git``.
 
 **Scope** (``Request.scope``, fs/gitignore.py): by default what the live workspace's git
 ignores (``.pytest_cache/``, ``__pycache__/``, ``build/``, a built ``.so``) is not
@@ -49,7 +52,7 @@ from typing import Any
 import trio
 from outcome import acapture
 
-from mcp_server.capsules import gitdirs
+from mcp_server.capsules import gitdirs, gitpromote
 from mcp_server.capsules.policies import PolicyStore
 from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
@@ -279,6 +282,9 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     if not report["passed"] or request.dry_run:
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
                 "policy_report": report, **scoped}
+    # The capsule's commits fetched into the host repository and checked before any file is written.
+    moves = [(one, await gitpromote.prepare(service, record.capsule_id, record.workspace, one["refs"]))
+             for one in plan.git if one["refs"]]
     root_fd = await service.open_root(record.capsule_id)
 
     def write() -> list[str]:
@@ -292,6 +298,9 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
             return Promoter(service.state.root).promote(record.workspace, ops, content)
 
     applied = await trio.to_thread.run_sync(write)
+    for one, found in moves:
+        one["promoted_refs"] = await trio.to_thread.run_sync(gitpromote.apply, record.workspace, found, applied,
+                                                             record.capsule_id)
     return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report, **scoped}
 
 

@@ -90,7 +90,8 @@ TOOLS = [
                             "description": "The capsule's changes left behind by the scope, in change order."},
                 "ignored": {"const": "not a git repository",
                             "description": "Present when the workspace has no git ignore rules to apply."},
-                "git": {"type": "array", "items": {"type": "object"}},  # git dir changes left behind: {gitdir, count, paths}
+                # Each changed git dir: {gitdir, count, paths, refs, promoted_refs: [{ref, old, new}]}.
+                "git": {"type": "array", "items": {"type": "object"}},
                 "policy_report": {
                     "type": "object",
                     "required": ["passed", "tests_ok", "replay_ok", "resource_ok", "paths_ok", "deny_paths",
