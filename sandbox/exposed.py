@@ -4,11 +4,13 @@ The front end finds what a workspace needs (mcp_server/capsules/exposure.py) and
 the directories in ``CapsuleSpec.expose``; the spec is the caller's word, so the helper
 holds every path to the same rule again, as it does the workspace (sandbox/access.py):
 
-* at create, each path is opened (O_PATH, pinned), and the directory under every path it
-  has (resolved, and other mounts of it) must pass ``spec.check_expose_dir`` against the
-  caller's host uid and the login homes, and be readable and searchable by the caller
-  (``access.check_shown_dir``: a root helper must not show a user what the user could not
-  read).  The resolved paths go in the spec kept in meta.json; forks inherit them.
+* at create, each path is opened (O_PATH, pinned), and the path itself and the directory
+  under every path it has (resolved, and other mounts of it) must pass
+  ``spec.check_expose_dir`` against the caller's host uid and the login homes, and be
+  readable and searchable by the caller (``access.check_shown_dir``: a root helper must not
+  show a user what the user could not read).  The paths (normalised, not resolved: a link
+  to a toolchain is shown at the link's path) go in the spec kept in meta.json; forks
+  inherit them.
 * at every exec the same checks run again, since the host may have changed (a toolchain
   removed, a directory replaced by a symlink to a key store): a refused one refuses the
   exec (PERMISSION_DENIED), a missing one is left out (the command then fails as it
@@ -46,10 +48,12 @@ def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Ho
         raise from_oserror(exc, "open expose", path, "expose existing directories only") from exc
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
-        if inside(real, os.path.realpath(workspace)):
+        if any(inside(where, os.path.realpath(workspace)) or inside(where, workspace) for where in (real, path)):
             raise CcwError("INVALID_ARGUMENT", f"expose {path!r} (the directory {real}) lies in the workspace "
                            f"{workspace!r}, which the jail shows already; expose directories outside it",
                            {"argument": "expose", "path": real})
+        # The path itself is where the jail shows the directory: held to the rule too.
+        spec.check_expose_dir("expose", path, access.host_uid(uid), read[0])
         access.check_shown_dir("expose", fd, path, uid, gid, read)
         return real
     finally:
@@ -57,17 +61,21 @@ def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Ho
 
 
 def check(paths: tuple[str, ...], workspace: str, uid: int, gid: int) -> tuple[str, ...]:
-    """The spec's ``expose`` at create: each checked and resolved (sorted); a missing one is NOT_FOUND."""
+    """The spec's ``expose`` at create, each checked (sorted, normalised); a missing one is NOT_FOUND.
+
+    Kept as given, not resolved: a link to a toolchain (uv's minor-version directory) is
+    where the venv looks for it, so the jail shows the directory at the link's path.
+    """
     if not paths:
         return ()
-    resolved, read = set(), _read()
+    given, read = set(), _read()
     for path in paths:
-        real = _checked(path, workspace, uid, gid, read)
-        if real is None:
+        path = os.path.normpath(path)
+        if _checked(path, workspace, uid, gid, read) is None:
             raise CcwError("NOT_FOUND", f"expose {path!r} does not exist; expose existing directories only",
                            {"argument": "expose", "path": path})
-        resolved.add(real)
-    return tuple(sorted(resolved))
+        given.add(path)
+    return tuple(sorted(given))
 
 
 def binds(capsule: Capsule, uid: int, gid: int) -> tuple[mounts.Bind, ...]:

@@ -32,16 +32,25 @@ def test_helper_resolves_and_checks_each_expose(helper_homes: Path, tmp_path: Pa
     (home / ".pyenv/versions/3.12").symlink_to(prefix)
     workspace = str(home / "proj")
     uid, gid = os.getuid(), os.getgid()
-    assert exposed.check([f"{home}/.pyenv/versions/3.12"], workspace, uid, gid) == (str(prefix),)
+    # Kept where it was named (a link is where a venv looks), and bound from where it leads.
+    link = f"{home}/.pyenv/versions/3.12"
+    assert exposed.check((link, f"{link}/"), workspace, uid, gid) == (link,)
+    capsule = Capsule("cap_1", str(tmp_path / "cap"), {}, CapsuleSpec(workspace=workspace, expose=(link,)))
+    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(prefix), link),)
+    # Where the jail would show it is held to the rule too: no toolchain at a key store's path.
+    (home / ".ssh/tools").symlink_to(prefix)
+    with pytest.raises(CcwError) as raised:
+        exposed.check((f"{home}/.ssh/tools",), workspace, uid, gid)
+    assert raised.value.code == "PERMISSION_DENIED"
     for path, code in ((f"{home}/.ssh", "PERMISSION_DENIED"), (str(home), "PERMISSION_DENIED"),
                        (f"{home}/proj/.venv", "INVALID_ARGUMENT"), (f"{home}/gone", "NOT_FOUND")):
         with pytest.raises(CcwError) as raised:
-            exposed.check([path], workspace, uid, gid)
+            exposed.check((path,), workspace, uid, gid)
         assert raised.value.code == code, path
     # A symlink to a key store is judged where it leads.
     (tmp_path / "innocent").symlink_to(home / ".ssh")
     with pytest.raises(CcwError) as raised:
-        exposed.check([str(tmp_path / "innocent")], workspace, uid, gid)
+        exposed.check((str(tmp_path / "innocent"),), workspace, uid, gid)
     assert raised.value.code == "PERMISSION_DENIED"
 
 

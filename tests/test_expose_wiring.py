@@ -98,3 +98,27 @@ def test_cli_expose_flags_map_onto_the_tool(tmp_path: Path, monkeypatch: pytest.
     spec = Registry.load(TOOLSETS).lookup(name)
     assert spec is not None
     jsonschema.Draft202012Validator(spec.input_schema).validate(call)
+
+
+def test_a_venv_naming_a_link_to_its_toolchain_exposes_the_link_too(tmp_path: Path) -> None:
+    # uv's minor-version directory: the venv names the link, so patch upgrades carry over.
+    home, project, homes = _machine(tmp_path)
+    pythons = home / ".local/share/uv/python"
+    real = pythons / "cpython-3.12.8-linux-x86_64-gnu"
+    (real / "bin").mkdir(parents=True)
+    (real / "bin/python3.12").write_text("")
+    link = pythons / "cpython-3.12-linux-x86_64-gnu"
+    link.symlink_to(real.name)
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {link}/bin\n")
+    (project / ".venv/bin/python").unlink()
+    (project / ".venv/bin/python").symlink_to(link / "bin/python3.12")
+    needs = exposure.plan(str(project), [], True, {"HOME": str(home)}, UID, homes)
+    assert needs == [Need(str(link), f"pyvenv.cfg home of .venv (a link to {real})"),
+                     Need(str(real), "pyvenv.cfg home of .venv")]
+    # A link into a key store is judged where it leads, and dropped.
+    (project / ".venv/pyvenv.cfg").write_text(f"home = {pythons}/evil/bin\n")
+    (pythons / "evil").symlink_to(home / ".ssh")
+    (project / ".venv/bin/python").unlink()
+    assert exposure.plan(str(project), [], True, {"HOME": str(home)}, UID, homes) == []
+    # A replay keeps the link's path where this replayer allows it.
+    assert exposure.replayable([str(link), f"{pythons}/evil"], UID, homes)[0] == [str(link)]

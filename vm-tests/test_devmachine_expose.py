@@ -140,14 +140,35 @@ def make_nvm(home: Path, tag: str) -> Path:
     return bin_dir.parent
 
 
+def new_top(home: Path, rel: str) -> Path | None:
+    """The topmost directory of ``home/rel`` that does not exist yet (what to remove after), or None."""
+    return next((home / p for p in [*reversed(Path(rel).parents), Path(rel)] if str(p) != "." and not (home / p).exists()),
+                None)
+
+
+def make_uv(home: Path, tag: str) -> tuple[Path, Path]:
+    """A uv-style managed Python: a full prefix, and the minor-version link to it that uv's venvs name."""
+    python = system_python()
+    pythons = home / ".local" / "share" / "uv" / "python"
+    real = pythons / f"cpython-{python.name.removeprefix('python')}.99-{tag}-linux-x86_64-gnu"
+    (real / "bin").mkdir(parents=True)
+    (real / "lib").mkdir()
+    shutil.copy2(python, real / "bin" / python.name)
+    (real / "bin" / "python3").symlink_to(python.name)
+    (real / "lib" / python.name).symlink_to(f"/usr/lib/{python.name}")
+    link = pythons / f"cpython-{python.name.removeprefix('python')}-{tag}-linux-x86_64-gnu"
+    link.symlink_to(real.name)
+    return real, link
+
+
 def plant_secrets(home: Path, canary: str, made: list[Path]) -> None:
     """A canary file in each key store of ``home``; a store file that exists already is left
     alone (root's real ~/.npmrc).  What is made is appended to ``made`` (top first)."""
     for rel in SECRET_DIRS:
         store = home / rel
-        top = next((p for p in [*reversed(Path(rel).parents), Path(rel)] if not (home / p).exists()), None)
-        if top is not None and str(top) != ".":
-            made.append(home / top)
+        top = new_top(home, rel)
+        if top is not None:
+            made.append(top)
         store.mkdir(parents=True, exist_ok=True)
         (store / f"ccw-canary-{canary}").write_text(f"{canary} key material\n")
         made.append(store / f"ccw-canary-{canary}")
@@ -185,6 +206,9 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
     witness = await call("capsule_witness", {"capsule_id": created["capsule_id"]})
     out["replay"] = await call("capsule_replay", {"witness_id": witness["witness_id"]})
     out["crafted"] = await call("capsule_replay", {"path": setup["crafted"], "allow_untrusted": True})
+    uv = await call("capsule_create", {"workspace": setup["uv_ws"]})
+    out["uv_created"] = uv
+    out["uv_tests"] = await call("capsule_exec", {"capsule_id": uv["capsule_id"], "cmd": setup["py_cmd"]})
     off = await call("capsule_create", {"workspace": py, "auto_expose": False})
     out["py_off"] = await call("capsule_exec", {"capsule_id": off["capsule_id"], "cmd": setup["py_cmd"]})
     made = await call("capsule_create", {"workspace": node, "env_whitelist": ["PATH"]})
@@ -218,6 +242,9 @@ def prepare(home: Path, scratch: Path, tag: str) -> dict[str, Any]:
     node_root = make_nvm(home, tag)
     py_ws = realprojects.pristine(realprojects.MORE_ITERTOOLS, scratch / "py")
     venv_from(py_ws, prefix)
+    uv_real, uv_link = make_uv(home, tag)
+    uv_ws = realprojects.pristine(realprojects.MORE_ITERTOOLS, scratch / "uv")
+    venv_from(uv_ws, uv_link)
     node_ws = realprojects.pristine(realprojects.JSON_STABLE_STRINGIFY, scratch / "node")
     # A bin script as npm links them: found through PATH by env, like every node CLI.
     (node_ws / "node_modules" / ".bin" / "whoami-node").write_text(
@@ -232,6 +259,7 @@ def prepare(home: Path, scratch: Path, tag: str) -> dict[str, Any]:
         "crafted": str(crafted_witness(scratch / "crafted.ccw", home, prefix)),
         "home": str(home), "scratch": str(scratch), "prefix": str(prefix), "node_root": str(node_root),
         "py_ws": str(py_ws), "node_ws": str(node_ws), "planted_ws": str(planted),
+        "uv_ws": str(uv_ws), "uv_real": str(uv_real), "uv_link": str(uv_link),
         "py_cmd": list(realprojects.MORE_ITERTOOLS.test_cmd),
         # The caller's PATH: nvm's node first, as nvm's shell hook puts it.
         "path": f"{node_root}/bin:/usr/local/bin:/usr/bin:/bin",
@@ -247,6 +275,9 @@ def check(out: dict[str, Any], setup: dict[str, Any], canary: str) -> None:
     assert " passed" in out["py_tests"]["stdout"], out["py_tests"]["stdout"][-2000:]
     # A fork shows what its parent exposed.
     assert out["fork_run"]["exit_code"] == 0 and out["fork_run"]["stdout"] == f"{prefix}\n", out["fork_run"]
+    # uv's minor-version link: shown at the link's path as well as its own.
+    assert {item["path"] for item in out["uv_created"]["exposed"]} >= {setup["uv_real"], setup["uv_link"]}, out
+    assert out["uv_tests"]["exit_code"] == 0, out["uv_tests"]["stderr"][-3000:]
     # Exposure off: the interpreter is missing, and the hint names its prefix.
     off = out["py_off"]
     assert off["exit_code"] == 127, off
@@ -298,11 +329,10 @@ def test_toolchains_in_roots_home_run_and_its_secrets_stay_hidden(root_required:
     tag, canary = f"ccw{secrets.token_hex(3)}", f"CANARY-{secrets.token_hex(8)}"
     made: list[Path] = []
     with _removed_after(made):
-        for tree in (".pyenv", ".nvm"):
-            if not (home / tree).exists():
-                made.append(home / tree)
+        made += [top for top in (new_top(home, tree) for tree in (".pyenv/versions", ".nvm", ".local/share/uv/python"))
+                 if top is not None]
         setup = prepare(home, tmp_path, tag)
-        made += [Path(setup["prefix"]), Path(setup["node_root"])]
+        made += [Path(setup[key]) for key in ("prefix", "node_root", "uv_real", "uv_link")]
         plant_secrets(home, canary, made)
         # Not through run_script_as: its private mount namespace covers /root with a tmpfs
         # showing only the interpreter, which would hide the very stores this test plants.

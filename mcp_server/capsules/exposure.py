@@ -73,12 +73,21 @@ def _venv_needs(workspace: str, home: str | None) -> list[Need]:
 
 
 def _roots(paths: list[tuple[str, str]], home: str | None) -> list[Need]:
-    """The toolchain root of each (path, reason), symlinks resolved; system trees left out."""
+    """The toolchain root of each (path, reason), symlinks resolved; system trees left out.
+
+    A path through a link to a toolchain root (uv's ``cpython-3.12-linux-x86_64-gnu`` ->
+    ``cpython-3.12.8-linux-x86_64-gnu``, which its venvs name so that patch upgrades carry
+    over) also needs the link's path: the jail shows the toolchain there too.
+    """
     needs = []
     for path, reason in paths:
         root = toolchain_root(os.path.realpath(path), home)
-        if root is not None:
-            needs.append(Need(root, reason))
+        if root is None:
+            continue
+        needs.append(Need(root, reason))
+        named = toolchain_root(os.path.normpath(path), home)
+        if named is not None and named != root and os.path.realpath(named) == root:
+            needs.append(Need(named, f"{reason} (a link to {root})"))
     return needs
 
 
@@ -116,6 +125,7 @@ def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
     for need in found:
         try:
             check_expose_dir("expose", need.path, caller_uid, homes)
+            check_expose_dir("expose", os.path.realpath(need.path), caller_uid, homes)
         except CcwError:
             continue
         if os.path.isdir(need.path):
@@ -207,6 +217,7 @@ def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) ->
     for path in recorded:
         real = os.path.realpath(path)
         try:
+            check_expose_dir("expose", os.path.normpath(path), caller_uid, homes)
             check_expose_dir("expose", real, caller_uid, homes)
         except CcwError as exc:
             dropped.append({"path": path, "reason": exc.message})
@@ -214,5 +225,5 @@ def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) ->
         if not os.path.isdir(real):
             dropped.append({"path": path, "reason": "not a directory on this machine"})
             continue
-        used.append(real)
+        used.append(os.path.normpath(path))  # where the jail shows it (a link's path, too)
     return sorted(set(used)), dropped
