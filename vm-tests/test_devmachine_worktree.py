@@ -318,7 +318,10 @@ def test_what_a_hostile_capsule_s_git_leaves_is_not_carried(tools: Any, tmp_path
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(wt)}))["capsule_id"]
-        out = {"edit": await _sh(t.call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && {refspec}")}
+        out = {"main": await _sh(t.call, cap, f"{IDENTITY} commit -q --allow-empty -m x && git update-ref refs/heads/main HEAD")}
+        out["elsewhere"] = await _promote(t.call, cap)  # main is checked out in the repository's own worktree
+        out["unmain"] = await _sh(t.call, cap, f"git update-ref refs/heads/main {paths['orig']} && git reset -q --soft {paths['orig']}")
+        out["edit"] = await _sh(t.call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && {refspec}")
         out["refspec"] = await _promote(t.call, cap)
         out["blob"] = await _sh(t.call, cap, f"rm -r {repo}/.git/refs/heads/a:refs && "  # git refuses, files do not
                                 f"git hash-object -w {EDIT.path} > {repo}/.git/refs/heads/blobby")
@@ -329,7 +332,9 @@ def test_what_a_hostile_capsule_s_git_leaves_is_not_carried(tools: Any, tmp_path
         return out
 
     out = tools.run(scenario)
-    assert out["edit"]["exit"] == 0 and out["blob"]["exit"] == 0 and out["config"]["exit"] == 0, out
+    assert all(out[k]["exit"] == 0 for k in ("main", "unmain", "edit", "blob", "config")), out
+    assert out["elsewhere"].get("error") == "UNSUPPORTED", out["elsewhere"]
+    assert out["elsewhere"]["details"] == {"refs": ["refs/heads/main"]}, out["elsewhere"]
     assert out["refspec"].get("error") == "UNSUPPORTED" and "refs/heads/a:refs/heads/main" in out["refspec"]["message"], out
     assert out["blobby"].get("error") == "UNSUPPORTED" and out["blobby"]["details"] == {"refs": ["refs/heads/blobby"]}, out
     after = _git_state(repo / ".git")  # objects fetched for the refused branch, unreferenced; nothing else

@@ -83,7 +83,25 @@ def _host_state(workspace: str, refs: list[str]) -> tuple[dict[str, str | None],
     if bad:
         raise CcwError("UNSUPPORTED", f"the capsule's git made refs with names git refuses ({', '.join(bad[:5])}); "
                        "nothing was written. Rename them in the capsule", {"refs": bad})
+    # A branch checked out elsewhere would move under that checkout (git's denyCurrentBranch case).
+    elsewhere = _checked_out_elsewhere(workspace, refs)
+    if elsewhere:
+        raise CcwError("UNSUPPORTED", f"the capsule's git moved {', '.join(sorted(elsewhere))}, checked out in another "
+                       f"worktree ({', '.join(sorted(set(elsewhere.values())))}); nothing was written. Move it back in the "
+                       "capsule and merge on the host", {"refs": sorted(elsewhere)})
     return {ref: _host_commit(workspace, ref) for ref in refs}, _host_commit(workspace, "HEAD")
+
+
+def _checked_out_elsewhere(workspace: str, refs: list[str]) -> dict[str, str]:
+    """The refs among ``refs`` that a worktree other than ``workspace`` has checked out, with its path."""
+    listed = _git(workspace, "worktree", "list", "--porcelain", "-z").stdout.decode("utf-8", "surrogateescape")
+    out, path = {}, ""
+    for field in listed.split("\0"):
+        if field.startswith("worktree "):
+            path = field[len("worktree "):]
+        elif field.startswith("branch ") and field[len("branch "):] in refs and os.path.realpath(path) != workspace:
+            out[field[len("branch "):]] = path
+    return out
 
 
 async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str]) -> dict[str, str]:
