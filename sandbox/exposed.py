@@ -86,5 +86,5 @@ def binds(capsule: Capsule, uid: int, gid: int) -> tuple[mounts.Bind, ...]:
     for path in capsule.spec.expose:
         real = _checked(path, capsule.spec.workspace, uid, gid, read)
         if real is not None:
-            shown.append(mounts.Bind(real, path))
+            shown.append(mounts.Bind(real, path, exact=True))
     return tuple(shown)

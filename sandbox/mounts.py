@@ -132,9 +132,13 @@ class Bind:
     ``prepare`` only places it (the source resolved, parents before children).
     """
 
-    source: str  # a host path (resolved by prepare)
+    source: str  # a host path (resolved by prepare, unless exact)
     target: str  # where the jail shows it (absolute)
     writable: bool = False
+    # The source is resolved already (the helper checked that very path just now) and is
+    # bound without following any symlink: a path a caller controls, swapped for a link
+    # after the check, then fails (ELOOP) instead of showing where the link leads.
+    exact: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,7 @@ class MountStep:
     attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind, or of a new mount in the root tree
     data: str = ""  # mount options, or a symlink's text
     source_is_file: bool = False  # a bind's source is not a directory: its mount point is an empty file
+    pinned: bool = False  # a bind's source is resolved with no symlinks at all (Bind.exact)
 
     def describe(self) -> str:
         """A short human description for error messages: ``bind /.oldroot/usr -> /usr``."""
@@ -258,8 +263,8 @@ def prepare(
     prefix = python_prefix()
     if prefix is not None and not _under(prefix, workspace):
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
-    capsule += [MountStep("bind", bind.target, OLD_ROOT + os.path.realpath(bind.source),
-                          attrs=_RW if bind.writable else _RO) for bind in binds]
+    capsule += [MountStep("bind", bind.target, OLD_ROOT + (bind.source if bind.exact else os.path.realpath(bind.source)),
+                          attrs=_RW if bind.writable else _RO, pinned=bind.exact) for bind in binds]
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
@@ -309,6 +314,23 @@ def _bind(source: str, target: str, attrs: int, source_is_file: bool = False) ->
         syscalls.mount_setattr(target, attrs)
 
 
+def _bind_pinned(source: str, target: str, attrs: int) -> None:
+    """``_bind`` of a directory reached without following any symlink (RESOLVE_NO_SYMLINKS)."""
+    _mountpoint(target)
+    fd = syscalls.openat2(syscalls.AT_FDCWD, source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
+                          resolve=syscalls.RESOLVE_NO_SYMLINKS)
+    try:
+        tree = syscalls.open_tree(fd, "", _CLONE | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH)
+    finally:
+        os.close(fd)
+    try:
+        syscalls.move_mount(tree, "", syscalls.AT_FDCWD, target, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(tree)
+    if attrs:
+        syscalls.mount_setattr(target, attrs)
+
+
 def enter(step: MountStep, root: int | None = None) -> None:
     """Apply one step (in the jail's mount namespace; uses only os and ctypes).
 
@@ -316,7 +338,9 @@ def enter(step: MountStep, root: int | None = None) -> None:
     None builds it here.
     """
     action, target = step.action, step.target
-    if action == "bind":
+    if action == "bind" and step.pinned:
+        _bind_pinned(step.source, target, step.attrs)
+    elif action == "bind":
         _bind(step.source, target, step.attrs, step.source_is_file)
     elif action == "symlink":
         os.symlink(step.data, target)

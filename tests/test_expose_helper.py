@@ -36,7 +36,7 @@ def test_helper_resolves_and_checks_each_expose(helper_homes: Path, tmp_path: Pa
     link = f"{home}/.pyenv/versions/3.12"
     assert exposed.check((link, f"{link}/"), workspace, uid, gid) == (link,)
     capsule = Capsule("cap_1", str(tmp_path / "cap"), {}, CapsuleSpec(workspace=workspace, expose=(link,)))
-    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(prefix), link),)
+    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(prefix), link, exact=True),)
     # Where the jail would show it is held to the rule too: no toolchain at a key store's path.
     (home / ".ssh/tools").symlink_to(prefix)
     with pytest.raises(CcwError) as raised:
@@ -61,13 +61,27 @@ def test_helper_binds_again_at_exec_and_refuses_a_swapped_dir(helper_homes: Path
     spec = CapsuleSpec(workspace=str(home / "proj"), expose=(str(node), str(prefix)))
     capsule = Capsule("cap_1", str(tmp_path / "cap"), {"owner_uid": os.getuid()}, spec)
     uid, gid = os.getuid(), os.getgid()
-    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(node), str(node)), mounts.Bind(str(prefix), str(prefix)))
+    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(node), str(node), exact=True),
+                                               mounts.Bind(str(prefix), str(prefix), exact=True))
     # A toolchain removed since create is left out (the command fails as on the host) ...
     os.rmdir(node / "bin")
     os.rmdir(node)
-    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(prefix), str(prefix)),)
+    assert exposed.binds(capsule, uid, gid) == (mounts.Bind(str(prefix), str(prefix), exact=True),)
     # ... and one replaced by a symlink to a key store refuses the exec.
     os.symlink(home / ".ssh", node)
     with pytest.raises(CcwError) as raised:
         exposed.binds(capsule, uid, gid)
     assert raised.value.code == "PERMISSION_DENIED"
+
+
+def test_exposed_binds_are_planned_exact_and_pinned(tmp_path: Path) -> None:
+    # An exact bind's source is the path the helper checked, not resolved again (a swap in
+    # between would be followed), and the jail reaches it without following any symlink.
+    merged, tmp, home = (tmp_path / name for name in ("merged", "tmp", "home"))
+    binds = (mounts.Bind("/srv/tools/py", "/srv/tools/py", exact=True), mounts.Bind(str(tmp_path), "/g"))
+    steps = mounts.prepare(merged_dir=str(merged), workspace="/ws", tmp_dir=str(tmp), home="/home/ccw",
+                           home_dir=str(home), binds=binds)
+    by_target = {step.target: step for step in steps if step.action == "bind"}
+    assert (by_target["/srv/tools/py"].source, by_target["/srv/tools/py"].pinned) == (
+        mounts.OLD_ROOT + "/srv/tools/py", True)
+    assert by_target["/g"].pinned is False

@@ -443,3 +443,32 @@ def test_a_root_helper_shows_a_caller_only_what_the_caller_may_read(
     assert out["store"] in ("PERMISSION_DENIED", "NOT_FOUND"), out  # root's ~/.ssh: refused by rule (or absent)
     assert out["shown"] == [0, base64.b64encode(b"the caller's own toolchain\n").decode()], out
     assert out["swapped"] == "PERMISSION_DENIED", out
+
+
+PINNED = r"""
+import errno, json, os, sys
+from sandbox import mounts
+base = sys.argv[1]
+os.symlink(os.path.join(base, "real"), os.path.join(base, "swapped"))  # the swap: a link to another dir
+out = {}
+for name in ("real", "swapped"):
+    target = os.path.join(base, "at-" + name)
+    try:
+        mounts._bind_pinned(os.path.join(base, name, "tools"), target, 0)
+        out[name] = sorted(os.listdir(target))
+    except OSError as exc:
+        out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
+print(json.dumps(out))
+"""
+
+
+def test_an_exposed_dir_swapped_for_a_link_before_the_mount_is_not_followed(root_required: None,
+                                                                            tmp_path: Path) -> None:
+    # The helper checks a path, then the jail mounts it: a component swapped for a symlink in
+    # between (the caller racing its own exec) must not lead the bind elsewhere.
+    (tmp_path / "real" / "tools").mkdir(parents=True)
+    (tmp_path / "real" / "tools" / "hello").write_text("hi\n")
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", PINNED,
+                           str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=HERE.parent)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"real": ["hello"], "swapped": "ELOOP"}
