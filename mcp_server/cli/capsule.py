@@ -303,6 +303,13 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
 
 def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     print(result["capsule_id"])
+    for shown in result.get("exposed") or ():
+        print(f"shown read-only: {shown['path']} ({shown['reason']})", file=sys.stderr)
+    git = result.get("git") or {}
+    if git.get("gitdir"):
+        print(f"git dir shown copy-on-write: {git['gitdir']}", file=sys.stderr)
+    elif git.get("note"):
+        print(paint(f"ccw: {git['note']}", "\x1b[33m", color_err), file=sys.stderr)
     return 0
 
 
@@ -310,7 +317,7 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     sys.stdout.write(result["stdout"])
     sys.stdout.flush()
     sys.stderr.write(result["stderr"])
-    for line in result.get("network_notes") or ():
+    for line in [*(result.get("network_notes") or ()), *(result.get("hints") or ())]:
         print(paint(line, "\x1b[33m", color_err), file=sys.stderr)
     notes = []
     if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
@@ -333,7 +340,20 @@ def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     summary = result["summary"]
     print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
           file=sys.stderr)
+    for line in _git_lines(result.get("git") or []):
+        print(line, file=sys.stderr)
     return 0
+
+
+def _git_lines(gitdirs: list[dict[str, Any]]) -> list[str]:
+    """What changed in each git dir outside the workspace, and which refs promotion moved."""
+    lines = []
+    for one in gitdirs:
+        refs = ", ".join(str(ref) for ref in one.get("refs") or ()) or "no refs"
+        lines.append(f"git dir {one.get('gitdir')}: {one.get('count', 0)} changed paths ({refs})")
+        for moved in one.get("promoted_refs") or ():
+            lines.append(f"  {moved.get('ref')} {str(moved.get('old') or '0')[:12]} -> {str(moved.get('new'))[:12]}")
+    return lines
 
 
 def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,7 +377,7 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
         print(path)
     dry_run = bool(result.get("dry_run"))
     policies = ", ".join(report.get("policies", [])) or "baseline"
-    lines = policy_lines(report) + _skipped_lines(result.get("skipped") or [])
+    lines = policy_lines(report) + _skipped_lines(result.get("skipped") or []) + _git_lines(result.get("git") or [])
     if result["promoted"] or (dry_run and report["passed"]):
         done = "would promote" if dry_run else "promoted"
         print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),

@@ -1,0 +1,33 @@
+"""``ccw capsule create/exec/diff/promote`` say what issue 25 added: exposed dirs, git dirs, hints."""
+
+from __future__ import annotations
+
+import pytest
+
+from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec
+
+
+def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.CaptureFixture[str]) -> None:
+    _show_create({"capsule_id": "cap_1", "git": {"gitdir": "/srv/repo/.git"},
+                  "exposed": [{"path": "/home/u/.pyenv/versions/3.12.1", "reason": "pyvenv.cfg home of .venv"}]},
+                 False, False)
+    out, err = capsys.readouterr()
+    assert out == "cap_1\n"
+    assert "shown read-only: /home/u/.pyenv/versions/3.12.1 (pyvenv.cfg home of .venv)" in err
+    assert "git dir shown copy-on-write: /srv/repo/.git" in err
+    _show_create({"capsule_id": "cap_2", "git": {"note": "git will not work in this capsule: refused"}}, False, False)
+    assert "ccw: git will not work in this capsule: refused" in capsys.readouterr().err
+
+
+def test_exec_prints_its_hints(capsys: pytest.CaptureFixture[str]) -> None:
+    ran = {"stdout": "", "stderr": "ccw: .venv/bin/python: No such file or directory\n", "exit_code": 127,
+           "truncated": {"stdout": False, "stderr": False}, "hints": ["expose /home/u/.pyenv/versions/3.12.1"]}
+    assert _show_exec(ran, False, False) == 127
+    assert capsys.readouterr().err.endswith("expose /home/u/.pyenv/versions/3.12.1\n")
+
+
+def test_git_lines_count_refs_and_moves() -> None:
+    lines = _git_lines([{"gitdir": "/srv/repo/.git", "count": 7, "refs": ["refs/heads/wt"],
+                         "promoted_refs": [{"ref": "refs/heads/wt", "old": "a" * 40, "new": "b" * 40}]}])
+    assert lines == ["git dir /srv/repo/.git: 7 changed paths (refs/heads/wt)",
+                     "  refs/heads/wt aaaaaaaaaaaa -> bbbbbbbbbbbb"]
