@@ -127,17 +127,14 @@ _NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEX
 class Bind:
     """A host directory the capsule asks the jail to show at ``target`` (issue 25).
 
-    Toolchains exposed read-only, a git dir outside the workspace shown through its own
-    overlay read-write.  The helper checks each before it builds a JailSpec with it;
-    ``prepare`` only places it (the source resolved, parents before children).
+    Toolchains exposed read-only, a git dir outside the workspace shown through its own overlay
+    read-write.  The helper checks each first; ``prepare`` places it (parents first), its source
+    resolved, or if ``exact`` as is: the path just checked, reached following no symlink (ELOOP).
     """
 
     source: str  # a host path (resolved by prepare, unless exact)
     target: str  # where the jail shows it (absolute)
     writable: bool = False
-    # The source is resolved already (the helper checked that very path just now) and is
-    # bound without following any symlink: a path a caller controls, swapped for a link
-    # after the check, then fails (ELOOP) instead of showing where the link leads.
     exact: bool = False
 
 
@@ -151,7 +148,6 @@ class MountStep:
     attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind, or of a new mount in the root tree
     data: str = ""  # mount options, or a symlink's text
     source_is_file: bool = False  # a bind's source is not a directory: its mount point is an empty file
-    pinned: bool = False  # a bind's source is resolved with no symlinks at all (Bind.exact)
 
     def describe(self) -> str:
         """A short human description for error messages: ``bind /.oldroot/usr -> /usr``."""
@@ -264,7 +260,7 @@ def prepare(
     if prefix is not None and not _under(prefix, workspace):
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
     capsule += [MountStep("bind", bind.target, OLD_ROOT + (bind.source if bind.exact else os.path.realpath(bind.source)),
-                          attrs=_RW if bind.writable else _RO, pinned=bind.exact) for bind in binds]
+                          attrs=_RW if bind.writable else _RO, data="nofollow" if bind.exact else "") for bind in binds]
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
@@ -307,26 +303,9 @@ def _mountpoint(path: str, is_file: bool = False) -> None:
         _mountpoint(path, is_file)
 
 
-def _bind(source: str, target: str, attrs: int, source_is_file: bool = False) -> None:
+def _bind(source: str, target: str, attrs: int, source_is_file: bool = False, nofollow: bool = False) -> None:
     _mountpoint(target, source_is_file)
-    syscalls.mount(source, target, None, syscalls.MS_BIND | syscalls.MS_REC)
-    if attrs:
-        syscalls.mount_setattr(target, attrs)
-
-
-def _bind_pinned(source: str, target: str, attrs: int) -> None:
-    """``_bind`` of a directory reached without following any symlink (RESOLVE_NO_SYMLINKS)."""
-    _mountpoint(target)
-    fd = syscalls.openat2(syscalls.AT_FDCWD, source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC,
-                          resolve=syscalls.RESOLVE_NO_SYMLINKS)
-    try:
-        tree = syscalls.open_tree(fd, "", _CLONE | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH)
-    finally:
-        os.close(fd)
-    try:
-        syscalls.move_mount(tree, "", syscalls.AT_FDCWD, target, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
-    finally:
-        os.close(tree)
+    syscalls.bind(source, target, nofollow)
     if attrs:
         syscalls.mount_setattr(target, attrs)
 
@@ -338,10 +317,8 @@ def enter(step: MountStep, root: int | None = None) -> None:
     None builds it here.
     """
     action, target = step.action, step.target
-    if action == "bind" and step.pinned:
-        _bind_pinned(step.source, target, step.attrs)
-    elif action == "bind":
-        _bind(step.source, target, step.attrs, step.source_is_file)
+    if action == "bind":
+        _bind(step.source, target, step.attrs, step.source_is_file, step.data == "nofollow")
     elif action == "symlink":
         os.symlink(step.data, target)
     elif action == "mask_file":

@@ -292,6 +292,23 @@ MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
 
 
+def bind(source: str, target: str, nofollow: bool = False) -> None:
+    """A recursive bind of ``source`` at ``target``; ``nofollow``: of the directory ``source``
+    reached following no symlink in any component (RESOLVE_NO_SYMLINKS: one swapped in gives ELOOP)."""
+    if not nofollow:
+        mount(source, target, None, MS_BIND | MS_REC)
+        return
+    fd = openat2(AT_FDCWD, source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, resolve=RESOLVE_NO_SYMLINKS)
+    try:
+        tree = open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH)
+    finally:
+        os.close(fd)
+    try:
+        move_mount(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(tree)
+
+
 def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_RECURSIVE,
                   dirfd: int = AT_FDCWD, propagation: int = 0) -> None:
     """mount_setattr(2) on ``path`` (recursively by default): struct mount_attr {set, clr, propagation, userns_fd}."""

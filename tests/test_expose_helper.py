@@ -82,6 +82,6 @@ def test_exposed_binds_are_planned_exact_and_pinned(tmp_path: Path) -> None:
     steps = mounts.prepare(merged_dir=str(merged), workspace="/ws", tmp_dir=str(tmp), home="/home/ccw",
                            home_dir=str(home), binds=binds)
     by_target = {step.target: step for step in steps if step.action == "bind"}
-    assert (by_target["/srv/tools/py"].source, by_target["/srv/tools/py"].pinned) == (
-        mounts.OLD_ROOT + "/srv/tools/py", True)
-    assert by_target["/g"].pinned is False
+    assert (by_target["/srv/tools/py"].source, by_target["/srv/tools/py"].data) == (
+        mounts.OLD_ROOT + "/srv/tools/py", "nofollow")
+    assert by_target["/g"].data == ""

@@ -447,14 +447,15 @@ def test_a_root_helper_shows_a_caller_only_what_the_caller_may_read(
 
 PINNED = r"""
 import errno, json, os, sys
-from sandbox import mounts
+from sandbox import syscalls
 base = sys.argv[1]
 os.symlink(os.path.join(base, "real"), os.path.join(base, "swapped"))  # the swap: a link to another dir
 out = {}
 for name in ("real", "swapped"):
     target = os.path.join(base, "at-" + name)
     try:
-        mounts._bind_pinned(os.path.join(base, name, "tools"), target, 0)
+        os.mkdir(target)
+        syscalls.bind(os.path.join(base, name, "tools"), target, nofollow=True)  # the exposed dirs' bind
         out[name] = sorted(os.listdir(target))
     except OSError as exc:
         out[name] = errno.errorcode.get(exc.errno, str(exc.errno))
