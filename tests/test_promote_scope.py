@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.fs.gitignore import NOT_A_REPOSITORY, Scope, compile_glob, ignored
+from mcp_server.fs.gitignore import (
+    CACHEDIR_SIGNATURE,
+    NOT_A_REPOSITORY,
+    Scope,
+    compile_glob,
+    declares_cache,
+    ignored,
+)
+from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
 
@@ -73,6 +81,12 @@ def test_scope_split_reports_each_reason(tmp_path: Path) -> None:
     assert kept == paths and note == NOT_A_REPOSITORY
 
 
+def _empty(tmp_path: Path) -> RootView:
+    """A capsule view that holds no cache markers."""
+    (tmp_path / "capsule").mkdir(exist_ok=True)
+    return RootView.open(str(tmp_path / "capsule"))
+
+
 def test_directories_follow_their_contents(tmp_path: Path) -> None:
     from mcp_server.capsules.promotion import _scoped
     from mcp_server.fs.changeset import Entry, promote_ops
@@ -83,13 +97,13 @@ def test_directories_follow_their_contents(tmp_path: Path) -> None:
     entries = [Entry("new", None, d, False), Entry("new/a.py", None, f, False), Entry("new/b.py", None, f, False),
                Entry("old", d, None, False), Entry("old/a.py", f, None, False), Entry("old/b.py", f, None, False),
                Entry("build", None, d, False), Entry("build/x.o", None, f, False)]
-    kept, skipped, _ = _scoped(entries, root, Scope(exclude=("new/b.py", "old/b.py")))
+    kept, skipped, _ = _scoped(entries, root, Scope(exclude=("new/b.py", "old/b.py")), _empty(tmp_path))
     # new/ is made for new/a.py; old/ is not removed, since old/b.py stays in it.
     assert [op.path for op in promote_ops(kept)] == ["new", "new/a.py", "old/a.py"]
     assert skipped == [{"path": "new/b.py", "reason": "excluded"}, {"path": "old", "reason": "excluded"},
                        {"path": "old/b.py", "reason": "excluded"}, {"path": "build", "reason": "ignored"},
                        {"path": "build/x.o", "reason": "ignored"}]
-    kept, skipped, _ = _scoped(entries, root, Scope(paths=("new/a.py",)))
+    kept, skipped, _ = _scoped(entries, root, Scope(paths=("new/a.py",)), _empty(tmp_path))
     assert [e.path for e in kept] == ["new", "new/a.py"]
 
 
@@ -103,6 +117,57 @@ def test_a_made_directory_whose_contents_are_all_skipped_is_skipped(tmp_path: Pa
     d, f = Side("dir", 0o755), Side("file", 0o644)
     entries = [Entry("src/__pycache__", None, d, False), Entry("src/__pycache__/a.pyc", None, f, False),
                Entry("empty", None, d, False)]
-    kept, skipped, _ = _scoped(entries, str(root), Scope())
+    kept, skipped, _ = _scoped(entries, str(root), Scope(), _empty(tmp_path))
     assert [e.path for e in kept] == ["empty"]  # made empty on purpose: kept
     assert [s["path"] for s in skipped] == ["src/__pycache__", "src/__pycache__/a.pyc"]
+
+
+@pytest.mark.parametrize(("gitignore", "tag", "cache"), [
+    (b"# Created by pytest automatically.\n*\n", None, True),
+    (b"*", None, True),
+    (None, CACHEDIR_SIGNATURE + b"\n# This file is a cache directory tag.\n", True),
+    (b"*\n!keep.py\n", None, False),  # more than "ignore me": the capsule's own rules do not count
+    (b"*.pyc\n", None, False),
+    (b"", None, False),
+    (None, b"Signature: something else", False),
+    (None, None, False),
+])
+def test_a_made_directory_declares_itself_a_cache(gitignore: bytes | None, tag: bytes | None, cache: bool) -> None:
+    assert declares_cache(gitignore, tag) is cache
+
+
+def test_a_self_declared_cache_is_ignored_unless_everything_is_asked(tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    paths = [".pytest_cache", ".pytest_cache/.gitignore", ".pytest_cache/v/cache/nodeids", ".pytest_cache_not", "a.py"]
+    kept, skipped, _ = Scope().split(str(root), paths, {".pytest_cache"}, [".pytest_cache"])
+    assert kept == [".pytest_cache_not", "a.py"]
+    assert {s["path"] for s in skipped} == {".pytest_cache", ".pytest_cache/.gitignore", ".pytest_cache/v/cache/nodeids"}
+    kept, skipped, _ = Scope(include_ignored=True).split(str(root), paths, {".pytest_cache"}, [".pytest_cache"])
+    assert kept == paths and skipped == []
+
+
+def test_promotion_reads_the_markers_in_the_capsule(tmp_path: Path) -> None:
+    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.fs.changeset import Entry
+    from mcp_server.fs.view import Side
+
+    root = tmp_path / "ws"
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    capsule = tmp_path / "capsule"
+    (capsule / ".pytest_cache" / "v").mkdir(parents=True)
+    (capsule / ".pytest_cache" / ".gitignore").write_text("# Created by pytest automatically.\n*\n")
+    (capsule / "big").mkdir()
+    (capsule / "big" / ".gitignore").write_text("*\n" + "#" * 5000)  # past MAX_MARKER: not read
+    (capsule / "lib").mkdir()
+    (capsule / "lib" / ".gitignore").symlink_to(capsule / ".pytest_cache" / ".gitignore")  # a link is no marker
+    d, f = Side("dir", 0o755), Side("file", 0o644)
+    entries = [Entry(".pytest_cache", None, d, False), Entry(".pytest_cache/.gitignore", None, f, False),
+               Entry(".pytest_cache/v", None, d, False), Entry("big", None, d, False),
+               Entry("big/.gitignore", None, f, False), Entry("lib", None, d, False),
+               Entry("lib/.gitignore", None, Side("symlink", 0o777), False)]
+    with RootView.open(str(capsule)) as view:
+        kept, skipped, _ = _scoped(entries, str(root), Scope(), view)
+    assert [e.path for e in kept] == ["big", "big/.gitignore", "lib", "lib/.gitignore"]
+    assert {s["path"]: s["reason"] for s in skipped} == {".pytest_cache": "ignored", ".pytest_cache/.gitignore": "ignored",
+                                                         ".pytest_cache/v": "ignored"}

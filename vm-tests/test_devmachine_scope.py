@@ -151,3 +151,21 @@ def test_a_hazard_left_behind_blocks_nothing(tools: Any, tmp_path: Path) -> None
     tools.run(scenario)
     assert "v2" in (ws / "main.c").read_text()
     assert not (ws / "build").exists() and not (ws / "tools").exists()
+
+
+def test_pytests_own_cache_is_left_behind_without_an_ignore_rule(tools: Any, tmp_path: Path) -> None:
+    """A checkout that ignores only __pycache__/: pytest marks .pytest_cache/ with a .gitignore
+    of '*', as git on the host would honour; promotion leaves it behind all the same."""
+    ws = realprojects.pristine(PROJECT, tmp_path / "ws")
+    with open(ws / ".git" / "info" / "exclude", "a") as exclude:
+        exclude.write("__pycache__/\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = await _capsule(t.call, ws)
+        done: dict[str, Any] = await t.call("capsule_promote", {"capsule_id": cap})
+        return done
+
+    done = tools.run(scenario)
+    assert done["promoted"] and done["applied"] == [EDIT.path], done["applied"]
+    assert {s["path"]: s["reason"] for s in done["skipped"]}[".pytest_cache"] == "ignored"
+    assert not (ws / ".pytest_cache").exists()

@@ -67,7 +67,7 @@ from mcp_server.core.policy import (
     evaluate,
 )
 from mcp_server.fs import changeset
-from mcp_server.fs.gitignore import Scope
+from mcp_server.fs.gitignore import MAX_MARKER, Scope, declares_cache
 from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
@@ -135,7 +135,7 @@ class _Plan:
 def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal,
           early: dict[str, str], scope: Scope) -> _Plan:
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-        entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope)
+        entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope, capsule)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare)
 
@@ -144,8 +144,22 @@ def _is_dir(side: changeset.Side | None) -> bool:
     return side is not None and side.kind == "dir"
 
 
-def _scoped(entries: list[changeset.Entry], workspace: str,
-            scope: Scope) -> tuple[list[changeset.Entry], list[dict[str, str]], str | None]:
+def _caches(entries: list[changeset.Entry], capsule: RootView) -> list[str]:
+    """The directories the capsule made that declare themselves caches (fs/gitignore.declares_cache)."""
+    def marker(path: str) -> bytes | None:
+        try:
+            if capsule.stat(path).st_size > MAX_MARKER:
+                return None
+            return capsule.read_regular(path)
+        except CcwError:
+            return None
+
+    made = [e.path for e in entries if e.old is None and _is_dir(e.new)]
+    return [d for d in made if declares_cache(marker(f"{d}/.gitignore"), marker(f"{d}/CACHEDIR.TAG"))]
+
+
+def _scoped(entries: list[changeset.Entry], workspace: str, scope: Scope,
+            capsule: RootView) -> tuple[list[changeset.Entry], list[dict[str, str]], str | None]:
     """The entries the scope keeps, and the skipped ones with their reason.
 
     Directories follow their contents so the Promoter's ops stay consistent: a
@@ -155,7 +169,8 @@ def _scoped(entries: list[changeset.Entry], workspace: str,
     """
     dirs = {e.path for e in entries if _is_dir(e.new) or _is_dir(e.old)}
     stays_dir = {e.path for e in entries if _is_dir(e.new)}
-    kept_paths, skipped, note = scope.split(workspace, [e.path for e in entries], dirs)
+    caches = [] if scope.include_ignored else _caches(entries, capsule)
+    kept_paths, skipped, note = scope.split(workspace, [e.path for e in entries], dirs, caches)
     kept = set(kept_paths)
     reasons = {s["path"]: s["reason"] for s in skipped}
     for path in sorted(kept_paths):

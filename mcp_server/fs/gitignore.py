@@ -19,6 +19,14 @@ Which rules decide "ignored", and why the live workspace's:
   caller), no optional locks, one call for all paths through ``--stdin -z``, and a
   timeout.  check-ignore runs no hooks.
 - A workspace that is not inside a git work tree ignores nothing (``NOT_A_REPOSITORY``).
+- One exception to "never the capsule's rules", in the safe direction only: a directory
+  the capsule *made* that declares itself a cache, with a ``.gitignore`` of just ``*``
+  (pytest's ``.pytest_cache/``, mypy's and ruff's caches) or a ``CACHEDIR.TAG`` with the
+  Cache Directory Tagging signature, is ignored as a whole (``self_ignored``).  It can
+  only leave more behind, never un-ignore anything, and it never covers a path the live
+  tree has (a made directory holds no tracked file).  Without it a developer's first
+  ``pytest`` in a capsule promoted ``.pytest_cache/`` into the checkout, where git
+  would have ignored it by that very file.
 
 Globs (``paths`` and ``exclude``) match a path relative to the workspace, ``/``
 separated: ``*`` ``?`` ``[...]`` match within one component, ``**`` as a whole component
@@ -38,6 +46,19 @@ from sandbox.errors import CcwError
 
 NOT_A_REPOSITORY = "not a git repository"
 TIMEOUT_S = 30.0
+CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
+MAX_MARKER = 4096  # bytes of a cache dir's .gitignore or CACHEDIR.TAG worth reading
+
+
+def declares_cache(gitignore: bytes | None, cachedir_tag: bytes | None) -> bool:
+    """Whether a made directory says it is a cache: a ``.gitignore`` whose only rule is
+    ``*`` (comments and blank lines aside), or a ``CACHEDIR.TAG`` with the signature."""
+    if cachedir_tag is not None and cachedir_tag.startswith(CACHEDIR_SIGNATURE):
+        return True
+    if gitignore is None:
+        return False
+    rules = [line.strip() for line in gitignore.decode("utf-8", "replace").splitlines()]
+    return [rule for rule in rules if rule and not rule.startswith("#")] == ["*"]
 
 
 def ignored(workspace: str, paths: Sequence[str], dirs: Collection[str] = ()) -> frozenset[str] | str:
@@ -129,13 +150,20 @@ class Scope:
             return "ignored"
         return None
 
-    def split(self, workspace: str, paths: Iterable[str],
-              dirs: Collection[str] = ()) -> tuple[list[str], list[dict[str, str]], str | None]:
-        """The paths to promote, the skipped ones (path, reason), and why nothing was ignored, if so."""
+    def split(self, workspace: str, paths: Iterable[str], dirs: Collection[str] = (),
+              caches: Collection[str] = ()) -> tuple[list[str], list[dict[str, str]], str | None]:
+        """The paths to promote, the skipped ones (path, reason), and why nothing was ignored, if so.
+
+        ``caches``: directories the capsule made that declare themselves caches
+        (``declares_cache``); they and everything in them count as ignored.
+        """
         paths = list(paths)
         found = ignored(workspace, [] if self.include_ignored else paths, dirs)
         note = found if isinstance(found, str) else None
         ignored_paths = found if isinstance(found, frozenset) else frozenset()
+        if caches:
+            marked = tuple(cache.rstrip("/") + "/" for cache in caches)
+            ignored_paths |= {p for p in paths if p in caches or p.startswith(marked)}
         kept: list[str] = []
         skipped: list[dict[str, str]] = []
         for path in paths:
