@@ -225,3 +225,21 @@ def test_volatile_globs_combine_as_a_union_and_must_be_relative() -> None:
         with pytest.raises(CcwError) as caught:
             validate_policy({"name": "cov", "rules": {"volatile": [bad]}})
         assert caught.value.code == "INVALID_ARGUMENT", bad
+
+
+def test_expose_globs_limit_the_toolchains_a_promoted_capsule_showed() -> None:
+    facts = CapsuleFacts(workspace="/srv/p", home="/home/dev",
+                         exposed=["/home/dev/.pyenv/versions/3.12.1", "/opt/node-20/bin"])
+    anything = evaluate(CombinedRules.combine([{"rules": {}}]), facts, [], None)
+    assert anything["expose_ok"] is True and anything["passed"] is True
+    rules = CombinedRules.combine([{"rules": {"expose": ["~/.pyenv/versions/**"]}}, {"rules": {}}])
+    report = evaluate(rules, facts, [], None)
+    assert report["passed"] is False and report["expose_ok"] is False
+    assert [v["path"] for v in report["expose_violations"]] == ["/opt/node-20/bin"]
+    assert "shown dir(s) the policies do not allow" in report["details"]
+    both = CombinedRules.combine([{"rules": {"expose": ["~/.pyenv/versions/**"]}}, {"rules": {"expose": ["/opt/**"]}}])
+    assert evaluate(both, facts, [], None)["expose_ok"] is True
+    assert evaluate(CombinedRules.combine([{"rules": {"expose": []}}]), CapsuleFacts("/srv/p", "/h"), [], None)["passed"]
+    for bad in ("relative/dir", "", "~user/x"):
+        with pytest.raises(CcwError):
+            validate_policy({"name": "tc", "rules": {"expose": [bad]}})

@@ -473,3 +473,34 @@ def test_an_exposed_dir_swapped_for_a_link_before_the_mount_is_not_followed(root
                            str(tmp_path)], capture_output=True, text=True, timeout=60, cwd=HERE.parent)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"real": ["hello"], "swapped": "ELOOP"}
+
+
+def test_a_policy_names_the_toolchains_a_promoted_capsule_may_have_shown(tools: Any, tmp_path: Path) -> None:
+    """A toolchain the policy's expose globs do not name refuses promotion; one they name passes."""
+    toolchain = Path(tempfile.mkdtemp(prefix="ccw-toolchain-", dir="/var/tmp"))
+    try:
+        (toolchain / "bin").mkdir()
+        tool = toolchain / "bin" / "gen"
+        tool.write_text("#!/bin/sh\necho generated > out.txt\n")
+        tool.chmod(0o755)
+        ws = tmp_path / "ws"
+        ws.mkdir()
+
+        async def run(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+            await t.call("policy_set", {"name": "elsewhere", "rules": {"expose": ["/opt/toolchains/*"]}})
+            await t.call("policy_set", {"name": "ours", "rules": {"expose": [str(toolchain.parent) + "/ccw-toolchain-*"]}})
+            cap = (await t.call("capsule_create", {"workspace": str(ws), "expose": [str(toolchain)],
+                                                   "auto_expose": False}))["capsule_id"]
+            assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": [str(tool)]}))["exit_code"] == 0
+            refused = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["elsewhere"], "dry_run": True})
+            passed = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["ours"]})
+            return refused, passed
+
+        refused, passed = tools.run(run)
+        report = refused["policy_report"]
+        assert refused["promoted"] is False and report["expose_ok"] is False, report
+        assert [v["path"] for v in report["expose_violations"]] == [str(toolchain)]
+        assert passed["promoted"] is True and passed["policy_report"]["expose_ok"] is True
+        assert (ws / "out.txt").read_text() == "generated\n"
+    finally:
+        shutil.rmtree(toolchain)

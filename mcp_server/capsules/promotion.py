@@ -219,7 +219,7 @@ def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazar
 
 
 def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
-    facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"))
+    facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"), exposed=list(record.spec.expose))
     for capsule in reversed(_lineage(journal, record)):
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]

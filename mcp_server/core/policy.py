@@ -39,6 +39,10 @@ Choices made here:
   allow them: a standing allowance would let the next capsule's hook through unseen.
   Only the promotion itself allows them, by kind (``allow_hazards``), after a review.
   They come first in ``details``, being what matters most when they are there.
+- ``expose`` globs name the toolchain directories (outside the workspace) a capsule may
+  have shown its runs: what the results were built with is part of what is promoted.
+  Absolute, ``~`` for the caller's home; combined, the union; absent everywhere, any.
+  A violation fails ``expose_ok`` and is listed in ``expose_violations``.
 - ``volatile`` globs (core/volatile.py) are the policy's own word on which written paths
   its replay may find named differently; the capsule's globs never count there (the
   agent may not decide what its own check ignores).  Combined: the union.
@@ -69,7 +73,7 @@ from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
-              "require_identical_output", "require_replay_ok", "require_tests", "volatile")
+              "require_identical_output", "require_replay_ok", "require_tests", "volatile", "expose")
 
 
 @functools.lru_cache(maxsize=512)
@@ -149,6 +153,7 @@ class CapsuleFacts:
     paths: dict[str, set[str]] = field(default_factory=dict)  # repo-relative path -> {"read", "written", "changed"}
     read_unavailable: str | None = None  # why some exec's read set is unknown
     hazards: list[Hazard] = field(default_factory=list)  # what the promotion would carry out (core/hazards.py)
+    exposed: list[str] = field(default_factory=list)  # dirs outside the workspace its jails showed (CapsuleSpec.expose)
 
 
 @dataclass
@@ -165,6 +170,7 @@ class CombinedRules:
     allow_hosts: list[str] | None = None  # None: no policy limits where connections go
     deny_hosts: list[str] = field(default_factory=list)
     volatile: list[str] = field(default_factory=list)  # globs the policies' replay leaves out (core/volatile.py)
+    expose: list[str] | None = None  # globs of the toolchain dirs a capsule may have shown; None: any
 
     @property
     def needs_replay(self) -> bool:
@@ -195,6 +201,8 @@ class CombinedRules:
                 out.allow_hosts = sorted(set(out.allow_hosts or ()) | set(rules["allow_hosts"]))
             out.deny_hosts = sorted(set(out.deny_hosts) | set(rules.get("deny_hosts", ())))
             out.volatile = sorted(set(out.volatile) | set(rules.get("volatile", ())))
+            if "expose" in rules:
+                out.expose = sorted(set(out.expose or ()) | set(rules["expose"]))
             out.require_replay_ok = out.require_replay_ok or bool(rules.get("require_replay_ok"))
             out.require_identical_output = out.require_identical_output or bool(rules.get("require_identical_output"))
         out.deny_paths.sort()
@@ -220,6 +228,16 @@ def denied_paths(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, An
                 hits.append({"path": rel, "glob": original, "how": sorted(facts.paths[rel])})
                 break
     return hits
+
+
+def expose_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, str]]:
+    """Each directory the capsule showed that no ``expose`` glob of the policies names."""
+    if rules.expose is None:
+        return []
+    globs = [_expand(glob, facts.home) for glob in rules.expose]
+    return [{"path": path, "reason": f"the capsule showed {path}, which no expose glob of the policies names "
+                                     f"({', '.join(rules.expose) or 'none'})"}
+            for path in sorted(facts.exposed) if not any(glob_match(glob, path) for glob in globs)]
 
 
 def _matching(rules: Sequence[Rule], record: dict[str, Any]) -> str | None:
@@ -339,6 +357,7 @@ def evaluate(
     denied = denied_paths(rules, facts)
     violations = resource_violations(rules, facts)
     reached = network_violations(rules, facts)
+    unexposed = expose_violations(rules, facts)
     passed_unmeasured = resource_checks(rules, facts)[1] if rules.if_unmeasured == "pass" else []
     failures = [
         {"cmd": t.cmd, "exit_code": t.exit_code, "timed_out": t.timed_out, "stderr_tail": t.stderr_tail}
@@ -349,12 +368,15 @@ def evaluate(
     replay_pass = (replay_ok is True) if rules.require_replay_ok else (replay_ok is not False)
     # Output that differs fails only a policy that asks for identical output.
     output_pass = output_identical is True if rules.require_identical_output else True
-    network_ok = not reached
+    network_ok, expose_ok = not reached, not unexposed
     hazards_ok = all(h.allowed for h in facts.hazards)
-    passed = tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok and hazards_ok
+    passed = (tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok and expose_ok
+              and hazards_ok)
     reasons, hazard_notes = report_reasons(facts.hazards)
     if reached:
         reasons.append(f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}")
+    if unexposed:
+        reasons.append(f"{len(unexposed)} shown dir(s) the policies do not allow: {unexposed[0]['reason']}")
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
     if violations:
@@ -376,6 +398,8 @@ def evaluate(
         "paths_ok": paths_ok,
         "network_ok": network_ok,
         "network_violations": reached,
+        "expose_ok": expose_ok,
+        "expose_violations": unexposed,
         "hazards_ok": hazards_ok,  # every hazard found was allowed (allow_hazards), or none was found
         "hazards": [h.to_json() for h in facts.hazards],
         "deny_paths": [d["path"] for d in denied],

@@ -56,11 +56,10 @@ TOOLS = [
         description=(
             "Write the capsule's changes into the real workspace, all or nothing, if the policies "
             "pass (default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
-            "Under every policy, hazards are refused (policy_report.hazards): setuid/setgid bits, "
-            "world-writable files, .git control files (git_control), files tools run by themselves "
-            "such as .envrc, .vscode/ (autorun); allow_hazards lets reviewed kinds through. Files git "
-            "ignores are left behind (skipped) unless include_ignored; paths/exclude globs select. "
-            "dry_run: report only."
+            "Hazards are always refused (policy_report.hazards): setuid bits, world-writable files, "
+            ".git control files, files tools run by themselves (.envrc, .vscode/); allow_hazards lets "
+            "reviewed kinds through. Files git ignores are left behind (skipped) unless include_ignored; "
+            "paths/exclude globs select. dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
