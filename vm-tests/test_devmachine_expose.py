@@ -227,8 +227,7 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
 def crafted_witness(path: Path, home: Path, prefix: Path) -> Path:
     """An unsigned witness (anyone could write it) whose capsule exposed ~/.ssh beside the
     pyenv prefix and a toolchain this machine lacks, and whose exec reads the stores."""
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    import witness_craft
+    from tests import witness_craft
 
     entry, blobs = witness_craft.exec_entry(1, ["/bin/sh", "-c", f"cat {home}/.ssh/* {home}/.netrc; ls -a {home}"])
     manifest = witness_craft.manifest(str(path.parent / "crafted-ws"), [entry])
