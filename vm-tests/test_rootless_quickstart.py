@@ -152,6 +152,14 @@ def _check_common(steps: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return named
 
 
+def _promoted_without_the_cache(project: Path, promote: dict[str, Any]) -> None:
+    """The run's bytecode is promoted (the project is no git checkout: nothing is ignored),
+    but not pytest's cache, which marks itself ignored with its own .gitignore."""
+    assert (project / "__pycache__").is_dir()
+    assert not (project / ".pytest_cache").exists()
+    assert "ignored files: .pytest_cache, .pytest_cache/.gitignore" in promote["err"], promote
+
+
 def test_quick_start_as_written_by_root(root_required: None, tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -160,7 +168,7 @@ def test_quick_start_as_written_by_root(root_required: None, tmp_path: Path) -> 
     assert "capsules can run here: privileged mode" in named["doctor"]["out"]
     # Privileged: every figure is measured, so a refusal can only come from another check.
     assert "cannot be checked" not in named["dry_run"]["err"], named["dry_run"]
-    assert (home / "project" / ".pytest_cache").is_dir()
+    _promoted_without_the_cache(home / "project", named["promote"])
 
 
 def test_quick_start_as_written_by_a_user(user: pwd.struct_passwd) -> None:
@@ -185,8 +193,8 @@ def test_quick_start_as_written_by_a_user(user: pwd.struct_passwd) -> None:
     # The plain promote (baseline) passes the unmeasured figure and says so.
     promote = named["promote"]
     assert "policy baseline passed" in promote["err"] and "if_unmeasured: pass" in promote["err"], promote
-    assert (home / "project" / ".pytest_cache").is_dir()
-    assert (home / "project" / ".pytest_cache").stat().st_uid == user.pw_uid
+    _promoted_without_the_cache(home / "project", promote)
+    assert (home / "project" / "__pycache__").stat().st_uid == user.pw_uid
 
 
 PROMOTE_SCRIPT = r"""
