@@ -80,13 +80,18 @@ def _roots(paths: list[tuple[str, str]], home: str | None) -> list[Need]:
     over) also needs the link's path: the jail shows the toolchain there too.
     """
     needs = []
+    roots: dict[str, tuple[str | None, str | None]] = {}  # a venv's scripts name one interpreter many times
     for path, reason in paths:
-        root = toolchain_root(os.path.realpath(path), home)
+        if path not in roots:
+            root = toolchain_root(os.path.realpath(path), home)
+            named = None if root is None else toolchain_root(os.path.normpath(path), home)
+            linked = named is not None and named != root and os.path.realpath(named) == root
+            roots[path] = (root, named if linked else None)
+        root, named = roots[path]
         if root is None:
             continue
         needs.append(Need(root, reason))
-        named = toolchain_root(os.path.normpath(path), home)
-        if named is not None and named != root and os.path.realpath(named) == root:
+        if named is not None:
             needs.append(Need(named, f"{reason} (a link to {root})"))
     return needs
 
@@ -121,14 +126,17 @@ def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
     workspace = os.path.realpath(workspace)
     home = os.path.realpath(home) if home else None
     found = _venv_needs(workspace, home) + _script_needs(workspace, home) + _path_needs(path_env, home)
+    verdicts: dict[str, bool] = {}  # each directory checked once, however many reasons name it
     kept = []
     for need in found:
-        try:
-            check_expose_dir("expose", need.path, caller_uid, homes)
-            check_expose_dir("expose", os.path.realpath(need.path), caller_uid, homes)
-        except CcwError:
-            continue
-        if os.path.isdir(need.path):
+        if need.path not in verdicts:
+            try:
+                check_expose_dir("expose", need.path, caller_uid, homes)
+                check_expose_dir("expose", os.path.realpath(need.path), caller_uid, homes)
+                verdicts[need.path] = os.path.isdir(need.path)
+            except CcwError:
+                verdicts[need.path] = False
+        if verdicts[need.path]:
             kept.append(need)
     return cover(kept, workspace)
 
