@@ -24,6 +24,7 @@ the workspace is bound first (binds go by depth), so the workspace shows over it
 
 from __future__ import annotations
 
+import functools
 import os
 
 from sandbox import access, mountinfo, mounts, spec
@@ -33,9 +34,15 @@ from sandbox.mountinfo import Mount
 from sandbox.spec import Home, inside
 
 
+@functools.lru_cache(maxsize=2)
+def _parsed(text: str) -> tuple[Mount, ...]:
+    """The mount table's text parsed; the text is read at every exec, parsed when it changed."""
+    return tuple(mountinfo.parse(text))
+
+
 def _read() -> tuple[tuple[Home, ...], list[Mount]]:
     """The login homes and our mount table, read once for all of a capsule's dirs."""
-    return spec.login_homes(), mountinfo.parse(mountinfo.read())
+    return spec.login_homes(), list(_parsed(mountinfo.read()))
 
 
 def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], list[Mount]]) -> str | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import pwd
 import re
@@ -408,8 +409,31 @@ class Home:
     path: str
 
 
+# What login_homes reads: a change to any of them (useradd renames a new /etc/passwd into
+# place) gives a new stamp, so the answer is read again.  Users from other NSS sources
+# (systemd's dynamic and homed users) have uids outside the login range by design.
+_HOME_SOURCES = ("/etc/passwd", "/etc/nsswitch.conf")
+
+
+def _stamp(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def login_homes(login_defs: str = "/etc/login.defs") -> tuple[Home, ...]:
-    """The homes of root and of uids UID_MIN..UID_MAX (login.defs; 1000..60000 by default)."""
+    """The homes of root and of uids UID_MIN..UID_MAX (login.defs; 1000..60000 by default).
+
+    Read again only when login.defs, /etc/passwd or nsswitch.conf changed: the helper asks
+    at every exec of a capsule with exposed dirs, and reading costs about 0.4 ms.
+    """
+    return _login_homes(login_defs, tuple(_stamp(path) for path in (login_defs, *_HOME_SOURCES)))
+
+
+@functools.lru_cache(maxsize=8)
+def _login_homes(login_defs: str, stamps: tuple[tuple[int, ...] | None, ...]) -> tuple[Home, ...]:
     bounds = {"UID_MIN": 1000, "UID_MAX": 60000}
     try:
         with open(login_defs, encoding="utf-8", errors="replace") as defs:

@@ -197,3 +197,12 @@ def test_login_homes_are_root_and_the_login_range(tmp_path: Any) -> None:
     assert all(home.path.startswith("/") and home.path != "/" for home in homes)
     defs.write_text("UID_MIN 0\n")  # every account a login user: "/" homes still never count
     assert all(home.path != "/" for home in login_homes(str(defs)))
+
+
+def test_login_homes_are_read_again_when_their_sources_change(tmp_path: Any) -> None:
+    defs = tmp_path / "login.defs"
+    defs.write_text("UID_MIN 1000\nUID_MAX 60000\n")
+    first = login_homes(str(defs))
+    assert login_homes(str(defs)) is first  # unchanged sources: the answer kept
+    defs.write_text("UID_MIN 70000\nUID_MAX 70001\n")  # a new size and mtime: read again
+    assert [home.uid for home in login_homes(str(defs))] == [0]
