@@ -4,6 +4,7 @@ The helper's re-check is tests/test_expose_helper.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,17 @@ def test_a_venv_naming_a_link_to_its_toolchain_exposes_the_link_too(tmp_path: Pa
     assert exposure.plan(str(project), [], True, {"HOME": str(home)}, UID, homes) == []
     # A replay keeps the link's path where this replayer allows it.
     assert exposure.replayable([str(link), f"{pythons}/evil"], UID, homes)[0] == [str(link)]
+
+
+def test_a_bin_dirs_shebangs_are_read_again_once_it_changes(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "ws" / "node_modules" / ".bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "tape").write_text("#!/opt/node-a/bin/node\n")
+    st = os.stat(bin_dir)
+    first = exposure._shebangs(str(bin_dir), (st.st_dev, st.st_ino, st.st_mtime_ns))
+    assert first == (("tape", "/opt/node-a/bin/node"),)
+    (bin_dir / "tape.new").write_text("#!/opt/node-b/bin/node\n")
+    os.rename(bin_dir / "tape.new", bin_dir / "tape")  # as npm replaces a script
+    os.utime(bin_dir, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # coarse clocks: a new mtime for sure
+    st = os.stat(bin_dir)
+    assert exposure._shebangs(str(bin_dir), (st.st_dev, st.st_ino, st.st_mtime_ns)) == (("tape", "/opt/node-b/bin/node"),)

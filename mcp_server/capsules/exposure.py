@@ -19,6 +19,7 @@ each path again before it binds it (sandbox/exposed.py), at create and at every 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Mapping
@@ -96,18 +97,37 @@ def _roots(paths: list[tuple[str, str]], home: str | None) -> list[Need]:
     return needs
 
 
+@functools.lru_cache(maxsize=64)
+def _shebangs(bin_dir: str, stamp: tuple[int, int, int]) -> tuple[tuple[str, str], ...]:
+    """(script name, interpreter) for the first MAX_SCRIPTS scripts of ``bin_dir``.
+
+    Kept while the directory's inode and mtime stay (``stamp``): installing, removing or
+    replacing a script (pip and npm write a new file and rename it) changes the mtime,
+    so an agent creating many capsules over one workspace reads its scripts once.
+    """
+    try:
+        names = sorted(os.listdir(bin_dir))[:MAX_SCRIPTS]
+    except OSError:
+        return ()
+    found = []
+    for name in names:
+        interpreter = shebang_interpreter(_read_head(os.path.join(bin_dir, name), MAX_SHEBANG))
+        if interpreter is not None:
+            found.append((name, interpreter))
+    return tuple(found)
+
+
 def _script_needs(workspace: str, home: str | None) -> list[Need]:
     """The interpreters ``#!`` lines name in the workspace's bin directories (bounded)."""
     found = []
     for scripts in SCRIPT_DIRS:
+        bin_dir = os.path.join(workspace, scripts)
         try:
-            names = sorted(os.listdir(os.path.join(workspace, scripts)))[:MAX_SCRIPTS]
+            st = os.stat(bin_dir)
         except OSError:
             continue
-        for name in names:
-            interpreter = shebang_interpreter(_read_head(os.path.join(workspace, scripts, name), MAX_SHEBANG))
-            if interpreter is not None:
-                found.append((interpreter, f"shebang of {scripts}/{name}"))
+        for name, interpreter in _shebangs(bin_dir, (st.st_dev, st.st_ino, st.st_mtime_ns)):
+            found.append((interpreter, f"shebang of {scripts}/{name}"))
     return _roots(found, home)
 
 
