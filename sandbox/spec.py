@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import os
-import pwd
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 from sandbox.errors import CcwError, ProtocolError
+from sandbox.homes import Home, login_homes  # noqa: F401  (the rule below takes them; callers import them from here)
 from sandbox.protocol import check_keys, is_int
 
 CAPSULE_ID_RE = re.compile(r"cap_[0-9A-Za-z_]{1,64}")
@@ -398,58 +397,6 @@ SHARED_DIRS = ("/home", "/tmp", "/var/tmp", "/var/lib", "/var/cache", "/opt", "/
 HOME_SECRETS = (".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", ".password-store", ".pki",
                 ".config/gcloud", ".config/gh", ".local/share/keyrings")
 _INSTEAD = "make a capsule of a project directory instead (one inside your home, /srv or /tmp)"
-
-
-@dataclass(frozen=True)
-class Home:
-    """A login user's home directory (resolved), as the rule on capsule directories sees it."""
-
-    user: str
-    uid: int
-    path: str
-
-
-# What login_homes reads: a change to any of them (useradd renames a new /etc/passwd into
-# place) gives a new stamp, so the answer is read again.  Users from other NSS sources
-# (systemd's dynamic and homed users) have uids outside the login range by design.
-_HOME_SOURCES = ("/etc/passwd", "/etc/nsswitch.conf")
-
-
-def _stamp(path: str) -> tuple[int, ...] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def login_homes(login_defs: str = "/etc/login.defs") -> tuple[Home, ...]:
-    """The homes of root and of uids UID_MIN..UID_MAX (login.defs; 1000..60000 by default).
-
-    Read again only when login.defs, /etc/passwd or nsswitch.conf changed: the helper asks
-    at every exec of a capsule with exposed dirs, and reading costs about 0.4 ms.
-    """
-    return _login_homes(login_defs, tuple(_stamp(path) for path in (login_defs, *_HOME_SOURCES)))
-
-
-@functools.lru_cache(maxsize=8)
-def _login_homes(login_defs: str, stamps: tuple[tuple[int, ...] | None, ...]) -> tuple[Home, ...]:
-    bounds = {"UID_MIN": 1000, "UID_MAX": 60000}
-    try:
-        with open(login_defs, encoding="utf-8", errors="replace") as defs:
-            for line in defs:
-                words = line.split()
-                if len(words) == 2 and words[0] in bounds and words[1].isdigit():
-                    bounds[words[0]] = int(words[1])
-    except OSError:
-        pass
-    homes = []
-    for entry in pwd.getpwall():
-        if (entry.pw_uid == 0 or bounds["UID_MIN"] <= entry.pw_uid <= bounds["UID_MAX"]) and entry.pw_dir.startswith("/"):
-            path = os.path.realpath(entry.pw_dir)
-            if path != "/":
-                homes.append(Home(entry.pw_name, entry.pw_uid, path))
-    return tuple(homes)
 
 
 def inside(path: str, root: str) -> bool:

@@ -344,6 +344,23 @@ def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[di
     return notes
 
 
+def _failed_checks(reached: list[dict[str, Any]], unexposed: list[dict[str, str]], denied: list[dict[str, Any]],
+                   violations: list[dict[str, Any]], failures: list[dict[str, Any]]) -> list[str]:
+    """The report's reasons for the checks that failed on the capsule's own facts, first of each named."""
+    reasons = []
+    if reached:
+        reasons.append(f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}")
+    if unexposed:
+        reasons.append(f"{len(unexposed)} shown dir(s) the policies do not allow: {unexposed[0]['reason']}")
+    if denied:
+        reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
+    if violations:
+        reasons.append(f"{len(violations)} resource violation(s): {violations[0]['reason']}")
+    if failures:
+        reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
+    return reasons
+
+
 def evaluate(
     rules: CombinedRules,
     facts: CapsuleFacts,
@@ -373,16 +390,7 @@ def evaluate(
     passed = (tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok and expose_ok
               and hazards_ok)
     reasons, hazard_notes = report_reasons(facts.hazards)
-    if reached:
-        reasons.append(f"{len(reached)} connection(s) the policies refuse: {reached[0]['reason']}")
-    if unexposed:
-        reasons.append(f"{len(unexposed)} shown dir(s) the policies do not allow: {unexposed[0]['reason']}")
-    if denied:
-        reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
-    if violations:
-        reasons.append(f"{len(violations)} resource violation(s): {violations[0]['reason']}")
-    if failures:
-        reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
+    reasons += _failed_checks(reached, unexposed, denied, violations, failures)
     if not replay_pass:
         reasons.append("replay did not reproduce the capsule's runs" + (f": {replay_details}" if replay_details else ""))
     if not output_pass:
