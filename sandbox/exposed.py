@@ -24,7 +24,6 @@ the workspace is bound first (binds go by depth), so the workspace shows over it
 
 from __future__ import annotations
 
-import functools
 import os
 
 from sandbox import access, mountinfo, mounts, spec
@@ -34,15 +33,9 @@ from sandbox.mountinfo import Mount
 from sandbox.spec import Home, inside
 
 
-@functools.lru_cache(maxsize=2)
-def _parsed(text: str) -> tuple[Mount, ...]:
-    """The mount table's text parsed; the text is read at every exec, parsed when it changed."""
-    return tuple(mountinfo.parse(text))
-
-
 def _read() -> tuple[tuple[Home, ...], list[Mount]]:
     """The login homes and our mount table, read once for all of a capsule's dirs."""
-    return spec.login_homes(), list(_parsed(mountinfo.read()))
+    return spec.login_homes(), mountinfo.parse(mountinfo.read())
 
 
 def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], list[Mount]]) -> str | None:
@@ -55,7 +48,8 @@ def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Ho
         raise from_oserror(exc, "open expose", path, "expose existing directories only") from exc
     try:
         real = os.readlink(f"/proc/self/fd/{fd}")
-        if any(inside(where, os.path.realpath(workspace)) or inside(where, workspace) for where in (real, path)):
+        real_workspace = os.path.realpath(workspace)
+        if any(inside(where, real_workspace) or inside(where, workspace) for where in (real, path)):
             raise CcwError("INVALID_ARGUMENT", f"expose {path!r} (the directory {real}) lies in the workspace "
                            f"{workspace!r}, which the jail shows already; expose directories outside it",
                            {"argument": "expose", "path": real})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import os
 import re
 from collections.abc import Callable
@@ -454,6 +455,20 @@ def check_expose_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, .
     path = os.path.normpath(path)
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
+    why = _expose_refusal(path, caller_uid, homes)
+    if why is not None:
+        raise CcwError("PERMISSION_DENIED", f"{name} {path!r} {why}; expose a toolchain's own "
+                       "directory instead (~/.pyenv/versions/3.12.1, ~/.nvm/versions/node/v20.1.0)",
+                       {"argument": name, "path": path})
+
+
+@functools.lru_cache(maxsize=1024)
+def _expose_refusal(path: str, caller_uid: int, homes: tuple[Home, ...]) -> str | None:
+    """Why ``path`` (absolute, normalised) may not be exposed; None if it may.
+
+    A function of its strings alone (no filesystem access), so kept: the helper asks
+    again for every exposed directory at every exec, and the front end at every create.
+    """
     why = _refusal(path, caller_uid, homes, shown_only=False)
     for home in homes:
         if why is not None or not (inside(path, home.path) or inside(home.path, path)):
@@ -463,10 +478,7 @@ def check_expose_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, .
             if why is None and (inside(path, store) or inside(store, path)):
                 where = "lies in" if inside(path, store) else "contains"
                 why = f"{where} {store}, where {home.user}'s credentials or profiles are kept"
-    if why is not None:
-        raise CcwError("PERMISSION_DENIED", f"{name} {path!r} {why}; expose a toolchain's own "
-                       "directory instead (~/.pyenv/versions/3.12.1, ~/.nvm/versions/node/v20.1.0)",
-                       {"argument": name, "path": path})
+    return why
 
 
 def check_capsule_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, ...], *,
