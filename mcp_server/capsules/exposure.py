@@ -59,6 +59,22 @@ def _read_head(path: str, limit: int) -> bytes:
         os.close(fd)
 
 
+def _resolved(path: str) -> str:
+    """``os.path.realpath``, by the kernel when the path exists: one open and one readlink
+    instead of an lstat per component (discovery resolves a dozen paths per create)."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        resolved = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        resolved = ""
+    finally:
+        os.close(fd)
+    return resolved if resolved.startswith("/") and not resolved.endswith(" (deleted)") else os.path.realpath(path)
+
+
 def _venv_needs(workspace: str, home: str | None) -> list[Need]:
     """The interpreter prefix of each venv in the workspace (pyvenv.cfg home, bin/python)."""
     found = []
@@ -84,9 +100,9 @@ def _roots(paths: list[tuple[str, str]], home: str | None) -> list[Need]:
     roots: dict[str, tuple[str | None, str | None]] = {}  # a venv's scripts name one interpreter many times
     for path, reason in paths:
         if path not in roots:
-            root = toolchain_root(os.path.realpath(path), home)
+            root = toolchain_root(_resolved(path), home)
             named = None if root is None else toolchain_root(os.path.normpath(path), home)
-            linked = named is not None and named != root and os.path.realpath(named) == root
+            linked = named is not None and named != root and _resolved(named) == root
             roots[path] = (root, named if linked else None)
         root, named = roots[path]
         if root is None:
@@ -143,8 +159,8 @@ def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
 
     Sorted, none inside another, none a secret (refused ones are left out).
     """
-    workspace = os.path.realpath(workspace)
-    home = os.path.realpath(home) if home else None
+    workspace = _resolved(workspace)
+    home = _resolved(home) if home else None
     found = _venv_needs(workspace, home) + _script_needs(workspace, home) + _path_needs(path_env, home)
     verdicts: dict[str, bool] = {}  # each directory checked once, however many reasons name it
     kept = []
@@ -152,7 +168,7 @@ def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
         if need.path not in verdicts:
             try:
                 check_expose_dir("expose", need.path, caller_uid, homes)
-                check_expose_dir("expose", os.path.realpath(need.path), caller_uid, homes)
+                check_expose_dir("expose", _resolved(need.path), caller_uid, homes)
                 verdicts[need.path] = os.path.isdir(need.path)
             except CcwError:
                 verdicts[need.path] = False
@@ -181,7 +197,7 @@ def asked(paths: list[str], caller_uid: int, homes: tuple[Home, ...]) -> list[Ne
 def with_home(homes: tuple[Home, ...], home: str | None, caller_uid: int) -> tuple[Home, ...]:
     """``homes`` and the caller's $HOME, when it is not a login home (HOME=/data/me): its key
     stores are the caller's as much as those of the home /etc/passwd names."""
-    real = os.path.realpath(home) if home and home.startswith("/") else "/"
+    real = _resolved(home) if home and home.startswith("/") else "/"
     if real == "/" or any(known.path == real for known in homes):
         return homes
     return (*homes, Home("$HOME", caller_uid, real))
@@ -195,7 +211,7 @@ def plan(workspace: str, expose: list[str], auto: bool, env: Mapping[str, str],
     needs = asked(expose, caller_uid, homes)
     if auto:
         needs += discover(workspace, env.get("PATH", ""), env.get("HOME"), caller_uid, homes)
-    return cover(needs, os.path.realpath(workspace))
+    return cover(needs, _resolved(workspace))
 
 
 def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, path_env: str,
