@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from sandbox.errors import CcwError
 
@@ -80,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--cluster-dir", dest="cluster_state", help="its PostgreSQL and logs (default: a fresh /tmp dir)")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
+    for module in _own_commands():
+        module.add_parser(sub, common)
 
     helper = sub.add_parser("helper", parents=[common], help="the state dir's detached helper")
     helper.add_argument("action", choices=("start", "stop", "status"))
@@ -96,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "one generated in the state dir, or CCW_TOKENS_FILE's)")
     client.add_argument("--token-name", help="with --http and CCW_TOKENS_FILE: the entry whose token to use")
     return parser
+
+
+def _own_commands() -> list[Any]:
+    """The top-level commands whose parsers and runs live in their own modules."""
+    from mcp_server.cli import ui, watch
+
+    return [watch, ui]
 
 
 def serve_env(args: argparse.Namespace) -> dict[str, str]:
@@ -202,6 +212,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         else:
             print(" ".join(f"{key}={value}" for key, value in sorted(result.items())))
         return 0 if args.action != "status" or result["running"] else 1
+    for module in _own_commands():
+        if args.command in module.COMMANDS:
+            return int(module.run(args, config))
     if args.command == "capsule":
         from mcp.shared.exceptions import MCPError
 

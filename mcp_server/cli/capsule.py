@@ -139,6 +139,16 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     deltamin.add_argument("capsule_id")
     deltamin.add_argument("--budget-ms", type=int)
     deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
+    for module in _own_verbs():
+        module.add_parser(verbs, common)
+
+
+def _own_verbs() -> list[Any]:
+    """The verbs whose parsers and runs live in their own modules (they call no single tool)."""
+    from mcp_server.cli import runlog, shell
+
+    return [runlog, shell]
+
 
 
 def _add_promote_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -494,6 +504,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """``ccw capsule VERB``: ensure a helper, call the tool, print; the exit status."""
     import trio
 
+    for module in _own_verbs():
+        if args.verb in module.VERBS:
+            return int(module.run(args, config))
     name, call, label = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)
     result = trio.run(call_tool, config, name, call, label)
