@@ -30,6 +30,7 @@ from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
+from mcp_server.events import EventLog
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 
@@ -44,12 +45,20 @@ class Runtime:
         self.state = state
         self._helper: Any = None
         self._helper_lock = trio.Lock()
-        self.capsule_queue = CapsuleQueue()  # execs, forks, destroys: one at a time per capsule
+        self.events = EventLog(state)
+        # execs, forks, destroys: one at a time per capsule; a command's waits and starts are events
+        self.capsule_queue = CapsuleQueue(observer=self._turn_event)
         self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
         self.runs = Runs()  # calls that outlive their answer (capsules/background.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
+
+    def _turn_event(self, what: str, capsule_id: str, ticket: Ticket) -> None:
+        data: dict[str, Any] = {"ticket": ticket.number, "label": ticket.label}
+        if what == "started":
+            data["waited_ms"] = ticket.waited_ms
+        self.events.add(f"run.{what}", capsule_id, data)
 
     async def helper(self) -> Any:
         """The helper client, connected or spawned on first use (mcp_server.launcher).

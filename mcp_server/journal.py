@@ -45,6 +45,7 @@ from typing import Any
 
 import zstandard
 
+from mcp_server import events
 from mcp_server.core.netrules import NetworkSpec, network_json, parse_network
 from mcp_server.state import State
 from sandbox.errors import CcwError
@@ -294,13 +295,18 @@ class Journal:
         self.state = state
         state.ensure_schema("journal", _DDL)
         state.add_columns(_NEW_COLUMNS, backfill=_backfill)
+        events.ensure_schema(state)  # each row below is an event too, in its transaction
 
     def add_capsule(self, record: CapsuleRecord) -> None:
         """Record a new capsule."""
         row = _capsule_row(record)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
-        self.state.execute(f"INSERT OR REPLACE INTO capsules ({cols}) VALUES ({marks})", list(row.values()))
+        with self.state.transaction() as db:
+            db.execute(f"INSERT OR REPLACE INTO capsules ({cols}) VALUES ({marks})", list(row.values()))
+            events.emit(db, "capsule.created", record.capsule_id, {
+                "workspace": record.workspace, "base": record.base, "parent": record.parent,
+                "network": record.network, "expose": list(record.spec.expose)})
 
     def capsule(self, capsule_id: str) -> CapsuleRecord | None:
         """The record of one capsule, or None."""
@@ -322,6 +328,7 @@ class Journal:
         with self.state.transaction() as db:
             db.execute("UPDATE capsules SET destroyed_at = ? WHERE capsule_id = ?", (when, capsule_id))
             db.execute("DELETE FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+            events.emit(db, "capsule.destroyed", capsule_id, {})
 
     def add_outputs(self, capsule_id: str, seq: int, streams: dict[str, bytes]) -> None:
         """Keep what exec ``seq`` printed (the first OUTPUT_KEEP_BYTES of each stream)."""
@@ -370,6 +377,7 @@ class Journal:
                 (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
                  target, mode, generation, mtime_ns),
             )
+            events.emit(db, "file.changed", capsule_id, {"seq": seq, "path": path, "action": action})
             return seq
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
@@ -420,6 +428,9 @@ class Journal:
             cols = ", ".join(row)
             marks = ", ".join("?" for _ in row)
             db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(row.values()))
+            for kind, data in events.run_events(last + 1, {"generation": row["generation"], **entry},
+                                                row["generation_out"]):
+                events.emit(db, kind, capsule_id, data)
             return int(last + 1)
 
     def record_base(self, capsule_id: str, states: dict[str, str]) -> None:

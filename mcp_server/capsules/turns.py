@@ -88,12 +88,16 @@ class Ticket:
 
 
 WaitReport = Callable[[Ticket, int, Ticket], Awaitable[None]]  # (own ticket, calls ahead, holder)
+# Told when a command's call starts waiting behind another ("queued") and when it gets
+# the turn ("started"): the state dir's event stream (mcp_server/events.py).
+Observer = Callable[[str, str, Ticket], None]  # (what happened, capsule id, the call's ticket)
 
 
 class CapsuleQueue:
     """The lines of every capsule this front end serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, observer: Observer | None = None) -> None:
+        self.observer = observer  # told of commands only (labels "exec …"): the others are not runs
         self._lines: dict[str, list[Ticket]] = {}
         self._lots: dict[str, trio.lowlevel.ParkingLot] = {}
         self._numbers = itertools.count(1)
@@ -121,6 +125,10 @@ class CapsuleQueue:
             del self._lots[capsule_id]
         lot.unpark_all()
 
+    def _observe(self, what: str, capsule_id: str, ticket: Ticket) -> None:
+        if self.observer is not None and ticket.label.startswith(TURN_TOOLS["capsule_exec"] + " "):
+            self.observer(what, capsule_id, ticket)
+
     @contextlib.asynccontextmanager
     async def turn(self, capsule_id: str, label: str, on_wait: WaitReport | None = None,
                    ticket: Ticket | None = None) -> AsyncIterator[Ticket]:
@@ -138,6 +146,8 @@ class CapsuleQueue:
             reported: tuple[int, int] | None = None
             last_report = 0.0
             while line[0] is not ticket:
+                if not ticket.waited:
+                    self._observe("queued", capsule_id, ticket)
                 ticket.waited = True
                 ahead = line.index(ticket)
                 place = (ahead, line[0].number)
@@ -149,6 +159,7 @@ class CapsuleQueue:
                 with trio.move_on_after(WAIT_REPORT_S):
                     await lot.park()
             ticket.started = time.monotonic()
+            self._observe("started", capsule_id, ticket)
             yield ticket
         finally:
             self.release(capsule_id, ticket)

@@ -1,0 +1,180 @@
+"""The events of a state dir: a typed stream of what its capsules do, kept in its database.
+
+The journal records enough to replay and judge runs; a person deciding whether to
+promote wants to *watch* them: what ran, what it wrote and read, where it tried to
+connect and what was decided.  Each such fact is an event, appended to the ``events``
+table of the state dir's SQLite database in the same transaction as the journal row it
+describes (so a watcher never sees an event whose run is not in the journal, nor the
+other way round), and numbered by SQLite in commit order.
+
+Why the database and not a socket.  Every process of a state dir (the MCP server an
+agent started, each ``ccw`` command, the dashboard) opens the same database; whoever
+writes, every reader sees the same numbered stream, and a reader that starts late or
+reconnects asks for what came after the last id it saw (``since``).  Readers in other
+processes learn of new rows by polling the highest id (one indexed read, ~20 us), which
+``follow`` does every ``POLL_S`` while idle: a person's eye needs no less delay, and a
+writer pays nothing for its watchers.
+
+Kinds (``KINDS``) and what their ``data`` holds; paths are relative to the workspace and
+every text in them came from inside a capsule, so it is untrusted:
+
+- ``capsule.created``  workspace, base, parent, network ("none" or the allowlist's rules),
+  exposed dirs;  ``capsule.destroyed``  (nothing).
+- ``run.queued``  ticket, label (a call asked for the capsule's turn and waits behind
+  another);  ``run.started``  ticket, label, waited_ms.
+- ``run.finished``  seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
+  duration_ms, generation, generation_out, usage (cpu_ms, rss_max_kb: null when not
+  measured), reads (null when not traced), writes, connections (counts).
+- ``files.written``  seq, count, paths (the first ``MAX_PATHS``); ``files.read``  seq,
+  count, dirs (the ``MAX_DIRS`` directories most read from, with counts).
+- ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,
+  bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run.
+- ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
+- ``policy.report``  policy, ok, report (the checks: promotion's dry run or real one);
+  ``promotion``  applied, dry_run, files, refused (the error code and message, or null).
+- ``witness``  witness_id, path, bytes;  ``replay``  witness_id, verdict, differences.
+- ``deltamin.trial``  trial, size, outcome;  ``deltamin.done``  minimal, trials, status.
+
+The table is bounded: the oldest rows beyond ``KEEP_EVENTS`` go when an ``EventLog`` opens it.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import json
+import sqlite3
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_server.state import State
+
+KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
+         "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
+         "witness", "replay", "deltamin.trial", "deltamin.done")
+KEEP_EVENTS = 200_000
+MAX_PATHS = 200
+MAX_DIRS = 10
+MAX_CONNECTIONS = 100
+POLL_S = 0.1
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    capsule_id TEXT,
+    kind TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_capsule ON events (capsule_id, id);
+"""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One row of the stream."""
+
+    id: int
+    at: str  # ISO 8601 UTC, milliseconds
+    capsule_id: str | None
+    kind: str
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The event as the watchers and the dashboard receive it."""
+        return {"id": self.id, "at": self.at, "capsule_id": self.capsule_id, "kind": self.kind, "data": self.data}
+
+
+def ensure_schema(state: State) -> None:
+    """The events table (once per process)."""
+    state.ensure_schema("events", _DDL)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def emit(db: sqlite3.Connection, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
+    """Append one event inside the caller's transaction (``State.transaction``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown event kind {kind!r}")
+    db.execute("INSERT INTO events (at, capsule_id, kind, data) VALUES (?, ?, ?, ?)",
+               (_now(), capsule_id, kind, json.dumps(data, sort_keys=True, ensure_ascii=False)))
+
+
+def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -> list[tuple[str, dict[str, Any]]]:
+    """The events of one journaled exec (``Journal.add_exec``'s entry): finished, then what it
+    wrote, read and tried to connect to."""
+    touched = entry.get("touched") or {}
+    written, read = touched.get("written") or [], touched.get("read")
+    network = touched.get("network") or []
+    usage = entry.get("usage") or {}
+    events: list[tuple[str, dict[str, Any]]] = [("run.finished", {
+        "seq": seq, "argv": entry.get("argv"), "cwd": entry.get("cwd"), "exit_code": entry.get("exit_code"),
+        "signal": entry.get("signal"), "timed_out": bool(entry.get("timed_out")),
+        "oom_killed": bool(entry.get("oom_killed")), "duration_ms": entry.get("duration_ms"),
+        "generation": entry.get("generation"), "generation_out": generation_out,
+        "usage": {"cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb")},
+        "reads": None if read is None else len(read), "writes": len(written), "connections": len(network),
+    })]
+    if written:
+        events.append(("files.written", {"seq": seq, "count": len(written), "paths": list(written[:MAX_PATHS])}))
+    if read:
+        dirs = collections.Counter(path.rsplit("/", 1)[0] if "/" in path else "." for path in read)
+        events.append(("files.read", {"seq": seq, "count": len(read),
+                                      "dirs": [[name, count] for name, count in dirs.most_common(MAX_DIRS)]}))
+    for record in network[:MAX_CONNECTIONS]:
+        keep = ("host", "port", "protocol", "allowed", "rule", "reason", "bytes_in", "bytes_out", "cut")
+        events.append(("net.connection", {"seq": seq, **{key: record.get(key) for key in keep}}))
+    return events
+
+
+def _event(row: sqlite3.Row) -> Event:
+    return Event(int(row["id"]), row["at"], row["capsule_id"], row["kind"], json.loads(row["data"]))
+
+
+class EventLog:
+    """Reads (and, outside the journal's own transactions, appends) a state dir's events."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        ensure_schema(state)
+        state.execute("DELETE FROM events WHERE id <= (SELECT MAX(id) FROM events) - ?", (KEEP_EVENTS,))
+
+    def add(self, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
+        """Append one event in a transaction of its own."""
+        with self.state.transaction() as db:
+            emit(db, kind, capsule_id, data)
+
+    def last_id(self) -> int:
+        """The id of the newest event (0 when there is none)."""
+        (row,) = self.state.execute("SELECT COALESCE(MAX(id), 0) AS last FROM events")
+        return int(row["last"])
+
+    def since(self, after: int = 0, capsule_id: str | None = None, limit: int = 500) -> list[Event]:
+        """Events with an id above ``after`` (of one capsule, if given), oldest first."""
+        if capsule_id is None:
+            rows = self.state.execute("SELECT * FROM events WHERE id > ? ORDER BY id LIMIT ?", (after, limit))
+        else:
+            rows = self.state.execute("SELECT * FROM events WHERE capsule_id = ? AND id > ? ORDER BY id LIMIT ?",
+                                      (capsule_id, after, limit))
+        return [_event(row) for row in rows]
+
+    def latest(self, capsule_id: str | None = None, limit: int = 50) -> list[Event]:
+        """The newest ``limit`` events (of one capsule, if given), oldest first."""
+        where, params = ("WHERE capsule_id = ?", (capsule_id, limit)) if capsule_id else ("", (limit,))
+        rows = self.state.execute(f"SELECT * FROM events {where} ORDER BY id DESC LIMIT ?", params)
+        return [_event(row) for row in reversed(rows)]
+
+    async def follow(self, after: int, capsule_id: str | None = None, poll_s: float = POLL_S) -> AsyncGenerator[Event, None]:
+        """Every event after ``after`` as it is committed, by any process; never ends by itself."""
+        import trio
+
+        while True:
+            batch = await trio.to_thread.run_sync(self.since, after, capsule_id)
+            for event in batch:
+                after = event.id
+                yield event
+            if not batch:
+                await trio.sleep(poll_s)

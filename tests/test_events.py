@@ -1,0 +1,147 @@
+"""The state dir's event stream (mcp_server/events.py): the journal's rows as events in
+their transactions, turn events, and a reader in another connection following them."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from mcp_server import events
+from mcp_server.capsules.turns import CapsuleQueue, Ticket, exec_label
+from mcp_server.events import EventLog
+from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.state import State
+from sandbox.spec import CapsuleSpec
+
+
+def _record(capsule_id: str = "cap_1") -> CapsuleRecord:
+    return CapsuleRecord(capsule_id=capsule_id, spec=CapsuleSpec(workspace="/ws", expose=("/opt/py",)),
+                         parent=None, created_at="", clock="", isolation={}, mount="", base_fingerprint=None,
+                         destroyed_at=None)
+
+
+def _entry(touched: dict[str, Any], exit_code: int = 0) -> dict[str, Any]:
+    return {"started_at": "", "argv": ["pytest", "-q"], "cwd": "/ws", "env_keys": [], "stdin_blake3": None,
+            "stdin_b64": None, "timeout_ms": 1000, "exit_code": exit_code, "signal": None, "timed_out": 0,
+            "oom_killed": 0, "stdout_blake3": "b", "stderr_blake3": "b", "stdout_bytes": 0, "stderr_bytes": 0,
+            "duration_ms": 12, "usage": {"cpu_ms": 7, "rss_max_kb": 900}, "touched": touched}
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> State:
+    return State(tmp_path / "state")
+
+
+def test_a_capsules_life_is_a_stream_of_events_in_journal_order(state: State) -> None:
+    journal, log = Journal(state), EventLog(state)
+    journal.add_capsule(_record())
+    network = [{"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443",
+                "reason": None, "address": "1.2.3.4", "bytes_in": 10, "bytes_out": 5, "cut": False},
+               {"host": "evil.example", "port": 80, "protocol": "http", "allowed": False, "rule": None,
+                "reason": "not in the allowlist", "address": None, "bytes_in": 0, "bytes_out": 0, "cut": False}]
+    journal.add_exec("cap_1", _entry({"read": ["src/a.py", "src/b.py", "setup.py"], "written": ["out.txt"],
+                                      "network": network}, exit_code=1))
+    journal.add_write("cap_1", "notes.md", "write", b"x")
+    journal.mark_destroyed("cap_1", "2026-11-27T00:00:00Z")
+
+    got = log.since(0)
+    assert [e.kind for e in got] == ["capsule.created", "run.finished", "files.written", "files.read",
+                                     "net.connection", "net.connection", "file.changed", "capsule.destroyed"]
+    assert [e.id for e in got] == sorted(e.id for e in got) and all(e.capsule_id == "cap_1" for e in got)
+    assert got[0].data["expose"] == ["/opt/py"] and got[0].data["workspace"] == "/ws"
+    finished = got[1].data
+    assert finished["seq"] == 1 and finished["exit_code"] == 1 and finished["argv"] == ["pytest", "-q"]
+    assert (finished["reads"], finished["writes"], finished["connections"]) == (3, 1, 2)
+    assert finished["generation"] == 0 and finished["generation_out"] == 1
+    assert finished["usage"] == {"cpu_ms": 7, "rss_max_kb": 900}
+    assert got[2].data == {"seq": 1, "count": 1, "paths": ["out.txt"]}
+    assert got[3].data["dirs"] == [["src", 2], [".", 1]]
+    denied = got[5].data
+    assert denied["host"] == "evil.example" and denied["allowed"] is False and "address" not in denied
+    assert got[6].data == {"seq": 2, "path": "notes.md", "action": "write"}
+    assert log.since(got[3].id, capsule_id="cap_1")[0].id == got[4].id
+    assert [e.kind for e in log.latest(limit=2)] == ["file.changed", "capsule.destroyed"]
+
+
+def test_an_untraced_run_says_its_reads_are_unknown_and_lists_are_capped(state: State) -> None:
+    journal, log = Journal(state), EventLog(state)
+    journal.add_capsule(_record())
+    written = [f"f{i:04}" for i in range(events.MAX_PATHS + 50)]
+    journal.add_exec("cap_1", _entry({"read": None, "written": written, "network": None}))
+    finished, files = log.since(0)[1:]
+    assert finished.data["reads"] is None and finished.data["writes"] == len(written)
+    assert files.data["count"] == len(written) and len(files.data["paths"]) == events.MAX_PATHS
+
+
+def test_a_failed_journal_write_leaves_no_event(state: State) -> None:
+    journal, log = Journal(state), EventLog(state)
+    journal.add_capsule(_record())
+    before = log.last_id()
+    with pytest.raises(KeyError):
+        journal.add_exec("cap_1", {"argv": ["x"]})  # no touched: the row and its events roll back
+    assert log.last_id() == before
+
+
+def test_unknown_kinds_are_refused(state: State) -> None:
+    with pytest.raises(ValueError, match="unknown event kind"):
+        EventLog(state).add("run.exploded", None, {})
+
+
+def test_commands_waiting_for_a_turn_are_queued_then_started_events() -> None:
+    seen: list[tuple[str, str, str]] = []
+
+    def observe(what: str, capsule_id: str, ticket: Ticket) -> None:
+        seen.append((what, capsule_id, ticket.label))
+
+    queue = CapsuleQueue(observer=observe)
+    first, second = exec_label(["make"]), exec_label(["pytest", "-q"])
+
+    async def call(label: str, hold: trio.Event | None = None) -> None:
+        async with queue.turn("cap", label):
+            if hold is not None:
+                await hold.wait()
+
+    async def main() -> None:
+        release = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, first, release)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(call, second)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(call, "destroy")  # not a command: no run events
+            await trio.testing.wait_all_tasks_blocked()
+            release.set()
+
+    trio.run(main)
+    assert seen == [("started", "cap", first), ("queued", "cap", second), ("started", "cap", second)]
+
+
+def test_a_follower_in_another_connection_sees_events_as_they_are_committed(tmp_path: Path) -> None:
+    writer, reader = State(tmp_path / "s"), State(tmp_path / "s")  # two processes' connections
+    Journal(writer)
+    log = EventLog(reader)
+    got: list[str] = []
+
+    async def main() -> None:
+        async def follow() -> None:
+            async with contextlib.aclosing(log.follow(0, poll_s=0.01)) as stream:
+                async for event in stream:
+                    got.append(event.kind)
+                    if len(got) == 2:
+                        return
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(follow)
+                await trio.sleep(0.05)
+                Journal(writer).add_capsule(_record())
+                await trio.sleep(0.05)
+                Journal(writer).mark_destroyed("cap_1", "now")
+
+    trio.run(main)
+    assert got == ["capsule.created", "capsule.destroyed"]
