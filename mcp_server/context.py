@@ -30,7 +30,7 @@ from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
 from mcp_server.config import Config
-from mcp_server.events import EventLog
+from mcp_server.events import EventLog, record_outcome
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 
@@ -49,7 +49,7 @@ class Runtime:
         # execs, forks, destroys: one at a time per capsule; a command's waits and starts are events
         self.capsule_queue = CapsuleQueue(observer=self._turn_event)
         self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
-        self.runs = Runs()  # calls that outlive their answer (capsules/background.py)
+        self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/background.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -59,6 +59,10 @@ class Runtime:
         if what == "started":
             data["waited_ms"] = ticket.waited_ms
         self.events.add(f"run.{what}", capsule_id, data)
+
+    def _run_ended(self, run: Run) -> None:
+        # A replay's or deltamin's outcome is an event (a command's run is one already).
+        record_outcome(self.state, run.tool, run.capsule_id, run.result, run.error)
 
     async def helper(self) -> Any:
         """The helper client, connected or spawned on first use (mcp_server.launcher).

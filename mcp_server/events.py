@@ -30,10 +30,14 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,
   bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run.
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
-- ``policy.report``  policy, ok, report (the checks: promotion's dry run or real one);
-  ``promotion``  applied, dry_run, files, refused (the error code and message, or null).
-- ``witness``  witness_id, path, bytes;  ``replay``  witness_id, verdict, differences.
-- ``deltamin.trial``  trial, size, outcome;  ``deltamin.done``  minimal, trials, status.
+- ``policy.report``  passed, report (promotion's checks, real or dry run);  ``promotion``
+  applied, dry_run, refused (null, or the error's code and message: POLICY_FAILED,
+  REPO_CHANGED, ...).
+- ``witness``  witness_id, path, root_hash, size_bytes;  ``replay``  replay_ok,
+  root_hash, output_identical, differences (the count of outputs that differ).
+- ``deltamin.trial``  size (changes applied), outcome (FAIL, PASS, UNRESOLVED), fresh;
+  ``deltamin.done``  minimal (its hunks), replay_ok, trials, cache_hits, elapsed_ms,
+  one_minimal.
 
 The table is bounded: the oldest rows beyond ``KEEP_EVENTS`` go when an ``EventLog`` opens it.
 """
@@ -130,6 +134,54 @@ def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -
     return events
 
 
+def outcome_events(tool: str, result: Mapping[str, Any] | None,
+                   error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
+    """The events of a finished promote, witness, replay or deltamin call (its result, or the
+    CcwError that refused it); none for other tools, whose rows are events already."""
+    code, message = getattr(error, "code", None), getattr(error, "message", None)
+    if tool == "capsule_promote":
+        if result is None:
+            return [("promotion", {"applied": [], "dry_run": None, "refused": {"code": code, "message": message}})]
+        report = result.get("policy_report") or {}
+        failed = sorted(key.removesuffix("_ok") for key, value in report.items() if key.endswith("_ok") and value is False)
+        refused = None if result.get("promoted") or result.get("dry_run") else {
+            "code": "POLICY_FAILED", "message": f"failed: {', '.join(failed) or 'the policies'}"}
+        return [("policy.report", {"passed": report.get("passed"), "report": report}),
+                ("promotion", {"applied": result.get("applied") or [], "dry_run": bool(result.get("dry_run")),
+                               "refused": refused})]
+    if result is None or result.get("status") in ("running", "cancelled"):
+        return []
+    if tool == "capsule_witness":
+        return [("witness", {key: result.get(key) for key in ("witness_id", "path", "root_hash", "size_bytes")})]
+    if tool == "capsule_replay":
+        return [("replay", {"replay_ok": result.get("replay_ok"), "root_hash": result.get("root_hash"),
+                            "output_identical": result.get("output_identical"),
+                            "differences": len(result.get("output_diffs") or [])})]
+    if tool == "capsule_deltamin":
+        return [("deltamin.done", {key: result.get(key) for key in
+                                   ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
+                 | {"minimal": len(result.get("minimal_patch") or [])})]
+    return []
+
+
+def add(state: State, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
+    """Append one event in a transaction of its own."""
+    ensure_schema(state)
+    with state.transaction() as db:
+        emit(db, kind, capsule_id, data)
+
+
+def record_outcome(state: State, tool: str, capsule_id: str | None, result: Mapping[str, Any] | None,
+                   error: BaseException | None) -> None:
+    """Append ``outcome_events`` of a finished call, in one transaction."""
+    found = outcome_events(tool, result, error)
+    if found:
+        ensure_schema(state)
+        with state.transaction() as db:
+            for kind, data in found:
+                emit(db, kind, capsule_id, data)
+
+
 def _event(row: sqlite3.Row) -> Event:
     return Event(int(row["id"]), row["at"], row["capsule_id"], row["kind"], json.loads(row["data"]))
 
@@ -144,8 +196,7 @@ class EventLog:
 
     def add(self, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
         """Append one event in a transaction of its own."""
-        with self.state.transaction() as db:
-            emit(db, kind, capsule_id, data)
+        add(self.state, kind, capsule_id, data)
 
     def last_id(self) -> int:
         """The id of the newest event (0 when there is none)."""

@@ -145,3 +145,31 @@ def test_a_follower_in_another_connection_sees_events_as_they_are_committed(tmp_
 
     trio.run(main)
     assert got == ["capsule.created", "capsule.destroyed"]
+
+
+def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: State) -> None:
+    from sandbox.errors import CcwError
+
+    refused = {"promoted": False, "dry_run": False, "applied": [],
+               "policy_report": {"passed": False, "tests_ok": True, "paths_ok": False, "replay_ok": None}}
+    events.record_outcome(state, "capsule_promote", "cap_1", refused, None)
+    events.record_outcome(state, "capsule_promote", "cap_1", None, CcwError("REPO_CHANGED", "the workspace moved"))
+    events.record_outcome(state, "capsule_promote", "cap_1",
+                          {"promoted": True, "dry_run": False, "applied": ["a.py"], "policy_report": {"passed": True}},
+                          None)
+    events.record_outcome(state, "capsule_witness", "cap_1", {"witness_id": "w1", "path": "/s/w1.tar.zst",
+                                                              "root_hash": "h", "size_bytes": 10}, None)
+    events.record_outcome(state, "capsule_replay", None, {"status": "running", "run_id": "r"}, None)
+    events.record_outcome(state, "capsule_replay", None, {"replay_ok": False, "root_hash": "h",
+                                                          "output_identical": False, "output_diffs": [{}, {}]}, None)
+    events.record_outcome(state, "capsule_deltamin", "cap_1", {"minimal_patch": "p", "replay_ok": True, "trials": 9,
+                                                               "cache_hits": 2, "elapsed_ms": 5, "one_minimal": True},
+                          None)
+    events.record_outcome(state, "capsule_list", None, {"capsules": []}, None)
+    got = [(e.kind, e.data) for e in EventLog(state).since(0)]
+    assert [kind for kind, _ in got] == ["policy.report", "promotion", "promotion", "policy.report", "promotion",
+                                         "witness", "replay", "deltamin.done"]
+    assert got[1][1]["refused"] == {"code": "POLICY_FAILED", "message": "failed: paths"}
+    assert got[2][1]["refused"] == {"code": "REPO_CHANGED", "message": "the workspace moved"}
+    assert got[4][1] == {"applied": ["a.py"], "dry_run": False, "refused": None}
+    assert got[6][1]["differences"] == 2 and got[7][1]["trials"] == 9

@@ -125,9 +125,10 @@ Body = Callable[[Run], Awaitable[dict[str, Any]]]
 class Runs:
     """The runs of this process, by id."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[Run], None] | None = None) -> None:
         self._runs: dict[str, Run] = {}
         self._serial = itertools.count(1)
+        self.on_end = on_end  # told of every run that ended (its result or error): the event stream
 
     def start(self, tool: str, capsule_id: str | None, body: Body, owner: str | None = None) -> Run:
         """Start ``body`` as ``owner``'s run now, in a copy of the calling task's context."""
@@ -206,6 +207,8 @@ class Runs:
         finally:
             run.ended = trio.current_time()
             run.done.set()
+            if self.on_end is not None:
+                self.on_end(run)
 
     def _expire(self) -> None:
         now = trio.current_time()

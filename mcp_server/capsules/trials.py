@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from mcp_server import events
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.core import unidiff
@@ -232,11 +233,16 @@ class Trials:
         """
         from mcp_server.capsules.executors import Trial
 
+        subset = tuple(subset)
         command = Command(self.argv, self.record.workspace, self.timeout_ms)
         trial = Trial(self.record, file_contents(self.material, subset), command, fresh)
         run = await self.executor.run_trial(self.service, trial)
         self.runs += 1
-        return self.judge(run)
+        verdict = self.judge(run)
+        # A person watching sees the search: each trial's size and what it gave.
+        events.add(self.service.state, "deltamin.trial", self.record.capsule_id,
+                   {"size": len(set(subset)), "outcome": verdict, "fresh": fresh})
+        return verdict
 
     async def batch(self, subsets: list[tuple[int, ...]], fresh: bool = False) -> list[str]:
         """The outcomes of several subsets, run at once (as many as the executor runs in parallel)."""

@@ -16,8 +16,10 @@ from typing import Any
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
 from mcp_server.capsules.promotion import Request, promote
 from mcp_server.core.hazards import KINDS
+from mcp_server.events import record_outcome
 from mcp_server.fs.gitignore import Scope
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
 
 HAZARD = {
     "type": "object", "required": ["kind", "path", "action", "reason", "allowed"], "additionalProperties": False,
@@ -45,7 +47,13 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
                       frozenset(args.get("allow_hazards") or ()),
                       Scope(bool(args.get("include_ignored")), tuple(args.get("paths") or ()),
                             tuple(args.get("exclude") or ())))
-    return await promote(ctx.capsules, request)
+    try:
+        result = await promote(ctx.capsules, request)
+    except CcwError as exc:  # a refusal (REPO_CHANGED, a hazard...) is shown to watchers too
+        record_outcome(ctx.state, "capsule_promote", request.capsule_id, None, exc)
+        raise
+    record_outcome(ctx.state, "capsule_promote", request.capsule_id, result, None)
+    return result
 
 
 TOOLS = [

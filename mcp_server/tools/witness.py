@@ -21,6 +21,7 @@ from mcp_server.capsules.witnesses import (
     verify_file,
     witness_key,
 )
+from mcp_server.events import record_outcome
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
@@ -31,7 +32,9 @@ async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     service = ctx.capsules
     service.live_record(args["capsule_id"])
     async with service.turn(args["capsule_id"], "capsule_witness"):
-        return await make_witness(service, args["capsule_id"], options)
+        result = await make_witness(service, args["capsule_id"], options)
+    record_outcome(ctx.state, "capsule_witness", args["capsule_id"], result, None)
+    return result
 
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
