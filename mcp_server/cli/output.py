@@ -59,6 +59,20 @@ def color_diff(diff: str, color: bool) -> str:
     return "".join(out)
 
 
+_CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def visible(text: str, keep_newlines: bool = False) -> str:
+    """``text`` with its control characters written as ``\\xNN``: what a capsule named (a
+    path, an argv, a host) must not drive the terminal it is shown on (escape sequences
+    can move the cursor, rewrite earlier lines, set the window title)."""
+    table = dict(_CONTROLS)
+    if keep_newlines:
+        table.pop(0x0A)
+        table.pop(0x09)
+    return text.translate(table)
+
+
 def print_json(value: Any, stream: TextIO | None = None) -> None:
     """One JSON document, keys sorted, on stdout (or ``stream``)."""
     stream = stream or sys.stdout

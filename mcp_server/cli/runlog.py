@@ -1,14 +1,35 @@
-"""``ccw capsule log CAP`` and ``ccw capsule show CAP RUN`` (issue 26; being built)."""
+"""``ccw capsule log CAP`` and ``ccw capsule show CAP RUN``: what ran in a capsule, from its journal.
+
+Both read the state dir's database and nothing else: no helper, no front end, no turn.
+So they answer while an agent's command runs in the capsule, and for a destroyed
+capsule too (its runs stay in the journal; what they printed goes with the capsule).
+
+``log`` is one line per run: its number, when it started, the change generation it
+started on and the one its writes produced, exit status, duration, and how many files
+it read and wrote and connections it tried.  ``show`` is one run whole: its command,
+cwd, exit and usage, what it printed (the journal keeps the first MiB of each stream),
+the files it wrote and read, and its connections with their verdicts.
+
+Everything shown came from inside a capsule (argv, paths, hosts, output) and is written
+with its control characters made visible on a terminal (``output.visible``); ``show
+--raw`` prints the output as the command wrote it, as ``ccw capsule exec`` does.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from typing import Any
 
+from mcp_server.cli.output import DIM, GREEN, RED, paint, print_json, use_color, visible
 from mcp_server.config import Config
+from mcp_server.journal import Journal
+from mcp_server.state import State
 from sandbox.errors import CcwError
 
 VERBS = ("log", "show")
+SHOW_READ = 40  # read paths listed by ``show`` before "... and N more" (--all lists them all)
 
 
 def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -18,8 +39,142 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     show = verbs.add_parser("show", parents=[common], help="one run of a capsule: its output and touched files")
     show.add_argument("capsule_id")
     show.add_argument("run", type=int, help="the run's number (ccw capsule log lists them)")
+    show.add_argument("--all", action="store_true", help="list every file read (default: the first 40)")
+    show.add_argument("--raw", action="store_true", help="print the output as the command wrote it, escape "
+                      "sequences and all (default on a terminal: control characters made visible)")
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    """Print the log or one run."""
-    raise CcwError("UNSUPPORTED", "ccw capsule log/show are not built yet")
+    """Print the log or one run; the exit status."""
+    state = State(config.state_dir)
+    try:
+        journal = Journal(state)
+        if journal.capsule(args.capsule_id) is None:
+            raise CcwError("NOT_FOUND", f"no capsule {args.capsule_id} in {config.state_dir}; "
+                           "ccw capsule list shows the capsules", {"capsule_id": args.capsule_id})
+        runs = [run_summary(entry) for entry in journal.execs(args.capsule_id)]
+        if args.verb == "log":
+            if args.json:
+                print_json({"capsule_id": args.capsule_id, "runs": runs})
+            else:
+                sys.stdout.write(render_log(runs, use_color(sys.stdout, args.no_color)))
+            return 0
+        entry = next((e for e in journal.execs(args.capsule_id) if e["seq"] == args.run), None)
+        if entry is None:
+            raise CcwError("NOT_FOUND", f"capsule {args.capsule_id} has no run {args.run}; ccw capsule log "
+                           f"{args.capsule_id} lists its runs", {"capsule_id": args.capsule_id, "run": args.run})
+        outputs = journal.outputs(args.capsule_id)
+        detail = run_detail(entry, {stream: outputs.get((args.run, stream)) for stream in ("stdout", "stderr")})
+        if args.json:
+            print_json(detail)
+        else:
+            raw = args.raw or not sys.stdout.isatty()
+            sys.stdout.write(render_run(detail, use_color(sys.stdout, args.no_color), raw, args.all))
+        return 0
+    finally:
+        state.close()
+
+
+def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """One journaled exec as ``log`` lists it."""
+    touched = entry.get("touched") or {}
+    read = touched.get("read")
+    return {
+        "run": entry["seq"], "started_at": entry["started_at"], "argv": entry["argv"], "cwd": entry["cwd"],
+        "exit_code": entry["exit_code"], "signal": entry["signal"], "timed_out": entry["timed_out"],
+        "oom_killed": entry["oom_killed"], "duration_ms": entry["duration_ms"],
+        "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
+        "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
+        "connections": len(touched.get("network") or []),
+    }
+
+
+def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:
+    """One journaled exec whole, as ``show`` prints it: the summary, usage, output, touched sets."""
+    touched = entry.get("touched") or {}
+    kept = {}
+    for stream, found in outputs.items():
+        data = found[0] if found is not None else None
+        kept[stream] = None if data is None else data.decode("utf-8", "replace")
+        kept[f"{stream}_bytes"] = entry[f"{stream}_bytes"]
+    return {
+        **run_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
+                                        if k not in ("sources", "unavailable")},
+        "output": kept, "written": list(touched.get("written") or []), "read": touched.get("read"),
+        "network": list(touched.get("network") or []),
+    }
+
+
+def _status(run: dict[str, Any]) -> str:
+    if run["timed_out"]:
+        return "timeout"
+    if run["signal"]:
+        return str(run["signal"])
+    return "oom" if run["oom_killed"] and run["exit_code"] != 0 else str(run["exit_code"])
+
+
+def _duration(ms: int) -> str:
+    return f"{ms} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _generations(run: dict[str, Any]) -> str:
+    start, out = run["generation"], run["generation_out"]
+    if start is None:
+        return "-"
+    return f"{start}" if out is None else f"{start}>{out}"
+
+
+def render_log(runs: list[dict[str, Any]], color: bool) -> str:
+    """The runs as a table; "no runs yet" when there are none."""
+    if not runs:
+        return "no runs yet\n"
+    head = f"{'RUN':>4}  {'STARTED':<8}  {'GEN':<5}  {'EXIT':>7}  {'TIME':>8}  {'READ':>5}  {'WROTE':>5}  {'NET':>3}  COMMAND"
+    lines = [paint(head, DIM, color)]
+    for run in runs:
+        status = _status(run)
+        shown = paint(f"{status:>7}", GREEN if status == "0" else RED, color)
+        reads = "-" if run["reads"] is None else str(run["reads"])
+        lines.append(f"{run['run']:>4}  {run['started_at'][11:19]:<8}  {_generations(run):<5}  {shown}  "
+                     f"{_duration(run['duration_ms']):>8}  {reads:>5}  {run['writes']:>5}  {run['connections']:>3}  "
+                     f"{visible(shlex.join(run['argv']))}")
+    return "\n".join(lines) + "\n"
+
+
+def _section(title: str, color: bool) -> str:
+    return paint(f"--- {title}", DIM, color)
+
+
+def render_run(detail: dict[str, Any], color: bool, raw: bool, all_reads: bool) -> str:
+    """One run for people: header, output, written and read files, connections."""
+    usage = ", ".join(f"{k} {v}" for k, v in sorted(detail["usage"].items()) if v is not None)
+    lines = [f"run {detail['run']}: {visible(shlex.join(detail['argv']))}",
+             f"  cwd {visible(detail['cwd'] or '-')}, started {detail['started_at']}, generation "
+             f"{_generations(detail)}",
+             f"  exit {_status(detail)} after {_duration(detail['duration_ms'])}" + (f"; {usage}" if usage else "")]
+    for stream in ("stdout", "stderr"):
+        text, size = detail["output"][stream], detail["output"][f"{stream}_bytes"]
+        lines.append(_section(f"{stream} ({size} B)", color))
+        if text is None:
+            lines.append("  (not kept: the capsule was destroyed, or the run predates the output journal)")
+        elif text:
+            lines.append((text if raw else visible(text, keep_newlines=True)).rstrip("\n"))
+    lines.append(_section(f"written ({len(detail['written'])})", color))
+    lines += [f"  {visible(path)}" for path in detail["written"]]
+    read = detail["read"]
+    if read is None:
+        lines.append(_section("read (not traced)", color))
+    else:
+        lines.append(_section(f"read ({len(read)})", color))
+        shown = read if all_reads else read[:SHOW_READ]
+        lines += [f"  {visible(path)}" for path in shown]
+        if len(shown) < len(read):
+            lines.append(f"  ... and {len(read) - len(shown)} more (--all lists them)")
+    if detail["network"]:
+        lines.append(_section(f"connections ({len(detail['network'])})", color))
+        for record in detail["network"]:
+            verdict = paint("allowed", GREEN, color) if record.get("allowed") else paint("denied", RED, color)
+            why = record.get("rule") if record.get("allowed") else record.get("reason")
+            lines.append(f"  {verdict} {visible(str(record.get('host')))}:{record.get('port')} "
+                         f"({record.get('protocol')}; {visible(str(why or '-'))}; in {record.get('bytes_in', 0)} B, "
+                         f"out {record.get('bytes_out', 0)} B)")
+    return "\n".join(lines) + "\n"
