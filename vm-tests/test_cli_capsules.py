@@ -20,17 +20,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
-
-
-def ccw(state: Path, *argv: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_")) or k == "CCW_MUST_WORK"}
-    env["CCW_STATE_DIR"] = str(state)
-    done = subprocess.run([*CCW, *argv], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
-    if check:
-        assert done.returncode == 0, f"ccw {shlex.join(argv)}: {done.returncode}\n{done.stdout}\n{done.stderr}"
-    return done
+from tests.cli_process import CCW, ROOT, ccw
 
 
 @pytest.fixture
