@@ -12,6 +12,8 @@ Measured in one run, against a real ``ccw-mcp`` process (``MCP_ENDPOINT=socket``
   the unix socket), each beside the same operation sent straight to the helper the
   front end started (its IPC socket), in the same run: the front end's overhead as a
   ratio.  Targets: exec <= 2x the helper's own, create <= 10 ms median.  Needs root.
+* ``capsule_exec`` of /bin/true with one ``ccw watch`` following the state dir against
+  none (bench/parts/watcher.py; target <= 1.05x).
 """
 
 from __future__ import annotations
@@ -159,6 +161,25 @@ async def _capsules(path: str, state_dir: Path, workspace: Path, count: int) -> 
     return out
 
 
+async def _watched(path: str, state_dir: Path, workspace: Path, blocks: int, per_block: int) -> Row:
+    """capsule_exec end to end with a ``ccw watch`` attached against none (bench/parts/watcher.py)."""
+    from bench.parts import watcher
+
+    stream = await trio.open_unix_socket(path)
+    buffer, ids = [b""], iter(range(20_000, 1_000_000))
+    async with stream:
+        target = (await _call(stream, buffer, next(ids), "capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+
+        async def exec_once() -> float:
+            start = time.perf_counter()
+            ran = await _call(stream, buffer, next(ids), "capsule_exec", {"capsule_id": target, "cmd": ["/bin/true"]})
+            elapsed = time.perf_counter() - start
+            assert ran["exit_code"] == 0
+            return elapsed
+
+        return await watcher.measure(exec_once, state_dir, blocks, per_block)
+
+
 def _median_ms(times: list[float]) -> float:
     return statistics.median(times[len(times) // 10 :]) * 1000  # first 10%: warm-up
 
@@ -179,6 +200,7 @@ def run(quick: bool = False) -> Report:
             workspace.mkdir()
             (workspace / "file.txt").write_text("x\n")
             capsules = trio.run(_capsules, path, tmp / "state", workspace, 20 if quick else 100)
+            watched = trio.run(_watched, path, tmp / "state", workspace, 2 if quick else 6, 10 if quick else 25)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
@@ -196,5 +218,6 @@ def run(quick: bool = False) -> Report:
     report.add(Row("capsule_exec /bin/true end to end, unix socket", _median_ms(capsules["exec"]),
                    baseline="helper exec over its IPC", baseline_ms=_median_ms(capsules["helper_exec"]),
                    target="<= 2x"))
+    report.add(watched)
     report.notes.append("medians over the run after a 10% warm-up; ratios compare figures from this run")
     return report

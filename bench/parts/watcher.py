@@ -1,0 +1,72 @@
+"""What a watcher costs the agent: capsule_exec of /bin/true end to end through ccw-mcp's
+unix socket, with one ``ccw watch --json`` following the state dir against none, in one run
+(issue 26; target <= 1.05x).
+
+The watcher is a real process, as a person would start it: it polls the state dir's
+database for new events (mcp_server/events.py) and prints each as a JSON line, which a
+thread here reads and counts, so the run checks that it saw every exec.  The two
+variants take turns in blocks (starting a watcher takes a Python start-up, ~0.5 s, so
+it is not restarted for every exec); the order of the blocks alternates.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from bench.common import Row, median_ms
+
+CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
+
+
+class Watcher:
+    """``ccw watch --json`` on ``state_dir``, its lines counted by kind."""
+
+    def __init__(self, state_dir: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
+        env["CCW_STATE_DIR"] = str(state_dir)
+        self.proc = subprocess.Popen([*CCW, "watch", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env, text=True)
+        self.finished = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        time.sleep(1.0)  # started and polling before the block begins
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if json.loads(line)["kind"] == "run.finished":
+                self.finished += 1
+
+    def stop(self) -> int:
+        """Stop it; the number of finished runs it printed."""
+        time.sleep(0.5)  # the last exec's events: one poll interval and then some
+        self.proc.terminate()
+        self.proc.wait(10)
+        self._reader.join(10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.finished
+
+
+async def measure(exec_once: Callable[[], Awaitable[float]], state_dir: Path, blocks: int, per_block: int) -> Row:
+    """The row: ``exec_once()`` (seconds of one capsule_exec) with a watcher against none."""
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for block in range(blocks * 2):
+        watched = (block % 2 == 0) == (block // 2 % 2 == 0)  # on/off, off/on, on/off, ...
+        watcher = Watcher(state_dir) if watched else None
+        for _ in range(per_block):
+            times[watched].append(await exec_once())
+        if watcher is not None:
+            seen = watcher.stop()
+            if seen < per_block:
+                raise RuntimeError(f"the watcher printed {seen} finished runs of {per_block}")
+    return Row("capsule_exec /bin/true end to end, one ccw watch attached", median_ms(times[True]),
+               baseline="no watcher", baseline_ms=median_ms(times[False]), target="<= 1.05x",
+               extra={"runs": len(times[True])})
