@@ -11,9 +11,9 @@ Why the database and not a socket.  Every process of a state dir (the MCP server
 agent started, each ``ccw`` command, the dashboard) opens the same database; whoever
 writes, every reader sees the same numbered stream, and a reader that starts late or
 reconnects asks for what came after the last id it saw (``since``).  Readers in other
-processes learn of new rows by polling the highest id (one indexed read, ~20 us), which
-``follow`` does every ``POLL_S`` while idle: a person's eye needs no less delay, and a
-writer pays nothing for its watchers.
+processes learn of new rows by polling: ``follow`` stats the database's files every
+``POLL_S`` and queries only when a commit changed them.  A person's eye needs no less
+delay, and a writer pays nothing for its watchers.
 
 Kinds (``KINDS``) and what their ``data`` holds; paths are relative to the workspace and
 every text in them came from inside a capsule, so it is untrusted:
@@ -47,6 +47,7 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import os
 import sqlite3
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ MAX_PATHS = 200
 MAX_DIRS = 10
 MAX_CONNECTIONS = 100
 POLL_S = 0.1
+LOOK_S = 1.0
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -182,6 +184,14 @@ def record_outcome(state: State, tool: str, capsule_id: str | None, result: Mapp
                 emit(db, kind, capsule_id, data)
 
 
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
+
+
 def _event(row: sqlite3.Row) -> Event:
     return Event(int(row["id"]), row["at"], row["capsule_id"], row["kind"], json.loads(row["data"]))
 
@@ -222,8 +232,19 @@ class EventLog:
         """Every event after ``after`` as it is committed, by any process; never ends by itself."""
         import trio
 
+        seen: tuple[tuple[int, int] | None, ...] | None = None
+        looked = 0.0
         while True:
-            batch = await trio.to_thread.run_sync(self.since, after, capsule_id)
+            # A commit by any process changes the database's WAL file (or, after a
+            # checkpoint, the database file): two stats say whether to look at all.
+            # Timestamps are coarse (a clock tick) and a restarted WAL keeps its size, so
+            # a change can hide: a look every LOOK_S anyway bounds how long.
+            stamp = tuple(_stamp(f"{self.state.db_path}{suffix}") for suffix in ("-wal", ""))
+            batch: list[Event] = []
+            if stamp != seen or trio.current_time() - looked >= LOOK_S:
+                looked = trio.current_time()
+                batch = await trio.to_thread.run_sync(self.since, after, capsule_id)
+            seen = stamp if not batch else None  # a full batch may have more behind it
             for event in batch:
                 after = event.id
                 yield event
