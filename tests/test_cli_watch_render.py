@@ -1,0 +1,58 @@
+"""How ``ccw watch`` and ``ccw capsule log``/``show`` write what a capsule named: control
+characters made visible, one line per event, the run table's columns."""
+
+from __future__ import annotations
+
+from mcp_server.cli import runlog, watch
+from mcp_server.cli.output import visible
+from mcp_server.events import Event
+
+ESC = "\x1b"
+
+
+def test_visible_writes_every_control_character_as_an_escape() -> None:
+    assert visible(f"a{ESC}[2Jb\x07c\x9bd\x7f") == "a\\x1b[2Jb\\x07c\\x9bd\\x7f"
+    assert visible("line\n\tnext") == "line\\x0a\\x09next"
+    assert visible("line\n\tnext", keep_newlines=True) == "line\n\tnext"
+    assert visible("naïve → ok") == "naïve → ok"  # printable text is left alone
+
+
+def _event(kind: str, **data: object) -> Event:
+    return Event(7, "2026-11-27T06:00:01.234Z", "cap_1", kind, dict(data))
+
+
+def test_watch_lines_say_what_happened_without_escapes() -> None:
+    finished = watch.line(_event("run.finished", seq=3, argv=["sh", "-c", f"echo {ESC}]0;x{ESC}\\"], exit_code=2,
+                                 duration_ms=40, writes=1, reads=None, connections=0, timed_out=False))
+    assert finished.startswith("06:00:01.234 cap_1 run 3 exit 2 in 40 ms: sh -c") and ESC not in finished
+    assert "(1 written, ? read, 0 connections)" in finished
+    wrote = watch.line(_event("files.written", seq=3, count=5, paths=["a", f"b{ESC}[2J", "c", "d", "e"]))
+    assert wrote.endswith("run 3 wrote a, b\\x1b[2J, c and 2 more")
+    denied = watch.describe(_event("net.connection", seq=1, host="evil.example", port=443, allowed=False,
+                                   reason="not in the allowlist"))
+    assert denied == "run 1 connection denied: evil.example:443 (not in the allowlist)"
+    refused = watch.describe(_event("promotion", applied=[], dry_run=False,
+                                    refused={"code": "POLICY_FAILED", "message": "failed: tests"}))
+    assert refused == "promotion refused: POLICY_FAILED: failed: tests"
+    other = watch.describe(_event("witness", witness_id="wit_1", path=f"/s/{ESC}x"))
+    assert other.startswith("witness ") and ESC not in other
+
+
+def test_the_run_table_and_one_run() -> None:
+    entry = {"seq": 1, "started_at": "2026-11-27T06:00:01.000000+00:00", "argv": ["pytest", "-q"], "cwd": "/ws",
+             "exit_code": 1, "signal": None, "timed_out": False, "oom_killed": False, "duration_ms": 1500,
+             "generation": 2, "generation_out": 3, "stdout_bytes": 3, "stderr_bytes": 0,
+             "usage": {"cpu_ms": 900, "sources": {}, "unavailable": {}},
+             "touched": {"read": [f"t{i}.py" for i in range(50)], "written": [f"{ESC}[31mred"],
+                         "network": [{"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True,
+                                      "rule": "pypi.org", "bytes_in": 9, "bytes_out": 4}]}}
+    table = runlog.render_log([runlog.run_summary(entry)], color=False).splitlines()
+    assert table[1].split() == ["1", "06:00:01", "2>3", "1", "1.5", "s", "50", "1", "1", "pytest", "-q"]
+    shown = runlog.render_run(runlog.run_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1 << 20),
+                                                        "stderr": None}), color=False, raw=False, all_reads=False)
+    assert ESC not in shown and "ok\\x1b[2J" in shown and "\\x1b[31mred" in shown
+    assert "... and 10 more (--all lists them)" in shown and "(not kept:" in shown
+    assert "allowed pypi.org:443 (https; pypi.org; in 9 B, out 4 B)" in shown
+    raw = runlog.render_run(runlog.run_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1), "stderr": None}),
+                            color=False, raw=True, all_reads=True)
+    assert f"ok{ESC}[2J" in raw and "t49.py" in raw
