@@ -28,6 +28,12 @@ really leads.
   same directory is mounted at (a bind mount of /etc elsewhere is /etc;
   ``mountinfo.other_paths``).  The caller's uid is taken on the host: a rootless
   helper's namespace maps its one user to 0 (``host_uid``).
+* **Terminals**: an exec on a terminal gets the descriptor its caller sent as its
+  stdin, stdout and stderr; only a pty slave the caller owns (the UNIX98 slave majors
+  136 to 143, ``st_uid`` the caller's), open read-write, is taken (``check_terminal``).
+  Anything else could be a way out: a directory or O_PATH descriptor lies outside the
+  jail's mount namespace (``openat``/``fchdir`` from it escape), a socket may reach a
+  service the jail must not.
 * **Private dirs**: each capsule's ``tmp`` (sticky, like /tmp) and ``home`` (the caller's
   own, 0700) are made here, with the owner the checks above allowed.
 """
@@ -35,8 +41,10 @@ really leads.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pwd
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -211,3 +219,26 @@ def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
     for path in [resolved, *mountinfo.paths_of(mounts, mountinfo._mount_id(fd), resolved)]:
         spec.check_expose_dir(name, path, caller, homes)
     _check_access(fd, given, uid, gid, os.R_OK | os.X_OK, "read")
+
+
+PTY_SLAVE_MAJORS = range(136, 144)  # UNIX98_PTY_SLAVE_MAJOR and the 7 after it (Documentation/admin-guide/devices.txt)
+
+
+def check_terminal(fd: int | None, caller_uid: int) -> None:
+    """Refuse (INVALID_ARGUMENT) a descriptor that is not a pty slave of ``caller_uid``'s, open
+    read-write; None (an exec on pipes, which carries no descriptor) passes."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError as exc:
+        raise from_oserror(exc, "fstat of the exec's terminal") from exc
+    if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) not in PTY_SLAVE_MAJORS:
+        raise CcwError("INVALID_ARGUMENT", "an exec on a terminal takes the slave side of a pseudo-terminal "
+                       "(a /dev/pts/N descriptor, as os.openpty gives) and nothing else; open one and send it")
+    if flags & (os.O_ACCMODE | os.O_PATH) != os.O_RDWR:
+        raise CcwError("INVALID_ARGUMENT", "the exec's terminal must be open read-write (O_RDWR, not O_PATH)")
+    if st.st_uid != caller_uid:
+        raise CcwError("INVALID_ARGUMENT", f"the exec's terminal belongs to uid {st.st_uid}, not to the caller "
+                       f"({caller_uid}); open a pseudo-terminal of your own")

@@ -19,17 +19,18 @@ reports of the request in flight, or raises its error.  The wrappers only move b
 
 Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
 (``open_root``, ``net_open``) is never lost; descriptors arrive close-on-exec, and any the caller did
-not ask for are closed at once.  A helper that goes away mid-request (EOF, or a reset
+not ask for are closed at once.  A request that holds descriptors (an exec on a terminal:
+``ExecRequest.tty_fd``) sends copies with its frame's first byte (``sendmsg``).  A helper that goes away mid-request (EOF, or a reset
 when it died with our bytes unread, or EPIPE on send) is UNAVAILABLE with the advice to
 retry, never an internal error.  The helper process itself never imports this module.
 """
 
 from __future__ import annotations
 
+import array
 import itertools
 import os
 import socket
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, cast
 
@@ -37,7 +38,7 @@ import trio
 
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import HelloRequest, NetOpenRequest, OpRequest, encode_request
-from sandbox.protocol import FrameDecoder, Reply
+from sandbox.protocol import FrameDecoder, Reply, descriptors_of
 from sandbox.replies import NetOpenReply, ReplyT
 from sandbox.syscalls import unix_address
 
@@ -112,13 +113,6 @@ class ClientConnection:
         return reply
 
 
-def _take_fds(ancdata: list[tuple[int, int, bytes]], fds: list[int]) -> None:
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(payload) - len(payload) % 4
-            fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4))
-
-
 def _close_all(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)
@@ -152,12 +146,17 @@ class TrioConnection:
         self.sock = sock
         self.core = ClientConnection()
 
-    async def send(self, frame: bytes) -> None:
-        """Send all of ``frame``; a helper that is gone is UNAVAILABLE."""
+    async def send(self, frame: bytes, fds: list[int] | None = None) -> None:
+        """Send all of ``frame``, ``fds`` (copies) with its first byte; a helper that is gone is UNAVAILABLE."""
         view = memoryview(frame)
         while view:
             try:
-                sent = await self.sock.send(view)
+                if fds:
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+                    sent = await self.sock.sendmsg([view], rights)
+                    fds = None
+                else:
+                    sent = await self.sock.send(view)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise gone() from exc
             view = view[sent:]
@@ -173,7 +172,7 @@ class TrioConnection:
                 # A helper killed with bytes of ours still unread in its socket resets
                 # the connection instead of closing it: the same event as an EOF.
                 raise gone() from exc
-            _take_fds(ancdata, fds)
+            fds.extend(descriptors_of(ancdata))
             self.core.receive_data(data)
         return event
 
@@ -222,14 +221,14 @@ class HelperClient:
         return TrioConnection(sock)
 
     async def _round_trip(
-        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None
+        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None, sent_fds: list[int] | None = None
     ) -> tuple[dict[str, Any], list[int]]:
         if self._closed:
             raise CcwError("UNAVAILABLE", "the helper client is closed")
         conn = self._idle.pop() if self._idle else await self._connect()
         fds: list[int] = []
         try:
-            await conn.send(conn.core.send_request(next(self._ids), op, args))
+            await conn.send(conn.core.send_request(next(self._ids), op, args), sent_fds)
             reply = await conn.receive(fds)
             while reply.progress is not None:
                 if on_progress is not None:
@@ -261,9 +260,11 @@ class HelperClient:
         """Send a typed request and return the op's typed reply; an error reply raises its CcwError.
 
         With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
-        sends is awaited in order before the result arrives.
+        sends is awaited in order before the result arrives.  The descriptors the request
+        holds (an exec's terminal) travel with it; the caller keeps and closes its own.
         """
-        result = await self.request(request.op, request.to_args(), on_progress)
+        result, fds = await self._round_trip(request.op, request.to_args(), on_progress, request.descriptors())
+        _close_all(fds)
         return cast(ReplyT, request.reply.from_args(result))  # reply is the class OpRequest[ReplyT] names
 
     async def open_root(self, capsule_id: str) -> int:
@@ -355,7 +356,7 @@ class BlockingClient:
                         )
                     except ConnectionResetError as exc:
                         raise gone() from exc
-                    _take_fds(ancdata, fds)
+                    fds.extend(descriptors_of(ancdata))
                     self._core.receive_data(data)
         except BrokenPipeError as exc:
             _close_all(fds)

@@ -39,6 +39,11 @@ Choices made here (DESIGN §2 leaves them open):
   what the kernel would do when the init exits, but done by the init, so that
   ``getrusage(RUSAGE_CHILDREN)`` covers every process the jail ever had.  This is the
   usage source where no cgroup serves (rootless mode).
+- An exec on a terminal (``JailSpec.tty_fd``, a pty slave the caller sent) has it as
+  descriptors 0, 1 and 2, and the command runs in a session of its own with it as
+  controlling terminal (``_spawn``), so a shell does job control and Ctrl-C reaches
+  the foreground job, never the init.  The seccomp filter still denies TIOCSTI and
+  TIOCLINUX on it.
 - The init setns into a network namespace and moves a root tree onto /tmp when the
   helper made them ahead (supervise.py's spare pools, descriptors 5 and 6), or makes its
   own when none waits.  An "egress" capsule's init always gets descriptor 5: the
@@ -99,6 +104,7 @@ class JailSpec:
     network: str = "none"  # "none": an empty network namespace with lo up; "egress": net_fd's
     net_fd: int | None = None  # "egress": the capsule's jail network namespace (the caller keeps it)
     binds: tuple[mounts.Bind, ...] = ()  # host dirs shown besides the workspace (toolchains, git dirs)
+    tty_fd: int | None = None  # a pty slave: the command's stdio and controlling terminal (the caller keeps it)
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,7 @@ class Plan:
     last_cap: int
     keep_caps: int = 0  # rootcaps.kept_for: the capabilities the command keeps (a mask)
     seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
+    controlling_tty: bool = False  # stdin is a pty slave: the command's session takes it as its terminal
 
 
 def _last_cap() -> int:
@@ -190,6 +197,7 @@ def prepare(spec: JailSpec) -> Plan:
         last_cap=_LAST_CAP,
         keep_caps=rootcaps.kept_for(spec.uid, uid_ranges),
         seccomp_filter=seccomp.prepare(),
+        controlling_tty=spec.tty_fd is not None,
     )
 
 
@@ -326,10 +334,16 @@ def _spawn(plan: Plan) -> int:
     else:
         path = plan.env.get("PATH", os.defpath)
         candidates = [os.path.join(directory or ".", name) for directory in path.split(":")]
+    # A session leader without a terminal that opens a tty without O_NOCTTY takes it as
+    # its controlling terminal: posix_spawn calls setsid() before the file actions, and
+    # /proc/self/fd/0 reopens the pty slave (the jail's /dev/pts is another devpts).  The
+    # slot is closed first (glibc closes an open action's target), so not 0 itself.
+    actions = [(os.POSIX_SPAWN_OPEN, _FD_SYNC, "/proc/self/fd/0", os.O_RDWR, 0),
+               (os.POSIX_SPAWN_CLOSE, _FD_SYNC)] if plan.controlling_tty else []
     denied: OSError | None = None
     for candidate in candidates:
         try:
-            return os.posix_spawn(candidate, plan.argv, plan.env, setsid=True,
+            return os.posix_spawn(candidate, plan.argv, plan.env, setsid=True, file_actions=actions,
                                   setsigdef=_DEFAULT_SIGNALS, setsigmask=())
         except OSError as exc:
             if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENAMETOOLONG):

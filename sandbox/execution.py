@@ -63,7 +63,9 @@ def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], st
     it was made).
     """
     capsule_spec = capsule.spec  # not ``spec``: that is the module final_env checks with
-    jail_env = final_env(dict(request.env or {}), list(capsule_spec.env_whitelist))
+    # A terminal's type (TERM) is the one more name a session on a terminal may pass.
+    jail_env = final_env(dict(request.env or {}),
+                         [*capsule_spec.env_whitelist, *(["TERM"] if request.stdio == "tty" else [])])
     if capsule_spec.network == "egress":
         jail_env = egress.proxy_env(jail_env)
     workdir = resolve_cwd(request.cwd, capsule_spec.workspace)
@@ -91,10 +93,12 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
         uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
-        progress_ms: int = 1000, net_fd: int | None = None) -> ExecReply:
+        progress_ms: int = 1000, net_fd: int | None = None, tty_fd: int | None = None) -> ExecReply:
     """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply.
 
     ``net_fd``: an "egress" capsule's jail network namespace (the caller keeps it).
+    ``tty_fd``: the caller's pty slave (access.check_terminal), the command's stdio and
+    controlling terminal; its output goes there, so the reply's stdout and stderr are empty.
     """
     from sandbox.contain import JailSpec
 
@@ -103,6 +107,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
         home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
         timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
         clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network, net_fd=net_fd,
+        tty_fd=tty_fd,
         binds=(*gitdirs.binds(capsule), *exposed.binds(capsule, uid, gid)),
     )
     upper = capsule.path("upper")

@@ -20,13 +20,14 @@ request is left out of its arguments, so the helper's default holds.
 from __future__ import annotations
 
 import base64
+import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from sandbox import spec
-from sandbox.errors import ProtocolError
+from sandbox.errors import CcwError, ProtocolError
 from sandbox.protocol import PROTOCOL_VERSION, check_id, encode_frame
 from sandbox.replies import (
     ChangesReply,
@@ -94,7 +95,12 @@ OPS: dict[str, OpSpec] = {
             """Runs argv in a fresh jail (mount, pid, net, uts, ipc, cgroup namespaces) as the
             caller's own uid/gid with no capabilities and no_new_privs, so the command can do
             nothing the caller could not do outside, and less.  Only the caller's own
-            capsules.  Sizes of argv, env, stdin, output and time are bounded.""",
+            capsules.  Sizes of argv, env, stdin, output and time are bounded.  With
+            ``stdio: "tty"`` the request carries one descriptor, which must be a pty slave
+            the caller owns, open read-write (access.check_terminal): a character device
+            gives the jail no path into any file system (a directory or O_PATH descriptor
+            would be a way out of its mount namespace), only the terminal the caller
+            already holds.""",
             {"capsule_id": spec.capsule_id, "argv": spec.argv},
             {
                 "cwd": spec.nullable(spec.abs_path),
@@ -104,6 +110,7 @@ OPS: dict[str, OpSpec] = {
                 "limits": spec.limits,
                 "output_cap": spec.int_in(0, MAX_OUTPUT_CAP),
                 "progress_ms": spec.int_in(100, 60_000),
+                "stdio": spec.one_of("pipes", "tty"),
             },
         ),
         _op(
@@ -215,6 +222,18 @@ class OpRequest(Generic[ReplyT]):
     def _build(cls: type[RequestT], args: dict[str, Any]) -> RequestT:
         return cls(**args)
 
+    def descriptors_wanted(self) -> int:
+        """How many descriptors travel with this request (SCM_RIGHTS); most carry none."""
+        return 0
+
+    def descriptors(self) -> list[int]:
+        """The descriptors to send with this request (the sender keeps its own)."""
+        return []
+
+    def with_descriptors(self: RequestT, fds: list[int]) -> RequestT:
+        """This request holding the ``descriptors_wanted()`` descriptors that came with it."""
+        return self
+
 
 @dataclass(frozen=True)
 class CapsuleRequest(OpRequest[ReplyT]):
@@ -264,9 +283,12 @@ class ExecRequest(OpRequest[ExecReply]):
     limits: Limits | None = None
     output_cap: int | None = None
     progress_ms: int | None = None
+    stdio: str | None = None  # "tty": stdin, stdout and stderr are ``tty_fd``; None/"pipes": captured
+    tty_fd: int | None = None  # not an argument: the pty slave travels with the frame (SCM_RIGHTS)
 
     def to_args(self) -> dict[str, Any]:
         out = super().to_args()
+        out.pop("tty_fd", None)
         if self.env is not None:
             out["env"] = dict(self.env)
         if self.limits is not None:
@@ -288,7 +310,17 @@ class ExecRequest(OpRequest[ExecReply]):
             limits=None if "limits" not in args else Limits(**args["limits"]),
             output_cap=args.get("output_cap"),
             progress_ms=args.get("progress_ms"),
+            stdio=args.get("stdio"),
         )
+
+    def descriptors_wanted(self) -> int:
+        return 1 if self.stdio == "tty" else 0
+
+    def descriptors(self) -> list[int]:
+        return [] if self.tty_fd is None else [self.tty_fd]
+
+    def with_descriptors(self, fds: list[int]) -> ExecRequest:
+        return replace(self, tty_fd=fds[0]) if fds else self
 
 
 @dataclass(frozen=True)
@@ -345,6 +377,21 @@ REQUESTS: dict[str, type[OpRequest[Any]]] = {
                 NetOpenRequest, DestroyRequest, ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
+
+
+def attach_descriptors(request: RequestT, fds: list[int]) -> RequestT:
+    """``request`` holding the descriptors that came with its frame; all are closed and the
+    request refused unless it asks for exactly that many (a descriptor nobody asked for is
+    never kept, nor handed to a jail)."""
+    wanted = request.descriptors_wanted()
+    if len(fds) != wanted:
+        for fd in fds:
+            os.close(fd)
+        raise CcwError("INVALID_ARGUMENT", f"{request.op} with these arguments carries {wanted} descriptor(s) "
+                       f"(SCM_RIGHTS, with the frame's first byte), not {len(fds)}; send the pty slave "
+                       "with an exec whose stdio is \"tty\", and nothing with any other request",
+                       {"expected": wanted, "received": len(fds)})
+    return request.with_descriptors(fds)
 
 
 def parse_request(op: str, args: Any) -> OpRequest[Any]:

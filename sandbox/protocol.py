@@ -15,7 +15,8 @@ Wire format
     progress = {"id": int, "progress": {...}}, zero or more before an ``exec`` reply
               whose request asked for them (``progress_ms``)
     ``open_root``'s reply carries one descriptor (SCM_RIGHTS) with its first byte,
-    ``net_open``'s three.
+    ``net_open``'s three; an ``exec`` request with ``stdio: "tty"`` carries one (its
+    terminal), and any other request none (``ops.attach_descriptors``).
 
 What the decoder refuses, always as ``ProtocolError`` and never as anything else: a
 length over ``MAX_FRAME`` (refused as soon as the header arrives, before buffering the
@@ -38,7 +39,9 @@ from __future__ import annotations
 
 import json
 import math
+import socket
 import struct
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -277,6 +280,16 @@ class FrameDecoder:
         if self.kind == "reply":
             return parse_reply(message)
         return message
+
+
+def descriptors_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of the SCM_RIGHTS messages in a ``recvmsg``'s ancillary data, in order."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds.extend(int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True) for i in range(0, usable, 4))
+    return fds
 
 
 def encode_reply(request_id: int | None, result: dict[str, Any]) -> bytes:

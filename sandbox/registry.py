@@ -480,16 +480,16 @@ class CapsuleManager:
     ) -> ExecReply:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
-        The request was checked when it was read (sandbox/ops.py).  ``on_progress``
-        receives the jail's progress reports (elapsed time, byte counts, output tails)
-        about every ``request.progress_ms`` while the command runs.
+        The request was checked when it was read (sandbox/ops.py); its terminal, if any, is
+        checked here.  ``on_progress`` receives the jail's progress reports about every
+        ``request.progress_ms`` while the command runs.
         """
         check_uid_gid(caller_uid, caller_gid)
         capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
+        access.check_terminal(request.tty_fd, caller_uid)  # None: pipes, nothing to check
         final_env, workdir, exec_limits, timeout_ms, output_cap = execution.settings(capsule, request)
-        # An "egress" capsule's jail namespace; without one (no net_open since this helper
-        # started) the exec is refused before anything starts.
+        # An "egress" capsule's jail namespace (refused, before anything starts, without net_open).
         net_fd = self.kits.jail_descriptor(capsule_id) if capsule.spec.network == "egress" else None
         try:
             with self._lock:
@@ -497,8 +497,9 @@ class CapsuleManager:
                     forks = sorted(c for c in capsule.children if c)
                     raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks}; "
                                    "exec in a fork, or destroy the forks first", {"forks": forks})
-                if capsule.busy:
-                    raise CcwError("CONFLICT", f"capsule {capsule_id} is already running a command; wait for it")
+                if capsule.busy:  # "running": a caller may wait and retry (ccw capsule shell does)
+                    raise CcwError("CONFLICT", f"capsule {capsule_id} is already running a command; wait for it",
+                                   {"running": True})
                 self._ensure_mounted(capsule)
                 capsule.busy = True
                 self._exec_count += 1
@@ -506,7 +507,7 @@ class CapsuleManager:
             try:
                 return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
                                      timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
-                                     request.progress_ms or 1000, net_fd)
+                                     request.progress_ms or 1000, net_fd, request.tty_fd)
             finally:
                 with self._lock:
                     capsule.busy = False

@@ -20,7 +20,12 @@ Some facts about unix sockets that this module follows from:
   once the data already queued has been read, and still lets it send: graceful stop
   is "shut every connection for reading, let each thread answer what it holds, join".
 - Descriptors sent with SCM_RIGHTS travel with the first byte of the message, in the
-  order given (``net_open``'s three); the helper closes its own copies once sent.
+  order given (``net_open``'s three); the helper closes its own copies once sent.  A
+  request may carry them too (an exec on a terminal: its pty slave), so connections are
+  read with ``recvmsg``: what arrives is handed, with ownership, to the next request
+  decoded (``ops.attach_descriptors`` refuses and closes any a request did not ask for),
+  and at most ``MAX_REQUEST_FDS`` fit one read (the kernel closes the rest: MSG_CTRUNC).
+  A plain ``recv`` would have the kernel close them: nothing could leak either way.
 
 Requests on one connection are answered in order; a client that wants concurrency opens
 more connections (``sandbox/client.py`` does).  Nothing but a second exec waits for
@@ -59,12 +64,15 @@ from sandbox.ops import (
     ListRequest,
     NetOpenRequest,
     OpenRootRequest,
+    OpRequest,
+    attach_descriptors,
     parse_request,
 )
 from sandbox.protocol import (
     PROTOCOL_VERSION,
     FrameDecoder,
     Request,
+    descriptors_of,
     encode_error,
     encode_progress,
     encode_reply,
@@ -91,6 +99,7 @@ log = logging.getLogger("ccw.helper")
 
 Progress = Callable[[dict[str, Any]], None]  # sends one progress report to the caller
 RECV_CHUNK = 256 * 1024
+MAX_REQUEST_FDS = 4  # descriptors taken from one read; an exec on a terminal sends one
 MAX_CONNECTIONS = 256  # one thread each; more are told to retry, not queued without bound
 OVERFLOW_UID = 65534
 
@@ -109,6 +118,9 @@ def peer_credentials(sock: socket.socket) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
     return Peer(pid, uid, gid)
+
+
+_REQUEST_ANCILLARY = socket.CMSG_SPACE(MAX_REQUEST_FDS * 4)
 
 
 class Dispatcher:
@@ -144,11 +156,30 @@ class Dispatcher:
         }
         assert set(self._handlers) == set(OPS), "dispatch table and protocol op set differ"
 
-    def handle(self, request: Request, peer: Peer, progress: Progress | None = None) -> tuple[dict[str, Any], list[int]]:
+    def handle(self, request: Request, peer: Peer, progress: Progress | None = None,
+               received: list[int] | None = None) -> tuple[dict[str, Any], list[int]]:
         """Run one request; returns (its typed reply's ``to_args()``, the fds to pass, in order).  Raises CcwError only.
 
         ``progress`` sends an interim report to the caller (exec with ``progress_ms``).
+        ``received``: the descriptors that came with the request; this call owns them and
+        closes them before it returns.
         """
+        received = list(received or [])
+        try:
+            self._check_peer(peer)
+            parsed = parse_request(request.op, request.args)
+        except BaseException:
+            for fd in received:
+                os.close(fd)
+            raise
+        typed = attach_descriptors(parsed, received)  # closes them itself when it refuses
+        try:
+            return self._run(request, typed, peer, progress)
+        finally:
+            for fd in typed.descriptors():
+                os.close(fd)
+
+    def _check_peer(self, peer: Peer) -> None:
         if peer.uid == OVERFLOW_UID or (
             self.allowed_uids is not None and peer.uid not in self.allowed_uids
         ):
@@ -157,7 +188,9 @@ class Dispatcher:
                 f"uid {peer.uid} may not use this helper; a rootless helper serves only the "
                 "user that started it: start your own (ccw-mcp does so by default)",
             )
-        typed = parse_request(request.op, request.args)
+
+    def _run(self, request: Request, typed: OpRequest[Any], peer: Peer,
+             progress: Progress | None) -> tuple[dict[str, Any], list[int]]:
         try:
             reply, fds = self._handlers[request.op](typed, peer, progress)
         except CcwError:
@@ -388,16 +421,20 @@ class HelperServer:
             peer = peer_credentials(conn)
             log.debug("connection from pid %d uid %d", peer.pid, peer.uid)
             decoder = FrameDecoder("request")
+            received: list[int] = []  # descriptors that came with bytes not yet decoded
             while True:
                 for request in decoder.messages():
-                    self._answer(conn, request, peer)
+                    taken, received = received, []
+                    self._answer(conn, request, peer, taken)
                 if decoder.buffered == 0 and self._stopping.is_set():
                     break
-                data = conn.recv(RECV_CHUNK)
+                data, ancdata, _flags, _addr = conn.recvmsg(RECV_CHUNK, _REQUEST_ANCILLARY, socket.MSG_CMSG_CLOEXEC)
+                received += descriptors_of(ancdata)
                 if not data:
                     decoder.feed_eof()
                     for request in decoder.messages():
-                        self._answer(conn, request, peer)
+                        taken, received = received, []
+                        self._answer(conn, request, peer, taken)
                     break
                 decoder.feed(data)
         except ProtocolError as exc:
@@ -407,16 +444,18 @@ class HelperServer:
         except OSError as exc:  # the peer went away mid-reply
             log.info("connection ended: %s", exc)
         finally:
+            for fd in received:  # arrived with a frame never completed
+                os.close(fd)
             with self._lock:
                 self._connections.pop(conn, None)
             conn.close()
 
-    def _answer(self, conn: socket.socket, request: Request, peer: Peer) -> None:
+    def _answer(self, conn: socket.socket, request: Request, peer: Peer, received: list[int]) -> None:
         fds: list[int] = []
         try:
             try:
                 result, fds = self.dispatcher.handle(
-                    request, peer, lambda report: conn.sendall(encode_progress(request.id, report))
+                    request, peer, lambda report: conn.sendall(encode_progress(request.id, report)), received
                 )
                 frame = encode_reply(request.id, result)
             except CcwError as exc:

@@ -15,6 +15,9 @@ Choices made here (DESIGN §2 leaves them open):
 - Failures of the jail's own steps (a mount, chdir to a missing cwd) raise CcwError
   naming the step; a command that cannot be executed is a *result*, exit code 127
   (not found) or 126 (not executable) with a shell-like message on stderr.
+- On a terminal (``spec.tty_fd``) the jail's stdio is the caller's pty slave and
+  nothing is captured: the output goes to the caller's terminal, the reply's streams
+  are empty; only the report pipe is drained.
 - stdin is a memfd holding ``spec.stdin`` (or /dev/null): no writer thread, no deadlock
   however large it is.  stdout and stderr are pipes drained to the end; bytes past
   ``output_cap`` are counted and dropped, so the command never blocks on a full pipe.
@@ -183,24 +186,29 @@ def run(
 class _Output:
     """The helper's ends of the jail's pipes, and what came through them."""
 
-    out_r: int
-    err_r: int
+    out_r: int | None  # None on a terminal: nothing captured
+    err_r: int | None
     report_r: int
     out: _Stream
     err: _Stream
     reports: bytearray = field(default_factory=bytearray)
 
     def close(self) -> None:
-        """Close the three read ends."""
+        """Close the read ends."""
         for fd in (self.out_r, self.err_r, self.report_r):
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
 
 
 def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output, int]:
     """Fork the jail's first child with its descriptors; it waits for the sync byte (the returned fd)."""
-    stdin_fd = _stdin_fd(spec.stdin)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+    if spec.tty_fd is not None:  # the command's output goes to the terminal, not to us
+        stdin_fd, out_w, err_w = (os.dup(spec.tty_fd) for _ in range(3))
+        out_r = err_r = None
+    else:
+        stdin_fd = _stdin_fd(spec.stdin)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
     sync_r, sync_w = os.pipe()
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
@@ -230,7 +238,8 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
            on_started: Callable[[int], None] | None,
            on_progress: Callable[[ExecProgress], None] | None, progress_interval_s: float) -> None:
     """Read the jail's output and reports until every pipe is closed; end the jail on timeout."""
-    streams = {output.out_r: output.out, output.err_r: output.err}
+    streams = {fd: stream for fd, stream in ((output.out_r, output.out), (output.err_r, output.err))
+               if fd is not None}
     poller = select.poll()
     for fd in streams:
         poller.register(fd, select.POLLIN)
@@ -238,7 +247,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
     # exits: woken only by the hang-up (always reported), this thread sleeps through
     # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
     poller.register(output.report_r, 0 if jail.direct else select.POLLIN)
-    open_fds = {output.out_r, output.err_r, output.report_r}
+    open_fds = {*streams, output.report_r}
     next_progress = start + progress_interval_s
     while open_fds:
         now = time.monotonic()
