@@ -197,13 +197,21 @@ class CapsuleService:
         self.journal.add_capsule(record)
         return record
 
-    async def exec(self, capsule_id: str, command: Command) -> ExecOutcome:
-        """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
+    async def exec(self, capsule_id: str, command: Command, terminal: int | None = None) -> ExecOutcome:
+        """Run a command in a capsule's jail, after the calls queued before it, and journal it.
+
+        ``terminal``: a pty slave the caller holds (``ccw capsule shell``), sent to the helper
+        as the command's stdio and controlling terminal.  Its output goes to the terminal,
+        not to us: the journal's row has everything but the output (its stdout and stderr
+        are those of no bytes, and no output is kept for witnesses).
+        """
         record = self.live_record(capsule_id)
         resolve_cwd(command.cwd, record.workspace)  # bad arguments fail now, not after the wait
         async with self._call.capsule_turn(record.capsule_id, exec_label(command.argv)) as ticket:
             record = self.live_record(capsule_id)  # a destroy queued before this call may have run
             request = exec_request(record.capsule_id, record.spec, command, PROGRESS_MS)
+            if terminal is not None:
+                request = dataclasses.replace(request, stdio="tty", tty_fd=terminal)
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
@@ -217,7 +225,8 @@ class CapsuleService:
                 root = await self.open_root(record.capsule_id)
                 entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, list(reply.touched.written))
             seq = journal.add_exec(record.capsule_id, entry)
-            journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
+            if terminal is None:
+                journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
             generation = journal.generation(record.capsule_id)
             await trio.to_thread.run_sync(record_base_states, journal, record, list(reply.touched.written))
             hints: list[str] = []

@@ -1,0 +1,185 @@
+"""``ccw capsule shell``: a person's terminal in a capsule, driven through a real pty.
+
+As root (privileged helper) and as an unprivileged user (rootless helper): typed
+commands answer, the window size follows the outer terminal, job control works, Ctrl-C
+ends the foreground ``sleep`` and not the shell, ``exit 7`` is ccw's exit status, and a
+file written in the shell shows in ``ccw capsule diff`` and in the journal's row for the
+run (argv, exit, touched).  At the protocol level the helper refuses any descriptor but
+a read-write pty slave of the caller's own for an exec on a terminal: a directory (the
+classic way out of a mount namespace), a pipe, an O_PATH or read-only slave, another
+user's pty, or none; and a descriptor sent with any other request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
+from test_ipc_users import run_script_as  # noqa: E402
+from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
+
+from mcp_server.journal import Journal  # noqa: E402
+from mcp_server.state import State  # noqa: E402
+from sandbox.client import HelperClient  # noqa: E402
+from sandbox.errors import CcwError  # noqa: E402
+from sandbox.ops import ExecRequest, ListRequest  # noqa: E402
+
+
+def ccw(state: Path, *argv: str) -> str:
+    done = subprocess.run([*CCW, *argv], capture_output=True, text=True, env=ccw_env(state), cwd=ROOT, timeout=120)
+    assert done.returncode == 0, f"ccw {argv}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture
+def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
+    """A state dir whose detached helper is stopped at the end."""
+    state_dir = tmp_path / "state"
+    yield state_dir
+    subprocess.run([*CCW, "helper", "stop"], capture_output=True, env=ccw_env(state_dir), cwd=ROOT, timeout=60)
+
+
+def _check_session(seen: dict[str, object]) -> None:
+    assert seen["answer"] == "42"
+    assert seen["size"] == "24 80" and seen["resized"] == "40 100"
+    assert seen["jobs"] == "Running" and seen["no_job_control"] is False
+    assert seen["after_ctrl_c"] == "130"  # SIGINT ended the sleep; the shell answered after it
+    assert seen["exit_status"] == 7
+
+
+def test_shell_session_as_root(state: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "seed.txt").write_text("seed-content\n")
+    capsule_id = ccw(state, "capsule", "create", str(workspace)).strip()
+    _check_session(scenario(state, capsule_id))
+    assert "+from-shell" in ccw(state, "capsule", "diff", capsule_id)
+    assert not (workspace / "shell.txt").exists()  # the live tree is untouched
+    row = Journal(State(str(state))).execs(capsule_id)[-1]
+    assert row["argv"] == ["/bin/bash", "-i"] and row["exit_code"] == 7 and row["signal"] is None
+    # Rootless, the read set is null (fanotify needs CAP_SYS_ADMIN in the initial user
+    # namespace); the written one comes from the upper dir as well.
+    assert "shell.txt" in row["touched"]["written"]
+    assert "seed.txt" in row["touched"]["read"]  # traced like any run
+    assert row["stdout_bytes"] == 0 and row["stderr_bytes"] == 0  # the output went to the terminal
+
+
+def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+    uid, gid, home = user_dir
+    workspace, scratch = home / "ws", home / "scratch"
+    for directory in (workspace, scratch):
+        directory.mkdir()
+        os.chown(directory, uid, gid)
+    (workspace / "seed.txt").write_text("seed-content\n")
+    out = run_script_as(uid, gid, [sys.executable, str(HERE / "shell_session.py"), str(scratch / "state"),
+                                   str(workspace)], home)
+    assert out["mode"] == "rootless"
+    _check_session(out)
+    assert "+from-shell" in out["diff"]
+    row = out["journal"][-1]
+    assert row["argv"] == ["/bin/bash", "-i"] and row["exit_code"] == 7
+    # Rootless, the read set is null (fanotify needs CAP_SYS_ADMIN in the initial user
+    # namespace); the written one comes from the upper dir as well.
+    assert "shell.txt" in row["touched"]["written"]
+
+
+def _refusal(state: Path, capsule_id: str, fd: int | None) -> CcwError:
+    """The helper's answer to an exec on the terminal ``fd`` (None: none sent) that would list the fd's target."""
+    socket_path = str(state / "helper" / "helper.sock")
+
+    async def ask() -> CcwError:
+        client = HelperClient(socket_path)
+        try:
+            await client.call(ExecRequest(capsule_id, ("sh", "-c", "ls /proc/self/fd/0/ >&2"), cwd=None,
+                                          stdio="tty", tty_fd=fd))
+        except CcwError as exc:
+            return exc
+        finally:
+            await client.aclose()
+        raise AssertionError(f"the helper ran an exec on descriptor {fd}")
+
+    return trio.run(ask)
+
+
+def test_only_a_pty_slave_of_the_callers_own_is_taken(state: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    capsule_id = ccw(state, "capsule", "create", str(workspace)).strip()
+    master, slave = os.openpty()
+    pipe_r, pipe_w = os.pipe()
+    opened = [master, slave, pipe_r, pipe_w]
+    try:
+        slave_path = os.ttyname(slave)
+        opened += [os.open("/", os.O_RDONLY | os.O_DIRECTORY), os.open(slave_path, os.O_PATH),
+                   os.open(slave_path, os.O_RDONLY | os.O_NOCTTY)]
+        for fd in (opened[4], pipe_r, opened[5], opened[6], master):
+            refused = _refusal(state, capsule_id, fd)
+            assert refused.code == "INVALID_ARGUMENT", (fd, refused)
+        assert _refusal(state, capsule_id, None).code == "INVALID_ARGUMENT"
+        os.chown(slave_path, 4242, -1)  # another user's terminal
+        assert "belongs to uid 4242" in _refusal(state, capsule_id, slave).message
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+    async def list_with_a_descriptor() -> CcwError:
+        client = HelperClient(str(state / "helper" / "helper.sock"))
+        try:
+            await client._round_trip("list", ListRequest().to_args(), None, [0])
+        except CcwError as exc:
+            return exc
+        finally:
+            await client.aclose()
+        raise AssertionError("list took a descriptor")
+
+    assert trio.run(list_with_a_descriptor).code == "INVALID_ARGUMENT"
+    assert json.loads(ccw(state, "capsule", "list", "--json"))["capsules"][0]["execs"] == 0  # nothing ran
+
+
+def _busy(state: Path, capsule_id: str) -> bool:
+    async def ask() -> bool:
+        client = HelperClient(str(state / "helper" / "helper.sock"))
+        try:
+            listed = (await client.call(ListRequest())).capsules
+        finally:
+            await client.aclose()
+        return any(c.capsule_id == capsule_id and c.state == "busy" for c in listed)
+
+    return trio.run(ask)
+
+
+def test_a_shell_waits_for_the_running_command(state: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    capsule_id = ccw(state, "capsule", "create", str(workspace)).strip()
+    running = subprocess.Popen([*CCW, "capsule", "exec", capsule_id, "--", "sleep", "1000"], env=ccw_env(state),
+                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not _busy(state, capsule_id):
+            assert time.monotonic() < deadline and running.poll() is None, "the exec never started"
+            time.sleep(0.1)
+        shell = ShellSession(state, capsule_id, "--", "/bin/sh", "-c", "echo turn-$((3*4)); exit 3")
+        shell.expect(r"running another command; waiting for its turn")
+        running.send_signal(signal.SIGINT)  # the other caller gives up: its jail ends, the capsule is free
+        shell.expect(r"turn-12")
+        assert shell.wait() == 3
+        assert shell.shown.count(b"waiting for its turn") == 1  # said once
+    finally:
+        running.kill()
+        running.wait()
+    rows = Journal(State(str(state))).execs(capsule_id)
+    assert rows[-1]["argv"] == ["/bin/sh", "-c", "echo turn-$((3*4)); exit 3"] and rows[-1]["exit_code"] == 3
