@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import os
 import signal
 import sys
@@ -38,7 +39,6 @@ from mcp_server import __version__, logs
 from mcp_server.config import Config
 from mcp_server.logs import LIFECYCLE, LOGGER
 from mcp_server.server import CcwServer
-from mcp_server.state import State
 from sandbox.errors import CcwError
 
 
@@ -79,38 +79,100 @@ async def _watch_signals(
 
 
 async def run(config: Config) -> int:
-    """Serve ``config.endpoint`` until it ends or a signal drains it; the exit status."""
+    """Serve ``config.endpoint`` until it ends or a signal drains it; the exit status.
+
+    The first ``ccw-mcp`` of a state dir owns it and also serves its frontend.sock; a
+    stdio one that comes later relays to that owner (mcp_server/frontdoor.py)."""
+    from mcp_server import frontdoor
+
+    lock = frontdoor.try_lock(config.state_dir)
+    if lock is None and config.endpoint != "stdio":
+        lock = await _take_from_daemon(config)
+    if lock is None:
+        from mcp_server.transports import relay
+
+        return await _serve(config, None, relay.serve)
+    try:
+        daemon = config.endpoint == "socket" and config.socket_path == str(frontdoor.FrontendPaths.of(config.state_dir).socket)
+        lock.record(config.endpoint, daemon)
+        async with frontdoor.running_app(config) as app:
+            return await _serve(config, app, _owner_transport(config, daemon))
+    finally:
+        lock.release()
+
+
+def _owner_transport(config: Config, daemon: bool) -> Any:
+    """The owner's endpoint, with the state dir's frontend.sock served beside it."""
+    from mcp_server import frontdoor
     from mcp_server.transports import http, stdio, unix
 
-    state = State(config.state_dir)
-    app = CcwServer(config, state)
-    app.startup()
-    transport = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
+    if daemon:  # the CLI's front end: frontend.sock is its endpoint; it ends when idle
+        return functools.partial(frontdoor.serve, idle_s=frontdoor.DAEMON_IDLE_S)
+    own = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
+
+    async def both(app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+        others = trio.Event()  # the attached clients drain once our own endpoint has ended
+        async with trio.open_nursery() as nursery:
+            await nursery.start(frontdoor.serve, app, others)
+            async with trio.open_nursery() as own_side:
+                own_side.start_soon(_drain_with, draining, others)
+                await own(app, draining, task_status=task_status)
+                own_side.cancel_scope.cancel()
+            others.set()
+
+    return both
+
+
+async def _drain_with(draining: trio.Event, others: trio.Event) -> None:
+    await draining.wait()
+    others.set()
+
+
+async def _take_from_daemon(config: Config) -> Any:
+    """The lock, once a front end that is only the CLI's daemon has drained and left;
+    an owner that serves an agent is not ours to stop: CONFLICT (exit status 2)."""
+    from mcp_server import frontdoor
+
+    owner = frontdoor.owner_of(config.state_dir) or {}
+    if not owner.get("daemon"):
+        raise CcwError("CONFLICT", f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} "
+                       f"({owner.get('endpoint', '?')}); stop it or choose another CCW_STATE_DIR "
+                       "(a stdio ccw-mcp would attach to it instead)")
+    LIFECYCLE.info(f"mcp:frontend asking the ccw command's front end (pid {owner.get('pid')}) to stop")
+    await trio.to_thread.run_sync(frontdoor.stop_daemon, config.state_dir)  # returns once it has exited
+    lock = frontdoor.try_lock(config.state_dir)
+    if lock is None:
+        raise CcwError("CONFLICT", f"state dir {config.state_dir} was taken by another ccw-mcp while its daemon "
+                       "stopped; ccw helper status names it")
+    return lock
+
+
+async def _serve(config: Config, app: CcwServer | None, transport: Any) -> int:
+    """Serve one transport (with ``app``; the relay has none) with ready file, signals and logs."""
     draining = trio.Event()
     aborted = trio.Event()
     ready = False
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, draining, aborted, nursery.cancel_scope, config.endpoint)
-            path = await nursery.start(_serve_then_stop, transport, app, draining, nursery.cancel_scope)
+            target = config if app is None else app
+            path = await nursery.start(_serve_then_stop, transport, target, draining, nursery.cancel_scope)
             write_ready_file(config.ready_file)
             ready = True
+            tools = "relayed" if app is None else len(app.registry.tools)
             LIFECYCLE.info(
                 f"mcp:ready mode={config.endpoint} path={path} state_dir={config.state_dir} "
-                f"schemas_dir={config.schemas_dir or '-'} tools={len(app.registry.tools)} ts={_now_iso()}"
+                f"schemas_dir={config.schemas_dir or '-'} tools={tools} ts={_now_iso()}"
             )
     finally:
         if ready:
             LIFECYCLE.info(f"mcp:shutdown mode={config.endpoint} ts={_now_iso()}")
         remove_ready_file(config.ready_file)
-        with trio.CancelScope(shield=True):
-            await app.runtime.aclose()
-        state.close()
     return 1 if aborted.is_set() else 0
 
 
 async def _serve_then_stop(
-    transport: Any, app: CcwServer, draining: trio.Event, stop: trio.CancelScope,
+    transport: Any, app: CcwServer | Config, draining: trio.Event, stop: trio.CancelScope,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     # The transport returning (stdin closed, drain done) ends the process: stop the

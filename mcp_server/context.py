@@ -19,7 +19,7 @@ import contextlib
 import inspect
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -153,11 +153,14 @@ class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
     def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None,
-                 owner: str | None = None) -> None:
+                 owner: str | None = None, caller_env: Mapping[str, str] | None = None) -> None:
         self._runtime = runtime
         self._session = session
         self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
         self._owner = owner  # the bearer token's name (HTTP); None over stdio and the unix socket
+        # PATH and HOME of a client of our own uid that is not this process (the ccw command
+        # through the state dir's front end: mcp_server/frontdoor.py); None: ours are its.
+        self.caller_env = caller_env
 
     @property
     def config(self) -> Config:

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,7 +261,9 @@ def listener_pid(socket_path: str) -> int | None:
     return pid or None
 
 
-def _spawn_detached(argv: list[str], log_path: Path, ready_w: int) -> None:
+def spawn_detached(argv: list[str], log_path: Path, ready_w: int, env: Mapping[str, str] | None = None) -> None:
+    """Start ``argv`` detached (its own session, stdin /dev/null, output appended to
+    ``log_path``), keeping only ``ready_w`` of our descriptors; ``env``: its environment."""
     # Double fork: the helper is adopted by init (or the nearest subreaper) at once, so
     # this short-lived command never owns a child it would have to reap.
     pid = os.fork()
@@ -276,13 +279,16 @@ def _spawn_detached(argv: list[str], log_path: Path, ready_w: int) -> None:
             os.dup2(log_fd, 2)
             os.set_inheritable(ready_w, True)  # every other descriptor is close-on-exec
             os.chdir("/")
-            os.execv(argv[0], argv)
+            if env is None:
+                os.execv(argv[0], argv)
+            os.execve(argv[0], argv, dict(env))
         finally:
             os._exit(127)
     os.waitpid(pid, 0)
 
 
-def _log_tail(log_path: Path, lines: int = 20) -> str:
+def log_tail(log_path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a detached process's log."""
     try:
         text = log_path.read_text(errors="replace")
     except OSError:
@@ -303,7 +309,7 @@ def start_detached(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> dict[s
         try:
             with open(paths.log, "ab") as log:
                 log.write(f"--- ccw helper start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
-            _spawn_detached(argv, paths.log, ready_w)
+            spawn_detached(argv, paths.log, ready_w)
             os.close(ready_w)
             ready_w = -1
             readable, _, _ = select.select([ready_r], [], [], timeout_s)
@@ -315,7 +321,7 @@ def start_detached(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> dict[s
         if ready != b"1":
             why = f"did not become ready within {timeout_s:g} s" if not readable else "failed to start"
             raise CcwError("UNAVAILABLE", f"the helper {why}; its log ({paths.log}) ends with:\n"
-                           + _log_tail(paths.log), {"log": str(paths.log)})
+                           + log_tail(paths.log), {"log": str(paths.log)})
         return {**status_of(str(paths.socket)), "started": True}
 
 

@@ -30,6 +30,7 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 
 from __future__ import annotations
 
+import contextvars
 import re
 import sqlite3
 import traceback
@@ -274,7 +275,7 @@ class CcwServer:
         spec = self._lookup(params.name)
         args = dict(params.arguments or {})
         owner = token_name(ctx)
-        call = CallContext(self.runtime, ctx.session, ctx.request_id, owner)
+        call = CallContext(self.runtime, ctx.session, ctx.request_id, owner, caller_env(params.meta))
         answer = await self.tool_answer(spec, lambda: self.call_tool(spec, args, call))
         if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
             task = self.tasks.adopt(spec.name, answer.structured_content, owner)
@@ -365,6 +366,24 @@ class CcwServer:
 
     async def _on_roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         self.runtime.forget_roots(getattr(ctx.session, "_connection", None))
+
+
+# True on a connection whose client is known to run as our own uid and may so lend us its
+# environment (stdio; the state dir's frontend.sock, peer-checked: mcp_server/frontdoor.py).
+# Set by the transport for the connection's tasks, as ARRIVALS is; unset (False) elsewhere.
+CALLER_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("ccw_caller_trusted", default=False)
+CALLER_META = "ccw/caller"  # params._meta key: {"cwd": ..., "env": {"PATH": ..., "HOME": ...}}
+
+
+def caller_env(meta: Any) -> dict[str, str] | None:
+    """PATH and HOME from a trusted call's ``_meta["ccw/caller"]`` (the ccw command's own), else None."""
+    if not CALLER_TRUSTED.get() or not isinstance(meta, Mapping):
+        return None
+    caller = meta.get(CALLER_META)
+    env = caller.get("env") if isinstance(caller, Mapping) else None
+    if not isinstance(env, Mapping):
+        return None
+    return {k: v for k, v in env.items() if k in ("PATH", "HOME") and isinstance(v, str)}
 
 
 def _tasks_era(ctx: ServerRequestContext[Any]) -> None:

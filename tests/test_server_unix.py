@@ -191,13 +191,30 @@ def test_stale_socket_is_replaced_and_live_one_is_refused(tmp_path: Path):
     try:
         first.wait_ready()
         assert "stale socket" in first.log
-        second = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_READY_FILE=str(tmp_path / "r2")))
+        # Another state dir (one state dir has one front end: test_one_state_dir_one_socket_server).
+        second = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_READY_FILE=str(tmp_path / "r2"),
+                                          CCW_STATE_DIR=str(tmp_path / "state2")))
         assert second.wait() == 2
         assert "another server is listening" in second.log
         assert path.exists()  # the live server's socket was left alone
     finally:
         assert first.stop() == 0
     assert not path.exists()
+
+
+def test_one_state_dir_one_socket_server(tmp_path: Path):
+    """A socket server on a state dir another ccw-mcp serves exits 2, naming it
+    (mcp_server/frontdoor.py); a stdio one would attach instead."""
+    first = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
+    try:
+        first.wait_ready()
+        second = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_READY_FILE=str(tmp_path / "r2"),
+                                          MCP_SOCKET_PATH=str(tmp_path / "other.sock")))
+        assert second.wait() == 2
+        assert f"CONFLICT: state dir {tmp_path / 'state'} is served by ccw-mcp pid {first.proc.pid}" in second.log
+        assert not (tmp_path / "other.sock").exists()
+    finally:
+        assert first.stop() == 0
 
 
 def test_path_that_is_not_a_socket_is_never_removed(tmp_path: Path):

@@ -1,11 +1,12 @@
-"""``ccw capsule …``: the capsule tools for people, run in-process through the same pipeline.
+"""``ccw capsule …``: the capsule tools for people, called on the state dir's front end.
 
-Each command builds the same ``CcwServer`` that ``ccw-mcp`` serves (registry, input
-schema validation, handlers) and calls one tool with a ``CallContext`` over a real
-``Runtime``: the state dir, the SQLite metadata and the helper are exactly what the
-server uses, so a capsule made here can be used by an agent through ``ccw-mcp`` on the
-same state dir, and the other way round.  The helper is found or started by
-``helperctl.ensure`` first (see there for why it is detached).
+Each command calls one tool over MCP on the state dir's one front end
+(``cli/frontclient.py``; ``mcp_server/frontdoor.py`` says why there is one): the
+``ccw-mcp`` an agent runs there, or the front-end daemon the command starts.  So a
+capsule made here can be used by an agent through ``ccw-mcp`` on the same state dir and
+the other way round, and an exec here waits its turn behind the agent's.  Paths in the
+arguments are made absolute here (the front end has its own cwd).  The helper is found
+or started by ``helperctl.ensure`` first (see there for why it is detached).
 
 Output: a short human form on stdout (``create`` prints only the id, so
 ``CAP=$(ccw capsule create .)`` works), the tool's whole structured result with
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcp_server.cli import helperctl, replay_report
+from mcp_server.cli import frontclient, helperctl, replay_report
 from mcp_server.cli.output import (
     Progress,
     color_diff,
@@ -41,7 +42,9 @@ EXIT_TIMEOUT = 124
 
 
 class CliCallContext(CallContext):
-    """A CallContext whose progress reports go to the terminal's progress line."""
+    """A CallContext whose progress reports go to the terminal's progress line (for a
+    command that runs the service in-process: ``ccw capsule shell``, whose terminal is
+    its own)."""
 
     def __init__(self, runtime: Runtime, progress: Progress | None) -> None:
         super().__init__(runtime)
@@ -54,30 +57,20 @@ class CliCallContext(CallContext):
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
-    """Run tool ``name`` in-process (validated as ccw-mcp does); a progress line if ``label``."""
-    from mcp_server.server import CcwServer
-    from mcp_server.state import State
+    """Run tool ``name`` on the state dir's front end (validated as ccw-mcp does, taking its
+    turn with every other client's calls); a progress line if ``label``."""
+    from mcp_server.tools.registry import Registry
 
-    state = State(config.state_dir)
-    try:
-        app = CcwServer(config, state)
-        app.startup()
-        spec = app.registry.lookup(name)
-        assert spec is not None, f"tool {name} is not registered"
-        if "wait_ms" in spec.input_schema["properties"]:
-            # A command has no client timeout to stay under: it waits for the whole run
-            # (capsules/background.py), which ends with it.
-            args = {"wait_ms": None, **args}
-        progress = Progress(label) if label else None
-        ctx = CliCallContext(app.runtime, progress)
-        try:
-            if progress is None:
-                return await app.call_tool(spec, args, ctx)
-            return await run_with_progress(progress, lambda: app.call_tool(spec, args, ctx))
-        finally:
-            await app.runtime.aclose()
-    finally:
-        state.close()
+    spec = Registry.load(config.toolsets).lookup(name)
+    assert spec is not None, f"tool {name} is not registered"
+    if "wait_ms" in spec.input_schema["properties"]:
+        # A command has no client timeout to stay under: it waits for the whole run
+        # (capsules/background.py), which ends with it.
+        args = {"wait_ms": None, **args}
+    progress = Progress(label) if label else None
+    if progress is None:
+        return await frontclient.call_tool(config, name, args)
+    return await run_with_progress(progress, lambda: frontclient.call_tool(config, name, args, progress))
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:

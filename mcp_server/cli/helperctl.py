@@ -16,6 +16,11 @@ would pay for a helper start and a remount.  So the CLI uses, in this order:
 3. Otherwise it starts a *detached* helper on that socket (``mcp_server/launcher.py``
    says how); it runs until ``ccw helper stop`` (or a reboot), and ``ccw helper status``
    shows it.
+
+The same two commands show and stop the state dir's front end (``frontend_*`` keys):
+``status`` names whoever serves ``frontend.sock`` (an agent's ``ccw-mcp`` or the daemon
+the ``ccw`` command started, ``mcp_server/frontdoor.py``); ``stop`` stops that daemon
+before the helper, and leaves an agent's ``ccw-mcp`` alone.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ from sandbox.errors import CcwError
 
 def run(action: str, state_dir: str) -> dict[str, Any]:
     """``ccw helper <action>`` for ``state_dir``: start, stop or status; what it did or found."""
+    from mcp_server import frontdoor
+
     if action == "start":
         return launcher.start_detached(state_dir)
     if action == "stop":
-        return launcher.stop(state_dir)
-    return launcher.status_of(str(HelperPaths.of(state_dir).socket))
+        # The front end the ccw command started uses this helper: it goes first (an agent's
+        # ccw-mcp serving the state dir is left alone; it would start a helper again).
+        return {**frontdoor.stop_daemon(state_dir), **launcher.stop(state_dir)}
+    return {**frontdoor.status(state_dir), **launcher.status_of(str(HelperPaths.of(state_dir).socket))}
 
 
 def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:

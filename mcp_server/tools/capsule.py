@@ -152,9 +152,11 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
         gitdirs=(git.gitdir,) if git.gitdir is not None else (),
     )
     globs = volatile.globs_arg(args.get("volatile"))
-    # The caller's PATH and HOME are the front end's own (stdio and the CLI run as the caller).
+    # The caller's PATH and HOME: the front end's own (its stdio client runs as the caller),
+    # or those the ccw command sent through the state dir's front end (mcp_server/frontdoor.py).
+    env = getattr(ctx, "caller_env", None) or os.environ
     needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(args.get("expose") or []),
-                                          args.get("auto_expose") is not False, os.environ, uid, homes)
+                                          args.get("auto_expose") is not False, env, uid, homes)
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
     result = _git_result(_capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs)), git)
     if needs:

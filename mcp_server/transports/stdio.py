@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import trio
 
-from mcp_server.server import CcwServer
+from mcp_server.server import CALLER_TRUSTED, CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
 
 PIPE_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size's default
@@ -62,4 +62,5 @@ async def serve(app: CcwServer, draining: trio.Event, task_status: trio.TaskStat
         writer = trio.lowlevel.FdStream(wire_out)
         async with reader, writer:
             task_status.started("-")
+            CALLER_TRUSTED.set(True)  # whoever started us: our own uid
             await NdjsonConnection(app, reader, writer, draining).run()

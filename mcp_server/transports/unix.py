@@ -18,7 +18,7 @@ import errno
 import os
 import socket
 import stat
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -76,28 +76,37 @@ async def serve(
     app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Accept clients on MCP_SOCKET_PATH until ``draining``; then finish their requests."""
-    path = app.config.socket_path
-    raw = bind_socket(path, app.config.socket_mode)
+    async def stop_accepting(accepting: trio.CancelScope) -> None:
+        await draining.wait()
+        accepting.cancel()
+
+    await listen(app.config.socket_path, app.config.socket_mode, stop_accepting,
+                 lambda stream: _serve_client(app, stream, draining), task_status=task_status)
+
+
+async def listen(
+    path: str, mode: int, stop_accepting: Callable[[trio.CancelScope], Awaitable[None]],
+    serve_client: Callable[[trio.SocketStream], Awaitable[None]],
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Bind ``path`` and serve each client with ``serve_client`` until ``stop_accepting``
+    cancels the accepting scope it is given; then wait for the clients' connections."""
+    raw = bind_socket(path, mode)
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
     try:
         async with trio.open_nursery() as connections:
             with trio.CancelScope() as accepting:
-                connections.start_soon(_stop_accepting_on, draining, accepting)
+                connections.start_soon(stop_accepting, accepting)
                 task_status.started(path)
                 while True:
                     stream = await listener.accept()
-                    connections.start_soon(_serve_client, app, stream, draining)
+                    connections.start_soon(serve_client, stream)
             await listener.aclose()
             _unlink(path)
     finally:
         with trio.CancelScope(shield=True):
             await listener.aclose()
         _unlink(path)
-
-
-async def _stop_accepting_on(draining: trio.Event, accepting: trio.CancelScope) -> None:
-    await draining.wait()
-    accepting.cancel()
 
 
 async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event) -> None:

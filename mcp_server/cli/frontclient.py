@@ -1,0 +1,184 @@
+"""The ``ccw`` command as an MCP client of its state dir's front end.
+
+A ``ccw capsule`` command does not run a front end of its own (``mcp_server/frontdoor.py``
+says why there is one per state dir): it connects to ``<state>/frontend.sock``, and when
+nobody answers there it starts the state dir's front-end daemon (a detached ``ccw-mcp``
+on that socket, which exits after ``frontdoor.DAEMON_IDLE_S`` without a connection) and
+connects once a front end answers, the daemon or whichever owner took the lock first.
+
+One call is an MCP session of its own: ``initialize``, ``notifications/initialized``,
+then ``tools/call`` with a progress token (its progress notifications draw the
+terminal's progress line) and the caller's context under ``_meta["ccw/caller"]`` (cwd,
+PATH, HOME: the front end runs calls with its own environment, so what depends on the
+caller's comes with the call; paths in the arguments are already absolute).  A tool
+error comes back as the CcwError it carries, a JSON-RPC error as an MCPError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import select
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import trio
+from mcp.shared.exceptions import MCPError
+
+from mcp_server import __version__
+from mcp_server.config import Config
+from mcp_server.frontdoor import FrontendPaths, owner_of
+from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
+from mcp_server.server import CALLER_META
+from mcp_server.transports import framing
+from sandbox.errors import CcwError
+
+PROTOCOL = "2025-11-25"
+MAX_ANSWER = 256 << 20
+CALL_ID = 2
+
+
+def caller_context() -> dict[str, Any]:
+    """What the front end may take from this command's own environment."""
+    env = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
+    return {"cwd": os.getcwd(), "env": env}
+
+
+async def call_tool(config: Config, name: str, args: dict[str, Any], progress: Any = None) -> dict[str, Any]:
+    """Call tool ``name`` on the state dir's front end; its structured result.
+
+    ``progress`` (an ``output.Progress``) hears the call's progress notifications."""
+    stream = await attach(config)
+    async with stream:
+        session = _Session(stream)
+        await session.request(1, "initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
+                                                "clientInfo": {"name": "ccw", "version": __version__}})
+        await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        meta = {"progressToken": 1, CALLER_META: caller_context()}
+        answer = await session.request(CALL_ID, "tools/call", {"name": name, "arguments": args, "_meta": meta},
+                                       progress)
+    structured = answer.get("structuredContent")
+    if answer.get("isError"):
+        error = (structured or {}).get("error") or {}
+        raise CcwError(str(error.get("code") or "INTERNAL"), str(error.get("message") or answer),
+                       error.get("details") or {})
+    if not isinstance(structured, dict):
+        raise CcwError("INTERNAL", f"the front end answered {name} without a structured result: {answer}")
+    return structured
+
+
+class _Session:
+    """Lines to and from the front end, on one socket."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.lines = framing.LineSplitter(max_frame=MAX_ANSWER)
+        self.waiting: list[dict[str, Any]] = []
+
+    async def send(self, message: Mapping[str, Any]) -> None:
+        await self.stream.send_all(framing.dumps(dict(message)) + b"\n")
+
+    async def request(self, request_id: int, method: str, params: dict[str, Any], progress: Any = None) -> Any:
+        """Send a request and read up to its answer: its result, or its error raised."""
+        await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+        while True:
+            message = await self._next()
+            if "method" in message:
+                await self._serve(message, progress)
+            elif message.get("id") == request_id:
+                if "error" in message:
+                    error = message["error"]
+                    raise MCPError(code=error.get("code", -32603), message=error.get("message", ""),
+                                   data=error.get("data"))
+                return message.get("result")
+
+    async def _serve(self, message: dict[str, Any], progress: Any) -> None:
+        """The front end's own messages: progress drawn, any request of its refused."""
+        params = message.get("params") or {}
+        if message["method"] == "notifications/progress" and progress is not None:
+            progress.update(params.get("progress", 0), params.get("total"), params.get("message"))
+        elif "id" in message:
+            await self.send(framing.error_message(message["id"], -32601, "the ccw command answers no requests"))
+
+    async def _next(self) -> dict[str, Any]:
+        while not self.waiting:
+            data = await self.stream.receive_some(1 << 20)
+            if not data:
+                raise CcwError("UNAVAILABLE", "the ccw front end of this state dir stopped before answering; "
+                               "retry the command (ccw helper status shows what serves the state dir)")
+            for event in self.lines.feed(data):
+                if isinstance(event, framing.Line):
+                    self.waiting.append(json.loads(event.data))
+        return self.waiting.pop(0)
+
+
+async def attach(config: Config) -> trio.SocketStream:
+    """A connection to the state dir's front end, starting its daemon if none answers."""
+    path = str(FrontendPaths.of(config.state_dir).socket)
+    with contextlib.suppress(OSError):
+        return await trio.open_unix_socket(path)
+    await trio.to_thread.run_sync(start_daemon, config.state_dir)
+    return await trio.open_unix_socket(path)
+
+
+def _answers(path: str) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def start_daemon(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+    """Start the state dir's front-end daemon unless a front end answers; ready when one does."""
+    paths = FrontendPaths.of(state_dir)
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    with open(f"{paths.lock}.start", "a") as starting:
+        fcntl.flock(starting, fcntl.LOCK_EX)  # two commands at once start one daemon
+        if _answers(str(paths.socket)):
+            return {"frontend_started": False}
+        env = {**os.environ, "MCP_ENDPOINT": "socket", "MCP_SOCKET_PATH": str(paths.socket),
+               "MCP_SOCKET_MODE": "0600", "MCP_READY_FILE": os.path.join(state_dir, "frontend.ready"),
+               "CCW_STATE_DIR": os.path.abspath(state_dir)}
+        ready_r, ready_w = os.pipe()
+        try:
+            with open(paths.log, "ab") as log:
+                log.write(f"--- ccw front end start {time.strftime('%Y-%m-%dT%H:%M:%S%z')}\n".encode())
+            # The pipe's write end lives in the daemon; its closing says the daemon ended.
+            spawn_detached([sys.executable, "-m", "mcp_server"], paths.log, ready_w, env)
+            os.close(ready_w)
+            ready_w = -1
+            _wait_ready(str(paths.socket), ready_r, state_dir, timeout_s)
+        finally:
+            os.close(ready_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+        with contextlib.suppress(OSError):
+            print(f"ccw: started the front end of {state_dir} (ccw helper status shows it, "
+                  "ccw helper stop ends it)", file=sys.stderr)
+        return {"frontend_started": True}
+
+
+def _wait_ready(path: str, ready_r: int, state_dir: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    ended = False
+    while time.monotonic() < deadline:
+        if _answers(path):
+            return
+        if not ended and select.select([ready_r], [], [], 0.05)[0]:
+            ended = not os.read(ready_r, 1)
+        if ended:
+            # It left: fine if another front end owns the state dir (it will answer soon).
+            if owner_of(state_dir) is None:
+                break
+            time.sleep(0.05)
+    log = FrontendPaths.of(state_dir).log
+    raise CcwError("UNAVAILABLE", f"the ccw front end of {state_dir} did not start; its log ({log}) ends with:\n"
+                   + log_tail(log), {"log": str(log)})

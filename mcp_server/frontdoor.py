@@ -1,0 +1,276 @@
+"""One front end per state dir: its lock, its socket, and serving the clients that attach.
+
+Why one.  A front end keeps state that is not in the database: a capsule's turns
+(``capsules/turns.py``: calls on one capsule take turns in arrival order), its live runs
+(``capsules/background.py``), and the sessions behind an "egress" capsule's proxy
+listeners (``capsules/networks.py``), which record each connection.  Two front ends on
+one state dir each keep their own: an exec sent to one while the other runs a command
+in that capsule is refused by the helper (CONFLICT, the capsule is busy) instead of
+waiting its turn, and when both hold a capsule's listeners, a connection is recorded by
+whichever process accepts it.  Moving turns and records into the helper would put
+front-end bookkeeping into the privileged process; putting them in the database would
+need a cross-process queue and leave the listeners split.  So there is one front end
+per state dir and every client talks to it:
+
+* ``<state>/frontend.lock`` (flock, held for the process's life; the kernel releases it
+  when the process dies, so there is no stale owner to clean up) says who the OWNER is.
+  Its content, rewritten by each owner, is ``{"pid", "endpoint", "daemon"}``, so that an
+  error can name it.
+* ``<state>/frontend.sock`` (mode 0600, and each peer's SO_PEERCRED uid must be ours)
+  serves MCP as NDJSON with the owner's own ``CcwServer``: every client's calls share its
+  turns, runs and egress sessions.  Binding reuses ``transports/unix.py`` (a stale file
+  left by a dead owner is removed, a live one is an error); as the lock is held, a live
+  listener there cannot be a legitimate owner.
+* A ``ccw-mcp`` that gets the lock serves its own endpoint and frontend.sock.  A stdio
+  ``ccw-mcp`` that does not ATTACHES: it relays its client's messages to frontend.sock
+  (``transports/relay.py``) with no Runtime and no helper of its own, and takes over
+  when the owner goes away.  A socket or HTTP ``ccw-mcp`` that does not get the lock
+  exits with status 2 (CONFLICT, naming the owner's pid): those endpoints serve other
+  clients that chose that address, and silently relaying them to a process that may
+  end with its agent's session would surprise them.  An owner that is only the CLI's
+  daemon (below) yields instead: it is asked to stop, drains, and the new server owns.
+* The ``ccw`` command never runs a front end in-process beside a possible owner.  It
+  is an MCP client of frontend.sock (``cli/frontclient.py``); when nobody answers, it
+  starts a detached front-end DAEMON for the state dir (``ccw-mcp`` on frontend.sock,
+  which exits after ``DAEMON_IDLE_S`` without a connection) and attaches to whichever
+  front end then owns the lock.  ``ccw helper status`` shows it, ``ccw helper stop``
+  stops it before the helper.
+
+The owner runs every call with its own environment, so the CLI sends absolute paths and
+its caller context (``_meta["ccw/caller"]``: cwd, PATH, HOME) with each call; the owner
+honours it only from a connection trusted to be our own uid (stdio, frontend.sock:
+``CALLER_TRUSTED``), for capsule_create's toolchain discovery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import json
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mcp_server.config import Config
+from mcp_server.logs import LOGGER
+from mcp_server.server import CALLER_TRUSTED, CcwServer
+from mcp_server.transports.ndjson import NdjsonConnection
+from mcp_server.transports.unix import listen
+
+DAEMON_IDLE_S = 600.0  # a CLI-started front end with no connection for this long exits
+
+
+@dataclass(frozen=True)
+class FrontendPaths:
+    """Where a state dir's front end keeps its lock, socket and (daemon) log."""
+
+    lock: Path
+    socket: Path
+    log: Path
+
+    @classmethod
+    def of(cls, state_dir: str) -> FrontendPaths:
+        """The paths for ``state_dir``."""
+        root = Path(state_dir)
+        return cls(root / "frontend.lock", root / "frontend.sock", root / "frontend.log")
+
+
+class FrontendLock:
+    """The held front-end lock of a state dir (released by ``release`` or by exit)."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd = fd
+        self.path = path
+
+    def record(self, endpoint: str, daemon: bool) -> None:
+        """Write who owns the state dir, for errors and ``ccw helper status`` to name."""
+        data = json.dumps({"pid": os.getpid(), "endpoint": endpoint, "daemon": daemon}).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def release(self) -> None:
+        """Give the state dir up (the owner record is left; only a lock holder trusts it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def try_lock(state_dir: str) -> FrontendLock | None:
+    """The state dir's front-end lock if nobody holds it, else None (never waits)."""
+    paths = FrontendPaths.of(state_dir)
+    paths.lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return FrontendLock(fd, paths.lock)
+
+
+def owner_of(state_dir: str) -> dict[str, Any] | None:
+    """The owner's record (pid, endpoint, daemon) while somebody holds the lock, else None."""
+    paths = FrontendPaths.of(state_dir)
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held: the record is the owner's
+        else:
+            return None  # nobody holds it: whatever it says is stale
+        try:
+            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:
+            record = {}  # being rewritten by a new owner this instant
+        return record if isinstance(record, dict) else {}
+    finally:
+        os.close(fd)
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (SO_PEERCRED)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", raw)[1])
+
+
+async def serve(
+    app: CcwServer, draining: trio.Event, idle_s: float | None = None,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve MCP on the state dir's frontend.sock until ``draining`` (and its requests are
+    answered) or, with ``idle_s``, until no client has been connected for that long."""
+    clients = _Clients()
+    await listen(str(FrontendPaths.of(app.config.state_dir).socket), 0o600,
+                 functools.partial(_stop_accepting, draining, clients=clients, idle_s=idle_s),
+                 lambda stream: _serve_client(app, stream, draining, clients), task_status=task_status)
+
+
+@contextlib.asynccontextmanager
+async def running_app(config: Config) -> AsyncIterator[CcwServer]:
+    """The state dir's CcwServer, started (promotions recovered) and closed after use."""
+    from mcp_server.state import State
+
+    state = State(config.state_dir)
+    try:
+        app = CcwServer(config, state)
+        app.startup()
+        try:
+            yield app
+        finally:
+            with trio.CancelScope(shield=True):
+                await app.runtime.aclose()
+    finally:
+        state.close()
+
+
+class _Clients:
+    """How many clients are connected, and since when none is."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = trio.Event()
+
+    def bump(self, delta: int) -> None:
+        self.count += delta
+        self.changed.set()
+        self.changed = trio.Event()
+
+
+async def _stop_accepting(
+    draining: trio.Event, accepting: trio.CancelScope, clients: _Clients, idle_s: float | None
+) -> None:
+    """Cancel ``accepting`` at the drain, or (``idle_s``) once no client came for that long."""
+    if idle_s is None:
+        await draining.wait()
+    else:
+        async with trio.open_nursery() as either:
+            async def idle() -> None:
+                while True:
+                    if clients.count == 0:
+                        with trio.move_on_after(idle_s):
+                            await clients.changed.wait()
+                            continue
+                        LOGGER.info(f"mcp:frontend idle for {idle_s:g} s: exiting")
+                        draining.set()
+                        return
+                    await clients.changed.wait()
+
+            async def drained() -> None:
+                await draining.wait()
+                either.cancel_scope.cancel()
+
+            either.start_soon(idle)
+            either.start_soon(drained)
+    accepting.cancel()
+
+
+async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event, clients: _Clients) -> None:
+    async with stream:
+        uid = peer_uid(stream.socket)  # type: ignore[arg-type]
+        if uid != os.getuid():
+            # The socket is 0600, so only our uid (or root) can connect; root is not us
+            # either: calls carry the caller's environment, which only we may give.
+            LOGGER.warning(f"mcp:frontend refused a client of uid {uid} (serving uid {os.getuid()})")
+            return
+        clients.bump(1)
+        try:
+            CALLER_TRUSTED.set(True)
+            await NdjsonConnection(app, stream, stream, draining).run()
+        finally:
+            clients.bump(-1)
+
+
+
+STOP_TIMEOUT_S = 30.0  # SIGTERM lets the front end finish the calls it is running
+
+
+def status(state_dir: str) -> dict[str, Any]:
+    """Who serves the state dir: the owner's pid, endpoint, and whether it is the CLI's daemon."""
+    from mcp_server.launcher import listener_pid
+
+    path = str(FrontendPaths.of(state_dir).socket)
+    owner = owner_of(state_dir)
+    if owner is None:
+        return {"frontend_socket": path, "frontend_running": False}
+    return {"frontend_socket": path, "frontend_running": True, "frontend_pid": listener_pid(path) or owner.get("pid"),
+            "frontend_endpoint": owner.get("endpoint"), "frontend_daemon": bool(owner.get("daemon"))}
+
+
+def stop_daemon(state_dir: str) -> dict[str, Any]:
+    """Stop the CLI's front-end daemon of ``state_dir`` (SIGTERM: it drains, then exits); an
+    owner serving an agent (stdio, socket, http) is left alone.  What was done."""
+    import select
+    import signal
+
+    found = status(state_dir)
+    if not found["frontend_running"] or not found.get("frontend_daemon"):
+        return {**found, "frontend_stopped": False}
+    pid = found.get("frontend_pid")
+    try:
+        pidfd = os.pidfd_open(int(pid)) if pid else -1
+    except ProcessLookupError:
+        return {**found, "frontend_stopped": True}
+    if pidfd < 0:
+        return {**found, "frontend_stopped": False}
+    try:
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        select.select([pidfd], [], [], STOP_TIMEOUT_S)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
+    return {**found, "frontend_stopped": True}

@@ -1,0 +1,179 @@
+"""One front end per state dir (mcp_server/frontdoor.py), with real processes.
+
+An agent's stdio ``ccw-mcp`` owns the state dir; a ``ccw capsule exec`` and a second
+stdio ``ccw-mcp`` attach to it, so their calls take turns with the agent's, each
+egress connection is recorded once, and when the owner leaves, the attached server
+takes over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.raw_mcp import RawStdio  # noqa: E402
+
+CCW = ROOT / ".venv" / "bin" / "ccw"
+
+
+def structured(answer: dict[str, Any]) -> dict[str, Any]:
+    """A tools/call's structured result; fails on a tool error."""
+    assert not answer.get("isError"), answer
+    result: dict[str, Any] = answer["structuredContent"]
+    return result
+
+
+def events(state_dir: Path, capsule_id: str, kind: str) -> list[dict[str, Any]]:
+    """The state dir's events of ``kind`` for a capsule, in order."""
+    db = sqlite3.connect(f"file:{state_dir / 'ccw.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT data FROM events WHERE capsule_id = ? AND kind = ? ORDER BY id",
+                          (capsule_id, kind)).fetchall()
+    finally:
+        db.close()
+    return [json.loads(row[0]) for row in rows]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60) -> None:
+    """Poll ``condition()`` until it holds (a sequencing wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def state(tmp_path: Path, root_required: None) -> Path:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    return state_dir
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f").write_text("")
+    return ws
+
+
+def cli_env(state_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+    return {**env, "CCW_STATE_DIR": str(state_dir)}
+
+
+def test_cli_exec_waits_for_the_agents_exec(state: Path, workspace: Path) -> None:
+    with RawStdio(state, "capsule", tasks=None) as agent:
+        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        outcome: list[dict[str, Any]] = []
+        running = threading.Thread(target=lambda: outcome.append(agent.call(
+            "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 3; echo a >> f"]})))
+        running.start()
+        wait_for(lambda: events(state, cap, "run.started"), "the agent's exec to start")
+        cli = subprocess.run([str(CCW), "capsule", "exec", cap, "--", "sh", "-c", "echo b >> f; cat f"],
+                             env=cli_env(state), capture_output=True, text=True, timeout=120)
+        running.join(60)
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout == "a\nb\n"  # it ran after the agent's command, not beside it
+        assert structured(outcome[0])["exit_code"] == 0
+        finished = events(state, cap, "run.finished")
+        assert [e["argv"][-1] for e in finished] == ["sleep 3; echo a >> f", "echo b >> f; cat f"]
+        assert [e["seq"] for e in finished] == sorted(e["seq"] for e in finished)
+        assert not (state / "frontend.log").exists()  # no daemon was started beside the agent's server
+
+
+class LoopbackServer:
+    """A TCP server on the host's loopback that answers each connection with a line."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.recv(4096)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# Through the jail's HTTP proxy (NO_PROXY names 127.0.0.1, so urllib would not use it).
+FETCH = r"""
+import os, socket, sys
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
+with socket.create_connection((host, int(port)), timeout=20) as s:
+    s.sendall(f"GET http://127.0.0.1:{sys.argv[1]}/ HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+    print(s.recv(4096).split(b"\r\n")[0].decode())
+"""
+
+
+@pytest.fixture
+def loopback() -> Iterator[LoopbackServer]:
+    server = LoopbackServer()
+    yield server
+    server.close()
+
+
+def test_two_front_ends_record_each_connection_once(state: Path, workspace: Path, loopback: LoopbackServer) -> None:
+    rule = f"127.0.0.1:{loopback.port}"
+    with RawStdio(state, "capsule", tasks=None) as first, RawStdio(state, "capsule", tasks=None) as second:
+        made = first.call("capsule_create", {"workspace": str(workspace), "auto_expose": False,
+                                             "network": {"allow": [rule]}})
+        cap = structured(made)["capsule_id"]
+        wait_for(lambda: any("tools=relayed" in line for line in second.stderr), "the second server to attach")
+        fetch = ["python3", "-c", FETCH, str(loopback.port)]
+        runs = [structured(client.call("capsule_exec", {"capsule_id": cap, "cmd": fetch}))
+                for client in (first, second, second, first)]
+        for ran in runs:
+            assert ran["exit_code"] == 0 and ran["stdout"].startswith("HTTP/1.0 200"), ran
+            (record,) = ran["touched"]["network"]  # its own connection, recorded in its own run
+            assert (record["host"], record["port"], record["allowed"]) == ("127.0.0.1", loopback.port, True)
+        assert loopback.accepted == 4
+        assert len(events(state, cap, "net.connection")) == 4
+        assert [e["connections"] for e in events(state, cap, "run.finished")] == [1, 1, 1, 1]
+
+
+def test_attached_server_takes_over_when_the_owner_leaves(state: Path, workspace: Path) -> None:
+    owner = RawStdio(state, "capsule", tasks=None)
+    try:
+        with RawStdio(state, "capsule", tasks=None) as attached:
+            wait_for(lambda: any("tools=relayed" in line for line in attached.stderr), "the second server to attach")
+            cap = structured(attached.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))
+            assert owner.close() == 0
+            ran = structured(attached.call("capsule_exec", {"capsule_id": cap["capsule_id"],
+                                                            "cmd": ["sh", "-c", "echo took over > f; cat f"]}))
+            assert ran["exit_code"] == 0 and ran["stdout"] == "took over\n"
+            listed = structured(attached.call("capsule_list", {}))
+            assert [c["capsule_id"] for c in listed["capsules"]] == [cap["capsule_id"]]
+            # A third comes and attaches to the one that took over.
+            with RawStdio(state, "capsule", tasks=None) as third:
+                wait_for(lambda: any("tools=relayed" in line for line in third.stderr), "the third to attach")
+                again = structured(third.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["cat", "f"]}))
+                assert again["stdout"] == "took over\n"
+    finally:
+        if owner.proc.poll() is None:
+            owner.close()
