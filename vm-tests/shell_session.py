@@ -118,6 +118,9 @@ def scenario(state: Path, capsule_id: str) -> dict[str, Any]:
     shell.ask("sh -c 'echo sleeping-$((2*3)); exec sleep 100'", r"sleeping-6")
     shell.send("\x03")  # Ctrl-C: the pty's line discipline sends SIGINT to the foreground job
     seen["after_ctrl_c"] = shell.ask("echo status-$?", r"status-(\d+)").group(1).decode()
+    # Pushing input into the terminal (TIOCSTI): the jail's seccomp filter says EPERM.
+    seen["tiocsti"] = shell.ask("python3 -c 'import fcntl, termios; fcntl.ioctl(0, termios.TIOCSTI, b\"x\")' "
+                                "2>&1 | tail -n 1", r"(\w+Error): \[Errno (\d+)\]").group(2).decode()
     shell.ask("cat seed.txt", r"seed-content")  # the workspace holds it: a read the tracer sees
     shell.ask("echo from-shell > shell.txt; echo written-$((1+1))", r"written-2")
     shell.send("exit 7\r")

@@ -58,6 +58,7 @@ def _check_session(seen: dict[str, object]) -> None:
     assert seen["jobs"] == "Running" and seen["no_job_control"] is False
     assert seen["after_ctrl_c"] == "130"  # SIGINT ended the sleep; the shell answered after it
     assert seen["exit_status"] == 7
+    assert seen["tiocsti"] == "1"  # EPERM: the session cannot type into its own terminal either
 
 
 def test_shell_session_as_root(state: Path, tmp_path: Path) -> None:
