@@ -184,3 +184,20 @@ def test_a_shell_waits_for_the_running_command(state: Path, tmp_path: Path) -> N
         running.wait()
     rows = Journal(State(str(state))).execs(capsule_id)
     assert rows[-1]["argv"] == ["/bin/sh", "-c", "echo turn-$((3*4)); exit 3"] and rows[-1]["exit_code"] == 3
+
+
+def test_a_session_ends_with_its_terminal(state: Path, tmp_path: Path) -> None:
+    """ccw killed outright: the command ignores the pty's hangup, yet the helper ends the jail
+    (its next progress report finds the caller gone) and the capsule is free again."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    capsule_id = ccw(state, "capsule", "create", str(workspace)).strip()
+    shell = ShellSession(state, capsule_id, "--", "/bin/sh", "-c", "trap '' HUP; echo ready-$((1+1)); exec sleep 1000")
+    shell.expect(r"ready-2")
+    assert _busy(state, capsule_id)
+    shell.process.kill()
+    shell.wait()
+    deadline = time.monotonic() + 60
+    while _busy(state, capsule_id):
+        assert time.monotonic() < deadline, "the jail outlived its caller"
+        time.sleep(0.2)
