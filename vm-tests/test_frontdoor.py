@@ -175,5 +175,33 @@ def test_attached_server_takes_over_when_the_owner_leaves(state: Path, workspace
                 again = structured(third.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["cat", "f"]}))
                 assert again["stdout"] == "took over\n"
     finally:
-        if owner.proc.poll() is None:
-            owner.close()
+        owner.close()  # closed above, or ending now: its pipes are closed either way
+
+
+def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: Path, tmp_path: Path) -> None:
+    tool = tmp_path / "tool" / "bin"
+    tool.mkdir(parents=True)
+    (tool / "mytool").write_text("#!/bin/sh\necho from the callers toolchain\n")
+    (tool / "mytool").chmod(0o755)
+    env = cli_env(state)
+
+    def ccw(*args: str, path: str = env["PATH"]) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(CCW), *args], env={**env, "PATH": path}, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    try:
+        ccw("capsule", "create", "--no-auto-expose", str(workspace))  # starts the daemon, with this PATH
+        status = json.loads(ccw("helper", "status", "--json").stdout)
+        assert status["frontend_daemon"] is True and status["frontend_endpoint"] == "socket"
+        made = ccw("capsule", "create", str(workspace), path=f"{tool}:{env['PATH']}")
+        assert f"shown read-only: {tool.parent} (PATH entry {tool})" in made.stderr
+        ran = ccw("capsule", "exec", made.stdout.strip(), "--", str(tool / "mytool"))
+        assert ran.stdout == "from the callers toolchain\n"
+    finally:
+        stopped = json.loads(subprocess.run([str(CCW), "helper", "stop", "--json"], env=env, capture_output=True,
+                                            text=True, timeout=120).stdout)
+    assert stopped["frontend_stopped"] is True and stopped["frontend_pid"] == status["frontend_pid"]
+    after = subprocess.run([str(CCW), "helper", "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert json.loads(after.stdout)["frontend_running"] is False

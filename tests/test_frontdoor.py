@@ -1,0 +1,87 @@
+"""mcp_server/frontdoor.py and transports/relay.py: the state dir's lock, the caller context's
+trust, and a second stdio ccw-mcp relaying to the first (no helper needed: ccw_info)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_server import frontdoor
+from mcp_server.server import CALLER_META, CALLER_TRUSTED, caller_env
+from tests.raw_mcp import RawStdio
+
+
+def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
+    first = frontdoor.try_lock(str(tmp_path))
+    assert first is not None
+    try:
+        assert frontdoor.try_lock(str(tmp_path)) is None
+        first.record("stdio", daemon=False)
+        assert frontdoor.owner_of(str(tmp_path)) == {"pid": os.getpid(), "endpoint": "stdio", "daemon": False}
+        assert oct(os.stat(tmp_path / "frontend.lock").st_mode & 0o777) == "0o600"
+    finally:
+        first.release()
+    assert frontdoor.owner_of(str(tmp_path)) is None  # the record of a released lock is stale
+    again = frontdoor.try_lock(str(tmp_path))
+    assert again is not None
+    again.release()
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_caller_env_only_from_a_trusted_connection(trusted: bool) -> None:
+    meta = {CALLER_META: {"cwd": "/w", "env": {"PATH": "/opt/x/bin", "HOME": "/home/u", "LD_PRELOAD": "/evil.so"}}}
+    token = CALLER_TRUSTED.set(trusted)
+    try:
+        got = caller_env(meta)
+        assert got == ({"PATH": "/opt/x/bin", "HOME": "/home/u"} if trusted else None)
+        for bad in (None, [], {CALLER_META: "x"}, {CALLER_META: {"env": ["PATH"]}}):
+            assert caller_env(bad) is None
+    finally:
+        CALLER_TRUSTED.reset(token)
+
+
+def _attached(client: RawStdio) -> None:
+    deadline = time.monotonic() + 60
+    while not any("tools=relayed" in line for line in client.stderr):
+        assert time.monotonic() < deadline, "\n".join(client.stderr)
+        time.sleep(0.05)
+
+
+def _info(client: RawStdio, **args: Any) -> dict[str, Any]:
+    answer = client.request("tools/call", {"name": "ccw_info", "arguments": args}, timeout=60)
+    return answer
+
+
+def test_a_second_stdio_server_relays_and_takes_over(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    owner = RawStdio(state, "server", tasks=None)
+    try:
+        with RawStdio(state, "server", tasks=None) as attached:
+            _attached(attached)
+            assert "result" in _info(attached)
+            assert "result" in attached.request("tools/list")
+            # A call in flight when the owner dies is answered "retry"; the next one works.
+            in_flight: list[dict[str, Any]] = []
+            waiting = threading.Thread(target=lambda: in_flight.append(_info(attached, delay_ms=8000)))
+            waiting.start()
+            time.sleep(1.0)  # let the request reach the owner (sequencing only)
+            owner.proc.send_signal(signal.SIGKILL)
+            owner.proc.wait(30)
+            waiting.join(60)
+            (failed,) = in_flight
+            assert failed["error"]["code"] == -32001
+            assert "stopped before answering" in failed["error"]["message"]
+            assert "retry" in failed["error"]["message"]
+            answer = _info(attached)
+            assert answer["result"]["structuredContent"]["name"] == "ccw"
+            assert frontdoor.owner_of(str(state)) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
+        assert attached.proc.returncode == 0
+        assert not (state / "frontend.sock").exists()
+    finally:
+        owner.close()  # killed above, or ending now: its pipes are closed either way
