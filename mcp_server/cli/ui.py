@@ -1,11 +1,25 @@
-"""``ccw ui``: the state dir's local web dashboard (issue 26; being built)."""
+"""``ccw ui``: the state dir's local web dashboard (``mcp_server.ui``).
+
+It serves on loopback only (a non-loopback ``--listen`` is refused) and prints a URL
+whose fragment carries a token made for this run: the page sends it on each API call
+(``mcp_server/ui/server.py`` says what else guards it).  Promote and destroy go through
+the tools (``call_tool``), so the same policies apply as to an agent's calls.
+"""
 
 from __future__ import annotations
 
 import argparse
+import secrets
+import signal
+import sys
+import webbrowser
 from typing import Any
 
+import trio
+
 from mcp_server.config import Config
+from mcp_server.state import State
+from mcp_server.transports.http import bind_http, is_loopback, parse_addr
 from sandbox.errors import CcwError
 
 COMMANDS = ("ui",)
@@ -21,4 +35,43 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """Serve the dashboard until Ctrl-C."""
-    raise CcwError("UNSUPPORTED", "ccw ui is not built yet")
+    host, _ = parse_addr(args.listen)
+    if not is_loopback(host):
+        raise CcwError("PERMISSION_DENIED", f"ccw ui serves loopback only, not {host}: anyone who can reach the "
+                       "port could act on your capsules; use --listen 127.0.0.1:PORT (and an SSH tunnel to "
+                       "see it from elsewhere)", {"listen": args.listen})
+    sock = bind_http(args.listen, has_tokens_file=False)
+    trio.run(_serve, args, config, sock)
+    return 0
+
+
+async def _serve(args: argparse.Namespace, config: Config, sock: Any) -> None:
+    from mcp_server.cli.capsule import call_tool
+    from mcp_server.ui.server import Dashboard, serve
+
+    bound, port = sock.getsockname()[:2]
+    shown = f"[{bound}]" if ":" in bound else bound
+    token = secrets.token_urlsafe(32)
+    url = f"http://{shown}:{port}/#token={token}"
+    state = State(config.state_dir)
+    try:
+        app = Dashboard(config, state, token, bound, port, call_tool)
+        stop = trio.Event()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(serve, app, sock, stop)
+                print(f"ccw ui: {url}", flush=True)
+                print("(the URL carries its access token: share it with no one; Ctrl-C stops)", file=sys.stderr,
+                      flush=True)
+                if not args.no_open:
+                    nursery.start_soon(_open_browser, url)
+                async for _ in signals:
+                    stop.set()
+                    break
+    finally:
+        state.close()
+
+
+async def _open_browser(url: str) -> None:
+    # webbrowser.open may run a browser's launcher and wait for it: not on the server's loop.
+    await trio.to_thread.run_sync(webbrowser.open, url)

@@ -1,0 +1,1 @@
+"""``ccw ui``: a local web dashboard of one state dir (``server`` serves it, ``api`` reads what it shows)."""

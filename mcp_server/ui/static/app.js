@@ -1,0 +1,333 @@
+// The ccw dashboard's page. Every string shown came from the journal, and much of it
+// from inside a capsule (argv, paths, hosts, output): it is set with textContent (el,
+// svgText), never parsed as markup. The token comes from the URL's fragment, which the
+// browser never sends; it goes on each API call as a header (no cookies).
+"use strict";
+
+(() => {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
+  const SVG = "http://www.w3.org/2000/svg";
+  const state = {
+    capsules: [], selected: null, runs: [], run: null, network: [], reports: [], trials: [], done: [],
+    lastEvent: 0, seen: new Set(), armedDestroy: false,
+  };
+  const $ = (id) => document.getElementById(id);
+
+  function el(tag, text, cls) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (cls) node.className = cls;
+    return node;
+  }
+
+  function row(cells, cls) {
+    const tr = el("tr", null, cls);
+    for (const cell of cells) {
+      const td = cell instanceof Node ? el("td") : el("td", cell);
+      if (cell instanceof Node) td.append(cell);
+      tr.append(td);
+    }
+    return tr;
+  }
+
+  async function api(path, body) {
+    const init = { headers: { "X-CCW-Token": token }, cache: "no-store", credentials: "omit" };
+    if (body !== undefined) {
+      init.method = "POST";
+      init.headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch("/api/" + path, init);
+    const data = await response.json().catch(() => ({ error: response.statusText }));
+    if (!response.ok) throw new Error(data.error || String(response.status));
+    return data;
+  }
+
+  const enc = encodeURIComponent;
+  const duration = (ms) => (ms < 1000 ? `${ms} ms` : `${(ms / 1000).toFixed(1)} s`);
+  const status = (run) => (run.timed_out ? "timeout" : run.signal ? String(run.signal)
+    : run.oom_killed && run.exit_code !== 0 ? "oom" : String(run.exit_code));
+  const shellJoin = (argv) => argv.map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`)).join(" ");
+
+  // --- capsules ---------------------------------------------------------------
+  async function loadCapsules() {
+    const data = await api("capsules");
+    state.capsules = data.capsules;
+    if (!state.lastEvent) state.lastEvent = data.last_event_id;
+    const list = $("capsules");
+    list.replaceChildren();
+    for (const cap of data.capsules) {
+      const li = el("li", cap.capsule_id, cap.destroyed_at ? "destroyed" : "");
+      li.dataset.capsule = cap.capsule_id;
+      if (cap.capsule_id === state.selected) li.classList.add("selected");
+      li.append(el("span", cap.workspace, "sub"));
+      li.append(el("span", `${cap.runs} runs${cap.egress ? " · egress" : ""}${cap.destroyed_at ? " · destroyed" : ""}`, "sub"));
+      li.addEventListener("click", () => select(cap.capsule_id));
+      list.append(li);
+    }
+    if (!state.selected && data.capsules.length) await select(data.capsules[0].capsule_id);
+  }
+
+  async function select(capsuleId) {
+    Object.assign(state, { selected: capsuleId, runs: [], run: null, network: [], reports: [], trials: [], done: [],
+      seen: new Set(), armedDestroy: false });
+    for (const li of $("capsules").children) li.classList.toggle("selected", li.dataset.capsule === capsuleId);
+    $("empty").hidden = true;
+    $("capsule").hidden = false;
+    $("run-detail").hidden = true;
+    $("diff").replaceChildren();
+    $("action-result").replaceChildren();
+    $("destroy").textContent = "Destroy";
+    const cap = state.capsules.find((c) => c.capsule_id === capsuleId);
+    $("cap-title").textContent = capsuleId;
+    $("cap-meta").textContent = cap ? `${cap.workspace} · created ${cap.created_at}` +
+      (cap.destroyed_at ? ` · destroyed ${cap.destroyed_at}` : "") : "";
+    await loadRuns();
+    let more = true, after = 0;
+    while (more && state.selected === capsuleId) {
+      const data = await api(`events?capsule=${enc(capsuleId)}&after=${after}`);
+      for (const event of data.events) apply(event, false), (after = event.id);
+      more = data.more;
+    }
+    renderEvents();
+  }
+
+  // --- runs ---------------------------------------------------------------------
+  async function loadRuns(fresh) {
+    const capsuleId = state.selected;
+    const data = await api(`capsules/${enc(capsuleId)}/runs`);
+    if (capsuleId !== state.selected) return;
+    state.runs = data.runs;
+    const body = $("runs").tBodies[0];
+    body.replaceChildren();
+    for (const run of data.runs) {
+      const code = status(run);
+      const tr = row([run.run, shellJoin(run.argv), code, duration(run.duration_ms), run.reads ?? "-", run.writes,
+        run.connections, run.generation_out === null ? `${run.generation ?? "-"}` : `${run.generation}>${run.generation_out}`],
+      "run" + (fresh === run.run ? " fresh" : "") + (state.run === run.run ? " selected" : ""));
+      tr.children[1].className = "argv";
+      tr.children[2].className = code === "0" ? "ok" : "bad";
+      tr.dataset.run = run.run;
+      tr.addEventListener("click", () => showRun(run.run));
+      body.append(tr);
+    }
+    plotUsage();
+  }
+
+  async function showRun(seq) {
+    const detail = await api(`capsules/${enc(state.selected)}/runs/${seq}`);
+    state.run = seq;
+    for (const tr of $("runs").tBodies[0].children) tr.classList.toggle("selected", tr.dataset.run === String(seq));
+    $("run-detail").hidden = false;
+    $("run-title").textContent = `run ${seq}: ${shellJoin(detail.argv)} — exit ${status(detail)}, ${duration(detail.duration_ms)}`;
+    $("run-stdout").textContent = detail.output.stdout ?? "(not kept)";
+    $("run-stderr").textContent = detail.output.stderr ?? "(not kept)";
+    $("run-written").replaceChildren(...tree(detail.written));
+    $("run-read").textContent = detail.read === null ? "not traced" : `${detail.read.length} files`;
+  }
+
+  // Written paths as a tree of directories (each name is text, whatever it holds).
+  function tree(paths) {
+    const root = new Map();
+    for (const path of paths) {
+      let node = root;
+      for (const part of path.split("/")) {
+        if (!node.has(part)) node.set(part, new Map());
+        node = node.get(part);
+      }
+    }
+    const render = (node) => [...node.entries()].sort(([a], [b]) => (a < b ? -1 : 1)).map(([name, children]) => {
+      const li = el("li", children.size ? name + "/" : name);
+      li.dataset.path = name;
+      if (children.size) li.append(el("ul")), li.lastChild.append(...render(children));
+      return li;
+    });
+    return paths.length ? render(root) : [el("li", "(none)")];
+  }
+
+  // --- events -----------------------------------------------------------------------
+  function apply(event, live) {
+    if (event.capsule_id !== state.selected || state.seen.has(event.id)) return;
+    state.seen.add(event.id);
+    const data = event.data;
+    if (event.kind === "net.connection") state.network.push(data);
+    else if (["policy.report", "promotion", "witness", "replay"].includes(event.kind)) state.reports.push(event);
+    else if (event.kind === "deltamin.trial") state.trials.push(data);
+    else if (event.kind === "deltamin.done") state.done.push(data);
+    else if (event.kind === "run.started" && live) setStatus(`running in ${event.capsule_id}: ${data.label ?? ""}`);
+    else if (event.kind === "run.finished" && live) {
+      setStatus(`run ${data.seq} finished (exit ${data.exit_code})`);
+      loadRuns(data.seq);
+    }
+    if (live) renderEvents();
+  }
+
+  function renderEvents() {
+    const body = $("network").tBodies[0];
+    body.replaceChildren(...state.network.map((c) => {
+      const tr = row([c.seq, c.allowed ? "allowed" : "denied", c.host, c.port, c.protocol,
+        c.rule ?? c.reason ?? "", `${c.bytes_in ?? 0} / ${c.bytes_out ?? 0}`]);
+      tr.children[1].className = c.allowed ? "ok" : "bad";
+      tr.children[2].className = "host";
+      return tr;
+    }));
+    $("reports").replaceChildren(...state.reports.map(describe));
+    $("deltamin").replaceChildren(...state.done.map((d) => el("li",
+      `minimal: ${d.minimal} hunks after ${d.trials} trials (${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
+      `, replay ${d.replay_ok ? "ok" : "failed"}${d.one_minimal ? ", 1-minimal" : ""}`)));
+    plotTrials();
+  }
+
+  function describe(event) {
+    const d = event.data;
+    if (event.kind === "promotion") {
+      const text = d.refused ? `promotion refused — ${d.refused.code}: ${d.refused.message}`
+        : `${d.dry_run ? "dry run" : "promoted"}: ${d.applied.length} files`;
+      return el("li", `${event.at} ${text}`, d.refused ? "bad" : "ok");
+    }
+    if (event.kind === "policy.report") {
+      return el("li", `${event.at} policy report: ${d.passed ? "passed" : "failed"}` +
+        (d.report && d.report.details ? ` — ${d.report.details}` : ""), d.passed ? "ok" : "bad");
+    }
+    if (event.kind === "witness") return el("li", `${event.at} witness ${d.witness_id} (${d.size_bytes} bytes)`);
+    return el("li", `${event.at} replay: ${d.replay_ok ? "reproduced" : "differs"}, ${d.differences} outputs differ`,
+      d.replay_ok ? "ok" : "bad");
+  }
+
+  async function poll() {
+    for (;;) {
+      try {
+        setStatus(`live · event ${state.lastEvent}`);
+        const data = await api(`events?after=${state.lastEvent}&wait=20000`);
+        let capsulesChanged = false;
+        for (const event of data.events) {
+          state.lastEvent = event.id;
+          capsulesChanged ||= ["capsule.created", "capsule.destroyed", "run.finished"].includes(event.kind);
+          apply(event, true);
+        }
+        if (capsulesChanged) await loadCapsules();
+      } catch (error) {
+        setStatus(`disconnected (${error.message}); retrying`);
+        await new Promise((resolve) => setTimeout(resolve, 2000));
+      }
+    }
+  }
+
+  function setStatus(text) { $("status").textContent = text; }
+
+  // --- plots (inline SVG, drawn here) ---------------------------------------------------
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function bars(title, values, color) {
+    const width = 260, height = 120, pad = 24;
+    const chart = svg("svg", { width, height, role: "img", "aria-label": title });
+    chart.append(svg("text", { x: pad, y: 14 }, title));
+    const top = Math.max(1, ...values.map((v) => v ?? 0));
+    const step = (width - 2 * pad) / Math.max(values.length, 1);
+    values.forEach((value, i) => {
+      const h = value === null || value === undefined ? 0 : ((height - 2 * pad) * value) / top;
+      const bar = svg("rect", { x: pad + i * step + 1, y: height - pad - h, width: Math.max(step - 2, 1), height: h, fill: color });
+      bar.append(svg("title", {}, `run ${i + 1}: ${value ?? "not measured"}`));
+      chart.append(bar);
+    });
+    chart.append(svg("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#8a8f99" }));
+    chart.append(svg("text", { x: pad, y: height - 6 }, `max ${Math.round(top)}`));
+    return chart;
+  }
+
+  function plotUsage() {
+    const runs = state.runs;
+    $("usage-plot").replaceChildren(...(runs.length ? [
+      bars("duration (ms) per run", runs.map((r) => r.duration_ms), "#3366cc"),
+      bars("CPU (ms) per run", runs.map((r) => r.cpu_ms), "#d9822b"),
+      bars("max RSS (MiB) per run", runs.map((r) => (r.rss_max_kb === null ? null : r.rss_max_kb / 1024)), "#1a7f37"),
+    ] : []));
+  }
+
+  // deltamin's search: each trial's size (changes applied), coloured by its outcome.
+  function plotTrials() {
+    const trials = state.trials;
+    if (!trials.length) { $("deltamin-plot").replaceChildren(); return; }
+    const width = 520, height = 160, pad = 28;
+    const chart = svg("svg", { width, height, role: "img", "aria-label": "deltamin trials" });
+    chart.append(svg("text", { x: pad, y: 14 }, "deltamin: changes applied per trial (red: still fails)"));
+    const top = Math.max(1, ...trials.map((t) => t.size));
+    const step = (width - 2 * pad) / Math.max(trials.length - 1, 1);
+    const colors = { FAIL: "#c62828", PASS: "#1a7f37", UNRESOLVED: "#8a8f99" };
+    trials.forEach((trial, i) => {
+      const dot = svg("circle", { cx: pad + i * step, cy: height - pad - ((height - 2 * pad) * trial.size) / top,
+        r: 4, fill: colors[trial.outcome] || "#8a8f99" });
+      dot.append(svg("title", {}, `trial ${i + 1}: ${trial.size} changes, ${trial.outcome}${trial.fresh ? "" : " (cached)"}`));
+      chart.append(dot);
+    });
+    chart.append(svg("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#8a8f99" }));
+    $("deltamin-plot").replaceChildren(chart);
+  }
+
+  // --- actions: the same tools an agent calls -------------------------------------------
+  function showOutcome(text, ok) {
+    const box = $("action-result");
+    box.textContent = text;
+    box.className = ok ? "done" : "refused";
+  }
+
+  async function promote(dryRun) {
+    const policies = $("policies").value.split(",").map((p) => p.trim()).filter(Boolean);
+    showOutcome(dryRun ? "checking…" : "promoting…", true);
+    try {
+      const answer = await api(`capsules/${enc(state.selected)}/promote`, { dry_run: dryRun, policies });
+      if (!answer.ok) return showOutcome(`refused — ${answer.error.code}: ${answer.error.message}`, false);
+      const result = answer.result, report = result.policy_report;
+      if (result.promoted) return showOutcome(`promoted: ${result.applied.length} files written to the workspace`, true);
+      if (result.dry_run && report.passed) return showOutcome(`dry run: the policies pass; would write ${result.applied.length} files`, true);
+      const failed = Object.keys(report).filter((k) => k.endsWith("_ok") && report[k] === false).map((k) => k.slice(0, -3));
+      const paths = report.deny_paths && report.deny_paths.length ? `; denied paths: ${report.deny_paths.join(", ")}` : "";
+      showOutcome(`refused by the policies — failed: ${failed.join(", ") || "the policies"}${paths}` +
+        (report.details ? `\n${report.details}` : ""), false);
+    } catch (error) {
+      showOutcome(`failed: ${error.message}`, false);
+    }
+  }
+
+  async function destroy() {
+    if (!state.armedDestroy) {
+      state.armedDestroy = true;
+      $("destroy").textContent = "Really destroy?";
+      return;
+    }
+    state.armedDestroy = false;
+    $("destroy").textContent = "Destroy";
+    const answer = await api(`capsules/${enc(state.selected)}/destroy`, {}).catch((e) => ({ ok: false, error: { code: "", message: e.message } }));
+    if (answer.ok) showOutcome("destroyed", true);
+    else showOutcome(`refused — ${answer.error.code}: ${answer.error.message}`, false);
+    await loadCapsules();
+  }
+
+  async function showDiff() {
+    const pre = $("diff");
+    pre.replaceChildren(el("span", "loading…"));
+    const answer = await api(`capsules/${enc(state.selected)}/diff`).catch((e) => ({ ok: false, error: { code: "", message: e.message } }));
+    if (!answer.ok) return pre.replaceChildren(el("span", `${answer.error.code}: ${answer.error.message}`, "del"));
+    const s = answer.result.summary;
+    const lines = [el("span", `${s.added} added, ${s.modified} modified, ${s.deleted} deleted\n`, "hunk")];
+    for (const line of answer.result.diff.split("\n")) {
+      const cls = line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("@@") ? "hunk" : "";
+      lines.push(el("span", line + "\n", cls));
+    }
+    pre.replaceChildren(...lines);
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("promote").addEventListener("click", () => promote(false));
+    $("dry-run").addEventListener("click", () => promote(true));
+    $("destroy").addEventListener("click", destroy);
+    $("show-diff").addEventListener("click", showDiff);
+    if (!token) setStatus("no token: open the URL ccw ui printed");
+    loadCapsules().then(poll, (error) => setStatus(`cannot load: ${error.message}`));
+  });
+})();

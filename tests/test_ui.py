@@ -1,0 +1,242 @@
+"""``ccw ui``'s server (mcp_server/ui/server.py): who may call it, the headers it sends, and
+that what a capsule named comes back as data, on a real loopback socket.
+
+The tools it calls are stood in for by a recorder here (the browser test in
+vm-tests/test_ui_browser.py calls the real ones): these tests are about the boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcp_server.cli import main
+from mcp_server.config import Config
+from mcp_server.events import EventLog
+from mcp_server.journal import Journal
+from mcp_server.state import State
+from mcp_server.ui.server import MAX_BODY, Dashboard, serve
+from sandbox.errors import CcwError
+from tests.cli_process import CCW, ROOT, cli_env
+from tests.test_events import _entry, _record
+
+TOKEN = "t0ken-for-tests"
+HOSTILE_ARGV = ["sh", "-c", "<img src=x onerror=alert(1)>"]
+HOSTILE_PATH = "<script>alert(2)</script>\x1b[2J.txt"
+
+Response = tuple[int, dict[str, str], bytes]
+Scenario = Callable[[Callable[..., Awaitable[Response]], list[tuple[str, dict[str, Any]]]], Awaitable[None]]
+
+
+async def _http(port: int, method: str, path: str, headers: dict[str, str], body: bytes = b"") -> Response:
+    """One HTTP/1.1 request on a fresh connection, exactly as given (Host included)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    head = f"{method} {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    await stream.send_all(f"{head}content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
+    data = b""
+    while chunk := await stream.receive_some():
+        data += chunk
+    await stream.aclose()
+    top, _, payload = data.partition(b"\r\n\r\n")
+    lines = top.decode("latin-1").split("\r\n")
+    found = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in found.items()}, payload
+
+
+def _run(state_dir: Path, scenario: Scenario, refuse: bool = False) -> None:
+    """Serve a dashboard of ``state_dir`` and run ``scenario(request, tool_calls)`` against it."""
+    calls: list[tuple[str, dict[str, Any]]] = []
+
+    async def call_tool(config: Config, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        calls.append((name, args))
+        if refuse:
+            raise CcwError("REPO_CHANGED", "the workspace changed under the capsule; diff again")
+        return {"promoted": True, "applied": ["b.txt"], "policy_report": {"passed": True}}
+
+    async def main_task() -> None:
+        state = State(state_dir)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        app = Dashboard(Config.from_env(), state, TOKEN, "127.0.0.1", port, call_tool)
+        stop = trio.Event()
+
+        async def request(method: str, path: str, token: str | None = TOKEN, host: str | None = None,
+                          body: bytes = b"", **extra: str) -> Response:
+            headers = {"host": host or f"127.0.0.1:{port}", **{k.replace("_", "-"): v for k, v in extra.items()}}
+            if token is not None:
+                headers["x-ccw-token"] = token
+            return await _http(port, method, path, headers, body)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, sock, stop)
+            await scenario(request, calls)
+            stop.set()
+        state.close()
+
+    trio.run(main_task)
+
+
+@pytest.fixture
+def populated(state_dir: Path) -> Path:
+    """A state dir with one capsule whose run carries hostile argv, path and output."""
+    state = State(state_dir)
+    journal, _ = Journal(state), EventLog(state)
+    journal.add_capsule(_record())
+    entry = _entry({"read": ["a.py"], "written": [HOSTILE_PATH, "d/e.txt"], "network": []})
+    journal.add_outputs("cap_1", journal.add_exec("cap_1", {**entry, "argv": HOSTILE_ARGV}),
+                        {"stdout": b"<b>bold</b>\n", "stderr": b""})
+    state.close()
+    return state_dir
+
+
+def test_the_api_needs_the_token_and_this_servers_host(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        assert (await request("GET", "/api/capsules"))[0] == 200
+        for token in (None, "", TOKEN[:-1], TOKEN + "x"):
+            status, _, body = await request("GET", "/api/capsules", token=token)
+            assert status == 401 and b"token" in body, token
+        for host in ("evil.example", "evil.example:80", "127.0.0.1:1", "127.0.0.1"):
+            assert (await request("GET", "/api/capsules", host=host))[0] == 421, host
+            assert (await request("GET", "/", host=host))[0] == 421, host  # a rebound name gets not even the page
+        status, _, _ = await request("GET", "/api/capsules", host=None)
+        assert status == 200
+
+    _run(populated, scenario)
+
+
+def test_actions_from_another_origin_are_refused_before_any_tool_runs(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        for origin in ("http://evil.example", "null", "http://127.0.0.1:1"):
+            status, _, _ = await request("POST", "/api/capsules/cap_1/promote", body=b"{}", origin=origin)
+            assert status == 403, origin
+        assert calls == []
+        assert (await request("POST", "/api/capsules/cap_1/destroy", token=None, body=b"{}"))[0] == 401
+        assert (await request("POST", "/api/capsules/cap_1/promote", body=b"x" * (MAX_BODY + 1)))[0] == 413
+        assert calls == []
+        status, _, body = await request("POST", "/api/capsules/cap_1/promote", body=b'{"policies": ["baseline"]}')
+        assert status == 200 and json.loads(body)["result"]["promoted"] is True
+        assert calls == [("capsule_promote", {"capsule_id": "cap_1", "dry_run": False, "policies": ["baseline"]})]
+
+    _run(populated, scenario)
+
+
+def test_a_tools_refusal_comes_back_for_the_page_to_show(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        status, _, body = await request("POST", "/api/capsules/cap_1/promote", body=b"{}")
+        assert status == 200 and json.loads(body) == {"ok": False, "error": {
+            "code": "REPO_CHANGED", "message": "the workspace changed under the capsule; diff again"}}
+
+    _run(populated, scenario, refuse=True)
+
+
+def test_every_answer_carries_the_security_headers_and_no_cookie(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        for path, token in (("/", None), ("/static/app.js", None), ("/static/style.css", None),
+                            ("/api/capsules", TOKEN), ("/api/capsules", None), ("/nothing", None)):
+            _, headers, _ = await request("GET", path, token=token)
+            csp = headers["content-security-policy"]
+            assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe" not in csp
+            assert headers["x-content-type-options"] == "nosniff" and headers["referrer-policy"] == "no-referrer"
+            assert "set-cookie" not in headers
+        status, headers, body = await request("GET", "/static/app.js", token=None)
+        assert status == 200 and headers["content-type"].startswith("text/javascript") and b"textContent" in body
+        for path in ("/static/../server.py", "/static/", "/static/api.py", "/index.html/x"):
+            assert (await request("GET", path, token=None))[0] == 404, path
+
+    _run(populated, scenario)
+
+
+def test_what_a_capsule_named_is_returned_verbatim_as_json(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        status, headers, body = await request("GET", "/api/capsules/cap_1/runs")
+        assert status == 200 and headers["content-type"] == "application/json"
+        (run,) = json.loads(body)["runs"]
+        assert run["argv"] == HOSTILE_ARGV and (run["cpu_ms"], run["rss_max_kb"]) == (7, 900)
+        detail = json.loads((await request("GET", "/api/capsules/cap_1/runs/1"))[2])
+        assert detail["written"] == [HOSTILE_PATH, "d/e.txt"] and detail["output"]["stdout"] == "<b>bold</b>\n"
+        assert (await request("GET", "/api/capsules/cap_1/runs/2"))[0] == 404
+        assert (await request("GET", "/api/capsules/nope/runs"))[0] == 404
+
+    _run(populated, scenario)
+
+
+def test_the_page_renders_text_only_and_runs_no_inline_script() -> None:
+    static = ROOT / "mcp_server" / "ui" / "static"
+    script = (static / "app.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "Function(",
+                 "setAttribute(\"on", "DOMParser", "createContextualFragment"):
+        assert sink not in script, sink
+    page = (static / "index.html").read_text()
+    assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/app.js" defer>']
+    assert not re.search(r"\son\w+=|style=|https?://", page)
+
+
+def test_the_event_stream_is_a_long_poll_that_answers_when_an_event_is_committed(populated: Path) -> None:
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        first = json.loads((await request("GET", "/api/events?after=0&capsule=cap_1"))[2])["events"]
+        assert [e["kind"] for e in first][:2] == ["capsule.created", "run.finished"]
+        last = first[-1]["id"]
+        assert json.loads((await request("GET", f"/api/events?after={last}&wait=0"))[2])["events"] == []
+
+        async def other_process_writes() -> None:
+            await trio.sleep(0.5)
+            other = State(populated)  # its own connection, as another process has
+            EventLog(other).add("capsule.destroyed", "cap_1", {})
+            other.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other_process_writes)
+            status, _, body = await request("GET", f"/api/events?after={last}&wait=20000")
+        assert status == 200 and [e["kind"] for e in json.loads(body)["events"]] == ["capsule.destroyed"]
+        assert (await request("GET", "/api/events?after=x"))[0] == 400
+
+    _run(populated, scenario)
+
+
+def test_ccw_ui_refuses_to_listen_beyond_loopback(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for listen in ("0.0.0.0:0", "192.0.2.1:8080", "[::]:0"):
+        assert main(["--state-dir", str(state_dir), "ui", "--no-open", "--listen", listen]) == 1
+        assert "PERMISSION_DENIED" in capsys.readouterr().err
+
+
+def test_ccw_ui_prints_a_url_with_its_token_serves_it_and_stops_on_sigterm(state_dir: Path) -> None:
+    proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(state_dir), cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        found = re.fullmatch(r"ccw ui: http://127\.0\.0\.1:(\d+)/#token=([\w-]{40,})\n", line)
+        assert found, line
+        port, token = int(found[1]), found[2]
+
+        async def fetch() -> tuple[Response, Response]:
+            headers = {"host": f"127.0.0.1:{port}"}
+            return (await _http(port, "GET", "/api/capsules", {**headers, "x-ccw-token": token}),
+                    await _http(port, "GET", "/api/capsules", {**headers, "x-ccw-token": TOKEN}))
+
+        good, bad = trio.run(fetch)
+        assert good[0] == 200 and json.loads(good[2]) == {"capsules": [], "last_event_id": 0}
+        assert bad[0] == 401
+    finally:
+        proc.terminate()
+        _, errors = proc.communicate(timeout=30)
+    assert proc.returncode == 0, errors
+
+
+def test_the_pages_files_are_package_data_of_the_wheel() -> None:
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mcp_server"]
+    static = ROOT / "mcp_server" / "ui" / "static"
+    assert "ui/static/*" in data and all(path.is_file() for path in static.iterdir())  # the glob is one level
+    assert {path.name for path in static.iterdir()} == {"index.html", "app.js", "style.css"}
