@@ -1,0 +1,143 @@
+"""``ccw ui`` in a real headless browser (Debian's chromium, through chromedriver) while an
+agent works through MCP: a stdio ``ccw-mcp`` driven by raw NDJSON, as root.
+
+The page is opened once and never reloaded: the agent's run, the file it wrote, the
+connection the egress proxy denied and the promotion's outcome must all reach it live.
+One file the capsule writes is named like markup; it must be shown as its name, never
+parsed.  Promotion is clicked twice: under a policy that refuses (the refusal is shown,
+the workspace untouched), then under the default one (the file reaches the workspace).
+The screenshots are kept under the test's tmp dir (its path is printed).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mcp_server.capsules.policies import PolicyStore
+from mcp_server.state import State
+from tests.cli_process import CCW, ROOT, ccw, cli_env
+from tests.raw_mcp import RawStdio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from webdriver import Browser
+
+HOSTILE = "<img src=x onerror=document.title='pwned'>.txt"
+# Through the jail's HTTP proxy, to a host the capsule's allowlist does not name.
+DENIED = r"""
+import os, socket
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
+with socket.create_connection((host, int(port)), timeout=20) as s:
+    s.sendall(b"GET http://denied.example/ HTTP/1.0\r\nHost: denied.example\r\n\r\n")
+    print(s.recv(4096).split(b"\r\n")[0].decode())
+"""
+RUN = f"echo hello > out.txt; echo key > secret.txt; touch \"{HOSTILE}\"; python3 -c '{DENIED}'"
+GUARD = {"name": "no-secrets", "rules": {"deny_paths": ["secret.txt"]}}
+
+
+def structured(answer: dict[str, Any]) -> dict[str, Any]:
+    """A tools/call's structured result; fails on a tool error."""
+    assert not answer.get("isError"), answer
+    result: dict[str, Any] = answer["structuredContent"]
+    return result
+
+
+@pytest.fixture
+def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
+    state_dir = tmp_path / "state"
+    store = State(state_dir)
+    PolicyStore(store).put(GUARD)
+    store.close()
+    yield state_dir
+    ccw(state_dir, "helper", "stop", check=False)
+
+
+@pytest.fixture
+def dashboard(state: Path) -> Iterator[str]:
+    """``ccw ui`` on the state dir: the URL it printed."""
+    proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(state), cwd=ROOT)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.fullmatch(r"ccw ui: (http://127\.0\.0\.1:\d+/#token=[\w-]+)\n", line)
+    try:
+        assert found, line
+        yield found[1]
+    finally:
+        proc.terminate()
+        _, errors = proc.communicate(timeout=30)
+        assert proc.returncode == 0, errors
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    opened = Browser(tmp_path / "profile")
+    yield opened
+    opened.close()
+
+
+def _shot(browser: Browser, shots: Path, name: str) -> None:
+    shots.mkdir(exist_ok=True)
+    print(f"screenshot: {browser.screenshot(shots / f'{name}.png')}")
+
+
+def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
+        state: Path, dashboard: str, browser: Browser, tmp_path: Path) -> None:
+    workspace, shots = tmp_path / "ws", tmp_path / "screenshots"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("a\n")
+    with RawStdio(state, "capsule", tasks=None) as agent:
+        made = agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False,
+                                             "network": {"allow": ["allowed.example:443"]}})
+        cap = structured(made)["capsule_id"]
+        browser.get(dashboard)
+        browser.wait_until(lambda: cap in browser.text("#cap-title"), "the new capsule, selected")
+        assert browser.find("#runs tbody tr") == [] and "live" in browser.text("#status")
+        _shot(browser, shots, "1-before")
+
+        ran = structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", RUN]}, timeout=120))
+        assert ran["exit_code"] == 0, ran
+        denied = [r for r in ran["touched"]["network"] if r["host"] == "denied.example"]
+        assert denied and not denied[0]["allowed"], ran["touched"]["network"]
+
+        # The run, as it reaches the page by the event stream (the page is not reloaded).
+        browser.wait_until(lambda: "out.txt" in browser.text("#runs tbody tr"), "the agent's run")
+        browser.click("#runs tbody tr")
+        written = browser.wait_until(lambda: browser.text("#run-written"), "the run's written files")
+        assert "out.txt" in written and "secret.txt" in written and HOSTILE in written
+        assert browser.script("return document.querySelectorAll('#run-detail img').length") == 0
+        assert browser.script("return document.title") == "ccw dashboard"
+        network = browser.wait_until(lambda: browser.text("#network tbody"), "the denied connection")
+        assert re.search(r"denied\s+denied\.example\s+80", network), network
+        browser.click("#show-diff")
+        assert "+hello" in browser.wait_until(lambda: "+hello" in browser.text("#diff") and browser.text("#diff"),
+                                              "the diff")
+        browser.script("document.getElementById('network').scrollIntoView()")
+        _shot(browser, shots, "2-run")
+        browser.script("window.scrollTo(0, 0)")
+
+        # Promotion under a policy that refuses: its message on the page, nothing written.
+        browser.type("#policies", "no-secrets")
+        browser.click("#promote")
+        refused = browser.wait_until(lambda: "refused" in browser.text("#action-result")
+                                     and browser.text("#action-result"), "the policy's refusal")
+        assert "secret.txt" in refused, refused
+        assert not (workspace / "out.txt").exists()
+        browser.wait_until(lambda: "promotion refused" in browser.text("#reports"), "the refusal's event")
+        _shot(browser, shots, "3-refused")
+
+        # Under the default policy: applied, and the file is in the workspace.
+        browser.type("#policies", "")
+        browser.click("#promote")
+        done = browser.wait_until(lambda: "promoted:" in browser.text("#action-result")
+                                  and browser.text("#action-result"), "the promotion")
+        assert "refused" not in done
+        assert (workspace / "out.txt").read_text() == "hello\n" and (workspace / HOSTILE).exists()
+        _shot(browser, shots, "4-promoted")
+    print(f"screenshots kept in {shots}")
