@@ -82,18 +82,24 @@ async def run(config: Config) -> int:
     """Serve ``config.endpoint`` until it ends or a signal drains it; the exit status.
 
     The first ``ccw-mcp`` of a state dir owns it and also serves its frontend.sock; a
-    stdio one that comes later relays to that owner (mcp_server/frontdoor.py)."""
+    stdio one that comes later relays to that owner, a socket or HTTP one exits 2; an
+    owner that is only the ccw command's daemon yields to either (mcp_server/frontdoor.py)."""
     from mcp_server import frontdoor
 
+    daemon = config.endpoint == "socket" and config.socket_path == str(frontdoor.FrontendPaths.of(config.state_dir).socket)
     lock = frontdoor.try_lock(config.state_dir)
-    if lock is None and config.endpoint != "stdio":
+    if lock is None and not daemon:
         lock = await _take_from_daemon(config)
+    if lock is None and config.endpoint != "stdio":
+        owner = frontdoor.owner_of(config.state_dir) or {}
+        raise CcwError("CONFLICT", f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} "
+                       f"({owner.get('endpoint', '?')}); stop it or choose another CCW_STATE_DIR "
+                       "(a stdio ccw-mcp would attach to it instead)")
     if lock is None:
         from mcp_server.transports import relay
 
         return await _serve(config, None, relay.serve)
     try:
-        daemon = config.endpoint == "socket" and config.socket_path == str(frontdoor.FrontendPaths.of(config.state_dir).socket)
         lock.record(config.endpoint, daemon)
         async with frontdoor.running_app(config) as app:
             return await _serve(config, app, _owner_transport(config, daemon))
@@ -129,22 +135,18 @@ async def _drain_with(draining: trio.Event, others: trio.Event) -> None:
 
 
 async def _take_from_daemon(config: Config) -> Any:
-    """The lock, once a front end that is only the CLI's daemon has drained and left;
-    an owner that serves an agent is not ours to stop: CONFLICT (exit status 2)."""
+    """The lock, once the front end that holds it, if it is only the ccw command's daemon,
+    has drained and left: this server's own settings (tools, workspace) then apply to its
+    clients, which the daemon's, inherited from some earlier command, would not.  None
+    when the owner serves an agent (not ours to stop) or somebody else was quicker."""
     from mcp_server import frontdoor
 
     owner = frontdoor.owner_of(config.state_dir) or {}
     if not owner.get("daemon"):
-        raise CcwError("CONFLICT", f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} "
-                       f"({owner.get('endpoint', '?')}); stop it or choose another CCW_STATE_DIR "
-                       "(a stdio ccw-mcp would attach to it instead)")
+        return None
     LIFECYCLE.info(f"mcp:frontend asking the ccw command's front end (pid {owner.get('pid')}) to stop")
     await trio.to_thread.run_sync(frontdoor.stop_daemon, config.state_dir)  # returns once it has exited
-    lock = frontdoor.try_lock(config.state_dir)
-    if lock is None:
-        raise CcwError("CONFLICT", f"state dir {config.state_dir} was taken by another ccw-mcp while its daemon "
-                       "stopped; ccw helper status names it")
-    return lock
+    return frontdoor.try_lock(config.state_dir)
 
 
 async def _serve(config: Config, app: CcwServer | None, transport: Any) -> int:

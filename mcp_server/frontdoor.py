@@ -28,7 +28,12 @@ per state dir and every client talks to it:
   exits with status 2 (CONFLICT, naming the owner's pid): those endpoints serve other
   clients that chose that address, and silently relaying them to a process that may
   end with its agent's session would surprise them.  An owner that is only the CLI's
-  daemon (below) yields instead: it is asked to stop, drains, and the new server owns.
+  daemon (below) yields to any ``ccw-mcp``: it is asked to stop, drains, and the new
+  server owns, so an agent's server runs with its own settings (tools, workspace), not
+  with those the daemon inherited from some earlier command.  An attached server's
+  client gets the owner's settings: its tools/list is the owner's, and ``CCW_WORKSPACE``
+  and the values of whitelisted variables are the owner's (roots, which most clients
+  declare, are per connection and pass through).
 * The ``ccw`` command never runs a front end in-process beside a possible owner.  It
   is an MCP client of frontend.sock (``cli/frontclient.py``); when nobody answers, it
   starts a detached front-end DAEMON for the state dir (``ccw-mcp`` on frontend.sock,

@@ -85,3 +85,25 @@ def test_a_second_stdio_server_relays_and_takes_over(tmp_path: Path) -> None:
         assert not (state / "frontend.sock").exists()
     finally:
         owner.close()  # killed above, or ending now: its pipes are closed either way
+
+
+def test_an_agents_server_takes_the_state_dir_from_the_cli_daemon(tmp_path: Path) -> None:
+    from mcp_server.cli.frontclient import start_daemon
+
+    state = tmp_path / "state"
+    assert start_daemon(str(state)) == {"frontend_started": True}
+    daemon = frontdoor.status(str(state))
+    assert daemon["frontend_daemon"] is True
+    with RawStdio(state, "server", tasks=None) as agent:
+        assert "result" in _info(agent)
+        assert not any("tools=relayed" in line for line in agent.stderr)
+        assert frontdoor.owner_of(str(state)) == {"pid": agent.proc.pid, "endpoint": "stdio", "daemon": False}
+        assert _ended(daemon["frontend_pid"])
+
+
+def _ended(pid: int) -> bool:
+    """Exited (maybe not yet reaped: the daemon was adopted by whatever reaps here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
