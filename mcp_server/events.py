@@ -25,8 +25,11 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``run.finished``  seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
   duration_ms, generation, generation_out, usage (cpu_ms, rss_max_kb: null when not
   measured), reads (null when not traced), writes, connections (counts).
-- ``files.written``  seq, count, paths (the first ``MAX_PATHS``); ``files.read``  seq,
-  count, dirs (the ``MAX_DIRS`` directories most read from, with counts).
+- ``files.written``  seq, count, paths (the first ``MAX_PATHS``): at the end of a run;
+  and while it runs, where fanotify traces it, with ``live: true`` and ``seq`` null, the
+  files closed after writing since the last progress report (about once a second);
+  ``files.read``  seq, count, dirs (the ``MAX_DIRS`` directories most read from, with
+  counts).
 - ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,
   bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run.
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).

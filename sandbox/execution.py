@@ -27,6 +27,7 @@ Choices made here:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import stat
@@ -159,7 +160,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
             if tracer is not None:
                 tracer.teardown()
                 tracer = None
-        result = supervise.run(spec, cgroup, on_progress=on_progress, progress_interval_s=progress_ms / 1000)
+        result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, tracer),
+                               progress_interval_s=progress_ms / 1000)
         traced = tracer.collect() if tracer is not None else None
         # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
         usage = cgroup.collect(result.init_report)
@@ -170,6 +172,25 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
         if cgroup is not None:
             cgroup.teardown()
     return result, usage, traced, trace_error
+
+
+LIVE_WRITTEN = 200  # paths a progress report names at most; the reply has them all
+
+
+def _with_writes(on_progress: Callable[[ExecProgress], None] | None,
+                 tracer: Any) -> Callable[[ExecProgress], None] | None:
+    """``on_progress`` with each report naming the files written since the last one (the
+    tracer's reader thread adds them as their writers close them)."""
+    if on_progress is None or tracer is None:
+        return on_progress
+    reported: set[str] = set()
+
+    def report(progress: ExecProgress) -> None:
+        new = sorted(set(tracer.written) - reported)[:LIVE_WRITTEN]  # set(): one copy under the GIL
+        reported.update(new)
+        on_progress(dataclasses.replace(progress, written=tuple(new)))
+
+    return report
 
 
 def _touched(traced: Traced | None, trace_error: str | None, moved: list[str]) -> tuple[Touched, dict[str, str]]:

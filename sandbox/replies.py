@@ -185,15 +185,23 @@ class ForkReply(CreateReply):
 
 @dataclass(frozen=True)
 class ExecProgress(OpReply):
-    """An interim report of a running exec: time so far, bytes so far, the latest output."""
+    """An interim report of a running exec: time so far, bytes so far, the latest output,
+    and the files written since the last report, as fanotify saw them close (None: not
+    traced; at most ``LIVE_WRITTEN`` paths a report)."""
 
     elapsed_ms: int
     stdout_bytes: int
     stderr_bytes: int
     stdout_tail: bytes
     stderr_tail: bytes
+    written: tuple[str, ...] | None = None
 
     base64_fields = ("stdout_tail", "stderr_tail")
+    optional_fields = ("written",)
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> ExecProgress:
+        return cls(**{**result, "written": _paths(result.get("written"), "written")})
 
 
 @dataclass(frozen=True)

@@ -111,3 +111,26 @@ def test_watch_follows_runs_of_other_processes_live(state: Path, capsule: str) -
     assert kinds[0] == "capsule.created" and kinds[-1] == "capsule.destroyed"
     assert kinds.count("run.finished") == 1 and "files.written" in kinds
     assert [event["id"] for event in every] == sorted(event["id"] for event in every)
+
+
+def test_files_written_show_while_the_run_goes(state: Path, capsule: str) -> None:
+    """fanotify sees a file closed after writing: the next progress report names it, and a
+    watcher has it seconds before the run ends."""
+    watcher = _watcher(state, capsule, "--json")
+    try:
+        time.sleep(1)
+        run = subprocess.Popen([*CCW, "capsule", "exec", capsule, "--", "sh", "-c", "echo a > early.txt; sleep 4"],
+                               env=cli_env(state), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        live = [json.loads(line) for line in _lines_until(watcher, '"live": true', timeout=20)]
+        assert run.poll() is None, "the run ended before its write was seen"
+        written = live[-1]
+        assert written["kind"] == "files.written" and written["data"]["paths"] == ["early.txt"]
+        assert written["data"]["seq"] is None
+        finished = [json.loads(line) for line in _lines_until(watcher, "run.finished")][-1]
+        assert finished["id"] > written["id"] and finished["data"]["writes"] == 1
+        assert run.wait(timeout=30) == 0, run.communicate()[1]
+        if run.stderr is not None:
+            run.stderr.close()
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.communicate(timeout=10)

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 import trio
 
+from mcp_server import events
 from mcp_server.capsules import exposure
 from mcp_server.capsules.networks import Networks, Traced, network_not_open
 from mcp_server.capsules.notes import record_base_states, written_mtimes
@@ -241,6 +242,9 @@ class CapsuleService:
         timeout_ms = request.timeout_ms or 0
 
         async def forward(report: dict[str, Any]) -> None:
+            if report.get("written"):  # as the run goes: watchers see its files before it ends
+                events.add(self.state, "files.written", request.capsule_id,
+                           {"seq": None, "live": True, "count": len(report["written"]), "paths": report["written"]})
             # Counted from the call's arrival, so the reports of a call that was queued keep
             # growing (MCP asks progress to increase).
             await self.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
