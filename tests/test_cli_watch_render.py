@@ -28,6 +28,8 @@ def test_watch_lines_say_what_happened_without_escapes() -> None:
     assert "(1 written, ? read, 0 connections)" in finished
     wrote = watch.line(_event("files.written", seq=3, count=5, paths=["a", f"b{ESC}[2J", "c", "d", "e"]))
     assert wrote.endswith("run 3 wrote a, b\\x1b[2J, c and 2 more")
+    live = watch.describe(_event("files.written", seq=None, live=True, count=1, paths=["early.txt"]))
+    assert live == "the running command wrote early.txt"
     denied = watch.describe(_event("net.connection", seq=1, host="evil.example", port=443, allowed=False,
                                    reason="not in the allowlist"))
     assert denied == "run 1 connection denied: evil.example:443 (not in the allowlist)"

@@ -91,7 +91,8 @@ def describe(event: Event, color: bool = False) -> str:
     if kind == "files.written":
         paths = [visible(str(p)) for p in data.get("paths", [])[:PATHS_SHOWN]]
         more = data.get("count", 0) - len(paths)
-        return f"run {data.get('seq')} wrote " + ", ".join(paths) + (f" and {more} more" if more > 0 else "")
+        who = "the running command" if data.get("live") else f"run {data.get('seq')}"
+        return f"{who} wrote " + ", ".join(paths) + (f" and {more} more" if more > 0 else "")
     if kind == "files.read":
         dirs = ", ".join(f"{visible(str(d))}/ ({n})" for d, n in data.get("dirs", [])[:PATHS_SHOWN])
         return f"run {data.get('seq')} read {data.get('count')} files, most in {dirs}"
