@@ -27,6 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from tests.raw_mcp import RawStdio  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "vm-tests"))
+from test_ipc_users import as_user  # noqa: E402
+from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
+
 CCW = ROOT / ".venv" / "bin" / "ccw"
 
 
@@ -205,3 +209,39 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
     assert stopped["frontend_stopped"] is True and stopped["frontend_pid"] == status["frontend_pid"]
     after = subprocess.run([str(CCW), "helper", "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
     assert json.loads(after.stdout)["frontend_running"] is False
+
+
+
+def test_frontend_socket_refuses_another_uid_even_root(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+    """An unprivileged user's front end: its socket is 0600, and root, who may connect
+    anyway, is refused by SO_PEERCRED (a call may lend its caller's PATH and HOME)."""
+    uid, gid, home = user_dir
+    state = home / "state"
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "CCW_STATE_DIR": str(state),
+           "CCW_TOOLSETS": "server", "MCP_READY_FILE": str(home / "ready"), "HOME": str(home)}
+    keep: list[str] = []
+    owner = subprocess.Popen(as_user(uid, gid, [sys.executable, "-m", "mcp_server"], keep), env=env, cwd=str(home),
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        sock_path = state / "frontend.sock"
+        wait_for(lambda: (home / "ready").exists(), "the user's ccw-mcp to be ready")
+        assert sock_path.stat().st_uid == uid and sock_path.stat().st_mode & 0o777 == 0o600
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.settimeout(30)
+            client.connect(str(sock_path))  # root passes the mode; the peer check must stop it
+            client.sendall(b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ccw_info"}}\n')
+            try:
+                answer = client.recv(4096)
+            except ConnectionResetError:  # closed with our request unread
+                answer = b""
+            assert answer == b""  # no answer
+    finally:
+        assert owner.stdin is not None
+        owner.stdin.close()
+        owner.wait(60)
+        log = owner.stderr.read().decode() if owner.stderr else ""
+        if owner.stderr:
+            owner.stderr.close()
+        for directory in keep:
+            os.rmdir(directory)
+    assert f"mcp:frontend refused a client of uid 0 (serving uid {uid})" in log, log
