@@ -11,6 +11,7 @@ The screenshots are kept under the test's tmp dir (its path is printed).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -21,9 +22,12 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules.policies import PolicyStore
+from mcp_server.events import EventLog
+from mcp_server.journal import Journal
 from mcp_server.state import State
 from tests.cli_process import CCW, ROOT, ccw, cli_env
 from tests.raw_mcp import RawStdio
+from tests.test_events import _entry, _record
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from webdriver import Browser
@@ -58,9 +62,9 @@ def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
     ccw(state_dir, "helper", "stop", check=False)
 
 
-@pytest.fixture
-def dashboard(state: Path) -> Iterator[str]:
-    """``ccw ui`` on the state dir: the URL it printed."""
+@contextlib.contextmanager
+def serve_ui(state: Path) -> Iterator[str]:
+    """``ccw ui`` on ``state``: the URL it printed; it must end cleanly on SIGTERM."""
     proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env(state), cwd=ROOT)
     assert proc.stdout is not None
@@ -73,6 +77,13 @@ def dashboard(state: Path) -> Iterator[str]:
         proc.terminate()
         _, errors = proc.communicate(timeout=30)
         assert proc.returncode == 0, errors
+
+
+@pytest.fixture
+def dashboard(state: Path) -> Iterator[str]:
+    """``ccw ui`` on the state dir: the URL it printed."""
+    with serve_ui(state) as url:
+        yield url
 
 
 @pytest.fixture
@@ -140,4 +151,50 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         assert "refused" not in done
         assert (workspace / "out.txt").read_text() == "hello\n" and (workspace / HOSTILE).exists()
         _shot(browser, shots, "4-promoted")
+
+        browser.click("#destroy")
+        assert browser.text("#destroy") == "Really destroy?"  # a second click, not a modal dialog
+        browser.click("#destroy")
+        browser.wait_until(lambda: "destroyed" in browser.text("#capsules li"), "the capsule, destroyed")
+        assert browser.text("#action-result") == "destroyed"
     print(f"screenshots kept in {shots}")
+
+
+def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser: Browser) -> None:
+    """No helper: a journal and events as the tools write them, shown by a fresh page."""
+    state_dir = tmp_path / "state"
+    store = State(state_dir)
+    journal, log = Journal(store), EventLog(store)
+    journal.add_capsule(_record())
+    for duration in (120, 480, 240):
+        seq = journal.add_exec("cap_1", {**_entry({"read": [], "written": [], "network": []}),
+                                         "duration_ms": duration})
+        journal.add_outputs("cap_1", seq, {"stdout": b"<script>document.title='pwned'</script>\n", "stderr": b""})
+    trials = [(8, "FAIL"), (4, "PASS"), (4, "FAIL"), (2, "FAIL"), (1, "PASS"), (1, "UNRESOLVED")]
+    for size, outcome in trials:
+        log.add("deltamin.trial", "cap_1", {"size": size, "outcome": outcome, "fresh": True})
+    log.add("deltamin.done", "cap_1", {"minimal": 2, "replay_ok": True, "trials": 6, "cache_hits": 1,
+                                       "elapsed_ms": 900, "one_minimal": True})
+    log.add("witness", "cap_1", {"witness_id": "w_1", "path": "/w", "root_hash": "h", "size_bytes": 4096})
+    log.add("replay", "cap_1", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2})
+    store.close()
+    with serve_ui(state_dir) as url:
+        browser.get(url)
+        browser.wait_until(lambda: browser.find("#deltamin-plot circle"), "deltamin's trials")
+        assert len(browser.find("#runs tbody tr")) == 3
+        assert [len(browser.find(f"#usage-plot svg:nth-child({i}) rect")) for i in (1, 2, 3)] == [3, 3, 3]
+        heights = browser.script("return [...document.querySelectorAll('#usage-plot svg:first-child rect')]"
+                                 ".map((r) => Number(r.getAttribute('height')))")
+        assert heights[1] == max(heights) and heights[0] < heights[2] < heights[1]  # 120, 480, 240 ms
+        fills = browser.script("return [...document.querySelectorAll('#deltamin-plot circle')]"
+                               ".map((c) => c.getAttribute('fill'))")
+        assert fills == ["#c62828", "#1a7f37", "#c62828", "#c62828", "#1a7f37", "#8a8f99"]
+        assert "minimal: 2 hunks after 6 trials" in browser.text("#deltamin")
+        reports = browser.text("#reports")
+        assert "witness w_1 (4096 bytes)" in reports and "replay: differs, 2 outputs differ" in reports
+        browser.click("#runs tbody tr")
+        shown = browser.wait_until(lambda: browser.text("#run-stdout"), "the run's output")
+        assert shown == "<script>document.title='pwned'</script>"
+        assert browser.script("return document.title") == "ccw dashboard"
+        browser.script("document.getElementById('deltamin-plot').scrollIntoView()")
+        _shot(browser, tmp_path / "screenshots", "plots")

@@ -32,6 +32,7 @@ whose body is ``{"ok": false, "error": {"code", "message"}}``: the page shows th
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -46,7 +47,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
 from mcp_server.config import Config
-from mcp_server.events import POLL_S, EventLog
+from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
 from mcp_server.transports.http import _lifespan, _read_body
@@ -187,12 +188,16 @@ class Dashboard:
             raise Reply(400, "after and wait are integers") from None
         capsule_id = query.get("capsule") or None
         # A long poll, not Server-Sent Events: EventSource cannot send the token header.
-        deadline = trio.current_time() + wait_ms / 1000
-        while True:
+        found = await trio.to_thread.run_sync(api.events, self.log, after, capsule_id)
+        if found["events"] or wait_ms <= 0:
+            return found
+        with trio.move_on_after(wait_ms / 1000):
+            # follow looks at the database only when a commit changed its files.
+            async with contextlib.aclosing(self.log.follow(after, capsule_id)) as stream:
+                async for _ in stream:
+                    break
             found = await trio.to_thread.run_sync(api.events, self.log, after, capsule_id)
-            if found["events"] or trio.current_time() >= deadline:
-                return found
-            await trio.sleep(POLL_S)
+        return found
 
 
 def _json(payload: Any) -> bytes:
