@@ -77,29 +77,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``ccw capsule <verb>`` under the ``capsule`` subparser ``sub``."""
     verbs = sub.add_subparsers(dest="verb", metavar="VERB", required=True)
 
-    create = verbs.add_parser("create", parents=[common], help="make a capsule over a workspace; prints its id")
-    create.add_argument("workspace", nargs="?", default=".", help="project directory (default: .)")
-    create.add_argument("--base", help="directory to use as the base instead of the live workspace")
-    create.add_argument("--memory-mb", type=int, help="per-exec memory limit (MiB)")
-    create.add_argument("--disk-mb", type=int, help="size of the capsule's own disk (MiB): all it may write")
-    create.add_argument("--pids-max", type=int, help="per-exec process limit")
-    create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
-    create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
-    create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
-    create.add_argument("--network", action="append", metavar="RULE",
-                        help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
-                             "IP or CIDR[:port], [IPv6]:port (repeatable; default: no network)")
-    create.add_argument("--volatile", action="append", metavar="GLOB",
-                        help="paths whose names change from run to run (like .nyc_output/*.json): replays of "
-                             "this capsule's witnesses leave them out of the comparison (repeatable)")
-    create.add_argument("--expose", action="append", metavar="DIR",
-                        help="show this host directory read-only in the jail, like a toolchain under your home "
-                             "(repeatable; never a key store); besides those found by themselves")
-    create.add_argument("--no-auto-expose", action="store_true",
-                        help="do not look for the toolchains the workspace needs (its .venv, #! lines, your PATH)")
-    create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
-    create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
-
+    _add_create_parser(verbs, common)
     exec_ = verbs.add_parser("exec", parents=[common], help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
     exec_.add_argument("capsule_id")
     exec_.add_argument("--cwd", help="working directory, relative to the workspace")
@@ -134,6 +112,32 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
     for module in _own_verbs():
         module.add_parser(verbs, common)
+
+
+def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
+    """``ccw capsule create``: the workspace, limits, network, volatile globs, exposed dirs."""
+    create = verbs.add_parser("create", parents=[common], help="make a capsule over a workspace; prints its id")
+    create.add_argument("workspace", nargs="?", default=".", help="project directory (default: .)")
+    create.add_argument("--base", help="directory to use as the base instead of the live workspace")
+    create.add_argument("--memory-mb", type=int, help="per-exec memory limit (MiB)")
+    create.add_argument("--disk-mb", type=int, help="size of the capsule's own disk (MiB): all it may write")
+    create.add_argument("--pids-max", type=int, help="per-exec process limit")
+    create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
+    create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
+    create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
+    create.add_argument("--network", action="append", metavar="RULE",
+                        help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
+                             "IP or CIDR[:port], [IPv6]:port (repeatable; default: no network)")
+    create.add_argument("--volatile", action="append", metavar="GLOB",
+                        help="paths whose names change from run to run (like .nyc_output/*.json): replays of "
+                             "this capsule's witnesses leave them out of the comparison (repeatable)")
+    create.add_argument("--expose", action="append", metavar="DIR",
+                        help="show this host directory read-only in the jail, like a toolchain under your home "
+                             "(repeatable; never a key store); besides those found by themselves")
+    create.add_argument("--no-auto-expose", action="store_true",
+                        help="do not look for the toolchains the workspace needs (its .venv, #! lines, your PATH)")
+    create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
+    create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
 
 
 def _own_verbs() -> list[Any]:
