@@ -24,7 +24,8 @@ every text in them came from inside a capsule, so it is untrusted:
   another);  ``run.started``  ticket, label, waited_ms.
 - ``run.finished``  seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
   duration_ms, generation, generation_out, usage (cpu_ms, rss_max_kb: null when not
-  measured), reads (null when not traced), writes, connections (counts).
+  measured), reads (null when not traced), writes, connections (counts), terminal (an
+  interactive session of ``ccw capsule shell``).
 - ``files.written``  seq, count, paths (the first ``MAX_PATHS``): at the end of a run;
   and while it runs, where fanotify traces it, with ``live: true`` and ``seq`` null, the
   files closed after writing since the last progress report (about once a second);
@@ -126,6 +127,7 @@ def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -
         "generation": entry.get("generation"), "generation_out": generation_out,
         "usage": {"cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb")},
         "reads": None if read is None else len(read), "writes": len(written), "connections": len(network),
+        "terminal": bool(entry.get("terminal")),
     })]
     if written:
         events.append(("files.written", {"seq": seq, "count": len(written), "paths": list(written[:MAX_PATHS])}))

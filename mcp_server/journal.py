@@ -131,7 +131,8 @@ _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 _NEW_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
                  "gitdirs": "TEXT"},
-    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT"},
+    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT",
+              "terminal": "INTEGER NOT NULL DEFAULT 0"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
 
@@ -464,6 +465,7 @@ class Journal:
                 data[key] = json.loads(data[key])
             data["timed_out"] = bool(data["timed_out"])
             data["oom_killed"] = bool(data["oom_killed"])
+            data["terminal"] = bool(data.get("terminal"))  # ccw capsule shell: no output, no input kept
             # path -> mtime_ns of the files the exec wrote, as it left them (None: not known)
             data["written_mtimes"] = json.loads(data["written_mtimes"]) if data.get("written_mtimes") else None
             out.append(data)

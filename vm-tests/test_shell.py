@@ -76,6 +76,13 @@ def test_shell_session_as_root(state: Path, tmp_path: Path) -> None:
     assert "shell.txt" in row["touched"]["written"]
     assert "seed.txt" in row["touched"]["read"]  # traced like any run
     assert row["stdout_bytes"] == 0 and row["stderr_bytes"] == 0  # the output went to the terminal
+    assert row["terminal"] is True
+    shown = ccw(state, "capsule", "show", capsule_id, str(row["seq"]))
+    assert "an interactive session" in shown and "shell.txt" in shown
+    # What was typed is not kept: a witness, which a replay must repeat, says so.
+    refused = subprocess.run([*CCW, "capsule", "witness", capsule_id], capture_output=True, text=True,
+                             env=ccw_env(state), cwd=ROOT, timeout=120)
+    assert refused.returncode == 1 and "UNSUPPORTED" in refused.stderr and "terminal" in refused.stderr
 
 
 def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811

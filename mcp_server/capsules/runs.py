@@ -146,6 +146,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "usage": {**outcome.usage, "sources": outcome.usage_sources, "unavailable": outcome.usage_unavailable},
         "touched": outcome.touched,
         "generation": outcome.started_generation,
+        "terminal": int(request.stdio == "tty"),  # an interactive session: its input is not kept
     }
 
 

@@ -147,6 +147,13 @@ def build_manifest(
     carry_all: bool = False,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
+    sessions = [ex["seq"] for ex in execs if ex.get("terminal")]
+    if sessions:
+        raise CcwError("UNSUPPORTED", f"capsule {record.capsule_id} had interactive terminal sessions (runs "
+                       f"{sessions}, ccw capsule shell): what was typed in them is not kept, so no replay can "
+                       "repeat them; make witnesses of capsules worked on by commands (fork one before a "
+                       "shell session, or redo the session's steps with ccw capsule exec)",
+                       {"capsule_id": record.capsule_id, "terminal_runs": sessions})
     sources = _Sources(base, capsule)
     entries = changeset.expand(changes, base, capsule)
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]

@@ -85,7 +85,7 @@ def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
         "oom_killed": entry["oom_killed"], "duration_ms": entry["duration_ms"],
         "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
         "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
-        "connections": len(touched.get("network") or []),
+        "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
     }
 
 
@@ -154,7 +154,9 @@ def render_run(detail: dict[str, Any], color: bool, raw: bool, all_reads: bool) 
     for stream in ("stdout", "stderr"):
         text, size = detail["output"][stream], detail["output"][f"{stream}_bytes"]
         lines.append(_section(f"{stream} ({size} B)", color))
-        if text is None:
+        if detail["terminal"]:
+            lines.append("  (an interactive session: its output went to the terminal, and is not kept)")
+        elif text is None:
             lines.append("  (not kept: the capsule was destroyed, or the run predates the output journal)")
         elif text:
             lines.append((text if raw else visible(text, keep_newlines=True)).rstrip("\n"))
