@@ -70,7 +70,7 @@ def test_a_second_stdio_server_relays_and_takes_over(tmp_path: Path) -> None:
             in_flight: list[dict[str, Any]] = []
             waiting = threading.Thread(target=lambda: in_flight.append(_info(attached, delay_ms=8000)))
             waiting.start()
-            time.sleep(1.0)  # let the request reach the owner (sequencing only)
+            time.sleep(2.0)  # let the request reach the owner (sequencing only)
             owner.proc.send_signal(signal.SIGKILL)
             owner.proc.wait(30)
             waiting.join(60)
@@ -107,3 +107,25 @@ def _ended(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
     except FileNotFoundError:
         return True
+
+
+def test_a_call_sent_while_the_owner_drains_is_answered_by_the_next(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    owner = RawStdio(state, "server", tasks=None)
+    try:
+        with RawStdio(state, "server", tasks=None) as attached:
+            _attached(attached)
+            own_call: list[dict[str, Any]] = []
+            busy = threading.Thread(target=lambda: own_call.append(_info(owner, delay_ms=3000)))
+            busy.start()
+            time.sleep(0.5)  # sequencing only: the owner's own call is running
+            owner.proc.send_signal(signal.SIGTERM)  # it drains: finishes that call, takes no new one
+            time.sleep(0.5)
+            answer = _info(attached)
+            assert answer["result"]["structuredContent"]["name"] == "ccw", answer
+            busy.join(60)
+            assert own_call[0]["result"]["structuredContent"]["delayed_ms"] == 3000
+            assert owner.proc.wait(30) == 0
+            assert frontdoor.owner_of(str(state)) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
+    finally:
+        owner.close()

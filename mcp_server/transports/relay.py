@@ -17,7 +17,8 @@ can follow), or, if another process took it first, waits for that one to answer.
 client's ``initialize`` (under an id of ours, its answer swallowed) and
 ``notifications/initialized`` are sent to the new server before anything else, so the
 client sees one session throughout.  Its later requests are read only once the new
-session stands, so none is lost meanwhile.
+session stands, so none is lost meanwhile; and those a draining owner refused unread
+(error -32001, "shutting down": they never ran) are sent to the next one, not answered.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ MAX_ANSWER = 256 << 20  # as the socket client accepts (transports/unix.py)
 ATTACH_TIMEOUT_S = 60.0  # a new owner recovers promotions and starts before it listens
 RELAY_INIT_ID = "ccw-relay-initialize"
 FRONTEND_STOPPED = -32001  # as SHUTTING_DOWN: the request was not answered, retry it
+SHUTTING_DOWN = -32001  # a draining owner's answer to a request it read too late (server.py)
 
 
 class Relay:
@@ -49,7 +51,8 @@ class Relay:
         self.client_out = client_out
         self.client_lines = framing.LineSplitter()
         self.handshake: list[dict[str, Any]] = []  # the client's initialize and initialized
-        self.pending: dict[tuple[str, Any], Any] = {}  # requests forwarded, not yet answered
+        self.pending: dict[tuple[str, Any], tuple[Any, bytes]] = {}  # forwarded, not yet answered: (id, line)
+        self.resend: list[bytes] = []  # refused by a draining owner unread: for the next one
         self.client_ended = False
         self.host_draining = trio.Event()  # ends a front end we host after a takeover
 
@@ -85,15 +88,18 @@ class Relay:
                 return stream, framing.LineSplitter(max_frame=MAX_ANSWER)
 
     async def _replay_handshake(self, upstream: trio.SocketStream, owner_lines: framing.LineSplitter) -> None:
-        """Open the client's session again on a new front end (nothing on a first attach)."""
-        if not self.handshake:
-            return
+        """Open the client's session again on a new front end (nothing on a first attach),
+        then send it what the last one refused unread."""
         for message in self.handshake:
             if message.get("method") == "initialize":
                 await upstream.send_all(framing.dumps({**message, "id": RELAY_INIT_ID}) + b"\n")
                 await _answer_to(upstream, owner_lines, RELAY_INIT_ID)
             else:
                 await upstream.send_all(framing.dumps(message) + b"\n")
+        resend, self.resend = self.resend, []
+        for line in resend:
+            self._note(line)
+            await upstream.send_all(line + b"\n")
 
     async def _pump(self, upstream: trio.SocketStream, owner_lines: framing.LineSplitter, draining: trio.Event) -> None:
         reading = trio.CancelScope()
@@ -133,7 +139,7 @@ class Relay:
         frame = framing.classify(line)
         if isinstance(frame, framing.Request):
             with contextlib.suppress(TypeError):
-                self.pending[framing.id_key(frame.id)] = frame.id
+                self.pending[framing.id_key(frame.id)] = (frame.id, line)
             if frame.method == "initialize":
                 self.handshake = [frame.message]
         elif isinstance(frame, framing.Notification) and frame.method == "notifications/initialized":
@@ -153,7 +159,10 @@ class Relay:
                     continue
                 request_id, method = framing.scan_head(event.data[: framing.HEAD_SCAN])
                 if method is None and framing.is_valid_id(request_id):
-                    self.pending.pop(framing.id_key(request_id), None)
+                    sent = self.pending.pop(framing.id_key(request_id), None)
+                    if sent is not None and _refused_unread(event.data):
+                        self.resend.append(sent[1])  # never ran: the next front end gets it
+                        continue
                 await self._to_client(event.data)
 
     async def _to_client(self, frame: bytes) -> None:
@@ -162,9 +171,17 @@ class Relay:
     async def _fail_pending(self) -> None:
         stopped = (f"the ccw front end serving state dir {self.config.state_dir} stopped before answering; "
                    "this server now attaches to the next one: retry the request")
-        for request_id in list(self.pending.values()):
+        for request_id, _line in list(self.pending.values()):
             await self._to_client(framing.dumps(framing.error_message(request_id, FRONTEND_STOPPED, stopped)))
         self.pending.clear()
+
+
+def _refused_unread(frame: bytes) -> bool:
+    """Whether an answer is a draining owner's refusal of a request it never ran."""
+    if len(frame) > 4096 or b'"error"' not in frame:
+        return False
+    error = json.loads(frame).get("error")
+    return isinstance(error, dict) and error.get("code") == SHUTTING_DOWN and "shutting down" in str(error.get("message"))
 
 
 async def _answer_to(upstream: trio.SocketStream, owner_lines: framing.LineSplitter, request_id: str) -> None:
