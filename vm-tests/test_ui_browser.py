@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,16 +35,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from webdriver import Browser
 
 HOSTILE = "<img src=x onerror=document.title='pwned'>.txt"
-# Through the jail's HTTP proxy, to a host the capsule's allowlist does not name.
-DENIED = r"""
-import os, socket
+# Through the jail's HTTP proxy: the host's gate (allowed; it answers when the test lets
+# it), then a host the capsule's allowlist does not name (denied).
+FETCH = r"""
+import os, socket, sys
 host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
-with socket.create_connection((host, int(port)), timeout=20) as s:
-    s.sendall(b"GET http://denied.example/ HTTP/1.0\r\nHost: denied.example\r\n\r\n")
-    print(s.recv(4096).split(b"\r\n")[0].decode())
+for url in (f"http://127.0.0.1:{sys.argv[1]}/", "http://denied.example/"):
+    with socket.create_connection((host, int(port)), timeout=120) as s:
+        s.sendall(f"GET {url} HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+        print(s.recv(4096).split(b"\r\n")[0].decode())
 """
-RUN = f"echo hello > out.txt; echo key > secret.txt; touch \"{HOSTILE}\"; python3 -c '{DENIED}'"
+RUN = f"echo hello > out.txt; echo key > secret.txt; touch \"{HOSTILE}\"; python3 -c '{FETCH}' \"$0\""
 GUARD = {"name": "no-secrets", "rules": {"deny_paths": ["secret.txt"]}}
+
+
+class Gate:
+    """A server on the host's loopback that answers each request once ``release`` is set: a run
+    that fetches from it is still running until the test lets it end."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.release = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(4096)
+                self.release.wait(120)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+
+
+@pytest.fixture
+def gate() -> Iterator[Gate]:
+    opened = Gate()
+    yield opened
+    opened.release.set()
+    opened.sock.close()
 
 
 def structured(answer: dict[str, Any]) -> dict[str, Any]:
@@ -99,38 +133,50 @@ def _shot(browser: Browser, shots: Path, name: str) -> None:
 
 
 def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
-        state: Path, dashboard: str, browser: Browser, tmp_path: Path) -> None:
+        state: Path, dashboard: str, browser: Browser, gate: Gate, tmp_path: Path) -> None:
     workspace, shots = tmp_path / "ws", tmp_path / "screenshots"
     workspace.mkdir()
     (workspace / "a.txt").write_text("a\n")
     with RawStdio(state, "capsule", tasks=None) as agent:
         made = agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False,
-                                             "network": {"allow": ["allowed.example:443"]}})
+                                             "network": {"allow": [f"127.0.0.1:{gate.port}"]}})
         cap = structured(made)["capsule_id"]
         browser.get(dashboard)
         browser.wait_until(lambda: cap in browser.text("#cap-title"), "the new capsule, selected")
         assert browser.find("#runs tbody tr") == [] and "live" in browser.text("#status")
         _shot(browser, shots, "1-before")
 
-        ran = structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", RUN]}, timeout=120))
-        assert ran["exit_code"] == 0, ran
-        denied = [r for r in ran["touched"]["network"] if r["host"] == "denied.example"]
-        assert denied and not denied[0]["allowed"], ran["touched"]["network"]
+        answers: list[dict[str, Any]] = []
+        running = threading.Thread(target=lambda: answers.append(agent.call("capsule_exec", {
+            "capsule_id": cap, "cmd": ["sh", "-c", RUN, str(gate.port)]}, timeout=180)))
+        running.start()
+        try:  # the run shows while it runs (it waits at the gate)
+            browser.wait_until(lambda: "running" in browser.text("#runs tbody tr.pending"), "the run, running")
+            _shot(browser, shots, "2-running")
+        finally:
+            gate.release.set()
+            running.join(180)
+        ran = structured(answers[0])
+        assert ran["exit_code"] == 0 and ran["stdout"] == "HTTP/1.0 200 OK\nHTTP/1.1 403 Forbidden\n", ran
+        verdicts = [(r["host"], r["allowed"]) for r in ran["touched"]["network"]]
+        assert verdicts == [("127.0.0.1", True), ("denied.example", False)], ran["touched"]["network"]
 
         # The run, as it reaches the page by the event stream (the page is not reloaded).
-        browser.wait_until(lambda: "out.txt" in browser.text("#runs tbody tr"), "the agent's run")
-        browser.click("#runs tbody tr")
+        browser.wait_until(lambda: "out.txt" in browser.text("#runs tbody tr[data-run='1']"), "the agent's run")
+        browser.click("#runs tbody tr[data-run='1']")
         written = browser.wait_until(lambda: browser.text("#run-written"), "the run's written files")
         assert "out.txt" in written and "secret.txt" in written and HOSTILE in written
         assert browser.script("return document.querySelectorAll('#run-detail img').length") == 0
+        assert re.fullmatch(r"\d+ files", browser.text("#run-read summary"))
         assert browser.script("return document.title") == "ccw dashboard"
         network = browser.wait_until(lambda: browser.text("#network tbody"), "the denied connection")
         assert re.search(r"denied\s+denied\.example\s+80", network), network
+        assert re.search(rf"allowed\s+127\.0\.0\.1\s+{gate.port}", network), network
         browser.click("#show-diff")
         assert "+hello" in browser.wait_until(lambda: "+hello" in browser.text("#diff") and browser.text("#diff"),
                                               "the diff")
         browser.script("document.getElementById('network').scrollIntoView()")
-        _shot(browser, shots, "2-run")
+        _shot(browser, shots, "3-run")
         browser.script("window.scrollTo(0, 0)")
 
         # Promotion under a policy that refuses: its message on the page, nothing written.
@@ -141,7 +187,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         assert "secret.txt" in refused, refused
         assert not (workspace / "out.txt").exists()
         browser.wait_until(lambda: "promotion refused" in browser.text("#reports"), "the refusal's event")
-        _shot(browser, shots, "3-refused")
+        _shot(browser, shots, "4-refused")
 
         # Under the default policy: applied, and the file is in the workspace.
         browser.type("#policies", "")
@@ -150,7 +196,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
                                   and browser.text("#action-result"), "the promotion")
         assert "refused" not in done
         assert (workspace / "out.txt").read_text() == "hello\n" and (workspace / HOSTILE).exists()
-        _shot(browser, shots, "4-promoted")
+        _shot(browser, shots, "5-promoted")
 
         browser.click("#destroy")
         assert browser.text("#destroy") == "Really destroy?"  # a second click, not a modal dialog
@@ -175,6 +221,7 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
         log.add("deltamin.trial", "cap_1", {"size": size, "outcome": outcome, "fresh": True})
     log.add("deltamin.done", "cap_1", {"minimal": 2, "replay_ok": True, "trials": 6, "cache_hits": 1,
                                        "elapsed_ms": 900, "one_minimal": True})
+    log.add("file.changed", "cap_1", {"seq": 1, "path": "notes.md", "action": "write"})
     log.add("witness", "cap_1", {"witness_id": "w_1", "path": "/w", "root_hash": "h", "size_bytes": 4096})
     log.add("replay", "cap_1", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2})
     store.close()
@@ -191,6 +238,7 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
         assert fills == ["#c62828", "#1a7f37", "#c62828", "#c62828", "#1a7f37", "#8a8f99"]
         assert "minimal: 2 hunks after 6 trials" in browser.text("#deltamin")
         reports = browser.text("#reports")
+        assert "file tool: write notes.md" in reports
         assert "witness w_1 (4096 bytes)" in reports and "replay: differs, 2 outputs differ" in reports
         browser.click("#runs tbody tr")
         shown = browser.wait_until(lambda: browser.text("#run-stdout"), "the run's output")

@@ -93,9 +93,16 @@ class Browser:
         return str(self.command("GET", f"/element/{found[0]}/text")) if found else ""
 
     def click(self, css: str) -> None:
-        """Click the first element ``css`` selects."""
-        (first, *_) = self.find(css)
-        self.command("POST", f"/element/{first}/click", {})
+        """Click the first element ``css`` selects (found again if the page redrew it meanwhile)."""
+        for _ in range(5):
+            (first, *_) = self.find(css)
+            try:
+                self.command("POST", f"/element/{first}/click", {})
+                return
+            except AssertionError as exc:
+                if "stale element" not in str(exc):
+                    raise
+        raise AssertionError(f"{css} kept being redrawn")
 
     def type(self, css: str, text: str) -> None:
         """Clear the first input ``css`` selects and type ``text`` into it."""

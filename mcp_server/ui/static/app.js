@@ -123,7 +123,17 @@
     $("run-stdout").textContent = detail.output.stdout ?? "(not kept)";
     $("run-stderr").textContent = detail.output.stderr ?? "(not kept)";
     $("run-written").replaceChildren(...tree(detail.written));
-    $("run-read").textContent = detail.read === null ? "not traced" : `${detail.read.length} files`;
+    $("run-read").replaceChildren(detail.read === null ? el("span", "not traced") : readList(detail.read));
+  }
+
+  function readList(paths) {
+    const box = el("details");
+    box.append(el("summary", `${paths.length} files`));
+    const list = el("ul", null, "tree");
+    list.append(...paths.slice(0, 500).map((path) => el("li", path)));
+    if (paths.length > 500) list.append(el("li", `… and ${paths.length - 500} more (ccw capsule show --all)`));
+    box.append(list);
+    return box;
   }
 
   // Written paths as a tree of directories (each name is text, whatever it holds).
@@ -154,7 +164,13 @@
     else if (["policy.report", "promotion", "witness", "replay"].includes(event.kind)) state.reports.push(event);
     else if (event.kind === "deltamin.trial") state.trials.push(data);
     else if (event.kind === "deltamin.done") state.done.push(data);
-    else if (event.kind === "run.started" && live) setStatus(`running in ${event.capsule_id}: ${data.label ?? ""}`);
+    else if (event.kind === "file.changed") state.reports.push(event);
+    else if (event.kind === "run.started" && live) {
+      setStatus(`running in ${event.capsule_id}: ${data.label ?? ""}`);
+      const pending = row(["…", data.label ?? "", "running", "", "", "", "", ""], "pending");
+      pending.children[1].className = "argv";
+      $("runs").tBodies[0].append(pending);
+    }
     else if (event.kind === "run.finished" && live) {
       setStatus(`run ${data.seq} finished (exit ${data.exit_code})`);
       loadRuns(data.seq);
@@ -189,6 +205,7 @@
       return el("li", `${event.at} policy report: ${d.passed ? "passed" : "failed"}` +
         (d.report && d.report.details ? ` — ${d.report.details}` : ""), d.passed ? "ok" : "bad");
     }
+    if (event.kind === "file.changed") return el("li", `${event.at} file tool: ${d.action} ${d.path}`);
     if (event.kind === "witness") return el("li", `${event.at} witness ${d.witness_id} (${d.size_bytes} bytes)`);
     return el("li", `${event.at} replay: ${d.replay_ok ? "reproduced" : "differs"}, ${d.differences} outputs differ`,
       d.replay_ok ? "ok" : "bad");
@@ -316,7 +333,7 @@
     const s = answer.result.summary;
     const lines = [el("span", `${s.added} added, ${s.modified} modified, ${s.deleted} deleted\n`, "hunk")];
     for (const line of answer.result.diff.split("\n")) {
-      const cls = line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("@@") ? "hunk" : "";
+      const cls = /^(\+\+\+|---) /.test(line) ? "" : line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("@@") ? "hunk" : "";
       lines.push(el("span", line + "\n", cls));
     }
     pre.replaceChildren(...lines);
