@@ -8,9 +8,14 @@ vm-tests/test_ui_browser.py calls the real ones): these tests are about the boun
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import socket
+import stat
 import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -240,3 +245,32 @@ def test_the_pages_files_are_package_data_of_the_wheel() -> None:
     static = ROOT / "mcp_server" / "ui" / "static"
     assert "ui/static/*" in data and all(path.is_file() for path in static.iterdir())  # the glob is one level
     assert {path.name for path in static.iterdir()} == {"index.html", "app.js", "style.css"}
+
+
+RECORDER = "import json, sys\nopen(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))\n"
+
+
+def test_the_browser_is_started_with_a_private_page_not_the_token(state_dir: Path, tmp_path: Path) -> None:
+    """A command line is public to every local user: the browser gets a 0600 file's path."""
+    record, recorder = tmp_path / "argv.json", tmp_path / "recorder.py"
+    recorder.write_text(RECORDER)
+    env = {**cli_env(state_dir), "BROWSER": shlex.join([sys.executable, str(recorder), str(record)]) + " %s"}
+    proc = subprocess.Popen([*CCW, "ui"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().removeprefix("ccw ui: ").strip()
+        deadline = time.monotonic() + 60
+        while not record.exists() or not record.read_text():  # sequencing: the launcher has run
+            assert time.monotonic() < deadline and proc.poll() is None, "no browser was started"
+            time.sleep(0.05)
+        (opened,) = json.loads(record.read_text())
+        token = url.split("#token=")[1]
+        assert token not in opened and opened.startswith("file://")
+        page = Path(opened.removeprefix("file://"))
+        assert stat.S_IMODE(page.stat().st_mode) == 0o600 and page.stat().st_uid == os.getuid()
+        assert f'content="0;url={url}"' in page.read_text()
+    finally:
+        proc.terminate()
+        _, errors = proc.communicate(timeout=30)
+    assert proc.returncode == 0, errors
+    assert not page.exists()  # gone with the server

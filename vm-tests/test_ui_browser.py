@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules.policies import PolicyStore
+from mcp_server.cli.ui import launch_page
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
@@ -226,8 +227,10 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
     log.add("replay", "cap_1", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2})
     store.close()
     with serve_ui(state_dir) as url:
-        browser.get(url)
+        port = int(url.split(":")[2].split("/")[0])
+        browser.get(launch_page(tmp_path, port, url).as_uri())  # the way ccw ui starts a browser
         browser.wait_until(lambda: browser.find("#deltamin-plot circle"), "deltamin's trials")
+        assert browser.script("return location.href") == url
         assert len(browser.find("#runs tbody tr")) == 3
         assert [len(browser.find(f"#usage-plot svg:nth-child({i}) rect")) for i in (1, 2, 3)] == [3, 3, 3]
         heights = browser.script("return [...document.querySelectorAll('#usage-plot svg:first-child rect')]"

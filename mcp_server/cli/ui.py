@@ -9,10 +9,13 @@ the tools (``call_tool``), so the same policies apply as to an agent's calls.
 from __future__ import annotations
 
 import argparse
+import html
+import os
 import secrets
 import signal
 import sys
 import webbrowser
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -54,6 +57,7 @@ async def _serve(args: argparse.Namespace, config: Config, sock: Any) -> None:
     token = secrets.token_urlsafe(32)
     url = f"http://{shown}:{port}/#token={token}"
     state = State(config.state_dir)
+    opener: Path | None = None
     try:
         app = Dashboard(config, state, token, bound, port, call_tool)
         stop = trio.Event()
@@ -64,14 +68,35 @@ async def _serve(args: argparse.Namespace, config: Config, sock: Any) -> None:
                 print("(the URL carries its access token: share it with no one; Ctrl-C stops)", file=sys.stderr,
                       flush=True)
                 if not args.no_open:
-                    nursery.start_soon(_open_browser, url)
+                    opener = launch_page(state.tmp_dir, port, url)
+                    # webbrowser.open may run a launcher and wait for it: not on the server's loop.
+                    nursery.start_soon(_open, opener.as_uri())
                 async for _ in signals:
                     stop.set()
                     break
     finally:
+        if opener is not None:
+            opener.unlink(missing_ok=True)
         state.close()
 
 
-async def _open_browser(url: str) -> None:
-    # webbrowser.open may run a browser's launcher and wait for it: not on the server's loop.
-    await trio.to_thread.run_sync(webbrowser.open, url)
+def launch_page(tmp_dir: Path, port: int, url: str) -> Path:
+    """A page, readable by this user alone, that sends the browser on to ``url``.
+
+    The browser is started with this file's path, not the URL: a command line is public to
+    every local user (``ps``), the token is not to be.
+    """
+    path = tmp_dir / f"ui-{port}.html"
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f'<!doctype html><meta http-equiv="refresh" content="0;url={html.escape(url)}">'
+                  f'<a href="{html.escape(url)}">ccw ui</a>\n')
+    return path
+
+
+async def _open(url: str) -> None:
+    try:
+        await trio.to_thread.run_sync(webbrowser.open, url)
+    except (OSError, ValueError, webbrowser.Error) as exc:  # a bad $BROWSER: the URL above still works
+        print(f"ccw ui: could not start a browser ({exc}); open the URL yourself", file=sys.stderr, flush=True)
