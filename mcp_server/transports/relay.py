@@ -62,10 +62,13 @@ class Relay:
             while True:
                 upstream, owner_lines = await self._attach(nursery)
                 async with upstream:
-                    await self._replay_handshake(upstream, owner_lines)
-                    await self._pump(upstream, owner_lines, draining)
+                    try:
+                        await self._replay_handshake(upstream, owner_lines)
+                        await self._pump(upstream, owner_lines, draining)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        pass  # it went away mid-handshake or mid-write: as at the end of its stream
                 await self._fail_pending()
-                if self.client_ended or draining.is_set():
+                if (self.client_ended and not self.resend) or draining.is_set():
                     return
                 LOGGER.info("mcp:relay the front end went away; taking over or attaching to the next")
         finally:
@@ -166,7 +169,10 @@ class Relay:
                 await self._to_client(event.data)
 
     async def _to_client(self, frame: bytes) -> None:
-        await self.client_out.send_all(frame + b"\n")
+        try:
+            await self.client_out.send_all(frame + b"\n")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.client_ended = True  # the client stopped reading: nobody is left to answer
 
     async def _fail_pending(self) -> None:
         stopped = (f"the ccw front end serving state dir {self.config.state_dir} stopped before answering; "
