@@ -69,7 +69,7 @@ from mcp_server.server import CALLER_TRUSTED, CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
 from mcp_server.transports.unix import listen
 
-DAEMON_IDLE_S = 600.0  # a CLI-started front end with no connection for this long exits
+DAEMON_IDLE_S = 300.0  # a CLI-started front end with no connection for this long exits
 
 
 @dataclass(frozen=True)

@@ -129,3 +129,42 @@ def test_a_call_sent_while_the_owner_drains_is_answered_by_the_next(tmp_path: Pa
             assert frontdoor.owner_of(str(state)) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
     finally:
         owner.close()
+
+
+
+
+# In a process of its own: the SDK's per-connection streams are left to the collector
+# when a connection ends, which pytest's warnings-as-errors would report here.
+IDLE_SCRIPT = r"""
+import sys, trio
+from mcp_server import frontdoor
+from mcp_server.config import Config
+
+config = Config.from_env({"CCW_STATE_DIR": sys.argv[1], "CCW_TOOLSETS": "server"})
+
+async def main():
+    async with frontdoor.running_app(config) as app:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:  # ends when serve returns: idle
+                path = await nursery.start(frontdoor.serve, app, trio.Event(), 0.3)
+                client = await trio.open_unix_socket(path)
+                await trio.sleep(1.0)  # three idle periods with a client connected: still serving
+                await client.send_all(b'{"jsonrpc":"2.0","id":7,"method":"ccw_info","params":{}}\n')
+                print((await client.receive_some(65536)).decode().strip())
+                await client.aclose()
+    print("ended")
+
+trio.run(main)
+"""
+
+
+def test_the_daemon_ends_once_idle_and_not_while_a_client_is_connected(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT, str(tmp_path / "state")], capture_output=True,
+                          text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    answer, ended = done.stdout.splitlines()
+    assert '"id":7' in answer and '"name":"ccw"' in answer, answer
+    assert ended == "ended" and not (tmp_path / "state" / "frontend.sock").exists()
