@@ -139,6 +139,17 @@ def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
     }
 
 
+def _refuse_sessions(record: CapsuleRecord, execs: list[dict[str, Any]]) -> None:
+    """UNSUPPORTED when a run was an interactive session: what was typed is not kept."""
+    sessions = [ex["seq"] for ex in execs if ex.get("terminal")]
+    if sessions:
+        raise CcwError("UNSUPPORTED", f"capsule {record.capsule_id} had interactive terminal sessions (runs "
+                       f"{sessions}, ccw capsule shell): what was typed in them is not kept, so no replay can "
+                       "repeat them; make witnesses of capsules worked on by commands (fork one before a "
+                       "shell session, or redo the session's steps with ccw capsule exec)",
+                       {"capsule_id": record.capsule_id, "terminal_runs": sessions})
+
+
 def build_manifest(
     record: CapsuleRecord, execs: list[dict[str, Any]], changes: Sequence[Change],
     base: RootView, capsule: RootView, include_blobs: bool, writes: list[dict[str, Any]] | None = None,
@@ -147,13 +158,7 @@ def build_manifest(
     carry_all: bool = False,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
-    sessions = [ex["seq"] for ex in execs if ex.get("terminal")]
-    if sessions:
-        raise CcwError("UNSUPPORTED", f"capsule {record.capsule_id} had interactive terminal sessions (runs "
-                       f"{sessions}, ccw capsule shell): what was typed in them is not kept, so no replay can "
-                       "repeat them; make witnesses of capsules worked on by commands (fork one before a "
-                       "shell session, or redo the session's steps with ccw capsule exec)",
-                       {"capsule_id": record.capsule_id, "terminal_runs": sessions})
+    _refuse_sessions(record, execs)
     sources = _Sources(base, capsule)
     entries = changeset.expand(changes, base, capsule)
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]
