@@ -88,6 +88,8 @@ def test_wheel_carries_the_package_data(installed: Installed) -> None:
                  "deploy/ccw-helper.service", "deploy/ccw-helper.socket", "deploy/ccw-mcp.service"):
         assert f"mcp_server/data/{name}" in names, name
         assert (ROOT / name).read_bytes() == zipfile.ZipFile(installed.wheel).read(f"mcp_server/data/{name}")
+    for name in ("index.html", "app.js", "style.css"):  # the dashboard's page: nothing fetched elsewhere
+        assert f"mcp_server/ui/static/{name}" in names, name
     assert not [n for n in names if n.startswith(("tests/", "vm-tests/", "bench/", "policies/"))]
 
 
