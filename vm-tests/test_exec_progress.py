@@ -81,5 +81,8 @@ def test_helper_progress_reports_reach_the_client(tmp_path: Path, root_required:
 
     result = trio.run(scenario)
     assert result["exit_code"] == 0 and len(seen) >= 3
-    assert set(seen[0]) == {"elapsed_ms", "stdout_bytes", "stderr_bytes", "stdout_tail_b64", "stderr_tail_b64"}
+    # "written": the files closed after writing since the last report (traced here, as root)
+    assert set(seen[0]) == {"elapsed_ms", "stdout_bytes", "stderr_bytes", "stdout_tail_b64", "stderr_tail_b64",
+                            "written"}
+    assert all(isinstance(report["written"], list) for report in seen)
     assert seen[-1]["stdout_bytes"] >= 2
