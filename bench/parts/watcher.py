@@ -3,8 +3,8 @@ unix socket, with one ``ccw watch --json`` following the state dir against none,
 (issue 26; target <= 1.05x).
 
 The watcher is a real process, as a person would start it: it polls the state dir's
-database for new events (mcp_server/events.py) and prints each as a JSON line, which a
-thread here reads and counts, so the run checks that it saw every exec.  The two
+database for new events (mcp_server/events.py) and prints each as a JSON line into a
+file, counted after each block, so the run checks that it saw every exec.  The two
 variants take turns in blocks (starting a watcher takes a Python start-up, ~0.5 s, so
 it is not restarted for every exec); the order of the blocks alternates.
 """
@@ -15,7 +15,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -26,33 +26,37 @@ CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.e
 
 
 class Watcher:
-    """``ccw watch --json`` on ``state_dir``, its lines counted by kind."""
+    """``ccw watch --json`` on ``state_dir``, printing into a file that is read after the block
+    (a reader thread here would take the GIL from the loop being timed)."""
 
     def __init__(self, state_dir: Path) -> None:
+        from mcp_server.events import EventLog
+        from mcp_server.state import State
+
+        state = State(state_dir)
+        self._after = EventLog(state).last_id()
+        state.close()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
         env["CCW_STATE_DIR"] = str(state_dir)
-        self.proc = subprocess.Popen([*CCW, "watch", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=env, text=True)
-        self.finished = 0
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        time.sleep(1.0)  # started and polling before the block begins
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if json.loads(line)["kind"] == "run.finished":
-                self.finished += 1
+        self._out = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed in stop, after the block)
+        # From the event before the newest: its first line says it is up and polling.
+        self.proc = subprocess.Popen([*CCW, "watch", "--json", "--since", str(max(self._after - 1, 0))],
+                                     stdout=self._out, stderr=subprocess.DEVNULL, env=env, text=True)
+        deadline = time.monotonic() + 60
+        while os.fstat(self._out.fileno()).st_size == 0:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("ccw watch printed nothing within 60 s")
+            time.sleep(0.05)
 
     def stop(self) -> int:
         """Stop it; the number of finished runs it printed."""
         time.sleep(0.5)  # the last exec's events: one poll interval and then some
         self.proc.terminate()
         self.proc.wait(10)
-        self._reader.join(10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return self.finished
+        self._out.seek(0)
+        events = [json.loads(line) for line in self._out]
+        self._out.close()
+        return sum(1 for e in events if e["kind"] == "run.finished" and e["id"] > self._after)
 
 
 async def measure(exec_once: Callable[[], Awaitable[float]], state_dir: Path, blocks: int, per_block: int) -> Row:

@@ -200,7 +200,7 @@ def run(quick: bool = False) -> Report:
             workspace.mkdir()
             (workspace / "file.txt").write_text("x\n")
             capsules = trio.run(_capsules, path, tmp / "state", workspace, 20 if quick else 100)
-            watched = trio.run(_watched, path, tmp / "state", workspace, 2 if quick else 6, 10 if quick else 25)
+            watched = trio.run(_watched, path, tmp / "state", workspace, 2 if quick else 10, 10 if quick else 25)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
