@@ -372,18 +372,20 @@ class CcwServer:
 # environment (stdio; the state dir's frontend.sock, peer-checked: mcp_server/frontdoor.py).
 # Set by the transport for the connection's tasks, as ARRIVALS is; unset (False) elsewhere.
 CALLER_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("ccw_caller_trusted", default=False)
-CALLER_META = "ccw/caller"  # params._meta key: {"cwd": ..., "env": {"PATH": ..., "HOME": ...}}
+CALLER_META = "ccw/caller"  # params._meta key: {"cwd": ..., "env": {the ccw command's environment}}
 
 
 def caller_env(meta: Any) -> dict[str, str] | None:
-    """PATH and HOME from a trusted call's ``_meta["ccw/caller"]`` (the ccw command's own), else None."""
+    """The environment a trusted call lends under ``_meta["ccw/caller"]`` (the ccw command's
+    own: PATH and HOME for toolchain discovery, the values of a capsule's whitelisted
+    variables for its commands), else None."""
     if not CALLER_TRUSTED.get() or not isinstance(meta, Mapping):
         return None
     caller = meta.get(CALLER_META)
     env = caller.get("env") if isinstance(caller, Mapping) else None
     if not isinstance(env, Mapping):
         return None
-    return {k: v for k, v in env.items() if k in ("PATH", "HOME") and isinstance(v, str)}
+    return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _tasks_era(ctx: ServerRequestContext[Any]) -> None:

@@ -35,11 +35,13 @@ def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("trusted", [True, False])
 def test_caller_env_only_from_a_trusted_connection(trusted: bool) -> None:
-    meta = {CALLER_META: {"cwd": "/w", "env": {"PATH": "/opt/x/bin", "HOME": "/home/u", "LD_PRELOAD": "/evil.so"}}}
+    # The ccw command's whole environment: the front end reads PATH and HOME (discovery) and
+    # the values of a capsule's whitelisted variables from it, nothing else.
+    meta = {CALLER_META: {"cwd": "/w", "env": {"PATH": "/opt/x/bin", "HOME": "/home/u", "FOO": "bar", "N": 1}}}
     token = CALLER_TRUSTED.set(trusted)
     try:
         got = caller_env(meta)
-        assert got == ({"PATH": "/opt/x/bin", "HOME": "/home/u"} if trusted else None)
+        assert got == ({"PATH": "/opt/x/bin", "HOME": "/home/u", "FOO": "bar"} if trusted else None)
         for bad in (None, [], {CALLER_META: "x"}, {CALLER_META: {"env": ["PATH"]}}):
             assert caller_env(bad) is None
     finally:

@@ -189,8 +189,8 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
     (tool / "mytool").chmod(0o755)
     env = cli_env(state)
 
-    def ccw(*args: str, path: str = env["PATH"]) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(CCW), *args], env={**env, "PATH": path}, capture_output=True, text=True,
+    def ccw(*args: str, path: str = env["PATH"], **more: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(CCW), *args], env={**env, "PATH": path, **more}, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr
         return done
@@ -203,6 +203,11 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
         assert f"shown read-only: {tool.parent} (PATH entry {tool})" in made.stderr
         ran = ccw("capsule", "exec", made.stdout.strip(), "--", str(tool / "mytool"))
         assert ran.stdout == "from the callers toolchain\n"
+        # A whitelisted variable's value is the calling command's, not the daemon's.
+        cap = ccw("capsule", "create", "--no-auto-expose", "--env", "GREETING", str(workspace),
+                  GREETING="from the daemon's starter").stdout.strip()
+        said = ccw("capsule", "exec", cap, "--", "sh", "-c", 'echo "$GREETING"', GREETING="from this shell")
+        assert said.stdout == "from this shell\n"
     finally:
         stopped = json.loads(subprocess.run([str(CCW), "helper", "stop", "--json"], env=env, capture_output=True,
                                             text=True, timeout=120).stdout)

@@ -42,6 +42,9 @@ class Command:
     timeout_ms: int | None = None  # None: DEFAULT_TIMEOUT_MS
     stdin: bytes | None = None
     env: dict[str, str] | None = None  # the whole environment (a REAPI Command's); None: exec_env's
+    # Where the whitelisted variables' values come from: the calling ccw command's own
+    # environment, lent through the state dir's front end; None: this process's.
+    values: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,8 @@ def exec_request(capsule_id: str, spec: CapsuleSpec, command: Command, progress_
         capsule_id=capsule_id,
         argv=tuple(command.argv),
         cwd=resolve_cwd(command.cwd, spec.workspace),
-        env=dict(command.env) if command.env is not None else exec_env(spec.workspace, spec.env_whitelist),
+        env=dict(command.env) if command.env is not None else exec_env(spec.workspace, spec.env_whitelist,
+                                                                         command.values),
         stdin=command.stdin,
         timeout_ms=command.timeout_ms or DEFAULT_TIMEOUT_MS,
         limits=limits,

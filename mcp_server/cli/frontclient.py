@@ -8,9 +8,10 @@ connects once a front end answers, the daemon or whichever owner took the lock f
 
 One call is an MCP session of its own: ``initialize``, ``notifications/initialized``,
 then ``tools/call`` with a progress token (its progress notifications draw the
-terminal's progress line) and the caller's context under ``_meta["ccw/caller"]`` (cwd,
-PATH, HOME: the front end runs calls with its own environment, so what depends on the
-caller's comes with the call; paths in the arguments are already absolute).  A tool
+terminal's progress line) and the caller's context under ``_meta["ccw/caller"]`` (cwd and
+the environment: the front end runs calls with its own, so what depends on the caller's,
+toolchain discovery and whitelisted variables' values, comes with the call; paths in the
+arguments are already absolute).  A tool
 error comes back as the CcwError it carries, a JSON-RPC error as an MCPError.
 """
 
@@ -44,8 +45,9 @@ CALL_ID = 2
 
 def caller_context() -> dict[str, Any]:
     """What the front end may take from this command's own environment."""
-    env = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
-    return {"cwd": os.getcwd(), "env": env}
+    # All of it: the front end takes PATH and HOME for discovery and the values of a
+    # capsule's whitelisted variables (--env) for its commands, as an in-process run did.
+    return {"cwd": os.getcwd(), "env": dict(os.environ)}
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], progress: Any = None) -> dict[str, Any]:

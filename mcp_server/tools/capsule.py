@@ -175,7 +175,7 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
     stdin = args.get("stdin")
     command = Command(list(args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
-                      stdin.encode() if stdin is not None else None)
+                      stdin.encode() if stdin is not None else None, values=getattr(ctx, "caller_env", None))
 
     async def body(run: Run) -> dict[str, Any]:
         return _exec_result(await ctx.for_run(run).capsules.exec(args["capsule_id"], command))
