@@ -88,9 +88,18 @@ class Browser:
         return [found[ELEMENT] for found in self.command("POST", "/elements", {"using": "css selector", "value": css})]
 
     def text(self, css: str) -> str:
-        """The rendered text of the first element ``css`` selects ("" when none)."""
-        found = self.find(css)
-        return str(self.command("GET", f"/element/{found[0]}/text")) if found else ""
+        """The rendered text of the first element ``css`` selects ("" when none), found again
+        if the live page redrew it between the find and the read."""
+        for _ in range(5):
+            found = self.find(css)
+            if not found:
+                return ""
+            try:
+                return str(self.command("GET", f"/element/{found[0]}/text"))
+            except AssertionError as exc:
+                if "stale element" not in str(exc):
+                    raise
+        raise AssertionError(f"{css} kept being redrawn")
 
     def click(self, css: str) -> None:
         """Click the first element ``css`` selects (found again if the page redrew it meanwhile)."""
