@@ -53,7 +53,7 @@ import datetime
 import json
 import os
 import sqlite3
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,10 +227,20 @@ class EventLog:
                                       (capsule_id, after, limit))
         return [_event(row) for row in rows]
 
-    def latest(self, capsule_id: str | None = None, limit: int = 50) -> list[Event]:
-        """The newest ``limit`` events (of one capsule, if given), oldest first."""
-        where, params = ("WHERE capsule_id = ?", (capsule_id, limit)) if capsule_id else ("", (limit,))
-        rows = self.state.execute(f"SELECT * FROM events {where} ORDER BY id DESC LIMIT ?", params)
+    def latest(self, capsule_id: str | None = None, limit: int = 50, *, before: int | None = None,
+               kinds: Sequence[str] = ()) -> list[Event]:
+        """The newest ``limit`` events (of one capsule, if given; with an id below ``before``, if
+        given; of ``kinds``, if any), oldest first."""
+        where: list[str] = ["id < ?"]
+        params: list[Any] = [before if before is not None else 2**62]
+        if capsule_id:
+            where.append("capsule_id = ?")
+            params.append(capsule_id)
+        if kinds:
+            where.append(f"kind IN ({', '.join('?' for _ in kinds)})")
+            params.extend(kinds)
+        rows = self.state.execute(f"SELECT * FROM events WHERE {' AND '.join(where)} ORDER BY id DESC LIMIT ?",
+                                  (*params, limit))
         return [_event(row) for row in reversed(rows)]
 
     async def follow(self, after: int, capsule_id: str | None = None, poll_s: float = POLL_S) -> AsyncGenerator[Event, None]:

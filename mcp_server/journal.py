@@ -342,9 +342,12 @@ class Journal:
         with self.state.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO exec_outputs VALUES (?, ?, ?, ?, ?, ?)", rows)
 
-    def outputs(self, capsule_id: str) -> dict[tuple[int, str], tuple[bytes, int]]:
-        """What each exec printed, as kept: (seq, stream) -> (bytes, cap in force)."""
-        rows = self.state.execute("SELECT * FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+    def outputs(self, capsule_id: str, seq: int | None = None) -> dict[tuple[int, str], tuple[bytes, int]]:
+        """What each exec (or exec ``seq`` alone) printed, as kept: (seq, stream) -> (bytes, cap in force)."""
+        if seq is None:
+            rows = self.state.execute("SELECT * FROM exec_outputs WHERE capsule_id = ?", (capsule_id,))
+        else:
+            rows = self.state.execute("SELECT * FROM exec_outputs WHERE capsule_id = ? AND seq = ?", (capsule_id, seq))
         dctx = zstandard.ZstdDecompressor()
         return {(row["seq"], row["stream"]): (dctx.decompress(row["zstd"]), row["cap"]) for row in rows}
 
@@ -455,9 +458,14 @@ class Journal:
         """Paths with a recorded base state."""
         return set(self.base_states(capsule_id))
 
-    def execs(self, capsule_id: str) -> list[dict[str, Any]]:
-        """Every exec of a capsule, in order."""
-        rows = self.state.execute("SELECT * FROM execs WHERE capsule_id = ? ORDER BY seq", (capsule_id,))
+    def execs(self, capsule_id: str, *, before: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+        """Every exec of a capsule, in order; or, with ``limit``, the newest ``limit`` of those
+        numbered below ``before`` (a page of the dashboard), in order."""
+        if limit is None and before is None:
+            rows = self.state.execute("SELECT * FROM execs WHERE capsule_id = ? ORDER BY seq", (capsule_id,))
+        else:  # the primary key (capsule_id, seq) walks the page backwards
+            rows = self.state.execute("SELECT * FROM execs WHERE capsule_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+                                      (capsule_id, before if before is not None else 2**62, limit or -1))[::-1]
         out = []
         for row in rows:
             data = dict(row)

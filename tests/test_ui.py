@@ -7,6 +7,7 @@ vm-tests/test_ui_browser.py calls the real ones): these tests are about the boun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -28,6 +29,7 @@ from mcp_server.config import Config
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
+from mcp_server.ui.api import DETAIL_PATHS, PAGES
 from mcp_server.ui.server import MAX_BODY, Dashboard, serve
 from sandbox.errors import CcwError
 from tests.cli_process import CCW, ROOT, cli_env
@@ -208,6 +210,104 @@ def test_the_event_stream_is_a_long_poll_that_answers_when_an_event_is_committed
     _run(populated, scenario)
 
 
+def _get(response: Response) -> Any:
+    status, _, body = response
+    assert status == 200, body
+    return json.loads(body)
+
+
+@pytest.fixture
+def long_history(state_dir: Path) -> Path:
+    """A state dir with 260 capsules (every third destroyed), cap_0 with 620 runs (the last one
+    wrote 2500 files) and a net.connection event per run."""
+    state = State(state_dir)
+    journal, _ = Journal(state), EventLog(state)
+    for i in range(260):
+        journal.add_capsule(dataclasses.replace(_record(f"cap_{i}"), created_at=f"2026-11-27T{i // 60:02}:{i % 60:02}:00Z"))
+        if i % 3 == 1:
+            journal.mark_destroyed(f"cap_{i}", "2026-11-28T00:00:00Z")
+    connection = {"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443"}
+    for run in range(1, 621):
+        written = [f"node_modules/p{n}/index.js" for n in range(2500)] if run == 620 else ["out.txt"]
+        journal.add_exec("cap_0", _entry({"read": [], "written": written, "network": [connection]}))
+    state.close()
+    return state_dir
+
+
+def test_runs_come_a_page_at_a_time_going_back_and_a_page_is_capped(long_history: Path) -> None:
+    default, most = PAGES["runs"]
+
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        newest = _get(await request("GET", "/api/capsules/cap_0/runs"))
+        assert [r["run"] for r in newest["runs"]] == list(range(621 - default, 621))
+        assert newest["more"] is True and newest["total"] == 620
+        capped = _get(await request("GET", f"/api/capsules/cap_0/runs?before={621 - default}&limit=100000"))
+        assert [r["run"] for r in capped["runs"]] == list(range(621 - default - most, 621 - default))
+        assert capped["more"] is True
+        oldest = _get(await request("GET", f"/api/capsules/cap_0/runs?before={621 - default - most}"))
+        assert [r["run"] for r in oldest["runs"]] == list(range(1, 621 - default - most)) and oldest["more"] is False
+        assert _get(await request("GET", "/api/capsules/cap_0/runs?limit=1"))["runs"][0]["run"] == 620
+        for bad in ("limit=0", "limit=-5", "limit=ten", "before=x"):
+            assert (await request("GET", f"/api/capsules/cap_0/runs?{bad}"))[0] == 400, bad
+        detail = _get(await request("GET", "/api/capsules/cap_0/runs/620"))
+        assert len(detail["written"]) == DETAIL_PATHS and detail["written_total"] == 2500
+        assert detail["read"] == [] and detail["read_total"] == 0
+        assert _get(await request("GET", "/api/capsules/cap_0/runs/3"))["written"] == ["out.txt"]
+        assert (await request("GET", "/api/capsules/cap_0/runs/621"))[0] == 404
+
+    _run(long_history, scenario)
+
+
+def test_events_come_back_a_page_at_a_time_of_the_kinds_asked(long_history: Path) -> None:
+    default, most = PAGES["events"]
+
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        page = _get(await request("GET", "/api/events?capsule=cap_0&kinds=net.connection"))
+        assert len(page["events"]) == default and page["more"] is True
+        assert {e["kind"] for e in page["events"]} == {"net.connection"}
+        assert [e["data"]["seq"] for e in page["events"]] == list(range(621 - default, 621))  # oldest first
+        first = page["events"][0]["id"]
+        older = _get(await request("GET", f"/api/events?capsule=cap_0&kinds=net.connection&before={first}&limit=5000"))
+        assert len(older["events"]) == 620 - default and older["more"] is False  # fewer left than the cap
+        assert older["events"][-1]["id"] < first
+        every = _get(await request("GET", f"/api/events?capsule=cap_0&limit={most + 1}"))
+        assert len(every["events"]) == most and every["more"] is True
+        assert {e["kind"] for e in every["events"]} == {"run.finished", "files.written", "net.connection"}
+        mixed = _get(await request("GET", "/api/events?capsule=cap_0&kinds=files.written,capsule.created&limit=1000"))
+        assert [e["kind"] for e in mixed["events"][:2]] == ["capsule.created", "files.written"]
+        assert (await request("GET", "/api/events?capsule=cap_0&kinds=net.connection,<img>"))[0] == 400
+        assert (await request("GET", "/api/events?limit=0"))[0] == 400
+
+    _run(long_history, scenario)
+
+
+def test_capsules_come_a_page_at_a_time_live_first_and_newest_first(long_history: Path) -> None:
+    default, most = PAGES["capsules"]
+    live = [f"cap_{i}" for i in range(259, -1, -1) if i % 3 != 1]
+    destroyed = [f"cap_{i}" for i in range(259, -1, -1) if i % 3 == 1]
+
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        first = _get(await request("GET", "/api/capsules"))
+        assert [c["capsule_id"] for c in first["capsules"]] == live[:default]
+        assert first["more"] is True and first["total"] == 260
+        shown, runs = [c["capsule_id"] for c in first["capsules"]], {}
+        while True:
+            page = _get(await request("GET", f"/api/capsules?after={shown[-1]}&limit=100000"))
+            assert len(page["capsules"]) == min(most, 260 - len(shown))
+            shown += [c["capsule_id"] for c in page["capsules"]]
+            runs.update({c["capsule_id"]: c["runs"] for c in page["capsules"]})
+            if not page["more"]:
+                break
+        assert shown == live + destroyed  # each once, in order, across the live/destroyed edge
+        assert runs["cap_0"] == 620 and runs["cap_3"] == 0
+        assert _get(await request("GET", f"/api/capsules?after={live[-1]}&limit=1"))["capsules"][0]["capsule_id"] \
+            == destroyed[0]
+        assert (await request("GET", "/api/capsules?after=cap_none"))[0] == 404
+        assert (await request("GET", "/api/capsules?limit=0"))[0] == 400
+
+    _run(long_history, scenario)
+
+
 def test_ccw_ui_refuses_to_listen_beyond_loopback(state_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for listen in ("0.0.0.0:0", "192.0.2.1:8080", "[::]:0"):
         assert main(["--state-dir", str(state_dir), "ui", "--no-open", "--listen", listen]) == 1
@@ -230,7 +330,7 @@ def test_ccw_ui_prints_a_url_with_its_token_serves_it_and_stops_on_sigterm(state
                     await _http(port, "GET", "/api/capsules", {**headers, "x-ccw-token": TOKEN}))
 
         good, bad = trio.run(fetch)
-        assert good[0] == 200 and json.loads(good[2]) == {"capsules": [], "last_event_id": 0}
+        assert good[0] == 200 and json.loads(good[2]) == {"capsules": [], "more": False, "total": 0, "last_event_id": 0}
         assert bad[0] == 401
     finally:
         proc.terminate()

@@ -22,12 +22,17 @@ Every response carries ``Content-Security-Policy: default-src 'self'; frame-ance
 the page, which renders every string from a capsule with ``textContent``.
 
 Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``, ``GET
-/api/capsules``, ``GET /api/capsules/ID/runs``, ``GET /api/capsules/ID/runs/N``, ``GET
-/api/capsules/ID/diff`` (the ``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=``
-(a long poll: answers when events after ``after`` exist or ``wait`` ms passed, at most
-``MAX_WAIT_MS``), ``POST /api/capsules/ID/promote`` (body: ``policies``, ``dry_run``) and
+/api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
+capsule ``after``), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
+below ``before``), ``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the
+``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when
+events after ``after`` exist or ``wait`` ms passed, at most ``MAX_WAIT_MS``), ``GET
+/api/events?capsule=&kinds=&limit=&before=`` (without ``after``: a page going back from the
+newest event, or from ``before``), ``POST /api/capsules/ID/promote`` (body: ``policies``, ``dry_run``) and
 ``POST /api/capsules/ID/destroy`` (the tools of those names).  A tool's refusal is a 200
 whose body is ``{"ok": false, "error": {"code", "message"}}``: the page shows the message.
+A page's ``limit`` is capped (``api.PAGES``) and its answer says whether ``more`` (older) exist:
+the page never asks for a capsule's whole history at once.
 """
 
 from __future__ import annotations
@@ -150,14 +155,14 @@ class Dashboard:
     async def _route(self, method: str, parts: list[str], query: dict[str, str], body: dict[str, Any]) -> Any:
         read = trio.to_thread.run_sync
         if method == "GET" and parts == ["capsules"]:
-            return await read(api.capsules, self.state, self.log)
+            return await read(api.capsules, self.state, self.log, _number(query, "limit"), query.get("after"))
         if method == "GET" and parts == ["events"]:
             return await self._events(query)
         if len(parts) < 3 or parts[0] != "capsules" or not parts[1]:
             raise Reply(404, "no such API")
         capsule_id, rest = parts[1], parts[2:]
         if method == "GET" and rest == ["runs"]:
-            return await read(api.runs, self.state, capsule_id)
+            return await read(api.runs, self.state, capsule_id, _number(query, "limit"), _number(query, "before"))
         if method == "GET" and len(rest) == 2 and rest[0] == "runs" and rest[1].isdigit():
             return await read(api.run, self.state, capsule_id, int(rest[1]))
         if method == "GET" and rest == ["diff"]:
@@ -182,11 +187,11 @@ class Dashboard:
             return {"ok": False, "error": {"code": exc.code, "message": exc.message}}
 
     async def _events(self, query: dict[str, str]) -> dict[str, Any]:
-        try:
-            after, wait_ms = int(query.get("after", "0")), min(int(query.get("wait", "0")), MAX_WAIT_MS)
-        except ValueError:
-            raise Reply(400, "after and wait are integers") from None
         capsule_id = query.get("capsule") or None
+        if "after" not in query:  # a page going back from the newest (or from ``before``)
+            return await trio.to_thread.run_sync(api.older_events, self.log, capsule_id, api.kinds_of(
+                query.get("kinds")), _number(query, "limit"), _number(query, "before"))
+        after, wait_ms = _number(query, "after") or 0, min(_number(query, "wait") or 0, MAX_WAIT_MS)
         # A long poll, not Server-Sent Events: EventSource cannot send the token header.
         found = await trio.to_thread.run_sync(api.events, self.log, after, capsule_id)
         if found["events"] or wait_ms <= 0:
@@ -198,6 +203,16 @@ class Dashboard:
                     break
             found = await trio.to_thread.run_sync(api.events, self.log, after, capsule_id)
         return found
+
+
+def _number(query: dict[str, str], key: str) -> int | None:
+    """The integer parameter ``key`` (None when absent), else 400."""
+    if key not in query:
+        return None
+    try:
+        return int(query[key])
+    except ValueError:
+        raise Reply(400, f"{key} is an integer") from None
 
 
 def _json(payload: Any) -> bytes:

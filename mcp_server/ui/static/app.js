@@ -2,15 +2,22 @@
 // from inside a capsule (argv, paths, hosts, output): it is set with textContent (el,
 // svgText), never parsed as markup. The token comes from the URL's fragment, which the
 // browser never sends; it goes on each API call as a header (no cookies).
+// Capsules, runs and events come a page at a time (the newest first; "Older" buttons ask
+// for more), and what the page keeps is bounded, so a long history stays quick to show.
 "use strict";
 
 (() => {
   const token = new URLSearchParams(location.hash.slice(1)).get("token") || "";
   const SVG = "http://www.w3.org/2000/svg";
   const state = {
-    capsules: [], selected: null, runs: [], run: null, network: [], reports: [], trials: [], done: [],
-    lastEvent: 0, seen: new Set(), armedDestroy: false,
+    capsules: [], capsulesMore: false, capsulesTotal: 0, selected: null,
+    runs: [], runsMore: false, runsTotal: 0, run: null, fresh: null,
+    events: [], eventsMore: false, lastEvent: 0, armedDestroy: false,
   };
+  // The events this page draws (the runs come from the runs API).
+  const SHOWN = ["net.connection", "policy.report", "promotion", "witness", "replay", "file.changed",
+    "deltamin.trial", "deltamin.done"];
+  const CAPSULES_PAGE = 50, KEEP_RUNS = 1000, KEEP_EVENTS = 2000, PLOT_RUNS = 200, LIST_PATHS = 500;
   const $ = (id) => document.getElementById(id);
 
   function el(tag, text, cls) {
@@ -50,13 +57,23 @@
   const shellJoin = (argv) => argv.map((a) => (/^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`)).join(" ");
 
   // --- capsules ---------------------------------------------------------------
-  async function loadCapsules() {
-    const data = await api("capsules");
-    state.capsules = data.capsules;
+  // A reload asks again for as many as are shown (the server caps it); "older" continues
+  // after the last one shown.
+  async function loadCapsules(older) {
+    const shown = state.capsules.length;
+    const data = await api(older && shown ? `capsules?after=${enc(state.capsules[shown - 1].capsule_id)}`
+      : `capsules?limit=${Math.max(shown, CAPSULES_PAGE)}`);
+    state.capsules = older ? state.capsules.concat(data.capsules) : data.capsules;
+    Object.assign(state, { capsulesMore: data.more, capsulesTotal: data.total });
     if (!state.lastEvent) state.lastEvent = data.last_event_id;
+    renderCapsules();
+    if (!state.selected && state.capsules.length) await select(state.capsules[0].capsule_id);
+  }
+
+  function renderCapsules() {
     const list = $("capsules");
     list.replaceChildren();
-    for (const cap of data.capsules) {
+    for (const cap of state.capsules) {
       const li = el("li", cap.capsule_id, cap.destroyed_at ? "destroyed" : "");
       li.dataset.capsule = cap.capsule_id;
       if (cap.capsule_id === state.selected) li.classList.add("selected");
@@ -65,12 +82,13 @@
       li.addEventListener("click", () => select(cap.capsule_id));
       list.append(li);
     }
-    if (!state.selected && data.capsules.length) await select(data.capsules[0].capsule_id);
+    $("capsules-shown").textContent = `${state.capsules.length} of ${state.capsulesTotal}`;
+    $("older-capsules").hidden = !state.capsulesMore;
   }
 
   async function select(capsuleId) {
-    Object.assign(state, { selected: capsuleId, runs: [], run: null, network: [], reports: [], trials: [], done: [],
-      seen: new Set(), armedDestroy: false });
+    Object.assign(state, { selected: capsuleId, runs: [], runsMore: false, runsTotal: 0, run: null, fresh: null,
+      events: [], eventsMore: false, armedDestroy: false });
     for (const li of $("capsules").children) li.classList.toggle("selected", li.dataset.capsule === capsuleId);
     $("empty").hidden = true;
     $("capsule").hidden = false;
@@ -82,35 +100,59 @@
     $("cap-title").textContent = capsuleId;
     $("cap-meta").textContent = cap ? `${cap.workspace} · created ${cap.created_at}` +
       (cap.destroyed_at ? ` · destroyed ${cap.destroyed_at}` : "") : "";
-    await loadRuns();
-    let more = true, after = 0;
-    while (more && state.selected === capsuleId) {
-      const data = await api(`events?capsule=${enc(capsuleId)}&after=${after}`);
-      for (const event of data.events) apply(event, false), (after = event.id);
-      more = data.more;
-    }
-    renderEvents();
+    await loadRuns(false);
+    await loadEvents(false);
   }
 
   // --- runs ---------------------------------------------------------------------
-  async function loadRuns(fresh) {
+  // The newest page, merged into what is shown (older pages loaded stay), or, with
+  // ``older``, the page before the oldest shown.
+  async function loadRuns(older) {
     const capsuleId = state.selected;
-    const data = await api(`capsules/${enc(capsuleId)}/runs`);
+    const before = older && state.runs.length ? `?before=${state.runs[0].run}` : "";
+    const data = await api(`capsules/${enc(capsuleId)}/runs${before}`);
     if (capsuleId !== state.selected) return;
-    state.runs = data.runs;
+    const newest = state.runs.length ? state.runs[state.runs.length - 1].run : 0;
+    const gap = !older && data.runs.length && data.runs[0].run > newest + 1;  // more ran than a page since
+    const byRun = new Map((gap ? [] : state.runs).map((r) => [r.run, r]));
+    for (const run of data.runs) byRun.set(run.run, run);
+    const runs = [...byRun.values()].sort((a, b) => a.run - b.run);
+    if (older || gap || !state.runs.length) state.runsMore = data.more;
+    if (runs.length > KEEP_RUNS) state.runsMore = true;
+    Object.assign(state, { runs: runs.slice(-KEEP_RUNS), runsTotal: data.total });
+    renderRuns();
+  }
+
+  // Runs finish faster than a page loads: one load at a time, and one more if asked meanwhile.
+  let runsLoading = null, runsAgain = false;
+  function refreshRuns(fresh) {
+    state.fresh = fresh;
+    if (runsLoading) { runsAgain = true; return; }
+    runsLoading = (async () => {
+      do { runsAgain = false; await loadRuns(false).catch((e) => setStatus(`cannot load runs: ${e.message}`)); }
+      while (runsAgain);
+      runsLoading = null;
+    })();
+  }
+
+  function renderRuns() {
     const body = $("runs").tBodies[0];
     body.replaceChildren();
-    for (const run of data.runs) {
+    for (const run of state.runs) {
       const code = status(run);
       const tr = row([run.run, shellJoin(run.argv), code, duration(run.duration_ms), run.reads ?? "-", run.writes,
         run.connections, run.generation_out === null ? `${run.generation ?? "-"}` : `${run.generation}>${run.generation_out}`],
-      "run" + (fresh === run.run ? " fresh" : "") + (state.run === run.run ? " selected" : ""));
+      "run" + (state.fresh === run.run ? " fresh" : "") + (state.run === run.run ? " selected" : ""));
       tr.children[1].className = "argv";
       tr.children[2].className = code === "0" ? "ok" : "bad";
       tr.dataset.run = run.run;
       tr.addEventListener("click", () => showRun(run.run));
       body.append(tr);
     }
+    const first = state.runs.length ? state.runs[0].run : 0;
+    $("runs-shown").textContent = state.runs.length
+      ? `runs ${first}–${state.runs[state.runs.length - 1].run} (${state.runs.length} shown of ${state.runsTotal})` : "";
+    $("older-runs").hidden = !state.runsMore;
     plotUsage();
   }
 
@@ -122,16 +164,19 @@
     $("run-title").textContent = `run ${seq}: ${shellJoin(detail.argv)} — exit ${status(detail)}, ${duration(detail.duration_ms)}`;
     $("run-stdout").textContent = detail.output.stdout ?? "(not kept)";
     $("run-stderr").textContent = detail.output.stderr ?? "(not kept)";
-    $("run-written").replaceChildren(...tree(detail.written));
-    $("run-read").replaceChildren(detail.read === null ? el("span", "not traced") : readList(detail.read));
+    const written = tree(detail.written.slice(0, LIST_PATHS));
+    if (detail.written_total > LIST_PATHS) written.push(el("li", `… and ${detail.written_total - LIST_PATHS} more ` +
+      `(ccw capsule show ${state.selected} ${seq})`));
+    $("run-written").replaceChildren(...written);
+    $("run-read").replaceChildren(detail.read === null ? el("span", "not traced") : readList(detail.read, detail.read_total));
   }
 
-  function readList(paths) {
+  function readList(paths, total) {
     const box = el("details");
-    box.append(el("summary", `${paths.length} files`));
+    box.append(el("summary", `${total} files`));
     const list = el("ul", null, "tree");
-    list.append(...paths.slice(0, 500).map((path) => el("li", path)));
-    if (paths.length > 500) list.append(el("li", `… and ${paths.length - 500} more (ccw capsule show --all)`));
+    list.append(...paths.slice(0, LIST_PATHS).map((path) => el("li", path)));
+    if (total > LIST_PATHS) list.append(el("li", `… and ${total - LIST_PATHS} more (ccw capsule show --all)`));
     box.append(list);
     return box;
   }
@@ -156,42 +201,69 @@
   }
 
   // --- events -----------------------------------------------------------------------
-  function apply(event, live) {
-    if (event.capsule_id !== state.selected || state.seen.has(event.id)) return;
-    state.seen.add(event.id);
-    const data = event.data;
-    if (event.kind === "net.connection") state.network.push(data);
-    else if (["policy.report", "promotion", "witness", "replay"].includes(event.kind)) state.reports.push(event);
-    else if (event.kind === "deltamin.trial") state.trials.push(data);
-    else if (event.kind === "deltamin.done") state.done.push(data);
-    else if (event.kind === "file.changed") state.reports.push(event);
-    else if (event.kind === "run.started" && live) {
+  // The newest page of the capsule's events of the kinds drawn here, or the page before the
+  // oldest kept; live ones are appended by the poll (``apply``).
+  async function loadEvents(older) {
+    const capsuleId = state.selected;
+    const before = older && state.events.length ? `&before=${state.events[0].id}` : "";
+    const data = await api(`events?capsule=${enc(capsuleId)}&kinds=${SHOWN.join(",")}${before}`);
+    if (capsuleId !== state.selected) return;
+    const byId = new Map(state.events.map((e) => [e.id, e]));
+    for (const event of data.events) byId.set(event.id, event);
+    state.events = [...byId.values()].sort((a, b) => a.id - b.id);
+    state.eventsMore = data.more;
+    keepEvents();
+    renderEvents();
+  }
+
+  function keepEvents() {
+    if (state.events.length <= KEEP_EVENTS) return;
+    state.events = state.events.slice(-KEEP_EVENTS);
+    state.eventsMore = true;
+  }
+
+  // A live event of the selected capsule; true when the events drawn changed (the poll
+  // redraws them once per batch).
+  function apply(event) {
+    if (event.capsule_id !== state.selected) return false;
+    const data = event.data, last = state.events[state.events.length - 1];
+    if (SHOWN.includes(event.kind)) {
+      if (last && last.id >= event.id) return false;  // the page already loaded it
+      state.events.push(event);
+      keepEvents();
+      return true;
+    } else if (event.kind === "run.started") {
       setStatus(`running in ${event.capsule_id}: ${data.label ?? ""}`);
       const pending = row(["…", data.label ?? "", "running", "", "", "", "", ""], "pending");
       pending.children[1].className = "argv";
       $("runs").tBodies[0].append(pending);
     }
-    else if (event.kind === "run.finished" && live) {
+    else if (event.kind === "run.finished") {
       setStatus(`run ${data.seq} finished (exit ${data.exit_code})`);
-      loadRuns(data.seq);
+      refreshRuns(data.seq);
     }
-    if (live) renderEvents();
+    return false;
   }
 
   function renderEvents() {
+    const of = (...kinds) => state.events.filter((e) => kinds.includes(e.kind));
+    const network = of("net.connection").map((e) => e.data), done = of("deltamin.done").map((e) => e.data);
     const body = $("network").tBodies[0];
-    body.replaceChildren(...state.network.map((c) => {
+    body.replaceChildren(...network.map((c) => {
       const tr = row([c.seq, c.allowed ? "allowed" : "denied", c.host, c.port, c.protocol,
         c.rule ?? c.reason ?? "", `${c.bytes_in ?? 0} / ${c.bytes_out ?? 0}`]);
       tr.children[1].className = c.allowed ? "ok" : "bad";
       tr.children[2].className = "host";
       return tr;
     }));
-    $("reports").replaceChildren(...state.reports.map(describe));
-    $("deltamin").replaceChildren(...state.done.map((d) => el("li",
+    $("reports").replaceChildren(...of("policy.report", "promotion", "witness", "replay", "file.changed").map(describe));
+    $("deltamin").replaceChildren(...done.map((d) => el("li",
       `minimal: ${d.minimal} hunks after ${d.trials} trials (${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
       `, replay ${d.replay_ok ? "ok" : "failed"}${d.one_minimal ? ", 1-minimal" : ""}`)));
-    plotTrials();
+    plotTrials(of("deltamin.trial").map((e) => e.data));
+    $("events-shown").textContent = state.events.length
+      ? `network, reports, deltamin: ${state.events.length} events since ${state.events[0].at}` : "";
+    $("older-events").hidden = !state.eventsMore;
   }
 
   function describe(event) {
@@ -216,12 +288,13 @@
       try {
         setStatus(`live · event ${state.lastEvent}`);
         const data = await api(`events?after=${state.lastEvent}&wait=20000`);
-        let capsulesChanged = false;
+        let capsulesChanged = false, drawn = false;
         for (const event of data.events) {
           state.lastEvent = event.id;
           capsulesChanged ||= ["capsule.created", "capsule.destroyed", "run.finished"].includes(event.kind);
-          apply(event, true);
+          drawn = apply(event) || drawn;
         }
+        if (drawn) renderEvents();
         if (capsulesChanged) await loadCapsules();
       } catch (error) {
         setStatus(`disconnected (${error.message}); retrying`);
@@ -240,7 +313,7 @@
     return node;
   }
 
-  function bars(title, values, color) {
+  function bars(title, runs, values, color) {
     const width = 260, height = 120, pad = 24;
     const chart = svg("svg", { width, height, role: "img", "aria-label": title });
     chart.append(svg("text", { x: pad, y: 14 }, title));
@@ -249,7 +322,7 @@
     values.forEach((value, i) => {
       const h = value === null || value === undefined ? 0 : ((height - 2 * pad) * value) / top;
       const bar = svg("rect", { x: pad + i * step + 1, y: height - pad - h, width: Math.max(step - 2, 1), height: h, fill: color });
-      bar.append(svg("title", {}, `run ${i + 1}: ${value ?? "not measured"}`));
+      bar.append(svg("title", {}, `run ${runs[i].run}: ${value ?? "not measured"}`));
       chart.append(bar);
     });
     chart.append(svg("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#8a8f99" }));
@@ -258,17 +331,16 @@
   }
 
   function plotUsage() {
-    const runs = state.runs;
+    const runs = state.runs.slice(-PLOT_RUNS);
     $("usage-plot").replaceChildren(...(runs.length ? [
-      bars("duration (ms) per run", runs.map((r) => r.duration_ms), "#3366cc"),
-      bars("CPU (ms) per run", runs.map((r) => r.cpu_ms), "#d9822b"),
-      bars("max RSS (MiB) per run", runs.map((r) => (r.rss_max_kb === null ? null : r.rss_max_kb / 1024)), "#1a7f37"),
+      bars("duration (ms) per run", runs, runs.map((r) => r.duration_ms), "#3366cc"),
+      bars("CPU (ms) per run", runs, runs.map((r) => r.cpu_ms), "#d9822b"),
+      bars("max RSS (MiB) per run", runs, runs.map((r) => (r.rss_max_kb === null ? null : r.rss_max_kb / 1024)), "#1a7f37"),
     ] : []));
   }
 
   // deltamin's search: each trial's size (changes applied), coloured by its outcome.
-  function plotTrials() {
-    const trials = state.trials;
+  function plotTrials(trials) {
     if (!trials.length) { $("deltamin-plot").replaceChildren(); return; }
     const width = 520, height = 160, pad = 28;
     const chart = svg("svg", { width, height, role: "img", "aria-label": "deltamin trials" });
@@ -279,7 +351,7 @@
     trials.forEach((trial, i) => {
       const dot = svg("circle", { cx: pad + i * step, cy: height - pad - ((height - 2 * pad) * trial.size) / top,
         r: 4, fill: colors[trial.outcome] || "#8a8f99" });
-      dot.append(svg("title", {}, `trial ${i + 1}: ${trial.size} changes, ${trial.outcome}${trial.fresh ? "" : " (cached)"}`));
+      dot.append(svg("title", {}, `trial ${i + 1}: ${trial.size} changes, ${trial.outcome}${trial.fresh ? " (confirmation)" : ""}`));
       chart.append(dot);
     });
     chart.append(svg("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#8a8f99" }));
@@ -344,6 +416,10 @@
     $("dry-run").addEventListener("click", () => promote(true));
     $("destroy").addEventListener("click", destroy);
     $("show-diff").addEventListener("click", showDiff);
+    const older = (load) => () => load(true).catch((error) => setStatus(`cannot load: ${error.message}`));
+    $("older-capsules").addEventListener("click", older(loadCapsules));
+    $("older-runs").addEventListener("click", older(loadRuns));
+    $("older-events").addEventListener("click", older(loadEvents));
     if (!token) setStatus("no token: open the URL ccw ui printed");
     loadCapsules().then(poll, (error) => setStatus(`cannot load: ${error.message}`));
   });
