@@ -31,6 +31,13 @@ def envelope(tasks: bool) -> dict[str, Any]:
             "io.modelcontextprotocol/clientCapabilities": capabilities}
 
 
+def structured(answer: dict[str, Any]) -> dict[str, Any]:
+    """A CallToolResult's structured content (what ``RawStdio.call`` returned); fails on a tool error."""
+    assert not answer.get("isError"), answer
+    result: dict[str, Any] = answer["structuredContent"]
+    return result
+
+
 class RawStdio:
     """One ``ccw-mcp`` over stdio; ``request`` sends one JSON-RPC request and returns its response."""
 

@@ -14,6 +14,8 @@ proxy" case.
 - ``build_wheel``: a tiny pure-Python wheel, zipped by hand (no build backend, so no
   download: pip would fetch setuptools to build one in isolation).
 - ``loopback_server``: a TCP service on the host's 127.0.0.1 that a jail must not reach.
+- ``HttpLoopback``: an HTTP server on the host's 127.0.0.1 that a capsule's allowlist
+  names (reached through the egress proxy): it counts connections and can hold its answers.
 - ``banner_servers`` and ``lab_namespace``: for the attacks on the host's own space
   (test_attack_egress.py), TCP services that name themselves, on the host's 0.0.0.0 and
   [::] or in a namespace reached by a veth whose host end has addresses of the test's.
@@ -185,6 +187,45 @@ def loopback_server() -> Iterator[int]:
         stop.set()
         thread.join()
         listener.close()
+
+
+class HttpLoopback:
+    """A server on the host's 127.0.0.1 that answers each request ``HTTP/1.0 200`` with ``ok``
+    and counts the connections it accepted (``accepted``).  Made ``held``, it answers only once
+    ``release`` is set: a run that fetches from it is still running until the test lets it end.
+    A context manager; closing releases what it holds."""
+
+    def __init__(self, held: bool = False) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.release = threading.Event()
+        if not held:
+            self.release.set()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            self.accepted += 1
+            with conn:
+                conn.recv(4096)
+                self.release.wait(120)
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+
+    def close(self) -> None:
+        """Release any held answer and stop accepting."""
+        self.release.set()
+        self.sock.close()
+
+    def __enter__(self) -> HttpLoopback:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 BANNER = """
