@@ -18,9 +18,11 @@ harmless edits.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,8 @@ Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 # A server on a fresh state dir, for as long as the context lasts: its ``call``.
 FreshServer = Callable[[Path], contextlib.AbstractAsyncContextManager[Call]]
 
-CCW_MCP = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "ccw-mcp"
+HERE = Path(__file__).resolve().parent
+CCW_MCP = HERE.parent / ".venv" / "bin" / "ccw-mcp"
 
 # Lines a test runner prints that carry a duration ("in 0.31s", "Ran 21 tests in 0.004s").
 DURATION = re.compile(r"\bin \d+(\.\d+)?m?s\b")
@@ -194,3 +197,44 @@ def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
     env.update(CCW_STATE_DIR=str(state_dir), CCW_WORKSPACE=str(workspace),
                MCP_READY_FILE=str(state_dir.parent / f"{state_dir.name}.ready"))
     return env
+
+
+# What ``scenario_command`` runs, as whichever user runs it: argv is this directory, the
+# scenario's module, the setup as JSON.
+SCENARIO = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
+import agent_loop
+agent_loop.scenario_main(sys.argv[2], sys.argv[3])
+"""
+
+
+def scenario_command(module: str, setup: dict[str, Any]) -> list[str]:
+    """The command that runs ``module.scenario(call, setup)`` through a real ``ccw-mcp`` (see
+    ``scenario_main``) and prints what it returned as JSON: run it as root, or as a test's
+    user with ``test_ipc_users.run_script_as``."""
+    return [sys.executable, "-c", SCENARIO, str(HERE), module, json.dumps(setup)]
+
+
+def scenario_main(module: str, setup_json: str) -> None:
+    """In the process ``scenario_command`` starts: set ``setup["environ"]`` (if any) so the
+    server inherits it, then ``module.scenario(call, setup)`` with a stdio ``ccw-mcp`` on a
+    new state dir ``setup["scratch"]/state``; print its answer as JSON."""
+    import importlib
+
+    import trio
+
+    setup = json.loads(setup_json)
+    os.environ.update(setup.get("environ", {}))
+    scenario = importlib.import_module(module).scenario
+    scratch = Path(setup["scratch"])
+
+    async def main() -> Any:
+        (scratch / "state").mkdir()
+        async with mcp_stdio(server_env(scratch / "state", scratch)) as call:
+            return await scenario(call, setup)
+
+    try:
+        print(json.dumps(trio.run(main)))
+    except BaseExceptionGroup as group:  # the MCP client's task groups wrap the scenario's failure
+        raise leaf(group) from None
