@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import realprojects  # noqa: E402
+from agent_loop import scenario_command  # noqa: E402
 from test_ipc_users import OTHER_UID, public_dir, run_as, run_script_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
 
 # Key stores of a home (issue 25's list): directories, then files.
@@ -76,46 +77,27 @@ for rel in sys.argv[2:]:
 print(json.dumps({"seen": seen, "home": sorted(os.listdir(home)) if os.path.isdir(home) else None}))
 """
 
-SCRIPT = r"""
-import json, os, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import trio
-import agent_loop, test_devmachine_expose as scenario
-
-setup = json.loads(sys.argv[2])
-os.environ.update(HOME=setup["home"], PATH=setup["path"])
-
-async def main():
-    state = Path(setup["scratch"]) / "state"
-    state.mkdir()
-    async with agent_loop.mcp_stdio(agent_loop.server_env(state, Path(setup["scratch"]))) as call:
-        return await scenario.scenario(call, setup)
-
-try:
-    print(json.dumps(trio.run(main)))
-except BaseExceptionGroup as group:
-    raise agent_loop.leaf(group) from None
-"""
-
-
 def system_python() -> Path:
     """The system interpreter's real file (/usr/bin/python3 -> python3.X)."""
     return Path(os.path.realpath(realprojects.SYSTEM_PYTHON))
 
 
-def make_pyenv(home: Path, tag: str) -> Path:
-    """A pyenv-style prefix under ``home``: the system interpreter copied into its bin, its
-    stdlib the system's (a symlink the jail resolves in /usr), as ``pyenv install`` leaves one."""
+def python_prefix(prefix: Path) -> Path:
+    """A Python installation at ``prefix``: the system interpreter copied into its bin, its
+    stdlib the system's (a symlink the jail resolves in /usr)."""
     python = system_python()
-    version = python.name.removeprefix("python")  # 3.11
-    prefix = home / ".pyenv" / "versions" / f"{version}.{tag}"
     (prefix / "bin").mkdir(parents=True)
     (prefix / "lib").mkdir()
     shutil.copy2(python, prefix / "bin" / python.name)
     (prefix / "bin" / "python3").symlink_to(python.name)
     (prefix / "lib" / python.name).symlink_to(f"/usr/lib/{python.name}")
     return prefix
+
+
+def make_pyenv(home: Path, tag: str) -> Path:
+    """A pyenv-style prefix under ``home``, as ``pyenv install`` leaves one."""
+    version = system_python().name.removeprefix("python")  # 3.11
+    return python_prefix(home / ".pyenv" / "versions" / f"{version}.{tag}")
 
 
 def venv_from(ws: Path, prefix: Path) -> None:
@@ -148,15 +130,10 @@ def new_top(home: Path, rel: str) -> Path | None:
 
 def make_uv(home: Path, tag: str) -> tuple[Path, Path]:
     """A uv-style managed Python: a full prefix, and the minor-version link to it that uv's venvs name."""
-    python = system_python()
+    version = system_python().name.removeprefix("python")
     pythons = home / ".local" / "share" / "uv" / "python"
-    real = pythons / f"cpython-{python.name.removeprefix('python')}.99-{tag}-linux-x86_64-gnu"
-    (real / "bin").mkdir(parents=True)
-    (real / "lib").mkdir()
-    shutil.copy2(python, real / "bin" / python.name)
-    (real / "bin" / "python3").symlink_to(python.name)
-    (real / "lib" / python.name).symlink_to(f"/usr/lib/{python.name}")
-    link = pythons / f"cpython-{python.name.removeprefix('python')}-{tag}-linux-x86_64-gnu"
+    real = python_prefix(pythons / f"cpython-{version}.99-{tag}-linux-x86_64-gnu")
+    link = pythons / f"cpython-{version}-{tag}-linux-x86_64-gnu"
     link.symlink_to(real.name)
     return real, link
 
@@ -260,8 +237,8 @@ def prepare(home: Path, scratch: Path, tag: str) -> dict[str, Any]:
         "py_ws": str(py_ws), "node_ws": str(node_ws), "planted_ws": str(planted),
         "uv_ws": str(uv_ws), "uv_real": str(uv_real), "uv_link": str(uv_link),
         "py_cmd": list(realprojects.MORE_ITERTOOLS.test_cmd),
-        # The caller's PATH: nvm's node first, as nvm's shell hook puts it.
-        "path": f"{node_root}/bin:/usr/local/bin:/usr/bin:/bin",
+        # The caller's environment: nvm's node first on PATH, as nvm's shell hook puts it.
+        "environ": {"HOME": str(home), "PATH": f"{node_root}/bin:/usr/local/bin:/usr/bin:/bin"},
     }
 
 
@@ -335,7 +312,7 @@ def test_toolchains_in_roots_home_run_and_its_secrets_stay_hidden(root_required:
         plant_secrets(home, canary, made)
         # Not through run_script_as: its private mount namespace covers /root with a tmpfs
         # showing only the interpreter, which would hide the very stores this test plants.
-        done = subprocess.run([sys.executable, "-c", SCRIPT, str(HERE), json.dumps(setup)], cwd=tmp_path,
+        done = subprocess.run(scenario_command("test_devmachine_expose", setup), cwd=tmp_path,
                               capture_output=True, text=True, timeout=500,
                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
         assert done.returncode == 0, done.stderr[-6000:]
@@ -377,7 +354,7 @@ def test_toolchains_in_a_users_home_run_rootless_and_its_secrets_stay_hidden(
     setup = prepare(home, scratch, tag)
     plant_secrets(home, canary, [])
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(home), str(scratch)], check=True)
-    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(setup)], scratch, timeout=500)
+    out = run_script_as(uid, gid, scenario_command("test_devmachine_expose", setup), scratch, timeout=500)
     check(out, setup, canary)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.mcp_process import ServerProcess, server_env
+from tests.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,11 +38,7 @@ SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
 
 def _workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.txt").write_text("good\n")
-    (ws / "b.txt").write_text("one\n")
-    return ws
+    return make_workspace(tmp_path / "ws", {"a.txt": "good\n", "b.txt": "one\n"})
 
 
 def _stdio_client(tmp_path: Path) -> Client:
@@ -242,12 +238,9 @@ print(json.dumps(trio.run(main)))
 
 def test_long_runs_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
     uid, gid, home = user_dir
-    ws, state = home / "ws", home / "state"
-    ws.mkdir()
-    (ws / "a.txt").write_text("good\n")
-    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws)], check=True)
+    ws = make_workspace(home / "ws", {"a.txt": "good\n"}, owner=(uid, gid))
     out = run_script_as(uid, gid, [sys.executable, "-c", ROOTLESS_SCRIPT, str(ROOT / ".venv" / "bin" / "ccw-mcp"),
-                                   str(ws), str(state)], home)
+                                   str(ws), str(home / "state")], home)
     assert out["started"]["status"] == "running", json.dumps(out)
     assert out["found"]["exit_code"] == 0 and out["found"]["stdout"] == "done\n"
     assert out["cancelled"]["status"] == "cancelled" and out["cancelled"]["elapsed_ms"] < 10_000

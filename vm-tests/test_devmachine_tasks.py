@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 import httpx2
 
 from tests.mcp_process import ServerProcess, server_env
-from tests.raw_mcp import MODERN, RawStdio, envelope
+from tests.raw_mcp import MODERN, RawStdio, envelope, structured
+from tests.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,12 +38,8 @@ SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
 
 def _capsule(client: RawStdio, tmp_path: Path) -> str:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a.txt").write_text("good\n")
-    created = client.call("capsule_create", {"workspace": str(ws)})
-    assert not created.get("isError"), created
-    capsule_id: str = created["structuredContent"]["capsule_id"]
+    ws = make_workspace(tmp_path / "ws", {"a.txt": "good\n"})
+    capsule_id: str = structured(client.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     return capsule_id
 
 
@@ -225,12 +221,9 @@ print(json.dumps({"created": created, "task": task, "ack": ack, "cancelled": can
 
 def test_tasks_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
     uid, gid, home = user_dir
-    ws, state = home / "ws", home / "state"
-    ws.mkdir()
-    (ws / "a.txt").write_text("good\n")
-    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws)], check=True)
-    out = run_script_as(uid, gid, [sys.executable, "-c", ROOTLESS_SCRIPT, str(HERE.parent), str(ws), str(state)],
-                        home)
+    ws = make_workspace(home / "ws", {"a.txt": "good\n"}, owner=(uid, gid))
+    out = run_script_as(uid, gid, [sys.executable, "-c", ROOTLESS_SCRIPT, str(HERE.parent), str(ws),
+                                   str(home / "state")], home)
     assert out["created"]["resultType"] == "task", json.dumps(out)
     assert out["task"]["status"] == "completed" and out["task"]["result"]["structuredContent"]["stdout"] == "done\n"
     assert "result" in out["ack"] and out["cancelled"]["status"] == "cancelled"

@@ -19,7 +19,6 @@ hand-made spec), and the capsule cannot read it.
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 import shutil
 import subprocess
@@ -36,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import realprojects  # noqa: E402
+from agent_loop import scenario_command  # noqa: E402
 from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
@@ -45,28 +45,6 @@ PROJECT = realprojects.MORE_ITERTOOLS
 EDIT = PROJECT.harmless[1]
 IDENTITY = "git -c user.name=agent -c user.email=agent@example.com"
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-
-SCRIPT = r"""
-import json, sys
-from pathlib import Path
-sys.path.insert(0, sys.argv[1])
-import trio
-import agent_loop, test_devmachine_worktree as t
-
-paths = json.loads(sys.argv[2])
-
-async def main():
-    state = Path(paths["scratch"]) / "state"
-    state.mkdir()
-    async with agent_loop.mcp_stdio(agent_loop.server_env(state, Path(paths["scratch"]))) as call:
-        return await t.scenario(call, paths)
-
-try:
-    print(json.dumps(trio.run(main)))
-except BaseExceptionGroup as group:
-    raise agent_loop.leaf(group) from None
-"""
-
 
 def _repos(base: Path) -> dict[str, str]:
     """The main repository, its worktree, a superproject whose submodule is a workspace, a hostile workspace."""
@@ -275,7 +253,7 @@ def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int
     subprocess.run(["chown", "-R", f"{uid}:{gid}", *(paths[k] for k in ("repo", "wt", "super", "scratch"))],
                    check=True)
     before = _git_state(Path(paths["repo"]) / ".git")
-    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), json.dumps(paths)], home)
+    out = run_script_as(uid, gid, scenario_command("test_devmachine_worktree", paths), home)
     _check(out, paths, before)
 
 

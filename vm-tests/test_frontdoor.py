@@ -25,20 +25,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.raw_mcp import RawStdio  # noqa: E402
+from tests.cli_process import cli_env  # noqa: E402
+from tests.raw_mcp import RawStdio, structured  # noqa: E402
+from tests.workspaces import make_workspace  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "vm-tests"))
+from netfixtures import HttpLoopback  # noqa: E402
 from test_ipc_users import as_user  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 CCW = ROOT / ".venv" / "bin" / "ccw"
-
-
-def structured(answer: dict[str, Any]) -> dict[str, Any]:
-    """A tools/call's structured result; fails on a tool error."""
-    assert not answer.get("isError"), answer
-    result: dict[str, Any] = answer["structuredContent"]
-    return result
 
 
 def events(state_dir: Path, capsule_id: str, kind: str) -> list[dict[str, Any]]:
@@ -69,15 +65,7 @@ def state(tmp_path: Path, root_required: None) -> Path:
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "f").write_text("")
-    return ws
-
-
-def cli_env(state_dir: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
-    return {**env, "CCW_STATE_DIR": str(state_dir)}
+    return make_workspace(tmp_path / "ws", {"f": ""})
 
 
 def test_cli_exec_waits_for_the_agents_exec(state: Path, workspace: Path) -> None:
@@ -100,31 +88,6 @@ def test_cli_exec_waits_for_the_agents_exec(state: Path, workspace: Path) -> Non
         assert not (state / "frontend.log").exists()  # no daemon was started beside the agent's server
 
 
-class LoopbackServer:
-    """A TCP server on the host's loopback that answers each connection with a line."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.recv(4096)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 # Through the jail's HTTP proxy (NO_PROXY names 127.0.0.1, so urllib would not use it).
 FETCH = r"""
 import os, socket, sys
@@ -136,13 +99,12 @@ with socket.create_connection((host, int(port)), timeout=20) as s:
 
 
 @pytest.fixture
-def loopback() -> Iterator[LoopbackServer]:
-    server = LoopbackServer()
-    yield server
-    server.close()
+def loopback() -> Iterator[HttpLoopback]:
+    with HttpLoopback() as server:
+        yield server
 
 
-def test_two_front_ends_record_each_connection_once(state: Path, workspace: Path, loopback: LoopbackServer) -> None:
+def test_two_front_ends_record_each_connection_once(state: Path, workspace: Path, loopback: HttpLoopback) -> None:
     rule = f"127.0.0.1:{loopback.port}"
     with RawStdio(state, "capsule", tasks=None) as first, RawStdio(state, "capsule", tasks=None) as second:
         made = first.call("capsule_create", {"workspace": str(workspace), "auto_expose": False,

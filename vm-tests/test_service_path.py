@@ -29,6 +29,8 @@ from typing import Any
 
 import pytest
 
+from tests.workspaces import make_workspace
+
 ROOT = Path(__file__).resolve().parent.parent
 CCW = [str(Path(sys.executable).parent / "ccw")]  # the installed script, as a CI runner calls it
 
@@ -77,10 +79,7 @@ def ccw(service: Service, state: Path, *argv: str) -> Any:
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     """A workspace owned by the caller, with one file a command reads."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "input.txt").write_text("from the workspace\n")
-    return ws
+    return make_workspace(tmp_path / "ws", {"input.txt": "from the workspace\n"})
 
 
 def test_socket_admits_only_its_group(service: Service) -> None:
