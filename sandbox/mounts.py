@@ -51,14 +51,8 @@ Some facts about mounts, as the jail uses them:
   the host has it.  A lookup finds the mask's file and never asks the host's /etc: cat
   is refused (EACCES, the jail has no CAP_DAC_OVERRIDE), the size is 0, writes are
   refused.  Landlock could not do it (its rules allow, by inode), nor seccomp (no paths).
-- Overlayfs takes each layer by path and keeps a private clone of it.  A detached
-  tmpfs is a layer on 6.15+ (named ``/proc/self/fd/N``), but one moved into a detached
-  tree is refused (EINVAL, measured on 6.18); a root tree built attached in the jail's
-  namespace (kernels before 6.15, or no spare) parks the mask on its empty /.oldroot
-  and unmounts it once the overlay holds it.  Either way one mount sits at /etc.  The
-  layers go to ``fsconfig`` as one ``lowerdir=mask:/etc`` string, which overlayfs's own
-  parser (6.5+) and the legacy pass-through before it (sandbox/overlay.py) both take.
-  A rootless helper mounts it in its user namespace like the rest.
+- Overlayfs takes each layer by path: how the mask reaches it, detached or attached,
+  is in sandbox/mounttree.py, with the other facts of the new mount API.
 - A lower layer does not show mounts made on it, so the host's mounts inside /etc (a
   container's /etc/hosts, /etc/resolv.conf) are bound again over the overlay,
   read-only and recursive, never onto a secret's name.  They are read from mountinfo
@@ -97,7 +91,7 @@ import sys
 from dataclasses import dataclass
 
 from sandbox import mountinfo as mountinfo_
-from sandbox import syscalls
+from sandbox import mounttree, syscalls
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -119,7 +113,6 @@ _RO = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_A
 _RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _NOSUID_NOEXEC = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NOEXEC
 _ROOT_DATA = "mode=0755,size=1m"
-_ETC_MASK_DATA = "mode=0755,size=4k,nr_inodes=16"
 _NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
 
 
@@ -363,7 +356,6 @@ def enter(step: MountStep, root: int | None = None) -> None:
 
 _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
               ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
-_CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC
 
 
 def build_root(attach_at: str | None = None) -> int:
@@ -373,7 +365,7 @@ def build_root(attach_at: str | None = None) -> int:
     which kernels older than 6.15 need.  Uses only os and ctypes (it runs in the jail's
     init when no tree was made ahead).
     """
-    root = _new_mount("tmpfs", _ROOT_DATA, _RW)
+    root = mounttree.new_mount("tmpfs", _ROOT_DATA, _RW)
     try:
         if attach_at is not None:
             syscalls.move_mount(root, "", syscalls.AT_FDCWD, attach_at, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
@@ -411,110 +403,22 @@ def _build(root: int, step: MountStep, attached: bool) -> None:
     rel = step.target.lstrip("/")
     action = step.action
     if action == "bind":
-        _mountpoint_at(root, rel, step.source_is_file)
-        _attach(_clone(step.source, step.attrs), root, rel)
+        mounttree.mountpoint_at(root, rel, step.source_is_file)
+        mounttree.attach(mounttree.clone(step.source, step.attrs), root, rel)
     elif action == "bind_over":
         # Onto a path the overlay below already shows (read-only: no mount point to make).
-        _attach(_clone(step.source, step.attrs), root, rel)
+        mounttree.attach(mounttree.clone(step.source, step.attrs), root, rel)
     elif action == "etc":
-        _mountpoint_at(root, rel)
-        _attach(_etc_overlay(root, step.source, step.attrs, attached), root, rel)
+        mounttree.mountpoint_at(root, rel)
+        mounttree.attach(mounttree.etc_overlay(root, step.source, step.attrs, ETC_SECRETS,
+                                                OLD_ROOT.lstrip("/") if attached else None), root, rel)
     elif action == "symlink":
         os.symlink(step.data, rel, dir_fd=root)
     elif action in ("dev", "devpts", "tmpfs"):
-        _mountpoint_at(root, rel)
-        _attach(_new_mount("devpts" if action == "devpts" else "tmpfs", step.data, step.attrs), root, rel)
+        mounttree.mountpoint_at(root, rel)
+        mounttree.attach(mounttree.new_mount("devpts" if action == "devpts" else "tmpfs", step.data, step.attrs), root, rel)
         if action == "dev":
             for name, link in _DEV_LINKS:
                 os.symlink(link, f"{rel}/{name}", dir_fd=root)
     else:
         raise OSError(22, f"unknown root tree step {action!r}")
-
-
-def _clone(source: str, attrs: int) -> int:
-    """A detached recursive bind of a host path, ``attrs`` set on all of it."""
-    tree = syscalls.open_tree(syscalls.AT_FDCWD, source, _CLONE | syscalls.AT_RECURSIVE)
-    try:
-        if attrs:
-            syscalls.mount_setattr("", attrs, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=tree)
-    except BaseException:
-        os.close(tree)
-        raise
-    return tree
-
-
-def _etc_mask() -> int:
-    """The overlay's top layer for /etc: a tiny tmpfs with an empty mode-0000 file per secret name."""
-    mask = _new_mount("tmpfs", _ETC_MASK_DATA, _RW)  # unreachable: under the overlay
-    try:
-        for name in ETC_SECRETS:
-            os.mknod(name, stat.S_IFREG, dir_fd=mask)  # mode 0: not even the owner reads it
-    except BaseException:
-        os.close(mask)
-        raise
-    return mask
-
-
-def _etc_overlay(root: int, source: str, attrs: int, attached: bool) -> int:
-    """The jail's /etc: a read-only overlay of the mask (``_etc_mask``) over the host's ``source``.
-
-    A detached tree names the mask by its descriptor; an attached one parks it on its
-    empty /.oldroot until the overlay holds it (see the essay on overlayfs layers).
-    """
-    mask = _etc_mask()
-    parked = ""
-    try:
-        if attached:
-            tree, mask = mask, -1
-            _attach(tree, root, OLD_ROOT.lstrip("/"))  # closes the descriptor
-            lower = parked = f"/proc/self/fd/{root}{OLD_ROOT}"
-        else:
-            lower = f"/proc/self/fd/{mask}"
-        return _new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", f"{lower}:{source}")))
-    finally:
-        if mask >= 0:
-            os.close(mask)
-        if parked:
-            syscalls.umount2(parked, syscalls.MNT_DETACH)
-
-
-def _new_mount(fstype: str, data: str, attrs: int, strings: tuple[tuple[str, str], ...] = ()) -> int:
-    """A fresh filesystem as a detached mount; ``data`` as for mount(2): ``key=value,flag``.
-
-    ``strings`` are parameters set as they are (a value may hold ``,``).  Overlayfs before
-    6.5 has a "legacy" context that joins them into a mount(2) string: ``lowerdir=a:b``
-    means the same to both parsers.
-    """
-    context = syscalls.fsopen(fstype)
-    try:
-        for key, value in strings:
-            syscalls.fsconfig(context, syscalls.FSCONFIG_SET_STRING, key, value)
-        for option in data.split(","):
-            key, has_value, value = option.partition("=")
-            if has_value:
-                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_STRING, key, value)
-            elif key:
-                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_FLAG, key)
-        syscalls.fsconfig(context, syscalls.FSCONFIG_CMD_CREATE)
-        return syscalls.fsmount(context, syscalls.FSMOUNT_CLOEXEC, attrs)
-    finally:
-        os.close(context)
-
-
-def _attach(tree: int, root: int, rel: str) -> None:
-    """Move a detached mount onto ``rel`` in the root tree; the descriptor is closed either way."""
-    try:
-        syscalls.move_mount(tree, "", root, rel, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
-    finally:
-        os.close(tree)
-
-
-def _mountpoint_at(root: int, rel: str, is_file: bool = False) -> None:
-    """A new mount point in the root tree (its parent is always made first)."""
-    if is_file:
-        os.mknod(rel, 0o644 | stat.S_IFREG, dir_fd=root)
-    else:
-        os.mkdir(rel, 0o755, dir_fd=root)
-    # Built in the helper, whose umask (0077 as a service) must not make it 0700 root's;
-    # umask is per process, so it is corrected here rather than changed meanwhile.
-    os.chmod(rel, 0o644 if is_file else 0o755, dir_fd=root)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import mounts
+from sandbox import mounttree
 
 
 @pytest.fixture
@@ -26,9 +26,9 @@ def service_umask() -> Iterator[None]:
 def test_root_tree_mount_points_are_traversable(tmp_path: Path, service_umask: None) -> None:
     root = os.open(tmp_path, os.O_DIRECTORY)
     try:
-        mounts._mountpoint_at(root, "usr")
-        mounts._mountpoint_at(root, "usr/lib")
-        mounts._mountpoint_at(root, "etc-file", is_file=True)
+        mounttree.mountpoint_at(root, "usr")
+        mounttree.mountpoint_at(root, "usr/lib")
+        mounttree.mountpoint_at(root, "etc-file", is_file=True)
     finally:
         os.close(root)
     assert stat.S_IMODE((tmp_path / "usr").stat().st_mode) == 0o755

@@ -1,0 +1,121 @@
+"""Detached mount trees: the new mount API's pieces, each a descriptor until it is attached.
+
+``mounts.build_root`` puts the jail's root tree together from these (its essay says why
+the tree is built attached nowhere, ahead of time).  Only os and ctypes are used: they
+run in the helper's thread and in the jail's freshly forked init alike.
+
+Some facts about the new mount API, as the jail uses it:
+
+- ``fsopen``/``fsconfig``/``fsmount`` give a fresh filesystem as a mount attached
+  nowhere; ``open_tree(OPEN_TREE_CLONE)`` gives a bind of a path (or, with
+  ``AT_EMPTY_PATH``, of a descriptor's file), and ``move_mount`` puts either onto a path.
+- Overlayfs takes each layer by path and keeps a private clone of it.  A detached
+  tmpfs is a layer on 6.15+ (named ``/proc/self/fd/N``), but one moved into a detached
+  tree is refused (EINVAL, measured on 6.18); a root tree built attached in the jail's
+  namespace (kernels before 6.15, or no spare) parks the mask on its empty /.oldroot
+  and unmounts it once the overlay holds it.  Either way one mount sits at /etc.  The
+  layers go to ``fsconfig`` as one ``lowerdir=mask:/etc`` string, which overlayfs's own
+  parser (6.5+) and the legacy pass-through before it (sandbox/overlay.py) both take.
+  A rootless helper mounts it in its user namespace like the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from sandbox import syscalls
+
+_CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE
+_MASK_ATTRS = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
+_ETC_MASK_DATA = "mode=0755,size=4k,nr_inodes=16"
+
+
+def new_mount(fstype: str, data: str, attrs: int, strings: tuple[tuple[str, str], ...] = ()) -> int:
+    """A fresh filesystem as a detached mount; ``data`` as for mount(2): ``key=value,flag``.
+
+    ``strings`` are parameters set as they are (a value may hold ``,``).  Overlayfs before
+    6.5 has a "legacy" context that joins them into a mount(2) string: ``lowerdir=a:b``
+    means the same to both parsers.
+    """
+    context = syscalls.fsopen(fstype)
+    try:
+        for key, value in strings:
+            syscalls.fsconfig(context, syscalls.FSCONFIG_SET_STRING, key, value)
+        for option in data.split(","):
+            key, has_value, value = option.partition("=")
+            if has_value:
+                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_STRING, key, value)
+            elif key:
+                syscalls.fsconfig(context, syscalls.FSCONFIG_SET_FLAG, key)
+        syscalls.fsconfig(context, syscalls.FSCONFIG_CMD_CREATE)
+        return syscalls.fsmount(context, syscalls.FSMOUNT_CLOEXEC, attrs)
+    finally:
+        os.close(context)
+
+
+def clone(source: str, attrs: int, dirfd: int = syscalls.AT_FDCWD) -> int:
+    """A detached recursive bind of a path (``source`` "": of ``dirfd``'s file), ``attrs`` set on all of it."""
+    tree = syscalls.open_tree(dirfd, source, _CLONE | (0 if source else syscalls.AT_EMPTY_PATH))
+    try:
+        if attrs:
+            syscalls.mount_setattr("", attrs, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=tree)
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
+def attach(tree: int, root: int, rel: str) -> None:
+    """Move a detached mount onto ``rel`` under ``root`` (a tree, or AT_FDCWD); the descriptor is closed either way."""
+    try:
+        syscalls.move_mount(tree, "", root, rel, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
+    finally:
+        os.close(tree)
+
+
+def mountpoint_at(root: int, rel: str, is_file: bool = False) -> None:
+    """A new mount point in the root tree (its parent is always made first)."""
+    if is_file:
+        os.mknod(rel, 0o644 | stat.S_IFREG, dir_fd=root)
+    else:
+        os.mkdir(rel, 0o755, dir_fd=root)
+    # Built in the helper, whose umask (0077 as a service) must not make it 0700 root's;
+    # umask is per process, so it is corrected here rather than changed meanwhile.
+    os.chmod(rel, 0o644 if is_file else 0o755, dir_fd=root)
+
+
+def _etc_mask(hidden: tuple[str, ...]) -> int:
+    """The overlay's top layer for /etc: a tiny tmpfs with an empty mode-0000 file per ``hidden`` name."""
+    mask = new_mount("tmpfs", _ETC_MASK_DATA, _MASK_ATTRS)  # unreachable: under the overlay
+    try:
+        for name in hidden:
+            os.mknod(name, stat.S_IFREG, dir_fd=mask)  # mode 0: not even the owner reads it
+    except BaseException:
+        os.close(mask)
+        raise
+    return mask
+
+
+def etc_overlay(root: int, source: str, attrs: int, hidden: tuple[str, ...], park: str | None) -> int:
+    """The jail's /etc: a read-only overlay of a mask hiding ``hidden`` names over the host's ``source``.
+
+    A detached tree names the mask by its descriptor; an attached one (``park``: an empty
+    directory of the tree, relative to ``root``) parks it there until the overlay holds it
+    (see the essay on overlayfs layers).
+    """
+    mask = _etc_mask(hidden)
+    parked = ""
+    try:
+        if park is not None:
+            tree, mask = mask, -1
+            attach(tree, root, park)  # closes the descriptor
+            lower = parked = f"/proc/self/fd/{root}/{park}"
+        else:
+            lower = f"/proc/self/fd/{mask}"
+        return new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", f"{lower}:{source}")))
+    finally:
+        if mask >= 0:
+            os.close(mask)
+        if parked:
+            syscalls.umount2(parked, syscalls.MNT_DETACH)
