@@ -43,7 +43,9 @@ Choices made here (DESIGN §2 leaves them open):
   descriptors 0, 1 and 2, and the command runs in a session of its own with it as
   controlling terminal (``_spawn``), so a shell does job control and Ctrl-C reaches
   the foreground job, never the init.  The seccomp filter still denies TIOCSTI and
-  TIOCLINUX on it.
+  TIOCLINUX on it.  The jail names it /dev/console (mounts.py: the jail's devpts is
+  another instance, where it has no name), so ``tty`` and ttyname answer; the helper's
+  name for it comes from ``readlink(/proc/self/fd/N)`` (``_terminal_name``).
 - The init setns into a network namespace and moves a root tree onto /tmp when the
   helper made them ahead (supervise.py's spare pools, descriptors 5 and 6), or makes its
   own when none waits.  An "egress" capsule's init always gets descriptor 5: the
@@ -168,6 +170,17 @@ def _check_spec(spec: JailSpec) -> None:
         raise _invalid("timeout_ms must be > 0; output_cap, uid and gid must be >= 0")
 
 
+def _terminal_name(tty_fd: int | None) -> str | None:
+    """The path the helper's mount namespace gives the exec's terminal (/dev/pts/N), or None."""
+    if tty_fd is None:
+        return None
+    try:
+        name = os.readlink(f"/proc/self/fd/{tty_fd}")
+    except OSError:
+        return None
+    return name if name.startswith("/") else None  # "anon_inode:..." and the like are no path
+
+
 def prepare(spec: JailSpec) -> Plan:
     """Check the spec and compute the jail's plan (mounts, namespaces, credentials)."""
     _check_spec(spec)
@@ -180,6 +193,7 @@ def prepare(spec: JailSpec) -> Plan:
         home=home if home and os.path.isabs(home) else None,
         home_dir=spec.home_dir,
         binds=spec.binds,
+        terminal=_terminal_name(spec.tty_fd),
     )
     uid_ranges, gid_ranges = namespaces.read_id_maps()
     return Plan(
@@ -421,7 +435,7 @@ def mechanisms() -> dict[str, object]:
     info.update({
         "root": "tmpfs, host system dirs read-only, workspace read-write at its own path",
         "proc": "fresh; /proc/sys, sysrq-trigger, irq, bus, fs read-only; kcore, keys, timer_list... masked",
-        "dev": "minimal: null zero full random urandom tty (bound), devpts, shm",
+        "dev": "minimal: null zero full random urandom tty (bound), devpts, shm; a terminal as console",
         "capabilities": rootcaps.mechanism(),
         "no_new_privs": True,
         "seccomp": seccomp.mechanisms(),

@@ -74,6 +74,20 @@ Some facts about mounts, as the jail uses them:
   *bound* onto empty files: mknod is not allowed in a user namespace, binds are.
   devpts is a new instance (its own pty numbers) with /dev/ptmx a symlink into it.
   /dev is part of the root tree, so it is in place before the capsule's binds.
+- An exec on a terminal has the caller's pty slave as descriptors 0-2, from the host's
+  devpts, which the jail's /dev/pts is not.  glibc's ttyname reads /proc/self/fd/0 (the
+  helper's name for it, /dev/pts/N, another node in the jail), then looks in /dev/pts,
+  then in /dev stat-ing each entry, for one with the descriptor's st_dev, st_ino and
+  st_rdev; finding none, it fails (``tty``: "not a tty"), and ssh, gpg-agent or script
+  stumble.  So the init binds the slave onto /dev/console ("console"), the name runc,
+  LXC and systemd-nspawn give a container's terminal: /dev/pts is the jail's own devpts,
+  where no file can be made, and /dev/tty must stay the kernel's "my controlling
+  terminal".  The source is the helper's path under /.oldroot, bound only if it leads
+  to descriptor 0's own inode (mounttree.py: a descriptor from another mount namespace
+  cannot be bound), else the terminal stays nameless.  The bind is read-only: a
+  read-only mount refuses chmod, chown and utimes by that path, not reads and writes
+  of a device.  A bind of one file has no ``..``: it reaches no other node of the
+  host's devpts, and it is the inode the command already holds as descriptor 0.
 - When the helper's state dir lies inside the workspace, its top directory there is
   covered by an empty read-only tmpfs (``state_inside_workspace``): the socket, the
   capsules' upper dirs and the front end's database stay out of the jail's sight, even
@@ -100,6 +114,7 @@ STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubbl
 # recreated as symlinks).
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt")
 DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+CONSOLE = "/dev/console"  # an exec's terminal, when it has one (see the essay)
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 PROC_MASKED_FILES = ("kcore", "keys", "timer_list", "timer_stats", "sched_debug", "latency_stats")
 PROC_MASKED_DIRS = ("acpi", "scsi", "asound")
@@ -114,6 +129,7 @@ _RW = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV
 _NOSUID_NOEXEC = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NOEXEC
 _ROOT_DATA = "mode=0755,size=1m"
 _NOSUID_NODEV_NOEXEC = syscalls.MS_NOSUID | syscalls.MS_NODEV | syscalls.MS_NOEXEC
+_RO_DEVICE = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NOEXEC
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,7 @@ class Bind:
 class MountStep:
     """One step in building the jail's root; ``action`` names what ``enter`` does."""
 
-    action: str  # private root bind bind_over etc symlink mask_file mask_dir proc sysfs dev devpts tmpfs detach_old_root seal_root
+    action: str  # private root bind bind_over etc symlink mask_file mask_dir proc sysfs dev devpts tmpfs console detach_old_root seal_root
     target: str
     source: str = ""
     attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind, or of a new mount in the root tree
@@ -234,8 +250,12 @@ def prepare(
     home: str | None,
     home_dir: str,
     binds: tuple[Bind, ...] = (),
+    terminal: str | None = None,
 ) -> list[MountStep]:
     """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace.
+
+    ``terminal``: the host's path of the exec's pty slave (the helper's readlink of it),
+    shown as ``CONSOLE`` if it still leads there when the jail is built.
 
     ``binds`` come after the private $HOME at equal depth or deeper (sorting is stable
     and by depth), so a toolchain under the caller's home shows through the empty one.
@@ -257,6 +277,8 @@ def prepare(
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
+    if terminal is not None:
+        steps.append(MountStep("console", CONSOLE, OLD_ROOT + terminal, attrs=_RO_DEVICE))
     steps += _kernel_steps()
     steps += [MountStep("detach_old_root", OLD_ROOT), MountStep("seal_root", "/")]
     return steps
@@ -294,6 +316,27 @@ def _mountpoint(path: str, is_file: bool = False) -> None:
     except FileNotFoundError:
         _mountpoint(os.path.dirname(path))
         _mountpoint(path, is_file)
+
+
+def _console(source: str, target: str, attrs: int) -> None:
+    """Bind the node at ``source`` onto ``target`` if it is descriptor 0's own inode (the init's terminal).
+
+    Anything else there, or nothing, leaves the terminal unnamed: ``source`` is the name the
+    helper's namespace gave it, which can lead elsewhere for a caller in another namespace.
+    """
+    try:
+        node = syscalls.openat2(syscalls.AT_FDCWD, source, syscalls.O_PATH | os.O_CLOEXEC,
+                                resolve=syscalls.RESOLVE_NO_SYMLINKS)  # O_PATH: the device is not opened
+    except OSError:
+        return
+    try:
+        found, terminal = os.fstat(node), os.fstat(0)
+        if not stat.S_ISCHR(found.st_mode) or (found.st_dev, found.st_ino) != (terminal.st_dev, terminal.st_ino):
+            return
+        _mountpoint(target, is_file=True)
+        mounttree.attach(mounttree.clone("", attrs, dirfd=node), syscalls.AT_FDCWD, target)
+    finally:
+        os.close(node)
 
 
 def _bind(source: str, target: str, attrs: int, source_is_file: bool = False, nofollow: bool = False) -> None:
@@ -341,6 +384,8 @@ def enter(step: MountStep, root: int | None = None) -> None:
         os.chdir(target)
         syscalls.pivot_root(".", OLD_ROOT.lstrip("/"))
         os.chdir("/")
+    elif action == "console":
+        _console(step.source, target, step.attrs)
     elif action == "detach_old_root":
         syscalls.umount2(target, syscalls.MNT_DETACH)
         os.rmdir(target)

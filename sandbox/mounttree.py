@@ -1,7 +1,8 @@
 """Detached mount trees: the new mount API's pieces, each a descriptor until it is attached.
 
 ``mounts.build_root`` puts the jail's root tree together from these (its essay says why
-the tree is built attached nowhere, ahead of time).  Only os and ctypes are used: they
+the tree is built attached nowhere, ahead of time), and the jail's init binds its
+terminal with them (``mounts``: the "console" step).  Only os and ctypes are used: they
 run in the helper's thread and in the jail's freshly forked init alike.
 
 Some facts about the new mount API, as the jail uses it:
@@ -9,6 +10,12 @@ Some facts about the new mount API, as the jail uses it:
 - ``fsopen``/``fsconfig``/``fsmount`` give a fresh filesystem as a mount attached
   nowhere; ``open_tree(OPEN_TREE_CLONE)`` gives a bind of a path (or, with
   ``AT_EMPTY_PATH``, of a descriptor's file), and ``move_mount`` puts either onto a path.
+- A bind's source must be a mount of the caller's own mount namespace (or a detached
+  tree): ``open_tree`` of a descriptor opened in another namespace, and ``mount(MS_BIND)``
+  of its ``/proc/self/fd/N``, are refused (EINVAL, measured on 6.18).  The pty slave a
+  caller sends was opened in the caller's namespace, so the jail's init (in a namespace
+  of its own) binds it by the path its copy of the host's mounts gives it,
+  ``/.oldroot/dev/pts/N``, after checking that path leads to descriptor 0's own inode.
 - Overlayfs takes each layer by path and keeps a private clone of it.  A detached
   tmpfs is a layer on 6.15+ (named ``/proc/self/fd/N``), but one moved into a detached
   tree is refused (EINVAL, measured on 6.18); a root tree built attached in the jail's

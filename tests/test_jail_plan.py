@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import contain, mounts, namespaces, spec, supervise
+from sandbox import contain, mounts, namespaces, spec, supervise, syscalls
 from sandbox.errors import CcwError
 
 
@@ -64,6 +64,21 @@ def test_mount_plan_order(tmp_path: Path) -> None:
     for step in steps:
         assert step.describe()
 
+
+
+def test_a_terminal_is_bound_as_the_console_before_the_old_root_goes(tmp_path: Path) -> None:
+    for name in ("merged", "tmp", "home"):
+        (tmp_path / name).mkdir()
+    dirs = {"merged_dir": str(tmp_path / "merged"), "workspace": "/srv/p", "tmp_dir": str(tmp_path / "tmp"),
+            "home": "/home/agent", "home_dir": str(tmp_path / "home")}
+    assert not any(step.action == "console" for step in mounts.prepare(**dirs))
+    steps = mounts.prepare(**dirs, terminal="/dev/pts/3")
+    actions = [step.action for step in steps]
+    console = steps[actions.index("console")]
+    assert (console.target, console.source) == (mounts.CONSOLE, mounts.OLD_ROOT + "/dev/pts/3")
+    assert actions.index("console") < actions.index("detach_old_root")
+    # Read-only (no chmod by that name), but a device: never nodev.
+    assert console.attrs & syscalls.MOUNT_ATTR_RDONLY and not console.attrs & syscalls.MOUNT_ATTR_NODEV
 
 def test_root_tree_steps() -> None:
     # Built before the jail pivots: host paths as sources, parents before children.
