@@ -39,9 +39,9 @@ every text in them came from inside a capsule, so it is untrusted:
   REPO_CHANGED, ...).
 - ``witness``  witness_id, path, root_hash, size_bytes;  ``replay``  replay_ok,
   root_hash, output_identical, differences (the count of outputs that differ).
-- ``deltamin.trial``  size (changes applied), outcome (FAIL, PASS, UNRESOLVED), fresh;
-  ``deltamin.done``  minimal (its hunks), replay_ok, trials, cache_hits, elapsed_ms,
-  one_minimal.
+- ``deltamin.trial``  size (changes applied), outcome (fail, pass, unresolved), fresh (a
+  confirmation run, never cached);  ``deltamin.done``  minimal (the hunks of the minimal
+  patch), files (the files it changes), replay_ok, trials, cache_hits, elapsed_ms, one_minimal.
 
 The table is bounded: the oldest rows beyond ``KEEP_EVENTS`` go when an ``EventLog`` opens it.
 """
@@ -165,9 +165,10 @@ def outcome_events(tool: str, result: Mapping[str, Any] | None,
                             "output_identical": result.get("output_identical"),
                             "differences": len(result.get("output_diffs") or [])})]
     if tool == "capsule_deltamin":
+        hunks = sum(1 for line in (result.get("minimal_patch") or "").splitlines() if line.startswith("@@ "))
         return [("deltamin.done", {key: result.get(key) for key in
                                    ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
-                 | {"minimal": len(result.get("minimal_patch") or [])})]
+                 | {"minimal": hunks, "files": len(result.get("units") or [])})]
     return []
 
 

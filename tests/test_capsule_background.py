@@ -170,6 +170,23 @@ def test_wait_none_runs_in_the_calling_task() -> None:
     assert _run(main) == RESULT
 
 
+def test_a_run_waited_for_in_the_calling_task_tells_its_end_too() -> None:
+    """The event stream learns of a run the ccw command waited for (wait_ms null), as of others."""
+    ended: list[tuple[str, Any, Any]] = []
+
+    async def failing(run: Run) -> dict[str, Any]:
+        raise CcwError("CONFLICT", "the command is flaky", {})
+
+    async def main() -> None:
+        runs = Runs(on_end=lambda run: ended.append((run.tool, run.result, run.error and run.error.code)))
+        assert await runs.call("capsule_deltamin", "cap", _sleeper(1), None, _no_progress) == RESULT
+        with pytest.raises(CcwError):
+            await runs.call("capsule_replay", None, failing, None, _no_progress)
+
+    _run(main)
+    assert ended == [("capsule_deltamin", RESULT, None), ("capsule_replay", None, "CONFLICT")]
+
+
 def test_finished_runs_expire_by_age_and_count(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(background, "KEEP_FINISHED", 2)
 

@@ -145,7 +145,15 @@ class Runs:
         if wait_ms is None:
             run = Run("", tool, capsule_id, owner)
             run._listener = progress
-            return await body(run)
+            try:  # its end is told like a background run's (the ccw command waits this way)
+                run.result = await body(run)
+            except Exception as exc:
+                run.error = exc
+                raise
+            finally:
+                if self.on_end is not None:
+                    self.on_end(run)
+            return run.result
         run = self.start(tool, capsule_id, body, owner)
         try:
             return await self.wait(run, wait_ms, progress)
