@@ -6,12 +6,16 @@ connection the egress proxy denied and the promotion's outcome must all reach it
 One file the capsule writes is named like markup; it must be shown as its name, never
 parsed.  Promotion is clicked twice: under a policy that refuses (the refusal is shown,
 the workspace untouched), then under the default one (the file reaches the workspace).
+A real ``capsule_deltamin`` runs while the page is open: each trial is drawn as it comes.
+A capsule with 1200 runs (copies of the rows a real run made) among 120 others comes a
+page at a time, older ones on a click.
 The screenshots are kept under the test's tmp dir (its path is printed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import socket
 import subprocess
@@ -128,7 +132,7 @@ def browser(tmp_path: Path) -> Iterator[Browser]:
     opened.close()
 
 
-def _shot(browser: Browser, shots: Path, name: str) -> None:
+def shot(browser: Browser, shots: Path, name: str) -> None:
     shots.mkdir(exist_ok=True)
     print(f"screenshot: {browser.screenshot(shots / f'{name}.png')}")
 
@@ -145,7 +149,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         browser.get(dashboard)
         browser.wait_until(lambda: cap in browser.text("#cap-title"), "the new capsule, selected")
         assert browser.find("#runs tbody tr") == [] and "live" in browser.text("#status")
-        _shot(browser, shots, "1-before")
+        shot(browser, shots, "1-before")
 
         answers: list[dict[str, Any]] = []
         running = threading.Thread(target=lambda: answers.append(agent.call("capsule_exec", {
@@ -153,7 +157,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         running.start()
         try:  # the run shows while it runs (it waits at the gate)
             browser.wait_until(lambda: "running" in browser.text("#runs tbody tr.pending"), "the run, running")
-            _shot(browser, shots, "2-running")
+            shot(browser, shots, "2-running")
         finally:
             gate.release.set()
             running.join(180)
@@ -177,7 +181,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         assert "+hello" in browser.wait_until(lambda: "+hello" in browser.text("#diff") and browser.text("#diff"),
                                               "the diff")
         browser.script("document.getElementById('network').scrollIntoView()")
-        _shot(browser, shots, "3-run")
+        shot(browser, shots, "3-run")
         browser.script("window.scrollTo(0, 0)")
 
         # Promotion under a policy that refuses: its message on the page, nothing written.
@@ -188,7 +192,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         assert "secret.txt" in refused, refused
         assert not (workspace / "out.txt").exists()
         browser.wait_until(lambda: "promotion refused" in browser.text("#reports"), "the refusal's event")
-        _shot(browser, shots, "4-refused")
+        shot(browser, shots, "4-refused")
 
         # Under the default policy: applied, and the file is in the workspace.
         browser.type("#policies", "")
@@ -197,7 +201,7 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
                                   and browser.text("#action-result"), "the promotion")
         assert "refused" not in done
         assert (workspace / "out.txt").read_text() == "hello\n" and (workspace / HOSTILE).exists()
-        _shot(browser, shots, "5-promoted")
+        shot(browser, shots, "5-promoted")
 
         browser.click("#destroy")
         assert browser.text("#destroy") == "Really destroy?"  # a second click, not a modal dialog
@@ -217,7 +221,7 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
         seq = journal.add_exec("cap_1", {**_entry({"read": [], "written": [], "network": []}),
                                          "duration_ms": duration})
         journal.add_outputs("cap_1", seq, {"stdout": b"<script>document.title='pwned'</script>\n", "stderr": b""})
-    trials = [(8, "FAIL"), (4, "PASS"), (4, "FAIL"), (2, "FAIL"), (1, "PASS"), (1, "UNRESOLVED")]
+    trials = [(8, "fail"), (4, "pass"), (4, "fail"), (2, "fail"), (1, "pass"), (1, "unresolved")]
     for size, outcome in trials:
         log.add("deltamin.trial", "cap_1", {"size": size, "outcome": outcome, "fresh": True})
     log.add("deltamin.done", "cap_1", {"minimal": 2, "replay_ok": True, "trials": 6, "cache_hits": 1,
@@ -248,4 +252,109 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
         assert shown == "<script>document.title='pwned'</script>"
         assert browser.script("return document.title") == "ccw dashboard"
         browser.script("document.getElementById('deltamin-plot').scrollIntoView()")
-        _shot(browser, tmp_path / "screenshots", "plots")
+        shot(browser, tmp_path / "screenshots", "plots")
+
+
+TRIAL_COLORS = {"fail": "#c62828", "pass": "#1a7f37", "unresolved": "#8a8f99"}  # as core/deltamin.py names them
+
+
+def test_a_real_deltamin_draws_its_trials_on_the_open_page(
+        state: Path, dashboard: str, browser: Browser, tmp_path: Path) -> None:
+    """``capsule_deltamin`` on a real capsule (as vm-tests/test_tools_counterfactual_e2e.py runs
+    it): one of eight changed files breaks the check; each trial reaches the page as an event."""
+    ws, shots = tmp_path / "ws", tmp_path / "screenshots"
+    ws.mkdir()
+    for i in range(8):
+        (ws / f"f{i}.txt").write_text("ok\n")
+    change = "; ".join(f"echo {'BAD' if i == 5 else 'fine'} >> f{i}.txt" for i in range(8))
+    check = ["sh", "-c", "cat f*.txt > /dev/null; ! grep -q BAD f5.txt"]
+    with RawStdio(state, "capsule", tasks=None) as agent:
+        cap = structured(agent.call("capsule_create", {"workspace": str(ws), "auto_expose": False}))["capsule_id"]
+        assert structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", change]}))["exit_code"] == 0
+        browser.get(dashboard)
+        browser.wait_until(lambda: cap in browser.text("#cap-title"), "the capsule, selected")
+        assert browser.find("#deltamin-plot circle") == []
+        found = structured(agent.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": check, "wait_ms": None},
+                                      timeout=600))
+    assert found["units"] == ["f5.txt"] and found["replay_ok"] is True, found
+    store = State(state)
+    trials = [e.data for e in EventLog(store).since(0, cap, 100_000) if e.kind == "deltamin.trial"]
+    store.close()
+    assert trials and {t["outcome"] for t in trials} >= {"fail", "pass"}, trials
+    hunks = sum(1 for line in found["minimal_patch"].splitlines() if line.startswith("@@ "))
+    summary = browser.wait_until(lambda: browser.text("#deltamin"), "deltamin's result")
+    assert f"minimal: {hunks} hunks in 1 files after {found['trials']} trials" in summary, summary
+    # Every trial the search ran, in order, coloured by its outcome (the page was never reloaded).
+    fills = browser.script("return [...document.querySelectorAll('#deltamin-plot circle')]"
+                           ".map((c) => c.getAttribute('fill'))")
+    assert fills == [TRIAL_COLORS[t["outcome"]] for t in trials]
+    titles = browser.script("return [...document.querySelectorAll('#deltamin-plot circle title')]"
+                            ".map((t) => t.textContent)")
+    assert [int(re.search(r": (\d+) changes", t)[1]) for t in titles] == [t["size"] for t in trials]  # type: ignore[index]
+    browser.script("document.getElementById('deltamin-plot').scrollIntoView()")
+    shot(browser, shots, "deltamin")
+    print(f"screenshots kept in {shots}")
+
+
+DENIED = r"""
+import os, socket
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
+with socket.create_connection((host, int(port)), timeout=60) as s:
+    s.sendall(b"GET http://denied.example/ HTTP/1.0\r\nHost: x\r\n\r\n")
+    print(s.recv(4096).split(b"\r\n")[0].decode())
+"""
+
+
+def _long_history(state: Path, cap: str, runs: int, capsules: int) -> None:
+    """Copies of what a real capsule's journal holds: its last run until it has ``runs``, and
+    ``capsules`` more (destroyed) capsules like it."""
+    store = State(state)
+    journal = Journal(store)
+    entry = journal.execs(cap)[-1]
+    copy = {key: value for key, value in entry.items() if key not in ("capsule_id", "seq", "generation_out")}
+    for _ in range(runs - entry["seq"]):
+        journal.add_exec(cap, copy)
+    record = journal.capsule(cap)
+    assert record is not None
+    for i in range(capsules):
+        journal.add_capsule(dataclasses.replace(record, capsule_id=f"{cap}_old{i:03}"))
+        journal.mark_destroyed(f"{cap}_old{i:03}", record.created_at)
+    store.close()
+
+
+def _shown(browser: Browser, css: str) -> int:
+    return len(browser.find(css))
+
+
+def test_a_long_history_comes_a_page_at_a_time(state: Path, dashboard: str, browser: Browser, tmp_path: Path) -> None:
+    ws, shots = tmp_path / "ws", tmp_path / "screenshots"
+    ws.mkdir()
+    with RawStdio(state, "capsule", tasks=None) as agent:
+        made = agent.call("capsule_create", {"workspace": str(ws), "auto_expose": False,
+                                             "network": {"allow": ["127.0.0.1:9"]}})
+        cap = structured(made)["capsule_id"]
+        ran = structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["python3", "-c", DENIED]}))
+        assert ran["stdout"] == "HTTP/1.1 403 Forbidden\n", ran
+    _long_history(state, cap, 1200, 120)
+    browser.get(dashboard)
+    browser.wait_until(lambda: cap in browser.text("#cap-title"), "the live capsule first, selected")
+    browser.wait_until(lambda: browser.text("#runs-shown") and browser.text("#events-shown"), "the first pages")
+    assert browser.text("#capsules-shown") == "50 of 121" and _shown(browser, "#capsules li") == 50
+    assert _shown(browser, "#runs tbody tr") == 100 and browser.text("#runs tbody tr").startswith("1101")
+    assert browser.text("#runs-shown") == "runs 1101–1200 (100 shown of 1200)"
+    assert _shown(browser, "#network tbody tr") == 200 and "denied.example" in browser.text("#network tbody tr")
+    assert [_shown(browser, f"#usage-plot svg:nth-child({i}) rect") for i in (1, 2, 3)] == [100, 100, 100]
+    shot(browser, shots, "1-newest-pages")
+
+    browser.click("#older-runs")
+    browser.wait_until(lambda: _shown(browser, "#runs tbody tr") == 200, "the older runs")
+    assert browser.text("#runs tbody tr").startswith("1001") and "runs 1001–1200" in browser.text("#runs-shown")
+    browser.click("#older-events")
+    browser.wait_until(lambda: _shown(browser, "#network tbody tr") == 400, "the older events")
+    for shown in ("100 of 121", "121 of 121"):
+        browser.click("#older-capsules")
+        browser.wait_until(lambda: browser.text("#capsules-shown") == shown, f"{shown} capsules")  # noqa: B023
+    assert browser.find("#older-capsules[hidden]") and not browser.find("#older-runs[hidden]")
+    assert _shown(browser, "#capsules li.destroyed") == 120
+    shot(browser, shots, "2-older-pages")
+    print(f"screenshots kept in {shots}")

@@ -258,7 +258,7 @@
     }));
     $("reports").replaceChildren(...of("policy.report", "promotion", "witness", "replay", "file.changed").map(describe));
     $("deltamin").replaceChildren(...done.map((d) => el("li",
-      `minimal: ${d.minimal} hunks after ${d.trials} trials (${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
+      `minimal: ${d.minimal} hunks${d.files === undefined ? "" : ` in ${d.files} files`} after ${d.trials} trials (${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
       `, replay ${d.replay_ok ? "ok" : "failed"}${d.one_minimal ? ", 1-minimal" : ""}`)));
     plotTrials(of("deltamin.trial").map((e) => e.data));
     $("events-shown").textContent = state.events.length
@@ -347,7 +347,7 @@
     chart.append(svg("text", { x: pad, y: 14 }, "deltamin: changes applied per trial (red: still fails)"));
     const top = Math.max(1, ...trials.map((t) => t.size));
     const step = (width - 2 * pad) / Math.max(trials.length - 1, 1);
-    const colors = { FAIL: "#c62828", PASS: "#1a7f37", UNRESOLVED: "#8a8f99" };
+    const colors = { fail: "#c62828", pass: "#1a7f37", unresolved: "#8a8f99" };  // core/deltamin.py's outcomes
     trials.forEach((trial, i) => {
       const dot = svg("circle", { cx: pad + i * step, cy: height - pad - ((height - 2 * pad) * trial.size) / top,
         r: 4, fill: colors[trial.outcome] || "#8a8f99" });
