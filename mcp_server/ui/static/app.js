@@ -63,7 +63,9 @@
     const shown = state.capsules.length;
     const data = await api(older && shown ? `capsules?after=${enc(state.capsules[shown - 1].capsule_id)}`
       : `capsules?limit=${Math.max(shown, CAPSULES_PAGE)}`);
-    state.capsules = older ? state.capsules.concat(data.capsules) : data.capsules;
+    // (A capsule destroyed meanwhile moves down the order: it is not listed twice.)
+    const known = new Set(older ? state.capsules.map((c) => c.capsule_id) : []);
+    state.capsules = older ? state.capsules.concat(data.capsules.filter((c) => !known.has(c.capsule_id))) : data.capsules;
     Object.assign(state, { capsulesMore: data.more, capsulesTotal: data.total });
     if (!state.lastEvent) state.lastEvent = data.last_event_id;
     renderCapsules();
@@ -258,7 +260,8 @@
     }));
     $("reports").replaceChildren(...of("policy.report", "promotion", "witness", "replay", "file.changed").map(describe));
     $("deltamin").replaceChildren(...done.map((d) => el("li",
-      `minimal: ${d.minimal} hunks${d.files === undefined ? "" : ` in ${d.files} files`} after ${d.trials} trials (${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
+      `minimal: ${d.minimal} hunks${d.files === undefined ? "" : ` in ${d.files} files`} after ${d.trials} trials ` +
+      `(${d.cache_hits} cached, ${duration(d.elapsed_ms ?? 0)})` +
       `, replay ${d.replay_ok ? "ok" : "failed"}${d.one_minimal ? ", 1-minimal" : ""}`)));
     plotTrials(of("deltamin.trial").map((e) => e.data));
     $("events-shown").textContent = state.events.length
