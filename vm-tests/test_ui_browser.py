@@ -8,7 +8,7 @@ parsed.  Promotion is clicked twice: under a policy that refuses (the refusal is
 the workspace untouched), then under the default one (the file reaches the workspace).
 A real ``capsule_deltamin`` runs while the page is open: each trial is drawn as it comes.
 A capsule with 1200 runs (copies of the rows a real run made) among 120 others comes a
-page at a time, older ones on a click.
+page at a time, older ones on a click; 600 more, added while the page is open, arrive live.
 The screenshots are kept under the test's tmp dir (its path is printed).
 """
 
@@ -357,4 +357,14 @@ def test_a_long_history_comes_a_page_at_a_time(state: Path, dashboard: str, brow
     assert browser.find("#older-capsules[hidden]") and not browser.find("#older-runs[hidden]")
     assert _shown(browser, "#capsules li.destroyed") == 120
     shot(browser, shots, "2-older-pages")
+
+    # 600 more runs while the page is open: they come by the live stream, in batches; the
+    # table ends at the newest, holds each run once and in order, and never more than it keeps.
+    _long_history(state, cap, 1800, 0)
+    browser.wait_until(lambda: browser.text("#runs-shown").endswith("of 1800)"), "the live runs")
+    numbers = browser.script("return [...document.querySelectorAll('#runs tbody tr.run')]"
+                             ".map((tr) => Number(tr.dataset.run))")
+    assert numbers[-1] == 1800 and numbers == list(range(numbers[0], 1801)) and len(numbers) <= 1000, numbers
+    browser.wait_until(lambda: _shown(browser, "#network tbody tr") == 1000, "the live connections")
+    assert not browser.find("#older-runs[hidden]")
     print(f"screenshots kept in {shots}")
