@@ -153,7 +153,8 @@ class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
     def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None,
-                 owner: str | None = None, caller_env: Mapping[str, str] | None = None) -> None:
+                 owner: str | None = None, caller_env: Mapping[str, str] | None = None,
+                 terminal: int | None = None) -> None:
         self._runtime = runtime
         self._session = session
         self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
@@ -161,6 +162,9 @@ class CallContext:
         # PATH and HOME of a client of our own uid that is not this process (the ccw command
         # through the state dir's front end: mcp_server/frontdoor.py); None: ours are its.
         self.caller_env = caller_env
+        # The pty slave ``ccw capsule shell`` passed with this call (mcp_server/server.py
+        # ``caller_terminal``; closed by the server when the call ends); None: no terminal.
+        self.terminal = terminal
 
     @property
     def config(self) -> Config:

@@ -45,10 +45,20 @@ The owner runs every call with its own environment, so the CLI sends absolute pa
 its caller context (``_meta["ccw/caller"]``: cwd, PATH, HOME) with each call; the owner
 honours it only from a connection trusted to be our own uid (stdio, frontend.sock:
 ``CALLER_TRUSTED``), for capsule_create's toolchain discovery.
+
+frontend.sock is also the one connection that carries descriptors: ``ccw capsule shell``
+sends its pty slave (SCM_RIGHTS) with the bytes of its ``capsule_exec`` call, which says
+so in ``_meta["ccw/terminal"]``.  ``_FdReceiver`` keeps what arrives (a few at most, the
+rest closed; close-on-exec) for the connection's next call that names one
+(``server.caller_terminal``), and closes what no call took when the connection ends.
+The helper still checks the descriptor (a read-write pty slave of the caller's own,
+``sandbox.access.check_terminal``) before the jail gets it.  So a shell is an exec like
+an agent's: in the capsule's one queue, with the egress sessions of this process.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
 import functools
@@ -65,11 +75,12 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.logs import LOGGER
-from mcp_server.server import CALLER_TRUSTED, CcwServer
+from mcp_server.server import CALLER_TRUSTED, PASSED_FDS, CcwServer, PassedFds
 from mcp_server.transports.ndjson import NdjsonConnection
 from mcp_server.transports.unix import listen
 
 DAEMON_IDLE_S = 300.0  # a CLI-started front end with no connection for this long exits
+_FD_SIZE = array.array("i").itemsize
 
 
 @dataclass(frozen=True)
@@ -232,11 +243,43 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
             LOGGER.warning(f"mcp:frontend refused a client of uid {uid} (serving uid {os.getuid()})")
             return
         clients.bump(1)
+        passed = PassedFds()
         try:
             CALLER_TRUSTED.set(True)
-            await NdjsonConnection(app, stream, stream, draining).run()
+            PASSED_FDS.set(passed)
+            await NdjsonConnection(app, _FdReceiver(stream, passed), stream, draining).run()
         finally:
+            passed.close()
             clients.bump(-1)
+
+
+class _FdReceiver(trio.abc.ReceiveStream):
+    """A client's bytes, with the descriptors that came along (SCM_RIGHTS) kept in ``passed``.
+
+    ``ccw capsule shell`` sends its terminal with the bytes of its ``tools/call``; the
+    kernel delivers it with the first of those bytes and never joins them to bytes sent
+    before, so it is kept before the line that names it is read.  MSG_CMSG_CLOEXEC: a
+    descriptor is never inherited by what we spawn before a call takes it."""
+
+    def __init__(self, stream: trio.SocketStream, passed: PassedFds) -> None:
+        self.stream = stream
+        self.passed = passed
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        """Up to ``max_bytes`` of the client's bytes (b"" at its end)."""
+        sock: Any = self.stream.socket
+        data, ancillary, _flags, _ = await sock.recvmsg(
+            max_bytes or 65536, socket.CMSG_SPACE(PassedFds.LIMIT * _FD_SIZE), socket.MSG_CMSG_CLOEXEC)
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[: len(payload) - len(payload) % _FD_SIZE])
+                self.passed.add(list(fds))
+        return bytes(data)
+
+    async def aclose(self) -> None:
+        """Close the connection."""
+        await self.stream.aclose()
 
 
 

@@ -30,7 +30,9 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 
 from __future__ import annotations
 
+import collections
 import contextvars
+import os
 import re
 import sqlite3
 import traceback
@@ -275,8 +277,18 @@ class CcwServer:
         spec = self._lookup(params.name)
         args = dict(params.arguments or {})
         owner = token_name(ctx)
-        call = CallContext(self.runtime, ctx.session, ctx.request_id, owner, caller_env(params.meta))
-        answer = await self.tool_answer(spec, lambda: self.call_tool(spec, args, call))
+
+        async def produce() -> dict[str, Any]:
+            terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
+            try:
+                call = CallContext(self.runtime, ctx.session, ctx.request_id, owner, caller_env(params.meta),
+                                   terminal)
+                return await self.call_tool(spec, args, call)
+            finally:
+                if terminal is not None:
+                    os.close(terminal)
+
+        answer = await self.tool_answer(spec, produce)
         if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
             task = self.tasks.adopt(spec.name, answer.structured_content, owner)
             if task is not None:
@@ -386,6 +398,60 @@ def caller_env(meta: Any) -> dict[str, str] | None:
     if not isinstance(env, Mapping):
         return None
     return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+CALLER_TERMINAL = "ccw/terminal"  # params._meta key: true when the call came with a terminal (SCM_RIGHTS)
+
+
+class PassedFds:
+    """The descriptors a client passed on one connection (SCM_RIGHTS), in arrival order,
+    each kept until a call takes it, and closed when the connection ends."""
+
+    LIMIT = 4  # more waiting than any honest client sends (one per shell call): the rest are closed
+
+    def __init__(self) -> None:
+        self._fds: collections.deque[int] = collections.deque()
+
+    def add(self, fds: list[int]) -> None:
+        """Keep ``fds`` (ours now) for the calls that name them; close those over the limit."""
+        for fd in fds:
+            if len(self._fds) < self.LIMIT:
+                self._fds.append(fd)
+            else:
+                os.close(fd)
+
+    def take(self) -> int | None:
+        """The oldest descriptor not yet taken (the caller's to close), or None."""
+        return self._fds.popleft() if self._fds else None
+
+    def close(self) -> None:
+        """Close those no call took."""
+        while self._fds:
+            os.close(self._fds.popleft())
+
+
+# The descriptors passed on this connection: set only by the state dir's frontend.sock
+# (peer-checked to be our own uid, mcp_server/frontdoor.py), where ``ccw capsule shell``
+# sends its terminal with its call; None elsewhere (no other transport carries any).
+PASSED_FDS: contextvars.ContextVar[PassedFds | None] = contextvars.ContextVar("ccw_passed_fds", default=None)
+
+
+def caller_terminal(meta: Any, tool: str) -> int | None:
+    """The terminal a call came with (``_meta["ccw/terminal"]``: a pty slave passed with the
+    request on frontend.sock), now the caller's of this function to close; None if it
+    names none.  INVALID_ARGUMENT when it names one that did not come, or on another tool."""
+    if not isinstance(meta, Mapping) or meta.get(CALLER_TERMINAL) is not True:
+        return None
+    passed = PASSED_FDS.get()
+    fd = passed.take() if passed is not None else None
+    if fd is None:
+        raise CcwError("INVALID_ARGUMENT", (
+            "this call names a terminal but none came with it: only `ccw capsule shell` passes one, "
+            "with its call, on the state dir's frontend.sock; call without _meta[\"ccw/terminal\"]"))
+    if tool != "capsule_exec":
+        os.close(fd)
+        raise CcwError("INVALID_ARGUMENT", f"{tool} takes no terminal (only capsule_exec runs on one)")
+    return fd
 
 
 def _tasks_era(ctx: ServerRequestContext[Any]) -> None:

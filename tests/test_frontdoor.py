@@ -3,17 +3,29 @@ trust, and a second stdio ccw-mcp relaying to the first (no helper needed: ccw_i
 
 from __future__ import annotations
 
+import array
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from mcp_server import frontdoor
-from mcp_server.server import CALLER_META, CALLER_TRUSTED, caller_env
+from mcp_server.server import (
+    CALLER_META,
+    CALLER_TERMINAL,
+    CALLER_TRUSTED,
+    PASSED_FDS,
+    PassedFds,
+    caller_env,
+    caller_terminal,
+)
+from sandbox.errors import CcwError
 from tests.raw_mcp import RawStdio
 
 
@@ -46,6 +58,80 @@ def test_caller_env_only_from_a_trusted_connection(trusted: bool) -> None:
             assert caller_env(bad) is None
     finally:
         CALLER_TRUSTED.reset(token)
+
+
+def _open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def test_a_terminal_comes_only_with_the_call_that_names_it() -> None:
+    master, slave = os.openpty()
+    os.close(master)
+    passed = PassedFds()
+    token = PASSED_FDS.set(passed)
+    try:
+        assert caller_terminal({}, "capsule_exec") is None and caller_terminal(None, "capsule_exec") is None
+        with pytest.raises(CcwError) as none_came:
+            caller_terminal({CALLER_TERMINAL: True}, "capsule_exec")
+        assert none_came.value.code == "INVALID_ARGUMENT" and "none came" in none_came.value.message
+        passed.add([os.dup(slave)])
+        with pytest.raises(CcwError) as other_tool:
+            caller_terminal({CALLER_TERMINAL: True}, "capsule_diff")
+        assert other_tool.value.code == "INVALID_ARGUMENT"
+        assert passed.take() is None  # taken and closed by the refusal, not left for a later call
+        passed.add([os.dup(slave)])
+        fd = caller_terminal({CALLER_TERMINAL: True}, "capsule_exec")
+        assert fd is not None and os.path.samestat(os.fstat(fd), os.fstat(slave))
+        os.close(fd)
+    finally:
+        PASSED_FDS.reset(token)
+        os.close(slave)
+    with pytest.raises(CcwError):  # on any connection but frontend.sock nothing is ever passed
+        caller_terminal({CALLER_TERMINAL: True}, "capsule_exec")
+
+
+def test_a_call_naming_a_terminal_over_stdio_is_refused(tmp_path: Path) -> None:
+    with RawStdio(tmp_path / "state", "capsule", tasks=None) as client:
+        answer = client.request("tools/call", {"name": "capsule_exec", "_meta": {CALLER_TERMINAL: True},
+                                               "arguments": {"capsule_id": "cap_x", "cmd": ["true"]}})
+    result = answer["result"]
+    assert result["isError"] and result["structuredContent"]["error"]["code"] == "INVALID_ARGUMENT"
+    assert "ccw capsule shell" in result["structuredContent"]["error"]["message"]
+
+
+def test_descriptors_passed_on_the_front_end_socket_are_kept_up_to_a_limit() -> None:
+    async def main() -> None:
+        ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pipes = [os.pipe() for _ in range(PassedFds.LIMIT + 2)]
+        sent = array.array("i", [r for r, _ in pipes])
+        await theirs.sendmsg([b'{"x":1}\n'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, sent)])
+        passed = PassedFds()
+        receiver = frontdoor._FdReceiver(trio.SocketStream(ours), passed)
+        assert await receiver.receive_some() == b'{"x":1}\n'
+        kept = [passed.take() for _ in range(PassedFds.LIMIT + 2)]
+        assert kept[PassedFds.LIMIT:] == [None, None]  # the rest were closed on arrival
+        for fd, (_, w) in zip(kept[: PassedFds.LIMIT], pipes, strict=False):
+            assert fd is not None and os.get_inheritable(fd) is False  # MSG_CMSG_CLOEXEC
+            os.write(w, b"y")
+            assert os.read(fd, 1) == b"y"  # the pipe the client sent, in order
+            passed.add([fd])
+        extra = os.dup(kept[0] or 0)
+        passed.add([extra])
+        assert not _open(extra)  # over the limit: closed at once
+        held = list(kept[: PassedFds.LIMIT])
+        passed.close()
+        assert not any(_open(fd) for fd in held if fd is not None)
+        await receiver.aclose()
+        theirs.close()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+
+    trio.run(main)
 
 
 def _attached(client: RawStdio) -> None:

@@ -107,6 +107,7 @@ def scenario(state: Path, capsule_id: str) -> dict[str, Any]:
     shell = ShellSession(state, capsule_id)
     seen: dict[str, Any] = {}
     seen["answer"] = shell.ask("echo answer-$((6*7))", r"answer-(\d+)").group(1).decode()
+    seen["tty"] = shell.ask("echo name-$(tty)", r"name-(/\S*)\r").group(1).decode()  # the jail names its terminal
     seen["size"] = shell.ask("stty size", r"\r(\d+ \d+)\r\n").group(1).decode()
     shell.resize(40, 100)
     seen["resized"] = shell.ask("stty size", r"\r(40 100)\r\n", tries=10).group(1).decode()

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,15 +28,18 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from netfixtures import HttpLoopback  # noqa: E402
 from shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
 from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
+from mcp_server.events import EventLog  # noqa: E402
 from mcp_server.journal import Journal  # noqa: E402
 from mcp_server.state import State  # noqa: E402
 from sandbox.client import HelperClient  # noqa: E402
 from sandbox.errors import CcwError  # noqa: E402
 from sandbox.ops import ExecRequest, ListRequest  # noqa: E402
+from tests.raw_mcp import RawStdio, structured  # noqa: E402
 
 
 def ccw(state: Path, *argv: str) -> str:
@@ -54,6 +58,7 @@ def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
 
 def _check_session(seen: dict[str, object]) -> None:
     assert seen["answer"] == "42"
+    assert seen["tty"] == "/dev/console"
     assert seen["size"] == "24 80" and seen["resized"] == "40 100"
     assert seen["jobs"] == "Running" and seen["no_job_control"] is False
     assert seen["after_ctrl_c"] == "130"  # SIGINT ended the sleep; the shell answered after it
@@ -208,3 +213,54 @@ def test_a_session_ends_with_its_terminal(state: Path, tmp_path: Path) -> None:
     while _busy(state, capsule_id):
         assert time.monotonic() < deadline, "the jail outlived its caller"
         time.sleep(0.2)
+
+
+# Through the jail's HTTP proxy (NO_PROXY names 127.0.0.1, so urllib would not use it).
+FETCH = r"""
+import os, socket, sys
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
+with socket.create_connection((host, int(port)), timeout=20) as s:
+    s.sendall(f"GET http://127.0.0.1:{sys.argv[1]}/ HTTP/1.0\r\nHost: x\r\n\r\n".encode())
+    print("got", s.recv(4096).split(b"\r\n")[0].decode().replace(" ", "-"))
+"""
+
+
+def test_a_shell_takes_its_turn_in_the_agents_front_end(state: Path, tmp_path: Path) -> None:
+    """An agent's ccw-mcp owns the state dir: a shell on its "egress" capsule waits in that
+    server's queue behind the agent's running command (no front end of its own, no
+    CONFLICT), and its connection is recorded once, by that server, in the shell's run."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    state.mkdir()
+    with HttpLoopback(held=True) as loopback, RawStdio(state, "capsule", tasks=None) as agent:
+        made = agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False,
+                                             "network": {"allow": [f"127.0.0.1:{loopback.port}"]}})
+        capsule_id = structured(made)["capsule_id"]
+        fetch = ["python3", "-c", FETCH, str(loopback.port)]
+        answers: list[dict[str, object]] = []
+        running = threading.Thread(target=lambda: answers.append(agent.call(
+            "capsule_exec", {"capsule_id": capsule_id, "cmd": fetch})))
+        running.start()
+        deadline = time.monotonic() + 60
+        while loopback.accepted < 1:  # the agent's command is running: its fetch is held
+            assert time.monotonic() < deadline, "the agent's command never connected"
+            time.sleep(0.05)
+        shell = ShellSession(state, capsule_id, "--", *fetch)
+        shell.expect(r"running another command; waiting for its turn")
+        loopback.release.set()
+        running.join(60)
+        shell.expect(r"got HTTP/1.0-200")
+        assert shell.wait() == 0
+        assert structured(answers[0])["exit_code"] == 0
+        assert loopback.accepted == 2
+    log = EventLog(State(str(state)))
+    seen = log.since(0, capsule_id)
+    assert [e.kind for e in seen].count("net.connection") == 2  # each recorded once
+    assert [e.kind for e in seen].count("run.queued") == 1  # the shell's call, in the agent's server's queue
+    finished = [e.data for e in seen if e.kind == "run.finished"]
+    assert [f["connections"] for f in finished] == [1, 1]
+    rows = Journal(State(str(state))).execs(capsule_id)
+    assert [row["terminal"] for row in rows] == [False, True]
+    (record,) = rows[-1]["touched"]["network"]  # the shell's own connection, in the shell's run
+    assert (record["port"], record["allowed"]) == (loopback.port, True)
+    assert not (state / "frontend.log").exists()  # no daemon started beside the agent's server

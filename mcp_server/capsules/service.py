@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -202,9 +203,9 @@ class CapsuleService:
         """Run a command in a capsule's jail, after the calls queued before it, and journal it.
 
         ``terminal``: a pty slave the caller holds (``ccw capsule shell``), sent to the helper
-        as the command's stdio and controlling terminal.  Its output goes to the terminal,
-        not to us: the journal's row has everything but the output (its stdout and stderr
-        are those of no bytes, and no output is kept for witnesses).
+        as the command's stdio and controlling terminal, with the caller's TERM.  Its output
+        goes to the terminal, not to us: the journal's row has everything but the output
+        (its stdout and stderr are those of no bytes, and no output is kept for witnesses).
         """
         record = self.live_record(capsule_id)
         resolve_cwd(command.cwd, record.workspace)  # bad arguments fail now, not after the wait
@@ -212,7 +213,9 @@ class CapsuleService:
             record = self.live_record(capsule_id)  # a destroy queued before this call may have run
             request = exec_request(record.capsule_id, record.spec, command, PROGRESS_MS)
             if terminal is not None:
-                request = dataclasses.replace(request, stdio="tty", tty_fd=terminal)
+                term = (os.environ if command.values is None else command.values).get("TERM")
+                request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
+                                              env={**(request.env or {}), **({"TERM": term} if term else {})})
             started_generation = self.journal.generation(record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,

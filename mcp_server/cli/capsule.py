@@ -34,26 +34,10 @@ from mcp_server.cli.output import (
     use_color,
 )
 from mcp_server.config import Config
-from mcp_server.context import CallContext, Runtime
 from mcp_server.core.hazards import KINDS
 from mcp_server.core.policy import FIGURE_MEANINGS
 
 EXIT_TIMEOUT = 124
-
-
-class CliCallContext(CallContext):
-    """A CallContext whose progress reports go to the terminal's progress line (for a
-    command that runs the service in-process: ``ccw capsule shell``, whose terminal is
-    its own)."""
-
-    def __init__(self, runtime: Runtime, progress: Progress | None) -> None:
-        super().__init__(runtime)
-        self._progress = progress
-
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Show the tool's progress on the progress line (if one is drawn)."""
-        if self._progress is not None:
-            self._progress.update(progress, total, message)
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:

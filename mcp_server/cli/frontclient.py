@@ -17,11 +17,13 @@ error comes back as the CcwError it carries, a JSON-RPC error as an MCPError.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import fcntl
 import json
 import os
 import select
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -34,7 +36,7 @@ from mcp_server import __version__
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, owner_of
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
-from mcp_server.server import CALLER_META
+from mcp_server.server import CALLER_META, CALLER_TERMINAL
 from mcp_server.transports import framing
 from sandbox.errors import CcwError
 
@@ -50,19 +52,24 @@ def caller_context() -> dict[str, Any]:
     return {"cwd": os.getcwd(), "env": dict(os.environ)}
 
 
-async def call_tool(config: Config, name: str, args: dict[str, Any], progress: Any = None) -> dict[str, Any]:
+async def call_tool(config: Config, name: str, args: dict[str, Any], progress: Any = None,
+                    terminal: int | None = None) -> dict[str, Any]:
     """Call tool ``name`` on the state dir's front end; its structured result.
 
-    ``progress`` (an ``output.Progress``) hears the call's progress notifications."""
+    ``progress`` (an ``output.Progress``, or anything with its ``update``) hears the call's
+    progress notifications.  ``terminal``: a pty slave sent with the call (SCM_RIGHTS), on
+    which the front end runs the command (``ccw capsule shell``)."""
     stream = await attach(config)
     async with stream:
         session = _Session(stream)
         await session.request(1, "initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
                                                 "clientInfo": {"name": "ccw", "version": __version__}})
         await session.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        meta = {"progressToken": 1, CALLER_META: caller_context()}
+        meta: dict[str, Any] = {"progressToken": 1, CALLER_META: caller_context()}
+        if terminal is not None:
+            meta[CALLER_TERMINAL] = True
         answer = await session.request(CALL_ID, "tools/call", {"name": name, "arguments": args, "_meta": meta},
-                                       progress)
+                                       progress, () if terminal is None else (terminal,))
     structured = answer.get("structuredContent")
     if answer.get("isError"):
         error = (structured or {}).get("error") or {}
@@ -81,12 +88,18 @@ class _Session:
         self.lines = framing.LineSplitter(max_frame=MAX_ANSWER)
         self.waiting: list[dict[str, Any]] = []
 
-    async def send(self, message: Mapping[str, Any]) -> None:
-        await self.stream.send_all(framing.dumps(dict(message)) + b"\n")
+    async def send(self, message: Mapping[str, Any], fds: tuple[int, ...] = ()) -> None:
+        data = framing.dumps(dict(message)) + b"\n"
+        if fds:  # with the message's first bytes, so the front end has them before it reads the line
+            sock: Any = self.stream.socket
+            data = data[await sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]):]
+        if data:
+            await self.stream.send_all(data)
 
-    async def request(self, request_id: int, method: str, params: dict[str, Any], progress: Any = None) -> Any:
-        """Send a request and read up to its answer: its result, or its error raised."""
-        await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+    async def request(self, request_id: int, method: str, params: dict[str, Any], progress: Any = None,
+                      fds: tuple[int, ...] = ()) -> Any:
+        """Send a request (with ``fds``) and read up to its answer: its result, or its error raised."""
+        await self.send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, fds)
         while True:
             message = await self._next()
             if "method" in message:
@@ -128,8 +141,6 @@ async def attach(config: Config) -> trio.SocketStream:
 
 
 def _answers(path: str) -> bool:
-    import socket
-
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as probe:
         try:
             probe.connect(path)

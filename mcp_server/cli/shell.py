@@ -33,11 +33,16 @@ executed), except the output: it went to the terminal, so the row's stdout/stder
 those of no bytes and no output is kept for witnesses.  A shell has no timeout of its own
 unless ``--timeout-ms`` is given: it gets the helper's longest (24 hours).  If the
 person's terminal goes away, the pty hangs up (the shell gets SIGHUP); if this process
-dies, the helper ends the jail at its next progress report (every second).
+dies, its session ends (below).
 
-Turns: a capsule runs one command at a time.  When another caller's command is running
-(the helper answers CONFLICT "running"), this waits for its turn, with a short backoff,
-saying so once on stderr, rather than failing.
+Where it runs: like every ``ccw capsule`` command, through the state dir's front end
+(``mcp_server/frontdoor.py``), as a ``capsule_exec`` call that carries the slave with it
+(SCM_RIGHTS on frontend.sock; ``_meta["ccw/terminal"]``).  So the session takes its turn
+in the capsule's one queue with the agent's calls (saying once on stderr that it waits),
+and an "egress" capsule's connections are recorded by the one process that holds its
+proxy listeners.  If this process dies, the front end's next progress report to it
+(every second) fails, which ends the call and the jail with it, even when the command
+ignores the pty's SIGHUP.
 """
 
 from __future__ import annotations
@@ -54,20 +59,13 @@ import termios
 import threading
 import tty
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp_server.config import Config
-from sandbox.errors import CcwError
 from sandbox.spec import MAX_TIMEOUT_MS
-
-if TYPE_CHECKING:  # every ``ccw`` command imports this module (its parser): the rest is loaded by ``run``
-    from mcp_server.capsules.runs import Command
-    from mcp_server.capsules.service import CapsuleService
-    from sandbox.replies import ExecReply
 
 VERBS = ("shell",)
 _CHUNK = 1 << 16
-_RETRY_FIRST_S, _RETRY_MAX_S = 0.1, 2.0  # the wait for a busy capsule: doubling up to the max
 
 
 def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
@@ -93,59 +91,41 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     helperctl.ensure(config, autostart=not args.no_autostart)
     with Terminal(sys.stdin.fileno(), sys.stdout.fileno()) as terminal:
-        reply = trio.run(_session, config, args, terminal)
-    return capsule.exec_status({"timed_out": reply.timed_out, "exit_code": reply.exit_code, "signal": reply.signal})
+        result = trio.run(_session, config, args, terminal)
+    return capsule.exec_status(result)
 
 
-async def _session(config: Config, args: argparse.Namespace, terminal: Terminal) -> ExecReply:
-    """The exec on the terminal's slave, through the same runtime ``ccw capsule exec`` uses."""
+async def _session(config: Config, args: argparse.Namespace, terminal: Terminal) -> dict[str, Any]:
+    """capsule_exec on the terminal's slave, through the state dir's front end, in the capsule's turn."""
     import trio
 
-    from mcp_server.capsules.runs import Command, exec_env
-    from mcp_server.cli.capsule import CliCallContext
-    from mcp_server.context import Runtime
-    from mcp_server.state import State
+    from mcp_server.cli import frontclient
 
-    state = State(config.state_dir)
-    runtime = Runtime(config, state)
-    try:
-        service = CliCallContext(runtime, None).capsules
-        record = service.live_record(args.capsule_id)
-        env = exec_env(record.workspace, record.env_whitelist)
-        if os.environ.get("TERM"):
-            env["TERM"] = os.environ["TERM"]  # the helper passes TERM to an exec on a terminal
-        command = Command(args.cmd or default_command(), cwd=args.cwd,
-                          timeout_ms=args.timeout_ms or MAX_TIMEOUT_MS, env=env)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_follow_window_size, terminal)
-            terminal.start_relay()
-            try:
-                return await _exec_in_turn(service, record.capsule_id, command, terminal)
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await runtime.aclose()
-        state.close()
-
-
-async def _exec_in_turn(service: CapsuleService, capsule_id: str, command: Command, terminal: Terminal) -> ExecReply:
-    """The exec's reply; while another command runs in the capsule, wait and retry."""
-    import trio
-
-    delay = _RETRY_FIRST_S
-    told = False
-    while True:
+    call = {"capsule_id": args.capsule_id, "cmd": args.cmd or default_command(), "cwd": args.cwd,
+            "timeout_ms": args.timeout_ms or MAX_TIMEOUT_MS, "wait_ms": None}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_follow_window_size, terminal)
+        terminal.start_relay()
         try:
-            return (await service.exec(capsule_id, command, terminal=terminal.slave)).reply
-        except CcwError as exc:
-            if exc.code != "CONFLICT" or not exc.details.get("running"):
-                raise
-            if not told:
-                terminal.say(f"ccw: capsule {capsule_id} is running another command; waiting for its turn")
-                told = True
-        await trio.sleep(delay)
-        delay = min(delay * 2, _RETRY_MAX_S)
+            return await frontclient.call_tool(config, "capsule_exec", call, _Queued(terminal, args.capsule_id),
+                                               terminal.slave)
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+class _Queued:
+    """The call's progress reports: said once on stderr if it waits for another command."""
+
+    def __init__(self, terminal: Terminal, capsule_id: str) -> None:
+        self.terminal = terminal
+        self.capsule_id = capsule_id
+        self.told = False
+
+    def update(self, _progress: float, _total: float | None = None, message: str | None = None) -> None:
+        """A progress report: the first "queued" one is told."""
+        if not self.told and (message or "").startswith("queued:"):
+            self.terminal.say(f"ccw: capsule {self.capsule_id} is running another command; waiting for its turn")
+            self.told = True
 
 
 async def _follow_window_size(terminal: Terminal) -> None:

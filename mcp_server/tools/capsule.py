@@ -177,10 +177,12 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     command = Command(list(args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
                       stdin.encode() if stdin is not None else None, values=getattr(ctx, "caller_env", None))
 
-    async def body(run: Run) -> dict[str, Any]:
-        return _exec_result(await ctx.for_run(run).capsules.exec(args["capsule_id"], command))
+    terminal = getattr(ctx, "terminal", None)  # a shell's pty: the call lasts as long as its session
 
-    wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT)
+    async def body(run: Run) -> dict[str, Any]:
+        return _exec_result(await ctx.for_run(run).capsules.exec(args["capsule_id"], command, terminal))
+
+    wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT) if terminal is None else None
     return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress)
 
 
