@@ -327,10 +327,9 @@ def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -
 def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster: Cluster, bots: dict[str, Any]) -> None:
     """Four trials at once over a base the CAS has never seen, from two executors (two deltamins at once): the
     base goes up once, each trial adds its file."""
-    from mcp_server.capsules.executors import Trial
     from mcp_server.capsules.remote import ReapiExecutor
     from mcp_server.capsules.runs import Command
-    from mcp_server.capsules.trials import Unit
+    from mcp_server.capsules.trials import Trial, Unit
 
     ws = tmp_path / "ws"
     ws.mkdir()

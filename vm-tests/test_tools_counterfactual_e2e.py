@@ -166,6 +166,28 @@ def test_commutativity_matches_the_seed_example_structure(tools: Any, tmp_path: 
     assert kinds[("src/module_a.py", "tests/test_a.py")] == ["import"]
 
 
+def test_commutativity_verify_measures_a_pair_that_fails_only_together(tools: Any, tmp_path: Path) -> None:
+    # Trials in scratch capsules (capsules/interactions.py through the local executor): each
+    # change alone passes, both together fail, so verify links the pair by measurement.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text("ok\n")
+    check = ["sh", "-c", 'test "$(cat a.txt)$(cat b.txt)" != "xx"']
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "for f in a b c; do echo x > $f.txt; done"]})
+        result: dict[str, Any] = await t.call("capsule_commutativity", {"capsule_id": cap, "target_cmd": check,
+                                                                      "verify": True})
+        return result
+
+    result = tools.run(scenario)
+    assert result["independent_sets"] == [["a.txt", "b.txt"], ["c.txt"]], result
+    assert result["evidence"] == [{"pair": ["a.txt", "b.txt"], "kinds": ["measured"], "details": [
+        {"kind": "measured", "detail": "alone: pass, pass; together: fail"}]}], result
+
+
 MODULE = "".join(f"def f{i}():\n    return {i}\n\n" for i in range(40))
 
 

@@ -62,6 +62,7 @@ async def _textbook(trials: Any, units: tuple[int, ...]) -> tuple[tuple[int, ...
 
 async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
+    from mcp_server.capsules.executors import LocalExecutor
     from mcp_server.fs import changeset
     from mcp_server.fs.view import RootView
 
@@ -86,7 +87,8 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
             material = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
         record = ctx.capsules.live_record(cap)
-        trials = counterfactual.Trials(ctx.capsules, record, material, argv, counterfactual.predicate("exit_code"), 600_000)
+        trials = counterfactual.Trials(ctx.capsules, record, material, argv, counterfactual.predicate("exit_code"), 600_000,
+                                        LocalExecutor())
         start = time.perf_counter()
         found, textbook_trials = await _textbook(trials, tuple(range(len(material.units))))
         textbook_s = time.perf_counter() - start

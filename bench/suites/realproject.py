@@ -111,6 +111,7 @@ async def _full_suite(tools: Tools, ws: Path, rounds: int) -> dict[str, list[flo
 
 async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
+    from mcp_server.capsules.executors import LocalExecutor
     from mcp_server.fs import changeset
     from mcp_server.fs.view import RootView
 
@@ -136,7 +137,8 @@ async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> d
         files = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
         hunks = counterfactual.split_hunks(files, range(len(files.units)), base)
     record = tools.ctx.capsules.live_record(cap)
-    trials = counterfactual.Trials(tools.ctx.capsules, record, hunks, argv, counterfactual.predicate("exit_code"), 600_000)
+    trials = counterfactual.Trials(tools.ctx.capsules, record, hunks, argv, counterfactual.predicate("exit_code"), 600_000,
+                                    LocalExecutor())
     start = time.perf_counter()
     found, textbook_trials = await _textbook(trials, tuple(range(len(hunks.units))))
     textbook_s = time.perf_counter() - start

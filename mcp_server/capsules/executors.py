@@ -10,50 +10,29 @@ One interface, two implementations:
   tree of the base with the subset laid over it, and judges the ActionResult as a
   local reply is judged.  Its parallelism is the cluster's capacity.
 
-A trial returns what a predicate judges (trials.Run): exit code, timed out, stdout and
-stderr; so FAIL/PASS/UNRESOLVED are decided by the same code either way.
+A trial (trials.Trial) returns what a predicate judges (trials.Run): exit code, timed
+out, stdout and stderr; so FAIL/PASS/UNRESOLVED are decided by the same code either way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
 from mcp_server.capsules.replays import ReplayOptions, replay
-from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.trials import Run, Unit, apply_units
-from mcp_server.journal import CapsuleRecord
+from mcp_server.capsules.trials import Run, Trial, TrialRunner, apply_units
 
 LOCAL_PARALLEL = 2  # trials at once on this machine: a 2-core VM
 
 
-@dataclass(frozen=True)
-class Trial:
-    """One trial: the target command over the capsule's base with ``files`` written in.
-
-    ``fresh``: a flakiness confirmation run, which must really run (no action-cache
-    lookup) and must not be remembered (do_not_cache).
-    """
-
-    record: CapsuleRecord
-    files: dict[str, Unit]
-    command: Command
-    fresh: bool = False
-
-
-class Executor(Protocol):
-    """Runs trials and replays; counts what it served from a cache."""
+class Executor(TrialRunner, Protocol):
+    """Runs trials (trials.TrialRunner) and replays; counts what it served from a cache."""
 
     name: str
-    parallelism: int
     cache_hits: int  # trials answered by the action cache (0 locally)
-
-    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
-        """The trial's run, for the failure predicate."""
 
     async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,
                      options: ReplayOptions) -> dict[str, Any]:

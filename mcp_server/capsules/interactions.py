@@ -24,6 +24,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.executors import LocalExecutor
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Material, Trials, predicate, units_from
 from mcp_server.core.deltamin import FAIL, PASS
@@ -186,7 +187,7 @@ async def _measure(graph: _Graph, question: Question, service: CapsuleService, r
         raise CcwError("TOO_LARGE", f"verify runs n + n(n-1)/2 trials; {len(nodes)} changed files is too many "
                        "(at most 12): fork the capsule and remove unrelated changes first")
     judge = predicate(question.failure_predicate)
-    trials = Trials(service, record, material, list(question.target_cmd), judge, 600_000)
+    trials = Trials(service, record, material, list(question.target_cmd), judge, 600_000, LocalExecutor())
     index = {p: [i for i, u in enumerate(material.units) if u.path == p] for p in nodes}
     singles = dict(zip(nodes, await trials.batch([tuple(index[p]) for p in nodes]), strict=True))
     pairs = list(combinations(nodes, 2))

@@ -54,11 +54,10 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.executors import Trial
 from mcp_server.capsules.replays import ReplayOptions, admit
 from mcp_server.capsules.runs import exec_env
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.trials import Run, Unit
+from mcp_server.capsules.trials import Run, Trial, Unit
 from mcp_server.capsules.witnesses import signature_of, witness_key
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import Executed, ReapiClient, TrioReapi

@@ -6,6 +6,10 @@ non-equal run of lines between the base and the capsule (difflib opcodes), so an
 subset of a file's hunks applies cleanly to the base.  A trial applies a subset to a
 fresh scratch capsule over the capsule's base (through its root descriptor, as any file
 tool writes) and runs the target command there; the failure predicate judges the reply.
+
+Where a trial runs (a local scratch capsule, a REAPI cluster) is an executor's business
+(capsules/executors.py, capsules/remote.py), which builds on this module: here is only
+what a trial is (``Trial``) and what running one needs (``TrialRunner``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import difflib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -28,9 +32,6 @@ from mcp_server.fs.promote import make_symlink, remove_tree
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
-
-if TYPE_CHECKING:
-    from mcp_server.capsules.executors import Executor
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,29 @@ class Run(Protocol):
 
 
 @dataclass(frozen=True)
+class Trial:
+    """One trial: the target command over the capsule's base with ``files`` written in.
+
+    ``fresh``: a flakiness confirmation run, which must really run (no action-cache
+    lookup) and must not be remembered (do_not_cache).
+    """
+
+    record: CapsuleRecord
+    files: dict[str, Unit]
+    command: Command
+    fresh: bool = False
+
+
+class TrialRunner(Protocol):
+    """What runs trials for ``Trials``: an executor (capsules/executors.py) seen from here."""
+
+    parallelism: int  # trials at once
+
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+        """The trial's run, for the failure predicate."""
+
+
+@dataclass(frozen=True)
 class JournaledRun:
     """A journaled exec as a predicate sees it: the journal keeps exit status, not output."""
 
@@ -213,9 +237,7 @@ class Trials:
     """Runs subsets of the change over the capsule's base, through an executor (capsules/executors.py)."""
 
     def __init__(self, service: CapsuleService, record: CapsuleRecord, material: Material, argv: list[str],
-                 judge: Judge, timeout_ms: int, executor: Executor | None = None) -> None:
-        from mcp_server.capsules.executors import LocalExecutor  # executors builds on this module
-
+                 judge: Judge, timeout_ms: int, executor: TrialRunner) -> None:
         self.service = service
         self.record = record
         self.spec = record.spec
@@ -223,7 +245,7 @@ class Trials:
         self.argv = argv
         self.judge = judge
         self.timeout_ms = timeout_ms
-        self.executor: Executor = executor or LocalExecutor()
+        self.executor = executor
         self.runs = 0
 
     async def outcome(self, subset: Iterable[int], fresh: bool = False) -> str:
@@ -231,8 +253,6 @@ class Trials:
 
         ``fresh``: a confirmation run, never answered from (nor stored in) a cache.
         """
-        from mcp_server.capsules.executors import Trial
-
         subset = tuple(subset)
         command = Command(self.argv, self.record.workspace, self.timeout_ms)
         trial = Trial(self.record, file_contents(self.material, subset), command, fresh)
