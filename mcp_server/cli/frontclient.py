@@ -32,12 +32,11 @@ from typing import Any
 import trio
 from mcp.shared.exceptions import MCPError
 
-from mcp_server import __version__
+from mcp_server import __version__, framing
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, owner_of
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
 from mcp_server.server import CALLER_META, CALLER_TERMINAL
-from mcp_server.transports import framing
 from sandbox.errors import CcwError
 
 PROTOCOL = "2025-11-25"
@@ -132,7 +131,11 @@ class _Session:
 
 
 async def attach(config: Config) -> trio.SocketStream:
-    """A connection to the state dir's front end, starting its daemon if none answers."""
+    """A connection to the state dir's front end, starting its daemon if none answers.
+
+    Even under ``--no-autostart``, which is about the helper (a command pinned to a system
+    helper must not start one of its own): the daemon is this user's own unprivileged
+    process, which the command needs to run at all, and it leaves when idle."""
     path = str(FrontendPaths.of(config.state_dir).socket)
     with contextlib.suppress(OSError):
         return await trio.open_unix_socket(path)
