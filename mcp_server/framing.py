@@ -1,6 +1,10 @@
 """NDJSON framing for the stdio and unix-socket transports, sans-IO (h11's habit).
 
-Bytes go in, events come out; the caller does the I/O.  Seed 001 §3 sets the rules:
+Bytes go in, events come out; the caller does the I/O.  It sits below the server, not
+among the transports, because more than the transports frame JSON-RPC: the server
+writes its text blocks with ``dumps``, a call's context finds the turn its transport
+took by ``id_key``, and the ``ccw`` command is a client of the front end's socket.  It
+imports nothing of the front end.  Seed 001 §3 sets the rules:
 
 * One JSON-RPC message per line, ``\\n``-terminated (a trailing ``\\r`` is tolerated),
   UTF-8.  Blank lines are ignored.  Batches (JSON arrays) are refused.

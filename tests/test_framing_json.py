@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_server.transports import framing
+from mcp_server import framing
 
 
 def reference(value: Any, sort_keys: bool = False) -> bytes:

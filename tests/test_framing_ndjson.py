@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mcp_server.transports import framing
-from mcp_server.transports.framing import (
+from mcp_server import framing
+from mcp_server.framing import (
     MAX_FRAME,
     Invalid,
     Line,

@@ -9,7 +9,7 @@ import pytest
 from mcp_server.core.patch import parse_patch
 from mcp_server.core.patch_apply import apply
 from mcp_server.core.unidiff import FileChange, _base85_block, numstat, render
-from mcp_server.transports.framing import LineSplitter, Oversized
+from mcp_server.framing import LineSplitter, Oversized
 from sandbox.errors import CcwError
 
 

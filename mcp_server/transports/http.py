@@ -63,10 +63,10 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from starlette.requests import Request
 
+from mcp_server import framing
 from mcp_server.auth import Principal, TokenTable
 from mcp_server.logs import LOGGER
 from mcp_server.server import CcwServer
-from mcp_server.transports import framing
 from sandbox.errors import CcwError, from_oserror
 
 MCP_PATH = "/mcp"

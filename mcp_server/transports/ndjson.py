@@ -37,9 +37,9 @@ import mcp_types as types
 import trio
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from mcp_server import framing
 from mcp_server.capsules.turns import ARRIVALS, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
-from mcp_server.transports import framing
 
 READ_CHUNK = 65536
 MAX_PENDING = 1024  # requests read but not yet answered, per connection

@@ -151,7 +151,7 @@ async def ndjson_client(incoming: Any, outgoing: Any) -> AsyncIterator[tuple[Any
     import mcp_types as types
     from mcp.shared.message import SessionMessage
 
-    from mcp_server.transports.framing import Line, LineSplitter, Oversized
+    from mcp_server.framing import Line, LineSplitter, Oversized
 
     read_send, read_recv = anyio.create_memory_object_stream[SessionMessage | Exception](32)
     write_send, write_recv = anyio.create_memory_object_stream[SessionMessage](32)

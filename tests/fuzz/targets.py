@@ -34,10 +34,10 @@ import atheris
 with atheris.instrument_imports(include=["mcp_server", "sandbox"]):
     import mcp_types
 
+    from mcp_server import framing
     from mcp_server.core import canonical, hashline, linetags, paths, rootspace, unidiff
     from mcp_server.core.patch import parse_patch
     from mcp_server.core.patch_apply import apply
-    from mcp_server.transports import framing
     from sandbox import ops, protocol
     from sandbox.errors import CcwError, ProtocolError
 
