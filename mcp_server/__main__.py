@@ -98,9 +98,10 @@ async def run(config: Config) -> int:
     if lock is None:
         from mcp_server.transports import relay
 
+        frontdoor.refuse_unlike(config)
         return await _serve(config, None, relay.serve)
     try:
-        lock.record(config.endpoint, daemon)
+        lock.record(config.endpoint, daemon, config)
         async with frontdoor.running_app(config) as app:
             return await _serve(config, app, _owner_transport(config, daemon))
     finally:

@@ -15,12 +15,12 @@ The file is JSON::
         {"name": "operator", "token": "…", "scopes": ["admin"]}
     ]}
 
-Scopes are ``read, write, exec, promote, admin`` (mcp_server.tools.registry.SCOPES);
-``admin`` grants every scope.  Every tool declares the one scope it needs.  Tokens are
-compared in constant time against every entry, so timing does not reveal which
-prefix matched.  The file is read once at start; a ``CCW_TOKENS_FILE`` readable by
-group or others is accepted with a warning on stderr (the operator may share it on
-purpose).
+Scopes are ``read, write, exec, promote, admin`` (``SCOPES``: defined here, where tokens
+grant them; tools/registry.py holds each tool to one of them); ``admin`` grants every
+scope.  Every tool declares the one scope it needs.  Tokens are compared in constant
+time against every entry, so timing does not reveal which prefix matched.  The file is
+read once at start; a ``CCW_TOKENS_FILE`` readable by group or others is accepted with a
+warning on stderr (the operator may share it on purpose).
 
 Some facts about the generated file, which lives in a directory someone else might be
 able to write (a state dir under ``/tmp``, a shared service dir):
@@ -50,9 +50,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_server.logs import LOGGER
-from mcp_server.tools.registry import SCOPES
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
 
+SCOPES = ("read", "write", "exec", "promote", "admin")  # what a token grants; each tool needs one
 GENERATED_FILE = "http-tokens.json"  # in the state dir, when CCW_TOKENS_FILE is unset
 GENERATED_NAME = "local"
 MAX_TOKENS_FILE = 1 << 20  # bytes read from a tokens file; a real one is a few hundred

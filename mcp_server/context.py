@@ -154,7 +154,7 @@ class CallContext:
 
     def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None,
                  owner: str | None = None, caller_env: Mapping[str, str] | None = None,
-                 terminal: int | None = None) -> None:
+                 terminal: int | None = None, workspace: str | None = None) -> None:
         self._runtime = runtime
         self._session = session
         self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
@@ -165,6 +165,13 @@ class CallContext:
         # The pty slave ``ccw capsule shell`` passed with this call (mcp_server/server.py
         # ``caller_terminal``; closed by the server when the call ends); None: no terminal.
         self.terminal = terminal
+        self._workspace = workspace  # an attached ccw-mcp's CCW_WORKSPACE (transports/relay.py); None: ours
+
+    @property
+    def workspace(self) -> str:
+        """The file tools' root when the client declares none: the CCW_WORKSPACE of the
+        ``ccw-mcp`` the client started (which may be attached to this one), else ours."""
+        return self._workspace or self._runtime.config.workspace
 
     @property
     def config(self) -> Config:

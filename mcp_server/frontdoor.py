@@ -31,9 +31,14 @@ per state dir and every client talks to it:
   daemon (below) yields to any ``ccw-mcp``: it is asked to stop, drains, and the new
   server owns, so an agent's server runs with its own settings (tools, workspace), not
   with those the daemon inherited from some earlier command.  An attached server's
-  client gets the owner's settings: its tools/list is the owner's, and ``CCW_WORKSPACE``
-  and the values of whitelisted variables are the owner's (roots, which most clients
-  declare, are per connection and pass through).
+  client is served with what is its own: the relay opens its connection with its
+  caller context (``opening_line``: its cwd, environment and ``CCW_WORKSPACE``), so its
+  file tools default to its workspace and its commands see its whitelisted variables'
+  values; roots, which most clients declare, are per connection and pass through.  The
+  settings an owner applies to every client (``SHARED_SETTINGS``: the tool families, the
+  helper, the REAPI cluster, the schema catalogue) are recorded with the lock, and a
+  ``ccw-mcp`` whose own differ does not attach (``refuse_unlike``: CONFLICT, exit 2)
+  rather than serve its client more tools, or another helper, than it was given.
 * The ``ccw`` command never runs a front end in-process beside a possible owner.  It
   is an MCP client of frontend.sock (``cli/frontclient.py``); when nobody answers, it
   starts a detached front-end DAEMON for the state dir (``ccw-mcp`` on frontend.sock,
@@ -60,13 +65,14 @@ from __future__ import annotations
 
 import array
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,9 +81,17 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.logs import LOGGER
-from mcp_server.server import CALLER_TRUSTED, PASSED_FDS, CcwServer, PassedFds
+from mcp_server.server import (
+    CALLER_CONTEXT,
+    CALLER_META,
+    CALLER_TRUSTED,
+    PASSED_FDS,
+    CcwServer,
+    PassedFds,
+)
 from mcp_server.transports.ndjson import NdjsonConnection
 from mcp_server.transports.unix import listen
+from sandbox.errors import CcwError
 
 DAEMON_IDLE_S = 300.0  # a CLI-started front end with no connection for this long exits
 _FD_SIZE = array.array("i").itemsize
@@ -105,9 +119,11 @@ class FrontendLock:
         self.fd = fd
         self.path = path
 
-    def record(self, endpoint: str, daemon: bool) -> None:
-        """Write who owns the state dir, for errors and ``ccw helper status`` to name."""
-        data = json.dumps({"pid": os.getpid(), "endpoint": endpoint, "daemon": daemon}).encode()
+    def record(self, endpoint: str, daemon: bool, config: Config) -> None:
+        """Write who owns the state dir, for errors and ``ccw helper status`` to name, and
+        the settings it serves every client with (``refuse_unlike``)."""
+        data = json.dumps({"pid": os.getpid(), "endpoint": endpoint, "daemon": daemon,
+                           "settings": shared_settings(config)}).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
 
@@ -155,6 +171,50 @@ def owner_of(state_dir: str) -> dict[str, Any] | None:
         return record if isinstance(record, dict) else {}
     finally:
         os.close(fd)
+
+
+# The settings an owner applies to every client's calls, attached ones included: which
+# tools exist, where the helper and the REAPI cluster are, the schema tools' catalogue.
+# (The workspace and environment are each client's own: lent per connection or call.)
+SHARED_SETTINGS = ("toolsets", "helper_socket", "reapi_url", "reapi_parallel", "reapi_platform", "schemas_dir",
+                   "examples_dir", "backend_url", "backend_assets_path", "max_batch")
+
+
+def shared_settings(config: Config) -> dict[str, Any]:
+    """``config``'s SHARED_SETTINGS, as JSON values (tool families sorted)."""
+    values = {name: getattr(config, name) for name in SHARED_SETTINGS}
+    values["toolsets"] = sorted(config.toolsets)
+    return values
+
+
+def refuse_unlike(config: Config) -> None:
+    """CONFLICT if the state dir's owner serves other SHARED_SETTINGS than ``config`` asks:
+    an attached ``ccw-mcp`` would give its client the owner's tools (maybe more than it
+    was configured to allow) and the owner's helper, silently.  An owner that recorded
+    none (still starting) is not compared."""
+    owner = owner_of(config.state_dir) or {}
+    theirs = owner.get("settings")
+    if not isinstance(theirs, dict):
+        return
+    env_names = {f.name: f.metadata.get("env", f.name) for f in dataclasses.fields(Config)}
+    ours = shared_settings(config)
+    differ = [name for name in SHARED_SETTINGS if name in theirs and theirs[name] != ours[name]]
+    if differ:
+        shown = "; ".join(f"{env_names[name]}: it has {theirs[name]!r}, this one {ours[name]!r}" for name in differ)
+        raise CcwError("CONFLICT", (
+            f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} with other settings "
+            f"({shown}); a stdio ccw-mcp attaches to it and would serve its client with those. Start this one "
+            "with the same settings, or give it its own CCW_STATE_DIR"), {"settings": differ})
+
+
+OPENING = b'{"' + CALLER_META.encode() + b'":'  # how a connection's opening line starts (``opening_line``)
+MAX_OPENING = 4 << 20  # an environment is a few KiB; a line longer than this is no opening
+
+
+def opening_line(caller: Mapping[str, Any]) -> bytes:
+    """The line an attached ``ccw-mcp`` opens its connection with: its caller context
+    (cwd, environment, CCW_WORKSPACE) for every call it relays."""
+    return OPENING + json.dumps(dict(caller), separators=(",", ":")).encode() + b"}\n"
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -247,7 +307,9 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
         try:
             CALLER_TRUSTED.set(True)
             PASSED_FDS.set(passed)
-            await NdjsonConnection(app, _FdReceiver(stream, passed), stream, draining).run()
+            reader = _FdReceiver(stream, passed)
+            CALLER_CONTEXT.set(await reader.opening())
+            await NdjsonConnection(app, reader, stream, draining).run()
         finally:
             passed.close()
             clients.bump(-1)
@@ -264,9 +326,31 @@ class _FdReceiver(trio.abc.ReceiveStream):
     def __init__(self, stream: trio.SocketStream, passed: PassedFds) -> None:
         self.stream = stream
         self.passed = passed
+        self.unread = b""  # read by ``opening``, not part of it: the connection's first bytes
+
+    async def opening(self) -> dict[str, Any] | None:
+        """The caller context the client lends for its whole connection, if its first line
+        is ``{"ccw/caller": {...}}`` (an attached ccw-mcp's: ``opening_line``); else None,
+        and what it sent is read again as the connection's first bytes."""
+        data = b""
+        while b"\n" not in data and (len(data) < len(OPENING) or data.startswith(OPENING)):
+            chunk = await self.receive_some()
+            if not chunk or len(data) > MAX_OPENING:
+                break
+            data += chunk
+        line, newline, rest = data.partition(b"\n")
+        if not (newline and line.startswith(OPENING)):
+            self.unread = data
+            return None
+        self.unread = rest
+        caller = json.loads(line).get(CALLER_META)
+        return caller if isinstance(caller, dict) else None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Up to ``max_bytes`` of the client's bytes (b"" at its end)."""
+        if self.unread:
+            data, self.unread = self.unread, b""
+            return data
         sock: Any = self.stream.socket
         data, ancillary, _flags, _ = await sock.recvmsg(
             max_bytes or 65536, socket.CMSG_SPACE(PassedFds.LIMIT * _FD_SIZE), socket.MSG_CMSG_CLOEXEC)

@@ -184,8 +184,10 @@ class CcwServer:
         if not isinstance(params, dict):
             return _error(request_id, INVALID_PARAMS, f"{method}: params must be an object of tool arguments")
         args = {k: v for k, v in params.items() if k != "_meta"}
+        meta = params.get("_meta")
         try:
-            result = await self.call_tool(spec, args, CallContext(self.runtime, owner=owner))
+            call = CallContext(self.runtime, owner=owner, caller_env=caller_env(meta), workspace=caller_workspace(meta))
+            result = await self.call_tool(spec, args, call)
         except MCPError as exc:
             return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
         except CcwError as exc:
@@ -281,7 +283,7 @@ class CcwServer:
             terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
             try:
                 call = CallContext(self.runtime, ctx.session, ctx.request_id, owner, caller_env(params.meta),
-                                   terminal)
+                                   terminal, caller_workspace(params.meta))
                 return await self.call_tool(spec, args, call)
             finally:
                 if terminal is not None:
@@ -369,7 +371,8 @@ class CcwServer:
         if resource is None:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=f"no resource matches {uri!r}; see resources/templates/list")
         try:
-            mime_type, text = await resource.handler(CallContext(self.runtime, ctx.session), uri)
+            call = CallContext(self.runtime, ctx.session, workspace=caller_workspace(params.meta))
+            mime_type, text = await resource.handler(call, uri)
         except CcwError as exc:
             code = RESOURCE_NOT_FOUND if exc.code == "NOT_FOUND" else INVALID_PARAMS
             raise MCPError(code=code, message=exc.message, data={"error": exc.to_dict()}) from exc
@@ -383,17 +386,31 @@ class CcwServer:
 # environment (stdio; the state dir's frontend.sock, peer-checked: mcp_server/frontdoor.py).
 # Set by the transport for the connection's tasks, as ARRIVALS is; unset (False) elsewhere.
 CALLER_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("ccw_caller_trusted", default=False)
-CALLER_META = "ccw/caller"  # params._meta key: {"cwd": ..., "env": {the ccw command's environment}}
+# params._meta key: {"cwd": ..., "env": {the calling process's environment}, "workspace": its
+# CCW_WORKSPACE (an attached ccw-mcp's: transports/relay.py)}.
+CALLER_META = "ccw/caller"
+
+
+# What a client lent for its whole connection (an attached ccw-mcp's opening line on
+# frontend.sock: mcp_server/frontdoor.py), for the calls that lend nothing themselves.
+CALLER_CONTEXT: contextvars.ContextVar[Mapping[str, Any] | None] = contextvars.ContextVar("ccw_caller", default=None)
+
+
+def _caller(meta: Any) -> Mapping[str, Any] | None:
+    """The caller context of a trusted call: its own ``_meta["ccw/caller"]``, else its connection's."""
+    if not CALLER_TRUSTED.get():
+        return None
+    caller = meta.get(CALLER_META) if isinstance(meta, Mapping) else None
+    caller = caller if caller is not None else CALLER_CONTEXT.get()
+    return caller if isinstance(caller, Mapping) else None
 
 
 def caller_env(meta: Any) -> dict[str, str] | None:
-    """The environment a trusted call lends under ``_meta["ccw/caller"]`` (the ccw command's
-    own: PATH and HOME for toolchain discovery, the values of a capsule's whitelisted
-    variables for its commands), else None."""
-    if not CALLER_TRUSTED.get() or not isinstance(meta, Mapping):
-        return None
-    caller = meta.get(CALLER_META)
-    env = caller.get("env") if isinstance(caller, Mapping) else None
+    """The environment a trusted call lends under ``_meta["ccw/caller"]`` or its connection
+    lent (the ccw command's, an attached ccw-mcp's: PATH and HOME for toolchain discovery,
+    the values of a capsule's whitelisted variables for its commands), else None."""
+    caller = _caller(meta)
+    env = caller.get("env") if caller is not None else None
     if not isinstance(env, Mapping):
         return None
     return {k: v for k, v in env.items() if isinstance(k, str) and isinstance(v, str)}
@@ -451,6 +468,15 @@ def caller_terminal(meta: Any, tool: str) -> int | None:
         os.close(fd)
         raise CcwError("INVALID_ARGUMENT", f"{tool} takes no terminal (only capsule_exec runs on one)")
     return fd
+
+
+def caller_workspace(meta: Any) -> str | None:
+    """The workspace root an attached ``ccw-mcp`` lends with each call (its own CCW_WORKSPACE,
+    by default its cwd: the file tools' root when its client declares no roots), if the
+    call is trusted and names an absolute one; else None (ours applies)."""
+    caller = _caller(meta)
+    workspace = caller.get("workspace") if caller is not None else None
+    return workspace if isinstance(workspace, str) and os.path.isabs(workspace) else None
 
 
 def _tasks_era(ctx: ServerRequestContext[Any]) -> None:

@@ -51,6 +51,10 @@ class DirectContext:
     async def roots(self) -> list[str] | None:
         return self._roots
 
+    @property
+    def workspace(self) -> str:
+        return str(self.config.workspace)
+
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         self.progress_calls.append((progress, total, message))
 

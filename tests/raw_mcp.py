@@ -41,10 +41,11 @@ def structured(answer: dict[str, Any]) -> dict[str, Any]:
 class RawStdio:
     """One ``ccw-mcp`` over stdio; ``request`` sends one JSON-RPC request and returns its response."""
 
-    def __init__(self, state_dir: Path, toolsets: str, tasks: bool | None = True) -> None:
-        """``tasks``: declare the extension on every request (True) or not (False); None: the 2025-11-25 era."""
+    def __init__(self, state_dir: Path, toolsets: str, tasks: bool | None = True, **settings: str) -> None:
+        """``tasks``: declare the extension on every request (True) or not (False); None: the
+        2025-11-25 era.  ``settings``: more of the server's environment (CCW_WORKSPACE=...)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
-        env.update(CCW_STATE_DIR=str(state_dir), CCW_TOOLSETS=toolsets, CCW_DEBUG="1")
+        env.update(CCW_STATE_DIR=str(state_dir), CCW_TOOLSETS=toolsets, CCW_DEBUG="1", **settings)
         self.proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.tasks = tasks

@@ -4,6 +4,7 @@ trust, and a second stdio ccw-mcp relaying to the first (no helper needed: ccw_i
 from __future__ import annotations
 
 import array
+import dataclasses
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ import pytest
 import trio
 
 from mcp_server import frontdoor
+from mcp_server.config import Config
 from mcp_server.server import (
     CALLER_META,
     CALLER_TERMINAL,
@@ -34,8 +36,17 @@ def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
     assert first is not None
     try:
         assert frontdoor.try_lock(str(tmp_path)) is None
-        first.record("stdio", daemon=False)
-        assert frontdoor.owner_of(str(tmp_path)) == {"pid": os.getpid(), "endpoint": "stdio", "daemon": False}
+        config = Config.from_env({"CCW_STATE_DIR": str(tmp_path), "CCW_TOOLSETS": "server"})
+        first.record("stdio", daemon=False, config=config)
+        assert frontdoor.owner_of(str(tmp_path)) == {"pid": os.getpid(), "endpoint": "stdio", "daemon": False,
+                                                     "settings": frontdoor.shared_settings(config)}
+        frontdoor.refuse_unlike(config)  # the same settings: attach
+        with pytest.raises(CcwError) as unlike:
+            frontdoor.refuse_unlike(dataclasses.replace(config, toolsets=("server", "capsule"),
+                                                        reapi_url="grpc://127.0.0.1:1"))
+        assert unlike.value.code == "CONFLICT" and unlike.value.details == {"settings": ["toolsets", "reapi_url"]}
+        assert "CCW_TOOLSETS" in unlike.value.message and "CCW_REAPI_URL" in unlike.value.message
+        assert "own CCW_STATE_DIR" in unlike.value.message
         assert oct(os.stat(tmp_path / "frontend.lock").st_mode & 0o777) == "0o600"
     finally:
         first.release()
@@ -94,6 +105,39 @@ def test_a_terminal_comes_only_with_the_call_that_names_it() -> None:
         caller_terminal({CALLER_TERMINAL: True}, "capsule_exec")
 
 
+@pytest.mark.parametrize("sent", [
+    [frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}}) + b'{"jsonrpc":"2.0"}\n'],
+    [frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})[:5],  # split: read until its newline
+     frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})[5:]],
+    [b'{"jsonrpc":"2.0","id":1,"method":"initialize"}\n'],
+    [b"{}\n"],  # shorter than the opening's start: decided on its newline, not by waiting for more
+    [b""],
+])
+def test_a_connection_may_open_with_its_caller_context(sent: list[bytes]) -> None:
+    async def main() -> tuple[Any, bytes]:
+        ours, theirs = trio.socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for chunk in sent:
+            await theirs.send(chunk)
+            await trio.sleep(0.01)
+        theirs.shutdown(socket.SHUT_WR)
+        receiver = frontdoor._FdReceiver(trio.SocketStream(ours), PassedFds())
+        caller = await receiver.opening()
+        rest = b""
+        while chunk := await receiver.receive_some():
+            rest += chunk
+        await receiver.aclose()
+        theirs.close()
+        return caller, rest
+
+    caller, rest = trio.run(main)
+    whole = b"".join(sent)
+    if whole.startswith(frontdoor.OPENING):
+        opening = frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})
+        assert caller == {"workspace": "/w", "env": {"A": "1"}} and rest == whole[len(opening):]
+    else:
+        assert caller is None and rest == whole  # nothing lost: the connection reads it all
+
+
 def test_a_call_naming_a_terminal_over_stdio_is_refused(tmp_path: Path) -> None:
     with RawStdio(tmp_path / "state", "capsule", tasks=None) as client:
         answer = client.request("tools/call", {"name": "capsule_exec", "_meta": {CALLER_TERMINAL: True},
@@ -134,6 +178,11 @@ def test_descriptors_passed_on_the_front_end_socket_are_kept_up_to_a_limit() -> 
     trio.run(main)
 
 
+def _owner(state: Path) -> dict[str, Any]:
+    """The owner's record without its settings."""
+    return {k: v for k, v in (frontdoor.owner_of(str(state)) or {}).items() if k != "settings"}
+
+
 def _attached(client: RawStdio) -> None:
     deadline = time.monotonic() + 60
     while not any("tools=relayed" in line for line in client.stderr):
@@ -168,11 +217,37 @@ def test_a_second_stdio_server_relays_and_takes_over(tmp_path: Path) -> None:
             assert "retry" in failed["error"]["message"]
             answer = _info(attached)
             assert answer["result"]["structuredContent"]["name"] == "ccw"
-            assert frontdoor.owner_of(str(state)) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
+            assert _owner(state) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
         assert attached.proc.returncode == 0
         assert not (state / "frontend.sock").exists()
     finally:
         owner.close()  # killed above, or ending now: its pipes are closed either way
+
+
+def test_an_attached_server_keeps_its_own_workspace(tmp_path: Path) -> None:
+    """Two agents in two projects on one state dir: each one's file tools (no roots
+    declared) read its own CCW_WORKSPACE, though the calls run in the owner's process."""
+    state = tmp_path / "state"
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "f.txt").write_text(f"project {name}\n")
+    with RawStdio(state, "text,server", tasks=None, CCW_WORKSPACE=str(tmp_path / "a")) as owner, \
+            RawStdio(state, "text,server", tasks=None, CCW_WORKSPACE=str(tmp_path / "b")) as attached:
+        _attached(attached)
+        for client, name in ((owner, "a"), (attached, "b"), (owner, "a")):
+            read = client.call("read_text_file", {"path": "f.txt"})
+            assert f"project {name}" in read["content"][0]["text"], read
+
+
+def test_a_server_with_other_settings_does_not_attach(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with RawStdio(state, "server", tasks=None) as owner:
+        assert "result" in _info(owner)
+        other = RawStdio(state, "server,text")  # (no handshake sent: it ends first)
+        assert other.proc.wait(60) == 2  # more tools than the owner serves: refused, not widened
+        other.close()  # (its stderr read to the end)
+        assert any("CONFLICT" in line and "CCW_TOOLSETS" in line for line in other.stderr), other.stderr
+        assert "result" in _info(owner)
 
 
 def test_an_agents_server_takes_the_state_dir_from_the_cli_daemon(tmp_path: Path) -> None:
@@ -185,7 +260,7 @@ def test_an_agents_server_takes_the_state_dir_from_the_cli_daemon(tmp_path: Path
     with RawStdio(state, "server", tasks=None) as agent:
         assert "result" in _info(agent)
         assert not any("tools=relayed" in line for line in agent.stderr)
-        assert frontdoor.owner_of(str(state)) == {"pid": agent.proc.pid, "endpoint": "stdio", "daemon": False}
+        assert _owner(state) == {"pid": agent.proc.pid, "endpoint": "stdio", "daemon": False}
         assert _ended(daemon["frontend_pid"])
 
 
@@ -214,7 +289,7 @@ def test_a_call_sent_while_the_owner_drains_is_answered_by_the_next(tmp_path: Pa
             busy.join(60)
             assert own_call[0]["result"]["structuredContent"]["delayed_ms"] == 3000
             assert owner.proc.wait(30) == 0
-            assert frontdoor.owner_of(str(state)) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
+            assert _owner(state) == {"pid": attached.proc.pid, "endpoint": "stdio", "daemon": False}
     finally:
         owner.close()
 
@@ -226,6 +301,7 @@ def test_a_call_sent_while_the_owner_drains_is_answered_by_the_next(tmp_path: Pa
 IDLE_SCRIPT = r"""
 import sys, trio
 from mcp_server import frontdoor
+from mcp_server.config import Config
 from mcp_server.config import Config
 
 config = Config.from_env({"CCW_STATE_DIR": sys.argv[1], "CCW_TOOLSETS": "server"})

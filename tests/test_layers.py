@@ -1,4 +1,4 @@
-"""The layers of issue 14, as import-linter contracts (pyproject.toml, [tool.importlinter]).
+"""The layers of issues 14 and 27, as import-linter contracts (pyproject.toml, [tool.importlinter]).
 
 ``./dev test`` runs ``lint-imports`` before pytest; this test runs it too, one contract at
 a time, so that a plain ``pytest`` run checks the layers and names the contract broken.
@@ -18,12 +18,13 @@ CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
-def test_the_four_contracts_are_declared() -> None:
+def test_the_five_contracts_are_declared() -> None:
     assert [c["id"] for c in CONTRACTS] == [
         "helper-never-imports-front-end",
         "front-end-uses-public-surface",
         "core-does-no-io",
         "tool-families-independent",
+        "front-end-layers",
     ]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from mcp_server.bot.runner import _signalled
 from mcp_server.capsules.executors import LocalExecutor, executor_for
 from mcp_server.capsules.remote import (
     ReapiExecutor,
@@ -20,7 +21,6 @@ from mcp_server.capsules.remote import (
 from mcp_server.capsules.trials import Unit
 from mcp_server.cli import parse_args, serve_env
 from mcp_server.config import Config
-from mcp_server.reapi.bot import _signalled, parse_properties
 from mcp_server.reapi.inputs import BlobCache, InputRoots, fetch_input_root
 from mcp_server.reapi.merkle import (
     DirEntry,
@@ -31,6 +31,7 @@ from mcp_server.reapi.merkle import (
     digest_bytes,
     tree_of_directory,
 )
+from mcp_server.reapi.worker import parse_properties
 from sandbox.errors import CcwError
 
 

@@ -1,4 +1,4 @@
-"""ccw-bot reads what a lease names as hostile (mcp_server/reapi/marker.py; issue 24, class 2b).
+"""ccw-bot reads what a lease names as hostile (mcp_server/bot/marker.py; issue 24, class 2b).
 
 Any REAPI client can send ccw-bot a lease.  Before the fix the bot joined the marker's
 ``replay`` to the lease root (an absolute path replaced it: the bot replayed any file
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server.reapi import bot
-from mcp_server.reapi.bot import CapsuleRunner
-from mcp_server.reapi.marker import Marker, check_command_paths
+from mcp_server.bot import runner as bot
+from mcp_server.bot.marker import Marker, check_command_paths
+from mcp_server.bot.runner import CapsuleRunner
 from mcp_server.reapi.merkle import DirEntry, FileEntry, SymlinkEntry, build_tree, digest_bytes, key
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from sandbox.errors import CcwError

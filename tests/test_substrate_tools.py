@@ -32,6 +32,7 @@ class Ctx:
 
     def __init__(self, root: Path, state: State) -> None:
         self.config = Config(workspace=str(root), state_dir=str(state.root))
+        self.workspace = self.config.workspace
         self.state = state
 
     async def helper(self) -> Any:

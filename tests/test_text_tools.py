@@ -40,6 +40,10 @@ class FakeContext:
     async def roots(self) -> list[str] | None:
         return self.declared_roots
 
+    @property
+    def workspace(self) -> str:
+        return self.config.workspace
+
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         return None
 

@@ -156,7 +156,7 @@ def test_installed_ccw_mcp_serves_stdio(installed: Installed, tmp_path: Path) ->
 
 
 def test_installed_entry_points_answer_version_and_help(installed: Installed, tmp_path: Path) -> None:
-    for script in ("ccw", "ccw-mcp", "ccw-helper"):
+    for script in ("ccw", "ccw-mcp", "ccw-helper", "ccw-bot"):
         version = installed.run(script, "--version", cwd=tmp_path, stdin="", timeout=60)
         assert version.stdout == f"{script} 0.1.0\n", version
         shown = installed.run(script, "--help", cwd=tmp_path, stdin="", timeout=60)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -33,10 +32,11 @@ from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
 from tests.cli_process import CCW, ROOT, ccw, cli_env
-from tests.raw_mcp import RawStdio
+from tests.raw_mcp import RawStdio, structured
 from tests.test_events import _entry, _record
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from netfixtures import HttpLoopback
 from webdriver import Browser
 
 HOSTILE = "<img src=x onerror=document.title='pwned'>.txt"
@@ -54,41 +54,12 @@ RUN = f"echo hello > out.txt; echo key > secret.txt; touch \"{HOSTILE}\"; python
 GUARD = {"name": "no-secrets", "rules": {"deny_paths": ["secret.txt"]}}
 
 
-class Gate:
-    """A server on the host's loopback that answers each request once ``release`` is set: a run
-    that fetches from it is still running until the test lets it end."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.release = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(4096)
-                self.release.wait(120)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
-
-
 @pytest.fixture
-def gate() -> Iterator[Gate]:
-    opened = Gate()
-    yield opened
-    opened.release.set()
-    opened.sock.close()
-
-
-def structured(answer: dict[str, Any]) -> dict[str, Any]:
-    """A tools/call's structured result; fails on a tool error."""
-    assert not answer.get("isError"), answer
-    result: dict[str, Any] = answer["structuredContent"]
-    return result
+def gate() -> Iterator[HttpLoopback]:
+    """The host's loopback server a run fetches from: it answers once the test releases it,
+    so the run is still running until then."""
+    with HttpLoopback(held=True) as opened:
+        yield opened
 
 
 @pytest.fixture
@@ -138,7 +109,7 @@ def shot(browser: Browser, shots: Path, name: str) -> None:
 
 
 def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
-        state: Path, dashboard: str, browser: Browser, gate: Gate, tmp_path: Path) -> None:
+        state: Path, dashboard: str, browser: Browser, gate: HttpLoopback, tmp_path: Path) -> None:
     workspace, shots = tmp_path / "ws", tmp_path / "screenshots"
     workspace.mkdir()
     (workspace / "a.txt").write_text("a\n")

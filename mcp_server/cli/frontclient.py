@@ -131,7 +131,11 @@ class _Session:
 
 
 async def attach(config: Config) -> trio.SocketStream:
-    """A connection to the state dir's front end, starting its daemon if none answers."""
+    """A connection to the state dir's front end, starting its daemon if none answers.
+
+    Even under ``--no-autostart``, which is about the helper (a command pinned to a system
+    helper must not start one of its own): the daemon is this user's own unprivileged
+    process, which the command needs to run at all, and it leaves when idle."""
     path = str(FrontendPaths.of(config.state_dir).socket)
     with contextlib.suppress(OSError):
         return await trio.open_unix_socket(path)

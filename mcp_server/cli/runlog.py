@@ -52,18 +52,19 @@ def run(args: argparse.Namespace, config: Config) -> int:
         if journal.capsule(args.capsule_id) is None:
             raise CcwError("NOT_FOUND", f"no capsule {args.capsule_id} in {config.state_dir}; "
                            "ccw capsule list shows the capsules", {"capsule_id": args.capsule_id})
-        runs = [run_summary(entry) for entry in journal.execs(args.capsule_id)]
         if args.verb == "log":
+            runs = [run_summary(entry) for entry in journal.execs(args.capsule_id)]
             if args.json:
                 print_json({"capsule_id": args.capsule_id, "runs": runs})
             else:
                 sys.stdout.write(render_log(runs, use_color(sys.stdout, args.no_color)))
             return 0
-        entry = next((e for e in journal.execs(args.capsule_id) if e["seq"] == args.run), None)
-        if entry is None:
+        # The one run, and its output alone: a capsule may hold thousands.
+        entry = next(iter(journal.execs(args.capsule_id, before=args.run + 1, limit=1)), None)
+        if entry is None or entry["seq"] != args.run:
             raise CcwError("NOT_FOUND", f"capsule {args.capsule_id} has no run {args.run}; ccw capsule log "
                            f"{args.capsule_id} lists its runs", {"capsule_id": args.capsule_id, "run": args.run})
-        outputs = journal.outputs(args.capsule_id)
+        outputs = journal.outputs(args.capsule_id, args.run)
         detail = run_detail(entry, {stream: outputs.get((args.run, stream)) for stream in ("stdout", "stderr")})
         if args.json:
             print_json(detail)

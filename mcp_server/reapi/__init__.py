@@ -5,4 +5,8 @@
 - ``client``: CAS, action cache and Execute over gRPC, blocking; ``TrioReapi`` runs it
   in worker threads for trio code.
 - ``postgres``, ``cluster``: a private PostgreSQL and BuildGrid on loopback, one command.
+
+A client only: ``ccw-bot``, which serves a cluster's leases in capsules, is an
+application above the capsule service (mcp_server/bot/), as the executor that sends
+deltamin's trials to a cluster is part of it (capsules/remote.py).
 """

@@ -353,7 +353,7 @@ def start_bot(url: str, bot_id: str, state_dir: Path, capacity: int = 1,
     env["CCW_STATE_DIR"] = str(state_dir)
     with open(state_dir / "bot.log", "ab") as sink:
         extra = [arg for item in properties for arg in ("--property", item)]
-        return subprocess.Popen([sys.executable, "-m", "mcp_server.reapi.bot", "--reapi", url, "--bot-id", bot_id,
+        return subprocess.Popen([sys.executable, "-m", "mcp_server.bot", "--reapi", url, "--bot-id", bot_id,
                                  "--capacity", str(capacity), *extra], stdin=subprocess.DEVNULL, stdout=sink,
                                 stderr=sink, env=env, start_new_session=True)  # fmt: skip
 

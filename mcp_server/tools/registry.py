@@ -21,7 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-SCOPES = ("read", "write", "exec", "promote", "admin")
+from mcp_server.auth import SCOPES
 
 
 class ToolContext(Protocol):
@@ -44,6 +44,11 @@ class ToolContext(Protocol):
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared (MCP roots), or None if it declared none."""
+
+    @property
+    def workspace(self) -> str:
+        """The workspace root when the client declares no roots (the CCW_WORKSPACE of the
+        ``ccw-mcp`` the client started, even when attached to another front end)."""
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress if the caller sent a progress token; otherwise do nothing."""

@@ -52,7 +52,7 @@ async def rooted(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
     if capsule_id:
         view = await open_view(ctx, capsule_id=capsule_id)
     else:
-        view = RootView.open(effective_roots(await ctx.roots(), ctx.config.workspace)[0])
+        view = RootView.open(effective_roots(await ctx.roots(), ctx.workspace)[0])
     return Target(view, rel, rootspace.display_path(rel), capsule_id, ctx.state)
 
 

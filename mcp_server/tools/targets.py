@@ -4,8 +4,8 @@ the plumbing the snapshot and workspace tools share (stores, leases, capture).
 Every file tool (snapshot, workspace, text, hashline) reads or edits one of three views:
 
 - the live **worktree**: the workspace root is the tool's ``workspace`` argument when
-  given (an absolute directory), else ``ctx.config.workspace`` (``CCW_WORKSPACE``,
-  default the server's cwd).  Symlinks in the root path itself are resolved once, when
+  given (an absolute directory), else ``ctx.workspace`` (``CCW_WORKSPACE`` of the
+  ``ccw-mcp`` the client started, default its cwd).  Symlinks in the root path itself are resolved once, when
   the root is opened; everything beneath it is reached through the root descriptor.
 - a **capsule**'s copy-on-write merged view, when ``capsule_id`` is given: the helper
   passes an O_PATH descriptor of it (``open_root``), so no file content crosses the IPC.
@@ -40,7 +40,7 @@ from sandbox.errors import CcwError
 
 def workspace_root(ctx: Any, workspace: str | None = None) -> str:
     """The worktree root directory: the ``workspace`` argument, else the configured one."""
-    root = workspace or getattr(ctx.config, "workspace", "") or os.getcwd()
+    root = workspace or ctx.workspace
     if not os.path.isabs(root):
         raise CcwError(
             "INVALID_ARGUMENT",

@@ -1,10 +1,12 @@
 """An attached stdio ``ccw-mcp``: its client's NDJSON relayed to the state dir's front end.
 
 When another process owns the state dir (``mcp_server/frontdoor.py``), a stdio
-``ccw-mcp`` keeps no Runtime and starts no helper: it copies its client's lines to the
-owner's ``frontend.sock`` and the owner's lines (answers, notifications, the owner's own
-requests such as ``roots/list``) back, unchanged, so that the client's calls take their
-turns with everyone else's.  It reads just enough of each line to know which requests
+``ccw-mcp`` keeps no Runtime and starts no helper: it opens its connection to the
+owner's ``frontend.sock`` with its own caller context (``frontdoor.opening_line``: the
+workspace and environment its client's calls are to run with), then copies its client's
+lines there and the owner's lines (answers, notifications, the owner's own requests such
+as ``roots/list``) back, unchanged, so that the client's calls take their turns with
+everyone else's.  It reads just enough of each line to know which requests
 are in flight: the client's request lines are classified (they are small), the owner's
 answers only by their head (``framing.scan_head``; an answer may be a whole file).
 
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from typing import Any
 
 import trio
 
 from mcp_server import framing
 from mcp_server.config import Config
+from mcp_server.frontdoor import opening_line
 from mcp_server.logs import LOGGER
 from mcp_server.transports.stdio import claim_stdio
 
@@ -55,6 +59,9 @@ class Relay:
         self.resend: list[bytes] = []  # refused by a draining owner unread: for the next one
         self.client_ended = False
         self.host_draining = trio.Event()  # ends a front end we host after a takeover
+        # Our client's calls run in the owner's process, but with our own context: the
+        # workspace its file tools default to and the environment its commands see.
+        self.opening = opening_line({"cwd": os.getcwd(), "env": dict(os.environ), "workspace": config.workspace})
 
     async def run(self, draining: trio.Event, nursery: trio.Nursery) -> None:
         """Relay until the client's input ends (or ``draining``) and its answers are back."""
@@ -63,6 +70,7 @@ class Relay:
                 upstream, owner_lines = await self._attach(nursery)
                 async with upstream:
                     try:
+                        await upstream.send_all(self.opening)
                         await self._replay_handshake(upstream, owner_lines)
                         await self._pump(upstream, owner_lines, draining)
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
@@ -88,6 +96,8 @@ class Relay:
                 except OSError:
                     await trio.sleep(0.05)  # the owner holds the lock but is not listening yet
                     continue
+                if lock is None:  # another process took over: it must serve what ours would
+                    frontdoor.refuse_unlike(self.config)
                 return stream, framing.LineSplitter(max_frame=MAX_ANSWER)
 
     async def _replay_handshake(self, upstream: trio.SocketStream, owner_lines: framing.LineSplitter) -> None:
@@ -207,7 +217,7 @@ async def _host(config: Config, lock: Any, draining: trio.Event,
     from mcp_server import frontdoor
 
     try:
-        lock.record("stdio", daemon=False)
+        lock.record("stdio", daemon=False, config=config)
         async with frontdoor.running_app(config) as app:
             await frontdoor.serve(app, draining, task_status=task_status)
     finally:
