@@ -29,6 +29,7 @@ from mcp_server.server import (
 )
 from sandbox.errors import CcwError
 from tests.raw_mcp import RawStdio
+from tests.test_exec_terminal import _closed
 
 
 def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
@@ -69,14 +70,6 @@ def test_caller_env_only_from_a_trusted_connection(trusted: bool) -> None:
             assert caller_env(bad) is None
     finally:
         CALLER_TRUSTED.reset(token)
-
-
-def _open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True
 
 
 def test_a_terminal_comes_only_with_the_call_that_names_it() -> None:
@@ -165,10 +158,10 @@ def test_descriptors_passed_on_the_front_end_socket_are_kept_up_to_a_limit() -> 
             passed.add([fd])
         extra = os.dup(kept[0] or 0)
         passed.add([extra])
-        assert not _open(extra)  # over the limit: closed at once
+        assert _closed(extra)  # over the limit: closed at once
         held = list(kept[: PassedFds.LIMIT])
         passed.close()
-        assert not any(_open(fd) for fd in held if fd is not None)
+        assert all(_closed(fd) for fd in held if fd is not None)
         await receiver.aclose()
         theirs.close()
         for r, w in pipes:
