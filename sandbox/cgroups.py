@@ -14,9 +14,11 @@ Some facts about cgroup layouts on the machines ccw runs on
 - Each resource comes from the best place available: cgroup v2 when its controller is
   enabled there, else the v1 hierarchy carrying it.  A v2 hierarchy with *no*
   controllers (hybrid hosts, such as the CI VM: v1 memory/cpu/cpuacct/pids/blkio and an
-  empty cgroup2 at /sys/fs/cgroup/unified) is still useful: every non-root v2 cgroup has
+  empty cgroup2 at /sys/fs/cgroup/unified) can still serve: every non-root v2 cgroup has
   ``cgroup.kill`` (5.14+), which kills a whole tree atomically, and ``cpu.stat`` with
-  ``usage_usec``, which needs no controller.
+  ``usage_usec``, which needs no controller.  But joining v2 takes the kernel's global
+  migration lock (exec_cgroup.py's essay), so it serves ``cpu`` only without a v1
+  cpuacct, and ``kill`` only without a v1 freezer.
 - The helper may itself sit in a non-root cgroup (a systemd service; on the CI VM a
   per-command v1 memory cgroup).  ccw's parent cgroup ``ccw`` is created under the
   helper's *own* cgroup in each hierarchy, so the helper's own limits keep applying to
@@ -147,7 +149,13 @@ class CgroupLayout:
         if resource == "share":
             return v2 if v2 is not None and "cpu" in v2.controllers else self._v1("cpu")
         if resource == "kill":
-            return v2 if v2 is not None else self._v1("freezer")
+            # A v2 hierarchy the exec joins for nothing else is left out when the v1
+            # freezer can kill: joining v2 takes the global migration lock (see the essay).
+            freezer = self._v1("freezer")
+            if v2 is not None and (freezer is None or any(
+                    self.for_resource(r) is v2 for r in ("memory", "pids", "cpu", "share", "io"))):
+                return v2
+            return freezer
         if resource == "cpu":
             if v2 is not None and "cpu" in v2.controllers:
                 return v2

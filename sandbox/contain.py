@@ -8,14 +8,14 @@ The process tree of one exec::
 
     helper thread ── fork ─▶ jail init      pid 1 of a new pid namespace (the thread
                                │             unshares CLONE_NEWPID for its next child, then
-                               │             setns back); waits for the sync byte while the
-                               │             helper puts it in the exec's cgroup, then builds
-                               │             the jail (``contain``), drops every privilege,
-                               │             and reaps, forwards signals, reports
+                               │             setns back); moves itself into the exec's
+                               │             cgroups, then builds the jail (``contain``),
+                               │             drops every privilege, and reaps, forwards
+                               │             signals, reports
                                └ posix_spawn ─▶ command   (vfork + exec: no second Python fork)
 
 A rootless helper cannot setns back into its pid namespace, so there the helper's child
-waits for the sync byte, unshares the pid namespace and forks the init itself.
+unshares the pid namespace and forks the init itself (a rootless helper has no cgroups).
 
 Choices made here (DESIGN §2 leaves them open):
 
@@ -29,8 +29,15 @@ Choices made here (DESIGN §2 leaves them open):
   init is then non-dumpable, so a command under the same uid can neither ptrace it nor
   open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
   namespace: when the init dies, the kernel kills every process in it.
+- The first child moves *itself* into the exec's cgroups (``_enter_cgroups``), first
+  thing, through files the helper opened (``ExecCgroup.entry_files``): nothing of the
+  command's runs before every write has returned, and the cgroup namespace, unshared
+  later in ``contain``, is rooted at the exec's cgroups, so the jail sees them as ``/``.
+  Why the child writes rather than the helper: exec_cgroup.py's essay (the cost of a
+  migration).
 - Messages from the children to the helper go over one pipe, each a single write
-  shorter than PIPE_BUF (atomic): ``P`` the init's host pid, ``E`` a failed step,
+  shorter than PIPE_BUF (atomic): ``C`` a failed move into a cgroup, ``P`` the init's
+  host pid, ``E`` a failed step,
   ``W`` the command's wait status (from the init), ``A`` the init's wait status,
   ``R`` the rusage of every process the init reaped (rusage.py), sent last.
   supervise.py reads them.
@@ -71,8 +78,9 @@ from sandbox import egress, mounts, namespaces, rootcaps, seccomp, syscalls
 from sandbox import rusage as rusage_
 from sandbox.errors import CcwError
 
-_FD_SYNC, _FD_REPORT = 3, 4  # in the jail parent; 0-2 are the command's stdio
-_FD_NET, _FD_ROOT = 5, 6  # spares made ahead, when the helper had them (see supervise._SparePool)
+_FD_REPORT = 3  # in the jail parent; 0-2 are the command's stdio
+_FD_NET, _FD_ROOT = 4, 5  # spares made ahead, when the helper had them (see supervise._SparePool)
+_FD_CGROUPS = 6  # and up: the exec cgroup's files to move into (ExecCgroup.entry_files)
 _SETUP_FAILED = 125
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
 # reports the rusage of what it reaps); not one of the forwarded signals.  A command may
@@ -247,18 +255,17 @@ def _arrange_fds(fds: tuple[int | None, ...]) -> None:
 
 
 def jail_child(plan: Plan, fds: tuple[int | None, ...], is_init: bool) -> NoReturn:
-    """The helper's child: wait until it is in the exec's cgroup, then become (or fork) the init.
+    """The helper's child: move itself into the exec's cgroups, then become (or fork) the init.
 
-    ``fds``: stdin, stdout, stderr, sync, report, then a spare network namespace and a
-    spare root tree or None; they become descriptors 0 to 6.
+    ``fds``: stdin, stdout, stderr, report, a spare network namespace and a spare root
+    tree or None, then one open file per hierarchy of the exec's cgroup; they become
+    descriptors 0, 1, 2 and so on.
     """
     try:
         gc.disable()  # a collection would touch (and so copy) every page of the helper's heap
         _arrange_fds(fds)
         prctl.set_pdeathsig(signal.SIGKILL)  # the helper's thread blocks in run() until we end
-        if os.read(_FD_SYNC, 1) != b"1":
-            os._exit(1)  # the helper gave up (cgroup.enter failed)
-        os.close(_FD_SYNC)
+        _enter_cgroups(len(fds))
         if not is_init:  # rootless fallback: unshare the pid namespace here, fork its init
             try:
                 syscalls.unshare(syscalls.CLONE_NEWPID)
@@ -276,6 +283,24 @@ def jail_child(plan: Plan, fds: tuple[int | None, ...], is_init: bool) -> NoRetu
                    root=_FD_ROOT if fds[_FD_ROOT] is not None else None)
     except BaseException as exc:
         _fail("jail child", exc)
+
+
+def _enter_cgroups(end: int) -> None:
+    """Move ourselves into the exec's cgroups, before anything else: "0" is the writing
+    thread, and we have only one (a forked copy of the calling thread), so the whole process.
+
+    Each write returns once the kernel has moved us; one that fails ends this child with a
+    ``C`` report (which file, the errno), and the helper fails the exec.
+    """
+    for fd in range(_FD_CGROUPS, end):
+        try:
+            os.write(fd, b"0")
+        except OSError as exc:
+            try:
+                _send(b"C", struct.pack("!ii", fd - _FD_CGROUPS, exc.errno or 0))
+            finally:
+                os._exit(_SETUP_FAILED)
+        os.close(fd)
 
 
 def contain(plan: Plan, net_prepared: bool, root: int | None) -> None:
@@ -352,8 +377,9 @@ def _spawn(plan: Plan) -> int:
     # its controlling terminal: posix_spawn calls setsid() before the file actions, and
     # /proc/self/fd/0 reopens the pty slave (the jail's /dev/pts is another devpts).  The
     # slot is closed first (glibc closes an open action's target), so not 0 itself.
-    actions = [(os.POSIX_SPAWN_OPEN, _FD_SYNC, "/proc/self/fd/0", os.O_RDWR, 0),
-               (os.POSIX_SPAWN_CLOSE, _FD_SYNC)] if plan.controlling_tty else []
+    # Any slot above 2 does: the spawned child's copy of it is close-on-exec anyway.
+    actions = [(os.POSIX_SPAWN_OPEN, _FD_REPORT, "/proc/self/fd/0", os.O_RDWR, 0),
+               (os.POSIX_SPAWN_CLOSE, _FD_REPORT)] if plan.controlling_tty else []
     denied: OSError | None = None
     for candidate in candidates:
         try:

@@ -8,6 +8,20 @@ Some facts about per-exec cgroups
 ---------------------------------
 - Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale`` can
   tell a dead helper's leftovers from those of a helper that is still running.
+- A migration (moving a process in) takes ``cgroup_threadgroup_rwsem`` for writing when
+  a pid goes to ``cgroup.procs`` (v1 or v2) or another thread's id to v1 ``tasks``; it
+  waits for an RCU grace period unless another migration ran within the last one: 8-10
+  ms on the CI VM (HZ=250), a third of an exec (issue 27's profile).  A thread writing
+  "0" (itself) to v1 ``tasks`` moves alone and skips that lock (``cgroup_procs_write_start``:
+  ``threadgroup_locked = pid || threadgroup``): four hierarchies in 0.15 ms.  The jail's
+  first child has one thread (fork copies only the caller), so it moves itself, first
+  thing (contain.py), through files the helper opened (``entry_files``); since 5.16 the
+  kernel checks the opener's credentials and cgroup namespace, so passing them grants
+  nothing more.  v2 has no such path (``cgroup.threads`` refuses a move between domain
+  cgroups), so a controller-less v2 (the CI VM) is not joined where the v1 freezer can
+  kill (cgroups.py); a pure v2 host pays the lock, which ``clone3(CLONE_INTO_CGROUP)``
+  would spare with a launcher other than Python's fork.  A ``favordynmods`` cgroup mount
+  keeps migrations cheap host-wide (and forks dearer): a deployment choice, not relied on.
 - v1 memory: ``memory.limit_in_bytes`` must be lowered before ``memory.memsw.limit_in_bytes``
   (memsw may never be below it), and memsw must be set too or a bomb swaps instead of
   dying.  ``memory.oom_control`` counts ``oom_kill`` (4.13+); v2 has ``memory.events``.
@@ -122,8 +136,8 @@ class ExecCgroup:
         return cg
 
     def _make_dirs(self) -> None:
-        # Every hierarchy costs a migration at enter() (milliseconds each on v1), so only
-        # those that give something: v1 blkio is left out, since the jail's wait4 rusage
+        # Every hierarchy costs a mkdir, a migration and an rmdir per exec, so only those
+        # that give something: v1 blkio is left out, since the jail's wait4 rusage
         # measures an exec's I/O where blkio cannot (see the essay).
         wanted = {self.layout.for_resource(r) for r in resources_worth_joining(self.layout)}
         leaf = f"{self.name}{_OWNER_SEP}{os.getpid()}"
@@ -202,9 +216,31 @@ class ExecCgroup:
 
     # -- enter / watch
     def enter(self, pid: int) -> None:
-        """Move ``pid`` into every hierarchy (before it unshares its cgroup namespace)."""
+        """Move another process, ``pid``, into every hierarchy (``cgroup.procs``: see the essay
+        for its cost); the jail moves itself instead (``entry_files``).  Starts the watcher."""
         for path in self.dirs.values():
             write_file(os.path.join(path, "cgroup.procs"), str(pid), "the process may have exited already")
+        self.watch()
+
+    def entry_files(self) -> list[tuple[int, str]]:
+        """One descriptor per hierarchy, open for writing, and its path (the caller closes
+        them): a single-threaded process writing "0" to each moves itself in (see the essay)."""
+        opened: list[tuple[int, str]] = []
+        try:
+            for hier, path in self.dirs.items():
+                path = os.path.join(path, "tasks" if hier.version == 1 else "cgroup.procs")
+                try:
+                    opened.append((os.open(path, os.O_WRONLY | os.O_CLOEXEC), path))
+                except OSError as exc:
+                    raise from_oserror(exc, "open", path, HINT) from exc
+        except BaseException:
+            for fd, _path in opened:
+                os.close(fd)
+            raise
+        return opened
+
+    def watch(self) -> None:
+        """Start enforcing ``limits.cpu_ms`` (a watcher thread), once the exec is inside."""
         if self.limits.cpu_ms is not None and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch_cpu, name=f"ccw-cpu-{self.name}", daemon=True)
             self._watcher.start()

@@ -44,6 +44,7 @@ from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, L
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
     from sandbox.fanotify import Traced
+    from sandbox.jail_end import Ending
     from sandbox.rusage import Measurement
     from sandbox.supervise import JailResult
 
@@ -94,8 +95,12 @@ def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
 def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
         stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
         uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
-        progress_ms: int = 1000, net_fd: int | None = None, tty_fd: int | None = None) -> ExecReply:
+        progress_ms: int = 1000, net_fd: int | None = None, tty_fd: int | None = None,
+        on_ending: Callable[[Ending], None] | None = None) -> ExecReply:
     """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply.
+
+    The reply comes once the init has reported the jail's end; ``on_ending`` gets what is
+    then left (the init's exit, the cgroup's removal; jail_end.py) as soon as it exists.
 
     ``net_fd``: an "egress" capsule's jail network namespace (the caller keeps it).
     ``tty_fd``: the caller's pty slave (access.check_terminal), the command's stdio and
@@ -113,7 +118,7 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
     )
     upper = capsule.path("upper")
     before = upper_signature(upper)
-    result, usage, traced, trace_error = _run_traced(spec, exec_name, limits, on_progress, progress_ms)
+    result, usage, traced, trace_error = _run_traced(spec, exec_name, limits, on_progress, progress_ms, on_ending)
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
     touched, touched_unavailable = _touched(traced, trace_error, moved)
     return ExecReply(
@@ -137,10 +142,11 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
 
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
-                on_progress: Callable[[ExecProgress], None] | None,
-                progress_ms: int) -> tuple[JailResult, Measurement, Traced | None, str | None]:
+                on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
+                on_ending: Callable[[Ending], None] | None) -> tuple[JailResult, Measurement, Traced | None, str | None]:
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
-    (None: no tracer, the error says why); cgroup and tracer torn down whatever happens."""
+    (None: no tracer, the error says why); tracer torn down whatever happens, the cgroup
+    too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py)."""
     from sandbox import exec_cgroup, fanotify, rusage, supervise
 
     cg_limits = exec_cgroup.Limits(
@@ -149,6 +155,7 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     )
     cgroup = None
     tracer = None
+    result = None
     trace_error: str | None = None
     try:
         cgroup = exec_cgroup.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
@@ -162,6 +169,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 tracer = None
         result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, tracer),
                                progress_interval_s=progress_ms / 1000)
+        if on_ending is not None:
+            on_ending(result.ending)
         traced = tracer.collect() if tracer is not None else None
         # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
         usage = cgroup.collect(result.init_report)
@@ -169,7 +178,9 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     finally:
         if tracer is not None:
             tracer.teardown()
-        if cgroup is not None:
+        if result is not None:  # the janitor removes the cgroup once the init has exited (jail_end.py)
+            result.ending.release()
+        elif cgroup is not None:
             cgroup.teardown()
     return result, usage, traced, trace_error
 

@@ -22,11 +22,14 @@ import datetime
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.errors import CcwError
 from sandbox.replies import CapsuleSummary
 from sandbox.spec import CapsuleSpec
+
+if TYPE_CHECKING:
+    from sandbox.jail_end import Ending
 
 VERSION = 2
 _V1_SPEC_FIELDS = ("workspace", "base", "clock_offset_sec", "env_whitelist", "limits", "network")
@@ -51,6 +54,11 @@ class Capsule:
     busy: bool = False
     disk_ready: bool = False
     children: set[str] = field(default_factory=set)
+    ending: Ending | None = None  # what is left of the last exec after its reply (jail_end.py)
+
+    def ended_by(self, ending: Ending) -> None:
+        """Note the last exec's end: what sets up over the capsule again waits for it."""
+        self.ending = ending
 
     @property
     def disk_mb(self) -> int | None:

@@ -11,7 +11,7 @@ nothing a command writes can outgrow it.  Choices made here:
 * **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside spec.py's one id grammar); within
   one millisecond the hex part is made to increase, so ids sort by creation within a
   helper's life.
-* **Exec** marks the capsule busy and hands it to execution.py.
+* **Exec**, fork and destroy wait for the last exec's end (jail_end.py); exec marks the capsule busy for execution.py.
 * **Network**: an "egress" capsule's kit (egress.py) is made at its first ``net_open``
   and kept in memory until destroy or shutdown; it is not in meta.json (namespaces do
   not outlive the helper), so after a restart exec says ``network_not_open`` until the
@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, egress, execution, exposed, gitdirs, overlay, probe
+from sandbox import access, disk, egress, execution, exposed, gitdirs, jail_end, overlay, probe
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -189,7 +189,7 @@ class CapsuleManager:
                            "outside the workspace (CCW_STATE_DIR)")
         if len(parent.ancestors) + 1 >= MAX_FORK_DEPTH:
             raise CcwError("TOO_LARGE", f"forks nest at most {MAX_FORK_DEPTH} deep; fork an earlier capsule")
-        with self._lock:
+        with jail_end.after_ending(self._lock, parent):
             if parent.busy:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
             self._ensure_mounted(parent)
@@ -391,7 +391,7 @@ class CapsuleManager:
     def destroy(self, capsule_id: str, caller_uid: int) -> DestroyReply:
         """Unmount (lazily if busy) and delete a capsule without forks."""
         capsule = self._get(capsule_id, caller_uid)
-        with self._lock:
+        with jail_end.after_ending(self._lock, capsule):
             if capsule.children:
                 forks = sorted(c for c in capsule.children if c)
                 raise CcwError("CONFLICT", f"capsule {capsule_id} has forks {forks}; destroy them first",
@@ -492,7 +492,7 @@ class CapsuleManager:
         # An "egress" capsule's jail namespace (refused, before anything starts, without net_open).
         net_fd = self.kits.jail_descriptor(capsule_id) if capsule.spec.network == "egress" else None
         try:
-            with self._lock:
+            with jail_end.after_ending(self._lock, capsule):
                 if capsule.children:
                     forks = sorted(c for c in capsule.children if c)
                     raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks}; "
@@ -507,7 +507,7 @@ class CapsuleManager:
             try:
                 return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
                                      timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
-                                     request.progress_ms or 1000, net_fd, request.tty_fd)
+                                     request.progress_ms or 1000, net_fd, request.tty_fd, capsule.ended_by)
             finally:
                 with self._lock:
                     capsule.busy = False

@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sandbox import jail_end
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
     OPS,
@@ -410,6 +411,7 @@ class HelperServer:
                 conn.shutdown(socket.SHUT_RD)
         for thread in connections.values():
             thread.join()
+        jail_end.settle(10.0)  # the execs' ends, after their replies: no init or cgroup left behind
         if self._wakes_on_signals:
             signal.set_wakeup_fd(-1)
         os.close(self._wake_r)

@@ -1,13 +1,19 @@
 """Supervise one jail from the helper: fork it, feed it, drain its output, time it out, reap it.
 
 This is nsjail's subproc: ``run`` forks the jail's first child (contain.py builds the
-jail inside it), moves it into the exec's cgroup, and waits, reading the command's
-output and the children's reports (contain.py's message pipe) until the jail ends.
+jail inside it; it moves itself into the exec's cgroup first), and waits, reading the
+command's output and the children's reports (contain.py's message pipe) until the jail ends.
 
 Choices made here (DESIGN §2 leaves them open):
 
 - The command's exit ends the jail: when it exits, the init SIGKILLs whatever else still
   runs in the pid namespace (background jobs, daemons), reaps it, reports and exits.
+  ``run`` returns on that last report (``R``) once the output pipes are closed, not on
+  the init's exit: the exit, milliseconds long (its copy of the helper's memory, the
+  jail's mounts), is reaped by jail_end.py's janitor, which then removes the exec cgroup
+  once the caller released it (``JailResult.ending``).  Without an ``R`` (the init was
+  killed, a step failed) ``run`` reaps the init itself, as the exec's reply needs its
+  status.
   On timeout the helper asks the init to do the same at once (``END_SIGNAL``), and if
   it has not ended ``_END_GRACE_SEC`` later, SIGKILLs it (through its pidfd in the
   rootless fallback) and calls the exec cgroup's ``kill()``: the kernel then kills what
@@ -33,7 +39,6 @@ Choices made here (DESIGN §2 leaves them open):
 from __future__ import annotations
 
 import os
-import resource
 import select
 import signal
 import struct
@@ -42,8 +47,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sandbox import mounts, namespaces, syscalls
+from sandbox import jail_end, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
+from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import ExecProgress
@@ -70,12 +76,11 @@ class JailResult:
     stderr_bytes: int
     stdout_truncated: bool
     stderr_truncated: bool
-    # wait4's rusage of the helper's child: the init itself (and, rootless, its parent),
-    # and what the init reaped while it ran; not what a kill of the init ended (rusage.py).
-    rusage: resource.struct_rusage | None = None
     # What the init measured of the processes it reaped, without itself (None: it was
     # killed, on timeout, before it could report).
     init_report: rusage_.InitReport | None = None
+    # The rest of the jail's end (the init's exit, the cgroup's removal): see the essay.
+    ending: jail_end.Ending = field(default_factory=jail_end.Ending.over)
 
 
 PROGRESS_TAIL = 2048  # bytes of the latest output each progress report carries
@@ -140,6 +145,13 @@ def _setup_error(payload: bytes) -> CcwError:
     return error
 
 
+def _entry_error(payload: bytes, paths: tuple[str, ...]) -> CcwError:
+    """The error of a failed move into the exec cgroup: as cgroups.write_file words it."""
+    index, number = struct.unpack("!ii", payload)
+    path = paths[index] if 0 <= index < len(paths) else "the exec cgroup"
+    return from_oserror(OSError(number, os.strerror(number)), "write '0' to", path, HINT)
+
+
 def run(
     spec: JailSpec,
     cgroup: ExecCgroup | None = None,
@@ -149,21 +161,20 @@ def run(
 ) -> JailResult:
     """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
 
-    ``cgroup.enter(pid)`` is called before the child unshares its namespaces;
-    ``on_started`` gets the host pid of the jail's init (pid 1 inside; killing it ends
-    the whole jail).  ``on_progress`` is called about every ``progress_interval_s`` while
-    the command runs, with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
+    The child moves itself into ``cgroup`` (through ``cgroup.entry_files()``) before it
+    unshares its namespaces, and a failed move fails the run.  A run that returns a
+    result with a ``cgroup`` leaves its removal to the janitor: call
+    ``result.ending.release()`` once done reading it (see the essay).  ``on_started``
+    gets the host pid of the jail's init (pid 1 inside; killing it ends the whole jail).
+    ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
+    with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
     """
     plan = prepare(spec)
     start = time.monotonic()
-    jail, output, sync_w = _fork(plan, spec, cgroup)
+    jail, output = _fork(plan, spec, cgroup)
     try:
-        try:
-            if cgroup is not None:
-                cgroup.enter(jail.pid)
-            os.write(sync_w, b"1")
-        finally:
-            os.close(sync_w)
+        if cgroup is not None:
+            cgroup.watch()
         if jail.direct and on_started is not None:
             on_started(jail.pid)
         # The next jail's network namespace and root tree, made on this thread while the
@@ -171,15 +182,38 @@ def run(
         _SPARE_NETS.refill()
         _SPARE_ROOTS.refill()
         _drain(jail, output, start, start + spec.timeout_ms / 1000.0, on_started, on_progress, progress_interval_s)
-        jail.reap()
-    finally:
+        if not output.final:  # no last report (killed, a failed step): its exit is all we get
+            jail.reap()
+    except BaseException:
         if jail.status is None:  # an exception (or cancellation) on the way: end the jail
             jail.kill()
             jail.reap()
-        jail.close()
-        output.close()
+        output.final = False  # reaped here, not by the janitor
+        raise
+    finally:
+        if not output.final:
+            jail.close()
+            output.close()
     duration_ms = int((time.monotonic() - start) * 1000)
-    return _result(_parse_reports(bytes(output.reports)), jail, duration_ms, output.out, output.err)
+    try:
+        result = _result(_parse_reports(bytes(output.reports)), jail, duration_ms, output.out, output.err)
+    except BaseException:
+        if output.final:
+            jail_end.Ending(None).finish_after(_reaper(jail, output))
+        raise
+    ending = result.ending = jail_end.Ending(cgroup)
+    ending.finish_after(_reaper(jail, output) if output.final else None)
+    return result
+
+
+def _reaper(jail: _Running, output: _Output) -> Callable[[], None]:
+    def reap() -> None:
+        try:
+            jail.reap()
+        finally:
+            jail.close()
+            output.close()
+    return reap
 
 
 @dataclass
@@ -192,6 +226,7 @@ class _Output:
     out: _Stream
     err: _Stream
     reports: bytearray = field(default_factory=bytearray)
+    final: bool = False  # the init's last report ("R") arrived: see the essay
 
     def close(self) -> None:
         """Close the read ends."""
@@ -200,8 +235,9 @@ class _Output:
                 os.close(fd)
 
 
-def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output, int]:
-    """Fork the jail's first child with its descriptors; it waits for the sync byte (the returned fd)."""
+def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output]:
+    """Fork the jail's first child with its descriptors, the exec cgroup's files among them."""
+    entries = cgroup.entry_files() if cgroup is not None else []
     if spec.tty_fd is not None:  # the command's output goes to the terminal, not to us
         stdin_fd, out_w, err_w = (os.dup(spec.tty_fd) for _ in range(3))
         out_r = err_r = None
@@ -210,11 +246,10 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
-    sync_r, sync_w = os.pipe()
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
     # "none" one takes a spare empty one, or makes its own.
     net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
-    child_fds = (stdin_fd, out_w, err_w, sync_r, report_w, net, _SPARE_ROOTS.take())
+    child_fds = (stdin_fd, out_w, err_w, report_w, net, _SPARE_ROOTS.take(), *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself
@@ -231,7 +266,7 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
             if fd is not None:
                 os.close(fd)
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
-    return _Running(pid, direct, cgroup), output, sync_w
+    return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
 
 
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,
@@ -243,13 +278,12 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
     poller = select.poll()
     for fd in streams:
         poller.register(fd, select.POLLIN)
-    # The init's few reports (well under a pipe's capacity) wait in the pipe until it
-    # exits: woken only by the hang-up (always reported), this thread sleeps through
-    # the "W" that comes just before.  Rootless, the "P" is needed at once (pidfd).
-    poller.register(output.report_r, 0 if jail.direct else select.POLLIN)
+    poller.register(output.report_r, select.POLLIN)
     open_fds = {*streams, output.report_r}
     next_progress = start + progress_interval_s
     while open_fds:
+        if output.final and open_fds == {output.report_r}:
+            return  # the init's last word, the output read: its own exit is not waited for
         now = time.monotonic()
         if on_progress is not None and now >= next_progress:
             on_progress(_progress(now - start, output.out, output.err))
@@ -274,6 +308,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
                 open_fds.discard(fd)
             elif fd == output.report_r:
                 output.reports += chunk
+                output.final = any(kind == b"R" for kind, _ in _parse_reports(bytes(output.reports)))
                 if not jail.direct and jail.init_pidfd is None:
                     init_pid = _init_pid(bytes(output.reports))
                     if init_pid is not None:
@@ -291,15 +326,15 @@ def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> ExecProgress:
 class _Running:
     """The helper's handle on one running jail: its child, and the init if that is another process."""
 
-    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None) -> None:
+    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None, entry_paths: tuple[str, ...] = ()) -> None:
         self.pid = pid  # our child: the init itself when ``direct``
         self.direct = direct
         self.cgroup = cgroup
+        self.entry_paths = entry_paths  # the cgroup files the child writes itself into, in order
         self.init_pidfd: int | None = None
         self.timed_out = False
         self.killed = False
         self.status: int | None = None  # our child's wait status once reaped
-        self.rusage: resource.struct_rusage | None = None
 
     def end(self) -> bool:
         """Ask the init to end the jail (it kills, reaps and reports); False if it cannot be asked."""
@@ -336,7 +371,7 @@ class _Running:
     def reap(self) -> None:
         """Wait for our child to end."""
         if self.status is None:
-            _, self.status, self.rusage = os.wait4(self.pid, 0)
+            _, self.status = os.waitpid(self.pid, 0)
 
     def close(self) -> None:
         """Release the init's pidfd."""
@@ -368,6 +403,8 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
     init_status = jail.status if jail.direct else None
     if b"A" in by_kind:
         init_status = struct.unpack("!i", by_kind[b"A"])[0]
+    if b"C" in by_kind:
+        raise _entry_error(by_kind[b"C"], jail.entry_paths)
     if b"E" in by_kind and not timed_out:
         raise _setup_error(by_kind[b"E"])
     if b"W" in by_kind:
@@ -395,6 +432,5 @@ def _result(messages: list[tuple[bytes, bytes]], jail: _Running, duration_ms: in
         stderr_bytes=err.total,
         stdout_truncated=out.total > len(out.data),
         stderr_truncated=err.total > len(err.data),
-        rusage=jail.rusage,
         init_report=init_report,
     )

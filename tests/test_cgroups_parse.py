@@ -93,7 +93,7 @@ def test_self_cgroup() -> None:
     assert own["name=systemd"] == "/"
 
 
-def test_hybrid_layout_uses_v1_for_resources_and_v2_for_kill() -> None:
+def test_hybrid_layout_uses_v1_for_resources_and_the_freezer_for_kill() -> None:
     layout = build_layout(HYBRID_MOUNTINFO, HYBRID_PROC_CGROUPS, HYBRID_SELF, {"/sys/fs/cgroup/unified": ""})
     mem = layout.for_resource("memory")
     assert mem is not None and mem.version == 1
@@ -103,7 +103,12 @@ def test_hybrid_layout_uses_v1_for_resources_and_v2_for_kill() -> None:
     assert cpu is not None and cpu.mount_point == "/sys/fs/cgroup/cpuacct"
     io = layout.for_resource("io")
     assert io is not None and io.mount_point == "/sys/fs/cgroup/blkio"
+    # The controller-less v2 would be joined for cgroup.kill alone, through the global
+    # migration lock: the v1 freezer kills instead (exec_cgroup.py's essay).
     kill = layout.for_resource("kill")
+    assert kill is not None and kill.mount_point == "/sys/fs/cgroup/freezer"
+    without_freezer = CgroupLayout(tuple(h for h in layout.hierarchies if "freezer" not in h.controllers))
+    kill = without_freezer.for_resource("kill")
     assert kill is not None and kill.version == 2 and kill.base == "/sys/fs/cgroup/unified"
     # the cpu-only hierarchy gives each exec one CPU share
     share = layout.for_resource("share")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import struct
@@ -122,6 +123,9 @@ def test_stream_keeps_the_cap_and_counts_everything() -> None:
     assert (bytes(stream.data), stream.total) == (b"abcde", 10)
 
 
+_SETUP_FAILED_STATUS = 125 << 8
+
+
 def _message(kind: bytes, payload: bytes) -> bytes:
     body = kind + payload
     return struct.pack("!H", len(body)) + body
@@ -154,6 +158,17 @@ def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
     assert info.value.code == "NOT_FOUND"
     assert info.value.details["step"] == "chdir /nope"
     assert "cwd" in info.value.message
+
+
+def test_a_failed_move_into_the_cgroup_is_the_error_a_helper_write_gave() -> None:
+    # The child's "C" report: which of the files it wrote "0" to, and the errno.
+    running = supervise._Running(pid=0, direct=True, cgroup=None, entry_paths=("/cg/memory/x/tasks", "/cg/pids/x/tasks"))
+    running.status = _SETUP_FAILED_STATUS
+    raw = _message(b"C", struct.pack("!ii", 1, errno.ENODEV))
+    with pytest.raises(CcwError) as info:
+        supervise._result(supervise._parse_reports(raw), running, 5, supervise._Stream(1), supervise._Stream(1))
+    assert info.value.message.startswith("write '0' to '/cg/pids/x/tasks' failed: ENODEV")
+    assert info.value.details == {"errno": "ENODEV", "path": "/cg/pids/x/tasks"}
 
 
 def test_spec_checks(tmp_path: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,3 +165,48 @@ def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: Caps
     assert isinstance(usage, Usage) and isinstance(sources, dict)
     assert usage.rss_max_process_kb is not None and usage.rss_max_process_kb >= 64 << 10, result.usage_unavailable
     assert sources["rss_max_process_kb"].startswith("wait4 rusage of the jail's init")
+
+
+def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
+        manager: CapsuleManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import exec_cgroup, jail_end, supervise
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    capsule_id = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
+    events: list[str] = []
+    reaps = threading.Semaphore(0)  # one permit for each of the janitor's reaps of an init
+    reap, prepare, teardown = supervise._Running.reap, exec_cgroup.ExecCgroup.prepare, exec_cgroup.ExecCgroup.teardown
+
+    def gated_reap(self: supervise._Running) -> None:
+        if threading.current_thread().name == "ccw-jail-janitor":
+            assert reaps.acquire(timeout=60)
+        reap(self)
+
+    def recorded_prepare(layout: object, name: str, limits: object) -> exec_cgroup.ExecCgroup:
+        events.append(f"prepare {name.rsplit('-', 1)[1]}")
+        return prepare(layout, name, limits)  # type: ignore[arg-type]
+
+    def recorded_teardown(self: exec_cgroup.ExecCgroup) -> None:
+        if not self._torn_down:
+            events.append(f"teardown {self.name.rsplit('-', 1)[1]}")
+        teardown(self)
+
+    monkeypatch.setattr(supervise._Running, "reap", gated_reap)
+    monkeypatch.setattr(exec_cgroup.ExecCgroup, "prepare", staticmethod(recorded_prepare))
+    monkeypatch.setattr(exec_cgroup.ExecCgroup, "teardown", recorded_teardown)
+    assert run(manager, capsule_id, ["/bin/true"]).exit_code == 0
+    events.append("reply 1")
+    second: list[ExecReply] = []
+    thread = threading.Thread(target=lambda: second.append(run(manager, capsule_id, ["/bin/true"])))
+    thread.start()
+    time.sleep(0.3)  # room for the second exec to set up too early, were it not ordered after the end
+    reaps.release()
+    thread.join(60)
+    events.append("reply 2")
+    reaps.release()
+    assert jail_end.settle(30.0)
+    assert second and second[0].exit_code == 0
+    first, then = events[0].split()[1], events[-2].split()[1]
+    assert events == [f"prepare {first}", "reply 1", f"teardown {first}", f"prepare {then}", "reply 2",
+                      f"teardown {then}"]

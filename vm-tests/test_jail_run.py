@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import contain, mounts, namespaces, supervise
+from sandbox import contain, jail_end, mounts, namespaces, supervise
 from sandbox.errors import CcwError
 
 NOBODY = 65534
@@ -70,6 +70,7 @@ def capsule(root_required: None, tmp_path: Path) -> Iterator[Capsule]:
     (dirs[0] / "hello.txt").write_text("hello from the workspace\n")
     os.chown(dirs[0] / "hello.txt", NOBODY, NOBODY)
     yield Capsule(dirs[0], dirs[1], dirs[2], f"/srv/ccw-ws-{uuid.uuid4().hex[:8]}")
+    assert jail_end.settle(30.0), "a jail's end (its init's exit, its cgroup's removal) never finished"
     assert our_mounts(tmp_path) == [], "a jail left a mount behind in the helper's namespace"
     assert psutil.Process().children(recursive=True) == [], "a jail left a process behind"
 
@@ -343,36 +344,49 @@ def test_invalid_specs_are_refused(capsule: Capsule) -> None:
 
 
 class RecordingCgroup:
-    """Stands in for exec_cgroup.ExecCgroup: records what the jail asks of it."""
+    """Stands in for exec_cgroup.ExecCgroup: a pipe as its one cgroup file; records the rest."""
 
     def __init__(self, fail_enter: bool = False) -> None:
         self.fail_enter = fail_enter
-        self.entered: list[int] = []
-        self.entered_state: list[str] = []
+        self.read_end: int | None = None
+        self.watched = 0
         self.kills = 0
+        self.teardowns = 0
 
-    def enter(self, pid: int) -> None:
-        # The child must not have unshared yet: the cgroup namespace would be rooted elsewhere.
-        self.entered_state.append(os.readlink(f"/proc/{pid}/ns/cgroup"))
-        self.entered.append(pid)
-        if self.fail_enter:
-            raise CcwError("UNAVAILABLE", "cgroup is gone")
+    def entry_files(self) -> list[tuple[int, str]]:
+        if self.fail_enter:  # the write fails (EBADF), as one into a removed cgroup would (ENODEV)
+            return [(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), "/sys/fs/cgroup/gone/tasks")]
+        self.read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        return [(write_end, "/sys/fs/cgroup/recorded/tasks")]
+
+    def written(self) -> bytes:
+        assert self.read_end is not None
+        try:
+            return os.read(self.read_end, 64)
+        finally:
+            os.close(self.read_end)
+
+    def watch(self) -> None:
+        self.watched += 1
 
     def kill(self) -> None:
         self.kills += 1
 
+    def teardown(self) -> None:
+        self.teardowns += 1
 
-def test_cgroup_is_entered_before_the_jail_starts_and_the_init_ends_it_on_timeout(capsule: Capsule) -> None:
+
+def test_the_child_moves_itself_in_and_the_init_ends_the_jail_on_timeout(capsule: Capsule) -> None:
     cgroup = RecordingCgroup()
     started: list[int] = []
     result = supervise.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup,  # type: ignore[arg-type]
                       on_started=started.append)
     assert result.timed_out and result.signal == "SIGKILL"
-    assert len(cgroup.entered) == 1
-    assert cgroup.entered_state == [os.readlink("/proc/self/ns/cgroup")]  # still waiting on the sync pipe
+    assert cgroup.written() == b"0" and cgroup.watched == 1  # "0": the writer itself (exec_cgroup.py)
     # Asked to, the init killed and reaped the jail itself, and reported what it used.
     assert cgroup.kills == 0 and result.init_report is not None
     assert len(started) == 1
+    result.ending.release()
 
 
 def test_an_init_that_cannot_be_asked_is_killed_with_its_cgroup(capsule: Capsule,
@@ -382,11 +396,61 @@ def test_an_init_that_cannot_be_asked_is_killed_with_its_cgroup(capsule: Capsule
     result = supervise.run(capsule.spec(["/bin/sleep", "20"], timeout_ms=300), cgroup=cgroup)  # type: ignore[arg-type]
     assert result.timed_out and result.signal == "SIGKILL"
     assert cgroup.kills >= 1 and result.init_report is None
+    cgroup.written()
+    result.ending.release()
 
 
-def test_a_failing_cgroup_enter_aborts_without_leftovers(capsule: Capsule) -> None:
-    with pytest.raises(CcwError, match="cgroup is gone"):
-        supervise.run(capsule.spec(["/bin/true"]), cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
+def test_a_failed_move_into_the_cgroup_fails_the_run_without_leftovers(capsule: Capsule, tmp_path: Path) -> None:
+    marker = tmp_path / "merged" / "ran"
+    with pytest.raises(CcwError, match="write '0' to '/sys/fs/cgroup/gone/tasks' failed: EBADF") as caught:
+        supervise.run(capsule.spec(["/bin/touch", f"{capsule.workspace}/ran"]),
+                      cgroup=RecordingCgroup(fail_enter=True))  # type: ignore[arg-type]
+    assert caught.value.details == {"errno": "EBADF", "path": "/sys/fs/cgroup/gone/tasks"}
+    assert not marker.exists()  # nothing of the command ran
+
+
+def test_a_real_exec_cgroup_holds_the_jail_and_roots_its_cgroup_namespace(capsule: Capsule) -> None:
+    from sandbox import cgroups, exec_cgroup
+
+    layout = cgroups.detect_layout()
+    cgroup = exec_cgroup.ExecCgroup.prepare(layout, f"jailrun-{uuid.uuid4().hex[:8]}", exec_cgroup.Limits(pids_max=64))
+    joined = dict(cgroup.dirs)
+    try:
+        result = supervise.run(capsule.spec(["/bin/cat", "/proc/self/cgroup"]), cgroup=cgroup)
+    except BaseException:
+        cgroup.teardown()
+        raise
+    usage = cgroup.collect(result.init_report)
+    result.ending.release()
+    assert result.ending.wait(30.0)
+    assert cgroup.dirs == {} and not any(os.path.exists(path) for path in joined.values())
+    assert joined and result.exit_code == 0
+    # Moved in before it unshared its cgroup namespace: every joined hierarchy shows "/".
+    seen = cgroups.parse_self_cgroup(result.stdout.decode())
+    for hier in joined:
+        key = "" if hier.version == 2 else next(k for k in seen if k and frozenset(k.split(",")) == hier.controllers)
+        assert seen[key] == "/", (hier.mount_point, seen)
+    unified = layout.unified
+    if unified is not None and layout.for_resource("kill") is not unified:
+        assert unified not in joined  # controller-less v2, freezer kills: never joined
+    assert "pids_limited" in usage.unavailable or usage.pids_limited is False
+
+
+def test_run_returns_on_the_inits_last_report_and_its_end_follows(capsule: Capsule) -> None:
+    cgroup = RecordingCgroup()
+    # A daemon holding stdout open: the init kills and reaps it before its last report.
+    result = supervise.run(capsule.spec(["/bin/sh", "-c", "sleep 30 & echo done"]), cgroup=cgroup)  # type: ignore[arg-type]
+    assert (result.exit_code, result.stdout) == (0, b"done\n")
+    assert cgroup.written() == b"0"
+    # The janitor reaps the init (no zombie is left) but keeps the cgroup until it is released.
+    deadline = time.monotonic() + 30
+    while psutil.Process().children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert psutil.Process().children(recursive=True) == []
+    assert not result.ending.done() and cgroup.teardowns == 0
+    result.ending.release()
+    result.ending.release()  # idempotent
+    assert result.ending.wait(30.0) and cgroup.teardowns == 1
 
 
 def test_concurrent_runs_from_helper_threads(capsule: Capsule) -> None:
