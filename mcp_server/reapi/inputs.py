@@ -330,7 +330,7 @@ class _Layout:
 def upload_outputs(client: ReapiClient, workdir: Path, command: re_pb2.Command) -> list[re_pb2.OutputFile]:
     """Upload the regular files among the command's outputs; their OutputFile entries.
 
-    Files only: vm-tests' plain-subprocess bot uses it.  ccw-bot (bot.py) also sends
+    Files only: vm-tests' plain-subprocess bot uses it.  ccw-bot (bot/runner.py) also sends
     output directories, a ``Tree`` each.
     """
     outputs: list[re_pb2.OutputFile] = []
