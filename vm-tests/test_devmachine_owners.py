@@ -126,7 +126,7 @@ def test_no_other_identity_hostname_or_init_entries(jail_dirs: dict[str, str]) -
         "for name, call in (('setuid', lambda: os.setuid(1234)), ('setgid', lambda: os.setgid(1234)),\n"
         "                   ('hostname', lambda: socket.sethostname('ccw-x')),\n"
         "                   ('init-root', lambda: os.listdir('/proc/1/root')),\n"
-        "                   ('init-fd', lambda: os.open('/proc/1/fd/4', os.O_WRONLY)),\n"
+        f"                   ('init-fd', lambda: os.open('/proc/1/fd/{contain._FD_REPORT}', os.O_WRONLY)),\n"
         "                   ('init-exe', lambda: os.readlink('/proc/1/exe')),\n"
         "                   ('init-environ', lambda: open('/proc/1/environ').read())):\n"
         "    try:\n"
