@@ -35,11 +35,11 @@ def measure(repeat: int) -> list[Row]:
     rows = []
     if "bwrap" in times:
         rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap --unshare-all",
-                        baseline_ms=median_ms(times["bwrap"]), target="<= 1.5x",
+                        baseline_ms=median_ms(times["bwrap"]), target="<= 1.0x",
                         extra={"direct pid namespace (one Python fork)": jail_mode()}))
     else:
         rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap (not installed)",
-                        target="<= 1.5x"))
+                        target="<= 1.0x"))
     rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bare subprocess.run",
                     baseline_ms=median_ms(times["bare"])))
     return rows
