@@ -7,7 +7,8 @@ order, undoing each on the way out:
     prepare the exec cgroup (exec_cgroup.py) → prepare and enter the fanotify tracer
     (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
     rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
-    → teardown (always)
+    → teardown (always): the tracer's at once; the cgroup's, once the jail ran, after
+    the reply, when the init has exited (jail_end.py)
 
 Choices made here:
 
