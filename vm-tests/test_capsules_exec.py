@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from sandbox import mountinfo
@@ -169,7 +170,7 @@ def test_a_timed_out_exec_still_reports_the_usage_of_its_processes(manager: Caps
 
 def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
         manager: CapsuleManager, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandbox import exec_cgroup, jail_end, supervise
+    from sandbox import cgroups, exec_cgroup, jail_end, supervise
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -210,3 +211,9 @@ def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
     first, then = events[0].split()[1], events[-2].split()[1]
     assert events == [f"prepare {first}", "reply 1", f"teardown {first}", f"prepare {then}", "reply 2",
                       f"teardown {then}"]
+    # Once ended: no zombie init, no exec cgroup left in any hierarchy.
+    assert psutil.Process().children(recursive=True) == []
+    layout = cgroups.detect_layout()
+    left = [name for parent in cgroups.dirs_named(layout, exec_cgroup.PARENT_NAME) for name in os.listdir(parent)
+            if name.startswith(capsule_id)]
+    assert left == []
