@@ -272,12 +272,15 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,
            on_started: Callable[[int], None] | None,
            on_progress: Callable[[ExecProgress], None] | None, progress_interval_s: float) -> None:
-    """Read the jail's output and reports until every pipe is closed; end the jail on timeout."""
+    """Read the jail's output and reports until every pipe is closed, or the output ones and
+    the init has sent its last report; end the jail on timeout."""
     streams = {fd: stream for fd, stream in ((output.out_r, output.out), (output.err_r, output.err))
                if fd is not None}
     poller = select.poll()
     for fd in streams:
         poller.register(fd, select.POLLIN)
+    # Each report wakes us (rootless, the "P" is needed at once for the pidfd): the "R",
+    # the init's last, ends the wait, not the hang-up after the init's exit.
     poller.register(output.report_r, select.POLLIN)
     open_fds = {*streams, output.report_r}
     next_progress = start + progress_interval_s
