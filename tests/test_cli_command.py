@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mcp_server.cli import clients, main, parse_args, serve_env
-from mcp_server.cli.capsule import exec_status, policy_lines, tool_call
-from mcp_server.cli.output import Progress, color_diff, use_color
+from mcp_server.cli.capsule import policy_lines, tool_call
+from mcp_server.cli.output import Progress, color_diff, exec_status, use_color
 from mcp_server.doctor import render
 
 CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]

@@ -25,13 +25,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mcp_server", "sandbox")
 
-# Cycles known and owned elsewhere, each to be removed by the change that breaks it; the
-# test fails if one of these is gone (so the list only shrinks) as well as on any other.
-# cli/capsule.py imports cli/shell.py (its ``shell`` verb) and shell.py imports
-# capsule.py back for ``exec_status``: moving ``exec_status`` to cli/output.py ends it.
-KNOWN_CYCLES = [frozenset({"mcp_server.cli.capsule", "mcp_server.cli.shell"})]
-
-
 @dataclass(frozen=True)
 class Module:
     name: str
@@ -155,16 +148,9 @@ def one_cycle(edges: dict[str, dict[str, int]], members: frozenset[str]) -> str:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle(package: str) -> None:
     edges = graph(package)
-    cycles = [members for members in strongly_connected(edges) if members not in KNOWN_CYCLES]
+    cycles = list(strongly_connected(edges))
     assert not cycles, "import cycles (move what is shared to the lower module, not the import into a function):\n" \
         + "\n".join(one_cycle(edges, members) for members in cycles)
-
-
-def test_the_known_cycles_are_still_there() -> None:
-    """Each entry of KNOWN_CYCLES is a real cycle still: once broken, delete it from the list."""
-    found = set(strongly_connected(graph("mcp_server")))
-    gone = [sorted(members) for members in KNOWN_CYCLES if members not in found]
-    assert not gone, f"these cycles are broken now; take them out of KNOWN_CYCLES: {gone}"
 
 
 def test_a_cycle_behind_a_function_level_import_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

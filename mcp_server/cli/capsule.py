@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from mcp_server.cli import frontclient, helperctl, replay_report
 from mcp_server.cli.output import (
     Progress,
     color_diff,
+    exec_status,
     paint,
     print_json,
     run_with_progress,
@@ -36,8 +36,6 @@ from mcp_server.cli.output import (
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
 from mcp_server.core.policy import FIGURE_MEANINGS
-
-EXIT_TIMEOUT = 124
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
@@ -267,19 +265,6 @@ def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
     if args.volatile:
         call["volatile"] = list(args.volatile)
     return call
-
-
-def exec_status(result: dict[str, Any]) -> int:
-    """The exit status ``ccw capsule exec`` ends with, from the exec's result."""
-    if result.get("timed_out"):
-        return EXIT_TIMEOUT
-    if result.get("exit_code") is not None:
-        return int(result["exit_code"])
-    name = result.get("signal") or ""
-    try:
-        return 128 + int(signal.Signals[name])
-    except KeyError:
-        return 1
 
 
 def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -154,3 +155,19 @@ async def run_with_progress(progress: Progress, call: Callable[[], Awaitable[T]]
     finally:
         progress.clear()
     return outcome[0]
+
+
+EXIT_TIMEOUT = 124  # as timeout(1)
+
+
+def exec_status(result: dict[str, Any]) -> int:
+    """The exit status ``ccw capsule exec`` ends with, from the exec's result."""
+    if result.get("timed_out"):
+        return EXIT_TIMEOUT
+    if result.get("exit_code") is not None:
+        return int(result["exit_code"])
+    name = result.get("signal") or ""
+    try:
+        return 128 + int(signal.Signals[name])
+    except KeyError:
+        return 1

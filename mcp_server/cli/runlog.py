@@ -24,7 +24,7 @@ from typing import Any
 
 from mcp_server.cli.output import DIM, GREEN, RED, paint, print_json, use_color, visible
 from mcp_server.config import Config
-from mcp_server.journal import Journal
+from mcp_server.journal import Journal, run_detail, run_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
@@ -74,36 +74,6 @@ def run(args: argparse.Namespace, config: Config) -> int:
         return 0
     finally:
         state.close()
-
-
-def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
-    """One journaled exec as ``log`` lists it."""
-    touched = entry.get("touched") or {}
-    read = touched.get("read")
-    return {
-        "run": entry["seq"], "started_at": entry["started_at"], "argv": entry["argv"], "cwd": entry["cwd"],
-        "exit_code": entry["exit_code"], "signal": entry["signal"], "timed_out": entry["timed_out"],
-        "oom_killed": entry["oom_killed"], "duration_ms": entry["duration_ms"],
-        "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
-        "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
-        "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
-    }
-
-
-def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:
-    """One journaled exec whole, as ``show`` prints it: the summary, usage, output, touched sets."""
-    touched = entry.get("touched") or {}
-    kept = {}
-    for stream, found in outputs.items():
-        data = found[0] if found is not None else None
-        kept[stream] = None if data is None else data.decode("utf-8", "replace")
-        kept[f"{stream}_bytes"] = entry[f"{stream}_bytes"]
-    return {
-        **run_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
-                                        if k not in ("sources", "unavailable")},
-        "output": kept, "written": list(touched.get("written") or []), "read": touched.get("read"),
-        "network": list(touched.get("network") or []),
-    }
 
 
 def _status(run: dict[str, Any]) -> str:

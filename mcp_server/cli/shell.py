@@ -87,12 +87,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """Run the terminal; the command's exit status (128+N if signal N ended it, 124 on timeout)."""
     import trio
 
-    from mcp_server.cli import capsule, helperctl
+    from mcp_server.cli import helperctl
+    from mcp_server.cli.output import exec_status
 
     helperctl.ensure(config, autostart=not args.no_autostart)
     with Terminal(sys.stdin.fileno(), sys.stdout.fileno()) as terminal:
         result = trio.run(_session, config, args, terminal)
-    return capsule.exec_status(result)
+    return exec_status(result)
 
 
 async def _session(config: Config, args: argparse.Namespace, terminal: Terminal) -> dict[str, Any]:

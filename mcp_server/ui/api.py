@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.cli.runlog import run_detail, run_summary
 from mcp_server.events import KINDS, EventLog
-from mcp_server.journal import Journal
+from mcp_server.journal import Journal, run_detail, run_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
