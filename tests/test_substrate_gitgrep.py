@@ -12,8 +12,8 @@ import pytest
 
 from mcp_server.core.grep import Matcher
 from mcp_server.fs.view import RootView
-from mcp_server.tools import snapshot
-from mcp_server.tools.targets import LiveTarget, live_files
+from mcp_server.substrate.search import grep
+from mcp_server.substrate.views import LiveTarget, live_files
 
 NEEDLE = "nee dle"
 
@@ -52,7 +52,7 @@ def _python_answer(root: Path, pattern: str, scopes: list[str], max_files: int, 
     try:
         target = LiveTarget(view, "k", str(root), None)
         candidates = live_files(target, scopes)
-        return snapshot._grep(view.read_regular, candidates, Matcher.build(pattern), max_files, max_matches)
+        return grep(view.read_regular, candidates, Matcher.build(pattern), max_files, max_matches)
     finally:
         view.close()
 

@@ -341,18 +341,18 @@ def test_patch_through_a_symlinked_directory_writes_nothing(env: tuple[Path, Any
 
 def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, State], monkeypatch: pytest.MonkeyPatch) -> None:
     repo, call, _state = env
-    from mcp_server.tools import targets
+    from mcp_server.substrate import views
 
-    real = targets.LiveTarget.fingerprint
+    real = views.LiveTarget.fingerprint
     calls = []
 
-    def moving(self: targets.LiveTarget) -> Any:
+    def moving(self: views.LiveTarget) -> Any:
         calls.append(1)
         if len(calls) == 2:  # after the files were read
             (repo / "docs" / "guide.md").write_text("edited meanwhile\n")
         return real(self)
 
-    monkeypatch.setattr(targets.LiveTarget, "fingerprint", moving)
+    monkeypatch.setattr(views.LiveTarget, "fingerprint", moving)
     err = error(call, "snapshot_create")
     assert err.code == "REPO_CHANGED"
     assert err.details["fingerprint"] == compute(str(repo)).to_dict()

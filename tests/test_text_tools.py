@@ -17,6 +17,7 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.core.hashline import line_tag
+from mcp_server.substrate import hashline as hashline_service
 from mcp_server.tools import hashline as hashline_tools
 from mcp_server.tools import rootspace as rootspace_tools
 from mcp_server.tools.registry import Registry, ToolSpec
@@ -328,7 +329,7 @@ def test_huge_read_is_paged_not_refused(ctx: FakeContext, ws: Path) -> None:
     (ws / "huge.txt").write_text((line + "\n") * 3000)  # 3 MB: over one answer's cap
     first = call(ctx, "read_text_file", path="huge.txt")
     assert 0 < first["end_line"] < 3000 and first["next_offset"] == first["end_line"] + 1
-    assert len(first["content"]) <= hashline_tools.MAX_READ_CHARS
+    assert len(first["content"]) <= hashline_service.MAX_READ_CHARS
     rest = call(ctx, "read_text_file", path="huge.txt", offset=first["next_offset"])
     assert rest["start_line"] == first["end_line"] + 1
 
@@ -451,14 +452,14 @@ def test_tags_stay_right_across_cached_reads(ctx: FakeContext, ws: Path) -> None
 
 @pytest.mark.parametrize(("first", "count"), [
     (1, 0), (1, 1), (1, 300), (7, 40),
-    (hashline_tools.ROW_PREFIX_LINES - 5, 20),  # crosses the end of the shared prefixes
-    (hashline_tools.ROW_PREFIX_LINES + 3, 5),  # wholly past it
+    (hashline_service.ROW_PREFIX_LINES - 5, 20),  # crosses the end of the shared prefixes
+    (hashline_service.ROW_PREFIX_LINES + 3, 5),  # wholly past it
 ])
 def test_rendered_rows_are_the_tagged_lines(first: int, count: int) -> None:
     lines = [f"line {n} = {'x' * (n % 7)}" for n in range(count)]
     tags = [line_tag(line) for line in lines]
     expected = "\n".join(f"{first + i}:{tag}|{line}" for i, (tag, line) in enumerate(zip(tags, lines, strict=True)))
-    assert hashline_tools.render_rows(lines, tags, first) == expected
+    assert hashline_service.render_rows(lines, tags, first) == expected
 
 
 def test_rows_rendered_in_many_threads_at_once_are_right() -> None:
@@ -470,7 +471,7 @@ def test_rows_rendered_in_many_threads_at_once_are_right() -> None:
     failures: list[int] = []
 
     def render(first: int) -> None:
-        got = hashline_tools.render_rows(lines, tags, first).split("\n")
+        got = hashline_service.render_rows(lines, tags, first).split("\n")
         if got != [f"{first + i}:{tags[0]}|same" for i in range(3000)]:
             failures.append(first)
 

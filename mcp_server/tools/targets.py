@@ -1,5 +1,7 @@
 """Which view a file tool acts on, the JSON-Schema fragments every file tool shares, and
-the plumbing the snapshot and workspace tools share (stores, leases, capture).
+the adapter plumbing the snapshot and workspace tools share: opening the live target,
+running the substrate service (``mcp_server/substrate/``) in a worker thread, and shaping
+its answers as seed 000 §5's responses.
 
 Every file tool (snapshot, workspace, text, hashline) reads or edits one of three views:
 
@@ -7,6 +9,7 @@ Every file tool (snapshot, workspace, text, hashline) reads or edits one of thre
   given (an absolute directory), else ``ctx.workspace`` (``CCW_WORKSPACE`` of the
   ``ccw-mcp`` the client started, default its cwd).  Symlinks in the root path itself are resolved once, when
   the root is opened; everything beneath it is reached through the root descriptor.
+  The service is given the root; only the adapter knows the caller's workspace.
 - a **capsule**'s copy-on-write merged view, when ``capsule_id`` is given: the helper
   passes an O_PATH descriptor of it (``open_root``), so no file content crosses the IPC.
 - a **snapshot** (immutable, content-addressed), handled by the snapshot tools
@@ -15,27 +18,18 @@ Every file tool (snapshot, workspace, text, hashline) reads or edits one of thre
 
 from __future__ import annotations
 
-import base64
 import os
-import stat as stat_mod
 from collections.abc import Callable, Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
-from mcp_server.core import paths as P
-from mcp_server.core.blobid import blob_id_of
-from mcp_server.core.fingerprint import Fingerprint
-from mcp_server.core.grep import is_binary
-from mcp_server.core.manifest import Entry
-from mcp_server.fs import fingerprint as fp_mod
-from mcp_server.fs.blobstore import BlobStore
-from mcp_server.fs.leases import LeaseStore
-from mcp_server.fs.snapshots import SnapshotStore
 from mcp_server.fs.view import RootView
+from mcp_server.substrate.views import Immutable, Leased, LiveTarget, Stores
 from mcp_server.tools.registry import Handler, ToolSpec
 from sandbox.errors import CcwError
+
+R = TypeVar("R")
 
 
 def workspace_root(ctx: Any, workspace: str | None = None) -> str:
@@ -57,9 +51,6 @@ async def open_view(ctx: Any, *, capsule_id: str | None, workspace: str | None =
         fd = await helper.open_root(capsule_id)
         return RootView.from_fd(fd)
     return RootView.open(workspace_root(ctx, workspace))
-
-
-_WORKERS = 4  # threads reading, hashing and compressing files during capture
 
 
 # --- shared schema fragments ---------------------------------------------------------
@@ -204,69 +195,37 @@ def family_tools(
     ]
 
 
-# --- live targets (worktree or capsule) and their leases -----------------------------
-
-
-class LiveTarget:
-    """An open worktree or capsule view, with the key its leases are issued under."""
-
-    def __init__(self, view: RootView, key: str, git_root: str, capsule_id: str | None, state: Any = None) -> None:
-        self.view = view
-        self.key = key
-        self.git_root = git_root
-        self.capsule_id = capsule_id
-        self.state = state
-
-    def fingerprint(self) -> Fingerprint:
-        """The live fingerprint of this target (blocking: call from a worker thread)."""
-        if self.capsule_id:
-            return capsule_fingerprint(self.view, self.state, self.capsule_id)
-        return fp_mod.compute(self.git_root)
-
-    def close(self) -> None:
-        """Close the view."""
-        self.view.close()
+# --- live targets (worktree or capsule), and their answers --------------------------
 
 
 async def open_live(ctx: Any, args: dict[str, Any]) -> LiveTarget:
-    """Open the worktree (or ``capsule_id``'s view) a worktree-mode call acts on.
-
-    A capsule's view lives in the helper's mount namespace: reachable through the
-    descriptor, but not by any path git could resolve, so capsules get
-    ``capsule_fingerprint`` instead of git's.
-    """
+    """Open the worktree (or ``capsule_id``'s view) a worktree-mode call acts on."""
     capsule_id = args.get("capsule_id")
     if capsule_id:
         view = await open_view(ctx, capsule_id=capsule_id)
-        return LiveTarget(view, f"capsule:{capsule_id}", "", capsule_id, ctx.state)
-    root = workspace_root(ctx, args.get("workspace"))
-    view = RootView.open(root)
-    # The canonical path of the directory actually opened (symlinks in root resolved).
-    canonical = os.readlink(f"/proc/self/fd/{view.fd}")
-    return LiveTarget(view, f"worktree:{canonical}", canonical, None)
+        return LiveTarget.capsule(view, capsule_id, ctx.state)
+    return LiveTarget.worktree(workspace_root(ctx, args.get("workspace")))
 
 
-def lease_store(ctx: Any) -> LeaseStore:
-    """The lease store of the server's state dir."""
-    return LeaseStore(ctx.state)
+def stores(ctx: Any) -> Stores:
+    """The stores of the server's state dir."""
+    return Stores(ctx.state)
 
 
-def worktree_response(payload: dict[str, Any], target: LiveTarget, lease_id: str, fp: Fingerprint) -> dict[str, Any]:
-    """Seed 000 §5 WorktreeResponse: the payload plus cache_hint, lease_id, fingerprint."""
-    out = dict(payload)
+def shaped(answer: Leased | Immutable) -> dict[str, Any]:
+    """Seed 000 §5: a live target's answer as a WorktreeResponse (the payload plus
+    cache_hint "until_dirty", lease_id, fingerprint, and capsule_id in a capsule), a
+    snapshot's as an ImmutableResponse (the payload plus cache_hint and snapshot_id)."""
+    out = dict(answer.payload)
+    if isinstance(answer, Immutable):
+        out["cache_hint"] = "immutable"
+        out["snapshot_id"] = answer.snapshot_id
+        return out
     out["cache_hint"] = "until_dirty"
-    out["lease_id"] = lease_id
-    out["fingerprint"] = fp.to_dict()
-    if target.capsule_id:
-        out["capsule_id"] = target.capsule_id
-    return out
-
-
-def immutable_response(payload: dict[str, Any], snapshot_id: str) -> dict[str, Any]:
-    """Seed 000 §5 ImmutableResponse: the payload plus cache_hint and snapshot_id."""
-    out = dict(payload)
-    out["cache_hint"] = "immutable"
-    out["snapshot_id"] = snapshot_id
+    out["lease_id"] = answer.lease_id
+    out["fingerprint"] = answer.fingerprint.to_dict()
+    if answer.capsule_id:
+        out["capsule_id"] = answer.capsule_id
     return out
 
 
@@ -281,128 +240,7 @@ def resolve_mode(args: dict[str, Any]) -> str:
     return str(mode)
 
 
-# --- shared plumbing of the snapshot and workspace tools ----------------------------
-
-
-def blobs(ctx: Any) -> BlobStore:
-    """The state dir's blob store."""
-    return BlobStore(ctx.state.objects_dir)
-
-
-def snapshots(ctx: Any) -> SnapshotStore:
-    """The state dir's snapshot store."""
-    return SnapshotStore(ctx.state)
-
-
-def git_mode(st: os.stat_result) -> int:
-    """git's mode for a stat: 120000, 100755 or 100644."""
-    if stat_mod.S_ISLNK(st.st_mode):
-        return 0o120000
-    return 0o100755 if st.st_mode & 0o111 else 0o100644
-
-
-def read_entry(view: RootView, path: str) -> tuple[bytes, int] | None:
-    """Content and git mode of a file or symlink; None when absent, a directory or special."""
-    try:
-        st = view.stat(path)
-    except CcwError as exc:
-        if exc.code == "NOT_FOUND":
-            return None
-        raise
-    if stat_mod.S_ISLNK(st.st_mode):
-        return os.fsencode(view.readlink(path)), 0o120000
-    if not stat_mod.S_ISREG(st.st_mode):
-        return None
-    return view.read_bytes(path), git_mode(st)
-
-
-def scoped(candidates: list[str], scopes: list[str]) -> list[str]:
-    """The candidates within any of the normalised scopes."""
-    if P.ROOT in scopes:
-        return candidates
-    return [c for c in candidates if any(P.is_within(c, s) for s in scopes)]
-
-
-def norm_paths(raw: list[str] | None) -> list[str]:
-    """Normalise a ``paths`` argument (default: the root)."""
-    return P.sort_paths(P.normalize(p) for p in (raw or [P.ROOT]))
-
-
-def live_files(target: LiveTarget, scopes: list[str]) -> list[str]:
-    """Files git's ignore rules leave, within the scopes, in byte order.
-
-    In a capsule git cannot run (see ``open_live``): every file but ``.git`` counts.
-    """
-    if target.capsule_id:
-        files = [path for path, kind in target.view.walk("") if kind in ("file", "symlink")]
-        return scoped(P.sort_paths(files), scopes)
-    specs = [] if P.ROOT in scopes else [f":(literal){s}" for s in scopes]
-    return fp_mod.candidate_files(target.git_root, specs)
-
-
-def _read_ref(view: RootView, ref: str, depth: int = 0) -> str:
-    """A ref's object id read from .git's files (loose ref, then packed-refs); "" if unborn."""
-    try:
-        value = view.read_bytes(f".git/{ref}").decode("ascii", "replace").strip()
-    except CcwError:
-        value = ""
-    if value.startswith("ref: ") and depth < 5:
-        return _read_ref(view, value[5:], depth + 1)
-    if value:
-        return value
-    try:
-        packed = view.read_bytes(".git/packed-refs").decode("ascii", "replace")
-    except CcwError:
-        return ""
-    for line in packed.splitlines():
-        oid, _, name = line.partition(" ")
-        if name == ref:
-            return oid
-    return ""
-
-
-def capsule_fingerprint(view: RootView, state: Any, capsule_id: str) -> Fingerprint:
-    """The fingerprint of a capsule's view, computed without git.
-
-    ``head_oid`` is read from the capsule's ``.git`` files; ``index_oid`` is "" (writing a
-    tree needs git, which cannot reach the view); ``status_hash`` is sha256 over the
-    capsule's change sequence: every change to a capsule is an exec or a tool write,
-    both journaled, so the last sequence number names its state exactly, and a lease
-    goes stale on any change to the capsule.
-    """
-    import hashlib
-
-    from mcp_server.core.canonical import canonical_json
-    from mcp_server.journal import Journal
-
-    journal = Journal(state)
-    seq = max([0] + [e["seq"] for e in journal.execs(capsule_id)] + [w["seq"] for w in journal.writes(capsule_id)])
-    status = hashlib.sha256(canonical_json({"capsule_id": capsule_id, "seq": seq})).hexdigest()
-    return Fingerprint(head_oid=_read_ref(view, "HEAD"), index_oid="", status_hash=status)
-
-
-def capture(view: RootView, store: BlobStore, files: list[str]) -> list[Entry]:
-    """Read, hash and store files in parallel; absent files are skipped."""
-
-    def one(path: str) -> Entry | None:
-        item = read_entry(view, path)
-        if item is None:
-            return None
-        data, mode = item
-        return Entry(path, store.put(data, blob_id_of(data)), len(data), mode)
-
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        return [e for e in pool.map(one, files) if e is not None]
-
-
-def begin_live(ctx: Any, target: LiveTarget, lease_id: str | None) -> tuple[str, Fingerprint]:
-    """Fingerprint the target and validate (or issue) the lease."""
-    live = target.fingerprint()
-    lease = lease_store(ctx).acquire(lease_id, target.key, live)
-    return lease.lease_id, live
-
-
-async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], dict[str, Any]]) -> dict[str, Any]:
+async def on_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], R]) -> R:
     """Open the live target, run ``body`` in a worker thread, close the target."""
     target = await open_live(ctx, args)
     try:
@@ -411,16 +249,11 @@ async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], 
         target.close()
 
 
-async def run_sync(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], Leased]) -> dict[str, Any]:
+    """``on_live``, the answer shaped (``shaped``)."""
+    return shaped(await on_live(ctx, args, body))
+
+
+async def run_sync(fn: Callable[[], R]) -> R:
     """Run blocking work in a worker thread."""
     return await anyio.to_thread.run_sync(fn)
-
-
-def encode_content(data: bytes) -> tuple[str, str]:
-    """(content, encoding): UTF-8 text as is; binary (a NUL near the start) or other bytes as ``base64:…``."""
-    if is_binary(data):
-        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
-    try:
-        return data.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        return "base64:" + base64.b64encode(data).decode("ascii"), "base64"
