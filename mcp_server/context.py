@@ -28,7 +28,7 @@ import trio
 from mcp_server.capsules.background import OwnedRuns, Run, Runs
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.turns import ARRIVALS, CapsuleQueue, Ticket
+from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.events import EventLog, record_outcome
 from mcp_server.logs import LOGGER
@@ -152,12 +152,14 @@ async def _ask_roots(session: Any) -> list[str] | None:
 class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
-    def __init__(self, runtime: Runtime, session: Any = None, request_id: Any = None,
+    def __init__(self, runtime: Runtime, session: Any = None,
                  owner: str | None = None, caller_env: Mapping[str, str] | None = None,
-                 terminal: int | None = None, workspace: str | None = None) -> None:
+                 terminal: int | None = None, workspace: str | None = None, ticket: Ticket | None = None) -> None:
         self._runtime = runtime
         self._session = session
-        self._request_id = request_id  # the JSON-RPC id, to find the place taken on arrival
+        # The place in a capsule's line the transport took when it read the call
+        # (CcwServer.arrive); the call's first turn on that capsule claims it.
+        self._ticket = ticket
         self._owner = owner  # the bearer token's name (HTTP); None over stdio and the unix socket
         # PATH and HOME of a client of our own uid that is not this process (the ccw command
         # through the state dir's front end: mcp_server/frontdoor.py); None: ours are its.
@@ -199,7 +201,7 @@ class CallContext:
 
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
-        return _RunContext(self._runtime, self._session, self._request_id, run, self._owner)
+        return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner)
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
@@ -223,14 +225,15 @@ class CallContext:
             await self.progress(waited_ms, None, f"queued: {ahead} ahead on {capsule_id}, holding it now: "
                                 f"{holder.describe()}; this call: #{ticket.number} {ticket.label}")
 
-        arrivals = ARRIVALS.get()
-        reserved = None
-        if arrivals is not None and self._request_id is not None:
-            from mcp_server.framing import id_key
-
-            reserved = arrivals.pop((id_key(self._request_id), capsule_id), None)
+        reserved = self._ticket if self._ticket is not None and self._ticket.capsule_id == capsule_id else None
+        if reserved is not None:
+            self._ticket = None  # claimed once: a later turn in this call takes a place of its own
         async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
             yield ticket
+
+    def _take_ticket(self) -> Ticket | None:
+        ticket, self._ticket = self._ticket, None
+        return ticket
 
     def log(self, message: str) -> None:
         """A diagnostic line in the server's log (stderr; stdout carries frames only)."""
@@ -241,8 +244,8 @@ class _RunContext(CallContext):
     """A call's context as its run's body sees it: the run, not the call, hears its progress
     (the call may have answered long ago, its connection may be gone)."""
 
-    def __init__(self, runtime: Runtime, session: Any, request_id: Any, run: Run, owner: str | None) -> None:
-        super().__init__(runtime, session, request_id, owner)
+    def __init__(self, runtime: Runtime, session: Any, ticket: Ticket | None, run: Run, owner: str | None) -> None:
+        super().__init__(runtime, session, owner, ticket=ticket)
         self._run = run
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

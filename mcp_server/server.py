@@ -48,7 +48,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
 
 from mcp_server import __version__, framing
-from mcp_server.capsules.turns import TURN_TOOLS, Ticket, turn_label
+from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
@@ -141,20 +141,18 @@ class CcwServer:
 
             schemas.warm(self.config, LOGGER.warning)
 
-    def reserve_turn(self, method: str, params: Any) -> tuple[str, Ticket] | None:
-        """Take a capsule's turn for a ``tools/call`` the moment a transport reads it, so
-        that calls on one capsule run in arrival order (mcp_server/capsules/turns.py).
-        Returns (capsule id, place), or None for calls that take no turn."""
-        if method != "tools/call" or not isinstance(params, Mapping):
+    def arrive(self, method: str, params: Any) -> Ticket | None:
+        """Take the capsule's turn for a call (``tools/call`` or a direct method) the moment a
+        transport reads it, if its tool takes one (``ToolSpec.turn``): every transport calls
+        this, hands the ticket to the call and gives it back once the request is answered
+        (mcp_server/capsules/turns.py)."""
+        name: Any = method
+        if method == "tools/call" and isinstance(params, Mapping):
+            name, params = params.get("name"), params.get("arguments")
+        elif not self.is_direct_method(method):
             return None
-        spec = self.registry.lookup(str(params.get("name", "")))
-        args = params.get("arguments")
-        if spec is None or spec.name not in TURN_TOOLS or not isinstance(args, Mapping):
-            return None
-        capsule_id = args.get("capsule_id")
-        if not isinstance(capsule_id, str):
-            return None
-        return capsule_id, self.runtime.capsule_queue.reserve(capsule_id, turn_label(spec.name, args))
+        spec = self.registry.lookup(name) if isinstance(name, str) else None
+        return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params)
 
     def is_direct_method(self, method: str) -> bool:
         """True when ``method`` names a tool (or alias) rather than an MCP method."""
@@ -175,9 +173,10 @@ class CcwServer:
         spec = self.registry.lookup(method) if self.is_direct_method(method) else None
         return spec.scope if spec is not None else None
 
-    async def run_direct(self, request_id: Any, method: str, params: Any, owner: str | None = None) -> dict[str, Any]:
-        """Serve a direct-method request (from the bearer token named ``owner``, over HTTP);
-        returns the JSON-RPC response message."""
+    async def run_direct(self, request_id: Any, method: str, params: Any, owner: str | None = None,
+                         ticket: Ticket | None = None) -> dict[str, Any]:
+        """Serve a direct-method request (from the bearer token named ``owner``, over HTTP;
+        with the place ``arrive`` took when it was read); returns the JSON-RPC response message."""
         spec = self._lookup(method)
         if params is None:
             params = {}
@@ -186,7 +185,8 @@ class CcwServer:
         args = {k: v for k, v in params.items() if k != "_meta"}
         meta = params.get("_meta")
         try:
-            call = CallContext(self.runtime, owner=owner, caller_env=caller_env(meta), workspace=caller_workspace(meta))
+            call = CallContext(self.runtime, owner=owner, caller_env=caller_env(meta), workspace=caller_workspace(meta),
+                               ticket=ticket)
             result = await self.call_tool(spec, args, call)
         except MCPError as exc:
             return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
@@ -282,8 +282,8 @@ class CcwServer:
         async def produce() -> dict[str, Any]:
             terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
             try:
-                call = CallContext(self.runtime, ctx.session, ctx.request_id, owner, caller_env(params.meta),
-                                   terminal, caller_workspace(params.meta))
+                call = CallContext(self.runtime, ctx.session, owner, caller_env(params.meta),
+                                   terminal, caller_workspace(params.meta), arrived_ticket(ctx.request))
                 return await self.call_tool(spec, args, call)
             finally:
                 if terminal is not None:
@@ -384,7 +384,7 @@ class CcwServer:
 
 # True on a connection whose client is known to run as our own uid and may so lend us its
 # environment (stdio; the state dir's frontend.sock, peer-checked: mcp_server/frontdoor.py).
-# Set by the transport for the connection's tasks, as ARRIVALS is; unset (False) elsewhere.
+# Set by the transport for the connection's tasks; unset (False) elsewhere.
 CALLER_TRUSTED: contextvars.ContextVar[bool] = contextvars.ContextVar("ccw_caller_trusted", default=False)
 # params._meta key: {"cwd": ..., "env": {the calling process's environment}, "workspace": its
 # CCW_WORKSPACE (an attached ccw-mcp's: transports/relay.py)}.

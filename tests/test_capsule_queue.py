@@ -6,7 +6,8 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from mcp_server.capsules.turns import CapsuleQueue, Ticket, turn_label
+from mcp_server.capsules.service import DESTROY, EXEC
+from mcp_server.capsules.turns import CapsuleQueue, TakesTurn, Ticket
 
 
 def test_turns_go_in_arrival_order_and_report_who_is_ahead() -> None:
@@ -91,6 +92,46 @@ def test_a_cancelled_waiter_never_runs_and_an_unclaimed_place_is_given_back() ->
 
 
 def test_turn_labels_name_the_command() -> None:
-    assert turn_label("capsule_exec", {"cmd": ["pytest", "-q", "tests/a b.py"]}) == "exec `pytest -q 'tests/a b.py'`"
-    assert turn_label("capsule_exec", {"cmd": ["x" * 100]}).endswith("…`")
-    assert turn_label("capsule_destroy", {"capsule_id": "cap_1"}) == "destroy"
+    assert EXEC.label_of({"cmd": ["pytest", "-q", "tests/a b.py"]}) == "exec `pytest -q 'tests/a b.py'`"
+    assert EXEC.label_of({"cmd": ["x" * 100]}).endswith("…`")
+    assert EXEC.label_of({"cmd": "not an argv"}) == "exec"
+    assert DESTROY.label_of({"capsule_id": "cap_1"}) == "destroy"
+    assert DESTROY.capsule_of({"capsule_id": "cap_1"}) == "cap_1"
+    assert DESTROY.capsule_of({"capsule_id": 7}) is None
+    assert TakesTurn("x", capsule_arg="parent").capsule_of({"parent": "cap_2", "capsule_id": "cap_1"}) == "cap_2"
+
+
+def test_a_claimed_place_is_the_handlers_and_an_unclaimed_one_is_given_back() -> None:
+    queue = CapsuleQueue()
+    ran: list[str] = []
+
+    async def main() -> None:
+        held, stranded, later = (queue.reserve("cap", name) for name in ("held", "stranded", "later"))
+        release = trio.Event()
+
+        async def handler(name: str, ticket: Ticket, hold: trio.Event | None = None) -> None:
+            async with queue.turn("cap", name, ticket=ticket):
+                ran.append(name)
+                if hold is not None:
+                    await hold.wait()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(handler, "held", held, release)
+            nursery.start_soon(handler, "later", later)
+            await trio.testing.wait_all_tasks_blocked()
+            assert held.claimed and later.claimed and not stranded.claimed
+            queue.give_back(held)  # the transport answered: a claimed place stays its handler's
+            queue.give_back(later)  # waiting, but claimed: it keeps its place too
+            assert queue.line("cap") == [held, stranded, later]
+            queue.give_back(stranded)  # its call ended without claiming it (bad arguments)
+            assert queue.line("cap") == [held, later]
+            release.set()
+        assert queue.line("cap") == []
+        # A ticket is claimed once, and only in its own capsule's line.
+        other = queue.reserve("elsewhere", "other")
+        async with queue.turn("cap", "fresh", ticket=other) as got:
+            assert got is not other and got.capsule_id == "cap"
+        queue.give_back(other)
+
+    trio.run(main)
+    assert ran == ["held", "later"]

@@ -68,6 +68,7 @@ from mcp_server.capsules.trials import (
     split_hunks,
     units_from,
 )
+from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
@@ -76,6 +77,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, observes
 from sandbox.errors import CcwError
 
+READ_CHANGE = TakesTurn("deltamin (reading the change)")  # the turn it takes (capsules/turns.py)
 TRACE_WINDOW = 3  # a line named in a traceback usually sits at or a few lines below the changed condition
 # "path", line N (Python); path:N (pytest, compilers, node's "at f (path:N:C)").
 _TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
@@ -349,7 +351,7 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
 async def _read_change(service: CapsuleService, capsule_id: str) -> _Change:
     """The capsule's change and the generation it is judged against, read in the capsule's turn."""
     await service.helper()
-    async with service.turn(capsule_id, "capsule_deltamin"):
+    async with service.turn(capsule_id, READ_CHANGE):
         record = service.live_record(capsule_id)
         generation = service.journal.generation(record.capsule_id)
         changes = await service.changes(record.capsule_id)

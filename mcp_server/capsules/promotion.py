@@ -57,6 +57,7 @@ from mcp_server.capsules.policies import PolicyStore
 from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witnesses import WitnessOptions, make_witness
 from mcp_server.core import hazards
 from mcp_server.core.policy import (
@@ -75,6 +76,7 @@ from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
 from sandbox.replies import Change
 
+PROMOTE = TakesTurn("promote")  # the turn it takes (capsules/turns.py)
 TEST_TIMEOUT_MS = 600_000
 
 
@@ -272,7 +274,7 @@ async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
     it reads, tests and writes the change.
     """
     service.live_record(request.capsule_id)
-    async with service.turn(request.capsule_id, "capsule_promote"):
+    async with service.turn(request.capsule_id, PROMOTE):
         return await _promote_in_turn(service, request)
 
 

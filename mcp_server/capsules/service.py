@@ -44,7 +44,7 @@ from mcp_server.capsules.runs import (
     journal_entry,
     progress_message,
 )
-from mcp_server.capsules.turns import Ticket, exec_label, turn_label
+from mcp_server.capsules.turns import EXEC_LABEL, TakesTurn, Ticket, exec_label
 from mcp_server.core import unidiff
 from mcp_server.core.netrules import NetworkSpec
 from mcp_server.fs import changeset
@@ -72,6 +72,10 @@ from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
 
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
 SETTLE_POLL_S = 0.1
+# The turns the service takes (capsules/turns.py), declared on their tools' specs too.
+EXEC = TakesTurn(EXEC_LABEL, command_arg="cmd")
+FORK = TakesTurn("fork")
+DESTROY = TakesTurn("destroy")
 # Errors with which the helper refuses an exec before anything runs in the capsule.
 _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
@@ -147,9 +151,9 @@ class CapsuleService:
         """Report progress to the caller (nothing if it did not ask)."""
         await self._call.progress(progress, total, message)
 
-    def turn(self, capsule_id: str, tool: str) -> AbstractAsyncContextManager[Ticket]:
-        """Hold the capsule's turn for the block, as a call of ``tool`` (turns.TURN_TOOLS)."""
-        return self._call.capsule_turn(capsule_id, turn_label(tool))
+    def turn(self, capsule_id: str, takes: TakesTurn) -> AbstractAsyncContextManager[Ticket]:
+        """Hold the capsule's turn for the block, as a call labelled ``takes.label``."""
+        return self._call.capsule_turn(capsule_id, takes.label)
 
     def live_record(self, capsule_id: str) -> CapsuleRecord:
         """The journal's record of a live capsule; NOT_FOUND if destroyed or unknown."""
@@ -265,7 +269,7 @@ class CapsuleService:
     async def fork(self, capsule_id: str) -> CapsuleRecord:
         """A child capsule stacked on its parent's view, journaled."""
         parent = self.live_record(capsule_id)
-        async with self.turn(parent.capsule_id, "capsule_fork"):
+        async with self.turn(parent.capsule_id, FORK):
             parent = self.live_record(parent.capsule_id)
             reply = await self.call(ForkRequest(parent.capsule_id))
         await self._open_network(reply.capsule_id, parent.network_spec)
@@ -274,7 +278,7 @@ class CapsuleService:
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""
         record = self.live_record(capsule_id)
-        async with self.turn(record.capsule_id, "capsule_destroy"):
+        async with self.turn(record.capsule_id, DESTROY):
             record = self.live_record(record.capsule_id)
             await self.networks.close(record.capsule_id)
             await self.call(DestroyRequest(record.capsule_id))

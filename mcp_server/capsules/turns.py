@@ -17,17 +17,21 @@ so no lock guards the lists.
 
 Arrival order is the order the transport read the requests, not the order their
 handlers happen to start: the SDK spawns a task per request, and trio runs the tasks of
-one batch in either order.  So the NDJSON transports take a call's place when they read
-it (``reserve``, keyed by connection and request id in ``ARRIVALS``), and the handler
-claims that place (``turn`` with ``ticket``); a call that ends without claiming it (bad
-arguments, cancelled before it started) gives it back when it is answered or dropped.
-Calls that arrive otherwise (HTTP, the CLI) take their place when the handler asks.
+one batch in either order.  So a tool that takes a turn says so on its spec
+(``ToolSpec.turn``: a ``TakesTurn`` naming the argument that names the capsule and the
+label), every transport takes the call's place when it reads the request
+(``CcwServer.arrive``, which calls ``arrive`` here) and hands the ticket to the call
+explicitly (an ``Arrival`` with the request, or the HTTP scope's ``ARRIVAL_KEY``; then on
+its CallContext), and the handler claims that place (``turn`` with ``ticket``).  A call that
+ends without claiming it (bad arguments, an unknown capsule, cancelled before it started)
+has it given back (``give_back``) by the transport once the request is answered or
+dropped.  A call that arrived with no ticket (the CLI's in-process calls, a second turn
+in one call) takes its place when the handler asks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import itertools
 import shlex
 import time
@@ -39,28 +43,40 @@ import trio
 
 WAIT_REPORT_S = 1.0  # a queued call repeats its "queued" report this often
 LABEL_CHARS = 60  # of a command, in the "queued behind" reports
-# The tools that take a capsule's turn, and what they are called in the reports.
-TURN_TOOLS = {"capsule_exec": "exec", "capsule_fork": "fork", "capsule_destroy": "destroy",
-              "capsule_deltamin": "deltamin (reading the change)", "capsule_promote": "promote",
-              "capsule_witness": "witness"}
-# Places taken by the transport when it read a request, by (request id key, capsule id):
-# set per connection for the tasks that serve it.
-ARRIVALS: contextvars.ContextVar[dict[tuple[Any, str], Ticket] | None] = contextvars.ContextVar(
-    "ccw_arrivals", default=None)
+EXEC_LABEL = "exec"  # a command's label starts so: the event stream hears of commands only
 
 
-def turn_label(tool: str, args: Mapping[str, Any] | None = None) -> str:
-    """How a call of ``tool`` is named in "queued behind" reports: "exec `make -j2`"."""
-    cmd = (args or {}).get("cmd")
-    if tool == "capsule_exec" and isinstance(cmd, list) and all(isinstance(a, str) for a in cmd):
-        return exec_label(cmd)
-    return TURN_TOOLS.get(tool, tool)
+@dataclass(frozen=True)
+class TakesTurn:
+    """How a tool's call takes a capsule's turn (``ToolSpec.turn``): which argument names
+    the capsule, and what the line calls the call in "queued behind" reports."""
+
+    label: str  # "fork", "destroy"
+    capsule_arg: str = "capsule_id"
+    command_arg: str | None = None  # an argv argument the label shows (exec `make -j2`)
+
+    def capsule_of(self, args: Mapping[str, Any]) -> str | None:
+        """The capsule a call with ``args`` takes the turn of, or None if they name none."""
+        capsule_id = args.get(self.capsule_arg)
+        return capsule_id if isinstance(capsule_id, str) else None
+
+    def label_of(self, args: Mapping[str, Any] | None = None) -> str:
+        """How a call with ``args`` is named in the line: "exec `make -j2`", "destroy"."""
+        argv = (args or {}).get(self.command_arg) if self.command_arg is not None else None
+        if isinstance(argv, list) and all(isinstance(a, str) for a in argv):
+            return command_label(self.label, argv)
+        return self.label
+
+
+def command_label(label: str, argv: list[str]) -> str:
+    """``label`` and the command ``argv``, shortened to ``LABEL_CHARS``: "exec `pytest -q`"."""
+    text = shlex.join(argv)
+    return f"{label} `{text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + '…'}`"
 
 
 def exec_label(argv: list[str]) -> str:
-    """The turn label of an exec of ``argv``, its command shortened to ``LABEL_CHARS``."""
-    text = shlex.join(argv)
-    return f"{TURN_TOOLS['capsule_exec']} `{text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + '…'}`"
+    """The turn label of an exec of ``argv``."""
+    return command_label(EXEC_LABEL, argv)
 
 
 @dataclass(eq=False)
@@ -69,6 +85,8 @@ class Ticket:
 
     number: int  # arrival number on this server, for "queued behind #N"
     label: str  # what the call does: "exec `pytest -q`", "destroy"
+    capsule_id: str  # whose line it stands in
+    claimed: bool = False  # a handler took it up (``turn``): only the handler gives it back now
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None  # when it got the turn
     waited: bool = False  # whether another call held the turn when its handler asked
@@ -85,6 +103,30 @@ class Ticket:
         if self.started is None:
             return f"#{self.number} {self.label} (starting)"
         return f"#{self.number} {self.label} (running {int(time.monotonic() - self.started)} s)"
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """What an NDJSON transport hands an MCP request's handler with the request (as the
+    SDK's ``ServerMessageMetadata.request_context``, which the handler reads as
+    ``ctx.request``): the place taken for it when it was read."""
+
+    ticket: Ticket | None
+
+
+# The ASGI scope key under which the HTTP transport hands the place to the handler
+# (there ``ctx.request`` is the SDK's Request over that scope).
+ARRIVAL_KEY = "ccw.ticket"
+
+
+def arrived_ticket(request: Any) -> Ticket | None:
+    """The place the transport took for a request when it read it (``ctx.request``: an
+    ``Arrival``, or an HTTP Request whose scope holds it), or None."""
+    if isinstance(request, Arrival):
+        return request.ticket
+    scope = getattr(request, "scope", None)
+    ticket = scope.get(ARRIVAL_KEY) if isinstance(scope, dict) else None
+    return ticket if isinstance(ticket, Ticket) else None
 
 
 WaitReport = Callable[[Ticket, int, Ticket], Awaitable[None]]  # (own ticket, calls ahead, holder)
@@ -108,7 +150,7 @@ class CapsuleQueue:
 
     def reserve(self, capsule_id: str, label: str) -> Ticket:
         """Take the last place in the capsule's line now; ``turn`` claims it later."""
-        ticket = Ticket(next(self._numbers), label)
+        ticket = Ticket(next(self._numbers), label, capsule_id)
         self._lines.setdefault(capsule_id, []).append(ticket)
         self._lots.setdefault(capsule_id, trio.lowlevel.ParkingLot())
         return ticket
@@ -125,8 +167,22 @@ class CapsuleQueue:
             del self._lots[capsule_id]
         lot.unpark_all()
 
+    def arrive(self, takes: TakesTurn | None, args: Any) -> Ticket | None:
+        """The place a call with ``args`` of a tool that ``takes`` turns takes as it is read
+        (``reserve``), or None if its tool takes no turn or its arguments name no capsule."""
+        if takes is None or not isinstance(args, Mapping):
+            return None
+        capsule_id = takes.capsule_of(args)
+        return None if capsule_id is None else self.reserve(capsule_id, takes.label_of(args))
+
+    def give_back(self, ticket: Ticket | None) -> None:
+        """Give back a place taken on arrival that no handler claimed (the request is
+        answered or dropped); a claimed one is its handler's to release."""
+        if ticket is not None and not ticket.claimed:
+            self.release(ticket.capsule_id, ticket)
+
     def _observe(self, what: str, capsule_id: str, ticket: Ticket) -> None:
-        if self.observer is not None and ticket.label.startswith(TURN_TOOLS["capsule_exec"] + " "):
+        if self.observer is not None and ticket.label.startswith(EXEC_LABEL + " "):
             self.observer(what, capsule_id, ticket)
 
     @contextlib.asynccontextmanager
@@ -135,11 +191,12 @@ class CapsuleQueue:
         """Wait for the capsule's turn, hold it for the block, then pass it on.
 
         ``ticket``: a place taken with ``reserve`` when the call arrived (if it is still
-        in the line).  ``on_wait(ticket, ahead, holder)`` is awaited when the call has to
+        in this capsule's line and no other block claimed it).  ``on_wait(ticket, ahead, holder)`` is awaited when the call has to
         wait, again whenever its place changes and every ``WAIT_REPORT_S`` meanwhile.
         """
-        if ticket is None or ticket not in self._lines.get(capsule_id, ()):
+        if ticket is None or ticket.claimed or ticket not in self._lines.get(capsule_id, ()):
             ticket = self.reserve(capsule_id, label)
+        ticket.claimed = True
         line = self._lines[capsule_id]
         lot = self._lots[capsule_id]
         try:

@@ -25,7 +25,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import exposure
+from mcp_server.capsules import exposure, service
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
@@ -405,6 +405,7 @@ TOOLS = [
             },
         }]},
         handler=capsule_exec,
+        turn=service.EXEC,
         text=exec_text,
         scope="exec",
         aliases=("capsule/exec",),
@@ -455,6 +456,7 @@ TOOLS = [
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
         output_schema=CAPSULE_OUT,
         handler=capsule_fork,
+        turn=service.FORK,
         scope="exec",
         aliases=("capsule/fork",),
     ),
@@ -508,6 +510,7 @@ TOOLS = [
             "properties": {"capsule_id": CAPSULE_ID, "destroyed": {"const": True}},
         },
         handler=capsule_destroy,
+        turn=service.DESTROY,
         scope="exec",
         aliases=("capsule/destroy",),
         destructive=True,

@@ -11,7 +11,7 @@ from typing import Any
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
-from mcp_server.capsules.minimise import Question, deltamin
+from mcp_server.capsules.minimise import READ_CHANGE, Question, deltamin
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
@@ -81,6 +81,7 @@ TOOLS = [
             },
         }]},
         handler=capsule_deltamin,
+        turn=READ_CHANGE,
         scope="exec",
         aliases=("capsule/deltamin",),
         read_only=True,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
-from mcp_server.capsules.promotion import Request, promote
+from mcp_server.capsules.promotion import PROMOTE, Request, promote
 from mcp_server.core.hazards import KINDS
 from mcp_server.events import record_outcome
 from mcp_server.fs.gitignore import Scope
@@ -124,6 +124,7 @@ TOOLS = [
             },
         },
         handler=capsule_promote,
+        turn=PROMOTE,
         scope="promote",
         aliases=("capsule/promote",),
         destructive=True,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mcp_server.auth import SCOPES
+from mcp_server.capsules.turns import TakesTurn
 
 
 class ToolContext(Protocol):
@@ -92,6 +93,9 @@ class ToolSpec:
     # None: the structured result as JSON.  Tools whose result is mostly one document
     # (a file's lines) render it as text instead (see text_with_header).
     text: Callable[[dict[str, Any]], str] | None = None
+    # Whether and how a call takes a capsule's turn (capsules/turns.py): the transport
+    # takes its place in the capsule's line when it reads the request; None: no turn.
+    turn: TakesTurn | None = None
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:

@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.fragments import CAPSULE_ID, PROBLEMS, WITNESS_ID
+from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
 from mcp_server.capsules.witnesses import (
     WitnessOptions,
@@ -31,7 +32,7 @@ async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
                              args.get("max_base_mb") or DEFAULT_MAX_BASE_MB, args.get("carry") == "all")
     service = ctx.capsules
     service.live_record(args["capsule_id"])
-    async with service.turn(args["capsule_id"], "capsule_witness"):
+    async with service.turn(args["capsule_id"], WITNESS):
         result = await make_witness(service, args["capsule_id"], options)
     record_outcome(ctx.state, "capsule_witness", args["capsule_id"], result, None)
     return result
@@ -50,6 +51,8 @@ async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     """Witnesses made here, newest first."""
     return {"witnesses": stored_witnesses(ctx.state, args.get("capsule_id"))}
 
+
+WITNESS = TakesTurn("witness")  # the turn it takes (capsules/turns.py)
 
 TOOLS = [
     ToolSpec(
@@ -92,6 +95,7 @@ TOOLS = [
             },
         },
         handler=capsule_witness,
+        turn=WITNESS,
         scope="exec",
         aliases=("capsule/witness",),
         idempotent=True,

@@ -65,6 +65,7 @@ from starlette.requests import Request
 
 from mcp_server import framing
 from mcp_server.auth import Principal, TokenTable
+from mcp_server.capsules.turns import ARRIVAL_KEY, Ticket
 from mcp_server.logs import LOGGER
 from mcp_server.server import CcwServer
 from sandbox.errors import CcwError, from_oserror
@@ -245,13 +246,22 @@ class CcwHttpApp:
                     send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"}
                 )
                 return
-            if self.app.is_direct_method(method):
-                await self._serve_direct(message, method, params, send, principal.name)
-                return
+            # The call's place in a capsule's line is taken now, as it is read, and handed
+            # to it (CcwServer.arrive); one it never claims is given back once answered.
+            ticket = self.app.arrive(method, params)
+            try:
+                if self.app.is_direct_method(method):
+                    await self._serve_direct(message, method, params, send, principal.name, ticket)
+                    return
+                scope[ARRIVAL_KEY] = ticket  # the handler's ctx.request.scope (turns.arrived_ticket)
+                await self.manager.handle_request(scope, _replay(body, receive), send)
+            finally:
+                self.app.runtime.capsule_queue.give_back(ticket)
+            return
         await self.manager.handle_request(scope, _replay(body, receive), send)
 
     async def _serve_direct(self, message: dict[str, Any], method: str, params: Any, send: Any,
-                            owner: str) -> None:
+                            owner: str, ticket: Ticket | None) -> None:
         # A direct method (a tool called by name) is answered here; the SDK does not know it.
         if "id" not in message:
             await _respond(send, 202, None)
@@ -261,7 +271,7 @@ class CcwHttpApp:
                 None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
             return
         # The token's name: a long run it starts is its own (capsules/background.py).
-        await _respond(send, 200, await self.app.run_direct(message["id"], method, params, owner))
+        await _respond(send, 200, await self.app.run_direct(message["id"], method, params, owner, ticket))
 
 
 def _scope_checkable(message: Any) -> bool:

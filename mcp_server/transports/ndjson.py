@@ -38,7 +38,7 @@ import trio
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from mcp_server import framing
-from mcp_server.capsules.turns import ARRIVALS, Ticket
+from mcp_server.capsules.turns import Arrival, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
 
 READ_CHUNK = 65536
@@ -68,9 +68,9 @@ class NdjsonConnection:
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
         self._sdk_pending: dict[tuple[str, Any], int] = {}  # MCP requests read but not yet answered, by id
-        # Capsule turns taken when a request was read (mcp_server/capsules/turns.py): the
-        # handler claims its place; one that never does gives it back when answered.
-        self._arrivals: dict[tuple[Any, str], Ticket] = {}
+        # Capsule turns taken when an MCP request was read (CcwServer.arrive), by request
+        # id: handed to the handler with the request; given back when it is answered.
+        self._arrivals: dict[tuple[str, Any], Ticket] = {}
 
     async def run(self) -> None:
         """Serve until input ends (or drain) and every request read has been answered."""
@@ -78,7 +78,7 @@ class NdjsonConnection:
             await self._run()
         finally:
             for key in list(self._arrivals):
-                self._give_back(key[0])
+                self._give_back(key)
 
     async def _run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -123,16 +123,14 @@ class NdjsonConnection:
         self._progress.unpark_all()
 
     async def _serve_sdk(self) -> None:
-        ARRIVALS.set(self._arrivals)  # the SDK's request tasks inherit it
         await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send)
 
     def _give_back(self, key: tuple[str, Any]) -> None:
-        """Release the capsule turns a request took on arrival and never claimed."""
-        for arrival in [a for a in self._arrivals if a[0] == key]:
-            self.app.runtime.capsule_queue.release(arrival[1], self._arrivals.pop(arrival))
+        """Give back the capsule turn an MCP request took on arrival, if it never claimed it."""
+        self.app.runtime.capsule_queue.give_back(self._arrivals.pop(key, None))
 
     async def _pump_sdk(self) -> None:
-        async with self._out_send:
+        async with self._out_send, self._from_sdk_recv:  # closed too: an open one warns when collected
             async for item in self._from_sdk_recv:
                 message = item.message
                 frame = framing.dumps(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
@@ -218,7 +216,8 @@ class NdjsonConnection:
                 scope = trio.CancelScope()
                 self._direct[framing.id_key(frame.id)] = scope
                 before, self._direct_tail = self._direct_tail, trio.Event()
-                nursery.start_soon(self._run_direct, slot, frame, scope, before, self._direct_tail)
+                ticket = self.app.arrive(frame.method, frame.params)  # its turn is taken now, as it is read
+                nursery.start_soon(self._run_direct, slot, frame, scope, before, self._direct_tail, ticket)
             else:
                 await self._to_sdk(frame.message, request_id=frame.id)
         else:
@@ -256,17 +255,20 @@ class NdjsonConnection:
         if request_id is not None:
             key = framing.id_key(request_id)
             self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
-            if not any(a[0] == key for a in self._arrivals):  # a reused id in flight takes its turn late
-                reserved = self.app.reserve_turn(str(message.get("method")), message.get("params"))
-                if reserved is not None:
-                    self._arrivals[(key, reserved[0])] = reserved[1]
+            ticket = None
+            if key not in self._arrivals:  # a reused id in flight takes its turn late
+                ticket = self.app.arrive(str(message.get("method")), message.get("params"))
+                if ticket is not None:
+                    self._arrivals[key] = ticket
             metadata = ServerMessageMetadata(
-                on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None))
+                request_context=Arrival(ticket),  # the handler's ctx.request: its place, explicitly
+                on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None)),
             )
         await self._to_sdk_send.send(SessionMessage(parsed, metadata=metadata))
 
     async def _run_direct(
-        self, slot: int, frame: framing.Request, scope: trio.CancelScope, before: trio.Event | None, done: trio.Event
+        self, slot: int, frame: framing.Request, scope: trio.CancelScope, before: trio.Event | None, done: trio.Event,
+        ticket: Ticket | None,
     ) -> None:
         # Seed 001: direct requests on one connection are processed one after another,
         # so a pipelined capsule/exec then capsule/diff sees the exec's effects.
@@ -277,9 +279,10 @@ class NdjsonConnection:
                 try:
                     if before is not None:
                         await before.wait()
-                    answer = await self.app.run_direct(frame.id, frame.method, frame.params)
+                    answer = await self.app.run_direct(frame.id, frame.method, frame.params, ticket=ticket)
                     frame_out = framing.dumps(answer)
                 finally:
+                    self.app.runtime.capsule_queue.give_back(ticket)
                     if self._direct.get(key) is scope:
                         del self._direct[key]
         finally:

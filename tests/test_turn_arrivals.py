@@ -1,0 +1,130 @@
+"""Turns taken on arrival, handed to the call (capsules/turns.py, CcwServer.arrive): a tool
+whose spec declares a turn gets, on its CallContext, the place the transport took when it
+read the request, so pipelined calls on one capsule run in the order they were read
+whatever order their handlers start in; a call that never claims its place gives it back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.lowlevel
+import trio.testing
+
+from mcp_server.capsules.turns import TakesTurn
+from mcp_server.config import Config
+from mcp_server.server import CcwServer
+from mcp_server.state import State
+from mcp_server.tools.registry import Registry, ToolSpec
+from mcp_server.transports.ndjson import NdjsonConnection
+
+ARGS = {"type": "object", "required": ["capsule_id", "n"], "additionalProperties": False,
+        "properties": {"capsule_id": {"type": "string"}, "n": {"type": "integer"}}}
+RESULT = {"type": "object", "required": ["n", "ticket"], "additionalProperties": False,
+          "properties": {"n": {"type": "integer"}, "ticket": {"type": "integer"}}}
+TAKES = TakesTurn("step")
+
+
+def make_server(tmp_path: Path, ran: list[tuple[int, int, str]]) -> CcwServer:
+    """A server with one tool, ``step``, that takes its capsule's turn and notes who ran when."""
+
+    async def step(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        await trio.lowlevel.checkpoint()  # let the other handlers start: only the places keep the order
+        async with ctx.capsule_turn(args["capsule_id"], TAKES.label) as ticket:
+            ran.append((args["n"], ticket.number, ticket.label))
+            await trio.lowlevel.checkpoint()
+        return {"n": args["n"], "ticket": ticket.number}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("step", "server", "takes a turn", ARGS, RESULT, step, turn=TAKES))
+    return CcwServer(config, State(config.state_dir), registry)
+
+
+def serve(server: CcwServer, frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Send ``frames`` in one write on one NDJSON connection; the answers, by id."""
+
+    async def main() -> list[dict[str, Any]]:
+        to_server, server_in = trio.testing.memory_stream_one_way_pair()
+        server_out, from_server = trio.testing.memory_stream_one_way_pair()
+        connection = NdjsonConnection(server, server_in, server_out, trio.Event())
+        data = bytearray()
+
+        async def run() -> None:
+            await connection.run()
+            await server_out.aclose()
+
+        with trio.fail_after(30):  # a place never given back would stall the line for good
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await to_server.send_all(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+                await to_server.aclose()
+                while chunk := await from_server.receive_some():
+                    data += chunk
+        return [json.loads(line) for line in data.splitlines()]
+
+    return trio.run(main)
+
+
+def call(request_id: int, capsule_id: str, n: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "step", "arguments": {"capsule_id": capsule_id, "n": n}}}
+
+
+HANDSHAKE = [
+    {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+]
+
+
+def test_pipelined_mcp_calls_claim_the_places_taken_as_they_were_read(tmp_path: Path) -> None:
+    ran: list[tuple[int, int, str]] = []
+    server = make_server(tmp_path, ran)
+    # Call 3 has bad arguments: its place is given back, so the calls after it still run.
+    frames = [*HANDSHAKE, *(call(n, "cap", n if n != 3 else "three") for n in range(1, 9))]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert answers[3]["error"]["code"] == -32602
+    good = [n for n in range(1, 9) if n != 3]
+    # Each ran in its arrival place (ticket n: read n-th), in the order read.
+    assert ran == [(n, n, "step") for n in good]
+    assert [answers[n]["result"]["structuredContent"] for n in good] == [{"n": n, "ticket": n} for n in good]
+    assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_direct_methods_take_their_place_as_they_are_read_too(tmp_path: Path) -> None:
+    ran: list[tuple[int, int, str]] = []
+    server = make_server(tmp_path, ran)
+    frames = [{"jsonrpc": "2.0", "id": n, "method": "step", "params": {"capsule_id": "cap", "n": n}}
+              for n in range(1, 5)]
+    frames.insert(2, {"jsonrpc": "2.0", "id": 99, "method": "step", "params": {"capsule_id": "cap"}})
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert answers[99]["error"]["code"] == -32602  # took place 3 and gave it back unclaimed
+    assert ran == [(1, 1, "step"), (2, 2, "step"), (3, 4, "step"), (4, 5, "step")]
+    assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_a_tool_without_a_turn_or_a_call_naming_no_capsule_takes_no_place(tmp_path: Path) -> None:
+    server = make_server(tmp_path, [])
+    assert server.arrive("tools/call", {"name": "step", "arguments": {"n": 1}}) is None
+    assert server.arrive("tools/call", {"name": "nope", "arguments": {"capsule_id": "cap"}}) is None
+    assert server.arrive("tools/list", {}) is None
+    ticket = server.arrive("step", {"capsule_id": "cap", "n": 1})
+    assert ticket is not None and ticket.capsule_id == "cap" and ticket.label == "step"
+    second = server.arrive("tools/call", {"name": "step", "arguments": {"capsule_id": "cap", "n": 2}})
+    assert server.runtime.capsule_queue.line("cap") == [ticket, second]
+    for taken in (ticket, second, None):
+        server.runtime.capsule_queue.give_back(taken)
+    assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_the_capsule_tools_declare_their_turns() -> None:
+    registry = Registry.load(["capsule", "promote", "deltamin", "witness"])
+    turns = {spec.name: spec.turn.label_of({"cmd": ["make", "-j2"]}) for spec in registry.tools if spec.turn}
+    assert turns == {"capsule_exec": "exec `make -j2`", "capsule_fork": "fork", "capsule_destroy": "destroy",
+                     "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
+                     "capsule_witness": "witness"}
