@@ -33,6 +33,7 @@ from mcp_server.config import Config
 from mcp_server.events import EventLog, record_outcome
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
+from sandbox.client import HelperClient
 
 ROOTS_TIMEOUT_S = 10.0  # a client that never answers roots/list must not hold a call forever
 
@@ -43,7 +44,7 @@ class Runtime:
     def __init__(self, config: Config, state: State) -> None:
         self.config = config
         self.state = state
-        self._helper: Any = None
+        self._helper: HelperClient | None = None
         self._helper_lock = trio.Lock()
         self.events = EventLog(state)
         # execs, forks, destroys: one at a time per capsule; a command's waits and starts are events
@@ -64,7 +65,7 @@ class Runtime:
         # A replay's or deltamin's outcome is an event (a command's run is one already).
         record_outcome(self.state, run.tool, run.capsule_id, run.result, run.error)
 
-    async def helper(self) -> Any:
+    async def helper(self) -> HelperClient:
         """The helper client, connected or spawned on first use (mcp_server.launcher).
 
         An embedded helper that died (kill -9, OOM) is replaced by a fresh one on the next
@@ -78,7 +79,8 @@ class Runtime:
                 dead, self._helper = self._helper, None
                 with trio.CancelScope(shield=True):  # a dying helper is waited for: see helper.ending()
                     await dead.aclose()
-                LOGGER.warning(f"mcp:helper starting a new embedded helper{dead.process.describe_death()}")
+                death = dead.process.describe_death() if dead.process is not None else ""  # only an embedded one dies
+                LOGGER.warning(f"mcp:helper starting a new embedded helper{death}")
             if self._helper is None:
                 # Imported here: only capsule tools need the helper.
                 from mcp_server import launcher
@@ -185,7 +187,7 @@ class CallContext:
         """The state dir: SQLite database and blob store."""
         return self._runtime.state
 
-    async def helper(self) -> Any:
+    async def helper(self) -> HelperClient:
         """The helper IPC client, connected (or started) on first use."""
         return await self._runtime.helper()
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from sandbox.client import HelperClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,7 +48,7 @@ class DirectContext:
         self.logs: list[str] = []
         self.progress_calls: list[tuple[float, float | None, str | None]] = []
 
-    async def helper(self) -> object:
+    async def helper(self) -> HelperClient:  # the ToolContext's type: these tests never get one
         raise AssertionError("this test's tools must not need the helper")
 
     async def roots(self) -> list[str] | None:

@@ -51,6 +51,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal, helper_network
 from mcp_server.state import State
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 from sandbox.ops import (
     ChangesRequest,
@@ -123,7 +124,7 @@ def _iso(moment: dt.datetime) -> str:
 class CapsuleService:
     """The capsules of one state dir, as seen by one call (its progress and turns)."""
 
-    def __init__(self, state: State, helper: Callable[[], Awaitable[Any]], call: CallHooks,
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]], call: CallHooks,
                  networks: Networks | None = None) -> None:
         self.state = state
         self._helper = helper
@@ -136,16 +137,14 @@ class CapsuleService:
         """The state dir's capsule journal."""
         return Journal(self.state)
 
-    async def helper(self) -> Any:
-        """The helper client (sandbox.client.HelperClient; connected, or started, on first use)."""
+    async def helper(self) -> HelperClient:
+        """The helper client (connected, or started, on first use)."""
         return await self._helper()
 
     async def call(self, request: OpRequest[ReplyT], on_progress: Any = None) -> ReplyT:
         """Ask the helper ``request``; its typed reply (of the class the request names)."""
         helper = await self.helper()
-        answer: ReplyT = await helper.call(request, on_progress)
-        assert isinstance(answer, request.reply), answer
-        return answer
+        return await helper.call(request, on_progress)
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress to the caller (nothing if it did not ask)."""
@@ -362,7 +361,7 @@ class CapsuleService:
         return await self.networks.exec(await self.helper(), capsule_id, network, lambda: self.call(request))
 
 
-async def _settle(helper: Any, capsule_id: str) -> None:
+async def _settle(helper: HelperClient, capsule_id: str) -> None:
     """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
 
     The helper notices a caller that went away when its next progress report fails to

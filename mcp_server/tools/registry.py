@@ -19,28 +19,35 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mcp_server.auth import SCOPES
-from mcp_server.capsules.turns import TakesTurn
+from mcp_server.capsules.turns import TakesTurn, Ticket
+
+if TYPE_CHECKING:  # types only: a handler module need not load the capsule service to be listed
+    from mcp_server.capsules.background import OwnedRuns, Run
+    from mcp_server.capsules.service import CapsuleService
+    from mcp_server.config import Config
+    from mcp_server.state import State
+    from sandbox.client import HelperClient
 
 
 class ToolContext(Protocol):
     """What a handler may use; the server provides one per call."""
 
     @property
-    def config(self) -> Any:  # mcp_server.config.Config
+    def config(self) -> Config:
         """The server's configuration."""
 
     @property
-    def state(self) -> Any:  # mcp_server.state.State
+    def state(self) -> State:
         """The state dir: SQLite database and blob store paths."""
 
-    async def helper(self) -> Any:  # sandbox.client.HelperClient
+    async def helper(self) -> HelperClient:
         """The helper IPC client, connected (or started, in the embedded default) on first use."""
 
     @property
-    def capsules(self) -> Any:  # mcp_server.capsules.service.CapsuleService
+    def capsules(self) -> CapsuleService:
         """The capsule service (create, exec, fork, diff, list, destroy; journal; turns) for this call."""
 
     async def roots(self) -> list[str] | None:
@@ -54,15 +61,15 @@ class ToolContext(Protocol):
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress if the caller sent a progress token; otherwise do nothing."""
 
-    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Any]:
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
         """Wait for the capsule's turn in arrival order and hold it for the block (execs, fork,
         destroy: one at a time per capsule); a queued call reports so through ``progress``."""
 
     @property
-    def runs(self) -> Any:  # mcp_server.capsules.background.Runs
+    def runs(self) -> OwnedRuns:
         """The process's background runs: calls that answer "running" and are fetched by id."""
 
-    def for_run(self, run: Any) -> ToolContext:
+    def for_run(self, run: Run) -> ToolContext:
         """This call's context for the body of its background ``run`` (progress goes to the run)."""
 
     def log(self, message: str) -> None:
