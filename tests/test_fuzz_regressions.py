@@ -33,6 +33,15 @@ def _refused(patch: bytes) -> CcwError:
     return caught.value
 
 
+@pytest.mark.parametrize("header", [b"deleted file mode 100644", b"new file mode 100644"])
+@pytest.mark.parametrize("kind", [b"rename", b"copy"])
+def test_a_rename_that_is_also_a_new_or_deleted_file_is_corrupt(header: bytes, kind: bytes) -> None:
+    # Found by the "patch" target: "deleted file mode" then "rename from old" left a file
+    # diff renamed yet deleted, with no new path, and the applier's assertion fired.
+    patch = b"diff --git a/old b/new\n%s\n%s from old\n%s to new\n" % (header, kind, kind)
+    assert "both a rename or copy and a new or deleted file" in _refused(patch).message
+
+
 def _literal(announced: int, data: bytes) -> bytes:
     rows = b"".join(_base85_block(data))
     return b"diff --git a/f b/f\nnew file mode 100644\nindex 0000000..1111111\nGIT binary patch\nliteral %d\n%s\n" % (

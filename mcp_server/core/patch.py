@@ -244,6 +244,9 @@ def _named(patch: FilePatch, lineno: int) -> FilePatch:
     # A damaged header can leave one side unnamed; apply() needs both unless new or deleted.
     if (patch.old_path is None and not patch.is_new) or (patch.new_path is None and not patch.is_delete):
         raise _corrupt(lineno, "a file diff names only one side (old or new path) and is neither a new nor a deleted file")
+    # A rename or copy names both sides; git never pairs one with "new file" or "deleted file".
+    if (patch.is_rename or patch.is_copy) and (patch.is_new or patch.is_delete):
+        raise _corrupt(lineno, "a file diff is both a rename or copy and a new or deleted file")
     return patch
 
 
