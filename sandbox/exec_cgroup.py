@@ -278,9 +278,12 @@ class ExecCgroup:
         return []
 
     def owns(self, pid: int) -> bool | None:
-        """Whether ``pid`` is in this exec's cgroup; None when the process is gone.
+        """Whether ``pid`` is in this exec's cgroup; None when the process is gone or ending.
 
-        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows it in the root.
+        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows an exiting task
+        (from early in ``do_exit``) in the root, so v1's "elsewhere" is trusted only for a
+        process that is not ending (``_is_ending``).  A joined v2 hierarchy answers for
+        itself; the exec joins v2 only where it has controllers.
         """
         try:
             text = read_file(f"/proc/{pid}/cgroup")
@@ -295,7 +298,7 @@ class ExecCgroup:
                 continue
             if mine[key] == rel or mine[key].startswith(rel + "/"):
                 return True
-            if hier.version == 1 and _is_zombie(pid):
+            if hier.version == 1 and _is_ending(pid):
                 return None
             return False
         return False
@@ -462,10 +465,17 @@ def _why_none(refused: dict[str, str]) -> str:
     return "; ".join(refused.values())
 
 
-def _is_zombie(pid: int) -> bool:
+_PF_EXITING = 0x4  # include/linux/sched.h: set at the top of do_exit()
+
+
+def _is_ending(pid: int) -> bool:
+    """Whether ``pid`` is exiting, a zombie or gone.  ``cgroup_exit`` runs early in
+    ``do_exit``, so an exiting task's v1 cgroups read as the root while it still runs
+    (state R or D, with PF_EXITING in its flags), before it is a zombie."""
     try:
-        return read_file(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except (OSError, IndexError):
+        fields = read_file(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+    except (OSError, IndexError, ValueError):
         return True
 
 

@@ -240,3 +240,25 @@ def test_bad_names_are_refused() -> None:
     for name in ("", "a/b", "a@1", "..", "."):
         with pytest.raises(CcwError):
             ExecCgroup.prepare(CgroupLayout(), name, Limits())
+
+
+def test_a_process_is_ending_once_exiting_a_zombie_or_gone() -> None:
+    # v1 shows an exiting task in the root: ExecCgroup.owns trusts v1's "elsewhere" only
+    # for a process that is not ending (the exiting window itself, PF_EXITING before the
+    # zombie, is too short to stage; its flag is read from the same stat line).
+    import os
+    import subprocess
+
+    from sandbox.exec_cgroup import _is_ending
+
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not _is_ending(running.pid)
+        assert not _is_ending(os.getpid())
+        running.kill()
+        os.waitid(os.P_PID, running.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: a zombie
+        assert _is_ending(running.pid)
+    finally:
+        running.kill()
+        running.wait()
+    assert _is_ending(running.pid)  # reaped: gone
