@@ -280,10 +280,8 @@ class ExecCgroup:
     def owns(self, pid: int) -> bool | None:
         """Whether ``pid`` is in this exec's cgroup; None when the process is gone or ending.
 
-        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows an exiting task
-        (from early in ``do_exit``) in the root, so v1's "elsewhere" is trusted only for a
-        process that is not ending (``_is_ending``).  A joined v2 hierarchy answers for
-        itself; the exec joins v2 only where it has controllers.
+        v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows an exiting task in
+        the root, so v1's "elsewhere" holds only for a process not ending (``_is_ending``).
         """
         try:
             text = read_file(f"/proc/{pid}/cgroup")
@@ -465,16 +463,13 @@ def _why_none(refused: dict[str, str]) -> str:
     return "; ".join(refused.values())
 
 
-_PF_EXITING = 0x4  # include/linux/sched.h: set at the top of do_exit()
-
-
 def _is_ending(pid: int) -> bool:
     """Whether ``pid`` is exiting, a zombie or gone.  ``cgroup_exit`` runs early in
     ``do_exit``, so an exiting task's v1 cgroups read as the root while it still runs
     (state R or D, with PF_EXITING in its flags), before it is a zombie."""
     try:
         fields = read_file(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()
-        return fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING)
+        return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)  # PF_EXITING: set atop do_exit()
     except (OSError, IndexError, ValueError):
         return True
 
