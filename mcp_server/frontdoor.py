@@ -342,8 +342,12 @@ class _FdReceiver(trio.abc.ReceiveStream):
         if not (newline and line.startswith(OPENING)):
             self.unread = data
             return None
+        try:
+            caller = json.loads(line).get(CALLER_META)
+        except ValueError:  # not JSON after all: the connection reads it, and answers a parse error
+            self.unread = data
+            return None
         self.unread = rest
-        caller = json.loads(line).get(CALLER_META)
         return caller if isinstance(caller, dict) else None
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:

@@ -104,6 +104,7 @@ def test_a_terminal_comes_only_with_the_call_that_names_it() -> None:
      frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})[5:]],
     [b'{"jsonrpc":"2.0","id":1,"method":"initialize"}\n'],
     [b"{}\n"],  # shorter than the opening's start: decided on its newline, not by waiting for more
+    [frontdoor.OPENING + b"not json\n"],  # looks like one, is not: read as MCP (a parse error), not a crash
     [b""],
 ])
 def test_a_connection_may_open_with_its_caller_context(sent: list[bytes]) -> None:
@@ -124,7 +125,7 @@ def test_a_connection_may_open_with_its_caller_context(sent: list[bytes]) -> Non
 
     caller, rest = trio.run(main)
     whole = b"".join(sent)
-    if whole.startswith(frontdoor.OPENING):
+    if whole.startswith(frontdoor.OPENING) and b"not json" not in whole:
         opening = frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})
         assert caller == {"workspace": "/w", "env": {"A": "1"}} and rest == whole[len(opening):]
     else:
