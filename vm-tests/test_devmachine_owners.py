@@ -211,10 +211,10 @@ def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools
     carried = {e["path"]: (e.get("uid"), e.get("gid")) for e in manifest["base"]["files"]}
     assert carried["more_itertools/more.py"] == carried["ext/setup_owners.py"] == (OWNER, OWNER)
     assert carried[".venv/bin/python"] == (OWNER, OWNER)  # a link's own owner
-    # The replay rebuilt the base with the recorded owners, so the stat exec printed the same (pytest's
-    # timing line differs, nothing else does).
+    # The replay rebuilt the base with the recorded owners, so the stat exec printed the same. Only pytest's
+    # timing line may differ, and it may by chance not (CI once saw both runs take the same hundredths).
     assert replayed["replay_ok"] is True, replayed["mismatches"]
-    assert [d["argv"][-1] for d in replayed["output_diffs"]] == [TESTS], replayed["output_diffs"]
+    assert {d["argv"][-1] for d in replayed["output_diffs"]} <= {TESTS}, replayed["output_diffs"]
     assert replayed["owners"] == {"recorded": len(carried), "restored": len(carried), "reason": None}
 
 
