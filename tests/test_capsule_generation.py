@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.capsules.minimise import _evidence, _journal_outcomes
+from mcp_server.capsules.deltamin import _evidence, _journal_outcomes
 from mcp_server.journal import CapsuleRecord, Journal, exec_advances, observes
 from mcp_server.state import State
 from sandbox.spec import CapsuleSpec

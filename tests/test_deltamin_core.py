@@ -172,7 +172,7 @@ def test_the_final_check_answers_the_searchs_last_question() -> None:
     # decisive last trial is answered by it, so the result is not run twice.
     import trio
 
-    from mcp_server.capsules.minimise import _search
+    from mcp_server.capsules.deltamin import _search
 
     culprits = {3, 11}
     oracle = _culprit_oracle(culprits)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mcp_server.capsules.minimise import TRACE_WINDOW, _suspects, traced_lines
+from mcp_server.capsules.deltamin import TRACE_WINDOW, _suspects, traced_lines
 from mcp_server.capsules.trials import Material, Unit
 
 PYTEST_FAILURE = """\

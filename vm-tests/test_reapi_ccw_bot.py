@@ -192,11 +192,11 @@ def test_bot_killed_mid_trial_changes_nothing(tools: Any, tmp_path: Path, cluste
         results: dict[str, Any] = {}
         begin = time.monotonic()
 
-        async def minimise() -> None:
+        async def deltamin() -> None:
             results["remote"] = await t.call("capsule_deltamin", ask)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(minimise)
+            nursery.start_soon(deltamin)
             with trio.fail_after(60):  # until bot-a is in the middle of a lease (its capsule is up)
                 while not _mid_lease(bots["_root"] / "bot-a"):  # noqa: ASYNC110 (another process's database)
                     await trio.sleep(0.05)
@@ -227,13 +227,13 @@ def test_server_restart_mid_search(tools: Any, tmp_path: Path, cluster: Cluster,
         _remote(t, cluster.url)
         results: dict[str, Any] = {}
 
-        async def minimise() -> None:
+        async def deltamin() -> None:
             results["remote"] = await t.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": SLEEPY_CMD})
 
         # The bots serving now (bot-a's journal keeps the capsule it had when it was killed).
         serving = [bots["_root"] / n for n in ("bot-a2" if (bots["_root"] / "bot-a2").exists() else "bot-a", "bot-b")]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(minimise)
+            nursery.start_soon(deltamin)
             with trio.fail_after(60):
                 while not any(_mid_lease(state) for state in serving):  # noqa: ASYNC110
                     await trio.sleep(0.05)

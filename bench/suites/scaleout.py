@@ -117,7 +117,7 @@ class Bench:
 
     async def deltamin(self, cap: str, parallel: int, case: Case = NARROW) -> tuple[float, dict[str, Any]]:
         """Seconds and result of a deltamin through the cluster (``parallel`` trials at once)."""
-        from mcp_server.capsules.minimise import Question, deltamin
+        from mcp_server.capsules.deltamin import Question, deltamin
         from mcp_server.capsules.remote import ReapiExecutor
 
         executor = ReapiExecutor(self.cluster.url, parallel)

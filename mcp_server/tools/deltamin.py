@@ -1,6 +1,6 @@
 """capsule_deltamin: the smallest part of a change that still fails (seed 003 §8).
 
-An adapter over mcp_server/capsules/minimise.py, which says how the change is split,
+An adapter over mcp_server/capsules/deltamin.py, which says how the change is split,
 searched, checked for flakiness and re-run at the end.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.capsules.deltamin import READ_CHANGE, Question, deltamin
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
-from mcp_server.capsules.minimise import READ_CHANGE, Question, deltamin
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
