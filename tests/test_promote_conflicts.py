@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mcp_server.capsules.promotion import _conflicts, _read_live_early
+from mcp_server.capsules.promote import _conflicts, _read_live_early
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView, Side
 

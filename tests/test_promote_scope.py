@@ -88,7 +88,7 @@ def _empty(tmp_path: Path) -> RootView:
 
 
 def test_directories_follow_their_contents(tmp_path: Path) -> None:
-    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.capsules.promote import _scoped
     from mcp_server.fs.changeset import Entry, promote_ops
     from mcp_server.fs.view import Side
 
@@ -108,7 +108,7 @@ def test_directories_follow_their_contents(tmp_path: Path) -> None:
 
 
 def test_a_made_directory_whose_contents_are_all_skipped_is_skipped(tmp_path: Path) -> None:
-    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.capsules.promote import _scoped
     from mcp_server.fs.changeset import Entry
     from mcp_server.fs.view import Side
 
@@ -148,7 +148,7 @@ def test_a_self_declared_cache_is_ignored_unless_everything_is_asked(tmp_path: P
 
 
 def test_promotion_reads_the_markers_in_the_capsule(tmp_path: Path) -> None:
-    from mcp_server.capsules.promotion import _scoped
+    from mcp_server.capsules.promote import _scoped
     from mcp_server.fs.changeset import Entry
     from mcp_server.fs.view import Side
 

@@ -1,6 +1,6 @@
 """capsule_promote: policies first, then an all-or-nothing write into the real tree.
 
-An adapter over mcp_server/capsules/promotion.py, which gives the order of the checks
+An adapter over mcp_server/capsules/promote.py, which gives the order of the checks
 and why.  ``dry_run`` runs the checks, writes nothing, and lists in ``applied`` what
 would be applied.  Default policies: ``["baseline"]``.  ``allow_hazards`` names the
 hazard kinds (mcp_server/core/hazards.py) to promote anyway, after a review.
@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
-from mcp_server.capsules.promotion import PROMOTE, Request, promote
+from mcp_server.capsules.promote import PROMOTE, Request, promote
 from mcp_server.core.hazards import KINDS
 from mcp_server.events import record_outcome
 from mcp_server.fs.gitignore import Scope
