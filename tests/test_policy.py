@@ -14,7 +14,7 @@ from mcp_server.core.policy import (
     evaluate,
     glob_match,
 )
-from mcp_server.fs.policies import builtin_policies, validate_policy
+from mcp_server.fs.policy import builtin_policies, validate_policy
 from sandbox.errors import CcwError
 
 

@@ -11,7 +11,7 @@ import pytest
 from mcp_server.core import replaydiff
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, ExecFacts, evaluate
-from mcp_server.fs.policies import builtin_policies, validate_policy
+from mcp_server.fs.policy import builtin_policies, validate_policy
 from mcp_server.journal import CapsuleRecord, Journal, helper_network, network_from_column
 from mcp_server.state import State
 from sandbox.errors import CcwError

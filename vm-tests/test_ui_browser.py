@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.capsules.policies import PolicyStore
+from mcp_server.capsules.policy import PolicyStore
 from mcp_server.cli.ui import launch_page
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal

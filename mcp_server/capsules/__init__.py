@@ -8,6 +8,6 @@ change generation) and takes each capsule's turn (``turns``).  The tool modules 
 environment, outcome and journal entry), ``notes`` (journal notes of changes seen),
 ``witnesses`` and ``witness_base`` (building and storing witness archives), ``replays``
 (re-running one), ``trials`` and ``deltamin``, ``interactions``
-(commutativity), ``promote`` and ``policies`` (capsule_promote), and ``fragments``
+(commutativity), ``promote`` and ``policy`` (capsule_promote, the policy tools), and ``fragments``
 (the JSON-Schema pieces of the identifiers the tools share).
 """

@@ -53,7 +53,7 @@ import trio
 from outcome import acapture
 
 from mcp_server.capsules import gitdirs, gitpromote
-from mcp_server.capsules.policies import PolicyStore
+from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replays import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService

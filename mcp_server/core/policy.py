@@ -1,7 +1,7 @@
 """Promotion policies: combining them and judging a capsule against them.
 
 The policy files (schema, built-in policies) and validating a policy against the schema
-are ``mcp_server.fs.policies``.
+are ``mcp_server.fs.policy``.
 
 Pure logic: the caller gathers the facts (the capsule's execs with their usage, the paths
 it read, wrote and changed, the results of required tests and of the replay) and

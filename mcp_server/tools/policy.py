@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from mcp_server.capsules.fragments import POLICY_NAME
-from mcp_server.capsules.policies import PolicyStore
+from mcp_server.capsules.policy import PolicyStore
 from mcp_server.core.policy import RULE_NAMES
-from mcp_server.fs.policies import builtin_policies, policy_schema, validate_policy
+from mcp_server.fs.policy import builtin_policies, policy_schema, validate_policy
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
 

@@ -37,7 +37,7 @@ from mcp_server.core.schemas import (
     UnsafePath,
     schema_name_of_ref,
 )
-from mcp_server.fs.policies import policies_dir
+from mcp_server.fs.policy import policies_dir
 from mcp_server.fs.schemafiles import catalogue_from_dirs, read_json_tree
 from mcp_server.tools import schema_backend as backend
 from mcp_server.tools.registry import ToolContext, ToolSpec

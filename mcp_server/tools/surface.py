@@ -29,7 +29,7 @@ import json
 from collections.abc import Callable, Collection
 from typing import Any
 
-from mcp_server.fs.policies import policy_schema
+from mcp_server.fs.policy import policy_schema
 from mcp_server.tools.registry import ToolSpec
 
 # Keywords whose value is one schema, a list of schemas, or a map of name → schema.

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from mcp_server.fs.policies import builtin_policies
+from mcp_server.fs.policy import builtin_policies
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
