@@ -36,8 +36,11 @@ Some facts about cgroup layouts on the machines ccw runs on
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sandbox import mountinfo
@@ -338,6 +341,32 @@ def procs(cgroup_dir: str) -> list[int]:
         return []
 
 
+def wait_empty(cgroup_dir: str, timeout: float) -> bool:
+    """Wait until no process is in the cgroup; False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while procs(cgroup_dir):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def remove_dir(cgroup_dir: str) -> None:
+    """rmdir an emptied cgroup, retrying for a second: a killed task leaves cgroup.procs a
+    moment after the SIGKILL lands.  A cgroup already gone is fine."""
+    for _ in range(500):
+        try:
+            os.rmdir(cgroup_dir)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise from_oserror(exc, "rmdir", cgroup_dir, HINT) from exc
+            time.sleep(0.002)
+    raise CcwError("INTERNAL", f"rmdir {cgroup_dir!r} failed: EBUSY after 1 s; processes left: {procs(cgroup_dir)}")
+
+
 def make_dir(path: str) -> bool:
     """mkdir; True if created, False if it existed."""
     try:
@@ -345,3 +374,58 @@ def make_dir(path: str) -> bool:
         return True
     except FileExistsError:
         return False
+
+
+class ControlFiles:
+    """A cgroup's control files, each opened once and kept open: read with ``pread`` at
+    offset 0 (a cgroupfs file renders afresh from there), written with ``pwrite``.  An
+    exec's limits and usage then cost one syscall per file instead of open, read, close.
+
+    The descriptors are close-on-exec, and the jail's first child closes every helper
+    descriptor before anything else runs (contain.py).
+    """
+
+    def __init__(self) -> None:
+        self._fds: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()  # the cpu watcher and the exec's thread may both open
+
+    def open_ahead(self, reads: Iterable[str], writes: Iterable[str] = ()) -> None:
+        """Open these files now (those that exist), off the exec's path."""
+        for paths, mode in ((reads, os.O_RDONLY), (writes, os.O_WRONLY)):
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    self._fd(path, mode)
+
+    def _fd(self, path: str, mode: int) -> int:
+        # One descriptor per direction: kernfs refuses to open a read-only file for
+        # writing (cpu.stat, pids.events) and a write-only one for reading (cgroup.kill).
+        fd = self._fds.get((path, mode))
+        if fd is None:
+            with self._lock:
+                fd = self._fds.get((path, mode))
+                if fd is None:
+                    fd = self._fds[path, mode] = os.open(path, mode | os.O_CLOEXEC)
+        return fd
+
+    def read(self, path: str) -> str:
+        """The file's whole text (OSError as ``read_file`` raises it)."""
+        fd = self._fd(path, os.O_RDONLY)
+        chunks: list[bytes] = []
+        while chunk := os.pread(fd, 65536, sum(map(len, chunks))):
+            chunks.append(chunk)
+        return b"".join(chunks).decode()
+
+    def write(self, path: str, value: str, hint: str = HINT) -> None:
+        """Write ``value``; a refusal is a CcwError naming the file, with ``hint`` (as ``write_file``)."""
+        try:
+            os.pwrite(self._fd(path, os.O_WRONLY), value.encode(), 0)
+        except OSError as exc:
+            raise from_oserror(exc, f"write {value!r} to", path, hint) from exc
+
+    def close(self) -> None:
+        """Close every descriptor; the object may be used again (it reopens)."""
+        with self._lock:
+            fds, self._fds = list(self._fds.values()), {}
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)

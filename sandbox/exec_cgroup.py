@@ -6,8 +6,9 @@ moves the jail's first process in, reads the usage back and removes them.
 
 Some facts about per-exec cgroups
 ---------------------------------
-- Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale`` can
-  tell a dead helper's leftovers from those of a helper that is still running.
+- Exec cgroups are named ``<name>@<helper pid>``: after a crash, ``cleanup_stale``
+  (spare_cgroups.py, which also makes them ahead) can tell a dead helper's leftovers
+  from those of a helper that is still running.
 - A migration (moving a process in) takes ``cgroup_threadgroup_rwsem`` for writing when
   a pid goes to ``cgroup.procs`` (v1 or v2) or another thread's id to v1 ``tasks``; it
   waits for an RCU grace period unless another migration ran within the last one: 8-10
@@ -64,15 +65,13 @@ import os
 import re
 import signal
 import threading
-import time
 from dataclasses import dataclass
 
 from sandbox.cgroups import (
     HINT,
     CgroupLayout,
+    ControlFiles,
     Hierarchy,
-    detect_layout,
-    dirs_named,
     make_dir,
     parse_blkio_bytes,
     parse_flat_keyed,
@@ -80,16 +79,23 @@ from sandbox.cgroups import (
     parse_self_cgroup,
     procs,
     read_file,
+    remove_dir,
     resources_worth_joining,
+    wait_empty,
     write_file,
 )
 from sandbox.errors import CcwError, from_oserror
 from sandbox.rusage import BlockCounts, Measurement
-from sandbox.syscalls import pid_alive
 
 PARENT_NAME = "ccw"
 V2_WANTED = ("memory", "pids", "cpu", "io")
-_OWNER_SEP = "@"
+OWNER_SEP = "@"
+# The control files an exec reads and writes, per cgroup version, opened ahead (those that exist).
+_READS = {1: ("cpuacct.usage", "memory.max_usage_in_bytes", "memory.oom_control", "pids.events",
+              "blkio.throttle.io_service_bytes"),
+          2: ("cpu.stat", "memory.peak", "memory.events", "memory.stat", "pids.events", "io.stat")}
+_WRITES = {1: ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "pids.max", "freezer.state"),
+           2: ("memory.max", "memory.swap.max", "pids.max", "cgroup.kill")}
 
 
 # --------------------------------------------------------------------- per-exec cgroups
@@ -115,34 +121,65 @@ class ExecCgroup:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
         self._torn_down = False
+        self.files = ControlFiles()  # limits written and usage read through descriptors kept open
 
     # -- prepare
     @classmethod
-    def prepare(cls, layout: CgroupLayout, name: str, limits: Limits) -> ExecCgroup:
+    def prepare(cls, layout: CgroupLayout, name: str, limits: Limits,
+                refused: dict[str, str] | None = None) -> ExecCgroup:
         """mkdir ``ccw/<name>@<pid>`` under our own cgroup in every useful hierarchy; write limits.
 
         A hierarchy we may not write is skipped (usage from it is null with the reason);
         a *requested* limit that no writable hierarchy can enforce is an UNSUPPORTED error.
+        ``refused``: hierarchies known to refuse us (mount point: why), not tried again;
+        a new refusal is added to it (spare_cgroups.py keeps it for the helper's life).
         """
-        if not name or "/" in name or _OWNER_SEP in name or name in (".", ".."):
-            raise CcwError("INVALID_ARGUMENT", f"cgroup name {name!r} must be non-empty, without '/' or '@'")
-        cg = cls(layout, name, limits)
+        cg = cls.ahead(layout, name, refused, open_files=False)
         try:
-            cg._make_dirs()
-            cg._write_limits()
+            cg.limit(limits)
         except BaseException:
             cg.teardown()
             raise
         return cg
 
-    def _make_dirs(self) -> None:
+    @classmethod
+    def ahead(cls, layout: CgroupLayout, name: str, refused: dict[str, str] | None = None,
+              open_files: bool = True) -> ExecCgroup:
+        """The directories made, without limits, and (``open_files``) the control files an
+        exec writes and reads opened: a spare for a later exec (spare_cgroups.py)."""
+        if not name or "/" in name or OWNER_SEP in name or name in (".", ".."):
+            raise CcwError("INVALID_ARGUMENT", f"cgroup name {name!r} must be non-empty, without '/' or '@'")
+        cg = cls(layout, name, Limits())
+        try:
+            cg._make_dirs({} if refused is None else refused)
+            if open_files:
+                for hier, path in cg.dirs.items():
+                    cg.files.open_ahead((os.path.join(path, n) for n in _READS[hier.version]),
+                                        (os.path.join(path, n) for n in _WRITES[hier.version]))
+        except BaseException:
+            cg.teardown()
+            raise
+        return cg
+
+    def limit(self, limits: Limits) -> None:
+        """Write ``limits`` into a cgroup no process is in yet (checked: INTERNAL otherwise)."""
+        for path in self.dirs.values():
+            if procs(path):  # a fresh read: a kept v1 cgroup.procs descriptor shows a cached list
+                raise CcwError("INTERNAL", f"exec cgroup {path!r} already holds processes {procs(path)}")
+        self.limits = limits
+        self._write_limits()
+
+    def _make_dirs(self, refused: dict[str, str]) -> None:
         # Every hierarchy costs a mkdir, a migration and an rmdir per exec, so only those
         # that give something: v1 blkio is left out, since the jail's wait4 rusage
         # measures an exec's I/O where blkio cannot (see the essay).
         wanted = {self.layout.for_resource(r) for r in resources_worth_joining(self.layout)}
-        leaf = f"{self.name}{_OWNER_SEP}{os.getpid()}"
+        leaf = f"{self.name}{OWNER_SEP}{os.getpid()}"
         for hier in self.layout.hierarchies:
             if hier not in wanted:
+                continue
+            if hier.mount_point in refused:  # a rootless helper learns this once, not per exec
+                self.unavailable[hier.mount_point] = refused[hier.mount_point]
                 continue
             parent = os.path.join(hier.base, PARENT_NAME)
             path = os.path.join(parent, leaf)
@@ -159,7 +196,8 @@ class ExecCgroup:
                         raise
                 except OSError as exc:
                     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                        self.unavailable[hier.mount_point] = str(from_oserror(exc, "mkdir", path, HINT))
+                        why = self.unavailable[hier.mount_point] = str(from_oserror(exc, "mkdir", path, HINT))
+                        refused[hier.mount_point] = why
                         break
                     raise from_oserror(exc, "mkdir", path, HINT) from exc
 
@@ -182,20 +220,20 @@ class ExecCgroup:
         return self.dirs.get(hier) if hier is not None else None
 
     def _write_limits(self) -> None:
-        lim = self.limits
+        lim, write = self.limits, self.files.write
         if lim.memory_bytes is not None:
             mem = self._require("memory", "limits.memory_mb")
             if self._v1(mem):
-                write_file(os.path.join(mem, "memory.limit_in_bytes"), str(lim.memory_bytes))
+                write(os.path.join(mem, "memory.limit_in_bytes"), str(lim.memory_bytes))
                 memsw = os.path.join(mem, "memory.memsw.limit_in_bytes")
                 if os.path.exists(memsw):  # else swap accounting is off: the limit covers RAM only
-                    write_file(memsw, str(lim.memory_bytes))
+                    write(memsw, str(lim.memory_bytes))
             else:
-                write_file(os.path.join(mem, "memory.max"), str(lim.memory_bytes))
+                write(os.path.join(mem, "memory.max"), str(lim.memory_bytes))
                 with contextlib.suppress(CcwError):  # memory.swap.max exists only with swap accounting
-                    write_file(os.path.join(mem, "memory.swap.max"), "0")
+                    write(os.path.join(mem, "memory.swap.max"), "0")
         if lim.pids_max is not None:
-            write_file(os.path.join(self._require("pids", "limits.pids_max"), "pids.max"), str(lim.pids_max))
+            write(os.path.join(self._require("pids", "limits.pids_max"), "pids.max"), str(lim.pids_max))
         if lim.cpu_ms is not None:
             self._require("cpu", "limits.cpu_ms")
 
@@ -251,8 +289,8 @@ class ExecCgroup:
             return None
         try:
             if self._v1(path):
-                return int(read_file(os.path.join(path, "cpuacct.usage")))
-            return parse_flat_keyed(read_file(os.path.join(path, "cpu.stat")))["usage_usec"] * 1000
+                return int(self.files.read(os.path.join(path, "cpuacct.usage")))
+            return parse_flat_keyed(self.files.read(os.path.join(path, "cpu.stat")))["usage_usec"] * 1000
         except (OSError, KeyError, ValueError):
             return None
 
@@ -307,8 +345,8 @@ class ExecCgroup:
         v2 = self.layout.unified
         v2_dir = self.dirs.get(v2) if v2 is not None else None
         if v2_dir is not None and os.path.exists(os.path.join(v2_dir, "cgroup.kill")):
-            write_file(os.path.join(v2_dir, "cgroup.kill"), "1")
-            if self._wait_empty(v2_dir, 2.0):
+            self.files.write(os.path.join(v2_dir, "cgroup.kill"), "1")
+            if wait_empty(v2_dir, 2.0):
                 return
         freezer = next((d for h, d in self.dirs.items() if h.version == 1 and "freezer" in h.controllers), None)
         any_dir = v2_dir or next(iter(self.dirs.values()), None)
@@ -320,25 +358,16 @@ class ExecCgroup:
                 return
             if freezer:
                 with contextlib.suppress(CcwError):
-                    write_file(os.path.join(freezer, "freezer.state"), "FROZEN")
+                    self.files.write(os.path.join(freezer, "freezer.state"), "FROZEN")
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             if freezer:
                 with contextlib.suppress(CcwError):
-                    write_file(os.path.join(freezer, "freezer.state"), "THAWED")
-            if self._wait_empty(freezer or any_dir, 0.05):
+                    self.files.write(os.path.join(freezer, "freezer.state"), "THAWED")
+            if wait_empty(freezer or any_dir, 0.05):
                 return
         raise CcwError("INTERNAL", f"cgroup {any_dir!r} still has processes after 100 SIGKILL rounds: {procs(any_dir)}")
-
-    @staticmethod
-    def _wait_empty(path: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while procs(path):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.002)
-        return True
 
     # -- collect
     def collect(self, rusage: BlockCounts | None = None) -> Measurement:
@@ -353,6 +382,7 @@ class ExecCgroup:
         if self._watcher is not None:
             self._watcher.join()
         why_none = _why_none(self.unavailable)
+        read_file = self.files.read
         unavailable: dict[str, str] = {}
         usage = Measurement(None, None, None, None, False, False, unavailable, self.cpu_limited)
 
@@ -394,6 +424,7 @@ class ExecCgroup:
         return usage
 
     def _collect_io(self, usage: Measurement, why_none: str, rusage: BlockCounts | None) -> None:
+        read_file = self.files.read
         if rusage is not None and os.path.exists("/proc/self/io"):
             # Task I/O accounting, summed by the kernel over every reaped descendant: reads
             # that went to storage, and pages dirtied for storage (charged to the writer
@@ -444,10 +475,11 @@ class ExecCgroup:
             return
         self.kill()
         for hier, path in list(self.dirs.items()):
-            _rmdir_retry(path)
+            remove_dir(path)
             del self.dirs[hier]
             with contextlib.suppress(OSError):  # busy: another exec or helper still uses it
                 os.rmdir(os.path.dirname(path))
+        self.files.close()
         self._torn_down = True
 
 
@@ -472,46 +504,3 @@ def _is_ending(pid: int) -> bool:
         return fields[0] in ("Z", "X") or bool(int(fields[6]) & 0x4)  # PF_EXITING: set atop do_exit()
     except (OSError, IndexError, ValueError):
         return True
-
-
-def _rmdir_retry(path: str) -> None:
-    # A killed task leaves cgroup.procs a moment after the SIGKILL lands.
-    for _ in range(500):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY:
-                raise from_oserror(exc, "rmdir", path, HINT) from exc
-            time.sleep(0.002)
-    raise CcwError("INTERNAL", f"rmdir {path!r} failed: EBUSY after 1 s; processes left: {procs(path)}")
-
-
-def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[str]:
-    """Kill and remove exec cgroups named ``<prefix>…@<pid>`` whose helper pid is dead.
-
-    Returns the removed directories, sorted.  Cgroups of helpers that are still running
-    are left alone, as is anything not named by ccw.
-    """
-    layout = layout or detect_layout()
-    removed = []
-    for parent in dirs_named(layout, PARENT_NAME):
-        try:
-            names = os.listdir(parent)
-        except OSError:
-            continue
-        for name in names:
-            base, sep, owner = name.rpartition(_OWNER_SEP)
-            path = os.path.join(parent, name)
-            if not sep or not base.startswith(prefix) or not owner.isdigit() or not os.path.isdir(path):
-                continue
-            if pid_alive(int(owner)):
-                continue
-            hier = next(h for h in layout.hierarchies if path.startswith(h.mount_point + "/"))
-            stale = ExecCgroup(CgroupLayout((hier,)), base, Limits())
-            stale.dirs[hier] = path
-            stale.teardown()
-            removed.append(path)
-    return sorted(removed)

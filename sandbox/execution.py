@@ -4,7 +4,7 @@ The registry (registry.py) has checked the caller, had the arguments checked aga
 (``settings``) and marked the capsule busy; ``run`` then does the exec's steps in
 order, undoing each on the way out:
 
-    prepare the exec cgroup (exec_cgroup.py) → prepare and enter the fanotify tracer
+    take the exec cgroup (made ahead: spare_cgroups.py) → prepare and enter the fanotify tracer
     (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
     rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
     → teardown (always): the tracer's at once; the cgroup's, once the jail ran, after
@@ -148,7 +148,7 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
     (None: no tracer, the error says why); tracer torn down whatever happens, the cgroup
     too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py)."""
-    from sandbox import exec_cgroup, fanotify, rusage, supervise
+    from sandbox import exec_cgroup, fanotify, jail_end, rusage, spare_cgroups, supervise
 
     cg_limits = exec_cgroup.Limits(
         memory_bytes=limits["memory_mb"] << 20 if "memory_mb" in limits else None,
@@ -159,7 +159,7 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     result = None
     trace_error: str | None = None
     try:
-        cgroup = exec_cgroup.ExecCgroup.prepare(_layout(), exec_name.replace(".", "-"), cg_limits)
+        cgroup = spare_cgroups.take(_layout(), exec_name.replace(".", "-"), cg_limits)
         try:
             tracer = fanotify.Tracer.prepare(spec.merged_dir)
             tracer.enter(cgroup, visible_at=spec.workspace)
@@ -183,6 +183,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
             result.ending.release()
         elif cgroup is not None:
             cgroup.teardown()
+        if cgroup is not None and cgroup.dirs:  # the next exec's cgroup, made ahead (spare_cgroups.py)
+            jail_end.submit(lambda: spare_cgroups.refill(_layout()))
     return result, usage, traced, trace_error
 
 
@@ -298,9 +300,9 @@ def _layout() -> Any:
 def cleanup_stale_cgroups() -> list[str]:
     """Remove the exec cgroups a dead helper left (at recovery); a failure is logged, not raised."""
     try:
-        from sandbox import exec_cgroup
+        from sandbox import spare_cgroups
 
-        return list(exec_cgroup.cleanup_stale())
+        return list(spare_cgroups.cleanup_stale())
     except Exception as exc:  # recovery of cgroups must not keep capsules from being served
         log.warning("cleaning stale cgroups failed: %s", exc)
         return []

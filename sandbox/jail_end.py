@@ -29,6 +29,8 @@ Some facts this relies on
   already exiting (and PDEATHSIG would end it with the helper), and the caller releases
   its ending in a ``finally``.  An error there (a cgroup that will not go) comes after
   the reply, so it is logged; ``cleanup_stale`` removes such leftovers at the next start.
+  Work that only prepares the next exec (a spare cgroup: spare_cgroups.py) is queued
+  behind the endings (``submit``), off every reply's path.
   A process that ran jails waits for their ends when it exits (``atexit``): the janitor
   is a daemon thread, and an unreaped init would be left to the host's init as a zombie.
 """
@@ -85,7 +87,7 @@ class Ending:
                 reap()
             finally:
                 self._step_done()
-        _submit(reap_then_go_on)
+        submit(reap_then_go_on)
 
     def release(self) -> None:
         """The caller is done with the cgroup (its usage read): it may be removed.  Idempotent."""
@@ -112,7 +114,7 @@ class Ending:
         if self._cgroup is None:
             self._finish()
         else:
-            _submit(self._finish)
+            submit(self._finish)
 
     def _finish(self) -> None:
         try:
@@ -131,7 +133,8 @@ def settle(timeout: float | None = None) -> bool:
         return _state.wait_for(lambda: not _unfinished, timeout)
 
 
-def _submit(job: Callable[[], None]) -> None:
+def submit(job: Callable[[], None]) -> None:
+    """Run ``job`` on the janitor after what it was given before; an error is logged."""
     global _janitor
     with _state:
         if _janitor is None:

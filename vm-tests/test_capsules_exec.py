@@ -177,24 +177,24 @@ def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
     capsule_id = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     events: list[str] = []
     reaps = threading.Semaphore(0)  # one permit for each of the janitor's reaps of an init
-    reap, prepare, teardown = supervise._Running.reap, exec_cgroup.ExecCgroup.prepare, exec_cgroup.ExecCgroup.teardown
+    reap, limit, teardown = supervise._Running.reap, exec_cgroup.ExecCgroup.limit, exec_cgroup.ExecCgroup.teardown
 
     def gated_reap(self: supervise._Running) -> None:
         if threading.current_thread().name == "ccw-jail-janitor":
             assert reaps.acquire(timeout=60)
         reap(self)
 
-    def recorded_prepare(layout: object, name: str, limits: object) -> exec_cgroup.ExecCgroup:
-        events.append(f"prepare {name.rsplit('-', 1)[1]}")
-        return prepare(layout, name, limits)  # type: ignore[arg-type]
+    def recorded_limit(self: exec_cgroup.ExecCgroup, limits: exec_cgroup.Limits) -> None:
+        events.append(f"prepare {self.name}")  # every exec's cgroup, a spare or made at once
+        limit(self, limits)
 
     def recorded_teardown(self: exec_cgroup.ExecCgroup) -> None:
         if not self._torn_down:
-            events.append(f"teardown {self.name.rsplit('-', 1)[1]}")
+            events.append(f"teardown {self.name}")
         teardown(self)
 
     monkeypatch.setattr(supervise._Running, "reap", gated_reap)
-    monkeypatch.setattr(exec_cgroup.ExecCgroup, "prepare", staticmethod(recorded_prepare))
+    monkeypatch.setattr(exec_cgroup.ExecCgroup, "limit", recorded_limit)
     monkeypatch.setattr(exec_cgroup.ExecCgroup, "teardown", recorded_teardown)
     assert run(manager, capsule_id, ["/bin/true"]).exit_code == 0
     events.append("reply 1")
@@ -208,12 +208,14 @@ def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
     reaps.release()
     assert jail_end.settle(30.0)
     assert second and second[0].exit_code == 0
-    first, then = events[0].split()[1], events[-2].split()[1]
+    first, then = events[0].split()[1], events[-1].split()[1]
+    assert first != then
     assert events == [f"prepare {first}", "reply 1", f"teardown {first}", f"prepare {then}", "reply 2",
                       f"teardown {then}"]
-    # Once ended: no zombie init, no exec cgroup left in any hierarchy.
+    # Once ended: no zombie init, no exec cgroup left in any hierarchy but an empty spare.
     assert psutil.Process().children(recursive=True) == []
     layout = cgroups.detect_layout()
-    left = [name for parent in cgroups.dirs_named(layout, exec_cgroup.PARENT_NAME) for name in os.listdir(parent)
-            if name.startswith(capsule_id)]
-    assert left == []
+    left = [os.path.join(parent, name) for parent in cgroups.dirs_named(layout, exec_cgroup.PARENT_NAME)
+            for name in os.listdir(parent) if name.endswith(f"@{os.getpid()}")]
+    assert [path for path in left if not os.path.basename(path).startswith("spare")] == []
+    assert all(cgroups.procs(path) == [] for path in left)

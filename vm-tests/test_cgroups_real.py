@@ -14,7 +14,8 @@ import pytest
 
 from sandbox.cgroups import detect_layout
 from sandbox.errors import CcwError
-from sandbox.exec_cgroup import ExecCgroup, Limits, cleanup_stale
+from sandbox.exec_cgroup import ExecCgroup, Limits
+from sandbox.spare_cgroups import cleanup_stale
 
 Require = Callable[[bool, str], None]
 
