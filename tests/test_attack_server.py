@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 from tests.test_attack_patches import SECRET, plant, tree_digest
 
 INTERNAL_ERROR = -32603

@@ -9,7 +9,7 @@ import trio
 
 from mcp_server.egress import splice
 from mcp_server.egress.session import EgressSession
-from tests.egress_harness import network
+from tests.support.egress_harness import network
 
 
 def _congestion(sock: socket.socket) -> bytes:

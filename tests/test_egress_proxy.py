@@ -11,7 +11,7 @@ from mcp_server.egress.proxy import (
     rewrite_response_head,
     split_authority,
 )
-from tests.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
+from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
     NoDns,
     egress,
     http_responder,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from mcp_server.core.netspace import HostSpace
 from mcp_server.egress import splice
-from tests.egress_harness import (
+from tests.support.egress_harness import (
     NoDns,
     egress,
     network,

@@ -16,7 +16,7 @@ import mcp_server
 from mcp_server import logs
 from mcp_server.config import Config
 from sandbox.errors import CcwError
-from tests.mcp_process import ROOT, ServerProcess, server_env
+from tests.support.mcp_process import ROOT, ServerProcess, server_env
 
 BIN = ROOT / ".venv" / "bin"
 SCRIPTS = sorted(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])

@@ -28,7 +28,7 @@ from mcp_server.server import (
     caller_terminal,
 )
 from sandbox.errors import CcwError
-from tests.raw_mcp import RawStdio
+from tests.support.raw_mcp import RawStdio
 from tests.test_exec_terminal import _closed
 
 

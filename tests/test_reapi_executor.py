@@ -261,7 +261,7 @@ def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path
     from mcp_server.capsules.replays import ReplayOptions
     from mcp_server.core.netrules import parse_network
     from mcp_server.state import State
-    from tests import witness_craft as craft
+    from tests.support import witness_craft as craft
 
     entry, blobs = craft.exec_entry(1, ["true"])
     unsigned = craft.write(tmp_path / "unsigned.tar.zst", craft.manifest("/w", [entry]), blobs)

@@ -10,7 +10,7 @@ import pytest
 from mcp_server.capsules.replays import ReplayOptions, admit
 from mcp_server.core.netrules import parse_network
 from sandbox.errors import CcwError
-from tests import witness_craft as craft
+from tests.support import witness_craft as craft
 
 
 def _manifest(include_blobs: bool = True) -> dict[str, Any]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,7 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.tools import schemas as schema_tools
-
-sys.path.insert(0, str(Path(__file__).parent))
-from mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"
 ASSET = {"$schemaRef": "jsonschema/synesthetic-asset.schema.json", "name": "circle"}

@@ -8,7 +8,7 @@ import trio
 from mcp import Client
 
 from mcp_server.transports.unix import connect
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 
 def test_a_two_megabyte_answer_arrives_whole(tmp_path: Path) -> None:

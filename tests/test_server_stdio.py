@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-from tests.mcp_process import CCW_MCP, ServerProcess, server_env
+from tests.support.mcp_process import CCW_MCP, ServerProcess, server_env
 
 ERAS = ["legacy", "2026-07-28", "auto"]  # auto: the client probes server/discover
 

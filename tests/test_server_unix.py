@@ -15,7 +15,7 @@ import trio
 from mcp import Client
 
 from mcp_server.transports.unix import connect
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from mcp_server.fs import tarstream
 from mcp_server.fs.tarstream import Limits, TarStream, parse_header
 from mcp_server.fs.witness import read_archive
 from sandbox.errors import CcwError
-from tests import witness_craft as craft
+from tests.support import witness_craft as craft
 
 ROOMY = Limits(max_member=1 << 30, max_total=1 << 32)
 

@@ -20,7 +20,7 @@ from mcp_server.server import CcwServer
 from mcp_server.state import State
 from mcp_server.tasks import EXTENSION, declared
 from sandbox.errors import CcwError
-from tests.raw_mcp import LEGACY, MODERN, TASKS, RawStdio
+from tests.support.raw_mcp import LEGACY, MODERN, TASKS, RawStdio
 
 
 def test_the_extension_is_advertised_to_2026_clients_and_not_in_2025(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
-from tests.mcp_process import CCW_MCP, server_env
+from tests.support.mcp_process import CCW_MCP, server_env
 
 
 def _ok(schemas: dict[str, Any], name: str, result: Any) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 TOKENS = {"tokens": [
     {"name": "reader", "token": "read-token-0123456789", "scopes": ["read"]},

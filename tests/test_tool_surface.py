@@ -20,7 +20,7 @@ from mcp_server.tools.surface import (
     shallow,
 )
 from sandbox.errors import CcwError
-from tests.mcp_process import CCW_MCP, server_env
+from tests.support.mcp_process import CCW_MCP, server_env
 
 REGISTRY = Registry.load(TOOLSETS)
 

@@ -32,7 +32,7 @@ from mcp_server.state import State
 from mcp_server.ui.api import DETAIL_PATHS, PAGES
 from mcp_server.ui.server import MAX_BODY, Dashboard, serve
 from sandbox.errors import CcwError
-from tests.cli_process import CCW, ROOT, cli_env
+from tests.support.cli_process import CCW, ROOT, cli_env
 from tests.test_events import _entry, _record
 
 TOKEN = "t0ken-for-tests"

@@ -20,7 +20,7 @@ from mcp_server.fs.witness import (
 )
 from mcp_server.fs.witness_key import WitnessKey
 from sandbox.errors import CcwError
-from tests.witness_craft import exec_entry, manifest
+from tests.support.witness_craft import exec_entry, manifest
 
 BLOBS = {blob_hash(data): data for data in (b"base file\n", b"changed file\n", b"stdin text", bytes(range(256)) * 64)}
 NAMES = sorted(BLOBS)

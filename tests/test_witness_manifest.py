@@ -10,7 +10,7 @@ from jsonschema import Draft202012Validator
 
 from mcp_server.core.witness_manifest import SCHEMA, check
 from sandbox.errors import CcwError
-from tests import witness_craft as craft
+from tests.support import witness_craft as craft
 
 
 def _manifest() -> dict[str, Any]:

@@ -13,7 +13,7 @@ from mcp_server.capsules.replays import _rebuild_base
 from mcp_server.core.witness_manifest import check
 from mcp_server.fs.witness import blob_hash
 from sandbox.errors import CcwError
-from tests import witness_craft as craft
+from tests.support import witness_craft as craft
 
 DATA = b"x = 1\n"
 # Root gives files to another uid; anyone else can only "restore" its own.

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import socket
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,13 +33,9 @@ from typing import Any
 import pytest
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import netfixtures as nf  # noqa: E402
-
-from mcp_server.capsules.networks import Networks  # noqa: E402
-from mcp_server.egress.hostspace import HostSpaceReader, dump_addresses  # noqa: E402
+from mcp_server.capsules.networks import Networks
+from mcp_server.egress.hostspace import HostSpaceReader, dump_addresses
+from tests.support import netfixtures as nf
 
 HOST_V4, HOST_V6, HOST_LAN = "198.18.0.1", "2001:2::1", "10.97.0.1"
 FAR, RESOLVER, LAN = "198.18.0.2", "198.18.0.3", "10.97.0.2"

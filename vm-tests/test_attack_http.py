@@ -33,7 +33,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 NOBODY = 65534
 SECRET = "root-only-" + secrets.token_hex(8)

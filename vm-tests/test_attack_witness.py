@@ -1,6 +1,6 @@
 """Witnesses from someone else, replayed and verified here (issue 24): a witness is hostile input.
 
-The attacker writes the witness archive (tests/witness_craft.py, or tar and zstd by
+The attacker writes the witness archive (tests/support/witness_craft.py, or tar and zstd by
 hand) and gets a replayer to run ``capsule_replay`` on it, even with
 ``allow_untrusted``.  What must hold, one test per attack class:
 
@@ -47,7 +47,7 @@ from mcp_server.core.canonical import canonical_json
 from mcp_server.fs.witness import blob_hash
 from mcp_server.fs.witness_key import WitnessKey
 from sandbox.errors import CcwError
-from tests import witness_craft as craft
+from tests.support import witness_craft as craft
 
 ROOT = Path(__file__).resolve().parent.parent
 CANARY_NAME = "CCW_ATTACK_WITNESS_TOKEN"

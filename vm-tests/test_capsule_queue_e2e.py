@@ -19,7 +19,7 @@ import trio.testing
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt"]

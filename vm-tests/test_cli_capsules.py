@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_process import CCW, ROOT, ccw
+from tests.support.cli_process import CCW, ROOT, ccw
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_process import CCW, ROOT, ccw, cli_env
+from tests.support.cli_process import CCW, ROOT, ccw, cli_env
 
 # Output with an OSC title sequence; a file name and the argv itself with a screen clear.
 HOSTILE = r'printf "\033]0;pwned\007title\n"; touch "e$(printf "\033[2J")f"' + " # \x1b[2J"

@@ -46,9 +46,10 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import realprojects  # noqa: E402
-from agent_loop import scenario_command  # noqa: E402
 from test_ipc_users import OTHER_UID, public_dir, run_as, run_script_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
+
+from tests.support import realprojects  # noqa: E402
+from tests.support.agent_loop import scenario_command  # noqa: E402
 
 # Key stores of a home (issue 25's list): directories, then files.
 SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".kube", ".docker", ".local/share/keyrings",
@@ -204,7 +205,7 @@ async def scenario(call: Any, setup: dict[str, Any]) -> dict[str, Any]:
 def crafted_witness(path: Path, home: Path, prefix: Path) -> Path:
     """An unsigned witness (anyone could write it) whose capsule exposed ~/.ssh beside the
     pyenv prefix and a toolchain this machine lacks, and whose exec reads the stores."""
-    from tests import witness_craft
+    from tests.support import witness_craft
 
     entry, blobs = witness_craft.exec_entry(1, ["/bin/sh", "-c", f"cat {home}/.ssh/* {home}/.netrc; ls -a {home}"])
     manifest = witness_craft.manifest(str(path.parent / "crafted-ws"), [entry])

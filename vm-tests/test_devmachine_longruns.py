@@ -22,8 +22,8 @@ import trio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from tests.mcp_process import ServerProcess, server_env
-from tests.workspaces import make_workspace
+from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -17,16 +17,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import realprojects  # noqa: E402
 from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
+
+from tests.support import realprojects  # noqa: E402
 
 SCRIPT = r"""
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
-import agent_loop
+from tests.support import agent_loop
 
 ws, scratch, edit = Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
 COVER = ("import json, os, uuid; os.makedirs('.nyc_output', exist_ok=True); "
@@ -68,7 +69,7 @@ def test_scope_and_volatile_as_an_unprivileged_user(user_dir: tuple[int, int, Pa
     scratch.mkdir()
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(scratch)], check=True)
     spec = json.dumps({"path": edit.path, "old": edit.old, "new": edit.new})
-    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), str(ws), str(scratch), spec], home)
+    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE.parent), str(ws), str(scratch), spec], home)
     assert out["exits"] == [0, 0, 0], out
     assert out["replay_ok"] is True, out["mismatches"]
     assert out["volatile"]["globs"] == [".nyc_output/*.json"] and out["volatile"]["paths"], out["volatile"]

@@ -18,8 +18,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import realprojects
 from test_cli_capsules import ccw, state  # noqa: F401  (state: the fixture that stops the CLI's helper)
+
+from tests.support import realprojects
 
 PROJECT = realprojects.MORE_ITERTOOLS
 EDIT = PROJECT.harmless[0]

@@ -6,7 +6,7 @@ until it holds the exec's own CallToolResult; ``tasks/cancel`` ends the jail.  A
 that does not declare it, or one of the 2025-11-25 era, gets ``status: running`` and a
 run id, as before.  Over HTTP a task, like a run, is the token's that started it.
 The same holds for an unprivileged user with a rootless helper.  The client is raw
-JSON-RPC (tests/raw_mcp.py over stdio; 2026-era POSTs over HTTP): the SDK's client can
+JSON-RPC (tests/support/raw_mcp.py over stdio; 2026-era POSTs over HTTP): the SDK's client can
 neither declare an extension per request nor send ``tasks/get``.
 """
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx2
 
-from tests.mcp_process import ServerProcess, server_env
-from tests.raw_mcp import MODERN, RawStdio, envelope, structured
-from tests.workspaces import make_workspace
+from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.raw_mcp import MODERN, RawStdio, envelope, structured
+from tests.support.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -201,7 +201,7 @@ ROOTLESS_SCRIPT = r"""
 import json, sys, time
 root, ws, state = sys.argv[1:4]
 sys.path.insert(0, root)
-from tests.raw_mcp import RawStdio
+from tests.support.raw_mcp import RawStdio
 
 with RawStdio(state, "capsule", tasks=True) as client:
     cap = client.call("capsule_create", {"workspace": ws})["structuredContent"]["capsule_id"]

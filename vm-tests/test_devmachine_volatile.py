@@ -123,10 +123,7 @@ def test_a_policys_own_globs_count_in_its_replay(tools: Any, tmp_path: Path) -> 
 def test_real_nyc_replays_once_its_outputs_are_declared(tools: Any, tmp_path: Path) -> None:
     """nyc itself (from npm) over a real package's tape suite: the replay fails and suggests
     globs for its random names; declared, the witness replays true."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import realprojects
+    from tests.support import realprojects
 
     ws = realprojects.pristine(realprojects.JSON_STABLE_STRINGIFY, tmp_path / "ws")
     realprojects.npm_install(ws, "nyc@17.1.0")

@@ -29,13 +29,14 @@ from test_ipc_users import as_user  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402, F401  (a fixture)
 
 from sandbox import egress  # noqa: E402
+from tests.support import SUPPORT_DIR  # noqa: E402
 
 FAST_S = 0.5  # "at once": a refusal in the egress namespace takes well under this
 
 
 def run_scenario(mode: str, directory: Path, wrap: Callable[[list[str]], list[str]]) -> dict[str, Any]:
     """egress_scenario.py's report, run by ``wrap`` (as root, or as a user)."""
-    argv = wrap([sys.executable, str(HERE / "egress_scenario.py"), str(ROOT), mode, str(directory)])
+    argv = wrap([sys.executable, str(SUPPORT_DIR / "egress_scenario.py"), str(ROOT), mode, str(directory)])
     done = subprocess.run(argv, cwd=str(directory), capture_output=True, timeout=240,
                           env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
     logs = "".join(p.read_text() for p in sorted(directory.glob("helper-*.log")))

@@ -32,13 +32,13 @@ from typing import Any
 import pytest
 
 from sandbox import contain, seccomp, supervise
+from tests.support import SUPPORT_DIR
 
 NOBODY = 65534
 TOKEN = uuid.uuid4().hex[:12]
 SECRET = f"ccw-secret-{TOKEN}"  # name of the host files the jail must not read
 SECRET_VALUE = f"ccw-hidden-{uuid.uuid4().hex}"  # their content, and the front end's secret env value
 ESC = f"ccw-esc-{TOKEN}"  # name of every file an attempt tries to create on the host
-HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -164,7 +164,7 @@ def _probes_file() -> str:
                  "add_key", "bpf", "perf_event_open", "io_uring_setup", "userfaultfd", "finit_module",
                  "init_module", "kexec_load", "reboot", "syslog", "clock_settime", "swapon", "swapoff"):
         numbers[name] = seccomp.syscall_number(name, os.uname().machine)
-    return f"NR = {numbers!r}\n" + (HERE / "escape_probes.py").read_text()
+    return f"NR = {numbers!r}\n" + (SUPPORT_DIR / "escape_probes.py").read_text()
 
 
 def _batch(attempts: list[Attempt], context: dict[str, str]) -> str:

@@ -13,7 +13,6 @@ answers itself; nothing leaves the machine.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,10 +20,8 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import netfixtures as nf  # noqa: E402
+from tests.support import SUPPORT_DIR
+from tests.support import netfixtures as nf
 
 ALLOWED = f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"
 P = "/usr/bin/python3 escape_probes.py"
@@ -61,7 +58,7 @@ def outcomes(tools: Any, tmp_path: Path) -> Iterator[dict[str, tuple[int | None,
     nf.big_file(root, "small.bin", 10)
     ws = tmp_path / "project"
     ws.mkdir()
-    shutil.copy(HERE / "escape_probes.py", ws / "escape_probes.py")
+    shutil.copy(SUPPORT_DIR / "escape_probes.py", ws / "escape_probes.py")
     with nf.server_namespace(root, "http://denied.example/"), nf.loopback_server() as loop_port:
         async def scenario(t: Any) -> dict[str, tuple[int | None, str, float]]:
             cap = (await t.call("capsule_create", {"workspace": str(ws), "network": [ALLOWED]}))["capsule_id"]

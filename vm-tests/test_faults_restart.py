@@ -30,7 +30,7 @@ import pytest
 from mcp_server.capsules.witnesses import CRASH_ENV as WITNESS_CRASH_ENV
 from mcp_server.config import TOOLSETS
 from mcp_server.fs.promote import CRASH_ENV, STEPS
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 Props = Any  # pytest's record_property
 

@@ -25,14 +25,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.cli_process import cli_env  # noqa: E402
-from tests.raw_mcp import RawStdio, structured  # noqa: E402
-from tests.workspaces import make_workspace  # noqa: E402
+from tests.support.cli_process import cli_env  # noqa: E402
+from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
+from tests.support.workspaces import make_workspace  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "vm-tests"))
-from netfixtures import HttpLoopback  # noqa: E402
 from test_ipc_users import as_user  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
+
+from tests.support.netfixtures import HttpLoopback  # noqa: E402
 
 CCW = ROOT / ".venv" / "bin" / "ccw"
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from mcp_server.config import TOOLSETS
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 INSPECTOR = ROOT / ".cache" / "npm" / "node_modules" / ".bin" / "mcp-inspector"

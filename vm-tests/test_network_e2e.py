@@ -27,7 +27,7 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import netfixtures as nf  # noqa: E402
+from tests.support import netfixtures as nf  # noqa: E402
 
 SERVER = nf.SERVER_ADDRESS
 HTTP = f"{SERVER}:{nf.HTTP_PORT}"

@@ -12,17 +12,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import agent_loop
-import realprojects
+from tests.support import agent_loop, realprojects
 
 
 def _fresh_runner(runner_type: type) -> agent_loop.FreshServer:

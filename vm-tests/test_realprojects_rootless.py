@@ -26,15 +26,16 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import realprojects  # noqa: E402
 from test_ipc_users import run_script_as  # noqa: E402
+
+from tests.support import realprojects  # noqa: E402
 
 SCRIPT = r"""
 import contextlib, json, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
-import agent_loop, realprojects
+from tests.support import agent_loop, realprojects
 
 ws, scratch = Path(sys.argv[2]), Path(sys.argv[3])
 project = realprojects.PROJECTS["more-itertools"]
@@ -93,7 +94,7 @@ def test_agent_loop_on_the_python_project_as_an_unprivileged_user(user_dir: tupl
     scratch = home / "scratch"
     scratch.mkdir()
     subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(scratch)], check=True)
-    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE), str(ws), str(scratch)], home)
+    out = run_script_as(uid, gid, [sys.executable, "-c", SCRIPT, str(HERE.parent), str(ws), str(scratch)], home)
     # fanotify does not work from a user namespace: no read set, and the reason instead.
     first = out["first"]
     assert first["touched"]["read"] is None and first.get("touched_unavailable", {}).get("read"), first["touched"]

@@ -39,8 +39,6 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import agent_loop
-import realprojects
 from test_reapi_cluster import _require_cluster_prerequisites
 
 from mcp_server.reapi.action import CommandSpec, build_action
@@ -49,6 +47,7 @@ from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_clu
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
+from tests.support import agent_loop, realprojects
 
 KEEPALIVE_S = 10  # a silent (killed) bot is dropped after this, and its leases requeued
 pytestmark = pytest.mark.slow

@@ -27,10 +27,6 @@ from typing import Any
 import pytest
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from reapi_bot import running_bot
-
 from mcp_server.reapi import postgres
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient, TrioReapi
@@ -38,6 +34,7 @@ from mcp_server.reapi.cluster import Cluster, find_server_python, temporary_clus
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes, key, tree_of_directory
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
+from tests.support.reapi_bot import running_bot
 
 ROOT = Path(__file__).resolve().parent.parent
 KEEPALIVE_S = 10  # a silent bot is dropped after this (BuildGrid's bot-session-keepalive-timeout)
@@ -360,7 +357,7 @@ def test_a_bot_runs_leases_in_parallel_and_overhead(client: ReapiClient, cluster
 DOOMED_BOT = """
 import sys, threading
 sys.path.insert(0, sys.argv[2])
-from reapi_bot import running_bot
+from tests.support.reapi_bot import running_bot
 with running_bot(sys.argv[1], "doomed"):
     print("serving", flush=True)
     threading.Event().wait()
@@ -371,7 +368,7 @@ def test_bot_killed_mid_lease_loses_nothing(client: ReapiClient, cluster: Cluste
     """SIGKILL the bot running a lease: the server requeues the job after the keepalive, another bot runs it."""
     action = _submit(client, {"WHO": "survivor", "NAP": "3"})
     # TMPDIR: the killed bot cannot remove its lease's directory; the test's tmp_path holds it.
-    with subprocess.Popen([sys.executable, "-c", DOOMED_BOT, cluster.url, str(Path(__file__).parent)],
+    with subprocess.Popen([sys.executable, "-c", DOOMED_BOT, cluster.url, str(ROOT)],
                           cwd=ROOT, stdout=subprocess.PIPE, text=True,
                           env={**os.environ, "TMPDIR": str(tmp_path)}) as doomed:  # fmt: skip
         assert doomed.stdout is not None and doomed.stdout.readline() == "serving\n"

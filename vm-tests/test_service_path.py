@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.workspaces import make_workspace
+from tests.support.workspaces import make_workspace
 
 ROOT = Path(__file__).resolve().parent.parent
 CCW = [str(Path(sys.executable).parent / "ccw")]  # the installed script, as a CI runner calls it

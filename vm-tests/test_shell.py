@@ -28,8 +28,6 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from netfixtures import HttpLoopback  # noqa: E402
-from shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
 from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
@@ -39,7 +37,10 @@ from mcp_server.state import State  # noqa: E402
 from sandbox.client import HelperClient  # noqa: E402
 from sandbox.errors import CcwError  # noqa: E402
 from sandbox.ops import ExecRequest, ListRequest  # noqa: E402
-from tests.raw_mcp import RawStdio, structured  # noqa: E402
+from tests.support import SUPPORT_DIR  # noqa: E402
+from tests.support.netfixtures import HttpLoopback  # noqa: E402
+from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
+from tests.support.shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
 
 
 def ccw(state: Path, *argv: str) -> str:
@@ -97,7 +98,7 @@ def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
         directory.mkdir()
         os.chown(directory, uid, gid)
     (workspace / "seed.txt").write_text("seed-content\n")
-    out = run_script_as(uid, gid, [sys.executable, str(HERE / "shell_session.py"), str(scratch / "state"),
+    out = run_script_as(uid, gid, [sys.executable, str(SUPPORT_DIR / "shell_session.py"), str(scratch / "state"),
                                    str(workspace)], home)
     assert out["mode"] == "rootless"
     _check_session(out)

@@ -11,7 +11,7 @@ import trio
 from mcp import Client
 
 from mcp_server.transports.unix import connect
-from tests.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, server_env
 
 
 def test_sigterm_delivers_the_running_exec_then_exits(tmp_path: Path, root_required: None) -> None:

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import re
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,13 +30,11 @@ from mcp_server.cli.ui import launch_page
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
-from tests.cli_process import CCW, ROOT, ccw, cli_env
-from tests.raw_mcp import RawStdio, structured
+from tests.support.cli_process import CCW, ROOT, ccw, cli_env
+from tests.support.netfixtures import HttpLoopback
+from tests.support.raw_mcp import RawStdio, structured
+from tests.support.webdriver import Browser
 from tests.test_events import _entry, _record
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from netfixtures import HttpLoopback
-from webdriver import Browser
 
 HOSTILE = "<img src=x onerror=document.title='pwned'>.txt"
 # Through the jail's HTTP proxy: the host's gate (allowed; it answers when the test lets

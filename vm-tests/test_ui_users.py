@@ -37,7 +37,8 @@ sys.path.insert(0, str(HERE))
 from test_ipc_users import OTHER_UID, as_user, run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 from test_ui_browser import browser, serve_ui, shot  # noqa: E402,F401  (browser: the fixture)
-from webdriver import Browser  # noqa: E402
+
+from tests.support.webdriver import Browser  # noqa: E402
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
@@ -48,7 +49,7 @@ import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
-import agent_loop
+from tests.support import agent_loop
 from sandbox.errors import CcwError
 
 async def main():
@@ -105,7 +106,7 @@ class UserAgent:
 
     def __init__(self, uid: int, gid: int, home: Path, state: Path, ws: Path, log: IO[bytes]) -> None:
         self.keep: list[str] = []
-        argv = [sys.executable, "-c", AGENT, str(HERE), str(state), str(ws)]
+        argv = [sys.executable, "-c", AGENT, str(HERE.parent), str(state), str(ws)]
         self.proc = subprocess.Popen(as_user(uid, gid, argv, self.keep), cwd=home, env=ENV, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         assert self._answer() == {"ready": True}

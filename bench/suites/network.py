@@ -10,7 +10,7 @@
   allowlist (per exec: the session's begin/end and the jail joining the capsule's
   namespace instead of a spare one).  Target: at most 1.2x.
 - an HTTP download of ``DOWNLOAD_MIB`` MiB from the server namespace of
-  ``vm-tests/netfixtures.py`` by curl in a capsule, through the proxy, beside the same
+  ``tests/support/netfixtures.py`` by curl in a capsule, through the proxy, beside the same
   curl on the host straight to the server.  Throughput is curl's own (bytes over its
   ``time_total``), so the jail's start is not billed to the transfer.  Target: at least
   0.8x the host's.  The machine's loopback and veths move well over a real link's
@@ -30,7 +30,6 @@ import contextlib
 import random
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -38,11 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Call, Report, Row, in_process_tools, median_ms
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "vm-tests"))
-
-import netfixtures as nf  # noqa: E402
+from tests.support import netfixtures as nf
 
 DOWNLOAD_MIB = 100
 SHAPED_RATE = "1gbit"

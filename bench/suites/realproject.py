@@ -2,7 +2,7 @@
 
 The project is more-itertools 10.5.0 from PyPI with its own ``.venv/`` (pytest) inside
 the workspace, prepared once and cached under ``.cache/realprojects/`` (see
-``vm-tests/realprojects.py``); each measurement works on a fresh copy under /tmp.
+``tests/support/realprojects.py``); each measurement works on a fresh copy under /tmp.
 
 - The whole suite (``pytest -q tests``, ~660 tests) through ``capsule_exec`` against the
   same command in the same tree on the host (same environment: PATH, LANG, HOME),
@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,12 +32,7 @@ from typing import Any
 
 from bench.common import Report, Row, median_ms
 from bench.suites.deltamin import _textbook
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-sys.path.insert(0, str(ROOT / "vm-tests"))
-
-import agent_loop  # noqa: E402
-import realprojects  # noqa: E402
+from tests.support import agent_loop, realprojects
 
 PROJECT = realprojects.MORE_ITERTOOLS
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}

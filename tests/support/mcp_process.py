@@ -24,7 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from mcp_server.auth import TokenTable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
 READY_RE = re.compile(r"^mcp:ready mode=(\S+) path=(\S+) ")
 

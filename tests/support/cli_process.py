@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
 
 

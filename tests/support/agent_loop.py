@@ -27,14 +27,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from realprojects import Edit, Project, git
+from tests.support.realprojects import Edit, Project, git
 
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 # A server on a fresh state dir, for as long as the context lasts: its ``call``.
 FreshServer = Callable[[Path], contextlib.AbstractAsyncContextManager[Call]]
 
-HERE = Path(__file__).resolve().parent
-CCW_MCP = HERE.parent / ".venv" / "bin" / "ccw-mcp"
+ROOT = Path(__file__).resolve().parents[2]
+CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
 
 # Lines a test runner prints that carry a duration ("in 0.31s", "Ran 21 tests in 0.004s").
 DURATION = re.compile(r"\bin \d+(\.\d+)?m?s\b")
@@ -199,12 +199,13 @@ def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
     return env
 
 
-# What ``scenario_command`` runs, as whichever user runs it: argv is this directory, the
+# What ``scenario_command`` runs, as whichever user runs it: argv is the repository (for
+# ccw and this package; its vm-tests/ for the scenario's module, a test module there), the
 # scenario's module, the setup as JSON.
 SCENARIO = r"""
 import sys
-sys.path.insert(0, sys.argv[1])
-import agent_loop
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/vm-tests"]
+from tests.support import agent_loop
 agent_loop.scenario_main(sys.argv[2], sys.argv[3])
 """
 
@@ -213,7 +214,7 @@ def scenario_command(module: str, setup: dict[str, Any]) -> list[str]:
     """The command that runs ``module.scenario(call, setup)`` through a real ``ccw-mcp`` (see
     ``scenario_main``) and prints what it returned as JSON: run it as root, or as a test's
     user with ``test_ipc_users.run_script_as``."""
-    return [sys.executable, "-c", SCENARIO, str(HERE), module, json.dumps(setup)]
+    return [sys.executable, "-c", SCENARIO, str(ROOT), module, json.dumps(setup)]
 
 
 def scenario_main(module: str, setup_json: str) -> None:

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
 MODERN = "2026-07-28"
 LEGACY = "2025-11-25"
