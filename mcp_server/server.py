@@ -132,7 +132,7 @@ class CcwServer:
         for outcome in Promoter(self.state.root).recover():
             LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
         if "witness" in self.config.toolsets:
-            from mcp_server.capsules.witnesses import remove_stale_temps
+            from mcp_server.capsules.witness import remove_stale_temps
 
             for name in remove_stale_temps(self.state):
                 LOGGER.info(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")

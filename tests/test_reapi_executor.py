@@ -258,7 +258,7 @@ def test_the_cache_evicts_the_least_recently_used_files_but_never_under_a_lease(
 def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path) -> None:
     import trio
 
-    from mcp_server.capsules.replays import ReplayOptions
+    from mcp_server.capsules.replay import ReplayOptions
     from mcp_server.core.netrules import parse_network
     from mcp_server.state import State
     from tests.support import witness_craft as craft

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.capsules.replays import _rebuild_base
+from mcp_server.capsules.replay import _rebuild_base
 from mcp_server.fs.witness import blob_hash
 from sandbox.errors import CcwError
 

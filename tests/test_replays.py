@@ -1,4 +1,4 @@
-"""capsules/replays: what a replayer must allow before a witness runs (the rest needs a helper: vm-tests)."""
+"""capsules/replay: what a replayer must allow before a witness runs (the rest needs a helper: vm-tests)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.capsules.replays import ReplayOptions, admit
+from mcp_server.capsules.replay import ReplayOptions, admit
 from mcp_server.core.netrules import parse_network
 from sandbox.errors import CcwError
 from tests.support import witness_craft as craft

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules import owners
-from mcp_server.capsules.replays import _rebuild_base
+from mcp_server.capsules.replay import _rebuild_base
 from mcp_server.core.witness_manifest import check
 from mcp_server.fs.witness import blob_hash
 from sandbox.errors import CcwError

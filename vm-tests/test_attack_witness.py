@@ -195,7 +195,7 @@ BOMB_BYTES = 1 << 30
 GROWTH_LIMIT_KB = 300 * 1024
 MEASURED = """
 import json, resource, sys, time
-import mcp_server.cli.capsule, mcp_server.server, mcp_server.capsules.replays  # imported before the baseline
+import mcp_server.cli.capsule, mcp_server.server, mcp_server.capsules.replay  # imported before the baseline
 def peak_kb():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 before, start = peak_kb(), time.monotonic()

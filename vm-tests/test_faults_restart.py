@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 import pytest
 
-from mcp_server.capsules.witnesses import CRASH_ENV as WITNESS_CRASH_ENV
+from mcp_server.capsules.witness import CRASH_ENV as WITNESS_CRASH_ENV
 from mcp_server.config import TOOLSETS
 from mcp_server.fs.promote import CRASH_ENV, STEPS
 from tests.support.mcp_process import ServerProcess, server_env

@@ -50,10 +50,10 @@ import trio
 
 from mcp_server.bot.marker import Marker, check_command_paths, witness_file
 from mcp_server.capsules.remote import CAPSULE_VAR
-from mcp_server.capsules.replays import ReplayOptions, replay
+from mcp_server.capsules.replay import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.witnesses import WitnessOptions, make_witness
+from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.client import ReapiClient

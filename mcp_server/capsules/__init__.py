@@ -6,7 +6,7 @@ capsule: it talks to the helper in typed requests and replies (``sandbox.ops``,
 change generation) and takes each capsule's turn (``turns``).  The tool modules in ``mcp_server/tools`` are thin adapters over it
 (``ctx.capsules``).  Beside it, one module per job: ``runs`` (one exec: its request,
 environment, outcome and journal entry), ``notes`` (journal notes of changes seen),
-``witnesses`` and ``witness_base`` (building and storing witness archives), ``replays``
+``witness`` and ``witness_base`` (building and storing witness archives), ``replay``
 (re-running one), ``trials`` and ``deltamin``, ``interactions``
 (commutativity), ``promote`` and ``policy`` (capsule_promote, the policy tools), and ``fragments``
 (the JSON-Schema pieces of the identifiers the tools share).

@@ -69,7 +69,7 @@ from mcp_server.capsules.trials import (
     units_from,
 )
 from mcp_server.capsules.turns import TakesTurn
-from mcp_server.capsules.witnesses import WitnessOptions, make_witness
+from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
 from mcp_server.fs import changeset

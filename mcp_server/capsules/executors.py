@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import trio
 
-from mcp_server.capsules.replays import ReplayOptions, replay
+from mcp_server.capsules.replay import ReplayOptions, replay
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Trial, TrialRunner, apply_units
 

@@ -54,11 +54,11 @@ from outcome import acapture
 
 from mcp_server.capsules import gitdirs, gitpromote
 from mcp_server.capsules.policy import PolicyStore
-from mcp_server.capsules.replays import ReplayOptions, replay
+from mcp_server.capsules.replay import ReplayOptions, replay
 from mcp_server.capsules.runs import Command
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
-from mcp_server.capsules.witnesses import WitnessOptions, make_witness
+from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.core import hazards
 from mcp_server.core.policy import (
     CapsuleFacts,

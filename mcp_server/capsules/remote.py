@@ -54,11 +54,11 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.replays import ReplayOptions, admit
+from mcp_server.capsules.replay import ReplayOptions, admit
 from mcp_server.capsules.runs import exec_env
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Trial, Unit
-from mcp_server.capsules.witnesses import signature_of, witness_key
+from mcp_server.capsules.witness import signature_of, witness_key
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import Executed, ReapiClient, TrioReapi
 from mcp_server.reapi.merkle import (

@@ -1,6 +1,6 @@
 """capsule_replay: re-run a witness in a fresh capsule and compare (seed 003 §5).
 
-An adapter over mcp_server/capsules/replays.py, which says how the base is rebuilt and
+An adapter over mcp_server/capsules/replay.py, which says how the base is rebuilt and
 the execs re-run, and what a replay takes from its replayer (``env``, ``network``,
 ``workspace``, ``allow_untrusted``) and never from the server; what is compared, and
 what ``replay_ok`` and ``output_identical`` mean, is in core/replaydiff.py.
@@ -14,8 +14,8 @@ from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT,
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.owners import REPORT_SCHEMA as OWNERS_REPORT
-from mcp_server.capsules.replays import ReplayOptions
-from mcp_server.capsules.witnesses import locate
+from mcp_server.capsules.replay import ReplayOptions
+from mcp_server.capsules.witness import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.tools.registry import ToolContext, ToolSpec

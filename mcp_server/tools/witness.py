@@ -1,6 +1,6 @@
 """Witness tools: capsule_witness, witness_verify, witness_list (seed 003 §4; replay is in replay.py).
 
-Adapters over mcp_server/capsules/witnesses.py, which says what a witness holds and how
+Adapters over mcp_server/capsules/witness.py, which says what a witness holds and how
 it is stored.  ``capsule_witness`` runs in the capsule's turn (after the execs sent
 before it, so it holds their runs whole).
 """
@@ -13,8 +13,7 @@ import trio
 
 from mcp_server.capsules.fragments import CAPSULE_ID, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.turns import TakesTurn
-from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
-from mcp_server.capsules.witnesses import (
+from mcp_server.capsules.witness import (
     WitnessOptions,
     locate,
     make_witness,
@@ -22,6 +21,7 @@ from mcp_server.capsules.witnesses import (
     verify_file,
     witness_key,
 )
+from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
 from mcp_server.events import record_outcome
 from mcp_server.tools.registry import ToolContext, ToolSpec
 

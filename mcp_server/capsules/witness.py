@@ -1,4 +1,4 @@
-"""Witnesses: building, storing, finding and verifying them (seed 003 §4; replaying is replays.py).
+"""Witnesses: building, storing, finding and verifying them (seed 003 §4; replaying is replay.py).
 
 A witness packages what a capsule did (see fs/witness.py for the format).  Choices:
 
@@ -10,7 +10,7 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
 - Each exec's stdout and stderr travel as blobs (as the journal kept them: the first
   ``OUTPUT_KEEP_BYTES`` of each stream, the cap recorded beside them), so a replay can
   show the lines that differ; the archive is zstd-compressed as a whole.
-- A replay (replays.py) rebuilds the base from the blobs into a scratch directory and
+- A replay (replay.py) rebuilds the base from the blobs into a scratch directory and
   mounts a fresh capsule over it *at the recorded workspace path*, or, without blobs,
   over a directory the replayer names.  Witnesses record variable names only, never
   values (which may be secrets); a replay's values are the ones its replayer passes.
@@ -197,7 +197,7 @@ def build_manifest(
             # Only when set: a witness of a capsule without volatile globs stays as before.
             **({"volatile": list(record.volatile)} if record.volatile else {}),
             **({"expose": list(record.spec.expose)} if record.spec.expose else {}),
-            # Named, never carried: a replay runs without them (replays.py says so in its report).
+            # Named, never carried: a replay runs without them (replay.py says so in its report).
             **({"gitdirs": list(record.spec.gitdirs)} if record.spec.gitdirs else {}),
         },
         "execs": [_exec_entry(ex, sources, outputs or {}) for ex in execs],

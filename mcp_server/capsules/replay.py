@@ -51,7 +51,7 @@ from mcp_server.capsules import exposure, owners
 from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.runs import Command, exec_env
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.witnesses import verify_file, witness_key
+from mcp_server.capsules.witness import verify_file, witness_key
 from mcp_server.core import paths, replaydiff, volatile
 from mcp_server.core.netrules import NetworkSpec, network_json
 from mcp_server.fs import changeset
