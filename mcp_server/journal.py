@@ -333,14 +333,15 @@ class Journal:
 
     def add_outputs(self, capsule_id: str, seq: int, streams: dict[str, bytes]) -> None:
         """Keep what exec ``seq`` printed (the first OUTPUT_KEEP_BYTES of each stream)."""
-        cctx = zstandard.ZstdCompressor(level=3)
-        rows = [
-            (capsule_id, seq, stream, cctx.compress(data[:OUTPUT_KEEP_BYTES]), min(len(data), OUTPUT_KEEP_BYTES),
-             OUTPUT_KEEP_BYTES)
-            for stream, data in sorted(streams.items())
-        ]
         with self.state.transaction() as db:
-            db.executemany("INSERT OR REPLACE INTO exec_outputs VALUES (?, ?, ?, ?, ?, ?)", rows)
+            self._add_outputs(db, capsule_id, seq, streams)
+
+    @staticmethod
+    def _add_outputs(db: Any, capsule_id: str, seq: int, streams: dict[str, bytes]) -> None:
+        cctx = zstandard.ZstdCompressor(level=3)
+        db.executemany("INSERT OR REPLACE INTO exec_outputs VALUES (?, ?, ?, ?, ?, ?)", [
+            (capsule_id, seq, stream, cctx.compress(data[:OUTPUT_KEEP_BYTES]), min(len(data), OUTPUT_KEEP_BYTES),
+             OUTPUT_KEEP_BYTES) for stream, data in sorted(streams.items())])
 
     def outputs(self, capsule_id: str, seq: int | None = None) -> dict[tuple[int, str], tuple[bytes, int]]:
         """What each exec (or exec ``seq`` alone) printed, as kept: (seq, stream) -> (bytes, cap in force)."""
@@ -413,8 +414,14 @@ class Journal:
         with self.state.transaction() as db:
             return self._advance(db, capsule_id)
 
-    def add_exec(self, capsule_id: str, entry: dict[str, Any]) -> int:
-        """Append an exec record; returns its sequence number.
+    def add_exec(self, capsule_id: str, entry: dict[str, Any], outputs: dict[str, bytes] | None = None) -> int:
+        """Append an exec record (and, with ``outputs``, what it printed); returns its sequence number."""
+        return self.append_exec(capsule_id, entry, outputs)[0]
+
+    def append_exec(self, capsule_id: str, entry: dict[str, Any],
+                    outputs: dict[str, bytes] | None = None) -> tuple[int, int]:
+        """Append an exec record, its events and ``outputs`` (``add_outputs``) in one transaction;
+        its sequence number and the capsule's generation after it.
 
         ``entry["generation"]`` is the generation the exec started on (default: the
         current one); an exec that wrote, or whose writes are not fully known, advances
@@ -423,7 +430,8 @@ class Journal:
         with self.state.transaction() as db:
             last = self._last_seq(db, capsule_id)
             row = {"capsule_id": capsule_id, "seq": last + 1, **entry}
-            row.setdefault("generation", self._generation(db, capsule_id))
+            current = self._generation(db, capsule_id)
+            row.setdefault("generation", current)
             row["generation_out"] = self._advance(db, capsule_id) if exec_advances(entry["touched"]) else None
             for key in _JSON_EXEC_FIELDS:
                 row[key] = json.dumps(row[key], sort_keys=True)
@@ -435,7 +443,9 @@ class Journal:
             for kind, data in events.run_events(last + 1, {"generation": row["generation"], **entry},
                                                 row["generation_out"]):
                 events.emit(db, kind, capsule_id, data)
-            return int(last + 1)
+            if outputs is not None:
+                self._add_outputs(db, capsule_id, last + 1, outputs)
+            return int(last + 1), current if row["generation_out"] is None else row["generation_out"]
 
     def record_base(self, capsule_id: str, states: dict[str, str]) -> None:
         """Remember what the base held at paths the capsule just changed (first record wins).

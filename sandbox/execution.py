@@ -1,11 +1,12 @@
 """One command in a capsule: exec cgroup, tracer, jail, collect, teardown, and the reply.
 
-The registry (registry.py) has checked the caller, had the arguments checked again
-(``settings``) and marked the capsule busy; ``run`` then does the exec's steps in
-order, undoing each on the way out:
+The registry (registry.py) has checked the caller and marked the capsule busy; ``run``
+takes the exec request itself (sandbox/ops.py: ``ExecRequest``, its arguments checked
+when the helper read it) and does the exec's steps in order, undoing each on the way out:
 
-    take the exec cgroup (made ahead: spare_cgroups.py) → prepare and enter the fanotify tracer
-    (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
+    the jail's spec (``jail_spec``: cwd, environment and exposed dirs checked against
+    the capsule) → take the exec cgroup (made ahead: spare_cgroups.py) → prepare and
+    enter the fanotify tracer (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
     rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
     → teardown (always): the tracer's at once; the cgroup's, once the jail ran, after
     the reply, when the init has exited (jail_end.py)
@@ -13,8 +14,9 @@ order, undoing each on the way out:
 Choices made here:
 
 * The jail's environment is exactly the given variables (each in the capsule's
-  whitelist) over PATH, HOME and LANG defaults, and for an "egress" capsule over the
-  proxy variables (egress.PROXY_ENV); nothing of the helper's leaks in.
+  whitelist) over PATH, HOME and LANG defaults (``spec.exec_env``: applied here alone),
+  and for an "egress" capsule over the proxy variables (egress.PROXY_ENV); nothing of
+  the helper's leaks in.
 * The written set is what fanotify saw written *and* what the upper dir's signature
   (``upper_signature``, taken before and after) says changed: renames and deletions
   open no file.  A directory that only appeared because something below it was copied
@@ -40,7 +42,7 @@ from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.ops import ExecRequest
 from sandbox.replies import DiskUse, ExecProgress, ExecReply, Touched, Truncated
-from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_PATH, DEFAULT_TIMEOUT_MS, Limits, resolve_cwd
+from sandbox.spec import Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
@@ -51,75 +53,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ccw.capsules")
 
-DEFAULT_HOME = "/home/ccw"
-DEFAULT_LANG = "C.UTF-8"
 ALWAYS_ALLOWED_ENV = frozenset({"PATH", "HOME", "LANG"})
 DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
 
 
-def settings(capsule: Capsule, request: ExecRequest) -> tuple[dict[str, str], str, dict[str, int], int, int]:
-    """An exec's jail environment, cwd, limits, timeout and output cap.
-
-    The request's arguments were checked when the helper read it (sandbox/ops.py); what
-    is decided here depends on the capsule: the whitelist, the workspace, and its limits,
-    which per-exec limits may only tighten (the disk's size is the capsule's, fixed when
-    it was made).
-    """
-    capsule_spec = capsule.spec  # not ``spec``: that is the module final_env checks with
-    # A terminal's type (TERM) is the one more name a session on a terminal may pass.
-    jail_env = final_env(dict(request.env or {}),
-                         [*capsule_spec.env_whitelist, *(["TERM"] if request.stdio == "tty" else [])])
-    if capsule_spec.network == "egress":
-        jail_env = egress.proxy_env(jail_env)
-    workdir = resolve_cwd(request.cwd, capsule_spec.workspace)
-    exec_limits = {key: value for key, value in capsule_spec.limits.to_json().items() if key != "disk_mb"}
-    for key, value in (request.limits or Limits()).to_json().items():
-        if key != "disk_mb":
-            exec_limits[key] = min(value, exec_limits.get(key, value))
-    timeout_ms = request.timeout_ms or DEFAULT_TIMEOUT_MS
-    output_cap = DEFAULT_OUTPUT_CAP if request.output_cap is None else request.output_cap
-    return jail_env, workdir, exec_limits, timeout_ms, output_cap
-
-
-def final_env(env: Any, whitelist: list[str]) -> dict[str, str]:
-    """The given variables (each must be whitelisted) over PATH/HOME/LANG defaults."""
-    env = {} if env is None else spec.env("env", env)
-    allowed = ALWAYS_ALLOWED_ENV | set(whitelist)
-    for key in env:
-        if key not in allowed:
-            raise CcwError("INVALID_ARGUMENT",
-                           f"env variable {key} is not in the capsule's env_whitelist {sorted(allowed)}; "
-                           "create the capsule with it whitelisted", {"name": key})
-    return {"PATH": DEFAULT_PATH, "HOME": DEFAULT_HOME, "LANG": DEFAULT_LANG, **env}
-
-
-def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[str, str],
-        stdin: bytes | None, timeout_ms: int, limits: dict[str, int], output_cap: int,
-        uid: int, gid: int, on_progress: Callable[[ExecProgress], None] | None = None,
-        progress_ms: int = 1000, net_fd: int | None = None, tty_fd: int | None = None,
+def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: int, *,
+        on_progress: Callable[[ExecProgress], None] | None = None, net_fd: int | None = None,
         on_ending: Callable[[Ending], None] | None = None) -> ExecReply:
-    """prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the exec's reply.
+    """jail spec → prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the reply.
 
     The reply comes once the init has reported the jail's end; ``on_ending`` gets what is
     then left (the init's exit, the cgroup's removal; jail_end.py) as soon as it exists.
 
     ``net_fd``: an "egress" capsule's jail network namespace (the caller keeps it).
-    ``tty_fd``: the caller's pty slave (access.check_terminal), the command's stdio and
-    controlling terminal; its output goes there, so the reply's stdout and stderr are empty.
+    ``request.tty_fd``: the caller's pty slave (access.check_terminal), the command's stdio
+    and controlling terminal; its output goes there, so the reply's stdout and stderr are empty.
     """
-    from sandbox.contain import JailSpec
-
-    spec = JailSpec(
-        merged_dir=capsule.path("merged"), workspace=capsule.spec.workspace, tmp_dir=capsule.path("tmp"),
-        home_dir=capsule.path("home"), argv=list(argv), cwd=cwd, env=env, stdin=stdin,
-        timeout_ms=timeout_ms, output_cap=output_cap, uid=uid, gid=gid,
-        clock_offset_sec=capsule.spec.clock_offset_sec, network=capsule.spec.network, net_fd=net_fd,
-        tty_fd=tty_fd,
-        binds=(*gitdirs.binds(capsule), *exposed.binds(capsule, uid, gid)),
-    )
+    jail = jail_spec(capsule, request, uid, gid, net_fd)
     upper = capsule.path("upper")
     before = upper_signature(upper)
-    result, usage, traced, trace_error = _run_traced(spec, exec_name, limits, on_progress, progress_ms, on_ending)
+    result, usage, traced, trace_error = _run_traced(jail, exec_name, exec_limits(capsule, request), on_progress,
+                                                     request.progress_ms or spec.DEFAULT_PROGRESS_MS, on_ending)
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
     touched, touched_unavailable = _touched(traced, trace_error, moved)
     return ExecReply(
@@ -140,6 +94,51 @@ def run(capsule: Capsule, exec_name: str, argv: list[str], cwd: str, env: dict[s
         touched=touched,
         touched_unavailable=touched_unavailable,
     )
+
+
+def jail_spec(capsule: Capsule, request: ExecRequest, uid: int, gid: int, net_fd: int | None = None) -> JailSpec:
+    """The jail for ``request`` in ``capsule``, built once; the checks that depend on the capsule made here.
+
+    The request's arguments were checked when the helper read it (sandbox/ops.py): types
+    and bounds.  What depends on the capsule is checked here, once: the cwd lies in its
+    workspace, each variable is in its whitelist, each exposed dir is still fit to show.
+    """
+    from sandbox.contain import JailSpec
+
+    workspace = capsule.spec.workspace
+    return JailSpec(
+        merged_dir=capsule.path("merged"), workspace=workspace, tmp_dir=capsule.path("tmp"),
+        home_dir=capsule.path("home"), argv=list(request.argv), cwd=resolve_cwd(request.cwd, workspace),
+        env=jail_env(capsule, request), stdin=request.stdin, timeout_ms=request.timeout_ms,
+        output_cap=request.output_cap, uid=uid, gid=gid, clock_offset_sec=capsule.spec.clock_offset_sec,
+        network=capsule.spec.network, net_fd=net_fd, tty_fd=request.tty_fd,
+        binds=(*gitdirs.binds(capsule), *exposed.binds(capsule, uid, gid)),
+    )
+
+
+def jail_env(capsule: Capsule, request: ExecRequest) -> dict[str, str]:
+    """The command's whole environment: the request's variables (each must be in the capsule's
+    whitelist; a session on a terminal may pass its TERM too) over ``spec.exec_env``'s
+    defaults, and an "egress" capsule's proxy variables under them."""
+    given = dict(request.env or {})
+    allowed = ALWAYS_ALLOWED_ENV | set(capsule.spec.env_whitelist) | ({"TERM"} if request.stdio == "tty" else set())
+    for key in given:
+        if key not in allowed:
+            raise CcwError("INVALID_ARGUMENT",
+                           f"env variable {key} is not in the capsule's env_whitelist {sorted(allowed)}; "
+                           "create the capsule with it whitelisted", {"name": key})
+    env = spec.exec_env(capsule.spec.workspace, given)
+    return egress.proxy_env(env) if capsule.spec.network == "egress" else env
+
+
+def exec_limits(capsule: Capsule, request: ExecRequest) -> dict[str, int]:
+    """The capsule's limits, which an exec's may only tighten (the disk's size is the capsule's,
+    fixed when it was made)."""
+    limits = {key: value for key, value in capsule.spec.limits.to_json().items() if key != "disk_mb"}
+    for key, value in (request.limits or Limits()).to_json().items():
+        if key != "disk_mb":
+            limits[key] = min(value, limits.get(key, value))
+    return limits
 
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],

@@ -270,31 +270,45 @@ class CreateRequest(OpRequest[CreateReply]):
 
 @dataclass(frozen=True)
 class ExecRequest(OpRequest[ExecReply]):
-    """Run a command in a capsule; None fields take the helper's defaults."""
+    """Run a command in a capsule: the one form of an exec request in either process.
+
+    The front end builds it from a tool's arguments (mcp_server/capsules/runs.py), the
+    wire carries ``to_args()``, and the helper reads it back with ``from_args`` and runs
+    it (sandbox/execution.py).  The timeout and output cap take their defaults here, so
+    whoever builds a request holds the values the jail will use; the environment's
+    defaults (PATH, HOME, LANG) and what a cwd may be depend on the capsule, and the
+    helper applies them (``spec.exec_env``, ``spec.resolve_cwd``).
+    """
 
     op = "exec"
     reply = ExecReply
     capsule_id: str
     argv: tuple[str, ...]
-    cwd: str | None = None
-    env: Mapping[str, str] | None = None
+    cwd: str | None = None  # absolute, inside the workspace; None: the workspace
+    env: Mapping[str, str] | None = None  # over spec.exec_env's defaults; each name in the capsule's whitelist
     stdin: bytes | None = None
-    timeout_ms: int | None = None
+    timeout_ms: int = spec.DEFAULT_TIMEOUT_MS
     limits: Limits | None = None
-    output_cap: int | None = None
-    progress_ms: int | None = None
+    output_cap: int = spec.DEFAULT_OUTPUT_CAP
+    progress_ms: int | None = None  # None: no progress reports
     stdio: str | None = None  # "tty": stdin, stdout and stderr are ``tty_fd``; None/"pipes": captured
     tty_fd: int | None = None  # not an argument: the pty slave travels with the frame (SCM_RIGHTS)
 
     def to_args(self) -> dict[str, Any]:
-        out = super().to_args()
-        out.pop("tty_fd", None)
+        out: dict[str, Any] = {"capsule_id": self.capsule_id, "argv": list(self.argv),
+                               "timeout_ms": self.timeout_ms, "output_cap": self.output_cap}
+        if self.cwd is not None:
+            out["cwd"] = self.cwd
         if self.env is not None:
             out["env"] = dict(self.env)
+        if self.stdin is not None:
+            out["stdin_b64"] = base64.b64encode(self.stdin).decode()
         if self.limits is not None:
             out["limits"] = self.limits.to_json()
-        if self.stdin is not None:
-            out["stdin_b64"] = base64.b64encode(out.pop("stdin")).decode()
+        if self.progress_ms is not None:
+            out["progress_ms"] = self.progress_ms
+        if self.stdio is not None:
+            out["stdio"] = self.stdio
         return out
 
     @classmethod
@@ -306,9 +320,9 @@ class ExecRequest(OpRequest[ExecReply]):
             cwd=args.get("cwd"),
             env=args.get("env"),
             stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
-            timeout_ms=args.get("timeout_ms"),
+            timeout_ms=args.get("timeout_ms", spec.DEFAULT_TIMEOUT_MS),
             limits=None if "limits" not in args else Limits(**args["limits"]),
-            output_cap=args.get("output_cap"),
+            output_cap=args.get("output_cap", spec.DEFAULT_OUTPUT_CAP),
             progress_ms=args.get("progress_ms"),
             stdio=args.get("stdio"),
         )

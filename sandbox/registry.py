@@ -481,14 +481,14 @@ class CapsuleManager:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
         The request was checked when it was read (sandbox/ops.py); its terminal, if any, is
-        checked here.  ``on_progress`` receives the jail's progress reports about every
-        ``request.progress_ms`` while the command runs.
+        checked here, what depends on the capsule by ``execution.run``.  ``on_progress``
+        receives the jail's progress reports about every ``request.progress_ms`` while the
+        command runs.
         """
         check_uid_gid(caller_uid, caller_gid)
         capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
         access.check_terminal(request.tty_fd, caller_uid)  # None: pipes, nothing to check
-        final_env, workdir, exec_limits, timeout_ms, output_cap = execution.settings(capsule, request)
         # An "egress" capsule's jail namespace (refused, before anything starts, without net_open).
         net_fd = self.kits.jail_descriptor(capsule_id) if capsule.spec.network == "egress" else None
         try:
@@ -505,9 +505,8 @@ class CapsuleManager:
                 self._exec_count += 1
                 exec_name = f"{capsule_id}.{self._exec_count}"
             try:
-                return execution.run(capsule, exec_name, list(request.argv), workdir, final_env, request.stdin,
-                                     timeout_ms, exec_limits, output_cap, caller_uid, caller_gid, on_progress,
-                                     request.progress_ms or 1000, net_fd, request.tty_fd, capsule.ended_by)
+                return execution.run(capsule, request, exec_name, caller_uid, caller_gid, on_progress=on_progress,
+                                     net_fd=net_fd, on_ending=capsule.ended_by)
             finally:
                 with self._lock:
                     capsule.busy = False

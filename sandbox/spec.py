@@ -26,6 +26,7 @@ import base64
 import binascii
 import functools
 import os
+import posixpath
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -38,10 +39,14 @@ from sandbox.protocol import check_keys, is_int
 CAPSULE_ID_RE = re.compile(r"cap_[0-9A-Za-z_]{1,64}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 
-# What a command gets unless the caller says otherwise.
+# What a command gets unless its exec request says otherwise (the request's defaults,
+# sandbox/ops.py: ExecRequest; the environment's, the helper's: exec_env below).
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEFAULT_HOME = "/home/ccw"  # where the jail shows the capsule's own $HOME
+DEFAULT_LANG = "C.UTF-8"
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes per stream
+DEFAULT_PROGRESS_MS = 1000  # how often a running exec reports, to a caller that asked
 # The namespaces every jail gets (a time namespace too, when a clock offset is asked for).
 JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
 
@@ -323,7 +328,21 @@ class CapsuleSpec:
         )
 
 
-# --- the cwd rule -----------------------------------------------------------------------
+# --- an exec's environment and cwd ---------------------------------------------------------
+
+
+def exec_env(workspace: str, given: dict[str, str]) -> dict[str, str]:
+    """A command's whole environment: ``given`` over PATH, HOME and LANG defaults.
+
+    PATH starts with the workspace's ``.venv/bin``, as ``uv run`` and ``poetry run`` put
+    the project's environment first (``pytest`` in a capsule is the project's pytest),
+    whether or not it exists, so a run's environment does not depend on the host.  The
+    helper applies it to every exec (execution.py); a REAPI Command carries it whole.
+    """
+    return {"PATH": f"{posixpath.join(workspace, '.venv', 'bin')}:{DEFAULT_PATH}", "HOME": DEFAULT_HOME,
+            "LANG": DEFAULT_LANG, **given}
+
+
 
 
 def resolve_cwd(cwd: str | None, workspace: str) -> str:

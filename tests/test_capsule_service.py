@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from mcp_server.capsules.runs import PROGRESS_MS, Command
+from mcp_server.capsules.runs import PROGRESS_MS, exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.journal import Journal
@@ -144,23 +145,30 @@ def test_exec_sends_a_typed_request_and_journals_the_run(world: Any) -> None:
     service, helper, hooks, workspace = world
 
     async def main() -> Any:
-        record = await service.create(CapsuleSpec(workspace=str(workspace), limits=Limits(pids_max=64)))
-        return await service.exec(record.capsule_id, Command(["cat"], "sub", None, b"in"))
+        record = await service.create(CapsuleSpec(workspace=str(workspace), env_whitelist=("CCW_T", "HOME"),
+                                                  limits=Limits(pids_max=64)))
+        return await service.exec(exec_request(record.capsule_id, ["cat"], "sub", None, b"in"),
+                                  {"CCW_T": "1", "HOME": "/elsewhere", "OTHER": "x"})
 
     ran = trio.run(main)
     request = helper.requests[-1]
     assert isinstance(request, ExecRequest)
     assert request.cwd == os.path.join(str(workspace), "sub") and request.stdin == b"in"
     assert request.timeout_ms == DEFAULT_TIMEOUT_MS and request.progress_ms == PROGRESS_MS
-    assert request.limits == Limits(pids_max=64)
-    assert request.env is not None and request.env["PATH"].startswith(f"{workspace}/.venv/bin:")
+    assert request.limits is None  # the capsule's own hold in the helper, which knows them
+    # The caller's whitelisted values, never HOME; PATH and LANG are the helper's defaults.
+    assert request.env == {"CCW_T": "1"} and request.argv == ("cat",)
     assert (ran.started_generation, ran.generation, ran.queued_ms) == (0, 1, 0)
     assert ran.reply.stdout == b"out\n" and ran.touched["written"] == ["a.txt"]
     [entry] = Journal(service.state).execs("cap_1")
     assert entry["argv"] == ["cat"] and entry["stdin_b64"] == "aW4=" and entry["generation"] == 0
+    assert entry["env_keys"] == ["CCW_T", "LANG", "PATH"] and entry["timeout_ms"] == DEFAULT_TIMEOUT_MS
+    assert entry["cwd"] == request.cwd
+    assert Journal(service.state).outputs("cap_1") == {(1, "stderr"): (b"", 1 << 20), (1, "stdout"): (b"out\n", 1 << 20)}
     assert entry["written_mtimes"] == {"a.txt": 1_000_000_000}  # replays give it back (notes.py)
     assert Journal(service.state).base_states("cap_1")  # the base at a.txt, for promotion's conflict check
-    assert hooks.reports and hooks.reports[0][0] == 1000.0  # progress sent on
+    # Progress sent on, read as the typed report: elapsed, total (the timeout), the message.
+    assert hooks.reports == [(1000.0, float(DEFAULT_TIMEOUT_MS), "running 1 s; stdout 4 B, stderr 0 B\nout")]
 
 
 def test_exec_refuses_a_cwd_outside_the_workspace_before_asking_the_helper(world: Any) -> None:
@@ -168,7 +176,7 @@ def test_exec_refuses_a_cwd_outside_the_workspace_before_asking_the_helper(world
 
     async def main() -> None:
         record = await service.create(CapsuleSpec(workspace=str(workspace)))
-        await service.exec(record.capsule_id, Command(["true"], "../elsewhere"))
+        await service.exec(exec_request(record.capsule_id, ["true"], "../elsewhere"))
 
     with pytest.raises(CcwError) as caught:
         trio.run(main)
@@ -182,7 +190,7 @@ def test_an_exec_whose_reply_never_came_advances_the_generation(world: Any) -> N
 
     async def main() -> None:
         record = await service.create(CapsuleSpec(workspace=str(workspace)))
-        await service.exec(record.capsule_id, Command(["true"]))
+        await service.exec(exec_request(record.capsule_id, ["true"]))
 
     with pytest.raises(CcwError, match="went away"):
         trio.run(main)
@@ -191,7 +199,7 @@ def test_an_exec_whose_reply_never_came_advances_the_generation(world: Any) -> N
     record = Journal(service.state).capsule("cap_1")
     assert record is not None
     with pytest.raises(CcwError, match="busy"):
-        trio.run(service.exec, "cap_1", Command(["true"]))
+        trio.run(service.exec, exec_request("cap_1", ["true"]))
     assert Journal(service.state).generation("cap_1") == 1
 
 
@@ -220,7 +228,7 @@ def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:
 
     async def main() -> None:
         async with service.scratch(spec) as capsule_id:
-            reply = (await service.run(capsule_id, spec, Command(["true"], str(workspace)))).value
+            reply = (await service.run(exec_request(capsule_id, ["true"], str(workspace)), spec)).value
             assert reply.exit_code == 0
         with pytest.raises(RuntimeError):
             async with service.scratch(spec):
@@ -231,4 +239,65 @@ def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:
     destroyed = [r.capsule_id for r in helper.requests if isinstance(r, DestroyRequest)]
     assert destroyed == ["cap_1", "cap_2"]
     [run] = [r for r in helper.requests if isinstance(r, ExecRequest)]
-    assert run.limits is None and run.progress_ms is None  # trials run without the capsule's exec limits
+    assert run.limits is None and run.progress_ms is None  # the scratch capsule's own limits hold in the helper
+
+
+def test_an_exec_that_wrote_nothing_notes_no_base_state(world: Any) -> None:
+    service, helper, _, workspace = world
+    helper.written = []
+
+    async def main() -> Any:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        return await service.exec(exec_request(record.capsule_id, ["true"]))
+
+    ran = trio.run(main)
+    assert (ran.started_generation, ran.generation) == (0, 0)
+    [entry] = Journal(service.state).execs("cap_1")
+    assert entry["generation_out"] is None and entry["written_mtimes"] is None
+    assert Journal(service.state).base_states("cap_1") == {} and helper.root is None  # no root opened
+
+
+def test_an_exec_queued_behind_a_destroy_finds_the_capsule_gone(world: Any) -> None:
+    service, helper, hooks, workspace = world
+
+    async def main() -> None:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        # The destroy holds the turn while the exec arrives and reads the record.
+        async with trio.open_nursery() as nursery, hooks.queue.turn(record.capsule_id, "destroy"):
+            nursery.start_soon(service.exec, exec_request(record.capsule_id, ["true"]))
+            await trio.testing.wait_all_tasks_blocked()
+            await service.call(DestroyRequest(record.capsule_id))
+            service.journal.mark_destroyed(record.capsule_id, "now")
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        trio.run(main)
+    [error] = caught.value.exceptions
+    assert isinstance(error, CcwError) and error.code == "NOT_FOUND" and "capsule_list" in error.message
+    assert not any(isinstance(r, ExecRequest) for r in helper.requests)
+
+
+# capsule_exec's text block for the run above, as the tool answered it before the exec
+# request had one form (issue 27): the reply must not change with how the request travels.
+EXEC_TEXT = (
+    '{"disk":null,"disk_full":false,"duration_ms":5,"exit_code":0,"generation":1,"network_notes":[],'
+    '"oom_killed":false,"queued_ms":0,"signal":null,"started_generation":0,"stderr":"","stderr_bytes":0,'
+    '"stdout":"out\\n","stdout_bytes":4,"timed_out":false,"touched":{"executed":[],"listed":[],"network":null,'
+    '"read":["a.txt"],"written":["a.txt"]},"touched_unavailable":{"network":"network is none: the jail has only '
+    'loopback; attempts to leave fail at once (ENETUNREACH) and are not recorded"},"truncated":{"stderr":false,'
+    '"stdout":false},"usage":{"cpu_ms":1,"io_read_kb":0,"io_write_kb":0,"rss_max_kb":2,"rss_max_process_kb":2},'
+    '"usage_sources":{"cpu_ms":"cgroup"},"usage_unavailable":{}}'
+)
+
+
+def test_the_capsule_exec_reply_is_unchanged_byte_for_byte(world: Any) -> None:
+    from mcp_server.tools.capsule import _exec_result, exec_text
+
+    service, _, _, workspace = world
+
+    async def main() -> Any:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        return await service.exec(exec_request(record.capsule_id, ["cat"], "sub", None, b"in"))
+
+    assert exec_text(_exec_result(trio.run(main))) == EXEC_TEXT
+    [entry] = Journal(service.state).execs("cap_1")
+    assert (entry["env_keys"], entry["cwd"], entry["timeout_ms"]) == (["LANG", "PATH"], f"{workspace}/sub", 300_000)

@@ -11,6 +11,7 @@ import pytest
 from sandbox.access import check_terminal
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest, ListRequest, attach_descriptors, parse_request
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
 
 
 def _closed(fd: int) -> bool:
@@ -23,7 +24,8 @@ def _closed(fd: int) -> bool:
 
 def test_the_terminal_is_not_an_argument() -> None:
     request = ExecRequest("cap_1_ab", ("bash", "-i"), stdio="tty", tty_fd=9)
-    assert request.to_args() == {"capsule_id": "cap_1_ab", "argv": ["bash", "-i"], "stdio": "tty"}
+    assert request.to_args() == {"capsule_id": "cap_1_ab", "argv": ["bash", "-i"], "stdio": "tty",
+                                 "timeout_ms": DEFAULT_TIMEOUT_MS, "output_cap": DEFAULT_OUTPUT_CAP}
     assert request.descriptors() == [9]
     read = parse_request("exec", request.to_args())
     assert isinstance(read, ExecRequest) and read.stdio == "tty" and read.tty_fd is None

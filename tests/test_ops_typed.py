@@ -35,7 +35,7 @@ from sandbox.replies import (
     Truncated,
     Usage,
 )
-from sandbox.spec import CapsuleSpec, Limits
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
 
 EXEC_RESULT: dict[str, Any] = {
     "exit_code": 0, "signal": None, "timed_out": False, "oom_killed": False, "duration_ms": 3,
@@ -67,10 +67,18 @@ def test_requests_round_trip_through_their_args() -> None:
         assert type(request).from_args(json.loads(json.dumps(args))) == request
 
 
-def test_exec_request_leaves_defaults_to_the_helper() -> None:
-    assert ExecRequest("cap_1", ("true",)).to_args() == {"capsule_id": "cap_1", "argv": ["true"]}
+def test_an_exec_request_holds_its_defaults_in_either_process() -> None:
+    """The timeout and output cap take their defaults where the request is made, whichever
+    side makes it: the front end's request sends them, the helper's read of one without
+    them has the same values; what is None stays off the wire."""
+    made = ExecRequest("cap_1", ("true",))
+    assert made.to_args() == {"capsule_id": "cap_1", "argv": ["true"], "timeout_ms": DEFAULT_TIMEOUT_MS,
+                              "output_cap": DEFAULT_OUTPUT_CAP}
+    assert ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["true"]}) == made
     typed = ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["x"], "cwd": None, "stdin_b64": None})
-    assert typed.cwd is None and typed.stdin is None
+    assert typed.cwd is None and typed.stdin is None and typed.argv == ("x",)
+    tty = ExecRequest("cap_1", ("sh",), stdio="tty", tty_fd=7)
+    assert "tty_fd" not in tty.to_args() and ExecRequest.from_args(tty.to_args()).with_descriptors([7]) == tty
 
 
 def test_from_args_refuses_what_the_op_table_refuses() -> None:

@@ -327,7 +327,7 @@ def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster
     """Four trials at once over a base the CAS has never seen, from two executors (two deltamins at once): the
     base goes up once, each trial adds its file."""
     from mcp_server.capsules.remote import ReapiExecutor
-    from mcp_server.capsules.runs import Command
+    from mcp_server.capsules.runs import exec_request
     from mcp_server.capsules.trials import Trial, Unit
 
     ws = tmp_path / "ws"
@@ -342,7 +342,7 @@ def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster
         try:
             async def one(i: int) -> None:
                 files = {f"new{i}.txt": Unit(f"new{i}.txt", "write", content=f"trial {i}\n".encode(), mode=0o644)}
-                trial = Trial(record, files, Command(["true"], record.workspace, 60_000))
+                trial = Trial(record, files, exec_request(cap, ["true"], record.workspace, 60_000))
                 assert (await executors[i % 2].run_trial(t.ctx.capsules, trial)).exit_code == 0
 
             async with trio.open_nursery() as nursery:

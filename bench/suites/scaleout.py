@@ -144,7 +144,7 @@ class Bench:
         """Seconds per trivial trial: through the cluster (fresh), and in a local scratch capsule."""
         from mcp_server.capsules.executors import LocalExecutor
         from mcp_server.capsules.remote import ReapiExecutor
-        from mcp_server.capsules.runs import Command
+        from mcp_server.capsules.runs import exec_request
         from mcp_server.capsules.trials import Trial
 
         cap = (await self.call("capsule_create", {"workspace": str(self.root / "ws-narrow-1")}))["capsule_id"]
@@ -154,7 +154,7 @@ class Bench:
         try:
             for i in range(OVERHEAD_REPEAT + 1):
                 for name, executor in (("remote", remote), ("local", local)):
-                    trial = Trial(record, {}, Command(["true"], record.workspace, 60_000), fresh=True)
+                    trial = Trial(record, {}, exec_request(cap, ["true"], record.workspace, 60_000), fresh=True)
                     start = time.perf_counter()
                     run = await executor.run_trial(self.ctx.capsules, trial)
                     if i:  # the first of each is a warm-up

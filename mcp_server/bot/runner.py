@@ -51,7 +51,7 @@ import trio
 from mcp_server.bot.marker import Marker, check_command_paths, witness_file
 from mcp_server.capsules.remote import CAPSULE_VAR
 from mcp_server.capsules.replay import ReplayOptions, replay
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.fs import changeset
@@ -185,8 +185,8 @@ class CapsuleRunner:
             with trio.CancelScope() as scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_cancel_when, cancelled, scope)
-                    ran = await self.service.exec(record.capsule_id, Command(
-                        list(command.arguments), os.path.join(workspace, cwd) if cwd else workspace,
+                    ran = await self.service.exec(exec_request(
+                        record.capsule_id, command.arguments, os.path.join(workspace, cwd) if cwd else workspace,
                         int(timeout_s * 1000), env=env))  # fmt: skip
                     nursery.cancel_scope.cancel()
             if scope.cancelled_caught:

@@ -54,7 +54,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.executors import Executor, LocalExecutor
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import (
     JournaledRun,
@@ -428,7 +428,7 @@ async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[st
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
-        ran = await service.exec(capsule_id, Command(argv, None, timeout_ms))
+        ran = await service.exec(exec_request(capsule_id, argv, None, timeout_ms))
         made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
         outcome = judge(ran.reply)
         return {"fails_again": outcome == FAIL, "outcome": outcome, "root_hash": made["root_hash"]}

@@ -16,6 +16,7 @@ out, stdout and stderr; so FAIL/PASS/UNRESOLVED are decided by the same code eit
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,7 +62,8 @@ class LocalExecutor:
         async with service.scratch(record.spec, network=network) as capsule:
             root = await service.open_root(capsule)
             await trio.to_thread.run_sync(apply_units, root, trial.files)
-            reply: Run = (await service.run(capsule, record.spec, trial.command, network=network)).value
+            request = dataclasses.replace(trial.request, capsule_id=capsule)
+            reply: Run = (await service.run(request, record.spec, network)).value
             return reply
 
     async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,

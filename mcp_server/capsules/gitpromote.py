@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import exec_request
 from mcp_server.fs.fingerprint import git_env
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
@@ -105,8 +105,8 @@ def _checked_out_elsewhere(workspace: str, refs: list[str]) -> dict[str, str]:
 
 
 async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str]) -> dict[str, str]:
-    listed = (await service.run(fork_id, spec, Command(
-        ["git", "for-each-ref", "--format=%(objectname) %(refname)", *refs]))).value
+    listed = (await service.run(exec_request(
+        fork_id, ["git", "for-each-ref", "--format=%(objectname) %(refname)", *refs]), spec)).value
     news: dict[str, str] = {}
     for line in listed.stdout.decode("utf-8", "replace").splitlines():
         oid, _, ref = line.partition(" ")
@@ -119,8 +119,8 @@ async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str
 
 
 async def _bundle(service: Any, fork_id: str, spec: Any, refs: list[str], exclude: list[str]) -> bytes:
-    made = (await service.run(fork_id, spec, Command(
-        ["git", "bundle", "create", "-q", BUNDLE, *refs, *(f"^{oid}" for oid in exclude)]))).value
+    made = (await service.run(exec_request(
+        fork_id, ["git", "bundle", "create", "-q", BUNDLE, *refs, *(f"^{oid}" for oid in exclude)]), spec)).value
     if made.exit_code != 0:
         raise CcwError("INTERNAL", f"git bundle failed in the capsule: {made.stderr.decode('utf-8', 'replace')[-500:]}")
     root_fd = await service.open_root(fork_id)

@@ -55,7 +55,7 @@ from outcome import acapture
 from mcp_server.capsules import gitdirs, gitpromote
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replay import ReplayOptions, replay
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witness import WitnessOptions, make_witness
@@ -249,7 +249,7 @@ async def _run_tests(service: CapsuleService, record: CapsuleRecord,
     async with service.scratch_fork(record.capsule_id) as fork_id:
         for test in tests:
             argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = (await service.run(fork_id, record.spec, Command(argv, record.workspace, TEST_TIMEOUT_MS),
+            reply = (await service.run(exec_request(fork_id, argv, record.workspace, TEST_TIMEOUT_MS), record.spec,
                                        network=record.network_spec)).value
             tail = reply.stderr[-2000:].decode("utf-8", "replace")
             outcomes.append(RequiredTestOutcome(test, reply.exit_code, bool(reply.timed_out), tail))

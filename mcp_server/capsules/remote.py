@@ -9,8 +9,8 @@ A trial becomes an Action:
   scratch capsule), symlinks, mode changes.  Trials share almost every blob, so after
   the first only the few files a subset changes (and the Directories above them) are
   missing from the CAS and uploaded.
-- The Command carries argv, the environment a local run would get (runs.exec_env: the
-  env whitelist's values from this server, PATH with the workspace's .venv), the
+- The Command carries argv, the environment a local run would get (sandbox.spec.exec_env but
+  HOME: the env whitelist's values from this server, PATH with the workspace's .venv), the
   working directory relative to the workspace, and one variable ``CCW_REAPI_CAPSULE``
   (JSON: the workspace path the bot mounts the input root at, the clock offset, the
   limits) that ccw-bot takes out again before the command sees its environment.  The
@@ -55,7 +55,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.replay import ReplayOptions, admit
-from mcp_server.capsules.runs import exec_env
+from mcp_server.capsules.runs import whitelisted
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Trial, Unit
 from mcp_server.capsules.witness import signature_of, witness_key
@@ -72,7 +72,7 @@ from mcp_server.reapi.merkle import (
 )
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from sandbox.errors import CcwError
-from sandbox.spec import DEFAULT_TIMEOUT_MS, resolve_cwd
+from sandbox.spec import exec_env, resolve_cwd
 
 CAPSULE_VAR = "CCW_REAPI_CAPSULE"  # taken out of the environment by ccw-bot
 DEFAULT_PARALLEL = 4
@@ -237,13 +237,14 @@ class ReapiExecutor:
                                           "unset CCW_REAPI_URL for this capsule")  # fmt: skip
         entries = overlay(await self._base(record.base), trial.files)
         workspace = record.workspace.rstrip("/")
-        cwd = resolve_cwd(trial.command.cwd, workspace)
-        env = exec_env(workspace, record.spec.env_whitelist)
+        cwd = resolve_cwd(trial.request.cwd, workspace)
+        # The whole environment a local run's jail gets but HOME (the bot's capsule's own).
+        env = {k: v for k, v in exec_env(workspace, whitelisted(record.spec.env_whitelist)).items() if k != "HOME"}
         env[CAPSULE_VAR] = json.dumps({"workspace": workspace, "clock_offset_sec": record.spec.clock_offset_sec},
                                       sort_keys=True)  # fmt: skip
-        spec = CommandSpec(argv=trial.command.argv, env=env, cwd=_relative(cwd, workspace),
+        spec = CommandSpec(argv=trial.request.argv, env=env, cwd=_relative(cwd, workspace),
                            platform=self.platform)  # fmt: skip
-        timeout_s = (trial.command.timeout_ms or DEFAULT_TIMEOUT_MS) / 1000
+        timeout_s = trial.request.timeout_ms / 1000
         executed = await self._execute(spec, entries, timeout_s, trial.fresh)
         return await trio.to_thread.run_sync(_judged, executed, self.client)
 

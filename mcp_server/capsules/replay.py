@@ -49,7 +49,7 @@ import trio
 
 from mcp_server.capsules import exposure, owners
 from mcp_server.capsules.notes import restore_mtimes
-from mcp_server.capsules.runs import Command, exec_env
+from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import verify_file, witness_key
 from mcp_server.core import paths, replaydiff, volatile
@@ -240,7 +240,7 @@ class ReplayOptions:
     @classmethod
     def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
         """Replay a capsule's own witness as its runs ran, for a policy: its whitelisted variables'
-        values (this server's, as runs.exec_env gave its runs) and its network, but none of its
+        values (this server's, as runs.whitelisted gave its runs) and its network, but none of its
         volatile globs (the capsule may not decide what its own policy check ignores)."""
         env = {name: os.environ[name] for name in record.spec.env_whitelist if name in os.environ}
         return cls(env=env, network=record.network_spec, witness_volatile=False)
@@ -385,7 +385,6 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
                  blobs: dict[str, bytes], options: ReplayOptions) -> _Tally:
     """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
     tally = _Tally()
-    env = exec_env(spec.workspace, spec.env_whitelist, options.env)
     steps = sorted(
         [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
         key=lambda step: step[1]["seq"],
@@ -396,8 +395,8 @@ async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, ma
             await trio.to_thread.run_sync(apply_write, root, ex, blobs)
             continue
         stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
-        ran = await service.run(capsule_id, spec, Command(ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin, env),
-                                limits=True, network=options.network)
+        request = exec_request(capsule_id, ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin)
+        ran = await service.run(request, spec, options.network, options.env)
         tally.add_exec(ex, ran.value, blobs, ran.network)
         if ex.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
             root = await service.open_root(capsule_id)

@@ -1,9 +1,13 @@
 """One command run in a capsule: what is asked of the helper, what comes back, what is journaled.
 
+- The request is ``sandbox.ops.ExecRequest``, the one form it has in this process and
+  the helper's: built from the tool's arguments (``exec_request``), completed for its
+  capsule (``for_capsule``), sent, and journaled from the same value (``journal_entry``).
 - ``env_whitelist`` names variables of the server's own environment that pass into the
-  capsule; HOME is always the capsule's own home, PATH and LANG get defaults if absent.
+  capsule; HOME is always the capsule's own home; PATH and LANG get the helper's
+  defaults if absent (``sandbox.spec.exec_env``).
 - ``cwd`` is relative to the workspace, or absolute inside it; default the workspace
-  (``sandbox.spec.resolve_cwd``, the rule the helper re-checks).
+  (``sandbox.spec.resolve_cwd``: the front end makes it absolute, the helper checks it).
 - ``stdout``/``stderr`` come back as bytes; the journal hashes the raw bytes, and
   ``stdout_bytes``/``stderr_bytes`` count all the command wrote, even past the capture
   cap (``truncated`` says whether the captured bytes are whole).
@@ -14,37 +18,24 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import blake3
 
 from sandbox.ops import ExecRequest
-from sandbox.replies import ExecReply, Usage
-from sandbox.spec import DEFAULT_PATH, DEFAULT_TIMEOUT_MS, CapsuleSpec, resolve_cwd
+from sandbox.replies import ExecProgress, ExecReply, Usage
+from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
-PROGRESS_MS = 1000  # how often a running exec reports (only sent on if the caller asked)
+PROGRESS_MS = DEFAULT_PROGRESS_MS  # how often a journaled exec asks the helper for reports
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
 NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
                        "and are not recorded")
-
-
-@dataclass(frozen=True)
-class Command:
-    """A command to run in a capsule, as a caller asks for it."""
-
-    argv: list[str]
-    cwd: str | None = None  # relative to the workspace, or absolute inside it; None: the workspace
-    timeout_ms: int | None = None  # None: DEFAULT_TIMEOUT_MS
-    stdin: bytes | None = None
-    env: dict[str, str] | None = None  # the whole environment (a REAPI Command's); None: exec_env's
-    # Where the whitelisted variables' values come from: the calling ccw command's own
-    # environment, lent through the state dir's front end; None: this process's.
-    values: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -89,36 +80,44 @@ class ExecOutcome:
         return dict(sorted(unavailable.items()))
 
 
-def exec_env(workspace: str, env_whitelist: Iterable[str], values: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of a command in the capsule: whitelisted variables, else defaults.
+def exec_request(capsule_id: str, argv: Sequence[str], cwd: str | None = None, timeout_ms: int | None = None,
+                 stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> ExecRequest:
+    """The exec request a caller asks for (the default timeout where it names none); ``cwd``
+    may still be relative to the workspace and ``env`` None (the capsule's whitelist):
+    ``for_capsule`` completes both."""
+    return ExecRequest(capsule_id, tuple(argv), cwd, env, stdin, timeout_ms or DEFAULT_TIMEOUT_MS)
 
-    The values come from ``values`` (a replay's: what its replayer passed), by default
-    from the server's own environment.  PATH starts with the workspace's ``.venv/bin``,
-    as ``uv run`` and ``poetry run`` put the project's environment first: ``pytest`` in
-    a capsule is the project's pytest.  Always there, present or not, so the
-    environment of a run does not depend on the host (a replay sees the same PATH).
+
+def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, str] | None = None,
+                progress_ms: int | None = None) -> ExecRequest:
+    """``request`` as the helper gets it for a capsule made from ``spec`` (asking for progress
+    reports every ``progress_ms``, if given).
+
+    Its cwd is made absolute (``resolve_cwd``: a relative one is taken from the workspace;
+    one outside it is refused here, before the call waits for its turn).  A request that
+    names no environment gets the values of the capsule's whitelisted variables, taken
+    from ``values`` (the calling ccw command's environment, lent through the state dir's
+    front end; a replay's: what its replayer passed), by default from this process's
+    environment; never HOME, which is always the capsule's own.  The defaults under them
+    (PATH with the workspace's ``.venv/bin`` first, HOME, LANG) are the helper's
+    (``spec.exec_env``).
     """
+    env = whitelisted(spec.env_whitelist, values) if request.env is None else request.env
+    return dataclasses.replace(request, cwd=resolve_cwd(request.cwd, spec.workspace), env=env,
+                               progress_ms=progress_ms or request.progress_ms)
+
+
+def whitelisted(env_whitelist: Iterable[str], values: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The whitelisted variables that ``values`` (default: this process's environment) sets, HOME aside."""
     source = os.environ if values is None else values
-    env = {k: source[k] for k in env_whitelist if k in source and k != "HOME"}
-    env.setdefault("PATH", f"{os.path.join(workspace, '.venv', 'bin')}:{DEFAULT_PATH}")
-    env.setdefault("LANG", "C.UTF-8")
-    return env
+    return {name: source[name] for name in env_whitelist if name in source and name != "HOME"}
 
 
-def exec_request(capsule_id: str, spec: CapsuleSpec, command: Command, progress_ms: int | None = None) -> ExecRequest:
-    """The helper's ``exec`` request for ``command`` in a capsule made from ``spec``."""
-    limits = spec.limits if spec.limits.to_json() else None
-    return ExecRequest(
-        capsule_id=capsule_id,
-        argv=tuple(command.argv),
-        cwd=resolve_cwd(command.cwd, spec.workspace),
-        env=dict(command.env) if command.env is not None else exec_env(spec.workspace, spec.env_whitelist,
-                                                                         command.values),
-        stdin=command.stdin,
-        timeout_ms=command.timeout_ms or DEFAULT_TIMEOUT_MS,
-        limits=limits,
-        progress_ms=progress_ms,
-    )
+def env_keys(request: ExecRequest) -> list[str]:
+    """The names of the variables a command was given: its request's and the helper's defaults
+    (``spec.exec_env``), HOME aside unless the request set it (the journal's ``env_keys``)."""
+    given = dict(request.env or {})
+    return sorted(name for name in exec_env("/", given) if name != "HOME" or name in given)
 
 
 def blake3_of(data: bytes) -> str:
@@ -133,7 +132,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "started_at": started.isoformat(timespec="microseconds"),
         "argv": list(request.argv),
         "cwd": request.cwd,
-        "env_keys": sorted(request.env or {}),
+        "env_keys": env_keys(request),
         "stdin_blake3": blake3_of(request.stdin) if request.stdin is not None else None,
         "stdin_b64": base64.b64encode(request.stdin).decode() if request.stdin is not None else None,
         "timeout_ms": request.timeout_ms,
@@ -154,11 +153,11 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
     }
 
 
-def progress_message(report: dict[str, Any]) -> str:
+def progress_message(report: ExecProgress) -> str:
     """A progress line: elapsed time, byte counts, and the latest output lines."""
-    out = base64.b64decode(report["stdout_tail_b64"]).decode("utf-8", "replace")
-    err = base64.b64decode(report["stderr_tail_b64"]).decode("utf-8", "replace")
+    out = report.stdout_tail.decode("utf-8", "replace")
+    err = report.stderr_tail.decode("utf-8", "replace")
     tail = "\n".join((out + err).splitlines()[-PROGRESS_LINES:])
-    head = (f"running {report['elapsed_ms'] // 1000} s; stdout {report['stdout_bytes']} B, "
-            f"stderr {report['stderr_bytes']} B")
+    head = (f"running {report.elapsed_ms // 1000} s; stdout {report.stdout_bytes} B, "
+            f"stderr {report.stderr_bytes} B")
     return f"{head}\n{tail}" if tail else head

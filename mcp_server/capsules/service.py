@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -38,9 +38,8 @@ from mcp_server.capsules.networks import Networks, Traced, network_not_open
 from mcp_server.capsules.notes import record_base_states, written_mtimes
 from mcp_server.capsules.runs import (
     PROGRESS_MS,
-    Command,
     ExecOutcome,
-    exec_request,
+    for_capsule,
     journal_entry,
     progress_message,
 )
@@ -65,11 +64,12 @@ from sandbox.ops import (
 from sandbox.replies import (
     Change,
     CreateReply,
+    ExecProgress,
     ExecReply,
     GitdirChanges,
     ReplyT,
 )
-from sandbox.spec import CapsuleSpec, Limits, resolve_cwd
+from sandbox.spec import CapsuleSpec, exec_env
 
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
 SETTLE_POLL_S = 0.1
@@ -202,58 +202,68 @@ class CapsuleService:
         self.journal.add_capsule(record)
         return record
 
-    async def exec(self, capsule_id: str, command: Command, terminal: int | None = None) -> ExecOutcome:
-        """Run a command in a capsule's jail, after the calls queued before it, and journal it.
+    async def exec(self, request: ExecRequest, values: Mapping[str, str] | None = None,
+                   terminal: int | None = None) -> ExecOutcome:
+        """Run ``request`` in its capsule's jail, after the calls queued before it, and journal it.
 
-        ``terminal``: a pty slave the caller holds (``ccw capsule shell``), sent to the helper
-        as the command's stdio and controlling terminal, with the caller's TERM.  Its output
-        goes to the terminal, not to us: the journal's row has everything but the output
-        (its stdout and stderr are those of no bytes, and no output is kept for witnesses).
+        ``request`` is completed for its capsule first (runs.for_capsule: its cwd made
+        absolute, its whitelisted variables' values taken from ``values``), so bad
+        arguments fail now, not after the wait.  ``terminal``: a pty slave the caller holds
+        (``ccw capsule shell``), sent to the helper as the command's stdio and controlling
+        terminal, with the caller's TERM.  Its output goes to the terminal, not to us: the
+        journal's row has everything but the output (its stdout and stderr are those of no
+        bytes, and no output is kept for witnesses).
         """
-        record = self.live_record(capsule_id)
-        resolve_cwd(command.cwd, record.workspace)  # bad arguments fail now, not after the wait
-        async with self._call.capsule_turn(record.capsule_id, exec_label(command.argv)) as ticket:
-            record = self.live_record(capsule_id)  # a destroy queued before this call may have run
-            request = exec_request(record.capsule_id, record.spec, command, PROGRESS_MS)
-            if terminal is not None:
-                term = (os.environ if command.values is None else command.values).get("TERM")
-                request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
-                                              env={**(request.env or {}), **({"TERM": term} if term else {})})
-            started_generation = self.journal.generation(record.capsule_id)
+        record = self.live_record(request.capsule_id)
+        request = for_capsule(request, record.spec, values, PROGRESS_MS)
+        if terminal is not None:
+            term = (os.environ if values is None else values).get("TERM")
+            request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
+                                          env={**(request.env or {}), **({"TERM": term} if term else {})})
+        async with self._call.capsule_turn(record.capsule_id, exec_label(request.argv)) as ticket:
+            if ticket.waited:  # a destroy queued before this call may have run meanwhile
+                record = self.live_record(record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
                                               lambda: self._exec_reply(request, ticket.waited_ms))
-            reply = traced.value
-            outcome = ExecOutcome(reply, started_generation, started_generation, ticket.waited_ms,
-                                  traced.network, tuple(traced.notes))
-            journal = self.journal
-            entry = journal_entry(request, outcome, started)
-            if reply.touched.written:
-                root = await self.open_root(record.capsule_id)
-                entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, list(reply.touched.written))
-            seq = journal.add_exec(record.capsule_id, entry)
-            if terminal is None:
-                journal.add_outputs(record.capsule_id, seq, {"stdout": reply.stdout, "stderr": reply.stderr})  # for witnesses
-            generation = journal.generation(record.capsule_id)
-            await trio.to_thread.run_sync(record_base_states, journal, record, list(reply.touched.written))
-            hints: list[str] = []
-            if reply.exit_code in (126, 127):  # could not run it: perhaps the jail hides it
-                hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
-                                                      (request.env or {}).get("PATH", ""), reply.exit_code, reply.stderr)
-            return dataclasses.replace(outcome, generation=generation, hints=tuple(hints))
+            return await self._journal_exec(record, request, ExecOutcome(
+                traced.value, record.generation, record.generation, ticket.waited_ms, traced.network,
+                tuple(traced.notes)), started)
+
+    async def _journal_exec(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
+                            started: dt.datetime) -> ExecOutcome:
+        """Journal an exec that ran (its row, events and outputs in one transaction), note the base's
+        state where it wrote, and find hints for a command the jail could not run."""
+        reply = outcome.reply
+        journal = self.journal
+        entry = journal_entry(request, outcome, started)
+        written = list(reply.touched.written)
+        if written:
+            root = await self.open_root(record.capsule_id)
+            entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, written)
+        outputs = {"stdout": reply.stdout, "stderr": reply.stderr} if request.stdio != "tty" else None
+        _seq, generation = journal.append_exec(record.capsule_id, entry, outputs)  # outputs: for witnesses
+        if written:  # nothing written: no path to note, and no thread to hop to
+            await trio.to_thread.run_sync(record_base_states, journal, record, written)
+        hints: list[str] = []
+        if reply.exit_code in (126, 127):  # could not run it: perhaps the jail hides it
+            path = exec_env(record.workspace, dict(request.env or {}))["PATH"]
+            hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
+                                                  path, reply.exit_code, reply.stderr)
+        return dataclasses.replace(outcome, generation=generation, hints=tuple(hints))
 
     async def _exec_reply(self, request: ExecRequest, waited_ms: int) -> ExecReply:
         """The helper's reply to an exec, its progress sent on; a lost reply advances the generation."""
         helper = await self.helper()
-        timeout_ms = request.timeout_ms or 0
 
-        async def forward(report: dict[str, Any]) -> None:
-            if report.get("written"):  # as the run goes: watchers see its files before it ends
+        async def forward(raw: dict[str, Any]) -> None:
+            report = ExecProgress.from_args(raw)
+            if report.written:  # as the run goes: watchers see its files before it ends
                 events.add(self.state, "files.written", request.capsule_id,
-                           {"seq": None, "live": True, "count": len(report["written"]), "paths": report["written"]})
+                           {"seq": None, "live": True, "count": len(report.written), "paths": list(report.written)})
             # Counted from the call's arrival, so the reports of a call that was queued keep
             # growing (MCP asks progress to increase).
-            await self.progress(float(waited_ms + report["elapsed_ms"]), float(waited_ms + timeout_ms),
+            await self.progress(float(waited_ms + report.elapsed_ms), float(waited_ms + request.timeout_ms),
                                 progress_message(report))
 
         try:
@@ -350,15 +360,15 @@ class CapsuleService:
                 await self.networks.close(fork_id)
                 await self.call(DestroyRequest(fork_id))
 
-    async def run(self, capsule_id: str, spec: CapsuleSpec, command: Command, limits: bool = False,
-                  network: NetworkSpec | None = None) -> Traced:
-        """Run ``command`` in a scratch capsule made from ``spec``, unjournaled: the helper's
-        reply (``value``) and, with an allowlist ``network``, the attempts it made.
+    async def run(self, request: ExecRequest, spec: CapsuleSpec, network: NetworkSpec | None = None,
+                  values: Mapping[str, str] | None = None) -> Traced:
+        """Run ``request`` in a scratch capsule made from ``spec``, unjournaled: the helper's reply
+        (``value``) and, with an allowlist ``network``, the attempts it made.
 
-        ``limits``: with the spec's limits (a replay, as the recorded run had them).
+        The capsule's own limits hold in the helper (an exec's may only tighten them).
         """
-        request = exec_request(capsule_id, spec if limits else dataclasses.replace(spec, limits=Limits()), command)
-        return await self.networks.exec(await self.helper(), capsule_id, network, lambda: self.call(request))
+        request = for_capsule(request, spec, values)
+        return await self.networks.exec(await self.helper(), request.capsule_id, network, lambda: self.call(request))
 
 
 async def _settle(helper: HelperClient, capsule_id: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import trio
 
 from mcp_server import events
-from mcp_server.capsules.runs import Command
+from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
@@ -32,6 +32,7 @@ from mcp_server.fs.promote import make_symlink, remove_tree
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 
 
 @dataclass(frozen=True)
@@ -182,7 +183,7 @@ class Trial:
 
     record: CapsuleRecord
     files: dict[str, Unit]
-    command: Command
+    request: ExecRequest  # its capsule's id is the record's; each executor's run takes its own
     fresh: bool = False
 
 
@@ -254,8 +255,8 @@ class Trials:
         ``fresh``: a confirmation run, never answered from (nor stored in) a cache.
         """
         subset = tuple(subset)
-        command = Command(self.argv, self.record.workspace, self.timeout_ms)
-        trial = Trial(self.record, file_contents(self.material, subset), command, fresh)
+        request = exec_request(self.record.capsule_id, self.argv, self.record.workspace, self.timeout_ms)
+        trial = Trial(self.record, file_contents(self.material, subset), request, fresh)
         run = await self.executor.run_trial(self.service, trial)
         self.runs += 1
         verdict = self.judge(run)

@@ -35,7 +35,7 @@ import contextlib
 import itertools
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,13 +68,13 @@ class TakesTurn:
         return self.label
 
 
-def command_label(label: str, argv: list[str]) -> str:
+def command_label(label: str, argv: Sequence[str]) -> str:
     """``label`` and the command ``argv``, shortened to ``LABEL_CHARS``: "exec `pytest -q`"."""
     text = shlex.join(argv)
     return f"{label} `{text if len(text) <= LABEL_CHARS else text[: LABEL_CHARS - 1] + '…'}`"
 
 
-def exec_label(argv: list[str]) -> str:
+def exec_label(argv: Sequence[str]) -> str:
     """The turn label of an exec of ``argv``."""
     return command_label(EXEC_LABEL, argv)
 

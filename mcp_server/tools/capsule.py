@@ -30,7 +30,7 @@ from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT,
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.capsules.gitdirs import find as find_gitdir
-from mcp_server.capsules.runs import USAGE_FIGURES, Command, ExecOutcome
+from mcp_server.capsules.runs import USAGE_FIGURES, ExecOutcome, exec_request
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
@@ -174,13 +174,13 @@ def exec_text(result: dict[str, Any]) -> str:
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
     stdin = args.get("stdin")
-    command = Command(list(args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
-                      stdin.encode() if stdin is not None else None, values=getattr(ctx, "caller_env", None))
-
+    request = exec_request(args["capsule_id"], args["cmd"], args.get("cwd"), args.get("timeout_ms"),
+                           stdin.encode() if stdin is not None else None)
+    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
     terminal = getattr(ctx, "terminal", None)  # a shell's pty: the call lasts as long as its session
 
     async def body(run: Run) -> dict[str, Any]:
-        return _exec_result(await ctx.for_run(run).capsules.exec(args["capsule_id"], command, terminal))
+        return _exec_result(await ctx.for_run(run).capsules.exec(request, values, terminal))
 
     wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT) if terminal is None else None
     return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress)
