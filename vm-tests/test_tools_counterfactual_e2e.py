@@ -167,7 +167,7 @@ def test_commutativity_matches_the_seed_example_structure(tools: Any, tmp_path: 
 
 
 def test_commutativity_verify_measures_a_pair_that_fails_only_together(tools: Any, tmp_path: Path) -> None:
-    # Trials in scratch capsules (capsules/interactions.py through the local executor): each
+    # Trials in scratch capsules (capsules/commutativity.py through the local executor): each
     # change alone passes, both together fail, so verify links the pair by measurement.
     ws = tmp_path / "ws"
     ws.mkdir()

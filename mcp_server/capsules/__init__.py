@@ -7,7 +7,8 @@ change generation) and takes each capsule's turn (``turns``).  The tool modules 
 (``ctx.capsules``).  Beside it, one module per job: ``runs`` (one exec: its request,
 environment, outcome and journal entry), ``notes`` (journal notes of changes seen),
 ``witness`` and ``witness_base`` (building and storing witness archives), ``replay``
-(re-running one), ``trials`` and ``deltamin``, ``interactions``
-(commutativity), ``promote`` and ``policy`` (capsule_promote, the policy tools), and ``fragments``
-(the JSON-Schema pieces of the identifiers the tools share).
+(re-running one), ``trials`` and ``deltamin``, ``commutativity``, ``promote`` and
+``policy`` (capsule_promote, the policy tools), and ``fragments`` (the JSON-Schema pieces
+of the identifiers the tools share).  Each job's module has its tool's name, as on every
+other floor (tools/, fs/, core/).
 """

@@ -1,6 +1,6 @@
 """capsule_commutativity: which changed files can be promoted separately (seed 003 §9).
 
-An adapter over mcp_server/capsules/interactions.py, which says what evidence links two
+An adapter over mcp_server/capsules/commutativity.py, which says what evidence links two
 changed files and how the independent sets and conflict pairs follow.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.commutativity import Question, commutativity
 from mcp_server.capsules.fragments import CAPSULE_ID
-from mcp_server.capsules.interactions import Question, commutativity
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
