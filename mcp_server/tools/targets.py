@@ -26,13 +26,13 @@ import anyio
 
 from mcp_server.fs.view import RootView
 from mcp_server.substrate.views import Immutable, Leased, LiveTarget, Stores
-from mcp_server.tools.registry import Handler, ToolSpec
+from mcp_server.tools.registry import Handler, ToolContext, ToolSpec
 from sandbox.errors import CcwError
 
 R = TypeVar("R")
 
 
-def workspace_root(ctx: Any, workspace: str | None = None) -> str:
+def workspace_root(ctx: ToolContext, workspace: str | None = None) -> str:
     """The worktree root directory: the ``workspace`` argument, else the configured one."""
     root = workspace or ctx.workspace
     if not os.path.isabs(root):
@@ -44,7 +44,7 @@ def workspace_root(ctx: Any, workspace: str | None = None) -> str:
     return root
 
 
-async def open_view(ctx: Any, *, capsule_id: str | None, workspace: str | None = None) -> RootView:
+async def open_view(ctx: ToolContext, *, capsule_id: str | None, workspace: str | None = None) -> RootView:
     """The view a file tool acts on: a capsule's merged view, or the worktree root."""
     if capsule_id:
         helper = await ctx.helper()
@@ -198,7 +198,7 @@ def family_tools(
 # --- live targets (worktree or capsule), and their answers --------------------------
 
 
-async def open_live(ctx: Any, args: dict[str, Any]) -> LiveTarget:
+async def open_live(ctx: ToolContext, args: dict[str, Any]) -> LiveTarget:
     """Open the worktree (or ``capsule_id``'s view) a worktree-mode call acts on."""
     capsule_id = args.get("capsule_id")
     if capsule_id:
@@ -207,7 +207,7 @@ async def open_live(ctx: Any, args: dict[str, Any]) -> LiveTarget:
     return LiveTarget.worktree(workspace_root(ctx, args.get("workspace")))
 
 
-def stores(ctx: Any) -> Stores:
+def stores(ctx: ToolContext) -> Stores:
     """The stores of the server's state dir."""
     return Stores(ctx.state)
 
@@ -240,7 +240,7 @@ def resolve_mode(args: dict[str, Any]) -> str:
     return str(mode)
 
 
-async def on_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], R]) -> R:
+async def on_live(ctx: ToolContext, args: dict[str, Any], body: Callable[[LiveTarget], R]) -> R:
     """Open the live target, run ``body`` in a worker thread, close the target."""
     target = await open_live(ctx, args)
     try:
@@ -249,7 +249,7 @@ async def on_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], R
         target.close()
 
 
-async def run_live(ctx: Any, args: dict[str, Any], body: Callable[[LiveTarget], Leased]) -> dict[str, Any]:
+async def run_live(ctx: ToolContext, args: dict[str, Any], body: Callable[[LiveTarget], Leased]) -> dict[str, Any]:
     """``on_live``, the answer shaped (``shaped``)."""
     return shaped(await on_live(ctx, args, body))
 

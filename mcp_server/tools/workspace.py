@@ -32,6 +32,7 @@ from mcp_server.core import paths as P
 from mcp_server.core.patch import parse_patch
 from mcp_server.substrate import patches
 from mcp_server.tools import targets as T
+from mcp_server.tools.registry import ToolContext
 from mcp_server.tools.targets import run_live, run_sync, shaped, stores
 from sandbox.errors import CcwError
 
@@ -53,7 +54,7 @@ def decode_content(content: str) -> bytes:
         ) from None
 
 
-async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+async def workspace_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Apply a unified diff strictly to the worktree, a capsule or a snapshot."""
     mode = args.get("mode") or ("capsule" if args.get("capsule_id") else "snapshot" if args.get("snapshot_id") else "worktree")
     if mode == "capsule" and not args.get("capsule_id"):
@@ -71,7 +72,7 @@ async def workspace_apply_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any
     )
 
 
-async def workspace_write_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+async def workspace_write_file(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Write one file atomically beneath the root."""
     path = P.normalize(args["path"])
     if path == P.ROOT:
@@ -93,7 +94,7 @@ async def workspace_write_file(ctx: Any, args: dict[str, Any]) -> dict[str, Any]
     )
 
 
-async def workspace_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+async def workspace_delete(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Delete a file or symlink, or a directory tree with ``recursive``."""
     path = P.normalize(args["path"])
     if path == P.ROOT:
