@@ -466,7 +466,7 @@ def mechanisms() -> dict[str, object]:
         "no_new_privs": True,
         "seccomp": seccomp.mechanisms(),
         "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
-        "init": "python reaper as pid 1; command started with posix_spawn",
+        "init": "ccw-jail (C) as pid 1, spawned with posix_spawn; command started with posix_spawn",
         "direct_pid_namespace": namespaces.pid_namespace_restorable(),
         "network_egress": egress.MECHANISM,
     })

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sandbox import jail_end, mounts, namespaces, syscalls
+from sandbox import jail_end, launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
@@ -249,24 +249,35 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
     # "none" one takes a spare empty one, or makes its own.
     net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
-    child_fds = (stdin_fd, out_w, err_w, report_w, net, _SPARE_ROOTS.take(), *(fd for fd, _ in entries))
+    # The launcher needs the root tree built: a spare, else one built here (the kernels
+    # that cannot build one detached, before 6.15, get contain.py's forked children).
+    root = _SPARE_ROOTS.take()
+    if root is None:
+        root = mounts.spare_root()
+    child_fds = (stdin_fd, out_w, err_w, report_w, net, root, *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
-                pid = os.fork()
-                if pid == 0:
-                    jail_child(plan, child_fds, is_init=True)
+                pid = _start(plan, child_fds, direct)
         else:
-            pid = os.fork()
-            if pid == 0:
-                jail_child(plan, child_fds, is_init=False)
+            pid = _start(plan, child_fds, direct)
     finally:
         for fd in child_fds:
             if fd is not None:
                 os.close(fd)
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
     return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
+
+
+def _start(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
+    """The jail's first process: ``ccw-jail`` spawned, or (no root tree) a fork running contain.py."""
+    if fds[5] is not None:
+        return launcher.spawn(plan, fds, direct)
+    pid = os.fork()
+    if pid == 0:
+        jail_child(plan, fds, is_init=direct)
+    return pid
 
 
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,

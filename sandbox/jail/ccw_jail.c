@@ -1,0 +1,305 @@
+/* ccw-jail: the jail's launcher and its init, spawned by the helper (sandbox/launcher.py).
+ *
+ * Why C, in a project that is Python but for this (DESIGN §8: "no other C without a
+ * measured reason").  Issue 27's profile measured what a jail cost when its first
+ * child and its init were forks of the helper, a 28 MB multi-threaded Python process:
+ * the parent's fork() 1.3-2.0 ms, 1.3-2.8 ms more until the child ran its first line,
+ * copy-on-write faults through every Python step of the jail build (the mounts took
+ * 1.8 ms in Python), and at the end 2.5-6.5 ms for the init's exit (exit_mm of its copy
+ * of the helper's image) before the helper saw the hang-up; rootless, a second Python
+ * fork 3.4 ms.  posix_spawn of a small program from the same helper returns in 0.14 ms.
+ * So the helper still computes the whole plan in Python (contain.prepare: namespaces,
+ * the flat list of mount steps, credentials, the seccomp program, argv/env/cwd), writes
+ * it to a memfd (format: jail.h) and posix_spawns this program, which applies it: the
+ * work bubblewrap does in C, and no more.  Nothing here decides anything; every choice
+ * is the plan's, and contain.py's essay says why each step is as it is.
+ *
+ * The order of things (contain.py's jail_child, contain, drop_privileges, _jail_init):
+ *
+ *   read the plan (fd 4) → close every other descriptor of the helper's → PDEATHSIG →
+ *   move into the exec's cgroups ("0" to each v1 tasks file: exec_cgroup.py's essay) →
+ *   [rootless: unshare the pid namespace and fork the init; this process reports "P",
+ *   waits for it, reports "A"] → the jail's steps (steps.c) → posix_spawn the command
+ *   (PATH search, setsid, default signals, empty mask, the terminal as its controlling
+ *   tty) → forward signals, END_SIGNAL ends the jail → reap everything → "W", "R".
+ *
+ * Reports go to descriptor 3 exactly as contain.py sends them (supervise.py reads
+ * them): a big-endian u16 length, a kind byte, the payload, one write each.  This
+ * program runs as root before it drops privileges and reads only what the helper wrote:
+ * every syscall's result is checked, a malformed plan ends in an "E" report, and the
+ * only allocations are the plan's buffer and its two pointer arrays.
+ */
+#define _GNU_SOURCE
+#include "jail.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+void report(char kind, const void *payload, size_t length)
+{
+    unsigned char message[3 + 3000];
+    ssize_t written;
+    if (length > 3000)
+        length = 3000;
+    message[0] = (unsigned char)((length + 1) >> 8);
+    message[1] = (unsigned char)((length + 1) & 0xff);
+    message[2] = (unsigned char)kind;
+    memcpy(message + 3, payload, length);
+    do /* one write below PIPE_BUF: atomic; nothing to do if the helper is gone */
+        written = write(FD_REPORT, message, length + 3);
+    while (written < 0 && errno == EINTR);
+}
+
+static void report_int(char kind, int value)
+{
+    unsigned char big[4] = {(unsigned char)((unsigned)value >> 24), (unsigned char)((unsigned)value >> 16),
+                            (unsigned char)((unsigned)value >> 8), (unsigned char)value};
+    report(kind, big, sizeof big);
+}
+
+_Noreturn void fail(const char *step, int number, const char *text)
+{
+    char payload[3000];
+    int length = snprintf(payload, sizeof payload, "%s%c%d%c%s", step, 0, number, 0, text);
+    report('E', payload, length < 0 ? 0 : (size_t)length >= sizeof payload ? sizeof payload - 1 : (size_t)length);
+    _exit(SETUP_FAILED);
+}
+
+_Noreturn void fail_errno(const char *step, const char *call)
+{
+    int number = errno;
+    char text[512];
+    snprintf(text, sizeof text, "%s failed: %s", call, strerror(number));
+    fail(step, number, text);
+}
+
+/* The rusage of every process reaped, and the peak the command inherited (rusage.pack). */
+static void report_rusage(long inherited_kb)
+{
+    struct rusage children;
+    unsigned char payload[40];
+    uint64_t figures[5];
+    getrusage(RUSAGE_CHILDREN, &children);
+    figures[0] = (uint64_t)(children.ru_utime.tv_sec + children.ru_stime.tv_sec) * 1000000u
+                 + (uint64_t)(children.ru_utime.tv_usec + children.ru_stime.tv_usec);
+    figures[1] = children.ru_maxrss > 0 ? (uint64_t)children.ru_maxrss : 0;
+    figures[2] = children.ru_inblock > 0 ? (uint64_t)children.ru_inblock : 0;
+    figures[3] = children.ru_oublock > 0 ? (uint64_t)children.ru_oublock : 0;
+    figures[4] = inherited_kb > 0 ? (uint64_t)inherited_kb : 0;
+    for (int i = 0; i < 5; i++)
+        for (int byte = 0; byte < 8; byte++)
+            payload[i * 8 + byte] = (unsigned char)(figures[i] >> (56 - 8 * byte));
+    report('R', payload, sizeof payload);
+}
+
+/* "0" to each tasks file: this (single) thread moves itself, without the global lock. */
+static void enter_cgroups(const struct plan *plan)
+{
+    for (uint32_t i = 0; i < plan->cgroups; i++) {
+        int fd = FD_CGROUPS + (int)i;
+        if (write(fd, "0", 1) != 1) {
+            int number = errno;
+            unsigned char payload[8] = {(unsigned char)(i >> 24), (unsigned char)(i >> 16), (unsigned char)(i >> 8),
+                                        (unsigned char)i, (unsigned char)((unsigned)number >> 24),
+                                        (unsigned char)((unsigned)number >> 16), (unsigned char)((unsigned)number >> 8),
+                                        (unsigned char)number};
+            report('C', payload, sizeof payload);
+            _exit(SETUP_FAILED);
+        }
+        close(fd);
+    }
+}
+
+/* posix_spawn the command as execvp would find it; 0, or the errno of the failure. */
+static int spawn(const struct plan *plan, pid_t *command)
+{
+    const char *name = plan->argv[0], *path = NULL;
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_t actions;
+    sigset_t all, none;
+    int denied = 0, result = ENOENT;
+    for (char **entry = plan->envp; *entry != NULL; entry++)
+        if (strncmp(*entry, "PATH=", 5) == 0)
+            path = *entry + 5;
+    sigfillset(&all);
+    sigdelset(&all, SIGKILL);
+    sigdelset(&all, SIGSTOP);
+    sigemptyset(&none);
+    if (posix_spawnattr_init(&attr) != 0 || posix_spawn_file_actions_init(&actions) != 0
+        || posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK) != 0
+        || posix_spawnattr_setsigdefault(&attr, &all) != 0 || posix_spawnattr_setsigmask(&attr, &none) != 0)
+        return ENOMEM;
+    /* A session leader opening a tty without O_NOCTTY takes it as its controlling terminal
+     * (contain._spawn): reopen the pty slave through /proc/self/fd/0 in a spare slot. */
+    if ((plan->options & PLAN_CONTROLLING_TTY)
+        && (posix_spawn_file_actions_addopen(&actions, FD_REPORT, "/proc/self/fd/0", O_RDWR, 0) != 0
+            || posix_spawn_file_actions_addclose(&actions, FD_REPORT) != 0))
+        return ENOMEM;
+    if (strchr(name, '/') != NULL) {
+        result = posix_spawn(command, name, &actions, &attr, plan->argv, plan->envp);
+        return result == ENOTDIR || result == ESTALE || result == ENAMETOOLONG ? ENOENT : result;
+    }
+    if (path == NULL)
+        path = "/bin:/usr/bin"; /* os.defpath */
+    for (const char *dir = path;; dir = strchr(dir, ':') + 1) {
+        char candidate[4096];
+        size_t length = strcspn(dir, ":");
+        int n = length == 0 ? snprintf(candidate, sizeof candidate, "./%s", name)
+                            : snprintf(candidate, sizeof candidate, "%.*s/%s", (int)length, dir, name);
+        if (n > 0 && (size_t)n < sizeof candidate) {
+            result = posix_spawn(command, candidate, &actions, &attr, plan->argv, plan->envp);
+            if (result == 0)
+                return 0;
+            if (result == EACCES)
+                denied = 1;
+            else if (result != ENOENT && result != ENOTDIR && result != ESTALE && result != ENAMETOOLONG)
+                return result;
+        }
+        if (dir[length] == '\0')
+            break;
+    }
+    return denied ? EACCES : ENOENT;
+}
+
+/* This image's peak resident size (VmHWM), what a command exec'd from it starts its peak
+ * at.  Not getrusage(RUSAGE_SELF): its ru_maxrss still counts the helper's image, which
+ * the vfork that spawned us shared until our own exec (rusage.py's essay). */
+static long peak_kb(void)
+{
+    char status[4096];
+    const char *line;
+    ssize_t got = 0;
+    int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        got = read(fd, status, sizeof status - 1);
+        close(fd);
+    }
+    status[got > 0 ? got : 0] = '\0';
+    line = strstr(status, "\nVmHWM:");
+    return line != NULL ? strtol(line + 7, NULL, 10) : 0;
+}
+
+static void reap_all(void)
+{
+    while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+        ;
+}
+
+/* pid 1: build the jail, spawn the command, forward signals, reap until it ends. */
+static _Noreturn void jail_init(const struct plan *plan)
+{
+    sigset_t waited;
+    pid_t command;
+    int error, status = 0;
+    long inherited_kb;
+    contain(plan);
+    /* Blocked before the spawn, so none is lost before the loop; the command gets an empty mask. */
+    sigemptyset(&waited);
+    sigaddset(&waited, SIGCHLD);
+    sigaddset(&waited, (int)plan->end_signal);
+    for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
+        sigaddset(&waited, FORWARDED[i]);
+    sigprocmask(SIG_BLOCK, &waited, NULL);
+    error = spawn(plan, &command);
+    if (error != 0) { /* like a shell: 127 when there is nothing to run, 126 when it cannot be run */
+        char message[4200];
+        int length = snprintf(message, sizeof message, "ccw: %s: %s\n", plan->argv[0],
+                              error == ENOENT && strchr(plan->argv[0], '/') == NULL ? "command not found" : strerror(error));
+        if (length > 0 && write(2, message, (size_t)length < sizeof message ? (size_t)length : sizeof message - 1) < 0)
+            length = 0; /* nobody reads the command's stderr any more: nothing to tell */
+        report_int('W', (error == ENOENT ? 127 : 126) << 8);
+        report_rusage(0);
+        _exit(0);
+    }
+    for (int fd = 0; fd < 3; fd++)
+        close(fd); /* only the jail holds the output pipes now */
+    inherited_kb = peak_kb(); /* the peak the command inherits from this image (rusage.py) */
+    for (;;) {
+        siginfo_t info;
+        int signum = sigwaitinfo(&waited, &info);
+        pid_t pid;
+        if (signum == SIGCHLD) {
+            int done = 0;
+            while ((pid = waitpid(-1, &status, WNOHANG)) > 0) /* orphans too: we are their init */
+                if (pid == command) {
+                    done = 1;
+                    break;
+                }
+            if (done)
+                break;
+        } else if (signum == (int)plan->end_signal) {
+            kill(-1, SIGKILL); /* the helper's timeout: the command is reaped here */
+        } else if (signum > 0) {
+            kill(command, signum);
+        }
+    }
+    report_int('W', status);
+    kill(-1, SIGKILL); /* every other process of the pid namespace; then reap them all */
+    reap_all();
+    report_rusage(inherited_kb);
+    _exit(0);
+}
+
+/* Rootless: the helper could not make its thread's next child pid 1, so we unshare and fork it. */
+static void fork_init(void)
+{
+    pid_t init;
+    int status;
+    if (unshare(CLONE_NEWPID) < 0)
+        fail_errno("unshare pid namespace", "unshare(CLONE_NEWPID)");
+    init = fork();
+    if (init < 0)
+        fail_errno("jail child", "fork");
+    if (init == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) /* this process's death ends the namespace */
+            fail_errno("jail child", "prctl(PR_SET_PDEATHSIG)");
+        return;
+    }
+    report_int('P', init);
+    for (int fd = 0; fd < 3; fd++)
+        close(fd);
+    while (waitpid(init, &status, 0) < 0)
+        if (errno != EINTR)
+            _exit(SETUP_FAILED);
+    report_int('A', status);
+    _exit(0);
+}
+
+int main(void)
+{
+    static struct plan plan;
+    const char *why = "";
+    signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
+    if (plan_read(FD_PLAN, &plan, &why) < 0)
+        fail("read the jail plan", errno ? errno : EINVAL, why);
+    close(FD_PLAN);
+    if (!(plan.options & PLAN_NET))
+        close(FD_NET);
+    if (!(plan.options & PLAN_ROOT))
+        close(FD_ROOT);
+    /* Every descriptor past ours: nothing of the helper's may reach the command. */
+    if (syscall(SYS_close_range, FD_CGROUPS + plan.cgroups, ~0U, 0) < 0)
+        fail_errno("jail child", "close_range");
+    /* Ours stay open until used, but none may reach the command (dup2 cleared close-on-exec). */
+    for (int fd = FD_REPORT; fd < FD_CGROUPS + (int)plan.cgroups; fd++)
+        if (fd != FD_PLAN && fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 && errno != EBADF)
+            fail_errno("jail child", "fcntl(F_SETFD)");
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) /* the helper's thread waits for us */
+        fail_errno("jail child", "prctl(PR_SET_PDEATHSIG)");
+    enter_cgroups(&plan);
+    if (!(plan.options & PLAN_DIRECT))
+        fork_init();
+    jail_init(&plan);
+}

@@ -1,0 +1,189 @@
+/* Reading the plan the helper wrote (format: jail.h).  Trusted input, checked anyway:
+ * a malformed plan is a bug in the helper, and it must end in an "E" report, never in
+ * a jail built from half a plan. */
+#include "jail.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char MAGIC[8] = {'C', 'C', 'W', 'J', 'A', 'I', 'L', '1'};
+
+/* A string record: NUL-terminated, with no NUL before its end. */
+static const char *text(const char *payload, uint32_t length)
+{
+    if (length == 0 || payload[length - 1] != '\0' || memchr(payload, '\0', length) != payload + length - 1)
+        return NULL;
+    return payload;
+}
+
+/* The next NUL-terminated string of a mount step record, or NULL past its end. */
+static const char *next_string(const char **cursor, const char *end)
+{
+    const char *start = *cursor;
+    const char *nul = start < end ? memchr(start, '\0', (size_t)(end - start)) : NULL;
+    if (nul == NULL)
+        return NULL;
+    *cursor = nul + 1;
+    return start;
+}
+
+static int read_step(struct plan *plan, const char *payload, uint32_t length, const char **why)
+{
+    struct mount_step *step;
+    const char *cursor = payload + 12, *end = payload + length;
+    if (plan->nsteps >= MAX_STEPS || length < 12) {
+        *why = plan->nsteps >= MAX_STEPS ? "too many mount steps" : "a mount step record is too short";
+        return -1;
+    }
+    step = &plan->steps[plan->nsteps];
+    memcpy(&step->action, payload, 4);
+    memcpy(&step->attrs, payload + 4, 4);
+    memcpy(&step->bits, payload + 8, 4);
+    step->target = next_string(&cursor, end);
+    step->source = next_string(&cursor, end);
+    step->data = next_string(&cursor, end);
+    step->name = next_string(&cursor, end);
+    if (step->name == NULL || cursor != end || step->action < STEP_PRIVATE || step->action > STEP_SEAL_ROOT) {
+        *why = "a mount step is malformed (four strings, a known action)";
+        return -1;
+    }
+    plan->nsteps++;
+    return 0;
+}
+
+static int read_options(struct plan *plan, const char *payload, uint32_t length)
+{
+    uint32_t words[9];
+    if (length != sizeof words)
+        return -1;
+    memcpy(words, payload, sizeof words);
+    plan->flags = words[0];
+    plan->options = words[1];
+    plan->uid = words[2];
+    plan->gid = words[3];
+    plan->last_cap = words[4];
+    plan->end_signal = words[5];
+    plan->cgroups = words[6];
+    plan->keep_caps = (uint64_t)words[7] | (uint64_t)words[8] << 32;
+    return plan->cgroups <= MAX_CGROUPS && plan->last_cap < 64 && plan->end_signal > 0 && plan->end_signal < 65 ? 0 : -1;
+}
+
+/* One record into the plan; argv and env go to their arrays at their counts so far. */
+static int read_record(struct plan *plan, char tag, const char *payload, uint32_t length,
+                       size_t *argc, size_t *envc, const char **why)
+{
+    const char *string = (tag == 'h' || tag == 'c' || tag == 'a' || tag == 'e') ? text(payload, length) : payload;
+    if (string == NULL) {
+        *why = "a string record is not one NUL-terminated string";
+        return -1;
+    }
+    switch (tag) {
+    case 'O':
+        if (read_options(plan, payload, length) < 0) {
+            *why = "the options record is malformed";
+            return -1;
+        }
+        return 1;
+    case 'h': plan->hostname = string; return 1;
+    case 'c': plan->cwd = string; return 1;
+    case 't': plan->timens = payload; plan->timens_len = length; return 1;
+    case 'f':
+        if (length == 0 || length % 8 != 0 || length / 8 > 4096) {
+            *why = "the seccomp program is not a whole number of instructions";
+            return -1;
+        }
+        plan->seccomp = payload;
+        plan->seccomp_len = length;
+        return 1;
+    case 'a': if (plan->argv) plan->argv[*argc] = (char *)string; (*argc)++; return 1;
+    case 'e': if (plan->envp) plan->envp[*envc] = (char *)string; (*envc)++; return 1;
+    case 'm': return plan->argv == NULL ? 1 : (read_step(plan, payload, length, why) < 0 ? -1 : 1);
+    case 'Z': return length == 0 ? 0 : -1;
+    default:
+        *why = "unknown record";
+        return -1;
+    }
+}
+
+/* Walk the records once (count, check) or twice (fill the arrays). */
+static int walk(struct plan *plan, const char *buffer, size_t size, size_t *argc, size_t *envc, const char **why)
+{
+    size_t offset = sizeof MAGIC;
+    int seen_options = 0;
+    *argc = *envc = 0;
+    plan->nsteps = 0;
+    while (offset + 5 <= size) {
+        char tag = buffer[offset];
+        uint32_t length;
+        int done;
+        memcpy(&length, buffer + offset + 1, 4);
+        offset += 5;
+        if (length > size - offset) {
+            *why = "a record runs past the end of the plan";
+            return -1;
+        }
+        seen_options |= tag == 'O';
+        done = read_record(plan, tag, buffer + offset, length, argc, envc, why);
+        if (done < 0)
+            return -1;
+        offset += length;
+        if (done == 0) {
+            if (offset != size || !seen_options || plan->hostname == NULL || plan->cwd == NULL || *argc == 0) {
+                *why = "the plan lacks options, hostname, cwd or argv, or has bytes past its end";
+                return -1;
+            }
+            return 0;
+        }
+    }
+    *why = "the plan was cut short (no end record)";
+    return -1;
+}
+
+int plan_read(int fd, struct plan *plan, const char **why)
+{
+    struct stat info;
+    char *buffer;
+    size_t size, got = 0, argc, envc;
+    memset(plan, 0, sizeof *plan);
+    *why = "cannot read the plan's descriptor";
+    if (fstat(fd, &info) < 0)
+        return -1;
+    if (info.st_size < (off_t)sizeof MAGIC || (uint64_t)info.st_size > PLAN_MAX_BYTES) {
+        *why = "the plan's size is out of bounds";
+        errno = EINVAL;
+        return -1;
+    }
+    size = (size_t)info.st_size;
+    buffer = malloc(size); /* the one allocation of the plan's bytes: the plan keeps pointing into it */
+    if (buffer == NULL)
+        return -1;
+    while (got < size) {
+        ssize_t n = pread(fd, buffer + got, size - got, (off_t)got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            *why = "the plan is shorter than its descriptor says";
+            errno = n < 0 ? errno : EINVAL;
+            return -1;
+        }
+        got += (size_t)n;
+    }
+    errno = EINVAL;
+    if (memcmp(buffer, MAGIC, sizeof MAGIC) != 0) {
+        *why = "the plan does not start with CCWJAIL1 (a launcher from another ccw version?)";
+        return -1;
+    }
+    if (walk(plan, buffer, size, &argc, &envc, why) < 0)
+        return -1;
+    plan->argv = calloc(argc + 1, sizeof *plan->argv);
+    plan->envp = calloc(envc + 1, sizeof *plan->envp);
+    if (plan->argv == NULL || plan->envp == NULL) {
+        errno = ENOMEM;
+        *why = "no memory for argv and env";
+        return -1;
+    }
+    return walk(plan, buffer, size, &argc, &envc, why);
+}

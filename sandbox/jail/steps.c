@@ -1,0 +1,276 @@
+/* The jail's steps, in order (contain): namespaces, the mount plan, hostname, lo, the
+ * time namespace, privileges, cwd.  What each step does and why is in the Python
+ * modules that plan it (sandbox/namespaces.py, mounts.py, mounttree.py, contain.py's
+ * drop_privileges, seccomp.py); this file applies their plan and names every step as
+ * they do, so an error reads the same whoever built the jail. */
+#define _GNU_SOURCE
+#include "jail.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <net/if.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x4
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef CLONE_NEWTIME
+#define CLONE_NEWTIME 0x80
+#endif
+#define ATTR_RDONLY 0x1
+#define RESOLVE_NO_SYMLINKS_ 0x04
+#define OLD_ROOT "/.oldroot"
+
+struct ccw_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
+struct ccw_open_how { uint64_t flags, mode, resolve; };
+
+static const char *current; /* the step under way, for fail_errno */
+
+static void check(long result, const char *call)
+{
+    if (result < 0)
+        fail_errno(current, call);
+}
+
+static int open_tree_(int dirfd, const char *path, unsigned flags)
+{
+    return (int)syscall(SYS_open_tree, dirfd, path, flags);
+}
+
+static long move_mount_(int from, const char *from_path, int to, const char *to_path, unsigned flags)
+{
+    return syscall(SYS_move_mount, from, from_path, to, to_path, flags);
+}
+
+static long mount_setattr_(int dirfd, const char *path, unsigned flags, uint64_t attr_set)
+{
+    struct ccw_mount_attr attr = {attr_set, 0, 0, 0};
+    return syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
+}
+
+static int openat2_(const char *path, uint64_t flags, uint64_t resolve)
+{
+    struct ccw_open_how how = {flags, 0, resolve};
+    return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+}
+
+/* A mount point: one mkdir (or mknod of an empty file) when its parent exists, else
+ * the parents first; an existing path of any type is left as it is (mounts._mountpoint). */
+static void mountpoint(const char *path, int is_file)
+{
+    char parent[PATH_MAX];
+    char *slash;
+    int made = is_file ? mknod(path, S_IFREG | 0644, 0) : mkdir(path, 0755);
+    if (made == 0 || errno == EEXIST)
+        return;
+    if (errno != ENOENT || strlen(path) >= sizeof parent)
+        fail_errno(current, is_file ? "mknod" : "mkdir");
+    strcpy(parent, path);
+    slash = strrchr(parent, '/');
+    if (slash == NULL || slash == parent)
+        fail_errno(current, "mkdir");
+    *slash = '\0';
+    mountpoint(parent, 0);
+    check(is_file ? mknod(path, S_IFREG | 0644, 0) : mkdir(path, 0755), is_file ? "mknod" : "mkdir");
+}
+
+static void attach(int tree, const char *target, uint32_t attrs)
+{
+    check(tree, "open_tree");
+    if (attrs)
+        check(mount_setattr_(tree, "", AT_EMPTY_PATH | AT_RECURSIVE, attrs), "mount_setattr");
+    check(move_mount_(tree, "", AT_FDCWD, target, MOVE_MOUNT_F_EMPTY_PATH), "move_mount");
+    close(tree);
+}
+
+static void bind_source(const struct mount_step *step, const char *source, uint32_t attrs)
+{
+    mountpoint(step->target, step->bits & STEP_SOURCE_IS_FILE);
+    if (step->bits & STEP_NOFOLLOW) { /* the directory reached following no symlink (syscalls.bind) */
+        int fd = openat2_(source, O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
+        check(fd, "openat2");
+        attach(open_tree_(fd, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH), step->target, 0);
+        close(fd);
+    } else {
+        check(mount(source, step->target, NULL, MS_BIND | MS_REC, NULL), "mount(MS_BIND)");
+    }
+    if (attrs)
+        check(mount_setattr_(AT_FDCWD, step->target, AT_RECURSIVE, attrs), "mount_setattr");
+}
+
+/* The terminal as /dev/console, only if the helper's path for it leads to descriptor 0's inode. */
+static void console(const struct mount_step *step)
+{
+    struct stat found, terminal;
+    int node = openat2_(step->source, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
+    if (node < 0)
+        return;
+    if (fstat(node, &found) == 0 && fstat(0, &terminal) == 0 && S_ISCHR(found.st_mode)
+        && found.st_dev == terminal.st_dev && found.st_ino == terminal.st_ino) {
+        mountpoint(step->target, 1);
+        attach(open_tree_(node, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH), step->target, step->attrs);
+    }
+    close(node);
+}
+
+static void enter_root(const struct plan *plan, const struct mount_step *step)
+{
+    if (!(plan->options & PLAN_ROOT)) {
+        errno = EINVAL;
+        fail_errno(current, "no root tree was passed");
+    }
+    check(move_mount_(FD_ROOT, "", AT_FDCWD, step->target, MOVE_MOUNT_F_EMPTY_PATH), "move_mount");
+    close(FD_ROOT);
+    check(chdir(step->target), "chdir");
+    check(syscall(SYS_pivot_root, ".", OLD_ROOT + 1), "pivot_root");
+    check(chdir("/"), "chdir");
+}
+
+static void enter_step(const struct plan *plan, const struct mount_step *step)
+{
+    const unsigned long hidden = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+    current = step->name;
+    switch (step->action) {
+    case STEP_BIND: bind_source(step, step->source, step->attrs); break;
+    case STEP_SYMLINK: check(symlink(step->data, step->target), "symlink"); break;
+    case STEP_MASK_FILE: check(mount(OLD_ROOT "/dev/null", step->target, NULL, MS_BIND, NULL), "mount(MS_BIND)"); break;
+    case STEP_MASK_DIR:
+        mountpoint(step->target, 0);
+        check(mount("tmpfs", step->target, "tmpfs", MS_RDONLY | hidden, "mode=0555"), "mount(tmpfs)");
+        break;
+    case STEP_PROC:
+        mountpoint(step->target, 0);
+        check(mount("proc", step->target, "proc", hidden, NULL), "mount(proc)");
+        break;
+    case STEP_SYSFS:
+        mountpoint(step->target, 0);
+        if (mount("sysfs", step->target, "sysfs", MS_RDONLY | hidden, NULL) < 0) {
+            struct mount_step host = *step;
+            host.bits = 0;
+            bind_source(&host, OLD_ROOT "/sys", ATTR_RDONLY | 0x2 | 0x4 | 0x8); /* ro, nosuid, nodev, noexec */
+        }
+        break;
+    case STEP_PRIVATE: check(mount(NULL, step->target, NULL, MS_REC | MS_PRIVATE, NULL), "mount(MS_PRIVATE)"); break;
+    case STEP_ROOT: enter_root(plan, step); break;
+    case STEP_CONSOLE: console(step); break;
+    case STEP_DETACH_OLD_ROOT:
+        check(umount2(step->target, MNT_DETACH), "umount2");
+        check(rmdir(step->target), "rmdir");
+        break;
+    case STEP_SEAL_ROOT: /* not recursive: /dev/pts, /dev/shm, /tmp, $HOME, the workspace stay writable */
+        check(mount_setattr_(AT_FDCWD, step->target, 0, ATTR_RDONLY), "mount_setattr");
+        check(mount_setattr_(AT_FDCWD, "/dev", 0, ATTR_RDONLY), "mount_setattr");
+        break;
+    default:
+        errno = EINVAL;
+        fail_errno(current, "unknown mount step");
+    }
+}
+
+static void loopback_up(void)
+{
+    struct ifreq request;
+    int sock = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    check(sock, "socket");
+    memset(&request, 0, sizeof request);
+    strcpy(request.ifr_name, "lo");
+    check(ioctl(sock, SIOCGIFFLAGS, &request), "ioctl(SIOCGIFFLAGS)");
+    request.ifr_flags |= IFF_UP;
+    check(ioctl(sock, SIOCSIFFLAGS, &request), "ioctl(SIOCSIFFLAGS)");
+    close(sock);
+}
+
+static void enter_time(const struct plan *plan)
+{
+    int fd;
+    check(unshare(CLONE_NEWTIME), "unshare(CLONE_NEWTIME)");
+    fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
+    check(fd, "open /proc/self/timens_offsets");
+    check(write(fd, plan->timens, plan->timens_len) == (ssize_t)plan->timens_len ? 0 : -1, "write timens_offsets");
+    close(fd);
+}
+
+/* Caller's uid/gid, no capabilities but keep_caps, no_new_privs, not dumpable,
+ * PDEATHSIG, no core dumps, seccomp last (contain.drop_privileges, step for step). */
+static void drop_privileges(const struct plan *plan)
+{
+    struct { uint32_t version; int pid; } header = {0x20080522, 0}; /* _LINUX_CAPABILITY_VERSION_3 */
+    uint32_t low = (uint32_t)plan->keep_caps, high = (uint32_t)(plan->keep_caps >> 32);
+    uint32_t data[6] = {low, low, 0, high, high, 0};
+    struct rlimit no_core = {0, 0};
+    struct sock_fprog program = {(unsigned short)(plan->seccomp_len / 8), (struct sock_filter *)plan->seccomp};
+    current = "drop privileges";
+    for (uint32_t cap = 0; cap <= plan->last_cap; cap++)
+        if (!(plan->keep_caps >> cap & 1))
+            check(prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)");
+    if (plan->options & PLAN_CLEAR_GROUPS)
+        check(syscall(SYS_setgroups, 0, NULL), "setgroups");
+    if (plan->options & PLAN_SET_GID)
+        check(syscall(SYS_setresgid, plan->gid, plan->gid, plan->gid), "setresgid");
+    if (plan->options & PLAN_SET_UID)
+        check(syscall(SYS_setresuid, plan->uid, plan->uid, plan->uid), "setresuid");
+    check(syscall(SYS_capset, &header, data), "capset");
+    check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)");
+    check(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)");
+    check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)");
+    check(setrlimit(RLIMIT_CORE, &no_core), "setrlimit(RLIMIT_CORE)");
+    if (plan->seccomp != NULL)
+        check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0), "prctl(PR_SET_SECCOMP)");
+}
+
+void contain(const struct plan *plan)
+{
+    mode_t helper_umask;
+    if (plan->options & PLAN_NET) {
+        current = "setns into the prepared network namespace";
+        check(setns(FD_NET, CLONE_NEWNET), "setns");
+        close(FD_NET);
+        current = "unshare mount, uts, ipc, cgroup namespaces";
+        check(unshare((int)(plan->flags & ~(uint32_t)CLONE_NEWNET)), "unshare");
+    } else {
+        current = "unshare mount, net, uts, ipc, cgroup namespaces";
+        check(unshare((int)plan->flags), "unshare");
+    }
+    /* Mount points are made for the caller to traverse, whatever the helper's umask. */
+    helper_umask = umask(022);
+    for (size_t i = 0; i < plan->nsteps; i++)
+        enter_step(plan, &plan->steps[i]);
+    umask(helper_umask);
+    current = "sethostname";
+    check(sethostname(plan->hostname, strlen(plan->hostname)), "sethostname");
+    if (!(plan->options & PLAN_NET)) {
+        current = "lo up";
+        loopback_up();
+    }
+    if (plan->timens != NULL) {
+        current = "time namespace";
+        enter_time(plan);
+    }
+    drop_privileges(plan);
+    {
+        char step[PATH_MAX + 8];
+        snprintf(step, sizeof step, "chdir %s", plan->cwd);
+        current = step;
+        check(chdir(plan->cwd), "chdir");
+    }
+}

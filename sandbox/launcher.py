@@ -1,0 +1,140 @@
+"""The jail's launcher: the plan handed to ``ccw-jail`` (C), spawned with posix_spawn.
+
+The helper computes a jail's ``Plan`` (contain.prepare) and ``spawn`` writes it to a
+memfd in the launcher's format, then posix_spawns ``ccw-jail`` (sandbox/jail/ccw_jail.c),
+which builds the jail, becomes (or forks) its init and reports on descriptor 3 exactly
+as contain.py's Python children do; supervise.py reads both alike.
+
+Some facts this follows from:
+
+- Why a C program at all: issue 27's profile.  A fork of the 28 MB multi-threaded helper
+  cost 1.3-2.0 ms in the parent and 1.3-2.8 ms more before the child ran, every Python
+  step of the jail build then paid copy-on-write faults, the init's exit took 2.5-6.5 ms
+  (its copy of the helper's image), and rootless a second fork 3.4 ms.  ``posix_spawn``
+  (vfork + exec) of a small program returns in 0.14 ms; the program is static, so no
+  dynamic loader runs before its first line.  The essay of ccw_jail.c says the rest.
+- The plan (jail.h documents it, byte for byte): ``CCWJAIL1``, then records of a tag
+  byte, a u32 length (native order: the launcher runs on this machine) and a payload;
+  strings carry their NUL.  It is written to a memfd, not a pipe, so its size is known
+  before it is read and no writer blocks on a large argv or environment.
+- The descriptors the launcher gets: 0-2 the command's stdio, 3 the report pipe, 4 the
+  plan, 5 a network namespace to join, 6 the root tree, 7 and up the exec cgroup's
+  ``tasks`` files.  Each source is first copied above the last target, so no dup2 of
+  the spawn's file actions overwrites a source still to be placed; the launcher closes
+  every descriptor past its own before anything else.
+- The root tree must come built (``mounts.build_root``, detached): the launcher has no
+  port of it.  The helper takes a spare or builds one on the spot; a kernel before 6.15
+  cannot build a detached tree (mounts.py's essay), and there supervise.py forks
+  contain.py's Python children instead, which build the tree attached.
+- The launcher lives next to this package (``ccw-jail``), built by the install
+  (setup.py), never looked up on PATH.  A helper without it refuses to start
+  (``require``): an exec must not silently take the slow path, or a different program.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+
+from sandbox.contain import END_SIGNAL, Plan
+from sandbox.errors import CcwError
+
+PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-jail")
+MAGIC = b"CCWJAIL1"
+FD_PLAN, FD_NET, FD_ROOT, FD_CGROUPS = 4, 5, 6, 7
+# Option bits and mount step codes: jail.h's plan_option and step_action.
+DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY = 1, 2, 4, 8, 16, 32, 64
+ACTIONS = {name: code for code, name in enumerate(
+    ("private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
+     "detach_old_root", "seal_root"), start=1)}
+SOURCE_IS_FILE, NOFOLLOW = 1, 2
+
+
+def missing() -> str | None:
+    """Why the launcher cannot be run (None: it can), with how to recover."""
+    if os.access(PATH, os.X_OK):
+        return None
+    return (f"the jail launcher {PATH} is missing or not executable; reinstall ccw "
+            "(pip install --force-reinstall ccw; in a checkout ./dev setup, or "
+            "python setup.py launcher to build only it, in place: it needs gcc)")
+
+
+def require() -> None:
+    """Raise UNAVAILABLE when the launcher is missing (the helper's start)."""
+    why = missing()
+    if why is not None:
+        raise CcwError("UNAVAILABLE", why, {"path": PATH})
+
+
+def _record(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("=I", len(payload)) + payload
+
+
+def _text(value: str) -> bytes:
+    return os.fsencode(value) + b"\0"
+
+
+def encode(plan: Plan, options: int, cgroups: int) -> bytes:
+    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT; ``cgroups``: tasks files passed)."""
+    options |= ((SET_UID if plan.set_uid else 0) | (SET_GID if plan.set_gid else 0)
+                | (CLEAR_GROUPS if plan.clear_groups else 0) | (CONTROLLING_TTY if plan.controlling_tty else 0))
+    keep = plan.keep_caps
+    parts = [MAGIC, _record(b"O", struct.pack("=9I", plan.ns.flags, options, plan.uid, plan.gid, plan.last_cap,
+                                                int(END_SIGNAL), cgroups, keep & 0xFFFFFFFF, keep >> 32)),
+             _record(b"h", _text(plan.ns.hostname)), _record(b"c", _text(plan.cwd))]
+    if plan.ns.timens_offsets is not None:
+        parts.append(_record(b"t", plan.ns.timens_offsets))
+    if plan.seccomp_filter is not None:
+        parts.append(_record(b"f", plan.seccomp_filter.buffer.raw))
+    parts += [_record(b"a", _text(arg)) for arg in plan.argv]
+    parts += [_record(b"e", _text(f"{key}={value}")) for key, value in plan.env.items()]
+    for step in plan.mount_steps:
+        bits = (SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
+        strings = b"".join(_text(s) for s in (step.target, step.source, step.data, step.describe()))
+        parts.append(_record(b"m", struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings))
+    parts.append(_record(b"Z", b""))
+    return b"".join(parts)
+
+
+def _plan_fd(raw: bytes) -> int:
+    fd = os.memfd_create("ccw-jail-plan", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(raw)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
+    """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, tasks files...).
+
+    The caller keeps (and closes) ``fds``; the root tree at ``fds[5]`` is required.
+    Returns the launcher's pid: the jail's init when ``direct``.
+    """
+    stdio_report, net, root, cgroups = fds[:4], fds[4], fds[5], fds[6:]
+    if root is None:
+        raise CcwError("INTERNAL", "the jail launcher needs a root tree built ahead; see sandbox/launcher.py")
+    options = (DIRECT if direct else 0) | (NET if net is not None else 0) | ROOT
+    plan_fd = _plan_fd(encode(plan, options, len(cgroups)))
+    placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root),
+              *((FD_CGROUPS + i, fd) for i, fd in enumerate(cgroups))]
+    high: list[int] = []
+    try:
+        # Above every target first: no dup2 of the file actions then clobbers a source.
+        lowest = FD_CGROUPS + len(cgroups)
+        actions = []
+        for target, fd in placed:
+            if fd is not None:
+                high.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest))
+                actions.append((os.POSIX_SPAWN_DUP2, high[-1], target))
+        return os.posix_spawn(PATH, [PATH], {}, file_actions=actions, setsigmask=())
+    except OSError as exc:
+        raise CcwError("UNAVAILABLE", f"could not start the jail launcher {PATH}: {exc.strerror}; "
+                       "reinstall ccw if it is missing", {"path": PATH}) from exc
+    finally:
+        for fd in (*high, plan_fd):
+            os.close(fd)
