@@ -1,18 +1,22 @@
 """Build one jail in its init: the plan made in the helper, then the list of steps in the child.
 
 This is nsjail's contain: ``prepare`` turns a ``JailSpec`` into a ``Plan`` in the helper,
-and the forked children (``jail_child``, then the init) apply it step by step
-(``contain``).  supervise.py forks them, feeds them and waits for them.
+and the jail's first process applies it step by step.  That process is ``ccw-jail``, a
+small C program the helper posix_spawns with the plan (sandbox/launcher.py says why C,
+sandbox/jail/ is the program); it takes every step below exactly as the Python children
+here do.  Those children (``jail_child``, then the init, applying ``contain``) are forked
+only where no root tree can be built ahead, detached: kernels before 6.15 (mounts.py's
+essay).  supervise.py starts either, feeds it and waits for it.
 
 The process tree of one exec::
 
-    helper thread ── fork ─▶ jail init      pid 1 of a new pid namespace (the thread
+    helper thread ── posix_spawn ─▶ jail init   pid 1 of a new pid namespace (the thread
                                │             unshares CLONE_NEWPID for its next child, then
                                │             setns back); moves itself into the exec's
                                │             cgroups, then builds the jail (``contain``),
                                │             drops every privilege, and reaps, forwards
                                │             signals, reports
-                               └ posix_spawn ─▶ command   (vfork + exec: no second Python fork)
+                               └ posix_spawn ─▶ command   (vfork + exec)
 
 A rootless helper cannot setns back into its pid namespace, so there the helper's child
 unshares the pid namespace and forks the init itself (a rootless helper has no cgroups).

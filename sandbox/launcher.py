@@ -131,7 +131,8 @@ def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
             if fd is not None:
                 high.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest))
                 actions.append((os.POSIX_SPAWN_DUP2, high[-1], target))
-        return os.posix_spawn(PATH, [PATH], {}, file_actions=actions, setsigmask=())
+        # Named by its bare name: the jail's /proc/1/cmdline need not show where ccw is installed.
+        return os.posix_spawn(PATH, ["ccw-jail"], {}, file_actions=actions, setsigmask=())
     except OSError as exc:
         raise CcwError("UNAVAILABLE", f"could not start the jail launcher {PATH}: {exc.strerror}; "
                        "reinstall ccw if it is missing", {"path": PATH}) from exc

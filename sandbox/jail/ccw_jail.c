@@ -205,13 +205,12 @@ static _Noreturn void jail_init(const struct plan *plan)
     int error, status = 0;
     long inherited_kb;
     contain(plan);
-    /* Blocked before the spawn, so none is lost before the loop; the command gets an empty mask. */
+    /* Blocked since main, so none is lost before the loop; the command gets an empty mask. */
     sigemptyset(&waited);
     sigaddset(&waited, SIGCHLD);
     sigaddset(&waited, (int)plan->end_signal);
     for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
         sigaddset(&waited, FORWARDED[i]);
-    sigprocmask(SIG_BLOCK, &waited, NULL);
     error = spawn(plan, &command);
     if (error != 0) { /* like a shell: 127 when there is nothing to run, 126 when it cannot be run */
         char message[4200];
@@ -281,7 +280,12 @@ int main(void)
 {
     static struct plan plan;
     const char *why = "";
+    sigset_t all;
     signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
+    /* Every signal waits until the init's loop takes it (the helper's END_SIGNAL may come
+     * before the command is spawned); the command starts with an empty mask. */
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, NULL);
     if (plan_read(FD_PLAN, &plan, &why) < 0)
         fail("read the jail plan", errno ? errno : EINVAL, why);
     close(FD_PLAN);

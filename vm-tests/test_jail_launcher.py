@@ -1,0 +1,206 @@
+"""ccw-jail's own contract (sandbox/jail/, sandbox/launcher.py), on the real kernel.
+
+A malformed plan is refused with an "E" report, never a crash; every report kind the
+helper reads arrives (C, P, E, W, A, R); END_SIGNAL ends the jail with the usage still
+reported; the seccomp filter holds for the command; no descriptor of the helper's
+reaches the command.  supervise.py drives the launcher in the other jail tests; here
+it is also spawned by hand, with plans and descriptors made for each case.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import contain, jail_end, launcher, mounts, rusage, supervise
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def spec(root_required: None, tmp_path: Path) -> Iterator[contain.JailSpec]:
+    """A jail spec over capsule-like dirs writable by NOBODY."""
+    for name in ("merged", "tmp", "home"):
+        (tmp_path / name).mkdir()
+        os.chown(tmp_path / name, NOBODY, NOBODY)
+    yield contain.JailSpec(merged_dir=str(tmp_path / "merged"), workspace="/srv/ccw-launcher-ws",
+                           tmp_dir=str(tmp_path / "tmp"), home_dir=str(tmp_path / "home"),
+                           argv=["/bin/true"], cwd="/srv/ccw-launcher-ws",
+                           env={"PATH": "/usr/bin:/bin", "HOME": "/home/agent"}, uid=NOBODY, gid=NOBODY,
+                           timeout_ms=30_000)
+    assert jail_end.settle(30.0)
+
+
+def _with(spec: contain.JailSpec, **changes: object) -> contain.JailSpec:
+    return contain.JailSpec(**{**spec.__dict__, **changes})  # type: ignore[arg-type]
+
+
+def _reports(raw: bytes) -> dict[bytes, bytes]:
+    return {kind: payload for kind, payload in reversed(supervise._parse_reports(raw))}
+
+
+def _spawn_raw(plan: bytes, extra: dict[int, int] | None = None) -> tuple[int, bytes, bytes]:
+    """Spawn the launcher on ``plan`` with stdio, the report pipe and ``extra`` descriptors;
+    its wait status, its reports and its stderr."""
+    report_r, report_w = os.pipe()
+    err_r, err_w = os.pipe()
+    plan_fd = os.memfd_create("test-plan", os.MFD_CLOEXEC)
+    os.write(plan_fd, plan)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    placed = {0: null, 1: null, 2: err_w, 3: report_w, launcher.FD_PLAN: plan_fd, **(extra or {})}
+    high = {target: os.dup(fd) for target, fd in placed.items()}  # above every target: see launcher.spawn
+    try:
+        pid = os.posix_spawn(launcher.PATH, [launcher.PATH], {},
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
+    finally:
+        for fd in (*high.values(), report_w, err_w, plan_fd, null):
+            os.close(fd)
+    with os.fdopen(report_r, "rb") as reports, os.fdopen(err_r, "rb") as err:
+        raw, stderr = reports.read(), err.read()
+    _, status = os.waitpid(pid, 0)
+    return status, raw, stderr
+
+
+def _plan(spec: contain.JailSpec) -> bytes:
+    return launcher.encode(contain.prepare(spec), launcher.ROOT, 0)
+
+
+@pytest.mark.parametrize("damage", ["magic", "cut short", "unknown record", "string without NUL",
+                                    "no options", "bytes past the end", "empty"])
+def test_a_malformed_plan_is_refused_with_an_e_report(spec: contain.JailSpec, damage: str) -> None:
+    good = _plan(spec)
+    bad = {
+        "magic": b"CCWJAIL0" + good[8:],
+        "cut short": good[:-5],
+        "unknown record": good[:8] + b"Q" + struct.pack("=I", 1) + b"x" + good[8:],
+        "string without NUL": good[:8] + b"h" + struct.pack("=I", 3) + b"ccw" + good[8:],
+        "no options": good[:8] + good[8 + 5 + 36:],
+        "bytes past the end": good + b"\0",
+        "empty": b"",
+    }[damage]
+    status, raw, _ = _spawn_raw(bad)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125, status  # refused, not crashed
+    reports = _reports(raw)
+    assert set(reports) == {b"E"}
+    step, number, text = reports[b"E"].decode().split("\0")
+    assert step == "read the jail plan" and int(number) == errno.EINVAL and text
+
+
+def test_a_failed_step_reports_e_and_names_it(spec: contain.JailSpec) -> None:
+    with pytest.raises(Exception) as caught:
+        supervise.run(_with(spec, cwd="/no/such/dir"))
+    assert "jail step 'chdir /no/such/dir'" in str(caught.value)
+    assert "ENOENT" in str(caught.value)
+
+
+def test_the_rootless_shape_reports_p_w_a_and_r(spec: contain.JailSpec) -> None:
+    """Not pid 1 already: the launcher unshares the pid namespace, forks the init, reports its pid and status."""
+    root = mounts.spare_root()
+    assert root is not None, "this kernel builds no detached root tree (before 6.15?)"
+    plan = launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "exit 7"])), launcher.ROOT, 0)
+    try:
+        status, raw, _ = _spawn_raw(plan, {launcher.FD_ROOT: root})
+    finally:
+        os.close(root)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    reports = _reports(raw)
+    assert set(reports) == {b"P", b"W", b"A", b"R"}
+    assert struct.unpack("!i", reports[b"P"])[0] > 1  # the init's pid as the helper sees it
+    assert os.waitstatus_to_exitcode(struct.unpack("!i", reports[b"W"])[0]) == 7
+    assert os.waitstatus_to_exitcode(struct.unpack("!i", reports[b"A"])[0]) == 0
+    report = rusage.unpack(reports[b"R"])
+    assert report is not None and 0 < report.inherited_kb < 20_000  # the launcher's small image, not the helper's
+
+
+def test_a_cgroup_file_that_refuses_the_move_reports_c(spec: contain.JailSpec) -> None:
+    root = mounts.spare_root()
+    assert root is not None
+    read_only = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # "0" cannot be written to it: EBADF
+    plan = launcher.encode(contain.prepare(spec), launcher.ROOT, 1)
+    try:
+        status, raw, _ = _spawn_raw(plan, {launcher.FD_ROOT: root, launcher.FD_CGROUPS: read_only})
+    finally:
+        os.close(root)
+        os.close(read_only)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
+    reports = _reports(raw)
+    assert set(reports) == {b"C"}
+    assert struct.unpack("!ii", reports[b"C"]) == (0, errno.EBADF)
+
+
+def test_end_signal_ends_the_jail_and_the_usage_is_still_reported(spec: contain.JailSpec) -> None:
+    """The helper's timeout sends END_SIGNAL: the init kills and reaps everything, then reports."""
+    script = "sleep 300 & sleep 300 & wait"
+    result = supervise.run(_with(spec, argv=["/bin/sh", "-c", script], timeout_ms=1500))
+    assert result.timed_out and result.signal == "SIGKILL"
+    assert result.init_report is not None, "the init was killed instead of ending the jail itself"
+    assert result.ending.wait(30.0)
+
+
+def test_end_signal_sent_by_hand_reaches_the_init(spec: contain.JailSpec) -> None:
+    started: list[int] = []
+
+    def end_it(pid: int) -> None:
+        started.append(pid)
+        os.kill(pid, contain.END_SIGNAL)  # before or after the command starts: blocked until waited for
+
+    result = supervise.run(_with(spec, argv=["/bin/sleep", "300"]), on_started=end_it)
+    assert started and result.signal == "SIGKILL" and not result.timed_out
+    assert result.init_report is not None
+
+
+def test_the_seccomp_filter_still_denies(spec: contain.JailSpec) -> None:
+    probe = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+             "print(libc.syscall(272, 0x10000000), ctypes.get_errno()); "  # unshare(CLONE_NEWUSER)
+             "print(open('/proc/self/status').read().split('Seccomp:')[1].split()[0])")
+    result = supervise.run(_with(spec, argv=[os.path.realpath("/usr/bin/python3"), "-c", probe]))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == ["-1", str(errno.EPERM), "2"]
+
+
+def test_no_descriptor_of_the_helper_reaches_the_command(spec: contain.JailSpec) -> None:
+    leaked = os.open(os.devnull, os.O_RDONLY)
+    os.set_inheritable(leaked, True)  # even one the helper forgot to mark close-on-exec
+    try:
+        probe = "import os; print(' '.join(sorted(os.listdir('/proc/self/fd'), key=int)))"
+        result = supervise.run(_with(spec, argv=[os.path.realpath("/usr/bin/python3"), "-c", probe]))
+    finally:
+        os.close(leaked)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == ["0", "1", "2", "3"]  # stdio, and listdir's own
+
+
+def test_the_init_is_the_launcher_not_a_python_fork(spec: contain.JailSpec) -> None:
+    result = supervise.run(_with(spec, argv=["/bin/sh", "-c", "tr '\\0' ' ' < /proc/1/cmdline; ls /proc/1/fd"]))
+    assert result.stdout.decode().split()[0] == "ccw-jail"
+    assert b"Permission denied" in result.stderr  # non-dumpable: its report pipe is out of reach
+
+
+def test_a_helper_without_the_launcher_refuses_to_start(tmp_path: Path) -> None:
+    code = ("import sys; from sandbox import launcher, __main__ as m; launcher.PATH = '/nonexistent/ccw-jail'; "
+            f"sys.exit(m.main(['--socket', '{tmp_path}/s', '--state-dir', '{tmp_path}/state']))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 1
+    assert "/nonexistent/ccw-jail is missing" in done.stderr and "reinstall ccw" in done.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def test_without_a_detached_root_tree_the_python_children_build_the_jail(
+        spec: contain.JailSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path of kernels before 6.15 (no mounting onto a detached tree), forced here."""
+    monkeypatch.setattr(mounts, "spare_root", lambda: None)
+    monkeypatch.setattr(supervise, "_SPARE_ROOTS", type(supervise._SPARE_ROOTS)(lambda: None))
+    script = "tr '\\0' ' ' < /proc/1/cmdline; echo; id -u; ls /"
+    result = supervise.run(_with(spec, argv=["/bin/sh", "-c", script]))
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert "ccw-jail" not in lines[0] and "python" in lines[0]  # a fork of this process
+    assert lines[1] == str(NOBODY) and "usr" in lines[2:]
