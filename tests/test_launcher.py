@@ -1,0 +1,80 @@
+"""The plan as sandbox/launcher.py writes it for ccw-jail (the format of sandbox/jail/jail.h), no root needed."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from sandbox import contain, launcher, mounts, namespaces, seccomp
+
+
+def _records(raw: bytes) -> list[tuple[bytes, bytes]]:
+    assert raw[:8] == launcher.MAGIC
+    records, offset = [], 8
+    while offset < len(raw):
+        (length,) = struct.unpack_from("=I", raw, offset + 1)
+        records.append((raw[offset:offset + 1], raw[offset + 5:offset + 5 + length]))
+        offset += 5 + length
+    assert offset == len(raw)
+    return records
+
+
+def _plan(**changes: object) -> contain.Plan:
+    fields: dict[str, object] = dict(
+        ns=namespaces.NamespacePlan(hostname="box", timens_offsets=b"monotonic 5 0\n"),
+        mount_steps=[mounts.MountStep("private", "/"), mounts.MountStep("root", "/tmp"),
+                     mounts.MountStep("bind", "/ws", "/.oldroot/src", attrs=6, data="nofollow")],
+        argv=["sh", "-c", "echo é"], env={"PATH": "/bin", "A": "b=c"}, cwd="/ws", uid=1000, gid=1001,
+        set_uid=True, set_gid=False, clear_groups=True, last_cap=40, keep_caps=(1 << 35) | 1,
+        seccomp_filter=seccomp.prepare(), controlling_tty=True)
+    fields.update(changes)
+    return contain.Plan(**fields)  # type: ignore[arg-type]
+
+
+def test_the_plan_is_magic_then_records_ending_in_z() -> None:
+    records = _records(launcher.encode(_plan(), launcher.DIRECT | launcher.ROOT, 2))
+    tags = [tag for tag, _ in records]
+    assert tags[0] == b"O" and tags[-1] == b"Z" and records[-1][1] == b""
+    assert [p for t, p in records if t == b"a"] == [b"sh\0", b"-c\0", "echo é\0".encode()]
+    assert [p for t, p in records if t == b"e"] == [b"PATH=/bin\0", b"A=b=c\0"]
+    assert dict(records)[b"h"] == b"box\0" and dict(records)[b"c"] == b"/ws\0"
+    assert dict(records)[b"t"] == b"monotonic 5 0\n"
+
+
+def test_the_options_word_carries_credentials_and_bits() -> None:
+    options = dict(_records(launcher.encode(_plan(), launcher.NET | launcher.ROOT, 3)))[b"O"]
+    flags, bits, uid, gid, last_cap, end, cgroups, low, high = struct.unpack("=9I", options)
+    assert flags == namespaces.JAIL_FLAGS and (uid, gid, last_cap, cgroups) == (1000, 1001, 40, 3)
+    assert bits == launcher.NET | launcher.ROOT | launcher.SET_UID | launcher.CLEAR_GROUPS | launcher.CONTROLLING_TTY
+    assert end == int(contain.END_SIGNAL) and (low, high) == (1, 1 << 3)
+
+
+def test_mount_steps_carry_action_attrs_bits_and_their_name() -> None:
+    steps = [p for t, p in _records(launcher.encode(_plan(), launcher.ROOT, 0)) if t == b"m"]
+    assert len(steps) == 3
+    action, attrs, bits = struct.unpack_from("=3I", steps[2])
+    assert (action, attrs, bits) == (launcher.ACTIONS["bind"], 6, launcher.NOFOLLOW)
+    assert steps[2][12:].split(b"\0") == [b"/ws", b"/.oldroot/src", b"nofollow", b"bind /.oldroot/src -> /ws", b""]
+
+
+@pytest.mark.parametrize("with_filter", [True, False])
+def test_the_seccomp_program_goes_as_is_or_not_at_all(with_filter: bool) -> None:
+    prepared = seccomp.prepare()
+    plan = _plan(seccomp_filter=prepared if with_filter else None)
+    program = dict(_records(launcher.encode(plan, launcher.ROOT, 0))).get(b"f")
+    assert program == (prepared.buffer.raw if with_filter and prepared is not None else None)
+
+
+def test_every_action_the_plan_makes_has_a_code() -> None:
+    used = {"private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
+            "detach_old_root", "seal_root"}
+    assert set(launcher.ACTIONS) == used and sorted(launcher.ACTIONS.values()) == list(range(1, 12))
+
+
+def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launcher, "PATH", "/nonexistent/ccw-jail")
+    why = launcher.missing()
+    assert why is not None and "reinstall ccw" in why and "/nonexistent/ccw-jail" in why
+    with pytest.raises(Exception, match="reinstall ccw"):
+        launcher.require()
