@@ -4,38 +4,46 @@ validated against its tool's output schema and every argument set against its in
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 import pytest
 import trio
 
+from mcp_server.capsules.background import OwnedRuns, Run
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.turns import Ticket
 from mcp_server.config import Config
 from mcp_server.core.hashline import line_tag
+from mcp_server.state import State
 from mcp_server.substrate import hashline as hashline_service
 from mcp_server.tools import hashline as hashline_tools
 from mcp_server.tools import rootspace as rootspace_tools
-from mcp_server.tools.registry import Registry, ToolSpec
+from mcp_server.tools.registry import Registry, ToolContext, ToolSpec
+from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec
 
 REGISTRY = Registry.load(["text", "file"], ["mcp_server.tools.hashline", "mcp_server.tools.rootspace"])
 
 
-@dataclasses.dataclass
 class FakeContext:
-    """Implements the ToolContext protocol for handler tests."""
+    """A ToolContext for the text and file tools: a config, a state dir, the client's roots.
+    What these tools never use (the helper, the capsule service, turns, runs) fails the
+    test if they start to."""
 
-    config: Config
-    declared_roots: list[str] | None = None
-    state: Any = None
+    def __init__(self, config: Config, state: State, declared_roots: list[str] | None = None) -> None:
+        self.config = config
+        self.state = state
+        self.declared_roots = declared_roots
 
-    async def helper(self) -> Any:
+    async def helper(self) -> HelperClient:
         raise AssertionError("no helper in these tests")
 
     async def roots(self) -> list[str] | None:
@@ -50,6 +58,20 @@ class FakeContext:
 
     def log(self, message: str) -> None:
         return None
+
+    @property
+    def capsules(self) -> CapsuleService:
+        raise AssertionError("the text and file tools do not call the capsule service")
+
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
+        raise AssertionError("the text and file tools take no capsule turn")
+
+    @property
+    def runs(self) -> OwnedRuns:
+        raise AssertionError("the text and file tools start no background run")
+
+    def for_run(self, run: Run) -> ToolContext:
+        raise AssertionError("the text and file tools start no background run")
 
 
 def call(ctx: FakeContext, name: str, **args: Any) -> dict[str, Any]:
@@ -78,8 +100,15 @@ def ws(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ctx(ws: Path) -> FakeContext:
-    return FakeContext(Config(workspace=str(ws)))
+def state(tmp_path: Path) -> Iterator[State]:
+    opened = State(tmp_path / "state")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def ctx(ws: Path, state: State) -> FakeContext:
+    return FakeContext(Config(workspace=str(ws)), state)
 
 
 def test_registry_names_aliases_scopes() -> None:
@@ -103,7 +132,7 @@ def test_registry_names_aliases_scopes() -> None:
 
 def _anchors(read: dict[str, Any]) -> dict[str, str]:
     """content line → 'n:hh'."""
-    out = {}
+    out: dict[str, str] = {}
     for row in read["content"].split("\n"):
         tag, _, text = row.partition("|")
         out.setdefault(text, tag)
@@ -210,13 +239,13 @@ def test_moved_and_ambiguous_anchors_through_the_tool(ctx: FakeContext, ws: Path
     assert (ws / "m.txt").read_text() == "one\ntwo\nTHREE\ntwo\n"
 
 
-def test_roots_limit_hashline_paths(ws: Path, tmp_path: Path) -> None:
+def test_roots_limit_hashline_paths(ws: Path, tmp_path: Path, state: State) -> None:
     evil = tmp_path / "ws_evil"
     evil.mkdir()
     (evil / "s").write_text("secret\n")
     (ws / "ok").write_text("fine\n")
     os.symlink(evil / "s", ws / "link")
-    ctx = FakeContext(Config(workspace=str(tmp_path)), declared_roots=[str(ws)])
+    ctx = FakeContext(Config(workspace=str(tmp_path)), state, declared_roots=[str(ws)])
     assert call(ctx, "read_text_file", path=str(ws / "ok"))["total_lines"] == 1
     assert call(ctx, "read_text_file", path="ok")["total_lines"] == 1  # relative to the first root
     for bad in (str(evil / "s"), str(ws / "link"), "../ws_evil/s"):
@@ -295,10 +324,10 @@ def test_rootspace_base64(ctx: FakeContext, ws: Path) -> None:
     assert base64.b64decode(back["content"]) == blob and back["hash"] == made["hash"]
 
 
-def test_rootspace_uses_first_declared_root(ws: Path, tmp_path: Path) -> None:
+def test_rootspace_uses_first_declared_root(ws: Path, tmp_path: Path, state: State) -> None:
     other = tmp_path / "other"
     other.mkdir()
-    ctx = FakeContext(Config(workspace=str(other)), declared_roots=[str(ws)])
+    ctx = FakeContext(Config(workspace=str(other)), state, declared_roots=[str(ws)])
     call(ctx, "file_create", path="/x.txt", content="x\n")
     assert (ws / "x.txt").read_text() == "x\n" and not (other / "x.txt").exists()
 
@@ -346,17 +375,19 @@ class FakeHelper:
         return os.open(self.views[capsule_id], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-@dataclasses.dataclass
 class CapsuleContext(FakeContext):
-    fake_helper: Any = None
+    """A FakeContext whose helper serves capsule views (open_root, all these tools ask of it)."""
 
-    async def helper(self) -> Any:
-        return self.fake_helper
+    def __init__(self, config: Config, state: State, fake_helper: FakeHelper) -> None:
+        super().__init__(config, state)
+        self.fake_helper = fake_helper
+
+    async def helper(self) -> HelperClient:
+        return cast(HelperClient, self.fake_helper)
 
 
 def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
     from mcp_server.journal import CapsuleRecord, Journal
-    from mcp_server.state import State
 
     merged = tmp_path / "merged"  # what the capsule sees: a different copy of the workspace
     merged.mkdir()
