@@ -5,10 +5,10 @@ takes the exec request itself (sandbox/ops.py: ``ExecRequest``, its arguments ch
 when the helper read it) and does the exec's steps in order, undoing each on the way out:
 
     the jail's spec (``jail_spec``: cwd, environment and exposed dirs checked against
-    the capsule) → take the exec cgroup (made ahead: spare_cgroups.py) → prepare and
-    enter the fanotify tracer (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
+    the capsule) → take the exec cgroup (made ahead: spare_cgroups.py) → start recording
+    on the capsule's fanotify group (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
     rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
-    → teardown (always): the tracer's at once; the cgroup's, once the jail ran, after
+    → teardown (always): the recording's at once; the cgroup's, once the jail ran, after
     the reply, when the init has exited (jail_end.py)
 
 Choices made here:
@@ -46,7 +46,7 @@ from sandbox.spec import Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
-    from sandbox.fanotify import Traced
+    from sandbox.fanotify import Recording, Traced
     from sandbox.jail_end import Ending
     from sandbox.rusage import Measurement
     from sandbox.supervise import JailResult
@@ -144,8 +144,8 @@ def exec_limits(capsule: Capsule, request: ExecRequest) -> dict[str, int]:
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
                 on_ending: Callable[[Ending], None] | None) -> tuple[JailResult, Measurement, Traced | None, str | None]:
-    """The jail in its exec cgroup under the tracer: its result, usage, the files it touched
-    (None: no tracer, the error says why); tracer torn down whatever happens, the cgroup
+    """The jail in its exec cgroup, recorded by its capsule's fanotify group: its result, usage,
+    the files it touched (None: no record, the error says why); the recording stopped whatever happens, the cgroup
     too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py)."""
     from sandbox import exec_cgroup, fanotify, jail_end, rusage, spare_cgroups, supervise
 
@@ -154,30 +154,26 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
         pids_max=limits.get("pids_max"), cpu_ms=limits.get("cpu_ms"),
     )
     cgroup = None
-    tracer = None
+    recording = None
     result = None
     trace_error: str | None = None
     try:
         cgroup = spare_cgroups.take(_layout(), exec_name.replace(".", "-"), cg_limits)
-        try:
-            tracer = fanotify.Tracer.prepare(spec.merged_dir)
-            tracer.enter(cgroup, visible_at=spec.workspace)
+        try:  # the capsule's group, kept across its execs (fanotify.py)
+            recording = fanotify.group_of(spec.merged_dir).record(cgroup, visible_at=spec.workspace)
         except CcwError as exc:
             trace_error = exc.message
-            if tracer is not None:
-                tracer.teardown()
-                tracer = None
-        result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, tracer),
+        result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, recording),
                                progress_interval_s=progress_ms / 1000)
         if on_ending is not None:
             on_ending(result.ending)
-        traced = tracer.collect() if tracer is not None else None
+        traced = recording.collect() if recording is not None else None
         # Only the init's report: the helper's own wait4 misses what a kill ended (rusage.py).
         usage = cgroup.collect(result.init_report)
         rusage.fill(usage, result.init_report)
     finally:
-        if tracer is not None:
-            tracer.teardown()
+        if recording is not None:
+            recording.close()
         if result is not None:  # the janitor removes the cgroup once the init has exited (jail_end.py)
             result.ending.release()
         elif cgroup is not None:
@@ -191,15 +187,15 @@ LIVE_WRITTEN = 200  # paths a progress report names at most; the reply has them 
 
 
 def _with_writes(on_progress: Callable[[ExecProgress], None] | None,
-                 tracer: Any) -> Callable[[ExecProgress], None] | None:
+                 recording: Recording | None) -> Callable[[ExecProgress], None] | None:
     """``on_progress`` with each report naming the files written since the last one (the
-    tracer's reader thread adds them as their writers close them)."""
-    if on_progress is None or tracer is None:
+    helper's fanotify reader adds them as their writers close them)."""
+    if on_progress is None or recording is None:
         return on_progress
     reported: set[str] = set()
 
     def report(progress: ExecProgress) -> None:
-        new = sorted(set(tracer.written) - reported)[:LIVE_WRITTEN]  # set(): one copy under the GIL
+        new = sorted(set(recording.written) - reported)[:LIVE_WRITTEN]  # set(): one copy under the GIL
         reported.update(new)
         on_progress(dataclasses.replace(progress, written=tuple(new)))
 

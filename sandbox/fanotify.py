@@ -1,4 +1,4 @@
-"""Files an exec read and wrote, from fanotify.
+"""Files an exec read and wrote, from fanotify: one group per capsule, one reader per helper.
 
 Some facts about fanotify
 -------------------------
@@ -57,7 +57,25 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
 - ``FAN_UNLIMITED_QUEUE`` removes the 16384-event queue limit, so nothing is lost; a
   ``FAN_Q_OVERFLOW`` event would still be honoured (``overflow=True``).  Identical
   events of one pid on one file merge in the queue, which only helps.
-- Cost: a reader thread drains the queue while the command runs.  After each wakeup it
+- One group per capsule, one reader per helper.  A group made per exec cost
+  ``fanotify_init`` and the mark (0.16 ms), starting a reader thread (``Thread.start``
+  waits until it runs: 0.3 to 2.2 ms under load) and collecting it (issue 27's profile).
+  So a capsule's group (``group_of``) is made at its first exec and kept until the
+  capsule is destroyed (``close_group``) or its overlay found remounted (another
+  ``st_dev``), and one thread of the helper reads every group.  Between execs the
+  opens of others (the front end through ``open_root``, the helper) still arrive: the
+  reader reads and drops them, closing their descriptors (a queued event holds the
+  file's mount).  An exec's recording starts by reading and dropping, under the group's
+  lock, whatever is still queued, so nothing from before the exec is attributed to it,
+  least of all a short-lived process that opened a file between execs and is gone,
+  which the rule above would count.  It ends (``collect``) by reading, under the same
+  lock, everything queued until then into the exec's record: every process of the jail
+  is dead and reaped by then, an open is queued in the opener's context as it opens,
+  and a close-write at the last close, which an exiting task makes before it can be
+  reaped.  A group refused for want of privilege or kernel support (rootless) is not
+  asked for again: the helper remembers why for its life.  Closing a group waits for
+  an SRCU grace period (milliseconds), so it happens on a thread of its own.
+- Cost: the reader drains the queues while commands run.  After each wakeup it
   waits 20 ms so events gather, then reads them 256 KiB at a time: a wakeup per open
   costs the traced process more than queueing the event does.  Per event it does one
   ``readlinkat(/proc/self/fd, "N")`` and nothing else once the opener's pid and the
@@ -71,94 +89,66 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import queue
 import select
-import stat
-import struct
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sandbox import syscalls
-from sandbox.errors import CcwError, from_oserror
+from sandbox.errors import from_oserror
+from sandbox.fanotify_record import Recording, Traced, _close_all, _ns_inode, event_fds
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
 
-_EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
-_METADATA_VERSION = 3
+__all__ = ["Group", "Recording", "Traced", "close_group", "group_of", "mechanisms"]
+
+log = logging.getLogger("ccw.fanotify")
+
 _READ_SIZE = 256 * 1024
 _BATCH_DELAY = 0.02  # seconds the reader lets events gather after a wakeup
 _MASK = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC | syscalls.FAN_CLOSE_WRITE | syscalls.FAN_ONDIR
-_READ_BITS = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC
 _ROOTLESS_REASON = (
     "fanotify needs CAP_SYS_ADMIN in the initial user namespace to watch a filesystem; "
     "this helper runs without it (rootless), so files read are not recorded. Run the helper "
     "as root for touched.read; touched.written still comes from the upper dir."
 )
+_refused: list[str] = []  # why this helper cannot have a group at all, once learned (see the essay)
 
 
-@dataclass
-class Traced:
-    """What the tracer saw an exec open and write, relative to the merged dir, sorted
-    (execution.py makes the reply's ``replies.Touched`` of it).
-
-    ``listed`` (directories opened) and ``executed`` are None exactly when ``read`` is.
-    """
-
-    read: list[str] | None
-    written: list[str]
-    overflow: bool
-    unavailable_reason: str | None = None
-    dropped: int = field(default=0)  # events whose file was gone before we could name it
-    listed: list[str] | None = None
-    executed: list[str] | None = None
-
-
-class Tracer:
-    """A fanotify filesystem mark on one capsule's overlay, recording one exec."""
+class Group:
+    """A fanotify filesystem mark on one capsule's overlay, kept across its execs."""
 
     def __init__(self, merged_dir: str, fan_fd: int | None, unavailable_reason: str | None) -> None:
-        self.merged_dir = os.path.abspath(merged_dir)
+        self.merged_dir = os.path.realpath(merged_dir)
         self.unavailable_reason = unavailable_reason
+        self.dev = os.stat(self.merged_dir).st_dev  # the overlay it watches (see group_of)
+        self.own_mntns = _ns_inode("self")
+        self.proc_fd = os.open("/proc/self/fd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._fan_fd = fan_fd
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._error: BaseException | None = None
-        self._cgroup: ExecCgroup | None = None
-        self._self_pid = os.getpid()
-        self._own_mntns = _ns_inode("self")
-        self._pids: dict[int, bool] = {}
-        self._ns_fd: int | None = None  # the exec's mount namespace, held open (see essay)
-        self._recent: list[int] = []  # live exec pids whose namespace we may hold
-        self._proc_fd: int | None = os.open("/proc/self/fd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._prefixes = [self.merged_dir.rstrip("/") + "/"]
-        self.read: set[str] = set()
-        self.written: set[str] = set()
-        self.listed: set[str] = set()
-        self.executed: set[str] = set()
-        self._is_dir: dict[str, bool] = {}  # per path, from one fstat (see essay)
-        self.overflow = False
-        self.dropped = 0
+        self._lock = threading.Lock()  # one reader of the queue at a time: the reader or an exec
+        self._recording: Recording | None = None
+        if fan_fd is not None:
+            _READER.add(fan_fd, self)
 
-    # -- prepare
     @classmethod
-    def prepare(cls, merged_dir: str) -> Tracer:
+    def open(cls, merged_dir: str) -> Group:
         """fanotify_init + a FAN_MARK_FILESYSTEM mark on the overlay mounted at ``merged_dir``.
 
-        Without the privilege (rootless), returns a tracer whose collect() says why
-        ``read`` is None.
+        Without the privilege (rootless), a group whose recordings say why ``read`` is None.
         """
+        if _refused:
+            return cls(merged_dir, None, _refused[0])
         flags = syscalls.FAN_CLASS_NOTIF | syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_UNLIMITED_QUEUE
         try:
             fan_fd = syscalls.fanotify_init(flags, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno in (errno.EPERM, errno.EACCES):
-                return cls(merged_dir, None, _ROOTLESS_REASON)
+                return cls._refuse(merged_dir, _ROOTLESS_REASON)
             if exc.errno == errno.ENOSYS:
-                return cls(merged_dir, None, "this kernel has no fanotify (CONFIG_FANOTIFY is off)")
+                return cls._refuse(merged_dir, "this kernel has no fanotify (CONFIG_FANOTIFY is off)")
             raise from_oserror(exc, "fanotify_init", None, "check that the kernel has CONFIG_FANOTIFY") from exc
         try:
             syscalls.fanotify_mark(
@@ -167,218 +157,171 @@ class Tracer:
         except OSError as exc:
             os.close(fan_fd)
             if exc.errno in (errno.EPERM, errno.EACCES):
-                return cls(merged_dir, None, _ROOTLESS_REASON)
+                return cls._refuse(merged_dir, _ROOTLESS_REASON)
             if exc.errno == errno.EINVAL:
-                return cls(merged_dir, None, "this kernel refuses FAN_MARK_FILESYSTEM or FAN_OPEN_EXEC "
-                           "(needs Linux 5.1+), so files read are not recorded")
+                return cls._refuse(merged_dir, "this kernel refuses FAN_MARK_FILESYSTEM or FAN_OPEN_EXEC "
+                                   "(needs Linux 5.1+), so files read are not recorded")
             raise from_oserror(exc, "fanotify_mark(FAN_MARK_FILESYSTEM) of", merged_dir,
                                "the capsule's overlay must be mounted there") from exc
         return cls(merged_dir, fan_fd, None)
 
-    # -- enter
-    def enter(self, cgroup: ExecCgroup | None, visible_at: str | None = None) -> None:
-        """Start recording, counting only events of processes in ``cgroup``.
+    @classmethod
+    def _refuse(cls, merged_dir: str, why: str) -> Group:
+        _refused[:] = [why]
+        return cls(merged_dir, None, why)
 
-        Without a cgroup, events of processes in the helper's own mount namespace are
-        the ones left out.  ``visible_at`` is where the exec sees the merged view (the
-        jail binds it at the workspace's own path): paths under it are known at once,
-        without learning the prefix from an inode, which a copy-up between the open
-        and our read of its event would defeat.
-        """
-        if visible_at:
-            # Longest first: with the state dir inside the workspace, the helper-side
-            # merged path lies under the workspace path and must win.
-            self._prefixes.append(visible_at.rstrip("/") + "/")
-            self._prefixes.sort(key=len, reverse=True)
-        if self._fan_fd is None or self._thread is not None:
-            return
-        self._cgroup = cgroup
-        self._thread = threading.Thread(target=self._run, name="ccw-fanotify", daemon=True)
-        self._thread.start()
+    def record(self, cgroup: ExecCgroup | None, visible_at: str | None = None) -> Recording:
+        """Start recording one exec: events of processes in ``cgroup`` (without one, of
+        processes in another mount namespace than the helper's) from now until its
+        ``collect``.  What was queued before is dropped (see the essay).  ``visible_at``
+        is where the exec sees the merged view (fanotify_record.Recording)."""
+        recording = Recording(self, cgroup, visible_at)
+        if self._fan_fd is not None:
+            with self._lock:
+                self._read_into(None)
+                self._recording = recording
+        return recording
 
-    def _run(self) -> None:
-        assert self._fan_fd is not None
-        poller = select.poll()
-        poller.register(self._fan_fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        try:
-            while True:
-                poller.poll()
-                if not self._stopping:
-                    # Let events pile up: one big read instead of a wakeup per open,
-                    # which costs the traced process more than the queueing does.  Wait
-                    # on the wake pipe, not a plain sleep: collect() must not pay it.
-                    select.select([self._wake_r], [], [], _BATCH_DELAY)
-                self._drain()
-                if self._stopping:
-                    self._drain()
-                    return
-        except BaseException as exc:  # reported by collect(), never lost
-            self._error = exc
+    def finish(self, recording: Recording) -> None:
+        """Read what is queued into ``recording`` and stop recording it (if it still is)."""
+        with self._lock:
+            if self._recording is recording:
+                self._read_into(recording)
+                self._recording = None
 
-    def _drain(self) -> None:
-        assert self._fan_fd is not None
-        while True:
+    def pump(self) -> None:
+        """Read what is queued: into the exec recording now, else dropped (the reader calls it)."""
+        with self._lock:
+            self._read_into(self._recording)
+
+    def _read_into(self, recording: Recording | None) -> None:
+        while self._fan_fd is not None:
             try:
                 buf = os.read(self._fan_fd, _READ_SIZE)
             except BlockingIOError:
                 return
             except InterruptedError:
                 continue
-            fds = self._handle(buf)
-            if fds:
-                _close_all(fds)
-            if self._ns_fd is None:
-                self._hold_namespace()
-
-    def _handle(self, buf: bytes) -> list[int]:
-        """Record the events in ``buf``; returns their fds, for the caller to close."""
-        unpack, size, total = _EVENT.unpack_from, _EVENT.size, len(buf)
-        pids, readlink, proc_fd = self._pids, os.readlink, self._proc_fd
-        read, written, prefixes = self.read, self.written, self._prefixes
-        listed, executed, is_dirs = self.listed, self.executed, self._is_dir
-        fds: list[int] = []
-        offset = 0
-        while offset + size <= total:
-            event_len, version, _, _, mask, fd, pid = unpack(buf, offset)
-            if version != _METADATA_VERSION or event_len < size:
-                _close_all(fds)
-                raise CcwError("INTERNAL", f"fanotify event metadata version {version} (expected "
-                               f"{_METADATA_VERSION}) or length {event_len}: this kernel's ABI is not understood")
-            offset += event_len
-            if mask & syscalls.FAN_Q_OVERFLOW:
-                self.overflow = True
-            if fd < 0:
-                continue
-            fds.append(fd)
-            inside = pids.get(pid)
-            if inside is None:
-                inside = pids[pid] = self._classify(pid)
-            if not inside:
+            if recording is None:
+                fds = event_fds(buf)
+                if fds:
+                    _close_all(fds)
                 continue
             try:
-                path = readlink(str(fd), dir_fd=proc_fd)
-            except OSError:
-                self.dropped += 1
-                continue
-            rel = None
-            for prefix in prefixes:
-                if path.startswith(prefix):
-                    rel = path[len(prefix) :]
-                    break
-            if rel is None:
-                rel = "." if path + "/" in prefixes else self._learn(path, fd)
-                if rel is None:
-                    self.dropped += 1
-                    continue
-            if mask & _READ_BITS:
-                is_dir = is_dirs.get(rel)
-                if is_dir is None:
-                    is_dir = is_dirs[rel] = _fd_is_dir(fd)
-                if is_dir:
-                    listed.add(rel or ".")
-                    continue
-                read.add(rel)
-                if mask & syscalls.FAN_OPEN_EXEC:
-                    executed.add(rel)
-            if mask & syscalls.FAN_CLOSE_WRITE:
-                written.add(rel)
-        return fds
+                recording.take(buf)
+            except Exception as exc:  # reported by the exec's collect(), never lost
+                recording.error = exc
+                self._recording = recording = None
 
-    def _classify(self, pid: int) -> bool:
-        """Whether events of ``pid`` belong to the exec (see the essay for exited pids)."""
-        if pid == self._self_pid:
-            return False
-        if self._cgroup is not None:
-            owned = self._cgroup.owns(pid)
-            if owned is None:
-                return True
-        else:
-            ns = _ns_inode(str(pid))
-            if ns is None:
-                return True
-            owned = ns != self._own_mntns
-        if owned:
-            self._recent.append(pid)
-            self._hold_namespace()
-        return owned
+    def close(self) -> None:
+        """Stop watching: drop what is queued and close the group; idempotent."""
+        with self._lock:
+            fan_fd, self._fan_fd = self._fan_fd, None
+            if fan_fd is not None:
+                _READER.remove(fan_fd)
+                self._fan_fd = fan_fd
+                self._read_into(None)  # a queued event holds its file's mount
+                self._fan_fd = None
+            self._recording = None
+            proc_fd, self.proc_fd = self.proc_fd, -1
+        if proc_fd >= 0:
+            os.close(proc_fd)
+        if fan_fd is not None:
+            _close_later(fan_fd)
 
-    def _hold_namespace(self) -> None:
-        """Hold the mount namespace of a live exec process, once it has its own (see essay).
 
-        The jail moves its child into the cgroup *before* the child unshares, so a pid
-        seen early may still be in the helper's namespace: try again on later batches.
-        """
-        del self._recent[:-8]  # the latest few are enough
-        for pid in reversed(self._recent):
-            try:
-                fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            if os.fstat(fd).st_ino == self._own_mntns:
-                os.close(fd)
-                continue
-            self._ns_fd = fd
-            self._recent.clear()
-            return
+_groups: dict[str, Group] = {}  # merged dir: its capsule's group
+_groups_lock = threading.Lock()
 
-    def _learn(self, path: str, fd: int) -> str | None:
-        """Find which suffix of ``path`` names the fd's file under merged_dir; learn the prefix."""
-        if path.endswith(" (deleted)") or not path.startswith("/"):
-            return None
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            return None
-        parts = path[1:].split("/")
-        for k in range(len(parts)):
-            rel = "/".join(parts[k:])
-            try:
-                cand = os.lstat(os.path.join(self.merged_dir, rel))
-            except OSError:
-                continue
-            if (cand.st_dev, cand.st_ino) == (st.st_dev, st.st_ino):
-                if k > 0:  # k == 0 is the detached form: relative to the overlay root
-                    self._prefixes.append("/" + "/".join(parts[:k]) + "/")
-                return rel
-        return None
 
-    # -- collect / teardown
-    def collect(self) -> Traced:
-        """Stop the reader, drain what is queued, and return the touched files."""
-        if self._fan_fd is None:
-            return Traced(None, [], False, self.unavailable_reason)
-        self._stop()
-        if self._error is not None:
-            raise CcwError("INTERNAL", f"the fanotify reader failed: {self._error!r}") from self._error
-        if self._thread is None:  # enter() was never called: nothing belongs to an exec
-            return Traced([], [], False, None, 0, [], [])
-        return Traced(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
-                       sorted(self.listed), sorted(self.executed))
+def group_of(merged_dir: str) -> Group:
+    """The group of the capsule mounted at ``merged_dir``: made at its first exec, kept
+    until ``close_group`` (the capsule's destroy), made anew if the overlay was remounted."""
+    merged_dir = os.path.realpath(merged_dir)  # as mountinfo names it (close_group's callers)
+    try:
+        dev = os.stat(merged_dir).st_dev
+    except OSError as exc:
+        raise from_oserror(exc, "stat", merged_dir, "the capsule's overlay must be mounted there") from exc
+    with _groups_lock:
+        group = _groups.get(merged_dir)
+        if group is not None and group.dev == dev:
+            return group
+        stale = _groups.pop(merged_dir, None)
+    if stale is not None:
+        stale.close()
+    group = Group.open(merged_dir)
+    with _groups_lock:
+        _groups[merged_dir] = group
+    return group
 
-    def _stop(self) -> None:
-        if self._thread is not None and self._thread.is_alive():
-            self._stopping = True
-            with contextlib.suppress(OSError):
+
+def close_group(merged_dir: str) -> None:
+    """Close the group of the capsule at ``merged_dir``, if it has one (overlay.teardown, as
+    the capsule's overlay is unmounted)."""
+    with _groups_lock:
+        group = _groups.pop(os.path.realpath(merged_dir), None)
+    if group is not None:
+        group.close()
+
+
+class _Reader:
+    """The helper's one thread that reads every group's events (see the essay)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, Group] = {}  # fanotify fd: its group
+        self._lock = threading.Lock()
+        self._wake_r = self._wake_w = -1  # made with the thread, at the first group
+        self._thread: threading.Thread | None = None
+
+    def add(self, fan_fd: int, group: Group) -> None:
+        with self._lock:
+            self._groups[fan_fd] = group
+            if self._thread is None:
+                self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                self._thread = threading.Thread(target=self._run, name="ccw-fanotify", daemon=True)
+                self._thread.start()
+        self._wake()
+
+    def remove(self, fan_fd: int) -> None:
+        with self._lock:
+            self._groups.pop(fan_fd, None)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            with contextlib.suppress(BlockingIOError):  # a full pipe wakes the reader already
                 os.write(self._wake_w, b"x")
-            self._thread.join()
 
-    def teardown(self) -> None:
-        """Stop the reader and close every descriptor; idempotent.
+    def _run(self) -> None:
+        while True:
+            try:
+                self._once()
+            except Exception:  # the reader must outlive any one group's trouble
+                log.exception("the fanotify reader failed; going on")
+                select.select([], [], [], _BATCH_DELAY)
 
-        Closing a fanotify group waits for an SRCU grace period (milliseconds): that
-        close is handed to a background thread so the exec's answer does not wait.
-        """
-        self._stop()
-        for name in ("_fan_fd", "_ns_fd", "_proc_fd", "_wake_r", "_wake_w"):
-            fd = getattr(self, name)
-            if fd is not None:
-                if name == "_fan_fd":
-                    _close_later(fd)
-                else:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-                setattr(self, name, None)
+    def _once(self) -> None:
+        with self._lock:
+            groups = dict(self._groups)
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        for fan_fd in groups:
+            poller.register(fan_fd, select.POLLIN)
+        ready = [fd for fd, _ in poller.poll() if fd != self._wake_r]
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        if ready:
+            # Let events pile up: one big read instead of a wakeup per open, which costs
+            # the traced process more than the queueing does.  An exec's collect reads
+            # under the group's lock, which this wait does not hold: it never pays it.
+            select.select([self._wake_r], [], [], _BATCH_DELAY)
+        for fan_fd in ready:
+            group = groups.get(fan_fd)
+            if group is not None:
+                group.pump()
+
+
+_READER = _Reader()
 
 
 _closing: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -401,32 +344,6 @@ def _close_forever() -> None:
         fd = _closing.get()
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-def _close_all(fds: list[int]) -> None:
-    # The fds of one read() are often consecutive: every number in [lo, hi] is then one
-    # of ours, and one close_range() replaces len(fds) close() calls.
-    lo, hi = min(fds), max(fds)
-    if hi - lo + 1 == len(fds):
-        os.closerange(lo, hi + 1)
-        return
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-
-
-def _fd_is_dir(fd: int) -> bool:
-    try:
-        return stat.S_ISDIR(os.fstat(fd).st_mode)
-    except OSError:
-        return False
-
-
-def _ns_inode(pid: str) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/mnt").st_ino
-    except OSError:
-        return None
 
 
 def mechanisms() -> dict[str, str | None]:

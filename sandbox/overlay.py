@@ -73,7 +73,7 @@ import stat
 from collections.abc import Sequence
 from typing import Any
 
-from sandbox import syscalls
+from sandbox import fanotify, syscalls
 from sandbox.errors import CcwError, from_oserror
 from sandbox.mountinfo import mounts_under
 from sandbox.ops import kind_of
@@ -236,6 +236,7 @@ def set_readonly(merged: str, readonly: bool) -> None:
 
 def teardown(merged: str) -> None:
     """Unmount ``merged``; lazily (MNT_DETACH) when busy.  Idempotent."""
+    fanotify.close_group(merged)  # its capsule's group, if it has one: it watches only this overlay
     for flags in (0, syscalls.MNT_DETACH):
         try:
             syscalls.umount2(merged, flags | syscalls.UMOUNT_NOFOLLOW)

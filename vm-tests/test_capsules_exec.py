@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -13,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sandbox import mountinfo
+from sandbox import fanotify, jail_end, mountinfo
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 from sandbox.registry import CapsuleManager
@@ -219,3 +221,57 @@ def test_the_reply_comes_before_the_jails_end_and_the_next_exec_after_it(
             for name in os.listdir(parent) if name.endswith(f"@{os.getpid()}")]
     assert [path for path in left if not os.path.basename(path).startswith("spare")] == []
     assert all(cgroups.procs(path) == [] for path in left)
+
+
+def test_opens_between_execs_are_not_the_next_execs(manager: CapsuleManager, tmp_path: Path) -> None:
+    # One fanotify group serves all of a capsule's execs (fanotify.py).  A process outside
+    # any exec that opens a file of the capsule between two execs and is gone by then
+    # would count if its events reached the next exec's record (a gone pid counts).
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("first.txt", "between.txt", "second.txt"):
+        (ws / name).write_text(name)
+    capsule_id = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
+    merged = Path(manager._capsules[capsule_id].path("merged"))
+    first = run(manager, capsule_id, ["cat", "first.txt"])
+    for _ in range(5):  # short-lived openers, gone before the next exec starts
+        subprocess.run(["cat", str(merged / "between.txt")], check=True, stdout=subprocess.DEVNULL)
+    second = run(manager, capsule_id, ["cat", "second.txt"])
+    assert first.touched is not None and second.touched is not None
+    assert first.touched.read == ("first.txt",) and second.touched.read == ("second.txt",)
+    assert (first.stdout, second.stdout) == (b"first.txt", b"second.txt")
+
+
+def _fanotify_fds() -> list[str]:
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[fanotify]":
+                found.append(name)
+    return found
+
+
+def test_a_capsules_group_closes_with_the_capsule(manager: CapsuleManager, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a")
+    warm = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
+    assert run(manager, warm, ["cat", "a.txt"]).exit_code == 0  # the reader and a spare cgroup exist now
+    assert jail_end.settle(30.0)
+    live = sum(group._fan_fd is not None for group in fanotify._groups.values())
+    deadline = time.monotonic() + 20  # earlier tests' groups are closed on a thread (an SRCU grace period each)
+    while len(_fanotify_fds()) != live:
+        assert time.monotonic() < deadline, (_fanotify_fds(), live)
+        time.sleep(0.05)
+    groups, fds = len(_fanotify_fds()), len(os.listdir("/proc/self/fd"))
+    for _ in range(50):
+        capsule_id = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
+        reply = run(manager, capsule_id, ["cat", "a.txt"])
+        assert reply.touched is not None and reply.touched.read == ("a.txt",)
+        assert len(_fanotify_fds()) == groups + 1  # this capsule's group, and only while it lives
+        manager.destroy(capsule_id, 0)
+    assert jail_end.settle(30.0)
+    deadline = time.monotonic() + 20
+    while len(_fanotify_fds()) != groups or len(os.listdir("/proc/self/fd")) > fds:  # fewer: earlier tests' leftovers
+        assert time.monotonic() < deadline, (len(_fanotify_fds()), groups, len(os.listdir("/proc/self/fd")), fds)
+        time.sleep(0.05)

@@ -27,8 +27,13 @@ def layout(require: Require, root_required: None) -> Iterator[CgroupLayout]:
     found = detect_layout()
     require(found.for_resource("pids") is not None, "no pids cgroup on this host")
     require(found.for_resource("memory") is not None, "no memory cgroup on this host")
+    fresh_pool()  # an earlier test's spare: the pool is the process's
     yield found
-    spare_cgroups.close()  # this test's spares; the next test starts with a fresh pool
+    fresh_pool()
+
+
+def fresh_pool() -> None:
+    spare_cgroups.close()
     spare_cgroups._pools.clear()
 
 

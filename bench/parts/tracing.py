@@ -25,8 +25,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from bench.common import Row, median_ms
+
+if TYPE_CHECKING:
+    from sandbox.fanotify import Group
 
 FILES = 20_000
 READER = (
@@ -71,7 +75,8 @@ def _overlay_tree() -> Iterator[str]:
 
 
 class _Runs:
-    """One workload run in an exec cgroup: untraced, with the Tracer, or under strace."""
+    """One workload run in an exec cgroup: untraced, recorded by the overlay's fanotify group
+    (the Tracer of the rows' names), or under strace."""
 
     def __init__(self, base: str) -> None:
         from sandbox.cgroups import detect_layout
@@ -80,23 +85,24 @@ class _Runs:
         self.layout = detect_layout()
         self.counts: list[int] = []  # files the Tracer recorded, per traced run
         self.overflow = False
+        self.group: Group | None = None  # the overlay's fanotify group, kept across runs as a capsule's is
 
     def run(self, strace: bool = False, trace: bool = False) -> float:
         from sandbox.exec_cgroup import ExecCgroup, Limits
-        from sandbox.fanotify import Tracer
+        from sandbox.fanotify import Group
 
         cg = ExecCgroup.prepare(self.layout, f"bench-trace-{os.getpid()}", Limits())
         try:
             start = time.perf_counter()
-            tracer = Tracer.prepare(f"{self.base}/merged") if trace else None
-            if tracer is not None:
-                tracer.enter(cg)
+            if trace and self.group is None:
+                self.group = Group.open(f"{self.base}/merged")
+            recording = self.group.record(cg) if self.group is not None and trace else None
             proc = subprocess.Popen(_workload(self.base, strace), stdin=subprocess.PIPE)
             cg.enter(proc.pid)
             proc.communicate(b"go\n")
-            if tracer is not None:
-                touched = tracer.collect()
-                tracer.teardown()
+            if recording is not None:
+                touched = recording.collect()
+                recording.close()
                 self.counts.append(len(touched.read or []))
                 self.overflow = self.overflow or touched.overflow
             elapsed = time.perf_counter() - start
@@ -118,9 +124,13 @@ def measure(repeat: int) -> list[Row]:
         for kwargs in variants.values():  # warm the page and dentry caches
             runs.run(**kwargs)
         times: dict[str, list[float]] = {name: [] for name in variants}
-        for _ in range(repeat):
-            for name, kwargs in variants.items():
-                times[name].append(runs.run(**kwargs))
+        try:
+            for _ in range(repeat):
+                for name, kwargs in variants.items():
+                    times[name].append(runs.run(**kwargs))
+        finally:
+            if runs.group is not None:
+                runs.group.close()
     base_ms = median_ms(times["untraced"])
     rows = [
         Row("read 20k files: untraced", base_ms),
