@@ -15,6 +15,7 @@ from sandbox import syscalls
 from sandbox.cgroups import detect_layout
 from sandbox.exec_cgroup import ExecCgroup, Limits
 from sandbox.fanotify import Group
+from sandbox.fanotify_record import Recording
 
 Require = Callable[[bool, str], None]
 
@@ -209,7 +210,7 @@ def test_events_queued_before_a_recording_are_dropped(overlay: Path, group: Grou
     first.close()
     with group._lock:
         subprocess.run(["cat", str(overlay / "merged" / "b.txt")], check=True, stdout=subprocess.DEVNULL)
-    second = group.record(cgroup)
+    second: Recording = group.record(cgroup)
     try:
         run_in_jail(overlay, cgroup, "cat src/mod.py >/dev/null")
         assert second.collect().read == ["src/mod.py"]
