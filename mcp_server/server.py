@@ -137,9 +137,9 @@ class CcwServer:
             for name in remove_stale_temps(self.state):
                 LOGGER.info(f"mcp:recovered witness temp file {name}: removed (its writer died mid-write)")
         if "schema" in self.config.toolsets:
-            from mcp_server.tools import schemas
+            from mcp_server.tools import schema
 
-            schemas.warm(self.config, LOGGER.warning)
+            schema.warm(self.config, LOGGER.warning)
 
     def arrive(self, method: str, params: Any) -> Ticket | None:
         """Take the capsule's turn for a call (``tools/call`` or a direct method) the moment a

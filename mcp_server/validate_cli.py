@@ -18,8 +18,8 @@ from typing import Any
 
 from mcp_server.config import Config
 from mcp_server.core.canonical import canonical_text
-from mcp_server.core.schemas import schema_name_of_ref
-from mcp_server.tools.schemas import failed, warm
+from mcp_server.core.schema import schema_name_of_ref
+from mcp_server.tools.schema import failed, warm
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
 

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from mcp_server.config import Config
+from mcp_server.tools import schema as schema_tools
 from mcp_server.tools import schema_backend as backend
-from mcp_server.tools import schemas as schema_tools
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"
 SPEC = next(spec for spec in schema_tools.TOOLS if spec.name == "populate_backend")

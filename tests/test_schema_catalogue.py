@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from mcp_server.core.canonical import canonical_json
-from mcp_server.core.schemas import SchemaCatalogue, UnsafePath, check_relative_path
+from mcp_server.core.schema import SchemaCatalogue, UnsafePath, check_relative_path
 from mcp_server.fs.schemafiles import catalogue_from_dirs
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"

@@ -14,7 +14,7 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.core.canonical import canonical_json
-from mcp_server.tools import schemas as schema_tools
+from mcp_server.tools import schema as schema_tools
 from mcp_server.tools.registry import Registry, ToolSpec
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"

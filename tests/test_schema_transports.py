@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from mcp_server.config import Config
-from mcp_server.tools import schemas as schema_tools
+from mcp_server.tools import schema as schema_tools
 from tests.support.mcp_process import ServerProcess, server_env
 
 FIXTURES = Path(__file__).parent / "schema_fixtures"

@@ -1,6 +1,6 @@
 """Reading a schema catalogue's files: every ``*.json`` under the schemas and examples roots.
 
-Read once, when the catalogue is built (``mcp_server.core.schemas`` says why and how
+Read once, when the catalogue is built (``mcp_server.core.schema`` says why and how
 entries are named); a file that is not JSON, or that a symlink takes outside its root,
 is left out and named in the catalogue's ``problems``.
 """
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from mcp_server.core.schemas import ExampleEntry, SchemaCatalogue, SchemaEntry
+from mcp_server.core.schema import ExampleEntry, SchemaCatalogue, SchemaEntry
 
 
 def read_json_tree(root: Path, problems: list[str]) -> Iterable[tuple[str, Any]]:

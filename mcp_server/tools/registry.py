@@ -155,7 +155,7 @@ FAMILY_MODULES = (
     "mcp_server.tools.workspace",
     "mcp_server.tools.hashline",
     "mcp_server.tools.rootspace",
-    "mcp_server.tools.schemas",
+    "mcp_server.tools.schema",
     "mcp_server.tools.server_info",
 )
 

@@ -12,7 +12,7 @@ The result is always one of seed 001's shapes, never an exception:
 - no answer within the timeout → status 504, ``timeout``.
 
 Validation before the POST, and the ``unsupported`` answer when no backend is
-configured, are the tool's business (mcp_server/tools/schemas.py).
+configured, are the tool's business (mcp_server/tools/schema.py).
 """
 
 from __future__ import annotations

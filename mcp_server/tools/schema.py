@@ -30,7 +30,7 @@ from typing import Any
 
 import mcp_server
 from mcp_server.core.jsonpatch import diff_assets
-from mcp_server.core.schemas import (
+from mcp_server.core.schema import (
     ExampleEntry,
     SchemaCatalogue,
     SchemaEntry,
