@@ -21,7 +21,7 @@ from mcp_server.core.manifest import Entry, manifest_bytes, snapshot_id
 from mcp_server.fs.blobstore import BlobStore
 from mcp_server.fs.fingerprint import compute
 from mcp_server.fs.leases import LeaseStore
-from mcp_server.fs.snapshots import SnapshotStore
+from mcp_server.fs.snapshot import SnapshotStore
 from mcp_server.fs.view import RootView
 from mcp_server.state import State
 from sandbox.errors import CcwError

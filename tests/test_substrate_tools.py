@@ -361,7 +361,7 @@ def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, S
 def test_gc_keeps_what_snapshots_name(env: tuple[Path, Any, State]) -> None:
     _repo, call, state = env
     from mcp_server.fs.blobstore import BlobStore
-    from mcp_server.fs.snapshots import SnapshotStore
+    from mcp_server.fs.snapshot import SnapshotStore
 
     sid = call("snapshot_create", paths=["src"])["snapshot_id"]
     store = BlobStore(state.objects_dir)

@@ -9,7 +9,7 @@ dicts, no schemas, no tool context.
 
 - ``views``: the live targets (worktree or capsule view) and their fingerprints, the
   stores (blobs, snapshots, leases), reading and capturing files, the answers' types.
-- ``snapshots``: snapshot capture and the snapshot reads (list, file, diff, changes,
+- ``snapshot``: snapshot capture and the snapshot reads (list, file, diff, changes,
   export) of a snapshot or a live target under a lease.
 - ``search``: grep over a snapshot or a live target (git grep where it can).
 - ``patches``: strict patch application and the workspace writes and deletes.

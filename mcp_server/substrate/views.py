@@ -28,7 +28,7 @@ from mcp_server.core.manifest import Entry
 from mcp_server.fs import fingerprint as fp_mod
 from mcp_server.fs.blobstore import BlobStore
 from mcp_server.fs.leases import LeaseStore
-from mcp_server.fs.snapshots import SnapshotStore
+from mcp_server.fs.snapshot import SnapshotStore
 from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError

@@ -1,6 +1,6 @@
 """Snapshot tools (seed 000 §3.1): create, list, file, grep, diff, info, changes, export.
 
-Adapters over the substrate service (``mcp_server/substrate/snapshots.py`` and
+Adapters over the substrate service (``mcp_server/substrate/snapshot.py`` and
 ``search.py``): each handler parses its arguments, opens the live target or names the
 snapshot, calls the service in a worker thread and shapes its answer (``targets.shaped``).
 
@@ -33,7 +33,7 @@ from typing import Any
 
 from mcp_server.core import paths as P
 from mcp_server.core.grep import Matcher
-from mcp_server.substrate import snapshots as S
+from mcp_server.substrate import snapshot as S
 from mcp_server.substrate.search import GrepQuery, grep_live, grep_snapshot
 from mcp_server.substrate.views import LiveTarget, norm_paths
 from mcp_server.tools import targets as T
