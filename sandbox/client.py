@@ -38,7 +38,7 @@ import trio
 
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import HelloRequest, NetOpenRequest, OpRequest, encode_request
-from sandbox.protocol import FrameDecoder, Reply, descriptors_of
+from sandbox.protocol import FrameDecoder, Reply, check_id, descriptors_of, encode_frame
 from sandbox.replies import NetOpenReply, ReplyT
 from sandbox.syscalls import unix_address
 
@@ -73,11 +73,17 @@ class ClientConnection:
         """No request in flight: the last one was answered (ok or error) and nothing else came."""
         return self._pending is None and self._decoder.buffered == 0 and not self._eof
 
-    def send_request(self, request_id: int, op: str, args: dict[str, Any]) -> bytes:
-        """The frame for one request (refused here if the helper would refuse it)."""
+    def send_request(self, request_id: int, op: str, args: dict[str, Any], check: bool = True) -> bytes:
+        """The frame for one request, its arguments checked against the op table first.
+
+        ``check=False`` for a typed request's (``OpRequest.to_args()``): its types hold by
+        construction, and its values are checked where they must be, by the helper as it
+        reads them, whose error (the same code and message) comes back as the reply.
+        """
         if self._pending is not None:
             raise ProtocolError(f"request {self._pending} is still in flight on this connection")
-        frame = encode_request(request_id, op, args)
+        frame = encode_request(request_id, op, args) if check else encode_frame(
+            {"id": check_id(request_id, nullable=False), "op": op, "args": args})
         self._pending = request_id
         return frame
 
@@ -221,14 +227,15 @@ class HelperClient:
         return TrioConnection(sock)
 
     async def _round_trip(
-        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None, sent_fds: list[int] | None = None
+        self, op: str, args: dict[str, Any], on_progress: ProgressSink | None = None, sent_fds: list[int] | None = None,
+        check: bool = True,
     ) -> tuple[dict[str, Any], list[int]]:
         if self._closed:
             raise CcwError("UNAVAILABLE", "the helper client is closed")
         conn = self._idle.pop() if self._idle else await self._connect()
         fds: list[int] = []
         try:
-            await conn.send(conn.core.send_request(next(self._ids), op, args), sent_fds)
+            await conn.send(conn.core.send_request(next(self._ids), op, args, check), sent_fds)
             reply = await conn.receive(fds)
             while reply.progress is not None:
                 if on_progress is not None:
@@ -259,11 +266,14 @@ class HelperClient:
     async def call(self, request: OpRequest[ReplyT], on_progress: ProgressSink | None = None) -> ReplyT:
         """Send a typed request and return the op's typed reply; an error reply raises its CcwError.
 
+        The request's values are checked once, by the helper (the trust boundary), not here
+        as well: a bad one is refused with the helper's error.
+
         With ``on_progress`` (exec with ``progress_ms``), each interim report the helper
         sends is awaited in order before the result arrives.  The descriptors the request
         holds (an exec's terminal) travel with it; the caller keeps and closes its own.
         """
-        result, fds = await self._round_trip(request.op, request.to_args(), on_progress, request.descriptors())
+        result, fds = await self._round_trip(request.op, request.to_args(), on_progress, request.descriptors(), False)
         _close_all(fds)
         return cast(ReplyT, request.reply.from_args(result))  # reply is the class OpRequest[ReplyT] names
 

@@ -6,9 +6,10 @@ against the capsule's owner uid, which the helper takes from SO_PEERCRED, never 
 the request.
 
 Arguments are checked against the table (``validate_args``) at the boundary: the
-front end refuses to send what the helper would refuse (``encode_request``), and the
-helper checks every request again when it decodes it (``<Op>Request.from_args``), in
-case something manages to send hacked requests.  Past that point code holds typed
+helper checks every request when it decodes it (``<Op>Request.from_args``), whoever
+sent it, in case something manages to send hacked requests.  A typed request goes out
+unchecked (``HelperClient.call``), so each value is checked once, there; a request
+written as a raw ``args`` object is checked before it is sent too (``encode_request``).  Past that point code holds typed
 requests; what the privileged side must re-check on the host (paths, ownership) it
 re-checks in one place of its own.
 

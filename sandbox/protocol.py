@@ -27,12 +27,11 @@ envelope whose fields are missing, unknown or of the wrong type.  The decoder ac
 any strict JSON, not only canonical JSON: the sender's spelling is harmless, ambiguity
 is not.
 
-Op arguments are checked against the closed op table in ``sandbox/ops.py``, which also
-builds request frames (``encode_request``); the helper re-checks every argument even
-though the front end checked it already (bubblewrap: "in case something manages to
-send hacked requests").  A request whose
-envelope is sound but whose op or arguments are not gets an error reply and the
-connection stays usable; a frame that cannot be decoded ends the connection.
+Op arguments are checked against the closed op table in ``sandbox/ops.py``, by the
+helper, for every request, whoever sent it (bubblewrap: "in case something manages to
+send hacked requests"); the front end's typed requests are checked there alone.  A
+request whose envelope is sound but whose op or arguments are not gets an error reply
+and the connection stays usable; a frame that cannot be decoded ends the connection.
 """
 
 from __future__ import annotations

@@ -14,7 +14,15 @@ import pytest
 from mcp_server.core.canonical import canonical_json
 from sandbox.client import BlockingClient, ClientConnection
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import OPS, REQUESTS, ChangesRequest, CreateRequest, ExecRequest, encode_request
+from sandbox.ops import (
+    OPS,
+    REQUESTS,
+    ChangesRequest,
+    CreateRequest,
+    ExecRequest,
+    encode_request,
+    parse_request,
+)
 from sandbox.protocol import FrameDecoder, encode_error, encode_frame, encode_progress, encode_reply
 from sandbox.replies import (
     CapsuleSummary,
@@ -193,6 +201,22 @@ def test_client_core_errors() -> None:
     assert info.value.code == "UNAVAILABLE" and "retry" in info.value.message
     with pytest.raises(ProtocolError):
         ClientConnection().send_request(1, "exec", {"capsule_id": "cap_1"})
+
+
+def test_a_typed_request_is_checked_once_by_the_helper_as_it_reads_it() -> None:
+    """HelperClient.call sends a typed request's arguments unchecked; the helper's read of
+    the frame refuses a bad value with the error the front end used to raise itself."""
+    bad = ExecRequest("cap_1", ("", "x"))
+    frame = ClientConnection().send_request(1, bad.op, bad.to_args(), check=False)
+    decoder = FrameDecoder("request")
+    decoder.feed(frame)
+    request = decoder.next_message()
+    with pytest.raises(ProtocolError) as refused:
+        parse_request(request.op, request.args)
+    assert refused.value.code == "INVALID_ARGUMENT" and "'argv' must start with a program name" in refused.value.message
+    with pytest.raises(ProtocolError) as before:  # the same words as the raw path's own check
+        encode_request(1, bad.op, bad.to_args())
+    assert before.value.message == refused.value.message
 
 
 def test_blocking_client_says_hello(tmp_path: Path) -> None:
