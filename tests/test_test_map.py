@@ -10,19 +10,23 @@ can be seen to, read from the sources (``ast``), not taken on trust:
   import x``), at any depth, in its own code or in the Python source of a script it
   runs (a string constant that parses and imports, as ``python -c SCRIPT`` and scripts
   run as another user are written);
-- **runs**: it runs the module as a program: ``-m a.b`` (a list ``[..., "-m", "a.b"]`` or
+- **runs**: it runs the module as a program: ``-m a.b`` (a list ``[..., "-m", "a.b"]``, a
+  string that is the module's full name, as a parametrized ``-m`` takes it, or
   ``-m a.b`` in a command string), or an entry point of pyproject.toml's
-  ``[project.scripts]`` named in a string (``"ccw-mcp"``: ``mcp_server.__main__``).
+  ``[project.scripts]`` named in a string (``"ccw-mcp"``: ``mcp_server.__main__``) or as
+  a path (``.venv/bin/ccw``).
 
 The helpers a test imports from ``tests.support`` (and ``tests.fuzz``) count as part of
-it: a test that starts ``ccw-mcp`` through ``tests.support.mcp_process`` runs it.
+it: a test that starts ``ccw-mcp`` through ``tests.support.mcp_process`` runs it.  For
+"(end to end)" below, so does its suite's conftest.py (the fixtures it uses).
 
 A test line marked "(end to end)" is a test that exercises the module only through
 others (``CapsuleManager.exec`` runs ``sandbox/execution.py``): it must reach it through
 what it imports or runs, the modules' own imports followed.  A module marked "(end to
-end only)" has only such tests, and the mark must go once a test covers it directly.  The modules' own imports include the
-names they import with ``importlib`` (the tool registry lists its modules by name).  Every test file is in the map at
-least once, so a new test file is placed on purpose.
+end only)" has only such tests, and the mark must go once a test covers it directly.
+
+Every module and every test file is in the map (a new one is placed on purpose); an
+``__init__.py`` that defines no function or class is not a module to test.
 """
 
 from __future__ import annotations
@@ -111,19 +115,32 @@ def _script_imports(text: str) -> set[str]:
         return set()
 
 
+def _strings(tree: ast.AST) -> list[str]:
+    """The string constants of a source that are values, not docstrings or bare comments."""
+    prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose]
+
+
 def _runs(tree: ast.AST) -> set[str]:
     """Modules run as programs: ``-m NAME`` in a list or a command string, entry points by name."""
     names: set[str] = set()
+    scripts = _entry_points()
+    for text in _strings(tree):
+        names |= set(MINUS_M.findall(text))
+        # "ccw-mcp", ".venv/bin/ccw"; a bare "ccw" is too common a word (a hostname) to count.
+        names |= {module for script, module in scripts.items()
+                  if (text == script and "-" in script) or text.endswith(f"/bin/{script}")}
     for node in ast.walk(tree):
+        # ROOT / ".venv" / "bin" / "ccw"
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+                and node.right.value in scripts and isinstance(node.left, ast.BinOp)
+                and isinstance(node.left.right, ast.Constant) and node.left.right.value == "bin"):
+            names.add(scripts[str(node.right.value)])
         if isinstance(node, ast.List | ast.Tuple):
             items = [item.value if isinstance(item, ast.Constant) else None for item in node.elts]
             names |= {str(after) for before, after in itertools.pairwise(items)
                       if before == "-m" and isinstance(after, str)}
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names |= set(MINUS_M.findall(node.value))
-            for script, module in _entry_points().items():
-                if node.value == script or node.value.endswith(f"/{script}"):
-                    names.add(module)
     # ``-m pkg`` runs pkg/__main__.py.
     return names | {f"{name}.__main__" for name in names}
 
@@ -134,12 +151,10 @@ def reaches(path: Path) -> frozenset[str]:
     text = path.read_text(encoding="utf-8")
     tree = ast.parse(text)
     names = _imports(tree) | _runs(tree)
-    inside = path.relative_to(ROOT).parts[0] in PACKAGES
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names |= _script_imports(node.value)
-            if inside:  # the code's own importlib.import_module of a name it writes out (the tool registry)
-                names.add(node.value)
+    for text in _strings(tree):
+        # A script's imports; a module named in full (importlib.import_module of a name
+        # written out, as the tool registry does; a test's parametrized ``-m`` modules).
+        names |= _script_imports(text) | {text}
     return frozenset(names & _all_names())
 
 
@@ -180,8 +195,9 @@ def _named_after(module: str, test: Path) -> bool:
 
 
 def covers(module: str, test: Path) -> bool:
-    """The test file is named after the module, imports it or runs it."""
-    return _named_after(module, test) or module in direct_reach(test)
+    """The test file is named after the module, imports it or runs it (this file names
+    modules as data, and covers none)."""
+    return test != Path(__file__).resolve() and (_named_after(module, test) or module in direct_reach(test))
 
 
 @cache
@@ -198,8 +214,11 @@ def _graph_closure(start: frozenset[str]) -> frozenset[str]:
 
 
 def reaches_end_to_end(module: str, test: Path) -> bool:
-    """The module runs when the test's own imports and programs run."""
-    return module in _graph_closure(direct_reach(test))
+    """The module runs when the test's own imports and programs run, or its suite's
+    conftest.py's (the fixtures: vm-tests' ``tools`` calls every tool in process)."""
+    conftest = test.parent / "conftest.py"
+    fixtures = reaches(conftest) & set(project_modules()) if conftest.is_file() else frozenset()
+    return module in _graph_closure(direct_reach(test) | fixtures)
 
 
 def suite_files() -> list[Path]:
