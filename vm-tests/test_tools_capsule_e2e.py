@@ -77,7 +77,10 @@ def test_exec_diff_and_git_apply(tools: Any, workspace: Path, tmp_path: Path) ->
 def test_promotion_applies_everything_and_only_when_policies_pass(tools: Any, workspace: Path) -> None:
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo v2 > README; rm old.txt; mkdir -p new/deep; echo x > new/deep/f"]})
+        # dd's 4 MiB buffer is the jail's own memory, so the "tiny" policy below has a real peak to refuse
+        # (sh's pages are mostly the page cache's and libc's, charged to whoever read them first).
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo v2 > README; rm old.txt; mkdir -p new/deep; "
+                                                                  "echo x > new/deep/f; dd if=/dev/zero of=/dev/null bs=4M count=1 2>/dev/null"]})
         dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
         failing = await t.call("policy_set", {"name": "needs-tests", "rules": {"require_tests": ["test -f nonexistent"]}})
         blocked = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline", "needs-tests"]})
