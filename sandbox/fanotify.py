@@ -97,7 +97,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from sandbox import syscalls
-from sandbox.errors import from_oserror
+from sandbox.errors import CcwError, from_oserror
 from sandbox.fanotify_record import Recording, Traced, _close_all, _ns_inode, event_fds
 
 if TYPE_CHECKING:
@@ -141,6 +141,10 @@ class Group:
         """
         if _refused:
             return cls(merged_dir, None, _refused[0])
+        if os.stat(merged_dir).st_dev == os.stat(os.path.dirname(os.path.realpath(merged_dir))).st_dev:
+            # Not a mount point: a filesystem mark there would watch the host's filesystem.
+            raise CcwError("INTERNAL", f"{merged_dir!r} is not a mounted overlay, so its reads are not "
+                           "recorded; destroy and recreate the capsule")
         flags = syscalls.FAN_CLASS_NOTIF | syscalls.FAN_CLOEXEC | syscalls.FAN_NONBLOCK | syscalls.FAN_UNLIMITED_QUEUE
         try:
             fan_fd = syscalls.fanotify_init(flags, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
@@ -216,10 +220,9 @@ class Group:
     def close(self) -> None:
         """Stop watching: drop what is queued and close the group; idempotent."""
         with self._lock:
-            fan_fd, self._fan_fd = self._fan_fd, None
+            fan_fd = self._fan_fd
             if fan_fd is not None:
                 _READER.remove(fan_fd)
-                self._fan_fd = fan_fd
                 self._read_into(None)  # a queued event holds its file's mount
                 self._fan_fd = None
             self._recording = None

@@ -13,6 +13,7 @@ import pytest
 
 from sandbox import syscalls
 from sandbox.cgroups import detect_layout
+from sandbox.errors import CcwError
 from sandbox.exec_cgroup import ExecCgroup, Limits
 from sandbox.fanotify import Group
 from sandbox.fanotify_record import Recording
@@ -216,3 +217,10 @@ def test_events_queued_before_a_recording_are_dropped(overlay: Path, group: Grou
         assert second.collect().read == ["src/mod.py"]
     finally:
         second.close()
+
+
+def test_a_group_is_refused_where_no_overlay_is_mounted(overlay: Path) -> None:
+    # A filesystem mark on a plain directory would watch the host filesystem it lies on.
+    with pytest.raises(CcwError) as refused:
+        Group.open(str(overlay / "jail"))
+    assert refused.value.code == "INTERNAL" and "not a mounted overlay" in refused.value.message
