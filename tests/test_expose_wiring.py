@@ -1,6 +1,6 @@
 """Exposed toolchains, the front end's part: what capsule_create puts in the spec
 (capsules/exposure.plan) and what a replay of an untrusted witness may show (replayable).
-The helper's re-check is tests/test_expose_helper.py."""
+The helper's re-check is tests/test_exposed.py."""
 
 from __future__ import annotations
 

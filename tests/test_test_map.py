@@ -5,7 +5,9 @@ cover it, one line each on what they show.  A listed test covers its module only
 can be seen to, read from the sources (``ast``), not taken on trust:
 
 - **named**: the file is named after the module (``test_access.py``, ``test_access_*.py``
-  for ``access.py``; a package's ``__init__``/``__main__`` by the package's name);
+  for ``access.py`` when no other module is called ``access``; else qualified by its
+  package, ``test_egress_proxy.py``; a package's ``__init__``/``__main__`` by the
+  package's name);
 - **imports**: it imports the module (``import a.b``, ``from a import b``, ``from a.b
   import x``), at any depth, in its own code or in the Python source of a script it
   runs (a string constant that parses and imports, as ``python -c SCRIPT`` and scripts
@@ -187,11 +189,17 @@ def _short_name(module: str) -> str:
 
 def _named_after(module: str, test: Path) -> bool:
     """``test_NAME.py`` or ``test_NAME_*.py``, when no other module is called NAME too
-    (sandbox/server.py and mcp_server/server.py: a test must import the one it tests)."""
-    name = _short_name(module)
-    if sum(_short_name(other) == name for other in project_modules()) > 1:
-        return False
-    return test.stem == f"test_{name}" or test.stem.startswith(f"test_{name}_")
+    (sandbox/server.py and mcp_server/server.py: a test must import the one it tests);
+    or qualified by its package, ``test_PACKAGE_NAME[_*].py`` (``test_egress_proxy.py``
+    for mcp_server/egress/proxy.py, ``test_sandbox_gitdirs.py``; ``capsule`` for
+    ``capsules`` too)."""
+    name, parts = _short_name(module), module.split(".")
+    stems = [f"test_{name}"] if sum(_short_name(other) == name for other in project_modules()) == 1 else []
+    above = parts[:-2] if parts[-1] == "__main__" else parts[:-1]
+    package = above[-1] if above else ""
+    if package:
+        stems += [f"test_{package}_{name}", f"test_{package.removesuffix('s')}_{name}"]
+    return any(test.stem == stem or test.stem.startswith(f"{stem}_") for stem in stems)
 
 
 def covers(module: str, test: Path) -> bool:
