@@ -109,3 +109,12 @@ def test_rootless_timeout_kills_the_jail(base: Path) -> None:
     assert (result["timed_out"], result["signal"], result["exit_code"]) == (True, "SIGKILL", None)
     leftovers = subprocess.run(["ps", "-o", "pid,ppid,stat,cmd", "-u", str(USER)], capture_output=True, check=False)
     assert leftovers.stdout.count(b"\n") == 1, leftovers.stdout  # the header only
+
+
+def test_the_rootless_jail_is_built_by_the_launcher(base: Path) -> None:
+    """A rootless helper builds the root tree detached too, so ccw-jail forks the init (not a Python fork)."""
+    result = run_rootless(base, "tr '\\0' ' ' < /proc/1/cmdline; echo; echo $$", runs=2)
+    assert result["direct_pidns"] is False
+    for stdout in result["stdouts"]:  # type: ignore[attr-defined]
+        init, shell = stdout.split("\n")[:2]
+        assert init.strip() == "ccw-jail" and shell == "2", stdout

@@ -1,6 +1,7 @@
 """Exec of /bin/true in the full jail, against bubblewrap and a bare subprocess.
 
-ccw's figure is ``supervise.run`` of ``/bin/true`` with every step of a real exec (mount,
+ccw's figure is ``supervise.run`` of ``/bin/true`` (the helper's plan, then ccw-jail, its C
+launcher and init, posix_spawned: sandbox/launcher.py) with every step of a real exec (mount,
 pid, net, uts, ipc and cgroup namespaces, the tmpfs root with system binds, /proc with
 its masks, /sys, /dev, /tmp and $HOME, lo up, privileges dropped) but no cgroup, whose
 cost belongs to the cgroup part.  The baselines run in the same process, interleaved
@@ -36,7 +37,7 @@ def measure(repeat: int) -> list[Row]:
     if "bwrap" in times:
         rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap --unshare-all",
                         baseline_ms=median_ms(times["bwrap"]), target="<= 1.0x",
-                        extra={"direct pid namespace (one Python fork)": jail_mode()}))
+                        extra={"direct pid namespace (ccw-jail spawned as pid 1)": jail_mode()}))
     else:
         rows.append(Row("exec /bin/true in a full jail", jail_ms, baseline="bwrap (not installed)",
                         target="<= 1.0x"))
@@ -74,7 +75,7 @@ def _runners(base: str) -> dict[str, Callable[[], object]]:
 
 
 def jail_mode() -> bool:
-    """Whether the jail forks its init directly (privileged) or via a second fork (rootless)."""
+    """Whether the helper spawns the jail's init directly (privileged) or the launcher forks it (rootless)."""
     from sandbox import namespaces
 
     return namespaces.pid_namespace_restorable()
