@@ -1,19 +1,17 @@
-"""Build one jail in its init: the plan made in the helper, then the list of steps in the child.
+"""Build one jail: the plan made in the helper, the steps taken by its init.
 
 This is nsjail's contain: ``prepare`` turns a ``JailSpec`` into a ``Plan`` in the helper,
 and the jail's first process applies it step by step.  That process is ``ccw-jail``, a
-small C program the helper posix_spawns with the plan (sandbox/launcher.py says why C,
-sandbox/jail/ is the program); it takes every step below exactly as the Python children
-here do.  Those children (``jail_child``, then the init, applying ``contain``) are forked
-only where no root tree can be built ahead, detached: kernels before 6.15 (mounts.py's
-essay).  supervise.py starts either, feeds it and waits for it.
+small C program the helper posix_spawns with the plan (sandbox/launcher.py says why C
+and how the plan travels; sandbox/jail/ is the program, steps.c the steps, in the order
+below).  supervise.py starts it, feeds it and waits for it.
 
 The process tree of one exec::
 
     helper thread ── posix_spawn ─▶ jail init   pid 1 of a new pid namespace (the thread
                                │             unshares CLONE_NEWPID for its next child, then
                                │             setns back); moves itself into the exec's
-                               │             cgroups, then builds the jail (``contain``),
+                               │             cgroups, then builds the jail (steps.c),
                                │             drops every privilege, and reaps, forwards
                                │             signals, reports
                                └ posix_spawn ─▶ command   (vfork + exec)
@@ -23,9 +21,11 @@ unshares the pid namespace and forks the init itself (a rootless helper has no c
 
 Choices made here (DESIGN §2 leaves them open):
 
-- The children forked from the (multi-threaded) helper use only os, ctypes and
-  C-level modules (prctl, signal, fcntl, socket, resource): no logging, no locks.  Every
-  path in them ends in ``os._exit``, never back in the helper's code.
+- The launcher decides nothing: every choice is the plan's, made here and in the
+  modules it asks (namespaces.py, mounts.py, rootcaps.py, seccomp.py).  Its steps are
+  those of nsjail's containProc, in order: namespaces, the mount plan, hostname, ``lo``
+  up, the time namespace, privileges dropped, chdir; each failure is an ``E`` report
+  naming the step, as ``MountStep.describe`` and the names below word it.
 - The init drops its own privileges before spawning the command, so the command
   inherits them (uid/gid, empty capability sets but a root caller's four file-ownership
   ones (rootcaps.py), no_new_privs, RLIMIT_CORE 0, and the
@@ -33,13 +33,13 @@ Choices made here (DESIGN §2 leaves them open):
   init is then non-dumpable, so a command under the same uid can neither ptrace it nor
   open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
   namespace: when the init dies, the kernel kills every process in it.
-- The first child moves *itself* into the exec's cgroups (``_enter_cgroups``), first
-  thing, through files the helper opened (``ExecCgroup.entry_files``): nothing of the
-  command's runs before every write has returned, and the cgroup namespace, unshared
-  later in ``contain``, is rooted at the exec's cgroups, so the jail sees them as ``/``.
+- The launcher moves *itself* into the exec's cgroups, first thing, through files the
+  helper opened (``ExecCgroup.entry_files``): nothing of the command's runs before every
+  write has returned, and the cgroup namespace, unshared later, is rooted at the exec's
+  cgroups, so the jail sees them as ``/``.
   Why the child writes rather than the helper: exec_cgroup.py's essay (the cost of a
   migration).
-- Messages from the children to the helper go over one pipe, each a single write
+- Messages from the launcher and the init to the helper go over one pipe, each a single write
   shorter than PIPE_BUF (atomic): ``C`` a failed move into a cgroup, ``P`` the init's
   host pid, ``E`` a failed step,
   ``W`` the command's wait status (from the init), ``A`` the init's wait status,
@@ -52,49 +52,36 @@ Choices made here (DESIGN §2 leaves them open):
   usage source where no cgroup serves (rootless mode).
 - An exec on a terminal (``JailSpec.tty_fd``, a pty slave the caller sent) has it as
   descriptors 0, 1 and 2, and the command runs in a session of its own with it as
-  controlling terminal (``_spawn``), so a shell does job control and Ctrl-C reaches
+  controlling terminal (ccw_jail.c's ``spawn``), so a shell does job control and Ctrl-C reaches
   the foreground job, never the init.  The seccomp filter still denies TIOCSTI and
   TIOCLINUX on it.  The jail names it /dev/console (mounts.py: the jail's devpts is
   another instance, where it has no name), so ``tty`` and ttyname answer; the helper's
   name for it comes from ``readlink(/proc/self/fd/N)`` (``_terminal_name``).
 - The init setns into a network namespace and moves a root tree onto /tmp when the
   helper made them ahead (supervise.py's spare pools, descriptors 5 and 6), or makes its
-  own when none waits.  An "egress" capsule's init always gets descriptor 5: the
-  capsule's own jail namespace (egress.py), lo and eth0 already up.
+  own when none waits (the root tree from ``mounts.root_steps``, built in place).  An
+  "egress" capsule's init always gets descriptor 5: the capsule's own jail namespace
+  (egress.py), lo and eth0 already up.
+- The command is found as execvp would find it (``PATH``, else ``/bin:/usr/bin``) and
+  spawned with default signal dispositions and an empty mask; one that cannot be run is
+  a result like a shell's: 127 (not found) or 126, with "ccw: NAME: reason" on stderr.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import gc
 import os
-import resource
 import signal
-import struct
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
 
-import prctl
-
-from sandbox import egress, mounts, namespaces, rootcaps, seccomp, syscalls
-from sandbox import rusage as rusage_
+from sandbox import egress, mounts, namespaces, rootcaps, seccomp
 from sandbox.errors import CcwError
 
-_FD_REPORT = 3  # in the jail parent; 0-2 are the command's stdio
-_FD_NET, _FD_ROOT = 4, 5  # spares made ahead, when the helper had them (see supervise._SparePool)
-_FD_CGROUPS = 6  # and up: the exec cgroup's files to move into (ExecCgroup.entry_files)
-_SETUP_FAILED = 125
+_FD_REPORT = 3  # the init's report pipe (ccw-jail's FD_REPORT); 0-2 are the command's stdio
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
 # reports the rusage of what it reaps); not one of the forwarded signals.  A command may
 # send it to its init too, which gains it nothing: it can kill(-1) its own jail anyway.
 END_SIGNAL = signal.SIGRTMIN
-_FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                      signal.SIGUSR1, signal.SIGUSR2)
 _FORBIDDEN_WORKSPACES = ("/proc", "/dev", "/sys", mounts.OLD_ROOT)
-# Reset in the command: Python ignores SIGPIPE and SIGXFSZ, and ignoring survives exec.
-_DEFAULT_SIGNALS = tuple(s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP))
 
 
 @dataclass
@@ -123,7 +110,7 @@ class JailSpec:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything the forked children need, computed in the helper."""
+    """Everything ccw-jail needs to build the jail, computed in the helper (launcher.encode sends it)."""
 
     ns: namespaces.NamespacePlan
     mount_steps: list[mounts.MountStep]
@@ -225,238 +212,6 @@ def prepare(spec: JailSpec) -> Plan:
         seccomp_filter=seccomp.prepare(),
         controlling_tty=spec.tty_fd is not None,
     )
-
-
-# --- the children (forked; os, ctypes and C modules only) --------------------------------
-
-
-def _send(kind: bytes, payload: bytes) -> None:
-    message = kind + payload[:3000]
-    os.write(_FD_REPORT, struct.pack("!H", len(message)) + message)
-
-
-def _fail(step: str, exc: BaseException) -> NoReturn:
-    number = exc.errno if isinstance(exc, OSError) and exc.errno else 0
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else repr(exc)
-    try:
-        _send(b"E", f"{step}\0{number}\0{text}".encode(errors="replace"))
-    finally:
-        os._exit(_SETUP_FAILED)
-
-
-def _arrange_fds(fds: tuple[int | None, ...]) -> None:
-    # Copy above any target first, so no dup2 clobbers a descriptor still to be moved.
-    high = [None if fd is None else fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in fds]
-    for target, fd in enumerate(high):
-        if fd is not None:
-            os.dup2(fd, target, inheritable=target <= 2)
-        else:
-            try:
-                os.close(target)  # whatever of the helper's sits in an unused slot
-            except OSError:
-                pass
-    syscalls.close_range(len(fds))  # every descriptor of the helper: sockets, fanotify, capsule dirs
-
-
-def jail_child(plan: Plan, fds: tuple[int | None, ...], is_init: bool) -> NoReturn:
-    """The helper's child: move itself into the exec's cgroups, then become (or fork) the init.
-
-    ``fds``: stdin, stdout, stderr, report, a spare network namespace and a spare root
-    tree or None, then one open file per hierarchy of the exec's cgroup; they become
-    descriptors 0, 1, 2 and so on.
-    """
-    try:
-        gc.disable()  # a collection would touch (and so copy) every page of the helper's heap
-        _arrange_fds(fds)
-        prctl.set_pdeathsig(signal.SIGKILL)  # the helper's thread blocks in run() until we end
-        _enter_cgroups(len(fds))
-        if not is_init:  # rootless fallback: unshare the pid namespace here, fork its init
-            try:
-                syscalls.unshare(syscalls.CLONE_NEWPID)
-            except OSError as exc:
-                _fail("unshare pid namespace", exc)
-            init = os.fork()
-            if init:
-                _send(b"P", struct.pack("!i", init))
-                os.closerange(0, 3)  # only the jail holds the output pipes now
-                _, status = os.waitpid(init, 0)
-                _send(b"A", struct.pack("!i", status))
-                os._exit(0)
-            prctl.set_pdeathsig(signal.SIGKILL)  # this process's death ends the namespace
-        _jail_init(plan, net_prepared=fds[_FD_NET] is not None,
-                   root=_FD_ROOT if fds[_FD_ROOT] is not None else None)
-    except BaseException as exc:
-        _fail("jail child", exc)
-
-
-def _enter_cgroups(end: int) -> None:
-    """Move ourselves into the exec's cgroups, before anything else: "0" is the writing
-    thread, and we have only one (a forked copy of the calling thread), so the whole process.
-
-    Each write returns once the kernel has moved us; one that fails ends this child with a
-    ``C`` report (which file, the errno), and the helper fails the exec.
-    """
-    for fd in range(_FD_CGROUPS, end):
-        try:
-            os.write(fd, b"0")
-        except OSError as exc:
-            try:
-                _send(b"C", struct.pack("!ii", fd - _FD_CGROUPS, exc.errno or 0))
-            finally:
-                os._exit(_SETUP_FAILED)
-        os.close(fd)
-
-
-def contain(plan: Plan, net_prepared: bool, root: int | None) -> None:
-    """Build the jail, step by step, in the jail's init (nsjail's containProc).
-
-    ``net_prepared``: descriptor 5 is a fresh network namespace with lo up; ``root``, a
-    descriptor of the root tree (mounts.build_root); both made by the helper while the
-    previous jail was being built.  Without them, the init makes its own.
-    """
-    if net_prepared:
-        _step("setns into the prepared network namespace", namespaces.enter_net, _FD_NET)
-        _step("unshare mount, uts, ipc, cgroup namespaces", namespaces.enter,
-              plan.ns.flags & ~syscalls.CLONE_NEWNET)
-    else:
-        _step("unshare mount, net, uts, ipc, cgroup namespaces", namespaces.enter, plan.ns.flags)
-    # Mount points are made for the caller to traverse (a workspace under a 0700 $HOME
-    # needs its parents made inside the jail's $HOME), whatever umask the helper has: the
-    # service runs with UMask=0077, which made them 0700 root's (found in the Vagrant VM).
-    helper_umask = os.umask(0o022)
-    for mount_step in plan.mount_steps:  # private → root (system, /dev) → capsule → proc → sys → seal
-        _step(mount_step.describe(), mounts.enter, mount_step, root)
-    os.umask(helper_umask)
-    _step("sethostname", namespaces.set_hostname, plan.ns.hostname)
-    if not net_prepared:
-        _step("lo up", namespaces.loopback_up)
-    if plan.ns.timens_offsets is not None:
-        _step("time namespace", namespaces.enter_time, plan.ns.timens_offsets)
-    _step("drop privileges", drop_privileges, plan)
-    _step(f"chdir {plan.cwd}", os.chdir, plan.cwd)
-
-
-def _step(name: str, action: Callable[..., object], *args: object) -> None:
-    try:
-        action(*args)
-    except OSError as exc:
-        _fail(name, exc)
-
-
-def drop_privileges(plan: Plan) -> None:
-    """Caller's uid/gid, no capabilities (a root caller keeps rootcaps.py's four), no_new_privs,
-    PDEATHSIG, no core dumps, seccomp."""
-    for cap in range(plan.last_cap + 1):
-        if not plan.keep_caps >> cap & 1:
-            prctl.capbset_drop(cap)  # needs CAP_SETPCAP, so before the uid changes
-    if plan.clear_groups:
-        os.setgroups([])
-    if plan.set_gid:
-        os.setresgid(plan.gid, plan.gid, plan.gid)
-    if plan.set_uid:
-        os.setresuid(plan.uid, plan.uid, plan.uid)
-    # uid 0 keeps its sets through setresuid: set them to exactly what is kept.  With
-    # no_new_privs, root's exec then gives the command the bounding set (= keep_caps).
-    syscalls.capset(plan.keep_caps)
-    prctl.set_no_new_privs(1)
-    # The init keeps the report pipe: a non-dumpable process cannot be ptraced, nor its
-    # /proc/1/fd opened, by the command running under the same uid.
-    prctl.set_dumpable(0)
-    prctl.set_pdeathsig(signal.SIGKILL)  # after the credential change, which clears it
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    # Last: the filter holds for the init and everything it spawns (see seccomp.py).
-    if plan.seccomp_filter is not None:
-        seccomp.enter(plan.seccomp_filter)
-
-
-def _spawn(plan: Plan) -> int:
-    """posix_spawn the command as the init's child (vfork: no second Python fork); PATH as execvp."""
-    name = plan.argv[0]
-    if "/" in name:
-        candidates = [name]
-    else:
-        path = plan.env.get("PATH", os.defpath)
-        candidates = [os.path.join(directory or ".", name) for directory in path.split(":")]
-    # A session leader without a terminal that opens a tty without O_NOCTTY takes it as
-    # its controlling terminal: posix_spawn calls setsid() before the file actions, and
-    # /proc/self/fd/0 reopens the pty slave (the jail's /dev/pts is another devpts).  The
-    # slot is closed first (glibc closes an open action's target), so not 0 itself.
-    # Any slot above 2 does: the spawned child's copy of it is close-on-exec anyway.
-    actions = [(os.POSIX_SPAWN_OPEN, _FD_REPORT, "/proc/self/fd/0", os.O_RDWR, 0),
-               (os.POSIX_SPAWN_CLOSE, _FD_REPORT)] if plan.controlling_tty else []
-    denied: OSError | None = None
-    for candidate in candidates:
-        try:
-            return os.posix_spawn(candidate, plan.argv, plan.env, setsid=True, file_actions=actions,
-                                  setsigdef=_DEFAULT_SIGNALS, setsigmask=())
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ESTALE, errno.ENAMETOOLONG):
-                continue
-            if exc.errno == errno.EACCES:
-                denied = denied or exc
-                continue
-            raise
-    if denied is not None:
-        raise denied
-    raise FileNotFoundError(errno.ENOENT, "command not found" if "/" not in name else "No such file or directory")
-
-
-def _jail_init(plan: Plan, net_prepared: bool, root: int | None) -> NoReturn:
-    """pid 1: build the jail, spawn the command, forward signals, reap until it ends."""
-    contain(plan, net_prepared, root)
-    try:
-        command = _spawn(plan)
-    except OSError as exc:
-        # Like a shell: 127 when there is nothing to run, 126 when it cannot be run.
-        code = 127 if exc.errno == errno.ENOENT else 126
-        os.write(2, f"ccw: {plan.argv[0]}: {exc.strerror}\n".encode(errors="replace"))
-        _send(b"W", struct.pack("!i", code << 8))
-        _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), 0))
-        os._exit(0)
-    os.closerange(0, 3)
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            os.kill(command, signum)
-        except OSError:
-            pass
-
-    # The peak the command inherits from this process's image (see rusage.py), read
-    # after the spawn: posix_spawn's vfork child has exec'd by the time it returns.
-    inherited_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    for signum in _FORWARDED_SIGNALS:
-        signal.signal(signum, forward)
-    signal.signal(END_SIGNAL, _kill_all)  # the helper's timeout: the command is reaped below
-    while True:
-        pid, status = os.waitpid(-1, 0)  # reaps orphans too: we are their init
-        if pid == command:
-            break
-    _send(b"W", struct.pack("!i", status))
-    _end_jail()
-    _send(b"R", rusage_.pack(resource.getrusage(resource.RUSAGE_CHILDREN), inherited_kb))
-    os._exit(0)
-
-
-def _kill_all(_signum: int = 0, _frame: object = None) -> None:
-    """SIGKILL every process of our pid namespace but ourselves.
-
-    One call suffices: kill(-1) walks the tasks under the lock fork needs to add a child,
-    and a process with SIGKILL pending cannot fork any more.
-    """
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass  # ESRCH: nothing left
-
-
-def _end_jail() -> None:
-    """SIGKILL every other process of the pid namespace and reap them all (we are its pid 1)."""
-    _kill_all()
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
 
 
 def mechanisms() -> dict[str, object]:

@@ -22,10 +22,12 @@ Some facts this follows from:
   ``tasks`` files.  Each source is first copied above the last target, so no dup2 of
   the spawn's file actions overwrites a source still to be placed; the launcher closes
   every descriptor past its own before anything else.
-- The root tree must come built (``mounts.build_root``, detached): the launcher has no
-  port of it.  The helper takes a spare or builds one on the spot; a kernel before 6.15
-  cannot build a detached tree (mounts.py's essay), and there supervise.py forks
-  contain.py's Python children instead, which build the tree attached.
+- The root tree comes built when the helper could make it ahead (``mounts.build_root``,
+  detached, on the helper's thread).  A kernel before 6.15 cannot build a detached tree
+  (mounts.py's essay); there the plan carries the tree's own steps
+  (``mounts.root_steps``, as 'r' records) and the launcher builds it in place on the
+  staging dir, attached (mounttree.py's essay on the /etc mask): one program builds
+  every jail, and contain.py has no Python children any more.
 - The launcher lives next to this package (``ccw-jail``), built by the install
   (setup.py), never looked up on PATH.  A helper without it refuses to start
   (``require``): an exec must not silently take the slow path, or a different program.
@@ -35,8 +37,10 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import struct
 
+from sandbox import mounts
 from sandbox.contain import END_SIGNAL, Plan
 from sandbox.errors import CcwError
 
@@ -47,8 +51,9 @@ FD_PLAN, FD_NET, FD_ROOT, FD_CGROUPS = 4, 5, 6, 7
 DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY = 1, 2, 4, 8, 16, 32, 64
 ACTIONS = {name: code for code, name in enumerate(
     ("private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
-     "detach_old_root", "seal_root"), start=1)}
+     "detach_old_root", "seal_root", "bind_over", "etc", "dev", "devpts", "tmpfs"), start=1)}
 SOURCE_IS_FILE, NOFOLLOW = 1, 2
+_ALL_SIGNALS = signal.valid_signals()
 
 
 def missing() -> str | None:
@@ -75,8 +80,20 @@ def _text(value: str) -> bytes:
     return os.fsencode(value) + b"\0"
 
 
+def _step(tag: bytes, step: mounts.MountStep) -> bytes:
+    bits = (SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
+    # The names the /etc overlay hides travel with its step ('/' is in no file name).
+    data = "/".join(mounts.ETC_SECRETS) if step.action == "etc" else step.data
+    strings = b"".join(_text(s) for s in (step.target, step.source, data, step.describe()))
+    return _record(tag, struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings)
+
+
 def encode(plan: Plan, options: int, cgroups: int) -> bytes:
-    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT; ``cgroups``: tasks files passed)."""
+    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT; ``cgroups``: tasks files passed).
+
+    Without ROOT (no tree built ahead) the root tree's own steps go along, for the
+    launcher to build the tree in place.
+    """
     options |= ((SET_UID if plan.set_uid else 0) | (SET_GID if plan.set_gid else 0)
                 | (CLEAR_GROUPS if plan.clear_groups else 0) | (CONTROLLING_TTY if plan.controlling_tty else 0))
     keep = plan.keep_caps
@@ -89,10 +106,9 @@ def encode(plan: Plan, options: int, cgroups: int) -> bytes:
         parts.append(_record(b"f", plan.seccomp_filter.buffer.raw))
     parts += [_record(b"a", _text(arg)) for arg in plan.argv]
     parts += [_record(b"e", _text(f"{key}={value}")) for key, value in plan.env.items()]
-    for step in plan.mount_steps:
-        bits = (SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
-        strings = b"".join(_text(s) for s in (step.target, step.source, step.data, step.describe()))
-        parts.append(_record(b"m", struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings))
+    parts += [_step(b"m", step) for step in plan.mount_steps]
+    if not options & ROOT:
+        parts += [_step(b"r", step) for step in mounts.root_steps()]
     parts.append(_record(b"Z", b""))
     return b"".join(parts)
 
@@ -112,13 +128,11 @@ def _plan_fd(raw: bytes) -> int:
 def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
     """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, tasks files...).
 
-    The caller keeps (and closes) ``fds``; the root tree at ``fds[5]`` is required.
+    The caller keeps (and closes) ``fds``; a None net or root is made by the launcher.
     Returns the launcher's pid: the jail's init when ``direct``.
     """
     stdio_report, net, root, cgroups = fds[:4], fds[4], fds[5], fds[6:]
-    if root is None:
-        raise CcwError("INTERNAL", "the jail launcher needs a root tree built ahead; see sandbox/launcher.py")
-    options = (DIRECT if direct else 0) | (NET if net is not None else 0) | ROOT
+    options = (DIRECT if direct else 0) | (NET if net is not None else 0) | (ROOT if root is not None else 0)
     plan_fd = _plan_fd(encode(plan, options, len(cgroups)))
     placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root),
               *((FD_CGROUPS + i, fd) for i, fd in enumerate(cgroups))]
@@ -132,7 +146,9 @@ def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
                 high.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest))
                 actions.append((os.POSIX_SPAWN_DUP2, high[-1], target))
         # Named by its bare name: the jail's /proc/1/cmdline need not show where ccw is installed.
-        return os.posix_spawn(PATH, ["ccw-jail"], {}, file_actions=actions, setsigmask=())
+        # Every signal blocked from its first instruction: an END_SIGNAL sent the moment the
+        # spawn returns waits for the init's loop instead of killing it (the mask survives exec).
+        return os.posix_spawn(PATH, ["ccw-jail"], {}, file_actions=actions, setsigmask=_ALL_SIGNALS)
     except OSError as exc:
         raise CcwError("UNAVAILABLE", f"could not start the jail launcher {PATH}: {exc.strerror}; "
                        "reinstall ccw if it is missing", {"path": PATH}) from exc

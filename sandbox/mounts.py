@@ -1,8 +1,8 @@
 """The jail's root filesystem: a plan made in the helper, applied step by step in the jail.
 
 ``prepare`` (in the helper, where logging and stat are safe) turns a capsule's paths into
-a flat list of ``MountStep``; ``enter`` applies one step inside the jail's fresh mount
-namespace, in a freshly forked child where only ``os`` and ctypes are used.  The part
+a flat list of ``MountStep``; ccw-jail (sandbox/jail/steps.c) applies them in order
+inside the jail's fresh mount namespace.  The part
 of the root that does not depend on the capsule (``root_steps``: the tmpfs, the host's
 system dirs, the masked secrets, /dev) is a detached mount tree made by ``build_root``,
 usually ahead of time on the helper's thread (``spare_root``).
@@ -100,7 +100,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import sys
 from dataclasses import dataclass
 
@@ -149,7 +148,7 @@ class Bind:
 
 @dataclass(frozen=True)
 class MountStep:
-    """One step in building the jail's root; ``action`` names what ``enter`` does."""
+    """One step in building the jail's root; ``action`` names what ccw-jail does (steps.c)."""
 
     action: str  # private root bind bind_over etc symlink mask_file mask_dir proc sysfs dev devpts tmpfs console detach_old_root seal_root
     target: str
@@ -252,7 +251,7 @@ def prepare(
     binds: tuple[Bind, ...] = (),
     terminal: str | None = None,
 ) -> list[MountStep]:
-    """The jail's mount plan, in order; ``enter`` each step inside the jail's mount namespace.
+    """The jail's mount plan, in order; ccw-jail takes each step inside the jail's mount namespace.
 
     ``terminal``: the host's path of the exec's pty slave (the helper's readlink of it),
     shown as ``CONSOLE`` if it still leads there when the jail is built.
@@ -300,123 +299,23 @@ def state_inside_workspace(workspace: str, *capsule_dirs: str) -> list[str]:
     return sorted(hidden)
 
 
-def _mountpoint(path: str, is_file: bool = False) -> None:
-    """Create a mount point: one mkdir (or mknod of an empty file) when its parent exists.
-
-    Almost every mount point is new in a fresh tmpfs whose parent was just made, so the
-    first call is the only syscall; an existing path of any type is left as it is.
-    """
-    try:
-        if is_file:
-            os.mknod(path, 0o644 | stat.S_IFREG)  # unlike open(O_CREAT), never follows a symlink
-        else:
-            os.mkdir(path, 0o755)
-    except FileExistsError:
-        pass
-    except FileNotFoundError:
-        _mountpoint(os.path.dirname(path))
-        _mountpoint(path, is_file)
-
-
-def _console(source: str, target: str, attrs: int) -> None:
-    """Bind the node at ``source`` onto ``target`` if it is descriptor 0's own inode (the init's terminal).
-
-    Anything else there, or nothing, leaves the terminal unnamed: ``source`` is the name the
-    helper's namespace gave it, which can lead elsewhere for a caller in another namespace.
-    """
-    try:
-        node = syscalls.openat2(syscalls.AT_FDCWD, source, syscalls.O_PATH | os.O_CLOEXEC,
-                                resolve=syscalls.RESOLVE_NO_SYMLINKS)  # O_PATH: the device is not opened
-    except OSError:
-        return
-    try:
-        found, terminal = os.fstat(node), os.fstat(0)
-        if not stat.S_ISCHR(found.st_mode) or (found.st_dev, found.st_ino) != (terminal.st_dev, terminal.st_ino):
-            return
-        _mountpoint(target, is_file=True)
-        mounttree.attach(mounttree.clone("", attrs, dirfd=node), syscalls.AT_FDCWD, target)
-    finally:
-        os.close(node)
-
-
-def _bind(source: str, target: str, attrs: int, source_is_file: bool = False, nofollow: bool = False) -> None:
-    _mountpoint(target, source_is_file)
-    syscalls.bind(source, target, nofollow)
-    if attrs:
-        syscalls.mount_setattr(target, attrs)
-
-
-def enter(step: MountStep, root: int | None = None) -> None:
-    """Apply one step (in the jail's mount namespace; uses only os and ctypes).
-
-    ``root``: for the "root" step, a tree from ``build_root`` made ahead (consumed);
-    None builds it here.
-    """
-    action, target = step.action, step.target
-    if action == "bind":
-        _bind(step.source, target, step.attrs, step.source_is_file, step.data == "nofollow")
-    elif action == "symlink":
-        os.symlink(step.data, target)
-    elif action == "mask_file":
-        # A plain bind, as Docker does: writes to the mask go to /dev/null, reads see EOF.
-        syscalls.mount(OLD_ROOT + "/dev/null", target, None, syscalls.MS_BIND)
-    elif action == "mask_dir":
-        _mountpoint(target)
-        syscalls.mount("tmpfs", target, "tmpfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC, "mode=0555")
-    elif action == "proc":
-        _mountpoint(target)
-        syscalls.mount("proc", target, "proc", _NOSUID_NODEV_NOEXEC)
-    elif action == "sysfs":
-        _mountpoint(target)
-        try:
-            syscalls.mount("sysfs", target, "sysfs", syscalls.MS_RDONLY | _NOSUID_NODEV_NOEXEC)
-        except OSError:
-            _bind(OLD_ROOT + "/sys", target, _RO | syscalls.MOUNT_ATTR_NOEXEC)
-    elif action == "private":
-        syscalls.mount(None, target, None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-    elif action == "root":
-        # The root tree on the staging dir, then pivot into it at once with the host at OLD_ROOT.
-        if root is None:
-            root = build_root(attach_at=target)
-        else:
-            syscalls.move_mount(root, "", syscalls.AT_FDCWD, target, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
-        os.close(root)
-        os.chdir(target)
-        syscalls.pivot_root(".", OLD_ROOT.lstrip("/"))
-        os.chdir("/")
-    elif action == "console":
-        _console(step.source, target, step.attrs)
-    elif action == "detach_old_root":
-        syscalls.umount2(target, syscalls.MNT_DETACH)
-        os.rmdir(target)
-    elif action == "seal_root":
-        # Not recursive: /dev/pts, /dev/shm, /tmp, $HOME and the workspace stay writable.
-        syscalls.mount_setattr(target, syscalls.MOUNT_ATTR_RDONLY, flags=0)
-        syscalls.mount_setattr("/dev", syscalls.MOUNT_ATTR_RDONLY, flags=0)
-    else:
-        raise OSError(22, f"unknown mount step {action!r}")
-
-
 # --- the root tree (new mount API; relative to the tree's descriptor) -----------------
 
 _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
               ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
 
 
-def build_root(attach_at: str | None = None) -> int:
-    """The jail's root before its capsule (``root_steps``, with ``/.oldroot``), as a mount descriptor.
+def build_root() -> int:
+    """The jail's root before its capsule (``root_steps``, with ``/.oldroot``), as a detached mount.
 
-    Detached, unless ``attach_at``: then the tmpfs is put there first and filled in place,
-    which kernels older than 6.15 need.  Uses only os and ctypes (it runs in the jail's
-    init when no tree was made ahead).
+    Kernels older than 6.15 refuse it (EINVAL: no mounting onto a detached tree); there
+    ccw-jail builds the same tree in place from ``root_steps`` (sandbox/jail/steps.c).
     """
     root = mounttree.new_mount("tmpfs", _ROOT_DATA, _RW)
     try:
-        if attach_at is not None:
-            syscalls.move_mount(root, "", syscalls.AT_FDCWD, attach_at, syscalls.MOVE_MOUNT_F_EMPTY_PATH)
         os.mkdir(OLD_ROOT.lstrip("/"), 0o700, dir_fd=root)
         for step in root_steps():
-            _build(root, step, attach_at is not None)
+            _build(root, step)
         # Clones of host mounts joined their peer groups: keep the host's later mounts out.
         syscalls.mount_setattr("", 0, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=root,
                                propagation=syscalls.MS_PRIVATE)
@@ -444,7 +343,7 @@ def spare_root() -> int | None:
     return root
 
 
-def _build(root: int, step: MountStep, attached: bool) -> None:
+def _build(root: int, step: MountStep) -> None:
     rel = step.target.lstrip("/")
     action = step.action
     if action == "bind":
@@ -455,8 +354,7 @@ def _build(root: int, step: MountStep, attached: bool) -> None:
         mounttree.attach(mounttree.clone(step.source, step.attrs), root, rel)
     elif action == "etc":
         mounttree.mountpoint_at(root, rel)
-        mounttree.attach(mounttree.etc_overlay(root, step.source, step.attrs, ETC_SECRETS,
-                                                OLD_ROOT.lstrip("/") if attached else None), root, rel)
+        mounttree.attach(mounttree.etc_overlay(step.source, step.attrs, ETC_SECRETS), root, rel)
     elif action == "symlink":
         os.symlink(step.data, rel, dir_fd=root)
     elif action in ("dev", "devpts", "tmpfs"):

@@ -1,9 +1,9 @@
 """Detached mount trees: the new mount API's pieces, each a descriptor until it is attached.
 
 ``mounts.build_root`` puts the jail's root tree together from these (its essay says why
-the tree is built attached nowhere, ahead of time), and the jail's init binds its
-terminal with them (``mounts``: the "console" step).  Only os and ctypes are used: they
-run in the helper's thread and in the jail's freshly forked init alike.
+the tree is built attached nowhere, ahead of time) on the helper's thread; ccw-jail
+binds the terminal with the same calls (``mounts``: the "console" step) and, where no
+tree could be built ahead, builds it in place (sandbox/jail/steps.c).
 
 Some facts about the new mount API, as the jail uses it:
 
@@ -19,7 +19,7 @@ Some facts about the new mount API, as the jail uses it:
 - Overlayfs takes each layer by path and keeps a private clone of it.  A detached
   tmpfs is a layer on 6.15+ (named ``/proc/self/fd/N``), but one moved into a detached
   tree is refused (EINVAL, measured on 6.18); a root tree built attached in the jail's
-  namespace (kernels before 6.15, or no spare) parks the mask on its empty /.oldroot
+  namespace (kernels before 6.15, or no spare: ccw-jail, steps.c) parks the mask on its empty /.oldroot
   and unmounts it once the overlay holds it.  Either way one mount sits at /etc.  The
   layers go to ``fsconfig`` as one ``lowerdir=mask:/etc`` string, which overlayfs's own
   parser (6.5+) and the legacy pass-through before it (sandbox/overlay.py) both take.
@@ -104,25 +104,13 @@ def _etc_mask(hidden: tuple[str, ...]) -> int:
     return mask
 
 
-def etc_overlay(root: int, source: str, attrs: int, hidden: tuple[str, ...], park: str | None) -> int:
+def etc_overlay(source: str, attrs: int, hidden: tuple[str, ...]) -> int:
     """The jail's /etc: a read-only overlay of a mask hiding ``hidden`` names over the host's ``source``.
 
-    A detached tree names the mask by its descriptor; an attached one (``park``: an empty
-    directory of the tree, relative to ``root``) parks it there until the overlay holds it
-    (see the essay on overlayfs layers).
+    The detached mask is named by its descriptor (see the essay on overlayfs layers).
     """
     mask = _etc_mask(hidden)
-    parked = ""
     try:
-        if park is not None:
-            tree, mask = mask, -1
-            attach(tree, root, park)  # closes the descriptor
-            lower = parked = f"/proc/self/fd/{root}/{park}"
-        else:
-            lower = f"/proc/self/fd/{mask}"
-        return new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", f"{lower}:{source}")))
+        return new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", f"/proc/self/fd/{mask}:{source}")))
     finally:
-        if mask >= 0:
-            os.close(mask)
-        if parked:
-            syscalls.umount2(parked, syscalls.MNT_DETACH)
+        os.close(mask)

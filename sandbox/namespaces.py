@@ -4,11 +4,10 @@ Some facts about namespaces, as the jail uses them:
 
 - ``unshare(CLONE_NEWPID)`` does not move the caller: only its *next* child becomes pid 1
   of the new namespace.  The setting (``pid_for_children``) belongs to one *thread*, so
-  the helper's thread can unshare, fork the jail's init directly and ``setns`` back to
-  its own pid namespace, sparing a whole Python fork (about 1.5 ms of copy-on-write
-  faults).  Going back needs CAP_SYS_ADMIN over the user namespace that owns the
-  helper's pid namespace, which a rootless helper usually lacks; then the jail forks
-  twice (a child unshares, its child is the init).  When the init exits, the kernel
+  the helper's thread can unshare, spawn the jail's init (ccw-jail) directly and
+  ``setns`` back to its own pid namespace, sparing a second process.  Going back needs CAP_SYS_ADMIN over the user namespace that owns the
+  helper's pid namespace, which a rootless helper usually lacks; then ccw-jail unshares
+  it and forks the init.  When the init exits, the kernel
   SIGKILLs every other process of the namespace, so killing the init is how a timeout
   kills grandchildren and daemons alike.  Signals from inside the namespace reach the
   init only for signals it handles, so commands cannot kill it by accident.
@@ -35,7 +34,7 @@ Some facts about namespaces, as the jail uses them:
   itself alone (the namespace proxy is per thread), raise ``lo``, keep a descriptor
   of the namespace and ``setns`` back.  So while one jail builds its root, the helper's
   thread makes the next jail's network namespace (``spare_net``), and that jail's
-  init ``setns`` into it (``enter_net``).  Each spare serves one jail only and no
+  init ``setns`` into it.  Each spare serves one jail only and no
   process ever lives in it before; it is owned by the same user namespace as one the
   init would make, so the jail sees exactly what it would see after its own unshare.  Going back needs CAP_SYS_ADMIN over the user namespace that
   owns the helper's network namespace; a helper that lacks it makes no spares.
@@ -61,7 +60,7 @@ from typing import Generic, TypeVar
 from sandbox import syscalls
 from sandbox.spec import JAIL_NAMESPACES
 
-# Every jail gets these (and a pid namespace, made before the init is forked; a time
+# Every jail gets these (and a pid namespace, made before the init is spawned; a time
 # namespace only when a clock offset is asked for).  They all apply to the caller itself.
 JAIL_FLAGS = (
     syscalls.CLONE_NEWNS
@@ -86,7 +85,7 @@ _IFREQ = "16sH14x"  # struct ifreq: name, then ifr_flags in the union (40 bytes 
 
 @dataclass(frozen=True)
 class NamespacePlan:
-    """What the jail's namespaces need, computed in the helper before forking."""
+    """What the jail's namespaces need, computed in the helper before the jail starts."""
 
     flags: int = JAIL_FLAGS
     timens_offsets: bytes | None = None  # text for /proc/self/timens_offsets, or None: no time ns
@@ -115,7 +114,7 @@ def timens_offsets(clock_offset_sec: int, monotonic_now: float, boottime_now: fl
 
 
 def prepare(clock_offset_sec: int = 0, hostname: str = "ccw", env: dict[str, str] | None = None) -> NamespacePlan:
-    """Plan the namespaces of one jail (runs in the helper, not in the forked child)."""
+    """Plan the namespaces of one jail (in the helper; ccw-jail enters them)."""
     flags = JAIL_FLAGS
     offsets = None
     extra: dict[str, str] = {}
@@ -161,7 +160,7 @@ def pid_namespace_restorable() -> bool:
 
 @contextlib.contextmanager
 def pid_namespace_for_next_child() -> Iterator[None]:
-    """In this thread only, make the next forked child pid 1 of a new pid namespace."""
+    """In this thread only, make the next child (fork or spawn) pid 1 of a new pid namespace."""
     saved = os.open(_PID_FOR_CHILDREN, os.O_RDONLY | os.O_CLOEXEC)
     try:
         syscalls.unshare(syscalls.CLONE_NEWPID)
@@ -262,32 +261,6 @@ class SparePool(Generic[T]):
             ready, self._ready = self._ready, []
         for spare in ready:
             self._discard(spare)
-
-
-def enter(flags: int) -> None:
-    """unshare(2) the given namespaces (in the forked child)."""
-    syscalls.unshare(flags)
-
-
-def enter_net(fd: int) -> None:
-    """setns(2) into a prepared network namespace, then close its descriptor (in the forked child)."""
-    syscalls.setns(fd, syscalls.CLONE_NEWNET)
-    os.close(fd)
-
-
-def enter_time(offsets: bytes) -> None:
-    """Create a time namespace for the next child and set its clock offsets (needs the jail's /proc)."""
-    syscalls.unshare(syscalls.CLONE_NEWTIME)
-    fd = os.open("/proc/self/timens_offsets", os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, offsets)
-    finally:
-        os.close(fd)
-
-
-def set_hostname(name: str) -> None:
-    """sethostname(2) in the jail's uts namespace."""
-    syscalls.sethostname(name)
 
 
 def loopback_up() -> None:

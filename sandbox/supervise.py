@@ -1,15 +1,16 @@
-"""Supervise one jail from the helper: fork it, feed it, drain its output, time it out, reap it.
+"""Supervise one jail from the helper: spawn it, feed it, drain its output, time it out, reap it.
 
-This is nsjail's subproc: ``run`` forks the jail's first child (contain.py builds the
-jail inside it; it moves itself into the exec's cgroup first), and waits, reading the
-command's output and the children's reports (contain.py's message pipe) until the jail ends.
+This is nsjail's subproc: ``run`` spawns the jail's first process, ccw-jail
+(sandbox/launcher.py: it builds the jail from contain.py's plan, moving itself into the
+exec's cgroup first), and waits, reading the command's output and the launcher's
+reports (contain.py's message pipe) until the jail ends.
 
 Choices made here (DESIGN §2 leaves them open):
 
 - The command's exit ends the jail: when it exits, the init SIGKILLs whatever else still
   runs in the pid namespace (background jobs, daemons), reaps it, reports and exits.
   ``run`` returns on that last report (``R``) once the output pipes are closed, not on
-  the init's exit: the exit, milliseconds long (its copy of the helper's memory, the
+  the init's exit: the exit, up to milliseconds long (the teardown of the
   jail's mounts), is reaped by jail_end.py's janitor, which then removes the exec cgroup
   once the caller released it (``JailResult.ending``).  Without an ``R`` (the init was
   killed, a step failed) ``run`` reaps the init itself, as the exec's reply needs its
@@ -50,7 +51,7 @@ from typing import TYPE_CHECKING
 from sandbox import jail_end, launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
-from sandbox.contain import END_SIGNAL, JailSpec, Plan, jail_child, prepare
+from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import ExecProgress
 
@@ -171,7 +172,7 @@ def run(
     """
     plan = prepare(spec)
     start = time.monotonic()
-    jail, output = _fork(plan, spec, cgroup)
+    jail, output = _start(plan, spec, cgroup)
     try:
         if cgroup is not None:
             cgroup.watch()
@@ -235,8 +236,8 @@ class _Output:
                 os.close(fd)
 
 
-def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output]:
-    """Fork the jail's first child with its descriptors, the exec cgroup's files among them."""
+def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output]:
+    """Spawn the jail's launcher with its descriptors, the exec cgroup's files among them."""
     entries = cgroup.entry_files() if cgroup is not None else []
     if spec.tty_fd is not None:  # the command's output goes to the terminal, not to us
         stdin_fd, out_w, err_w = (os.dup(spec.tty_fd) for _ in range(3))
@@ -249,35 +250,20 @@ def _fork(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runni
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
     # "none" one takes a spare empty one, or makes its own.
     net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
-    # The launcher needs the root tree built: a spare, else one built here (the kernels
-    # that cannot build one detached, before 6.15, get contain.py's forked children).
-    root = _SPARE_ROOTS.take()
-    if root is None:
-        root = mounts.spare_root()
-    child_fds = (stdin_fd, out_w, err_w, report_w, net, root, *(fd for fd, _ in entries))
+    child_fds = (stdin_fd, out_w, err_w, report_w, net, _SPARE_ROOTS.take(), *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
     try:
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
-                pid = _start(plan, child_fds, direct)
+                pid = launcher.spawn(plan, child_fds, direct)
         else:
-            pid = _start(plan, child_fds, direct)
+            pid = launcher.spawn(plan, child_fds, direct)
     finally:
         for fd in child_fds:
             if fd is not None:
                 os.close(fd)
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
     return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
-
-
-def _start(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
-    """The jail's first process: ``ccw-jail`` spawned, or (no root tree) a fork running contain.py."""
-    if fds[5] is not None:
-        return launcher.spawn(plan, fds, direct)
-    pid = os.fork()
-    if pid == 0:
-        jail_child(plan, fds, is_init=direct)
-    return pid
 
 
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,

@@ -67,9 +67,20 @@ def test_the_seccomp_program_goes_as_is_or_not_at_all(with_filter: bool) -> None
 
 
 def test_every_action_the_plan_makes_has_a_code() -> None:
-    used = {"private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
-            "detach_old_root", "seal_root"}
-    assert set(launcher.ACTIONS) == used and sorted(launcher.ACTIONS.values()) == list(range(1, 12))
+    used = {step.action for step in mounts.root_steps()} | {
+        "private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
+        "detach_old_root", "seal_root"}
+    assert used <= set(launcher.ACTIONS) and sorted(launcher.ACTIONS.values()) == list(range(1, len(launcher.ACTIONS) + 1))
+
+
+def test_without_a_tree_built_ahead_the_root_steps_go_along() -> None:
+    with_tree = _records(launcher.encode(_plan(), launcher.ROOT, 0))
+    without = _records(launcher.encode(_plan(), 0, 0))
+    assert not [p for t, p in with_tree if t == b"r"]
+    root = [p for t, p in without if t == b"r"]
+    assert len(root) == len(mounts.root_steps())
+    etc = [p for p in root if struct.unpack_from("=I", p)[0] == launcher.ACTIONS["etc"]]
+    assert len(etc) == 1 and etc[0][12:].split(b"\0")[2] == "/".join(mounts.ETC_SECRETS).encode()
 
 
 def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch) -> None:

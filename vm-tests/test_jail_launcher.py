@@ -193,14 +193,21 @@ def test_a_helper_without_the_launcher_refuses_to_start(tmp_path: Path) -> None:
     assert not (tmp_path / "s").exists()
 
 
-def test_without_a_detached_root_tree_the_python_children_build_the_jail(
+def test_without_a_tree_built_ahead_the_launcher_builds_it_in_place(
         spec: contain.JailSpec, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The path of kernels before 6.15 (no mounting onto a detached tree), forced here."""
-    monkeypatch.setattr(mounts, "spare_root", lambda: None)
+    """What kernels before 6.15 get (no mounting onto a detached tree), forced here: the
+    same root, built by ccw-jail from the plan's 'r' steps, /etc's secrets masked alike."""
     monkeypatch.setattr(supervise, "_SPARE_ROOTS", type(supervise._SPARE_ROOTS)(lambda: None))
-    script = "tr '\\0' ' ' < /proc/1/cmdline; echo; id -u; ls /"
+    script = ("tr '\\0' ' ' < /proc/1/cmdline; echo; id -u; ls /; ls /dev; stat -c '%a %s' /etc/shadow; "
+              "cat /etc/shadow; touch /newfile; grep -c . /etc/passwd; readlink /bin || true")
     result = supervise.run(_with(spec, argv=["/bin/sh", "-c", script]))
-    assert result.exit_code == 0, result.stderr
-    lines = result.stdout.decode().splitlines()
-    assert "ccw-jail" not in lines[0] and "python" in lines[0]  # a fork of this process
-    assert lines[1] == str(NOBODY) and "usr" in lines[2:]
+    assert result.exit_code == 0, result.stderr  # the last command's status
+    lines = result.stdout.decode().split()
+    assert lines[0] == "ccw-jail" and lines[1] == str(NOBODY)
+    for name in ("usr", "etc", "dev", "proc", "sys", "tmp"):
+        assert name in lines, name
+    for name in ("null", "zero", "urandom", "pts", "shm", "ptmx", "fd"):
+        assert name in lines, name
+    assert "0 0" in result.stdout.decode()  # the mask's empty mode-0 file
+    assert b"/etc/shadow: Permission denied" in result.stderr
+    assert b"'/newfile': Read-only file system" in result.stderr

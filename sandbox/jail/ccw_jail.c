@@ -283,7 +283,8 @@ int main(void)
     sigset_t all;
     signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
     /* Every signal waits until the init's loop takes it (the helper's END_SIGNAL may come
-     * before the command is spawned); the command starts with an empty mask. */
+     * before the command is spawned); the helper spawned us so already, this makes sure.
+     * The command starts with an empty mask. */
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, NULL);
     if (plan_read(FD_PLAN, &plan, &why) < 0)

@@ -13,6 +13,8 @@
  *     'e' one "NAME=value" of the command's environment
  *     'm' one mount step: three u32 (action, MOUNT_ATTR_* set, STEP_* bits), then four
  *         NUL-terminated strings: target, source, data, the step's name for errors
+ *     'r' one step of the root tree, as 'm' (only without PLAN_ROOT: the launcher builds
+ *         the tree itself, attached, where the kernel could not build it detached)
  *     'Z' the end (empty): a plan without it was cut short
  *
  * Every string is NUL-free before its terminator; any other tag, a short record or a
@@ -39,7 +41,7 @@
 enum plan_option {
     PLAN_DIRECT = 1,       /* already pid 1 of the jail's pid namespace (else: unshare, fork the init) */
     PLAN_NET = 2,          /* descriptor 5 is a network namespace to join, lo up */
-    PLAN_ROOT = 4,         /* descriptor 6 is the root tree (mounts.build_root) */
+    PLAN_ROOT = 4,         /* descriptor 6 is the root tree (mounts.build_root); else 'r' records */
     PLAN_SET_UID = 8,
     PLAN_SET_GID = 16,
     PLAN_CLEAR_GROUPS = 32,
@@ -49,6 +51,8 @@ enum plan_option {
 enum step_action {
     STEP_PRIVATE = 1, STEP_ROOT, STEP_BIND, STEP_SYMLINK, STEP_MASK_FILE, STEP_MASK_DIR,
     STEP_PROC, STEP_SYSFS, STEP_CONSOLE, STEP_DETACH_OLD_ROOT, STEP_SEAL_ROOT,
+    /* only in the root tree's own steps ('r' records: mounts.root_steps) */
+    STEP_BIND_OVER, STEP_ETC, STEP_DEV, STEP_DEVPTS, STEP_TMPFS,
 };
 
 enum step_bits { STEP_SOURCE_IS_FILE = 1, STEP_NOFOLLOW = 2 };
@@ -66,8 +70,9 @@ struct plan {
     const void *seccomp;
     size_t seccomp_len;
     char **argv, **envp; /* NULL-terminated */
-    size_t nsteps;
+    size_t nsteps, nroot_steps;
     struct mount_step steps[MAX_STEPS];
+    struct mount_step root_steps[MAX_STEPS]; /* without PLAN_ROOT: the tree to build in place */
 };
 
 /* plan.c */

@@ -30,15 +30,16 @@ static const char *next_string(const char **cursor, const char *end)
     return start;
 }
 
-static int read_step(struct plan *plan, const char *payload, uint32_t length, const char **why)
+static int read_step(struct mount_step *steps, size_t *count, const char *payload, uint32_t length,
+                     const char **why)
 {
     struct mount_step *step;
     const char *cursor = payload + 12, *end = payload + length;
-    if (plan->nsteps >= MAX_STEPS || length < 12) {
-        *why = plan->nsteps >= MAX_STEPS ? "too many mount steps" : "a mount step record is too short";
+    if (*count >= MAX_STEPS || length < 12) {
+        *why = *count >= MAX_STEPS ? "too many mount steps" : "a mount step record is too short";
         return -1;
     }
-    step = &plan->steps[plan->nsteps];
+    step = &steps[*count];
     memcpy(&step->action, payload, 4);
     memcpy(&step->attrs, payload + 4, 4);
     memcpy(&step->bits, payload + 8, 4);
@@ -46,11 +47,11 @@ static int read_step(struct plan *plan, const char *payload, uint32_t length, co
     step->source = next_string(&cursor, end);
     step->data = next_string(&cursor, end);
     step->name = next_string(&cursor, end);
-    if (step->name == NULL || cursor != end || step->action < STEP_PRIVATE || step->action > STEP_SEAL_ROOT) {
+    if (step->name == NULL || cursor != end || step->action < STEP_PRIVATE || step->action > STEP_TMPFS) {
         *why = "a mount step is malformed (four strings, a known action)";
         return -1;
     }
-    plan->nsteps++;
+    (*count)++;
     return 0;
 }
 
@@ -100,7 +101,9 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
         return 1;
     case 'a': if (plan->argv) plan->argv[*argc] = (char *)string; (*argc)++; return 1;
     case 'e': if (plan->envp) plan->envp[*envc] = (char *)string; (*envc)++; return 1;
-    case 'm': return plan->argv == NULL ? 1 : (read_step(plan, payload, length, why) < 0 ? -1 : 1);
+    case 'm': return plan->argv == NULL ? 1 : (read_step(plan->steps, &plan->nsteps, payload, length, why) < 0 ? -1 : 1);
+    case 'r':
+        return plan->argv == NULL ? 1 : (read_step(plan->root_steps, &plan->nroot_steps, payload, length, why) < 0 ? -1 : 1);
     case 'Z': return length == 0 ? 0 : -1;
     default:
         *why = "unknown record";
@@ -114,7 +117,7 @@ static int walk(struct plan *plan, const char *buffer, size_t size, size_t *argc
     size_t offset = sizeof MAGIC;
     int seen_options = 0;
     *argc = *envc = 0;
-    plan->nsteps = 0;
+    plan->nsteps = plan->nroot_steps = 0;
     while (offset + 5 <= size) {
         char tag = buffer[offset];
         uint32_t length;

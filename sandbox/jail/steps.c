@@ -133,14 +133,101 @@ static void console(const struct mount_step *step)
     close(node);
 }
 
+/* A path under the staging dir: "/tmp" + "/usr". */
+static const char *under(char *buffer, size_t size, const char *top, const char *path)
+{
+    int n = snprintf(buffer, size, "%s%s", top, path);
+    if (n < 0 || (size_t)n >= size) {
+        errno = ENAMETOOLONG;
+        fail_errno(current, "path");
+    }
+    return buffer;
+}
+
+/* The jail's /etc: a read-only overlay whose top layer, a tiny tmpfs parked on the empty
+ * /.oldroot until the overlay holds it, has an empty mode-0 file for each hidden name
+ * (data: the names, '/'-separated; mounts.py's essay on why by name). */
+static void etc_overlay(const char *top, const struct mount_step *step, const char *at)
+{
+    char park[PATH_MAX], name[PATH_MAX], lower[2 * PATH_MAX + 16];
+    const char *names = step->data;
+    under(park, sizeof park, top, OLD_ROOT);
+    check(mount("none", park, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k,nr_inodes=16"), "mount(tmpfs)");
+    while (*names != '\0') {
+        size_t length = strcspn(names, "/");
+        int n = snprintf(name, sizeof name, "%s/%.*s", park, (int)length, names);
+        if (n < 0 || (size_t)n >= sizeof name || length == 0) {
+            errno = EINVAL;
+            fail_errno(current, "hidden name");
+        }
+        check(mknod(name, S_IFREG, 0), "mknod"); /* mode 0: not even its owner reads it */
+        names += length + (names[length] == '/');
+    }
+    snprintf(lower, sizeof lower, "lowerdir=%s:%s", park, step->source);
+    check(mount("ccw-etc", at, "overlay", step->attrs, lower), "mount(overlay)");
+    check(umount2(park, MNT_DETACH), "umount2");
+}
+
+/* Where no tree could be built ahead, detached (kernels before 6.15): the same tree,
+ * built in place on the staging dir (mounts.build_root with attach_at).  MS_RDONLY,
+ * MS_NOSUID, MS_NODEV and MS_NOEXEC have the bits of their MOUNT_ATTR_* namesakes. */
+static void build_root(const struct plan *plan, const char *top)
+{
+    static const char *const dev_links[][2] = {{"fd", "/proc/self/fd"}, {"stdin", "/proc/self/fd/0"},
+        {"stdout", "/proc/self/fd/1"}, {"stderr", "/proc/self/fd/2"}, {"ptmx", "pts/ptmx"}};
+    char at[PATH_MAX], link[PATH_MAX + 16];
+    /* Source "none", as fsmount names a new superblock: the same tree whoever built it. */
+    check(mount("none", top, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m"), "mount(tmpfs)");
+    check(mkdir(under(at, sizeof at, top, OLD_ROOT), 0700), "mkdir");
+    for (size_t i = 0; i < plan->nroot_steps; i++) {
+        const struct mount_step *step = &plan->root_steps[i];
+        under(at, sizeof at, top, step->target);
+        current = step->name;
+        switch (step->action) {
+        case STEP_BIND:
+        case STEP_BIND_OVER: {
+            struct mount_step placed = *step;
+            placed.target = at;
+            if (step->action == STEP_BIND)
+                bind_source(&placed, step->source, step->attrs);
+            else { /* onto a path the overlay below already shows: no mount point to make */
+                check(mount(step->source, at, NULL, MS_BIND | MS_REC, NULL), "mount(MS_BIND)");
+                check(mount_setattr_(AT_FDCWD, at, AT_RECURSIVE, step->attrs), "mount_setattr");
+            }
+            break;
+        }
+        case STEP_ETC: mountpoint(at, 0); etc_overlay(top, step, at); break;
+        case STEP_SYMLINK: check(symlink(step->data, at), "symlink"); break;
+        case STEP_DEV:
+        case STEP_DEVPTS:
+        case STEP_TMPFS: {
+            const char *type = step->action == STEP_DEVPTS ? "devpts" : "tmpfs";
+            mountpoint(at, 0);
+            check(mount("none", at, type, step->attrs, step->data), "mount");
+            for (size_t l = 0; step->action == STEP_DEV && l < sizeof dev_links / sizeof *dev_links; l++) {
+                snprintf(link, sizeof link, "%s/%s", at, dev_links[l][0]);
+                check(symlink(dev_links[l][1], link), "symlink");
+            }
+            break;
+        }
+        default:
+            errno = EINVAL;
+            fail_errno(current, "unknown root tree step");
+        }
+    }
+    current = "root";
+    check(mount(NULL, top, NULL, MS_REC | MS_PRIVATE, NULL), "mount(MS_PRIVATE)");
+}
+
 static void enter_root(const struct plan *plan, const struct mount_step *step)
 {
-    if (!(plan->options & PLAN_ROOT)) {
-        errno = EINVAL;
-        fail_errno(current, "no root tree was passed");
+    if (plan->options & PLAN_ROOT) {
+        check(move_mount_(FD_ROOT, "", AT_FDCWD, step->target, MOVE_MOUNT_F_EMPTY_PATH), "move_mount");
+        close(FD_ROOT);
+    } else {
+        build_root(plan, step->target);
+        current = step->name;
     }
-    check(move_mount_(FD_ROOT, "", AT_FDCWD, step->target, MOVE_MOUNT_F_EMPTY_PATH), "move_mount");
-    close(FD_ROOT);
     check(chdir(step->target), "chdir");
     check(syscall(SYS_pivot_root, ".", OLD_ROOT + 1), "pivot_root");
     check(chdir("/"), "chdir");
