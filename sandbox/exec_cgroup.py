@@ -319,7 +319,7 @@ class ExecCgroup:
         """Whether ``pid`` is in this exec's cgroup; None when the process is gone or ending.
 
         v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows an exiting task in
-        the root, so v1's "elsewhere" holds only for a process not ending (``_is_ending``).
+        the root, so v1's "elsewhere" holds only for a process not ending (``is_ending``).
         """
         try:
             text = read_file(f"/proc/{pid}/cgroup")
@@ -334,7 +334,7 @@ class ExecCgroup:
                 continue
             if mine[key] == rel or mine[key].startswith(rel + "/"):
                 return True
-            if hier.version == 1 and _is_ending(pid):
+            if hier.version == 1 and is_ending(pid):
                 return None
             return False
         return False
@@ -495,7 +495,7 @@ def _why_none(refused: dict[str, str]) -> str:
     return "; ".join(refused.values())
 
 
-def _is_ending(pid: int) -> bool:
+def is_ending(pid: int) -> bool:
     """Whether ``pid`` is exiting, a zombie or gone.  ``cgroup_exit`` runs early in
     ``do_exit``, so an exiting task's v1 cgroups read as the root while it still runs
     (state R or D, with PF_EXITING in its flags), before it is a zombie."""

@@ -249,16 +249,16 @@ def test_a_process_is_ending_once_exiting_a_zombie_or_gone() -> None:
     import os
     import subprocess
 
-    from sandbox.exec_cgroup import _is_ending
+    from sandbox.exec_cgroup import is_ending
 
     running = subprocess.Popen(["sleep", "30"])
     try:
-        assert not _is_ending(running.pid)
-        assert not _is_ending(os.getpid())
+        assert not is_ending(running.pid)
+        assert not is_ending(os.getpid())
         running.kill()
         os.waitid(os.P_PID, running.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped: a zombie
-        assert _is_ending(running.pid)
+        assert is_ending(running.pid)
     finally:
         running.kill()
         running.wait()
-    assert _is_ending(running.pid)  # reaped: gone
+    assert is_ending(running.pid)  # reaped: gone
