@@ -45,6 +45,8 @@ FIXES = {
     "no_loop_disk": ("enable loop devices (CONFIG_BLK_DEV_LOOP) and ext4, install e2fsprogs; until "
                      "then capsules write to the state dir's filesystem without a size limit"),
     "no_seccomp": "use a kernel with CONFIG_SECCOMP_FILTER",
+    "no_jail_launcher": "reinstall ccw (pip install --force-reinstall ccw; in a checkout ./dev setup, or "
+                        "python setup.py launcher to build only it): it needs gcc",
     "landlock_disabled": "add landlock to the lsm= boot parameter",
     "openat2_escapes": "use a kernel of 5.6 or later",
     "no_openat2": "use a kernel of 5.6 or later (the front end reads capsules with openat2)",
@@ -56,7 +58,8 @@ FIXES = {
                   "have network none"),
 }
 # Which helper mode needs each feature ("both", "rootless", or "" for optional).
-REQUIRED_FOR = {"namespace.user": "rootless", "overlayfs": "both", "seccomp": "both", "openat2": "both",
+REQUIRED_FOR = {"jail_launcher": "both", "namespace.user": "rootless", "overlayfs": "both", "seccomp": "both",
+                "openat2": "both",
                 **{f"namespace.{name}": "both" for name in JAIL_NAMESPACES}}
 
 

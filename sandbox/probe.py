@@ -157,8 +157,8 @@ def features(state_dir: str | None = None) -> list[Finding]:
             os.mkdir(path)
             return path
 
-        found = _namespaces(rootless)
-        userns_ok = bool(found[0].ok)
+        found = [_jail_launcher(), *_namespaces(rootless)]
+        userns_ok = bool(found[1].ok)
         found.append(_overlayfs(fresh, rootless, userns_ok))
         found.append(_cgroups(privileged))
         found.append(_fanotify(fresh) if privileged else Finding(
@@ -175,6 +175,15 @@ def features(state_dir: str | None = None) -> list[Finding]:
         found.append(_faketime())
         found.append(_bubblewrap())
     return found
+
+
+def _jail_launcher() -> Finding:
+    """ccw-jail next to the package (sandbox/launcher.py): without it no jail starts, nor the helper."""
+    from sandbox import launcher
+
+    why = launcher.missing()
+    return Finding("jail_launcher", why is None, launcher.PATH if why is None else why,
+                   None if why is None else "no_jail_launcher")
 
 
 def _namespaces(rootless: bool) -> list[Finding]:
