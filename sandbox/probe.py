@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox import mountinfo, syscalls
+from sandbox import launcher, mountinfo, syscalls
 
 if TYPE_CHECKING:
     from sandbox.disk import Disks
@@ -157,7 +157,9 @@ def features(state_dir: str | None = None) -> list[Finding]:
             os.mkdir(path)
             return path
 
-        found = [_jail_launcher(), *_namespaces(rootless)]
+        why = launcher.missing()  # ccw-jail next to the package: no jail starts without it, nor the helper
+        found = [Finding("jail_launcher", why is None, why or launcher.PATH, None if why is None else "no_jail_launcher"),
+                 *_namespaces(rootless)]
         userns_ok = bool(found[1].ok)
         found.append(_overlayfs(fresh, rootless, userns_ok))
         found.append(_cgroups(privileged))
@@ -175,15 +177,6 @@ def features(state_dir: str | None = None) -> list[Finding]:
         found.append(_faketime())
         found.append(_bubblewrap())
     return found
-
-
-def _jail_launcher() -> Finding:
-    """ccw-jail next to the package (sandbox/launcher.py): without it no jail starts, nor the helper."""
-    from sandbox import launcher
-
-    why = launcher.missing()
-    return Finding("jail_launcher", why is None, launcher.PATH if why is None else why,
-                   None if why is None else "no_jail_launcher")
 
 
 def _namespaces(rootless: bool) -> list[Finding]:
