@@ -46,10 +46,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import OTHER_UID, public_dir, run_as, run_script_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
+from test_ipc_users import public_dir, run_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
 
 from tests.support import realprojects  # noqa: E402
 from tests.support.agent_loop import scenario_command  # noqa: E402
+from tests.support.users import OTHER_UID, run_script_as  # noqa: E402
 
 # Key stores of a home (issue 25's list): directories, then files.
 SECRET_DIRS = (".ssh", ".gnupg", ".aws", ".config/gcloud", ".kube", ".docker", ".local/share/keyrings",

@@ -31,10 +31,10 @@ from mcp_server.fs.witness import read_signature
 from sandbox import contain, supervise
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_ipc_users import run_script_as
 from test_jail_rootless import USER, base, run_rootless  # noqa: F401  (base: the rootless jail's dirs)
 
 from tests.support import realprojects
+from tests.support.users import run_script_as
 
 OWNER = 1234
 WORKSPACE = "/srv/ccw-owners"

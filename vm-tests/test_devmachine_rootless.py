@@ -17,10 +17,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from tests.support import realprojects  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 SCRIPT = r"""
 import json, os, sys

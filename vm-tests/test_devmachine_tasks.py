@@ -30,7 +30,8 @@ sys.path.insert(0, str(HERE))
 
 import test_realprojects_rootless as rootless  # noqa: E402
 from test_devmachine_longruns import _running  # noqa: E402
-from test_ipc_users import run_script_as  # noqa: E402
+
+from tests.support.users import run_script_as  # noqa: E402
 
 user_dir = rootless.user_dir  # a system user made for the test, and a directory it owns
 

@@ -34,12 +34,12 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from sandbox.errors import CcwError  # noqa: E402
 from tests.support import realprojects  # noqa: E402
 from tests.support.agent_loop import scenario_command  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 PROJECT = realprojects.MORE_ITERTOOLS
 EDIT = PROJECT.harmless[1]

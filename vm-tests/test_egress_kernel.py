@@ -25,11 +25,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import as_user  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402, F401  (a fixture)
 
 from sandbox import egress  # noqa: E402
 from tests.support import SUPPORT_DIR  # noqa: E402
+from tests.support.users import as_user  # noqa: E402
 
 FAST_S = 0.5  # "at once": a refusal in the egress namespace takes well under this
 

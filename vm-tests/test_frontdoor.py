@@ -30,10 +30,10 @@ from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
 from tests.support.workspaces import make_workspace  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "vm-tests"))
-from test_ipc_users import as_user  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from tests.support.netfixtures import HttpLoopback  # noqa: E402
+from tests.support.users import as_user  # noqa: E402
 
 CCW = ROOT / ".venv" / "bin" / "ccw"
 

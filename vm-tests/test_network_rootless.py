@@ -23,11 +23,11 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import run_script_as  # noqa: E402
 from test_network_e2e import PROBES  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402, F401 - a fixture, used by name
 
 from tests.support import netfixtures as nf  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 HTTP = f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"
 HTTPS = f"{nf.SERVER_ADDRESS}:{nf.HTTPS_PORT}"

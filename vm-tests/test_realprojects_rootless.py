@@ -26,9 +26,8 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import run_script_as  # noqa: E402
-
 from tests.support import realprojects  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 SCRIPT = r"""
 import contextlib, json, os, sys

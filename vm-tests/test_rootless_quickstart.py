@@ -3,7 +3,7 @@ promotion through a rootless helper, where the total memory of an exec cannot be
 
 The user runs the worktree's own ``.venv`` (``./dev setup`` as a user only builds a venv;
 doing that here would download the world).  Its interpreter may live under a directory
-other users cannot enter (``/root/.pyenv``): ``as_user`` of test_ipc_users.py runs the
+other users cannot enter (``/root/.pyenv``): ``as_user`` of tests/support/users.py runs the
 commands in a private mount namespace that shows just what is needed there.  The project
 is a small Python package with pytest in its own ``.venv/`` (pytest and its
 dependencies copied from the worktree's venv: no network), as real projects have it.
@@ -12,7 +12,6 @@ dependencies copied from the worktree's venv: no network), as real projects have
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import pwd
@@ -24,23 +23,15 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.support.users import as_user
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 README = ROOT / "README.md"
-
-
-def _ipc_users() -> ModuleType:
-    """test_ipc_users.py, for its ``as_user`` (test modules are not importable by name)."""
-    spec = importlib.util.spec_from_file_location("ccw_vm_test_ipc_users", HERE / "test_ipc_users.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -177,7 +168,7 @@ def test_quick_start_as_written_by_a_user(user: pwd.struct_passwd) -> None:
     keep_dirs: list[str] = []
     try:
         steps = run_quick_start(home / "project", home,
-                                lambda argv: _ipc_users().as_user(user.pw_uid, user.pw_gid, argv, keep_dirs))
+                                lambda argv: as_user(user.pw_uid, user.pw_gid, argv, keep_dirs))
     finally:
         for keep in keep_dirs:
             os.rmdir(keep)
@@ -221,7 +212,7 @@ def test_rootless_promote_baseline_passes_strict_names_the_unmeasured_figure(use
     argv = ["bash", str(home / "run.sh"), str(home)]
     env = {"PATH": f"{ROOT / '.venv' / 'bin'}:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8"}
     try:
-        done = subprocess.run(_ipc_users().as_user(user.pw_uid, user.pw_gid, argv, keep_dirs), env=env,
+        done = subprocess.run(as_user(user.pw_uid, user.pw_gid, argv, keep_dirs), env=env,
                               capture_output=True, timeout=300)
     finally:
         for keep in keep_dirs:

@@ -28,7 +28,6 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from mcp_server.events import EventLog  # noqa: E402
@@ -41,6 +40,7 @@ from tests.support import SUPPORT_DIR  # noqa: E402
 from tests.support.netfixtures import HttpLoopback  # noqa: E402
 from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
 from tests.support.shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 
 def ccw(state: Path, *argv: str) -> str:

@@ -34,10 +34,10 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import OTHER_UID, as_user, run_script_as  # noqa: E402
 from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 from test_ui_browser import browser, serve_ui, shot  # noqa: E402,F401  (browser: the fixture)
 
+from tests.support.users import OTHER_UID, as_user, run_script_as  # noqa: E402
 from tests.support.webdriver import Browser  # noqa: E402
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}

@@ -21,6 +21,8 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``reapi_bot``: a plain-subprocess REAPI bot, for the REAPI client's tests.
 - ``shell_session``: ``ccw capsule shell`` driven through a pty (also a script).
 - ``webdriver``: a small W3C WebDriver client for chromium.
+- ``users``: running Python as another uid (``as_user``, ``run_script_as``), the
+  interpreter made reachable through a private mount namespace.
 
 TESTS.md at the repository's root maps every module of ``sandbox`` and ``mcp_server``
 to the tests that cover it.
