@@ -8,18 +8,21 @@ capsule's last ending before it sets anything up over that capsule again (regist
 
 Some facts this relies on
 -------------------------
-- ``R`` is the init's last act before ``os._exit``: the command has been reaped, every
-  other process of the pid namespace SIGKILLed and reaped (contain.py, ``_end_jail``),
-  and the init closed its copies of the output pipes right after the spawn.  So from
+- ``R`` is the init's last act before it exits: the command has been reaped, every
+  other process of the pid namespace SIGKILLed and reaped (ccw-jail's init,
+  sandbox/jail/ccw_jail.c), and the init closed its copies of the output pipes right
+  after the spawn.  So from
   ``R`` on nothing of the command runs or can start: the pid namespace holds only the
   exiting init, which runs no code of anyone else's, and the usage the init reported
   covers every process the jail had.
-- The init's exit still takes milliseconds after ``R`` (2.5 to 6.5 ms measured on the CI
-  VM, issue 27's profile): ``exit_mm`` drops its copy-on-write copy of the helper's
-  address space, and ``exit_task_namespaces`` tears the jail's mount namespace down
-  (about 20 mounts; ``namespace_unlock`` waits for an expedited RCU grace period).  The
-  report pipe hangs up only after that.  Replying on ``R`` instead of the hang-up took
-  the in-process jail from 1.38x to 1.19x bwrap's time (medians of 8 interleaved runs).
+- The init's exit still takes time after ``R``: ``exit_task_namespaces`` tears the jail's
+  mount namespace down (about 20 mounts; ``namespace_unlock`` waits for an expedited RCU
+  grace period), and the report pipe hangs up only after that.  When the init was a fork
+  of the helper, ``exit_mm`` of its copy of the helper's address space came on top
+  (2.5 to 6.5 ms in all, measured on the CI VM, issue 27's profile); ccw-jail is a small
+  static program, so now the mounts are most of it.  Replying on ``R`` instead of the
+  hang-up took the in-process jail from 1.38x to 1.19x bwrap's time then (medians of 8
+  interleaved runs).
 - When ``waitpid`` returns the init's status, ``do_exit`` has passed the namespace
   teardown and the task work that drops each mount's last reference: no mount of the
   jail is left, and the task has left its cgroups (``cgroup_exit``), so the exec cgroup
