@@ -16,8 +16,8 @@ The process tree of one exec::
                                │             signals, reports
                                └ posix_spawn ─▶ command   (vfork + exec)
 
-A rootless helper cannot setns back into its pid namespace, so there the helper's child
-unshares the pid namespace and forks the init itself (a rootless helper has no cgroups).
+A rootless helper cannot setns back into its pid namespace, so there ccw-jail unshares
+the pid namespace and forks the init itself (a rootless helper has no cgroups).
 
 Choices made here (DESIGN §2 leaves them open):
 
@@ -75,6 +75,7 @@ from dataclasses import dataclass
 
 from sandbox import egress, mounts, namespaces, rootcaps, seccomp
 from sandbox.errors import CcwError
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
 
 _FD_REPORT = 3  # the init's report pipe (ccw-jail's FD_REPORT); 0-2 are the command's stdio
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
@@ -96,8 +97,8 @@ class JailSpec:
     cwd: str  # inside the jail
     env: dict[str, str]  # final: exactly what the command sees
     stdin: bytes | None = None
-    timeout_ms: int = 300_000
-    output_cap: int = 1 << 20  # bytes kept per stream
+    timeout_ms: int = DEFAULT_TIMEOUT_MS
+    output_cap: int = DEFAULT_OUTPUT_CAP  # bytes kept per stream
     uid: int = 0
     gid: int = 0
     clock_offset_sec: int = 0
