@@ -25,8 +25,8 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
-from mcp_server.capsules.background import OwnedRuns, Run, Runs
 from mcp_server.capsules.networks import Networks
+from mcp_server.capsules.run import OwnedRuns, Run, Runs
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.config import Config
@@ -50,7 +50,7 @@ class Runtime:
         # execs, forks, destroys: one at a time per capsule; a command's waits and starts are events
         self.capsule_queue = CapsuleQueue(observer=self._turn_event)
         self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
-        self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/background.py)
+        self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/run.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -198,7 +198,7 @@ class CallContext:
 
     @property
     def runs(self) -> OwnedRuns:
-        """The process's background runs (capsules/background.py), as this call's token sees them."""
+        """The process's background runs (capsules/run.py), as this call's token sees them."""
         return OwnedRuns(self._runtime.runs, self._owner)
 
     def for_run(self, run: Run) -> CallContext:

@@ -2,7 +2,7 @@
 
 Why one.  A front end keeps state that is not in the database: a capsule's turns
 (``capsules/turns.py``: calls on one capsule take turns in arrival order), its live runs
-(``capsules/background.py``), and the sessions behind an "egress" capsule's proxy
+(``capsules/run.py``), and the sessions behind an "egress" capsule's proxy
 listeners (``capsules/networks.py``), which record each connection.  Two front ends on
 one state dir each keep their own: an exec sent to one while the other runs a command
 in that capsule is refused by the helper (CONFLICT, the capsule is busy) instead of

@@ -22,7 +22,7 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
    result is one document (``ToolSpec.text``: reading a file's lines), whose text block
    is the other fields as one JSON line and then the document as text, which a model
    reads as the file is (seed 002's tagged lines) rather than as one escaped string.
-6. A call answered as a live run's ``status: running`` (capsules/background.py) is
+6. A call answered as a live run's ``status: running`` (capsules/run.py) is
    answered instead as an MCP task (``resultType: "task"``) when the request declared
    the Tasks extension; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` serve it
    (mcp_server/tasks.py).

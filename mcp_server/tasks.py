@@ -1,7 +1,7 @@
 """The MCP Tasks extension (``io.modelcontextprotocol/tasks``, SEP-2663) over ccw's runs.
 
 A long ``capsule_exec``, ``capsule_deltamin`` or ``capsule_replay`` already becomes a run
-(mcp_server/capsules/background.py) that answers ``status: running`` with a ``run_id``
+(mcp_server/capsules/run.py) that answers ``status: running`` with a ``run_id``
 once its ``wait_ms`` is spent.  A client that declares the extension on its request gets
 that answer as a ``CreateTaskResult`` instead (``resultType: "task"``) and polls it with
 ``tasks/get``, which gives the tool's own ``CallToolResult`` once the run has ended.
@@ -40,7 +40,7 @@ import trio
 from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
-from mcp_server.capsules.background import KEEP_S, Run, Runs
+from mcp_server.capsules.run import KEEP_S, Run, Runs
 from sandbox.errors import CcwError
 
 EXTENSION = "io.modelcontextprotocol/tasks"

@@ -273,7 +273,7 @@ class CreateRequest(OpRequest[CreateReply]):
 class ExecRequest(OpRequest[ExecReply]):
     """Run a command in a capsule: the one form of an exec request in either process.
 
-    The front end builds it from a tool's arguments (mcp_server/capsules/runs.py), the
+    The front end builds it from a tool's arguments (mcp_server/capsules/exec.py), the
     wire carries ``to_args()``, and the helper reads it back with ``from_args`` and runs
     it (sandbox/execution.py).  The timeout and output cap take their defaults here, so
     whoever builds a request holds the values the jail will use; the environment's

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from mcp_server.capsules.runs import PROGRESS_MS, exec_request
+from mcp_server.capsules.exec import PROGRESS_MS, exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.journal import Journal

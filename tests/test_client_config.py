@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mcp_server.capsules.background import WAIT_MS_DEFAULT, WAIT_MS_MAX
+from mcp_server.capsules.run import WAIT_MS_DEFAULT, WAIT_MS_MAX
 from mcp_server.cli import main
 from mcp_server.cli.clients import CLIENTS, http_snippet, snippet, toml_key, toml_string
 from sandbox.errors import CcwError

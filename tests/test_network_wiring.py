@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mcp_server.capsules.runs import NETWORK_NONE_REASON, ExecOutcome
+from mcp_server.capsules.exec import NETWORK_NONE_REASON, ExecOutcome
 from mcp_server.cli import parse_args
 from mcp_server.cli.capsule import tool_call
 from mcp_server.tools.capsule import exec_text

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 from mcp.shared.exceptions import MCPError
 
-from mcp_server.capsules.background import OwnedRuns, Run
+from mcp_server.capsules.run import OwnedRuns, Run
 from mcp_server.config import Config
 from mcp_server.server import CcwServer
 from mcp_server.state import State
@@ -140,7 +140,7 @@ def test_the_tasks_methods_need_the_exec_scope(tmp_path: Path, method: str) -> N
 
 
 def test_a_running_summary_is_recognised_by_run_statuss_fields() -> None:
-    from mcp_server.capsules.background import RUN_STATUS
+    from mcp_server.capsules.run import RUN_STATUS
     from mcp_server.tasks import _SUMMARY_KEYS
 
     assert set(RUN_STATUS["properties"]) == _SUMMARY_KEYS  # type: ignore[call-overload]

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 import trio
 
-from mcp_server.capsules.background import OwnedRuns, Run
+from mcp_server.capsules.run import OwnedRuns, Run
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import Ticket
 from mcp_server.config import Config

@@ -326,8 +326,8 @@ def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -
 def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster: Cluster, bots: dict[str, Any]) -> None:
     """Four trials at once over a base the CAS has never seen, from two executors (two deltamins at once): the
     base goes up once, each trial adds its file."""
+    from mcp_server.capsules.exec import exec_request
     from mcp_server.capsules.remote import ReapiExecutor
-    from mcp_server.capsules.runs import exec_request
     from mcp_server.capsules.trials import Trial, Unit
 
     ws = tmp_path / "ws"

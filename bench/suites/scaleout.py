@@ -142,9 +142,9 @@ class Bench:
 
     async def overhead(self) -> tuple[list[float], list[float]]:
         """Seconds per trivial trial: through the cluster (fresh), and in a local scratch capsule."""
+        from mcp_server.capsules.exec import exec_request
         from mcp_server.capsules.executors import LocalExecutor
         from mcp_server.capsules.remote import ReapiExecutor
-        from mcp_server.capsules.runs import exec_request
         from mcp_server.capsules.trials import Trial
 
         cap = (await self.call("capsule_create", {"workspace": str(self.root / "ws-narrow-1")}))["capsule_id"]

@@ -49,9 +49,9 @@ from pathlib import Path
 import trio
 
 from mcp_server.bot.marker import Marker, check_command_paths, witness_file
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.remote import CAPSULE_VAR
 from mcp_server.capsules.replay import ReplayOptions, replay
-from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.fs import changeset

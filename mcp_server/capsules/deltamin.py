@@ -53,8 +53,8 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.executors import Executor, LocalExecutor
-from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import (
     JournaledRun,

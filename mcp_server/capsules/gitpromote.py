@@ -37,7 +37,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.runs import exec_request
+from mcp_server.capsules.exec import exec_request
 from mcp_server.fs.fingerprint import git_env
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError

@@ -53,9 +53,9 @@ import trio
 from outcome import acapture
 
 from mcp_server.capsules import gitdirs, gitpromote
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replay import ReplayOptions, replay
-from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witness import WitnessOptions, make_witness

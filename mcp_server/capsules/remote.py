@@ -54,8 +54,8 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.exec import whitelisted
 from mcp_server.capsules.replay import ReplayOptions, admit
-from mcp_server.capsules.runs import whitelisted
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.trials import Run, Trial, Unit
 from mcp_server.capsules.witness import signature_of, witness_key

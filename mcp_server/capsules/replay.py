@@ -48,8 +48,8 @@ from typing import Any
 import trio
 
 from mcp_server.capsules import exposure, owners
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.notes import restore_mtimes
-from mcp_server.capsules.runs import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import verify_file, witness_key
 from mcp_server.core import paths, replaydiff, volatile

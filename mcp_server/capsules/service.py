@@ -34,15 +34,15 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules import exposure
-from mcp_server.capsules.networks import Networks, Traced, network_not_open
-from mcp_server.capsules.notes import record_base_states, written_mtimes
-from mcp_server.capsules.runs import (
+from mcp_server.capsules.exec import (
     PROGRESS_MS,
     ExecOutcome,
     for_capsule,
     journal_entry,
     progress_message,
 )
+from mcp_server.capsules.networks import Networks, Traced, network_not_open
+from mcp_server.capsules.notes import record_base_states, written_mtimes
 from mcp_server.capsules.turns import EXEC_LABEL, TakesTurn, Ticket, exec_label
 from mcp_server.core import unidiff
 from mcp_server.core.netrules import NetworkSpec

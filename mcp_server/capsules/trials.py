@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import trio
 
 from mcp_server import events
-from mcp_server.capsules.runs import exec_request
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED

@@ -47,7 +47,7 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], label: str 
     assert spec is not None, f"tool {name} is not registered"
     if "wait_ms" in spec.input_schema["properties"]:
         # A command has no client timeout to stay under: it waits for the whole run
-        # (capsules/background.py), which ends with it.
+        # (capsules/run.py), which ends with it.
         args = {"wait_ms": None, **args}
     progress = Progress(label) if label else None
     if progress is None:

@@ -25,7 +25,7 @@ Formats, as the clients document them:
 - codex: ``~/.codex/config.toml``, a ``[mcp_servers.ccw]`` table: ``command`` and
   ``env``, or ``url`` and ``http_headers``; and ``tool_timeout_sec``, the one client here
   with a per-server tool timeout (default 60 s).  A long run answers "running" within its
-  ``wait_ms`` (capsules/background.py), so the timeout is set above the largest
+  ``wait_ms`` (capsules/run.py), so the timeout is set above the largest
   ``wait_ms`` a call may ask for (``TOOL_TIMEOUT_S``).  Claude Code, Cursor and VS Code
   document no per-server tool timeout in these files: their calls stay under the default
   ``wait_ms``.
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from mcp_server.auth import TokenTable
-from mcp_server.capsules.background import WAIT_MS_MAX
+from mcp_server.capsules.run import WAIT_MS_MAX
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from sandbox.errors import CcwError
 

@@ -26,11 +26,11 @@ from typing import Any
 import trio
 
 from mcp_server.capsules import exposure, service
-from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome, exec_request
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.capsules.gitdirs import find as find_gitdir
-from mcp_server.capsules.runs import USAGE_FIGURES, ExecOutcome, exec_request
+from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path

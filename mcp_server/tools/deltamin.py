@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.deltamin import READ_CHANGE, Question, deltamin
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
+from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 

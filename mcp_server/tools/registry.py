@@ -25,7 +25,7 @@ from mcp_server.auth import SCOPES
 from mcp_server.capsules.turns import TakesTurn, Ticket
 
 if TYPE_CHECKING:  # types only: a handler module need not load the capsule service to be listed
-    from mcp_server.capsules.background import OwnedRuns, Run
+    from mcp_server.capsules.run import OwnedRuns, Run
     from mcp_server.capsules.service import CapsuleService
     from mcp_server.config import Config
     from mcp_server.state import State
@@ -144,7 +144,7 @@ class ResourceSpec:
 # skipped, so families can land one at a time.
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
-    "mcp_server.tools.runs",
+    "mcp_server.tools.run",
     "mcp_server.tools.promote",
     "mcp_server.tools.deltamin",
     "mcp_server.tools.commutativity",

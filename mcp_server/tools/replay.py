@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.capsules.background import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.owners import REPORT_SCHEMA as OWNERS_REPORT
 from mcp_server.capsules.replay import ReplayOptions
+from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.witness import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network

@@ -270,7 +270,7 @@ class CcwHttpApp:
             await _respond(send, 400, framing.error_message(
                 None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
             return
-        # The token's name: a long run it starts is its own (capsules/background.py).
+        # The token's name: a long run it starts is its own (capsules/run.py).
         await _respond(send, 200, await self.app.run_direct(message["id"], method, params, owner, ticket))
 
 

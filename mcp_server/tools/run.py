@@ -1,6 +1,6 @@
 """capsule_run: wait again for, fetch or cancel a run that answered "running".
 
-An adapter over mcp_server/capsules/background.py, which says how long calls become
+An adapter over mcp_server/capsules/run.py, which says how long calls become
 runs, who holds the capsule's turn, and how long a finished run is kept.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.capsules.background import WAIT_MS, WAIT_MS_DEFAULT
+from mcp_server.capsules.run import WAIT_MS, WAIT_MS_DEFAULT
 from mcp_server.tools.capsule import exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
 

@@ -1,4 +1,4 @@
-"""Background runs (mcp_server/capsules/background.py): answers within the budget, "running"
+"""Background runs (mcp_server/capsules/run.py): answers within the budget, "running"
 past it, fetches, cancels, the capsule's turn held by the run, and results that expire."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import trio
 import trio.testing
 
-from mcp_server.capsules import background
-from mcp_server.capsules.background import Run, Runs
+from mcp_server.capsules import run
+from mcp_server.capsules.run import Run, Runs
 from mcp_server.capsules.turns import CapsuleQueue
 from sandbox.errors import CcwError
 
@@ -188,7 +188,7 @@ def test_a_run_waited_for_in_the_calling_task_tells_its_end_too() -> None:
 
 
 def test_finished_runs_expire_by_age_and_count(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(background, "KEEP_FINISHED", 2)
+    monkeypatch.setattr(run, "KEEP_FINISHED", 2)
 
     async def main() -> None:
         runs = Runs()
@@ -199,7 +199,7 @@ def test_finished_runs_expire_by_age_and_count(monkeypatch: pytest.MonkeyPatch) 
         with pytest.raises(CcwError) as caught:
             runs.get(ids[0])
         assert caught.value.code == "NOT_FOUND" and "restart" in caught.value.message
-        await trio.sleep(background.KEEP_S + 1)
+        await trio.sleep(run.KEEP_S + 1)
         with pytest.raises(CcwError):
             runs.get(ids[2])
 
