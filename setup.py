@@ -2,7 +2,7 @@
 
 Everything else is in pyproject.toml.
 
-- ``ccw-jail`` (sandbox/launcher.py says why it is C) is built by every install: a wheel
+- ``ccw-jail`` (sandbox/jail_launcher.py says why it is C) is built by every install: a wheel
   carries it as sandbox/ccw-jail, and an editable install (``pip install -e .``, what
   ``./dev setup`` does) builds it in place, next to the package's modules, where the
   helper looks for it.  It is linked statically when the C library allows (no dynamic

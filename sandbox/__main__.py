@@ -42,7 +42,7 @@ import sys
 from collections.abc import Mapping
 from types import FrameType
 
-from sandbox import __version__, disk, launcher, probe, syscalls
+from sandbox import __version__, disk, jail_launcher, probe, syscalls
 from sandbox.errors import CcwError
 from sandbox.server import Dispatcher, HelperServer
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.die_with_parent:
             _die_with_parent(parent)
         mode = choose_mode(args.mode, os.geteuid())
-        launcher.require()  # no jail without it: say so now, not at the first exec
+        jail_launcher.require()  # no jail without it: say so now, not at the first exec
         if mode == "rootless":
             enter_user_namespace()
         else:

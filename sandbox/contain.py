@@ -2,7 +2,7 @@
 
 This is nsjail's contain: ``prepare`` turns a ``JailSpec`` into a ``Plan`` in the helper,
 and the jail's first process applies it step by step.  That process is ``ccw-jail``, a
-small C program the helper posix_spawns with the plan (sandbox/launcher.py says why C
+small C program the helper posix_spawns with the plan (sandbox/jail_launcher.py says why C
 and how the plan travels; sandbox/jail/ is the program, steps.c the steps, in the order
 below).  supervise.py starts it, feeds it and waits for it.
 
@@ -111,7 +111,7 @@ class JailSpec:
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything ccw-jail needs to build the jail, computed in the helper (launcher.encode sends it)."""
+    """Everything ccw-jail needs to build the jail, computed in the helper (jail_launcher.encode sends it)."""
 
     ns: namespaces.NamespacePlan
     mount_steps: list[mounts.MountStep]

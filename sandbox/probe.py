@@ -59,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox import launcher, mountinfo, syscalls
+from sandbox import jail_launcher, mountinfo, syscalls
 
 if TYPE_CHECKING:
     from sandbox.disk import Disks
@@ -157,8 +157,8 @@ def features(state_dir: str | None = None) -> list[Finding]:
             os.mkdir(path)
             return path
 
-        why = launcher.missing()  # ccw-jail next to the package: no jail starts without it, nor the helper
-        found = [Finding("jail_launcher", why is None, why or launcher.PATH, None if why is None else "no_jail_launcher"),
+        why = jail_launcher.missing()  # ccw-jail next to the package: no jail starts without it, nor the helper
+        found = [Finding("jail_launcher", why is None, why or jail_launcher.PATH, None if why is None else "no_jail_launcher"),
                  *_namespaces(rootless)]
         userns_ok = bool(found[1].ok)
         found.append(_overlayfs(fresh, rootless, userns_ok))

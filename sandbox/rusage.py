@@ -18,7 +18,7 @@ Some facts about rusage on Linux (each checked on this project's CI kernel, 6.18
   mm's high-water mark in ``signal->maxrss``, and a forked mm starts at its parent's
   resident size.  A child forked (or vforked, as ``posix_spawn`` does) from a 200 MiB
   parent that execs ``/bin/true`` reports 200 MiB (measured).  The jail's init is
-  ccw-jail, a small static program (sandbox/launcher.py), so the command it spawns counts
+  ccw-jail, a small static program (sandbox/jail_launcher.py), so the command it spawns counts
   the init's own peak (its VmHWM, about 1 MiB; where contain.py's Python init serves,
   a fork of the helper, 15 to 30 MiB of the helper's heap).  The init reports that size
   (``inherited_kb``): a figure above it is the true peak of some process of the jail; a

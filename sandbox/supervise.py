@@ -1,7 +1,7 @@
 """Supervise one jail from the helper: spawn it, feed it, drain its output, time it out, reap it.
 
 This is nsjail's subproc: ``run`` spawns the jail's first process, ccw-jail
-(sandbox/launcher.py: it builds the jail from contain.py's plan, moving itself into the
+(sandbox/jail_launcher.py: it builds the jail from contain.py's plan, moving itself into the
 exec's cgroup first), and waits, reading the command's output and the launcher's
 reports (contain.py's message pipe) until the jail ends.
 
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sandbox import jail_end, launcher, mounts, namespaces, syscalls
+from sandbox import jail_end, jail_launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
@@ -255,9 +255,9 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
     try:
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
-                pid = launcher.spawn(plan, child_fds, direct)
+                pid = jail_launcher.spawn(plan, child_fds, direct)
         else:
-            pid = launcher.spawn(plan, child_fds, direct)
+            pid = jail_launcher.spawn(plan, child_fds, direct)
     finally:
         for fd in child_fds:
             if fd is not None:

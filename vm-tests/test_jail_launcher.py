@@ -1,4 +1,4 @@
-"""ccw-jail's own contract (sandbox/jail/, sandbox/launcher.py), on the real kernel.
+"""ccw-jail's own contract (sandbox/jail/, sandbox/jail_launcher.py), on the real kernel.
 
 A malformed plan is refused with an "E" report, never a crash; every report kind the
 helper reads arrives (C, P, E, W, A, R); END_SIGNAL ends the jail with the usage still
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import contain, jail_end, launcher, mounts, rusage, supervise
+from sandbox import contain, jail_end, jail_launcher, mounts, rusage, supervise
 
 NOBODY = 65534
 
@@ -54,10 +54,10 @@ def _spawn_raw(plan: bytes, extra: dict[int, int] | None = None) -> tuple[int, b
     plan_fd = os.memfd_create("test-plan", os.MFD_CLOEXEC)
     os.write(plan_fd, plan)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    placed = {0: null, 1: null, 2: err_w, 3: report_w, launcher.FD_PLAN: plan_fd, **(extra or {})}
-    high = {target: os.dup(fd) for target, fd in placed.items()}  # above every target: see launcher.spawn
+    placed = {0: null, 1: null, 2: err_w, 3: report_w, jail_launcher.FD_PLAN: plan_fd, **(extra or {})}
+    high = {target: os.dup(fd) for target, fd in placed.items()}  # above every target: see jail_launcher.spawn
     try:
-        pid = os.posix_spawn(launcher.PATH, [launcher.PATH], {},
+        pid = os.posix_spawn(jail_launcher.PATH, [jail_launcher.PATH], {},
                              file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
     finally:
         for fd in (*high.values(), report_w, err_w, plan_fd, null):
@@ -69,7 +69,7 @@ def _spawn_raw(plan: bytes, extra: dict[int, int] | None = None) -> tuple[int, b
 
 
 def _plan(spec: contain.JailSpec) -> bytes:
-    return launcher.encode(contain.prepare(spec), launcher.ROOT, 0)
+    return jail_launcher.encode(contain.prepare(spec), jail_launcher.ROOT, 0)
 
 
 @pytest.mark.parametrize("damage", ["magic", "cut short", "unknown record", "string without NUL",
@@ -104,9 +104,9 @@ def test_the_rootless_shape_reports_p_w_a_and_r(spec: contain.JailSpec) -> None:
     """Not pid 1 already: the launcher unshares the pid namespace, forks the init, reports its pid and status."""
     root = mounts.spare_root()
     assert root is not None, "this kernel builds no detached root tree (before 6.15?)"
-    plan = launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "exit 7"])), launcher.ROOT, 0)
+    plan = jail_launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "exit 7"])), jail_launcher.ROOT, 0)
     try:
-        status, raw, _ = _spawn_raw(plan, {launcher.FD_ROOT: root})
+        status, raw, _ = _spawn_raw(plan, {jail_launcher.FD_ROOT: root})
     finally:
         os.close(root)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
@@ -123,9 +123,9 @@ def test_a_cgroup_file_that_refuses_the_move_reports_c(spec: contain.JailSpec) -
     root = mounts.spare_root()
     assert root is not None
     read_only = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)  # "0" cannot be written to it: EBADF
-    plan = launcher.encode(contain.prepare(spec), launcher.ROOT, 1)
+    plan = jail_launcher.encode(contain.prepare(spec), jail_launcher.ROOT, 1)
     try:
-        status, raw, _ = _spawn_raw(plan, {launcher.FD_ROOT: root, launcher.FD_CGROUPS: read_only})
+        status, raw, _ = _spawn_raw(plan, {jail_launcher.FD_ROOT: root, jail_launcher.FD_CGROUPS: read_only})
     finally:
         os.close(root)
         os.close(read_only)
@@ -184,7 +184,7 @@ def test_the_init_is_the_launcher_not_a_python_fork(spec: contain.JailSpec) -> N
 
 
 def test_a_helper_without_the_launcher_refuses_to_start(tmp_path: Path) -> None:
-    code = ("import sys; from sandbox import launcher, __main__ as m; launcher.PATH = '/nonexistent/ccw-jail'; "
+    code = ("import sys; from sandbox import jail_launcher, __main__ as m; jail_launcher.PATH = '/nonexistent/ccw-jail'; "
             f"sys.exit(m.main(['--socket', '{tmp_path}/s', '--state-dir', '{tmp_path}/state']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})

@@ -1,7 +1,7 @@
 """Exec of /bin/true in the full jail, against bubblewrap and a bare subprocess.
 
 ccw's figure is ``supervise.run`` of ``/bin/true`` (the helper's plan, then ccw-jail, its C
-launcher and init, posix_spawned: sandbox/launcher.py) with every step of a real exec (mount,
+launcher and init, posix_spawned: sandbox/jail_launcher.py) with every step of a real exec (mount,
 pid, net, uts, ipc and cgroup namespaces, the tmpfs root with system binds, /proc with
 its masks, /sys, /dev, /tmp and $HOME, lo up, privileges dropped) but no cgroup, whose
 cost belongs to the cgroup part.  The baselines run in the same process, interleaved

@@ -1,4 +1,4 @@
-/* ccw-jail: the jail's launcher and its init, spawned by the helper (sandbox/launcher.py).
+/* ccw-jail: the jail's launcher and its init, spawned by the helper (sandbox/jail_launcher.py).
  *
  * Why C, in a project that is Python but for this (DESIGN §8: "no other C without a
  * measured reason").  Issue 27's profile measured what a jail cost when its first

@@ -1,6 +1,6 @@
 /* ccw-jail: the jail's launcher and init (see ccw_jail.c for why it is C).
  *
- * The plan the helper writes (sandbox/launcher.py encodes it; plan.c reads it), on
+ * The plan the helper writes (sandbox/jail_launcher.py encodes it; plan.c reads it), on
  * descriptor 4, a memfd read to its end:
  *
  *     "CCWJAIL1" record* ; record = tag (1 byte) | length (u32, native order) | payload

@@ -1,4 +1,4 @@
-"""The plan as sandbox/launcher.py writes it for ccw-jail (the format of sandbox/jail/jail.h), no root needed."""
+"""The plan as sandbox/jail_launcher.py writes it for ccw-jail (the format of sandbox/jail/jail.h), no root needed."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import struct
 
 import pytest
 
-from sandbox import contain, launcher, mounts, namespaces, seccomp
+from sandbox import contain, jail_launcher, mounts, namespaces, seccomp
 
 
 def _records(raw: bytes) -> list[tuple[bytes, bytes]]:
-    assert raw[:8] == launcher.MAGIC
+    assert raw[:8] == jail_launcher.MAGIC
     records, offset = [], 8
     while offset < len(raw):
         (length,) = struct.unpack_from("=I", raw, offset + 1)
@@ -33,7 +33,7 @@ def _plan(**changes: object) -> contain.Plan:
 
 
 def test_the_plan_is_magic_then_records_ending_in_z() -> None:
-    records = _records(launcher.encode(_plan(), launcher.DIRECT | launcher.ROOT, 2))
+    records = _records(jail_launcher.encode(_plan(), jail_launcher.DIRECT | jail_launcher.ROOT, 2))
     tags = [tag for tag, _ in records]
     assert tags[0] == b"O" and tags[-1] == b"Z" and records[-1][1] == b""
     assert [p for t, p in records if t == b"a"] == [b"sh\0", b"-c\0", "echo é\0".encode()]
@@ -43,18 +43,18 @@ def test_the_plan_is_magic_then_records_ending_in_z() -> None:
 
 
 def test_the_options_word_carries_credentials_and_bits() -> None:
-    options = dict(_records(launcher.encode(_plan(), launcher.NET | launcher.ROOT, 3)))[b"O"]
+    options = dict(_records(jail_launcher.encode(_plan(), jail_launcher.NET | jail_launcher.ROOT, 3)))[b"O"]
     flags, bits, uid, gid, last_cap, end, cgroups, low, high = struct.unpack("=9I", options)
     assert flags == namespaces.JAIL_FLAGS and (uid, gid, last_cap, cgroups) == (1000, 1001, 40, 3)
-    assert bits == launcher.NET | launcher.ROOT | launcher.SET_UID | launcher.CLEAR_GROUPS | launcher.CONTROLLING_TTY
+    assert bits == jail_launcher.NET | jail_launcher.ROOT | jail_launcher.SET_UID | jail_launcher.CLEAR_GROUPS | jail_launcher.CONTROLLING_TTY
     assert end == int(contain.END_SIGNAL) and (low, high) == (1, 1 << 3)
 
 
 def test_mount_steps_carry_action_attrs_bits_and_their_name() -> None:
-    steps = [p for t, p in _records(launcher.encode(_plan(), launcher.ROOT, 0)) if t == b"m"]
+    steps = [p for t, p in _records(jail_launcher.encode(_plan(), jail_launcher.ROOT, 0)) if t == b"m"]
     assert len(steps) == 3
     action, attrs, bits = struct.unpack_from("=3I", steps[2])
-    assert (action, attrs, bits) == (launcher.ACTIONS["bind"], 6, launcher.NOFOLLOW)
+    assert (action, attrs, bits) == (jail_launcher.ACTIONS["bind"], 6, jail_launcher.NOFOLLOW)
     assert steps[2][12:].split(b"\0") == [b"/ws", b"/.oldroot/src", b"nofollow", b"bind /.oldroot/src -> /ws", b""]
 
 
@@ -62,7 +62,7 @@ def test_mount_steps_carry_action_attrs_bits_and_their_name() -> None:
 def test_the_seccomp_program_goes_as_is_or_not_at_all(with_filter: bool) -> None:
     prepared = seccomp.prepare()
     plan = _plan(seccomp_filter=prepared if with_filter else None)
-    program = dict(_records(launcher.encode(plan, launcher.ROOT, 0))).get(b"f")
+    program = dict(_records(jail_launcher.encode(plan, jail_launcher.ROOT, 0))).get(b"f")
     assert program == (prepared.buffer.raw if with_filter and prepared is not None else None)
 
 
@@ -70,22 +70,22 @@ def test_every_action_the_plan_makes_has_a_code() -> None:
     used = {step.action for step in mounts.root_steps()} | {
         "private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
         "detach_old_root", "seal_root"}
-    assert used <= set(launcher.ACTIONS) and sorted(launcher.ACTIONS.values()) == list(range(1, len(launcher.ACTIONS) + 1))
+    assert used <= set(jail_launcher.ACTIONS) and sorted(jail_launcher.ACTIONS.values()) == list(range(1, len(jail_launcher.ACTIONS) + 1))
 
 
 def test_without_a_tree_built_ahead_the_root_steps_go_along() -> None:
-    with_tree = _records(launcher.encode(_plan(), launcher.ROOT, 0))
-    without = _records(launcher.encode(_plan(), 0, 0))
+    with_tree = _records(jail_launcher.encode(_plan(), jail_launcher.ROOT, 0))
+    without = _records(jail_launcher.encode(_plan(), 0, 0))
     assert not [p for t, p in with_tree if t == b"r"]
     root = [p for t, p in without if t == b"r"]
     assert len(root) == len(mounts.root_steps())
-    etc = [p for p in root if struct.unpack_from("=I", p)[0] == launcher.ACTIONS["etc"]]
+    etc = [p for p in root if struct.unpack_from("=I", p)[0] == jail_launcher.ACTIONS["etc"]]
     assert len(etc) == 1 and etc[0][12:].split(b"\0")[2] == "/".join(mounts.ETC_SECRETS).encode()
 
 
 def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(launcher, "PATH", "/nonexistent/ccw-jail")
-    why = launcher.missing()
+    monkeypatch.setattr(jail_launcher, "PATH", "/nonexistent/ccw-jail")
+    why = jail_launcher.missing()
     assert why is not None and "reinstall ccw" in why and "/nonexistent/ccw-jail" in why
     with pytest.raises(Exception, match="reinstall ccw"):
-        launcher.require()
+        jail_launcher.require()
