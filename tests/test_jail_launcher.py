@@ -89,3 +89,14 @@ def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch)
     assert why is not None and "reinstall ccw" in why and "/nonexistent/ccw-jail" in why
     with pytest.raises(Exception, match="reinstall ccw"):
         jail_launcher.require()
+
+
+def test_a_failed_step_carries_what_ccw_jail_said_beyond_the_errno() -> None:
+    from sandbox import supervise
+
+    plan = supervise._setup_error(b"read the jail plan\x0022\x00the plan does not start with CCWJAIL1 (a launcher from another ccw version?)")
+    assert "jail step 'read the jail plan' failed: EINVAL" in plan.message
+    assert "ccw-jail says: the plan does not start with CCWJAIL1" in plan.message
+    chdir = supervise._setup_error(b"chdir /no/dir\x002\x00chdir failed: No such file or directory")
+    assert "ccw-jail says" not in chdir.message and "ENOENT" in chdir.message  # the errno says it all
+    assert chdir.details["step"] == "chdir /no/dir"
