@@ -23,6 +23,10 @@ sys.path.insert(0, str(ROOT))
 
 MUST_WORK = os.environ.get("CCW_MUST_WORK") == "1"
 
+# Other users' fixtures, for every vm-test: a script run as a uid, a directory all can
+# traverse, a system user made for the test (tests/support/users.py).
+from tests.support.users import public_dir, run_as, user_dir  # noqa: E402, F401
+
 
 def require(condition: bool, why: str) -> None:
     """Skip (or, under CCW_MUST_WORK=1, fail) unless ``condition`` holds."""

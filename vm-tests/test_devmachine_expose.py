@@ -46,7 +46,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_ipc_users import public_dir, run_as  # noqa: E402, F401  (run_as, public_dir: fixtures)
 
 from tests.support import realprojects  # noqa: E402
 from tests.support.agent_loop import scenario_command  # noqa: E402
@@ -397,7 +396,7 @@ trio.run(main, *sys.argv[1:])
 
 
 def test_a_root_helper_shows_a_caller_only_what_the_caller_may_read(
-        run_as: Callable[..., Any], public_dir: Path, launch_helper: Callable[..., Any]) -> None:  # noqa: F811
+        run_as: Callable[..., Any], public_dir: Path, launch_helper: Callable[..., Any]) -> None:
     ws, mine = public_dir / "ws", public_dir / "mine"
     ws.mkdir()
     (mine / "tools" / "bin").mkdir(parents=True)

@@ -17,7 +17,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from tests.support import realprojects  # noqa: E402
 from tests.support.users import run_script_as  # noqa: E402
@@ -55,7 +54,7 @@ print(json.dumps(trio.run(main)))
 """
 
 
-def test_scope_and_volatile_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+def test_scope_and_volatile_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
     import json
     import subprocess
 

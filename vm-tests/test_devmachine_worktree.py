@@ -34,7 +34,6 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from sandbox.errors import CcwError  # noqa: E402
 from tests.support import realprojects  # noqa: E402
@@ -247,7 +246,7 @@ def test_the_helper_refuses_a_spec_naming_a_key_store(tools: Any, tmp_path: Path
     assert raised.value.code == "INVALID_ARGUMENT" and "resolved path" in raised.value.message, raised.value
 
 
-def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+def test_worktree_and_submodule_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
     uid, gid, home = user_dir
     paths = _repos(home)
     subprocess.run(["chown", "-R", f"{uid}:{gid}", *(paths[k] for k in ("repo", "wt", "super", "scratch"))],

@@ -25,7 +25,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from test_realprojects_rootless import user_dir  # noqa: E402, F401  (a fixture)
 
 from sandbox import egress  # noqa: E402
 from tests.support import SUPPORT_DIR  # noqa: E402

@@ -30,7 +30,6 @@ from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
 from tests.support.workspaces import make_workspace  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "vm-tests"))
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from tests.support.netfixtures import HttpLoopback  # noqa: E402
 from tests.support.users import as_user  # noqa: E402
@@ -180,7 +179,7 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
 
 
 
-def test_frontend_socket_refuses_another_uid_even_root(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+def test_frontend_socket_refuses_another_uid_even_root(user_dir: tuple[int, int, Path]) -> None:
     """An unprivileged user's front end: its socket is 0600, and root, who may connect
     anyway, is refused by SO_PEERCRED (a call may lend its caller's PATH and HOME)."""
     uid, gid, home = user_dir

@@ -6,53 +6,20 @@ as the ``run_as`` fixture here does for the tests that take it.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
 import subprocess
-import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.users import OTHER_UID, as_user
+from tests.support.users import OTHER_UID
 from tests.support.users import (
     run_script_as as run_script_as,  # still importable from here (test_jail_terminal.py)
 )
-
-
-@pytest.fixture
-def run_as(root_required: None, require: Callable[[bool, str], None]) -> Iterator[Callable[..., Any]]:
-    require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None,
-            "needs setpriv and unshare (util-linux)")
-    keep_dirs: list[str] = []
-
-    def run(uid: int, gid: int, script: str, *args: str, cwd: str = "/") -> Any:
-        argv = [sys.executable, "-c", script, *args]
-        done = subprocess.run(as_user(uid, gid, argv, keep_dirs), cwd=cwd, capture_output=True, timeout=120,
-                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
-        assert done.returncode == 0, done.stderr.decode()
-        lines = done.stdout.decode().splitlines()
-        assert len(lines) == 1, done.stdout.decode() + done.stderr.decode()  # nothing else on stdout
-        return json.loads(lines[0])
-
-    yield run
-    for keep in keep_dirs:
-        os.rmdir(keep)
-
-
-@pytest.fixture
-def public_dir() -> Iterator[Path]:
-    """A directory every user can traverse (pytest's tmp_path is 0700)."""
-    path = Path(tempfile.mkdtemp(prefix="ccw-ipc-"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path)
-
 
 PEER_SCRIPT = r"""
 import json, sys, trio

@@ -24,7 +24,6 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from test_network_e2e import PROBES  # noqa: E402
-from test_realprojects_rootless import user_dir  # noqa: E402, F401 - a fixture, used by name
 
 from tests.support import netfixtures as nf  # noqa: E402
 from tests.support.users import run_script_as  # noqa: E402
@@ -74,7 +73,7 @@ print(json.dumps(trio.run(main)))
 
 
 @pytest.fixture
-def world(user_dir: tuple[int, int, Path],  # noqa: F811 - the fixture imported above
+def world(user_dir: tuple[int, int, Path],
           root_required: None) -> Iterator[tuple[int, int, Path, nf.Servers]]:
     uid, gid, home = user_dir
     root = home / "srv"

@@ -11,23 +11,16 @@ lets the change be promoted (issue 13 item 4).
 
 from __future__ import annotations
 
-import os
-import secrets
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-
-import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from tests.support import realprojects  # noqa: E402
 from tests.support.users import run_script_as  # noqa: E402
+from tests.support.users import user_dir as user_dir  # noqa: E402  (still importable from here: test_jail_terminal.py)
 
 SCRIPT = r"""
 import contextlib, json, os, sys
@@ -57,32 +50,6 @@ try:
 except BaseExceptionGroup as group:  # the MCP client's task groups wrap the loop's failure
     raise agent_loop.leaf(group) from None
 """
-
-
-@pytest.fixture
-def user_dir(root_required: None, require: Callable[[bool, str], None]) -> Iterator[tuple[int, int, Path]]:
-    """A system user made for the test, and a directory it owns that everyone can traverse."""
-    require(all(shutil.which(tool) for tool in ("useradd", "setpriv", "unshare")),
-            "needs useradd, setpriv and unshare")
-    name = f"ccwrp{secrets.token_hex(4)}"
-    for attempt in range(10):  # other tests add users too: /etc/passwd's lock may be held a moment
-        made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                              capture_output=True, text=True, check=False)
-        if made.returncode == 0:
-            break
-        time.sleep(0.2 * (attempt + 1))
-    assert made.returncode == 0, made.stderr
-    path = Path(tempfile.mkdtemp(prefix="ccw-realproj-", dir="/var/tmp"))
-    try:
-        import pwd
-
-        entry = pwd.getpwnam(name)
-        path.chmod(0o755)
-        os.chown(path, entry.pw_uid, entry.pw_gid)
-        yield entry.pw_uid, entry.pw_gid, path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        subprocess.run(["userdel", name], check=True, capture_output=True)
 
 
 def test_agent_loop_on_the_python_project_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:

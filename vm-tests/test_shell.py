@@ -28,7 +28,6 @@ import trio
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from mcp_server.events import EventLog  # noqa: E402
 from mcp_server.journal import Journal  # noqa: E402
@@ -91,7 +90,7 @@ def test_shell_session_as_root(state: Path, tmp_path: Path) -> None:
     assert refused.returncode == 1 and "UNSUPPORTED" in refused.stderr and "terminal" in refused.stderr
 
 
-def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:  # noqa: F811
+def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:
     uid, gid, home = user_dir
     workspace, scratch = home / "ws", home / "scratch"
     for directory in (workspace, scratch):

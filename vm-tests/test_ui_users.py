@@ -34,7 +34,6 @@ from typing import IO, Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 from test_ui_browser import browser, serve_ui, shot  # noqa: E402,F401  (browser: the fixture)
 
 from tests.support.users import OTHER_UID, as_user, run_script_as  # noqa: E402

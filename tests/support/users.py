@@ -7,19 +7,29 @@ entries needed, bound from the original; the host is not changed.  Then ``setpri
 drops to the uid/gid.  The repository is made reachable too, so a script run this way
 imports this tree's ``sandbox``, ``mcp_server`` and ``tests.support`` when it puts the
 repository on its path.
+
+The fixtures here (``run_as``, ``public_dir``, ``user_dir``) are vm-tests/conftest.py's:
+every vm-test can take them by name.  They need its ``root_required`` and ``require``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
+import secrets
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 OTHER_UID = 47_311  # no account needed: setpriv takes numbers
@@ -70,3 +80,58 @@ def run_script_as(uid: int, gid: int, argv: list[str], cwd: Path, timeout: float
     assert done.returncode == 0, done.stderr.decode()[-6000:]
     out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
     return out
+
+
+@pytest.fixture
+def run_as(root_required: None, require: Callable[[bool, str], None]) -> Iterator[Callable[..., Any]]:
+    """``run(uid, gid, script, *args, cwd="/")``: a Python script run as uid/gid, which must
+    print exactly one JSON object; returns it."""
+    require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None,
+            "needs setpriv and unshare (util-linux)")
+    keep_dirs: list[str] = []
+
+    def run(uid: int, gid: int, script: str, *args: str, cwd: str = "/") -> Any:
+        argv = [sys.executable, "-c", script, *args]
+        done = subprocess.run(as_user(uid, gid, argv, keep_dirs), cwd=cwd, capture_output=True, timeout=120,
+                              env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+        assert done.returncode == 0, done.stderr.decode()
+        lines = done.stdout.decode().splitlines()
+        assert len(lines) == 1, done.stdout.decode() + done.stderr.decode()  # nothing else on stdout
+        return json.loads(lines[0])
+
+    yield run
+    for keep in keep_dirs:
+        os.rmdir(keep)
+
+
+@pytest.fixture
+def public_dir() -> Iterator[Path]:
+    """A directory every user can traverse (pytest's tmp_path is 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="ccw-ipc-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+@pytest.fixture
+def user_dir(root_required: None, require: Callable[[bool, str], None]) -> Iterator[tuple[int, int, Path]]:
+    """A system user made for the test, and a directory it owns that everyone can traverse."""
+    require(all(shutil.which(tool) for tool in ("useradd", "setpriv", "unshare")),
+            "needs useradd, setpriv and unshare")
+    name = f"ccwrp{secrets.token_hex(4)}"
+    for attempt in range(10):  # other tests add users too: /etc/passwd's lock may be held a moment
+        made = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                              capture_output=True, text=True, check=False)
+        if made.returncode == 0:
+            break
+        time.sleep(0.2 * (attempt + 1))
+    assert made.returncode == 0, made.stderr
+    path = Path(tempfile.mkdtemp(prefix="ccw-realproj-", dir="/var/tmp"))
+    try:
+        entry = pwd.getpwnam(name)
+        path.chmod(0o755)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+        yield entry.pw_uid, entry.pw_gid, path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        subprocess.run(["userdel", name], check=True, capture_output=True)
