@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.canary import SECRET, plant, tree_digest
 from tests.support.mcp_process import ServerProcess, server_env
-from tests.test_attack_patches import SECRET, plant, tree_digest
 
 INTERNAL_ERROR = -32603
 INVALID_PARAMS = -32602

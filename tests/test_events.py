@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
@@ -14,22 +13,9 @@ import trio.testing
 from mcp_server import events
 from mcp_server.capsules.turns import CapsuleQueue, Ticket, exec_label
 from mcp_server.events import EventLog
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
 from mcp_server.state import State
-from sandbox.spec import CapsuleSpec
-
-
-def _record(capsule_id: str = "cap_1") -> CapsuleRecord:
-    return CapsuleRecord(capsule_id=capsule_id, spec=CapsuleSpec(workspace="/ws", expose=("/opt/py",)),
-                         parent=None, created_at="", clock="", isolation={}, mount="", base_fingerprint=None,
-                         destroyed_at=None)
-
-
-def _entry(touched: dict[str, Any], exit_code: int = 0) -> dict[str, Any]:
-    return {"started_at": "", "argv": ["pytest", "-q"], "cwd": "/ws", "env_keys": [], "stdin_blake3": None,
-            "stdin_b64": None, "timeout_ms": 1000, "exit_code": exit_code, "signal": None, "timed_out": 0,
-            "oom_killed": 0, "stdout_blake3": "b", "stderr_blake3": "b", "stdout_bytes": 0, "stderr_bytes": 0,
-            "duration_ms": 12, "usage": {"cpu_ms": 7, "rss_max_kb": 900}, "touched": touched}
+from tests.support.journal_rows import capsule_record, exec_entry
 
 
 @pytest.fixture
@@ -39,12 +25,12 @@ def state(tmp_path: Path) -> State:
 
 def test_a_capsules_life_is_a_stream_of_events_in_journal_order(state: State) -> None:
     journal, log = Journal(state), EventLog(state)
-    journal.add_capsule(_record())
+    journal.add_capsule(capsule_record())
     network = [{"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443",
                 "reason": None, "address": "1.2.3.4", "bytes_in": 10, "bytes_out": 5, "cut": False},
                {"host": "evil.example", "port": 80, "protocol": "http", "allowed": False, "rule": None,
                 "reason": "not in the allowlist", "address": None, "bytes_in": 0, "bytes_out": 0, "cut": False}]
-    journal.add_exec("cap_1", _entry({"read": ["src/a.py", "src/b.py", "setup.py"], "written": ["out.txt"],
+    journal.add_exec("cap_1", exec_entry({"read": ["src/a.py", "src/b.py", "setup.py"], "written": ["out.txt"],
                                       "network": network}, exit_code=1))
     journal.add_write("cap_1", "notes.md", "write", b"x")
     journal.mark_destroyed("cap_1", "2026-11-27T00:00:00Z")
@@ -70,9 +56,9 @@ def test_a_capsules_life_is_a_stream_of_events_in_journal_order(state: State) ->
 
 def test_an_untraced_run_says_its_reads_are_unknown_and_lists_are_capped(state: State) -> None:
     journal, log = Journal(state), EventLog(state)
-    journal.add_capsule(_record())
+    journal.add_capsule(capsule_record())
     written = [f"f{i:04}" for i in range(events.MAX_PATHS + 50)]
-    journal.add_exec("cap_1", _entry({"read": None, "written": written, "network": None}))
+    journal.add_exec("cap_1", exec_entry({"read": None, "written": written, "network": None}))
     finished, files = log.since(0)[1:]
     assert finished.data["reads"] is None and finished.data["writes"] == len(written)
     assert files.data["count"] == len(written) and len(files.data["paths"]) == events.MAX_PATHS
@@ -80,7 +66,7 @@ def test_an_untraced_run_says_its_reads_are_unknown_and_lists_are_capped(state: 
 
 def test_a_failed_journal_write_leaves_no_event(state: State) -> None:
     journal, log = Journal(state), EventLog(state)
-    journal.add_capsule(_record())
+    journal.add_capsule(capsule_record())
     before = log.last_id()
     with pytest.raises(KeyError):
         journal.add_exec("cap_1", {"argv": ["x"]})  # no touched: the row and its events roll back
@@ -139,7 +125,7 @@ def test_a_follower_in_another_connection_sees_events_as_they_are_committed(tmp_
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(follow)
                 await trio.sleep(0.05)
-                Journal(writer).add_capsule(_record())
+                Journal(writer).add_capsule(capsule_record())
                 await trio.sleep(0.05)
                 Journal(writer).mark_destroyed("cap_1", "now")
 

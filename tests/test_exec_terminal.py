@@ -12,14 +12,7 @@ from sandbox.access import check_terminal
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest, ListRequest, attach_descriptors, parse_request
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
-
-
-def _closed(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return True
-    return False
+from tests.support.descriptors import is_closed
 
 
 def test_the_terminal_is_not_an_argument() -> None:
@@ -40,11 +33,11 @@ def test_descriptors_go_only_where_they_are_asked_for() -> None:
     a, b = os.pipe()
     with pytest.raises(CcwError) as extra:
         attach_descriptors(ListRequest(), [a])
-    assert extra.value.code == "INVALID_ARGUMENT" and _closed(a)
+    assert extra.value.code == "INVALID_ARGUMENT" and is_closed(a)
     c, d = os.pipe()
     with pytest.raises(CcwError):
         attach_descriptors(tty, [b, c])  # two for one: both closed
-    assert _closed(b) and _closed(c)
+    assert is_closed(b) and is_closed(c)
     held = attach_descriptors(tty, [d])
     assert held.tty_fd == d and held.descriptors() == [d]
     os.close(d)

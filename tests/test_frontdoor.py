@@ -28,8 +28,8 @@ from mcp_server.server import (
     caller_terminal,
 )
 from sandbox.errors import CcwError
+from tests.support.descriptors import is_closed
 from tests.support.raw_mcp import RawStdio
-from tests.test_exec_terminal import _closed
 
 
 def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
@@ -159,10 +159,10 @@ def test_descriptors_passed_on_the_front_end_socket_are_kept_up_to_a_limit() -> 
             passed.add([fd])
         extra = os.dup(kept[0] or 0)
         passed.add([extra])
-        assert _closed(extra)  # over the limit: closed at once
+        assert is_closed(extra)  # over the limit: closed at once
         held = list(kept[: PassedFds.LIMIT])
         passed.close()
-        assert all(_closed(fd) for fd in held if fd is not None)
+        assert all(is_closed(fd) for fd in held if fd is not None)
         await receiver.aclose()
         theirs.close()
         for r, w in pipes:

@@ -13,6 +13,7 @@ import pytest
 
 from mcp_server.fs.promote import CRASH_ENV, STEPS, Op, Promoter
 from sandbox.errors import CcwError
+from tests.support.promotion import change_content, change_ops, workspace
 
 
 def _tree(root: Path) -> dict[str, object]:
@@ -30,41 +31,9 @@ def _tree(root: Path) -> dict[str, object]:
     return out
 
 
-def _workspace(tmp_path: Path) -> Path:
-    ws = tmp_path / "ws"
-    (ws / "src" / "pkg").mkdir(parents=True)
-    (ws / "src" / "a.py").write_text("old a\n")
-    (ws / "src" / "pkg" / "b.py").write_text("old b\n")
-    (ws / "gone.txt").write_text("bye\n")
-    (ws / "dir_to_file").mkdir()
-    (ws / "dir_to_file" / "inner").write_text("x")
-    (ws / "run.sh").write_text("echo\n")
-    return ws
-
-
-CONTENT = {"src/a.py": b"new a\n", "src/new/deep.py": b"deep\n", "dir_to_file": b"now a file\n"}
-
-
-def _ops() -> list[Op]:
-    return [
-        Op("write", "src/a.py", 0o644),
-        Op("write", "src/new/deep.py", 0o600),
-        Op("delete", "gone.txt"),
-        Op("delete", "src/pkg"),
-        Op("delete", "dir_to_file"),
-        Op("write", "dir_to_file", 0o644),
-        Op("symlink", "link", target="src/a.py"),
-        Op("chmod", "run.sh", 0o755),
-    ]
-
-
-def _content(op: Op) -> bytes:
-    return CONTENT[op.path]
-
-
 def test_every_kind_of_change_lands(tmp_path: Path) -> None:
-    ws = _workspace(tmp_path)
-    applied = Promoter(tmp_path / "state").promote(str(ws), _ops(), _content)
+    ws = workspace(tmp_path)
+    applied = Promoter(tmp_path / "state").promote(str(ws), change_ops(), change_content)
     assert applied == sorted(["dir_to_file", "gone.txt", "link", "run.sh", "src/a.py", "src/new/deep.py", "src/pkg"])
     tree = _tree(ws)
     assert tree["src/a.py"] == ("file", b"new a\n", "0o644")
@@ -125,23 +94,23 @@ def test_a_symlink_swapped_in_during_commit_is_refused(tmp_path: Path) -> None:
 
 _CHILD = """
 import sys
-from mcp_server.fs.promote import Op, Promoter
-sys.path.insert(0, {tests!r})
-from test_promote_core import _ops, _content
-Promoter(__import__('pathlib').Path({state!r})).promote({ws!r}, _ops(), _content)
+sys.path.insert(0, {repo!r})
+from mcp_server.fs.promote import Promoter
+from tests.support.promotion import change_content, change_ops
+Promoter(__import__('pathlib').Path({state!r})).promote({ws!r}, change_ops(), change_content)
 """
 
 
 @pytest.mark.parametrize("step", STEPS)
 def test_kill_at_any_step_then_recovery_gives_all_or_nothing(tmp_path: Path, step: str) -> None:
-    before_ws = _workspace(tmp_path / "before")
-    after_ws = _workspace(tmp_path / "after")
-    Promoter(tmp_path / "state_after").promote(str(after_ws), _ops(), _content)
+    before_ws = workspace(tmp_path / "before")
+    after_ws = workspace(tmp_path / "after")
+    Promoter(tmp_path / "state_after").promote(str(after_ws), change_ops(), change_content)
     before, after = _tree(before_ws), _tree(after_ws)
 
-    ws = _workspace(tmp_path)
+    ws = workspace(tmp_path)
     state = tmp_path / "state"
-    code = _CHILD.format(tests=str(Path(__file__).parent), state=str(state), ws=str(ws))
+    code = _CHILD.format(repo=str(Path(__file__).resolve().parents[1]), state=str(state), ws=str(ws))
     env = {**os.environ, CRASH_ENV: step}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, check=False)
     assert proc.returncode == -9, proc.stderr.decode()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from mcp_server.reapi.merkle import (
 )
 from mcp_server.reapi.worker import parse_properties
 from sandbox.errors import CcwError
+from tests.support.memory_cas import MemoryCas
 
 
 def _base(tmp_path: Path) -> Path:
@@ -111,34 +111,12 @@ def test_settings_choose_the_executor() -> None:
     assert serve_env(parse_args(["serve", "--reapi", "grpc://127.0.0.1:9"]))["CCW_REAPI_URL"] == "grpc://127.0.0.1:9"
 
 
-class _FakeCas:
-    """What fetch_input_root asks of a client, served from a built tree's blobs; counts reads."""
-
-    def __init__(self, blobs: dict[tuple[str, int], bytes | Path]) -> None:
-        self.blobs = {k: v if isinstance(v, bytes) else v.read_bytes() for k, v in blobs.items()}
-        self.read: list[tuple[str, int]] = []
-
-    def get_tree(self, root: Any) -> Iterator[Any]:
-        from mcp_server.reapi.protos import re_pb2
-
-        pending = [root]
-        while pending:
-            directory = re_pb2.Directory.FromString(self.blobs[(pending[0].hash, pending[0].size_bytes)])
-            pending = pending[1:] + [child.digest for child in directory.directories]
-            yield directory
-
-    def read_blobs(self, digests: Any) -> Iterator[tuple[Any, bytes]]:
-        for digest in digests:
-            self.read.append((digest.hash, digest.size_bytes))
-            yield digest, self.blobs[(digest.hash, digest.size_bytes)]
-
-
 def test_fetch_through_the_cache_links_files_and_reads_each_blob_once(tmp_path: Path) -> None:
     ws = _base(tmp_path)
     (ws / "run.sh").chmod(0o755)
     (ws / "same.txt").write_text("A = 1\n")  # the bytes of pkg/a.py: one blob
     tree = tree_of_directory(ws)
-    cas = _FakeCas(tree.blobs)
+    cas = MemoryCas(tree.blobs)
     cache = BlobCache(tmp_path / "cas")
     first, second = tmp_path / "lease1", tmp_path / "lease2"
     first.mkdir()
@@ -190,7 +168,7 @@ def test_a_kept_input_root_is_synced_to_the_next_tree(tmp_path: Path) -> None:
         "new_tree/sub/empty": DirEntry(), "empty": DirEntry(),
     }
     trees = [build_tree(first), build_tree(second)]
-    cas = _FakeCas({k: v for tree in trees for k, v in tree.blobs.items()})
+    cas = MemoryCas({k: v for tree in trees for k, v in tree.blobs.items()})
     roots = InputRoots(tmp_path / "roots", BlobCache(tmp_path / "cas"), keep=1)
     with roots.checkout(cas, trees[0].root) as laid:  # type: ignore[arg-type]
         assert tree_of_directory(laid).root == trees[0].root
@@ -213,7 +191,7 @@ def test_a_kept_input_root_is_synced_to_the_next_tree(tmp_path: Path) -> None:
 
 def test_input_roots_are_not_shared_and_a_failed_lease_is_not_kept(tmp_path: Path) -> None:
     tree = build_tree({"a.txt": FileEntry(data=b"a\n")})
-    cas = _FakeCas(tree.blobs)
+    cas = MemoryCas(tree.blobs)
     roots = InputRoots(tmp_path / "roots", BlobCache(tmp_path / "cas"), keep=2)
     with roots.checkout(cas, tree.root) as one, roots.checkout(cas, tree.root) as two:  # type: ignore[arg-type]
         assert one != two and roots.reused == 0

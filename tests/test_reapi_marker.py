@@ -25,7 +25,7 @@ from mcp_server.reapi.merkle import DirEntry, FileEntry, SymlinkEntry, build_tre
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from sandbox.errors import CcwError
 from sandbox.spec import Limits
-from tests.test_reapi_executor import _FakeCas
+from tests.support.memory_cas import MemoryCas
 
 REFUSALS = {code_pb2.INVALID_ARGUMENT, code_pb2.PERMISSION_DENIED, code_pb2.FAILED_PRECONDITION}
 INPUT_ROOT = build_tree({
@@ -49,7 +49,7 @@ HOSTILE_PATHS = [("/etc", []), ("../..", []), ("a/../../b", []), ("", ["/etc/sha
                  ("sub", ["../../x"]), ("sub", ["a/../../../y"])]
 
 
-class _Client(_FakeCas):
+class _Client(MemoryCas):
     """The CAS a lease reads from (its Command, its input root) and uploads to."""
 
     def read_blob(self, digest: Any) -> bytes:

@@ -29,6 +29,11 @@ end only)" has only such tests, and the mark must go once a test covers it direc
 
 Every module and every test file is in the map (a new one is placed on purpose); an
 ``__init__.py`` that defines no function or class is not a module to test.
+
+No test module imports another (``from test_x import ...``, ``from tests.test_x import
+...``, in its own code or in a script it runs), nor does a conftest.py or a support
+module: what tests share lives in ``tests/support``, so a test file is read, run and
+moved alone.
 """
 
 from __future__ import annotations
@@ -109,12 +114,16 @@ def _imports(tree: ast.AST) -> set[str]:
 
 def _script_imports(text: str) -> set[str]:
     """What a string constant imports if it is Python source (a script run as a subprocess)."""
-    if "import" not in text:
-        return set()
+    parsed = _parsed(text) if "import" in text else None
+    return _imports(parsed) if parsed is not None else set()
+
+
+def _parsed(text: str) -> ast.AST | None:
+    """``text`` parsed as Python, or None if it is not Python."""
     try:
-        return _imports(ast.parse(text))
+        return ast.parse(text)
     except (SyntaxError, ValueError):
-        return set()
+        return None
 
 
 def _strings(tree: ast.AST) -> list[str]:
@@ -229,6 +238,24 @@ def reaches_end_to_end(module: str, test: Path) -> bool:
     return module in _graph_closure(direct_reach(test) | fixtures)
 
 
+def imported_test_modules(tree: ast.AST) -> set[str]:
+    """The test modules a source imports, its scripts' imports included: ``test_x`` (a
+    suite's directory on the path), ``tests.test_x``, ``from tests import test_x``."""
+    sources = [tree, *(parsed for text in _strings(tree) if "import" in text
+                       if (parsed := _parsed(text)) is not None)]
+    names: set[str] = set()
+    for source in sources:
+        for node in ast.walk(source):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+                if node.module in SUITES:
+                    names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in names
+            if name.split(".")[-1].startswith("test_") and name.split(".")[0] in ("tests", name)}
+
+
 def suite_files() -> list[Path]:
     return sorted(path for suite in SUITES for path in (ROOT / suite).glob("test_*.py"))
 
@@ -339,6 +366,16 @@ def test_every_test_file_is_in_the_map() -> None:
                           "or with the tests of the whole):\n" + "\n".join(unmapped))
 
 
+def test_no_test_module_imports_another() -> None:
+    sources = [*suite_files(), *(path for suite in SUITES for path in (ROOT / suite).glob("conftest.py")),
+               *sorted((ROOT / "tests" / "support").rglob("*.py"))]
+    sources.remove(Path(__file__).resolve())  # its own rule's examples are data
+    found = sorted(f"{path.relative_to(ROOT)}: {', '.join(sorted(names))}" for path in sources
+                   if (names := imported_test_modules(ast.parse(path.read_text(encoding="utf-8")))))
+    assert not found, ("test modules imported by others (move what they share to a module of "
+                       "tests/support, its fixtures to one conftest.py registers):\n" + "\n".join(found))
+
+
 def test_the_rules_see_what_they_claim() -> None:
     # The detector itself, on files whose coverage is known: a test named after its module,
     # one that imports a module only in a script it runs as another user, a test that runs
@@ -348,3 +385,9 @@ def test_the_rules_see_what_they_claim() -> None:
     assert "mcp_server.__main__" in direct_reach(ROOT / "tests/test_server_stdio.py")  # ccw-mcp
     assert not covers("sandbox.netlink", ROOT / "tests/test_policy.py")
     assert reaches_end_to_end("sandbox.namespaces", ROOT / "tests/test_server_stdio.py")  # ccw-mcp starts -m sandbox
+    # A test module imported, bare, qualified, from the package, or in a script; a test's name
+    # imported from a module that is not a test module is not one.
+    source = ("from test_a import x\nimport tests.test_b as b\nfrom tests import test_c\n"
+              "from tests.support.users import user_dir\nfrom mcp_server.x import test_y\n"
+              "SCRIPT = 'import sys\\nfrom tests.test_d import e'\n")
+    assert imported_test_modules(ast.parse(source)) == {"test_a", "tests.test_b", "tests.test_c", "tests.test_d"}

@@ -33,7 +33,7 @@ from mcp_server.ui.api import DETAIL_PATHS, PAGES
 from mcp_server.ui.server import MAX_BODY, Dashboard, serve
 from sandbox.errors import CcwError
 from tests.support.cli_process import CCW, ROOT, cli_env
-from tests.test_events import _entry, _record
+from tests.support.journal_rows import capsule_record, exec_entry
 
 TOKEN = "t0ken-for-tests"
 HOSTILE_ARGV = ["sh", "-c", "<img src=x onerror=alert(1)>"]
@@ -98,8 +98,8 @@ def populated(state_dir: Path) -> Path:
     """A state dir with one capsule whose run carries hostile argv, path and output."""
     state = State(state_dir)
     journal, _ = Journal(state), EventLog(state)
-    journal.add_capsule(_record())
-    entry = _entry({"read": ["a.py"], "written": [HOSTILE_PATH, "d/e.txt"], "network": []})
+    journal.add_capsule(capsule_record())
+    entry = exec_entry({"read": ["a.py"], "written": [HOSTILE_PATH, "d/e.txt"], "network": []})
     journal.add_outputs("cap_1", journal.add_exec("cap_1", {**entry, "argv": HOSTILE_ARGV}),
                         {"stdout": b"<b>bold</b>\n", "stderr": b""})
     state.close()
@@ -223,13 +223,13 @@ def long_history(state_dir: Path) -> Path:
     state = State(state_dir)
     journal, _ = Journal(state), EventLog(state)
     for i in range(260):
-        journal.add_capsule(dataclasses.replace(_record(f"cap_{i}"), created_at=f"2026-11-27T{i // 60:02}:{i % 60:02}:00Z"))
+        journal.add_capsule(dataclasses.replace(capsule_record(f"cap_{i}"), created_at=f"2026-11-27T{i // 60:02}:{i % 60:02}:00Z"))
         if i % 3 == 1:
             journal.mark_destroyed(f"cap_{i}", "2026-11-28T00:00:00Z")
     connection = {"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443"}
     for run in range(1, 621):
         written = [f"node_modules/p{n}/index.js" for n in range(2500)] if run == 620 else ["out.txt"]
-        journal.add_exec("cap_0", _entry({"read": [], "written": written, "network": [connection]}))
+        journal.add_exec("cap_0", exec_entry({"read": [], "written": written, "network": [connection]}))
     state.close()
     return state_dir
 

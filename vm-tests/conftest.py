@@ -23,9 +23,12 @@ sys.path.insert(0, str(ROOT))
 
 MUST_WORK = os.environ.get("CCW_MUST_WORK") == "1"
 
-# Other users' fixtures, for every vm-test: a script run as a uid, a directory all can
-# traverse, a system user made for the test (tests/support/users.py).
+# Fixtures every vm-test can take by name: other users' (a script run as a uid, a directory
+# all can traverse, a system user made for the test: tests/support/users.py) and the
+# rootless jail's directories (tests/support/rootless_jail.py).
+from tests.support.rootless_jail import base  # noqa: E402, F401
 from tests.support.users import public_dir, run_as, user_dir  # noqa: E402, F401
+from tests.support.webdriver import Browser  # noqa: E402
 
 
 def require(condition: bool, why: str) -> None:
@@ -93,6 +96,29 @@ def tools(tmp_path: Path, root_required: None) -> ToolRunner:
     state = tmp_path / "state"
     state.mkdir()
     return ToolRunner(state)
+
+
+@pytest.fixture
+def cli_state(tmp_path: Path, root_required: None) -> Iterator[Path]:
+    """A state dir for ``ccw`` commands, whose detached helper is stopped (and checked gone,
+    its mounts too) at the end."""
+    from tests.support.cli_process import ccw
+
+    state_dir = tmp_path / "state"
+    yield state_dir
+    stopped = ccw(state_dir, "helper", "stop", "--json", check=False)
+    assert stopped.returncode == 0, stopped.stderr
+    assert ccw(state_dir, "helper", "status", check=False).returncode == 1
+    with open("/proc/self/mountinfo") as f:
+        assert str(state_dir) not in f.read()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Browser]:
+    """A headless chromium through chromedriver (tests/support/webdriver.py), closed at the end."""
+    opened = Browser(tmp_path / "profile")
+    yield opened
+    opened.close()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

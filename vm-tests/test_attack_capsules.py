@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 
 from sandbox.errors import CcwError
-from tests.test_attack_patches import SECRET, hostile_patches, plant, tree_digest
+from tests.support.canary import SECRET, hostile_patches, plant, tree_digest
 
 HOSTILE_DIRS = [
     "\x00", "/tmp\x00/x", "\ud800", "\udc80", "a" * 5000, "/" + "n" * 300, "relative/dir", "..", "~nobody-here/x",

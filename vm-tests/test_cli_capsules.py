@@ -23,66 +23,54 @@ import pytest
 from tests.support.cli_process import CCW, ROOT, ccw
 
 
-@pytest.fixture
-def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
-    """A state dir whose detached helper is stopped (and checked gone) at the end."""
-    state_dir = tmp_path / "state"
-    yield state_dir
-    stopped = ccw(state_dir, "helper", "stop", "--json", check=False)
-    assert stopped.returncode == 0, stopped.stderr
-    assert ccw(state_dir, "helper", "status", check=False).returncode == 1
-    with open("/proc/self/mountinfo") as f:
-        assert str(state_dir) not in f.read()
-
-
-def test_capsule_lifecycle_across_cli_processes(state: Path, tmp_path: Path) -> None:
+def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "a.txt").write_text("hello\n")
 
-    capsule_id = ccw(state, "capsule", "create", str(workspace)).stdout.strip()
+    capsule_id = ccw(cli_state, "capsule", "create", str(workspace)).stdout.strip()
     assert capsule_id.startswith("cap_")
-    helper = json.loads(ccw(state, "helper", "status", "--json").stdout)
+    helper = json.loads(ccw(cli_state, "helper", "status", "--json").stdout)
     assert helper["running"] is True and helper["mode"] == "privileged" and helper["pid"] > 1
 
-    ran = ccw(state, "capsule", "exec", capsule_id, "--",
+    ran = ccw(cli_state, "capsule", "exec", capsule_id, "--",
               "sh", "-c", "echo out; echo err >&2; echo changed > a.txt; echo new > b.txt; exit 3", check=False)
     assert ran.returncode == 3, ran.stderr
     assert ran.stdout == "out\n" and "err\n" in ran.stderr
     assert (workspace / "a.txt").read_text() == "hello\n"  # the live tree is untouched
 
-    listed = json.loads(ccw(state, "capsule", "list", "--json").stdout)
+    listed = json.loads(ccw(cli_state, "capsule", "list", "--json").stdout)
     assert [c["capsule_id"] for c in listed["capsules"]] == [capsule_id]
     assert listed["capsules"][0]["execs"] == 1
 
-    diff = ccw(state, "capsule", "diff", capsule_id).stdout  # piped: plain
+    diff = ccw(cli_state, "capsule", "diff", capsule_id).stdout  # piped: plain
     assert "\x1b[" not in diff
     assert "-hello\n+changed\n" in diff and "+new\n" in diff
-    assert "1 added, 1 modified, 0 deleted" in ccw(state, "capsule", "diff", capsule_id).stderr
+    assert "1 added, 1 modified, 0 deleted" in ccw(cli_state, "capsule", "diff", capsule_id).stderr
 
-    dry = ccw(state, "capsule", "promote", capsule_id, "--policy", "baseline", "--dry-run")
+    dry = ccw(cli_state, "capsule", "promote", capsule_id, "--policy", "baseline", "--dry-run")
     assert dry.stdout.split() == ["a.txt", "b.txt"] and "would promote" in dry.stderr
     assert not (workspace / "b.txt").exists()
 
-    witness_id, witness_path = ccw(state, "capsule", "witness", capsule_id).stdout.split()
+    witness_id, witness_path = ccw(cli_state, "capsule", "witness", capsule_id).stdout.split()
     assert witness_id.startswith("wit_") and Path(witness_path).is_file()
-    replay = ccw(state, "capsule", "replay", witness_id)
+    replay = ccw(cli_state, "capsule", "replay", witness_id)
     assert replay.stdout.strip() == "replay_ok"
 
-    promoted = json.loads(ccw(state, "capsule", "promote", capsule_id, "--json").stdout)
+    promoted = json.loads(ccw(cli_state, "capsule", "promote", capsule_id, "--json").stdout)
     assert promoted["promoted"] is True and promoted["applied"] == ["a.txt", "b.txt"]
     assert (workspace / "a.txt").read_text() == "changed\n" and (workspace / "b.txt").read_text() == "new\n"
 
-    assert ccw(state, "capsule", "destroy", capsule_id).stdout.strip() == f"destroyed {capsule_id}"
-    assert json.loads(ccw(state, "capsule", "list", "--json").stdout)["capsules"] == []
-    after = json.loads(ccw(state, "helper", "status", "--json").stdout)
+    assert ccw(cli_state, "capsule", "destroy", capsule_id).stdout.strip() == f"destroyed {capsule_id}"
+    assert json.loads(ccw(cli_state, "capsule", "list", "--json").stdout)["capsules"] == []
+    after = json.loads(ccw(cli_state, "helper", "status", "--json").stdout)
     assert after["pid"] == helper["pid"]  # one helper served every command
 
 
-def test_capsule_errors_are_reported_with_codes(state: Path, tmp_path: Path) -> None:
-    missing = ccw(state, "capsule", "exec", "cap_0000000000000_00000000", "--", "true", check=False)
+def test_capsule_errors_are_reported_with_codes(cli_state: Path, tmp_path: Path) -> None:
+    missing = ccw(cli_state, "capsule", "exec", "cap_0000000000000_00000000", "--", "true", check=False)
     assert missing.returncode == 1 and "ccw: NOT_FOUND" in missing.stderr
-    bad = ccw(state, "capsule", "destroy", "not-a-capsule", check=False)
+    bad = ccw(cli_state, "capsule", "destroy", "not-a-capsule", check=False)
     assert bad.returncode == 2 and "input schema" in bad.stderr
 
 

@@ -44,7 +44,6 @@ from typing import Any
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 from tests.support import realprojects  # noqa: E402

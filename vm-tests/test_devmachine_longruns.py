@@ -23,17 +23,13 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.processes import running_pids
+from tests.support.users import run_script_as
 from tests.support.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import test_realprojects_rootless as rootless  # noqa: E402
-
-from tests.support.users import run_script_as  # noqa: E402
 
 ROOT = HERE.parent
-user_dir = rootless.user_dir  # a system user made for the test, and a directory it owns
 CLIENT_TIMEOUT_S = 2.0  # the client's limit for one call, as Codex's 60 s
 SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
@@ -176,19 +172,6 @@ def test_a_run_outlives_the_client_that_started_it(tmp_path: Path, root_required
     assert found["exit_code"] == 0 and found["stdout"] == "done\n"
 
 
-def _running(argv: list[str]) -> list[int]:
-    """Pids whose command line is ``argv`` (this host's /proc)."""
-    wanted = "\0".join(argv).encode() + b"\0"
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == wanted:
-                pids.append(int(entry.name))
-        except OSError:
-            continue
-    return pids
-
-
 def test_the_server_end_ends_its_runs(tmp_path: Path, root_required: None) -> None:
     ws = _workspace(tmp_path)
     marker = ["sleep", f"{4000 + os.getpid() % 1000}.25"]  # a command line no one else runs
@@ -197,13 +180,13 @@ def test_the_server_end_ends_its_runs(tmp_path: Path, root_required: None) -> No
         async with _stdio_client(tmp_path) as client:
             cap = (await _call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
             started = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": marker, "wait_ms": 500})
-            assert _running(marker), "the run's command should be running"
+            assert running_pids(marker), "the run's command should be running"
         return started  # the client closed the server's stdin: the server ended
 
     started = trio.run(scenario)
     assert started["status"] == "running"
     # The run did not outlive its server: its jail was ended before the helper went away.
-    assert _running(marker) == []
+    assert running_pids(marker) == []
 
 
 ROOTLESS_SCRIPT = r"""

@@ -29,11 +29,8 @@ import pytest
 
 from mcp_server.fs.witness import read_signature
 from sandbox import contain, supervise
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_jail_rootless import USER, base, run_rootless  # noqa: F401  (base: the rootless jail's dirs)
-
 from tests.support import realprojects
+from tests.support.rootless_jail import USER, run_rootless
 from tests.support.users import run_script_as
 
 OWNER = 1234
@@ -270,7 +267,7 @@ def test_promotion_keeps_a_replaced_files_owner_and_refuses_set_id_bits(tools: A
     assert not (ws / "more_itertools" / "sh").exists()
 
 
-def test_a_rootless_callers_jail_is_uid_0_of_its_namespace_and_gains_nothing(base: Path) -> None:  # noqa: F811
+def test_a_rootless_callers_jail_is_uid_0_of_its_namespace_and_gains_nothing(base: Path) -> None:
     # The rootless helper maps its user to 0, but that user is not root on the host: another
     # uid's directory stays closed to it in the capsule, as on the host, and it keeps no capability.
     other = base / "merged" / "other"

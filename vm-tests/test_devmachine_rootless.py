@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 
 from tests.support import realprojects  # noqa: E402

@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_cli_capsules import ccw, state  # noqa: F401  (state: the fixture that stops the CLI's helper)
-
 from tests.support import realprojects
+from tests.support.cli_process import ccw
 
 PROJECT = realprojects.MORE_ITERTOOLS
 EDIT = PROJECT.harmless[0]
@@ -89,15 +85,15 @@ def test_include_ignored_promotes_them(tools: Any, tmp_path: Path) -> None:
     assert (ws / ".pytest_cache").is_dir() and (ws / "tests" / "__pycache__").is_dir()
 
 
-def test_cli_flags(state: Path, tmp_path: Path) -> None:  # noqa: F811  (the fixture imported above)
+def test_cli_flags(cli_state: Path, tmp_path: Path) -> None:
     assert shutil.which("git")
     ws = _workspace(tmp_path)
-    cap = ccw(state, "capsule", "create", str(ws)).stdout.strip()
-    ccw(state, "capsule", "exec", cap, "--timeout-ms", "300000", "--", *TESTS)
-    dry = ccw(state, "capsule", "promote", cap, "--dry-run")
+    cap = ccw(cli_state, "capsule", "create", str(ws)).stdout.strip()
+    ccw(cli_state, "capsule", "exec", cap, "--timeout-ms", "300000", "--", *TESTS)
+    dry = ccw(cli_state, "capsule", "promote", cap, "--dry-run")
     assert "ignored files: " in dry.stderr and "--include-ignored" in dry.stderr, dry.stderr
     assert dry.stdout.strip() == ""  # the test run wrote only ignored files
-    picked = ccw(state, "capsule", "promote", cap, "--include-ignored", "--path", "tests/**", "--exclude", "**/*.pyc")
+    picked = ccw(cli_state, "capsule", "promote", cap, "--include-ignored", "--path", "tests/**", "--exclude", "**/*.pyc")
     assert "excluded files" in picked.stderr and "files not in --path" in picked.stderr, picked.stderr
     assert not (ws / ".pytest_cache").exists()
     assert not list(ws.glob("tests/__pycache__/*.pyc"))

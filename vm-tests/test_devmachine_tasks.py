@@ -22,19 +22,12 @@ from typing import Any
 import httpx2
 
 from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.processes import running_pids
 from tests.support.raw_mcp import MODERN, RawStdio, envelope, structured
+from tests.support.users import run_script_as
 from tests.support.workspaces import make_workspace
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import test_realprojects_rootless as rootless  # noqa: E402
-from test_devmachine_longruns import _running  # noqa: E402
-
-from tests.support.users import run_script_as  # noqa: E402
-
-user_dir = rootless.user_dir  # a system user made for the test, and a directory it owns
-
 SLOW = ["sh", "-c", "sleep 3; echo first >> order.txt; echo done"]
 
 
@@ -113,11 +106,11 @@ def test_tasks_cancel_ends_the_jail_and_frees_the_capsule(tmp_path: Path, root_r
     with RawStdio(tmp_path / "state", "capsule", tasks=True) as client:
         cap = _capsule(client, tmp_path)
         created = client.call("capsule_exec", {"capsule_id": cap, "cmd": marker, "wait_ms": 800}, timeout=10)
-        alive = _running(marker)
+        alive = running_pids(marker)
         began = time.monotonic()
         ack = client.request("tasks/cancel", {"taskId": created["taskId"]})
         took = time.monotonic() - began
-        gone = _running(marker)
+        gone = running_pids(marker)
         task = client.request("tasks/get", {"taskId": created["taskId"]})["result"]
         after = client.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "after"]}, timeout=10)
     assert created["resultType"] == "task" and alive, "the task's command should be running"

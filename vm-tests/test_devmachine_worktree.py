@@ -22,7 +22,6 @@ import hashlib
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -31,14 +30,10 @@ from typing import Any
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-
-from sandbox.errors import CcwError  # noqa: E402
-from tests.support import realprojects  # noqa: E402
-from tests.support.agent_loop import scenario_command  # noqa: E402
-from tests.support.users import run_script_as  # noqa: E402
+from sandbox.errors import CcwError
+from tests.support import realprojects
+from tests.support.agent_loop import scenario_command
+from tests.support.users import run_script_as
 
 PROJECT = realprojects.MORE_ITERTOOLS
 EDIT = PROJECT.harmless[1]

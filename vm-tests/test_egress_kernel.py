@@ -23,7 +23,6 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
 
 from sandbox import egress  # noqa: E402

@@ -17,9 +17,6 @@ from typing import Any
 import pytest
 
 from tests.support.users import OTHER_UID
-from tests.support.users import (
-    run_script_as as run_script_as,  # still importable from here (test_jail_terminal.py)
-)
 
 PEER_SCRIPT = r"""
 import json, sys, trio

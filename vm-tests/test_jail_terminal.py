@@ -28,15 +28,13 @@ import trio
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-from test_ipc_users import run_script_as  # noqa: E402
-from test_realprojects_rootless import user_dir  # noqa: E402,F401  (the fixture)
 
 from mcp_server.config import Config  # noqa: E402
 from mcp_server.launcher import connect_or_spawn  # noqa: E402
 from sandbox.ops import ExecRequest  # noqa: E402
+from tests.support.users import run_script_as  # noqa: E402
 
 # What the jail runs on the terminal: one "key value" line per finding.
 PROBE = r"""
@@ -157,7 +155,7 @@ def test_the_terminal_is_named_in_a_root_jail(tmp_path: Path, root_required: Non
     check_terminal_named(out)
 
 
-def test_the_terminal_is_named_by_a_rootless_helper(user_dir: tuple[int, int, Path], python3: None) -> None:  # noqa: F811
+def test_the_terminal_is_named_by_a_rootless_helper(user_dir: tuple[int, int, Path], python3: None) -> None:
     uid, gid, home = user_dir
     scratch = home / "scratch"
     scratch.mkdir()

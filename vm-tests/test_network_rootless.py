@@ -20,13 +20,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import netfixtures as nf
+from tests.support.net_probes import PROBES
+from tests.support.users import run_script_as
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from test_network_e2e import PROBES  # noqa: E402
-
-from tests.support import netfixtures as nf  # noqa: E402
-from tests.support.users import run_script_as  # noqa: E402
 
 HTTP = f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"
 HTTPS = f"{nf.SERVER_ADDRESS}:{nf.HTTPS_PORT}"

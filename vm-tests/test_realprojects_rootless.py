@@ -16,11 +16,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
 
 from tests.support import realprojects  # noqa: E402
 from tests.support.users import run_script_as  # noqa: E402
-from tests.support.users import user_dir as user_dir  # noqa: E402  (still importable from here: test_jail_terminal.py)
 
 SCRIPT = r"""
 import contextlib, json, os, sys

@@ -27,7 +27,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,10 +36,6 @@ from typing import Any
 import pytest
 import trio
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from test_reapi_cluster import _require_cluster_prerequisites
-
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient
 from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
@@ -48,6 +43,7 @@ from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
 from tests.support import agent_loop, realprojects
+from tests.support.reapi_cluster import require_cluster_prerequisites
 
 KEEPALIVE_S = 10  # a silent (killed) bot is dropped after this, and its leases requeued
 pytestmark = pytest.mark.slow
@@ -55,7 +51,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    _require_cluster_prerequisites(request.config)
+    require_cluster_prerequisites(request.config)
     with temporary_cluster(bot_keepalive_s=KEEPALIVE_S) as running:
         print(f"cluster ready in {running.timings}")
         yield running

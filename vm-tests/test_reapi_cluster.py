@@ -27,36 +27,18 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server.reapi import postgres
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient, TrioReapi
-from mcp_server.reapi.cluster import Cluster, find_server_python, temporary_cluster
+from mcp_server.reapi.cluster import Cluster, temporary_cluster
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes, key, tree_of_directory
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
 from tests.support.reapi_bot import running_bot
+from tests.support.reapi_cluster import require_cluster_prerequisites
 
 ROOT = Path(__file__).resolve().parent.parent
 KEEPALIVE_S = 10  # a silent bot is dropped after this (BuildGrid's bot-session-keepalive-timeout)
 pytestmark = pytest.mark.slow
-
-
-def _conftest(config: pytest.Config) -> Any:
-    for plugin in config.pluginmanager.get_plugins():
-        if hasattr(plugin, "ToolRunner") and hasattr(plugin, "require"):
-            return plugin
-    raise AssertionError("vm-tests/conftest.py is not loaded")
-
-
-def _require_cluster_prerequisites(config: pytest.Config) -> None:
-    """Skip (fail under CCW_MUST_WORK=1) where neither PostgreSQL nor a way to install it, or no Python 3.13."""
-    require = _conftest(config).require
-    installable = os.geteuid() == 0 and shutil.which("apt-get") is not None
-    require(postgres.find_bin_dir() is not None or installable, "no PostgreSQL server and no root to install it")
-    try:
-        find_server_python()
-    except CcwError as error:
-        require(False, str(error))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +47,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
     Its logs are kept in the test run's temporary directory (``cluster-logs*``).
     """
-    _require_cluster_prerequisites(request.config)
+    require_cluster_prerequisites(request.config)
     logs = tmp_path_factory.mktemp("cluster-logs")
     with temporary_cluster(bot_keepalive_s=KEEPALIVE_S) as running:
         print(f"cluster ready in {running.timings}")
@@ -217,7 +199,7 @@ def test_trio_execute_cancelled_ends_the_stream(client: ReapiClient) -> None:
 
 def test_one_command_up_and_down(request: pytest.FixtureRequest) -> None:
     """``python -m mcp_server.reapi.cluster up`` prints the URL once ready; SIGTERM tears all down."""
-    _require_cluster_prerequisites(request.config)
+    require_cluster_prerequisites(request.config)
     start = time.monotonic()
     up = [sys.executable, "-m", "mcp_server.reapi.cluster", "up", "--bots", "1", "--capacity", "2", "--property", "pool=big"]
     with subprocess.Popen(up, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
@@ -358,6 +340,7 @@ DOOMED_BOT = """
 import sys, threading
 sys.path.insert(0, sys.argv[2])
 from tests.support.reapi_bot import running_bot
+from tests.support.reapi_cluster import require_cluster_prerequisites
 with running_bot(sys.argv[1], "doomed"):
     print("serving", flush=True)
     threading.Event().wait()

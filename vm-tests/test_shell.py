@@ -25,21 +25,17 @@ from pathlib import Path
 import pytest
 import trio
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-
-from mcp_server.events import EventLog  # noqa: E402
-from mcp_server.journal import Journal  # noqa: E402
-from mcp_server.state import State  # noqa: E402
-from sandbox.client import HelperClient  # noqa: E402
-from sandbox.errors import CcwError  # noqa: E402
-from sandbox.ops import ExecRequest, ListRequest  # noqa: E402
-from tests.support import SUPPORT_DIR  # noqa: E402
-from tests.support.netfixtures import HttpLoopback  # noqa: E402
-from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
-from tests.support.shell_session import CCW, ROOT, ShellSession, ccw_env, scenario  # noqa: E402
-from tests.support.users import run_script_as  # noqa: E402
+from mcp_server.events import EventLog
+from mcp_server.journal import Journal
+from mcp_server.state import State
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest, ListRequest
+from tests.support import SUPPORT_DIR
+from tests.support.netfixtures import HttpLoopback
+from tests.support.raw_mcp import RawStdio, structured
+from tests.support.shell_session import CCW, ROOT, ShellSession, ccw_env, scenario
+from tests.support.users import run_script_as
 
 
 def ccw(state: Path, *argv: str) -> str:

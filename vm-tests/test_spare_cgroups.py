@@ -15,9 +15,7 @@ import pytest
 from sandbox import cgroups, spare_cgroups
 from sandbox.cgroups import CgroupLayout, detect_layout, dirs_named, procs
 from sandbox.exec_cgroup import PARENT_NAME, ExecCgroup, Limits
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_ipc_users import run_script_as
+from tests.support.users import run_script_as
 
 Require = Callable[[bool, str], None]
 

@@ -14,10 +14,8 @@ The screenshots are kept under the test's tmp dir (its path is printed).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +28,11 @@ from mcp_server.cli.ui import launch_page
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
-from tests.support.cli_process import CCW, ROOT, ccw, cli_env
+from tests.support.cli_process import ccw, serve_ui
+from tests.support.journal_rows import capsule_record, exec_entry
 from tests.support.netfixtures import HttpLoopback
 from tests.support.raw_mcp import RawStdio, structured
-from tests.support.webdriver import Browser
-from tests.test_events import _entry, _record
+from tests.support.webdriver import Browser, shot
 
 HOSTILE = "<img src=x onerror=document.title='pwned'>.txt"
 # Through the jail's HTTP proxy: the host's gate (allowed; it answers when the test lets
@@ -69,40 +67,11 @@ def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
     ccw(state_dir, "helper", "stop", check=False)
 
 
-@contextlib.contextmanager
-def serve_ui(state: Path) -> Iterator[str]:
-    """``ccw ui`` on ``state``: the URL it printed; it must end cleanly on SIGTERM."""
-    proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=cli_env(state), cwd=ROOT)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    found = re.fullmatch(r"ccw ui: (http://127\.0\.0\.1:\d+/#token=[\w-]+)\n", line)
-    try:
-        assert found, line
-        yield found[1]
-    finally:
-        proc.terminate()
-        _, errors = proc.communicate(timeout=30)
-        assert proc.returncode == 0, errors
-
-
 @pytest.fixture
 def dashboard(state: Path) -> Iterator[str]:
     """``ccw ui`` on the state dir: the URL it printed."""
     with serve_ui(state) as url:
         yield url
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Browser]:
-    opened = Browser(tmp_path / "profile")
-    yield opened
-    opened.close()
-
-
-def shot(browser: Browser, shots: Path, name: str) -> None:
-    shots.mkdir(exist_ok=True)
-    print(f"screenshot: {browser.screenshot(shots / f'{name}.png')}")
 
 
 def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
@@ -184,9 +153,9 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
     state_dir = tmp_path / "state"
     store = State(state_dir)
     journal, log = Journal(store), EventLog(store)
-    journal.add_capsule(_record())
+    journal.add_capsule(capsule_record())
     for duration in (120, 480, 240):
-        seq = journal.add_exec("cap_1", {**_entry({"read": [], "written": [], "network": []}),
+        seq = journal.add_exec("cap_1", {**exec_entry({"read": [], "written": [], "network": []}),
                                          "duration_ms": duration})
         journal.add_outputs("cap_1", seq, {"stdout": b"<script>document.title='pwned'</script>\n", "stderr": b""})
     trials = [(8, "fail"), (4, "pass"), (4, "fail"), (2, "fail"), (1, "pass"), (1, "unresolved")]

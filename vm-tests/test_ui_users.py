@@ -31,13 +31,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tests.support.cli_process import serve_ui
+from tests.support.users import OTHER_UID, as_user, run_script_as
+from tests.support.webdriver import Browser, shot
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from test_ui_browser import browser, serve_ui, shot  # noqa: E402,F401  (browser: the fixture)
-
-from tests.support.users import OTHER_UID, as_user, run_script_as  # noqa: E402
-from tests.support.webdriver import Browser  # noqa: E402
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
 
@@ -180,7 +178,7 @@ def _owner_only(path: Path, uid: int, mode: int) -> None:
     assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (uid, mode), (path, st.st_uid, oct(st.st_mode))
 
 
-def test_a_users_dashboard_is_that_users_alone(user_dir: tuple[int, int, Path], browser: Browser,  # noqa: F811
+def test_a_users_dashboard_is_that_users_alone(user_dir: tuple[int, int, Path], browser: Browser,
                                                tmp_path: Path) -> None:
     uid, gid, home = user_dir
     state, ws, ws2, scratch = home / "state", home / "ws", home / "ws2", home / "scratch"

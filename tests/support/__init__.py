@@ -7,7 +7,7 @@ another user or from a copy passes the repository as its argument and puts it on
 path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 
 - ``workspaces``: small workspaces of named text files.
-- ``cli_process``: the ``ccw`` command as a subprocess on one state dir.
+- ``cli_process``: the ``ccw`` command as a subprocess on one state dir (``ccw ui`` too).
 - ``mcp_process``: a real ``ccw-mcp`` (stdio, unix socket, HTTP) with its logs.
 - ``raw_mcp``: a raw newline-delimited JSON-RPC client of ``ccw-mcp`` over stdio.
 - ``witness_craft``: witnesses written by hand, for the format and attack tests.
@@ -20,9 +20,22 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
   ``agent_loop``: the agent's loop on one of them through ccw's tools.
 - ``reapi_bot``: a plain-subprocess REAPI bot, for the REAPI client's tests.
 - ``shell_session``: ``ccw capsule shell`` driven through a pty (also a script).
-- ``webdriver``: a small W3C WebDriver client for chromium.
+- ``webdriver``: a small W3C WebDriver client for chromium, and its screenshots.
 - ``users``: running Python as another uid (``as_user``, ``run_script_as``), the
   interpreter made reachable through a private mount namespace.
+- ``rootless_jail``: a jail as a rootless helper makes it (``run_rootless``; the ``base``
+  fixture).
+- ``canary``: a canary beside a workspace and the hostile patches that try to reach it.
+- ``promotion``: a workspace and one change holding every kind of promotion op.
+- ``journal_rows``: a capsule's record and an exec's entry, for a journal written by hand.
+- ``memory_cas``: a CAS in memory, for REAPI tests without a cluster;
+  ``reapi_cluster``: what a local cluster needs of the host.
+- ``net_probes``: what a program in a jail tries on the network (a script, as text).
+- ``descriptors``, ``processes``: a descriptor closed, the pids running a command line.
+
+No test module imports another (tests/test_test_map.py checks): what two share is here.
+The vm-tests' shared fixtures are vm-tests/conftest.py's, some defined here and
+registered there (``users``, ``rootless_jail``).
 
 TESTS.md at the repository's root maps every module of ``sandbox`` and ``mcp_server``
 to the tests that cover it.

@@ -1,11 +1,15 @@
-"""The ``ccw`` command as a subprocess on one state dir: what CLI tests share."""
+"""The ``ccw`` command as a subprocess on one state dir: what CLI tests share (``ccw ui``'s
+server among them, ``serve_ui``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,3 +30,20 @@ def ccw(state: Path, *argv: str, check: bool = True, timeout: float = 120) -> su
     if check:
         assert done.returncode == 0, f"ccw {shlex.join(argv)}: {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done
+
+
+@contextlib.contextmanager
+def serve_ui(state: Path) -> Iterator[str]:
+    """``ccw ui`` on ``state``: the URL it printed; it must end cleanly on SIGTERM."""
+    proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(state), cwd=ROOT)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.fullmatch(r"ccw ui: (http://127\.0\.0\.1:\d+/#token=[\w-]+)\n", line)
+    try:
+        assert found, line
+        yield found[1]
+    finally:
+        proc.terminate()
+        _, errors = proc.communicate(timeout=30)
+        assert proc.returncode == 0, errors

@@ -151,3 +151,9 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+def shot(browser: Browser, shots: Path, name: str) -> None:
+    """A screenshot of the page as ``shots/NAME.png``; its path printed, for a person to look at."""
+    shots.mkdir(exist_ok=True)
+    print(f"screenshot: {browser.screenshot(shots / f'{name}.png')}")

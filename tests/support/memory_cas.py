@@ -1,0 +1,35 @@
+"""A content-addressable store in memory: the reads a REAPI client makes of a CAS
+(GetTree, BatchReadBlobs), served from a dict of blobs, for the tests that fetch an input
+root (tests/test_reapi_executor.py) or serve a lease (tests/test_reapi_marker.py, which
+adds the reads and uploads a bot makes) without a cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class MemoryCas:
+    """What fetch_input_root asks of a client, served from a built tree's blobs; counts reads."""
+
+    def __init__(self, blobs: dict[tuple[str, int], bytes | Path]) -> None:
+        self.blobs = {k: v if isinstance(v, bytes) else v.read_bytes() for k, v in blobs.items()}
+        self.read: list[tuple[str, int]] = []
+
+    def get_tree(self, root: Any) -> Iterator[Any]:
+        """The Directory messages under ``root``, breadth first (GetTree's order)."""
+        from mcp_server.reapi.protos import re_pb2
+
+        pending = [root]
+        while pending:
+            directory = re_pb2.Directory.FromString(self.blobs[(pending[0].hash, pending[0].size_bytes)])
+            pending = pending[1:] + [child.digest for child in directory.directories]
+            yield directory
+
+    def read_blobs(self, digests: Any) -> Iterator[tuple[Any, bytes]]:
+        """Each digest with its bytes, each read noted in ``read``."""
+        for digest in digests:
+            self.read.append((digest.hash, digest.size_bytes))
+            yield digest, self.blobs[(digest.hash, digest.size_bytes)]
