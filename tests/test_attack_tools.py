@@ -34,6 +34,7 @@ from mcp_server.config import TOOLSETS
 from mcp_server.tools import rootspace as rootspace_tools
 from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
+from tests.support.canary import tree_digest
 
 REGISTRY = Registry.load(TOOLSETS)
 SECRET = b"CANARY-SECRET do not touch\n"
@@ -69,21 +70,7 @@ class Arena:
 
     def outside_digest(self) -> str:
         """sha256 over every entry beside the workspace and state dir (the canary included)."""
-        h = hashlib.sha256()
-        for dirpath, dirnames, filenames in os.walk(self.root):
-            here = Path(dirpath)
-            if here == self.root:
-                dirnames[:] = sorted(d for d in dirnames if d not in ("ws", "state"))
-            dirnames.sort()
-            for name in sorted(dirnames + filenames):
-                path = here / name
-                st = path.lstat()
-                h.update(f"{path.relative_to(self.root)}\0{st.st_mode:o}\0".encode())
-                if path.is_symlink():
-                    h.update(os.readlink(path).encode())
-                elif path.is_file():
-                    h.update(path.read_bytes())
-        return h.hexdigest()
+        return tree_digest(self.root, skip=("ws", "state"))
 
 
 def _git(repo: Path, *args: str) -> None:

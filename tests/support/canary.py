@@ -1,7 +1,8 @@
 """A canary beside a workspace, the patches that try to reach it, and a digest that shows
 it untouched: issue 9's attacks on workspace_apply_patch, made once and sent by
 tests/test_attack_patches.py (to the tool in process), tests/test_attack_server.py (through
-a server) and vm-tests/test_attack_capsules.py (to a capsule).
+a server) and vm-tests/test_attack_capsules.py (to a capsule); tests/test_attack_tools.py
+uses the digest for its own canary.
 
 ``plant`` lays the canary (a directory holding ``SECRET``) and symlinks to it inside the
 workspace; ``hostile_patches(canary)`` names each patch that tries to write, read, rename
