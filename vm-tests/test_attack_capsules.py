@@ -98,7 +98,6 @@ def test_capsule_create_and_exec_cwd_hostile(tools: Any, arena: tuple[Path, Path
 def test_file_tools_and_patches_inside_a_capsule(tools: Any, arena: tuple[Path, Path], record_property: Any) -> None:
     ws, canary = arena
     before = tree_digest(canary)
-    live_before = tree_digest(ws)
     secret_hash = hashlib.sha256((SECRET + "\n").encode()).hexdigest()
     paths = ["../canary/secret.txt", "out/secret.txt", "outfile", "rel/secret.txt", "d/secret.txt", "d/new.txt",
              "up/canary/secret.txt", "\x00", "\ud800", "/".join(["z" * 255] * 17), "C:\\x", "~/x"]
@@ -128,7 +127,6 @@ def test_file_tools_and_patches_inside_a_capsule(tools: Any, arena: tuple[Path, 
 
     tried = tools.run(scenario)
     assert tree_digest(canary) == before
-    assert live_before != tree_digest(ws) or True  # promotion may have applied inside changes
     assert os.readlink(ws / "out") == str(canary)
     record_property("attacks_tried", tried)
 
