@@ -251,6 +251,13 @@ def _fanotify_fds() -> list[str]:
     return found
 
 
+def _janitor_idle() -> None:
+    """Return once the janitor has run every job queued so far (endings, then spares)."""
+    done = threading.Event()
+    jail_end.submit(done.set)
+    assert done.wait(30)
+
+
 def test_a_capsules_group_closes_with_the_capsule(manager: CapsuleManager, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -258,6 +265,7 @@ def test_a_capsules_group_closes_with_the_capsule(manager: CapsuleManager, tmp_p
     warm = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     assert run(manager, warm, ["cat", "a.txt"]).exit_code == 0  # the reader and a spare cgroup exist now
     assert jail_end.settle(30.0)
+    _janitor_idle()  # the spare cgroup's files, opened by a job queued behind the ending
     live = sum(group._fan_fd is not None for group in fanotify._groups.values())
     deadline = time.monotonic() + 20  # earlier tests' groups are closed on a thread (an SRCU grace period each)
     while len(_fanotify_fds()) != live:
@@ -271,6 +279,7 @@ def test_a_capsules_group_closes_with_the_capsule(manager: CapsuleManager, tmp_p
         assert len(_fanotify_fds()) == groups + 1  # this capsule's group, and only while it lives
         manager.destroy(capsule_id, 0)
     assert jail_end.settle(30.0)
+    _janitor_idle()
     deadline = time.monotonic() + 20
     while len(_fanotify_fds()) != groups or len(os.listdir("/proc/self/fd")) > fds:  # fewer: earlier tests' leftovers
         assert time.monotonic() < deadline, (len(_fanotify_fds()), groups, len(os.listdir("/proc/self/fd")), fds)

@@ -287,15 +287,12 @@ trio.run(main)
 def test_a_rootless_witness_carries_the_whole_base_and_replays(tmp_path: Path, root_required: None,
                                                                 require: Any) -> None:
     # Unknown reads (no fanotify in a user namespace): the witness carries the whole base.
-    import importlib.util
     import shutil
     import tempfile
 
+    from tests.support.users import as_user  # the interpreter made reachable to another uid
+
     require(shutil.which("setpriv") is not None and shutil.which("unshare") is not None, "needs util-linux")
-    spec = importlib.util.spec_from_file_location("ccw_vm_ipc_users", Path(__file__).with_name("test_ipc_users.py"))
-    assert spec is not None and spec.loader is not None
-    ipc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ipc)  # for as_user: the interpreter made reachable to another uid
     public = Path(tempfile.mkdtemp(prefix="ccw-replay-"))
     keep_dirs: list[str] = []
     try:
@@ -306,7 +303,7 @@ def test_a_rootless_witness_carries_the_whole_base_and_replays(tmp_path: Path, r
         subprocess.run(["chown", "-R", "65534:65534", str(public)], check=True)
         argv = [sys.executable, "-c", ROOTLESS_SCRIPT, str(ws), str(public / "moved"), str(public / "state1"),
                 str(public / "state2")]
-        done = subprocess.run(ipc.as_user(65534, 65534, argv, keep_dirs), cwd=str(public), capture_output=True,
+        done = subprocess.run(as_user(65534, 65534, argv, keep_dirs), cwd=str(public), capture_output=True,
                               timeout=240, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
         assert done.returncode == 0, done.stderr.decode()
         out = json.loads(done.stdout.decode().splitlines()[-1])
