@@ -39,7 +39,6 @@ from sandbox.cgroups import CgroupLayout, detect_layout, dirs_named, procs, reso
 from sandbox.errors import CcwError
 from sandbox.exec_cgroup import OWNER_SEP, PARENT_NAME, ExecCgroup, Limits, is_ending
 from sandbox.namespaces import SparePool
-from sandbox.syscalls import pid_alive
 
 _refused: dict[str, str] = {}  # mount point: why the mkdir was refused (see the essay)
 _pools: dict[CgroupLayout, SparePool[ExecCgroup]] = {}
@@ -125,8 +124,9 @@ def cleanup_stale(prefix: str = "", layout: CgroupLayout | None = None) -> list[
             if not sep or not base.startswith(prefix) or not owner.isdigit() or not os.path.isdir(path):
                 continue
             # A killed helper stays a zombie until its parent reaps it, and the next helper
-            # may start before that: a zombie cleans nothing up any more, so it counts as dead.
-            if pid_alive(int(owner)) and not is_ending(int(owner)):
+            # may start before that: a zombie cleans nothing up any more, so it counts as dead
+            # (is_ending: gone, a zombie or exiting).
+            if not is_ending(int(owner)):
                 continue
             hier = next(h for h in layout.hierarchies if path.startswith(h.mount_point + "/"))
             stale = ExecCgroup(CgroupLayout((hier,)), base, Limits())

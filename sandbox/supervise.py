@@ -141,7 +141,7 @@ def _setup_error(payload: bytes) -> CcwError:
     hint = "check that the capsule's directories exist and the helper has the privileges it reported in hello"
     if step.startswith("chdir"):
         hint = "pass a cwd that exists inside the jail (the workspace, /tmp or $HOME)"
-    if text and text != os.strerror(int(number or 0)) and not text.endswith(os.strerror(int(number or 0))):
+    if text and not text.endswith(os.strerror(int(number or 0))):
         hint = f"ccw-jail says: {text}; {hint}"  # what the errno alone cannot say (a malformed plan's why)
     error = from_oserror(exc, f"jail step '{step}'", hint=hint)
     error.details["step"] = step
