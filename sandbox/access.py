@@ -45,7 +45,7 @@ import fcntl
 import os
 import pwd
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from sandbox import mountinfo, namespaces, spec
@@ -209,12 +209,12 @@ def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> 
 
 
 def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
-                    read: tuple[tuple[spec.Home, ...], list[mountinfo.Mount]] | None = None) -> None:
+                    read: tuple[tuple[spec.Home, ...], Sequence[mountinfo.Mount]] | None = None) -> None:
     """A directory the jail shows besides the workspace (a git dir, a toolchain), pinned by ``fd``:
     ``spec.check_expose_dir`` under each path it has, and readable and searchable by the caller.
     ``read``: ``spec.login_homes()`` and our mount table, when the caller checks many dirs at once."""
     resolved = os.readlink(f"/proc/self/fd/{fd}")
-    homes, mounts = read or (spec.login_homes(), mountinfo.parse(mountinfo.read()))
+    homes, mounts = read or (spec.login_homes(), mountinfo.table())
     caller = host_uid(uid)
     for path in [resolved, *mountinfo.paths_of(mounts, mountinfo._mount_id(fd), resolved)]:
         spec.check_expose_dir(name, path, caller, homes)

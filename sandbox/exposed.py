@@ -25,6 +25,7 @@ the workspace is bound first (binds go by depth), so the workspace shows over it
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from sandbox import access, mountinfo, mounts, spec
 from sandbox.errors import CcwError, from_oserror
@@ -33,12 +34,12 @@ from sandbox.mountinfo import Mount
 from sandbox.spec import Home, inside
 
 
-def _read() -> tuple[tuple[Home, ...], list[Mount]]:
+def _read() -> tuple[tuple[Home, ...], Sequence[Mount]]:
     """The login homes and our mount table, read once for all of a capsule's dirs."""
-    return spec.login_homes(), mountinfo.parse(mountinfo.read())
+    return spec.login_homes(), mountinfo.table()
 
 
-def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], list[Mount]]) -> str | None:
+def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], Sequence[Mount]]) -> str | None:
     """``path`` resolved once the caller may see it through a capsule; None when it is gone."""
     try:
         fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -17,11 +17,22 @@ Some facts about mountinfo (proc(5))
   the directory named by its *root* inside a filesystem (``major:minor``) that is also
   mounted elsewhere.  A descriptor's own mount is the ``mnt_id`` of
   /proc/self/fdinfo/<fd>, so its other paths follow from the table (``other_paths``).
+- The text is made anew at each read, and an overlay's line is dear to make (each of
+  its layers' paths escaped): the helper's table holds an overlay and a disk per
+  capsule, so with 100 capsules each read cost about 1.5 ms of the exec of a capsule
+  that exposes a directory (issue 27), and grew with every capsule.  But the file is
+  pollable: the kernel bumps a counter of the mount namespace at every mount, unmount,
+  move or change of one in it (its own, or one propagated from the host), and
+  ``poll`` on an open mountinfo file reports ``POLLPRI | POLLERR`` once after each
+  bump (``mounts_poll``).  So ``table()`` keeps the parsed table and reads it again
+  only when a poll, made under the same lock just before, says it changed: never older
+  than a read would be at that moment.  The descriptor belongs to the namespace it was
+  opened in, so a change of our mount namespace opens it again.
 
-Users: registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
+Users (``table()`` for our own table): registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
 mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies),
 probe.py (``filesystem_of``: what the state dir lies on), access.py (``other_paths``: a
-capsule's directory checked under every path it has).
+capsule's directory checked under every path it has; exposed.py: at every exec).
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sandbox.spec import inside
@@ -92,10 +106,60 @@ def read(path: str = PATH) -> str:
         return file.read()
 
 
+class _Table:
+    """Our mount table, parsed, read again only once the kernel says it changed (see the essay)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._namespace = 0  # the inode of the mount namespace ``_fd`` shows
+        self._mounts: tuple[Mount, ...] = ()
+
+    def mounts(self) -> tuple[Mount, ...]:
+        with self._lock:
+            namespace = os.stat("/proc/self/ns/mnt").st_ino
+            if self._fd is None or namespace != self._namespace:
+                self._close()
+                self._fd = os.open(PATH, os.O_RDONLY | os.O_CLOEXEC)  # the poll counts from here
+                self._namespace = namespace
+            elif not _changed(self._fd):
+                return self._mounts
+            self._mounts = tuple(parse(_read_all(self._fd)))
+            return self._mounts
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _changed(fd: int) -> bool:
+    """Whether the mount table changed since ``fd`` was opened or last polled (this poll resets it)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLPRI)
+    return any(events & (select.POLLPRI | select.POLLERR) for _, events in poller.poll(0))
+
+
+def _read_all(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
+
+
+_TABLE = _Table()
+
+
+def table() -> tuple[Mount, ...]:
+    """Our mount namespace's mounts, in order: the last read's unless the table changed since."""
+    return _TABLE.mounts()
+
+
 def mounts_under(prefix: str) -> list[str]:
     """Mount points at or below ``prefix`` in our mount namespace, deepest first."""
     prefix = prefix.rstrip("/")
-    found = [m.mount_point for m in parse(read()) if m.mount_point == prefix or m.mount_point.startswith(prefix + "/")]
+    found = [m.mount_point for m in table() if m.mount_point == prefix or m.mount_point.startswith(prefix + "/")]
     return sorted(found, key=lambda p: (-p.count("/"), p))
 
 
@@ -103,7 +167,7 @@ def filesystem_of(path: str) -> str:
     """The type of the filesystem ``path`` lies on, by the deepest mount above it ("?" unknown)."""
     best, fstype = "", "?"
     with contextlib.suppress(OSError):
-        for mount in parse(read()):
+        for mount in table():
             point = mount.mount_point
             if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
                 best, fstype = point, mount.fstype
@@ -121,10 +185,10 @@ def _mount_id(fd: int) -> int | None:
 
 def other_paths(fd: int, path: str) -> list[str]:
     """The other paths at which the directory ``fd`` (resolved as ``path``) is mounted in our namespace."""
-    return paths_of(parse(read()), _mount_id(fd), path)
+    return paths_of(table(), _mount_id(fd), path)
 
 
-def paths_of(mounts: list[Mount], mount_id: int | None, path: str) -> list[str]:
+def paths_of(mounts: Sequence[Mount], mount_id: int | None, path: str) -> list[str]:
     """The other paths showing ``path``, which lies on mount ``mount_id`` of ``mounts``; sorted.
 
     The mount's root plus ``path`` below its mount point is where the directory lies
