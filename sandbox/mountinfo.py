@@ -195,10 +195,32 @@ def paths_of(mounts: Sequence[Mount], mount_id: int | None, path: str) -> list[s
     inside its filesystem; every mount of that filesystem whose root holds it shows it
     too (the source of a bind mount of /etc is /etc).
     """
-    here = next((m for m in mounts if m.mount_id == mount_id), None)
+    by_id, by_device = _index(mounts)
+    here = by_id.get(mount_id) if mount_id is not None else None
     if here is None or not inside(path, here.mount_point):
         return []
     inner = os.path.normpath(os.path.join(here.root, os.path.relpath(path, here.mount_point)))
     found = {os.path.normpath(os.path.join(m.mount_point, os.path.relpath(inner, m.root)))
-             for m in mounts if m.device == here.device and inside(inner, m.root)}
+             for m in by_device[here.device] if inside(inner, m.root)}
     return sorted(found - {path})
+
+
+_last_index: tuple[Sequence[Mount], dict[int, Mount], dict[str, list[Mount]]] | None = None
+
+
+def _index(mounts: Sequence[Mount]) -> tuple[dict[int, Mount], dict[str, list[Mount]]]:
+    """``mounts`` by id (the first of an id) and by device; kept for the last tuple asked about
+    (immutable: ``table()`` hands the same one out until the table changes, and an exec asks
+    once per exposed dir)."""
+    global _last_index
+    last = _last_index
+    if last is not None and last[0] is mounts:
+        return last[1], last[2]
+    by_id: dict[int, Mount] = {}
+    by_device: dict[str, list[Mount]] = {}
+    for mount in mounts:
+        by_id.setdefault(mount.mount_id, mount)
+        by_device.setdefault(mount.device, []).append(mount)
+    if isinstance(mounts, tuple):
+        _last_index = (mounts, by_id, by_device)
+    return by_id, by_device

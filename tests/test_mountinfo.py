@@ -38,3 +38,15 @@ def test_a_descriptor_s_mount_is_the_one_mountinfo_names() -> None:
         assert "/" not in mountinfo.other_paths(fd, "/")
     finally:
         os.close(fd)
+
+
+def test_the_same_table_asked_again_gives_the_same_answer_and_a_list_is_never_kept() -> None:
+    table = tuple(mountinfo.parse(TABLE))
+    first = mountinfo.paths_of(table, 42, "/tmp/etc-bind")
+    assert mountinfo.paths_of(table, 42, "/tmp/etc-bind") == first == ["/etc", "/mnt/root-again/etc"]
+    # A list may change between two calls: its index is made anew each time.
+    mounts = mountinfo.parse(TABLE)
+    assert mountinfo.paths_of(mounts, 42, "/tmp/etc-bind") == first
+    mounts[:] = [m for m in mounts if m.mount_point != "/"]  # / showed /etc
+    assert mountinfo.paths_of(mounts, 42, "/tmp/etc-bind") == ["/mnt/root-again/etc"]
+    assert mountinfo.paths_of(table, 7, "/tmp/etc-bind") == []  # an id the table does not hold
