@@ -18,8 +18,9 @@ Some facts this follows from:
   strings carry their NUL.  It is written to a memfd, not a pipe, so its size is known
   before it is read and no writer blocks on a large argv or environment.
 - The descriptors the launcher gets: 0-2 the command's stdio, 3 the report pipe, 4 the
-  plan, 5 a network namespace to join, 6 the root tree, 7 and up the exec cgroup's
-  ``tasks`` files.  Each source is first copied above the last target, so no dup2 of
+  plan, 5 a network namespace to join, 6 the root tree, 7 the mount namespace to copy
+  (``mounts.launch_namespace``: the capsule's binds then come inside the root tree), 8
+  and up the exec cgroup's ``tasks`` files.  Each source is first copied above the last target, so no dup2 of
   the spawn's file actions overwrites a source still to be placed; the launcher closes
   every descriptor past its own before anything else.
 - The root tree comes built when the helper could make it ahead (``mounts.build_root``,
@@ -46,13 +47,13 @@ from sandbox.errors import CcwError
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-jail")
 MAGIC = b"CCWJAIL1"
-FD_PLAN, FD_NET, FD_ROOT, FD_CGROUPS = 4, 5, 6, 7
+FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = 4, 5, 6, 7, 8
 # Option bits and mount step codes: jail.h's plan_option and step_action.
-DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY = 1, 2, 4, 8, 16, 32, 64
+DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH = 1, 2, 4, 8, 16, 32, 64, 128
 ACTIONS = {name: code for code, name in enumerate(
     ("private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
      "detach_old_root", "seal_root", "bind_over", "etc", "dev", "devpts", "tmpfs"), start=1)}
-SOURCE_IS_FILE, NOFOLLOW = 1, 2
+SOURCE_IS_FILE, NOFOLLOW, SOURCE_FD = 1, 2, 4
 _ALL_SIGNALS = signal.valid_signals()
 
 
@@ -81,7 +82,8 @@ def _text(value: str) -> bytes:
 
 
 def _step(tag: bytes, step: mounts.MountStep) -> bytes:
-    bits = (SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
+    bits = ((SOURCE_IS_FILE if step.source_is_file else 0) | (NOFOLLOW if step.data == "nofollow" else 0)
+            | (SOURCE_FD if step.from_fd else 0))
     # The names the /etc overlay hides travel with its step ('/' is in no file name).
     data = "/".join(mounts.ETC_SECRETS) if step.action == "etc" else step.data
     strings = b"".join(_text(s) for s in (step.target, step.source, data, step.describe()))
@@ -89,7 +91,7 @@ def _step(tag: bytes, step: mounts.MountStep) -> bytes:
 
 
 def encode(plan: Plan, options: int, cgroups: int) -> bytes:
-    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT; ``cgroups``: tasks files passed).
+    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT, LAUNCH; ``cgroups``: tasks files passed).
 
     Without ROOT (no tree built ahead) the root tree's own steps go along, for the
     launcher to build the tree in place.
@@ -125,21 +127,24 @@ def _plan_fd(raw: bytes) -> int:
     return fd
 
 
-def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool) -> int:
-    """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, tasks files...).
+def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool, sources: tuple[int, ...] = ()) -> int:
+    """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, launch, tasks files...).
 
-    The caller keeps (and closes) ``fds``; a None net or root is made by the launcher.
+    The caller keeps (and closes) ``fds``; a None net or root is made by the launcher, a
+    None launch namespace is its own (the helper's: the plan's binds then come from there).
+    ``sources``: the binds' detached sources (mounts.detach_sources), after the tasks files.
     Returns the launcher's pid: the jail's init when ``direct``.
     """
-    stdio_report, net, root, cgroups = fds[:4], fds[4], fds[5], fds[6:]
-    options = (DIRECT if direct else 0) | (NET if net is not None else 0) | (ROOT if root is not None else 0)
+    stdio_report, net, root, launch, cgroups = fds[:4], fds[4], fds[5], fds[6], fds[7:]
+    options = ((DIRECT if direct else 0) | (NET if net is not None else 0) | (ROOT if root is not None else 0)
+               | (LAUNCH if launch is not None else 0))
     plan_fd = _plan_fd(encode(plan, options, len(cgroups)))
-    placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root),
-              *((FD_CGROUPS + i, fd) for i, fd in enumerate(cgroups))]
+    placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root), (FD_LAUNCH, launch),
+              *((FD_CGROUPS + i, fd) for i, fd in enumerate((*cgroups, *sources)))]
     high: list[int] = []
     try:
         # Above every target first: no dup2 of the file actions then clobbers a source.
-        lowest = FD_CGROUPS + len(cgroups)
+        lowest = FD_CGROUPS + len(cgroups) + len(sources)
         actions = []
         for target, fd in placed:
             if fd is not None:

@@ -15,7 +15,9 @@ Some facts about the new mount API, as the jail uses it:
   of its ``/proc/self/fd/N``, are refused (EINVAL, measured on 6.18).  The pty slave a
   caller sends was opened in the caller's namespace, so the jail's init (in a namespace
   of its own) binds it by the path its copy of the host's mounts gives it,
-  ``/.oldroot/dev/pts/N``, after checking that path leads to descriptor 0's own inode.
+  ``/.oldroot/dev/pts/N``, after checking that path leads to descriptor 0's own inode;
+  with the launch namespace (mounts.py) the helper clones that path in its own
+  namespace instead, and the init checks the clone the same way.
 - Overlayfs takes each layer by path and keeps a private clone of it.  A detached
   tmpfs is a layer on 6.15+ (named ``/proc/self/fd/N``), but one moved into a detached
   tree is refused (EINVAL, measured on 6.18); a root tree built attached in the jail's

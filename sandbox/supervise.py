@@ -39,6 +39,7 @@ Choices made here (DESIGN §2 leaves them open):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import select
 import signal
@@ -252,16 +253,28 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
     # "none" one takes a spare empty one, or makes its own.
     net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
-    child_fds = (stdin_fd, out_w, err_w, report_w, net, _SPARE_ROOTS.take(), *(fd for fd, _ in entries))
+    root = _SPARE_ROOTS.take()
+    # With the root tree built, the jail copies the launch namespace, not ours, and its
+    # binds come as clones made here (mounts.py's essay).  Made at the first exec, so
+    # that the helper's descriptors are steady from then on.
+    launch = mounts.launch_namespace()
+    if root is None:
+        launch = None
+    sources: list[int] = []
+    child_fds = (stdin_fd, out_w, err_w, report_w, net, root, None if launch is None else os.dup(launch),
+                 *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
     try:
+        if launch is not None:
+            steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries))
+            plan = dataclasses.replace(plan, mount_steps=steps)
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
-                pid = jail_launcher.spawn(plan, child_fds, direct)
+                pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
         else:
-            pid = jail_launcher.spawn(plan, child_fds, direct)
+            pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
     finally:
-        for fd in child_fds:
+        for fd in (*child_fds, *sources):
             if fd is not None:
                 os.close(fd)
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))

@@ -22,6 +22,7 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 
 # --- clone/unshare flags -----------------------------------------------------------
 CLONE_NEWNS = 0x00020000
+CLONE_FS = 0x00000200
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000

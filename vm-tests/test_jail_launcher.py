@@ -15,11 +15,13 @@ import struct
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace as dataclass_replace
 from pathlib import Path
 
 import pytest
 
 from sandbox import contain, jail_end, jail_launcher, mounts, rusage, supervise
+from sandbox.errors import CcwError
 
 NOBODY = 65534
 
@@ -211,3 +213,76 @@ def test_without_a_tree_built_ahead_the_launcher_builds_it_in_place(
     assert "0 0" in result.stdout.decode()  # the mask's empty mode-0 file
     assert b"/etc/shadow: Permission denied" in result.stderr
     assert b"'/newfile': Read-only file system" in result.stderr
+
+
+LAUNCH_VIEW = """
+import os, sys
+from sandbox import syscalls
+proc = os.open("/proc/self", os.O_PATH | os.O_DIRECTORY)
+syscalls.setns(int(sys.argv[1]), syscalls.CLONE_NEWNS)
+with open(os.open("mountinfo", os.O_RDONLY, dir_fd=proc)) as table:
+    print(len(table.read().splitlines()), sorted(os.listdir("/")), bool(os.statvfs("/").f_flag & os.ST_RDONLY))
+"""
+
+
+def test_the_launch_namespace_is_one_read_only_mount_holding_the_staging_dir(root_required: None) -> None:
+    # What ccw-jail copies instead of the helper's table (mounts.py's essay): one mount,
+    # however many capsules the helper has mounted.
+    launch = mounts.launch_namespace()
+    assert launch is not None
+    assert mounts.launch_namespace() == launch  # made once
+    seen = subprocess.run([sys.executable, "-c", LAUNCH_VIEW, str(launch)], pass_fds=(launch,), capture_output=True,
+                          text=True, check=True, cwd=Path(__file__).resolve().parent.parent).stdout
+    assert seen.split() == ["1", "['tmp']", "True"]
+
+
+def test_a_jail_built_from_the_launch_namespace_shows_its_binds_and_no_host_path(
+        spec: contain.JailSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "merged" / "in-workspace.txt").write_text("seen\n")
+    (tmp_path / "tmp" / "in-tmp.txt").write_text("tmp\n")
+    sent: list[tuple[int, list[str]]] = []
+    encode = jail_launcher.encode
+
+    def recorded(plan: contain.Plan, options: int, cgroups: int) -> bytes:
+        sent.append((options, [step.target for step in plan.mount_steps if step.from_fd]))
+        return encode(plan, options, cgroups)
+
+    monkeypatch.setattr(jail_launcher, "encode", recorded)
+    supervise.run(spec).ending.release()  # a root tree is made ahead for the next run
+    script = ("cat in-workspace.txt /tmp/in-tmp.txt; cat /proc/self/mountinfo | wc -l; "
+              f"test -e {tmp_path} && echo host-path-seen; test -e /.oldroot && echo old-root-seen; true")
+    result = supervise.run(_with(spec, argv=["/bin/sh", "-c", script]))
+    result.ending.release()
+    options, from_descriptors = sent[-1]
+    assert options & jail_launcher.LAUNCH and options & jail_launcher.ROOT
+    assert {"/srv/ccw-launcher-ws", "/tmp", "/home/agent"} <= set(from_descriptors)
+    lines = result.stdout.decode().split()
+    assert lines[:2] == ["seen", "tmp"] and "host-path-seen" not in lines and "old-root-seen" not in lines
+    assert int(lines[2]) < 40  # the jail's own mounts, not the helper's table
+
+
+def test_a_source_descriptor_out_of_order_is_refused(spec: contain.JailSpec) -> None:
+    root = mounts.spare_root()
+    assert root is not None
+    plan = contain.prepare(spec)
+    steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + 1)  # one too far
+    raw = jail_launcher.encode(dataclass_replace(plan, mount_steps=steps), jail_launcher.ROOT, 0)
+    try:
+        status, reports_raw, _ = _spawn_raw(raw, {jail_launcher.FD_ROOT: root, **{
+            jail_launcher.FD_CGROUPS + 1 + i: fd for i, fd in enumerate(sources)}})
+    finally:
+        for fd in (root, *sources):
+            os.close(fd)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
+    step, number, text = _reports(reports_raw)[b"E"].decode().split("\0")
+    assert (step, int(number)) == ("read the jail plan", errno.EINVAL) and "out of order" in text
+
+
+def test_a_bind_source_that_cannot_be_cloned_fails_as_its_step(spec: contain.JailSpec, tmp_path: Path) -> None:
+    gone = str(tmp_path / "gone")  # the capsule's /tmp, removed after the plan was made
+    steps = [dataclass_replace(step, source=mounts.OLD_ROOT + gone) if step.target == "/tmp" else step
+             for step in contain.prepare(spec).mount_steps]
+    with pytest.raises(CcwError) as caught:
+        mounts.detach_sources(steps, jail_launcher.FD_CGROUPS)
+    assert caught.value.details["step"] == f"bind /.oldroot{gone} -> /tmp"
+    assert "ENOENT" in str(caught.value)

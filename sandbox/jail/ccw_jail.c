@@ -19,7 +19,9 @@
  *   read the plan (fd 4) → close every other descriptor of the helper's → PDEATHSIG →
  *   move into the exec's cgroups ("0" to each v1 tasks file: exec_cgroup.py's essay) →
  *   [rootless: unshare the pid namespace and fork the init; this process reports "P",
- *   waits for it, reports "A"] → the jail's steps (steps.c) → posix_spawn the command
+ *   waits for it, reports "A"] → the jail's steps (steps.c; with a launch namespace,
+ *   fd 7, it is joined first, so the new mount namespace copies its one mount and not
+ *   the helper's table: mounts.py's essay) → posix_spawn the command
  *   (PATH search, setsid, default signals, empty mask, the terminal as its controlling
  *   tty) → forward signals, END_SIGNAL ends the jail → reap everything → "W", "R".
  *
@@ -281,6 +283,7 @@ int main(void)
     static struct plan plan;
     const char *why = "";
     sigset_t all;
+    int last;
     signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
     /* Every signal waits until the init's loop takes it (the helper's END_SIGNAL may come
      * before the command is spawned); the helper spawned us so already, this makes sure.
@@ -294,11 +297,18 @@ int main(void)
         close(FD_NET);
     if (!(plan.options & PLAN_ROOT))
         close(FD_ROOT);
+    if (!(plan.options & PLAN_LAUNCH))
+        close(FD_LAUNCH);
+    /* The bind sources passed as descriptors come right after the tasks files, in step order. */
+    last = FD_CGROUPS + (int)plan.cgroups;
+    for (size_t i = 0; i < plan.nsteps; i++)
+        if ((plan.steps[i].bits & STEP_SOURCE_FD) && atoi(plan.steps[i].source) != last++)
+            fail("read the jail plan", EINVAL, "a bind's source descriptor is out of order");
     /* Every descriptor past ours: nothing of the helper's may reach the command. */
-    if (syscall(SYS_close_range, FD_CGROUPS + plan.cgroups, ~0U, 0) < 0)
+    if (syscall(SYS_close_range, last, ~0U, 0) < 0)
         fail_errno("jail child", "close_range");
     /* Ours stay open until used, but none may reach the command (dup2 cleared close-on-exec). */
-    for (int fd = FD_REPORT; fd < FD_CGROUPS + (int)plan.cgroups; fd++)
+    for (int fd = FD_REPORT; fd < last; fd++)
         if (fd != FD_PLAN && fcntl(fd, F_SETFD, FD_CLOEXEC) < 0 && errno != EBADF)
             fail_errno("jail child", "fcntl(F_SETFD)");
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) /* the helper's thread waits for us */

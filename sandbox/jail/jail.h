@@ -32,7 +32,8 @@
 #define FD_PLAN 4
 #define FD_NET 5
 #define FD_ROOT 6
-#define FD_CGROUPS 7
+#define FD_LAUNCH 7
+#define FD_CGROUPS 8
 #define SETUP_FAILED 125
 #define PLAN_MAX_BYTES (8u << 20) /* argv and env are bounded by ARG_MAX (a few MiB) */
 #define MAX_STEPS 512
@@ -46,6 +47,7 @@ enum plan_option {
     PLAN_SET_GID = 16,
     PLAN_CLEAR_GROUPS = 32,
     PLAN_CONTROLLING_TTY = 64,
+    PLAN_LAUNCH = 128,     /* descriptor 7 is the mount namespace to copy (mounts.launch_namespace) */
 };
 
 enum step_action {
@@ -55,7 +57,10 @@ enum step_action {
     STEP_BIND_OVER, STEP_ETC, STEP_DEV, STEP_DEVPTS, STEP_TMPFS,
 };
 
-enum step_bits { STEP_SOURCE_IS_FILE = 1, STEP_NOFOLLOW = 2 };
+/* STEP_SOURCE_FD: the source is the number of a descriptor the helper passed, a detached
+ * clone of the host path (mounts.launch_namespace: the jail's namespace is not a copy of
+ * the helper's, so no host path is there); they follow the tasks files, in step order. */
+enum step_bits { STEP_SOURCE_IS_FILE = 1, STEP_NOFOLLOW = 2, STEP_SOURCE_FD = 4 };
 
 struct mount_step {
     uint32_t action, attrs, bits;

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
@@ -106,7 +107,9 @@ static void attach(int tree, const char *target, uint32_t attrs)
 static void bind_source(const struct mount_step *step, const char *source, uint32_t attrs)
 {
     mountpoint(step->target, step->bits & STEP_SOURCE_IS_FILE);
-    if (step->bits & STEP_NOFOLLOW) { /* the directory reached following no symlink (syscalls.bind) */
+    if (step->bits & STEP_SOURCE_FD) { /* the helper's clone: resolved (nofollow where asked) in its namespace */
+        attach(atoi(source), step->target, 0);
+    } else if (step->bits & STEP_NOFOLLOW) { /* the directory reached following no symlink (syscalls.bind) */
         int fd = openat2_(source, O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
         check(fd, "openat2");
         attach(open_tree_(fd, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH), step->target, 0);
@@ -122,13 +125,17 @@ static void bind_source(const struct mount_step *step, const char *source, uint3
 static void console(const struct mount_step *step)
 {
     struct stat found, terminal;
-    int node = openat2_(step->source, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
+    int from_fd = (step->bits & STEP_SOURCE_FD) != 0; /* the helper's clone of it, already detached */
+    int node = from_fd ? atoi(step->source) : openat2_(step->source, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
     if (node < 0)
         return;
     if (fstat(node, &found) == 0 && fstat(0, &terminal) == 0 && S_ISCHR(found.st_mode)
         && found.st_dev == terminal.st_dev && found.st_ino == terminal.st_ino) {
         mountpoint(step->target, 1);
-        attach(open_tree_(node, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH), step->target, step->attrs);
+        attach(from_fd ? node : open_tree_(node, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH),
+               step->target, step->attrs);
+        if (from_fd)
+            return; /* attach closed it */
     }
     close(node);
 }
@@ -240,7 +247,7 @@ static void enter_step(const struct plan *plan, const struct mount_step *step)
     switch (step->action) {
     case STEP_BIND: bind_source(step, step->source, step->attrs); break;
     case STEP_SYMLINK: check(symlink(step->data, step->target), "symlink"); break;
-    case STEP_MASK_FILE: check(mount(OLD_ROOT "/dev/null", step->target, NULL, MS_BIND, NULL), "mount(MS_BIND)"); break;
+    case STEP_MASK_FILE: check(mount("/dev/null", step->target, NULL, MS_BIND, NULL), "mount(MS_BIND)"); break;
     case STEP_MASK_DIR:
         mountpoint(step->target, 0);
         check(mount("tmpfs", step->target, "tmpfs", MS_RDONLY | hidden, "mode=0555"), "mount(tmpfs)");
@@ -328,6 +335,11 @@ static void drop_privileges(const struct plan *plan)
 void contain(const struct plan *plan)
 {
     mode_t helper_umask;
+    if (plan->options & PLAN_LAUNCH) { /* the copy below is of its one mount, not of the helper's table */
+        current = "setns into the launch mount namespace";
+        check(setns(FD_LAUNCH, CLONE_NEWNS), "setns");
+        close(FD_LAUNCH);
+    }
     if (plan->options & PLAN_NET) {
         current = "setns into the prepared network namespace";
         check(setns(FD_NET, CLONE_NEWNET), "setns");
