@@ -232,7 +232,8 @@ class SparePool(Generic[T]):
         # descriptors stay steady once the pool is full (the abuse tests count them).
         self._limit = limit
         self._ready: list[T] = []
-        self._lock = threading.Lock()
+        self._making = 0  # spares being made now: they count toward the limit
+        self._lock = threading.Condition()
         self._closed = False
 
     def take(self) -> T | None:
@@ -241,23 +242,34 @@ class SparePool(Generic[T]):
             return self._ready.pop() if self._ready else None
 
     def refill(self) -> None:
-        """Make one spare, unless enough wait (or the pool is closed)."""
+        """Make one spare, unless enough wait or are being made (or the pool is closed)."""
         with self._lock:
-            if self._closed or len(self._ready) >= self._limit:
+            if self._closed or len(self._ready) + self._making >= self._limit:
                 return
-        spare = self._make()
+            self._making += 1
+        try:
+            spare = self._make()
+        finally:
+            with self._lock:
+                self._making -= 1
+                self._lock.notify_all()
         if spare is None:
             return
         with self._lock:
             if not self._closed and len(self._ready) < self._limit:
                 self._ready.append(spare)
                 return
-        self._discard(spare)
+        self._discard(spare)  # closed meanwhile (close saw it made), or another filled the pool
 
-    def close(self) -> None:
-        """Discard what waits; later refills make nothing."""
+    def close(self, wait_s: float = 5.0) -> None:
+        """Discard what waits, after the spares being made (at most ``wait_s``); later refills make nothing.
+
+        A spare still being made when its maker's process exits would be left behind (a
+        spare cgroup's directories outlive the helper): its maker discards it instead.
+        """
         with self._lock:
             self._closed = True
+            self._lock.wait_for(lambda: self._making == 0, wait_s)
             ready, self._ready = self._ready, []
         for spare in ready:
             self._discard(spare)
