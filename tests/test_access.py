@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access
+from sandbox import access, mountinfo
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.spec import CapsuleSpec
@@ -25,6 +25,7 @@ UID, GID = os.getuid(), os.getgid()
 
 
 def _open_fds() -> set[str]:
+    mountinfo.table()  # its descriptor is kept for the process's life (mountinfo.py): opened before counting
     return set(os.listdir("/proc/self/fd"))
 
 
