@@ -273,6 +273,11 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
                 pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
         else:
             pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
+    except BaseException:
+        for fd in (out_r, err_r, report_r):  # no jail: our ends of its pipes go too
+            if fd is not None:
+                os.close(fd)
+        raise
     finally:
         for fd in (*child_fds, *sources):
             if fd is not None:
