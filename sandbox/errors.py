@@ -105,6 +105,17 @@ def from_oserror(exc: OSError, what: str, path: str | None = None, hint: str = "
     return CcwError(_ERRNO_CODES.get(num, "INTERNAL"), message, details)
 
 
+JAIL_STEP_HINT = "check that the capsule's directories exist and the helper has the privileges it reported in hello"
+
+
+def jail_step_error(step: str, exc: OSError, hint: str = JAIL_STEP_HINT) -> CcwError:
+    """A step of building a jail failed (in ccw-jail, or in the helper for it): named in the
+    message and in ``details["step"]``."""
+    error = from_oserror(exc, f"jail step '{step}'", hint=hint)
+    error.details["step"] = step
+    return error
+
+
 @contextlib.contextmanager
 def wrap_oserror(what: str, path: str | None = None, hint: str = "") -> Iterator[None]:
     """Re-raise any OSError inside the block as a CcwError (one place, as psutil does)."""

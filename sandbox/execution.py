@@ -31,13 +31,15 @@ Choices made here:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import stat
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from sandbox import disk, egress, exposed, gitdirs, overlay, spec
+from sandbox import cgroups, disk, egress, exposed, gitdirs, overlay, spec
+from sandbox.cgroups import CgroupLayout
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.ops import ExecRequest
@@ -280,16 +282,10 @@ def upper_diff(before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, .
     return sorted(paths, key=os.fsencode)
 
 
-_LAYOUT: Any = None
-
-
-def _layout() -> Any:
-    global _LAYOUT
-    if _LAYOUT is None:
-        from sandbox import cgroups
-
-        _LAYOUT = cgroups.detect_layout()
-    return _LAYOUT
+@functools.lru_cache(maxsize=1)
+def _layout() -> CgroupLayout:
+    """The host's cgroup hierarchies, found once per helper."""
+    return cgroups.detect_layout()
 
 
 def cleanup_stale_cgroups() -> list[str]:

@@ -114,7 +114,6 @@ Some facts about mounts, as the jail uses them:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import sys
@@ -123,7 +122,7 @@ from dataclasses import dataclass, replace
 
 from sandbox import mountinfo as mountinfo_
 from sandbox import mounttree, namespaces, syscalls
-from sandbox.errors import CcwError, from_oserror
+from sandbox.errors import jail_step_error
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -411,10 +410,13 @@ def launch_namespace() -> int | None:
 def _make_launch() -> int | None:
     made: list[int] = []
 
-    def work() -> None:
-        with contextlib.suppress(OSError):
+    def work() -> None:  # this thread's own namespace, from its unshare to its end
+        try:
             syscalls.unshare(syscalls.CLONE_FS | syscalls.CLONE_NEWNS)
-            made.append(os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC))
+        except OSError:
+            return
+        namespace = os.open("/proc/thread-self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        try:
             syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
             top = mounttree.new_mount("tmpfs", "mode=0755,size=4k,nr_inodes=8", _NOSUID_NOEXEC)
             try:
@@ -427,16 +429,15 @@ def _make_launch() -> int | None:
             os.chdir(STAGING)
             syscalls.pivot_root(".", ".")
             syscalls.umount2(".", syscalls.MNT_DETACH)
-            made.append(-1)  # done
+        except OSError:
+            os.close(namespace)
+            return
+        made.append(namespace)
 
     maker = threading.Thread(target=work, name="ccw-launch-ns", daemon=True)
     maker.start()
     maker.join()
-    if len(made) == 2:
-        return made[0]
-    for fd in made[:1]:
-        os.close(fd)
-    return None
+    return made[0] if made else None
 
 
 def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountStep], list[int]]:
@@ -465,7 +466,7 @@ def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountSte
             except OSError as exc:
                 if step.action == "console":
                     continue
-                raise _step_error(exc, step) from exc
+                raise jail_step_error(step.describe(), exc) from exc
             fds.append(tree)
             # Private, as a bind made after the jail's first step would be (see the essay).
             syscalls.mount_setattr("", 0, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=tree,
@@ -477,9 +478,3 @@ def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountSte
         raise
     return out, fds
 
-
-def _step_error(exc: OSError, step: MountStep) -> CcwError:
-    error = from_oserror(exc, f"jail step '{step.describe()}'", hint=(
-        "check that the capsule's directories exist and the helper has the privileges it reported in hello"))
-    error.details["step"] = step.describe()
-    return error

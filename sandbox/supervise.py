@@ -53,7 +53,7 @@ from sandbox import jail_end, jail_launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
-from sandbox.errors import CcwError, from_oserror
+from sandbox.errors import JAIL_STEP_HINT, CcwError, from_oserror, jail_step_error
 from sandbox.replies import ExecProgress
 
 if TYPE_CHECKING:
@@ -139,14 +139,12 @@ def _parse_reports(raw: bytes) -> list[tuple[bytes, bytes]]:
 def _setup_error(payload: bytes) -> CcwError:
     step, number, text = [*payload.decode(errors="replace").split("\0"), "", ""][:3]
     exc = OSError(int(number or 0), text)
-    hint = "check that the capsule's directories exist and the helper has the privileges it reported in hello"
+    hint = JAIL_STEP_HINT
     if step.startswith("chdir"):
         hint = "pass a cwd that exists inside the jail (the workspace, /tmp or $HOME)"
     if text and not text.endswith(os.strerror(int(number or 0))):
         hint = f"ccw-jail says: {text}; {hint}"  # what the errno alone cannot say (a malformed plan's why)
-    error = from_oserror(exc, f"jail step '{step}'", hint=hint)
-    error.details["step"] = step
-    return error
+    return jail_step_error(step, exc, hint)
 
 
 def _entry_error(payload: bytes, paths: tuple[str, ...]) -> CcwError:

@@ -12,7 +12,6 @@ byte-identical.  The patches and the canary are tests/support/canary.py's, which
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +23,9 @@ from mcp_server.config import TOOLSETS
 from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
 from tests.support.canary import SECRET, hostile_patches, plant, tree_digest
+from tests.support.realprojects import git
 
 REGISTRY = Registry.load(TOOLSETS)
-
-
-def _git(repo: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e",
-               GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_SYSTEM="/dev/null")
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
 def outcome(spec_name: str, ctx: Any, args: dict[str, Any]) -> str:
@@ -56,9 +49,9 @@ def test_hostile_patch_stays_inside_the_workspace(direct_ctx: Any, tmp_path: Pat
     ws = Path(direct_ctx.config.workspace)
     canary = tmp_path / "canary"
     plant(ws, canary)
-    _git(ws, "init", "-q")
-    _git(ws, "add", "-A")
-    _git(ws, "commit", "-qm", "init")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-qm", "init")
     before = tree_digest(tmp_path, skip=("ws", "state"))
     patch = hostile_patches(str(canary))[name]
     result = outcome("workspace_apply_patch", direct_ctx, {"patch": patch})

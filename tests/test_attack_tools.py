@@ -35,6 +35,7 @@ from mcp_server.tools import rootspace as rootspace_tools
 from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
 from tests.support.canary import tree_digest
+from tests.support.realprojects import git
 
 REGISTRY = Registry.load(TOOLSETS)
 SECRET = b"CANARY-SECRET do not touch\n"
@@ -73,13 +74,6 @@ class Arena:
         return tree_digest(self.root, skip=("ws", "state"))
 
 
-def _git(repo: Path, *args: str) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@e", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@e",
-               GIT_CONFIG_GLOBAL="/dev/null", GIT_CONFIG_SYSTEM="/dev/null")
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
-
-
 @pytest.fixture
 def arena(tmp_path: Path, direct_ctx: Any) -> Iterator[Arena]:
     root = tmp_path.resolve()
@@ -96,9 +90,9 @@ def arena(tmp_path: Path, direct_ctx: Any) -> Iterator[Arena]:
     os.symlink("../canary", ws / "rel")
     os.symlink("../../canary", ws / "deep" / "up")
     os.symlink("loop", ws / "loop")
-    _git(ws, "init", "-q")
-    _git(ws, "add", "-A")
-    _git(ws, "commit", "-qm", "init")
+    git(ws, "init", "-q")
+    git(ws, "add", "-A")
+    git(ws, "commit", "-qm", "init")
     yield Arena(root, ws, canary, direct_ctx)
     # The tools may create deep trees; rm -rf needs no recursion limit.
     subprocess.run(["rm", "-rf", str(ws)], check=True)
