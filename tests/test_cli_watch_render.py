@@ -26,7 +26,12 @@ def test_watch_lines_say_what_happened_without_escapes() -> None:
     finished = watch.line(_event("run.finished", seq=3, argv=["sh", "-c", f"echo {ESC}]0;x{ESC}\\"], exit_code=2,
                                  duration_ms=40, writes=1, reads=None, connections=0, timed_out=False))
     assert finished.startswith("06:00:01.234 cap_1 run 3 exit 2 in 40 ms: sh -c") and ESC not in finished
-    assert "(1 written, ? read, 0 connections)" in finished
+    assert "(1 written, reads not traced, 0 connections)" in finished
+    killed = watch.describe(_event("run.finished", seq=4, argv=["sleep", "9"], exit_code=None, signal=9,
+                                   duration_ms=5, writes=0, reads=2, connections=0, timed_out=False))
+    assert killed.startswith("run 4 killed by signal 9 in 5 ms: sleep 9 (0 written, 2 read, 0 connections")
+    waiting = watch.describe(_event("run.queued", ticket=5, label="exec `pytest`"))
+    assert waiting == "turn 5: exec `pytest` waits for its turn"
     wrote = watch.line(_event("files.written", seq=3, count=5, paths=["a", f"b{ESC}[2J", "c", "d", "e"]))
     assert wrote.endswith("run 3 wrote a, b\\x1b[2J, c and 2 more")
     live = watch.describe(_event("files.written", seq=None, live=True, count=1, paths=["early.txt"]))

@@ -80,14 +80,18 @@ def describe(event: Event, color: bool = False) -> str:
     data, kind = event.data, event.kind
     if kind == "run.finished":
         ok = data.get("exit_code") == 0 and not data.get("timed_out")
-        status = "timed out" if data.get("timed_out") else f"exit {data.get('signal') or data.get('exit_code')}"
-        reads = "?" if data.get("reads") is None else data.get("reads")
+        status = ("timed out" if data.get("timed_out") else f"killed by signal {data['signal']}" if data.get("signal")
+                  else f"exit {data.get('exit_code')}")
+        # None: not traced (a rootless helper has no fanotify mount marks), which is not "0 read".
+        reads = "reads not traced" if data.get("reads") is None else f"{data.get('reads')} read"
         return (f"run {data.get('seq')} {paint(status, GREEN if ok else RED, color)} in {data.get('duration_ms')} ms: "
-                f"{_argv(data)} ({data.get('writes')} written, {reads} read, {data.get('connections')} connections)")
+                f"{_argv(data)} ({data.get('writes')} written, {reads}, {data.get('connections')} connections)")
     if kind in ("run.queued", "run.started"):
+        # A call's place in the capsule's queue, not its run number: the journal numbers a
+        # run when it ends, and file-tool edits take numbers too.
         waited = f" after waiting {data.get('waited_ms')} ms" if data.get("waited_ms") else ""
         verb = "waits for its turn" if kind == "run.queued" else "started" + waited
-        return f"#{data.get('ticket')} {visible(str(data.get('label')))} {verb}"
+        return f"turn {data.get('ticket')}: {visible(str(data.get('label')))} {verb}"
     if kind == "files.written":
         paths = [visible(str(p)) for p in data.get("paths", [])[:PATHS_SHOWN]]
         more = data.get("count", 0) - len(paths)
