@@ -100,6 +100,7 @@ def populated(state_dir: Path) -> Path:
     journal, _ = Journal(state), EventLog(state)
     journal.add_capsule(capsule_record())
     entry = exec_entry({"read": ["a.py"], "written": [HOSTILE_PATH, "d/e.txt"], "network": []})
+    entry["usage"] = {**entry["usage"], "rss_max_process_kb": 600}
     journal.add_outputs("cap_1", journal.add_exec("cap_1", {**entry, "argv": HOSTILE_ARGV}),
                         {"stdout": b"<b>bold</b>\n", "stderr": b""})
     state.close()
@@ -168,7 +169,7 @@ def test_what_a_capsule_named_is_returned_verbatim_as_json(populated: Path) -> N
         status, headers, body = await request("GET", "/api/capsules/cap_1/runs")
         assert status == 200 and headers["content-type"] == "application/json"
         (run,) = json.loads(body)["runs"]
-        assert run["argv"] == HOSTILE_ARGV and (run["cpu_ms"], run["rss_max_kb"]) == (7, 900)
+        assert run["argv"] == HOSTILE_ARGV and (run["cpu_ms"], run["rss_max_kb"], run["rss_max_process_kb"]) == (7, 900, 600)
         detail = json.loads((await request("GET", "/api/capsules/cap_1/runs/1"))[2])
         assert detail["written"] == [HOSTILE_PATH, "d/e.txt"] and detail["output"]["stdout"] == "<b>bold</b>\n"
         assert (await request("GET", "/api/capsules/cap_1/runs/2"))[0] == 404

@@ -198,6 +198,7 @@ def test_a_users_dashboard_is_that_users_alone(user_dir: tuple[int, int, Path], 
                 browser.get(page.as_uri())  # the way ccw ui started the user's browser
                 browser.wait_until(lambda: first in browser.text("#cap-title"), "the user's capsule")
                 browser.wait_until(lambda: browser.find("#runs tbody tr[data-run='1']"), "its run")
+                _memory_is_the_largest_process(browser)
                 # A second capsule, made while the page is open, shows live.
                 second = agent.call("capsule_create", {"workspace": str(ws2), "auto_expose": False})["capsule_id"]
                 agent.call("capsule_exec", {"capsule_id": second, "cmd": ["sh", "-c", "echo y > y.txt"]})
@@ -211,6 +212,17 @@ def test_a_users_dashboard_is_that_users_alone(user_dir: tuple[int, int, Path], 
         finally:
             agent.close()
     print(f"screenshots kept in {shots}")
+
+
+def _memory_is_the_largest_process(browser: Browser) -> None:
+    """A rootless helper has no memory cgroup: the chart draws each run's largest process, and says so."""
+    chart = browser.wait_until(lambda: browser.script(
+        "const c = document.querySelector('#usage-plot svg:nth-child(3)');"
+        "return c && [c.textContent, [...c.querySelectorAll('rect')].map((r) => +r.getAttribute('height'))]"),
+        "the memory chart")
+    label, heights = chart
+    assert label.startswith("largest process's max RSS (MiB) per run") and "not measured" not in label, label
+    assert heights and all(h > 0 for h in heights), chart
 
 
 def _others_are_refused(uid: int, state: Path, root_state: Path, url: str, pid: int, page: Path, capsule: str,

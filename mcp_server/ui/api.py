@@ -80,7 +80,8 @@ def runs(state: State, capsule_id: str, limit: int | None = None, before: int | 
     out = []
     for entry in entries[-size:]:
         usage = entry.get("usage") or {}
-        out.append({**run_summary(entry), "cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb")})
+        out.append({**run_summary(entry), "cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb"),
+                    "rss_max_process_kb": usage.get("rss_max_process_kb")})
     (total,) = state.execute("SELECT COUNT(*) AS n FROM execs WHERE capsule_id = ?", (capsule_id,))
     return {"capsule_id": capsule_id, "runs": out, "more": len(entries) > size, "total": total["n"]}
 

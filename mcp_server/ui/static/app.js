@@ -329,7 +329,8 @@
       chart.append(bar);
     });
     chart.append(svg("line", { x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, stroke: "#8a8f99" }));
-    chart.append(svg("text", { x: pad, y: height - 6 }, `max ${Math.round(top)}`));
+    const measured = values.some((v) => v !== null && v !== undefined);
+    chart.append(svg("text", { x: pad, y: height - 6 }, measured ? `max ${Math.round(top)}` : "not measured"));
     return chart;
   }
 
@@ -338,8 +339,17 @@
     $("usage-plot").replaceChildren(...(runs.length ? [
       bars("duration (ms) per run", runs, runs.map((r) => r.duration_ms), "#3366cc"),
       bars("CPU (ms) per run", runs, runs.map((r) => r.cpu_ms), "#d9822b"),
-      bars("max RSS (MiB) per run", runs, runs.map((r) => (r.rss_max_kb === null ? null : r.rss_max_kb / 1024)), "#1a7f37"),
+      memoryBars(runs),
     ] : []));
+  }
+
+  // The jail's peak is a memory cgroup's; without one (a rootless helper) only the largest
+  // single process's peak is known, and the chart says which of the two it draws.
+  function memoryBars(runs) {
+    const whole = runs.some((r) => r.rss_max_kb !== null && r.rss_max_kb !== undefined);
+    const kb = runs.map((r) => (whole ? r.rss_max_kb : r.rss_max_process_kb) ?? null);
+    return bars(whole ? "max RSS (MiB) per run" : "largest process's max RSS (MiB) per run", runs,
+      kb.map((v) => (v === null ? null : v / 1024)), "#1a7f37");
   }
 
   // deltamin's search: each trial's size (changes applied), coloured by its outcome.
