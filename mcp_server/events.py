@@ -49,6 +49,7 @@ The table is bounded: the oldest rows beyond ``KEEP_EVENTS`` go when an ``EventL
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime
 import json
 import os
@@ -68,6 +69,7 @@ MAX_DIRS = 10
 MAX_CONNECTIONS = 100
 POLL_S = 0.1
 LOOK_S = 1.0
+BATCH = 500  # events a follower asks for at once
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -246,23 +248,37 @@ class EventLog:
 
     async def follow(self, after: int, capsule_id: str | None = None, poll_s: float = POLL_S) -> AsyncGenerator[Event, None]:
         """Every event after ``after`` as it is committed, by any process; never ends by itself."""
+        async with contextlib.aclosing(self.follow_batches(after, capsule_id, poll_s)) as batches:
+            async for batch in batches:
+                for event in batch:
+                    yield event
+
+    async def follow_batches(self, after: int, capsule_id: str | None = None,
+                             poll_s: float = POLL_S) -> AsyncGenerator[list[Event], None]:
+        """``follow``'s events as each query found them: a reader that writes them out can
+        do so once per batch."""
         import trio
 
+        # A commit by any process changes the database's WAL file (or, after a
+        # checkpoint, the database file): two stats say whether to look at all.
+        # Timestamps are coarse (a clock tick) and a restarted WAL keeps its size, so
+        # a change can hide: a look every LOOK_S anyway bounds how long.
+        files = (f"{self.state.db_path}-wal", str(self.state.db_path))
         seen: tuple[tuple[int, int] | None, ...] | None = None
         looked = 0.0
         while True:
-            # A commit by any process changes the database's WAL file (or, after a
-            # checkpoint, the database file): two stats say whether to look at all.
-            # Timestamps are coarse (a clock tick) and a restarted WAL keeps its size, so
-            # a change can hide: a look every LOOK_S anyway bounds how long.
-            stamp = tuple(_stamp(f"{self.state.db_path}{suffix}") for suffix in ("-wal", ""))
+            stamp = tuple(_stamp(path) for path in files)
             batch: list[Event] = []
             if stamp != seen or trio.current_time() - looked >= LOOK_S:
                 looked = trio.current_time()
-                batch = await trio.to_thread.run_sync(self.since, after, capsule_id)
-            seen = stamp if not batch else None  # a full batch may have more behind it
-            for event in batch:
-                after = event.id
-                yield event
-            if not batch:
+                batch = await trio.to_thread.run_sync(self.since, after, capsule_id, BATCH)
+            # The stamp was taken before the query, so a commit after the query changes it:
+            # only a full batch may have more behind it already.  (Looking again after every
+            # batch instead made a watcher of a busy capsule query without pause, at the
+            # agent's expense: the CPU it took was the one the agent's commands ran on.)
+            seen = None if len(batch) == BATCH else stamp
+            if batch:
+                after = batch[-1].id
+                yield batch
+            else:
                 await trio.sleep(poll_s)

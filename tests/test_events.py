@@ -133,6 +133,44 @@ def test_a_follower_in_another_connection_sees_events_as_they_are_committed(tmp_
     assert got == ["capsule.created", "capsule.destroyed"]
 
 
+def test_a_follower_that_caught_up_asks_again_only_after_a_commit(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    writer, reader = State(tmp_path / "s"), State(tmp_path / "s")
+    Journal(writer).add_capsule(capsule_record())
+    log = EventLog(reader)
+    asked: list[int] = []
+    since = log.since
+
+    def counted(after: int = 0, capsule_id: str | None = None, limit: int = 500) -> list[events.Event]:
+        asked.append(after)
+        return since(after, capsule_id, limit)
+
+    monkeypatch.setattr(log, "since", counted)
+    monkeypatch.setattr(events, "LOOK_S", 3600.0)  # no look "just in case" within the test
+    got: list[str] = []
+    arrived = [trio.Event(), trio.Event()]
+
+    async def follow() -> None:
+        async with contextlib.aclosing(log.follow(0, poll_s=0.01)) as stream:
+            async for event in stream:
+                got.append(event.kind)
+                arrived[len(got) - 1].set()
+
+    async def main() -> None:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(follow)
+                await arrived[0].wait()
+                await trio.sleep(0.3)  # thirty polls with nothing committed
+                assert asked == [0], asked  # one query: the stamps said nothing changed
+                Journal(writer).mark_destroyed("cap_1", "now")
+                await arrived[1].wait()
+                nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert got == ["capsule.created", "capsule.destroyed"] and len(asked) == 2
+
+
 def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: State) -> None:
     from sandbox.errors import CcwError
 

@@ -47,19 +47,21 @@ def run(args: argparse.Namespace, config: Config) -> int:
     after = log.last_id() if args.since is None else args.since
     color = use_color(sys.stdout, args.no_color)
 
-    def emit(event: Event) -> None:
-        print(json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) if args.json else line(event, color),
-              flush=True)
+    def emit(events: list[Event]) -> None:
+        # One write per batch: a busy capsule's watcher should not cost a syscall an event.
+        shown = (json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) if args.json else line(event, color)
+                 for event in events)
+        sys.stdout.write("".join(f"{text}\n" for text in shown))
+        sys.stdout.flush()
 
     async def follow() -> None:
-        async with contextlib.aclosing(log.follow(after, args.capsule_id)) as stream:
-            async for event in stream:
-                emit(event)
+        async with contextlib.aclosing(log.follow_batches(after, args.capsule_id)) as batches:
+            async for batch in batches:
+                emit(batch)
 
     try:
         if args.once:
-            for event in log.since(after, args.capsule_id, limit=1_000_000):
-                emit(event)
+            emit(log.since(after, args.capsule_id, limit=1_000_000))
         else:
             trio.run(follow)
     except KeyboardInterrupt:
