@@ -48,6 +48,12 @@ class Watcher:
                 raise RuntimeError("ccw watch printed nothing within 60 s")
             time.sleep(0.05)
 
+    def cpu_s(self) -> float:
+        """The CPU time it has used so far (user and system, /proc/PID/stat)."""
+        with open(f"/proc/{self.proc.pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self) -> int:
         """Stop it; the number of finished runs it printed."""
         time.sleep(0.5)  # the last exec's events: one poll interval and then some
@@ -62,15 +68,19 @@ class Watcher:
 async def measure(exec_once: Callable[[], Awaitable[float]], state_dir: Path, blocks: int, per_block: int) -> Row:
     """The row: ``exec_once()`` (seconds of one capsule_exec) with a watcher against none."""
     times: dict[bool, list[float]] = {True: [], False: []}
+    watcher_cpu_s = 0.0
     for block in range(blocks * 2):
         watched = (block % 2 == 0) == (block // 2 % 2 == 0)  # on/off, off/on, on/off, ...
         watcher = Watcher(state_dir) if watched else None
+        started = watcher.cpu_s() if watcher is not None else 0.0  # its start-up is not the agent's cost
         for _ in range(per_block):
             times[watched].append(await exec_once())
         if watcher is not None:
+            watcher_cpu_s += watcher.cpu_s() - started
             seen = watcher.stop()
             if seen < per_block:
                 raise RuntimeError(f"the watcher printed {seen} finished runs of {per_block}")
     return Row("capsule_exec /bin/true end to end, one ccw watch attached", median_ms(times[True]),
                baseline="no watcher", baseline_ms=median_ms(times[False]), target="<= 1.05x",
-               extra={"runs": len(times[True])})
+               extra={"runs": len(times[True]),
+                      "watcher_cpu_ms_per_exec": round(watcher_cpu_s * 1000 / max(len(times[True]), 1), 3)})
