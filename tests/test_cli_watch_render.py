@@ -3,10 +3,16 @@ characters made visible, one line per event, the run table's columns."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from mcp_server.cli import runlog, watch
-from mcp_server.cli.output import visible
+from mcp_server.cli.output import json_text, visible
 from mcp_server.events import Event
-from mcp_server.journal import run_detail, run_summary
+from mcp_server.journal import Journal, run_detail, run_summary
+from mcp_server.state import State
+from tests.support.cli_process import ccw
+from tests.support.journal_rows import capsule_record, exec_entry
 
 ESC = "\x1b"
 
@@ -64,3 +70,27 @@ def test_the_run_table_and_one_run() -> None:
     raw = runlog.render_run(run_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1), "stderr": None}),
                             color=False, raw=True, all_reads=True)
     assert f"ok{ESC}[2J" in raw and "t49.py" in raw
+
+
+# What a terminal could take as a control: DEL, and C1 (U+009B is CSI to many terminals).
+RAW_CONTROLS = [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))]
+
+
+def test_json_output_carries_no_control_character_raw() -> None:
+    hostile = {"path": f"a\x9b2J{ESC}]0;t\x07\x7fnaïve→.txt", "argv": ["\x85", "\x9d"]}
+    text = json_text(hostile, indent=2)
+    assert json.loads(text) == hostile  # the same value, for tools
+    assert not [c for c in text if c in RAW_CONTROLS and c != "\n"], text
+    assert "naïve→" in text  # printable text stays as itself
+
+
+def test_watch_json_writes_a_capsules_names_escaped(tmp_path: Path) -> None:
+    state = State(tmp_path / "state")
+    journal = Journal(state)
+    journal.add_capsule(capsule_record())
+    journal.add_exec("cap_1", exec_entry({"read": [], "written": ["\x9b2Jowned.txt", f"{ESC}[2J"], "network": []}))
+    state.close()
+    done = ccw(tmp_path / "state", "watch", "--json", "--once", "--since", "0")
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert ["\x9b2Jowned.txt", f"{ESC}[2J"] in [e["data"].get("paths") for e in events], events
+    assert not [c for c in done.stdout if c in RAW_CONTROLS and c != "\n"]

@@ -74,10 +74,22 @@ def visible(text: str, keep_newlines: bool = False) -> str:
     return text.translate(table)
 
 
+# JSON escapes C0 controls itself, but with ensure_ascii=False leaves DEL and the C1
+# controls as they are: U+009B is CSI to many terminals, so a capsule's file name could
+# still drive the terminal that ``--json`` output lands on.  In JSON text they can only be
+# inside strings, where \uXXXX is the same character.
+_JSON_CONTROLS = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0))}
+
+
+def json_text(value: Any, indent: int | None = None) -> str:
+    """``value`` as JSON, keys sorted, non-ASCII text as itself but no control character raw."""
+    return json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False).translate(_JSON_CONTROLS)
+
+
 def print_json(value: Any, stream: TextIO | None = None) -> None:
     """One JSON document, keys sorted, on stdout (or ``stream``)."""
     stream = stream or sys.stdout
-    stream.write(json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+    stream.write(json_text(value, indent=2) + "\n")
     stream.flush()
 
 

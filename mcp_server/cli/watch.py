@@ -20,7 +20,7 @@ import shlex
 import sys
 from typing import Any
 
-from mcp_server.cli.output import CYAN, DIM, GREEN, RED, paint, use_color, visible
+from mcp_server.cli.output import CYAN, DIM, GREEN, RED, json_text, paint, use_color, visible
 from mcp_server.config import Config
 from mcp_server.events import Event, EventLog
 from mcp_server.state import State
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
     def emit(events: list[Event]) -> None:
         # One write per batch: a busy capsule's watcher should not cost a syscall an event.
-        shown = (json.dumps(event.to_json(), sort_keys=True, ensure_ascii=False) if args.json else line(event, color)
+        shown = (json_text(event.to_json()) if args.json else line(event, color)
                  for event in events)
         sys.stdout.write("".join(f"{text}\n" for text in shown))
         sys.stdout.flush()
