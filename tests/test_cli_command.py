@@ -211,6 +211,14 @@ def test_progress_line_only_for_a_terminal() -> None:
     assert stream.getvalue() == ""
 
 
+def test_a_runs_output_on_the_progress_line_is_one_line_of_text() -> None:
+    progress = Progress("exec sh", io.StringIO())
+    progress.update(2000, 60000, "running 2 s; stdout 40 B, stderr 0 B\nline1\n\x1b]0;TITLE\x07x\x9b2J\n")
+    line = progress.line(0)
+    assert line.endswith("running 2 s; stdout 40 B, stderr 0 B · \\x1b]0;TITLE\\x07x\\x9b2J"), line
+    assert not [c for c in line if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0], line
+
+
 def test_doctor_render_puts_the_fix_under_what_is_missing() -> None:
     report = {
         "kernel": "6.1", "arch": "x86_64", "euid": 1000, "user": "dev", "mode": "rootless", "can_run": True,

@@ -93,6 +93,15 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     stream.flush()
 
 
+def one_line(message: str) -> str:
+    """A progress message for a line redrawn in place: its first and last non-blank lines,
+    control characters visible.  A run's report is a head line, then the command's last
+    output lines: what the jail wrote, which must not reach the terminal raw (even when
+    stdout went elsewhere), nor span lines."""
+    lines = [line for line in message.splitlines() if line.strip()]
+    return " · ".join(visible(line) for line in (lines[:1] + lines[-1:] if len(lines) > 1 else lines))
+
+
 class Progress:
     """The progress line's state: what is running, since when, the last message."""
 
@@ -109,7 +118,7 @@ class Progress:
         """Record a progress report from the tool (drawn on the next tick)."""
         self.fraction = progress / total if total else None
         if message:
-            self.message = message
+            self.message = one_line(message)
 
     def line(self, frame: int) -> str:
         """The text of the line for spinner frame ``frame``."""
