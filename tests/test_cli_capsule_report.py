@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec
+from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec, _show_promote
 
 
 def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,3 +31,19 @@ def test_git_lines_count_refs_and_moves() -> None:
                          "promoted_refs": [{"ref": "refs/heads/wt", "old": "a" * 40, "new": "b" * 40}]}])
     assert lines == ["git dir /srv/repo/.git: 7 changed paths (refs/heads/wt)",
                      "  refs/heads/wt aaaaaaaaaaaa -> bbbbbbbbbbbb"]
+
+
+def test_promotion_writes_the_names_a_capsule_made_as_text(capsys: pytest.CaptureFixture[str]) -> None:
+    esc = "\x1b]0;owned\x07\x9b2J"
+    refused = {"applied": [], "promoted": False, "dry_run": False, "skipped": [{"path": f"s{esc}", "reason": "ignored"}],
+               "policy_report": {"passed": False, "policies": ["baseline"], "test_failures": [],
+                                 "denied": [{"path": f"evil{esc}.sh", "how": ["written"], "glob": "*.sh"}],
+                                 "resource_violations": [], "details": "paths denied"}}
+    assert _show_promote(refused, False, False) == 1
+    done = {"applied": [f"a{esc}.txt"], "promoted": True, "dry_run": False,
+            "policy_report": {"passed": True, "policies": ["baseline"], "test_failures": [], "resource_violations": [],
+                              "details": "all checks passed"}}
+    assert _show_promote(done, False, False) == 0
+    out, err = capsys.readouterr()
+    assert "\x1b]" not in out + err.replace("\x1b[3", "") and "\x07" not in out + err and "\x9b" not in out + err
+    assert out == "a\\x1b]0;owned\\x07\\x9b2J.txt\n" and "paths: evil\\x1b]0;owned" in err

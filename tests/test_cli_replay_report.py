@@ -44,3 +44,19 @@ def test_owners_a_replayer_could_not_restore_are_said(capsys: pytest.CaptureFixt
               "owners": {"recorded": 12, "restored": 3, "reason": "not root"}}
     assert _show_replay(result, False, False) == 0
     assert "owners: 3 of 12 restored (not root)" in capsys.readouterr().err
+
+
+def test_a_hostile_witness_cannot_drive_the_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    esc = "\x1b]0;owned\x07\x9b2J"
+    result: dict[str, Any] = {
+        "replay_ok": False, "env_missing": [f"A{esc}"],
+        "mismatches": [{**NYC, "argv": [f"npx{esc}"], "suggest_volatile": [f"o/{esc}*.json"]},
+                       {"kind": "change", "path": f"x{esc}.txt", "expected": ["symlink", None, f"/t{esc}", None],
+                        "actual": None}],
+        "volatile": {"globs": [f"g{esc}"], "paths": [{"exec": 1, "path": "a"}]},
+        "output_diffs": [{"exec": 1, "stream": "stdout", "lines": [f"-ok{esc}", f"+no{esc}"]}],
+    }
+    assert _show_replay(result, False, False) == 1
+    out, err = capsys.readouterr()
+    assert "\x1b" not in out + err and "\x07" not in out + err and "\x9b" not in out + err
+    assert "x\\x1b]0;owned\\x07\\x9b2J.txt" in out and "+no\\x1b]0;owned" in err

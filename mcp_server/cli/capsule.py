@@ -32,6 +32,7 @@ from mcp_server.cli.output import (
     print_json,
     run_with_progress,
     use_color,
+    visible,
 )
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
@@ -280,12 +281,12 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
 def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     print(result["capsule_id"])
     for shown in result.get("exposed") or ():
-        print(f"shown read-only: {shown['path']} ({shown['reason']})", file=sys.stderr)
+        print(visible(f"shown read-only: {shown['path']} ({shown['reason']})"), file=sys.stderr)
     git = result.get("git") or {}
     if git.get("gitdir"):
-        print(f"git dir shown copy-on-write: {git['gitdir']}", file=sys.stderr)
+        print(visible(f"git dir shown copy-on-write: {git['gitdir']}"), file=sys.stderr)
     elif git.get("note"):
-        print(paint(f"ccw: {git['note']}", "\x1b[33m", color_err), file=sys.stderr)
+        print(paint(visible(f"ccw: {git['note']}"), "\x1b[33m", color_err), file=sys.stderr)
     return 0
 
 
@@ -293,8 +294,8 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     sys.stdout.write(result["stdout"])
     sys.stdout.flush()
     sys.stderr.write(result["stderr"])
-    for line in [*(result.get("network_notes") or ()), *(result.get("hints") or ())]:
-        print(paint(line, "\x1b[33m", color_err), file=sys.stderr)
+    for line in [*(result.get("network_notes") or ()), *(result.get("hints") or ())]:  # hosts the jail named
+        print(paint(visible(line), "\x1b[33m", color_err), file=sys.stderr)
     notes = []
     if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
         notes.append("output truncated")
@@ -317,7 +318,7 @@ def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
           file=sys.stderr)
     for line in _git_lines(result.get("git") or []):
-        print(line, file=sys.stderr)
+        print(visible(line), file=sys.stderr)
     return 0
 
 
@@ -349,8 +350,8 @@ def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
 
 def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     report = result["policy_report"]
-    for path in result["applied"]:
-        print(path)
+    for path in result["applied"]:  # names the capsule made
+        print(visible(path))
     dry_run = bool(result.get("dry_run"))
     policies = ", ".join(report.get("policies", [])) or "baseline"
     lines = policy_lines(report) + _skipped_lines(result.get("skipped") or []) + _git_lines(result.get("git") or [])
@@ -359,12 +360,12 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
         print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
               file=sys.stderr)
         for line in lines:
-            print(f"  {line}", file=sys.stderr)
+            print(f"  {visible(line)}", file=sys.stderr)
         return 0
     head = "would not promote" if dry_run else "not promoted, nothing written"
     print(paint(f"{head}: policy {policies} failed", "\x1b[31m", color_err), file=sys.stderr)
     for line in lines:
-        print(f"  {line}", file=sys.stderr)
+        print(f"  {visible(line)}", file=sys.stderr)
     return 1
 
 

@@ -2,7 +2,9 @@
 
 A replay's mismatches (core/replaydiff.py) become one sentence each; what a person can
 do about them (the ``--volatile`` flags a suggestion names, owners a non-root replayer
-could not restore) goes to stderr, so stdout stays the verdict and its reasons.
+could not restore) goes to stderr, so stdout stays the verdict and its reasons.  A
+witness and its replay are a capsule's doing (names, argv, output): every line is
+written with its control characters visible.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import shlex
 import sys
 from typing import Any
 
-from mcp_server.cli.output import paint
+from mcp_server.cli.output import paint, visible
 
 
 def show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    print(f"{result['witness_id']} {result['path']}")
+    print(visible(f"{result['witness_id']} {result['path']}"))
     print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
     return 0
 
@@ -27,24 +29,24 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
         print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m", color_err),
               file=sys.stderr)
     if result.get("env_missing"):
-        print(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}", file=sys.stderr)
+        print(visible(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}"), file=sys.stderr)
     for mismatch in result.get("mismatches", []):
-        print(f"  {mismatch_line(mismatch)}")
+        print(f"  {visible(mismatch_line(mismatch))}")
     suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
     if suggested:
         print("the names differ by a random part; if these outputs are volatile, replay with "
-              + " ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested), file=sys.stderr)
+              + visible(" ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested)), file=sys.stderr)
     owners = result.get("owners") or {}
     if owners.get("reason") and owners.get("restored", 0) < owners.get("recorded", 0):
         print(f"owners: {owners['restored']} of {owners['recorded']} restored ({owners['reason']})", file=sys.stderr)
     apart = (result.get("volatile") or {}).get("paths") or []
     if apart:
-        print(f"left out as volatile: {len(apart)} path(s) matching {', '.join(result['volatile']['globs'])}",
+        print(visible(f"left out as volatile: {len(apart)} path(s) matching {', '.join(result['volatile']['globs'])}"),
               file=sys.stderr)
     for diff in result.get("output_diffs", []):  # shown, never a failure by itself
         print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
         for line in diff["lines"] or [diff.get("note", "")]:
-            print(f"  {line}", file=sys.stderr)
+            print(f"  {visible(line)}", file=sys.stderr)
     return 0 if ok else 1
 
 
