@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec, _show_promote
+from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec, _show_promote, shown_diff
 
 
 def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -47,3 +47,10 @@ def test_promotion_writes_the_names_a_capsule_made_as_text(capsys: pytest.Captur
     out, err = capsys.readouterr()
     assert "\x1b]" not in out + err.replace("\x1b[3", "") and "\x07" not in out + err and "\x9b" not in out + err
     assert out == "a\\x1b]0;owned\\x07\\x9b2J.txt\n" and "paths: evil\\x1b]0;owned" in err
+
+
+def test_a_diff_on_a_terminal_cannot_hide_its_lines() -> None:
+    diff = "+++ b/x\n@@ -0,0 +1,2 @@\n+rm -rf ~\n+\x1b[1A\x1b[2K\tok\rfine\n"
+    shown = shown_diff(diff, terminal=True)
+    assert shown == "+++ b/x\n@@ -0,0 +1,2 @@\n+rm -rf ~\n+\\x1b[1A\\x1b[2K\tok\\x0dfine\n"
+    assert shown_diff(diff, terminal=False) == diff  # a patch for git apply stays exact

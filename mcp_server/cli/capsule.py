@@ -313,13 +313,21 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
 
 
 def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    sys.stdout.write(color_diff(result["diff"], color_out))
+    sys.stdout.write(color_diff(shown_diff(result["diff"], sys.stdout.isatty()), color_out))
     summary = result["summary"]
     print(f"{summary['added']} added, {summary['modified']} modified, {summary['deleted']} deleted",
           file=sys.stderr)
     for line in _git_lines(result.get("git") or []):
         print(visible(line), file=sys.stderr)
     return 0
+
+
+def shown_diff(diff: str, terminal: bool) -> str:
+    """The diff as written to a terminal: a person reviews it before promoting, and a file's
+    escape sequences could erase or rewrite lines of it (cursor up, carriage return), so
+    its control characters are shown, tabs and newlines kept.  Elsewhere (a file, a pipe to
+    ``git apply``) it stays the exact patch."""
+    return visible(diff, keep_newlines=True) if terminal else diff
 
 
 def _git_lines(gitdirs: list[dict[str, Any]]) -> list[str]:
