@@ -12,11 +12,13 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import trio
 
 from mcp_server.cli import clients, main, parse_args, serve_env
 from mcp_server.cli.capsule import policy_lines, tool_call
-from mcp_server.cli.output import Progress, color_diff, exec_status, use_color
+from mcp_server.cli.output import Progress, color_diff, exec_status, run_with_progress, use_color
 from mcp_server.doctor import render
+from sandbox.errors import CcwError
 
 CCW = [sys.executable, "-c", "import sys; from mcp_server.cli import main; sys.exit(main())"]
 
@@ -322,3 +324,24 @@ def test_promote_report_lines_name_each_hazard_and_the_flag_that_allows_it() -> 
     ]
     many = {**report, "hazards": [{**hazard, "path": f"h{i}"} for i in range(20)]}
     assert policy_lines(many)[12] == "… and 8 more hazard(s) (--json lists each)"
+
+
+def test_a_tools_refusal_on_a_terminal_leaves_as_itself_not_a_traceback() -> None:
+    """With the progress line drawn (stderr a terminal), the call runs beside its ticker:
+    its CcwError must reach ccw's handler as itself, not inside an ExceptionGroup."""
+    progress = Progress("exec true", io.StringIO())
+    progress.enabled = True  # as on a terminal
+
+    async def refused() -> None:
+        await trio.sleep(0.05)
+        raise CcwError("NOT_FOUND", "capsule cap_nope not found")
+
+    with pytest.raises(CcwError) as raised:
+        trio.run(run_with_progress, progress, refused)
+    assert raised.value.code == "NOT_FOUND"
+
+    async def answered() -> str:
+        await trio.sleep(0.05)
+        return "done"
+
+    assert trio.run(run_with_progress, progress, answered) == "done"

@@ -194,6 +194,15 @@ def test_a_shell_waits_for_the_running_command(state: Path, tmp_path: Path) -> N
     assert rows[-1]["argv"] == ["/bin/sh", "-c", "echo turn-$((3*4)); exit 3"] and rows[-1]["exit_code"] == 3
 
 
+def test_a_shell_on_no_capsule_says_so_on_the_terminal(state: Path) -> None:
+    """The refusal as a sentence and exit 1, not a traceback (the window-size follower runs
+    beside the call, and the error once came out of that nursery wrapped in a group)."""
+    shell = ShellSession(state, "cap_nope", "--", "/bin/true")
+    shell.expect(r"ccw: NOT_FOUND: capsule cap_nope not found")
+    assert shell.wait() == 1
+    assert b"Traceback" not in shell.shown and b"ExceptionGroup" not in shell.shown
+
+
 def test_a_session_ends_with_its_terminal(state: Path, tmp_path: Path) -> None:
     """ccw killed outright: the command ignores the pty's hangup, yet the helper ends the jail
     (its next progress report finds the caller gone) and the capsule is free again."""

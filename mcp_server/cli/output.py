@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
 
+import outcome
 import trio
 
 T = TypeVar("T")
@@ -159,7 +160,6 @@ async def run_with_progress(progress: Progress, call: Callable[[], Awaitable[T]]
     """Await ``call()`` while drawing ``progress`` every tick; erase the line afterwards."""
     if not progress.enabled:
         return await call()
-    outcome: list[T] = []
 
     async def tick() -> None:
         frame = 0
@@ -169,13 +169,23 @@ async def run_with_progress(progress: Progress, call: Callable[[], Awaitable[T]]
             await trio.sleep(TICK_S)
 
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(tick)
-            outcome.append(await call())
-            nursery.cancel_scope.cancel()
+        return await beside(tick, call)
     finally:
         progress.clear()
-    return outcome[0]
+
+
+async def beside(background: Callable[[], Awaitable[None]], call: Callable[[], Awaitable[T]]) -> T:
+    """``call()``'s result while ``background()`` runs beside it (cancelled once ``call`` ends).
+
+    ``call``'s exception leaves as itself: raised inside the nursery it would come out
+    wrapped in an ExceptionGroup, which ``ccw``'s error handling does not take for a
+    ``CcwError`` (a tool's refusal printed as a traceback)."""
+    result: list[outcome.Outcome[T]] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(background)
+        result.append(await outcome.acapture(call))
+        nursery.cancel_scope.cancel()
+    return result[0].unwrap()
 
 
 EXIT_TIMEOUT = 124  # as timeout(1)

@@ -51,6 +51,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import functools
 import os
 import select
 import signal
@@ -98,20 +99,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 async def _session(config: Config, args: argparse.Namespace, terminal: Terminal) -> dict[str, Any]:
     """capsule_exec on the terminal's slave, through the state dir's front end, in the capsule's turn."""
-    import trio
-
     from mcp_server.cli import frontclient
+    from mcp_server.cli.output import beside
 
     call = {"capsule_id": args.capsule_id, "cmd": args.cmd or default_command(), "cwd": args.cwd,
             "timeout_ms": args.timeout_ms or MAX_TIMEOUT_MS, "wait_ms": None}
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_follow_window_size, terminal)
-        terminal.start_relay()
-        try:
-            return await frontclient.call_tool(config, "capsule_exec", call, _Queued(terminal, args.capsule_id),
-                                               terminal.slave)
-        finally:
-            nursery.cancel_scope.cancel()
+    terminal.start_relay()
+    return await beside(functools.partial(_follow_window_size, terminal),
+                        lambda: frontclient.call_tool(config, "capsule_exec", call,
+                                                      _Queued(terminal, args.capsule_id), terminal.slave))
 
 
 class _Queued:
