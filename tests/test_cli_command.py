@@ -82,6 +82,7 @@ def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
     assert call == {"path": str(witness_file)}
     assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat"}
     assert tool_call(parse("capsule", "destroy", "cap_1"))[:2] == ("capsule_destroy", {"capsule_id": "cap_1"})
+    assert tool_call(parse("capsule", "fork", "cap_1"))[:2] == ("capsule_fork", {"capsule_id": "cap_1"})
     assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})
 
 
@@ -117,6 +118,7 @@ def test_tool_arguments_match_the_tool_input_schemas(tmp_path: Path) -> None:
          "--net-max-bytes", "1000", "--workspace", str(tmp_path), "--allow-untrusted"),
         ("capsule", "list"),
         ("capsule", "destroy", "cap_1"),
+        ("capsule", "fork", "cap_1"),
         ("capsule", "deltamin", "cap_1", "--budget-ms", "5000", "--", "make", "test"),
     ]
     for argv in commands:

@@ -84,6 +84,12 @@ def test_shell_session_as_root(state: Path, tmp_path: Path) -> None:
     refused = subprocess.run([*CCW, "capsule", "witness", capsule_id], capture_output=True, text=True,
                              env=ccw_env(state), cwd=ROOT, timeout=120)
     assert refused.returncode == 1 and "UNSUPPORTED" in refused.stderr and "terminal" in refused.stderr
+    # As the refusal says: a fork starts from the session's files with no session of its own.
+    fork = ccw(state, "capsule", "fork", capsule_id).strip()
+    assert fork.startswith("cap_") and fork != capsule_id
+    assert ccw(state, "capsule", "exec", fork, "--", "cat", "shell.txt").strip() == "from-shell"
+    witness_id = ccw(state, "capsule", "witness", fork).split()[0]
+    assert witness_id.startswith("wit_")
 
 
 def test_shell_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:

@@ -145,8 +145,9 @@ def _refuse_sessions(record: CapsuleRecord, execs: list[dict[str, Any]]) -> None
     if sessions:
         raise CcwError("UNSUPPORTED", f"capsule {record.capsule_id} had interactive terminal sessions (runs "
                        f"{sessions}, ccw capsule shell): what was typed in them is not kept, so no replay can "
-                       "repeat them; make witnesses of capsules worked on by commands (fork one before a "
-                       "shell session, or redo the session's steps with ccw capsule exec)",
+                       "repeat them; fork it (capsule_fork, ccw capsule fork CAP): the fork starts from "
+                       "these files and its own runs can be a witness; or redo the session's steps with "
+                       "ccw capsule exec",
                        {"capsule_id": record.capsule_id, "terminal_runs": sessions})
 
 

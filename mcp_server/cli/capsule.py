@@ -88,6 +88,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     destroy = verbs.add_parser("destroy", parents=[common], help="remove a capsule and its changes")
     destroy.add_argument("capsule_id")
 
+    fork = verbs.add_parser("fork", parents=[common],
+                            help="a new capsule starting from this one's files (before a shell session, to keep a witness)")
+    fork.add_argument("capsule_id")
+
     deltamin = verbs.add_parser("deltamin", parents=[common],
                                 help="the smallest part of the change that still fails: ... CAP -- CMD...")
     deltamin.add_argument("capsule_id")
@@ -237,6 +241,8 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
         return "capsule_list", {}, None
     if verb == "destroy":
         return "capsule_destroy", {"capsule_id": args.capsule_id}, None
+    if verb == "fork":
+        return "capsule_fork", {"capsule_id": args.capsule_id}, None
     if verb == "deltamin":
         call = {"capsule_id": args.capsule_id, "target_cmd": _command(args.cmd)}
         if args.budget_ms is not None:
@@ -405,7 +411,7 @@ def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 
 # How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
 _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
-    "create": _show_create, "exec": _show_exec, "diff": _show_diff, "promote": _show_promote,
+    "create": _show_create, "fork": _show_create, "exec": _show_exec, "diff": _show_diff, "promote": _show_promote,
     "witness": replay_report.show_witness, "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
 }
 
