@@ -1,10 +1,17 @@
-"""``ccw capsule create/exec/diff/promote`` say what issue 25 added: exposed dirs, git dirs, hints."""
+"""What `ccw capsule create|exec|diff|promote|deltamin` print for a person: exposed dirs, git dirs, hints, capsule names as text, the smallest failing change."""
 
 from __future__ import annotations
 
 import pytest
 
-from mcp_server.cli.capsule import _git_lines, _show_create, _show_exec, _show_promote, shown_diff
+from mcp_server.cli.capsule import (
+    _git_lines,
+    _show_create,
+    _show_deltamin,
+    _show_exec,
+    _show_promote,
+    shown_diff,
+)
 
 
 def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,3 +61,17 @@ def test_a_diff_on_a_terminal_cannot_hide_its_lines() -> None:
     shown = shown_diff(diff, terminal=True)
     assert shown == "+++ b/x\n@@ -0,0 +1,2 @@\n+rm -rf ~\n+\\x1b[1A\\x1b[2K\tok\\x0dfine\n"
     assert shown_diff(diff, terminal=False) == diff  # a patch for git apply stays exact
+
+
+def test_deltamin_prints_the_patch_and_says_how_far_to_trust_it(capsys: pytest.CaptureFixture[str]) -> None:
+    patch = ("diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-n\n+n + 1\n"
+             "@@ -9 +9 @@\n-a\n+b\n")
+    found = {"minimal_patch": patch, "units": ["m.py"], "trials": 6, "cache_hits": 1, "elapsed_ms": 20391,
+             "one_minimal": True, "replay_ok": True, "root_hash": "blake3:00", "executor": {"kind": "local"}}
+    assert _show_deltamin(found, False, False) == 0
+    out, err = capsys.readouterr()
+    assert out == patch  # git apply takes it as it is
+    assert err == "deltamin: the smallest change that still fails: 2 hunks in 1 file (m.py); 6 trials (1 from cache) in 20.4 s\n"
+    assert _show_deltamin({**found, "one_minimal": False, "replay_ok": False}, False, False) == 0
+    err = capsys.readouterr().err
+    assert "budget ran out" in err and "may be flaky" in err

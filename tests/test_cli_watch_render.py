@@ -94,3 +94,11 @@ def test_watch_json_writes_a_capsules_names_escaped(tmp_path: Path) -> None:
     events = [json.loads(line) for line in done.stdout.splitlines()]
     assert ["\x9b2Jowned.txt", f"{ESC}[2J"] in [e["data"].get("paths") for e in events], events
     assert not [c for c in done.stdout if c in RAW_CONTROLS and c != "\n"]
+
+
+def test_deltamin_trials_say_what_they_tried() -> None:
+    said = [watch.describe(_event("deltamin.trial", size=size, outcome=outcome, fresh=fresh))
+            for size, outcome, fresh in ((4, "fail", True), (0, "pass", True), (1, "fail", False))]
+    assert said == ["deltamin confirming the whole change, 4 changes: fail",
+                    "deltamin confirming the empty change, 0 changes: pass",
+                    "deltamin trial, 1 change: fail"]

@@ -279,7 +279,7 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
     color = (use_color(sys.stdout, args.no_color), use_color(sys.stderr, args.no_color))
     shown = _SHOW.get(verb)
     if shown is None:
-        print_json(result)  # deltamin: the structured result is the readable form
+        print_json(result)
         return 0
     return shown(result, *color)
 
@@ -404,6 +404,28 @@ def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     return 0
 
 
+def _show_deltamin(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    """The smallest failing change as a patch on stdout (``git apply`` takes it), what the
+    search did and how far to trust it on stderr."""
+    sys.stdout.write(color_diff(shown_diff(result["minimal_patch"], sys.stdout.isatty()), color_out))
+    units = result.get("units") or []
+    hunks = sum(1 for line in result["minimal_patch"].splitlines() if line.startswith("@@ "))
+    print(visible(f"deltamin: the smallest change that still fails: {_count(hunks, 'hunk')} in "
+                  f"{_count(len(units), 'file')} ({', '.join(units) or 'none'}); {_count(result['trials'], 'trial')} "
+                  f"({result['cache_hits']} from cache) in {result['elapsed_ms'] / 1000:.1f} s"), file=sys.stderr)
+    if not result["one_minimal"]:
+        print(paint("ccw: the budget ran out before the search ended: a smaller failing change may exist "
+                    "(a larger --budget-ms)", "\x1b[33m", color_err), file=sys.stderr)
+    if not result["replay_ok"]:
+        print(paint("ccw: this change did not fail again when run alone once more: the failure may be flaky",
+                    "\x1b[33m", color_err), file=sys.stderr)
+    return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     print(f"destroyed {result['capsule_id']}")
     return 0
@@ -411,7 +433,7 @@ def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 
 # How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
 _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
-    "create": _show_create, "fork": _show_create, "exec": _show_exec, "diff": _show_diff, "promote": _show_promote,
+    "create": _show_create, "fork": _show_create, "exec": _show_exec, "deltamin": _show_deltamin, "diff": _show_diff, "promote": _show_promote,
     "witness": replay_report.show_witness, "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
 }
 

@@ -120,7 +120,11 @@ def describe(event: Event, color: bool = False) -> str:
     if kind == "policy.report":
         return f"policy report: {'passed' if data.get('passed') else 'failed'}"
     if kind == "deltamin.trial":
-        return f"deltamin trial of {data.get('size')} changes: {data.get('outcome')}"
+        size = data.get("size")
+        # fresh: a confirmation run of the whole change or of none before the search
+        what = ("confirming the whole change" if size else "confirming the empty change") if data.get("fresh") \
+            else "trial"
+        return f"deltamin {what}, {size} change{'' if size == 1 else 's'}: {data.get('outcome')}"
     rest = " ".join(f"{key}={visible(json.dumps(value))}" for key, value in sorted(data.items()))
     return f"{kind.replace('.', ' ')} {rest}".rstrip()
 
