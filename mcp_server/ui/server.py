@@ -239,5 +239,9 @@ async def serve(app: Dashboard, sock: socket.socket, stop: trio.Event,
     hconfig.bind = [f"fd://{sock.detach()}"]
     hconfig.graceful_timeout = 1.0  # long polls in flight are only waiting
     hconfig.accesslog = None
-    hconfig.errorlog = logging.getLogger("hypercorn.error")
+    # Its warnings and errors, not its "Running on" line: ccw ui prints the URL itself,
+    # and an INFO line named hypercorn.error read like a failure to the person starting it.
+    errors = logging.getLogger("mcp_server.ui.http")
+    errors.setLevel(logging.WARNING)
+    hconfig.errorlog = errors
     await hypercorn_serve(app, hconfig, shutdown_trigger=stop.wait, task_status=task_status)  # type: ignore[arg-type]

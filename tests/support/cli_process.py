@@ -34,7 +34,9 @@ def ccw(state: Path, *argv: str, check: bool = True, timeout: float = 120) -> su
 
 @contextlib.contextmanager
 def serve_ui(state: Path) -> Iterator[str]:
-    """``ccw ui`` on ``state``: the URL it printed; it must end cleanly on SIGTERM."""
+    """``ccw ui`` on ``state``: the URL it printed; it must end cleanly on SIGTERM, having said
+    nothing on stderr but its one line about the token (a web server's INFO lines read as
+    errors to the person who started it)."""
     proc = subprocess.Popen([*CCW, "ui", "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=cli_env(state), cwd=ROOT)
     assert proc.stdout is not None
@@ -47,3 +49,5 @@ def serve_ui(state: Path) -> Iterator[str]:
         proc.terminate()
         _, errors = proc.communicate(timeout=30)
         assert proc.returncode == 0, errors
+        assert errors.splitlines()[:1] == ["(the URL carries its access token: share it with no one; Ctrl-C stops)"] \
+            and "INFO" not in errors, errors
