@@ -30,7 +30,7 @@ from mcp_server.capsules.run import OwnedRuns, Run, Runs
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.config import Config
-from mcp_server.events import EventLog, record_outcome
+from mcp_server.events import EventLog, live_connection, record_outcome
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
@@ -49,7 +49,8 @@ class Runtime:
         self.events = EventLog(state)
         # execs, forks, destroys: one at a time per capsule; a command's waits and starts are events
         self.capsule_queue = CapsuleQueue(observer=self._turn_event)
-        self.networks = Networks()  # the egress sessions of allowlist capsules, for the process's life
+        # the egress sessions of allowlist capsules, for the process's life; each attempt an event as it is decided
+        self.networks = Networks(observe=self._connection_event)
         self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/run.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
@@ -60,6 +61,9 @@ class Runtime:
         if what == "started":
             data["waited_ms"] = ticket.waited_ms
         self.events.add(f"run.{what}", capsule_id, data)
+
+    def _connection_event(self, capsule_id: str, record: dict[str, Any]) -> None:
+        self.events.add("net.connection", capsule_id, live_connection(record))
 
     def _run_ended(self, run: Run) -> None:
         # A replay's or deltamin's outcome is an event (a command's run is one already).

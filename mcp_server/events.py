@@ -32,7 +32,9 @@ every text in them came from inside a capsule, so it is untrusted:
   ``files.read``  seq, count, dirs (the ``MAX_DIRS`` directories most read from, with
   counts).
 - ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,
-  bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run.
+  bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run, at its end;
+  and as each attempt is decided while the run goes, with ``live: true``, ``seq`` null
+  and no byte counts (``live_connection``).
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
 - ``policy.report``  passed, report (promotion's checks, real or dry run);  ``promotion``
   applied, dry_run, refused (null, or the error's code and message: POLICY_FAILED,
@@ -138,9 +140,17 @@ def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -
         events.append(("files.read", {"seq": seq, "count": len(read),
                                       "dirs": [[name, count] for name, count in dirs.most_common(MAX_DIRS)]}))
     for record in network[:MAX_CONNECTIONS]:
-        keep = ("host", "port", "protocol", "allowed", "rule", "reason", "bytes_in", "bytes_out", "cut")
-        events.append(("net.connection", {"seq": seq, **{key: record.get(key) for key in keep}}))
+        events.append(("net.connection", {"seq": seq, **{key: record.get(key) for key in _CONNECTION}}))
     return events
+
+
+_CONNECTION = ("host", "port", "protocol", "allowed", "rule", "reason", "bytes_in", "bytes_out", "cut")
+
+
+def live_connection(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A connection attempt's event while its command runs (``live``, no run number yet, its
+    bytes still to come): the egress proxy's record once the attempt was decided."""
+    return {"seq": None, "live": True, **{key: record.get(key) for key in _CONNECTION if not key.startswith("bytes")}}
 
 
 def outcome_events(tool: str, result: Mapping[str, Any] | None,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mcp_server.cli import runlog, watch
 from mcp_server.cli.output import json_text, visible
-from mcp_server.events import Event
+from mcp_server.events import Event, live_connection
 from mcp_server.journal import Journal, run_detail, run_summary
 from mcp_server.state import State
 from tests.support.cli_process import ccw
@@ -45,6 +45,10 @@ def test_watch_lines_say_what_happened_without_escapes() -> None:
     denied = watch.describe(_event("net.connection", seq=1, host="evil.example", port=443, allowed=False,
                                    reason="not in the allowlist"))
     assert denied == "run 1 connection denied: evil.example:443 (not in the allowlist)"
+    going = watch.describe(_event("net.connection", **live_connection(
+        {"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443",
+         "reason": None, "bytes_in": 9, "bytes_out": 4, "cut": None})))
+    assert going == "the running command's connection allowed: pypi.org:443 (pypi.org:443)"
     refused = watch.describe(_event("promotion", applied=[], dry_run=False,
                                     refused={"code": "POLICY_FAILED", "message": "failed: tests"}))
     assert refused == "promotion refused: POLICY_FAILED: failed: tests"

@@ -14,9 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcp_server.core.netspace import HostSpace
+from mcp_server.egress import session as session_module
 from mcp_server.egress import splice
 from tests.support.egress_harness import (
     NoDns,
+    Running,
     egress,
     network,
     read_all,
@@ -375,5 +377,59 @@ def test_the_host_and_private_space_are_refused_on_the_address_connected_to() ->
         }
         assert b"ccw: host address: host.example resolves to 198.18.0.1, an address of this host;" in answers[0]
         assert len(reads) == 6  # read again for every connection
+
+    trio.run(main)
+
+
+def test_each_attempt_is_told_once_with_its_final_verdict_while_the_exec_runs() -> None:
+    """What a watcher sees live: denied by the rules at once, refused on the address it
+    resolved to, connected; each once, and before the exec's records are taken."""
+    told: list[tuple[str, bool, str]] = []
+    resolver = NoDns({"lan.example": ["10.1.2.3"], "ok.example": ["127.0.0.1"]})
+
+    async def main() -> None:
+        async with upstream(shout) as up:
+            p = up.port
+            rules = network(f"*.example:{p}", f"127.0.0.1:{p}")
+            observe = lambda a: told.append((a.host, a.allowed, str(a.reason).split(":")[0]))  # noqa: E731
+            async with egress(rules, resolver=resolver, observe=observe) as proxy:
+                for target in ("denied.test:443", f"lan.example:{p}", f"ok.example:{p}"):
+                    client = await proxy.http()
+                    await client.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                    if target.startswith("ok."):
+                        assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+                    else:
+                        assert (await read_all(client)).startswith(b"HTTP/1.1 403 ")
+                    await client.aclose()
+                assert told == [("denied.test", False, "no rule allows denied.test"),
+                                ("lan.example", False, "private"), ("ok.example", True, "None")]
+                await trio.sleep(0.05)
+                assert len(proxy.session.end_exec()) == 3
+
+    trio.run(main)
+    assert len(told) == 3
+
+
+def test_an_exec_tells_of_at_most_max_told_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each telling is a database row: a jail making new records past the caps (new hosts)
+    must not make rows without bound."""
+    monkeypatch.setattr(session_module, "MAX_TOLD", 2)
+    told: list[str] = []
+
+    async def deny(proxy: Running, host: str) -> None:
+        client = await proxy.http()
+        await client.send_all(f"CONNECT {host}:443 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert (await read_all(client)).startswith(b"HTTP/1.1 403 ")
+        await client.aclose()
+
+    async def main() -> None:
+        async with egress(network("127.0.0.1:9"), observe=lambda a: told.append(a.host)) as proxy:
+            for host in ("a.test", "b.test", "c.test"):
+                await deny(proxy, host)
+            assert told == ["a.test", "b.test"]
+            proxy.session.end_exec()
+            proxy.session.begin_exec()  # the next exec is told again
+            await deny(proxy, "d.test")
+            assert told == ["a.test", "b.test", "d.test"]
 
     trio.run(main)

@@ -94,6 +94,10 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         running.start()
         try:  # the run shows while it runs (it waits at the gate)
             browser.wait_until(lambda: "running" in browser.text("#runs tbody tr.pending"), "the run, running")
+            # Its connection, as the proxy decided it, while the run still waits on it.
+            live = browser.wait_until(lambda: browser.text("#network tbody"), "the running command's connection")
+            assert re.fullmatch(rf"…\s+allowed\s+127\.0\.0\.1\s+{gate.port}\s+http\s+127\.0\.0\.1:{gate.port}\s*",
+                                live), live
             shot(browser, shots, "2-running")
         finally:
             gate.release.set()
@@ -111,9 +115,12 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         assert browser.script("return document.querySelectorAll('#run-detail img').length") == 0
         assert re.fullmatch(r"\d+ files", browser.text("#run-read summary"))
         assert browser.script("return document.title") == "ccw dashboard"
-        network = browser.wait_until(lambda: browser.text("#network tbody"), "the denied connection")
-        assert re.search(r"denied\s+denied\.example\s+80", network), network
-        assert re.search(rf"allowed\s+127\.0\.0\.1\s+{gate.port}", network), network
+        # The run's own records (with bytes) in place of the live rows.
+        network = browser.wait_until(lambda: "…" not in browser.text("#network tbody")
+                                     and browser.text("#network tbody"), "the run's connections")
+        assert re.search(r"1\s+denied\s+denied\.example\s+80", network), network
+        assert re.search(rf"1\s+allowed\s+127\.0\.0\.1\s+{gate.port}", network), network
+        assert len(browser.find("#network tbody tr")) == 2, network
         browser.click("#show-diff")
         assert "+hello" in browser.wait_until(lambda: "+hello" in browser.text("#diff") and browser.text("#diff"),
                                               "the diff")

@@ -70,7 +70,10 @@ class _Served:
 class Networks:
     """One EgressSession per allowlist capsule of this process, by capsule id."""
 
-    def __init__(self, space: HostSpaceReader | None = None) -> None:
+    def __init__(self, space: HostSpaceReader | None = None,
+                 observe: Callable[[str, dict[str, Any]], None] | None = None) -> None:
+        """``observe(capsule_id, record)``: each attempt once decided, while its exec runs."""
+        self._observe = observe
         self._space = space  # made with the first session unless given (tests give a fake resolv.conf)
         self._made_space = False
         self._sessions: dict[str, _Served] = {}
@@ -117,8 +120,11 @@ class Networks:
                 self._space, self._made_space = HostSpaceReader(), True
             reply, fds = await helper.net_open(capsule_id)
             try:
+                observe = self._observe
                 session = EgressSession(spec, fds[0], fds[1], fds[2], tuple(reply.jail_addresses),
-                                        space=self._space.current)
+                                        space=self._space.current,
+                                        observe=None if observe is None else
+                                        (lambda attempt: observe(capsule_id, attempt.record())))
             except BaseException:
                 for fd in fds:
                     os.close(fd)

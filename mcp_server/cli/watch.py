@@ -105,7 +105,8 @@ def describe(event: Event, color: bool = False) -> str:
     if kind == "net.connection":
         verdict = paint("allowed", GREEN, color) if data.get("allowed") else paint("denied", RED, color)
         why = data.get("rule") if data.get("allowed") else data.get("reason")
-        return f"run {data.get('seq')} connection {verdict}: {visible(str(data.get('host')))}:{data.get('port')} ({visible(str(why))})"
+        who = "the running command's" if data.get("live") else f"run {data.get('seq')}"
+        return f"{who} connection {verdict}: {visible(str(data.get('host')))}:{data.get('port')} ({visible(str(why))})"
     if kind == "file.changed":
         return f"a tool {data.get('action')} {visible(str(data.get('path')))}"
     if kind == "capsule.created":

@@ -18,6 +18,13 @@ Bounds, so that a jail cannot make the front end grow without limit:
   in an exec (a loop of retries is one record);
 - at most ``MAX_CLIENTS`` client connections are open at once (more are closed at
   accept), and each has ``header_timeout`` seconds for its request head or handshake.
+
+``observe``, if given, is told of each attempt once its verdict is final (denied by the
+rules or a cap, refused when connecting, or connected), while the command still runs: a
+person watching sees it live; the exec's records come at its end as before.  It is told
+of at most ``MAX_TOLD`` attempts an exec: past the connection cap a jail can still make
+new records (a new host, a new address for the sniffer), and each telling is a database
+row.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from mcp_server.egress.socks import handle_socks
 log = logging.getLogger("ccw.egress")
 
 MAX_CLIENTS = 1024
+MAX_TOLD = 100  # attempts an exec's observer hears of (as many as a run's connection events)
 HEADER_TIMEOUT = 30.0
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
@@ -90,8 +98,10 @@ class EgressSession:
     def __init__(self, spec: netrules.NetworkSpec, http_fd: int, socks_fd: int,
                  sniffer_fd: int | None, jail_addresses: Iterable[str], *,
                  resolver: Resolver = system_resolver, space: SpaceReader | None = None,
-                 header_timeout: float = HEADER_TIMEOUT) -> None:
+                 header_timeout: float = HEADER_TIMEOUT, observe: Callable[[Attempt], None] | None = None) -> None:
         self.spec = spec
+        self._observe = observe
+        self._told = 0
         self.header_timeout = header_timeout
         self.jail_addresses = frozenset(jail_addresses)
         self.budget = ExecBudget(spec.max_bytes)
@@ -125,6 +135,7 @@ class EgressSession:
         """Fresh caps for the next exec; records made since the last exec stay for it."""
         self.budget = ExecBudget(self.spec.max_bytes)
         self._connections = 0
+        self._told = 0
         self._once.clear()
 
     def end_exec(self) -> list[dict[str, object]]:
@@ -145,7 +156,18 @@ class EgressSession:
 
     def _record(self, attempt: Attempt) -> Attempt:
         self._attempts.append(attempt)
+        if not attempt.allowed:
+            self._tell(attempt)  # denied: final now (an allowed one is told once connected or refused)
         return attempt
+
+    def _tell(self, attempt: Attempt) -> None:
+        if self._observe is None or self._told >= MAX_TOLD:
+            return
+        self._told += 1
+        try:
+            self._observe(attempt)
+        except Exception as exc:  # what a watcher sees must never cost the jail its connection
+            log.warning(f"mcp:egress telling of {attempt.host}:{attempt.port} failed: {exc!r}")
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -173,13 +195,16 @@ class EgressSession:
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:
         """Resolve and connect an admitted attempt; a refusal is written into its record."""
         try:
-            return await connect_upstream(attempt, self._resolver, self.spec, self._space)
+            upstream = await connect_upstream(attempt, self._resolver, self.spec, self._space)
         except Refused as exc:
             if exc.denied:
                 attempt.deny(exc.message)
             else:
                 attempt.reason = exc.message
+            self._tell(attempt)
             raise
+        self._tell(attempt)
+        return upstream
 
     def _direct(self, seen: sniff.DirectAttempt) -> None:
         if seen.protocol == "tcp" and (seen.address, seen.port) in self._endpoints:

@@ -21,7 +21,7 @@ import trio
 
 from mcp_server.core.netrules import NetworkSpec, parse_network
 from mcp_server.egress import splice
-from mcp_server.egress.relay import Resolver, SpaceReader, system_resolver
+from mcp_server.egress.relay import Attempt, Resolver, SpaceReader, system_resolver
 from mcp_server.egress.session import EgressSession
 
 
@@ -70,14 +70,14 @@ class Running:
 
 @asynccontextmanager
 async def egress(spec: NetworkSpec, *, resolver: Resolver = system_resolver, space: SpaceReader | None = None,
-                 header_timeout: float = 5.0) -> AsyncIterator[Running]:
+                 header_timeout: float = 5.0, observe: Callable[[Attempt], None] | None = None) -> AsyncIterator[Running]:
     """A session serving in a nursery for the block; closed after it (``space``: the host's
     space it judges against; None, the real host's)."""
     http_fd, http_port = _listening_fd()
     socks_fd, socks_port = _listening_fd()
     sniff_peer, sniff_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     session = EgressSession(spec, http_fd, socks_fd, sniff_end.detach(), ["10.99.0.2", "fd63:6377::2"],
-                            resolver=resolver, space=space, header_timeout=header_timeout)
+                            resolver=resolver, space=space, header_timeout=header_timeout, observe=observe)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(session.serve)

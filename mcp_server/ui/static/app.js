@@ -249,11 +249,17 @@
 
   function renderEvents() {
     const of = (...kinds) => state.events.filter((e) => kinds.includes(e.kind));
-    const network = of("net.connection").map((e) => e.data), done = of("deltamin.done").map((e) => e.data);
+    // A running command's attempts come as each is decided (live, no run number, no bytes
+    // yet); once it ends, its run's records (in the same commit as the run) take their place.
+    const connections = of("net.connection");
+    let lastFinal = -1;
+    connections.forEach((e, i) => { if (!e.data.live) lastFinal = i; });
+    const network = connections.filter((e, i) => !e.data.live || i > lastFinal).map((e) => e.data);
+    const done = of("deltamin.done").map((e) => e.data);
     const body = $("network").tBodies[0];
     body.replaceChildren(...network.map((c) => {
-      const tr = row([c.seq, c.allowed ? "allowed" : "denied", c.host, c.port, c.protocol,
-        c.rule ?? c.reason ?? "", `${c.bytes_in ?? 0} / ${c.bytes_out ?? 0}`]);
+      const tr = row([c.live ? "…" : c.seq, c.allowed ? "allowed" : "denied", c.host, c.port, c.protocol,
+        c.rule ?? c.reason ?? "", c.live ? "" : `${c.bytes_in ?? 0} / ${c.bytes_out ?? 0}`], c.live ? "pending" : undefined);
       tr.children[1].className = c.allowed ? "ok" : "bad";
       tr.children[2].className = "host";
       return tr;
