@@ -167,7 +167,7 @@ class EgressSession:
         try:
             self._observe(attempt)
         except Exception as exc:  # what a watcher sees must never cost the jail its connection
-            log.warning(f"mcp:egress telling of {attempt.host}:{attempt.port} failed: {exc!r}")
+            log.warning("egress: telling of %r port %s failed: %r", attempt.host, attempt.port, exc)  # host: the jail's
 
     def _next_seq(self) -> int:
         self._seq += 1
