@@ -15,8 +15,9 @@ import pytest
 import trio
 
 from mcp_server.cli import clients, main, parse_args, serve_env
-from mcp_server.cli.capsule import policy_lines, tool_call
+from mcp_server.cli.capsule import tool_call
 from mcp_server.cli.output import Progress, color_diff, exec_status, run_with_progress, use_color
+from mcp_server.cli.policy_report import policy_lines
 from mcp_server.doctor import render
 from sandbox.errors import CcwError
 

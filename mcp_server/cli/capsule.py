@@ -34,9 +34,9 @@ from mcp_server.cli.output import (
     use_color,
     visible,
 )
+from mcp_server.cli.policy_report import policy_lines
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
-from mcp_server.core.policy import FIGURE_MEANINGS
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
@@ -191,29 +191,9 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
     """(tool name, arguments, progress label or None) for a parsed ``ccw capsule`` command."""
     verb = args.verb
     if verb == "create":
-        call: dict[str, Any] = {"workspace": os.path.abspath(args.workspace)}
-        if args.base:
-            call["base"] = os.path.abspath(args.base)
-        limits = {k: v for k, v in (("memory_mb", args.memory_mb), ("pids_max", args.pids_max),
-                                    ("cpu_ms", args.cpu_ms), ("disk_mb", args.disk_mb)) if v is not None}
-        if limits:
-            call["limits"] = limits
-        if args.clock_offset_sec is not None:
-            call["clock_offset_sec"] = args.clock_offset_sec
-        if args.env:
-            call["env_whitelist"] = sorted(set(args.env))
-        network = _network_arg(args)
-        if network is not None:
-            call["network"] = network
-        if args.volatile:
-            call["volatile"] = list(args.volatile)
-        if args.expose:
-            call["expose"] = [os.path.abspath(path) for path in args.expose]
-        if args.no_auto_expose:
-            call["auto_expose"] = False
-        return "capsule_create", call, None
+        return "capsule_create", _create_call(args), None
     if verb == "exec":
-        call = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
+        call: dict[str, Any] = {"capsule_id": args.capsule_id, "cmd": _command(args.cmd)}
         if args.cwd:
             call["cwd"] = args.cwd
         if args.timeout_ms is not None:
@@ -347,6 +327,31 @@ def _git_lines(gitdirs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _create_call(args: argparse.Namespace) -> dict[str, Any]:
+    """capsule_create's arguments for ``ccw capsule create``."""
+    call: dict[str, Any] = {"workspace": os.path.abspath(args.workspace)}
+    if args.base:
+        call["base"] = os.path.abspath(args.base)
+    limits = {k: v for k, v in (("memory_mb", args.memory_mb), ("pids_max", args.pids_max),
+                                ("cpu_ms", args.cpu_ms), ("disk_mb", args.disk_mb)) if v is not None}
+    if limits:
+        call["limits"] = limits
+    if args.clock_offset_sec is not None:
+        call["clock_offset_sec"] = args.clock_offset_sec
+    if args.env:
+        call["env_whitelist"] = sorted(set(args.env))
+    network = _network_arg(args)
+    if network is not None:
+        call["network"] = network
+    if args.volatile:
+        call["volatile"] = list(args.volatile)
+    if args.expose:
+        call["expose"] = [os.path.abspath(path) for path in args.expose]
+    if args.no_auto_expose:
+        call["auto_expose"] = False
+    return call
+
+
 def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
     """capsule_promote's arguments for ``ccw capsule promote``."""
     call: dict[str, Any] = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
@@ -433,74 +438,10 @@ def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 
 # How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
 _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
-    "create": _show_create, "fork": _show_create, "exec": _show_exec, "deltamin": _show_deltamin, "diff": _show_diff, "promote": _show_promote,
-    "witness": replay_report.show_witness, "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
+    "create": _show_create, "fork": _show_create, "exec": _show_exec, "deltamin": _show_deltamin,
+    "diff": _show_diff, "promote": _show_promote, "witness": replay_report.show_witness,
+    "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
 }
-
-
-def policy_lines(report: dict[str, Any]) -> list[str]:
-    """One line per failed check of a policy report, then its notes and what to do about them."""
-    lines = _hazard_lines(report.get("hazards", []))
-    for failure in report["test_failures"]:
-        lines.append(f"tests: {failure['cmd']!r} exited {failure['exit_code']}"
-                     + (" (timed out)" if failure.get("timed_out") else ""))
-    for denied in report.get("denied", []):
-        lines.append(f"paths: {denied['path']} ({'/'.join(denied['how'])}) matches denied {denied['glob']}")
-    violations = report["resource_violations"]
-    refused = [v for v in violations if "figure" in v]
-    for violation in violations:
-        if "figure" not in violation:
-            lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
-    lines += [f"resources: {line}; the policy refuses what it cannot check (if_unmeasured: refuse)"
-              for line in _unmeasured_lines(refused)]
-    lines += [f"replay: {clause.removeprefix('replay ')}" for clause in report["details"].split("; ")
-              if clause.startswith("replay")]
-    lines += [f"note: {line}; passed, as the policy allows (if_unmeasured: pass)"
-              for line in _unmeasured_lines(report.get("resource_unmeasured", []))]
-    if "read sets unavailable" in report["details"]:
-        lines.append("note: files read are not traced here (rootless: no fanotify), so deny_paths "
-                     "was checked against the files written and changed only")
-    if refused:
-        lines.append("fix: figures a rootless helper cannot measure need a helper with cgroups (the "
-                     "ccw-helper service, README 'System service'), or a policy that passes them "
-                     "(if_unmeasured: pass, as --policy baseline has)")
-    return lines
-
-
-_HAZARDS_SHOWN = 12  # a new repository in a capsule brings a dozen hooks; --json has them all
-
-
-def _hazard_lines(found: list[dict[str, Any]]) -> list[str]:
-    """One line per hazard (refused, or allowed and so noted), then how to allow those refused."""
-    lines = []
-    for hazard in found[:_HAZARDS_SHOWN]:
-        head = "note: allowed hazard" if hazard["allowed"] else "hazard"
-        lines.append(f"{head} {hazard['kind']}: {hazard['path']} ({hazard['action']}): {hazard['reason']}")
-    if len(found) > _HAZARDS_SHOWN:
-        lines.append(f"… and {len(found) - _HAZARDS_SHOWN} more hazard(s) (--json lists each)")
-    refused = sorted({h["kind"] for h in found if not h["allowed"]})
-    if refused:
-        lines.append("fix: undo them in the capsule, or, once reviewed (ccw capsule diff), promote them anyway with "
-                     + " ".join(f"--allow-hazard {kind}" for kind in refused))
-    return lines
-
-
-def _unmeasured_lines(items: list[dict[str, Any]]) -> list[str]:
-    """One line per ceiling whose figure was not measured, for all the execs concerned."""
-    by_rule: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for item in items:
-        by_rule.setdefault((item["rule"], item["figure"]), []).append(item)
-    lines = []
-    for (rule, figure), group in sorted(by_rule.items()):
-        execs = ", ".join(str(item["exec"]) for item in group)
-        why = group[0]["why"].split("; ")[0]  # the first clause says what was missing
-        line = (f"{rule} {group[0]['limit']} cannot be checked: {figure} ({FIGURE_MEANINGS[figure]}) was not "
-                f"measured for exec(s) {execs} ({why})")
-        largest = [item["largest_process_mb"] for item in group if "largest_process_mb" in item]
-        if largest:
-            line += f"; the largest single process peaked at {max(largest):.1f} MiB"
-        lines.append(line)
-    return lines
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
