@@ -85,7 +85,9 @@ def test_the_page_follows_an_agent_live_and_promotes_through_the_policies(
         cap = structured(made)["capsule_id"]
         browser.get(dashboard)
         browser.wait_until(lambda: cap in browser.text("#cap-title"), "the new capsule, selected")
-        assert browser.find("#runs tbody tr") == [] and "live" in browser.text("#status")
+        # The title comes with the capsule list, "live" with the event poll's first answer.
+        browser.wait_until(lambda: "live" in browser.text("#status"), "the page following the events")
+        assert browser.find("#runs tbody tr") == []
         shot(browser, shots, "1-before")
 
         answers: list[dict[str, Any]] = []
