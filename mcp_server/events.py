@@ -60,6 +60,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_server.core.unidiff import hunk_count
 from mcp_server.state import State
 
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
@@ -177,10 +178,9 @@ def outcome_events(tool: str, result: Mapping[str, Any] | None,
                             "output_identical": result.get("output_identical"),
                             "differences": len(result.get("output_diffs") or [])})]
     if tool == "capsule_deltamin":
-        hunks = sum(1 for line in (result.get("minimal_patch") or "").splitlines() if line.startswith("@@ "))
         return [("deltamin.done", {key: result.get(key) for key in
                                    ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
-                 | {"minimal": hunks, "files": len(result.get("units") or [])})]
+                 | {"minimal": hunk_count(result.get("minimal_patch") or ""), "files": len(result.get("units") or [])})]
     return []
 
 

@@ -27,6 +27,7 @@ from mcp_server.cli import frontclient, helperctl, replay_report
 from mcp_server.cli.output import (
     Progress,
     color_diff,
+    counted,
     exec_status,
     paint,
     print_json,
@@ -37,6 +38,7 @@ from mcp_server.cli.output import (
 from mcp_server.cli.policy_report import policy_lines
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
+from mcp_server.core.unidiff import hunk_count
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
@@ -414,9 +416,9 @@ def _show_deltamin(result: dict[str, Any], color_out: bool, color_err: bool) -> 
     search did and how far to trust it on stderr."""
     sys.stdout.write(color_diff(shown_diff(result["minimal_patch"], sys.stdout.isatty()), color_out))
     units = result.get("units") or []
-    hunks = sum(1 for line in result["minimal_patch"].splitlines() if line.startswith("@@ "))
-    print(visible(f"deltamin: the smallest change that still fails: {_count(hunks, 'hunk')} in "
-                  f"{_count(len(units), 'file')} ({', '.join(units) or 'none'}); {_count(result['trials'], 'trial')} "
+    hunks = hunk_count(result["minimal_patch"])
+    print(visible(f"deltamin: the smallest change that still fails: {counted(hunks, 'hunk')} in "
+                  f"{counted(len(units), 'file')} ({', '.join(units) or 'none'}); {counted(result['trials'], 'trial')} "
                   f"({result['cache_hits']} from cache) in {result['elapsed_ms'] / 1000:.1f} s"), file=sys.stderr)
     if not result["one_minimal"]:
         print(paint("ccw: the budget ran out before the search ended: a smaller failing change may exist "
@@ -425,10 +427,6 @@ def _show_deltamin(result: dict[str, Any], color_out: bool, color_err: bool) -> 
         print(paint("ccw: this change did not fail again when run alone once more: the failure may be flaky",
                     "\x1b[33m", color_err), file=sys.stderr)
     return 0
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> int:

@@ -82,6 +82,11 @@ def visible(text: str, keep_newlines: bool = False) -> str:
 _JSON_CONTROLS = {code: f"\\u{code:04x}" for code in (0x7F, *range(0x80, 0xA0))}
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one: "1 hunk", "2 files"."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def json_text(value: Any, indent: int | None = None) -> str:
     """``value`` as JSON, keys sorted, non-ASCII text as itself but no control character raw."""
     return json.dumps(value, indent=indent, sort_keys=True, ensure_ascii=False).translate(_JSON_CONTROLS)

@@ -20,7 +20,17 @@ import shlex
 import sys
 from typing import Any
 
-from mcp_server.cli.output import CYAN, DIM, GREEN, RED, json_text, paint, use_color, visible
+from mcp_server.cli.output import (
+    CYAN,
+    DIM,
+    GREEN,
+    RED,
+    counted,
+    json_text,
+    paint,
+    use_color,
+    visible,
+)
 from mcp_server.config import Config
 from mcp_server.events import Event, EventLog
 from mcp_server.state import State
@@ -121,11 +131,11 @@ def describe(event: Event, color: bool = False) -> str:
     if kind == "policy.report":
         return f"policy report: {'passed' if data.get('passed') else 'failed'}"
     if kind == "deltamin.trial":
-        size = data.get("size")
-        # fresh: a confirmation run of the whole change or of none before the search
-        what = ("confirming the whole change" if size else "confirming the empty change") if data.get("fresh") \
-            else "trial"
-        return f"deltamin {what}, {size} change{'' if size == 1 else 's'}: {data.get('outcome')}"
+        size = int(data.get("size") or 0)
+        what = "trial"
+        if data.get("fresh"):  # a confirmation run, before the search, of the whole change or of none
+            what = "confirming the whole change" if size else "confirming the empty change"
+        return f"deltamin {what}, {counted(size, 'change')}: {data.get('outcome')}"
     rest = " ".join(f"{key}={visible(json.dumps(value))}" for key, value in sorted(data.items()))
     return f"{kind.replace('.', ' ')} {rest}".rstrip()
 

@@ -183,3 +183,8 @@ def numstat(change: FileChange) -> tuple[int | None, int | None]:
         if tag in ("replace", "insert"):
             added += j2 - j1
     return added, removed
+
+
+def hunk_count(patch: str) -> int:
+    """The hunks a rendered diff holds (its ``@@ `` lines)."""
+    return sum(1 for line in patch.splitlines() if line.startswith("@@ "))
