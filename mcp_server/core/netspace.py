@@ -21,6 +21,11 @@ The classes, checked in this order, each named first in a refusal's reason (the
 - ``broadcast``: 255.255.255.255 and the broadcast address of the host's subnets;
 - ``resolver``: a nameserver of the host's /etc/resolv.conf (the agent may resolve
   names only through the proxy, which asks the host's resolver itself);
+- ``local route``: an address in a range the host routes to itself without having it
+  as an address (a ``local`` route, "AnyIP": ``ip route add local 198.51.100.0/24 dev
+  lo``), public space too: the kernel delivers a connection there to the host's own
+  listeners, as it does one to an address (``egress/hostspace.py`` says which routes
+  count);
 - ``private``: 10/8, 172.16/12, 192.168/16, fc00::/7 (ULA), fec0::/10 (the old
   site-local) and 64:ff9b:1::/48 (RFC 8215's local-use NAT64: a local translator);
 - ``carrier-grade NAT``: 100.64/10 (RFC 6598, the ISP's side of the host's NAT);
@@ -53,7 +58,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcp_server.core.netrules import (
     IPAddress,
@@ -67,6 +72,7 @@ from mcp_server.core.netrules import (
 LOOPBACK = "loopback"
 HOST_ADDRESS = "host address"
 RESOLVER = "resolver"
+LOCAL_ROUTE = "local route"
 
 _NEAR: tuple[tuple[str, str], ...] = (  # the host's own services, checked before the host's addresses
     ("127.0.0.0/8", LOOPBACK), ("::1/128", LOOPBACK),
@@ -104,14 +110,63 @@ _V6_PREFIX96 = {0: "IPv4-compatible", 0xFFFF: "IPv4-mapped", 0xFFFF0000: "IPv4-t
 _6TO4, _TEREDO = 0x2002, 0x20010000  # 2002::/16, 2001::/32
 
 
+TABLE_NAMES = {253: "default", 254: "main", 255: "local"}  # <linux/rtnetlink.h>: RT_TABLE_*
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    """A range the host routes to itself (a ``local`` route), and the table that holds it."""
+
+    network: IPNetwork
+    table: int
+
+    def __str__(self) -> str:
+        return f"local {self.network}, table {TABLE_NAMES.get(self.table, self.table)}"
+
+
+@dataclass(frozen=True)
+class LocalRoutes:
+    """The host's ``local`` routes, found by an address in a few dict lookups.
+
+    Indexed by IP version and prefix length, longest first: a decision masks the address
+    once per length the host uses (a handful: /32 and /128 for its addresses, /8 for
+    loopback, its AnyIP ranges') instead of comparing it with every route (there is one
+    per address of the host), and the longest range that holds it is the one named.
+    """
+
+    routes: frozenset[LocalRoute] = frozenset()
+    _index: dict[int, tuple[tuple[int, dict[int, LocalRoute]], ...]] = field(
+        init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        by_length: dict[tuple[int, int], dict[int, LocalRoute]] = {}
+        for route in sorted(self.routes, key=lambda r: r.table):  # one table named, the same every time
+            net = route.network
+            by_length.setdefault((net.version, net.prefixlen), {}).setdefault(int(net.network_address), route)
+        index = {version: tuple(sorted(((length, found) for (v, length), found in by_length.items() if v == version),
+                                       key=lambda entry: -entry[0]))
+                 for version in (4, 6)}
+        object.__setattr__(self, "_index", index)
+
+    def find(self, ip: IPAddress) -> LocalRoute | None:
+        """The longest local route holding ``ip``, or None."""
+        value, bits = int(ip), ip.max_prefixlen
+        for length, found in self._index[ip.version]:
+            route = found.get(value >> (bits - length) << (bits - length))
+            if route is not None:
+                return route
+        return None
+
+
 @dataclass(frozen=True)
 class HostSpace:
-    """The host's own addresses, its subnets' broadcast addresses and its resolvers, as
-    the egress read them for one decision."""
+    """The host's own addresses, its subnets' broadcast addresses, its resolvers and the
+    ranges it routes to itself, as the egress read them for one decision."""
 
     addresses: frozenset[IPAddress] = frozenset()
     broadcasts: frozenset[IPAddress] = frozenset()
     resolvers: frozenset[IPAddress] = frozenset()
+    local_routes: LocalRoutes = field(default_factory=LocalRoutes)
 
 
 @dataclass(frozen=True)
@@ -140,6 +195,9 @@ def _classify(ip: IPAddress, space: HostSpace) -> Guarded | None:
         return Guarded("broadcast", "a broadcast address of this host's subnets")
     if ip in space.resolvers:
         return Guarded(RESOLVER, "this host's resolver (a nameserver of /etc/resolv.conf)")
+    route = space.local_routes.find(ip)
+    if route is not None:
+        return Guarded(LOCAL_ROUTE, f"an address this host routes to itself ({route})")
     return _in(ip, RANGES)
 
 
