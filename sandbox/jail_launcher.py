@@ -29,6 +29,8 @@ Some facts this follows from:
   (``mounts.root_steps``, as 'r' records) and the launcher builds it in place on the
   staging dir, attached (mounttree.py's essay on the /etc mask): one program builds
   every jail, and contain.py has no Python children any more.
+- ``ccw-jail userns`` is the launcher's other use: it unshares a user namespace and holds
+  it while the helper writes its maps (``user_namespace``; sandbox/idmap.py says why).
 - The launcher lives next to this package (``ccw-jail``), built by the install
   (setup.py), never looked up on PATH.  A helper without it refuses to start
   (``require``): an exec must not silently take the slow path, or a different program.
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import select
 import signal
 import struct
 
@@ -160,3 +163,43 @@ def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool, sources: tuple[
     finally:
         for fd in (*high, plan_fd):
             os.close(fd)
+
+
+_USERNS_WAIT_MS = 5000  # for ccw-jail's one byte: it unshares, then writes
+
+
+def user_namespace(uid_map: str, gid_map: str) -> int:
+    """A new user namespace with these maps, as a descriptor the caller keeps (sandbox/idmap.py).
+
+    ``ccw-jail userns`` unshares it and holds it until its stdin ends; meanwhile the helper,
+    root of the parent namespace, writes both maps (the kernel takes them once, from a
+    process of the parent holding CAP_SETUID and CAP_SETGID) and opens the namespace.
+    """
+    to_child, from_child = os.pipe2(os.O_CLOEXEC), os.pipe2(os.O_CLOEXEC)
+    try:
+        # Above stdio first, as ``spawn`` does: no dup2 then clobbers a source still to be placed.
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3) for fd in (to_child[0], from_child[1])]
+        try:
+            pid = os.posix_spawn(PATH, ["ccw-jail", "userns"], {}, file_actions=[
+                (os.POSIX_SPAWN_DUP2, high[0], 0), (os.POSIX_SPAWN_DUP2, high[1], 1)])
+        finally:
+            for fd in (*high, to_child[0], from_child[1]):
+                os.close(fd)
+    except OSError as exc:
+        for fd in (to_child[1], from_child[0]):
+            os.close(fd)
+        raise CcwError("UNAVAILABLE", f"could not start the jail launcher {PATH}: {exc.strerror}; "
+                       "reinstall ccw if it is missing", {"path": PATH}) from exc
+    try:
+        poller = select.poll()
+        poller.register(from_child[0], select.POLLIN)
+        if not poller.poll(_USERNS_WAIT_MS) or os.read(from_child[0], 1) != b"U":
+            raise OSError(0, "ccw-jail userns did not unshare a user namespace")
+        for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
+            with open(f"/proc/{pid}/{name}", "w") as handle:
+                handle.write(text)
+        return os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(to_child[1])  # its stdin ends: it exits, the descriptor keeps the namespace
+        os.close(from_child[0])
+        os.waitpid(pid, 0)

@@ -291,6 +291,7 @@ MOUNT_ATTR_RDONLY = 0x1
 MOUNT_ATTR_NOSUID = 0x2
 MOUNT_ATTR_NODEV = 0x4
 MOUNT_ATTR_NOEXEC = 0x8
+MOUNT_ATTR_IDMAP = 0x100000  # with userns_fd: owners shown through that namespace's maps (sandbox/idmap.py)
 
 
 def bind(source: str, target: str, nofollow: bool = False) -> None:
@@ -311,15 +312,17 @@ def bind(source: str, target: str, nofollow: bool = False) -> None:
 
 
 def mount_setattr(path: str, attr_set: int, attr_clr: int = 0, flags: int = AT_RECURSIVE,
-                  dirfd: int = AT_FDCWD, propagation: int = 0) -> None:
-    """mount_setattr(2) on ``path`` (recursively by default): struct mount_attr {set, clr, propagation, userns_fd}."""
-    attr = struct.pack("QQQQ", attr_set, attr_clr, propagation, 0)
+                  dirfd: int = AT_FDCWD, propagation: int = 0, userns_fd: int = 0) -> None:
+    """mount_setattr(2) on ``path`` (recursively by default): struct mount_attr {set, clr, propagation, userns_fd}.
+
+    ``userns_fd`` is read only with MOUNT_ATTR_IDMAP in ``attr_set``."""
+    attr = struct.pack("QQQQ", attr_set, attr_clr, propagation, userns_fd)
     buf = ctypes.create_string_buffer(attr, len(attr))
     ret = _libc.syscall(
         _MOUNT_SETATTR_NR, ctypes.c_int(dirfd), _b(path), ctypes.c_uint(flags), buf, ctypes.c_size_t(len(attr))
     )
     _check(ret, f"mount_setattr({dirfd}, {path!r}, set={attr_set:#x}, clr={attr_clr:#x}, "
-                f"propagation={propagation:#x}, flags={flags:#x})")
+                f"propagation={propagation:#x}, flags={flags:#x}" + (f", userns_fd={userns_fd})" if userns_fd else ")"))
 
 
 # --- capset: set every capability set (python-prctl only knows the caps it was built with)

@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -278,12 +279,30 @@ static void fork_init(void)
     _exit(0);
 }
 
-int main(void)
+/* "ccw-jail userns": the helper's one user namespace for idmapped mounts (sandbox/idmap.py).
+ * Unshare it, say so with one byte on stdout, and hold it until stdin reaches its end: the
+ * helper writes its maps and opens it meanwhile.  A multi-threaded helper cannot unshare a
+ * user namespace itself, and this program is the one the helper already trusts to spawn. */
+static int hold_user_namespace(void)
+{
+    char byte = 'U';
+    ssize_t got;
+    if (unshare(CLONE_NEWUSER) < 0 || write(1, &byte, 1) != 1)
+        return SETUP_FAILED;
+    do
+        got = read(0, &byte, 1);
+    while (got > 0 || (got < 0 && errno == EINTR));
+    return got == 0 ? 0 : SETUP_FAILED;
+}
+
+int main(int argc, char **argv)
 {
     static struct plan plan;
     const char *why = "";
     sigset_t all;
     int last;
+    if (argc == 2 && strcmp(argv[1], "userns") == 0)
+        return hold_user_namespace();
     signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
     /* Every signal waits until the init's loop takes it (the helper's END_SIGNAL may come
      * before the command is spawned); the helper spawned us so already, this makes sure.
