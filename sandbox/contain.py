@@ -181,8 +181,12 @@ def _terminal_name(tty_fd: int | None) -> str | None:
     return name if name.startswith("/") else None  # "anon_inode:..." and the like are no path
 
 
-def prepare(spec: JailSpec) -> Plan:
-    """Check the spec and compute the jail's plan (mounts, namespaces, credentials)."""
+def prepare(spec: JailSpec, host_trees_mapped: bool = False) -> Plan:
+    """Check the spec and compute the jail's plan (mounts, namespaces, credentials).
+
+    ``host_trees_mapped``: the jail will show the host's trees idmapped (sandbox/idmap.py),
+    the condition of a root caller's file capabilities.
+    """
     _check_spec(spec)
     ns = namespaces.prepare(spec.clock_offset_sec, spec.hostname, spec.env)
     home = spec.env.get("HOME")
@@ -209,7 +213,7 @@ def prepare(spec: JailSpec) -> Plan:
         set_gid=namespaces.is_mapped(spec.gid, gid_ranges),
         clear_groups=namespaces.setgroups_allowed(),
         last_cap=_LAST_CAP,
-        keep_caps=rootcaps.kept_for(spec.uid, uid_ranges),
+        keep_caps=rootcaps.kept_for(spec.uid, uid_ranges, host_trees_mapped),
         seccomp_filter=seccomp.prepare(),
         controlling_tty=spec.tty_fd is not None,
     )

@@ -114,6 +114,7 @@ Some facts about mounts, as the jail uses them:
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -122,7 +123,7 @@ from dataclasses import dataclass, replace
 
 from sandbox import mountinfo as mountinfo_
 from sandbox import mounttree, namespaces, syscalls
-from sandbox.errors import jail_step_error
+from sandbox.errors import JAIL_STEP_HINT, jail_step_error
 
 OLD_ROOT = "/.oldroot"  # where the host's root stays visible until the old root is detached
 STAGING = "/tmp"  # the host directory the tmpfs root is first mounted on (bubblewrap's habit)
@@ -175,6 +176,7 @@ class MountStep:
     data: str = ""  # mount options, or a symlink's text
     source_is_file: bool = False  # a bind's source is not a directory: its mount point is an empty file
     from_fd: bool = False  # ``source`` is the number of the launcher's descriptor holding a clone (detach_sources)
+    host_tree: bool = False  # a host tree the capsule does not own: idmapped for a root caller's jail (idmap.py)
 
     def describe(self) -> str:
         """A short human description for error messages: ``bind /.oldroot/usr -> /usr``."""
@@ -204,10 +206,10 @@ def system_steps(host_root: str = "/", mountinfo: str = "") -> list[MountStep]:
         if os.path.islink(host_path):
             steps.append(MountStep("symlink", "/" + name, data=os.readlink(host_path)))
         elif name == "etc" and os.path.isdir(host_path):
-            steps.append(MountStep("etc", "/etc", "/etc", attrs=_RO))
-            steps += [MountStep("bind_over", point, point, attrs=_RO) for point in etc_submounts(mountinfo)]
+            steps.append(MountStep("etc", "/etc", "/etc", attrs=_RO, host_tree=True))
+            steps += [MountStep("bind_over", point, point, attrs=_RO, host_tree=True) for point in etc_submounts(mountinfo)]
         elif os.path.isdir(host_path):
-            steps.append(MountStep("bind", "/" + name, "/" + name, attrs=_RO))
+            steps.append(MountStep("bind", "/" + name, "/" + name, attrs=_RO, host_tree=True))
     return steps
 
 
@@ -289,9 +291,11 @@ def prepare(
         capsule.append(MountStep("bind", home, OLD_ROOT + os.path.realpath(home_dir), attrs=_RW))
     prefix = python_prefix()
     if prefix is not None and not _under(prefix, workspace):
-        capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO))
+        capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO, host_tree=True))
+    # A writable bind is the capsule's own (a git dir's overlay); a read-only one is the host's (a toolchain).
     capsule += [MountStep("bind", bind.target, OLD_ROOT + (bind.source if bind.exact else os.path.realpath(bind.source)),
-                          attrs=_RW if bind.writable else _RO, data="nofollow" if bind.exact else "") for bind in binds]
+                          attrs=_RW if bind.writable else _RO, data="nofollow" if bind.exact else "",
+                          host_tree=not bind.writable) for bind in binds]
     steps += sorted(capsule, key=lambda step: _depth(step.target))
     steps += [MountStep("mask_dir", path) for path in state_inside_workspace(workspace, merged_dir, tmp_dir, home_dir)]
 
@@ -324,17 +328,18 @@ _DEV_LINKS = (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", 
               ("stderr", "/proc/self/fd/2"), ("ptmx", "pts/ptmx"))
 
 
-def build_root() -> int:
+def build_root(idmap: int | None = None) -> int:
     """The jail's root before its capsule (``root_steps``, with ``/.oldroot``), as a detached mount.
 
     Kernels older than 6.15 refuse it (EINVAL: no mounting onto a detached tree); there
     ccw-jail builds the same tree in place from ``root_steps`` (sandbox/jail/steps.c).
+    ``idmap``: the host trees shown through that user namespace (a root caller's jail: idmap.py).
     """
     root = mounttree.new_mount("tmpfs", _ROOT_DATA, _RW)
     try:
         os.mkdir(OLD_ROOT.lstrip("/"), 0o700, dir_fd=root)
         for step in root_steps():
-            _build(root, step)
+            _build(root, step, idmap if step.host_tree else None)
         # Clones of host mounts joined their peer groups: keep the host's later mounts out.
         syscalls.mount_setattr("", 0, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=root,
                                propagation=syscalls.MS_PRIVATE)
@@ -362,18 +367,18 @@ def spare_root() -> int | None:
     return root
 
 
-def _build(root: int, step: MountStep) -> None:
+def _build(root: int, step: MountStep, idmap: int | None) -> None:
     rel = step.target.lstrip("/")
     action = step.action
     if action == "bind":
         mounttree.mountpoint_at(root, rel, step.source_is_file)
-        mounttree.attach(mounttree.clone(step.source, step.attrs), root, rel)
+        mounttree.attach(mounttree.clone(step.source, step.attrs, idmap=idmap), root, rel)
     elif action == "bind_over":
         # Onto a path the overlay below already shows (read-only: no mount point to make).
-        mounttree.attach(mounttree.clone(step.source, step.attrs), root, rel)
+        mounttree.attach(mounttree.clone(step.source, step.attrs, idmap=idmap), root, rel)
     elif action == "etc":
         mounttree.mountpoint_at(root, rel)
-        mounttree.attach(mounttree.etc_overlay(step.source, step.attrs, ETC_SECRETS), root, rel)
+        mounttree.attach(mounttree.etc_overlay(step.source, step.attrs, ETC_SECRETS, idmap), root, rel)
     elif action == "symlink":
         os.symlink(step.data, rel, dir_fd=root)
     elif action in ("dev", "devpts", "tmpfs"):
@@ -440,11 +445,12 @@ def _make_launch() -> int | None:
     return made[0] if made else None
 
 
-def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountStep], list[int]]:
+def detach_sources(steps: list[MountStep], first_fd: int, idmap: int | None = None) -> tuple[list[MountStep], list[int]]:
     """``steps`` with each bind and the terminal's source under /.oldroot replaced by a
     detached clone (made here, in the helper's namespace), and the clones, to be the
     launcher's descriptors ``first_fd`` on in order.  The caller closes them.  A source
-    that cannot be cloned fails as its step would in the jail (a terminal is left nameless)."""
+    that cannot be cloned fails as its step would in the jail (a terminal is left nameless).
+    ``idmap``: each host tree's clone shows its owners through that user namespace (idmap.py)."""
     out: list[MountStep] = []
     fds: list[int] = []
     try:
@@ -458,15 +464,15 @@ def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountSte
                     flags = os.O_PATH | os.O_CLOEXEC | (0 if step.action == "console" else os.O_DIRECTORY)
                     node = syscalls.openat2(syscalls.AT_FDCWD, host, flags, resolve=syscalls.RESOLVE_NO_SYMLINKS)
                     try:
-                        tree = mounttree.clone("", 0, dirfd=node)
+                        tree = mounttree.clone("", 0, dirfd=node, idmap=idmap if step.host_tree else None)
                     finally:
                         os.close(node)
                 else:
-                    tree = mounttree.clone(host, 0)
+                    tree = mounttree.clone(host, 0, idmap=idmap if step.host_tree else None)
             except OSError as exc:
                 if step.action == "console":
                     continue
-                raise jail_step_error(step.describe(), exc) from exc
+                raise jail_step_error(step.describe(), exc, _unmapped_hint(step, idmap, exc)) from exc
             fds.append(tree)
             # Private, as a bind made after the jail's first step would be (see the essay).
             syscalls.mount_setattr("", 0, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=tree,
@@ -478,3 +484,12 @@ def detach_sources(steps: list[MountStep], first_fd: int) -> tuple[list[MountSte
         raise
     return out, fds
 
+
+
+def _unmapped_hint(step: MountStep, idmap: int | None, exc: OSError) -> str:
+    """What to do when a host tree refuses its idmap (EINVAL: its filesystem has no idmapped mounts)."""
+    if idmap is None or not step.host_tree or exc.errno != errno.EINVAL:
+        return JAIL_STEP_HINT
+    return (f"{step.target} is shown to a root caller's jail through an idmapped mount (sandbox/idmap.py), so that "
+            "its file capabilities reach no other user's files there, and its filesystem refused one (NFS and "
+            "FUSE do): expose a copy on a local filesystem, leave it out of expose, or run ccw as that user")

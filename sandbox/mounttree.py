@@ -25,7 +25,8 @@ Some facts about the new mount API, as the jail uses it:
   and unmounts it once the overlay holds it.  Either way one mount sits at /etc.  The
   layers go to ``fsconfig`` as one ``lowerdir=mask:/etc`` string, which overlayfs's own
   parser (6.5+) and the legacy pass-through before it (sandbox/overlay.py) both take.
-  A rootless helper mounts it in its user namespace like the rest.
+  A rootless helper mounts it in its user namespace like the rest.  An idmapped lower
+  layer (a root caller's jail: sandbox/idmap.py) is a detached clone named the same way.
 """
 
 from __future__ import annotations
@@ -63,11 +64,17 @@ def new_mount(fstype: str, data: str, attrs: int, strings: tuple[tuple[str, str]
         os.close(context)
 
 
-def clone(source: str, attrs: int, dirfd: int = syscalls.AT_FDCWD) -> int:
-    """A detached recursive bind of a path (``source`` "": of ``dirfd``'s file), ``attrs`` set on all of it."""
+def clone(source: str, attrs: int, dirfd: int = syscalls.AT_FDCWD, idmap: int | None = None) -> int:
+    """A detached recursive bind of a path (``source`` "": of ``dirfd``'s file), ``attrs`` set on all of it.
+
+    ``idmap``: a user namespace to show its owners through (sandbox/idmap.py), in the same call.
+    """
     tree = syscalls.open_tree(dirfd, source, _CLONE | (0 if source else syscalls.AT_EMPTY_PATH))
     try:
-        if attrs:
+        if idmap is not None:
+            syscalls.mount_setattr("", attrs | syscalls.MOUNT_ATTR_IDMAP, flags=syscalls.AT_EMPTY_PATH
+                                   | syscalls.AT_RECURSIVE, dirfd=tree, userns_fd=idmap)
+        elif attrs:
             syscalls.mount_setattr("", attrs, flags=syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, dirfd=tree)
     except BaseException:
         os.close(tree)
@@ -106,13 +113,20 @@ def _etc_mask(hidden: tuple[str, ...]) -> int:
     return mask
 
 
-def etc_overlay(source: str, attrs: int, hidden: tuple[str, ...]) -> int:
+def etc_overlay(source: str, attrs: int, hidden: tuple[str, ...], idmap: int | None = None) -> int:
     """The jail's /etc: a read-only overlay of a mask hiding ``hidden`` names over the host's ``source``.
 
-    The detached mask is named by its descriptor (see the essay on overlayfs layers).
+    The detached mask is named by its descriptor (see the essay on overlayfs layers); with
+    ``idmap``, so is the lower layer, an idmapped clone of ``source`` (sandbox/idmap.py).
     """
     mask = _etc_mask(hidden)
+    lower = None
     try:
-        return new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", f"/proc/self/fd/{mask}:{source}")))
+        if idmap is not None:
+            lower = clone(source, 0, idmap=idmap)
+        layers = f"/proc/self/fd/{mask}:" + (source if lower is None else f"/proc/self/fd/{lower}")
+        return new_mount("overlay", "", attrs, (("source", "ccw-etc"), ("lowerdir", layers)))
     finally:
-        os.close(mask)
+        for fd in (mask, lower):
+            if fd is not None:
+                os.close(fd)

@@ -70,8 +70,9 @@ NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup", "time")
 LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (unified table)
 LANDLOCK_CREATE_RULESET_VERSION = 1
 # The rooms that report what they put in force: (key in hello's mechanisms, module).
-_REPORTERS = (("jail", "contain"), ("cgroups", "cgroups"), ("fanotify", "fanotify"), ("overlay", "overlay"))
-_ISOLATION = ("jail", "cgroups", "fanotify")  # the helper-wide part of a capsule's isolation
+_REPORTERS = (("jail", "contain"), ("host_trees", "idmap"), ("cgroups", "cgroups"), ("fanotify", "fanotify"),
+              ("overlay", "overlay"))
+_ISOLATION = ("jail", "host_trees", "cgroups", "fanotify")  # the helper-wide part of a capsule's isolation
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _room_report(module_name: str) -> Any:
 
 
 def isolation() -> dict[str, Any]:
-    """The helper-wide part of a capsule's ``isolation`` report: jail, cgroups, fanotify."""
+    """The helper-wide part of a capsule's ``isolation`` report: jail, host trees, cgroups, fanotify."""
     return {key: _room_report(module) for key, module in _REPORTERS if key in _ISOLATION}
 
 

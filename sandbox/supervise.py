@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sandbox import jail_end, jail_launcher, mounts, namespaces, syscalls
+from sandbox import idmap, jail_end, jail_launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
@@ -106,6 +106,7 @@ class _Stream:
 
 _SPARE_NETS = namespaces.SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
 _SPARE_ROOTS = namespaces.SparePool(mounts.spare_root)  # the root tree: tmpfs, system dirs, /dev
+_MAPPED_ROOTS = namespaces.SparePool(idmap.spare_root)  # a root caller's: its host trees idmapped (idmap.py)
 
 def _stdin_fd(data: bytes | None) -> int:
     if data is None:
@@ -171,9 +172,12 @@ def run(
     ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
     with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
     """
-    plan = prepare(spec)
+    mapping = idmap.host_trees()
+    plan = prepare(spec, host_trees_mapped=mapping is not None)
+    if not plan.keep_caps:
+        mapping = None  # a jail without capabilities sees the host's trees as they are
     start = time.monotonic()
-    jail, output = _start(plan, spec, cgroup)
+    jail, output = _start(plan, spec, cgroup, mapping)
     try:
         if cgroup is not None:
             cgroup.watch()
@@ -182,7 +186,7 @@ def run(
         # The next jail's network namespace and root tree, made on this thread while the
         # child builds this one on the other core: off the next exec's path.
         _SPARE_NETS.refill()
-        _SPARE_ROOTS.refill()
+        (_SPARE_ROOTS if mapping is None else _MAPPED_ROOTS).refill()
         _drain(jail, output, start, start + spec.timeout_ms / 1000.0, on_started, on_progress, progress_interval_s)
         if not output.final:  # no last report (killed, a failed step): its exit is all we get
             jail.reap()
@@ -237,8 +241,13 @@ class _Output:
                 os.close(fd)
 
 
-def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Running, _Output]:
-    """Spawn the jail's launcher with its descriptors, the exec cgroup's files among them."""
+def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int | None) -> tuple[_Running, _Output]:
+    """Spawn the jail's launcher with its descriptors, the exec cgroup's files among them.
+
+    ``mapping``: the host's trees go to the jail idmapped through it (a root caller's: idmap.py).
+    """
+    # First: building a root caller's tree now may fail, and nothing else is open yet.
+    root = _SPARE_ROOTS.take() if mapping is None else (_MAPPED_ROOTS.take() or _mapped_root(mapping))
     entries = cgroup.entry_files() if cgroup is not None else []
     if spec.tty_fd is not None:  # the command's output goes to the terminal, not to us
         stdin_fd, out_w, err_w = (os.dup(spec.tty_fd) for _ in range(3))
@@ -251,7 +260,6 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
     # An egress capsule's jail joins the capsule's own network namespace (egress.py); a
     # "none" one takes a spare empty one, or makes its own.
     net = _SPARE_NETS.take() if spec.net_fd is None else os.dup(spec.net_fd)
-    root = _SPARE_ROOTS.take()
     # With the root tree built, the jail copies the launch namespace, not ours, and its
     # binds come as clones made here (mounts.py's essay).  Made at the first exec, so
     # that the helper's descriptors are steady from then on.
@@ -264,7 +272,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
     direct = namespaces.pid_namespace_restorable()
     try:
         if launch is not None:
-            steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries))
+            steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries), mapping)
             plan = dataclasses.replace(plan, mount_steps=steps)
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
@@ -282,6 +290,15 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None) -> tuple[_Runn
                 os.close(fd)
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
     return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
+
+
+def _mapped_root(mapping: int) -> int:
+    """A root caller's root tree, built now (none waited): never the jail's own, which ccw-jail
+    would build in place with the host's trees as they are."""
+    try:
+        return mounts.build_root(mapping)
+    except OSError as exc:
+        raise jail_step_error("root tree, its host trees idmapped", exc) from exc
 
 
 def _drain(jail: _Running, output: _Output, start: float, deadline: float,

@@ -1,4 +1,4 @@
-"""Which jails keep the file-ownership capabilities (sandbox/rootcaps.py): root of the initial user namespace only."""
+"""Which jails keep the file-ownership capabilities (sandbox/rootcaps.py): root's, where its host trees are idmapped."""
 
 from __future__ import annotations
 
@@ -17,9 +17,14 @@ def test_the_mask_is_chown_dac_override_fowner_fsetid() -> None:
 
 
 def test_only_root_of_the_initial_user_namespace_keeps_them() -> None:
-    assert rootcaps.kept_for(0, INITIAL) == rootcaps.FILE_OWNER_MASK
-    assert rootcaps.kept_for(1000, INITIAL) == 0
-    assert rootcaps.kept_for(65534, INITIAL) == 0
+    assert rootcaps.kept_for(0, INITIAL, True) == rootcaps.FILE_OWNER_MASK
+    assert rootcaps.kept_for(1000, INITIAL, True) == 0
+    assert rootcaps.kept_for(65534, INITIAL, True) == 0
     # Rootless: the caller is uid 0 of the helper's namespace, but not root on the host.
-    assert rootcaps.kept_for(0, ROOTLESS) == 0
-    assert rootcaps.kept_for(0, [(0, 0, 1)]) == 0  # a rootless helper started by root
+    assert rootcaps.kept_for(0, ROOTLESS, True) == 0
+    assert rootcaps.kept_for(0, [(0, 0, 1)], True) == 0  # a rootless helper started by root
+
+
+def test_no_capability_where_the_host_trees_are_shown_as_they_are() -> None:
+    # They would pass every other user's mode bits there (issue 35): root is then plain uid 0.
+    assert rootcaps.kept_for(0, INITIAL, False) == 0

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from mcp_server.fs.witness import read_signature
-from sandbox import contain, supervise
+from sandbox import contain, mounts, supervise
 from tests.support import realprojects
 from tests.support.rootless_jail import USER, run_rootless
 from tests.support.users import run_script_as
@@ -142,6 +142,85 @@ def test_set_id_bits_made_in_the_capsule_are_inert(jail_dirs: dict[str, str]) ->
     result = jail(jail_dirs, "cp /usr/bin/id pkg/id && chown 1234:1234 pkg/id && chmod 6755 pkg/id "
                              "&& stat -c %a pkg/id && pkg/id -u && pkg/id -g")
     assert (result.exit_code, lines(result)) == (0, ["6755", "0", "0"]), result.stderr
+
+
+# --- what the four reach: the capsule's own trees, nothing else the jail sees (issue 35) ----------
+
+OTHER = 4321  # a uid that owns nothing of the capsule's
+
+
+@pytest.fixture
+def others_files(jail_dirs: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Private files outside the capsule: another uid's, and the workspace owner's own, in 0700
+    directories under /opt; and a toolchain dir of another uid (0755) holding a 0600 token."""
+    top = Path(tempfile.mkdtemp(prefix="ccw-others-", dir="/opt"))
+    try:
+        top.chmod(0o755)
+        made = {}
+        for name, uid in (("other", OTHER), ("owner", OWNER)):
+            private = top / name
+            private.mkdir(mode=0o700)
+            (private / "secret").write_text(f"{name}'s secret\n")
+            (private / "secret").chmod(0o600)
+            for path in (private, private / "secret"):
+                os.chown(path, uid, uid)
+            made[name] = str(private / "secret")
+        tool = top / "tool"
+        (tool / "bin").mkdir(parents=True)
+        (tool / "bin" / "tool").write_text("#!/bin/sh\necho tool ran\n")
+        (tool / "bin" / "tool").chmod(0o755)
+        (tool / "token").write_text("ghp_token\n")
+        (tool / "token").chmod(0o600)
+        for path in (tool, tool / "bin", tool / "bin" / "tool", tool / "token"):
+            os.chown(path, OTHER, OTHER)
+        made["tool"] = str(tool)
+        yield made
+    finally:
+        shutil.rmtree(top)
+
+
+def test_root_reads_no_other_users_private_file_outside_its_trees(jail_dirs: dict[str, str],
+                                                                  others_files: dict[str, str]) -> None:
+    # On the host root reads them all (CAP_DAC_OVERRIDE); in the jail the four pass mode bits only in
+    # the capsule's own trees, so every other tree falls back to them, even for the workspace's owner.
+    tool = others_files["tool"]
+    assert Path(others_files["other"]).read_text() == "other's secret\n"
+    script = "; ".join(f"cat {path} 2>&1 | grep -q 'Permission denied' && echo refused || echo READ"
+                       for path in (others_files["other"], others_files["owner"], f"{tool}/token"))
+    result = supervise.run(contain.JailSpec(
+        merged_dir=jail_dirs["merged"], workspace=WORKSPACE, tmp_dir=jail_dirs["tmp"], home_dir=jail_dirs["home"],
+        argv=["/bin/sh", "-c", f"{script}; {tool}/bin/tool; ls {os.path.dirname(others_files['other'])} || true; "
+              "echo b > pkg/new.txt && echo c >> pkg/ro.txt && echo wrote"],
+        cwd=WORKSPACE, env={"PATH": "/usr/bin:/bin", "HOME": "/root"}, timeout_ms=30_000,
+        binds=(mounts.Bind(tool, tool, exact=True),)))
+    assert lines(result) == ["refused", "refused", "refused", "tool ran", "wrote"], result.stderr
+    assert b"Permission denied" in result.stderr  # ls of the other uid's 0700 directory
+
+
+def test_a_root_capsule_sees_no_other_users_private_file_end_to_end(tools: Any, others_files: dict[str, str],
+                                                                    tmp_path: Path) -> None:
+    ws = owned_checkout_small(tmp_path)
+    tool = others_files["tool"]
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws), "expose": [tool], "auto_expose": False}))
+        ran: dict[str, Any] = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": [
+            "sh", "-c", f"cat {others_files['other']} {tool}/token; {tool}/bin/tool; echo b > new.txt && echo wrote"]})
+        return ran
+
+    ran = tools.run(scenario)
+    assert ran["stdout"] == "tool ran\nwrote\n", ran
+    assert ran["stderr"].count("Permission denied") == 2 and "secret" not in ran["stdout"], ran["stderr"]
+
+
+def owned_checkout_small(tmp_path: Path) -> Path:
+    """A two-file workspace owned by uid 1234."""
+    ws = tmp_path / "small"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    for path in (ws, ws / "a.txt"):
+        os.chown(path, OWNER, OWNER)
+    return ws
 
 
 # --- the real project: more-itertools (its .venv and suite) plus a C extension, owned by uid 1234 ----------

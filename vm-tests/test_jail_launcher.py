@@ -288,20 +288,22 @@ def test_a_bind_source_that_cannot_be_cloned_fails_as_its_step(spec: contain.Jai
     assert "ENOENT" in str(caught.value)
 
 
-def test_a_jail_that_cannot_start_leaves_no_descriptor(spec: contain.JailSpec,
+@pytest.mark.parametrize("uid", [NOBODY, 0])  # 0: a root caller's tree and binds, idmapped (sandbox/idmap.py)
+def test_a_jail_that_cannot_start_leaves_no_descriptor(spec: contain.JailSpec, uid: int,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = _with(spec, uid=uid, gid=uid)
     supervise.run(spec).ending.release()  # the launch namespace and a root tree made, as in a helper
     assert jail_end.settle(30.0)
 
-    def refuse(steps: list[mounts.MountStep], first_fd: int) -> tuple[list[mounts.MountStep], list[int]]:
+    def refuse(steps: list[mounts.MountStep], first_fd: int, idmap: int | None) -> tuple[list[mounts.MountStep], list[int]]:
         raise CcwError("NOT_FOUND", "jail step 'bind ...' failed: ENOENT")
 
     monkeypatch.setattr(mounts, "detach_sources", refuse)
-    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS):
+    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS, supervise._MAPPED_ROOTS):
         pool.refill()
     before = len(os.listdir("/proc/self/fd"))
     with pytest.raises(CcwError):
         supervise.run(spec)
-    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS):  # what the failed start took, made again
+    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS, supervise._MAPPED_ROOTS):  # what the failed start took, made again
         pool.refill()
     assert len(os.listdir("/proc/self/fd")) == before  # the pipes, the plan, the clones: all closed
