@@ -8,7 +8,8 @@ holds every path to the same rule again, as it does the workspace (sandbox/acces
   under every path it has (resolved, and other mounts of it) must pass
   ``spec.check_expose_dir`` against the caller's host uid and the login homes, and be
   readable and searchable by the caller (``access.check_shown_dir``: a root helper must not
-  show a user what the user could not read).  The paths (normalised, not resolved: a link
+  show a user what the user could not read); for a root caller, its filesystem must take an
+  idmapped mount (sandbox/idmap.py: how its jail is shown host trees), else UNSUPPORTED.  The paths (normalised, not resolved: a link
   to a toolchain is shown at the link's path) go in the spec kept in meta.json; forks
   inherit them.
 * at every exec the same checks run again, since the host may have changed (a toolchain
@@ -27,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from sandbox import access, mountinfo, mounts, spec
+from sandbox import access, idmap, mountinfo, mounts, spec
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule
 from sandbox.mountinfo import Mount
@@ -39,8 +40,12 @@ def _read() -> tuple[tuple[Home, ...], Sequence[Mount]]:
     return spec.login_homes(), mountinfo.table()
 
 
-def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], Sequence[Mount]]) -> str | None:
-    """``path`` resolved once the caller may see it through a capsule; None when it is gone."""
+def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], Sequence[Mount]],
+             at_create: bool = False) -> str | None:
+    """``path`` resolved once the caller may see it through a capsule; None when it is gone.
+
+    ``at_create``: also refuse a directory a root caller's jail could not be shown idmapped (idmap.py).
+    """
     try:
         fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -57,6 +62,8 @@ def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Ho
         # The path itself is where the jail shows the directory: held to the rule too.
         spec.check_expose_dir("expose", path, access.host_uid(uid), read[0])
         access.check_shown_dir("expose", fd, path, uid, gid, read)
+        if at_create and idmap.for_caller(uid) is not None:
+            idmap.check_exposed(fd, path)
         return real
     finally:
         os.close(fd)
@@ -73,7 +80,7 @@ def check(paths: tuple[str, ...], workspace: str, uid: int, gid: int) -> tuple[s
     given, read = set(), _read()
     for path in paths:
         path = os.path.normpath(path)
-        if _checked(path, workspace, uid, gid, read) is None:
+        if _checked(path, workspace, uid, gid, read, at_create=True) is None:
             raise CcwError("NOT_FOUND", f"expose {path!r} does not exist; expose existing directories only",
                            {"argument": "expose", "path": path})
         given.add(path)

@@ -59,7 +59,7 @@ import logging
 import os
 import threading
 
-from sandbox import jail_launcher, mounts, namespaces
+from sandbox import jail_launcher, mounts, mounttree, namespaces, rootcaps
 from sandbox.errors import CcwError
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,29 @@ def host_trees() -> int | None:
             _made.append(made)
             _why.append(why)
         return _made[0]
+
+
+def for_caller(uid: int) -> int | None:
+    """The namespace a jail of ``uid`` is shown the host's trees through: a root caller's that
+    keeps the four (rootcaps.py), None for every other jail (it sees them as they are)."""
+    if not rootcaps.kept_for(uid, namespaces.read_id_maps()[0], host_trees_mapped=True):
+        return None
+    return host_trees()
+
+
+def check_exposed(fd: int, path: str) -> None:
+    """UNSUPPORTED unless the directory at ``fd`` can be shown idmapped: refused at create, not at every exec."""
+    mapping = host_trees()
+    if mapping is None:
+        return
+    try:
+        os.close(mounttree.clone("", 0, dirfd=fd, idmap=mapping))
+    except OSError as exc:
+        raise CcwError("UNSUPPORTED", (
+            f"expose {path!r}: a root caller's jail is shown every host directory through an idmapped mount, so "
+            f"that its file capabilities reach no other user's files there, and this one's filesystem refused "
+            f"one ({exc.strerror}; NFS and FUSE do). Expose a copy on a local filesystem, leave it out of expose "
+            "(auto_expose: false), or run ccw as the user who owns it"), {"argument": "expose", "path": path}) from exc
 
 
 def why_not() -> str | None:

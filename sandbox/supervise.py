@@ -172,10 +172,8 @@ def run(
     ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
     with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
     """
-    mapping = idmap.host_trees()
+    mapping = idmap.for_caller(spec.uid)
     plan = prepare(spec, host_trees_mapped=mapping is not None)
-    if not plan.keep_caps:
-        mapping = None  # a jail without capabilities sees the host's trees as they are
     start = time.monotonic()
     jail, output = _start(plan, spec, cgroup, mapping)
     try:

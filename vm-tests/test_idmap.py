@@ -3,16 +3,19 @@
 What a root caller's jail gets (vm-tests/test_devmachine_owners.py runs the jail itself):
 the helper's own root, holding every capability, is refused another user's private file
 through the root tree and the host binds made for such a jail, while root's own files read
-as before; a host tree whose filesystem takes no idmap fails the exec naming itself.
+as before; a host tree whose filesystem takes no idmap fails the exec naming itself, and an
+exposed one is refused when the capsule is made.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +111,23 @@ def test_isolation_says_the_host_trees_are_idmapped(mapping: int) -> None:
     report = probe.isolation()["host_trees"]
     assert report["idmapped"] is True and report["maps"] == "uid 0 and gid 0 only", report
     assert "capsule's trees" in report["effect"]
+
+
+def test_a_root_capsule_may_not_expose_a_directory_that_takes_no_idmap(tools: Any, tmp_path: Path) -> None:
+    # ramfs stands for NFS and FUSE here: no idmapped mounts.  Refused at create, naming the way out.
+    toolchain = tmp_path / "toolchain"
+    toolchain.mkdir()
+    subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "ccw-test", str(toolchain)], check=True)
+    try:
+        ws = tmp_path / "ws"
+        ws.mkdir()
+
+        async def scenario(t: Any) -> None:
+            await t.call("capsule_create", {"workspace": str(ws), "expose": [str(toolchain)], "auto_expose": False})
+
+        with pytest.raises(CcwError) as refused:
+            tools.run(scenario)
+        assert refused.value.code == "UNSUPPORTED" and refused.value.details["path"] == str(toolchain)
+        assert "Expose a copy on a local filesystem" in refused.value.message
+    finally:
+        subprocess.run(["umount", str(toolchain)], check=True)
