@@ -10,6 +10,7 @@ from mcp_server.core.hazards import (
     GIT_DATA,
     KINDS,
     Change,
+    ConfigNamed,
     find,
     gitdir_candidates,
     judge,
@@ -143,3 +144,55 @@ def test_report_reasons_list_at_most_five_paths() -> None:
     failures, notes = report_reasons(found)
     assert notes == [] and len(failures) == 1 and "h4 (git_control), …" in failures[0]
     assert hazards.json_list(["a", "b"]) == '["a", "b"]'
+
+
+# What the host's git config names, as fs/gitconfig.py passes it in.
+INCLUDED = ConfigNamed("tools/gitconfig", "include.path", ".git/config", "git reads it as config")
+HOOKS = ConfigNamed(".githooks", "core.hooksPath", ".git/config", "git runs the hooks in it", subtree=True)
+FILTER = ConfigNamed("scripts/clean.sh", "filter.x.clean", "/home/u/.gitconfig", "add runs it")
+
+
+def _named(change: Change, *named: ConfigNamed) -> list[tuple[str, str]]:
+    return [(h.kind, h.reason) for h in find([change], (), named or (INCLUDED, HOOKS, FILTER))]
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    (Change("tools/gitconfig", "write", "file", 0o644, 0o644), INCLUDED),
+    (Change("tools/gitconfig", "delete", None), INCLUDED),  # removing an include drops what it set
+    (Change("tools/gitconfig", "symlink", "symlink"), INCLUDED),
+    (Change("Tools/GitConfig", "write", "file", 0o644), INCLUDED),  # the same file on a casefolding filesystem
+    (Change("scripts/clean.sh", "chmod", "file", 0o755, 0o644), FILTER),  # made runnable
+    (Change(".githooks", "mkdir", "dir", 0o755), HOOKS),
+    (Change(".githooks/pre-commit", "write", "file", 0o755), HOOKS),
+    (Change(".githooks/lib/common.sh", "write", "file", 0o644), HOOKS),  # what a hook sources
+    (Change(".githooks", "symlink", "symlink"), HOOKS),
+])
+def test_a_change_to_what_the_host_config_names_is_git_control(change: Change, named: ConfigNamed) -> None:
+    assert _named(change) == [("git_control", f"the host's git config names it ({named.key} in {named.origin}): "
+                                              f"{named.use}")]
+
+
+def test_a_link_on_the_way_to_a_named_file_counts_and_a_directory_does_not() -> None:
+    [(kind, reason)] = _named(Change("tools", "symlink", "symlink"))
+    assert kind == "git_control" and reason.startswith("a link on the way to tools/gitconfig, which the host's git "
+                                                        "config names (include.path in .git/config)")
+    assert _named(Change("scripts", "symlink", "symlink")) != []
+    assert _named(Change("tools", "mkdir", "dir", 0o755)) == []  # a directory alone runs nothing
+    assert _named(Change("tools/other", "write", "file", 0o644)) == []
+    assert _named(Change("tools/gitconfig.bak", "write", "file", 0o644)) == []
+    assert _named(Change(".githooks-old/pre-commit", "write", "file", 0o755)) == []
+    assert _named(Change("src/tools/gitconfig", "write", "file", 0o644)) == []
+
+
+def test_named_paths_count_beside_the_other_kinds() -> None:
+    husky = ConfigNamed(".husky", "core.hooksPath", ".git/config", "git runs the hooks in it", subtree=True)
+    found = find([Change(".husky/pre-commit", "write", "file", 0o777)], (), [husky])
+    assert [h.kind for h in found] == ["autorun", "git_control", "world_writable"]
+    # A path in .git that the config names too is one git_control hazard, citing the key.
+    inside = ConfigNamed(".git/hooks-local", "core.hooksPath", ".git/config", "git runs the hooks in it", True)
+    [hazard] = find([Change(".git/hooks-local/post-merge", "write", "file", 0o755)], (), [inside])
+    assert hazard.kind == "git_control" and "core.hooksPath" in hazard.reason
+    # The workspace itself as a hooks directory: every change is one.
+    everything = ConfigNamed("", "core.hooksPath", "the global config", "git runs the hooks in it", True)
+    assert _kinds(Change("src/a.py", "write", "file", 0o644)) == []
+    assert [h.kind for h in find([Change("src/a.py", "write", "file", 0o644)], (), [everything])] == ["git_control"]

@@ -3,8 +3,9 @@
 A capsule is hostile (DESIGN §8, "Every exit is a boundary"): whatever it wrote, the
 jail held it.  Promotion moves it out of the jail, so what the capsule's files would *do*
 on the host is judged here, under every policy (``baseline`` included), before anything
-is written.  Pure logic: the caller passes the change set the Promoter will write and the
-directories that look like bare repositories; ``find`` names each hazard.
+is written.  Pure logic: the caller passes the change set the Promoter will write, the
+directories that look like bare repositories and the paths the host's git config names;
+``find`` names each hazard.
 
 Some facts this module is built on:
 
@@ -22,6 +23,13 @@ Some facts this module is built on:
   *data* (objects, refs, logs, the index, ``HEAD``) names no program: a commit made in
   a capsule still promotes.  That list is an allowlist (``GIT_DATA``), so whatever git
   adds next is refused until it is argued into it.
+- The host's git config can also name files *of the tree*: ``include.path =
+  ../tools/gitconfig``, ``core.hooksPath = .githooks``, ``filter.x.clean =
+  ./scripts/clean.sh``.  Such a file is config git reads or code git runs, on the host,
+  though its name says nothing of it; which files those are depends on the host's config
+  as it stands before promotion, so the caller reads it (fs/gitconfig.py) and passes
+  them in as ``ConfigNamed``.  A change to one, to anything in a hooks directory so
+  named, or a link on the way to one, is ``git_control``.
 - Tools run files of the tree by themselves: direnv on ``cd``, VS Code on folder open,
   pre-commit and husky on commit, dev containers on open (``initializeCommand`` runs
   on the host).  ``AUTORUN`` names them, each with its reason.  The project's own code
@@ -44,7 +52,8 @@ The kinds, as capsule_promote's ``allow_hazards`` names them:
   already so in the workspace is nothing new.  Allowed: kept as the capsule has it.
 - ``git_control``: a ``.git`` entry itself, or anything in a git directory (``.git`` at
   any depth, nested repositories and submodules included, or a bare-looking directory)
-  outside ``GIT_DATA``.  Allowed: promoted as the capsule has it.
+  outside ``GIT_DATA``; and a path the host's git config names (``ConfigNamed``).
+  Allowed: promoted as the capsule has it.
 - ``autorun``: a path ``AUTORUN`` lists.  Allowed: promoted as the capsule has it.
 
 Deletions count for ``git_control`` and ``autorun`` too: removing a hook or a
@@ -76,7 +85,8 @@ _STICKY = 0o1000
 KINDS: dict[str, tuple[str, str]] = {
     "setuid": ("a setuid or setgid bit on a file", "promoted without the bits, which are never written"),
     "world_writable": ("a file or directory made writable by every user", "promoted with that mode"),
-    "git_control": ("git hooks, config and repository pointers", "promoted as the capsule has them"),
+    "git_control": ("git hooks, config and repository pointers, and the files the host's git config names",
+                    "promoted as the capsule has them"),
     "autorun": ("a file a tool runs or obeys by itself (AUTORUN)", "promoted as the capsule has it"),
 }
 
@@ -105,6 +115,17 @@ class Hazard:
     def to_json(self) -> dict[str, Any]:
         """The policy report's entry."""
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ConfigNamed:
+    """A path of the workspace that the host's git config names: config git reads, or code it runs."""
+
+    path: str  # workspace-relative ("" is the workspace itself)
+    key: str  # the key that names it, e.g. "include.path", "filter.lfs.clean"
+    origin: str  # the config file that holds the key
+    use: str  # what git does with it, for the hazard's reason
+    subtree: bool = False  # a directory everything in which counts (core.hooksPath)
 
 
 @dataclass(frozen=True)
@@ -226,13 +247,16 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
     return sorted(out)
 
 
-def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = ()) -> list[Hazard]:
-    """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories."""
+def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
+         config_named: Iterable[ConfigNamed] = ()) -> list[Hazard]:
+    """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
+    ``config_named``: the paths the host's git config names."""
+    named = _NamedIndex.of(config_named)
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
-        for hazard in (_setuid(change), _world_writable(change), _git_control(change, folded, bare_gitdirs)
-                       or _autorun(change, folded)):
+        for hazard in (_setuid(change), _world_writable(change), named.hazard(change, folded),
+                       _git_control(change, folded, bare_gitdirs) or _autorun(change, folded)):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
     return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
@@ -289,6 +313,51 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     else:
         reason = "git reads it to decide what to run or where its repository is (it is not object or ref data)"
     return Hazard("git_control", change.path, change.action, reason)
+
+
+@dataclass(frozen=True)
+class _NamedIndex:
+    """The config-named paths by casefolded path: themselves, the hooks directories, and the directories on
+    their way (where a link would stand in for one), so a change costs a few dict lookups."""
+
+    exact: dict[str, ConfigNamed]
+    subtrees: dict[str, ConfigNamed]
+    on_the_way: dict[str, ConfigNamed]
+
+    @classmethod
+    def of(cls, named: Iterable[ConfigNamed]) -> _NamedIndex:
+        """The index of ``named``; the first to name a path is the one a hazard cites."""
+        exact: dict[str, ConfigNamed] = {}
+        subtrees: dict[str, ConfigNamed] = {}
+        on_the_way: dict[str, ConfigNamed] = {}
+        for one in named:
+            folded = one.path.casefold()
+            exact.setdefault(folded, one)
+            if one.subtree:
+                subtrees.setdefault(folded, one)
+            parts = folded.split("/") if folded else []
+            for n in range(1, len(parts)):
+                on_the_way.setdefault("/".join(parts[:n]), one)
+        return cls(exact, subtrees, on_the_way)
+
+    def hazard(self, change: Change, folded: list[str]) -> Hazard | None:
+        """The hazard of a change to a named path, to anything in a named hooks directory, or of a link on the way."""
+        if not (self.exact or self.subtrees):
+            return None
+        path = "/".join(folded)
+        one = self.exact.get(path)
+        if one is None and self.subtrees:
+            one = next((self.subtrees[p] for p in ("/".join(folded[:n]) for n in range(len(folded) - 1, -1, -1))
+                        if p in self.subtrees), None)
+        if one is not None:
+            return Hazard("git_control", change.path, change.action,
+                          f"the host's git config names it ({one.key} in {one.origin}): {one.use}")
+        one = self.on_the_way.get(path) if change.kind == "symlink" else None
+        if one is None:
+            return None
+        return Hazard("git_control", change.path, change.action,
+                      f"a link on the way to {one.path}, which the host's git config names ({one.key} in "
+                      f"{one.origin}): {one.use}")
 
 
 def _autorun(change: Change, folded: list[str]) -> Hazard | None:
