@@ -11,6 +11,11 @@ as the capsule has it, except setuid/setgid bits, which promotion never writes.
 
 An ordinary capsule (source edits, a new executable script, a commit made in the
 capsule, a setgid directory) still promotes under ``baseline`` unchanged.
+
+The host's own git config can make a tracked file code (issue 35): ``include.path``
+naming a file of the tree, ``core.hooksPath`` a directory of it, a filter driver a
+script in it.  A capsule that changes such a file, and nothing under ``.git``, is
+refused the same way, the hazard naming the file and the key.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from mcp_server.fs.gitconfig import read as config_named
 
 GIT_ENV = {
     "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1",
@@ -212,3 +219,118 @@ def test_an_ordinary_capsule_still_promotes_under_baseline(tools: Any, template:
     assert _git(ws, "rev-list", "--count", "HEAD").stdout == "2\n"
     assert _git(ws, "status", "--porcelain").stdout == ""
     assert _git(ws, "fsck", "--strict", "--no-dangling").returncode == 0
+
+
+@dataclass(frozen=True)
+class NamedAttack:
+    """A host repository whose config names a tracked file, a capsule that changes that file, and how it would run."""
+
+    name: str
+    tracked: dict[str, str]  # files the host commits (a name ending in .sh or a hook is made executable)
+    config: tuple[tuple[str, str], ...]  # `git config KEY VALUE` on the host, before the capsule is made
+    script: str  # run with sh -c in the capsule, at the workspace
+    path: str  # the hazard's path
+    key: str  # the config key its reason names
+    ran: Callable[[Path], bool]  # the host's next git command after a promotion: whether planted code ran
+
+
+def _added_on_host(ws: Path) -> bool:
+    (ws / "notes.txt").write_text("changed on the host\n")
+    return _ran_on_host(ws, "add", "notes.txt")
+
+
+NAMED_ATTACKS = [
+    NamedAttack("include.path names a tracked config file",
+                {"tools/gitconfig": "[user]\n\tname = host\n"},
+                (("include.path", "../tools/gitconfig"),),
+                f"printf '[core]\\n\\tfsmonitor = touch {MARKER}; false\\n' >> tools/gitconfig",
+                "tools/gitconfig", "include.path",
+                lambda ws: _ran_on_host(ws, "status")),
+    NamedAttack("core.hooksPath names a tracked directory: a hook edited",
+                {".githooks/pre-commit": "#!/bin/sh\nexit 0\n"},
+                (("core.hooksPath", ".githooks"),),
+                f"{HOOK} > .githooks/pre-commit",
+                ".githooks/pre-commit", "core.hooksPath",
+                lambda ws: _ran_on_host(ws, "commit", "-q", "--allow-empty", "-m", "next")),
+    NamedAttack("core.hooksPath names a tracked directory: a hook added",
+                {".githooks/pre-commit": "#!/bin/sh\nexit 0\n"},
+                (("core.hooksPath", ".githooks"),),
+                f"{HOOK} > .githooks/post-commit && chmod +x .githooks/post-commit",
+                ".githooks/post-commit", "core.hooksPath",
+                lambda ws: _ran_on_host(ws, "commit", "-q", "--allow-empty", "-m", "next")),
+    NamedAttack("a filter driver runs a tracked script",
+                {"scripts/clean.sh": "#!/bin/sh\ncat\n", ".gitattributes": "*.txt filter=tidy\n",
+                 "notes.txt": "notes\n"},
+                (("filter.tidy.clean", "./scripts/clean.sh"),),
+                f"printf '#!/bin/sh\\ntouch {MARKER}\\ncat\\n' > scripts/clean.sh",
+                "scripts/clean.sh", "filter.tidy.clean",
+                _added_on_host),
+]
+
+
+def _host_repo(template: Path, ws: Path, attack: NamedAttack) -> None:
+    shutil.copytree(template, ws, symlinks=True)
+    for rel, text in attack.tracked.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(text)
+        if rel.endswith(".sh") or "hooks/" in rel:
+            os.chmod(ws / rel, 0o755)
+    assert _git(ws, "add", "-A").returncode == 0
+    assert _git(ws, "commit", "-q", "-m", "tooling").returncode == 0
+    for key, value in attack.config:
+        assert _git(ws, "config", key, value).returncode == 0
+
+
+def test_promotion_refuses_a_change_to_what_the_host_git_config_names(tools: Any, template: Path, tmp_path: Path,
+                                                                       record_property: Any) -> None:
+    async def scenario(t: Any) -> dict[str, Any]:
+        out = {}
+        for i, attack in enumerate(NAMED_ATTACKS):
+            ws = tmp_path / f"named{i}"
+            _host_repo(template, ws, attack)
+            before = (ws / attack.path).read_bytes() if (ws / attack.path).exists() else None
+            cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", attack.script]})
+            assert ran["exit_code"] == 0, (attack.name, ran["stderr"])
+            dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
+            refused = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline"]})
+            untouched = ((ws / attack.path).read_bytes() if (ws / attack.path).exists() else None) == before
+            escaped = attack.ran(ws)
+            allowed = await t.call("capsule_promote", {"capsule_id": cap, "allow_hazards": ["git_control"]})
+            capsule_has = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["cat", attack.path]})
+            out[attack.name] = {"dry": dry, "refused": refused, "untouched": untouched, "escaped": escaped,
+                                "allowed": allowed, "promoted_as_capsule_has":
+                                (ws / attack.path).read_bytes() == capsule_has["stdout"].encode()}
+            await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    record_property("escapes_tried", len(NAMED_ATTACKS))
+    assert [name for name, o in out.items() if o["escaped"]] == []
+    for attack in NAMED_ATTACKS:
+        o = out[attack.name]
+        for result in (o["dry"], o["refused"]):
+            report = result["policy_report"]
+            assert result["promoted"] is False and report["hazards_ok"] is False, (attack.name, report)
+            [hazard] = [h for h in report["hazards"] if h["path"] == attack.path]
+            assert hazard["kind"] == "git_control" and not hazard["allowed"], (attack.name, hazard)
+            assert f"({attack.key} in .git/config)" in hazard["reason"], (attack.name, hazard)
+            assert attack.path in report["details"] and attack.key in report["details"], report["details"]
+        assert o["dry"]["applied"] == [attack.path] and o["refused"]["applied"] == [], attack.name
+        assert o["untouched"], attack.name  # nothing written to the live tree
+        # Allowed explicitly: promoted as the capsule has it, the hazard listed as allowed.
+        assert o["allowed"]["promoted"] is True, (attack.name, o["allowed"]["policy_report"])
+        listed = [h for h in o["allowed"]["policy_report"]["hazards"] if h["path"] == attack.path]
+        assert listed and all(h["allowed"] for h in listed), (attack.name, listed)
+        assert o["promoted_as_capsule_has"], attack.name
+
+
+def test_a_checkout_owned_by_another_user_is_read_as_its_owner_git_reads_it(root_required: None, template: Path,
+                                                                           tmp_path: Path) -> None:
+    # git leaves out, silently, the config of a repository another uid owns (safe.directory); that
+    # owner's git reads it, and runs what it names.
+    ws = tmp_path / "theirs"
+    _host_repo(template, ws, NAMED_ATTACKS[0])
+    subprocess.run(["chown", "-R", "65534:65534", str(ws)], check=True)
+    assert "include.path" not in _git(ws, "config", "--list").stdout  # what git as root shows here
+    assert [(n.path, n.key) for n in config_named(str(ws))] == [("tools/gitconfig", "include.path")]

@@ -10,7 +10,11 @@ Order of checks, cheapest first, and why:
    and config, files tools run by themselves.  They are judged on the very ops the
    Promoter will write (``changeset.promote_ops`` of the checked change), and the
    directories that look like bare repositories are read from the capsule's view,
-   which is what the workspace will hold at those paths.  Each one found is a named
+   which is what the workspace will hold at those paths.  The files the host's git
+   config names (fs/gitconfig.py: ``include.path``, ``core.hooksPath``, filter and diff
+   drivers in the tree) are read from the live workspace's git, as its config stands
+   before anything is written: a capsule's own ``.git/config`` is already a hazard, and
+   decides nothing.  Each one found is a named
    entry of the report's ``hazards``; one the request's ``allow_hazards`` does not name
    fails it (``hazards_ok: false``).  fs/promote.py never writes a setuid or setgid bit
    anyway, allowed or not.
@@ -67,7 +71,7 @@ from mcp_server.core.policy import (
     RequiredTestOutcome,
     evaluate,
 )
-from mcp_server.fs import changeset
+from mcp_server.fs import changeset, gitconfig
 from mcp_server.fs.gitignore import MAX_MARKER, Scope, declares_cache
 from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
@@ -131,6 +135,7 @@ class _Plan:
     ignored_note: str | None
     conflicts: list[dict[str, Any]]
     bare_gitdirs: frozenset[str]
+    config_named: list[hazards.ConfigNamed]  # the workspace paths the host's git config names (fs/gitconfig.py)
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
 
 
@@ -139,7 +144,8 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope, capsule)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
-    return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare)
+    return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
+                 gitconfig.read(record.workspace))
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -284,10 +290,11 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in names)
     journal = service.journal
     plan = await _checked_entries(service, journal, record, request.scope)
-    entries, bare_gitdirs = plan.entries, plan.bare_gitdirs
+    entries = plan.entries
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries)
-    facts.hazards = hazards.judge(hazards.find(_hazard_changes(entries, ops), bare_gitdirs), request.allow_hazards)
+    changes = _hazard_changes(entries, ops)
+    facts.hazards = hazards.judge(hazards.find(changes, plan.bare_gitdirs, plan.config_named), request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = await _replay(service, record, rules.volatile) if rules.needs_replay else _Replayed()
     report = evaluate(rules, facts, tests, replayed.ok, replayed.details, replayed.output_identical,
@@ -322,8 +329,8 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
 
 
 async def _checked_entries(service: CapsuleService, journal: Journal, record: CapsuleRecord, scope: Scope) -> _Plan:
-    """The capsule's change in scope and its bare-looking git directories, once the conflict
-    check passed; REPO_CHANGED (nothing written) if not.
+    """The capsule's change in scope, its bare-looking git directories and the paths the host's
+    git config names, once the conflict check passed; REPO_CHANGED (nothing written) if not.
 
     Only what the scope promotes is checked: a path left behind overwrites nothing, so
     a workspace edit there is no conflict.
