@@ -342,7 +342,7 @@ class _NamedIndex:
 
     def hazard(self, change: Change, folded: list[str]) -> Hazard | None:
         """The hazard of a change to a named path, to anything in a named hooks directory, or of a link on the way."""
-        if not (self.exact or self.subtrees):
+        if not self.exact:  # which holds every named path, the subtrees' included
             return None
         path = "/".join(folded)
         one = self.exact.get(path)
