@@ -19,13 +19,25 @@ is refused before any connection, recorded with the class that refused it, and
 nothing answers; an exact-address rule with the port reaches the host (the explicit
 way), and a rule without a port reaches 80 and 443 only.  Traffic stays on loopback and
 the test's namespace.
+
+Ranges the host routes to itself without an address ("AnyIP", ``ip route add local``)
+are the host's too.  That test changes no routing table of the host's: it makes a
+namespace whose lo carries AnyIP ranges (198.19.77.0/24, 2001:2:77::/64: space egress
+otherwise leaves open, never on the internet) and a server on its 0.0.0.0 and [::], and
+runs the front end there (``ccw`` under ``ip netns exec``, which starts the state dir's
+front-end daemon in it; the helper is started first, in the host's namespaces).  Names
+resolve through the namespace's own /etc/hosts (``/etc/netns/<name>/hosts``, which
+``ip netns exec`` mounts over /etc/hosts).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import os
+import shutil
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +48,7 @@ import trio
 from mcp_server.capsules.networks import Networks
 from mcp_server.egress.hostspace import HostSpaceReader, dump_addresses
 from tests.support import netfixtures as nf
+from tests.support.cli_process import CCW, ROOT, ccw, cli_env
 
 HOST_V4, HOST_V6, HOST_LAN = "198.18.0.1", "2001:2::1", "10.97.0.1"
 FAR, RESOLVER, LAN = "198.18.0.2", "198.18.0.3", "10.97.0.2"
@@ -238,3 +251,79 @@ def test_an_exact_address_rule_reaches_it_and_no_port_means_80_and_443(
             assert (said, got) == ("HTTP/1.1 200 Connection established", banner), target
             record = _record(records, protocol, target)
             assert record["allowed"] and record["reason"] is None, record
+
+
+ANYIP, ANYIP6 = "198.19.77.0/24", "2001:2:77::/64"
+EXACT, EXACT6 = "198.19.77.7", "2001:2:77::7"  # in the ranges, and named by a rule
+OTHER, OTHER6, LAST = "198.19.77.8", "2001:2:77::8", "198.19.77.250"  # in the ranges, named by none
+ANYIP_NAMES = {"anyip.attack.test": OTHER, "anyip6.attack.test": OTHER6, "exact.attack.test": EXACT}
+
+
+@pytest.fixture
+def anyip(root_required: None) -> Iterator[tuple[str, int]]:
+    """A namespace whose lo routes ANYIP and ANYIP6 to itself, with a server on its 0.0.0.0
+    and [::] and names of its own; (its name, the server's port)."""
+    name = f"ccwa{os.getpid()}"
+    etc = Path("/etc/netns") / name
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        etc.mkdir(parents=True)
+        (etc / "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n"
+                                   + "".join(f"{address} {host}\n" for host, address in ANYIP_NAMES.items()))
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\n")  # the namespace's own lo: nothing answers
+        for argv in (["link", "set", "lo", "up"], ["route", "add", "local", ANYIP, "dev", "lo"],
+                     ["-6", "route", "add", "local", ANYIP6, "dev", "lo"]):
+            subprocess.run(["ip", "-n", name, *argv], check=True, capture_output=True)
+        with nf.banner_servers("anyip", [0], name) as (port,):
+            yield name, port
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        shutil.rmtree(etc, ignore_errors=True)
+
+
+def _ccw_in(namespace: str, state: Path, *argv: str) -> dict[str, Any]:
+    """``ccw --json ARGV`` run in ``namespace``; its result."""
+    done = subprocess.run(["ip", "netns", "exec", namespace, *CCW, "--json", *argv], capture_output=True, text=True,
+                          env=cli_env(state), cwd=ROOT, timeout=180, check=False)
+    assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def test_egress_refuses_ranges_the_host_routes_to_itself_but_an_exact_address(
+        cli_state: Path, anyip: tuple[str, int], tmp_path: Path) -> None:
+    namespace, p = anyip
+    ccw(cli_state, "helper", "start")
+    ws = tmp_path / "project"
+    ws.mkdir()
+    rules = (f"*.attack.test:{p}", f"198.19.0.0/16:{p}", f"[2001:2::/32]:{p}", f"{EXACT}:{p}", f"[{EXACT6}]:{p}")
+    # Names that resolve into the ranges, CIDRs that hold them, the addresses themselves:
+    # (protocol, target, the address refused).
+    refused = [("http", f"anyip.attack.test:{p}", OTHER), ("socks", f"anyip.attack.test:{p}", OTHER),
+               ("http", f"anyip6.attack.test:{p}", OTHER6), ("http", f"{OTHER}:{p}", OTHER),
+               ("http", f"{LAST}:{p}", LAST), ("http", f"[{OTHER6}]:{p}", OTHER6)]
+    # The rule naming the exact address (and port) re-opens it, whatever the name.
+    allowed = [("http", f"{EXACT}:{p}"), ("socks", f"{EXACT}:{p}"), ("http", f"[{EXACT6}]:{p}"),
+               ("http", f"exact.attack.test:{p}")]
+    attempts = [[protocol, target] for protocol, target, _ in refused] + [list(attempt) for attempt in allowed]
+
+    cap = _ccw_in(namespace, cli_state, "capsule", "create", *(f"--network={rule}" for rule in rules),
+                  str(ws))["capsule_id"]
+    ran = _ccw_in(namespace, cli_state, "capsule", "exec", cap, "--", "/usr/bin/python3", "-c", JAIL,
+                  json.dumps(attempts))
+    _ccw_in(namespace, cli_state, "capsule", "destroy", cap)
+    assert ran["exit_code"] == 0, ran["stderr"]
+    answers, records = json.loads(ran["stdout"]), ran["touched"]["network"]
+
+    for (protocol, target, address), (_, _, said, banner) in zip(refused, answers[:len(refused)], strict=True):
+        assert banner == "", (target, said, banner)  # nothing answered: the proxy never connected
+        record = _record(records, protocol, target)
+        reason = str(record["reason"])
+        assert not record["allowed"] and reason.startswith("local route: "), record
+        assert "an address this host routes to itself (local " in reason, reason
+        assert reason.endswith(f"only by a rule naming that exact address ({_shown(address, p)})"), reason
+    for (protocol, target), (_, _, said, banner) in zip(allowed, answers[len(refused):], strict=True):
+        expected = "HTTP/1.1 200 Connection established" if protocol == "http" else "socks 0"
+        assert (said, banner) == (expected, f"anyip:{p}"), target
+        record = _record(records, protocol, target)
+        assert record["allowed"] and record["reason"] is None, record
