@@ -23,8 +23,8 @@ Some facts about reading a host's own space, as this module uses them:
   With ``NETLINK_GET_STRICT_CHK`` set (4.20+) the kernel honours the request's
   ``rtm_type`` and sends the local routes only, so a big main table (a router's, a
   Kubernetes node's) costs it a walk, not a copy; an older kernel sends every route
-  and the parser keeps the local ones.  One dump per family: an ``AF_UNSPEC`` dump runs
-  every family's, and MPLS's refuses a request that names a type.
+  and the parser keeps the local ones.  One ``AF_UNSPEC`` dump runs every family's:
+  IPv4's and IPv6's, and multicast routing's and MPLS's, which have no local routes.
 - Which tables count: those the proxy's own connections can be looked up in.  The
   policy rules (``RTM_GETRULE``, one dump for both families) say which table a packet is
   looked up in, by selectors; each is judged against what the proxy's upstream sockets
@@ -55,12 +55,13 @@ Some facts about reading a host's own space, as this module uses them:
   route on a link that goes down, and IPv6 announces what it removes.
 - Cost, measured on the project's 2-core VM (kernel 6.18: 4 interfaces, 5 addresses, 6
   local routes, the 3 default rules) while other work shared it, medians of 2000: a
-  dump of the addresses 55-90 us, of the local routes with the rules 175-230 us (three
-  requests: each family's routes, then the rules); ``current()`` with nothing changed
-  6 us (the empty read, the resolv.conf ``stat``), and netspace's checks of an internet
-  address 4 us more, 1 us of it the local routes' lookup; a plain connect and accept on
-  loopback alone costs about 100 us.  So the dumps are kept off the path: a dump per
-  connection would cost three connections.
+  dump of the addresses 55-90 us, of the local routes with the rules 165-175 us (two
+  requests, 70 and 40 us, and 20 us to judge the rules and index the ranges);
+  ``current()`` with nothing changed 6 us (the empty read, the resolv.conf ``stat``),
+  and netspace's checks of an internet address 4 us more, 1 us of it the local
+  routes' lookup; a plain connect and accept on loopback alone costs about 100 us.  So
+  the dumps are kept off the path: a dump per connection would cost more than two
+  connections.
 - The resolvers are the ``nameserver`` lines of /etc/resolv.conf, read again whenever
   the file's inode, size or mtime changed (a ``stat`` per decision): resolvconf and
   NetworkManager replace it with a rename, which changes the inode.
@@ -112,7 +113,7 @@ _RTATTR = struct.Struct("=HH")  # len, type
 _U32 = struct.Struct("=I")
 _RECV = 65536
 _FAMILIES = (socket.AF_INET, socket.AF_INET6)
-_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EAFNOSUPPORT)  # a kernel without policy rules, or without IPv6
+_UNSUPPORTED = (errno.EOPNOTSUPP, errno.EAFNOSUPPORT)  # a kernel without policy rules
 # Rule attributes that select nothing (priority, table, who made it...) or that _selectors
 # judges; any other is a selector this module cannot judge.
 _KNOWN = frozenset({FRA_DST, FRA_GOTO, FRA_PRIORITY, FRA_FLOW, FRA_SUPPRESS_IFGROUP, FRA_SUPPRESS_PREFIXLEN,
@@ -332,16 +333,11 @@ def dump_local_routes(uid: int) -> LocalRoutes:
     with _route_socket() as sock:
         with contextlib.suppress(OSError):  # before 4.20: every route comes, the parser keeps the local ones
             sock.setsockopt(SOL_NETLINK, NETLINK_GET_STRICT_CHK, 1)
-        for family in _FAMILIES:
-            try:
-                _ask(sock, RTM_GETROUTE, _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, RTN_LOCAL, 0))
-                done = False
-                while not done:
-                    found, done = parse_local_routes(sock.recv(_RECV))
-                    routes += found
-            except OSError as exc:
-                if exc.errno not in _UNSUPPORTED:
-                    raise
+        _ask(sock, RTM_GETROUTE, _RTMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, RTN_LOCAL, 0))
+        done = False
+        while not done:
+            found, done = parse_local_routes(sock.recv(_RECV))
+            routes += found
         try:
             _ask(sock, RTM_GETRULE, _FIB_RULE_HDR.pack(socket.AF_UNSPEC, 0, 0, 0, 0, 0, 0, 0, 0))
             done = False
