@@ -45,6 +45,9 @@ FIXES = {
     "no_loop_disk": ("enable loop devices (CONFIG_BLK_DEV_LOOP) and ext4, install e2fsprogs; until "
                      "then capsules write to the state dir's filesystem without a size limit"),
     "no_seccomp": "use a kernel with CONFIG_SECCOMP_FILTER",
+    "no_idmapped_mounts": ("until the kernel is 6.15 or later and the system dirs are on a filesystem with idmapped "
+                           "mounts (ext4, xfs, btrfs, tmpfs), a root caller's jail keeps no file capability: a "
+                           "checkout of another uid is read-only in its capsules; run ccw as that uid meanwhile"),
     "no_jail_launcher": "reinstall ccw (pip install --force-reinstall ccw; in a checkout ./dev setup, or "
                         "python setup.py launcher to build only it): it needs gcc",
     "landlock_disabled": "add landlock to the lsm= boot parameter",

@@ -172,6 +172,7 @@ def features(state_dir: str | None = None) -> list[Finding]:
             "dir's filesystem without a size limit", "needs_root"))
         ok, detail = in_child(_seccomp)
         found.append(Finding("seccomp", ok, detail, None if ok else "no_seccomp"))
+        found.append(_idmapped_mounts(privileged))
         found.append(_egress_network(rootless, userns_ok))
         found.append(_landlock())
         found.append(_openat2(fresh("openat2")))
@@ -208,6 +209,24 @@ def _fanotify(fresh: Callable[[str], str]) -> Finding:
 def _capsule_disk(fresh: Callable[[str], str]) -> Finding:
     ok, detail = in_child(_disk_probe(fresh("disk")))
     return Finding("capsule_disk", ok, detail, None if ok else "no_loop_disk")
+
+
+def _idmapped_mounts(privileged: bool) -> Finding:
+    """Whether a root caller's jail can be shown the host's trees idmapped (sandbox/idmap.py), the
+    condition of its four file capabilities."""
+    if not privileged:
+        return Finding("idmapped_mounts", None, "not used: a rootless helper's jail holds no capability (informational)")
+
+    def probe() -> str:
+        from sandbox import idmap
+
+        if idmap.host_trees() is None:
+            raise RuntimeError(idmap.why_not())
+        return ("the host's trees are shown to a root caller's jail through a namespace mapping only root: "
+                "its file capabilities reach only the capsule's trees")
+
+    ok, detail = in_child(probe)
+    return Finding("idmapped_mounts", ok, detail, None if ok else "no_idmapped_mounts")
 
 
 def _egress_network(rootless: bool, userns_ok: bool) -> Finding:

@@ -102,3 +102,16 @@ def test_the_egress_probe_waits_for_a_user_namespace_when_rootless() -> None:
     finding = probe._egress_network(rootless=True, userns_ok=False)
     assert (finding.ok, finding.cause) == (False, probe.userns_cause())
     assert "needs a user namespace first" in finding.detail
+
+
+def test_a_root_callers_jail_without_idmapped_host_trees_says_what_it_loses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandbox import idmap
+
+    monkeypatch.setattr(idmap, "host_trees", lambda: None)  # the forked probe child inherits it
+    monkeypatch.setattr(idmap, "why_not", lambda: "the host's system trees cannot be idmapped (Invalid argument)")
+    finding = probe._idmapped_mounts(privileged=True)
+    assert (finding.ok, finding.cause) == (False, "no_idmapped_mounts")
+    assert finding.detail == "the host's system trees cannot be idmapped (Invalid argument)"
+    fix = doctor.check_of(finding).fix
+    assert fix is not None and "keeps no file capability" in fix and "6.15" in fix
+    assert probe._idmapped_mounts(privileged=False).ok is None  # rootless: nothing to scope
