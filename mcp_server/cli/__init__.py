@@ -6,6 +6,7 @@
     ccw helper start|stop|status    the state dir's detached helper (see helperctl.py)
     ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode (--http: a
                                     running `ccw serve --http`, with its bearer token)
+    ccw http token rotate           replace that generated bearer token (see tokens.py)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
@@ -103,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _own_commands() -> list[Any]:
     """The top-level commands whose parsers and runs live in their own modules."""
-    from mcp_server.cli import ui, watch
+    from mcp_server.cli import tokens, ui, watch
 
-    return [watch, ui]
+    return [watch, ui, tokens]
 
 
 def serve_env(args: argparse.Namespace) -> dict[str, str]:
