@@ -162,7 +162,7 @@ async def _serve(config: Config, app: CcwServer | None, transport: Any) -> int:
             path = await nursery.start(_serve_then_stop, transport, target, draining, nursery.cancel_scope)
             write_ready_file(config.ready_file)
             ready = True
-            tools = "relayed" if app is None else len(app.registry.tools)
+            tools = "relayed" if app is None else len(app.tools.registry.tools)
             LIFECYCLE.info(
                 f"mcp:ready mode={config.endpoint} path={path} state_dir={config.state_dir} "
                 f"schemas_dir={config.schemas_dir or '-'} tools={tools} ts={_now_iso()}"

@@ -160,9 +160,13 @@ class CallContext:
 
     def __init__(self, runtime: Runtime, session: Any = None,
                  owner: str | None = None, caller_env: Mapping[str, str] | None = None,
-                 terminal: int | None = None, workspace: str | None = None, ticket: Ticket | None = None) -> None:
+                 terminal: int | None = None, workspace: str | None = None, ticket: Ticket | None = None,
+                 config: Config | None = None) -> None:
         self._runtime = runtime
         self._session = session
+        # The server's settings with the tool families of the call's connection (an attached
+        # ccw-mcp's own: tools/surface.py ToolList); None: the server's own.
+        self._config = config
         # The place in a capsule's line the transport took when it read the call
         # (CcwServer.arrive); the call's first turn on that capsule claims it.
         self._ticket = ticket
@@ -183,8 +187,8 @@ class CallContext:
 
     @property
     def config(self) -> Config:
-        """The server's configuration."""
-        return self._runtime.config
+        """The server's configuration, with the tool families this call's connection is served."""
+        return self._config if self._config is not None else self._runtime.config
 
     @property
     def state(self) -> State:
@@ -207,7 +211,7 @@ class CallContext:
 
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
-        return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner)
+        return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner, self._config)
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
@@ -250,8 +254,9 @@ class _RunContext(CallContext):
     """A call's context as its run's body sees it: the run, not the call, hears its progress
     (the call may have answered long ago, its connection may be gone)."""
 
-    def __init__(self, runtime: Runtime, session: Any, ticket: Ticket | None, run: Run, owner: str | None) -> None:
-        super().__init__(runtime, session, owner, ticket=ticket)
+    def __init__(self, runtime: Runtime, session: Any, ticket: Ticket | None, run: Run, owner: str | None,
+                 config: Config | None) -> None:
+        super().__init__(runtime, session, owner, ticket=ticket, config=config)
         self._run = run
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

@@ -4,10 +4,19 @@
 (``serve_streams``: the SDK serves both protocol eras on it, the client's first request
 decides which) or a single direct-method request (``run_direct``).
 
+Each connection is served a ``ToolList`` (tools/surface.py): the tools of its
+``CCW_TOOLSETS``, which is this server's own, or that of the attached ``ccw-mcp`` that
+opened the connection (mcp_server/frontdoor.py).  The process can serve every family
+(``servable``); a connection is shown, and may call, only its list.  The transport passes
+the list to ``serve_streams`` and to the direct-method entry points; the SDK hands it to
+every handler as ``ctx.lifespan_context``, the state the connection's serving loop was
+started with (over HTTP the SDK enters ``Server.lifespan`` instead: this server's list).
+
 How a tool call is served, the same for ``tools/call`` and for direct methods:
 
-1. Look the name up (its own name, an alias, or a deprecated alias, which logs a
-   warning to stderr).  Unknown → JSON-RPC error -32602.
+1. Look the name up in the connection's tool list (its own name, an alias, or a
+   deprecated alias, which logs a warning to stderr).  Unknown there, though another
+   connection may call it → JSON-RPC error -32602.
 2. Validate the arguments against the tool's input schema (Draft 2020-12).  Violations
    → JSON-RPC error -32602 whose ``data.errors`` lists ``{path, msg}`` sorted (seed 001
    §5 order, RFC 6901 paths).
@@ -31,12 +40,14 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
+import functools
 import os
 import re
 import sqlite3
 import traceback
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 import mcp_types as types
@@ -49,18 +60,14 @@ from mcp_types import methods as spec_methods
 
 from mcp_server import __version__, framing
 from mcp_server.capsules.turns import Ticket, arrived_ticket
-from mcp_server.config import Config
+from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
 from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name
 from mcp_server.tasks import MODERN_ERA as TASKS_ERA
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
-from mcp_server.tools.surface import (
-    advertised_annotations,
-    advertised_input_schema,
-    advertised_output_schema,
-)
+from mcp_server.tools.surface import ToolList
 from sandbox.errors import CcwError
 
 INVALID_PARAMS = types.INVALID_PARAMS  # -32602
@@ -72,25 +79,21 @@ TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 
 
 class CcwServer:
-    """The registry served over MCP; one per process, shared by every connection."""
+    """The registry served over MCP; one per process, shared by every connection, each
+    shown its own tool list."""
 
     def __init__(self, config: Config, state: State, registry: Registry | None = None) -> None:
         self.config = config
         self.state = state
-        self.registry = registry if registry is not None else Registry.load(config.toolsets)
+        # Every tool this process can serve (``registry``: a test's own); a connection is
+        # served the part its CCW_TOOLSETS chooses.
+        self.servable = registry if registry is not None else Registry.load(TOOLSETS)
         self.runtime = Runtime(config, state)
         self.check_output = config.debug
         self._validators: dict[str, tuple[Draft202012Validator, Draft202012Validator]] = {}
-        for spec in self.registry.tools:
-            Draft202012Validator.check_schema(spec.input_schema)
-            Draft202012Validator.check_schema(spec.output_schema)
-            self._validators[spec.name] = (
-                Draft202012Validator(spec.input_schema),
-                Draft202012Validator(spec.output_schema),
-            )
-        self._listed_tools: list[types.Tool] | None = None
-        self._resource_patterns = [(_template_regex(r.uri_template), r) for r in self.registry.resources]
-        self.sdk: Server[Any] = Server(
+        self._tool_lists: dict[tuple[str, ...], ToolList] = {}
+        self.tools = self.tool_list(config.toolsets)  # this server's own: its stdio, socket and HTTP clients'
+        self.sdk: Server[ToolList] = Server(
             "ccw",
             version=__version__,
             title="ccw: counterfactual capsule workspaces",
@@ -100,6 +103,7 @@ class CcwServer:
             on_list_resources=self._on_list_resources,
             on_list_resource_templates=self._on_list_resource_templates,
             on_read_resource=self._on_read_resource,
+            lifespan=self._own_tools,
         )
         # Registered directly: the constructor keyword for it warns that roots are
         # deprecated in the 2026 era, but 2025-era clients still send it.
@@ -117,11 +121,34 @@ class CcwServer:
 
     # --- entry points for transports ---------------------------------------------
 
-    async def serve_streams(self, read_stream: Any, write_stream: Any) -> None:
-        """Serve one MCP connection (either era) over SDK message streams until read EOF."""
-        await serve_dual_era_loop(
-            self.sdk, read_stream, write_stream, lifespan_state={}, init_options=self.init_options
-        )
+    def tool_list(self, toolsets: Collection[str]) -> ToolList:
+        """The tools served to a connection whose CCW_TOOLSETS is ``toolsets`` (made once
+        per selection; its tools' schemas are checked then)."""
+        key = tuple(sorted(set(toolsets)))
+        tools = self._tool_lists.get(key)
+        if tools is None:
+            tools = self._tool_lists[key] = ToolList(self.config, key, self.servable)
+            for spec in tools.registry.tools:
+                if spec.name not in self._validators:
+                    Draft202012Validator.check_schema(spec.input_schema)
+                    Draft202012Validator.check_schema(spec.output_schema)
+                    self._validators[spec.name] = (
+                        Draft202012Validator(spec.input_schema),
+                        Draft202012Validator(spec.output_schema),
+                    )
+        return tools
+
+    async def serve_streams(self, read_stream: Any, write_stream: Any, tools: ToolList | None = None) -> None:
+        """Serve one MCP connection (either era) over SDK message streams until read EOF,
+        with ``tools`` (default: this server's own)."""
+        await serve_dual_era_loop(self.sdk, read_stream, write_stream, init_options=self.init_options,
+                                  lifespan_state=tools if tools is not None else self.tools)
+
+    @contextlib.asynccontextmanager
+    async def _own_tools(self, sdk: Server[ToolList]) -> AsyncIterator[ToolList]:
+        """The SDK's lifespan, entered by what serves our ``sdk`` by itself (HTTP, in-memory
+        clients): its handlers' ``ctx.lifespan_context`` is this server's own tool list."""
+        yield self.tools
 
     def startup(self) -> None:
         """Work due before the first request: finish or undo interrupted promotions (no
@@ -141,43 +168,49 @@ class CcwServer:
 
             schema.warm(self.config, LOGGER.warning)
 
-    def arrive(self, method: str, params: Any) -> Ticket | None:
-        """Take the capsule's turn for a call (``tools/call`` or a direct method) the moment a
-        transport reads it, if its tool takes one (``ToolSpec.turn``): every transport calls
-        this, hands the ticket to the call and gives it back once the request is answered
-        (mcp_server/capsules/turns.py)."""
+    def arrive(self, method: str, params: Any, tools: ToolList | None = None) -> Ticket | None:
+        """Take the capsule's turn for a call (``tools/call`` or a direct method of ``tools``,
+        default ours) the moment a transport reads it, if its tool takes one
+        (``ToolSpec.turn``): every transport calls this, hands the ticket to the call and
+        gives it back once the request is answered (mcp_server/capsules/turns.py)."""
+        registry = (tools if tools is not None else self.tools).registry
         name: Any = method
         if method == "tools/call" and isinstance(params, Mapping):
             name, params = params.get("name"), params.get("arguments")
-        elif not self.is_direct_method(method):
+        elif not self.is_direct_method(method, tools):
             return None
-        spec = self.registry.lookup(name) if isinstance(name, str) else None
+        spec = registry.lookup(name) if isinstance(name, str) else None
         return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params)
 
-    def is_direct_method(self, method: str) -> bool:
-        """True when ``method`` names a tool (or alias) rather than an MCP method."""
+    def is_direct_method(self, method: str, tools: ToolList | None = None) -> bool:
+        """True when ``method`` names a tool (or alias) of ``tools`` (default ours) rather
+        than an MCP method."""
         if method in spec_methods.SPEC_CLIENT_METHODS or method.startswith("notifications/"):
             return False
-        return self.registry.lookup(method) is not None
+        return (tools if tools is not None else self.tools).registry.lookup(method) is not None
 
     def scope_for(self, method: str, params: Any) -> str | None:
-        """The bearer scope a request needs (None: any valid token will do)."""
+        """The bearer scope a request needs (None: any valid token will do); HTTP's clients
+        are served this server's own tools."""
+        registry = self.tools.registry
         if method in TASK_METHODS:
             return "exec"  # a task is a run: capsule_run's scope
         if method == "tools/call" and isinstance(params, Mapping):
-            spec = self.registry.lookup(str(params.get("name", "")))
+            spec = registry.lookup(str(params.get("name", "")))
             return spec.scope if spec is not None else None
         if method == "resources/read" and isinstance(params, Mapping):
-            resource = self._match_resource(str(params.get("uri", "")))
+            resource = _match_resource(registry, str(params.get("uri", "")))
             return resource.scope if resource is not None else None
-        spec = self.registry.lookup(method) if self.is_direct_method(method) else None
+        spec = registry.lookup(method) if self.is_direct_method(method) else None
         return spec.scope if spec is not None else None
 
     async def run_direct(self, request_id: Any, method: str, params: Any, owner: str | None = None,
-                         ticket: Ticket | None = None) -> dict[str, Any]:
-        """Serve a direct-method request (from the bearer token named ``owner``, over HTTP;
-        with the place ``arrive`` took when it was read); returns the JSON-RPC response message."""
-        spec = self._lookup(method)
+                         ticket: Ticket | None = None, tools: ToolList | None = None) -> dict[str, Any]:
+        """Serve a direct-method request of ``tools`` (default ours; from the bearer token
+        named ``owner``, over HTTP; with the place ``arrive`` took when it was read); returns
+        the JSON-RPC response message."""
+        tools = tools if tools is not None else self.tools
+        spec = self._lookup(method, tools)
         if params is None:
             params = {}
         if not isinstance(params, dict):
@@ -186,7 +219,7 @@ class CcwServer:
         meta = params.get("_meta")
         try:
             call = CallContext(self.runtime, owner=owner, caller_env=caller_env(meta), workspace=caller_workspace(meta),
-                               ticket=ticket)
+                               ticket=ticket, config=tools.config)
             result = await self.call_tool(spec, args, call)
         except MCPError as exc:
             return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
@@ -199,12 +232,12 @@ class CcwServer:
 
     # --- the tool pipeline ------------------------------------------------------
 
-    def _lookup(self, name: str) -> ToolSpec:
-        spec = self.registry.lookup(name)
+    def _lookup(self, name: str, tools: ToolList) -> ToolSpec:
+        spec = tools.registry.lookup(name)
         if spec is None:
-            known = ", ".join(sorted(s.name for s in self.registry.tools))
+            known = ", ".join(sorted(s.name for s in tools.registry.tools))
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {name!r}; tools/list shows the tools: {known}")
-        if self.registry.is_deprecated_alias(name):
+        if tools.registry.is_deprecated_alias(name):
             LOGGER.warning(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
         return spec
 
@@ -248,42 +281,28 @@ class CcwServer:
     # --- SDK handlers -----------------------------------------------------------
 
     def _input_schema_of(self, name: str) -> Mapping[str, Any] | None:
-        spec = self.registry.lookup(name)
+        # Asked only by the SDK's HTTP transport (Mcp-Param headers): HTTP serves our own tools.
+        spec = self.tools.registry.lookup(name)
         return spec.input_schema if spec is not None else None
 
     async def _on_list_tools(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, ctx: ServerRequestContext[ToolList], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        if self._listed_tools is None:  # built once: making the advertised (shallow) schemas is not free
-            self._listed_tools = self._tool_list()
-        return types.ListToolsResult(tools=self._listed_tools)
-
-    def _tool_list(self) -> list[types.Tool]:
-        names = [spec.name for spec in self.registry.tools]
-        return [
-            types.Tool(
-                name=spec.name,
-                title=spec.title or None,
-                description=spec.description,
-                input_schema=advertised_input_schema(spec, beside=names),
-                output_schema=advertised_output_schema(spec),
-                annotations=types.ToolAnnotations.model_validate(advertised_annotations(spec)),
-            )
-            for spec in self.registry.tools
-        ]
+        return types.ListToolsResult(tools=ctx.lifespan_context.listed())
 
     async def _on_call_tool(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+        self, ctx: ServerRequestContext[ToolList], params: types.CallToolRequestParams
     ) -> types.CallToolResult | dict[str, Any]:
-        spec = self._lookup(params.name)
+        tools = ctx.lifespan_context
+        spec = self._lookup(params.name, tools)
         args = dict(params.arguments or {})
         owner = token_name(ctx)
 
         async def produce() -> dict[str, Any]:
             terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
             try:
-                call = CallContext(self.runtime, ctx.session, owner, caller_env(params.meta),
-                                   terminal, caller_workspace(params.meta), arrived_ticket(ctx.request))
+                call = CallContext(self.runtime, ctx.session, owner, caller_env(params.meta), terminal,
+                                   caller_workspace(params.meta), arrived_ticket(ctx.request), tools.config)
                 return await self.call_tool(spec, args, call)
             finally:
                 if terminal is not None:
@@ -318,60 +337,61 @@ class CcwServer:
 
     async def _task_result(self, tool: str, outcome: Any) -> dict[str, Any]:
         """A finished task's ``result``: what tools/call of ``tool`` would have answered on the wire."""
-        spec = self._lookup(tool)
+        # The tool that made the task, which tasks.find found among the asking connection's.
+        spec = self.servable.lookup(tool)
+        if spec is None:
+            raise MCPError(code=INTERNAL_ERROR, message=f"a task of {tool!r}, which this process does not serve")
         answer = await self.tool_answer(spec, lambda: self.checked(spec, outcome))
         dumped = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
         return spec_methods.serialize_server_result("tools/call", TASKS_ERA, dumped)
 
-    async def _on_task_get(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
-        _tasks_era(ctx)
-        return await self.tasks.get(params.task_id, token_name(ctx), self._task_result)
+    # A task made by a tool outside the connection's list is no task to it, as a server
+    # serving only that list would have none: the ``served`` of each tasks.* call.
 
-    async def _on_task_update(self, ctx: ServerRequestContext[Any], params: UpdateTaskParams) -> dict[str, Any]:
+    async def _on_task_get(self, ctx: ServerRequestContext[ToolList], params: TaskParams) -> dict[str, Any]:
         _tasks_era(ctx)
-        return self.tasks.update(params.task_id, token_name(ctx))
+        return await self.tasks.get(params.task_id, token_name(ctx), self._task_result, ctx.lifespan_context.names)
 
-    async def _on_task_cancel(self, ctx: ServerRequestContext[Any], params: TaskParams) -> dict[str, Any]:
+    async def _on_task_update(self, ctx: ServerRequestContext[ToolList], params: UpdateTaskParams) -> dict[str, Any]:
         _tasks_era(ctx)
-        return await self.tasks.cancel(params.task_id, token_name(ctx))
+        return self.tasks.update(params.task_id, token_name(ctx), ctx.lifespan_context.names)
+
+    async def _on_task_cancel(self, ctx: ServerRequestContext[ToolList], params: TaskParams) -> dict[str, Any]:
+        _tasks_era(ctx)
+        return await self.tasks.cancel(params.task_id, token_name(ctx), ctx.lifespan_context.names)
 
     async def _on_list_resources(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, ctx: ServerRequestContext[ToolList], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         # Only templates without variables name one concrete resource.
         resources = [
             types.Resource(uri=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type)
-            for r in self.registry.resources
+            for r in ctx.lifespan_context.registry.resources
             if "{" not in r.uri_template
         ]
         return types.ListResourcesResult(resources=resources)
 
     async def _on_list_resource_templates(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+        self, ctx: ServerRequestContext[ToolList], params: types.PaginatedRequestParams | None
     ) -> types.ListResourceTemplatesResult:
         templates = [
             types.ResourceTemplate(
                 uri_template=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type
             )
-            for r in self.registry.resources
+            for r in ctx.lifespan_context.registry.resources
         ]
         return types.ListResourceTemplatesResult(resource_templates=templates)
 
-    def _match_resource(self, uri: str) -> ResourceSpec | None:
-        for pattern, resource in self._resource_patterns:
-            if pattern.fullmatch(uri):
-                return resource
-        return None
-
     async def _on_read_resource(
-        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+        self, ctx: ServerRequestContext[ToolList], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
-        resource = self._match_resource(uri)
+        tools = ctx.lifespan_context
+        resource = _match_resource(tools.registry, uri)
         if resource is None:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=f"no resource matches {uri!r}; see resources/templates/list")
         try:
-            call = CallContext(self.runtime, ctx.session, workspace=caller_workspace(params.meta))
+            call = CallContext(self.runtime, ctx.session, workspace=caller_workspace(params.meta), config=tools.config)
             mime_type, text = await resource.handler(call, uri)
         except CcwError as exc:
             code = RESOURCE_NOT_FOUND if exc.code == "NOT_FOUND" else INVALID_PARAMS
@@ -504,6 +524,15 @@ def _pointer(path: Any) -> str:
     return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in path)
 
 
+def _match_resource(registry: Registry, uri: str) -> ResourceSpec | None:
+    """The resource of ``registry`` whose template matches ``uri``, if any."""
+    for resource in registry.resources:
+        if _template_regex(resource.uri_template).fullmatch(uri):
+            return resource
+    return None
+
+
+@functools.cache
 def _template_regex(template: str) -> re.Pattern[str]:
     """A regex for an RFC 6570 level-2 template: ``{var}`` one segment, ``{+var}`` anything."""
     pattern = ""

@@ -20,7 +20,9 @@ that answer as a ``CreateTaskResult`` instead (``resultType: "task"``) and polls
 - **Whose task.**  A task is its run's, and a run belongs to the bearer token that
   started it (background.py): another token's ``tasks/*`` (or ``capsule_run``) finds no
   such task.  Over HTTP the ``tasks/*`` methods need the ``exec`` scope, as
-  ``capsule_run`` does (``CcwServer.scope_for``).
+  ``capsule_run`` does (``CcwServer.scope_for``).  A task made by a tool that the asking
+  connection is not served (``served``: its tool list's names, mcp_server/frontdoor.py)
+  is no task to it either.
 - **The result is the call's.**  A completed task's ``result`` is what ``tools/call`` of
   the tool that made it would have answered (structured content, text block, ``isError``
   for a ccw error); a failure that ``tools/call`` would have answered as a JSON-RPC error
@@ -31,7 +33,7 @@ that answer as a ``CreateTaskResult`` instead (``resultType: "task"``) and polls
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -103,11 +105,12 @@ class Tasks:
         self._tools[run.run_id] = tool
         return {"resultType": "task", **self._task(run, "working")}
 
-    def find(self, task_id: str, owner: str | None) -> tuple[Run, str]:
+    def find(self, task_id: str, owner: str | None, served: Collection[str] | None = None) -> tuple[Run, str]:
         """``owner``'s task: its run and the tool that made it; INVALID_PARAMS (-32602) if there
-        is no such task, or it is another token's (said the same way)."""
+        is no such task, or it is another token's, or a tool not in ``served`` (None: any)
+        made it (each said the same way)."""
         tool = self._tools.get(task_id)
-        if tool is not None:
+        if tool is not None and (served is None or tool in served):
             try:
                 return self._runs.get(task_id, owner), tool
             except CcwError:
@@ -117,9 +120,10 @@ class Tasks:
             f"no task {task_id!r}: tasks are the runs of this server process, kept {int(KEEP_S)} s after they "
             "end and lost when it restarts; call the tool again"), data={"taskId": task_id})
 
-    async def get(self, task_id: str, owner: str | None, answer: Answer) -> dict[str, Any]:
+    async def get(self, task_id: str, owner: str | None, answer: Answer,
+                  served: Collection[str] | None = None) -> dict[str, Any]:
         """``tasks/get``: the task, with the tool's result (completed), its error (failed), or neither."""
-        run, tool = self.find(task_id, owner)
+        run, tool = self.find(task_id, owner, served)
         if not run.done.is_set():
             return self._task(run, "working")
         if run.cancelled:
@@ -134,15 +138,15 @@ class Tasks:
             return {**self._task(run, "failed"), "error": exc.error.model_dump(mode="json", exclude_none=True)}
         return {**self._task(run, "completed"), "result": result}
 
-    async def cancel(self, task_id: str, owner: str | None) -> dict[str, Any]:
+    async def cancel(self, task_id: str, owner: str | None, served: Collection[str] | None = None) -> dict[str, Any]:
         """``tasks/cancel``: end the run (its jail, its turn) before the ack; an ended task stays as it was."""
-        run, _ = self.find(task_id, owner)
+        run, _ = self.find(task_id, owner, served)
         await self._runs.cancel(run)
         return {}
 
-    def update(self, task_id: str, owner: str | None) -> dict[str, Any]:
+    def update(self, task_id: str, owner: str | None, served: Collection[str] | None = None) -> dict[str, Any]:
         """``tasks/update``: ccw's tasks never wait for input, so answers to none are ignored."""
-        self.find(task_id, owner)
+        self.find(task_id, owner, served)
         return {}
 
     def _task(self, run: Run, status: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from mcp_server.capsules.run import OwnedRuns, Run
 from mcp_server.config import Config
 from mcp_server.server import CcwServer
 from mcp_server.state import State
-from mcp_server.tasks import EXTENSION, declared
+from mcp_server.tasks import EXTENSION, TaskParams, declared
 from sandbox.errors import CcwError
 from tests.support.raw_mcp import LEGACY, MODERN, TASKS, RawStdio
 
@@ -200,3 +200,39 @@ async def _no_progress(*_: Any) -> None:
 
 async def _never_answer(tool: str, outcome: Any) -> dict[str, Any]:
     raise AssertionError("the task has not ended")
+
+
+def test_a_task_is_no_task_to_a_connection_not_served_its_tool(tmp_path: Path) -> None:
+    """A client attached with other tool families (mcp_server/frontdoor.py) shares the
+    owner's runs: one made by a tool it is not served is no task to it, as to a server
+    of its own, which would never have made it."""
+    server = _server(tmp_path)
+    unknown = "run_9_0123456789ab"
+
+    async def body(run: Run) -> dict[str, Any]:
+        await trio.sleep(5)
+        return {"done": True}
+
+    def ctx(toolsets: str) -> Any:
+        return SimpleNamespace(protocol_version=MODERN, lifespan_context=server.tool_list(toolsets.split(",")))
+
+    async def main() -> dict[str, Any]:
+        running = await server.runtime.runs.call("capsule_exec", "cap", body, 1000, _no_progress)
+        run_id = running["run_id"]
+        assert server.tasks.adopt("capsule_exec", running, None) is not None
+        params = TaskParams(taskId=run_id)
+        refused = {"unknown task": _refusal(lambda: server.tasks.find(unknown, None))}
+        for method, handler in (("tasks/get", server._on_task_get), ("tasks/cancel", server._on_task_cancel),
+                                ("tasks/update", server._on_task_update)):
+            try:
+                await handler(ctx("server,text"), params)
+                raise AssertionError(f"{method} of a task of capsule_exec on a connection without it")
+            except MCPError as exc:
+                refused[method] = str(exc).replace(run_id, unknown)
+        alive = not server.runtime.runs.get(run_id, None).done.is_set()  # the refused cancel did not touch it
+        return {"refused": refused, "alive": alive, "served": await server._on_task_get(ctx("agent"), params)}
+
+    outcome = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    refused = outcome["refused"]
+    assert refused["tasks/get"] == refused["tasks/cancel"] == refused["tasks/update"] == refused["unknown task"]
+    assert outcome["alive"] and outcome["served"]["status"] == "working"  # the agent profile has capsule_exec

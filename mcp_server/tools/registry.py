@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -37,7 +37,8 @@ class ToolContext(Protocol):
 
     @property
     def config(self) -> Config:
-        """The server's configuration."""
+        """The server's configuration; its ``toolsets`` are the families this call's
+        connection is served (an attached ccw-mcp's own, not the serving process's)."""
 
     @property
     def state(self) -> State:
@@ -186,13 +187,9 @@ class Registry:
         return spec is not None and name in spec.deprecated_aliases
 
     @classmethod
-    def load(cls, toolsets: Sequence[str], modules: Sequence[str] = FAMILY_MODULES) -> Registry:
+    def load(cls, toolsets: Collection[str], modules: Sequence[str] = FAMILY_MODULES) -> Registry:
         """Collect the tools of the selected families and profiles (config.PROFILES) from their modules."""
-        from mcp_server.config import PROFILES
-
-        registry = cls()
-        wanted = set(toolsets)
-        single = {name for profile in wanted & set(PROFILES) for name in PROFILES[profile]}
+        every = cls()
         for module_name in modules:
             try:
                 module = importlib.import_module(module_name)
@@ -201,12 +198,24 @@ class Registry:
                     continue
                 raise
             for spec in getattr(module, "TOOLS", []):
-                if spec.family in wanted or spec.name in single:
-                    registry.add(spec)
-            for resource in getattr(module, "RESOURCES", []):
-                if resource.family in wanted:
-                    registry.resources.append(resource)
-        return registry
+                every.add(spec)
+            every.resources.extend(getattr(module, "RESOURCES", []))
+        return every.select(toolsets)
+
+    def select(self, toolsets: Collection[str]) -> Registry:
+        """The tools and resources of this registry that the families and profiles
+        (config.PROFILES) named in ``toolsets`` choose, in this registry's order; a name
+        that is neither chooses nothing."""
+        from mcp_server.config import PROFILES
+
+        chosen = Registry()
+        wanted = set(toolsets)
+        single = {name for profile in wanted & set(PROFILES) for name in PROFILES[profile]}
+        for spec in self.tools:
+            if spec.family in wanted or spec.name in single:
+                chosen.add(spec)
+        chosen.resources = [resource for resource in self.resources if resource.family in wanted]
+        return chosen
 
 
 def text_with_header(field: str) -> Callable[[dict[str, Any]], str]:

@@ -21,16 +21,26 @@ schemas, the full ones, stay what the server validates against):
   the ``ToolSpec``'s, and the server checks every result against it under ``CCW_DEBUG=1``.
 - Annotations carry only the hints whose value differs from MCP's defaults
   (readOnlyHint false, destructiveHint true, idempotentHint false, openWorldHint true).
+
+Which tools a connection is shown is its ``ToolList``: the families and profiles of its
+``CCW_TOOLSETS``, which is the serving process's own, or, on a connection an attached
+``ccw-mcp`` opened (mcp_server/frontdoor.py), that server's.  The list is also what the
+connection may call: the server looks every call's name up in it, never in the process's
+other tools.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Collection
 from typing import Any
 
+import mcp_types as types
+
+from mcp_server.config import Config
 from mcp_server.fs.policy import policy_schema
-from mcp_server.tools.registry import ToolSpec
+from mcp_server.tools.registry import Registry, ToolSpec
 
 # Keywords whose value is one schema, a list of schemas, or a map of name → schema.
 _ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
@@ -221,3 +231,34 @@ def advertised_annotations(spec: ToolSpec) -> dict[str, Any]:
     if not spec.read_only:  # MCP: the other two mean something only for tools that write
         hints.update(destructiveHint=spec.destructive, idempotentHint=spec.idempotent)
     return {key: value for key, value in hints.items() if MCP_HINT_DEFAULTS[key] != value}
+
+
+class ToolList:
+    """The tools one connection is served: a selection of the process's registry, by the
+    families and profiles of a ``CCW_TOOLSETS``, with its ``tools/list`` answer."""
+
+    def __init__(self, config: Config, toolsets: Collection[str], servable: Registry) -> None:
+        chosen = tuple(sorted(set(toolsets)))
+        self.registry = servable.select(chosen)
+        self.names = frozenset(spec.name for spec in self.registry.tools)
+        # The server's settings as this connection's calls see them: with its own families,
+        # which ccw_info reports and the schema tools' catalogue lists.
+        same = set(config.toolsets) == set(chosen)
+        self.config = config if same else dataclasses.replace(config, toolsets=chosen)
+        self._listed: list[types.Tool] | None = None
+
+    def listed(self) -> list[types.Tool]:
+        """The ``tools/list`` answer, built on the first ask: the advertised schemas cost time."""
+        if self._listed is None:
+            self._listed = [
+                types.Tool(
+                    name=spec.name,
+                    title=spec.title or None,
+                    description=spec.description,
+                    input_schema=advertised_input_schema(spec, beside=self.names),
+                    output_schema=advertised_output_schema(spec),
+                    annotations=types.ToolAnnotations.model_validate(advertised_annotations(spec)),
+                )
+                for spec in self.registry.tools
+            ]
+        return self._listed

@@ -40,6 +40,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 from mcp_server import framing
 from mcp_server.capsules.turns import Arrival, Ticket
 from mcp_server.server import SHUTTING_DOWN, CcwServer
+from mcp_server.tools.surface import ToolList
 
 READ_CHUNK = 65536
 MAX_PENDING = 1024  # requests read but not yet answered, per connection
@@ -50,9 +51,11 @@ class NdjsonConnection:
     """State of one connection; ``run`` serves it until input ends or drain completes."""
 
     def __init__(
-        self, app: CcwServer, reader: trio.abc.ReceiveStream, writer: trio.abc.SendStream, draining: trio.Event
+        self, app: CcwServer, reader: trio.abc.ReceiveStream, writer: trio.abc.SendStream, draining: trio.Event,
+        tools: ToolList | None = None,
     ) -> None:
         self.app = app
+        self.tools = tools if tools is not None else app.tools  # what this client may list and call
         self.reader = reader
         self.writer = writer
         self.draining = draining
@@ -123,7 +126,7 @@ class NdjsonConnection:
         self._progress.unpark_all()
 
     async def _serve_sdk(self) -> None:
-        await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send)
+        await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send, self.tools)
 
     def _give_back(self, key: tuple[str, Any]) -> None:
         """Give back the capsule turn an MCP request took on arrival, if it never claimed it."""
@@ -198,7 +201,7 @@ class NdjsonConnection:
     async def _handle(self, event: framing.Event, nursery: trio.Nursery) -> None:
         if isinstance(event, framing.Oversized):
             _, method = framing.scan_head(event.head)
-            direct = method is not None and self.app.is_direct_method(method)
+            direct = method is not None and self.app.is_direct_method(method, self.tools)
             await self._answer_now(framing.oversized_answer(event, direct))
             return
         frame = framing.classify(event.data)
@@ -209,14 +212,14 @@ class NdjsonConnection:
                 await self._answer_now(
                     framing.error_message(frame.id, SHUTTING_DOWN, "server is shutting down; reconnect and retry")
                 )
-            elif self.app.is_direct_method(frame.method):
+            elif self.app.is_direct_method(frame.method, self.tools):
                 slot = self.order.reserve()
                 # Registered now, not when the task starts, so a cancellation read
                 # right after the request still finds it.
                 scope = trio.CancelScope()
                 self._direct[framing.id_key(frame.id)] = scope
                 before, self._direct_tail = self._direct_tail, trio.Event()
-                ticket = self.app.arrive(frame.method, frame.params)  # its turn is taken now, as it is read
+                ticket = self.app.arrive(frame.method, frame.params, self.tools)  # its turn is taken now, as it is read
                 nursery.start_soon(self._run_direct, slot, frame, scope, before, self._direct_tail, ticket)
             else:
                 await self._to_sdk(frame.message, request_id=frame.id)
@@ -257,7 +260,7 @@ class NdjsonConnection:
             self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
             ticket = None
             if key not in self._arrivals:  # a reused id in flight takes its turn late
-                ticket = self.app.arrive(str(message.get("method")), message.get("params"))
+                ticket = self.app.arrive(str(message.get("method")), message.get("params"), self.tools)
                 if ticket is not None:
                     self._arrivals[key] = ticket
             metadata = ServerMessageMetadata(
@@ -279,7 +282,7 @@ class NdjsonConnection:
                 try:
                     if before is not None:
                         await before.wait()
-                    answer = await self.app.run_direct(frame.id, frame.method, frame.params, ticket=ticket)
+                    answer = await self.app.run_direct(frame.id, frame.method, frame.params, ticket=ticket, tools=self.tools)
                     frame_out = framing.dumps(answer)
                 finally:
                     self.app.runtime.capsule_queue.give_back(ticket)
