@@ -32,13 +32,20 @@ per state dir and every client talks to it:
   server owns, so an agent's server runs with its own settings (tools, workspace), not
   with those the daemon inherited from some earlier command.  An attached server's
   client is served with what is its own: the relay opens its connection with its
-  caller context (``opening_line``: its cwd, environment and ``CCW_WORKSPACE``), so its
-  file tools default to its workspace and its commands see its whitelisted variables'
-  values; roots, which most clients declare, are per connection and pass through.  The
-  settings an owner applies to every client (``SHARED_SETTINGS``: the tool families, the
-  helper, the REAPI cluster, the schema catalogue) are recorded with the lock, and a
-  ``ccw-mcp`` whose own differ does not attach (``refuse_unlike``: CONFLICT, exit 2)
-  rather than serve its client more tools, or another helper, than it was given.
+  caller context and its tool families (``opening_line``: its cwd, environment,
+  ``CCW_WORKSPACE`` and ``CCW_TOOLSETS``), so its file tools default to its workspace,
+  its commands see its whitelisted variables' values, and it lists and may call the
+  tools of its own families, not the owner's (``CcwServer.tool_list``: a family the
+  owner does not serve its own clients is served to it all the same, and one the owner
+  serves beyond it is neither listed nor callable; a connection that lends none, as
+  the ``ccw`` command's, is served the owner's).  Roots, which most clients declare,
+  are asked of each connection's client (the owner's ``roots/list`` passes through the
+  relay) and kept per connection.  The settings an owner applies to every client
+  (``SHARED_SETTINGS``: the helper, the REAPI cluster, the schema catalogue) are recorded
+  with the lock, with the tool families it can serve, and a ``ccw-mcp`` whose settings
+  differ, or that names a family the owner cannot serve (another ccw version), does not
+  attach (``refuse_unlike``: CONFLICT, exit 2) rather than serve its client with another
+  helper, or fewer tools, than it was given.
 * The ``ccw`` command never runs a front end in-process beside a possible owner.  It
   is an MCP client of frontend.sock (``cli/frontclient.py``); when nobody answers, it
   starts a detached front-end DAEMON for the state dir (``ccw-mcp`` on frontend.sock,
@@ -72,14 +79,14 @@ import json
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from mcp_server.config import Config
+from mcp_server.config import PROFILES, TOOLSETS, Config
 from mcp_server.logs import LOGGER
 from mcp_server.server import (
     CALLER_CONTEXT,
@@ -120,10 +127,11 @@ class FrontendLock:
         self.path = path
 
     def record(self, endpoint: str, daemon: bool, config: Config) -> None:
-        """Write who owns the state dir, for errors and ``ccw helper status`` to name, and
-        the settings it serves every client with (``refuse_unlike``)."""
+        """Write who owns the state dir, for errors and ``ccw helper status`` to name, the
+        settings it serves every client with and the tool families it can serve an
+        attached one (``refuse_unlike``)."""
         data = json.dumps({"pid": os.getpid(), "endpoint": endpoint, "daemon": daemon,
-                           "settings": shared_settings(config)}).encode()
+                           "settings": shared_settings(config), "families": list(SERVABLE)}).encode()
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, data, 0)
 
@@ -173,25 +181,24 @@ def owner_of(state_dir: str) -> dict[str, Any] | None:
         os.close(fd)
 
 
-# The settings an owner applies to every client's calls, attached ones included: which
-# tools exist, where the helper and the REAPI cluster are, the schema tools' catalogue.
-# (The workspace and environment are each client's own: lent per connection or call.)
-SHARED_SETTINGS = ("toolsets", "helper_socket", "reapi_url", "reapi_parallel", "reapi_platform", "schemas_dir",
+# The settings an owner applies to every client's calls, attached ones included: where
+# the helper and the REAPI cluster are, the schema tools' catalogue.  (The tool families,
+# workspace and environment are each client's own: lent per connection or call.)
+SHARED_SETTINGS = ("helper_socket", "reapi_url", "reapi_parallel", "reapi_platform", "schemas_dir",
                    "examples_dir", "backend_url", "backend_assets_path", "max_batch")
+SERVABLE = (*TOOLSETS, *PROFILES)  # the CCW_TOOLSETS names whose tools this process can serve
 
 
 def shared_settings(config: Config) -> dict[str, Any]:
-    """``config``'s SHARED_SETTINGS, as JSON values (tool families sorted)."""
-    values = {name: getattr(config, name) for name in SHARED_SETTINGS}
-    values["toolsets"] = sorted(config.toolsets)
-    return values
+    """``config``'s SHARED_SETTINGS, as JSON values."""
+    return {name: getattr(config, name) for name in SHARED_SETTINGS}
 
 
 def refuse_unlike(config: Config) -> None:
-    """CONFLICT if the state dir's owner serves other SHARED_SETTINGS than ``config`` asks:
-    an attached ``ccw-mcp`` would give its client the owner's tools (maybe more than it
-    was configured to allow) and the owner's helper, silently.  An owner that recorded
-    none (still starting) is not compared."""
+    """CONFLICT if the state dir's owner serves other SHARED_SETTINGS than ``config`` asks
+    (an attached ``ccw-mcp`` would give its client the owner's helper, silently), or
+    cannot serve one of its tool families (its client would miss tools it was given).
+    An owner that recorded neither (still starting) is not compared."""
     owner = owner_of(config.state_dir) or {}
     theirs = owner.get("settings")
     if not isinstance(theirs, dict):
@@ -199,22 +206,65 @@ def refuse_unlike(config: Config) -> None:
     env_names = {f.name: f.metadata.get("env", f.name) for f in dataclasses.fields(Config)}
     ours = shared_settings(config)
     differ = [name for name in SHARED_SETTINGS if name in theirs and theirs[name] != ours[name]]
-    if differ:
-        shown = "; ".join(f"{env_names[name]}: it has {theirs[name]!r}, this one {ours[name]!r}" for name in differ)
+    recorded = owner.get("families")
+    servable = [str(name) for name in recorded] if isinstance(recorded, list) else None
+    unserved = [name for name in config.toolsets if servable is not None and name not in servable]
+    if differ or unserved:
+        shown = [f"{env_names[name]}: it has {theirs[name]!r}, this one {ours[name]!r}" for name in differ]
+        if unserved:
+            shown.append(f"CCW_TOOLSETS: it cannot serve {', '.join(unserved)} (it serves {', '.join(servable or ())})")
         raise CcwError("CONFLICT", (
             f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} with other settings "
-            f"({shown}); a stdio ccw-mcp attaches to it and would serve its client with those. Start this one "
-            "with the same settings, or give it its own CCW_STATE_DIR"), {"settings": differ})
+            f"({'; '.join(shown)}); a stdio ccw-mcp attaches to it and would serve its client with those. Start "
+            "this one with the same settings, or give it its own CCW_STATE_DIR"),
+            {"settings": differ + (["toolsets"] if unserved else [])})
 
 
 OPENING = b'{"' + CALLER_META.encode() + b'":'  # how a connection's opening line starts (``opening_line``)
+OPENING_TOOLSETS = "ccw/toolsets"  # the opening line's key for the attached server's CCW_TOOLSETS
 MAX_OPENING = 4 << 20  # an environment is a few KiB; a line longer than this is no opening
 
 
-def opening_line(caller: Mapping[str, Any]) -> bytes:
+def opening_line(caller: Mapping[str, Any], toolsets: Sequence[str]) -> bytes:
     """The line an attached ``ccw-mcp`` opens its connection with: its caller context
-    (cwd, environment, CCW_WORKSPACE) for every call it relays."""
-    return OPENING + json.dumps(dict(caller), separators=(",", ":")).encode() + b"}\n"
+    (cwd, environment, CCW_WORKSPACE) for every call it relays, and its tool families."""
+    opening = {CALLER_META: dict(caller), OPENING_TOOLSETS: list(toolsets)}
+    return json.dumps(opening, separators=(",", ":")).encode() + b"\n"
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What a connection's opening line lends it for its whole life (``opening_line``)."""
+
+    caller: dict[str, Any] | None  # the caller context of calls that lend none themselves
+    toolsets: tuple[str, ...] | None  # the families and profiles its client is served; None: the owner's
+
+    @classmethod
+    def parse(cls, line: bytes) -> Opening | None:
+        """The opening in ``line`` (which starts as one does), or None if it is not JSON."""
+        try:
+            opening = json.loads(line)
+        except ValueError:
+            return None
+        if not isinstance(opening, dict):
+            return None
+        caller = opening.get(CALLER_META)
+        return cls(caller if isinstance(caller, dict) else None, _lent_toolsets(opening.get(OPENING_TOOLSETS, None)))
+
+
+def _lent_toolsets(lent: Any) -> tuple[str, ...] | None:
+    """The tool families an opening names: None if it names none (the owner's then apply);
+    a malformed or unknown name chooses no tool, so a client is never served more than
+    its own ``ccw-mcp`` was given.  (A relay does not attach to an owner that lacks one of
+    its families: ``refuse_unlike``.  This is the owner's own check, in case one does.)"""
+    if lent is None:
+        return None
+    names = lent if isinstance(lent, list) else [lent]
+    known = tuple(name for name in names if isinstance(name, str) and name in SERVABLE)
+    if len(known) != len(names):
+        LOGGER.warning(f"mcp:frontend an attached client named tool families this server does not know: {lent!r}; "
+                       f"serving it only {', '.join(known) or 'no tools'}")
+    return known
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -308,8 +358,12 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
             CALLER_TRUSTED.set(True)
             PASSED_FDS.set(passed)
             reader = _FdReceiver(stream, passed)
-            CALLER_CONTEXT.set(await reader.opening())
-            await NdjsonConnection(app, reader, stream, draining).run()
+            opening = await reader.opening()
+            CALLER_CONTEXT.set(opening.caller if opening is not None else None)
+            # An attached ccw-mcp's client lists and calls the tools of its own families.
+            lent = opening.toolsets if opening is not None else None
+            tools = app.tool_list(lent) if lent is not None else app.tools
+            await NdjsonConnection(app, reader, stream, draining, tools).run()
         finally:
             passed.close()
             clients.bump(-1)
@@ -328,9 +382,9 @@ class _FdReceiver(trio.abc.ReceiveStream):
         self.passed = passed
         self.unread = b""  # read by ``opening``, not part of it: the connection's first bytes
 
-    async def opening(self) -> dict[str, Any] | None:
-        """The caller context the client lends for its whole connection, if its first line
-        is ``{"ccw/caller": {...}}`` (an attached ccw-mcp's: ``opening_line``); else None,
+    async def opening(self) -> Opening | None:
+        """What the client lends for its whole connection, if its first line is
+        ``{"ccw/caller": {...}, ...}`` (an attached ccw-mcp's: ``opening_line``); else None,
         and what it sent is read again as the connection's first bytes."""
         data = b""
         while b"\n" not in data and (len(data) < len(OPENING) or data.startswith(OPENING)):
@@ -342,13 +396,12 @@ class _FdReceiver(trio.abc.ReceiveStream):
         if not (newline and line.startswith(OPENING)):
             self.unread = data
             return None
-        try:
-            caller = json.loads(line).get(CALLER_META)
-        except ValueError:  # not JSON after all: the connection reads it, and answers a parse error
+        opening = Opening.parse(line)
+        if opening is None:  # not JSON after all: the connection reads it, and answers a parse error
             self.unread = data
             return None
         self.unread = rest
-        return caller if isinstance(caller, dict) else None
+        return opening
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         """Up to ``max_bytes`` of the client's bytes (b"" at its end)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import pytest
 import trio
 
 from mcp_server import frontdoor
-from mcp_server.config import Config
+from mcp_server.config import PROFILES, TOOLSETS, Config
 from mcp_server.server import (
     CALLER_META,
     CALLER_TERMINAL,
@@ -27,9 +28,10 @@ from mcp_server.server import (
     caller_env,
     caller_terminal,
 )
+from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
 from tests.support.descriptors import is_closed
-from tests.support.raw_mcp import RawStdio
+from tests.support.raw_mcp import RawStdio, structured
 
 
 def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
@@ -40,13 +42,16 @@ def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
         config = Config.from_env({"CCW_STATE_DIR": str(tmp_path), "CCW_TOOLSETS": "server"})
         first.record("stdio", daemon=False, config=config)
         assert frontdoor.owner_of(str(tmp_path)) == {"pid": os.getpid(), "endpoint": "stdio", "daemon": False,
-                                                     "settings": frontdoor.shared_settings(config)}
+                                                     "settings": frontdoor.shared_settings(config),
+                                                     "families": [*TOOLSETS, *PROFILES]}
         frontdoor.refuse_unlike(config)  # the same settings: attach
+        # Other tool families: attach, and the client is served its own (not a shared setting).
+        frontdoor.refuse_unlike(dataclasses.replace(config, toolsets=("agent", "capsule", "server")))
         with pytest.raises(CcwError) as unlike:
             frontdoor.refuse_unlike(dataclasses.replace(config, toolsets=("server", "capsule"),
                                                         reapi_url="grpc://127.0.0.1:1"))
-        assert unlike.value.code == "CONFLICT" and unlike.value.details == {"settings": ["toolsets", "reapi_url"]}
-        assert "CCW_TOOLSETS" in unlike.value.message and "CCW_REAPI_URL" in unlike.value.message
+        assert unlike.value.code == "CONFLICT" and unlike.value.details == {"settings": ["reapi_url"]}
+        assert "CCW_REAPI_URL" in unlike.value.message and "CCW_TOOLSETS" not in unlike.value.message
         assert "own CCW_STATE_DIR" in unlike.value.message
         assert oct(os.stat(tmp_path / "frontend.lock").st_mode & 0o777) == "0o600"
     finally:
@@ -55,6 +60,25 @@ def test_the_first_takes_the_lock_and_names_itself(tmp_path: Path) -> None:
     again = frontdoor.try_lock(str(tmp_path))
     assert again is not None
     again.release()
+
+
+def test_an_owner_that_cannot_serve_a_family_is_not_attached_to(tmp_path: Path) -> None:
+    """An owner of another ccw version, without a family this one has: attaching would
+    serve the client fewer tools than it was given, so this one says so and exits 2."""
+    lock = frontdoor.try_lock(str(tmp_path))
+    assert lock is not None
+    try:
+        config = Config.from_env({"CCW_STATE_DIR": str(tmp_path), "CCW_TOOLSETS": "server,schema"})
+        record = {"pid": 1, "endpoint": "stdio", "daemon": False, "settings": frontdoor.shared_settings(config),
+                  "families": ["server", "text"]}
+        os.pwrite(lock.fd, json.dumps(record).encode(), 0)
+        frontdoor.refuse_unlike(dataclasses.replace(config, toolsets=("server",)))
+        with pytest.raises(CcwError) as unserved:
+            frontdoor.refuse_unlike(config)
+        assert unserved.value.code == "CONFLICT" and unserved.value.details == {"settings": ["toolsets"]}
+        assert "CCW_TOOLSETS: it cannot serve schema (it serves server, text)" in unserved.value.message
+    finally:
+        lock.release()
 
 
 @pytest.mark.parametrize("trusted", [True, False])
@@ -98,10 +122,12 @@ def test_a_terminal_comes_only_with_the_call_that_names_it() -> None:
         caller_terminal({CALLER_TERMINAL: True}, "capsule_exec")
 
 
+OPENED = frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}}, ["server", "text"])
+
+
 @pytest.mark.parametrize("sent", [
-    [frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}}) + b'{"jsonrpc":"2.0"}\n'],
-    [frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})[:5],  # split: read until its newline
-     frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})[5:]],
+    [OPENED + b'{"jsonrpc":"2.0"}\n'],
+    [OPENED[:5], OPENED[5:]],  # split: read until its newline
     [b'{"jsonrpc":"2.0","id":1,"method":"initialize"}\n'],
     [b"{}\n"],  # shorter than the opening's start: decided on its newline, not by waiting for more
     [frontdoor.OPENING + b"not json\n"],  # looks like one, is not: read as MCP (a parse error), not a crash
@@ -115,21 +141,35 @@ def test_a_connection_may_open_with_its_caller_context(sent: list[bytes]) -> Non
             await trio.sleep(0.01)
         theirs.shutdown(socket.SHUT_WR)
         receiver = frontdoor._FdReceiver(trio.SocketStream(ours), PassedFds())
-        caller = await receiver.opening()
+        opening = await receiver.opening()
         rest = b""
         while chunk := await receiver.receive_some():
             rest += chunk
         await receiver.aclose()
         theirs.close()
-        return caller, rest
+        return opening, rest
 
-    caller, rest = trio.run(main)
+    opening, rest = trio.run(main)
     whole = b"".join(sent)
     if whole.startswith(frontdoor.OPENING) and b"not json" not in whole:
-        opening = frontdoor.opening_line({"workspace": "/w", "env": {"A": "1"}})
-        assert caller == {"workspace": "/w", "env": {"A": "1"}} and rest == whole[len(opening):]
+        assert opening == frontdoor.Opening({"workspace": "/w", "env": {"A": "1"}}, ("server", "text"))
+        assert rest == whole[len(OPENED):]
     else:
-        assert caller is None and rest == whole  # nothing lost: the connection reads it all
+        assert opening is None and rest == whole  # nothing lost: the connection reads it all
+
+
+@pytest.mark.parametrize(("lent", "served"), [
+    (["text", "server"], ("text", "server")),
+    (["agent"], ("agent",)),
+    (None, None),  # names none: the owner's own families apply
+    (["server", "fam_of_a_newer_ccw"], ("server",)),  # never more than it named, nor another's
+    ("server", ("server",)),
+    ({"all": True}, ()),  # malformed: no tools, not the owner's
+    ([1, ["text"]], ()),
+])
+def test_an_opening_lends_the_attached_servers_tool_families(lent: Any, served: Any) -> None:
+    line = json.dumps({CALLER_META: {"workspace": "/w"}, frontdoor.OPENING_TOOLSETS: lent}).encode()
+    assert frontdoor.Opening.parse(line) == frontdoor.Opening({"workspace": "/w"}, served)
 
 
 def test_a_call_naming_a_terminal_over_stdio_is_refused(tmp_path: Path) -> None:
@@ -173,8 +213,8 @@ def test_descriptors_passed_on_the_front_end_socket_are_kept_up_to_a_limit() -> 
 
 
 def _owner(state: Path) -> dict[str, Any]:
-    """The owner's record without its settings."""
-    return {k: v for k, v in (frontdoor.owner_of(str(state)) or {}).items() if k != "settings"}
+    """The owner's record without its settings and families."""
+    return {k: v for k, v in (frontdoor.owner_of(str(state)) or {}).items() if k not in ("settings", "families")}
 
 
 def _attached(client: RawStdio) -> None:
@@ -233,14 +273,74 @@ def test_an_attached_server_keeps_its_own_workspace(tmp_path: Path) -> None:
             assert f"project {name}" in read["content"][0]["text"], read
 
 
-def test_a_server_with_other_settings_does_not_attach(tmp_path: Path) -> None:
+def test_an_attached_client_keeps_its_own_roots(tmp_path: Path) -> None:
+    """Roots are asked of each connection's own client (the owner's roots/list passes
+    through the relay) and kept per connection: each one's file tools read under its own."""
+    state = tmp_path / "state"
+    roots = {name: tmp_path / name for name in ("a", "b")}
+    for name, root in roots.items():
+        root.mkdir()
+        (root / "f.txt").write_text(f"project {name}\n")
+    with RawStdio(state, "text,server", tasks=None, roots=[roots["a"]]) as owner, \
+            RawStdio(state, "text,server", tasks=None, roots=[roots["b"]]) as attached:
+        _attached(attached)
+        for client, name in ((owner, "a"), (attached, "b"), (owner, "a")):
+            assert structured(client.call("ccw_info", {}))["roots"] == [str(roots[name])]
+            read = client.call("read_text_file", {"path": "f.txt"})
+            assert f"project {name}" in read["content"][0]["text"], read
+
+
+def _listed(client: RawStdio) -> list[str]:
+    return sorted(tool["name"] for tool in client.request("tools/list")["result"]["tools"])
+
+
+def _own(toolsets: str) -> list[str]:
+    """The tools a ccw-mcp of its own with this CCW_TOOLSETS lists."""
+    return sorted(spec.name for spec in Registry.load(toolsets.split(",")).tools)
+
+
+def test_an_attached_client_is_served_its_own_tool_families(tmp_path: Path) -> None:
+    """The owner was given the server, text and file families, the attached ccw-mcp the
+    server and schema families: the attached one's client lists and calls its own, the
+    schema tools that the owner serves no client of its own included, and never the
+    owner's text and file tools, by name, alias, direct method or resource."""
+    state = tmp_path / "state"
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "f.txt").write_text("hello\n")
+    with RawStdio(state, "server,text,file", tasks=None, CCW_WORKSPACE=str(workspace)) as owner, \
+            RawStdio(state, "server,schema", tasks=None, CCW_WORKSPACE=str(workspace)) as attached:
+        _attached(attached)
+        assert _listed(attached) == _own("server,schema")
+        assert _listed(owner) == _own("file,server,text")
+        for name in ("read_text_file", "text.read", "file_create"):
+            refused = attached.request("tools/call", {"name": name, "arguments": {"path": "f.txt"}})
+            assert refused["error"]["code"] == -32602, refused  # as its own server would refuse it
+            message = refused["error"]["message"]
+            assert message.startswith(f"unknown tool {name!r}") and "list_schemas" in message
+            assert "edit_text_file" not in message  # the tools it names are the attached client's
+        direct = attached.request("text.read", {"path": "f.txt"})
+        assert direct["error"]["code"] == -32601, direct  # no such method: not a tool of its own
+        assert attached.request("resources/templates/list")["result"]["resourceTemplates"] == []
+        assert structured(attached.call("ccw_info", {}))["families"] == ["schema", "server"]
+        catalogue = {entry["name"] for entry in structured(attached.call("list_schemas", {}))["schemas"]}
+        assert "tool.list_schemas.input" in catalogue and "tool.read_text_file.input" not in catalogue
+        # The owner's own client is served as before.
+        assert "hello" in owner.call("read_text_file", {"path": "f.txt"})["content"][0]["text"]
+        assert owner.request("tools/call", {"name": "list_schemas", "arguments": {}})["error"]["code"] == -32602
+        assert structured(owner.call("ccw_info", {}))["families"] == ["file", "server", "text"]
+        templates = owner.request("resources/templates/list")["result"]["resourceTemplates"]
+        assert [template["uriTemplate"] for template in templates] == ["list://{+path}"]
+
+
+def test_a_server_with_another_helper_does_not_attach(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with RawStdio(state, "server", tasks=None) as owner:
         assert "result" in _info(owner)
-        other = RawStdio(state, "server,text")  # (no handshake sent: it ends first)
-        assert other.proc.wait(60) == 2  # more tools than the owner serves: refused, not widened
+        other = RawStdio(state, "server", CCW_HELPER_SOCKET=str(tmp_path / "other-helper.sock"))  # (no handshake sent: it ends first)
+        assert other.proc.wait(60) == 2  # its client would be served by the owner's helper: refused
         other.close()  # (its stderr read to the end)
-        assert any("CONFLICT" in line and "CCW_TOOLSETS" in line for line in other.stderr), other.stderr
+        assert any("CONFLICT" in line and "CCW_HELPER_SOCKET" in line for line in other.stderr), other.stderr
         assert "result" in _info(owner)
 
 

@@ -2,8 +2,8 @@
 
 An agent's stdio ``ccw-mcp`` owns the state dir; a ``ccw capsule exec`` and a second
 stdio ``ccw-mcp`` attach to it, so their calls take turns with the agent's, each
-egress connection is recorded once, and when the owner leaves, the attached server
-takes over.
+egress connection is recorded once, the attached server's client is served its own
+tool list, and when the owner leaves, the attached server takes over.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mcp_server.config import PROFILES, TOOLSETS  # noqa: E402
+from mcp_server.tools.registry import Registry  # noqa: E402
 from tests.support.cli_process import cli_env  # noqa: E402
 from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
 from tests.support.workspaces import make_workspace  # noqa: E402
@@ -124,6 +126,35 @@ def test_two_front_ends_record_each_connection_once(state: Path, workspace: Path
         assert [c["seq"] for c in connections if not c.get("live")] == [1, 2, 3, 4]
         assert len([c for c in connections if c.get("live")]) == 4
         assert [e["connections"] for e in events(state, cap, "run.finished")] == [1, 1, 1, 1]
+
+
+def test_an_attached_client_is_served_its_own_tool_list(state: Path, workspace: Path) -> None:
+    """An agent's ccw-mcp given the agent profile attaches to an owner serving every family:
+    its client lists the profile's tools, runs its capsule through the owner's helper, and
+    is refused the owner's other tools, however named; the owner's client keeps them all."""
+    with RawStdio(state, ",".join(TOOLSETS), tasks=None) as owner, RawStdio(state, "agent", tasks=None) as agent:
+        wait_for(lambda: any("tools=relayed" in line for line in agent.stderr), "the agent's server to attach")
+
+        def listed(client: RawStdio) -> list[str]:
+            return sorted(tool["name"] for tool in client.request("tools/list")["result"]["tools"])
+
+        assert listed(agent) == sorted(PROFILES["agent"])
+        assert listed(owner) == sorted(spec.name for spec in Registry.load(TOOLSETS).tools)
+        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        ran = structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo mine > f; cat f"]}))
+        assert ran["exit_code"] == 0 and ran["stdout"] == "mine\n"
+        for name, args in (("capsule_fork", {"capsule_id": cap}), ("capsule/fork", {"capsule_id": cap}),
+                           ("policy_set", {"name": "open", "rules": {}}), ("ccw_info", {})):
+            refused = agent.request("tools/call", {"name": name, "arguments": args})
+            assert refused["error"]["code"] == -32602, refused
+            assert refused["error"]["message"].startswith(f"unknown tool {name!r}"), refused
+        direct = agent.request("capsule/fork", {"capsule_id": cap})  # a direct method (seed 001) it was not given
+        assert direct["error"]["code"] == -32601, direct
+        listed_capsules = structured(owner.call("capsule_list", {}))["capsules"]
+        assert [c["capsule_id"] for c in listed_capsules] == [cap]  # no refused call forked it
+        fork = structured(owner.call("capsule_fork", {"capsule_id": cap}))
+        again = structured(owner.call("capsule_exec", {"capsule_id": fork["capsule_id"], "cmd": ["cat", "f"]}))
+        assert again["stdout"] == "mine\n"
 
 
 def test_attached_server_takes_over_when_the_owner_leaves(state: Path, workspace: Path) -> None:

@@ -2,11 +2,12 @@
 
 When another process owns the state dir (``mcp_server/frontdoor.py``), a stdio
 ``ccw-mcp`` keeps no Runtime and starts no helper: it opens its connection to the
-owner's ``frontend.sock`` with its own caller context (``frontdoor.opening_line``: the
-workspace and environment its client's calls are to run with), then copies its client's
-lines there and the owner's lines (answers, notifications, the owner's own requests such
-as ``roots/list``) back, unchanged, so that the client's calls take their turns with
-everyone else's.  It reads just enough of each line to know which requests
+owner's ``frontend.sock`` with its own caller context and tool families
+(``frontdoor.opening_line``: the workspace and environment its client's calls are to
+run with, and the CCW_TOOLSETS whose tools its client lists and calls), then copies its
+client's lines there and the owner's lines (answers, notifications, the owner's own
+requests such as ``roots/list``) back, unchanged, so that the client's calls take their
+turns with everyone else's.  It reads just enough of each line to know which requests
 are in flight: the client's request lines are classified (they are small), the owner's
 answers only by their head (``framing.scan_head``; an answer may be a whole file).
 
@@ -59,9 +60,11 @@ class Relay:
         self.resend: list[bytes] = []  # refused by a draining owner unread: for the next one
         self.client_ended = False
         self.host_draining = trio.Event()  # ends a front end we host after a takeover
-        # Our client's calls run in the owner's process, but with our own context: the
-        # workspace its file tools default to and the environment its commands see.
-        self.opening = opening_line({"cwd": os.getcwd(), "env": dict(os.environ), "workspace": config.workspace})
+        # Our client's calls run in the owner's process, but with our own context and tools:
+        # the workspace its file tools default to, the environment its commands see, and
+        # the families it was given (no more, though the owner may serve more).
+        self.opening = opening_line({"cwd": os.getcwd(), "env": dict(os.environ), "workspace": config.workspace},
+                                    config.toolsets)
 
     async def run(self, draining: trio.Event, nursery: trio.Nursery) -> None:
         """Relay until the client's input ends (or ``draining``) and its answers are back."""

@@ -41,14 +41,18 @@ def structured(answer: dict[str, Any]) -> dict[str, Any]:
 class RawStdio:
     """One ``ccw-mcp`` over stdio; ``request`` sends one JSON-RPC request and returns its response."""
 
-    def __init__(self, state_dir: Path, toolsets: str, tasks: bool | None = True, **settings: str) -> None:
+    def __init__(self, state_dir: Path, toolsets: str, tasks: bool | None = True, roots: list[Path] | None = None,
+                 **settings: str) -> None:
         """``tasks``: declare the extension on every request (True) or not (False); None: the
-        2025-11-25 era.  ``settings``: more of the server's environment (CCW_WORKSPACE=...)."""
+        2025-11-25 era.  ``roots`` (2025-11-25 era): declared, and given when the server asks.
+        ``settings``: more of the server's environment (CCW_WORKSPACE=...)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
         env.update(CCW_STATE_DIR=str(state_dir), CCW_TOOLSETS=toolsets, CCW_DEBUG="1", **settings)
         self.proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.tasks = tasks
+        self.roots = roots
+        self._writing = threading.Lock()  # the reader thread answers the server's roots/list
         self._serial = 0
         self._lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.stderr: list[str] = []
@@ -57,7 +61,9 @@ class RawStdio:
         for reader in self._readers:
             reader.start()
         if tasks is None:
-            capabilities = {"extensions": {TASKS: {}}}  # not in the 2025-11-25 schema: must change nothing
+            capabilities: dict[str, Any] = {"extensions": {TASKS: {}}}  # not in the 2025-11-25 schema: must change nothing
+            if roots is not None:
+                capabilities["roots"] = {"listChanged": False}
             self.initialized = self.request("initialize", {
                 "protocolVersion": LEGACY, "capabilities": capabilities,
                 "clientInfo": {"name": "raw-test-client", "version": "0"}})
@@ -111,13 +117,19 @@ class RawStdio:
 
     def _send(self, message: dict[str, Any]) -> None:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
-        self.proc.stdin.flush()
+        with self._writing:
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+            self.proc.stdin.flush()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            self._lines.put(json.loads(line))
+            message = json.loads(line)
+            if message.get("method") == "roots/list" and self.roots is not None:
+                given = [{"uri": root.as_uri(), "name": root.name} for root in self.roots]
+                self._send({"jsonrpc": "2.0", "id": message["id"], "result": {"roots": given}})
+                continue
+            self._lines.put(message)
         self._lines.put(None)
 
     def _read_stderr(self) -> None:
