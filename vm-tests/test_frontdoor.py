@@ -90,6 +90,21 @@ def test_cli_exec_waits_for_the_agents_exec(state: Path, workspace: Path) -> Non
         assert not (state / "frontend.log").exists()  # no daemon was started beside the agent's server
 
 
+def test_a_persons_ccw_command_gets_its_own_tools_not_the_agents(state: Path, workspace: Path) -> None:
+    # The agent's server is given only its loop's tools (no capsule_fork); the person's
+    # `ccw capsule fork` on the same state dir is served its own families, as it would
+    # be with no agent there.
+    with RawStdio(state, "agent", tasks=None) as agent:
+        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        assert "capsule_fork" not in {tool["name"] for tool in agent.request("tools/list", {})["result"]["tools"]}
+        cli = subprocess.run([str(CCW), "capsule", "fork", cap], env=cli_env(state), capture_output=True, text=True,
+                             timeout=120)
+        assert cli.returncode == 0, cli.stderr
+        assert cli.stdout.strip().startswith("cap_"), cli.stdout
+        listed = structured(agent.call("capsule_list", {}))["capsules"]
+        assert [c["parent"] for c in listed if c["capsule_id"] != cap] == [cap]
+
+
 # Through the jail's HTTP proxy (NO_PROXY names 127.0.0.1, so urllib would not use it).
 FETCH = r"""
 import os, socket, sys

@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 
 from mcp_server import __version__, framing
 from mcp_server.config import Config
-from mcp_server.frontdoor import FrontendPaths, owner_of
+from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
 from mcp_server.server import CALLER_META, CALLER_TERMINAL
 from sandbox.errors import CcwError
@@ -60,6 +60,9 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], progress: A
     which the front end runs the command (``ccw capsule shell``)."""
     stream = await attach(config)
     async with stream:
+        # Its own tool families, as an attached ccw-mcp lends them: a person's command is
+        # served what its CCW_TOOLSETS chooses (all of them unless set), not the agent's.
+        await stream.send_all(opening_line(caller_context(), sorted(config.toolsets)))
         session = _Session(stream)
         await session.request(1, "initialize", {"protocolVersion": PROTOCOL, "capabilities": {},
                                                 "clientInfo": {"name": "ccw", "version": __version__}})
