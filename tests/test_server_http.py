@@ -1,13 +1,18 @@
 """ccw-mcp over Streamable HTTP: SDK clients in both eras, sessions, Origin, bearer tokens
 and scopes (the generated local token included), the 1 MiB body guard, direct methods,
-and the loopback-only rule without a tokens file."""
+the loopback-only rule without a tokens file, and revocation: a rotated token or an entry
+removed from the tokens file is refused and what it held ends, a broken file is 503."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import subprocess
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -15,7 +20,8 @@ import trio
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.support.mcp_process import ServerProcess, server_env
+from mcp_server.auth import rotate_generated
+from tests.support.mcp_process import ROOT, ServerProcess, server_env
 
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INIT = {
@@ -337,3 +343,114 @@ def test_an_unsafe_generated_file_stops_the_server(tmp_path: Path, plant: str):
     assert "http-tokens.json" in server.log and "remove" in server.log, server.log
     assert not (tmp_path / "written-through-the-link").exists()
     assert not (tmp_path / "mcp.ready").exists()
+
+
+def _open_session(http: httpx2.Client, url: str, auth: dict[str, str]) -> dict[str, str]:
+    """An initialized 2025-11-25 session of ``auth``'s token: the headers that use it."""
+    opened = http.post(url, json=INIT, headers={**ACCEPT, **auth})
+    assert opened.status_code == 200, opened.text
+    headers = {**ACCEPT, **auth, "mcp-session-id": opened.headers["mcp-session-id"],
+               "mcp-protocol-version": "2025-11-25"}
+    assert http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                     headers=headers).status_code == 202
+    return headers
+
+
+def _listen(url: str, headers: dict[str, str]) -> tuple[threading.Thread, list[Any]]:
+    """A GET event stream of a session, read in a thread: [status, how it ended]."""
+    seen: list[Any] = []
+
+    def read() -> None:
+        try:
+            with httpx2.stream("GET", url, headers={**headers, "accept": "text/event-stream"}, timeout=60) as stream:
+                seen.append(stream.status_code)
+                for _ in stream.iter_lines():
+                    pass
+            seen.append("ended")
+        except httpx2.HTTPError as exc:
+            seen.append(f"cut: {type(exc).__name__}")
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def _tools_list(http: httpx2.Client, url: str, headers: dict[str, str]) -> httpx2.Response:
+    return http.post(url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"}, headers=headers)
+
+
+def test_a_rotated_token_is_refused_and_its_sessions_end_without_another_request(http_server: ServerProcess,
+                                                                                  tmp_path: Path):
+    url, old = http_server.path, http_server.bearer()
+    with httpx2.Client(timeout=30) as http:
+        streaming = _open_session(http, url, old)
+        idle = _open_session(http, url, old)
+        thread, seen = _listen(url, streaming)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen == [200]
+        rotated = subprocess.run([str(ROOT / ".venv" / "bin" / "ccw"), "http", "token", "rotate"],
+                                 env=http_server.env, capture_output=True, text=True, timeout=60, check=True)
+        assert "ccw client-config CLIENT --http HOST:PORT" in rotated.stdout
+        # No request comes: the server's own look (every TOKENS_POLL_S) ends both sessions.
+        thread.join(10)
+        assert not thread.is_alive() and len(seen) == 2, seen
+        for headers in (streaming, idle):
+            http_server.wait_for_line(f"ended session {headers['mcp-session-id'][:8]}", timeout=10)
+        new = http_server.bearer()
+        assert new != old
+        for headers in (streaming, idle):
+            refused = _tools_list(http, url, headers)
+            assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+            assert _tools_list(http, url, {**headers, **new}).status_code == 404  # gone, for the new token too
+        direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}
+        assert http.post(url, json=direct, headers=old).status_code == 401
+        assert http.post(url, json=direct, headers=new).status_code == 200
+        fresh = _open_session(http, url, new)
+        assert decode(_tools_list(http, url, fresh))["result"]["tools"][0]["name"] == "ccw_info"
+
+
+def test_a_call_in_flight_with_a_revoked_token_is_cut_with_401(http_server: ServerProcess, tmp_path: Path):
+    url, old = http_server.path, http_server.bearer()
+    answers: list[httpx2.Response] = []
+    slow = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info", "params": {"delay_ms": 10_000}}
+    caller = threading.Thread(target=lambda: answers.append(httpx2.post(url, json=slow, headers=old, timeout=60)))
+    caller.start()
+    time.sleep(1)  # admitted while the token was good: its 401 below says "revoked", not "unknown"
+    started = time.monotonic()
+    rotate_generated(str(tmp_path / "state"))
+    caller.join(30)
+    (answer,) = answers
+    assert time.monotonic() - started < 6, answer.text  # cut (the next look is within 1 s), not answered
+    assert answer.status_code == 401 and 'error="invalid_token"' in answer.headers["www-authenticate"]
+    assert "revoked" in answer.json()["error"]
+
+
+def test_an_entry_removed_from_the_operators_file_ends_only_what_it_held(token_server: ServerProcess,
+                                                                        tmp_path: Path):
+    url = token_server.path
+    with httpx2.Client(timeout=30) as http:
+        runner = _open_session(http, url, bearer("runner"))
+        reader = _open_session(http, url, bearer("reader"))
+        kept = {"tokens": [entry for entry in TOKENS["tokens"] if entry["name"] != "runner"]}
+        (tmp_path / "tokens.json").write_text(json.dumps(kept))  # edited in place, as an operator might
+        assert _tools_list(http, url, runner).status_code == 401
+        token_server.wait_for_line(f"ended session {runner['mcp-session-id'][:8]}… of token 'runner'", timeout=10)
+        assert _tools_list(http, url, {**runner, **bearer("boss")}).status_code == 404
+        listed = _tools_list(http, url, reader)  # another token's session goes on
+        assert listed.status_code == 200 and decode(listed)["result"]["tools"][0]["name"] == "ccw_info"
+        assert f"ended session {reader['mcp-session-id'][:8]}" not in token_server.log
+
+
+def test_an_unusable_tokens_file_is_503_until_fixed_and_ends_nothing(token_server: ServerProcess, tmp_path: Path):
+    url = token_server.path
+    tokens = tmp_path / "tokens.json"
+    with httpx2.Client(timeout=30) as http:
+        reader = _open_session(http, url, bearer("reader"))
+        tokens.write_text('{"tokens": [')  # an editor's half-saved file
+        refused = _tools_list(http, url, reader)
+        assert refused.status_code == 503 and "tokens file" in refused.json()["error"]
+        assert "not JSON" in token_server.wait_for_line("every request is refused until the tokens file is fixed")
+        tokens.write_text(json.dumps(TOKENS))
+        assert _tools_list(http, url, reader).status_code == 200  # the session lived through it

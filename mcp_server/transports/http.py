@@ -23,9 +23,10 @@ this module's ASGI layer does what ccw adds, in this order:
    ``ccw client-config CLIENT --http HOST:PORT`` prints a client config carrying it).
    Without ``CCW_TOKENS_FILE`` the server binds loopback only and refuses to start
    otherwise: who may call from other machines, with which scopes, is the operator's
-   choice to write down.  Sessions are bound to the token that created them (the SDK
-   answers 404 to another token).  The tokenless local path is the unix socket
-   (``transports/unix.py``), where the kernel names the caller.
+   choice to write down.  Sessions are bound to the credential that created them, the
+   token under its name (``Principal.key`` as the SDK's ``subject``: the SDK answers 404
+   to any other, a rotated token of the same name included).  The tokenless local path
+   is the unix socket (``transports/unix.py``), where the kernel names the caller.
 4. POST bodies are read up to 1 MiB; a larger body is refused before parsing with
    **413** and a JSON-RPC error body whose ``data`` is seed 001's shape
    ``{"ok": false, "reason": "validation_failed", "errors": [{"path": "",
@@ -38,6 +39,24 @@ this module's ASGI layer does what ccw adds, in this order:
    sees it: fail closed rather than trust two parsers to agree.
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
    session or handshake; everything else is replayed to the SDK.
+
+Revocation.  The tokens file is looked at (``TokenFile.refresh``: one ``stat``) before
+every request is judged, and every ``TOKENS_POLL_S`` between requests, so once ``ccw http
+token rotate`` (or an operator's edit of ``CCW_TOKENS_FILE``) has replaced the file, no
+request is admitted with a credential that is gone (401).  What a revoked credential holds
+ends at that look: each of its requests in flight is cut (one whose answer had not
+started is answered 401), and each session it opened is ended as its client's DELETE
+would end it (``_end_session``: the SDK forgets the id, so it is 404 from then on, closes
+its streams and ends its loop, so a tool call that had not answered is cancelled as when
+its client leaves).  A long run that had answered "running" goes on, and it and its task
+stay the token *name*'s (capsules/run.py): a rotation gives the same user a new secret,
+and that user, reconnecting with it, fetches or cancels the run; a name removed from
+``CCW_TOKENS_FILE`` leaves its runs to finish and expire unreachable.  Which sessions a
+credential opened is this layer's own book (``transports/holdings.py``, from each
+opening answer's ``Mcp-Session-Id``), which forgets a session once the SDK's idle
+timeout (``SESSION_IDLE_S``) has ended it.  A tokens file that cannot be used (gone, malformed, unsafe) revokes
+nothing, since an editor's half-saved file is not a decision, and every request is
+answered **503** until it is fixed.
 
 Shutdown: on drain hypercorn stops accepting; once the requests in flight are answered
 the sessions end (closing their GET event streams), and hypercorn waits at most
@@ -64,14 +83,19 @@ from mcp.server.transport_security import TransportSecurityMiddleware, Transport
 from starlette.requests import Request
 
 from mcp_server import framing
-from mcp_server.auth import Principal, TokenTable
+from mcp_server.auth import Principal, TokenFile
 from mcp_server.capsules.turns import ARRIVAL_KEY, Ticket
 from mcp_server.logs import LOGGER
 from mcp_server.server import CcwServer
+from mcp_server.transports.holdings import Holdings
 from sandbox.errors import CcwError, from_oserror
 
 MCP_PATH = "/mcp"
 GRACEFUL_S = 60.0
+SESSION_IDLE_S = 30 * 60.0  # the SDK ends a session with nothing in flight this long; the book forgets it then
+TOKENS_POLL_S = 1.0  # the tokens file is looked at this often between requests (each request looks too)
+SESSION_HEADER = "mcp-session-id"
+REVOKED = [(b"www-authenticate", b'Bearer realm="ccw", error="invalid_token"')]
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -135,7 +159,7 @@ class CcwHttpApp:
     """The ASGI layer in front of the SDK's Streamable HTTP handler (see module docstring)."""
 
     def __init__(
-        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenTable, host: str, port: int,
+        self, app: CcwServer, manager: StreamableHTTPSessionManager, tokens: TokenFile, host: str, port: int,
     ) -> None:
         self.app = app
         self.manager = manager
@@ -145,7 +169,8 @@ class CcwHttpApp:
         self.origin_hosts = {*LOOPBACK_NAMES, host}
         self._in_flight = 0  # requests being answered, not counting GET event streams
         self._settled = trio.lowlevel.ParkingLot()
-        self._streams: set[trio.CancelScope] = set()
+        self.holdings = Holdings()
+        self._keeping = trio.CancelScope()
 
     async def idle(self) -> None:
         """Return once no request (other than a GET event stream) is being answered."""
@@ -153,9 +178,46 @@ class CcwHttpApp:
             await self._settled.park()
 
     def close_streams(self) -> None:
-        """End every open GET event stream (at shutdown, once requests are answered)."""
-        for stream_scope in list(self._streams):
-            stream_scope.cancel()
+        """End every open GET event stream, and the tokens file's keeper (at shutdown, once
+        requests are answered)."""
+        self.holdings.close_streams()
+        self._keeping.cancel()
+
+    def look(self) -> None:
+        """Look at the tokens file (one stat); end what the credentials it no longer has hold."""
+        revoked = self.tokens.refresh()
+        if revoked:
+            self.holdings.revoke(revoked)
+
+    async def keep_tokens(self) -> None:
+        """Look at the tokens file every TOKENS_POLL_S, so a revoked credential's idle session
+        ends too; end the sessions revoked; forget those the SDK ended for idleness."""
+        with self._keeping:
+            while True:
+                with trio.move_on_after(TOKENS_POLL_S):
+                    await self.holdings.wake.wait()
+                self.look()
+                for session_id, opener in self.holdings.take_ending():
+                    await self._end_session(session_id, opener)
+                self.holdings.forget_idle(SESSION_IDLE_S + TOKENS_POLL_S)
+
+    async def _end_session(self, session_id: str, opener: Principal) -> None:
+        """End a session as its client's DELETE would (the SDK's own way to end one): its id
+        answers 404 from now on, its streams close, its loop ends."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # at shutdown the manager may be gone already
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "DELETE",
+                 "scheme": "http", "path": MCP_PATH, "raw_path": MCP_PATH.encode(), "query_string": b"",
+                 "root_path": "", "headers": [(SESSION_HEADER.encode(), session_id.encode("latin-1"))],
+                 "client": None, "server": None, "user": _user(opener)}
+
+        async def gone() -> dict[str, Any]:
+            return {"type": "http.disconnect"}
+
+        async def discard(message: Any) -> None:
+            pass
+
+        await self.manager.handle_request(scope, _replay(b"", gone), discard)
+        LOGGER.info(f"mcp:http ended session {session_id[:8]}… of token {opener.name!r}: its token was revoked")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -163,14 +225,8 @@ class CcwHttpApp:
             return
         if scope["type"] != "http":
             return
-        if scope["method"] == "GET":
-            # A GET is a long-lived event stream; it is cut when the server drains.
-            with trio.CancelScope() as stream_scope:
-                self._streams.add(stream_scope)
-                try:
-                    await self._serve(scope, receive, send)
-                finally:
-                    self._streams.discard(stream_scope)
+        if scope["method"] == "GET":  # a long-lived event stream: cut when the server drains
+            await self._serve(scope, receive, send)
             return
         self._in_flight += 1
         try:
@@ -186,7 +242,12 @@ class CcwHttpApp:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if await self._refused_origin(scope, headers, send):
             return
-        principal = self.tokens.authenticate(headers.get("authorization"))
+        self.look()
+        if self.tokens.fault:
+            await _respond(send, 503, {"error": "this server's tokens file cannot be used now (the server's log "
+                                                "says why); nothing is served until it is fixed"})
+            return
+        principal = self.tokens.table.authenticate(headers.get("authorization"))
         if principal is None:
             await _respond(
                 send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token> "
@@ -195,11 +256,32 @@ class CcwHttpApp:
             )
             return
         scope = dict(scope)
-        scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=principal.name, scopes=sorted(principal.scopes)))
-        if scope["method"] != "POST":
-            await self.manager.handle_request(scope, receive, send)
-            return
-        await self._serve_post(scope, receive, send, principal)
+        scope["user"] = _user(principal)
+        await self._answer(scope, receive, send, principal, headers.get(SESSION_HEADER))
+
+    async def _answer(self, scope: dict[str, Any], receive: Any, send: Any, principal: Principal,
+                      session_id: str | None) -> None:
+        """Answer an authenticated request, cut if its credential is revoked meanwhile (module
+        docstring, Revocation); book the session it opens."""
+        answered = False
+
+        async def answer(message: Any) -> None:
+            nonlocal answered
+            if message["type"] == "http.response.start":
+                answered = True
+                opened = [v for k, v in message.get("headers", []) if k.lower() == SESSION_HEADER.encode()]
+                if session_id is None and opened and message["status"] < 400:
+                    self.holdings.opened(opened[0].decode("latin-1"), principal, self.tokens.table.credentials())
+            await send(message)
+
+        with self.holdings.hold(principal, scope["method"] == "GET", session_id) as held:
+            if scope["method"] == "POST":
+                await self._serve_post(scope, receive, answer, principal)
+            else:
+                await self.manager.handle_request(scope, receive, answer)
+        if held.cancelled_caught and not answered and principal.key not in self.tokens.table.credentials():
+            await _respond(send, 401, {"error": "this bearer token was revoked while the request was answered"},
+                           REVOKED)
 
     async def _refused_origin(self, scope: dict[str, Any], headers: dict[str, str], send: Any) -> bool:
         """Answer a request from a Host or Origin this server does not serve; True if refused."""
@@ -280,6 +362,13 @@ def _scope_checkable(message: Any) -> bool:
     return isinstance(message, dict) and (isinstance(message.get("method"), str) or "method" not in message)
 
 
+def _user(principal: Principal) -> AuthenticatedUser:
+    """The SDK's user for a request of ``principal``: the token's name as ``client_id`` (whose
+    runs and tasks, tasks.token_name), the credential's key as ``subject`` (whose sessions)."""
+    return AuthenticatedUser(AccessToken(token="-", client_id=principal.name, scopes=sorted(principal.scopes),
+                                         subject=principal.key))
+
+
 def _what(method: str, params: Any) -> str:
     if method == "tools/call" and isinstance(params, dict):
         return f"tool {params.get('name')!r}"
@@ -339,10 +428,18 @@ async def serve(
     config = app.config
     sock = bind_http(config.http_addr, bool(config.tokens_file))
     try:
-        tokens = TokenTable.for_server(config.tokens_file, config.state_dir)
+        tokens = TokenFile.for_server(config.tokens_file, config.state_dir)
     except BaseException:
         sock.close()
         raise
+    try:
+        await _serve_on(app, sock, tokens, draining, task_status)
+    finally:
+        tokens.close()
+
+
+async def _serve_on(app: CcwServer, sock: socket.socket, tokens: TokenFile, draining: trio.Event,
+                    task_status: trio.TaskStatus[str]) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{port}{MCP_PATH}"
@@ -352,6 +449,7 @@ async def serve(
         # methods included, before any token or body handling: not repeated here.
         security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_request_body_size=framing.MAX_FRAME + 1,
+        session_idle_timeout=SESSION_IDLE_S,
     )
     hconfig = HypercornConfig()
     hconfig.bind = [f"fd://{sock.detach()}"]
@@ -361,8 +459,9 @@ async def serve(
     asgi = CcwHttpApp(app, manager, tokens, host, port)
     async with trio.open_nursery() as nursery, manager.run():
         await nursery.start(_hypercorn, asgi, hconfig, draining)
-        made = "" if config.tokens_file else " (generated; ccw client-config CLIENT --http HOST:PORT prints it)"
-        LOGGER.info(f"mcp:http listening on {url} auth=bearer tokens={tokens.source}{made}")
+        nursery.start_soon(asgi.keep_tokens)
+        made = " (generated; ccw client-config CLIENT --http HOST:PORT prints it)" if tokens.generated else ""
+        LOGGER.info(f"mcp:http listening on {url} auth=bearer tokens={tokens.path}{made}")
         task_status.started(url)
         await draining.wait()
         # hypercorn has stopped accepting; let requests in flight finish, then cut the
