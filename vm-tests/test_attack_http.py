@@ -13,6 +13,13 @@ carry the secret file's text or the token.  The token file the server generated 
 mode 0600, owned by root, and unreadable by that user although its directory is open
 to all; and a symlink, a FIFO or someone else's file planted where it would go stops
 the server instead of being followed or trusted.
+
+A token that leaked is rotated away: nobody holds a session of the generated token open,
+with its GET event stream, when its owner runs ``ccw http token rotate`` in another
+process.  The running server must notice by itself, end that stream and the session, and
+answer 401 to everything the old token tries after; the new token works, and the old
+session is not handed to it either.  Before ``ccw http token rotate`` there was no such
+command, and a server read its token file once, at start.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import stat
 import subprocess
 import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,7 +41,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ROOT, ServerProcess, server_env
 
 NOBODY = 65534
 SECRET = "root-only-" + secrets.token_hex(8)
@@ -254,3 +262,111 @@ def test_a_planted_token_file_is_never_followed_or_trusted(arena: Arena, how: st
     if how == "dangling symlink":
         assert not target.exists()  # never created through the link
     assert attacker_token not in server.log
+
+
+# Runs as nobody with the system python: the holder of a leaked token.  It opens a session
+# with it, lists the tools, holds the session's GET event stream open and says so (line 1);
+# once the stream ends (the token was rotated), it tries the session, a direct call and a new
+# session with the same token, and reports (line 2).
+LEAKED_TOKEN_HOLDER = textwrap.dedent("""
+    import http.client, json, sys, time
+    plan = json.load(sys.stdin)
+    base = {"authorization": "Bearer " + plan["token"], "content-type": "application/json",
+            "accept": "application/json, text/event-stream"}
+    def send(method, body, headers, timeout=30):
+        conn = http.client.HTTPConnection(plan["host"], plan["port"], timeout=timeout)
+        conn.request(method, plan["path"], body=None if body is None else json.dumps(body), headers=headers)
+        return conn, conn.getresponse()
+    def status(method, body, headers):
+        conn, answer = send(method, body, headers)
+        answer.read()
+        conn.close()
+        return answer.status, answer.getheader("www-authenticate")
+    conn, opened = send("POST", plan["initialize"], base)
+    opened.read()
+    conn.close()
+    session = {**base, "mcp-session-id": opened.getheader("mcp-session-id"), "mcp-protocol-version": "2025-11-25"}
+    listed = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    before = {"opened": opened.status, "session": session["mcp-session-id"],
+              "initialized": status("POST", {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)[0],
+              "listed": status("POST", listed, session)[0]}
+    conn, stream = send("GET", None, {**session, "accept": "text/event-stream"}, timeout=60)
+    before["stream"] = stream.status
+    print(json.dumps(before), flush=True)
+    try:
+        while stream.read1(65536):
+            pass
+        end = "ended"
+    except (http.client.HTTPException, OSError) as exc:
+        end = "cut: " + type(exc).__name__
+    after = {"stream_end": end, "stream_end_at": time.time(), "listed": status("POST", listed, session),
+             "direct": status("POST", {"jsonrpc": "2.0", "id": 2, "method": "ccw_info"}, base),
+             "opened": status("POST", plan["initialize"], base)}
+    print(json.dumps(after), flush=True)
+""")
+
+
+def _rpc_dict(method: str, params: dict[str, Any] | None = None, request_id: int = 1) -> dict[str, Any]:
+    return json.loads(_rpc(method, params, request_id))
+
+
+def test_a_rotated_token_ends_the_sessions_of_whoever_held_it(arena: Arena, record_property: Any) -> None:
+    server = ServerProcess(server_env(arena.root, MCP_ENDPOINT="http", CCW_STATE_DIR=str(arena.state)))
+    url = server.wait_ready()
+    leaked = json.loads(arena.token_file.read_text())["tokens"][0]["token"]
+    before_rotation = os.lstat(arena.token_file)
+    host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
+    plan = {"host": host, "port": int(port), "path": "/mcp", "token": leaked, "initialize": _rpc_dict("initialize", INIT, 0)}
+    holder = subprocess.Popen(["/usr/bin/python3", "-I", "-c", LEAKED_TOKEN_HOLDER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=NOBODY, group=NOBODY,
+                              extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"})
+    try:
+        assert holder.stdin is not None and holder.stdout is not None
+        holder.stdin.write(json.dumps(plan))
+        holder.stdin.close()
+        opened = json.loads(holder.stdout.readline() or "{}")
+        assert opened.get("opened") == 200 and opened["initialized"] == 202 and opened["listed"] == 200, opened
+        assert opened["stream"] == 200  # the leaked token's session is live, its event stream open
+
+        # The owner rotates: a separate process that only rewrites the file.
+        rotated = subprocess.run([str(ROOT / ".venv" / "bin" / "ccw"), "http", "token", "rotate"], env=server.env,
+                                 capture_output=True, text=True, timeout=60, check=False)
+        rotated_at = time.time()
+        assert rotated.returncode == 0, rotated.stderr
+        assert "ccw client-config CLIENT --http HOST:PORT" in rotated.stdout and leaked not in rotated.stdout
+        try:  # it exits once its stream has ended and it has tried the token again
+            holder.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the leaked token's session kept its event stream open 20 s after the rotation")
+        assert holder.returncode == 0, holder.stderr.read() if holder.stderr else ""
+        after = json.loads(holder.stdout.read().splitlines()[-1])
+        record_property("escapes_tried", 4)
+
+        # The stream ended without any request of the owner's, within the server's next look.
+        assert after["stream_end"] in ("ended", "cut: IncompleteRead"), after
+        assert after["stream_end_at"] - rotated_at < 5, after
+        for what in ("listed", "direct", "opened"):
+            assert after[what][0] == 401 and after[what][1].startswith("Bearer"), (what, after)
+        server.wait_for_line(f"ended session {opened['session'][:8]}… of token 'local'", timeout=10)
+
+        info = os.lstat(arena.token_file)
+        assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == 0
+        assert info.st_ino != before_rotation.st_ino
+        fresh = json.loads(arena.token_file.read_text())["tokens"][0]["token"]
+        assert fresh != leaked and fresh not in server.log and leaked not in server.log
+        with httpx2.Client(timeout=60, headers={"authorization": f"Bearer {fresh}"}) as http:
+            plain = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
+            session = plain | {"mcp-session-id": opened["session"], "mcp-protocol-version": "2025-11-25"}
+            gone = http.post(url, content=_rpc("tools/list"), headers=session)
+            assert gone.status_code == 404  # the ended session is no one's, the new token's neither
+            assert http.post(url, content=_rpc("ccw_info", {}), headers=plain).status_code == 200
+            renewed = http.post(url, content=_rpc("initialize", INIT, 0), headers=plain)
+            assert renewed.status_code == 200 and renewed.headers["mcp-session-id"] != opened["session"]
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(10)
+        for pipe in (holder.stdout, holder.stderr):
+            if pipe is not None:
+                pipe.close()
+        assert server.stop() == 0
