@@ -75,3 +75,42 @@ def test_the_report_counts_and_says_why_not(monkeypatch: pytest.MonkeyPatch) -> 
     assert user["restored"] == 1 and "uid 1234, not root" in str(user["reason"])
     assert owners.report(entries[:1], rebuilt=True) == {"recorded": 1, "restored": 1, "reason": None}
     assert owners.report(entries[2:], rebuilt=True) == {"recorded": 0, "restored": 0, "reason": None}
+
+
+def test_the_top_is_restored_as_an_entry_its_mode_set_last(tmp_path: Path) -> None:
+    into = tmp_path / "base"
+    into.mkdir(0o755)
+    entries = [{"path": "pkg", "type": "dir", "mode": 0o755, "uid": OTHER, "gid": OTHER},
+               {"path": "pkg/mod.py", "type": "file", "mode": 0o644, "blob": blob_hash(DATA), "uid": OTHER, "gid": OTHER}]
+    # Read-only: were it set before the entries, a replayer that is not root could not create them.
+    top = {"mode": 0o2551, "uid": OTHER, "gid": OTHER}
+    _rebuild_base({"base": {"files": entries, "top": top}}, {blob_hash(DATA): DATA}, str(into))
+    got = into.stat()
+    assert (got.st_uid, got.st_gid, got.st_mode & 0o7777) == (OTHER, OTHER, 0o2551)
+    assert (into / "pkg/mod.py").read_bytes() == DATA
+    into.chmod(0o755)  # for tmp_path's removal
+
+
+def test_a_witness_without_a_recorded_top_leaves_the_top_the_replayers(tmp_path: Path) -> None:
+    into = tmp_path / "base"
+    into.mkdir(0o755)
+    before = into.stat()
+    entries = [{"path": "a.txt", "type": "file", "mode": 0o644, "blob": blob_hash(DATA), "uid": OTHER, "gid": OTHER}]
+    _rebuild_base({"base": {"files": entries}}, {blob_hash(DATA): DATA}, str(into))
+    after = into.stat()
+    assert (after.st_uid, after.st_gid, after.st_mode) == (before.st_uid, before.st_gid, before.st_mode)
+    assert owners.entries({"files": entries}) == entries
+
+
+def test_the_top_counts_in_the_report_as_one_more_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = {"files": [{"path": "a", "type": "file", "mode": 0o644, "blob": blob_hash(DATA), "uid": 1234, "gid": 1234}],
+            "top": {"mode": 0o755, "uid": 0, "gid": 0}}
+    assert owners.entries(base)[-1] == {"path": ".", "type": "dir", "mode": 0o755, "uid": 0, "gid": 0}
+    monkeypatch.setattr(owners.os, "geteuid", lambda: 0)
+    assert owners.report(owners.entries(base), rebuilt=True) == {"recorded": 2, "restored": 2, "reason": None}
+    live = owners.report(owners.entries(base), rebuilt=False)  # a live base: nothing rebuilt, nothing restored
+    assert (live["recorded"], live["restored"]) == (2, 0) and "live directory" in str(live["reason"])
+    monkeypatch.setattr(owners.os, "geteuid", lambda: 1234)
+    monkeypatch.setattr(owners.os, "getegid", lambda: 1234)
+    user = owners.report(owners.entries(base), rebuilt=True)  # a is its own already; the top is root's
+    assert (user["recorded"], user["restored"]) == (2, 1) and "not root" in str(user["reason"])

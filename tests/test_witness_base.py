@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.capsules.witness_base import Needs, base_entries
+from mcp_server.capsules.witness_base import Needs, base_entries, base_top
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
@@ -163,3 +163,15 @@ def test_what_git_commands_used_in_dot_git_travels(tmp_path: Path) -> None:
     got = _entries(ws, Needs.from_journal(str(ws), execs, []))
     assert {".git", ".git/HEAD", ".git/config", ".git/refs", ".git/refs/heads", ".git/refs/heads/main"} <= set(got)
     assert got[".git/HEAD"]["blob"] == "blob:.git/HEAD" and got[".git/refs"]["type"] == "dir"
+
+
+def test_the_top_travels_apart_with_its_mode_and_owner(tmp_path: Path) -> None:
+    # The jail's top shows the base top's mode and owner; no entry below it can hold them.
+    ws = _tree(tmp_path)
+    other = 1234 if os.geteuid() == 0 else os.getuid()
+    os.chown(ws, other, other)
+    ws.chmod(0o2750)
+    with RootView.open(str(ws)) as view:
+        assert base_top(view) == {"mode": 0o2750, "uid": other, "gid": other}
+    got = _entries(ws, Needs.from_journal(str(ws), [_exec(ws, [], listed=["."], executed=[])], []))
+    assert "." not in got and "" not in got

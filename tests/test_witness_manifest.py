@@ -22,6 +22,7 @@ def _manifest() -> dict[str, Any]:
                        "mode": 0o644, "mtime_ns": 5},
                       {"seq": 3, "path": "c.txt", "action": "delete", "blob": None, "target": None, "mode": None,
                        "mtime_ns": None}]
+    made["base"]["top"] = {"mode": 0o755, "uid": 1000, "gid": 1000}
     made["capsule"]["limits"] = {"memory_mb": 512}
     return made
 
@@ -55,6 +56,8 @@ def _set(made: dict[str, Any], pointer: str, value: Any) -> dict[str, Any]:
     ("/base/files/3/target", KeyError),  # a symlink without its target
     ("/base/files/0/path", "../x"), ("/base/files/0/path", "/etc/passwd"), ("/base/files/0/path", "a//b"),
     ("/base/files/0/path", "a/./b"), ("/base/files/0/path", ""),
+    ("/base/top/mode", 0o10000), ("/base/top/mode", 493.0), ("/base/top/uid", -1), ("/base/top/gid", (1 << 32) - 1),
+    ("/base/top/uid", KeyError), ("/base/top", "root"),
     ("/writes/0/blob", None),  # a write without its bytes
     ("/writes/0/action", "exec"),
     ("/execs/0/argv", []), ("/execs/0/argv", ["sh", 1]), ("/execs/0/touched", {"read": []}),
@@ -82,7 +85,7 @@ def test_older_witnesses_without_the_later_fields_still_pass() -> None:
             del ex[later]
     for entry in made["base"]["files"]:
         entry.pop("mtime_ns", None)
-    del made["base"]["carried"], made["capsule"]["network"]
+    del made["base"]["carried"], made["base"]["top"], made["capsule"]["network"]
     check(made)
 
 

@@ -262,8 +262,13 @@ async def _exec(t: Any, cap: str, script: str | list[str]) -> str:
     return str(ran["stdout"])
 
 
+# The workspace's top: no base entry, yet what git's "dubious ownership" and any st_uid comparison read.
+TOP = "stat -c %u:%g:%a ."
+
+
 def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools: Any, tmp_path: Path) -> None:
     ws = owned_checkout(tmp_path)
+    ws.chmod(0o750)  # not the 0755 a rebuilt base's top would have anyway
 
     async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
@@ -271,7 +276,8 @@ def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools
                await _exec(t, cap, f"{BUILD} && .venv/bin/python -c 'import more_itertools._owners as m; print(m.answer())'"),
                await _exec(t, cap, TESTS),
                await _exec(t, cap, "ls more_itertools/__pycache__ tests/__pycache__ | grep -c '[.]pyc$'"),
-               await _exec(t, cap, "stat -c %u:%g more_itertools/more.py ext/setup_owners.py")]
+               await _exec(t, cap, "stat -c %u:%g more_itertools/more.py ext/setup_owners.py"),
+               await _exec(t, cap, TOP)]
         made = await t.call("capsule_witness", {"capsule_id": cap})
         replayed = await t.call("capsule_replay", {"witness_id": made["witness_id"]})
         return made, replayed, out
@@ -282,17 +288,20 @@ def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools
     assert "passed" in out[2]
     assert int(out[3]) >= 3  # .pyc files written: Python no longer skips them silently
     assert out[4] == f"{OWNER}:{OWNER}\n{OWNER}:{OWNER}\n"
+    assert out[5] == f"{OWNER}:{OWNER}:750\n"
     assert not (ws / "more_itertools" / "new.txt").exists()  # the capsule wrote its own layer only
     with open(made["path"], "rb") as archive:
         manifest, _, _ = read_signature(archive, None)
     carried = {e["path"]: (e.get("uid"), e.get("gid")) for e in manifest["base"]["files"]}
     assert carried["more_itertools/more.py"] == carried["ext/setup_owners.py"] == (OWNER, OWNER)
     assert carried[".venv/bin/python"] == (OWNER, OWNER)  # a link's own owner
-    # The replay rebuilt the base with the recorded owners, so the stat exec printed the same. Only pytest's
-    # timing line may differ, and it may by chance not (CI once saw both runs take the same hundredths).
+    # The replay rebuilt the base, its top too, with the recorded owners and modes, so the stat execs printed
+    # the same. Only pytest's timing line may differ, and it may by chance not (CI once saw both runs take the
+    # same hundredths).
     assert replayed["replay_ok"] is True, replayed["mismatches"]
     assert {d["argv"][-1] for d in replayed["output_diffs"]} <= {TESTS}, replayed["output_diffs"]
-    assert replayed["owners"] == {"recorded": len(carried), "restored": len(carried), "reason": None}
+    assert manifest["base"]["top"] == {"mode": 0o750, "uid": OWNER, "gid": OWNER}
+    assert replayed["owners"] == {"recorded": len(carried) + 1, "restored": len(carried) + 1, "reason": None}
 
 
 def test_deltamin_finds_the_breaking_edit_instead_of_blaming_the_base(tools: Any, tmp_path: Path) -> None:

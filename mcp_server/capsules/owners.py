@@ -24,6 +24,13 @@ Choices:
   private scratch directory, which no other user can reach.
 - **chown clears set-id bits**, so a file whose recorded mode has them gets its mode
   again after the chown.
+- **The top too.**  The workspace directory itself is no base entry (entries are repo
+  paths below it), yet the jail shows its owner and mode (the helper gives the capsule's
+  upper dir those of the base's top), and git refuses a work tree whose top belongs to
+  another uid.  So the manifest records them apart (``base.top``), and ``entries`` gives
+  them to the restore and the report as one more entry, ``"."``: chowned like the others
+  (through the rebuilt base's own descriptor, which is no link), its mode set last of all.
+  A witness made before has no ``base.top``: its top is the replayer's, as it always was.
 - **A live base** (a witness without blobs, replayed over the replayer's directory) is
   not rebuilt: its owners are its own, and the report says nothing was restored.
 - **Writes** (file-tool changes between execs) are made by the server both times, so
@@ -52,6 +59,13 @@ def of(st: os.stat_result) -> dict[str, int]:
     return {"uid": st.st_uid, "gid": st.st_gid}
 
 
+def entries(base: dict[str, Any]) -> list[dict[str, Any]]:
+    """The manifest ``base``'s entries that may record an owner: its files, then its top as the
+    entry ``"."`` when the witness recorded one (``base.top``)."""
+    top = base.get("top")
+    return [*base["files"], *([{"path": ".", "type": "dir", **top}] if top is not None else [])]
+
+
 def can_restore() -> bool:
     """Whether this process may give files to other uids (root)."""
     return os.geteuid() == 0
@@ -64,7 +78,7 @@ def restore(view: RootView, entries: Iterable[dict[str, Any]]) -> int:
         if "uid" not in item and "gid" not in item:
             continue
         path = item["path"]
-        head, _, name = path.rpartition("/")
+        head, _, name = path.rpartition("/")  # the top, ".", is named in itself
         parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="chown")
         try:
             os.chown(name, item.get("uid", -1), item.get("gid", -1), dir_fd=parent, follow_symlinks=False)

@@ -1,9 +1,9 @@
 """Replaying a witness: re-run it in a fresh capsule and compare (seed 003 §5).
 
 The base is rebuilt from the witness's blobs into a scratch directory (files with their
-modes and mtimes, directories with their modes, symlinks as links; a root replayer gives
-each entry its recorded owner, capsules/owners.py) and mounted at the
-recorded workspace path, or, for a witness made without blobs, taken from a directory
+modes and mtimes, directories and the top with their modes, symlinks as links; a root
+replayer gives each entry and the top its recorded owner, capsules/owners.py) and mounted
+at the recorded workspace path, or, for a witness made without blobs, taken from a directory
 the replayer names (``workspace``) if every named base entry there still matches.  So a
 witness replays on a fresh state dir after the workspace has moved away.  Execs are
 re-run with the recorded argv, cwd, stdin and clock offset (the capsule's shift from the
@@ -86,9 +86,12 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) 
             else:
                 _create_file(view, path, blobs[item["blob"]], item["mode"], item.get("mtime_ns"))
         if owners.can_restore():
-            owners.restore(view, manifest["base"]["files"])
+            owners.restore(view, owners.entries(manifest["base"]))
         for path, mode in reversed(dirs):  # deepest first: a read-only parent still lets children be set
             view.chmod(path, mode)
+        top = manifest["base"].get("top")
+        if top is not None:  # last: a read-only top would refuse what comes before ("." is the view's own, no link)
+            view.chmod(".", top["mode"])
 
 
 def _create_file(view: RootView, path: str, data: bytes, mode: int, mtime_ns: int | None) -> None:
@@ -314,7 +317,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
         "volatile": {"globs": globs, "paths": apart},
-        "owners": owners.report(manifest["base"]["files"], manifest["include_blobs"]),
+        "owners": owners.report(owners.entries(manifest["base"]), manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
         **({"gitdirs": {"not_shown": recorded["gitdirs"], "reason": GITDIRS_NOT_CARRIED}} if "gitdirs" in recorded else {}),

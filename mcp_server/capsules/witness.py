@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 import trio
 
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries
+from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
 from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -187,6 +187,7 @@ def build_manifest(
             "fingerprint": record.base_fingerprint,
             "read_sets_complete": not unknown_reads,
             "carried": "all" if unknown_reads or carry_all else "used",
+            "top": base_top(base),
             "files": base_files,
         },
         "capsule": {

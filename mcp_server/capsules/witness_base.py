@@ -26,7 +26,9 @@ Choices:
   symlinks as links, subdirectories as (empty unless otherwise needed) directories, so
   a replayed listing sees the same names.
 - Every ancestor directory of a carried entry is carried with its mode, and so is each
-  exec's cwd and every directory a run wrote into.
+  exec's cwd and every directory a run wrote into.  The top, the workspace directory
+  itself, is no entry (entries are paths below it), but its mode and owner are what the
+  jail's top shows, so they travel apart (``base_top``; capsules/owners.py says why).
 - Symlinks: the base is walked once (readdir only, ``.git`` aside) and each symlink is
   resolved within the base as the kernel would.  A link is carried when its resolution
   leaves the workspace (``bin/python3 -> /usr/bin/python3``: the host provides the
@@ -56,6 +58,7 @@ Choices:
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -256,6 +259,12 @@ def base_entries(
                 raise _too_large(needs.unknown, carry_all, max_base_bytes, path)
         entries.append(item)
     return entries
+
+
+def base_top(view: RootView) -> dict[str, int]:
+    """The manifest's ``base.top``: the mode and owner of the base's top directory."""
+    st = view.stat(".")
+    return {"mode": stat.S_IMODE(st.st_mode), **owners.of(st)}
 
 
 @dataclass

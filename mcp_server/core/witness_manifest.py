@@ -18,7 +18,7 @@ Choices:
   4096 characters; ``.`` alone is the root.  The replay writes through RootView anyway
   (RESOLVE_BENEATH); this says what is wrong before anything is written.
 - **Numbers** are bounded to what the host can take: modes to 0o7777, owners (a base
-  entry's optional ``uid``/``gid``, capsules/owners.py) to 0..2**32-2, mtimes to
+  entry's optional ``uid``/``gid`` and the top's, capsules/owners.py) to 0..2**32-2, mtimes to
   ±2**62 ns (±146 years around 1970), timeouts and clock offsets to sandbox.spec's
   limits, capsule limits by ``Limits.from_json``.
 - **The recorded network** is only reported by a replay, never used; it is "none" or
@@ -70,6 +70,13 @@ _BASE_ENTRY = {
         "uid": _ID, "gid": _ID,  # absent in witnesses made before owners were recorded
     },
     "allOf": [_when("type", "file", {"required": ["blob"]}), _when("type", "symlink", {"required": ["target"]})],
+}
+# The workspace directory itself, which base.files (repo paths below it) cannot name: the
+# jail's top shows its mode and owner, and git judges "dubious ownership" by that owner.
+_BASE_TOP = {
+    "type": "object",
+    "required": ["mode", "uid", "gid"],
+    "properties": {"mode": _MODE, "uid": _ID, "gid": _ID},
 }
 _NETWORK_RECORD = {
     "type": "object",
@@ -157,6 +164,7 @@ SCHEMA: dict[str, Any] = {
             "properties": {
                 "read_sets_complete": {"type": "boolean"},
                 "carried": {"enum": ["used", "all"]},
+                "top": _BASE_TOP,  # absent in witnesses made before the top was recorded
                 "files": {"type": "array", "items": _BASE_ENTRY},
             },
         },
