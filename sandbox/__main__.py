@@ -42,7 +42,7 @@ import sys
 from collections.abc import Mapping
 from types import FrameType
 
-from sandbox import __version__, disk, jail_launcher, probe, syscalls
+from sandbox import __version__, disk, in_force, jail_launcher, syscalls
 from sandbox.errors import CcwError
 from sandbox.server import Dispatcher, HelperServer
 
@@ -194,7 +194,7 @@ def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
     # A rootless helper sees every other uid as the overflow uid; only its own user may
     # talk to it (the socket's 0600 mode says the same, this says it again).
     allowed = frozenset({os.getuid()}) if mode == "rootless" else None
-    mechanisms = probe.in_force(mode == "rootless", manager.disks, manager.disk_reason)
+    mechanisms = in_force.mechanisms(mode == "rootless", manager.disks, manager.disk_reason)
     dispatcher = Dispatcher(manager, mode, mechanisms, allowed_uids=allowed)
     group = None
     if args.socket_group is not None:

@@ -1,17 +1,11 @@
-"""One probe of the kernel mechanisms ccw uses: what the helper puts in force, and what works here.
+"""What works here: ``ccw doctor``'s probes of the kernel mechanisms ccw uses.
 
-Two questions, one module:
-
-- **What is in force** (``in_force``, ``isolation``): each room's own report of what it
-  does (contain.py for the jail, cgroups.py, fanotify.py, overlay.py), plus the capsule
-  disks.  The helper's ``hello`` sends it (built in ``python -m sandbox``), and every
-  capsule's ``isolation`` report carries its jail, cgroups and fanotify parts.  A room
-  whose report fails is reported as unavailable with the reason, never fatal.
-- **What works here** (``features``): ``ccw doctor``'s probes.  Nothing is guessed from
-  version numbers: every probe does the thing ccw does, in a forked child so that a
-  namespace or mount it makes dies with it, and reports what happened as a ``Finding``.
-  A finding that is not ok names its ``cause``; the front end (mcp_server/doctor.py)
-  turns causes into fix texts and renders the table.
+Nothing is guessed from version numbers: every probe does the thing ccw does, in a
+forked child so that a namespace or mount it makes dies with it, and reports what
+happened as a ``Finding`` (``features``).  A finding that is not ok names its ``cause``;
+the front end (mcp_server/doctor.py) turns causes into fix texts and renders the table.
+What the helper puts in force, for ``hello`` and a capsule's ``isolation``, is each
+room's own report (sandbox/in_force.py).
 
 Some facts the probes follow from:
 
@@ -57,12 +51,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from sandbox import jail_launcher, mountinfo, syscalls
-
-if TYPE_CHECKING:
-    from sandbox.disk import Disks
 
 PROBE_TIMEOUT_S = 15.0
 # Probed after the user namespace, in this order; time only matters for clock offsets.
@@ -70,9 +60,6 @@ NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup", "time")
 LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (unified table)
 LANDLOCK_CREATE_RULESET_VERSION = 1
 # The rooms that report what they put in force: (key in hello's mechanisms, module).
-_REPORTERS = (("jail", "contain"), ("host_trees", "idmap"), ("cgroups", "cgroups"), ("fanotify", "fanotify"),
-              ("overlay", "overlay"))
-_ISOLATION = ("jail", "host_trees", "cgroups", "fanotify")  # the helper-wide part of a capsule's isolation
 
 
 @dataclass(frozen=True)
@@ -87,57 +74,6 @@ class Finding:
     ok: bool | None  # None: informational (ccw does not need it)
     detail: str
     cause: str | None = None
-
-
-# --------------------------------------------------------------------- what is in force
-def _room_report(module_name: str) -> Any:
-    try:
-        module = __import__(f"sandbox.{module_name}", fromlist=["mechanisms"])
-    except ImportError as exc:
-        return {"available": False, "reason": f"not installed: {exc}"}
-    try:
-        return module.mechanisms()
-    except Exception as exc:  # a probe failing must not keep the helper down
-        return {"available": False, "reason": f"{type(exc).__name__}: {exc}"}
-
-
-def isolation() -> dict[str, Any]:
-    """The helper-wide part of a capsule's ``isolation`` report: jail, host trees, cgroups, fanotify."""
-    return {key: _room_report(module) for key, module in _REPORTERS if key in _ISOLATION}
-
-
-def in_force(rootless: bool, disks: Disks | None, disk_reason: str | None) -> dict[str, Any]:
-    """What the helper puts in force, for ``hello``: each room's report, the disks, and
-    cgroup hierarchies it cannot write dropped with the reason."""
-    mechanisms: dict[str, Any] = {"user_namespace": rootless}
-    for key, module in _REPORTERS:
-        mechanisms[key] = _room_report(module)
-    if isinstance(mechanisms.get("cgroups"), dict):
-        _drop_unwritable_cgroups(mechanisms)
-    mechanisms["disk"] = ({"available": True, "default_mb": disks.default_mb, "kind": "ext4 image on a loop device"}
-                          if disks is not None else {"available": False, "reason": disk_reason})
-    return mechanisms
-
-
-def _drop_unwritable_cgroups(mechanisms: dict[str, Any]) -> None:
-    # A hierarchy that is mounted but whose cgroup we cannot create children in (rootless
-    # without a delegated subtree, a read-only cgroupfs) is not in force: say None and why.
-    from sandbox import cgroups
-
-    layout = cgroups.detect_layout()
-    report = dict(mechanisms["cgroups"])
-    reasons: dict[str, str] = {}
-    for resource, value in report.items():
-        hierarchy = layout.for_resource(resource)
-        if value is None or hierarchy is None:
-            continue
-        if not os.access(hierarchy.base, os.W_OK | os.X_OK):
-            report[resource] = None
-            why = " (rootless, no delegated cgroup v2 subtree)" if mechanisms["user_namespace"] else ""
-            reasons[resource] = f"{hierarchy.base} is not writable by the helper{why}"
-    mechanisms["cgroups"] = report
-    if reasons:
-        mechanisms["cgroups_unavailable"] = reasons
 
 
 # --------------------------------------------------------------------- what works here

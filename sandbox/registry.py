@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, egress, execution, exposed, gitdirs, jail_end, overlay, probe
+from sandbox import access, disk, egress, execution, exposed, gitdirs, in_force, jail_end, overlay
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -294,7 +294,7 @@ class CapsuleManager:
     def isolation(self, capsule: Capsule) -> dict[str, Any]:
         """The mechanisms in force for a capsule (helper-wide ones probed once)."""
         if self._isolation is None:
-            self._isolation = probe.isolation()
+            self._isolation = in_force.isolation()
         filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless,
                                       "frozen_base": capsule.spec.base is not None, "disk_limit_mb": capsule.disk_mb}
         if capsule.spec.gitdirs:

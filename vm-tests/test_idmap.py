@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import idmap, mounts, mounttree, probe, syscalls
+from sandbox import idmap, in_force, mounts, mounttree, syscalls
 from sandbox.errors import CcwError
 
 OTHER = 4321
@@ -108,7 +108,7 @@ def test_a_host_tree_that_takes_no_idmap_names_itself(mapping: int) -> None:
 
 
 def test_isolation_says_the_host_trees_are_idmapped(mapping: int) -> None:
-    report = probe.isolation()["host_trees"]
+    report = in_force.isolation()["host_trees"]
     assert report["idmapped"] is True and report["maps"] == "uid 0 and gid 0 only", report
     assert "capsule's trees" in report["effect"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import egress, mountinfo, probe
+from sandbox import egress, in_force, mountinfo
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.registry import CapsuleManager
@@ -35,7 +35,7 @@ def served(root_required: None, tmp_path: Path) -> Iterator[tuple[CapsuleManager
     (ws / "old.txt").write_text("old\n")
     manager = CapsuleManager(str(state), rootless=False)
     manager.recover()
-    mechanisms = probe.in_force(False, manager.disks, manager.disk_reason)
+    mechanisms = in_force.mechanisms(False, manager.disks, manager.disk_reason)
     yield manager, Dispatcher(manager, "privileged", mechanisms), ws
     for item in reversed(manager.list(0).capsules):
         manager.destroy(item.capsule_id, 0)
