@@ -390,14 +390,17 @@ trio.run(main, *sys.argv[1:])
 def test_a_replayer_that_is_not_root_says_it_could_not_restore_the_owners(tools: Any, tmp_path: Path,
                                                                          require: Any) -> None:
     ws = tmp_path / "ws"
-    ws.mkdir()
+    (ws / "ro").mkdir(parents=True)
     (ws / "data.txt").write_text("d\n")
-    for path in (ws, ws / "data.txt"):
+    (ws / "ro" / "kept.txt").write_text("k\n")
+    for path in (ws, ws / "data.txt", ws / "ro", ws / "ro" / "kept.txt"):
         os.chown(path, OWNER, OWNER)
+    for directory in (ws / "ro", ws):  # read-only, as the rebuilt base will be: the replayer still removes it
+        directory.chmod(0o555)
 
     async def record(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        await _exec(t, cap, "cat data.txt >/dev/null && stat -c %u:%g data.txt")
+        await _exec(t, cap, "cat data.txt ro/kept.txt >/dev/null && stat -c %u:%g data.txt")
         made: dict[str, Any] = await t.call("capsule_witness", {"capsule_id": cap})
         return made
 
@@ -411,8 +414,10 @@ def test_a_replayer_that_is_not_root_says_it_could_not_restore_the_owners(tools:
         subprocess.run(["chown", "-R", "65534:65534", str(public)], check=True)
         out = run_script_as(65534, 65534, [sys.executable, "-c", REPLAY_AS_USER, str(public / "state"),
                                            str(public / "w.tar.zst")], public)
+        left = [str(path) for path in (public / "state" / "tmp").rglob("*")]
     finally:
         shutil.rmtree(public)
+    assert left == [], left  # the rebuilt base, read-only directories and all, is gone
     # data.txt (and its directory's entry) are 1234's in the witness; the rootless replay's base is 65534's.
     assert out["owners"]["recorded"] >= 1 and out["owners"]["restored"] == 0, out["owners"]
     assert "not root" in out["owners"]["reason"]

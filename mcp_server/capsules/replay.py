@@ -94,6 +94,32 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) 
             view.chmod(".", top["mode"])
 
 
+def _remove_scratch(scratch: Path) -> None:
+    """Remove a replay's scratch directory.  Its rebuilt base has the witness's modes, read-only
+    directories among them (its top's too), which a replayer that is not root could not empty:
+    each directory is first made writable by us, through its parent, never following a link
+    (what lies there came from an archive).  Nothing runs in the scratch any more."""
+    if os.geteuid() != 0:
+        pending = [""]
+        with RootView.open(str(scratch)) as view:
+            while pending:
+                rel = pending.pop()
+                try:
+                    parent = view.open_fd(rel or ".", os.O_RDONLY | os.O_DIRECTORY, what="clean up")
+                except CcwError:
+                    continue  # unreadable even to its owner: rmtree below says nothing either way
+                try:
+                    for entry in os.scandir(parent):
+                        if entry.is_dir(follow_symlinks=False):
+                            os.chmod(entry.name, 0o700, dir_fd=parent)  # a directory, just seen without following
+                            pending.append(f"{rel}/{entry.name}".lstrip("/"))
+                except OSError:
+                    pass
+                finally:
+                    os.close(parent)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
 def _create_file(view: RootView, path: str, data: bytes, mode: int, mtime_ns: int | None) -> None:
     head, _, name = path.rpartition("/")
     parent = view.open_fd(head or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what="rebuild")
@@ -298,7 +324,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
     finally:
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(shutil.rmtree, scratch, True)
+            await trio.to_thread.run_sync(_remove_scratch, scratch)
     declared = manifest["capsule"].get("volatile", ()) if options.witness_volatile else ()
     globs = sorted(set(declared) | set(options.volatile))
     changed, apart = _change_mismatches(manifest, tally, actual_changes, globs)
