@@ -62,7 +62,7 @@ frontend.sock is also the one connection that carries descriptors: ``ccw capsule
 sends its pty slave (SCM_RIGHTS) with the bytes of its ``capsule_exec`` call, which says
 so in ``_meta["ccw/terminal"]``.  ``_FdReceiver`` keeps what arrives (a few at most, the
 rest closed; close-on-exec) for the connection's next call that names one
-(``server.caller_terminal``), and closes what no call took when the connection ends.
+(``caller.caller_terminal``), and closes what no call took when the connection ends.
 The helper still checks the descriptor (a read-write pty slave of the caller's own,
 ``sandbox.access.check_terminal``) before the jail gets it.  So a shell is an exec like
 an agent's: in the capsule's one queue, with the egress sessions of this process.
@@ -86,16 +86,16 @@ from typing import Any
 
 import trio
 
-from mcp_server.config import PROFILES, TOOLSETS, Config
-from mcp_server.logs import LOGGER
-from mcp_server.server import (
+from mcp_server.caller import (
     CALLER_CONTEXT,
     CALLER_META,
     CALLER_TRUSTED,
     PASSED_FDS,
-    CcwServer,
     PassedFds,
 )
+from mcp_server.config import PROFILES, TOOLSETS, Config
+from mcp_server.logs import LOGGER
+from mcp_server.server import CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
 from mcp_server.transports.unix import listen
 from sandbox.errors import CcwError

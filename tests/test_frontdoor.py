@@ -18,8 +18,7 @@ import pytest
 import trio
 
 from mcp_server import frontdoor
-from mcp_server.config import PROFILES, TOOLSETS, Config
-from mcp_server.server import (
+from mcp_server.caller import (
     CALLER_META,
     CALLER_TERMINAL,
     CALLER_TRUSTED,
@@ -28,6 +27,7 @@ from mcp_server.server import (
     caller_env,
     caller_terminal,
 )
+from mcp_server.config import PROFILES, TOOLSETS, Config
 from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
 from tests.support.descriptors import is_closed

@@ -33,10 +33,10 @@ import trio
 from mcp.shared.exceptions import MCPError
 
 from mcp_server import __version__, framing
+from mcp_server.caller import CALLER_META, CALLER_TERMINAL
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
-from mcp_server.server import CALLER_META, CALLER_TERMINAL
 from sandbox.errors import CcwError
 
 PROTOCOL = "2025-11-25"

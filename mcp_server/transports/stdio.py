@@ -25,7 +25,8 @@ from collections.abc import Iterator
 
 import trio
 
-from mcp_server.server import CALLER_TRUSTED, CcwServer
+from mcp_server.caller import CALLER_TRUSTED
+from mcp_server.server import CcwServer
 from mcp_server.transports.ndjson import NdjsonConnection
 
 PIPE_SIZE = 1 << 20  # /proc/sys/fs/pipe-max-size's default
