@@ -67,18 +67,15 @@ log = logging.getLogger(__name__)
 ROOT_ONLY = "0 0 1"  # the uid and gid maps of the namespace the host's trees are shown through
 
 _lock = threading.Lock()
-_made: list[int | None] = []  # [descriptor] once made, or [None]: this helper cannot (why: _why)
-_why: list[str] = []
+_made: list[tuple[int | None, str]] = []  # once asked: (its descriptor, kept for the helper's life; or None, why)
 
 
 def host_trees() -> int | None:
     """The user namespace the host's trees are shown through to a root caller's jail, or None."""
     with _lock:
         if not _made:
-            made, why = _make()
-            _made.append(made)
-            _why.append(why)
-        return _made[0]
+            _made.append(_make())
+        return _made[0][0]
 
 
 def for_caller(uid: int) -> int | None:
@@ -107,7 +104,7 @@ def check_exposed(fd: int, path: str) -> None:
 def why_not() -> str | None:
     """Why ``host_trees`` is None (None once it was made, or before it was asked)."""
     with _lock:
-        return _why[0] if _why and _made and _made[0] is None else None
+        return _made[0][1] if _made and _made[0][0] is None else None
 
 
 def _make() -> tuple[int | None, str]:
