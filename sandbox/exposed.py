@@ -8,10 +8,10 @@ holds every path to the same rule again, as it does the workspace (sandbox/acces
   under every path it has (resolved, and other mounts of it) must pass
   ``spec.check_expose_dir`` against the caller's host uid and the login homes, and be
   readable and searchable by the caller (``access.check_shown_dir``: a root helper must not
-  show a user what the user could not read); for a root caller, its filesystem must take an
-  idmapped mount (sandbox/idmap.py: how its jail is shown host trees), else UNSUPPORTED.  The paths (normalised, not resolved: a link
-  to a toolchain is shown at the link's path) go in the spec kept in meta.json; forks
-  inherit them.
+  show a user what the user could not read); for a root caller, its filesystem must take
+  an idmapped mount (sandbox/idmap.py: how its jail is shown host trees), else
+  UNSUPPORTED.  The paths (normalised, not resolved: a link to a toolchain is shown at
+  the link's path) go in the spec kept in meta.json; forks inherit them.
 * at every exec the same checks run again, since the host may have changed (a toolchain
   removed, a directory replaced by a symlink to a key store): a refused one refuses the
   exec (PERMISSION_DENIED), a missing one is left out (the command then fails as it

@@ -53,6 +53,10 @@ Some facts about mounts, as the jail uses them:
   refused.  Landlock could not do it (its rules allow, by inode), nor seccomp (no paths).
 - Overlayfs takes each layer by path: how the mask reaches it, detached or attached,
   is in sandbox/mounttree.py, with the other facts of the new mount API.
+- A root caller's jail keeps four file capabilities, so every tree of the host's it is
+  shown (``MountStep.host_tree``: the system dirs, /etc's lower layer and the mounts
+  inside /etc, exposed toolchains, the helper's interpreter) is an idmapped clone that
+  maps only root (sandbox/idmap.py says why and how), in a root tree of its own pool.
 - A lower layer does not show mounts made on it, so the host's mounts inside /etc (a
   container's /etc/hosts, /etc/resolv.conf) are bound again over the overlay,
   read-only and recursive, never onto a secret's name.  They are read from mountinfo
