@@ -304,6 +304,7 @@ def test_a_jail_that_cannot_start_leaves_no_descriptor(spec: contain.JailSpec, u
     before = len(os.listdir("/proc/self/fd"))
     with pytest.raises(CcwError):
         supervise.run(spec)
-    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS, supervise._MAPPED_ROOTS):  # what the failed start took, made again
+    # What the failed start took, made again.
+    for pool in (supervise._SPARE_NETS, supervise._SPARE_ROOTS, supervise._MAPPED_ROOTS):
         pool.refill()
     assert len(os.listdir("/proc/self/fd")) == before  # the pipes, the plan, the clones: all closed

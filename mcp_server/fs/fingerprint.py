@@ -52,17 +52,21 @@ def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_git(root: str, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
-    """Run ``git -C root --no-optional-locks ARGS`` and capture its output."""
+def run_git(root: str, *args: str, env: dict[str, str] | None = None, check: bool = True,
+            timeout_s: float | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run ``git -C root --no-optional-locks ARGS`` and capture its output (INTERNAL past ``timeout_s``)."""
     try:
         proc = subprocess.run(
             ["git", "-C", root, "--no-optional-locks", *args],
             capture_output=True,
             env=env or git_env(),
             check=False,
+            timeout=timeout_s,
         )
     except FileNotFoundError as exc:
         raise CcwError("UNSUPPORTED", "git is not installed; install git to use worktree mode") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise CcwError("INTERNAL", f"git {args[0] if args else ''} took over {timeout_s:.0f} s in {root!r}") from exc
     if check and proc.returncode != 0:
         raise CcwError(
             "INTERNAL",

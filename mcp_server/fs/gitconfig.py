@@ -57,7 +57,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from mcp_server.core.hazards import ConfigNamed
-from mcp_server.fs.fingerprint import git_env
+from mcp_server.fs.fingerprint import run_git
 from sandbox.errors import CcwError
 
 TIMEOUT_S = 30.0
@@ -246,12 +246,7 @@ def named_paths(entries: Sequence[Entry], top: str, workspace: str) -> list[Conf
 
 
 def _git(workspace: str, *args: str) -> subprocess.CompletedProcess[bytes]:
-    argv = ["git", "-C", workspace, "--no-optional-locks", "-c", "safe.directory=*", *args]
-    try:
-        return subprocess.run(argv, capture_output=True, env=git_env(), timeout=TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise CcwError("INTERNAL", f"git {args[0]} took over {TIMEOUT_S:.0f} s in {workspace!r}; "
-                       "nothing was written") from exc
+    return run_git(workspace, "-c", "safe.directory=*", *args, check=False, timeout_s=TIMEOUT_S)
 
 
 def _listing(workspace: str, *args: str) -> list[Entry] | str:
@@ -277,8 +272,10 @@ def read(workspace: str) -> list[ConfigNamed]:
     """
     try:
         top_proc = _git(workspace, "rev-parse", "--show-toplevel")
-    except FileNotFoundError:
-        return []  # no git on the host: nothing runs what a config names
+    except CcwError as exc:
+        if exc.code == "UNSUPPORTED":
+            return []  # no git on the host: nothing runs what a config names
+        raise
     lines = top_proc.stdout.decode("utf-8", "surrogateescape").splitlines() if top_proc.returncode == 0 else []
     top = lines[0] if lines else os.path.abspath(workspace)  # outside a work tree, git runs from where it is
     entries = _listing(workspace)

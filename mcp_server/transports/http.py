@@ -54,9 +54,9 @@ and that user, reconnecting with it, fetches or cancels the run; a name removed 
 ``CCW_TOKENS_FILE`` leaves its runs to finish and expire unreachable.  Which sessions a
 credential opened is this layer's own book (``transports/holdings.py``, from each
 opening answer's ``Mcp-Session-Id``), which forgets a session once the SDK's idle
-timeout (``SESSION_IDLE_S``) has ended it.  A tokens file that cannot be used (gone, malformed, unsafe) revokes
-nothing, since an editor's half-saved file is not a decision, and every request is
-answered **503** until it is fixed.
+timeout (``SESSION_IDLE_S``) has ended it.  A tokens file that cannot be used (gone,
+malformed, unsafe) revokes nothing, since an editor's half-saved file is not a decision,
+and every request is answered **503** until it is fixed.
 
 Shutdown: on drain hypercorn stops accepting; once the requests in flight are answered
 the sessions end (closing their GET event streams), and hypercorn waits at most
