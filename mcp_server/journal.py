@@ -3,8 +3,9 @@
 Witnesses, policies and delta minimisation read it, so it records what is needed to
 re-run and to judge a run: argv, cwd, the environment's keys (never its values: they may
 be secrets), exit status, blake3 of stdout/stderr, usage and touched sets.  Rows are
-append-only; a capsule's execs are numbered from 1 in the order they finished.  stdin is
-kept (a replay must feed it again); environment values are not.
+append-only; a capsule's runs are numbered from 1 in the order they finished (a service's
+run has its name in ``service``; an exec's ``services`` holds the specs of the services
+that ran beside it, JSON).  stdin is kept (a replay must feed it again); env values are not.
 
 ``capsule_base`` holds, for each path a capsule changed, what the base held there when
 the change was first seen (kind, mode, blake3 or link target, or "absent").
@@ -24,8 +25,7 @@ The capsule's /tmp and $HOME are not its contents: writes there advance nothing.
 Each exec row keeps ``generation``, the one it started on, and ``generation_out``, the
 one its own writes produced (null when it advanced nothing); each write row keeps the
 generation it produced.  ``observes`` decides which runs describe the current contents.
-State dirs made before generations existed get the columns and their values, replayed
-from the journal's own order, when they are first opened (``_backfill``).
+Older state dirs get the columns and their values, replayed in order, at first open (``_backfill``).
 
 ``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
 show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
@@ -132,7 +132,7 @@ _NEW_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
                  "gitdirs": "TEXT"},
     "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT",
-              "terminal": "INTEGER NOT NULL DEFAULT 0"},
+              "terminal": "INTEGER NOT NULL DEFAULT 0", "service": "TEXT", "services": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
 

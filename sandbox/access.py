@@ -242,3 +242,18 @@ def check_terminal(fd: int | None, caller_uid: int) -> None:
     if st.st_uid != caller_uid:
         raise CcwError("INVALID_ARGUMENT", f"the exec's terminal belongs to uid {st.st_uid}, not to the caller "
                        f"({caller_uid}); open a pseudo-terminal of your own")
+
+
+def check_stdin(fd: int | None) -> None:
+    """Refuse (INVALID_ARGUMENT) a descriptor that is not the read end of a pipe: it becomes a
+    jail's stdin, and only a pipe names no file the jail could reach through it."""
+    if fd is None:
+        return
+    try:
+        st = os.fstat(fd)
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError as exc:
+        raise from_oserror(exc, "fstat of the exec's stdin") from exc
+    if not stat.S_ISFIFO(st.st_mode) or flags & (os.O_ACCMODE | os.O_PATH) != os.O_RDONLY:
+        raise CcwError("INVALID_ARGUMENT", "an exec with stdio \"stdin\" takes the read end of a pipe "
+                       "(os.pipe()'s first descriptor) and nothing else; make one and send it")

@@ -37,7 +37,7 @@ from typing import Any, Protocol, cast
 import trio
 
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import HelloRequest, NetOpenRequest, OpRequest, encode_request
+from sandbox.ops import HelloRequest, NetConnectRequest, NetOpenRequest, OpRequest, encode_request
 from sandbox.protocol import FrameDecoder, Reply, check_id, descriptors_of, encode_frame
 from sandbox.replies import NetOpenReply, ReplyT
 from sandbox.syscalls import unix_address
@@ -286,6 +286,16 @@ class HelperClient:
         """An egress capsule's kit: the reply and [http listener, socks listener, sniffer]; the caller closes them."""
         request = NetOpenRequest(capsule_id)
         return _net_open_reply(*await self._round_trip(request.op, request.to_args()))
+
+    async def net_connect(self, capsule_id: str, port: int) -> trio.socket.SocketType:
+        """A trio socket connected to ``port`` on the capsule's own loopback (the caller closes it);
+        CONFLICT (reason ``refused``) when nothing listens there."""
+        request = NetConnectRequest(capsule_id, port)
+        _result, fds = await self._round_trip(request.op, request.to_args())
+        fd = _expect_fds(fds, 1, "net_connect")[0]
+        sock = socket.socket(fileno=fd)
+        sock.setblocking(False)
+        return trio.socket.from_stdlib_socket(sock)
 
     def usable(self) -> bool:
         """False once the helper this client started has exited or is exiting (kill -9,

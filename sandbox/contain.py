@@ -104,9 +104,11 @@ class JailSpec:
     clock_offset_sec: int = 0
     hostname: str = "ccw"
     network: str = "none"  # "none": an empty network namespace with lo up; "egress": net_fd's
-    net_fd: int | None = None  # "egress": the capsule's jail network namespace (the caller keeps it)
+    net_fd: int | None = None  # the capsule's network namespace (capsule_nets.py; the caller keeps it)
     binds: tuple[mounts.Bind, ...] = ()  # host dirs shown besides the workspace (toolchains, git dirs)
     tty_fd: int | None = None  # a pty slave: the command's stdio and controlling terminal (the caller keeps it)
+    stdin_fd: int | None = None  # a pipe's read end: the command's stdin (the caller keeps it)
+    stream: bool = False  # progress reports carry every byte of output since the last one
 
 
 @dataclass(frozen=True)
@@ -161,13 +163,13 @@ def _check_spec(spec: JailSpec) -> None:
         path = getattr(spec, name)
         if not os.path.isdir(path):
             raise CcwError("NOT_FOUND", f"{name} {path!r} is not a directory; create the capsule's dirs first", {"path": path})
-    if spec.network not in ("none", "egress") or (spec.network == "egress") != (spec.net_fd is not None):
+    if spec.network not in ("none", "egress") or (spec.network == "egress" and spec.net_fd is None):
         raise CcwError("INTERNAL", f"network {spec.network!r} with net_fd {spec.net_fd}: 'egress' comes with "
-                       "the capsule's namespace, 'none' without one")
+                       "the capsule's namespace")
     if not 0 < len(spec.hostname.encode()) <= 64 or "\0" in spec.hostname:
         raise _invalid("hostname must be 1 to 64 bytes")
-    if spec.timeout_ms <= 0 or spec.output_cap < 0 or spec.uid < 0 or spec.gid < 0:
-        raise _invalid("timeout_ms must be > 0; output_cap, uid and gid must be >= 0")
+    if spec.timeout_ms < 0 or spec.output_cap < 0 or spec.uid < 0 or spec.gid < 0:
+        raise _invalid("timeout_ms (0: no limit), output_cap, uid and gid must be >= 0")
 
 
 def _terminal_name(tty_fd: int | None) -> str | None:

@@ -339,6 +339,17 @@ class ExecCgroup:
             return False
         return False
 
+    def freeze(self, frozen: bool) -> bool:
+        """Freeze (or thaw) every process of the exec: v1 freezer, else v2 ``cgroup.freeze``; False if neither."""
+        for hier, path in self.dirs.items():
+            if hier.version == 1 and "freezer" in hier.controllers:
+                self.files.write(os.path.join(path, "freezer.state"), "FROZEN" if frozen else "THAWED")
+                return True
+            if hier.version == 2 and os.path.exists(os.path.join(path, "cgroup.freeze")):
+                self.files.write(os.path.join(path, "cgroup.freeze"), "1" if frozen else "0")
+                return True
+        return False
+
     # -- kill
     def kill(self) -> None:
         """Kill every process in the exec cgroup and wait until it is empty."""

@@ -48,10 +48,11 @@ from sandbox.spec import Limits, resolve_cwd
 
 if TYPE_CHECKING:
     from sandbox.contain import JailSpec
+    from sandbox.exec_cgroup import ExecCgroup
     from sandbox.fanotify import Recording, Traced
     from sandbox.jail_end import Ending
     from sandbox.rusage import Measurement
-    from sandbox.supervise import JailResult
+    from sandbox.supervise import Handle, JailResult
 
 log = logging.getLogger("ccw.capsules")
 
@@ -61,13 +62,16 @@ DISK_FULL_MIN_KB = 4096  # see the essay: "a disk counts as full"
 
 def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: int, *,
         on_progress: Callable[[ExecProgress], None] | None = None, net_fd: int | None = None,
-        on_ending: Callable[[Ending], None] | None = None) -> ExecReply:
+        on_ending: Callable[[Ending], None] | None = None,
+        on_running: Callable[[Handle | None, ExecCgroup | None], None] | None = None) -> ExecReply:
     """jail spec → prepare cgroup → prepare+enter tracer → jail → collect → teardown (always); the reply.
 
     The reply comes once the init has reported the jail's end; ``on_ending`` gets what is
     then left (the init's exit, the cgroup's removal; jail_end.py) as soon as it exists.
 
-    ``net_fd``: an "egress" capsule's jail network namespace (the caller keeps it).
+    ``net_fd``: the capsule's network namespace (capsule_nets.py; the caller keeps it).
+    ``on_running`` gets the jail's handle and cgroup once it is spawned, and None, None once
+    it has ended (services.py signals and freezes runs through them).
     ``request.tty_fd``: the caller's pty slave (access.check_terminal), the command's stdio
     and controlling terminal; its output goes there, so the reply's stdout and stderr are empty.
     """
@@ -75,7 +79,8 @@ def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: i
     upper = capsule.path("upper")
     before = upper_signature(upper)
     result, usage, traced, trace_error = _run_traced(jail, exec_name, exec_limits(capsule, request), on_progress,
-                                                     request.progress_ms or spec.DEFAULT_PROGRESS_MS, on_ending)
+                                                     request.progress_ms or spec.DEFAULT_PROGRESS_MS, on_ending,
+                                                     on_running)
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
     touched, touched_unavailable = _touched(traced, trace_error, moved)
     return ExecReply(
@@ -111,9 +116,11 @@ def jail_spec(capsule: Capsule, request: ExecRequest, uid: int, gid: int, net_fd
     return JailSpec(
         merged_dir=capsule.path("merged"), workspace=workspace, tmp_dir=capsule.path("tmp"),
         home_dir=capsule.path("home"), argv=list(request.argv), cwd=resolve_cwd(request.cwd, workspace),
-        env=jail_env(capsule, request), stdin=request.stdin, timeout_ms=request.timeout_ms,
+        env=jail_env(capsule, request), stdin=request.stdin, timeout_ms=request.timeout_ms, stream=request.stream,
         output_cap=request.output_cap, uid=uid, gid=gid, clock_offset_sec=capsule.spec.clock_offset_sec,
-        network=capsule.spec.network, net_fd=net_fd, tty_fd=request.tty_fd,
+        network=capsule.spec.network, net_fd=net_fd,
+        tty_fd=request.tty_fd if request.stdio != "stdin" else None,
+        stdin_fd=request.tty_fd if request.stdio == "stdin" else None,
         binds=(*gitdirs.binds(capsule), *exposed.binds(capsule, uid, gid)),
     )
 
@@ -145,7 +152,9 @@ def exec_limits(capsule: Capsule, request: ExecRequest) -> dict[str, int]:
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
-                on_ending: Callable[[Ending], None] | None) -> tuple[JailResult, Measurement, Traced | None, str | None]:
+                on_ending: Callable[[Ending], None] | None,
+                on_running: Callable[[Handle | None, ExecCgroup | None], None] | None,
+                ) -> tuple[JailResult, Measurement, Traced | None, str | None]:
     """The jail in its exec cgroup, recorded by its capsule's fanotify group: its result, usage,
     the files it touched (None: no record, the error says why); the recording stopped whatever happens, the cgroup
     too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py)."""
@@ -165,8 +174,14 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
             recording = fanotify.group_of(spec.merged_dir).record(cgroup, visible_at=spec.workspace)
         except CcwError as exc:
             trace_error = exc.message
+        taken = cgroup
+
+        def running(handle: supervise.Handle | None) -> None:
+            if on_running is not None:
+                on_running(handle, taken if handle is not None else None)
+
         result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, recording),
-                               progress_interval_s=progress_ms / 1000)
+                               progress_interval_s=progress_ms / 1000, on_running=running)
         if on_ending is not None:
             on_ending(result.ending)
         traced = recording.collect() if recording is not None else None
@@ -215,7 +230,10 @@ def _touched(traced: Traced | None, trace_error: str | None, moved: list[str]) -
         unavailable["read"] = trace_error or "no tracer"
     else:
         read, listed, executed = traced.read, traced.listed, traced.executed
-        written = sorted(set(traced.written) | set(moved), key=os.fsencode)
+        # A service running beside this run changes the upper dir too: what it wrote is its own.
+        mine = set(traced.written)
+        moved = [path for path in moved if path in mine or path not in traced.elsewhere]
+        written = sorted(mine | set(moved), key=os.fsencode)
         if traced.overflow:
             read = listed = executed = None
             unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"

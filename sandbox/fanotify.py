@@ -36,7 +36,12 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   long-lived and alive during the exec, so a vanished pid is almost surely a short-lived
   process of the exec (a compiler, a `cat` in a shell loop), and dropping it would lose
   real reads.  The cost is a rare false positive from a short-lived process *outside*
-  the exec that opened a file of this very capsule during the exec.
+  the exec that opened a file of this very capsule during the exec.  While a capsule's
+  services run beside its exec (services.py), every batch goes to each run's recording
+  and each keeps the pids of its own cgroup; a vanished pid is counted by each of them
+  (a superset, never a loss).  What the upper dir shows changed during a run is that
+  run's unless another run traced writing it and this one did not (``written_elsewhere``);
+  a rename or deletion by a service during an exec, which opens nothing, is the exec's.
 - ``read`` means *opened* (any access mode, and executed): the open event does not carry
   the open flags.  ``written`` means closed after being opened for writing.  ``executed``
   means opened by execve (``FAN_OPEN_EXEC``; the same event also carries ``FAN_OPEN``, so
@@ -66,7 +71,7 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   opens of others (the front end through ``open_root``, the helper) still arrive: the
   reader reads and drops them, closing their descriptors (a queued event holds the
   file's mount).  An exec's recording starts by reading and dropping, under the group's
-  lock, whatever is still queued, so nothing from before the exec is attributed to it,
+  lock, whatever is still queued (into the runs already recording, if any), so nothing from before the exec is attributed to it,
   least of all a short-lived process that opened a file between execs and is gone,
   which the rule above would count.  It ends (``collect``) by reading, under the same
   lock, everything queued until then into the exec's record: every process of the jail
@@ -129,7 +134,7 @@ class Group:
         self.proc_fd = os.open("/proc/self/fd", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._fan_fd = fan_fd
         self._lock = threading.Lock()  # one reader of the queue at a time: the reader or an exec
-        self._recording: Recording | None = None
+        self._recordings: list[Recording] = []  # an exec's and its capsule's services' (services.py)
         if fan_fd is not None:
             _READER.add(fan_fd, self)
 
@@ -175,30 +180,40 @@ class Group:
         return cls(merged_dir, None, why)
 
     def record(self, cgroup: ExecCgroup | None, visible_at: str | None = None) -> Recording:
-        """Start recording one exec: events of processes in ``cgroup`` (without one, of
+        """Start recording one run: events of processes in ``cgroup`` (without one, of
         processes in another mount namespace than the helper's) from now until its
-        ``collect``.  What was queued before is dropped (see the essay).  ``visible_at``
-        is where the exec sees the merged view (fanotify_record.Recording)."""
+        ``collect``.  What was queued before goes to the runs already recording, or is
+        dropped (see the essay).  ``visible_at`` is where the run sees the merged view
+        (fanotify_record.Recording)."""
         recording = Recording(self, cgroup, visible_at)
         if self._fan_fd is not None:
             with self._lock:
-                self._read_into(None)
-                self._recording = recording
+                self._read_into(self._recordings)
+                self._recordings.append(recording)
         return recording
 
     def finish(self, recording: Recording) -> None:
-        """Read what is queued into ``recording`` and stop recording it (if it still is)."""
+        """Read what is queued into the recordings and stop recording this one (if it still is)."""
         with self._lock:
-            if self._recording is recording:
-                self._read_into(recording)
-                self._recording = None
+            if recording in self._recordings:
+                self._read_into(self._recordings)
+                with contextlib.suppress(ValueError):
+                    self._recordings.remove(recording)
+
+    def written_elsewhere(self, recording: Recording) -> frozenset[str]:
+        """What the other runs recording now saw written (a path the upper dir shows changed
+        during a run is that run's unless one of these wrote it and it did not)."""
+        with self._lock:
+            return frozenset().union(*(one.written for one in self._recordings if one is not recording))
 
     def pump(self) -> None:
-        """Read what is queued: into the exec recording now, else dropped (the reader calls it)."""
+        """Read what is queued: into the runs recording now, else dropped (the reader calls it)."""
         with self._lock:
-            self._read_into(self._recording)
+            self._read_into(self._recordings)
 
-    def _read_into(self, recording: Recording | None) -> None:
+    def _read_into(self, recordings: list[Recording]) -> None:
+        """Each batch to every recording (each keeps the events of its own cgroup); then its
+        descriptors closed once.  A recording that fails stops, its error kept for its collect()."""
         while self._fan_fd is not None:
             try:
                 buf = os.read(self._fan_fd, _READ_SIZE)
@@ -206,16 +221,15 @@ class Group:
                 return
             except InterruptedError:
                 continue
-            if recording is None:
-                fds = event_fds(buf)
-                if fds:
-                    _close_all(fds)
-                continue
-            try:
-                recording.take(buf)
-            except Exception as exc:  # reported by the exec's collect(), never lost
-                recording.error = exc
-                self._recording = recording = None
+            for recording in list(recordings):
+                try:
+                    recording.take(buf)
+                except Exception as exc:  # reported by the run's collect(), never lost
+                    recording.error = exc
+                    recordings.remove(recording)
+            fds = event_fds(buf)
+            if fds:
+                _close_all(fds)
 
     def close(self) -> None:
         """Stop watching: drop what is queued and close the group; idempotent."""
@@ -223,9 +237,9 @@ class Group:
             fan_fd = self._fan_fd
             if fan_fd is not None:
                 _READER.remove(fan_fd)
-                self._read_into(None)  # a queued event holds its file's mount
+                self._read_into([])  # a queued event holds its file's mount
                 self._fan_fd = None
-            self._recording = None
+            self._recordings = []
             proc_fd, self.proc_fd = self.proc_fd, -1
         if proc_fd >= 0:
             os.close(proc_fd)

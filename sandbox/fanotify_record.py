@@ -42,6 +42,7 @@ class Traced:
     dropped: int = field(default=0)  # events whose file was gone before we could name it
     listed: list[str] | None = None
     executed: list[str] | None = None
+    elsewhere: frozenset[str] = frozenset()  # written meanwhile by the capsule's other runs (services)
 
 
 class Source(Protocol):
@@ -54,6 +55,9 @@ class Source(Protocol):
 
     def finish(self, recording: Recording) -> None:
         """Read what is queued into ``recording`` and stop recording it."""
+
+    def written_elsewhere(self, recording: Recording) -> frozenset[str]:
+        """What the group's other recordings saw written so far."""
 
 
 class Recording:
@@ -88,10 +92,9 @@ class Recording:
         self.error: BaseException | None = None  # the reader's, reported by collect()
 
     def take(self, buf: bytes) -> None:
-        """Record the events of one read of the group (the group's lock held)."""
-        fds = self._handle(buf)
-        if fds:
-            _close_all(fds)
+        """Record the events of one read of the group (the group's lock held); the group closes
+        the events' descriptors once every recording has taken them."""
+        self._handle(buf)
         if self._ns_fd is None:
             self._hold_namespace()
 
@@ -106,7 +109,6 @@ class Recording:
         while offset + size <= total:
             event_len, version, _, _, mask, fd, pid = unpack(buf, offset)
             if version != _METADATA_VERSION or event_len < size:
-                _close_all(fds)
                 raise CcwError("INTERNAL", f"fanotify event metadata version {version} (expected "
                                f"{_METADATA_VERSION}) or length {event_len}: this kernel's ABI is not understood")
             offset += event_len
@@ -216,7 +218,7 @@ class Recording:
         if self.error is not None:
             raise CcwError("INTERNAL", f"the fanotify reader failed: {self.error!r}") from self.error
         return Traced(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
-                      sorted(self.listed), sorted(self.executed))
+                      sorted(self.listed), sorted(self.executed), self._group.written_elsewhere(self))
 
     def close(self) -> None:
         """Stop recording if still recording, and let the exec's mount namespace go; idempotent."""

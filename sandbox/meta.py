@@ -55,6 +55,11 @@ class Capsule:
     disk_ready: bool = False
     children: set[str] = field(default_factory=set)
     ending: Ending | None = None  # what is left of the last exec after its reply (jail_end.py)
+    # services.Run values (that module imports this one): running services by name, the exec now.
+    services: dict[str, Any] = field(default_factory=dict)
+    exec_run: Any = None
+    paused: bool = False  # frozen by freeze(); takes no new run
+    destroying: bool = False  # destroy has begun: a run spawned now is killed at once
 
     def ended_by(self, ending: Ending) -> None:
         """Note the last exec's end: what sets up over the capsule again waits for it."""
@@ -90,8 +95,10 @@ class Capsule:
 
     def summary(self) -> CapsuleSummary:
         """The capsule as ``list`` shows it."""
-        state = "busy" if self.busy else "frozen" if self.children else "ready" if self.mounted else "unmounted"
-        return CapsuleSummary(self.capsule_id, self.spec.workspace, self.meta["parent"], self.meta["created_at"], state)
+        state = ("paused" if self.paused else "busy" if self.busy else "frozen" if self.children
+                 else "ready" if self.mounted else "unmounted")
+        return CapsuleSummary(self.capsule_id, self.spec.workspace, self.meta["parent"], self.meta["created_at"], state,
+                              tuple(sorted(self.services)) or None)
 
 
 def save(path: str, meta: dict[str, Any], spec: CapsuleSpec) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -36,12 +37,15 @@ from sandbox.replies import (
     DestroyReply,
     ExecReply,
     ForkReply,
+    FreezeReply,
     HelloReply,
     ListReply,
+    NetConnectReply,
     NetOpenReply,
     OpenRootReply,
     OpReply,
     ReplyT,
+    SignalReply,
 )
 from sandbox.spec import (
     MAX_OUTPUT_CAP,
@@ -68,6 +72,25 @@ def _op(name: str, safety: str, required: dict[str, Check], optional: dict[str, 
 
 
 _CAPSULE: dict[str, Check] = {"capsule_id": spec.capsule_id}
+
+# A service's name within its capsule (the front end's tools take the same grammar).
+SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
+# The signals a caller may send a service: the ones a service manager sends, none that stops
+# a process in a way its init could not follow (SIGSTOP: freeze is for that).
+SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
+MAX_PORT = 65535
+
+
+def _boolean(name: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise spec.fail(name, "must be true or false")
+    return value
+
+
+def _service_name(name: str, value: Any) -> Any:
+    if not isinstance(value, str) or not SERVICE_NAME_RE.fullmatch(value):
+        raise spec.fail(name, f"must match {SERVICE_NAME_RE.pattern} (lower case letters, digits, '_', '.', '-')")
+    return value
 
 OPS: dict[str, OpSpec] = {
     op.name: op
@@ -101,17 +124,24 @@ OPS: dict[str, OpSpec] = {
             the caller owns, open read-write (access.check_terminal): a character device
             gives the jail no path into any file system (a directory or O_PATH descriptor
             would be a way out of its mount namespace), only the terminal the caller
-            already holds.""",
+            already holds.  With ``stdio: "stdin"`` the one descriptor must be the read end
+            of a pipe (access.check_stdin): the jail reads what the caller writes, and a
+            pipe names no file.  A ``service`` runs beside the capsule's other runs, in the
+            capsule's one network namespace, until it ends or its caller's connection
+            closes; it is no more than an exec that the caller may keep open, signal
+            (``signal``) and freeze (``freeze``).""",
             {"capsule_id": spec.capsule_id, "argv": spec.argv},
             {
                 "cwd": spec.nullable(spec.abs_path),
                 "env": spec.env,
                 "stdin_b64": spec.nullable(spec.base64_text(MAX_STDIN)),
-                "timeout_ms": spec.int_in(1, MAX_TIMEOUT_MS),
+                "timeout_ms": spec.int_in(0, MAX_TIMEOUT_MS),
                 "limits": spec.limits,
                 "output_cap": spec.int_in(0, MAX_OUTPUT_CAP),
                 "progress_ms": spec.int_in(100, 60_000),
-                "stdio": spec.one_of("pipes", "tty"),
+                "stdio": spec.one_of("pipes", "tty", "stdin"),
+                "stream": _boolean,
+                "service": _service_name,
             },
         ),
         _op(
@@ -143,6 +173,28 @@ OPS: dict[str, OpSpec] = {
             traffic.  They grant the front end nothing it could not do in the host's own
             namespace, and the jail nothing but a path to them.""",
             _CAPSULE,
+        ),
+        _op(
+            "signal",
+            """Sends one of a short list of signals to a running service of the caller's own
+            capsule, through the service's init, which passes it to the command it spawned:
+            nothing outside that service's pid namespace can be reached.""",
+            {"capsule_id": spec.capsule_id, "service": _service_name, "signal": spec.one_of(*SERVICE_SIGNALS)},
+        ),
+        _op(
+            "freeze",
+            """Freezes (or thaws) every process the caller's own capsule runs, through the
+            cgroup freezer of each of its runs' cgroups, which the helper made; while frozen
+            the capsule takes no new run.  It stops processes the caller could stop itself.""",
+            {"capsule_id": spec.capsule_id, "frozen": _boolean},
+        ),
+        _op(
+            "net_connect",
+            """Passes one TCP socket connected to 127.0.0.1:port inside the caller's own
+            capsule's network namespace, which holds only the capsule's own jails: the caller
+            reaches what its capsule serves, and nothing of the host it could not reach
+            already.""",
+            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)},
         ),
         _op(
             "destroy",
@@ -292,8 +344,11 @@ class ExecRequest(OpRequest[ExecReply]):
     limits: Limits | None = None
     output_cap: int = spec.DEFAULT_OUTPUT_CAP
     progress_ms: int | None = None  # None: no progress reports
-    stdio: str | None = None  # "tty": stdin, stdout and stderr are ``tty_fd``; None/"pipes": captured
-    tty_fd: int | None = None  # not an argument: the pty slave travels with the frame (SCM_RIGHTS)
+    stdio: str | None = None  # "tty": stdin, stdout and stderr are ``tty_fd``; "stdin": stdin is
+    # ``tty_fd`` (a pipe's read end, the caller writes the other); None/"pipes": captured
+    tty_fd: int | None = None  # not an argument: the descriptor travels with the frame (SCM_RIGHTS)
+    stream: bool = False  # each progress report carries every byte since the last (supervise.py)
+    service: str | None = None  # a service's name: it runs beside the capsule's other runs
 
     def to_args(self) -> dict[str, Any]:
         out: dict[str, Any] = {"capsule_id": self.capsule_id, "argv": list(self.argv),
@@ -310,12 +365,16 @@ class ExecRequest(OpRequest[ExecReply]):
             out["progress_ms"] = self.progress_ms
         if self.stdio is not None:
             out["stdio"] = self.stdio
+        if self.stream:
+            out["stream"] = True
+        if self.service is not None:
+            out["service"] = self.service
         return out
 
     @classmethod
     def _build(cls, args: dict[str, Any]) -> ExecRequest:
         stdin_b64 = args.get("stdin_b64")
-        return cls(
+        request = cls(
             capsule_id=args["capsule_id"],
             argv=tuple(args["argv"]),
             cwd=args.get("cwd"),
@@ -326,10 +385,15 @@ class ExecRequest(OpRequest[ExecReply]):
             output_cap=args.get("output_cap", spec.DEFAULT_OUTPUT_CAP),
             progress_ms=args.get("progress_ms"),
             stdio=args.get("stdio"),
+            stream=args.get("stream", False),
+            service=args.get("service"),
         )
+        if request.timeout_ms == 0 and request.service is None:
+            raise spec.fail("timeout_ms", "may be 0 (no limit) only for a service")
+        return request
 
     def descriptors_wanted(self) -> int:
-        return 1 if self.stdio == "tty" else 0
+        return 1 if self.stdio in ("tty", "stdin") else 0
 
     def descriptors(self) -> list[int]:
         return [] if self.tty_fd is None else [self.tty_fd]
@@ -371,6 +435,37 @@ class NetOpenRequest(CapsuleRequest[NetOpenReply]):
 
 
 @dataclass(frozen=True)
+class SignalRequest(OpRequest[SignalReply]):
+    """Send a signal to a running service."""
+
+    op = "signal"
+    reply = SignalReply
+    capsule_id: str
+    service: str
+    signal: str
+
+
+@dataclass(frozen=True)
+class FreezeRequest(OpRequest[FreezeReply]):
+    """Freeze or thaw every process of a capsule."""
+
+    op = "freeze"
+    reply = FreezeReply
+    capsule_id: str
+    frozen: bool
+
+
+@dataclass(frozen=True)
+class NetConnectRequest(OpRequest[NetConnectReply]):
+    """A TCP socket connected to a port inside the capsule's network namespace, passed with the reply."""
+
+    op = "net_connect"
+    reply = NetConnectReply
+    capsule_id: str
+    port: int
+
+
+@dataclass(frozen=True)
 class DestroyRequest(CapsuleRequest[DestroyReply]):
     """Unmount and delete the capsule."""
 
@@ -389,7 +484,7 @@ class ListRequest(OpRequest[ListReply]):
 REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
-                NetOpenRequest, DestroyRequest, ListRequest)
+                NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, DestroyRequest, ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
 

@@ -11,15 +11,10 @@ nothing a command writes can outgrow it.  Choices made here:
 * **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside spec.py's one id grammar); within
   one millisecond the hex part is made to increase, so ids sort by creation within a
   helper's life.
-* **Exec**, fork and destroy wait for the last exec's end (jail_end.py); exec marks the capsule busy for execution.py.
-* **Network**: an "egress" capsule's kit (egress.py) is made at its first ``net_open``
-  and kept in memory until destroy or shutdown; it is not in meta.json (namespaces do
-  not outlive the helper), so after a restart exec says ``network_not_open`` until the
-  front end calls ``net_open`` again.  A fork gets its own at its own ``net_open``.
+* **Exec**, fork and destroy wait for the last exec's end (jail_end.py); services run
+  beside the exec (services.py); one network namespace per capsule (capsule_nets.py).
 * **Creation is O(1)** in the workspace's size: a handful of mkdirs, one small JSON
-  file, one rename and one mount.  Nothing walks or copies the workspace.  The upper
-  dir's root takes the workspace root's owner and mode, because an overlay shows its
-  upper root's attributes as the merged root's.
+  file, one rename and one mount (capsule_dirs.py).  Nothing walks or copies the workspace.
 * **Half-made states are named**: a capsule is built as ``.new-<id>`` and renamed into
   place, destroyed by renaming to ``.dead-<id>`` before its files are removed, so
   ``recover()`` knows what to delete after a crash.
@@ -54,13 +49,25 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from sandbox import access, disk, egress, execution, exposed, gitdirs, in_force, jail_end, overlay
+from sandbox import (
+    access,
+    capsule_dirs,
+    capsule_nets,
+    disk,
+    egress,
+    execution,
+    exposed,
+    gitdirs,
+    in_force,
+    jail_end,
+    overlay,
+    services,
+)
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.errors import CcwError, from_oserror
@@ -74,8 +81,11 @@ from sandbox.replies import (
     ExecProgress,
     ExecReply,
     ForkReply,
+    FreezeReply,
     ListReply,
+    NetConnectReply,
     NetOpenReply,
+    SignalReply,
 )
 from sandbox.spec import CapsuleSpec, check_capsule_id
 
@@ -109,6 +119,7 @@ class CapsuleManager:
         self._exec_count = 0
         self._isolation: dict[str, Any] | None = None
         self.kits = egress.Kits()
+        self.nets = capsule_nets.Nets(self.kits)
         with contextlib.suppress(FileExistsError):
             os.makedirs(self.capsules_dir, mode=0o700)
 
@@ -193,9 +204,15 @@ class CapsuleManager:
             if parent.busy:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
             self._ensure_mounted(parent)
-            if not parent.children:
-                self._freeze(parent, True)
+            first = not parent.children
             parent.children.add("")  # reserve: keeps the parent frozen while the child is built
+            if first:
+                try:
+                    self._freeze(parent, True)
+                except BaseException:
+                    parent.children.discard("")
+                    services.apply(parent)
+                    raise
         child: Capsule | None = None
         try:
             meta = dict(parent.meta)
@@ -219,9 +236,11 @@ class CapsuleManager:
         return ForkReply(**self._describe(child), parent=parent.capsule_id)
 
     def _freeze(self, capsule: Capsule, frozen: bool) -> None:
-        """Make a capsule's overlays (its git dirs' too) read-only while it has forks, or writable again."""
+        """Make a capsule's overlays (its git dirs' too) read-only while it has forks, or writable again;
+        its running services are frozen meanwhile (services.py)."""
         overlay.set_readonly(capsule.path("merged"), frozen)
         gitdirs.set_frozen(capsule, frozen)
+        services.apply(capsule)
 
     def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
                      mount_lowers: list[str],
@@ -230,43 +249,8 @@ class CapsuleManager:
         each host git dir's attributes and the lowers to mount).  O(1) in the workspace."""
         capsule_id = self._new_id()
         meta = dict(meta, capsule_id=capsule_id, created_at=now_iso())
-        building = os.path.join(self.capsules_dir, f".new-{capsule_id}")
-        final = os.path.join(self.capsules_dir, capsule_id)
-        data = building  # where upper, work, tmp and home go
-        try:
-            os.mkdir(building, 0o700)
-            os.mkdir(os.path.join(building, "merged"), 0o755)
-            if meta["disk_mb"] is not None:
-                assert self.disks is not None
-                data = os.path.join(building, "disk")
-                os.mkdir(data, 0o700)
-                mount_fd = self.disks.take(meta["disk_mb"], os.path.join(building, "disk.img"))
-                try:
-                    disk.attach(mount_fd, data)
-                finally:
-                    os.close(mount_fd)
-                self.disks.start()
-            else:
-                for name, mode in disk.LAYOUT:
-                    os.mkdir(os.path.join(data, name))
-                    os.chmod(os.path.join(data, name), mode)
-            os.chown(os.path.join(data, "home"), meta["owner_uid"], meta["owner_gid"])
-            upper = os.path.join(data, "upper")
-            # Rootless: a workspace owned by an unmapped uid shows as the overflow uid,
-            # which cannot be chowned to; the merged root then shows as the helper's.
-            with contextlib.suppress(OSError) if self.rootless else contextlib.nullcontext():
-                os.chown(upper, root_st.st_uid, root_st.st_gid)
-            os.chmod(upper, stat.S_IMODE(root_st.st_mode))
-            gitdirs.make_dirs(data, len(gitdir_mounts), [st for st, _ in gitdir_mounts], self.rootless)
-            meta_json.save(os.path.join(building, "meta.json"), meta, spec)
-            os.rename(building, final)
-        except BaseException as exc:
-            for point in mounts_under(building):
-                overlay.teardown(point)
-            shutil.rmtree(building, ignore_errors=True)
-            if isinstance(exc, OSError):
-                raise from_oserror(exc, "create capsule dirs", building, "check the state dir's space and permissions") from exc
-            raise
+        final = capsule_dirs.build(self.capsules_dir, meta, spec, root_st, [st for st, _ in gitdir_mounts],
+                                   self.disks, self.rootless)
         capsule = Capsule(capsule_id, final, meta, spec, disk_ready=meta["disk_mb"] is not None)
         try:
             overlay.prepare(mount_lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
@@ -380,6 +364,12 @@ class CapsuleManager:
             raise CcwError("NOT_FOUND", f"capsule {capsule_id} was destroyed", {"capsule_id": capsule_id})
         return egress.REPLY, fds
 
+    def net_connect(self, capsule_id: str, port: int, caller_uid: int) -> tuple[NetConnectReply, list[int]]:
+        """A socket connected to ``port`` on the capsule's loopback (capsule_nets.py); the fd to pass."""
+        capsule = self._get(capsule_id, caller_uid)
+        sock = self.nets.connect(capsule_id, capsule.spec.network, port)
+        return NetConnectReply(port), [sock.detach()]
+
     def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""
         with self._lock:
@@ -391,16 +381,17 @@ class CapsuleManager:
     def destroy(self, capsule_id: str, caller_uid: int) -> DestroyReply:
         """Unmount (lazily if busy) and delete a capsule without forks."""
         capsule = self._get(capsule_id, caller_uid)
+        with self._lock:
+            services.check_destroyable(capsule)
+            stopping = services.kill_all(capsule)
+        for run in stopping:  # nothing of a destroyed capsule runs on (services.py)
+            run.wait_ended(services.STOP_WAIT_S)
         with jail_end.after_ending(self._lock, capsule):
-            if capsule.children:
-                forks = sorted(c for c in capsule.children if c)
-                raise CcwError("CONFLICT", f"capsule {capsule_id} has forks {forks}; destroy them first",
-                               {"forks": forks})
-            if capsule.busy:
-                raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; destroy it when that ends")
+            services.check_destroyable(capsule)  # again: an exec or a fork may have come meanwhile
             self._capsules.pop(capsule_id, None)
             parent = self._capsules.get(capsule.meta["parent"] or "")
         self.kits.close(capsule_id)
+        self.nets.close(capsule_id)
         self._remove_dir(capsule.root, capsule_id)
         if parent is not None:
             with self._lock:
@@ -480,40 +471,50 @@ class CapsuleManager:
     ) -> ExecReply:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
-        The request was checked when it was read (sandbox/ops.py); its terminal, if any, is
+        The request was checked when it was read (sandbox/ops.py); its descriptor, if any, is
         checked here, what depends on the capsule by ``execution.run``.  ``on_progress``
         receives the jail's progress reports about every ``request.progress_ms`` while the
-        command runs.
+        command runs.  A service (``request.service``) runs beside the capsule's exec and
+        other services (services.py); an exec runs alone among execs.
         """
         check_uid_gid(caller_uid, caller_gid)
         capsule_id = request.capsule_id
         capsule = self._get(capsule_id, caller_uid)
-        access.check_terminal(request.tty_fd, caller_uid)  # None: pipes, nothing to check
-        # An "egress" capsule's jail namespace (refused, before anything starts, without net_open).
-        net_fd = self.kits.jail_descriptor(capsule_id) if capsule.spec.network == "egress" else None
+        if request.stdio == "stdin":
+            access.check_stdin(request.tty_fd)
+        else:
+            access.check_terminal(request.tty_fd, caller_uid)  # None: pipes, nothing to check
+        # The capsule's one network namespace (capsule_nets.py): refused, before anything
+        # starts, for an "egress" capsule without net_open.
+        net_fd = self.nets.descriptor(capsule_id, capsule.spec.network)
         try:
-            with jail_end.after_ending(self._lock, capsule):
-                if capsule.children:
-                    forks = sorted(c for c in capsule.children if c)
-                    raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks}; "
-                                   "exec in a fork, or destroy the forks first", {"forks": forks})
-                if capsule.busy:  # "running": a caller may wait and retry (ccw capsule shell does)
-                    raise CcwError("CONFLICT", f"capsule {capsule_id} is already running a command; wait for it",
-                                   {"running": True})
+            # An exec sets up after the last one's end; a service beside it.
+            with jail_end.after_ending(self._lock, capsule) if request.service is None else self._lock:
+                services.admit(capsule, request)
                 self._ensure_mounted(capsule)
-                capsule.busy = True
                 self._exec_count += 1
-                exec_name = f"{capsule_id}.{self._exec_count}"
+                run = services.begin(capsule, request, f"{capsule_id}.{self._exec_count}")
             try:
-                return execution.run(capsule, request, exec_name, caller_uid, caller_gid, on_progress=on_progress,
-                                     net_fd=net_fd, on_ending=capsule.ended_by)
+                on_ending = capsule.ended_by if request.service is None else run.ended_by
+                return execution.run(capsule, request, run.exec_name, caller_uid, caller_gid, on_progress=on_progress,
+                                     net_fd=net_fd, on_ending=on_ending, on_running=run.track)
             finally:
                 with self._lock:
-                    capsule.busy = False
+                    services.finish(capsule, run)
         finally:
-            if net_fd is not None:
-                os.close(net_fd)
+            os.close(net_fd)
+
+    def signal(self, capsule_id: str, service: str, signame: str, caller_uid: int) -> SignalReply:
+        """Signal one of the capsule's running services (services.py)."""
+        with self._lock:
+            return services.signal(self._get(capsule_id, caller_uid), service, signame)
+
+    def freeze(self, capsule_id: str, frozen: bool, caller_uid: int) -> FreezeReply:
+        """Pause (freeze) or resume every run of the capsule (services.py)."""
+        with self._lock:
+            return services.freeze(self._get(capsule_id, caller_uid), frozen)
 
     def close(self) -> None:
-        """Release what the helper holds beyond the state dir: the capsules' egress kits (at shutdown)."""
+        """Release what the helper holds beyond the state dir: the capsules' networks (at shutdown)."""
         self.kits.close_all()
+        self.nets.close_all()

@@ -187,7 +187,9 @@ class ForkReply(CreateReply):
 class ExecProgress(OpReply):
     """An interim report of a running exec: time so far, bytes so far, the latest output,
     and the files written since the last report, as fanotify saw them close (None: not
-    traced; at most ``LIVE_WRITTEN`` paths a report)."""
+    traced; at most ``LIVE_WRITTEN`` paths a report).  For a request with ``stream``, the
+    tails are every byte since the last report instead (at most ``supervise.STREAM_MAX``
+    each; the byte counts tell what was dropped)."""
 
     elapsed_ms: int
     stdout_bytes: int
@@ -301,6 +303,35 @@ class NetOpenReply(OpReply):
 
 
 @dataclass(frozen=True)
+class SignalReply(OpReply):
+    """The signal went to the service's init, which passes it on to the command."""
+
+    service: str
+    sent: bool  # False: the service had already ended
+
+
+@dataclass(frozen=True)
+class FreezeReply(OpReply):
+    """Which runs of the capsule are now frozen (or thawed): "exec" or a service's name."""
+
+    capsule_id: str
+    frozen: bool
+    runs: tuple[str, ...]
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> FreezeReply:
+        runs = _paths(result["runs"], "FreezeReply 'runs'")
+        return cls(result["capsule_id"], result["frozen"], runs or ())
+
+
+@dataclass(frozen=True)
+class NetConnectReply(OpReply):
+    """Sent with one connected, non-blocking, close-on-exec TCP socket (SCM_RIGHTS)."""
+
+    port: int
+
+
+@dataclass(frozen=True)
 class DestroyReply(OpReply):
     """The capsule is gone."""
 
@@ -310,13 +341,21 @@ class DestroyReply(OpReply):
 
 @dataclass(frozen=True)
 class CapsuleSummary(OpReply):
-    """One capsule in a list: state is busy, frozen (has forks), ready or unmounted."""
+    """One capsule in a list: state is paused, busy, frozen (has forks), ready or unmounted;
+    ``services`` names the services running in this helper."""
 
     capsule_id: str
     workspace: str
     parent: str | None
     created_at: str
     state: str
+    services: tuple[str, ...] | None = None
+
+    optional_fields = ("services",)
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> CapsuleSummary:
+        return cls(**{**result, "services": _paths(result.get("services"), "services")})
 
 
 @dataclass(frozen=True)

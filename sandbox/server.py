@@ -61,11 +61,14 @@ from sandbox.ops import (
     DestroyRequest,
     ExecRequest,
     ForkRequest,
+    FreezeRequest,
     HelloRequest,
     ListRequest,
+    NetConnectRequest,
     NetOpenRequest,
     OpenRootRequest,
     OpRequest,
+    SignalRequest,
     attach_descriptors,
     parse_request,
 )
@@ -85,11 +88,14 @@ from sandbox.replies import (
     ExecProgress,
     ExecReply,
     ForkReply,
+    FreezeReply,
     HelloReply,
     ListReply,
+    NetConnectReply,
     NetOpenReply,
     OpenRootReply,
     OpReply,
+    SignalReply,
 )
 from sandbox.syscalls import unix_address
 
@@ -152,6 +158,9 @@ class Dispatcher:
             "fork": self._fork,
             "open_root": self._open_root,
             "net_open": self._net_open,
+            "signal": self._signal,
+            "freeze": self._freeze,
+            "net_connect": self._net_connect,
             "destroy": self._destroy,
             "list": self._list,
         }
@@ -247,6 +256,16 @@ class Dispatcher:
 
     def _net_open(self, request: NetOpenRequest, peer: Peer, progress: Progress | None) -> tuple[NetOpenReply, list[int]]:
         return self.manager.net_open(request.capsule_id, peer.uid)
+
+    def _signal(self, request: SignalRequest, peer: Peer, progress: Progress | None) -> tuple[SignalReply, list[int]]:
+        return self.manager.signal(request.capsule_id, request.service, request.signal, peer.uid), []
+
+    def _freeze(self, request: FreezeRequest, peer: Peer, progress: Progress | None) -> tuple[FreezeReply, list[int]]:
+        return self.manager.freeze(request.capsule_id, request.frozen, peer.uid), []
+
+    def _net_connect(self, request: NetConnectRequest, peer: Peer,
+                     progress: Progress | None) -> tuple[NetConnectReply, list[int]]:
+        return self.manager.net_connect(request.capsule_id, request.port, peer.uid)
 
     def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, list[int]]:
         return self.manager.destroy(request.capsule_id, peer.uid), []

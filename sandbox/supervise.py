@@ -40,6 +40,7 @@ Choices made here (DESIGN §2 leaves them open):
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import select
 import signal
@@ -47,7 +48,7 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sandbox import idmap, jail_end, jail_launcher, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
@@ -86,11 +87,13 @@ class JailResult:
 
 
 PROGRESS_TAIL = 2048  # bytes of the latest output each progress report carries
+STREAM_MAX = 256 * 1024  # bytes of one stream a streaming report carries at most (the newest)
 
 
 @dataclass
 class _Stream:
     cap: int
+    keep: int = PROGRESS_TAIL  # how much of the newest output a report carries
     data: bytearray = field(default_factory=bytearray)
     total: int = 0
     tail: bytearray = field(default_factory=bytearray)  # the latest bytes, for progress
@@ -100,8 +103,15 @@ class _Stream:
         if room > 0:
             self.data += chunk[:room]
         self.total += len(chunk)
-        self.tail += chunk[-PROGRESS_TAIL:]
-        del self.tail[:-PROGRESS_TAIL]
+        self.tail += chunk[-self.keep:]
+        del self.tail[:-self.keep]
+
+    def report(self, streaming: bool) -> bytes:
+        """The output a progress report carries; streaming, it is then forgotten."""
+        out = bytes(self.tail)
+        if streaming:
+            self.tail.clear()
+        return out
 
 
 _SPARE_NETS = namespaces.SparePool(namespaces.spare_net)  # a fresh network namespace, lo up
@@ -161,6 +171,7 @@ def run(
     on_started: Callable[[int], None] | None = None,
     on_progress: Callable[[ExecProgress], None] | None = None,
     progress_interval_s: float = 1.0,
+    on_running: Callable[[Handle | None], None] | None = None,
 ) -> JailResult:
     """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
 
@@ -171,6 +182,8 @@ def run(
     gets the host pid of the jail's init (pid 1 inside; killing it ends the whole jail).
     ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
     with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
+    ``on_running`` gets a handle to signal the jail by, then None once it ended.  A
+    ``spec.timeout_ms`` of 0 is no time limit (a service's).
     """
     mapping = idmap.for_caller(spec.uid)
     plan = prepare(spec, host_trees_mapped=mapping is not None)
@@ -181,11 +194,11 @@ def run(
             cgroup.watch()
         if jail.direct and on_started is not None:
             on_started(jail.pid)
-        # The next jail's network namespace and root tree, made on this thread while the
-        # child builds this one on the other core: off the next exec's path.
-        _SPARE_NETS.refill()
-        (_SPARE_ROOTS if mapping is None else _MAPPED_ROOTS).refill()
-        _drain(jail, output, start, start + spec.timeout_ms / 1000.0, on_started, on_progress, progress_interval_s)
+        if on_running is not None:
+            on_running(jail)
+        _make_spares(spec, mapping)
+        deadline = start + spec.timeout_ms / 1000.0 if spec.timeout_ms else math.inf
+        _drain(jail, output, start, deadline, on_started, on_progress, progress_interval_s)
         if not output.final:  # no last report (killed, a failed step): its exit is all we get
             jail.reap()
     except BaseException:
@@ -195,6 +208,8 @@ def run(
         output.final = False  # reaped here, not by the janitor
         raise
     finally:
+        if on_running is not None:
+            on_running(None)
         if not output.final:
             jail.close()
             output.close()
@@ -208,6 +223,14 @@ def run(
     ending = result.ending = jail_end.Ending(cgroup)
     ending.finish_after(_reaper(jail, output) if output.final else None)
     return result
+
+
+def _make_spares(spec: JailSpec, mapping: int | None) -> None:
+    """The next jail's root tree (and network namespace, for a jail without its capsule's), made
+    on this thread while the child builds this one on the other core: off the next exec's path."""
+    if spec.net_fd is None:
+        _SPARE_NETS.refill()
+    (_SPARE_ROOTS if mapping is None else _MAPPED_ROOTS).refill()
 
 
 def _reaper(jail: _Running, output: _Output) -> Callable[[], None]:
@@ -251,7 +274,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
         stdin_fd, out_w, err_w = (os.dup(spec.tty_fd) for _ in range(3))
         out_r = err_r = None
     else:
-        stdin_fd = _stdin_fd(spec.stdin)
+        stdin_fd = os.dup(spec.stdin_fd) if spec.stdin_fd is not None else _stdin_fd(spec.stdin)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
     report_r, report_w = os.pipe()
@@ -286,7 +309,8 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
         for fd in (*child_fds, *sources):
             if fd is not None:
                 os.close(fd)
-    output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap), _Stream(spec.output_cap))
+    keep = STREAM_MAX if spec.stream else PROGRESS_TAIL
+    output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap, keep), _Stream(spec.output_cap, keep))
     return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
 
 
@@ -319,7 +343,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
             return  # the init's last word, the output read: its own exit is not waited for
         now = time.monotonic()
         if on_progress is not None and now >= next_progress:
-            on_progress(_progress(now - start, output.out, output.err))
+            on_progress(_progress(now - start, output.out, output.err, output.out.keep > PROGRESS_TAIL))
             next_progress = now + progress_interval_s
         remaining = deadline - now
         if remaining <= 0:
@@ -334,7 +358,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
             deadline = time.monotonic() + _KILL_GRACE_SEC
             continue
         wait = remaining if on_progress is None else min(remaining, max(next_progress - now, 0.0))
-        for fd, _event in poller.poll(wait * 1000.0):
+        for fd, _event in poller.poll(None if math.isinf(wait) else wait * 1000.0):
             chunk = os.read(fd, _READ_CHUNK)
             if not chunk:
                 poller.unregister(fd)
@@ -352,8 +376,15 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
                 streams[fd].feed(chunk)
 
 
-def _progress(elapsed_s: float, out: _Stream, err: _Stream) -> ExecProgress:
-    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, bytes(out.tail), bytes(err.tail))
+def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool) -> ExecProgress:
+    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, out.report(streaming), err.report(streaming))
+
+
+class Handle(Protocol):
+    """What a caller may do to a running jail (registry.py signals services through it)."""
+
+    def send(self, signum: int) -> bool:
+        """Signal the jail's command through its init; False once it has ended."""
 
 
 class _Running:
@@ -376,6 +407,25 @@ class _Running:
                 syscalls.pidfd_send_signal(self.init_pidfd, END_SIGNAL)
             elif self.direct and self.status is None:
                 os.kill(self.pid, END_SIGNAL)  # not reaped yet, so the pid cannot be reused
+            else:
+                return False
+        except OSError:
+            return False
+        return True
+
+    def send(self, signum: int) -> bool:
+        """Send ``signum`` to the init, which passes the ones it forwards to the command (ccw-jail's
+        FORWARDED); SIGKILL ends the whole jail.  False if the jail cannot be reached (it ended)."""
+        if signum == signal.SIGKILL:
+            if self.status is not None:
+                return False
+            self.kill()
+            return True
+        try:
+            if self.init_pidfd is not None:
+                syscalls.pidfd_send_signal(self.init_pidfd, signum)
+            elif self.direct and self.status is None:
+                os.kill(self.pid, signum)  # not reaped yet, so the pid cannot be reused
             else:
                 return False
         except OSError:

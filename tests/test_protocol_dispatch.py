@@ -157,7 +157,8 @@ def test_hello_reports_mode_mechanisms_and_ops(manager: ManagerDouble) -> None:
     result, fds = dispatch(manager, "hello", {"version": PROTOCOL_VERSION})
     assert fds == [] and manager.calls == []
     assert result["mode"] == "privileged" and result["mechanisms"] == {"jail": {}}
-    assert result["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "destroy",
+    assert result["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal",
+                                    "freeze", "net_connect", "destroy",
                                     "list"])
     with pytest.raises(CcwError) as info:
         dispatch(manager, "hello", {"version": PROTOCOL_VERSION + 1})

@@ -89,7 +89,6 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": ["A"]}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "stdin_b64": "!!!"}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "stdin_b64": "A" * ((MAX_STDIN + 3) // 3 * 4 + 4)}),
-    ("exec", {"capsule_id": "cap_1", "argv": ["x"], "timeout_ms": 0}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "timeout_ms": 10**12}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "output_cap": MAX_OUTPUT_CAP + 1}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "cwd": "sub"}),
@@ -100,6 +99,12 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("open_root", {"capsule_id": "cap_1/.."}),
     ("destroy", {"capsule_id": None}),
     ("list", {"uid": 0}),
+    ("exec", {"capsule_id": "cap_1", "argv": ["true"], "service": "Web"}),
+    ("exec", {"capsule_id": "cap_1", "argv": ["true"], "stream": 1}),
+    ("signal", {"capsule_id": "cap_1", "service": "web", "signal": "SIGSTOP"}),
+    ("freeze", {"capsule_id": "cap_1", "frozen": "yes"}),
+    ("net_connect", {"capsule_id": "cap_1", "port": 0}),
+    ("net_connect", {"capsule_id": "cap_1", "port": 65536}),
     ("mount", {}),
     ("HELLO", {"version": 1}),
     ("", {}),
@@ -107,7 +112,8 @@ BAD: list[tuple[str, dict[str, Any]]] = [
 
 
 def test_op_set_is_closed_and_each_op_argues_its_safety() -> None:
-    assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "net_open", "destroy", "list"}
+    assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal", "freeze",
+                        "net_connect", "destroy", "list"}
     for spec in OPS.values():
         assert len(spec.safety) > 40, spec.name
         assert not set(spec.required) & set(spec.optional)
@@ -127,6 +133,19 @@ def test_bad_arguments(op: str, args: dict[str, Any]) -> None:
     # The front end refuses to send what the helper would refuse.
     with pytest.raises(ProtocolError):
         encode_request(1, op, args)
+
+
+def test_no_time_limit_is_for_services_only() -> None:
+    from sandbox.ops import ExecRequest
+
+    with pytest.raises(ProtocolError) as info:
+        ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["x"], "timeout_ms": 0})
+    assert info.value.details == {"argument": "timeout_ms"}
+    request = ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["x"], "timeout_ms": 0, "service": "web",
+                                     "stream": True})
+    assert request.service == "web" and request.stream and request.timeout_ms == 0
+    assert ExecRequest.from_args(request.to_args()) == request
+    assert ExecRequest.from_args({"capsule_id": "cap_1", "argv": ["x"], "stdio": "stdin"}).descriptors_wanted() == 1
 
 
 def test_args_must_be_an_object() -> None:
