@@ -150,6 +150,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "touched": outcome.touched,
         "generation": outcome.started_generation,
         "terminal": int(request.stdio == "tty"),  # an interactive session: its input is not kept
+        **({"service": request.service} if request.service is not None else {}),  # a service's run
     }
 
 
