@@ -86,6 +86,22 @@ def interleaved(runners: dict[str, Callable[[], object]], repeat: int, seed: int
     return times
 
 
+async def interleaved_async(runners: dict[str, Callable[[], Awaitable[float]]], repeat: int,
+                            seed: int = 0) -> dict[str, list[float]]:
+    """``interleaved`` for runners that are coroutines and return their own figure (seconds,
+    a throughput): each one's figures over ``repeat`` rounds after one warm-up each, in a
+    new order every round."""
+    for runner in runners.values():
+        await runner()
+    figures: dict[str, list[float]] = {name: [] for name in runners}
+    order, shuffler = list(runners), random.Random(seed)
+    for _ in range(repeat):
+        shuffler.shuffle(order)
+        for name in order:
+            figures[name].append(await runners[name]())
+    return figures
+
+
 def median_ms(times: list[float]) -> float:
     """Median of a sample, in milliseconds."""
     return statistics.median(times) * 1000.0

@@ -27,7 +27,6 @@ Needs root (the helper runs privileged; the server namespace is the test's own).
 from __future__ import annotations
 
 import contextlib
-import random
 import statistics
 import subprocess
 import tempfile
@@ -36,7 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.common import Call, Report, Row, in_process_tools, median_ms
+from bench.common import Call, Report, Row, in_process_tools, interleaved_async, median_ms
 from tests.support import netfixtures as nf
 
 DOWNLOAD_MIB = 100
@@ -47,20 +46,6 @@ SHAPE = ["rate", SHAPED_RATE, "burst", "512kb", "latency", "20ms"]
 URL = f"http://{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}/files/download.bin"
 CURL = ["curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{size_download} %{time_total}"]
 ALLOW = [f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"]
-
-
-
-async def _rounds(runners: dict[str, Callable[[], Awaitable[float]]], repeat: int) -> dict[str, list[float]]:
-    """Each runner's figures over ``repeat`` rounds after one warm-up, in a new order every round."""
-    for runner in runners.values():
-        await runner()
-    figures: dict[str, list[float]] = {name: [] for name in runners}
-    order, shuffler = list(runners), random.Random(0)
-    for _ in range(repeat):
-        shuffler.shuffle(order)
-        for name in order:
-            figures[name].append(await runners[name]())
-    return figures
 
 
 def _throughput(printed: str, size: int) -> float:
@@ -143,7 +128,7 @@ async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> d
     async with in_process_tools(root / "state") as tools:
         runs = _Runs(tools.call, ws, size)
         await runs.setup()
-        return await _rounds({
+        return await interleaved_async({
             "create_none": lambda: runs.create("none"), "create_allowlist": lambda: runs.create(ALLOW),
             "first_none": lambda: runs.create_and_true("none"), "first_allowlist": lambda: runs.create_and_true(ALLOW),
             "true_none": lambda: runs.true_in(runs.plain), "true_allowlist": lambda: runs.true_in(runs.allowed),

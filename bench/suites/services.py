@@ -1,0 +1,343 @@
+"""``python bench/run.py services``: a capsule's services (issue 36), each beside a baseline in one run.
+
+- **Start to ready.**  ``capsule_service_start`` of ``python3 -m http.server PORT --bind
+  127.0.0.1`` with ``ready: {port}``, timed from the call to its answer, against the same
+  server started under ``bwrap --unshare-all --share-net --die-with-parent --ro-bind / /
+  --dev /dev --proc /proc``, timed from the spawn until a connection to its port
+  succeeds.  The baseline shares the host's network (``--share-net``) so that the bench
+  can poll the port from outside, as ccw's ready check polls from the front end (through
+  the helper's ``net_connect`` into the capsule's own namespace); with bwrap's own
+  namespace there is nothing to connect from but a second process joining it, which
+  would time that process's start instead.  So the baseline is a sandbox's start and the
+  server's, and the ratio is what ccw adds: the capsule's jail (overlay, cgroup,
+  fanotify), the journal and the helper's round trips, and its polling interval.  bwrap
+  is polled every ``POLL_S``, as a script would, and in the same rounds at ccw's own
+  ``READY_POLL_S``, so the interval's share shows apart; the bare server (no sandbox)
+  polled every ``POLL_S`` is the floor.  No target: the issue sets none.
+- **Requests through a forwarded port.**  bench/parts/tiny_http.py's server (asyncio,
+  keep-alive, a two-byte page: fast, so the relay in front of it shows) as a service in a
+  capsule, reached through ``capsule_port``'s URL, against the same file run on the host
+  and reached straight on its loopback.  A client process (the same file) sends N GETs
+  one after another, each on a fresh connection (each: the owner check, a helper
+  ``net_connect``, a relay) or all on one keep-alive connection (each: two more loopback
+  hops through the relay); and N GETs on fresh connections to ``python3 -m http.server``
+  (HTTP/1.0, a dev server's pace) the same two ways.  Figures are microseconds per
+  request, timed inside the client (its start is not counted); the ratio inverts into
+  requests per second.  Target: at least 0.8x the direct rate.  Beside each row, the
+  same client in an exec in the capsule, to the service on the capsule's own loopback:
+  what the capsule costs the server, apart from what the forward costs.
+- **An exec beside a running service.**  ``capsule_exec ["true"]``, and a short command
+  that writes a file and reads it back, in a capsule running an idle service (the
+  http.server) against a capsule of the same workspace running none; halfway the service
+  moves to the other capsule, so whatever differs between the two capsules falls on both.
+  Target: at most 1.05x.  Beside it, the median of each round's own ratio, which drift
+  between rounds does not move.
+
+Rounds are interleaved in a new order each time (bench.common.interleaved's reason).
+Needs root (the helper runs privileged); the first part's baseline needs bwrap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from bench.common import Call, Report, Row, in_process_tools, interleaved_async, median_ms
+from bench.parts import tiny_http
+
+PYTHON = "/usr/bin/python3"  # the server's interpreter on the host and in the capsule alike
+TINY = Path(tiny_http.__file__)
+# The client needs the standard library alone, so it skips the site hooks (-S; this VM's
+# .pth files import certifi at every start): its start is not timed, this only shortens the run.
+CLIENT = [PYTHON, "-S"]
+PORT = 8765  # in a capsule: each has its own loopback
+BWRAP = ["bwrap", "--unshare-all", "--share-net", "--die-with-parent", "--ro-bind", "/", "/",
+         "--dev", "/dev", "--proc", "/proc"]
+GETS = (("tiny", "fresh"), ("tiny", "keepalive"), ("http.server", "fresh"))  # (server, connections)
+POLL_S = 0.005  # the baselines' readiness poll
+READY_S = 20.0
+TOUCH = ["sh", "-c", "echo bench > touched.txt && cat touched.txt > /dev/null"]
+
+
+def http_server(port: int) -> list[str]:
+    """The trivial server: started in the first part, idle beside the execs, one of the GETs' two."""
+    return [PYTHON, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each part does."""
+
+    start_rounds: int
+    http_rounds: int
+    fresh: int  # GETs on fresh connections per round
+    keepalive: int  # GETs on one connection per round
+    exec_rounds: int  # per half (the service in one capsule, then in the other)
+
+    def gets(self, mode: str) -> int:
+        """GETs per round on ``fresh`` connections or on one ``keepalive`` connection."""
+        return self.fresh if mode == "fresh" else self.keepalive
+
+
+FULL = Sizes(start_rounds=9, http_rounds=5, fresh=100, keepalive=1000, exec_rounds=40)
+QUICK = Sizes(start_rounds=3, http_rounds=3, fresh=40, keepalive=300, exec_rounds=6)
+
+
+# --- the host side: servers started and polled without ccw ---------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _connects(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _until_connects(port: int, poll_s: float, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + READY_S
+    while not _connects(port):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args!r} did not listen on {port} (exit {proc.returncode})")
+        time.sleep(poll_s)
+
+
+@contextlib.contextmanager
+def _on_host(argv: list[str], port: int, poll_s: float = POLL_S, cwd: Path | None = None) -> Iterator[float]:
+    """``argv`` started, and its seconds until ``port`` accepted; killed on the way out
+    (bwrap's sandbox with it: ``--die-with-parent``)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            cwd=cwd)
+    try:
+        _until_connects(port, poll_s, proc)
+        yield time.perf_counter() - start
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _start_on_host(prefix: list[str], poll_s: float) -> float:
+    """Seconds from spawning the http.server (under ``prefix``) until it accepts; on a new port each time."""
+    port = _free_port()
+    with _on_host([*prefix, *http_server(port)], port, poll_s) as seconds:
+        return seconds
+
+
+# --- the parts ---------------------------------------------------------------------------
+
+
+async def _start_service(call: Call, cap: str, name: str, cmd: list[str], port: int) -> None:
+    """Start ``cmd`` as a service, ready when ``port`` accepts; a start that is not ready raises."""
+    started = await call("capsule_service_start", {"capsule_id": cap, "name": name, "cmd": cmd, "ready": {"port": port}})
+    if not started["ready"]:
+        raise RuntimeError(f"service {name} was not ready: {started}")
+
+
+async def _start_to_ready(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
+    """Seconds to ready: ccw's service start, bwrap's polled two ways, and the bare server."""
+    from mcp_server.capsules.services import READY_POLL_S
+
+    cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+
+    async def ccw() -> float:
+        start = time.perf_counter()
+        answer = await call("capsule_service_start", {
+            "capsule_id": cap, "name": "web", "cmd": http_server(PORT), "ready": {"port": PORT}})
+        elapsed = time.perf_counter() - start
+        if not answer["ready"]:
+            raise RuntimeError(f"the service was not ready: {answer}")
+        await call("capsule_service_stop", {"capsule_id": cap, "name": "web", "grace_ms": 2000})
+        return elapsed
+
+    def on_host(prefix: list[str], poll_s: float) -> Callable[[], Awaitable[float]]:
+        return lambda: trio.to_thread.run_sync(_start_on_host, prefix, poll_s)
+
+    runners = {"ccw": ccw, "bare": on_host([], POLL_S)}
+    if shutil.which("bwrap"):
+        runners.update(bwrap=on_host(BWRAP, POLL_S), bwrap_ccw_poll=on_host(BWRAP, READY_POLL_S))
+    try:
+        return await interleaved_async(runners, rounds)
+    finally:
+        await call("capsule_destroy", {"capsule_id": cap})
+
+
+async def _exec_beside(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
+    """Seconds per exec (``true``, the file command) in a capsule with an idle service and in one without."""
+    caps = [(await call("capsule_create", {"workspace": str(ws)}))["capsule_id"] for _ in range(2)]
+
+    def exec_in(which: int, cmd: list[str]) -> Callable[[], Awaitable[float]]:
+        async def run() -> float:
+            start = time.perf_counter()
+            ran = await call("capsule_exec", {"capsule_id": caps[which], "cmd": cmd})
+            elapsed = time.perf_counter() - start
+            if ran["exit_code"] != 0:
+                raise RuntimeError(f"{cmd} failed: {ran['stderr'][-300:]}")
+            return elapsed
+        return run
+
+    times: dict[str, list[float]] = {}
+    try:
+        for served in (0, 1):  # the service in one capsule, then in the other
+            await _start_service(call, caps[served], "idle", http_server(PORT), PORT)
+            half = await interleaved_async({
+                f"{name} {'beside' if which == served else 'alone'}": exec_in(which, cmd)
+                for which in (0, 1) for name, cmd in (("true", ["true"]), ("touch", TOUCH))}, rounds, seed=served)
+            await call("capsule_service_stop", {"capsule_id": caps[served], "name": "idle", "grace_ms": 2000})
+            for name, figures in half.items():
+                times.setdefault(name, []).extend(figures)
+    finally:
+        for cap in caps:
+            await call("capsule_destroy", {"capsule_id": cap})
+    return times
+
+
+async def _client(port: int, count: int, mode: str) -> float:
+    """Seconds per GET of a client process's ``count`` sequential GETs to ``port`` on the host."""
+    done = await trio.run_process([*CLIENT, str(TINY), "get", str(port), str(count), mode],
+                                  capture_stdout=True, capture_stderr=True)
+    return float(done.stdout) / count
+
+
+async def _client_in(call: Call, cap: str, port: int, count: int, mode: str) -> float:
+    """The same from an exec in the capsule, to ``port`` on its own loopback (the exec's start not counted)."""
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": [*CLIENT, TINY.name, "get", str(port), str(count), mode]})
+    if ran["exit_code"] != 0:
+        raise RuntimeError(f"the client in the capsule failed: {ran['stderr'][-300:]}")
+    return float(ran["stdout"]) / count
+
+
+async def _serving(call: Call, cap: str, name: str, cmd: list[str], port: int) -> int:
+    """Start ``cmd`` as a service listening on ``port`` and forward it: the host port."""
+    await _start_service(call, cap, name, cmd, port)
+    host_port: int = (await call("capsule_port", {"capsule_id": cap, "port": port}))["host_port"]
+    return host_port
+
+
+async def _forwarded(call: Call, ws: Path, sizes: Sizes) -> dict[str, list[float]]:
+    """Seconds per GET through a forwarded port and straight: the fast server on fresh connections
+    and on one kept alive, and http.server (HTTP/1.0: a connection per request)."""
+    tiny = [PYTHON, TINY.name, "serve"]
+    inside = {"tiny": PORT, "http.server": PORT + 1}
+    cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    try:
+        forwards = {"tiny": await _serving(call, cap, "tiny", [*tiny, str(PORT)], PORT),
+                    "http.server": await _serving(call, cap, "web", http_server(PORT + 1), PORT + 1)}
+        direct = {"tiny": _free_port(), "http.server": _free_port()}
+        with _on_host([*tiny, str(direct["tiny"])], direct["tiny"], cwd=ws), \
+                _on_host(http_server(direct["http.server"]), direct["http.server"], cwd=ws):
+            runners: dict[str, Callable[[], Awaitable[float]]] = {}
+            for server, mode in GETS:
+                count = sizes.gets(mode)
+                runners[f"{server} {mode} forwarded"] = partial(_client, forwards[server], count, mode)
+                runners[f"{server} {mode} direct"] = partial(_client, direct[server], count, mode)
+                runners[f"{server} {mode} inside"] = partial(_client_in, call, cap, inside[server], count, mode)
+            return await interleaved_async(runners, sizes.http_rounds)
+    finally:
+        await call("capsule_destroy", {"capsule_id": cap})
+
+
+async def _measure(root: Path, sizes: Sizes) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """Every part's figures, and the seconds each part took."""
+    ws = root / "ws"
+    ws.mkdir()
+    (ws / "index.html").write_text("<p>served from a capsule</p>\n")
+    shutil.copy2(TINY, ws / TINY.name)
+    figures: dict[str, list[float]] = {}
+    took: dict[str, float] = {}
+    async with in_process_tools(root / "state") as tools:
+        for part, measure in (("start", partial(_start_to_ready, tools.call, ws, sizes.start_rounds)),
+                              ("exec", partial(_exec_beside, tools.call, ws, sizes.exec_rounds)),
+                              ("GETs", partial(_forwarded, tools.call, ws, sizes))):
+            start = time.perf_counter()
+            figures.update(await measure())
+            took[part] = time.perf_counter() - start
+    return figures, took
+
+
+# --- the report ----------------------------------------------------------------------------
+
+
+def _start_rows(figures: dict[str, list[float]], rounds: int) -> list[Row]:
+    from mcp_server.capsules.services import READY_POLL_S
+
+    name = "service start to ready: python3 -m http.server"
+    ccw = median_ms(figures["ccw"])
+    rows = []
+    if "bwrap" in figures:
+        rows.append(Row(name, ccw, f"bwrap, polled every {POLL_S * 1000:g} ms", median_ms(figures["bwrap"]),
+                        "(no target)", {"rounds": rounds}))
+        rows.append(Row(name, ccw, f"bwrap, polled every {READY_POLL_S * 1000:g} ms (ccw's)",
+                        median_ms(figures["bwrap_ccw_poll"]), "(no target)"))
+    else:
+        rows.append(Row(name, ccw, "bwrap (not installed)", None, "(no target)"))
+    rows.append(Row(name, ccw, f"bare, polled every {POLL_S * 1000:g} ms", median_ms(figures["bare"]), "(no target)"))
+    return rows
+
+
+def _http_row(figures: dict[str, list[float]], server: str, mode: str, count: int, rounds: int) -> Row:
+    forwarded, direct, inside = (median_ms(figures[f"{server} {mode} {where}"]) * 1000
+                                 for where in ("forwarded", "direct", "inside"))
+    label = "a fresh connection each" if mode == "fresh" else "one keep-alive connection"
+    what = "tiny_http (asyncio)" if server == "tiny" else "python3 -m http.server"
+    # Rows hold "lower is better" figures: microseconds per request, so that a rate of at
+    # least 0.8x the direct one is a ratio of at most 1.25.
+    return Row(f"{count} GETs to {what}, {label} (per GET)", forwarded, "host loopback direct", direct,
+               "<= 1.25 (req/s >= 0.8x)", unit="us",
+               extra={"forwarded req/s": round(1e6 / forwarded), "direct req/s": round(1e6 / direct),
+                      "rate ratio": round(direct / forwarded, 3),
+                      "from an exec in the capsule (no forward)": f"{inside:.0f} us/GET", "rounds": rounds})
+
+
+def _exec_rows(figures: dict[str, list[float]]) -> list[Row]:
+    rows = []
+    for name, what in (("true", 'capsule_exec ["true"]'), ("touch", "capsule_exec sh: write a file, read it")):
+        beside, alone = figures[f"{name} beside"], figures[f"{name} alone"]
+        paired = statistics.median(b / a for b, a in zip(beside, alone, strict=True))
+        rows.append(Row(f"{what}, an idle service beside", median_ms(beside), "no service", median_ms(alone),
+                        "<= 1.05x", {"runs": len(beside), "median of the rounds' ratios": f"{paired:.3f}x"}))
+    return rows
+
+
+def run(quick: bool = False) -> Report:
+    """Measure the three parts in one runtime and report medians and ratios."""
+    if os.geteuid() != 0:
+        raise SystemExit("the services suite needs root (the helper runs privileged)")
+    sizes = QUICK if quick else FULL
+    report = Report("services")
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="ccw-bench-services-") as tmp:
+        figures, took = trio.run(_measure, Path(tmp), sizes)
+    for row in _start_rows(figures, sizes.start_rounds):
+        report.add(row)
+    for server, mode in GETS:
+        report.add(_http_row(figures, server, mode, sizes.gets(mode), sizes.http_rounds))
+    for row in _exec_rows(figures):
+        report.add(row)
+    report.notes.append("start to ready: ccw from the tool call to its ready answer; the baselines from the spawn "
+                        "until a connection to the port succeeds (bwrap --share-net: polled from the host)")
+    report.notes.append("parts took " + ", ".join(f"{part} {seconds:.0f} s" for part, seconds in took.items())
+                        + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+                        f"{os.cpu_count()} CPUs (each extra hop waits for a CPU when others are busy)")
+    report.notes.append("GETs: a client process (bench/parts/tiny_http.py get) against the same server, in a "
+                        "capsule behind capsule_port and on the host; its own start is not counted")
+    return report
