@@ -1,0 +1,403 @@
+"""mcp_server/egress/forward.py over real loopback sockets: a loopback server stands for the
+capsule's service; TCP both ways with half-close, HTTP, an upgrade, refusals, failed
+connects, the port's bounds and its errors."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx2
+import pytest
+import trio
+
+from mcp_server.egress import forward, peer
+from mcp_server.egress.forward import Client, Connect, PortForward
+from mcp_server.egress.relay import CONNECT_TIMEOUT
+from sandbox.errors import CcwError
+from tests.support.egress_harness import (
+    Upstream,
+    http_responder,
+    read_all,
+    shout,
+    upstream,
+)
+
+ME = os.geteuid()  # who owns the sockets this test makes
+
+
+class Capsule:
+    """The caller's side: ``connect`` into a loopback port, counting its calls."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.calls = 0
+
+    async def connect(self) -> trio.socket.SocketType:
+        self.calls += 1
+        sock = trio.socket.socket()
+        try:
+            await sock.connect(("127.0.0.1", self.port))
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+class Told:
+    """What the forward told its observers."""
+
+    def __init__(self) -> None:
+        self.refused: list[Client] = []
+        self.errors: list[tuple[Client, Exception]] = []
+        self.changed = trio.Event()
+
+    def on_refused(self, who: Client) -> None:
+        self.refused.append(who)
+        self.changed.set()
+
+    def on_error(self, who: Client, error: Exception) -> None:
+        self.errors.append((who, error))
+        self.changed.set()
+
+
+@asynccontextmanager
+async def forwarding(connect: Connect, owner_uid: int = ME, told: Told | None = None,
+                     connect_timeout: float = CONNECT_TIMEOUT) -> AsyncIterator[PortForward]:
+    """A forward serving for the block, closed after it."""
+    told = told or Told()
+    port = PortForward(connect, owner_uid, 8000, on_refused=told.on_refused, on_error=told.on_error,
+                       connect_timeout=connect_timeout)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(port.serve)
+            yield port
+            await port.aclose()
+    finally:
+        await port.aclose()
+
+
+async def dial(port: PortForward) -> trio.SocketStream:
+    return await trio.open_tcp_stream("127.0.0.1", port.host_port)
+
+
+async def tail_after_eof(stream: trio.SocketStream, state: Upstream) -> None:
+    """Read to the client's EOF, then answer: bytes flow back after a half-close."""
+    received = b""
+    async for data in stream:
+        received += data
+    state.seen.append(received)
+    await stream.send_all(b"got %d bytes" % len(received))
+
+
+def test_tcp_both_ways_with_half_close() -> None:
+    async def main() -> None:
+        async with upstream(tail_after_eof) as service, forwarding(Capsule(service.port).connect) as port:
+            client = await dial(port)
+            await client.send_all(b"hello, ")
+            await client.send_all(b"capsule")
+            await client.send_eof()  # the capsule sees EOF, and may still answer
+            assert await read_all(client) == b"got 14 bytes"
+            assert service.seen == [b"hello, capsule"]
+            assert (port.accepted, port.refused, port.errors) == (1, 0, 0)
+
+    trio.run(main)
+
+
+def test_megabytes_both_ways_at_once() -> None:
+    payload = os.urandom(4 << 20)
+
+    async def main() -> None:
+        async with upstream(shout) as service, forwarding(Capsule(service.port).connect) as port:
+            client = await dial(port)
+            echoed = bytearray()
+
+            async def send() -> None:
+                await client.send_all(payload)
+                await client.send_eof()
+
+            async def receive() -> None:
+                while data := await client.receive_some(1 << 16):
+                    echoed.extend(data)
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(send)
+                    nursery.start_soon(receive)
+            await client.aclose()
+        assert bytes(echoed) == payload.upper()
+
+    trio.run(main)
+
+
+def test_an_http_request_through_the_url() -> None:
+    page = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 18\r\nConnection: close\r\n\r\nfrom the capsule\r\n"
+
+    async def main() -> None:
+        async with upstream(http_responder(page)) as service, forwarding(Capsule(service.port).connect) as port:
+            assert port.url == f"http://127.0.0.1:{port.host_port}/"
+            assert port.capsule_port == 8000
+            async with httpx2.AsyncClient(trust_env=False, timeout=10) as http:
+                response = await http.get(port.url + "index.html")
+            assert (response.status_code, response.text) == (200, "from the capsule\r\n")
+            assert service.seen[0].startswith(b"GET /index.html HTTP/1.1\r\n")
+            assert f"host: 127.0.0.1:{port.host_port}".encode() in service.seen[0].lower()
+
+    trio.run(main)
+
+
+async def slow_reader(stream: trio.SocketStream, state: Upstream) -> None:
+    """Read in small pieces, slowly, and answer only at EOF."""
+    total = 0
+    while data := await stream.receive_some(16384):
+        total += len(data)
+        await trio.sleep(0.0002)
+    await stream.send_all(b"%d" % total)
+
+
+def test_an_upload_beyond_the_buffers_to_a_slow_reader_completes() -> None:
+    # The pattern that stalls splice.tunnel (see forward.py): one way waits to write the
+    # capsule's socket while the other waits to read it.
+    size = 16 << 20
+
+    async def main() -> None:
+        async with upstream(slow_reader) as service, forwarding(Capsule(service.port).connect) as port:
+            client = await dial(port)
+            with trio.fail_after(60):
+                await client.send_all(bytes(size))
+                await client.send_eof()
+                assert await read_all(client) == b"%d" % size
+
+    trio.run(main)
+
+
+async def websocket_like(stream: trio.SocketStream, state: Upstream) -> None:
+    """Answer an upgrade with 101, then speak first and echo raw frames, reversed."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await stream.receive_some()
+    state.seen.append(head)
+    await stream.send_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+    await stream.send_all(b"\x81\x05hello")  # the server speaks first
+    async for frame in stream:
+        await stream.send_all(frame[::-1])
+
+
+async def receive_exactly(stream: trio.SocketStream, size: int, received: bytes = b"") -> bytes:
+    with trio.fail_after(10):
+        while len(received) < size:
+            data = await stream.receive_some()
+            assert data, f"closed after {received!r}"
+            received += data
+    assert len(received) == size, received
+    return received
+
+
+def test_a_websocket_like_upgrade_carries_raw_bytes_after_the_101() -> None:
+    answer = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+
+    async def main() -> None:
+        async with upstream(websocket_like) as service, forwarding(Capsule(service.port).connect) as port:
+            client = await dial(port)
+            await client.send_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+            assert await receive_exactly(client, len(answer) + 7) == answer + b"\x81\x05hello"
+            for frame in (b"\x82\x03\x00\xff\x10", b"\x88\x00"):
+                await client.send_all(frame)
+                assert await receive_exactly(client, len(frame)) == frame[::-1]
+            await client.aclose()
+
+    trio.run(main)
+
+
+def test_another_users_connection_is_closed_unread_and_told() -> None:
+    async def main() -> None:
+        told = Told()
+        async with upstream(shout) as service:
+            capsule = Capsule(service.port)
+            async with forwarding(capsule.connect, owner_uid=ME + 1, told=told) as port:
+                client = await dial(port)
+                client_port = client.socket.getsockname()[1]
+                await client.send_all(b"secret")
+                assert await read_all(client) == b""  # closed (or reset: it had sent bytes)
+                assert told.refused == [Client("127.0.0.1", client_port, ME)]
+                assert (port.accepted, port.refused, port.errors) == (0, 1, 0)
+            assert capsule.calls == 0 and service.seen == []  # no helper call, no byte through
+
+    trio.run(main)
+
+
+def test_a_client_gone_before_the_lookup_is_refused_as_nobody() -> None:
+    async def main() -> None:
+        told = Told()
+        async with forwarding(Capsule(1).connect, told=told) as port:
+            # Blocking sockets, so the forward cannot run before they have closed.
+            closed = socket.create_connection(("127.0.0.1", port.host_port))
+            closed_port = closed.getsockname()[1]
+            closed.close()
+            reset = socket.create_connection(("127.0.0.1", port.host_port))
+            reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
+            reset.close()
+            with trio.fail_after(10):
+                while len(told.refused) < 2:
+                    await told.changed.wait()
+                    told.changed = trio.Event()
+            assert told.refused == [Client("127.0.0.1", closed_port, None), Client("", 0, None)]
+            assert (port.accepted, port.refused, port.errors) == (0, 2, 0)
+
+    trio.run(main)
+
+
+def test_a_failed_lookup_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(conn: peer.Connected) -> int | None:
+        raise OSError(24, "Too many open files")
+
+    async def main() -> None:
+        told = Told()
+        async with forwarding(Capsule(1).connect, told=told) as port:
+            monkeypatch.setattr(peer, "peer_uid", broken)
+            client = await dial(port)
+            assert await read_all(client) == b""
+            assert [who.uid for who in told.refused] == [None] and port.refused == 1
+
+    trio.run(main)
+
+
+def test_a_capsule_port_not_listening_closes_the_client_and_a_retry_passes() -> None:
+    with socket.socket() as placeholder:  # a port nothing listens on, until it does
+        placeholder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        placeholder.bind(("127.0.0.1", 0))
+        capsule = Capsule(placeholder.getsockname()[1])
+
+        async def main() -> None:
+            told = Told()
+            async with forwarding(capsule.connect, told=told) as port:
+                client = await dial(port)
+                client_port = client.socket.getsockname()[1]
+                assert await read_all(client) == b""
+                [(who, error)] = told.errors
+                assert who == Client("127.0.0.1", client_port, ME)
+                assert isinstance(error, ConnectionRefusedError)
+                assert (port.accepted, port.refused, port.errors) == (0, 0, 1)
+                placeholder.listen(1)  # the service has started
+                client = await dial(port)
+                await client.send_all(b"ping")
+                with trio.fail_after(10):
+                    served, _ = await trio.socket.from_stdlib_socket(placeholder).accept()
+                with served:
+                    assert await served.recv(4) == b"ping"
+                    await served.send(b"pong")
+                    assert await client.receive_some() == b"pong"
+                await client.aclose()
+                assert (port.accepted, port.errors, capsule.calls) == (1, 1, 2)
+
+        trio.run(main)
+
+
+def test_a_connect_that_hangs_times_out() -> None:
+    async def hangs() -> trio.socket.SocketType:
+        await trio.sleep_forever()
+        raise AssertionError("not reached")
+
+    async def main() -> None:
+        told = Told()
+        async with forwarding(hangs, told=told, connect_timeout=0.2) as port:
+            assert await read_all(await dial(port)) == b""
+            [(_who, error)] = told.errors
+            assert isinstance(error, CcwError) and error.code == "TIMEOUT"
+            assert "port 8000 in the capsule did not answer within 0.2 s" in error.message
+
+    trio.run(main)
+
+
+def test_past_max_open_a_connection_is_closed_as_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forward, "MAX_OPEN", 1)
+
+    async def main() -> None:
+        told = Told()
+        async with upstream(shout) as service, forwarding(Capsule(service.port).connect, told=told) as port:
+            first = await dial(port)
+            await first.send_all(b"a")
+            assert await first.receive_some() == b"A"  # relaying: one open
+            assert await read_all(await dial(port)) == b""
+            [(_who, error)] = told.errors
+            assert isinstance(error, CcwError) and error.code == "UNAVAILABLE"
+            await first.send_all(b"b")
+            assert await first.receive_some() == b"B"  # the first goes on
+            await first.aclose()
+
+    trio.run(main)
+
+
+def test_aclose_ends_open_relays_and_frees_the_port() -> None:
+    async def main() -> None:
+        async with upstream(shout) as service:
+            async with trio.open_nursery() as nursery:
+                port = PortForward(Capsule(service.port).connect, ME, 8000)
+                await nursery.start(port.serve)
+                client = await dial(port)
+                await client.send_all(b"x")
+                assert await client.receive_some() == b"X"
+                await port.aclose()
+                assert await read_all(client) == b""
+            with pytest.raises(RuntimeError, match="closed"):
+                await port.serve()
+            again = PortForward(Capsule(service.port).connect, ME, 8000, host_port=port.host_port)
+            await again.aclose()
+
+    trio.run(main)
+
+
+def test_an_observer_that_raises_does_not_end_the_port() -> None:
+    def bad(who: Client) -> None:
+        raise RuntimeError("watcher bug")
+
+    async def main() -> None:
+        async with upstream(shout) as service, trio.open_nursery() as nursery:
+            port = PortForward(Capsule(service.port).connect, ME + 1, 8000, on_refused=bad)
+            await nursery.start(port.serve)
+            for _ in range(2):
+                assert await read_all(await dial(port)) == b""
+            assert port.refused == 2
+            await port.aclose()
+
+    trio.run(main)
+
+
+def test_a_port_in_use_is_a_conflict_that_says_how_to_recover() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        number = taken.getsockname()[1]
+        with pytest.raises(CcwError) as raised:
+            PortForward(Capsule(1).connect, ME, 8000, host_port=number)
+    assert raised.value.code == "CONFLICT"
+    assert f"host port {number} on 127.0.0.1 is in use by another program" in raised.value.message
+    assert "or to 0 for any free one" in raised.value.message
+
+
+def test_a_kernel_without_tcp_lookups_is_unsupported_and_frees_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(peer, "socket_uid", lambda local, remote, scope_id=0: None)
+    with pytest.raises(CcwError) as raised:
+        PortForward(Capsule(1).connect, ME, 8000)
+    assert raised.value.code == "UNSUPPORTED" and "modprobe tcp_diag" in raised.value.message
+    with socket.socket() as again:  # the listener was closed
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", raised.value.details["host_port"]))
+    monkeypatch.setattr(peer, "socket_uid", lambda local, remote, scope_id=0: (_ for _ in ()).throw(
+        OSError(93, "Protocol not supported")))
+    with pytest.raises(CcwError, match="Protocol not supported") as raised:
+        PortForward(Capsule(1).connect, ME, 8000)
+    assert raised.value.code == "UNSUPPORTED"
+
+
+def test_the_port_asked_for_is_the_port_served() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    port = PortForward(Capsule(1).connect, ME, 8000, host_port=free)
+    with contextlib.closing(socket.create_connection(("127.0.0.1", free))):
+        assert (port.host_port, port.url) == (free, f"http://127.0.0.1:{free}/")
+    trio.run(port.aclose)
