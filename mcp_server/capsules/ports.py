@@ -1,0 +1,147 @@
+"""Forwarded ports: a capsule's port opened on the host's loopback, for its owner alone.
+
+``capsule_port`` makes ``127.0.0.1:HOST_PORT`` on the host lead to ``PORT`` on the
+capsule's own loopback, so a person can open the app an agent is building.  The
+forwarder (egress/forward.py) runs in this process and reaches the capsule through the
+helper: each accepted connection gets a socket the helper made and connected inside the
+capsule's network namespace (``net_connect``, sandbox/capsule_nets.py), and bytes are
+spliced between the two.  What it trusts (THREATS.md, "Forwarded ports"):
+
+- **Who may connect.**  Any local process can connect to a loopback port, so each
+  connection's peer is looked up by its 4-tuple (sock_diag, egress/peer.py) and only a
+  socket owned by the capsule's owner (this process's uid: the helper makes a caller's
+  capsules as the caller) is relayed; any other is closed at once, counted and shown as
+  a ``port`` event with its uid.
+- **What the capsule gets.**  Nothing new: the bytes a person's browser sends, on a
+  connection the capsule accepted.  The helper's socket lives in the capsule's namespace,
+  so the front end never enters it and the capsule never reaches the host through it.
+- **How long.**  A forward lives as long as its capsule (destroy closes it) and is kept
+  in the state dir's ``ports`` table: a restarted front end opens it again on the same
+  host port when that is free, else on another, and says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from mcp_server import events
+from mcp_server.capsules.background import Background
+from mcp_server.egress.forward import Client, PortForward
+from mcp_server.journal import Journal
+from mcp_server.logs import LOGGER
+from mcp_server.state import State
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+
+MAX_PORTS = 32  # forwards one capsule keeps at once
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS ports (
+    capsule_id TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    host_port INTEGER NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (capsule_id, port)
+);
+"""
+
+
+class Ports:
+    """The forwarded ports of this front end's capsules (one per process, in the Runtime)."""
+
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]]) -> None:
+        self.state = state
+        self._helper = helper
+        self._open: dict[tuple[str, int], PortForward] = {}
+        self._background = Background("ccw forwarded ports")
+        self._recovered = False
+        state.ensure_schema("ports", _DDL)
+
+    def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
+        return [_summary(capsule_id, forward) for (cap, _), forward in sorted(self._open.items()) if cap == capsule_id]
+
+    def holding(self) -> bool:
+        return bool(self._open)
+
+    async def open(self, capsule_id: str, port: int, host_port: int = 0) -> dict[str, Any]:
+        """Forward ``port`` of the capsule (the same forward if it has one); its URL."""
+        await self.recover()
+        forward = self._open.get((capsule_id, port))
+        if forward is None:
+            if sum(1 for cap, _ in self._open if cap == capsule_id) >= MAX_PORTS:
+                raise CcwError("TOO_LARGE", f"capsule {capsule_id} already forwards {MAX_PORTS} ports; close one "
+                               "(capsule_port with close: true)", {"capsule_id": capsule_id})
+            forward = await self._start(capsule_id, port, host_port)
+            self.state.execute("INSERT OR REPLACE INTO ports (capsule_id, port, host_port, created_at) "
+                               "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
+                                                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
+        return _summary(capsule_id, forward)
+
+    async def _start(self, capsule_id: str, port: int, host_port: int) -> PortForward:
+        async def connect() -> trio.socket.SocketType:
+            helper = await self._helper()
+            return await helper.net_connect(capsule_id, port)
+
+        def refused(who: Client) -> None:
+            events.add(self.state, "port", capsule_id, {"port": port, "state": "refused", "peer_uid": who.uid,
+                                                        "peer": f"{who.address}:{who.port}"})
+
+        forward = PortForward(connect, os.getuid(), port, host_port, on_refused=refused)
+        self._open[(capsule_id, port)] = forward
+        nursery = await self._background.nursery()
+        await nursery.start(forward.serve)
+        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open"})
+        return forward
+
+    async def close(self, capsule_id: str, port: int) -> dict[str, Any]:
+        forward = self._open.pop((capsule_id, port), None)
+        self.state.execute("DELETE FROM ports WHERE capsule_id = ? AND port = ?", (capsule_id, port))
+        if forward is None:
+            raise CcwError("NOT_FOUND", f"capsule {capsule_id} forwards no port {port}",
+                           {"capsule_id": capsule_id, "port": port})
+        await forward.aclose()
+        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "closed"})
+        return {**_summary(capsule_id, forward), "open": False}
+
+    async def close_all(self, capsule_id: str) -> None:
+        """Close every forward of a capsule (it is being destroyed)."""
+        for cap, port in list(self._open):
+            if cap == capsule_id:
+                await self.close(cap, port)
+        self.state.execute("DELETE FROM ports WHERE capsule_id = ?", (capsule_id,))
+
+    async def recover(self) -> None:
+        """Once per process: open again the forwards the state dir keeps for live capsules."""
+        if self._recovered:
+            return
+        self._recovered = True
+        journal = Journal(self.state)
+        for row in self.state.execute("SELECT capsule_id, port, host_port FROM ports ORDER BY capsule_id, port"):
+            capsule_id, port, host_port = row["capsule_id"], row["port"], row["host_port"]
+            record = journal.capsule(capsule_id)
+            if record is None or record.destroyed_at is not None:
+                self.state.execute("DELETE FROM ports WHERE capsule_id = ?", (capsule_id,))
+                continue
+            try:
+                forward = await self._start(capsule_id, port, host_port)
+            except CcwError:  # its host port is taken now: another one, said in the event and the answer
+                forward = await self._start(capsule_id, port, 0)
+                LOGGER.info(f"mcp:port {capsule_id}:{port} reopened on {forward.host_port}, not {host_port}")
+            self.state.execute("UPDATE ports SET host_port = ? WHERE capsule_id = ? AND port = ?",
+                               (forward.host_port, capsule_id, port))
+
+    async def aclose(self) -> None:
+        for forward in list(self._open.values()):
+            await forward.aclose()
+        self._open.clear()
+        self._background.cancel()
+
+
+def _summary(capsule_id: str, forward: PortForward) -> dict[str, Any]:
+    return {"capsule_id": capsule_id, "port": forward.capsule_port, "host_port": forward.host_port,
+            "url": forward.url, "open": True, "refused": forward.refused}

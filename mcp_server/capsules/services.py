@@ -1,0 +1,497 @@
+"""A capsule's services: long-lived processes that this front end keeps running, logs and journals.
+
+A service is one helper ``exec`` held open (sandbox/services.py): the same jail, cgroup,
+fanotify recording and reply as an exec's, beside the capsule's exec rather than in turn
+with it, in the capsule's one network namespace.  This module is the front end's side:
+
+- **Where it runs.**  Each service is a trio task in a system task's nursery, as the
+  egress sessions are (capsules/networks.py), because it outlives the call that started
+  it; ``aclose`` (the process's end) stops them all.  The helper ends a service whose
+  connection closes, so no service outlives the front end that holds it.
+- **Start, in the capsule's turn.**  ``capsule_service_start`` takes the capsule's turn
+  and answers once the service is ready (its ``ready``: a port that accepts, checked
+  through ``net_connect``; a path that exists, checked by a probe exec; a line of output
+  that matches) or plainly why not: it exited (with its status and last lines), or the
+  deadline passed (it keeps running, and says so).  A call queued behind the start runs
+  against a ready service: "start the app, then test it" is two calls.
+- **Recorded like an exec.**  Each run of a service is a journal row (its ``service``
+  column names it), with its touched files and usage, appended when it ends; what it
+  wrote shows live as ``files.written`` events meanwhile.  An exec's row names the
+  services that ran beside it (``beside``).  Its output goes to a bounded ring in the
+  state dir (capsules/service_log.py), read by cursor (``logs``).
+- **Restarts.**  ``restart``: "no" (an ended service stays listed with its status until
+  stopped), "on-failure" (a non-zero exit, a signal, or the helper lost it), "always".
+  A service that fails ``QUICK_FAILS`` times in a row within ``QUICK_S`` of starting is
+  ``failed``, not restarted again.  Its output ring tells each start.
+- **Outliving the process.**  Specs are kept in the state dir (capsules/service_spec.py).
+  A front end that finds specs it did not start (after its own restart, a reboot, or the
+  helper's) brings back those whose restart is not "no" and lists the others as
+  ``lost``, with the reason (``recover``): never silently gone.
+- **Stop.**  SIGTERM through the helper's ``signal`` op, then SIGKILL after ``grace_ms``;
+  the service leaves the list and the state dir, its runs stay in the journal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from mcp_server import events
+from mcp_server.capsules.background import Background
+from mcp_server.capsules.exec import ExecOutcome
+from mcp_server.capsules.networks import Networks, network_not_open
+from mcp_server.capsules.ports import Ports
+from mcp_server.capsules.service_log import LogRing, Slice
+from mcp_server.capsules.service_spec import ServiceSpec, SpecTable
+from mcp_server.journal import Journal
+from mcp_server.logs import LOGGER
+from mcp_server.state import State
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest, SignalRequest
+from sandbox.replies import ExecProgress
+
+if TYPE_CHECKING:
+    import datetime
+
+    from mcp_server.journal import CapsuleRecord
+
+
+class CapsuleService(Protocol):
+    """What services need of the capsule service (capsules/service.py, which holds a ``Services``)."""
+
+    @property
+    def journal(self) -> Journal: ...
+
+    def live_record(self, capsule_id: str) -> CapsuleRecord: ...
+
+    def background(self) -> CapsuleService: ...
+
+    async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
+                                 started: datetime.datetime) -> int | None: ...
+
+PROGRESS_MS = 250  # how often a service's output and writes come in
+OUTPUT_CAP = 64 * 1024  # what the helper's reply keeps of each stream (the ring has it all)
+STOP_GRACE_MS = 5000
+KILL_WAIT_S = 15.0
+READY_POLL_S = 0.1
+READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to READY_POLL_S
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+QUICK_S, QUICK_FAILS = 10.0, 5
+HELPER_POLL_S = 1.0  # how often a service the helper lost asks whether a helper answers again
+TAIL_LINES = 20  # lines of output a start that did not become ready shows
+ENDED = ("exited", "failed", "lost", "stopped", "pending")  # not running (pending: a fork's, not started yet)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(eq=False)
+class ServiceRun:
+    """One service as this process keeps it."""
+
+    spec: ServiceSpec
+    log: LogRing
+    state: str = "starting"
+    since: str = field(default_factory=_now)
+    created_at: str = field(default_factory=_now)
+    exit_code: int | None = None
+    signal: str | None = None
+    reason: str | None = None
+    restarts: int = 0
+    seq: int | None = None  # the journal row of its last run that ended
+    stopping: bool = False
+    awaited: bool = False  # a caller waits for this start's readiness; other starts are watched in the background
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    finished: trio.Event = field(default_factory=trio.Event)  # the serving task has ended
+    line_seen: trio.Event = field(default_factory=trio.Event)
+    _partial: str = ""
+    _counts: tuple[int, int] = (0, 0)
+
+    def set_state(self, state: str, reason: str | None = None) -> None:
+        self.state, self.since, self.reason = state, _now(), reason
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.spec.name, "state": self.state, "since": self.since,
+                               "argv": list(self.spec.argv), "restart": self.spec.restart, "restarts": self.restarts}
+        for key in ("exit_code", "signal", "reason", "seq"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.spec.ready is not None:
+            out["ready_when"] = self.spec.ready.describe()
+        return out
+
+    def take_output(self, report: ExecProgress) -> None:
+        """A progress report's new output into the ring (noting what the helper could not carry),
+        and its lines against the readiness pattern."""
+        out_seen, err_seen = self._counts
+        missed = (report.stdout_bytes - out_seen - len(report.stdout_tail)
+                  + report.stderr_bytes - err_seen - len(report.stderr_tail))
+        self._counts = (report.stdout_bytes, report.stderr_bytes)
+        data = report.stdout_tail + report.stderr_tail
+        if missed > 0:
+            data = f"[ccw: {missed} bytes of output were not kept]\n".encode() + data
+        self.log.append(data)
+        line = self.spec.ready.line if self.spec.ready is not None else None
+        if line is not None and data and not self.line_seen.is_set():
+            text = self._partial + data.decode(errors="replace")
+            lines = text.split("\n")
+            self._partial = lines.pop()[-4096:]
+            if any(re.search(line, one) for one in lines):
+                self.line_seen.set()
+
+    def starting(self) -> None:
+        self.set_state("starting")
+        self.log.append(f"[ccw: {self.spec.name} started at {self.since}: {' '.join(self.spec.argv)}]\n".encode())
+
+    def restarted(self) -> None:
+        self.restarts += 1
+        self.line_seen = trio.Event()
+        self._partial, self._counts = "", (0, 0)
+
+
+class Services:
+    """The services of this front end's capsules (one per process, in the Runtime)."""
+
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]], networks: Networks) -> None:
+        self.state = state
+        self._helper = helper
+        self.networks = networks
+        self.ports = Ports(state, helper)  # the capsules' forwarded ports (capsules/ports.py)
+        self._runs: dict[tuple[str, str], ServiceRun] = {}
+        self._background = Background("ccw services")
+        self._recovered = False
+        self._capsules: CapsuleService | None = None  # journals the runs (set at first start)
+
+    @property
+    def table(self) -> SpecTable:
+        return SpecTable(self.state)
+
+    def _ring(self, spec: ServiceSpec) -> LogRing:
+        return LogRing(Path(self.state.root) / "services" / spec.capsule_id, spec.name)
+
+    def _event(self, run: ServiceRun, **data: Any) -> None:
+        events.add(self.state, "service", run.spec.capsule_id, {"name": run.spec.name, "state": run.state, **data})
+
+    # --- queries -------------------------------------------------------------------
+
+    def get(self, capsule_id: str, name: str) -> ServiceRun:
+        run = self._runs.get((capsule_id, name))
+        if run is None:
+            known = sorted(n for c, n in self._runs if c == capsule_id)
+            raise CcwError("NOT_FOUND", f"capsule {capsule_id} has no service named {name!r}; its services: "
+                           f"{known or 'none'} (capsule_service_start starts one)",
+                           {"capsule_id": capsule_id, "name": name, "services": known})
+        return run
+
+    def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
+        """The capsule's services and their states, by name."""
+        return [run.summary() for (cap, _), run in sorted(self._runs.items()) if cap == capsule_id]
+
+    def running(self, capsule_id: str) -> list[ServiceRun]:
+        return [run for (cap, _), run in sorted(self._runs.items()) if cap == capsule_id and run.state not in ENDED]
+
+    def beside(self, capsule_id: str) -> list[dict[str, Any]]:
+        """The specs (without values) of the services running in the capsule now: an exec's row keeps them."""
+        return [run.spec.for_witness() for run in self.running(capsule_id)]
+
+    def holding(self) -> bool:
+        """Whether any service runs or port is forwarded (a front end that holds one is not idle)."""
+        return self.ports.holding() or any(run.state not in ENDED for run in self._runs.values())
+
+    def logs(self, capsule_id: str, name: str, since: int | None = None, tail: int | None = None) -> Slice:
+        return self.get(capsule_id, name).log.read(since, tail)
+
+    # --- start ---------------------------------------------------------------------
+
+    async def start(self, capsules: CapsuleService, spec: ServiceSpec) -> dict[str, Any]:
+        """Start ``spec`` (the caller holds the capsule's turn) and answer once it is ready, or why not."""
+        await self.recover(capsules)
+        existing = self._runs.get((spec.capsule_id, spec.name))
+        if existing is not None and existing.state not in ENDED:
+            raise CcwError("CONFLICT", f"service {spec.name!r} already runs in capsule {spec.capsule_id} "
+                           f"({existing.state}); stop it first, or give the new one another name",
+                           {"name": spec.name, "state": existing.state})
+        if existing is not None:  # an ended one of that name: replaced, its log kept going
+            self._runs.pop((spec.capsule_id, spec.name))
+        run = ServiceRun(spec, self._ring(spec), awaited=True)
+        self.table.save(spec, run.created_at)
+        await self._launch(run)
+        return await self.await_ready(run)
+
+    async def _launch(self, run: ServiceRun) -> None:
+        self._runs[(run.spec.capsule_id, run.spec.name)] = run
+        nursery = await self._background.nursery()
+        nursery.start_soon(self._serve, run, name=f"ccw service {run.spec.capsule_id}/{run.spec.name}")
+
+    async def await_ready(self, run: ServiceRun) -> dict[str, Any]:
+        """Wait for the run's readiness (or its end, or the deadline); its summary, with ``ready``."""
+        ready = run.spec.ready
+        if ready is None:
+            with trio.move_on_after(0.2):  # a command that cannot start fails at once: say so now
+                await run.finished.wait()
+            return {**run.summary(), "ready": run.state not in ENDED, **self._tail_if_ended(run)}
+        with trio.move_on_after(ready.timeout_ms / 1000) as waited:
+            pause = READY_FIRST_S
+            while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
+                if await self._ready_now(run):
+                    break
+                await trio.sleep(pause)
+                pause = min(pause * 2, READY_POLL_S)  # most servers are up within the first few tries
+        if run.state not in ENDED and not waited.cancelled_caught:
+            run.set_state("ready")
+            self._event(run)
+            return {**run.summary(), "ready": True}
+        why = (f"not ready after {ready.timeout_ms} ms ({ready.describe()}); it keeps running: read its logs, "
+               "or stop it") if run.state not in ENDED else f"it {run.state} before it was ready"
+        return {**run.summary(), "ready": False, "why": why, "log_tail": run.log.read(tail=TAIL_LINES).text}
+
+    def _tail_if_ended(self, run: ServiceRun) -> dict[str, Any]:
+        return {"log_tail": run.log.read(tail=TAIL_LINES).text} if run.state in ENDED else {}
+
+    async def _ready_now(self, run: ServiceRun) -> bool:
+        ready = run.spec.ready
+        assert ready is not None
+        if ready.line is not None:
+            with trio.move_on_after(READY_POLL_S):
+                await run.line_seen.wait()
+            return run.line_seen.is_set()
+        helper = await self._helper()
+        try:
+            if ready.port is not None:
+                sock = await helper.net_connect(run.spec.capsule_id, ready.port)
+                sock.close()
+                return True
+            assert ready.path is not None
+            probe = ExecRequest(run.spec.capsule_id, ("test", "-e", ready.path), timeout_ms=10_000)
+            return (await helper.call(probe)).exit_code == 0
+        except CcwError as exc:
+            if exc.code == "CONFLICT":  # not listening yet; or a probe while the capsule runs an exec
+                return False
+            raise
+
+    # --- forks ---------------------------------------------------------------------------
+
+    def inherit(self, parent_id: str, child_id: str) -> list[str]:
+        """A fork gets the specs of its parent's running services, to start at its first exec
+        (``start_pending``); the parent's own are frozen by the helper while it has forks."""
+        names = []
+        for run in self.running(parent_id):
+            spec = run.spec.in_capsule(child_id)
+            pending = ServiceRun(spec, self._ring(spec), state="pending")
+            pending.reason = f"inherited from {parent_id}; starts at the fork's first exec"
+            self._runs[(child_id, spec.name)] = pending
+            self.table.save(spec, pending.created_at)
+            names.append(spec.name)
+        return names
+
+    async def start_pending(self, capsules: CapsuleService, capsule_id: str) -> list[dict[str, Any]]:
+        """Start the capsule's inherited services (the caller holds its turn); each one's answer."""
+        await self.recover(capsules)
+        answers = []
+        for (cap, _), run in sorted(self._runs.items()):
+            if cap == capsule_id and run.state == "pending":
+                run.set_state("starting")
+                run.awaited = True
+                await self._launch(run)
+                answers.append(await self.await_ready(run))
+        return answers
+
+    # --- running ---------------------------------------------------------------------
+
+    async def _serve(self, run: ServiceRun) -> None:
+        """Run the service until it ends for good: restarted as its policy says."""
+        fails = 0
+        with run.scope:
+            try:
+                while True:
+                    began = time.monotonic()
+                    outcome = await self._run_once(run)
+                    if run.stopping or outcome == "refused":
+                        break
+                    failed = outcome == "lost" or run.exit_code != 0 or run.signal is not None
+                    if not (run.spec.restart == "always" or (run.spec.restart == "on-failure" and failed)):
+                        break
+                    if outcome == "lost":  # the helper went, not the service: no failure of its own
+                        fails = 0
+                        await self._helper_answers(run)
+                    else:
+                        fails = fails + 1 if time.monotonic() - began < QUICK_S else 0
+                        if fails >= QUICK_FAILS:
+                            run.set_state("failed", f"it ended {fails} times within {QUICK_S:g} s of starting; "
+                                          "not restarted again: read its logs, fix it, start it again")
+                            self._event(run)
+                            break
+                        await trio.sleep(BACKOFF_S[min(fails, len(BACKOFF_S) - 1)])
+                    if run.stopping:
+                        break
+                    run.restarted()
+            except Exception as exc:  # one service's trouble must not end the others
+                LOGGER.warning(f"mcp:service {run.spec.capsule_id}/{run.spec.name} failed: {exc!r}")
+                run.set_state("failed", f"{type(exc).__name__}: {exc}")
+                self._event(run)
+        run.finished.set()
+
+    async def _run_once(self, run: ServiceRun) -> str:
+        """One run of the service in the helper, journaled when it ends: exited, lost or refused."""
+        capsules = self._capsules
+        assert capsules is not None
+        spec = run.spec
+        try:
+            record = capsules.live_record(spec.capsule_id)
+        except CcwError as exc:
+            run.set_state("failed", exc.message)
+            return "refused"
+        request = spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP)
+        run.starting()
+        self._event(run, argv=list(spec.argv), restarts=run.restarts)
+        if not run.awaited:  # a restart, or a start at recovery: its readiness is watched here
+            (await self._background.nursery()).start_soon(self.await_ready, run)
+        run.awaited = False
+        started = dt.datetime.now(dt.UTC)
+        try:
+            reply = await self.call_helper(record.network_spec, request, run)
+        except CcwError as exc:
+            lost = exc.code == "UNAVAILABLE"
+            if lost:
+                capsules.journal.advance(spec.capsule_id)  # what it wrote is not known
+            run.set_state("lost" if lost else "failed", exc.message)
+            run.log.append(f"[ccw: {spec.name} {run.state}: {exc.message}]\n".encode())
+            self._event(run)
+            return "lost" if lost else "refused"
+        except trio.Cancelled:
+            run.set_state("stopped")
+            capsules.journal.advance(spec.capsule_id)  # what it wrote is not known
+            raise
+        outcome = ExecOutcome(reply, record.generation, record.generation, 0)
+        done = await capsules.record_service_run(record, request, outcome, started)
+        run.exit_code, run.signal, run.seq = reply.exit_code, reply.signal, done
+        run.set_state("stopped" if run.stopping else "exited")
+        run.log.append(f"[ccw: {spec.name} ended: exit {reply.exit_code}, signal {reply.signal}]\n".encode())
+        self._event(run, exit_code=reply.exit_code, signal=reply.signal, seq=done)
+        return "exited"
+
+    async def _helper_answers(self, run: ServiceRun) -> None:
+        """Wait until a helper answers again: this process starts an embedded one at once; a detached
+        helper comes back with the next ``ccw`` command, a system one with its socket's activation."""
+        run.set_state("lost", f"{run.reason}; it starts again once a helper answers")
+        while not run.stopping:
+            try:
+                await (await self._helper()).hello()
+                return
+            except CcwError as exc:
+                if exc.code != "UNAVAILABLE":
+                    raise
+            await trio.sleep(HELPER_POLL_S)
+
+    async def call_helper(self, network: Any, request: ExecRequest, run: ServiceRun) -> Any:
+        """The helper's exec for the service, its progress taken in; an egress capsule's session opened first."""
+        helper = await self._helper()
+
+        async def progress(raw: dict[str, Any]) -> None:
+            report = ExecProgress.from_args(raw)
+            if run.state == "starting" and run.spec.ready is None:
+                run.set_state("running")
+            run.take_output(report)
+            if report.written:
+                events.add(self.state, "files.written", request.capsule_id,
+                           {"seq": None, "live": True, "count": len(report.written), "paths": list(report.written),
+                            "service": run.spec.name})
+
+        for attempt in range(2):
+            if network is not None:
+                await self.networks.open(helper, request.capsule_id, network, fresh=attempt > 0)
+            try:
+                return await helper.call(request, on_progress=progress)
+            except CcwError as exc:
+                if attempt or not network_not_open(exc):
+                    raise
+        raise AssertionError("unreachable")
+
+    # --- stop ------------------------------------------------------------------------
+
+    async def stop(self, capsule_id: str, name: str, grace_ms: int = STOP_GRACE_MS) -> dict[str, Any]:
+        """End the service (SIGTERM, then SIGKILL after ``grace_ms``) and forget it; its last summary."""
+        run = self.get(capsule_id, name)
+        run.stopping = True
+        if not run.finished.is_set() and run.state != "pending":  # a pending one never started
+            await self._signal(run, "SIGTERM")
+            with trio.move_on_after(grace_ms / 1000):
+                await run.finished.wait()
+            if not run.finished.is_set():
+                await self._signal(run, "SIGKILL")
+                with trio.move_on_after(KILL_WAIT_S):
+                    await run.finished.wait()
+            if not run.finished.is_set():  # the helper did not answer: closing its connection ends it
+                run.scope.cancel()
+                await run.finished.wait()
+        if run.state not in ("failed", "lost"):
+            run.set_state("stopped")
+        self._runs.pop((capsule_id, name), None)
+        self.table.remove(capsule_id, name)
+        run.log.remove()
+        self._event(run)
+        return run.summary()
+
+    async def _signal(self, run: ServiceRun, signame: str) -> None:
+        helper = await self._helper()
+        try:
+            await helper.call(SignalRequest(run.spec.capsule_id, run.spec.name, signame))
+        except CcwError as exc:
+            if exc.code not in ("NOT_FOUND", "UNAVAILABLE"):  # already ended, or the helper is gone
+                raise
+
+    async def stop_all(self, capsule_id: str) -> None:
+        """Stop every service of a capsule and close its forwarded ports (it is being destroyed)."""
+        await self.ports.close_all(capsule_id)
+        for (cap, name) in list(self._runs):
+            if cap == capsule_id:
+                await self.stop(cap, name, grace_ms=1000)
+        self.table.remove(capsule_id)
+
+    # --- recovery, the nursery ---------------------------------------------------------
+
+    async def recover(self, capsules: CapsuleService) -> None:
+        """Once per process: bring back the kept specs this process did not start (see the essay)."""
+        self._capsules = self._capsules or capsules.background()
+        if self._recovered:
+            return
+        self._recovered = True
+        journal = Journal(self.state)
+        for spec, created_at in self.table.all():
+            record = journal.capsule(spec.capsule_id)
+            if record is None or record.destroyed_at is not None:
+                self.table.remove(spec.capsule_id)
+                continue
+            if (spec.capsule_id, spec.name) in self._runs:
+                continue
+            run = ServiceRun(spec, self._ring(spec), created_at=created_at)
+            self._runs[(spec.capsule_id, spec.name)] = run
+            if spec.restart == "no":
+                run.set_state("lost", "the front end or helper that ran it stopped; start it again "
+                              "(capsule_service_start), or stop it to forget it")
+                run.finished.set()
+                self._event(run)
+                continue
+            run.log.append(b"[ccw: brought back after the front end or helper that ran it stopped]\n")
+            if spec.restart == "always":  # at once
+                await self._launch(run)
+            else:  # on-failure: when its capsule is next used (start_pending)
+                run.set_state("pending", "its front end or helper stopped; it starts at the capsule's next exec")
+
+    async def aclose(self) -> None:
+        """Stop every service (the process is ending): their jails end with their connections."""
+        for run in list(self._runs.values()):
+            run.stopping = True
+            run.scope.cancel()
+        self._background.cancel()
+        with trio.CancelScope(shield=True):
+            await self.ports.aclose()
