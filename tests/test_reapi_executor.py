@@ -244,6 +244,8 @@ def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path
     entry, blobs = craft.exec_entry(1, ["true"])
     unsigned = craft.write(tmp_path / "unsigned.tar.zst", craft.manifest("/w", [entry]), blobs)
     blobless = craft.write(tmp_path / "blobless.tar.zst", craft.manifest("/w", [entry], include_blobs=False), blobs)
+    beside = {**entry, "services": [{"name": "web", "argv": ["python3", "server.py"], "ready": {"port": 8765}}]}
+    with_services = craft.write(tmp_path / "services.tar.zst", craft.manifest("/w", [beside]), blobs)
     state = State(tmp_path / "state")
     service: Any = type("Service", (), {"state": state})()
     remote = ReapiExecutor("grpc://127.0.0.1:1")  # a channel connects lazily: nothing reaches it here
@@ -251,6 +253,7 @@ def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path
         (unsigned, ReplayOptions(), "PERMISSION_DENIED"),  # this state dir's trust decides, not the bot's
         (unsigned, ReplayOptions(allow_untrusted=True, network=parse_network(["pypi.org:443"])), "UNSUPPORTED"),
         (blobless, ReplayOptions(allow_untrusted=True, workspace=str(tmp_path)), "UNSUPPORTED"),
+        (with_services, ReplayOptions(allow_untrusted=True), "UNSUPPORTED"),  # a bot cannot start them
     ]
     try:
         for path, options, code in cases:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,3 +48,19 @@ def test_a_capsules_own_witness_replays_with_its_own_values_and_network(monkeypa
     assert options.env == {"CCW_TEST_TOKEN": "the capsule had it"} and options.network == network
     assert options.allow_untrusted is False and options.workspace is None
     assert ReplayOptions().env == {} and ReplayOptions().network is None  # by default, nothing of this process's
+
+
+def test_a_witness_with_services_is_refused_where_none_can_start(tmp_path: Path) -> None:
+    import trio
+
+    from mcp_server.capsules.replay import replay
+    from mcp_server.state import State
+
+    entry, blobs = craft.exec_entry(1, ["python3", "test_app.py"])
+    entry["services"] = [{"name": "web", "argv": ["python3", "server.py"], "ready": {"port": 8765}}]
+    path = craft.write(tmp_path / "w.tar.zst", craft.manifest("/home/u/project", [entry]), blobs)
+    # A process without services (a ccw-bot's): refused before any capsule is made (the fake has no scratch).
+    service: Any = types.SimpleNamespace(state=State(tmp_path / "state"), services=None)
+    with pytest.raises(CcwError) as refused:
+        trio.run(replay, service, path, None, ReplayOptions(allow_untrusted=True))
+    assert refused.value.code == "UNSUPPORTED" and "locally" in refused.value.message

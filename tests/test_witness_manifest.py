@@ -95,3 +95,70 @@ def test_a_hostile_manifest_is_named_in_a_few_errors_not_millions() -> None:
     with pytest.raises(CcwError) as refused:
         check(made)
     assert len(refused.value.details["errors"]) <= 5 and len(refused.value.message) < 3000
+
+
+# --- services beside an exec (issue 36) ------------------------------------------------
+
+_WEB = {"name": "web", "argv": ["python3", "server.py"], "cwd": "/home/u/project", "restart": "no",
+        "env": ["PORT"], "ready": {"port": 8765, "timeout_ms": 20000}, "limits": {"memory_mb": 256}}
+
+
+def _with_services() -> dict[str, Any]:
+    """An exec beside the service ``web``, then the service's own run (no time limit)."""
+    made = _manifest()
+    made["execs"][0]["services"] = [copy.deepcopy(_WEB), {"name": "db", "argv": ["redis-server"], "cwd": None,
+                                                          "restart": "always", "ready": {"line": "Ready to accept", "timeout_ms": 30000}}]
+    run, _ = craft.exec_entry(2, ["python3", "server.py"])
+    made["execs"].append({**run, "service": "web", "timeout_ms": 0})
+    return made
+
+
+def test_an_exec_beside_services_and_a_services_own_run_pass() -> None:
+    check(_with_services())
+
+
+@pytest.mark.parametrize(("pointer", "value"), [
+    ("/execs/0/services", [_WEB] * 17),  # more than MAX_SERVICES
+    ("/execs/0/services", {"web": _WEB}),
+    ("/execs/0/services/0/name", "Web!"), ("/execs/0/services/0/name", "a" * 64), ("/execs/0/services/0/name", KeyError),
+    ("/execs/0/services/0/argv", []), ("/execs/0/services/0/argv", ["sh", 1]), ("/execs/0/services/0/argv", KeyError),
+    ("/execs/0/services/0/argv", [""]),  # no program name (sandbox.spec.argv)
+    ("/execs/0/services/0/argv", ["sh", "x" * (2 * 1024 * 1024)]),  # past MAX_ARG_BYTES
+    ("/execs/0/services/0/argv", ["x"] * 4097),  # past MAX_ARGV
+    ("/execs/0/services/0/cwd", "relative/dir"), ("/execs/0/services/0/cwd", "/a\x00b"),
+    ("/execs/0/services/0/env", ["A-B"]), ("/execs/0/services/0/env", {"PORT": "8765"}),  # names, never values
+    ("/execs/0/services/0/limits", {"memory_mb": 0}), ("/execs/0/services/0/limits", {"swap_mb": 1}),
+    ("/execs/0/services/0/restart", "sometimes"),
+    ("/execs/0/services/0/ready", {"timeout_ms": 100}),  # no condition
+    ("/execs/0/services/0/ready", {"port": 8765, "path": "/tmp/up"}),  # two
+    ("/execs/0/services/0/ready/port", 0), ("/execs/0/services/0/ready/port", 65536),
+    ("/execs/0/services/0/ready/timeout_ms", 600_001), ("/execs/0/services/0/ready/timeout_ms", 0),
+    ("/execs/0/services/1/ready/line", "("),  # not a regular expression
+    ("/execs/0/services/1/ready/line", "a" * 513),
+    ("/execs/0/services/1/name", "web"),  # two services of one name beside one exec
+    ("/execs/1/service", "Web!"),
+    ("/execs/0/timeout_ms", 0),  # only a service's run has no time limit
+])
+def test_hostile_services_are_refused_naming_the_field(pointer: str, value: Any) -> None:
+    with pytest.raises(CcwError) as refused:
+        check(_set(_with_services(), pointer, value))
+    assert refused.value.code == "INVALID_ARGUMENT"
+    fields = [error["field"] for error in refused.value.details["errors"]]
+    assert any(pointer.startswith(field) or field.startswith(pointer.rsplit("/", 1)[0]) for field in fields), fields
+
+
+def test_the_bounds_of_a_service_are_the_spec_s_own() -> None:
+    from mcp_server.capsules import service_spec
+    from mcp_server.core import witness_manifest
+    from sandbox.ops import SERVICE_NAME_RE
+
+    assert SERVICE_NAME_RE.pattern == witness_manifest.SERVICE_NAME_PATTERN
+    assert witness_manifest.SERVICE_RESTARTS == service_spec.RESTARTS
+    assert witness_manifest.SERVICE_READY_LINE_MAX == service_spec.LINE_MAX
+    assert witness_manifest.SERVICE_READY_TIMEOUT_MAX_MS == service_spec.READY_TIMEOUT_MAX_MS
+    # What the schema lets through, the spec takes whole, but the variables' names: a replay
+    # gives its services the replayer's values instead.
+    for form in _with_services()["execs"][0]["services"]:
+        spec = service_spec.ServiceSpec.from_json("cap_1", form)
+        assert spec.env is None
+        assert spec.for_witness() == {key: value for key, value in form.items() if key != "env"}

@@ -11,7 +11,7 @@ Evidence (what the journal shows the failing command read) orders the units: tho
 read, and every file it could not have read because the change created or deleted it,
 come first and are tried alone before the search proper (core/deltamin.py: group testing,
 ddmin as its fallback).  The search's last question (does the result fail?) is answered by
-the final check below, which runs the result anyway.
+the final check (deltamin_check.py), which runs the result anyway.
 
 Flakiness: before searching, the full change set must fail and the empty set pass, and
 every observation must agree; otherwise the tool says so instead of minimising noise.
@@ -29,6 +29,13 @@ first, as the evidence of reads orders files: a guess that costs one trial when 
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
 
+Services: when the newest journaled run of the target command ran beside services
+(capsules/services.py), every trial starts them in its scratch capsule, ready before the
+command (trials.py, executors.py), and so does the final check (deltamin_check.py); an
+executor that cannot start them (a REAPI cluster's) is refused before any trial runs.
+The newest run is the one the caller saw fail; an older run beside other services
+described other conditions.
+
 Which journaled runs count (for the flakiness check and as evidence of what was read):
 only observations of the change being minimised, the capsule's contents at its current
 change generation (mcp_server/journal.py).  A run counts when it started on the current
@@ -44,6 +51,7 @@ so they describe the same contents.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -53,23 +61,21 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.exec import exec_request
+from mcp_server.capsules.deltamin_check import FinalCheck, verify
 from mcp_server.capsules.executors import Executor, LocalExecutor
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import (
     JournaledRun,
-    Judge,
     Material,
     Trials,
     Unit,
-    apply_units,
     file_contents,
     predicate,
     split_hunks,
     units_from,
 )
 from mcp_server.capsules.turns import TakesTurn
-from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
 from mcp_server.fs import changeset
@@ -83,9 +89,30 @@ TRACE_WINDOW = 3  # a line named in a traceback usually sits at or a few lines b
 _TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
 
 
+def _runs_of(journal: Journal, record: CapsuleRecord, argv: list[str]) -> list[dict[str, Any]]:
+    """The capsule's journaled runs of ``argv`` as a command (a service's runs are not), in order."""
+    return [ex for ex in journal.execs(record.capsule_id) if ex["argv"] == argv and ex.get("service") is None]
+
+
 def _current_runs(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> list[dict[str, Any]]:
     """The capsule's journaled runs of ``argv`` that observed its contents at ``generation``."""
-    return [ex for ex in journal.execs(record.capsule_id) if ex["argv"] == argv and observes(ex, generation)]
+    return [ex for ex in _runs_of(journal, record, argv) if observes(ex, generation)]
+
+
+def _services_beside(service: CapsuleService, record: CapsuleRecord, argv: list[str]) -> tuple[ServiceSpec, ...]:
+    """The services beside the capsule's newest run of ``argv`` (the failing run deltamin is asked about):
+    its trials start them.  A spec still kept for the capsule (capsules/service_spec.py) gives the
+    values the caller set; one since stopped comes back from the journal's form, without them."""
+    runs = _runs_of(service.journal, record, argv)
+    if not runs or not runs[-1].get("services"):
+        return ()
+    kept = {}
+    if service.services is not None:
+        kept = {json.dumps(spec.for_witness(), sort_keys=True): spec
+                for spec, _ in service.services.table.all() if spec.capsule_id == record.capsule_id}
+    forms = json.loads(runs[-1]["services"])
+    return tuple(kept.get(json.dumps(form, sort_keys=True)) or ServiceSpec.from_json(record.capsule_id, form)
+                 for form in forms)
 
 
 def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> set[str] | None:
@@ -128,8 +155,8 @@ def _journal_outcomes_at_start(journal: Journal, record: CapsuleRecord, argv: li
     judge = predicate(spec)
     return [
         judge(JournaledRun(ex["exit_code"], bool(ex["timed_out"])))
-        for ex in journal.execs(record.capsule_id)
-        if ex["argv"] == argv and ex.get("generation") == 0
+        for ex in _runs_of(journal, record, argv)
+        if ex.get("generation") == 0
     ]
 
 
@@ -208,7 +235,7 @@ class Found:
 
 
 async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str, set[int]],
-                        remaining: Callable[[], float], check: _FinalCheck) -> Found | None:
+                        remaining: Callable[[], float], check: FinalCheck) -> Found | None:
     """The hunks the failing output points at, tried alone before any search (None: no such
     hunk, or they do not fail by themselves).
 
@@ -235,7 +262,7 @@ async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str,
 
 
 async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozenset[int] | None,
-                        traced: dict[str, set[int]], remaining: Callable[[], float], check: _FinalCheck) -> Found:
+                        traced: dict[str, set[int]], remaining: Callable[[], float], check: FinalCheck) -> Found:
     """A search over whole paths (read ones first), then over the hunks of the files that remain."""
     material = trials.material
 
@@ -260,30 +287,6 @@ async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozens
         found = Found(split, level2.result, found.trials + level2.trials, found.cache_hits + level2.cache_hits,
                       found.one_minimal and level2.one_minimal)
     return found
-
-
-class _FinalCheck:
-    """deltamin's final check (``_verify``), run early when the search's last question is its result.
-
-    ``run`` answers that question with the journaled, witnessed run the final check makes
-    anyway; ``answer`` hands it back when the search did end there.
-    """
-
-    def __init__(self, service: CapsuleService, record: CapsuleRecord, trials: Trials) -> None:
-        self.service, self.record, self.trials = service, record, trials
-        self._last: tuple[Material, tuple[int, ...], dict[str, Any]] | None = None
-
-    async def run(self, material: Material, subset: tuple[int, ...]) -> str:
-        # as a trial runs it (same command, judge and timeout), so it can stand for one
-        verified = await _verify(self.service, self.record, file_contents(material, subset), self.trials.argv,
-                                 self.trials.judge, self.trials.timeout_ms)
-        self._last = (material, tuple(subset), verified)
-        return str(verified["outcome"])
-
-    def answer(self, material: Material, result: tuple[int, ...]) -> dict[str, Any] | None:
-        if self._last is not None and self._last[0] is material and self._last[1] == tuple(result):
-            return self._last[2]
-        return None
 
 
 @dataclass(frozen=True)
@@ -321,19 +324,21 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     change = await _read_change(service, question.capsule_id)
     record, material = change.record, change.material
     executor = executor or LocalExecutor()
-    trials = Trials(service, record, material, argv, judge, int(min(budget_s * 1000, 600_000)), executor)
+    services = _services_beside(service, record, argv)
+    executor.check_trials(service, record, services)
+    trials = Trials(service, record, material, argv, judge, int(min(budget_s * 1000, 600_000)), executor, services)
     confirmations = await _confirm(service.journal, trials, change, question)
     remaining = lambda: budget_s - (time.monotonic() - started)  # noqa: E731
     journal = service.journal
     traced = await trio.to_thread.run_sync(_traced, journal, record, argv, change.generation)
-    check = _FinalCheck(service, record, trials)
+    check = FinalCheck(service, record, trials)
     found = await _traced_first(trials, record, traced, remaining, check)
     if found is None:
         reads = _evidence(journal, record, argv, change.generation)
         found = await _hierarchical(trials, record, _relevant(material, reads, change.created), traced, remaining, check)
     files = file_contents(found.material, found.result)
-    verified = check.answer(found.material, found.result) or await _verify(service, record, files, argv, judge,
-                                                                           trials.timeout_ms)
+    verified = check.answer(found.material, found.result) or await verify(service, record, files, argv, judge,
+                                                                          trials.timeout_ms, trials.services)
     patch = await trio.to_thread.run_sync(_patch, record, files)
     return {
         "minimal_patch": patch,
@@ -419,19 +424,3 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
                 new, new_mode = unit.content, (0o100755 if (unit.mode or 0o644) & 0o111 else 0o100644)
             changes.append(unidiff.FileChange(path, old, new, old_mode, new_mode))
     return unidiff.render_all(changes).decode("utf-8", "replace")
-
-
-async def _verify(service: CapsuleService, record: CapsuleRecord, files: dict[str, Unit], argv: list[str],
-                  judge: Judge, timeout_ms: int | None = None) -> dict[str, Any]:
-    """Re-run the minimal change in a journaled capsule; witness that run."""
-    capsule_id = (await service.create(record.spec, record.network_spec)).capsule_id
-    try:
-        root = await service.open_root(capsule_id)
-        await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
-        ran = await service.exec(exec_request(capsule_id, argv, None, timeout_ms))
-        made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
-        outcome = judge(ran.reply)
-        return {"fails_again": outcome == FAIL, "outcome": outcome, "root_hash": made["root_hash"]}
-    finally:
-        with trio.CancelScope(shield=True):
-            await service.destroy(capsule_id)

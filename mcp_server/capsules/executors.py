@@ -12,10 +12,17 @@ One interface, two implementations:
 
 A trial (trials.Trial) returns what a predicate judges (trials.Run): exit code, timed
 out, stdout and stderr; so FAIL/PASS/UNRESOLVED are decided by the same code either way.
+
+Services a trial's command ran beside start in a local trial's scratch capsule, ready
+before the command (replay_steps.beside, as a replay starts a witness's); one that does
+not become ready makes the trial UNRESOLVED.  A cluster's bot cannot start them, so the
+REAPI executor refuses such trials before any runs (``check_trials``), and replays of
+such witnesses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,8 +30,12 @@ from typing import Any, Protocol
 import trio
 
 from mcp_server.capsules.replay import ReplayOptions, replay
+from mcp_server.capsules.replay_steps import beside, services_of
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.trials import Run, Trial, TrialRunner, apply_units
+from mcp_server.capsules.service_spec import ServiceSpec
+from mcp_server.capsules.trials import Run, ServicesNotReady, Trial, TrialRunner, apply_units
+from mcp_server.journal import CapsuleRecord
+from sandbox.errors import CcwError
 
 LOCAL_PARALLEL = 2  # trials at once on this machine: a 2-core VM
 
@@ -56,15 +67,26 @@ class LocalExecutor:
         self.cache_hits = 0
 
     async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
-        """A scratch capsule over the base, the subset written in, the command run there."""
+        """A scratch capsule over the base, the subset written in, its services started, the command run there."""
         record = trial.record
         network = record.network_spec
-        async with service.scratch(record.spec, network=network) as capsule:
+        async with service.scratch(record.spec, network=network) as capsule, contextlib.AsyncExitStack() as stack:
             root = await service.open_root(capsule)
             await trio.to_thread.run_sync(apply_units, root, trial.files)
+            try:
+                await stack.enter_async_context(beside(service, capsule, record.spec, network, trial.services))
+            except CcwError as exc:
+                if exc.code == "TIMEOUT" and "service" in exc.details:  # it did not become ready
+                    return ServicesNotReady(exc.message)
+                raise
             request = dataclasses.replace(trial.request, capsule_id=capsule)
             reply: Run = (await service.run(request, record.spec, network)).value
             return reply
+
+    def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:
+        """Services need this process's (replay_steps.services_of); nothing else is refused here."""
+        if services:
+            services_of(service)
 
     async def replay(self, service: CapsuleService, path: Path, expected_root: str | None,
                      options: ReplayOptions) -> dict[str, Any]:

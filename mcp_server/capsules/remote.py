@@ -42,6 +42,11 @@ blobs (whose base is a directory on this machine), runs locally only (UNSUPPORTE
 
 Network: a capsule with an allowlist network is refused here (UNSUPPORTED): a bot has
 no egress policy of the capsule's to enforce.
+
+Services: a bot runs one command per Action and cannot start services beside it, so
+trials of a capsule whose target command ran beside services, and replays of a witness
+whose execs did, are refused here too (UNSUPPORTED, before anything is sent): they run
+locally (capsules/replay_steps.py says how).
 """
 
 from __future__ import annotations
@@ -56,9 +61,12 @@ import trio
 
 from mcp_server.capsules.exec import whitelisted
 from mcp_server.capsules.replay import ReplayOptions, admit
+from mcp_server.capsules.replay_steps import services_named
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import Run, Trial, Unit
 from mcp_server.capsules.witness import signature_of, witness_key
+from mcp_server.journal import CapsuleRecord
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import Executed, ReapiClient, TrioReapi
 from mcp_server.reapi.merkle import (
@@ -229,12 +237,20 @@ class ReapiExecutor:
             self.executed += 1
         return executed
 
-    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
-        """The trial as an Action; its ActionResult as a run."""
-        record = trial.record
+    def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:
+        """UNSUPPORTED for what a bot cannot give a trial: the capsule's allowlist network, services beside it."""
         if record.network_spec is not None:
             raise CcwError("UNSUPPORTED", "trials of a capsule with an allowlist network run locally only: "
                                           "unset CCW_REAPI_URL for this capsule")  # fmt: skip
+        if services:
+            raise CcwError("UNSUPPORTED", f"the target command ran beside services ({', '.join(s.name for s in services)}), "
+                                          "which a cluster's bot cannot start: run deltamin locally (unset "
+                                          "CCW_REAPI_URL for it)", {"services": [s.name for s in services]})
+
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+        """The trial as an Action; its ActionResult as a run."""
+        record = trial.record
+        self.check_trials(service, record, trial.services)
         entries = overlay(await self._base(record.base), trial.files)
         workspace = record.workspace.rstrip("/")
         cwd = resolve_cwd(trial.request.cwd, workspace)
@@ -253,6 +269,9 @@ class ReapiExecutor:
         """The witness replayed by a bot (replays.replay there), once this state dir admits it; its answer."""
         key = await trio.to_thread.run_sync(witness_key, service.state)
         manifest, _, signature = await trio.to_thread.run_sync(signature_of, path, key)
+        if services_named(manifest):
+            raise CcwError("UNSUPPORTED", "the witness's execs ran beside services, which a cluster's bot cannot "
+                                          "start: replay it locally (unset CCW_REAPI_URL for it)")  # fmt: skip
         if options.network is not None or not manifest["include_blobs"] or options.volatile:
             raise CcwError("UNSUPPORTED", "a replay with an allowlist network or volatile globs, or of a witness "
                                           "made without blobs (its base is a directory here), runs locally only: "

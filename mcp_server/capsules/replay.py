@@ -25,6 +25,9 @@ commands.  So a replay takes nothing from the replaying process because a witnes
   with ``allow_untrusted`` (PERMISSION_DENIED otherwise, before any blob is read), and
   its report says which (``signature``).
 
+The recorded execs are re-run by replay_steps.py, beside the services they ran beside
+(started from their specs in the replay capsule); a service's own run is not re-run.
+
 Internal callers replay witnesses this state dir just made (promotion's
 ``require_replay_ok``): they are signed, and ``ReplayOptions.of_capsule`` gives them the
 values and network the capsule's own runs had.  ccw-bot replays its clients' witnesses
@@ -48,18 +51,24 @@ from typing import Any
 import trio
 
 from mcp_server.capsules import exposure, owners
-from mcp_server.capsules.exec import exec_request
-from mcp_server.capsules.notes import restore_mtimes
+from mcp_server.capsules.replay_steps import (
+    change_mismatches,
+    rerun,
+    service_env_names,
+    services_named,
+    services_of,
+)
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import verify_file, witness_key
-from mcp_server.core import paths, replaydiff, volatile
+from mcp_server.core import paths
 from mcp_server.core.netrules import NetworkSpec, network_json
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
+from mcp_server.fs.promote import make_symlink
 from mcp_server.fs.view import RootView
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
-from sandbox.replies import Change, ExecReply, Touched
+from sandbox.replies import Change
 from sandbox.spec import CapsuleSpec, Limits, check_capsule_dir, login_homes
 
 
@@ -69,8 +78,6 @@ def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) 
     The paths come from an archive, so every write resolves beneath ``into`` without
     symlinks (RootView) and creates files exclusively.
     """
-    from mcp_server.fs.promote import make_symlink
-
     dirs: list[tuple[str, int]] = []
     with RootView.open(into) as view:
         for item in manifest["base"]["files"]:
@@ -145,25 +152,6 @@ def _write_all(fd: int, data: bytes) -> None:
         rest = rest[os.write(fd, rest):]
 
 
-def apply_write(root_fd: int, write: dict[str, Any], blobs: dict[str, bytes]) -> None:
-    """Redo one recorded file-tool change inside a capsule (through its root fd)."""
-    from mcp_server.fs.promote import make_symlink, remove_tree
-
-    with RootView.from_fd(root_fd) as view:
-        path = write["path"]
-        parent = path.rpartition("/")[0]
-        if write["action"] in ("write", "symlink") and parent:
-            view.makedirs(parent)
-        if write["action"] == "write":
-            view.write_bytes(path, blobs[write["blob"]], write.get("mode"), write.get("mtime_ns"))
-        elif write["action"] == "symlink":
-            make_symlink(view, write["target"], path)
-        elif write["action"] == "delete":
-            remove_tree(view, path)
-        elif write["action"] == "chmod" and write.get("mode") is not None:
-            view.chmod(path, write["mode"])
-
-
 def _live_base_mismatches(manifest: dict[str, Any], live: str) -> list[dict[str, Any]]:
     """The witness's base entries that the replayer's live directory no longer matches."""
     problems = []
@@ -220,36 +208,6 @@ def _replay_changes(changes: Sequence[Change], base_dir: str, root_fd: int) -> l
                 "blob": wfmt.blob_hash(capsule.read_bytes(entry.path)) if new and new.kind == "file" else None,
             })
         return out
-
-
-@dataclass
-class _Tally:
-    """What the replayed execs did, gathered as they run."""
-
-    mismatches: list[dict[str, Any]] = field(default_factory=list)
-    output_diffs: list[dict[str, Any]] = field(default_factory=list)
-    touched: dict[int, Touched] = field(default_factory=dict)  # by exec seq
-    cpu_ms: int | None = 0  # None once some exec's figure is unknown
-    rss_max_kb: int | None = None
-
-    def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes],
-                 network: list[dict[str, Any]] | None) -> None:
-        """Compare one replayed exec with its record (and its network attempts) and add up its usage."""
-        self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name) for name in replaydiff.EXEC_FIELDS})
-        reached = replaydiff.network_mismatch(ex, network)
-        if reached is not None:
-            self.mismatches.append(reached)
-        self.touched[ex["seq"]] = reply.touched
-        kept = ex.get("output") or {}
-        for stream, data in (("stdout", reply.stdout), ("stderr", reply.stderr)):
-            recorded = (blobs[kept[stream]["blob"]], kept[stream]["cap"]) if stream in kept else None
-            diff = replaydiff.output_diff(ex, stream, wfmt.blob_hash(data), data, recorded)
-            if diff is not None:
-                self.output_diffs.append(diff)
-        usage = reply.usage
-        self.cpu_ms = None if self.cpu_ms is None or usage.cpu_ms is None else self.cpu_ms + usage.cpu_ms
-        if usage.rss_max_kb is not None:
-            self.rss_max_kb = max(self.rss_max_kb or 0, usage.rss_max_kb)
 
 
 @dataclass(frozen=True)
@@ -311,6 +269,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     options = options or ReplayOptions()
     report = await _verified(service, path, expected_root, options)
     manifest, blobs = report["manifest"], report["blobs"]
+    if services_named(manifest):
+        services_of(service)  # UNSUPPORTED here, before any capsule is made, when none can start
     scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
     try:
         base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
@@ -318,7 +278,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         used, dropped = exposure.replayable(manifest["capsule"].get("expose", []), os.getuid(), login_homes())
         capsule_spec = replace(capsule_spec, expose=tuple(used))
         async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id:
-            tally = await _rerun(service, capsule_id, capsule_spec, manifest, blobs, options)
+            tally = await rerun(service, capsule_id, capsule_spec, manifest, blobs, options.network, options.env)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
@@ -327,7 +287,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
             await trio.to_thread.run_sync(_remove_scratch, scratch)
     declared = manifest["capsule"].get("volatile", ()) if options.witness_volatile else ()
     globs = sorted(set(declared) | set(options.volatile))
-    changed, apart = _change_mismatches(manifest, tally, actual_changes, globs)
+    changed, apart = change_mismatches(manifest, tally, actual_changes, globs)
     mismatches = tally.mismatches + changed
     mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
     recorded = manifest["capsule"]
@@ -335,18 +295,21 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "replay_ok": not mismatches,
         "output_identical": not tally.output_diffs,
         "root_hash": report["root_hash"],
-        "execs": len(manifest["execs"]),
+        "execs": len(tally.touched),  # re-run and compared (a service's own runs are not)
         "mismatches": mismatches,
         "output_diffs": tally.output_diffs,
         "metrics": {"cpu_ms": tally.cpu_ms, "rss_max_kb": tally.rss_max_kb},
         "signature": report["signature"],
-        "env_missing": sorted(set(recorded["env_whitelist"]) - set(options.env) - {"HOME"}),
+        "env_missing": sorted((set(recorded["env_whitelist"]) | service_env_names(manifest)) - set(options.env)
+                              - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
         "volatile": {"globs": globs, "paths": apart},
         "owners": owners.report(owners.entries(manifest["base"]), manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
         **({"gitdirs": {"not_shown": recorded["gitdirs"], "reason": GITDIRS_NOT_CARRIED}} if "gitdirs" in recorded else {}),
+        # Only for a witness with services: those started beside which execs, and their own runs not re-run.
+        **({"services": tally.services_report()} if tally.started or tally.not_compared else {}),
     }
 
 
@@ -408,48 +371,3 @@ async def _base_dir(manifest: dict[str, Any], blobs: dict[str, bytes], scratch: 
             {"files": problems},
         )
     return live
-
-
-async def _rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, manifest: dict[str, Any],
-                 blobs: dict[str, bytes], options: ReplayOptions) -> _Tally:
-    """Redo the recorded execs and file-tool writes in sequence, comparing each exec."""
-    tally = _Tally()
-    steps = sorted(
-        [("exec", ex) for ex in manifest["execs"]] + [("write", w) for w in manifest.get("writes", [])],
-        key=lambda step: step[1]["seq"],
-    )
-    for kind, ex in steps:
-        if kind == "write":
-            root = await service.open_root(capsule_id)
-            await trio.to_thread.run_sync(apply_write, root, ex, blobs)
-            continue
-        stdin = blobs[ex["stdin_blob"]] if ex.get("stdin_blob") else None
-        request = exec_request(capsule_id, ex["argv"], ex["cwd"], ex.get("timeout_ms"), stdin)
-        ran = await service.run(request, spec, options.network, options.env)
-        tally.add_exec(ex, ran.value, blobs, ran.network)
-        if ex.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
-            root = await service.open_root(capsule_id)
-            await trio.to_thread.run_sync(restore_mtimes, root, ex["written_mtimes"])
-    return tally
-
-
-def _change_mismatches(
-    manifest: dict[str, Any], tally: _Tally, actual_changes: list[dict[str, Any]], globs: list[str],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Execs whose written files differ from their record, and changes that differ from the recorded ones;
-    and the volatile paths left out of both (exec null: a change no compared written set named)."""
-    mismatches, apart = [], []
-    changed = {c["path"] for c in manifest["changes"]}
-    changed_now = {c["path"] for c in actual_changes}
-    for ex in manifest["execs"]:
-        # The record's touched sets are the journal's form of the reply's (Touched.to_args).
-        touched = tally.touched[ex["seq"]].to_args()
-        wrote = replaydiff.written_mismatch(ex, touched, changed, changed_now, globs)
-        if wrote is not None:
-            mismatches.append(wrote)
-        apart += replaydiff.volatile_written(ex, touched, changed, changed_now, globs)
-    named = {entry["path"] for entry in apart}
-    _, volatile_changes = volatile.split(changed | changed_now, globs)
-    apart += [{"exec": None, "path": path, "recorded": path in changed, "replayed": path in changed_now}
-              for path in sorted(volatile_changes - named)]
-    return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes, globs), apart

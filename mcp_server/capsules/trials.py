@@ -10,6 +10,11 @@ tool writes) and runs the target command there; the failure predicate judges the
 Where a trial runs (a local scratch capsule, a REAPI cluster) is an executor's business
 (capsules/executors.py, capsules/remote.py), which builds on this module: here is only
 what a trial is (``Trial``) and what running one needs (``TrialRunner``).
+
+A trial of a capsule whose target command ran beside services (capsules/services.py)
+starts them in its scratch capsule first, ready before the command (deltamin.py says
+which; executors.py starts them).  A trial whose services do not become ready has not
+run the command as it ran: it is UNRESOLVED (``ServicesNotReady``), neither FAIL nor PASS.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import trio
 from mcp_server import events
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
 from mcp_server.fs import changeset
@@ -185,6 +191,7 @@ class Trial:
     files: dict[str, Unit]
     request: ExecRequest  # its capsule's id is the record's; each executor's run takes its own
     fresh: bool = False
+    services: tuple[ServiceSpec, ...] = ()  # started (and ready) beside the command
 
 
 class TrialRunner(Protocol):
@@ -194,6 +201,20 @@ class TrialRunner(Protocol):
 
     async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
         """The trial's run, for the failure predicate."""
+
+    def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:
+        """UNSUPPORTED for trials of ``record`` beside ``services`` that it cannot run, before any runs."""
+
+
+@dataclass(frozen=True)
+class ServicesNotReady:
+    """A trial whose services did not become ready: its command did not run (UNRESOLVED)."""
+
+    why: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -238,7 +259,7 @@ class Trials:
     """Runs subsets of the change over the capsule's base, through an executor (capsules/executors.py)."""
 
     def __init__(self, service: CapsuleService, record: CapsuleRecord, material: Material, argv: list[str],
-                 judge: Judge, timeout_ms: int, executor: TrialRunner) -> None:
+                 judge: Judge, timeout_ms: int, executor: TrialRunner, services: tuple[ServiceSpec, ...] = ()) -> None:
         self.service = service
         self.record = record
         self.spec = record.spec
@@ -247,6 +268,7 @@ class Trials:
         self.judge = judge
         self.timeout_ms = timeout_ms
         self.executor = executor
+        self.services = services  # beside each trial's command
         self.runs = 0
 
     async def outcome(self, subset: Iterable[int], fresh: bool = False) -> str:
@@ -256,10 +278,10 @@ class Trials:
         """
         subset = tuple(subset)
         request = exec_request(self.record.capsule_id, self.argv, self.record.workspace, self.timeout_ms)
-        trial = Trial(self.record, file_contents(self.material, subset), request, fresh)
+        trial = Trial(self.record, file_contents(self.material, subset), request, fresh, self.services)
         run = await self.executor.run_trial(self.service, trial)
         self.runs += 1
-        verdict = self.judge(run)
+        verdict = UNRESOLVED if isinstance(run, ServicesNotReady) else self.judge(run)
         # A person watching sees the search: each trial's size and what it gave.
         events.add(self.service.state, "deltamin.trial", self.record.capsule_id,
                    {"size": len(set(subset)), "outcome": verdict, "fresh": fresh})

@@ -14,6 +14,14 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
   mounts a fresh capsule over it *at the recorded workspace path*, or, without blobs,
   over a directory the replayer names.  Witnesses record variable names only, never
   values (which may be secrets); a replay's values are the ones its replayer passes.
+- An exec that ran beside services (capsules/services.py) carries their specs in
+  ``services`` (the journal's witness form: variable names, never values), and a
+  replay starts them before it (replay_steps.py).  Each run of a service is an entry
+  too, marked ``service`` (its name): a reader sees what the service did, and its reads
+  bring the base files it used (the server's own script) into the witness.  A service
+  whose run has not ended when the witness is made (still running, or lost) has no row
+  yet, so what it read is unknown: the witness then carries the whole base, as for a
+  run whose reads were not traced (``read_sets_complete: false``).
 - Every witness is signed with the state dir's key (fs/witness_key.py); ``verify_file``
   says whether a witness bears this state dir's signature ("valid"), none
   ("unsigned") or another's or a bad one ("foreign").
@@ -29,6 +37,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime as dt
+import json
 import os
 import signal
 import stat
@@ -123,7 +132,23 @@ def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, 
             kept[stream] = {"blob": sources.add_bytes(data), "kept_bytes": len(data), "cap": cap}
     entry["output"] = kept or None  # None: made before outputs were kept
     entry["written_mtimes"] = ex.get("written_mtimes")  # None: not traced, or made before mtimes were kept
+    # Only when there are some: a witness without services stays as before.
+    if ex.get("services"):
+        entry["services"] = json.loads(ex["services"])  # the specs of those that ran beside it (no values)
+    if ex.get("service") is not None:
+        entry["service"] = ex["service"]  # a run of that service: shown, never re-run
     return entry
+
+
+def _services_unended(execs: list[dict[str, Any]]) -> list[str]:
+    """The services some exec ran beside whose run the journal does not hold yet (still running, or
+    lost): a run of a service is journaled when it ends, after the execs beside it."""
+    unended = set()
+    for ex in execs:
+        for spec in json.loads(ex["services"]) if ex.get("services") else ():
+            if not any(later.get("service") == spec["name"] and later["seq"] > ex["seq"] for later in execs):
+                unended.add(spec["name"])
+    return sorted(unended)
 
 
 def _write_entry(write: dict[str, Any], sources: _Sources) -> dict[str, Any]:
@@ -164,6 +189,7 @@ def build_manifest(
     entries = changeset.expand(changes, base, capsule)
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]
     needs = Needs.from_journal(record.workspace, execs, changed)
+    needs.unknown = needs.unknown or bool(_services_unended(execs))  # what they read is not known yet
     base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
                               max_base_bytes if include_blobs else None, carry_all)
     unknown_reads = needs.unknown

@@ -23,11 +23,19 @@ Choices:
   limits, capsule limits by ``Limits.from_json``.
 - **The recorded network** is only reported by a replay, never used; it is "none" or
   an object.
+- **Services** an exec ran beside (``execs[].services``, capsules/service_spec.py's
+  witness form) are started by its replay, so each is bounded as the helper bounds what
+  it would get: at most ``MAX_SERVICES`` per exec, names by the helper's grammar and
+  unique per exec, argv as an exec's argv (``sandbox.spec.argv``: entries, bytes, a
+  program name), an absolute cwd, variable names only, limits by ``Limits.from_json``,
+  one readiness condition whose pattern compiles.  A run of a service
+  (``execs[].service``, its name) is never re-run; its ``timeout_ms`` is 0 (none).
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -35,10 +43,28 @@ from jsonschema.validators import extend
 
 from mcp_server.core.volatile import GLOBS_SCHEMA
 from sandbox.errors import CcwError
-from sandbox.spec import ENV_NAME_RE, MAX_BINDS, MAX_CLOCK_OFFSET_SEC, MAX_TIMEOUT_MS, Limits
+from sandbox.spec import (
+    ENV_NAME_RE,
+    MAX_ARGV,
+    MAX_BINDS,
+    MAX_CLOCK_OFFSET_SEC,
+    MAX_ENV,
+    MAX_PATH,
+    MAX_TIMEOUT_MS,
+    Limits,
+    argv,
+)
 
 FORMAT = "ccw-witness/1"
 MAX_REPORTED = 5  # schema errors named in one message (a hostile manifest may hold millions)
+MAX_SERVICES = 16  # services named beside one exec
+# A service's own grammar and bounds, as the helper's exec op (sandbox/ops.py, which core may not
+# import) and capsules/service_spec.py take them (tests/test_witness_manifest.py holds them equal):
+# its name, its restart policies, a readiness pattern's length, a readiness deadline.
+SERVICE_NAME_PATTERN = r"[a-z0-9][a-z0-9_.-]{0,62}"
+SERVICE_RESTARTS = ("no", "on-failure", "always")
+SERVICE_READY_LINE_MAX = 512
+SERVICE_READY_TIMEOUT_MAX_MS = 600_000
 
 _HASH = {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}
 _HASH_OR_NULL = {"anyOf": [_HASH, {"type": "null"}]}
@@ -89,6 +115,30 @@ _KEPT = {
     "required": ["blob", "kept_bytes", "cap"],
     "properties": {"blob": _HASH, "kept_bytes": _COUNT, "cap": _COUNT},
 }
+_SERVICE_READY = {
+    "type": "object",
+    "properties": {
+        "port": {"type": "integer", "minimum": 1, "maximum": 65535},  # TCP's
+        "path": {"type": "string", "minLength": 1, "maxLength": MAX_PATH, "pattern": "^[^\\x00]*$"},
+        "line": {"type": "string", "minLength": 1, "maxLength": SERVICE_READY_LINE_MAX},
+        "timeout_ms": {"type": "integer", "minimum": 1, "maximum": SERVICE_READY_TIMEOUT_MAX_MS},
+    },
+    "oneOf": [{"required": ["port"]}, {"required": ["path"]}, {"required": ["line"]}],
+}
+# One service beside an exec, in its witness form (ServiceSpec.for_witness: env names, never values).
+_SERVICE = {
+    "type": "object",
+    "required": ["name", "argv"],
+    "properties": {
+        "name": {"type": "string", "pattern": f"^{SERVICE_NAME_PATTERN}$"},
+        "argv": {"type": "array", "minItems": 1, "maxItems": MAX_ARGV, "items": {"type": "string"}},
+        "cwd": {"type": ["string", "null"], "maxLength": MAX_PATH, "pattern": "^/[^\\x00]*$"},
+        "env": {**_ENV_NAMES, "maxItems": MAX_ENV},
+        "ready": _SERVICE_READY,
+        "limits": {"type": "object"},  # each limit checked by sandbox.spec.Limits
+        "restart": {"enum": list(SERVICE_RESTARTS)},
+    },
+}
 _EXEC = {
     "type": "object",
     "required": ["seq", "argv", "cwd", "exit_code", "signal", "timed_out", "stdout_blake3", "stderr_blake3",
@@ -103,7 +153,7 @@ _EXEC = {
         "timed_out": {"type": "boolean"},
         "oom_killed": {"type": "boolean"},
         "stdout_blake3": _HASH, "stderr_blake3": _HASH, "stdout_bytes": _COUNT, "stderr_bytes": _COUNT,
-        "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
+        "timeout_ms": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_TIMEOUT_MS},
         "stdin_blob": _HASH_OR_NULL,
         "touched": {
             "type": "object",
@@ -122,7 +172,11 @@ _EXEC = {
             "propertyNames": _REL_PATH,
             "additionalProperties": {"type": "integer", "minimum": -(1 << 62), "maximum": 1 << 62},
         },
+        "services": {"type": "array", "maxItems": MAX_SERVICES, "items": _SERVICE},  # absent: none ran beside it
+        "service": {"type": "string", "pattern": f"^{SERVICE_NAME_PATTERN}$"},  # a service's run: never re-run
     },
+    # Only a service's run has no time limit (0); a command a replay runs always has one.
+    "if": {"required": ["service"]}, "else": {"properties": {"timeout_ms": {"minimum": 1}}},
 }
 _WRITE = {
     "type": "object",
@@ -212,6 +266,30 @@ def check(manifest: Any) -> None:
         Limits.from_json(manifest["capsule"]["limits"], "capsule.limits")
     except CcwError as exc:
         _refuse(f"/capsule/limits: {exc.message}", [{"field": "/capsule/limits", "msg": exc.message}])
+    for index, entry in enumerate(manifest["execs"]):
+        _check_services(f"/execs/{index}/services", entry.get("services") or [])
+
+
+def _check_services(where: str, services: list[dict[str, Any]]) -> None:
+    """What the schema cannot say of the services beside one exec: each as the helper checks it."""
+    names = [service["name"] for service in services]
+    if len(set(names)) != len(names):
+        _refuse(f"{where}: a name is given twice ({names})", [{"field": where, "msg": "names are not unique"}])
+    for index, service in enumerate(services):
+        field = f"{where}/{index}"
+        try:
+            argv(f"{field}/argv", service["argv"])
+            if service.get("limits") is not None:
+                Limits.from_json(service["limits"], f"{field}/limits")
+        except CcwError as exc:
+            _refuse(f"{field}: {exc.message}", [{"field": field, "msg": exc.message}])
+        line = (service.get("ready") or {}).get("line")
+        try:
+            if line is not None:
+                re.compile(line)
+        except re.error as exc:
+            _refuse(f"{field}/ready/line: not a regular expression ({exc})",
+                    [{"field": f"{field}/ready/line", "msg": f"not a regular expression: {exc}"}])
 
 
 def _refuse(what: str, problems: list[dict[str, str]]) -> None:

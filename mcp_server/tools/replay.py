@@ -40,6 +40,22 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 
 _NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
+_SERVICES_SHOWN = {
+    "type": "object", "required": ["started", "not_compared"], "additionalProperties": False,
+    "description": ("Only for a witness whose runs had services beside them (capsules/replay_steps.py). started: "
+                    "each set the replay started from its specs, ready before the execs named; not_compared: the "
+                    "witness's own runs of services, not re-run (each lasted as long as its service)."),
+    "properties": {
+        "started": {"type": "array", "items": {
+            "type": "object", "required": ["services", "execs"], "additionalProperties": False,
+            "properties": {"services": {"type": "array", "items": {"type": "string"}},
+                           "execs": {"type": "array", "items": {"type": "integer"}}}}},
+        "not_compared": {"type": "array", "items": {
+            "type": "object", "required": ["exec", "service", "argv"], "additionalProperties": False,
+            "properties": {"exec": {"type": "integer"}, "service": {"type": "string"},
+                           "argv": {"type": "array", "items": {"type": "string"}}}}},
+    },
+}
 
 TOOLS = [
     ToolSpec(
@@ -49,7 +65,8 @@ TOOLS = [
         description=(
             "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
             "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path); "
-            "output apart (output_identical, output_diffs). A witness is untrusted: its commands get only "
+            "output apart (output_identical, output_diffs). Services the execs ran beside are started first, "
+            "ready before them (services). A witness is untrusted: its commands get only "
             "the env, network and workspace given here; one this state dir did not sign needs allow_untrusted."
         ),
         input_schema={
@@ -78,7 +95,8 @@ TOOLS = [
         output_schema={"type": "object", "oneOf": [RUN_STATUS, {
             "type": "object", "required": ["replay_ok", "root_hash", "metrics"], "additionalProperties": False,
             "properties": {
-                "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "execs": {"type": "integer"},
+                "replay_ok": {"type": "boolean"}, "root_hash": {"type": "string"},
+                "execs": {"type": "integer", "description": "Execs re-run and compared (not the services' own runs)."},
                 "output_identical": {"type": "boolean"},
                 "mismatches": PROBLEMS,
                 "output_diffs": {
@@ -119,6 +137,7 @@ TOOLS = [
                     },
                 },
                 "gitdirs": {"type": "object"},  # {not_shown, reason}: the recorded capsule's git dirs a witness lacks
+                "services": _SERVICES_SHOWN,
                 "expose": {
                     "type": "object", "required": ["used", "dropped"], "additionalProperties": False,
                     "properties": {"used": {"type": "array", "items": {"type": "string"}}, "dropped": {"type": "array", "items": {

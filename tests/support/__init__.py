@@ -32,6 +32,7 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
   ``reapi_cluster``: what a local cluster needs of the host.
 - ``net_probes``: what a program in a jail tries on the network (a script, as text).
 - ``descriptors``, ``processes``: a descriptor closed, the pids running a command line.
+- ``scratch_services``: services beside a scratch capsule's runs, the helper's side faked.
 
 No test module imports another (tests/test_test_map.py checks): what two share is here.
 The vm-tests' shared fixtures are vm-tests/conftest.py's, some defined here and

@@ -1,0 +1,49 @@
+"""Services beside a scratch capsule's runs, the helper's side faked: what
+capsules/service_scratch.py needs of ``Services``, for the tests of replays' and trials' use of it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+
+from sandbox.ops import ExecRequest
+from sandbox.replies import ExecReply, Touched, Truncated, Usage
+
+
+class FakeServices:
+    """A service "runs" from its helper call until that is cancelled (its block ended);
+    ``ready`` says whether each gets ready.  ``running`` names those running now."""
+
+    def __init__(self, tmp: Path, ready: bool = True) -> None:
+        self.state = SimpleNamespace(tmp_dir=tmp)
+        self.ready = ready
+        self.running: list[str] = []
+        self.requests: list[ExecRequest] = []
+
+    async def await_ready(self, run: Any) -> dict[str, Any]:
+        await trio.sleep(0.01)
+        if self.ready:
+            return {"ready": True}
+        return {"ready": False, "why": "it exited before it was ready"}
+
+    async def call_helper(self, network: Any, request: ExecRequest, run: Any) -> Any:
+        self.requests.append(request)
+        self.running.append(request.service or "")
+        try:
+            await trio.sleep_forever()
+        finally:
+            self.running.remove(request.service or "")
+
+
+def exec_reply(exit_code: int = 0, stdout: bytes = b"") -> ExecReply:
+    """A helper's reply to an exec that touched nothing."""
+    return ExecReply(
+        exit_code=exit_code, signal=None, timed_out=False, oom_killed=False, duration_ms=5, stdout=stdout,
+        stderr=b"", stdout_bytes=len(stdout), stderr_bytes=0, truncated=Truncated(False, False),
+        usage=Usage(cpu_ms=1, rss_max_kb=2, rss_max_process_kb=2, io_read_kb=0, io_write_kb=0),
+        usage_unavailable={}, usage_sources={}, disk=None, touched=Touched((), (), (), ()), touched_unavailable={},
+    )
