@@ -290,7 +290,7 @@ EXEC_TEXT = (
 
 
 def test_the_capsule_exec_reply_is_unchanged_byte_for_byte(world: Any) -> None:
-    from mcp_server.tools.capsule import _exec_result, exec_text
+    from mcp_server.tools.exec_result import exec_result, exec_text
 
     service, _, _, workspace = world
 
@@ -298,6 +298,6 @@ def test_the_capsule_exec_reply_is_unchanged_byte_for_byte(world: Any) -> None:
         record = await service.create(CapsuleSpec(workspace=str(workspace)))
         return await service.exec(exec_request(record.capsule_id, ["cat"], "sub", None, b"in"))
 
-    assert exec_text(_exec_result(trio.run(main))) == EXEC_TEXT
+    assert exec_text(exec_result(trio.run(main))) == EXEC_TEXT
     [entry] = Journal(service.state).execs("cap_1")
     assert (entry["env_keys"], entry["cwd"], entry["timeout_ms"]) == (["LANG", "PATH"], f"{workspace}/sub", 300_000)

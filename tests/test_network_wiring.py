@@ -9,7 +9,7 @@ import pytest
 from mcp_server.capsules.exec import NETWORK_NONE_REASON, ExecOutcome
 from mcp_server.cli import parse_args
 from mcp_server.cli.capsule import tool_call
-from mcp_server.tools.capsule import exec_text
+from mcp_server.tools.exec_result import exec_text
 from sandbox.replies import ExecReply
 
 

@@ -125,16 +125,25 @@ def blake3_of(data: bytes) -> str:
     return "blake3:" + blake3.blake3(data).hexdigest()
 
 
-def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.datetime) -> dict[str, Any]:
-    """The journal's record of one exec (Journal.add_exec)."""
+def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.datetime,
+                  typed: bytes | None = None) -> dict[str, Any]:
+    """The journal's record of one exec (Journal.add_exec).
+
+    ``typed``: what an interactive run (capsules/console.py) was given on its stdin, all of
+    it in order; it is kept as the run's stdin, so a witness carries it and a replay feeds
+    it, all at once and through a pipe (when each byte was typed, and a pty, are not
+    replayed: capsules/console.py).  Such a run is no terminal session even on a pty: its
+    input is kept.
+    """
     reply = outcome.reply
+    stdin = typed if typed is not None else request.stdin
     return {
         "started_at": started.isoformat(timespec="microseconds"),
         "argv": list(request.argv),
         "cwd": request.cwd,
         "env_keys": env_keys(request),
-        "stdin_blake3": blake3_of(request.stdin) if request.stdin is not None else None,
-        "stdin_b64": base64.b64encode(request.stdin).decode() if request.stdin is not None else None,
+        "stdin_blake3": blake3_of(stdin) if stdin is not None else None,
+        "stdin_b64": base64.b64encode(stdin).decode() if stdin is not None else None,
         "timeout_ms": request.timeout_ms,
         "exit_code": reply.exit_code,
         "signal": reply.signal,
@@ -149,7 +158,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "usage": {**outcome.usage, "sources": outcome.usage_sources, "unavailable": outcome.usage_unavailable},
         "touched": outcome.touched,
         "generation": outcome.started_generation,
-        "terminal": int(request.stdio == "tty"),  # an interactive session: its input is not kept
+        "terminal": int(request.stdio == "tty" and typed is None),  # a person's session: its input is not kept
         **({"service": request.service} if request.service is not None else {}),  # a service's run
     }
 

@@ -28,6 +28,12 @@ waits again, fetches, or cancels it.
   only the caller's own runs, and answers another's as it answers an unknown id, so a
   run id is no key for another token.  ``OwnedRuns`` is the registry as one caller
   sees it (CallContext.runs).
+- **Interactive runs.**  An exec started with ``interactive`` (or ``tty``) is a run with a
+  console (mcp_server/capsules/console.py): every answer about it, from the call that
+  starts it to the last ``capsule_run``, carries the output since the caller's last read
+  (``output``) and the ``cursor`` after it, and waits only until output has come and
+  paused (or the run ends, or ``wait_ms``: ``CONSOLE_WAIT_MS`` by default).  Its ended
+  answer is the tool's result with ``status: "finished"`` and those two.
 - **Per process.**  Runs and their results live in this process: a restarted server
   knows none of them (NOT_FOUND), and a second server of the same state dir does not see
   this one's.  Finished runs are kept ``KEEP_S`` seconds, at most ``KEEP_FINISHED`` of them.
@@ -44,6 +50,8 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.console import Console
+from mcp_server.core.transcript import Reading
 from sandbox.errors import CcwError
 
 WAIT_MS_DEFAULT = 50_000  # below the 60 s that Codex and other clients allow a tool call
@@ -51,10 +59,12 @@ WAIT_MS_MAX = 600_000
 KEEP_S = 3600.0  # how long a finished run's result can still be fetched
 KEEP_FINISHED = 64  # and how many finished runs are kept at most
 STOP_WAIT_S = 40.0  # how long cancel waits for the jail to be ended (the helper's settle is 30 s)
+CONSOLE_WAIT_MS = 2000  # an interactive run's reads return sooner when output comes and pauses
 
 # The wait_ms argument of the tools that answer through runs.
 WAIT_MS = {"type": ["integer", "null"], "minimum": 0, "maximum": WAIT_MS_MAX, "description": (
     f"Default {WAIT_MS_DEFAULT}; past it: status running, run_id for capsule_run. null: no limit.")}
+_RUN_ID = {"type": "string", "description": "Give it to capsule_run to wait again, fetch or cancel."}
 # What a call answers about a run that has not finished, or was cancelled.
 RUN_STATUS = {
     "type": "object",
@@ -62,11 +72,19 @@ RUN_STATUS = {
     "additionalProperties": False,
     "properties": {
         "status": {"enum": ["running", "cancelled"]},
-        "run_id": {"type": "string", "description": "Give it to capsule_run to wait again, fetch or cancel."},
+        "run_id": _RUN_ID,
         "elapsed_ms": {"type": "integer", "minimum": 0},
         "progress": {"type": ["string", "null"],
                      "description": "The last progress report: elapsed time, byte counts, the latest output lines."},
     },
+}
+# What an answer about an interactive run adds, besides the tool's result once it has ended.
+CONSOLE_STATUS = {
+    "status": {"enum": ["running", "finished", "cancelled"]},
+    "run_id": _RUN_ID,
+    "elapsed_ms": {"type": "integer", "minimum": 0},
+    "output": {"type": "string", "description": "Output since your last read (or cursor); a tty's without control codes."},
+    "cursor": {"type": "integer", "minimum": 0, "description": "Byte offset after output: pass it to read again from there."},
 }
 
 Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
@@ -75,7 +93,8 @@ Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 class Run:
     """One call's work, running (or ended) in the background."""
 
-    def __init__(self, run_id: str, tool: str, capsule_id: str | None, owner: str | None = None) -> None:
+    def __init__(self, run_id: str, tool: str, capsule_id: str | None, owner: str | None = None,
+                 console: Console | None = None) -> None:
         self.run_id = run_id
         self.tool = tool
         self.capsule_id = capsule_id
@@ -88,6 +107,7 @@ class Run:
         self.error: BaseException | None = None
         self.cancelled = False
         self.last_report: str | None = None
+        self.console = console  # an interactive run's stdin and output
         self._listener: Progress | None = None
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -118,6 +138,16 @@ class Run:
         assert self.result is not None
         return self.result
 
+    def console_answer(self, reading: Reading) -> dict[str, Any]:
+        """An answer about an interactive run: its status (its result, once ended) and ``reading``."""
+        if self.done.is_set() and not self.cancelled:
+            answer = {**self.outcome(), "status": "finished", "run_id": self.run_id}
+        else:
+            answer = self.summary("cancelled" if self.done.is_set() else "running")
+            del answer["progress"]  # its output says more
+        answer.update(output=reading.text, cursor=reading.cursor)
+        return answer
+
 
 Body = Callable[[Run], Awaitable[dict[str, Any]]]
 
@@ -130,19 +160,21 @@ class Runs:
         self._serial = itertools.count(1)
         self.on_end = on_end  # told of every run that ended (its result or error): the event stream
 
-    def start(self, tool: str, capsule_id: str | None, body: Body, owner: str | None = None) -> Run:
+    def start(self, tool: str, capsule_id: str | None, body: Body, owner: str | None = None,
+              console: Console | None = None) -> Run:
         """Start ``body`` as ``owner``'s run now, in a copy of the calling task's context."""
         self._expire()
-        run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id, owner)
+        run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id, owner, console)
         self._runs[run.run_id] = run
         trio.lowlevel.spawn_system_task(self._serve, run, body, name=f"ccw {tool} {run.run_id}",
                                         context=contextvars.copy_context())
         return run
 
     async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
-                   progress: Progress, owner: str | None = None) -> dict[str, Any]:
-        """Run ``body`` and answer within ``wait_ms`` (None: wait until it ends, in this task)."""
-        if wait_ms is None:
+                   progress: Progress, owner: str | None = None, console: Console | None = None) -> dict[str, Any]:
+        """Run ``body`` and answer within ``wait_ms`` (None: wait until it ends, in this task; a run
+        with a ``console`` is always one of the background)."""
+        if wait_ms is None and console is None:
             run = Run("", tool, capsule_id, owner)
             run._listener = progress
             try:  # its end is told like a background run's (the ccw command waits this way)
@@ -154,7 +186,7 @@ class Runs:
                 if self.on_end is not None:
                     self.on_end(run)
             return run.result
-        run = self.start(tool, capsule_id, body, owner)
+        run = self.start(tool, capsule_id, body, owner, console)
         try:
             return await self.wait(run, wait_ms, progress)
         except trio.Cancelled:
@@ -178,11 +210,16 @@ class Runs:
         """Whether a run of that id is still kept (anyone's)."""
         return run_id in self._runs
 
-    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None) -> dict[str, Any]:
-        """The run's answer if it ends within ``wait_ms`` (None: no limit), else its "running" summary."""
+    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None,
+                   cursor: int | None = None) -> dict[str, Any]:
+        """The run's answer if it ends within ``wait_ms`` (None: no limit), else its "running" summary;
+        an interactive run's, with its output from ``cursor`` once some has come and paused."""
+        wait_s = math.inf if wait_ms is None else wait_ms / 1000
         run._listener = progress
         try:
-            with trio.move_on_after(math.inf if wait_ms is None else wait_ms / 1000):
+            if run.console is not None:
+                return run.console_answer(await run.console.read(run.done, cursor, wait_s))
+            with trio.move_on_after(wait_s):
                 await run.done.wait()
         finally:
             if run._listener is progress:
@@ -194,6 +231,8 @@ class Runs:
         run.scope.cancel()
         with trio.move_on_after(STOP_WAIT_S):
             await run.done.wait()
+        if run.console is not None:
+            return run.console_answer(run.console.read_now())
         return run.outcome() if run.done.is_set() else run.summary("running")
 
     async def aclose(self) -> None:
@@ -235,17 +274,18 @@ class OwnedRuns:
         self.owner = owner
 
     async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
-                   progress: Progress) -> dict[str, Any]:
+                   progress: Progress, console: Console | None = None) -> dict[str, Any]:
         """``Runs.call`` as this caller."""
-        return await self.runs.call(tool, capsule_id, body, wait_ms, progress, self.owner)
+        return await self.runs.call(tool, capsule_id, body, wait_ms, progress, self.owner, console)
 
     def get(self, run_id: str) -> Run:
         """This caller's run by id (``Runs.get``)."""
         return self.runs.get(run_id, self.owner)
 
-    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None) -> dict[str, Any]:
+    async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None,
+                   cursor: int | None = None) -> dict[str, Any]:
         """``Runs.wait``, for a run ``get`` gave."""
-        return await self.runs.wait(run, wait_ms, progress)
+        return await self.runs.wait(run, wait_ms, progress, cursor)
 
     async def cancel(self, run: Run) -> dict[str, Any]:
         """``Runs.cancel``, for a run ``get`` gave."""

@@ -34,6 +34,7 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules import exposure
+from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
     PROGRESS_MS,
     ExecOutcome,
@@ -203,7 +204,7 @@ class CapsuleService:
         return record
 
     async def exec(self, request: ExecRequest, values: Mapping[str, str] | None = None,
-                   terminal: int | None = None) -> ExecOutcome:
+                   terminal: int | None = None, console: Console | None = None) -> ExecOutcome:
         """Run ``request`` in its capsule's jail, after the calls queued before it, and journal it.
 
         ``request`` is completed for its capsule first (runs.for_capsule: its cwd made
@@ -212,7 +213,9 @@ class CapsuleService:
         (``ccw capsule shell``), sent to the helper as the command's stdio and controlling
         terminal, with the caller's TERM.  Its output goes to the terminal, not to us: the
         journal's row has everything but the output (its stdout and stderr are those of no
-        bytes, and no output is kept for witnesses).
+        bytes, and no output is kept for witnesses).  ``console``: an interactive run's
+        (capsules/console.py), whose stdin the caller types into while it runs; what was
+        typed is journaled as the run's stdin, and a terminal's output as its stdout.
         """
         record = self.live_record(request.capsule_id)
         request = for_capsule(request, record.spec, values, PROGRESS_MS)
@@ -220,28 +223,32 @@ class CapsuleService:
             term = (os.environ if values is None else values).get("TERM")
             request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
                                           env={**(request.env or {}), **({"TERM": term} if term else {})})
+        elif console is not None:
+            request = console.prepare(request)
         async with self._call.capsule_turn(record.capsule_id, exec_label(request.argv)) as ticket:
             if ticket.waited:  # a destroy queued before this call may have run meanwhile
                 record = self.live_record(record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
-                                              lambda: self._exec_reply(request, ticket.waited_ms))
+                                              lambda: self._exec_reply(request, ticket.waited_ms, console))
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.network,
-                tuple(traced.notes)), started)
+                tuple(traced.notes)), started, None if console is None else bytes(console.typed))
 
     async def _journal_exec(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
-                            started: dt.datetime) -> ExecOutcome:
+                            started: dt.datetime, typed: bytes | None = None) -> ExecOutcome:
         """Journal an exec that ran (its row, events and outputs in one transaction), note the base's
-        state where it wrote, and find hints for a command the jail could not run."""
+        state where it wrote, and find hints for a command the jail could not run.  ``typed``: an
+        interactive run's input, kept as its stdin."""
         reply = outcome.reply
         journal = self.journal
-        entry = journal_entry(request, outcome, started)
+        entry = journal_entry(request, outcome, started, typed)
         written = list(reply.touched.written)
         if written:
             root = await self.open_root(record.capsule_id)
             entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, written)
-        outputs = {"stdout": reply.stdout, "stderr": reply.stderr} if request.stdio != "tty" else None
+        kept = request.stdio != "tty" or typed is not None  # a shell's output went to its person alone
+        outputs = {"stdout": reply.stdout, "stderr": reply.stderr} if kept else None
         _seq, generation = journal.append_exec(record.capsule_id, entry, outputs)  # outputs: for witnesses
         if written:  # nothing written: no path to note, and no thread to hop to
             await trio.to_thread.run_sync(record_base_states, journal, record, written)
@@ -252,12 +259,15 @@ class CapsuleService:
                                                   path, reply.exit_code, reply.stderr)
         return dataclasses.replace(outcome, generation=generation, hints=tuple(hints))
 
-    async def _exec_reply(self, request: ExecRequest, waited_ms: int) -> ExecReply:
-        """The helper's reply to an exec, its progress sent on; a lost reply advances the generation."""
+    async def _exec_reply(self, request: ExecRequest, waited_ms: int, console: Console | None = None) -> ExecReply:
+        """The helper's reply to an exec, its progress sent on (and an interactive run's output to its
+        ``console``); a lost reply advances the generation."""
         helper = await self.helper()
 
         async def forward(raw: dict[str, Any]) -> None:
             report = ExecProgress.from_args(raw)
+            if console is not None:
+                console.stream(report)
             if report.written:  # as the run goes: watchers see its files before it ends
                 events.add(self.state, "files.written", request.capsule_id,
                            {"seq": None, "live": True, "count": len(report.written), "paths": list(report.written)})
@@ -267,7 +277,11 @@ class CapsuleService:
                                 progress_message(report))
 
         try:
-            return await self.call(request, on_progress=forward)
+            if console is None:
+                return await self.call(request, on_progress=forward)
+            async with console.attached():
+                reply = await self.call(request, on_progress=forward)
+            return console.finished(reply)
         except BaseException as exc:
             if not (isinstance(exc, CcwError) and exc.code in _REFUSED) and not network_not_open(exc):
                 with trio.CancelScope(shield=True):

@@ -14,29 +14,36 @@ the tool's result.  What the results mean, where seed 003 is silent:
 - Every result that describes a capsule carries its change ``generation``; an exec's
   result gives the one it started on and the one it left, and ``queued_ms`` how long it
   waited for the calls on the capsule before it.
+- An ``interactive`` exec (``tty``: on a pseudo-terminal) is a run whose answers carry the
+  output since the last read and a ``cursor``; capsule_run types into it
+  (mcp_server/capsules/console.py).  Its ``stdin``, if any, is its first input.  The
+  shapes are in tools/exec_result.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import os
 from typing import Any
 
 import trio
 
 from mcp_server.capsules import exposure, service
-from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome, exec_request
+from mcp_server.capsules.console import Console
+from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.capsules.gitdirs import find as find_gitdir
-from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
 from mcp_server.journal import CapsuleRecord
+from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
 from sandbox.spec import (
     DISK_MB_MAX,
     DISK_MB_MIN,
@@ -47,27 +54,6 @@ from sandbox.spec import (
     login_homes,
 )
 
-_NULLABLE_INT = {"type": ["integer", "null"]}
-NETWORK_RECORDS = {
-    "type": ["array", "null"],
-    "description": "Every connection attempt, allowed or denied (and by which rule), sorted; null: network none.",
-    "items": {
-        "type": "object",
-        "required": ["host", "port", "protocol", "allowed"],
-        "properties": {
-            "host": {"type": "string"},
-            "port": {"type": "integer"},
-            "protocol": {"enum": ["http", "https", "socks5", "tcp", "udp"]},
-            "allowed": {"type": "boolean"},
-            "rule": {"type": ["string", "null"]},
-            "reason": {"type": ["string", "null"]},
-            "address": {"type": ["string", "null"]},
-            "bytes_out": {"type": "integer"},
-            "bytes_in": {"type": "integer"},
-            "cut": {"type": ["string", "null"]},
-        },
-    },
-}
 LIMITS = {
     "type": "object",
     "additionalProperties": False,
@@ -164,55 +150,34 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     return result
 
 
-def exec_text(result: dict[str, Any]) -> str:
-    """The exec's text block: the result as JSON, then each denied connection's line, as a
-    command's stderr would show it (an agent that reads only text sees why it failed)."""
-    text = json.dumps(result, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "\n".join([text, *result.get("network_notes", ())])
-
-
 async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Run a command in a capsule's jail, after the calls queued before it, and journal it."""
+    """Run a command in a capsule's jail, after the calls queued before it, and journal it; an
+    interactive one (``interactive``, ``tty``) answers with its first output and is driven by
+    capsule_run (mcp_server/capsules/console.py)."""
     stdin = args.get("stdin")
+    terminal = getattr(ctx, "terminal", None)  # a shell's pty: the call lasts as long as its session
+    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
+    tty = bool(args.get("tty"))
+    if tty or args.get("interactive"):
+        if terminal is not None:
+            raise CcwError("INVALID_ARGUMENT", "a call that lends a terminal (ccw capsule shell) is interactive "
+                           "already: drop interactive and tty")
+        console = Console(tty)
+        if stdin:  # the first input, typed as capsule_run's would be
+            console.give(stdin.encode())
+        stdin = None
+    else:
+        console = None
     request = exec_request(args["capsule_id"], args["cmd"], args.get("cwd"), args.get("timeout_ms"),
                            stdin.encode() if stdin is not None else None)
-    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
-    terminal = getattr(ctx, "terminal", None)  # a shell's pty: the call lasts as long as its session
 
     async def body(run: Run) -> dict[str, Any]:
-        return _exec_result(await ctx.for_run(run).capsules.exec(request, values, terminal))
+        with console if console is not None else contextlib.nullcontext():  # its descriptors, for the run
+            return exec_result(await ctx.for_run(run).capsules.exec(request, values, terminal, console), tty)
 
-    wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT) if terminal is None else None
-    return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress)
-
-
-def _exec_result(ran: ExecOutcome) -> dict[str, Any]:
-    """capsule_exec's result for a finished exec (seed 003's shape)."""
-    reply = ran.reply
-    return {
-        "exit_code": reply.exit_code,
-        "signal": reply.signal,
-        "timed_out": bool(reply.timed_out),
-        "oom_killed": bool(reply.oom_killed),
-        "duration_ms": reply.duration_ms,
-        "stdout": reply.stdout.decode("utf-8", "replace"),
-        "stderr": reply.stderr.decode("utf-8", "replace"),
-        "stdout_bytes": reply.stdout_bytes,
-        "stderr_bytes": reply.stderr_bytes,
-        "truncated": reply.truncated.to_args(),
-        "usage": ran.usage,
-        "usage_unavailable": ran.usage_unavailable,
-        "usage_sources": ran.usage_sources,
-        "disk_full": reply.disk is not None and reply.disk.full,
-        "disk": None if reply.disk is None else reply.disk.to_args(),
-        "touched": ran.touched,
-        "touched_unavailable": ran.touched_unavailable,
-        "network_notes": list(ran.network_notes),
-        "started_generation": ran.started_generation,
-        "generation": ran.generation,
-        "queued_ms": ran.queued_ms,
-        **({"hints": list(ran.hints)} if ran.hints else {}),
-    }
+    default = CONSOLE_WAIT_MS if console is not None else WAIT_MS_DEFAULT
+    wait_ms = args.get("wait_ms", default) if terminal is None else None
+    return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress, console)
 
 
 async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -272,32 +237,6 @@ async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     return {"capsule_id": record.capsule_id, "destroyed": True}
 
 
-_USAGE = {
-    "type": "object",
-    "description": (
-        "null: not measured (the reason is in usage_unavailable), never 0; usage_sources names the "
-        "mechanism of every other figure. rss_max_kb is the exec's total (its memory cgroup's peak); "
-        "rss_max_process_kb the largest single process (wait4 rusage), present without cgroups too."
-    ),
-    "required": list(USAGE_FIGURES),
-    "properties": {k: _NULLABLE_INT for k in USAGE_FIGURES},
-    "additionalProperties": False,
-}
-_PATHS = {"type": "array", "items": {"type": "string"}}
-_DISK = {
-    "type": ["object", "null"],
-    "description": "The capsule's disk after the command (null: the capsule has no disk limit).",
-    "required": ["limit_mb", "used_kb", "free_kb", "full"],
-    "properties": {
-        "limit_mb": {"type": "integer"},
-        "used_kb": {"type": "integer"},
-        "free_kb": {"type": "integer"},
-        "full": {"type": "boolean", "description": "Less than 1% (at least 4 MiB) is free: writes fail or are about to (ENOSPC)."},
-    },
-    "additionalProperties": False,
-}
-_REASONS = {"type": "object", "additionalProperties": {"type": "string"}}
-
 TOOLS = [
     ToolSpec(
         name="capsule_create",
@@ -350,60 +289,12 @@ TOOLS = [
                 "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
                 "stdin": {"type": ["string", "null"]},
                 "wait_ms": WAIT_MS,
+                # Their answers carry run_id, output and cursor; capsule_run's description says the rest.
+                "interactive": {"type": "boolean"},
+                "tty": {"type": "boolean"},  # interactive, on a pseudo-terminal
             },
         },
-        output_schema={"type": "object", "oneOf": [RUN_STATUS, {
-            "type": "object",
-            "required": ["exit_code", "stdout", "stderr", "usage", "touched", "timed_out", "truncated", "duration_ms",
-                         "started_generation", "generation"],
-            "additionalProperties": False,
-            "properties": {
-                "exit_code": _NULLABLE_INT,
-                "signal": {"type": ["string", "null"]},
-                "timed_out": {"type": "boolean"},
-                "oom_killed": {"type": "boolean"},
-                "disk_full": {"type": "boolean"},
-                "disk": _DISK,
-                "duration_ms": {"type": "integer"},
-                "stdout": {"type": "string"},
-                "stderr": {"type": "string"},
-                "stdout_bytes": {"type": "integer"},
-                "stderr_bytes": {"type": "integer"},
-                "truncated": {
-                    "type": "object",
-                    "required": ["stdout", "stderr"],
-                    "properties": {"stdout": {"type": "boolean"}, "stderr": {"type": "boolean"}},
-                    "additionalProperties": False,
-                },
-                "usage": _USAGE,
-                "usage_unavailable": _REASONS,
-                "usage_sources": _REASONS,
-                "touched": {
-                    "type": "object",
-                    "required": ["read", "written"],
-                    "properties": {
-                        "network": NETWORK_RECORDS,
-                        "read": {"type": ["array", "null"], "items": {"type": "string"}},
-                        "written": _PATHS,
-                        "listed": {"type": ["array", "null"], "items": {"type": "string"},
-                                   "description": "Directories opened (listed), '.' the workspace root; null when read is."},
-                        "executed": {"type": ["array", "null"], "items": {"type": "string"},
-                                     "description": "Files run (execve), also in read; null when read is."},
-                    },
-                    "additionalProperties": False,
-                },
-                "touched_unavailable": _REASONS,
-                "network_notes": {"type": "array", "items": {"type": "string"},
-                                  "description": "A line per denied connection attempt (also in the text content)."},
-                "started_generation": {**GENERATION, "description": "The capsule's change generation the command ran on."},
-                "generation": {**GENERATION, "description": (
-                    "The capsule's change generation after the command: one more than started_generation "
-                    "if it wrote (or its writes could not be fully traced), else the same.")},
-                "queued_ms": {"type": "integer", "minimum": 0,
-                              "description": "How long the call waited for earlier execs on the capsule."},
-                "hints": {**_PATHS, "description": "What to expose for a program the jail hides."},
-            },
-        }]},
+        output_schema=EXEC_OUTPUT,
         handler=capsule_exec,
         turn=service.EXEC,
         text=exec_text,

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx2
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from mcp_server.auth import TokenTable
@@ -42,6 +43,13 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def stdio_client(tmp: Path, **extra: str) -> Client:
+    """An SDK client (legacy mode, as agents' clients are) of a ``ccw-mcp`` it starts on stdio,
+    isolated as ``server_env`` makes it (``extra``: more settings, such as CCW_TOOLSETS)."""
+    params = StdioServerParameters(command=str(CCW_MCP), env=server_env(tmp, **extra))
+    return Client(params, mode="legacy")
 
 
 class ServerProcess:

@@ -1,0 +1,285 @@
+"""An interactive run's two ends as the front end holds them: the command's stdin and its output.
+
+``capsule_exec`` with ``interactive`` starts a command that an agent then drives with
+``capsule_run``: each call may type into its stdin and reads what it wrote since the
+last read (mcp_server/core/transcript.py).  The command runs as every exec does (its
+jail, limits, tracer, turn and journal row); only its stdin and the way its output
+comes back differ.  Some facts about the two ways it is wired, which the design follows
+from:
+
+- **Pipes** (the default).  The request's stdio is ``"stdin"``: the read end of a pipe
+  made here travels with it (SCM_RIGHTS, as a shell's terminal does) and becomes the
+  jail's stdin; we keep the write end.  Closing it is the command's end of file, as no
+  one else holds a write end (descriptors are made close-on-exec).  stdout and stderr
+  are captured by the helper as usual, and the request asks for ``stream``: each
+  progress report (every ``PROGRESS_MS``, the helper's shortest) carries every byte
+  since the last one (at most 256 KiB a stream; the running totals tell what was
+  dropped), and the reply what came after the last report (within the capture cap).
+- **A terminal** (``tty``).  A pseudo-terminal made here, whose slave goes as the
+  command's stdio and controlling terminal (stdio ``"tty"``, as for ``ccw capsule
+  shell``); we read its output from the master and type into it.  Its window is
+  ``WINDOW`` (rows, columns), its TERM ``TERM`` unless the capsule whitelists one: a
+  dumb terminal asks programs for the fewest control sequences, and what they still
+  write is stripped from what the agent is shown (core/terminal_text.py).  The line
+  discipline echoes what is typed, as a terminal shows it.  End of file is the
+  terminal's end-of-file character (^D), which ends a line's read only at its start.
+  We hold our copy of the slave until the reply has come (the helper has closed its
+  copy by then and the jail's processes are gone), then read the master until EIO:
+  the last of the output.
+- **Input** is queued (at most ``INPUT_MAX`` bytes a call, ``MAX_STDIN`` in all) and a
+  task writes it while the command runs, as fast as it reads: a pipe holds 64 KiB and a
+  terminal's line 4 KiB, and a call must not wait on a command that is not reading.
+  What was written is kept, in order, as ``typed``: the journal's record of the run's
+  stdin (capsules/exec.py ``journal_entry``), so a witness carries it and a replay feeds
+  it.  A replay feeds it all at once, through a pipe: when each byte was typed, and what
+  the command had printed by then, is not replayed, nor is the terminal.  A REPL that
+  reads its stdin replays (its output differs: no echo, no prompts on a pipe); a program
+  that opens /dev/tty itself (``git rebase -i``'s editor asking there) finds no terminal
+  and ends otherwise, and the replay says so.  A terminal's ^D for ``eof`` is not kept (a
+  replay's stdin simply ends).
+- **Reading** waits (at most its ``wait_ms``) for output after the reader's cursor, then
+  until the output pauses for ``QUIET_S``, so a REPL's answer and its next prompt come
+  back in one read; or for the run's end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import os
+import struct
+import termios
+from collections.abc import AsyncIterator
+from types import TracebackType
+
+import trio
+
+from mcp_server.core.transcript import Reading, Transcript
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
+from sandbox.replies import ExecProgress, ExecReply
+from sandbox.spec import DEFAULT_OUTPUT_CAP, MAX_STDIN
+
+INPUT_MAX = 64 * 1024  # bytes of input one call may give
+PROGRESS_MS = 100  # how often the helper delivers a piped run's output (its shortest interval)
+QUIET_S = 0.2  # a read ends once output has come and then paused this long
+WINDOW = (50, 200)  # rows, columns of a run's terminal
+TERM = "dumb"  # asks programs for the fewest control sequences (see above)
+EOF_CHAR = b"\x04"  # the terminal's VEOF (^D), as a fresh pty has it
+_CHUNK = 1 << 16
+
+
+class Console:
+    """One interactive run's stdin and output: ``with`` holds its descriptors."""
+
+    def __init__(self, terminal: bool) -> None:
+        self.terminal = terminal
+        # A terminal's output comes from us, not the helper: its head is the journal's stdout.
+        self.transcript = Transcript(terminal, head_cap=DEFAULT_OUTPUT_CAP if terminal else 0)
+        self.typed = bytearray()  # what the command was given on its stdin, in order
+        self.read_cursor = 0  # where the last read ended
+        self._pending = bytearray()  # given, not yet written
+        self._given = 0
+        self._eof = False  # asked for
+        self._input_closed: str | None = None  # why no more input can be written
+        self._ended = False  # no more output will come
+        self._seen = {"stdout": 0, "stderr": 0}  # the helper's running totals, as last reported
+        self._changed = trio.Event()  # set when output arrives or ends (then replaced)
+        self._input = trio.Event()  # set when input is given (then replaced)
+        self._ours: int | None = None  # the pipe's write end, or the pty's master
+        self._theirs: int | None = None  # what the helper gets: the pipe's read end, or the slave
+
+    def __enter__(self) -> Console:
+        if self.terminal:
+            self._ours, self._theirs = os.openpty()  # both close-on-exec (PEP 446)
+            fcntl.ioctl(self._ours, termios.TIOCSWINSZ, struct.pack("HHHH", *WINDOW, 0, 0))
+        else:
+            self._theirs, self._ours = os.pipe()
+        os.set_blocking(self._ours, False)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self._end()
+        self._close_ours()
+        self._close_theirs()
+
+    # --- the service's side: the exec ------------------------------------------------
+
+    def prepare(self, request: ExecRequest) -> ExecRequest:
+        """``request`` wired to this console: its stdio, the descriptor that goes with it, and (pipes)
+        reports that carry the output.  It sends no stdin of its own: input is given (``give``)."""
+        if self.terminal:
+            env = {"TERM": TERM, **(request.env or {})}  # a TERM the capsule whitelists wins
+            return dataclasses.replace(request, stdio="tty", tty_fd=self._theirs, env=env, stdin=None)
+        return dataclasses.replace(request, stdio="stdin", tty_fd=self._theirs, stream=True,
+                                   progress_ms=PROGRESS_MS, stdin=None)
+
+    @contextlib.asynccontextmanager
+    async def attached(self) -> AsyncIterator[None]:
+        """For the block (the helper's call): input written as the command reads it, and a
+        terminal's output read; after it, the rest of a terminal's output."""
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write)
+                if self.terminal:
+                    nursery.start_soon(self._read)
+                try:
+                    yield
+                finally:
+                    nursery.cancel_scope.cancel()
+            if self.terminal:  # the jail has ended: with our slave closed, the master reads to EIO
+                self._close_theirs()
+                while self._read_some():
+                    pass
+        finally:
+            self._input_closed = self._input_closed or "the run has ended"
+
+    def stream(self, report: ExecProgress) -> None:
+        """A progress report of a piped run: the output it carries (what it could not, noted)."""
+        if not self.terminal:
+            before = self.transcript.total
+            for name, total, chunk in (("stdout", report.stdout_bytes, report.stdout_tail),
+                                       ("stderr", report.stderr_bytes, report.stderr_tail)):
+                self.transcript.note_lost(total - self._seen[name] - len(chunk), name)  # the oldest went
+                self.transcript.append(chunk)
+                self._seen[name] = total
+            if self.transcript.total != before:  # most reports of a command that waits carry nothing
+                self._notify()
+
+    def finished(self, reply: ExecReply) -> ExecReply:
+        """The reply of the ended run: a piped run's last output taken from it; a terminal's
+        output put in it as its stdout (the first ``output_cap`` bytes, as the helper captures)."""
+        if self.terminal:
+            head, total = self.transcript.release_head(), self.transcript.total
+            reply = dataclasses.replace(reply, stdout=head, stdout_bytes=total,
+                                        truncated=dataclasses.replace(reply.truncated, stdout=total > len(head)))
+        else:
+            for name, data, total in (("stdout", reply.stdout, reply.stdout_bytes),
+                                      ("stderr", reply.stderr, reply.stderr_bytes)):
+                rest = data[self._seen[name]:]
+                self.transcript.append(rest)
+                self.transcript.note_lost(total - self._seen[name] - len(rest), name)  # past the cap
+                self._seen[name] = total
+        self._end()
+        return reply
+
+    # --- the caller's side: input and reads -------------------------------------------
+
+    def give(self, data: bytes, eof: bool = False) -> None:
+        """Queue ``data`` for the command's stdin (then its end of file, if ``eof``)."""
+        if self._input_closed is not None or self._eof:
+            raise CcwError("CONFLICT", f"the run's stdin is closed ({self._input_closed or 'eof was sent'}): "
+                           "nothing more can be typed; start a new interactive run", {"given": len(data)})
+        if len(data) > INPUT_MAX:
+            raise CcwError("TOO_LARGE", f"input of {len(data)} bytes: at most {INPUT_MAX} a call; "
+                           "give it in parts", {"limit": INPUT_MAX})
+        if self._given + len(data) > MAX_STDIN:
+            raise CcwError("TOO_LARGE", f"a run's input is kept for its replay, at most {MAX_STDIN} bytes in all "
+                           f"({self._given} given); pass large data as a file instead", {"limit": MAX_STDIN})
+        self._given += len(data)
+        self._pending += data
+        self._eof = eof
+        self._input.set()
+
+    async def read(self, done: trio.Event, cursor: int | None, wait_s: float) -> Reading:
+        """The output from ``cursor`` (None: where the last read ended), once some has come and
+        paused, or the run is ``done``, or ``wait_s`` has passed; the next read goes on from it."""
+        start = self.read_cursor if cursor is None else cursor
+        self.transcript.check(start)  # a bad cursor fails now, not after the wait
+        with trio.move_on_after(wait_s):
+            while self.transcript.total <= start and not self._ended:
+                await self._changed.wait()
+            while not self._ended:  # then until it pauses
+                seen = self.transcript.total
+                with trio.move_on_after(QUIET_S) as quiet:
+                    while self.transcript.total == seen and not self._ended:
+                        await self._changed.wait()
+                if quiet.cancelled_caught:
+                    break
+            if self._ended:  # its result is journaled by now or very soon
+                await done.wait()
+        return self.read_now(start)
+
+    def read_now(self, cursor: int | None = None) -> Reading:
+        """The output from ``cursor`` (None: where the last read ended) as it is now."""
+        reading = self.transcript.read(self.read_cursor if cursor is None else cursor, final=self._ended)
+        self.read_cursor = reading.cursor
+        return reading
+
+    # --- inside ------------------------------------------------------------------------
+
+    async def _write(self) -> None:
+        """Write what is given while the command runs; then its end of file, if asked."""
+        while self._input_closed is None:
+            if self._pending:
+                written = await self._write_some(self._pending)
+                self.typed += self._pending[:written]
+                del self._pending[:written]
+            elif self._eof:
+                if self.terminal:
+                    while self._input_closed is None and not await self._write_some(EOF_CHAR):
+                        pass  # a full input queue: wait until the line discipline takes it
+                else:
+                    self._close_ours()
+                self._input_closed = self._input_closed or "eof was sent"
+            else:
+                await self._input.wait()
+                self._input = trio.Event()
+
+    async def _write_some(self, data: bytes | bytearray) -> int:
+        assert self._ours is not None
+        await trio.lowlevel.wait_writable(self._ours)
+        try:
+            return os.write(self._ours, data[:_CHUNK])
+        except BlockingIOError:
+            return 0
+        except OSError as exc:  # EPIPE: the command closed its stdin; what is pending is never read
+            self._input_closed = f"the command closed its stdin: {os.strerror(exc.errno or 0)}"
+            return 0
+
+    async def _read(self) -> None:
+        """A terminal's output as it comes, until no slave is open."""
+        assert self._ours is not None
+        while True:
+            await trio.lowlevel.wait_readable(self._ours)
+            if self._read_some() is False:
+                return
+
+    def _read_some(self) -> bool | None:
+        """One read of the master: True (output), None (nothing yet), False (no slave is open)."""
+        if self._ours is None:
+            return False
+        try:
+            chunk = os.read(self._ours, _CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            if exc.errno == errno.EIO:
+                return False
+            raise
+        self.transcript.append(chunk)
+        self._notify()
+        return bool(chunk)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _end(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self._input_closed = self._input_closed or "the run has ended"
+            self._notify()
+
+    def _close_ours(self) -> None:
+        if self._ours is not None:
+            trio.lowlevel.notify_closing(self._ours)
+            os.close(self._ours)
+            self._ours = None
+
+    def _close_theirs(self) -> None:
+        if self._theirs is not None:
+            os.close(self._theirs)
+            self._theirs = None
