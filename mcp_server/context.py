@@ -28,6 +28,7 @@ import trio
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.run import OwnedRuns, Run, Runs
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.services import Services
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.config import Config
 from mcp_server.events import EventLog, live_connection, record_outcome
@@ -52,6 +53,7 @@ class Runtime:
         # the egress sessions of allowlist capsules, for the process's life; each attempt an event as it is decided
         self.networks = Networks(observe=self._connection_event)
         self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/run.py)
+        self.services = Services(state, self.helper, self.networks)  # long-lived processes (capsules/services.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()
@@ -95,6 +97,8 @@ class Runtime:
     async def aclose(self) -> None:
         """End the runs and the egress sessions, and close the helper client (stopping an embedded helper) if one was opened."""
         await self.runs.aclose()  # their jails end while the helper is still there
+        with trio.CancelScope(shield=True):
+            await self.services.aclose()
         with trio.CancelScope(shield=True):
             await self.networks.aclose()
         client, self._helper = self._helper, None
@@ -202,7 +206,8 @@ class CallContext:
     @property
     def capsules(self) -> CapsuleService:
         """The capsule service, reporting progress and taking turns as this call."""
-        return CapsuleService(self._runtime.state, self._runtime.helper, self, self._runtime.networks)
+        return CapsuleService(self._runtime.state, self._runtime.helper, self, self._runtime.networks,
+                              self._runtime.services)
 
     @property
     def runs(self) -> OwnedRuns:

@@ -36,6 +36,10 @@ every text in them came from inside a capsule, so it is untrusted:
   and as each attempt is decided while the run goes, with ``live: true``, ``seq`` null
   and no byte counts (``live_connection``).
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
+- ``service``  name, state (starting, running, ready, exited, failed, lost, stopped), with
+  argv and restarts as it starts, exit_code, signal and seq as a run ends; a service's
+  run is also a ``run.finished`` with its ``service`` name.  ``port``  port, host_port,
+  url, state (open, closed), or refused with the peer's uid.
 - ``policy.report``  passed, report (promotion's checks, real or dry run);  ``promotion``
   applied, dry_run, refused (null, or the error's code and message: POLICY_FAILED,
   REPO_CHANGED, ...).
@@ -65,7 +69,7 @@ from mcp_server.state import State
 
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
          "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
-         "witness", "replay", "deltamin.trial", "deltamin.done")
+         "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port")
 KEEP_EVENTS = 200_000
 MAX_PATHS = 200
 MAX_DIRS = 10
@@ -132,7 +136,7 @@ def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -
         "generation": entry.get("generation"), "generation_out": generation_out,
         "usage": {"cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb")},
         "reads": None if read is None else len(read), "writes": len(written), "connections": len(network),
-        "terminal": bool(entry.get("terminal")),
+        "terminal": bool(entry.get("terminal")), **({"service": entry["service"]} if entry.get("service") else {}),
     })]
     if written:
         events.append(("files.written", {"seq": seq, "count": len(written), "paths": list(written[:MAX_PATHS])}))

@@ -79,7 +79,7 @@ import json
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -281,7 +281,8 @@ async def serve(
     answered) or, with ``idle_s``, until no client has been connected for that long."""
     clients = _Clients()
     await listen(str(FrontendPaths.of(app.config.state_dir).socket), 0o600,
-                 functools.partial(_stop_accepting, draining, clients=clients, idle_s=idle_s),
+                 functools.partial(_stop_accepting, draining, clients=clients, idle_s=idle_s,
+                                   holding=app.runtime.services.holding),
                  lambda stream: _serve_client(app, stream, draining, clients), task_status=task_status)
 
 
@@ -317,9 +318,11 @@ class _Clients:
 
 
 async def _stop_accepting(
-    draining: trio.Event, accepting: trio.CancelScope, clients: _Clients, idle_s: float | None
+    draining: trio.Event, accepting: trio.CancelScope, clients: _Clients, idle_s: float | None,
+    holding: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Cancel ``accepting`` at the drain, or (``idle_s``) once no client came for that long."""
+    """Cancel ``accepting`` at the drain, or (``idle_s``) once no client came for that long
+    and nothing is ``holding`` it (a service running, a port forwarded: capsules/services.py)."""
     if idle_s is None:
         await draining.wait()
     else:
@@ -329,6 +332,8 @@ async def _stop_accepting(
                     if clients.count == 0:
                         with trio.move_on_after(idle_s):
                             await clients.changed.wait()
+                            continue
+                        if holding():
                             continue
                         LOGGER.info(f"mcp:frontend idle for {idle_s:g} s: exiting")
                         draining.set()

@@ -426,3 +426,23 @@ def test_the_daemon_ends_once_idle_and_not_while_a_client_is_connected(tmp_path:
     answer, ended = done.stdout.splitlines()
     assert '"id":7' in answer and '"name":"ccw"' in answer, answer
     assert ended == "ended" and not (tmp_path / "state" / "frontend.sock").exists()
+
+
+def test_an_idle_daemon_stays_while_it_holds_a_service_or_a_port() -> None:
+    holding = [True]
+
+    async def main() -> float:
+        draining = trio.Event()
+        clients = frontdoor._Clients()
+        with trio.CancelScope() as accepting:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: frontdoor._stop_accepting(
+                    draining, accepting, clients, 0.05, holding=lambda: holding[0]))
+                await trio.sleep(0.5)  # ten idle periods: still serving, it holds a service
+                assert not draining.is_set()
+                holding[0] = False
+                began = trio.current_time()
+                await draining.wait()
+                return trio.current_time() - began
+
+    assert trio.run(main) < 5.0  # once nothing is held, the next idle period ends it

@@ -178,12 +178,14 @@ def test_spec_checks(tmp_path: Path) -> None:
                          home_dir=str(tmp_path / "h"), argv=["/bin/true"], cwd="/srv/ws",
                          env={"PATH": "/bin", "HOME": "/home/a"})
     contain._check_spec(good)
+    # A "none" capsule's jail may join the capsule's own namespace; 0 is a service's "no time limit".
+    contain._check_spec(contain.JailSpec(**{**good.__dict__, "net_fd": 3, "timeout_ms": 0}))  # type: ignore[arg-type]
     bad_cases: list[dict[str, object]] = [
         {"argv": []}, {"argv": ["a\0b"]}, {"env": {"A=B": "1"}}, {"workspace": "/srv/ws/"},
         {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"}, {"cwd": "x"},
-        {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"network": "egress"}, {"net_fd": 3},
+        {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"network": "egress"},
         {"hostname": ""},
-        {"timeout_ms": 0}, {"output_cap": -1},
+        {"timeout_ms": -1}, {"output_cap": -1},
     ]
     for bad in bad_cases:
         spec = contain.JailSpec(**{**good.__dict__, **bad})  # type: ignore[arg-type]

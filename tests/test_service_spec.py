@@ -12,9 +12,10 @@ from sandbox.errors import CcwError
 from sandbox.spec import Limits
 
 
-def test_ready_takes_exactly_one_condition_and_a_real_pattern() -> None:
+def test_ready_takes_exactly_one_condition_and_a_line_is_plain_text() -> None:
     assert Ready.from_json({"port": 8080}).describe() == "port 8080 accepting"
-    for bad in ({}, {"port": 1, "path": "/tmp/x"}, {"line": "("}):
+    assert Ready.from_json({"line": "(a+)+$"}).describe() == "a line containing '(a+)+$'"  # text, not a pattern
+    for bad in ({}, {"port": 1, "path": "/tmp/x"}):
         with pytest.raises(CcwError) as refused:
             Ready.from_json(bad)
         assert refused.value.code == "INVALID_ARGUMENT"

@@ -127,4 +127,4 @@ def test_the_capsule_tools_declare_their_turns() -> None:
     turns = {spec.name: spec.turn.label_of({"cmd": ["make", "-j2"]}) for spec in registry.tools if spec.turn}
     assert turns == {"capsule_exec": "exec `make -j2`", "capsule_fork": "fork", "capsule_destroy": "destroy",
                      "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
-                     "capsule_witness": "witness"}
+                     "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`"}

@@ -49,6 +49,7 @@ class ExecOutcome:
     network: list[dict[str, Any]] | None = None  # the attempts to connect out (None: network none)
     network_notes: tuple[str, ...] = ()  # a line per denied attempt, for the agent
     hints: tuple[str, ...] = ()  # what to expose for a program the jail hides (capsules/exposure.py)
+    seq: int | None = None  # its journal row, once journaled
 
     @property
     def usage(self) -> dict[str, Any]:

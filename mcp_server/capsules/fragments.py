@@ -45,3 +45,12 @@ NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what
         "max_connections} (per exec; default 1 GiB, 512)."
     ),
 }
+RUN_LIMITS: dict[str, Any] = {  # what one run may be held to below its capsule's limits (a service's)
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "memory_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+        "pids_max": {"type": "integer", "minimum": 1, "maximum": 1 << 22},
+        "cpu_ms": {"type": "integer", "minimum": 1},
+    },
+}

@@ -77,7 +77,7 @@ from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
-from sandbox.ops import ChangesRequest
+from sandbox.ops import ChangesRequest, FreezeRequest, ListRequest
 from sandbox.replies import Change
 
 PROMOTE = TakesTurn("promote")  # the turn it takes (capsules/turns.py)
@@ -286,6 +286,26 @@ async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
 
 async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[str, Any]:
     record = service.live_record(request.capsule_id)  # a destroy queued before this call may have run
+    running = service.services.running(record.capsule_id) if service.services is not None else []
+    if not running:
+        return await _promote_frozen(service, request, record)
+    # Its services would change the tree between the check and the write: they are frozen
+    # (the cgroup freezer, as capsule_pause does) from the change list's read to the last write.
+    paused = any(c.capsule_id == record.capsule_id and c.state == "paused"
+                 for c in (await service.call(ListRequest())).capsules)
+    if not paused:
+        await service.call(FreezeRequest(record.capsule_id, True))
+    try:
+        result = await _promote_frozen(service, request, record)
+    finally:
+        if not paused:
+            with trio.CancelScope(shield=True):
+                await service.call(FreezeRequest(record.capsule_id, False))
+    result["policy_report"]["services"] = [run.summary() for run in running]
+    return result
+
+
+async def _promote_frozen(service: CapsuleService, request: Request, record: CapsuleRecord) -> dict[str, Any]:
     names = request.policies
     rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in names)
     journal = service.journal

@@ -24,11 +24,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import json
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
@@ -71,6 +72,9 @@ from sandbox.replies import (
     ReplyT,
 )
 from sandbox.spec import CapsuleSpec, exec_env
+
+if TYPE_CHECKING:
+    from mcp_server.capsules.services import Services
 
 SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
 SETTLE_POLL_S = 0.1
@@ -126,12 +130,17 @@ class CapsuleService:
     """The capsules of one state dir, as seen by one call (its progress and turns)."""
 
     def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]], call: CallHooks,
-                 networks: Networks | None = None) -> None:
+                 networks: Networks | None = None, services: Services | None = None) -> None:
         self.state = state
         self._helper = helper
         self._call = call
         # The process's egress sessions (Runtime.networks); a service of its own has its own.
         self.networks = networks if networks is not None else Networks()
+        self.services = services  # the process's long-lived services (Runtime.services; capsules/services.py)
+
+    def background(self) -> CapsuleService:
+        """This service for work that no call waits for (a service's runs): no progress, no turns."""
+        return CapsuleService(self.state, self._helper, _Unattended(), self.networks, self.services)
 
     @property
     def journal(self) -> Journal:
@@ -228,6 +237,8 @@ class CapsuleService:
         async with self._call.capsule_turn(record.capsule_id, exec_label(request.argv)) as ticket:
             if ticket.waited:  # a destroy queued before this call may have run meanwhile
                 record = self.live_record(record.capsule_id)
+            if self.services is not None:  # the capsule is used: its kept and inherited services come up first
+                await self.services.start_pending(self, record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
                                               lambda: self._exec_reply(request, ticket.waited_ms, console))
@@ -249,7 +260,9 @@ class CapsuleService:
             entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, written)
         kept = request.stdio != "tty" or typed is not None  # a shell's output went to its person alone
         outputs = {"stdout": reply.stdout, "stderr": reply.stderr} if kept else None
-        _seq, generation = journal.append_exec(record.capsule_id, entry, outputs)  # outputs: for witnesses
+        if request.service is None and self.services is not None and (beside := self.services.beside(record.capsule_id)):
+            entry["services"] = json.dumps(beside, sort_keys=True)  # what ran beside it (a witness starts them)
+        seq, generation = journal.append_exec(record.capsule_id, entry, outputs)  # outputs: for witnesses
         if written:  # nothing written: no path to note, and no thread to hop to
             await trio.to_thread.run_sync(record_base_states, journal, record, written)
         hints: list[str] = []
@@ -257,7 +270,12 @@ class CapsuleService:
             path = exec_env(record.workspace, dict(request.env or {}))["PATH"]
             hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
                                                   path, reply.exit_code, reply.stderr)
-        return dataclasses.replace(outcome, generation=generation, hints=tuple(hints))
+        return dataclasses.replace(outcome, generation=generation, hints=tuple(hints), seq=seq)
+
+    async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
+                                 started: dt.datetime) -> int | None:
+        """Journal a run of a service that ended (capsules/services.py), as an exec's; its row."""
+        return (await self._journal_exec(record, request, outcome, started)).seq
 
     async def _exec_reply(self, request: ExecRequest, waited_ms: int, console: Console | None = None) -> ExecReply:
         """The helper's reply to an exec, its progress sent on (and an interactive run's output to its
@@ -296,13 +314,18 @@ class CapsuleService:
             parent = self.live_record(parent.capsule_id)
             reply = await self.call(ForkRequest(parent.capsule_id))
         await self._open_network(reply.capsule_id, parent.network_spec)
-        return self._journal_new(reply, parent.spec, parent, parent.network_spec)
+        child = self._journal_new(reply, parent.spec, parent, parent.network_spec)
+        if self.services is not None:  # its parent's services, to start at its first exec (capsules/services.py)
+            self.services.inherit(parent.capsule_id, child.capsule_id)
+        return child
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""
         record = self.live_record(capsule_id)
         async with self.turn(record.capsule_id, DESTROY):
             record = self.live_record(record.capsule_id)
+            if self.services is not None:  # nothing of a destroyed capsule runs on
+                await self.services.stop_all(record.capsule_id)
             await self.networks.close(record.capsule_id)
             await self.call(DestroyRequest(record.capsule_id))
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
@@ -383,6 +406,16 @@ class CapsuleService:
         """
         request = for_capsule(request, spec, values)
         return await self.networks.exec(await self.helper(), request.capsule_id, network, lambda: self.call(request))
+
+
+class _Unattended:
+    """The call hooks of work no call waits for: progress goes nowhere, and it takes no turn."""
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        return None
+
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
+        raise CcwError("INTERNAL", "background work on a capsule takes no turn")
 
 
 async def _settle(helper: HelperClient, capsule_id: str) -> None:

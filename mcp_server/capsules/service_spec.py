@@ -18,21 +18,25 @@ value (``for_witness``); a replay starts them from there.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mcp_server.capsules.exec import for_capsule
+from mcp_server.core.witness_manifest import (
+    SERVICE_READY_LINE_MAX,
+    SERVICE_READY_TIMEOUT_MAX_MS,
+    SERVICE_RESTARTS,
+)
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import SERVICE_NAME_RE, ExecRequest
 from sandbox.spec import CapsuleSpec, Limits
 
-RESTARTS = ("no", "on-failure", "always")
+RESTARTS = SERVICE_RESTARTS
 READY_TIMEOUT_MS = 30_000  # how long a start waits for readiness by default
-READY_TIMEOUT_MAX_MS = 600_000
-LINE_MAX = 512  # characters of a readiness pattern
+READY_TIMEOUT_MAX_MS = SERVICE_READY_TIMEOUT_MAX_MS
+LINE_MAX = SERVICE_READY_LINE_MAX  # characters of a readiness line (text looked for, never a pattern)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS services (
@@ -48,7 +52,11 @@ CREATE TABLE IF NOT EXISTS services (
 @dataclass(frozen=True)
 class Ready:
     """When a service counts as ready: a TCP port of the capsule accepts, a path exists in the
-    jail, or a line of its output matches; at most ``timeout_ms`` after it started."""
+    jail, or a line of its output contains ``line``; at most ``timeout_ms`` after it started.
+
+    ``line`` is text, not a regular expression: a witness names both a service's readiness and
+    the program whose output is searched, and a pattern chosen that way could stall the
+    front end (catastrophic backtracking); a plain search is linear."""
 
     port: int | None = None
     path: str | None = None
@@ -69,12 +77,6 @@ class Ready:
         if len(given) != 1:
             raise CcwError("INVALID_ARGUMENT", "ready takes exactly one of port, path or line (and timeout_ms); "
                            f"got {given or 'none'}", {"argument": "ready"})
-        if ready.line is not None:
-            try:
-                re.compile(ready.line)
-            except re.error as exc:
-                raise CcwError("INVALID_ARGUMENT", f"ready.line is not a regular expression: {exc}",
-                               {"argument": "ready.line"}) from exc
         return ready
 
     def describe(self) -> str:
@@ -82,7 +84,7 @@ class Ready:
             return f"port {self.port} accepting"
         if self.path is not None:
             return f"{self.path} existing"
-        return f"a line matching {self.line!r}"
+        return f"a line containing {self.line!r}"
 
 
 @dataclass(frozen=True)

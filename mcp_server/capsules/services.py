@@ -22,7 +22,11 @@ with it, in the capsule's one network namespace.  This module is the front end's
 - **Restarts.**  ``restart``: "no" (an ended service stays listed with its status until
   stopped), "on-failure" (a non-zero exit, a signal, or the helper lost it), "always".
   A service that fails ``QUICK_FAILS`` times in a row within ``QUICK_S`` of starting is
-  ``failed``, not restarted again.  Its output ring tells each start.
+  ``failed``, not restarted again.  One the helper lost did not fail: it is ``lost`` until
+  a helper answers again (this process starts an embedded one at once; a detached one
+  comes back with the next ``ccw`` command, a system one with its socket's activation),
+  then started once, and no failure is counted.  A restart's readiness is watched as a start's
+  is, so it is listed ``ready`` again.  Its output ring tells each start.
 - **Outliving the process.**  Specs are kept in the state dir (capsules/service_spec.py).
   A front end that finds specs it did not start (after its own restart, a reboot, or the
   helper's) brings back those whose restart is not "no" and lists the others as
@@ -34,7 +38,6 @@ with it, in the capsule's one network namespace.  This module is the front end's
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -131,7 +134,7 @@ class ServiceRun:
 
     def take_output(self, report: ExecProgress) -> None:
         """A progress report's new output into the ring (noting what the helper could not carry),
-        and its lines against the readiness pattern."""
+        and its lines against the readiness line (plain text: service_spec.Ready says why)."""
         out_seen, err_seen = self._counts
         missed = (report.stdout_bytes - out_seen - len(report.stdout_tail)
                   + report.stderr_bytes - err_seen - len(report.stderr_tail))
@@ -145,7 +148,7 @@ class ServiceRun:
             text = self._partial + data.decode(errors="replace")
             lines = text.split("\n")
             self._partial = lines.pop()[-4096:]
-            if any(re.search(line, one) for one in lines):
+            if any(line in one for one in lines):
                 self.line_seen.set()
 
     def starting(self) -> None:
@@ -353,8 +356,8 @@ class Services:
         request = spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP)
         run.starting()
         self._event(run, argv=list(spec.argv), restarts=run.restarts)
-        if not run.awaited:  # a restart, or a start at recovery: its readiness is watched here
-            (await self._background.nursery()).start_soon(self.await_ready, run)
+        if not run.awaited:  # a restart, or a start at recovery: nobody waits for its readiness
+            (await self._background.nursery()).start_soon(self._watch_ready, run)
         run.awaited = False
         started = dt.datetime.now(dt.UTC)
         try:
@@ -378,6 +381,13 @@ class Services:
         run.log.append(f"[ccw: {spec.name} ended: exit {reply.exit_code}, signal {reply.signal}]\n".encode())
         self._event(run, exit_code=reply.exit_code, signal=reply.signal, seq=done)
         return "exited"
+
+    async def _watch_ready(self, run: ServiceRun) -> None:
+        """``await_ready`` for a start nobody waits for, so that it is listed ``ready`` once it is."""
+        try:
+            await self.await_ready(run)
+        except Exception as exc:  # the helper went meanwhile, or the capsule: the run itself says so
+            LOGGER.info(f"mcp:service {run.spec.capsule_id}/{run.spec.name} readiness not known: {exc!r}")
 
     async def _helper_answers(self, run: ServiceRun) -> None:
         """Wait until a helper answers again: this process starts an embedded one at once; a detached

@@ -34,7 +34,7 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     start.add_argument("--cwd", help="working directory, relative to the workspace")
     start.add_argument("--ready-port", type=int, help="ready once this port of the capsule accepts")
     start.add_argument("--ready-path", help="ready once this path exists in the jail")
-    start.add_argument("--ready-line", help="ready once a line of its output matches this regex")
+    start.add_argument("--ready-line", help="ready once a line of its output contains this text")
     start.add_argument("--ready-timeout-ms", type=int)
     start.add_argument("--restart", choices=("no", "on-failure", "always"))
     listing = actions.add_parser("list", parents=[common], help="the capsule's services and forwarded ports")

@@ -119,6 +119,8 @@ TOOLS = [
                                     "description": "What would run or escalate on the host, sorted by path."},
                         "resource_violations": {"type": "array"}, "test_failures": {"type": "array"},
                         "details": {"type": "string"},
+                        "services": {"type": "array", "items": {"type": "object"},
+                                     "description": "The services running, frozen while the change was read and written."},
                     },
                 },
             },

@@ -126,7 +126,7 @@ _READY = {
                    "line": {"type": "string", "maxLength": LINE_MAX},
                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": READY_TIMEOUT_MAX_MS}},
     "description": "One of: port (accepts on the capsule's loopback), path (exists in the jail), line "
-                   "(a regex its output matches); timeout_ms default 30000.",
+                   "(text a line of its output contains); timeout_ms default 30000.",
 }
 _PAUSED = {"type": "object", "required": ["capsule_id", "paused", "runs"], "additionalProperties": False,
            "properties": {"capsule_id": CAPSULE_ID, "paused": {"type": "boolean"},

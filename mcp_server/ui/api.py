@@ -60,8 +60,28 @@ def capsules(state: State, log: EventLog, limit: int | None = None, after: str |
     shown = [{"capsule_id": row["capsule_id"], "workspace": row["workspace"], "created_at": row["created_at"],
               "destroyed_at": row["destroyed_at"], "egress": row["network"] not in (None, "", "none"),
               "generation": row["generation"], "runs": row["runs"]} for row in rows[:size]]
+    _add_services(state, shown)
     (total,) = state.execute("SELECT COUNT(*) AS n FROM capsules")
     return {"capsules": shown, "more": len(rows) > size, "total": total["n"], "last_event_id": log.last_id()}
+
+
+def _add_services(state: State, shown: list[dict[str, Any]]) -> None:
+    """Each shown capsule's kept services (names) and forwarded ports (capsules/services.py,
+    ports.py; their tables exist once a service was started or a port forwarded)."""
+    ids = [one["capsule_id"] for one in shown]
+    marks = ", ".join("?" for _ in ids)
+    tables = {row["name"] for row in state.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    for one in shown:
+        one["services"], one["ports"] = [], []
+    by_id = {one["capsule_id"]: one for one in shown}
+    if "services" in tables and ids:
+        for row in state.execute(f"SELECT capsule_id, name FROM services WHERE capsule_id IN ({marks}) "
+                                 "ORDER BY name", tuple(ids)):
+            by_id[row["capsule_id"]]["services"].append(row["name"])
+    if "ports" in tables and ids:
+        for row in state.execute(f"SELECT capsule_id, port, host_port FROM ports WHERE capsule_id IN ({marks}) "
+                                 "ORDER BY port", tuple(ids)):
+            by_id[row["capsule_id"]]["ports"].append({"port": row["port"], "host_port": row["host_port"]})
 
 
 def _journal(state: State, capsule_id: str) -> Journal:

@@ -88,6 +88,24 @@
     $("older-capsules").hidden = !state.capsulesMore;
   }
 
+  // A forwarded port's link: the URL is built here from the port's number, never taken
+  // from text a capsule could have shaped; services are shown as text.
+  function showPorts(cap) {
+    const box = $("cap-ports");
+    box.replaceChildren();
+    if (!cap || cap.destroyed_at) return;
+    for (const p of cap.ports || []) {
+      const port = Number(p.host_port);
+      if (!Number.isInteger(port) || port < 1 || port > 65535) continue;
+      const link = el("a", `port ${Number(p.port)} → 127.0.0.1:${port}`);
+      link.href = `http://127.0.0.1:${port}/`;
+      link.target = "_blank";
+      link.rel = "noopener noreferrer";
+      box.append(link, " ");
+    }
+    if ((cap.services || []).length) box.append(el("span", `services: ${cap.services.join(", ")}`, "sub"));
+  }
+
   async function select(capsuleId) {
     Object.assign(state, { selected: capsuleId, runs: [], runsMore: false, runsTotal: 0, run: null, fresh: null,
       events: [], eventsMore: false, armedDestroy: false });
@@ -102,6 +120,7 @@
     $("cap-title").textContent = capsuleId;
     $("cap-meta").textContent = cap ? `${cap.workspace} · created ${cap.created_at}` +
       (cap.destroyed_at ? ` · destroyed ${cap.destroyed_at}` : "") : "";
+    showPorts(cap);
     await loadRuns(false);
     await loadEvents(false);
   }
