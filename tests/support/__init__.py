@@ -21,8 +21,9 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``reapi_bot``: a plain-subprocess REAPI bot, for the REAPI client's tests.
 - ``shell_session``: ``ccw capsule shell`` driven through a pty (also a script).
 - ``webdriver``: a small W3C WebDriver client for chromium, and its screenshots.
-- ``users``: running Python as another uid (``as_user``, ``run_script_as``), the
-  interpreter made reachable through a private mount namespace.
+- ``users``: running Python as another uid (``as_user``, ``run_script_as``; ``UserScript``
+  for a session a test looks in on between its steps), the interpreter made reachable
+  through a private mount namespace.
 - ``rootless_jail``: a jail as a rootless helper makes it (``run_rootless``; the ``base``
   fixture).
 - ``canary``: a canary beside a workspace and the hostile patches that try to reach it.

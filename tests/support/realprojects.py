@@ -88,13 +88,14 @@ def _pip(*args: str) -> list[str]:
     return ["--cache-dir", str(CACHE / "pip"), "--disable-pip-version-check", "--no-input", *args]
 
 
-def _unpack(archive: Path, into: Path) -> None:
-    """Unpack a release tarball with its single top directory stripped."""
+def _unpack(archive: Path, into: Path, under: str = "") -> None:
+    """Unpack a release tarball with its single top directory stripped (and only what lies
+    ``under`` a directory of it, that directory stripped too)."""
     with tarfile.open(archive) as tar:
         members = tar.getmembers()
         for member in members:
             _top, _, rest = member.name.partition("/")
-            member.name = rest
+            member.name = rest[len(under):] if rest.startswith(under) else ""
         tar.extractall(into, members=[m for m in members if m.name], filter="data")
 
 
@@ -114,6 +115,18 @@ def _prepare_more_itertools(downloads: Path, ws: Path) -> None:
 
 def _prepare_idna(downloads: Path, ws: Path) -> None:
     _unpack(_sdist(downloads, "idna", "3.10"), ws)
+
+
+# The Flask tutorial's app (flaskr) ships in Flask's own sdist, with its tests; its .venv gets
+# Flask and its dependencies and pytest, every version pinned.
+FLASK_PINS = ["Flask==3.0.3", "Werkzeug==3.0.3", "Jinja2==3.1.4", "MarkupSafe==2.1.5", "itsdangerous==2.2.0",
+              "click==8.1.7", "blinker==1.8.2"]
+
+
+def _prepare_flaskr(downloads: Path, ws: Path) -> None:
+    _unpack(_sdist(downloads, "flask", "3.0.3"), ws, under="examples/tutorial/")
+    run([SYSTEM_PYTHON, "-m", "venv", str(ws / ".venv")])
+    run([str(ws / ".venv" / "bin" / "pip"), "install", *_pip("--only-binary", ":all:", *FLASK_PINS, *PYTEST_PINS)])
 
 
 NPM_FLAGS = ("--cache", str(CACHE / "npm"), "--no-audit", "--no-fund", "--no-update-notifier")
@@ -179,7 +192,22 @@ IDNA = Project(
     breaking=Edit("idna/intranges.py", "    return (start << 32) | end", "    return (start << 31) | end"),
 )
 
-PROJECTS = {p.name: p for p in (MORE_ITERTOOLS, JSON_STABLE_STRINGIFY, IDNA)}
+# A web app: ``.venv/bin/python -m flask --app flaskr init-db``, then ``... run`` serves it
+# (through ``-m``: the venv's own scripts name the interpreter of the directory it was built in).
+FLASKR = Project(
+    name="flaskr", ecosystem="PyPI", version="3.0.3", prepare=_prepare_flaskr,
+    test_cmd=(*PYTEST, "-q", "tests"), full_cmd=(*PYTEST, "-q", "tests"),
+    harmless=(
+        Edit("flaskr/templates/base.html", """  <h1><a href="{{ url_for('index') }}">Flaskr</a></h1>""",
+             """  <h1><a href="{{ url_for('index') }}">Flaskr, served from a capsule</a></h1>"""),
+        Edit("README.rst", "The basic blog app built in the Flask `tutorial`_.",
+             "The basic blog app built in Flask's `tutorial`_."),
+    ),
+    breaking=Edit("flaskr/auth.py", '            error = "Incorrect password."', "            pass"),
+    ignored=(".venv/",),
+)
+
+PROJECTS = {p.name: p for p in (MORE_ITERTOOLS, JSON_STABLE_STRINGIFY, IDNA, FLASKR)}
 
 
 @contextlib.contextmanager

@@ -8,6 +8,9 @@ drops to the uid/gid.  The repository is made reachable too, so a script run thi
 imports this tree's ``sandbox``, ``mcp_server`` and ``tests.support`` when it puts the
 repository on its path.
 
+``run_script_as`` runs a script to its end; ``UserScript`` runs one that stops at each
+step until the test, which meanwhile looks at the host, lets it go on.
+
 The fixtures here (``run_as``, ``public_dir``, ``user_dir``) are vm-tests/conftest.py's:
 every vm-test can take them by name.  They need its ``root_required`` and ``require``.
 """
@@ -18,6 +21,7 @@ import json
 import os
 import pwd
 import secrets
+import select
 import shlex
 import shutil
 import stat
@@ -80,6 +84,68 @@ def run_script_as(uid: int, gid: int, argv: list[str], cwd: Path, timeout: float
     assert done.returncode == 0, done.stderr.decode()[-6000:]
     out: dict[str, Any] = json.loads(done.stdout.decode().splitlines()[-1])
     return out
+
+
+class UserScript:
+    """A script run as uid/gid (``as_user``) that a test talks to between its steps, for a
+    test that must look at the host while a user's session is at a given point.
+
+    The script prints one JSON object a line, to stdout, at each step; where it waits, it
+    reads one line from stdin (``tests.support.users.step`` is its side).  Its stderr goes
+    to a file, shown when it fails.  Use it as a context manager: at the end it is killed
+    if still running."""
+
+    def __init__(self, uid: int, gid: int, argv: list[str], cwd: Path) -> None:
+        self._keep: list[str] = []
+        self._stderr = Path(tempfile.mkdtemp(prefix="ccw-user-script-")) / "stderr"
+        with open(self._stderr, "wb") as stderr:
+            self.proc = subprocess.Popen(as_user(uid, gid, argv, self._keep), cwd=str(cwd), stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=stderr,
+                                         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"})
+
+    def errors(self) -> str:
+        """The tail of what it wrote to stderr so far."""
+        return self._stderr.read_bytes().decode(errors="replace")[-6000:]
+
+    def receive(self, timeout: float = 280) -> dict[str, Any]:
+        """Its next step's object (AssertionError with its stderr if it ends or says nothing in time)."""
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        assert line, f"the script ended or said nothing within {timeout:g} s:\n{self.errors()}"
+        out: dict[str, Any] = json.loads(line)
+        return out
+
+    def send(self, answer: Any) -> None:
+        """Let it go on past the step it waits at, handing it ``answer``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(answer).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout: float = 120) -> None:
+        """Wait for its end; it must exit 0."""
+        assert self.proc.wait(timeout) == 0, self.errors()
+
+    def __enter__(self) -> UserScript:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        shutil.rmtree(self._stderr.parent)
+        for directory in self._keep:
+            os.rmdir(directory)
+
+
+def step(report: dict[str, Any], wait: bool = True) -> Any:
+    """A ``UserScript``'s side: print ``report`` as its step and, with ``wait``, block until the
+    test answers; the answer."""
+    print(json.dumps(report), flush=True)
+    return json.loads(sys.stdin.readline()) if wait else None
 
 
 @pytest.fixture
