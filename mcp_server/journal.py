@@ -501,7 +501,7 @@ def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
         "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
         "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
         "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
-    }
+        "service": entry.get("service")}  # a service's run: its name (capsules/services.py)
 
 
 def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:

@@ -216,7 +216,7 @@ def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
     resolved = os.readlink(f"/proc/self/fd/{fd}")
     homes, mounts = read or (spec.login_homes(), mountinfo.table())
     caller = host_uid(uid)
-    for path in [resolved, *mountinfo.paths_of(mounts, mountinfo._mount_id(fd), resolved)]:
+    for path in [resolved, *mountinfo.paths_of(mounts, mountinfo.mount_id(fd), resolved)]:
         spec.check_expose_dir(name, path, caller, homes)
     _check_access(fd, given, uid, gid, os.R_OK | os.X_OK, "read")
 

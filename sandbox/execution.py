@@ -177,6 +177,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
         taken = cgroup
 
         def running(handle: supervise.Handle | None) -> None:
+            if handle is not None and recording is not None:
+                recording.claim(handle.mounts)  # its binds' mounts: whose events are whose (fanotify.py)
             if on_running is not None:
                 on_running(handle, taken if handle is not None else None)
 
@@ -230,7 +232,7 @@ def _touched(traced: Traced | None, trace_error: str | None, moved: list[str]) -
         unavailable["read"] = trace_error or "no tracer"
     else:
         read, listed, executed = traced.read, traced.listed, traced.executed
-        # A service running beside this run changes the upper dir too: what it wrote is its own.
+        # Other runs (a service beside an exec) and the file tools change the upper dir too.
         mine = set(traced.written)
         moved = [path for path in moved if path in mine or path not in traced.elsewhere]
         written = sorted(mine | set(moved), key=os.fsencode)

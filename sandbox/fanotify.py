@@ -38,10 +38,14 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   real reads.  The cost is a rare false positive from a short-lived process *outside*
   the exec that opened a file of this very capsule during the exec.  While a capsule's
   services run beside its exec (services.py), every batch goes to each run's recording
-  and each keeps the pids of its own cgroup; a vanished pid is counted by each of them
-  (a superset, never a loss).  What the upper dir shows changed during a run is that
-  run's unless another run traced writing it and this one did not (``written_elsewhere``);
-  a rename or deletion by a service during an exec, which opens nothing, is the exec's.
+  and each keeps the pids of its own cgroup.  A vanished pid's event is then judged by
+  the mount its descriptor came through (``mnt_id`` in ``/proc/self/fdinfo``): each jail
+  binds the view as a mount of its own, and a recording learns its jail's from the
+  events of its live processes; before it knows one, it counts the event (a superset,
+  never a loss).  A file another process closes after writing (another
+  run, the front end's file tools) is noted apart in each recording (``elsewhere``): what
+  the upper dir shows changed during a run is that run's only if it wrote it or no one
+  else did; a rename or deletion by another run, which opens no file, is still counted.
 - ``read`` means *opened* (any access mode, and executed): the open event does not carry
   the open flags.  ``written`` means closed after being opened for writing.  ``executed``
   means opened by execve (``FAN_OPEN_EXEC``; the same event also carries ``FAN_OPEN``, so
@@ -199,12 +203,6 @@ class Group:
                 self._read_into(self._recordings)
                 with contextlib.suppress(ValueError):
                     self._recordings.remove(recording)
-
-    def written_elsewhere(self, recording: Recording) -> frozenset[str]:
-        """What the other runs recording now saw written (a path the upper dir shows changed
-        during a run is that run's unless one of these wrote it and it did not)."""
-        with self._lock:
-            return frozenset().union(*(one.written for one in self._recordings if one is not recording))
 
     def pump(self) -> None:
         """Read what is queued: into the runs recording now, else dropped (the reader calls it)."""

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from sandbox import syscalls
 from sandbox.errors import CcwError
+from sandbox.mountinfo import mount_id
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 _EVENT = struct.Struct("IBBHQii")  # struct fanotify_event_metadata
 _METADATA_VERSION = 3
 _READ_BITS = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC
+_GONE = 2  # a pid that exited before the reader looked (``Recording._classify``)
 
 
 @dataclass
@@ -42,7 +44,7 @@ class Traced:
     dropped: int = field(default=0)  # events whose file was gone before we could name it
     listed: list[str] | None = None
     executed: list[str] | None = None
-    elsewhere: frozenset[str] = frozenset()  # written meanwhile by the capsule's other runs (services)
+    elsewhere: frozenset[str] = frozenset()  # written meanwhile by others: other runs, the file tools
 
 
 class Source(Protocol):
@@ -56,9 +58,6 @@ class Source(Protocol):
     def finish(self, recording: Recording) -> None:
         """Read what is queued into ``recording`` and stop recording it."""
 
-    def written_elsewhere(self, recording: Recording) -> frozenset[str]:
-        """What the group's other recordings saw written so far."""
-
 
 class Recording:
     """What one exec opened and wrote, as its capsule's group reads the events (fanotify.py)."""
@@ -70,7 +69,7 @@ class Recording:
         self._self_pid = os.getpid()
         self._own_mntns = group.own_mntns
         self._proc_fd = group.proc_fd
-        self._pids: dict[int, bool] = {}
+        self._pids: dict[int, int] = {}  # pid: 1 the run's, 0 not, _GONE exited before we looked
         self._ns_fd: int | None = None  # the exec's mount namespace, held open (see fanotify.py)
         self._recent: list[int] = []  # live exec pids whose namespace we may hold
         self._prefixes = [self.merged_dir.rstrip("/") + "/"]
@@ -84,6 +83,8 @@ class Recording:
             self._prefixes.sort(key=len, reverse=True)
         self.read: set[str] = set()
         self.written: set[str] = set()
+        self.elsewhere: set[str] = set()  # written by others meanwhile (``_written_outside``)
+        self._mounts: set[int] = set()  # the mount ids its live processes opened files through
         self.listed: set[str] = set()
         self.executed: set[str] = set()
         self._is_dir: dict[str, bool] = {}  # per path, from one fstat (see fanotify.py)
@@ -119,8 +120,12 @@ class Recording:
             fds.append(fd)
             inside = pids.get(pid)
             if inside is None:
-                inside = pids[pid] = self._classify(pid)
+                inside = pids[pid] = self._classify(pid, fd)
+            if inside == _GONE:
+                inside = self._through_own_mount(fd)
             if not inside:
+                if mask & syscalls.FAN_CLOSE_WRITE:
+                    self._written_outside(fd)
                 continue
             try:
                 path = readlink(str(fd), dir_fd=proc_fd)
@@ -151,23 +156,55 @@ class Recording:
                 written.add(rel)
         return fds
 
-    def _classify(self, pid: int) -> bool:
-        """Whether events of ``pid`` belong to the exec (see fanotify.py for exited pids)."""
+    def _written_outside(self, fd: int) -> None:
+        """A file some other process closed after writing (another run of the capsule, the front
+        end's file tools): kept apart, so that the upper dir's changes during this run are not
+        all taken for its own (execution.py: ``_touched``)."""
+        try:
+            path = os.readlink(str(fd), dir_fd=self._proc_fd)
+        except OSError:
+            return
+        for prefix in self._prefixes:
+            if path.startswith(prefix):
+                self.elsewhere.add(path[len(prefix) :])
+                return
+        rel = self._learn(path, fd)  # another jail's path, or the detached form once it is gone
+        if rel is not None:
+            self.elsewhere.add(rel)
+
+    def _classify(self, pid: int, fd: int) -> int:
+        """Whether events of ``pid`` belong to the run (1, 0), or ``_GONE``: it exited before we
+        looked, and each of its events is judged by the mount it came through (fanotify.py)."""
         if pid == self._self_pid:
-            return False
+            return 0
         if self._cgroup is not None:
             owned = self._cgroup.owns(pid)
             if owned is None:
-                return True
+                return _GONE
         else:
             ns = _ns_inode(str(pid))
             if ns is None:
-                return True
+                return _GONE
             owned = ns != self._own_mntns
         if owned:
             self._recent.append(pid)
             self._hold_namespace()
-        return owned
+            mount = mount_id(fd)
+            if mount is not None:  # the jail's own mount of the view: its events come through it
+                self._mounts.add(mount)
+        return int(owned)
+
+    def claim(self, mounts: tuple[int, ...]) -> None:
+        """The mounts of the view the run's jail was given (supervise.py knows them before it
+        starts): its exited processes' events are recognised from the first."""
+        self._mounts.update(mounts)
+
+    def _through_own_mount(self, fd: int) -> bool:
+        """An exited process's event: the run's if it came through a mount of the view that the
+        run's live processes used (or, before any is known, as fanotify.py's rule says)."""
+        if not self._mounts:
+            return True
+        return mount_id(fd) in self._mounts
 
     def _hold_namespace(self) -> None:
         """Hold the mount namespace of a live exec process, once it has its own (fanotify.py).
@@ -218,7 +255,7 @@ class Recording:
         if self.error is not None:
             raise CcwError("INTERNAL", f"the fanotify reader failed: {self.error!r}") from self.error
         return Traced(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
-                      sorted(self.listed), sorted(self.executed), self._group.written_elsewhere(self))
+                      sorted(self.listed), sorted(self.executed), frozenset(self.elsewhere))
 
     def close(self) -> None:
         """Stop recording if still recording, and let the exec's mount namespace go; idempotent."""

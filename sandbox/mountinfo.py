@@ -174,18 +174,21 @@ def filesystem_of(path: str) -> str:
     return fstype
 
 
-def _mount_id(fd: int) -> int | None:
-    """The id of the mount a descriptor lies on (``mnt_id`` in /proc/self/fdinfo)."""
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
+def mount_id(fd: int) -> int | None:
+    """The id of the mount a descriptor lies on (``mnt_id`` in /proc/self/fdinfo); None if unknown."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
     return None
 
 
 def other_paths(fd: int, path: str) -> list[str]:
     """The other paths at which the directory ``fd`` (resolved as ``path``) is mounted in our namespace."""
-    return paths_of(table(), _mount_id(fd), path)
+    return paths_of(table(), mount_id(fd), path)
 
 
 def paths_of(mounts: Sequence[Mount], mount_id: int | None, path: str) -> list[str]:

@@ -25,16 +25,13 @@ Choices made here (DESIGN §2 leaves them open):
 - On a terminal (``spec.tty_fd``) the jail's stdio is the caller's pty slave and
   nothing is captured: the output goes to the caller's terminal, the reply's streams
   are empty; only the report pipe is drained.
-- stdin is a memfd holding ``spec.stdin`` (or /dev/null): no writer thread, no deadlock
-  however large it is.  stdout and stderr are pipes drained to the end; bytes past
-  ``output_cap`` are counted and dropped, so the command never blocks on a full pipe.
-- The two dearest parts of a jail that need nothing of its process, the network
-  namespace with lo up and the root tree (tmpfs, system dirs, /dev), are made by the
-  helper's thread for the *next* jail while the child builds the current one on the
-  other core (``namespaces.SparePool``); the init setns into the one and moves the other onto
-  /tmp, or makes its own when none waits.  Each serves one jail.  An "egress" capsule's
-  jail setns into the capsule's own network namespace instead (egress.py), the same
-  one for each of its execs.
+- stdin is a memfd holding ``spec.stdin`` (or /dev/null; or the caller's pipe,
+  ``spec.stdin_fd``): no writer thread.  stdout and stderr are pipes drained to the end;
+  bytes past ``output_cap`` are counted and dropped, so the command never blocks.
+- The root tree (tmpfs, system dirs, /dev) is made by the helper's thread for the *next*
+  jail while the child builds this one on the other core (``namespaces.SparePool``), as
+  is a network namespace for a jail without its capsule's; every capsule's jails setns
+  into the capsule's one namespace (capsule_nets.py).
 """
 
 from __future__ import annotations
@@ -50,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from sandbox import idmap, jail_end, jail_launcher, mounts, namespaces, syscalls
+from sandbox import idmap, jail_end, jail_launcher, mountinfo, mounts, namespaces, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
@@ -108,9 +105,7 @@ class _Stream:
 
     def report(self, streaming: bool) -> bytes:
         """The output a progress report carries; streaming, it is then forgotten."""
-        out = bytes(self.tail)
-        if streaming:
-            self.tail.clear()
+        out, self.tail = bytes(self.tail), bytearray() if streaming else self.tail
         return out
 
 
@@ -226,8 +221,8 @@ def run(
 
 
 def _make_spares(spec: JailSpec, mapping: int | None) -> None:
-    """The next jail's root tree (and network namespace, for a jail without its capsule's), made
-    on this thread while the child builds this one on the other core: off the next exec's path."""
+    """The next jail's root tree (and net namespace, if it has no capsule's), made here while the
+    child builds this one on the other core: off the next exec's path."""
     if spec.net_fd is None:
         _SPARE_NETS.refill()
     (_SPARE_ROOTS if mapping is None else _MAPPED_ROOTS).refill()
@@ -288,6 +283,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
     if root is None:
         launch = None
     sources: list[int] = []
+    mount_ids: tuple[int, ...] = ()
     child_fds = (stdin_fd, out_w, err_w, report_w, net, root, None if launch is None else os.dup(launch),
                  *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
@@ -295,6 +291,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
         if launch is not None:
             steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries), mapping)
             plan = dataclasses.replace(plan, mount_steps=steps)
+            mount_ids = tuple(one for one in map(mountinfo.mount_id, sources) if one is not None)
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
                 pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
@@ -311,7 +308,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
                 os.close(fd)
     keep = STREAM_MAX if spec.stream else PROGRESS_TAIL
     output = _Output(out_r, err_r, report_r, _Stream(spec.output_cap, keep), _Stream(spec.output_cap, keep))
-    return _Running(pid, direct, cgroup, tuple(path for _, path in entries)), output
+    return _Running(pid, direct, cgroup, tuple(path for _, path in entries), mount_ids), output
 
 
 def _mapped_root(mapping: int) -> int:
@@ -381,17 +378,20 @@ def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool) -> 
 
 
 class Handle(Protocol):
-    """What a caller may do to a running jail (registry.py signals services through it)."""
+    """What a caller may do to a running jail (registry.py signals services through it), and the
+    ids of the mounts its binds came as (empty: the jail made its own)."""
 
-    def send(self, signum: int) -> bool:
-        """Signal the jail's command through its init; False once it has ended."""
+    mounts: tuple[int, ...]
+
+    def send(self, signum: int) -> bool: ...
 
 
 class _Running:
     """The helper's handle on one running jail: its child, and the init if that is another process."""
 
-    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None, entry_paths: tuple[str, ...] = ()) -> None:
-        self.pid = pid  # our child: the init itself when ``direct``
+    def __init__(self, pid: int, direct: bool, cgroup: ExecCgroup | None, entry_paths: tuple[str, ...] = (),
+                 mounts: tuple[int, ...] = ()) -> None:
+        self.pid, self.mounts = pid, mounts  # our child (the init itself when ``direct``); Handle.mounts
         self.direct = direct
         self.cgroup = cgroup
         self.entry_paths = entry_paths  # the cgroup files the child writes itself into, in order

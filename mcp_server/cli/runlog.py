@@ -107,7 +107,8 @@ def render_log(runs: list[dict[str, Any]], color: bool) -> str:
         reads = "-" if run["reads"] is None else str(run["reads"])
         lines.append(f"{run['run']:>4}  {run['started_at'][11:19]:<8}  {_generations(run):<5}  {shown}  "
                      f"{_duration(run['duration_ms']):>8}  {reads:>5}  {run['writes']:>5}  {run['connections']:>3}  "
-                     f"{visible(shlex.join(run['argv']))}")
+                     + (f"[service {visible(run['service'])}] " if run.get("service") else "")
+                     + f"{visible(shlex.join(run['argv']))}")
     return "\n".join(lines) + "\n"
 
 
