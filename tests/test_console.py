@@ -208,7 +208,9 @@ def test_eof_closes_stdin_after_the_input_given_with_it(tmp_path: Path) -> None:
         # stdin is the first input; one report's stdout comes before its stderr (the prompts)
         assert first["output"] == "FIRST\n> > "
         last = await call("capsule_run", {"run_id": first["run_id"], "input": "more\n", "eof": True})
-        assert (last["status"], last["exit_code"], last["output"]) == ("finished", 0, "MORE\neof\n> ")
+        # The prompt (stderr) and "eof" (stdout) come in one report or two, as the machine's load has it.
+        assert (last["status"], last["exit_code"]) == ("finished", 0)
+        assert last["output"] in ("MORE\neof\n> ", "MORE\n> eof\n")
         assert base64.b64decode(_exec_row(runtime, cap)["stdin_b64"]) == b"first\nmore\n"
 
     _session(tmp_path, scenario)

@@ -34,7 +34,7 @@ def test_a_descriptor_s_mount_is_the_one_mountinfo_names() -> None:
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY)
     try:
         roots = {m.mount_id for m in mountinfo.parse(mountinfo.read()) if m.mount_point == "/"}
-        assert mountinfo._mount_id(fd) in roots
+        assert mountinfo.mount_id(fd) in roots
         assert "/" not in mountinfo.other_paths(fd, "/")
     finally:
         os.close(fd)
