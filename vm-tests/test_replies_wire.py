@@ -11,13 +11,16 @@ import base64
 import datetime
 import json
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandbox import egress, in_force, mountinfo
+from sandbox import capsule_nets, egress, in_force, mountinfo, syscalls
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.registry import CapsuleManager
@@ -67,6 +70,38 @@ def described(manager: CapsuleManager, result: dict[str, Any]) -> dict[str, Any]
         "clock": result["clock"],
         "isolation": manager.isolation(capsule),
     }
+
+
+def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: str) -> None:
+    """signal, freeze and net_connect on a capsule running a service (an exec held open on a thread)."""
+    service = {"capsule_id": capsule_id, "argv": ["sleep", "30"], "timeout_ms": 0, "service": "svc"}
+    ended: list[dict[str, Any]] = []
+    runner = threading.Thread(target=lambda: ended.append(dispatcher.handle(Request(2, "exec", service), ROOT_PEER)[0]))
+    runner.start()
+    deadline = time.monotonic() + 20
+    while not manager._capsules[capsule_id].services.get("svc") or not manager._capsules[capsule_id].services["svc"].handle:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert call(dispatcher, "freeze", {"capsule_id": capsule_id, "frozen": True})[0] == {
+        "capsule_id": capsule_id, "frozen": True, "runs": ["svc"]}
+    assert call(dispatcher, "freeze", {"capsule_id": capsule_id, "frozen": False})[0]["frozen"] is False
+    netns = manager.nets.descriptor(capsule_id, "none")
+    try:
+        def listen() -> socket.socket:
+            syscalls.setns(netns, syscalls.CLONE_NEWNET)
+            server = socket.create_server(("127.0.0.1", 7000))
+            return server
+
+        with capsule_nets._on_own_thread(listen):
+            connected, fds = call(dispatcher, "net_connect", {"capsule_id": capsule_id, "port": 7000})
+            assert connected == {"port": 7000} and len(fds) == 1
+            os.close(fds[0])
+    finally:
+        os.close(netns)
+    assert call(dispatcher, "signal", {"capsule_id": capsule_id, "service": "svc", "signal": "SIGTERM"})[0] == {
+        "service": "svc", "sent": True}
+    runner.join(20)
+    assert ended and ended[0]["signal"] == "SIGTERM"
 
 
 def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Dispatcher, Path]) -> None:
@@ -127,6 +162,9 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
         "env": dict(egress.PROXY_ENV), "mechanism": egress.MECHANISM}
     call(dispatcher, "destroy", {"capsule_id": egress_capsule["capsule_id"]})
     seen.add("net_open")
+
+    _service_ops(manager, dispatcher, forked["capsule_id"])
+    seen.update(("signal", "freeze", "net_connect"))
 
     listed, _ = call(dispatcher, "list", {})
     parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))
