@@ -142,8 +142,8 @@ def test_hello_reports_privileged_mode_and_mechanisms(start_helper: Callable[...
     assert os.stat(helper.socket_path).st_mode & 0o777 == 0o600
     hello = rpc(helper.socket_path, "hello", {"version": PROTOCOL_VERSION})
     assert hello["version"] == PROTOCOL_VERSION and hello["mode"] == "privileged"
-    assert hello["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "destroy",
-                                   "list"])
+    assert hello["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal",
+                                   "freeze", "net_connect", "destroy", "list"])
     assert hello["mechanisms"]["user_namespace"] is False
     assert "jail" in hello["mechanisms"] and hello["mechanisms"]["jail"]["network_egress"].startswith("egress: ")
 

@@ -168,7 +168,8 @@ def _check_the_journal(state: Path, cap: str) -> None:
     ``ccw capsule show`` names the app's files the first one read and the database it wrote."""
     table = ccw(state, "capsule", "log", cap).stdout
     runs = [found.groups() for found in map(LOG_LINE.match, table.splitlines()) if found]
-    served = [(run, exit_, int(reads)) for run, exit_, reads, _, _, command in runs if command == shlex.join(APP)]
+    served = [(run, exit_, int(reads)) for run, exit_, reads, _, _, command in runs
+              if command == "[service web] " + shlex.join(APP)]  # the log marks a service's runs
     assert len(served) == 2 and all(exit_ == "SIGTERM" and reads > 50 for _, exit_, reads in served), table
     first = json.loads(ccw(state, "capsule", "show", cap, served[0][0], "--json").stdout)
     app_reads = [path for path in first["read"] if not path.startswith(".venv/")]

@@ -75,6 +75,7 @@ def test_an_agent_starts_a_server_tests_against_it_and_stops_it(tools: Any, tmp_
             ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "/usr/bin/python3", "-c",
              _STRANGER, str(out["port"]["host_port"])], capture_stdout=True, check=False)
         out["list"] = await t.call("capsule_service_list", {"capsule_id": cap})
+        out["capsules"] = (await t.call("capsule_list", {}))["capsules"]
         out["stranger_refused"] = out["list"]["ports"][0]["refused"]
         out["logs"] = await _logs_with(t, cap, "GET /index.txt")  # output comes in a few times a second
         later = await t.call("capsule_service_logs", {"capsule_id": cap, "name": "web", "since": out["logs"]["cursor"]})
@@ -100,6 +101,7 @@ def test_an_agent_starts_a_server_tests_against_it_and_stops_it(tools: Any, tmp_
     assert out["start"]["ready"] is True and out["start"]["state"] == "ready", out["start"]
     assert out["fetch"]["exit_code"] == 0 and out["fetch"]["stdout"] == "served from the capsule\n"
     assert [s["name"] for s in out["list"]["services"]] == ["web"]
+    assert [c.get("services") for c in out["capsules"]] == [{"web": "ready"}]
     # The forwarded port: the owner (root here) reads the page; another uid gets a closed connection.
     assert out["port"]["url"].startswith("http://127.0.0.1:") and out["host_fetch"] == "served from the capsule\n"
     assert out["stranger"].stdout == b"closed\n" and out["stranger_refused"] == 1

@@ -106,6 +106,7 @@ class LiveCapsule:
     created_at: str
     execs: int
     generation: int
+    services: dict[str, str] | None = None  # its services' states by name (capsules/services.py)
 
 
 @dataclass(frozen=True)
@@ -335,6 +336,8 @@ class CapsuleService:
         """The caller's live capsules, by id."""
         live = (await self.call(ListRequest())).capsules
         journal = self.journal
+        if self.services is not None:  # kept services show as they are after a restart (lost, pending)
+            await self.services.recover(self)
         out = []
         for item in sorted(live, key=lambda c: c.capsule_id):
             record = journal.capsule(item.capsule_id)
@@ -345,6 +348,8 @@ class CapsuleService:
                 created_at=record.created_at if record else item.created_at,
                 execs=len(journal.execs(item.capsule_id)) if record else 0,
                 generation=record.generation if record else 0,
+                **({"services": {one["name"]: one["state"] for one in self.services.summaries(item.capsule_id)}}
+                   if self.services is not None and record else {}),
             ))
         return out
 

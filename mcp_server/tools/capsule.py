@@ -228,7 +228,8 @@ async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 
 async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The caller's live capsules, by id."""
-    return {"capsules": [dataclasses.asdict(summary) for summary in await ctx.capsules.list_live()]}
+    return {"capsules": [{key: value for key, value in dataclasses.asdict(summary).items()
+                          if key != "services" or value is not None} for summary in await ctx.capsules.list_live()]}
 
 
 async def capsule_destroy(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -375,6 +376,8 @@ TOOLS = [
                             "created_at": {"type": "string"},
                             "execs": {"type": "integer"},
                             "generation": GENERATION,
+                            "services": {"type": "object", "additionalProperties": {"type": "string"},
+                                         "description": "Its services by name: their state (running, ready, ...)."},
                         },
                     },
                 }
