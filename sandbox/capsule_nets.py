@@ -41,32 +41,10 @@ import errno
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import TypeVar
 
 from sandbox import namespaces, syscalls
 from sandbox.egress import Kits
 from sandbox.errors import CcwError
-
-T = TypeVar("T")
-
-
-def _on_own_thread(work: Callable[[], T]) -> T:
-    """``work()`` on a thread of its own, which ends with it (it may be left in another namespace)."""
-    outcome: list[T | BaseException] = []
-
-    def run() -> None:
-        try:
-            outcome.append(work())
-        except BaseException as exc:  # handed to the caller's thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, name="ccw-capsule-net", daemon=True)
-    thread.start()
-    thread.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
 
 
 def _make() -> int:
@@ -76,7 +54,7 @@ def _make() -> int:
         namespaces.loopback_up()
         return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
 
-    return _on_own_thread(work)
+    return namespaces.on_own_thread(work)
 
 
 def _connect_inside(netns: int, port: int) -> socket.socket:
@@ -99,7 +77,7 @@ def _connect_inside(netns: int, port: int) -> socket.socket:
         assert refused is not None
         raise refused
 
-    return _on_own_thread(work)
+    return namespaces.on_own_thread(work)
 
 
 class Nets:

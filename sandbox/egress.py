@@ -255,20 +255,7 @@ class Kit:
 
 def build() -> Kit:
     """A new kit, built on a thread of its own that ends with it (see the essay); raises OSError."""
-    outcome: list[Kit | BaseException] = []
-
-    def work() -> None:
-        try:
-            outcome.append(_build_here())
-        except BaseException as exc:  # handed to the caller's thread
-            outcome.append(exc)
-
-    builder = threading.Thread(target=work, name="ccw-egress-kit", daemon=True)
-    builder.start()
-    builder.join()
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
+    return namespaces.on_own_thread(_build_here)
 
 
 def _build_here() -> Kit:

@@ -215,6 +215,25 @@ def spare_net() -> int | None:
 T = TypeVar("T")
 
 
+def on_own_thread(work: Callable[[], T]) -> T:
+    """``work()`` on a thread of its own, which ends with it: it may be left in another network
+    namespace (egress.py and capsule_nets.py make theirs so, see egress.py's essay)."""
+    outcome: list[T | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(work())
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="ccw-netns", daemon=True)
+    thread.start()
+    thread.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
 class SparePool(Generic[T]):
     """Kernel objects made ahead for later use, each handed out once: at most ``limit`` wait.
 

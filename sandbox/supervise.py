@@ -402,16 +402,7 @@ class _Running:
 
     def end(self) -> bool:
         """Ask the init to end the jail (it kills, reaps and reports); False if it cannot be asked."""
-        try:
-            if self.init_pidfd is not None:
-                syscalls.pidfd_send_signal(self.init_pidfd, END_SIGNAL)
-            elif self.direct and self.status is None:
-                os.kill(self.pid, END_SIGNAL)  # not reaped yet, so the pid cannot be reused
-            else:
-                return False
-        except OSError:
-            return False
-        return True
+        return self.send(END_SIGNAL)
 
     def send(self, signum: int) -> bool:
         """Send ``signum`` to the init, which passes the ones it forwards to the command (ccw-jail's

@@ -186,7 +186,7 @@ def _freezer_state() -> list[str]:
 def test_each_capsule_has_one_network_namespace_of_its_own(root_required: None) -> None:
     import socket
 
-    from sandbox import capsule_nets, syscalls
+    from sandbox import capsule_nets, namespaces, syscalls
     from sandbox.egress import Kits
 
     nets = capsule_nets.Nets(Kits())
@@ -206,7 +206,7 @@ def test_each_capsule_has_one_network_namespace_of_its_own(root_required: None) 
             server.listen()
             return server
 
-        server = capsule_nets._on_own_thread(listen_inside)
+        server = namespaces.on_own_thread(listen_inside)
         with server, nets.connect("cap_a", "none", 8080) as client:
             accepted, _ = server.accept()
             with accepted:

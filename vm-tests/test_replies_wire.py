@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import capsule_nets, egress, in_force, mountinfo, syscalls
+from sandbox import egress, in_force, mountinfo, namespaces, syscalls
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.registry import CapsuleManager
@@ -92,7 +92,7 @@ def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: st
             server = socket.create_server(("127.0.0.1", 7000))
             return server
 
-        with capsule_nets._on_own_thread(listen):
+        with namespaces.on_own_thread(listen):
             connected, fds = call(dispatcher, "net_connect", {"capsule_id": capsule_id, "port": 7000})
             assert connected == {"port": 7000} and len(fds) == 1
             os.close(fds[0])
