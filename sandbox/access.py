@@ -224,16 +224,20 @@ def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
 PTY_SLAVE_MAJORS = range(136, 144)  # UNIX98_PTY_SLAVE_MAJOR and the 7 after it (Documentation/admin-guide/devices.txt)
 
 
+def _described(fd: int, what: str) -> tuple[os.stat_result, int]:
+    """A descriptor an exec carries: its stat and its open flags (what to check it by)."""
+    try:
+        return os.fstat(fd), fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError as exc:
+        raise from_oserror(exc, f"fstat of the exec's {what}") from exc
+
+
 def check_terminal(fd: int | None, caller_uid: int) -> None:
     """Refuse (INVALID_ARGUMENT) a descriptor that is not a pty slave of ``caller_uid``'s, open
     read-write; None (an exec on pipes, which carries no descriptor) passes."""
     if fd is None:
         return
-    try:
-        st = os.fstat(fd)
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    except OSError as exc:
-        raise from_oserror(exc, "fstat of the exec's terminal") from exc
+    st, flags = _described(fd, "terminal")
     if not stat.S_ISCHR(st.st_mode) or os.major(st.st_rdev) not in PTY_SLAVE_MAJORS:
         raise CcwError("INVALID_ARGUMENT", "an exec on a terminal takes the slave side of a pseudo-terminal "
                        "(a /dev/pts/N descriptor, as os.openpty gives) and nothing else; open one and send it")
@@ -249,11 +253,7 @@ def check_stdin(fd: int | None) -> None:
     jail's stdin, and only a pipe names no file the jail could reach through it."""
     if fd is None:
         return
-    try:
-        st = os.fstat(fd)
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    except OSError as exc:
-        raise from_oserror(exc, "fstat of the exec's stdin") from exc
+    st, flags = _described(fd, "stdin")
     if not stat.S_ISFIFO(st.st_mode) or flags & (os.O_ACCMODE | os.O_PATH) != os.O_RDONLY:
         raise CcwError("INVALID_ARGUMENT", "an exec with stdio \"stdin\" takes the read end of a pipe "
                        "(os.pipe()'s first descriptor) and nothing else; make one and send it")
