@@ -266,19 +266,23 @@ class SparePool(Generic[T]):
             if self._closed or len(self._ready) + self._making >= self._limit:
                 return
             self._making += 1
+        # ``_making`` drops only once the spare is in the pool or discarded: ``close`` waits
+        # for it, so a spare made while the helper exits is never left to a daemon thread
+        # the interpreter stops halfway through the discard.
         try:
             spare = self._make()
+            if spare is None:
+                return
+            with self._lock:
+                kept = not self._closed and len(self._ready) < self._limit
+                if kept:
+                    self._ready.append(spare)
+            if not kept:
+                self._discard(spare)  # closed meanwhile, or another filled the pool
         finally:
             with self._lock:
                 self._making -= 1
                 self._lock.notify_all()
-        if spare is None:
-            return
-        with self._lock:
-            if not self._closed and len(self._ready) < self._limit:
-                self._ready.append(spare)
-                return
-        self._discard(spare)  # closed meanwhile (close saw it made), or another filled the pool
 
     def close(self, wait_s: float = 5.0) -> None:
         """Discard what waits, after the spares being made (at most ``wait_s``); later refills make nothing.

@@ -34,6 +34,39 @@ def test_a_spare_being_made_when_the_pool_closes_is_discarded_not_left() -> None
     assert pool.take() is None and discarded == ["made"]
 
 
+def test_close_returns_only_after_the_late_spare_is_discarded() -> None:
+    # The maker discards a spare it finishes after close began; close must wait for that
+    # discard too, or the interpreter's exit stops the daemon maker halfway (a CI run left
+    # a spare cgroup behind this way).
+    started, finish, discarding, discard_done = (threading.Event() for _ in range(4))
+    discarded: list[str] = []
+
+    def discard(spare: str) -> None:
+        discarding.set()
+        assert discard_done.wait(10)
+        discarded.append(spare)
+
+    def make() -> str:
+        started.set()
+        assert finish.wait(10)
+        return "late"
+
+    pool: SparePool[str] = SparePool(make, discard)
+    maker = threading.Thread(target=pool.refill)
+    maker.start()
+    assert started.wait(10)
+    closer = threading.Thread(target=pool.close)
+    closer.start()
+    finish.set()
+    assert discarding.wait(10)
+    closer.join(0.2)
+    assert closer.is_alive(), "close returned while the late spare was still being discarded"
+    discard_done.set()
+    closer.join(10)
+    maker.join(10)
+    assert discarded == ["late"]
+
+
 def test_a_spare_being_made_counts_toward_the_limit() -> None:
     started, finish = threading.Event(), threading.Event()
     made: list[int] = []
