@@ -173,16 +173,22 @@ def _drain(way: Direction) -> bool:
 
 
 def _wait(ways: list[Direction], stop: int) -> bool:
-    """Poll until some direction can move; False when ``stop`` says to give up."""
-    poller = select.poll()
-    poller.register(stop, select.POLLIN)
+    """Poll until some direction can move; False when ``stop`` says to give up.
+
+    A tunnel's two directions use the same two sockets, and ``poll`` keeps one mask per
+    descriptor (a second ``register`` replaces the first): so the masks are ORed per
+    descriptor, else one direction waiting to write a socket and the other waiting to
+    read it would wake on only one of the two, and traffic both ways beyond the socket
+    buffers could stall for good."""
+    masks: dict[int, int] = {stop: select.POLLIN}
     for way in ways:
         if way.done:
             continue
-        if way.pending:
-            poller.register(way.dst, select.POLLOUT)
-        else:
-            poller.register(way.src, select.POLLIN)
+        fd, event = (way.dst, select.POLLOUT) if way.pending else (way.src, select.POLLIN)
+        masks[fd] = masks.get(fd, 0) | event
+    poller = select.poll()
+    for fd, mask in masks.items():
+        poller.register(fd, mask)
     return stop not in dict(poller.poll())
 
 
