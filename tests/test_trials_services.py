@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server.capsules.deltamin import _services_beside
 from mcp_server.capsules.executors import LocalExecutor
 from mcp_server.capsules.networks import Traced
 from mcp_server.capsules.remote import ReapiExecutor
+from mcp_server.capsules.service_beside import services_beside
 from mcp_server.capsules.service_spec import Ready, ServiceSpec, SpecTable
 from mcp_server.capsules.trials import Material, Trials, predicate
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
@@ -118,12 +118,12 @@ def test_the_trials_start_the_services_beside_the_newest_run_of_the_command(tmp_
     service.services.table = table = SpecTable(state)
     record = _record(tmp_path)
     from_journal = ServiceSpec("cap_1", "web", WEB.argv, None, None, WEB.ready)  # no values
-    assert _services_beside(service, record, ["pytest", "-q"]) == (from_journal,)
+    assert services_beside(service, record, ["pytest", "-q"]) == (from_journal,)
     # A spec still kept for the capsule gives the values its caller set (the journal has names only).
     kept = ServiceSpec("cap_1", "web", WEB.argv, None, {"PORT": "8765"}, WEB.ready)
     table.save(kept, "2026-01-01T00:00:00Z")
-    assert _services_beside(service, record, ["pytest", "-q"]) == (from_journal,)  # that run had another web
+    assert services_beside(service, record, ["pytest", "-q"]) == (from_journal,)  # that run had another web
     journal.add_exec("cap_1", {**exec_entry({"read": [], "written": []}, 1), "argv": ["pytest", "-q"],
                                "services": json.dumps([kept.for_witness()])})
-    assert _services_beside(service, record, ["pytest", "-q"]) == (kept,)
-    assert _services_beside(service, record, ["make", "test"]) == ()  # never run: nothing beside it
+    assert services_beside(service, record, ["pytest", "-q"]) == (kept,)
+    assert services_beside(service, record, ["make", "test"]) == ()  # never run: nothing beside it

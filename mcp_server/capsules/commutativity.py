@@ -7,6 +7,12 @@ each stated per pair:
   per-process sets);
 - with ``verify``: measured, the target command's outcome for {A}, {B} and {A, B}
   (each in a fresh capsule over the base) differs from what A and B alone predict.
+  Each trial starts the services that ran beside the capsule's newest run of the target
+  command first, ready before it, as deltamin's trials do (service_beside.py): a test
+  that talked to a running app is judged with the app there, not refused a connection
+  in every trial (which would make every outcome FAIL and hide every interaction).  A
+  trial of a pair whose services do not become ready is UNRESOLVED, which matches no
+  prediction: the pair is linked, so a doubt keeps its files together.
 
 A changed file that several otherwise separate groups depend on (imports or reads) is a
 *hub*: it conflicts with each group and belongs to none of them, as ``src/shared.py``
@@ -26,6 +32,7 @@ import trio
 
 from mcp_server.capsules.executors import LocalExecutor
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.service_beside import services_beside
 from mcp_server.capsules.trials import Material, Trials, predicate, units_from
 from mcp_server.core.deltamin import FAIL, PASS
 from mcp_server.fs import changeset
@@ -187,7 +194,11 @@ async def _measure(graph: _Graph, question: Question, service: CapsuleService, r
         raise CcwError("TOO_LARGE", f"verify runs n + n(n-1)/2 trials; {len(nodes)} changed files is too many "
                        "(at most 12): fork the capsule and remove unrelated changes first")
     judge = predicate(question.failure_predicate)
-    trials = Trials(service, record, material, list(question.target_cmd), judge, 600_000, LocalExecutor())
+    argv = list(question.target_cmd)
+    services = services_beside(service, record, argv)
+    executor = LocalExecutor()
+    executor.check_trials(service, record, services)
+    trials = Trials(service, record, material, argv, judge, 600_000, executor, services)
     index = {p: [i for i, u in enumerate(material.units) if u.path == p] for p in nodes}
     singles = dict(zip(nodes, await trials.batch([tuple(index[p]) for p in nodes]), strict=True))
     pairs = list(combinations(nodes, 2))

@@ -51,7 +51,6 @@ so they describe the same contents.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -64,7 +63,7 @@ import trio
 from mcp_server.capsules.deltamin_check import FinalCheck, verify
 from mcp_server.capsules.executors import Executor, LocalExecutor
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.service_spec import ServiceSpec
+from mcp_server.capsules.service_beside import runs_of, services_beside
 from mcp_server.capsules.trials import (
     JournaledRun,
     Material,
@@ -89,30 +88,9 @@ TRACE_WINDOW = 3  # a line named in a traceback usually sits at or a few lines b
 _TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
 
 
-def _runs_of(journal: Journal, record: CapsuleRecord, argv: list[str]) -> list[dict[str, Any]]:
-    """The capsule's journaled runs of ``argv`` as a command (a service's runs are not), in order."""
-    return [ex for ex in journal.execs(record.capsule_id) if ex["argv"] == argv and ex.get("service") is None]
-
-
 def _current_runs(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> list[dict[str, Any]]:
     """The capsule's journaled runs of ``argv`` that observed its contents at ``generation``."""
-    return [ex for ex in _runs_of(journal, record, argv) if observes(ex, generation)]
-
-
-def _services_beside(service: CapsuleService, record: CapsuleRecord, argv: list[str]) -> tuple[ServiceSpec, ...]:
-    """The services beside the capsule's newest run of ``argv`` (the failing run deltamin is asked about):
-    its trials start them.  A spec still kept for the capsule (capsules/service_spec.py) gives the
-    values the caller set; one since stopped comes back from the journal's form, without them."""
-    runs = _runs_of(service.journal, record, argv)
-    if not runs or not runs[-1].get("services"):
-        return ()
-    kept = {}
-    if service.services is not None:
-        kept = {json.dumps(spec.for_witness(), sort_keys=True): spec
-                for spec, _ in service.services.table.all() if spec.capsule_id == record.capsule_id}
-    forms = json.loads(runs[-1]["services"])
-    return tuple(kept.get(json.dumps(form, sort_keys=True)) or ServiceSpec.from_json(record.capsule_id, form)
-                 for form in forms)
+    return [ex for ex in runs_of(journal, record, argv) if observes(ex, generation)]
 
 
 def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> set[str] | None:
@@ -155,7 +133,7 @@ def _journal_outcomes_at_start(journal: Journal, record: CapsuleRecord, argv: li
     judge = predicate(spec)
     return [
         judge(JournaledRun(ex["exit_code"], bool(ex["timed_out"])))
-        for ex in _runs_of(journal, record, argv)
+        for ex in runs_of(journal, record, argv)
         if ex.get("generation") == 0
     ]
 
@@ -324,7 +302,7 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     change = await _read_change(service, question.capsule_id)
     record, material = change.record, change.material
     executor = executor or LocalExecutor()
-    services = _services_beside(service, record, argv)
+    services = services_beside(service, record, argv)
     executor.check_trials(service, record, services)
     trials = Trials(service, record, material, argv, judge, int(min(budget_s * 1000, 600_000)), executor, services)
     confirmations = await _confirm(service.journal, trials, change, question)

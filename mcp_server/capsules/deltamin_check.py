@@ -8,7 +8,7 @@ last question is often "does this result fail?", so ``FinalCheck`` lets the sear
 it of this run instead of running the same subset twice.
 
 Services: when the target command ran beside services (deltamin.py says which), the
-check starts them in its capsule as ``capsule_service_start`` would (capsules/services.py),
+check starts them in its capsule as ``capsule_service_start`` would (service_beside.py),
 each ready before the command, and stops them after it, before the witness: so the
 command's row names them, their runs are journaled, and the witness replays them
 (replay_steps.py).  A service that does not become ready leaves the command unrun and
@@ -18,20 +18,18 @@ holds the service's run, whose output says why.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import trio
 
 from mcp_server.capsules.exec import exec_request
-from mcp_server.capsules.replay_steps import services_of
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.service_beside import started
 from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import Judge, Material, Trials, Unit, apply_units, file_contents
 from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.core.deltamin import FAIL, UNRESOLVED
 from mcp_server.journal import CapsuleRecord
-from sandbox.errors import CcwError
 
 
 class FinalCheck:
@@ -66,33 +64,14 @@ async def verify(service: CapsuleService, record: CapsuleRecord, files: dict[str
     try:
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_units, root, files, service.journal, capsule_id)
-        started: list[str] = []
         outcome = UNRESOLVED
-        try:
-            if await _start(service, capsule_id, services, started):
+        async with started(service, capsule_id, services) as ready:  # stopped before the witness
+            if ready:
                 ran = await service.exec(exec_request(capsule_id, argv, None, timeout_ms))
                 outcome = judge(ran.reply)
-        finally:
-            with trio.CancelScope(shield=True):
-                for name in reversed(started):  # their runs end and are journaled before the witness
-                    with contextlib.suppress(CcwError):  # the destroy below stops what is left
-                        await services_of(service).stop(capsule_id, name)
         made = await make_witness(service, capsule_id, WitnessOptions("zstd", True))
         return {"fails_again": outcome == FAIL, "outcome": outcome, "root_hash": made["root_hash"]}
     finally:
         with trio.CancelScope(shield=True):
             await service.destroy(capsule_id)
 
-
-async def _start(service: CapsuleService, capsule_id: str, specs: tuple[ServiceSpec, ...], started: list[str]) -> bool:
-    """Start ``specs`` in the check's capsule, in order (``started`` names each one started); whether all
-    became ready.  One whose start raised is stopped by the capsule's destroy.
-
-    Nobody else knows the capsule yet, so no call can come between: no turn is taken.
-    """
-    for spec in specs:
-        answer = await services_of(service).start(service, spec.in_capsule(capsule_id))
-        started.append(spec.name)
-        if not answer["ready"]:
-            return False
-    return True
