@@ -20,8 +20,10 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
   too, marked ``service`` (its name): a reader sees what the service did, and its reads
   bring the base files it used (the server's own script) into the witness.  A service
   whose run has not ended when the witness is made (still running, or lost) has no row
-  yet, so what it read is unknown: the witness then carries the whole base, as for a
-  run whose reads were not traced (``read_sets_complete: false``).
+  yet, so what it read is unknown: the witness runs the capsule's runs again beside
+  those services, and carries what their runs there read (witness_rerun.py says why
+  that is enough).  When that re-run does not go as recorded, the witness carries the
+  whole base, as for a run whose reads were not traced (``read_sets_complete: false``).
 - Every witness is signed with the state dir's key (fs/witness_key.py); ``verify_file``
   says whether a witness bears this state dir's signature ("valid"), none
   ("unsigned") or another's or a bad one ("foreign").
@@ -51,6 +53,7 @@ import trio
 
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
+from mcp_server.capsules.witness_rerun import services_read
 from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -182,14 +185,17 @@ def build_manifest(
     outputs: dict[tuple[int, str], tuple[bytes, int]] | None = None,
     max_base_bytes: int = DEFAULT_MAX_BASE_MB << 20,
     carry_all: bool = False,
+    service_runs: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], _Sources]:
     """The manifest of a capsule's witness, and where to read each blob it names."""
     _refuse_sessions(record, execs)
     sources = _Sources(base, capsule)
     entries = changeset.expand(changes, base, capsule)
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]
-    needs = Needs.from_journal(record.workspace, execs, changed)
-    needs.unknown = needs.unknown or bool(_services_unended(execs))  # what they read is not known yet
+    # ``service_runs``, the rows of a re-run's service runs (witness_rerun.py), count as needs and are no
+    # entries; without them, what the unended services read is not known.
+    needs = Needs.from_journal(record.workspace, execs + (service_runs or []), changed)
+    needs.unknown = needs.unknown or (service_runs is None and bool(_services_unended(execs)))
     base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
                               max_base_bytes if include_blobs else None, carry_all)
     unknown_reads = needs.unknown
@@ -324,11 +330,15 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
     outputs = journal.outputs(capsule_id)
     changes = await service.changes(capsule_id)
     root_fd = await service.open_root(capsule_id)
+    rerun = None
+    if _services_unended(execs) and not options.carry_all:
+        _refuse_sessions(record, execs)  # before the runs are run again for nothing
+        rerun = await services_read(service, record, execs, writes)
 
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
-                                               outputs, options.max_base_mb << 20, options.carry_all)
+                                               outputs, options.max_base_mb << 20, options.carry_all, rerun)
             if not options.include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
