@@ -96,6 +96,8 @@ SESSION_IDLE_S = 30 * 60.0  # the SDK ends a session with nothing in flight this
 TOKENS_POLL_S = 1.0  # the tokens file is looked at this often between requests (each request looks too)
 SESSION_HEADER = "mcp-session-id"
 REVOKED = [(b"www-authenticate", b'Bearer realm="ccw", error="invalid_token"')]
+CLOSE = (b"connection", b"close")
+REFUSED_BODY_MAX = 64 * 1024  # a refused request's body is read this far to keep its connection (``_refuse``)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -237,21 +239,21 @@ class CcwHttpApp:
 
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"].rstrip("/") != MCP_PATH:
-            await _respond(send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
+            await _refuse(receive, send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        if await self._refused_origin(scope, headers, send):
+        if await self._refused_origin(scope, headers, receive, send):
             return
         self.look()
         if self.tokens.fault:
-            await _respond(send, 503, {"error": "this server's tokens file cannot be used now (the server's log "
-                                                "says why); nothing is served until it is fixed"})
+            await _refuse(receive, send, 503, {"error": "this server's tokens file cannot be used now (the server's "
+                                                        "log says why); nothing is served until it is fixed"})
             return
         principal = self.tokens.table.authenticate(headers.get("authorization"))
         if principal is None:
-            await _respond(
-                send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token> "
-                                     "(ccw client-config CLIENT --http HOST:PORT prints a config with it)"},
+            await _refuse(
+                receive, send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token> "
+                                              "(ccw client-config CLIENT --http HOST:PORT prints a config with it)"},
                 [(b"www-authenticate", b'Bearer realm="ccw"')],
             )
             return
@@ -280,22 +282,24 @@ class CcwHttpApp:
             else:
                 await self.manager.handle_request(scope, receive, answer)
         if held.cancelled_caught and not answered and principal.key not in self.tokens.table.credentials():
+            # Its body may be half read, and once it is all read another receive() waits for
+            # the client to leave (ASGI): not drained as ``_refuse`` does, the connection ends.
             await _respond(send, 401, {"error": "this bearer token was revoked while the request was answered"},
-                           REVOKED)
+                           [*REVOKED, CLOSE])
 
-    async def _refused_origin(self, scope: dict[str, Any], headers: dict[str, str], send: Any) -> bool:
+    async def _refused_origin(self, scope: dict[str, Any], headers: dict[str, str], receive: Any, send: Any) -> bool:
         """Answer a request from a Host or Origin this server does not serve; True if refused."""
         origin = headers.get("origin")
         if self.guard.enable_dns_rebinding_protection:
             refused = await self._guard_check.validate_request(Request(scope), is_post=False)
             if refused is not None:
                 what = f"Host {headers.get('host')!r}" if refused.status_code == 421 else f"Origin {origin!r}"
-                await _respond(send, refused.status_code,
-                               {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
-                                         "http://localhost:PORT from this host"})
+                await _refuse(receive, send, refused.status_code,
+                              {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
+                                        "http://localhost:PORT from this host"})
                 return True
         elif origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
-            await _respond(send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
+            await _refuse(receive, send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
             return True
         return False
 
@@ -402,6 +406,36 @@ def _replay(body: bytes, receive: Any) -> Any:
         return await receive()
 
     return replay
+
+
+async def _refuse(receive: Any, send: Any, status: int, payload: Any,
+                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Answer a request this layer refuses before reading it, once its body is read.
+
+    hypercorn keeps a connection for the next request only if it has read the whole of
+    this one when the answer ends; otherwise it closes it, without saying so, and a
+    client that has meanwhile sent its next request on it (httpx reuses a connection
+    as soon as an answer is complete) sees "Server disconnected without sending a
+    response".  Under load, a client's small POST body arriving after its headers made
+    that happen to about 1 in 200 refused requests.  So the body is read, up to
+    ``REFUSED_BODY_MAX``; a larger one is left unread and the answer says
+    ``Connection: close``, which the client heeds.
+    """
+    whole = await _drain(receive, REFUSED_BODY_MAX)
+    await _respond(send, status, payload, [*(extra or []), *([] if whole else [CLOSE])])
+
+
+async def _drain(receive: Any, limit: int) -> bool:
+    """Read and drop a request's body; whether all of it was read before ``limit`` bytes passed."""
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: nothing to keep
+            return False
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return True
+    return False
 
 
 async def _respond(send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
