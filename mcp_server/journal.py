@@ -131,7 +131,7 @@ _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
 _NEW_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
                  "gitdirs": "TEXT"},
-    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT",
+    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT", "console": "TEXT",
               "terminal": "INTEGER NOT NULL DEFAULT 0", "service": "TEXT", "services": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }

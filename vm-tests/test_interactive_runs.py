@@ -16,7 +16,6 @@ into it and reads back what it printed since the last read.
 from __future__ import annotations
 
 import base64
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,49 +24,13 @@ from mcp import Client
 
 from mcp_server.journal import Journal
 from mcp_server.state import State
+from tests.support.interactive import call, git_repository, until
 from tests.support.mcp_process import stdio_client
 from tests.support.workspaces import make_workspace
-
-CALL_TIMEOUT_S = 30.0
-
-# A sequence editor that asks, on the terminal, what to do with each commit of git's todo list.
-SEQUENCE_EDITOR = r"""#!/bin/sh
-todo="$1"
-exec 3<>/dev/tty
-: > "$todo.new"
-while read -r action sha subject; do
-    if [ "$action" = pick ]; then
-        printf 'what to do with "%s"? ' "$subject" >&3
-        read -r answer <&3
-        action="$answer"
-    fi
-    echo "$action $sha $subject" >> "$todo.new"
-done < "$todo"
-mv "$todo.new" "$todo"
-"""
 
 
 def _client(tmp_path: Path) -> Client:
     return stdio_client(tmp_path, CCW_TOOLSETS="capsule,witness")
-
-
-async def _call(client: Client, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    result = await client.call_tool(tool, args, read_timeout_seconds=CALL_TIMEOUT_S)
-    assert not result.is_error, result
-    assert isinstance(result.structured_content, dict)
-    return result.structured_content
-
-
-async def _until(client: Client, answer: dict[str, Any], wanted: str, wait_ms: int = 3000) -> str:
-    """The output of ``answer`` and, until it holds ``wanted``, of further reads of its run (a
-    slow start, a busy machine: at most 10)."""
-    seen = answer["output"]
-    for _ in range(10):
-        if wanted in seen or answer["status"] != "running":
-            break
-        answer = await _call(client, "capsule_run", {"run_id": answer["run_id"], "wait_ms": wait_ms})
-        seen += answer["output"]
-    return seen
 
 
 def _exec_rows(tmp_path: Path, capsule_id: str) -> list[dict[str, Any]]:
@@ -79,16 +42,16 @@ def test_a_python_repl_fed_two_lines_and_read_back_in_between(tmp_path: Path, ro
 
     async def scenario() -> dict[str, Any]:
         async with _client(tmp_path) as client:
-            cap = (await _call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
-            started = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["python3", "-i", "-q"],
+            cap = (await call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            started = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["python3", "-i", "-q"],
                                                            "interactive": True})
-            prompt = await _until(client, started, ">>> ")
-            assigned = await _call(client, "capsule_run", {"run_id": started["run_id"], "input": "x = 6*7\n"})
-            printed = await _call(client, "capsule_run", {"run_id": started["run_id"], "input": "print(x)\n"})
-            printed["output"] = await _until(client, printed, "42\n>>> ")
-            ended = await _call(client, "capsule_run", {"run_id": started["run_id"], "eof": True, "wait_ms": 20_000})
-            witness = await _call(client, "capsule_witness", {"capsule_id": cap})
-            replay = await _call(client, "capsule_replay", {"path": witness["path"]})
+            prompt = await until(client, started, ">>> ")
+            assigned = await call(client, "capsule_run", {"run_id": started["run_id"], "input": "x = 6*7\n"})
+            printed = await call(client, "capsule_run", {"run_id": started["run_id"], "input": "print(x)\n"})
+            printed["output"] = await until(client, printed, "42\n>>> ")
+            ended = await call(client, "capsule_run", {"run_id": started["run_id"], "eof": True, "wait_ms": 20_000})
+            witness = await call(client, "capsule_witness", {"capsule_id": cap})
+            replay = await call(client, "capsule_replay", {"path": witness["path"]})
             return {"cap": cap, "started": started, "prompt": prompt, "assigned": assigned, "printed": printed,
                     "ended": ended, "replay": replay}
 
@@ -113,14 +76,14 @@ def test_a_python_repl_on_a_terminal_shows_its_prompt_without_escape_codes(tmp_p
 
     async def scenario() -> dict[str, Any]:
         async with _client(tmp_path) as client:
-            cap = (await _call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
-            started = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["python3", "-q"], "tty": True})
+            cap = (await call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            started = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["python3", "-q"], "tty": True})
             run_id = started["run_id"]
-            prompt = await _until(client, started, ">>> ")
-            assigned = await _call(client, "capsule_run", {"run_id": run_id, "input": "x = 6*7\n"})
-            printed = await _call(client, "capsule_run", {"run_id": run_id, "input": "print(x)\n"})
-            printed["output"] = await _until(client, printed, "42\n>>> ")
-            ended = await _call(client, "capsule_run", {"run_id": run_id, "eof": True, "wait_ms": 20_000})
+            prompt = await until(client, started, ">>> ")
+            assigned = await call(client, "capsule_run", {"run_id": run_id, "input": "x = 6*7\n"})
+            printed = await call(client, "capsule_run", {"run_id": run_id, "input": "print(x)\n"})
+            printed["output"] = await until(client, printed, "42\n>>> ")
+            ended = await call(client, "capsule_run", {"run_id": run_id, "eof": True, "wait_ms": 20_000})
             return {"cap": cap, "prompt": prompt, "assigned": assigned, "printed": printed, "ended": ended}
 
     seen = trio.run(scenario)
@@ -136,41 +99,23 @@ def test_a_python_repl_on_a_terminal_shows_its_prompt_without_escape_codes(tmp_p
     assert row["stdout_bytes"] >= len(ended["stdout"]) > 0
 
 
-def _repository(path: Path) -> Path:
-    ws = make_workspace(path, {"tools/seq-editor.sh": SEQUENCE_EDITOR, "story.txt": "first\n"})
-    (ws / "tools" / "seq-editor.sh").chmod(0o755)
-
-    def git(*args: str) -> None:
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=ws,
-                       check=True, capture_output=True)
-
-    git("init", "-q", "-b", "main")
-    git("add", ".")
-    git("commit", "-q", "-m", "first")
-    for subject in ("second", "third"):
-        (ws / f"{subject}.txt").write_text(f"{subject}\n")
-        git("add", ".")
-        git("commit", "-q", "-m", subject)
-    return ws
-
-
 def test_git_rebase_interactive_with_an_editor_answered_through_input(tmp_path: Path, root_required: None) -> None:
-    ws = _repository(tmp_path / "ws")
+    ws = git_repository(tmp_path / "ws")
     rebase = ("GIT_SEQUENCE_EDITOR=./tools/seq-editor.sh "
               "git -c user.name=ccw -c user.email=ccw@example.invalid rebase -i HEAD~2")
 
     async def scenario() -> dict[str, Any]:
         async with _client(tmp_path) as client:
-            cap = (await _call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
-            started = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", rebase],
+            cap = (await call(client, "capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            started = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", rebase],
                                                            "tty": True})
             run_id = started["run_id"]
-            asked_second = await _until(client, started, '"second"? ')
-            asked_third = await _call(client, "capsule_run", {"run_id": run_id, "input": "drop\n"})
-            asked_third["output"] = await _until(client, asked_third, '"third"? ')
-            ended = await _call(client, "capsule_run", {"run_id": run_id, "input": "pick\n", "wait_ms": 20_000})
-            log = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["git", "log", "--format=%s"]})
-            files = await _call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["ls"]})
+            asked_second = await until(client, started, '"second"? ')
+            asked_third = await call(client, "capsule_run", {"run_id": run_id, "input": "drop\n"})
+            asked_third["output"] = await until(client, asked_third, '"third"? ')
+            ended = await call(client, "capsule_run", {"run_id": run_id, "input": "pick\n", "wait_ms": 20_000})
+            log = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["git", "log", "--format=%s"]})
+            files = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": ["ls"]})
             return {"cap": cap, "asked_second": asked_second, "asked_third": asked_third, "ended": ended,
                     "log": log, "files": files}
 

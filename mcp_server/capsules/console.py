@@ -31,12 +31,20 @@ from:
   terminal's line 4 KiB, and a call must not wait on a command that is not reading.
   What was written is kept, in order, as ``typed``: the journal's record of the run's
   stdin (capsules/exec.py ``journal_entry``), so a witness carries it and a replay feeds
-  it.  A replay feeds it all at once, through a pipe: when each byte was typed, and what
-  the command had printed by then, is not replayed, nor is the terminal.  A REPL that
-  reads its stdin replays (its output differs: no echo, no prompts on a pipe); a program
-  that opens /dev/tty itself (``git rebase -i``'s editor asking there) finds no terminal
-  and ends otherwise, and the replay says so.  A terminal's ^D for ``eof`` is not kept (a
-  replay's stdin simply ends).
+  it.  Beside it the journal keeps the run's ``record``: whether it was on a terminal,
+  and each write as ``[output so far, bytes written]`` (a terminal's pending output is
+  read first, so the count holds everything the command had printed by then), and the
+  output count when end of file was sent.
+- **A replay** of a terminal run (replay_steps.py) makes a terminal again and types the
+  same bytes in the same steps, each once the replayed output has come as far as it had
+  when the step was written (``replay``): a REPL gets each line after its prompt, echoed
+  where it was, and a program that reads /dev/tty itself (``git rebase -i``'s editor)
+  finds a terminal and its answers.  A command whose output differs would never reach
+  the count: once its output pauses ``REPLAY_PAUSE_S`` short of it, the step is typed
+  anyway (the comparison then says how the output differs).  Its ^D for ``eof`` is
+  typed the same way.  A piped run's replay feeds ``typed`` at once as its stdin, its end
+  the stdin's end: a pipe shows no prompt to wait for, and what the command reads is
+  the same.
 - **Reading** waits (at most its ``wait_ms``) for output after the reader's cursor, then
   until the output pauses for ``QUIET_S``, so a REPL's answer and its next prompt come
   back in one read; or for the run's end.
@@ -53,6 +61,7 @@ import struct
 import termios
 from collections.abc import AsyncIterator
 from types import TracebackType
+from typing import Any
 
 import trio
 
@@ -68,6 +77,7 @@ QUIET_S = 0.2  # a read ends once output has come and then paused this long
 WINDOW = (50, 200)  # rows, columns of a run's terminal
 TERM = "dumb"  # asks programs for the fewest control sequences (see above)
 EOF_CHAR = b"\x04"  # the terminal's VEOF (^D), as a fresh pty has it
+REPLAY_PAUSE_S = 3.0  # a replay types a step anyway once output pauses this long short of its count
 _CHUNK = 1 << 16
 
 
@@ -81,6 +91,8 @@ class Console:
         self.typed = bytearray()  # what the command was given on its stdin, in order
         self.read_cursor = 0  # where the last read ended
         self._pending = bytearray()  # given, not yet written
+        self._steps: list[list[int]] = []  # each write: [output bytes before it, bytes written]
+        self._eof_at: int | None = None  # output bytes before end of file was sent
         self._given = 0
         self._eof = False  # asked for
         self._input_closed: str | None = None  # why no more input can be written
@@ -208,36 +220,83 @@ class Console:
         self.read_cursor = reading.cursor
         return reading
 
+    def record(self) -> dict[str, Any]:
+        """How the input went in, for the journal and a replay: ``tty``, the ``steps`` of ``typed``
+        (each ``[output bytes before it, its bytes]``) and the output count at ``eof`` (None: none sent)."""
+        return {"tty": self.terminal, "steps": [list(step) for step in self._steps], "eof": self._eof_at}
+
+    # --- a replay's side ---------------------------------------------------------------
+
+    async def replay(self, typed: bytes, record: dict[str, Any]) -> None:
+        """Type ``typed`` in the steps of ``record`` (``record()``'s form), each once the output has
+        come as far as it had (or paused short of it), then end of file if it was sent; stop if
+        the command's stdin closes first."""
+        position = 0
+        try:
+            for after, length in record.get("steps") or [[0, len(typed)]]:
+                await self._output_reaches(after)
+                self.give(typed[position : position + length])
+                position += length
+            if position < len(typed):  # a record that covers less than typed: the rest at its end
+                self.give(typed[position:])
+            if record.get("eof") is not None:
+                await self._output_reaches(record["eof"])
+                self.give(b"", eof=True)
+        except CcwError as exc:
+            if exc.code != "CONFLICT":  # the run ended (or closed its stdin): the rest is never read
+                raise
+
+    async def _output_reaches(self, count: int) -> None:
+        """Wait until ``count`` bytes of output have come, the run ends, or output pauses
+        ``REPLAY_PAUSE_S`` short of it."""
+        while self.transcript.total < count and not self._ended:
+            with trio.move_on_after(REPLAY_PAUSE_S) as paused:
+                await self._changed.wait()
+            if paused.cancelled_caught:
+                return
+
     # --- inside ------------------------------------------------------------------------
 
     async def _write(self) -> None:
         """Write what is given while the command runs; then its end of file, if asked."""
         while self._input_closed is None:
             if self._pending:
-                written = await self._write_some(self._pending)
-                self.typed += self._pending[:written]
-                del self._pending[:written]
+                after, written = await self._write_some(self._pending)
+                if written:
+                    self._steps.append([after, written])
+                    self.typed += self._pending[:written]
+                    del self._pending[:written]
             elif self._eof:
                 if self.terminal:
-                    while self._input_closed is None and not await self._write_some(EOF_CHAR):
-                        pass  # a full input queue: wait until the line discipline takes it
+                    while self._input_closed is None:
+                        after, written = await self._write_some(EOF_CHAR)
+                        if written:
+                            self._eof_at = after
+                            break  # else a full input queue: wait until the line discipline takes it
                 else:
+                    self._eof_at = self.transcript.total
                     self._close_ours()
                 self._input_closed = self._input_closed or "eof was sent"
             else:
                 await self._input.wait()
                 self._input = trio.Event()
 
-    async def _write_some(self, data: bytes | bytearray) -> int:
+    async def _write_some(self, data: bytes | bytearray) -> tuple[int, int]:
+        """(output bytes so far, bytes written) of one write: a terminal's pending output is read
+        first, so the count holds all the command had printed before it."""
         assert self._ours is not None
         await trio.lowlevel.wait_writable(self._ours)
+        if self.terminal:
+            while self._read_some():
+                pass
+        after = self.transcript.total
         try:
-            return os.write(self._ours, data[:_CHUNK])
+            return after, os.write(self._ours, data[:_CHUNK])
         except BlockingIOError:
-            return 0
+            return after, 0
         except OSError as exc:  # EPIPE: the command closed its stdin; what is pending is never read
             self._input_closed = f"the command closed its stdin: {os.strerror(exc.errno or 0)}"
-            return 0
+            return after, 0
 
     async def _read(self) -> None:
         """A terminal's output as it comes, until no slave is open."""

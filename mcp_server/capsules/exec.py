@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -127,14 +128,14 @@ def blake3_of(data: bytes) -> str:
 
 
 def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.datetime,
-                  typed: bytes | None = None) -> dict[str, Any]:
+                  typed: bytes | None = None, console: dict[str, Any] | None = None) -> dict[str, Any]:
     """The journal's record of one exec (Journal.add_exec).
 
     ``typed``: what an interactive run (capsules/console.py) was given on its stdin, all of
     it in order; it is kept as the run's stdin, so a witness carries it and a replay feeds
-    it, all at once and through a pipe (when each byte was typed, and a pty, are not
-    replayed: capsules/console.py).  Such a run is no terminal session even on a pty: its
-    input is kept.
+    it.  ``console``: how it went in (``Console.record``: on a terminal or not, and in which
+    steps), kept beside it as JSON, so a replay of a terminal run types it on a terminal in
+    the same steps.  Such a run is no terminal session even on a pty: its input is kept.
     """
     reply = outcome.reply
     stdin = typed if typed is not None else request.stdin
@@ -161,6 +162,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "generation": outcome.started_generation,
         "terminal": int(request.stdio == "tty" and typed is None),  # a person's session: its input is not kept
         **({"service": request.service} if request.service is not None else {}),  # a service's run
+        **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive run's
     }
 
 

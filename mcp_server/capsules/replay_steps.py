@@ -29,6 +29,11 @@ what the witness recorded in it.  Some facts about the services a witness names
 - Only a process that runs services can start them: a CapsuleService without them (a
   ccw-bot's) refuses with UNSUPPORTED, and so does a REAPI executor (capsules/remote.py),
   for a replay of such a witness and for deltamin's trials of such a capsule.
+
+An interactive run's input (its ``stdin_blob``) is fed as its stdin at once, unless it
+ran on a terminal (its ``console`` says ``tty``): then it runs on a terminal again, the
+input typed in the recorded steps, each after the output that came before it
+(capsules/console.py says how, and why a program asking on /dev/tty needs it).
 """
 
 from __future__ import annotations
@@ -41,7 +46,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import exec_request, whitelisted
+from mcp_server.capsules.networks import Traced
 from mcp_server.capsules.notes import restore_mtimes
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_scratch import running
@@ -52,6 +59,7 @@ from mcp_server.fs import witness as wfmt
 from mcp_server.fs.promote import make_symlink, remove_tree
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 from sandbox.replies import ExecReply, Touched
 from sandbox.spec import CapsuleSpec
 
@@ -220,11 +228,27 @@ async def _step(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, kin
         return
     stdin = blobs[entry["stdin_blob"]] if entry.get("stdin_blob") else None
     request = exec_request(capsule_id, entry["argv"], entry["cwd"], entry.get("timeout_ms"), stdin)
-    ran = await service.run(request, spec, network, values)
+    if (entry.get("console") or {}).get("tty"):
+        ran = await _on_a_terminal(service, request, spec, network, values, stdin or b"", entry["console"])
+    else:
+        ran = await service.run(request, spec, network, values)
     tally.add_exec(entry, ran.value, blobs, ran.network)
     if entry.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(restore_mtimes, root, entry["written_mtimes"])
+
+
+async def _on_a_terminal(service: CapsuleService, request: ExecRequest, spec: CapsuleSpec,
+                         network: NetworkSpec | None, values: Mapping[str, str], typed: bytes,
+                         record: dict[str, Any]) -> Traced:
+    """An interactive run of a terminal re-run on one, as it ran: what was typed given in its
+    recorded steps (capsules/console.py ``Console.replay``), its output the pty's."""
+    with Console(terminal=True) as console:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(console.replay, typed, record)
+            ran = await service.run(request, spec, network, values, console)
+            nursery.cancel_scope.cancel()  # a step still waiting when the run ended is never typed
+    return ran
 
 
 def change_mismatches(

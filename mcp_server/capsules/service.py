@@ -245,16 +245,17 @@ class CapsuleService:
                                               lambda: self._exec_reply(request, ticket.waited_ms, console))
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.network,
-                tuple(traced.notes)), started, None if console is None else bytes(console.typed))
+                tuple(traced.notes)), started, console)
 
     async def _journal_exec(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
-                            started: dt.datetime, typed: bytes | None = None) -> ExecOutcome:
+                            started: dt.datetime, console: Console | None = None) -> ExecOutcome:
         """Journal an exec that ran (its row, events and outputs in one transaction), note the base's
-        state where it wrote, and find hints for a command the jail could not run.  ``typed``: an
-        interactive run's input, kept as its stdin."""
+        state where it wrote, and find hints for a command the jail could not run.  ``console``: an
+        interactive run's, whose input is kept as its stdin (and how it went in, for a replay)."""
         reply = outcome.reply
         journal = self.journal
-        entry = journal_entry(request, outcome, started, typed)
+        typed = None if console is None else bytes(console.typed)
+        entry = journal_entry(request, outcome, started, typed, None if console is None else console.record())
         written = list(reply.touched.written)
         if written:
             root = await self.open_root(record.capsule_id)
@@ -403,14 +404,28 @@ class CapsuleService:
                 await self.call(DestroyRequest(fork_id))
 
     async def run(self, request: ExecRequest, spec: CapsuleSpec, network: NetworkSpec | None = None,
-                  values: Mapping[str, str] | None = None) -> Traced:
+                  values: Mapping[str, str] | None = None, console: Console | None = None) -> Traced:
         """Run ``request`` in a scratch capsule made from ``spec``, unjournaled: the helper's reply
-        (``value``) and, with an allowlist ``network``, the attempts it made.
+        (``value``) and, with an allowlist ``network``, the attempts it made.  ``console``: the
+        run's stdin and output, as an interactive exec's (a replay's of one: replay_steps.py).
 
         The capsule's own limits hold in the helper (an exec's may only tighten them).
         """
         request = for_capsule(request, spec, values)
-        return await self.networks.exec(await self.helper(), request.capsule_id, network, lambda: self.call(request))
+        if console is None:
+            return await self.networks.exec(await self.helper(), request.capsule_id, network,
+                                            lambda: self.call(request))
+        wired = console.prepare(request)
+
+        async def forward(raw: dict[str, Any]) -> None:
+            console.stream(ExecProgress.from_args(raw))
+
+        async def on_console() -> ExecReply:
+            async with console.attached():
+                reply = await self.call(wired, on_progress=forward)
+            return console.finished(reply)
+
+        return await self.networks.exec(await self.helper(), request.capsule_id, network, on_console)
 
 
 class _Unattended:

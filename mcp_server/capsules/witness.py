@@ -140,6 +140,8 @@ def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, 
         entry["services"] = json.loads(ex["services"])  # the specs of those that ran beside it (no values)
     if ex.get("service") is not None:
         entry["service"] = ex["service"]  # a run of that service: shown, never re-run
+    if ex.get("console"):  # an interactive run: how its stdin went in (a terminal's is replayed on one)
+        entry["console"] = json.loads(ex["console"])
     return entry
 
 

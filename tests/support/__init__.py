@@ -20,6 +20,7 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
   ``agent_loop``: the agent's loop on one of them through ccw's tools.
 - ``reapi_bot``: a plain-subprocess REAPI bot, for the REAPI client's tests.
 - ``shell_session``: ``ccw capsule shell`` driven through a pty (also a script).
+- ``interactive``: interactive runs driven over MCP, and ``ccw capsule exec --tty`` on a pty.
 - ``webdriver``: a small W3C WebDriver client for chromium, and its screenshots.
 - ``users``: running Python as another uid (``as_user``, ``run_script_as``; ``UserScript``
   for a session a test looks in on between its steps), the interpreter made reachable
