@@ -28,6 +28,12 @@ Some facts this module follows from:
   loopback completes or is refused at once, so the thread never waits on the network.
   A server that listens on ``::1`` only (``localhost`` resolved to IPv6) is tried
   second.
+- A socket belongs to its namespace, not to whoever connects it: ``connect`` acts in
+  the socket's own namespace.  So ``net_sockets`` hands the front end unconnected
+  sockets made here, which it connects itself as connections come (a forwarded port's
+  pool), saving the helper's round trip per connection; ``net_connect`` stays for the
+  one-off connection and for a server that listens on ``::1`` only (the pool is IPv4).
+  With them, on request, come sandbox/sockmap.py's socket hashes, made per forward.
 - Sharing the namespace across runs is what the issue asks for, and it costs
   isolation between *runs of one capsule* only: an exec can reach a service's ports,
   which is the point, and a lingering TIME_WAIT of an earlier run is still there.
@@ -45,6 +51,10 @@ import threading
 from sandbox import namespaces, syscalls
 from sandbox.egress import Kits
 from sandbox.errors import CcwError
+from sandbox.replies import NetConnectReply
+from sandbox.sockmap import make as make_sockmap
+
+SOCKMAP_ENTRIES = 2048  # sockets in one forward's socket hashes: two per relayed connection
 
 
 def _make() -> int:
@@ -76,6 +86,37 @@ def _connect_inside(netns: int, port: int) -> socket.socket:
             return sock
         assert refused is not None
         raise refused
+
+    return namespaces.on_own_thread(work)
+
+
+NETLINK_SOCK_DIAG = 4  # <linux/netlink.h>
+
+
+def _diag_inside(netns: int) -> socket.socket:
+    """A NETLINK_SOCK_DIAG socket made in ``netns``: it asks about that namespace's
+    sockets from wherever it is used (sandbox/run_sockets.py)."""
+    def work() -> socket.socket:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK,
+                             NETLINK_SOCK_DIAG)
+
+    return namespaces.on_own_thread(work)
+
+
+def _sockets_inside(netns: int, count: int) -> list[socket.socket]:
+    """``count`` unconnected IPv4 TCP sockets made in ``netns`` (non-blocking, close-on-exec)."""
+    def work() -> list[socket.socket]:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        made: list[socket.socket] = []
+        try:
+            for _ in range(count):
+                made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK))
+        except OSError:
+            for sock in made:
+                sock.close()
+            raise
+        return made
 
     return namespaces.on_own_thread(work)
 
@@ -118,6 +159,34 @@ class Nets:
                            {"capsule_id": capsule_id, "port": port, "reason": "refused"}) from exc
         finally:
             os.close(netns)
+
+    def diag_socket(self, capsule_id: str, network: str) -> socket.socket:
+        """A sock_diag socket in the capsule's namespace, to look up whose a socket there is."""
+        netns = self.descriptor(capsule_id, network)
+        try:
+            return _diag_inside(netns)
+        finally:
+            os.close(netns)
+
+    def passed(self, capsule_id: str, network: str, port: int, spares: int | None,
+               sockmap: bool) -> tuple[NetConnectReply, list[int]]:
+        """``net_connect``'s reply and descriptors: a socket connected to ``port``; or ``spares``
+        unconnected ones, for the caller to connect there itself (a forwarded port's pool),
+        and with ``sockmap`` sandbox/sockmap.py's two socket hashes if this helper can make them."""
+        if spares is None:
+            return NetConnectReply(port), [self.connect(capsule_id, network, port).detach()]
+        netns = self.descriptor(capsule_id, network)
+        try:
+            fds = [sock.detach() for sock in _sockets_inside(netns, spares)]
+        finally:
+            os.close(netns)
+        if not sockmap:
+            return NetConnectReply(port, spares), fds
+        try:
+            fds.extend(make_sockmap(SOCKMAP_ENTRIES))
+        except OSError as exc:  # a rootless helper (EPERM), a kernel without sockmap
+            return NetConnectReply(port, spares, False, exc.strerror or str(exc)), fds
+        return NetConnectReply(port, spares, True), fds
 
     def close(self, capsule_id: str) -> None:
         """Let the capsule's own namespace go (destroy); its kit is closed by ``Kits.close``."""

@@ -91,6 +91,7 @@ _SYSCALL_NR: dict[str, dict[str, int]] = {
         "pidfd_send_signal": 424,
         "openat2": 437,
         "close_range": 436,
+        "bpf": 321,
     },
     "aarch64": {
         "pivot_root": 41,
@@ -101,6 +102,7 @@ _SYSCALL_NR: dict[str, dict[str, int]] = {
         "pidfd_send_signal": 424,
         "openat2": 437,
         "close_range": 436,
+        "bpf": 280,
     },
 }
 
@@ -123,6 +125,14 @@ def _check(ret: int, what: str) -> int:
         err = ctypes.get_errno()
         raise OSError(err, f"{what} failed: {os.strerror(err)}")
     return ret
+
+
+def bpf(cmd: int, attr: bytes) -> int:
+    """bpf(2) with ``attr``, the leading part of a ``union bpf_attr`` (the kernel takes the
+    rest as zeros); pointers packed in it are the caller's to keep alive.  The result: a
+    new descriptor for the commands that make one, else 0."""
+    buf = ctypes.create_string_buffer(attr, len(attr))
+    return _check(_libc.syscall(_nr("bpf"), ctypes.c_int(cmd), buf, ctypes.c_uint(len(attr))), f"bpf({cmd})")
 
 
 def _b(value: str | bytes | None) -> bytes | None:
