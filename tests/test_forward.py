@@ -401,3 +401,63 @@ def test_the_port_asked_for_is_the_port_served() -> None:
     with contextlib.closing(socket.create_connection(("127.0.0.1", free))):
         assert (port.host_port, port.url) == (free, f"http://127.0.0.1:{free}/")
     trio.run(port.aclose)
+
+
+class Spares:
+    """Unconnected sockets of this namespace, as the helper's ``net_connect`` with ``spares`` gives them."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+        self.made: list[socket.socket] = []
+
+    async def make(self, count: int) -> list[socket.socket]:
+        self.asked.append(count)
+        made = [socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK) for _ in range(count)]
+        self.made.extend(made)
+        return made
+
+
+def test_connections_use_spares_from_the_pool_which_refills_and_closes_with_the_port() -> None:
+    async def main() -> None:
+        spares = Spares()
+        async with upstream(tail_after_eof) as service:
+            capsule = Capsule(service.port)
+            pool = forward.Pool(spares.make, await spares.make(4), size=4)
+            port = PortForward(capsule.connect, ME, service.port, pool=pool)
+            assert port.relay_path == "user space"  # no socket hashes given
+            async with trio.open_nursery() as nursery:
+                await nursery.start(port.serve)
+                for _ in range(6):  # more than the first four: refills came between
+                    client = await dial(port)
+                    await client.send_all(b"spare")
+                    await client.send_eof()
+                    assert await read_all(client) == b"got 5 bytes"
+                await port.aclose()
+        assert capsule.calls == 0  # each connection was a spare connected here
+        assert len(spares.asked) >= 2 and all(count <= 4 for count in spares.asked)
+        assert all(sock.fileno() == -1 for sock in spares.made)  # used and closed, or closed with the port
+
+    trio.run(main)
+
+
+def test_a_spare_refused_in_the_capsule_leaves_the_connection_to_connect() -> None:
+    # The pool is IPv4; a service on ::1 only refuses it, and ``connect`` (the helper's,
+    # which tries ::1 too) is asked instead.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        nothing = probe.getsockname()[1]
+
+    async def main() -> None:
+        spares = Spares()
+        async with upstream(tail_after_eof) as service:
+            capsule = Capsule(service.port)
+            port = PortForward(capsule.connect, ME, nothing, pool=forward.Pool(spares.make, await spares.make(2)))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(port.serve)
+                client = await dial(port)
+                await client.send_eof()
+                assert await read_all(client) == b"got 0 bytes"
+                await port.aclose()
+        assert (capsule.calls, port.accepted, port.errors) == (1, 1, 0)
+
+    trio.run(main)

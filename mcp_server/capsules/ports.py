@@ -2,10 +2,13 @@
 
 ``capsule_port`` makes ``127.0.0.1:HOST_PORT`` on the host lead to ``PORT`` on the
 capsule's own loopback, so a person can open the app an agent is building.  The
-forwarder (egress/forward.py) runs in this process and reaches the capsule through the
-helper: each accepted connection gets a socket the helper made and connected inside the
-capsule's network namespace (``net_connect``, sandbox/capsule_nets.py), and bytes are
-spliced between the two.  What it trusts (THREATS.md, "Forwarded ports"):
+forwarder (egress/forward.py) runs in this process and reaches the capsule through
+sockets the helper made in the capsule's network namespace: a pool of unconnected ones
+asked ahead (``net_connect`` with ``spares``, sandbox/capsule_nets.py), each connected
+here for one accepted connection, or one the helper connects when the pool is empty.
+The first call also asks for the helper's socket hashes (sandbox/sockmap.py), so that
+the kernel moves the bytes (egress/kernel_relay.py); a helper that cannot make them
+(rootless) leaves the relay to this process.  What it trusts (THREATS.md, "Forwarded ports"):
 
 - **Who may connect.**  Any local process can connect to a loopback port, so each
   connection's peer is looked up by its 4-tuple (sock_diag, egress/peer.py) and only a
@@ -13,8 +16,11 @@ spliced between the two.  What it trusts (THREATS.md, "Forwarded ports"):
   capsules as the caller) is relayed; any other is closed at once, counted and shown as
   a ``port`` event with its uid.
 - **What the capsule gets.**  Nothing new: the bytes a person's browser sends, on a
-  connection the capsule accepted.  The helper's socket lives in the capsule's namespace,
-  so the front end never enters it and the capsule never reaches the host through it.
+  connection the capsule accepted.  The helper's sockets live in the capsule's namespace,
+  so the front end never enters it and the capsule never reaches the host through them.
+  A spare socket lets this process connect anywhere that namespace reaches: the
+  capsule's loopback, and for an egress capsule its way out, which leads only to this
+  process's own proxy listeners.
 - **How long.**  A forward lives as long as its capsule (destroy closes it) and is kept
   in the state dir's ``ports`` table: a restarted front end opens it again on the same
   host port when that is free, else on another, and says so.
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -31,7 +38,8 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules.background import Background
-from mcp_server.egress.forward import Client, PortForward
+from mcp_server.egress.forward import POOL_SIZE, Client, Pool, PortForward
+from mcp_server.egress.kernel_relay import Sockmap
 from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
@@ -87,16 +95,44 @@ class Ports:
             helper = await self._helper()
             return await helper.net_connect(capsule_id, port)
 
+        async def spares(count: int) -> list[socket.socket]:
+            helper = await self._helper()
+            return (await helper.net_spares(capsule_id, port, count, False))[0]
+
         def refused(who: Client) -> None:
             events.add(self.state, "port", capsule_id, {"port": port, "state": "refused", "peer_uid": who.uid,
                                                         "peer": f"{who.address}:{who.port}"})
 
-        forward = PortForward(connect, os.getuid(), port, host_port, on_refused=refused)
+        pool, sockmap = await self._kernel_side(capsule_id, port)
+        try:
+            forward = PortForward(connect, os.getuid(), port, host_port, on_refused=refused,
+                                  pool=Pool(spares, pool), sockmap=sockmap)
+        except BaseException:
+            for sock in pool:
+                sock.close()
+            if sockmap is not None:
+                sockmap.close()
+            raise
         self._open[(capsule_id, port)] = forward
         nursery = await self._background.nursery()
         await nursery.start(forward.serve)
-        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open"})
+        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open",
+                                                    "relay": forward.relay_path})
         return forward
+
+    async def _kernel_side(self, capsule_id: str, port: int) -> tuple[list[socket.socket], Sockmap | None]:
+        """A first pool of spare sockets and the socket hashes, from one helper call; none of
+        either if the helper cannot (the pool fills later; the bytes go through user space)."""
+        helper = await self._helper()
+        try:
+            spares, maps, why_not = await helper.net_spares(capsule_id, port, POOL_SIZE, True)
+        except CcwError as exc:
+            LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
+            return [], None
+        if not maps:
+            LOGGER.info(f"mcp:port {capsule_id}:{port} relays in user space: no socket hashes ({why_not})")
+            return spares, None
+        return spares, Sockmap(maps[0], maps[1])
 
     async def close(self, capsule_id: str, port: int) -> dict[str, Any]:
         forward = self._open.pop((capsule_id, port), None)

@@ -12,25 +12,32 @@ capsule's own network namespace, for the capsule's owner alone.
   to ``on_refused``.  Opening the port makes one lookup of the forward's own listener,
   so a kernel that answers none (no ``tcp_diag``) is an UNSUPPORTED at once rather than
   a port that refuses everyone.
-- The capsule's side: ``connect`` is the caller's (a helper op that hands over a socket
-  connected inside the capsule's namespace), called once per connection that passed,
-  after the check, so a refused client costs no helper call.  If it fails, or takes
-  over ``connect_timeout`` (the service is not listening yet: ``ECONNREFUSED``), the
-  client is closed, counted in ``errors`` and told to ``on_error`` (a timeout as a
-  TIMEOUT CcwError); the person may retry.
-- The relay: ``relay.relay``, both ways until both sides are done, each side's EOF
-  passed on as a half-close, so plain TCP, HTTP and a WebSocket upgrade pass alike;
-  bytes are never looked at.  It counts bytes against a budget, which here has no cap
-  (``NoByteCap``): a person's own traffic to their own service is not an exec's egress.
-  Not ``splice.tunnel``, though it is faster: its ``_wait`` registers a socket with
-  ``select.poll`` once for each direction, and poll keeps one mask per descriptor, the
-  last.  When one direction waits to write a socket and the other to read it, only one
-  of the two wakes it, and traffic both ways beyond the socket buffers can stall for
-  good (tried: a 4 MiB echo through this forward, a 16 MiB upload to a slow reader
-  through ``tunnel`` alone; the trio relay passes both).  An upload beyond the buffers
-  to a service that answers at its end is such traffic.
+- The capsule's side: a spare socket of the capsule's namespace from ``pool`` (the
+  helper made it ahead, unconnected: ``Pool``), connected here to ``capsule_port``; a
+  socket's ``connect`` acts in its own namespace, so the helper's round trip is off the
+  connection's path (it refills the pool in the background when half is used).  With no
+  spare, or one refused (the pool is IPv4: a server on ``::1`` only), ``connect`` is the
+  caller's, a helper op that connects inside the capsule (v4, then v6) and says what
+  failed.  Either is called after the check, so a refused client costs nothing.  If it
+  fails, or takes over ``connect_timeout`` (the service is not listening yet:
+  ``ECONNREFUSED``), the client is closed, counted in ``errors`` and told to
+  ``on_error`` (a timeout as a TIMEOUT CcwError); the person may retry.
+- The relay, both ways until both sides are done, each side's EOF passed on as a
+  half-close, so plain TCP, HTTP and a WebSocket upgrade pass alike; bytes are never
+  looked at.  With ``sockmap`` (the helper's socket hashes: it could make them) the
+  kernel moves the bytes and this process only waits for the ends
+  (``kernel_relay.py``); ``relay_path`` says ``"sockmap"``.  Otherwise, or for a pair
+  the kernel would not take (a client that half-closed before it was joined),
+  ``splice.tunnel``: spliced in a worker thread while one is free, else the trio relay;
+  ``relay_path`` says ``"user space"``.  Either counts bytes against a budget, which here has
+  no cap (``NoByteCap``): a person's own traffic to their own service is not an exec's
+  egress.  ``tunnel`` is taken since its ``_wait`` wakes for both directions of a socket
+  (it did not: a 4 MiB echo and a 16 MiB upload to a slow reader stalled; tests/test_splice.py).
   The connections it accepts are given Reno (``splice.unpaced``): loopback is memory,
   where pacing buys nothing but timers (``splice.py``'s notes).
+- Cost: per connection what stays is the owner check, a ``connect`` in the capsule, the
+  pair entered in the maps (six syscalls) and the waits for the ends; per request on a
+  kept connection, on the kernel path, nothing in this process (figures below).
 - Bounds: at most ``MAX_OPEN`` relays at once; past it a connection that passed is
   closed and counted as an error.
 
@@ -51,7 +58,8 @@ from dataclasses import dataclass
 import trio
 
 from mcp_server.egress import peer, splice
-from mcp_server.egress.relay import CONNECT_TIMEOUT, Attempt, relay
+from mcp_server.egress.kernel_relay import NotJoined, Sockmap
+from mcp_server.egress.relay import CONNECT_TIMEOUT, Attempt
 from sandbox.errors import CcwError, from_oserror
 
 log = logging.getLogger("ccw.egress")
@@ -62,6 +70,48 @@ MAX_OPEN = 1024  # relays at once; each holds two sockets and two trio tasks
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 Connect = Callable[[], Awaitable[trio.socket.SocketType]]
+Spares = Callable[[int], Awaitable[list[socket.socket]]]  # that many unconnected sockets of the capsule's namespace
+POOL_SIZE = 8  # spares kept; refilled when half are used
+
+
+class Pool:
+    """Unconnected sockets of the capsule's namespace, made ahead by ``make`` (the helper's
+    ``net_connect`` with ``spares``), each connected once by the forward itself.  Refilled
+    in the background when half are gone, one refill at a time; a refill that fails is
+    logged and tried again at the next take (the connection then asks the helper)."""
+
+    def __init__(self, make: Spares, ready: list[socket.socket] | None = None, size: int = POOL_SIZE) -> None:
+        self._make = make
+        self._size = size
+        self._ready = list(ready or [])
+        self._refilling = False
+        self._closed = False
+
+    def take(self, nursery: trio.Nursery) -> socket.socket | None:
+        """A spare if one is ready (else None), and a refill started if few are left."""
+        sock = self._ready.pop() if self._ready else None
+        if len(self._ready) <= self._size // 2 and not self._refilling and not self._closed:
+            self._refilling = True
+            nursery.start_soon(self._refill)
+        return sock
+
+    async def _refill(self) -> None:
+        made: list[socket.socket] = []
+        try:
+            made = await self._make(self._size - len(self._ready))
+        except Exception as exc:  # the helper's: the capsule gone, a helper restarting
+            log.warning("port forward: no spare sockets from the helper: %s", exc)
+        finally:
+            self._refilling = False
+        self._ready.extend(made)
+        if self._closed:
+            self.close()
+
+    def close(self) -> None:
+        """Close the spares; none are made after."""
+        self._closed = True
+        while self._ready:
+            self._ready.pop().close()
 
 
 @dataclass(frozen=True)
@@ -131,7 +181,8 @@ class PortForward:
     def __init__(self, connect: Connect, owner_uid: int, capsule_port: int, host_port: int = 0, *,
                  on_refused: Callable[[Client], None] | None = None,
                  on_error: Callable[[Client, Exception], None] | None = None,
-                 connect_timeout: float = CONNECT_TIMEOUT) -> None:
+                 connect_timeout: float = CONNECT_TIMEOUT, pool: Pool | None = None,
+                 sockmap: Sockmap | None = None) -> None:
         self.owner_uid = owner_uid
         self.capsule_port = capsule_port
         self.connect_timeout = connect_timeout
@@ -139,6 +190,9 @@ class PortForward:
         self.refused = 0  # not the owner's, or gone before it could be asked
         self.errors = 0  # the owner's, but connect() failed (or MAX_OPEN were open)
         self._connect = connect
+        self._pool = pool
+        self._sockmap = sockmap  # owned: closed with the port
+        self.relay_path = "sockmap" if sockmap else "user space"  # what relays the bytes (the port's event says)
         self._on_refused = on_refused
         self._on_error = on_error
         listener = _listen(host_port)
@@ -199,13 +253,26 @@ class PortForward:
                                              f"{self.host_port} are open; close some and retry"))
         else:
             self._open += 1
-            nursery.start_soon(self._relay, client, who)
+            spare = self._pool.take(nursery) if self._pool is not None else None
+            nursery.start_soon(self._relay, client, who, spare)
 
-    async def _relay(self, client: trio.socket.SocketType, who: Client) -> None:
+    async def _capsule_side(self, spare: socket.socket | None) -> trio.socket.SocketType:
+        """A spare connected to the port in the capsule; else (none, or refused there on
+        IPv4) the caller's ``connect``, which tries ``::1`` too and says what failed."""
+        if spare is not None:
+            capsule = trio.socket.from_stdlib_socket(spare)
+            try:
+                await capsule.connect((HOST, self.capsule_port))
+                return capsule
+            except OSError:
+                capsule.close()
+        return await self._connect()
+
+    async def _relay(self, client: trio.socket.SocketType, who: Client, spare: socket.socket | None) -> None:
         try:
             try:
                 with trio.fail_after(self.connect_timeout):
-                    capsule = await self._connect()
+                    capsule = await self._capsule_side(spare)
             except trio.TooSlowError:
                 self._fail(client, who, CcwError("TIMEOUT", f"port {self.capsule_port} in the capsule did not "
                                                  f"answer within {self.connect_timeout:g} s; retry"))
@@ -217,9 +284,15 @@ class PortForward:
             for sock in (client, capsule):
                 with contextlib.suppress(OSError):  # the caller's socket may not be TCP
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._sockmap is not None:
+                try:
+                    await self._sockmap.relay(client, capsule)  # closes both
+                    return
+                except NotJoined as exc:  # a side half-closed already (EOPNOTSUPP), the maps full
+                    log.info("port forward %s: %s; relaying it in user space", self.host_port, exc)
             # The relay counts bytes into an egress record; here it is only that counter.
             record = Attempt(self.accepted, who.address, self.capsule_port, "tcp", True, None, None)
-            await relay(capsule, client, record, NoByteCap())  # closes both
+            await splice.tunnel(client, capsule, record, NoByteCap())  # closes both
         except Exception:  # one connection's failure must not end the port
             log.exception("port forward %s: a connection failed", self.host_port)
         finally:
@@ -251,6 +324,10 @@ class PortForward:
             self._scope.cancel()
             await self._stopped.wait()
         self._listener.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._sockmap is not None:
+            self._sockmap.close()
 
 
 def _identify(client: trio.socket.SocketType) -> Client:
