@@ -214,3 +214,47 @@ def launch_helper(socket_path: Path, state_dir: Path, log_path: Path, *extra: st
 def launch_helper_fixture() -> Callable[..., subprocess.Popen[bytes]]:
     """The ``launch_helper`` function, for tests."""
     return launch_helper
+
+
+# --- which tests may run beside which (./dev test runs vm-tests/ on two xdist workers) --
+
+# Tests that assert something about the whole machine, which a test running beside them
+# on the other worker changes: they run in a pass of their own, after the parallel one
+# (``-m serial``).  A file name takes all its tests; ``file::test`` only that one.
+SERIAL = {
+    # The host's mount table before and after each escape attempt: a capsule made by a
+    # test beside it (their workspaces under /var/tmp, /srv) mounts and unmounts there.
+    "test_escape_jail.py": "a photo of the host's mount points",
+    # The freezer state of every exec cgroup on the host ("FROZEN" not in it once thawed),
+    # and no ThreadingHTTPServer process left anywhere.
+    "test_helper_services.py": "every exec cgroup's freezer state; pgrep of all processes",
+    # Its cleanup_stale must be the one that removes the crashed helper's cgroups: any
+    # helper starting beside it removes every dead helper's cgroups (CapsuleManager.recover).
+    "test_cgroups_real.py::test_cleanup_stale_removes_a_crashed_helpers_cgroups":
+        "cleanup_stale races every other helper's start",
+}
+
+# Files that may run beside any other test but not beside each other: xdist's loadgroup
+# keeps a group on one worker.  Every other file is a group of its own (as --dist
+# loadfile would: a module-scoped fixture, such as the REAPI cluster, is set up once).
+SHARED = {
+    # They all serve "python3 -m http.server 8765" in capsules, and test_services_tools
+    # asserts that no such process is left on the host (pgrep).
+    "test_services_tools.py": "http.server 8765",
+    "test_services_rootless.py": "http.server 8765",
+    "test_services_attribution.py": "http.server 8765",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark SERIAL's tests ``serial`` and give every vm-test its xdist group (SHARED, or its file)."""
+    grouped = config.pluginmanager.hasplugin("xdist")
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent != Path(__file__).parent:
+            continue
+        name = f"{path.name}::{item.originalname}" if isinstance(item, pytest.Function) else path.name
+        if path.name in SERIAL or name in SERIAL:
+            item.add_marker(pytest.mark.serial)
+        if grouped:
+            item.add_marker(pytest.mark.xdist_group(SHARED.get(path.name, path.name)))
