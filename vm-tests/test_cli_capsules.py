@@ -43,10 +43,10 @@ def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path)
     assert [c["capsule_id"] for c in listed["capsules"]] == [capsule_id]
     assert listed["capsules"][0]["execs"] == 1
 
-    diff = ccw(cli_state, "capsule", "diff", capsule_id).stdout  # piped: plain
-    assert "\x1b[" not in diff
-    assert "-hello\n+changed\n" in diff and "+new\n" in diff
-    assert "1 added, 1 modified, 0 deleted" in ccw(cli_state, "capsule", "diff", capsule_id).stderr
+    diff = ccw(cli_state, "capsule", "diff", capsule_id)  # piped: plain
+    assert "\x1b[" not in diff.stdout
+    assert "-hello\n+changed\n" in diff.stdout and "+new\n" in diff.stdout
+    assert "1 added, 1 modified, 0 deleted" in diff.stderr
 
     dry = ccw(cli_state, "capsule", "promote", capsule_id, "--policy", "baseline", "--dry-run")
     assert dry.stdout.split() == ["a.txt", "b.txt"] and "would promote" in dry.stderr
