@@ -68,6 +68,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     exec_.add_argument("--cwd", help="working directory, relative to the workspace")
     exec_.add_argument("--timeout-ms", type=int)
     exec_.add_argument("--stdin-file", help="file whose text is the command's stdin ('-': ours)")
+    exec_.add_argument("--interactive", action="store_true",
+                       help="type our stdin into it as it runs and print its output as it comes (cli/interactive.py)")
+    exec_.add_argument("--tty", action="store_true", help="interactive, on a pseudo-terminal in the jail")
     exec_.add_argument("cmd", nargs="*", help="the command, after --")
 
     diff = verbs.add_parser("diff", parents=[common], help="what the capsule changed (coloured on a terminal)")
@@ -449,6 +452,11 @@ def run(args: argparse.Namespace, config: Config) -> int:
     for module in _own_verbs():
         if args.verb in module.VERBS:
             return int(module.run(args, config))
+    if args.verb == "exec" and (args.interactive or args.tty):
+        from mcp_server.cli import interactive
+
+        _command(args.cmd)
+        return interactive.run(args, config)
     name, call, label = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)
     result = trio.run(call_tool, config, name, call, label)
