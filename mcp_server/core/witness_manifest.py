@@ -30,6 +30,10 @@ Choices:
   program name), an absolute cwd, variable names only, limits by ``Limits.from_json``,
   one readiness condition whose pattern compiles.  A run of a service
   (``execs[].service``, its name) is never re-run; its ``timeout_ms`` is 0 (none).
+- **An interactive run's steps** (``execs[].console``, capsules/console.py ``record``)
+  say when a replay types each part of its stdin: counts of bytes, each at most
+  ``MAX_STDIN``, at most one step a byte of it.  Steps that ask for more than the stdin
+  holds type what there is; one whose output never comes waits only until output pauses.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from sandbox.spec import (
     MAX_CLOCK_OFFSET_SEC,
     MAX_ENV,
     MAX_PATH,
+    MAX_STDIN,
     MAX_TIMEOUT_MS,
     Limits,
     argv,
@@ -139,6 +144,18 @@ _SERVICE = {
         "restart": {"enum": list(SERVICE_RESTARTS)},
     },
 }
+_STDIN_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_STDIN}
+_CONSOLE = {
+    "type": "object",
+    "required": ["tty", "steps"],
+    "properties": {
+        "tty": {"type": "boolean"},
+        # [output bytes before it, bytes typed]; the output count is the replayed run's, unbounded but an int
+        "steps": {"type": "array", "maxItems": MAX_STDIN,
+                  "items": {"type": "array", "prefixItems": [_COUNT, _STDIN_COUNT], "minItems": 2, "maxItems": 2}},
+        "eof": {"type": ["integer", "null"], "minimum": 0, "maximum": 1 << 53},
+    },
+}
 _EXEC = {
     "type": "object",
     "required": ["seq", "argv", "cwd", "exit_code", "signal", "timed_out", "stdout_blake3", "stderr_blake3",
@@ -174,6 +191,7 @@ _EXEC = {
         },
         "services": {"type": "array", "maxItems": MAX_SERVICES, "items": _SERVICE},  # absent: none ran beside it
         "service": {"type": "string", "pattern": f"^{SERVICE_NAME_PATTERN}$"},  # a service's run: never re-run
+        "console": _CONSOLE,  # absent: not interactive
     },
     # Only a service's run has no time limit (0); a command a replay runs always has one.
     "if": {"required": ["service"]}, "else": {"properties": {"timeout_ms": {"minimum": 1}}},
