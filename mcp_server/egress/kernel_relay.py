@@ -25,8 +25,15 @@ Some facts this module follows from (kernel 6.18; sandbox/sockmap.py has the res
 - A reset (``recv`` fails) ends both sides.  Closing a socket takes it out of both maps.
 - No backpressure: the worker's queue for a peer that sends slowly is not bounded by
   the peer's buffers (the receiving socket's window stays open while the verdict takes
-  its bytes).  An upload to a service that reads slowly is held in kernel memory until
-  read (16 MiB measured).  Only the capsule's owner's connections pass the forward.
+  its bytes, and the queued skbs are charged to no socket).  An upload to a service that
+  reads slowly, or a download to a client that reads slowly, is held in kernel memory
+  until read (tried: 96 MiB sent to a service that did not read were all taken within
+  about 0.1 s).  Only the capsule's owner's connections pass the forward, but the memory
+  is the host's.  Tried and not kept: a guard that took a socket out of ``members`` past
+  a bound and put it back (kicked) under half of it, with the verdict counting the bytes
+  it handed on in a third map so that the rest could be told exactly.  Across such a
+  pause the kernel delivered bytes twice (a 96 MiB upload arrived as 96.7 MiB, nothing
+  read in user space), so a socket is never taken out of a map while its pair lives.
 
 Cost, on the project's 2-core VM: see forward.py (the bench's figures).
 """
