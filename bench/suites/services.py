@@ -18,10 +18,13 @@
   keep-alive, a two-byte page: fast, so the relay in front of it shows) as a service in a
   capsule, reached through ``capsule_port``'s URL, against the same file run on the host
   and reached straight on its loopback.  A client process (the same file) sends N GETs
-  one after another, each on a fresh connection (each: the owner check, a helper
-  ``net_connect``, a relay) or all on one keep-alive connection (each: two more loopback
-  hops through the relay); and N GETs on fresh connections to ``python3 -m http.server``
-  (HTTP/1.0, a dev server's pace) the same two ways.  Figures are microseconds per
+  one after another, each on a fresh connection (each: the owner check, a spare socket
+  of the capsule's namespace connected by the forward, the pair entered in the kernel's
+  socket hashes, and the forward's wait for each side's end; a helper ``net_connect`` only
+  when the pool is empty) or all on one keep-alive connection (each: two more loopback
+  hops, relayed by the kernel where the helper could make the socket hashes, as the root
+  helper here can, else by the forward in user space); and N GETs on fresh connections to
+  ``python3 -m http.server`` (HTTP/1.0, a dev server's pace) the same two ways.  Figures are microseconds per
   request, timed inside the client (its start is not counted); the ratio inverts into
   requests per second.  Target: at least 0.8x the direct rate.  Beside each row, the
   same client in an exec in the capsule, to the service on the capsule's own loopback:
