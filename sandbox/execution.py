@@ -80,7 +80,7 @@ def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: i
     before = upper_signature(upper)
     result, usage, traced, trace_error = _run_traced(jail, exec_name, exec_limits(capsule, request), on_progress,
                                                      request.progress_ms or spec.DEFAULT_PROGRESS_MS, on_ending,
-                                                     on_running)
+                                                     on_running, request.service is not None and jail.network == "egress")
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
     touched, touched_unavailable = _touched(traced, trace_error, moved)
     return ExecReply(
@@ -154,11 +154,13 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
                 on_ending: Callable[[Ending], None] | None,
                 on_running: Callable[[Handle | None, ExecCgroup | None], None] | None,
-                ) -> tuple[JailResult, Measurement, Traced | None, str | None]:
+                own_v2: bool = False) -> tuple[JailResult, Measurement, Traced | None, str | None]:
     """The jail in its exec cgroup, recorded by its capsule's fanotify group: its result, usage,
     the files it touched (None: no record, the error says why); the recording stopped whatever happens, the cgroup
-    too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py)."""
+    too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py).  ``own_v2``: a
+    cgroup v2 of its own too, whose id names its sockets (an egress capsule's service: run_sockets.py)."""
     from sandbox import exec_cgroup, fanotify, jail_end, rusage, spare_cgroups, supervise
+    from sandbox.run_sockets import join_unified
 
     cg_limits = exec_cgroup.Limits(
         memory_bytes=limits["memory_mb"] << 20 if "memory_mb" in limits else None,
@@ -170,6 +172,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
     trace_error: str | None = None
     try:
         cgroup = spare_cgroups.take(_layout(), exec_name.replace(".", "-"), cg_limits)
+        if own_v2 and (why := join_unified(cgroup)) is not None:
+            log.info("%s has no cgroup v2 of its own (%s): its connections are counted per exec window", exec_name, why)
         try:  # the capsule's group, kept across its execs (fanotify.py)
             recording = fanotify.group_of(spec.merged_dir).record(cgroup, visible_at=spec.workspace)
         except CcwError as exc:
