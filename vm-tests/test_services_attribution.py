@@ -1,18 +1,13 @@
 """Whose is what: a run's journal row names only what that run did, when a service runs
 beside execs and file-tool edits (issue 36: "an exec must still end as it does now ...
 its own touched files"; "a service is a run ... whose writes and reads are traced as an
-exec's are").
-
-The second is a known gap (THREATS.md, "Known gaps"), marked to fail until it is closed:
-it fails the run the day it passes, so the mark cannot outlive the fix.
+exec's are"; "every connection ... journaled").
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from mcp_server.journal import Journal
 from tests.support.agent_loop import edit
@@ -64,15 +59,13 @@ def test_a_services_written_set_holds_neither_an_execs_writes_nor_a_file_tools(t
     assert "exec.txt" not in out["service"] and "app.txt" not in out["service"], out
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: an allowlist capsule's connections are counted per exec "
-                   "window, not per run (THREATS.md, Known gaps)")
 def test_an_execs_connections_are_its_own_and_a_services_are_journaled(tools: Any, tmp_path: Path) -> None:
-    """Fails today: in an allowlist capsule, an exec's row lists every connection the
-    capsule's services made while it ran, and a service's row lists none (``network``:
-    null).  The capsule's egress session counts connections per exec window
-    (capsules/networks.py ``exec``: ``begin_exec``/``end_exec``), and all the capsule's
-    runs share one network namespace, so the proxy cannot tell whose a connection is;
-    services.py's ``call_helper`` opens the session but keeps no records."""
+    """In an allowlist capsule, ``sleep 1``'s row lists none of the connections the
+    capsule's service made while it ran, and the service's row lists them.  All the
+    capsule's runs share one network namespace, so the proxy tells them apart by the
+    cgroup v2 id the kernel keeps on each connecting socket (egress/runs.py), which names
+    the service: each service of an allowlist capsule has a v2 cgroup of its own
+    (sandbox/run_sockets.py)."""
     ws = tmp_path / "ws"
     ws.mkdir()
 

@@ -77,8 +77,8 @@ class ExecOutcome:
     def touched_unavailable(self) -> dict[str, str]:
         """Why a touched set is null or incomplete."""
         unavailable = dict(self.reply.touched_unavailable)
-        if self.network is None:
-            unavailable["network"] = NETWORK_NONE_REASON
+        if self.network is None:  # unless the reply says why (a service's, capsules/networks.py)
+            unavailable.setdefault("network", NETWORK_NONE_REASON)
         return dict(sorted(unavailable.items()))
 
 

@@ -22,13 +22,18 @@ belong to the process (``Runtime``), not to a call.
 - **One view of the host.**  Every session judges its connections against the host's
   own addresses and resolvers (core/netspace.py); one ``HostSpaceReader`` (one netlink
   subscription) serves them all, made with the first session and closed by ``aclose``.
-- **Counted per exec.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
-  records are exactly the attempts made while the command ran (an exec of a capsule
-  takes its turn: two never overlap).
+- **Counted per run.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
+  records are the attempts made while the command ran (an exec of a capsule takes its
+  turn: two never overlap) that no service of the capsule made: a service's connections
+  are its own, told apart by the cgroup id of the socket that made them
+  (egress/runs.py, with ``net_open`` asked with ``runs``), and journaled with its run
+  (``take_service``).  A helper that cannot say (an older one, or one whose services get
+  no cgroup v2 id) leaves every connection to the exec window, as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,9 +47,14 @@ from sandbox.errors import CcwError
 
 if TYPE_CHECKING:
     from mcp_server.egress.hostspace import HostSpaceReader
+    from mcp_server.egress.runs import RunOwners
     from mcp_server.egress.session import EgressSession
+    from sandbox.replies import ExecReply
 
 T = TypeVar("T")
+WINDOW_REASON = ("this service's connections are not told apart from the exec's (the helper gave its cgroup "
+                 "no id: a rootless helper without a delegated cgroup v2 subtree, or an older helper); they "
+                 "are in the records of the execs that ran beside it")
 
 def network_not_open(exc: BaseException) -> bool:
     """Whether ``exc`` is the helper saying it has no namespaces for an egress capsule (yet)."""
@@ -119,15 +129,19 @@ class Networks:
             if self._space is None:
                 self._space, self._made_space = HostSpaceReader(), True
             reply, fds = await helper.net_open(capsule_id)
+            owners = None
             try:
+                owners = await _owners(helper, capsule_id)
                 observe = self._observe
                 session = EgressSession(spec, fds[0], fds[1], fds[2], tuple(reply.jail_addresses),
                                         space=self._space.current,
                                         observe=None if observe is None else
-                                        (lambda attempt: observe(capsule_id, attempt.record())))
+                                        (lambda attempt: observe(capsule_id, attempt.record())), owners=owners)
             except BaseException:
                 for fd in fds:
                     os.close(fd)
+                if owners is not None:
+                    owners.close()
                 raise
             try:
                 nursery = await self._host()
@@ -162,6 +176,23 @@ class Networks:
             session.end_exec()
             raise
         return Traced(value, session.end_exec(), session.notes())
+
+    def service_network(self, capsule_id: str, name: str, reply: ExecReply) -> tuple[ExecReply, list[dict[str, Any]] | None]:
+        """The connection records of the capsule's service run that ended, and its helper
+        ``reply``; if they are not told apart from the exec's (no session, or no cgroup id:
+        egress/runs.py), None, and the reply's ``touched_unavailable`` says why."""
+        served = self._sessions.get(capsule_id)
+        records = None if served is None else served.session.take_service(name)
+        if records is not None:
+            return reply, records
+        why = {**reply.touched_unavailable, "network": WINDOW_REASON}
+        return dataclasses.replace(reply, touched_unavailable=why), None
+
+    async def learn_services(self, capsule_id: str) -> None:
+        """A service of the capsule has started: its session learns whose its sockets are."""
+        served = self._sessions.get(capsule_id)
+        if served is not None:
+            await served.session.learn_services()
 
     async def close(self, capsule_id: str) -> None:
         """End the capsule's session, if it has one, and any open of it in flight (destroy)."""
@@ -248,6 +279,18 @@ class Networks:
                     del self._sessions[capsule_id]
                 with trio.CancelScope(shield=True):
                     await session.aclose()
+
+
+async def _owners(helper: Any, capsule_id: str) -> RunOwners | None:
+    """Whose the capsule's connections are (egress/runs.py); None, logged, if the helper cannot say."""
+    from mcp_server.egress.runs import RunOwners
+
+    try:
+        return await RunOwners.open(lambda: helper.net_runs(capsule_id))
+    except Exception as exc:  # an older helper refuses "runs": every connection is the exec window's
+        LOGGER.warning(f"mcp:egress whose {capsule_id}'s connections are is not known ({exc!r}); "
+                       "they are counted per exec window")
+        return None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ with it, in the capsule's one network namespace.  This module is the front end's
   deadline passed (it keeps running, and says so).  A call queued behind the start runs
   against a ready service: "start the app, then test it" is two calls.
 - **Recorded like an exec.**  Each run of a service is a journal row (its ``service``
-  column names it), with its touched files and usage, appended when it ends; what it
+  column names it), with its touched files, its connections (an allowlist capsule's, told
+  from the exec's: capsules/networks.py) and usage, appended when it ends; what it
   wrote shows live as ``files.written`` events meanwhile.  An exec's row names the
   services that ran beside it (``beside``).  Its output goes to a bounded ring in the
   state dir (capsules/service_log.py), read by cursor (``logs``).
@@ -374,7 +375,10 @@ class Services:
             run.set_state("stopped")
             capsules.journal.advance(spec.capsule_id)  # what it wrote is not known
             raise
-        outcome = ExecOutcome(reply, record.generation, record.generation, 0)
+        network = None
+        if record.network_spec is not None:  # its connections, told from the exec's (capsules/networks.py)
+            reply, network = self.networks.service_network(spec.capsule_id, spec.name, reply)
+        outcome = ExecOutcome(reply, record.generation, record.generation, 0, network)
         done = await capsules.record_service_run(record, request, outcome, started)
         run.exit_code, run.signal, run.seq = reply.exit_code, reply.signal, done
         run.set_state("stopped" if run.stopping else "exited")
@@ -405,8 +409,13 @@ class Services:
     async def call_helper(self, network: Any, request: ExecRequest, run: ServiceRun) -> Any:
         """The helper's exec for the service, its progress taken in; an egress capsule's session opened first."""
         helper = await self._helper()
+        learnt = network is None
 
         async def progress(raw: dict[str, Any]) -> None:
+            nonlocal learnt
+            if not learnt:  # it runs: its session learns whose its sockets are (egress/runs.py)
+                learnt = True
+                await self.networks.learn_services(request.capsule_id)
             report = ExecProgress.from_args(raw)
             if run.state == "starting" and run.spec.ready is None:
                 run.set_state("running")

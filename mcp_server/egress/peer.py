@@ -54,7 +54,8 @@ module uses them:
   use where they are modules) every lookup says ``ENOENT``; ``socket_uid`` of a listener
   of one's own tells that case apart (``forward.py`` checks it when it opens a port).
 
-Used by ``forward.py``.
+Used by ``forward.py``, and by ``runs.py``, which asks the same lookup for a socket's
+cgroup v2 id through a sock_diag socket the helper made in a capsule's namespace.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ _REQ_V2 = struct.Struct("=BBBBIHH16s16sIII")
 # rqueue, wqueue, uid, inode.
 _DIAG_MSG = struct.Struct("=BBBBHH16s16sIIIIIIII")
 _V4_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96
+INET_DIAG_CGROUP_ID = 21  # a u64 attribute after the inet_diag_msg, sent unasked (ext 0)
+_NLA = struct.Struct("=HH")  # struct nlattr: length (header included), type
+_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED and NLA_F_NET_BYTEORDER
 _RECV = 8192  # one inet_diag_msg and its few attributes (124 bytes in all on 6.18)
 
 Endpoint = tuple[str, int]
@@ -124,10 +128,8 @@ def request(local: Endpoint, remote: Endpoint, scope_id: int = 0) -> bytes:
     return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST, 1, 0) + body
 
 
-def parse_reply(data: bytes, local: Endpoint, remote: Endpoint) -> int | None:
-    """The owner's uid from the reply to ``request(local, remote)``; None when no process
-    holds such a socket (``ENOENT``, another socket's reply, or one with inode 0: what is
-    left of a closed socket).  Any other error raises OSError."""
+def _found(data: bytes, local: Endpoint, remote: Endpoint) -> tuple[int, bytes] | None:
+    """(owner uid, the reply's body) of the socket asked for, or None (see ``parse_reply``)."""
     asked = (_ip(local[0]), local[1], _ip(remote[0]), remote[1])
     try:
         for kind, body in _messages(data, "sock_diag lookup"):
@@ -137,12 +139,49 @@ def parse_reply(data: bytes, local: Endpoint, remote: Endpoint) -> int | None:
              _expires, _rqueue, _wqueue, uid, inode) = _DIAG_MSG.unpack_from(body)
             found = (_unpacked(family, src), socket.ntohs(sport), _unpacked(family, dst), socket.ntohs(dport))
             if found == asked and inode != 0:
-                return int(uid)
+                return int(uid), body
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             return None
         raise
     return None
+
+
+def parse_reply(data: bytes, local: Endpoint, remote: Endpoint) -> int | None:
+    """The owner's uid from the reply to ``request(local, remote)``; None when no process
+    holds such a socket (``ENOENT``, another socket's reply, or one with inode 0: what is
+    left of a closed socket).  Any other error raises OSError."""
+    found = _found(data, local, remote)
+    return None if found is None else found[0]
+
+
+def parse_cgroup(data: bytes, local: Endpoint, remote: Endpoint) -> int | None:
+    """The cgroup v2 id from the reply to ``request(local, remote)`` (its ``INET_DIAG_CGROUP_ID``
+    attribute, sandbox/run_sockets.py); None as ``parse_reply``, or if the kernel sent none."""
+    found = _found(data, local, remote)
+    if found is None:
+        return None
+    body, at = found[1], _DIAG_MSG.size
+    while at + _NLA.size <= len(body):
+        length, kind = _NLA.unpack_from(body, at)
+        if length < _NLA.size:
+            break
+        if kind & _NLA_TYPE_MASK == INET_DIAG_CGROUP_ID and length >= _NLA.size + 8:
+            return int(struct.unpack_from("=Q", body, at + _NLA.size)[0])
+        at += (length + 3) & ~3
+    return None
+
+
+def socket_cgroup(diag: socket.socket, local: Endpoint, remote: Endpoint, scope_id: int = 0) -> int | None:
+    """The cgroup v2 id of the TCP socket whose own end is ``local`` and whose other end is
+    ``remote``, asked through ``diag``, a sock_diag socket of the namespace it is in (the
+    helper makes it there); None if no process holds one."""
+    diag.send(request(local, remote, scope_id))
+    try:
+        data = diag.recv(_RECV)
+    except BlockingIOError:
+        raise OSError(errno.ETIMEDOUT, "sock_diag lookup: the kernel did not answer") from None
+    return parse_cgroup(data, local, remote)
 
 
 def socket_uid(local: Endpoint, remote: Endpoint, scope_id: int = 0) -> int | None:

@@ -10,9 +10,17 @@ one is judged against the host's own space (``core/netspace.py``, read by
 a nursery for the capsule's life; an exec is bracketed by ``begin_exec`` (fresh caps)
 and ``end_exec`` (the sorted records; ``notes`` then has the denial lines).
 
+Whose a connection is: with ``owners`` (egress/runs.py), each accepted connection is
+looked up once, at accept, and a service's goes to that service's own book (its records,
+caps and byte budget, for its run's life), taken when its run ends (``take_service``);
+everything else (the exec's, a connection whose maker is not known, and every direct
+attempt the sniffer sees, which has no socket left to ask about) goes to the exec's
+book, whose window ``begin_exec``/``end_exec`` bracket.  Without ``owners`` every
+connection is the exec window's, as the services' were before (THREATS.md).
+
 Bounds, so that a jail cannot make the front end grow without limit:
-- every attempt through the proxy counts against ``max_connections`` (a denied one
-  too); past it, attempts are refused with "connection cap (N) reached" and recorded once
+- every attempt through the proxy counts against its run's ``max_connections`` (a
+  denied one too); past it, attempts are refused with "connection cap (N) reached" and recorded once
   per (host, port, protocol);
 - direct attempts seen by the sniffer are recorded once per (protocol, address, port)
   in an exec (a loop of retries is one record);
@@ -29,11 +37,13 @@ row.
 
 from __future__ import annotations
 
+import contextvars
 import errno
 import logging
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 
 import trio
 
@@ -51,6 +61,7 @@ from mcp_server.egress.relay import (
     connect_upstream,
     system_resolver,
 )
+from mcp_server.egress.runs import RunOwners
 from mcp_server.egress.socks import handle_socks
 
 log = logging.getLogger("ccw.egress")
@@ -60,6 +71,9 @@ MAX_TOLD = 100  # attempts an exec's observer hears of (as many as a run's conne
 HEADER_TIMEOUT = 30.0
 _ACCEPT_RETRY = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
+# The service whose connection the current client task serves (None: the exec's); each
+# client is a trio task of its own, with a context of its own.
+_RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("ccw_egress_run", default=None)
 
 
 class ExecBudget:
@@ -88,6 +102,22 @@ class ExecBudget:
         return f"byte cap ({self.limit} bytes)"
 
 
+@dataclass
+class _Book:
+    """One run's attempts and caps: the exec window's, or a service run's."""
+
+    budget: ExecBudget
+    attempts: list[Attempt] = field(default_factory=list)
+    connections: int = 0
+    told: int = 0
+    once: set[tuple[object, ...]] = field(default_factory=set)
+
+    def records(self) -> list[Attempt]:
+        """Its attempts, sorted by (host, port, protocol, seq), taken out of it."""
+        attempts, self.attempts = sorted(self.attempts, key=Attempt.sort_key), []
+        return attempts
+
+
 def _adopt(fd: int) -> trio.socket.SocketType:
     return trio.socket.from_stdlib_socket(socket.socket(fileno=fd))
 
@@ -98,13 +128,15 @@ class EgressSession:
     def __init__(self, spec: netrules.NetworkSpec, http_fd: int, socks_fd: int,
                  sniffer_fd: int | None, jail_addresses: Iterable[str], *,
                  resolver: Resolver = system_resolver, space: SpaceReader | None = None,
-                 header_timeout: float = HEADER_TIMEOUT, observe: Callable[[Attempt], None] | None = None) -> None:
+                 header_timeout: float = HEADER_TIMEOUT, observe: Callable[[Attempt], None] | None = None,
+                 owners: RunOwners | None = None) -> None:
         self.spec = spec
         self._observe = observe
-        self._told = 0
+        self._owners = owners
         self.header_timeout = header_timeout
         self.jail_addresses = frozenset(jail_addresses)
-        self.budget = ExecBudget(spec.max_bytes)
+        self._exec = _Book(ExecBudget(spec.max_bytes))
+        self._services: dict[str, _Book] = {}
         self._resolver = resolver
         self._http = _adopt(http_fd)
         self._socks = _adopt(socks_fd)
@@ -113,9 +145,6 @@ class EgressSession:
         self._sniffer = _adopt(sniffer_fd) if sniffer_fd is not None else None
         self._endpoints = {self._http.getsockname()[:2], self._socks.getsockname()[:2]}
         self._seq = 0
-        self._connections = 0
-        self._attempts: list[Attempt] = []
-        self._once: set[tuple[object, ...]] = set()
         self._notes: list[str] = []
         self._clients = 0
         self._scope: trio.CancelScope | None = None
@@ -133,18 +162,43 @@ class EgressSession:
 
     def begin_exec(self) -> None:
         """Fresh caps for the next exec; records made since the last exec stay for it."""
-        self.budget = ExecBudget(self.spec.max_bytes)
-        self._connections = 0
-        self._told = 0
-        self._once.clear()
+        self._exec = _Book(ExecBudget(self.spec.max_bytes), self._exec.attempts)
 
     def end_exec(self) -> list[dict[str, object]]:
         """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials
         and the connections a cap cut."""
-        attempts = sorted(self._attempts, key=Attempt.sort_key)
-        self._attempts = []
+        attempts = self._exec.records()
         self._notes = [note for note in map(Attempt.note, attempts) if note is not None]
         return [attempt.record() for attempt in attempts]
+
+    def take_service(self, name: str) -> list[dict[str, object]] | None:
+        """The records of the service's run that ended, sorted as an exec's; None when its
+        connections could not be told from the exec's (no ``owners``, or no cgroup id for
+        it: they are in the exec window's records)."""
+        book = self._services.pop(name, None)
+        if self._owners is None or not self._owners.tagged(name):
+            return None
+        self._owners.forget(name)
+        return [] if book is None else [attempt.record() for attempt in book.records()]
+
+    async def learn_services(self) -> None:
+        """A service of the capsule has started: learn its cgroup id (egress/runs.py)."""
+        if self._owners is not None:
+            await self._owners.learn()
+
+    @property
+    def budget(self) -> ExecBudget:
+        """The byte budget of the run whose connection the calling task serves."""
+        return self._book().budget
+
+    def _book(self) -> _Book:
+        name = _RUN.get()
+        if name is None:
+            return self._exec
+        book = self._services.get(name)
+        if book is None:
+            book = self._services[name] = _Book(ExecBudget(self.spec.max_bytes))
+        return book
 
     def notes(self) -> list[str]:
         """One line per denied or cut attempt of the last exec ended."""
@@ -155,15 +209,16 @@ class EgressSession:
         return self.spec.rules_text()
 
     def _record(self, attempt: Attempt) -> Attempt:
-        self._attempts.append(attempt)
+        self._book().attempts.append(attempt)
         if not attempt.allowed:
             self._tell(attempt)  # denied: final now (an allowed one is told once connected or refused)
         return attempt
 
     def _tell(self, attempt: Attempt) -> None:
-        if self._observe is None or self._told >= MAX_TOLD:
+        book = self._book()
+        if self._observe is None or book.told >= MAX_TOLD:
             return
-        self._told += 1
+        book.told += 1
         try:
             self._observe(attempt)
         except Exception as exc:  # what a watcher sees must never cost the jail its connection
@@ -177,15 +232,16 @@ class EgressSession:
         """Decide one proxy request (rules, then the connection cap) and record it."""
         name, _ = netrules.normalize_host(host)
         shown = name if name is not None else host[:255]
-        if self._connections >= self.spec.max_connections:
+        book = self._book()
+        if book.connections >= self.spec.max_connections:
             reason = f"connection cap ({self.spec.max_connections}) reached"
             attempt = Attempt(self._next_seq(), shown, port, protocol, False, None, reason)
             key = ("cap", shown, port, protocol)
-            if key not in self._once:
-                self._once.add(key)
+            if key not in book.once:
+                book.once.add(key)
                 self._record(attempt)
             return attempt
-        self._connections += 1
+        book.connections += 1
         decision = netrules.decide(self.spec, host, port)
         return self._record(
             Attempt(self._next_seq(), shown, port, protocol, decision.allowed, decision.rule,
@@ -212,9 +268,9 @@ class EgressSession:
         if seen.address in self.jail_addresses:
             return  # toward the jail: the egress side's own traffic
         key = ("direct", seen.protocol, seen.address, seen.port)
-        if key in self._once:
+        if key in self._exec.once:  # the sniffer's task: the exec's book (see the essay)
             return
-        self._once.add(key)
+        self._exec.once.add(key)
         self._record(Attempt(self._next_seq(), seen.address, seen.port, seen.protocol, False, None,
                              DIRECT_REASON, address=seen.address))
 
@@ -259,6 +315,8 @@ class EgressSession:
     async def _client(self, handler: Handler, client: trio.socket.SocketType) -> None:
         self._clients += 1
         try:
+            if self._owners is not None:
+                _RUN.set(await self._owners.of(client))  # this task's own context
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await handler(self, client)
         except Exception:  # one client's bug must not end the capsule's proxy
@@ -292,3 +350,5 @@ class EgressSession:
                 sock.close()
         if self._own_space is not None:
             self._own_space.close()
+        if self._owners is not None:
+            self._owners.close()
