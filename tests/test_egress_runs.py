@@ -9,6 +9,7 @@ import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 import trio
 
 from mcp_server.capsules.exec import ExecOutcome
@@ -18,6 +19,9 @@ from mcp_server.egress import peer
 from mcp_server.egress.runs import RunOwners
 from mcp_server.egress.session import EgressSession
 from sandbox import mountinfo
+from sandbox.errors import CcwError, ProtocolError
+from sandbox.ops import NetOpenRequest
+from sandbox.replies import NetOpenReply
 from tests.support.egress_harness import Running, _listening_fd, network, shout, upstream
 from tests.support.scratch_services import exec_reply
 
@@ -201,3 +205,20 @@ def test_an_id_found_no_services_is_not_asked_again_until_a_service_start_is_lea
     owners.forget("slow")
     assert not owners.tagged("slow")
     owners.close()
+
+
+def test_net_open_asked_with_runs_and_its_reply_read_strictly() -> None:
+    """``net_open`` with ``runs`` (the helper's answer egress/runs.py asks for): the argument
+    checked as the op table says, the services' ids read, a malformed one refused."""
+    assert NetOpenRequest.from_args({"capsule_id": "cap_0001700000000000_1a2b", "runs": True}) == \
+        NetOpenRequest("cap_0001700000000000_1a2b", runs=True)
+    with pytest.raises(CcwError):
+        NetOpenRequest.from_args({"capsule_id": "cap_0001700000000000_1a2b", "runs": 1})
+    base = {"http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080", "jail_addresses": ["10.99.0.2"],
+            "env": {}, "mechanism": "m"}
+    assert NetOpenReply.from_args(base).services is None
+    reply = NetOpenReply.from_args({**base, "services": {"web": 215, "bare": None}})
+    assert reply.services == {"web": 215, "bare": None} and reply.to_args()["services"] == {"web": 215, "bare": None}
+    for bad in ({"web": "215"}, {"web": True}, ["web"]):
+        with pytest.raises(ProtocolError):
+            NetOpenReply.from_args({**base, "services": bad})
