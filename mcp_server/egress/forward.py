@@ -266,6 +266,9 @@ class PortForward:
                 return capsule
             except OSError:
                 capsule.close()
+            except BaseException:  # cancelled (the port closing, the connect timing out)
+                capsule.close()
+                raise
         return await self._connect()
 
     async def _relay(self, client: trio.socket.SocketType, who: Client, spare: socket.socket | None) -> None:
