@@ -43,8 +43,9 @@ from:
   the count: once its output pauses ``REPLAY_PAUSE_S`` short of it, the step is typed
   anyway (the comparison then says how the output differs).  Its ^D for ``eof`` is
   typed the same way.  A piped run's replay feeds ``typed`` at once as its stdin, its end
-  the stdin's end: a pipe shows no prompt to wait for, and what the command reads is
-  the same.
+  the stdin's end: its output came in the helper's reports (stdout and stderr apart,
+  every ``PROGRESS_MS``), too coarse to place a step by, and what a command reads from
+  a pipe does not depend on when the bytes came.
 - **Reading** waits (at most its ``wait_ms``) for output after the reader's cursor, then
   until the output pauses for ``QUIET_S``, so a REPL's answer and its next prompt come
   back in one read; or for the run's end.
