@@ -234,9 +234,9 @@ SERIAL = {
         "cleanup_stale races every other helper's start",
 }
 
-# Files that may run beside any other test but not beside each other: xdist's loadgroup
-# keeps a group on one worker.  Every other file is a group of its own (as --dist
-# loadfile would: a module-scoped fixture, such as the REAPI cluster, is set up once).
+# Files that may run beside any other test but not beside each other: one group runs on one
+# worker, one file after the other.  Every other file is a group of its own (--dist
+# loadfile: a module-scoped fixture, such as the REAPI cluster, is set up once).
 SHARED = {
     # They all serve "python3 -m http.server 8765" in capsules, and test_services_tools
     # asserts that no such process is left on the host (pgrep).
@@ -247,8 +247,7 @@ SHARED = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark SERIAL's tests ``serial`` and give every vm-test its xdist group (SHARED, or its file)."""
-    grouped = config.pluginmanager.hasplugin("xdist")
+    """Mark SERIAL's tests ``serial``."""
     for item in items:
         path = Path(str(item.fspath))
         if path.parent != Path(__file__).parent:
@@ -256,5 +255,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         name = f"{path.name}::{item.originalname}" if isinstance(item, pytest.Function) else path.name
         if path.name in SERIAL or name in SERIAL:
             item.add_marker(pytest.mark.serial)
-        if grouped:
-            item.add_marker(pytest.mark.xdist_group(SHARED.get(path.name, path.name)))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadfile``, xdist's per-file scheduling with SHARED's files as one.
+
+    Not xdist_group marks with --dist loadgroup: xdist 3.8 writes a group into a node id
+    through an attribute pytest 9 no longer reads, so the marks are silently ignored.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return SHARED.get(Path(file).name, file)
+
+    return SharedFileScheduling(config, log)
