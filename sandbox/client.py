@@ -39,11 +39,11 @@ import trio
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import HelloRequest, NetConnectRequest, NetOpenRequest, OpRequest, encode_request
 from sandbox.protocol import FrameDecoder, Reply, check_id, descriptors_of, encode_frame
-from sandbox.replies import NetOpenReply, ReplyT
+from sandbox.replies import NetConnectReply, NetOpenReply, ReplyT
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
-ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 4)  # room for a few descriptors
+ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 16)  # room for the most a reply carries: net_connect's 14 spares and 2 maps
 MAX_IDLE = 4  # idle connections kept open
 BLOCKING_TIMEOUT_S = 10.0
 
@@ -286,6 +286,34 @@ class HelperClient:
         """An egress capsule's kit: the reply and [http listener, socks listener, sniffer]; the caller closes them."""
         request = NetOpenRequest(capsule_id)
         return _net_open_reply(*await self._round_trip(request.op, request.to_args()))
+
+    async def net_runs(self, capsule_id: str) -> tuple[dict[str, int | None], socket.socket]:
+        """Each running service's cgroup v2 id (None: it has none) and a sock_diag socket in the
+        capsule's jail namespace, which the caller closes (sandbox/run_sockets.py)."""
+        request = NetOpenRequest(capsule_id, runs=True)
+        result, fds = await self._round_trip(request.op, request.to_args())
+        _close_all(_expect_fds(fds, 4, "net_open")[:3])  # the kit's three: the caller's session has its own
+        try:
+            reply = NetOpenReply.from_args(result)
+        except BaseException:
+            _close_all(fds[3:])
+            raise
+        return reply.services or {}, socket.socket(fileno=fds[3])
+
+    async def net_spares(self, capsule_id: str, port: int, count: int,
+                         sockmap: bool) -> tuple[list[socket.socket], list[int], str | None]:
+        """``count`` unconnected TCP sockets of the capsule's namespace, for the caller to connect
+        to ``port`` there, and with ``sockmap`` sandbox/sockmap.py's two socket hashes ([] and the
+        helper's reason when it could not make them); the caller closes all of them."""
+        request = NetConnectRequest(capsule_id, port, count, sockmap or None)
+        result, fds = await self._round_trip(request.op, request.to_args())
+        try:
+            reply = NetConnectReply.from_args(result)
+        except BaseException:
+            _close_all(fds)
+            raise
+        _expect_fds(fds, count + (2 if reply.sockmap else 0), "net_connect")
+        return [socket.socket(fileno=fd) for fd in fds[:count]], fds[count:], reply.sockmap_unavailable
 
     async def net_connect(self, capsule_id: str, port: int) -> trio.socket.SocketType:
         """A trio socket connected to ``port`` on the capsule's own loopback (the caller closes it);

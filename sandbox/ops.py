@@ -171,8 +171,10 @@ OPS: dict[str, OpSpec] = {
             where nothing else exists (no host interface, no route out).  Accepting on them
             reaches only the capsule's own jail; the packet socket sees only the jail's
             traffic.  They grant the front end nothing it could not do in the host's own
-            namespace, and the jail nothing but a path to them.""",
-            _CAPSULE,
+            namespace, and the jail nothing but a path to them.  With ``runs``, a fourth: a
+            sock_diag socket in the jail's namespace, and the cgroup v2 id of each of the
+            capsule's services: which of the caller's own runs made each socket there.""",
+            _CAPSULE, {"runs": _boolean},
         ),
         _op(
             "signal",
@@ -193,8 +195,9 @@ OPS: dict[str, OpSpec] = {
             """Passes one TCP socket connected to 127.0.0.1:port inside the caller's own
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
-            already.""",
-            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)},
+            already.  ``spares``: that many unconnected sockets there, which reach only that; ``sockmap``: and
+            BPF socket hashes moving what one of the caller's sockets receives out of another (sockmap.py).""",
+            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, 14), "sockmap": _boolean},
         ),
         _op(
             "destroy",
@@ -428,10 +431,12 @@ class OpenRootRequest(CapsuleRequest[OpenRootReply]):
 
 @dataclass(frozen=True)
 class NetOpenRequest(CapsuleRequest[NetOpenReply]):
-    """The egress kit of an "egress" capsule: [http listener, socks listener, sniffer] passed with the reply."""
+    """The egress kit of an "egress" capsule: [http listener, socks listener, sniffer] passed with the reply
+    (``runs``: and a sock_diag socket in the jail's namespace, sandbox/run_sockets.py)."""
 
     op = "net_open"
     reply = NetOpenReply
+    runs: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -463,6 +468,8 @@ class NetConnectRequest(OpRequest[NetConnectReply]):
     reply = NetConnectReply
     capsule_id: str
     port: int
+    spares: int | None = None  # that many unconnected sockets instead (capsule_nets.Nets.passed)
+    sockmap: bool | None = None  # and sandbox/sockmap.py's two socket hashes, where the helper can make them
 
 
 @dataclass(frozen=True)

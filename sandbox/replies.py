@@ -288,6 +288,11 @@ class NetOpenReply(OpReply):
     jail_addresses: tuple[str, ...]  # the jail's own addresses (v4, v6): the source of its attempts
     env: dict[str, str]  # the proxy variables each exec's jail gets unless the caller sets them
     mechanism: str  # one line for the isolation report
+    # Asked with ``runs``: each running service's cgroup v2 id (None: it has none), which
+    # the sock_diag socket sent fourth reports for each socket its processes made.
+    services: dict[str, int | None] | None = None
+
+    optional_fields = ("services",)
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> NetOpenReply:
@@ -299,7 +304,12 @@ class NetOpenReply(OpReply):
         for name in ("http_proxy", "socks_proxy", "mechanism"):
             if not isinstance(result[name], str):
                 raise ProtocolError(f"NetOpenReply {name!r} must be a string")
-        return cls(result["http_proxy"], result["socks_proxy"], tuple(addresses), dict(env), result["mechanism"])
+        ids = result.get("services")
+        if ids is not None and not (isinstance(ids, dict) and all(
+                isinstance(k, str) and (v is None or (isinstance(v, int) and not isinstance(v, bool)))
+                for k, v in ids.items())):
+            raise ProtocolError("NetOpenReply 'services' must be an object of integers or nulls")
+        return cls(result["http_proxy"], result["socks_proxy"], tuple(addresses), dict(env), result["mechanism"], ids)
 
 
 @dataclass(frozen=True)
@@ -326,9 +336,16 @@ class FreezeReply(OpReply):
 
 @dataclass(frozen=True)
 class NetConnectReply(OpReply):
-    """Sent with one connected, non-blocking, close-on-exec TCP socket (SCM_RIGHTS)."""
+    """Sent with one connected, non-blocking, close-on-exec TCP socket (SCM_RIGHTS); asked
+    with ``spares``, with that many unconnected ones instead, then the two socket hashes
+    when ``sockmap`` is true (``sockmap_unavailable``: why not, when asked and not made)."""
 
     port: int
+    spares: int | None = None
+    sockmap: bool | None = None
+    sockmap_unavailable: str | None = None
+
+    optional_fields = ("spares", "sockmap", "sockmap_unavailable")
 
 
 @dataclass(frozen=True)

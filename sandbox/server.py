@@ -52,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sandbox import jail_end
+from sandbox import jail_end, run_sockets
 from sandbox.errors import CcwError, ProtocolError, from_oserror
 from sandbox.ops import (
     OPS,
@@ -255,7 +255,10 @@ class Dispatcher:
         return OpenRootReply(request.capsule_id), [fd]
 
     def _net_open(self, request: NetOpenRequest, peer: Peer, progress: Progress | None) -> tuple[NetOpenReply, list[int]]:
-        return self.manager.net_open(request.capsule_id, peer.uid)
+        reply, fds = self.manager.net_open(request.capsule_id, peer.uid)
+        if not request.runs:
+            return reply, fds
+        return run_sockets.with_runs(self.manager, request.capsule_id, peer.uid, reply, fds)
 
     def _signal(self, request: SignalRequest, peer: Peer, progress: Progress | None) -> tuple[SignalReply, list[int]]:
         return self.manager.signal(request.capsule_id, request.service, request.signal, peer.uid), []
@@ -265,7 +268,7 @@ class Dispatcher:
 
     def _net_connect(self, request: NetConnectRequest, peer: Peer,
                      progress: Progress | None) -> tuple[NetConnectReply, list[int]]:
-        return self.manager.net_connect(request.capsule_id, request.port, peer.uid)
+        return self.manager.net_connect(request.capsule_id, request.port, peer.uid, request.spares, bool(request.sockmap))
 
     def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, list[int]]:
         return self.manager.destroy(request.capsule_id, peer.uid), []
