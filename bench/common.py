@@ -28,15 +28,16 @@ class InProcess:
 
 
 @contextlib.asynccontextmanager
-async def in_process_tools(state_dir: Path) -> AsyncIterator[InProcess]:
-    """The tool handlers over a fresh runtime keeping its state in ``state_dir``; the
-    runtime (its helper, its egress sessions) is closed on the way out."""
+async def in_process_tools(state_dir: Path, env: dict[str, str] | None = None) -> AsyncIterator[InProcess]:
+    """The tool handlers over a fresh runtime keeping its state in ``state_dir`` (other
+    settings from ``env``, CCW_* names); the runtime (its helper, its egress sessions) is
+    closed on the way out."""
     from mcp_server.config import TOOLSETS, Config
     from mcp_server.context import CallContext, Runtime
     from mcp_server.state import State
     from mcp_server.tools.registry import Registry
 
-    config = Config.from_env({"CCW_STATE_DIR": str(state_dir)})
+    config = Config.from_env({**(env or {}), "CCW_STATE_DIR": str(state_dir)})
     runtime = Runtime(config, State(config.state_dir))
     ctx = CallContext(runtime)
     registry = Registry.load(TOOLSETS)

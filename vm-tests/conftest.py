@@ -55,13 +55,13 @@ def root_required() -> None:
 class ToolRunner:
     """Calls tool handlers through a real Runtime (embedded helper), checking both schemas."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, env: dict[str, str] | None = None) -> None:
         from mcp_server.config import TOOLSETS, Config
         from mcp_server.context import CallContext, Runtime
         from mcp_server.state import State
         from mcp_server.tools.registry import Registry
 
-        self.config = Config.from_env({"CCW_STATE_DIR": str(state_dir)})
+        self.config = Config.from_env({**(env or {}), "CCW_STATE_DIR": str(state_dir)})  # env: other CCW_* settings
         self.runtime = Runtime(self.config, State(state_dir))
         self.ctx = CallContext(self.runtime)
         self.registry = Registry.load(TOOLSETS)

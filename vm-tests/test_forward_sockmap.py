@@ -14,6 +14,8 @@ import os
 import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -218,3 +220,36 @@ def test_socket_hashes_that_refuse_a_pair_leave_it_to_user_space() -> None:
             assert (port.accepted, port.errors, maps.joined) == (1, 0, 0)
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("setting, path", [(None, "user space"), ("kernel", "sockmap")])
+def test_the_kernel_relay_is_the_persons_choice(tools: Any, tmp_path: Path, setting: str | None, path: str) -> None:
+    """capsule_port relays in user space unless CCW_PORT_RELAY=kernel asks for the socket
+    hashes (their queue for a slow reader is bounded by nothing: capsules/ports.py); either
+    way a page is fetched through the port, and the port's event names the path taken."""
+    import urllib.request
+
+    from mcp_server.events import EventLog
+
+    def fetch_text(url: str) -> str:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            return str(answer.read().decode())
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("served\n")
+    (tmp_path / "relay-state").mkdir()
+    runner = type(tools)(tmp_path / "relay-state", {"CCW_PORT_RELAY": setting} if setting else None)
+
+    async def scenario(t: Any) -> tuple[str, list[str]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": [
+            "python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"], "ready": {"port": 8765}})
+        url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8765}))["url"]
+        page = await trio.to_thread.run_sync(fetch_text, url + "index.txt")
+        opened = [event.data.get("relay") for event in EventLog(t.runtime.state).since(0, cap)
+                  if event.kind == "port" and event.data.get("state") == "open"]
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return page, opened
+
+    assert runner.run(scenario) == ("served\n", [path])

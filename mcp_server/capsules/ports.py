@@ -6,9 +6,13 @@ forwarder (egress/forward.py) runs in this process and reaches the capsule throu
 sockets the helper made in the capsule's network namespace: a pool of unconnected ones
 asked ahead (``net_connect`` with ``spares``, sandbox/capsule_nets.py), each connected
 here for one accepted connection, or one the helper connects when the pool is empty.
-The first call also asks for the helper's socket hashes (sandbox/sockmap.py), so that
-the kernel moves the bytes (egress/kernel_relay.py); a helper that cannot make them
-(rootless) leaves the relay to this process.  What it trusts (THREATS.md, "Forwarded ports"):
+This process moves the bytes (``splice.tunnel``).  With ``CCW_PORT_RELAY=kernel`` the
+first call also asks for the helper's socket hashes (sandbox/sockmap.py), so that the
+kernel moves them (egress/kernel_relay.py): no CPU here per request, but nothing bounds
+what waits in the kernel's queue for a slow reader (no socket is charged for it), so a
+capsule's service could grow the host's kernel memory through one connection its owner
+stops reading; hence opt-in.  A helper that cannot make them (rootless) leaves the relay
+here.  What it trusts (THREATS.md, "Forwarded ports"):
 
 - **Who may connect.**  Any local process can connect to a loopback port, so each
   connection's peer is looked up by its 4-tuple (sock_diag, egress/peer.py) and only a
@@ -62,9 +66,11 @@ CREATE TABLE IF NOT EXISTS ports (
 class Ports:
     """The forwarded ports of this front end's capsules (one per process, in the Runtime)."""
 
-    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]]) -> None:
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]],
+                 kernel_relay: bool = False) -> None:
         self.state = state
         self._helper = helper
+        self._kernel_relay = kernel_relay  # CCW_PORT_RELAY=kernel (see the module's notes)
         self._open: dict[tuple[str, int], PortForward] = {}
         self._background = Background("ccw forwarded ports")
         self._recovered = False
@@ -121,15 +127,18 @@ class Ports:
         return forward
 
     async def _kernel_side(self, capsule_id: str, port: int) -> tuple[list[socket.socket], Sockmap | None]:
-        """A first pool of spare sockets and the socket hashes, from one helper call; none of
-        either if the helper cannot (the pool fills later; the bytes go through user space)."""
+        """A first pool of spare sockets and, under CCW_PORT_RELAY=kernel, the socket hashes, from
+        one helper call; none of either if the helper cannot (the pool fills later; the bytes go
+        through user space)."""
         helper = await self._helper()
         try:
-            spares, maps, why_not = await helper.net_spares(capsule_id, port, POOL_SIZE, True)
+            spares, maps, why_not = await helper.net_spares(capsule_id, port, POOL_SIZE, self._kernel_relay)
         except CcwError as exc:
             LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
             return [], None
         if not maps:
+            if not self._kernel_relay:
+                return spares, None
             LOGGER.info(f"mcp:port {capsule_id}:{port} relays in user space: no socket hashes ({why_not})")
             return spares, None
         return spares, Sockmap(maps[0], maps[1])
