@@ -37,9 +37,16 @@ from typing import Any, Protocol, cast
 import trio
 
 from sandbox.errors import CcwError, ProtocolError
-from sandbox.ops import HelloRequest, NetConnectRequest, NetOpenRequest, OpRequest, encode_request
+from sandbox.ops import (
+    HelloRequest,
+    NetConnectRequest,
+    NetOpenRequest,
+    OpRequest,
+    RunReadsRequest,
+    encode_request,
+)
 from sandbox.protocol import FrameDecoder, Reply, check_id, descriptors_of, encode_frame
-from sandbox.replies import NetConnectReply, NetOpenReply, ReplyT
+from sandbox.replies import NetConnectReply, NetOpenReply, ReplyT, RunReadsReply
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
@@ -324,6 +331,11 @@ class HelperClient:
         sock = socket.socket(fileno=fd)
         sock.setblocking(False)
         return trio.socket.from_stdlib_socket(sock)
+
+    async def run_reads(self, capsule_id: str, service: str) -> RunReadsReply:
+        """What a running service of the capsule has touched so far (``touched`` None: not known,
+        ``unavailable`` says why); NOT_FOUND when no service of that name runs there."""
+        return await self.call(RunReadsRequest(capsule_id, service))
 
     def usable(self) -> bool:
         """False once the helper this client started has exited or is exiting (kill -9,

@@ -112,7 +112,7 @@ from sandbox.fanotify_record import Recording, Traced, _close_all, _ns_inode, ev
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
 
-__all__ = ["Group", "Recording", "Traced", "close_group", "group_of", "mechanisms"]
+__all__ = ["Group", "Recording", "Traced", "close_group", "group_of", "mechanisms", "so_far"]
 
 log = logging.getLogger("ccw.fanotify")
 
@@ -209,6 +209,15 @@ class Group:
         with self._lock:
             self._read_into(self._recordings)
 
+    def so_far(self, cgroup: ExecCgroup) -> Traced | str:
+        """Read what is queued, then what the run in ``cgroup`` touched so far (module ``so_far``)."""
+        with self._lock:
+            self._read_into(self._recordings)
+            for recording in self._recordings:
+                if recording.records(cgroup):
+                    return recording.so_far()
+        return "the run is not recorded (its recording ended, or the fanotify reader failed)"
+
     def _read_into(self, recordings: list[Recording]) -> None:
         """Each batch to every recording (each keeps the events of its own cgroup); then its
         descriptors closed once.  A recording that fails stops, its error kept for its collect()."""
@@ -268,6 +277,17 @@ def group_of(merged_dir: str) -> Group:
     with _groups_lock:
         _groups[merged_dir] = group
     return group
+
+
+def so_far(merged_dir: str, cgroup: ExecCgroup) -> Traced | str:
+    """What the run in ``cgroup`` of the capsule at ``merged_dir`` has touched so far, its recording
+    going on; or why that is not known.  The group's queue is read first, under its lock: an open
+    returns only once its event is queued, so every file the run opened before this call is in."""
+    with _groups_lock:
+        group = _groups.get(os.path.realpath(merged_dir))
+    if group is None:
+        return "the capsule has no fanotify group (its overlay was remounted since the run started)"
+    return group.unavailable_reason or group.so_far(cgroup)
 
 
 def close_group(merged_dir: str) -> None:

@@ -246,6 +246,16 @@ class Recording:
                 return rel
         return None
 
+    def records(self, cgroup: ExecCgroup) -> bool:
+        """Whether this is the recording of the run in ``cgroup`` (fanotify.so_far looks it up)."""
+        return self._cgroup is cgroup
+
+    def so_far(self) -> Traced:
+        """What was recorded until now, recording on (the group's lock held, so no batch is half
+        taken): the ``run_reads`` op's answer about a service that still runs (services.py)."""
+        return Traced(sorted(self.read), sorted(self.written), self.overflow, None, self.dropped,
+                      sorted(self.listed), sorted(self.executed), frozenset(self.elsewhere))
+
     # -- collect / close
     def collect(self) -> Traced:
         """Stop recording: what is still queued is read into the record; the touched files."""

@@ -45,6 +45,7 @@ from sandbox.replies import (
     OpenRootReply,
     OpReply,
     ReplyT,
+    RunReadsReply,
     SignalReply,
 )
 from sandbox.spec import (
@@ -200,6 +201,14 @@ OPS: dict[str, OpSpec] = {
             {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, 14), "sockmap": _boolean},
         ),
         _op(
+            "run_reads",
+            """Names what a running service of the caller's own capsule has opened, listed,
+            executed and written so far, as its reply will when it ends: paths in that
+            capsule's own view, which the caller can open itself (``open_root``).  Its
+            recording goes on; nothing is changed.""",
+            {"capsule_id": spec.capsule_id, "service": _service_name},
+        ),
+        _op(
             "destroy",
             """Unmounts and deletes the caller's own capsule, whose files live only under the
             helper's state dir; the workspace (the lower layer) is never written.""",
@@ -236,13 +245,7 @@ def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
 
 def kind_of(mode: int) -> str:
     """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "dir"
-    if stat.S_ISLNK(mode):
-        return "symlink"
-    return "other"
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "other"
 
 
 # --- typed requests -----------------------------------------------------------------------
@@ -356,41 +359,20 @@ class ExecRequest(OpRequest[ExecReply]):
     def to_args(self) -> dict[str, Any]:
         out: dict[str, Any] = {"capsule_id": self.capsule_id, "argv": list(self.argv),
                                "timeout_ms": self.timeout_ms, "output_cap": self.output_cap}
-        if self.cwd is not None:
-            out["cwd"] = self.cwd
-        if self.env is not None:
-            out["env"] = dict(self.env)
-        if self.stdin is not None:
-            out["stdin_b64"] = base64.b64encode(self.stdin).decode()
-        if self.limits is not None:
-            out["limits"] = self.limits.to_json()
-        if self.progress_ms is not None:
-            out["progress_ms"] = self.progress_ms
-        if self.stdio is not None:
-            out["stdio"] = self.stdio
-        if self.stream:
-            out["stream"] = True
-        if self.service is not None:
-            out["service"] = self.service
+        more = {"cwd": self.cwd, "env": None if self.env is None else dict(self.env),
+                "stdin_b64": None if self.stdin is None else base64.b64encode(self.stdin).decode(),
+                "limits": None if self.limits is None else self.limits.to_json(), "progress_ms": self.progress_ms,
+                "stdio": self.stdio, "stream": True if self.stream else None, "service": self.service}
+        out.update((name, value) for name, value in more.items() if value is not None)
         return out
 
     @classmethod
     def _build(cls, args: dict[str, Any]) -> ExecRequest:
-        stdin_b64 = args.get("stdin_b64")
-        request = cls(
-            capsule_id=args["capsule_id"],
-            argv=tuple(args["argv"]),
-            cwd=args.get("cwd"),
-            env=args.get("env"),
-            stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
-            timeout_ms=args.get("timeout_ms", spec.DEFAULT_TIMEOUT_MS),
-            limits=None if "limits" not in args else Limits(**args["limits"]),
-            output_cap=args.get("output_cap", spec.DEFAULT_OUTPUT_CAP),
-            progress_ms=args.get("progress_ms"),
-            stdio=args.get("stdio"),
-            stream=args.get("stream", False),
-            service=args.get("service"),
-        )
+        # Every other argument is the field of its name, whose default is the helper's.
+        stdin_b64, plain = args.get("stdin_b64"), {k: v for k, v in args.items() if k not in ("stdin_b64", "limits")}
+        request = cls(**{**plain, "argv": tuple(args["argv"])},
+                      stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
+                      limits=None if "limits" not in args else Limits(**args["limits"]))
         if request.timeout_ms == 0 and request.service is None:
             raise spec.fail("timeout_ms", "may be 0 (no limit) only for a service")
         return request
@@ -473,6 +455,16 @@ class NetConnectRequest(OpRequest[NetConnectReply]):
 
 
 @dataclass(frozen=True)
+class RunReadsRequest(OpRequest[RunReadsReply]):
+    """What a running service has touched so far (its recording going on)."""
+
+    op = "run_reads"
+    reply = RunReadsReply
+    capsule_id: str
+    service: str
+
+
+@dataclass(frozen=True)
 class DestroyRequest(CapsuleRequest[DestroyReply]):
     """Unmount and delete the capsule."""
 
@@ -491,7 +483,8 @@ class ListRequest(OpRequest[ListReply]):
 REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
-                NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, DestroyRequest, ListRequest)
+                NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, RunReadsRequest, DestroyRequest,
+                ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
 

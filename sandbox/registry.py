@@ -85,6 +85,7 @@ from sandbox.replies import (
     ListReply,
     NetConnectReply,
     NetOpenReply,
+    RunReadsReply,
     SignalReply,
 )
 from sandbox.spec import CapsuleSpec, check_capsule_id
@@ -461,13 +462,8 @@ class CapsuleManager:
 
     # --- exec ------------------------------------------------------------------------
 
-    def exec(
-        self,
-        request: ExecRequest,
-        caller_uid: int,
-        caller_gid: int,
-        on_progress: Callable[[ExecProgress], None] | None = None,
-    ) -> ExecReply:
+    def exec(self, request: ExecRequest, caller_uid: int, caller_gid: int,
+             on_progress: Callable[[ExecProgress], None] | None = None) -> ExecReply:
         """Run the request's argv in a fresh jail over its capsule; output, usage and touched files.
 
         The request was checked when it was read (sandbox/ops.py); its descriptor, if any, is
@@ -507,6 +503,10 @@ class CapsuleManager:
         """Signal one of the capsule's running services (services.py)."""
         with self._lock:
             return services.signal(self._get(capsule_id, caller_uid), service, signame)
+
+    def run_reads(self, capsule_id: str, service: str, caller_uid: int) -> RunReadsReply:
+        """What one of the capsule's running services has touched so far (services.py)."""
+        return services.reads(self._get(capsule_id, caller_uid), service, self._lock)
 
     def freeze(self, capsule_id: str, frozen: bool, caller_uid: int) -> FreezeReply:
         """Pause (freeze) or resume every run of the capsule (services.py)."""

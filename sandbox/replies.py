@@ -321,6 +321,24 @@ class SignalReply(OpReply):
 
 
 @dataclass(frozen=True)
+class RunReadsReply(OpReply):
+    """What a running service has touched so far, its recording going on: ``touched`` as an
+    exec reply's (``written`` as fanotify saw it closed, not the upper dir's), or None with
+    ``unavailable`` saying why (not traced, the queue overflowed, or too many paths for one frame)."""
+
+    service: str
+    touched: Touched | None
+    unavailable: str | None = None
+
+    optional_fields = ("unavailable",)
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> RunReadsReply:
+        touched = result["touched"]
+        return cls(result["service"], None if touched is None else Touched.from_args(touched), result.get("unavailable"))
+
+
+@dataclass(frozen=True)
 class FreezeReply(OpReply):
     """Which runs of the capsule are now frozen (or thawed): "exec" or a service's name."""
 

@@ -68,6 +68,7 @@ from sandbox.ops import (
     NetOpenRequest,
     OpenRootRequest,
     OpRequest,
+    RunReadsRequest,
     SignalRequest,
     attach_descriptors,
     parse_request,
@@ -95,6 +96,7 @@ from sandbox.replies import (
     NetOpenReply,
     OpenRootReply,
     OpReply,
+    RunReadsReply,
     SignalReply,
 )
 from sandbox.syscalls import unix_address
@@ -161,6 +163,7 @@ class Dispatcher:
             "signal": self._signal,
             "freeze": self._freeze,
             "net_connect": self._net_connect,
+            "run_reads": self._run_reads,
             "destroy": self._destroy,
             "list": self._list,
         }
@@ -269,6 +272,10 @@ class Dispatcher:
     def _net_connect(self, request: NetConnectRequest, peer: Peer,
                      progress: Progress | None) -> tuple[NetConnectReply, list[int]]:
         return self.manager.net_connect(request.capsule_id, request.port, peer.uid, request.spares, bool(request.sockmap))
+
+    def _run_reads(self, request: RunReadsRequest, peer: Peer,
+                   progress: Progress | None) -> tuple[RunReadsReply, list[int]]:
+        return self.manager.run_reads(request.capsule_id, request.service, peer.uid), []
 
     def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, list[int]]:
         return self.manager.destroy(request.capsule_id, peer.uid), []

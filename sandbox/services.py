@@ -31,12 +31,15 @@ from __future__ import annotations
 
 import signal as signals
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sandbox.errors import CcwError
+from sandbox import fanotify
+from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import ExecRequest
-from sandbox.replies import FreezeReply, SignalReply
+from sandbox.protocol import MAX_FRAME, MAX_ID, encode_frame
+from sandbox.replies import FreezeReply, RunReadsReply, SignalReply, Touched
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
@@ -131,14 +134,49 @@ def running(capsule: Capsule) -> list[Run]:
 
 def signal(capsule: Capsule, service: str, signame: str) -> SignalReply:
     """Send ``signame`` to a service's command (SIGKILL: end its jail)."""
-    run = capsule.services.get(service)
-    if run is None:
-        raise CcwError("NOT_FOUND", f"no service named {service!r} runs in capsule {capsule.capsule_id}",
-                       {"service": service, "running": sorted(capsule.services)})
+    run = _service(capsule, service)
     signum = signals.Signals[signame]
     if signum == signals.SIGKILL and run.frozen:
         _set_frozen(run, False)  # a frozen task takes SIGKILL only once thawed
     return SignalReply(service, run.handle is not None and run.handle.send(signum))
+
+
+def reads(capsule: Capsule, service: str, lock: AbstractContextManager[Any]) -> RunReadsReply:
+    """What a running service has touched so far, its recording going on (the ``run_reads`` op).
+
+    Found by the run's cgroup, which is its recording's (fanotify_record.py), looked up under
+    the registry's ``lock``; the queue is then read under the group's own lock only.  A reply
+    that would not fit one frame says so instead: the caller then knows only that it is large.
+    """
+    with lock:
+        run = _service(capsule, service)
+        cgroup = run.cgroup
+    if cgroup is None:
+        return RunReadsReply(service, None, "the service has not started yet, has ended, or has no cgroup "
+                             "that tells its events from the other runs'")
+    traced = fanotify.so_far(capsule.path("merged"), cgroup)
+    if isinstance(traced, str):
+        return RunReadsReply(service, None, traced)
+    if traced.overflow:
+        return RunReadsReply(service, None, "the fanotify queue overflowed; the read set is incomplete")
+    reply = RunReadsReply(service, Touched(tuple(traced.read or ()), tuple(traced.written),
+                                           tuple(traced.listed or ()), tuple(traced.executed or ())))
+    try:
+        encode_frame({"id": MAX_ID, "ok": True, "result": reply.to_args()})
+    except ProtocolError as exc:
+        if exc.code != "TOO_LARGE":
+            raise
+        return RunReadsReply(service, None, f"the service has touched too many paths for one reply "
+                             f"({exc.details['size']} bytes, over {MAX_FRAME})")
+    return reply
+
+
+def _service(capsule: Capsule, service: str) -> Run:
+    run = capsule.services.get(service)
+    if run is None:
+        raise CcwError("NOT_FOUND", f"no service named {service!r} runs in capsule {capsule.capsule_id}",
+                       {"service": service, "running": sorted(capsule.services)})
+    return run
 
 
 def wanted_frozen(capsule: Capsule) -> bool:

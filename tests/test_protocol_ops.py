@@ -43,6 +43,7 @@ GOOD: dict[str, list[dict[str, Any]]] = {
     "fork": [{"capsule_id": "cap_1"}],
     "open_root": [{"capsule_id": "cap_1"}],
     "net_open": [{"capsule_id": "cap_1"}],
+    "run_reads": [{"capsule_id": "cap_1", "service": "web"}],
     "destroy": [{"capsule_id": "cap_1"}],
     "list": [{}],
 }
@@ -105,6 +106,9 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("freeze", {"capsule_id": "cap_1", "frozen": "yes"}),
     ("net_connect", {"capsule_id": "cap_1", "port": 0}),
     ("net_connect", {"capsule_id": "cap_1", "port": 65536}),
+    ("run_reads", {"capsule_id": "cap_1"}),
+    ("run_reads", {"capsule_id": "cap_1", "service": "Web"}),
+    ("run_reads", {"capsule_id": "cap_1", "service": "web", "signal": "SIGTERM"}),
     ("mount", {}),
     ("HELLO", {"version": 1}),
     ("", {}),
@@ -113,7 +117,7 @@ BAD: list[tuple[str, dict[str, Any]]] = [
 
 def test_op_set_is_closed_and_each_op_argues_its_safety() -> None:
     assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal", "freeze",
-                        "net_connect", "destroy", "list"}
+                        "net_connect", "run_reads", "destroy", "list"}
     for spec in OPS.values():
         assert len(spec.safety) > 40, spec.name
         assert not set(spec.required) & set(spec.optional)

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from sandbox import egress, in_force, mountinfo, namespaces, syscalls
+from sandbox.errors import CcwError
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
 from sandbox.registry import CapsuleManager
@@ -73,8 +74,9 @@ def described(manager: CapsuleManager, result: dict[str, Any]) -> dict[str, Any]
 
 
 def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: str) -> None:
-    """signal, freeze and net_connect on a capsule running a service (an exec held open on a thread)."""
-    service = {"capsule_id": capsule_id, "argv": ["sleep", "30"], "timeout_ms": 0, "service": "svc"}
+    """signal, freeze, net_connect and run_reads on a capsule running a service (an exec held open on a thread)."""
+    script = "cat old.txt >/dev/null; : > ready; exec sleep 30"
+    service = {"capsule_id": capsule_id, "argv": ["/bin/sh", "-c", script], "timeout_ms": 0, "service": "svc"}
     ended: list[dict[str, Any]] = []
     runner = threading.Thread(target=lambda: ended.append(dispatcher.handle(Request(2, "exec", service), ROOT_PEER)[0]))
     runner.start()
@@ -98,10 +100,29 @@ def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: st
             os.close(fds[0])
     finally:
         os.close(netns)
+    _run_reads(manager, dispatcher, capsule_id)
     assert call(dispatcher, "signal", {"capsule_id": capsule_id, "service": "svc", "signal": "SIGTERM"})[0] == {
         "service": "svc", "sent": True}
     runner.join(20)
     assert ended and ended[0]["signal"] == "SIGTERM"
+
+
+def _run_reads(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: str) -> None:
+    """What the service read so far: once ``ready`` exists, its cat of old.txt has ended, so one call
+    names old.txt (its event read from the queue by the call itself if the reader had not yet); only
+    for the capsule's owner."""
+    deadline = time.monotonic() + 20
+    while not os.path.exists(os.path.join(manager._capsules[capsule_id].path("merged"), "ready")):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    reads, fds = call(dispatcher, "run_reads", {"capsule_id": capsule_id, "service": "svc"})
+    assert fds == [] and reads["service"] == "svc" and "unavailable" not in reads
+    assert set(reads["touched"]) == {"read", "written", "listed", "executed"} and "old.txt" in reads["touched"]["read"]
+    for peer, args, code in ((Peer(pid=1, uid=1000, gid=1000), {"service": "svc"}, "PERMISSION_DENIED"),
+                             (ROOT_PEER, {"service": "other"}, "NOT_FOUND")):
+        with pytest.raises(CcwError) as refused:
+            dispatcher.handle(Request(1, "run_reads", {"capsule_id": capsule_id, **args}), peer)
+        assert refused.value.code == code
 
 
 def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Dispatcher, Path]) -> None:
@@ -164,7 +185,7 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
     seen.add("net_open")
 
     _service_ops(manager, dispatcher, forked["capsule_id"])
-    seen.update(("signal", "freeze", "net_connect"))
+    seen.update(("signal", "freeze", "net_connect", "run_reads"))
 
     listed, _ = call(dispatcher, "list", {})
     parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))
