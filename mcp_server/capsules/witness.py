@@ -20,10 +20,15 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
   too, marked ``service`` (its name): a reader sees what the service did, and its reads
   bring the base files it used (the server's own script) into the witness.  A service
   whose run has not ended when the witness is made (still running, or lost) has no row
-  yet, so what it read is unknown: the witness runs the capsule's runs again beside
-  those services, and carries what their runs there read (witness_rerun.py says why
-  that is enough).  When that re-run does not go as recorded, the witness carries the
-  whole base, as for a run whose reads were not traced (``read_sets_complete: false``).
+  yet: the witness asks the helper what each such service has opened so far (its
+  ``run_reads`` op, which reads the capsule's fanotify queue first, so every file the
+  service opened before the call is named, and leaves it running), and carries those
+  files beside the execs'.  That is all a replay's service needs: it serves the same
+  execs from the same files, and what the live one read since (another client's
+  requests) is more, never less.  Nothing runs again, so no side effect happens twice.
+  When the helper cannot say (the service was lost, its reads were not traced, too many
+  for one reply), the witness carries the whole base, as for a run whose reads were not
+  traced (``read_sets_complete: false``), and its result says why (``unknown_reads``).
 - Every witness is signed with the state dir's key (fs/witness_key.py); ``verify_file``
   says whether a witness bears this state dir's signature ("valid"), none
   ("unsigned") or another's or a bad one ("foreign").
@@ -53,7 +58,6 @@ import trio
 
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
-from mcp_server.capsules.witness_rerun import services_read
 from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -62,6 +66,7 @@ from mcp_server.fs.witness_key import WitnessKey
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import RunReadsRequest
 from sandbox.replies import Change
 from sandbox.syscalls import pid_alive
 
@@ -194,8 +199,8 @@ def build_manifest(
     sources = _Sources(base, capsule)
     entries = changeset.expand(changes, base, capsule)
     changed = [e.path for e in entries] + [w["path"] for w in writes or []]
-    # ``service_runs``, the rows of a re-run's service runs (witness_rerun.py), count as needs and are no
-    # entries; without them, what the unended services read is not known.
+    # ``service_runs``, rows standing for the unended services' runs so far (``_services_so_far``), count
+    # as needs and are no entries; without them, what the unended services read is not known.
     needs = Needs.from_journal(record.workspace, execs + (service_runs or []), changed)
     needs.unknown = needs.unknown or (service_runs is None and bool(_services_unended(execs)))
     base_files = base_entries(base, record.workspace, needs, lambda path: sources.add_sized("base", path),
@@ -301,13 +306,34 @@ def remove_stale_temps(state: State) -> list[str]:
     return removed
 
 
-def _base_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+def _base_summary(manifest: dict[str, Any], unknown_reads: str | None = None) -> dict[str, Any]:
     """How much of the base the witness carries, and why that much (for the agent)."""
     counts = {"file": 0, "dir": 0, "symlink": 0}
     for entry in manifest["base"]["files"]:
         counts[entry["type"]] += 1
     return {"carried": manifest["base"]["carried"], "read_sets_complete": manifest["base"]["read_sets_complete"],
-            "files": counts["file"], "dirs": counts["dir"], "symlinks": counts["symlink"]}
+            "files": counts["file"], "dirs": counts["dir"], "symlinks": counts["symlink"],
+            **({"unknown_reads": unknown_reads} if unknown_reads else {})}
+
+
+async def _services_so_far(service: CapsuleService, record: CapsuleRecord,
+                           execs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """What each service the execs ran beside whose run has not ended has touched so far (the
+    helper's ``run_reads``), as rows ``Needs.from_journal`` reads (its spec's argv and cwd); or
+    None and why, when one of them is not known (the witness then carries the whole base)."""
+    specs = {spec["name"]: spec for ex in execs for spec in (json.loads(ex["services"]) if ex.get("services") else ())}
+    rows = []
+    for name in _services_unended(execs):
+        try:
+            reply = await service.call(RunReadsRequest(record.capsule_id, name))
+        except CcwError as exc:  # lost (NOT_FOUND), or a helper without the op
+            return None, f"what service {name!r} read is not known: {exc.message}"
+        if reply.touched is None:
+            return None, f"what service {name!r} read is not known: {reply.unavailable}"
+        spec = specs[name]
+        rows.append({"argv": spec["argv"], "cwd": spec.get("cwd") or record.workspace,
+                     "touched": reply.touched.to_args()})
+    return rows, None
 
 
 @dataclass(frozen=True)
@@ -332,20 +358,19 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
     outputs = journal.outputs(capsule_id)
     changes = await service.changes(capsule_id)
     root_fd = await service.open_root(capsule_id)
-    rerun = None
+    running, unknown_reads = None, None
     if _services_unended(execs) and not options.carry_all:
-        _refuse_sessions(record, execs)  # before the runs are run again for nothing
-        rerun = await services_read(service, record, execs, writes)
+        running, unknown_reads = await _services_so_far(service, record, execs)
 
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
-                                               outputs, options.max_base_mb << 20, options.carry_all, rerun)
+                                               outputs, options.max_base_mb << 20, options.carry_all, running)
             if not options.include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
             written = _write(service.state, capsule_id, manifest, sources, options.compress)
-            return {**written, "base": _base_summary(manifest)}
+            return {**written, "base": _base_summary(manifest, unknown_reads)}
 
     return await trio.to_thread.run_sync(work)
 

@@ -90,6 +90,8 @@ TOOLS = [
                     "properties": {
                         "carried": {"enum": ["used", "all"]}, "read_sets_complete": {"type": "boolean"},
                         "files": {"type": "integer"}, "dirs": {"type": "integer"}, "symlinks": {"type": "integer"},
+                        "unknown_reads": {"type": "string", "description": "Why the read sets are unknown, when a "
+                                          "service still running could not say what it read."},
                     },
                 },
             },

@@ -1,5 +1,5 @@
-"""Services beside the runs that commutativity's trials and a witness run again (issue 36), through a
-real Runtime and an embedded helper.
+"""Services beside the runs that commutativity's trials run again, and in a witness made while they
+still run (issue 36), through a real Runtime and an embedded helper.
 
 The workspace is served by ``python3 -m http.server`` as a service, and a client fetches two
 of its files over HTTP: it fails only when both are the new versions.  Nothing but the
@@ -10,8 +10,9 @@ service reads those files, so only a run with the service beside it sees how the
   client's newest run had none beside it, every trial finds nothing listening, and no
   measured link is left: the first answer depended on the service.
 - A witness made while the service still runs carries what the client and the service
-  read (found by running the runs again: capsules/witness_rerun.py), not the whole base,
-  and it replays with the service started: the files the service served are there.
+  read (the service's so far, asked of the helper: capsules/witness.py, the ``run_reads``
+  op), not the whole base, and it replays with the service started: the files the service
+  served are there.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ def test_a_witness_made_while_the_service_runs_carries_what_it_read_and_replays(
     assert out["used"]["base"]["carried"] == "used" and out["used"]["base"]["read_sets_complete"] is True
     assert out["all"]["base"]["carried"] == "all" and out["all"]["base"]["files"] > BULK_FILES
     assert out["used"]["size_bytes"] * 10 < out["all"]["size_bytes"]
-    # Only the capsule's own runs are entries: the re-run's service run is not one.
+    # Only the capsule's own runs are entries: the service's reads so far are not one.
     assert [e["argv"] for e in manifest["execs"]] == [CLIENT]
     replay = out["replay"]
     assert replay["replay_ok"] is True, replay["mismatches"]
