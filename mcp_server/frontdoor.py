@@ -82,7 +82,7 @@ import struct
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -95,10 +95,11 @@ from mcp_server.caller import (
 )
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from mcp_server.logs import LOGGER
-from mcp_server.server import CcwServer
-from mcp_server.transports.ndjson import NdjsonConnection
 from mcp_server.transports.unix import listen
 from sandbox.errors import CcwError
+
+if TYPE_CHECKING:  # the server and its transport import the SDK (a second): a ``ccw`` command needs neither
+    from mcp_server.server import CcwServer
 
 DAEMON_IDLE_S = 300.0  # a CLI-started front end with no connection for this long exits
 _FD_SIZE = array.array("i").itemsize
@@ -289,6 +290,7 @@ async def serve(
 @contextlib.asynccontextmanager
 async def running_app(config: Config) -> AsyncIterator[CcwServer]:
     """The state dir's CcwServer, started (promotions recovered) and closed after use."""
+    from mcp_server.server import CcwServer
     from mcp_server.state import State
 
     state = State(config.state_dir)
@@ -368,6 +370,8 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
             # An attached ccw-mcp's client lists and calls the tools of its own families.
             lent = opening.toolsets if opening is not None else None
             tools = app.tool_list(lent) if lent is not None else app.tools
+            from mcp_server.transports.ndjson import NdjsonConnection
+
             await NdjsonConnection(app, reader, stream, draining, tools).run()
         finally:
             passed.close()

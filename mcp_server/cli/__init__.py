@@ -217,13 +217,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command in module.COMMANDS:
             return int(module.run(args, config))
     if args.command == "capsule":
-        from mcp.shared.exceptions import MCPError
-
         from mcp_server.cli import capsule
+        from mcp_server.cli.frontclient import CallError
 
         try:
             return capsule.run(args, config)
-        except MCPError as exc:
-            print(f"ccw: {exc.error.message}", file=sys.stderr)
+        except CallError as exc:
+            print(f"ccw: {exc.message}", file=sys.stderr)
             return 2
     raise AssertionError(args.command)

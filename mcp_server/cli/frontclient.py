@@ -12,7 +12,7 @@ terminal's progress line) and the caller's context under ``_meta["ccw/caller"]``
 the environment: the front end runs calls with its own, so what depends on the caller's,
 toolchain discovery and whitelisted variables' values, comes with the call; paths in the
 arguments are already absolute).  A tool
-error comes back as the CcwError it carries, a JSON-RPC error as an MCPError.
+error comes back as the CcwError it carries, a JSON-RPC error as a ``CallError``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import trio
-from mcp.shared.exceptions import MCPError
 
 from mcp_server import __version__, framing
 from mcp_server.caller import CALLER_META, CALLER_TERMINAL
@@ -42,6 +41,17 @@ from sandbox.errors import CcwError
 PROTOCOL = "2025-11-25"
 MAX_ANSWER = 256 << 20
 CALL_ID = 2
+
+
+class CallError(Exception):
+    """A JSON-RPC error the front end answered.  Not the SDK's MCPError: importing ``mcp``
+    costs a ``ccw`` command about a second, and this module needs none of it."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
 
 
 def caller_context() -> dict[str, Any]:
@@ -109,8 +119,7 @@ class _Session:
             elif message.get("id") == request_id:
                 if "error" in message:
                     error = message["error"]
-                    raise MCPError(code=error.get("code", -32603), message=error.get("message", ""),
-                                   data=error.get("data"))
+                    raise CallError(error.get("code", -32603), str(error.get("message", "")), error.get("data"))
                 return message.get("result")
 
     async def _serve(self, message: dict[str, Any], progress: Any) -> None:

@@ -19,14 +19,15 @@ import os
 import socket
 import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from mcp_server.logs import LOGGER
-from mcp_server.server import CcwServer
-from mcp_server.transports.ndjson import NdjsonConnection
 from sandbox.errors import CcwError, from_oserror
+
+if TYPE_CHECKING:  # the SDK's import (a second) is not paid by a ``ccw`` command that only asks
+    from mcp_server.server import CcwServer
 
 BACKLOG = 128
 
@@ -111,6 +112,8 @@ async def listen(
 
 async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event) -> None:
     async with stream:
+        from mcp_server.transports.ndjson import NdjsonConnection  # see the imports' note
+
         await NdjsonConnection(app, stream, stream, draining).run()
 
 
