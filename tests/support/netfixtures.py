@@ -53,6 +53,19 @@ def _ip(*args: str) -> None:
         raise RuntimeError(f"ip {' '.join(args)} failed: {done.stderr.strip()}")
 
 
+def _remove_stale(prefix: str) -> None:
+    """Delete the namespaces named ``<prefix><pid>`` of test processes that are gone (a run
+    killed before its ``finally``): their veth's host end would keep the fixed address and
+    its route, and this run's servers would be refused behind it.  Deleting a namespace
+    takes its veth pair with it."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    for line in listed.splitlines():
+        name = line.split(" ", 1)[0]
+        pid = name[len(prefix):]
+        if name.startswith(prefix) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
 @dataclass(frozen=True)
 class Servers:
     """Where the servers in the namespace answer, and the files they serve."""
@@ -91,6 +104,7 @@ def server_namespace(root: Path, redirect_to: str) -> Iterator[Servers]:
     for sub in ("files", "wheels"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     cert, key = make_cert(root / "tls")
+    _remove_stale("ccwt")
     _ip("netns", "add", name)
     server = None
     try:
@@ -284,6 +298,7 @@ def lab_namespace(host: tuple[str, ...], far: tuple[str, ...]) -> Iterator[Lab]:
     prefix lengths) of the host's end and the namespace's end.  Removed after."""
     name = f"ccwl{os.getpid()}"
     host_end, far_end = f"ccwlh{os.getpid()}"[:15], f"ccwlf{os.getpid()}"[:15]
+    _remove_stale("ccwl")
     _ip("netns", "add", name)
     try:
         _ip("link", "add", host_end, "type", "veth", "peer", "name", far_end)
