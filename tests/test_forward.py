@@ -20,9 +20,11 @@ from mcp_server.egress.relay import CONNECT_TIMEOUT
 from sandbox.errors import CcwError
 from tests.support.egress_harness import (
     Upstream,
+    echo_both_ways,
     http_responder,
     read_all,
     shout,
+    slow_reader,
     upstream,
 )
 
@@ -113,21 +115,7 @@ def test_megabytes_both_ways_at_once() -> None:
     async def main() -> None:
         async with upstream(shout) as service, forwarding(Capsule(service.port).connect) as port:
             client = await dial(port)
-            echoed = bytearray()
-
-            async def send() -> None:
-                await client.send_all(payload)
-                await client.send_eof()
-
-            async def receive() -> None:
-                while data := await client.receive_some(1 << 16):
-                    echoed.extend(data)
-
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(send)
-                    nursery.start_soon(receive)
-            await client.aclose()
+            echoed = await echo_both_ways(client, payload)
         assert bytes(echoed) == payload.upper()
 
     trio.run(main)
@@ -147,15 +135,6 @@ def test_an_http_request_through_the_url() -> None:
             assert f"host: 127.0.0.1:{port.host_port}".encode() in service.seen[0].lower()
 
     trio.run(main)
-
-
-async def slow_reader(stream: trio.SocketStream, state: Upstream) -> None:
-    """Read in small pieces, slowly, and answer only at EOF."""
-    total = 0
-    while data := await stream.receive_some(16384):
-        total += len(data)
-        await trio.sleep(0.0002)
-    await stream.send_all(b"%d" % total)
 
 
 def test_an_upload_beyond_the_buffers_to_a_slow_reader_completes() -> None:

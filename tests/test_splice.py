@@ -14,7 +14,14 @@ import trio
 from mcp_server.egress import splice
 from mcp_server.egress.forward import NoByteCap
 from mcp_server.egress.relay import Attempt
-from tests.support.egress_harness import Upstream, read_all, shout, upstream
+from tests.support.egress_harness import (
+    Upstream,
+    echo_both_ways,
+    read_all,
+    shout,
+    slow_reader,
+    upstream,
+)
 
 
 @asynccontextmanager
@@ -44,34 +51,11 @@ def test_megabytes_both_ways_at_once_do_not_stall() -> None:
     payload = os.urandom(4 << 20)
 
     async def main() -> None:
-        echoed = bytearray()
         async with upstream(shout) as service, tunnelled(service) as client:
-
-            async def send() -> None:
-                await client.send_all(payload)
-                await client.send_eof()
-
-            async def receive() -> None:
-                while data := await client.receive_some(1 << 16):
-                    echoed.extend(data)
-
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(send)
-                    nursery.start_soon(receive)
-            await client.aclose()
+            echoed = await echo_both_ways(client, payload)
         assert bytes(echoed) == payload.upper()
 
     trio.run(main)
-
-
-async def slow_reader(stream: trio.SocketStream, state: Upstream) -> None:
-    """Read in small pieces, slowly, and answer only at EOF."""
-    total = 0
-    while data := await stream.receive_some(16384):
-        total += len(data)
-        await trio.sleep(0.0002)
-    await stream.send_all(b"%d" % total)
 
 
 def test_an_upload_beyond_the_buffers_to_a_slow_reader_is_answered_after_its_eof() -> None:

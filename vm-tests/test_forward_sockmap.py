@@ -23,7 +23,15 @@ import trio
 from mcp_server.egress.forward import Pool, PortForward
 from mcp_server.egress.kernel_relay import Sockmap
 from sandbox import sockmap
-from tests.support.egress_harness import Upstream, http_responder, read_all, shout, upstream
+from tests.support.egress_harness import (
+    Upstream,
+    echo_both_ways,
+    http_responder,
+    read_all,
+    shout,
+    slow_reader,
+    upstream,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -123,36 +131,13 @@ def test_megabytes_both_ways_at_once() -> None:
     payload = os.urandom(4 << 20)
 
     async def main() -> None:
-        echoed = bytearray()
         async with upstream(shout) as service, kernel_forward(service) as (port, _, maps):
             client = await trio.open_tcp_stream("127.0.0.1", port.host_port)
-
-            async def send() -> None:
-                await client.send_all(payload)
-                await client.send_eof()
-
-            async def receive() -> None:
-                while data := await client.receive_some(1 << 16):
-                    echoed.extend(data)
-
-            with trio.fail_after(30):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(send)
-                    nursery.start_soon(receive)
-            await client.aclose()
+            echoed = await echo_both_ways(client, payload)
             assert maps.joined == 1
         assert bytes(echoed) == payload.upper()
 
     trio.run(main)
-
-
-async def slow_reader(stream: trio.SocketStream, state: Upstream) -> None:
-    """Read in small pieces, slowly, and answer only at EOF."""
-    total = 0
-    while data := await stream.receive_some(16384):
-        total += len(data)
-        await trio.sleep(0.0002)
-    await stream.send_all(b"%d" % total)
 
 
 def test_an_upload_beyond_the_buffers_to_a_slow_reader_completes() -> None:

@@ -142,6 +142,37 @@ def http_responder(response: bytes) -> Serve:
     return serve
 
 
+async def slow_reader(stream: trio.SocketStream, state: Upstream) -> None:
+    """Read in small pieces, slowly, and answer only at EOF (how many bytes came): an upload
+    beyond the socket buffers waits on the relay's capsule side while its answer waits too."""
+    total = 0
+    while data := await stream.receive_some(16384):
+        total += len(data)
+        await trio.sleep(0.0002)
+    await stream.send_all(b"%d" % total)
+
+
+async def echo_both_ways(client: trio.SocketStream, payload: bytes, limit: float = 30.0) -> bytes:
+    """Send ``payload`` (then EOF) while reading the answer, both at once, and close the
+    stream: what came back.  Against ``shout`` both directions beyond the buffers."""
+    echoed = bytearray()
+
+    async def send() -> None:
+        await client.send_all(payload)
+        await client.send_eof()
+
+    async def receive() -> None:
+        while data := await client.receive_some(1 << 16):
+            echoed.extend(data)
+
+    with trio.fail_after(limit):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            nursery.start_soon(receive)
+    await client.aclose()
+    return bytes(echoed)
+
+
 async def read_all(stream: trio.SocketStream, limit: float = 10.0) -> bytes:
     """Everything until the peer closes; then the stream is closed too."""
     received = bytearray()
