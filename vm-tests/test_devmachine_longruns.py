@@ -199,7 +199,8 @@ ccw_mcp, ws, state = sys.argv[1:4]
 
 async def main():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
-    env.update(CCW_STATE_DIR=state, CCW_TOOLSETS="capsule")
+    # Its own ready file: the default /tmp/mcp.ready may be root's, from a test beside this one.
+    env.update(CCW_STATE_DIR=state, CCW_TOOLSETS="capsule", MCP_READY_FILE=os.path.join(state, "ready"))
     async with Client(StdioServerParameters(command=ccw_mcp, env=env), mode="legacy") as client:
         async def call(tool, args):
             result = await client.call_tool(tool, args, read_timeout_seconds=2.0)
