@@ -46,12 +46,25 @@ def _now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def write_ready_file(path: str) -> None:
-    """Atomically write ``<pid> <ISO8601 UTC>\\n`` to ``path``."""
+def write_ready_file(path: str) -> bool:
+    """Atomically write ``<pid> <ISO8601 UTC>\\n`` to ``path``; False (and a warning) if it cannot be.
+
+    Not fatal: the server is ready whether or not the file says so.  The default
+    ``/tmp/mcp.ready`` is one path for every user of the machine, and in the sticky ``/tmp``
+    a second user cannot replace the first one's file; that user's server must still
+    serve (``mcp:ready`` on stderr says it is), and the warning names ``MCP_READY_FILE``."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(f"{os.getpid()} {_now_iso()}\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()} {_now_iso()}\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        LOGGER.warning(f"mcp:ready_file_failed path={path} error={exc.strerror or exc}: set MCP_READY_FILE "
+                       "to a path this user may write (another user's server may hold this one)")
+        return False
+    return True
 
 
 def remove_ready_file(path: str) -> None:

@@ -133,6 +133,21 @@ def test_ready_file_and_exit_when_stdin_closes(tmp_path: Path):
     assert "mcp:shutdown mode=stdio" in server.log
 
 
+def test_a_ready_file_it_cannot_write_is_a_warning_and_it_serves(tmp_path: Path):
+    # As a second user meets root's /tmp/mcp.ready in the sticky /tmp: here the path is a
+    # directory, which os.replace cannot replace with a file.
+    (tmp_path / "taken.ready").mkdir()
+    proc = subprocess.run([str(CCW_MCP)], input=b'{"jsonrpc":"2.0","id":1,"method":"ccw_info"}\n',
+                          capture_output=True, timeout=60,
+                          env=server_env(tmp_path, MCP_READY_FILE=str(tmp_path / "taken.ready")))
+    log = proc.stderr.decode()
+    assert proc.returncode == 0, log
+    assert "result" in json.loads(proc.stdout)
+    assert re.search(r"^mcp:ready_file_failed path=\S+taken\.ready error=.*MCP_READY_FILE", log, re.M), log
+    assert re.search(r"^mcp:ready mode=stdio", log, re.M), log
+    assert (tmp_path / "taken.ready").is_dir() and not list(tmp_path.glob("taken.ready.*.tmp"))
+
+
 def test_children_and_prints_never_reach_the_wire(tmp_path: Path):
     code = (
         "import os, subprocess\n"
