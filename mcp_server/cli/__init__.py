@@ -7,6 +7,7 @@
     ccw client-config CLIENT        register ccw-mcp with claude, codex, cursor or vscode (--http: a
                                     running `ccw serve --http`, with its bearer token)
     ccw http token rotate           replace that generated bearer token (see tokens.py)
+    ccw net presets [NAME]          the network presets a capsule's rules name as preset:NAME (net.py)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
@@ -104,9 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _own_commands() -> list[Any]:
     """The top-level commands whose parsers and runs live in their own modules."""
-    from mcp_server.cli import tokens, ui, watch
+    from mcp_server.cli import net, tokens, ui, watch
 
-    return [watch, ui, tokens]
+    return [watch, ui, tokens, net]
 
 
 def serve_env(args: argparse.Namespace) -> dict[str, str]:

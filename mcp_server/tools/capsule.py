@@ -40,6 +40,7 @@ from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
+from mcp_server.fs.netpresets import expand_network
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -144,7 +145,8 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(args.get("expose") or []),
                                           args.get("auto_expose") is not False, env, uid, homes)
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
-    result = _git_result(_capsule_result(await ctx.capsules.create(spec, parse_network(args.get("network")), globs)), git)
+    network = parse_network(expand_network(args.get("network"), ctx.state.root))  # preset:NAME: fs/netpresets.py
+    result = _git_result(_capsule_result(await ctx.capsules.create(spec, network, globs)), git)
     if needs:
         result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]
     return result

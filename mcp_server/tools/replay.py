@@ -18,6 +18,7 @@ from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.witness import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
+from mcp_server.fs.netpresets import expand_network
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.spec import ENV_NAME_RE, MAX_ENV
 
@@ -25,7 +26,7 @@ from sandbox.spec import ENV_NAME_RE, MAX_ENV
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
-    options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(args.get("network")),
+    options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(expand_network(args.get("network"), ctx.state.root)),
                             workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")),
                             volatile=volatile.globs_arg(args.get("volatile")))
 
