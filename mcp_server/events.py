@@ -35,6 +35,8 @@ every text in them came from inside a capsule, so it is untrusted:
   bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run, at its end;
   and as each attempt is decided while the run goes, with ``live: true``, ``seq`` null
   and no byte counts (``live_connection``).
+- ``net.rules``  seq, at, who, allow, remove, caps, previous, rules, network: a capsule's
+  allowlist changed while it lives (capsules/netlive.py).
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
 - ``service``  name, state (starting, running, ready, exited, failed, lost, stopped), with
   argv and restarts as it starts, exit_code, signal and seq as a run ends; a service's
@@ -69,7 +71,7 @@ from mcp_server.state import State
 
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
          "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
-         "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port")
+         "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port", "net.rules")
 KEEP_EVENTS = 200_000
 MAX_PATHS = 200
 MAX_DIRS = 10

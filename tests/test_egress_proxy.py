@@ -52,7 +52,7 @@ def test_connect_relays_both_ways() -> None:
         assert records == [
             {"host": "127.0.0.1", "port": up.port, "protocol": "https", "allowed": True,
              "rule": f"127.0.0.1:{up.port}", "reason": None, "address": "127.0.0.1",
-             "bytes_out": 11, "bytes_in": 11, "cut": None}
+             "bytes_out": 11, "bytes_in": 11, "cut": None, "rules": proxy.session.rules}
         ]
         assert proxy.session.notes() == []
 

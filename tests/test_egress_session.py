@@ -278,9 +278,11 @@ def test_sniffer_records_direct_attempts_once() -> None:
         reason = "direct connection outside ccw's proxy (use HTTP_PROXY/ALL_PROXY)"
         assert records == [
             {"host": "1.2.3.4", "port": 443, "protocol": "tcp", "allowed": False, "rule": None,
-             "reason": reason, "address": "1.2.3.4", "bytes_out": 0, "bytes_in": 0, "cut": None},
+             "reason": reason, "address": "1.2.3.4", "bytes_out": 0, "bytes_in": 0, "cut": None,
+             "rules": proxy.session.rules},
             {"host": "2001:4860:4860::8888", "port": 53, "protocol": "udp", "allowed": False, "rule": None,
-             "reason": reason, "address": "2001:4860:4860::8888", "bytes_out": 0, "bytes_in": 0, "cut": None},
+             "reason": reason, "address": "2001:4860:4860::8888", "bytes_out": 0, "bytes_in": 0, "cut": None,
+             "rules": proxy.session.rules},
         ]
         assert notes == [f"ccw network: denied tcp 1.2.3.4:443: {reason}",
                          f"ccw network: denied udp [2001:4860:4860::8888]:53: {reason}"]

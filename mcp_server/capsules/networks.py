@@ -22,6 +22,11 @@ belong to the process (``Runtime``), not to a call.
 - **One view of the host.**  Every session judges its connections against the host's
   own addresses and resolvers (core/netspace.py); one ``HostSpaceReader`` (one netlink
   subscription) serves them all, made with the first session and closed by ``aclose``.
+- **Rules change live.**  ``set_rules`` hands a capsule's new rules to its session (the
+  next request is judged by them, connections they no longer allow are cut:
+  egress/session.py) and keeps them for a session opened later, by ``open_soon`` in
+  flight or after a failure, whatever spec its opener was given (capsules/netlive.py
+  stores them; the journal's capsule row has them for the next process).
 - **Counted per run.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
   records are the attempts made while the command ran (an exec of a capsule takes its
   turn: two never overlap) that no service of the capsule made: a service's connections
@@ -91,6 +96,10 @@ class Networks:
         self._host_scope: trio.CancelScope | None = None
         self._lock = trio.Lock()
         self._pending: dict[str, trio.CancelScope] = {}  # opens started by open_soon, by capsule
+        self._changed: dict[str, NetworkSpec] = {}  # rules set live (set_rules), by capsule
+        # Held by a change of rules from its journaling to its session's ``set_rules``, so
+        # changes reach the sessions in the order the journal took them.
+        self.rules_lock = trio.Lock()
 
     async def open_soon(self, helper: Any, capsule_id: str, spec: NetworkSpec) -> None:
         """Start opening the capsule's session in the background (capsule_create returns first).
@@ -117,6 +126,7 @@ class Networks:
     async def open(self, helper: Any, capsule_id: str, spec: NetworkSpec, fresh: bool = False) -> EgressSession:
         """The capsule's session, opened (net_open) if it has none; ``fresh``: a new one anyway."""
         async with self._lock:
+            spec = self._changed.get(capsule_id, spec)
             served = self._sessions.get(capsule_id)
             if served is not None and not fresh:
                 return served.session
@@ -152,6 +162,17 @@ class Networks:
                 raise
             self._sessions[capsule_id] = _Served(session, scope)
             return session
+
+    async def set_rules(self, capsule_id: str, spec: NetworkSpec, who: str = "") -> list[dict[str, Any]] | None:
+        """The capsule's rules from now on (egress/session.py ``set_rules``): the records of the
+        connections they cut, or None when it has no session in this process (the next one
+        opened here is given them)."""
+        async with self._lock:  # after an open in flight: its session gets them too
+            self._changed[capsule_id] = spec
+            served = self._sessions.get(capsule_id)
+            if served is None:
+                return None
+            return [attempt.record() for attempt in served.session.set_rules(spec, who)]
 
     async def exec(self, helper: Any, capsule_id: str, spec: NetworkSpec | None,
                    call: Callable[[], Awaitable[T]]) -> Traced:
@@ -199,6 +220,7 @@ class Networks:
         pending = self._pending.pop(capsule_id, None)
         if pending is not None:
             pending.cancel()
+        self._changed.pop(capsule_id, None)
         async with self._lock:
             await self._close(capsule_id)
 

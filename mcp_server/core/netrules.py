@@ -26,6 +26,10 @@ Choices made here:
   rule and as a request: the C resolver reads such strings as IPv4 addresses in
   inet_aton's loose forms (``127.1`` is 127.0.0.1, ``010`` is octal), so they would
   reach an address no IP rule allowed.
+- Rules change while a capsule lives (``changed``: the person's ``capsule_network``):
+  each set of rules in force has an id, ``rules_id``, a hash of its canonical form, so
+  the same rules have the same id in every capsule and state dir, and a record naming it
+  can be checked against the rules it names (capsules/netlive.py keeps them).
 - Whatever the rules allow, the host itself (its addresses, loopback, its resolvers)
   and space that is not the internet (private, ULA, CGNAT, multicast, reserved,
   documentation) are refused after resolution unless a rule names that exact address
@@ -35,7 +39,9 @@ Choices made here:
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -248,6 +254,41 @@ def parse_network(value: Any) -> NetworkSpec | None:
     if not allow:
         raise _invalid("network allow list is empty: use 'none' for a capsule without network")
     return NetworkSpec(parse_rules(allow), max_bytes, max_connections)
+
+
+def rules_id(spec: NetworkSpec) -> str:
+    """The id of a set of rules and caps: ``n-`` and 16 hex digits of its canonical form's SHA-256."""
+    canonical = json.dumps(spec.to_json(), sort_keys=True, separators=(",", ":"))
+    return "n-" + hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def changed(spec: NetworkSpec, allow: Iterable[Any] = (), remove: Iterable[Any] = (),
+            caps: Mapping[str, Any] | None = None) -> NetworkSpec:
+    """``spec`` with the rules ``allow`` added, ``remove`` taken out and ``caps`` set.
+
+    INVALID_ARGUMENT, saying what to send instead, for a rule to remove that is not in
+    force, a rule both added and removed, unknown caps, or a change that would leave no
+    rule (an allowlist capsule does not become "none" while it lives).
+    """
+    added, removed = set(parse_rules(allow)), set(parse_rules(remove))
+    both = sorted(rule.text for rule in added & removed)
+    if both:
+        raise _invalid(f"network rules {both} are both allowed and removed: send each once", rules=both)
+    absent = sorted(rule.text for rule in removed - set(spec.allow))
+    if absent:
+        raise _invalid(f"network rules {absent} are not in force, so they cannot be removed; in force: "
+                       f"{spec.rules_text()}", rules=absent, in_force=[rule.text for rule in spec.allow])
+    rules = tuple(sorted((set(spec.allow) - removed) | added))
+    if not rules:
+        raise _invalid("removing every rule would leave the capsule with an empty allowlist; a capsule's "
+                       "network cannot become none while it lives: keep one rule, or destroy the capsule")
+    unknown = sorted(set(caps or {}) - {"max_bytes", "max_connections"})
+    if unknown:
+        raise _invalid(f"network caps has unknown fields {unknown}; it takes max_bytes, max_connections")
+    given = dict(caps or {})
+    max_bytes = _cap(given.get("max_bytes", spec.max_bytes), "max_bytes")
+    max_connections = _cap(given.get("max_connections", spec.max_connections), "max_connections")
+    return NetworkSpec(rules, max_bytes, max_connections)
 
 
 def network_json(spec: NetworkSpec | None) -> str | dict[str, Any]:

@@ -55,6 +55,7 @@ class Attempt:
     bytes_out: int = 0  # jail -> upstream
     bytes_in: int = 0  # upstream -> jail
     cut: str | None = None
+    rules: str | None = None  # the id of the rules it was decided by (netrules.rules_id)
 
     def record(self) -> dict[str, object]:
         """The record in the exec result's ``touched.network``."""
@@ -69,6 +70,7 @@ class Attempt:
             "bytes_out": self.bytes_out,
             "bytes_in": self.bytes_in,
             "cut": self.cut,
+            "rules": self.rules,
         }
 
     def sort_key(self) -> tuple[str, int, str, int]:

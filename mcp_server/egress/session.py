@@ -27,6 +27,18 @@ Bounds, so that a jail cannot make the front end grow without limit:
 - at most ``MAX_CLIENTS`` client connections are open at once (more are closed at
   accept), and each has ``header_timeout`` seconds for its request head or handshake.
 
+Rules change while the session serves (``set_rules``: capsule_network, through
+capsules/networks.py).  The next request is judged by the new rules (``admit`` reads
+``spec`` each time, and ``open`` checks again what a change made while it resolved and
+connected).  When rules are taken away, each open connection is judged again as if it
+were new (``netrules.decide``, then ``netspace.refusal`` for the address it reached, so
+a wildcard that reached a private address only because an exact-address rule reopened
+it loses it with that rule), and one no longer allowed is cut: its client task is
+cancelled (a spliced tunnel's thread is woken, splice.py), both sockets close, and its
+record's ``cut`` says which rules cut it.  Every record names the rules it was decided by
+(``rules``, a ``netrules.rules_id``).  Caps: ``max_connections`` counts from the next
+request, ``max_bytes`` from the next run's budget (a run's budget is set as it starts).
+
 ``observe``, if given, is told of each attempt once its verdict is final (denied by the
 rules or a cap, refused when connecting, or connected), while the command still runs: a
 person watching sees it live; the exec's records come at its end as before.  It is told
@@ -47,7 +59,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mcp_server.core import netrules
+from mcp_server.core import netrules, netspace
 from mcp_server.egress import sniff, splice
 from mcp_server.egress.hostspace import HostSpaceReader
 from mcp_server.egress.proxy import handle_http
@@ -74,6 +86,17 @@ Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
 # The service whose connection the current client task serves (None: the exec's); each
 # client is a trio task of its own, with a context of its own.
 _RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("ccw_egress_run", default=None)
+
+
+@dataclass(eq=False)
+class _Conn:
+    """One client task: the scope a rule change cancels, and its connection once made."""
+
+    scope: trio.CancelScope
+    attempt: Attempt | None = None
+
+
+_CONN: contextvars.ContextVar[_Conn | None] = contextvars.ContextVar("ccw_egress_conn", default=None)
 
 
 class ExecBudget:
@@ -131,6 +154,8 @@ class EgressSession:
                  header_timeout: float = HEADER_TIMEOUT, observe: Callable[[Attempt], None] | None = None,
                  owners: RunOwners | None = None) -> None:
         self.spec = spec
+        self.rules = netrules.rules_id(spec)
+        self._conns: set[_Conn] = set()  # the client tasks being served
         self._observe = observe
         self._owners = owners
         self.header_timeout = header_timeout
@@ -235,7 +260,7 @@ class EgressSession:
         book = self._book()
         if book.connections >= self.spec.max_connections:
             reason = f"connection cap ({self.spec.max_connections}) reached"
-            attempt = Attempt(self._next_seq(), shown, port, protocol, False, None, reason)
+            attempt = Attempt(self._next_seq(), shown, port, protocol, False, None, reason, rules=self.rules)
             key = ("cap", shown, port, protocol)
             if key not in book.once:
                 book.once.add(key)
@@ -245,7 +270,7 @@ class EgressSession:
         decision = netrules.decide(self.spec, host, port)
         return self._record(
             Attempt(self._next_seq(), shown, port, protocol, decision.allowed, decision.rule,
-                    None if decision.allowed else decision.reason)
+                    None if decision.allowed else decision.reason, rules=self.rules)
         )
 
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:
@@ -259,8 +284,53 @@ class EgressSession:
                 attempt.reason = exc.message
             self._tell(attempt)
             raise
+        if attempt.rules != self.rules:  # the rules changed while it resolved and connected
+            why = self._disallowed(attempt)
+            if why is not None:
+                upstream.close()
+                attempt.deny(why)
+                self._tell(attempt)
+                raise Refused(why, denied=True)
+        conn = _CONN.get()
+        if conn is not None:
+            conn.attempt = attempt
         self._tell(attempt)
         return upstream
+
+    # --- live rules -----------------------------------------------------------------
+
+    def set_rules(self, spec: netrules.NetworkSpec, who: str = "") -> list[Attempt]:
+        """Judge from now on by ``spec``; cut each open connection it no longer allows.
+        Returns the cut connections' attempts (their records say ``cut``); ``who``: named in it."""
+        removed = set(self.spec.allow) - set(spec.allow)
+        self.spec, self.rules = spec, netrules.rules_id(spec)
+        if not removed:
+            return []  # rules only added (or caps changed): nothing open loses its rule
+        cut = []
+        for conn in list(self._conns):
+            attempt = conn.attempt
+            if attempt is None or attempt.cut is not None:
+                continue
+            why = self._disallowed(attempt)
+            if why is not None:
+                by = f" by {who}" if who else ""
+                attempt.cut = f"rules changed to {self.rules}{by}: {why}"
+                conn.scope.cancel()
+                cut.append(attempt)
+        return cut
+
+    def _disallowed(self, attempt: Attempt) -> str | None:
+        """Why the rules now in force would not let ``attempt``'s connection be made; None if they would."""
+        decision = netrules.decide(self.spec, attempt.host, attempt.port)
+        if not decision.allowed or decision.rule is None:
+            return decision.reason
+        if attempt.address is None:
+            return None
+        try:
+            now = self._space()
+        except OSError as exc:  # unknown host addresses: as connect_upstream, refuse rather than guess
+            return f"cannot read this host's addresses: {exc}"
+        return netspace.refusal(self.spec, decision.rule, attempt.host, attempt.port, attempt.address, now)
 
     def _direct(self, seen: sniff.DirectAttempt) -> None:
         if seen.protocol == "tcp" and (seen.address, seen.port) in self._endpoints:
@@ -272,7 +342,7 @@ class EgressSession:
             return
         self._exec.once.add(key)
         self._record(Attempt(self._next_seq(), seen.address, seen.port, seen.protocol, False, None,
-                             DIRECT_REASON, address=seen.address))
+                             DIRECT_REASON, address=seen.address, rules=self.rules))
 
     # --- serving ------------------------------------------------------------------
 
@@ -314,14 +384,19 @@ class EgressSession:
 
     async def _client(self, handler: Handler, client: trio.socket.SocketType) -> None:
         self._clients += 1
+        conn = _Conn(trio.CancelScope())
+        self._conns.add(conn)
+        _CONN.set(conn)  # this task's own context, as _RUN
         try:
             if self._owners is not None:
-                _RUN.set(await self._owners.of(client))  # this task's own context
+                _RUN.set(await self._owners.of(client))
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await handler(self, client)
+            with conn.scope:  # cancelled by set_rules when the rules no longer allow it
+                await handler(self, client)
         except Exception:  # one client's bug must not end the capsule's proxy
             log.exception("egress proxy: a client connection failed")
         finally:
+            self._conns.discard(conn)
             self._clients -= 1
             client.close()
 

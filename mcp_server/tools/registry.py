@@ -146,6 +146,7 @@ class ResourceSpec:
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
     "mcp_server.tools.run",
+    "mcp_server.tools.network",
     "mcp_server.tools.services",
     "mcp_server.tools.promote",
     "mcp_server.tools.deltamin",

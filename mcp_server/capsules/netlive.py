@@ -1,0 +1,180 @@
+"""A capsule's allowlist changed while it lives: the store of rule sets and of who changed them.
+
+``capsule_network`` (mcp_server/tools/network.py) lets a person add and remove a live
+capsule's rules; the egress session judges the next connection by them and cuts those
+they no longer allow (egress/session.py).  This module is what stays of each change:
+
+- **Rule sets by id.**  Each set of rules and caps a capsule ever had is kept in
+  ``network_rules`` under its ``netrules.rules_id`` (a hash of its canonical form), once
+  however many capsules share it.  Every connection record names the id it was decided
+  by (``touched.network[].rules``), so a run's record says which rules were in force,
+  and ``spec`` looks the rules up again.
+- **Changes by capsule.**  ``network_changes`` has one row per change: when, who (the
+  HTTP token's name, or the uid of the socket's or terminal's user, and which client),
+  what was added and removed, the ids before and after.  The capsule's journal row
+  (``capsules.network``) is updated in the same transaction, so the next front end (each
+  ``ccw`` command is a process) and the next exec open the session with the new rules,
+  and a ``net.rules`` event tells watchers.  One transaction, so no watcher sees a
+  change the journal does not hold.
+- **The rules of a run.**  ``in_force`` gives, for a moment, the id of the rules then in
+  force: the last change made before it, else the rules the capsule was made with (the
+  first change's ``previous``), else its rules now.  A witness names, per exec, the ids in
+  force as it started and those its connections name (a change may come while it runs),
+  with each id's rules (capsules/witness.py), so a replay can run it under them.
+
+Who may change rules is decided by the tool (the ``admin`` scope over HTTP: a person's
+power, never an agent's token); this module records the answer.  A later ask-on-miss or
+a proposal approved by a person changes rules through ``record_change`` too, with its
+own ``who``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mcp_server import events
+from mcp_server.core.netrules import NetworkSpec, parse_network, rules_id
+from mcp_server.journal import network_from_column
+from mcp_server.state import State
+from sandbox.errors import CcwError
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS network_rules (
+    rules_id TEXT PRIMARY KEY,
+    spec TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS network_changes (
+    capsule_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    at TEXT NOT NULL,
+    who TEXT NOT NULL,
+    allow TEXT NOT NULL,
+    remove TEXT NOT NULL,
+    caps TEXT,
+    previous TEXT NOT NULL,
+    rules_id TEXT NOT NULL,
+    PRIMARY KEY (capsule_id, seq)
+);
+"""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change as it was recorded; ``spec`` is the capsule's rules after it."""
+
+    capsule_id: str
+    seq: int
+    at: str
+    who: str
+    allow: list[str]
+    remove: list[str]
+    caps: dict[str, int] | None
+    previous: str
+    rules: str
+    spec: NetworkSpec
+
+    def to_json(self) -> dict[str, Any]:
+        """The change as capsule_network and ``ccw capsule net`` show it."""
+        return {"seq": self.seq, "at": self.at, "who": self.who, "allow": self.allow, "remove": self.remove,
+                "caps": self.caps, "previous": self.previous, "rules": self.rules}
+
+
+def _table(state: State) -> State:
+    state.ensure_schema("network_rules", _DDL)
+    return state
+
+
+def now() -> str:
+    """A change's time, in the form the journal's ``started_at`` has (so they compare as text)."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+
+
+def _remember(db: Any, spec: NetworkSpec) -> str:
+    ident = rules_id(spec)
+    db.execute("INSERT OR IGNORE INTO network_rules (rules_id, spec) VALUES (?, ?)",
+               (ident, json.dumps(spec.to_json(), sort_keys=True)))
+    return ident
+
+
+def record_change(state: State, capsule_id: str, change: Callable[[NetworkSpec], NetworkSpec], who: str,
+                  asked: Mapping[str, Any]) -> Change | None:
+    """Apply ``change`` to the capsule's rules as the journal holds them, in one transaction
+    with the change's row, the journal's and the event; None when it changes nothing.
+
+    ``asked``: what was asked (allow, remove, caps), as the row keeps it.  The rules are
+    read inside the transaction, so two changes at once each build on the other's.
+    """
+    _table(state)
+    events.ensure_schema(state)
+    with state.transaction() as db:
+        row = db.execute("SELECT network, destroyed_at FROM capsules WHERE capsule_id = ?", (capsule_id,)).fetchone()
+        if row is None or row["destroyed_at"] is not None:
+            raise CcwError("NOT_FOUND", f"no live capsule {capsule_id}; capsule_list shows the live ones",
+                           {"capsule_id": capsule_id})
+        old = network_from_column(row["network"])
+        if old is None:
+            raise none_refusal(capsule_id)
+        new = change(old)
+        if new == old:
+            return None
+        previous, ident = _remember(db, old), _remember(db, new)
+        (last,) = db.execute("SELECT COALESCE(MAX(seq), 0) FROM network_changes WHERE capsule_id = ?",
+                             (capsule_id,)).fetchone()
+        made = Change(capsule_id, int(last) + 1, now(), who, list(asked.get("allow") or []),
+                      list(asked.get("remove") or []), dict(asked["caps"]) if asked.get("caps") else None,
+                      previous, ident, new)
+        db.execute("INSERT INTO network_changes (capsule_id, seq, at, who, allow, remove, caps, previous, rules_id) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   (capsule_id, made.seq, made.at, who, json.dumps(made.allow), json.dumps(made.remove),
+                    None if made.caps is None else json.dumps(made.caps, sort_keys=True), previous, ident))
+        # The journal's column, in journal._network_column's form (network_from_column reads it).
+        db.execute("UPDATE capsules SET network = ? WHERE capsule_id = ?",
+                   (json.dumps(new.to_json(), sort_keys=True), capsule_id))
+        events.emit(db, "net.rules", capsule_id, {**made.to_json(), "network": new.to_json()})
+    return made
+
+
+def none_refusal(capsule_id: str) -> CcwError:
+    """Why a capsule made with ``network: none`` gets no allowlist while it lives, and what to do."""
+    return CcwError(
+        "UNSUPPORTED",
+        f"capsule {capsule_id} was made with network none: it has no egress side (no proxy, no way out of "
+        "its loopback-only namespace, where its services run too), and none can be added while it lives. "
+        "Make a capsule with the allowlist (capsule_create with network: [rules]; ccw capsule create "
+        "--network RULE) and carry this one's work over (capsule_diff's patch, or promote it first)",
+        {"capsule_id": capsule_id, "network": "none", "reason": "no_egress_side"},
+    )
+
+
+def changes(state: State, capsule_id: str) -> list[Change]:
+    """The capsule's changes, oldest first."""
+    rows = _table(state).execute(
+        "SELECT c.*, r.spec FROM network_changes c JOIN network_rules r ON r.rules_id = c.rules_id "
+        "WHERE c.capsule_id = ? ORDER BY c.seq", (capsule_id,))
+    return [Change(row["capsule_id"], row["seq"], row["at"], row["who"], json.loads(row["allow"]),
+                   json.loads(row["remove"]), None if row["caps"] is None else json.loads(row["caps"]),
+                   row["previous"], row["rules_id"], _parsed(row["spec"])) for row in rows]
+
+
+def _parsed(text: str) -> NetworkSpec:
+    spec = parse_network(json.loads(text))
+    assert spec is not None  # only allowlists are kept
+    return spec
+
+
+def spec(state: State, ident: str) -> NetworkSpec | None:
+    """The rules kept under ``ident``, or None if this state dir never had them."""
+    rows = _table(state).execute("SELECT spec FROM network_rules WHERE rules_id = ?", (ident,))
+    return _parsed(rows[0]["spec"]) if rows else None
+
+
+def in_force(history: list[Change], current: NetworkSpec, at: str) -> str:
+    """The id of the rules in force at ``at`` (ISO, as ``now``), given the capsule's ``history``."""
+    before = [change for change in history if change.at <= at]
+    if before:
+        return before[-1].rules
+    return history[0].previous if history else rules_id(current)
