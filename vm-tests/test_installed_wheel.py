@@ -84,7 +84,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 def test_wheel_carries_the_package_data(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    for name in ("policies/policy.schema.json", "policies/baseline.json", "policies/strict.json",
+    presets = sorted(f"policies/network/{path.name}" for path in (ROOT / "policies" / "network").glob("*.json"))
+    assert presets  # the network presets (mcp_server/fs/netpresets.py)
+    for name in ("policies/policy.schema.json", "policies/baseline.json", "policies/strict.json", *presets,
                  "deploy/ccw-helper.service", "deploy/ccw-helper.socket", "deploy/ccw-mcp.service"):
         assert f"mcp_server/data/{name}" in names, name
         assert (ROOT / name).read_bytes() == zipfile.ZipFile(installed.wheel).read(f"mcp_server/data/{name}")
@@ -99,6 +101,14 @@ def test_installed_ccw_imports_nothing_from_the_checkout(installed: Installed, t
     site = installed.bin.parent / "lib"
     for path in where.stdout.split():
         assert Path(path).is_relative_to(site) and not Path(path).resolve().is_relative_to(ROOT), path
+
+
+def test_installed_ccw_lists_the_network_presets_from_the_wheel(installed: Installed, tmp_path: Path) -> None:
+    listing = json.loads(installed.run("ccw", "net", "presets", "--json", cwd=tmp_path).stdout)
+    shipped = {path.stem for path in (ROOT / "policies" / "network").glob("*.json")}
+    assert {p["name"] for p in listing["presets"] if p["origin"] == "shipped"} == shipped
+    site = installed.bin.parent / "lib"
+    assert all(Path(p["path"]).is_relative_to(site) for p in listing["presets"]), listing["presets"]
 
 
 def test_installed_ccw_runs_the_quick_start(installed: Installed, tmp_path: Path) -> None:
