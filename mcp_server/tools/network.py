@@ -22,6 +22,7 @@ from typing import Any
 from mcp_server.capsules import netlive
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.core import netrules
+from mcp_server.fs.netpresets import expand_rules
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 _RULES_ARG = {"type": "array", "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300}}
@@ -56,10 +57,11 @@ async def capsule_network(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
         raise netlive.none_refusal(record.capsule_id)
     networks = ctx.capsules.networks
     person = who(ctx)
+    # preset:NAME stands for its rules, in both lists (the row keeps the words as asked).
+    allow, remove = (expand_rules(asked.get(key, ()), ctx.state.root) for key in ("allow", "remove"))
     async with networks.rules_lock:
         made = netlive.record_change(
-            ctx.state, record.capsule_id,
-            lambda old: netrules.changed(old, asked.get("allow", ()), asked.get("remove", ()), asked.get("caps")),
+            ctx.state, record.capsule_id, lambda old: netrules.changed(old, allow, remove, asked.get("caps")),
             person, asked)
         cut = [] if made is None else await networks.set_rules(record.capsule_id, made.spec, person) or []
     spec = record.network_spec if made is None else made.spec
@@ -92,7 +94,8 @@ TOOLS = [
         title="Show or change a capsule's allowlist",
         description=(
             "A live capsule's network rules (no other argument: show them and their changes). allow/remove: "
-            "add or take out rules (grammar as capsule_create's network); caps: max_bytes, max_connections. "
+            "add or take out rules (grammar as capsule_create's network, preset:NAME too); caps: max_bytes, "
+            "max_connections. "
             "The next connection is judged by the new rules, open connections they no longer allow are cut; "
             "each change is journaled with who made it. A capsule made with network none gets no allowlist."
         ),
