@@ -1,0 +1,72 @@
+"""An agent cannot widen its own allowlist (issue 37): over HTTP, capsule_network needs the
+``admin`` scope, which an agent's token (read, write, exec, promote) does not have; the
+tool is not in the ``agent`` profile; and a change names who made it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx2
+import pytest
+
+from mcp_server.config import Config
+from mcp_server.tools.network import who
+from mcp_server.tools.registry import Registry
+from tests.support.mcp_process import ServerProcess, server_env
+
+TOKENS = {"tokens": [
+    {"name": "agent", "token": "agent-token-0123456789", "scopes": ["read", "write", "exec", "promote"]},
+    {"name": "operator", "token": "admin-token-0123456789", "scopes": ["admin"]},
+]}
+CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "capsule_network", "arguments": {"capsule_id": "cap_0123456789abcdef",
+                                                           "allow": ["0.0.0.0/0:22"]}}}
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps(TOKENS))
+    tokens.chmod(0o600)
+    proc = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens),
+                                    CCW_TOOLSETS="capsule", CCW_WORKSPACE=str(tmp_path)))
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+
+
+def _post(http: httpx2.Client, url: str, token: str, message: dict[str, Any]) -> httpx2.Response:
+    return http.post(url, json=message, headers={"authorization": f"Bearer {token}",
+                                                 "accept": "application/json, text/event-stream"})
+
+
+def test_an_agents_token_cannot_change_or_read_rules_over_http(server: ServerProcess) -> None:
+    url = server.path
+    with httpx2.Client(timeout=30) as http:
+        for arguments in (CALL["params"]["arguments"], {"capsule_id": "cap_0123456789abcdef"}):
+            message = {**CALL, "params": {"name": "capsule_network", "arguments": arguments}}
+            denied = _post(http, url, "agent-token-0123456789", message)
+            assert denied.status_code == 403, denied.text
+            assert "lacks scope 'admin'" in denied.json()["error"], denied.text
+        # The same request with the person's token passes the gate (and meets the handler's
+        # NOT_FOUND for a capsule that does not exist, or the session's own rules: anything but 403).
+        passed = _post(http, url, "admin-token-0123456789", CALL)
+        assert passed.status_code != 403, passed.text
+
+
+def test_the_agent_profile_has_no_way_to_change_rules() -> None:
+    agent = Registry.load(["agent"])
+    assert agent.lookup("capsule_network") is None
+    every = Registry.load(Config().toolsets)
+    spec = every.lookup("capsule_network")
+    assert spec is not None and spec.scope == "admin" and spec.turn is None
+
+
+def test_who_names_the_token_or_the_uid_and_the_client() -> None:
+    assert who(SimpleNamespace(runs=SimpleNamespace(owner="operator"))) == "token operator"  # type: ignore[arg-type]
+    ccw = SimpleNamespace(runs=SimpleNamespace(owner=None), caller_env={"PATH": "/bin"})
+    assert who(ccw).endswith("(ccw)") and who(ccw).startswith("uid ")  # type: ignore[arg-type]
+    assert who(SimpleNamespace(runs=SimpleNamespace(owner=None))).endswith("(mcp client)")  # type: ignore[arg-type]
