@@ -36,7 +36,6 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -49,68 +48,12 @@ from mcp_server.capsules.networks import Networks
 from mcp_server.egress.hostspace import HostSpaceReader, dump_addresses
 from tests.support import netfixtures as nf
 from tests.support.cli_process import CCW, ROOT, ccw, cli_env
+from tests.support.lab_names import THROUGH_PROXY as JAIL
+from tests.support.lab_names import LabResolver
 
 HOST_V4, HOST_V6, HOST_LAN = "198.18.0.1", "2001:2::1", "10.97.0.1"
 FAR, RESOLVER, LAN = "198.18.0.2", "198.18.0.3", "10.97.0.2"
 NAMES = {b"host.attack.test": [HOST_V4], b"host6.attack.test": [HOST_V6], b"lan.attack.test": [LAN]}
-
-# Runs in the jail: each (protocol, target) through the proxy; what the proxy said and
-# what the server behind it answered (empty: nothing reached).
-JAIL = r"""
-import json, socket, struct, sys
-out = []
-for protocol, target in json.loads(sys.argv[1]):
-    host, port = target.rsplit(":", 1)
-    with socket.create_connection(("10.99.0.1", 3128 if protocol == "http" else 1080), timeout=10) as s:
-        if protocol == "http":
-            s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = s.recv(4096)
-                if not data:
-                    break
-                head += data
-            said, rest = head.split(b"\r\n", 1)[0].decode(), head.partition(b"\r\n\r\n")[2]
-        else:
-            name = host.strip("[]").encode()
-            s.sendall(b"\x05\x01\x00\x05\x01\x00\x03" + bytes([len(name)]) + name + struct.pack("!H", int(port)))
-            reply = b""
-            while len(reply) < 12:
-                data = s.recv(64)
-                if not data:
-                    break
-                reply += data
-            said, rest = f"socks {reply[3] if len(reply) > 3 else None}", reply[12:]
-        banner = b""  # the proxy's own refusal body is not the server's
-        if said.endswith(" 200 Connection established") or said == "socks 0":
-            banner = rest
-            s.settimeout(5)
-            while not banner.endswith(b"\n"):
-                data = s.recv(100)
-                if not data:
-                    break
-                banner += data
-        out.append([protocol, target, said, banner.decode(errors="replace").strip()])
-print(json.dumps(out))
-"""
-
-
-class TestResolver(trio.abc.HostnameResolver):
-    """The test's names as the host's DNS would answer them; anything else is unknown."""
-
-    async def getaddrinfo(self, host: bytes | None, port: Any, family: int = 0, type: int = 0,
-                          proto: int = 0, flags: int = 0) -> list[Any]:
-        if host not in NAMES:
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        infos = []
-        for address in NAMES[host]:
-            v6 = ":" in address
-            sockaddr = (address, int(port), 0, 0) if v6 else (address, int(port))
-            infos.append((socket.AF_INET6 if v6 else socket.AF_INET, socket.SOCK_STREAM, 6, "", sockaddr))
-        return infos
-
-    async def getnameinfo(self, sockaddr: Any, flags: int) -> tuple[str, str]:
-        raise NotImplementedError
 
 
 def _shown(address: str, port: int) -> str:
@@ -195,7 +138,7 @@ def _run(tools: Any, tmp_path: Path, plan: dict[tuple[str, ...], list[tuple[str,
     ws.mkdir(exist_ok=True)
 
     async def scenario(t: Any) -> list[Any]:
-        trio.socket.set_custom_hostname_resolver(TestResolver())
+        trio.socket.set_custom_hostname_resolver(LabResolver(NAMES))
         out = []
         for rules, attempts in plan.items():
             cap = (await t.call("capsule_create", {"workspace": str(ws), "network": list(rules)}))["capsule_id"]

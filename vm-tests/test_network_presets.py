@@ -6,15 +6,14 @@ No packet leaves for the real registries.  Their names (pypi.org, registry.npmjs
 resolve here, as the host's DNS would answer, to 198.18.0.2: the far end of a namespace of
 the test's (``netfixtures.lab_namespace``), in benchmarking space that egress leaves
 open, where a server on port 443 answers ``far:443``.  The names resolve through a trio
-hostname resolver the test installs in the front end, as vm-tests/test_attack_egress.py
-does; the host's end of the veth (198.18.0.1) is the address that file uses too, so both
+hostname resolver the test installs in the front end (``tests/support/lab_names.py``, as
+vm-tests/test_attack_egress.py does); the host's end of the veth (198.18.0.1) is the address that file uses too, so both
 are in conftest.py's SHARED group.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,49 +25,11 @@ from mcp_server.fs.netpresets import shipped, user_dir
 from sandbox.errors import CcwError
 from tests.support import netfixtures as nf
 from tests.support.cli_process import ccw
+from tests.support.lab_names import THROUGH_PROXY, LabResolver
 
 HOST_END, FAR = "198.18.0.1", "198.18.0.2"
-NAMES = {b"pypi.org", b"files.pythonhosted.org", b"registry.npmjs.org", b"crates.io", b"mirror.presets.test"}
-
-# Runs in the jail: CONNECT through the proxy to each target; the status line, and what the
-# server behind it answered (empty: nothing reached it).
-JAIL = r"""
-import json, socket, sys
-out = []
-for target in json.loads(sys.argv[1]):
-    with socket.create_connection(("10.99.0.1", 3128), timeout=10) as s:
-        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            data = s.recv(4096)
-            if not data:
-                break
-            head += data
-        said, banner = head.split(b"\r\n", 1)[0].decode(), b""
-        if said.endswith(" 200 Connection established"):
-            banner = head.partition(b"\r\n\r\n")[2]
-            s.settimeout(5)
-            while not banner.endswith(b"\n"):
-                data = s.recv(100)
-                if not data:
-                    break
-                banner += data
-    out.append([target, said, banner.decode(errors="replace").strip()])
-print(json.dumps(out))
-"""
-
-
-class LabResolver(trio.abc.HostnameResolver):
-    """The registries' names as the lab's DNS answers them: the far end; anything else is unknown."""
-
-    async def getaddrinfo(self, host: bytes | None, port: Any, family: int = 0, type: int = 0,
-                          proto: int = 0, flags: int = 0) -> list[Any]:
-        if host not in NAMES:
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (FAR, int(port)))]
-
-    async def getnameinfo(self, sockaddr: Any, flags: int) -> tuple[str, str]:
-        raise NotImplementedError
+NAMES = {name: [FAR] for name in (b"pypi.org", b"files.pythonhosted.org", b"registry.npmjs.org", b"crates.io",
+                                  b"mirror.presets.test")}
 
 
 @pytest.fixture
@@ -82,14 +43,15 @@ def lab(root_required: None) -> Iterator[None]:
 async def _attempts(t: Any, workspace: Path, network: Any, targets: list[str]) -> tuple[dict[str, Any], Any, Any]:
     """A capsule with ``network`` tries each target in one exec: (the capsule, the jail's answers, the records)."""
     cap = await t.call("capsule_create", {"workspace": str(workspace), "network": network})
+    attempts = [["http", target] for target in targets]
     ran = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "timeout_ms": 60000,
-                                        "cmd": ["/usr/bin/python3", "-c", JAIL, json.dumps(targets)]})
+                                        "cmd": ["/usr/bin/python3", "-c", THROUGH_PROXY, json.dumps(attempts)]})
     assert ran["exit_code"] == 0, ran["stderr"]
     return cap, json.loads(ran["stdout"]), ran["touched"]["network"]
 
 
 def _verdicts(answers: list[list[str]]) -> dict[str, tuple[bool, str]]:
-    return {target: (said.endswith(" 200 Connection established"), banner) for target, said, banner in answers}
+    return {target: (said.endswith(" 200 Connection established"), banner) for _, target, said, banner in answers}
 
 
 def test_a_preset_capsule_reaches_the_presets_hosts_and_no_other(tools: Any, lab: None, tmp_path: Path) -> None:
@@ -98,7 +60,7 @@ def test_a_preset_capsule_reaches_the_presets_hosts_and_no_other(tools: Any, lab
     targets = ["pypi.org:443", "files.pythonhosted.org:443", "registry.npmjs.org:443", "pypi.org:80", "crates.io:443"]
 
     async def scenario(t: Any) -> Any:
-        trio.socket.set_custom_hostname_resolver(LabResolver())
+        trio.socket.set_custom_hostname_resolver(LabResolver(NAMES))
         return await _attempts(t, workspace, ["preset:pypi"], targets)
 
     cap, answers, records = tools.run(scenario)
@@ -132,7 +94,7 @@ def test_a_user_preset_is_used_beside_a_shipped_one_and_a_bad_one_is_refused(
     targets = ["mirror.presets.test:443", "registry.npmjs.org:443", "pypi.org:443"]
 
     async def scenario(t: Any) -> Any:
-        trio.socket.set_custom_hostname_resolver(LabResolver())
+        trio.socket.set_custom_hostname_resolver(LabResolver(NAMES))
         used = await _attempts(t, workspace, {"allow": ["preset:lab-mirror", "preset:npm"], "max_connections": 8},
                                targets)
         try:

@@ -33,6 +33,8 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``memory_cas``: a CAS in memory, for REAPI tests without a cluster;
   ``reapi_cluster``: what a local cluster needs of the host.
 - ``net_probes``: what a program in a jail tries on the network (a script, as text).
+- ``lab_names``: real hosts' names answered into a lab namespace (a trio resolver), and a
+  script that tries targets through a capsule's proxy.
 - ``descriptors``, ``processes``: a descriptor closed, the pids running a command line.
 - ``scratch_services``: services beside a scratch capsule's runs, the helper's side faked.
 
