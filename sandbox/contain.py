@@ -128,6 +128,7 @@ class Plan:
     last_cap: int
     keep_caps: int = 0  # rootcaps.kept_for: the capabilities the command keeps (a mask)
     seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
+    notify_filter: seccomp.Filter | None = None  # the notifying filter: only where runs overlap (unotify.py)
     controlling_tty: bool = False  # stdin is a pty slave: the command's session takes it as its terminal
 
 

@@ -20,7 +20,9 @@ Choices made here:
 * The written set is what fanotify saw written *and* what the upper dir's signature
   (``upper_signature``, taken before and after) says changed: renames and deletions
   open no file.  A directory that only appeared because something below it was copied
-  up is no change (``upper_diff``).
+  up is no change (``upper_diff``).  While runs overlap (a service, or an exec beside
+  one), a change another run's renames or deletions named, and this run's did not, is
+  the other's (unotify.py: seccomp user notification, one listener per run).
 * A tracer that cannot start (no fanotify) or overflows makes the read set null with the
   reason, never a guess; usage figures likewise come with their sources or reasons.
 * A disk counts as full after an exec with less than 1% (at least 4 MiB) free: a write
@@ -38,7 +40,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sandbox import cgroups, disk, egress, exposed, gitdirs, overlay, spec
+from sandbox import cgroups, disk, egress, exposed, gitdirs, overlay, spec, unotify
 from sandbox.cgroups import CgroupLayout
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
@@ -78,11 +80,16 @@ def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: i
     jail = jail_spec(capsule, request, uid, gid, net_fd)
     upper = capsule.path("upper")
     before = upper_signature(upper)
-    result, usage, traced, trace_error = _run_traced(jail, exec_name, exec_limits(capsule, request), on_progress,
-                                                     request.progress_ms or spec.DEFAULT_PROGRESS_MS, on_ending,
-                                                     on_running, request.service is not None and jail.network == "egress")
+    # Only a run that can overlap another pays for the notifying filter (unotify.py).
+    record = unotify.begin(upper, jail.workspace) if request.service is not None or capsule.services else None
+    try:
+        result, usage, traced, trace_error = _run_traced(
+            jail, exec_name, exec_limits(capsule, request), on_progress, request.progress_ms or spec.DEFAULT_PROGRESS_MS,
+            on_ending, on_running, request.service is not None and jail.network == "egress", record)
+    finally:
+        named = record.finish() if record is not None else None
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
-    touched, touched_unavailable = _touched(traced, trace_error, moved)
+    touched, touched_unavailable = _touched(traced, trace_error, moved, named)
     return ExecReply(
         exit_code=result.exit_code,
         signal=result.signal,
@@ -154,11 +161,13 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
                 on_ending: Callable[[Ending], None] | None,
                 on_running: Callable[[Handle | None, ExecCgroup | None], None] | None,
-                own_v2: bool = False) -> tuple[JailResult, Measurement, Traced | None, str | None]:
+                own_v2: bool = False, record: unotify.Record | None = None,
+                ) -> tuple[JailResult, Measurement, Traced | None, str | None]:
     """The jail in its exec cgroup, recorded by its capsule's fanotify group: its result, usage,
     the files it touched (None: no record, the error says why); the recording stopped whatever happens, the cgroup
     too, after the init's exit once the jail ran (``on_ending`` gets that end: jail_end.py).  ``own_v2``: a
-    cgroup v2 of its own too, whose id names its sockets (an egress capsule's service: run_sockets.py)."""
+    cgroup v2 of its own too, whose id names its sockets (an egress capsule's service: run_sockets.py).
+    ``record``: the jail's renames and deletions go to it (unotify.py)."""
     from sandbox import exec_cgroup, fanotify, jail_end, rusage, spare_cgroups, supervise
     from sandbox.run_sockets import join_unified
 
@@ -187,7 +196,7 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_running(handle, taken if handle is not None else None)
 
         result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, recording),
-                               progress_interval_s=progress_ms / 1000, on_running=running)
+                               progress_interval_s=progress_ms / 1000, on_running=running, record=record)
         if on_ending is not None:
             on_ending(result.ending)
         traced = recording.collect() if recording is not None else None
@@ -225,8 +234,12 @@ def _with_writes(on_progress: Callable[[ExecProgress], None] | None,
     return report
 
 
-def _touched(traced: Traced | None, trace_error: str | None, moved: list[str]) -> tuple[Touched, dict[str, str]]:
-    """The reply's touched sets and, for each one not known, why."""
+def _touched(traced: Traced | None, trace_error: str | None, moved: list[str],
+             named: unotify.Named | None = None) -> tuple[Touched, dict[str, str]]:
+    """The reply's touched sets and, for each one not known, why.  ``named``: the renames and
+    deletions of the runs overlapping this one (unotify.py), which pick whose each change is."""
+    if named is not None:
+        moved = [path for path in moved if named.owns(path)]
     unavailable: dict[str, str] = {}
     listed: list[str] | None = None  # directories opened and files executed: known when read is
     executed: list[str] | None = None

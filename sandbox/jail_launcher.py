@@ -20,7 +20,8 @@ Some facts this follows from:
 - The descriptors the launcher gets: 0-2 the command's stdio, 3 the report pipe, 4 the
   plan, 5 a network namespace to join, 6 the root tree, 7 the mount namespace to copy
   (``mounts.launch_namespace``: the capsule's binds then come inside the root tree), 8
-  and up the exec cgroup's ``tasks`` files.  Each source is first copied above the last target, so no dup2 of
+  and up the exec cgroup's ``tasks`` files, the binds' sources, and where a capsule's
+  runs overlap the socket the notifying filter's listener goes back on (unotify.py).  Each source is first copied above the last target, so no dup2 of
   the spawn's file actions overwrites a source still to be placed; the launcher closes
   every descriptor past its own before anything else.
 - The root tree comes built when the helper could make it ahead (``mounts.build_root``,
@@ -93,8 +94,9 @@ def _step(tag: bytes, step: mounts.MountStep) -> bytes:
     return _record(tag, struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings)
 
 
-def encode(plan: Plan, options: int, cgroups: int) -> bytes:
-    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT, LAUNCH; ``cgroups``: tasks files passed).
+def encode(plan: Plan, options: int, cgroups: int, notify_fd: int | None = None) -> bytes:
+    """The plan in the launcher's format (``options``: DIRECT, NET, ROOT, LAUNCH; ``cgroups``: tasks files passed;
+    ``notify_fd``: where the notifying filter's socket is, with the plan's ``notify_filter``).
 
     Without ROOT (no tree built ahead) the root tree's own steps go along, for the
     launcher to build the tree in place.
@@ -109,6 +111,8 @@ def encode(plan: Plan, options: int, cgroups: int) -> bytes:
         parts.append(_record(b"t", plan.ns.timens_offsets))
     if plan.seccomp_filter is not None:
         parts.append(_record(b"f", plan.seccomp_filter.buffer.raw))
+    if plan.notify_filter is not None and notify_fd is not None:
+        parts.append(_record(b"u", struct.pack("=I", notify_fd) + plan.notify_filter.buffer.raw))
     parts += [_record(b"a", _text(arg)) for arg in plan.argv]
     parts += [_record(b"e", _text(f"{key}={value}")) for key, value in plan.env.items()]
     parts += [_step(b"m", step) for step in plan.mount_steps]
@@ -130,24 +134,29 @@ def _plan_fd(raw: bytes) -> int:
     return fd
 
 
-def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool, sources: tuple[int, ...] = ()) -> int:
+def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool, sources: tuple[int, ...] = (),
+          notify: int | None = None) -> int:
     """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, launch, tasks files...).
 
     The caller keeps (and closes) ``fds``; a None net or root is made by the launcher, a
     None launch namespace is its own (the helper's: the plan's binds then come from there).
     ``sources``: the binds' detached sources (mounts.detach_sources), after the tasks files.
+    ``notify``: the socket the init sends the notifying filter's listener on (unotify.py),
+    after the sources; only with the plan's ``notify_filter``.
     Returns the launcher's pid: the jail's init when ``direct``.
     """
     stdio_report, net, root, launch, cgroups = fds[:4], fds[4], fds[5], fds[6], fds[7:]
     options = ((DIRECT if direct else 0) | (NET if net is not None else 0) | (ROOT if root is not None else 0)
                | (LAUNCH if launch is not None else 0))
-    plan_fd = _plan_fd(encode(plan, options, len(cgroups)))
+    extra = (*cgroups, *sources) if notify is None or plan.notify_filter is None else (*cgroups, *sources, notify)
+    notify_fd = FD_CGROUPS + len(cgroups) + len(sources) if len(extra) > len(cgroups) + len(sources) else None
+    plan_fd = _plan_fd(encode(plan, options, len(cgroups), notify_fd))
     placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root), (FD_LAUNCH, launch),
-              *((FD_CGROUPS + i, fd) for i, fd in enumerate((*cgroups, *sources)))]
+              *((FD_CGROUPS + i, fd) for i, fd in enumerate(extra))]
     high: list[int] = []
     try:
         # Above every target first: no dup2 of the file actions then clobbers a source.
-        lowest = FD_CGROUPS + len(cgroups) + len(sources)
+        lowest = FD_CGROUPS + len(extra)
         actions = []
         for target, fd in placed:
             if fd is not None:

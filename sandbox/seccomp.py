@@ -76,6 +76,13 @@ mknod mknodat (devices)     char and block device nodes (FIFOs, sockets and regu
                             files pass)
 x32 ABI (x86_64)            a second syscall table the list above does not name
 ==========================  ===========================================================
+
+A second filter, only for runs of a capsule that can overlap (sandbox/unotify.py says
+why and how), returns ``SECCOMP_RET_USER_NOTIF`` for the rename and unlink family
+(``NOTIFIED``) and allows everything else; the jail's own filter above still decides,
+since of two stacked filters the stricter action wins (EPERM over a notification).  It
+is installed with ``seccomp(2)`` and ``SECCOMP_FILTER_FLAG_NEW_LISTENER``, which
+``prctl`` cannot pass.
 """
 
 from __future__ import annotations
@@ -99,6 +106,7 @@ BPF_JEQ, BPF_JGE, BPF_JSET = 0x10, 0x30, 0x40
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_USER_NOTIF = 0x7FC00000
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 
@@ -152,9 +160,13 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     # checked by argument, below
     "clone": (56, 220), "clone3": (435, 435), "ioctl": (16, 29), "personality": (135, 92),
     "mknod": (133, None), "mknodat": (259, 33),
+    # notified where a capsule's runs overlap (build_notify_program), never denied
+    "rename": (82, None), "renameat": (264, 38), "renameat2": (316, 276),
+    "unlink": (87, None), "unlinkat": (263, 35), "rmdir": (84, None),
 }
+NOTIFIED = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir")
 _ARG_CHECKED = ("clone", "clone3", "ioctl", "personality", "mknod", "mknodat")
-DENIED = tuple(name for name in _TABLE if name not in _ARG_CHECKED)
+DENIED = tuple(name for name in _TABLE if name not in _ARG_CHECKED and name not in NOTIFIED)
 # What mechanisms() reports: the plain list plus the argument-checked denials.
 DENIED_DESCRIBED = (*DENIED, "clone(namespace flags)", "clone3(ENOSYS)", "ioctl(TIOCSTI,TIOCLINUX)",
                     "personality(non-default)", "mknod(device nodes)", "mknodat(device nodes)", "x32 ABI")
@@ -251,6 +263,28 @@ def build_program(arch: str) -> list[Insn]:
     return program
 
 
+def build_notify_program(arch: str) -> list[Insn]:
+    """The notifying filter for ``arch``: ``NOTIFIED`` calls go to the listener, all else passes.
+
+    A foreign arch or an x32 call passes here: the jail's own filter kills or denies it.
+    """
+    if arch not in _ARCHES:
+        raise ValueError(f"no seccomp filter for architecture {arch!r}")
+    column, audit_arch = _ARCHES[arch]
+    program = [
+        _load(OFFSET_ARCH),
+        _jump(BPF_JMP | BPF_JEQ | BPF_K, audit_arch, 1, 0),
+        _RET_ALLOW,
+        _load(OFFSET_NR),
+    ]
+    for name in NOTIFIED:
+        number = _TABLE[name][column]
+        if number is not None:
+            program += _if_nr(number, [_stmt(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF)])
+    program.append(_RET_ALLOW)
+    return program
+
+
 def syscall_number(name: str, arch: str) -> int | None:
     """The syscall's number on ``arch`` per the filter's table (None: no such call there)."""
     return _TABLE[name][_ARCHES[arch][0]]
@@ -274,13 +308,16 @@ class Filter:
     length: int
 
 
-@functools.lru_cache(maxsize=1)
-def prepare() -> Filter | None:
-    """The filter for this machine's architecture, built once in the helper (None: unsupported arch)."""
+@functools.lru_cache(maxsize=2)
+def prepare(notifying: bool = False) -> Filter | None:
+    """The filter for this machine's architecture, built once in the helper (None: unsupported arch).
+
+    ``notifying``: the notifying filter (``build_notify_program``) instead of the jail's own.
+    """
     arch = platform.machine()
     if arch not in _ARCHES:
         return None
-    program = build_program(arch)
+    program = build_notify_program(arch) if notifying else build_program(arch)
     raw = encode(program)
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = _SockFprog(len(program), ctypes.addressof(buffer))

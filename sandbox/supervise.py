@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from sandbox import idmap, jail_end, jail_launcher, mountinfo, mounts, namespaces, syscalls
+from sandbox import idmap, jail_end, jail_launcher, mountinfo, mounts, namespaces, seccomp, syscalls
 from sandbox import rusage as rusage_
 from sandbox.cgroups import HINT
 from sandbox.contain import END_SIGNAL, JailSpec, Plan, prepare
@@ -55,6 +55,7 @@ from sandbox.errors import JAIL_STEP_HINT, CcwError, from_oserror, jail_step_err
 from sandbox.replies import ExecProgress
 
 if TYPE_CHECKING:
+    from sandbox import unotify
     from sandbox.exec_cgroup import ExecCgroup
 
 _KILL_GRACE_SEC = 5.0  # after a timeout kill, how long to wait for the pipes to close
@@ -167,6 +168,7 @@ def run(
     on_progress: Callable[[ExecProgress], None] | None = None,
     progress_interval_s: float = 1.0,
     on_running: Callable[[Handle | None], None] | None = None,
+    record: unotify.Record | None = None,
 ) -> JailResult:
     """Run ``spec.argv`` in a fresh jail and wait for it (blocking).
 
@@ -178,12 +180,13 @@ def run(
     ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
     with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
     ``on_running`` gets a handle to signal the jail by, then None once it ended.  A
-    ``spec.timeout_ms`` of 0 is no time limit (a service's).
+    ``spec.timeout_ms`` of 0 is no time limit (a service's).  ``record``: the jail gets the
+    notifying filter, and the record its listener (unotify.py: only where runs overlap).
     """
     mapping = idmap.for_caller(spec.uid)
     plan = prepare(spec, host_trees_mapped=mapping is not None)
     start = time.monotonic()
-    jail, output = _start(plan, spec, cgroup, mapping)
+    jail, output = _start(plan, spec, cgroup, mapping, record)
     try:
         if cgroup is not None:
             cgroup.watch()
@@ -257,7 +260,8 @@ class _Output:
                 os.close(fd)
 
 
-def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int | None) -> tuple[_Running, _Output]:
+def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int | None,
+           record: unotify.Record | None = None) -> tuple[_Running, _Output]:
     """Spawn the jail's launcher with its descriptors, the exec cgroup's files among them.
 
     ``mapping``: the host's trees go to the jail idmapped through it (a root caller's: idmap.py).
@@ -287,6 +291,9 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
     child_fds = (stdin_fd, out_w, err_w, report_w, net, root, None if launch is None else os.dup(launch),
                  *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
+    if record is not None:  # its listener comes back over a socket of its own (unotify.py)
+        plan = dataclasses.replace(plan, notify_filter=seccomp.prepare(notifying=True))
+    notify = record.socket_for_jail() if record is not None and plan.notify_filter is not None else None
     try:
         if launch is not None:
             steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries), mapping)
@@ -294,16 +301,16 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
             mount_ids = tuple(one for one in map(mountinfo.mount_id, sources) if one is not None)
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
-                pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
+                pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources), notify)
         else:
-            pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources))
+            pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources), notify)
     except BaseException:
         for fd in (out_r, err_r, report_r):  # no jail: our ends of its pipes go too
             if fd is not None:
                 os.close(fd)
         raise
     finally:
-        for fd in (*child_fds, *sources):
+        for fd in (*child_fds, *sources, notify):
             if fd is not None:
                 os.close(fd)
     keep = STREAM_MAX if spec.stream else PROGRESS_TAIL

@@ -2,23 +2,25 @@
 renames one file and deletes another; each run's journal row must name only its own
 (issue 36: "an exec must still end as it does now (... its own touched files)").
 
-The first test holds today: a run's row names its own renames (both names) and deletions,
-from the upper dir's changes (sandbox/execution.py ``upper_diff``).  The second is a known
-gap (THREATS.md, "Known gaps"), marked to fail until it is closed: a rename or deletion
-opens no file, so the capsule's fanotify group (fd-reporting, the only kind overlayfs lets
-watch a whole overlay) gives no event for it, and each overlapping run's upper-dir diff
-takes the other's as its own.  It fails the run the day it passes, so the mark cannot
-outlive the fix.
+A run's row names its own renames (both names) and deletions, from the upper dir's
+changes (sandbox/execution.py ``upper_diff``); which run each change belongs to comes
+from the seccomp user notifications of its jail (sandbox/unotify.py: one listener per
+run that can overlap another), as root and through the rootless helper.  A plain exec
+in a capsule without services gets no notifying filter at all (its Seccomp_filters
+count shows one filter, the jail's own).
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from mcp_server.journal import Journal
+from mcp_server.state import State
+from tests.support.agent_loop import scenario_command
+from tests.support.users import run_script_as
 
 # The two runs take turns through files of the workspace, so that the service's rename and
 # deletion fall inside the exec's run and the exec's inside the service's.
@@ -62,10 +64,65 @@ def test_each_runs_row_names_its_own_renames_and_deletions(tools: Any, tmp_path:
     assert "s.done" not in out["exec"] and "go" not in out["service"], out
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (THREATS.md): a rename or deletion by one run is counted "
-                   "for each run that overlaps it; overlayfs refuses fanotify's directory-entry events "
-                   "for a whole overlay on this kernel (FAN_REPORT_DFID_NAME: EOPNOTSUPP)")
 def test_a_rename_or_deletion_is_only_its_makers(tools: Any, tmp_path: Path) -> None:
     out = _rows(tools, tmp_path)
     assert not out["exec"] & SERVICE_OWN, f"the exec's row names the service's {sorted(out['exec'] & SERVICE_OWN)}"
     assert not out["service"] & EXEC_OWN, f"the service's row names the exec's {sorted(out['service'] & EXEC_OWN)}"
+
+
+async def scenario(call: Any, setup: dict[str, str]) -> dict[str, Any]:
+    """The same two runs through a user's own ``ccw-mcp`` (its helper rootless): each row's written set."""
+    ws = setup["ws"]
+    cap = (await call("capsule_create", {"workspace": ws, "auto_expose": False}))["capsule_id"]
+    await call("capsule_service_start", {"capsule_id": cap, "name": "mover", "cmd": ["sh", "-c", SERVICE],
+                                         "ready": {"line": "up", "timeout_ms": 30_000}})
+    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", EXEC], "timeout_ms": 60_000})
+    await call("capsule_service_stop", {"capsule_id": cap, "name": "mover", "grace_ms": 1000})
+    rows = Journal(State(Path(setup["scratch"]) / "state")).execs(cap)
+    await call("capsule_destroy", {"capsule_id": cap})
+    [service] = [row for row in rows if row.get("service") == "mover"]
+    [exec_row] = [row for row in rows if row.get("service") is None]
+    return {"exit": ran["exit_code"], "exec": exec_row["touched"]["written"], "service": service["touched"]["written"]}
+
+
+def test_a_rename_or_deletion_is_only_its_makers_rootless(user_dir: tuple[int, int, Path]) -> None:
+    uid, gid, home = user_dir
+    ws, scratch = home / "ws", home / "scratch"
+    for directory in (ws, scratch):
+        directory.mkdir()
+    for name in ("s-old.txt", "s-gone.txt", "e-old.txt", "e-gone.txt"):
+        (ws / name).write_text(name + "\n")
+    subprocess.run(["chown", "-R", f"{uid}:{gid}", str(ws), str(scratch)], check=True)
+    out = run_script_as(uid, gid, scenario_command("test_services_renames", {"ws": str(ws), "scratch": str(scratch)}),
+                        home)
+    written = {"exec": set(out["exec"]), "service": set(out["service"])}
+    assert out["exit"] == 0, out
+    # Rootless there is no fanotify (no read set, nor whose writes): the renames and
+    # deletions, whose attribution is the notifications', are what is asserted.
+    assert written["exec"] >= EXEC_OWN and written["service"] >= SERVICE_OWN, json.dumps(out)
+    assert not written["exec"] & SERVICE_OWN, json.dumps(out)
+    assert not written["service"] & EXEC_OWN, json.dumps(out)
+
+
+FILTERS = ["sh", "-c", "grep '^Seccomp_filters' /proc/self/status"]
+
+
+def test_only_a_run_that_can_overlap_gets_the_notifying_filter(tools: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def scenario(t: Any) -> dict[str, str]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        out = {"alone": (await t.call("capsule_exec", {"capsule_id": cap, "cmd": FILTERS}))["stdout"]}
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "idle", "cmd": ["sh", "-c", "echo up; exec sleep 600"],
+                                               "ready": {"line": "up", "timeout_ms": 30_000}})
+        out["beside"] = (await t.call("capsule_exec", {"capsule_id": cap, "cmd": FILTERS}))["stdout"]
+        await t.call("capsule_service_stop", {"capsule_id": cap, "name": "idle", "grace_ms": 1000})
+        out["after"] = (await t.call("capsule_exec", {"capsule_id": cap, "cmd": FILTERS}))["stdout"]
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    # The jail's own filter; beside a service, the notifying one over it; none once it stopped.
+    assert out == {"alone": "Seccomp_filters:\t1\n", "beside": "Seccomp_filters:\t2\n",
+                   "after": "Seccomp_filters:\t1\n"}, out

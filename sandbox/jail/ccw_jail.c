@@ -323,6 +323,9 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < plan.nsteps; i++)
         if ((plan.steps[i].bits & STEP_SOURCE_FD) && atoi(plan.steps[i].source) != last++)
             fail("read the jail plan", EINVAL, "a bind's source descriptor is out of order");
+    /* The notifying filter's socket comes after them (jail_launcher.spawn). */
+    if (plan.notify != NULL && plan.notify_fd != (uint32_t)last++)
+        fail("read the jail plan", EINVAL, "the notifying filter's socket is out of order");
     /* Every descriptor past ours: nothing of the helper's may reach the command. */
     if (syscall(SYS_close_range, last, ~0U, 0) < 0)
         fail_errno("jail child", "close_range");

@@ -9,6 +9,9 @@
  *         the END signal's number, the number of cgroup files, keep_caps low and high word
  *     'h' hostname            't' time namespace offsets (text for timens_offsets)
  *     'f' seccomp program (struct sock_filter[])
+ *     'u' the notifying seccomp program (only where a capsule's runs overlap): u32, the
+ *         descriptor of the socket its listener is sent on (after the bind sources), then
+ *         struct sock_filter[] (sandbox/unotify.py)
  *     'c' cwd                 'a' one argv element (in order; one at least)
  *     'e' one "NAME=value" of the command's environment
  *     'm' one mount step: three u32 (action, MOUNT_ATTR_* set, STEP_* bits), then four
@@ -20,7 +23,8 @@
  * Every string is NUL-free before its terminator; any other tag, a short record or a
  * missing field is refused with an "E" report.  The descriptors (DESIGN: contain.py's
  * essay): 0-2 the command's stdio, 3 the report pipe, 4 the plan, 5 a network namespace
- * (PLAN_NET), 6 the root tree (PLAN_ROOT), 7 and up the exec cgroup's "tasks" files.
+ * (PLAN_NET), 6 the root tree (PLAN_ROOT), 7 and up the exec cgroup's "tasks" files, the
+ * binds' sources, and the notifying filter's socket ('u').
  */
 #ifndef CCW_JAIL_H
 #define CCW_JAIL_H
@@ -74,6 +78,9 @@ struct plan {
     size_t timens_len;
     const void *seccomp;
     size_t seccomp_len;
+    const void *notify; /* the notifying filter ('u'), NULL without; its listener goes over notify_fd */
+    size_t notify_len;
+    uint32_t notify_fd;
     char **argv, **envp; /* NULL-terminated */
     size_t nsteps, nroot_steps;
     struct mount_step steps[MAX_STEPS];

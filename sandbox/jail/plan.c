@@ -99,6 +99,15 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
         plan->seccomp = payload;
         plan->seccomp_len = length;
         return 1;
+    case 'u': /* the notifying filter: the socket's descriptor (u32), then its program */
+        if (length < 4 + 8 || (length - 4) % 8 != 0 || (length - 4) / 8 > 4096) {
+            *why = "the notifying seccomp record is not a descriptor and a whole number of instructions";
+            return -1;
+        }
+        memcpy(&plan->notify_fd, payload, 4);
+        plan->notify = payload + 4;
+        plan->notify_len = length - 4;
+        return 1;
     case 'a': if (plan->argv) plan->argv[*argc] = (char *)string; (*argc)++; return 1;
     case 'e': if (plan->envp) plan->envp[*envc] = (char *)string; (*envc)++; return 1;
     case 'm': return plan->argv == NULL ? 1 : (read_step(plan->steps, &plan->nsteps, payload, length, why) < 0 ? -1 : 1);

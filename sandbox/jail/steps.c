@@ -304,6 +304,38 @@ static void enter_time(const struct plan *plan)
     close(fd);
 }
 
+/* The notifying filter (sandbox/unotify.py), over the jail's own: its listener goes to the
+ * helper over the plan's socket, and this copy is closed.  A kernel that refuses the filter
+ * leaves the jail without it (the socket closes with nothing sent: the helper attributes as
+ * before); but once installed, its listener must reach the helper, or every rename and
+ * unlink of the jail would fail with ENOSYS as the last copy closed: that fails the jail. */
+static void send_listener(const struct plan *plan)
+{
+    struct sock_fprog program = {(unsigned short)(plan->notify_len / 8), (struct sock_filter *)plan->notify};
+    union { char buffer[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    char byte = 'L';
+    struct iovec data = {&byte, 1};
+    struct msghdr message;
+    struct cmsghdr *header;
+    int listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
+    if (listener >= 0) {
+        memset(&control, 0, sizeof control);
+        memset(&message, 0, sizeof message);
+        message.msg_iov = &data;
+        message.msg_iovlen = 1;
+        message.msg_control = control.buffer;
+        message.msg_controllen = sizeof control.buffer;
+        header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(header), &listener, sizeof listener);
+        check(sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) == 1 ? 0 : -1, "sendmsg(the seccomp listener)");
+        close(listener);
+    }
+    close((int)plan->notify_fd);
+}
+
 /* Caller's uid/gid, no capabilities but keep_caps, no_new_privs, not dumpable,
  * PDEATHSIG, no core dumps, seccomp last (contain.drop_privileges, step for step). */
 static void drop_privileges(const struct plan *plan)
@@ -330,6 +362,8 @@ static void drop_privileges(const struct plan *plan)
     check(setrlimit(RLIMIT_CORE, &no_core), "setrlimit(RLIMIT_CORE)");
     if (plan->seccomp != NULL)
         check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0), "prctl(PR_SET_SECCOMP)");
+    if (plan->notify != NULL)
+        send_listener(plan);
 }
 
 void contain(const struct plan *plan)

@@ -1,0 +1,394 @@
+"""Whose rename and deletion: seccomp user notification, one listener per overlapping run.
+
+While a capsule's runs overlap (a service, and the exec or services beside it), the upper
+dir's diff (execution.upper_diff) cannot say which run renamed or deleted what, and
+fanotify cannot either (THREATS.md, "Known gaps": its directory-entry events need a
+FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of a reaped
+``mv`` is unknowable).  So each such run's jail gets a second seccomp filter
+(seccomp.build_notify_program) that hands the rename and unlink family to a listener:
+
+- ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER)`` installs the
+  filter and returns a descriptor, the listener.  ccw-jail's init installs it last
+  (after no_new_privs and the jail's own filter: steps.c ``send_listener``) and sends the
+  listener over a socket the helper gave it (SCM_RIGHTS), then closes its copy.  No
+  privilege is needed but no_new_privs, so a rootless helper has it too; no ptrace
+  permission is needed to take the descriptor, as pidfd_getfd(2) would.
+- Every notification on a listener comes from a process of that one run (the filter is
+  inherited across fork and exec and cannot be removed): no pid has to be judged.  The
+  process waits in the syscall until the listener answers, so it is alive while the
+  helper reads its arguments: the paths from its memory (process_vm_readv), a relative
+  path's base from ``/proc/PID/cwd`` or ``/proc/PID/fd/N`` (the path in the jail's mount
+  namespace, as fanotify.py's essay says of descriptors).  ``SECCOMP_IOCTL_NOTIF_ID_VALID``
+  after reading says the process is still the one that asked (seccomp_unotify(2)); then
+  the helper answers ``SECCOMP_USER_NOTIF_FLAG_CONTINUE``: the kernel runs the syscall
+  as if no filter had stopped it.
+- CONTINUE re-reads the arguments from the process's memory: another thread may change
+  them in between (the TOCTOU the man page warns about), so a record may name another
+  path than the one renamed.  That is acceptable here because nothing is *decided* on it:
+  the upper dir's diff stays the truth of what changed, and a run's notifications only
+  pick which run a diff entry belongs to (``Named.owns``).
+- The kernel's rules the helper must live with: a notification no one answers blocks its
+  process for ever (so one helper thread reads every listener, and answers CONTINUE in a
+  ``finally`` whatever went wrong); and once the last copy of a listener closes, every
+  pending and later notified syscall fails with ENOSYS (seccomp_unotify(2): the filter
+  stays, its listener is gone).  So the helper keeps a run's listener until the run has
+  ended (its init's last report: every other process of its pid namespace is dead, and
+  the init renames nothing), and a listener the init installed but could not send fails
+  the jail rather than leave its ``rm`` failing.  A kernel that refuses the filter sends
+  nothing: the run is attributed as before (``Named`` of an unavailable record owns all).
+- ``RECV`` needs its buffer zeroed (EINVAL otherwise) and blocks while nothing is
+  pending, so the reader asks only when poll(2) says one is; a listener whose processes
+  have all exited polls POLLHUP.
+- Only runs that can overlap pay: a plain exec in a capsule without services gets no
+  second filter (execution.run decides).  What a notification costs the process is
+  measured by ``bench/run.py unotify``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import select
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+
+from sandbox import seccomp
+
+log = logging.getLogger("ccw.unotify")
+
+# linux/seccomp.h: _IOWR('!', 0, struct seccomp_notif) and friends.
+NOTIF_RECV = 0xC0502100
+NOTIF_SEND = 0xC0182101
+NOTIF_ID_VALID = 0x40082102
+USER_NOTIF_FLAG_CONTINUE = 1
+_NOTIF = struct.Struct("=QIIiIQ6Q")  # id, pid, flags, then seccomp_data: nr, arch, ip, args
+_RESP = struct.Struct("=QqiI")  # id, val, error, flags
+AT_FDCWD = -100
+PATH_MAX = 4096
+MAX_NAMES = 200_000  # paths one run's record keeps; past it the record owns everything
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+# For each notified syscall: the (dirfd arg or None, path arg) pairs it names.
+_ARGS = {"rename": ((None, 0), (None, 1)), "renameat": ((0, 1), (2, 3)), "renameat2": ((0, 1), (2, 3)),
+         "unlink": ((None, 0),), "unlinkat": ((0, 1),), "rmdir": ((None, 0),)}
+
+
+@dataclass(frozen=True)
+class Named:
+    """What one run's notifications named, beside what the overlapping runs' named meanwhile."""
+
+    mine: frozenset[str]
+    others: frozenset[str]
+    complete: bool  # False: some notification could not be read, or none could be had at all
+    unknown: int = 0
+
+    def owns(self, path: str) -> bool:
+        """Whether a diff entry may be this run's: unless another run named it (or a parent
+        directory) and this one did not, or this record is incomplete (a superset, never a loss)."""
+        if not self.complete:
+            return True
+        ancestry = _ancestry(path)
+        return any(p in self.mine for p in ancestry) or not any(p in self.others for p in ancestry)
+
+
+def _ancestry(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+
+
+class Record:
+    """One run's notifications: the run-relative paths they named, each with when."""
+
+    def __init__(self, board: Board, upper_dir: str, visible_at: str) -> None:
+        self.board = board
+        self.upper_dir = upper_dir
+        self.visible_at = os.fsencode(visible_at.rstrip("/") or "/")
+        self.names: dict[str, int] = {}
+        self.unknown = 0
+        self.unavailable: str | None = "no listener came from the jail"
+        self.start = board.tick()
+        self.end: int | None = None
+        self.sock: socket.socket | None = None
+        self.listener: int | None = None
+        self.hung = False  # its listener polled POLLHUP: no process of the run is left
+
+    def socket_for_jail(self) -> int:
+        """The jail's end of a new socket the init sends the listener on (the caller closes
+        it once the jail is spawned); this record reads the other end from now on."""
+        ours, theirs = socket.socketpair()
+        self.sock = ours
+        _READER.add(self)
+        return theirs.detach()
+
+    def note(self, full: bytes | None) -> None:
+        """One path a notification named (None: unreadable)."""
+        if full is None:
+            self.unknown += 1
+            return
+        ws = self.visible_at
+        if full == ws:
+            rel = "."
+        elif full.startswith(ws + b"/") or ws == b"/":
+            rel = os.fsdecode(full[len(ws):].lstrip(b"/"))
+        else:
+            return  # outside the workspace (/tmp, $HOME): not in the upper dir
+        with self.board.lock:
+            if len(self.names) >= MAX_NAMES and rel not in self.names:
+                self.unknown += 1
+                return
+            self.names[rel] = next(self.board.counter)
+
+    def finish(self) -> Named:
+        """Stop: answer what is pending, close the listener, and what this run named beside
+        what the others named since it began."""
+        _READER.remove(self)
+        board = self.board
+        with _boards_lock, board.lock:
+            self.end = next(board.counter)
+            others = frozenset(path for record in board.records if record is not self
+                               for path, when in record.names.items() if when >= self.start)
+            named = Named(frozenset(self.names), others, self.unavailable is None and not self.unknown, self.unknown)
+            board.prune()
+            if not board.records and _boards.get(self.upper_dir) is board:
+                del _boards[self.upper_dir]
+        if self.unavailable is not None:
+            log.info("renames and deletions unattributed: %s", self.unavailable)
+        elif self.unknown:
+            log.info("%d renames or deletions could not be read: this run keeps every one", self.unknown)
+        return named
+
+
+class Board:
+    """One capsule's records, so that a run can see what the overlapping ones named."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.counter = itertools.count()
+        self.records: list[Record] = []
+
+    def tick(self) -> int:
+        with self.lock:
+            return next(self.counter)
+
+    def prune(self) -> None:
+        """Forget ended records no running one overlapped (the lock held)."""
+        live = [record.start for record in self.records if record.end is None]
+        first = min(live) if live else None
+        self.records = [record for record in self.records
+                        if record.end is None or (first is not None and record.end >= first)]
+
+
+_boards: dict[str, Board] = {}  # a capsule's upper dir: its board, while a record of it lives
+_boards_lock = threading.Lock()  # taken before a board's own
+
+
+def begin(upper_dir: str, visible_at: str) -> Record:
+    """A record for one run of the capsule whose upper dir this is; ``visible_at``: where the
+    run sees the workspace.  The caller calls its ``finish`` once the run has ended."""
+    with _boards_lock:
+        board = _boards.setdefault(upper_dir, Board())
+        record = Record(board, upper_dir, visible_at)
+        with board.lock:
+            board.records.append(record)
+    return record
+
+
+class _Iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
+                                   ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
+_libc.process_vm_readv.restype = ctypes.c_ssize_t
+
+
+class _Unreadable(Exception):
+    """The path cannot be read, and the syscall would not succeed either (EFAULT)."""
+
+
+def read_path(pid: int, address: int, buffer: ctypes.Array[ctypes.c_char]) -> bytes:
+    """The NUL-terminated string at ``address`` in ``pid``'s memory, read a page at most at a time."""
+    got = b""
+    while len(got) < PATH_MAX:
+        want = min(_PAGE - (address + len(got)) % _PAGE, PATH_MAX - len(got))
+        local = _Iovec(ctypes.addressof(buffer), want)
+        remote = _Iovec(address + len(got), want)
+        n = _libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+        if n <= 0:
+            number = ctypes.get_errno() if n < 0 else errno.EFAULT
+            if number == errno.EFAULT:
+                raise _Unreadable
+            raise OSError(number, os.strerror(number))
+        chunk = buffer.raw[:n]
+        end = chunk.find(b"\0")
+        if end >= 0:
+            return got + chunk[:end]
+        got += chunk
+    raise _Unreadable  # ENAMETOOLONG for the kernel too
+
+
+def resolve(pid: int, dirfd: int | None, path: bytes) -> bytes:
+    """The absolute path (in the process's mount namespace) a syscall's (dirfd, path) names."""
+    if path.startswith(b"/"):
+        return os.path.normpath(path)
+    fd = AT_FDCWD if dirfd is None else ctypes.c_int32(dirfd & 0xFFFFFFFF).value
+    base = os.readlink(f"/proc/{pid}/cwd" if fd == AT_FDCWD else f"/proc/{pid}/fd/{fd}").encode(
+        "utf-8", "surrogateescape")
+    return os.path.normpath(base + b"/" + path)
+
+
+def _names() -> dict[int, tuple[tuple[int | None, int], ...]]:
+    arch = os.uname().machine
+    out: dict[int, tuple[tuple[int | None, int], ...]] = {}
+    for name, args in _ARGS.items():
+        number = seccomp.syscall_number(name, arch) if arch in ("x86_64", "aarch64") else None
+        if number is not None:
+            out[number] = args
+    return out
+
+
+class _Reader:
+    """The helper's one thread that takes the listeners and answers every notification."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: list[Record] = []
+        self._wake_r = self._wake_w = -1
+        self._thread: threading.Thread | None = None
+        self._buffer = ctypes.create_string_buffer(_PAGE)
+        self._calls = _names()
+
+    def add(self, record: Record) -> None:
+        with self._lock:
+            self._records.append(record)
+            if self._thread is None:
+                self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+                self._thread = threading.Thread(target=self._run, name="ccw-unotify", daemon=True)
+                self._thread.start()
+        self._wake()
+
+    def remove(self, record: Record) -> None:
+        """Take the listener if it is still in flight, answer what is pending, close both ends."""
+        with self._lock:
+            with contextlib.suppress(ValueError):
+                self._records.remove(record)
+            self._take(record)
+            if record.listener is not None:
+                self._answer_all(record)
+                os.close(record.listener)
+                record.listener = None
+            if record.sock is not None:
+                record.sock.close()
+                record.sock = None
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wake_w >= 0:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._wake_w, b"x")
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._once()
+            except Exception:  # the reader must outlive any one run's trouble: a blocked process waits on it
+                log.exception("the seccomp notification reader failed; going on")
+
+    def _once(self) -> None:
+        poller = select.poll()
+        poller.register(self._wake_r, select.POLLIN)
+        with self._lock:
+            for record in self._records:
+                fd = record.listener if record.listener is not None else record.sock.fileno() if record.sock else -1
+                if fd >= 0 and not record.hung:
+                    poller.register(fd, select.POLLIN)
+        ready = dict(poller.poll())
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        with self._lock:  # remove() closes under it: no descriptor here is stale
+            for record in list(self._records):
+                if record.listener is not None and record.listener in ready:
+                    if ready[record.listener] & select.POLLIN:
+                        self._answer_all(record)
+                    else:  # POLLHUP: every process of the run has exited; remove() closes it
+                        record.hung = True
+                elif record.listener is None and record.sock is not None and record.sock.fileno() in ready:
+                    self._take(record)
+                    if record.listener is None and record.sock is None:
+                        self._records.remove(record)  # the socket ended with nothing: no filter
+
+    def _take(self, record: Record) -> None:
+        """Receive the listener from the socket, if it has come (nonblocking)."""
+        if record.listener is not None or record.sock is None:
+            return
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(record.sock, 1, 1, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if fds:
+            record.listener = fds[0]
+            record.unavailable = None
+            for extra in fds[1:]:
+                os.close(extra)
+        else:  # the init closed the socket sending nothing: the kernel refused the filter
+            record.unavailable = "the kernel refused the notifying seccomp filter"
+        record.sock.close()
+        record.sock = None
+
+    def _answer_all(self, record: Record) -> None:
+        """Answer every pending notification of ``record``'s listener (poll says when one is)."""
+        assert record.listener is not None
+        poller = select.poll()
+        poller.register(record.listener, select.POLLIN)
+        while any(event & select.POLLIN for _, event in poller.poll(0)):
+            self._answer(record, record.listener)
+
+    def _answer(self, record: Record, listener: int) -> None:
+        buf = bytearray(_NOTIF.size)
+        try:
+            fcntl.ioctl(listener, NOTIF_RECV, buf)
+        except OSError as exc:  # ENOENT: its process was killed meanwhile
+            if exc.errno not in (errno.ENOENT, errno.EINTR):
+                raise
+            return
+        notif_id, pid, _flags, nr, _arch, _ip, *args = _NOTIF.unpack(buf)
+        try:
+            self._note(record, listener, notif_id, pid, self._calls.get(nr, ()), args)
+        finally:
+            with contextlib.suppress(OSError):  # ENOENT: it is gone, and its syscall with it
+                fcntl.ioctl(listener, NOTIF_SEND, _RESP.pack(notif_id, 0, 0, USER_NOTIF_FLAG_CONTINUE))
+
+    def _note(self, record: Record, listener: int, notif_id: int, pid: int,
+              pairs: tuple[tuple[int | None, int], ...], args: list[int]) -> None:
+        paths: list[bytes | None] = []
+        for dirfd_arg, path_arg in pairs:
+            try:
+                raw = read_path(pid, args[path_arg], self._buffer)
+                paths.append(resolve(pid, None if dirfd_arg is None else args[dirfd_arg], raw))
+            except _Unreadable:
+                continue  # the kernel fails the syscall too (EFAULT, ENAMETOOLONG)
+            except OSError:
+                paths.append(None)
+        try:
+            fcntl.ioctl(listener, NOTIF_ID_VALID, struct.pack("=Q", notif_id))
+        except OSError:
+            return  # no longer the process that asked: nothing happened
+        for path in paths:
+            record.note(path)
+
+
+_READER = _Reader()
+
+
+def mechanisms() -> dict[str, object]:
+    """For hello/isolation: how renames and deletions are attributed while runs overlap."""
+    return {"renames_deletions": "seccomp user notification (per run, where runs overlap)",
+            "notified": list(seccomp.NOTIFIED)}
