@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from mcp_server.capsules.fragments import NETWORK_IN
 from mcp_server.cli import main
 from mcp_server.cli.net import render
 from mcp_server.core.netrules import decide, parse_network, parse_rule
@@ -63,6 +64,9 @@ def test_the_shipped_presets_name_their_clients_hosts_each_with_a_port_and_a_why
         assert preset.sources  # where the hosts are documented
     # Read from package data: the files at the top of the tree.
     assert {p.stem for p in (ROOT / "policies" / "network").glob("*.json")} == set(NEEDED)
+    # capsule_create's schema names them to the agent: every one, and no other.
+    named = NETWORK_IN["description"].split("preset:NAME is a named set (", 1)[1].split(")", 1)[0]
+    assert sorted(named.split(", ")) == sorted(presets)
 
 
 def test_a_preset_in_a_rule_list_stands_for_its_rules(tmp_path: Path) -> None:

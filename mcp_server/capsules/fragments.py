@@ -40,9 +40,10 @@ NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what
     "description": (
         "'none' (default: loopback only), or an allowlist reached through ccw's proxy (HTTP_PROXY, "
         "HTTPS_PROXY, ALL_PROXY are set). Rules: host[:port], *.domain[:port], a.b.c.d[/n][:port], "
-        "[v6[/n]]:port; no port: 80 and 443. The host itself and private or reserved space are refused, "
-        "by name or CIDR, unless a rule names that exact address:port. Object form: {allow, max_bytes, "
-        "max_connections} (per exec; default 1 GiB, 512)."
+        "[v6[/n]]:port; no port: 80 and 443; preset:NAME is a named set (pypi, npm, debian, crates, go, "
+        "github). The host itself and private or reserved space are refused, by name or CIDR, unless a "
+        "rule names that exact address:port. Object form: {allow, max_bytes, max_connections} (per exec; "
+        "default 1 GiB, 512)."
     ),
 }
 RUN_LIMITS: dict[str, Any] = {  # what one run may be held to below its capsule's limits (a service's)
