@@ -1,4 +1,5 @@
-"""ccw's C parts: the jail launcher (sandbox/jail/, an executable) and hashline tags (mcp_server/core/_fnvtags.c).
+"""ccw's C parts: the jail launcher (sandbox/jail/, an executable), the port forwarder
+(mcp_server/egress/forwarder/, an executable) and hashline tags (mcp_server/core/_fnvtags.c).
 
 Everything else is in pyproject.toml.
 
@@ -8,6 +9,9 @@ Everything else is in pyproject.toml.
   helper looks for it.  It is linked statically when the C library allows (no dynamic
   loader at each jail's start), else dynamically.  A failed build fails the install:
   the helper cannot run a jail without it.
+- ``ccw-forward`` (its essay in mcp_server/egress/forwarder/ccw_forward.c says why it is C)
+  is built the same way, into mcp_server/egress/, where the front end looks for it; a
+  forwarded port cannot open without it.
 - The ``_fnvtags`` extension is optional: when it cannot be built (no compiler or Python
   headers), the install goes on and linetags.py computes the tags in Python, about 60
   times slower.
@@ -24,13 +28,16 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join("sandbox", "ccw-jail")
 LAUNCHER_SOURCES = [os.path.join("sandbox", "jail", name) for name in ("ccw_jail.c", "plan.c", "steps.c")]
+FORWARDER = os.path.join("mcp_server", "egress", "ccw-forward")
+FORWARDER_SOURCES = [os.path.join("mcp_server", "egress", "forwarder", "ccw_forward.c")]
+PROGRAMS = {LAUNCHER: LAUNCHER_SOURCES, FORWARDER: FORWARDER_SOURCES}
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror"]
 
 
-def build_launcher(target: str) -> None:
-    """Compile ccw-jail into ``target`` (static if the C library allows, else dynamic)."""
+def build_program(target: str, sources: list[str]) -> None:
+    """Compile ``sources`` into the executable ``target`` (static if the C library allows, else dynamic)."""
     compiler = os.environ.get("CC", "gcc").split()
-    sources = [os.path.join(HERE, source) for source in LAUNCHER_SOURCES]
+    sources = [os.path.join(HERE, source) for source in sources]
     os.makedirs(os.path.dirname(target), exist_ok=True)
     static = subprocess.run([*compiler, *CFLAGS, "-static", "-o", target, *sources], capture_output=True, text=True)
     if static.returncode != 0:
@@ -39,23 +46,26 @@ def build_launcher(target: str) -> None:
 
 
 class BuildWithLauncher(build_ext):
-    """build_ext, then ccw-jail into the build (a wheel) and, editable or --inplace, into the source tree."""
+    """build_ext, then ccw-jail and ccw-forward into the build (a wheel) and, editable or
+    --inplace, into the source tree."""
 
     def run(self) -> None:
         super().run()
-        built = os.path.join(self.build_lib, LAUNCHER)
-        build_launcher(built)
-        if self.inplace or getattr(self, "editable_mode", False):
-            shutil.copy2(built, os.path.join(HERE, LAUNCHER))
+        for program, sources in PROGRAMS.items():
+            built = os.path.join(self.build_lib, program)
+            build_program(built, sources)
+            if self.inplace or getattr(self, "editable_mode", False):
+                shutil.copy2(built, os.path.join(HERE, program))
 
     def get_outputs(self) -> list[str]:
-        return [*super().get_outputs(), os.path.join(self.build_lib, LAUNCHER)]
+        return [*super().get_outputs(), *(os.path.join(self.build_lib, program) for program in PROGRAMS)]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["launcher"]:
-    # `python setup.py launcher`: only ccw-jail, in place (a checkout or worktree whose
-    # venv is installed from elsewhere); no setuptools command runs.
-    build_launcher(os.path.join(HERE, LAUNCHER))
+    # `python setup.py launcher`: only the C programs, in place (a checkout or worktree
+    # whose venv is installed from elsewhere); no setuptools command runs.
+    for program, sources in PROGRAMS.items():
+        build_program(os.path.join(HERE, program), sources)
     sys.exit(0)
 
 setup(

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from mcp_server.logs import FORMATS, LEVELS
 from sandbox.errors import CcwError
 
-PORT_RELAYS = ("user", "kernel")  # CCW_PORT_RELAY: who moves a forwarded port's bytes (capsules/ports.py)
 ENDPOINTS = ("stdio", "socket", "http")
 TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "file", "schema", "server")
 # Named selections of single tools for CCW_TOOLSETS, beside the families.  ``agent``: what
@@ -62,7 +61,6 @@ class Config:
     reapi_url: str = field(default="", metadata=_setting("CCW_REAPI_URL", "grpc://host:port[/instance]: deltamin's trials and replays run on this REAPI cluster (ccw serve --reapi); empty: local capsules"))
     reapi_parallel: int = field(default=4, metadata=_setting("CCW_REAPI_PARALLEL", "trials at once on the REAPI cluster: its capacity (the bots' slots)"))
     reapi_platform: str = field(default="OSFamily=linux", metadata=_setting("CCW_REAPI_PLATFORM", "platform properties of every REAPI Action, name=value[,name=value]"))
-    port_relay: str = field(default="user", metadata=_setting("CCW_PORT_RELAY", "user | kernel: what moves a forwarded port's bytes; kernel (BPF socket hashes, a privileged helper) is faster, but bytes a slow reader has not taken wait in kernel memory no socket is charged for (THREATS.md, Forwarded ports)"))
     debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
@@ -118,8 +116,8 @@ def _parse(name: str, env_name: str, raw: str) -> object:
         if value < 1:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: give a positive integer")
         return value
-    if name in ("log_level", "log_format", "port_relay"):
-        choices = {"log_level": LEVELS, "log_format": FORMATS, "port_relay": PORT_RELAYS}[name]
+    if name in ("log_level", "log_format"):
+        choices = {"log_level": LEVELS, "log_format": FORMATS}[name]
         word = raw.strip().lower()
         if word not in choices:
             raise CcwError("INVALID_ARGUMENT", f"{env_name}={raw!r}: use one of {', '.join(choices)}")

@@ -53,7 +53,7 @@ class Runtime:
         # the egress sessions of allowlist capsules, for the process's life; each attempt an event as it is decided
         self.networks = Networks(observe=self._connection_event)
         self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/run.py)
-        self.services = Services(state, self.helper, self.networks, kernel_relay=config.port_relay == "kernel")  # long-lived processes (capsules/services.py)
+        self.services = Services(state, self.helper, self.networks)  # long-lived processes (capsules/services.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
         # closed connection takes its cache with it).
         self._roots: weakref.WeakKeyDictionary[Any, list[str] | None] = weakref.WeakKeyDictionary()

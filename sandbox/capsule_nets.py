@@ -33,7 +33,6 @@ Some facts this module follows from:
   sockets made here, which it connects itself as connections come (a forwarded port's
   pool), saving the helper's round trip per connection; ``net_connect`` stays for the
   one-off connection and for a server that listens on ``::1`` only (the pool is IPv4).
-  With them, on request, come sandbox/sockmap.py's socket hashes, made per forward.
 - Sharing the namespace across runs is what the issue asks for, and it costs
   isolation between *runs of one capsule* only: an exec can reach a service's ports,
   which is the point, and a lingering TIME_WAIT of an earlier run is still there.
@@ -52,9 +51,6 @@ from sandbox import namespaces, syscalls
 from sandbox.egress import Kits
 from sandbox.errors import CcwError
 from sandbox.replies import NetConnectReply
-from sandbox.sockmap import make as make_sockmap
-
-SOCKMAP_ENTRIES = 2048  # sockets in one forward's socket hashes: two per relayed connection
 
 
 def _make() -> int:
@@ -168,11 +164,9 @@ class Nets:
         finally:
             os.close(netns)
 
-    def passed(self, capsule_id: str, network: str, port: int, spares: int | None,
-               sockmap: bool) -> tuple[NetConnectReply, list[int]]:
+    def passed(self, capsule_id: str, network: str, port: int, spares: int | None) -> tuple[NetConnectReply, list[int]]:
         """``net_connect``'s reply and descriptors: a socket connected to ``port``; or ``spares``
-        unconnected ones, for the caller to connect there itself (a forwarded port's pool),
-        and with ``sockmap`` sandbox/sockmap.py's two socket hashes if this helper can make them."""
+        unconnected ones, for the caller to connect there itself (a forwarded port's pool)."""
         if spares is None:
             return NetConnectReply(port), [self.connect(capsule_id, network, port).detach()]
         netns = self.descriptor(capsule_id, network)
@@ -180,13 +174,7 @@ class Nets:
             fds = [sock.detach() for sock in _sockets_inside(netns, spares)]
         finally:
             os.close(netns)
-        if not sockmap:
-            return NetConnectReply(port, spares), fds
-        try:
-            fds.extend(make_sockmap(SOCKMAP_ENTRIES))
-        except OSError as exc:  # a rootless helper (EPERM), a kernel without sockmap
-            return NetConnectReply(port, spares, False, exc.strerror or str(exc)), fds
-        return NetConnectReply(port, spares, True), fds
+        return NetConnectReply(port, spares), fds
 
     def close(self, capsule_id: str) -> None:
         """Let the capsule's own namespace go (destroy); its kit is closed by ``Kits.close``."""

@@ -50,7 +50,7 @@ from sandbox.replies import NetConnectReply, NetOpenReply, ReplyT, RunReadsReply
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
-ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 16)  # room for the most a reply carries: net_connect's 14 spares and 2 maps
+ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 16)  # room for the most a reply carries: net_connect's 14 spares
 MAX_IDLE = 4  # idle connections kept open
 BLOCKING_TIMEOUT_S = 10.0
 
@@ -307,20 +307,17 @@ class HelperClient:
             raise
         return reply.services or {}, socket.socket(fileno=fds[3])
 
-    async def net_spares(self, capsule_id: str, port: int, count: int,
-                         sockmap: bool) -> tuple[list[socket.socket], list[int], str | None]:
+    async def net_spares(self, capsule_id: str, port: int, count: int) -> list[socket.socket]:
         """``count`` unconnected TCP sockets of the capsule's namespace, for the caller to connect
-        to ``port`` there, and with ``sockmap`` sandbox/sockmap.py's two socket hashes ([] and the
-        helper's reason when it could not make them); the caller closes all of them."""
-        request = NetConnectRequest(capsule_id, port, count, sockmap or None)
+        to ``port`` there; the caller closes them."""
+        request = NetConnectRequest(capsule_id, port, count)
         result, fds = await self._round_trip(request.op, request.to_args())
         try:
-            reply = NetConnectReply.from_args(result)
+            NetConnectReply.from_args(result)
         except BaseException:
             _close_all(fds)
             raise
-        _expect_fds(fds, count + (2 if reply.sockmap else 0), "net_connect")
-        return [socket.socket(fileno=fd) for fd in fds[:count]], fds[count:], reply.sockmap_unavailable
+        return [socket.socket(fileno=fd) for fd in _expect_fds(fds, count, "net_connect")]
 
     async def net_connect(self, capsule_id: str, port: int) -> trio.socket.SocketType:
         """A trio socket connected to ``port`` on the capsule's own loopback (the caller closes it);

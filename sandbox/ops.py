@@ -196,9 +196,8 @@ OPS: dict[str, OpSpec] = {
             """Passes one TCP socket connected to 127.0.0.1:port inside the caller's own
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
-            already.  ``spares``: that many unconnected sockets there, which reach only that; ``sockmap``: and
-            BPF socket hashes moving what one of the caller's sockets receives out of another (sockmap.py).""",
-            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, 14), "sockmap": _boolean},
+            already.  ``spares``: that many unconnected sockets there instead, which reach only that.""",
+            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, 14)},
         ),
         _op(
             "run_reads",
@@ -451,7 +450,6 @@ class NetConnectRequest(OpRequest[NetConnectReply]):
     capsule_id: str
     port: int
     spares: int | None = None  # that many unconnected sockets instead (capsule_nets.Nets.passed)
-    sockmap: bool | None = None  # and sandbox/sockmap.py's two socket hashes, where the helper can make them
 
 
 @dataclass(frozen=True)

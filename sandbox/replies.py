@@ -355,15 +355,12 @@ class FreezeReply(OpReply):
 @dataclass(frozen=True)
 class NetConnectReply(OpReply):
     """Sent with one connected, non-blocking, close-on-exec TCP socket (SCM_RIGHTS); asked
-    with ``spares``, with that many unconnected ones instead, then the two socket hashes
-    when ``sockmap`` is true (``sockmap_unavailable``: why not, when asked and not made)."""
+    with ``spares``, with that many unconnected ones instead."""
 
     port: int
     spares: int | None = None
-    sockmap: bool | None = None
-    sockmap_unavailable: str | None = None
 
-    optional_fields = ("spares", "sockmap", "sockmap_unavailable")
+    optional_fields = ("spares",)
 
 
 @dataclass(frozen=True)

@@ -79,13 +79,6 @@ def test_log_settings_are_checked() -> None:
         Config.from_env({"CCW_LOG_FORMAT": "xml"})
 
 
-def test_the_port_relay_setting_is_checked() -> None:
-    assert Config.from_env({}).port_relay == "user"  # the kernel path is opt-in (capsules/ports.py)
-    assert Config.from_env({"CCW_PORT_RELAY": "Kernel"}).port_relay == "kernel"
-    with pytest.raises(CcwError, match="CCW_PORT_RELAY='bpf': use one of user, kernel"):
-        Config.from_env({"CCW_PORT_RELAY": "bpf"})
-
-
 def test_a_bad_log_level_stops_the_server_with_a_reason(tmp_path: Path) -> None:
     done = subprocess.run([str(BIN / "ccw-mcp")], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                           env=server_env(tmp_path, CCW_LOG_LEVEL="loud"), timeout=120)

@@ -12,7 +12,6 @@ from functools import partial
 import trio
 
 from mcp_server.egress import splice
-from mcp_server.egress.forward import NoByteCap
 from mcp_server.egress.relay import Attempt
 from tests.support.egress_harness import (
     Upstream,
@@ -22,6 +21,19 @@ from tests.support.egress_harness import (
     slow_reader,
     upstream,
 )
+
+
+class NoByteCap:
+    """A relay budget (``relay.Budget``) that grants every byte: only the relay is under test."""
+
+    def take(self, wanted: int) -> int:
+        return wanted
+
+    def refund(self, unused: int) -> None:
+        pass
+
+    def cap_text(self) -> str:
+        return "no byte cap"
 
 
 @asynccontextmanager

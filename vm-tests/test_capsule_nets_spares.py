@@ -1,6 +1,6 @@
-"""``net_connect`` with ``spares`` through a real privileged helper (sandbox/capsule_nets.py,
-sandbox/sockmap.py): unconnected sockets of the capsule's own namespace, which reach the
-capsule's loopback and not the host's, and the two socket hashes a forward relays with.
+"""``net_connect`` with ``spares`` through a real privileged helper (sandbox/capsule_nets.py):
+unconnected sockets of the capsule's own namespace, which reach the capsule's loopback and
+not the host's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from mcp_server.egress.kernel_relay import Sockmap
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
@@ -39,7 +38,7 @@ def _connects(sock: socket.socket, port: int) -> bool:
     return True
 
 
-def test_spares_are_of_the_capsules_namespace_and_come_with_socket_hashes(helper: Path, tmp_path: Path) -> None:
+def test_spares_are_of_the_capsules_namespace(helper: Path, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     code = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', 8765)); s.listen();"
@@ -60,15 +59,14 @@ def test_spares_are_of_the_capsules_namespace_and_come_with_socket_hashes(helper
                         break
                     except CcwError:
                         await trio.sleep(0.05)
-            spares, maps, why_not = await client.net_spares(cap, 8765, 3, True)
-            assert (len(spares), len(maps), why_not) == (3, 2, None)
-            Sockmap(*maps).close()
+            spares = await client.net_spares(cap, 8765, 3)
+            assert len(spares) == 3
             assert _connects(spares[0], 8765)  # the capsule's service, on the capsule's loopback
             assert not _connects(spares[1], host.getsockname()[1])  # the host's loopback is not there
             for sock in spares:
                 sock.close()
-            plain, maps, _ = await client.net_spares(cap, 8765, 14, False)
-            assert (len(plain), maps) == (14, [])
+            plain = await client.net_spares(cap, 8765, 14)
+            assert len(plain) == 14
             for sock in plain:
                 sock.close()
             await client.request("signal", {"capsule_id": cap, "service": "listen", "signal": "SIGKILL"})

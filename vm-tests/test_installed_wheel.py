@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -93,6 +94,9 @@ def test_wheel_carries_the_package_data(installed: Installed) -> None:
     for name in ("index.html", "app.js", "style.css"):  # the dashboard's page: nothing fetched elsewhere
         assert f"mcp_server/ui/static/{name}" in names, name
     assert not [n for n in names if n.startswith(("tests/", "vm-tests/", "bench/", "policies/"))]
+    for program in ("sandbox/ccw-jail", "mcp_server/egress/ccw-forward"):  # setup.py's C programs, executable
+        mode = zipfile.ZipFile(installed.wheel).getinfo(program).external_attr >> 16
+        assert mode & 0o111 == 0o111, (program, oct(mode))
 
 
 def test_installed_ccw_imports_nothing_from_the_checkout(installed: Installed, tmp_path: Path) -> None:
@@ -171,3 +175,25 @@ def test_installed_entry_points_answer_version_and_help(installed: Installed, tm
         assert version.stdout == f"{script} 0.1.0\n", version
         shown = installed.run(script, "--help", cwd=tmp_path, stdin="", timeout=60)
         assert shown.stdout.startswith(f"usage: {script}") and "--version" in shown.stdout
+
+
+def test_installed_ccw_forwards_a_services_port(installed: Installed, tmp_path: Path) -> None:
+    # The port's program (ccw-forward) from site-packages, run by the installed front end.
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "index.html").write_text("served from the wheel\n")
+    env = {**installed.env, "CCW_STATE_DIR": str(tmp_path / "state")}
+    done = Installed(installed.wheel, installed.bin, env)
+    cap = done.run("ccw", "capsule", "create", ".", cwd=workspace).stdout.strip()
+    try:
+        done.run("ccw", "capsule", "service", "start", cap, "web", "--ready-port", "8000", "--",
+                 "python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", cwd=workspace)
+        url = json.loads(done.run("ccw", "capsule", "port", cap, "8000", "--json", cwd=workspace).stdout)["url"]
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.read() == b"served from the wheel\n"
+        site = installed.bin.parent / "lib"
+        programs = subprocess.run(["pgrep", "-a", "-f", "ccw-forward --listen"], capture_output=True, text=True).stdout
+        assert any(line.split()[1].startswith(str(site)) for line in programs.splitlines()), programs
+    finally:
+        done.run("ccw", "capsule", "destroy", cap, cwd=workspace, check=False)
+        done.run("ccw", "helper", "stop", cwd=workspace, check=False)

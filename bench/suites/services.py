@@ -16,20 +16,18 @@
   polled every ``POLL_S`` is the floor.  No target: the issue sets none.
 - **Requests through a forwarded port.**  bench/parts/tiny_http.py's server (asyncio,
   keep-alive, a two-byte page: fast, so the relay in front of it shows) as a service in a
-  capsule, reached through ``capsule_port``'s URL, against the same file run on the host
-  and reached straight on its loopback.  A client process (the same file) sends N GETs
-  one after another, each on a fresh connection (each: the owner check, a spare socket
-  of the capsule's namespace connected by the forward, the forward's wait for each side's
-  end; a helper ``net_connect`` only when the pool is empty) or all on one keep-alive
-  connection (each: two more loopback hops); and N GETs on fresh connections to
-  ``python3 -m http.server`` (HTTP/1.0, a dev server's pace) the same two ways.  Figures are microseconds per
-  request, timed inside the client (its start is not counted); the ratio inverts into
-  requests per second.  Target: at least 0.8x the direct rate.  Beside each row, the
-  same client in an exec in the capsule, to the service on the capsule's own loopback:
-  what the capsule costs the server, apart from what the forward costs.  Each row twice:
-  the bytes moved by the forward in user space (``splice.tunnel``, the default) and by
-  the kernel (``CCW_PORT_RELAY=kernel``: the helper's socket hashes, the pair entered in
-  them per connection), each against its own direct figures in its own runtime.
+  capsule, reached through ``capsule_port``'s URL (ccw-forward relays), against the same file
+  run on the host and reached straight on its loopback.  A client process (the same file)
+  sends N GETs one after another, each on a fresh connection (each: the owner check, a
+  spare socket of the capsule's namespace connected by ccw-forward, two pipes; the
+  front end only when the pool needs refilling) or all on one keep-alive connection
+  (each: two more loopback hops and two wake-ups of ccw-forward); and N GETs on fresh
+  connections to ``python3 -m http.server`` (HTTP/1.0, a dev server's pace).  Figures
+  are microseconds per request, timed inside the client (its start is not counted); the
+  ratio inverts into requests per second.  Target: at least 0.8x the direct rate.
+  Beside each row, the same client in an exec in the capsule, to the service on the
+  capsule's own loopback: what the capsule costs the server, apart from what the forward
+  costs.
 - **An exec beside a running service.**  ``capsule_exec ["true"]``, and a short command
   that writes a file and reads it back, in a capsule running an idle service (the
   http.server) against a capsule of the same workspace running none; halfway the service
@@ -237,10 +235,9 @@ async def _serving(call: Call, cap: str, name: str, cmd: list[str], port: int) -
     return host_port
 
 
-async def _forwarded(call: Call, ws: Path, sizes: Sizes, relay: str) -> dict[str, list[float]]:
-    """Seconds per GET through a forwarded port (its bytes moved by ``relay``: CCW_PORT_RELAY) and
-    straight: the fast server on fresh connections and on one kept alive, and http.server
-    (HTTP/1.0: a connection per request)."""
+async def _forwarded(call: Call, ws: Path, sizes: Sizes) -> dict[str, list[float]]:
+    """Seconds per GET through a forwarded port and straight: the fast server on fresh
+    connections and on one kept alive, and http.server (HTTP/1.0: a connection per request)."""
     tiny = [PYTHON, TINY.name, "serve"]
     inside = {"tiny": PORT, "http.server": PORT + 1}
     cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
@@ -253,9 +250,9 @@ async def _forwarded(call: Call, ws: Path, sizes: Sizes, relay: str) -> dict[str
             runners: dict[str, Callable[[], Awaitable[float]]] = {}
             for server, mode in GETS:
                 count = sizes.gets(mode)
-                runners[f"{relay} {server} {mode} forwarded"] = partial(_client, forwards[server], count, mode)
-                runners[f"{relay} {server} {mode} direct"] = partial(_client, direct[server], count, mode)
-                runners[f"{relay} {server} {mode} inside"] = partial(_client_in, call, cap, inside[server], count, mode)
+                runners[f"{server} {mode} forwarded"] = partial(_client, forwards[server], count, mode)
+                runners[f"{server} {mode} direct"] = partial(_client, direct[server], count, mode)
+                runners[f"{server} {mode} inside"] = partial(_client_in, call, cap, inside[server], count, mode)
             return await interleaved_async(runners, sizes.http_rounds)
     finally:
         await call("capsule_destroy", {"capsule_id": cap})
@@ -272,14 +269,10 @@ async def _measure(root: Path, sizes: Sizes) -> tuple[dict[str, list[float]], di
     async with in_process_tools(root / "state") as tools:
         for part, measure in (("start", partial(_start_to_ready, tools.call, ws, sizes.start_rounds)),
                               ("exec", partial(_exec_beside, tools.call, ws, sizes.exec_rounds)),
-                              ("GETs", partial(_forwarded, tools.call, ws, sizes, "user"))):
+                              ("GETs", partial(_forwarded, tools.call, ws, sizes))):
             start = time.perf_counter()
             figures.update(await measure())
             took[part] = time.perf_counter() - start
-    start = time.perf_counter()
-    async with in_process_tools(root / "state-kernel", {"CCW_PORT_RELAY": "kernel"}) as tools:
-        figures.update(await _forwarded(tools.call, ws, sizes, "kernel"))
-    took["GETs, kernel relay"] = time.perf_counter() - start
     return figures, took
 
 
@@ -303,10 +296,10 @@ def _start_rows(figures: dict[str, list[float]], rounds: int) -> list[Row]:
     return rows
 
 
-def _http_row(figures: dict[str, list[float]], relay: str, server: str, mode: str, count: int, rounds: int) -> Row:
-    forwarded, direct, inside = (median_ms(figures[f"{relay} {server} {mode} {where}"]) * 1000
+def _http_row(figures: dict[str, list[float]], server: str, mode: str, count: int, rounds: int) -> Row:
+    forwarded, direct, inside = (median_ms(figures[f"{server} {mode} {where}"]) * 1000
                                  for where in ("forwarded", "direct", "inside"))
-    label = ("a fresh connection each" if mode == "fresh" else "one keep-alive connection") + f", {relay} relay"
+    label = "a fresh connection each" if mode == "fresh" else "one keep-alive connection"
     what = "tiny_http (asyncio)" if server == "tiny" else "python3 -m http.server"
     # Rows hold "lower is better" figures: microseconds per request, so that a rate of at
     # least 0.8x the direct one is a ratio of at most 1.25.
@@ -338,9 +331,8 @@ def run(quick: bool = False) -> Report:
         figures, took = trio.run(_measure, Path(tmp), sizes)
     for row in _start_rows(figures, sizes.start_rounds):
         report.add(row)
-    for relay in ("user", "kernel"):
-        for server, mode in GETS:
-            report.add(_http_row(figures, relay, server, mode, sizes.gets(mode), sizes.http_rounds))
+    for server, mode in GETS:
+        report.add(_http_row(figures, server, mode, sizes.gets(mode), sizes.http_rounds))
     for row in _exec_rows(figures):
         report.add(row)
     report.notes.append("start to ready: ccw from the tool call to its ready answer; the baselines from the spawn "

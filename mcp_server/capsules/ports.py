@@ -2,29 +2,24 @@
 
 ``capsule_port`` makes ``127.0.0.1:HOST_PORT`` on the host lead to ``PORT`` on the
 capsule's own loopback, so a person can open the app an agent is building.  The
-forwarder (egress/forward.py) runs in this process and reaches the capsule through
-sockets the helper made in the capsule's network namespace: a pool of unconnected ones
-asked ahead (``net_connect`` with ``spares``, sandbox/capsule_nets.py), each connected
-here for one accepted connection, or one the helper connects when the pool is empty.
-This process moves the bytes (``splice.tunnel``).  With ``CCW_PORT_RELAY=kernel`` the
-first call also asks for the helper's socket hashes (sandbox/sockmap.py), so that the
-kernel moves them (egress/kernel_relay.py): no CPU here per request, but nothing bounds
-what waits in the kernel's queue for a slow reader (no socket is charged for it), so a
-capsule's service could grow the host's kernel memory through one connection its owner
-stops reading; hence opt-in.  A helper that cannot make them (rootless) leaves the relay
-here.  What it trusts (THREATS.md, "Forwarded ports"):
+forward (egress/forward.py) holds the port in this process and runs ``ccw-forward``, a
+small C program of this process's user, which accepts and relays; it reaches the capsule
+through sockets the helper made in the capsule's network namespace: a pool of unconnected
+ones asked ahead (``net_connect`` with ``spares``, sandbox/capsule_nets.py), each
+connected by the program for one accepted connection, or one the helper connects when
+the pool is empty.  What it trusts (THREATS.md, "Forwarded ports"):
 
 - **Who may connect.**  Any local process can connect to a loopback port, so each
-  connection's peer is looked up by its 4-tuple (sock_diag, egress/peer.py) and only a
-  socket owned by the capsule's owner (this process's uid: the helper makes a caller's
-  capsules as the caller) is relayed; any other is closed at once, counted and shown as
-  a ``port`` event with its uid.
+  connection's peer is looked up by its 4-tuple (sock_diag: egress/peer.py's essay, and
+  the program's own lookup) and only a socket owned by the capsule's owner (this
+  process's uid: the helper makes a caller's capsules as the caller) is relayed; any
+  other is closed at once, counted and shown as a ``port`` event with its uid.
 - **What the capsule gets.**  Nothing new: the bytes a person's browser sends, on a
   connection the capsule accepted.  The helper's sockets live in the capsule's namespace,
-  so the front end never enters it and the capsule never reaches the host through them.
-  A spare socket lets this process connect anywhere that namespace reaches: the
-  capsule's loopback, and for an egress capsule its way out, which leads only to this
-  process's own proxy listeners.
+  so neither this process nor the program enters it, and the capsule never reaches the
+  host through them.  A spare socket lets its holder connect anywhere that namespace
+  reaches: the capsule's loopback, and for an egress capsule its way out, which leads
+  only to this process's own proxy listeners.
 - **How long.**  A forward lives as long as its capsule (destroy closes it) and is kept
   in the state dir's ``ports`` table: a restarted front end opens it again on the same
   host port when that is free, else on another, and says so.
@@ -42,8 +37,7 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules.background import Background
-from mcp_server.egress.forward import POOL_SIZE, Client, Pool, PortForward
-from mcp_server.egress.kernel_relay import Sockmap
+from mcp_server.egress.forward import POOL_SIZE, Client, PortForward
 from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
@@ -66,11 +60,9 @@ CREATE TABLE IF NOT EXISTS ports (
 class Ports:
     """The forwarded ports of this front end's capsules (one per process, in the Runtime)."""
 
-    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]],
-                 kernel_relay: bool = False) -> None:
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]]) -> None:
         self.state = state
         self._helper = helper
-        self._kernel_relay = kernel_relay  # CCW_PORT_RELAY=kernel (see the module's notes)
         self._open: dict[tuple[str, int], PortForward] = {}
         self._background = Background("ccw forwarded ports")
         self._recovered = False
@@ -103,45 +95,34 @@ class Ports:
 
         async def spares(count: int) -> list[socket.socket]:
             helper = await self._helper()
-            return (await helper.net_spares(capsule_id, port, count, False))[0]
+            return await helper.net_spares(capsule_id, port, count)
 
         def refused(who: Client) -> None:
             events.add(self.state, "port", capsule_id, {"port": port, "state": "refused", "peer_uid": who.uid,
                                                         "peer": f"{who.address}:{who.port}"})
 
-        pool, sockmap = await self._kernel_side(capsule_id, port)
+        first = await self._first_spares(capsule_id, port)
         try:
             forward = PortForward(connect, os.getuid(), port, host_port, on_refused=refused,
-                                  pool=Pool(spares, pool), sockmap=sockmap)
+                                  spares=spares, ready=first)
         except BaseException:
-            for sock in pool:
+            for sock in first:
                 sock.close()
-            if sockmap is not None:
-                sockmap.close()
             raise
         self._open[(capsule_id, port)] = forward
         nursery = await self._background.nursery()
         await nursery.start(forward.serve)
-        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open",
-                                                    "relay": forward.relay_path})
+        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open"})
         return forward
 
-    async def _kernel_side(self, capsule_id: str, port: int) -> tuple[list[socket.socket], Sockmap | None]:
-        """A first pool of spare sockets and, under CCW_PORT_RELAY=kernel, the socket hashes, from
-        one helper call; none of either if the helper cannot (the pool fills later; the bytes go
-        through user space)."""
+    async def _first_spares(self, capsule_id: str, port: int) -> list[socket.socket]:
+        """A first pool of spare sockets; none if the helper cannot now (the forwarder asks again)."""
         helper = await self._helper()
         try:
-            spares, maps, why_not = await helper.net_spares(capsule_id, port, POOL_SIZE, self._kernel_relay)
+            return await helper.net_spares(capsule_id, port, POOL_SIZE)
         except CcwError as exc:
             LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
-            return [], None
-        if not maps:
-            if not self._kernel_relay:
-                return spares, None
-            LOGGER.info(f"mcp:port {capsule_id}:{port} relays in user space: no socket hashes ({why_not})")
-            return spares, None
-        return spares, Sockmap(maps[0], maps[1])
+            return []
 
     async def close(self, capsule_id: str, port: int) -> dict[str, Any]:
         forward = self._open.pop((capsule_id, port), None)

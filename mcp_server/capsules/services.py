@@ -165,12 +165,11 @@ class ServiceRun:
 class Services:
     """The services of this front end's capsules (one per process, in the Runtime)."""
 
-    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]], networks: Networks,
-                 kernel_relay: bool = False) -> None:  # kernel_relay: CCW_PORT_RELAY=kernel
+    def __init__(self, state: State, helper: Callable[[], Awaitable[HelperClient]], networks: Networks) -> None:
         self.state = state
         self._helper = helper
         self.networks = networks
-        self.ports = Ports(state, helper, kernel_relay)  # the capsules' forwarded ports (capsules/ports.py)
+        self.ports = Ports(state, helper)  # the capsules' forwarded ports (capsules/ports.py)
         self._runs: dict[tuple[str, str], ServiceRun] = {}
         self._background = Background("ccw services")
         self._recovered = False

@@ -54,8 +54,11 @@ module uses them:
   use where they are modules) every lookup says ``ENOENT``; ``socket_uid`` of a listener
   of one's own tells that case apart (``forward.py`` checks it when it opens a port).
 
-Used by ``forward.py``, and by ``runs.py``, which asks the same lookup for a socket's
-cgroup v2 id through a sock_diag socket the helper made in a capsule's namespace.
+Used by ``forward.py`` (a port's own listener, once when it opens), and by ``runs.py``,
+which asks the same lookup for a socket's cgroup v2 id through a sock_diag socket the
+helper made in a capsule's namespace.  Per connection, a forwarded port's program
+(egress/forwarder/ccw_forward.c, ``owner_of``) makes this lookup in C, with each check
+above; ``peer_uid`` is its form here, which tests/test_peer.py holds to the same cases.
 """
 
 from __future__ import annotations

@@ -234,7 +234,7 @@ def splice_relay(ways: list[Direction], stop: int, stopping: threading.Event, at
             os.close(way.pipe_write)
 
 
-def unpaced(listener: trio.socket.SocketType) -> None:
+def unpaced(listener: socket.socket | trio.socket.SocketType) -> None:
     """Give the connections ``listener`` accepts a congestion control without pacing.
 
     The jail's side of a tunnel is a veth in memory; pacing it only costs timers (see
