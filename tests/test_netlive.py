@@ -179,3 +179,51 @@ def test_the_command_lines_form() -> None:
         with pytest.raises(SystemExit):
             tool_args(_net_args(*words))
     assert json.dumps(tool_args(_net_args("remove", "x.example")))  # plain JSON for the front end
+
+
+def _manifest(execs: list[dict[str, object]], sets: dict[str, object]) -> dict[str, object]:
+    return {"capsule": {"network_rules": sets}, "execs": execs}
+
+
+def test_a_witness_names_each_execs_rules_and_a_replay_keeps_within_its_grant(tmp_path: Path) -> None:
+    first = network("a.example")
+    journal = _journal(tmp_path, first)
+    record = journal.capsule("cap_a")
+    started = netlive.now()
+    made = netlive.record_change(journal.state, "cap_a", lambda old: netrules.changed(old, allow=["b.example"],
+                                 remove=["a.example"]), "token operator", {})
+    assert made is not None and record is not None
+    later = netlive.now()
+    rows = [{"seq": 1, "started_at": started}, {"seq": 2, "started_at": later}]
+    manifest: dict[str, object] = {"capsule": {}, "execs": [
+        {"seq": 1, "touched": {"network": [{"rules": made.rules}]}},  # a change came while it ran
+        {"seq": 2, "touched": {"network": None}}]}
+    netlive.mark_witness(manifest, journal.state, record, rows)
+    execs = manifest["execs"]
+    assert execs[0]["rules"] == sorted([made.previous, made.rules]) and execs[1]["rules"] == [made.rules]  # type: ignore[index]
+    assert manifest["capsule"]["network_rules"] == {made.previous: first.to_json(), made.rules: made.spec.to_json()}  # type: ignore[index]
+    # Each exec runs under its own rules, within the grant; the grant's caps bound them.
+    grant = network("a.example", "b.example", "c.example", max_bytes=10)
+    used, rules = netlive.replay_rules(manifest, grant, own=False)
+    assert used == grant and [r.text for r in rules[2].allow] == ["b.example"] and rules[2].max_bytes == 10
+    assert [r.text for r in rules[1].allow] == ["a.example", "b.example"]
+    with pytest.raises(CcwError) as caught:
+        netlive.replay_rules(manifest, network("b.example"), own=False)
+    assert caught.value.code == "PERMISSION_DENIED" and caught.value.details["lacking"] == ["a.example"]
+    assert caught.value.details["exec"] == 1 and made.previous in caught.value.message
+    assert netlive.replay_rules(manifest, None, own=False) == (None, {})  # network none, as before
+    own, _ = netlive.replay_rules(manifest, None, own=True)
+    assert own is not None and [r.text for r in own.allow] == ["a.example", "b.example"]
+
+
+def test_a_replay_refuses_a_witness_whose_rule_ids_do_not_match_its_rules() -> None:
+    spec = network("a.example")
+    forged = _manifest([{"seq": 1, "rules": [netrules.rules_id(spec)]}],
+                       {netrules.rules_id(spec): {"allow": ["0.0.0.0/0"], "max_bytes": 1, "max_connections": 1}})
+    with pytest.raises(CcwError) as caught:
+        netlive.replay_rules(forged, spec, own=False)
+    assert caught.value.code == "INVALID_ARGUMENT" and "altered" in caught.value.message
+    missing = _manifest([{"seq": 1, "rules": ["n-0000000000000000"]}], {})
+    with pytest.raises(CcwError) as caught:
+        netlive.replay_rules(missing, spec, own=False)
+    assert caught.value.code == "INVALID_ARGUMENT" and "does not carry" in caught.value.message

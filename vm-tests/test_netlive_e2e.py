@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from mcp_server.events import EventLog
+from sandbox.errors import CcwError
 from tests.support import netfixtures as nf
 from tests.support.cli_process import ccw
 from tests.support.netfixtures import HttpLoopback
@@ -140,3 +141,41 @@ def test_ccw_capsule_net_shows_and_changes_the_rules(cli_state: Path, tmp_path: 
     assert refused.returncode != 0 and "no egress side" in refused.stderr, refused.stderr
     ccw(cli_state, "capsule", "destroy", cap)
     ccw(cli_state, "capsule", "destroy", none)
+
+
+def _fetch(port: int) -> list[str]:
+    # --noproxy '': through the proxy, although the jail's NO_PROXY names the capsule's own loopback.
+    return ["curl", "-sS", "--noproxy", "", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/"]
+
+
+def test_a_replay_runs_each_exec_under_the_rules_its_witness_recorded(tools: Any, tmp_path: Path) -> None:
+    """Exec 1 reached gate A; then A's rule was removed and exec 2 was denied it.  A replay
+    allowed both gates still denies exec 2 (it runs under the rules recorded for it), so the
+    replay matches; a replay allowed B only is refused, naming A's rule."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def scenario(t: Any, a: HttpLoopback, b: HttpLoopback) -> dict[str, Any]:
+        rule_a, rule_b = f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"
+        cap = (await t.call("capsule_create", {"workspace": str(ws), "network": [rule_a, rule_b]}))["capsule_id"]
+        one = await t.call("capsule_exec", {"capsule_id": cap, "cmd": _fetch(a.port)})
+        await t.call("capsule_network", {"capsule_id": cap, "remove": [rule_a]})
+        two = await t.call("capsule_exec", {"capsule_id": cap, "cmd": _fetch(a.port)})
+        witness = await t.call("capsule_witness", {"capsule_id": cap})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"], "network": [rule_a, rule_b]})
+        try:
+            await t.call("capsule_replay", {"witness_id": witness["witness_id"], "network": [rule_b]})
+            refused: Any = None
+        except CcwError as exc:
+            refused = exc
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return {"one": one, "two": two, "replayed": replayed, "refused": refused, "rule_a": rule_a}
+
+    with HttpLoopback() as a, HttpLoopback() as b:
+        out = tools.run(lambda t: scenario(t, a, b))
+    assert out["one"]["stdout"] == "200" and out["two"]["stdout"] == "403", (out["one"], out["two"])
+    replayed = out["replayed"]
+    assert replayed["replay_ok"] and replayed["output_identical"], replayed["mismatches"]
+    refused = out["refused"]
+    assert refused is not None and refused.code == "PERMISSION_DENIED", refused
+    assert refused.details["lacking"] == [out["rule_a"]] and refused.details["exec"] == 1

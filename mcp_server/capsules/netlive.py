@@ -178,3 +178,89 @@ def in_force(history: list[Change], current: NetworkSpec, at: str) -> str:
     if before:
         return before[-1].rules
     return history[0].previous if history else rules_id(current)
+
+
+# --- witnesses and replays ---------------------------------------------------------
+
+
+def mark_witness(manifest: dict[str, Any], state: State, record: Any, execs: list[dict[str, Any]]) -> None:
+    """Name in a witness's ``manifest`` the rules each exec ran under (``execs[].rules``: ids)
+    and each of those rule sets (``capsule.network_rules``); nothing for a capsule without network.
+
+    An exec's ids are those in force as it started and those its connections name (a change
+    may have come while it ran).
+    """
+    current = record.network_spec
+    if current is None:
+        return
+    history = changes(state, record.capsule_id)
+    used: dict[str, NetworkSpec] = {rules_id(current): current}
+    for change in history:
+        used.setdefault(change.rules, change.spec)
+    started = {ex["seq"]: ex["started_at"] for ex in execs}
+    kept: dict[str, Any] = {}
+    for entry in manifest["execs"]:
+        ids = {in_force(history, current, started[entry["seq"]])}
+        ids |= {str(r["rules"]) for r in entry["touched"].get("network") or () if r.get("rules")}
+        entry["rules"] = sorted(ids)
+        for ident in ids:
+            found = used.get(ident) or spec(state, ident)
+            if found is not None:
+                kept[ident] = found.to_json()
+    manifest["capsule"]["network_rules"] = kept
+
+
+def _recorded(manifest: dict[str, Any]) -> dict[int, tuple[list[str], NetworkSpec]]:
+    """Each exec's recorded rule ids and the rules they allow together (the first id's caps);
+    INVALID_ARGUMENT for a witness whose ids and rule sets do not agree."""
+    sets: dict[str, NetworkSpec] = {}
+    for ident, value in (manifest["capsule"].get("network_rules") or {}).items():
+        parsed = parse_network(value)
+        if parsed is None or rules_id(parsed) != ident:
+            raise CcwError("INVALID_ARGUMENT", f"the witness's capsule.network_rules[{ident!r}] is not the rule set "
+                           "that id names; the witness was altered or made by another tool", {"rules": ident})
+        sets[ident] = parsed
+    out = {}
+    for entry in manifest["execs"]:
+        ids = entry.get("rules")
+        if not ids:
+            continue
+        unknown = [ident for ident in ids if ident not in sets]
+        if unknown:
+            raise CcwError("INVALID_ARGUMENT", f"the witness's exec {entry['seq']} names rules {unknown} it does not "
+                           "carry (capsule.network_rules)", {"exec": entry["seq"], "rules": unknown})
+        first = sets[ids[0]]
+        rules = tuple(sorted({rule for ident in ids for rule in sets[ident].allow}))
+        out[entry["seq"]] = (list(ids), NetworkSpec(rules, first.max_bytes, first.max_connections))
+    return out
+
+
+def replay_rules(manifest: dict[str, Any], grant: NetworkSpec | None,
+                 own: bool) -> tuple[NetworkSpec | None, dict[int, NetworkSpec]]:
+    """The network a replay's capsule is made with, and the rules each exec runs under.
+
+    The witness's recorded rules are used, never more than the replayer allows: ``grant``
+    (its ``network``; None: network none, and the execs run without, as before live rules),
+    or, with ``own`` (a signed witness of this state dir replayed for its capsule's policy),
+    every rule the witness recorded.  PERMISSION_DENIED naming the exec, its rules and
+    what the grant lacks when a recorded rule is outside it.
+    """
+    recorded = _recorded(manifest)
+    if own and recorded:
+        every = {rule for _, spec_ in recorded.values() for rule in spec_.allow}
+        first = next(iter(recorded.values()))[1]
+        grant = NetworkSpec(tuple(sorted(every)), first.max_bytes, first.max_connections)
+    if grant is None:
+        return None, {}
+    for seq, (ids, spec_) in sorted(recorded.items()):
+        lacking = [rule.text for rule in spec_.allow if rule not in grant.allow]
+        if lacking:
+            raise CcwError(
+                "PERMISSION_DENIED",
+                f"the witness's exec {seq} ran under rules {', '.join(ids)} ({spec_.rules_text()}); the network this "
+                f"replay may use lacks {lacking}: pass a network with them (capsule_replay network; ccw capsule "
+                "replay --network RULE), or none to replay without network",
+                {"exec": seq, "rules": ids, "recorded": [rule.text for rule in spec_.allow], "lacking": lacking})
+    return grant, {seq: NetworkSpec(spec_.allow, min(spec_.max_bytes, grant.max_bytes),
+                                    min(spec_.max_connections, grant.max_connections))
+                   for seq, (_, spec_) in recorded.items()}

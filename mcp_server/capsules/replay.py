@@ -16,7 +16,11 @@ commands.  So a replay takes nothing from the replaying process because a witnes
   a name the witness's capsule whitelisted but the replayer did not pass is absent, and
   the report lists it (``env_missing``).  Never the server's own environment.
 - **Network.** Only what the replayer allows (``network``, default none), under the
-  same egress rules as any capsule; the witness's recorded network is reported, never used.
+  same egress rules as any capsule.  A witness names the rules each exec ran under (they
+  may change while a capsule lives: capsules/netlive.py); with a network allowed, each
+  exec runs under its recorded rules, and a recorded rule outside what the replayer
+  allows refuses the replay, naming it, before anything runs.  A policy's replay of its
+  own capsule's signed witness (``of_capsule``) is allowed the rules it recorded.
 - **Files.** With blobs, only the witness's own bytes (and what every jail sees).  A
   witness without blobs needs the replayer to name its live base, a directory the
   replaying user can read: never the path the witness names.  That path is still
@@ -50,7 +54,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import exposure, owners
+from mcp_server.capsules import exposure, netlive, owners
 from mcp_server.capsules.replay_steps import (
     change_mismatches,
     rerun,
@@ -223,6 +227,9 @@ class ReplayOptions:
     # the agent's declaration, and ``volatile: ["**"]`` would blind require_replay_ok to every
     # file a replay wrote differently.
     witness_volatile: bool = True
+    # The network is the witness's own recorded rules (capsules/netlive.py ``replay_rules``), for a
+    # witness this state dir signed: a policy's replay of its capsule's runs as they ran.
+    network_recorded: bool = False
 
     @classmethod
     def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
@@ -230,7 +237,7 @@ class ReplayOptions:
         values (this server's, as runs.whitelisted gave its runs) and its network, but none of its
         volatile globs (the capsule may not decide what its own policy check ignores)."""
         env = {name: os.environ[name] for name in record.spec.env_whitelist if name in os.environ}
-        return cls(env=env, network=record.network_spec, witness_volatile=False)
+        return cls(env=env, network=record.network_spec, witness_volatile=False, network_recorded=True)
 
 
 _UNTRUSTED = {
@@ -269,6 +276,10 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     options = options or ReplayOptions()
     report = await _verified(service, path, expected_root, options)
     manifest, blobs = report["manifest"], report["blobs"]
+    # The rules each exec ran under, within what the replayer allows (or PERMISSION_DENIED naming them).
+    network, rules = netlive.replay_rules(manifest, options.network,
+                                          options.network_recorded and report["signature"] == "valid")
+    options = replace(options, network=network)
     if services_named(manifest):
         services_of(service)  # UNSUPPORTED here, before any capsule is made, when none can start
     scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
@@ -278,7 +289,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         used, dropped = exposure.replayable(manifest["capsule"].get("expose", []), os.getuid(), login_homes())
         capsule_spec = replace(capsule_spec, expose=tuple(used))
         async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id:
-            tally = await rerun(service, capsule_id, capsule_spec, manifest, blobs, options.network, options.env)
+            tally = await rerun(service, capsule_id, capsule_spec, manifest, blobs, options.network, options.env, rules)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)

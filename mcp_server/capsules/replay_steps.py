@@ -207,8 +207,11 @@ def stretches(manifest: dict[str, Any], tally: Tally) -> Iterator[tuple[list[dic
 
 
 async def rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, manifest: dict[str, Any],
-                blobs: dict[str, bytes], network: NetworkSpec | None, values: Mapping[str, str]) -> Tally:
-    """Redo the recorded execs and file-tool writes in sequence, beside their services, comparing each exec."""
+                blobs: dict[str, bytes], network: NetworkSpec | None, values: Mapping[str, str],
+                rules: Mapping[int, NetworkSpec] | None = None) -> Tally:
+    """Redo the recorded execs and file-tool writes in sequence, beside their services, comparing each exec.
+    ``rules``: the rules each exec runs under, by seq (capsules/netlive.py ``replay_rules``), set on the
+    replay capsule's session before it runs; without, ``network`` throughout."""
     tally = Tally()
     for forms, steps in stretches(manifest, tally):
         if forms:
@@ -216,7 +219,10 @@ async def rerun(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, man
                                   "execs": [entry["seq"] for kind, entry in steps if kind == "exec"]})
         async with beside(service, capsule_id, spec, network, witness_specs(capsule_id, forms, spec, values)):
             for kind, entry in steps:
-                await _step(service, capsule_id, spec, kind, entry, blobs, network, values, tally)
+                ruled = (rules or {}).get(entry["seq"]) if kind == "exec" else None
+                if ruled is not None:
+                    await service.networks.set_rules(capsule_id, ruled, "the replay (the witness's rules)")
+                await _step(service, capsule_id, spec, kind, entry, blobs, ruled or network, values, tally)
     return tally
 
 

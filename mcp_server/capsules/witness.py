@@ -56,6 +56,7 @@ from typing import Any, BinaryIO
 
 import trio
 
+from mcp_server.capsules import netlive
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
 from mcp_server.core import paths
@@ -366,6 +367,7 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
                                                outputs, options.max_base_mb << 20, options.carry_all, running)
+            netlive.mark_witness(manifest, service.state, record, execs)  # the rules each exec ran under
             if not options.include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}
