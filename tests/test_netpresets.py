@@ -9,19 +9,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
-from mcp_server.capsules.fragments import NETWORK_IN
 from mcp_server.cli import main
 from mcp_server.cli.net import render
+from mcp_server.config import TOOLSETS
 from mcp_server.core.netrules import decide, parse_network, parse_rule
 from mcp_server.fs.netpresets import (
     MAX_FILE,
+    SCHEMA,
     catalogue,
     expand_network,
     expand_rules,
     shipped,
     user_dir,
 )
+from mcp_server.tools.registry import Registry
 from sandbox.errors import CcwError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +66,12 @@ def test_the_shipped_presets_name_their_clients_hosts_each_with_a_port_and_a_why
             assert rule.why
         assert preset.sources  # where the hosts are documented
     # Read from package data: the files at the top of the tree.
-    assert {p.stem for p in (ROOT / "policies" / "network").glob("*.json")} == set(NEEDED)
+    assert {p.stem for p in (ROOT / "policies" / "network").glob("*.json") if p.name != SCHEMA} == set(NEEDED)
     # capsule_create's schema names them to the agent: every one, and no other.
-    named = NETWORK_IN["description"].split("preset:NAME is a named set (", 1)[1].split(")", 1)[0]
+    create = Registry.load(TOOLSETS).lookup("capsule_create")
+    assert create is not None
+    described = create.input_schema["properties"]["network"]["description"]
+    named = described.split("preset:NAME is a named set (", 1)[1].split(")", 1)[0]
     assert sorted(named.split(", ")) == sorted(presets)
 
 
@@ -122,6 +128,19 @@ BAD = [
     (json.dumps({**MINE, "sources": "https://x"}), "/sources", "list of at most 16"),
     (" " * (MAX_FILE + 1), "file", f"larger than {MAX_FILE} bytes"),
 ]
+
+
+def test_the_preset_schema_takes_the_shipped_presets_and_refuses_what_the_reader_refuses() -> None:
+    validator = Draft202012Validator(json.loads((ROOT / "policies" / "network" / "network-preset.schema.json").read_text()))
+    for preset in shipped().values():
+        validator.validate(json.loads(Path(preset.path).read_text()))
+    grammar_only = ("port '0' is not 1-65535", "already /rules/0")  # the rule parser's, not a schema's
+    for text, _where, says in BAD:
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            continue
+        assert validator.is_valid(doc) == (says in grammar_only), says
 
 
 @pytest.mark.parametrize(("text", "where", "says"), BAD, ids=[f"{w}:{s[:20]}" for _, w, s in BAD])

@@ -2,9 +2,10 @@
 
 A preset is a JSON file, ``NAME.json``: a description, and its rules, each with why it is
 there (``{"description": …, "rules": [{"rule": "pypi.org:443", "why": …}], "sources":
-[…]}``).  ccw ships some in ``policies/network/`` (package data, through
-``mcp_server/data``); a person adds their own in ``<state dir>/policies/network/``.
-``ccw net presets`` lists them.
+[…]}``; its JSON Schema is ``policies/network/network-preset.schema.json``, which the
+schema tools list with the shipped presets as its examples).  ccw ships some in
+``policies/network/`` (package data, through ``mcp_server/data``); a person adds their
+own in ``<state dir>/policies/network/``.  ``ccw net presets`` lists them.
 
 Choices made here:
 - **Syntax.**  In any list of allowlist rules a capsule is given (capsule_create's and
@@ -62,6 +63,7 @@ MAX_RULES = 64  # rules per preset
 MAX_TEXT = 600  # characters of a description, a why or a source
 NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,39}\Z")
 FIELDS = ("description", "rules", "sources")
+SCHEMA = "network-preset.schema.json"  # a preset file's JSON Schema, beside the shipped presets
 LIST_HINT = "ccw net presets lists the presets and their rules"
 
 Origin = Literal["shipped", "user"]
@@ -154,6 +156,8 @@ def shipped() -> dict[str, Preset]:
     """The presets ccw ships (policies/network/*.json), by name; read once per process."""
     out: dict[str, Preset] = {}
     for path in sorted((data_dir("policies") / "network").glob("*.json")):
+        if path.name == SCHEMA:
+            continue
         with open(path, encoding="utf-8") as f:
             out[path.stem] = parse_preset(json.load(f), path.stem, "shipped", str(path))
     return out
@@ -249,7 +253,7 @@ def _user_files(state_dir: Path) -> list[tuple[str, str, Preset | CcwError]]:
             if inner is None:
                 return []
             fds.append(inner)
-        names = sorted(n for n in os.listdir(fds[-1]) if n.endswith(".json") and not n.startswith("."))
+        names = sorted(n for n in os.listdir(fds[-1]) if n.endswith(".json") and not n.startswith(".") and n != SCHEMA)
         if len(names) > MAX_FILES:
             raise CcwError("INVALID_ARGUMENT", f"{where} holds {len(names)} preset files; ccw reads at most "
                            f"{MAX_FILES}: remove some", {"path": str(where)})

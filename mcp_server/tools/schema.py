@@ -80,8 +80,11 @@ def _default_entries(toolsets: tuple[str, ...]) -> tuple[list[SchemaEntry], list
                 schemas.append(SchemaEntry(name, version, path, uri, document))
                 continue
             named = schema_name_of_ref(document.get("$schemaRef")) if isinstance(document, dict) else ""
-            if not named and len(policy_schemas) == 1:
-                named = policy_schemas[0].rsplit("/", 1)[-1].removesuffix(".schema.json")
+            # Otherwise a document is an example of the one schema in its own directory (policies/
+            # holds policy.schema.json; policies/network/ the network presets' schema).
+            beside = [s for s in policy_schemas if s.rpartition("/")[0] == rel.rpartition("/")[0]]
+            if not named and len(beside) == 1:
+                named = beside[0].rsplit("/", 1)[-1].removesuffix(".schema.json")
             examples.append(ExampleEntry(named, path, named, document))
     return schemas, examples, problems
 
