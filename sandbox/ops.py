@@ -80,6 +80,7 @@ SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # a process in a way its init could not follow (SIGSTOP: freeze is for that).
 SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 MAX_PORT = 65535
+MAX_SPARES = 14  # net_connect's spares in one reply (client.ANCILLARY_SPACE has room for 16)
 
 
 def _boolean(name: str, value: Any) -> Any:
@@ -197,7 +198,7 @@ OPS: dict[str, OpSpec] = {
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
             already.  ``spares``: that many unconnected sockets there instead, which reach only that.""",
-            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, 14)},
+            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, MAX_SPARES)},
         ),
         _op(
             "run_reads",

@@ -406,7 +406,9 @@ def test_connections_use_spares_from_the_pool_which_refills_and_closes_with_the_
                     assert await read_all(client) == b"got 5 bytes"
                 assert (await port.counts()).accepted == 6
                 await port.aclose()
-        assert capsule.calls == 0  # each connection was a spare connected by ccw-forward
+        # Spares connected by ccw-forward, but for at most one while a refill was on its way
+        # (the refill is asked at half, and these connections follow each other at once).
+        assert capsule.calls <= 1
         assert len(spares.asked) >= 2 and all(count <= 4 for count in spares.asked)
         assert all(sock.fileno() == -1 for sock in spares.made)  # passed to ccw-forward, and closed here
 

@@ -37,12 +37,13 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules.background import Background
-from mcp_server.egress.forward import POOL_SIZE, Client, PortForward
+from mcp_server.egress.forward import Client, PortForward
 from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
+from sandbox.ops import MAX_SPARES
 
 MAX_PORTS = 32  # forwards one capsule keeps at once
 
@@ -116,10 +117,10 @@ class Ports:
         return forward
 
     async def _first_spares(self, capsule_id: str, port: int) -> list[socket.socket]:
-        """A first pool of spare sockets; none if the helper cannot now (the forwarder asks again)."""
+        """A first batch of spare sockets; none if the helper cannot now (the program asks again)."""
         helper = await self._helper()
         try:
-            return await helper.net_spares(capsule_id, port, POOL_SIZE)
+            return await helper.net_spares(capsule_id, port, MAX_SPARES)  # the program asks for the rest
         except CcwError as exc:
             LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
             return []

@@ -61,13 +61,14 @@ import trio
 from mcp_server.egress import peer, splice
 from mcp_server.egress.relay import CONNECT_TIMEOUT
 from sandbox.errors import CcwError, from_oserror
+from sandbox.ops import MAX_SPARES
 
 log = logging.getLogger("ccw.egress")
 
 HOST = "127.0.0.1"
 BACKLOG = 128
 MAX_OPEN = 1024  # connections at once; each holds two sockets and two pipes in ccw-forward
-POOL_SIZE = 8  # spares kept; ccw-forward asks for more when half are used
+POOL_SIZE = 28  # spares kept; ccw-forward asks for more when half are used: one helper call (MAX_SPARES)
 FDS_PER_MESSAGE = 16  # spares passed in one message (ccw_forward.c's FDS_PER_MESSAGE is its ceiling)
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-forward")
 _STOP_S = 2.0  # for ccw-forward to exit once its control socket is closed, before a kill
@@ -266,8 +267,8 @@ class PortForward:
     async def _refill(self, count: int) -> None:
         made: list[socket.socket] = []
         try:
-            if self._spares is not None:
-                made = await self._spares(count)
+            while self._spares is not None and len(made) < count:
+                made += await self._spares(min(count - len(made), MAX_SPARES))
         except Exception as exc:  # the helper's: the capsule gone, a helper restarting
             log.warning("port forward %s: no spare sockets from the helper: %s", self.host_port, exc)
         await self._pass_spares(made)  # none at all still tells it to ask again later

@@ -99,6 +99,7 @@ struct conn {
     size_t held[2];             /* bytes in pipe[d] */
     int eof[2], shut[2];        /* end d sent its EOF; end d was shut for writing */
     int watched[2];             /* end d is in the epoll set */
+    uint32_t interest[2];       /* and for which events: changed only when it must be */
     enum state state;
     uint64_t id;
     struct timespec deadline;
@@ -203,6 +204,7 @@ static void watch(struct end *end, uint32_t events, int op)
     if (epoll_ctl(G.epoll, op, end->fd, &event) < 0)
         die("epoll_ctl");
     end->conn->watched[end->side] = op != EPOLL_CTL_DEL;
+    end->conn->interest[end->side] = events;
 }
 
 static void unlink_waiting(struct conn *conn)
@@ -269,7 +271,8 @@ static void rewatch(struct conn *conn)
             events |= EPOLLIN;
         if (conn->held[1 - side] > 0)
             events |= EPOLLOUT;
-        watch(&conn->end[side], events, EPOLL_CTL_MOD);
+        if (events != conn->interest[side])  /* a request on a kept connection changes none */
+            watch(&conn->end[side], events, EPOLL_CTL_MOD);
     }
 }
 
@@ -278,7 +281,7 @@ static void rewatch(struct conn *conn)
  * (EPOLLOUT on it resumes).  0, or -1: the connection failed. */
 static int pump(struct conn *conn, int from)
 {
-    int to = 1 - from;
+    int to = 1 - from, full = 0;
     for (;;) {
         if (conn->held[from] == 0 && !conn->eof[from]) {
             ssize_t got = splice(conn->end[from].fd, NULL, conn->pipe[from][1], NULL, CHUNK,
@@ -286,7 +289,7 @@ static int pump(struct conn *conn, int from)
             if (got == 0)
                 conn->eof[from] = 1;
             else if (got > 0)
-                conn->held[from] = (size_t)got;
+                conn->held[from] = (size_t)got, full = got == CHUNK;
             else if (errno == EAGAIN)
                 return 0;
             else if (errno != EINTR)
@@ -308,12 +311,15 @@ static int pump(struct conn *conn, int from)
             conn->shut[to] = 1;
             return 0;
         }
+        if (!full)
+            return 0;  /* a short read emptied the queue; EPOLLIN (level-triggered) says when there is more */
     }
 }
 
-static void relay_ready(struct conn *conn, int side)
+/* ``events`` on end ``side``: its bytes to read (or its end), or room for the other end's. */
+static void relay_ready(struct conn *conn, int side, uint32_t events)
 {
-    if (pump(conn, side) < 0 || pump(conn, 1 - side) < 0) {
+    if ((events & ~EPOLLOUT && pump(conn, side) < 0) || (events & EPOLLOUT && pump(conn, 1 - side) < 0)) {
         finish(conn);  /* a reset or a broken pipe: the connection is over, not an error of the port's */
         return;
     }
@@ -338,7 +344,7 @@ static void start_relay(struct conn *conn, int capsule)
         }
     G.accepted++;
     watch(&conn->end[1], 0, EPOLL_CTL_ADD);
-    relay_ready(conn, 0);
+    relay_ready(conn, 0, EPOLLIN);  /* what the client sent while it waited */
 }
 
 /* A spare connected to the capsule's port: at once (loopback often answers inside
@@ -649,7 +655,7 @@ int main(int argc, char **argv)
                 else if (conn->state == CONNECTING && end->side == 1)
                     connected_later(conn);
                 else if (conn->state == RELAYING)
-                    relay_ready(conn, end->side);
+                    relay_ready(conn, end->side, events[i].events);
             }
         }
         expire();
