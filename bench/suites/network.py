@@ -20,6 +20,14 @@
   ``tc tbf`` qdisc in the server namespace, on only while those rounds run): a registry
   download does not exceed the speed of a real link, and at link speed the proxy should
   cost nothing.  Target: at least 0.8x as well.
+- a connection decided by the rules (issue 37's live rules): a CONNECT tunnel allowed
+  (connected upstream, ``200``, closed by the client) and a CONNECT denied (``403``),
+  through an EgressSession on loopback listeners in this process, beside the same through
+  a session whose connection path is as it was before live rules (``_before``: no
+  per-connection registration, cancel scope or re-check).  The two serve at once; each
+  round is one connection of each of the four, in a new order, 2000 rounds: rounds of
+  200 connections measured 0.85x to 1.20x from run to run on a VM whose two cores others
+  shared (load 4-5), one connection a round 1.01x to 1.05x.  Target: at most 1.05x.
 Rounds are interleaved in a new order each time (bench.common.interleaved's reason).
 Needs root (the helper runs privileged; the server namespace is the test's own).
 """
@@ -159,6 +167,8 @@ def run(quick: bool = False) -> Report:
     report.add(_download_row(f"HTTP download {size >> 20} MiB via proxy (s/GiB)", figures, "download"))
     report.add(_download_row(f"HTTP download {size >> 20} MiB via proxy, server link shaped to "
                              "1 Gbit/s (s/GiB)", figures, "shaped"))
+    for row in decision_rows(quick):
+        report.add(row)
     report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
     report.notes.append(f"the shaped rows: tc tbf {' '.join(SHAPE)} on the server's veth end; a registry download "
                         "does not exceed a real link's speed, the unshaped row measures the relay against the "
@@ -175,3 +185,125 @@ def _download_row(name: str, figures: dict[str, list[float]], prefix: str) -> Ro
     return Row(name, 1024.0 / capsule_mibs, "host direct", 1024.0 / host_mibs, "<= 1.25 (throughput >= 0.8x)",
                unit="s", extra={"capsule MiB/s": round(capsule_mibs, 1), "host MiB/s": round(host_mibs, 1),
                                 "throughput ratio": round(capsule_mibs / host_mibs, 3)})
+
+
+# --- a connection decided by the rules, with and without the live-rule machinery -------
+
+CONNECT_ROUNDS = 1  # connections a round, each way: one, so that load from elsewhere falls on both alike
+
+
+def _before() -> type:
+    """An EgressSession whose connection path is as it was before live rules (commit f189787):
+    the client task neither registered nor given a cancel scope, the connection not re-checked."""
+    import socket
+
+    from mcp_server.egress import session as egress_session
+    from mcp_server.egress.relay import Refused, connect_upstream
+
+    class Before(egress_session.EgressSession):
+        async def open(self, attempt: Any) -> Any:
+            try:
+                upstream = await connect_upstream(attempt, self._resolver, self.spec, self._space)
+            except Refused as exc:
+                if exc.denied:
+                    attempt.deny(exc.message)
+                else:
+                    attempt.reason = exc.message
+                self._tell(attempt)
+                raise
+            self._tell(attempt)
+            return upstream
+
+        async def _client(self, handler: Any, client: Any) -> None:
+            self._clients += 1
+            try:
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await handler(self, client)
+            except Exception:
+                egress_session.log.exception("egress proxy: a client connection failed")
+            finally:
+                self._clients -= 1
+                client.close()
+
+    return Before
+
+
+def _listening() -> tuple[int, int]:
+    import socket
+
+    sock = socket.create_server(("127.0.0.1", 0), backlog=256)
+    sock.setblocking(False)
+    return sock.getsockname()[1], sock.detach()
+
+
+async def _decided(port: int, request: bytes, count: int) -> float:
+    """Seconds per request: ``count`` clients one after another, each sending ``request`` to
+    the proxy on ``port`` and reading its answer to the end (a tunnel closed by the client)."""
+    import trio
+
+    start = time.perf_counter()
+    for _ in range(count):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = await stream.receive_some(4096)
+            assert data, head
+            head += data
+        assert head.startswith((b"HTTP/1.1 200", b"HTTP/1.1 403")), head
+        await stream.send_eof()
+        while await stream.receive_some(4096):
+            pass
+        await stream.aclose()
+    return (time.perf_counter() - start) / count
+
+
+async def _measure_decisions(repeat: int) -> dict[str, list[float]]:
+    """Both sessions serving at once on loopback, an upstream that closes at EOF; rounds interleaved."""
+    from functools import partial
+
+    import trio
+
+    from mcp_server.core.netrules import parse_network
+    from mcp_server.egress.hostspace import HostSpaceReader
+    from mcp_server.egress.session import EgressSession
+
+    async def upstream(stream: trio.SocketStream) -> None:
+        while await stream.receive_some(4096):
+            pass
+        await stream.aclose()
+
+    space = HostSpaceReader()
+    try:
+        async with trio.open_nursery() as nursery:
+            [listener] = await nursery.start(partial(trio.serve_tcp, upstream, 0, host="127.0.0.1"))
+            target = listener.socket.getsockname()[1]
+            spec = parse_network([f"127.0.0.1:{target}", "pypi.org"])
+            ports, sessions = {}, []
+            for name, cls in (("live", EgressSession), ("before", _before())):
+                (http_port, http_fd), (_, socks_fd) = _listening(), _listening()
+                sessions.append(cls(spec, http_fd, socks_fd, None, ["10.99.0.2"], space=space.current))
+                await nursery.start(sessions[-1].serve)
+                ports[name] = http_port
+            allowed = f"CONNECT 127.0.0.1:{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            denied = b"CONNECT denied.example:443 HTTP/1.1\r\nHost: x\r\n\r\n"
+            figures = await interleaved_async({
+                f"{kind}_{name}": partial(_decided, port, request, CONNECT_ROUNDS)
+                for name, port in ports.items() for kind, request in (("allowed", allowed), ("denied", denied))
+            }, repeat)
+            for session in sessions:
+                await session.aclose()
+            nursery.cancel_scope.cancel()
+            return figures
+    finally:
+        space.close()
+
+
+def decision_rows(quick: bool = False) -> list[Row]:
+    """The live-rule rows: a connection allowed and one denied, against before live rules."""
+    import trio
+
+    figures = trio.run(_measure_decisions, 300 if quick else 2000)
+    return [Row(f"CONNECT {kind} by the rules, live-rule machinery", median_ms(figures[f"{kind}_live"]),
+                "before live rules", median_ms(figures[f"{kind}_before"]), "<= 1.05x",
+                extra={"per round": CONNECT_ROUNDS}) for kind in ("allowed", "denied")]
