@@ -41,7 +41,8 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``service``  name, state (starting, running, ready, exited, failed, lost, stopped), with
   argv and restarts as it starts, exit_code, signal and seq as a run ends; a service's
   run is also a ``run.finished`` with its ``service`` name.  ``port``  port, host_port,
-  url, state (open, closed), or refused with the peer's uid.
+  url, state (open, closed), or refused with the peer's uid and ``more`` (its refusals
+  folded into this one since its last: one a second at most, capsules/ports.py).
 - ``policy.report``  passed, report (promotion's checks, real or dry run);  ``promotion``
   applied, dry_run, refused (null, or the error's code and message: POLICY_FAILED,
   REPO_CHANGED, ...).

@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -46,6 +47,31 @@ from sandbox.errors import CcwError
 from sandbox.ops import MAX_SPARES
 
 MAX_PORTS = 32  # forwards one capsule keeps at once
+REFUSED_EVENT_S = 1.0  # at most one ``refused`` event per peer uid and port in this long
+
+
+class Refusals:
+    """Which refusals become events: the first of a peer uid's, then one a second at most,
+    saying how many were folded into it (``more``).  Any local user can connect to a
+    forwarded port as fast as the kernel accepts; an event each would let them push the
+    capsule's other events out of the bounded log (events.KEEP_EVENTS).  The port's own
+    ``refused`` count stays exact."""
+
+    def __init__(self, window: float = REFUSED_EVENT_S, most: int = 1024) -> None:
+        self._window = window
+        self._most = most  # uids remembered; past it the oldest is forgotten
+        self._last: dict[int | None, tuple[float, int]] = {}  # uid: (when its last event went, folded since)
+
+    def note(self, uid: int | None, now: float) -> int | None:
+        """The count folded into an event to add now for ``uid``, or None: no event now."""
+        last = self._last.pop(uid, None)
+        if last is not None and now - last[0] < self._window:
+            self._last[uid] = (last[0], last[1] + 1)
+            return None
+        if len(self._last) >= self._most:
+            self._last.pop(next(iter(self._last)))
+        self._last[uid] = (now, 0)
+        return 0 if last is None else last[1]
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS ports (
@@ -69,8 +95,14 @@ class Ports:
         self._recovered = False
         state.ensure_schema("ports", _DDL)
 
-    def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
-        return [_summary(capsule_id, forward) for (cap, _), forward in sorted(self._open.items()) if cap == capsule_id]
+    async def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
+        """The capsule's forwards, with their programs' counts as of now."""
+        out = []
+        for (cap, _), forward in sorted(self._open.items()):
+            if cap == capsule_id:
+                counts = await forward.counts()
+                out.append({**_summary(capsule_id, forward), "refused": counts.refused, "accepted": counts.accepted})
+        return out
 
     def holding(self) -> bool:
         return bool(self._open)
@@ -98,9 +130,13 @@ class Ports:
             helper = await self._helper()
             return await helper.net_spares(capsule_id, port, count)
 
+        quiet = Refusals()
+
         def refused(who: Client) -> None:
-            events.add(self.state, "port", capsule_id, {"port": port, "state": "refused", "peer_uid": who.uid,
-                                                        "peer": f"{who.address}:{who.port}"})
+            folded = quiet.note(who.uid, time.monotonic())
+            if folded is not None:
+                events.add(self.state, "port", capsule_id, {"port": port, "state": "refused", "peer_uid": who.uid,
+                                                            "peer": f"{who.address}:{who.port}", "more": folded})
 
         first = await self._first_spares(capsule_id, port)
         try:

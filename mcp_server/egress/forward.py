@@ -313,7 +313,10 @@ class PortForward:
             log.exception("port forward %s: an observer failed", self.host_port)
 
     async def counts(self) -> Counts:
-        """The program's counts, asked of it now."""
+        """The program's counts, asked of it now: exact for every connection it has closed
+        (it counts before it answers).  With no program running, what this process was told."""
+        if self._control is None:
+            return Counts(0, self.refused, self.errors, 0, 0)
         async with self._asking:
             send, receive = trio.open_memory_channel[Counts](1)
             self._counted = send

@@ -69,7 +69,7 @@ async def capsule_service_list(ctx: ToolContext, args: dict[str, Any]) -> dict[s
     services = _services(ctx)
     await services.recover(ctx.capsules)
     return {"capsule_id": record.capsule_id, "services": services.summaries(record.capsule_id),
-            "ports": services.ports.summaries(record.capsule_id)}
+            "ports": await services.ports.summaries(record.capsule_id)}
 
 
 async def capsule_service_logs(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +199,7 @@ TOOLS = [
         input_schema=_input(["port"], port=_PORT, host_port={**_PORT, "description": "Default: any free port."},
                             close={"type": "boolean"}),
         output_schema={**_OUT, "required": ["capsule_id", "port", "host_port", "url", "open"], "properties": {
-            "capsule_id": CAPSULE_ID, **{k: {"type": "integer"} for k in ("port", "host_port", "refused")},
+            "capsule_id": CAPSULE_ID, **{k: {"type": "integer"} for k in ("port", "host_port", "refused", "accepted")},
             "url": {"type": "string"}, "open": {"type": "boolean"}}},
         handler=capsule_port,
         scope="exec",
