@@ -22,6 +22,7 @@ from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec
 from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
+    NoDns,
     egress,
     network,
     read_all,
@@ -114,32 +115,32 @@ def _space() -> HostSpace:
 @pytest.mark.usefixtures("relay_engine")
 def test_removing_the_rule_cuts_the_open_tunnel_and_adding_one_lets_the_next_in() -> None:
     async def main() -> None:
-        async with upstream(_drip) as up, upstream(_drip) as other:
-            async with egress(network(f"127.0.0.1:{up.port}"), space=_space) as proxy:
-                client = await proxy.http()
-                await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-                assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
-                assert await client.receive_some()  # the download runs
-                before = proxy.session.rules
-                after = netrules.changed(proxy.session.spec, allow=[f"127.0.0.1:{other.port}"],
-                                         remove=[f"127.0.0.1:{up.port}"])
-                cut = proxy.session.set_rules(after, "token operator")
-                assert [attempt.port for attempt in cut] == [up.port]
-                with trio.fail_after(10):  # the tunnel ends: the client reads to EOF
-                    while await client.receive_some(1 << 16):
-                        pass
-                await client.aclose()
-                # The next request is judged by the new rules: the new host in, the old one out.
-                again = await proxy.http()
-                await again.send_all(f"CONNECT 127.0.0.1:{other.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-                assert (await read_head(again)).startswith(b"HTTP/1.1 200 ")
-                await again.aclose()
-                old = await proxy.http()
-                await old.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-                denied = await read_all(old)
-                assert denied.startswith(b"HTTP/1.1 403 ") and b"no rule allows" in denied
-                await trio.sleep(0.05)
-                records = {(r["port"], r["allowed"]): r for r in proxy.session.end_exec()}
+        async with upstream(_drip) as up, upstream(_drip) as other, \
+                egress(network(f"127.0.0.1:{up.port}"), space=_space) as proxy:
+            client = await proxy.http()
+            await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+            assert await client.receive_some()  # the download runs
+            before = proxy.session.rules
+            after = netrules.changed(proxy.session.spec, allow=[f"127.0.0.1:{other.port}"],
+                                     remove=[f"127.0.0.1:{up.port}"])
+            cut = proxy.session.set_rules(after, "token operator")
+            assert [attempt.port for attempt in cut] == [up.port]
+            with trio.fail_after(10):  # the tunnel ends: the client reads to EOF
+                while await client.receive_some(1 << 16):
+                    pass
+            await client.aclose()
+            # The next request is judged by the new rules: the new host in, the old one out.
+            again = await proxy.http()
+            await again.send_all(f"CONNECT 127.0.0.1:{other.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            assert (await read_head(again)).startswith(b"HTTP/1.1 200 ")
+            await again.aclose()
+            old = await proxy.http()
+            await old.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            denied = await read_all(old)
+            assert denied.startswith(b"HTTP/1.1 403 ") and b"no rule allows" in denied
+            await trio.sleep(0.05)
+            records = {(r["port"], r["allowed"]): r for r in proxy.session.end_exec()}
         first = records[up.port, True]
         assert first["rules"] == before and first["bytes_in"] > 0
         assert first["cut"].startswith(f"rules changed to {proxy.session.rules} by token operator: no rule allows")
@@ -227,3 +228,25 @@ def test_a_replay_refuses_a_witness_whose_rule_ids_do_not_match_its_rules() -> N
     with pytest.raises(CcwError) as caught:
         netlive.replay_rules(missing, spec, own=False)
     assert caught.value.code == "INVALID_ARGUMENT" and "does not carry" in caught.value.message
+
+
+def test_a_rule_added_live_opens_neither_the_host_nor_private_space() -> None:
+    """core/netspace.py holds for live rules as for create-time ones: a wildcard or a CIDR
+    added while the capsule lives reaches no loopback or private address; only a rule naming
+    the exact address does."""
+    resolver = NoDns({"inside.example": ["10.1.2.3"], "me.example": ["127.0.0.1"]})
+
+    async def main() -> list[bytes]:
+        async with egress(network("pypi.org"), resolver=resolver, space=_space) as proxy:
+            proxy.session.set_rules(netrules.changed(proxy.session.spec, allow=["*.example", "10.0.0.0/8:80"]))
+            answers = []
+            for target in ("inside.example:443", "me.example:443", "10.1.2.3:80"):
+                client = await proxy.http()
+                await client.send_all(f"CONNECT {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+                answers.append(await read_all(client))
+            return answers
+
+    inside, me, cidr = trio.run(main)
+    assert inside.startswith(b"HTTP/1.1 403 ") and b"private" in inside, inside
+    assert me.startswith(b"HTTP/1.1 403 ") and b"loopback" in me, me
+    assert cidr.startswith(b"HTTP/1.1 403 ") and b"private" in cidr, cidr
