@@ -32,7 +32,8 @@ Some facts this module follows from:
   the socket's own namespace.  So ``net_sockets`` hands the front end unconnected
   sockets made here, which it connects itself as connections come (a forwarded port's
   pool), saving the helper's round trip per connection; ``net_connect`` stays for the
-  one-off connection and for a server that listens on ``::1`` only (the pool is IPv4).
+  one-off connection; its spares are of one family, IPv4 unless asked for IPv6 (a forwarded
+  port asks for those once a server turned out to listen on ``::1`` alone).
 - Sharing the namespace across runs is what the issue asks for, and it costs
   isolation between *runs of one capsule* only: an exec can reach a service's ports,
   which is the point, and a lingering TIME_WAIT of an earlier run is still there.
@@ -100,14 +101,14 @@ def _diag_inside(netns: int) -> socket.socket:
     return namespaces.on_own_thread(work)
 
 
-def _sockets_inside(netns: int, count: int) -> list[socket.socket]:
-    """``count`` unconnected IPv4 TCP sockets made in ``netns`` (non-blocking, close-on-exec)."""
+def _sockets_inside(netns: int, count: int, family: int = socket.AF_INET) -> list[socket.socket]:
+    """``count`` unconnected TCP sockets of ``family`` made in ``netns`` (non-blocking, close-on-exec)."""
     def work() -> list[socket.socket]:
         syscalls.setns(netns, syscalls.CLONE_NEWNET)
         made: list[socket.socket] = []
         try:
             for _ in range(count):
-                made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK))
+                made.append(socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK))
         except OSError:
             for sock in made:
                 sock.close()
@@ -164,14 +165,17 @@ class Nets:
         finally:
             os.close(netns)
 
-    def passed(self, capsule_id: str, network: str, port: int, spares: int | None) -> tuple[NetConnectReply, list[int]]:
+    def passed(self, capsule_id: str, network: str, port: int, spares: int | None,
+               v6: bool = False) -> tuple[NetConnectReply, list[int]]:
         """``net_connect``'s reply and descriptors: a socket connected to ``port``; or ``spares``
-        unconnected ones, for the caller to connect there itself (a forwarded port's pool)."""
+        unconnected ones (IPv6 ones with ``v6``), for the caller to connect there itself (a
+        forwarded port's pool)."""
         if spares is None:
             return NetConnectReply(port), [self.connect(capsule_id, network, port).detach()]
         netns = self.descriptor(capsule_id, network)
         try:
-            fds = [sock.detach() for sock in _sockets_inside(netns, spares)]
+            family = socket.AF_INET6 if v6 else socket.AF_INET
+            fds = [sock.detach() for sock in _sockets_inside(netns, spares, family)]
         finally:
             os.close(netns)
         return NetConnectReply(port, spares), fds

@@ -307,10 +307,10 @@ class HelperClient:
             raise
         return reply.services or {}, socket.socket(fileno=fds[3])
 
-    async def net_spares(self, capsule_id: str, port: int, count: int) -> list[socket.socket]:
-        """``count`` unconnected TCP sockets of the capsule's namespace, for the caller to connect
-        to ``port`` there; the caller closes them."""
-        request = NetConnectRequest(capsule_id, port, count)
+    async def net_spares(self, capsule_id: str, port: int, count: int, v6: bool = False) -> list[socket.socket]:
+        """``count`` unconnected TCP sockets (IPv6 ones with ``v6``) of the capsule's namespace, for
+        the caller to connect to ``port`` there; the caller closes them."""
+        request = NetConnectRequest(capsule_id, port, count, v6 or None)
         result, fds = await self._round_trip(request.op, request.to_args())
         try:
             NetConnectReply.from_args(result)

@@ -197,8 +197,8 @@ OPS: dict[str, OpSpec] = {
             """Passes one TCP socket connected to 127.0.0.1:port inside the caller's own
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
-            already.  ``spares``: that many unconnected sockets there instead, which reach only that.""",
-            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, MAX_SPARES)},
+            already.  ``spares``: that many unconnected sockets there instead (IPv6 with ``v6``), which reach only that.""",
+            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, MAX_SPARES), "v6": _boolean},
         ),
         _op(
             "run_reads",
@@ -451,6 +451,7 @@ class NetConnectRequest(OpRequest[NetConnectReply]):
     capsule_id: str
     port: int
     spares: int | None = None  # that many unconnected sockets instead (capsule_nets.Nets.passed)
+    v6: bool | None = None  # of IPv6, not IPv4
 
 
 @dataclass(frozen=True)

@@ -365,10 +365,10 @@ class CapsuleManager:
             raise CcwError("NOT_FOUND", f"capsule {capsule_id} was destroyed", {"capsule_id": capsule_id})
         return egress.REPLY, fds
 
-    def net_connect(self, capsule_id: str, port: int, caller_uid: int,
-                    spares: int | None = None) -> tuple[NetConnectReply, list[int]]:
+    def net_connect(self, capsule_id: str, port: int, caller_uid: int, spares: int | None = None,
+                    v6: bool = False) -> tuple[NetConnectReply, list[int]]:
         """A socket connected to ``port`` on the capsule's loopback, or ``spares`` unconnected (capsule_nets.py)."""
-        return self.nets.passed(capsule_id, self._get(capsule_id, caller_uid).spec.network, port, spares)
+        return self.nets.passed(capsule_id, self._get(capsule_id, caller_uid).spec.network, port, spares, v6)
 
     def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""

@@ -271,7 +271,7 @@ class Dispatcher:
 
     def _net_connect(self, request: NetConnectRequest, peer: Peer,
                      progress: Progress | None) -> tuple[NetConnectReply, list[int]]:
-        return self.manager.net_connect(request.capsule_id, request.port, peer.uid, request.spares)
+        return self.manager.net_connect(request.capsule_id, request.port, peer.uid, request.spares, bool(request.v6))
 
     def _run_reads(self, request: RunReadsRequest, peer: Peer,
                    progress: Progress | None) -> tuple[RunReadsReply, list[int]]:

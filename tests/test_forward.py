@@ -381,11 +381,14 @@ class Spares:
 
     def __init__(self) -> None:
         self.asked: list[int] = []
+        self.families: list[int] = []
         self.made: list[socket.socket] = []
 
-    async def make(self, count: int) -> list[socket.socket]:
+    async def make(self, count: int, v6: bool = False) -> list[socket.socket]:
         self.asked.append(count)
-        made = [socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_NONBLOCK) for _ in range(count)]
+        self.families.append(6 if v6 else 4)
+        family = socket.AF_INET6 if v6 else socket.AF_INET
+        made = [socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK) for _ in range(count)]
         self.made.extend(made)
         return made
 
@@ -469,5 +472,40 @@ def test_a_client_that_stops_reading_stops_the_service_writing() -> None:
                     received += len(await client.receive_some(1 << 20))
             assert received >= taken[0] - (1 << 16), (received, taken)
             await client.aclose()
+
+    trio.run(main)
+
+
+def test_a_server_on_ipv6_alone_turns_the_pool_to_ipv6_after_one_connection() -> None:
+    # `localhost` resolved to ::1 (Node's dev servers): the IPv4 spares are refused, the
+    # helper's connect (v4, then v6) reaches it, and the pool follows that socket's family.
+    async def connect_v6(port: int) -> trio.socket.SocketType:
+        sock = trio.socket.socket(socket.AF_INET6)
+        await sock.connect(("::1", port))
+        return sock
+
+    async def main() -> None:
+        spares = Spares()
+        calls: list[int] = []
+        async with upstream(tail_after_eof, host="::1") as service:
+            async def connect() -> trio.socket.SocketType:
+                calls.append(1)
+                return await connect_v6(service.port)
+
+            port = PortForward(connect, ME, service.port, spares=spares.make, ready=await spares.make(4), pool_size=4)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(port.serve)
+                for _ in range(8):
+                    client = await dial(port)
+                    await client.send_all(b"six")
+                    await client.send_eof()
+                    assert await read_all(client) == b"got 3 bytes"
+                    await trio.sleep(0.05)  # a refill's round trip, so that the pool never runs dry here
+                counts = await port.counts()
+                await port.aclose()
+        assert calls == [1]  # the first connection alone took the helper's way
+        assert (counts.accepted, counts.errors) == (8, 0)
+        first_v6 = spares.families.index(6)  # asked for once the family was known, and only those after
+        assert spares.families[0] == 4 and set(spares.families[first_v6:]) == {6}
 
     trio.run(main)

@@ -67,6 +67,14 @@ def test_spares_are_of_the_capsules_namespace(helper: Path, tmp_path: Path) -> N
                 sock.close()
             plain = await client.net_spares(cap, 8765, 14)
             assert len(plain) == 14
+            six = await client.net_spares(cap, 8765, 2, v6=True)
+            assert [sock.family for sock in six] == [socket.AF_INET6] * 2
+            six[0].setblocking(True)
+            six[0].settimeout(5)
+            with pytest.raises(ConnectionRefusedError):  # the service listens on 127.0.0.1 alone
+                six[0].connect(("::1", 8765))
+            for sock in six:
+                sock.close()
             for sock in plain:
                 sock.close()
             await client.request("signal", {"capsule_id": cap, "service": "listen", "signal": "SIGKILL"})

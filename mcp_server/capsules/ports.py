@@ -126,9 +126,9 @@ class Ports:
             helper = await self._helper()
             return await helper.net_connect(capsule_id, port)
 
-        async def spares(count: int) -> list[socket.socket]:
+        async def spares(count: int, v6: bool) -> list[socket.socket]:
             helper = await self._helper()
-            return await helper.net_spares(capsule_id, port, count)
+            return await helper.net_spares(capsule_id, port, count, v6)
 
         quiet = Refusals()
 

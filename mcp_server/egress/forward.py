@@ -20,9 +20,10 @@ accepts and relays.  Per port:
 - The capsule's side: spare sockets of the capsule's namespace (the helper makes them
   unconnected: ``spares``), passed to the program, which connects one per connection; a
   socket's ``connect`` acts in its own namespace, so neither process enters it.  With no
-  spare, or one refused there (the pool is IPv4: a server on ``::1`` alone), the program
-  asks, and this process calls ``connect``, a helper op that connects inside the
-  capsule (v4, then v6) and says what failed, and passes the socket on.  If it fails
+  spare, or one refused there, the program asks, and this process calls ``connect``, a
+  helper op that connects inside the capsule (v4, then v6) and says what failed, and
+  passes the socket on.  The spares are IPv4 until a server turns out to listen on
+  ``::1`` alone; then the program asks for IPv6 ones (its essay).  If it fails
   (``on_error`` is told why) or no side comes within ``connect_timeout`` (the service is
   not listening yet), the client is closed; the person may retry.
 - Bounds: at most ``MAX_OPEN`` connections at once; past it one that passed is closed and
@@ -74,7 +75,7 @@ PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-forward"
 _STOP_S = 2.0  # for ccw-forward to exit once its control socket is closed, before a kill
 
 Connect = Callable[[], Awaitable[trio.socket.SocketType]]
-Spares = Callable[[int], Awaitable[list[socket.socket]]]  # that many unconnected sockets of the capsule's namespace
+Spares = Callable[[int, bool], Awaitable[list[socket.socket]]]  # that many unconnected sockets of the capsule's namespace (IPv6 ones if true)
 
 
 @dataclass(frozen=True)
@@ -241,7 +242,7 @@ class PortForward:
                 return
             kind, fields = message[:1], message[1:].decode("ascii", "replace").split(" ")
             if kind == codes["want"]:
-                nursery.start_soon(self._refill, int(fields[0]))
+                nursery.start_soon(self._refill, int(fields[0]), fields[1] == "6")
             elif kind == codes["connect"]:
                 nursery.start_soon(self._connect_for, fields[0], _client(fields[1], fields[2], self.owner_uid))
             elif kind == codes["refused"]:
@@ -264,11 +265,11 @@ class PortForward:
         return CcwError("UNAVAILABLE", f"the forwarder could not relay a connection ({kind}: out of "
                         "descriptors or memory); close some connections and retry")
 
-    async def _refill(self, count: int) -> None:
+    async def _refill(self, count: int, v6: bool) -> None:
         made: list[socket.socket] = []
         try:
             while self._spares is not None and len(made) < count:
-                made += await self._spares(min(count - len(made), MAX_SPARES))
+                made += await self._spares(min(count - len(made), MAX_SPARES), v6)
         except Exception as exc:  # the helper's: the capsule gone, a helper restarting
             log.warning("port forward %s: no spare sockets from the helper: %s", self.host_port, exc)
         await self._pass_spares(made)  # none at all still tells it to ask again later

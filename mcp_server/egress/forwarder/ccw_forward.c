@@ -31,11 +31,15 @@
  * front end reads them from there, so this table is their only source.
  *
  *   to here:   spares (descriptors attached), connected ID (one attached), failed ID, stats
- *   from here: want N, connect ID ADDR PORT, refused UID ADDR PORT, error KIND ADDR PORT,
- *              counts ACCEPTED REFUSED ERRORS OPEN DROPPED
+ *   from here: want N FAMILY (4 or 6), connect ID ADDR PORT, refused UID ADDR PORT,
+ *              error KIND ADDR PORT, counts ACCEPTED REFUSED ERRORS OPEN DROPPED
  *
  * ``connect`` asks the front end for a capsule socket the helper connects (none spare, or
- * the spare's connect refused: a server on ::1 alone, the pool being IPv4).  Every
+ * the spare's connect refused).  The spares are of one family, IPv4 at first.  A server
+ * that listens on ::1 alone (``localhost`` resolved to IPv6, as Node's dev servers do)
+ * refuses them; the helper's connect then reaches it on ::1, and that socket's family
+ * becomes the pool's: the IPv4 spares are dropped and IPv6 ones asked for, so only the
+ * first connection pays the round trip.  The same the other way.  Every
  * connection waiting for its capsule side has the one deadline; past it, it is closed and
  * reported as ``error timeout``.  A message the front end cannot take at once (its socket
  * buffer full) is dropped and counted, never waited for: a busy front end must not stall
@@ -101,6 +105,7 @@ struct conn {
     int watched[2];             /* end d is in the epoll set */
     uint32_t interest[2];       /* and for which events: changed only when it must be */
     enum state state;
+    int spare_refused;          /* a spare's connect was refused: the helper's connect may find the family */
     uint64_t id;
     struct timespec deadline;
     char peer[INET_ADDRSTRLEN];
@@ -113,6 +118,7 @@ static struct {
     uid_t owner;
     int port, pool_size, max_open, timeout_ms;
     int spares[MAX_SPARES], nspares, wanting;
+    int family;                 /* the spares' family: AF_INET, or AF_INET6 once a server was there alone */
     int open;
     uint64_t next_id, accepted, refused, errors, dropped;
     struct conn *waiting_head, *waiting_tail;
@@ -250,8 +256,29 @@ static void refill(void)
     int target = G.pool_size < MAX_SPARES ? G.pool_size : MAX_SPARES;
     if (target > 0 && !G.wanting && G.nspares <= target / 2) {
         G.wanting = 1;
-        tellf(MSG_WANT, "%d", target - G.nspares);
+        tellf(MSG_WANT, "%d %d", target - G.nspares, G.family == AF_INET6 ? 6 : 4);
     }
+}
+
+static int domain_of(int fd)
+{
+    int domain = -1;
+    socklen_t length = sizeof domain;
+    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) < 0)
+        return -1;
+    return domain;
+}
+
+/* The server answered the helper's connect on the other family: the pool follows it. */
+static void follow_family(int domain)
+{
+    if (domain != AF_INET && domain != AF_INET6)
+        return;
+    G.family = domain;
+    while (G.nspares > 0)
+        close(G.spares[--G.nspares]);
+    G.wanting = 0;  /* a batch of the old family still on its way is dropped as it comes */
+    refill();
 }
 
 /* Each end's interest: read it while its pipe is empty and it has not ended; wait until
@@ -351,15 +378,19 @@ static void start_relay(struct conn *conn, int capsule)
  * connect), later (EPOLLOUT on it), or refused there: then the front end's way. */
 static void connect_spare(struct conn *conn, int spare)
 {
-    struct sockaddr_in there = {.sin_family = AF_INET, .sin_port = htons((uint16_t)G.port),
-                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in there4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)G.port),
+                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in6 there6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)G.port),
+                                  .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    int v6 = domain_of(spare) == AF_INET6;
     int flags = fcntl(spare, F_GETFL);
     if (flags < 0 || fcntl(spare, F_SETFL, flags | O_NONBLOCK) < 0) {
         close(spare);
         ask_front_end(conn);
         return;
     }
-    if (connect(spare, (struct sockaddr *)&there, sizeof there) == 0) {
+    if (connect(spare, v6 ? (struct sockaddr *)&there6 : (struct sockaddr *)&there4,
+                v6 ? sizeof there6 : sizeof there4) == 0) {
         start_relay(conn, spare);
     } else if (errno == EINPROGRESS) {
         conn->state = CONNECTING;
@@ -367,6 +398,7 @@ static void connect_spare(struct conn *conn, int spare)
         watch(&conn->end[1], EPOLLOUT, EPOLL_CTL_ADD);
     } else {
         close(spare);
+        conn->spare_refused = 1;
         ask_front_end(conn);
     }
 }
@@ -387,6 +419,7 @@ static void connected_later(struct conn *conn)
     }
     close(spare);
     conn->end[1].fd = -1;
+    conn->spare_refused = 1;
     ask_front_end(conn);
 }
 
@@ -506,15 +539,18 @@ static void take_message(void)
     case MSG_SPARES:
         G.wanting = 0;
         for (int i = 0; i < nfds; i++) {
-            if (G.nspares < MAX_SPARES)
+            if (G.nspares < MAX_SPARES && domain_of(fds[i]) == G.family)
                 G.spares[G.nspares++] = fds[i];
             else
-                close(fds[i]);
+                close(fds[i]);  /* the pool is full, or they are of the family it left */
         }
         return;
     case MSG_CONNECTED: {
         struct conn *conn = waiting(strtoull(text + 1, NULL, 10));
         if (nfds == 1 && conn) {
+            int domain = domain_of(fds[0]);
+            if (conn->spare_refused && domain != G.family)
+                follow_family(domain);
             start_relay(conn, fds[0]);
             return;
         }
@@ -605,6 +641,7 @@ int main(int argc, char **argv)
     socklen_t length = sizeof G.local;
     struct epoll_event events[64];
     options(argc, argv);
+    G.family = AF_INET;
     /* A write to a socket whose reader has gone is an EPIPE here, handled, not a signal. */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         die("signal");
