@@ -124,7 +124,12 @@ static struct {
     struct conn *waiting_head, *waiting_tail;
     struct conn *ended;         /* freed after each batch of events, which may still name them */
     struct sockaddr_in local;   /* the listener's own address: every client's other end */
+    struct timespec resume;     /* accepting paused until then (tv_sec 0: not paused) */
 } G;
+
+#define ACCEPT_PAUSE_MS 100     /* out of descriptors or memory: accept again after this */
+#define FDS_PER_CONNECTION 6    /* two sockets, two pipes */
+#define RESERVED_FDS (32 + MAX_SPARES + FDS_PER_MESSAGE)  /* the program's own, the pool, a message's */
 
 static char LISTENER_TAG, CONTROL_TAG;  /* epoll data for the two descriptors that are no connection's */
 
@@ -496,8 +501,20 @@ static void accept_all(void)
         }
         if (errno == EINTR || errno == ECONNABORTED)
             continue;
-        if (errno != EAGAIN)  /* EMFILE and the like: the backlog keeps them; EPOLLIN comes again */
-            fprintf(stderr, "ccw-forward: accept: %s\n", strerror(errno));
+        if (errno != EAGAIN) {
+            /* EMFILE and the like: the listener stays readable, so waiting on it would spin.
+             * The backlog keeps the clients while it is out of the set for a moment. */
+            struct epoll_event none = {.events = 0, .data.ptr = &LISTENER_TAG};
+            fprintf(stderr, "ccw-forward: accept: %s; pausing %d ms\n", strerror(errno), ACCEPT_PAUSE_MS);
+            if (epoll_ctl(G.epoll, EPOLL_CTL_MOD, G.listen, &none) < 0)
+                die("epoll_ctl");
+            clock_gettime(CLOCK_MONOTONIC, &G.resume);
+            G.resume.tv_nsec += ACCEPT_PAUSE_MS * 1000000L;
+            if (G.resume.tv_nsec >= 1000000000L) {
+                G.resume.tv_sec++;
+                G.resume.tv_nsec -= 1000000000L;
+            }
+        }
         return;
     }
 }
@@ -591,6 +608,23 @@ static void expire(void)
 {
     while (G.waiting_head && ms_until(&G.waiting_head->deadline) == 0)
         fail(G.waiting_head, "timeout");
+    if (G.resume.tv_sec && ms_until(&G.resume) == 0) {
+        struct epoll_event listener = {.events = EPOLLIN, .data.ptr = &LISTENER_TAG};
+        G.resume.tv_sec = 0;
+        if (epoll_ctl(G.epoll, EPOLL_CTL_MOD, G.listen, &listener) < 0)
+            die("epoll_ctl");
+    }
+}
+
+/* epoll_wait's timeout: the next deadline of a waiting connection or of a paused accept. */
+static int next_timeout(void)
+{
+    int timeout = G.waiting_head ? ms_until(&G.waiting_head->deadline) : -1;
+    if (G.resume.tv_sec) {
+        int resume = ms_until(&G.resume);
+        timeout = timeout < 0 || resume < timeout ? resume : timeout;
+    }
+    return timeout;
 }
 
 static long number(const char *text, const char *name, long low, long high)
@@ -645,11 +679,22 @@ int main(int argc, char **argv)
     /* A write to a socket whose reader has gone is an EPIPE here, handled, not a signal. */
     if (signal(SIGPIPE, SIG_IGN) == SIG_ERR)
         die("signal");
-    /* Six descriptors a connection (two sockets, two pipes): as many as the hard limit allows. */
-    if (getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    /* Six descriptors a connection (two sockets, two pipes): as many as the hard limit
+     * allows, and no more connections than fit, so that past them a client is refused as
+     * ``full`` (said to the front end) rather than accepted and cut for want of a pipe. */
+    if (getrlimit(RLIMIT_NOFILE, &files) < 0)
+        die("getrlimit");
+    if (files.rlim_cur < files.rlim_max) {
         files.rlim_cur = files.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &files) < 0)
             die("setrlimit");
+    }
+    if (files.rlim_cur != RLIM_INFINITY) {
+        long room = ((long)files.rlim_cur - RESERVED_FDS) / FDS_PER_CONNECTION;
+        if (room < 1)
+            room = 1;
+        if (room < G.max_open)
+            G.max_open = (int)room;
     }
     if (getsockname(G.listen, (struct sockaddr *)&G.local, &length) < 0 || G.local.sin_family != AF_INET)
         die("the listener is no IPv4 socket");
@@ -670,8 +715,7 @@ int main(int argc, char **argv)
     }
     refill();
     for (;;) {
-        int timeout = G.waiting_head ? ms_until(&G.waiting_head->deadline) : -1;
-        int ready = epoll_wait(G.epoll, events, 64, timeout);
+        int ready = epoll_wait(G.epoll, events, 64, next_timeout());
         if (ready < 0 && errno != EINTR)
             die("epoll_wait");
         for (int i = 0; i < ready; i++) {
