@@ -8,6 +8,8 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -509,3 +511,47 @@ def test_a_server_on_ipv6_alone_turns_the_pool_to_ipv6_after_one_connection() ->
         assert spares.families[0] == 4 and set(spares.families[first_v6:]) == {6}
 
     trio.run(main)
+
+
+_UNDER_A_LIMIT = """
+import os, socket, sys, trio
+from mcp_server.egress.forward import PortForward
+from tests.support.egress_harness import shout, upstream
+
+def clients(port, errors):
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
+    answered = []
+    for sock in held:
+        sock.sendall(b"x")
+        sock.settimeout(5)
+        try:
+            answered.append(sock.recv(10) == b"X")
+        except OSError:
+            answered.append(False)
+    print(answered.count(True), answered.count(False), len(errors))
+
+async def main():
+    async with upstream(shout) as service:
+        async def spares(count, v6=False):
+            return [socket.socket() for _ in range(count)]
+        errors = []
+        port = PortForward(None, os.geteuid(), service.port, spares=spares, pool_size=28,
+                           ready=[socket.socket() for _ in range(28)], on_error=lambda who, e: errors.append(e.code))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(port.serve)
+            await trio.to_thread.run_sync(clients, port.host_port, errors)
+            await port.aclose()
+
+trio.run(main)
+"""
+
+
+def test_under_a_low_descriptor_limit_connections_past_it_are_refused_as_full() -> None:
+    # 150 descriptors: ccw-forward keeps 112 for itself, its pool and a message, so six
+    # connections of six descriptors fit; the next six are closed as full, told as errors,
+    # never accepted and then cut for want of a pipe.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run(["prlimit", "--nofile=150:150", sys.executable, "-c", _UNDER_A_LIMIT],
+                          capture_output=True, text=True, timeout=120, cwd=root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["6", "6", "6"], (done.stdout, done.stderr)
