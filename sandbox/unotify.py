@@ -403,9 +403,3 @@ class _Reader:
 
 
 _READER = _Reader()
-
-
-def mechanisms() -> dict[str, object]:
-    """For hello/isolation: how renames and deletions are attributed while runs overlap."""
-    return {"renames_deletions": "seccomp user notification (per run, where runs overlap)",
-            "notified": list(seccomp.NOTIFIED)}

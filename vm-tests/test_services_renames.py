@@ -32,18 +32,20 @@ SERVICE_OWN = {"s-old.txt", "s-new.txt", "s-gone.txt"}
 EXEC_OWN = {"e-old.txt", "e-new.txt", "e-gone.txt"}
 
 
-def _rows(tools: Any, tmp_path: Path) -> dict[str, set[str]]:
+def _rows(tools: Any, tmp_path: Path, service_sh: str = SERVICE, exec_sh: str = EXEC,
+          files: tuple[str, ...] = ("s-old.txt", "s-gone.txt", "e-old.txt", "e-gone.txt")) -> dict[str, set[str]]:
     """The written sets of the exec's and the service's journal rows."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    for name in ("s-old.txt", "s-gone.txt", "e-old.txt", "e-gone.txt"):
+    for name in files:
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
         (ws / name).write_text(name + "\n")
 
     async def scenario(t: Any) -> dict[str, set[str]]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        await t.call("capsule_service_start", {"capsule_id": cap, "name": "mover", "cmd": ["sh", "-c", SERVICE],
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "mover", "cmd": ["sh", "-c", service_sh],
                                                "ready": {"line": "up", "timeout_ms": 30_000}})
-        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", EXEC], "timeout_ms": 60_000})
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", exec_sh], "timeout_ms": 60_000})
         assert ran["exit_code"] == 0, ran
         await t.call("capsule_service_stop", {"capsule_id": cap, "name": "mover", "grace_ms": 1000})
         rows = Journal(t.runtime.state).execs(cap)
@@ -68,6 +70,23 @@ def test_a_rename_or_deletion_is_only_its_makers(tools: Any, tmp_path: Path) -> 
     out = _rows(tools, tmp_path)
     assert not out["exec"] & SERVICE_OWN, f"the exec's row names the service's {sorted(out['exec'] & SERVICE_OWN)}"
     assert not out["service"] & EXEC_OWN, f"the service's row names the exec's {sorted(out['service'] & EXEC_OWN)}"
+
+
+# Whole trees: the service removes one and moves a directory (overlayfs answers EXDEV for a
+# lower directory, so mv copies and removes), the exec removes another, made in the upper dir.
+TREE_SERVICE = ("echo up; while [ ! -e go ]; do sleep 0.05; done; "
+                "rm -rf s-tree; mv s-dir s-dir2; echo > s.done; exec sleep 600")
+TREE_EXEC = ("mkdir -p e-tree/deep && echo x > e-tree/deep/f.txt && echo > go; "
+             "while [ ! -e s.done ]; do sleep 0.05; done; rm -rf e-tree e-lower")
+
+
+def test_a_tree_removed_or_moved_is_only_its_makers(tools: Any, tmp_path: Path) -> None:
+    out = _rows(tools, tmp_path, TREE_SERVICE, TREE_EXEC,
+                ("s-tree/a/one.txt", "s-tree/two.txt", "s-dir/three.txt", "e-lower/four.txt"))
+    assert {"s-tree", "s-dir", "s-dir2/three.txt"} <= out["service"], out
+    assert not {path for path in out["service"] if path.startswith(("e-tree", "e-lower"))}, out
+    assert "e-lower" in out["exec"], out
+    assert not {path for path in out["exec"] if path.startswith(("s-tree", "s-dir"))}, out
 
 
 async def scenario(call: Any, setup: dict[str, str]) -> dict[str, Any]:
