@@ -119,7 +119,8 @@ def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
     create.add_argument("--network", action="append", metavar="RULE",
                         help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
-                             "IP or CIDR[:port], [IPv6]:port (repeatable; default: no network)")
+                             "IP or CIDR[:port], [IPv6]:port, or preset:NAME, a named set (ccw net presets) "
+                             "(repeatable; default: no network)")
     create.add_argument("--volatile", action="append", metavar="GLOB",
                         help="paths whose names change from run to run (like .nyc_output/*.json): replays of "
                              "this capsule's witnesses leave them out of the comparison (repeatable)")
