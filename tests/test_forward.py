@@ -68,6 +68,14 @@ class Told:
         self.errors.append((who, error))
         self.changed.set()
 
+    async def until(self, refused: int = 0, errors: int = 0) -> None:
+        """Wait until this much has been told: ccw-forward tells this process after the
+        client's socket is closed, so a client may see its end first."""
+        with trio.fail_after(10):
+            while len(self.refused) < refused or len(self.errors) < errors:
+                await self.changed.wait()
+                self.changed = trio.Event()
+
 
 @asynccontextmanager
 async def forwarding(connect: Connect, owner_uid: int = ME, told: Told | None = None,
@@ -204,6 +212,7 @@ def test_another_users_connection_is_closed_unread_and_told() -> None:
                 client_port = client.socket.getsockname()[1]
                 await client.send_all(b"secret")
                 assert await read_all(client) == b""  # closed (or reset: it had sent bytes)
+                await told.until(refused=1)
                 assert told.refused == [Client("127.0.0.1", client_port, ME)]
                 counts = await port.counts()
                 assert (counts.accepted, counts.refused, counts.errors, port.refused) == (0, 1, 0, 1)
@@ -227,10 +236,7 @@ def test_a_client_gone_before_the_lookup_is_refused_as_nobody() -> None:
             reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\1\0\0\0\0\0\0\0")
             reset.close()
             os.kill(port.program_pid, signal.SIGCONT)
-            with trio.fail_after(10):
-                while len(told.refused) < 2:
-                    await told.changed.wait()
-                    told.changed = trio.Event()
+            await told.until(refused=2)
             # Closed: what is left of it says uid 0 (peer.py's essay), read as nobody; reset: gone.
             assert told.refused == [Client("127.0.0.1", closed_port, None), Client("127.0.0.1", reset_port, None)]
             counts = await port.counts()
@@ -251,6 +257,7 @@ def test_a_capsule_port_not_listening_closes_the_client_and_a_retry_passes() -> 
                 client = await dial(port)
                 client_port = client.socket.getsockname()[1]
                 assert await read_all(client) == b""
+                await told.until(errors=1)
                 [(who, error)] = told.errors
                 assert who == Client("127.0.0.1", client_port, ME)
                 assert isinstance(error, ConnectionRefusedError)
@@ -280,6 +287,7 @@ def test_a_connect_that_hangs_times_out() -> None:
         told = Told()
         async with forwarding(hangs, told=told, connect_timeout=0.2) as port:
             assert await read_all(await dial(port)) == b""
+            await told.until(errors=1)
             [(_who, error)] = told.errors
             assert isinstance(error, CcwError) and error.code == "TIMEOUT"
             assert "port 8000 in the capsule did not answer within 0.2 s" in error.message
@@ -297,6 +305,7 @@ def test_past_max_open_a_connection_is_closed_as_an_error(monkeypatch: pytest.Mo
             await first.send_all(b"a")
             assert await first.receive_some() == b"A"  # relaying: one open
             assert await read_all(await dial(port)) == b""
+            await told.until(errors=1)
             [(_who, error)] = told.errors
             assert isinstance(error, CcwError) and error.code == "UNAVAILABLE"
             await first.send_all(b"b")
@@ -497,16 +506,19 @@ def test_a_server_on_ipv6_alone_turns_the_pool_to_ipv6_after_one_connection() ->
             port = PortForward(connect, ME, service.port, spares=spares.make, ready=await spares.make(4), pool_size=4)
             async with trio.open_nursery() as nursery:
                 await nursery.start(port.serve)
-                for _ in range(8):
+                for _ in range(12):
                     client = await dial(port)
                     await client.send_all(b"six")
                     await client.send_eof()
                     assert await read_all(client) == b"got 3 bytes"
-                    await trio.sleep(0.05)  # a refill's round trip, so that the pool never runs dry here
+                    await trio.sleep(0.02)
                 counts = await port.counts()
                 await port.aclose()
-        assert calls == [1]  # the first connection alone took the helper's way
-        assert (counts.accepted, counts.errors) == (8, 0)
+        # The helper's way for the first IPv4 spare refused (and for a connection that came
+        # before the first spares, or before the IPv6 ones, had reached the program); IPv6
+        # spares for the rest.
+        assert 1 <= len(calls) <= 3, calls
+        assert (counts.accepted, counts.errors) == (12, 0)
         first_v6 = spares.families.index(6)  # asked for once the family was known, and only those after
         assert spares.families[0] == 4 and set(spares.families[first_v6:]) == {6}
 
@@ -518,7 +530,7 @@ import os, socket, sys, trio
 from mcp_server.egress.forward import PortForward
 from tests.support.egress_harness import shout, upstream
 
-def clients(port, errors):
+def clients(port):
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(12)]
     answered = []
     for sock in held:
@@ -528,18 +540,19 @@ def clients(port, errors):
             answered.append(sock.recv(10) == b"X")
         except OSError:
             answered.append(False)
-    print(answered.count(True), answered.count(False), len(errors))
+    return answered
 
 async def main():
     async with upstream(shout) as service:
         async def spares(count, v6=False):
             return [socket.socket() for _ in range(count)]
-        errors = []
         port = PortForward(None, os.geteuid(), service.port, spares=spares, pool_size=28,
-                           ready=[socket.socket() for _ in range(28)], on_error=lambda who, e: errors.append(e.code))
+                           ready=[socket.socket() for _ in range(28)])
         async with trio.open_nursery() as nursery:
             await nursery.start(port.serve)
-            await trio.to_thread.run_sync(clients, port.host_port, errors)
+            answered = await trio.to_thread.run_sync(clients, port.host_port)
+            counts = await port.counts()  # exact: the program counts before it closes
+            print(answered.count(True), answered.count(False), counts.errors)
             await port.aclose()
 
 trio.run(main)

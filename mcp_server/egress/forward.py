@@ -69,8 +69,7 @@ log = logging.getLogger("ccw.egress")
 HOST = "127.0.0.1"
 BACKLOG = 128
 MAX_OPEN = 1024  # connections at once; each holds two sockets and two pipes in ccw-forward
-POOL_SIZE = 28  # spares kept; ccw-forward asks for more when half are used: one helper call (MAX_SPARES)
-FDS_PER_MESSAGE = 16  # spares passed in one message (ccw_forward.c's FDS_PER_MESSAGE is its ceiling)
+POOL_SIZE = 28  # spares kept (at most the program's max_spares); it asks for more at half: one helper call (MAX_SPARES)
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-forward")
 _STOP_S = 2.0  # for ccw-forward to exit once its control socket is closed, before a kill
 
@@ -109,14 +108,24 @@ def missing() -> str | None:
 
 
 @functools.cache
-def protocol() -> dict[str, bytes]:
-    """The control messages' codes, by name, as ccw-forward prints them (their one source)."""
+def _printed() -> dict[str, dict[str, str]]:
+    """What ``ccw-forward --protocol`` prints: its messages' codes and its limits, by name."""
     printed = subprocess.run([PROGRAM, "--protocol"], capture_output=True, text=True, check=True, timeout=10)
-    codes = {}
+    table: dict[str, dict[str, str]] = {"message": {}, "limit": {}}
     for line in printed.stdout.splitlines():
-        name, code = line.split(" ")
-        codes[name] = code.encode()
-    return codes
+        kind, name, value = line.split(" ")
+        table[kind][name] = value
+    return table
+
+
+def protocol() -> dict[str, bytes]:
+    """The control messages' codes, by name (ccw_forward.c is their one source)."""
+    return {name: code.encode() for name, code in _printed()["message"].items()}
+
+
+def limit(name: str) -> int:
+    """One of the program's limits: ``fds_per_message``, ``max_spares``."""
+    return int(_printed()["limit"][name])
 
 
 def _listen(port: int) -> socket.socket:
@@ -276,8 +285,9 @@ class PortForward:
 
     async def _pass_spares(self, spares: list[socket.socket]) -> None:
         try:
-            for at in range(0, max(len(spares), 1), FDS_PER_MESSAGE):
-                batch = spares[at:at + FDS_PER_MESSAGE]
+            step = limit("fds_per_message")
+            for at in range(0, max(len(spares), 1), step):
+                batch = spares[at:at + step]
                 await self._send(protocol()["spares"], [sock.fileno() for sock in batch])
         finally:
             for sock in spares:

@@ -27,8 +27,9 @@
  * it runs as the front end's user.
  *
  * The control protocol: each datagram is a code byte, then ASCII fields split by single
- * spaces.  ``ccw-forward --protocol`` prints the codes (one "name code" line each), and the
- * front end reads them from there, so this table is their only source.
+ * spaces.  ``ccw-forward --protocol`` prints the codes ("message NAME CODE" lines) and the
+ * limits the front end must keep to ("limit NAME VALUE"), and the front end reads them
+ * from there, so this file is their only source.
  *
  *   to here:   spares (descriptors attached), connected ID (one attached), failed ID, stats
  *   from here: want N FAMILY (4 or 6), connect ID ADDR PORT, refused UID ADDR PORT,
@@ -645,7 +646,8 @@ static void options(int argc, char **argv)
     int seen = 0;
     if (argc == 2 && strcmp(argv[1], "--protocol") == 0) {
         for (size_t i = 0; i < sizeof PROTOCOL / sizeof PROTOCOL[0]; i++)
-            printf("%s %c\n", PROTOCOL[i].name, PROTOCOL[i].code);
+            printf("message %s %c\n", PROTOCOL[i].name, PROTOCOL[i].code);
+        printf("limit fds_per_message %d\nlimit max_spares %d\n", FDS_PER_MESSAGE, MAX_SPARES);
         exit(0);
     }
     for (int i = 1; i + 1 < argc; i += 2, seen++) {
