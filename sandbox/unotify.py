@@ -81,6 +81,7 @@ _NOTIF = struct.Struct("=QIIiIQ6Q")  # id, pid, flags, then seccomp_data: nr, ar
 _RESP = struct.Struct("=QqiI")  # id, val, error, flags
 AT_FDCWD = -100
 PATH_MAX = 4096
+_BATCH = 64  # notifications of one listener the reader answers before it looks at the others again
 MAX_NAMES = 200_000  # paths one run's record keeps; past it the record owns everything
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -315,6 +316,7 @@ class _Reader:
                 self._once()
             except Exception:  # the reader must outlive any one run's trouble: a blocked process waits on it
                 log.exception("the seccomp notification reader failed; going on")
+                select.select([], [], [], 0.02)  # a fault that repeats must not spin
 
     def _once(self) -> None:
         poller = select.poll()
@@ -331,7 +333,7 @@ class _Reader:
             for record in list(self._records):
                 if record.listener is not None and record.listener in ready:
                     if ready[record.listener] & select.POLLIN:
-                        self._answer_all(record)
+                        self._answer_all(record, _BATCH)
                     else:  # POLLHUP: every process of the run has exited; remove() closes it
                         record.hung = True
                 elif record.listener is None and record.sock is not None and record.sock.fileno() in ready:
@@ -359,12 +361,15 @@ class _Reader:
         record.sock.close()
         record.sock = None
 
-    def _answer_all(self, record: Record) -> None:
-        """Answer every pending notification of ``record``'s listener (poll says when one is)."""
+    def _answer_all(self, record: Record, most: int | None = None) -> None:
+        """Answer the pending notifications of ``record``'s listener (poll says when one is),
+        ``most`` at a time: a run that floods its listener must not starve the others'."""
         assert record.listener is not None
         poller = select.poll()
         poller.register(record.listener, select.POLLIN)
-        while any(event & select.POLLIN for _, event in poller.poll(0)):
+        for _ in itertools.count() if most is None else range(most):
+            if not any(event & select.POLLIN for _, event in poller.poll(0)):
+                return
             self._answer(record, record.listener)
 
     def _answer(self, record: Record, listener: int) -> None:
