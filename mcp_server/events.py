@@ -37,6 +37,9 @@ every text in them came from inside a capsule, so it is untrusted:
   and no byte counts (``live_connection``).
 - ``net.rules``  seq, at, who, allow, remove, caps, previous, rules, network: a capsule's
   allowlist changed while it lives (capsules/netlive.py).
+- ``net.ask``  id, host, port, protocol, command, expires_at, ...: a connection no rule
+  allows waits while a person is asked;  ``net.answer``  the same with state (once,
+  capsule, denied, expired), who and reason (capsules/asks.py).
 - ``file.changed``  seq, path, action (a file tool wrote, deleted, linked or chmodded).
 - ``service``  name, state (starting, running, ready, exited, failed, lost, stopped), with
   argv and restarts as it starts, exit_code, signal and seq as a run ends; a service's
@@ -72,7 +75,8 @@ from mcp_server.state import State
 
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
          "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
-         "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port", "net.rules")
+         "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port", "net.rules",
+         "net.ask", "net.answer")
 KEEP_EVENTS = 200_000
 MAX_PATHS = 200
 MAX_DIRS = 10

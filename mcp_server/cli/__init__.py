@@ -8,6 +8,8 @@
                                     running `ccw serve --http`, with its bearer token)
     ccw http token rotate           replace that generated bearer token (see tokens.py)
     ccw net presets [NAME]          the network presets a capsule's rules name as preset:NAME (net.py)
+    ccw net pending / approve ID [--always] / deny ID --reason TEXT
+                                    connections waiting for a person's answer (net.py)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
