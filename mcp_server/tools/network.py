@@ -93,11 +93,9 @@ TOOLS = [
         family="capsule",
         title="Show or change a capsule's allowlist",
         description=(
-            "A live capsule's network rules (no other argument: show them and their changes). allow/remove: "
-            "add or take out rules (grammar as capsule_create's network, preset:NAME too); caps: max_bytes, "
-            "max_connections. "
-            "The next connection is judged by the new rules, open connections they no longer allow are cut; "
-            "each change is journaled with who made it. A capsule made with network none gets no allowlist."
+            "Show a live capsule's network rules and their changes, or change them: allow/remove rules "
+            "(capsule_create's grammar, preset:NAME), caps. The next connection obeys; open ones no longer "
+            "allowed are cut. Journaled with who. Not for a capsule made with network none."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -107,12 +105,11 @@ TOOLS = [
             "type": "object", "required": ["capsule_id", "network", "rules", "changes", "changed", "cut"],
             "properties": {
                 "capsule_id": {"type": "string"},
-                "network": {"type": ["string", "object"], "description": "'none', or the rules now in force."},
-                "rules": {"type": ["string", "null"], "description": "The id of the rules in force (null: none)."},
+                "network": {"type": ["string", "object"]},  # "none", or the rules in force
+                "rules": {"type": ["string", "null"]},  # their id (netrules.rules_id)
                 "changes": {"type": "array", "items": {"type": "object"}},
                 "changed": {"type": "boolean"},
-                "cut": {"type": "array", "items": {"type": "object"},
-                        "description": "The connections the change cut, as their records say."},
+                "cut": {"type": "array", "items": {"type": "object"}},  # the records of the connections cut
             },
         },
         handler=capsule_network,
