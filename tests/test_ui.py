@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import trio
 
+from mcp_server.capsules import asks
 from mcp_server.cli import main
 from mcp_server.config import Config
 from mcp_server.events import EventLog
@@ -375,3 +376,34 @@ def test_the_browser_is_started_with_a_private_page_not_the_token(state_dir: Pat
         _, errors = proc.communicate(timeout=30)
     assert proc.returncode == 0, errors
     assert not page.exists()  # gone with the server
+
+
+def test_a_question_is_listed_and_answered_from_the_page_with_the_token_alone(populated: Path) -> None:
+    state = State(populated)
+    asked = asks.ask(state, "cap_1", "<b>evil</b>.example", 443, "https", ["curl", "<script>"], 30)
+    other = asks.ask(state, "cap_1", "pypi.org", 443, "https", ["pip", "install", "x"], 30)
+    state.close()
+
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        status, _, body = await request("GET", "/api/questions")
+        listed = json.loads(body)["questions"]
+        assert status == 200 and [q["id"] for q in listed] == [asked.id, other.id]
+        assert listed[0]["host"] == "<b>evil</b>.example"  # verbatim JSON; the page sets it as text
+        assert (await request("POST", f"/api/questions/{asked.id}", token=None, body=b'{"answer": "once"}'))[0] == 401
+        assert (await request("POST", f"/api/questions/{asked.id}", body=b'{"answer": "once"}',
+                              origin="http://evil.example"))[0] == 403
+        status, _, body = await request("POST", f"/api/questions/{asked.id}", body=b'{"answer": "denied"}')
+        assert status == 400 and b"needs a reason" in body
+        status, _, body = await request("POST", f"/api/questions/{asked.id}",
+                                        body=b'{"answer": "denied", "reason": "not this host"}')
+        answered = json.loads(body)
+        assert status == 200 and (answered["state"], answered["reason"]) == ("denied", "not this host")
+        assert answered["who"].endswith("(ccw ui)")
+        assert (await request("POST", f"/api/questions/{asked.id}", body=b'{"answer": "once"}'))[0] == 409
+        assert (await request("POST", "/api/questions/999", body=b'{"answer": "once"}'))[0] == 404
+        status, _, body = await request("POST", f"/api/questions/{other.id}", body=b'{"answer": "capsule"}')
+        assert status == 200 and json.loads(body)["state"] == "capsule"
+        assert json.loads((await request("GET", "/api/questions"))[2])["questions"] == []
+        assert calls == []  # no tool answers a question
+
+    _run(populated, scenario)

@@ -1,9 +1,12 @@
-"""What the dashboard shows, read from the state dir's database: capsules, runs, events.
+"""What the dashboard shows, read from the state dir's database: capsules, runs, events,
+and the connections waiting for a person's answer.
 
 Reads only, with no helper and no turn (like ``ccw capsule log``), so the page answers
 while an agent's command runs.  Actions (diff, promote, destroy) are not here: the
 server calls the tools themselves (``mcp_server.cli.capsule.call_tool``), so the same
-policies judge a click as an agent's call.
+policies judge a click as an agent's call.  The one write is a question's answer
+(``answer_question``), as ``ccw net approve``/``deny`` write it: the page holds the
+person's token, and no MCP tool answers a question.
 
 Everything returned came, at least in part, from inside a capsule (argv, paths, hosts,
 output): the page renders it as text, never as markup.
@@ -11,8 +14,10 @@ output): the page renders it as text, never as markup.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+from mcp_server.capsules import asks
 from mcp_server.events import KINDS, EventLog
 from mcp_server.journal import Journal, run_detail, run_summary
 from mcp_server.state import State
@@ -145,3 +150,19 @@ def older_events(log: EventLog, capsule_id: str | None, kinds: tuple[str, ...], 
     size = page_limit("events", limit)
     found = log.latest(capsule_id, size + 1, before=before, kinds=kinds)
     return {"events": [event.to_json() for event in found[-size:]], "more": len(found) > size}
+
+
+def questions(state: State) -> dict[str, Any]:
+    """The questions waiting for an answer, oldest first (capsules/asks.py)."""
+    return {"questions": [question.to_json() for question in asks.pending(state)]}
+
+
+def answer_question(state: State, question_id: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Answer a question from the page: ``answer`` (once, capsule, denied) and a ``reason``
+    for a denial; the answer's ``who`` says it came from the dashboard."""
+    verdict, reason = body.get("answer"), body.get("reason")
+    if not isinstance(verdict, str) or (reason is not None and not isinstance(reason, str)):
+        raise CcwError("INVALID_ARGUMENT", "answer: once, capsule or denied; reason: text")
+    if verdict == "denied" and not (reason or "").strip():
+        raise CcwError("INVALID_ARGUMENT", "a denial needs a reason: the agent is told it")
+    return asks.answer(state, question_id, verdict, f"uid {os.getuid()} (ccw ui)", reason).to_json()

@@ -23,7 +23,9 @@ the page, which renders every string from a capsule with ``textContent``.
 
 Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``, ``GET
 /api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
-capsule ``after``), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
+capsule ``after``), ``GET /api/questions`` (the connections waiting for a person's answer:
+capsules/asks.py) and ``POST /api/questions/ID`` (body: ``answer``: once, capsule or
+denied, and ``reason``; answered as ``ccw ui``), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
 below ``before``), ``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the
 ``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when
 events after ``after`` exist or ``wait`` ms passed, at most ``MAX_WAIT_MS``), ``GET
@@ -72,7 +74,7 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"cache-control", b"no-store"),
 ]
-HTTP_STATUS_OF = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400}
+HTTP_STATUS_OF = {"NOT_FOUND": 404, "INVALID_ARGUMENT": 400, "CONFLICT": 409}
 
 ToolCaller = Callable[[Config, str, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -158,6 +160,10 @@ class Dashboard:
             return await read(api.capsules, self.state, self.log, _number(query, "limit"), query.get("after"))
         if method == "GET" and parts == ["events"]:
             return await self._events(query)
+        if method == "GET" and parts == ["questions"]:
+            return await read(api.questions, self.state)
+        if method == "POST" and len(parts) == 2 and parts[0] == "questions" and parts[1].isdigit():
+            return await read(api.answer_question, self.state, int(parts[1]), body)
         if len(parts) < 3 or parts[0] != "capsules" or not parts[1]:
             raise Reply(404, "no such API")
         capsule_id, rest = parts[1], parts[2:]

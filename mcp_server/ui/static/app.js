@@ -316,13 +316,15 @@
       try {
         setStatus(`live · event ${state.lastEvent}`);
         const data = await api(`events?after=${state.lastEvent}&wait=20000`);
-        let capsulesChanged = false, drawn = false;
+        let capsulesChanged = false, questionsChanged = false, drawn = false;
         for (const event of data.events) {
           state.lastEvent = event.id;
           capsulesChanged ||= ["capsule.created", "capsule.destroyed", "run.finished"].includes(event.kind);
+          questionsChanged ||= ["net.ask", "net.answer"].includes(event.kind);
           drawn = apply(event) || drawn;
         }
         if (drawn) renderEvents();
+        if (questionsChanged) await loadQuestions();
         if (capsulesChanged) await loadCapsules();
       } catch (error) {
         setStatus(`disconnected (${error.message}); retrying`);
@@ -332,6 +334,44 @@
   }
 
   function setStatus(text) { $("status").textContent = text; }
+
+  // --- questions: connections waiting for a person's answer (capsules/asks.py) ------
+  // A question's fields came from a jail (host, command): shown as text, like the rest.
+  async function loadQuestions() {
+    const data = await api("questions");
+    const body = $("question-list").tBodies[0];
+    body.replaceChildren(...data.questions.map((q) => {
+      const reason = el("input");
+      reason.placeholder = "reason for the agent";
+      reason.size = 20;
+      const button = (label, answer) => {
+        const b = el("button", label);
+        b.type = "button";
+        b.dataset.answer = answer;
+        b.addEventListener("click", () => answerQuestion(q.id, answer, reason.value));
+        return b;
+      };
+      const cell = el("span", null, "answers");
+      cell.append(button("Allow once", "once"), button("Allow for this capsule", "capsule"), reason,
+        button("Deny", "denied"));
+      const tr = row([q.capsule_id, `${q.protocol} ${q.rule}`, q.command, q.expires_at, cell]);
+      tr.dataset.question = q.id;
+      tr.children[1].className = "host";
+      tr.children[2].className = "argv";
+      return tr;
+    }));
+    $("questions").hidden = data.questions.length === 0;
+  }
+
+  async function answerQuestion(id, answer, reason) {
+    try {
+      const done = await api(`questions/${id}`, answer === "denied" ? { answer, reason } : { answer });
+      setStatus(`question ${id}: ${done.state}`);
+    } catch (error) {
+      setStatus(`question ${id}: ${error.message}`);
+    }
+    await loadQuestions().catch(() => {});
+  }
 
   // --- plots (inline SVG, drawn here) ---------------------------------------------------
   function svg(tag, attrs, text) {
@@ -459,6 +499,7 @@
     $("older-runs").addEventListener("click", older(loadRuns));
     $("older-events").addEventListener("click", older(loadEvents));
     if (!token) setStatus("no token: open the URL ccw ui printed");
+    loadQuestions().catch(() => {});
     loadCapsules().then(poll, (error) => setStatus(`cannot load: ${error.message}`));
   });
 })();
