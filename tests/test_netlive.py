@@ -250,3 +250,20 @@ def test_a_rule_added_live_opens_neither_the_host_nor_private_space() -> None:
     assert inside.startswith(b"HTTP/1.1 403 ") and b"private" in inside, inside
     assert me.startswith(b"HTTP/1.1 403 ") and b"loopback" in me, me
     assert cidr.startswith(b"HTTP/1.1 403 ") and b"private" in cidr, cidr
+
+
+def test_change_rules_journals_and_keeps_the_rules_for_the_next_session(tmp_path: Path) -> None:
+    from mcp_server.capsules.networks import Networks
+
+    journal = _journal(tmp_path, network("pypi.org"))
+    networks = Networks()
+
+    async def main() -> tuple[netlive.Change | None, list[dict[str, object]], netlive.Change | None]:
+        made, cut = await netlive.change_rules(networks, journal.state, "cap_a", "uid 0 (ccw)", allow=["github.com"])
+        again, _ = await netlive.change_rules(networks, journal.state, "cap_a", "uid 0 (ccw)", allow=["github.com"])
+        return made, cut, again
+
+    made, cut, again = trio.run(main)
+    assert made is not None and cut == [] and again is None  # no session here; nothing changed the second time
+    assert made.who == "uid 0 (ccw)" and made.allow == ["github.com"] and made.remove == []
+    assert networks._changed["cap_a"] == made.spec  # what a session opened later in this process gets

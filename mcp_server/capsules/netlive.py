@@ -22,22 +22,23 @@ they no longer allow (egress/session.py).  This module is what stays of each cha
   force as it started and those its connections name (a change may come while it runs),
   with each id's rules (capsules/witness.py), so a replay can run it under them.
 
-Who may change rules is decided by the tool (the ``admin`` scope over HTTP: a person's
-power, never an agent's token); this module records the answer.  A later ask-on-miss or
-a proposal approved by a person changes rules through ``record_change`` too, with its
-own ``who``.
+Who may change rules is decided by the caller (capsule_network: the ``admin`` scope over
+HTTP, a person's power, never an agent's token); this module records the answer.  Every
+change goes through ``change_rules`` (journal, then session, in order), with its ``who``:
+an answer to a question or an approved proposal as much as the tool.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from mcp_server import events
-from mcp_server.core.netrules import NetworkSpec, parse_network, rules_id
+from mcp_server.capsules.networks import Networks
+from mcp_server.core.netrules import NetworkSpec, changed, parse_network, rules_id
 from mcp_server.journal import network_from_column
 from mcp_server.state import State
 from sandbox.errors import CcwError
@@ -136,6 +137,22 @@ def record_change(state: State, capsule_id: str, change: Callable[[NetworkSpec],
                    (json.dumps(new.to_json(), sort_keys=True), capsule_id))
         events.emit(db, "net.rules", capsule_id, {**made.to_json(), "network": new.to_json()})
     return made
+
+
+async def change_rules(networks: Networks, state: State, capsule_id: str, who: str, *,
+                       allow: Iterable[Any] = (), remove: Iterable[Any] = (), caps: Mapping[str, Any] | None = None,
+                       asked: Mapping[str, Any] | None = None) -> tuple[Change | None, list[dict[str, Any]]]:
+    """The one way rules change while a capsule lives (capsule_network; an answer to a question or a
+    proposal later): journaled (``record_change``), then handed to the capsule's session, under
+    ``networks.rules_lock`` so sessions get changes in the journal's order.  The change (None:
+    nothing changed) and the records of the connections it cut.  ``allow``/``remove``: rules
+    (presets already expanded); ``asked``: what to keep as asked (default: allow, remove, caps)."""
+    allow, remove = list(allow), list(remove)
+    kept = asked if asked is not None else {"allow": allow, "remove": remove, "caps": caps}
+    async with networks.rules_lock:
+        made = record_change(state, capsule_id, lambda old: changed(old, allow, remove, caps), who, kept)
+        cut = [] if made is None else await networks.set_rules(capsule_id, made.spec, who) or []
+    return made, cut
 
 
 def none_refusal(capsule_id: str) -> CcwError:

@@ -55,15 +55,10 @@ async def capsule_network(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
         return {**_shown(ctx.state, record.capsule_id, record.network_spec), "changed": False, "cut": []}
     if record.network_spec is None:
         raise netlive.none_refusal(record.capsule_id)
-    networks = ctx.capsules.networks
-    person = who(ctx)
     # preset:NAME stands for its rules, in both lists (the row keeps the words as asked).
     allow, remove = (expand_rules(asked.get(key, ()), ctx.state.root) for key in ("allow", "remove"))
-    async with networks.rules_lock:
-        made = netlive.record_change(
-            ctx.state, record.capsule_id, lambda old: netrules.changed(old, allow, remove, asked.get("caps")),
-            person, asked)
-        cut = [] if made is None else await networks.set_rules(record.capsule_id, made.spec, person) or []
+    made, cut = await netlive.change_rules(ctx.capsules.networks, ctx.state, record.capsule_id, who(ctx),
+                                           allow=allow, remove=remove, caps=asked.get("caps"), asked=asked)
     spec = record.network_spec if made is None else made.spec
     return {**_shown(ctx.state, record.capsule_id, spec), "changed": made is not None, "cut": cut}
 
