@@ -82,6 +82,7 @@ SETTLE_POLL_S = 0.1
 EXEC = TakesTurn(EXEC_LABEL, command_arg="cmd")
 FORK = TakesTurn("fork")
 DESTROY = TakesTurn("destroy")
+MAX_FORKS = 128  # children one capsule_fork call makes: each holds a mount, and maybe a disk
 # Errors with which the helper refuses an exec before anything runs in the capsule.
 _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
@@ -311,15 +312,49 @@ class CapsuleService:
 
     async def fork(self, capsule_id: str) -> CapsuleRecord:
         """A child capsule stacked on its parent's view, journaled."""
+        return (await self.forks(capsule_id, 1))[0]
+
+    async def forks(self, capsule_id: str, count: int) -> list[CapsuleRecord]:
+        """``count`` children of one parent (at most ``MAX_FORKS``), made in one turn of it (no exec
+        queued meanwhile lands between two), journaled.  All or none: when one fails, those
+        already made are destroyed and the error says so."""
+        if not 1 <= count <= MAX_FORKS:
+            raise CcwError("TOO_LARGE" if count > MAX_FORKS else "INVALID_ARGUMENT",
+                           f"count {count} is outside 1..{MAX_FORKS} forks per call; ask for at most {MAX_FORKS} "
+                           "and call capsule_fork again for more", {"count": count, "max": MAX_FORKS})
         parent = self.live_record(capsule_id)
+        made: list[CapsuleRecord] = []
         async with self.turn(parent.capsule_id, FORK):
             parent = self.live_record(parent.capsule_id)
-            reply = await self.call(ForkRequest(parent.capsule_id))
-        await self._open_network(reply.capsule_id, parent.network_spec)
-        child = self._journal_new(reply, parent.spec, parent, parent.network_spec)
-        if self.services is not None:  # its parent's services, to start at its first exec (capsules/services.py)
-            self.services.inherit(parent.capsule_id, child.capsule_id)
-        return child
+            try:
+                for _ in range(count):
+                    reply = await self.call(ForkRequest(parent.capsule_id))
+                    await self._open_network(reply.capsule_id, parent.network_spec)
+                    made.append(self._journal_new(reply, parent.spec, parent, parent.network_spec))
+                    if self.services is not None:  # its parent's services, to start at its first exec
+                        self.services.inherit(parent.capsule_id, made[-1].capsule_id)
+            except BaseException as exc:
+                if not made:
+                    raise
+                left = await self._unmake(made)
+                if not isinstance(exc, CcwError):
+                    raise
+                raise CcwError(exc.code, f"fork {len(made) + 1} of {count} failed ({exc.message}); the {len(made)} "
+                               f"made before it were destroyed{f', but not {left}' if left else ''}: fork again, or "
+                               "destroy those named", {**exc.details, "destroyed": len(made) - len(left),
+                                                        "not_destroyed": left}) from exc
+        return made
+
+    async def _unmake(self, made: list[CapsuleRecord]) -> list[str]:
+        """Destroy the forks a failed ``forks`` made, even when cancelled; the ids it could not."""
+        left = []
+        with trio.CancelScope(shield=True):
+            for child in made:
+                try:
+                    await self.destroy(child.capsule_id)
+                except CcwError:
+                    left.append(child.capsule_id)
+        return left
 
     async def destroy(self, capsule_id: str) -> CapsuleRecord:
         """Unmount a capsule and delete its data, in its turn; its journal stays for witnesses."""

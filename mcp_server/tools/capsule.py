@@ -224,8 +224,11 @@ def _stat_line(file: dict[str, Any]) -> str:
 
 
 async def capsule_fork(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """A child capsule stacked on its parent's view."""
-    return _capsule_result(await ctx.capsules.fork(args["capsule_id"]))
+    """A child capsule stacked on its parent's view; with ``count``, that many, answered by their ids."""
+    if args.get("count") is None:  # the single fork's answer, as callers that give no count know it
+        return _capsule_result(await ctx.capsules.fork(args["capsule_id"]))
+    made = await ctx.capsules.forks(args["capsule_id"], args["count"])
+    return {"parent": args["capsule_id"], "capsule_ids": [record.capsule_id for record in made]}
 
 
 async def capsule_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -345,10 +348,14 @@ TOOLS = [
         title="Fork capsule",
         description=(
             "A child capsule that starts from the parent's current view; the parent refuses execs and "
-            "writes while it has forks."
+            f"writes while it has forks. count (at most {service.MAX_FORKS}): that many, all or none; answers {{parent, capsule_ids}}."
         ),
-        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
-        output_schema=CAPSULE_OUT,
+        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {
+            "capsule_id": CAPSULE_ID,
+            "count": {"type": ["integer", "null"], "minimum": 1}}},
+        output_schema={"type": "object", "oneOf": [CAPSULE_OUT, {
+            "type": "object", "required": ["parent", "capsule_ids"], "additionalProperties": False,
+            "properties": {"parent": CAPSULE_ID, "capsule_ids": {"type": "array", "items": CAPSULE_ID}}}]},
         handler=capsule_fork,
         turn=service.FORK,
         scope="exec",
