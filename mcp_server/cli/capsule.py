@@ -96,6 +96,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     fork = verbs.add_parser("fork", parents=[common],
                             help="a new capsule starting from this one's files (before a shell session, to keep a witness)")
     fork.add_argument("capsule_id")
+    fork.add_argument("-n", "--count", type=int, help="make N forks at once (all or none); prints their ids")
 
     deltamin = verbs.add_parser("deltamin", parents=[common],
                                 help="the smallest part of the change that still fails: ... CAP -- CMD...")
@@ -135,9 +136,9 @@ def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 def _own_verbs() -> list[Any]:
     """The verbs whose parsers and runs live in their own modules (they call no single tool)."""
-    from mcp_server.cli import network, runlog, services, shell
+    from mcp_server.cli import network, race, runlog, services, shell
 
-    return [runlog, services, shell, network]
+    return [runlog, services, shell, network, race]
 
 
 
@@ -228,7 +229,8 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
     if verb == "destroy":
         return "capsule_destroy", {"capsule_id": args.capsule_id}, None
     if verb == "fork":
-        return "capsule_fork", {"capsule_id": args.capsule_id}, None
+        return "capsule_fork", {"capsule_id": args.capsule_id,
+                                **({"count": args.count} if args.count is not None else {})}, None
     if verb == "deltamin":
         call = {"capsule_id": args.capsule_id, "target_cmd": _command(args.cmd)}
         if args.budget_ms is not None:
@@ -271,6 +273,9 @@ def show(verb: str, result: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    if "capsule_ids" in result:  # fork -n: one id a line
+        print("\n".join(result["capsule_ids"]))
+        return 0
     print(result["capsule_id"])
     for shown in result.get("exposed") or ():
         print(visible(f"shown read-only: {shown['path']} ({shown['reason']})"), file=sys.stderr)

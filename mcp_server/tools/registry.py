@@ -150,6 +150,7 @@ FAMILY_MODULES = (
     "mcp_server.tools.services",
     "mcp_server.tools.promote",
     "mcp_server.tools.deltamin",
+    "mcp_server.tools.race",
     "mcp_server.tools.commutativity",
     "mcp_server.tools.policy",
     "mcp_server.tools.witness",

@@ -1,0 +1,150 @@
+"""capsule_race: one command in several capsules at once, ranked (issue 39).
+
+Several attempts at one task (forks made by ``capsule_fork`` with ``count``, one per
+agent or per try) are judged the same way: the same command runs in each, as
+capsule_exec runs it (journaled, in the capsule's turn), then each capsule's change is
+measured (its diff against its base) and judged by promotion's dry run
+(capsules/promote.py, the policy named), which writes nothing.
+
+- **Where.**  Locally, at most ``os.cpu_count()`` commands at once.  Deltamin's trials go
+  to a REAPI cluster because a trial is a base plus a subset of a change, which a Merkle
+  tree describes; a race runs in the capsules themselves (its runs are journaled, its
+  writes stay in the capsule to be promoted), and a cluster cannot run in them.  So a
+  race is local only, whatever ``CCW_REAPI_URL`` says.
+- **Progress.**  Each capsule's exec would report its own elapsed time, and reports of
+  several at once would not grow as MCP asks; so the execs run quiet (``_Quiet``) and
+  the race reports one line per capsule that ends.
+- **A capsule that cannot run** (destroyed meanwhile, a parent frozen by its forks) is a
+  row with its ``error``, ranked last: one bad capsule does not lose the others' results.
+- **The order** is ``ORDER``: the command passed (exit 0, in time), then the policy
+  passed, then the smallest change (lines, then files), then the fastest; ties by id.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from mcp_server.capsules.exec import exec_request
+from mcp_server.capsules.policy import PolicyStore
+from mcp_server.capsules.promote import Request, promote
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.turns import TakesTurn, Ticket
+from mcp_server.core import unidiff
+from sandbox.errors import CcwError
+
+MAX_RACERS = 32  # capsules in one race: each row is a diff and a dry-run promotion
+ORDER = "passed first (exit 0, in time), then policy passed, then fewest changed lines, then files, then fastest"
+
+
+@dataclass(frozen=True)
+class Question:
+    """What capsule_race is asked."""
+
+    capsule_ids: tuple[str, ...]
+    argv: tuple[str, ...]
+    timeout_ms: int | None = None
+    policy: str = "baseline"
+
+
+class _Quiet:
+    """Call hooks for the racing execs: the capsule's turn as the race's call takes it, no progress."""
+
+    def __init__(self, service: CapsuleService) -> None:
+        self._service = service
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        return None
+
+    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
+        return self._service.turn(capsule_id, TakesTurn(label))
+
+
+def check(question: Question) -> None:
+    """Refuse a race that cannot be run whole: too many capsules, or one named twice."""
+    ids = question.capsule_ids
+    if len(ids) > MAX_RACERS:
+        raise CcwError("TOO_LARGE", f"{len(ids)} capsules in one race; at most {MAX_RACERS}: race them in groups "
+                       "and compare the tables", {"count": len(ids), "max": MAX_RACERS})
+    twice = sorted({one for one in ids if ids.count(one) > 1})
+    if twice:
+        raise CcwError("INVALID_ARGUMENT", f"capsule(s) {', '.join(twice)} named twice: a capsule runs one command "
+                       "at a time; fork it (capsule_fork count) to race copies", {"capsule_ids": twice})
+
+
+def rank_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    """Where a row stands in ``ORDER`` (smaller first)."""
+    ran = "error" not in row
+    passed = ran and row["exit_code"] == 0 and not row["timed_out"]
+    diff = row.get("diff") or {}
+    return (not ran, not passed, row.get("verdict") != "passed", diff.get("lines", 0), diff.get("files", 0),
+            row.get("duration_ms") or 0, row["capsule_id"])
+
+
+def ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows in ``ORDER``, each with its 1-based ``rank``."""
+    return [{"rank": place, **row} for place, row in enumerate(sorted(rows, key=rank_key), 1)]
+
+
+def diff_size(file_changes: list[unidiff.FileChange]) -> dict[str, int]:
+    """A change's size: files, and text lines added plus removed (a binary file counts as a file only)."""
+    lines = 0
+    for change in file_changes:
+        added, removed = unidiff.numstat(change)
+        lines += (added or 0) + (removed or 0)
+    return {"files": len(file_changes), "lines": lines}
+
+
+async def _verdict(service: CapsuleService, capsule_id: str, policy: str) -> dict[str, Any]:
+    """Promotion's dry run of the capsule under ``policy``: passed, failed (and why) or refused."""
+    try:
+        report = (await promote(service, Request(capsule_id, [policy], dry_run=True)))["policy_report"]
+    except CcwError as exc:  # REPO_CHANGED, an unknown policy: said in the row
+        return {"verdict": "refused", "verdict_details": f"{exc.code}: {exc.message}"}
+    return {"verdict": "passed" if report["passed"] else "failed", "verdict_details": report["details"]}
+
+
+async def _one(service: CapsuleService, quiet: CapsuleService, question: Question, capsule_id: str,
+               limiter: trio.CapacityLimiter, values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"capsule_id": capsule_id}
+    try:
+        async with limiter:
+            ran = await quiet.exec(exec_request(capsule_id, question.argv, None, question.timeout_ms), values)
+        row.update(exit_code=ran.reply.exit_code, timed_out=bool(ran.reply.timed_out),
+                   duration_ms=ran.reply.duration_ms, usage=ran.usage)
+        row["diff"] = diff_size((await service.diff(capsule_id)).file_changes)
+    except CcwError as exc:
+        return {**row, "error": {"code": exc.code, "message": exc.message}}
+    return {**row, **await _verdict(service, capsule_id, question.policy)}
+
+
+async def race(service: CapsuleService, question: Question, values: Any = None) -> dict[str, Any]:
+    """Run the question's command in each capsule (``values``: the whitelisted variables' values,
+    as capsule_exec takes them), measure and judge each; the ranked table."""
+    check(question)
+    PolicyStore(service.state).get(question.policy)  # an unknown policy fails the call before anything runs
+    for capsule_id in question.capsule_ids:  # and so does an unknown capsule
+        service.live_record(capsule_id)
+    parallel = max(1, min(os.cpu_count() or 1, len(question.capsule_ids)))
+    limiter = trio.CapacityLimiter(parallel)
+    quiet = CapsuleService(service.state, service.helper, _Quiet(service), service.networks, service.services)
+    rows: list[dict[str, Any]] = []
+    started = time.monotonic()
+
+    async def one(capsule_id: str) -> None:
+        row = await _one(service, quiet, question, capsule_id, limiter, values)
+        rows.append(row)
+        outcome = row["error"]["code"] if "error" in row else f"exit {row['exit_code']}, {row['verdict']}"
+        await service.progress(float(len(rows)), float(len(question.capsule_ids)),
+                               f"{len(rows)}/{len(question.capsule_ids)} ended: {capsule_id} ({outcome})")
+
+    async with trio.open_nursery() as nursery:
+        for capsule_id in question.capsule_ids:
+            nursery.start_soon(one, capsule_id)
+    return {"order": ORDER, "policy": question.policy, "parallel": parallel, "executor": "local",
+            "elapsed_ms": int((time.monotonic() - started) * 1000), "rows": ranked(rows)}

@@ -1,0 +1,76 @@
+"""capsule_race: the same command in several capsules at once, ranked (issue 39).
+
+An adapter over mcp_server/capsules/race.py, which says where the commands run, how
+each capsule is measured and judged, and the order of the table.  It is a run
+(capsules/run.py) like capsule_exec: past ``wait_ms`` it answers "running" with a run id
+for capsule_run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_server.capsules.fragments import CAPSULE_ID
+from mcp_server.capsules.race import MAX_RACERS, Question, race
+from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.spec import MAX_TIMEOUT_MS
+
+
+async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Run ``cmd`` in each capsule, in parallel up to the cores; the ranked table."""
+    question = Question(tuple(args["capsule_ids"]), tuple(args["cmd"]), args.get("timeout_ms"),
+                        args.get("policy") or "baseline")
+    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
+
+    async def body(run: Run) -> dict[str, Any]:
+        return await race(ctx.for_run(run).capsules, question, values)
+
+    return await ctx.runs.call("capsule_race", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
+
+
+_ROW = {
+    "type": "object", "required": ["rank", "capsule_id"],
+    "properties": {
+        "rank": {"type": "integer", "minimum": 1}, "capsule_id": CAPSULE_ID,
+        "exit_code": {"type": ["integer", "null"]}, "timed_out": {"type": "boolean"},
+        "duration_ms": {"type": "integer"}, "usage": {"type": "object"},
+        "diff": {"type": "object", "required": ["files", "lines"],
+                 "properties": {"files": {"type": "integer"}, "lines": {"type": "integer"}}},
+        "verdict": {"enum": ["passed", "failed", "refused"]}, "verdict_details": {"type": "string"},
+        "error": {"type": "object", "required": ["code", "message"]},
+    },
+}
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_race",
+        family="capsule",
+        title="Race capsules",
+        description=(
+            f"Run cmd in each capsule (at most {MAX_RACERS}; journaled as capsule_exec), in parallel up to the "
+            "cores. Rows ranked by `order`: exit, time, usage, diff size, promote dry-run verdict under policy."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_ids", "cmd"], "additionalProperties": False,
+            "properties": {
+                "capsule_ids": {"type": "array", "minItems": 1, "items": CAPSULE_ID},
+                "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
+                "policy": {"type": "string"},  # default baseline; PolicyStore checks the name
+                "wait_ms": WAIT_MS,
+            },
+        },
+        output_schema={"type": "object", "oneOf": [RUN_STATUS, {
+            "type": "object", "required": ["order", "policy", "parallel", "executor", "elapsed_ms", "rows"],
+            "additionalProperties": False,
+            "properties": {
+                "order": {"type": "string"}, "policy": {"type": "string"}, "parallel": {"type": "integer"},
+                "executor": {"const": "local"}, "elapsed_ms": {"type": "integer"},
+                "rows": {"type": "array", "items": _ROW},
+            },
+        }]},
+        handler=capsule_race,
+        scope="exec",
+    ),
+]
