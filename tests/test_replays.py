@@ -10,6 +10,7 @@ import pytest
 
 from mcp_server.capsules.replay import ReplayOptions, admit
 from mcp_server.core.netrules import parse_network
+from mcp_server.fs.witness_key import Verdict
 from sandbox.errors import CcwError
 from tests.support import witness_craft as craft
 
@@ -19,23 +20,29 @@ def _manifest(include_blobs: bool = True) -> dict[str, Any]:
     return craft.manifest("/home/u/project", [entry], include_blobs=include_blobs)
 
 
-@pytest.mark.parametrize("signature", ["unsigned", "foreign"])
-def test_a_witness_this_state_dir_did_not_sign_needs_allow_untrusted(signature: str) -> None:
+KEY = "ccw-ed25519:" + "A" * 43 + "="
+VALID = Verdict("valid", True, "this state dir", KEY)
+
+
+@pytest.mark.parametrize("signature", [Verdict("unsigned"), Verdict("unknown key", key=KEY), Verdict("invalid")])
+def test_a_witness_signed_neither_here_nor_by_a_trusted_key_needs_allow_untrusted(signature: Verdict) -> None:
     with pytest.raises(CcwError, match="allow_untrusted") as refused:
         admit(_manifest(), signature, ReplayOptions())
-    assert refused.value.code == "PERMISSION_DENIED" and refused.value.details == {"signature": signature}
+    assert refused.value.code == "PERMISSION_DENIED" and refused.value.details == signature.report()
+    assert ("ccw witness trust " + KEY in refused.value.message) == (signature.state == "unknown key")
     admit(_manifest(), signature, ReplayOptions(allow_untrusted=True))
-    admit(_manifest(), "valid", ReplayOptions())
+    admit(_manifest(), VALID, ReplayOptions())
+    admit(_manifest(), Verdict("valid", False, "laptop", KEY), ReplayOptions())  # a trusted key's
 
 
 def test_a_witness_without_blobs_needs_the_replayer_to_name_its_base() -> None:
     with pytest.raises(CcwError, match=r"pass workspace .* or make the witness again with include_blobs") as refused:
-        admit(_manifest(include_blobs=False), "valid", ReplayOptions())
+        admit(_manifest(include_blobs=False), VALID, ReplayOptions())
     assert refused.value.code == "INVALID_ARGUMENT"
     assert refused.value.details == {"recorded_workspace": "/home/u/project"}
-    admit(_manifest(include_blobs=False), "valid", ReplayOptions(workspace="/srv/copy"))
+    admit(_manifest(include_blobs=False), VALID, ReplayOptions(workspace="/srv/copy"))
     with pytest.raises(CcwError, match="carries its base"):
-        admit(_manifest(), "valid", ReplayOptions(workspace="/srv/copy"))
+        admit(_manifest(), VALID, ReplayOptions(workspace="/srv/copy"))
 
 
 def test_a_capsules_own_witness_replays_with_its_own_values_and_network(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,7 @@ from mcp_server.fs.witness import (
     verify,
     write_archive,
 )
-from mcp_server.fs.witness_key import WitnessKey
+from mcp_server.fs.witness_key import Verdict, WitnessKey
 from sandbox.errors import CcwError
 from tests.support.witness_craft import exec_entry, manifest
 
@@ -153,7 +153,7 @@ def test_a_signed_witness_is_valid_under_its_key_only_and_stays_plain_tar(tmp_pa
     signed = out.getvalue()
     assert written.root_hash == root_hash(_manifest())  # the signature is outside what the root hash covers
     assert verify(io.BytesIO(signed), written.root_hash, key)["signature"] == "valid"
-    assert verify(io.BytesIO(signed), None, other)["signature"] == "foreign"
+    assert verify(io.BytesIO(signed), None, other)["signature"] == "unknown key"
     assert verify(io.BytesIO(_archive()[0]), None, key)["signature"] == "unsigned"
     (tmp_path / "w.tar.zst").write_bytes(signed)
     listing = subprocess.run(["tar", "--zstd", "-tf", str(tmp_path / "w.tar.zst")], capture_output=True, text=True,
@@ -161,7 +161,7 @@ def test_a_signed_witness_is_valid_under_its_key_only_and_stays_plain_tar(tmp_pa
     assert listing[:2] == ["manifest.json", "signature.json"] and len(listing) == 2 + len(NAMES)
 
 
-def test_a_signature_moved_onto_another_manifest_is_foreign() -> None:
+def test_a_signature_moved_onto_another_manifest_is_invalid() -> None:
     key = WitnessKey(b"k" * 32)
     out = io.BytesIO()
     write_archive(_manifest(), BLOBS.__getitem__, out, "zstd", key)
@@ -172,15 +172,15 @@ def test_a_signature_moved_onto_another_manifest_is_foreign() -> None:
         return members
 
     report = verify(io.BytesIO(_rewrite(out.getvalue(), mutate)), None, key)
-    assert report["signature"] == "foreign" and report["ok"] is True  # intact, but not ours
+    assert report["signature"] == "invalid" and report["ok"] is True  # intact, but not what was signed
 
 
 def test_admit_refuses_before_any_blob_is_read_and_tampered_blobs_are_never_kept() -> None:
     data, _ = _archive()
     seen: list[str] = []
 
-    def admit(manifest: dict[str, object], signature: str) -> None:
-        seen.append(signature)
+    def admit(manifest: dict[str, object], signature: Verdict) -> None:
+        seen.append(signature.state)
         raise CcwError("PERMISSION_DENIED", "not this one")
 
     with pytest.raises(CcwError, match="not this one"):

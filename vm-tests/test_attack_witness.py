@@ -333,7 +333,7 @@ def test_unsigned_forged_and_tampered_witnesses_replay_only_when_allowed(tools: 
                 for name, path in witnesses.items()}
     assert tools.run(lambda t: t.call("witness_verify", {"path": str(own)}))["signature"] == "valid"
     assert {name: v["signature"] for name, v in verified.items()} == {
-        "unsigned": "unsigned", "forged": "foreign", "tampered": "foreign"}
+        "unsigned": "unsigned", "forged": "unknown key", "tampered": "invalid"}
     for name, path in witnesses.items():
         assert _replay(tools, path) == ("error", "PERMISSION_DENIED"), name
         kind, out = _replay(tools, path, allow_untrusted=True)

@@ -287,7 +287,7 @@ class ReapiExecutor:
             raise CcwError(failed.get("code", "INTERNAL"), f"replay on the cluster: {failed.get('message', run.stderr)}",
                            failed.get("details"))  # fmt: skip
         result: dict[str, Any] = json.loads(run.stdout)
-        result["signature"] = signature  # the bot's key is not ours: it read the witness as foreign
+        result.update(signature.report())  # the bot's keys are not ours: it read the witness as untrusted
         return result
 
     def summary(self) -> dict[str, Any]:

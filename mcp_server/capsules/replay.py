@@ -25,9 +25,14 @@ commands.  So a replay takes nothing from the replaying process because a witnes
   witness without blobs needs the replayer to name its live base, a directory the
   replaying user can read: never the path the witness names.  That path is still
   where the jail shows the base, a mount point inside the jail and nothing on the host.
-- **Trust.** A witness this state dir signed replays; an unsigned or foreign one only
-  with ``allow_untrusted`` (PERMISSION_DENIED otherwise, before any blob is read), and
-  its report says which (``signature``).
+- **Trust.** A witness signed by this state dir's key, or by a key it trusts (``ccw
+  witness trust``, fs/witness_trust.py), replays; one unsigned, signed by a key not
+  trusted here, or changed since it was signed, only with ``allow_untrusted``
+  (PERMISSION_DENIED otherwise, before any blob is read).  Its report says which
+  (``signature``) and whose (``signed_by``).  Trust waives that refusal and nothing
+  else: a trusted key's witness gets the environment, network and workspace above,
+  as any other; only this state dir's own gets its recorded network rules back
+  (``network_recorded``, for a policy's replay).
 
 The recorded execs are re-run by replay_steps.py, beside the services they ran beside
 (started from their specs in the replay capsule); a service's own run is not re-run.
@@ -70,6 +75,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.promote import make_symlink
 from mcp_server.fs.view import RootView
+from mcp_server.fs.witness_key import Verdict
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
 from sandbox.replies import Change
@@ -221,7 +227,7 @@ class ReplayOptions:
     env: Mapping[str, str] = field(default_factory=dict)  # values for the commands (HOME is the capsule's own)
     network: NetworkSpec | None = None  # the allowlist the replay may use; None: network none
     workspace: str | None = None  # the live base of a witness made without blobs
-    allow_untrusted: bool = False  # replay a witness this state dir did not sign
+    allow_untrusted: bool = False  # replay a witness signed by neither this state dir nor a key it trusts
     volatile: tuple[str, ...] = ()  # globs of paths left out of the comparison, with the witness's own
     # Whether the witness's own volatile globs count.  Not for a policy's replay: the globs are
     # the agent's declaration, and ``volatile: ["**"]`` would blind require_replay_ok to every
@@ -242,20 +248,23 @@ class ReplayOptions:
 
 _UNTRUSTED = {
     "unsigned": "it bears no signature (made by another tool, or by a ccw from before witnesses were signed)",
-    "foreign": "it was signed with another state dir's key, or its signature does not match it",
+    "unknown key": "it was signed with a key this state dir does not trust",
+    "invalid": "its signature does not match it: the witness or its signature was changed after signing",
 }
 
 
-def admit(manifest: dict[str, Any], signature: str, options: ReplayOptions) -> None:
+def admit(manifest: dict[str, Any], signature: Verdict, options: ReplayOptions) -> None:
     """Refuse what the replayer has not allowed; run once the manifest and signature are read, before any blob."""
-    if signature != "valid" and not options.allow_untrusted:
+    if signature.state != "valid" and not options.allow_untrusted:
+        trust = (f"; if you trust whoever holds key {signature.key}, `ccw witness trust {signature.key} --name NAME` "
+                 "lets its witnesses replay here" if signature.state == "unknown key" and signature.key else "")
         raise CcwError(
             "PERMISSION_DENIED",
-            f"the witness is {signature}: {_UNTRUSTED[signature]}.  A replay runs its commands, so a witness this "
-            "state dir did not sign replays only when you say so: pass allow_untrusted: true (ccw capsule replay "
-            "--allow-untrusted) if you trust where it came from; its commands then get only the env, network and "
-            "workspace you pass",
-            {"signature": signature},
+            f"the witness is {signature.state}: {_UNTRUSTED[signature.state]}{trust}.  A replay runs its commands, "
+            "so a witness signed by neither this state dir nor a key it trusts replays only when you say so: pass "
+            "allow_untrusted: true (ccw capsule replay --allow-untrusted) if you trust where it came from; its "
+            "commands then get only the env, network and workspace you pass",
+            signature.report(),
         )
     if manifest["include_blobs"] and options.workspace is not None:
         raise CcwError("INVALID_ARGUMENT", "the witness carries its base (made with include_blobs): replay it "
@@ -278,7 +287,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     manifest, blobs = report["manifest"], report["blobs"]
     # The rules each exec ran under, within what the replayer allows (or PERMISSION_DENIED naming them).
     network, rules = netlive.replay_rules(manifest, options.network,
-                                          options.network_recorded and report["signature"] == "valid")
+                                          options.network_recorded and report["verdict"].own)
     options = replace(options, network=network)
     if services_named(manifest):
         services_of(service)  # UNSUPPORTED here, before any capsule is made, when none can start
@@ -310,7 +319,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "mismatches": mismatches,
         "output_diffs": tally.output_diffs,
         "metrics": {"cpu_ms": tally.cpu_ms, "rss_max_kb": tally.rss_max_kb},
-        "signature": report["signature"],
+        **report["verdict"].report(),
         "env_missing": sorted((set(recorded["env_whitelist"]) | service_env_names(manifest)) - set(options.env)
                               - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},

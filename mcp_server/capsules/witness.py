@@ -29,9 +29,10 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
   When the helper cannot say (the service was lost, its reads were not traced, too many
   for one reply), the witness carries the whole base, as for a run whose reads were not
   traced (``read_sets_complete: false``), and its result says why (``unknown_reads``).
-- Every witness is signed with the state dir's key (fs/witness_key.py); ``verify_file``
-  says whether a witness bears this state dir's signature ("valid"), none
-  ("unsigned") or another's or a bad one ("foreign").
+- Every witness is signed with the state dir's Ed25519 key (fs/witness_key.py);
+  ``verify_file`` says whether a witness bears a signature that holds from this state
+  dir's key or a trusted one ("valid", naming it), one that holds from a key not
+  trusted here ("unknown key"), one that does not hold ("invalid"), or none ("unsigned").
 - An archive is written to ``witnesses/.<witness_id>.<pid>.<random>.tmp``, fsynced, then
   renamed to its final name, so a crash mid-write never leaves a partial witness under
   the final name; ``remove_stale_temps`` (run at server start) deletes temp files whose
@@ -63,7 +64,7 @@ from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
-from mcp_server.fs.witness_key import WitnessKey
+from mcp_server.fs.witness_key import Verdict, WitnessKey
 from mcp_server.journal import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
@@ -398,7 +399,7 @@ def locate(state: State, witness_id: str | None, path: str | None) -> tuple[Path
 
 
 def witness_key(state: State) -> WitnessKey:
-    """The key this state dir signs its witnesses with (made on first use)."""
+    """The key this state dir signs its witnesses with (made on first use), and the keys it trusts."""
     return WitnessKey.of_state_dir(state.root)
 
 
@@ -421,7 +422,7 @@ def open_witness(path: Path) -> BinaryIO:
 
 
 def verify_file(path: Path, expected: str | None, key: WitnessKey | None, keep_blobs: bool = False,
-                admit: Callable[[dict[str, Any], str], None] | None = None) -> dict[str, Any]:
+                admit: Callable[[dict[str, Any], Verdict], None] | None = None) -> dict[str, Any]:
     """Recompute every hash of the witness at ``path``, and check its signature: fs/witness.py's report.
 
     ``admit`` may refuse the witness once its manifest and signature are read (before any blob).
@@ -430,8 +431,8 @@ def verify_file(path: Path, expected: str | None, key: WitnessKey | None, keep_b
         return wfmt.verify(f, expected, key, keep_blobs, admit)
 
 
-def signature_of(path: Path, key: WitnessKey) -> tuple[dict[str, Any], str, str]:
-    """(manifest, root hash, signature state) of the witness at ``path``, from its head alone."""
+def signature_of(path: Path, key: WitnessKey) -> tuple[dict[str, Any], str, Verdict]:
+    """(manifest, root hash, signature verdict) of the witness at ``path``, from its head alone."""
     with open_witness(path) as f:
         return wfmt.read_signature(f, key)
 

@@ -23,7 +23,8 @@ state dir's signature of the root hash (fs/witness_key.py).  It is outside what 
 hash covers, so the root hash is the same however (and whether) a witness is signed.
 
 Reading is for untrusted archives (fs/tarstream.py): the manifest first, bounded; then
-the signature; a manifest this state dir did not sign is checked against its schema
+the signature; a manifest this state dir did not sign (a trusted key's included: trust
+lets a witness run, it does not make another ccw's writer ours) is checked against its schema
 (core/witness_manifest.py) before any field is used, and the caller may refuse the
 witness there, before any blob is read; then each blob, hashed as it streams and kept
 only if it matches its name.  The limits are below, each with its reason.
@@ -45,7 +46,7 @@ import zstandard
 from mcp_server.core import witness_manifest
 from mcp_server.core.canonical import canonical_json
 from mcp_server.fs.tarstream import Limits, Member, TarStream
-from mcp_server.fs.witness_key import WitnessKey
+from mcp_server.fs.witness_key import UNSIGNED, Verdict, WitnessKey
 from sandbox.errors import CcwError
 
 FORMAT = witness_manifest.FORMAT
@@ -184,7 +185,7 @@ class Archive(NamedTuple):
     manifest: dict[str, Any]
     blobs: dict[str, bytes]  # by ``blake3:<hex>``, each checked against its name (empty unless kept)
     problems: list[dict[str, Any]]
-    signature: str  # valid | unsigned | foreign (witness_key.py)
+    signature: Verdict  # valid | unknown key | invalid | unsigned, and whose (witness_key.py)
 
 
 def _parse_json(content: bytes, member: str) -> Any:
@@ -216,7 +217,8 @@ def _read_manifest(tar: TarStream) -> tuple[dict[str, Any], str, list[dict[str, 
     return manifest, "blake3:" + blake3.blake3(canonical).hexdigest(), problems
 
 
-def _read_head(tar: TarStream, key: WitnessKey | None) -> tuple[dict[str, Any], list[dict[str, Any]], str, Member | None]:
+def _read_head(tar: TarStream, key: WitnessKey | None) -> tuple[dict[str, Any], list[dict[str, Any]], Verdict,
+                                                                  Member | None]:
     """The manifest, its problems, the signature's state and the first member after them.
 
     A manifest this state dir signed was written by ccw's own writer (the signature
@@ -227,15 +229,15 @@ def _read_head(tar: TarStream, key: WitnessKey | None) -> tuple[dict[str, Any], 
     """
     manifest, root, problems = _read_manifest(tar)
     member = tar.next()
-    state = "unsigned"
+    state = UNSIGNED
     if member is not None and member.name == SIGNATURE_MEMBER and member.regular:
         try:
             signature = _parse_json(tar.whole(member, MAX_SIGNATURE_BYTES, "MAX_SIGNATURE_BYTES"), SIGNATURE_MEMBER)
         except CcwError:
-            signature = None  # a bad signature is "foreign", as a wrong one is
-        state = key.check(signature, root) if key is not None else "foreign"
+            signature = None  # an unreadable signature is "invalid", as a wrong one is
+        state = key.check(signature, root) if key is not None else Verdict("unknown key")
         member = tar.next()
-    if state != "valid":
+    if not state.own:
         witness_manifest.check(manifest)
     return manifest, problems, state, member
 
@@ -249,8 +251,8 @@ def _unreadable(exc: Exception) -> CcwError:
                                         "witness again")
 
 
-def read_signature(data: IO[bytes], key: WitnessKey | None) -> tuple[dict[str, Any], str, str]:
-    """(manifest, root hash, signature state) from the head of an archive; its blobs are not read."""
+def read_signature(data: IO[bytes], key: WitnessKey | None) -> tuple[dict[str, Any], str, Verdict]:
+    """(manifest, root hash, signature verdict) from the head of an archive; its blobs are not read."""
     try:
         manifest, _, state, _ = _read_head(TarStream(data, _limits(False)), key)
     except (zstandard.ZstdError, OSError) as exc:
@@ -259,7 +261,7 @@ def read_signature(data: IO[bytes], key: WitnessKey | None) -> tuple[dict[str, A
 
 
 def read_archive(data: IO[bytes], key: WitnessKey | None = None, keep_blobs: bool = True,
-                 admit: Callable[[dict[str, Any], str], None] | None = None) -> Archive:
+                 admit: Callable[[dict[str, Any], Verdict], None] | None = None) -> Archive:
     """A witness archive read within the limits above, every blob hashed as it streams.
 
     ``admit(manifest, signature)`` runs once the manifest and signature are read,
@@ -272,7 +274,7 @@ def read_archive(data: IO[bytes], key: WitnessKey | None = None, keep_blobs: boo
         manifest, problems, state, member = _read_head(tar, key)
         if admit is not None:
             admit(manifest, state)
-        tar.limits = _limits(state == "valid")
+        tar.limits = _limits(state.own)
         named = set(manifest_blobs(manifest))
         blobs: dict[str, bytes] = {}
         seen: set[str] = set()
@@ -319,15 +321,15 @@ def _take(tar: TarStream, member: Member, named: set[str], seen: set[str], keep:
 
 
 def verify(data: IO[bytes], expected_root: str | None = None, key: WitnessKey | None = None,
-           keep_blobs: bool = False, admit: Callable[[dict[str, Any], str], None] | None = None) -> dict[str, Any]:
+           keep_blobs: bool = False, admit: Callable[[dict[str, Any], Verdict], None] | None = None) -> dict[str, Any]:
     """Recompute every hash; say precisely what does not match, and whose signature it bears."""
     manifest, blobs, problems, signature = read_archive(data, key, keep_blobs, admit)
     actual_root = root_hash(manifest)
     if expected_root is not None and actual_root != expected_root:
         problems.append({"kind": "root_hash", "field": "root_hash", "expected": expected_root, "actual": actual_root})
     problems.sort(key=lambda p: (p["kind"], p.get("blob", ""), p.get("member", ""), p.get("field", "")))
-    return {"ok": not problems, "root_hash": actual_root, "problems": problems, "signature": signature,
-            "manifest": manifest, "blobs": blobs}
+    return {"ok": not problems, "root_hash": actual_root, "problems": problems, **signature.report(),
+            "verdict": signature, "manifest": manifest, "blobs": blobs}
 
 
 def _fields_naming(manifest: dict[str, Any], name: str) -> list[str]:

@@ -19,6 +19,8 @@ from mcp_server.capsules.witness import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.fs.netpresets import expand_network
+from mcp_server.fs.witness_key import SIGNATURE_SCHEMA as SIGNATURE
+from mcp_server.fs.witness_key import SIGNED_BY_SCHEMA as SIGNED_BY
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.spec import ENV_NAME_RE, MAX_ENV
 
@@ -68,7 +70,7 @@ TOOLS = [
             "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path); "
             "output apart (output_identical, output_diffs). Services the execs ran beside are started first, "
             "ready before them (services). A witness is untrusted: its commands get only "
-            "the env, network and workspace given here; one this state dir did not sign needs allow_untrusted."
+            "the env, network and workspace given here; one not signed by this state dir or a key it trusts needs allow_untrusted."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -87,7 +89,7 @@ TOOLS = [
                     "For a witness made without blobs: the directory to replay over, your copy of its workspace "
                     "(one you can read). A witness with blobs carries its base and takes none.")},
                 "allow_untrusted": {"type": "boolean", "description": (
-                    "Replay a witness this state dir did not sign, if you trust its maker (default: refused).")},
+                    "Replay a witness not signed by this state dir or a trusted key, if you trust its maker (default: refused).")},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
                     "Globs of randomly named paths (.nyc_output/*.json) to leave out, with the witness's own.")},
                 "wait_ms": WAIT_MS,
@@ -119,8 +121,7 @@ TOOLS = [
                     "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
                     "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},
                 },
-                "signature": {"enum": ["valid", "unsigned", "foreign"], "description": (
-                    "valid: signed by this state dir; unsigned; foreign: signed by another or not matching.")},
+                "signature": SIGNATURE, "signed_by": SIGNED_BY,
                 "env_missing": {"type": "array", "items": {"type": "string"}, "description": (
                     "Variables the witness's capsule passed that this replay was not given.")},
                 "network": {

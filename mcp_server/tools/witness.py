@@ -23,6 +23,8 @@ from mcp_server.capsules.witness import (
 )
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
 from mcp_server.events import record_outcome
+from mcp_server.fs.witness_key import SIGNATURE_SCHEMA as SIGNATURE
+from mcp_server.fs.witness_key import SIGNED_BY_SCHEMA as SIGNED_BY
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
@@ -44,7 +46,7 @@ async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     key = await trio.to_thread.run_sync(witness_key, ctx.state)
     report = await trio.to_thread.run_sync(verify_file, path, args.get("root_hash") or expected, key)
     return {"ok": report["ok"], "root_hash": report["root_hash"], "problems": report["problems"],
-            "signature": report["signature"]}
+            **report["verdict"].report()}
 
 
 async def witness_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -108,8 +110,9 @@ TOOLS = [
         title="Verify witness",
         description=(
             "Recompute every hash of a witness (by id or path); problems name each bad blob or field. signature: "
-            "'valid' (signed by this state dir), 'unsigned', or 'foreign' (signed by another, or not matching); "
-            "capsule_replay refuses all but 'valid' unless allow_untrusted."
+            "'valid' (by this state dir's key or a trusted one: signed_by names it), 'unknown key' (by a key not "
+            "trusted here: `ccw witness trust`), 'invalid' (changed after signing), or 'unsigned'; capsule_replay "
+            "refuses all but 'valid' unless allow_untrusted."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -118,7 +121,7 @@ TOOLS = [
         output_schema={
             "type": "object", "required": ["ok", "root_hash", "problems", "signature"], "additionalProperties": False,
             "properties": {"ok": {"type": "boolean"}, "root_hash": {"type": "string"}, "problems": PROBLEMS,
-                           "signature": {"enum": ["valid", "unsigned", "foreign"]}},
+                           "signature": SIGNATURE, "signed_by": SIGNED_BY},
         },
         handler=witness_verify,
         scope="read",
