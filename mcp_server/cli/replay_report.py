@@ -25,6 +25,7 @@ def show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> in
 def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     ok = result["replay_ok"]
     print("replay_ok" if ok else "replay MISMATCH")
+    print(visible(signature_line(result)), file=sys.stderr)
     if result.get("signature", "valid") != "valid":
         print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m", color_err),
               file=sys.stderr)
@@ -48,6 +49,13 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
         for line in diff["lines"] or [diff.get("note", "")]:
             print(f"  {visible(line)}", file=sys.stderr)
     return 0 if ok else 1
+
+
+def signature_line(result: dict[str, Any]) -> str:
+    """``signature: valid (NAME)``, ``signature: unknown key (SHA256:...)``, ``signature: unsigned``..."""
+    signer = result.get("signed_by") or {}
+    who = signer.get("name") or signer.get("fingerprint")
+    return f"signature: {result.get('signature', 'valid')}" + (f" ({who})" if who else "")
 
 
 def _state(state: list[Any] | None) -> str:
