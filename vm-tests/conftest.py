@@ -250,6 +250,8 @@ SHARED = {
     "test_network_rootless.py": "netfixtures' fixed addresses",
     "test_escape_network.py": "netfixtures' fixed addresses",
     "test_attack_egress.py": "netfixtures' fixed addresses",
+    "test_network_presets.py": "netfixtures' fixed addresses",
+    "test_netlive_e2e.py": "netfixtures' fixed addresses",
 }
 
 
