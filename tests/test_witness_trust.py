@@ -17,8 +17,9 @@ import zstandard
 
 from mcp_server.cli import main as ccw
 from mcp_server.cli import witness as witness_cli
+from mcp_server.cli.replay_report import signature_line
 from mcp_server.fs import witness as wfmt
-from mcp_server.fs.witness_key import WitnessKey, hmac_signature
+from mcp_server.fs.witness_key import Verdict, WitnessKey, hmac_signature
 from mcp_server.fs.witness_trust import (
     LOCK_NAME,
     TRUST_NAME,
@@ -111,6 +112,7 @@ def test_a_list_others_could_write_or_a_link_is_not_used(tmp_path: Path) -> None
     with pytest.raises(CcwError, match="anyone who can write it") as writable:
         WitnessKey.of_state_dir(root)
     assert writable.value.code == "PERMISSION_DENIED"
+    assert WitnessKey.of_state_dir(root, trusted=False).public == own.public  # signing reads no list
     os.rename(root / TRUST_NAME, tmp_path / "elsewhere.json")
     os.chmod(tmp_path / "elsewhere.json", 0o644)
     os.symlink(tmp_path / "elsewhere.json", root / TRUST_NAME)
@@ -204,6 +206,14 @@ def test_ccw_witness_keys_trust_untrust(tmp_path: Path, capsys: pytest.CaptureFi
     assert capsys.readouterr().out.startswith("no longer trusted: ws")
     assert ccw(["--state-dir", str(replayer), "witness", "keys"]) == 0
     assert "trusted: none" in capsys.readouterr().out
+
+
+def test_a_replay_prints_whose_signature() -> None:
+    key = WitnessKey(secrets.token_bytes(32))
+    assert signature_line({"signature": "valid", "signed_by": {"own": False, "name": "ws"}}) == "signature: valid (ws)"
+    unknown = Verdict("unknown key", key=key.public_text).report()
+    assert signature_line(unknown) == f"signature: unknown key ({fingerprint(key.public)})"
+    assert signature_line({"signature": "unsigned"}) == "signature: unsigned"
 
 
 def _parts(data: bytes) -> tuple[bytes, list[tuple[str, bytes]], dict[str, bytes]]:

@@ -62,10 +62,10 @@ def _fresh(tools: Any, state: Path) -> Any:
 
 
 def _replay_elsewhere(tools: Any, tmp_path: Path, witness: str) -> dict[str, Any]:
-    """The witness replayed on a fresh state dir: another key, so foreign, and replayed only when asked."""
+    """The witness replayed on a fresh state dir: a key it does not trust, so replayed only when asked."""
     out: dict[str, Any] = _fresh(tools, tmp_path / "state2").run(
         lambda t: t.call("capsule_replay", {"path": witness, "allow_untrusted": True}))
-    assert out["signature"] == "foreign" and out["network"] == {"recorded": "none", "used": "none"}, out
+    assert out["signature"] == "unknown key" and out["network"] == {"recorded": "none", "used": "none"}, out
     return out
 
 

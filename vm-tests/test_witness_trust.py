@@ -126,6 +126,23 @@ def _manifest_bytes(data: bytes) -> bytes:
         return handle.read()
 
 
+def test_ccw_capsule_replay_says_whose_signature(pytestconfig: pytest.Config, tmp_path: Path,
+                                                 cli_state: Path) -> None:
+    """What a person sees: ``ccw capsule replay`` refuses an unknown key, then says ``signature: valid (NAME)``."""
+    (maker,) = _runners(pytestconfig, tmp_path, "maker")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("for the person\n")
+    witness = _made_in(maker, ws)
+    refused = ccw(cli_state, "capsule", "replay", str(witness), check=False)
+    assert refused.returncode == 1 and "unknown key" in refused.stderr and "ccw witness trust" in refused.stderr
+    public = ccw(tmp_path / "maker", "witness", "keys", "--public").stdout.split()[0]
+    ccw(cli_state, "witness", "trust", public, "--name", "workstation")
+    replayed = ccw(cli_state, "capsule", "replay", str(witness))
+    assert replayed.stdout.splitlines()[0] == "replay_ok"
+    assert "signature: valid (workstation)" in replayed.stderr.splitlines()
+
+
 def test_an_old_hmac_witness_still_replays_where_it_was_made(pytestconfig: pytest.Config, tmp_path: Path,
                                                               root_required: None) -> None:
     (maker,) = _runners(pytestconfig, tmp_path, "maker")

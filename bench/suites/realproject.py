@@ -169,7 +169,7 @@ async def _replay(tools: Tools, ws: Path, scratch: Path, repeat: int) -> dict[st
         fresh = Tools(scratch / f"fresh-{i}")
         try:
             start = time.perf_counter()
-            # A fresh state dir has its own key: the witness is foreign there, replayed as its maker's.
+            # A fresh state dir has its own key and trusts none: the witness is "unknown key" there, replayed as its maker's.
             results.append(await fresh.call("capsule_replay", {"path": witness["path"], "allow_untrusted": True}))
             times.append(time.perf_counter() - start)
         finally:

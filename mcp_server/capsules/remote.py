@@ -287,7 +287,8 @@ class ReapiExecutor:
             raise CcwError(failed.get("code", "INTERNAL"), f"replay on the cluster: {failed.get('message', run.stderr)}",
                            failed.get("details"))  # fmt: skip
         result: dict[str, Any] = json.loads(run.stdout)
-        result.update(signature.report())  # the bot's keys are not ours: it read the witness as untrusted
+        result.pop("signed_by", None)  # the bot's keys are not ours: what it read of the signature is not ours
+        result.update(signature.report())
         return result
 
     def summary(self) -> dict[str, Any]:

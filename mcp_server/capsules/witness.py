@@ -259,7 +259,7 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
     try:
         with os.fdopen(fd, "wb") as out:
             sink: Any = _CrashAfterFirstWrite(out) if os.environ.get(CRASH_ENV) == "partial" else out
-            written = wfmt.write_archive(manifest, sources.read, sink, compress, witness_key(state))
+            written = wfmt.write_archive(manifest, sources.read, sink, compress, witness_key(state, trusted=False))
             out.flush()
             os.fsync(out.fileno())
         os.replace(tmp, final)
@@ -398,9 +398,10 @@ def locate(state: State, witness_id: str | None, path: str | None) -> tuple[Path
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
 
-def witness_key(state: State) -> WitnessKey:
-    """The key this state dir signs its witnesses with (made on first use), and the keys it trusts."""
-    return WitnessKey.of_state_dir(state.root)
+def witness_key(state: State, trusted: bool = True) -> WitnessKey:
+    """The key this state dir signs its witnesses with (made on first use), and (with ``trusted``) the keys it
+    trusts: signing reads no list, so a list someone broke stops replays, never the making of witnesses."""
+    return WitnessKey.of_state_dir(state.root, trusted)
 
 
 def open_witness(path: Path) -> BinaryIO:

@@ -172,7 +172,8 @@ def _add_replay_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     replay.add_argument("--net-max-connections", type=int, help="per-exec cap on connections")
     replay.add_argument("--workspace", help="for a witness made without blobs: the directory to replay over")
     replay.add_argument("--allow-untrusted", action="store_true",
-                        help="replay a witness this state dir did not sign (only if you trust its maker)")
+                        help="replay a witness signed by neither this state dir nor a key it trusts "
+                             "(ccw witness trust); only if you trust its maker")
     replay.add_argument("--volatile", action="append", metavar="GLOB",
                         help="also leave the paths this glob matches out of the comparison (repeatable)")
 

@@ -119,8 +119,8 @@ class WitnessKey:
         self._hmac = hmac_secret
 
     @classmethod
-    def of_state_dir(cls, root: Path) -> WitnessKey:
-        """The key of the state dir at ``root`` (made on first use), with the keys it trusts."""
+    def of_state_dir(cls, root: Path, trusted: bool = True) -> WitnessKey:
+        """The key of the state dir at ``root`` (made on first use), with (``trusted``) the keys it trusts."""
         seed = load_or_create(root / KEY_NAME, "the witness signing key")
         old = root / HMAC_KEY_NAME
         with wrap_oserror("read the old witness key", str(old), "check the state dir's permissions"):
@@ -128,7 +128,7 @@ class WitnessKey:
                 secret: bytes | None = _read(old, "the old (HMAC) witness key")
             except FileNotFoundError:
                 secret = None
-        return cls(seed, {entry.raw: entry.name for entry in trusted_keys(root)}, secret)
+        return cls(seed, {entry.raw: entry.name for entry in trusted_keys(root)} if trusted else None, secret)
 
     @property
     def public_text(self) -> str:
@@ -230,6 +230,7 @@ SIGNATURE_SCHEMA: dict[str, Any] = {"enum": list(SIGNATURE_STATES), "description
     "trust); invalid: changed after signing; unsigned.")}
 SIGNED_BY_SCHEMA: dict[str, Any] = {
     "type": "object", "required": ["own"], "additionalProperties": False,
-    "properties": {"own": {"type": "boolean"}, "name": {"type": "string"}, "key": {"type": "string"},
-                   "fingerprint": {"type": "string"}},
+    "properties": {"own": {"type": "boolean", "description": "A valid signature of this state dir's key."},
+                   "name": {"type": "string", "description": "The key's name here (trusted as), even when invalid."},
+                   "key": {"type": "string"}, "fingerprint": {"type": "string"}},
 }
