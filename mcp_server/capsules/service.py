@@ -242,8 +242,10 @@ class CapsuleService:
             if self.services is not None:  # the capsule is used: its kept and inherited services come up first
                 await self.services.start_pending(self, record.capsule_id)
             started = _now()
+            asker = getattr(self._call, "asker", None)  # a call's context (context.py) knows its client
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
-                                              lambda: self._exec_reply(request, ticket.waited_ms, console))
+                                              lambda: self._exec_reply(request, ticket.waited_ms, console),
+                                              asker() if asker is not None else None, request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.network,
                 tuple(traced.notes)), started, console)
@@ -329,8 +331,10 @@ class CapsuleService:
             try:
                 for _ in range(count):
                     reply = await self.call(ForkRequest(parent.capsule_id))
-                    await self._open_network(reply.capsule_id, parent.network_spec)
+                    # Journaled before its network opens: a fork whose session fails to open is
+                    # one of those made, and destroyed with them, not left unjournaled.
                     made.append(self._journal_new(reply, parent.spec, parent, parent.network_spec))
+                    await self._open_network(reply.capsule_id, parent.network_spec)
                     if self.services is not None:  # its parent's services, to start at its first exec
                         self.services.inherit(parent.capsule_id, made[-1].capsule_id)
             except BaseException as exc:
