@@ -5,7 +5,9 @@ forks made by one ``capsule_fork`` with ``count: 3``, each given a different edi
 in idna/intranges.py, a new test in tests/test_intranges.py, an edit of the fix's line
 that breaks the suite), then ``capsule_race`` runs the suite in all three and ranks them:
 the two that pass first, the smaller change before the larger, the failing one last.
-The same through the ``ccw`` command: ``fork -n`` prints the ids, ``race`` the table.
+A race past its wait_ms is a run that capsule_run fetches, and a capsule that cannot run
+(the parent, frozen by its forks) is a row with its error, ranked last.  The same through
+the ``ccw`` command: ``fork -n`` prints the ids, ``race`` the table.
 """
 
 from __future__ import annotations
@@ -87,3 +89,24 @@ def test_the_command_forks_n_and_prints_the_race(cli_state: Path, require: Any, 
     assert lines[3].startswith("ranked: passed first"), done.stdout
     refused = ccw(cli_state, "capsule", "fork", parent, "-n", "1000", check=False)
     assert refused.returncode == 1 and "TOO_LARGE" in refused.stderr and "at most 128" in refused.stderr, refused.stderr
+
+
+def test_a_long_race_is_a_run_and_a_capsule_that_cannot_run_is_a_row(tools: Any, require: Any, tmp_path: Path) -> None:
+    """Past wait_ms the race answers "running" and capsule_run fetches its table; the parent,
+    frozen while it has forks, is refused its exec and ranked last with the error."""
+    project, ws = _idna(require, tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        forks = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        started = await t.call("capsule_race", {"capsule_ids": [parent, *forks], "cmd": list(project.test_cmd),
+                                                "wait_ms": 0})
+        fetched = await t.call("capsule_run", {"run_id": started["run_id"], "wait_ms": None})
+        return {"parent": parent, "forks": forks, "started": started, "fetched": fetched}
+
+    out = tools.run(scenario)
+    assert out["started"]["status"] == "running" and out["started"]["run_id"].startswith("run_")
+    rows = out["fetched"]["rows"]
+    assert sorted(row["capsule_id"] for row in rows[:2]) == sorted(out["forks"])
+    assert all(row["exit_code"] == 0 and row["verdict"] == "passed" for row in rows[:2]), rows
+    assert rows[2]["capsule_id"] == out["parent"] and rows[2]["error"]["code"] == "CONFLICT", rows[2]
