@@ -82,7 +82,7 @@ class Verdict:
     """What a witness's signature says here."""
 
     state: str  # one of SIGNATURE_STATES
-    own: bool = False  # signed by this state dir's key (Ed25519, or its old HMAC secret)
+    own: bool = False  # valid, and by this state dir's key (Ed25519, or its old HMAC secret)
     name: str | None = None  # the key's name here: OWN_NAME, or the name it was trusted under
     key: str | None = None  # the public key's text (Ed25519 signatures only)
 
