@@ -25,6 +25,8 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.capsules.asker import Asker
+from mcp_server.capsules.misses import Asking
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.run import OwnedRuns, Run, Runs
 from mcp_server.capsules.service import CapsuleService
@@ -52,6 +54,7 @@ class Runtime:
         self.capsule_queue = CapsuleQueue(observer=self._turn_event)
         # the egress sessions of allowlist capsules, for the process's life; each attempt an event as it is decided
         self.networks = Networks(observe=self._connection_event)
+        self.networks.asking = Asking(state, self.networks)  # misses asked of a person (capsules/misses.py)
         self.runs = Runs(on_end=self._run_ended)  # calls that outlive their answer (capsules/run.py)
         self.services = Services(state, self.helper, self.networks)  # long-lived processes (capsules/services.py)
         # Per-connection roots, keyed by the SDK's Connection object (weakly, so a
@@ -165,9 +168,10 @@ class CallContext:
     def __init__(self, runtime: Runtime, session: Any = None,
                  owner: str | None = None, caller_env: Mapping[str, str] | None = None,
                  terminal: int | None = None, workspace: str | None = None, ticket: Ticket | None = None,
-                 config: Config | None = None) -> None:
+                 config: Config | None = None, request_id: Any = None) -> None:
         self._runtime = runtime
         self._session = session
+        self._request_id = request_id  # the tool call's JSON-RPC id: an elicitation names it
         # The server's settings with the tool families of the call's connection (an attached
         # ccw-mcp's own: tools/surface.py ToolList); None: the server's own.
         self._config = config
@@ -216,7 +220,12 @@ class CallContext:
 
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
-        return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner, self._config)
+        return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner, self._config,
+                           self._request_id)
+
+    def asker(self) -> Asker | None:
+        """The client that made this call, to be asked about its run's misses (capsules/asker.py)."""
+        return None if self._session is None else Asker(self._session, self._request_id)
 
     async def roots(self) -> list[str] | None:
         """Absolute root directories the client declared, or None."""
@@ -260,8 +269,8 @@ class _RunContext(CallContext):
     (the call may have answered long ago, its connection may be gone)."""
 
     def __init__(self, runtime: Runtime, session: Any, ticket: Ticket | None, run: Run, owner: str | None,
-                 config: Config | None) -> None:
-        super().__init__(runtime, session, owner, ticket=ticket, config=config)
+                 config: Config | None, request_id: Any = None) -> None:
+        super().__init__(runtime, session, owner, ticket=ticket, config=config, request_id=request_id)
         self._run = run
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

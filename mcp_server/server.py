@@ -301,7 +301,8 @@ class CcwServer:
             terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
             try:
                 call = CallContext(self.runtime, ctx.session, owner, caller_env(params.meta), terminal,
-                                   caller_workspace(params.meta), arrived_ticket(ctx.request), tools.config)
+                                   caller_workspace(params.meta), arrived_ticket(ctx.request), tools.config,
+                                   getattr(ctx, "request_id", None))
                 return await self.call_tool(spec, args, call)
             finally:
                 if terminal is not None:

@@ -27,14 +27,21 @@ POLICY_NAME: dict[str, Any] = {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-
 _RULES: dict[str, Any] = {
     "type": "array", "minItems": 1, "maxItems": 1024, "items": {"type": "string", "minLength": 1, "maxLength": 300},
 }
-NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what a replay may use (capsule_replay)
+_CAPS: dict[str, Any] = {"type": "integer", "minimum": 1}
+NETWORK_GRANT: dict[str, Any] = {  # what a replay may use (capsule_replay): the rules and caps, never asking
     "anyOf": [
         {"enum": ["none", None]},
         _RULES,
+        {"type": "object", "required": ["allow"], "additionalProperties": False,
+         "properties": {"allow": _RULES, "max_bytes": _CAPS, "max_connections": _CAPS}},
+    ],
+}
+NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create): a grant, and what a miss gets
+    "anyOf": [
+        *NETWORK_GRANT["anyOf"][:2],
         {"type": "object", "required": ["allow"], "additionalProperties": False, "properties": {
-            "allow": _RULES,
-            "max_bytes": {"type": "integer", "minimum": 1},
-            "max_connections": {"type": "integer", "minimum": 1},
+            "allow": _RULES, "max_bytes": _CAPS, "max_connections": _CAPS,
+            "on_miss": {"enum": ["deny", "ask"]}, "ask_timeout_ms": {"type": "integer"},
         }},
     ],
     "description": (
@@ -42,8 +49,8 @@ NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create), and what
         "HTTPS_PROXY, ALL_PROXY are set). Rules: host[:port], *.domain[:port], a.b.c.d[/n][:port], "
         "[v6[/n]]:port; no port: 80 and 443; preset:NAME is a named set (pypi, npm, debian, crates, go, "
         "github). The host itself and private or reserved space are refused, by name or CIDR, unless a "
-        "rule names that exact address:port. Object form: {allow, max_bytes, max_connections} (per exec; "
-        "default 1 GiB, 512)."
+        "rule names that exact address:port. Object: {allow, max_bytes, max_connections} (per exec; "
+        "1 GiB, 512), on_miss: ask (a person decides a miss)."
     ),
 }
 RUN_LIMITS: dict[str, Any] = {  # what one run may be held to below its capsule's limits (a service's)

@@ -27,6 +27,9 @@ belong to the process (``Runtime``), not to a call.
   egress/session.py) and keeps them for a session opened later, by ``open_soon`` in
   flight or after a failure, whatever spec its opener was given (capsules/netlive.py
   stores them; the journal's capsule row has them for the next process).
+- **Misses asked of a person.**  A capsule whose rules say ``on_miss: ask`` has its
+  session given ``asking`` (capsules/misses.py, set by the Runtime), and ``exec`` tells it
+  which exec runs now and which client started it, so that client is the one asked.
 - **Counted per run.**  ``begin_exec``/``end_exec`` bracket the helper's exec, so the
   records are the attempts made while the command ran (an exec of a capsule takes its
   turn: two never overlap) that no service of the capsule made: a service's connections
@@ -40,9 +43,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
 
@@ -52,8 +55,9 @@ from sandbox.errors import CcwError
 
 if TYPE_CHECKING:
     from mcp_server.egress.hostspace import HostSpaceReader
+    from mcp_server.egress.relay import Attempt
     from mcp_server.egress.runs import RunOwners
-    from mcp_server.egress.session import EgressSession
+    from mcp_server.egress.session import Asked, EgressSession
     from sandbox.replies import ExecReply
 
 T = TypeVar("T")
@@ -74,6 +78,16 @@ class Traced:
     value: Any
     network: list[dict[str, Any]] | None = None
     notes: list[str] = field(default_factory=list)
+
+
+class AskPerson(Protocol):
+    """Who answers a capsule's misses (capsules/misses.py ``Asking``)."""
+
+    execs: dict[str, tuple[Any, Sequence[str]]]  # the exec running in each capsule: its client's asker, argv
+
+    async def __call__(self, capsule_id: str, attempt: Attempt, service: str | None, timeout_s: float) -> Asked:
+        """The person's answer about ``attempt``."""
+        ...
 
 
 @dataclass
@@ -100,6 +114,7 @@ class Networks:
         # Held by a change of rules from its journaling to its session's ``set_rules``, so
         # changes reach the sessions in the order the journal took them.
         self.rules_lock = trio.Lock()
+        self.asking: AskPerson | None = None  # set by the Runtime (capsules/misses.py)
 
     async def open_soon(self, helper: Any, capsule_id: str, spec: NetworkSpec) -> None:
         """Start opening the capsule's session in the background (capsule_create returns first).
@@ -147,6 +162,7 @@ class Networks:
                                         space=self._space.current,
                                         observe=None if observe is None else
                                         (lambda attempt: observe(capsule_id, attempt.record())), owners=owners)
+                session.set_asking(self._asker_of(capsule_id, session))
             except BaseException:
                 for fd in fds:
                     os.close(fd)
@@ -174,11 +190,35 @@ class Networks:
                 return None
             return [attempt.record() for attempt in served.session.set_rules(spec, who)]
 
+    def _asker_of(self, capsule_id: str, session: EgressSession) -> Callable[[Attempt, str | None],
+                                                                              Awaitable[Asked]] | None:
+        """The session's way to ask about a miss: ``asking``, with the capsule and the rules' time."""
+        asking = self.asking
+        if asking is None:
+            return None
+
+        async def ask(attempt: Attempt, service: str | None) -> Asked:
+            return await asking(capsule_id, attempt, service, session.spec.ask_timeout_ms / 1000)
+
+        return ask
+
     async def exec(self, helper: Any, capsule_id: str, spec: NetworkSpec | None,
-                   call: Callable[[], Awaitable[T]]) -> Traced:
-        """Run ``call`` (the helper's exec) with the capsule's session counting; its records and notes."""
+                   call: Callable[[], Awaitable[T]], asker: Any = None, command: Sequence[str] = ()) -> Traced:
+        """Run ``call`` (the helper's exec) with the capsule's session counting; its records and notes.
+        ``asker``: the client that asked for the exec (capsules/asker.py), asked about its misses;
+        ``command``: its argv, shown in the question."""
         if spec is None:
             return Traced(await call())
+        if self.asking is None:
+            return await self._exec(helper, capsule_id, spec, call)
+        self.asking.execs[capsule_id] = (asker, tuple(command))
+        try:
+            return await self._exec(helper, capsule_id, spec, call)
+        finally:
+            self.asking.execs.pop(capsule_id, None)
+
+    async def _exec(self, helper: Any, capsule_id: str, spec: NetworkSpec,
+                    call: Callable[[], Awaitable[T]]) -> Traced:
         session = await self.open(helper, capsule_id, spec)
         try:
             return await self._counted(session, call)

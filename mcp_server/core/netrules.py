@@ -50,6 +50,9 @@ from typing import Any, Literal
 from sandbox.errors import CcwError
 
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB per exec, both directions summed
+ON_MISS = ("deny", "ask")  # what a connection no rule allows gets: refused at once, or held while a person is asked
+DEFAULT_ASK_MS = 30_000  # how long it is held at most (capsules/asks.py)
+ASK_MS_RANGE = (1_000, 600_000)
 DEFAULT_MAX_CONNECTIONS = 512  # per exec
 
 WEB_PORTS = (80, 443)  # what a rule without a port allows
@@ -122,14 +125,23 @@ class NetworkSpec:
     allow: tuple[Rule, ...]
     max_bytes: int = DEFAULT_MAX_BYTES
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    on_miss: str = "deny"
+    ask_timeout_ms: int = DEFAULT_ASK_MS
 
     def to_json(self) -> dict[str, Any]:
-        """The canonical form; ``parse_network`` reads it back to an equal spec."""
-        return {
+        """The canonical form; ``parse_network`` reads it back to an equal spec.  ``on_miss``
+        and ``ask_timeout_ms`` appear only when not the defaults, so that the rules ids of
+        specs made before they existed (``rules_id``, kept in witnesses) stay the same."""
+        out: dict[str, Any] = {
             "allow": [rule.text for rule in self.allow],
             "max_bytes": self.max_bytes,
             "max_connections": self.max_connections,
         }
+        if self.on_miss != "deny":
+            out["on_miss"] = self.on_miss
+        if self.ask_timeout_ms != DEFAULT_ASK_MS:
+            out["ask_timeout_ms"] = self.ask_timeout_ms
+        return out
 
     def rules_text(self) -> str:
         """The rules as one line, for a denial's message."""
@@ -182,6 +194,10 @@ def parse_rule(text: str) -> Rule:
     rule = text.strip().lower()
     if not rule or not rule.isascii() or any(ch.isspace() for ch in rule):
         raise _invalid(f"network rule {text!r} is empty or has spaces or non-ASCII; {GRAMMAR}", rule=text)
+    if rule.startswith("preset:"):  # fs/netpresets.py expands these where rules are given; not here
+        raise _invalid(f"network rule {text!r}: a preset is named where a capsule's rules are given "
+                       "(capsule_create, capsule_network, a replay's network), not here; write its rules "
+                       "(ccw net presets NAME lists them)", rule=text)
     if "%" in rule:
         raise _invalid(f"network rule {text!r}: scoped IPv6 addresses (%zone) are not allowed; {GRAMMAR}", rule=text)
     if rule.startswith("["):
@@ -231,20 +247,31 @@ def _cap(value: Any, name: str) -> int:
 def parse_network(value: Any) -> NetworkSpec | None:
     """A capsule's ``network`` argument: ``"none"``/None, a list of rules, or an object.
 
-    The object is ``{"allow": [...], "max_bytes": n, "max_connections": n}`` (caps
-    optional).  Anything else is INVALID_ARGUMENT saying what is expected.
+    The object is ``{"allow": [...], "max_bytes": n, "max_connections": n, "on_miss":
+    "deny"|"ask", "ask_timeout_ms": n}`` (all but allow optional).  Anything else is
+    INVALID_ARGUMENT saying what is expected.
     """
     if value is None or value == "none":
         return None
+    on_miss, ask_ms = "deny", DEFAULT_ASK_MS
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - {"allow", "max_bytes", "max_connections"})
+        unknown = sorted(set(value) - {"allow", "max_bytes", "max_connections", "on_miss", "ask_timeout_ms"})
         if unknown:
-            raise _invalid(f"network has unknown fields {unknown}; it takes allow, max_bytes, max_connections")
+            raise _invalid(f"network has unknown fields {unknown}; it takes allow, max_bytes, max_connections, "
+                           "on_miss, ask_timeout_ms")
         if "allow" not in value:
             raise _invalid("network object needs 'allow': a list of rules")
         allow = value["allow"]
         max_bytes = _cap(value.get("max_bytes", DEFAULT_MAX_BYTES), "max_bytes")
         max_connections = _cap(value.get("max_connections", DEFAULT_MAX_CONNECTIONS), "max_connections")
+        on_miss = value.get("on_miss", "deny")
+        if on_miss not in ON_MISS:
+            raise _invalid(f"network on_miss {on_miss!r}: use deny (refuse at once) or ask (hold it while a "
+                           "person is asked)")
+        ask_ms = value.get("ask_timeout_ms", DEFAULT_ASK_MS)
+        low, high = ASK_MS_RANGE
+        if isinstance(ask_ms, bool) or not isinstance(ask_ms, int) or not low <= ask_ms <= high:
+            raise _invalid(f"network ask_timeout_ms must be an integer from {low} to {high}, not {ask_ms!r}")
     elif isinstance(value, Sequence) and not isinstance(value, str | bytes):
         allow, max_bytes, max_connections = value, DEFAULT_MAX_BYTES, DEFAULT_MAX_CONNECTIONS
     else:
@@ -253,7 +280,7 @@ def parse_network(value: Any) -> NetworkSpec | None:
         raise _invalid(f"network allow must be a list of rules, not {allow!r}; {GRAMMAR}")
     if not allow:
         raise _invalid("network allow list is empty: use 'none' for a capsule without network")
-    return NetworkSpec(parse_rules(allow), max_bytes, max_connections)
+    return NetworkSpec(parse_rules(allow), max_bytes, max_connections, on_miss, ask_ms)
 
 
 def rules_id(spec: NetworkSpec) -> str:
@@ -288,7 +315,7 @@ def changed(spec: NetworkSpec, allow: Iterable[Any] = (), remove: Iterable[Any] 
     given = dict(caps or {})
     max_bytes = _cap(given.get("max_bytes", spec.max_bytes), "max_bytes")
     max_connections = _cap(given.get("max_connections", spec.max_connections), "max_connections")
-    return NetworkSpec(rules, max_bytes, max_connections)
+    return NetworkSpec(rules, max_bytes, max_connections, spec.on_miss, spec.ask_timeout_ms)
 
 
 def network_json(spec: NetworkSpec | None) -> str | dict[str, Any]:

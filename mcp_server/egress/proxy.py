@@ -177,7 +177,7 @@ async def _reply(sock: trio.socket.SocketType, data: bytes) -> None:
 async def _open(gate: Gate, sock: trio.socket.SocketType, host: str, port: int,
                 protocol: Protocol_) -> tuple[Attempt, trio.socket.SocketType] | None:
     """Admit and connect, or answer 403/502 and return None."""
-    attempt = gate.admit(host, port, protocol)
+    attempt = await gate.consider(gate.admit(host, port, protocol))
     if not attempt.allowed:
         await _reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}"))
         return None

@@ -56,6 +56,7 @@ class Attempt:
     bytes_in: int = 0  # upstream -> jail
     cut: str | None = None
     rules: str | None = None  # the id of the rules it was decided by (netrules.rules_id)
+    asked: dict[str, object] | None = None  # a miss asked of a person: the question, its answer, who gave it
 
     def record(self) -> dict[str, object]:
         """The record in the exec result's ``touched.network``."""
@@ -71,6 +72,7 @@ class Attempt:
             "bytes_in": self.bytes_in,
             "cut": self.cut,
             "rules": self.rules,
+            **({"asked": self.asked} if self.asked is not None else {}),
         }
 
     def sort_key(self) -> tuple[str, int, str, int]:
@@ -153,6 +155,11 @@ class Gate(Protocol):
 
     def allowed_text(self) -> str:
         """The rules, for a denial's message."""
+        ...
+
+    async def consider(self, attempt: Attempt) -> Attempt:
+        """An admitted attempt once final: one that waits on a person's answer (``on_miss:
+        ask``) comes back allowed or denied by it; any other as it was."""
         ...
 
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:

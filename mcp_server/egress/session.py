@@ -41,6 +41,15 @@ bench's ``CONNECT`` rows), and the shutdown needs nothing from the task serving 
 (``rules``, a ``netrules.rules_id``).  Caps: ``max_connections`` counts from the next
 request, ``max_bytes`` from the next run's budget (a run's budget is set as it starts).
 
+A miss may be asked of a person (``on_miss: "ask"`` in the capsule's network, and an
+``ask`` given with ``set_asking``: capsules/networks.py gives one, capsules/misses.py
+says what it does).  ``admit`` then records the attempt as waiting and tells no one
+yet; ``consider`` (async, called by the proxy and SOCKS handlers right after) awaits the
+answer while the client's connection is held, and makes the attempt allowed (the rule
+the person allowed; ``open`` still judges its address by ``core/netspace.py``) or
+denied with the answer's reason.  The wait is bounded by the question's time
+(``ask_timeout_ms``), and a capsule's questions by capsules/asks.py.
+
 ``observe``, if given, is told of each attempt once its verdict is final (denied by the
 rules or a cap, refused when connecting, or connected), while the command still runs: a
 person watching sees it live; the exec's records come at its end as before.  It is told
@@ -89,6 +98,23 @@ Handler = Callable[["EgressSession", trio.socket.SocketType], Awaitable[None]]
 # The service whose connection the current client task serves (None: the exec's); each
 # client is a trio task of its own, with a context of its own.
 _RUN: contextvars.ContextVar[str | None] = contextvars.ContextVar("ccw_egress_run", default=None)
+WAITING: dict[str, object] = {"answer": "waiting"}  # a miss's ``asked`` until ``consider`` has its answer
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A person's answer to a miss: allowed (under ``rule``) or not (``reason``, saying how
+    to allow it), and what the connection's record keeps of it (``asked``)."""
+
+    allowed: bool
+    rule: str | None
+    reason: str | None
+    record: dict[str, object]
+
+
+# Ask a person about a miss: the attempt, and the service whose connection it is (None:
+# the exec's); capsules/misses.py is the one the front end gives.
+Ask = Callable[[Attempt, str | None], Awaitable[Asked]]
 
 
 @dataclass(eq=False)
@@ -170,6 +196,7 @@ class EgressSession:
         self._conns: set[_Conn] = set()  # the client tasks being served
         self._observe = observe
         self._owners = owners
+        self._ask: Ask | None = None  # set_asking
         self.header_timeout = header_timeout
         self.jail_addresses = frozenset(jail_addresses)
         self._exec = _Book(ExecBudget(spec.max_bytes))
@@ -265,6 +292,27 @@ class EgressSession:
         self._seq += 1
         return self._seq
 
+    def set_asking(self, ask: Ask | None) -> None:
+        """Who answers a miss when the rules say ``on_miss: ask`` (None: nobody; a miss is denied)."""
+        self._ask = ask
+
+    async def consider(self, attempt: Attempt) -> Attempt:
+        """``attempt`` once final: a miss waiting on a person (``admit`` left it so) asked now."""
+        if self._ask is None or attempt.asked != WAITING:
+            return attempt
+        try:
+            answer = await self._ask(attempt, _RUN.get())
+        except Exception as exc:  # the asking broke (the state dir, a bug): denied, and said why
+            log.warning("egress: asking about %r port %s failed: %r", attempt.host, attempt.port, exc)
+            answer = Asked(False, None, f"the person could not be asked ({exc})", {"answer": "error"})
+        attempt.asked = answer.record
+        if answer.allowed:
+            attempt.allowed, attempt.rule, attempt.reason, attempt.rules = True, answer.rule, None, self.rules
+        else:
+            attempt.reason = answer.reason
+            self._tell(attempt)
+        return attempt
+
     def admit(self, host: str, port: int, protocol: Protocol_) -> Attempt:
         """Decide one proxy request (rules, then the connection cap) and record it."""
         name, _ = netrules.normalize_host(host)
@@ -280,6 +328,11 @@ class EgressSession:
             return attempt
         book.connections += 1
         decision = netrules.decide(self.spec, host, port)
+        if not decision.allowed and self.spec.on_miss == "ask" and self._ask is not None:
+            attempt = Attempt(self._next_seq(), shown, port, protocol, False, None,
+                              f"{decision.reason}; waiting for a person's answer", rules=self.rules, asked=WAITING)
+            book.attempts.append(attempt)  # told once answered (consider)
+            return attempt
         return self._record(
             Attempt(self._next_seq(), shown, port, protocol, decision.allowed, decision.rule,
                     None if decision.allowed else decision.reason, rules=self.rules)
@@ -288,7 +341,7 @@ class EgressSession:
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:
         """Resolve and connect an admitted attempt; a refusal is written into its record."""
         try:
-            upstream = await connect_upstream(attempt, self._resolver, self.spec, self._space)
+            upstream = await connect_upstream(attempt, self._resolver, self._spec_for(attempt), self._space)
         except Refused as exc:
             if exc.denied:
                 attempt.deny(exc.message)
@@ -331,8 +384,20 @@ class EgressSession:
                 cut.append(attempt)
         return cut
 
+    def _spec_for(self, attempt: Attempt) -> netrules.NetworkSpec:
+        """The rules ``attempt`` is judged by: those in force, and for one a person allowed, the
+        rule they allowed too (an exact address they named reaches private space as a rule in
+        force would; a name reaches none of it).  For ``capsule`` the rule is in force already
+        once the change has reached this session; not waiting for it changes nothing."""
+        if attempt.asked is None or attempt.asked.get("answer") not in ("once", "capsule") or attempt.rule is None:
+            return self.spec
+        return netrules.changed(self.spec, allow=[attempt.rule])
+
     def _disallowed(self, attempt: Attempt) -> str | None:
-        """Why the rules now in force would not let ``attempt``'s connection be made; None if they would."""
+        """Why the rules now in force would not let ``attempt``'s connection be made; None if they would.
+        A connection a person allowed once stays allowed whatever the rules become."""
+        if attempt.asked is not None and attempt.asked.get("answer") == "once":
+            return None
         decision = netrules.decide(self.spec, attempt.host, attempt.port)
         if not decision.allowed or decision.rule is None:
             return decision.reason

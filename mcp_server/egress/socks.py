@@ -104,7 +104,7 @@ async def handle_socks(gate: Gate, sock: trio.socket.SocketType) -> None:
             host, port = await read_request(reader)
         if deadline.cancelled_caught:
             return
-        attempt = gate.admit(host, port, "socks5")
+        attempt = await gate.consider(gate.admit(host, port, "socks5"))
         if not attempt.allowed:
             await send_all(sock, reply(REP_NOT_ALLOWED))
             return

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from mcp_server.capsules.executors import executor_for
-from mcp_server.capsules.fragments import NETWORK_IN, PROBLEMS, WITNESS_ID
+from mcp_server.capsules.fragments import NETWORK_GRANT, PROBLEMS, WITNESS_ID
 from mcp_server.capsules.owners import REPORT_SCHEMA as OWNERS_REPORT
 from mcp_server.capsules.replay import ReplayOptions
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
@@ -82,7 +82,7 @@ TOOLS = [
                     "description": "The commands' variables (name: value); recorded names not given are "
                                    "absent (env_missing).",
                 },
-                "network": {**NETWORK_IN, "description": (
+                "network": {**NETWORK_GRANT, "description": (
                     "The network the replayed commands may use, in capsule_create's form (default 'none'). The "
                     "witness's recorded network is reported (network.recorded), never used.")},
                 "workspace": {"type": "string", "description": (
