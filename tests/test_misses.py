@@ -190,3 +190,15 @@ def test_an_allowed_name_still_reaches_no_loopback_address(tmp_path: Path) -> No
             assert record["allowed"] is False and "loopback" in str(record["reason"])
 
     trio.run(main)
+
+
+def test_ccw_capsule_create_asks_on_a_miss_with_its_flags() -> None:
+    from mcp_server.cli import parse_args
+    from mcp_server.cli.capsule import tool_call
+
+    _, create, _ = tool_call(parse_args(["capsule", "create", ".", "--network", "pypi.org", "--ask-on-miss",
+                                         "--ask-timeout-ms", "5000"]))
+    assert create["network"] == {"allow": ["pypi.org"], "on_miss": "ask", "ask_timeout_ms": 5000}
+    assert parse_network(create["network"]) == _ask_spec("pypi.org", timeout_ms=5000)
+    with pytest.raises(SystemExit, match="need at least one --network RULE"):
+        tool_call(parse_args(["capsule", "create", ".", "--ask-on-miss"]))

@@ -252,6 +252,7 @@ SHARED = {
     "test_attack_egress.py": "netfixtures' fixed addresses",
     "test_network_presets.py": "netfixtures' fixed addresses",
     "test_netlive_e2e.py": "netfixtures' fixed addresses",
+    "test_network_ask.py": "netfixtures' fixed addresses",
 }
 
 

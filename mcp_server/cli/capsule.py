@@ -132,6 +132,10 @@ def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
                         help="do not look for the toolchains the workspace needs (its .venv, #! lines, your PATH)")
     create.add_argument("--net-max-bytes", type=int, help="per-exec cap on bytes through the proxy (default 1 GiB)")
     create.add_argument("--net-max-connections", type=int, help="per-exec cap on connections (default 512)")
+    create.add_argument("--ask-on-miss", action="store_true",
+                        help="hold a connection no rule allows while a person answers (ccw net pending, ccw ui, "
+                             "or the agent's MCP client), instead of refusing it at once")
+    create.add_argument("--ask-timeout-ms", type=int, help="how long a held connection waits (default 30000)")
 
 
 def _own_verbs() -> list[Any]:
@@ -186,11 +190,14 @@ def _command(words: list[str]) -> list[str]:
 
 def _network_arg(args: argparse.Namespace) -> dict[str, Any] | None:
     """capsule_create's ``network`` from --network/--net-max-*; None: none (the caps alone are an error)."""
-    caps = {k: v for k, v in (("max_bytes", args.net_max_bytes), ("max_connections", args.net_max_connections))
-            if v is not None}
+    caps = {k: v for k, v in (("max_bytes", args.net_max_bytes), ("max_connections", args.net_max_connections),
+                              ("ask_timeout_ms", getattr(args, "ask_timeout_ms", None))) if v is not None}
+    if getattr(args, "ask_on_miss", False):
+        caps["on_miss"] = "ask"
     if not args.network:
         if caps:
-            raise SystemExit("ccw: --net-max-bytes and --net-max-connections need at least one --network RULE")
+            raise SystemExit("ccw: --net-max-bytes, --net-max-connections and --ask-on-miss need at least one "
+                             "--network RULE")
         return None
     return {"allow": list(args.network), **caps}
 

@@ -151,4 +151,9 @@ def render_run(detail: dict[str, Any], color: bool, raw: bool, all_reads: bool) 
             lines.append(f"  {verdict} {visible(str(record.get('host')))}:{record.get('port')} "
                          f"({record.get('protocol')}; {visible(str(why or '-'))}; in {record.get('bytes_in', 0)} B, "
                          f"out {record.get('bytes_out', 0)} B)")
+            asked = record.get("asked")
+            if isinstance(asked, dict):  # a miss a person was asked about (capsules/misses.py)
+                lines.append(f"    asked (question {asked.get('question')}): {visible(str(asked.get('answer')))}"
+                             f" by {visible(str(asked.get('who') or 'nobody'))}"
+                             + (f": {visible(str(asked['reason']))}" if asked.get("reason") else ""))
     return "\n".join(lines) + "\n"
