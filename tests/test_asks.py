@@ -130,3 +130,12 @@ def test_ccw_net_lists_approves_and_denies(tmp_path: Path, capsys: pytest.Captur
     assert "no connection is waiting for an answer" in capsys.readouterr().out
     assert main(["--state-dir", str(tmp_path), "net", "approve", str(one.id)]) != 0  # answered already
     assert "CONFLICT" in capsys.readouterr().err
+
+
+def test_settled_questions_are_kept_up_to_a_bound(state: State, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(asks, "KEEP_ANSWERED", 5)
+    for n in range(12):
+        asked = asks.ask(state, "cap_a", f"h{n}.example", 443, "https", CMD, 30)
+        asks.answer(state, asked.id, "denied", "me", "no")
+    kept = state.execute("SELECT COUNT(*) AS n FROM net_questions")[0]["n"]
+    assert kept <= 6 and asks.get(state, asked.id) is not None  # the newest stay

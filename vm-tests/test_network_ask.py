@@ -137,3 +137,74 @@ def test_without_elicitation_a_person_answers_with_ccw_net_and_silence_is_a_deni
     assert f"ccw capsule net {seen['cap']} allow {REDIRECT}" in silence["stderr"]
     [record] = [r for r in silence["touched"]["network"] if r["port"] == nf.REDIRECT_PORT]
     assert record["allowed"] is False and record["asked"]["answer"] == "expired"
+
+
+# In the jail: ATTEMPTS CONNECTs through the proxy to names no rule allows, 400 at a time;
+# prints how each ended: a 403, the connection closed or reset (the proxy's accept queue
+# overflowing), or still waiting after a minute (none may).
+FLOOD = r"""
+import asyncio, collections, json, os
+host, port = os.environ["HTTP_PROXY"].rsplit("/", 1)[-1].rsplit(":", 1)
+async def one(i, gate):
+    async with gate:
+        try:
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(f"CONNECT h{i}.example:443 HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            line = await asyncio.wait_for(reader.readline(), 60)
+            writer.close()
+            return "403" if line.startswith(b"HTTP/1.1 403") else "closed"
+        except asyncio.TimeoutError:
+            return "waiting"
+        except OSError:
+            return "closed"
+async def main():
+    gate = asyncio.Semaphore(400)
+    print(json.dumps(collections.Counter(await asyncio.gather(*(one(i, gate) for i in range(ATTEMPTS))))))
+asyncio.run(main())
+"""
+
+
+def _rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_jail_flooding_unlisted_hosts_gets_a_bounded_pending_list(tools: Any, tmp_path: Path,
+                                                                   root_required: None) -> None:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    attempts = 10_000
+    from mcp_server.capsules import asks
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        network = {"allow": ["192.0.2.1:443"], "on_miss": "ask", "ask_timeout_ms": 2000}
+        cap = (await t.call("capsule_create", {"workspace": str(ws), "network": network}))["capsule_id"]
+        seen: dict[str, Any] = {"most_pending": 0, "rss_before": _rss_kb()}
+
+        async def watch() -> None:
+            while True:
+                seen["most_pending"] = max(seen["most_pending"], len(asks.pending(t.runtime.state)))
+                await trio.sleep(0.05)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            seen["flood"] = await t.call("capsule_exec", {"capsule_id": cap, "timeout_ms": 300_000, "cmd": [
+                PYTHON, "-c", FLOOD.replace("ATTEMPTS", str(attempts))]})
+            nursery.cancel_scope.cancel()
+        seen["rss_after"] = _rss_kb()
+        seen["questions"] = t.runtime.state.execute("SELECT COUNT(*) AS n FROM net_questions")[0]["n"]
+        return seen
+
+    seen = tools.run(scenario)
+    flood = seen["flood"]
+    assert flood["exit_code"] == 0, flood["stderr"]
+    ended = json.loads(flood["stdout"])
+    assert ended.get("waiting", 0) == 0 and ended["403"] >= attempts * 0.9, ended  # every one refused, none hanging
+    assert 1 <= seen["most_pending"] <= asks.MAX_PENDING_PER_CAPSULE
+    # The exec's connection cap (512) bounds what is even considered; the questions are fewer.
+    assert seen["questions"] <= 512
+    assert seen["rss_after"] - seen["rss_before"] < 64 * 1024, seen
+    reasons = {str(r["reason"]) for r in flood["touched"]["network"]}
+    assert any("questions about the network pending" in why for why in reasons), sorted(reasons)[:5]

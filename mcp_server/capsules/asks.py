@@ -23,8 +23,11 @@ capsule has at most ``MAX_PENDING_PER_CAPSULE`` pending, the state dir ``MAX_PEN
 past either, a new question is refused at once (UNAVAILABLE), so 10,000 attempts at
 unlisted hosts cost 10,000 refusals, not 10,000 questions.  The same host, port and
 protocol asked again in one capsule while a question is pending is that question (its
-``waiters`` counts them), so a retrying client does not ask twice.  Nothing here
-decides: the answer is a person's, and this module only records who gave it.
+``waiters`` counts them), so a retrying client does not ask twice.  Settled questions are
+kept up to ``KEEP_ANSWERED`` (the connection records keep each answer anyway), so a
+jail that asks for as long as it runs adds rows at a bounded rate and no more than that
+in all.  Nothing here decides: the answer is a person's, and this module only records
+who gave it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from sandbox.errors import CcwError
 
 MAX_PENDING_PER_CAPSULE = 8
 MAX_PENDING = 64
+KEEP_ANSWERED = 1000  # settled questions kept (the newest); the runs' records keep each answer too
 MAX_TEXT = 256  # characters of a host, a reason, a who; a command's argv is shown up to this
 ANSWERS = ("once", "capsule", "denied")
 POLL_S = 0.1  # how often a waiter reads its question's row
@@ -163,6 +167,8 @@ def ask(state: State, capsule_id: str, host: str, port: int, protocol: str, comm
              (now + dt.timedelta(seconds=timeout_s)).isoformat(timespec="milliseconds")))
         asked = _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (cursor.lastrowid,)).fetchone())
         events.emit(db, "net.ask", capsule_id, asked.to_json())
+        db.execute("DELETE FROM net_questions WHERE state != 'pending' AND id <= (SELECT MAX(id) FROM net_questions) - ?",
+                   (KEEP_ANSWERED,))
     return asked
 
 
