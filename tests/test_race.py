@@ -138,7 +138,7 @@ def test_a_fork_that_fails_halfway_leaves_none(world: Any) -> None:
     with pytest.raises(CcwError) as caught:
         trio.run(main)
     assert caught.value.code == "UNAVAILABLE"
-    assert "fork 3 of 5 failed" in caught.value.message and "the 2 made before it were destroyed" in caught.value.message
+    assert "fork 3 of 5 failed" in caught.value.message and "the 2 made were destroyed" in caught.value.message
     assert caught.value.details["destroyed"] == 2 and caught.value.details["not_destroyed"] == []
     assert [r.capsule_id for r in helper.requests if isinstance(r, DestroyRequest)] == ["cap_2", "cap_3"]
     for gone in ("cap_2", "cap_3"):

@@ -328,8 +328,10 @@ class CapsuleService:
         made: list[CapsuleRecord] = []
         async with self.turn(parent.capsule_id, FORK):
             parent = self.live_record(parent.capsule_id)
+            asked = 0  # forks asked of the helper: the last one is the one that failed
             try:
-                for _ in range(count):
+                while asked < count:
+                    asked += 1
                     reply = await self.call(ForkRequest(parent.capsule_id))
                     # Journaled before its network opens: a fork whose session fails to open is
                     # one of those made, and destroyed with them, not left unjournaled.
@@ -343,8 +345,8 @@ class CapsuleService:
                 left = await self._unmake(made)
                 if not isinstance(exc, CcwError):
                     raise
-                raise CcwError(exc.code, f"fork {len(made) + 1} of {count} failed ({exc.message}); the {len(made)} "
-                               f"made before it were destroyed{f', but not {left}' if left else ''}: fork again, or "
+                raise CcwError(exc.code, f"fork {asked} of {count} failed ({exc.message}); the {len(made)} "
+                               f"made were destroyed{f', but not {left}' if left else ''}: fork again, or "
                                "destroy those named", {**exc.details, "destroyed": len(made) - len(left),
                                                         "not_destroyed": left}) from exc
         return made
