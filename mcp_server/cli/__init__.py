@@ -148,7 +148,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if command is not None:
         if not hasattr(args, "cmd"):
-            build_parser().error("'--' is only for capsule exec and capsule deltamin")
+            build_parser().error("'--' is only for capsule exec, capsule deltamin and capsule race")
         args.cmd = [*args.cmd, *command]
     return args
 
