@@ -1,5 +1,5 @@
 /* ccw-forward: one forwarded port's accept loop and relay, run by the front end
- * (mcp_server/egress/native_forward.py) for each port that capsule_port opens.
+ * (mcp_server/egress/forward.py) for each port that capsule_port opens.
  *
  * Why C (DESIGN §8: "no other C without a measured reason").  In the front end each
  * connection to a forwarded port cost some 1.5 ms of trio's CPU before its first byte
