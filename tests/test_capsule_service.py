@@ -3,10 +3,8 @@ requests it sends, what it journals, and what an exec whose reply never came doe
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ import trio.testing
 
 from mcp_server.capsules.exec import PROGRESS_MS, exec_request
 from mcp_server.capsules.service import CapsuleService
-from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.journal import Journal
 from mcp_server.state import State
 from sandbox.errors import CcwError
@@ -43,6 +40,7 @@ from sandbox.replies import (
     Usage,
 )
 from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec, Limits
+from tests.support.call_hooks import Hooks
 
 
 def _exec_reply(written: list[str], stdout: bytes = b"out\n") -> ExecReply:
@@ -98,22 +96,6 @@ class FakeHelper:
                 os.utime(fd, ns=(1_000_000_000, 1_000_000_000))
                 os.close(fd)
         return os.open(self.root, os.O_PATH | os.O_DIRECTORY)
-
-
-class Hooks:
-    """The call the service serves: progress recorded, turns from a real queue."""
-
-    def __init__(self) -> None:
-        self.queue = CapsuleQueue()
-        self.reports: list[tuple[float, float | None, str | None]] = []
-
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        self.reports.append((progress, total, message))
-
-    @contextlib.asynccontextmanager
-    async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
-        async with self.queue.turn(capsule_id, label) as ticket:
-            yield ticket
 
 
 @pytest.fixture

@@ -3,10 +3,8 @@ its bounds, its table, and a race through a fake helper whose capsules exit diff
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ import trio.lowlevel
 
 from mcp_server.capsules.race import MAX_RACERS, ORDER, Question, check, race, ranked
 from mcp_server.capsules.service import MAX_FORKS, CapsuleService
-from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.cli import parse_args
 from mcp_server.cli import race as cli_race
 from mcp_server.cli.capsule import tool_call
@@ -43,6 +40,7 @@ from sandbox.replies import (
     Usage,
 )
 from sandbox.spec import CapsuleSpec
+from tests.support.call_hooks import Hooks
 
 
 class FakeHelper:
@@ -87,20 +85,6 @@ class FakeHelper:
 
     async def open_root(self, capsule_id: str) -> int:
         return os.open(self.root, os.O_PATH | os.O_DIRECTORY)
-
-
-class Hooks:
-    def __init__(self) -> None:
-        self.queue = CapsuleQueue()
-        self.reports: list[tuple[float, float | None, str | None]] = []
-
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        self.reports.append((progress, total, message))
-
-    @contextlib.asynccontextmanager
-    async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
-        async with self.queue.turn(capsule_id, label) as ticket:
-            yield ticket
 
 
 @pytest.fixture
