@@ -335,17 +335,23 @@ def test_aclose_ends_open_relays_and_frees_the_port() -> None:
 
 
 def test_an_observer_that_raises_does_not_end_the_port() -> None:
+    told = Told()
+
     def bad(who: Client) -> None:
+        told.on_refused(who)
         raise RuntimeError("watcher bug")
 
     async def main() -> None:
         async with upstream(shout) as service, trio.open_nursery() as nursery:
             port = PortForward(Capsule(service.port).connect, ME + 1, 8000, on_refused=bad)
-            await nursery.start(port.serve)
-            for _ in range(2):
-                assert await read_all(await dial(port)) == b""
-            assert port.refused == 2
-            await port.aclose()
+            try:
+                await nursery.start(port.serve)
+                for _ in range(2):
+                    assert await read_all(await dial(port)) == b""
+                await told.until(refused=2)  # told after the client saw its end
+                assert port.refused == 2
+            finally:
+                await port.aclose()
 
     trio.run(main)
 
