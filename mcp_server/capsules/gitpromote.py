@@ -58,10 +58,12 @@ class RefMove:
     new: str
 
 
-def _git(workspace: str, *args: str, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+def _git(workspace: str, *args: str, stdin: bytes | None = None, check: bool = True,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    """git ARGS in ``workspace``, hooks and fsmonitor off, with no inherited GIT_* but ``env``'s."""
     argv = ["git", "-C", workspace, *_HARDENED, *args]
     try:
-        proc = subprocess.run(argv, input=stdin, capture_output=True, env=git_env(), timeout=TIMEOUT_S, check=False)
+        proc = subprocess.run(argv, input=stdin, capture_output=True, env=git_env(env), timeout=TIMEOUT_S, check=False)
     except FileNotFoundError as exc:
         raise CcwError("UNSUPPORTED", "git is not installed on the host: a capsule's commits cannot be promoted") from exc
     if check and proc.returncode != 0:

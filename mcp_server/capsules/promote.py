@@ -48,7 +48,7 @@ more: promoting the capsule again writes the rest, with no conflict
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -281,14 +281,19 @@ async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
     """
     service.live_record(request.capsule_id)
     async with service.turn(request.capsule_id, PROMOTE):
-        return await _promote_in_turn(service, request)
+        return await in_turn(service, request, _promote_frozen)
 
 
-async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[str, Any]:
+Body = Callable[[CapsuleService, Request, CapsuleRecord], Awaitable[dict[str, Any]]]
+
+
+async def in_turn(service: CapsuleService, request: Request, body: Body) -> dict[str, Any]:
+    """Run ``body`` (a promotion, or a branch's commit: capsules/branch.py) in the capsule's turn, its
+    running services frozen from the change list's read to the last write."""
     record = service.live_record(request.capsule_id)  # a destroy queued before this call may have run
     running = service.services.running(record.capsule_id) if service.services is not None else []
     if not running:
-        return await _promote_frozen(service, request, record)
+        return await body(service, request, record)
     # Its services would change the tree between the check and the write: they are frozen
     # (the cgroup freezer, as capsule_pause does) from the change list's read to the last write.
     paused = any(c.capsule_id == record.capsule_id and c.state == "paused"
@@ -296,7 +301,7 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     if not paused:
         await service.call(FreezeRequest(record.capsule_id, True))
     try:
-        result = await _promote_frozen(service, request, record)
+        result = await body(service, request, record)
     finally:
         if not paused:
             with trio.CancelScope(shield=True):
@@ -305,11 +310,25 @@ async def _promote_in_turn(service: CapsuleService, request: Request) -> dict[st
     return result
 
 
-async def _promote_frozen(service: CapsuleService, request: Request, record: CapsuleRecord) -> dict[str, Any]:
-    names = request.policies
-    rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in names)
+@dataclass
+class Judged:
+    """A change in scope judged by the policies and hazard checks: the ops the Promoter would
+    write, the policy report, the paths they touch and the scope's notes (skipped, ignored, git)."""
+
+    plan: _Plan
+    ops: list[Op]
+    report: dict[str, Any]
+    would_apply: list[str]
+    scoped: dict[str, Any]
+
+
+async def judge(service: CapsuleService, request: Request, record: CapsuleRecord, *,
+                conflicts: bool = True) -> Judged:
+    """Steps 1 to 3 of the module docstring on the capsule's change in ``request.scope``; with
+    ``conflicts`` false the live workspace's edits since are no refusal (a branch writes no file)."""
+    rules = CombinedRules.combine(PolicyStore(service.state).get(name) for name in request.policies)
     journal = service.journal
-    plan = await _checked_entries(service, journal, record, request.scope)
+    plan = await _checked_entries(service, journal, record, request.scope, conflicts)
     entries = plan.entries
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries)
@@ -319,10 +338,16 @@ async def _promote_frozen(service: CapsuleService, request: Request, record: Cap
     replayed = await _replay(service, record, rules.volatile) if rules.needs_replay else _Replayed()
     report = evaluate(rules, facts, tests, replayed.ok, replayed.details, replayed.output_identical,
                       replayed.output_details)
-    report["policies"] = list(names)
+    report["policies"] = list(request.policies)
     would_apply = sorted({op.path for op in ops}, key=lambda p: p.encode("utf-8", "surrogateescape"))
     scoped = {"skipped": plan.skipped, **({"ignored": plan.ignored_note} if plan.ignored_note else {}),
               **({"git": plan.git} if plan.git else {})}
+    return Judged(plan, ops, report, would_apply, scoped)
+
+
+async def _promote_frozen(service: CapsuleService, request: Request, record: CapsuleRecord) -> dict[str, Any]:
+    judged = await judge(service, request, record)
+    plan, ops, report, would_apply, scoped = judged.plan, judged.ops, judged.report, judged.would_apply, judged.scoped
     if not report["passed"] or request.dry_run:
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
                 "policy_report": report, **scoped}
@@ -348,7 +373,8 @@ async def _promote_frozen(service: CapsuleService, request: Request, record: Cap
     return {"promoted": True, "dry_run": False, "applied": applied, "policy_report": report, **scoped}
 
 
-async def _checked_entries(service: CapsuleService, journal: Journal, record: CapsuleRecord, scope: Scope) -> _Plan:
+async def _checked_entries(service: CapsuleService, journal: Journal, record: CapsuleRecord, scope: Scope,
+                           check_conflicts: bool = True) -> _Plan:
     """The capsule's change in scope, its bare-looking git directories and the paths the host's
     git config names, once the conflict check passed; REPO_CHANGED (nothing written) if not.
 
@@ -378,7 +404,7 @@ async def _checked_entries(service: CapsuleService, journal: Journal, record: Ca
     root_fd = await service.open_root(record.capsule_id)
     plan = await trio.to_thread.run_sync(_plan, record, reply.changes, root_fd, journal, early, scope)
     plan.git = git
-    if plan.conflicts:
+    if plan.conflicts and check_conflicts:
         conflicts = plan.conflicts
         paths = [c["path"] for c in conflicts]
         raise CcwError(

@@ -35,6 +35,7 @@ import trio
 
 from mcp_server import events
 from mcp_server.capsules import exposure
+from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
     PROGRESS_MS,
@@ -186,17 +187,20 @@ class CapsuleService:
         first exec waits for it.
         """
         spec = dataclasses.replace(spec, network=helper_network(network))
+        base = await trio.to_thread.run_sync(base_commit, spec.workspace)  # before the view: its base's commit
         reply = await self.call(CreateRequest(spec))
         await self._open_network(reply.capsule_id, network)
-        return self._journal_new(reply, spec, None, network, volatile)
+        return self._journal_new(reply, spec, None, network, volatile, base)
 
     async def _open_network(self, capsule_id: str, network: NetworkSpec | None) -> None:
         if network is not None:
             await self.networks.open_soon(await self.helper(), capsule_id, network)
 
     def _journal_new(self, reply: CreateReply, spec: CapsuleSpec, parent: CapsuleRecord | None,
-                     network: NetworkSpec | None, volatile: tuple[str, ...] = ()) -> CapsuleRecord:
-        """Journal a capsule the helper just made from ``spec`` (a fork: of ``parent``)."""
+                     network: NetworkSpec | None, volatile: tuple[str, ...] = (),
+                     base: dict[str, str] | None = None) -> CapsuleRecord:
+        """Journal a capsule the helper just made from ``spec`` (a fork: of ``parent``; ``base``: the
+        commit its base was taken from, capsules/branch_base.py)."""
         created = _now()
         record = CapsuleRecord(
             capsule_id=reply.capsule_id,
@@ -206,7 +210,7 @@ class CapsuleService:
             clock=_iso(created + dt.timedelta(seconds=spec.clock_offset_sec)),
             isolation=reply.isolation,
             mount=reply.mount,
-            base_fingerprint=parent.base_fingerprint if parent else None,
+            base_fingerprint=parent.base_fingerprint if parent else base,
             destroyed_at=None,
             network_spec=network,
             volatile=parent.volatile if parent else volatile,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.branch import branch
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
 from mcp_server.capsules.promote import PROMOTE, Request, promote
 from mcp_server.core.hazards import KINDS
@@ -37,7 +38,7 @@ GLOB = {"type": "string", "minLength": 1, "maxLength": 4096,
                        "a directory matches everything under it."}
 SKIPPED = {
     "type": "object", "required": ["path", "reason"], "additionalProperties": False,
-    "properties": {"path": {"type": "string"}, "reason": {"enum": ["ignored", "excluded", "not in paths"]}},
+    "properties": {"path": {"type": "string"}, "reason": {"enum": ["ignored", "excluded", "not in paths", "git dir"]}},
 }
 
 
@@ -48,7 +49,10 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
                       Scope(bool(args.get("include_ignored")), tuple(args.get("paths") or ()),
                             tuple(args.get("exclude") or ())))
     try:
-        result = await promote(ctx.capsules, request)
+        if args.get("as_branch") is not None:
+            result = await branch(ctx.capsules, request, args["as_branch"])
+        else:
+            result = await promote(ctx.capsules, request)
     except CcwError as exc:  # a refusal (REPO_CHANGED, a hazard...) is shown to watchers too
         record_outcome(ctx.state, "capsule_promote", request.capsule_id, None, exc)
         raise
@@ -85,6 +89,9 @@ TOOLS = [
                           "description": "Promote only the paths these globs match (default: all)."},
                 "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
                             "description": "Leave behind the paths these globs match."},
+                "as_branch": {"type": "string", "minLength": 1, "maxLength": 255,
+                              "description": "Commit onto this new git branch off the capsule's base commit "
+                                             "instead; the workspace and index are untouched."},
             },
         },
         output_schema={
@@ -97,6 +104,8 @@ TOOLS = [
                             "description": "The capsule's changes left behind by the scope, in change order."},
                 "ignored": {"const": "not a git repository",
                             "description": "Present when the workspace has no git ignore rules to apply."},
+                # as_branch: {name, ref, parent, commit (once made)}.
+                "branch": {"type": "object"},
                 # Each changed git dir: {gitdir, count, paths, refs, promoted_refs: [{ref, old, new}]}.
                 "git": {"type": "array", "items": {"type": "object"}},
                 "policy_report": {
