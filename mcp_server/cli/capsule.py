@@ -180,6 +180,8 @@ def _add_replay_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
                              "(ccw witness trust); only if you trust its maker")
     replay.add_argument("--volatile", action="append", metavar="GLOB",
                         help="also leave the paths this glob matches out of the comparison (repeatable)")
+    replay.add_argument("--strict-outputs", action="store_true",
+                        help="compare the files the witness's git ignores too (by default listed apart)")
 
 
 def _command(words: list[str]) -> list[str]:
@@ -267,6 +269,8 @@ def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
         call["allow_untrusted"] = True
     if args.volatile:
         call["volatile"] = list(args.volatile)
+    if args.strict_outputs:
+        call["strict_outputs"] = True
     return call
 
 
