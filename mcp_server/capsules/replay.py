@@ -59,13 +59,14 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import exposure, netlive, owners
+from mcp_server.capsules import exposure, netlive, owners, witness_ignore
 from mcp_server.capsules.replay_steps import (
     change_mismatches,
     rerun,
     service_env_names,
     services_named,
     services_of,
+    set_aside,
 )
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import verify_file, witness_key
@@ -233,6 +234,9 @@ class ReplayOptions:
     # the agent's declaration, and ``volatile: ["**"]`` would blind require_replay_ok to every
     # file a replay wrote differently.
     witness_volatile: bool = True
+    # Compare the files the witness's base ignores too (by default their differences are set apart:
+    # capsules/witness_ignore.py).
+    strict_outputs: bool = False
     # The network is the witness's own recorded rules (capsules/netlive.py ``replay_rules``), for a
     # witness this state dir signed: a policy's replay of its capsule's runs as they ran.
     network_recorded: bool = False
@@ -302,12 +306,14 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
+            ignored = await trio.to_thread.run_sync(_ignored, manifest, actual_changes, scratch, options)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_remove_scratch, scratch)
     declared = manifest["capsule"].get("volatile", ()) if options.witness_volatile else ()
     globs = sorted(set(declared) | set(options.volatile))
     changed, apart = change_mismatches(manifest, tally, actual_changes, globs)
+    changed, ignored_differences = set_aside(changed, ignored)
     mismatches = tally.mismatches + changed
     mismatches.sort(key=lambda m: (m["kind"] != "exec", m.get("exec", 0), m.get("path", "")))
     recorded = manifest["capsule"]
@@ -324,6 +330,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
                               - {"HOME"}),
         "network": {"recorded": recorded.get("network", "none"), "used": network_json(options.network)},
         "volatile": {"globs": globs, "paths": apart},
+        # Only for a witness that carries its base's ignore rules, replayed without strict_outputs.
+        **({"ignored_differences": ignored_differences} if ignored is not None else {}),
         "owners": owners.report(owners.entries(manifest["base"]), manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
@@ -331,6 +339,20 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         # Only for a witness with services: those started beside which execs, and their own runs not re-run.
         **({"services": tally.services_report()} if tally.started or tally.not_compared else {}),
     }
+
+
+def _ignored(manifest: dict[str, Any], actual_changes: list[dict[str, Any]], scratch: Path,
+             options: ReplayOptions) -> frozenset[str] | None:
+    """The paths either run changed that the witness's base ignores (capsules/witness_ignore.py), judged
+    by the rules it carries in a repository under ``scratch``; None: every path is compared."""
+    rules = manifest["base"].get("ignore")
+    if rules is None or options.strict_outputs:
+        return None
+    both = manifest["changes"] + actual_changes
+    repo = scratch / "ignore"
+    os.mkdir(repo, 0o700)
+    return witness_ignore.judge(rules, str(repo), sorted({c["path"] for c in both}),
+                                {c["path"] for c in both if c["type"] == "dir"})
 
 
 GITDIRS_NOT_CARRIED = ("a witness does not carry a git dir outside its workspace (a worktree's or a submodule's): "

@@ -278,4 +278,37 @@ def change_mismatches(
     _, volatile_changes = volatile.split(changed | changed_now, globs)
     apart += [{"exec": None, "path": path, "recorded": path in changed, "replayed": path in changed_now}
               for path in sorted(volatile_changes - named)]
-    return mismatches + replaydiff.change_mismatches(manifest["changes"], actual_changes, globs), apart
+    changes = replaydiff.change_mismatches(manifest["changes"], actual_changes, globs)
+    return mismatches + [_suggested(m) for m in changes], apart
+
+
+def _suggested(mismatch: dict[str, Any]) -> dict[str, Any]:
+    """A change mismatch, with the glob of its path suggested when only the file's bytes differ: an
+    output rewritten on every run (a report with timings), volatile as a random name is."""
+    want, got = mismatch["expected"], mismatch["actual"]
+    if want is None or got is None or want[0] != "file" or want[:3] != got[:3]:
+        return mismatch
+    return {**mismatch, "suggest_volatile": [volatile.literal(mismatch["path"])]}
+
+
+def set_aside(mismatches: list[dict[str, Any]],
+              ignored: frozenset[str] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The file mismatches promotion would carry, and apart from them the differences in paths the
+    witness's base ignores (capsules/witness_ignore.py), which promotion leaves behind.  A written-set
+    mismatch is split by path, each side keeping its own names; None: nothing is set apart."""
+    if ignored is None:
+        return mismatches, []
+    kept: list[dict[str, Any]] = []
+    apart: list[dict[str, Any]] = []
+    for mismatch in mismatches:
+        if mismatch["kind"] == "change":
+            (apart if mismatch["path"] in ignored else kept).append(mismatch)
+            continue
+        sides = ("expected_only", "actual_only")
+        out = {side: [p for p in mismatch[side] if p in ignored] for side in sides}
+        rest = {side: [p for p in mismatch[side] if p not in ignored] for side in sides}
+        if any(out.values()):
+            apart.append({key: value for key, value in {**mismatch, **out}.items() if key != "suggest_volatile"})
+        if any(rest.values()):
+            kept.append({**mismatch, **rest, "suggest_volatile": volatile.suggest(*rest.values())})
+    return kept, apart

@@ -60,6 +60,7 @@ import trio
 from mcp_server.capsules import netlive
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
+from mcp_server.capsules.witness_ignore import carried_rules
 from mcp_server.core import paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -369,6 +370,9 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
                                                outputs, options.max_base_mb << 20, options.carry_all, running)
             netlive.mark_witness(manifest, service.state, record, execs)  # the rules each exec ran under
+            ignore = carried_rules(record.workspace)  # what promotion leaves behind, for a replay to judge
+            if ignore is not None:
+                manifest["base"]["ignore"] = ignore
             if not options.include_blobs:
                 # Only the changed files' blobs travel; base files are named by hash.
                 sources.where = {k: v for k, v in sources.where.items() if v[0] == "capsule"}

@@ -35,7 +35,7 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
         print(f"  {visible(mismatch_line(mismatch))}")
     suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
     if suggested:
-        print("the names differ by a random part; if these outputs are volatile, replay with "
+        print("the names differ by a random part, or the bytes on every run; if these outputs are volatile, replay with "
               + visible(" ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested)), file=sys.stderr)
     owners = result.get("owners") or {}
     if owners.get("reason") and owners.get("restored", 0) < owners.get("recorded", 0):
@@ -44,6 +44,12 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
     if apart:
         print(visible(f"left out as volatile: {len(apart)} path(s) matching {', '.join(result['volatile']['globs'])}"),
               file=sys.stderr)
+    ignored = result.get("ignored_differences") or []
+    if ignored:  # files promotion leaves behind: shown, never a failure unless --strict-outputs
+        print(visible(f"differ in files the witness's git ignores (not compared; --strict-outputs compares them): "
+                      f"{len(ignored)}"), file=sys.stderr)
+        for mismatch in ignored:
+            print(f"  {visible(mismatch_line(mismatch))}", file=sys.stderr)
     for diff in result.get("output_diffs", []):  # shown, never a failure by itself
         print(f"output differs: exec {diff['exec']} {diff['stream']}", file=sys.stderr)
         for line in diff["lines"] or [diff.get("note", "")]:

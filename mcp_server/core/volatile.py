@@ -81,6 +81,11 @@ def _escape(text: str) -> str:
     return "".join({"*": "[*]", "?": "[?]", "[": "?"}.get(ch, ch) for ch in text)
 
 
+def literal(path: str) -> str:
+    """The glob that matches ``path`` alone (a file whose bytes change on every run)."""
+    return _escape(path)
+
+
 def _random_part(left: str, right: str) -> bool:
     if left == right or not left or not right:
         return False

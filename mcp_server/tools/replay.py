@@ -30,7 +30,8 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
     options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(expand_network(args.get("network"), ctx.state.root)),
                             workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")),
-                            volatile=volatile.globs_arg(args.get("volatile")))
+                            volatile=volatile.globs_arg(args.get("volatile")),
+                            strict_outputs=bool(args.get("strict_outputs")))
 
     async def body(run: Run) -> dict[str, Any]:
         executor = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform)
@@ -67,10 +68,10 @@ TOOLS = [
         title="Replay witness",
         description=(
             "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
-            "exit codes, signals, timeouts, files written and changes (mismatches name the exec or path); "
-            "output apart (output_identical, output_diffs). Services the execs ran beside are started first, "
-            "ready before them (services). A witness is untrusted: its commands get only "
-            "the env, network and workspace given here; one not signed by this state dir or a key it trusts needs allow_untrusted."
+            "exit codes, signals, timeouts, files written and changes (mismatches), gitignored files apart "
+            "(ignored_differences); output apart (output_identical, output_diffs). Services run first. A witness "
+            "is untrusted: its commands get only the env, network and workspace given here; one not signed by "
+            "this state dir or a key it trusts needs allow_untrusted."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -83,13 +84,11 @@ TOOLS = [
                                    "absent (env_missing).",
                 },
                 "network": {**NETWORK_GRANT, "description": (
-                    "The network the replayed commands may use, in capsule_create's form (default 'none'). The "
-                    "witness's recorded network is reported (network.recorded), never used.")},
+                    "What the commands may reach, as in capsule_create (default 'none'); the recorded one is never used.")},
                 "workspace": {"type": "string", "description": (
-                    "For a witness made without blobs: the directory to replay over, your copy of its workspace "
-                    "(one you can read). A witness with blobs carries its base and takes none.")},
-                "allow_untrusted": {"type": "boolean", "description": (
-                    "Replay a witness not signed by this state dir or a trusted key, if you trust its maker (default: refused).")},
+                    "For a witness without blobs: your copy of its workspace, to replay over.")},
+                "allow_untrusted": {"type": "boolean", "description": "Replay it though not signed here or by a trusted key."},
+                "strict_outputs": {"type": "boolean", "description": "Compare gitignored files too."},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
                     "Globs of randomly named paths (.nyc_output/*.json) to leave out, with the witness's own.")},
                 "wait_ms": WAIT_MS,
@@ -138,6 +137,7 @@ TOOLS = [
                         }},
                     },
                 },
+                "ignored_differences": PROBLEMS,  # the mismatches in files the witness's base ignores
                 "gitdirs": {"type": "object"},  # {not_shown, reason}: the recorded capsule's git dirs a witness lacks
                 "services": _SERVICES_SHOWN,
                 "expose": {
