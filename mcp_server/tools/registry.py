@@ -151,6 +151,7 @@ FAMILY_MODULES = (
     "mcp_server.tools.promote",
     "mcp_server.tools.deltamin",
     "mcp_server.tools.race",
+    "mcp_server.tools.merge",
     "mcp_server.tools.commutativity",
     "mcp_server.tools.policy",
     "mcp_server.tools.witness",

@@ -1,0 +1,196 @@
+"""capsule_merge: several capsules' changes merged against their common base, before promotion (issue 39).
+
+**The base** is decided by what the capsule service recorded, never by what a capsule
+holds: the journal's ``parent`` of each capsule (written by the service when it forked
+it) gives each one's line of ancestors, and the nearest capsule in every line is the
+merge base; with none in common the base is the directory under them all (the
+workspace, or a snapshot), which every input must share (same ``spec.lower`` and
+workspace, both recorded at creation), or nothing is merged.  A capsule made to look
+like another's descendant (same files, a base directory copied from a fork's view) is
+therefore merged against what it really grew from, and one over another directory is
+refused.  An input that is another's ancestor is refused too: its change is already in
+its descendant.
+
+**The live tree under them**: a capsule's view reads its base directory where it
+changed nothing, so the base read now is the base the attempts were made on only if
+the workspace did not move since.  The base states every input (and its ancestors)
+recorded when each change was first seen (capsules/notes.py) must equal the live
+states at every merged path, as promotion checks (REPO_CHANGED otherwise, nothing made).
+
+**Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock), the
+changes listed and read, the turns given back; capsules/merge_plan.py merges path by
+path (capsules/merge3.py: git's rules).  Any conflict stops there: the answer lists
+each conflicting path with both sides and the base, and nothing is made or written.
+Otherwise ``into: "new"`` makes a capsule holding the merge (capsules/merge_write.py),
+where tests can run; ``into: "live"`` makes one the same way (destroyed after) and
+promotes it with capsule_promote's own code
+(capsules/promote.py): the same policies, hazard checks (set-id bits, git hooks and
+config, symlinked parents), conflict check and all-or-nothing write.  A capsule whose
+git moved refs in a git dir outside its workspace is refused: promotion carries refs
+one capsule at a time (capsules/gitpromote.py), and a merge has no single capsule's
+commits to carry.  ``dry_run`` makes nothing for ``new``, and for ``live`` runs
+promotion's dry run on the merged capsule, then destroys it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from mcp_server.capsules import gitdirs, merge_write
+from mcp_server.capsules.merge3 import Outcome
+from mcp_server.capsules.merge_plan import Plan, Side, pairs, read_plan
+from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
+from mcp_server.capsules.service import CapsuleService
+from mcp_server.capsules.turns import TakesTurn
+from mcp_server.journal import CapsuleRecord
+from sandbox.errors import CcwError
+from sandbox.ops import ChangesRequest
+
+MERGE = TakesTurn("merge")
+MAX_INPUTS = 16
+MAX_LISTED = 1000  # paths listed in ``files``; ``counts`` has them all
+
+
+@dataclass(frozen=True)
+class Question:
+    """What capsule_merge is asked."""
+
+    capsule_ids: tuple[str, ...]
+    into: str = "new"  # new | live
+    dry_run: bool = False
+    policies: tuple[str, ...] = ("baseline",)  # into live: promotion's
+    allow_hazards: frozenset[str] = field(default_factory=frozenset)
+
+
+def _inputs(service: CapsuleService, ids: tuple[str, ...]) -> tuple[list[CapsuleRecord], CapsuleRecord | None]:
+    """The inputs' records and their nearest common ancestor (None: their base directory)."""
+    if not 2 <= len(ids) <= MAX_INPUTS or len(set(ids)) != len(ids):
+        raise CcwError("INVALID_ARGUMENT", f"capsule_merge takes 2 to {MAX_INPUTS} different capsules, got "
+                       f"{len(ids)} ({len(set(ids))} different); name each attempt once", {"capsule_ids": list(ids)})
+    records = [service.live_record(one) for one in ids]
+    first = records[0]
+    strangers = [r.capsule_id for r in records if (r.base, r.workspace) != (first.base, first.workspace)]
+    if strangers:
+        raise CcwError("INVALID_ARGUMENT", f"{', '.join(strangers)} {'was' if len(strangers) == 1 else 'were'} not "
+                       f"made over the same base and workspace as {first.capsule_id} ({first.base}): they have no "
+                       "common base to merge against; merge capsules forked from one capsule or made over one workspace",
+                       {"capsule_ids": strangers, "base": first.base})
+    journal = service.journal
+    lines = [[one.capsule_id for one in _lineage(journal, record)] for record in records]
+    for record, line in zip(records, lines, strict=True):
+        above = [other for other in ids if other in line[1:]]
+        if above:
+            raise CcwError("INVALID_ARGUMENT", f"{above[0]} is an ancestor of {record.capsule_id}: its change is "
+                           f"already in {record.capsule_id}; merge the others with {record.capsule_id} alone",
+                           {"ancestor": above[0], "descendant": record.capsule_id})
+    common = next((one for one in lines[0][1:] if all(one in line for line in lines[1:])), None)
+    return records, service.live_record(common) if common is not None else None
+
+
+def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: Plan) -> dict[str, str]:
+    """The base states the inputs recorded at the merged paths, once the live tree still holds them."""
+    recorded: dict[str, str] = {}
+    moved: list[dict[str, Any]] = []
+    for record in records:
+        for path, state in _recorded_states(service.journal, record).items():
+            if path not in plan.base:
+                continue
+            if recorded.setdefault(path, state) != state:
+                moved.append({"path": path, "expected": recorded[path], "actual": state})
+    live = _live_states(records[0].workspace, sorted(recorded))
+    moved += [{"path": p, "expected": s, "actual": live[p]} for p, s in sorted(recorded.items()) if live[p] != s]
+    if moved:
+        paths = sorted({one["path"] for one in moved})
+        raise CcwError("REPO_CHANGED", f"the workspace changed underneath the capsules at {len(paths)} path(s) "
+                       f"({', '.join(paths[:5])}{', …' if len(paths) > 5 else ''}): the base they were made on is "
+                       "gone, so no merge is made; re-create the attempts from the current workspace, or revert "
+                       "those edits", {"paths": paths, "conflicts": moved})
+    return recorded
+
+
+async def _read(service: CapsuleService, records: list[CapsuleRecord], ancestor: CapsuleRecord | None) -> Plan:
+    """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read)."""
+    ids = sorted(record.capsule_id for record in records)
+    async with contextlib.AsyncExitStack() as turns:
+        for one in ids:
+            await turns.enter_async_context(service.turn(one, MERGE))
+        listed = []
+        for record in [*records, *([ancestor] if ancestor else [])]:
+            reply = await service.call(ChangesRequest(record.capsule_id))
+            listed.append((record.capsule_id, reply.changes))
+            moved = [one for one in gitdirs.listing(reply.gitdirs) if one["refs"]]
+            if moved:
+                raise CcwError("UNSUPPORTED", f"{record.capsule_id}'s git moved {', '.join(moved[0]['refs'][:5])} in "
+                               f"{moved[0]['gitdir']}: a merge carries files, not commits; promote that capsule by "
+                               "itself (capsule_promote carries its commits) and merge the others after",
+                               {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
+        sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
+        inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
+        return await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+
+
+def _conflict(one: Outcome, plan: Plan) -> dict[str, Any]:
+    ours, theirs = (*one.sides, "", "")[:2]
+    first = plan.sides.get(ours.split("+")[0], {}).get(one.path)
+    second = plan.sides.get(theirs, {}).get(one.path)
+    return {"path": one.path, "how": one.how, "capsules": list(one.sides), "base": plan.base[one.path].describe(),
+            "ours": first.describe() if first else "", "theirs": second.describe() if second else "",
+            "hunks": [{"line": h.line, "base": h.base, "ours": h.ours, "theirs": h.theirs} for h in one.hunks]}
+
+
+def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower: str) -> dict[str, Any]:
+    """The merge's answer before anything is made: base, files, conflicts, pairs."""
+    changed = plan.changed
+    counts: dict[str, int] = {}
+    for one in changed:
+        counts[one.how] = counts.get(one.how, 0) + 1
+    return {
+        "capsule_ids": list(question.capsule_ids), "into": question.into, "dry_run": question.dry_run,
+        "base": {"capsule_id": ancestor.capsule_id} if ancestor else {"directory": lower},
+        "merged": not plan.conflicts,
+        "files": [{"path": one.path, "how": one.how, "capsules": list(one.sides)} for one in changed[:MAX_LISTED]],
+        "counts": counts,
+        "conflicts": [_conflict(one, plan) for one in plan.conflicts],
+        "pairs": pairs(plan, list(question.capsule_ids)),
+    }
+
+
+async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
+    """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring)."""
+    records, ancestor = _inputs(service, question.capsule_ids)
+    plan = await _read(service, records, ancestor)
+    recorded = await trio.to_thread.run_sync(_checked_base, service, records, plan)
+    result = report(question, plan, ancestor, records[0].base)
+    if plan.conflicts or (question.dry_run and question.into == "new"):
+        return {**result, "written": False}
+    made = await _make(service, records[0], ancestor, plan, recorded)
+    if question.into == "new":
+        return {**result, "written": True, "capsule_id": made.capsule_id}
+    try:
+        promoted = await promote(service, Request(made.capsule_id, list(question.policies), question.dry_run,
+                                                  question.allow_hazards))
+    finally:
+        with trio.CancelScope(shield=True):
+            await service.destroy(made.capsule_id)
+    return {**result, "written": bool(promoted["promoted"]), "promote": promoted}
+
+
+async def _make(service: CapsuleService, first: CapsuleRecord, ancestor: CapsuleRecord | None, plan: Plan,
+                recorded: dict[str, str]) -> CapsuleRecord:
+    """A journaled capsule holding the merge: a fork of the common ancestor, or a new one over the base."""
+    if ancestor is not None:
+        made = await service.fork(ancestor.capsule_id)
+    else:
+        made = await service.create(first.spec, first.network_spec, first.volatile)
+    try:
+        root_fd = await service.open_root(made.capsule_id)
+        await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await service.destroy(made.capsule_id)
+        raise
+    return made

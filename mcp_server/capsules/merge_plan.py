@@ -1,0 +1,129 @@
+"""What a merge of several capsules gives, path by path, read through their roots (capsule_merge).
+
+Each capsule's change is what the helper lists against the capsule's base directory
+(its lowest layer: the workspace or a snapshot), expanded as promotion expands it
+(fs/changeset.py).  The paths any of them changed, and those their common ancestor
+changed, are every path where the merge can differ from the merge base; at each one the
+base's state and every capsule's are read (kind, mode, bytes or link target) and
+merged by capsules/merge3.py.  Reading happens in a worker thread; the views are the
+O_PATH roots the helper passed, so nothing is followed out of any of them.
+
+After the paths, the tree as a whole: a path kept in the merge must have a directory
+for a parent in the merge too.  A capsule that replaced ``src/`` with a symlink (or
+deleted it) while another added ``src/new.py`` conflicts on ``src/new.py``; merged
+regardless, the add would be written through the link, or into nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from mcp_server.capsules.merge3 import ABSENT, Outcome, State, merge_path
+from mcp_server.fs import changeset
+from mcp_server.fs.view import DirFds, RootView
+from sandbox.replies import Change
+
+
+@dataclass(frozen=True)
+class Side:
+    """One capsule as the merge reads it: its name (id), its root and the helper's change list."""
+
+    name: str
+    root_fd: int
+    changes: Sequence[Change]
+
+
+@dataclass
+class Plan:
+    """Every path that may differ from the merge base: its base state and its outcome."""
+
+    base: dict[str, State] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    sides: dict[str, dict[str, State]] = field(default_factory=dict)  # capsule -> path -> state
+
+    @property
+    def conflicts(self) -> list[Outcome]:
+        """The paths that could not be merged, in path order."""
+        return [one for one in self.outcomes.values() if one.conflict]
+
+    @property
+    def changed(self) -> list[Outcome]:
+        """The merged paths whose state differs from the base, in path order."""
+        return [one for one in self.outcomes.values() if not one.conflict and one.state != self.base[one.path]]
+
+
+def _key(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def _state(dirs: DirFds, path: str) -> State:
+    side = dirs.lstat(path)
+    if side is None:
+        return ABSENT
+    if side.kind == "file":
+        return State("file", side.mode, dirs.read_regular(path, missing_ok=False))
+    return State(side.kind, side.mode, None, side.target)
+
+
+def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
+    """Read and merge: ``lower`` the capsules' base directory; the merge base is their common
+    ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed."""
+    views = [RootView.from_fd(side.root_fd) for side in sides]
+    base_view = RootView.from_fd(ancestor.root_fd) if ancestor is not None else None
+    try:
+        with RootView.open(lower) as low:
+            paths: set[str] = set()
+            for side, view in zip([*sides, *([ancestor] if ancestor else [])], [*views, *([base_view] if base_view else [])],
+                                  strict=True):
+                paths.update(entry.path for entry in changeset.expand(side.changes, low, view))
+            ordered = sorted(paths, key=_key)
+            plan = Plan()
+            with DirFds(base_view or low) as base_dirs:
+                plan.base = {path: _state(base_dirs, path) for path in ordered}
+        for side, view in zip(sides, views, strict=True):
+            with DirFds(view) as dirs:
+                plan.sides[side.name] = {path: _state(dirs, path) for path in ordered}
+    finally:
+        for view in [*views, *([base_view] if base_view else [])]:
+            view.close()
+    for path in ordered:
+        plan.outcomes[path] = merge_path(path, plan.base[path], [(s.name, plan.sides[s.name][path]) for s in sides])
+    _parents_hold(plan)
+    return plan
+
+
+def _parents_hold(plan: Plan) -> None:
+    """A path the merge keeps needs a directory above it: where a merged parent is no directory, the
+    child conflicts (named with the parent's change)."""
+    for path, one in plan.outcomes.items():
+        if one.conflict or one.state is None or one.state.kind is None:
+            continue
+        head = path
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            parent = plan.outcomes.get(head)
+            if parent is None or (parent.state is not None and parent.state.kind == "dir"):
+                continue
+            what = "a conflict" if parent.state is None else parent.state.describe()
+            plan.outcomes[path] = Outcome(path, None, f"conflict: kept by {', '.join(one.sides) or 'the base'} while its "
+                                          f"directory {head} is {what} in the merge ({', '.join(parent.sides)})",
+                                          (*parent.sides, *one.sides))
+            break
+
+
+def pairs(plan: Plan, names: list[str]) -> list[dict[str, object]]:
+    """For each pair of capsules: the paths both changed, and which of those do not merge."""
+    out: list[dict[str, object]] = []
+    for one, two in combinations(names, 2):
+        shared = [path for path, base in plan.base.items()
+                  if plan.sides[one][path] != base and plan.sides[two][path] != base]
+        if len(names) == 2:  # the merge itself is this pair's
+            clashing = [c.path for c in plan.conflicts]
+        else:
+            clashing = [path for path in shared if merge_path(path, plan.base[path], [
+                (one, plan.sides[one][path]), (two, plan.sides[two][path])]).conflict]
+        out.append({"capsules": [one, two], "verdict": "conflict" if clashing else "commute",
+                    "shared": len(shared), "conflicts": clashing})
+    return out

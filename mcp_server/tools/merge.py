@@ -1,0 +1,80 @@
+"""capsule_merge: a three-way merge of several capsules' changes against their common base (issue 39).
+
+An adapter over mcp_server/capsules/merge.py, which says how the base is found, the
+order of the steps and what ``into`` does; capsules/merge3.py says git's rules for each
+path.  ``into: "live"`` goes through capsule_promote's code, so ``policies`` and
+``allow_hazards`` mean what they mean there.  Not in the ``agent`` profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp_server.capsules.fragments import CAPSULE_ID
+from mcp_server.capsules.merge import MAX_INPUTS, Question, merge
+from mcp_server.core.hazards import KINDS
+from mcp_server.events import record_outcome
+from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.errors import CcwError
+
+
+async def capsule_merge(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    """Merge the capsules; a new capsule with the merge, or the merge promoted."""
+    question = Question(tuple(args["capsule_ids"]), args.get("into") or "new", bool(args.get("dry_run")),
+                        tuple(args.get("policies") or ("baseline",)), frozenset(args.get("allow_hazards") or ()))
+    try:
+        result = await merge(ctx.capsules, question)
+    except CcwError as exc:
+        record_outcome(ctx.state, "capsule_merge", question.capsule_ids[0], None, exc)
+        raise
+    record_outcome(ctx.state, "capsule_merge", question.capsule_ids[0], result, None)
+    return result
+
+
+_CONFLICT = {
+    "type": "object", "required": ["path", "how", "capsules", "base", "ours", "theirs", "hunks"],
+    "properties": {
+        "path": {"type": "string"}, "how": {"type": "string"},
+        "capsules": {"type": "array", "items": {"type": "string"}},
+        "base": {"type": "string"}, "ours": {"type": "string"}, "theirs": {"type": "string"},
+        "hunks": {"type": "array", "items": {"type": "object", "required": ["line", "base", "ours", "theirs"]}},
+    },
+}
+
+TOOLS = [
+    ToolSpec(
+        name="capsule_merge",
+        family="capsule",
+        title="Merge capsules",
+        description=(
+            "Three-way merge of capsules against their common base, git's rules; conflicts per file with both sides "
+            "and base. into new: a capsule; live: promoted as capsule_promote. A conflict writes nothing."
+        ),
+        input_schema={
+            "type": "object", "required": ["capsule_ids"], "additionalProperties": False,
+            "properties": {
+                "capsule_ids": {"type": "array", "minItems": 2, "maxItems": MAX_INPUTS, "items": CAPSULE_ID},
+                "into": {"enum": ["new", "live"]},
+                "dry_run": {"type": "boolean"},
+                "policies": {"type": "array", "items": {"type": "string"}, "maxItems": 16},  # PolicyStore checks names
+                "allow_hazards": {"type": "array", "items": {"enum": list(KINDS)}},
+            },
+        },
+        output_schema={
+            "type": "object", "additionalProperties": False,
+            "required": ["merged", "written"],
+            "properties": {
+                "capsule_ids": {"type": "array", "items": CAPSULE_ID}, "into": {"enum": ["new", "live"]},
+                "dry_run": {"type": "boolean"}, "base": {"type": "object"}, "merged": {"type": "boolean"},
+                "files": {"type": "array", "items": {"type": "object"}}, "counts": {"type": "object"},
+                "conflicts": {"type": "array", "items": _CONFLICT},
+                "pairs": {"type": "array", "items": {"type": "object", "required": ["capsules", "verdict"]}},
+                "written": {"type": "boolean"}, "capsule_id": CAPSULE_ID,
+                "promote": {"type": "object", "description": "into live: capsule_promote's result."},
+            },
+        },
+        handler=capsule_merge,
+        scope="promote",
+        destructive=True,
+    ),
+]

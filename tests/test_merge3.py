@@ -1,0 +1,200 @@
+"""The three-way merge of capsule_merge without a helper (issue 39): git's rules path by path
+(capsules/merge3.py), clean merges byte-identical to ``git merge``'s, conflicts with both
+sides and the base, and a merge of plain directories read as capsules' views
+(capsules/merge_plan.py) with the ops that would write it (capsules/merge_write.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mcp_server.capsules.merge import Question, report
+from mcp_server.capsules.merge3 import ABSENT, State, merge_file, merge_path
+from mcp_server.capsules.merge_plan import Side, pairs, read_plan
+from mcp_server.capsules.merge_write import ops_of
+from mcp_server.cli.merge import succeeded, text
+from mcp_server.tools.merge import TOOLS
+from sandbox.replies import Change
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git merges both-sided text")
+
+BASE = b"".join(b"line %d\n" % i for i in range(1, 31))
+
+
+def _edit(data: bytes, number: int, new: bytes) -> bytes:
+    lines = data.splitlines(keepends=True)
+    lines[number - 1] = new
+    return b"".join(lines)
+
+
+def _file(data: bytes, mode: int = 0o644) -> State:
+    return State("file", mode, data)
+
+
+def _git_merge(tmp_path: Path, base: bytes, ours: bytes, theirs: bytes) -> bytes:
+    """What ``git merge`` of two branches leaves in the file (it must merge cleanly)."""
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    repo = tmp_path / "repo"
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(repo), *args], env=env, check=True, capture_output=True)
+
+    repo.mkdir()
+    git("init", "-q", "-b", "main")
+    for branch, data in (("main", base), ("ours", ours), ("theirs", theirs)):
+        if branch != "main":
+            git("checkout", "-q", "-b", branch, "main")
+        (repo / "f.txt").write_bytes(data)
+        git("add", "f.txt")
+        git("commit", "-q", "--allow-empty", "-m", branch)
+    git("checkout", "-q", "ours")
+    git("merge", "-q", "--no-edit", "theirs")
+    return (repo / "f.txt").read_bytes()
+
+
+def test_non_overlapping_hunks_combine_as_git_merge_combines_them(tmp_path: Path) -> None:
+    ours = _edit(_edit(BASE, 3, b"ours three\n"), 20, b"ours twenty\n")
+    theirs = _edit(BASE, 10, b"theirs ten\n") + b"theirs appended\n"
+    out = merge_path("f.txt", _file(BASE), [("a", _file(ours)), ("b", _file(theirs))])
+    assert not out.conflict and out.how == "lines merged" and out.sides == ("a", "b")
+    assert out.state is not None and out.state.data == _git_merge(tmp_path, BASE, ours, theirs)
+    assert b"ours three" in out.state.data and b"theirs ten" in out.state.data and b"ours twenty" in out.state.data
+
+
+def test_overlapping_hunks_conflict_with_both_sides_and_the_base() -> None:
+    ours, theirs = _edit(BASE, 12, b"fixed twelve\n"), _edit(BASE, 12, b"broken twelve\n")
+    out = merge_path("f.txt", _file(BASE), [("fix", _file(ours)), ("other", _file(theirs))])
+    assert out.conflict and out.how == "conflict: overlapping lines changed on both sides"
+    assert out.sides == ("fix", "other")
+    [hunk] = out.hunks
+    assert (hunk.line, hunk.base, hunk.ours, hunk.theirs) == (12, "line 12\n", "fixed twelve\n", "broken twelve\n")
+
+
+def test_adjacent_changes_conflict_as_in_git() -> None:
+    merged, clean = merge_file(BASE, _edit(BASE, 5, b"five\n"), _edit(BASE, 6, b"six\n"))
+    assert not clean and b"<" * 41 in merged
+
+
+def test_same_change_on_both_sides_and_one_sided_changes() -> None:
+    ours = _edit(BASE, 1, b"one\n")
+    same = merge_path("f", _file(BASE), [("a", _file(ours)), ("b", _file(ours))])
+    assert same.how == "same change" and same.state == _file(ours)
+    one = merge_path("f", _file(BASE), [("a", _file(BASE)), ("b", _file(ours))])
+    assert one.how == "one side" and one.sides == ("b",) and one.state == _file(ours)
+    assert merge_path("f", _file(BASE), [("a", _file(BASE)), ("b", _file(BASE))]).how == "unchanged"
+
+
+def test_delete_against_edit_conflicts_and_delete_against_nothing_deletes() -> None:
+    edited = _file(_edit(BASE, 2, b"two\n"))
+    out = merge_path("f", _file(BASE), [("del", ABSENT), ("edit", edited)])
+    assert out.conflict and "deleted on one side, changed on the other (now a file)" in out.how
+    gone = merge_path("f", _file(BASE), [("del", ABSENT), ("keep", _file(BASE))])
+    assert gone.state == ABSENT and gone.how == "one side"
+
+
+def test_binary_files_changed_on_both_sides_never_merge() -> None:
+    base = b"\0" + BASE
+    out = merge_path("b.bin", _file(base), [("a", _file(base + b"x")), ("b", _file(b"y" + base))])
+    assert out.conflict and "binary" in out.how
+    one = merge_path("b.bin", _file(base), [("a", _file(base + b"x")), ("b", _file(base))])
+    assert one.state == _file(base + b"x")
+
+
+def test_modes_merge_three_way() -> None:
+    ours = _edit(BASE, 1, b"one\n")
+    out = merge_path("run.sh", _file(BASE), [("exec", _file(BASE, 0o755)), ("edit", _file(ours))])
+    assert out.state == _file(ours, 0o755) and not out.conflict
+    both = merge_path("run.sh", _file(BASE), [("a", _file(BASE, 0o755)), ("b", _file(BASE, 0o600))])
+    assert both.conflict and "mode changed on both sides (755 and 600)" in both.how
+
+
+def test_symlinks_merge_as_git_merges_them() -> None:
+    base = State("symlink", 0o777, target="a")
+    out = merge_path("l", base, [("x", State("symlink", 0o777, target="b")), ("y", State("symlink", 0o777, target="c"))])
+    assert out.conflict and "symlink changed on both sides ('b' and 'c')" in out.how
+    kind = merge_path("l", base, [("x", _file(b"now a file\n")), ("y", State("symlink", 0o777, target="c"))])
+    assert kind.conflict and "a file on one side, a symlink on the other" in kind.how
+    one = merge_path("l", base, [("x", State("symlink", 0o777, target="b")), ("y", base)])
+    assert one.state == State("symlink", 0o777, target="b")
+
+
+def test_add_add_merges_identical_and_conflicts_otherwise() -> None:
+    same = merge_path("new.py", ABSENT, [("a", _file(b"x = 1\n")), ("b", _file(b"x = 1\n"))])
+    assert same.state == _file(b"x = 1\n") and same.how == "same change"
+    out = merge_path("new.py", ABSENT, [("a", _file(b"x = 1\n")), ("b", _file(b"x = 2\n"))])
+    assert out.conflict and out.how == "conflict: overlapping lines added on both sides"
+    assert [(h.line, h.base, h.ours, h.theirs) for h in out.hunks] == [(0, "", "x = 1\n", "x = 2\n")]
+    modes = merge_path("new.py", ABSENT, [("a", _file(b"x\n", 0o755)), ("b", _file(b"x\n"))])
+    assert modes.conflict and "added on both sides with different modes" in modes.how
+
+
+def test_three_sides_fold_and_name_the_pair_that_clashes() -> None:
+    a, b = _edit(BASE, 2, b"a\n"), _edit(BASE, 15, b"b\n")
+    c = _edit(BASE, 15, b"c\n")
+    clean = merge_path("f", _file(BASE), [("A", _file(a)), ("B", _file(b)), ("same", _file(b))])
+    assert clean.state is not None and b"a\n" in clean.state.data and b"\nb\n" in clean.state.data
+    out = merge_path("f", _file(BASE), [("A", _file(a)), ("B", _file(b)), ("C", _file(c))])
+    assert out.conflict and out.sides == ("A+B", "C")
+
+
+def _tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+
+
+def _sides(base: Path, one: Path, two: Path, names: tuple[str, str] = ("one", "two")) -> list[Side]:
+    """Two edited copies of ``base``, as capsules' views with the helper's change lists."""
+    _tree(base, {"src/m.py": BASE, "src/gone.py": b"x\n", "docs/a.md": b"a\n"})
+    shutil.copytree(base, one, symlinks=True)
+    shutil.copytree(base, two, symlinks=True)
+    _tree(one, {"src/m.py": _edit(BASE, 1, b"one\n"), "added.txt": b"new\n"})
+    (one / "src" / "gone.py").unlink()
+    _tree(two, {"src/m.py": _edit(BASE, 29, b"two\n"), "docs/new.md": b"n\n"})
+    shutil.rmtree(one / "docs")
+    (one / "docs").symlink_to("/etc")  # the merge would write docs/new.md through it
+    return [Side(names[0], os.open(one, os.O_RDONLY | os.O_DIRECTORY),
+                  [Change("src/m.py", "modified", "file"), Change("added.txt", "added", "file"),
+                   Change("src/gone.py", "deleted", "file"), Change("docs", "type_changed", "symlink")]),
+             Side(names[1], os.open(two, os.O_RDONLY | os.O_DIRECTORY),
+                  [Change("src/m.py", "modified", "file"), Change("docs/new.md", "added", "file")])]
+
+
+def test_a_plan_over_directories_reads_merges_and_checks_parents(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    plan = read_plan(str(base), _sides(base, tmp_path / "one", tmp_path / "two"), None)
+    merged = plan.outcomes["src/m.py"].state
+    assert merged is not None and merged.data == _edit(_edit(BASE, 1, b"one\n"), 29, b"two\n")
+    assert plan.outcomes["src/gone.py"].state == ABSENT and plan.outcomes["added.txt"].how == "one side"
+    under = plan.outcomes["docs/new.md"]
+    assert under.conflict and "its directory docs is symlink -> /etc in the merge" in under.how
+    assert [c.path for c in plan.conflicts] == ["docs/new.md"]
+    assert plan.outcomes["docs/a.md"].state == ABSENT  # gone with its directory, changed by no one else
+    assert pairs(plan, ["one", "two"]) == [{"capsules": ["one", "two"], "verdict": "conflict", "shared": 1,
+                                            "conflicts": ["docs/new.md"]}]
+    del plan.outcomes["docs/new.md"]
+    assert [(op.action, op.path) for op in ops_of(plan)] == [
+        ("delete", "docs/a.md"), ("delete", "src/gone.py"), ("delete", "docs"), ("write", "added.txt"),
+        ("symlink", "docs"), ("write", "src/m.py")]
+
+
+def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Path) -> None:
+    import jsonschema
+
+    base = tmp_path / "base"
+    names = ("cap_one", "cap_two")
+    plan = read_plan(str(base), _sides(base, tmp_path / "one", tmp_path / "two", names), None)
+    result = {**report(Question(names, "live"), plan, None, str(base)), "written": False}
+    jsonschema.Draft202012Validator(TOOLS[0].output_schema).validate(result)
+    assert result["merged"] is False and result["base"] == {"directory": str(base)}
+    assert result["counts"] == {"one side": 4, "lines merged": 1}
+    printed = text(result)
+    assert "  src/m.py: lines merged (cap_one, cap_two)" in printed
+    assert "  CONFLICT docs/new.md: conflict: kept by cap_two while its directory docs is symlink -> /etc" in printed
+    assert "  pair cap_one + cap_two: conflict at docs/new.md (1 shared)" in printed
+    assert printed.endswith("refused: 1 conflict(s); nothing was made or written\n") and not succeeded(result)

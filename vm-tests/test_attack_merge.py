@@ -1,0 +1,149 @@
+"""capsule_merge as a way out of the capsules (issue 39): what a merge's inputs can make it do, as root.
+
+A merge takes several capsules' changes; none of them, nor their combination, may get
+onto the host what promotion would refuse of one capsule:
+
+- one capsule turns ``docs/`` into a symlink to a directory outside the workspace while
+  another adds ``docs/new.md``: merged as they are, the add would be written through the
+  link.  The merge refuses it as a conflict on ``docs/new.md``, nothing made or written;
+- a capsule that sets a setuid bit, or adds a ``.git`` hook, merged with an innocent one
+  into the live tree: the merge is clean, and its promotion is refused with the hazard
+  named, as capsule_promote refuses it, the tree untouched;
+- a capsule made to look like another's descendant (created over the workspace and
+  given the parent's edit by hand, or created over a copy of the parent's view as its
+  base) cannot make the merge use the parent as the base: the base is what the service
+  recorded, so the first is merged against the workspace (and conflicts where the
+  parent's own edit is), the second refused for having another base.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import CcwError
+
+GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "host",
+           "GIT_AUTHOR_EMAIL": "host@example.invalid", "GIT_COMMITTER_NAME": "host",
+           "GIT_COMMITTER_EMAIL": "host@example.invalid"}
+LINES = "".join(f"line {i}\n" for i in range(1, 21))
+
+
+def _git(ws: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(ws), *args], env={**os.environ, **GIT_ENV}, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def _workspace(require: Any, tmp_path: Path) -> Path:
+    require(shutil.which("git") is not None, "needs git")
+    ws = tmp_path / "ws"
+    (ws / "docs").mkdir(parents=True)
+    (ws / "docs" / "a.md").write_text("a\n")
+    (ws / "m.txt").write_text(LINES)
+    (ws / "tool.sh").write_text("#!/bin/sh\necho tool\n")
+    _git(ws, "init", "-q", "-b", "main")
+    _git(ws, "add", "-A")
+    _git(ws, "commit", "-q", "-m", "base")
+    return ws
+
+
+def _sh(script: str) -> list[str]:
+    return ["sh", "-c", script]
+
+
+async def _forks(t: Any, ws: Path, first: str, second: str) -> tuple[str, str]:
+    parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    one, two = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+    for capsule_id, script in ((one, first), (two, second)):
+        done = await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": _sh(script)})
+        assert done["exit_code"] == 0, done["stderr"]
+    return one, two
+
+
+def test_a_merge_never_writes_through_a_symlink_another_input_made(tools: Any, require: Any, tmp_path: Path) -> None:
+    ws = _workspace(require, tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        one, two = await _forks(t, ws, f"rm -r docs && ln -s {outside} docs", "echo planted > docs/new.md")
+        return {"ids": (one, two), "live": await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "live"}),
+                "new": await t.call("capsule_merge", {"capsule_ids": [one, two]})}
+
+    out = tools.run(scenario)
+    one, two = out["ids"]
+    for merged in (out["live"], out["new"]):
+        assert merged["merged"] is False and merged["written"] is False and "capsule_id" not in merged
+        [clash] = merged["conflicts"]
+        assert clash["path"] == "docs/new.md" and f"its directory docs is symlink -> {outside}" in clash["how"], clash
+        assert clash["capsules"] == [one, two]
+    assert list(outside.iterdir()) == [] and (ws / "docs").is_dir() and not (ws / "docs").is_symlink()
+    assert _git(ws, "status", "--porcelain") == ""
+
+
+def test_a_setuid_bit_or_a_git_hook_in_a_merge_is_refused_as_promotion_refuses_it(
+        tools: Any, require: Any, tmp_path: Path) -> None:
+    ws = _workspace(require, tmp_path)
+    hook = ws / ".git" / "hooks" / "post-checkout"
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        edit = "sed -i 's/^line 3$/line three/' m.txt"
+        setuid = await _forks(t, ws, "chmod 4755 tool.sh", edit)
+        hooked = await _forks(t, ws, f"printf '#!/bin/sh\\ntouch {tmp_path}/ran\\n' > .git/hooks/post-checkout && "
+                              "chmod +x .git/hooks/post-checkout", edit)
+        return {name: await t.call("capsule_merge", {"capsule_ids": list(ids), "into": "live"})
+                for name, ids in (("setuid", setuid), ("hook", hooked))}
+
+    out = tools.run(scenario)
+    for name, kind, path in (("setuid", "setuid", "tool.sh"), ("hook", "git_control", ".git/hooks/post-checkout")):
+        merged = out[name]
+        assert merged["merged"] is True and merged["written"] is False, merged
+        report = merged["promote"]["policy_report"]
+        assert merged["promote"]["promoted"] is False and report["hazards_ok"] is False, report
+        assert [(h["kind"], h["path"], h["allowed"]) for h in report["hazards"]] == [(kind, path, False)], report
+    assert _git(ws, "status", "--porcelain") == "" and not hook.exists()
+    assert not stat.S_IMODE(os.stat(ws / "tool.sh").st_mode) & stat.S_ISUID
+
+
+def test_a_capsule_made_to_look_like_a_descendant_merges_against_its_real_base(
+        tools: Any, require: Any, tmp_path: Path) -> None:
+    ws = _workspace(require, tmp_path)
+    copy = tmp_path / "parent-view"
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": parent, "cmd": _sh("sed -i 's/^line 5$/line five/' m.txt")})
+        shutil.copytree(ws, copy, symlinks=True)
+        (copy / "m.txt").write_text(LINES.replace("line 5\n", "line five\n"))
+        [fork] = (await t.call("capsule_fork", {"capsule_id": parent, "count": 1}))["capsule_ids"]
+        await t.call("capsule_exec", {"capsule_id": fork, "cmd": _sh("sed -i 's/^line 15$/line fifteen/' m.txt")})
+        # Made over the workspace, given the parent's edit by hand, then its own over it.
+        lookalike = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": lookalike, "cmd": _sh("sed -i 's/^line 5$/line FIVE!/' m.txt")})
+        # Made over a copy of the parent's view as its base.
+        over_copy = (await t.call("capsule_create", {"workspace": str(ws), "base": str(copy)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": over_copy, "cmd": _sh("sed -i 's/^line 1$/line one/' m.txt")})
+        merged = await t.call("capsule_merge", {"capsule_ids": [fork, lookalike], "dry_run": True})
+        refused: CcwError | None = None
+        try:
+            await t.call("capsule_merge", {"capsule_ids": [fork, over_copy], "dry_run": True})
+        except CcwError as exc:
+            refused = exc
+        return {"merged": merged, "refused": refused, "ids": (fork, lookalike, over_copy)}
+
+    out = tools.run(scenario)
+    fork, lookalike, over_copy = out["ids"]
+    merged = out["merged"]
+    assert merged["base"] == {"directory": str(ws)}, merged["base"]
+    [clash] = merged["conflicts"]
+    [hunk] = clash["hunks"]
+    assert (clash["path"], hunk["line"], hunk["base"], hunk["ours"], hunk["theirs"]) == (
+        "m.txt", 5, "line 5\n", "line five\n", "line FIVE!\n"), clash
+    assert clash["capsules"] == [fork, lookalike]
+    refused = out["refused"]
+    assert refused is not None and refused.code == "INVALID_ARGUMENT", refused
+    assert f"{over_copy} was not made over the same base and workspace as {fork}" in refused.message
