@@ -54,6 +54,8 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``deltamin.trial``  size (changes applied), outcome (fail, pass, unresolved), fresh (a
   confirmation run, never cached);  ``deltamin.done``  minimal (the hunks of the minimal
   patch), files (the files it changes), replay_ok, trials, cache_hits, elapsed_ms, one_minimal.
+- ``race``  race_id, state (running, finished, failed, cancelled), and while running
+  ended and total (capsules whose row is in): a race's record changed (capsules/races.py).
 
 The table is bounded: the oldest rows beyond ``KEEP_EVENTS`` go when an ``EventLog`` opens it.
 """
@@ -76,7 +78,7 @@ from mcp_server.state import State
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
          "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
          "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port", "net.rules",
-         "net.ask", "net.answer")
+         "net.ask", "net.answer", "race")
 KEEP_EVENTS = 200_000
 MAX_PATHS = 200
 MAX_DIRS = 10

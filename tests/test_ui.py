@@ -186,7 +186,8 @@ def test_the_page_renders_text_only_and_runs_no_inline_script() -> None:
                  "setAttribute(\"on", "DOMParser", "createContextualFragment"):
         assert sink not in script, sink
     page = (static / "index.html").read_text()
-    assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/app.js" defer>']
+    assert re.findall(r"<script[^>]*>", page) == ['<script src="/static/app.js" defer>',
+                                                  '<script src="/static/races.js" defer>']
     assert not re.search(r"\son\w+=|style=|https?://", page)
 
 
@@ -346,7 +347,7 @@ def test_the_pages_files_are_package_data_of_the_wheel() -> None:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["mcp_server"]
     static = ROOT / "mcp_server" / "ui" / "static"
     assert "ui/static/*" in data and all(path.is_file() for path in static.iterdir())  # the glob is one level
-    assert {path.name for path in static.iterdir()} == {"index.html", "app.js", "style.css"}
+    assert {path.name for path in static.iterdir()} == {"index.html", "app.js", "races.js", "style.css"}
 
 
 RECORDER = "import json, sys\nopen(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))\n"

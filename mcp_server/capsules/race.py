@@ -18,11 +18,15 @@ measured (its diff against its base) and judged by promotion's dry run
   row with its ``error``, ranked last: one bad capsule does not lose the others' results.
 - **The order** is ``ORDER``: the command passed (exit 0, in time), then the policy
   passed, then the smallest change (lines, then files), then the fastest; ties by id.
+- **Kept.**  Each race is recorded in the state dir as it goes (capsules/races.py: its
+  rows as they end, then its table), so ``ccw ui`` shows it live, after its run is
+  forgotten and after the front end restarts.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules import races
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.promote import Request, promote
@@ -123,14 +128,46 @@ async def _one(service: CapsuleService, quiet: CapsuleService, question: Questio
     return {**row, **await _verdict(service, capsule_id, question.policy)}
 
 
-async def race(service: CapsuleService, question: Question, values: Any = None) -> dict[str, Any]:
+async def race(service: CapsuleService, question: Question, values: Any = None, race_id: str | None = None,
+               owner: str | None = None) -> dict[str, Any]:
     """Run the question's command in each capsule (``values``: the whitelisted variables' values,
-    as capsule_exec takes them), measure and judge each; the ranked table."""
+    as capsule_exec takes them), measure and judge each; the ranked table.  The race is kept
+    (capsules/races.py) as ``race_id`` (its run's id; None: a new one), ``owner``'s."""
     check(question)
     PolicyStore(service.state).get(question.policy)  # an unknown policy fails the call before anything runs
     for capsule_id in question.capsule_ids:  # and so does an unknown capsule
         service.live_record(capsule_id)
-    parallel = max(1, min(os.cpu_count() or 1, len(question.capsule_ids)))
+    race_id = race_id or f"race_{secrets.token_hex(6)}"
+    races.begin(service.state, race_id, owner, {"capsule_ids": list(question.capsule_ids),
+                                                "cmd": list(question.argv), "policy": question.policy,
+                                                "timeout_ms": question.timeout_ms})
+    try:
+        result = await _race(service, question, values, race_id)
+    except BaseException as exc:
+        races.end(service.state, race_id, None, _failure(exc))
+        raise
+    races.end(service.state, race_id, result)
+    return result
+
+
+def _failure(exc: BaseException) -> dict[str, str] | None:
+    """What ended a race without a table, as its record says it: None when it was cancelled
+    (capsule_run's cancel, the server's end), else the error's code and message."""
+    while isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        if rest is None:
+            return None
+        exc = rest.exceptions[0]
+    if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
+        return None
+    if isinstance(exc, CcwError):
+        return {"code": exc.code, "message": exc.message}
+    return {"code": "INTERNAL", "message": repr(exc)}
+
+
+async def _race(service: CapsuleService, question: Question, values: Any, race_id: str) -> dict[str, Any]:
+    total = len(question.capsule_ids)
+    parallel = max(1, min(os.cpu_count() or 1, total))
     limiter = trio.CapacityLimiter(parallel)
     quiet = CapsuleService(service.state, service.helper, _Quiet(service), service.networks, service.services)
     rows: list[dict[str, Any]] = []
@@ -139,9 +176,9 @@ async def race(service: CapsuleService, question: Question, values: Any = None) 
     async def one(capsule_id: str) -> None:
         row = await _one(service, quiet, question, capsule_id, limiter, values)
         rows.append(row)
+        races.progress(service.state, race_id, ranked(rows), total)
         outcome = row["error"]["code"] if "error" in row else f"exit {row['exit_code']}, {row['verdict']}"
-        await service.progress(float(len(rows)), float(len(question.capsule_ids)),
-                               f"{len(rows)}/{len(question.capsule_ids)} ended: {capsule_id} ({outcome})")
+        await service.progress(float(len(rows)), float(total), f"{len(rows)}/{total} ended: {capsule_id} ({outcome})")
 
     async with trio.open_nursery() as nursery:
         for capsule_id in question.capsule_ids:

@@ -24,7 +24,8 @@ async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
 
     async def body(run: Run) -> dict[str, Any]:
-        return await race(ctx.for_run(run).capsules, question, values)
+        # Kept as the run's id (none when the caller waits whole: race makes one), the run's owner's.
+        return await race(ctx.for_run(run).capsules, question, values, run.run_id or None, run.owner)
 
     return await ctx.runs.call("capsule_race", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
 

@@ -26,7 +26,7 @@ from sandbox.errors import CcwError
 EVENTS_LIMIT = 500  # the live stream's batch (``after``)
 # Pages: (default, most) items per request.  A state dir may hold hundreds of capsules and
 # a capsule thousands of runs and events; the page asks for one page, then older ones.
-PAGES = {"capsules": (50, 200), "runs": (100, 500), "events": (200, 1000)}
+PAGES = {"capsules": (50, 200), "runs": (100, 500), "events": (200, 1000), "races": (20, 100)}
 # A run's file lists beyond this are counted, not sent (``ccw capsule show --all`` lists them).
 DETAIL_PATHS = 2000
 

@@ -25,7 +25,8 @@ Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``, ``GET
 /api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
 capsule ``after``), ``GET /api/questions`` (the connections waiting for a person's answer:
 capsules/asks.py) and ``POST /api/questions/ID`` (body: ``answer``: once, capsule or
-denied, and ``reason``; answered as ``ccw ui``), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
+denied, and ``reason``; answered as ``ccw ui``), ``GET /api/races?limit=&before=`` (the newest
+races, with their best rows: ui/races.py) and ``GET /api/races/ID`` (one race's ranked table), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
 below ``before``), ``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the
 ``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when
 events after ``after`` exist or ``wait`` ms passed, at most ``MAX_WAIT_MS``), ``GET
@@ -58,14 +59,14 @@ from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
 from mcp_server.transports.http import _lifespan, _read_body
-from mcp_server.ui import api
+from mcp_server.ui import api, races
 from sandbox.errors import CcwError
 
 TOKEN_HEADER = "x-ccw-token"
 MAX_BODY = 64 * 1024
 MAX_WAIT_MS = 25_000
 ASSETS = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
-          "style.css": "text/css; charset=utf-8"}
+          "races.js": "text/javascript; charset=utf-8", "style.css": "text/css; charset=utf-8"}
 SECURITY_HEADERS = [
     (b"content-security-policy",
      b"default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'"),
@@ -164,6 +165,10 @@ class Dashboard:
             return await read(api.questions, self.state)
         if method == "POST" and len(parts) == 2 and parts[0] == "questions" and parts[1].isdigit():
             return await read(api.answer_question, self.state, int(parts[1]), body)
+        if method == "GET" and parts == ["races"]:
+            return await read(races.listed, self.state, _number(query, "limit"), _number(query, "before"))
+        if method == "GET" and len(parts) == 2 and parts[0] == "races" and parts[1]:
+            return await read(races.one, self.state, parts[1])
         if len(parts) < 3 or parts[0] != "capsules" or not parts[1]:
             raise Reply(404, "no such API")
         capsule_id, rest = parts[1], parts[2:]

@@ -324,6 +324,7 @@
           drawn = apply(event) || drawn;
         }
         if (drawn) renderEvents();
+        if (data.events.length) document.dispatchEvent(new CustomEvent("ccw:events", { detail: data.events }));  // races.js
         if (questionsChanged) await loadQuestions();
         if (capsulesChanged) await loadCapsules();
       } catch (error) {
@@ -488,6 +489,9 @@
     }
     pre.replaceChildren(...lines);
   }
+
+  // What races.js (loaded after this file) uses of this one.
+  window.ccwPage = Object.freeze({ api, el, row, duration, shellJoin, select, setStatus });
 
   document.addEventListener("DOMContentLoaded", () => {
     $("promote").addEventListener("click", () => promote(false));
