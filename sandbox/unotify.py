@@ -128,6 +128,7 @@ class Record:
         self.sock: socket.socket | None = None
         self.listener: int | None = None
         self.hung = False  # its listener polled POLLHUP: no process of the run is left
+        self.synced = False  # SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP asked for (at its first notification)
 
     def socket_for_jail(self) -> int:
         """The jail's end of a new socket the init sends the listener on (the caller closes
@@ -210,6 +211,13 @@ def begin(upper_dir: str, visible_at: str) -> Record:
     return record
 
 
+def _pending(fd: int) -> int:
+    """The poll(2) events ``fd`` has now (POLLIN: a notification waits; POLLHUP: no process is left)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return sum(event for _, event in poller.poll(0))
+
+
 class _Iovec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
@@ -271,89 +279,102 @@ def _names() -> dict[int, tuple[tuple[int | None, int], ...]]:
 
 
 class _Reader:
-    """The helper's one thread that takes the listeners and answers every notification."""
+    """The helper's one thread that takes the listeners and answers every notification.
+
+    Its epoll set holds each run's socket until the listener comes over it, then the
+    listener, each armed for one event at a time (EPOLLONESHOT): a run that renames
+    nothing wakes the thread twice (its listener comes; its last process exits), and
+    adding or removing a run is an epoll_ctl from the caller's thread, not a wake-up.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._records: list[Record] = []
-        self._wake_r = self._wake_w = -1
-        self._thread: threading.Thread | None = None
+        self._armed: dict[int, Record] = {}  # a descriptor in the epoll set: its record
+        self._epoll: select.epoll | None = None  # made with the thread, at the first run
         self._buffer = ctypes.create_string_buffer(_PAGE)
         self._calls = _names()
 
     def add(self, record: Record) -> None:
+        assert record.sock is not None
         with self._lock:
-            self._records.append(record)
-            if self._thread is None:
-                self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-                self._thread = threading.Thread(target=self._run, name="ccw-unotify", daemon=True)
-                self._thread.start()
-        self._wake()
+            if self._epoll is None:
+                self._epoll = select.epoll()
+                threading.Thread(target=self._run, args=(self._epoll,), name="ccw-unotify", daemon=True).start()
+            self._arm(record.sock.fileno(), record, new=True)
 
     def remove(self, record: Record) -> None:
         """Take the listener if it is still in flight, answer what is pending, close both ends."""
         with self._lock:
-            with contextlib.suppress(ValueError):
-                self._records.remove(record)
+            for fd in (record.listener, record.sock.fileno() if record.sock is not None else None):
+                if fd is not None and self._armed.get(fd) is record:
+                    del self._armed[fd]
+                    with contextlib.suppress(OSError, ValueError):
+                        self._epoll.unregister(fd)  # type: ignore[union-attr]
             self._take(record)
             if record.listener is not None:
-                self._answer_all(record)
+                if not record.hung:
+                    self._answer_all(record)
                 os.close(record.listener)
                 record.listener = None
             if record.sock is not None:
                 record.sock.close()
                 record.sock = None
-        self._wake()
 
-    def _wake(self) -> None:
-        if self._wake_w >= 0:
-            with contextlib.suppress(BlockingIOError):
-                os.write(self._wake_w, b"x")
+    def _arm(self, fd: int, record: Record, new: bool = False) -> None:
+        """Watch ``fd`` for its next event (the lock held)."""
+        assert self._epoll is not None
+        self._armed[fd] = record
+        (self._epoll.register if new else self._epoll.modify)(fd, select.EPOLLIN | select.EPOLLONESHOT)
 
-    def _run(self) -> None:
+    def _run(self, epoll: select.epoll) -> None:
         while True:
             try:
-                self._once()
+                events = epoll.poll()
+                with self._lock:  # remove() closes under it: an event of a closed descriptor finds no record
+                    for fd, _mask in events:
+                        record = self._armed.get(fd)
+                        if record is not None:
+                            self._event(fd, record)
             except Exception:  # the reader must outlive any one run's trouble: a blocked process waits on it
                 log.exception("the seccomp notification reader failed; going on")
                 select.select([], [], [], 0.02)  # a fault that repeats must not spin
 
-    def _once(self) -> None:
-        poller = select.poll()
-        poller.register(self._wake_r, select.POLLIN)
-        with self._lock:
-            for record in self._records:
-                fd = record.listener if record.listener is not None else record.sock.fileno() if record.sock else -1
-                if fd >= 0 and not record.hung:
-                    poller.register(fd, select.POLLIN)
-        ready = dict(poller.poll())
-        with contextlib.suppress(BlockingIOError):
-            os.read(self._wake_r, 4096)
-        with self._lock:  # remove() closes under it: no descriptor here is stale
-            for record in list(self._records):
-                if record.listener is not None and record.listener in ready:
-                    if ready[record.listener] & select.POLLIN:
-                        self._answer_all(record, _BATCH)
-                    else:  # POLLHUP: every process of the run has exited; remove() closes it
-                        record.hung = True
-                elif record.listener is None and record.sock is not None and record.sock.fileno() in ready:
-                    self._take(record)
-                    if record.listener is None and record.sock is None:
-                        self._records.remove(record)  # the socket ended with nothing: no filter
+    def _event(self, fd: int, record: Record) -> None:
+        """One event of ``record``'s socket or listener (the lock held).  The descriptor's state
+        is read again here, not taken from the event: a number closed and reused since the
+        event was returned must not be judged by its predecessor's."""
+        if fd != record.listener:
+            self._take(record)
+            del self._armed[fd]  # the socket is closed, or watched again below
+            if record.listener is not None:
+                self._arm(record.listener, record, new=True)
+            elif record.sock is not None:
+                self._arm(fd, record)
+            return
+        state = _pending(fd)
+        if state & select.POLLIN:
+            if not record.synced:  # set at the first notification: a run with none never pays for it
+                record.synced = True
+                with contextlib.suppress(OSError):  # before 6.6: EINVAL, and the ordinary wake-up
+                    fcntl.ioctl(fd, NOTIF_SET_FLAGS, USER_NOTIF_FD_SYNC_WAKE_UP)
+            self._answer_all(record, _BATCH)
+            self._arm(fd, record)
+        elif state & select.POLLHUP:  # every process of the run has exited; remove() closes it
+            record.hung = True
+        else:
+            self._arm(fd, record)
 
     def _take(self, record: Record) -> None:
         """Receive the listener from the socket, if it has come (nonblocking)."""
         if record.listener is not None or record.sock is None:
             return
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(record.sock, 1, 1, socket.MSG_DONTWAIT)
+            _msg, fds, _flags, _addr = socket.recv_fds(record.sock, 1, 1, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
         if fds:
             record.listener = fds[0]
             record.unavailable = None
-            with contextlib.suppress(OSError):  # before 6.6: EINVAL, and the ordinary wake-up
-                fcntl.ioctl(record.listener, NOTIF_SET_FLAGS, USER_NOTIF_FD_SYNC_WAKE_UP)
             for extra in fds[1:]:
                 os.close(extra)
         else:  # the init closed the socket sending nothing: the kernel refused the filter
