@@ -11,6 +11,7 @@
     ccw net pending / approve ID [--always] / deny ID --reason TEXT
                                     connections waiting for a person's answer (net.py)
     ccw witness keys|trust|untrust  whose witnesses replay here without --allow-untrusted (witness.py)
+    ccw secret set|list|rm          credentials capsules use without seeing them, bound to hosts (secret.py)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
 Every command takes ``--json`` (the whole structured result on stdout) and the global
@@ -108,9 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _own_commands() -> list[Any]:
     """The top-level commands whose parsers and runs live in their own modules."""
-    from mcp_server.cli import net, tokens, ui, watch, witness
+    from mcp_server.cli import net, secret, tokens, ui, watch, witness
 
-    return [watch, ui, tokens, net, witness]
+    return [watch, ui, tokens, net, witness, secret]
 
 
 def serve_env(args: argparse.Namespace) -> dict[str, str]:
