@@ -33,6 +33,8 @@
   task measured 1.040x, 1.049x, 1.042x (allowed) in three such runs; by shutting its
   sockets down (egress/session.py, kept) 0.975x, 1.010x, 1.001x, and 0.991x, 1.008x,
   1.004x denied.  Target: at most 1.05x.
+- what the TLS CA of issue 38 costs: making it, issuing a leaf, loading a leaf's server
+  context, each beside one TLS handshake in the same rounds (bench/parts/tlsca.py).
 Rounds are interleaved in a new order each time (bench.common.interleaved's reason).
 Needs root (the helper runs privileged; the server namespace is the test's own).
 """
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Call, Report, Row, in_process_tools, interleaved_async, median_ms
+from bench.parts import tlsca
 from tests.support import netfixtures as nf
 
 DOWNLOAD_MIB = 100
@@ -173,6 +176,8 @@ def run(quick: bool = False) -> Report:
     report.add(_download_row(f"HTTP download {size >> 20} MiB via proxy, server link shaped to "
                              "1 Gbit/s (s/GiB)", figures, "shaped"))
     for row in decision_rows(quick):
+        report.add(row)
+    for row in tlsca.measure(50 if quick else 200):
         report.add(row)
     report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
     report.notes.append(f"the shaped rows: tc tbf {' '.join(SHAPE)} on the server's veth end; a registry download "
