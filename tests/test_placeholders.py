@@ -105,6 +105,20 @@ def test_a_host_header_naming_another_host_refuses_the_swap() -> None:
         assert out.head is None and "Host header" in out.attempts[0].where
 
 
+@pytest.mark.parametrize("target", ["http://evil.example/user", "https://evil.example:443/user",
+                                    "http://api.github.example@evil.example/user"])
+def test_an_absolute_target_naming_another_host_refuses_the_swap(target: str) -> None:
+    # A server prefers the target's authority to Host (RFC 9112 3.2.2): it must name the bound host too.
+    capsule = _capsule()
+    ph = capsule.env()["GH_TOKEN"]
+    out = rewrite_request(_head(f"GET {target} HTTP/1.1", "Host: api.github.example", f"Authorization: Bearer {ph}"),
+                          "api.github.example", 443, capsule, VALUES.__getitem__)
+    assert out.head is None and "Host header" in out.attempts[0].where
+    same = rewrite_request(_head("GET https://api.github.example/user HTTP/1.1", "Host: api.github.example",
+                                 f"Authorization: Bearer {ph}"), "api.github.example", 443, capsule, VALUES.__getitem__)
+    assert same.used == ("GH_TOKEN",)
+
+
 @pytest.mark.parametrize("where", ["header", "other-secret-header", "body", "path", "cookie-template"])
 def test_a_placeholder_anywhere_else_is_an_attempt(where: str) -> None:
     capsule = _capsule()

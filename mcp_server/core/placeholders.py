@@ -153,7 +153,7 @@ class _Judge:
         elif not binding.binds(self.host, self.port):
             self.attempts.append(Exfiltration(name, f"{where}, to {self.host}:{self.port}, a host it is not bound to"))
         elif not self.host_ok:
-            self.attempts.append(Exfiltration(name, f"{where}, with a Host header naming another host"))
+            self.attempts.append(Exfiltration(name, f"{where}, with a Host header or target naming another host"))
         else:
             self.used.append(name)
             return name
@@ -180,11 +180,23 @@ def _split_head(data: bytes) -> tuple[list[bytes], bytes] | str:
 
 
 def _host_matches(lines: list[bytes], host: str, port: int) -> bool:
-    """True if the head's one Host header names ``host`` (and ``port``, or a web port when it names none)."""
+    """True if the request names ``host:port`` wherever it names a host: its one Host header and, in
+    absolute form, its target (which a server must prefer to Host, RFC 9112 3.2.2)."""
     values = [line.split(b":", 1)[1].strip() for line in lines[1:] if line.split(b":", 1)[0].lower() == b"host"]
-    if len(values) != 1:
+    target = lines[0].split(b" ")[1]
+    if len(values) != 1 or not _names(values[0], host, port):
         return False
-    text = values[0].decode("ascii", "replace")
+    if target.startswith(b"/") or target == b"*":
+        return True
+    parsed = urllib.parse.urlsplit(target.decode("ascii", "replace"))
+    return parsed.scheme in ("http", "https") and _names(parsed.netloc.encode(), host, port)
+
+
+def _names(authority: bytes, host: str, port: int) -> bool:
+    """True if ``authority`` (``host[:port]``) is ``host`` and ``port``, or a web port when it names none."""
+    if b"@" in authority:
+        return False  # userinfo in an authority: another way to write a host, never needed here
+    text = authority.decode("ascii", "replace")
     named, sep, port_text = text.rpartition(":") if not text.endswith("]") else (text, "", "")
     if not sep or not port_text.isdigit():
         named, port_text = text, ""
@@ -218,7 +230,7 @@ def _checked(name: str, value: bytes, binding: Binding) -> bytes:
 def _request_line(judge: _Judge, line: bytes, values: Callable[[str], bytes]) -> bytes:
     method, target, version = line.split(b" ")
     path, question, query = target.partition(b"?")
-    judge.scan(method + b" " + path, "the request path")
+    judge.scan(b" ".join((method, path, version)), "the request path")
     if not question or PREFIX.encode() not in query:
         return line
     params = []
