@@ -72,6 +72,7 @@ def test_a_bearer_header_to_its_host_gets_the_value() -> None:
     assert b"authorization: Bearer " + TOKEN + b"\r\n" in out.head  # the header name's case does not matter
     assert ph.encode() not in out.head and asked == ["GH_TOKEN"]
     assert out.head.endswith(b"Accept: */*\r\n\r\n")
+    assert TOKEN.decode() not in repr(out) + str(out)  # a log line of the answer would not show the value
 
 
 def test_a_named_header_on_its_port_only() -> None:

@@ -170,6 +170,7 @@ def test_leaves_are_short_lived_and_cached_until_near_their_end(authority: Autho
     later = cache.get("git.test", first.not_after - LEAF_RENEW)
     assert later is not first and later.not_after > first.not_after
     assert first.not_after - NOW == dt.timedelta(days=1)
+    assert b"PRIVATE" in first.key_pem and "PRIVATE" not in repr(first)
 
 
 def test_the_bundle_is_the_system_one_then_the_ca_and_every_variable_names_it(authority: Authority) -> None:

@@ -43,7 +43,7 @@ import secrets
 import string
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mcp_server.core.netrules import normalize_host
 from mcp_server.core.secretbind import AUTHORIZATION, Binding
@@ -122,7 +122,7 @@ class Exfiltration:
 class Rewritten:
     """``rewrite_request``'s answer: the head to send (None: refused), what was put in, and why not."""
 
-    head: bytes | None
+    head: bytes | None = field(repr=False)  # it holds the values put in
     used: tuple[str, ...] = ()
     attempts: tuple[Exfiltration, ...] = ()
     problem: str | None = None  # a head that cannot be judged (bare CR, folded header, no end)

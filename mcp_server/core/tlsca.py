@@ -43,7 +43,7 @@ import datetime as dt
 import hashlib
 import ipaddress
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -92,7 +92,7 @@ class Leaf:
 
     host: str
     cert_pem: bytes
-    key_pem: bytes
+    key_pem: bytes = field(repr=False)
     not_after: dt.datetime
 
 
