@@ -21,6 +21,7 @@ from mcp_server.core.tlsca import LEAF_RENEW, Authority, Leaf, LeafCache, make_a
 from mcp_server.fs.castore import (
     ALPN,
     BUNDLE_ENV,
+    ServerContexts,
     bundle,
     bundle_env,
     server_context,
@@ -171,6 +172,12 @@ def test_leaves_are_short_lived_and_cached_until_near_their_end(authority: Autho
     assert later is not first and later.not_after > first.not_after
     assert first.not_after - NOW == dt.timedelta(days=1)
     assert b"PRIVATE" in first.key_pem and "PRIVATE" not in repr(first)
+    contexts = ServerContexts(authority)
+    context = contexts.get("git.test", NOW)
+    assert contexts.get("git.test", NOW + dt.timedelta(hours=2)) is context
+    assert contexts.get("git.test", NOW + dt.timedelta(days=1)) is not context
+    with pytest.raises(CcwError):
+        contexts.get("evil.test", NOW)
 
 
 def test_the_bundle_is_the_system_one_then_the_ca_and_every_variable_names_it(authority: Authority) -> None:

@@ -15,7 +15,8 @@
 - **A leaf's TLS context** is loaded through a memfd: ``ssl`` loads a certificate
   and key only from a path, and a leaf's key must not touch the disk.  ALPN offers
   ``http/1.1`` only, so a jail speaking HTTP/2 to a terminated host finds out in the
-  handshake.
+  handshake.  Loading one costs about as much as a handshake (OpenSSL 3's PEM decoders:
+  bench/parts/tlsca.py), so ``ServerContexts`` keeps one per host for as long as its leaf.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import ssl
 from collections.abc import Iterable
 from pathlib import Path
 
-from mcp_server.core.tlsca import Authority, Leaf, make_authority
+from mcp_server.core.tlsca import Authority, Leaf, LeafCache, make_authority
 from mcp_server.fs.privatefile import locked, read_private, replace_private, state_dir_fd
 from sandbox.errors import CcwError, wrap_oserror
 
@@ -96,3 +97,19 @@ def server_context(leaf: Leaf) -> ssl.SSLContext:
     finally:
         os.close(fd)
     return context
+
+
+class ServerContexts:
+    """A TLS server context per bound host, in memory, made again only when its leaf is (``LeafCache``)."""
+
+    def __init__(self, authority: Authority) -> None:
+        self.leaves = LeafCache(authority)
+        self._held: dict[str, tuple[Leaf, ssl.SSLContext]] = {}
+
+    def get(self, host: str, now: dt.datetime | None = None) -> ssl.SSLContext:
+        """The context presenting ``host``'s current leaf; CONFLICT if the CA was not made for ``host``."""
+        leaf = self.leaves.get(host, now or dt.datetime.now(dt.UTC))
+        held = self._held.get(host)
+        if held is None or held[0] is not leaf:
+            held = self._held[host] = (leaf, server_context(leaf))
+        return held[1]
