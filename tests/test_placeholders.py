@@ -206,6 +206,9 @@ def test_a_query_parameter_is_put_in_escaped_and_only_under_its_name() -> None:
     other = rewrite_request(_head(f"GET /simple/?token={ph} HTTP/1.1", "Host: pypi.example"),
                             "pypi.example", 443, capsule, VALUES.__getitem__)
     assert other.head is None and other.attempts[0].where == "query parameter token"
+    shown = rewrite_request(_head(f"GET /?\x1b[31mkey={ph} HTTP/1.1", "Host: pypi.example"),
+                            "pypi.example", 443, capsule, VALUES.__getitem__)
+    assert shown.attempts[0].where == "query parameter ?[31mkey"  # no escape reaches a person's terminal
 
 
 def test_an_unknown_prefixed_run_is_reported_without_a_name() -> None:

@@ -211,6 +211,11 @@ def _template_fits(binding: Binding, header: bytes, value: bytes) -> bool:
             and FOUND.sub(b"{}", value) == binding.format.encode())
 
 
+def _shown(name: bytes) -> str:
+    """A header's or parameter's name as an attempt's ``where`` shows it: printable ASCII, at most 64 characters."""
+    return "".join(chr(c) if 0x21 <= c <= 0x7E else "?" for c in name[:64])
+
+
 def _names_param(key: bytes, binding: Binding) -> bool:
     return binding.query_param == key.decode("ascii", "replace")
 
@@ -236,7 +241,7 @@ def _request_line(judge: _Judge, line: bytes, values: Callable[[str], bytes]) ->
     params = []
     for piece in query.split(b"&"):
         key, equals, value = piece.partition(b"=")
-        where = f"query parameter {key[:64].decode('ascii', 'replace')}"
+        where = f"query parameter {_shown(key)}"
         judge.scan(key, where)
         name = judge.take(value, where, functools.partial(_names_param, key)) \
             if equals and PREFIX.encode() in value else None
@@ -267,7 +272,7 @@ def _basic(judge: _Judge, value: bytes, values: Callable[[str], bytes]) -> bytes
 def _header(judge: _Judge, line: bytes, values: Callable[[str], bytes]) -> bytes:
     raw_name, _, raw_value = line.partition(b":")
     name, value = raw_name.lower(), raw_value.strip(b" \t")
-    where = f"header {raw_name[:64].decode('ascii', 'replace')}"
+    where = f"header {_shown(raw_name)}"
     if name == AUTHORIZATION.encode() and value[:6].lower() == b"basic ":
         replaced = _basic(judge, value, values)
         if replaced is not None:
