@@ -29,7 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHER = os.path.join("sandbox", "ccw-jail")
 LAUNCHER_SOURCES = [os.path.join("sandbox", "jail", name) for name in ("ccw_jail.c", "plan.c", "steps.c")]
 FORWARDER = os.path.join("mcp_server", "egress", "ccw-forward")
-FORWARDER_SOURCES = [os.path.join("mcp_server", "egress", "forwarder", "ccw_forward.c")]
+FORWARDER_SOURCES = [os.path.join("mcp_server", "egress", "forwarder", name)
+                     for name in ("ccw_forward.c", "owner.c", "capsule.c", "relay.c", "control.c")]
 PROGRAMS = {LAUNCHER: LAUNCHER_SOURCES, FORWARDER: FORWARDER_SOURCES}
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror"]
 

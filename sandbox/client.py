@@ -38,6 +38,7 @@ import trio
 
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.ops import (
+    MAX_SPARES,
     HelloRequest,
     NetConnectRequest,
     NetOpenRequest,
@@ -50,7 +51,7 @@ from sandbox.replies import NetConnectReply, NetOpenReply, ReplyT, RunReadsReply
 from sandbox.syscalls import unix_address
 
 RECV_CHUNK = 256 * 1024
-ANCILLARY_SPACE = socket.CMSG_SPACE(4 * 16)  # room for the most a reply carries: net_connect's 14 spares
+ANCILLARY_SPACE = socket.CMSG_SPACE(4 * max(16, MAX_SPARES))  # room for the most a reply carries: net_connect's spares
 MAX_IDLE = 4  # idle connections kept open
 BLOCKING_TIMEOUT_S = 10.0
 

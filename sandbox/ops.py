@@ -80,7 +80,7 @@ SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # a process in a way its init could not follow (SIGSTOP: freeze is for that).
 SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 MAX_PORT = 65535
-MAX_SPARES = 14  # net_connect's spares in one reply (client.ANCILLARY_SPACE has room for 16)
+MAX_SPARES = 128  # net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253; client.ANCILLARY_SPACE follows)
 
 
 def _boolean(name: str, value: Any) -> Any:

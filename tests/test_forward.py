@@ -566,11 +566,12 @@ trio.run(main)
 
 
 def test_under_a_low_descriptor_limit_connections_past_it_are_refused_as_full() -> None:
-    # 150 descriptors: ccw-forward keeps 112 for itself, its pool and a message, so six
-    # connections of six descriptors fit; the next six are closed as full, told as errors,
-    # never accepted and then cut for want of a pipe.
+    # ccw-forward keeps reserved_fds for itself, its pool, a message and its idle pipes;
+    # past them, room for six connections of fds_per_connection: the next six are closed
+    # as full, told as errors, never accepted and then cut for want of a pipe.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run(["prlimit", "--nofile=150:150", sys.executable, "-c", _UNDER_A_LIMIT],
+    most = forward.limit("reserved_fds") + 6 * forward.limit("fds_per_connection")
+    done = subprocess.run(["prlimit", f"--nofile={most}:{most}", sys.executable, "-c", _UNDER_A_LIMIT],
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["6", "6", "6"], (done.stdout, done.stderr)

@@ -15,7 +15,7 @@ import trio
 
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import ExecRequest
+from sandbox.ops import MAX_SPARES, ExecRequest
 
 
 @pytest.fixture
@@ -65,8 +65,8 @@ def test_spares_are_of_the_capsules_namespace(helper: Path, tmp_path: Path) -> N
             assert not _connects(spares[1], host.getsockname()[1])  # the host's loopback is not there
             for sock in spares:
                 sock.close()
-            plain = await client.net_spares(cap, 8765, 14)
-            assert len(plain) == 14
+            plain = await client.net_spares(cap, 8765, MAX_SPARES)  # a whole refill, in one reply
+            assert len(plain) == MAX_SPARES and all(sock.family == socket.AF_INET for sock in plain)
             six = await client.net_spares(cap, 8765, 2, v6=True)
             assert [sock.family for sock in six] == [socket.AF_INET6] * 2
             six[0].setblocking(True)

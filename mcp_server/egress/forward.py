@@ -69,7 +69,10 @@ log = logging.getLogger("ccw.egress")
 HOST = "127.0.0.1"
 BACKLOG = 128
 MAX_OPEN = 1024  # connections at once; each holds two sockets and two pipes in ccw-forward
-POOL_SIZE = 28  # spares kept (at most the program's max_spares); it asks for more at half: one helper call (MAX_SPARES)
+# Spares kept (at most the program's max_spares); it asks for more at half, which is one
+# helper call (MAX_SPARES) and one message to the program: a refill costs the front end and
+# the helper some milliseconds of CPU whatever its size, so the fewer the better (ccw_forward.c's capsule.c).
+POOL_SIZE = 2 * MAX_SPARES
 PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-forward")
 _STOP_S = 2.0  # for ccw-forward to exit once its control socket is closed, before a kill
 
@@ -124,7 +127,7 @@ def protocol() -> dict[str, bytes]:
 
 
 def limit(name: str) -> int:
-    """One of the program's limits: ``fds_per_message``, ``max_spares``."""
+    """One of the program's limits: ``fds_per_message``, ``max_spares``, ``reserved_fds``, ``fds_per_connection``."""
     return int(_printed()["limit"][name])
 
 

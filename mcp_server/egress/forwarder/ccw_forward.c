@@ -57,32 +57,23 @@
  * Lifetime: the control socket is the lifeline.  Its end (the front end closing the port,
  * or dying) ends this program, and the kernel closes every connection with it.
  */
-#define _GNU_SOURCE
+#include "forward.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
-#include <stdarg.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
-
-enum message {
-    MSG_SPARES = 'S', MSG_CONNECTED = 'C', MSG_FAILED = 'F', MSG_STATS = '?',
-    MSG_WANT = 'W', MSG_CONNECT = 'R', MSG_REFUSED = 'X', MSG_ERROR = 'E', MSG_COUNTS = 'N',
-};
 
 static const struct { const char *name; char code; } PROTOCOL[] = {
     {"spares", MSG_SPARES}, {"connected", MSG_CONNECTED}, {"failed", MSG_FAILED}, {"stats", MSG_STATS},
@@ -90,344 +81,17 @@ static const struct { const char *name; char code; } PROTOCOL[] = {
     {"counts", MSG_COUNTS},
 };
 
-#define MAX_SPARES 64        /* the pool's ceiling, whatever --pool says */
-#define FDS_PER_MESSAGE 16   /* descriptors in one spares message */
-#define CHUNK (1 << 16)      /* one splice: a default pipe's capacity */
-
-enum state { WAITING, CONNECTING, RELAYING, DONE };
-
-struct conn;
-struct end { struct conn *conn; int fd; int side; };
-struct conn {
-    struct end end[2];          /* 0 the client's (host), 1 the capsule's */
-    int pipe[2][2];             /* pipe[d]: bytes read from end d, for end 1 - d */
-    size_t held[2];             /* bytes in pipe[d] */
-    int eof[2], shut[2];        /* end d sent its EOF; end d was shut for writing */
-    int watched[2];             /* end d is in the epoll set */
-    uint32_t interest[2];       /* and for which events: changed only when it must be */
-    enum state state;
-    int spare_refused;          /* a spare's connect was refused: the helper's connect may find the family */
-    uint64_t id;
-    struct timespec deadline;
-    char peer[INET_ADDRSTRLEN];
-    int peer_port;
-    struct conn *prev, *next;   /* waiting for their capsule side, oldest first; or ended, to free */
-};
-
-static struct {
-    int listen, control, diag, epoll;
-    uid_t owner;
-    int port, pool_size, max_open, timeout_ms;
-    int spares[MAX_SPARES], nspares, wanting;
-    int family;                 /* the spares' family: AF_INET, or AF_INET6 once a server was there alone */
-    int open;
-    uint64_t next_id, accepted, refused, errors, dropped;
-    struct conn *waiting_head, *waiting_tail;
-    struct conn *ended;         /* freed after each batch of events, which may still name them */
-    struct sockaddr_in local;   /* the listener's own address: every client's other end */
-    struct timespec resume;     /* accepting paused until then (tv_sec 0: not paused) */
-} G;
-
-#define ACCEPT_PAUSE_MS 100     /* out of descriptors or memory: accept again after this */
-#define FDS_PER_CONNECTION 6    /* two sockets, two pipes */
-#define RESERVED_FDS (32 + MAX_SPARES + FDS_PER_MESSAGE)  /* the program's own, the pool, a message's */
+struct forward G;
 
 static char LISTENER_TAG, CONTROL_TAG;  /* epoll data for the two descriptors that are no connection's */
 
-static void die(const char *what)
+void die(const char *what)
 {
     fprintf(stderr, "ccw-forward: %s: %s\n", what, strerror(errno));
     exit(1);
 }
 
-static void tell(const char *text, size_t length)
-{
-    if (send(G.control, text, length, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
-        if (errno == EAGAIN || errno == ENOBUFS)
-            G.dropped++;
-        else if (errno == EPIPE || errno == ECONNRESET)
-            exit(0);  /* the front end has gone: so has the port */
-    }
-}
-
-static void tellf(char code, const char *format, ...) __attribute__((format(printf, 2, 3)));
-static void tellf(char code, const char *format, ...)
-{
-    char text[256];
-    va_list args;
-    int length;
-    text[0] = code;
-    va_start(args, format);
-    length = vsnprintf(text + 1, sizeof text - 1, format, args);
-    va_end(args);
-    if (length < 0)
-        return;
-    tell(text, 1 + ((size_t)length < sizeof text - 1 ? (size_t)length : sizeof text - 2));
-}
-
-/* --- the owner check ------------------------------------------------------------------ */
-
-/* The uid that owns the client's socket, or -1: nobody holds it any more (ENOENT, or a
- * reply with inode 0: a closed socket's remains, which report uid 0 whoever owned them),
- * or the kernel said something else.  egress/peer.py's essay says why each check. */
-static long owner_of(const struct sockaddr_in *client)
-{
-    struct { struct nlmsghdr header; struct inet_diag_req_v2 req; } ask;
-    union { struct nlmsghdr header; char bytes[8192]; } reply;
-    struct nlmsghdr *message;
-    ssize_t got;
-    memset(&ask, 0, sizeof ask);
-    ask.header.nlmsg_len = sizeof ask;
-    ask.header.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-    ask.header.nlmsg_flags = NLM_F_REQUEST;
-    ask.header.nlmsg_seq = (uint32_t)++G.next_id;
-    ask.req.sdiag_family = AF_INET;
-    ask.req.sdiag_protocol = IPPROTO_TCP;
-    ask.req.idiag_states = 0xffffffffu;
-    ask.req.id.idiag_sport = client->sin_port;          /* the client's own end ... */
-    ask.req.id.idiag_dport = G.local.sin_port;          /* ... and its other end: us */
-    ask.req.id.idiag_src[0] = client->sin_addr.s_addr;
-    ask.req.id.idiag_dst[0] = G.local.sin_addr.s_addr;
-    ask.req.id.idiag_cookie[0] = ask.req.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-    if (send(G.diag, &ask, sizeof ask, 0) < 0)
-        return -1;
-    got = recv(G.diag, &reply, sizeof reply, MSG_DONTWAIT);  /* queued inside send */
-    if (got < 0)
-        return -1;
-    for (message = &reply.header; NLMSG_OK(message, (size_t)got); message = NLMSG_NEXT(message, got)) {
-        const struct inet_diag_msg *found = NLMSG_DATA(message);
-        if (message->nlmsg_type != SOCK_DIAG_BY_FAMILY || message->nlmsg_len < NLMSG_LENGTH(sizeof *found))
-            continue;
-        /* Not in the established hash, the kernel tries the listeners by one end alone:
-         * only a reply naming both ends is the client's. */
-        if (found->idiag_family == AF_INET && found->id.idiag_sport == client->sin_port
-            && found->id.idiag_dport == G.local.sin_port && found->id.idiag_src[0] == client->sin_addr.s_addr
-            && found->id.idiag_dst[0] == G.local.sin_addr.s_addr && found->idiag_inode != 0)
-            return (long)found->idiag_uid;
-    }
-    return -1;
-}
-
 /* --- connections ---------------------------------------------------------------------- */
-
-static void watch(struct end *end, uint32_t events, int op)
-{
-    struct epoll_event event = {.events = events, .data.ptr = end};
-    if (epoll_ctl(G.epoll, op, end->fd, &event) < 0)
-        die("epoll_ctl");
-    end->conn->watched[end->side] = op != EPOLL_CTL_DEL;
-    end->conn->interest[end->side] = events;
-}
-
-static void unlink_waiting(struct conn *conn)
-{
-    if (conn->state == RELAYING || conn->state == DONE)
-        return;
-    if (conn->prev) conn->prev->next = conn->next; else G.waiting_head = conn->next;
-    if (conn->next) conn->next->prev = conn->prev; else G.waiting_tail = conn->prev;
-    conn->prev = conn->next = NULL;
-}
-
-static void finish(struct conn *conn)
-{
-    unlink_waiting(conn);
-    for (int side = 0; side < 2; side++) {
-        if (conn->end[side].fd >= 0)
-            close(conn->end[side].fd);  /* also leaves the epoll set */
-        for (int i = 0; i < 2; i++)
-            if (conn->pipe[side][i] >= 0)
-                close(conn->pipe[side][i]);
-    }
-    G.open--;
-    conn->state = DONE;
-    conn->next = G.ended;
-    G.ended = conn;
-}
-
-static void fail(struct conn *conn, const char *kind)
-{
-    G.errors++;
-    tellf(MSG_ERROR, "%s %s %d", kind, conn->peer, conn->peer_port);
-    finish(conn);
-}
-
-static void ask_front_end(struct conn *conn)
-{
-    conn->state = WAITING;
-    tellf(MSG_CONNECT, "%llu %s %d", (unsigned long long)conn->id, conn->peer, conn->peer_port);
-}
-
-static void refill(void)
-{
-    int target = G.pool_size < MAX_SPARES ? G.pool_size : MAX_SPARES;
-    if (target > 0 && !G.wanting && G.nspares <= target / 2) {
-        G.wanting = 1;
-        tellf(MSG_WANT, "%d %d", target - G.nspares, G.family == AF_INET6 ? 6 : 4);
-    }
-}
-
-static int domain_of(int fd)
-{
-    int domain = -1;
-    socklen_t length = sizeof domain;
-    if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) < 0)
-        return -1;
-    return domain;
-}
-
-/* The server answered the helper's connect on the other family: the pool follows it. */
-static void follow_family(int domain)
-{
-    if (domain != AF_INET && domain != AF_INET6)
-        return;
-    G.family = domain;
-    while (G.nspares > 0)
-        close(G.spares[--G.nspares]);
-    G.wanting = 0;  /* a batch of the old family still on its way is dropped as it comes */
-    refill();
-}
-
-/* Each end's interest: read it while its pipe is empty and it has not ended; wait until
- * it can be written while the other end's pipe holds bytes for it. */
-static void rewatch(struct conn *conn)
-{
-    for (int side = 0; side < 2; side++) {
-        uint32_t events = 0;
-        if (conn->eof[side] && conn->shut[side]) {
-            /* Done both ways (shut only follows an empty pipe): out of the set, or its
-             * hang-up would be reported at every wait. */
-            if (conn->watched[side])
-                watch(&conn->end[side], 0, EPOLL_CTL_DEL);
-            continue;
-        }
-        if (!conn->eof[side] && conn->held[side] == 0)
-            events |= EPOLLIN;
-        if (conn->held[1 - side] > 0)
-            events |= EPOLLOUT;
-        if (events != conn->interest[side])  /* a request on a kept connection changes none */
-            watch(&conn->end[side], events, EPOLL_CTL_MOD);
-    }
-}
-
-/* Move what end ``from`` has for the other end, as far as both allow: until ``from`` has
- * nothing more to read (EPOLLIN says when it has), or the other end takes no more
- * (EPOLLOUT on it resumes).  0, or -1: the connection failed. */
-static int pump(struct conn *conn, int from)
-{
-    int to = 1 - from, full = 0;
-    for (;;) {
-        if (conn->held[from] == 0 && !conn->eof[from]) {
-            ssize_t got = splice(conn->end[from].fd, NULL, conn->pipe[from][1], NULL, CHUNK,
-                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (got == 0)
-                conn->eof[from] = 1;
-            else if (got > 0)
-                conn->held[from] = (size_t)got, full = got == CHUNK;
-            else if (errno == EAGAIN)
-                return 0;
-            else if (errno != EINTR)
-                return -1;
-        }
-        while (conn->held[from] > 0) {
-            ssize_t put = splice(conn->pipe[from][0], NULL, conn->end[to].fd, NULL, conn->held[from],
-                                 SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
-            if (put > 0)
-                conn->held[from] -= (size_t)put;
-            else if (errno == EAGAIN)
-                return 0;
-            else if (errno != EINTR)
-                return -1;
-        }
-        if (conn->eof[from]) {
-            if (!conn->shut[to] && shutdown(conn->end[to].fd, SHUT_WR) < 0 && errno != ENOTCONN)
-                return -1;
-            conn->shut[to] = 1;
-            return 0;
-        }
-        if (!full)
-            return 0;  /* a short read emptied the queue; EPOLLIN (level-triggered) says when there is more */
-    }
-}
-
-/* ``events`` on end ``side``: its bytes to read (or its end), or room for the other end's. */
-static void relay_ready(struct conn *conn, int side, uint32_t events)
-{
-    if ((events & ~EPOLLOUT && pump(conn, side) < 0) || (events & EPOLLOUT && pump(conn, 1 - side) < 0)) {
-        finish(conn);  /* a reset or a broken pipe: the connection is over, not an error of the port's */
-        return;
-    }
-    if (conn->eof[0] && conn->eof[1] && conn->held[0] == 0 && conn->held[1] == 0) {
-        finish(conn);
-        return;
-    }
-    rewatch(conn);
-}
-
-static void start_relay(struct conn *conn, int capsule)
-{
-    static const int one = 1;
-    unlink_waiting(conn);
-    conn->state = RELAYING;
-    conn->end[1].fd = capsule;
-    setsockopt(capsule, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  /* best effort, as any relay */
-    for (int side = 0; side < 2; side++)
-        if (pipe2(conn->pipe[side], O_CLOEXEC | O_NONBLOCK) < 0) {
-            fail(conn, "pipe");
-            return;
-        }
-    G.accepted++;
-    watch(&conn->end[1], 0, EPOLL_CTL_ADD);
-    relay_ready(conn, 0, EPOLLIN);  /* what the client sent while it waited */
-}
-
-/* A spare connected to the capsule's port: at once (loopback often answers inside
- * connect), later (EPOLLOUT on it), or refused there: then the front end's way. */
-static void connect_spare(struct conn *conn, int spare)
-{
-    struct sockaddr_in there4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)G.port),
-                                 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    struct sockaddr_in6 there6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)G.port),
-                                  .sin6_addr = IN6ADDR_LOOPBACK_INIT};
-    int v6 = domain_of(spare) == AF_INET6;
-    int flags = fcntl(spare, F_GETFL);
-    if (flags < 0 || fcntl(spare, F_SETFL, flags | O_NONBLOCK) < 0) {
-        close(spare);
-        ask_front_end(conn);
-        return;
-    }
-    if (connect(spare, v6 ? (struct sockaddr *)&there6 : (struct sockaddr *)&there4,
-                v6 ? sizeof there6 : sizeof there4) == 0) {
-        start_relay(conn, spare);
-    } else if (errno == EINPROGRESS) {
-        conn->state = CONNECTING;
-        conn->end[1].fd = spare;
-        watch(&conn->end[1], EPOLLOUT, EPOLL_CTL_ADD);
-    } else {
-        close(spare);
-        conn->spare_refused = 1;
-        ask_front_end(conn);
-    }
-}
-
-static void connected_later(struct conn *conn)
-{
-    int error = 0;
-    socklen_t length = sizeof error;
-    int spare = conn->end[1].fd;
-    if (getsockopt(spare, SOL_SOCKET, SO_ERROR, &error, &length) < 0)
-        error = errno;
-    if (error == 0) {
-        if (epoll_ctl(G.epoll, EPOLL_CTL_DEL, spare, NULL) < 0)
-            die("epoll_ctl");
-        conn->end[1].fd = -1;
-        start_relay(conn, spare);
-        return;
-    }
-    close(spare);
-    conn->end[1].fd = -1;
-    conn->spare_refused = 1;
-    ask_front_end(conn);
-}
 
 static struct conn *new_conn(int client, const struct sockaddr_in *from)
 {
@@ -480,10 +144,7 @@ static void admit(int client, const struct sockaddr_in *from)
     }
     setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     watch(&conn->end[0], 0, EPOLL_CTL_ADD);  /* no interest until the capsule's side is there */
-    if (G.nspares > 0)
-        connect_spare(conn, G.spares[--G.nspares]);
-    else
-        ask_front_end(conn);
+    connect_spare(conn);
     refill();
 }
 
@@ -518,80 +179,6 @@ static void accept_all(void)
         }
         return;
     }
-}
-
-/* --- the front end's messages --------------------------------------------------------- */
-
-static struct conn *waiting(uint64_t id)
-{
-    for (struct conn *conn = G.waiting_head; conn; conn = conn->next)
-        if (conn->id == id && conn->state == WAITING)
-            return conn;
-    return NULL;
-}
-
-static void take_message(void)
-{
-    char text[64];
-    union { struct cmsghdr header; char bytes[CMSG_SPACE(sizeof(int) * FDS_PER_MESSAGE)]; } control;
-    struct iovec iov = {text, sizeof text - 1};
-    struct msghdr message = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = &control,
-                             .msg_controllen = sizeof control};
-    int fds[FDS_PER_MESSAGE], nfds = 0;
-    ssize_t got = recvmsg(G.control, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (got == 0)
-        exit(0);  /* the front end closed the port, or died */
-    if (got < 0) {
-        if (errno == EAGAIN || errno == EINTR)
-            return;
-        exit(errno == ECONNRESET ? 0 : 1);
-    }
-    for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header))
-        if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS) {
-            int count = (int)((header->cmsg_len - CMSG_LEN(0)) / sizeof(int));
-            for (int i = 0; i < count && nfds < FDS_PER_MESSAGE; i++)
-                memcpy(&fds[nfds++], CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-        }
-    text[got] = '\0';
-    switch (got > 0 ? text[0] : 0) {
-    case MSG_SPARES:
-        G.wanting = 0;
-        for (int i = 0; i < nfds; i++) {
-            if (G.nspares < MAX_SPARES && domain_of(fds[i]) == G.family)
-                G.spares[G.nspares++] = fds[i];
-            else
-                close(fds[i]);  /* the pool is full, or they are of the family it left */
-        }
-        return;
-    case MSG_CONNECTED: {
-        struct conn *conn = waiting(strtoull(text + 1, NULL, 10));
-        if (nfds == 1 && conn) {
-            int domain = domain_of(fds[0]);
-            if (conn->spare_refused && domain != G.family)
-                follow_family(domain);
-            start_relay(conn, fds[0]);
-            return;
-        }
-        break;  /* timed out meanwhile: the socket is closed below */
-    }
-    case MSG_FAILED: {
-        struct conn *conn = waiting(strtoull(text + 1, NULL, 10));
-        if (conn) {
-            G.errors++;  /* the front end reports why; here it only ends */
-            finish(conn);
-        }
-        break;
-    }
-    case MSG_STATS:
-        tellf(MSG_COUNTS, "%llu %llu %llu %d %llu", (unsigned long long)G.accepted,
-              (unsigned long long)G.refused, (unsigned long long)G.errors, G.open,
-              (unsigned long long)G.dropped);
-        break;
-    default:
-        fprintf(stderr, "ccw-forward: an unknown message from the front end (%zd bytes)\n", got);
-    }
-    for (int i = 0; i < nfds; i++)
-        close(fds[i]);
 }
 
 /* --- the loop ------------------------------------------------------------------------- */
@@ -648,6 +235,7 @@ static void options(int argc, char **argv)
         for (size_t i = 0; i < sizeof PROTOCOL / sizeof PROTOCOL[0]; i++)
             printf("message %s %c\n", PROTOCOL[i].name, PROTOCOL[i].code);
         printf("limit fds_per_message %d\nlimit max_spares %d\n", FDS_PER_MESSAGE, MAX_SPARES);
+        printf("limit reserved_fds %d\nlimit fds_per_connection %d\n", RESERVED_FDS, FDS_PER_CONNECTION);
         exit(0);
     }
     for (int i = 1; i + 1 < argc; i += 2, seen++) {
