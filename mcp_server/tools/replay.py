@@ -67,11 +67,10 @@ TOOLS = [
         family="witness",
         title="Replay witness",
         description=(
-            "Re-run a witness's commands in a fresh capsule over its recorded base. replay_ok: the same "
-            "exit codes, signals, timeouts, files written and changes (mismatches), gitignored files apart "
-            "(ignored_differences); output apart (output_identical, output_diffs). Services run first. A witness "
-            "is untrusted: its commands get only the env, network and workspace given here; one not signed by "
-            "this state dir or a key it trusts needs allow_untrusted."
+            "Re-run a witness's commands in a fresh capsule over its base. replay_ok: the same exits, files "
+            "written and changes (mismatches); gitignored files (ignored_differences) and output (output_diffs) "
+            "apart. A witness is untrusted: its commands get only the env, network and workspace given here; one "
+            "not signed here or by a trusted key needs allow_untrusted."
         ),
         input_schema={
             "type": "object", "additionalProperties": False,
@@ -80,8 +79,7 @@ TOOLS = [
                 "env": {
                     "type": "object", "maxProperties": MAX_ENV,
                     "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"}, "additionalProperties": {"type": "string"},
-                    "description": "The commands' variables (name: value); recorded names not given are "
-                                   "absent (env_missing).",
+                    "description": "Variables for the commands; recorded names not given: env_missing.",
                 },
                 "network": {**NETWORK_GRANT, "description": (
                     "What the commands may reach, as in capsule_create (default 'none'); the recorded one is never used.")},
@@ -90,7 +88,7 @@ TOOLS = [
                 "allow_untrusted": {"type": "boolean", "description": "Replay it though not signed here or by a trusted key."},
                 "strict_outputs": {"type": "boolean", "description": "Compare gitignored files too."},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
-                    "Globs of randomly named paths (.nyc_output/*.json) to leave out, with the witness's own.")},
+                    "Globs of paths to leave out (.nyc_output/*.json), with the witness's own.")},
                 "wait_ms": WAIT_MS,
             },
         },
