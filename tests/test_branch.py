@@ -144,3 +144,26 @@ def test_the_message_lists_runs_and_verdicts() -> None:
     entry = {**exec_entry({}), "seq": 3, "argv": ["sh", "-c", "echo hi"], "exit_code": 2}
     assert branch.run_line("cap_a", entry) == "#3 cap_a: exit 2: sh -c 'echo hi'"
     assert branch.run_line("cap_a", {**entry, "timed_out": 1}).startswith("#3 cap_a: timed out:")
+
+
+def test_the_command_asks_promote_for_a_branch_and_says_what_became_of_it(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from mcp_server.cli import branch as cli_branch
+
+    parser = argparse.ArgumentParser()
+    cli_branch.add_parser(parser.add_subparsers(dest="verb"), argparse.ArgumentParser(add_help=False))
+    args = parser.parse_args(["branch", "cap_a", "ccw/x", "--allow-hazard", "setuid", "--exclude", "docs/**"])
+    assert cli_branch.tool_call(args) == {"capsule_id": "cap_a", "as_branch": "ccw/x", "dry_run": False,
+                                          "allow_hazards": ["setuid"], "exclude": ["docs/**"]}
+    report = {"passed": True, "policies": ["baseline"], "hazards": [], "details": "", "test_failures": [],
+              "resource_violations": []}
+    made = {"promoted": True, "applied": ["a.py"], "policy_report": report, "skipped": [],
+            "branch": {"name": "ccw/x", "parent": "b" * 40, "commit": "c" * 40}}
+    assert cli_branch.show(made, False) == 0
+    out, err = capsys.readouterr()
+    assert out == "c" * 40 + "\n" and f"committed {'c' * 12} on ccw/x (parent {'b' * 12}): 1 paths" in err
+    refused = {**made, "promoted": False, "policy_report": {**report, "passed": False}, "branch": {"name": "ccw/x"}}
+    assert cli_branch.show(refused, False) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "no branch made: policy baseline failed" in err

@@ -140,9 +140,9 @@ def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 def _own_verbs() -> list[Any]:
     """The verbs whose parsers and runs live in their own modules (they call no single tool)."""
-    from mcp_server.cli import merge, network, race, runlog, services, shell
+    from mcp_server.cli import branch, merge, network, race, runlog, services, shell
 
-    return [runlog, services, shell, network, race, merge]
+    return [runlog, services, shell, network, race, merge, branch]
 
 
 

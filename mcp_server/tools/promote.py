@@ -66,12 +66,11 @@ TOOLS = [
         family="capsule",
         title="Promote capsule",
         description=(
-            "Write the capsule's changes into the real workspace, all or nothing, if the policies "
-            "pass (default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
-            "Hazards are always refused (policy_report.hazards): setuid bits, world-writable files, "
-            ".git control files, files tools run by themselves (.envrc, .vscode/); allow_hazards lets "
-            "reviewed kinds through. Files git ignores are left behind (skipped) unless include_ignored; "
-            "paths/exclude globs select. dry_run: report only."
+            "Write the capsule's changes into the workspace, all or nothing, if the policies pass "
+            "(default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
+            "Hazards are refused: setuid bits, world-writable files, .git "
+            "control files, autorun files (.envrc, .vscode/); allow_hazards lets reviewed kinds through. "
+            "Git-ignored files are skipped unless include_ignored; paths/exclude select. dry_run: report only."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -89,9 +88,8 @@ TOOLS = [
                           "description": "Promote only the paths these globs match (default: all)."},
                 "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
                             "description": "Leave behind the paths these globs match."},
-                "as_branch": {"type": "string", "minLength": 1, "maxLength": 255,
-                              "description": "Commit onto this new git branch off the capsule's base commit "
-                                             "instead; the workspace and index are untouched."},
+                "as_branch": {"type": "string", "maxLength": 255,
+                              "description": "Commit to this new git branch off the base commit instead."},
             },
         },
         output_schema={

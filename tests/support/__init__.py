@@ -30,6 +30,7 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``canary``: a canary beside a workspace and the hostile patches that try to reach it.
 - ``call_hooks``: a call as CapsuleService serves it (progress recorded, real turns).
 - ``promotion``: a workspace and one change holding every kind of promotion op.
+- ``branch_steps``: capsule_promote as_branch's flaskr edits, tree snapshot and ``ccw capsule branch`` session.
 - ``journal_rows``: a capsule's record and an exec's entry, for a journal written by hand.
 - ``memory_cas``: a CAS in memory, for REAPI tests without a cluster;
   ``reapi_cluster``: what a local cluster needs of the host.
