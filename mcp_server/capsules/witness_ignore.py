@@ -141,7 +141,7 @@ def judge(rules: dict[str, Any], scratch: str, paths: Sequence[str], dirs: Colle
         raise CcwError("UNSUPPORTED", "git is not installed, and the witness's ignore rules need it to say which "
                                       "outputs promotion would leave behind: install git, or replay with "
                                       "strict_outputs: true to compare every file")
-    proc = run_git(scratch, "init", "-q", check=False, timeout_s=TIMEOUT_S)
+    proc = run_git(scratch, "init", "-q", "--template=", check=False, timeout_s=TIMEOUT_S)  # no sample hooks
     if proc.returncode != 0:
         raise CcwError("INTERNAL", f"git init failed in {scratch!r}: {proc.stderr.decode(errors='replace').strip()}; "
                                    "replay with strict_outputs: true to compare every file")
