@@ -43,7 +43,10 @@ values and network the capsule's own runs had.  ccw-bot replays its clients' wit
 with ``allow_untrusted`` (its key is its own) and only the values its client sent.
 
 What is compared, and what ``replay_ok`` and ``output_identical`` mean, is in
-core/replaydiff.py.  Each mismatch names the exec and field, or the path.
+core/replaydiff.py.  Each mismatch names the exec and field, or the path.  A mismatch in a
+file the witness's base ignores (its git rules, carried in the witness: capsules/
+witness_ignore.py) is one promotion would never carry, so it is set apart
+(``ignored_differences``) and fails nothing, unless the replayer asks ``strict_outputs``.
 """
 
 from __future__ import annotations
