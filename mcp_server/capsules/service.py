@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
+from outcome import acapture
 
 from mcp_server import events
 from mcp_server.capsules import exposure
@@ -187,10 +188,17 @@ class CapsuleService:
         first exec waits for it.
         """
         spec = dataclasses.replace(spec, network=helper_network(network))
-        base = await trio.to_thread.run_sync(base_commit, spec.workspace)  # before the view: its base's commit
-        reply = await self.call(CreateRequest(spec))
+        base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
+
+        async def read_base() -> None:
+            base.append(await trio.to_thread.run_sync(base_commit, spec.workspace))
+
+        async with trio.open_nursery() as nursery:  # the helper's error keeps its type (no exception group)
+            nursery.start_soon(read_base)
+            made = await acapture(self.call, CreateRequest(spec))
+        reply = made.unwrap()
         await self._open_network(reply.capsule_id, network)
-        return self._journal_new(reply, spec, None, network, volatile, base)
+        return self._journal_new(reply, spec, None, network, volatile, base[0])
 
     async def _open_network(self, capsule_id: str, network: NetworkSpec | None) -> None:
         if network is not None:
