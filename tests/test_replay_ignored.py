@@ -132,9 +132,23 @@ def test_strict_outputs_and_old_witnesses_judge_nothing(tmp_path: Path) -> None:
     rules = witness_ignore.carried_rules(str(repo))
     manifest: dict[str, Any] = {"base": {"ignore": rules}, "changes": [_change("coverage/x.json", "b:1")]}
     replayed = [_change("coverage/y.json", "b:2"), {**_change("build", ""), "type": "dir", "blob": None}]
-    assert _ignored(manifest, replayed, tmp_path, ReplayOptions()) == {"coverage/x.json", "coverage/y.json", "build"}
-    assert _ignored(manifest, replayed, tmp_path, ReplayOptions(strict_outputs=True)) is None
-    assert _ignored({"base": {}, "changes": []}, replayed, tmp_path, ReplayOptions()) is None
+    assert _ignored(manifest, {}, replayed, tmp_path, ReplayOptions()) == {"coverage/x.json", "coverage/y.json", "build"}
+    assert _ignored(manifest, {}, replayed, tmp_path, ReplayOptions(strict_outputs=True)) is None
+    assert _ignored({"base": {}, "changes": []}, {}, replayed, tmp_path, ReplayOptions()) is None
+
+
+def test_a_cache_directory_the_capsule_made_is_left_behind_as_promotion_leaves_it(tmp_path: Path) -> None:
+    def made(path: str) -> dict[str, Any]:
+        return {"path": path, "status": "added", "type": "dir", "mode": 0o755, "target": None, "blob": None}
+
+    blobs = {"b:cache": b"# Created by pytest automatically.\n*\n", "b:logs": b"*.log\n", "b:v": b"[]"}
+    changes = [made(".pytest_cache"), _change(".pytest_cache/.gitignore", "b:cache"),
+               _change(".pytest_cache/v/cache/nodeids", "b:v"), made("logs"), _change("logs/.gitignore", "b:logs")]
+    assert witness_ignore.made_caches(changes, blobs) == {".pytest_cache"}  # a rule of its own is no cache
+    rules = witness_ignore.carried_rules(str(_repo(tmp_path)))
+    replayed = [_change(".pytest_cache/v/cache/nodeids", "b:w"), _change("logs/run.txt", "b:1")]
+    assert _ignored({"base": {"ignore": rules}, "changes": changes}, blobs, replayed, tmp_path, ReplayOptions()) == {
+        ".pytest_cache", ".pytest_cache/.gitignore", ".pytest_cache/v/cache/nodeids"}
 
 
 def test_the_cli_passes_strict_outputs_and_shows_what_was_set_apart(capsys: pytest.CaptureFixture[str]) -> None:

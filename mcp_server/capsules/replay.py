@@ -309,7 +309,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)
             actual_changes = await trio.to_thread.run_sync(_replay_changes, changes, base_dir, root_fd)
-            ignored = await trio.to_thread.run_sync(_ignored, manifest, actual_changes, scratch, options)
+            ignored = await trio.to_thread.run_sync(_ignored, manifest, blobs, actual_changes, scratch, options)
     finally:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(_remove_scratch, scratch)
@@ -344,18 +344,20 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     }
 
 
-def _ignored(manifest: dict[str, Any], actual_changes: list[dict[str, Any]], scratch: Path,
-             options: ReplayOptions) -> frozenset[str] | None:
-    """The paths either run changed that the witness's base ignores (capsules/witness_ignore.py), judged
-    by the rules it carries in a repository under ``scratch``; None: every path is compared."""
+def _ignored(manifest: dict[str, Any], blobs: Mapping[str, bytes], actual_changes: list[dict[str, Any]],
+             scratch: Path, options: ReplayOptions) -> frozenset[str] | None:
+    """The paths either run changed that promotion would leave behind (capsules/witness_ignore.py): those
+    the witness's base ignores, judged by the rules it carries in a repository under ``scratch``, and
+    those in a cache directory its capsule made.  None: every path is compared."""
     rules = manifest["base"].get("ignore")
     if rules is None or options.strict_outputs:
         return None
     both = manifest["changes"] + actual_changes
+    paths = sorted({c["path"] for c in both})
     repo = scratch / "ignore"
     os.mkdir(repo, 0o700)
-    return witness_ignore.judge(rules, str(repo), sorted({c["path"] for c in both}),
-                                {c["path"] for c in both if c["type"] == "dir"})
+    judged = witness_ignore.judge(rules, str(repo), paths, {c["path"] for c in both if c["type"] == "dir"})
+    return judged | witness_ignore.within(paths, witness_ignore.made_caches(manifest["changes"], blobs))
 
 
 GITDIRS_NOT_CARRIED = ("a witness does not carry a git dir outside its workspace (a worktree's or a submodule's): "

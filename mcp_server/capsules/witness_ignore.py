@@ -29,8 +29,11 @@ which seldom include a ``.gitignore``, and never ``.git/info/exclude`` or the ma
   carries no ``ignore``, and neither does one whose rules are past the bounds below or
   whose maker had no git.  Such a witness, and one made before this field, replays
   comparing every file, as before.
-- Not carried: the rule promotion adds for a directory the capsule made that declares
-  itself a cache (fs/gitignore.declares_cache).  Its files are compared like any other.
+- Promotion also leaves behind a directory the capsule made that declares itself a cache
+  (fs/gitignore.declares_cache: pytest's ``.pytest_cache/``).  A replay applies that
+  rule too (``made_caches``), to the directories the *witness's* capsule made, read from
+  the bytes of their markers the witness carries among its changes; only for a witness
+  that carries rules, so that one made before them replays as it did.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from mcp_server.fs import gitignore
@@ -121,6 +124,25 @@ def carried_rules(workspace: str) -> dict[str, Any] | None:
         return None
     return {"prefix": prefix, "files": files, "exclude": excludes.decode("utf-8", "surrogateescape"),
             "tracked": sorted(tracked_names)}
+
+
+def made_caches(changes: Sequence[dict[str, Any]], blobs: Mapping[str, bytes]) -> frozenset[str]:
+    """The directories among a witness's ``changes`` that its capsule made and that declare
+    themselves caches, judged from the markers' bytes in ``blobs`` (as promote.py judges them)."""
+    files = {c["path"]: c["blob"] for c in changes if c["type"] == "file" and c["blob"] in blobs}
+
+    def marker(path: str) -> bytes | None:
+        data = blobs[files[path]] if path in files else None
+        return data if data is not None and len(data) <= gitignore.MAX_MARKER else None
+
+    made = [c["path"] for c in changes if c["status"] == "added" and c["type"] == "dir"]
+    return frozenset(d for d in made if gitignore.declares_cache(marker(f"{d}/.gitignore"), marker(f"{d}/CACHEDIR.TAG")))
+
+
+def within(paths: Collection[str], dirs: Collection[str]) -> frozenset[str]:
+    """The ``paths`` that are one of ``dirs`` or below one."""
+    below = tuple(d.rstrip("/") + "/" for d in dirs)
+    return frozenset(p for p in paths if p in dirs or (below and p.startswith(below)))
 
 
 def _checked(path: str, what: str) -> str:
