@@ -84,8 +84,9 @@ def test_the_target_refuses_plainly(repo: Path, tmp_path: Path) -> None:
     assert recorded_commit(recorded) == recorded["head_oid"] and recorded_commit(None) is None
     assert base_commit(str(repo / "pkg")) is None  # a subdirectory is no worktree's top
     git(repo, "branch", "taken")
-    cases = {"taken": "CONFLICT", "bad..name": "INVALID_ARGUMENT", "@{-1}": "INVALID_ARGUMENT",
-             "-x": "INVALID_ARGUMENT"}
+    git(repo, "branch", "deep/er")
+    cases = {"taken": "CONFLICT", "taken/below": "CONFLICT", "deep": "CONFLICT", "bad..name": "INVALID_ARGUMENT",
+             "@{-1}": "INVALID_ARGUMENT", "-x": "INVALID_ARGUMENT", "HEAD": "INVALID_ARGUMENT"}
     for name, code in cases.items():
         with pytest.raises(CcwError) as raised:
             branch.target(str(repo), name, recorded)
@@ -144,6 +145,9 @@ def test_the_message_lists_runs_and_verdicts() -> None:
     entry = {**exec_entry({}), "seq": 3, "argv": ["sh", "-c", "echo hi"], "exit_code": 2}
     assert branch.run_line("cap_a", entry) == "#3 cap_a: exit 2: sh -c 'echo hi'"
     assert branch.run_line("cap_a", {**entry, "timed_out": 1}).startswith("#3 cap_a: timed out:")
+    assert branch.run_line("cap_a", {**entry, "argv": ["printf", "a\nb\x1b[2J"]}) == \
+        "#3 cap_a: exit 2: printf 'a\\nb\\x1b[2J'"
+    assert len(branch.run_line("cap_a", {**entry, "argv": ["x" * 500]})) < 200
 
 
 def test_the_command_asks_promote_for_a_branch_and_says_what_became_of_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -68,15 +68,20 @@ def test_a_branch_holds_exactly_the_change_and_leaves_tree_and_index(tools: Any,
         # The host commits meanwhile: the branch still starts where the capsule did.
         realprojects.git(ws, "commit", "-q", "--allow-empty", "-m", "the host moves on")
         before = branch_steps.snapshot(ws)
+        dry = await t.call("capsule_promote", {"capsule_id": cap, "as_branch": "ccw/ping", "dry_run": True})
+        dry_ref = realprojects.git(ws, "for-each-ref", "refs/heads/ccw/")
         made = await t.call("capsule_promote", {"capsule_id": cap, "as_branch": "ccw/ping"})
         after = branch_steps.snapshot(ws)
         again = await _refused(t, {"capsule_id": cap, "as_branch": "ccw/ping"})
         bad = await _refused(t, {"capsule_id": cap, "as_branch": "no..dots"})
-        return {"ran": ran, "made": made, "before": before, "after": after, "again": again, "bad": bad}
+        return {"ran": ran, "dry": dry, "dry_ref": dry_ref, "made": made, "before": before, "after": after, "again": again, "bad": bad}
 
     out = tools.run(scenario)
     assert [r["exit_code"] for r in out["ran"]] == [0, 0, 0], [r["stderr"][-800:] for r in out["ran"]]
     assert "passed" in out["ran"][2]["stdout"] + out["ran"][2]["stderr"]
+    dry = out["dry"]
+    assert dry["promoted"] is False and dry["dry_run"] is True and out["dry_ref"] == "", dry
+    assert dry["applied"] == ["flaskr/__init__.py", "tests/test_ping.py"] and "commit" not in dry["branch"], dry
     made = out["made"]
     assert made["promoted"] is True and made["policy_report"]["passed"] is True, made
     assert made["branch"]["parent"] == base and made["branch"]["ref"] == "refs/heads/ccw/ping", made["branch"]

@@ -90,14 +90,28 @@ def target(workspace: str, name: str, base_fingerprint: dict[str, Any] | None) -
         raise CcwError("UNSUPPORTED", f"the capsule's base commit {base} is no longer in the repository; no branch "
                        "was made", {"base": base})
     ref = f"refs/heads/{name}"
-    if _git(workspace, "rev-parse", "--verify", "-q", ref, check=False).returncode == 0:
-        raise _exists(name)
+    clash = _clash(workspace, ref)
+    if clash is not None:
+        raise _exists(name, clash)
     return Target(name, ref, base)
 
 
-def _exists(name: str) -> CcwError:
-    return CcwError("CONFLICT", f"the branch {name!r} exists; it was left as it is and no branch was made. "
-                    "Choose another name, or delete it first (git branch -D)", {"as_branch": name})
+def _clash(workspace: str, ref: str) -> str | None:
+    """The ref that keeps ``ref`` from being made: itself, a ref where one of its directories would
+    be (``a`` for ``a/b``), or one under it (``a/b`` for ``a``); None if there is none."""
+    parts = ref.split("/")
+    for i in range(3, len(parts) + 1):
+        if _git(workspace, "rev-parse", "--verify", "-q", "/".join(parts[:i]), check=False).returncode == 0:
+            return "/".join(parts[:i])
+    under = _git(workspace, "for-each-ref", "--count=1", "--format=%(refname)", f"{ref}/").stdout.decode(
+        "utf-8", "surrogateescape").strip()
+    return under or None
+
+
+def _exists(name: str, clash: str) -> CcwError:
+    what = "exists" if clash == f"refs/heads/{name}" else f"cannot be made beside {clash}"
+    return CcwError("CONFLICT", f"the branch {name!r} {what}; it was left as it is and no branch was made. "
+                    "Choose another name, or delete it first (git branch -D)", {"as_branch": name, "ref": clash})
 
 
 async def branch(service: CapsuleService, request: promote.Request, name: str) -> dict[str, Any]:
@@ -163,7 +177,11 @@ def _commit(record: CapsuleRecord, found: Target, root_fd: int, ops: list[Op], k
         moved = _git(workspace, "update-ref", "-m", f"ccw: branch of capsule {record.capsule_id}", found.ref, oid,
                      zero, check=False)
         if moved.returncode != 0:  # made meanwhile: the compare-and-swap on "absent" failed
-            raise _exists(found.name)
+            clash = _clash(workspace, found.ref)
+            if clash is not None:
+                raise _exists(found.name, clash)
+            raise CcwError("INTERNAL", f"git update-ref failed in {workspace!r}: "
+                           f"{moved.stderr.decode(errors='replace').strip()}; no branch was made")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     paths = sorted({*edits.remove, *(path for path, _ in edits.add)}, key=lambda p: p.encode("utf-8", "surrogateescape"))
@@ -219,10 +237,11 @@ def commit_message(service: CapsuleService, record: CapsuleRecord, report: dict[
 
 
 def run_line(capsule_id: str, ex: dict[str, Any]) -> str:
-    """One journaled run: its number, capsule, how it ended and its command (cut at 160 characters)."""
+    """One journaled run: its number, capsule, how it ended and its command on one line (control
+    characters escaped, as the capsule chose them) cut at 160 characters."""
     ended = ("timed out" if ex.get("timed_out") else "killed (memory)" if ex.get("oom_killed")
              else f"signal {ex['signal']}" if ex.get("signal") else f"exit {ex.get('exit_code')}")
-    argv = shlex.join(ex["argv"])
+    argv = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shlex.join(ex["argv"]))
     return f"#{ex['seq']} {capsule_id}: {ended}: {argv if len(argv) <= 160 else argv[:159] + '…'}"
 
 
