@@ -371,19 +371,28 @@ class Journal:
         the written file's mtime: a replay gives the file the same one, since a ``.pyc``
         compiled from it records its source's mtime.
         """
+        return self.add_writes(capsule_id, [(path, action, content, target, mode, mtime_ns)])[0]
+
+    def add_writes(self, capsule_id: str,
+                   writes: list[tuple[str, str, bytes | None, str | None, int | None, int | None]]) -> list[int]:
+        """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction
+        (capsule_merge writes thousands of files into a capsule at once); their sequence numbers."""
         import base64
 
+        seqs = []
         with self.state.transaction() as db:
-            seq = self._last_seq(db, capsule_id) + 1
-            generation = self._advance(db, capsule_id)
-            db.execute(
-                "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
-                 target, mode, generation, mtime_ns),
-            )
-            events.emit(db, "file.changed", capsule_id, {"seq": seq, "path": path, "action": action})
-            return seq
+            for path, action, content, target, mode, mtime_ns in writes:
+                seq = self._last_seq(db, capsule_id) + 1
+                generation = self._advance(db, capsule_id)
+                db.execute(
+                    "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
+                     target, mode, generation, mtime_ns),
+                )
+                events.emit(db, "file.changed", capsule_id, {"seq": seq, "path": path, "action": action})
+                seqs.append(seq)
+        return seqs
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
         """Every file-tool change of a capsule, in order."""

@@ -9,6 +9,8 @@
   against the same 4 done one after another as a caller would without it: for each,
   capsule_exec, capsule_diff and capsule_promote's dry run (the work a race's row
   holds).  On this 2-core VM the race runs 2 at once, so the ideal ratio is about 0.5.
+- **Merge.**  ``capsule_merge`` of two capsules of 1,000 changed files each against ``git
+  merge`` of the same two branches (bench/parts/merge.py).
 Needs root (the helper runs privileged).
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Report, Row, in_process_tools, median_ms
+from bench.parts import merge
 
 SIZES = (1, 10, 100)
 RACERS = 4
@@ -113,6 +116,7 @@ def run(quick: bool = False) -> Report:
     (base / "state").mkdir()
     try:
         per_fork, races = trio.run(_measure, base, fork_rounds, race_rounds)
+        merges = trio.run(merge.measured, base, race_rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     one = median_ms(per_fork[1])
@@ -123,6 +127,8 @@ def run(quick: bool = False) -> Report:
     report.add(Row(f"capsule_race of {RACERS} (python, ~0.3 s each)", median_ms(races["race"]),
                    baseline="one after another", baseline_ms=median_ms(races["one after another"]),
                    target="<= 0.6x on 2 cores", extra={"rounds": race_rounds}))
+    for row in merge.rows(merges, race_rounds):
+        report.add(row)
     report.notes.append("per-fork cost must stay flat from N=1 to N=100 (issue 39); the race's baseline does "
                         "exec + diff + promote dry run per capsule, the work each row of the race holds")
     return report

@@ -69,25 +69,29 @@ def _state(dirs: DirFds, path: str) -> State:
 
 def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
     """Read and merge: ``lower`` the capsules' base directory; the merge base is their common
-    ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed."""
-    views = [RootView.from_fd(side.root_fd) for side in sides]
-    base_view = RootView.from_fd(ancestor.root_fd) if ancestor is not None else None
+    ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed.
+
+    A view holds the lower directory's state at every path its change list does not name,
+    so only the paths it names are read from it (a fork's list names its parent's changes
+    too, and a change it undid is a path its parent's list names)."""
+    every = [*sides, *([ancestor] if ancestor else [])]
+    views = [RootView.from_fd(side.root_fd) for side in every]
     try:
         with RootView.open(lower) as low:
-            paths: set[str] = set()
-            for side, view in zip([*sides, *([ancestor] if ancestor else [])], [*views, *([base_view] if base_view else [])],
-                                  strict=True):
-                paths.update(entry.path for entry in changeset.expand(side.changes, low, view))
-            ordered = sorted(paths, key=_key)
-            plan = Plan()
-            with DirFds(base_view or low) as base_dirs:
-                plan.base = {path: _state(base_dirs, path) for path in ordered}
-        for side, view in zip(sides, views, strict=True):
+            named = {side.name: {entry.path for entry in changeset.expand(side.changes, low, view)}
+                     for side, view in zip(every, views, strict=True)}
+            ordered = sorted(set().union(*named.values()), key=_key)
+            with DirFds(low) as low_dirs:
+                under = {path: _state(low_dirs, path) for path in ordered}
+        read = {}
+        for side, view in zip(every, views, strict=True):
             with DirFds(view) as dirs:
-                plan.sides[side.name] = {path: _state(dirs, path) for path in ordered}
+                read[side.name] = {path: _state(dirs, path) if path in named[side.name] else under[path]
+                                   for path in ordered}
     finally:
-        for view in [*views, *([base_view] if base_view else [])]:
+        for view in views:
             view.close()
+    plan = Plan(base=read[ancestor.name] if ancestor else under, sides={side.name: read[side.name] for side in sides})
     for path in ordered:
         plan.outcomes[path] = merge_path(path, plan.base[path], [(s.name, plan.sides[s.name][path]) for s in sides])
     _parents_hold(plan)

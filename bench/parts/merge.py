@@ -1,0 +1,138 @@
+"""capsule_merge of two capsules of 1,000 changed files each against ``git merge`` of the same two branches.
+
+A 2,000-file git repository (20 lines a file, in directories of 100); one capsule over
+it is forked twice, and each fork edits one line of 1,000 files, the first the first
+half of the files and the second the other half (done once, by a shell loop in each
+jail, not timed).  The same edits are committed on two branches of a copy of the
+repository.  Timed, in turns in a new order every round:
+
+- ``capsule_merge {into: "new"}``: list and read both capsules' changes and the base,
+  merge path by path, make the capsule and write and journal the 2,000 files (the merged
+  capsule's destroy after it is not timed);
+- ``capsule_merge {dry_run: true}``: the same without the capsule (the merge alone);
+- ``git merge --no-edit`` of the second branch into a fresh branch at the first: the
+  tree merge, the 1,000 files written to the work tree, the index and the commit (the
+  ``git checkout -B`` that resets the work branch before it is not timed).
+
+The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Row, in_process_tools, median_ms
+
+FILES = 2_000
+CHANGED = 1_000  # per capsule
+PER_DIR = 100
+LINES = 20
+GIT = ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "gc.auto=0"]
+
+
+def _path(index: int) -> str:
+    return f"d{index // PER_DIR:02d}/f{index:05d}.txt"
+
+
+def _tree(root: Path) -> None:
+    for index in range(FILES):
+        file = root / _path(index)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text("".join(f"file {index} line {line}\n" for line in range(1, LINES + 1)))
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "base")
+
+
+def _git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), *GIT, *args], check=True, capture_output=True)
+
+
+def _edit_script(side: int) -> str:
+    """The shell loop that edits one line of this side's 1,000 files (side 0: the first half)."""
+    first = side * CHANGED
+    globs = " ".join(f"d{d:02d}/*.txt" for d in range(first // PER_DIR, (first + CHANGED) // PER_DIR))
+    return f"sed -i 's/ line 7$/ line seven {side}/' {globs}"
+
+
+def _branches(ws: Path, repo: Path) -> None:
+    """A copy of the workspace's repository with the two sides' edits on branches a and b."""
+    shutil.copytree(ws, repo, symlinks=True)
+    for side, branch in ((0, "a"), (1, "b")):
+        _git(repo, "checkout", "-q", "-B", branch, "main")
+        subprocess.run(["sh", "-c", _edit_script(side)], cwd=repo, check=True)
+        _git(repo, "commit", "-q", "-am", branch)
+
+
+def _git_merge(repo: Path) -> float:
+    _git(repo, "checkout", "-q", "-f", "-B", "work", "a")
+    start = time.perf_counter()
+    _git(repo, "merge", "-q", "--no-edit", "b")
+    return time.perf_counter() - start
+
+
+async def _ccw_merge(call: Any, ids: list[str], dry_run: bool) -> float:
+    start = time.perf_counter()
+    result = await call("capsule_merge", {"capsule_ids": ids, "into": "new", "dry_run": dry_run})
+    elapsed = time.perf_counter() - start
+    if not result["merged"] or sum(result["counts"].values()) != 2 * CHANGED:
+        raise RuntimeError(f"the merge did not combine the {2 * CHANGED} files: {result['counts']}")
+    if not dry_run:
+        await call("capsule_destroy", {"capsule_id": result["capsule_id"]})
+    return elapsed
+
+
+async def measure(call: Any, base: Path, rounds: int) -> dict[str, list[float]]:
+    """Seconds per merge of each kind, over ``rounds`` rounds after one warm-up each."""
+    ws, repo = base / "merge-ws", base / "merge-git"
+    _tree(ws)
+    _branches(ws, repo)
+    parent = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    ids = (await call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+    for side, capsule_id in enumerate(ids):
+        done = await call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", _edit_script(side)],
+                                           "wait_ms": None})
+        if done["exit_code"] != 0:
+            raise RuntimeError(f"the edit failed: {done['stderr'][-300:]}")
+
+    async def git_merge() -> float:
+        return _git_merge(repo)
+
+    runners = {"into new": lambda: _ccw_merge(call, ids, False), "dry run": lambda: _ccw_merge(call, ids, True),
+               "git merge": git_merge}
+    times: dict[str, list[float]] = {name: [] for name in runners}
+    for runner in runners.values():
+        await runner()
+    order, shuffler = list(runners), random.Random(1)
+    for _ in range(rounds):
+        shuffler.shuffle(order)
+        for name in order:
+            times[name].append(await runners[name]())
+    for capsule_id in [*ids, parent]:
+        await call("capsule_destroy", {"capsule_id": capsule_id})
+    return times
+
+
+async def measured(base: Path, rounds: int) -> dict[str, list[float]]:
+    """``measure`` over a runtime of its own, its state dir under ``base``."""
+    (base / "merge-state").mkdir()
+    async with in_process_tools(base / "merge-state") as tools:
+        return await measure(tools.call, base, rounds)
+
+
+def rows(times: dict[str, list[float]], rounds: int) -> list[Row]:
+    """The two rows: the merge into a new capsule, and the dry run, each against git merge."""
+    git = median_ms(times["git merge"])
+    extra = {"rounds": rounds, "files": FILES, "changed_per_capsule": CHANGED, "cpus": os.cpu_count()}
+    return [
+        Row(f"capsule_merge of 2 x {CHANGED} changed files, into new", median_ms(times["into new"]),
+            baseline="git merge of the same branches", baseline_ms=git, target="<= 1.5x", extra=extra),
+        Row(f"capsule_merge of 2 x {CHANGED} changed files, dry run", median_ms(times["dry run"]),
+            baseline="git merge of the same branches", baseline_ms=git, extra=extra),
+    ]
