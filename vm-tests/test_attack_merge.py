@@ -147,3 +147,30 @@ def test_a_capsule_made_to_look_like_a_descendant_merges_against_its_real_base(
     refused = out["refused"]
     assert refused is not None and refused.code == "INVALID_ARGUMENT", refused
     assert f"{over_copy} was not made over the same base and workspace as {fork}" in refused.message
+
+
+def test_the_policies_judge_what_the_inputs_ran_not_only_the_merged_capsule(
+        tools: Any, require: Any, tmp_path: Path) -> None:
+    """An input that read a path a policy denies is refused in a merge as in its own promotion:
+    the merged capsule ran nothing, and its inputs' runs are judged with it."""
+    ws = _workspace(require, tmp_path)
+    (ws / "secret.txt").write_text("the key\n")
+    rules = {"deny_paths": ["secret.txt"]}
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        await t.call("policy_set", {"name": "no-secret", "rules": rules})
+        snoop, edit = await _forks(t, ws, "cat secret.txt > /dev/null && echo snooped >> m.txt",
+                                   "sed -i 's/^line 3$/line three/' m.txt")
+        alone = await t.call("capsule_promote", {"capsule_id": snoop, "dry_run": True, "policies": ["no-secret"]})
+        merged = await t.call("capsule_merge", {"capsule_ids": [snoop, edit], "into": "live",
+                                                "policies": ["no-secret"]})
+        return {"alone": alone, "merged": merged}
+
+    out = tools.run(scenario)
+    alone = out["alone"]["policy_report"]
+    assert alone["paths_ok"] is False and alone["deny_paths"] == ["secret.txt"], alone
+    merged = out["merged"]
+    assert merged["merged"] is True and merged["written"] is False and merged["promote"]["promoted"] is False
+    report = merged["promote"]["policy_report"]
+    assert report["paths_ok"] is False and report["deny_paths"] == ["secret.txt"], report
+    assert (ws / "m.txt").read_text() == LINES

@@ -25,7 +25,9 @@ Otherwise ``into: "new"`` makes a capsule holding the merge (capsules/merge_writ
 where tests can run; ``into: "live"`` makes one the same way (destroyed after) and
 promotes it with capsule_promote's own code
 (capsules/promote.py): the same policies, hazard checks (set-id bits, git hooks and
-config, symlinked parents), conflict check and all-or-nothing write.  A capsule whose
+config, symlinked parents), conflict check and all-or-nothing write.  The policies judge
+the inputs' runs too (``Request.runs_of``: what each read, wrote, used and reached), not
+only the merged capsule's, which ran nothing of its own.  A capsule whose
 git moved refs in a git dir outside its workspace is refused: promotion carries refs
 one capsule at a time (capsules/gitpromote.py), and a merge has no single capsule's
 commits to carry.  ``dry_run`` makes nothing for ``new``, and for ``live`` runs
@@ -172,7 +174,7 @@ async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
         return {**result, "written": True, "capsule_id": made.capsule_id}
     try:
         promoted = await promote(service, Request(made.capsule_id, list(question.policies), question.dry_run,
-                                                  question.allow_hazards))
+                                                  question.allow_hazards, runs_of=question.capsule_ids))
     finally:
         with trio.CancelScope(shield=True):
             await service.destroy(made.capsule_id)

@@ -226,9 +226,12 @@ def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazar
     return out
 
 
-def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry]) -> CapsuleFacts:
+def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry],
+           runs_of: tuple[str, ...] = ()) -> CapsuleFacts:
     facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"), exposed=list(record.spec.expose))
-    for capsule in reversed(_lineage(journal, record)):
+    others = [found for found in map(journal.capsule, runs_of) if found is not None]
+    chains = [capsule for one in (record, *others) for capsule in reversed(_lineage(journal, one))]
+    for capsule in {capsule.capsule_id: capsule for capsule in chains}.values():  # each once, ancestors first
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]
             facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
@@ -271,6 +274,7 @@ class Request:
     dry_run: bool = False
     allow_hazards: frozenset[str] = frozenset()  # hazard kinds (core/hazards.KINDS) to promote anyway
     scope: Scope = field(default_factory=Scope)  # what is written: by default not what the workspace's git ignores
+    runs_of: tuple[str, ...] = ()  # capsules whose runs are judged as this one's (capsule_merge's inputs)
 
 
 async def promote(service: CapsuleService, request: Request) -> dict[str, Any]:
@@ -331,7 +335,7 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     plan = await _checked_entries(service, journal, record, request.scope, conflicts)
     entries = plan.entries
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
-    facts = _facts(record, journal, entries)
+    facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
     facts.hazards = hazards.judge(hazards.find(changes, plan.bare_gitdirs, plan.config_named), request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
