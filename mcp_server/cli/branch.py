@@ -41,7 +41,12 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 def tool_call(args: argparse.Namespace) -> dict[str, Any]:
     """capsule_promote's arguments for ``ccw capsule branch``."""
-    call: dict[str, Any] = {"capsule_id": args.capsule_id, "as_branch": args.name, "dry_run": args.dry_run}
+    return {**promote_call(args), "as_branch": args.name}
+
+
+def promote_call(args: argparse.Namespace) -> dict[str, Any]:
+    """capsule_promote's arguments from the options ``ccw capsule promote`` and ``branch`` share."""
+    call: dict[str, Any] = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
     if args.policies:
         call["policies"] = args.policies
     if args.allow_hazards:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl, replay_report
+from mcp_server.cli import branch, frontclient, helperctl, replay_report
 from mcp_server.cli.output import (
     Progress,
     color_diff,
@@ -376,18 +376,8 @@ def _create_call(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
-    """capsule_promote's arguments for ``ccw capsule promote``."""
-    call: dict[str, Any] = {"capsule_id": args.capsule_id, "dry_run": args.dry_run}
-    if args.policies:
-        call["policies"] = args.policies
-    if args.allow_hazards:
-        call["allow_hazards"] = sorted(set(args.allow_hazards))
-    if args.include_ignored:
-        call["include_ignored"] = True
-    for key in ("paths", "exclude"):
-        if getattr(args, key):
-            call[key] = getattr(args, key)
-    return call
+    """capsule_promote's arguments for ``ccw capsule promote`` (its options are ``branch``'s too)."""
+    return branch.promote_call(args)
 
 
 def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
