@@ -373,25 +373,16 @@ class Journal:
         """
         return self.add_writes(capsule_id, [(path, action, content, target, mode, mtime_ns)])[0]
 
-    def add_writes(self, capsule_id: str,
-                   writes: list[tuple[str, str, bytes | None, str | None, int | None, int | None]]) -> list[int]:
-        """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction
-        (capsule_merge writes thousands of files into a capsule at once); their sequence numbers."""
+    def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]]) -> list[int]:
+        """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction."""
         import base64
-
-        seqs = []
         with self.state.transaction() as db:
-            for path, action, content, target, mode, mtime_ns in writes:
-                seq = self._last_seq(db, capsule_id) + 1
-                generation = self._advance(db, capsule_id)
-                db.execute(
-                    "INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (capsule_id, seq, path, action, base64.b64encode(content).decode() if content is not None else None,
-                     target, mode, generation, mtime_ns),
-                )
+            seqs = [self._last_seq(db, capsule_id) + 1 + i for i in range(len(writes))]
+            for seq, (path, action, content, target, mode, mtime_ns) in zip(seqs, writes, strict=True):
+                db.execute("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, "
+                           "mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (capsule_id, seq, path, action, None if content
+                           is None else base64.b64encode(content).decode(), target, mode, self._advance(db, capsule_id), mtime_ns))
                 events.emit(db, "file.changed", capsule_id, {"seq": seq, "path": path, "action": action})
-                seqs.append(seq)
         return seqs
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
