@@ -102,22 +102,35 @@ def test_a_branch_holds_exactly_the_change_and_leaves_tree_and_index(tools: Any,
     assert "1 passed" in suite.stdout, suite.stdout[-2000:]
 
 
-def test_refusals_without_a_repository_or_a_base_commit(tools: Any, tmp_path: Path) -> None:
-    plain, unborn = tmp_path / "plain", tmp_path / "unborn"
-    for ws in (plain, unborn):
+def test_refusals_without_a_repository_or_a_base_commit_and_a_fork_s_base(tools: Any, tmp_path: Path) -> None:
+    plain, unborn, repo = tmp_path / "plain", tmp_path / "unborn", tmp_path / "repo"
+    for ws in (plain, unborn, repo):
         ws.mkdir()
         (ws / "a.txt").write_text("a\n")
     realprojects.git(unborn, "init", "-q", "-b", "main")
+    realprojects.git(repo, "init", "-q", "-b", "main")
+    realprojects.git(repo, "add", "-A")
+    realprojects.git(repo, "commit", "-q", "-m", "initial")
+    base = realprojects.git(repo, "rev-parse", "HEAD").strip()
 
     async def scenario(t: Any) -> dict[str, Any]:
-        out = {}
+        out: dict[str, Any] = {}
         for ws in (plain, unborn):
             cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
             await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo b > a.txt"]})
             out[ws.name] = await _refused(t, {"capsule_id": cap, "as_branch": "x"})
+        # A fork's base is its parent's, though the host committed between the two.
+        parent = (await t.call("capsule_create", {"workspace": str(repo)}))["capsule_id"]
+        realprojects.git(repo, "commit", "-q", "--allow-empty", "-m", "later")
+        fork = (await t.call("capsule_fork", {"capsule_id": parent}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": fork, "cmd": ["sh", "-c", "echo b > a.txt"]})
+        out["fork"] = await t.call("capsule_promote", {"capsule_id": fork, "as_branch": "from-fork"})
         return out
 
     out = tools.run(scenario)
+    assert out["fork"]["branch"]["parent"] == base, out["fork"]
+    assert realprojects.git(repo, "show", "from-fork:a.txt") == "b\n"
+    assert realprojects.git(repo, "rev-parse", "from-fork^").strip() == base
     assert out["plain"]["code"] == "UNSUPPORTED" and "not the top of a git repository" in out["plain"]["message"]
     assert out["unborn"]["code"] == "UNSUPPORTED" and "is unknown" in out["unborn"]["message"], out["unborn"]
     assert (plain / "a.txt").read_text() == "a\n" and (unborn / "a.txt").read_text() == "a\n"
