@@ -47,8 +47,8 @@ TOOLS = [
         family="capsule",
         title="Merge capsules",
         description=(
-            "Three-way merge of capsules against their common base, git's rules; conflicts per file with both sides "
-            "and base. into new: a capsule; live: promoted as capsule_promote. A conflict writes nothing."
+            "Three-way merge of capsules against their common base (git's rules); a conflict, listed per file with "
+            "both sides and base, writes nothing. into new: a capsule; live: as capsule_promote."
         ),
         input_schema={
             "type": "object", "required": ["capsule_ids"], "additionalProperties": False,
@@ -70,7 +70,7 @@ TOOLS = [
                 "conflicts": {"type": "array", "items": _CONFLICT},
                 "pairs": {"type": "array", "items": {"type": "object", "required": ["capsules", "verdict"]}},
                 "written": {"type": "boolean"}, "capsule_id": CAPSULE_ID,
-                "promote": {"type": "object", "description": "into live: capsule_promote's result."},
+                "promote": {"type": "object"},  # into live: capsule_promote's result
             },
         },
         handler=capsule_merge,
