@@ -75,10 +75,10 @@ def test_nyc_outputs_promotion_leaves_behind_do_not_fail_the_replay(tools: Any, 
 
     strict = _replay(tools, made, strict_outputs=True)
     assert strict["replay_ok"] is False and "ignored_differences" not in strict
-    def named(paths: set[str]) -> set[str]:  # the replays' own random names differ from each other
-        return {p for p in paths if not p.startswith(".nyc_output/")}
-
-    assert named(_paths(strict["mismatches"])) == named(apart), strict["mismatches"]
+    # What differs is nyc's alone; which coverage files differ varies (coverage-final.json on some runs only).
+    compared = _paths(strict["mismatches"])
+    assert "coverage/index.html" in compared, strict["mismatches"]
+    assert all(p.startswith(("coverage/", ".nyc_output/")) for p in compared), compared
     report = [m for m in strict["mismatches"] if m["kind"] == "change" and m["path"].startswith("coverage/")]
     assert report and all(m["suggest_volatile"] == [m["path"]] for m in report), report
     suggested = {glob for m in strict["mismatches"] for glob in m.get("suggest_volatile", ())}
