@@ -119,6 +119,8 @@ def test_symlinks_merge_as_git_merges_them() -> None:
     assert out.conflict and "symlink changed on both sides ('b' and 'c')" in out.how
     kind = merge_path("l", base, [("x", _file(b"now a file\n")), ("y", State("symlink", 0o777, target="c"))])
     assert kind.conflict and "a file on one side, a symlink on the other" in kind.how
+    files = merge_path("l", base, [("x", _file(b"one\n")), ("y", _file(b"two\n"))])
+    assert files.conflict and files.how == "conflict: a symlink replaced on both sides, by different files"
     one = merge_path("l", base, [("x", State("symlink", 0o777, target="b")), ("y", base)])
     assert one.state == State("symlink", 0o777, target="b")
 

@@ -132,6 +132,8 @@ def merge_two(path: str, base: State, ours: State, theirs: State) -> Outcome:
         how = "conflict: directory mode changed on both sides"
     elif base.kind is None:
         how = f"conflict: added on both sides, as {_kind_word(ours)} and {_kind_word(theirs)}"
+    elif ours.kind == theirs.kind:
+        how = f"conflict: {_kind_word(base)} replaced on both sides, by different {ours.kind}s"
     else:
         how = f"conflict: {_kind_word(ours)} on one side, {_kind_word(theirs)} on the other"
     return Outcome(path, None, how)
