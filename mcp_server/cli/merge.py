@@ -99,8 +99,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """Call capsule_merge and print its report; 0 if it succeeded (see ``succeeded``), else 1."""
     import trio
 
+    call = tool_call(args)  # bad arguments start no helper
     helperctl.ensure(config, autostart=not args.no_autostart)
-    result = trio.run(frontclient.call_tool, config, "capsule_merge", tool_call(args))
+    result = trio.run(frontclient.call_tool, config, "capsule_merge", call)
     if args.json:
         print_json(result)
     else:
