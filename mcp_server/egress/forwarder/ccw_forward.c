@@ -26,13 +26,14 @@
  * the namespace it was made in, so this program never enters one and needs no privilege:
  * it runs as the front end's user.
  *
- * Where a fresh connection's time goes (issue 36; perf stat on this program, 600 fresh
- * connections): some 130 us of CPU each, nearly all in the kernel: the second TCP
- * connection's handshake and teardown (loopback's softirq work is charged to whoever
- * sends), two to three wake-ups, the owner check's two netlink calls.  The syscalls this
- * program could drop (two pipes made and closed, the spare's flags and family, the
- * connect's epoll round, the wake-up for an EOF that came with the answer) did not move
- * that measurably; the pool's refills through the front end did (capsule.c).
+ * Where a fresh connection's time goes (issue 36; perf stat on this program, 2000 fresh
+ * connections a run, on a busy 2-core VM): about 100 us of CPU each, nearly all in the
+ * kernel: the second TCP connection's handshake and teardown (loopback's softirq work is
+ * charged to whoever sends), under two context switches, the owner check's two netlink
+ * calls.  Dropping what this program could (two pipes made and closed, the spare's flags
+ * and family, the connect's epoll round, the wake-up for an EOF that came with the
+ * answer) took it from 115-122 us to 99-102 us.  More had gone to the pool's refills
+ * through the front end (capsule.c).
  *
  * The control protocol: each datagram is a code byte, then ASCII fields split by single
  * spaces.  ``ccw-forward --protocol`` prints the codes ("message NAME CODE" lines) and the
