@@ -45,14 +45,21 @@ def _done(proc: Any) -> dict[str, Any]:
 
 def cli_session(state: Path, ws: Path) -> dict[str, Any]:
     """``ccw capsule create``, the edits by ``exec``, then ``branch`` twice (the second refused);
-    the snapshots around the first, and the helper's mode."""
-    cap = ccw(state, "capsule", "create", str(ws)).stdout.strip()
-    for argv in edits(".venv/bin/python"):
-        ccw(state, "capsule", "exec", cap, "--", *argv, timeout=300)
-    before = snapshot(ws)
-    made = ccw(state, "capsule", "branch", cap, "ccw/ping", check=False, timeout=300)
-    after = snapshot(ws)
-    again = ccw(state, "capsule", "branch", cap, "ccw/ping", check=False, timeout=300)
-    mode = json.loads(ccw(state, "helper", "status", "--json").stdout)["mode"]
-    ccw(state, "helper", "stop", check=False)
+    the snapshots around the first, and the helper's mode.
+
+    The user's PATH is the system's: the one this script inherits is root's, and
+    capsule_create would expose its /root/.pyenv/bin (a PATH entry), which the user
+    cannot search."""
+    os.environ["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    try:
+        cap = ccw(state, "capsule", "create", str(ws)).stdout.strip()
+        for argv in edits(".venv/bin/python"):
+            ccw(state, "capsule", "exec", cap, "--", *argv, timeout=300)
+        before = snapshot(ws)
+        made = ccw(state, "capsule", "branch", cap, "ccw/ping", check=False, timeout=300)
+        after = snapshot(ws)
+        again = ccw(state, "capsule", "branch", cap, "ccw/ping", check=False, timeout=300)
+        mode = json.loads(ccw(state, "helper", "status", "--json").stdout)["mode"]
+    finally:  # the detached helper and front end end with the session, whatever happened
+        ccw(state, "helper", "stop", check=False)
     return {"made": _done(made), "again": _done(again), "before": before, "after": after, "mode": mode}
