@@ -196,12 +196,12 @@ class CcwServer:
             return "exec"  # a task is a run: capsule_run's scope
         if method == "tools/call" and isinstance(params, Mapping):
             spec = registry.lookup(str(params.get("name", "")))
-            return spec.scope if spec is not None else None
+            return spec.scope_for(params.get("arguments")) if spec is not None else None
         if method == "resources/read" and isinstance(params, Mapping):
             resource = _match_resource(registry, str(params.get("uri", "")))
             return resource.scope if resource is not None else None
         spec = registry.lookup(method) if self.is_direct_method(method) else None
-        return spec.scope if spec is not None else None
+        return spec.scope_for(params) if spec is not None else None
 
     async def run_direct(self, request_id: Any, method: str, params: Any, owner: str | None = None,
                          ticket: Ticket | None = None, tools: ToolList | None = None) -> dict[str, Any]:

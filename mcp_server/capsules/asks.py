@@ -28,11 +28,21 @@ kept up to ``KEEP_ANSWERED`` (the connection records keep each answer anyway), s
 jail that asks for as long as it runs adds rows at a bounded rate and no more than that
 in all.  Nothing here decides: the answer is a person's, and this module only records
 who gave it.
+
+A **proposal** (an agent's ``capsule_network {propose, reason}``: capsules/proposals.py)
+is a row of the same table (``kind`` ``proposal``), so it waits in the same list and is
+answered the same ways; its ``rules`` are what was proposed, its ``proposer`` who asked
+(a token's name, or a uid), and ``once`` or ``capsule`` both approve it (a proposal is
+about rules).  It has bounds of its own (``MAX_PROPOSALS_PER_CAPSULE``,
+``MAX_PROPOSALS``), so an agent's proposals never take the places of its jail's
+questions, nor the other way round.  ``applied`` says whether (and as which change) the
+approved rules reached the capsule: ``claim`` lets exactly one process apply them.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +58,11 @@ MAX_PENDING = 64
 KEEP_ANSWERED = 1000  # settled questions kept (the newest); the runs' records keep each answer too
 MAX_TEXT = 256  # characters of a host, a reason, a who; a command's argv is shown up to this
 ANSWERS = ("once", "capsule", "denied")
+MAX_PROPOSALS_PER_CAPSULE = 8
+MAX_PROPOSALS = 32
+PROPOSAL_S = 3600  # how long a proposal waits for a person (an agent polls it meanwhile)
+_COLUMNS = {"net_questions": {"kind": "TEXT NOT NULL DEFAULT 'connection'", "rules": "TEXT", "proposer": "TEXT",
+                              "applied": "TEXT"}}
 POLL_S = 0.1  # how often a waiter reads its question's row
 
 _DDL = """
@@ -87,6 +102,10 @@ class Question:
     reason: str | None
     who: str | None
     answered_at: str | None
+    kind: str = "connection"
+    rules: tuple[str, ...] = ()  # a proposal's rules, as proposed (preset:NAME kept)
+    proposer: str | None = None
+    applied: str | None = None  # a proposal's: "change N", or why its rules could not be added
 
     @property
     def allowed(self) -> bool:
@@ -95,7 +114,10 @@ class Question:
 
     @property
     def rule(self) -> str:
-        """The rule that would allow it: ``host:port`` (an IPv6 literal in brackets)."""
+        """The rule that would allow it: ``host:port`` (an IPv6 literal in brackets); a
+        proposal's rules, comma-separated."""
+        if self.kind == "proposal":
+            return ", ".join(self.rules)
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{host}:{self.port}"
 
@@ -104,7 +126,9 @@ class Question:
         return {"id": self.id, "capsule_id": self.capsule_id, "host": self.host, "port": self.port,
                 "protocol": self.protocol, "command": self.command, "asked_at": self.asked_at,
                 "expires_at": self.expires_at, "state": self.state, "waiters": self.waiters,
-                "reason": self.reason, "who": self.who, "answered_at": self.answered_at, "rule": self.rule}
+                "reason": self.reason, "who": self.who, "answered_at": self.answered_at, "rule": self.rule,
+                "kind": self.kind, **({"rules": list(self.rules), "proposer": self.proposer, "applied": self.applied}
+                                      if self.kind == "proposal" else {})}
 
     def refusal(self) -> str:
         """What a refused connection's record says, with how to allow it next time."""
@@ -126,6 +150,7 @@ def _text(value: str) -> str:
 
 def _table(state: State) -> State:
     state.ensure_schema("net_questions", _DDL)
+    state.add_columns(_COLUMNS)  # a state dir whose table predates proposals
     events.ensure_schema(state)
     return state
 
@@ -133,7 +158,8 @@ def _table(state: State) -> State:
 def _question(row: Any) -> Question:
     return Question(int(row["id"]), row["capsule_id"], row["host"], int(row["port"]), row["protocol"],
                     row["command"], row["asked_at"], row["expires_at"], row["state"], int(row["waiters"]),
-                    row["reason"], row["who"], row["answered_at"])
+                    row["reason"], row["who"], row["answered_at"], row["kind"],
+                    tuple(json.loads(row["rules"])) if row["rules"] else (), row["proposer"], row["applied"])
 
 
 def ask(state: State, capsule_id: str, host: str, port: int, protocol: str, command: Sequence[str],
@@ -146,14 +172,13 @@ def ask(state: State, capsule_id: str, host: str, port: int, protocol: str, comm
     now = _now()
     host, protocol = _text(host.lower()), _text(protocol)
     with state.transaction() as db:
-        same = db.execute("SELECT * FROM net_questions WHERE state = 'pending' AND capsule_id = ? AND host = ? "
-                          "AND port = ? AND protocol = ?", (capsule_id, host, port, protocol)).fetchone()
+        same = db.execute("SELECT * FROM net_questions WHERE state = 'pending' AND kind = 'connection' AND "
+                          "capsule_id = ? AND host = ? AND port = ? AND protocol = ?",
+                          (capsule_id, host, port, protocol)).fetchone()
         if same is not None:
             db.execute("UPDATE net_questions SET waiters = waiters + 1 WHERE id = ?", (same["id"],))
             return _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (same["id"],)).fetchone())
-        (mine,) = db.execute("SELECT COUNT(*) FROM net_questions WHERE state = 'pending' AND capsule_id = ?",
-                             (capsule_id,)).fetchone()
-        (every,) = db.execute("SELECT COUNT(*) FROM net_questions WHERE state = 'pending'").fetchone()
+        mine, every = _counts(db, "connection", capsule_id)
         if mine >= MAX_PENDING_PER_CAPSULE or every >= MAX_PENDING:
             which = (f"capsule {capsule_id} has {mine}" if mine >= MAX_PENDING_PER_CAPSULE
                      else f"this state dir has {every}")
@@ -167,9 +192,65 @@ def ask(state: State, capsule_id: str, host: str, port: int, protocol: str, comm
              (now + dt.timedelta(seconds=timeout_s)).isoformat(timespec="milliseconds")))
         asked = _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (cursor.lastrowid,)).fetchone())
         events.emit(db, "net.ask", capsule_id, asked.to_json())
-        db.execute("DELETE FROM net_questions WHERE state != 'pending' AND id <= (SELECT MAX(id) FROM net_questions) - ?",
-                   (KEEP_ANSWERED,))
+        _forget(db)
     return asked
+
+
+def _counts(db: Any, kind: str, capsule_id: str) -> tuple[int, int]:
+    """How many of ``kind`` are pending: the capsule's, and the state dir's."""
+    (mine,) = db.execute("SELECT COUNT(*) FROM net_questions WHERE state = 'pending' AND kind = ? AND capsule_id = ?",
+                         (kind, capsule_id)).fetchone()
+    (every,) = db.execute("SELECT COUNT(*) FROM net_questions WHERE state = 'pending' AND kind = ?",
+                          (kind,)).fetchone()
+    return int(mine), int(every)
+
+
+def _forget(db: Any) -> None:
+    """Keep the newest ``KEEP_ANSWERED`` rows (pending ones always)."""
+    db.execute("DELETE FROM net_questions WHERE state != 'pending' AND id <= (SELECT MAX(id) FROM net_questions) - ?",
+               (KEEP_ANSWERED,))
+
+
+def propose(state: State, capsule_id: str, rules: Sequence[str], reason: str, proposer: str) -> Question:
+    """A pending proposal of ``rules`` for the capsule: a new one, or the one already pending
+    with the same rules (one more waiter on it).  UNAVAILABLE past the proposals' bounds."""
+    _table(state)
+    now = _now()
+    kept = json.dumps(sorted(set(rules)))  # parsed by the caller: canonical rules and preset:NAME
+    with state.transaction() as db:
+        same = db.execute("SELECT * FROM net_questions WHERE state = 'pending' AND kind = 'proposal' AND "
+                          "capsule_id = ? AND rules = ?", (capsule_id, kept)).fetchone()
+        if same is not None:
+            db.execute("UPDATE net_questions SET waiters = waiters + 1 WHERE id = ?", (same["id"],))
+            return _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (same["id"],)).fetchone())
+        mine, every = _counts(db, "proposal", capsule_id)
+        if mine >= MAX_PROPOSALS_PER_CAPSULE or every >= MAX_PROPOSALS:
+            which = f"capsule {capsule_id} has {mine}" if mine >= MAX_PROPOSALS_PER_CAPSULE else f"this state dir has {every}"
+            raise CcwError("UNAVAILABLE", f"{which} proposals pending; wait for a person's answer (poll one with "
+                           "capsule_network proposal: ID) before proposing more",
+                           {"capsule_id": capsule_id, "pending": mine})
+        cursor = db.execute(
+            "INSERT INTO net_questions (capsule_id, host, port, protocol, command, asked_at, expires_at, state, "
+            "waiters, kind, rules, proposer) VALUES (?, ?, 0, 'proposal', ?, ?, ?, 'pending', 1, 'proposal', ?, ?)",
+            (capsule_id, _text(", ".join(json.loads(kept))), _text(reason), now.isoformat(timespec="milliseconds"),
+             (now + dt.timedelta(seconds=PROPOSAL_S)).isoformat(timespec="milliseconds"), kept, _text(proposer)))
+        made = _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (cursor.lastrowid,)).fetchone())
+        events.emit(db, "net.ask", capsule_id, made.to_json())
+        _forget(db)
+    return made
+
+
+def claim(state: State, question_id: int) -> bool:
+    """Whether this caller is the one to add an approved proposal's rules (once, ever)."""
+    with _table(state).transaction() as db:
+        cursor = db.execute("UPDATE net_questions SET applied = 'applying' WHERE id = ? AND kind = 'proposal' "
+                            "AND state = 'capsule' AND applied IS NULL", (question_id,))
+        return cursor.rowcount == 1
+
+
+def mark_applied(state: State, question_id: int, what: str) -> None:
+    """Record how a claimed proposal's rules went in (``change N``, or why they could not)."""
+    _table(state).execute("UPDATE net_questions SET applied = ? WHERE id = ?", (_text(what), question_id))
 
 
 def answer(state: State, question_id: int, verdict: str, who: str, reason: str | None = None) -> Question:
@@ -178,6 +259,9 @@ def answer(state: State, question_id: int, verdict: str, who: str, reason: str |
     NOT_FOUND for no such question; CONFLICT if it was answered already (or expired)."""
     if verdict not in ANSWERS:
         raise CcwError("INVALID_ARGUMENT", f"answer {verdict!r}: use one of {', '.join(ANSWERS)}")
+    asked = get(state, question_id)
+    if verdict == "once" and asked is not None and asked.kind == "proposal":
+        verdict = "capsule"  # a proposal is about rules: approving it adds them
     return _settle(_table(state), question_id, verdict, _text(who), None if reason is None else _text(reason))
 
 

@@ -41,7 +41,7 @@ NETWORK_IN: dict[str, Any] = {  # a capsule's network (capsule_create): a grant,
         *NETWORK_GRANT["anyOf"][:2],
         {"type": "object", "required": ["allow"], "additionalProperties": False, "properties": {
             "allow": _RULES, "max_bytes": _CAPS, "max_connections": _CAPS,
-            "on_miss": {"enum": ["deny", "ask"]}, "ask_timeout_ms": {"type": "integer"},
+            "on_miss": {"enum": ["deny", "ask"]}, "ask_timeout_ms": {"type": "integer"}, "policy": {"type": "string"},
         }},
     ],
     "description": (

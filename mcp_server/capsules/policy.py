@@ -2,14 +2,27 @@
 
 Stored policies persist in the state database, validated against
 ``policies/policy.schema.json`` before they are stored (by the policy tools).
+
+A policy's ``network`` rule speaks for the capsules whose network names it
+(``network: {allow, policy: NAME}`` at capsule_create), and only for them:
+``on_miss`` and ``ask_timeout_ms`` are their defaults where the capsule says nothing
+(``network_defaults``, at create: a capsule's own word wins), and ``approve`` lists the
+rules and presets a proposal may name to be approved at once, by ``policy NAME``
+(``approves``, read when the proposal is made, so a changed policy counts from then on).
+Promotion ignores it: it is about what a capsule may be given, not what it did.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from mcp_server.core.netrules import NetworkSpec, parse_rules
+from mcp_server.fs.netpresets import expand_rules
 from mcp_server.fs.policy import builtin_policies
 from mcp_server.state import State
 from sandbox.errors import CcwError
@@ -57,3 +70,24 @@ class PolicyStore:
             "INSERT OR REPLACE INTO policies (name, policy, updated_at) VALUES (?, ?, ?)",
             (policy["name"], json.dumps(policy, sort_keys=True), now),
         )
+
+    def network_defaults(self, spec: NetworkSpec | None, given: Any) -> NetworkSpec | None:
+        """``spec`` (parsed from capsule_create's ``given`` network) with its policy's
+        ``on_miss`` and ``ask_timeout_ms`` where ``given`` does not say them; NOT_FOUND for
+        a policy that does not exist."""
+        if spec is None or spec.policy is None:
+            return spec
+        section = self.get(spec.policy)["rules"].get("network") or {}
+        said = set(given) if isinstance(given, Mapping) else set()
+        taken = {key: section[key] for key in ("on_miss", "ask_timeout_ms") if key in section and key not in said}
+        return dataclasses.replace(spec, **taken) if taken else spec
+
+    def approves(self, name: str, rules: Sequence[str], state_dir: str | Path) -> bool:
+        """Whether policy ``name``'s ``network.approve`` holds every one of ``rules`` (parsed
+        rules, presets expanded); a policy gone, or without the list, approves nothing."""
+        try:
+            listed = (self.get(name)["rules"].get("network") or {}).get("approve") or []
+            allowed = set(parse_rules(expand_rules(listed, state_dir)))
+        except CcwError:  # the policy was removed, or names a preset no longer there: a person decides
+            return False
+        return bool(rules) and set(parse_rules(rules)) <= allowed

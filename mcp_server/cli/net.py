@@ -25,7 +25,10 @@ import os
 import sys
 from typing import Any
 
+import trio
+
 from mcp_server.capsules import asks
+from mcp_server.cli import frontclient
 from mcp_server.cli.output import print_json
 from mcp_server.config import Config
 from mcp_server.fs.netpresets import PRESET, catalogue
@@ -68,8 +71,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
         settled = asks.answer(state, args.id, "capsule" if args.always else "once", who)
     else:
         settled = asks.answer(state, args.id, "denied", who, args.reason)
+    if settled.kind == "proposal" and settled.allowed:
+        poll = {"capsule_id": settled.capsule_id, "proposal": settled.id}
+        trio.run(frontclient.call_tool, config, "capsule_network", poll)
+        settled = asks.get(state, settled.id) or settled
     if args.json:
         print_json(settled.to_json())
+    elif settled.kind == "proposal":
+        print(f"{settled.id}: {settled.state} (proposal of {settled.proposer} in {settled.capsule_id}: "
+              f"{settled.rule}; {settled.applied})")
     else:
         print(f"{settled.id}: {settled.state} ({settled.host}:{settled.port} in {settled.capsule_id})")
     return 0
@@ -81,6 +91,11 @@ def render_pending(waiting: list[dict[str, Any]]) -> str:
         return "no connection is waiting for an answer\n"
     lines = []
     for question in waiting:
+        if question["kind"] == "proposal":
+            lines.append(f"{question['id']}: {question['proposer']} proposes for {question['capsule_id']}: "
+                         f"{question['rule']} (until {question['expires_at']})")
+            lines.append(f"    reason: {question['command']}")
+            continue
         lines.append(f"{question['id']}: {question['capsule_id']} asks for {question['protocol']} "
                      f"{question['rule']} ({question['waiters']} waiting, until {question['expires_at']})")
         lines.append(f"    command: {question['command']}")

@@ -68,6 +68,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL = re.compile(r"[a-z0-9-]{1,63}\Z")
 _NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0x[0-9a-f]*)\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
+_POLICY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}\Z")  # policies/policy.schema.json's name
 
 @dataclass(frozen=True, order=True)
 class Rule:
@@ -127,6 +128,7 @@ class NetworkSpec:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     on_miss: str = "deny"
     ask_timeout_ms: int = DEFAULT_ASK_MS
+    policy: str | None = None  # the policy whose network section pre-approves proposals (capsules/proposals.py)
 
     def to_json(self) -> dict[str, Any]:
         """The canonical form; ``parse_network`` reads it back to an equal spec.  ``on_miss``
@@ -141,6 +143,8 @@ class NetworkSpec:
             out["on_miss"] = self.on_miss
         if self.ask_timeout_ms != DEFAULT_ASK_MS:
             out["ask_timeout_ms"] = self.ask_timeout_ms
+        if self.policy is not None:
+            out["policy"] = self.policy
         return out
 
     def rules_text(self) -> str:
@@ -248,17 +252,21 @@ def parse_network(value: Any) -> NetworkSpec | None:
     """A capsule's ``network`` argument: ``"none"``/None, a list of rules, or an object.
 
     The object is ``{"allow": [...], "max_bytes": n, "max_connections": n, "on_miss":
-    "deny"|"ask", "ask_timeout_ms": n}`` (all but allow optional).  Anything else is
+    "deny"|"ask", "ask_timeout_ms": n, "policy": NAME}`` (all but allow optional; the policy's
+    network section is capsules/policy.py's).  Anything else is
     INVALID_ARGUMENT saying what is expected.
     """
     if value is None or value == "none":
         return None
-    on_miss, ask_ms = "deny", DEFAULT_ASK_MS
+    on_miss, ask_ms, policy = "deny", DEFAULT_ASK_MS, None
     if isinstance(value, Mapping):
-        unknown = sorted(set(value) - {"allow", "max_bytes", "max_connections", "on_miss", "ask_timeout_ms"})
+        unknown = sorted(set(value) - {"allow", "max_bytes", "max_connections", "on_miss", "ask_timeout_ms", "policy"})
         if unknown:
             raise _invalid(f"network has unknown fields {unknown}; it takes allow, max_bytes, max_connections, "
-                           "on_miss, ask_timeout_ms")
+                           "on_miss, ask_timeout_ms, policy")
+        policy = value.get("policy")
+        if policy is not None and (not isinstance(policy, str) or not _POLICY.match(policy)):
+            raise _invalid(f"network policy {policy!r} is not a policy's name (policy_list lists them)")
         if "allow" not in value:
             raise _invalid("network object needs 'allow': a list of rules")
         allow = value["allow"]
@@ -280,7 +288,7 @@ def parse_network(value: Any) -> NetworkSpec | None:
         raise _invalid(f"network allow must be a list of rules, not {allow!r}; {GRAMMAR}")
     if not allow:
         raise _invalid("network allow list is empty: use 'none' for a capsule without network")
-    return NetworkSpec(parse_rules(allow), max_bytes, max_connections, on_miss, ask_ms)
+    return NetworkSpec(parse_rules(allow), max_bytes, max_connections, on_miss, ask_ms, policy)
 
 
 def rules_id(spec: NetworkSpec) -> str:
@@ -315,7 +323,7 @@ def changed(spec: NetworkSpec, allow: Iterable[Any] = (), remove: Iterable[Any] 
     given = dict(caps or {})
     max_bytes = _cap(given.get("max_bytes", spec.max_bytes), "max_bytes")
     max_connections = _cap(given.get("max_connections", spec.max_connections), "max_connections")
-    return NetworkSpec(rules, max_bytes, max_connections, spec.on_miss, spec.ask_timeout_ms)
+    return NetworkSpec(rules, max_bytes, max_connections, spec.on_miss, spec.ask_timeout_ms, spec.policy)
 
 
 def network_json(spec: NetworkSpec | None) -> str | dict[str, Any]:

@@ -73,7 +73,8 @@ from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
-              "require_identical_output", "require_replay_ok", "require_tests", "volatile", "expose")
+              "require_identical_output", "require_replay_ok", "require_tests", "volatile", "expose",
+              "network")  # network: for capsules naming the policy, not promotion (capsules/policy.py)
 
 
 @functools.lru_cache(maxsize=512)

@@ -35,6 +35,7 @@ from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.capsules.gitdirs import find as find_gitdir
+from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
@@ -146,6 +147,7 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
                                           args.get("auto_expose") is not False, env, uid, homes)
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
     network = parse_network(expand_network(args.get("network"), ctx.state.root))  # preset:NAME: fs/netpresets.py
+    network = PolicyStore(ctx.state).network_defaults(network, args.get("network"))  # network.policy's on_miss
     result = _git_result(_capsule_result(await ctx.capsules.create(spec, network, globs)), git)
     if needs:
         result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]

@@ -34,6 +34,8 @@ NETWORK_RECORDS = {
             "bytes_out": {"type": "integer"},
             "bytes_in": {"type": "integer"},
             "cut": {"type": ["string", "null"]},
+            # Held while a person was asked (capsules/misses.py): the question, its answer, who, reason.
+            "asked": {"type": "object"},
         },
     },
 }

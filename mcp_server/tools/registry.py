@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -104,6 +104,15 @@ class ToolSpec:
     # Whether and how a call takes a capsule's turn (capsules/turns.py): the transport
     # takes its place in the capsule's line when it reads the request; None: no turn.
     turn: TakesTurn | None = None
+    # A scope that depends on the call's arguments (capsule_network: an agent proposes with
+    # exec, a person changes rules with admin); None: ``scope`` for every call.
+    scope_of: Callable[[Mapping[str, Any]], str] | None = None
+
+    def scope_for(self, arguments: Any) -> str:
+        """The scope a call with ``arguments`` needs (``scope`` unless ``scope_of`` says)."""
+        if self.scope_of is None or not isinstance(arguments, Mapping):
+            return self.scope
+        return self.scope_of(arguments)
 
     def __post_init__(self) -> None:
         if self.scope not in SCOPES:

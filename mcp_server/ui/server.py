@@ -164,7 +164,13 @@ class Dashboard:
         if method == "GET" and parts == ["questions"]:
             return await read(api.questions, self.state)
         if method == "POST" and len(parts) == 2 and parts[0] == "questions" and parts[1].isdigit():
-            return await read(api.answer_question, self.state, int(parts[1]), body)
+            answered = await read(api.answer_question, self.state, int(parts[1]), body)
+            if answered["kind"] == "proposal" and answered["state"] == "capsule":
+                # An approved proposal's rules go live in the front end's session (capsules/proposals.py).
+                added = await self._tool("capsule_network", {"capsule_id": answered["capsule_id"],
+                                                             "proposal": answered["id"]})
+                return added["result"]["proposal"] if added["ok"] else answered
+            return answered
         if method == "GET" and parts == ["races"]:
             return await read(races.listed, self.state, _number(query, "limit"), _number(query, "before"))
         if method == "GET" and len(parts) == 2 and parts[0] == "races" and parts[1]:
