@@ -253,6 +253,8 @@ SHARED = {
     "test_network_presets.py": "netfixtures' fixed addresses",
     "test_netlive_e2e.py": "netfixtures' fixed addresses",
     "test_network_ask.py": "netfixtures' fixed addresses",
+    "test_network_propose.py": "netfixtures' fixed addresses",
+    "test_attack_proposals.py": "netfixtures' fixed addresses",
 }
 
 
