@@ -14,7 +14,11 @@ repository.  Timed, in turns in a new order every round:
   tree merge, the 1,000 files written to the work tree, the index and the commit (the
   ``git checkout -B`` that resets the work branch before it is not timed).
 
-The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.
+The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  The two do not
+write the same amount: git merges into the first branch, so it writes the second's 1,000
+files, where the new capsule starts from the merge base (the parent, which every input
+forked from) and gets all 2,000, each also journaled with its bytes (a witness of the
+merged capsule replays them).  The dry run is the merge alone, nothing written.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from itertools import combinations
 from mcp_server.capsules.merge3 import ABSENT, Outcome, State, merge_path
 from mcp_server.fs import changeset
 from mcp_server.fs.view import DirFds, RootView
+from mcp_server.fs.view import Side as ViewSide
 from sandbox.replies import Change
 
 
@@ -58,8 +59,8 @@ def _key(path: str) -> bytes:
     return path.encode("utf-8", "surrogateescape")
 
 
-def _state(dirs: DirFds, path: str) -> State:
-    side = dirs.lstat(path)
+def _state(dirs: DirFds, path: str, side: ViewSide | None) -> State:
+    """The state ``expand`` found at ``path`` (``side``), with a file's bytes read through ``dirs``."""
     if side is None:
         return ABSENT
     if side.kind == "file":
@@ -73,20 +74,26 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
 
     A view holds the lower directory's state at every path its change list does not name,
     so only the paths it names are read from it (a fork's list names its parent's changes
-    too, and a change it undid is a path its parent's list names)."""
+    too, and a change it undid is a path its parent's list names).  ``expand`` has already
+    looked at each named path in both trees: only files' bytes are read after it."""
     every = [*sides, *([ancestor] if ancestor else [])]
     views = [RootView.from_fd(side.root_fd) for side in every]
     try:
         with RootView.open(lower) as low:
-            named = {side.name: {entry.path for entry in changeset.expand(side.changes, low, view)}
-                     for side, view in zip(every, views, strict=True)}
-            ordered = sorted(set().union(*named.values()), key=_key)
+            named: dict[str, dict[str, ViewSide | None]] = {}
+            olds: dict[str, ViewSide | None] = {}
+            for side, view in zip(every, views, strict=True):
+                entries = changeset.expand(side.changes, low, view)
+                named[side.name] = {entry.path: entry.new for entry in entries}
+                olds.update((entry.path, entry.old) for entry in entries)
+            ordered = sorted(olds, key=_key)
             with DirFds(low) as low_dirs:
-                under = {path: _state(low_dirs, path) for path in ordered}
+                under = {path: _state(low_dirs, path, olds[path]) for path in ordered}
         read = {}
         for side, view in zip(every, views, strict=True):
+            mine = named[side.name]
             with DirFds(view) as dirs:
-                read[side.name] = {path: _state(dirs, path) if path in named[side.name] else under[path]
+                read[side.name] = {path: _state(dirs, path, mine[path]) if path in mine else under[path]
                                    for path in ordered}
     finally:
         for view in views:
