@@ -200,3 +200,6 @@ def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Pat
     assert "  CONFLICT docs/new.md: conflict: kept by cap_two while its directory docs is symlink -> /etc" in printed
     assert "  pair cap_one + cap_two: conflict at docs/new.md (1 shared)" in printed
     assert printed.endswith("refused: 1 conflict(s); nothing was made or written\n") and not succeeded(result)
+    spec = TOOLS[0]
+    assert [spec.scope_for(args) for args in ({"capsule_ids": names}, {"into": "live"},
+                                              {"into": "live", "dry_run": True})] == ["exec", "promote", "exec"]

@@ -3,11 +3,13 @@
 An adapter over mcp_server/capsules/merge.py, which says how the base is found, the
 order of the steps and what ``into`` does; capsules/merge3.py says git's rules for each
 path.  ``into: "live"`` goes through capsule_promote's code, so ``policies`` and
-``allow_hazards`` mean what they mean there.  Not in the ``agent`` profile.
+``allow_hazards`` mean what they mean there, and it needs the ``promote`` scope; a merge
+into a new capsule, or a dry run, needs ``exec`` (``scope_of``).  Not in the ``agent`` profile.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID
@@ -29,6 +31,12 @@ async def capsule_merge(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any
         raise
     record_outcome(ctx.state, "capsule_merge", question.capsule_ids[0], result, None)
     return result
+
+
+def scope_of(args: Mapping[str, Any]) -> str:
+    """``promote`` for a merge written into the live tree; ``exec`` for one that makes a capsule or
+    writes nothing (an agent may merge its attempts into a new capsule and test there)."""
+    return "promote" if args.get("into") == "live" and not args.get("dry_run") else "exec"
 
 
 _CONFLICT = {
@@ -75,6 +83,7 @@ TOOLS = [
         },
         handler=capsule_merge,
         scope="promote",
+        scope_of=scope_of,
         destructive=True,
     ),
 ]
