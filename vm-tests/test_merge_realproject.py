@@ -5,7 +5,8 @@ forks made by one ``capsule_fork`` with ``count: 3`` get a fix in idna/intranges
 new test in tests/test_intranges.py, and an edit of the fix's line.  The merge of the
 fix and the edit is refused whole, naming the file, both hunks and the base, with the
 tree untouched; the merge of the fix and the new test into a new capsule passes the
-suite there, and promoted gives exactly both changes in the host's ``git diff``.  Then
+suite there, its witness replays, and promoted gives exactly both changes in the host's
+``git diff``.  Then
 the same through ``ccw capsule merge``.
 """
 
@@ -65,9 +66,11 @@ def test_merge_refuses_a_conflict_whole_then_merges_tests_and_promotes(tools: An
         listed = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
         merged = await t.call("capsule_merge", {"capsule_ids": [fix, new_test], "into": "new"})
         suite = await t.call("capsule_exec", {"capsule_id": merged["capsule_id"], "cmd": list(project.test_cmd)})
+        witness = await t.call("capsule_witness", {"capsule_id": merged["capsule_id"]})
+        replayed = await t.call("capsule_replay", {"witness_id": witness["witness_id"]})
         promoted = await t.call("capsule_promote", {"capsule_id": merged["capsule_id"]})
         return {"ids": (fix, new_test, conflict), "refused": refused, "untouched": untouched, "listed": listed,
-                "merged": merged, "suite": suite, "promoted": promoted}
+                "merged": merged, "suite": suite, "replayed": replayed, "promoted": promoted}
 
     out = tools.run(scenario)
     fix, new_test, conflict = out["ids"]
@@ -88,6 +91,8 @@ def test_merge_refuses_a_conflict_whole_then_merges_tests_and_promotes(tools: An
                                                                    "tests/test_intranges.py": [new_test]}
     assert merged["pairs"][0]["verdict"] == "commute" and "capsule_id" in merged["base"]
     assert out["suite"]["exit_code"] == 0, out["suite"]["stderr"][-2000:]
+    # The merge is journaled as file writes: a witness of the merged capsule replays them, then the suite.
+    assert out["replayed"]["replay_ok"] is True, out["replayed"].get("mismatches")
     assert out["promoted"]["promoted"] is True, out["promoted"]
     assert _git(ws, "diff", "--name-only").split() == ["idna/intranges.py", "tests/test_intranges.py"]
     diff = _git(ws, "diff")
