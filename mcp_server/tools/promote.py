@@ -66,10 +66,9 @@ TOOLS = [
         family="capsule",
         title="Promote capsule",
         description=(
-            "Write the capsule's changes into the workspace, all or nothing, if the policies pass "
-            "(default: baseline) and the workspace has not changed under it (else REPO_CHANGED). "
-            "Hazards are refused: setuid bits, world-writable files, .git "
-            "control files, autorun files (.envrc, .vscode/); allow_hazards lets reviewed kinds through. "
+            "Write the capsule's changes to the workspace, all or nothing, if the policies pass "
+            "(default: baseline) and the workspace is unchanged (else REPO_CHANGED). Hazards (setuid, "
+            "world-writable, .git control, autorun files like .envrc) are refused unless in allow_hazards. "
             "Git-ignored files are skipped unless include_ignored; paths/exclude select. dry_run: report only."
         ),
         input_schema={
@@ -88,8 +87,7 @@ TOOLS = [
                           "description": "Promote only the paths these globs match (default: all)."},
                 "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
                             "description": "Leave behind the paths these globs match."},
-                "as_branch": {"type": "string", "maxLength": 255,
-                              "description": "Commit to this new git branch off the base commit instead."},
+                "as_branch": {"type": "string", "description": "Instead: commit it to this new git branch."},
             },
         },
         output_schema={
