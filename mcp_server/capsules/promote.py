@@ -43,6 +43,10 @@ more: promoting the capsule again writes the rest, with no conflict
 
 ``dry_run`` runs 1 to 3, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
 ``["baseline"]``.
+
+``as_branch`` (capsules/branch.py) runs 2 and 3 on the same change (``judge``, in the same
+turn: ``in_turn``) and commits it onto a new branch instead of step 4; step 1 does not
+apply, since nothing in the workspace is written.
 """
 
 from __future__ import annotations
