@@ -9,10 +9,13 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
 
 - ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER)`` installs the
   filter and returns a descriptor, the listener.  ccw-jail's init installs it last
-  (after no_new_privs and the jail's own filter: steps.c ``send_listener``) and sends the
-  listener over a socket the helper gave it (SCM_RIGHTS), then closes its copy.  No
-  privilege is needed but no_new_privs, so a rootless helper has it too; no ptrace
-  permission is needed to take the descriptor, as pidfd_getfd(2) would.
+  (after no_new_privs and the jail's own filter: steps.c ``install_listener``) and keeps
+  the listener, polled beside its signals, until a notification is pending; only then
+  does it send the listener over a socket the helper gave it (SCM_RIGHTS, steps.c
+  ``hand_listener``) and close its copy.  So a run that renames and deletes nothing (most
+  execs beside a service) costs the helper's reader nothing: no descriptor comes, no
+  thread wakes.  No privilege is needed but no_new_privs, so a rootless helper has it
+  too; no ptrace permission is needed to take the descriptor, as pidfd_getfd(2) would.
 - Every notification on a listener comes from a process of that one run (the filter is
   inherited across fork and exec and cannot be removed): no pid has to be judged.  The
   process waits in the syscall until the listener answers, so it is alive while the
@@ -33,9 +36,13 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   pending and later notified syscall fails with ENOSYS (seccomp_unotify(2): the filter
   stays, its listener is gone).  So the helper keeps a run's listener until the run has
   ended (its init's last report: every other process of its pid namespace is dead, and
-  the init renames nothing), and a listener the init installed but could not send fails
-  the jail rather than leave its ``rm`` failing.  A kernel that refuses the filter sends
-  nothing: the run is attributed as before (``Named`` of an unavailable record owns all).
+  the init renames nothing); the init closes a listener it never handed over only by its
+  exit, when no process is left to fail; and a listener it could not send fails the
+  jail rather than leave its ``rm`` failing.  A kernel that refuses the filter: the init
+  sends an ``F`` instead, and the run is attributed as before (``Named`` of an
+  unavailable record owns all).  The helper keeps a copy of the jail's end of the
+  socket until the run's record is finished, so the init's exit is no hang-up to wake on,
+  and silence means what it says: no notification came.
 - ``RECV`` needs its buffer zeroed (EINVAL otherwise) and blocks while nothing is
   pending, so the reader asks only when poll(2) says one is; a listener whose processes
   have all exited polls POLLHUP.
@@ -48,7 +55,13 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   a bare rename loop here; a kernel without it answers EINVAL, and nothing changes).
 - Only runs that can overlap pay: a plain exec in a capsule without services gets no
   second filter (execution.run decides).  What a notification costs the process is
-  measured by ``bench/run.py unotify``.
+  measured by ``bench/run.py unotify``.  What a run that renames nothing costs is the
+  helper's Python on the exec's own thread (its record, a socketpair, an epoll_ctl, and
+  the finish); the reader wakes for nothing.  The first version had the listener sent at
+  once, and woke its reader four times a run (a run added; the listener came; its last
+  process exited; the run removed), each time rebuilding a poll set and taking the GIL from
+  the exec's thread while it spawned the jail and built the reply: about 1 ms of the
+  exec-beside-a-service row of ``bench/run.py services``.
 """
 
 from __future__ import annotations
@@ -79,6 +92,7 @@ USER_NOTIF_FD_SYNC_WAKE_UP = 1
 USER_NOTIF_FLAG_CONTINUE = 1
 _NOTIF = struct.Struct("=QIIiIQ6Q")  # id, pid, flags, then seccomp_data: nr, arch, ip, args
 _RESP = struct.Struct("=QqiI")  # id, val, error, flags
+_INT = struct.Struct("=i")  # a descriptor in SCM_RIGHTS
 AT_FDCWD = -100
 PATH_MAX = 4096
 _BATCH = 64  # notifications of one listener the reader answers before it looks at the others again
@@ -126,17 +140,20 @@ class Record:
         self.start = board.tick()
         self.end: int | None = None
         self.sock: socket.socket | None = None
+        self.jail_end: socket.socket | None = None  # the init's end, kept here: its exit is no hang-up
         self.listener: int | None = None
         self.hung = False  # its listener polled POLLHUP: no process of the run is left
         self.synced = False  # SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP asked for (at its first notification)
 
     def socket_for_jail(self) -> int:
-        """The jail's end of a new socket the init sends the listener on (the caller closes
-        it once the jail is spawned); this record reads the other end from now on."""
-        ours, theirs = socket.socketpair()
-        self.sock = ours
+        """A copy of the jail's end of a new socket the init sends the listener on (the caller
+        closes it once the jail is spawned); this record reads the other end from now on, and
+        holds the jail's end until it is finished.  The filter counts as installed from here:
+        the init says so if the kernel refused it, and sends the listener only when needed."""
+        self.sock, self.jail_end = socket.socketpair()
+        self.unavailable = None
         _READER.add(self)
-        return theirs.detach()
+        return os.dup(self.jail_end.fileno())
 
     def note(self, full: bytes | None) -> None:
         """One path a notification named (None: unreadable)."""
@@ -316,9 +333,10 @@ class _Reader:
                     self._answer_all(record)
                 os.close(record.listener)
                 record.listener = None
-            if record.sock is not None:
-                record.sock.close()
-                record.sock = None
+            for end in (record.sock, record.jail_end):
+                if end is not None:
+                    end.close()
+            record.sock = record.jail_end = None
 
     def _arm(self, fd: int, record: Record, new: bool = False) -> None:
         """Watch ``fd`` for its next event (the lock held)."""
@@ -365,19 +383,22 @@ class _Reader:
             self._arm(fd, record)
 
     def _take(self, record: Record) -> None:
-        """Receive the listener from the socket, if it has come (nonblocking)."""
+        """Receive the listener from the socket, if the init has sent it (nonblocking)."""
         if record.listener is not None or record.sock is None:
             return
-        try:
-            _msg, fds, _flags, _addr = socket.recv_fds(record.sock, 1, 1, socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+        try:  # not socket.recv_fds: before 3.12 it drops its flags, and would wait here
+            _msg, ancillary, _flags, _addr = record.sock.recvmsg(
+                1, socket.CMSG_SPACE(_INT.size), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
         except BlockingIOError:
             return
+        fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+               for (fd,) in _INT.iter_unpack(data[:len(data) - len(data) % _INT.size])]
         if fds:
             record.listener = fds[0]
             record.unavailable = None
             for extra in fds[1:]:
                 os.close(extra)
-        else:  # the init closed the socket sending nothing: the kernel refused the filter
+        else:  # an 'F' and no descriptor: the kernel refused the filter
             record.unavailable = "the kernel refused the notifying seccomp filter"
         record.sock.close()
         record.sock = None

@@ -101,3 +101,79 @@ def test_the_notifying_program_hands_over_the_rename_family_only(arch: str) -> N
         assert _action(program, nr, audit) == seccomp.SECCOMP_RET_ALLOW  # the jail's own filter decides
     assert _action(program, 82, 0x40000003) == seccomp.SECCOMP_RET_ALLOW  # a foreign arch: the other filter kills
     assert not set(seccomp.NOTIFIED) & set(seccomp.DENIED)
+
+
+# A child that does what ccw-jail's init does (steps.c send_listener): no_new_privs, the
+# notifying filter with a new listener, the listener sent over the socket given; then it renames
+# and deletes, each call held until the helper's reader answers it.
+_CHILD = r"""
+import ctypes, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+program = sys.stdin.buffer.read()
+buffer = ctypes.create_string_buffer(program, len(program))
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+fprog = Fprog(len(program) // 8, ctypes.addressof(buffer))
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+listener = libc.syscall(int(sys.argv[1]), 1, 8, ctypes.byref(fprog))  # seccomp(SET_MODE_FILTER, NEW_LISTENER)
+assert listener >= 0, ctypes.get_errno()
+with socket.socket(fileno=int(sys.argv[3])) as sock:
+    socket.send_fds(sock, [b"L"], [listener])
+os.close(listener)
+for i in range(int(sys.argv[2])):
+    os.rename(f"old{i}", f"new{i}")
+    os.unlink(f"gone{i}")
+"""
+_SECCOMP_NR = {"x86_64": 317, "aarch64": 277}
+
+
+def _child_renames(record: unotify.Record, cwd: Path, count: int) -> None:
+    import subprocess
+    import sys
+
+    program = seccomp.prepare(notifying=True)
+    assert program is not None
+    theirs = record.socket_for_jail()
+    try:
+        subprocess.run([sys.executable, "-S", "-c", _CHILD, str(_SECCOMP_NR[os.uname().machine]), str(count),
+                        str(theirs)],
+                       input=program.buffer.raw, cwd=cwd, pass_fds=(theirs,), check=True, timeout=60)
+    finally:
+        os.close(theirs)
+
+
+@pytest.mark.skipif(os.uname().machine not in _SECCOMP_NR, reason="no notifying filter for this architecture")
+def test_the_reader_answers_each_notification_and_names_its_runs_paths(tmp_path: Path) -> None:
+    upper = str(tmp_path / "upper")
+    runs = []
+    for n in range(3):  # one after another, and one alive throughout: the reader's epoll set turns over
+        cwd = tmp_path / f"ws{n}"
+        cwd.mkdir()
+        for i in range(20):
+            (cwd / f"old{i}").write_text("x")
+            (cwd / f"gone{i}").write_text("x")
+        runs.append((cwd, unotify.begin(upper, str(cwd))))
+    for cwd, record in runs[1:]:
+        _child_renames(record, cwd, 20)
+    named = [record.finish() for _, record in reversed(runs)][::-1]
+    expected = {f"{kind}{i}" for i in range(20) for kind in ("old", "new", "gone")}
+    for (cwd, _), got in zip(runs[1:], named[1:], strict=True):
+        assert got.complete and got.mine == expected, got
+        assert not os.path.exists(cwd / "gone0") and (cwd / "new19").exists()  # each call went on as asked
+    assert named[0].mine == frozenset() and not named[0].complete  # no listener ever came
+
+
+def test_a_jail_whose_kernel_refused_the_filter_leaves_its_run_unattributed(tmp_path: Path) -> None:
+    record = unotify.begin(str(tmp_path / "upper"), str(tmp_path))
+    jail_end = record.socket_for_jail()
+    os.write(jail_end, b"F")  # what ccw-jail's init sends when seccomp() fails (steps.c install_listener)
+    os.close(jail_end)
+    named = record.finish()
+    assert not named.complete and named.owns("anything")
+
+
+def test_a_jail_that_never_hands_its_listener_over_renamed_nothing(tmp_path: Path) -> None:
+    record = unotify.begin(str(tmp_path / "upper"), str(tmp_path))
+    os.close(record.socket_for_jail())  # the init exits holding it: no notification came
+    named = record.finish()
+    assert named.complete and not named.mine

@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
@@ -44,6 +45,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -205,7 +207,7 @@ static _Noreturn void jail_init(const struct plan *plan)
 {
     sigset_t waited;
     pid_t command;
-    int error, status = 0;
+    int error, signals, status = 0;
     long inherited_kb;
     contain(plan);
     /* Blocked since main, so none is lost before the loop; the command gets an empty mask. */
@@ -228,10 +230,27 @@ static _Noreturn void jail_init(const struct plan *plan)
     for (int fd = 0; fd < 3; fd++)
         close(fd); /* only the jail holds the output pipes now */
     inherited_kb = peak_kb(); /* the peak the command inherits from this image (rusage.py) */
+    /* The waited signals through a signalfd, so that one poll also sees the notifying
+     * filter's listener (steps.c hand_listener): it goes to the helper at the jail's first
+     * notification, and is not watched after. */
+    signals = signalfd(-1, &waited, SFD_CLOEXEC);
+    if (signals < 0)
+        fail_errno("jail init", "signalfd");
     for (;;) {
-        siginfo_t info;
-        int signum = sigwaitinfo(&waited, &info);
+        struct pollfd watched[2] = {{signals, POLLIN, 0}, {notify_listener(), POLLIN, 0}};
+        struct signalfd_siginfo info;
+        int signum;
         pid_t pid;
+        if (poll(watched, watched[1].fd >= 0 ? 2 : 1, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            fail_errno("jail init", "poll");
+        }
+        if (watched[1].fd >= 0 && watched[1].revents != 0)
+            hand_listener(plan);
+        if (!(watched[0].revents & POLLIN) || read(signals, &info, sizeof info) != (ssize_t)sizeof info)
+            continue;
+        signum = (int)info.ssi_signo;
         if (signum == SIGCHLD) {
             int done = 0;
             while ((pid = waitpid(-1, &status, WNOHANG)) > 0) /* orphans too: we are their init */
@@ -243,7 +262,7 @@ static _Noreturn void jail_init(const struct plan *plan)
                 break;
         } else if (signum == (int)plan->end_signal) {
             kill(-1, SIGKILL); /* the helper's timeout: the command is reaped here */
-        } else if (signum > 0) {
+        } else {
             kill(command, signum);
         }
     }

@@ -97,5 +97,8 @@ _Noreturn void fail_errno(const char *step, const char *call);
 
 /* steps.c: the jail's steps (namespaces, mounts, privileges), each failing with an "E" report */
 void contain(const struct plan *plan);
+/* the notifying filter's listener while the init holds it (-1: none, or handed over), and its handover */
+int notify_listener(void);
+void hand_listener(const struct plan *plan);
 
 #endif

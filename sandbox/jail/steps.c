@@ -304,36 +304,56 @@ static void enter_time(const struct plan *plan)
     close(fd);
 }
 
-/* The notifying filter (sandbox/unotify.py), over the jail's own: its listener goes to the
- * helper over the plan's socket, and this copy is closed.  A kernel that refuses the filter
- * leaves the jail without it (the socket closes with nothing sent: the helper attributes as
- * before); but once installed, its listener must reach the helper, or every rename and
- * unlink of the jail would fail with ENOSYS as the last copy closed: that fails the jail. */
-static void send_listener(const struct plan *plan)
+/* The notifying filter (sandbox/unotify.py), over the jail's own.  Its listener stays with
+ * the init, which polls it, until the jail's first notification is pending (hand_listener):
+ * a run that renames and deletes nothing costs the helper nothing more than its socket.  A
+ * kernel that refuses the filter leaves the jail without it and says so with an 'F' on the
+ * socket (the helper attributes as before); once installed, the listener is closed only by
+ * the init's exit, when no process of the jail is left to be failed with ENOSYS. */
+static int held_listener = -1;
+
+static void install_listener(const struct plan *plan)
 {
     struct sock_fprog program = {(unsigned short)(plan->notify_len / 8), (struct sock_filter *)plan->notify};
+    char refused = 'F';
+    held_listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
+    if (held_listener < 0) {
+        check(send((int)plan->notify_fd, &refused, 1, MSG_NOSIGNAL) == 1 ? 0 : -1, "send(the seccomp filter refused)");
+        close((int)plan->notify_fd);
+    }
+}
+
+int notify_listener(void)
+{
+    return held_listener;
+}
+
+/* A notification is pending: the listener to the helper (SCM_RIGHTS), which answers it and
+ * every later one; this copy and the socket closed.  A helper that cannot take it is gone,
+ * and the jail with it (PDEATHSIG). */
+void hand_listener(const struct plan *plan)
+{
     union { char buffer[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
     char byte = 'L';
     struct iovec data = {&byte, 1};
     struct msghdr message;
     struct cmsghdr *header;
-    int listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
-    if (listener >= 0) {
-        memset(&control, 0, sizeof control);
-        memset(&message, 0, sizeof message);
-        message.msg_iov = &data;
-        message.msg_iovlen = 1;
-        message.msg_control = control.buffer;
-        message.msg_controllen = sizeof control.buffer;
-        header = CMSG_FIRSTHDR(&message);
-        header->cmsg_level = SOL_SOCKET;
-        header->cmsg_type = SCM_RIGHTS;
-        header->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(header), &listener, sizeof listener);
-        check(sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) == 1 ? 0 : -1, "sendmsg(the seccomp listener)");
-        close(listener);
-    }
+    memset(&control, 0, sizeof control);
+    memset(&message, 0, sizeof message);
+    message.msg_iov = &data;
+    message.msg_iovlen = 1;
+    message.msg_control = control.buffer;
+    message.msg_controllen = sizeof control.buffer;
+    header = CMSG_FIRSTHDR(&message);
+    header->cmsg_level = SOL_SOCKET;
+    header->cmsg_type = SCM_RIGHTS;
+    header->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(header), &held_listener, sizeof held_listener);
+    current = "hand the seccomp listener to the helper";
+    check(sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) == 1 ? 0 : -1, "sendmsg(the seccomp listener)");
+    close(held_listener);
     close((int)plan->notify_fd);
+    held_listener = -1;
 }
 
 /* Caller's uid/gid, no capabilities but keep_caps, no_new_privs, not dumpable,
@@ -363,7 +383,7 @@ static void drop_privileges(const struct plan *plan)
     if (plan->seccomp != NULL)
         check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0), "prctl(PR_SET_SECCOMP)");
     if (plan->notify != NULL)
-        send_listener(plan);
+        install_listener(plan);
 }
 
 void contain(const struct plan *plan)
