@@ -23,7 +23,9 @@
  *   fd 7, it is joined first, so the new mount namespace copies its one mount and not
  *   the helper's table: mounts.py's essay) → posix_spawn the command
  *   (PATH search, setsid, default signals, empty mask, the terminal as its controlling
- *   tty) → forward signals, END_SIGNAL ends the jail → reap everything → "W", "R".
+ *   tty) → forward signals, END_SIGNAL ends the jail, and at the first pending seccomp
+ *   notification hand its listener to the helper (steps.c hand_listener) → reap
+ *   everything → "W", "R".
  *
  * Reports go to descriptor 3 exactly as contain.py sends them (supervise.py reads
  * them): a big-endian u16 length, a kind byte, the payload, one write each.  This

@@ -10,7 +10,8 @@
  *     'h' hostname            't' time namespace offsets (text for timens_offsets)
  *     'f' seccomp program (struct sock_filter[])
  *     'u' the notifying seccomp program (only where a capsule's runs overlap): u32, the
- *         descriptor of the socket its listener is sent on (after the bind sources), then
+ *         descriptor of the socket its listener is sent on at the first notification, or an
+ *         'F' if the kernel refuses it (after the bind sources), then
  *         struct sock_filter[] (sandbox/unotify.py)
  *     'c' cwd                 'a' one argv element (in order; one at least)
  *     'e' one "NAME=value" of the command's environment
