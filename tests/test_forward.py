@@ -21,6 +21,7 @@ from mcp_server.egress import forward, peer
 from mcp_server.egress.forward import Client, Connect, Counts, PortForward
 from mcp_server.egress.relay import CONNECT_TIMEOUT
 from sandbox.errors import CcwError
+from sandbox.ops import MAX_SPARES
 from tests.support.egress_harness import (
     Upstream,
     echo_both_ways,
@@ -431,6 +432,31 @@ def test_connections_use_spares_from_the_pool_which_refills_and_closes_with_the_
         assert capsule.calls <= 1
         assert len(spares.asked) >= 2 and all(count <= 4 for count in spares.asked)
         assert all(sock.fileno() == -1 for sock in spares.made)  # passed to ccw-forward, and closed here
+
+    trio.run(main)
+
+
+def test_the_default_pool_is_refilled_a_whole_helper_call_at_a_time() -> None:
+    # A refill is a round trip through this process and the helper, milliseconds of CPU
+    # whatever its size: the default pool asks for MAX_SPARES at a time, so a run of fresh
+    # connections through a port costs one refill per MAX_SPARES of them, not per few.
+    async def main() -> None:
+        spares = Spares()
+        async with upstream(tail_after_eof) as service:
+            capsule = Capsule(service.port)
+            port = PortForward(capsule.connect, ME, service.port, spares=spares.make,
+                               ready=await spares.make(MAX_SPARES))  # as ports.py opens one
+            async with trio.open_nursery() as nursery:
+                await nursery.start(port.serve)
+                for _ in range(forward.POOL_SIZE - MAX_SPARES + 16):  # past the half: one refill
+                    client = await dial(port)
+                    await client.send_all(b"spare")
+                    await client.send_eof()
+                    assert await read_all(client) == b"got 5 bytes"
+                await port.aclose()
+        assert capsule.calls <= 1  # the helper's own connect: only before the first spares came
+        assert spares.asked[1:] and all(count == MAX_SPARES for count in spares.asked[1:])
+        assert len(spares.asked) <= 1 + forward.POOL_SIZE // MAX_SPARES + 1
 
     trio.run(main)
 
