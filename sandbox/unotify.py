@@ -168,10 +168,22 @@ class Record:
         else:
             return  # outside the workspace (/tmp, $HOME): not in the upper dir
         with self.board.lock:
-            if len(self.names) >= MAX_NAMES and rel not in self.names:
+            if rel in self.names:
+                del self.names[rel]  # named again: to the end, so that the dict stays in the order of when
+            elif len(self.names) >= MAX_NAMES:
                 self.unknown += 1
                 return
             self.names[rel] = next(self.board.counter)
+
+    def since(self, tick: int) -> list[str]:
+        """The paths this run named at ``tick`` or later (the board's lock held): the newest
+        first, and no older one looked at."""
+        paths = []
+        for path, when in reversed(self.names.items()):
+            if when < tick:
+                break
+            paths.append(path)
+        return paths
 
     def finish(self) -> Named:
         """Stop: answer what is pending, close the listener, and what this run named beside
@@ -180,9 +192,18 @@ class Record:
         board = self.board
         with _boards_lock, board.lock:
             self.end = next(board.counter)
-            others = frozenset(path for record in board.records if record is not self
-                               for path, when in record.names.items() if when >= self.start)
-            named = Named(frozenset(self.names), others, self.unavailable is None and not self.unknown, self.unknown)
+            board.records.remove(self)
+            others: set[str] = set()
+            for record in board.records:
+                others.update(record.since(self.start))
+            for record in reversed(board.ended):  # in the order they ended: those that overlapped this run
+                if record.end is not None and record.end < self.start:
+                    break
+                others.update(record.since(self.start))
+            named = Named(frozenset(self.names), frozenset(others), self.unavailable is None and not self.unknown,
+                          self.unknown)
+            if self.names:  # a run that named nothing has nothing to tell the runs it overlapped
+                board.ended.append(self)
             board.prune()
             if not board.records and _boards.get(self.upper_dir) is board:
                 del _boards[self.upper_dir]
@@ -194,23 +215,35 @@ class Record:
 
 
 class Board:
-    """One capsule's records, so that a run can see what the overlapping ones named."""
+    """One capsule's records, so that a run can see what the overlapping ones named.
+
+    The running ones, and the ended ones that named something while a running one may
+    need them, in the order they ended.  A finish looks only at those that overlapped it,
+    and at their names from its start on: an exec beside a service that has run for days,
+    beside thousands of execs before, costs what one beside a new one costs.  (The first
+    version kept every record a running one overlapped and scanned them all, each with all
+    its names: a finish grew with every exec before it.)
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.counter = itertools.count()
-        self.records: list[Record] = []
+        self.records: list[Record] = []  # running
+        self.ended: list[Record] = []  # ended, having named something, in the order they ended
 
     def tick(self) -> int:
         with self.lock:
             return next(self.counter)
 
     def prune(self) -> None:
-        """Forget ended records no running one overlapped (the lock held)."""
-        live = [record.start for record in self.records if record.end is None]
-        first = min(live) if live else None
-        self.records = [record for record in self.records
-                        if record.end is None or (first is not None and record.end >= first)]
+        """Forget the ended records that ended before every running one began (the lock held)."""
+        first = min((record.start for record in self.records), default=None)
+        drop = 0
+        for record in self.ended:
+            if first is not None and record.end is not None and record.end >= first:
+                break
+            drop += 1
+        del self.ended[:drop]
 
 
 _boards: dict[str, Board] = {}  # a capsule's upper dir: its board, while a record of it lives

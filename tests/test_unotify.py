@@ -44,6 +44,27 @@ def test_a_run_sees_what_the_others_named_while_it_ran() -> None:
     assert upper not in unotify._boards  # both ended: the board goes
 
 
+def test_the_board_keeps_only_what_a_running_run_may_still_need() -> None:
+    upper = "/nonexistent/board-prune/upper"
+    first = unotify.begin(upper, "/ws")
+    for _ in range(500):  # execs beside a service that rename nothing leave nothing behind
+        unotify.begin(upper, "/ws").finish()
+    board = unotify._boards[upper]
+    assert board.records == [first] and board.ended == []
+    mover = unotify.begin(upper, "/ws")
+    mover.note(b"/ws/moved.txt")
+    mover.note(b"/ws/again.txt")
+    mover.note(b"/ws/moved.txt")  # named again: the newest
+    assert mover.since(0) == ["moved.txt", "again.txt"]
+    mover.finish()
+    assert board.ended == [mover]  # the service began before it ended: its finish needs these
+    second = unotify.begin(upper, "/ws")  # began after the mover ended: not its business
+    assert first.finish().others == {"moved.txt", "again.txt"}
+    assert board.ended == [] and board.records == [second]  # no running run overlapped the mover
+    assert second.finish().others == frozenset()
+    assert upper not in unotify._boards
+
+
 def test_paths_are_read_from_a_process_memory_across_pages() -> None:
     page = mmap.PAGESIZE
     area = mmap.mmap(-1, 2 * page)
