@@ -36,8 +36,9 @@ SERVER = nf.SERVER_ADDRESS
 HTTP = f"{SERVER}:{nf.HTTP_PORT}"
 HTTPS = f"{SERVER}:{nf.HTTPS_PORT}"
 PYTHON = "/usr/bin/python3"
-AGENT_TOKEN = "agent-token-0123456789abcdef"
-TOKENS = {"tokens": [{"name": "agent", "token": AGENT_TOKEN, "scopes": ["read", "write", "exec", "promote"]}]}
+AGENT_TOKEN, OPERATOR_TOKEN = "agent-token-0123456789abcdef", "operator-token-0123456789abcdef"
+TOKENS = {"tokens": [{"name": "agent", "token": AGENT_TOKEN, "scopes": ["read", "write", "exec", "promote"]},
+                     {"name": "operator", "token": OPERATOR_TOKEN, "scopes": ["admin"]}]}
 
 # The SDK's HTTP client leaves the response streams of its calls to the garbage collector
 # (httpx2 async generators, in this test process): its ResourceWarnings are the client's.
@@ -59,17 +60,17 @@ def front_end(tmp_path: Path, root_required: None) -> Iterator[ServerProcess]:
     tokens.write_text(json.dumps(TOKENS))
     tokens.chmod(0o600)
     server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens),
-                                      CCW_TOOLSETS="capsule"))
+                                      CCW_TOOLSETS="capsule,policy"))
     server.wait_ready()
     yield server
     server.stop()
 
 
 @contextlib.asynccontextmanager
-async def agent(server: ServerProcess) -> AsyncIterator[Client]:
-    """The official SDK client with the agent's token."""
+async def agent(server: ServerProcess, token: str = AGENT_TOKEN) -> AsyncIterator[Client]:
+    """The official SDK client with the agent's token (or another)."""
     async with (
-        httpx2.AsyncClient(headers={"authorization": f"Bearer {AGENT_TOKEN}"},
+        httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"},
                            timeout=httpx2.Timeout(30, read=300)) as http,
         Client(streamable_http_client(server.path, http_client=http), mode="legacy") as client,
     ):
@@ -159,3 +160,36 @@ def test_an_agents_proposal_approved_with_ccw_net_lets_its_install_through(
         store.close()
     assert ("net.answer", approved["who"]) in kinds
     assert ("net.rules", f"{approved['who']}, approving proposal {proposal['id']} of token agent") in kinds
+
+
+def test_a_policy_that_lists_the_rule_approves_the_proposal_at_once(
+        tmp_path: Path, servers: nf.Servers, front_end: ServerProcess) -> None:
+    ws = tmp_path / "project"
+    ws.mkdir()
+    fetch = ["curl", "-sS", "--noproxy", "", "--max-time", "20", "-o", "/dev/null", "-w", "%{http_code}",
+             f"{servers.http}/simple/"]
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with agent(front_end, OPERATOR_TOKEN) as person:  # the person writes the policy
+            await call(person, "policy_set", {"name": "team", "rules": {"network": {"approve": [HTTP]}}})
+        async with agent(front_end) as client:
+            made = await call(client, "capsule_create", {"workspace": str(ws),
+                                                         "network": {"allow": [HTTPS], "policy": "team"}})
+            cap = seen["cap"] = made["capsule_id"]
+            seen["before"] = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": fetch})
+            seen["beyond"] = await call(client, "capsule_network", {
+                "capsule_id": cap, "propose": [f"{SERVER}:{nf.REDIRECT_PORT}"], "reason": "not listed"})
+            seen["proposed"] = await call(client, "capsule_network", {
+                "capsule_id": cap, "propose": [HTTP], "reason": "the package index"})
+            seen["after"] = await call(client, "capsule_exec", {"capsule_id": cap, "cmd": fetch})
+        return seen
+
+    seen = trio.run(scenario)
+    assert seen["before"]["stdout"] == "403", seen["before"]
+    assert seen["beyond"]["proposal"]["state"] == "pending"  # a rule the policy does not list waits for a person
+    proposal = seen["proposed"]["proposal"]
+    assert (proposal["state"], proposal["who"], proposal["applied"]) == ("capsule", "policy team", "change 1")
+    assert seen["after"]["stdout"] == "200", seen["after"]
+    shown = ccw(tmp_path / "state", "capsule", "net", seen["cap"]).stdout
+    assert f"by policy team, approving proposal {proposal['id']} of token agent: +{HTTP}" in shown, shown

@@ -45,11 +45,13 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     actions = net.add_subparsers(dest="net_action", metavar="ACTION", required=True)
     presets = actions.add_parser("presets", parents=[common], help="list the presets (NAME: its rules and why)")
     presets.add_argument("name", nargs="?", help="one preset: each of its rules and why it is there")
-    actions.add_parser("pending", parents=[common], help="the connections waiting for a person's answer")
-    approve = actions.add_parser("approve", parents=[common], help="let a waiting connection through")
+    actions.add_parser("pending", parents=[common], help="the connections and proposals waiting for a person's answer")
+    approve = actions.add_parser("approve", parents=[common],
+                                 help="let a waiting connection through, or add a proposal's rules")
     approve.add_argument("id", type=int, help="the question's id (ccw net pending)")
     approve.add_argument("--always", action="store_true", help="add the rule to the capsule's live rules too")
-    deny = actions.add_parser("deny", parents=[common], help="refuse a waiting connection, telling the agent why")
+    deny = actions.add_parser("deny", parents=[common], help="refuse a waiting connection or a proposal, telling "
+                              "the agent why")
     deny.add_argument("id", type=int, help="the question's id (ccw net pending)")
     deny.add_argument("--reason", required=True, help="what the agent is told")
 

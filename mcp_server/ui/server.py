@@ -25,7 +25,8 @@ Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``, ``GET
 /api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
 capsule ``after``), ``GET /api/questions`` (the connections waiting for a person's answer:
 capsules/asks.py) and ``POST /api/questions/ID`` (body: ``answer``: once, capsule or
-denied, and ``reason``; answered as ``ccw ui``), ``GET /api/races?limit=&before=`` (the newest
+denied, and ``reason``; answered as ``ccw ui``; an approved proposal's rules are then added
+by the ``capsule_network`` tool, capsules/proposals.py), ``GET /api/races?limit=&before=`` (the newest
 races, with their best rows: ui/races.py) and ``GET /api/races/ID`` (one race's ranked table), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
 below ``before``), ``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the
 ``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when
