@@ -57,11 +57,12 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   second filter (execution.run decides).  What a notification costs the process is
   measured by ``bench/run.py unotify``.  What a run that renames nothing costs is the
   helper's Python on the exec's own thread (its record, a socketpair, an epoll_ctl, and
-  the finish); the reader wakes for nothing.  The first version had the listener sent at
-  once, and woke its reader four times a run (a run added; the listener came; its last
-  process exited; the run removed), each time rebuilding a poll set and taking the GIL from
-  the exec's thread while it spawned the jail and built the reply: about 1 ms of the
-  exec-beside-a-service row of ``bench/run.py services``.
+  the finish: about 60 us together here, with a service beside that has seen thousands
+  of execs: ``Board``); the reader wakes for nothing.  The first version had the listener
+  sent at once, and woke its reader four times a run (a run added; the listener came; its
+  last process exited; the run removed), each time rebuilding a poll set and taking the
+  GIL from the exec's thread while it spawned the jail and built the reply (about 300 us
+  of the reader's CPU a run, here under others' load).
 """
 
 from __future__ import annotations
