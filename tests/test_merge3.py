@@ -195,11 +195,12 @@ def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Pat
     jsonschema.Draft202012Validator(TOOLS[0].output_schema).validate(result)
     assert result["merged"] is False and result["base"] == {"directory": str(base)}
     assert result["counts"] == {"one side": 4, "lines merged": 1}
-    printed = text(result)
+    call = {"capsule_ids": list(names), "into": "live"}
+    printed = text(result, call)
     assert "  src/m.py: lines merged (cap_one, cap_two)" in printed
     assert "  CONFLICT docs/new.md: conflict: kept by cap_two while its directory docs is symlink -> /etc" in printed
     assert "  pair cap_one + cap_two: conflict at docs/new.md (1 shared)" in printed
-    assert printed.endswith("refused: 1 conflict(s); nothing was made or written\n") and not succeeded(result)
+    assert printed.endswith("refused: 1 conflict(s); nothing was made or written\n") and not succeeded(result, call)
     spec = TOOLS[0]
     assert [spec.scope_for(args) for args in ({"capsule_ids": names}, {"into": "live"},
                                               {"into": "live", "dry_run": True})] == ["exec", "promote", "exec"]

@@ -151,7 +151,6 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
     for one in changed:
         counts[one.how] = counts.get(one.how, 0) + 1
     return {
-        "capsule_ids": list(question.capsule_ids), "into": question.into, "dry_run": question.dry_run,
         "base": {"capsule_id": ancestor.capsule_id} if ancestor else {"directory": lower},
         "merged": not plan.conflicts,
         "files": [{"path": one.path, "how": one.how, "capsules": list(one.sides)} for one in changed[:MAX_LISTED]],

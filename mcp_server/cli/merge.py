@@ -64,11 +64,11 @@ def _conflicts(result: dict[str, Any]) -> list[str]:
     return out
 
 
-def text(result: dict[str, Any]) -> str:
-    """The report as lines a person reads."""
+def text(result: dict[str, Any], call: dict[str, Any]) -> str:
+    """The report of the merge ``call`` asked for, as lines a person reads."""
     base = result["base"]
     where = f"capsule {base['capsule_id']}" if "capsule_id" in base else f"directory {visible(base['directory'])}"
-    lines = [f"merge of {', '.join(result['capsule_ids'])} against {where}"]
+    lines = [f"merge of {', '.join(call['capsule_ids'])} against {where}"]
     lines += [f"  {visible(one['path'])}: {one['how']} ({', '.join(one['capsules'])})" for one in result["files"]]
     lines += _conflicts(result)
     for pair in result["pairs"]:
@@ -76,23 +76,23 @@ def text(result: dict[str, Any]) -> str:
         lines.append(f"  pair {' + '.join(pair['capsules'])}: {pair['verdict']}{clash} ({pair['shared']} shared)")
     if not result["merged"]:
         lines.append(f"refused: {len(result['conflicts'])} conflict(s); nothing was made or written")
-    elif result["dry_run"] and "promote" not in result:
+    elif call.get("dry_run") and "promote" not in result:
         lines.append("dry run: clean; nothing was made")
     elif "capsule_id" in result:
         lines.append(f"merged into new capsule {result['capsule_id']}")
     else:
         promoted = result["promote"]
-        verdict = "promoted" if promoted["promoted"] else "would promote" if result["dry_run"] else "refused by policy"
+        verdict = "promoted" if promoted["promoted"] else "would promote" if call.get("dry_run") else "refused by policy"
         lines.append(f"{verdict}: {len(promoted['applied'])} path(s); {promoted['policy_report']['details']}".rstrip("; "))
     return "\n".join(lines) + "\n"
 
 
-def succeeded(result: dict[str, Any]) -> bool:
+def succeeded(result: dict[str, Any], call: dict[str, Any]) -> bool:
     """Clean, and into live promoted (or, in a dry run, passing)."""
     if not result["merged"]:
         return False
     promoted = result.get("promote")
-    return promoted is None or bool(promoted["promoted"] or (result["dry_run"] and promoted["policy_report"]["passed"]))
+    return promoted is None or bool(promoted["promoted"] or (call.get("dry_run") and promoted["policy_report"]["passed"]))
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -105,5 +105,5 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print_json(result)
     else:
-        sys.stdout.write(text(result))
-    return 0 if succeeded(result) else 1
+        sys.stdout.write(text(result, call))
+    return 0 if succeeded(result, call) else 1

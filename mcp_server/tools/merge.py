@@ -22,6 +22,10 @@ from sandbox.errors import CcwError
 
 async def capsule_merge(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Merge the capsules; a new capsule with the merge, or the merge promoted."""
+    unknown = sorted(set(args.get("allow_hazards") or ()) - set(KINDS))
+    if unknown:
+        raise CcwError("INVALID_ARGUMENT", f"allow_hazards names no hazard kind {unknown}; the kinds are "
+                       f"{', '.join(KINDS)}", {"allow_hazards": unknown})
     question = Question(tuple(args["capsule_ids"]), args.get("into") or "new", bool(args.get("dry_run")),
                         tuple(args.get("policies") or ("baseline",)), frozenset(args.get("allow_hazards") or ()))
     try:
@@ -55,8 +59,8 @@ TOOLS = [
         family="capsule",
         title="Merge capsules",
         description=(
-            "Three-way merge of capsules against their common base (git's rules); a conflict, listed per file with "
-            "both sides and base, writes nothing. into new: a capsule; live: as capsule_promote."
+            "Git-style three-way merge of capsules on their common base. into new: a capsule; live: as "
+            "capsule_promote. Conflicts (per file: sides, base) write nothing."
         ),
         input_schema={
             "type": "object", "required": ["capsule_ids"], "additionalProperties": False,
@@ -64,16 +68,15 @@ TOOLS = [
                 "capsule_ids": {"type": "array", "minItems": 2, "maxItems": MAX_INPUTS, "items": CAPSULE_ID},
                 "into": {"enum": ["new", "live"]},
                 "dry_run": {"type": "boolean"},
-                "policies": {"type": "array", "items": {"type": "string"}, "maxItems": 16},  # PolicyStore checks names
-                "allow_hazards": {"type": "array", "items": {"enum": list(KINDS)}},
+                "policies": {"type": "array", "maxItems": 16},  # PolicyStore checks each name
+                "allow_hazards": {"type": "array", "maxItems": 8},  # checked against KINDS by the handler
             },
         },
         output_schema={
             "type": "object", "additionalProperties": False,
             "required": ["merged", "written"],
             "properties": {
-                "capsule_ids": {"type": "array", "items": CAPSULE_ID}, "into": {"enum": ["new", "live"]},
-                "dry_run": {"type": "boolean"}, "base": {"type": "object"}, "merged": {"type": "boolean"},
+                "base": {"type": "object"}, "merged": {"type": "boolean"},
                 "files": {"type": "array", "items": {"type": "object"}}, "counts": {"type": "object"},
                 "conflicts": {"type": "array", "items": _CONFLICT},
                 "pairs": {"type": "array", "items": {"type": "object", "required": ["capsules", "verdict"]}},
