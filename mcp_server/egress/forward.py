@@ -227,6 +227,9 @@ class PortForward:
         ours, its = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
         try:
             with trio.CancelScope() as self._scope, ours, its:
+                self._control = trio.socket.from_stdlib_socket(ours)
+                if self._ready:  # queued before the program starts: it takes them before it asks
+                    await self._pass_spares(self._ready)
                 self._process = await trio.lowlevel.open_process(
                     [PROGRAM, "--listen", str(self._listener.fileno()), "--control", str(its.fileno()),
                      "--owner", str(self.owner_uid), "--port", str(self.capsule_port),
@@ -235,10 +238,7 @@ class PortForward:
                     pass_fds=(self._listener.fileno(), its.fileno()), stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL)
                 its.close()
-                self._control = trio.socket.from_stdlib_socket(ours)
                 async with trio.open_nursery() as nursery:
-                    if self._ready:
-                        await self._pass_spares(self._ready)
                     task_status.started()
                     await self._answer(nursery)
         finally:

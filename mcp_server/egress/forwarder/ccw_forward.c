@@ -312,6 +312,10 @@ int main(int argc, char **argv)
             || epoll_ctl(G.epoll, EPOLL_CTL_ADD, G.control, &control) < 0)
             die("epoll_ctl");
     }
+    /* The first spares, if the front end put them on the control socket before starting
+     * this program: taken before asking for more, so the first ask is for what they left. */
+    while (take_message())
+        ;
     refill();
     for (;;) {
         int ready = epoll_wait(G.epoll, events, 64, next_timeout());

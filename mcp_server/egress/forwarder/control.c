@@ -42,7 +42,8 @@ static struct conn *waiting(uint64_t id)
     return NULL;
 }
 
-void take_message(void)
+/* One message, if one is there: 1, or 0 (none waiting). */
+int take_message(void)
 {
     char text[64];
     union { struct cmsghdr header; char bytes[CMSG_SPACE(sizeof(int) * FDS_PER_MESSAGE)]; } control;
@@ -55,7 +56,7 @@ void take_message(void)
         exit(0);  /* the front end closed the port, or died */
     if (got < 0) {
         if (errno == EAGAIN || errno == EINTR)
-            return;
+            return 0;
         exit(errno == ECONNRESET ? 0 : 1);
     }
     for (struct cmsghdr *header = CMSG_FIRSTHDR(&message); header; header = CMSG_NXTHDR(&message, header))
@@ -68,7 +69,7 @@ void take_message(void)
     switch (got > 0 ? text[0] : 0) {
     case MSG_SPARES:
         take_spares(fds, nfds);
-        return;
+        return 1;
     case MSG_CONNECTED: {
         struct conn *conn = waiting(strtoull(text + 1, NULL, 10));
         if (nfds == 1 && conn) {
@@ -76,7 +77,7 @@ void take_message(void)
             if (conn->spare_refused && domain != G.family)
                 follow_family(domain);
             start_relay(conn, fds[0]);
-            return;
+            return 1;
         }
         break;  /* timed out meanwhile: the socket is closed below */
     }
@@ -98,4 +99,5 @@ void take_message(void)
     }
     for (int i = 0; i < nfds; i++)
         close(fds[i]);
+    return 1;
 }

@@ -79,7 +79,7 @@ long owner_of(const struct sockaddr_in *client);
 
 /* control.c */
 void tellf(char code, const char *format, ...) __attribute__((format(printf, 2, 3)));
-void take_message(void);
+int take_message(void);
 
 /* capsule.c */
 void refill(void);
