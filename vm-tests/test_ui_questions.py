@@ -60,3 +60,25 @@ def test_questions_appear_live_and_are_answered_with_the_pages_buttons(
         assert (denied.state, denied.reason) == ("denied", "this project never fetches from there")
         assert allowed.state == "capsule" and allowed.who is not None and allowed.who.endswith("(ccw ui)")
         store.close()
+
+
+def test_an_agents_proposal_is_approved_with_the_pages_approve_button(
+        state: Path, browser: Browser, tmp_path: Path) -> None:
+    with serve_ui(state) as url:
+        browser.get(url)
+        browser.wait_until(lambda: browser.text("#status").startswith("live"), "the page following events")
+        store = State(state)
+        made = asks.propose(store, "cap_a", ["pypi.org:443", "preset:pypi"], "the <i>index</i>", "token agent")
+        browser.wait_until(lambda: len(browser.find("#question-list tbody tr")) == 1, "the proposal, live")
+        rows = browser.text("#question-list tbody")
+        assert "proposal of token agent: preset:pypi, pypi.org:443" in rows and "the <i>index</i>" in rows
+        here = f"#question-list tr[data-question='{made.id}']"
+        assert not browser.find(f"{here} button[data-answer='once']")  # a proposal is about rules: no "once"
+        shot(browser, tmp_path / "screenshots", "proposal")
+        browser.click(f"{here} button[data-answer='capsule']")
+        browser.wait_until(lambda: browser.script("return document.getElementById('questions').hidden"),
+                           "the list empty once it is approved")
+        approved = asks.get(store, made.id)
+        assert approved is not None and approved.state == "capsule"
+        assert approved.who is not None and approved.who.endswith("(ccw ui)")
+        store.close()

@@ -353,9 +353,13 @@
         return b;
       };
       const cell = el("span", null, "answers");
-      cell.append(button("Allow once", "once"), button("Allow for this capsule", "capsule"), reason,
-        button("Deny", "denied"));
-      const tr = row([q.capsule_id, `${q.protocol} ${q.rule}`, q.command, q.expires_at, cell]);
+      // An agent's proposal (capsules/proposals.py) is about rules: approving adds them.
+      const proposal = q.kind === "proposal";
+      const allows = proposal ? [button("Approve", "capsule")]
+        : [button("Allow once", "once"), button("Allow for this capsule", "capsule")];
+      cell.append(...allows, reason, button("Deny", "denied"));
+      const what = proposal ? `proposal of ${q.proposer}: ${q.rule}` : `${q.protocol} ${q.rule}`;
+      const tr = row([q.capsule_id, what, q.command, q.expires_at, cell]);
       tr.dataset.question = q.id;
       tr.children[1].className = "host";
       tr.children[2].className = "argv";
