@@ -12,7 +12,7 @@ space):
   connection passes (so the refusals above are the gate's, not a broken setup);
 - an approved proposal naming private space by a CIDR, or the host by its own name, still
   opens neither: core/netspace.py holds whoever approved;
-- 10,000 proposals from one agent's token leave at most ``MAX_PROPOSALS_PER_CAPSULE``
+- 2,000 proposals from one agent's token leave at most ``MAX_PROPOSALS_PER_CAPSULE``
   pending, each refusal says why, and the front end's memory stays bounded.
 
 Nothing here sends a packet anywhere but loopback and the namespace the test makes.
@@ -207,6 +207,11 @@ def test_an_approved_proposal_still_opens_no_private_space_nor_the_hosts_own(
     assert opened["stdout"] == "200", opened
 
 
+# Each refused proposal is a whole HTTP call (about 20 ms here): 2,000 of them show the bound as
+# 10,000 would, in a fifth of CI's time; tests/test_proposals.py floods the store itself.
+FLOOD = 2_000
+
+
 def _rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -214,7 +219,7 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_ten_thousand_proposals_from_one_agent_leave_a_bounded_pending_list(
+def test_two_thousand_proposals_from_one_agent_leave_a_bounded_pending_list(
         tmp_path: Path, servers: nf.Servers, front_end: ServerProcess) -> None:
     state = tmp_path / "state"
     with httpx2.Client(timeout=180) as http:
@@ -228,7 +233,7 @@ def test_ten_thousand_proposals_from_one_agent_leave_a_bounded_pending_list(
     async def flood() -> None:
         async with httpx2.AsyncClient(timeout=120, headers=headers) as client:
             async def worker(first: int) -> None:
-                for n in range(first, 10_000, 20):
+                for n in range(first, FLOOD, 20):
                     arguments = {"capsule_id": cap, "propose": [f"h{n}.example:443"], "reason": f"flood {n}"}
                     answer = await client.post(front_end.path, json=_message("capsule_network", arguments, n))
                     result = _answer(answer)["result"]
@@ -246,6 +251,6 @@ def test_ten_thousand_proposals_from_one_agent_leave_a_bounded_pending_list(
     rss_after = _rss_kb(front_end.proc.pid)
     pending = json.loads(ccw(state, "net", "pending", "--json").stdout)["pending"]
     assert outcomes == {"pending": asks.MAX_PROPOSALS_PER_CAPSULE,
-                        "refused": 10_000 - asks.MAX_PROPOSALS_PER_CAPSULE}, outcomes
+                        "refused": FLOOD - asks.MAX_PROPOSALS_PER_CAPSULE}, outcomes
     assert len(pending) == asks.MAX_PROPOSALS_PER_CAPSULE and {q["kind"] for q in pending} == {"proposal"}
     assert rss_after - rss_before < 64 * 1024, (rss_before, rss_after)  # KiB: no per-proposal growth
