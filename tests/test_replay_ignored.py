@@ -7,11 +7,13 @@ from __future__ import annotations
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+import trio
 
-from mcp_server.capsules import witness_ignore
+from mcp_server.capsules import promote, witness_ignore
 from mcp_server.capsules.replay import ReplayOptions, _ignored
 from mcp_server.capsules.replay_steps import Tally, change_mismatches, set_aside
 from mcp_server.cli import parse_args
@@ -162,3 +164,25 @@ def test_the_cli_passes_strict_outputs_and_shows_what_was_set_apart(capsys: pyte
     out, err = capsys.readouterr()
     assert out == "replay_ok\n" and "git ignores (not compared; --strict-outputs compares them): 1" in err
     assert "coverage/coverage-final.json: file 0o644 b:1 in the witness, file 0o644 b:2 in the replay" in err
+
+
+@pytest.mark.parametrize("include_ignored", [False, True])
+def test_a_policys_replay_is_strict_when_the_promotion_carries_ignored_files(
+        monkeypatch: pytest.MonkeyPatch, include_ignored: bool) -> None:
+    """Promotion with include_ignored writes the ignored files too, so its policy replay must
+    judge them: the replay it asks for is strict exactly then."""
+    asked: list[ReplayOptions] = []
+
+    async def witnessed(service: Any, capsule_id: str, options: Any) -> dict[str, Any]:
+        return {"path": "/nowhere.ccw", "root_hash": "sha256:0"}
+
+    async def replayed(service: Any, path: Path, root: str, options: ReplayOptions) -> dict[str, Any]:
+        asked.append(options)
+        return {"replay_ok": True, "output_identical": True, "mismatches": [], "output_diffs": []}
+
+    record = SimpleNamespace(spec=SimpleNamespace(env_whitelist=[]), network_spec=None, capsule_id="cap_x")
+    monkeypatch.setattr(promote, "make_witness", witnessed)
+    monkeypatch.setattr(promote, "replay", replayed)
+    outcome = trio.run(promote._replay, cast(Any, None), cast(Any, record), ["*.tmp"], include_ignored)
+    assert outcome.ok and [(o.strict_outputs, o.volatile, o.witness_volatile) for o in asked] == [
+        (include_ignored, ("*.tmp",), False)]

@@ -343,7 +343,8 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     changes = _hazard_changes(entries, ops)
     facts.hazards = hazards.judge(hazards.find(changes, plan.bare_gitdirs, plan.config_named), request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
-    replayed = await _replay(service, record, rules.volatile) if rules.needs_replay else _Replayed()
+    replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay
+                else _Replayed())
     report = evaluate(rules, facts, tests, replayed.ok, replayed.details, replayed.output_identical,
                       replayed.output_details)
     report["policies"] = list(request.policies)
@@ -435,11 +436,13 @@ class _Replayed:
     output_details: str = ""
 
 
-async def _replay(service: CapsuleService, record: CapsuleRecord, volatile: list[str]) -> _Replayed:
+async def _replay(service: CapsuleService, record: CapsuleRecord, volatile: list[str],
+                  strict_outputs: bool) -> _Replayed:
     """Witness the capsule with blobs and replay the witness in a fresh capsule (``volatile``:
-    the policies' globs, the only ones that count here)."""
+    the policies' globs, the only ones that count here; ``strict_outputs`` when the promotion
+    carries the ignored files too, so the replay judges everything that will be written)."""
     made = await make_witness(service, record.capsule_id, WitnessOptions("zstd", True))
-    options = replace(ReplayOptions.of_capsule(record), volatile=tuple(volatile))
+    options = replace(ReplayOptions.of_capsule(record), volatile=tuple(volatile), strict_outputs=strict_outputs)
     outcome = await replay(service, Path(made["path"]), made["root_hash"], options)
     ok = bool(outcome["replay_ok"])
     output_identical = bool(outcome["output_identical"])
