@@ -23,8 +23,10 @@ TOOLSETS = ("capsule", "policy", "witness", "snapshot", "workspace", "text", "fi
 # promote under a policy), about a quarter of the full list's bytes (bench/run.py surface).
 PROFILES: dict[str, tuple[str, ...]] = {
     # capsule_run: an exec longer than its wait_ms answers "running" and is fetched with it.
+    # capsule_network: an agent whose install meets a missing host proposes the rule and waits
+    # for a person (over HTTP its token can do no more: the gate's scope follows the arguments).
     "agent": ("capsule_create", "capsule_exec", "capsule_run", "capsule_diff", "capsule_promote", "capsule_destroy",
-              "capsule_list", "read_text_file", "edit_text_file", "policy_list"),
+              "capsule_list", "read_text_file", "edit_text_file", "policy_list", "capsule_network"),
 }
 
 

@@ -89,7 +89,10 @@ class CcwServer:
         self.servable = registry if registry is not None else Registry.load(TOOLSETS)
         self.runtime = Runtime(config, state)
         self.check_output = config.debug
-        self._validators: dict[str, tuple[Draft202012Validator, Draft202012Validator]] = {}
+        # By the spec itself, not its name: a profile may serve a narrowed spec of the same name
+        # (ToolSpec.narrowed) beside another connection's whole one.  Each entry holds its spec,
+        # so the id is not reused while the entry lives.
+        self._validators: dict[int, tuple[ToolSpec, Draft202012Validator, Draft202012Validator]] = {}
         self._tool_lists: dict[tuple[str, ...], ToolList] = {}
         self.tools = self.tool_list(config.toolsets)  # this server's own: its stdio, socket and HTTP clients'
         self.sdk: Server[ToolList] = Server(
@@ -128,13 +131,7 @@ class CcwServer:
         if tools is None:
             tools = self._tool_lists[key] = ToolList(self.config, key, self.servable)
             for spec in tools.registry.tools:
-                if spec.name not in self._validators:
-                    Draft202012Validator.check_schema(spec.input_schema)
-                    Draft202012Validator.check_schema(spec.output_schema)
-                    self._validators[spec.name] = (
-                        Draft202012Validator(spec.input_schema),
-                        Draft202012Validator(spec.output_schema),
-                    )
+                self._checkers(spec)
         return tools
 
     async def serve_streams(self, read_stream: Any, write_stream: Any, tools: ToolList | None = None) -> None:
@@ -240,9 +237,19 @@ class CcwServer:
             LOGGER.warning(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
         return spec
 
+    def _checkers(self, spec: ToolSpec) -> tuple[Draft202012Validator, Draft202012Validator]:
+        """The input and output validators of ``spec``, its schemas checked the first time."""
+        entry = self._validators.get(id(spec))
+        if entry is None:
+            Draft202012Validator.check_schema(spec.input_schema)
+            Draft202012Validator.check_schema(spec.output_schema)
+            entry = self._validators[id(spec)] = (
+                spec, Draft202012Validator(spec.input_schema), Draft202012Validator(spec.output_schema))
+        return entry[1], entry[2]
+
     def argument_errors(self, spec: ToolSpec, args: Any) -> list[dict[str, str]]:
         """Input-schema violations as sorted ``{path, msg}`` (RFC 6901 paths)."""
-        validator = self._validators[spec.name][0]
+        validator = self._checkers(spec)[0]
         errors = [{"path": _pointer(e.absolute_path), "msg": e.message} for e in validator.iter_errors(args)]
         return sorted(errors, key=lambda e: (e["path"], e["msg"]))
 
@@ -270,7 +277,7 @@ class CcwServer:
             LOGGER.error(f"mcp:state {spec.name}: {failure.message}")
             raise failure from exc
         if self.check_output:
-            problems = list(self._validators[spec.name][1].iter_errors(result))
+            problems = list(self._checkers(spec)[1].iter_errors(result))
             if problems:
                 detail = "; ".join(f"{_pointer(p.absolute_path) or '/'}: {p.message}" for p in problems[:5])
                 LOGGER.error(f"mcp:bug {spec.name} result violates its output schema: {detail}")

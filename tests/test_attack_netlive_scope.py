@@ -11,8 +11,11 @@ from typing import Any
 
 import httpx2
 import pytest
+from jsonschema import Draft202012Validator
 
 from mcp_server.config import Config
+from mcp_server.server import CcwServer
+from mcp_server.state import State
 from mcp_server.tools.network import who
 from mcp_server.tools.registry import Registry
 from tests.support.mcp_process import ServerProcess, server_env
@@ -59,7 +62,30 @@ def test_an_agents_token_cannot_change_or_read_rules_over_http(server: ServerPro
 
 def test_the_agent_profile_has_no_way_to_change_rules() -> None:
     agent = Registry.load(["agent"])
-    assert agent.lookup("capsule_network") is None
+    proposing = agent.lookup("capsule_network")  # proposals only: over stdio no token stops an allow
+    assert proposing is not None
+    assert set(proposing.input_schema["properties"]) == {"capsule_id", "propose", "reason", "proposal", "wait_ms"}
+    validator = Draft202012Validator(proposing.input_schema)
+    for change in ({"allow": ["example.org"]}, {"remove": ["example.org"]}, {"caps": {"max_bytes": 1}},
+                   {"proposal": 1, "decide": "approve"}):
+        assert not validator.is_valid({"capsule_id": "cap_a", **change}), change
+    assert validator.is_valid({"capsule_id": "cap_a", "propose": ["example.org:443"], "reason": "docs"})
+    whole = Registry.load(["agent", "capsule"]).lookup("capsule_network")  # its family named: whole
+    assert whole is not None and "allow" in whole.input_schema["properties"]
+
+
+def test_one_server_checks_each_connections_capsule_network_by_its_own_schema(tmp_path: Path) -> None:
+    """Validators are kept per spec: an agent-profile connection beside a whole one is refused
+    an allow, whichever list was made first."""
+    state_dir = tmp_path / "state"
+    server = CcwServer(Config.from_env({"CCW_STATE_DIR": str(state_dir), "CCW_TOOLSETS": "capsule"}), State(state_dir))
+    whole = server.tools.registry.lookup("capsule_network")
+    proposing = server.tool_list(["agent"]).registry.lookup("capsule_network")
+    assert whole is not None and proposing is not None
+    allow = {"capsule_id": "cap_a", "allow": ["example.org"]}
+    assert server.argument_errors(whole, allow) == []
+    assert [e["msg"] for e in server.argument_errors(proposing, allow)] == [
+        "Additional properties are not allowed ('allow' was unexpected)"]
     every = Registry.load(Config().toolsets)
     spec = every.lookup("capsule_network")
     assert spec is not None and spec.scope == "admin" and spec.turn is None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from mcp_server.capsules import netlive, proposals
@@ -135,6 +136,16 @@ def network_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _proposing(spec: ToolSpec) -> ToolSpec:
+    """capsule_network as the agent profile serves it: propose and poll, never change rules
+    (over stdio and the socket no token stops an ``allow``; this schema does)."""
+    kept = ("capsule_id", "propose", "reason", "proposal", "wait_ms")
+    schema = dict(spec.input_schema, properties={name: spec.input_schema["properties"][name] for name in kept})
+    return replace(spec, input_schema=schema, narrowed=None, description=(
+        "Propose network rules (capsule_create's grammar, preset:NAME) with a reason for a person to decide, "
+        "then poll the proposal (wait_ms). With capsule_id alone: the rules in force."))
+
+
 TOOLS = [
     ToolSpec(
         name="capsule_network",
@@ -167,5 +178,6 @@ TOOLS = [
         text=network_text,
         scope="admin",
         scope_of=scope_of,
+        narrowed=_proposing,
     ),
 ]

@@ -107,6 +107,10 @@ class ToolSpec:
     # A scope that depends on the call's arguments (capsule_network: an agent proposes with
     # exec, a person changes rules with admin); None: ``scope`` for every call.
     scope_of: Callable[[Mapping[str, Any]], str] | None = None
+    # The spec a profile (config.PROFILES) serves when it names this tool without its family:
+    # fewer arguments, so a connection limited to the profile cannot make the others' calls
+    # (capsule_network: the agent profile proposes rules, never changes them).  None: as is.
+    narrowed: Callable[[ToolSpec], ToolSpec] | None = None
 
     def scope_for(self, arguments: Any) -> str:
         """The scope a call with ``arguments`` needs (``scope`` unless ``scope_of`` says)."""
@@ -225,8 +229,10 @@ class Registry:
         wanted = set(toolsets)
         single = {name for profile in wanted & set(PROFILES) for name in PROFILES[profile]}
         for spec in self.tools:
-            if spec.family in wanted or spec.name in single:
+            if spec.family in wanted:
                 chosen.add(spec)
+            elif spec.name in single:
+                chosen.add(spec.narrowed(spec) if spec.narrowed is not None else spec)
         chosen.resources = [resource for resource in self.resources if resource.family in wanted]
         return chosen
 
