@@ -17,6 +17,13 @@ The request is parsed with h11 (it comes with hypercorn); response heads with th
 bounded parser below, since the body after it is relayed as raw bytes (no per-chunk
 parsing on the download path).
 
+Credentials (issue 38): a session holding a capsule's secrets (egress/credentials.py)
+has each plain request's head judged before the upstream is connected: placeholders
+swapped for values where their bindings allow, the response's echoes of a value masked,
+and a placeholder anywhere else a ``403`` recorded as an exfiltration attempt.  Its
+reverse routes (``GET /route/NAME/...`` sent to the proxy itself) reach a secret's bound
+upstream with the value added.  CONNECT tunnels are never looked into.
+
 Throughput (2-core VM, loopback, 200 MiB): the figures are in ``splice.py``.
 """
 
@@ -24,10 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import urllib.parse
+from collections.abc import Awaitable, Callable
 
 import h11
 import trio
 
+from mcp_server.core.placeholders import ResponseMasker
+from mcp_server.core.secretbind import host_text
+from mcp_server.egress.credentials import Carrier, Credentials
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
     Attempt,
@@ -174,12 +185,22 @@ async def _reply(sock: trio.socket.SocketType, data: bytes) -> None:
         await send_all(sock, data)
 
 
+# Judges an admitted attempt before it connects: None, or why it is refused (credentials).
+Check = Callable[[Attempt], Awaitable[str | None]]
+
+
 async def _open(gate: Gate, sock: trio.socket.SocketType, host: str, port: int,
-                protocol: Protocol_) -> tuple[Attempt, trio.socket.SocketType] | None:
-    """Admit and connect, or answer 403/502 and return None."""
+                protocol: Protocol_, check: Check | None = None) -> tuple[Attempt, trio.socket.SocketType] | None:
+    """Admit, ``check`` and connect, or answer 403/502 and return None."""
     attempt = await gate.consider(gate.admit(host, port, protocol))
     if not attempt.allowed:
         await _reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}"))
+        return None
+    why = None if check is None else await check(attempt)
+    if why is not None:
+        assert isinstance(gate, Carrier)  # only a carrier's requests are checked
+        gate.refuse(attempt, why)
+        await _reply(sock, response(403, "Forbidden", f"ccw: {why}"))
         return None
     try:
         return attempt, await gate.open(attempt)
@@ -209,32 +230,76 @@ async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     await tunnel(sock, upstream, attempt, gate.budget, bytes(early))
 
 
-async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
-                   request: h11.Request) -> None:
+def _credentials(gate: Gate) -> Credentials | None:
+    return gate.credentials if isinstance(gate, Carrier) else None
+
+
+def _target(request: h11.Request, creds: Credentials | None) -> tuple[str, str, bool]:
+    """Where a plain request goes: its authority, its origin-form target, and whether it
+    came by a reverse route (``/route/NAME/...``: the value is added, not swapped in)."""
+    routed = None if creds is None else creds.route(request.target)
+    if routed is not None:
+        name, host, port, origin = routed
+        if port == 443:
+            raise BadRequest(f"route {name}: its secret is bound to {host}:443 (https); reverse routes reach "
+                             "plain http upstreams only so far: bind the secret to the host's http port too")
+        return host_text(host, port), origin.decode("ascii"), True
     url = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
     if url.scheme != "http" or not url.netloc:
         raise BadRequest(
             "this is a proxy: send CONNECT host:port, or an absolute http:// URL "
             f"(got {request.target[:80]!r})"
         )
-    authority = url.netloc.rpartition("@")[2]
+    return url.netloc.rpartition("@")[2], (url.path or "/") + (f"?{url.query}" if url.query else ""), False
+
+
+async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
+                   request: h11.Request) -> None:
+    creds = _credentials(gate)
+    authority, origin, routed = _target(request, creds)
     host, port = split_authority(authority, 80)
-    origin = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    opened = await _open(gate, sock, host, port, "http")
+    headers = forward_headers(list(request.headers), authority.encode("ascii"))
+    if routed:
+        assert creds is not None
+        origin, headers = creds.routed(request.target, origin, headers)
+    outgoing = h11.Connection(h11.CLIENT)
+    head = outgoing.send(h11.Request(method=request.method, target=origin.encode("ascii"), headers=headers))
+    assert head is not None
+    masker: ResponseMasker | None = None
+    early = _early_body(conn) if creds is not None else []
+
+    async def swap(attempt: Attempt) -> str | None:
+        nonlocal head, masker
+        assert creds is not None
+        why = creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data)))
+        if why is not None or not creds.carries(head):
+            return why  # a placeholder in the body's first bytes; or none anywhere, nothing to judge
+        judged = await trio.to_thread.run_sync(creds.judge, head, attempt.host, attempt.port)
+        head, masker = judged.head or b"", judged.masker
+        return judged.reason
+
+    opened = await _open(gate, sock, host, port, "http", None if creds is None else swap)
     if opened is None:
         return
     attempt, upstream = opened
-    outgoing = h11.Connection(h11.CLIENT)
-    head = outgoing.send(
-        h11.Request(
-            method=request.method,
-            target=origin.encode("ascii"),
-            headers=forward_headers(list(request.headers), authority.encode("ascii")),
-        )
-    )
-    assert head is not None
     exchange = _Exchange(sock, conn, upstream, outgoing, attempt, gate.budget)
+    if creds is not None:
+        assert isinstance(gate, Carrier)
+        exchange.creds, exchange.masker = creds, masker
+        exchange.refuse = lambda why: gate.refuse(attempt, why)
+        exchange.early = early
     await exchange.run(head)
+
+
+def _early_body(conn: h11.Connection) -> list[object]:
+    """The request body's events already read with its head (h11 has them buffered): judged
+    before the head goes, then sent first.  Ends at the first that is not Data."""
+    early: list[object] = []
+    while (event := conn.next_event()) is not h11.NEED_DATA:
+        early.append(event)
+        if not isinstance(event, h11.Data):
+            break
+    return early
 
 
 class _Exchange:
@@ -246,6 +311,10 @@ class _Exchange:
         self.sock, self.conn, self.upstream, self.outgoing = sock, conn, upstream, outgoing
         self.attempt, self.budget = attempt, budget
         self.answered = False
+        self.creds: Credentials | None = None  # scans the body for placeholders
+        self.masker: ResponseMasker | None = None  # masks the values put in, echoed
+        self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
+        self.early: list[object] = []  # body events read before the head went (_early_body)
 
     async def run(self, head: bytes) -> None:
         try:
@@ -257,6 +326,9 @@ class _Exchange:
         except* UpstreamGarbage as group:
             if not self.answered:
                 await _reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}"))
+        except* PlaceholderInBody as group:
+            if not self.answered:
+                await _reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}"))
         except* (ByteCapReached, OSError, h11.ProtocolError):
             pass  # the record keeps the bytes so far and any cut; both sides close
         finally:
@@ -264,10 +336,16 @@ class _Exchange:
 
     async def _request_body(self) -> None:
         while True:
-            event = self.conn.next_event()
+            event = self.early.pop(0) if self.early else self.conn.next_event()
             if event is h11.NEED_DATA:
                 self.conn.receive_data(await self.sock.recv(BUFFER_SIZE))
                 continue
+            if isinstance(event, h11.Data) and self.creds is not None:
+                why = self.creds.body_attempt(bytes(event.data))
+                if why is not None:
+                    if self.refuse is not None:
+                        self.refuse(why)
+                    raise PlaceholderInBody(why)
             if isinstance(event, h11.Data | h11.EndOfMessage):
                 data = self.outgoing.send(event)
                 if data:
@@ -288,11 +366,30 @@ class _Exchange:
             head = rewrite_response_head(bytes(received[: end + 4]))
         except ValueError as exc:
             raise UpstreamGarbage(str(exc)) from None
+        if self.masker is not None:
+            await self._masked(head, bytes(received[end + 4 :]), self.masker)
+            return
         self.answered = True
         await charge_and_send(self.sock, head + bytes(received[end + 4 :]), self.attempt,
                               self.budget, outbound=False)
         await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
 
+    async def _masked(self, head: bytes, first: bytes, masker: ResponseMasker) -> None:
+        """The response with each value put in the request masked back to its placeholder.
+        A masked echo may change the body's length (a placeholder longer than a short
+        value): its Content-Length goes, and the close ends the body."""
+        masked = masker.feed(head) + masker.close()
+        head = b"\r\n".join(line for line in masked.split(b"\r\n") if not line.lower().startswith(b"content-length:"))
+        self.answered = True
+        await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
+        while data := await self.upstream.recv(BUFFER_SIZE):
+            await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
+        await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
+
 
 class UpstreamGarbage(Exception):
     """The upstream's answer is not an HTTP response the proxy can pass on."""
+
+
+class PlaceholderInBody(Exception):
+    """A request body carries a placeholder: the request ends, refused and recorded."""

@@ -73,6 +73,7 @@ import trio
 
 from mcp_server.core import netrules, netspace
 from mcp_server.egress import sniff, splice
+from mcp_server.egress.credentials import Credentials
 from mcp_server.egress.hostspace import HostSpaceReader
 from mcp_server.egress.proxy import handle_http
 from mcp_server.egress.relay import (
@@ -197,6 +198,7 @@ class EgressSession:
         self._observe = observe
         self._owners = owners
         self._ask: Ask | None = None  # set_asking
+        self.credentials: Credentials | None = None  # its secrets, swapped by the proxy (egress/credentials.py)
         self.header_timeout = header_timeout
         self.jail_addresses = frozenset(jail_addresses)
         self._exec = _Book(ExecBudget(spec.max_bytes))
@@ -291,6 +293,12 @@ class EgressSession:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def refuse(self, attempt: Attempt, reason: str) -> None:
+        """An admitted attempt refused before or while it is relayed (a placeholder where it may
+        not go): its record says why, and the watcher hears of it now."""
+        attempt.deny(reason)
+        self._tell(attempt)
 
     def set_asking(self, ask: Ask | None) -> None:
         """Who answers a miss when the rules say ``on_miss: ask`` (None: nobody; a miss is denied)."""

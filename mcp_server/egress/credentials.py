@@ -1,0 +1,152 @@
+"""A capsule's credentials at the proxy: the placeholders swapped in plain HTTP requests (issue 38).
+
+core/placeholders.py decides, for one request head, where a value may go; this module is
+what the proxy (egress/proxy.py) holds per capsule to use it, and what it does per request:
+
+- **No placeholder, no cost.**  A head without ``placeholders.PREFIX`` in it is sent as
+  it is, after one ``bytes.find``; only a head that carries one is judged.
+- **A value lives for one request.**  ``Credentials.judge`` fetches the values the
+  rewrite puts in (the store's ``value``: a stored value, or a command run now, hence
+  on a thread), puts them in the head, builds the response's masker from them and
+  keeps nothing: the next request fetches again.  A value is in the rewritten head, the
+  masker and the upstream socket's buffers, and nowhere this process keeps.
+- **A placeholder where it may not go refuses the request** before any connection is
+  made upstream: the record's reason begins with ``EXFILTRATION`` and names the secret
+  and the place (a header's name, "the body", another host), never a value; the
+  session tells the person watching at once (``Carrier.refuse``).
+- **The body** is scanned as it passes (``body_attempt``): a placeholder in it ends the
+  request (its head has gone by then; the upstream gets a cut body).  A placeholder
+  split across two reads is not seen there; it carries no value either way.
+- **CONNECT is untouched**: a tunnel to a bound host carries the placeholder, not the
+  value, end to end (TLS termination is the next layer's: core/tlsca.py).
+- **Reverse routes** (``route``): ``/route/NAME/REST`` on the proxy's own address is a
+  request for ``REST`` at the secret's bound upstream, with the value put in where its
+  binding says, for clients that take a base URL and speak no proxy.  Only the
+  capsule's own secrets have routes.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from mcp_server.core.placeholders import (
+    PREFIX,
+    CapsuleSecrets,
+    Exfiltration,
+    ResponseMasker,
+    rewrite_request,
+)
+from mcp_server.core.secretbind import BASIC_FORMATS
+from mcp_server.egress.relay import Attempt
+
+EXFILTRATION = "exfiltration attempt"
+ROUTE = b"/route/"
+
+# A secret's value now, by name (fs/secretstore ``SecretStore.value(name).reveal()``): it
+# may run a command, so it is called on a thread.
+Fetch = Callable[[str], bytes]
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One request head judged: the head to send (None: refused, ``reason`` says why) and the
+    masker for its response (None: no value went in)."""
+
+    head: bytes | None = field(repr=False)
+    masker: ResponseMasker | None = field(default=None, repr=False)
+    reason: str | None = None
+
+
+def _where(attempt: Exfiltration) -> str:
+    who = f"the placeholder of secret {attempt.secret}" if attempt.secret else f"a {PREFIX} placeholder"
+    return f"{who} in {attempt.where}"
+
+
+class Credentials:
+    """One capsule's secrets as its proxy uses them; no value is kept here."""
+
+    def __init__(self, capsule: CapsuleSecrets, fetch: Fetch) -> None:
+        self.capsule = capsule
+        self._fetch = fetch
+
+    def judge(self, head: bytes, host: str, port: int) -> Judged:
+        """``head`` (a whole request head) with its placeholders replaced where their bindings
+        allow, or refused; ``host`` as netrules.normalize_host leaves it.  Blocking (a value
+        may come from a command): call it on a thread, and only for a head ``carries``."""
+        fetched: dict[str, bytes] = {}
+
+        def value(name: str) -> bytes:
+            if name not in fetched:
+                fetched[name] = self._fetch(name)
+            return fetched[name]
+
+        rewritten = rewrite_request(head, host, port, self.capsule, value)
+        if rewritten.problem is not None:
+            return Judged(None, reason=f"{EXFILTRATION}? {rewritten.problem}, with a placeholder in it")
+        if rewritten.head is None:
+            return Judged(None, reason=f"{EXFILTRATION}: " + "; ".join(map(_where, rewritten.attempts)))
+        used = {name: fetched[name] for name in rewritten.used}
+        return Judged(rewritten.head, self.capsule.response_masker(used) if used else None)
+
+    @staticmethod
+    def carries(data: bytes) -> bool:
+        """Whether ``data`` holds anything that looks like a placeholder (one ``bytes.find``)."""
+        return PREFIX.encode() in data
+
+    def body_attempt(self, data: bytes) -> str | None:
+        """The refusal's reason if a request body's bytes ``data`` carry a placeholder."""
+        if not self.carries(data):
+            return None
+        found = data[data.find(PREFIX.encode()):][:80]
+        name = self.capsule.identify(found.split(b"&")[0].split(b"\"")[0])
+        return f"{EXFILTRATION}: " + _where(Exfiltration(name, "the body"))
+
+    def route(self, target: bytes) -> tuple[str, str, int, bytes] | None:
+        """A reverse route's secret, bound host, port and origin-form target; None if ``target``
+        is no route of this capsule's (``/route/NAME/REST``)."""
+        if not target.startswith(ROUTE):
+            return None
+        name, slash, rest = target[len(ROUTE):].partition(b"/")
+        binding = self.capsule.bindings.get(name.decode("ascii", "replace"))
+        if binding is None:
+            return None
+        host, port = binding.hosts[0]
+        return binding.name, host, port, b"/" + rest if slash else b"/"
+
+
+    def routed(self, target: bytes, origin: str,
+               headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
+        """A routed request's target and headers with the secret's placeholder where its binding
+        puts the value (``judge`` then swaps it); a header of that name the client sent goes."""
+        routed = self.route(target)
+        assert routed is not None
+        binding = self.capsule.bindings[routed[0]]
+        text = self.capsule.placeholders[binding.name].text
+        if binding.query_param is not None:
+            joined = "&" if "?" in origin else "?"
+            return f"{origin}{joined}{binding.query_param}={text}", headers
+        assert binding.header is not None
+        if binding.format in BASIC_FORMATS:
+            pair = f"{text}:" if binding.format == "basic-user" else f":{text}"
+            value = "Basic " + base64.b64encode(pair.encode()).decode()
+        else:
+            value = binding.format.replace("{}", text)
+        kept = [(name, v) for name, v in headers if name.lower() != binding.header.encode()]
+        return origin, [*kept, (binding.header.encode(), value.encode())]
+
+
+@runtime_checkable
+class Carrier(Protocol):
+    """What the proxy asks of a session that may hold credentials (egress/session.py)."""
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The capsule's credentials, or None (no secrets: the proxy swaps nothing)."""
+        ...
+
+    def refuse(self, attempt: Attempt, reason: str) -> None:
+        """Turn an admitted attempt into a denial for ``reason`` and tell the watcher now."""
+        ...

@@ -1,0 +1,210 @@
+"""Credentials at the proxy (egress/credentials.py, issue 38) over real loopback sockets: a
+placeholder swapped for its value only toward its bound host, echoes masked, a placeholder
+anywhere else refused with a 403 and recorded as an exfiltration attempt, CONNECT left
+alone, and reverse routes adding the value for a client that only takes a base URL."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import trio
+
+from mcp_server.core.placeholders import CapsuleSecrets
+from mcp_server.core.secretbind import make_binding
+from mcp_server.egress.credentials import EXFILTRATION, Credentials
+from mcp_server.egress.relay import Attempt
+from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
+    Upstream,
+    egress,
+    http_responder,
+    network,
+    read_all,
+    relay_engine,
+    shout,
+    upstream,
+)
+
+VALUE = b"tok-" + b"S3cr3t" * 6  # 40 bytes: its placeholder is as long
+
+
+class Store:
+    """Stands for fs/secretstore: counts how often a value is fetched."""
+
+    def __init__(self) -> None:
+        self.fetched: list[str] = []
+
+    def __call__(self, name: str) -> bytes:
+        self.fetched.append(name)
+        return VALUE
+
+
+def secrets_for(port: int, fmt: str | None = None, header: str | None = None) -> CapsuleSecrets:
+    return CapsuleSecrets({"TOKEN": make_binding("TOKEN", [f"127.0.0.1:{port}"], header, fmt)}, {"TOKEN": len(VALUE)})
+
+
+async def echo_auth(stream: trio.SocketStream, state: Upstream) -> None:
+    """Answer with the Authorization header it was sent, in a header and in the body."""
+    received = b""
+    while b"\r\n\r\n" not in received and (data := await stream.receive_some()):
+        received += data
+    state.seen.append(received)
+    auth = next((line.split(b": ", 1)[1] for line in received.split(b"\r\n")
+                 if line.lower().startswith(b"authorization:")), b"none")
+    body = b"you sent " + auth
+    with contextlib.suppress(trio.BrokenResourceError):
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nX-Echo: " + auth + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await stream.aclose()
+
+
+def request(port: int, headers: str = "", body: bytes = b"", path: str = "/simple/") -> bytes:
+    length = f"Content-Length: {len(body)}\r\n" if body else ""
+    return f"GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}{length}\r\n".encode() + body
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_placeholder_swapped_for_the_bound_host_and_echo_masked() -> None:
+    store = Store()
+
+    async def main() -> None:
+        async with upstream(echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store)
+            placeholder = capsule.env()["TOKEN"]
+            client = await proxy.http()
+            await client.send_all(request(up.port, f"Authorization: Bearer {placeholder}\r\n"))
+            answer = await read_all(client)
+            records = proxy.session.end_exec()
+        assert b"authorization: Bearer " + VALUE in up.seen[0]
+        assert placeholder.encode() not in up.seen[0]
+        assert VALUE not in answer  # the echo comes back as the placeholder
+        assert b"X-Echo: Bearer " + placeholder.encode() in answer
+        assert answer.endswith(b"you sent Bearer " + placeholder.encode())
+        assert b"content-length" not in answer.lower()  # a masked body is ended by the close
+        assert store.fetched == ["TOKEN"]
+        [record] = records
+        assert (record["allowed"], record["reason"]) == (True, None)
+
+    trio.run(main)
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_no_placeholder_fetches_nothing_and_passes_untouched() -> None:
+    store = Store()
+
+    async def main() -> None:
+        async with upstream(echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), store)
+            client = await proxy.http()
+            await client.send_all(request(up.port, "Authorization: Bearer mine\r\n"))
+            answer = await read_all(client)
+        assert b"authorization: Bearer mine" in up.seen[0]
+        assert answer.endswith(b"you sent Bearer mine")
+        assert b"Content-Length: 20" in answer
+        assert store.fetched == []
+
+    trio.run(main)
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("where", ["other host", "other header", "body"])
+def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None:
+    store, told = Store(), []
+
+    async def main() -> None:
+        async with upstream(echo_auth) as bound, upstream(echo_auth) as other, \
+                egress(network(f"127.0.0.1:{bound.port}", f"127.0.0.1:{other.port}"), observe=told.append) as proxy:
+            capsule = secrets_for(bound.port)
+            proxy.session.credentials = Credentials(capsule, store)
+            placeholder = capsule.env()["TOKEN"]
+            sent = {"other host": request(other.port, f"Authorization: Bearer {placeholder}\r\n"),
+                    "other header": request(bound.port, f"X-Leak: {placeholder}\r\n"),
+                    "body": request(bound.port, body=b"token=" + placeholder.encode(), path="/upload")}[where]
+            client = await proxy.http()
+            await client.send_all(sent)
+            answer = await read_all(client)
+            records = proxy.session.end_exec()
+            return answer, records, bound, other
+
+    answer, records, bound, other = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 403 ")
+    assert b"the placeholder of secret TOKEN" in answer and VALUE not in answer
+    [record] = records
+    assert record["allowed"] is False and str(record["reason"]).startswith(EXFILTRATION)
+    assert VALUE not in repr(records).encode()
+    assert any(attempt.reason == record["reason"] for attempt in told)  # told live
+    assert bound.seen == [] and other.seen == []  # refused before connecting (the body's first bytes too)
+    assert where != "other host" or "a host it is not bound to" in str(record["reason"])
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_connect_to_a_bound_host_stays_a_tunnel() -> None:
+    store = Store()
+
+    async def main() -> None:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store)
+            client = await proxy.http()
+            line = f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            await client.send_all(line + capsule.env()["TOKEN"].encode())
+            await client.send_eof()
+            answer = await read_all(client)
+            return answer, capsule.env()["TOKEN"]
+
+    answer, placeholder = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(placeholder.upper().encode())
+    assert store.fetched == []
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize(("fmt", "header", "expect"), [
+    (None, None, b"authorization: Bearer " + VALUE),
+    ("{}", "X-Api-Key", b"x-api-key: " + VALUE),
+    ("query:key", None, b"?q=1&key=" + VALUE + b" HTTP/1.1"),
+])
+def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expect: bytes) -> None:
+    store = Store()
+
+    async def main() -> tuple[bytes, list[bytes], list[dict[str, object]]]:
+        async with upstream(echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port, fmt, header), store)
+            client = await proxy.http()
+            await client.send_all(b"POST /route/TOKEN/v1/messages?q=1 HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n"
+                                  b"Authorization: Bearer dummy\r\nContent-Length: 2\r\n\r\n{}")
+            answer = await read_all(client)
+            return answer, up.seen, proxy.session.end_exec()
+
+    answer, seen, records = trio.run(main)
+    assert expect in seen[0]
+    assert seen[0].startswith(b"POST /v1/messages?q=1")
+    assert b"dummy" not in seen[0] or header is not None or fmt is not None
+    assert VALUE not in answer and answer.startswith(b"HTTP/1.1 200 ")
+    assert [record["allowed"] for record in records] == [True]
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_a_route_is_only_for_the_capsules_secrets() -> None:
+    async def main() -> bytes:
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        async with upstream(http_responder(reply)) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), Store())
+            client = await proxy.http()
+            await client.send_all(b"GET /route/OTHER/x HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n\r\n")
+            return await read_all(client)
+
+    answer = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"this is a proxy" in answer
+
+
+def test_body_attempt_and_route_parsing() -> None:
+    capsule = secrets_for(8080)
+    creds = Credentials(capsule, Store())
+    placeholder = capsule.env()["TOKEN"].encode()
+    assert creds.body_attempt(b"nothing here") is None
+    assert "secret TOKEN in the body" in str(creds.body_attempt(b'{"k": "' + placeholder + b'"}'))
+    assert "a ccwph_ placeholder" in str(creds.body_attempt(b"x=ccwph_Zz"))
+    assert creds.route(b"/route/TOKEN/a/b?c") == ("TOKEN", "127.0.0.1", 8080, b"/a/b?c")
+    assert creds.route(b"/route/TOKEN") == ("TOKEN", "127.0.0.1", 8080, b"/")
+    assert creds.route(b"/route/NOPE/a") is None and creds.route(b"/other") is None
+    assert isinstance(Attempt, type)
