@@ -158,19 +158,21 @@ def test_connect_to_a_bound_host_stays_a_tunnel() -> None:
 
 
 @pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("form", ["origin", "absolute"])
 @pytest.mark.parametrize(("fmt", "header", "expect"), [
     (None, None, b"authorization: Bearer " + VALUE),
     ("{}", "X-Api-Key", b"x-api-key: " + VALUE),
     ("query:key", None, b"?q=1&key=" + VALUE + b" HTTP/1.1"),
 ])
-def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expect: bytes) -> None:
+def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expect: bytes, form: str) -> None:
     store = Store()
 
     async def main() -> tuple[bytes, list[bytes], list[dict[str, object]]]:
         async with upstream(echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
             proxy.session.credentials = Credentials(secrets_for(up.port, fmt, header), store)
             client = await proxy.http()
-            await client.send_all(b"POST /route/TOKEN/v1/messages?q=1 HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n"
+            own = f"http://127.0.0.1:{proxy.http_port}" if form == "absolute" else ""  # a client honouring HTTP_PROXY
+            await client.send_all(f"POST {own}/route/TOKEN/v1/messages?q=1 HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n".encode() +
                                   b"Authorization: Bearer dummy\r\nContent-Length: 2\r\n\r\n{}")
             answer = await read_all(client)
             return answer, up.seen, proxy.session.end_exec()

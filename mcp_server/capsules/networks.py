@@ -54,6 +54,7 @@ from mcp_server.logs import LOGGER
 from sandbox.errors import CcwError
 
 if TYPE_CHECKING:
+    from mcp_server.egress.credentials import Credentials
     from mcp_server.egress.hostspace import HostSpaceReader
     from mcp_server.egress.relay import Attempt
     from mcp_server.egress.runs import RunOwners
@@ -115,6 +116,7 @@ class Networks:
         # changes reach the sessions in the order the journal took them.
         self.rules_lock = trio.Lock()
         self.asking: AskPerson | None = None  # set by the Runtime (capsules/misses.py)
+        self._credentials: dict[str, Credentials] = {}  # a capsule's secrets (capsules/capsecrets.py), in memory only
 
     async def open_soon(self, helper: Any, capsule_id: str, spec: NetworkSpec) -> None:
         """Start opening the capsule's session in the background (capsule_create returns first).
@@ -163,6 +165,7 @@ class Networks:
                                         observe=None if observe is None else
                                         (lambda attempt: observe(capsule_id, attempt.record())), owners=owners)
                 session.set_asking(self._asker_of(capsule_id, session))
+                session.credentials = self._credentials.get(capsule_id)
             except BaseException:
                 for fd in fds:
                     os.close(fd)
@@ -189,6 +192,17 @@ class Networks:
             if served is None:
                 return None
             return [attempt.record() for attempt in served.session.set_rules(spec, who)]
+
+    def give_credentials(self, capsule_id: str, credentials: Credentials) -> None:
+        """The capsule's secrets' placeholders, swapped by its session's proxy from now on."""
+        self._credentials[capsule_id] = credentials
+        served = self._sessions.get(capsule_id)
+        if served is not None:
+            served.session.credentials = credentials
+
+    def credentials(self, capsule_id: str) -> Credentials | None:
+        """The capsule's secrets as this process knows them (None: none, or not since it started)."""
+        return self._credentials.get(capsule_id)
 
     def _asker_of(self, capsule_id: str, session: EgressSession) -> Callable[[Attempt, str | None],
                                                                               Awaitable[Asked]] | None:
@@ -261,6 +275,7 @@ class Networks:
         if pending is not None:
             pending.cancel()
         self._changed.pop(capsule_id, None)
+        self._credentials.pop(capsule_id, None)
         async with self._lock:
             await self._close(capsule_id)
 

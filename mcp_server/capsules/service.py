@@ -35,7 +35,7 @@ import trio
 from outcome import acapture
 
 from mcp_server import events
-from mcp_server.capsules import exposure
+from mcp_server.capsules import capsecrets, exposure
 from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
@@ -179,14 +179,16 @@ class CapsuleService:
     # --- journaled capsules --------------------------------------------------------
 
     async def create(self, spec: CapsuleSpec, network: NetworkSpec | None = None,
-                     volatile: tuple[str, ...] = ()) -> CapsuleRecord:
+                     volatile: tuple[str, ...] = (), secrets: tuple[str, ...] = ()) -> CapsuleRecord:
         """Make a capsule from ``spec`` (with the allowlist ``network``, if any; ``volatile``: globs its
         witnesses' replays leave out) and journal it.
 
         An allowlist capsule's egress session starts opening now, in the background
         (capsules/networks.py: ``open_soon``), so that neither create nor, usually, the
-        first exec waits for it.
+        first exec waits for it.  ``secrets``: names in the state dir's store, whose
+        placeholders its commands get (capsules/capsecrets.py).
         """
+        given = await capsecrets.for_create(self.state.root, secrets, network is not None)
         spec = dataclasses.replace(spec, network=helper_network(network))
         base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
 
@@ -197,6 +199,9 @@ class CapsuleService:
             nursery.start_soon(read_base)
             made = await acapture(self.call, CreateRequest(spec))
         reply = made.unwrap()
+        if given is not None:
+            capsecrets.remember(self.state.root, reply.capsule_id, secrets)
+            self.networks.give_credentials(reply.capsule_id, given)
         await self._open_network(reply.capsule_id, network)
         return self._journal_new(reply, spec, None, network, volatile, base[0])
 
@@ -242,6 +247,8 @@ class CapsuleService:
         """
         record = self.live_record(request.capsule_id)
         request = for_capsule(request, record.spec, values, PROGRESS_MS)
+        if record.network_spec is not None and (ours := await capsecrets.env(self.state.root, self.networks, record.capsule_id)):
+            request = dataclasses.replace(request, env={**(request.env or {}), **ours})
         if terminal is not None:
             term = (os.environ if values is None else values).get("TERM")
             request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
@@ -382,6 +389,7 @@ class CapsuleService:
             if self.services is not None:  # nothing of a destroyed capsule runs on
                 await self.services.stop_all(record.capsule_id)
             await self.networks.close(record.capsule_id)
+            capsecrets.forget(self.state.root, record.capsule_id)
             await self.call(DestroyRequest(record.capsule_id))
             self.journal.mark_destroyed(record.capsule_id, _iso(_now()))
         return record

@@ -118,6 +118,8 @@ def _add_create_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     create.add_argument("--cpu-ms", type=int, help="per-exec CPU time budget (ms)")
     create.add_argument("--clock-offset-sec", type=int, help="shift the clock the commands see")
     create.add_argument("--env", action="append", metavar="NAME", help="environment variable to pass (repeatable)")
+    create.add_argument("--secret", action="append", metavar="NAME",
+                        help="a secret of `ccw secret list`: $NAME holds a placeholder the proxy swaps (repeatable)")
     create.add_argument("--network", action="append", metavar="RULE",
                         help="allow connections to RULE through ccw's proxy: host[:port], *.domain[:port], "
                              "IP or CIDR[:port], [IPv6]:port, or preset:NAME, a named set (ccw net presets) "
@@ -368,6 +370,8 @@ def _create_call(args: argparse.Namespace) -> dict[str, Any]:
         call["network"] = network
     if args.volatile:
         call["volatile"] = list(args.volatile)
+    if args.secret:
+        call["secrets"] = sorted(set(args.secret))
     if args.expose:
         call["expose"] = [os.path.abspath(path) for path in args.expose]
     if args.no_auto_expose:

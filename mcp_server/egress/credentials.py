@@ -117,13 +117,12 @@ class Credentials:
         return binding.name, host, port, b"/" + rest if slash else b"/"
 
 
-    def routed(self, target: bytes, origin: str,
+    def routed(self, name: str, origin: str,
                headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
-        """A routed request's target and headers with the secret's placeholder where its binding
-        puts the value (``judge`` then swaps it); a header of that name the client sent goes."""
-        routed = self.route(target)
-        assert routed is not None
-        binding = self.capsule.bindings[routed[0]]
+        """A request routed to secret ``name``'s upstream: its target and headers with the
+        placeholder where the binding puts the value (``judge`` then swaps it); a header of
+        that name the client sent goes."""
+        binding = self.capsule.bindings[name]
         text = self.capsule.placeholders[binding.name].text
         if binding.query_param is not None:
             joined = "&" if "?" in origin else "?"

@@ -38,7 +38,7 @@ import trio
 
 from mcp_server.core.placeholders import ResponseMasker
 from mcp_server.core.secretbind import host_text
-from mcp_server.egress.credentials import Carrier, Credentials
+from mcp_server.egress.credentials import ROUTE, Carrier, Credentials
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
     Attempt,
@@ -234,34 +234,40 @@ def _credentials(gate: Gate) -> Credentials | None:
     return gate.credentials if isinstance(gate, Carrier) else None
 
 
-def _target(request: h11.Request, creds: Credentials | None) -> tuple[str, str, bool]:
-    """Where a plain request goes: its authority, its origin-form target, and whether it
-    came by a reverse route (``/route/NAME/...``: the value is added, not swapped in)."""
-    routed = None if creds is None else creds.route(request.target)
+def _target(request: h11.Request, creds: Credentials | None, own: str) -> tuple[str, str, str | None]:
+    """Where a plain request goes: its authority, its origin-form target, and the secret
+    whose reverse route it came by, if it did (``/route/NAME/...``: the value is added, not swapped in), sent
+    to the proxy itself in origin form or, by a client that honours HTTP_PROXY, in
+    absolute form naming the proxy's own address ``own``."""
+    target = request.target
+    if target.startswith(b"http://" + own.encode() + ROUTE):
+        target = target[len(b"http://") + len(own):]
+    routed = None if creds is None else creds.route(target)
     if routed is not None:
         name, host, port, origin = routed
         if port == 443:
             raise BadRequest(f"route {name}: its secret is bound to {host}:443 (https); reverse routes reach "
                              "plain http upstreams only so far: bind the secret to the host's http port too")
-        return host_text(host, port), origin.decode("ascii"), True
+        return host_text(host, port), origin.decode("ascii"), name
     url = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
     if url.scheme != "http" or not url.netloc:
         raise BadRequest(
             "this is a proxy: send CONNECT host:port, or an absolute http:// URL "
             f"(got {request.target[:80]!r})"
         )
-    return url.netloc.rpartition("@")[2], (url.path or "/") + (f"?{url.query}" if url.query else ""), False
+    return url.netloc.rpartition("@")[2], (url.path or "/") + (f"?{url.query}" if url.query else ""), None
 
 
 async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
                    request: h11.Request) -> None:
     creds = _credentials(gate)
-    authority, origin, routed = _target(request, creds)
+    own = host_text(*sock.getsockname()[:2])  # the proxy's address as the jail reached it
+    authority, origin, routed = _target(request, creds, own)
     host, port = split_authority(authority, 80)
     headers = forward_headers(list(request.headers), authority.encode("ascii"))
-    if routed:
+    if routed is not None:
         assert creds is not None
-        origin, headers = creds.routed(request.target, origin, headers)
+        origin, headers = creds.routed(routed, origin, headers)
     outgoing = h11.Connection(h11.CLIENT)
     head = outgoing.send(h11.Request(method=request.method, target=origin.encode("ascii"), headers=headers))
     assert head is not None

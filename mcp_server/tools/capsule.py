@@ -148,7 +148,8 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
     network = parse_network(expand_network(args.get("network"), ctx.state.root))  # preset:NAME: fs/netpresets.py
     network = PolicyStore(ctx.state).network_defaults(network, args.get("network"))  # network.policy's on_miss
-    result = _git_result(_capsule_result(await ctx.capsules.create(spec, network, globs)), git)
+    secrets = tuple(args.get("secrets") or ())  # ccw secret list's names (capsules/capsecrets.py)
+    result = _git_result(_capsule_result(await ctx.capsules.create(spec, network, globs, secrets)), git)
     if needs:
         result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]
     return result
@@ -251,24 +252,25 @@ TOOLS = [
         family="capsule",
         title="Create capsule",
         description=(
-            "Create a capsule: a copy-on-write view of `workspace` where capsule_exec runs commands "
-            "in a jail. The real tree is untouched until capsule_promote."
+            "A copy-on-write view of `workspace`; capsule_exec runs commands in it, jailed. "
+            "The real tree changes only at capsule_promote."
         ),
         input_schema={
             "type": "object",
             "required": ["workspace"],
             "additionalProperties": False,
             "properties": {
-                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project directory (not /etc, a home or a key store)."},
-                "base": {"type": ["string", "null"], "description": "The capsule's base (default: the workspace)."},
+                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project dir (not /etc, a home or a key store)."},
+                "base": {"type": ["string", "null"], "description": "Its base (default: the workspace)."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
                 "network": NETWORK_IN,
-                "volatile": {**volatile.GLOBS_SCHEMA, "description": "Randomly named outputs (.nyc_output/*.json) replays leave out."},
+                "volatile": {**volatile.GLOBS_SCHEMA, "description": "Random outputs replays skip (.nyc_output/*)."},
                 "expose": {"type": ["array", "null"], "items": {"type": "string"},
                            "description": "Toolchain dirs to show read-only, besides those auto_expose finds."},
                 "auto_expose": {"type": "boolean"},
+                "secrets": {"type": "array", "items": {"type": "string"}},
             },
         },
         output_schema=CAPSULE_OUT,

@@ -1,0 +1,84 @@
+"""capsules/capsecrets.py: a capsule's secrets by name, checked at create, and placeholders made
+anew from the kept names (a restarted front end); never a value in what the capsule gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from mcp_server.capsules import capsecrets
+from mcp_server.core.secretbind import make_binding
+from mcp_server.egress.credentials import Credentials
+from mcp_server.fs.secretstore import SecretStore
+from sandbox.errors import CcwError
+
+VALUE = b"v4lue-" + b"x" * 34
+
+
+class Holder:
+    def __init__(self) -> None:
+        self.given: dict[str, Credentials] = {}
+
+    def credentials(self, capsule_id: str) -> Credentials | None:
+        return self.given.get(capsule_id)
+
+    def give_credentials(self, capsule_id: str, credentials: Credentials) -> None:
+        self.given[capsule_id] = credentials
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    SecretStore(state).put(make_binding("TOKEN", ["index.example:80"]), "stdin", VALUE)
+    return state
+
+
+def test_create_needs_an_allowlist_and_known_names(root: Path) -> None:
+    assert trio.run(capsecrets.for_create, root, (), False) is None
+    with pytest.raises(CcwError) as none:
+        trio.run(capsecrets.for_create, root, ("TOKEN",), False)
+    assert none.value.code == "INVALID_ARGUMENT" and "allowlist" in none.value.message
+    with pytest.raises(CcwError) as unknown:
+        trio.run(capsecrets.for_create, root, ("TOKEN", "NOPE"), True)
+    assert unknown.value.code == "NOT_FOUND" and "ccw secret list" in unknown.value.message
+    assert unknown.value.details == {"missing": ["NOPE"]}
+
+
+def test_placeholders_hold_no_value_and_are_made_anew_after_a_restart(root: Path) -> None:
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    assert given is not None
+    env = given.capsule.env()
+    assert list(env) == ["TOKEN"] and env["TOKEN"].startswith("ccwph_") and len(env["TOKEN"]) == len(VALUE)
+    assert VALUE.decode() not in env["TOKEN"]
+    capsecrets.remember(root, "cap_1", ["TOKEN"])
+    assert VALUE not in (root / capsecrets.DIR_NAME / "cap_1").read_bytes()
+    holder = Holder()  # a front end started since: none in memory
+    again = trio.run(capsecrets.env, root, holder, "cap_1")
+    assert list(again) == ["TOKEN"] and again["TOKEN"] != env["TOKEN"]
+    assert trio.run(capsecrets.env, root, holder, "cap_1") == again  # kept for the process's life
+    assert trio.run(capsecrets.env, root, Holder(), "cap_2") == {}
+    capsecrets.forget(root, "cap_1")
+    assert capsecrets.recall(root, "cap_1") == []
+    capsecrets.forget(root, "cap_1")  # twice: nothing to do
+
+
+def test_a_secret_removed_since_refuses_the_next_exec(root: Path) -> None:
+    capsecrets.remember(root, "cap_1", ["TOKEN"])
+    SecretStore(root).remove("TOKEN")
+    with pytest.raises(CcwError) as gone:
+        trio.run(capsecrets.env, root, Holder(), "cap_1")
+    assert gone.value.code == "NOT_FOUND" and "TOKEN" in gone.value.message
+
+
+def test_the_fetch_reads_the_store_each_time(root: Path) -> None:
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    assert given is not None
+    placeholder = given.capsule.env()["TOKEN"]
+    head = f"GET / HTTP/1.1\r\nHost: index.example\r\nAuthorization: Bearer {placeholder}\r\n\r\n".encode()
+    judged = given.judge(head, "index.example", 80)
+    assert judged.head is not None and b"Bearer " + VALUE in judged.head
+    SecretStore(root).put(make_binding("TOKEN", ["index.example:80"]), "stdin", b"n" * 40)
+    assert b"Bearer " + b"n" * 40 in (given.judge(head, "index.example", 80).head or b"")
