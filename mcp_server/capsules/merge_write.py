@@ -3,17 +3,20 @@
 The capsule is fresh (a fork of the inputs' common ancestor, or a new capsule over their
 base), so its view is the merge base: the ops are promotion's (``changeset.promote_ops``
 of each path's base state against its merged one), written through the capsule's root
-with parents reached without links (``DirFds``, ``RootView``) and each file renamed into
-place, in the order that keeps every step well formed (fs/promote.py's: deletions
-deepest first, then directories, then files and symlinks, then modes).  Nothing is
-fsynced, as nothing a command writes in a capsule is: the capsule's upper layer is as
-durable as an exec's writes (an fsync a file cost a merge of 2,000 files 20 s on this
-VM's disk, a ``syncfs`` after them a third of the merge).  Set-id bits are written as the inputs had them: the capsule is no host
-tree, and promoting it refuses them as any promotion does (core/hazards.py).
+with parents reached without links and each opened once (``DirFds``, ``RootView``), each
+file created in place where the base has nothing and renamed over what it replaces
+elsewhere (``_Writer``), in the order that keeps every step well formed (fs/promote.py's:
+deletions deepest first, then directories, then files and symlinks, then modes).
+Nothing is fsynced, as nothing a command writes in a capsule is: the capsule's upper
+layer is as durable as an exec's writes (an fsync a file cost a merge of 2,000 files 20 s
+on this VM's disk, a ``syncfs`` after them a third of the merge).  Set-id bits are
+written as the inputs had them: the capsule is no host tree, and promoting it refuses
+them as any promotion does (core/hazards.py).
 
 Each written path is then journaled as a file tool's change (as capsules/notes.py's
-``note_tool_changes`` does, in one transaction for all), so a
-witness of the merged capsule replays, and the base states the inputs recorded are
+``note_tool_changes`` does, in one transaction for all; a directory as a replay can redo
+it, see ``_rows``), with the bytes and mtimes known from writing them, so a witness of
+the merged capsule replays, and the base states the inputs recorded are
 recorded for it first (the first record wins): promotion's conflict check then asks the
 live tree for the states the attempts were made on, not the ones seen at merge time.
 """
@@ -52,25 +55,44 @@ def ops_of(plan: Plan) -> list[Op]:
     return sorted(ops, key=lambda op: (order[op.action], -depth[op.path] if op.action == "delete" else depth[op.path]))
 
 
-def _put(dirs: DirFds, path: str, data: bytes, mode: int) -> None:
-    """A file's bytes under a temporary name beside it, then renamed over it (never through a link)."""
-    head, _, name = path.rpartition("/")
-    parent = dirs.get(head, "write")
-    temp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
-    fd = open_name(parent, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-    os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+class _Writer:
+    """Files written through the capsule's parents (``DirFds``: each opened once), with the mtime each got.
+
+    A path the base has no entry at is created in place (``O_EXCL``: nothing is replaced, so
+    no reader can see it half written before the merge is made); one that replaces an entry
+    is written under a temporary name beside it and renamed over it.  The mode is given at
+    creation and set again only where the umask took bits from it (or it has set-id bits);
+    the mtime is read from the open file (a rename and a chmod leave it)."""
+
+    def __init__(self, dirs: DirFds) -> None:
+        self.dirs = dirs
+        self.mtimes: dict[str, int] = {}
+        self._temp, self._count = f".ccw-merge-{secrets.token_hex(6)}", 0
+
+    def put(self, path: str, data: bytes, mode: int, replace: bool) -> None:
+        head, _, name = path.rpartition("/")
+        parent = self.dirs.get(head, "write")
+        self._count += 1
+        temp = f"{self._temp}-{self._count}.tmp" if replace else name
+        fd = open_name(parent, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode & 0o777)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            st = os.fstat(fd)
+            if st.st_mode & 0o7777 != mode:
+                os.fchmod(fd, mode)
+            self.mtimes[path] = st.st_mtime_ns
+        finally:
+            os.close(fd)
+        if replace:
+            os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
-def _apply(view: RootView, ops: list[Op], contents: dict[str, State]) -> None:
-    """The ops, in order, none fsynced (see the module's docstring)."""
+def _apply(view: RootView, ops: list[Op], contents: dict[str, State], base: dict[str, State]) -> dict[str, int]:
+    """The ops, in order, none fsynced (see the module's docstring); each written file's mtime."""
     with DirFds(view) as dirs:
+        writer = _Writer(dirs)
         for op in ops:
             merged = contents[op.path]
             if op.action == "delete":
@@ -86,33 +108,58 @@ def _apply(view: RootView, ops: list[Op], contents: dict[str, State]) -> None:
             elif op.action == "write":
                 assert merged.data is not None
                 with wrap_oserror("merge: write", op.path):
-                    _put(dirs, op.path, merged.data, merged.mode)
+                    writer.put(op.path, merged.data, merged.mode, base[op.path].kind is not None)
             elif op.action == "symlink":
                 make_symlink(view, merged.target or "", op.path)
             else:
                 view.chmod(op.path, merged.mode)
+        return writer.mtimes
 
 
-def _journal(state: Any, capsule_id: str, view: RootView, paths: list[str], contents: dict[str, State]) -> None:
+Row = tuple[str, str, bytes | None, str | None, int | None, int | None]
+KEEP = ".ccw-merge-dir"  # journaled written then deleted, so that a replay makes an empty directory
+
+
+def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], mtimes: dict[str, int]) -> list[Row]:
+    """The journal's rows for the written paths, in path order, then each directory's mode.
+
+    The journal has no row for a directory (a file tool makes none), and a replay makes a
+    file's parents as it writes it, with mode 755: so a directory the merge made is
+    journaled by what a replay can redo, a chmod after every write (it may be 700), a
+    delete first where it replaces something else, and, where nothing journaled lies
+    beneath it, a file written in it and deleted."""
+    rows: list[Row] = []
+    modes: list[Row] = []
+    held = {path.rpartition("/")[0] for path in paths if contents[path].kind not in (None, "dir")}
+    held |= {head[:i] for head in held for i, char in enumerate(head) if char == "/"}
+    for path in paths:
+        merged, was = contents[path], base[path].kind
+        if merged.kind is None:
+            rows.append((path, "delete", None, None, None, None))
+        elif merged.kind == "symlink":
+            rows.append((path, "symlink", None, merged.target, None, None))
+        elif merged.kind == "file" and path not in mtimes:  # only its mode changed: the bytes are the base's
+            rows.append((path, "chmod", None, None, merged.mode, None))
+        elif merged.kind == "file":
+            rows.append((path, "write", merged.data, None, merged.mode, mtimes[path]))
+        else:
+            if was not in (None, "dir"):
+                rows.append((path, "delete", None, None, None, None))
+            if was != "dir" and path not in held:
+                rows += [(f"{path}/{KEEP}", "write", b"", None, 0o600, None), (f"{path}/{KEEP}", "delete", None, None, None, None)]
+            modes.append((path, "chmod", None, None, merged.mode, None))
+    return rows + modes
+
+
+def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
+             mtimes: dict[str, int]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``, in one
     transaction), with each file's mtime as written, and the base's state where none is recorded yet."""
     journal = Journal(state)
-    rows: list[tuple[str, str, bytes | None, str | None, int | None, int | None]] = []
-    with DirFds(view) as dirs:
-        for path in paths:
-            merged = contents[path]
-            if merged.kind is None:
-                rows.append((path, "delete", None, None, None, None))
-            elif merged.kind == "symlink":
-                rows.append((path, "symlink", None, merged.target, None, None))
-            elif merged.kind == "file":
-                head, _, name = path.rpartition("/")
-                mtime = os.stat(name, dir_fd=dirs.get(head, "stat"), follow_symlinks=False).st_mtime_ns
-                rows.append((path, "write", merged.data, None, merged.mode, mtime))
-    journal.add_writes(capsule_id, rows)
+    journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes))
     record = journal.capsule(capsule_id)
     if record is not None:
-        record_base_states(journal, record, paths)
+        record_base_states(journal, record, [path for path in paths if contents[path].kind != "dir"])
 
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str]) -> list[str]:
@@ -121,6 +168,6 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
     Journal(state).record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
     ops = ops_of(plan)
     with RootView.from_fd(root_fd) as view:
-        _apply(view, ops, contents)
-        _journal(state, capsule_id, view, sorted({op.path for op in ops if contents[op.path].kind != "dir"}), contents)
+        mtimes = _apply(view, ops, contents, plan.base)
+    _journal(state, capsule_id, sorted({op.path for op in ops}), contents, plan.base, mtimes)
     return sorted({op.path for op in ops})
