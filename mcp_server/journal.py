@@ -36,6 +36,7 @@ force recorded.  It is bounded per exec, and a capsule's rows go when it is dest
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import sqlite3
@@ -375,15 +376,14 @@ class Journal:
 
     def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]]) -> list[int]:
         """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction."""
-        import base64
-        with self.state.transaction() as db:
-            seqs = [self._last_seq(db, capsule_id) + 1 + i for i in range(len(writes))]
-            for seq, (path, action, content, target, mode, mtime_ns) in zip(seqs, writes, strict=True):
-                db.execute("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, "
-                           "mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", (capsule_id, seq, path, action, None if content
-                           is None else base64.b64encode(content).decode(), target, mode, self._advance(db, capsule_id), mtime_ns))
-                events.emit(db, "file.changed", capsule_id, {"seq": seq, "path": path, "action": action})
-        return seqs
+        with self.state.transaction() as db:  # a generation a row, as one call each would give (0: an unknown capsule)
+            first, count, update = self._last_seq(db, capsule_id) + 1, len(writes), "UPDATE capsules SET generation = generation + ?"
+            gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1", (count, capsule_id, count)).fetchone() or (0, 0)
+            db.executemany("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(capsule_id, first + i, p, a, c if c is None else base64.b64encode(c).decode(), t, m, gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
+            for i, (path, action, *_) in enumerate(writes):
+                events.emit(db, "file.changed", capsule_id, {"seq": first + i, "path": path, "action": action})
+        return list(range(first, first + count))
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
         """Every file-tool change of a capsule, in order."""
