@@ -58,9 +58,10 @@ def ops_of(plan: Plan) -> list[Op]:
 class _Writer:
     """Files written through the capsule's parents (``DirFds``: each opened once), with the mtime each got.
 
-    A path the base has no entry at is created in place (``O_EXCL``: nothing is replaced, so
-    no reader can see it half written before the merge is made); one that replaces an entry
-    is written under a temporary name beside it and renamed over it.  The mode is given at
+    No one sees the capsule before its merge is written, so a path the base has no entry at
+    is created in place (``O_EXCL``); one that replaces an entry is written under a
+    temporary name beside it and renamed over it (opening the base's file to truncate it
+    would have overlayfs copy its old bytes up first).  The mode is given at
     creation and set again only where the umask took bits from it (or it has set-id bits);
     the mtime is read from the open file (a rename and a chmod leave it)."""
 
