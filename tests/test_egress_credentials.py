@@ -5,6 +5,7 @@ alone, and reverse routes adding the value for a client that only takes a base U
 
 from __future__ import annotations
 
+import base64
 import contextlib
 
 import pytest
@@ -138,6 +139,30 @@ def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None
 
 
 @pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("bound", [True, False])
+def test_basic_auth_placeholder_swapped_or_refused(bound: bool) -> None:
+    store = Store()
+
+    async def main() -> tuple[bytes, list[bytes], str]:
+        async with upstream(echo_auth) as up, upstream(echo_auth) as other, \
+                egress(network(f"127.0.0.1:{up.port}", f"127.0.0.1:{other.port}")) as proxy:
+            capsule = secrets_for(up.port, "basic-password")
+            proxy.session.credentials = Credentials(capsule, store)
+            placeholder = capsule.env()["TOKEN"]
+            basic = base64.b64encode(b"__token__:" + placeholder.encode()).decode()
+            client = await proxy.http()
+            await client.send_all(request(up.port if bound else other.port, f"Authorization: Basic {basic}\r\n"))
+            return await read_all(client), up.seen + other.seen, placeholder
+
+    answer, seen, placeholder = trio.run(main)
+    if bound:
+        assert seen[0].count(b"authorization: Basic " + base64.b64encode(b"__token__:" + VALUE)) == 1
+        assert answer.endswith(b"you sent Basic " + base64.b64encode(b"__token__:" + placeholder.encode()))
+    else:
+        assert seen == [] and answer.startswith(b"HTTP/1.1 403 ") and b"secret TOKEN" in answer
+
+
+@pytest.mark.usefixtures("relay_engine")
 def test_connect_to_a_bound_host_stays_a_tunnel() -> None:
     store = Store()
 
@@ -163,6 +188,7 @@ def test_connect_to_a_bound_host_stays_a_tunnel() -> None:
     (None, None, b"authorization: Bearer " + VALUE),
     ("{}", "X-Api-Key", b"x-api-key: " + VALUE),
     ("query:key", None, b"?q=1&key=" + VALUE + b" HTTP/1.1"),
+    ("basic-password", None, b"authorization: Basic " + base64.b64encode(b":" + VALUE)),
 ])
 def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expect: bytes, form: str) -> None:
     store = Store()

@@ -189,7 +189,8 @@ class CapsuleService:
         placeholders its commands get (capsules/capsecrets.py).
         """
         given = await capsecrets.for_create(self.state.root, secrets, network is not None)
-        spec = dataclasses.replace(spec, network=helper_network(network))
+        spec = dataclasses.replace(spec, network=helper_network(network),  # a secret's variable is passed (its placeholder)
+                                   env_whitelist=tuple(sorted({*spec.env_whitelist, *secrets})))
         base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
 
         async def read_base() -> None:

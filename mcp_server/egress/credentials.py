@@ -3,8 +3,9 @@
 core/placeholders.py decides, for one request head, where a value may go; this module is
 what the proxy (egress/proxy.py) holds per capsule to use it, and what it does per request:
 
-- **No placeholder, no cost.**  A head without ``placeholders.PREFIX`` in it is sent as
-  it is, after one ``bytes.find``; only a head that carries one is judged.
+- **No placeholder, no cost.**  A head without ``placeholders.PREFIX`` in it, and without
+  Basic auth (whose base64 hides it), is sent as it is, after one ``bytes.find`` and one
+  search; only a head that may carry one is judged.
 - **A value lives for one request.**  ``Credentials.judge`` fetches the values the
   rewrite puts in (the store's ``value``: a stored value, or a command run now, hence
   on a thread), puts them in the head, builds the response's masker from them and
@@ -28,6 +29,7 @@ what the proxy (egress/proxy.py) holds per capsule to use it, and what it does p
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -43,6 +45,7 @@ from mcp_server.core.secretbind import BASIC_FORMATS
 from mcp_server.egress.relay import Attempt
 
 EXFILTRATION = "exfiltration attempt"
+BASIC = re.compile(rb"^authorization:[ \t]*basic[ \t]", re.IGNORECASE | re.MULTILINE)
 ROUTE = b"/route/"
 
 # A secret's value now, by name (fs/secretstore ``SecretStore.value(name).reveal()``): it
@@ -56,8 +59,34 @@ class Judged:
     masker for its response (None: no value went in)."""
 
     head: bytes | None = field(repr=False)
-    masker: ResponseMasker | None = field(default=None, repr=False)
+    masker: Masker | None = field(default=None, repr=False)
     reason: str | None = None
+
+
+class Masker:
+    """Several ``ResponseMasker``s, one after the other, as one."""
+
+    def __init__(self, *maskers: ResponseMasker) -> None:
+        self._maskers = maskers
+
+    def feed(self, data: bytes) -> bytes:
+        """What may go to the jail now."""
+        for masker in self._maskers:
+            data = masker.feed(data)
+        return data
+
+    def close(self) -> bytes:
+        """The rest: the stream has ended."""
+        data = b""
+        for masker in self._maskers:
+            data = masker.feed(data) + masker.close()
+        return data
+
+
+def _basic_of(head: bytes) -> bytes | None:
+    """The base64 of a head's Basic credentials, if it has them."""
+    found = BASIC.search(head)
+    return None if found is None else head[found.end():].split(b"\r\n", 1)[0].strip()
 
 
 def _where(attempt: Exfiltration) -> str:
@@ -89,12 +118,18 @@ class Credentials:
         if rewritten.head is None:
             return Judged(None, reason=f"{EXFILTRATION}: " + "; ".join(map(_where, rewritten.attempts)))
         used = {name: fetched[name] for name in rewritten.used}
-        return Judged(rewritten.head, self.capsule.response_masker(used) if used else None)
+        if not used:
+            return Judged(rewritten.head)
+        # A server that echoes Authorization: Basic echoes the value in base64: that too.
+        sent, was = _basic_of(rewritten.head), _basic_of(head)
+        basic = ResponseMasker({sent: was} if sent and was and sent != was else {})
+        return Judged(rewritten.head, Masker(self.capsule.response_masker(used), basic))
 
     @staticmethod
     def carries(data: bytes) -> bool:
-        """Whether ``data`` holds anything that looks like a placeholder (one ``bytes.find``)."""
-        return PREFIX.encode() in data
+        """Whether the head ``data`` may hold a placeholder: its ``PREFIX`` (one ``bytes.find``),
+        or Basic auth, where it travels in base64."""
+        return PREFIX.encode() in data or BASIC.search(data) is not None
 
     def body_attempt(self, data: bytes) -> str | None:
         """The refusal's reason if a request body's bytes ``data`` carry a placeholder."""

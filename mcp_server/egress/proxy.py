@@ -36,9 +36,8 @@ from collections.abc import Awaitable, Callable
 import h11
 import trio
 
-from mcp_server.core.placeholders import ResponseMasker
 from mcp_server.core.secretbind import host_text
-from mcp_server.egress.credentials import ROUTE, Carrier, Credentials
+from mcp_server.egress.credentials import ROUTE, Carrier, Credentials, Masker
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
     Attempt,
@@ -271,7 +270,7 @@ async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     outgoing = h11.Connection(h11.CLIENT)
     head = outgoing.send(h11.Request(method=request.method, target=origin.encode("ascii"), headers=headers))
     assert head is not None
-    masker: ResponseMasker | None = None
+    masker: Masker | None = None
     early = _early_body(conn) if creds is not None else []
 
     async def swap(attempt: Attempt) -> str | None:
@@ -318,7 +317,7 @@ class _Exchange:
         self.attempt, self.budget = attempt, budget
         self.answered = False
         self.creds: Credentials | None = None  # scans the body for placeholders
-        self.masker: ResponseMasker | None = None  # masks the values put in, echoed
+        self.masker: Masker | None = None  # masks the values put in, echoed
         self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
         self.early: list[object] = []  # body events read before the head went (_early_body)
 
@@ -380,7 +379,7 @@ class _Exchange:
                               self.budget, outbound=False)
         await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
 
-    async def _masked(self, head: bytes, first: bytes, masker: ResponseMasker) -> None:
+    async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:
         """The response with each value put in the request masked back to its placeholder.
         A masked echo may change the body's length (a placeholder longer than a short
         value): its Content-Length goes, and the close ends the body."""
