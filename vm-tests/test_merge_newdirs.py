@@ -4,7 +4,8 @@ A merge's new capsule starts from the merge base, so a directory one input added
 there by the merge; its files are journaled as file tools' writes, and a witness of the
 merged capsule replays from the journal alone.  One input adds ``new/deep/a.txt``, a
 private directory ``private/`` (mode 700) with a file, and an empty ``empty/``, and makes
-a file of the base executable (its bytes unchanged: journaled as a chmod); the other
+a file of the base executable (its bytes unchanged: journaled as a chmod), and turns a
+file of the base into a directory; the other
 edits a file of the base and adds ``new/other/b.txt`` beside the first's.  The merged
 capsule's diff names exactly those files, its tree holds the directories with their
 modes, and its witness replays ``replay_ok: true``.
@@ -22,9 +23,9 @@ GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AU
            "GIT_AUTHOR_EMAIL": "host@example.invalid", "GIT_COMMITTER_NAME": "host",
            "GIT_COMMITTER_EMAIL": "host@example.invalid"}
 FIRST = ("mkdir -p new/deep && echo a > new/deep/a.txt && mkdir -m 700 private && echo p > private/p.txt "
-         "&& mkdir empty && chmod 755 tool.sh")
+         "&& mkdir empty && chmod 755 tool.sh && rm was && mkdir was && echo w > was/in.txt")
 SECOND = "sed -i 's/^line 3$/line three/' m.txt && mkdir -p new/other && echo b > new/other/b.txt"
-LOOK = ("stat -c '%n %a %F' new new/deep new/other private empty tool.sh && cat new/deep/a.txt new/other/b.txt "
+LOOK = ("stat -c '%n %a %F' new new/deep new/other private empty tool.sh was && cat new/deep/a.txt new/other/b.txt "
         "private/p.txt && sed -n 3p m.txt")
 
 
@@ -35,6 +36,7 @@ def _workspace(require: Any, tmp_path: Path) -> Path:
     (ws / "m.txt").write_text("".join(f"line {i}\n" for i in range(1, 21)))
     (ws / "tool.sh").write_text("#!/bin/sh\necho tool\n")
     (ws / "tool.sh").chmod(0o644)
+    (ws / "was").write_text("a file in the base\n")
     for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
         subprocess.run(["git", "-C", str(ws), *args], env={**os.environ, **GIT_ENV}, capture_output=True, check=True)
     return ws
@@ -61,10 +63,12 @@ def test_a_merge_adding_directories_diffs_and_replays(tools: Any, require: Any, 
     assert out["merged"]["merged"] is True and out["merged"]["written"] is True, out["merged"]
     files = {f["path"]: f["status"] for f in out["diff"]["files"]}
     assert files == {"m.txt": "modified", "new/deep/a.txt": "added", "new/other/b.txt": "added",
-                     "private/p.txt": "added", "tool.sh": "modified"}, files
+                     "private/p.txt": "added", "tool.sh": "modified", "was": "deleted",
+                     "was/in.txt": "added"}, files
     assert out["look"]["exit_code"] == 0, out["look"]["stderr"]
     assert out["look"]["stdout"].splitlines() == [
         "new 755 directory", "new/deep 755 directory", "new/other 755 directory", "private 700 directory",
-        "empty 755 directory", "tool.sh 755 regular file", "a", "b", "p", "line three"], out["look"]["stdout"]
+        "empty 755 directory", "tool.sh 755 regular file", "was 755 directory",
+        "a", "b", "p", "line three"], out["look"]["stdout"]
     assert not (ws / "new").exists() and not (ws / "private").exists()
     assert out["replayed"]["replay_ok"] is True, out["replayed"].get("mismatches")
