@@ -82,3 +82,15 @@ def test_the_fetch_reads_the_store_each_time(root: Path) -> None:
     assert judged.head is not None and b"Bearer " + VALUE in judged.head
     SecretStore(root).put(make_binding("TOKEN", ["index.example:80"]), "stdin", b"n" * 40)
     assert b"Bearer " + b"n" * 40 in (given.judge(head, "index.example", 80).head or b"")
+
+
+def test_placed_overrides_the_callers_value_of_that_name(root: Path) -> None:
+    from sandbox.ops import ExecRequest
+
+    capsecrets.remember(root, "cap_1", ["TOKEN"])
+    holder = Holder()
+    asked = ExecRequest("cap_1", ("true",), env={"TOKEN": VALUE.decode(), "OTHER": "1"})
+    placed = trio.run(capsecrets.placed, root, holder, True, asked)
+    assert placed.env is not None and placed.env["OTHER"] == "1"
+    assert placed.env["TOKEN"] == holder.given["cap_1"].capsule.env()["TOKEN"] != VALUE.decode()
+    assert trio.run(capsecrets.placed, root, holder, False, asked) is asked  # no allowlist: no secrets

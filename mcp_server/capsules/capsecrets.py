@@ -22,6 +22,7 @@ value where the secret's binding allows (egress/credentials.py).  Choices:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterable
@@ -34,6 +35,7 @@ from mcp_server.core.placeholders import CapsuleSecrets
 from mcp_server.egress.credentials import Credentials
 from mcp_server.fs.secretstore import SecretStore
 from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
 
 DIR_NAME = "capsule-secrets"
 MAX_SECRETS = 64
@@ -65,6 +67,13 @@ async def env(root: Path, holder: Holder, capsule_id: str) -> dict[str, str]:
         given = await trio.to_thread.run_sync(credentials, root, names)
         holder.give_credentials(capsule_id, given)
     return {} if given is None else given.capsule.env()
+
+
+async def placed(root: Path, holder: Holder, allowlist: bool, request: ExecRequest) -> ExecRequest:
+    """``request`` (an exec's or a service's) with the capsule's secrets' variables set to their
+    placeholders, over any value the caller's environment gave a variable of that name."""
+    ours = await env(root, holder, request.capsule_id) if allowlist else {}
+    return dataclasses.replace(request, env={**(request.env or {}), **ours}) if ours else request
 
 
 def credentials(root: Path, names: Iterable[str]) -> Credentials:

@@ -248,8 +248,7 @@ class CapsuleService:
         """
         record = self.live_record(request.capsule_id)
         request = for_capsule(request, record.spec, values, PROGRESS_MS)
-        if record.network_spec is not None and (ours := await capsecrets.env(self.state.root, self.networks, record.capsule_id)):
-            request = dataclasses.replace(request, env={**(request.env or {}), **ours})
+        request = await capsecrets.placed(self.state.root, self.networks, record.network_spec is not None, request)
         if terminal is not None:
             term = (os.environ if values is None else values).get("TERM")
             request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,

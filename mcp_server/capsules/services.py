@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from mcp_server import events
+from mcp_server.capsules import capsecrets
 from mcp_server.capsules.background import Background
 from mcp_server.capsules.exec import ExecOutcome
 from mcp_server.capsules.networks import Networks, network_not_open
@@ -354,7 +355,8 @@ class Services:
         except CcwError as exc:
             run.set_state("failed", exc.message)
             return "refused"
-        request = spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP)
+        request = await capsecrets.placed(self.state.root, self.networks, record.network_spec is not None,
+                                          spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP))  # never the caller's value
         run.starting()
         self._event(run, argv=list(spec.argv), restarts=run.restarts)
         if not run.awaited:  # a restart, or a start at recovery: nobody waits for its readiness
