@@ -7,6 +7,11 @@ cost every other request of such a capsule pays: a ``bytes.find`` and a search);
 request carrying the placeholder, swapped for the value read from a real secret store (its
 file read, the rewrite on a thread, the masked response).  ``python bench/parts/credentials.py``
 prints the rows.
+
+Measured on the project's 2-core VM (kernel 6.18), medians of 1000 interleaved rounds, two
+runs: no secrets 3.26 and 3.25 ms a request; a secret held, none sent, 3.33 and 3.34 ms
+(1.02x, 1.03x); the placeholder swapped, 4.54 and 4.51 ms (1.39x both): about 1.2 ms
+more, most of it the store read and the hop to a thread and back.
 """
 
 from __future__ import annotations
