@@ -68,6 +68,7 @@ Some facts about overlayfs
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import stat
 from collections.abc import Sequence
@@ -78,6 +79,8 @@ from sandbox.errors import CcwError, from_oserror
 from sandbox.mountinfo import mounts_under
 from sandbox.ops import kind_of
 from sandbox.replies import Change
+
+log = logging.getLogger("ccw.capsules")
 
 OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
 _MOUNT_DATA_MAX = 4095  # mount(2) copies at most one page of option data
@@ -246,6 +249,24 @@ def teardown(merged: str) -> None:
                 return  # not a mount point (any more)
             if exc.errno != errno.EBUSY:
                 raise from_oserror(exc, "umount", merged) from exc
+
+
+def write_back(point: str) -> None:
+    """syncfs(2) the filesystem mounted at ``point``, a dead helper's stale mount, before it is
+    unmounted.  A mount namespace made meanwhile (any jail being set up on this machine) holds
+    copies of it, so the unmount may leave a disk's old filesystem alive, its dirty pages with
+    it, while the registry mounts the same image again: the image must hold them first."""
+    try:
+        fd = os.open(point, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        log.warning("cannot open stale mount %s to write it back: %s", point, exc)
+        return
+    try:
+        syscalls.syncfs(fd)
+    except OSError as exc:
+        log.warning("syncfs of stale mount %s: %s", point, exc)
+    finally:
+        os.close(fd)
 
 
 def teardown_under(root: str) -> None:

@@ -413,10 +413,10 @@ class CapsuleManager:
 
     def recover(self) -> dict[str, Any]:
         """At start: detach stale mounts, delete half-made capsules, re-register the rest.
-
-        Also starts filling the disk pool, and makes a spare egress kit if any capsule is "egress".
-        """
-        for point in mounts_under(self.capsules_dir):
+        Also starts filling the disk pool, and makes a spare egress kit if any capsule is "egress"."""
+        for point in (stale := mounts_under(self.capsules_dir)):
+            overlay.write_back(point)  # before any is unmounted: its docstring says why
+        for point in stale:
             log.info("detaching stale mount %s", point)
             overlay.teardown(point)
         removed: list[str] = []
