@@ -53,7 +53,9 @@ def _refused(paths: list[Path], places: dict[str, Path]) -> CcwError:
     before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(CcwError) as caught:
         _pin(paths, places)
-    assert set(os.listdir("/proc/self/fd")) == before  # every descriptor taken is closed again
+    # Every descriptor taken is closed again: none is open now that was not before.  (Not
+    # equality: a thread an earlier test left on this worker may close its own meanwhile.)
+    assert set(os.listdir("/proc/self/fd")) <= before
     return caught.value
 
 
