@@ -10,6 +10,7 @@ import struct
 
 import pytest
 import trio
+import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -286,6 +287,27 @@ def test_sniffer_records_direct_attempts_once() -> None:
         ]
         assert notes == [f"ccw network: denied tcp 1.2.3.4:443: {reason}",
                          f"ccw network: denied udp [2001:4860:4860::8888]:53: {reason}"]
+
+    trio.run(main)
+
+
+def test_an_exec_ends_with_the_direct_attempts_its_sniffer_has_queued() -> None:
+    """The sniffer's task reads a packet a turn; what is queued when the exec ends is read
+    then (vm-tests/test_network_e2e.py once lost an exec's last four), and only once."""
+    async def main() -> None:
+        async with egress(network("127.0.0.1")) as proxy:
+            await trio.testing.wait_all_tasks_blocked()  # the sniffer's task waits on its socket
+            for port in (22, 80, 443, 5353):
+                proxy.sniff_peer.send(_syn("10.99.0.2", "1.2.3.4", port))
+            proxy.sniff_peer.send(_udp6("fd63:6377::2", "fe80::1", 53))
+            ended = proxy.session.end_exec()  # no checkpoint since the sends: the task has read none
+            proxy.session.begin_exec()
+            await trio.testing.wait_all_tasks_blocked()
+            later = proxy.session.end_exec()
+        assert [(r["host"], r["port"], r["protocol"]) for r in ended] == [
+            ("1.2.3.4", 22, "tcp"), ("1.2.3.4", 80, "tcp"), ("1.2.3.4", 443, "tcp"), ("1.2.3.4", 5353, "tcp"),
+            ("fe80::1", 53, "udp")]
+        assert later == []
 
     trio.run(main)
 

@@ -208,7 +208,7 @@ class EgressSession:
         self._socks = _adopt(socks_fd)
         for listener in (self._http, self._socks):
             splice.unpaced(listener)  # the jail's connections: no pacing (splice.py's notes)
-        self._sniffer = _adopt(sniffer_fd) if sniffer_fd is not None else None
+        self._sniffer = None if sniffer_fd is None else sniff.Sniffer(sniffer_fd, self._direct)
         self._endpoints = {self._http.getsockname()[:2], self._socks.getsockname()[:2]}
         self._seq = 0
         self._notes: list[str] = []
@@ -232,7 +232,9 @@ class EgressSession:
 
     def end_exec(self) -> list[dict[str, object]]:
         """The exec's records, sorted by (host, port, protocol, seq); notes() has the denials
-        and the connections a cap cut."""
+        and the connections a cap cut.  The sniffer's queue is read first (sniff.py's essay)."""
+        if self._sniffer is not None and not self._closed:
+            self._sniffer.drain()
         attempts = self._exec.records()
         self._notes = [note for note in map(Attempt.note, attempts) if note is not None]
         return [attempt.record() for attempt in attempts]
@@ -441,7 +443,7 @@ class EgressSession:
                     nursery.start_soon(self._accept, self._http, handle_http, nursery)
                     nursery.start_soon(self._accept, self._socks, handle_socks, nursery)
                     if self._sniffer is not None:
-                        nursery.start_soon(self._sniff)
+                        nursery.start_soon(self._sniffer.serve)
                     task_status.started()
         finally:
             self._stopped.set()
@@ -483,20 +485,6 @@ class EgressSession:
             self._conns.discard(conn)
             self._clients -= 1
             client.close()
-
-    async def _sniff(self) -> None:
-        assert self._sniffer is not None
-        while True:
-            try:
-                packet, address = await self._sniffer.recvfrom(65536)
-            except OSError as exc:  # e.g. ENETDOWN once the veth is gone
-                log.warning("egress sniffer: stopped reading: %s", exc)
-                return
-            if isinstance(address, tuple) and len(address) > 2 and address[2] == sniff.PACKET_OUTGOING:
-                continue
-            seen = sniff.parse_packet(packet)
-            if seen is not None:
-                self._direct(seen)
 
     async def aclose(self) -> None:
         """Stop serving (open relays are cancelled) and close the descriptors."""
