@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -214,7 +215,31 @@ time.sleep(600)
 """
 
 
-def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) -> None:
+@pytest.fixture
+def restarted(env: tuple[CapsuleManager, Path, Path]) -> Iterator[Callable[[], CapsuleManager]]:
+    """Make a manager over ``env``'s state dir, as a restarted helper would.  After the test,
+    pass or fail, its capsules are destroyed and any mount still under the state dir (a
+    killed helper's, when the test failed before recovering them) detached, overlays before
+    the disks holding their upper dirs: else they outlive the run under pytest's base dir."""
+    _manager, state, _ws = env
+    made: list[CapsuleManager] = []
+
+    def make() -> CapsuleManager:
+        made.append(CapsuleManager(str(state), rootless=False))
+        return made[-1]
+
+    yield make
+    for manager in made:
+        for owner in (0, NOBODY):
+            for item in reversed(manager.list(owner).capsules):  # forks first
+                with contextlib.suppress(CcwError):  # its mounts go below
+                    manager.destroy(item.capsule_id, owner)
+    for point in sorted(mountinfo.mounts_under(str(state)), key=lambda point: point.endswith("/disk")):
+        overlay.teardown(point)
+
+
+def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path],
+                                      restarted: Callable[[], CapsuleManager]) -> None:
     _manager, state, ws = env
     script = RECOVER_SCRIPT.format(root=str(ROOT), state=str(state), ws=str(ws))
     with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
@@ -229,7 +254,7 @@ def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path]) ->
     broken = state / "capsules" / "cap_0000000000002_00000000"
     broken.mkdir()
     (broken / "meta.json").write_text("{not json")
-    manager = CapsuleManager(str(state), rootless=False)
+    manager = restarted()
     report = manager.recover()
     assert report["capsules"] == [parent_id, fork_id]
     assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
