@@ -47,7 +47,11 @@ class RawStdio:
         2025-11-25 era.  ``roots`` (2025-11-25 era): declared, and given when the server asks.
         ``settings``: more of the server's environment (CCW_WORKSPACE=...)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
-        env.update(CCW_STATE_DIR=str(state_dir), CCW_TOOLSETS=toolsets, CCW_DEBUG="1", **settings)
+        # Its own ready file: the default /tmp/mcp.ready is one for every user, and in the
+        # sticky /tmp another user's server (a test on the other worker) cannot replace ours.
+        ready = os.path.join(os.path.dirname(os.path.abspath(state_dir)), f"{os.path.basename(state_dir)}.ready")
+        env.update(CCW_STATE_DIR=str(state_dir), CCW_TOOLSETS=toolsets, CCW_DEBUG="1", MCP_READY_FILE=ready)
+        env.update(settings)
         self.proc = subprocess.Popen([str(CCW_MCP)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
         self.tasks = tasks
