@@ -56,7 +56,7 @@ from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
 
-from mcp_server import __version__, framing
+from mcp_server import __version__, completion, framing, mcp_logging
 from mcp_server.caller import caller_env, caller_terminal, caller_workspace
 from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import TOOLSETS, Config
@@ -119,6 +119,12 @@ class CcwServer:
         self.sdk.add_request_handler("tasks/get", TaskParams, self._on_task_get)
         self.sdk.add_request_handler("tasks/update", UpdateTaskParams, self._on_task_update)
         self.sdk.add_request_handler("tasks/cancel", TaskParams, self._on_task_cancel)
+        # Logging and completion (mcp_logging.py, completion.py); setLevel registered directly, as
+        # roots are: the constructor's keyword warns that logging leaves the 2026 era.
+        self.sdk.add_request_handler("logging/setLevel", types.SetLevelRequestParams, mcp_logging.on_set_level)
+        self.sdk.add_request_handler("completion/complete", types.CompleteRequestParams, self._on_complete)
+        self.sdk.middleware.append(mcp_logging.serving)  # which connection a record was logged for
+        mcp_logging.install()
         self.init_options = self.sdk.create_initialization_options()
 
     # --- entry points for transports ---------------------------------------------
@@ -191,6 +197,8 @@ class CcwServer:
         registry = self.tools.registry
         if method in TASK_METHODS:
             return "exec"  # a task is a run: capsule_run's scope
+        if method == "completion/complete":
+            return "read"  # what it asks: the list tools and list://, each of scope read
         if method == "tools/call" and isinstance(params, Mapping):
             spec = registry.lookup(str(params.get("name", "")))
             return spec.scope_for(params.get("arguments")) if spec is not None else None
@@ -404,6 +412,14 @@ class CcwServer:
             code = RESOURCE_NOT_FOUND if exc.code == "NOT_FOUND" else INVALID_PARAMS
             raise MCPError(code=code, message=exc.message, data={"error": exc.to_dict()}) from exc
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type=mime_type, text=text)])
+
+    async def _on_complete(
+        self, ctx: ServerRequestContext[ToolList], params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        tools = ctx.lifespan_context
+        call = CallContext(self.runtime, ctx.session, token_name(ctx), workspace=caller_workspace(params.meta),
+                           config=tools.config)
+        return await completion.complete(self, tools, call, params)
 
     async def _on_roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         self.runtime.forget_roots(getattr(ctx.session, "_connection", None))

@@ -30,6 +30,14 @@ Choices made here:
   each set of rules in force has an id, ``rules_id``, a hash of its canonical form, so
   the same rules have the same id in every capsule and state dir, and a record naming it
   can be checked against the rules it names (capsules/netlive.py keeps them).
+- A rule may also name methods and a path (``GET,HEAD https://pypi.example/simple/**``,
+  ``READ http://api.internal:8080/v1/**``: ``READ`` is GET, HEAD and OPTIONS, ``*`` any
+  method): it admits connections to its one host and port, as ``host:port`` would, and
+  core/httprules.py judges each request sent there.  Its canonical text spells the
+  methods out, sorted, and drops the scheme's own port.  No wildcard or CIDR: such a rule
+  names a host whose requests the proxy must read, TLS included, so it is one name or
+  address.  A path is ``/`` then pchars without ``%``, where ``*`` matches within a
+  segment and ``**`` across them; a dot segment is refused (a server would resolve it).
 - Whatever the rules allow, the host itself (its addresses, loopback, its resolvers)
   and space that is not the internet (private, ULA, CGNAT, multicast, reserved,
   documentation) are refused after resolution unless a rule names that exact address
@@ -61,6 +69,14 @@ GRAMMAR = (
     "[ipv6]:port, ipv6, ipv6/n or [ipv6/n]:port; port 1-65535, none = 80 and 443"
 )
 
+HTTP_GRAMMAR = (
+    "a method/path rule is METHODS http[s]://host[:port]/path: METHODS GET,POST,... or READ (GET, HEAD, "
+    "OPTIONS) or *; one host name or address; a path of letters, digits and -._~!$&'()+,;=:@/ where * "
+    "matches within a segment and ** across them (none: /**)"
+)
+READ = ("GET", "HEAD", "OPTIONS")  # the read-only preset's methods
+SCHEME_PORTS = {"http": 80, "https": 443}
+
 RuleKind = Literal["name", "wildcard", "ip", "cidr"]
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -68,6 +84,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _LABEL = re.compile(r"[a-z0-9-]{1,63}\Z")
 _NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0x[0-9a-f]*)\Z")
 _PORT = re.compile(r"[0-9]{1,5}\Z")
+_METHOD = re.compile(r"[A-Z]{1,20}\Z")
+_PATH = re.compile(r"/[A-Za-z0-9\-._~!$&'()+,;=:@/*]{0,1023}\Z")
 _POLICY = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}\Z")  # policies/policy.schema.json's name
 
 @dataclass(frozen=True, order=True)
@@ -78,6 +96,14 @@ class Rule:
     kind: RuleKind
     host: str  # the name, the wildcard's domain (without "*."), or the address/network
     port: int | None
+    methods: tuple[str, ...] = ()  # a method/path rule's (core/httprules.py judges its requests); ("*",): any
+    scheme: str = ""  # a method/path rule's: http or https
+    path: str = ""  # a method/path rule's pattern
+
+    @property
+    def is_http(self) -> bool:
+        """Whether this is a method/path rule (its requests are judged one by one)."""
+        return bool(self.methods)
 
     def network(self) -> IPNetwork:
         """The rule's addresses (an exact IP rule is a /32 or /128)."""
@@ -191,10 +217,51 @@ def _ip_rule(text: str, port: int | None, rule: str, version: int) -> Rule:
     return Rule(body, "ip" if exact else "cidr", host, port)
 
 
+def _methods(text: str, rule: str) -> tuple[str, ...]:
+    words = text.upper().split(",")
+    if words == ["READ"] or words == ["*"]:
+        return READ if words == ["READ"] else ("*",)
+    if not all(_METHOD.match(word) for word in words):
+        raise _invalid(f"network rule {rule!r}: methods {text!r} are not GET,POST,... ; {HTTP_GRAMMAR}", rule=rule)
+    return tuple(sorted(set(words)))
+
+
+def _http_rule(text: str) -> Rule:
+    """A method/path rule (``METHODS scheme://host[:port]/path``), canonical."""
+    words = text.split()
+    if len(words) != 2:
+        raise _invalid(f"network rule {text!r}: a method/path rule is two words; {HTTP_GRAMMAR}", rule=text)
+    methods = _methods(words[0], text)
+    scheme, sep, rest = words[1].partition("://")
+    if not sep or scheme.lower() not in SCHEME_PORTS:
+        raise _invalid(f"network rule {text!r}: the URL starts with http:// or https://; {HTTP_GRAMMAR}", rule=text)
+    scheme = scheme.lower()
+    slash = rest.find("/")
+    authority, path = (rest, "/**") if slash == -1 else (rest[:slash], rest[slash:])
+    if not _PATH.match(path) or any(seg in (".", "..") for seg in path.split("/")):
+        raise _invalid(f"network rule {text!r}: path {path!r} is not one ccw matches (no %, ?, #, \\ or dot "
+                       f"segment); {HTTP_GRAMMAR}", rule=text)
+    if "@" in authority or not authority:
+        raise _invalid(f"network rule {text!r}: the URL names a host (no user@); {HTTP_GRAMMAR}", rule=text)
+    try:
+        host = parse_rule(authority)
+    except CcwError as exc:
+        raise _invalid(f"network rule {text!r}: host {exc.message.removeprefix('network rule ')}", rule=text) from None
+    if host.kind not in ("name", "ip") or host.is_http:
+        raise _invalid(f"network rule {text!r}: one host name or address, no wildcard or CIDR (its requests are "
+                       f"read, so it names one host); {HTTP_GRAMMAR}", rule=text)
+    port = SCHEME_PORTS[scheme] if host.port is None else host.port
+    shown = f"[{host.host}]" if ":" in host.host else host.host
+    shown += "" if port == SCHEME_PORTS[scheme] else f":{port}"
+    return Rule(f"{','.join(methods)} {scheme}://{shown}{path}", host.kind, host.host, port, methods, scheme, path)
+
+
 def parse_rule(text: str) -> Rule:
     """Parse one rule; INVALID_ARGUMENT naming the rule and the grammar if it is not one."""
     if not isinstance(text, str):
         raise _invalid(f"network rule {text!r} is not a string; {GRAMMAR}")
+    if text.isascii() and ("://" in text or len(text.split()) == 2):
+        return _http_rule(text.strip())
     rule = text.strip().lower()
     if not rule or not rule.isascii() or any(ch.isspace() for ch in rule):
         raise _invalid(f"network rule {text!r} is empty or has spaces or non-ASCII; {GRAMMAR}", rule=text)

@@ -37,6 +37,7 @@ import h11
 import trio
 
 from mcp_server.core.secretbind import host_text
+from mcp_server.egress import ruled
 from mcp_server.egress.credentials import ROUTE, Carrier, Credentials, Masker
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
@@ -197,7 +198,7 @@ async def _open(gate: Gate, sock: trio.socket.SocketType, host: str, port: int,
         return None
     why = None if check is None else await check(attempt)
     if why is not None:
-        assert isinstance(gate, Carrier)  # only a carrier's requests are checked
+        assert isinstance(gate, Carrier | ruled.Ruled)  # only a carrier's or a ruled gate's requests are checked
         gate.refuse(attempt, why)
         await _reply(sock, response(403, "Forbidden", f"ccw: {why}"))
         return None
@@ -214,7 +215,11 @@ async def _open(gate: Gate, sock: trio.socket.SocketType, host: str, port: int,
 async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
                    request: h11.Request) -> None:
     host, port = split_authority(request.target.decode("ascii", "replace"), None)
-    opened = await _open(gate, sock, host, port, "https")
+
+    async def unread(attempt: Attempt) -> str | None:  # a host with method/path rules is never tunnelled
+        return ruled.unread(gate, attempt)
+
+    opened = await _open(gate, sock, host, port, "https", unread)
     if opened is None:
         return
     attempt, upstream = opened
@@ -283,7 +288,11 @@ async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
         head, masker = judged.head or b"", judged.masker
         return judged.reason
 
-    opened = await _open(gate, sock, host, port, "http", None if creds is None else swap)
+    async def check(attempt: Attempt) -> str | None:  # method/path rules first (egress/ruled.py), then secrets
+        why = ruled.refusal(gate, attempt, "http", request.method, origin)
+        return why if why is not None or creds is None else await swap(attempt)
+
+    opened = await _open(gate, sock, host, port, "http", check)
     if opened is None:
         return
     attempt, upstream = opened

@@ -57,6 +57,7 @@ class Attempt:
     cut: str | None = None
     rules: str | None = None  # the id of the rules it was decided by (netrules.rules_id)
     asked: dict[str, object] | None = None  # a miss asked of a person: the question, its answer, who gave it
+    request: str | None = None  # method and path of a request judged by method/path rules (egress/ruled.py)
 
     def record(self) -> dict[str, object]:
         """The record in the exec result's ``touched.network``."""
@@ -73,6 +74,7 @@ class Attempt:
             "cut": self.cut,
             "rules": self.rules,
             **({"asked": self.asked} if self.asked is not None else {}),
+            **({"request": self.request} if self.request is not None else {}),
         }
 
     def sort_key(self) -> tuple[str, int, str, int]:

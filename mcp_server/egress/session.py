@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from mcp_server.core import netrules, netspace
+from mcp_server.core import httprules, netrules, netspace
 from mcp_server.egress import sniff, splice
 from mcp_server.egress.credentials import Credentials
 from mcp_server.egress.hostspace import HostSpaceReader
@@ -275,6 +275,11 @@ class EgressSession:
     def allowed_text(self) -> str:
         """The rules, for a denial's message."""
         return self.spec.rules_text()
+
+    @property
+    def requests(self) -> httprules.RequestRules:
+        """The method/path rules in force, by host (egress/ruled.py: the proxy judges each request)."""
+        return httprules.of(self.spec)
 
     def _record(self, attempt: Attempt) -> Attempt:
         self._book().attempts.append(attempt)

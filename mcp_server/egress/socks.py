@@ -20,6 +20,7 @@ import struct
 import trio
 
 from mcp_server.egress.relay import Gate, Refused, send_all
+from mcp_server.egress.ruled import Ruled, unread
 from mcp_server.egress.splice import tunnel
 
 VERSION = 5
@@ -105,6 +106,8 @@ async def handle_socks(gate: Gate, sock: trio.socket.SocketType) -> None:
         if deadline.cancelled_caught:
             return
         attempt = await gate.consider(gate.admit(host, port, "socks5"))
+        if (why := unread(gate, attempt)) is not None and isinstance(gate, Ruled):
+            gate.refuse(attempt, why)  # its requests would pass its method/path rules unread
         if not attempt.allowed:
             await send_all(sock, reply(REP_NOT_ALLOWED))
             return
