@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.lowlevel
 
+from mcp_server.capsules import races
 from mcp_server.capsules.race import MAX_RACERS, ORDER, Question, check, race, ranked
 from mcp_server.capsules.service import MAX_FORKS, CapsuleService
 from mcp_server.cli import parse_args
@@ -186,6 +187,22 @@ def test_a_race_through_the_service_ranks_and_reports_each_end(world: Any) -> No
     assert result["rows"][0]["diff"] == {"files": 0, "lines": 0} and result["rows"][0]["usage"]["cpu_ms"] == 1
     assert [(done, total) for done, total, _ in hooks.reports] == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)]
     assert [len(Journal(service.state).execs(c)) for c in ("cap_2", "cap_3", "cap_4")] == [1, 1, 1]
+    # The table names the race as ccw ui lists it, its rows the same.
+    kept = races.get(service.state, result["race_id"])
+    assert result["race_id"].startswith("race_") and kept["state"] == "finished", kept
+    assert [row["capsule_id"] for row in kept["rows"]] == ["cap_3", "cap_4", "cap_2"]
+
+
+def test_a_race_kept_under_its_run_id_answers_with_it(world: Any) -> None:
+    service, _, _, workspace = world
+
+    async def main() -> dict[str, Any]:
+        parent = await service.create(CapsuleSpec(workspace=str(workspace)))
+        return await race(service, Question((parent.capsule_id,), ("true",)), race_id="run_0123abcd")
+
+    result = trio.run(main)
+    assert result["race_id"] == "run_0123abcd"
+    assert races.get(service.state, "run_0123abcd")["state"] == "finished"
 
 
 def test_a_race_with_an_unknown_policy_runs_nothing(world: Any) -> None:
@@ -211,7 +228,8 @@ def test_the_command_line_forks_n_and_races() -> None:
 
 
 def test_the_table_shows_each_row_best_first() -> None:
-    result = {"order": ORDER, "policy": "baseline", "parallel": 2, "executor": "local", "elapsed_ms": 1500,
+    result = {"race_id": "race_0a1b", "order": ORDER, "policy": "baseline", "parallel": 2, "executor": "local",
+              "elapsed_ms": 1500,
               "rows": ranked([_row("cap_b", exit_code=1), {**_row("cap_a", lines=7), "usage": {"cpu_ms": 2500}},
                               {"capsule_id": "cap_c", "error": {"code": "CONFLICT", "message": "it has forks"}}])}
     lines = cli_race.table(result).splitlines()
@@ -219,4 +237,5 @@ def test_the_table_shows_each_row_best_first() -> None:
     assert lines[1].split() == ["1", "cap_a", "0", "0.1s", "2.5s", "-", "1", "7", "passed"]
     assert lines[2].split()[:3] == ["2", "cap_b", "1"] and lines[3].endswith("CONFLICT: it has forks")
     assert lines[4].startswith("ranked: passed first") and "2 at once, local, 1.5s" in lines[4]
+    assert lines[4].endswith("; race_0a1b in ccw ui")
     assert cli_race.best_passed(result) and not cli_race.best_passed({**result, "rows": result["rows"][1:]})

@@ -20,7 +20,8 @@ measured (its diff against its base) and judged by promotion's dry run
   passed, then the smallest change (lines, then files), then the fastest; ties by id.
 - **Kept.**  Each race is recorded in the state dir as it goes (capsules/races.py: its
   rows as they end, then its table), so ``ccw ui`` shows it live, after its run is
-  forgotten and after the front end restarts.
+  forgotten and after the front end restarts.  The table says its ``race_id`` (the run's
+  id when the call outlived ``wait_ms``), the name ``ccw ui`` shows it by.
 """
 
 from __future__ import annotations
@@ -183,5 +184,5 @@ async def _race(service: CapsuleService, question: Question, values: Any, race_i
     async with trio.open_nursery() as nursery:
         for capsule_id in question.capsule_ids:
             nursery.start_soon(one, capsule_id)
-    return {"order": ORDER, "policy": question.policy, "parallel": parallel, "executor": "local",
+    return {"race_id": race_id, "order": ORDER, "policy": question.policy, "parallel": parallel, "executor": "local",
             "elapsed_ms": int((time.monotonic() - started) * 1000), "rows": ranked(rows)}

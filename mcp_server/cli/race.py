@@ -62,7 +62,8 @@ def table(result: dict[str, Any]) -> str:
     lines = ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
              for row in rows]
     lines.append(f"ranked: {result['order']}; policy {result['policy']}; {result['parallel']} at once, "
-                 f"{result['executor']}, {result['elapsed_ms'] / 1000:.1f}s")
+                 f"{result['executor']}, {result['elapsed_ms'] / 1000:.1f}s"
+                 + (f"; {result['race_id']} in ccw ui" if result.get("race_id") else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -49,8 +49,8 @@ TOOLS = [
         family="capsule",
         title="Race capsules",
         description=(
-            f"Run cmd in each capsule (at most {MAX_RACERS}; journaled as capsule_exec), in parallel up to the "
-            "cores. Rows ranked by `order`: exit, time, usage, diff size, promote dry-run verdict under policy."
+            f"Run cmd in each capsule (<={MAX_RACERS}; journaled as capsule_exec), up to one per core. Rows "
+            "ranked by order: exit, time, usage, diff size, policy's promote dry-run verdict."
         ),
         input_schema={
             "type": "object", "required": ["capsule_ids", "cmd"], "additionalProperties": False,
@@ -66,8 +66,8 @@ TOOLS = [
             "type": "object", "required": ["order", "policy", "parallel", "executor", "elapsed_ms", "rows"],
             "additionalProperties": False,
             "properties": {
-                "order": {"type": "string"}, "policy": {"type": "string"}, "parallel": {"type": "integer"},
-                "executor": {"const": "local"}, "elapsed_ms": {"type": "integer"},
+                "race_id": {"type": "string"}, "order": {"type": "string"}, "policy": {"type": "string"},
+                "parallel": {"type": "integer"}, "executor": {"const": "local"}, "elapsed_ms": {"type": "integer"},
                 "rows": {"type": "array", "items": _ROW},
             },
         }]},
