@@ -31,6 +31,13 @@ Some facts that decide the shape of a placeholder:
   than ``PREFIX`` + 22 gets a longer placeholder (``Placeholder.same_length`` says so,
   and a masked echo of it changes the body's length: the proxy must reframe that).
   131 bits make a guess hopeless and a collision with ordinary traffic unheard of.
+- **AWS SigV4 is not re-signed.**  A SigV4 request carries a signature computed in the
+  capsule over the request with the secret key: a swapped value would not match it, and
+  re-signing means holding the key's derivation here.  A placeholder inside a SigV4
+  ``Authorization`` header or an ``X-Amz-*`` query parameter (a presigned URL) refuses
+  the request with ``SIGV4`` as its reason (``Rewritten.unsupported``), not as an
+  exfiltration.  A signature made with a placeholder as the secret key carries no
+  placeholder at all: it goes out as it is and the server refuses it.
 """
 
 from __future__ import annotations
@@ -55,6 +62,9 @@ MIN_RANDOM = 22  # 22 * log2(62) ≈ 131 bits
 FOUND = re.compile(re.escape(PREFIX).encode() + rb"[A-Za-z0-9]*")
 UNSAFE_BYTES = (b"\r", b"\n", b"\0")
 HEAD_END = b"\r\n\r\n"
+SIGV4 = ("AWS SigV4 re-signing is not supported: the request carries a placeholder in {where}, and a SigV4 "
+         "signature is computed in the capsule over the key, so no value can be swapped in; give such a client "
+         "no ccw secret (ccw secret list)")
 HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:")  # a header line starts with its name and a colon
 
 
@@ -126,6 +136,7 @@ class Rewritten:
     used: tuple[str, ...] = ()
     attempts: tuple[Exfiltration, ...] = ()
     problem: str | None = None  # a head that cannot be judged (bare CR, folded header, no end)
+    unsupported: str | None = None  # a use of a placeholder ccw does not serve (SIGV4)
 
 
 class _Judge:
@@ -135,6 +146,7 @@ class _Judge:
         self.capsule, self.host, self.port, self.host_ok = capsule, host, port, host_ok
         self.attempts: list[Exfiltration] = []
         self.used: list[str] = []
+        self.sigv4: str | None = None  # where a SigV4 request carries a placeholder
 
     def scan(self, data: bytes, where: str) -> None:
         """Report every ``PREFIX`` run in ``data``: none may be there."""
@@ -242,6 +254,10 @@ def _request_line(judge: _Judge, line: bytes, values: Callable[[str], bytes]) ->
     for piece in query.split(b"&"):
         key, equals, value = piece.partition(b"=")
         where = f"query parameter {_shown(key)}"
+        if key.lower().startswith(b"x-amz-") and PREFIX.encode() in value:
+            judge.sigv4 = where  # a presigned URL: not swapped, and not an exfiltration either
+            params.append(piece)
+            continue
         judge.scan(key, where)
         name = judge.take(value, where, functools.partial(_names_param, key)) \
             if equals and PREFIX.encode() in value else None
@@ -273,6 +289,9 @@ def _header(judge: _Judge, line: bytes, values: Callable[[str], bytes]) -> bytes
     raw_name, _, raw_value = line.partition(b":")
     name, value = raw_name.lower(), raw_value.strip(b" \t")
     where = f"header {_shown(raw_name)}"
+    if name == AUTHORIZATION.encode() and value[:16].upper() == b"AWS4-HMAC-SHA256" and PREFIX.encode() in value:
+        judge.sigv4 = where
+        return line
     if name == AUTHORIZATION.encode() and value[:6].lower() == b"basic ":
         replaced = _basic(judge, value, values)
         if replaced is not None:
@@ -309,6 +328,8 @@ def rewrite_request(data: bytes, host: str, port: int, capsule: CapsuleSecrets,
     judge.scan(rest, "the body")
     if judge.attempts:
         return Rewritten(None, attempts=tuple(judge.attempts))
+    if judge.sigv4 is not None:
+        return Rewritten(None, unsupported=SIGV4.format(where=judge.sigv4))
     return Rewritten(b"\r\n".join(out) + HEAD_END, tuple(dict.fromkeys(judge.used)))
 
 

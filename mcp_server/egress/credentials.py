@@ -113,6 +113,8 @@ class Credentials:
             return fetched[name]
 
         rewritten = rewrite_request(head, host, port, self.capsule, value)
+        if rewritten.unsupported is not None:  # SigV4: refused, not an exfiltration
+            return Judged(None, reason=rewritten.unsupported)
         if rewritten.problem is not None:
             return Judged(None, reason=f"{EXFILTRATION}? {rewritten.problem}, with a placeholder in it")
         if rewritten.head is None:
