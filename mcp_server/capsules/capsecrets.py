@@ -113,6 +113,22 @@ def recall(root: Path, capsule_id: str) -> list[str]:
     return [str(name) for name in names]
 
 
+def inherit(root: Path, parent_id: str, child_id: str) -> None:
+    """A fork gets what its parent was given at create (its names; the secrets' variables are in
+    the env whitelist it inherits, so without them a caller's own value of that name would
+    pass), and new placeholders of its own at its first exec (``env``): a placeholder is
+    unique to its capsule, so neither can be sent by the other."""
+    try:
+        with open(os.path.join(root, DIR_NAME, parent_id), "rb") as found:
+            kept = found.read()
+    except FileNotFoundError:
+        return
+    path = os.path.join(root, DIR_NAME, child_id)
+    with open(path + ".tmp", "wb") as out:
+        out.write(kept)
+    os.replace(path + ".tmp", path)
+
+
 def forget(root: Path, capsule_id: str) -> None:
     """The capsule is gone: its names too."""
     try:

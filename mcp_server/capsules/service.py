@@ -355,6 +355,7 @@ class CapsuleService:
                     # Journaled before its network opens: a fork whose session fails to open is
                     # one of those made, and destroyed with them, not left unjournaled.
                     made.append(self._journal_new(reply, parent.spec, parent, parent.network_spec))
+                    capsecrets.inherit(self.state.root, parent.capsule_id, reply.capsule_id)  # fresh placeholders
                     await self._open_network(reply.capsule_id, parent.network_spec)
                     if self.services is not None:  # its parent's services, to start at its first exec
                         self.services.inherit(parent.capsule_id, made[-1].capsule_id)
