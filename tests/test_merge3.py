@@ -180,9 +180,11 @@ def test_a_plan_over_directories_reads_merges_and_checks_parents(tmp_path: Path)
     assert pairs(plan, ["one", "two"]) == [{"capsules": ["one", "two"], "verdict": "conflict", "shared": 1,
                                             "conflicts": ["docs/new.md"]}]
     del plan.outcomes["docs/new.md"]
-    assert [(op.action, op.path) for op in ops_of(plan)] == [
+    assert [(op.action, op.path) for op in ops_of(plan, plan.base)] == [
         ("delete", "docs/a.md"), ("delete", "src/gone.py"), ("delete", "docs"), ("write", "added.txt"),
         ("symlink", "docs"), ("write", "src/m.py")]
+    # Into a fork of the first input, only what the second brought is written: the lines merged.
+    assert [(op.action, op.path) for op in ops_of(plan, plan.sides["one"])] == [("write", "src/m.py")]
 
 
 def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Path) -> None:

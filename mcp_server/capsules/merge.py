@@ -32,6 +32,24 @@ git moved refs in a git dir outside its workspace is refused: promotion carries 
 one capsule at a time (capsules/gitpromote.py), and a merge has no single capsule's
 commits to carry.  ``dry_run`` makes nothing for ``new``, and for ``live`` runs
 promotion's dry run on the merged capsule, then destroys it.
+
+**The merged capsule is a fork of the first input**, as git merges into the branch
+checked out: the fork is O(1) and already holds the first input's change, so only the
+others' changes (and the files merged line by line) are written into it; a capsule made
+from the merge base would have every input's files written again (twice the writes in
+a merge of two equal attempts, each an open and a rename on overlayfs).  Its lineage
+stays true: its base directory is the inputs' (so its diff and its promotion carry
+every input's change against that base), its line of ancestors runs through the first
+input (whose runs are in its tree, so promotion's policies judge them as its own), and
+its journal names every path the merge changed against the merge base, kept or written
+(a witness replays it from the base alone).  What it costs: the first input is frozen
+(its execs refused) and cannot be destroyed while the merged capsule lives, as every
+forked capsule is; name first the attempt you will not touch again (the largest one
+writes least).  The first input's generation, read in its turn with its change, must be
+the same once it is forked (a write landed between is refused: CONFLICT, merge again).
+Where it cannot be forked (forks nested ``MAX_FORK_DEPTH`` deep, a state dir inside the
+workspace) the capsule is a fork of the common ancestor, or a new capsule over the base,
+with every merged path written.
 """
 
 from __future__ import annotations
@@ -114,8 +132,10 @@ def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: P
     return recorded
 
 
-async def _read(service: CapsuleService, records: list[CapsuleRecord], ancestor: CapsuleRecord | None) -> Plan:
-    """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read)."""
+async def _read(service: CapsuleService, records: list[CapsuleRecord],
+                ancestor: CapsuleRecord | None) -> tuple[Plan, int]:
+    """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
+    and the first input's generation then."""
     ids = sorted(record.capsule_id for record in records)
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
@@ -130,9 +150,10 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord], ancestor:
                                f"{moved[0]['gitdir']}: a merge carries files, not commits; promote that capsule by "
                                "itself (capsule_promote carries its commits) and merge the others after",
                                {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
+        generation = service.journal.generation(records[0].capsule_id)
         sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
         inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
-        return await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+        return await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base), generation
 
 
 def _conflict(one: Outcome, plan: Plan) -> dict[str, Any]:
@@ -163,12 +184,12 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
 async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
     """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring)."""
     records, ancestor = _inputs(service, question.capsule_ids)
-    plan = await _read(service, records, ancestor)
+    plan, generation = await _read(service, records, ancestor)
     recorded = await trio.to_thread.run_sync(_checked_base, service, records, plan)
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}
-    made = await _make(service, records[0], ancestor, plan, recorded)
+    made = await _make(service, (records[0], generation), ancestor, plan, recorded)
     if question.into == "new":
         return {**result, "written": True, "capsule_id": made.capsule_id}
     try:
@@ -180,16 +201,25 @@ async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
     return {**result, "written": bool(promoted["promoted"]), "promote": promoted}
 
 
-async def _make(service: CapsuleService, first: CapsuleRecord, ancestor: CapsuleRecord | None, plan: Plan,
-                recorded: dict[str, str]) -> CapsuleRecord:
-    """A journaled capsule holding the merge: a fork of the common ancestor, or a new one over the base."""
-    if ancestor is not None:
-        made = await service.fork(ancestor.capsule_id)
-    else:
-        made = await service.create(first.spec, first.network_spec, first.volatile)
+async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
+                plan: Plan, recorded: dict[str, str]) -> CapsuleRecord:
+    """A journaled capsule holding the merge: a fork of the first input (``first``: its record and the
+    generation its change was read at), else of the common ancestor, or a new one over the base."""
+    record, generation = first
     try:
+        made, start = await service.fork(record.capsule_id), plan.sides[record.capsule_id]
+    except CcwError as exc:
+        if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
+            raise
+        made, start = await (service.fork(ancestor.capsule_id) if ancestor is not None else
+                             service.create(record.spec, record.network_spec, record.volatile)), plan.base
+    try:
+        if start is not plan.base and service.journal.generation(record.capsule_id) != generation:
+            raise CcwError("CONFLICT", f"{record.capsule_id} changed while it was merged (a command or a file tool "
+                           "wrote to it): nothing was made; merge again", {"capsule_id": record.capsule_id})
         root_fd = await service.open_root(made.capsule_id)
-        await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded)
+        await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded,
+                                      start)
     except BaseException:
         with trio.CancelScope(shield=True):
             await service.destroy(made.capsule_id)

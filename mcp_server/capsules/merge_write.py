@@ -1,24 +1,29 @@
 """Writing a merge into the capsule made to hold it (capsule_merge ``into: "new"``), and journaling it.
 
-The capsule is fresh (a fork of the inputs' common ancestor, or a new capsule over their
-base), so its view is the merge base: the ops are promotion's (``changeset.promote_ops``
-of each path's base state against its merged one), written through the capsule's root
-with parents reached without links and each opened once (``DirFds``, ``RootView``), each
-file created in place where the base has nothing and renamed over what it replaces
-elsewhere (``_Writer``), in the order that keeps every step well formed (fs/promote.py's:
-deletions deepest first, then directories, then files and symlinks, then modes).
-Nothing is fsynced, as nothing a command writes in a capsule is: the capsule's upper
-layer is as durable as an exec's writes (an fsync a file cost a merge of 2,000 files 20 s
-on this VM's disk, a ``syncfs`` after them a third of the merge).  Set-id bits are
-written as the inputs had them: the capsule is no host tree, and promoting it refuses
-them as any promotion does (core/hazards.py).
+The capsule is fresh: a fork of the first input (capsules/merge.py says why), or, where
+that cannot be forked, of the inputs' common ancestor or a new capsule over their base.
+Its view is ``start`` (the first input's states, or the merge base's), so the ops are
+promotion's (``changeset.promote_ops``) of each path's ``start`` state against its merged
+one: a fork of the first input writes only what the others brought, as git writes only
+the merged branch's files into the branch checked out.  They are written through the
+capsule's root with parents reached without links and each opened once (``DirFds``,
+``RootView``), each file created in place where ``start`` has nothing and renamed over
+what it replaces elsewhere (``_Writer``), in the order that keeps every step well formed
+(fs/promote.py's: deletions deepest first, then directories, then files and symlinks,
+then modes).  Nothing is fsynced, as nothing a command writes in a capsule is: the
+capsule's upper layer is as durable as an exec's writes (an fsync a file cost a merge of
+2,000 files 20 s on this VM's disk, a ``syncfs`` after them a third of the merge).
+Set-id bits are written as the inputs had them: the capsule is no host tree, and
+promoting it refuses them as any promotion does (core/hazards.py).
 
-Each written path is then journaled as a file tool's change (as capsules/notes.py's
+Every path the merge changes against the merge base is then journaled, written or
+kept from the first input alike, as a file tool's change (as capsules/notes.py's
 ``note_tool_changes`` does, in one transaction for all; a directory as a replay can redo
-it, see ``_rows``), with the bytes and mtimes known from writing them, so a witness of
-the merged capsule replays, and the base states the inputs recorded are
-recorded for it first (the first record wins): promotion's conflict check then asks the
-live tree for the states the attempts were made on, not the ones seen at merge time.
+it, see ``_rows``), with the bytes and mtimes it holds, so a witness of the merged
+capsule replays from the base alone (a witness carries its capsule's own journal, not
+its parent's); the base states the inputs recorded are recorded for it first (the first
+record wins): promotion's conflict check then asks the live tree for the states the
+attempts were made on, not the ones seen at merge time.
 """
 
 from __future__ import annotations
@@ -41,14 +46,15 @@ def _side(state: State) -> Side | None:
     return None if state.kind is None else Side(state.kind, state.mode, state.target)
 
 
-def ops_of(plan: Plan) -> list[Op]:
-    """The ops that make a view of the merge base hold the merge, in the order they are written."""
+def ops_of(plan: Plan, start: dict[str, State]) -> list[Op]:
+    """The ops that make a view holding ``start`` (path: state) hold the merge, in the order they are written."""
     entries = []
-    for one in plan.changed:
-        assert one.state is not None
-        base = plan.base[one.path]
-        modified = one.state.kind == "file" and (base.kind != "file" or base.data != one.state.data)
-        entries.append(changeset.Entry(one.path, _side(base), _side(one.state), modified))
+    for one in plan.outcomes.values():
+        if one.state is None or one.state == start[one.path]:
+            continue
+        was = start[one.path]
+        modified = one.state.kind == "file" and (was.kind != "file" or was.data != one.state.data)
+        entries.append(changeset.Entry(one.path, _side(was), _side(one.state), modified))
     ops = changeset.promote_ops(entries)
     depth = {op.path: op.path.count("/") for op in ops}
     order = {"delete": 0, "mkdir": 1, "write": 2, "symlink": 2, "chmod": 3}
@@ -90,8 +96,10 @@ class _Writer:
             os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
-def _apply(view: RootView, ops: list[Op], contents: dict[str, State], base: dict[str, State]) -> dict[str, int]:
-    """The ops, in order, none fsynced (see the module's docstring); each written file's mtime."""
+def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State],
+           dated: list[str]) -> dict[str, int]:
+    """The ops, in order, none fsynced (see the module's docstring); the mtime of each file of
+    ``dated``, as written or as ``start`` held it."""
     with DirFds(view) as dirs:
         writer = _Writer(dirs)
         for op in ops:
@@ -109,11 +117,16 @@ def _apply(view: RootView, ops: list[Op], contents: dict[str, State], base: dict
             elif op.action == "write":
                 assert merged.data is not None
                 with wrap_oserror("merge: write", op.path):
-                    writer.put(op.path, merged.data, merged.mode, base[op.path].kind is not None)
+                    writer.put(op.path, merged.data, merged.mode, start[op.path].kind is not None)
             elif op.action == "symlink":
                 make_symlink(view, merged.target or "", op.path)
             else:
                 view.chmod(op.path, merged.mode)
+        for path in dated:
+            if path in writer.mtimes:
+                continue
+            head, _, name = path.rpartition("/")
+            writer.mtimes[path] = os.stat(name, dir_fd=dirs.get(head), follow_symlinks=False).st_mtime_ns
         return writer.mtimes
 
 
@@ -139,8 +152,8 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             rows.append((path, "delete", None, None, None, None))
         elif merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
-        elif merged.kind == "file" and path not in mtimes:  # only its mode changed: the bytes are the base's
-            rows.append((path, "chmod", None, None, merged.mode, None))
+        elif merged.kind == "file" and base[path].kind == "file" and base[path].data == merged.data:
+            rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
         elif merged.kind == "file":
             rows.append((path, "write", merged.data, None, merged.mode, mtimes[path]))
         else:
@@ -163,12 +176,16 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
         record_base_states(journal, record, [path for path in paths if contents[path].kind != "dir"])
 
 
-def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str]) -> list[str]:
-    """Write the merge into the capsule (its root is closed after) and journal it; the paths written."""
-    contents = {one.path: one.state for one in plan.changed if one.state is not None}
+def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
+          start: dict[str, State]) -> list[str]:
+    """Write the merge into the capsule, whose view holds ``start`` (its root is closed after), and
+    journal every path the merge changes against the base; those paths."""
+    contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
     Journal(state).record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
-    ops = ops_of(plan)
+    ops = ops_of(plan, start)
+    changed = sorted({op.path for op in ops_of(plan, plan.base)})
+    dated = [path for path in changed if contents[path].kind == "file" and contents[path].data != plan.base[path].data]
     with RootView.from_fd(root_fd) as view:
-        mtimes = _apply(view, ops, contents, plan.base)
-    _journal(state, capsule_id, sorted({op.path for op in ops}), contents, plan.base, mtimes)
-    return sorted({op.path for op in ops})
+        mtimes = _apply(view, ops, contents, start, dated)
+    _journal(state, capsule_id, changed, contents, plan.base, mtimes)
+    return changed
