@@ -232,7 +232,10 @@ def test_body_attempt_and_route_parsing() -> None:
     assert creds.body_attempt(b"nothing here") is None
     assert "secret TOKEN in the body" in str(creds.body_attempt(b'{"k": "' + placeholder + b'"}'))
     assert "a ccwph_ placeholder" in str(creds.body_attempt(b"x=ccwph_Zz"))
-    assert creds.route(b"/route/TOKEN/a/b?c") == ("TOKEN", "127.0.0.1", 8080, b"/a/b?c")
-    assert creds.route(b"/route/TOKEN") == ("TOKEN", "127.0.0.1", 8080, b"/")
+    assert creds.route(b"/route/TOKEN/a/b?c") == ("TOKEN", "127.0.0.1", 8080, b"/a/b?c", "http")
+    assert creds.route(b"/route/TOKEN") == ("TOKEN", "127.0.0.1", 8080, b"/", "http")
+    assert creds.route(b"/route/TOKEN+https/a") == ("TOKEN", "127.0.0.1", 8080, b"/a", "https")
+    assert creds.route(b"/route/TOKEN+ftp/a") is None
+    assert Credentials(secrets_for(443), Store()).route(b"/route/TOKEN/") == ("TOKEN", "127.0.0.1", 443, b"/", "https")
     assert creds.route(b"/route/NOPE/a") is None and creds.route(b"/other") is None
     assert isinstance(Attempt, type)

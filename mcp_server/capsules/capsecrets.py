@@ -18,13 +18,30 @@ value where the secret's binding allows (egress/credentials.py).  Choices:
 - **The value's length is read once per placeholder** (a placeholder is as long as its
   value: core/placeholders.py says why), so a secret whose value is a command runs it
   then, at create, and again at each request that needs the value.
+- **A CA per capsule** (core/tlsca.py, kept by fs/castore.py), name-constrained to
+  exactly the hosts its secrets are bound to, so the proxy can terminate its TLS to
+  those hosts (egress/tlsterm.py).  Per capsule rather than one per state dir: a
+  capsule's CA names only its own hosts, so a key leaked from one capsule's file
+  signs for no host another capsule's secret is bound to; two capsules with different
+  secrets never remake each other's CA (one shared CA would have to name every bound
+  host, or be remade back and forth); and a binding changed later (``ccw secret set``)
+  changes no running capsule's trust.  The capsule's hosts are read at create and the
+  CA kept for them; a restarted front end loads the same CA (``load_or_make`` remakes
+  it only if the hosts changed or it nears its end, and rewrites the bundle then).
+  Keys live in ``capsule-tls/<id>.pem`` (0600, never shown to a jail); the bundle the
+  jail trusts (the system's CAs, then the capsule's) in ``capsule-tls/<id>/``, a
+  directory the capsule shows read-only (``CapsuleSpec.expose``) at the same path,
+  with ``castore.BUNDLE_ENV`` naming it.  ``<id>`` is drawn at create, before the
+  capsule has its own id, since what a capsule shows is fixed when it is made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import secrets as random
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
@@ -33,11 +50,14 @@ import trio
 
 from mcp_server.core.placeholders import CapsuleSecrets
 from mcp_server.egress.credentials import Credentials
+from mcp_server.fs import castore
 from mcp_server.fs.secretstore import SecretStore
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 
 DIR_NAME = "capsule-secrets"
+TLS_DIR = "capsule-tls"
+BUNDLE = "ca-bundle.pem"
 MAX_SECRETS = 64
 
 
@@ -50,23 +70,40 @@ class Holder(Protocol):
 
 
 async def for_create(root: Path, names: tuple[str, ...], allowlist: bool) -> Credentials | None:
-    """The placeholders of a capsule being made with ``names`` (None for none); refused without an allowlist."""
+    """The placeholders and TLS CA of a capsule being made with ``names`` (None for none);
+    refused without an allowlist."""
     if not names:
         return None
     if not allowlist:
         raise CcwError("INVALID_ARGUMENT", "secrets need a network allowlist (network: [...] naming their hosts): "
                        "a capsule without one reaches no host to send them to", {"secrets": list(names)})
-    return await trio.to_thread.run_sync(credentials, root, names)
+    return await trio.to_thread.run_sync(credentials, root, names, random.token_hex(8))
+
+
+def whitelist(env_whitelist: Iterable[str], names: Iterable[str]) -> tuple[str, ...]:
+    """A capsule's env whitelist with its secrets' names and, if it has any, the CA bundle's
+    variables: the helper passes only whitelisted names."""
+    wanted = set(names)
+    return tuple(sorted({*env_whitelist, *wanted, *(castore.BUNDLE_ENV if wanted else ())}))
+
+
+def shown(expose: tuple[str, ...], given: Credentials | None) -> tuple[str, ...]:
+    """A capsule's exposed directories with its CA bundle's (read-only in the jail, at the same path)."""
+    if given is None or given.bundle is None:
+        return expose
+    return tuple(sorted({*expose, os.path.dirname(given.bundle)}))
 
 
 async def env(root: Path, holder: Holder, capsule_id: str) -> dict[str, str]:
-    """The capsule's secrets' variables, each name holding its placeholder; made anew from the
-    names kept at create when this process has none yet (a restarted front end)."""
+    """The capsule's secrets' variables, each name holding its placeholder, and the CA bundle's;
+    made anew from what was kept at create when this process has none yet (a restarted front end)."""
     given = holder.credentials(capsule_id)
-    if given is None and (names := recall(root, capsule_id)):
-        given = await trio.to_thread.run_sync(credentials, root, names)
+    if given is None and (kept := _recalled(root, capsule_id))[0]:
+        given = await trio.to_thread.run_sync(credentials, root, *kept)
         holder.give_credentials(capsule_id, given)
-    return {} if given is None else given.capsule.env()
+    if given is None:
+        return {}
+    return {**given.capsule.env(), **(castore.bundle_env(given.bundle) if given.bundle is not None else {})}
 
 
 async def placed(root: Path, holder: Holder, allowlist: bool, request: ExecRequest) -> ExecRequest:
@@ -76,9 +113,10 @@ async def placed(root: Path, holder: Holder, allowlist: bool, request: ExecReque
     return dataclasses.replace(request, env={**(request.env or {}), **ours}) if ours else request
 
 
-def credentials(root: Path, names: Iterable[str]) -> Credentials:
+def credentials(root: Path, names: Iterable[str], tls_id: str | None = None) -> Credentials:
     """New placeholders for the secrets ``names`` of the store at ``root`` (blocking: a value may
-    be a command's output); NOT_FOUND naming ``ccw secret list`` for a name it does not hold."""
+    be a command's output), with the capsule's CA ``tls_id`` loaded or made for their hosts;
+    NOT_FOUND naming ``ccw secret list`` for a name it does not hold."""
     store = SecretStore(root)
     known = {secret.binding.name: secret for secret in store.secrets()}
     wanted = sorted(set(names))
@@ -90,27 +128,60 @@ def credentials(root: Path, names: Iterable[str]) -> Credentials:
                        "shows the names, `ccw secret set NAME --host HOST` makes one", {"missing": missing})
     bindings = {name: known[name].binding for name in wanted}
     lengths = {name: len(store.value(name).reveal()) for name in wanted}
-    return Credentials(CapsuleSecrets(bindings, lengths), lambda name: store.value(name).reveal())
+    made = Credentials(CapsuleSecrets(bindings, lengths), lambda name: store.value(name).reveal())
+    if tls_id is not None:
+        hosts = {host for binding in bindings.values() for host, _port in binding.hosts}
+        authority = castore.load_or_make(root / TLS_DIR, hosts, name=f"{tls_id}.pem")
+        made.contexts = castore.ServerContexts(authority)
+        made.bundle = _write_bundle(root / TLS_DIR / tls_id, castore.bundle(authority))
+    return made
 
 
-def remember(root: Path, capsule_id: str, names: Iterable[str]) -> None:
-    """Keep the capsule's secrets' names for a front end started later."""
+def _write_bundle(folder: Path, data: bytes) -> str:
+    """The capsule's bundle at ``folder/BUNDLE`` (0644, in a 0755 directory the jail shows
+    read-only), rewritten in one rename if it changed; its path."""
+    path = folder / BUNDLE
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    try:
+        if path.read_bytes() == data:
+            return str(path)
+    except FileNotFoundError:
+        pass
+    temporary = folder / f".{BUNDLE}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(data)
+    os.chmod(temporary, 0o644)
+    os.replace(temporary, path)
+    return str(path)
+
+
+def remember(root: Path, capsule_id: str, names: Iterable[str], given: Credentials | None = None) -> None:
+    """Keep the capsule's secrets' names (and its CA's id) for a front end started later."""
     folder = os.path.join(root, DIR_NAME)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, capsule_id)
+    tls_id = None if given is None or given.bundle is None else os.path.basename(os.path.dirname(given.bundle))
     with open(path + ".tmp", "w", encoding="utf-8") as out:
-        json.dump(sorted(set(names)), out)
+        json.dump({"names": sorted(set(names)), "tls": tls_id}, out)
     os.replace(path + ".tmp", path)
 
 
 def recall(root: Path, capsule_id: str) -> list[str]:
     """The names the capsule was given at create ([] if none)."""
+    return _recalled(root, capsule_id)[0]
+
+
+def _recalled(root: Path, capsule_id: str) -> tuple[list[str], str | None]:
+    """The names the capsule was given at create and its CA's id (a list alone: kept before CAs were)."""
     try:
         with open(os.path.join(root, DIR_NAME, capsule_id), encoding="utf-8") as found:
-            names = json.load(found)
+            kept = json.load(found)
     except FileNotFoundError:
-        return []
-    return [str(name) for name in names]
+        return [], None
+    if isinstance(kept, list):
+        return [str(name) for name in kept], None
+    tls_id = kept.get("tls")
+    return [str(name) for name in kept.get("names", [])], None if tls_id is None else str(tls_id)
 
 
 def inherit(root: Path, parent_id: str, child_id: str) -> None:
@@ -130,8 +201,27 @@ def inherit(root: Path, parent_id: str, child_id: str) -> None:
 
 
 def forget(root: Path, capsule_id: str) -> None:
-    """The capsule is gone: its names too."""
+    """The capsule is gone: its names too, and its CA's key and bundle unless a capsule still
+    uses them (a fork's kept file names its parent's CA: ``inherit``)."""
+    tls_id = _recalled(root, capsule_id)[1]
+    _remove(os.path.join(root, DIR_NAME, capsule_id))
+    if tls_id is None or any(_recalled(root, other)[1] == tls_id for other in _kept(root)):
+        return
+    folder = os.path.join(root, TLS_DIR)
+    for name in (f"{tls_id}.pem", f"{tls_id}.pem.lock", os.path.join(tls_id, BUNDLE)):
+        _remove(os.path.join(folder, name))
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(os.path.join(folder, tls_id))
+
+
+def _kept(root: Path) -> list[str]:
+    """The ids of the capsules whose secrets' names are kept."""
     try:
-        os.unlink(os.path.join(root, DIR_NAME, capsule_id))
+        return [name for name in os.listdir(os.path.join(root, DIR_NAME)) if not name.endswith(".tmp")]
     except FileNotFoundError:
-        pass
+        return []
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -190,7 +190,8 @@ class CapsuleService:
         """
         given = await capsecrets.for_create(self.state.root, secrets, network is not None)
         spec = dataclasses.replace(spec, network=helper_network(network),  # a secret's variable is passed (its placeholder)
-                                   env_whitelist=tuple(sorted({*spec.env_whitelist, *secrets})))
+                                   env_whitelist=capsecrets.whitelist(spec.env_whitelist, secrets),
+                                   expose=capsecrets.shown(spec.expose, given))  # and its CA bundle, read-only
         base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
 
         async def read_base() -> None:
@@ -201,7 +202,7 @@ class CapsuleService:
             made = await acapture(self.call, CreateRequest(spec))
         reply = made.unwrap()
         if given is not None:
-            capsecrets.remember(self.state.root, reply.capsule_id, secrets)
+            capsecrets.remember(self.state.root, reply.capsule_id, secrets, given)
             self.networks.give_credentials(reply.capsule_id, given)
         await self._open_network(reply.capsule_id, network)
         return self._journal_new(reply, spec, None, network, volatile, base[0])

@@ -57,6 +57,7 @@ CA_RENEW = dt.timedelta(days=7)
 LEAF_LIFETIME = dt.timedelta(days=1)
 LEAF_RENEW = dt.timedelta(hours=1)
 SKEW = dt.timedelta(minutes=5)
+ALPN = ["http/1.1"]  # what a terminated connection speaks, to the jail and upstream (egress/tlsterm.py)
 NO_NAME = "ccw.invalid"  # the DNS subtree permitted when no name is bound
 EVERY_IP = (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
 

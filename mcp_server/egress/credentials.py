@@ -18,8 +18,10 @@ what the proxy (egress/proxy.py) holds per capsule to use it, and what it does p
 - **The body** is scanned as it passes (``body_attempt``): a placeholder in it ends the
   request (its head has gone by then; the upstream gets a cut body).  A placeholder
   split across two reads is not seen there; it carries no value either way.
-- **CONNECT is untouched**: a tunnel to a bound host carries the placeholder, not the
-  value, end to end (TLS termination is the next layer's: core/tlsca.py).
+- **CONNECT to a bound host is terminated** when the capsule has a CA (``contexts``,
+  fs/castore.py ``ServerContexts`` for the capsule's name-constrained CA): each request
+  inside is judged here as a plain one is (egress/tlsterm.py, egress/proxy.py).
+  Without one, a tunnel to a bound host carries the placeholder, not the value, end to end.
 - **Reverse routes** (``route``): ``/route/NAME/REST`` on the proxy's own address is a
   request for ``REST`` at the secret's bound upstream, with the value put in where its
   binding says, for clients that take a base URL and speak no proxy.  Only the
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -94,12 +97,22 @@ def _where(attempt: Exfiltration) -> str:
     return f"{who} in {attempt.where}"
 
 
+class LeafContexts(Protocol):
+    """A TLS server context presenting a leaf for a host (fs/castore.py ``ServerContexts``)."""
+
+    def get(self, host: str) -> ssl.SSLContext:
+        """The context for ``host``; CcwError if the capsule's CA was not made for it."""
+        ...
+
+
 class Credentials:
     """One capsule's secrets as its proxy uses them; no value is kept here."""
 
-    def __init__(self, capsule: CapsuleSecrets, fetch: Fetch) -> None:
+    def __init__(self, capsule: CapsuleSecrets, fetch: Fetch, contexts: LeafContexts | None = None) -> None:
         self.capsule = capsule
         self._fetch = fetch
+        self.contexts = contexts  # the capsule's CA's leaves: CONNECTs to bound hosts are terminated
+        self.bundle: str | None = None  # the CA bundle the capsule's clients trust (capsules/capsecrets.py)
 
     def judge(self, head: bytes, host: str, port: int) -> Judged:
         """``head`` (a whole request head) with its placeholders replaced where their bindings
@@ -141,18 +154,22 @@ class Credentials:
         name = self.capsule.identify(found.split(b"&")[0].split(b"\"")[0])
         return f"{EXFILTRATION}: " + _where(Exfiltration(name, "the body"))
 
-    def route(self, target: bytes) -> tuple[str, str, int, bytes] | None:
-        """A reverse route's secret, bound host, port and origin-form target; None if ``target``
-        is no route of this capsule's (``/route/NAME/REST``)."""
+    def route(self, target: bytes) -> tuple[str, str, int, bytes, str] | None:
+        """A reverse route's secret, bound host, port, origin-form target and scheme upstream;
+        None if ``target`` is no route of this capsule's.  ``/route/NAME/REST`` goes over
+        TLS when the secret's first host is on port 443, plain http otherwise;
+        ``/route/NAME+https/REST`` goes over TLS whatever the port (the proxy verifies the
+        upstream against the host's trust store either way)."""
         if not target.startswith(ROUTE):
             return None
         name, slash, rest = target[len(ROUTE):].partition(b"/")
+        name, plus, tls = name.partition(b"+")
         binding = self.capsule.bindings.get(name.decode("ascii", "replace"))
-        if binding is None:
+        if binding is None or (plus and tls != b"https"):
             return None
         host, port = binding.hosts[0]
-        return binding.name, host, port, b"/" + rest if slash else b"/"
-
+        scheme = "https" if plus or port == 443 else "http"
+        return binding.name, host, port, b"/" + rest if slash else b"/", scheme
 
     def routed(self, name: str, origin: str,
                headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:

@@ -29,56 +29,48 @@ Throughput (2-core VM, loopback, 200 MiB): the figures are in ``splice.py``.
 
 from __future__ import annotations
 
-import contextlib
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import h11
 import trio
 
+from mcp_server.core.netrules import normalize_host
 from mcp_server.core.secretbind import host_text
-from mcp_server.egress import ruled
-from mcp_server.egress.credentials import ROUTE, Carrier, Credentials, Masker
+from mcp_server.egress import ruled, tlsterm
+from mcp_server.egress.credentials import (
+    EXFILTRATION,
+    ROUTE,
+    Carrier,
+    Credentials,
+    LeafContexts,
+    Masker,
+)
+from mcp_server.egress.exchange import (
+    MAX_HEAD,
+    Exchange,
+    connection_tokens,
+    early_body,
+    reply,
+    response,
+)
+from mcp_server.egress.exchange import (
+    rewrite_response_head as rewrite_response_head,  # its tests' name
+)
 from mcp_server.egress.relay import (
-    BUFFER_SIZE,
     Attempt,
-    Budget,
-    ByteCapReached,
     Gate,
     Protocol_,
     Refused,
-    charge_and_send,
+    Wire,
     send_all,
 )
-from mcp_server.egress.splice import copy_to_eof, tunnel
-
-MAX_HEAD = 64 * 1024
-HOP_BY_HOP = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-connection",
-        b"proxy-authorization",
-        b"proxy-authenticate",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    }
-)
+from mcp_server.egress.splice import tunnel
 
 
 class BadRequest(Exception):
     """A request the proxy will not forward; the message goes into the 400."""
-
-
-def response(status: int, reason: str, body: str = "") -> bytes:
-    """A complete ``Connection: close`` response with a text/plain body."""
-    data = body.encode("utf-8", "replace")
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode("latin-1") + data
 
 
 def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
@@ -106,39 +98,14 @@ def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
     return host, int(port_text)
 
 
-def _connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
-    tokens = set(HOP_BY_HOP)
-    for name, value in headers:
-        if name == b"connection":
-            tokens.update(token.strip().lower() for token in value.split(b","))
-    return tokens
-
-
 def forward_headers(headers: list[tuple[bytes, bytes]], authority: bytes) -> list[tuple[bytes, bytes]]:
     """The request headers to send upstream: hop-by-hop out, Host from the URL, close."""
-    drop = _connection_tokens(headers) | {b"host"}
+    drop = connection_tokens(headers) | {b"host"}
     kept = [(name, value) for name, value in headers if name not in drop]
     return [(b"host", authority), *kept, (b"connection", b"close")]
 
 
-def rewrite_response_head(head: bytes) -> bytes:
-    """An upstream response head (through its blank line) with hop-by-hop headers out."""
-    lines = head[:-4].split(b"\r\n")
-    status, fields = lines[0], lines[1:]
-    if not status.startswith(b"HTTP/"):
-        raise ValueError(f"not an HTTP response: {status[:60]!r}")
-    parsed: list[tuple[bytes, bytes]] = []
-    for line in fields:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name != name.strip():
-            raise ValueError(f"bad response header line {line[:60]!r}")
-        parsed.append((name.lower(), value.strip()))
-    drop = _connection_tokens(parsed)
-    kept = [line for line, (name, _) in zip(fields, parsed, strict=True) if name not in drop]
-    return b"\r\n".join([status, *kept, b"Connection: close", b"", b""])
-
-
-async def _read_request(sock: trio.socket.SocketType, conn: h11.Connection) -> h11.Request | None:
+async def _read_request(sock: Wire, conn: h11.Connection) -> h11.Request | None:
     """The request head, or None if the client closed before sending one."""
     received = 0
     while True:
@@ -164,7 +131,7 @@ async def handle_http(gate: Gate, sock: trio.socket.SocketType) -> None:
         with trio.move_on_after(gate.header_timeout) as deadline:
             request = await _read_request(sock, conn)
         if deadline.cancelled_caught:
-            await _reply(sock, response(408, "Request Timeout", "ccw: request head not complete in time"))
+            await reply(sock, response(408, "Request Timeout", "ccw: request head not complete in time"))
             return
         if request is None:
             return
@@ -173,51 +140,47 @@ async def handle_http(gate: Gate, sock: trio.socket.SocketType) -> None:
         else:
             await _forward(gate, sock, conn, request)
     except (h11.RemoteProtocolError, BadRequest) as exc:
-        await _reply(sock, response(400, "Bad Request", f"ccw: {exc}"))
+        await reply(sock, response(400, "Bad Request", f"ccw: {exc}"))
     except OSError:
         pass  # the client went away; nothing to answer
     finally:
         sock.close()
 
 
-async def _reply(sock: trio.socket.SocketType, data: bytes) -> None:
-    with contextlib.suppress(OSError), trio.move_on_after(5):
-        await send_all(sock, data)
-
-
 # Judges an admitted attempt before it connects: None, or why it is refused (credentials).
 Check = Callable[[Attempt], Awaitable[str | None]]
 
 
-async def _open(gate: Gate, sock: trio.socket.SocketType, host: str, port: int,
+async def _open(gate: Gate, sock: Wire, host: str, port: int,
                 protocol: Protocol_, check: Check | None = None) -> tuple[Attempt, trio.socket.SocketType] | None:
     """Admit, ``check`` and connect, or answer 403/502 and return None."""
     attempt = await gate.consider(gate.admit(host, port, protocol))
     if not attempt.allowed:
-        await _reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}"))
+        await reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}"))
         return None
     why = None if check is None else await check(attempt)
     if why is not None:
         assert isinstance(gate, Carrier | ruled.Ruled)  # only a carrier's or a ruled gate's requests are checked
         gate.refuse(attempt, why)
-        await _reply(sock, response(403, "Forbidden", f"ccw: {why}"))
+        await reply(sock, response(403, "Forbidden", f"ccw: {why}"))
         return None
     try:
         return attempt, await gate.open(attempt)
     except Refused as exc:
         if exc.denied:
-            await _reply(sock, response(403, "Forbidden", f"ccw: {exc.message}; allowed: {gate.allowed_text()}"))
+            await reply(sock, response(403, "Forbidden", f"ccw: {exc.message}; allowed: {gate.allowed_text()}"))
         else:
-            await _reply(sock, response(502, "Bad Gateway", f"ccw: {exc.message}"))
+            await reply(sock, response(502, "Bad Gateway", f"ccw: {exc.message}"))
         return None
 
 
 async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
                    request: h11.Request) -> None:
     host, port = split_authority(request.target.decode("ascii", "replace"), None)
+    contexts, terminated = tlsterm.terminated_hosts(gate)
 
     async def unread(attempt: Attempt) -> str | None:  # a host with method/path rules is never tunnelled
-        return ruled.unread(gate, attempt)
+        return None if (attempt.host, attempt.port) in terminated else ruled.unread(gate, attempt)
 
     opened = await _open(gate, sock, host, port, "https", unread)
     if opened is None:
@@ -231,52 +194,141 @@ async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     except OSError:
         upstream.close()
         raise
-    await tunnel(sock, upstream, attempt, gate.budget, bytes(early))
+    if contexts is not None and (attempt.host, attempt.port) in terminated:
+        await _terminate(gate, sock, bytes(early), attempt, upstream, contexts)
+    else:
+        await tunnel(sock, upstream, attempt, gate.budget, bytes(early))
+
+
+async def _terminate(gate: Gate, sock: trio.socket.SocketType, early: bytes, attempt: Attempt,
+                     upstream: trio.socket.SocketType, contexts: LeafContexts) -> None:
+    """A CONNECT the proxy terminates (egress/tlsterm.py): the jail's TLS accepted with the
+    host's leaf, the proxy's own to the upstream, then the one request inside served."""
+    jail: tlsterm.TlsWire | None = None
+    try:
+        jail = await tlsterm.accept(contexts, sock, early, attempt)
+        first = await tlsterm.first_bytes(jail)
+        try:
+            verified = await tlsterm.connect(upstream, attempt.host)
+        except OSError as exc:
+            attempt.reason = str(exc)
+            await reply(jail, response(502, "Bad Gateway", f"ccw: {exc}"))
+            return
+        await _serve_terminated(gate, tlsterm.Terminated(attempt, jail, verified), first)
+    except tlsterm.Refusal as exc:
+        _refuse(gate, attempt, str(exc))
+        if jail is not None:
+            await reply(jail, response(403, "Forbidden", f"ccw: {exc}"))
+    finally:
+        upstream.close()
+        if jail is not None:
+            await jail.finish()
+
+
+def _refuse(gate: Gate, attempt: Attempt, why: str) -> None:
+    if isinstance(gate, Carrier | ruled.Ruled):
+        gate.refuse(attempt, why)  # recorded, and told at once
+    else:
+        attempt.deny(why)
+
+
+async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: bytes) -> None:
+    """The request read out of a terminated connection: it must name the CONNECT's host, then
+    goes the plain path's way (``_send_on``), upstream over the verified TLS."""
+    jail, attempt = terminated.jail, terminated.attempt
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    conn.receive_data(first)
+    try:
+        with trio.move_on_after(gate.header_timeout):
+            request = await _read_request(jail, conn)
+    except (h11.RemoteProtocolError, BadRequest) as exc:
+        await reply(jail, response(400, "Bad Request", f"ccw: {exc}"))
+        return
+    if request is None:
+        return
+    named = [value for name, value in request.headers if name == b"host"]
+    try:
+        names = [split_authority(value.decode("ascii", "replace"), 443) for value in named]
+    except BadRequest:
+        names = []
+    if len(names) != 1 or names[0][1] != attempt.port or normalize_host(names[0][0])[0] != attempt.host \
+            or not request.target.startswith(b"/"):
+        creds = _credentials(gate)
+        shown = b", ".join(named)[:255].decode("ascii", "replace") or "none"
+        why = (f"a request in the TLS connection to {host_text(attempt.host, attempt.port)} names Host {shown} "
+               f"(target {request.target[:80].decode('ascii', 'replace')!r}): a terminated connection carries "
+               "requests to the CONNECT's host only, in origin form")
+        if creds is not None and creds.carries(b"\r\n".join(value for _, value in request.headers)):
+            why = f"{EXFILTRATION}? {why}, with a placeholder in it"
+        _refuse(gate, attempt, why)
+        await reply(jail, response(403, "Forbidden", f"ccw: {why}"))
+        return
+    authority = host_text(attempt.host, attempt.port).encode("ascii")
+    headers = forward_headers(list(request.headers), authority)
+    await _send_on(gate, jail, conn, request.method, request.target.decode("ascii"), headers,
+                   _Via(attempt.host, attempt.port, "https", terminated))
 
 
 def _credentials(gate: Gate) -> Credentials | None:
     return gate.credentials if isinstance(gate, Carrier) else None
 
 
-def _target(request: h11.Request, creds: Credentials | None, own: str) -> tuple[str, str, str | None]:
-    """Where a plain request goes: its authority, its origin-form target, and the secret
+def _target(request: h11.Request, creds: Credentials | None, own: str) -> tuple[str, str, str | None, str]:
+    """Where a plain request goes: its authority, its origin-form target, the secret
     whose reverse route it came by, if it did (``/route/NAME/...``: the value is added, not swapped in), sent
     to the proxy itself in origin form or, by a client that honours HTTP_PROXY, in
-    absolute form naming the proxy's own address ``own``."""
+    absolute form naming the proxy's own address ``own``; and the scheme upstream (a route
+    reaches a secret bound to port 443, or one named ``NAME+https``, over verified TLS)."""
     target = request.target
     if target.startswith(b"http://" + own.encode() + ROUTE):
         target = target[len(b"http://") + len(own):]
     routed = None if creds is None else creds.route(target)
     if routed is not None:
-        name, host, port, origin = routed
-        if port == 443:
-            raise BadRequest(f"route {name}: its secret is bound to {host}:443 (https); reverse routes reach "
-                             "plain http upstreams only so far: bind the secret to the host's http port too")
-        return host_text(host, port), origin.decode("ascii"), name
+        name, host, port, origin, scheme = routed
+        return host_text(host, port), origin.decode("ascii"), name, scheme
     url = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
     if url.scheme != "http" or not url.netloc:
         raise BadRequest(
             "this is a proxy: send CONNECT host:port, or an absolute http:// URL "
             f"(got {request.target[:80]!r})"
         )
-    return url.netloc.rpartition("@")[2], (url.path or "/") + (f"?{url.query}" if url.query else ""), None
+    return url.netloc.rpartition("@")[2], (url.path or "/") + (f"?{url.query}" if url.query else ""), None, "http"
 
 
 async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connection,
                    request: h11.Request) -> None:
     creds = _credentials(gate)
     own = host_text(*sock.getsockname()[:2])  # the proxy's address as the jail reached it
-    authority, origin, routed = _target(request, creds, own)
+    authority, origin, routed, scheme = _target(request, creds, own)
     host, port = split_authority(authority, 80)
     headers = forward_headers(list(request.headers), authority.encode("ascii"))
     if routed is not None:
         assert creds is not None
         origin, headers = creds.routed(routed, origin, headers)
+    await _send_on(gate, sock, conn, request.method, origin, headers, _Via(host, port, scheme))
+
+
+@dataclass(frozen=True)
+class _Via:
+    """Where a request goes: host, port, and scheme upstream ("https": over the proxy's own verified
+    TLS); ``terminated``: read out of a CONNECT the proxy terminated, whose attempt and TLS it uses."""
+
+    host: str
+    port: int
+    scheme: str
+    terminated: tlsterm.Terminated | None = None
+
+
+async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, origin: str,
+                   headers: list[tuple[bytes, bytes]], via: _Via) -> None:
+    """The per-request path, plain or terminated: method/path rules and the placeholders judged
+    before anything goes upstream, then the request sent and its response relayed."""
+    creds = _credentials(gate)
     outgoing = h11.Connection(h11.CLIENT)
-    head = outgoing.send(h11.Request(method=request.method, target=origin.encode("ascii"), headers=headers))
+    head = outgoing.send(h11.Request(method=method, target=origin.encode("ascii"), headers=headers))
     assert head is not None
     masker: Masker | None = None
-    early = _early_body(conn) if creds is not None else []
+    early = early_body(conn) if creds is not None else []
 
     async def swap(attempt: Attempt) -> str | None:
         nonlocal head, masker
@@ -289,14 +341,14 @@ async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
         return judged.reason
 
     async def check(attempt: Attempt) -> str | None:  # method/path rules first (egress/ruled.py), then secrets
-        why = ruled.refusal(gate, attempt, "http", request.method, origin)
+        why = ruled.refusal(gate, attempt, via.scheme, method, origin)
         return why if why is not None or creds is None else await swap(attempt)
 
-    opened = await _open(gate, sock, host, port, "http", check)
+    opened = await _upstream(gate, sock, via, check)
     if opened is None:
         return
     attempt, upstream = opened
-    exchange = _Exchange(sock, conn, upstream, outgoing, attempt, gate.budget)
+    exchange = Exchange(sock, conn, upstream, outgoing, attempt, gate.budget)
     if creds is not None:
         assert isinstance(gate, Carrier)
         exchange.creds, exchange.masker = creds, masker
@@ -305,105 +357,27 @@ async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     await exchange.run(head)
 
 
-def _early_body(conn: h11.Connection) -> list[object]:
-    """The request body's events already read with its head (h11 has them buffered): judged
-    before the head goes, then sent first.  Ends at the first that is not Data."""
-    early: list[object] = []
-    while (event := conn.next_event()) is not h11.NEED_DATA:
-        early.append(event)
-        if not isinstance(event, h11.Data):
-            break
-    return early
+async def _upstream(gate: Gate, sock: Wire, via: _Via, check: Check) -> tuple[Attempt, Wire] | None:
+    """The judged request's attempt and upstream: a terminated connection's own, or one opened
+    now (with the proxy's verified TLS for an https route); None once a refusal is answered."""
+    if via.terminated is not None:
+        attempt = via.terminated.attempt
+        why = await check(attempt)
+        if why is None:
+            return attempt, via.terminated.upstream
+        _refuse(gate, attempt, why)
+        await reply(sock, response(403, "Forbidden", f"ccw: {why}"))
+        return None
+    opened = await _open(gate, sock, via.host, via.port, "http", check)
+    if opened is None or via.scheme == "http":
+        return opened
+    attempt, upstream = opened
+    try:
+        return attempt, await tlsterm.connect(upstream, attempt.host)
+    except OSError as exc:
+        attempt.reason = str(exc)
+        await reply(sock, response(502, "Bad Gateway", f"ccw: {exc}"))
+        return None
 
 
-class _Exchange:
-    """One forwarded request: its body upstream (re-framed by h11), the response back raw."""
 
-    def __init__(self, sock: trio.socket.SocketType, conn: h11.Connection,
-                 upstream: trio.socket.SocketType, outgoing: h11.Connection, attempt: Attempt,
-                 budget: Budget) -> None:
-        self.sock, self.conn, self.upstream, self.outgoing = sock, conn, upstream, outgoing
-        self.attempt, self.budget = attempt, budget
-        self.answered = False
-        self.creds: Credentials | None = None  # scans the body for placeholders
-        self.masker: Masker | None = None  # masks the values put in, echoed
-        self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
-        self.early: list[object] = []  # body events read before the head went (_early_body)
-
-    async def run(self, head: bytes) -> None:
-        try:
-            await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._request_body)
-                await self._response()
-                nursery.cancel_scope.cancel()
-        except* UpstreamGarbage as group:
-            if not self.answered:
-                await _reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}"))
-        except* PlaceholderInBody as group:
-            if not self.answered:
-                await _reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}"))
-        except* (ByteCapReached, OSError, h11.ProtocolError):
-            pass  # the record keeps the bytes so far and any cut; both sides close
-        finally:
-            self.upstream.close()
-
-    async def _request_body(self) -> None:
-        while True:
-            event = self.early.pop(0) if self.early else self.conn.next_event()
-            if event is h11.NEED_DATA:
-                self.conn.receive_data(await self.sock.recv(BUFFER_SIZE))
-                continue
-            if isinstance(event, h11.Data) and self.creds is not None:
-                why = self.creds.body_attempt(bytes(event.data))
-                if why is not None:
-                    if self.refuse is not None:
-                        self.refuse(why)
-                    raise PlaceholderInBody(why)
-            if isinstance(event, h11.Data | h11.EndOfMessage):
-                data = self.outgoing.send(event)
-                if data:
-                    await charge_and_send(self.upstream, data, self.attempt, self.budget, outbound=True)
-            if not isinstance(event, h11.Data):
-                return  # EndOfMessage, or the client closed
-
-    async def _response(self) -> None:
-        received = bytearray()
-        while (end := received.find(b"\r\n\r\n")) == -1:
-            if len(received) > MAX_HEAD:
-                raise UpstreamGarbage(f"response head over {MAX_HEAD} bytes")
-            data = await self.upstream.recv(MAX_HEAD)
-            if not data:
-                raise UpstreamGarbage("the upstream closed without a response")
-            received += data
-        try:
-            head = rewrite_response_head(bytes(received[: end + 4]))
-        except ValueError as exc:
-            raise UpstreamGarbage(str(exc)) from None
-        if self.masker is not None:
-            await self._masked(head, bytes(received[end + 4 :]), self.masker)
-            return
-        self.answered = True
-        await charge_and_send(self.sock, head + bytes(received[end + 4 :]), self.attempt,
-                              self.budget, outbound=False)
-        await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
-
-    async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:
-        """The response with each value put in the request masked back to its placeholder.
-        A masked echo may change the body's length (a placeholder longer than a short
-        value): its Content-Length goes, and the close ends the body."""
-        masked = masker.feed(head) + masker.close()
-        head = b"\r\n".join(line for line in masked.split(b"\r\n") if not line.lower().startswith(b"content-length:"))
-        self.answered = True
-        await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
-        while data := await self.upstream.recv(BUFFER_SIZE):
-            await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
-        await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
-
-
-class UpstreamGarbage(Exception):
-    """The upstream's answer is not an HTTP response the proxy can pass on."""
-
-
-class PlaceholderInBody(Exception):
-    """A request body carries a placeholder: the request ends, refused and recorded."""

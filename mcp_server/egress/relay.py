@@ -40,6 +40,21 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 SpaceReader = Callable[[], netspace.HostSpace]
 
 
+class Wire(Protocol):
+    """What the relay reads and writes: a trio socket, or a TLS stream the proxy terminated
+    (egress/tlsterm.py ``TlsWire``)."""
+
+    def recv(self, buflen: int, /) -> Awaitable[bytes]: ...
+
+    def recv_into(self, buffer: bytearray, /) -> Awaitable[int]: ...
+
+    def send(self, data: memoryview, /) -> Awaitable[int]: ...
+
+    def shutdown(self, how: int, /) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass
 class Attempt:
     """One connection attempt of an exec, as its record will say it."""
@@ -58,6 +73,7 @@ class Attempt:
     rules: str | None = None  # the id of the rules it was decided by (netrules.rules_id)
     asked: dict[str, object] | None = None  # a miss asked of a person: the question, its answer, who gave it
     request: str | None = None  # method and path of a request judged by method/path rules (egress/ruled.py)
+    tls: str | None = None  # "terminated": the proxy decrypted it to judge each request (egress/tlsterm.py)
 
     def record(self) -> dict[str, object]:
         """The record in the exec result's ``touched.network``."""
@@ -75,6 +91,7 @@ class Attempt:
             "rules": self.rules,
             **({"asked": self.asked} if self.asked is not None else {}),
             **({"request": self.request} if self.request is not None else {}),
+            **({"tls": self.tls} if self.tls is not None else {}),
         }
 
     def sort_key(self) -> tuple[str, int, str, int]:
@@ -222,7 +239,7 @@ async def connect_upstream(attempt: Attempt, resolver: Resolver, spec: netrules.
     raise Refused(f"cannot connect to {host}:{port}: {detail}", denied=False, refused=refused)
 
 
-async def send_all(sock: trio.socket.SocketType, data: bytes | memoryview) -> None:
+async def send_all(sock: Wire, data: bytes | memoryview) -> None:
     """Send every byte (a trio socket's send may send part)."""
     view = memoryview(data)
     while view:
@@ -230,7 +247,7 @@ async def send_all(sock: trio.socket.SocketType, data: bytes | memoryview) -> No
         view = view[sent:]
 
 
-async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt: Attempt,
+async def pump(src: Wire, dst: Wire, attempt: Attempt,
                budget: Budget, outbound: bool) -> None:
     """Copy ``src`` to ``dst`` until EOF (then half-close ``dst``) or the budget is spent."""
     buffer = bytearray(BUFFER_SIZE)
@@ -251,7 +268,7 @@ async def pump(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt
             raise ByteCapReached
 
 
-async def charge_and_send(dst: trio.socket.SocketType, data: bytes, attempt: Attempt,
+async def charge_and_send(dst: Wire, data: bytes, attempt: Attempt,
                           budget: Budget, outbound: bool) -> None:
     """Send bytes the handler produced itself (a rewritten head), charged like relayed ones."""
     allowed = attempt.charge(budget, len(data), outbound)

@@ -27,7 +27,7 @@ import ssl
 from collections.abc import Iterable
 from pathlib import Path
 
-from mcp_server.core.tlsca import Authority, Leaf, LeafCache, make_authority
+from mcp_server.core.tlsca import ALPN, Authority, Leaf, LeafCache, make_authority
 from mcp_server.fs.privatefile import locked, read_private, replace_private, state_dir_fd
 from sandbox.errors import CcwError, wrap_oserror
 
@@ -38,16 +38,18 @@ MAX_SYSTEM_BUNDLE = 16 << 20
 WHAT = "the TLS CA"
 BUNDLE_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "GIT_SSL_CAINFO", "PIP_CERT",
               "CURL_CA_BUNDLE")
-ALPN = ["http/1.1"]
 
 
-def load_or_make(state_dir: str | Path, hosts: Iterable[str], now: dt.datetime | None = None) -> Authority:
-    """The state dir's CA for exactly ``hosts`` (names and IPs, no ports), made (again) if it has none that fits."""
+def load_or_make(state_dir: str | Path, hosts: Iterable[str], now: dt.datetime | None = None,
+                 name: str = CA_NAME) -> Authority:
+    """The CA kept in ``state_dir/name`` for exactly ``hosts`` (names and IPs, no ports), made
+    (again) if it holds none that fits (capsules/capsecrets.py keeps one per capsule)."""
     wanted = sorted(set(hosts))
     when = now or dt.datetime.now(dt.UTC)
-    path = str(Path(state_dir) / CA_NAME)
-    with state_dir_fd(state_dir) as dir_fd, locked(dir_fd, LOCK_NAME, str(Path(state_dir) / LOCK_NAME)):
-        data = read_private(dir_fd, CA_NAME, path, MAX_CA_FILE, WHAT)
+    path = str(Path(state_dir) / name)
+    lock = f"{name}.lock" if name != CA_NAME else LOCK_NAME
+    with state_dir_fd(state_dir) as dir_fd, locked(dir_fd, lock, str(Path(state_dir) / lock)):
+        data = read_private(dir_fd, name, path, MAX_CA_FILE, WHAT)
         if data is not None:
             try:
                 current = Authority.from_pem(data)
@@ -57,7 +59,7 @@ def load_or_make(state_dir: str | Path, hosts: Iterable[str], now: dt.datetime |
             if current.fits(wanted, when):
                 return current
         authority = make_authority(wanted, when)
-        replace_private(dir_fd, CA_NAME, path, authority.to_pem(), WHAT)
+        replace_private(dir_fd, name, path, authority.to_pem(), WHAT)
         return authority
 
 

@@ -1,0 +1,195 @@
+"""One forwarded request's exchange, plain or read out of terminated TLS (egress/proxy.py, egress/tlsterm.py).
+
+The request's head has been judged and sent upstream; ``Exchange`` then sends its body
+(re-framed by h11, each piece scanned for placeholders when the capsule holds secrets)
+and relays the response: its head rewritten without hop-by-hop headers and with
+``Connection: close``, its body raw until the upstream closes (spliced when both ends
+are sockets: ``splice.copy_to_eof``), or through a ``Masker`` when values went in.
+Both ends are ``relay.Wire``s: a socket, or a TLS stream (``tlsterm.TlsWire``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import h11
+import trio
+
+from mcp_server.egress.credentials import Credentials, Masker
+from mcp_server.egress.relay import (
+    BUFFER_SIZE,
+    Attempt,
+    Budget,
+    ByteCapReached,
+    Wire,
+    charge_and_send,
+    pump,
+    send_all,
+)
+from mcp_server.egress.splice import copy_to_eof
+
+MAX_HEAD = 64 * 1024
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+    }
+)
+
+
+def response(status: int, reason: str, body: str = "") -> bytes:
+    """A complete ``Connection: close`` response with a text/plain body."""
+    data = body.encode("utf-8", "replace")
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode("latin-1") + data
+
+
+
+def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
+    tokens = set(HOP_BY_HOP)
+    for name, value in headers:
+        if name == b"connection":
+            tokens.update(token.strip().lower() for token in value.split(b","))
+    return tokens
+
+
+
+def rewrite_response_head(head: bytes) -> bytes:
+    """An upstream response head (through its blank line) with hop-by-hop headers out."""
+    lines = head[:-4].split(b"\r\n")
+    status, fields = lines[0], lines[1:]
+    if not status.startswith(b"HTTP/"):
+        raise ValueError(f"not an HTTP response: {status[:60]!r}")
+    parsed: list[tuple[bytes, bytes]] = []
+    for line in fields:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or name != name.strip():
+            raise ValueError(f"bad response header line {line[:60]!r}")
+        parsed.append((name.lower(), value.strip()))
+    drop = connection_tokens(parsed)
+    kept = [line for line, (name, _) in zip(fields, parsed, strict=True) if name not in drop]
+    return b"\r\n".join([status, *kept, b"Connection: close", b"", b""])
+
+
+
+async def reply(sock: Wire, data: bytes) -> None:
+    with contextlib.suppress(OSError), trio.move_on_after(5):
+        await send_all(sock, data)
+
+
+
+def early_body(conn: h11.Connection) -> list[object]:
+    """The request body's events already read with its head (h11 has them buffered): judged
+    before the head goes, then sent first.  Ends at the first that is not Data."""
+    early: list[object] = []
+    while (event := conn.next_event()) is not h11.NEED_DATA:
+        early.append(event)
+        if not isinstance(event, h11.Data):
+            break
+    return early
+
+
+class Exchange:
+    """One forwarded request: its body upstream (re-framed by h11), the response back raw."""
+
+    def __init__(self, sock: Wire, conn: h11.Connection,
+                 upstream: Wire, outgoing: h11.Connection, attempt: Attempt,
+                 budget: Budget) -> None:
+        self.sock, self.conn, self.upstream, self.outgoing = sock, conn, upstream, outgoing
+        self.attempt, self.budget = attempt, budget
+        self.answered = False
+        self.creds: Credentials | None = None  # scans the body for placeholders
+        self.masker: Masker | None = None  # masks the values put in, echoed
+        self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
+        self.early: list[object] = []  # body events read before the head went (_early_body)
+
+    async def run(self, head: bytes) -> None:
+        try:
+            await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._request_body)
+                await self._response()
+                nursery.cancel_scope.cancel()
+        except* UpstreamGarbage as group:
+            if not self.answered:
+                await reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}"))
+        except* PlaceholderInBody as group:
+            if not self.answered:
+                await reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}"))
+        except* (ByteCapReached, OSError, h11.ProtocolError):
+            pass  # the record keeps the bytes so far and any cut; both sides close
+        finally:
+            self.upstream.close()
+
+    async def _request_body(self) -> None:
+        while True:
+            event = self.early.pop(0) if self.early else self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(await self.sock.recv(BUFFER_SIZE))
+                continue
+            if isinstance(event, h11.Data) and self.creds is not None:
+                why = self.creds.body_attempt(bytes(event.data))
+                if why is not None:
+                    if self.refuse is not None:
+                        self.refuse(why)
+                    raise PlaceholderInBody(why)
+            if isinstance(event, h11.Data | h11.EndOfMessage):
+                data = self.outgoing.send(event)
+                if data:
+                    await charge_and_send(self.upstream, data, self.attempt, self.budget, outbound=True)
+            if not isinstance(event, h11.Data):
+                return  # EndOfMessage, or the client closed
+
+    async def _response(self) -> None:
+        received = bytearray()
+        while (end := received.find(b"\r\n\r\n")) == -1:
+            if len(received) > MAX_HEAD:
+                raise UpstreamGarbage(f"response head over {MAX_HEAD} bytes")
+            data = await self.upstream.recv(MAX_HEAD)
+            if not data:
+                raise UpstreamGarbage("the upstream closed without a response")
+            received += data
+        try:
+            head = rewrite_response_head(bytes(received[: end + 4]))
+        except ValueError as exc:
+            raise UpstreamGarbage(str(exc)) from None
+        if self.masker is not None:
+            await self._masked(head, bytes(received[end + 4 :]), self.masker)
+            return
+        self.answered = True
+        await charge_and_send(self.sock, head + bytes(received[end + 4 :]), self.attempt,
+                              self.budget, outbound=False)
+        if isinstance(self.upstream, trio.socket.SocketType) and isinstance(self.sock, trio.socket.SocketType):
+            await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
+        else:  # TLS at either end: no splice
+            await pump(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
+
+    async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:
+        """The response with each value put in the request masked back to its placeholder.
+        A masked echo may change the body's length (a placeholder longer than a short
+        value): its Content-Length goes, and the close ends the body."""
+        masked = masker.feed(head) + masker.close()
+        head = b"\r\n".join(line for line in masked.split(b"\r\n") if not line.lower().startswith(b"content-length:"))
+        self.answered = True
+        await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
+        while data := await self.upstream.recv(BUFFER_SIZE):
+            await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
+        await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
+
+
+class UpstreamGarbage(Exception):
+    """The upstream's answer is not an HTTP response the proxy can pass on."""
+
+
+class PlaceholderInBody(Exception):
+    """A request body carries a placeholder: the request ends, refused and recorded."""

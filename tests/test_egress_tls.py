@@ -1,0 +1,176 @@
+"""TLS the proxy terminates (egress/tlsterm.py, issue 38) over real loopback sockets.
+
+The upstream is a TLS server whose certificate a "public" test CA signed, which the
+front end trusts through ``SSL_CERT_FILE`` (as a host trusts its system store); the
+jail's side trusts the capsule's own name-constrained CA.  A CONNECT to a bound host is
+decrypted, its request judged as a plain one is (the placeholder swapped, the echo
+masked), and sent upstream over the proxy's verified TLS; a hello naming another host,
+HTTP/2 prior knowledge and a request naming another host are refused and recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ssl
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from mcp_server.core.placeholders import CapsuleSecrets
+from mcp_server.core.secretbind import make_binding
+from mcp_server.core.tlsca import make_authority
+from mcp_server.egress import tlsterm
+from mcp_server.egress.credentials import EXFILTRATION, Credentials
+from mcp_server.fs.castore import ServerContexts, server_context
+from tests.support.egress_harness import Upstream, egress, network, read_all, read_head, upstream
+
+VALUE = b"tok-" + b"S3cr3t" * 6  # 40 bytes: its placeholder is as long
+NOW = dt.datetime.now(dt.UTC)
+PUBLIC = make_authority(["127.0.0.1"], NOW)  # stands for a public CA the host trusts
+CAPSULE = make_authority(["127.0.0.1"], NOW)  # the capsule's own
+
+
+def store() -> Callable[[str], bytes]:
+    """Stands for fs/secretstore."""
+    return lambda name: VALUE
+
+
+def secrets_for(port: int) -> CapsuleSecrets:
+    return CapsuleSecrets({"TOKEN": make_binding("TOKEN", [f"127.0.0.1:{port}"])}, {"TOKEN": len(VALUE)})
+
+
+@pytest.fixture(autouse=True)
+def host_trusts_public(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "public.pem").write_bytes(PUBLIC.cert_pem())
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "public.pem"))
+    tlsterm.upstream_context.cache_clear()
+
+
+async def tls_echo_auth(stream: trio.SocketStream, state: Upstream) -> None:
+    """A TLS server answering with the Authorization header it got, in a header and the body."""
+    tls = trio.SSLStream(stream, server_context(PUBLIC.leaf("127.0.0.1", NOW)), server_side=True)
+    received = b""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while b"\r\n\r\n" not in received and (data := await tls.receive_some()):
+            received += data
+        state.seen.append(received)
+        auth = next((line.split(b": ", 1)[1] for line in received.split(b"\r\n")
+                     if line.lower().startswith(b"authorization:")), b"none")
+        body = b"you sent " + auth
+        await tls.send_all(b"HTTP/1.1 200 OK\r\nX-Echo: " + auth + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await tls.aclose()
+
+
+def client_context(alpn: list[str] | None = None) -> ssl.SSLContext:
+    context = ssl.create_default_context(cadata=CAPSULE.cert_pem().decode())
+    context.set_alpn_protocols(alpn or ["http/1.1"])
+    return context
+
+
+async def connected(proxy: object, port: int, name: str = "127.0.0.1",
+                    context: ssl.SSLContext | None = None) -> trio.SSLStream[trio.SocketStream]:
+    client = await proxy.http()  # type: ignore[attr-defined]
+    await client.send_all(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert (await read_head(client)).startswith(b"HTTP/1.1 200 ")
+    return trio.SSLStream(client, context or client_context(), server_hostname=name)
+
+
+async def read_tls(stream: trio.SSLStream[trio.SocketStream]) -> bytes:
+    """Everything until the end, then the stream closed."""
+    received = b""
+    with contextlib.suppress(trio.BrokenResourceError):
+        while data := await stream.receive_some():
+            received += data
+    await stream.transport_stream.aclose()
+    return received
+
+
+def run_terminated(send: bytes, name: str = "127.0.0.1", alpn: list[str] | None = None,
+                   check_hostname: bool = True) -> tuple[bytes | str, list[dict[str, object]], Upstream, str]:
+    """One CONNECT to the bound upstream, ``send`` inside it (``{port}``: the upstream's,
+    ``PLACEHOLDER``: the capsule's); what came back (or the client's TLS error), the
+    records, the upstream and the placeholder."""
+
+    async def main() -> tuple[bytes | str, list[dict[str, object]], Upstream, str]:
+        async with upstream(tls_echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))
+            placeholder = capsule.env()["TOKEN"]
+            context = client_context(alpn)
+            context.check_hostname = check_hostname
+            tls = await connected(proxy, up.port, name, context)
+            try:
+                await tls.do_handshake()
+            except trio.BrokenResourceError as exc:
+                await tls.transport_stream.aclose()
+                return f"{exc.__cause__}", proxy.session.end_exec(), up, placeholder
+            await tls.send_all(send.replace(b"{port}", str(up.port).encode())
+                               .replace(b"PLACEHOLDER", placeholder.encode()))
+            answer = await read_tls(tls)
+            return answer, proxy.session.end_exec(), up, placeholder
+
+    return trio.run(main)
+
+
+def test_a_bound_host_is_terminated_swapped_and_masked() -> None:
+    answer, records, up, placeholder = run_terminated(
+        b"GET /simple/ HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer PLACEHOLDER\r\n\r\n")
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b"you sent Bearer " + placeholder.encode()) and VALUE not in answer
+    assert b"authorization: Bearer " + VALUE in up.seen[0] and placeholder.encode() not in up.seen[0]
+    [record] = records
+    assert record["protocol"] == "https" and record["tls"] == "terminated" and record["allowed"] is True
+
+
+def test_a_hello_for_another_name_is_refused_and_nothing_signed() -> None:
+    answer, records, up, _ = run_terminated(b"GET / HTTP/1.1\r\n\r\n", name="evil.example", check_hostname=False)
+    assert isinstance(answer, str)  # the handshake failed: the proxy closed at the hello
+    [record] = records
+    assert record["allowed"] is False and "asks for 'evil.example', not 127.0.0.1" in str(record["reason"])
+    assert "tls" not in record and up.seen == []
+
+
+def test_http2_prior_knowledge_is_refused() -> None:
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+    answer, records, up, _ = run_terminated(preface, alpn=["h2"])
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 403 ") and b"HTTP/2" in answer
+    [record] = records
+    assert record["allowed"] is False and "HTTP/2 (prior knowledge)" in str(record["reason"])
+    assert up.seen == []
+
+
+def test_a_placeholder_to_another_host_inside_the_tls_is_refused() -> None:
+    answer, records, up, _ = run_terminated(
+        b"GET / HTTP/1.1\r\nHost: collector.example\r\nAuthorization: Bearer PLACEHOLDER\r\n\r\n")
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 403 ") and b"collector.example" in answer
+    [record] = records
+    assert record["allowed"] is False and str(record["reason"]).startswith(f"{EXFILTRATION}? a request in the TLS")
+    assert record["tls"] == "terminated" and up.seen == []
+
+
+@pytest.mark.parametrize("form", ["origin", "absolute"])
+def test_a_reverse_route_reaches_an_https_upstream(form: str) -> None:
+    async def main() -> tuple[bytes, Upstream, list[dict[str, object]]]:
+        async with upstream(tls_echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), store())
+            client = await proxy.http()
+            base = "" if form == "origin" else f"http://127.0.0.1:{proxy.http_port}"
+            await client.send_all(f"GET {base}/route/TOKEN+https/v1/x HTTP/1.1\r\nHost: p\r\n\r\n".encode())
+            return await read_all(client), up, proxy.session.end_exec()
+
+    answer, up, records = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"you sent Bearer ccwph_" in answer and VALUE not in answer
+    assert up.seen[0].startswith(b"GET /v1/x HTTP/1.1\r\n") and b"authorization: Bearer " + VALUE in up.seen[0]
+    assert [r["allowed"] for r in records] == [True]
+
+
+def test_an_upstream_the_host_does_not_trust_is_a_502(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "other.pem").write_bytes(CAPSULE.cert_pem())  # not the upstream's CA
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "other.pem"))
+    tlsterm.upstream_context.cache_clear()
+    answer, records, _up, _ = run_terminated(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 502 ") and b"certificate verify failed" in answer
+    assert "certificate verify failed" in str(records[0]["reason"])
