@@ -18,9 +18,11 @@ Everything else is in pyproject.toml.
 """
 
 import os
+import runpy
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -33,6 +35,16 @@ FORWARDER_SOURCES = [os.path.join("mcp_server", "egress", "forwarder", name)
                      for name in ("ccw_forward.c", "owner.c", "capsule.c", "relay.c", "control.c")]
 PROGRAMS = {LAUNCHER: LAUNCHER_SOURCES, FORWARDER: FORWARDER_SOURCES}
 CFLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Werror"]
+# The launcher's interface table (descriptors, option bits, step codes, bounds), shared
+# with the helper: loaded by path, as ccw is not installed yet, and written out as the
+# header sandbox/jail/jail.h includes (sandbox/jail_interface.py says why).
+INTERFACE = os.path.join(HERE, "sandbox", "jail_interface.py")
+
+
+def write_interface_header(directory: str) -> None:
+    """``jail_interface.h`` into ``directory``, from the table in sandbox/jail_interface.py."""
+    with open(os.path.join(directory, "jail_interface.h"), "w") as header:
+        header.write(runpy.run_path(INTERFACE)["header"]())
 
 
 def build_program(target: str, sources: list[str]) -> None:
@@ -40,9 +52,12 @@ def build_program(target: str, sources: list[str]) -> None:
     compiler = os.environ.get("CC", "gcc").split()
     sources = [os.path.join(HERE, source) for source in sources]
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    static = subprocess.run([*compiler, *CFLAGS, "-static", "-o", target, *sources], capture_output=True, text=True)
-    if static.returncode != 0:
-        subprocess.run([*compiler, *CFLAGS, "-o", target, *sources], check=True)
+    with tempfile.TemporaryDirectory() as generated:
+        write_interface_header(generated)
+        flags = [*CFLAGS, "-I", generated]
+        static = subprocess.run([*compiler, *flags, "-static", "-o", target, *sources], capture_output=True, text=True)
+        if static.returncode != 0:
+            subprocess.run([*compiler, *flags, "-o", target, *sources], check=True)
     os.chmod(target, 0o755)
 
 

@@ -75,9 +75,10 @@ from dataclasses import dataclass
 
 from sandbox import egress, mounts, namespaces, rootcaps, seccomp
 from sandbox.errors import CcwError
+from sandbox.jail_interface import DESCRIPTORS
 from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
 
-_FD_REPORT = 3  # the init's report pipe (ccw-jail's FD_REPORT); 0-2 are the command's stdio
+_FD_REPORT = DESCRIPTORS["REPORT"]  # the init's report pipe (ccw-jail's FD_REPORT); 0-2 are the command's stdio
 # Sent by the helper to the init on timeout: "end the jail yourself" (so that it still
 # reports the rusage of what it reaps); not one of the forwarded signals.  A command may
 # send it to its init too, which gains it nothing: it can kill(-1) its own jail anyway.

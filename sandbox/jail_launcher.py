@@ -2,8 +2,8 @@
 
 The helper computes a jail's ``Plan`` (contain.prepare) and ``spawn`` writes it to a
 memfd in the launcher's format, then posix_spawns ``ccw-jail`` (sandbox/jail/ccw_jail.c),
-which builds the jail, becomes (or forks) its init and reports on descriptor 3 exactly
-as contain.py's Python children do; supervise.py reads both alike.
+which builds the jail, becomes (or forks) its init and reports on descriptor 3
+(contain.py's essay lists the reports; supervise.py reads them).
 
 Some facts this follows from:
 
@@ -13,17 +13,21 @@ Some facts this follows from:
   (its copy of the helper's image), and rootless a second fork 3.4 ms.  ``posix_spawn``
   (vfork + exec) of a small program returns in 0.14 ms; the program is static, so no
   dynamic loader runs before its first line.  The essay of ccw_jail.c says the rest.
-- The plan (jail.h documents it, byte for byte): ``CCWJAIL1``, then records of a tag
+- The plan (jail.h documents it, byte for byte): the magic, then records of a tag
   byte, a u32 length (native order: the launcher runs on this machine) and a payload;
-  strings carry their NUL.  It is written to a memfd, not a pipe, so its size is known
+  strings carry their NUL.  Every number both sides use (descriptors, option bits, step
+  codes, bounds) is in one table, sandbox/jail_interface.py, which the build turns into
+  the launcher's header; the magic ends in a digest of it, so a launcher built from
+  another table refuses the plan rather than read shifted bits.  It is written to a memfd, not a pipe, so its size is known
   before it is read and no writer blocks on a large argv or environment.
-- The descriptors the launcher gets: 0-2 the command's stdio, 3 the report pipe, 4 the
-  plan, 5 a network namespace to join, 6 the root tree, 7 the mount namespace to copy
-  (``mounts.launch_namespace``: the capsule's binds then come inside the root tree), 8
-  and up the exec cgroup's ``tasks`` files, the binds' sources, and where a capsule's
-  runs overlap the socket the notifying filter's listener goes back on (unotify.py).  Each source is first copied above the last target, so no dup2 of
-  the spawn's file actions overwrites a source still to be placed; the launcher closes
-  every descriptor past its own before anything else.
+- The descriptors the launcher gets (jail_interface.DESCRIPTORS): 0-2 the command's
+  stdio, 3 the report pipe, 4 the plan, 5 a network namespace to join, 6 the root tree,
+  7 the mount namespace to copy (``mounts.launch_namespace``: the capsule's binds then
+  come inside the root tree), 8 and up the exec cgroup's ``tasks`` files, the binds'
+  sources, and where a capsule's runs overlap the socket the notifying filter's listener
+  goes back on (unotify.py).  Each source is first copied above the last target, so no
+  dup2 of the spawn's file actions overwrites a source still to be placed; the launcher
+  closes every descriptor past its own before anything else.
 - The root tree comes built when the helper could make it ahead (``mounts.build_root``,
   detached, on the helper's thread).  A kernel before 6.15 cannot build a detached tree
   (mounts.py's essay); there the plan carries the tree's own steps
@@ -48,16 +52,14 @@ import struct
 from sandbox import mounts
 from sandbox.contain import END_SIGNAL, Plan
 from sandbox.errors import CcwError
+from sandbox.jail_interface import ACTIONS, DESCRIPTORS, MAGIC, OPTIONS, STEP_BITS
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-jail")
-MAGIC = b"CCWJAIL1"
-FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = 4, 5, 6, 7, 8
-# Option bits and mount step codes: jail.h's plan_option and step_action.
-DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH = 1, 2, 4, 8, 16, 32, 64, 128
-ACTIONS = {name: code for code, name in enumerate(
-    ("private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
-     "detach_old_root", "seal_root", "bind_over", "etc", "dev", "devpts", "tmpfs"), start=1)}
-SOURCE_IS_FILE, NOFOLLOW, SOURCE_FD = 1, 2, 4
+# The table's numbers under the names this module's callers use (the table's keys).
+FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = (DESCRIPTORS[name] for name in ("PLAN", "NET", "ROOT", "LAUNCH", "CGROUPS"))
+DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH = (OPTIONS[name] for name in (
+    "DIRECT", "NET", "ROOT", "SET_UID", "SET_GID", "CLEAR_GROUPS", "CONTROLLING_TTY", "LAUNCH"))
+SOURCE_IS_FILE, NOFOLLOW, SOURCE_FD = (STEP_BITS[name] for name in ("SOURCE_IS_FILE", "NOFOLLOW", "SOURCE_FD"))
 _ALL_SIGNALS = signal.valid_signals()
 
 
@@ -202,7 +204,10 @@ def user_namespace(uid_map: str, gid_map: str) -> int:
     try:
         poller = select.poll()
         poller.register(from_child[0], select.POLLIN)
-        if not poller.poll(_USERNS_WAIT_MS) or os.read(from_child[0], 1) != b"U":
+        said = os.read(from_child[0], 16) if poller.poll(_USERNS_WAIT_MS) else b""
+        if said[:1] == b"E" and said[1:].isdigit():  # unshare's errno, in the same write
+            raise OSError(int(said[1:]), f"ccw-jail userns: unshare(CLONE_NEWUSER): {os.strerror(int(said[1:]))}")
+        if said != b"U":
             raise OSError(0, "ccw-jail userns did not unshare a user namespace")
         for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
             with open(f"/proc/{pid}/{name}", "w") as handle:

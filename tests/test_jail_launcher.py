@@ -94,9 +94,9 @@ def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch)
 def test_a_failed_step_carries_what_ccw_jail_said_beyond_the_errno() -> None:
     from sandbox import supervise
 
-    plan = supervise._setup_error(b"read the jail plan\x0022\x00the plan does not start with CCWJAIL1 (a launcher from another ccw version?)")
+    plan = supervise._setup_error(b"read the jail plan\x0022\x00the plan's magic is not this launcher's: it was built from another sandbox/jail_interface.py")
     assert "jail step 'read the jail plan' failed: EINVAL" in plan.message
-    assert "ccw-jail says: the plan does not start with CCWJAIL1" in plan.message
+    assert "ccw-jail says: the plan's magic is not this launcher's" in plan.message
     chdir = supervise._setup_error(b"chdir /no/dir\x002\x00chdir failed: No such file or directory")
     assert "ccw-jail says" not in chdir.message and "ENOENT" in chdir.message  # the errno says it all
     assert chdir.details["step"] == "chdir /no/dir"

@@ -1,43 +1,59 @@
 /* ccw-jail: the jail's launcher and its init, spawned by the helper (sandbox/jail_launcher.py).
  *
- * Why C, in a project that is Python but for this (DESIGN §8: "no other C without a
- * measured reason").  Issue 27's profile measured what a jail cost when its first
+ * Why C, in a project that is Python but for this and the port forwarder: a measured
+ * reason, as any C here needs one.  Issue 27's profile measured what a jail cost when its first
  * child and its init were forks of the helper, a 28 MB multi-threaded Python process:
  * the parent's fork() 1.3-2.0 ms, 1.3-2.8 ms more until the child ran its first line,
  * copy-on-write faults through every Python step of the jail build (the mounts took
  * 1.8 ms in Python), and at the end 2.5-6.5 ms for the init's exit (exit_mm of its copy
  * of the helper's image) before the helper saw the hang-up; rootless, a second Python
  * fork 3.4 ms.  posix_spawn of a small program from the same helper returns in 0.14 ms.
- * So the helper still computes the whole plan in Python (contain.prepare: namespaces,
+ * So the helper still computes the whole jail in Python (contain.prepare: namespaces,
  * the flat list of mount steps, credentials, the seccomp program, argv/env/cwd), writes
  * it to a memfd (format: jail.h) and posix_spawns this program, which applies it: the
- * work bubblewrap does in C, and no more.  Nothing here decides anything; every choice
- * is the plan's, and contain.py's essay says why each step is as it is.
+ * work bubblewrap does in C.
  *
- * The order of things (contain.py's jail_child, contain, drop_privileges, _jail_init):
+ * What the plan decides, this program does not: which namespaces, which mounts, which
+ * privileges.  What this program decides itself, as a shell or an init would:
+ *   - how the command is found: as execvp finds it, along the PATH of the command's own
+ *     environment, else /bin:/usr/bin (os.defpath), a name with a '/' taken as it is,
+ *     a candidate path longer than 4095 bytes skipped as execvp skips it;
+ *   - what a command that cannot be run becomes: exit status 127 when there is nothing
+ *     to run, 126 when it cannot be run, with "ccw: NAME: reason" on its stderr;
+ *   - which signals reach the command (FORWARDED below), and that the plan's END signal
+ *     ends the whole jail (kill(-1) in its pid namespace);
+ *   - that the init reaps everything before it reports the usage, and that it ends
+ *     quietly when its parent died before PR_SET_PDEATHSIG was armed (require_parent).
  *
- *   read the plan (fd 4) → close every other descriptor of the helper's → PDEATHSIG →
- *   move into the exec's cgroups ("0" to each v1 tasks file: exec_cgroup.py's essay) →
- *   [rootless: unshare the pid namespace and fork the init; this process reports "P",
- *   waits for it, reports "A"] → the jail's steps (steps.c; with a launch namespace,
- *   fd 7, it is joined first, so the new mount namespace copies its one mount and not
- *   the helper's table: mounts.py's essay) → posix_spawn the command
- *   (PATH search, setsid, default signals, empty mask, the terminal as its controlling
- *   tty) → forward signals, END_SIGNAL ends the jail, and at the first pending seccomp
- *   notification hand its listener to the helper (steps.c hand_listener) → reap
- *   everything → "W", "R".
+ * The order of things (steps.c contain follows contain.py's essay):
  *
- * Reports go to descriptor 3 exactly as contain.py sends them (supervise.py reads
- * them): a big-endian u16 length, a kind byte, the payload, one write each.  This
- * program runs as root before it drops privileges and reads only what the helper wrote:
- * every syscall's result is checked, a malformed plan ends in an "E" report, and the
- * only allocations are the plan's buffer and its two pointer arrays.
+ *   read the plan (FD_PLAN) → close every other descriptor of the helper's →
+ *   PDEATHSIG, the parent re-checked → move into the exec's cgroups ("0" to each v1 tasks
+ *   file: exec_cgroup.py's essay) → [rootless: unshare the pid namespace and fork the
+ *   init; this process reports "P", waits for it, reports "A"] → the jail's steps
+ *   (steps.c; with a launch namespace, FD_LAUNCH, it is joined first, so the new mount
+ *   namespace copies its one mount and not the helper's table: mounts.py's essay) →
+ *   posix_spawn the command (setsid, default signals, empty mask, the terminal as its
+ *   controlling tty) → forward signals, END ends the jail, and at the first pending
+ *   seccomp notification hand its listener to the helper (steps.c hand_listener) → at
+ *   the command's exit "W", kill and reap the rest (reap_all) → "R".
+ *
+ * Reports go to FD_REPORT (supervise.py reads them): a big-endian u16 length, a kind
+ * byte, the payload, one write each.  A failed step is an "E" report: the step's name,
+ * its errno and a text (fail, fail_errno).  This program runs as root before it drops
+ * privileges and reads only what the helper wrote, and still every syscall's result is
+ * checked, or a comment says why it may fail unseen; the exceptions are close() of a
+ * descriptor only read from or passed on (a failing close loses nothing, and Linux frees
+ * the number anyway) and the libc sigset helpers called with valid signal numbers.  A
+ * malformed plan ends in an "E" report (plan.c bounds every string), and the only
+ * allocations are the plan's buffer and its two pointer arrays.
  */
 #define _GNU_SOURCE
 #include "jail.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -53,6 +69,14 @@
 #include <unistd.h>
 
 static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+
+/* Who must still live once PR_SET_PDEATHSIG is armed (require_parent).  A pid 1 has no
+ * parent in its own pid namespace (getppid() is 0 there, whether the parent lives or
+ * not), so the parent is also watched through a pipe it holds the other end of: the
+ * report pipe, whose reader is the helper (POLLERR: no reader left), or in the rootless
+ * init the pipe from the launcher (POLLHUP: no writer left). */
+static pid_t expected_parent;
+static int parent_pipe = FD_REPORT;
 
 void report(char kind, const void *payload, size_t length)
 {
@@ -92,13 +116,26 @@ _Noreturn void fail_errno(const char *step, const char *call)
     fail(step, number, text);
 }
 
+void require_parent(const char *step)
+{
+    struct pollfd watched = {parent_pipe, 0, 0};
+    int polled = poll(&watched, 1, 0);
+    if (polled < 0)
+        fail_errno(step, "poll(the parent's pipe)");
+    if ((expected_parent != 0 && getppid() != expected_parent) || (polled > 0 && (watched.revents & (POLLERR | POLLHUP))))
+        fail(step, ESRCH, "the parent exited before PR_SET_PDEATHSIG was armed");
+}
+
 /* The rusage of every process reaped, and the peak the command inherited (rusage.pack). */
 static void report_rusage(long inherited_kb)
 {
     struct rusage children;
     unsigned char payload[40];
     uint64_t figures[5];
-    getrusage(RUSAGE_CHILDREN, &children);
+    /* RUSAGE_CHILDREN and a valid buffer: it fails only with EFAULT or EINVAL; zeros then,
+     * not what the stack held ("R" must come: supervise.py waits for it after "W"). */
+    if (getrusage(RUSAGE_CHILDREN, &children) < 0)
+        memset(&children, 0, sizeof children);
     figures[0] = (uint64_t)(children.ru_utime.tv_sec + children.ru_stime.tv_sec) * 1000000u
                  + (uint64_t)(children.ru_utime.tv_usec + children.ru_stime.tv_usec);
     figures[1] = children.ru_maxrss > 0 ? (uint64_t)children.ru_maxrss : 0;
@@ -129,31 +166,51 @@ static void enter_cgroups(const struct plan *plan)
     }
 }
 
-/* posix_spawn the command as execvp would find it; 0, or the errno of the failure. */
+/* A failed posix_spawnattr_* or file action: a step of the jail, with the errno it returned. */
+static void spawn_check(int error, const char *call)
+{
+    if (error != 0) {
+        errno = error;
+        fail_errno("spawn the command", call);
+    }
+}
+
+/* setsid, default dispositions and an empty mask for the command; the terminal as its
+ * controlling tty where asked.  Neither object is destroyed: this process spawns once. */
+static void spawn_attributes(const struct plan *plan, posix_spawnattr_t *attr, posix_spawn_file_actions_t *actions)
+{
+    sigset_t all, none;
+    sigfillset(&all);
+    sigdelset(&all, SIGKILL);
+    sigdelset(&all, SIGSTOP);
+    sigemptyset(&none);
+    spawn_check(posix_spawnattr_init(attr), "posix_spawnattr_init");
+    spawn_check(posix_spawn_file_actions_init(actions), "posix_spawn_file_actions_init");
+    spawn_check(posix_spawnattr_setflags(attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK),
+                "posix_spawnattr_setflags");
+    spawn_check(posix_spawnattr_setsigdefault(attr, &all), "posix_spawnattr_setsigdefault");
+    spawn_check(posix_spawnattr_setsigmask(attr, &none), "posix_spawnattr_setsigmask");
+    /* A session leader opening a tty without O_NOCTTY takes it as its controlling terminal
+     * (contain.py's essay): reopen the pty slave through /proc/self/fd/0 in a spare slot. */
+    if (plan->options & PLAN_CONTROLLING_TTY) {
+        spawn_check(posix_spawn_file_actions_addopen(actions, FD_REPORT, "/proc/self/fd/0", O_RDWR, 0),
+                    "posix_spawn_file_actions_addopen");
+        spawn_check(posix_spawn_file_actions_addclose(actions, FD_REPORT), "posix_spawn_file_actions_addclose");
+    }
+}
+
+/* posix_spawn the command as execvp would find it (the essay says how); 0, or the errno
+ * of the failure to run it. */
 static int spawn(const struct plan *plan, pid_t *command)
 {
     const char *name = plan->argv[0], *path = NULL;
     posix_spawnattr_t attr;
     posix_spawn_file_actions_t actions;
-    sigset_t all, none;
     int denied = 0, result = ENOENT;
     for (char **entry = plan->envp; *entry != NULL; entry++)
         if (strncmp(*entry, "PATH=", 5) == 0)
             path = *entry + 5;
-    sigfillset(&all);
-    sigdelset(&all, SIGKILL);
-    sigdelset(&all, SIGSTOP);
-    sigemptyset(&none);
-    if (posix_spawnattr_init(&attr) != 0 || posix_spawn_file_actions_init(&actions) != 0
-        || posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK) != 0
-        || posix_spawnattr_setsigdefault(&attr, &all) != 0 || posix_spawnattr_setsigmask(&attr, &none) != 0)
-        return ENOMEM;
-    /* A session leader opening a tty without O_NOCTTY takes it as its controlling terminal
-     * (contain._spawn): reopen the pty slave through /proc/self/fd/0 in a spare slot. */
-    if ((plan->options & PLAN_CONTROLLING_TTY)
-        && (posix_spawn_file_actions_addopen(&actions, FD_REPORT, "/proc/self/fd/0", O_RDWR, 0) != 0
-            || posix_spawn_file_actions_addclose(&actions, FD_REPORT) != 0))
-        return ENOMEM;
+    spawn_attributes(plan, &attr, &actions);
     if (strchr(name, '/') != NULL) {
         result = posix_spawn(command, name, &actions, &attr, plan->argv, plan->envp);
         return result == ENOTDIR || result == ESTALE || result == ENAMETOOLONG ? ENOENT : result;
@@ -161,11 +218,11 @@ static int spawn(const struct plan *plan, pid_t *command)
     if (path == NULL)
         path = "/bin:/usr/bin"; /* os.defpath */
     for (const char *dir = path;; dir = strchr(dir, ':') + 1) {
-        char candidate[4096];
+        char candidate[PATH_MAX];
         size_t length = strcspn(dir, ":");
         int n = length == 0 ? snprintf(candidate, sizeof candidate, "./%s", name)
                             : snprintf(candidate, sizeof candidate, "%.*s/%s", (int)length, dir, name);
-        if (n > 0 && (size_t)n < sizeof candidate) {
+        if (n > 0 && (size_t)n < sizeof candidate) { /* a longer one is skipped, as execvp does */
             result = posix_spawn(command, candidate, &actions, &attr, plan->argv, plan->envp);
             if (result == 0)
                 return 0;
@@ -189,7 +246,7 @@ static long peak_kb(void)
     const char *line;
     ssize_t got = 0;
     int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
+    if (fd >= 0) { /* the jail's own /proc, just mounted: without it the peak starts at 0 */
         got = read(fd, status, sizeof status - 1);
         close(fd);
     }
@@ -198,6 +255,7 @@ static long peak_kb(void)
     return line != NULL ? strtol(line + 7, NULL, 10) : 0;
 }
 
+/* Until ECHILD: every process of the jail reaped, so getrusage covers them all. */
 static void reap_all(void)
 {
     while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
@@ -215,7 +273,8 @@ static _Noreturn void jail_init(const struct plan *plan)
     /* Blocked since main, so none is lost before the loop; the command gets an empty mask. */
     sigemptyset(&waited);
     sigaddset(&waited, SIGCHLD);
-    sigaddset(&waited, (int)plan->end_signal);
+    if (sigaddset(&waited, (int)plan->end_signal) < 0) /* the plan's number: glibc refuses its own 32 and 33 */
+        fail_errno("jail init", "sigaddset(the END signal)");
     for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
         sigaddset(&waited, FORWARDED[i]);
     error = spawn(plan, &command);
@@ -263,13 +322,19 @@ static _Noreturn void jail_init(const struct plan *plan)
             if (done)
                 break;
         } else if (signum == (int)plan->end_signal) {
-            kill(-1, SIGKILL); /* the helper's timeout: the command is reaped here */
-        } else {
-            kill(command, signum);
+            /* The helper's timeout: the command is reaped here.  ESRCH only when nothing
+             * but this init is left, and then its SIGCHLD is already pending. */
+            if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+                fail_errno("jail init", "kill(-1, SIGKILL)");
+        } else if (kill(command, signum) < 0 && errno != ESRCH) {
+            /* ESRCH: the command was reaped, or its group is gone; its SIGCHLD ends the loop */
+            fail_errno("jail init", "kill(the command)");
         }
     }
     report_int('W', status);
-    kill(-1, SIGKILL); /* every other process of the pid namespace; then reap them all */
+    /* Every other process of the pid namespace; ESRCH: there is none.  Then reap them all. */
+    if (kill(-1, SIGKILL) < 0 && errno != ESRCH)
+        fail_errno("jail init", "kill(-1, SIGKILL)");
     reap_all();
     report_rusage(inherited_kb);
     _exit(0);
@@ -279,23 +344,32 @@ static _Noreturn void jail_init(const struct plan *plan)
 static void fork_init(void)
 {
     pid_t init;
-    int status;
+    int status, lifeline[2];
+    /* The init is pid 1 of the new namespace: it watches this process through the pipe's
+     * read end (require_parent), this process holds its write end until it exits. */
+    if (pipe2(lifeline, O_CLOEXEC) < 0)
+        fail_errno("jail child", "pipe2");
     if (unshare(CLONE_NEWPID) < 0)
         fail_errno("unshare pid namespace", "unshare(CLONE_NEWPID)");
     init = fork();
     if (init < 0)
         fail_errno("jail child", "fork");
     if (init == 0) {
+        close(lifeline[1]);
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) /* this process's death ends the namespace */
             fail_errno("jail child", "prctl(PR_SET_PDEATHSIG)");
+        expected_parent = 0;
+        parent_pipe = lifeline[0];
+        require_parent("jail child");
         return;
     }
+    close(lifeline[0]);
     report_int('P', init);
     for (int fd = 0; fd < 3; fd++)
         close(fd);
     while (waitpid(init, &status, 0) < 0)
         if (errno != EINTR)
-            _exit(SETUP_FAILED);
+            fail_errno("jail child", "waitpid(the init)");
     report_int('A', status);
     _exit(0);
 }
@@ -308,12 +382,29 @@ static int hold_user_namespace(void)
 {
     char byte = 'U';
     ssize_t got;
-    if (unshare(CLONE_NEWUSER) < 0 || write(1, &byte, 1) != 1)
+    if (unshare(CLONE_NEWUSER) < 0) { /* "E" and the errno, in one write: jail_launcher.user_namespace */
+        char said[16];
+        int length = snprintf(said, sizeof said, "E%d", errno);
+        if (write(1, said, (size_t)length) < 0)
+            return SETUP_FAILED; /* the helper is gone: nobody to tell */
+        return SETUP_FAILED;
+    }
+    if (write(1, &byte, 1) != 1)
         return SETUP_FAILED;
     do
         got = read(0, &byte, 1);
     while (got > 0 || (got < 0 && errno == EINTR));
     return got == 0 ? 0 : SETUP_FAILED;
+}
+
+/* The descriptor sources in the order jail_launcher.spawn placed them: the 'm' steps',
+ * then the 'r' steps', from ``next`` on; the number after the last. */
+static int check_sources(const struct mount_step *steps, size_t count, int next)
+{
+    for (size_t i = 0; i < count; i++)
+        if ((steps[i].bits & STEP_SOURCE_FD) && steps[i].source_fd != next++)
+            fail("read the jail plan", EINVAL, "a bind's source descriptor is out of order");
+    return next;
 }
 
 int main(int argc, char **argv)
@@ -324,26 +415,29 @@ int main(int argc, char **argv)
     int last;
     if (argc == 2 && strcmp(argv[1], "userns") == 0)
         return hold_user_namespace();
-    signal(SIGPIPE, SIG_IGN); /* a helper gone: report writes fail with EPIPE, quietly */
+    expected_parent = getppid(); /* 0 when this is pid 1 already (PLAN_DIRECT): the pipe tells then */
+    if (signal(SIGPIPE, SIG_IGN) == SIG_ERR) /* a helper gone: report writes fail with EPIPE, quietly */
+        fail_errno("jail child", "signal(SIGPIPE)");
     /* Every signal waits until the init's loop takes it (the helper's END_SIGNAL may come
      * before the command is spawned); the helper spawned us so already, this makes sure.
      * The command starts with an empty mask. */
     sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, NULL);
+    if (sigprocmask(SIG_BLOCK, &all, NULL) < 0)
+        fail_errno("jail child", "sigprocmask");
+    errno = 0;
     if (plan_read(FD_PLAN, &plan, &why) < 0)
         fail("read the jail plan", errno ? errno : EINVAL, why);
     close(FD_PLAN);
+    /* Not passed unless the option says so: EBADF then, nothing to close. */
     if (!(plan.options & PLAN_NET))
         close(FD_NET);
     if (!(plan.options & PLAN_ROOT))
         close(FD_ROOT);
     if (!(plan.options & PLAN_LAUNCH))
         close(FD_LAUNCH);
-    /* The bind sources passed as descriptors come right after the tasks files, in step order. */
-    last = FD_CGROUPS + (int)plan.cgroups;
-    for (size_t i = 0; i < plan.nsteps; i++)
-        if ((plan.steps[i].bits & STEP_SOURCE_FD) && atoi(plan.steps[i].source) != last++)
-            fail("read the jail plan", EINVAL, "a bind's source descriptor is out of order");
+    /* The bind sources passed as descriptors come right after the tasks files (jail.h). */
+    last = check_sources(plan.steps, plan.nsteps, FD_CGROUPS + (int)plan.cgroups);
+    last = check_sources(plan.root_steps, plan.nroot_steps, last);
     /* The notifying filter's socket comes after them (jail_launcher.spawn). */
     if (plan.notify != NULL && plan.notify_fd != (uint32_t)last++)
         fail("read the jail plan", EINVAL, "the notifying filter's socket is out of order");
@@ -356,6 +450,7 @@ int main(int argc, char **argv)
             fail_errno("jail child", "fcntl(F_SETFD)");
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) /* the helper's thread waits for us */
         fail_errno("jail child", "prctl(PR_SET_PDEATHSIG)");
+    require_parent("jail child");
     enter_cgroups(&plan);
     if (!(plan.options & PLAN_DIRECT))
         fork_init();

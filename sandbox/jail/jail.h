@@ -1,9 +1,9 @@
 /* ccw-jail: the jail's launcher and init (see ccw_jail.c for why it is C).
  *
  * The plan the helper writes (sandbox/jail_launcher.py encodes it; plan.c reads it), on
- * descriptor 4, a memfd read to its end:
+ * descriptor FD_PLAN, a memfd read to its end:
  *
- *     "CCWJAIL1" record* ; record = tag (1 byte) | length (u32, native order) | payload
+ *     PLAN_MAGIC record* ; record = tag (1 byte) | length (u32, native order) | payload
  *
  *     'O' options: nine u32: unshare flags, option bits (PLAN_*), uid, gid, last_cap,
  *         the END signal's number, the number of cgroup files, keep_caps low and high word
@@ -21,11 +21,20 @@
  *         the tree itself, attached, where the kernel could not build it detached)
  *     'Z' the end (empty): a plan without it was cut short
  *
- * Every string is NUL-free before its terminator; any other tag, a short record or a
- * missing field is refused with an "E" report.  The descriptors (DESIGN: contain.py's
- * essay): 0-2 the command's stdio, 3 the report pipe, 4 the plan, 5 a network namespace
- * (PLAN_NET), 6 the root tree (PLAN_ROOT), 7 and up the exec cgroup's "tasks" files, the
- * binds' sources, and the notifying filter's socket ('u').
+ * Every string is NUL-free before its terminator and within its bound (MAX_HOSTNAME,
+ * MAX_PATH, MAX_STEP_NAME, MAX_ARG: each counts the NUL); any other tag, a short record,
+ * a missing field or a string past its bound is refused with an "E" report.
+ *
+ * The descriptors: 0-2 the command's stdio, FD_REPORT the report pipe, FD_PLAN the plan,
+ * FD_NET a network namespace (PLAN_NET), FD_ROOT the root tree (PLAN_ROOT), FD_LAUNCH the
+ * mount namespace to copy (PLAN_LAUNCH), then from FD_CGROUPS on: the exec cgroup's
+ * "tasks" files, the binds' sources (STEP_SOURCE_FD: the 'm' steps' in record order,
+ * then the 'r' steps'), and the notifying filter's socket ('u').
+ *
+ * The numbers (FD_*, PLAN_*, STEP_*, the bounds, PLAN_MAGIC) are not written here:
+ * jail_interface.h is generated at build time from the table the helper also imports,
+ * sandbox/jail_interface.py (setup.py write_interface_header).  PLAN_MAGIC ends in a
+ * digest of that table, so a launcher built from another table refuses the plan.
  */
 #ifndef CCW_JAIL_H
 #define CCW_JAIL_H
@@ -33,42 +42,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FD_REPORT 3
-#define FD_PLAN 4
-#define FD_NET 5
-#define FD_ROOT 6
-#define FD_LAUNCH 7
-#define FD_CGROUPS 8
-#define SETUP_FAILED 125
-#define PLAN_MAX_BYTES (8u << 20) /* argv and env are bounded by ARG_MAX (a few MiB) */
-#define MAX_STEPS 512
-#define MAX_CGROUPS 16
-
-enum plan_option {
-    PLAN_DIRECT = 1,       /* already pid 1 of the jail's pid namespace (else: unshare, fork the init) */
-    PLAN_NET = 2,          /* descriptor 5 is a network namespace to join, lo up */
-    PLAN_ROOT = 4,         /* descriptor 6 is the root tree (mounts.build_root); else 'r' records */
-    PLAN_SET_UID = 8,
-    PLAN_SET_GID = 16,
-    PLAN_CLEAR_GROUPS = 32,
-    PLAN_CONTROLLING_TTY = 64,
-    PLAN_LAUNCH = 128,     /* descriptor 7 is the mount namespace to copy (mounts.launch_namespace) */
-};
-
-enum step_action {
-    STEP_PRIVATE = 1, STEP_ROOT, STEP_BIND, STEP_SYMLINK, STEP_MASK_FILE, STEP_MASK_DIR,
-    STEP_PROC, STEP_SYSFS, STEP_CONSOLE, STEP_DETACH_OLD_ROOT, STEP_SEAL_ROOT,
-    /* only in the root tree's own steps ('r' records: mounts.root_steps) */
-    STEP_BIND_OVER, STEP_ETC, STEP_DEV, STEP_DEVPTS, STEP_TMPFS,
-};
-
-/* STEP_SOURCE_FD: the source is the number of a descriptor the helper passed, a detached
- * clone of the host path (mounts.launch_namespace: the jail's namespace is not a copy of
- * the helper's, so no host path is there); they follow the tasks files, in step order. */
-enum step_bits { STEP_SOURCE_IS_FILE = 1, STEP_NOFOLLOW = 2, STEP_SOURCE_FD = 4 };
+#include "jail_interface.h"
 
 struct mount_step {
     uint32_t action, attrs, bits;
+    int source_fd; /* with STEP_SOURCE_FD: the source's number, parsed and checked (plan.c); else -1 */
     const char *target, *source, *data, *name;
 };
 
@@ -83,6 +61,7 @@ struct plan {
     size_t notify_len;
     uint32_t notify_fd;
     char **argv, **envp; /* NULL-terminated */
+    char *bytes; /* the plan as read, which every string above points into */
     size_t nsteps, nroot_steps;
     struct mount_step steps[MAX_STEPS];
     struct mount_step root_steps[MAX_STEPS]; /* without PLAN_ROOT: the tree to build in place */
@@ -91,10 +70,13 @@ struct plan {
 /* plan.c */
 int plan_read(int fd, struct plan *plan, const char **why);
 
-/* report.c-like helpers, in ccw_jail.c */
+/* ccw_jail.c: reports to the helper, and the end of a failed step ("E": its name, errno, text) */
 void report(char kind, const void *payload, size_t length);
 _Noreturn void fail(const char *step, int number, const char *text);
 _Noreturn void fail_errno(const char *step, const char *call);
+/* ccw_jail.c: after PR_SET_PDEATHSIG, end quietly if the parent is already gone (its
+ * death came before the signal was armed, so it will never be sent) */
+void require_parent(const char *step);
 
 /* steps.c: the jail's steps (namespaces, mounts, privileges), each failing with an "E" report */
 void contain(const struct plan *plan);

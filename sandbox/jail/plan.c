@@ -9,25 +9,42 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char MAGIC[8] = {'C', 'C', 'W', 'J', 'A', 'I', 'L', '1'};
+static const unsigned char MAGIC[8] = PLAN_MAGIC;
 
-/* A string record: NUL-terminated, with no NUL before its end. */
-static const char *text(const char *payload, uint32_t length)
+/* A string record: NUL-terminated within its bound, with no NUL before its end. */
+static const char *text(const char *payload, uint32_t length, uint32_t bound)
 {
-    if (length == 0 || payload[length - 1] != '\0' || memchr(payload, '\0', length) != payload + length - 1)
+    if (length == 0 || length > bound || payload[length - 1] != '\0'
+        || memchr(payload, '\0', length) != payload + length - 1)
         return NULL;
     return payload;
 }
 
-/* The next NUL-terminated string of a mount step record, or NULL past its end. */
-static const char *next_string(const char **cursor, const char *end)
+/* The next NUL-terminated string of a mount step record within its bound, or NULL. */
+static const char *next_string(const char **cursor, const char *end, size_t bound)
 {
     const char *start = *cursor;
-    const char *nul = start < end ? memchr(start, '\0', (size_t)(end - start)) : NULL;
+    size_t left = start < end ? (size_t)(end - start) : 0;
+    const char *nul = memchr(start, '\0', left < bound ? left : bound);
     if (nul == NULL)
         return NULL;
     *cursor = nul + 1;
     return start;
+}
+
+/* A descriptor's decimal number, every character of it, within the range a plan can pass
+ * (the order is checked by the launcher, which knows how many came before); -1 if not. */
+static int descriptor(const char *digits)
+{
+    char *end;
+    long number;
+    if (*digits < '0' || *digits > '9')
+        return -1;
+    errno = 0;
+    number = strtol(digits, &end, 10);
+    if (errno != 0 || *end != '\0' || number < FD_CGROUPS || number > FD_CGROUPS + MAX_CGROUPS + 2 * MAX_STEPS)
+        return -1;
+    return (int)number;
 }
 
 static int read_step(struct mount_step *steps, size_t *count, const char *payload, uint32_t length,
@@ -35,6 +52,7 @@ static int read_step(struct mount_step *steps, size_t *count, const char *payloa
 {
     struct mount_step *step;
     const char *cursor = payload + 12, *end = payload + length;
+    uint32_t known = STEP_SOURCE_IS_FILE | STEP_NOFOLLOW | STEP_SOURCE_FD;
     if (*count >= MAX_STEPS || length < 12) {
         *why = *count >= MAX_STEPS ? "too many mount steps" : "a mount step record is too short";
         return -1;
@@ -43,23 +61,34 @@ static int read_step(struct mount_step *steps, size_t *count, const char *payloa
     memcpy(&step->action, payload, 4);
     memcpy(&step->attrs, payload + 4, 4);
     memcpy(&step->bits, payload + 8, 4);
-    step->target = next_string(&cursor, end);
-    step->source = next_string(&cursor, end);
-    step->data = next_string(&cursor, end);
-    step->name = next_string(&cursor, end);
-    if (step->name == NULL || cursor != end || step->action < STEP_PRIVATE || step->action > STEP_TMPFS) {
-        *why = "a mount step is malformed (four strings, a known action)";
+    step->target = next_string(&cursor, end, MAX_PATH);
+    step->source = step->target == NULL ? NULL : next_string(&cursor, end, MAX_PATH);
+    step->data = step->source == NULL ? NULL : next_string(&cursor, end, MAX_PATH);
+    step->name = step->data == NULL ? NULL : next_string(&cursor, end, MAX_STEP_NAME);
+    if (step->name == NULL || cursor != end) {
+        *why = "a mount step is not four strings within their bounds (MAX_PATH, MAX_STEP_NAME)";
+        return -1;
+    }
+    if (step->action < STEP_ACTION_MIN || step->action > STEP_ACTION_MAX || (step->bits & ~known) != 0) {
+        *why = "a mount step has an unknown action or bit (a launcher from another ccw version?)";
+        return -1;
+    }
+    step->source_fd = (step->bits & STEP_SOURCE_FD) ? descriptor(step->source) : -1;
+    if ((step->bits & STEP_SOURCE_FD) && step->source_fd < 0) {
+        *why = "a mount step's source descriptor is not a number in range";
         return -1;
     }
     (*count)++;
     return 0;
 }
 
-static int read_options(struct plan *plan, const char *payload, uint32_t length)
+static int read_options(struct plan *plan, const char *payload, uint32_t length, const char **why)
 {
     uint32_t words[9];
-    if (length != sizeof words)
+    if (length != sizeof words) {
+        *why = "the options record is not nine words";
         return -1;
+    }
     memcpy(words, payload, sizeof words);
     plan->flags = words[0];
     plan->options = words[1];
@@ -69,38 +98,60 @@ static int read_options(struct plan *plan, const char *payload, uint32_t length)
     plan->end_signal = words[5];
     plan->cgroups = words[6];
     plan->keep_caps = (uint64_t)words[7] | (uint64_t)words[8] << 32;
-    return plan->cgroups <= MAX_CGROUPS && plan->last_cap < 64 && plan->end_signal > 0 && plan->end_signal < 65 ? 0 : -1;
+    if (plan->cgroups > MAX_CGROUPS || plan->last_cap >= 64 || plan->end_signal == 0 || plan->end_signal > 64) {
+        *why = "the options record is out of bounds (cgroups, last_cap or the END signal)";
+        return -1;
+    }
+    return 0;
 }
 
-/* One record into the plan; argv and env go to their arrays at their counts so far. */
+/* The records that may come once; a second is a helper's bug, not a choice to make here. */
+static int once(char tag, unsigned *seen, const char **why)
+{
+    static const char single[] = "Ohctfu";
+    const char *at = tag != '\0' ? strchr(single, tag) : NULL;
+    unsigned bit = at != NULL ? 1u << (at - single) : 0;
+    if (*seen & bit) {
+        *why = "a record that comes once comes twice";
+        return -1;
+    }
+    *seen |= bit;
+    return 0;
+}
+
+/* One record into the plan; argv and env go to their arrays at their counts so far.
+ * 1: go on, 0: the end record, -1: refused (why says which record and how). */
 static int read_record(struct plan *plan, char tag, const char *payload, uint32_t length,
                        size_t *argc, size_t *envc, const char **why)
 {
-    const char *string = (tag == 'h' || tag == 'c' || tag == 'a' || tag == 'e') ? text(payload, length) : payload;
+    uint32_t bound = tag == 'h' ? MAX_HOSTNAME : tag == 'c' ? MAX_PATH : MAX_ARG;
+    const char *string = (tag == 'h' || tag == 'c' || tag == 'a' || tag == 'e') ? text(payload, length, bound) : payload;
     if (string == NULL) {
-        *why = "a string record is not one NUL-terminated string";
+        *why = "a string record is not one NUL-terminated string within its bound (MAX_HOSTNAME, MAX_PATH, MAX_ARG)";
         return -1;
     }
     switch (tag) {
-    case 'O':
-        if (read_options(plan, payload, length) < 0) {
-            *why = "the options record is malformed";
-            return -1;
-        }
-        return 1;
+    case 'O': return read_options(plan, payload, length, why) < 0 ? -1 : 1;
     case 'h': plan->hostname = string; return 1;
     case 'c': plan->cwd = string; return 1;
-    case 't': plan->timens = payload; plan->timens_len = length; return 1;
+    case 't':
+        if (length == 0 || length > MAX_TIMENS) {
+            *why = "the time namespace offsets are empty or longer than MAX_TIMENS";
+            return -1;
+        }
+        plan->timens = payload;
+        plan->timens_len = length;
+        return 1;
     case 'f':
-        if (length == 0 || length % 8 != 0 || length / 8 > 4096) {
-            *why = "the seccomp program is not a whole number of instructions";
+        if (length == 0 || length % 8 != 0 || length / 8 > MAX_FILTER_INSNS) {
+            *why = "the seccomp program is not a whole number of instructions, at most MAX_FILTER_INSNS";
             return -1;
         }
         plan->seccomp = payload;
         plan->seccomp_len = length;
         return 1;
     case 'u': /* the notifying filter: the socket's descriptor (u32), then its program */
-        if (length < 4 + 8 || (length - 4) % 8 != 0 || (length - 4) / 8 > 4096) {
+        if (length < 4 + 8 || (length - 4) % 8 != 0 || (length - 4) / 8 > MAX_FILTER_INSNS) {
             *why = "the notifying seccomp record is not a descriptor and a whole number of instructions";
             return -1;
         }
@@ -113,9 +164,14 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
     case 'm': return plan->argv == NULL ? 1 : (read_step(plan->steps, &plan->nsteps, payload, length, why) < 0 ? -1 : 1);
     case 'r':
         return plan->argv == NULL ? 1 : (read_step(plan->root_steps, &plan->nroot_steps, payload, length, why) < 0 ? -1 : 1);
-    case 'Z': return length == 0 ? 0 : -1;
+    case 'Z':
+        if (length != 0) {
+            *why = "the end record is not empty";
+            return -1;
+        }
+        return 0;
     default:
-        *why = "unknown record";
+        *why = "unknown record (a launcher from another ccw version?)";
         return -1;
     }
 }
@@ -124,7 +180,7 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
 static int walk(struct plan *plan, const char *buffer, size_t size, size_t *argc, size_t *envc, const char **why)
 {
     size_t offset = sizeof MAGIC;
-    int seen_options = 0;
+    unsigned seen = 0;
     *argc = *envc = 0;
     plan->nsteps = plan->nroot_steps = 0;
     while (offset + 5 <= size) {
@@ -137,13 +193,14 @@ static int walk(struct plan *plan, const char *buffer, size_t size, size_t *argc
             *why = "a record runs past the end of the plan";
             return -1;
         }
-        seen_options |= tag == 'O';
+        if (once(tag, &seen, why) < 0)
+            return -1;
         done = read_record(plan, tag, buffer + offset, length, argc, envc, why);
         if (done < 0)
             return -1;
         offset += length;
         if (done == 0) {
-            if (offset != size || !seen_options || plan->hostname == NULL || plan->cwd == NULL || *argc == 0) {
+            if (offset != size || !(seen & 1) || plan->hostname == NULL || plan->cwd == NULL || *argc == 0) {
                 *why = "the plan lacks options, hostname, cwd or argv, or has bytes past its end";
                 return -1;
             }
@@ -170,8 +227,12 @@ int plan_read(int fd, struct plan *plan, const char **why)
     }
     size = (size_t)info.st_size;
     buffer = malloc(size); /* the one allocation of the plan's bytes: the plan keeps pointing into it */
-    if (buffer == NULL)
+    if (buffer == NULL) {
+        *why = "no memory for the plan";
+        errno = ENOMEM;
         return -1;
+    }
+    plan->bytes = buffer;
     while (got < size) {
         ssize_t n = pread(fd, buffer + got, size - got, (off_t)got);
         if (n < 0 && errno == EINTR)
@@ -185,7 +246,8 @@ int plan_read(int fd, struct plan *plan, const char **why)
     }
     errno = EINVAL;
     if (memcmp(buffer, MAGIC, sizeof MAGIC) != 0) {
-        *why = "the plan does not start with CCWJAIL1 (a launcher from another ccw version?)";
+        *why = "the plan's magic is not this launcher's: it was built from another sandbox/jail_interface.py "
+               "(rebuild it: ./dev setup, or python setup.py launcher)";
         return -1;
     }
     if (walk(plan, buffer, size, &argc, &envc, why) < 0)

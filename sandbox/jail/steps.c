@@ -1,19 +1,30 @@
 /* The jail's steps, in order (contain): namespaces, the mount plan, hostname, lo, the
  * time namespace, privileges, cwd.  What each step does and why is in the Python
- * modules that plan it (sandbox/namespaces.py, mounts.py, mounttree.py, contain.py's
- * drop_privileges, seccomp.py); this file applies their plan and names every step as
- * they do, so an error reads the same whoever built the jail. */
+ * modules that plan it (sandbox/namespaces.py, mounts.py, mounttree.py, rootcaps.py,
+ * seccomp.py, and contain.py's essay on the order); this file applies their plan, and an
+ * error names the step as the plan does (MountStep.describe), with its errno.
+ *
+ * Kernel structures and flags come from the C library's and the kernel's headers by
+ * name: the mount API (struct mount_attr, MOUNT_ATTR_*, OPEN_TREE_CLONE,
+ * MOVE_MOUNT_F_EMPTY_PATH) from glibc 2.36's <sys/mount.h> (it cannot be included
+ * together with <linux/mount.h>), struct open_how from <linux/openat2.h>, and the
+ * capability header from <linux/capability.h> (linux-libc-dev, which gcc's libc6-dev
+ * pulls in).  glibc has no wrappers for open_tree, move_mount, mount_setattr or openat2
+ * in every version a build may meet, so those go through syscall(). */
 #define _GNU_SOURCE
 #include "jail.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/capability.h>
 #include <linux/filter.h>
+#include <linux/openat2.h>
 #include <linux/seccomp.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,24 +37,13 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#ifndef MOVE_MOUNT_F_EMPTY_PATH
-#define MOVE_MOUNT_F_EMPTY_PATH 0x4
+#ifndef MOUNT_ATTR_RDONLY
+#error "the mount API's names come from glibc 2.36's <sys/mount.h> (Debian 12 or later)"
 #endif
-#ifndef OPEN_TREE_CLONE
-#define OPEN_TREE_CLONE 1
-#endif
-#ifndef AT_RECURSIVE
-#define AT_RECURSIVE 0x8000
-#endif
-#ifndef CLONE_NEWTIME
-#define CLONE_NEWTIME 0x80
-#endif
-#define ATTR_RDONLY 0x1
-#define RESOLVE_NO_SYMLINKS_ 0x04
 #define OLD_ROOT "/.oldroot"
-
-struct ccw_mount_attr { uint64_t attr_set, attr_clr, propagation, userns_fd; };
-struct ccw_open_how { uint64_t flags, mode, resolve; };
+/* build_root hands a root step's MOUNT_ATTR_* set to mount(2) as its flags. */
+_Static_assert(MS_RDONLY == MOUNT_ATTR_RDONLY && MS_NOSUID == MOUNT_ATTR_NOSUID && MS_NODEV == MOUNT_ATTR_NODEV
+               && MS_NOEXEC == MOUNT_ATTR_NOEXEC, "MS_* and MOUNT_ATTR_* differ");
 
 static const char *current; /* the step under way, for fail_errno */
 
@@ -65,34 +65,69 @@ static long move_mount_(int from, const char *from_path, int to, const char *to_
 
 static long mount_setattr_(int dirfd, const char *path, unsigned flags, uint64_t attr_set)
 {
-    struct ccw_mount_attr attr = {attr_set, 0, 0, 0};
+    struct mount_attr attr = {.attr_set = attr_set};
     return syscall(SYS_mount_setattr, dirfd, path, flags, &attr, sizeof attr);
 }
 
 static int openat2_(const char *path, uint64_t flags, uint64_t resolve)
 {
-    struct ccw_open_how how = {flags, 0, resolve};
+    struct open_how how = {.flags = flags, .resolve = resolve};
     return (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
 }
 
-/* A mount point: one mkdir (or mknod of an empty file) when its parent exists, else
- * the parents first; an existing path of any type is left as it is (mounts._mountpoint). */
+static int make(const char *path, int is_file)
+{
+    return is_file ? mknod(path, S_IFREG | 0644, 0) : mkdir(path, 0755);
+}
+
+/* A mount point: one mkdir (or mknod of an empty file) when its parent exists, else the
+ * missing parents first, found by cutting the path at its slashes (up) and made putting
+ * them back (down): a loop over one buffer, bounded by the path's length; an existing
+ * path of any type is left as it is (the helper's mounts.py makes its own the same way). */
 static void mountpoint(const char *path, int is_file)
 {
-    char parent[PATH_MAX];
-    char *slash;
-    int made = is_file ? mknod(path, S_IFREG | 0644, 0) : mkdir(path, 0755);
-    if (made == 0 || errno == EEXIST)
+    char buffer[PATH_MAX];
+    size_t length = strlen(path);
+    if (make(path, is_file) == 0 || errno == EEXIST)
         return;
-    if (errno != ENOENT || strlen(path) >= sizeof parent)
+    if (errno != ENOENT)
         fail_errno(current, is_file ? "mknod" : "mkdir");
-    strcpy(parent, path);
-    slash = strrchr(parent, '/');
-    if (slash == NULL || slash == parent)
+    if (length >= sizeof buffer) {
+        errno = ENAMETOOLONG;
         fail_errno(current, "mkdir");
-    *slash = '\0';
-    mountpoint(parent, 0);
-    check(is_file ? mknod(path, S_IFREG | 0644, 0) : mkdir(path, 0755), is_file ? "mknod" : "mkdir");
+    }
+    memcpy(buffer, path, length + 1);
+    for (;;) { /* up, to the nearest ancestor that exists or could be made */
+        char *slash = strrchr(buffer, '/');
+        if (slash == NULL || slash == buffer)
+            fail_errno(current, "mkdir"); /* errno: ENOENT, the top is missing */
+        *slash = '\0';
+        if (mkdir(buffer, 0755) == 0 || errno == EEXIST)
+            break;
+        if (errno != ENOENT)
+            fail_errno(current, "mkdir");
+    }
+    for (size_t made = strlen(buffer); made < length; made = strlen(buffer)) { /* down */
+        buffer[made] = '/';
+        if (strlen(buffer) < length && mkdir(buffer, 0755) < 0 && errno != EEXIST)
+            fail_errno(current, "mkdir");
+    }
+    check(make(path, is_file), is_file ? "mknod" : "mkdir");
+}
+
+/* A path or option text built with snprintf: truncation is the step's failure (ENAMETOOLONG). */
+static const char *format(char *buffer, size_t size, const char *what, const char *pattern, ...)
+{
+    va_list values;
+    int n;
+    va_start(values, pattern);
+    n = vsnprintf(buffer, size, pattern, values);
+    va_end(values);
+    if (n < 0 || (size_t)n >= size) {
+        errno = ENAMETOOLONG;
+        fail_errno(current, what);
+    }
+    return buffer;
 }
 
 static void attach(int tree, const char *target, uint32_t attrs)
@@ -108,9 +143,9 @@ static void bind_source(const struct mount_step *step, const char *source, uint3
 {
     mountpoint(step->target, step->bits & STEP_SOURCE_IS_FILE);
     if (step->bits & STEP_SOURCE_FD) { /* the helper's clone: resolved (nofollow where asked) in its namespace */
-        attach(atoi(source), step->target, 0);
+        attach(step->source_fd, step->target, 0);
     } else if (step->bits & STEP_NOFOLLOW) { /* the directory reached following no symlink (syscalls.bind) */
-        int fd = openat2_(source, O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
+        int fd = openat2_(source, O_PATH | O_DIRECTORY | O_CLOEXEC, RESOLVE_NO_SYMLINKS);
         check(fd, "openat2");
         attach(open_tree_(fd, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_RECURSIVE | AT_EMPTY_PATH), step->target, 0);
         close(fd);
@@ -126,9 +161,10 @@ static void console(const struct mount_step *step)
 {
     struct stat found, terminal;
     int from_fd = (step->bits & STEP_SOURCE_FD) != 0; /* the helper's clone of it, already detached */
-    int node = from_fd ? atoi(step->source) : openat2_(step->source, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS_);
-    if (node < 0)
+    int node = from_fd ? step->source_fd : openat2_(step->source, O_PATH | O_CLOEXEC, RESOLVE_NO_SYMLINKS);
+    if (node < 0) /* no terminal at that path (or a symlink to it): the jail has no /dev/console */
         return;
+    /* A failed fstat is "not the terminal", as a mismatch is: no console, no error. */
     if (fstat(node, &found) == 0 && fstat(0, &terminal) == 0 && S_ISCHR(found.st_mode)
         && found.st_dev == terminal.st_dev && found.st_ino == terminal.st_ino) {
         mountpoint(step->target, 1);
@@ -143,12 +179,7 @@ static void console(const struct mount_step *step)
 /* A path under the staging dir: "/tmp" + "/usr". */
 static const char *under(char *buffer, size_t size, const char *top, const char *path)
 {
-    int n = snprintf(buffer, size, "%s%s", top, path);
-    if (n < 0 || (size_t)n >= size) {
-        errno = ENAMETOOLONG;
-        fail_errno(current, "path");
-    }
-    return buffer;
+    return format(buffer, size, "path", "%s%s", top, path);
 }
 
 /* The jail's /etc: a read-only overlay whose top layer, a tiny tmpfs parked on the empty
@@ -162,15 +193,15 @@ static void etc_overlay(const char *top, const struct mount_step *step, const ch
     check(mount("none", park, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=4k,nr_inodes=16"), "mount(tmpfs)");
     while (*names != '\0') {
         size_t length = strcspn(names, "/");
-        int n = snprintf(name, sizeof name, "%s/%.*s", park, (int)length, names);
-        if (n < 0 || (size_t)n >= sizeof name || length == 0) {
+        if (length == 0) {
             errno = EINVAL;
             fail_errno(current, "hidden name");
         }
+        format(name, sizeof name, "hidden name", "%s/%.*s", park, (int)length, names);
         check(mknod(name, S_IFREG, 0), "mknod"); /* mode 0: not even its owner reads it */
         names += length + (names[length] == '/');
     }
-    snprintf(lower, sizeof lower, "lowerdir=%s:%s", park, step->source);
+    format(lower, sizeof lower, "overlay options", "lowerdir=%s:%s", park, step->source);
     check(mount("ccw-etc", at, "overlay", step->attrs, lower), "mount(overlay)");
     check(umount2(park, MNT_DETACH), "umount2");
 }
@@ -212,7 +243,7 @@ static void build_root(const struct plan *plan, const char *top)
             mountpoint(at, 0);
             check(mount("none", at, type, step->attrs, step->data), "mount");
             for (size_t l = 0; step->action == STEP_DEV && l < sizeof dev_links / sizeof *dev_links; l++) {
-                snprintf(link, sizeof link, "%s/%s", at, dev_links[l][0]);
+                format(link, sizeof link, "path", "%s/%s", at, dev_links[l][0]);
                 check(symlink(dev_links[l][1], link), "symlink");
             }
             break;
@@ -261,7 +292,7 @@ static void enter_step(const struct plan *plan, const struct mount_step *step)
         if (mount("sysfs", step->target, "sysfs", MS_RDONLY | hidden, NULL) < 0) {
             struct mount_step host = *step;
             host.bits = 0;
-            bind_source(&host, OLD_ROOT "/sys", ATTR_RDONLY | 0x2 | 0x4 | 0x8); /* ro, nosuid, nodev, noexec */
+            bind_source(&host, OLD_ROOT "/sys", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC);
         }
         break;
     case STEP_PRIVATE: check(mount(NULL, step->target, NULL, MS_REC | MS_PRIVATE, NULL), "mount(MS_PRIVATE)"); break;
@@ -272,8 +303,8 @@ static void enter_step(const struct plan *plan, const struct mount_step *step)
         check(rmdir(step->target), "rmdir");
         break;
     case STEP_SEAL_ROOT: /* not recursive: /dev/pts, /dev/shm, /tmp, $HOME, the workspace stay writable */
-        check(mount_setattr_(AT_FDCWD, step->target, 0, ATTR_RDONLY), "mount_setattr");
-        check(mount_setattr_(AT_FDCWD, "/dev", 0, ATTR_RDONLY), "mount_setattr");
+        check(mount_setattr_(AT_FDCWD, step->target, 0, MOUNT_ATTR_RDONLY), "mount_setattr");
+        check(mount_setattr_(AT_FDCWD, "/dev", 0, MOUNT_ATTR_RDONLY), "mount_setattr");
         break;
     default:
         errno = EINVAL;
@@ -300,11 +331,15 @@ static void enter_time(const struct plan *plan)
     check(unshare(CLONE_NEWTIME), "unshare(CLONE_NEWTIME)");
     fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
     check(fd, "open /proc/self/timens_offsets");
-    check(write(fd, plan->timens, plan->timens_len) == (ssize_t)plan->timens_len ? 0 : -1, "write timens_offsets");
+    if (write(fd, plan->timens, plan->timens_len) != (ssize_t)plan->timens_len) {
+        if (errno == 0)
+            errno = EIO; /* short: the kernel took part of the offsets */
+        fail_errno(current, "write timens_offsets");
+    }
     close(fd);
 }
 
-/* The notifying filter (sandbox/unotify.py), over the jail's own.  Its listener stays with
+/* The notifying filter (sandbox/unotify.py's essay), over the jail's own.  Its listener stays with
  * the init, which polls it, until the jail's first notification is pending (hand_listener):
  * a run that renames and deletes nothing costs the helper nothing more than its socket.  A
  * kernel that refuses the filter leaves the jail without it and says so with an 'F' on the
@@ -318,7 +353,9 @@ static void install_listener(const struct plan *plan)
     char refused = 'F';
     held_listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
     if (held_listener < 0) {
-        check(send((int)plan->notify_fd, &refused, 1, MSG_NOSIGNAL) == 1 ? 0 : -1, "send(the seccomp filter refused)");
+        errno = 0;
+        if (send((int)plan->notify_fd, &refused, 1, MSG_NOSIGNAL) != 1)
+            fail_errno(current, "send(the seccomp filter refused)");
         close((int)plan->notify_fd);
     }
 }
@@ -350,19 +387,23 @@ void hand_listener(const struct plan *plan)
     header->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(header), &held_listener, sizeof held_listener);
     current = "hand the seccomp listener to the helper";
-    check(sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) == 1 ? 0 : -1, "sendmsg(the seccomp listener)");
+    errno = 0;
+    if (sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) != 1)
+        fail_errno(current, "sendmsg(the seccomp listener)");
     close(held_listener);
     close((int)plan->notify_fd);
     held_listener = -1;
 }
 
-/* Caller's uid/gid, no capabilities but keep_caps, no_new_privs, not dumpable,
- * PDEATHSIG, no core dumps, seccomp last (contain.drop_privileges, step for step). */
+/* Caller's uid/gid, no capabilities but keep_caps (rootcaps.py), no_new_privs, not
+ * dumpable, PDEATHSIG again (a credential change clears it) with the parent re-checked,
+ * no core dumps, seccomp last (contain.py's essay). */
 static void drop_privileges(const struct plan *plan)
 {
-    struct { uint32_t version; int pid; } header = {0x20080522, 0}; /* _LINUX_CAPABILITY_VERSION_3 */
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
     uint32_t low = (uint32_t)plan->keep_caps, high = (uint32_t)(plan->keep_caps >> 32);
-    uint32_t data[6] = {low, low, 0, high, high, 0};
+    struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3] = {
+        {.effective = low, .permitted = low, .inheritable = 0}, {.effective = high, .permitted = high, .inheritable = 0}};
     struct rlimit no_core = {0, 0};
     struct sock_fprog program = {(unsigned short)(plan->seccomp_len / 8), (struct sock_filter *)plan->seccomp};
     current = "drop privileges";
@@ -379,6 +420,7 @@ static void drop_privileges(const struct plan *plan)
     check(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)");
     check(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE)");
     check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)");
+    require_parent(current);
     check(setrlimit(RLIMIT_CORE, &no_core), "setrlimit(RLIMIT_CORE)");
     if (plan->seccomp != NULL)
         check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0), "prctl(PR_SET_SECCOMP)");
@@ -405,7 +447,7 @@ void contain(const struct plan *plan)
         check(unshare((int)plan->flags), "unshare");
     }
     /* Mount points are made for the caller to traverse, whatever the helper's umask. */
-    helper_umask = umask(022);
+    helper_umask = umask(022); /* umask cannot fail */
     for (size_t i = 0; i < plan->nsteps; i++)
         enter_step(plan, &plan->steps[i]);
     umask(helper_umask);
@@ -421,9 +463,9 @@ void contain(const struct plan *plan)
     }
     drop_privileges(plan);
     {
-        char step[PATH_MAX + 8];
-        snprintf(step, sizeof step, "chdir %s", plan->cwd);
-        current = step;
+        char step[MAX_PATH + 8];
+        current = "chdir";
+        current = format(step, sizeof step, "chdir", "chdir %s", plan->cwd);
         check(chdir(plan->cwd), "chdir");
     }
 }
