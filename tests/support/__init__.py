@@ -38,6 +38,7 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``lab_names``: real hosts' names answered into a lab namespace (a trio resolver), and a
   script that tries targets through a capsule's proxy.
 - ``descriptors``, ``processes``: a descriptor closed, the pids running a command line.
+- ``jail_parser``: ccw-jail's plan parser built alone under ASan and UBSan (tests/fuzz/jail_plan_harness.c).
 - ``scratch_services``: services beside a scratch capsule's runs, the helper's side faked.
 
 No test module imports another (tests/test_test_map.py checks): what two share is here.
