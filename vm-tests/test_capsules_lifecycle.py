@@ -238,41 +238,62 @@ def restarted(env: tuple[CapsuleManager, Path, Path]) -> Iterator[Callable[[], C
         overlay.teardown(point)
 
 
-def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path],
-                                      restarted: Callable[[], CapsuleManager]) -> None:
+@contextlib.contextmanager
+def _mounts_copied() -> Iterator[None]:
+    """A process in a mount namespace made now, holding a copy of every mount there is, as
+    another helper starting on the machine makes one (sandbox/__main__.py), for the block."""
+    with subprocess.Popen(["unshare", "--mount", "sh", "-c", "echo held; exec sleep 600"],
+                          stdout=subprocess.PIPE, text=True) as holder:
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            yield
+        finally:
+            holder.kill()
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["alone", "copied"])
+def test_kill_9_loses_no_capsule_data(env: tuple[CapsuleManager, Path, Path], restarted: Callable[[], CapsuleManager],
+                                      require: Callable[[bool, str], None], copied: bool) -> None:
+    """``copied``: another mount namespace keeps copies of the dead helper's mounts, so its
+    disks' filesystems live on, their dirty pages unwritten, while recover mounts the same
+    images again through new loop devices (registry.recover writes them back first)."""
+    require(not copied or shutil.which("unshare") is not None, "needs unshare(1)")
     _manager, state, ws = env
     script = RECOVER_SCRIPT.format(root=str(ROOT), state=str(state), ws=str(ws))
-    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+    with contextlib.ExitStack() as held:
+        with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as proc:
+            try:
+                assert proc.stdout is not None
+                parent_id, fork_id = proc.stdout.readline().split()
+                if copied:
+                    held.enter_context(_mounts_copied())
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        assert len(mountinfo.mounts_under(str(state))) == 4  # overlays and disks left by the dead helper
+        (state / "capsules" / ".new-cap_0000000000001_00000000").mkdir()  # half-created
+        broken = state / "capsules" / "cap_0000000000002_00000000"
+        broken.mkdir()
+        (broken / "meta.json").write_text("{not json")
+        manager = restarted()
+        report = manager.recover()
+        assert report["capsules"] == [parent_id, fork_id]
+        assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
+        assert mountinfo.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
+        assert sorted(os.listdir(state / "capsules")) == [parent_id, fork_id]
+        assert [c.path for c in manager.changes(fork_id, 0).changes] == ["forked.txt", "precious.txt"]
+        fd = manager.open_root(fork_id, 0)
         try:
-            assert proc.stdout is not None
-            parent_id, fork_id = proc.stdout.readline().split()
+            with open(f"/proc/self/fd/{fd}/precious.txt") as f:
+                assert f.read() == "keep me"
         finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-    assert len(mountinfo.mounts_under(str(state))) == 4  # overlays and disks left by the dead helper
-    (state / "capsules" / ".new-cap_0000000000001_00000000").mkdir()  # half-created
-    broken = state / "capsules" / "cap_0000000000002_00000000"
-    broken.mkdir()
-    (broken / "meta.json").write_text("{not json")
-    manager = restarted()
-    report = manager.recover()
-    assert report["capsules"] == [parent_id, fork_id]
-    assert sorted(report["removed"]) == [".new-cap_0000000000001_00000000", "cap_0000000000002_00000000"]
-    assert mountinfo.mounts_under(str(state)) == []  # stale mounts detached, remounted on demand
-    assert sorted(os.listdir(state / "capsules")) == [parent_id, fork_id]
-    assert [c.path for c in manager.changes(fork_id, 0).changes] == ["forked.txt", "precious.txt"]
-    fd = manager.open_root(fork_id, 0)
-    try:
-        with open(f"/proc/self/fd/{fd}/precious.txt") as f:
-            assert f.read() == "keep me"
-    finally:
-        os.close(fd)
-    parent_fd = manager.open_root(parent_id, 0)  # remounted: still frozen for its fork
-    try:
-        with pytest.raises(OSError):
-            open(f"/proc/self/fd/{parent_fd}/new.txt", "w").close()
-    finally:
-        os.close(parent_fd)
+            os.close(fd)
+        parent_fd = manager.open_root(parent_id, 0)  # remounted: still frozen for its fork
+        try:
+            with pytest.raises(OSError):
+                open(f"/proc/self/fd/{parent_fd}/new.txt", "w").close()
+        finally:
+            os.close(parent_fd)
     manager.destroy(fork_id, 0)
     manager.destroy(parent_id, 0)
     assert mountinfo.mounts_under(str(state)) == [] and os.listdir(state / "capsules") == []
