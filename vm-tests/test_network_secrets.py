@@ -4,7 +4,9 @@ The servers are the test's own, on the host's 127.0.0.1 (ports the kernel picks)
 capsule's allowlist names by exact address: every request goes through the capsule's egress
 proxy.  A token-protected PEP 503 index (Basic auth, user ``__token__``, as private indexes
 take a token) and a model-API-like server checking an ``X-Api-Key`` header record every
-request head they get; a third server stands for another allowed host.
+request head they get; a third server stands for another allowed host.  Forks of the
+capsule (capsule_fork, and with count) get its secrets by name, each with a placeholder of
+its own.
 """
 
 from __future__ import annotations
@@ -97,7 +99,31 @@ def _port(server: Recording) -> int:
     return int(server.server_address[1])
 
 
-def _files_holding(root: Path, needle: bytes, skip: set[str]) -> list[str]:
+def _holding(path: Path, needles: tuple[bytes, ...]) -> set[bytes]:
+    """Which of ``needles`` the file holds, reading its data extents only: the state dir keeps
+    capsules' disks as sparse 8 GiB images, and reading their holes (zeros, which hold no
+    needle) was most of this test's time (about 200 of its 230 s)."""
+    found: set[bytes] = set()
+    overlap = max(map(len, needles)) - 1
+    with open(path, "rb") as file:
+        fd, offset, tail = file.fileno(), 0, b""
+        while True:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError:  # ENXIO: no data from offset on
+                return found
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+            tail = tail if start == offset else b""  # a needle has no zero byte: none spans a hole
+            os.lseek(fd, start, os.SEEK_SET)
+            while start < end and (chunk := os.read(fd, min(4 << 20, end - start))):
+                window = tail + chunk
+                found.update(needle for needle in needles if needle in window)
+                tail, start = window[-overlap:], start + len(chunk)
+            offset = end
+
+
+def _files_holding(root: Path, needles: tuple[bytes, ...], skip: set[str]) -> list[str]:
+    """The files under ``root`` holding any of ``needles``, each read once."""
     found = []
     for folder, _dirs, names in os.walk(root):
         for name in names:
@@ -105,7 +131,7 @@ def _files_holding(root: Path, needle: bytes, skip: set[str]) -> list[str]:
             if name in skip or not path.is_file() or path.is_symlink():
                 continue
             try:
-                if needle in path.read_bytes():
+                if _holding(path, needles):
                     found.append(str(path))
             except OSError:
                 continue
@@ -118,13 +144,22 @@ ROUTED = ("import json, os, urllib.request; base = 'http://10.99.0.1:3128/route/
           "req = urllib.request.Request(base + '/v1/messages', data=json.dumps({'q': 'hi'}).encode(), "
           "headers={'Content-Type': 'application/json', 'X-Api-Key': 'not-the-key'}); "
           "print(urllib.request.urlopen(req).read().decode())")
+# A fork's request to the index with its own placeholder, then with its parent's (argv[2]).
+FORKED = ("import base64, os, sys, urllib.request\n"
+          "for token in (os.environ['PIP_TOKEN'], sys.argv[2]):\n"
+          " auth = base64.b64encode(b'__token__:' + token.encode()).decode()\n"
+          " req = urllib.request.Request('http://127.0.0.1:%s/simple/ccwtiny/', headers={'Authorization': 'Basic ' + auth})\n"
+          " try: print(urllib.request.urlopen(req).status)\n"
+          " except Exception as e: print(e.code, e.read().decode())\n")
 LEAK = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; req = urllib.request.Request('http://127.0.0.1:%d/x', "
         "headers={'Authorization': 'Bearer ' + os.environ['PIP_TOKEN']}); "
         "exec('try:\\n urllib.request.urlopen(req)\\nexcept Exception as e:\\n print(e, e.read().decode())')")
 
 
-def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_path: Path, servers: Any) -> None:
+def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_path: Path, servers: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     index, other, api = servers
+    monkeypatch.setenv("PIP_TOKEN", "the-callers-own-value")  # a whitelisted name: never what a capsule or fork sees
     state = tools.runtime.state.root
     os.chmod(state, 0o700)
     store = SecretStore(state)
@@ -156,6 +191,13 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
         out["used"] = await run(["python", "-c", "import ccwtiny; print(ccwtiny.GREETING)"])
         out["leak"] = await run([PYTHON, "-c", LEAK % _port(other)])
         out["routed"] = await run([PYTHON, "-c", ROUTED])
+        # Forks (one, and two at once) get the parent's secrets by name with placeholders of their own.
+        forks = [(await t.call("capsule_fork", {"capsule_id": cap}))["capsule_id"]]
+        forks += (await t.call("capsule_fork", {"capsule_id": cap, "count": 2}))["capsule_ids"]
+        parent = out["placeholder"]["stdout"].strip()
+        out["forks"] = [await t.call("capsule_exec", {"capsule_id": fork, "cmd": [
+            "sh", "-c", f'echo $PIP_TOKEN; NO_PROXY= no_proxy= exec {PYTHON} -c "$1" x {parent}', "sh",
+            FORKED % _port(index)]}) for fork in forks]
         return out
 
     out = tools.run(scenario)
@@ -178,12 +220,20 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
     assert routed["path"] == "/v1/messages" and routed["asked"] == {"q": "hi"}
     assert routed["key_seen"].startswith("ccwph_") and routed["key_seen"] != API_KEY.decode()
     assert [r["allowed"] for r in out["routed"]["touched"]["network"]] == [True]
+    # Each fork: a placeholder of its own, which the index accepts (swapped for the value); its
+    # parent's placeholder, sent from the fork, means nothing there and is refused.
+    mine = [fork["stdout"].splitlines()[0] for fork in out["forks"]]
+    assert len({placeholder, *mine}) == 4 and all(p.startswith("ccwph_") for p in mine), mine
+    for fork in out["forks"]:
+        _, own, theirs = fork["stdout"].splitlines()[:3]
+        assert own == "200" and theirs.startswith("403 ") and "exfiltration attempt" in theirs, fork
+        assert [r["allowed"] for r in fork["touched"]["network"]] == [True, False]
     # Neither value anywhere the capsule, its person or its journal can read.
     everything = json.dumps(out).encode()
     for value in (INDEX_TOKEN, API_KEY):
         assert value not in everything
-        assert _files_holding(state, value, {"secrets.json"}) == []
-        assert _files_holding(workspace, value, set()) == []
+    assert _files_holding(state, (INDEX_TOKEN, API_KEY), {"secrets.json"}) == []
+    assert _files_holding(workspace, (INDEX_TOKEN, API_KEY), set()) == []
     with sqlite3.connect(tools.runtime.state.db_path) as db:
         told = [data for (data,) in db.execute("SELECT data FROM events WHERE kind = 'net.connection'")]
     assert any('"reason": "exfiltration attempt: the placeholder of secret PIP_TOKEN' in data for data in told), told
