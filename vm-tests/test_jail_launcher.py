@@ -3,7 +3,8 @@
 A malformed plan is refused with an "E" report, never a crash; every report kind the
 helper reads arrives (C, P, E, W, A, R); END_SIGNAL ends the jail with the usage still
 reported; the seccomp filter holds for the command; no descriptor of the helper's
-reaches the command.  supervise.py drives the launcher in the other jail tests; here
+reaches the command; a launcher whose helper is gone before PR_SET_PDEATHSIG builds
+nothing.  supervise.py drives the launcher in the other jail tests; here
 it is also spawned by hand, with plans and descriptors made for each case.
 """
 
@@ -276,6 +277,40 @@ def test_a_source_descriptor_out_of_order_is_refused(spec: contain.JailSpec) -> 
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
     step, number, text = _reports(reports_raw)[b"E"].decode().split("\0")
     assert (step, int(number)) == ("read the jail plan", errno.EINVAL) and "out of order" in text
+
+
+def test_a_root_step_source_out_of_order_is_refused(spec: contain.JailSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Descriptor sources of the root tree's own steps ('r') are checked for order too, after the 'm' steps'."""
+    passed = mounts.MountStep("bind", "/usr", str(jail_launcher.FD_CGROUPS + 3), from_fd=True)
+    monkeypatch.setattr(mounts, "root_steps", lambda: [passed])
+    status, raw, _ = _spawn_raw(jail_launcher.encode(contain.prepare(spec), 0, 0))  # no tree built ahead: 'r' records
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
+    step, number, text = _reports(raw)[b"E"].decode().split("\0")
+    assert (step, int(number)) == ("read the jail plan", errno.EINVAL) and "out of order" in text
+
+
+def test_a_launcher_whose_helper_is_gone_builds_no_jail(spec: contain.JailSpec) -> None:
+    """The report pipe's reader gone before PR_SET_PDEATHSIG was armed: the launcher ends, nothing runs."""
+    root = mounts.spare_root()
+    assert root is not None
+    ran = os.path.join(spec.tmp_dir, "ran")
+    plan = jail_launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "echo > /tmp/ran"])), jail_launcher.ROOT, 0)
+    report_r, report_w = os.pipe()
+    os.close(report_r)  # nobody reads the reports: the helper is gone
+    plan_fd = os.memfd_create("test-plan", os.MFD_CLOEXEC)
+    os.write(plan_fd, plan)
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    placed = {0: null, 1: null, 2: null, 3: report_w, jail_launcher.FD_PLAN: plan_fd, jail_launcher.FD_ROOT: root}
+    high = {target: os.dup(fd) for target, fd in placed.items()}
+    try:
+        pid = os.posix_spawn(jail_launcher.PATH, [jail_launcher.PATH], {},
+                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
+    finally:
+        for fd in (*high.values(), report_w, plan_fd, null, root):
+            os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
+    assert not os.path.exists(ran)
 
 
 def test_a_bind_source_that_cannot_be_cloned_fails_as_its_step(spec: contain.JailSpec, tmp_path: Path) -> None:

@@ -82,8 +82,8 @@ static int make(const char *path, int is_file)
 
 /* A mount point: one mkdir (or mknod of an empty file) when its parent exists, else the
  * missing parents first, found by cutting the path at its slashes (up) and made putting
- * them back (down): a loop over one buffer, bounded by the path's length; an existing
- * path of any type is left as it is (the helper's mounts.py makes its own the same way). */
+ * them back (down): a loop over one buffer, bounded by the path's length.  An existing
+ * path of any type is left as it is. */
 static void mountpoint(const char *path, int is_file)
 {
     char buffer[PATH_MAX];
