@@ -16,17 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access, mountinfo
+from sandbox import access
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.spec import CapsuleSpec
+from tests.support.descriptors import naming_under
 
 UID, GID = os.getuid(), os.getgid()
-
-
-def _open_fds() -> set[str]:
-    mountinfo.table()  # its descriptor is kept for the process's life (mountinfo.py): opened before counting
-    return set(os.listdir("/proc/self/fd"))
 
 
 def test_a_rootless_helper_s_caller_is_its_user_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,12 +82,12 @@ def test_the_lower_dir_is_pinned_and_reported_as_resolved(tmp_path: Path) -> Non
     workspace.mkdir()
     state.mkdir()
     (tmp_path / "link").symlink_to(workspace)
-    before = _open_fds()
     with access.pinned_lower(str(tmp_path / "link"), None, UID, GID, str(state)) as (fd, real):
         assert real == str(workspace)  # the symlink followed, from the descriptor
         assert os.readlink(f"/proc/self/fd/{fd}") == str(workspace)
         assert os.path.samestat(os.fstat(fd), os.stat(workspace))
-    assert _open_fds() == before  # both descriptors closed after
+        assert naming_under(tmp_path)  # what it holds is seen by the check below
+    assert naming_under(tmp_path) == {}  # both descriptors closed after
 
 
 def test_a_symlink_into_the_state_dir_is_refused_as_resolved(tmp_path: Path) -> None:
@@ -100,12 +96,11 @@ def test_a_symlink_into_the_state_dir_is_refused_as_resolved(tmp_path: Path) -> 
     state = tmp_path / "state"
     (state / "capsules" / "c-1").mkdir(parents=True)
     (tmp_path / "innocent").symlink_to(state / "capsules" / "c-1")
-    before = _open_fds()
     with pytest.raises(CcwError) as caught, \
             access.pinned_lower(str(tmp_path / "innocent"), None, UID, GID, str(state)):
         pass
     assert caught.value.code == "INVALID_ARGUMENT" and "state dir" in caught.value.message
-    assert _open_fds() == before
+    assert naming_under(tmp_path) == {}  # what it opened to look is closed
 
 
 def test_a_base_is_the_lower_dir_and_the_workspace_may_be_gone(tmp_path: Path) -> None:

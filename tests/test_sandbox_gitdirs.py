@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import gitdirs, mountinfo
+from sandbox import gitdirs
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.mounts import Bind
 from sandbox.spec import CapsuleSpec
+from tests.support.descriptors import naming_under
 
 UID, GID = os.getuid(), os.getgid()
 
@@ -49,13 +50,10 @@ def _pin(paths: list[Path], places: dict[str, Path]) -> list[tuple[int, str]]:
 
 
 def _refused(paths: list[Path], places: dict[str, Path]) -> CcwError:
-    mountinfo.table()  # its descriptor is kept for the process's life (mountinfo.py): opened before counting
-    before = set(os.listdir("/proc/self/fd"))
     with pytest.raises(CcwError) as caught:
         _pin(paths, places)
-    # Every descriptor taken is closed again: none is open now that was not before.  (Not
-    # equality: a thread an earlier test left on this worker may close its own meanwhile.)
-    assert set(os.listdir("/proc/self/fd")) <= before
+    # Every descriptor taken is closed again: none names the test's dirs or a path it gave.
+    assert naming_under(places["ws"].parent, *paths) == {}
     return caught.value
 
 

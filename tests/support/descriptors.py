@@ -12,3 +12,21 @@ def is_closed(fd: int) -> bool:
     except OSError:
         return True
     return False
+
+
+def naming_under(root: str | os.PathLike[str], *exactly: str | os.PathLike[str]) -> dict[int, str]:
+    """This process's descriptors that name something under ``root`` (or one of ``exactly``
+    itself), by number: what a test's own code may have left open there.  Not the whole set
+    before and after: threads an earlier test left on the worker (xdist) open and close
+    descriptors of their own meanwhile, but none of theirs names the test's own directory."""
+    top = os.path.realpath(root)
+    named = {os.path.realpath(path) for path in exactly}
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed since the listing (the listing's own descriptor, or a thread's)
+        if target == top or target.startswith(top + "/") or target in named:
+            found[int(name)] = target
+    return found
