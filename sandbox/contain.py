@@ -21,8 +21,10 @@ the pid namespace and forks the init itself (a rootless helper has no cgroups).
 
 Choices made here (DESIGN §2 leaves them open):
 
-- The launcher decides nothing: every choice is the plan's, made here and in the
-  modules it asks (namespaces.py, mounts.py, rootcaps.py, seccomp.py).  Its steps are
+- The launcher decides nothing of the jail: every choice is the plan's, made here and
+  in the modules it asks (namespaces.py, mounts.py, rootcaps.py, seccomp.py); what it
+  decides itself (the command's PATH search, 126/127, the signals forwarded) its
+  essay lists (sandbox/jail/ccw_jail.c).  Its steps are
   those of nsjail's containProc, in order: namespaces, the mount plan, hostname, ``lo``
   up, the time namespace, privileges dropped, chdir; each failure is an ``E`` report
   naming the step, as ``MountStep.describe`` and the names below word it.

@@ -38,11 +38,14 @@ static int descriptor(const char *digits)
 {
     char *end;
     long number;
+    int saved = errno, overflow;
     if (*digits < '0' || *digits > '9')
         return -1;
     errno = 0;
     number = strtol(digits, &end, 10);
-    if (errno != 0 || *end != '\0' || number < FD_CGROUPS || number > FD_CGROUPS + MAX_CGROUPS + 2 * MAX_STEPS)
+    overflow = errno != 0;
+    errno = saved; /* the plan's refusal reports EINVAL, not strtol's ERANGE */
+    if (overflow || *end != '\0' || number < FD_CGROUPS || number > FD_CGROUPS + MAX_CGROUPS + 2 * MAX_STEPS)
         return -1;
     return (int)number;
 }
