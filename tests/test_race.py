@@ -14,6 +14,7 @@ import trio.lowlevel
 
 from mcp_server.capsules import races
 from mcp_server.capsules.race import MAX_RACERS, ORDER, Question, check, race, ranked
+from mcp_server.capsules.remote import RemoteRun
 from mcp_server.capsules.service import MAX_FORKS, CapsuleService
 from mcp_server.cli import parse_args
 from mcp_server.cli import race as cli_race
@@ -239,3 +240,44 @@ def test_the_table_shows_each_row_best_first() -> None:
     assert lines[4].startswith("ranked: passed first") and "2 at once, local, 1.5s" in lines[4]
     assert lines[4].endswith("; race_0a1b in ccw ui")
     assert cli_race.best_passed(result) and not cli_race.best_passed({**result, "rows": result["rows"][1:]})
+
+
+class FakeCluster:
+    """A cluster's executor as a race sees it: each trial's exit by capsule (``exits``), the trials kept;
+    ``refuse``: capsules whose trials it cannot run (as an allowlist network's)."""
+
+    name = "reapi"
+    parallelism = 3
+
+    def __init__(self, exits: dict[str, int], refuse: frozenset[str] = frozenset()) -> None:
+        self.exits, self.refuse, self.trials = exits, refuse, []  # type: ignore[var-annotated]
+
+    async def run_trial(self, service: CapsuleService, trial: Any) -> Any:
+        self.trials.append(trial)
+        await trio.lowlevel.checkpoint()
+        return RemoteRun(self.exits.get(trial.record.capsule_id, 0), False, b"", b"")
+
+    def check_trials(self, service: CapsuleService, record: Any, services: Any) -> None:
+        if record.capsule_id in self.refuse:
+            raise CcwError("UNSUPPORTED", "trials of a capsule with an allowlist network run locally only")
+
+
+def test_a_race_on_a_cluster_runs_each_tree_there_and_says_where(world: Any) -> None:
+    service, helper, _, workspace = world
+    cluster = FakeCluster({"cap_3": 2}, refuse=frozenset({"cap_4"}))
+
+    async def main() -> dict[str, Any]:
+        parent = await service.create(CapsuleSpec(workspace=str(workspace)))
+        forks = [record.capsule_id for record in await service.forks(parent.capsule_id, 3)]
+        return await race(service, Question(tuple(forks), ("pytest", "-q"), timeout_ms=5000), runner=cluster)
+
+    result = trio.run(main)
+    assert result["executor"] == "reapi" and result["parallel"] == 3
+    assert [(row["capsule_id"], row["where"], row["exit_code"]) for row in result["rows"]] == [
+        ("cap_2", "reapi", 0), ("cap_4", "local", 0), ("cap_3", "reapi", 2)]
+    # The cluster got its capsules' trees with the race's command; nothing ran in them here.
+    assert sorted(t.record.capsule_id for t in cluster.trials) == ["cap_2", "cap_3"]  # cap_4 it refused
+    assert {t.request.argv for t in cluster.trials} == {("pytest", "-q")} and cluster.trials[0].request.timeout_ms == 5000
+    assert [r.capsule_id for r in helper.requests if isinstance(r, ExecRequest)] == ["cap_4"]
+    assert [len(Journal(service.state).execs(c)) for c in ("cap_2", "cap_3", "cap_4")] == [0, 0, 1]
+    assert result["rows"][0]["usage"] == {} and result["rows"][0]["verdict"] == "passed"

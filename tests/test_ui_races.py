@@ -71,7 +71,8 @@ def _stand_in(monkeypatch: pytest.MonkeyPatch, rows: dict[str, dict[str, Any]],
               gates: dict[str, trio.Event] | None = None) -> None:
     """Each capsule's row is ``rows``'s (after its gate is set, if it has one); a
     row that is a CcwError is raised."""
-    async def one(service: Any, quiet: Any, question: Any, capsule_id: str, limiter: Any, values: Any) -> dict[str, Any]:
+    async def one(service: Any, quiet: Any, question: Any, capsule_id: str, limiter: Any, values: Any,
+                  runner: Any) -> dict[str, Any]:
         if gates and capsule_id in gates:
             await gates[capsule_id].wait()
         found = rows[capsule_id]

@@ -6,11 +6,11 @@ capsule_exec runs it (journaled, in the capsule's turn), then each capsule's cha
 measured (its diff against its base) and judged by promotion's dry run
 (capsules/promote.py, the policy named), which writes nothing.
 
-- **Where.**  Locally, at most ``os.cpu_count()`` commands at once.  Deltamin's trials go
-  to a REAPI cluster because a trial is a base plus a subset of a change, which a Merkle
-  tree describes; a race runs in the capsules themselves (its runs are journaled, its
-  writes stay in the capsule to be promoted), and a cluster cannot run in them.  So a
-  race is local only, whatever ``CCW_REAPI_URL`` says.
+- **Where.**  Locally, at most ``os.cpu_count()`` commands at once, each in its capsule
+  (journaled, its writes kept there).  With a cluster configured (``CCW_REAPI_URL``, as
+  for deltamin's trials) each capsule's tree, its base with its whole change over it, is
+  run as an Action instead, up to the cluster's parallelism: nothing runs in the capsule
+  then (capsules/race_remote.py says what differs).  Each row says ``where`` it ran.
 - **Progress.**  Each capsule's exec would report its own elapsed time, and reports of
   several at once would not grow as MCP asks; so the execs run quiet (``_Quiet``) and
   the race reports one line per capsule that ends.
@@ -35,7 +35,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import races
+from mcp_server.capsules import race_remote, races
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.promote import Request, promote
@@ -116,13 +116,26 @@ async def _verdict(service: CapsuleService, capsule_id: str, policy: str) -> dic
 
 
 async def _one(service: CapsuleService, quiet: CapsuleService, question: Question, capsule_id: str,
-               limiter: trio.CapacityLimiter, values: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"capsule_id": capsule_id}
+               limiter: trio.CapacityLimiter, values: Any, runner: race_remote.Runner | None) -> dict[str, Any]:
+    row: dict[str, Any] = {"capsule_id": capsule_id, "where": "local"}
     try:
+        remote = None
+        if runner is not None:
+            remote = await race_remote.trial(service, capsule_id, question.argv, question.timeout_ms)
+            try:
+                runner.check_trials(service, remote.record, ())
+                row["where"] = runner.name
+            except CcwError as exc:  # what a bot cannot run (an allowlist network) races here
+                if exc.code != "UNSUPPORTED":
+                    raise
+                remote = None
         async with limiter:
-            ran = await quiet.exec(exec_request(capsule_id, question.argv, None, question.timeout_ms), values)
-        row.update(exit_code=ran.reply.exit_code, timed_out=bool(ran.reply.timed_out),
-                   duration_ms=ran.reply.duration_ms, usage=ran.usage)
+            if runner is not None and remote is not None:
+                row.update(await race_remote.run(service, runner, remote))
+            else:
+                ran = await quiet.exec(exec_request(capsule_id, question.argv, None, question.timeout_ms), values)
+                row.update(exit_code=ran.reply.exit_code, timed_out=bool(ran.reply.timed_out),
+                           duration_ms=ran.reply.duration_ms, usage=ran.usage)
         row["diff"] = diff_size((await service.diff(capsule_id)).file_changes)
     except CcwError as exc:
         return {**row, "error": {"code": exc.code, "message": exc.message}}
@@ -130,10 +143,11 @@ async def _one(service: CapsuleService, quiet: CapsuleService, question: Questio
 
 
 async def race(service: CapsuleService, question: Question, values: Any = None, race_id: str | None = None,
-               owner: str | None = None) -> dict[str, Any]:
+               owner: str | None = None, runner: race_remote.Runner | None = None) -> dict[str, Any]:
     """Run the question's command in each capsule (``values``: the whitelisted variables' values,
-    as capsule_exec takes them), measure and judge each; the ranked table.  The race is kept
-    (capsules/races.py) as ``race_id`` (its run's id; None: a new one), ``owner``'s."""
+    as capsule_exec takes them), or over its tree through ``runner`` (a cluster's executor),
+    measure and judge each; the ranked table.  The race is kept (capsules/races.py) as
+    ``race_id`` (its run's id; None: a new one), ``owner``'s."""
     check(question)
     PolicyStore(service.state).get(question.policy)  # an unknown policy fails the call before anything runs
     for capsule_id in question.capsule_ids:  # and so does an unknown capsule
@@ -143,7 +157,7 @@ async def race(service: CapsuleService, question: Question, values: Any = None, 
                                                 "cmd": list(question.argv), "policy": question.policy,
                                                 "timeout_ms": question.timeout_ms})
     try:
-        result = await _race(service, question, values, race_id)
+        result = await _race(service, question, values, race_id, runner)
     except BaseException as exc:
         races.end(service.state, race_id, None, _failure(exc))
         raise
@@ -166,16 +180,17 @@ def _failure(exc: BaseException) -> dict[str, str] | None:
     return {"code": "INTERNAL", "message": repr(exc)}
 
 
-async def _race(service: CapsuleService, question: Question, values: Any, race_id: str) -> dict[str, Any]:
+async def _race(service: CapsuleService, question: Question, values: Any, race_id: str,
+                runner: race_remote.Runner | None) -> dict[str, Any]:
     total = len(question.capsule_ids)
-    parallel = max(1, min(os.cpu_count() or 1, total))
+    parallel = max(1, min((runner.parallelism if runner else os.cpu_count()) or 1, total))
     limiter = trio.CapacityLimiter(parallel)
     quiet = CapsuleService(service.state, service.helper, _Quiet(service), service.networks, service.services)
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
 
     async def one(capsule_id: str) -> None:
-        row = await _one(service, quiet, question, capsule_id, limiter, values)
+        row = await _one(service, quiet, question, capsule_id, limiter, values, runner)
         rows.append(row)
         races.progress(service.state, race_id, ranked(rows), total)
         outcome = row["error"]["code"] if "error" in row else f"exit {row['exit_code']}, {row['verdict']}"
@@ -184,5 +199,6 @@ async def _race(service: CapsuleService, question: Question, values: Any, race_i
     async with trio.open_nursery() as nursery:
         for capsule_id in question.capsule_ids:
             nursery.start_soon(one, capsule_id)
-    return {"race_id": race_id, "order": ORDER, "policy": question.policy, "parallel": parallel, "executor": "local",
+    return {"race_id": race_id, "order": ORDER, "policy": question.policy, "parallel": parallel,
+            "executor": runner.name if runner else "local",
             "elapsed_ms": int((time.monotonic() - started) * 1000), "rows": ranked(rows)}

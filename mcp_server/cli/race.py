@@ -50,7 +50,9 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     exit_text = "timeout" if row["timed_out"] else str(row["exit_code"])
     cpu = usage.get("cpu_ms")
     rss = usage.get("rss_max_kb")
-    return (str(row["rank"]), row["capsule_id"], exit_text, f"{row['duration_ms'] / 1000:.1f}s",
+    where = row.get("where", "local")  # a row run on the cluster says so beside its capsule
+    return (str(row["rank"]), row["capsule_id"] + ("" if where == "local" else f" @{where}"), exit_text,
+            f"{row['duration_ms'] / 1000:.1f}s",
             "-" if cpu is None else f"{cpu / 1000:.1f}s", "-" if rss is None else f"{rss // 1024}M",
             str(row["diff"]["files"]), str(row["diff"]["lines"]), row["verdict"])
 

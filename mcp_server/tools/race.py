@@ -1,6 +1,7 @@
 """capsule_race: the same command in several capsules at once, ranked (issue 39).
 
-An adapter over mcp_server/capsules/race.py, which says where the commands run, how
+An adapter over mcp_server/capsules/race.py, which says where the commands run (here, or
+on the REAPI cluster ``CCW_REAPI_URL`` names, as deltamin's trials), how
 each capsule is measured and judged, and the order of the table.  It is a run
 (capsules/run.py) like capsule_exec: past ``wait_ms`` it answers "running" with a run id
 for capsule_run.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.race import MAX_RACERS, Question, race
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
@@ -24,8 +26,15 @@ async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
 
     async def body(run: Run) -> dict[str, Any]:
-        # Kept as the run's id (none when the caller waits whole: race makes one), the run's owner's.
-        return await race(ctx.for_run(run).capsules, question, values, run.run_id or None, run.owner)
+        # Kept as the run's id (none when the caller waits whole: race makes one), the run's owner's;
+        # on the cluster deltamin's trials use, when one is configured (capsules/race_remote.py).
+        runner = executor_for(ctx.config.reapi_url, ctx.config.reapi_parallel, ctx.config.reapi_platform) \
+            if ctx.config.reapi_url else None
+        try:
+            return await race(ctx.for_run(run).capsules, question, values, run.run_id or None, run.owner, runner)
+        finally:
+            if runner is not None:
+                runner.close()
 
     return await ctx.runs.call("capsule_race", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
 
@@ -33,7 +42,7 @@ async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
 _ROW = {
     "type": "object", "required": ["rank", "capsule_id"],
     "properties": {
-        "rank": {"type": "integer", "minimum": 1}, "capsule_id": CAPSULE_ID,
+        "rank": {"type": "integer", "minimum": 1}, "capsule_id": CAPSULE_ID, "where": {"type": "string"},
         "exit_code": {"type": ["integer", "null"]}, "timed_out": {"type": "boolean"},
         "duration_ms": {"type": "integer"}, "usage": {"type": "object"},
         "diff": {"type": "object", "required": ["files", "lines"],
@@ -49,8 +58,8 @@ TOOLS = [
         family="capsule",
         title="Race capsules",
         description=(
-            f"Run cmd in each capsule (<={MAX_RACERS}; journaled as capsule_exec), up to one per core. Rows "
-            "ranked by order: exit, time, usage, diff size, policy's promote dry-run verdict."
+            f"Run cmd in each capsule (<={MAX_RACERS}; as capsule_exec), one per core, or on the REAPI cluster. "
+            "Rows (exit, time, usage, diff size, promote dry-run verdict) ranked by order."
         ),
         input_schema={
             "type": "object", "required": ["capsule_ids", "cmd"], "additionalProperties": False,
@@ -67,7 +76,7 @@ TOOLS = [
             "additionalProperties": False,
             "properties": {
                 "race_id": {"type": "string"}, "order": {"type": "string"}, "policy": {"type": "string"},
-                "parallel": {"type": "integer"}, "executor": {"const": "local"}, "elapsed_ms": {"type": "integer"},
+                "parallel": {"type": "integer"}, "executor": {"type": "string"}, "elapsed_ms": {"type": "integer"},
                 "rows": {"type": "array", "items": _ROW},
             },
         }]},
