@@ -14,6 +14,18 @@ def is_closed(fd: int) -> bool:
     return False
 
 
+def open_descriptors() -> dict[int, str]:
+    """This process's open descriptors, each with what it names (readlink of /proc/self/fd):
+    a number reused for something else reads as another entry."""
+    found = {}
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            found[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed since the listing (the listing's own descriptor, or a thread's)
+    return found
+
+
 def naming_under(root: str | os.PathLike[str], *exactly: str | os.PathLike[str]) -> dict[int, str]:
     """This process's descriptors that name something under ``root`` (or one of ``exactly``
     itself), by number: what a test's own code may have left open there.  Not the whole set
@@ -21,12 +33,5 @@ def naming_under(root: str | os.PathLike[str], *exactly: str | os.PathLike[str])
     descriptors of their own meanwhile, but none of theirs names the test's own directory."""
     top = os.path.realpath(root)
     named = {os.path.realpath(path) for path in exactly}
-    found = {}
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue  # closed since the listing (the listing's own descriptor, or a thread's)
-        if target == top or target.startswith(top + "/") or target in named:
-            found[int(name)] = target
-    return found
+    return {fd: target for fd, target in open_descriptors().items()
+            if target == top or target.startswith(top + "/") or target in named}
