@@ -125,10 +125,17 @@ def _now() -> str:
 
 def emit(db: sqlite3.Connection, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
     """Append one event inside the caller's transaction (``State.transaction``)."""
+    emit_many(db, kind, capsule_id, [data])
+
+
+def emit_many(db: sqlite3.Connection, kind: str, capsule_id: str | None, datas: Sequence[Mapping[str, Any]]) -> None:
+    """``emit`` of each of ``datas``, in order, in one statement (a merge journals 2,000 files at once:
+    one INSERT each cost it twice the time)."""
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
-    db.execute("INSERT INTO events (at, capsule_id, kind, data) VALUES (?, ?, ?, ?)",
-               (_now(), capsule_id, kind, json.dumps(data, sort_keys=True, ensure_ascii=False)))
+    at = _now()
+    db.executemany("INSERT INTO events (at, capsule_id, kind, data) VALUES (?, ?, ?, ?)",
+                   [(at, capsule_id, kind, json.dumps(data, sort_keys=True, ensure_ascii=False)) for data in datas])
 
 
 def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -> list[tuple[str, dict[str, Any]]]:

@@ -381,8 +381,7 @@ class Journal:
             gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1", (count, capsule_id, count)).fetchone() or (0, 0)
             db.executemany("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                            [(capsule_id, first + i, p, a, c if c is None else base64.b64encode(c).decode(), t, m, gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
-            for i, (path, action, *_) in enumerate(writes):
-                events.emit(db, "file.changed", capsule_id, {"seq": first + i, "path": path, "action": action})
+            events.emit_many(db, "file.changed", capsule_id, [{"seq": first + i, "path": w[0], "action": w[1]} for i, w in enumerate(writes)])
         return list(range(first, first + count))
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
