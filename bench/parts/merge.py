@@ -7,18 +7,19 @@ jail, not timed).  The same edits are committed on two branches of a copy of the
 repository.  Timed, in turns in a new order every round:
 
 - ``capsule_merge {into: "new"}``: list and read both capsules' changes and the base,
-  merge path by path, make the capsule and write and journal the 2,000 files (the merged
-  capsule's destroy after it is not timed);
+  merge path by path, fork the first capsule, write the second's 1,000 files into the
+  fork and journal the 2,000 (the merged capsule's destroy after it is not timed);
 - ``capsule_merge {dry_run: true}``: the same without the capsule (the merge alone);
 - ``git merge --no-edit`` of the second branch into a fresh branch at the first: the
   tree merge, the 1,000 files written to the work tree, the index and the commit (the
   ``git checkout -B`` that resets the work branch before it is not timed).
 
-The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  The two do not
-write the same amount: git merges into the first branch, so it writes the second's 1,000
-files, where the new capsule starts from the merge base (the parent, which every input
-forked from) and gets all 2,000, each also journaled with its bytes (a witness of the
-merged capsule replays them).  The dry run is the merge alone, nothing written.
+The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  Both write the
+second side's 1,000 files: git into the first branch's work tree, ccw into a fork of the
+first capsule (capsules/merge.py).  ccw also reads every changed file of both sides
+through their overlayfs views (git reads blobs from its object store) and journals all
+2,000 with their bytes (a witness of the merged capsule replays them).  The dry run is
+the merge alone, nothing written.
 """
 
 from __future__ import annotations

@@ -111,8 +111,10 @@ def _inputs(service: CapsuleService, ids: tuple[str, ...]) -> tuple[list[Capsule
     return records, service.live_record(common) if common is not None else None
 
 
-def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: Plan) -> dict[str, str]:
-    """The base states the inputs recorded at the merged paths, once the live tree still holds them."""
+def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: Plan,
+                  live: dict[str, str]) -> dict[str, str]:
+    """The base states the inputs recorded at the merged paths, once the live tree still holds them
+    (``live``: its states at every path they recorded, ``_live_recorded``)."""
     recorded: dict[str, str] = {}
     moved: list[dict[str, Any]] = []
     for record in records:
@@ -121,7 +123,6 @@ def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: P
                 continue
             if recorded.setdefault(path, state) != state:
                 moved.append({"path": path, "expected": recorded[path], "actual": state})
-    live = _live_states(records[0].workspace, sorted(recorded))
     moved += [{"path": p, "expected": s, "actual": live[p]} for p, s in sorted(recorded.items()) if live[p] != s]
     if moved:
         paths = sorted({one["path"] for one in moved})
@@ -132,10 +133,17 @@ def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: P
     return recorded
 
 
+def _live_recorded(service: CapsuleService, records: list[CapsuleRecord]) -> dict[str, str]:
+    """The live workspace's state at every path the inputs (or their ancestors) recorded a base state for."""
+    paths = {path for record in records for path in _recorded_states(service.journal, record)}
+    return _live_states(records[0].workspace, sorted(paths))
+
+
 async def _read(service: CapsuleService, records: list[CapsuleRecord],
-                ancestor: CapsuleRecord | None) -> tuple[Plan, int]:
+                ancestor: CapsuleRecord | None) -> tuple[Plan, int, dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
-    and the first input's generation then."""
+    the first input's generation then, and the live workspace's states (``_live_recorded``, read
+    beside the plan: on two cores the one's hashing overlaps the other's reads)."""
     ids = sorted(record.capsule_id for record in records)
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
@@ -153,7 +161,15 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
         generation = service.journal.generation(records[0].capsule_id)
         sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
         inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
-        return await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base), generation
+        live: dict[str, str] = {}
+
+        async def read_live() -> None:
+            live.update(await trio.to_thread.run_sync(_live_recorded, service, records))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_live)
+            plan = await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+        return plan, generation, live
 
 
 def _conflict(one: Outcome, plan: Plan) -> dict[str, Any]:
@@ -184,8 +200,8 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
 async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
     """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring)."""
     records, ancestor = _inputs(service, question.capsule_ids)
-    plan, generation = await _read(service, records, ancestor)
-    recorded = await trio.to_thread.run_sync(_checked_base, service, records, plan)
+    plan, generation, live = await _read(service, records, ancestor)
+    recorded = await trio.to_thread.run_sync(_checked_base, service, records, plan, live)
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}

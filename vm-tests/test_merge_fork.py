@@ -1,0 +1,80 @@
+"""capsule_merge into a new capsule that is a fork of the first input (issue 39), as root.
+
+The merged capsule is forked from the first input, and only the second's change is
+written into it: its parent is the first input, its diff still names both inputs'
+files against the base, and the first input is frozen (its execs refused, naming the
+fork) until the merged capsule is destroyed.  A workspace edited underneath the
+attempts after they changed a file refuses the merge (REPO_CHANGED) and makes nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sandbox.errors import CcwError
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt"):
+        (ws / name).write_text("".join(f"{name} line {i}\n" for i in range(1, 11)))
+    return ws
+
+
+async def _attempts(t: Any, ws: Path) -> tuple[str, str, str]:
+    parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+    one, two = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+    for capsule_id, script in ((one, "sed -i 's/line 2$/line two/' a.txt"), (two, "sed -i 's/line 9$/line nine/' b.txt")):
+        assert (await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
+    return parent, one, two
+
+
+def test_the_merged_capsule_is_a_fork_of_the_first_input(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        _, one, two = await _attempts(t, ws)
+        merged = await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
+        made = merged["capsule_id"]
+        listed = {c["capsule_id"]: c["parent"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        diff = await t.call("capsule_diff", {"capsule_id": made, "format": "json"})
+        look = await t.call("capsule_exec", {"capsule_id": made, "cmd": ["sh", "-c", "sed -n 2p a.txt; sed -n 9p b.txt"]})
+        try:
+            await t.call("capsule_exec", {"capsule_id": one, "cmd": ["true"]})
+            frozen = None
+        except CcwError as exc:
+            frozen = exc
+        await t.call("capsule_destroy", {"capsule_id": made})
+        again = await t.call("capsule_exec", {"capsule_id": one, "cmd": ["true"]})
+        return {"made": made, "listed": listed, "diff": diff, "look": look, "frozen": frozen, "again": again,
+                "one": one}
+
+    out = tools.run(scenario)
+    assert out["listed"][out["made"]] == out["one"]
+    assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {"a.txt": "modified", "b.txt": "modified"}
+    assert out["look"]["stdout"].splitlines() == ["a.txt line two", "b.txt line nine"]
+    assert out["frozen"] is not None and out["frozen"].code == "CONFLICT" and out["made"] in out["frozen"].message
+    assert out["again"]["exit_code"] == 0
+
+
+def test_a_workspace_moved_underneath_refuses_the_merge_and_makes_nothing(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        _, one, two = await _attempts(t, ws)
+        before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        (ws / "b.txt").write_text("edited on the host meanwhile\n")
+        try:
+            await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
+            refused = None
+        except CcwError as exc:
+            refused = exc
+        after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        return {"refused": refused, "before": before, "after": after}
+
+    out = tools.run(scenario)
+    assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]
+    assert out["refused"].details["paths"] == ["b.txt"]
+    assert out["after"] == out["before"]
