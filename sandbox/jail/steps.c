@@ -343,8 +343,10 @@ static void enter_time(const struct plan *plan)
  * the init, which polls it, until the jail's first notification is pending (hand_listener):
  * a run that renames and deletes nothing costs the helper nothing more than its socket.  A
  * kernel that refuses the filter leaves the jail without it and says so with an 'F' on the
- * socket (the helper attributes as before); once installed, the listener is closed only by
- * the init's exit, when no process of the jail is left to be failed with ENOSYS. */
+ * socket (the helper attributes as before).  Once installed, a listener always stays open
+ * somewhere: the init closes its copy only after the handover (the helper's copy answers
+ * from then on) or at its exit, when no process of the jail is left to be failed with
+ * ENOSYS. */
 static int held_listener = -1;
 
 static void install_listener(const struct plan *plan)
