@@ -60,7 +60,7 @@ from typing import Any
 import trio
 from outcome import acapture
 
-from mcp_server.capsules import gitdirs, gitpromote
+from mcp_server.capsules import capsecrets, gitdirs, gitpromote
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replay import ReplayOptions, replay
@@ -442,7 +442,8 @@ async def _replay(service: CapsuleService, record: CapsuleRecord, volatile: list
     the policies' globs, the only ones that count here; ``strict_outputs`` when the promotion
     carries the ignored files too, so the replay judges everything that will be written)."""
     made = await make_witness(service, record.capsule_id, WitnessOptions("zstd", True))
-    options = replace(ReplayOptions.of_capsule(record), volatile=tuple(volatile), strict_outputs=strict_outputs)
+    secrets = capsecrets.recall(service.state.root, record.capsule_id)  # their variables held placeholders
+    options = replace(ReplayOptions.of_capsule(record, secrets), volatile=tuple(volatile), strict_outputs=strict_outputs)
     outcome = await replay(service, Path(made["path"]), made["root_hash"], options)
     ok = bool(outcome["replay_ok"])
     output_identical = bool(outcome["output_identical"])

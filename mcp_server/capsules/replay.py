@@ -55,7 +55,7 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -245,11 +245,15 @@ class ReplayOptions:
     network_recorded: bool = False
 
     @classmethod
-    def of_capsule(cls, record: CapsuleRecord) -> ReplayOptions:
+    def of_capsule(cls, record: CapsuleRecord, secrets: Collection[str] = ()) -> ReplayOptions:
         """Replay a capsule's own witness as its runs ran, for a policy: its whitelisted variables'
         values (this server's, as runs.whitelisted gave its runs) and its network, but none of its
-        volatile globs (the capsule may not decide what its own policy check ignores)."""
-        env = {name: os.environ[name] for name in record.spec.env_whitelist if name in os.environ}
+        volatile globs (the capsule may not decide what its own policy check ignores).  Not the
+        variables of its ``secrets`` (capsules/capsecrets.py): its runs had placeholders there, and
+        this server's own value of such a name may be the very credential the capsule was kept
+        from; the replay runs without them and its ``env_missing`` names them."""
+        env = {name: os.environ[name] for name in record.spec.env_whitelist
+               if name in os.environ and name not in secrets}
         return cls(env=env, network=record.network_spec, witness_volatile=False, network_recorded=True)
 
 
