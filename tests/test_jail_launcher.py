@@ -100,3 +100,14 @@ def test_a_failed_step_carries_what_ccw_jail_said_beyond_the_errno() -> None:
     chdir = supervise._setup_error(b"chdir /no/dir\x002\x00chdir failed: No such file or directory")
     assert "ccw-jail says" not in chdir.message and "ENOENT" in chdir.message  # the errno says it all
     assert chdir.details["step"] == "chdir /no/dir"
+
+
+def test_a_user_namespace_the_launcher_could_not_unshare_carries_its_errno(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``ccw-jail userns`` answers "E" and unshare's errno in one write; the helper raises it as that OSError."""
+    fake = tmp_path / "ccw-jail"
+    fake.write_text("#!/bin/sh\nprintf E1\n")  # EPERM, as a host that forbids user namespaces answers
+    fake.chmod(0o755)
+    monkeypatch.setattr(jail_launcher, "PATH", str(fake))
+    with pytest.raises(OSError) as caught:
+        jail_launcher.user_namespace("0 0 1", "0 0 1")
+    assert caught.value.errno == 1 and "unshare(CLONE_NEWUSER)" in str(caught.value)

@@ -350,3 +350,10 @@ def test_a_jail_that_cannot_start_leaves_no_descriptor(spec: contain.JailSpec, u
     # The pipes, the plan, the clones: all closed.  Not the count before and after: a thread
     # an earlier test left on the worker (a fanotify group's closer) may close one meanwhile.
     assert {fd: target for fd, target in ours().items() if before.get(fd) != target} == {}
+
+
+def test_a_user_namespace_that_cannot_be_unshared_is_told_with_its_errno(root_required: None) -> None:
+    """``ccw-jail userns`` where no user namespace may be made (a namespace whose limit is 0): "E" and the errno."""
+    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {jail_launcher.PATH} userns < /dev/null"
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script], capture_output=True, timeout=30)
+    assert (done.returncode, done.stdout) == (125, f"E{errno.ENOSPC}".encode()), done.stderr
