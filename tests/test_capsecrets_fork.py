@@ -8,29 +8,18 @@ from pathlib import Path
 import trio
 
 from mcp_server.capsules import capsecrets
+from mcp_server.capsules.networks import Networks
 from mcp_server.core.secretbind import make_binding
-from mcp_server.egress.credentials import Credentials
 from mcp_server.fs.secretstore import SecretStore
 
 VALUE = b"v4lue-" + b"y" * 34
-
-
-class Holder:
-    def __init__(self) -> None:
-        self.given: dict[str, Credentials] = {}
-
-    def credentials(self, capsule_id: str) -> Credentials | None:
-        return self.given.get(capsule_id)
-
-    def give_credentials(self, capsule_id: str, credentials: Credentials) -> None:
-        self.given[capsule_id] = credentials
 
 
 def test_a_fork_inherits_the_names_with_placeholders_of_its_own(tmp_path: Path) -> None:
     root = tmp_path / "state"
     root.mkdir(mode=0o700)
     SecretStore(root).put(make_binding("TOKEN", ["index.example:80"]), "stdin", VALUE)
-    holder = Holder()
+    holder = Networks()  # the front end's holder of capsules' placeholders
     given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
     assert given is not None
     capsecrets.remember(root, "cap_parent", ["TOKEN"])
