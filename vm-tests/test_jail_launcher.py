@@ -50,22 +50,32 @@ def _reports(raw: bytes) -> dict[bytes, bytes]:
     return {kind: payload for kind, payload in reversed(supervise._parse_reports(raw))}
 
 
-def _spawn_raw(plan: bytes, extra: dict[int, int] | None = None) -> tuple[int, bytes, bytes]:
-    """Spawn the launcher on ``plan`` with stdio, the report pipe and ``extra`` descriptors;
-    its wait status, its reports and its stderr."""
-    report_r, report_w = os.pipe()
-    err_r, err_w = os.pipe()
+def _spawn(plan: bytes, report_w: int, err_w: int, extra: dict[int, int] | None = None) -> int:
+    """Spawn the launcher on ``plan`` with stdio, the report pipe and ``extra`` descriptors
+    (the caller keeps and closes those it passed); its pid."""
     plan_fd = os.memfd_create("test-plan", os.MFD_CLOEXEC)
     os.write(plan_fd, plan)
     null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     placed = {0: null, 1: null, 2: err_w, 3: report_w, jail_launcher.FD_PLAN: plan_fd, **(extra or {})}
     high = {target: os.dup(fd) for target, fd in placed.items()}  # above every target: see jail_launcher.spawn
     try:
-        pid = os.posix_spawn(jail_launcher.PATH, [jail_launcher.PATH], {},
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
+        return os.posix_spawn(jail_launcher.PATH, [jail_launcher.PATH], {},
+                              file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
     finally:
-        for fd in (*high.values(), report_w, err_w, plan_fd, null):
+        for fd in (*high.values(), plan_fd, null):
             os.close(fd)
+
+
+def _spawn_raw(plan: bytes, extra: dict[int, int] | None = None) -> tuple[int, bytes, bytes]:
+    """Spawn the launcher on ``plan`` with stdio, the report pipe and ``extra`` descriptors;
+    its wait status, its reports and its stderr."""
+    report_r, report_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        pid = _spawn(plan, report_w, err_w, extra)
+    finally:
+        os.close(report_w)
+        os.close(err_w)
     with os.fdopen(report_r, "rb") as reports, os.fdopen(err_r, "rb") as err:
         raw, stderr = reports.read(), err.read()
     _, status = os.waitpid(pid, 0)
@@ -298,17 +308,11 @@ def test_a_launcher_whose_helper_is_gone_builds_no_jail(spec: contain.JailSpec) 
     plan = jail_launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "echo > /tmp/ran"])), jail_launcher.ROOT, 0)
     report_r, report_w = os.pipe()
     os.close(report_r)  # nobody reads the reports: the helper is gone
-    plan_fd = os.memfd_create("test-plan", os.MFD_CLOEXEC)
-    os.write(plan_fd, plan)
-    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-    placed = {0: null, 1: null, 2: null, 3: report_w, jail_launcher.FD_PLAN: plan_fd, jail_launcher.FD_ROOT: root}
-    high = {target: os.dup(fd) for target, fd in placed.items()}
     try:
-        pid = os.posix_spawn(jail_launcher.PATH, [jail_launcher.PATH], {},
-                             file_actions=[(os.POSIX_SPAWN_DUP2, fd, target) for target, fd in high.items()])
+        pid = _spawn(plan, report_w, report_w, {jail_launcher.FD_ROOT: root})
     finally:
-        for fd in (*high.values(), report_w, plan_fd, null, root):
-            os.close(fd)
+        os.close(report_w)
+        os.close(root)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 125
     assert not os.path.exists(ran)
