@@ -100,6 +100,8 @@ static void report_int(char kind, int value)
     report(kind, big, sizeof big);
 }
 
+/* The "E" report: the step's name, NUL, the errno in decimal, NUL, the text.  A message
+ * past the report's bound is cut (it is read by a person; no path is built from it). */
 _Noreturn void fail(const char *step, int number, const char *text)
 {
     char payload[3000];
