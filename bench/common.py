@@ -29,29 +29,29 @@ class InProcess:
 
 @contextlib.asynccontextmanager
 async def in_process_tools(state_dir: Path, env: dict[str, str] | None = None) -> AsyncIterator[InProcess]:
-    """The tool handlers over a fresh runtime keeping its state in ``state_dir`` (other
-    settings from ``env``, CCW_* names); the runtime (its helper, its egress sessions) is
-    closed on the way out."""
-    from mcp_server.config import TOOLSETS, Config
-    from mcp_server.context import CallContext, Runtime
+    """ccw's tools over a fresh server keeping its state in ``state_dir`` (other settings
+    from ``env``, CCW_* names), called through the server's own pipeline (``CcwServer.call_tool``:
+    the input schema checked, then the handler, with the ``CallContext`` a transport gives a
+    call); its runtime (helper, egress sessions) is closed on the way out."""
+    from mcp_server.config import Config
+    from mcp_server.context import CallContext
+    from mcp_server.server import CcwServer
     from mcp_server.state import State
-    from mcp_server.tools.registry import Registry
 
     config = Config.from_env({**(env or {}), "CCW_STATE_DIR": str(state_dir)})
-    runtime = Runtime(config, State(config.state_dir))
-    ctx = CallContext(runtime)
-    registry = Registry.load(TOOLSETS)
+    server = CcwServer(config, State(config.state_dir))
+    ctx = CallContext(server.runtime)
 
     async def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-        spec = registry.lookup(name)
+        spec = server.tools.registry.lookup(name)
         assert spec is not None, name
-        result: dict[str, Any] = await spec.handler(ctx, args)
-        return result
+        return await server.call_tool(spec, args, ctx)
 
     try:
         yield InProcess(call, ctx)
     finally:
-        await runtime.aclose()
+        await server.runtime.aclose()
+        server.state.close()
 
 
 def sample(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float]:

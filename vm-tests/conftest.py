@@ -243,6 +243,7 @@ SHARED = {
     "test_services_tools.py": "http.server 8765",
     "test_services_rootless.py": "http.server 8765",
     "test_services_attribution.py": "http.server 8765",
+    "test_bench_smoke_services.py": "http.server 8765",  # bench/run.py services, in capsules and on the host
     # They put the host end of a veth on fixed addresses (tests/support/netfixtures.py:
     # HOST_ADDRESS and SERVER_ADDRESS, 10.98.0.1 and .2; the lab's): two at once take the
     # same address twice, and one's upstream is refused while the other's namespace holds it.
@@ -255,6 +256,7 @@ SHARED = {
     "test_network_ask.py": "netfixtures' fixed addresses",
     "test_network_propose.py": "netfixtures' fixed addresses",
     "test_attack_proposals.py": "netfixtures' fixed addresses",
+    "test_bench_smoke_network.py": "netfixtures' fixed addresses",  # bench/run.py network
 }
 
 

@@ -52,8 +52,8 @@ def _workload(base: str, strace: bool) -> list[str]:
 
 
 @contextlib.contextmanager
-def _overlay_tree() -> Iterator[str]:
-    """A base dir whose ``merged`` is an overlay over FILES small files in ``lower/many``."""
+def _overlay_tree(files: int) -> Iterator[str]:
+    """A base dir whose ``merged`` is an overlay over ``files`` small files in ``lower/many``."""
     from sandbox import syscalls
 
     base = tempfile.mkdtemp(prefix="ccw-bench-trace-")
@@ -61,7 +61,7 @@ def _overlay_tree() -> Iterator[str]:
     try:
         for name in ("lower", "upper", "work", "merged", "jail", "lower/many"):
             os.mkdir(os.path.join(base, name))
-        for i in range(FILES):
+        for i in range(files):
             with open(os.path.join(base, "lower", "many", f"f{i:05d}"), "wb") as f:
                 f.write(b"x" * 64)
         opts = f"lowerdir={base}/lower,upperdir={base}/upper,workdir={base}/work"
@@ -113,10 +113,10 @@ class _Runs:
             cg.teardown()
 
 
-def measure(repeat: int) -> list[Row]:
-    """Median ms of reading 20,000 files untraced, with the Tracer, and under strace."""
+def measure(repeat: int, files: int = FILES) -> list[Row]:
+    """Median ms of reading ``files`` files untraced, with the Tracer, and under strace."""
     has_strace = shutil.which("strace") is not None
-    with _overlay_tree() as base:
+    with _overlay_tree(files) as base:
         runs = _Runs(base)
         variants = {"untraced": {}, "traced": {"trace": True}}
         if has_strace:
@@ -133,11 +133,11 @@ def measure(repeat: int) -> list[Row]:
                 runs.group.close()
     base_ms = median_ms(times["untraced"])
     rows = [
-        Row("read 20k files: untraced", base_ms),
-        Row("read 20k files: ccw Tracer (incl. collect)", median_ms(times["traced"]), "untraced", base_ms,
+        Row(f"read {files:,} files: untraced", base_ms),
+        Row(f"read {files:,} files: ccw Tracer (incl. collect)", median_ms(times["traced"]), "untraced", base_ms,
             "<= 1.3x", {"files recorded (min over runs)": min(runs.counts), "overflow": runs.overflow}),
     ]
     if has_strace:
-        rows.append(Row("read 20k files: strace -f --seccomp-bpf", median_ms(times["straced"]), "untraced", base_ms))
+        rows.append(Row(f"read {files:,} files: strace -f --seccomp-bpf", median_ms(times["straced"]), "untraced", base_ms))
         rows.append(Row("ccw Tracer vs strace", median_ms(times["traced"]), "strace", median_ms(times["straced"])))
     return rows

@@ -27,6 +27,7 @@ from bench.common import Report, Row, in_process_tools, median_ms
 from bench.parts import merge
 
 SIZES = (1, 10, 100)
+QUICK_SIZES = (1, 10)  # --quick, a smoke run: 100 forks made and destroyed per round took most of 150 s
 RACERS = 4
 SINGLE_CALLS = 10  # count=1 calls per round
 WORK = ["python3", "-c", "sum(i * i for i in range(3_000_000))"]
@@ -81,13 +82,14 @@ async def _one_after_another(call: Any, forks: list[str]) -> float:
     return time.perf_counter() - start
 
 
-async def _measure(base: Path, fork_rounds: int, race_rounds: int) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
+async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int,
+                   race_rounds: int) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
     ws = _workspace(base)
     async with in_process_tools(base / "state") as tools:
-        per_fork: dict[int, list[float]] = {n: [] for n in SIZES}
-        for n in SIZES:  # warm-up
+        per_fork: dict[int, list[float]] = {n: [] for n in sizes}
+        for n in sizes:  # warm-up
             await _fork_round(tools.call, ws, n)
-        order, shuffler = list(SIZES), random.Random(0)
+        order, shuffler = list(sizes), random.Random(0)
         for _ in range(fork_rounds):
             shuffler.shuffle(order)
             for n in order:
@@ -111,16 +113,16 @@ def run(quick: bool = False) -> Report:
     import trio
 
     report = Report("many")
-    fork_rounds, race_rounds = (3, 3) if quick else (9, 7)
+    sizes, fork_rounds, race_rounds = (QUICK_SIZES, 1, 1) if quick else (SIZES, 9, 7)
     base = Path(tempfile.mkdtemp(prefix="ccw-bench-many-"))
     (base / "state").mkdir()
     try:
-        per_fork, races = trio.run(_measure, base, fork_rounds, race_rounds)
+        per_fork, races = trio.run(_measure, base, sizes, fork_rounds, race_rounds)
         merges = trio.run(merge.measured, base, race_rounds)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     one = median_ms(per_fork[1])
-    for n in SIZES:
+    for n in sizes:
         name = f"capsule_fork count={n}: per fork" + (f" ({SINGLE_CALLS} calls)" if n == 1 else "")
         report.add(Row(name, median_ms(per_fork[n]), baseline="count=1" if n != 1 else "", baseline_ms=one if n != 1 else None,
                        target="<= 1.2x (flat)" if n != 1 else "", extra={"rounds": fork_rounds}))

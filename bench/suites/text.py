@@ -20,7 +20,8 @@ back and forth so every call does real work; ccw's next ``file_hash`` and anchor
 from the previous edit's result.  Reads are measured three ways, because ccw caches tag
 lists by file hash: the file unchanged since the last read, just edited by the agent
 (tags spliced by the edit), and rewritten by another process (nothing cached).  The
-"handler" rows call ccw's handlers in-process, to show what the transport adds.
+"in process" rows call ccw's tools through the server's own pipeline in this process
+(bench.common.in_process_tools), to show what the transport adds.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 import anyio
 import trio
 
-from bench.common import Report, Row
+from bench.common import Call, Report, Row, in_process_tools
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
@@ -217,48 +218,39 @@ async def _interleaved(subjects: dict[str, _Subject], repeat: int) -> dict[str, 
     return {name: subject.figures() for name, subject in subjects.items()}
 
 
-class _LocalContext:
-    """The least ToolContext for calling a handler in-process (no roots: the workspace)."""
-
-    def __init__(self, workspace: Path) -> None:
-        from mcp_server.config import Config
-
-        self.config = Config(workspace=str(workspace))
-        self.state = None
-
-    async def roots(self) -> None:
-        return None
-
-
 def _in_process(path: Path, repeat: int) -> list[Row]:
-    """The handlers alone, without transport or JSON: where the round trip's time goes."""
-    from mcp_server.tools import hashline as tools
-
-    ctx = _LocalContext(path.parent)
+    """The tools alone, without transport or JSON: where the round trip's time goes."""
 
     async def measure() -> list[Row]:
-        read_ms, read = await _median(lambda: tools.read_text_file(ctx, {"path": str(path)}), repeat)
-        row = read["content"].split("\n")[TARGET_LINE]
-        original = row.split("|", 1)[1]
-        state = {"hash": read["file_hash"], "anchor": row.split("|", 1)[0], "flip": False}
-
-        async def edit() -> Any:
-            text = original if state["flip"] else original + "  # edited"
-            ops = [{"op": "replace", "anchor": state["anchor"], "content": text}]
-            result = await tools.edit_text_file(ctx, {"path": str(path), "file_hash": state["hash"], "ops": ops})
-            state["hash"] = result["file_hash"]
-            state["anchor"] = next(r for r in result["context"] if r.startswith(f"{TARGET_LINE + 1}:")).split("|", 1)[0]
-            state["flip"] = not state["flip"]
-            return result
-
-        edit_ms, _ = await _median(edit, repeat)
-        return [
-            Row(name=f"read {LINES} lines: unchanged (handler)", ccw_ms=read_ms),
-            Row(name=f"edit 1 of {LINES} lines (handler)", ccw_ms=edit_ms,
-                extra={"includes": "fsync of the file and its directory (the reference does not fsync)"}),
-        ]
+        env = {"CCW_WORKSPACE": str(path.parent), "CCW_TOOLSETS": "text,file"}
+        async with in_process_tools(path.parent.parent / "state-in-process", env) as tools:
+            return await _handler_rows(tools.call, path, repeat)
 
     return trio.run(measure)
+
+
+async def _handler_rows(call: Call, path: Path, repeat: int) -> list[Row]:
+    """A read and a one-line edit of ``path`` through ``call``, their medians as rows."""
+    read_ms, read = await _median(lambda: call("read_text_file", {"path": str(path)}), repeat)
+    row = read["content"].split("\n")[TARGET_LINE]
+    original = row.split("|", 1)[1]
+    state = {"hash": read["file_hash"], "anchor": row.split("|", 1)[0], "flip": False}
+
+    async def edit() -> Any:
+        text = original if state["flip"] else original + "  # edited"
+        ops = [{"op": "replace", "anchor": state["anchor"], "content": text}]
+        result = await call("edit_text_file", {"path": str(path), "file_hash": state["hash"], "ops": ops})
+        state["hash"] = result["file_hash"]
+        state["anchor"] = next(r for r in result["context"] if r.startswith(f"{TARGET_LINE + 1}:")).split("|", 1)[0]
+        state["flip"] = not state["flip"]
+        return result
+
+    edit_ms, _ = await _median(edit, repeat)
+    return [
+        Row(name=f"read {LINES} lines: unchanged (in process)", ccw_ms=read_ms),
+        Row(name=f"edit 1 of {LINES} lines (in process)", ccw_ms=edit_ms,
+            extra={"includes": "fsync of the file and its directory (the reference does not fsync)"}),
+    ]
 
 
 def _ccw_env(tmp: Path, **extra: str) -> dict[str, str]:
@@ -349,7 +341,7 @@ def run(quick: bool = False) -> Report:
     from mcp import Client
     from mcp.client.stdio import StdioServerParameters
 
-    repeat = 5 if quick else 30
+    repeat = 3 if quick else 30  # quick: a smoke run (CI), ~100 calls in all
     report = Report("text")
     tmp = Path(tempfile.mkdtemp(prefix="ccw-bench-text-"))
     try:

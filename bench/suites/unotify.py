@@ -35,9 +35,9 @@ from bench.common import Call, Report, Row, in_process_tools, interleaved_async,
 PYTHON = ["/usr/bin/python3", "-S"]
 TREE = """
 import os, subprocess, time
-for d in range(50):
+for d in range(DIRS):
     os.makedirs(f"tree/d{d}")
-    for f in range(100):
+    for f in range(FILES):
         open(f"tree/d{d}/f{f}", "w").close()
 start = time.perf_counter()
 subprocess.run(["rm", "-rf", "tree"], check=True)
@@ -47,24 +47,35 @@ MVS = """
 import subprocess, time
 open("a", "w").close()
 start = time.perf_counter()
-subprocess.run(["sh", "-c", 'i=0; while [ $i -lt 1000 ]; do mv a b; mv b a; i=$((i+1)); done'], check=True)
+subprocess.run(["sh", "-c", 'i=0; while [ $i -lt MVS ]; do mv a b; mv b a; i=$((i+1)); done'], check=True)
 print(time.perf_counter() - start)
 """
 RENAMES = """
 import os, time
 open("a", "w").close()
 start = time.perf_counter()
-for _ in range(10000):
+for _ in range(RENAMES):
     os.rename("a", "b")
     os.rename("b", "a")
 print(time.perf_counter() - start)
 """
-COMMANDS = {"rm": TREE, "mv": MVS, "rename": RENAMES}
 IDLE = ["sh", "-c", "echo up; exec sleep 100000"]
-ROUNDS, QUICK_ROUNDS = 8, 3  # per half
+ROUNDS, QUICK_ROUNDS = 8, 1  # per half
+# The commands' sizes (each loop's count: mv and rename go there and back); --quick, a smoke
+# run, a tenth of each: the full quick run took 395 s on a loaded 2-core machine.
+SIZES = {"DIRS": 50, "FILES": 100, "MVS": 1000, "RENAMES": 10000}
+QUICK_SIZES = {"DIRS": 10, "FILES": 50, "MVS": 100, "RENAMES": 1000}
 
 
-async def _beside(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
+def _commands(sizes: dict[str, int]) -> dict[str, str]:
+    """The three scripts with their counts written in."""
+    commands = {"rm": TREE, "mv": MVS, "rename": RENAMES}
+    for name, count in sizes.items():
+        commands = {key: script.replace(name, str(count)) for key, script in commands.items()}
+    return commands
+
+
+async def _beside(call: Call, ws: Path, rounds: int, commands: dict[str, str]) -> dict[str, list[float]]:
     """Seconds each command took in its jail, in a capsule with an idle service and in one without."""
     caps = [(await call("capsule_create", {"workspace": str(ws)}))["capsule_id"] for _ in range(2)]
 
@@ -86,7 +97,7 @@ async def _beside(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
                 raise RuntimeError(f"the idle service was not ready: {started}")
             half = await interleaved_async({
                 f"{name} {'filtered' if which == served else 'plain'}": exec_in(which, script)
-                for which in (0, 1) for name, script in COMMANDS.items()}, rounds, seed=served)
+                for which in (0, 1) for name, script in commands.items()}, rounds, seed=served)
             await call("capsule_service_stop", {"capsule_id": caps[served], "name": "idle", "grace_ms": 2000})
             for name, figures in half.items():
                 times.setdefault(name, []).extend(figures)
@@ -96,27 +107,28 @@ async def _beside(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
     return times
 
 
-async def _measure(root: Path, rounds: int) -> dict[str, list[float]]:
+async def _measure(root: Path, rounds: int, sizes: dict[str, int]) -> dict[str, list[float]]:
     ws = root / "ws"
     ws.mkdir()
-    async with in_process_tools(root / "state") as tools:
-        return await _beside(tools.call, ws, rounds)
+    async with in_process_tools(root / "state", {"CCW_TOOLSETS": "capsule"}) as tools:
+        return await _beside(tools.call, ws, rounds, _commands(sizes))
 
 
 def run(quick: bool = False) -> Report:
     """Each command with the notifying filter and without, medians and ratios."""
     if os.geteuid() != 0:
         raise SystemExit("the unotify suite needs root (the helper runs privileged)")
-    rounds = QUICK_ROUNDS if quick else ROUNDS
+    rounds, sizes = (QUICK_ROUNDS, QUICK_SIZES) if quick else (ROUNDS, SIZES)
     report = Report("unotify")
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ccw-bench-unotify-") as tmp:
-        figures = trio.run(_measure, Path(tmp), rounds)
+        figures = trio.run(_measure, Path(tmp), rounds, sizes)
     took = time.perf_counter() - start
-    for name, what, calls in (("rm", "rm -rf of 5,000 files in 50 dirs", 5050),
-                              ("mv", "2,000 mv processes in a shell loop", 2000),
-                              ("rename", "20,000 os.rename in one process", 20000)):
+    files, dirs, mvs, renames = sizes["DIRS"] * sizes["FILES"], sizes["DIRS"], 2 * sizes["MVS"], 2 * sizes["RENAMES"]
+    for name, what, calls in (("rm", f"rm -rf of {files:,} files in {dirs} dirs", files + dirs),
+                              ("mv", f"{mvs:,} mv processes in a shell loop", mvs),
+                              ("rename", f"{renames:,} os.rename in one process", renames)):
         filtered, plain = figures[f"{name} filtered"], figures[f"{name} plain"]
         paired = statistics.median(f / p for f, p in zip(filtered, plain, strict=True))
         extra = (statistics.median(filtered) - statistics.median(plain)) / calls * 1e6
