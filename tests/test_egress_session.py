@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from mcp_server.core.netspace import HostSpace
 from mcp_server.egress import session as session_module
 from mcp_server.egress import splice
+from mcp_server.egress.relay import Attempt
 from tests.support.egress_harness import (
     NoDns,
     Running,
@@ -309,6 +310,32 @@ def test_an_exec_ends_with_the_direct_attempts_its_sniffer_has_queued() -> None:
             ("fe80::1", 53, "udp")]
         assert later == []
 
+    trio.run(main)
+
+
+def test_no_direct_attempt_waits_outside_the_queue_while_an_exec_ends() -> None:
+    """The sniffer's task hands on each packet it takes off the queue before it lets another
+    task run: an exec ending right after a packet was taken has it (trio's recvfrom once
+    kept a packet across its closing checkpoint, half the time, and the exec lost it)."""
+    told: list[trio.Event] = []
+
+    def observe(attempt: Attempt) -> None:
+        if attempt.port % 2:  # the first of a pair: the second arrives as it is recorded
+            running.sniff_peer.send(_syn("10.99.0.2", "1.2.3.4", attempt.port + 1))
+            told[-1].set()
+
+    async def main() -> None:
+        nonlocal running
+        async with egress(network("127.0.0.1"), observe=observe) as running:
+            for port in range(1, 41, 2):
+                running.session.begin_exec()
+                told.append(trio.Event())
+                running.sniff_peer.send(_syn("10.99.0.2", "1.2.3.4", port))
+                await told[-1].wait()
+                ended = running.session.end_exec()
+                assert [r["port"] for r in ended] == [port, port + 1]
+
+    running: Running
     trio.run(main)
 
 

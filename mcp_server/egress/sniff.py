@@ -24,12 +24,16 @@ Some facts about the sniffer, as the helper makes it and this module reads it:
   regardless).  Reading the sniffer only records what happened.
 - A packet is queued on the sniffer before the egress side answers it (the kernel hands
   it to taps first), so every attempt of an exec is queued before its jail exits.  But
-  the reading task (``Sniffer.serve``) is one trio task among all the proxy's, reading a
-  packet a turn, each record a database row for the session's observer; the helper's
-  answer that the exec ended can be acted on first.  Once, a busy front end closed an
-  exec's records with its last four direct attempts still queued (the proxy's record of
-  the request made after them was there: the proxy records before it answers).  So the
-  exec's end reads what is queued, without waiting (``Sniffer.drain``).  The queue holds
+  the reading task is one trio task among all the proxy's, each record a database row
+  for the session's observer; the helper's answer that the exec ended can be acted on
+  first.  Once, a busy front end closed an exec's records with its last four direct
+  attempts still queued (the proxy's record of the request made after them was there:
+  the proxy records before it answers).  So the exec's end reads what is queued, without
+  waiting (``Sniffer.drain``).  And the task does not read with trio's ``recvfrom``: that
+  returns through a checkpoint *after* the packet has left the queue, and a packet held
+  there by a task not yet resumed was lost to the exec ending meanwhile (seen with a slow
+  observer: one attempt of nine).  It waits until the socket is readable and then drains
+  it too, reading and recording in one step with no checkpoint between.  The queue holds
   about 256 small datagrams (the default receive buffer, 212 992 bytes; measured on the
   project's VM: 300 sent, 256 queued, 44 counted dropped).
 - IPv6 may put extension headers before TCP/UDP (hop-by-hop, routing, destination
@@ -137,39 +141,42 @@ class Sniffer:
     once (``drain``); each direct attempt is handed to ``seen``."""
 
     def __init__(self, fd: int, seen: Callable[[DirectAttempt], None]) -> None:
-        self._plain = socket.socket(fileno=fd)  # trio makes it non-blocking; ``drain`` reads it so
-        self.socket = trio.socket.from_stdlib_socket(self._plain)
+        self._socket = socket.socket(fileno=fd)
+        self._socket.setblocking(False)
         self._seen = seen
 
     async def serve(self) -> None:
         """Read until the socket fails (ENETDOWN once the veth is gone) or the task is cancelled."""
         while True:
             try:
-                packet, address = await self.socket.recvfrom(65536)
-            except OSError as exc:
+                await trio.lowlevel.wait_readable(self._socket)
+                self._read_queued()
+            except (OSError, trio.ClosedResourceError) as exc:
                 log.warning("egress sniffer: stopped reading: %s", exc)
                 return
-            self._packet(packet, address)
 
     def drain(self) -> None:
-        """Hand on every packet queued now (at most ``MAX_DRAINED``), without waiting."""
+        """Hand on every packet queued now, without waiting (the socket's failure: ``serve`` says it)."""
+        try:
+            self._read_queued()
+        except OSError as exc:
+            log.debug("egress sniffer: nothing read at an exec's end: %s", exc)
+
+    def _read_queued(self) -> None:
+        """Read and hand on at most ``MAX_DRAINED`` packets, with no checkpoint between."""
         for _ in range(MAX_DRAINED):
             try:
-                packet, address = self._plain.recvfrom(65536)
+                packet, address = self._socket.recvfrom(65536)
             except BlockingIOError:
                 return
-            except OSError as exc:  # closed, or the veth gone: ``serve`` says so
-                log.debug("egress sniffer: nothing read at an exec's end: %s", exc)
-                return
-            self._packet(packet, address)
-
-    def _packet(self, packet: bytes, address: object) -> None:
-        if isinstance(address, tuple) and len(address) > 2 and address[2] == PACKET_OUTGOING:
-            return  # what the egress side sent (the filter drops it too)
-        seen = parse_packet(packet)
-        if seen is not None:
-            self._seen(seen)
+            if isinstance(address, tuple) and len(address) > 2 and address[2] == PACKET_OUTGOING:
+                continue  # what the egress side sent (the filter drops it too)
+            seen = parse_packet(packet)
+            if seen is not None:
+                self._seen(seen)
 
     def close(self) -> None:
-        """Close the socket."""
-        self.socket.close()
+        """Close the socket (a task waiting on it is woken: trio's rule for closing)."""
+        if self._socket.fileno() != -1:
+            trio.lowlevel.notify_closing(self._socket)
+            self._socket.close()
