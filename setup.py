@@ -55,10 +55,15 @@ def build_program(target: str, sources: list[str]) -> None:
     with tempfile.TemporaryDirectory() as generated:
         write_interface_header(generated)
         flags = [*CFLAGS, "-I", generated]
-        static = subprocess.run([*compiler, *flags, "-static", "-o", target, *sources], capture_output=True, text=True)
+        # Into a new file, renamed over the old: a helper spawning the program meanwhile
+        # gets the old one or the new one, never a half-written file.
+        built = os.path.join(generated, os.path.basename(target))
+        static = subprocess.run([*compiler, *flags, "-static", "-o", built, *sources], capture_output=True, text=True)
         if static.returncode != 0:
-            subprocess.run([*compiler, *flags, "-o", target, *sources], check=True)
-    os.chmod(target, 0o755)
+            subprocess.run([*compiler, *flags, "-o", built, *sources], check=True)
+        os.chmod(built, 0o755)
+        shutil.copy2(built, target + ".new")
+        os.replace(target + ".new", target)
 
 
 class BuildWithLauncher(build_ext):
@@ -71,7 +76,8 @@ class BuildWithLauncher(build_ext):
             built = os.path.join(self.build_lib, program)
             build_program(built, sources)
             if self.inplace or getattr(self, "editable_mode", False):
-                shutil.copy2(built, os.path.join(HERE, program))
+                shutil.copy2(built, os.path.join(HERE, program) + ".new")  # renamed over, as build_program does
+                os.replace(os.path.join(HERE, program) + ".new", os.path.join(HERE, program))
 
     def get_outputs(self) -> list[str]:
         return [*super().get_outputs(), *(os.path.join(self.build_lib, program) for program in PROGRAMS)]
