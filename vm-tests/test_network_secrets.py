@@ -237,3 +237,43 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
     with sqlite3.connect(tools.runtime.state.db_path) as db:
         told = [data for (data,) in db.execute("SELECT data FROM events WHERE kind = 'net.connection'")]
     assert any('"reason": "exfiltration attempt: the placeholder of secret PIP_TOKEN' in data for data in told), told
+
+
+def test_a_policy_replay_never_gets_the_servers_own_value_of_a_secrets_name(
+        tools: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Promotion's replay (require_replay_ok) re-runs the capsule's commands with its whitelisted
+    variables' values from this server's environment: a secret's name is not among them, so a
+    front end started with the same variable set (a real token of the person's) does not hand
+    it to the replay's jail, which would send it where the recorded command sends the placeholder."""
+    own = "ghp_the-servers-own-token"
+    monkeypatch.setenv("PIP_TOKEN", own)
+    server = Recording(Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    state = tools.runtime.state.root
+    os.chmod(state, 0o700)
+    SecretStore(state).put(make_binding("PIP_TOKEN", [f"127.0.0.1:{_port(server)}"]), "stdin", INDEX_TOKEN)
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    send = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
+            f"req = urllib.request.Request('http://127.0.0.1:{_port(server)}/', headers={{'Authorization': "
+            "'Bearer ' + os.environ.get('PIP_TOKEN', 'none')}); print(urllib.request.urlopen(req).status)")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        await t.call("policy_set", {"name": "replayed", "rules": {"require_replay_ok": True}})
+        cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [f"127.0.0.1:{_port(server)}"],
+                                               "secrets": ["PIP_TOKEN"]}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [PYTHON, "-c", send]})
+        promoted = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["replayed"], "dry_run": True})
+        return {"ran": ran, "promoted": promoted}
+
+    try:
+        out = tools.run(scenario)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out["ran"]["stdout"] == "200\n", out["ran"]
+    heads = b"".join(server.heads)
+    assert INDEX_TOKEN in heads  # the capsule's run: its placeholder swapped for the secret's value
+    assert own.encode() not in heads and own not in json.dumps(out)  # the replay's: never the server's own
+    assert len(server.heads) == 2 and b"Bearer none" in server.heads[1]  # the replay ran without the variable
+    assert "replay_ok" in out["promoted"]["policy_report"], out["promoted"]
