@@ -3,8 +3,9 @@
 The merged capsule is forked from the first input, and only the second's change is
 written into it: its parent is the first input, its diff still names both inputs'
 files against the base, and the first input is frozen (its execs refused, naming the
-fork) until the merged capsule is destroyed.  A workspace edited underneath the
-attempts after they changed a file refuses the merge (REPO_CHANGED) and makes nothing.
+fork) until the merged capsule is destroyed; a first input running a service is not
+forked (its service would freeze).  A workspace edited underneath the attempts after
+they changed a file refuses the merge (REPO_CHANGED) and makes nothing.
 """
 
 from __future__ import annotations
@@ -78,3 +79,27 @@ def test_a_workspace_moved_underneath_refuses_the_merge_and_makes_nothing(tools:
     assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]
     assert out["refused"].details["paths"] == ["b.txt"]
     assert out["after"] == out["before"]
+
+
+def test_a_first_input_running_a_service_is_not_forked(tools: Any, tmp_path: Path) -> None:
+    """Forking it would freeze its service: the merged capsule is a fork of the common ancestor
+    then, with both inputs' files written, and the first input's service still answers."""
+    ws = _workspace(tmp_path)
+    serve = ["python3", "-m", "http.server", "8766", "--bind", "127.0.0.1"]
+    fetch = ["python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8766/a.txt').status)"]
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent, one, two = await _attempts(t, ws)
+        await t.call("capsule_service_start", {"capsule_id": one, "name": "web", "cmd": serve,
+                                               "ready": {"port": 8766}})
+        merged = await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
+        listed = {c["capsule_id"]: c["parent"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        diff = await t.call("capsule_diff", {"capsule_id": merged["capsule_id"], "format": "json"})
+        served = await t.call("capsule_exec", {"capsule_id": one, "cmd": fetch, "timeout_ms": 20_000})
+        await t.call("capsule_service_stop", {"capsule_id": one, "name": "web", "grace_ms": 1000})
+        return {"parent": parent, "made": merged["capsule_id"], "listed": listed, "diff": diff, "served": served}
+
+    out = tools.run(scenario)
+    assert out["listed"][out["made"]] == out["parent"]
+    assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {"a.txt": "modified", "b.txt": "modified"}
+    assert out["served"]["exit_code"] == 0 and out["served"]["stdout"].strip() == "200", out["served"]

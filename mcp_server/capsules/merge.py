@@ -48,8 +48,8 @@ forked capsule is; name first the attempt you will not touch again (the largest 
 writes least).  The first input's generation, read in its turn with its change, must be
 the same once it is forked (a write landed between is refused: CONFLICT, merge again).
 Where it cannot be forked (forks nested ``MAX_FORK_DEPTH`` deep, a state dir inside the
-workspace) the capsule is a fork of the common ancestor, or a new capsule over the base,
-with every merged path written.
+workspace), or runs services (a fork would freeze them), the capsule is a fork of the
+common ancestor, or a new capsule over the base, with every merged path written.
 """
 
 from __future__ import annotations
@@ -222,11 +222,14 @@ async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ances
     """A journaled capsule holding the merge: a fork of the first input (``first``: its record and the
     generation its change was read at), else of the common ancestor, or a new one over the base."""
     record, generation = first
-    try:
-        made, start = await service.fork(record.capsule_id), plan.sides[record.capsule_id]
-    except CcwError as exc:
-        if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
-            raise
+    made: CapsuleRecord | None = None
+    if service.services is None or not service.services.running(record.capsule_id):  # a fork would freeze them
+        try:
+            made, start = await service.fork(record.capsule_id), plan.sides[record.capsule_id]
+        except CcwError as exc:
+            if exc.code not in ("TOO_LARGE", "UNSUPPORTED"):
+                raise
+    if made is None:
         made, start = await (service.fork(ancestor.capsule_id) if ancestor is not None else
                              service.create(record.spec, record.network_spec, record.volatile)), plan.base
     try:
