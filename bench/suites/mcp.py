@@ -221,7 +221,7 @@ def _median_ms(times: list[float]) -> float:
 def run(quick: bool = False) -> Report:
     """Measure the front end's transport overhead and throughput."""
     report = Report("mcp")
-    count = 200 if quick else 2000
+    count = 100 if quick else 2000  # quick: a smoke run (CI)
     with tempfile.TemporaryDirectory(prefix="ccw-bench-mcp-") as tmp_name:
         tmp = Path(tmp_name)
         proc, path = _start(tmp)
@@ -233,8 +233,8 @@ def run(quick: bool = False) -> Report:
             workspace = tmp / "ws"
             workspace.mkdir()
             (workspace / "file.txt").write_text("x\n")
-            capsules = trio.run(_capsules, path, tmp / "state", workspace, 20 if quick else 100)
-            watched = trio.run(_watched, path, tmp / "state", workspace, 2 if quick else 10, 10 if quick else 25)
+            capsules = trio.run(_capsules, path, tmp / "state", workspace, 10 if quick else 100)
+            watched = trio.run(_watched, path, tmp / "state", workspace, 2 if quick else 10, 5 if quick else 25)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
