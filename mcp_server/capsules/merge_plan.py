@@ -17,6 +17,7 @@ regardless, the add would be written through the link, or into nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import combinations
 
@@ -25,6 +26,8 @@ from mcp_server.fs import changeset
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.fs.view import Side as ViewSide
 from sandbox.replies import Change
+
+READERS = 2  # trees read at once: this VM's cores
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,12 @@ def _state(dirs: DirFds, path: str, side: ViewSide | None) -> State:
     return State(side.kind, side.mode, None, side.target)
 
 
+def _states(view: RootView, found: dict[str, ViewSide | None]) -> dict[str, State]:
+    """The states ``expand`` found at these paths of ``view``, files' bytes read, in path order."""
+    with DirFds(view) as dirs:
+        return {path: _state(dirs, path, found[path]) for path in sorted(found, key=_key)}
+
+
 def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
     """Read and merge: ``lower`` the capsules' base directory; the merge base is their common
     ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed.
@@ -75,26 +84,21 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
     A view holds the lower directory's state at every path its change list does not name,
     so only the paths it names are read from it (a fork's list names its parent's changes
     too, and a change it undid is a path its parent's list names).  ``expand`` has already
-    looked at each named path in both trees: only files' bytes are read after it."""
+    looked at each named path in both trees: only files' bytes are read after it.  The trees are
+    expanded and read ``READERS`` at a time (the reads are syscalls: threads overlap on two cores)."""
     every = [*sides, *([ancestor] if ancestor else [])]
     views = [RootView.from_fd(side.root_fd) for side in every]
     try:
-        with RootView.open(lower) as low:
-            named: dict[str, dict[str, ViewSide | None]] = {}
-            olds: dict[str, ViewSide | None] = {}
-            for side, view in zip(every, views, strict=True):
-                entries = changeset.expand(side.changes, low, view)
-                named[side.name] = {entry.path: entry.new for entry in entries}
-                olds.update((entry.path, entry.old) for entry in entries)
+        with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
+            found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view), every, views))
+            named = {side.name: {entry.path: entry.new for entry in entries} for side, entries in zip(every, found, strict=True)}
+            olds = {entry.path: entry.old for entries in found for entry in entries}
             ordered = sorted(olds, key=_key)
-            with DirFds(low) as low_dirs:
-                under = {path: _state(low_dirs, path, olds[path]) for path in ordered}
-        read = {}
-        for side, view in zip(every, views, strict=True):
-            mine = named[side.name]
-            with DirFds(view) as dirs:
-                read[side.name] = {path: _state(dirs, path, mine[path]) if path in mine else under[path]
-                                   for path in ordered}
+            jobs = [pool.submit(_states, low, olds), *(pool.submit(_states, view, named[side.name])
+                                                       for side, view in zip(every, views, strict=True))]
+            under, *mine = [job.result() for job in jobs]
+        read = {side.name: {path: states.get(path, under[path]) for path in ordered}
+                for side, states in zip(every, mine, strict=True)}
     finally:
         for view in views:
             view.close()
