@@ -146,6 +146,16 @@ class Credentials:
         or Basic auth, where it travels in base64."""
         return PREFIX.encode() in data or BASIC.search(data) is not None
 
+    @staticmethod
+    def holds(data: bytes) -> bool:
+        """Whether the head ``data`` holds a ``PREFIX`` run, in clear or in its Basic auth's base64."""
+        basic = _basic_of(data)
+        try:
+            decoded = base64.b64decode(basic or b"", validate=True)
+        except ValueError:
+            decoded = b""
+        return PREFIX.encode() in data or PREFIX.encode() in decoded
+
     def body_attempt(self, data: bytes) -> str | None:
         """The refusal's reason if a request body's bytes ``data`` carry a placeholder."""
         if not self.carries(data):

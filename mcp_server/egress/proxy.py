@@ -258,7 +258,7 @@ async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: b
         why = (f"a request in the TLS connection to {host_text(attempt.host, attempt.port)} names Host {shown} "
                f"(target {request.target[:80].decode('ascii', 'replace')!r}): a terminated connection carries "
                "requests to the CONNECT's host only, in origin form")
-        if creds is not None and creds.carries(b"\r\n".join(value for _, value in request.headers)):
+        if creds is not None and creds.holds(b"".join(b"%s: %s\r\n" % pair for pair in request.headers)):
             why = f"{EXFILTRATION}? {why}, with a placeholder in it"
         _refuse(gate, attempt, why)
         await reply(jail, response(403, "Forbidden", f"ccw: {why}"))

@@ -179,7 +179,10 @@ async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: by
         context = await trio.to_thread.run_sync(contexts.get, attempt.host)
     except CcwError as exc:
         raise Refusal(exc.message) from None
-    stream = trio.SSLStream(_Prefixed(sock, first), context, server_side=True, https_compatible=True)
+    # Not https_compatible: its aclose says close_notify (``finish``), which a client reading a
+    # body to the end needs (GnuTLS's, in git, fails without it); a ragged EOF from the jail
+    # reads as the end (``TlsWire.recv``).
+    stream = trio.SSLStream(_Prefixed(sock, first), context, server_side=True)
     with trio.move_on_after(HANDSHAKE_TIMEOUT) as deadline:
         try:
             await stream.do_handshake()

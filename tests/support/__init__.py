@@ -38,6 +38,8 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``lab_names``: real hosts' names answered into a lab namespace (a trio resolver), and a
   script that tries targets through a capsule's proxy.
 - ``descriptors``, ``processes``: a descriptor closed, the pids running a command line.
+- ``secretsearch``: a secret's bytes looked for in files (their data extents only), the
+  journal's events, and from inside a capsule (/proc, /tmp, $HOME, its tree).
 - ``bench_smoke``: a benchmark suite's ``--quick`` run, checked to print its table.
 - ``jail_parser``: ccw-jail's plan parser built alone under ASan and UBSan (tests/fuzz/jail_plan_harness.c).
 - ``scratch_services``: services beside a scratch capsule's runs, the helper's side faked.
