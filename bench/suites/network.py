@@ -26,7 +26,7 @@
   a session whose connection path is as it was before live rules (``_before``: no
   per-connection registration, cancel scope or re-check).  Two sessions of each serve at
   once; each round is one connection of each kind through each, in a new order, 2000
-  rounds (1000 quick): rounds of 200 connections measured 0.85x to 1.20x from run to run
+  rounds (200 quick, a smoke run): rounds of 200 connections measured 0.85x to 1.20x from run to run
   on a VM whose two cores others shared (load 4-10), one connection a round 1.00x to
   1.05x, and the session made first a few percent slower than the second whatever it
   was, hence two of each.  Cutting a connection by a cancel scope around each client
@@ -158,8 +158,8 @@ def run(quick: bool = False) -> Report:
     """Start the server namespace, measure every pair interleaved, and report medians and ratios."""
     import trio
 
-    repeat = 5 if quick else 15
-    size = (16 if quick else DOWNLOAD_MIB) << 20
+    repeat = 3 if quick else 15  # quick: a smoke run (CI)
+    size = (8 if quick else DOWNLOAD_MIB) << 20
     report = Report("network")
     with tempfile.TemporaryDirectory(prefix="ccw-bench-network-") as tmp:
         root = Path(tmp)
@@ -320,7 +320,7 @@ def decision_rows(quick: bool = False) -> list[Row]:
     """The live-rule rows: a connection allowed and one denied, against before live rules."""
     import trio
 
-    figures = trio.run(_measure_decisions, 1000 if quick else 2000)
+    figures = trio.run(_measure_decisions, 200 if quick else 2000)
     return [Row(f"CONNECT {kind} by the rules, live-rule machinery", median_ms(figures[f"{kind}_live"]),
                 "before live rules", median_ms(figures[f"{kind}_before"]), "<= 1.05x",
                 extra={"per round": CONNECT_ROUNDS}) for kind in ("allowed", "denied")]
