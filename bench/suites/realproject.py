@@ -30,35 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Report, Row, median_ms
+from bench.common import InProcess, Report, Row, in_process_tools, median_ms
 from bench.suites.deltamin import _textbook
 from tests.support import agent_loop, realprojects
 
 PROJECT = realprojects.MORE_ITERTOOLS
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 WIDER_EVERY = 8  # the wider change marks every 8th top-level def of more.py and recipes.py
-
-
-class Tools:
-    """Tool handlers behind a real Runtime (embedded privileged helper) on one state dir."""
-
-    def __init__(self, state_dir: Path) -> None:
-        from mcp_server.config import TOOLSETS, Config
-        from mcp_server.context import CallContext, Runtime
-        from mcp_server.state import State
-        from mcp_server.tools.registry import Registry
-
-        config = Config.from_env({"CCW_STATE_DIR": str(state_dir)})
-        self.runtime = Runtime(config, State(config.state_dir))
-        self.ctx = CallContext(self.runtime)
-        self.registry = Registry.load(TOOLSETS)
-
-    async def call(self, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-        """Run one tool handler."""
-        spec = self.registry.lookup(tool)
-        assert spec is not None, tool
-        result: dict[str, Any] = await spec.handler(self.ctx, args)
-        return result
 
 
 def _wider_edits(ws: Path) -> list[realprojects.Edit]:
@@ -71,7 +49,7 @@ def _wider_edits(ws: Path) -> list[realprojects.Edit]:
     return edits
 
 
-async def _full_suite(tools: Tools, ws: Path, rounds: int) -> dict[str, list[float]]:
+async def _full_suite(tools: InProcess, ws: Path, rounds: int) -> dict[str, list[float]]:
     import trio
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
@@ -103,7 +81,7 @@ async def _full_suite(tools: Tools, ws: Path, rounds: int) -> dict[str, list[flo
     return times
 
 
-async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
+async def _deltamin(tools: InProcess, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
     from mcp_server.capsules.executors import LocalExecutor
     from mcp_server.fs import changeset
@@ -147,7 +125,7 @@ async def _deltamin(tools: Tools, ws: Path, edits: list[realprojects.Edit]) -> d
             "reversed_trials": reversed_trials}
 
 
-async def _replay(tools: Tools, ws: Path, scratch: Path, repeat: int) -> dict[str, Any]:
+async def _replay(tools: InProcess, ws: Path, scratch: Path, repeat: int) -> dict[str, Any]:
     """The scenario's runs (pass, fail, pass after the fix), then its witness replayed ``repeat`` times."""
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     original = []
@@ -166,24 +144,20 @@ async def _replay(tools: Tools, ws: Path, scratch: Path, repeat: int) -> dict[st
     await tools.call("capsule_destroy", {"capsule_id": cap})
     times, results = [], []
     for i in range(repeat):
-        fresh = Tools(scratch / f"fresh-{i}")
-        try:
+        async with in_process_tools(scratch / f"fresh-{i}") as fresh:
             start = time.perf_counter()
             # A fresh state dir has its own key and trusts none: the witness is "unknown key" there, replayed as its maker's.
             results.append(await fresh.call("capsule_replay", {"path": witness["path"], "allow_untrusted": True}))
             times.append(time.perf_counter() - start)
-        finally:
-            await fresh.runtime.aclose()
     return {"original_s": sum(original), "replay_s": times, "replay_ok": [r["replay_ok"] for r in results],
             "output_identical": [r.get("output_identical") for r in results], "execs": results[-1].get("execs")}
 
 
 async def _measure(root: Path, quick: bool) -> dict[str, Any]:
-    tools = Tools(root / "state")
     out: dict[str, Any] = {}
-    try:
+    async with in_process_tools(root / "state") as tools:
         ws = realprojects.pristine(PROJECT, root / "suite")
-        out["suite"] = await _full_suite(tools, ws, 3 if quick else 7)
+        out["suite"] = await _full_suite(tools, ws, 2 if quick else 7)
         scenario = [*PROJECT.harmless, PROJECT.breaking]
         out["deltamin"] = [("scenario: 3 edits in 2 files",
                             await _deltamin(tools, realprojects.pristine(PROJECT, root / "d1"), scenario))]
@@ -195,8 +169,6 @@ async def _measure(root: Path, quick: bool) -> dict[str, Any]:
         os.mkdir(root / "scratch")
         out["replay"] = await _replay(tools, realprojects.pristine(PROJECT, root / "r"), root / "scratch",
                                       2 if quick else 5)
-    finally:
-        await tools.runtime.aclose()
     return out
 
 
