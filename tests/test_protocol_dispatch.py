@@ -45,6 +45,7 @@ from sandbox.replies import (
 )
 from sandbox.server import Dispatcher, HelperServer, Peer
 from sandbox.spec import CapsuleSpec, Limits
+from tests.support.helper_wire import raw_exchange
 
 
 def exec_reply(stdout: bytes = b"") -> ExecReply:
@@ -228,18 +229,6 @@ def served(tmp_path: Path, manager: ManagerDouble) -> Iterator[tuple[str, Manage
         thread.join(10)
         assert not thread.is_alive()
         assert not os.path.exists(path)
-
-
-def raw_exchange(path: str, data: bytes) -> list[Any]:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(path)
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-        decoder = FrameDecoder("reply")
-        while chunk := sock.recv(65536):
-            decoder.feed(chunk)
-        decoder.feed_eof()
-        return list(decoder.messages())
 
 
 def test_socket_mode_and_peer_credentials(served: tuple[str, ManagerDouble]) -> None:

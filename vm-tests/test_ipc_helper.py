@@ -33,7 +33,8 @@ from sandbox import syscalls
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
 from sandbox.ops import encode_request
-from sandbox.protocol import PROTOCOL_VERSION, FrameDecoder
+from sandbox.protocol import PROTOCOL_VERSION
+from tests.support.helper_wire import raw_exchange
 
 ROOT = Path(__file__).resolve().parent.parent
 BENEATH = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
@@ -193,18 +194,6 @@ def test_capsule_lifecycle_through_the_socket(start_helper: Callable[..., Helper
     with pytest.raises(CcwError) as err:
         rpc(path, "changes", {"capsule_id": capsule_id})
     assert err.value.code == "NOT_FOUND"
-
-
-def raw_exchange(path: str, data: bytes) -> list[Any]:
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(path)
-        sock.sendall(data)
-        sock.shutdown(socket.SHUT_WR)
-        decoder = FrameDecoder("reply")
-        while chunk := sock.recv(65536):
-            decoder.feed(chunk)
-        decoder.feed_eof()
-        return list(decoder.messages())
 
 
 @pytest.mark.parametrize(
