@@ -16,9 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcp_server.core import hashline, paths, rootspace
-from mcp_server.core.patch import parse_patch
-from mcp_server.core.patch_apply import apply
 from sandbox.errors import CcwError
+from tests.support.patch_fuzz import check_patch
 
 FUZZ = settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -71,35 +70,16 @@ SEED_PATCH = (
     b"diff --git a/src/a.py b/src/a.py\nindex 83db48f..bf269f4 100644\n--- a/src/a.py\n+++ b/src/a.py\n"
     b"@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
     b"diff --git a/old b/new\nsimilarity index 90%\nrename from old\nrename to new\n"
-    b"diff --git a/bin b/bin\nnew file mode 100644\n--- /dev/null\n+++ b/bin\n@@ -0,0 +1,2 @@\n+x\n+y\n"
+    b"diff --git a/fresh b/fresh\nnew file mode 100644\n--- /dev/null\n+++ b/fresh\n@@ -0,0 +1,2 @@\n+x\n+y\n"
     b"\\ No newline at end of file\n"
     b'--- "a/q\\303\\251"\n+++ "b/q\\303\\251"\n@@ -1 +1 @@\n-a\n+b\n'
-)
-TREE = {"src/a.py": b"one\ntwo\nthree\n", "old": b"o\n", "q\xc3\xa9": b"a\n"}
-
-
-def _read(path: str) -> tuple[bytes, int] | None:
-    data = TREE.get(path)
-    return None if data is None else (data, 0o100644)
-
-
-def _parse_and_apply(data: bytes) -> None:
-    try:
-        patches = parse_patch(data)
-        result = apply(patches, _read)
-    except CcwError as exc:
-        assert exc.code != "INTERNAL", exc
-        json.dumps(exc.to_dict())
-        return
-    for path in result.files:
-        assert paths.normalize(path) == path  # every name the applier would write is safe
-    json.dumps(result.rejects)
+)  # changes, renames and adds files of tests.support.patch_fuzz.TREE
 
 
 @FUZZ
 @given(st.binary(max_size=400))
 def test_patch_parser_on_random_bytes(data: bytes) -> None:
-    _parse_and_apply(data)
+    check_patch(data)
 
 
 @FUZZ
@@ -108,7 +88,7 @@ def test_patch_parser_on_mutated_diffs(edits: list[tuple[int, int, bytes]]) -> N
     data = bytearray(SEED_PATCH)
     for at, cut, insert in edits:
         data[at:at + cut] = insert
-    _parse_and_apply(bytes(data))
+    check_patch(bytes(data))
 
 
 LINE = st.sampled_from([
@@ -124,7 +104,7 @@ LINE = st.sampled_from([
 @FUZZ
 @given(st.lists(LINE, max_size=30))
 def test_patch_parser_on_shuffled_diff_lines(lines: list[bytes]) -> None:
-    _parse_and_apply(b"\n".join(lines) + b"\n")
+    check_patch(b"\n".join(lines) + b"\n")
 
 
 # --- hashline ops ----------------------------------------------------------------------
