@@ -5,36 +5,19 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import TypeVar
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED, Ddmin, Search, split
+from tests.support.textbook_ddmin import TextbookDdmin
+
+S = TypeVar("S", bound=Search | Ddmin | TextbookDdmin)
 
 
-def textbook_ddmin(units: tuple[int, ...], test: object) -> tuple[tuple[int, ...], int]:
-    """Plain ddmin (Zeller & Hildebrandt), no cache, one trial at a time: the reference."""
-    trials = 0
-    current, n = tuple(units), 2
-    while len(current) >= 2:
-        chunks = split(current, n)
-        reduced = False
-        for candidate, next_n in [(c, 2) for c in chunks] + [
-            (tuple(u for u in current if u not in set(c)), max(n - 1, 2)) for c in chunks
-        ]:
-            trials += 1
-            if test(candidate) == FAIL:  # type: ignore[operator]
-                current, n, reduced = candidate, next_n, True
-                break
-        if not reduced:
-            if n >= len(current):
-                break
-            n = min(len(current), 2 * n)
-    return current, trials
-
-
-def _run(search: Search | Ddmin, oracle: object) -> Search | Ddmin:
+def _run(search: S, oracle: object) -> S:
     while batch := search.next_batch():
         search.report([oracle(c) for c in batch])  # type: ignore[operator]
     return search
@@ -54,8 +37,9 @@ def test_split_is_contiguous_and_complete() -> None:
 def test_finds_exactly_the_culprits_and_is_one_minimal(kind: type[Search] | type[Ddmin], culprits: set[int]) -> None:
     search = _run(kind(tuple(range(32))), _culprit_oracle(culprits))
     assert set(search.result) == culprits and search.one_minimal
-    textbook, textbook_trials = textbook_ddmin(tuple(range(32)), _culprit_oracle(culprits))
-    assert set(textbook) == culprits
+    textbook = _run(TextbookDdmin(tuple(range(32))), _culprit_oracle(culprits))
+    assert set(textbook.result) == culprits
+    textbook_trials = textbook.trials
     # Run one at a time, neither search costs more trials than the textbook;
     # run two at a time, the rounds (wall time) never exceed the textbook's trials.
     serial = _run(kind(tuple(range(32)), parallel=1), _culprit_oracle(culprits))

@@ -38,26 +38,13 @@ def _check(culprits: list[int], reads: list[int]) -> list[str]:
 
 
 async def _textbook(trials: Any, units: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
-    from mcp_server.core.deltamin import FAIL, split
+    """Textbook ddmin (tests/support/textbook_ddmin.py), each trial run for real by ``trials``."""
+    from tests.support.textbook_ddmin import TextbookDdmin
 
-    count = 0
-    current, n = units, 2
-    while len(current) >= 2:
-        chunks = split(current, n)
-        reduced = False
-        candidates = [(c, 2) for c in chunks] + [
-            (tuple(u for u in current if u not in set(c)), max(n - 1, 2)) for c in chunks
-        ]
-        for candidate, next_n in candidates:
-            count += 1
-            if await trials.outcome(candidate) == FAIL:
-                current, n, reduced = candidate, next_n, True
-                break
-        if not reduced:
-            if n >= len(current):
-                break
-            n = min(len(current), 2 * n)
-    return current, count
+    search = TextbookDdmin(units)
+    while batch := search.next_batch():
+        search.report([await trials.outcome(candidate) for candidate in batch])
+    return search.result, search.trials
 
 
 async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) -> dict[str, Any]:
