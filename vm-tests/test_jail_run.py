@@ -336,11 +336,29 @@ def test_clock_offset(capsule: Capsule, require: Callable[[bool, str], None]) ->
         assert int(shown_year) == time.gmtime(time.time() + year).tm_year
 
 
-def test_invalid_specs_are_refused(capsule: Capsule) -> None:
-    for bad in ({"argv": []}, {"workspace": "relative"}, {"workspace": "/proc/x"},
-                {"workspace": "/tmp"}, {"cwd": "rel"}, {"network": "host"}):
-        with pytest.raises(CcwError):
-            supervise.run(replace(capsule.spec(["/bin/true"]), **bad))
+# Each bad spec with the code it gets and what the error names.  The helper's own choices
+# (the workspace, the network) are checked by contain._check_spec: a workspace is the
+# caller's mistake, a network other than none/egress the helper's (its op parsing admits no
+# other), so INTERNAL.  argv and cwd were checked when the helper read the request
+# (ExecRequest, spec.resolve_cwd) and are not checked again: here ccw-jail itself refuses a
+# plan without argv, and fails the chdir of a relative cwd, each naming its step and errno.
+INVALID_SPECS = [
+    ({"argv": []}, "INVALID_ARGUMENT", {"step": "read the jail plan", "errno": "EINVAL"}, "lacks options"),
+    ({"workspace": "relative"}, "INVALID_ARGUMENT", {}, "workspace 'relative' must be a normalised absolute path"),
+    ({"workspace": "/proc/x"}, "INVALID_ARGUMENT", {}, "workspace '/proc/x' collides with a path the jail mounts"),
+    ({"workspace": "/tmp"}, "INVALID_ARGUMENT", {}, "workspace '/tmp' collides with a path the jail mounts"),
+    ({"cwd": "rel"}, "NOT_FOUND", {"step": "chdir rel", "errno": "ENOENT"}, "pass a cwd that exists"),
+    ({"network": "host"}, "INTERNAL", {}, "network 'host' with net_fd None"),
+]
+
+
+@pytest.mark.parametrize(("bad", "code", "details", "says"), INVALID_SPECS, ids=lambda v: repr(v)[:40])
+def test_invalid_specs_are_refused(capsule: Capsule, bad: dict[str, object], code: str, details: dict[str, str],
+                                   says: str) -> None:
+    with pytest.raises(CcwError) as err:
+        supervise.run(replace(capsule.spec(["/bin/true"]), **bad))  # type: ignore[arg-type]
+    assert (err.value.code, err.value.details) == (code, details), err.value.to_dict()
+    assert says in err.value.message, err.value.message
 
 
 class RecordingCgroup:
