@@ -69,6 +69,7 @@ from mcp_server.capsules.turns import TakesTurn
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
+from sandbox.replies import ChangesReply
 
 MERGE = TakesTurn("merge")
 MAX_INPUTS = 16
@@ -148,11 +149,24 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
             await turns.enter_async_context(service.turn(one, MERGE))
-        listed = []
-        for record in [*records, *([ancestor] if ancestor else [])]:
-            reply = await service.call(ChangesRequest(record.capsule_id))
-            listed.append((record.capsule_id, reply.changes))
-            moved = [one for one in gitdirs.listing(reply.gitdirs) if one["refs"]]
+        every = [*records, *([ancestor] if ancestor else [])]
+        replies: dict[str, ChangesReply] = {}
+        failed: list[CcwError] = []
+
+        async def ask(capsule_id: str) -> None:
+            try:
+                replies[capsule_id] = await service.call(ChangesRequest(capsule_id))
+            except CcwError as exc:  # raised as itself below, not in the nursery's group
+                failed.append(exc)
+
+        async with trio.open_nursery() as nursery:  # each on a connection of its own: the helper lists them at once
+            for record in every:
+                nursery.start_soon(ask, record.capsule_id)
+        if failed:
+            raise failed[0]
+        listed = [(record.capsule_id, replies[record.capsule_id].changes) for record in every]
+        for record in every:
+            moved = [one for one in gitdirs.listing(replies[record.capsule_id].gitdirs) if one["refs"]]
             if moved:
                 raise CcwError("UNSUPPORTED", f"{record.capsule_id}'s git moved {', '.join(moved[0]['refs'][:5])} in "
                                f"{moved[0]['gitdir']}: a merge carries files, not commits; promote that capsule by "
