@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import os
 import stat
 from collections.abc import Callable
@@ -84,8 +85,8 @@ def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: i
     record = unotify.begin(upper, jail.workspace) if request.service is not None or capsule.services else None
     try:
         result, usage, traced, trace_error = _run_traced(
-            jail, exec_name, exec_limits(capsule, request), on_progress, request.progress_ms or spec.DEFAULT_PROGRESS_MS,
-            on_ending, on_running, request.service is not None and jail.network == "egress", record)
+            jail, exec_name, exec_limits(capsule, request), on_progress if request.progress_ms is not None else None,
+            request.progress_ms, on_ending, on_running, request.service is not None and jail.network == "egress", record)
     finally:
         named = record.finish() if record is not None else None
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)
@@ -158,7 +159,7 @@ def exec_limits(capsule: Capsule, request: ExecRequest) -> dict[str, int]:
 
 
 def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
-                on_progress: Callable[[ExecProgress], None] | None, progress_ms: int,
+                on_progress: Callable[[ExecProgress], None] | None, progress_ms: int | None,
                 on_ending: Callable[[Ending], None] | None,
                 on_running: Callable[[Handle | None, ExecCgroup | None], None] | None,
                 own_v2: bool = False, record: unotify.Record | None = None,
@@ -196,7 +197,8 @@ def _run_traced(spec: JailSpec, exec_name: str, limits: dict[str, int],
                 on_running(handle, taken if handle is not None else None)
 
         result = supervise.run(spec, cgroup, on_progress=_with_writes(on_progress, recording),
-                               progress_interval_s=progress_ms / 1000, on_running=running, record=record)
+                               progress_interval_s=math.inf if progress_ms is None else progress_ms / 1000,
+                               on_running=running, record=record)
         if on_ending is not None:
             on_ending(result.ending)
         traced = recording.collect() if recording is not None else None

@@ -46,7 +46,7 @@ DEFAULT_HOME = "/home/ccw"  # where the jail shows the capsule's own $HOME
 DEFAULT_LANG = "C.UTF-8"
 DEFAULT_TIMEOUT_MS = 300_000
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes per stream
-DEFAULT_PROGRESS_MS = 1000  # how often a running exec reports, to a caller that asked
+DEFAULT_PROGRESS_MS = 1000  # the front end's journaled exec asks this; a request naming none gets no reports
 # The namespaces every jail gets (a time namespace too, when a clock offset is asked for).
 JAIL_NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup")
 

@@ -166,7 +166,7 @@ def run(
     cgroup: ExecCgroup | None = None,
     on_started: Callable[[int], None] | None = None,
     on_progress: Callable[[ExecProgress], None] | None = None,
-    progress_interval_s: float = 1.0,
+    progress_interval_s: float = math.inf,
     on_running: Callable[[Handle | None], None] | None = None,
     record: unotify.Record | None = None,
 ) -> JailResult:
@@ -177,8 +177,8 @@ def run(
     result with a ``cgroup`` leaves its removal to the janitor: call
     ``result.ending.release()`` once done reading it (see the essay).  ``on_started``
     gets the host pid of the jail's init (pid 1 inside; killing it ends the whole jail).
-    ``on_progress`` is called about every ``progress_interval_s`` while the command runs,
-    with an ExecProgress: the elapsed time, byte counts and the latest output (tails).
+    ``on_progress`` is called about every ``progress_interval_s`` (the request's, no default)
+    while the command runs, with an ExecProgress: elapsed time, byte counts, output tails.
     ``on_running`` gets a handle to signal the jail by, then None once it ended.  A
     ``spec.timeout_ms`` of 0 is no time limit (a service's).  ``record``: the jail gets the
     notifying filter, and the record its listener (unotify.py: only where runs overlap).

@@ -180,12 +180,12 @@ def test_spec_checks(tmp_path: Path) -> None:
     contain._check_spec(good)
     # A "none" capsule's jail may join the capsule's own namespace; 0 is a service's "no time limit".
     contain._check_spec(contain.JailSpec(**{**good.__dict__, "net_fd": 3, "timeout_ms": 0}))  # type: ignore[arg-type]
+    # What only the helper decides; the request's own arguments were checked as it was read
+    # (tests/test_ops_typed.py: test_an_exec_request_is_checked_once_as_the_helper_reads_it).
     bad_cases: list[dict[str, object]] = [
-        {"argv": []}, {"argv": ["a\0b"]}, {"env": {"A=B": "1"}}, {"workspace": "/srv/ws/"},
-        {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"}, {"cwd": "x"},
+        {"workspace": "/srv/ws/"}, {"workspace": "/"}, {"workspace": "/dev/x"}, {"workspace": "/home/a"},
         {"merged_dir": str(tmp_path / "missing")}, {"network": "host"}, {"network": "egress"},
         {"hostname": ""},
-        {"timeout_ms": -1}, {"output_cap": -1},
     ]
     for bad in bad_cases:
         spec = contain.JailSpec(**{**good.__dict__, **bad})  # type: ignore[arg-type]

@@ -229,6 +229,18 @@ def test_a_typed_request_is_checked_once_by_the_helper_as_it_reads_it() -> None:
     assert before.value.message == refused.value.message
 
 
+def test_an_exec_request_is_checked_once_as_the_helper_reads_it() -> None:
+    """What the jail's own spec no longer re-checks (sandbox/contain.py: _check_spec) is
+    refused here, at the helper's boundary, naming the field the request got wrong."""
+    base = {"capsule_id": "cap_1", "argv": ["true"]}
+    for bad, field in (({"argv": []}, "argv"), ({"argv": ["a\0b"]}, "argv"), ({"env": {"A=B": "1"}}, "env"),
+                       ({"env": {"A": "x\0y"}}, "env.A"), ({"cwd": "rel"}, "cwd"), ({"timeout_ms": -1}, "timeout_ms"),
+                       ({"output_cap": -1}, "output_cap")):
+        with pytest.raises(ProtocolError) as refused:
+            ExecRequest.from_args({**base, **bad})
+        assert refused.value.code == "INVALID_ARGUMENT" and f"'{field}'" in refused.value.message, (bad, refused.value)
+
+
 def test_blocking_client_says_hello(tmp_path: Path) -> None:
     path = str(tmp_path / "s")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
