@@ -72,7 +72,7 @@ from mcp_server.reapi.protos import code_pb2, re_pb2
 from mcp_server.reapi.worker import LeaseOutcome
 from sandbox.errors import CcwError
 from sandbox.replies import ExecReply
-from sandbox.spec import DEFAULT_TIMEOUT_MS, CapsuleSpec
+from sandbox.spec import CapsuleSpec
 
 WITNESS_OUTPUT = ".ccw-witness.ccwz"
 CAS_CACHE = "reapi-cas"  # in the state dir: input files by digest, hard-linked into each lease
@@ -156,7 +156,7 @@ class CapsuleRunner:
             cwd = check_command_paths(command)
         except CcwError as error:
             return _refused(error, code_pb2.INVALID_ARGUMENT)
-        timeout_s = action.timeout.ToNanoseconds() / 1e9 if action.HasField("timeout") else DEFAULT_TIMEOUT_MS / 1000
+        timeout_ms = action.timeout.ToMilliseconds() if action.HasField("timeout") else None  # None: ExecRequest's default
         with self.roots.checkout(client, action.input_root_digest) as root:
             if marker.replay is not None:
                 try:
@@ -164,14 +164,14 @@ class CapsuleRunner:
                 except CcwError as error:
                     return _refused(error, code_pb2.FAILED_PRECONDITION)
                 return self._replay(client, witness, marker.expected_root, env)
-            ran = trio.from_thread.run(self._run, root, command, cwd, env, marker, timeout_s, cancelled,
+            ran = trio.from_thread.run(self._run, root, command, cwd, env, marker, timeout_ms, cancelled,
                                        trio_token=self.token)  # fmt: skip
             if ran is None:
                 return LeaseOutcome(re_pb2.ActionResult(), code_pb2.CANCELLED, "lease withdrawn")
             return self._report(client, ran)
 
     async def _run(self, root: Path, command: re_pb2.Command, cwd: str, env: dict[str, str], marker: Marker,
-                   timeout_s: float, cancelled: threading.Event) -> _Ran | None:  # fmt: skip
+                   timeout_ms: int | None, cancelled: threading.Event) -> _Ran | None:  # fmt: skip
         """The command in a journaled capsule over ``root``; None when the lease was withdrawn.
 
         The lease root is always the capsule's lower layer; the marker's workspace is
@@ -187,7 +187,7 @@ class CapsuleRunner:
                     nursery.start_soon(_cancel_when, cancelled, scope)
                     ran = await self.service.exec(exec_request(
                         record.capsule_id, command.arguments, os.path.join(workspace, cwd) if cwd else workspace,
-                        int(timeout_s * 1000), env=env))  # fmt: skip
+                        timeout_ms, env=env))  # fmt: skip
                     nursery.cancel_scope.cancel()
             if scope.cancelled_caught:
                 return None

@@ -30,7 +30,7 @@ import blake3
 
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
-from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
+from sandbox.spec import DEFAULT_PROGRESS_MS, CapsuleSpec, exec_env, resolve_cwd
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = DEFAULT_PROGRESS_MS  # how often a journaled exec asks the helper for reports
@@ -84,10 +84,11 @@ class ExecOutcome:
 
 def exec_request(capsule_id: str, argv: Sequence[str], cwd: str | None = None, timeout_ms: int | None = None,
                  stdin: bytes | None = None, env: Mapping[str, str] | None = None) -> ExecRequest:
-    """The exec request a caller asks for (the default timeout where it names none); ``cwd``
-    may still be relative to the workspace and ``env`` None (the capsule's whitelist):
-    ``for_capsule`` completes both."""
-    return ExecRequest(capsule_id, tuple(argv), cwd, env, stdin, timeout_ms or DEFAULT_TIMEOUT_MS)
+    """The exec request a caller asks for (no ``timeout_ms``, or 0: ``ExecRequest``'s default,
+    filled in there only); ``cwd`` may still be relative to the workspace and ``env`` None
+    (the capsule's whitelist): ``for_capsule`` completes both."""
+    request = ExecRequest(capsule_id, tuple(argv), cwd, env, stdin)
+    return dataclasses.replace(request, timeout_ms=timeout_ms) if timeout_ms else request
 
 
 def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, str] | None = None,

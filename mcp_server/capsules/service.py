@@ -237,7 +237,7 @@ class CapsuleService:
                    terminal: int | None = None, console: Console | None = None) -> ExecOutcome:
         """Run ``request`` in its capsule's jail, after the calls queued before it, and journal it.
 
-        ``request`` is completed for its capsule first (runs.for_capsule: its cwd made
+        ``request`` is completed for its capsule first (exec.for_capsule: its cwd made
         absolute, its whitelisted variables' values taken from ``values``), so bad
         arguments fail now, not after the wait.  ``terminal``: a pty slave the caller holds
         (``ccw capsule shell``), sent to the helper as the command's stdio and controlling
