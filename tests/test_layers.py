@@ -6,6 +6,7 @@ a time, so that a plain ``pytest`` run checks the layers and names the contract 
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import tomllib
@@ -37,3 +38,19 @@ def test_contract_is_kept(contract: str) -> None:
     )
     assert proc.returncode == 0, f"contract {contract} broken:\n{proc.stdout}{proc.stderr}"
     assert "1 kept, 0 broken" in proc.stdout, proc.stdout
+
+
+def test_every_tool_family_module_is_held_independent() -> None:
+    """Every module of mcp_server/tools/ that declares tools (a module-level ``TOOLS``) is one
+    of contract 4's, so a new family cannot import another unnoticed (tools/run.py once
+    imported tools/capsule.py for capsule_exec's result, now tools/exec_result.py's)."""
+    families = {f"mcp_server.tools.{path.stem}" for path in (ROOT / "mcp_server" / "tools").glob("*.py")
+                if any(isinstance(node, (ast.Assign, ast.AnnAssign)) and "TOOLS" in _targets(node)
+                       for node in ast.parse(path.read_text(encoding="utf-8")).body)}
+    contract = next(c for c in CONTRACTS if c["id"] == "tool-families-independent")
+    assert families and families == set(contract["modules"]), families ^ set(contract["modules"])
+
+
+def _targets(node: ast.Assign | ast.AnnAssign) -> set[str]:
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    return {target.id for target in targets if isinstance(target, ast.Name)}
