@@ -8,6 +8,15 @@ request carrying the placeholder, swapped for the value read from a real secret 
 file read, the rewrite on a thread, the masked response).  ``python bench/parts/credentials.py``
 prints the rows.
 
+TLS termination (egress/tlsterm.py), beside a plain CONNECT tunnel to the same server, in
+one interleaved run: curl (the jail's client, its own process) through the proxy to
+``openssl s_server -WWW`` (the upstream, its own process, a certificate from a test CA the
+proxy trusts through ``SSL_CERT_FILE``), the session terminating the CONNECT (it holds a
+secret bound there and the capsule's CA) or tunnelling it (no secrets).  A 200 MiB
+download (curl's throughput) and 200 small requests in one curl run, each on a
+connection of its own (s_server closes after each answer, so the tunnel gets no
+keep-alive the terminated connection lacks): their medians.
+
 Measured on the project's 2-core VM (kernel 6.18), medians of 1000 interleaved rounds, two
 runs: no secrets 3.26 and 3.25 ms a request; a secret held, none sent, 3.33 and 3.34 ms
 (1.02x, 1.03x); the placeholder swapped, 4.54 and 4.51 ms (1.39x both): about 1.2 ms
@@ -16,7 +25,11 @@ more, most of it the store read and the hop to a thread and back.
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 import socket
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,9 +45,13 @@ from bench.common import Report, Row, interleaved_async, median_ms
 from mcp_server.capsules import capsecrets
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.secretbind import make_binding
+from mcp_server.core.tlsca import Authority, make_authority
+from mcp_server.egress import tlsterm
 from mcp_server.egress.session import EgressSession
+from mcp_server.fs.castore import ServerContexts
 from mcp_server.fs.secretstore import SecretStore
 
+SMALL_REQUESTS = 200
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
@@ -106,7 +123,100 @@ def measure(repeat: int) -> list[Row]:
                 "same, no secrets", none, "(no target)")]
 
 
+def _tls_files(root: Path) -> tuple[Path, Path, Path]:
+    """The upstream's certificate and key (signed by a "public" test CA), the public CA's
+    certificate (what the proxy trusts) and curl's bundle (the public CA and the capsule's)."""
+    now = dt.datetime.now(dt.UTC)
+    public, capsule = make_authority(["127.0.0.1"], now), make_authority(["127.0.0.1"], now)
+    leaf = public.leaf("127.0.0.1", now)
+    (root / "server.pem").write_bytes(leaf.cert_pem + leaf.key_pem)
+    (root / "public.pem").write_bytes(public.cert_pem())
+    (root / "bundle.pem").write_bytes(public.cert_pem() + capsule.cert_pem())
+    (root / "capsule.pem").write_bytes(capsule.to_pem())
+    return root / "server.pem", root / "public.pem", root / "bundle.pem"
+
+
+async def _curl(proxy: int, bundle: Path, urls: list[str]) -> list[str]:
+    """curl's ``-w`` line for each URL (``time_total speed_download``), through the proxy."""
+    done = await trio.run_process(["curl", "-s", "-f", "-x", f"http://127.0.0.1:{proxy}", "--cacert", str(bundle),
+                                   "-w", "%{time_total} %{speed_download}\\n",
+                                   *(arg for url in urls for arg in ("-o", "/dev/null", url))],
+                                  capture_stdout=True)
+    return done.stdout.decode().split()
+
+
+async def _measure_tls(root: Path, repeat: int, size: int) -> dict[str, list[float]]:
+    server_pem, public, bundle = _tls_files(root)
+    os.environ["SSL_CERT_FILE"] = str(public)  # the proxy's upstream trust: the test CA as the host's own
+    tlsterm.upstream_context.cache_clear()
+    (root / "www").mkdir()
+    (root / "www" / "big.bin").write_bytes(os.urandom(1 << 20) * (size >> 20))
+    (root / "www" / "small.txt").write_bytes(b"ok\n")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        up = probe.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(partial(trio.run_process, ["openssl", "s_server", "-quiet", "-accept",
+                                                                f"127.0.0.1:{up}", "-cert", str(server_pem), "-WWW"],
+                                             cwd=root / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        await trio.sleep(0.3)  # s_server listening
+        SecretStore(root).put(make_binding("TOKEN", [f"127.0.0.1:{up}"]), "stdin", b"t0ken-" + b"v" * 34)
+        given = capsecrets.credentials(root, ["TOKEN"])
+        given.contexts = ServerContexts(Authority.from_pem((root / "capsule.pem").read_bytes()))
+        spec = parse_network({"allow": [f"127.0.0.1:{up}"], "max_connections": 1 << 30, "max_bytes": 1 << 40})
+        assert spec is not None
+        session = EgressSession(spec, _listening(), _listening(), None, ["10.99.0.2"])
+        await nursery.start(session.serve)
+        proxy = session._http.getsockname()[1]
+
+        async def download(credentials: object) -> float:
+            session.credentials = credentials  # type: ignore[assignment]
+            session.begin_exec()
+            _seconds, speed = await _curl(proxy, bundle, [f"https://127.0.0.1:{up}/big.bin"])
+            return float(speed)
+
+        async def small(credentials: object) -> float:
+            session.credentials = credentials  # type: ignore[assignment]
+            session.begin_exec()
+            figures = await _curl(proxy, bundle, [f"https://127.0.0.1:{up}/small.txt"] * SMALL_REQUESTS)
+            return statistics.median(float(t) for t in figures[0::2])
+
+        downloads = await interleaved_async({"terminated": partial(download, given),
+                                             "tunnel": partial(download, None)}, repeat)
+        smalls = await interleaved_async({"terminated": partial(small, given), "tunnel": partial(small, None)},
+                                         max(1, repeat // 2))
+        await session.aclose()
+        server.terminate()
+        nursery.cancel_scope.cancel()
+    return {"download_terminated": downloads["terminated"], "download_tunnel": downloads["tunnel"],
+            "small_terminated": smalls["terminated"], "small_tunnel": smalls["tunnel"]}
+
+
+def measure_tls(repeat: int, size: int = 200 << 20) -> list[Row]:
+    """The TLS rows: a download's throughput and a small request's time, terminated beside tunnelled."""
+    before = os.environ.get("SSL_CERT_FILE")
+    try:
+        with tempfile.TemporaryDirectory(prefix="ccw-bench-tls-") as tmp:
+            figures = trio.run(_measure_tls, Path(tmp), repeat, size)
+    finally:  # the proxy's trust was the test CA's for these rows only
+        if before is None:
+            os.environ.pop("SSL_CERT_FILE", None)
+        else:
+            os.environ["SSL_CERT_FILE"] = before
+        tlsterm.upstream_context.cache_clear()
+    gib = float(1 << 30)
+    # Throughput as seconds a GiB, so that ccw / baseline <= 1/0.7 is the target of >= 0.7x the tunnel's speed.
+    return [Row(f"HTTPS download {size >> 20} MiB, TLS terminated (s/GiB)",
+                gib / statistics.median(figures["download_terminated"]) * 1000,
+                "same, CONNECT tunnel", gib / statistics.median(figures["download_tunnel"]) * 1000,
+                "<= 1.43x (throughput >= 0.7x)"),
+            Row(f"HTTPS small request (one of {SMALL_REQUESTS}, a connection each), TLS terminated",
+                statistics.median(figures["small_terminated"]) * 1000, "same, CONNECT tunnel",
+                statistics.median(figures["small_tunnel"]) * 1000, "<= 1.5x")]
+
+
 if __name__ == "__main__":
     report = Report("credentials")
     report.rows.extend(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 500))
+    report.rows.extend(measure_tls(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
     print(report.to_text())

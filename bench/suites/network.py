@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Call, Report, Row, in_process_tools, interleaved_async, median_ms
-from bench.parts import tlsca
+from bench.parts import credentials, tlsca
 from tests.support import netfixtures as nf
 
 DOWNLOAD_MIB = 100
@@ -179,6 +179,8 @@ def run(quick: bool = False) -> Report:
         report.add(row)
     for row in tlsca.measure(50 if quick else 200):
         report.add(row)
+    for row in credentials.measure_tls(2 if quick else 5, (16 if quick else 200) << 20):
+        report.add(row)  # TLS terminated beside a CONNECT tunnel (issue 38)
     report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
     report.notes.append(f"the shaped rows: tc tbf {' '.join(SHAPE)} on the server's veth end; a registry download "
                         "does not exceed a real link's speed, the unshaped row measures the relay against the "

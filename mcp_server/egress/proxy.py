@@ -207,12 +207,10 @@ async def _terminate(gate: Gate, sock: trio.socket.SocketType, early: bytes, att
     jail: tlsterm.TlsWire | None = None
     try:
         jail = await tlsterm.accept(contexts, sock, early, attempt)
-        first = await tlsterm.first_bytes(jail)
-        try:
-            verified = await tlsterm.connect(upstream, attempt.host)
-        except OSError as exc:
-            attempt.reason = str(exc)
-            await reply(jail, response(502, "Bad Gateway", f"ccw: {exc}"))
+        first, verified = await tlsterm.first_and_upstream(jail, upstream, attempt.host)
+        if isinstance(verified, OSError):
+            attempt.reason = str(verified)
+            await reply(jail, response(502, "Bad Gateway", f"ccw: {verified}"))
             return
         await _serve_terminated(gate, tlsterm.Terminated(attempt, jail, verified), first)
     except tlsterm.Refusal as exc:

@@ -20,8 +20,8 @@ other CONNECT stays an end-to-end tunnel.  What this module decides:
 - **The upstream is verified** against the host's own trust store (``ssl``'s default
   context: OpenSSL's default paths, which ``SSL_CERT_FILE`` in the front end's
   environment may name), with the CONNECT's host as the name checked; ALPN
-  ``http/1.1`` there too.  Its handshake runs after the jail's, before the request is
-  judged; the request's head is sent only once judged.
+  ``http/1.1`` there too.  Its handshake runs once the jail's is done, while the jail
+  sends its request (``first_and_upstream``); the request's head goes only once judged.
 - **One request per connection**, as on the plain path: the proxy says
   ``Connection: close`` both ways, so a second request never rides a connection judged
   for the first.
@@ -41,14 +41,13 @@ import functools
 import socket
 import ssl
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 
 from mcp_server.core import clienthello
 from mcp_server.core.tlsca import ALPN
 from mcp_server.egress.credentials import Carrier, LeafContexts
-from mcp_server.egress.relay import Attempt, Gate
+from mcp_server.egress.relay import BUFFER_SIZE, Attempt, Gate, send_all
 from sandbox.errors import CcwError
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n"
@@ -76,17 +75,82 @@ def terminated_hosts(gate: Gate) -> tuple[LeafContexts | None, frozenset[tuple[s
 
 
 class TlsWire:
-    """A TLS stream as the relay uses a socket (egress/relay.py ``Wire``)."""
+    """A TLS connection over a trio socket, as the relay uses a socket (egress/relay.py ``Wire``).
 
-    def __init__(self, stream: trio.SSLStream[Any], raw: trio.socket.SocketType) -> None:
-        self.stream, self.raw = stream, raw
+    ``ssl.SSLObject`` over memory BIOs rather than ``trio.SSLStream``: a read decrypts every
+    record a socket read brought (up to the caller's buffer) and a write sends all its
+    records in one ``send``, where SSLStream takes a trio round and a syscall per 16 KiB
+    record.  One task reads and one writes at a time (the relay's two directions); writes
+    to the socket are serialised, since a read may have records to send too (TLS 1.3's
+    key updates)."""
+
+    def __init__(self, raw: trio.socket.SocketType, tls: ssl.SSLObject, incoming: ssl.MemoryBIO,
+                 outgoing: ssl.MemoryBIO) -> None:
+        self.raw, self.tls, self.incoming, self.outgoing = raw, tls, incoming, outgoing
+        self._sending = trio.Lock()
+
+    @classmethod
+    async def handshake(cls, raw: trio.socket.SocketType, context: ssl.SSLContext, first: bytes, *,
+                        server_hostname: str | None = None) -> TlsWire:
+        """The handshake done over ``raw`` (``first``: bytes already read from it; a server without
+        ``server_hostname``); ssl.SSLError or ConnectionError if it fails."""
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = context.wrap_bio(incoming, outgoing, server_side=server_hostname is None,
+                               server_hostname=server_hostname)
+        incoming.write(first)
+        wire = cls(raw, tls, incoming, outgoing)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await wire._flush()
+                if not await wire._fill():
+                    raise ConnectionError("the other side closed during the TLS handshake") from None
+        await wire._flush()
+        return wire
+
+    async def _flush(self) -> None:
+        async with self._sending:
+            data = self.outgoing.read()
+            if data:
+                await send_all(self.raw, data)
+
+    async def _fill(self) -> bool:
+        data = await self.raw.recv(BUFFER_SIZE)
+        if not data:
+            self.incoming.write_eof()
+            return False
+        self.incoming.write(data)
+        return True
+
+    def _decrypted(self, buflen: int) -> tuple[bytes, bool]:
+        """The plaintext the records already read hold (up to ``buflen``), and whether more may come."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while size < buflen:
+                piece = self.tls.read(buflen - size)
+                if not piece:
+                    return b"".join(chunks), False  # close_notify
+                chunks.append(piece)
+                size += len(piece)
+        except ssl.SSLWantReadError:
+            pass
+        except ssl.SSLError:  # a ragged end, or a record that does not decrypt: the end of the stream
+            return b"".join(chunks), False
+        return b"".join(chunks), True
 
     async def recv(self, buflen: int, /) -> bytes:
-        try:
-            data = await self.stream.receive_some(buflen)
-            return data if isinstance(data, bytes) else bytes(data)  # ssl's reads are bytes already
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return b""
+        while True:
+            data, more = self._decrypted(buflen)
+            if data or not more:
+                return data
+            await self._flush()
+            try:
+                await self._fill()  # at the socket's end, the next read says so
+            except OSError:
+                return b""
 
     async def recv_into(self, buffer: bytearray, /) -> int:
         data = await self.recv(len(buffer))
@@ -95,9 +159,10 @@ class TlsWire:
 
     async def send(self, data: memoryview, /) -> int:
         try:
-            await self.stream.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.tls.write(data)
+        except ssl.SSLError as exc:
             raise BrokenPipeError(str(exc)) from None
+        await self._flush()
         return len(data)
 
     def shutdown(self, how: int, /) -> None:
@@ -110,32 +175,13 @@ class TlsWire:
         self.raw.close()
 
     async def finish(self) -> None:
-        """Say close_notify (a client reading a body to its end needs it), then close."""
-        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError), trio.move_on_after(5):
-            await self.stream.aclose()
+        """Say close_notify (a client reading a body to its end needs it: GnuTLS's, in git,
+        fails without it), then close."""
+        with contextlib.suppress(ssl.SSLError, OSError), trio.move_on_after(5):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                self.tls.unwrap()
+            await self._flush()
         self.raw.close()
-
-
-class _Prefixed(trio.abc.Stream):
-    """A socket's stream with bytes already read from it (the ClientHello) given back first."""
-
-    def __init__(self, sock: trio.socket.SocketType, first: bytes) -> None:
-        self.inner, self.first = trio.SocketStream(sock), first
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
-        if self.first:
-            data, self.first = self.first, b""
-            return data
-        return await self.inner.receive_some(max_bytes)
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 @dataclass
@@ -176,38 +222,30 @@ async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: by
         raise Refusal(f"the TLS ClientHello asks for {hello.server_name[:255]!r}, not {attempt.host}, the host "
                       "the CONNECT named: nothing is signed for another name")
     try:
-        context = await trio.to_thread.run_sync(contexts.get, attempt.host)
+        context = contexts.get(attempt.host)  # held, or signed now (about a millisecond, once a day a host)
     except CcwError as exc:
         raise Refusal(exc.message) from None
-    # Not https_compatible: its aclose says close_notify (``finish``), which a client reading a
-    # body to the end needs (GnuTLS's, in git, fails without it); a ragged EOF from the jail
-    # reads as the end (``TlsWire.recv``).
-    stream = trio.SSLStream(_Prefixed(sock, first), context, server_side=True)
     with trio.move_on_after(HANDSHAKE_TIMEOUT) as deadline:
         try:
-            await stream.do_handshake()
-        except trio.BrokenResourceError as exc:
-            raise Refusal(f"the TLS handshake with the client failed: {exc.__cause__ or exc}") from None
+            wire = await TlsWire.handshake(sock, context, first)
+        except (ssl.SSLError, OSError) as exc:
+            raise Refusal(f"the TLS handshake with the client failed: {exc}") from None
     if deadline.cancelled_caught:
         raise Refusal("the client did not complete its TLS handshake in time")
     attempt.tls = TERMINATED
-    return TlsWire(stream, sock)
+    return wire
 
 
 async def connect(upstream: trio.socket.SocketType, host: str) -> TlsWire:
     """The proxy's own TLS to the upstream, verified for ``host``; OSError saying why not."""
-    stream = trio.SSLStream(trio.SocketStream(upstream), upstream_context(), server_hostname=host,
-                            https_compatible=True)
-    with trio.move_on_after(HANDSHAKE_TIMEOUT) as deadline:
+    with trio.move_on_after(HANDSHAKE_TIMEOUT):
         try:
-            await stream.do_handshake()
-        except trio.BrokenResourceError as exc:
+            return await TlsWire.handshake(upstream, upstream_context(), b"", server_hostname=host)
+        except (ssl.SSLError, OSError) as exc:
             upstream.close()
-            raise ConnectionError(f"TLS to {host} failed: {exc.__cause__ or exc}") from None
-    if deadline.cancelled_caught:
-        upstream.close()
-        raise ConnectionError(f"TLS to {host}: no handshake in time")
-    return TlsWire(stream, upstream)
+            raise ConnectionError(f"TLS to {host} failed: {exc}") from None
+    upstream.close()
+    raise ConnectionError(f"TLS to {host}: no handshake in time")
 
 
 async def first_bytes(jail: TlsWire) -> bytes:
@@ -222,3 +260,30 @@ async def first_bytes(jail: TlsWire) -> bytes:
         raise Refusal("HTTP/2 (prior knowledge) in a terminated connection: the proxy speaks HTTP/1.1 here, "
                       "as its ALPN said")
     return data
+
+
+async def first_and_upstream(jail: TlsWire, upstream: trio.socket.SocketType,
+                             host: str) -> tuple[bytes, TlsWire | OSError]:
+    """The jail's first bytes (``first_bytes``) and the proxy's TLS to the upstream (``connect``,
+    or why it failed) at once: the upstream's handshake runs while the jail sends its
+    request.  Nothing but the handshake goes upstream before the request is judged."""
+    made: list[TlsWire | OSError] = []
+
+    async def up() -> None:
+        try:
+            made.append(await connect(upstream, host))
+        except OSError as exc:
+            made.append(exc)
+
+    failed: Refusal | OSError | None = None
+    first = b""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(up)
+        try:
+            first = await first_bytes(jail)
+        except (Refusal, OSError) as exc:  # raised below, not as a nursery's group
+            failed = exc
+            nursery.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return first, made[0]
