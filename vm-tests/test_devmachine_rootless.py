@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
 from tests.support import agent_loop
+from tests.support.mcp_process import agent_server_env
 
 ws, scratch, edit = Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4])
 COVER = ("import json, os, uuid; os.makedirs('.nyc_output', exist_ok=True); "
@@ -34,7 +35,7 @@ COVER = ("import json, os, uuid; os.makedirs('.nyc_output', exist_ok=True); "
 
 async def main():
     os.mkdir(scratch / "state")
-    async with agent_loop.mcp_stdio(agent_loop.server_env(scratch / "state", scratch)) as call:
+    async with agent_loop.mcp_stdio(agent_server_env(scratch / "state", scratch)) as call:
         cap = (await call("capsule_create", {"workspace": str(ws), "volatile": [".nyc_output/*.json"]}))["capsule_id"]
         tests = await call("capsule_exec", {"capsule_id": cap, "timeout_ms": 300000,
                                             "cmd": [".venv/bin/python", "-m", "pytest", "-q", "tests/test_more.py", "-k", "Chunked"]})

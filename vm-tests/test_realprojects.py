@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support import agent_loop, realprojects
+from tests.support.mcp_process import agent_server_env
 
 
 def _fresh_runner(runner_type: type) -> agent_loop.FreshServer:
@@ -66,12 +67,12 @@ def test_agent_loop_on_a_node_project_over_stdio(root_required: None, require: A
     @contextlib.asynccontextmanager
     async def fresh(state: Path) -> AsyncIterator[agent_loop.Call]:
         os.mkdir(state)
-        async with agent_loop.mcp_stdio(agent_loop.server_env(state, tmp_path)) as call:
+        async with agent_loop.mcp_stdio(agent_server_env(state, tmp_path)) as call:
             yield call
 
     async def scenario() -> dict[str, Any]:
         (tmp_path / "state").mkdir()
-        async with agent_loop.mcp_stdio(agent_loop.server_env(tmp_path / "state", tmp_path)) as call:
+        async with agent_loop.mcp_stdio(agent_server_env(tmp_path / "state", tmp_path)) as call:
             return await agent_loop.agent_loop(call, fresh, project, ws, tmp_path, deterministic_output=True)
 
     out = trio.run(scenario)

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
 from tests.support import agent_loop, realprojects
+from tests.support.mcp_process import agent_server_env
 
 ws, scratch = Path(sys.argv[2]), Path(sys.argv[3])
 project = realprojects.PROJECTS["more-itertools"]
@@ -33,12 +34,12 @@ project = realprojects.PROJECTS["more-itertools"]
 @contextlib.asynccontextmanager
 async def fresh(state):
     os.mkdir(state)
-    async with agent_loop.mcp_stdio(agent_loop.server_env(state, scratch)) as call:
+    async with agent_loop.mcp_stdio(agent_server_env(state, scratch)) as call:
         yield call
 
 async def main():
     os.mkdir(scratch / "state")
-    async with agent_loop.mcp_stdio(agent_loop.server_env(scratch / "state", scratch)) as call:
+    async with agent_loop.mcp_stdio(agent_server_env(scratch / "state", scratch)) as call:
         out = await agent_loop.agent_loop(call, fresh, project, ws, scratch)
         out["info"] = await call("ccw_info", {})
     return out

@@ -93,6 +93,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import psutil, trio
 from tests.support import agent_loop
+from tests.support.mcp_process import agent_server_env
 from tests.support.users import step
 
 setup = json.loads(sys.argv[2])
@@ -103,7 +104,7 @@ def servers():
                   p.info["uids"].real == os.getuid() and p.info["exe"] == f"{bin_dir}/postgres")
 
 async def main():
-    env = {**agent_loop.server_env(Path(setup["state"]), ws), "CCW_HELPER_SOCKET": setup["socket"]}
+    env = {**agent_server_env(Path(setup["state"]), ws), "CCW_HELPER_SOCKET": setup["socket"]}
     async with agent_loop.mcp_stdio(env) as call:
         out = {}
         cap = out["cap"] = (await call("capsule_create", {"workspace": str(ws), "auto_expose": False}))["capsule_id"]

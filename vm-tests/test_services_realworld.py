@@ -24,8 +24,9 @@ from typing import Any
 import trio
 
 from tests.support import realprojects
-from tests.support.agent_loop import Call, edit, leaf, mcp_stdio, server_env
+from tests.support.agent_loop import Call, edit, leaf, mcp_stdio
 from tests.support.cli_process import ccw
+from tests.support.mcp_process import agent_server_env
 from tests.support.webdriver import Browser, shot
 
 PROJECT = realprojects.FLASKR
@@ -129,7 +130,7 @@ def test_an_agent_serves_flaskr_tests_it_live_and_a_browser_sees_its_edit(
     state.mkdir()
 
     async def main() -> dict[str, Any]:
-        async with mcp_stdio(server_env(state, ws)) as call:
+        async with mcp_stdio(agent_server_env(state, ws)) as call:
             return await scenario(call, ws, browser, shots)
 
     try:

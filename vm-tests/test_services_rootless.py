@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
 from tests.support import agent_loop
+from tests.support.mcp_process import agent_server_env
 from tests.support.users import step
 
 ws, state = Path(sys.argv[2]), Path(sys.argv[3])
@@ -37,7 +38,7 @@ def get(url):
 
 async def main():
     out = {}
-    async with agent_loop.mcp_stdio(agent_loop.server_env(state, ws)) as call:
+    async with agent_loop.mcp_stdio(agent_server_env(state, ws)) as call:
         cap = (await call("capsule_create", {"workspace": str(ws), "auto_expose": False}))["capsule_id"]
         out["start"] = await call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
                                                             "ready": {"port": 8765, "timeout_ms": 30000}})

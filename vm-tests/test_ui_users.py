@@ -47,11 +47,12 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
 from tests.support import agent_loop
+from tests.support.mcp_process import agent_server_env
 from sandbox.errors import CcwError
 
 async def main():
     state, ws = Path(sys.argv[2]), Path(sys.argv[3])
-    async with agent_loop.mcp_stdio(agent_loop.server_env(state, ws)) as call:
+    async with agent_loop.mcp_stdio(agent_server_env(state, ws)) as call:
         print(json.dumps({"ready": True}), flush=True)
         while line := await trio.to_thread.run_sync(sys.stdin.readline):
             asked = json.loads(line)

@@ -27,14 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from tests.support.mcp_process import CCW_MCP, ROOT, agent_server_env
 from tests.support.realprojects import Edit, Project, git
 
 Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
 # A server on a fresh state dir, for as long as the context lasts: its ``call``.
 FreshServer = Callable[[Path], contextlib.AbstractAsyncContextManager[Call]]
-
-ROOT = Path(__file__).resolve().parents[2]
-CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
 
 # Lines a test runner prints that carry a duration ("in 0.31s", "Ran 21 tests in 0.004s").
 DURATION = re.compile(r"\bin \d+(\.\d+)?m?s\b")
@@ -191,12 +189,10 @@ def leaf(error: BaseException) -> BaseException:
     return error
 
 
-def server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
-    """The environment of an isolated ``ccw-mcp``: its own state dir, every tool."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
-    env.update(CCW_STATE_DIR=str(state_dir), CCW_WORKSPACE=str(workspace),
-               MCP_READY_FILE=str(state_dir.parent / f"{state_dir.name}.ready"))
-    return env
+# vm-tests/test_network_secrets_rootless.py's script (another engineer's file while this
+# changed) still calls ``agent_loop.server_env``: the agent's server environment, which is
+# ``mcp_process.agent_server_env``.  Remove this name with that call.
+server_env = agent_server_env
 
 
 # What ``scenario_command`` runs, as whichever user runs it: argv is the repository (for
@@ -232,7 +228,7 @@ def scenario_main(module: str, setup_json: str) -> None:
 
     async def main() -> Any:
         (scratch / "state").mkdir()
-        async with mcp_stdio(server_env(scratch / "state", scratch)) as call:
+        async with mcp_stdio(agent_server_env(scratch / "state", scratch)) as call:
             return await scenario(call, setup)
 
     try:

@@ -30,9 +30,17 @@ CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
 READY_RE = re.compile(r"^mcp:ready mode=(\S+) path=(\S+) ")
 
 
+def _without_ccw_settings() -> dict[str, str]:
+    """This process's environment less ccw's own settings (CCW_*, MCP_*, SYN_*): a server a
+    test starts reads only the settings the test gives it."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+
+
 def server_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """Environment for an isolated server: its own state dir, ready file and socket."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
+    """Environment for an isolated server as a test of the server wants it: its own state
+    dir, ready file, socket and port under ``tmp``; only the ``server`` tools and every
+    result checked against its schema (CCW_DEBUG) unless ``extra`` says otherwise."""
+    env = _without_ccw_settings()
     env.update(
         CCW_STATE_DIR=str(tmp / "state"),
         MCP_READY_FILE=str(tmp / "mcp.ready"),
@@ -42,6 +50,16 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
         CCW_DEBUG="1",
     )
     env.update(extra)
+    return env
+
+
+def agent_server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
+    """Environment for an isolated server as an agent's client starts it (on stdio): state
+    in ``state_dir``, its ready file beside it, files on ``workspace``; every tool and no
+    schema checks, the defaults an agent gets (``server_env`` chooses otherwise)."""
+    env = _without_ccw_settings()
+    env.update(CCW_STATE_DIR=str(state_dir), CCW_WORKSPACE=str(workspace),
+               MCP_READY_FILE=str(state_dir.parent / f"{state_dir.name}.ready"))
     return env
 
 
