@@ -4,10 +4,6 @@ The map lists each module under its package, and under each module the test file
 cover it, one line each on what they show.  A listed test covers its module only if it
 can be seen to, read from the sources (``ast``), not taken on trust:
 
-- **named**: the file is named after the module (``test_access.py``, ``test_access_*.py``
-  for ``access.py`` when no other module is called ``access``; else qualified by its
-  package, ``test_egress_proxy.py``; a package's ``__init__``/``__main__`` by the
-  package's name);
 - **imports**: it imports the module (``import a.b``, ``from a import b``, ``from a.b
   import x``), at any depth, in its own code or in the Python source of a script it
   runs (a string constant that parses and imports, as ``python -c SCRIPT`` and scripts
@@ -17,6 +13,9 @@ can be seen to, read from the sources (``ast``), not taken on trust:
   ``-m a.b`` in a command string), or an entry point of pyproject.toml's
   ``[project.scripts]`` named in a string (``"ccw-mcp"``: ``mcp_server.__main__``) or as
   a path (``.venv/bin/ccw``).
+
+A file's name is no evidence: ``test_sandbox_gitdirs.py`` is named for both
+``sandbox/gitdirs.py`` and, by prefix, ``sandbox/__main__.py``, and tests only the first.
 
 The helpers a test imports from ``tests.support`` (and ``tests.fuzz``) count as part of
 it: a test that starts ``ccw-mcp`` through ``tests.support.mcp_process`` runs it.  For
@@ -41,6 +40,7 @@ from __future__ import annotations
 import ast
 import itertools
 import re
+import textwrap
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -119,18 +119,24 @@ def _script_imports(text: str) -> set[str]:
 
 
 def _parsed(text: str) -> ast.AST | None:
-    """``text`` parsed as Python, or None if it is not Python."""
+    """``text`` parsed as Python, or None if it is not Python (a script may be indented
+    where it is written, and dedented before it runs)."""
     try:
-        return ast.parse(text)
+        return ast.parse(textwrap.dedent(text))
     except (SyntaxError, ValueError):
         return None
 
 
 def _strings(tree: ast.AST) -> list[str]:
-    """The string constants of a source that are values, not docstrings or bare comments."""
+    """The string constants of a source that are values, not docstrings or bare comments;
+    an f-string with each placeholder as ``_`` (a script that takes a test's paths)."""
     prose = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)}
-    return [node.value for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose]
+    found = [node.value for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            found.append("".join(part.value if isinstance(part, ast.Constant) else "_" for part in node.values))
+    return found
 
 
 def _runs(tree: ast.AST) -> set[str]:
@@ -191,30 +197,10 @@ def direct_reach(path: Path) -> frozenset[str]:
     return frozenset(seen & set(project_modules()))
 
 
-def _short_name(module: str) -> str:
-    parts = module.split(".")  # a package's __init__ is named by the package
-    return parts[-2] if parts[-1] == "__main__" else parts[-1]
-
-
-def _named_after(module: str, test: Path) -> bool:
-    """``test_NAME.py`` or ``test_NAME_*.py``, when no other module is called NAME too
-    (sandbox/server.py and mcp_server/server.py: a test must import the one it tests);
-    or qualified by its package, ``test_PACKAGE_NAME[_*].py`` (``test_egress_proxy.py``
-    for mcp_server/egress/proxy.py, ``test_sandbox_gitdirs.py``; ``capsule`` for
-    ``capsules`` too)."""
-    name, parts = _short_name(module), module.split(".")
-    stems = [f"test_{name}"] if sum(_short_name(other) == name for other in project_modules()) == 1 else []
-    above = parts[:-2] if parts[-1] == "__main__" else parts[:-1]
-    package = above[-1] if above else ""
-    if package:
-        stems += [f"test_{package}_{name}", f"test_{package.removesuffix('s')}_{name}"]
-    return any(test.stem == stem or test.stem.startswith(f"{stem}_") for stem in stems)
-
-
 def covers(module: str, test: Path) -> bool:
-    """The test file is named after the module, imports it or runs it (this file names
-    modules as data, and covers none)."""
-    return test != Path(__file__).resolve() and (_named_after(module, test) or module in direct_reach(test))
+    """The test file imports the module or runs it (this file names modules as data, and
+    covers none)."""
+    return test != Path(__file__).resolve() and module in direct_reach(test)
 
 
 @cache
@@ -381,6 +367,8 @@ def test_the_rules_see_what_they_claim() -> None:
     # one that imports a module only in a script it runs as another user, a test that runs
     # ccw-mcp through tests.support.mcp_process, and the helper reached from the front end.
     assert covers("sandbox.access", ROOT / "tests/test_access.py")
+    assert not covers("sandbox.__main__", ROOT / "tests/test_sandbox_gitdirs.py")  # a name is no evidence
+    assert covers("sandbox.mountinfo", ROOT / "vm-tests/test_mountinfo.py")  # an indented f-string script's import
     assert "mcp_server.cli" in direct_reach(ROOT / "tests/test_ui.py")  # via cli_process's -c script
     assert "mcp_server.__main__" in direct_reach(ROOT / "tests/test_server_stdio.py")  # ccw-mcp
     assert not covers("sandbox.netlink", ROOT / "tests/test_policy.py")
