@@ -8,7 +8,9 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 
 - ``workspaces``: small workspaces of named text files.
 - ``cli_process``: the ``ccw`` command as a subprocess on one state dir (``ccw ui`` too).
-- ``mcp_process``: a real ``ccw-mcp`` (stdio, unix socket, HTTP) with its logs.
+- ``mcp_process``: a real ``ccw-mcp`` (stdio, unix socket, HTTP) with its logs, and the two
+  environments tests start one in: a server test's (``server_env``) and an agent's
+  (``agent_server_env``).
 - ``raw_mcp``: a raw newline-delimited JSON-RPC client of ``ccw-mcp`` over stdio.
 - ``witness_craft``: witnesses written by hand, for the format and attack tests.
 - ``egress_harness``: an egress session on loopback sockets, with upstream servers.
@@ -43,6 +45,9 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``bench_smoke``: a benchmark suite's ``--quick`` run, checked to print its table.
 - ``jail_parser``: ccw-jail's plan parser built alone under ASan and UBSan (tests/fuzz/jail_plan_harness.c).
 - ``scratch_services``: services beside a scratch capsule's runs, the helper's side faked.
+- ``helper_wire``: raw bytes to the helper's socket and every reply back (``raw_exchange``).
+- ``patch_fuzz``: the check every patch fuzzer makes, and the tree it applies patches to.
+- ``textbook_ddmin``: ddmin as Zeller & Hildebrandt wrote it, the searches' reference.
 
 No test module imports another (tests/test_test_map.py checks): what two share is here.
 The vm-tests' shared fixtures are vm-tests/conftest.py's, some defined here and
