@@ -352,7 +352,8 @@ INVALID_SPECS = [
 ]
 
 
-@pytest.mark.parametrize(("bad", "code", "details", "says"), INVALID_SPECS, ids=lambda v: repr(v)[:40])
+@pytest.mark.parametrize(("bad", "code", "details", "says"), INVALID_SPECS,
+                         ids=[repr(case[0]) for case in INVALID_SPECS])
 def test_invalid_specs_are_refused(capsule: Capsule, bad: dict[str, object], code: str, details: dict[str, str],
                                    says: str) -> None:
     with pytest.raises(CcwError) as err:
