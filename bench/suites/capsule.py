@@ -6,7 +6,7 @@
 - fanotify tracing of 20,000 small-file reads, beside no tracing and strace;
 - capsule_create + capsule_exec of /bin/true with two auto-exposed toolchains (a pyenv
   Python, an nvm bin), beside the same with auto_expose off.
-Needs root (the helper's privileged mode).  ``--quick`` (a smoke run): 1,000 and 10,000
+Needs root (the helper's privileged mode).  ``--quick`` (a smoke run): 1,000 and 3,000
 files, 2,000 traced reads, 5 runs of each.
 """
 
