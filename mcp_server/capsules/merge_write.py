@@ -183,7 +183,7 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
     contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
     Journal(state).record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
     ops = ops_of(plan, start)
-    changed = sorted({op.path for op in ops_of(plan, plan.base)})
+    changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
     dated = [path for path in changed if contents[path].kind == "file" and contents[path].data != plan.base[path].data]
     with RootView.from_fd(root_fd) as view:
         mtimes = _apply(view, ops, contents, start, dated)
