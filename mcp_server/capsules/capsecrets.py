@@ -33,6 +33,22 @@ value where the secret's binding allows (egress/credentials.py).  Choices:
   directory the capsule shows read-only (``CapsuleSpec.expose``) at the same path,
   with ``castore.BUNDLE_ENV`` naming it.  ``<id>`` is drawn at create, before the
   capsule has its own id, since what a capsule shows is fixed when it is made.
+- **Hosts of https method/path rules too** (core/httprules.py): their requests must be
+  read, so their CONNECTs are terminated like a bound host's.  A capsule made with such
+  a rule and no secret gets the CA, the bundle and its variables, with no placeholders.
+- **A rule added live names a new host: a new CA, appended** (``extend``).  A CA's name
+  constraints are fixed when it is signed, and a process already running may have
+  loaded the bundle, so the first CA is never remade for more hosts: a second CA,
+  constrained to the added hosts alone, is made under its own file
+  (``capsule-tls/<id>.<random>.pem``) and its certificate appended to the bundle, which
+  so keeps every CA the capsule was given, each for its own hosts; the proxy signs a
+  host's leaf with the CA that names it (``Authorities``).  A client that reads the
+  bundle per connection (curl, git, a new Python process) trusts it at once; one that
+  loaded it before the change does not, until it loads it again.  A capsule made with
+  neither secrets nor https rules has no bundle shown (what a capsule shows is fixed at
+  create, and giving every allowlist capsule one would override its own
+  ``SSL_CERT_FILE``): an https method/path rule added to it live is refused, saying to
+  make the capsule again with the rule (``terminable``).
 """
 
 from __future__ import annotations
@@ -42,13 +58,16 @@ import dataclasses
 import json
 import os
 import secrets as random
-from collections.abc import Iterable
+import ssl
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
+from mcp_server.core.netrules import NetworkSpec
 from mcp_server.core.placeholders import CapsuleSecrets
+from mcp_server.core.tlsca import Authority, host_set_id
 from mcp_server.egress.credentials import Credentials
 from mcp_server.fs import castore
 from mcp_server.fs.secretstore import SecretStore
@@ -69,22 +88,51 @@ class Holder(Protocol):
     def give_credentials(self, capsule_id: str, credentials: Credentials) -> None: ...
 
 
-async def for_create(root: Path, names: tuple[str, ...], allowlist: bool) -> Credentials | None:
-    """The placeholders and TLS CA of a capsule being made with ``names`` (None for none);
-    refused without an allowlist."""
-    if not names:
+class Authorities:
+    """A capsule's CAs (the one made at create, then one per live addition: ``extend``) as the
+    proxy asks for leaves (egress/credentials.py ``LeafContexts``): each host's from the CA made for it."""
+
+    def __init__(self) -> None:
+        self._by_host: dict[str, castore.ServerContexts] = {}
+
+    def add(self, authority: Authority) -> None:
+        contexts = castore.ServerContexts(authority)
+        for host in authority.hosts:
+            self._by_host.setdefault(host, contexts)
+
+    def get(self, host: str) -> ssl.SSLContext:
+        """The context for ``host``'s leaf; CONFLICT if none of the capsule's CAs names it."""
+        contexts = self._by_host.get(host)
+        if contexts is None:
+            raise CcwError("CONFLICT", f"none of this capsule's TLS CAs was made for {host}", {"host": host})
+        return contexts.get(host)
+
+
+def tls_hosts(network: NetworkSpec | None) -> frozenset[str]:
+    """The hosts of ``network``'s https method/path rules: the proxy terminates their TLS to read their requests."""
+    if network is None:
+        return frozenset()
+    return frozenset(rule.host for rule in network.allow if rule.is_http and rule.scheme == "https")
+
+
+async def for_create(root: Path, names: tuple[str, ...], allowlist: bool,
+                     https_hosts: Iterable[str] = ()) -> Credentials | None:
+    """The placeholders and TLS CA of a capsule being made with ``names`` and https method/path
+    rules on ``https_hosts`` (``tls_hosts``); None for neither; secrets refused without an allowlist."""
+    https = frozenset(https_hosts)
+    if not names and not https:
         return None
-    if not allowlist:
+    if names and not allowlist:
         raise CcwError("INVALID_ARGUMENT", "secrets need a network allowlist (network: [...] naming their hosts): "
                        "a capsule without one reaches no host to send them to", {"secrets": list(names)})
-    return await trio.to_thread.run_sync(credentials, root, names, random.token_hex(8))
+    return await trio.to_thread.run_sync(credentials, root, names, random.token_hex(8), [sorted(https)])
 
 
-def whitelist(env_whitelist: Iterable[str], names: Iterable[str]) -> tuple[str, ...]:
-    """A capsule's env whitelist with its secrets' names and, if it has any, the CA bundle's
-    variables: the helper passes only whitelisted names."""
+def whitelist(env_whitelist: Iterable[str], names: Iterable[str], tls: bool = False) -> tuple[str, ...]:
+    """A capsule's env whitelist with its secrets' names and, if it has any or a CA (``tls``), the
+    CA bundle's variables: the helper passes only whitelisted names."""
     wanted = set(names)
-    return tuple(sorted({*env_whitelist, *wanted, *(castore.BUNDLE_ENV if wanted else ())}))
+    return tuple(sorted({*env_whitelist, *wanted, *(castore.BUNDLE_ENV if wanted or tls else ())}))
 
 
 def shown(expose: tuple[str, ...], given: Credentials | None) -> tuple[str, ...]:
@@ -98,7 +146,7 @@ async def env(root: Path, holder: Holder, capsule_id: str) -> dict[str, str]:
     """The capsule's secrets' variables, each name holding its placeholder, and the CA bundle's;
     made anew from what was kept at create when this process has none yet (a restarted front end)."""
     given = holder.credentials(capsule_id)
-    if given is None and (kept := _recalled(root, capsule_id))[0]:
+    if given is None and ((kept := _recalled(root, capsule_id))[0] or kept[1] is not None):
         given = await trio.to_thread.run_sync(credentials, root, *kept)
         holder.give_credentials(capsule_id, given)
     if given is None:
@@ -113,9 +161,11 @@ async def placed(root: Path, holder: Holder, allowlist: bool, request: ExecReque
     return dataclasses.replace(request, env={**(request.env or {}), **ours}) if ours else request
 
 
-def credentials(root: Path, names: Iterable[str], tls_id: str | None = None) -> Credentials:
+def credentials(root: Path, names: Iterable[str], tls_id: str | None = None,
+                cas: Sequence[Sequence[str]] = ((),)) -> Credentials:
     """New placeholders for the secrets ``names`` of the store at ``root`` (blocking: a value may
-    be a command's output), with the capsule's CA ``tls_id`` loaded or made for their hosts;
+    be a command's output), with the capsule's CAs ``tls_id`` loaded or made: the first for
+    their hosts and ``cas[0]``, each later one for its ``cas`` entry alone (``extend``);
     NOT_FOUND naming ``ccw secret list`` for a name it does not hold."""
     store = SecretStore(root)
     known = {secret.binding.name: secret for secret in store.secrets()}
@@ -131,10 +181,60 @@ def credentials(root: Path, names: Iterable[str], tls_id: str | None = None) -> 
     made = Credentials(CapsuleSecrets(bindings, lengths), lambda name: store.value(name).reveal())
     if tls_id is not None:
         hosts = {host for binding in bindings.values() for host, _port in binding.hosts}
-        authority = castore.load_or_make(root / TLS_DIR, hosts, name=f"{tls_id}.pem")
-        made.contexts = castore.ServerContexts(authority)
-        made.bundle = _write_bundle(root / TLS_DIR / tls_id, castore.bundle(authority))
+        first, *later = cas or ((),)
+        made.contexts, made.bundle = _authorities(root, tls_id, [sorted({*hosts, *first}), *later])
     return made
+
+
+def _ca_file(tls_id: str, index: int, hosts: Sequence[str]) -> str:
+    """The key file of the capsule's ``index``th CA: a later one's name carries its hosts' digest,
+    so a fork and its parent (one ``tls_id``) adding different hosts never remake each other's."""
+    if index == 0:
+        return f"{tls_id}.pem"
+    return f"{tls_id}.{host_set_id(hosts)}.pem"
+
+
+def _authorities(root: Path, tls_id: str, cas: Sequence[Sequence[str]]) -> tuple[Authorities, str]:
+    """The capsule's CAs, loaded or made, and its bundle (the system's CAs, then each of them) written."""
+    held = Authorities()
+    made = [castore.load_or_make(root / TLS_DIR, hosts, name=_ca_file(tls_id, index, hosts))
+            for index, hosts in enumerate(cas)]
+    for authority in made:
+        held.add(authority)
+    data = castore.bundle(made[0]) + b"".join(authority.cert_pem() for authority in made[1:])
+    return held, _write_bundle(root / TLS_DIR / tls_id, data)
+
+
+def terminable(root: Path, capsule_id: str) -> Callable[[NetworkSpec, NetworkSpec], NetworkSpec]:
+    """A check of the capsule's rules ``old`` about to become ``network`` live (capsules/netlive.py):
+    INVALID_ARGUMENT, saying to make the capsule again, if they add an https method/path rule
+    for a new host to a capsule shown no CA bundle at create (it cannot be shown one later)."""
+    def check(old: NetworkSpec, network: NetworkSpec) -> NetworkSpec:
+        https = tls_hosts(network) - tls_hosts(old)
+        if https and _recalled(root, capsule_id)[1] is None:
+            raise CcwError("INVALID_ARGUMENT", f"capsule {capsule_id} was made without TLS termination (no secret "
+                           "and no https method/path rule at create), and what it is shown cannot change while it "
+                           "lives: make it again with the https rule (capsule_create network: [...]) to add "
+                           f"{', '.join(sorted(https))}", {"hosts": sorted(https)})
+        return network
+    return check
+
+
+async def extend(root: Path, holder: Holder, capsule_id: str, network: NetworkSpec) -> None:
+    """The capsule's CAs after its rules changed live to ``network``: a new CA for the https
+    method/path rules' hosts no CA of it names yet, appended to its bundle and kept."""
+    names, tls_id, cas = _recalled(root, capsule_id)
+    given = holder.credentials(capsule_id)
+    covered = {host for hosts in cas for host in hosts}
+    covered |= {host for binding in given.capsule.bindings.values() for host, _ in binding.hosts} if given else set()
+    new = sorted(tls_hosts(network) - covered)
+    if tls_id is None or not new:
+        return
+    cas = [*cas, new]
+    contexts, _bundle = await trio.to_thread.run_sync(_authorities, root, tls_id, cas)
+    _keep(root, capsule_id, names, tls_id, cas)
+    if given is not None:
+        given.contexts = contexts  # the proxy's next CONNECT asks for it (egress/tlsterm.py)
 
 
 def _write_bundle(folder: Path, data: bytes) -> str:
@@ -155,14 +255,21 @@ def _write_bundle(folder: Path, data: bytes) -> str:
     return str(path)
 
 
-def remember(root: Path, capsule_id: str, names: Iterable[str], given: Credentials | None = None) -> None:
-    """Keep the capsule's secrets' names (and its CA's id) for a front end started later."""
+def remember(root: Path, capsule_id: str, names: Iterable[str], given: Credentials | None = None,
+             https_hosts: Iterable[str] = ()) -> None:
+    """Keep the capsule's secrets' names (and its CA's id, and the https rules' hosts its first
+    CA was made for) for a front end started later."""
+    tls_id = None if given is None or given.bundle is None else os.path.basename(os.path.dirname(given.bundle))
+    _keep(root, capsule_id, names, tls_id, [sorted(set(https_hosts))])
+
+
+def _keep(root: Path, capsule_id: str, names: Iterable[str], tls_id: str | None,
+          cas: Sequence[Sequence[str]]) -> None:
     folder = os.path.join(root, DIR_NAME)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, capsule_id)
-    tls_id = None if given is None or given.bundle is None else os.path.basename(os.path.dirname(given.bundle))
     with open(path + ".tmp", "w", encoding="utf-8") as out:
-        json.dump({"names": sorted(set(names)), "tls": tls_id}, out)
+        json.dump({"names": sorted(set(names)), "tls": tls_id, "cas": [list(hosts) for hosts in cas]}, out)
     os.replace(path + ".tmp", path)
 
 
@@ -171,17 +278,19 @@ def recall(root: Path, capsule_id: str) -> list[str]:
     return _recalled(root, capsule_id)[0]
 
 
-def _recalled(root: Path, capsule_id: str) -> tuple[list[str], str | None]:
-    """The names the capsule was given at create and its CA's id (a list alone: kept before CAs were)."""
+def _recalled(root: Path, capsule_id: str) -> tuple[list[str], str | None, list[list[str]]]:
+    """The names the capsule was given at create, its CAs' id and the https hosts of each of its
+    CAs (a list alone: kept before CAs were; no ``cas``: before rules had CAs)."""
     try:
         with open(os.path.join(root, DIR_NAME, capsule_id), encoding="utf-8") as found:
             kept = json.load(found)
     except FileNotFoundError:
-        return [], None
+        return [], None, [[]]
     if isinstance(kept, list):
-        return [str(name) for name in kept], None
+        return [str(name) for name in kept], None, [[]]
     tls_id = kept.get("tls")
-    return [str(name) for name in kept.get("names", [])], None if tls_id is None else str(tls_id)
+    cas = [[str(host) for host in hosts] for hosts in kept.get("cas") or [[]]]
+    return [str(name) for name in kept.get("names", [])], None if tls_id is None else str(tls_id), cas
 
 
 def inherit(root: Path, parent_id: str, child_id: str) -> None:
@@ -203,13 +312,15 @@ def inherit(root: Path, parent_id: str, child_id: str) -> None:
 def forget(root: Path, capsule_id: str) -> None:
     """The capsule is gone: its names too, and its CA's key and bundle unless a capsule still
     uses them (a fork's kept file names its parent's CA: ``inherit``)."""
-    tls_id = _recalled(root, capsule_id)[1]
+    _names, tls_id, _cas = _recalled(root, capsule_id)
     _remove(os.path.join(root, DIR_NAME, capsule_id))
     if tls_id is None or any(_recalled(root, other)[1] == tls_id for other in _kept(root)):
         return
     folder = os.path.join(root, TLS_DIR)
-    for name in (f"{tls_id}.pem", f"{tls_id}.pem.lock", os.path.join(tls_id, BUNDLE)):
-        _remove(os.path.join(folder, name))
+    for name in os.listdir(folder) if os.path.isdir(folder) else ():
+        if name.startswith(f"{tls_id}.") and name.endswith((".pem", ".pem.lock")):  # every CA it was given
+            _remove(os.path.join(folder, name))
+    _remove(os.path.join(folder, tls_id, BUNDLE))
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(os.path.join(folder, tls_id))
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mcp_server import events
+from mcp_server.capsules import capsecrets
 from mcp_server.capsules.networks import Networks
 from mcp_server.core.netrules import NetworkSpec, changed, parse_network, rules_id
 from mcp_server.journal import network_from_column
@@ -149,8 +150,11 @@ async def change_rules(networks: Networks, state: State, capsule_id: str, who: s
     (presets already expanded); ``asked``: what to keep as asked (default: allow, remove, caps)."""
     allow, remove = list(allow), list(remove)
     kept = asked if asked is not None else {"allow": allow, "remove": remove, "caps": caps}
+    check = capsecrets.terminable(state.root, capsule_id)  # an https rule needs a CA bundle shown at create
     async with networks.rules_lock:
-        made = record_change(state, capsule_id, lambda old: changed(old, allow, remove, caps), who, kept)
+        made = record_change(state, capsule_id, lambda old: check(old, changed(old, allow, remove, caps)), who, kept)
+        if made is not None:  # a new https rule's host: a CA for it, before the session lets a CONNECT there
+            await capsecrets.extend(state.root, networks, capsule_id, made.spec)
         cut = [] if made is None else await networks.set_rules(capsule_id, made.spec, who) or []
     return made, cut
 

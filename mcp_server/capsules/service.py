@@ -188,9 +188,10 @@ class CapsuleService:
         first exec waits for it.  ``secrets``: names in the state dir's store, whose
         placeholders its commands get (capsules/capsecrets.py).
         """
-        given = await capsecrets.for_create(self.state.root, secrets, network is not None)
+        https = capsecrets.tls_hosts(network)  # an https method/path rule's host: its TLS terminated too
+        given = await capsecrets.for_create(self.state.root, secrets, network is not None, https)
         spec = dataclasses.replace(spec, network=helper_network(network),  # a secret's variable is passed (its placeholder)
-                                   env_whitelist=capsecrets.whitelist(spec.env_whitelist, secrets),
+                                   env_whitelist=capsecrets.whitelist(spec.env_whitelist, secrets, given is not None),
                                    expose=capsecrets.shown(spec.expose, given))  # and its CA bundle, read-only
         base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
 
@@ -202,7 +203,7 @@ class CapsuleService:
             made = await acapture(self.call, CreateRequest(spec))
         reply = made.unwrap()
         if given is not None:
-            capsecrets.remember(self.state.root, reply.capsule_id, secrets, given)
+            capsecrets.remember(self.state.root, reply.capsule_id, secrets, given, https)
             self.networks.give_credentials(reply.capsule_id, given)
         await self._open_network(reply.capsule_id, network)
         return self._journal_new(reply, spec, None, network, volatile, base[0])

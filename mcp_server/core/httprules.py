@@ -119,6 +119,10 @@ class RequestRules:
         unread, so the proxy terminates its TLS (or refuses it)."""
         return frozenset(self._by_host)
 
+    def tls_hosts(self) -> frozenset[tuple[str, int]]:
+        """The (host, port) pairs an https rule names: the proxy terminates their TLS (egress/tlsterm.py)."""
+        return frozenset(pair for pair, rules in self._by_host.items() if any(rule.scheme == "https" for rule in rules))
+
     def check(self, host: str, port: int, scheme: str, method: str | bytes,
               target: str | bytes) -> Verdict | None:
         """The verdict on one request to ``host:port`` (``host`` as netrules.normalize_host

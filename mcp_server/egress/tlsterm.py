@@ -1,7 +1,7 @@
 """TLS the proxy terminates: a jail's CONNECT to a host whose requests a rule must see (issue 38).
 
-A ``CONNECT`` to a host:port a capsule's secret is bound to (or, once they exist, a
-method/path rule names: ``terminated_hosts`` is where those join) is not a tunnel: the
+A ``CONNECT`` to a host:port a capsule's secret is bound to or an https method/path rule
+names (``terminated_hosts`` is where those join) is not a tunnel: the
 proxy answers ``200``, reads the jail's ClientHello, completes the handshake itself with
 a leaf for the CONNECT's host (fs/castore.py ``ServerContexts``, from the capsule's
 name-constrained CA), and hands each decrypted request to the plain-HTTP request path
@@ -48,6 +48,7 @@ from mcp_server.core import clienthello
 from mcp_server.core.tlsca import ALPN
 from mcp_server.egress.credentials import Carrier, LeafContexts
 from mcp_server.egress.relay import BUFFER_SIZE, Attempt, Gate, send_all
+from mcp_server.egress.ruled import Ruled
 from sandbox.errors import CcwError
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n"
@@ -65,13 +66,17 @@ def upstream_context() -> ssl.SSLContext:
 
 
 def terminated_hosts(gate: Gate) -> tuple[LeafContexts | None, frozenset[tuple[str, int]]]:
-    """The capsule's CA (None: it has none, nothing is terminated) and the host:port pairs whose
-    CONNECTs it terminates: those its secrets are bound to.  Method/path rules' hosts
-    (core/httprules.py) join the set here, the one place the proxy asks."""
+    """The capsule's CAs (None: it has none, nothing is terminated) and the host:port pairs whose
+    CONNECTs it terminates: those its secrets are bound to, and those an https method/path rule
+    names (core/httprules.py; the rules now in force: a rule added live joins at the next
+    CONNECT), the one place the proxy asks.  A rule's host no CA of the capsule names is
+    still terminated, and refused at the handshake saying so (``accept``): never tunnelled."""
     creds = gate.credentials if isinstance(gate, Carrier) else None
     if creds is None or creds.contexts is None:
         return None, frozenset()
-    return creds.contexts, frozenset(pair for binding in creds.capsule.bindings.values() for pair in binding.hosts)
+    ruled_hosts = gate.requests.tls_hosts() if isinstance(gate, Ruled) else frozenset()
+    bound = frozenset(pair for binding in creds.capsule.bindings.values() for pair in binding.hosts)
+    return creds.contexts, bound | ruled_hosts
 
 
 class TlsWire:
