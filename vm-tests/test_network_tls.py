@@ -24,7 +24,7 @@ import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from mcp_server.egress import tlsterm
 from mcp_server.fs.castore import server_context
 from mcp_server.fs.secretstore import SecretStore
 from tests.support.secretsearch import IN_CAPSULE, STORE_FILE, events_holding, files_holding
+from tests.support.tlsserver import TlsServer
 
 PYTHON = "/usr/bin/python3"
 TOKEN = b"ghp_" + b"Tq4wZ" * 8  # 44 bytes
@@ -45,28 +46,13 @@ MARKER = "ccw-marker-" + "Wq9" * 8  # written by the capsule: the search must fi
 HELPER = "credential.helper=!f() { echo username=git; echo \"password=$GIT_TOKEN\"; }; f"
 
 
-class GitServer(ThreadingHTTPServer):
+class GitServer(TlsServer):
     """``git http-backend`` over TLS, Basic auth ``git:TOKEN``; ``heads`` keeps each request head."""
 
-    daemon_threads = True
-
     def __init__(self, root: Path) -> None:
-        super().__init__(("127.0.0.1", 0), GitHandler)
+        super().__init__("127.0.0.1", GitHandler, server_context(PUBLIC.leaf("127.0.0.1", NOW)))
         self.root = root
         self.heads: list[bytes] = []
-        self.context = server_context(PUBLIC.leaf("127.0.0.1", NOW))
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, address = self.socket.accept()
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        request.settimeout(30)
-        request.do_handshake()
-        super().finish_request(request, client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that went away mid-handshake
 
 
 class GitHandler(BaseHTTPRequestHandler):
