@@ -256,7 +256,6 @@ SHARED = {
     "test_network_ask.py": "netfixtures' fixed addresses",
     "test_network_propose.py": "netfixtures' fixed addresses",
     "test_attack_proposals.py": "netfixtures' fixed addresses",
-    "test_bench_smoke_network.py": "netfixtures' fixed addresses",  # bench/run.py network
 }
 
 
