@@ -131,3 +131,25 @@ def test_a_live_https_rule_on_a_capsule_made_without_a_ca_is_refused(root: Path)
     network = spec("READ https://pypi.example/**")
     made(root, network, "cap_ca")
     assert capsecrets.terminable(root, "cap_ca")(network, changed(network, ["READ https://other.example/**"]))
+
+
+def test_a_fork_and_its_parent_each_adding_a_host_live_keep_both_cas_in_their_shared_bundle(root: Path) -> None:
+    network = spec("READ https://pypi.example/**")
+    given, holder = made(root, network)
+    assert given.bundle is not None
+    capsecrets.inherit(root, "cap_1", "cap_2")  # the fork is shown its parent's bundle (the same directory)
+    trio.run(capsecrets.env, root, holder, "cap_2")
+    fork = holder.credentials("cap_2")
+    assert fork is not None and fork.bundle == given.bundle
+    trio.run(capsecrets.extend, root, holder, "cap_1", changed(network, ["GET https://a.example/**"]))
+    trio.run(capsecrets.extend, root, holder, "cap_2", changed(network, ["GET https://b.example/**"]))
+    keys = {frozenset(a.hosts): a for a in (Authority.from_pem(p.read_bytes())
+                                            for p in (root / capsecrets.TLS_DIR).glob("*.pem"))}
+    assert set(keys) == {frozenset({"pypi.example"}), frozenset({"a.example"}), frozenset({"b.example"})}
+    shared = Path(given.bundle).read_bytes()
+    assert all(authority.cert_pem() in shared for authority in keys.values())  # neither dropped the other's
+    assert given.contexts is not None and fork.contexts is not None
+    given.contexts.get("a.example")
+    with pytest.raises(CcwError):
+        given.contexts.get("b.example")  # each proxy signs only for its own capsule's hosts
+    fork.contexts.get("b.example")

@@ -201,8 +201,25 @@ def _authorities(root: Path, tls_id: str, cas: Sequence[Sequence[str]]) -> tuple
             for index, hosts in enumerate(cas)]
     for authority in made:
         held.add(authority)
-    data = castore.bundle(made[0]) + b"".join(authority.cert_pem() for authority in made[1:])
-    return held, _write_bundle(root / TLS_DIR / tls_id, data)
+    folder = root / TLS_DIR / tls_id
+    return held, _write_bundle(folder, _appended(folder / BUNDLE, castore.bundle(made[0]),
+                                                 [authority.cert_pem() for authority in made[1:]]))
+
+
+def _appended(path: Path, base: bytes, later: Sequence[bytes]) -> bytes:
+    """The bundle: ``base`` (the system's CAs and the first CA), what was appended to it before,
+    then ``later``'s certificates it lacks.  What was appended before stays: a fork shares its
+    parent's bundle, and a CA either was given live must stay trusted by both (rewritten
+    whole only when ``base`` changed: the system's bundle did, or the first CA was remade)."""
+    try:
+        old = path.read_bytes()
+    except FileNotFoundError:
+        old = b""
+    data = old if old.startswith(base) else base
+    for cert in later:
+        if cert not in data:
+            data += cert
+    return data
 
 
 def terminable(root: Path, capsule_id: str) -> Callable[[NetworkSpec, NetworkSpec], NetworkSpec]:
