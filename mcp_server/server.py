@@ -131,7 +131,7 @@ class CcwServer:
 
     def tool_list(self, toolsets: Collection[str]) -> ToolList:
         """The tools served to a connection whose CCW_TOOLSETS is ``toolsets`` (made once
-        per selection; its tools' schemas are checked then)."""
+        per selection, with its tools' validators)."""
         key = tuple(sorted(set(toolsets)))
         tools = self._tool_lists.get(key)
         if tools is None:
@@ -246,11 +246,14 @@ class CcwServer:
         return spec
 
     def _checkers(self, spec: ToolSpec) -> tuple[Draft202012Validator, Draft202012Validator]:
-        """The input and output validators of ``spec``, its schemas checked the first time."""
+        """The input and output validators of ``spec``.
+
+        The schemas are not checked against the metaschema here: they are constants of the
+        code, and checking the 110 of every tool took 1-2 s of each server's start (more
+        under load); tests/test_tool_surface.py checks every spec of every selection once.
+        """
         entry = self._validators.get(id(spec))
         if entry is None:
-            Draft202012Validator.check_schema(spec.input_schema)
-            Draft202012Validator.check_schema(spec.output_schema)
             entry = self._validators[id(spec)] = (
                 spec, Draft202012Validator(spec.input_schema), Draft202012Validator(spec.output_schema))
         return entry[1], entry[2]

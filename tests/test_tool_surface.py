@@ -38,6 +38,15 @@ def test_advertised_schemas_are_valid_and_shallow(spec: Any) -> None:
     assert set(advertised.get("properties", {})) == full_names  # every field a result can have is named
 
 
+@pytest.mark.parametrize("toolsets", [(name,) for name in (*TOOLSETS, *PROFILES)], ids=lambda t: t[0])
+def test_every_served_spec_has_valid_schemas(toolsets: tuple[str]) -> None:
+    """The server validates with these schemas without checking them first (CcwServer._checkers):
+    each selection's specs, narrowed ones included, must be valid JSON Schema 2020-12."""
+    for spec in Registry.load(toolsets).tools:
+        Draft202012Validator.check_schema(spec.input_schema)
+        Draft202012Validator.check_schema(spec.output_schema)
+
+
 BRANCHED = {
     "type": "object",
     "properties": {"n": {"type": "integer", "minimum": 0}},
