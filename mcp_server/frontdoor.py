@@ -418,8 +418,13 @@ class _FdReceiver(trio.abc.ReceiveStream):
             data, self.unread = self.unread, b""
             return data
         sock: Any = self.stream.socket
-        data, ancillary, _flags, _ = await sock.recvmsg(
-            max_bytes or 65536, socket.CMSG_SPACE(PassedFds.LIMIT * _FD_SIZE), socket.MSG_CMSG_CLOEXEC)
+        try:
+            data, ancillary, _flags, _ = await sock.recvmsg(
+                max_bytes or 65536, socket.CMSG_SPACE(PassedFds.LIMIT * _FD_SIZE), socket.MSG_CMSG_CLOEXEC)
+        except OSError as exc:
+            # As trio's SocketStream says it: a client that closed with our answers unread
+            # resets the connection (ECONNRESET); raised as itself, it ended the whole front end.
+            raise trio.BrokenResourceError(f"the client's connection failed: {exc}") from exc
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")

@@ -34,7 +34,7 @@ from sandbox.ops import ExecRequest, ListRequest
 from tests.support import SUPPORT_DIR
 from tests.support.netfixtures import HttpLoopback
 from tests.support.raw_mcp import RawStdio, structured
-from tests.support.shell_session import CCW, ROOT, ShellSession, ccw_env, scenario
+from tests.support.shell_session import CCW, ROOT, ShellSession, capsule_busy, ccw_env, scenario
 from tests.support.users import run_script_as
 
 
@@ -164,18 +164,6 @@ def test_only_a_pty_slave_of_the_callers_own_is_taken(state: Path, tmp_path: Pat
     assert json.loads(ccw(state, "capsule", "list", "--json"))["capsules"][0]["execs"] == 0  # nothing ran
 
 
-def _busy(state: Path, capsule_id: str) -> bool:
-    async def ask() -> bool:
-        client = HelperClient(str(state / "helper" / "helper.sock"))
-        try:
-            listed = (await client.call(ListRequest())).capsules
-        finally:
-            await client.aclose()
-        return any(c.capsule_id == capsule_id and c.state == "busy" for c in listed)
-
-    return trio.run(ask)
-
-
 def test_a_shell_waits_for_the_running_command(state: Path, tmp_path: Path) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
@@ -184,7 +172,7 @@ def test_a_shell_waits_for_the_running_command(state: Path, tmp_path: Path) -> N
                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
-        while not _busy(state, capsule_id):
+        while not capsule_busy(state, capsule_id):
             assert time.monotonic() < deadline and running.poll() is None, "the exec never started"
             time.sleep(0.1)
         shell = ShellSession(state, capsule_id, "--", "/bin/sh", "-c", "echo turn-$((3*4)); exit 3")
@@ -217,11 +205,11 @@ def test_a_session_ends_with_its_terminal(state: Path, tmp_path: Path) -> None:
     capsule_id = ccw(state, "capsule", "create", str(workspace)).strip()
     shell = ShellSession(state, capsule_id, "--", "/bin/sh", "-c", "trap '' HUP; echo ready-$((1+1)); exec sleep 1000")
     shell.expect(r"ready-2")
-    assert _busy(state, capsule_id)
+    assert capsule_busy(state, capsule_id)
     shell.process.kill()
     shell.wait()
     deadline = time.monotonic() + 60
-    while _busy(state, capsule_id):
+    while capsule_busy(state, capsule_id):
         assert time.monotonic() < deadline, "the jail outlived its caller"
         time.sleep(0.2)
 

@@ -22,14 +22,22 @@ A cancelled direct method likewise gets no answer and frees its slot.
 Shutdown: when ``draining`` is set, requests read from then on are answered with
 error -32001 ("shutting down"), requests already read are finished and answered, and
 the connection ends once nothing is pending.  End of input (stdin closed, a client's
-half-close) ends the connection the same way.  A peer that stops accepting answers
-(write fails) ends it at once, cancelling its requests: nobody is left to answer.
+half-close) ends the connection the same way.  A peer that is gone ends it at once,
+cancelling its requests, since nobody is left to answer: a write that fails, and on a
+socket already the end of input, when it is the peer's whole close and not a half-close.
+A unix socket tells the two apart: a closed peer leaves ours hung up both ways (POLLHUP),
+a half-closed one only for reading.  Waiting for a write to fail instead left a closed
+client's ``sleep 1000`` running (holding its capsule's turn) until the next progress
+report, and for ever if it asked for none: a call without a progress token writes nothing
+until it ends.  A peer that closed with our bytes unread resets the connection: reading
+fails (ECONNRESET), which is the same end.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import select
 from typing import Any
 
 import anyio
@@ -181,8 +189,10 @@ class NdjsonConnection:
                 try:
                     data = await self.reader.receive_some(READ_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    data = b""
+                    self._broken = True  # reset: the peer closed with our answers unread
+                    return
                 if not data:
+                    self._broken = _closed_both_ways(self.writer)
                     return
                 for event in self.splitter.feed(data):
                     while self.pending >= MAX_PENDING:
@@ -292,3 +302,14 @@ class NdjsonConnection:
             done.set()
         # Cancelled by the client: like the SDK, send no answer, but free the slot.
         await self._out_send.send(("slot", slot, frame_out))
+
+
+def _closed_both_ways(writer: trio.abc.SendStream) -> bool:
+    """Whether the peer of a socket ``writer`` has closed it (not just its sending half); False
+    for a pipe (stdio), whose reader may still be there when our input ends."""
+    sock = getattr(writer, "socket", None)
+    if sock is None:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLOUT)
+    return any(events & select.POLLHUP for _fd, events in poller.poll(0))

@@ -30,6 +30,24 @@ TRAMPOLINE = ("import fcntl, os, sys, termios; os.setsid(); fcntl.ioctl(0, termi
 WAIT_S = 60.0  # the longest any one expected output may take (a loaded machine), never a timing check
 
 
+def capsule_busy(state: Path, capsule_id: str) -> bool:
+    """Whether the helper of ``state`` is running a command in the capsule (its ``list``)."""
+    import trio
+
+    from sandbox.client import HelperClient
+    from sandbox.ops import ListRequest
+
+    async def ask() -> bool:
+        client = HelperClient(str(state / "helper" / "helper.sock"))
+        try:
+            listed = (await client.call(ListRequest())).capsules
+        finally:
+            await client.aclose()
+        return any(c.capsule_id == capsule_id and c.state == "busy" for c in listed)
+
+    return trio.run(ask)
+
+
 def ccw_env(state: Path) -> dict[str, str]:
     """Our environment without CCW_*/MCP_* settings, on ``state``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_")) or k == "CCW_MUST_WORK"}
