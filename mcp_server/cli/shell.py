@@ -40,8 +40,8 @@ Where it runs: like every ``ccw capsule`` command, through the state dir's front
 (SCM_RIGHTS on frontend.sock; ``_meta["ccw/terminal"]``).  So the session takes its turn
 in the capsule's one queue with the agent's calls (saying once on stderr that it waits),
 and an "egress" capsule's connections are recorded by the one process that holds its
-proxy listeners.  If this process dies, the front end's next progress report to it
-(every second) fails, which ends the call and the jail with it, even when the command
+proxy listeners.  If this process dies, the front end sees its connection hung up (or
+reset) and cancels the call at once, which ends the jail with it, even when the command
 ignores the pty's SIGHUP.
 """
 
