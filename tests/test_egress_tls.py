@@ -173,3 +173,35 @@ def test_an_upstream_the_host_does_not_trust_is_a_502(monkeypatch: pytest.Monkey
     answer, records, _up, _ = run_terminated(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n")
     assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 502 ") and b"certificate verify failed" in answer
     assert "certificate verify failed" in str(records[0]["reason"])
+
+
+def test_a_second_connection_resumes_the_upstreams_session() -> None:
+    """The proxy offers an upstream's last session at its next connection (tlsterm ``_SESSIONS``):
+    the second handshake resumes it.  An upstream that does not know the ticket gets a full
+    handshake, verified (the other tests here: their upstream has a context a connection)."""
+    context = server_context(PUBLIC.leaf("127.0.0.1", NOW))  # one ticket key for both connections
+    resumed: list[bool] = []
+
+    async def serve(stream: trio.SocketStream, state: Upstream) -> None:
+        tls = trio.SSLStream(stream, context, server_side=True)
+        received = b""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while b"\r\n\r\n" not in received and (data := await tls.receive_some()):
+                received += data
+            resumed.append(tls.session_reused)
+            await tls.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await tls.aclose()
+
+    async def main() -> list[bytes]:
+        async with upstream(serve) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), store(), ServerContexts(CAPSULE))
+            answers = []
+            for _ in range(2):
+                tls = await connected(proxy, up.port)
+                await tls.send_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % up.port)
+                answers.append(await read_tls(tls))
+            return answers
+
+    answers = trio.run(main)
+    assert all(answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok") for answer in answers)
+    assert resumed == [False, True]

@@ -204,10 +204,10 @@ async def _terminate(gate: Gate, sock: trio.socket.SocketType, early: bytes, att
                      upstream: trio.socket.SocketType, contexts: LeafContexts) -> None:
     """A CONNECT the proxy terminates (egress/tlsterm.py): the jail's TLS accepted with the
     host's leaf, the proxy's own to the upstream, then the one request inside served."""
-    jail: tlsterm.TlsWire | None = None
+    jails: list[tlsterm.TlsWire] = []  # the jail's TLS, once its handshake is done
     try:
-        jail = await tlsterm.accept(contexts, sock, early, attempt)
-        first, verified = await tlsterm.first_and_upstream(jail, upstream, attempt.host)
+        first, verified = await tlsterm.accept(contexts, sock, early, attempt, upstream, jails)
+        jail = jails[0]
         if isinstance(verified, OSError):
             attempt.reason = str(verified)
             await reply(jail, response(502, "Bad Gateway", f"ccw: {verified}"))
@@ -215,12 +215,12 @@ async def _terminate(gate: Gate, sock: trio.socket.SocketType, early: bytes, att
         await _serve_terminated(gate, tlsterm.Terminated(attempt, jail, verified), first)
     except tlsterm.Refusal as exc:
         _refuse(gate, attempt, str(exc))
-        if jail is not None:
-            await reply(jail, response(403, "Forbidden", f"ccw: {exc}"))
+        if jails:
+            await reply(jails[0], response(403, "Forbidden", f"ccw: {exc}"))
     finally:
         upstream.close()
-        if jail is not None:
-            await jail.finish()
+        if jails:
+            await jails[0].finish()
 
 
 def _refuse(gate: Gate, attempt: Attempt, why: str) -> None:

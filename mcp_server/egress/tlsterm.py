@@ -20,8 +20,9 @@ other CONNECT stays an end-to-end tunnel.  What this module decides:
 - **The upstream is verified** against the host's own trust store (``ssl``'s default
   context: OpenSSL's default paths, which ``SSL_CERT_FILE`` in the front end's
   environment may name), with the CONNECT's host as the name checked; ALPN
-  ``http/1.1`` there too.  Its handshake runs once the jail's is done, while the jail
-  sends its request (``first_and_upstream``); the request's head goes only once judged.
+  ``http/1.1`` there too.  Its handshake starts once the jail's hello is judged and runs
+  beside the jail's handshake and request (``accept``); the request's head goes only once
+  judged.  Each upstream's last session is offered at its next connection (``_SESSIONS``).
 - **One request per connection**, as on the plain path: the proxy says
   ``Connection: close`` both ways, so a second request never rides a connection judged
   for the first.
@@ -40,6 +41,7 @@ import contextlib
 import functools
 import socket
 import ssl
+import typing
 from dataclasses import dataclass
 
 import trio
@@ -63,6 +65,16 @@ def upstream_context() -> ssl.SSLContext:
     context = ssl.create_default_context()
     context.set_alpn_protocols(ALPN)
     return context
+
+
+# The last session each upstream host:port gave (a TLS 1.3 ticket), offered at the next
+# connection there: a resumed handshake skips the certificate chain's verification and the
+# server's signature (about 0.8 ms of the proxy's, a connection), which the session proves
+# was done for that name with ``upstream_context``.  A session of another context (the
+# trust store reloaded) is not offered; the server may refuse a ticket, and then the
+# handshake is a full one, verified.
+_SESSIONS: dict[tuple[str, int], tuple[ssl.SSLContext, ssl.SSLSession]] = {}
+MAX_SESSIONS = 1024
 
 
 def terminated_hosts(gate: Gate) -> tuple[LeafContexts | None, frozenset[tuple[str, int]]]:
@@ -93,15 +105,18 @@ class TlsWire:
                  outgoing: ssl.MemoryBIO) -> None:
         self.raw, self.tls, self.incoming, self.outgoing = raw, tls, incoming, outgoing
         self._sending = trio.Lock()
+        self._received = bytearray(BUFFER_SIZE)  # the socket's bytes, on their way into ``incoming``
+        self._view = memoryview(self._received)
+        self.resumes: tuple[str, int] | None = None  # an upstream's host:port, whose session ``close`` keeps
 
     @classmethod
     async def handshake(cls, raw: trio.socket.SocketType, context: ssl.SSLContext, first: bytes, *,
-                        server_hostname: str | None = None) -> TlsWire:
+                        server_hostname: str | None = None, session: ssl.SSLSession | None = None) -> TlsWire:
         """The handshake done over ``raw`` (``first``: bytes already read from it; a server without
-        ``server_hostname``); ssl.SSLError or ConnectionError if it fails."""
+        ``server_hostname``; ``session``: one to resume); ssl.SSLError or ConnectionError if it fails."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         tls = context.wrap_bio(incoming, outgoing, server_side=server_hostname is None,
-                               server_hostname=server_hostname)
+                               server_hostname=server_hostname, session=session)
         incoming.write(first)
         wire = cls(raw, tls, incoming, outgoing)
         while True:
@@ -122,45 +137,44 @@ class TlsWire:
                 await send_all(self.raw, data)
 
     async def _fill(self) -> bool:
-        data = await self.raw.recv(BUFFER_SIZE)
-        if not data:
+        received = await self.raw.recv_into(self._received)
+        if not received:
             self.incoming.write_eof()
             return False
-        self.incoming.write(data)
+        self.incoming.write(self._view[:received])
         return True
 
-    def _decrypted(self, buflen: int) -> tuple[bytes, bool]:
-        """The plaintext the records already read hold (up to ``buflen``), and whether more may come."""
-        chunks: list[bytes] = []
+    def _decrypted(self, view: memoryview) -> tuple[int, bool]:
+        """The plaintext the records already read hold, decrypted straight into ``view`` (as much as
+        fits: no bytes object a record, no join), its length, and whether more may come."""
         size = 0
         try:
-            while size < buflen:
-                piece = self.tls.read(buflen - size)
-                if not piece:
-                    return b"".join(chunks), False  # close_notify
-                chunks.append(piece)
-                size += len(piece)
+            while size < len(view):
+                got = typing.cast(int, self.tls.read(len(view) - size, view[size:]))  # with a buffer: a count
+                if not got:
+                    return size, False  # close_notify
+                size += got
         except ssl.SSLWantReadError:
             pass
         except ssl.SSLError:  # a ragged end, or a record that does not decrypt: the end of the stream
-            return b"".join(chunks), False
-        return b"".join(chunks), True
+            return size, False
+        return size, True
 
-    async def recv(self, buflen: int, /) -> bytes:
+    async def recv_into(self, buffer: bytearray, /) -> int:
+        view = memoryview(buffer)
         while True:
-            data, more = self._decrypted(buflen)
-            if data or not more:
-                return data
+            size, more = self._decrypted(view)
+            if size or not more:
+                return size
             await self._flush()
             try:
                 await self._fill()  # at the socket's end, the next read says so
             except OSError:
-                return b""
+                return 0
 
-    async def recv_into(self, buffer: bytearray, /) -> int:
-        data = await self.recv(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
+    async def recv(self, buflen: int, /) -> bytes:
+        buffer = bytearray(buflen)
+        return bytes(buffer[:await self.recv_into(buffer)])
 
     async def send(self, data: memoryview, /) -> int:
         try:
@@ -177,6 +191,11 @@ class TlsWire:
                 self.raw.shutdown(how)
 
     def close(self) -> None:
+        session = self.tls.session if self.resumes is not None else None
+        if self.resumes is not None and session is not None and session.has_ticket:
+            if len(_SESSIONS) >= MAX_SESSIONS:
+                _SESSIONS.clear()
+            _SESSIONS[self.resumes] = (self.tls.context, session)
         self.raw.close()
 
     async def finish(self) -> None:
@@ -215,10 +234,10 @@ async def _hello(sock: trio.socket.SocketType, early: bytes) -> tuple[bytes, cli
     return data, parsed
 
 
-async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: bytes,
-                 attempt: Attempt) -> TlsWire:
-    """The jail's side: its hello checked against the CONNECT's host, the handshake done with
-    that host's leaf.  Refusal naming what was wrong; nothing is signed for another name."""
+async def _judged_hello(contexts: LeafContexts, sock: trio.socket.SocketType, early: bytes,
+                        attempt: Attempt) -> tuple[bytes, ssl.SSLContext]:
+    """The jail's hello checked against the CONNECT's host, and that host's leaf context.
+    Refusal naming what was wrong; nothing is signed for another name."""
     with trio.move_on_after(HANDSHAKE_TIMEOUT) as deadline:
         first, hello = await _hello(sock, early)
     if deadline.cancelled_caught:
@@ -227,9 +246,14 @@ async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: by
         raise Refusal(f"the TLS ClientHello asks for {hello.server_name[:255]!r}, not {attempt.host}, the host "
                       "the CONNECT named: nothing is signed for another name")
     try:
-        context = contexts.get(attempt.host)  # held, or signed now (about a millisecond, once a day a host)
+        return first, contexts.get(attempt.host)  # held, or signed now (about a millisecond, once a day a host)
     except CcwError as exc:
         raise Refusal(exc.message) from None
+
+
+async def _accept(sock: trio.socket.SocketType, context: ssl.SSLContext, first: bytes,
+                  attempt: Attempt) -> TlsWire:
+    """The jail's handshake with the CONNECT host's leaf; Refusal if it fails."""
     with trio.move_on_after(HANDSHAKE_TIMEOUT) as deadline:
         try:
             wire = await TlsWire.handshake(sock, context, first)
@@ -243,9 +267,15 @@ async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: by
 
 async def connect(upstream: trio.socket.SocketType, host: str) -> TlsWire:
     """The proxy's own TLS to the upstream, verified for ``host``; OSError saying why not."""
+    context = upstream_context()
+    key = (host, upstream.getpeername()[1])
+    made, session = _SESSIONS.get(key, (None, None))
     with trio.move_on_after(HANDSHAKE_TIMEOUT):
         try:
-            return await TlsWire.handshake(upstream, upstream_context(), b"", server_hostname=host)
+            wire = await TlsWire.handshake(upstream, context, b"", server_hostname=host,
+                                           session=session if made is context else None)
+            wire.resumes = key
+            return wire
         except (ssl.SSLError, OSError) as exc:
             upstream.close()
             raise ConnectionError(f"TLS to {host} failed: {exc}") from None
@@ -267,28 +297,33 @@ async def first_bytes(jail: TlsWire) -> bytes:
     return data
 
 
-async def first_and_upstream(jail: TlsWire, upstream: trio.socket.SocketType,
-                             host: str) -> tuple[bytes, TlsWire | OSError]:
-    """The jail's first bytes (``first_bytes``) and the proxy's TLS to the upstream (``connect``,
-    or why it failed) at once: the upstream's handshake runs while the jail sends its
-    request.  Nothing but the handshake goes upstream before the request is judged."""
+async def accept(contexts: LeafContexts, sock: trio.socket.SocketType, early: bytes, attempt: Attempt,
+                 upstream: trio.socket.SocketType, jails: list[TlsWire]) -> tuple[bytes, TlsWire | OSError]:
+    """The jail's side accepted (its hello judged, ``_judged_hello``; its handshake done, the
+    wire appended to ``jails`` for the caller to answer through and finish), its first bytes
+    (``first_bytes``), and the proxy's TLS to the upstream (``connect``, or why it failed).
+    The upstream's handshake starts once the hello is judged and runs while the jail's
+    handshake and request do; nothing but the handshake goes upstream before the request
+    is judged.  Refusal (or OSError) if the jail's side fails."""
+    first, context = await _judged_hello(contexts, sock, early, attempt)
     made: list[TlsWire | OSError] = []
 
     async def up() -> None:
         try:
-            made.append(await connect(upstream, host))
+            made.append(await connect(upstream, attempt.host))
         except OSError as exc:
             made.append(exc)
 
     failed: Refusal | OSError | None = None
-    first = b""
+    data = b""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(up)
         try:
-            first = await first_bytes(jail)
+            jails.append(await _accept(sock, context, first, attempt))
+            data = await first_bytes(jails[0])
         except (Refusal, OSError) as exc:  # raised below, not as a nursery's group
             failed = exc
             nursery.cancel_scope.cancel()
     if failed is not None:
         raise failed
-    return first, made[0]
+    return data, made[0]
