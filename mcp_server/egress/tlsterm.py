@@ -191,7 +191,11 @@ class TlsWire:
                 self.raw.shutdown(how)
 
     def close(self) -> None:
-        session = self.tls.session if self.resumes is not None else None
+        # Kept only when new (not resumed): ``session`` copies it (Python serialises and parses it
+        # back, the peer's certificate too: a third of a millisecond), and a server that takes a
+        # ticket twice keeps taking it; one that does not gives a full handshake, and the next.
+        fresh = self.resumes is not None and not self.tls.session_reused
+        session = self.tls.session if fresh else None
         if self.resumes is not None and session is not None and session.has_ticket:
             if len(_SESSIONS) >= MAX_SESSIONS:
                 _SESSIONS.clear()
