@@ -174,7 +174,7 @@ class TlsWire:
 
     async def recv(self, buflen: int, /) -> bytes:
         buffer = bytearray(buflen)
-        return bytes(buffer[:await self.recv_into(buffer)])
+        return bytes(memoryview(buffer)[:await self.recv_into(buffer)])
 
     async def send(self, data: memoryview, /) -> int:
         try:
