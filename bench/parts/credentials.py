@@ -15,13 +15,14 @@ proxy trusts through ``SSL_CERT_FILE``), the session terminating the CONNECT (it
 secret bound there and the capsule's CA) or tunnelling it (no secrets).  A 200 MiB
 download (curl's throughput) and 200 small requests in one curl run, each on a
 connection of its own (s_server closes after each answer, so the tunnel gets no
-keep-alive the terminated connection lacks): their medians.  Measured on the 2-core VM
-while other engineers' tests ran (load average 5 to 16, so noisy), 5 rounds each: the
-download terminated at 0.49x to 0.57x a tunnel's throughput (15.6 to 24.4 s/GiB against
-8.9 to 12.0; the proxy decrypts and encrypts every record in Python's ssl, on the same two
-cores as curl and s_server); a small request 1.14x at load 5 (10.6 against 9.3 ms), 1.8x
-to 2.6x at load 13 to 16 (two handshakes in the proxy against none).  Neither meets its
-target (>= 0.7x, <= 1.5x) under load.
+keep-alive the terminated connection lacks): their medians.  On the 2-core VM at load
+about 1 (``bench/run.py network``, 5 rounds): the download terminated 3.39 s/GiB against
+the tunnel's 1.95 (throughput 0.58x, target >= 0.7x: not met; perf puts the proxy's time
+42% in the kernel's socket copies, 24% in OpenSSL's AES-256-GCM, 20% in Python, on the
+same two cores as curl and s_server); a small request 7.43 against 5.02 ms (1.48x, target
+<= 1.5x, met only just: the upstream handshake overlaps the jail's and resumes the host's
+last session).  Before the single-buffer TlsWire, the overlap and the resumption: 0.53x
+and 2.03x.
 
 Measured on the project's 2-core VM (kernel 6.18), medians of 1000 interleaved rounds, two
 runs: no secrets 3.26 and 3.25 ms a request; a secret held, none sent, 3.33 and 3.34 ms
