@@ -19,7 +19,7 @@ The process tree of one exec::
 A rootless helper cannot setns back into its pid namespace, so there ccw-jail unshares
 the pid namespace and forks the init itself (a rootless helper has no cgroups).
 
-Choices made here (DESIGN §2 leaves them open):
+Choices made here (no decision of ARCHITECTURE.md's settles them):
 
 - The launcher decides nothing of the jail: every choice is the plan's, made here and
   in the modules it asks (namespaces.py, mounts.py, rootcaps.py, seccomp.py); what it

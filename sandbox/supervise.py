@@ -5,7 +5,7 @@ This is nsjail's subproc: ``run`` spawns the jail's first process, ccw-jail
 exec's cgroup first), and waits, reading the command's output and the launcher's
 reports (contain.py's message pipe) until the jail ends.
 
-Choices made here (DESIGN §2 leaves them open):
+Choices made here (no decision of ARCHITECTURE.md's settles them):
 
 - The command's exit ends the jail: when it exits, the init SIGKILLs whatever else still
   runs in the pid namespace (background jobs, daemons), reaps it, reports and exits.

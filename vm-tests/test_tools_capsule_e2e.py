@@ -162,7 +162,7 @@ def test_replay_names_the_exec_and_stream_that_differed(tools: Any, workspace: P
         return await t.call("capsule_replay", {"witness_id": made["witness_id"]})
 
     out = tools.run(scenario)
-    # Output alone does not fail a replay (DESIGN §8); it is shown, by exec and stream.
+    # Output alone does not fail a replay (ARCHITECTURE.md, "Decisions": what a replay means); it is shown, by exec and stream.
     assert out["replay_ok"] is True and out["mismatches"] == []
     assert out["output_identical"] is False
     assert [(d["exec"], d["stream"]) for d in out["output_diffs"]] == [(2, "stdout")]

@@ -1,6 +1,6 @@
 """Hazards: what a promotion would carry into the host tree that runs or escalates there.
 
-A capsule is hostile (DESIGN §8, "Every exit is a boundary"): whatever it wrote, the
+A capsule is hostile (ARCHITECTURE.md, "Decisions": every exit is a boundary): whatever it wrote, the
 jail held it.  Promotion moves it out of the jail, so what the capsule's files would *do*
 on the host is judged here, under every policy (``baseline`` included), before anything
 is written.  Pure logic: the caller passes the change set the Promoter will write, the

@@ -1,6 +1,6 @@
 """Comparing a replay with its witness: what decides ``replay_ok``, what is only shown.
 
-DESIGN §8: ``replay_ok`` means what a reviewer means by "it does the same thing":
+ARCHITECTURE.md, "Decisions": ``replay_ok`` means what a reviewer means by "it does the same thing":
 
 - every exec ends the same way: exit code, signal, timed out or not;
 - every exec writes the same files: its ``touched.written`` set, restricted to the paths

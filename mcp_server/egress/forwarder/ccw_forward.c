@@ -1,7 +1,7 @@
 /* ccw-forward: one forwarded port's accept loop and relay, run by the front end
  * (mcp_server/egress/forward.py) for each port that capsule_port opens.
  *
- * Why C (DESIGN §8: "no other C without a measured reason").  In the front end each
+ * Why C (ARCHITECTURE.md, "Decisions": no C without a measured reason).  In the front end each
  * connection to a forwarded port cost some 1.5 ms of trio's CPU before its first byte
  * (the accept, the owner check, the connect, two tasks), and each request on a kept
  * connection two trio wake-ups per direction: ``bench/run.py services`` measured 0.24-0.31x
