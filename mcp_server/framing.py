@@ -44,6 +44,9 @@ HEAD_SCAN = 4096  # bytes of an oversized frame kept to recover its id and metho
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+# Not run, retry it: a request a draining server read too late (server.py), or one a
+# relay could not deliver because its front end stopped (transports/relay.py).
+SHUTTING_DOWN = -32001
 
 PAYLOAD_TOO_LARGE: dict[str, Any] = {
     "ok": False,

@@ -43,8 +43,6 @@ READ_CHUNK = 65536
 MAX_ANSWER = 256 << 20  # as the socket client accepts (transports/unix.py)
 ATTACH_TIMEOUT_S = 60.0  # a new owner recovers promotions and starts before it listens
 RELAY_INIT_ID = "ccw-relay-initialize"
-FRONTEND_STOPPED = -32001  # as SHUTTING_DOWN: the request was not answered, retry it
-SHUTTING_DOWN = -32001  # a draining owner's answer to a request it read too late (server.py)
 
 
 class Relay:
@@ -191,7 +189,7 @@ class Relay:
         stopped = (f"the ccw front end serving state dir {self.config.state_dir} stopped before answering; "
                    "this server now attaches to the next one: retry the request")
         for request_id, _line in list(self.pending.values()):
-            await self._to_client(framing.dumps(framing.error_message(request_id, FRONTEND_STOPPED, stopped)))
+            await self._to_client(framing.dumps(framing.error_message(request_id, framing.SHUTTING_DOWN, stopped)))
         self.pending.clear()
 
 
@@ -200,7 +198,7 @@ def _refused_unread(frame: bytes) -> bool:
     if len(frame) > 4096 or b'"error"' not in frame:
         return False
     error = json.loads(frame).get("error")
-    return isinstance(error, dict) and error.get("code") == SHUTTING_DOWN and "shutting down" in str(error.get("message"))
+    return isinstance(error, dict) and error.get("code") == framing.SHUTTING_DOWN and "shutting down" in str(error.get("message"))
 
 
 async def _answer_to(upstream: trio.SocketStream, owner_lines: framing.LineSplitter, request_id: str) -> None:
