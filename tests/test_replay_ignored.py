@@ -168,7 +168,7 @@ def test_the_cli_passes_strict_outputs_and_shows_what_was_set_apart(capsys: pyte
 
 @pytest.mark.parametrize("include_ignored", [False, True])
 def test_a_policys_replay_is_strict_when_the_promotion_carries_ignored_files(
-        monkeypatch: pytest.MonkeyPatch, include_ignored: bool) -> None:
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, include_ignored: bool) -> None:
     """Promotion with include_ignored writes the ignored files too, so its policy replay must
     judge them: the replay it asks for is strict exactly then."""
     asked: list[ReplayOptions] = []
@@ -183,6 +183,7 @@ def test_a_policys_replay_is_strict_when_the_promotion_carries_ignored_files(
     record = SimpleNamespace(spec=SimpleNamespace(env_whitelist=[]), network_spec=None, capsule_id="cap_x")
     monkeypatch.setattr(promote, "make_witness", witnessed)
     monkeypatch.setattr(promote, "replay", replayed)
-    outcome = trio.run(promote._replay, cast(Any, None), cast(Any, record), ["*.tmp"], include_ignored)
+    service = SimpleNamespace(state=SimpleNamespace(root=tmp_path))  # a state dir with no capsule's secrets
+    outcome = trio.run(promote._replay, cast(Any, service), cast(Any, record), ["*.tmp"], include_ignored)
     assert outcome.ok and [(o.strict_outputs, o.volatile, o.witness_volatile) for o in asked] == [
         (include_ignored, ("*.tmp",), False)]
