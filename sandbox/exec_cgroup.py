@@ -65,6 +65,7 @@ import os
 import re
 import signal
 import threading
+import time
 from dataclasses import dataclass
 
 from sandbox.cgroups import (
@@ -90,6 +91,7 @@ from sandbox.rusage import BlockCounts, Measurement
 PARENT_NAME = "ccw"
 V2_WANTED = ("memory", "pids", "cpu", "io")
 OWNER_SEP = "@"
+FREEZE_WAIT_S = 2.0  # how long ``ExecCgroup.freeze`` waits for the kernel to say FROZEN
 # The control files an exec reads and writes, per cgroup version, opened ahead (those that exist).
 _READS = {1: ("cpuacct.usage", "memory.max_usage_in_bytes", "memory.oom_control", "pids.events",
               "blkio.throttle.io_service_bytes"),
@@ -340,15 +342,37 @@ class ExecCgroup:
         return False
 
     def freeze(self, frozen: bool) -> bool:
-        """Freeze (or thaw) every process of the exec: v1 freezer, else v2 ``cgroup.freeze``; False if neither."""
+        """Freeze (or thaw) every process of the exec: v1 freezer, else v2 ``cgroup.freeze``; False if neither.
+
+        Freezing is asynchronous in both versions: the write only asks, and each task stops at
+        its next freezer point (v1 says FREEZING meanwhile, v2's ``cgroup.events`` says
+        ``frozen 0``).  A caller that answers "frozen" (a fork, a pause) must mean it, so this
+        waits until the kernel says so, for at most ``FREEZE_WAIT_S``: a task in an
+        uninterruptible sleep (a dead NFS server) can hold it longer, and the kernel goes on
+        trying after we return.
+        """
         for hier, path in self.dirs.items():
             if hier.version == 1 and "freezer" in hier.controllers:
-                self.files.write(os.path.join(path, "freezer.state"), "FROZEN" if frozen else "THAWED")
+                state = os.path.join(path, "freezer.state")
+                self.files.write(state, "FROZEN" if frozen else "THAWED")
+                if frozen:
+                    self._settle(state, "FROZEN")
                 return True
             if hier.version == 2 and os.path.exists(os.path.join(path, "cgroup.freeze")):
                 self.files.write(os.path.join(path, "cgroup.freeze"), "1" if frozen else "0")
+                if frozen:
+                    self._settle(os.path.join(path, "cgroup.events"), "frozen 1")
                 return True
         return False
+
+    def _settle(self, path: str, line: str) -> bool:
+        """Poll the control file until it has ``line``, for at most ``FREEZE_WAIT_S``; whether it came."""
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while line not in self.files.read(path).splitlines():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     # -- kill
     def kill(self) -> None:
