@@ -26,6 +26,7 @@ import pytest
 from mcp_server.core.secretbind import make_binding
 from mcp_server.fs.secretstore import SecretStore
 from tests.support import netfixtures as nf
+from tests.support.secretsearch import files_holding
 
 PYTHON = "/usr/bin/python3"
 INDEX_TOKEN = b"pypi-" + b"Zq7" * 12  # 41 bytes
@@ -97,45 +98,6 @@ def servers(tmp_path: Path, root_required: None) -> Iterator[tuple[Recording, Re
 
 def _port(server: Recording) -> int:
     return int(server.server_address[1])
-
-
-def _holding(path: Path, needles: tuple[bytes, ...]) -> set[bytes]:
-    """Which of ``needles`` the file holds, reading its data extents only: the state dir keeps
-    capsules' disks as sparse 8 GiB images, and reading their holes (zeros, which hold no
-    needle) was most of this test's time (about 200 of its 230 s)."""
-    found: set[bytes] = set()
-    overlap = max(map(len, needles)) - 1
-    with open(path, "rb") as file:
-        fd, offset, tail = file.fileno(), 0, b""
-        while True:
-            try:
-                start = os.lseek(fd, offset, os.SEEK_DATA)
-            except OSError:  # ENXIO: no data from offset on
-                return found
-            end = os.lseek(fd, start, os.SEEK_HOLE)
-            tail = tail if start == offset else b""  # a needle has no zero byte: none spans a hole
-            os.lseek(fd, start, os.SEEK_SET)
-            while start < end and (chunk := os.read(fd, min(4 << 20, end - start))):
-                window = tail + chunk
-                found.update(needle for needle in needles if needle in window)
-                tail, start = window[-overlap:], start + len(chunk)
-            offset = end
-
-
-def _files_holding(root: Path, needles: tuple[bytes, ...], skip: set[str]) -> list[str]:
-    """The files under ``root`` holding any of ``needles``, each read once."""
-    found = []
-    for folder, _dirs, names in os.walk(root):
-        for name in names:
-            path = Path(folder, name)
-            if name in skip or not path.is_file() or path.is_symlink():
-                continue
-            try:
-                if _holding(path, needles):
-                    found.append(str(path))
-            except OSError:
-                continue
-    return found
 
 
 ENVIRON = ("import sys; data = open('/proc/self/environ', 'rb').read(); "
@@ -232,8 +194,8 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
     everything = json.dumps(out).encode()
     for value in (INDEX_TOKEN, API_KEY):
         assert value not in everything
-    assert _files_holding(state, (INDEX_TOKEN, API_KEY), {"secrets.json"}) == []
-    assert _files_holding(workspace, (INDEX_TOKEN, API_KEY), set()) == []
+    assert files_holding(state, (INDEX_TOKEN, API_KEY), {"secrets.json"}) == []
+    assert files_holding(workspace, (INDEX_TOKEN, API_KEY), set()) == []
     with sqlite3.connect(tools.runtime.state.db_path) as db:
         told = [data for (data,) in db.execute("SELECT data FROM events WHERE kind = 'net.connection'")]
     assert any('"reason": "exfiltration attempt: the placeholder of secret PIP_TOKEN' in data for data in told), told

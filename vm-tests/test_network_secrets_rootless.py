@@ -2,7 +2,7 @@
 
 A user made for the test keeps a secret in its own state dir (``ccw secret set --stdin``, as
 a person would) and runs its own ``ccw-mcp`` on stdio (its embedded helper rootless, its
-ready file its own: ``agent_loop.server_env``).  Its capsule's command sends a plain-HTTP
+ready file its own: ``mcp_process.agent_server_env``).  Its capsule's command sends a plain-HTTP
 request carrying the placeholder to a server of the test's on the host's loopback: the
 server gets the user's value, the capsule never holds it (not in its environment, its
 processes, its files, its output), and neither do the user's workspace and state dir
@@ -32,10 +32,10 @@ import json, os, subprocess, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import trio
-from tests.support import agent_loop
+from tests.support import agent_loop, mcp_process
 
 ws, state, port, value = Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), bytes.fromhex(sys.argv[5])
-env = agent_loop.server_env(state, ws)
+env = mcp_process.agent_server_env(state, ws)
 subprocess.run([str(agent_loop.CCW_MCP.parent / "ccw"), "secret", "set", "TOKEN", "--host", f"127.0.0.1:{port}",
                 "--stdin"], input=value, env=env, check=True, capture_output=True)
 REQUEST = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "

@@ -189,10 +189,6 @@ def leaf(error: BaseException) -> BaseException:
     return error
 
 
-# vm-tests/test_network_secrets_rootless.py's script (another engineer's file while this
-# changed) still calls ``agent_loop.server_env``: the agent's server environment, which is
-# ``mcp_process.agent_server_env``.  Remove this name with that call.
-server_env = agent_server_env
 
 
 # What ``scenario_command`` runs, as whichever user runs it: argv is the repository (for
