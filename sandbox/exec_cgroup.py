@@ -1,8 +1,9 @@
-"""Per-exec cgroups: limits, usage read back, kill, teardown.
+"""Per-exec cgroups: limits, kill, freeze, teardown; usage read back (exec_usage.py).
 
 Each exec gets one cgroup in every hierarchy that serves it (cgroups.py says which,
 and where ccw's parent cgroup goes); ``ExecCgroup`` makes them, writes the limits,
-moves the jail's first process in, reads the usage back and removes them.
+moves the jail's first process in, reads the usage back (exec_usage.py says what each
+figure is) and removes them.
 
 Some facts about per-exec cgroups
 ---------------------------------
@@ -26,22 +27,8 @@ Some facts about per-exec cgroups
 - v1 memory: ``memory.limit_in_bytes`` must be lowered before ``memory.memsw.limit_in_bytes``
   (memsw may never be below it), and memsw must be set too or a bomb swaps instead of
   dying.  ``memory.oom_control`` counts ``oom_kill`` (4.13+); v2 has ``memory.events``.
-- ``rss_max_kb`` is the cgroup's peak memory charge (``memory.max_usage_in_bytes`` /
-  ``memory.peak``): resident anonymous memory *plus* page cache the exec brought in.
-  Without a memory cgroup it is null: rusage (rusage.py) measures only the largest
-  single process, reported apart as ``rss_max_process_kb``, and CPU time, which fills
-  ``cpu_ms`` where no cpu counter is readable.  ``Measurement.sources`` names each figure's
-  mechanism.
-- I/O is the hard one.  v1 blkio charges buffered writes to the kernel flusher at
-  writeback, not to the writer, and on some hosts (the CI VM's virtio disk: measured)
-  it counts no device I/O at all, so a 0 from it cannot be told from "not measured".
-  v2's io.stat charges writeback to the writer's cgroup, but only once it happened.
-  The honest source is task I/O accounting, which the kernel sums over every reaped
-  descendant into the waiter's rusage: ``ru_inblock`` (reads that went to storage) and
-  ``ru_oublock`` (pages dirtied for storage, charged when dirtied).  So ``collect``
-  takes the jail's rusage (its init's report, rusage.py) when the caller has it;
-  without it, v2 io.stat is used when nothing the exec dirtied is still unwritten, v1
-  blkio only when it saw a device, and anything else is null with the reason.
+- What an exec used is read back from these cgroups by exec_usage.py, whose essay says
+  what each figure means and why I/O comes from rusage rather than blkio.
 - CPU *share*: without a cpu-controller cgroup every process of a jail competes with
   every host process one by one, so a fork bomb held at 64 processes by pids.max still
   takes 64/65 of a CPU from the helper and from other capsules' commands.  Each exec
@@ -62,7 +49,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import signal
 import threading
 import time
@@ -74,9 +60,6 @@ from sandbox.cgroups import (
     ControlFiles,
     Hierarchy,
     make_dir,
-    parse_blkio_bytes,
-    parse_flat_keyed,
-    parse_io_stat,
     parse_self_cgroup,
     procs,
     read_file,
@@ -86,6 +69,7 @@ from sandbox.cgroups import (
     write_file,
 )
 from sandbox.errors import CcwError, from_oserror
+from sandbox.exec_usage import ExecDirs, measure, why_none
 from sandbox.rusage import BlockCounts, Measurement
 
 PARENT_NAME = "ccw"
@@ -124,6 +108,7 @@ class ExecCgroup:
         self._watcher: threading.Thread | None = None
         self._torn_down = False
         self.files = ControlFiles()  # limits written and usage read through descriptors kept open
+        self.where = ExecDirs(layout, self.dirs, self.files.read)  # the same dict: shrinks at teardown
 
     # -- prepare
     @classmethod
@@ -174,7 +159,7 @@ class ExecCgroup:
     def _make_dirs(self, refused: dict[str, str]) -> None:
         # Every hierarchy costs a mkdir, a migration and an rmdir per exec, so only those
         # that give something: v1 blkio is left out, since the jail's wait4 rusage
-        # measures an exec's I/O where blkio cannot (see the essay).
+        # measures an exec's I/O where blkio cannot (exec_usage.py's essay).
         wanted = {self.layout.for_resource(r) for r in resources_worth_joining(self.layout)}
         leaf = f"{self.name}{OWNER_SEP}{os.getpid()}"
         for hier in self.layout.hierarchies:
@@ -217,15 +202,11 @@ class ExecCgroup:
                                     " start the helper in a leaf cgroup of a delegated subtree)")
                 raise
 
-    def _dir_for(self, resource: str) -> str | None:
-        hier = self.layout.for_resource(resource)
-        return self.dirs.get(hier) if hier is not None else None
-
     def _write_limits(self) -> None:
         lim, write = self.limits, self.files.write
         if lim.memory_bytes is not None:
             mem = self._require("memory", "limits.memory_mb")
-            if self._v1(mem):
+            if self.where.is_v1(mem):
                 write(os.path.join(mem, "memory.limit_in_bytes"), str(lim.memory_bytes))
                 memsw = os.path.join(mem, "memory.memsw.limit_in_bytes")
                 if os.path.exists(memsw):  # else swap accounting is off: the limit covers RAM only
@@ -239,17 +220,10 @@ class ExecCgroup:
         if lim.cpu_ms is not None:
             self._require("cpu", "limits.cpu_ms")
 
-    def _v1(self, path: str) -> bool:
-        return any(h.version == 1 for h, d in self.dirs.items() if d == path)
-
-    def _version(self, resource: str) -> int:
-        hier = self.layout.for_resource(resource)
-        return hier.version if hier is not None else 0
-
     def _require(self, resource: str, what: str) -> str:
-        path = self._dir_for(resource)
+        path = self.where.dir_for(resource)
         if path is None:
-            why = _why_none(self.unavailable)
+            why = why_none(self.unavailable)
             raise CcwError("UNSUPPORTED", f"{what} cannot be enforced: no writable {resource} cgroup ({why}); "
                            f"{HINT}, or omit {what}")
         return path
@@ -285,22 +259,11 @@ class ExecCgroup:
             self._watcher = threading.Thread(target=self._watch_cpu, name=f"ccw-cpu-{self.name}", daemon=True)
             self._watcher.start()
 
-    def _cpu_ns(self) -> int | None:
-        path = self._dir_for("cpu")
-        if path is None:
-            return None
-        try:
-            if self._v1(path):
-                return int(self.files.read(os.path.join(path, "cpuacct.usage")))
-            return parse_flat_keyed(self.files.read(os.path.join(path, "cpu.stat")))["usage_usec"] * 1000
-        except (OSError, KeyError, ValueError):
-            return None
-
     def _watch_cpu(self) -> None:
         budget_ns = (self.limits.cpu_ms or 0) * 1_000_000
         ncpu = os.cpu_count() or 1
         while not self._stop.is_set():
-            used = self._cpu_ns()
+            used = self.where.cpu_ns()
             if used is None:
                 return
             if used >= budget_ns:
@@ -406,8 +369,8 @@ class ExecCgroup:
 
     # -- collect
     def collect(self, rusage: BlockCounts | None = None) -> Measurement:
-        """Usage after the command ended; every null figure has its reason in ``unavailable``,
-        every other its mechanism in ``sources``.
+        """Usage after the command ended (exec_usage.measure); every null figure has its
+        reason in ``unavailable``, every other its mechanism in ``sources``.
 
         ``rusage`` is the jail's rusage (the init's report, or the helper's ``os.wait4``), when
         the caller has it: its task I/O accounting is the only honest source of
@@ -416,89 +379,7 @@ class ExecCgroup:
         self._stop.set()
         if self._watcher is not None:
             self._watcher.join()
-        why_none = _why_none(self.unavailable)
-        read_file = self.files.read
-        unavailable: dict[str, str] = {}
-        usage = Measurement(None, None, None, None, False, False, unavailable, self.cpu_limited)
-
-        cpu_ns = self._cpu_ns()
-        if cpu_ns is not None:
-            usage.cpu_ms = round(cpu_ns / 1_000_000)
-            counter = "cpuacct.usage" if self._v1(self._dir_for("cpu") or "") else "cpu.stat usage_usec"
-            usage.sources["cpu_ms"] = (f"cgroup v{self._version('cpu')} {counter}: CPU time of every process "
-                                       "of the exec's cgroup, ccw's init included")
-        else:
-            unavailable["cpu_ms"] = f"no readable cpu usage counter: {why_none}"
-
-        mem = self._dir_for("memory")
-        if mem is None:
-            unavailable["rss_max_kb"] = f"no memory cgroup: {why_none}"
-            unavailable["oom_killed"] = f"no memory cgroup, an OOM kill cannot be told apart: {why_none}"
-        elif self._v1(mem):
-            usage.rss_max_kb = int(read_file(os.path.join(mem, "memory.max_usage_in_bytes"))) // 1024
-            usage.sources["rss_max_kb"] = ("cgroup v1 memory.max_usage_in_bytes: peak charge of the exec's cgroup, "
-                                           "all its processes together, page cache included")
-            usage.oom_killed = parse_flat_keyed(read_file(os.path.join(mem, "memory.oom_control"))).get("oom_kill", 0) > 0
-        else:
-            peak = os.path.join(mem, "memory.peak")
-            if os.path.exists(peak):
-                usage.rss_max_kb = int(read_file(peak)) // 1024
-                usage.sources["rss_max_kb"] = ("cgroup v2 memory.peak: peak charge of the exec's cgroup, "
-                                               "all its processes together, page cache included")
-            else:
-                unavailable["rss_max_kb"] = "this kernel has no memory.peak (added in Linux 5.19)"
-            usage.oom_killed = parse_flat_keyed(read_file(os.path.join(mem, "memory.events"))).get("oom_kill", 0) > 0
-
-        pids = self._dir_for("pids")
-        if pids is not None:
-            usage.pids_limited = parse_flat_keyed(read_file(os.path.join(pids, "pids.events"))).get("max", 0) > 0
-        else:
-            unavailable["pids_limited"] = f"no pids cgroup: {why_none}"
-
-        self._collect_io(usage, why_none, rusage)
-        return usage
-
-    def _collect_io(self, usage: Measurement, why_none: str, rusage: BlockCounts | None) -> None:
-        read_file = self.files.read
-        if rusage is not None and os.path.exists("/proc/self/io"):
-            # Task I/O accounting, summed by the kernel over every reaped descendant: reads
-            # that went to storage, and pages dirtied for storage (charged to the writer
-            # when dirtied, so unflushed writes count too).
-            usage.io_read_kb = rusage.ru_inblock * 512 // 1024
-            usage.io_write_kb = rusage.ru_oublock * 512 // 1024
-            usage.sources["io_read_kb"] = usage.sources["io_write_kb"] = (
-                "wait4 rusage: task I/O accounting summed over every process of the jail")
-            return
-        io_dir = self._dir_for("io")
-        if io_dir is None:
-            usage.unavailable["io_read_kb"] = usage.unavailable["io_write_kb"] = f"no io/blkio cgroup: {why_none}"
-            return
-        if self._v1(io_dir):
-            text = read_file(os.path.join(io_dir, "blkio.throttle.io_service_bytes"))
-            if any(len(line.split()) == 3 for line in text.splitlines()):
-                usage.io_read_kb = parse_blkio_bytes(text)[0] // 1024
-                usage.sources["io_read_kb"] = "cgroup v1 blkio.throttle.io_service_bytes of the exec's cgroup"
-            else:
-                usage.unavailable["io_read_kb"] = (
-                    "blkio attributed no device I/O to the exec, and on some hosts (virtio, overlay on "
-                    "a device blkio does not see) it sees none at all, so 0 cannot be told from unmeasured")
-            usage.unavailable["io_write_kb"] = (
-                "cgroup v1 blkio charges buffered writes to the kernel flusher at writeback, not to the "
-                "writing process, so the exec's writes cannot be attributed")
-            return
-        read, write = parse_io_stat(read_file(os.path.join(io_dir, "io.stat")))
-        usage.io_read_kb = read // 1024
-        usage.sources["io_read_kb"] = "cgroup v2 io.stat of the exec's cgroup"
-        mem = self._dir_for("memory")
-        stat = parse_flat_keyed(read_file(os.path.join(mem, "memory.stat"))) if mem and not self._v1(mem) else None
-        if stat is None:
-            usage.unavailable["io_write_kb"] = "without the v2 memory controller, writeback is not charged to the exec"
-        elif stat.get("file_dirty", 0) + stat.get("file_writeback", 0) > 0:
-            pending = (stat.get("file_dirty", 0) + stat.get("file_writeback", 0)) // 1024
-            usage.unavailable["io_write_kb"] = f"{pending} kB written by the exec were still in the page cache, not yet on disk"
-        else:
-            usage.io_write_kb = write // 1024
-            usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"
+        return measure(self.where, self.unavailable, self.cpu_limited, rusage)
 
     # -- teardown
     def teardown(self) -> None:
@@ -516,18 +397,6 @@ class ExecCgroup:
                 os.rmdir(os.path.dirname(path))
         self.files.close()
         self._torn_down = True
-
-
-def _why_none(refused: dict[str, str]) -> str:
-    """Why no hierarchy serves a resource: one line when every mkdir failed alike (rootless)."""
-    if not refused:
-        return "no cgroup hierarchy on this host provides it"
-    errnos = {match.group(1) if (match := re.search(r"failed: ([A-Z]+ \([^)]*\))", why)) else why
-              for why in refused.values()}
-    if len(errnos) == 1 and len(refused) > 1:
-        where = ", ".join(os.path.basename(mount) for mount in sorted(refused))
-        return f"mkdir of the exec's cgroup failed with {errnos.pop()} in every hierarchy ({where}); {HINT}"
-    return "; ".join(refused.values())
 
 
 def is_ending(pid: int) -> bool:
