@@ -59,7 +59,6 @@ PROBE_TIMEOUT_S = 15.0
 NAMESPACES = ("mount", "pid", "net", "uts", "ipc", "cgroup", "time")
 LANDLOCK_CREATE_RULESET = 444  # the same number on x86_64 and aarch64 (unified table)
 LANDLOCK_CREATE_RULESET_VERSION = 1
-# The rooms that report what they put in force: (key in hello's mechanisms, module).
 
 
 @dataclass(frozen=True)
