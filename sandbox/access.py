@@ -23,7 +23,7 @@ really leads.
   them in its lower layer but cannot enter them.  A path is checked as given and again
   as resolved from the pinned descriptor, since a symlink may lead elsewhere.
 * **System directories and homes**: a capsule may not show the host's secrets, so the
-  workspace and the base are checked against ``spec.check_capsule_dir`` (its argument is
+  workspace and the base are checked against ``hostdirs.check_capsule_dir`` (its argument is
   there) as resolved from the pinned descriptor, and again under every other path the
   same directory is mounted at (a bind mount of /etc elsewhere is /etc;
   ``mountinfo.other_paths``).  The caller's uid is taken on the host: a rootless
@@ -48,10 +48,11 @@ import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sandbox import mountinfo, namespaces, spec
+from sandbox import checks, hostdirs, mountinfo, namespaces
 from sandbox.errors import CcwError, from_oserror
+from sandbox.homes import Home, login_homes
+from sandbox.hostdirs import inside
 from sandbox.meta import Capsule
-from sandbox.spec import inside
 
 # --- the caller -------------------------------------------------------------------------
 
@@ -75,7 +76,7 @@ def check_owner(capsule: Capsule, caller_uid: int) -> None:
 
 def check_dir_arg(name: str, value: Any, state_dir: str, allow_state: bool = False) -> str:
     """An absolute directory argument, normalised, and not inside the helper's state dir."""
-    spec.abs_path(name, value)
+    checks.abs_path(name, value)
     path = os.path.normpath(value)
     if path.startswith("//"):
         path = "/" + path.lstrip("/")
@@ -183,15 +184,15 @@ def host_uid(uid: int) -> int:
 
 
 def _check_place(name: str, fd: int | None, given: str, uid: int, shown_only: bool) -> None:
-    """``spec.check_capsule_dir`` on the directory ``fd`` under each path it has (``given``
+    """``hostdirs.check_capsule_dir`` on the directory ``fd`` under each path it has (``given``
     itself when nothing is there: a workspace that is only where a base is shown)."""
     paths = [given]
     if fd is not None:
         resolved = os.readlink(f"/proc/self/fd/{fd}")
         paths = [resolved, *mountinfo.other_paths(fd, resolved)]
-    homes, caller = spec.login_homes(), host_uid(uid)
+    homes, caller = login_homes(), host_uid(uid)
     for path in paths:
-        spec.check_capsule_dir(name, path, caller, homes, shown_only=shown_only, given=given)
+        hostdirs.check_capsule_dir(name, path, caller, homes, shown_only=shown_only, given=given)
 
 
 def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> None:
@@ -209,15 +210,15 @@ def make_private_dirs(root: str, uid: int, gid: int, exist_ok: bool = False) -> 
 
 
 def check_shown_dir(name: str, fd: int, given: str, uid: int, gid: int,
-                    read: tuple[tuple[spec.Home, ...], Sequence[mountinfo.Mount]] | None = None) -> None:
+                    read: tuple[tuple[Home, ...], Sequence[mountinfo.Mount]] | None = None) -> None:
     """A directory the jail shows besides the workspace (a git dir, a toolchain), pinned by ``fd``:
-    ``spec.check_expose_dir`` under each path it has, and readable and searchable by the caller.
-    ``read``: ``spec.login_homes()`` and our mount table, when the caller checks many dirs at once."""
+    ``hostdirs.check_expose_dir`` under each path it has, and readable and searchable by the caller.
+    ``read``: ``login_homes()`` and our mount table, when the caller checks many dirs at once."""
     resolved = os.readlink(f"/proc/self/fd/{fd}")
-    homes, mounts = read or (spec.login_homes(), mountinfo.table())
+    homes, mounts = read or (login_homes(), mountinfo.table())
     caller = host_uid(uid)
     for path in [resolved, *mountinfo.paths_of(mounts, mountinfo.mount_id(fd), resolved)]:
-        spec.check_expose_dir(name, path, caller, homes)
+        hostdirs.check_expose_dir(name, path, caller, homes)
     _check_access(fd, given, uid, gid, os.R_OK | os.X_OK, "read")
 
 

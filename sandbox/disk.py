@@ -48,9 +48,9 @@ import threading
 from typing import Any
 
 from sandbox import overlay, syscalls
+from sandbox.checks import DISK_MB_MAX as MAX_MB
+from sandbox.checks import DISK_MB_MIN as MIN_MB
 from sandbox.errors import CcwError, from_oserror
-from sandbox.spec import DISK_MB_MAX as MAX_MB
-from sandbox.spec import DISK_MB_MIN as MIN_MB
 
 log = logging.getLogger("ccw.disk")
 

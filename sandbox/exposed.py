@@ -6,7 +6,7 @@ holds every path to the same rule again, as it does the workspace (sandbox/acces
 
 * at create, each path is opened (O_PATH, pinned), and the path itself and the directory
   under every path it has (resolved, and other mounts of it) must pass
-  ``spec.check_expose_dir`` against the caller's host uid and the login homes, and be
+  ``hostdirs.check_expose_dir`` against the caller's host uid and the login homes, and be
   readable and searchable by the caller (``access.check_shown_dir``: a root helper must not
   show a user what the user could not read); for a root caller, its filesystem must take
   an idmapped mount (sandbox/idmap.py: how its jail is shown host trees), else
@@ -28,16 +28,17 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from sandbox import access, idmap, mountinfo, mounts, spec
+from sandbox import access, homes, hostdirs, idmap, mountinfo, mounts
 from sandbox.errors import CcwError, from_oserror
+from sandbox.homes import Home
+from sandbox.hostdirs import inside
 from sandbox.meta import Capsule
 from sandbox.mountinfo import Mount
-from sandbox.spec import Home, inside
 
 
 def _read() -> tuple[tuple[Home, ...], Sequence[Mount]]:
     """The login homes and our mount table, read once for all of a capsule's dirs."""
-    return spec.login_homes(), mountinfo.table()
+    return homes.login_homes(), mountinfo.table()
 
 
 def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Home, ...], Sequence[Mount]],
@@ -60,7 +61,7 @@ def _checked(path: str, workspace: str, uid: int, gid: int, read: tuple[tuple[Ho
                            f"{workspace!r}, which the jail shows already; expose directories outside it",
                            {"argument": "expose", "path": real})
         # The path itself is where the jail shows the directory: held to the rule too.
-        spec.check_expose_dir("expose", path, access.host_uid(uid), read[0])
+        hostdirs.check_expose_dir("expose", path, access.host_uid(uid), read[0])
         access.check_shown_dir("expose", fd, path, uid, gid, read)
         if at_create and idmap.for_caller(uid) is not None:
             idmap.check_exposed(fd, path)

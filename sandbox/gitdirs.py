@@ -16,7 +16,7 @@ is the helper's side.
 * **Checked again here.**  The ``.git`` file is content an agent may have written, so the
   spec's paths are hostile: each is pinned by a descriptor, must be named by its resolved
   path (the jail shows it there, nowhere a link would put it), be a git dir (``HEAD``,
-  ``objects/``, ``refs/``), pass ``spec.check_expose_dir`` under every path it is mounted
+  ``objects/``, ``refs/``), pass ``hostdirs.check_expose_dir`` under every path it is mounted
   at (never a system dir or a home's secrets), lie outside the workspace and the state
   dir (and hold neither), and be readable and searchable by the caller (access.py).
 * **Meta.**  ``meta.json``'s ``gitdirs`` holds each overlay's lower stack, top first, as
@@ -35,9 +35,9 @@ from typing import Any
 
 from sandbox import access, mounts, overlay
 from sandbox.errors import CcwError, from_oserror
+from sandbox.hostdirs import inside
 from sandbox.meta import Capsule
 from sandbox.replies import GitdirChanges
-from sandbox.spec import inside
 
 MARKS = (("HEAD", stat.S_ISREG), ("objects", stat.S_ISDIR), ("refs", stat.S_ISDIR))
 

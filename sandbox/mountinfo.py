@@ -45,7 +45,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sandbox.spec import inside
+from sandbox.hostdirs import inside
 
 PATH = "/proc/self/mountinfo"
 

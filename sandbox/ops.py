@@ -28,7 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
-from sandbox import spec
+from sandbox import checks, spec
+from sandbox.checks import MAX_OUTPUT_CAP, MAX_STDIN, MAX_TIMEOUT_MS, Check
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.protocol import PROTOCOL_VERSION, check_id, encode_frame
 from sandbox.replies import (
@@ -48,14 +49,7 @@ from sandbox.replies import (
     RunReadsReply,
     SignalReply,
 )
-from sandbox.spec import (
-    MAX_OUTPUT_CAP,
-    MAX_STDIN,
-    MAX_TIMEOUT_MS,
-    CapsuleSpec,
-    Check,
-    Limits,
-)
+from sandbox.spec import CapsuleSpec, Limits
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,7 @@ def _op(name: str, safety: str, required: dict[str, Check], optional: dict[str, 
     return OpSpec(name, required, optional or {}, " ".join(safety.split()))
 
 
-_CAPSULE: dict[str, Check] = {"capsule_id": spec.capsule_id}
+_CAPSULE: dict[str, Check] = {"capsule_id": checks.capsule_id}
 
 # A service's name within its capsule (the front end's tools take the same grammar).
 SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
@@ -85,13 +79,13 @@ MAX_SPARES = 128  # net_connect's spares in one reply (one SCM_RIGHTS message: t
 
 def _boolean(name: str, value: Any) -> Any:
     if not isinstance(value, bool):
-        raise spec.fail(name, "must be true or false")
+        raise checks.fail(name, "must be true or false")
     return value
 
 
 def _service_name(name: str, value: Any) -> Any:
     if not isinstance(value, str) or not SERVICE_NAME_RE.fullmatch(value):
-        raise spec.fail(name, f"must match {SERVICE_NAME_RE.pattern} (lower case letters, digits, '_', '.', '-')")
+        raise checks.fail(name, f"must match {SERVICE_NAME_RE.pattern} (lower case letters, digits, '_', '.', '-')")
     return value
 
 OPS: dict[str, OpSpec] = {
@@ -101,7 +95,7 @@ OPS: dict[str, OpSpec] = {
             "hello",
             """Reads nothing but constants: the protocol version, the helper's mode and the
             mechanisms in force.  No state is touched.""",
-            {"version": spec.int_in(0, 1 << 31)},
+            {"version": checks.int_in(0, 1 << 31)},
         ),
         _op(
             "create",
@@ -132,16 +126,16 @@ OPS: dict[str, OpSpec] = {
             capsule's one network namespace, until it ends or its caller's connection
             closes; it is no more than an exec that the caller may keep open, signal
             (``signal``) and freeze (``freeze``).""",
-            {"capsule_id": spec.capsule_id, "argv": spec.argv},
+            {"capsule_id": checks.capsule_id, "argv": checks.argv},
             {
-                "cwd": spec.nullable(spec.abs_path),
-                "env": spec.env,
-                "stdin_b64": spec.nullable(spec.base64_text(MAX_STDIN)),
-                "timeout_ms": spec.int_in(0, MAX_TIMEOUT_MS),
-                "limits": spec.limits,
-                "output_cap": spec.int_in(0, MAX_OUTPUT_CAP),
-                "progress_ms": spec.int_in(100, 60_000),
-                "stdio": spec.one_of("pipes", "tty", "stdin"),
+                "cwd": checks.nullable(checks.abs_path),
+                "env": checks.env,
+                "stdin_b64": checks.nullable(checks.base64_text(MAX_STDIN)),
+                "timeout_ms": checks.int_in(0, MAX_TIMEOUT_MS),
+                "limits": checks.limits,
+                "output_cap": checks.int_in(0, MAX_OUTPUT_CAP),
+                "progress_ms": checks.int_in(100, 60_000),
+                "stdio": checks.one_of("pipes", "tty", "stdin"),
                 "stream": _boolean,
                 "service": _service_name,
             },
@@ -183,14 +177,14 @@ OPS: dict[str, OpSpec] = {
             """Sends one of a short list of signals to a running service of the caller's own
             capsule, through the service's init, which passes it to the command it spawned:
             nothing outside that service's pid namespace can be reached.""",
-            {"capsule_id": spec.capsule_id, "service": _service_name, "signal": spec.one_of(*SERVICE_SIGNALS)},
+            {"capsule_id": checks.capsule_id, "service": _service_name, "signal": checks.one_of(*SERVICE_SIGNALS)},
         ),
         _op(
             "freeze",
             """Freezes (or thaws) every process the caller's own capsule runs, through the
             cgroup freezer of each of its runs' cgroups, which the helper made; while frozen
             the capsule takes no new run.  It stops processes the caller could stop itself.""",
-            {"capsule_id": spec.capsule_id, "frozen": _boolean},
+            {"capsule_id": checks.capsule_id, "frozen": _boolean},
         ),
         _op(
             "net_connect",
@@ -198,7 +192,7 @@ OPS: dict[str, OpSpec] = {
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
             already.  ``spares``: that many unconnected sockets there instead (IPv6 with ``v6``), which reach only that.""",
-            {"capsule_id": spec.capsule_id, "port": spec.int_in(1, MAX_PORT)}, {"spares": spec.int_in(1, MAX_SPARES), "v6": _boolean},
+            {"capsule_id": checks.capsule_id, "port": checks.int_in(1, MAX_PORT)}, {"spares": checks.int_in(1, MAX_SPARES), "v6": _boolean},
         ),
         _op(
             "run_reads",
@@ -206,7 +200,7 @@ OPS: dict[str, OpSpec] = {
             executed and written so far, as its reply will when it ends: paths in that
             capsule's own view, which the caller can open itself (``open_root``).  Its
             recording goes on; nothing is changed.""",
-            {"capsule_id": spec.capsule_id, "service": _service_name},
+            {"capsule_id": checks.capsule_id, "service": _service_name},
         ),
         _op(
             "destroy",
@@ -233,7 +227,7 @@ def validate_args(op: str, args: Any) -> dict[str, Any]:
         )
     if not isinstance(args, dict):
         raise ProtocolError(f"{op}: args must be an object")
-    return spec.check_fields(args, op_spec.required, op_spec.optional, f"{op} args")
+    return checks.check_fields(args, op_spec.required, op_spec.optional, f"{op} args")
 
 
 def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
@@ -374,7 +368,7 @@ class ExecRequest(OpRequest[ExecReply]):
                       stdin=None if stdin_b64 is None else base64.b64decode(stdin_b64, validate=True),
                       limits=None if "limits" not in args else Limits(**args["limits"]))
         if request.timeout_ms == 0 and request.service is None:
-            raise spec.fail("timeout_ms", "may be 0 (no limit) only for a service")
+            raise checks.fail("timeout_ms", "may be 0 (no limit) only for a service")
         return request
 
     def descriptors_wanted(self) -> int:

@@ -8,7 +8,7 @@ default when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp``
 ``home`` live on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that
 nothing a command writes can outgrow it.  Choices made here:
 
-* **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside spec.py's one id grammar); within
+* **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside checks.py's one id grammar); within
   one millisecond the hex part is made to increase, so ids sort by creation within a
   helper's life.
 * **Exec**, fork and destroy wait for the last exec's end (jail_end.py); services run
@@ -70,6 +70,7 @@ from sandbox import (
 )
 from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
+from sandbox.checks import check_capsule_id
 from sandbox.errors import CcwError, from_oserror
 from sandbox.meta import Capsule, now_iso
 from sandbox.mountinfo import mounts_under
@@ -88,11 +89,11 @@ from sandbox.replies import (
     RunReadsReply,
     SignalReply,
 )
-from sandbox.spec import CapsuleSpec, check_capsule_id
+from sandbox.spec import CapsuleSpec
 
 log = logging.getLogger("ccw.capsules")
 
-# The ids this helper makes (see _new_id): within spec.CAPSULE_ID_RE, the one grammar every
+# The ids this helper makes (see _new_id): within checks.CAPSULE_ID_RE, the one grammar every
 # side validates with; recover() knows its own capsule dirs by this narrower form.
 ID_RE = re.compile(r"cap_\d{13}_[0-9a-f]{8}")
 MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug

@@ -14,7 +14,7 @@ import base64
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
-from sandbox import spec
+from sandbox import checks
 from sandbox.errors import ProtocolError
 from sandbox.protocol import MAX_FRAME, check_keys
 
@@ -49,7 +49,7 @@ class OpReply:
         check_keys(result, keys - set(cls.optional_fields), keys, cls.__name__)
         plain = dict(result)
         for name in cls.base64_fields:
-            text = spec.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
+            text = checks.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
             plain[name] = base64.b64decode(text, validate=True)
         return cls._build(plain)
 
@@ -251,7 +251,7 @@ class GitdirChanges(OpReply):
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> GitdirChanges:
-        return cls(spec.text("path", result["path"], spec.MAX_PATH),
+        return cls(checks.text("path", result["path"], checks.MAX_PATH),
                    _entries(Change, result["changes"], "GitdirChanges 'changes'"))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import execution, mountinfo, overlay, registry, spec
+from sandbox import checks, execution, mountinfo, overlay, registry, spec
 from sandbox.errors import CcwError
 from sandbox.replies import Change, ListReply
 from sandbox.spec import CapsuleSpec
@@ -205,15 +205,15 @@ def test_ids_are_unique_and_sorted(state_dir: Path) -> None:
 def test_argument_checks() -> None:
     for bad_argv in ([], ["a\0b"], "ls", [1]):
         with pytest.raises(CcwError):
-            spec.argv("argv", bad_argv)
+            checks.argv("argv", bad_argv)
     assert spec.resolve_cwd(None, "/w") == "/w"
     assert spec.resolve_cwd("sub/../x", "/w") == "/w/x"
     with pytest.raises(CcwError):
         spec.resolve_cwd("../../etc", "/w")
     with pytest.raises(CcwError):
-        spec.limits("limits", {"memory_mb": 0})
+        checks.limits("limits", {"memory_mb": 0})
     with pytest.raises(CcwError):
-        spec.limits("limits", {"disk": 1})
+        checks.limits("limits", {"disk": 1})
     assert CapsuleSpec.from_json({"workspace": "/w", "env_whitelist": ["B", "A", "B"]}).env_whitelist == ("A", "B")
 
 
@@ -224,7 +224,7 @@ def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
         with pytest.raises(CcwError) as err:
             manager.create(uid, gid, CapsuleSpec.from_json({"workspace": bad}))
         assert err.value.code in ("INVALID_ARGUMENT", "NOT_FOUND"), bad
-    with pytest.raises(CcwError) as err:  # / holds every system directory (spec.check_capsule_dir)
+    with pytest.raises(CcwError) as err:  # / holds every system directory (hostdirs.check_capsule_dir)
         manager.create(uid, gid, CapsuleSpec.from_json({"workspace": "/"}))
     assert err.value.code == "PERMISSION_DENIED" and "contains /etc" in err.value.message
     (tmp_path / "file").write_text("x")

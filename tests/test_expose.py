@@ -1,5 +1,5 @@
 """Finding the toolchains a workspace needs outside it (core/expose, capsules/exposure) and
-the rule on what may be exposed (sandbox.spec.check_expose_dir): secrets stay hidden."""
+the rule on what may be exposed (sandbox.hostdirs.check_expose_dir): secrets stay hidden."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from mcp_server.core.expose import (
     venv_home,
 )
 from sandbox.errors import CcwError
-from sandbox.spec import EXPOSE_SECRETS, HOME_SECRETS, Home, check_expose_dir
+from sandbox.homes import Home
+from sandbox.hostdirs import EXPOSE_SECRETS, HOME_SECRETS, check_expose_dir
 
 HOME = "/home/ann"
 UID = 1000

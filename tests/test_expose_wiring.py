@@ -12,7 +12,7 @@ import pytest
 from mcp_server.capsules import exposure
 from mcp_server.core.expose import Need
 from sandbox.errors import CcwError
-from sandbox.spec import Home
+from sandbox.homes import Home
 
 UID = 1000
 

@@ -11,8 +11,9 @@ import pytest
 
 from sandbox import access, exposed, mounts
 from sandbox.errors import CcwError
+from sandbox.homes import Home
 from sandbox.meta import Capsule
-from sandbox.spec import CapsuleSpec, Home
+from sandbox.spec import CapsuleSpec
 
 
 @pytest.fixture
@@ -21,7 +22,7 @@ def helper_homes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home/ann"
     for tree in (".pyenv/versions/3.12.1/bin", ".nvm/versions/node/v20.1.0/bin", ".ssh", "proj/.venv"):
         (home / tree).mkdir(parents=True)
-    monkeypatch.setattr("sandbox.spec.login_homes", lambda: (Home("ann", os.getuid(), str(home)),))
+    monkeypatch.setattr("sandbox.homes.login_homes", lambda: (Home("ann", os.getuid(), str(home)),))
     monkeypatch.setattr(access, "host_uid", lambda uid: uid)
     return home
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from mcp_server.capsules.gitdirs import MAX_FILE, find, parse_gitfile, read_small, ref_paths
-from sandbox.spec import Home
+from sandbox.homes import Home
 
 
 def _homes(tmp_path: Path) -> tuple[Home, ...]:

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from sandbox.checks import MAX_ARGV, MAX_OUTPUT_CAP, MAX_PATH, MAX_STDIN
 from sandbox.errors import ProtocolError
 from sandbox.ops import OPS, encode_request, validate_args
-from sandbox.spec import MAX_ARGV, MAX_OUTPUT_CAP, MAX_PATH, MAX_STDIN
 
 GOOD: dict[str, list[dict[str, Any]]] = {
     "hello": [{"version": 1}],

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from mcp_server.core.witness_manifest import check
+from sandbox.checks import MAX_STDIN
 from sandbox.errors import CcwError
-from sandbox.spec import MAX_STDIN
 from tests.support import witness_craft as craft
 
 

@@ -6,7 +6,7 @@ PERMISSION_DENIED or FAILED_PRECONDITION) rather than an exception:
 
 - The marker (``CCW_REAPI_CAPSULE``, JSON written by capsules/remote.py) is an object
   with known fields only, each checked by the capsule spec's own checks
-  (sandbox/spec.py): ``workspace`` an absolute path, ``clock_offset_sec`` and ``limits``
+  (sandbox/checks.py): ``workspace`` an absolute path, ``clock_offset_sec`` and ``limits``
   within the spec's bounds, ``replay`` a name inside the input root, ``expected_root``
   a short string.
 - ``workspace`` is only where the jail shows the input root, which is always the
@@ -32,17 +32,18 @@ from typing import Any
 from mcp_server.core import paths
 from mcp_server.fs.view import RootView
 from mcp_server.reapi.protos import re_pb2
-from sandbox import spec
+from sandbox import checks, hostdirs
+from sandbox.checks import MAX_CLOCK_OFFSET_SEC, MAX_PATH
 from sandbox.errors import CcwError
-from sandbox.spec import MAX_CLOCK_OFFSET_SEC, MAX_PATH, Limits
+from sandbox.spec import Limits
 
 MAX_MARKER_BYTES = 64 * 1024
-_FIELDS: dict[str, spec.Check] = {
-    "workspace": spec.nullable(spec.abs_path),
-    "clock_offset_sec": spec.nullable(spec.int_in(-MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)),
-    "limits": spec.nullable(spec.limits),
-    "replay": spec.nullable(lambda name, value: spec.text(name, value, MAX_PATH)),
-    "expected_root": spec.nullable(lambda name, value: spec.text(name, value, 256)),
+_FIELDS: dict[str, checks.Check] = {
+    "workspace": checks.nullable(checks.abs_path),
+    "clock_offset_sec": checks.nullable(checks.int_in(-MAX_CLOCK_OFFSET_SEC, MAX_CLOCK_OFFSET_SEC)),
+    "limits": checks.nullable(checks.limits),
+    "replay": checks.nullable(lambda name, value: checks.text(name, value, MAX_PATH)),
+    "expected_root": checks.nullable(lambda name, value: checks.text(name, value, 256)),
 }
 
 
@@ -67,12 +68,12 @@ class Marker:
             value: Any = json.loads(text)
         except ValueError as error:
             raise CcwError("INVALID_ARGUMENT", f"the marker is not JSON: {error}") from None
-        spec.check_fields(value, {}, _FIELDS, "the marker")
+        checks.check_fields(value, {}, _FIELDS, "the marker")
         workspace = value.get("workspace")
         if workspace is not None:
             workspace = os.path.normpath(workspace)
             # Only a mount point in the jail (shown_only): homes are places like any other there.
-            spec.check_capsule_dir("workspace", workspace, os.getuid(), (), shown_only=True)
+            hostdirs.check_capsule_dir("workspace", workspace, os.getuid(), (), shown_only=True)
         replay = value.get("replay")
         return cls(workspace=workspace, clock_offset_sec=value.get("clock_offset_sec") or 0,
                    limits=Limits.from_json(value.get("limits") or {}),

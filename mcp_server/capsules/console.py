@@ -67,10 +67,11 @@ from typing import Any
 import trio
 
 from mcp_server.core.transcript import Reading, Transcript
+from sandbox.checks import MAX_STDIN
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply
-from sandbox.spec import DEFAULT_OUTPUT_CAP, MAX_STDIN
+from sandbox.spec import DEFAULT_OUTPUT_CAP
 
 INPUT_MAX = 64 * 1024  # bytes of input one call may give
 PROGRESS_MS = 100  # how often the helper delivers a piped run's output (its shortest interval)

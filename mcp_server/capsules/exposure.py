@@ -5,7 +5,7 @@ reads what they point at, bounded (pyvenv.cfg up to 64 KiB, the first 256 bytes 
 most MAX_SCRIPTS scripts per bin directory), resolves symlinks, and hands the paths to
 ``core.expose`` for their toolchain roots.  The workspace is the agent's: a planted
 pyvenv.cfg or ``#!`` line may name anything, so every directory found is held to
-``sandbox.spec.check_expose_dir`` and dropped when refused (an explicit ``expose``
+``sandbox.hostdirs.check_expose_dir`` and dropped when refused (an explicit ``expose``
 entry that is refused is an error instead: the caller asked for it).  The helper checks
 each path again before it binds it (sandbox/exposed.py), at create and at every exec.
 
@@ -35,7 +35,8 @@ from mcp_server.core.expose import (
     venv_home,
 )
 from sandbox.errors import CcwError
-from sandbox.spec import Home, check_expose_dir, inside, login_homes
+from sandbox.homes import Home, login_homes
+from sandbox.hostdirs import check_expose_dir, inside
 
 VENV_DIRS = (".venv", "venv")
 SCRIPT_DIRS = (".venv/bin", "venv/bin", "node_modules/.bin")

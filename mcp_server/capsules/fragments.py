@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandbox.spec import CAPSULE_ID_RE
+from sandbox.checks import CAPSULE_ID_RE
 
 CAPSULE_ID: dict[str, Any] = {
     "type": "string",

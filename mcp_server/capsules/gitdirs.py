@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandbox.errors import CcwError
+from sandbox.homes import Home
+from sandbox.hostdirs import check_expose_dir, inside
 from sandbox.replies import GitdirChanges
-from sandbox.spec import Home, check_expose_dir, inside
 
 MAX_FILE = 4096  # git's own .git files and commondir are one short line
 MAX_LISTED = 100  # paths of a git dir's change a promotion result lists (a `git add` of a tree makes thousands)

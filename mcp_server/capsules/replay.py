@@ -82,8 +82,10 @@ from mcp_server.fs.view import RootView
 from mcp_server.fs.witness_key import Verdict
 from mcp_server.journal import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
+from sandbox.homes import login_homes
+from sandbox.hostdirs import check_capsule_dir
 from sandbox.replies import Change
-from sandbox.spec import CapsuleSpec, Limits, check_capsule_dir, login_homes
+from sandbox.spec import CapsuleSpec, Limits
 
 
 def _rebuild_base(manifest: dict[str, Any], blobs: dict[str, bytes], into: str) -> None:
@@ -187,7 +189,7 @@ def _live_base_mismatches(manifest: dict[str, Any], live: str) -> list[dict[str,
 
 def _live_dir(workspace: str) -> str:
     """The replayer's live base: an absolute directory that the replaying user may read, and
-    that capsule_create would take (sandbox.spec.check_capsule_dir: no system directory,
+    that capsule_create would take (sandbox.hostdirs.check_capsule_dir: no system directory,
     home or key store).
 
     The front end runs as its caller, so its own access is the caller's (the helper checks

@@ -63,7 +63,7 @@ from types import TracebackType
 from typing import Any
 
 from mcp_server.config import Config
-from sandbox.spec import MAX_TIMEOUT_MS
+from sandbox.checks import MAX_TIMEOUT_MS
 
 VERBS = ("shell",)
 _CHUNK = 1 << 16

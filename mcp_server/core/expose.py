@@ -25,7 +25,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
-from sandbox.spec import inside
+from sandbox.hostdirs import inside
 
 # Directories the jail binds already (sandbox/mounts.py SYSTEM_DIRS) or makes its own;
 # what lies in them needs no exposing.

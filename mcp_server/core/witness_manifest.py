@@ -19,14 +19,14 @@ Choices:
   (RESOLVE_BENEATH); this says what is wrong before anything is written.
 - **Numbers** are bounded to what the host can take: modes to 0o7777, owners (a base
   entry's optional ``uid``/``gid`` and the top's, capsules/owners.py) to 0..2**32-2, mtimes to
-  ±2**62 ns (±146 years around 1970), timeouts and clock offsets to sandbox.spec's
+  ±2**62 ns (±146 years around 1970), timeouts and clock offsets to sandbox.checks'
   limits, capsule limits by ``Limits.from_json``.
 - **The recorded network** is only reported by a replay, never used; it is "none" or
   an object.
 - **Services** an exec ran beside (``execs[].services``, capsules/service_spec.py's
   witness form) are started by its replay, so each is bounded as the helper bounds what
   it would get: at most ``MAX_SERVICES`` per exec, names by the helper's grammar and
-  unique per exec, argv as an exec's argv (``sandbox.spec.argv``: entries, bytes, a
+  unique per exec, argv as an exec's argv (``sandbox.checks.argv``: entries, bytes, a
   program name), an absolute cwd, variable names only, limits by ``Limits.from_json``,
   one readiness condition whose pattern compiles.  A run of a service
   (``execs[].service``, its name) is never re-run; its ``timeout_ms`` is 0 (none).
@@ -45,8 +45,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.validators import extend
 
 from mcp_server.core.volatile import GLOBS_SCHEMA
-from sandbox.errors import CcwError
-from sandbox.spec import (
+from sandbox.checks import (
     ENV_NAME_RE,
     MAX_ARGV,
     MAX_BINDS,
@@ -55,9 +54,10 @@ from sandbox.spec import (
     MAX_PATH,
     MAX_STDIN,
     MAX_TIMEOUT_MS,
-    Limits,
     argv,
 )
+from sandbox.errors import CcwError
+from sandbox.spec import Limits
 
 FORMAT = "ccw-witness/1"
 MAX_REPORTED = 5  # schema errors named in one message (a hostile manifest may hold millions)

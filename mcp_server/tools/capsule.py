@@ -45,16 +45,11 @@ from mcp_server.fs.netpresets import expand_network
 from mcp_server.journal import CapsuleRecord
 from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox.checks import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS
 from sandbox.errors import CcwError
-from sandbox.spec import (
-    DISK_MB_MAX,
-    DISK_MB_MIN,
-    MAX_TIMEOUT_MS,
-    CapsuleSpec,
-    Limits,
-    check_capsule_dir,
-    login_homes,
-)
+from sandbox.homes import login_homes
+from sandbox.hostdirs import check_capsule_dir
+from sandbox.spec import CapsuleSpec, Limits
 
 LIMITS = {
     "type": "object",
@@ -123,7 +118,7 @@ def _real(path: str, what: str) -> str:
 
 async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Create a capsule over a workspace (never a system directory or a home's secrets: the
-    rule is sandbox/spec.py's ``check_capsule_dir``, which the helper applies again)."""
+    rule is sandbox/hostdirs.py's ``check_capsule_dir``, which the helper applies again)."""
     workspace = _real(args["workspace"], "workspace")
     base = _real(args["base"], "base") if args.get("base") else workspace
     homes, uid = login_homes(), os.getuid()

@@ -16,7 +16,7 @@ from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.race import MAX_RACERS, Question, race
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.spec import MAX_TIMEOUT_MS
+from sandbox.checks import MAX_TIMEOUT_MS
 
 
 async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:

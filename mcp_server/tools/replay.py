@@ -22,7 +22,7 @@ from mcp_server.fs.netpresets import expand_network
 from mcp_server.fs.witness_key import SIGNATURE_SCHEMA as SIGNATURE
 from mcp_server.fs.witness_key import SIGNED_BY_SCHEMA as SIGNED_BY
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.spec import ENV_NAME_RE, MAX_ENV
+from sandbox.checks import ENV_NAME_RE, MAX_ENV
 
 
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:

@@ -23,9 +23,10 @@ from mcp_server.capsules.service_spec import (
 from mcp_server.capsules.services import Services
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
+from sandbox.checks import MAX_ARGV
 from sandbox.errors import CcwError
 from sandbox.ops import MAX_PORT, SERVICE_NAME_RE, FreezeRequest
-from sandbox.spec import MAX_ARGV, Limits, resolve_cwd
+from sandbox.spec import Limits, resolve_cwd
 
 SERVICE_START = TakesTurn("service start", command_arg="cmd")
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
