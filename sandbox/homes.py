@@ -1,6 +1,6 @@
 """The login users' homes, as the rule on capsule and exposed directories sees them.
 
-A home is what ``sandbox.spec``'s rule protects: never a capsule directory itself, never
+A home is what ``sandbox.hostdirs``' rule protects: never a capsule directory itself, never
 shown with its key stores.  The login users are root and uids UID_MIN..UID_MAX of
 /etc/login.defs (1000..60000 by default), read through NSS (``pwd.getpwall``), each home
 resolved.  The helper asks at every create and at every exec of a capsule with exposed

@@ -120,7 +120,7 @@ def test_a_base_is_the_lower_dir_and_the_workspace_may_be_gone(tmp_path: Path) -
 
 
 def test_a_directory_that_would_show_the_hosts_secrets_is_refused(tmp_path: Path) -> None:
-    # spec.check_capsule_dir, as resolved: / by a symlink is still /.
+    # hostdirs.check_capsule_dir, as resolved: / by a symlink is still /.
     (tmp_path / "root").symlink_to("/")
     with pytest.raises(CcwError) as caught, \
             access.pinned_lower(str(tmp_path / "root"), None, UID, GID, str(tmp_path / "state")):

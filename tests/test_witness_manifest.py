@@ -122,7 +122,7 @@ def test_an_exec_beside_services_and_a_services_own_run_pass() -> None:
     ("/execs/0/services", {"web": _WEB}),
     ("/execs/0/services/0/name", "Web!"), ("/execs/0/services/0/name", "a" * 64), ("/execs/0/services/0/name", KeyError),
     ("/execs/0/services/0/argv", []), ("/execs/0/services/0/argv", ["sh", 1]), ("/execs/0/services/0/argv", KeyError),
-    ("/execs/0/services/0/argv", [""]),  # no program name (sandbox.spec.argv)
+    ("/execs/0/services/0/argv", [""]),  # no program name (sandbox.checks.argv)
     ("/execs/0/services/0/argv", ["sh", "x" * (2 * 1024 * 1024)]),  # past MAX_ARG_BYTES
     ("/execs/0/services/0/argv", ["x"] * 4097),  # past MAX_ARGV
     ("/execs/0/services/0/cwd", "relative/dir"), ("/execs/0/services/0/cwd", "/a\x00b"),

@@ -2,7 +2,7 @@
 
 The jail hides /etc/shadow by name in its own /etc, but a capsule whose workspace *is*
 /etc is bound over that, and the front end reads a capsule's files with its own rights.
-So ``capsule_create`` refuses such directories (sandbox/spec.py: ``check_capsule_dir``),
+So ``capsule_create`` refuses such directories (sandbox/hostdirs.py: ``check_capsule_dir``),
 and the helper refuses them again on the path as resolved and under every other path the
 directory is mounted at.  Each attempt here is made as root, the caller whose jail could
 read the hashes: through the tools, through ``ccw capsule create``, and straight through
