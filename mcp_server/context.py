@@ -19,7 +19,7 @@ import contextlib
 import inspect
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -44,9 +44,13 @@ ROOTS_TIMEOUT_S = 10.0  # a client that never answers roots/list must not hold a
 class Runtime:
     """What every call shares: config, state, the lazily opened helper client."""
 
-    def __init__(self, config: Config, state: State) -> None:
+    def __init__(self, config: Config, state: State,
+                 run_events: Callable[[Run], Sequence[tuple[str, Mapping[str, Any]]]] | None = None) -> None:
         self.config = config
         self.state = state
+        # What an ended run tells the event stream: its tool's to say (CcwServer.run_events
+        # asks the tool's spec); None: nothing (a runtime without a server's tools: tests).
+        self._run_events = run_events
         self._helper: HelperClient | None = None
         self._helper_lock = trio.Lock()
         self.events = EventLog(state)
@@ -72,7 +76,8 @@ class Runtime:
 
     def _run_ended(self, run: Run) -> None:
         # A replay's or deltamin's outcome is an event (a command's run is one already).
-        record_outcome(self.state, run.tool, run.capsule_id, run.result, run.error)
+        if self._run_events is not None:
+            record_outcome(self.state, run.capsule_id, self._run_events(run))
 
     async def helper(self) -> HelperClient:
         """The helper client, connected or spawned on first use (mcp_server.launcher).

@@ -72,7 +72,6 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_server.core.unidiff import hunk_count
 from mcp_server.state import State
 
 KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
@@ -174,34 +173,12 @@ def live_connection(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"seq": None, "live": True, **{key: record.get(key) for key in _CONNECTION if not key.startswith("bytes")}}
 
 
-def outcome_events(tool: str, result: Mapping[str, Any] | None,
-                   error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
-    """The events of a finished promote, witness, replay or deltamin call (its result, or the
-    CcwError that refused it); none for other tools, whose rows are events already."""
-    code, message = getattr(error, "code", None), getattr(error, "message", None)
-    if tool == "capsule_promote":
-        if result is None:
-            return [("promotion", {"applied": [], "dry_run": None, "refused": {"code": code, "message": message}})]
-        report = result.get("policy_report") or {}
-        failed = sorted(key.removesuffix("_ok") for key, value in report.items() if key.endswith("_ok") and value is False)
-        refused = None if result.get("promoted") or result.get("dry_run") else {
-            "code": "POLICY_FAILED", "message": f"failed: {', '.join(failed) or 'the policies'}"}
-        return [("policy.report", {"passed": report.get("passed"), "report": report}),
-                ("promotion", {"applied": result.get("applied") or [], "dry_run": bool(result.get("dry_run")),
-                               "refused": refused})]
+def finished(result: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``result`` if it is a finished call's: None for none (the call failed) and for a run's
+    ``running`` or ``cancelled`` summary (capsules/run.py), which no outcome event describes."""
     if result is None or result.get("status") in ("running", "cancelled"):
-        return []
-    if tool == "capsule_witness":
-        return [("witness", {key: result.get(key) for key in ("witness_id", "path", "root_hash", "size_bytes")})]
-    if tool == "capsule_replay":
-        return [("replay", {"replay_ok": result.get("replay_ok"), "root_hash": result.get("root_hash"),
-                            "output_identical": result.get("output_identical"),
-                            "differences": len(result.get("output_diffs") or [])})]
-    if tool == "capsule_deltamin":
-        return [("deltamin.done", {key: result.get(key) for key in
-                                   ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
-                 | {"minimal": hunk_count(result.get("minimal_patch") or ""), "files": len(result.get("units") or [])})]
-    return []
+        return None
+    return result
 
 
 def add(state: State, kind: str, capsule_id: str | None, data: Mapping[str, Any]) -> None:
@@ -211,10 +188,11 @@ def add(state: State, kind: str, capsule_id: str | None, data: Mapping[str, Any]
         emit(db, kind, capsule_id, data)
 
 
-def record_outcome(state: State, tool: str, capsule_id: str | None, result: Mapping[str, Any] | None,
-                   error: BaseException | None) -> None:
-    """Append ``outcome_events`` of a finished call, in one transaction."""
-    found = outcome_events(tool, result, error)
+def record_outcome(state: State, capsule_id: str | None, found: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    """Append the events of a finished call, in one transaction (none: nothing is written).
+
+    Which events a call makes is its tool's to say (``ToolSpec.outcome`` in
+    mcp_server/tools/registry.py): this module knows the kinds, not the tools."""
     if found:
         ensure_schema(state)
         with state.transaction() as db:

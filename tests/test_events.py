@@ -1,20 +1,26 @@
 """The state dir's event stream (mcp_server/events.py): the journal's rows as events in
-their transactions, turn events, and a reader in another connection following them."""
+their transactions, turn events, a reader in another connection following them, and the
+events of a finished call as its tool's spec declares them (ToolSpec.outcome)."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
 from mcp_server import events
+from mcp_server.capsules.run import Run
 from mcp_server.capsules.turns import CapsuleQueue, Ticket, exec_label
+from mcp_server.config import TOOLSETS, Config
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
+from mcp_server.tools.registry import Outcome, Registry
+from sandbox.errors import CcwError
 from tests.support.journal_rows import capsule_record, exec_entry
 
 
@@ -171,29 +177,86 @@ def test_a_follower_that_caught_up_asks_again_only_after_a_commit(tmp_path: Path
     assert got == ["capsule.created", "capsule.destroyed"] and len(asked) == 2
 
 
-def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: State) -> None:
-    from sandbox.errors import CcwError
+def _outcome(name: str) -> Outcome:
+    spec = Registry.load(TOOLSETS).lookup(name)
+    assert spec is not None and spec.outcome is not None, name
+    return spec.outcome
 
+
+def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: State) -> None:
+    promoted, witnessed, replayed = _outcome("capsule_promote"), _outcome("capsule_witness"), _outcome("capsule_replay")
     refused = {"promoted": False, "dry_run": False, "applied": [],
                "policy_report": {"passed": False, "tests_ok": True, "paths_ok": False, "replay_ok": None}}
-    events.record_outcome(state, "capsule_promote", "cap_1", refused, None)
-    events.record_outcome(state, "capsule_promote", "cap_1", None, CcwError("REPO_CHANGED", "the workspace moved"))
-    events.record_outcome(state, "capsule_promote", "cap_1",
-                          {"promoted": True, "dry_run": False, "applied": ["a.py"], "policy_report": {"passed": True}},
-                          None)
-    events.record_outcome(state, "capsule_witness", "cap_1", {"witness_id": "w1", "path": "/s/w1.tar.zst",
-                                                              "root_hash": "h", "size_bytes": 10}, None)
-    events.record_outcome(state, "capsule_replay", None, {"status": "running", "run_id": "r"}, None)
-    events.record_outcome(state, "capsule_replay", None, {"replay_ok": False, "root_hash": "h",
-                                                          "output_identical": False, "output_diffs": [{}, {}]}, None)
-    events.record_outcome(state, "capsule_deltamin", "cap_1", {"minimal_patch": "p", "replay_ok": True, "trials": 9,
-                                                               "cache_hits": 2, "elapsed_ms": 5, "one_minimal": True},
-                          None)
-    events.record_outcome(state, "capsule_list", None, {"capsules": []}, None)
-    got = [(e.kind, e.data) for e in EventLog(state).since(0)]
-    assert [kind for kind, _ in got] == ["policy.report", "promotion", "promotion", "policy.report", "promotion",
-                                         "witness", "replay", "deltamin.done"]
-    assert got[1][1]["refused"] == {"code": "POLICY_FAILED", "message": "failed: paths"}
-    assert got[2][1]["refused"] == {"code": "REPO_CHANGED", "message": "the workspace moved"}
-    assert got[4][1] == {"applied": ["a.py"], "dry_run": False, "refused": None}
-    assert got[6][1]["differences"] == 2 and got[7][1]["trials"] == 9
+    events.record_outcome(state, "cap_1", promoted(refused, None))
+    events.record_outcome(state, "cap_1", promoted(None, CcwError("REPO_CHANGED", "the workspace moved")))
+    events.record_outcome(state, "cap_1", promoted({"promoted": True, "dry_run": False, "applied": ["a.py"],
+                                                    "policy_report": {"passed": True}}, None))
+    events.record_outcome(state, "cap_1", witnessed({"witness_id": "w1", "path": "/s/w1.tar.zst", "root_hash": "h",
+                                                     "size_bytes": 10, "base": {"files": 3}}, None))
+    events.record_outcome(state, None, replayed({"status": "running", "run_id": "r"}, None))
+    events.record_outcome(state, None, replayed({"replay_ok": False, "root_hash": "h", "output_identical": False,
+                                                 "output_diffs": [{}, {}]}, None))
+    events.record_outcome(state, "cap_1", _outcome("capsule_deltamin")(
+        {"minimal_patch": "--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n", "units": ["x"], "replay_ok": True, "trials": 9,
+         "cache_hits": 2, "elapsed_ms": 5, "one_minimal": True}, None))
+    events.record_outcome(state, "cap_1", witnessed(None, CcwError("TOO_LARGE", "the base")))
+    got = [(e.capsule_id, e.kind, e.data) for e in EventLog(state).since(0)]
+    assert got == [
+        ("cap_1", "policy.report", {"passed": False, "report": refused["policy_report"]}),
+        ("cap_1", "promotion", {"applied": [], "dry_run": False,
+                                "refused": {"code": "POLICY_FAILED", "message": "failed: paths"}}),
+        ("cap_1", "promotion", {"applied": [], "dry_run": None,
+                                "refused": {"code": "REPO_CHANGED", "message": "the workspace moved"}}),
+        ("cap_1", "policy.report", {"passed": True, "report": {"passed": True}}),
+        ("cap_1", "promotion", {"applied": ["a.py"], "dry_run": False, "refused": None}),
+        ("cap_1", "witness", {"witness_id": "w1", "path": "/s/w1.tar.zst", "root_hash": "h", "size_bytes": 10}),
+        (None, "replay", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2}),
+        ("cap_1", "deltamin.done", {"minimal": 1, "files": 1, "replay_ok": True, "trials": 9, "cache_hits": 2,
+                                    "elapsed_ms": 5, "one_minimal": True}),
+    ]
+
+
+def test_only_the_tools_that_declare_an_outcome_make_events_of_it() -> None:
+    declared = sorted(spec.name for spec in Registry.load(TOOLSETS).tools if spec.outcome is not None)
+    assert declared == ["capsule_deltamin", "capsule_promote", "capsule_replay", "capsule_witness"]
+
+
+def test_a_run_that_ends_is_told_by_its_tools_spec(tmp_path: Path) -> None:
+    """The server's runtime records an ended run's events as its tool's spec says: a replay
+    finished (in the call's task or in the background) is one; a failed or cancelled one, or a
+    run of a tool that declares none (capsule_exec), is none."""
+    from mcp_server.server import CcwServer
+
+    server = CcwServer(Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state")}), State(tmp_path / "state"))
+    verdict = {"replay_ok": True, "root_hash": "h", "output_identical": True, "output_diffs": []}
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        pass
+
+    async def main() -> None:
+        async def replayed(run: Run) -> dict[str, Any]:
+            return verdict
+
+        async def failed(run: Run) -> dict[str, Any]:
+            raise CcwError("NOT_FOUND", "no such witness")
+
+        async def forever(run: Run) -> dict[str, Any]:
+            await trio.sleep_forever()
+            raise AssertionError("cancelled")
+
+        runs = server.runtime.runs
+        await runs.call("capsule_replay", None, replayed, None, progress)
+        await runs.call("capsule_exec", "cap_1", replayed, None, progress)
+        with pytest.raises(CcwError):
+            await runs.call("capsule_replay", None, failed, None, progress)
+        await runs.call("capsule_deltamin", "cap_1", replayed, 60_000, progress)
+        running = await runs.call("capsule_deltamin", "cap_1", forever, 0, progress)
+        assert running["status"] == "running"
+        assert (await runs.cancel(runs.get(running["run_id"])))["status"] == "cancelled"
+
+    trio.run(main)
+    got = [(e.capsule_id, e.kind, e.data) for e in EventLog(server.state).since(0)]
+    assert got == [(None, "replay", {"replay_ok": True, "root_hash": "h", "output_identical": True, "differences": 0}),
+                   ("cap_1", "deltamin.done", {"minimal": 0, "files": 0, "replay_ok": True, "trials": None,
+                                               "cache_hits": None, "elapsed_ms": None, "one_minimal": None})]
+    server.state.close()

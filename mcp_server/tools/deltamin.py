@@ -6,12 +6,15 @@ searched, checked for flakiness and re-run at the end.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp_server.capsules.deltamin import READ_CHANGE, Question, deltamin
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.core.unidiff import hunk_count
+from mcp_server.events import finished
 from mcp_server.tools.registry import ToolContext, ToolSpec
 
 
@@ -29,6 +32,16 @@ async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
 
     wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT)
     return await ctx.runs.call("capsule_deltamin", question.capsule_id, body, wait_ms, ctx.progress)
+
+
+def deltamin_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
+    """A search's end (``ToolSpec.outcome``, told when its run ends): the minimal patch's hunks and
+    files and what the search cost; a failed or cancelled search is no event."""
+    done = finished(result)
+    if done is None:
+        return []
+    return [("deltamin.done", {key: done.get(key) for key in ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
+             | {"minimal": hunk_count(done.get("minimal_patch") or ""), "files": len(done.get("units") or [])})]
 
 
 EXECUTOR = {
@@ -81,6 +94,7 @@ TOOLS = [
             },
         }]},
         handler=capsule_deltamin,
+        outcome=deltamin_events,
         turn=READ_CHANGE,
         scope="exec",
         aliases=("capsule/deltamin",),

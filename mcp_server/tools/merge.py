@@ -15,7 +15,6 @@ from typing import Any
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.merge import MAX_INPUTS, Question, merge
 from mcp_server.core.hazards import KINDS
-from mcp_server.events import record_outcome
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
 
@@ -28,13 +27,7 @@ async def capsule_merge(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any
                        f"{', '.join(KINDS)}", {"allow_hazards": unknown})
     question = Question(tuple(args["capsule_ids"]), args.get("into") or "new", bool(args.get("dry_run")),
                         tuple(args.get("policies") or ("baseline",)), frozenset(args.get("allow_hazards") or ()))
-    try:
-        result = await merge(ctx.capsules, question)
-    except CcwError as exc:
-        record_outcome(ctx.state, "capsule_merge", question.capsule_ids[0], None, exc)
-        raise
-    record_outcome(ctx.state, "capsule_merge", question.capsule_ids[0], result, None)
-    return result
+    return await merge(ctx.capsules, question)
 
 
 def scope_of(args: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ each path left behind is listed in ``skipped``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp_server.capsules.branch import branch
@@ -54,10 +55,25 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
         else:
             result = await promote(ctx.capsules, request)
     except CcwError as exc:  # a refusal (REPO_CHANGED, a hazard...) is shown to watchers too
-        record_outcome(ctx.state, "capsule_promote", request.capsule_id, None, exc)
+        record_outcome(ctx.state, request.capsule_id, promotion_events(None, exc))
         raise
-    record_outcome(ctx.state, "capsule_promote", request.capsule_id, result, None)
+    record_outcome(ctx.state, request.capsule_id, promotion_events(result, None))
     return result
+
+
+def promotion_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
+    """A promotion's events (``ToolSpec.outcome``): its policy report and what it applied, or
+    refused: by the policies (POLICY_FAILED, naming those that failed) or by ``error``."""
+    if result is None:
+        refusal = {"code": getattr(error, "code", None), "message": getattr(error, "message", None)}
+        return [("promotion", {"applied": [], "dry_run": None, "refused": refusal})]
+    report = result.get("policy_report") or {}
+    failed = sorted(key.removesuffix("_ok") for key, value in report.items() if key.endswith("_ok") and value is False)
+    refused = None if result.get("promoted") or result.get("dry_run") else {
+        "code": "POLICY_FAILED", "message": f"failed: {', '.join(failed) or 'the policies'}"}
+    return [("policy.report", {"passed": report.get("passed"), "report": report}),
+            ("promotion", {"applied": result.get("applied") or [], "dry_run": bool(result.get("dry_run")),
+                           "refused": refused})]
 
 
 TOOLS = [
@@ -131,6 +147,7 @@ TOOLS = [
             },
         },
         handler=capsule_promote,
+        outcome=promotion_events,
         turn=PROMOTE,
         scope="promote",
         aliases=("capsule/promote",),

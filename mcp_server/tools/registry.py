@@ -78,6 +78,9 @@ class ToolContext(Protocol):
 
 
 Handler = Callable[[ToolContext, dict[str, Any]], Awaitable[dict[str, Any]]]
+# A finished call's events (mcp_server/events.py), [(kind, data)], from its result or from
+# the error that refused it (each None when the call had none).
+Outcome = Callable[[Mapping[str, Any] | None, BaseException | None], list[tuple[str, dict[str, Any]]]]
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class ToolSpec:
     # fewer arguments, so a connection limited to the profile cannot make the others' calls
     # (capsule_network: the agent profile proposes rules, never changes them).  None: as is.
     narrowed: Callable[[ToolSpec], ToolSpec] | None = None
+    # What a person watching the event stream learns when a call ends (events.record_outcome
+    # appends it); None: nothing beyond what its work journals.  A call answered through a
+    # run (capsules/run.py) is told when the run ends (CcwServer.run_events); one answered
+    # at once, by its handler, which alone knows which of its failures are refusals.
+    outcome: Outcome | None = None
 
     def scope_for(self, arguments: Any) -> str:
         """The scope a call with ``arguments`` needs (``scope`` unless ``scope_of`` says)."""

@@ -8,6 +8,7 @@ what ``replay_ok`` and ``output_identical`` mean, is in core/replaydiff.py.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp_server.capsules.executors import executor_for
@@ -18,6 +19,7 @@ from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.capsules.witness import locate
 from mcp_server.core import volatile
 from mcp_server.core.netrules import parse_network
+from mcp_server.events import finished
 from mcp_server.fs.netpresets import expand_network
 from mcp_server.fs.witness_key import SIGNATURE_SCHEMA as SIGNATURE
 from mcp_server.fs.witness_key import SIGNED_BY_SCHEMA as SIGNED_BY
@@ -41,6 +43,17 @@ async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
             executor.close()
 
     return await ctx.runs.call("capsule_replay", None, body, args.get("wait_ms", WAIT_MS_DEFAULT), ctx.progress)
+
+
+def replay_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
+    """A replay's verdict (``ToolSpec.outcome``, told when its run ends), with the count of
+    outputs that differ; a failed or cancelled replay is no event."""
+    done = finished(result)
+    if done is None:
+        return []
+    return [("replay", {"replay_ok": done.get("replay_ok"), "root_hash": done.get("root_hash"),
+                        "output_identical": done.get("output_identical"),
+                        "differences": len(done.get("output_diffs") or [])})]
 
 
 _NETWORK_SHOWN = {"type": ["string", "object"], "description": "'none' or an allowlist's canonical object."}
@@ -146,6 +159,7 @@ TOOLS = [
             },
         }]},
         handler=capsule_replay,
+        outcome=replay_events,
         scope="exec",
         aliases=("capsule/replay",),
         read_only=True,

@@ -7,6 +7,7 @@ before it, so it holds their runs whole).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -22,7 +23,7 @@ from mcp_server.capsules.witness import (
     witness_key,
 )
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB
-from mcp_server.events import record_outcome
+from mcp_server.events import finished, record_outcome
 from mcp_server.fs.witness_key import SIGNATURE_SCHEMA as SIGNATURE
 from mcp_server.fs.witness_key import SIGNED_BY_SCHEMA as SIGNED_BY
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -36,8 +37,16 @@ async def capsule_witness(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
     service.live_record(args["capsule_id"])
     async with service.turn(args["capsule_id"], WITNESS):
         result = await make_witness(service, args["capsule_id"], options)
-    record_outcome(ctx.state, "capsule_witness", args["capsule_id"], result, None)
+    record_outcome(ctx.state, args["capsule_id"], witness_events(result, None))
     return result
+
+
+def witness_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
+    """A witness made (``ToolSpec.outcome``): where it is, its hash and size; a failure is no event."""
+    made = finished(result)
+    if made is None:
+        return []
+    return [("witness", {key: made.get(key) for key in ("witness_id", "path", "root_hash", "size_bytes")})]
 
 
 async def witness_verify(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -99,6 +108,7 @@ TOOLS = [
             },
         },
         handler=capsule_witness,
+        outcome=witness_events,
         turn=WITNESS,
         scope="exec",
         aliases=("capsule/witness",),
