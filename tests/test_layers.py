@@ -19,13 +19,14 @@ CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
-def test_the_five_contracts_are_declared() -> None:
+def test_the_six_contracts_are_declared() -> None:
     assert [c["id"] for c in CONTRACTS] == [
         "helper-never-imports-front-end",
         "front-end-uses-public-surface",
         "core-does-no-io",
         "tool-families-independent",
         "front-end-layers",
+        "events-know-no-tool",
     ]
 
 
