@@ -10,22 +10,9 @@ that ran beside it, JSON).  stdin is kept (a replay must feed it again); env val
 ``capsule_base`` holds, for each path a capsule changed, what the base held there when
 the change was first seen (kind, mode, blake3 or link target, or "absent").
 
-**Change generations.**  Each capsule has a generation, 0 when it is made, that every
-write to its contents advances by one: each file-tool change journaled with
-``add_write`` (text and file tools, workspace writes and patches, deltamin's apply) and
-each exec that wrote.  An exec's write set is exact when fanotify traced it
-(``touched.read`` is a list: close-after-write events plus the upper dir's changes).
-When it was not traced (a rootless helper, an overflowed fanotify queue:
-``touched.read`` is null) the written set comes from upper-dir signatures alone, which
-miss a rewrite that keeps a file's size and mtime (``tar x``, ``cp -p``), so such an
-exec advances the generation whether or not it reports writes.  An exec the front end
-lost track of (cancelled while running, the helper died) advances it too (``advance``).
-The capsule's /tmp and $HOME are not its contents: writes there advance nothing.
-
-Each exec row keeps ``generation``, the one it started on, and ``generation_out``, the
-one its own writes produced (null when it advanced nothing); each write row keeps the
-generation it produced.  ``observes`` decides which runs describe the current contents.
-Older state dirs get the columns and their values, replayed in order, at first open (``_backfill``).
+Every write to a capsule's contents advances its change generation, by the rules of
+``core/generations.py``; each exec and write row keeps the generations it started on and
+produced.  Older state dirs get the columns and their values, replayed in order, at first open (``_backfill``).
 
 ``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
 show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
@@ -40,13 +27,13 @@ import base64
 import dataclasses
 import json
 import sqlite3
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
 from mcp_server import events
+from mcp_server.core.generations import exec_advances
 from mcp_server.core.netrules import NetworkSpec, network_json, parse_network
 from mcp_server.state import State
 from sandbox.errors import CcwError
@@ -136,33 +123,6 @@ _NEW_COLUMNS = {
               "terminal": "INTEGER NOT NULL DEFAULT 0", "service": "TEXT", "services": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
 }
-
-
-def exec_advances(touched: Mapping[str, Any]) -> bool:
-    """Whether an exec with these touched sets advances its capsule's generation.
-
-    It does when it wrote, and when its write set may be incomplete (no fanotify trace:
-    ``read`` is null), see the module docstring.
-    """
-    return bool(touched.get("written")) or touched.get("read") is None
-
-
-def observes(entry: Mapping[str, Any], current: int) -> bool:
-    """Whether a journaled exec observed the capsule's contents at generation ``current``.
-
-    It did when it started on ``current``; and when its own writes produced ``current``
-    from the generation it started on (``generation_out == generation + 1 == current``),
-    because the contents it ran on differ from the current ones only by what the run
-    itself wrote (test caches, build outputs).  A run on older contents, a run whose
-    contents changed under it (a file tool wrote during the run), and a run without a
-    recorded generation are not observations of the current contents.
-    """
-    started, out = entry.get("generation"), entry.get("generation_out")
-    if started is None:
-        return False
-    if out is None:
-        return bool(started == current)
-    return bool(out == current and out == started + 1)
 
 
 def _backfill(db: sqlite3.Connection) -> None:

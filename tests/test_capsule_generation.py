@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules.deltamin import _evidence, _journal_outcomes
-from mcp_server.journal import CapsuleRecord, Journal, exec_advances, observes
+from mcp_server.core.generations import exec_advances, observes
+from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from sandbox.spec import CapsuleSpec
 

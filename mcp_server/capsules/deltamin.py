@@ -38,7 +38,7 @@ described other conditions.
 
 Which journaled runs count (for the flakiness check and as evidence of what was read):
 only observations of the change being minimised, the capsule's contents at its current
-change generation (mcp_server/journal.py).  A run counts when it started on the current
+change generation (mcp_server/core/generations.py).  A run counts when it started on the current
 generation, or when its own writes produced the current generation from the one it
 started on: then nothing but its own outputs (``.pytest_cache``, ``__pycache__``, build
 products) differs from what it ran on.  So in the usual loop (tests pass and write
@@ -77,9 +77,10 @@ from mcp_server.capsules.trials import (
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
+from mcp_server.core.generations import observes
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal, observes
+from mcp_server.journal import CapsuleRecord, Journal
 from sandbox.errors import CcwError
 
 READ_CHANGE = TakesTurn("deltamin (reading the change)")  # the turn it takes (capsules/turns.py)

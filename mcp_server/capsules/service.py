@@ -10,10 +10,9 @@ the only place that builds a ``CapsuleRecord`` (``_journal_new``).
   second exec sent while one runs waits, reporting "queued" through progress, instead
   of failing; cancelled while it waits, it never runs.  Diff, list and file reads take
   no turn.
-- Every capsule carries its change ``generation`` (see mcp_server/journal.py); an exec's
-  outcome gives the one it started on and the one it left.  An exec whose reply never
-  came (cancelled while running, the helper died) advances the generation: what it
-  wrote is unknown.
+- Every capsule carries its change ``generation`` (mcp_server/core/generations.py); an exec's
+  outcome gives the one it started on and the one it left.  An exec whose reply never came
+  (cancelled while running, the helper died) advances the generation: what it wrote is unknown.
 - Scratch capsules (``scratch``, ``scratch_fork``, ``run``) are the unjournaled ones that
   deltamin's trials, replays and promotion's required tests run in; they are destroyed
   when the block ends, even when it is cancelled.
