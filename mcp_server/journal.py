@@ -12,7 +12,8 @@ the change was first seen (kind, mode, blake3 or link target, or "absent").
 
 Every write to a capsule's contents advances its change generation, by the rules of
 ``core/generations.py``; each exec and write row keeps the generations it started on and
-produced.  Older state dirs get the columns and their values, replayed in order, at first open (``_backfill``).
+produced.  Older state dirs get the columns and their values, replayed in order, at first
+open (``_backfill``).  How a run is shown is ``journal_view.py``.
 
 ``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
 show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
@@ -448,32 +449,3 @@ class Journal:
             out.append(data)
         return out
 
-
-def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
-    """One journaled exec as ``log`` lists it."""
-    touched = entry.get("touched") or {}
-    read = touched.get("read")
-    return {
-        "run": entry["seq"], "started_at": entry["started_at"], "argv": entry["argv"], "cwd": entry["cwd"],
-        "exit_code": entry["exit_code"], "signal": entry["signal"], "timed_out": entry["timed_out"],
-        "oom_killed": entry["oom_killed"], "duration_ms": entry["duration_ms"],
-        "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
-        "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
-        "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
-        "service": entry.get("service")}  # a service's run: its name (capsules/services.py)
-
-
-def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:
-    """One journaled exec whole, as ``show`` prints it: the summary, usage, output, touched sets."""
-    touched = entry.get("touched") or {}
-    kept = {}
-    for stream, found in outputs.items():
-        data = found[0] if found is not None else None
-        kept[stream] = None if data is None else data.decode("utf-8", "replace")
-        kept[f"{stream}_bytes"] = entry[f"{stream}_bytes"]
-    return {
-        **run_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
-                                        if k not in ("sources", "unavailable")},
-        "output": kept, "written": list(touched.get("written") or []), "read": touched.get("read"),
-        "network": list(touched.get("network") or []),
-    }

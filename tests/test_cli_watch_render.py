@@ -9,7 +9,8 @@ from pathlib import Path
 from mcp_server.cli import runlog, watch
 from mcp_server.cli.output import json_text, visible
 from mcp_server.events import Event, live_connection
-from mcp_server.journal import Journal, run_detail, run_summary
+from mcp_server.journal import Journal
+from mcp_server.journal_view import run_detail, run_summary
 from mcp_server.state import State
 from tests.support.cli_process import ccw
 from tests.support.journal_rows import capsule_record, exec_entry

@@ -24,7 +24,8 @@ from typing import Any
 
 from mcp_server.cli.output import DIM, GREEN, RED, paint, print_json, use_color, visible
 from mcp_server.config import Config
-from mcp_server.journal import Journal, run_detail, run_summary
+from mcp_server.journal import Journal
+from mcp_server.journal_view import run_detail, run_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 

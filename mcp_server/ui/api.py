@@ -19,7 +19,8 @@ from typing import Any
 
 from mcp_server.capsules import asks
 from mcp_server.events import KINDS, EventLog
-from mcp_server.journal import Journal, run_detail, run_summary
+from mcp_server.journal import Journal
+from mcp_server.journal_view import run_detail, run_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
