@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_server(args: argparse.Namespace, mode: str) -> HelperServer:
     """The CapsuleManager (recovered from disk), its dispatcher and the socket server."""
-    from sandbox.registry import CapsuleManager
+    from sandbox.manager import CapsuleManager
 
     os.makedirs(args.state_dir, mode=0o700, exist_ok=True)
     manager = CapsuleManager(args.state_dir, rootless=mode == "rootless", disk_mb=capsule_disk_mb(args))

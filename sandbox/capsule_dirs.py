@@ -4,9 +4,9 @@
 ``work``, ``tmp``, ``home`` and the git dirs' layers, either on the capsule's own disk
 (``disk.img`` attached at ``disk/``, disk.py) or beside ``merged``; then ``meta.json``,
 and one rename puts it in place.  A crash before the rename leaves a ``.new-`` dir,
-which the registry's recovery deletes; a failure here removes it at once.  The upper
+which recovery (recovery.py) deletes; a failure here removes it at once.  The upper
 dir's root takes the workspace root's owner and mode, because an overlay shows its
-upper root's attributes as the merged root's (registry.py).
+upper root's attributes as the merged root's (manager.py).
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ def _check_spec(spec: JailSpec) -> None:
     caller sent was checked once, where the helper took it in, and is not checked again:
     the request's argv, env names, cwd, timeout and output cap as it was read (sandbox/ops.py:
     ``ExecRequest``; the cwd inside the workspace by ``spec.resolve_cwd`` in execution.py's
-    ``jail_spec``), the ids from SO_PEERCRED by ``access.check_uid_gid`` (registry.py's ``exec``)."""
+    ``jail_spec``), the ids from SO_PEERCRED by ``access.check_uid_gid`` (manager.py's ``exec``)."""
     workspace = spec.workspace
     if not os.path.isabs(workspace) or os.path.normpath(workspace) != workspace or workspace == "/":
         raise _invalid(f"workspace {workspace!r} must be a normalised absolute path other than '/'")

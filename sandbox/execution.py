@@ -1,6 +1,6 @@
 """One command in a capsule: exec cgroup, tracer, jail, collect, teardown, and the reply.
 
-The registry (registry.py) has checked the caller and marked the capsule busy; ``run``
+The capsule manager (manager.py) has checked the caller and marked the capsule busy; ``run``
 takes the exec request itself (sandbox/ops.py: ``ExecRequest``, its arguments checked
 when the helper read it) and does the exec's steps in order, undoing each on the way out:
 

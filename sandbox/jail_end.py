@@ -3,8 +3,8 @@
 ``supervise.run`` returns as soon as the jail's init has sent its last report (``R``)
 and the command's output is read.  What is left, an ``Ending``, is finished by one
 janitor thread per helper, in order: it reaps the init, then removes the exec cgroup
-once the caller has read its usage (``Ending.release``).  The registry waits for a
-capsule's last ending before it sets anything up over that capsule again (registry.py).
+once the caller has read its usage (``Ending.release``).  The manager waits for a
+capsule's last ending before it sets anything up over that capsule again (manager.py).
 
 Some facts this relies on
 -------------------------

@@ -29,7 +29,7 @@ Some facts about mountinfo (proc(5))
   than a read would be at that moment.  The descriptor belongs to the namespace it was
   opened in, so a change of our mount namespace opens it again.
 
-Users (``table()`` for our own table): registry.py (``mounts_under``: what a capsule or a dead helper left mounted),
+Users (``table()`` for our own table): recovery.py (``mounts_under``: what a capsule or a dead helper left mounted),
 mounts.py (the host's mounts inside /etc), cgroups.py (the cgroup hierarchies),
 probe.py (``filesystem_of``: what the state dir lies on), access.py (``other_paths``: a
 capsule's directory checked under every path it has; exposed.py: at every exec).

@@ -3,7 +3,7 @@
 Each class has ``to_args()`` (the wire ``result`` object, the same dict the helper
 always sent) and ``from_args()`` (reads one, refusing a missing or unknown key).  The
 requests that expect them, and the op table, are in sandbox/ops.py.  The helper builds
-these values where it learns them (execution.py, overlay.py, registry.py, server.py);
+these values where it learns them (execution.py, overlay.py, manager.py, server.py);
 the front end reads their attributes, and keeps ``to_args()`` where a journal or a
 tool result stores the wire form.
 """

@@ -92,7 +92,7 @@ def service_ids(capsule: Capsule) -> dict[str, int | None]:
 
 
 class _Manager(Protocol):
-    """What ``with_runs`` asks of the registry (registry.py ``CapsuleManager``)."""
+    """What ``with_runs`` asks of the capsule manager (manager.py ``CapsuleManager``)."""
 
     nets: Nets
 

@@ -102,7 +102,7 @@ from sandbox.replies import (
 from sandbox.syscalls import unix_address
 
 if TYPE_CHECKING:
-    from sandbox.registry import CapsuleManager
+    from sandbox.manager import CapsuleManager
 
 log = logging.getLogger("ccw.helper")
 

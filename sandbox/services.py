@@ -18,7 +18,7 @@ this module, called by the registry with its lock held.
 - **Names.**  A capsule runs at most ``MAX_SERVICES`` services, each name once.
 - **Freezing.**  A capsule is frozen through each run's cgroup (the v1 freezer, else v2
   ``cgroup.freeze``) when it is paused (``freeze``) or has forks: a fork's lower layer
-  is its parent's upper dir, which must not change under it (registry.py), and a
+  is its parent's upper dir, which must not change under it (capsule_mounts.py), and a
   running service would change it.  A run that starts while its capsule is paused is
   refused; one spawned just as the pause came is frozen as it reports in (``track``).
   A frozen process gets a signal when it thaws; SIGKILL is sent after a thaw, as

@@ -385,7 +385,7 @@ def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool) -> 
 
 
 class Handle(Protocol):
-    """What a caller may do to a running jail (registry.py signals services through it), and the
+    """What a caller may do to a running jail (manager.py signals services through it), and the
     ids of the mounts its binds came as (empty: the jail made its own)."""
 
     mounts: tuple[int, ...]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import checks, execution, mountinfo, overlay, registry, spec
+from sandbox import checks, execution, mountinfo, overlay, recovery, spec
 from sandbox.errors import CcwError
+from sandbox.manager import CapsuleManager
 from sandbox.replies import Change, ListReply
 from sandbox.spec import CapsuleSpec
 
@@ -195,11 +196,11 @@ def test_option_escaping_for_mount2() -> None:
 
 
 def test_ids_are_unique_and_sorted(state_dir: Path) -> None:
-    manager = registry.CapsuleManager(str(state_dir), rootless=True)
+    manager = CapsuleManager(str(state_dir), rootless=True)
     ids = [manager._new_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
     assert ids == sorted(ids)
-    assert all(registry.ID_RE.fullmatch(i) for i in ids)
+    assert all(recovery.ID_RE.fullmatch(i) for i in ids)
 
 
 def test_argument_checks() -> None:
@@ -218,7 +219,7 @@ def test_argument_checks() -> None:
 
 
 def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
-    manager = registry.CapsuleManager(str(state_dir), rootless=True)
+    manager = CapsuleManager(str(state_dir), rootless=True)
     uid, gid = os.getuid(), os.getgid()
     for bad in ("relative/path", str(state_dir), str(state_dir / "capsules"), "/nonexistent/ccw"):
         with pytest.raises(CcwError) as err:
@@ -243,7 +244,7 @@ def test_create_refuses_bad_workspaces(state_dir: Path, tmp_path: Path) -> None:
 
 
 def test_unknown_and_malformed_ids(state_dir: Path) -> None:
-    manager = registry.CapsuleManager(str(state_dir), rootless=True)
+    manager = CapsuleManager(str(state_dir), rootless=True)
     with pytest.raises(CcwError) as err:
         manager.changes("cap_0000000000000_00000000", os.getuid())
     assert err.value.code == "NOT_FOUND"

@@ -20,8 +20,8 @@ import pytest
 
 from sandbox import disk, mountinfo
 from sandbox.errors import CcwError
+from sandbox.manager import CapsuleManager
 from sandbox.ops import ExecRequest
-from sandbox.registry import CapsuleManager
 from sandbox.replies import DiskUse, ExecReply
 from sandbox.spec import CapsuleSpec
 
@@ -160,7 +160,7 @@ KILL_SCRIPT = """
 import sys, time
 sys.path.insert(0, {root!r})
 from sandbox.ops import ExecRequest
-from sandbox.registry import CapsuleManager
+from sandbox.manager import CapsuleManager
 from sandbox.spec import CapsuleSpec
 m = CapsuleManager({state!r}, rootless=False, disk_mb={limit})
 m.recover()

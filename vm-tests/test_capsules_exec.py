@@ -17,8 +17,8 @@ import pytest
 
 from sandbox import fanotify, jail_end, mountinfo
 from sandbox.errors import CcwError
+from sandbox.manager import CapsuleManager
 from sandbox.ops import ExecRequest
-from sandbox.registry import CapsuleManager
 from sandbox.replies import ExecReply, Touched, Usage
 from sandbox.spec import CapsuleSpec
 

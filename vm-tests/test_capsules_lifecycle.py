@@ -18,8 +18,8 @@ import pytest
 
 from sandbox import mountinfo, overlay
 from sandbox.errors import CcwError
+from sandbox.manager import CapsuleManager
 from sandbox.ops import ExecRequest
-from sandbox.registry import CapsuleManager
 from sandbox.replies import DestroyReply, ListReply
 from sandbox.spec import CapsuleSpec
 
@@ -202,7 +202,7 @@ def test_open_root_gives_the_merged_view(env: tuple[CapsuleManager, Path, Path])
 RECOVER_SCRIPT = """
 import os, sys, time
 sys.path.insert(0, {root!r})
-from sandbox.registry import CapsuleManager
+from sandbox.manager import CapsuleManager
 from sandbox.spec import CapsuleSpec
 m = CapsuleManager({state!r}, rootless=False)
 m.recover()

@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
         with open(f"/proc/self/{{name}}", "w") as f:
             f.write(text)
     syscalls.mount(None, "/", None, syscalls.MS_REC | syscalls.MS_PRIVATE)
-    from sandbox.registry import CapsuleManager
+    from sandbox.manager import CapsuleManager
     from sandbox import mountinfo
     from sandbox.spec import CapsuleSpec
     m = CapsuleManager({state!r}, rootless=True)

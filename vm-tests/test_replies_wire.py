@@ -22,9 +22,9 @@ import pytest
 
 from sandbox import egress, in_force, mountinfo, namespaces, syscalls
 from sandbox.errors import CcwError
+from sandbox.manager import CapsuleManager
 from sandbox.ops import OPS, REQUESTS
 from sandbox.protocol import PROTOCOL_VERSION, Request, encode_reply
-from sandbox.registry import CapsuleManager
 from sandbox.server import Dispatcher, Peer
 
 ROOT_PEER = Peer(pid=1, uid=0, gid=0)

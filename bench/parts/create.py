@@ -41,7 +41,7 @@ def make_tree(root: str, files: int) -> None:
 
 
 def _time_create(manager: object, workspace: str, repeat: int) -> list[float]:
-    from sandbox.registry import CapsuleManager
+    from sandbox.manager import CapsuleManager
     from sandbox.spec import CapsuleSpec
 
     assert isinstance(manager, CapsuleManager)
@@ -70,7 +70,7 @@ def _time_command(make: list[str], cleanup: list[str] | None, target: str, repea
 
 def measure(repeat: int, quick: bool) -> list[Row]:
     """Rows: create per size beside cp -a and git worktree add, and the 100k/1k ratio."""
-    from sandbox.registry import CapsuleManager
+    from sandbox.manager import CapsuleManager
 
     if os.geteuid() != 0:
         return [Row("capsule create", float("nan"), target="needs root", extra={"skipped": "not root"})]

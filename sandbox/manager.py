@@ -1,4 +1,4 @@
-"""The capsule registry: every capsule of this helper, their lifecycle on disk, crash recovery.
+"""CapsuleManager: every capsule of this helper, and each operation on one.
 
 A capsule is one overlay superblock (see overlay.py) plus a few dirs under
 ``<state_dir>/capsules/<id>/``: ``upper`` and ``work`` (overlay), ``merged`` (the mount
@@ -6,49 +6,35 @@ point), ``tmp`` and ``home`` (the jail's /tmp and $HOME, kept across execs) and
 ``meta.json`` (who owns it and how to mount it again; meta.py).  With a disk limit (the
 default when the helper is privileged, see disk.py) ``upper``, ``work``, ``tmp`` and
 ``home`` live on the capsule's own ext4 disk, ``disk.img`` mounted at ``disk/``, so that
-nothing a command writes can outgrow it.  Choices made here:
+nothing a command writes can outgrow it.  The manager is the only writer of
+``capsules/``: it keeps the capsules by id under one lock and decides; its mounts are
+made and taken down by capsule_mounts.py, and recovery.py takes back what a dead
+helper left.  Choices made here:
 
 * **Ids** are ``cap_<13-digit ms>_<8 hex>`` (inside checks.py's one id grammar); within
   one millisecond the hex part is made to increase, so ids sort by creation within a
   helper's life.
 * **Exec**, fork and destroy wait for the last exec's end (jail_end.py); services run
   beside the exec (services.py); one network namespace per capsule (capsule_nets.py).
-* **Creation is O(1)** in the workspace's size: a handful of mkdirs, one small JSON
-  file, one rename and one mount (capsule_dirs.py).  Nothing walks or copies the workspace.
-* **Half-made states are named**: a capsule is built as ``.new-<id>`` and renamed into
-  place, destroyed by renaming to ``.dead-<id>`` before its files are removed, so
-  ``recover()`` knows what to delete after a crash.
 * **Authorisation** is access.py's: every method checks the caller's uid and, for
   create, that it may reach the directories (see there).
-* **Fork** stacks the child on ``parent upper : parent lowers``.  A lower layer must
-  not change under a mount, so while a capsule has forks it is *frozen*: its mount is
-  made read-only by the kernel (writes through open_root descriptors fail with EROFS;
-  freezing fails with CONFLICT while a file is open for writing) and exec on it is
-  refused.  It thaws when its last fork is destroyed.  ``changes`` of a fork are
-  relative to the base, i.e. they include the parent's changes: what promoting the
-  fork would apply.  ``destroy`` refuses a capsule that still has forks.
+* **Fork** stacks the child on its parent's layers, and the parent is frozen (read-only,
+  capsule_mounts.py) while it has forks; exec on it is refused.  It thaws when its last
+  fork is destroyed.  ``changes`` of a fork are relative to the base, i.e. they include
+  the parent's changes: what promoting the fork would apply.  ``destroy`` refuses a
+  capsule that still has forks.
 * **The state dir inside the workspace** is allowed (access.py), but such capsules
   cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower
   layer, and a fork's lowers would be the parent's upper inside the workspace; fork
   says so.
-* **Git dirs outside the workspace** (a worktree's, a submodule's) get overlays of their
-  own beside the capsule's, made, stacked, frozen and remounted with it (gitdirs.py).
-* **recover()** assumes it is the only helper using this state dir.  It detaches every
-  mount left under ``capsules/`` by a dead helper, deletes ``.new-*``/``.dead-*`` dirs and
-  capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent
-  is gone, keeps every other capsule and mounts it again (disk first, and its
-  ancestors' disks, whose uppers are its lower layers) on first use.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
-import re
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -56,7 +42,7 @@ from typing import Any
 
 from sandbox import (
     access,
-    capsule_dirs,
+    capsule_mounts,
     capsule_nets,
     disk,
     egress,
@@ -66,14 +52,13 @@ from sandbox import (
     in_force,
     jail_end,
     overlay,
+    recovery,
     services,
 )
-from sandbox import meta as meta_json
 from sandbox.access import check_uid_gid, inside
 from sandbox.checks import check_capsule_id
-from sandbox.errors import CcwError, from_oserror
+from sandbox.errors import CcwError
 from sandbox.meta import Capsule, now_iso
-from sandbox.mountinfo import mounts_under
 from sandbox.ops import ExecRequest
 from sandbox.replies import (
     ChangesReply,
@@ -91,11 +76,6 @@ from sandbox.replies import (
 )
 from sandbox.spec import CapsuleSpec
 
-log = logging.getLogger("ccw.capsules")
-
-# The ids this helper makes (see _new_id): within checks.CAPSULE_ID_RE, the one grammar every
-# side validates with; recover() knows its own capsule dirs by this narrower form.
-ID_RE = re.compile(r"cap_\d{13}_[0-9a-f]{8}")
 MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug
 
 
@@ -128,6 +108,7 @@ class CapsuleManager:
     # --- ids, lookup, authorisation ------------------------------------------------
 
     def _new_id(self) -> str:
+        """A new id, of the form recovery.ID_RE knows as this helper's."""
         with self._lock:
             millis = time.time_ns() // 1_000_000
             last_ms, last_hex = self._last_id
@@ -205,12 +186,12 @@ class CapsuleManager:
         with jail_end.after_ending(self._lock, parent):
             if parent.busy:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
-            self._ensure_mounted(parent)
+            capsule_mounts.ensure_mounted(parent, self._capsules, self.rootless)
             first = not parent.children
             parent.children.add("")  # reserve: keeps the parent frozen while the child is built
             if first:
                 try:
-                    self._freeze(parent, True)
+                    capsule_mounts.set_frozen(parent, True)
                 except BaseException:
                     parent.children.discard("")
                     services.apply(parent)
@@ -234,36 +215,18 @@ class CapsuleManager:
                 if child is not None:
                     parent.children.add(child.capsule_id)
                 elif not parent.children:
-                    self._freeze(parent, False)
+                    capsule_mounts.set_frozen(parent, False)
         return ForkReply(**self._describe(child), parent=parent.capsule_id)
-
-    def _freeze(self, capsule: Capsule, frozen: bool) -> None:
-        """Make a capsule's overlays (its git dirs' too) read-only while it has forks, or writable again;
-        its running services are frozen meanwhile (services.py)."""
-        overlay.set_readonly(capsule.path("merged"), frozen)
-        gitdirs.set_frozen(capsule, frozen)
-        services.apply(capsule)
 
     def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
                      mount_lowers: list[str],
                      gitdir_mounts: list[tuple[os.stat_result, list[str]]]) -> Capsule:
-        """Build ``.new-<id>``, rename it into place, mount it (and its git dirs', from ``gitdir_mounts``:
-        each host git dir's attributes and the lowers to mount).  O(1) in the workspace."""
-        capsule_id = self._new_id()
-        meta = dict(meta, capsule_id=capsule_id, created_at=now_iso())
-        final = capsule_dirs.build(self.capsules_dir, meta, spec, root_st, [st for st, _ in gitdir_mounts],
-                                   self.disks, self.rootless)
-        capsule = Capsule(capsule_id, final, meta, spec, disk_ready=meta["disk_mb"] is not None)
-        try:
-            overlay.prepare(mount_lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
-            gitdirs.mount_all(capsule, self.rootless, [stack for _, stack in gitdir_mounts])
-        except BaseException:
-            overlay.teardown_under(final)
-            shutil.rmtree(final, ignore_errors=True)
-            raise
-        capsule.mounted = True
+        """A new capsule under a new id, built and mounted (capsule_mounts.materialise), then registered."""
+        meta = dict(meta, capsule_id=self._new_id(), created_at=now_iso())
+        capsule = capsule_mounts.materialise(self.capsules_dir, meta, spec, root_st, mount_lowers, gitdir_mounts,
+                                             self.disks, self.rootless)
         with self._lock:
-            self._capsules[capsule_id] = capsule
+            self._capsules[capsule.capsule_id] = capsule
         return capsule
 
     def _describe(self, capsule: Capsule) -> dict[str, Any]:
@@ -295,45 +258,13 @@ class CapsuleManager:
             **self._isolation,
         }
 
-    # --- mounting on demand --------------------------------------------------------
-
-    def _ensure_mounted(self, capsule: Capsule) -> None:
-        """Mount a capsule recovered from disk (parents first); call with the lock held."""
-        if capsule.mounted:
-            return
-        self._ensure_disks(capsule)
-        # Git dirs first (each skipped once mounted): a failure leaves nothing to mount twice on retry.
-        gitdirs.mount_all(capsule, self.rootless)
-        overlay.prepare(capsule.lowers, capsule.path("upper"), capsule.path("work"), capsule.path("merged"), self.rootless)
-        capsule.mounted = True
-        if capsule.children:
-            self._freeze(capsule, True)
-
-    def _ensure_disks(self, capsule: Capsule) -> None:
-        """Mount the disks of a capsule and of its ancestors (their uppers are its lowers)."""
-        for one in (capsule, *(self._capsules[a] for a in capsule.ancestors if a in self._capsules)):
-            if one.disk_ready or one.disk_mb is None:
-                continue
-            target = one.path("disk")
-            if not os.path.ismount(target):
-                mount_fd = disk.mount_image(one.path("disk.img"))
-                try:
-                    disk.attach(mount_fd, target)
-                finally:
-                    os.close(mount_fd)
-            access.make_private_dirs(target, one.meta["owner_uid"], one.meta["owner_gid"], exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(one.path("work"), 0o700)
-            gitdirs.make_dirs(target, len(gitdirs.layers(one)), (), self.rootless)
-            one.disk_ready = True
-
     # --- queries -------------------------------------------------------------------
 
     def changes(self, capsule_id: str, caller_uid: int) -> ChangesReply:
         """The capsule's changes against its base, sorted by path (see overlay.collect_changes)."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
-            self._ensure_disks(capsule)
+            capsule_mounts.ensure_disks(capsule, self._capsules, self.rootless)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
         found = overlay.collect_changes(uppers, capsule.base_lowers)
         return ChangesReply(tuple(found), gitdirs.changes(capsule) if capsule.spec.gitdirs else None)
@@ -342,7 +273,7 @@ class CapsuleManager:
         """An O_PATH|O_DIRECTORY descriptor of the merged view; the caller closes it."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
-            self._ensure_mounted(capsule)
+            capsule_mounts.ensure_mounted(capsule, self._capsules, self.rootless)
         merged = capsule.path("merged")
         fd = os.open(merged, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         if os.fstat(fd).st_dev == os.stat(capsule.root).st_dev:
@@ -393,65 +324,18 @@ class CapsuleManager:
             parent = self._capsules.get(capsule.meta["parent"] or "")
         self.kits.close(capsule_id)
         self.nets.close(capsule_id)
-        self._remove_dir(capsule.root, capsule_id)
+        capsule_mounts.remove(self.capsules_dir, capsule.root, capsule_id)
         if parent is not None:
             with self._lock:
                 parent.children.discard(capsule_id)
                 if not parent.children and parent.mounted:
-                    self._freeze(parent, False)
+                    capsule_mounts.set_frozen(parent, False)
         return DestroyReply(capsule_id, destroyed=True)
 
-    def _remove_dir(self, root: str, capsule_id: str) -> None:
-        overlay.teardown_under(root)
-        dead = os.path.join(self.capsules_dir, f".dead-{capsule_id}")
-        try:
-            os.rename(root, dead)
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise from_oserror(exc, "rename capsule dir", root) from exc
-        shutil.rmtree(dead)
-
     def recover(self) -> dict[str, Any]:
-        """At start: detach stale mounts, delete half-made capsules, re-register the rest.
+        """At start: detach stale mounts, delete half-made capsules, re-register the rest (recovery.py).
         Also starts filling the disk pool, and makes a spare egress kit if any capsule is "egress"."""
-        for point in (stale := mounts_under(self.capsules_dir)):
-            overlay.write_back(point)  # before any is unmounted: its docstring says why
-        for point in stale:
-            log.info("detaching stale mount %s", point)
-            overlay.teardown(point)
-        removed: list[str] = []
-        found: dict[str, Capsule] = {}
-        for name in sorted(os.listdir(self.capsules_dir)):  # parents sort before their forks
-            root = os.path.join(self.capsules_dir, name)
-            if name.startswith((".new-", ".dead-")):
-                shutil.rmtree(root, ignore_errors=True)
-                removed.append(name)
-                continue
-            if not ID_RE.fullmatch(name):
-                continue  # not ours
-            loaded = meta_json.load(root, name)
-            if not isinstance(loaded, str) and loaded[0]["parent"] is not None and loaded[0]["parent"] not in found:
-                loaded = f"its parent {loaded[0]['parent']} is gone"
-            if isinstance(loaded, str):
-                log.warning("removing capsule %s: %s", name, loaded)
-                self._remove_dir(root, name)
-                removed.append(name)
-                continue
-            meta, spec = loaded
-            capsule = Capsule(name, root, meta, spec)
-            if capsule.disk_mb is None:  # a capsule with a disk gets these when it is mounted
-                access.make_private_dirs(root, meta["owner_uid"], meta["owner_gid"], exist_ok=True)
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(capsule.path("work"), 0o700)
-                gitdirs.make_dirs(root, len(gitdirs.layers(capsule)), (), self.rootless)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(capsule.path("merged"), 0o755)
-            found[name] = capsule
-        for capsule in found.values():
-            parent = found.get(capsule.meta["parent"] or "")
-            if parent is not None:
-                parent.children.add(capsule.capsule_id)
+        found, removed = recovery.recover_capsules(self.capsules_dir, self.rootless)
         with self._lock:
             self._capsules = found
         if any(capsule.spec.network == "egress" for capsule in found.values()):
@@ -487,7 +371,7 @@ class CapsuleManager:
             # An exec sets up after the last one's end; a service beside it.
             with jail_end.after_ending(self._lock, capsule) if request.service is None else self._lock:
                 services.admit(capsule, request)
-                self._ensure_mounted(capsule)
+                capsule_mounts.ensure_mounted(capsule, self._capsules, self.rootless)
                 self._exec_count += 1
                 run = services.begin(capsule, request, f"{capsule_id}.{self._exec_count}")
             try:
