@@ -12,8 +12,8 @@ the change was first seen (kind, mode, blake3 or link target, or "absent").
 
 Every write to a capsule's contents advances its change generation, by the rules of
 ``core/generations.py``; each exec and write row keeps the generations it started on and
-produced.  Older state dirs get the columns and their values, replayed in order, at first
-open (``_backfill``).  How a run is shown is ``journal_view.py``.
+produced.  The tables and their migration are ``journal_schema.py``; how a run is shown
+is ``journal_view.py``.
 
 ``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
 show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
@@ -27,13 +27,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
-from mcp_server import events
+from mcp_server import events, journal_schema
 from mcp_server.core.generations import exec_advances
 from mcp_server.core.netrules import NetworkSpec, network_json, parse_network
 from mcp_server.state import State
@@ -42,111 +41,8 @@ from sandbox.spec import CapsuleSpec, Limits
 
 OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
 
-_DDL = """
-CREATE TABLE IF NOT EXISTS capsules (
-    capsule_id TEXT PRIMARY KEY,
-    workspace TEXT NOT NULL,
-    base TEXT NOT NULL,
-    parent TEXT,
-    created_at TEXT NOT NULL,
-    clock TEXT NOT NULL,
-    clock_offset_sec INTEGER NOT NULL,
-    env_whitelist TEXT NOT NULL,
-    limits TEXT NOT NULL,
-    network TEXT NOT NULL,
-    isolation TEXT NOT NULL,
-    mount TEXT NOT NULL,
-    base_fingerprint TEXT,
-    destroyed_at TEXT,
-    generation INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS execs (
-    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
-    seq INTEGER NOT NULL,
-    started_at TEXT NOT NULL,
-    argv TEXT NOT NULL,
-    cwd TEXT NOT NULL,
-    env_keys TEXT NOT NULL,
-    stdin_blake3 TEXT,
-    stdin_b64 TEXT,
-    timeout_ms INTEGER NOT NULL,
-    exit_code INTEGER,
-    signal TEXT,
-    timed_out INTEGER NOT NULL,
-    oom_killed INTEGER NOT NULL,
-    stdout_blake3 TEXT NOT NULL,
-    stderr_blake3 TEXT NOT NULL,
-    stdout_bytes INTEGER NOT NULL,
-    stderr_bytes INTEGER NOT NULL,
-    duration_ms INTEGER NOT NULL,
-    usage TEXT NOT NULL,
-    touched TEXT NOT NULL,
-    generation INTEGER,
-    generation_out INTEGER,
-    written_mtimes TEXT,
-    PRIMARY KEY (capsule_id, seq)
-);
-CREATE TABLE IF NOT EXISTS writes (
-    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
-    seq INTEGER NOT NULL,
-    path TEXT NOT NULL,
-    action TEXT NOT NULL,
-    content_b64 TEXT,
-    target TEXT,
-    mode INTEGER,
-    generation INTEGER,
-    PRIMARY KEY (capsule_id, seq)
-);
-CREATE TABLE IF NOT EXISTS exec_outputs (
-    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
-    seq INTEGER NOT NULL,
-    stream TEXT NOT NULL,
-    zstd BLOB NOT NULL,
-    kept_bytes INTEGER NOT NULL,
-    cap INTEGER NOT NULL,
-    PRIMARY KEY (capsule_id, seq, stream)
-);
-CREATE TABLE IF NOT EXISTS capsule_base (
-    capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id),
-    path TEXT NOT NULL,
-    state TEXT NOT NULL,
-    PRIMARY KEY (capsule_id, path)
-);
-"""
-
 _JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprint")
 _JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
-# Columns added since the first release, for state dirs made before them.
-_NEW_COLUMNS = {
-    "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
-                 "gitdirs": "TEXT"},
-    "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT", "console": "TEXT",
-              "terminal": "INTEGER NOT NULL DEFAULT 0", "service": "TEXT", "services": "TEXT"},
-    "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},
-}
-
-
-def _backfill(db: sqlite3.Connection) -> None:
-    """Generations for a journal written before they existed, replayed in seq order."""
-    steps: dict[str, list[tuple[int, str, Any]]] = {}
-    for row in db.execute("SELECT capsule_id, seq, touched FROM execs"):
-        steps.setdefault(row["capsule_id"], []).append((row["seq"], "exec", json.loads(row["touched"])))
-    for row in db.execute("SELECT capsule_id, seq FROM writes"):
-        steps.setdefault(row["capsule_id"], []).append((row["seq"], "write", None))
-    for capsule_id, ordered in steps.items():
-        generation = 0
-        for seq, kind, touched in sorted(ordered, key=lambda step: step[0]):
-            if kind == "write":
-                generation += 1
-                db.execute("UPDATE writes SET generation = ? WHERE capsule_id = ? AND seq = ?",
-                           (generation, capsule_id, seq))
-                continue
-            started = generation
-            if exec_advances(touched):
-                generation += 1
-            db.execute("UPDATE execs SET generation = ?, generation_out = ? WHERE capsule_id = ? AND seq = ?",
-                       (started, generation if generation != started else None, capsule_id, seq))
-        db.execute("UPDATE capsules SET generation = ? WHERE capsule_id = ?", (generation, capsule_id))
 
 
 @dataclass(frozen=True)
@@ -256,8 +152,7 @@ class Journal:
 
     def __init__(self, state: State) -> None:
         self.state = state
-        state.ensure_schema("journal", _DDL)
-        state.add_columns(_NEW_COLUMNS, backfill=_backfill)
+        journal_schema.ensure(state)
         events.ensure_schema(state)  # each row below is an event too, in its transaction
 
     def add_capsule(self, record: CapsuleRecord) -> None:

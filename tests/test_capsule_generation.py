@@ -15,6 +15,7 @@ from mcp_server.core.generations import exec_advances, observes
 from mcp_server.journal import CapsuleRecord, Journal
 from mcp_server.state import State
 from sandbox.spec import CapsuleSpec
+from tests.support.journal_rows import FIRST_RELEASE_TABLES
 
 TRACED_NO_WRITE = {"read": ["t.py"], "written": []}
 TRACED_WRITE = {"read": ["t.py"], "written": [".pytest_cache/v/cache/lastfailed"]}
@@ -124,27 +125,9 @@ def test_rootless_runs_count_only_the_last_one(journal: Journal) -> None:
     assert _evidence(journal, record, ["pytest", "-q"], current) is None  # reads unknown
 
 
-# The journal tables as ccw made them before change generations existed.
-_OLD_DDL = """
-CREATE TABLE capsules (capsule_id TEXT PRIMARY KEY, workspace TEXT NOT NULL, base TEXT NOT NULL, parent TEXT,
-    created_at TEXT NOT NULL, clock TEXT NOT NULL, clock_offset_sec INTEGER NOT NULL, env_whitelist TEXT NOT NULL,
-    limits TEXT NOT NULL, network TEXT NOT NULL, isolation TEXT NOT NULL, mount TEXT NOT NULL,
-    base_fingerprint TEXT, destroyed_at TEXT);
-CREATE TABLE execs (capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id), seq INTEGER NOT NULL,
-    started_at TEXT NOT NULL, argv TEXT NOT NULL, cwd TEXT NOT NULL, env_keys TEXT NOT NULL, stdin_blake3 TEXT,
-    stdin_b64 TEXT, timeout_ms INTEGER NOT NULL, exit_code INTEGER, signal TEXT, timed_out INTEGER NOT NULL,
-    oom_killed INTEGER NOT NULL, stdout_blake3 TEXT NOT NULL, stderr_blake3 TEXT NOT NULL,
-    stdout_bytes INTEGER NOT NULL, stderr_bytes INTEGER NOT NULL, duration_ms INTEGER NOT NULL,
-    usage TEXT NOT NULL, touched TEXT NOT NULL, PRIMARY KEY (capsule_id, seq));
-CREATE TABLE writes (capsule_id TEXT NOT NULL REFERENCES capsules(capsule_id), seq INTEGER NOT NULL,
-    path TEXT NOT NULL, action TEXT NOT NULL, content_b64 TEXT, target TEXT, mode INTEGER,
-    PRIMARY KEY (capsule_id, seq));
-"""
-
-
 def test_a_journal_made_before_generations_gets_them_from_its_own_order(state_dir: Path) -> None:
     db = sqlite3.connect(state_dir / "ccw.sqlite3")
-    db.executescript(_OLD_DDL)
+    db.executescript(FIRST_RELEASE_TABLES)
     db.execute("INSERT INTO capsules VALUES ('cap_1', '/ws', '/ws', NULL, '', '', 0, '[]', '{}', 'none', '{}', '',"
                " NULL, NULL)")
     for seq, exit_code, touched in ((1, 0, TRACED_WRITE), (3, 1, TRACED_WRITE), (4, 1, TRACED_NO_WRITE)):
