@@ -152,7 +152,7 @@ async def _curl(proxy: int, bundle: Path, urls: list[str]) -> list[str]:
     return done.stdout.decode().split()
 
 
-async def _measure_tls(root: Path, repeat: int, size: int) -> dict[str, list[float]]:
+async def _measure_tls(root: Path, repeat: int, size: int, small_requests: int) -> dict[str, list[float]]:
     server_pem, public, bundle = _tls_files(root)
     os.environ["SSL_CERT_FILE"] = str(public)  # the proxy's upstream trust: the test CA as the host's own
     tlsterm.upstream_context.cache_clear()
@@ -185,7 +185,7 @@ async def _measure_tls(root: Path, repeat: int, size: int) -> dict[str, list[flo
         async def small(credentials: object) -> float:
             session.credentials = credentials  # type: ignore[assignment]
             session.begin_exec()
-            figures = await _curl(proxy, bundle, [f"https://127.0.0.1:{up}/small.txt"] * SMALL_REQUESTS)
+            figures = await _curl(proxy, bundle, [f"https://127.0.0.1:{up}/small.txt"] * small_requests)
             return statistics.median(float(t) for t in figures[0::2])
 
         downloads = await interleaved_async({"terminated": partial(download, given),
@@ -199,12 +199,13 @@ async def _measure_tls(root: Path, repeat: int, size: int) -> dict[str, list[flo
             "small_terminated": smalls["terminated"], "small_tunnel": smalls["tunnel"]}
 
 
-def measure_tls(repeat: int, size: int = 200 << 20) -> list[Row]:
-    """The TLS rows: a download's throughput and a small request's time, terminated beside tunnelled."""
+def measure_tls(repeat: int, size: int = 200 << 20, small_requests: int = SMALL_REQUESTS) -> list[Row]:
+    """The TLS rows: a download's throughput and a small request's time (``small_requests``
+    of them a round), terminated beside tunnelled."""
     before = os.environ.get("SSL_CERT_FILE")
     try:
         with tempfile.TemporaryDirectory(prefix="ccw-bench-tls-") as tmp:
-            figures = trio.run(_measure_tls, Path(tmp), repeat, size)
+            figures = trio.run(_measure_tls, Path(tmp), repeat, size, small_requests)
     finally:  # the proxy's trust was the test CA's for these rows only
         if before is None:
             os.environ.pop("SSL_CERT_FILE", None)
@@ -217,7 +218,7 @@ def measure_tls(repeat: int, size: int = 200 << 20) -> list[Row]:
                 gib / statistics.median(figures["download_terminated"]) * 1000,
                 "same, CONNECT tunnel", gib / statistics.median(figures["download_tunnel"]) * 1000,
                 "<= 1.43x (throughput >= 0.7x)"),
-            Row(f"HTTPS small request (one of {SMALL_REQUESTS}, a connection each), TLS terminated",
+            Row(f"HTTPS small request (one of {small_requests}, a connection each), TLS terminated",
                 statistics.median(figures["small_terminated"]) * 1000, "same, CONNECT tunnel",
                 statistics.median(figures["small_tunnel"]) * 1000, "<= 1.5x")]
 

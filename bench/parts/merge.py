@@ -34,8 +34,8 @@ from typing import Any
 
 from bench.common import Row, in_process_tools, median_ms
 
-FILES = 2_000
-CHANGED = 1_000  # per capsule
+CHANGED = 1_000  # per capsule; the repository holds twice as many files
+SMOKE_CHANGED = 100  # --smoke: one directory a side
 PER_DIR = 100
 LINES = 20
 GIT = ["-c", "user.name=bench", "-c", "user.email=bench@localhost", "-c", "gc.auto=0"]
@@ -45,8 +45,8 @@ def _path(index: int) -> str:
     return f"d{index // PER_DIR:02d}/f{index:05d}.txt"
 
 
-def _tree(root: Path) -> None:
-    for index in range(FILES):
+def _tree(root: Path, files: int) -> None:
+    for index in range(files):
         file = root / _path(index)
         file.parent.mkdir(parents=True, exist_ok=True)
         file.write_text("".join(f"file {index} line {line}\n" for line in range(1, LINES + 1)))
@@ -59,19 +59,19 @@ def _git(root: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(root), *GIT, *args], check=True, capture_output=True)
 
 
-def _edit_script(side: int) -> str:
-    """The shell loop that edits one line of this side's 1,000 files (side 0: the first half)."""
-    first = side * CHANGED
-    globs = " ".join(f"d{d:02d}/*.txt" for d in range(first // PER_DIR, (first + CHANGED) // PER_DIR))
+def _edit_script(side: int, changed: int) -> str:
+    """The shell loop that edits one line of this side's ``changed`` files (side 0: the first half)."""
+    first = side * changed
+    globs = " ".join(f"d{d:02d}/*.txt" for d in range(first // PER_DIR, (first + changed) // PER_DIR))
     return f"sed -i 's/ line 7$/ line seven {side}/' {globs}"
 
 
-def _branches(ws: Path, repo: Path) -> None:
+def _branches(ws: Path, repo: Path, changed: int) -> None:
     """A copy of the workspace's repository with the two sides' edits on branches a and b."""
     shutil.copytree(ws, repo, symlinks=True)
     for side, branch in ((0, "a"), (1, "b")):
         _git(repo, "checkout", "-q", "-B", branch, "main")
-        subprocess.run(["sh", "-c", _edit_script(side)], cwd=repo, check=True)
+        subprocess.run(["sh", "-c", _edit_script(side, changed)], cwd=repo, check=True)
         _git(repo, "commit", "-q", "-am", branch)
 
 
@@ -82,26 +82,27 @@ def _git_merge(repo: Path) -> float:
     return time.perf_counter() - start
 
 
-async def _ccw_merge(call: Any, ids: list[str], dry_run: bool) -> float:
+async def _ccw_merge(call: Any, ids: list[str], dry_run: bool, changed: int) -> float:
     start = time.perf_counter()
     result = await call("capsule_merge", {"capsule_ids": ids, "into": "new", "dry_run": dry_run})
     elapsed = time.perf_counter() - start
-    if not result["merged"] or sum(result["counts"].values()) != 2 * CHANGED:
-        raise RuntimeError(f"the merge did not combine the {2 * CHANGED} files: {result['counts']}")
+    if not result["merged"] or sum(result["counts"].values()) != 2 * changed:
+        raise RuntimeError(f"the merge did not combine the {2 * changed} files: {result['counts']}")
     if not dry_run:
         await call("capsule_destroy", {"capsule_id": result["capsule_id"]})
     return elapsed
 
 
-async def measure(call: Any, base: Path, rounds: int) -> dict[str, list[float]]:
-    """Seconds per merge of each kind, over ``rounds`` rounds after one warm-up each."""
+async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED) -> dict[str, list[float]]:
+    """Seconds per merge of each kind, over ``rounds`` rounds after one warm-up each, with
+    ``changed`` files (a multiple of ``PER_DIR``) changed in each capsule."""
     ws, repo = base / "merge-ws", base / "merge-git"
-    _tree(ws)
-    _branches(ws, repo)
+    _tree(ws, 2 * changed)
+    _branches(ws, repo, changed)
     parent = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     ids = (await call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
     for side, capsule_id in enumerate(ids):
-        done = await call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", _edit_script(side)],
+        done = await call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", _edit_script(side, changed)],
                                            "wait_ms": None})
         if done["exit_code"] != 0:
             raise RuntimeError(f"the edit failed: {done['stderr'][-300:]}")
@@ -109,7 +110,8 @@ async def measure(call: Any, base: Path, rounds: int) -> dict[str, list[float]]:
     async def git_merge() -> float:
         return _git_merge(repo)
 
-    runners = {"into new": lambda: _ccw_merge(call, ids, False), "dry run": lambda: _ccw_merge(call, ids, True),
+    runners = {"into new": lambda: _ccw_merge(call, ids, False, changed),
+               "dry run": lambda: _ccw_merge(call, ids, True, changed),
                "git merge": git_merge}
     times: dict[str, list[float]] = {name: [] for name in runners}
     for runner in runners.values():
@@ -124,20 +126,20 @@ async def measure(call: Any, base: Path, rounds: int) -> dict[str, list[float]]:
     return times
 
 
-async def measured(base: Path, rounds: int) -> dict[str, list[float]]:
+async def measured(base: Path, rounds: int, changed: int = CHANGED) -> dict[str, list[float]]:
     """``measure`` over a runtime of its own, its state dir under ``base``."""
     (base / "merge-state").mkdir()
     async with in_process_tools(base / "merge-state") as tools:
-        return await measure(tools.call, base, rounds)
+        return await measure(tools.call, base, rounds, changed)
 
 
-def rows(times: dict[str, list[float]], rounds: int) -> list[Row]:
+def rows(times: dict[str, list[float]], rounds: int, changed: int = CHANGED) -> list[Row]:
     """The two rows: the merge into a new capsule, and the dry run, each against git merge."""
     git = median_ms(times["git merge"])
-    extra = {"rounds": rounds, "files": FILES, "changed_per_capsule": CHANGED, "cpus": os.cpu_count()}
+    extra = {"rounds": rounds, "files": 2 * changed, "changed_per_capsule": changed, "cpus": os.cpu_count()}
     return [
-        Row(f"capsule_merge of 2 x {CHANGED} changed files, into new", median_ms(times["into new"]),
+        Row(f"capsule_merge of 2 x {changed} changed files, into new", median_ms(times["into new"]),
             baseline="git merge of the same branches", baseline_ms=git, target="<= 1.5x", extra=extra),
-        Row(f"capsule_merge of 2 x {CHANGED} changed files, dry run", median_ms(times["dry run"]),
+        Row(f"capsule_merge of 2 x {changed} changed files, dry run", median_ms(times["dry run"]),
             baseline="git merge of the same branches", baseline_ms=git, extra=extra),
     ]

@@ -297,23 +297,27 @@ def _snapshot(server: Server, transport: str, workspace: Path) -> str:
 
 # --- exec latency beside an abusive capsule ------------------------------------------
 
+# Each script lasts about {s} seconds (the fork bomb's parent counts to {n} instead):
+# ABUSE_S and ABUSE_COUNT, or the SMOKE_ figures in --smoke.
 ABUSES = {
     # In a subshell, and the parent waits with builtins: dash exits when its own fork fails.
-    "fork bomb": ("(f() { f | f & }; f); i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done", {"pids_max": 64}),
-    "memory bomb": ("python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'; sleep 8", {"memory_mb": 64}),
-    "output flood": ("timeout 8 yes", None),
+    "fork bomb": ("(f() { f | f & }; f); i=0; while [ $i -lt {n} ]; do i=$((i+1)); done", {"pids_max": 64}),
+    "memory bomb": ("python3 -c 'a=[]\nwhile True: a.append(bytearray(1<<20))'; sleep {s}", {"memory_mb": 64}),
+    "output flood": ("timeout {s} yes", None),
     # Fill the capsule's disk, free it, fill it again: ENOSPC over and over, and the
     # loop device's writeback competing with everything else for the host's disk.
-    "disk fill": ("timeout 8 sh -c 'while :; do dd if=/dev/zero of=fill bs=1M count=512 status=none; rm -f fill; done'",
+    "disk fill": ("timeout {s} sh -c 'while :; do dd if=/dev/zero of=fill bs=1M count=512 status=none; rm -f fill; done'",
                   {"disk_mb": 256}),
 }
+ABUSE_S, ABUSE_COUNT, SETTLE_S = 8, 4_000_000, 1.0
+SMOKE_ABUSE_S, SMOKE_ABUSE_COUNT, SMOKE_SETTLE_S = 1, 200_000, 0.2
 
 
 async def _exec_latencies(path: str, capsule: str, count: int) -> list[float]:
     return await timed_requests(path, "capsule_exec", {"capsule_id": capsule, "cmd": ["/bin/true"]}, count)
 
 
-async def _under_abuse(path: str, victim: str, abuser: str, script: str, limits: dict[str, int] | None, count: int) -> list[float]:
+async def _under_abuse(path: str, victim: str, abuser: str, script: str, settle_s: float, count: int) -> list[float]:
     result: list[float] = []
 
     async def abuse() -> None:
@@ -327,7 +331,7 @@ async def _under_abuse(path: str, victim: str, abuser: str, script: str, limits:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(abuse)
-        await trio.sleep(1.0)  # let the abuse get going
+        await trio.sleep(settle_s)  # let the abuse get going
         result = await _exec_latencies(path, victim, count)
     return result
 
@@ -346,13 +350,16 @@ def _call(path: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def abuse_latency(tmp: Path, count: int) -> dict[str, tuple[float, float]]:
-    """Median capsule_exec /bin/true (ms) idle and under each abuse: {abuse: (idle, busy)}."""
+def abuse_latency(tmp: Path, count: int, smoke: bool = False) -> dict[str, tuple[float, float]]:
+    """Median capsule_exec /bin/true (ms) idle and under each abuse: {abuse: (idle, busy)};
+    ``smoke``: each abuse a second long."""
+    seconds, loops, settle_s = (SMOKE_ABUSE_S, SMOKE_ABUSE_COUNT, SMOKE_SETTLE_S) if smoke else (ABUSE_S, ABUSE_COUNT, SETTLE_S)
     workspace = tmp / "ws" if (tmp / "ws").exists() else make_workspace(tmp)
     server = Server(tmp, "socket", "server,capsule", workspace)
     figures = {}
     try:
-        for name, (script, limits) in ABUSES.items():
+        for name, (template, limits) in ABUSES.items():
+            script = template.replace("{s}", str(seconds)).replace("{n}", str(loops))
             victim = _call(server.path, "capsule_create", {"workspace": str(workspace)})["capsule_id"]
             create: dict[str, Any] = {"workspace": str(workspace)}
             if limits:
@@ -360,7 +367,7 @@ def abuse_latency(tmp: Path, count: int) -> dict[str, tuple[float, float]]:
             abuser = _call(server.path, "capsule_create", create)["capsule_id"]
             trio.run(_exec_latencies, server.path, victim, 5)  # warm up
             idle = statistics.median(trio.run(_exec_latencies, server.path, victim, count))
-            busy = statistics.median(trio.run(_under_abuse, server.path, victim, abuser, script, limits, count))
+            busy = statistics.median(trio.run(_under_abuse, server.path, victim, abuser, script, settle_s, count))
             figures[name] = (idle * 1000.0, busy * 1000.0)
             for capsule in (victim, abuser):
                 _call(server.path, "capsule_destroy", {"capsule_id": capsule})
@@ -369,10 +376,12 @@ def abuse_latency(tmp: Path, count: int) -> dict[str, tuple[float, float]]:
     return figures
 
 
-def run(quick: bool = False) -> Report:
+def run(quick: bool = False, smoke: bool = False) -> Report:
     """Load both transports; measure exec latency beside abusive capsules (as root)."""
     report = Report("load")
-    clients, count = 50, (10 if quick else 2000)  # quick, a smoke run: 100 each took 86 s and 150 s under load
+    clients, count = 50, (10 if quick else 2000)  # quick: 100 each took 86 s and 150 s under load
+    if smoke:  # two clients of each kind (direct methods, MCP session), the mix seen once or more
+        clients, count = 4, len(request_mix("", ROOT))
     with tempfile.TemporaryDirectory(prefix="ccw-bench-load-") as tmp_name:
         tmp = Path(tmp_name)
         for transport in ("socket", "http"):
@@ -383,7 +392,7 @@ def run(quick: bool = False) -> Report:
                        "wall_s": round(result.wall_s, 1), "tool_errors": result.tool_errors},
             ))  # fmt: skip
         if os.geteuid() == 0:
-            for name, (idle, busy) in abuse_latency(tmp, 10 if quick else 60).items():
+            for name, (idle, busy) in abuse_latency(tmp, 2 if smoke else 10 if quick else 60, smoke).items():
                 report.add(Row(f"exec /bin/true beside a {name}", busy, "same, idle server", idle, "<= 2x"))
         else:
             report.notes.append("exec latency beside abusive capsules needs root (the helper runs privileged)")

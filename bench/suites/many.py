@@ -27,10 +27,12 @@ from bench.common import Report, Row, in_process_tools, median_ms
 from bench.parts import merge
 
 SIZES = (1, 10, 100)
-QUICK_SIZES = (1, 10)  # --quick, a smoke run: 100 forks made and destroyed per round took most of 150 s
+QUICK_SIZES = (1, 10)  # --quick: 100 forks made and destroyed per round took most of 150 s
+SMOKE_SIZES = (1, 2)  # --smoke: N = 1 and one N > 1 reach both kinds of row
 RACERS = 4
 SINGLE_CALLS = 10  # count=1 calls per round
 WORK = ["python3", "-c", "sum(i * i for i in range(3_000_000))"]
+SMOKE_WORK = ["python3", "-c", "sum(i * i for i in range(30_000))"]  # --smoke: the same command, shorter
 
 
 def _workspace(base: Path) -> Path:
@@ -62,19 +64,19 @@ async def _fork_round(call: Any, ws: Path, count: int) -> float:
     return elapsed / len(made)
 
 
-async def _race(call: Any, forks: list[str]) -> float:
+async def _race(call: Any, forks: list[str], work: list[str]) -> float:
     start = time.perf_counter()
-    result = await call("capsule_race", {"capsule_ids": forks, "cmd": WORK, "wait_ms": None})
+    result = await call("capsule_race", {"capsule_ids": forks, "cmd": work, "wait_ms": None})
     elapsed = time.perf_counter() - start
     if [row.get("exit_code") for row in result["rows"]] != [0] * len(forks):
         raise RuntimeError(f"a racer failed: {result['rows']}")
     return elapsed
 
 
-async def _one_after_another(call: Any, forks: list[str]) -> float:
+async def _one_after_another(call: Any, forks: list[str], work: list[str]) -> float:
     start = time.perf_counter()
     for capsule_id in forks:
-        ran = await call("capsule_exec", {"capsule_id": capsule_id, "cmd": WORK, "wait_ms": None})
+        ran = await call("capsule_exec", {"capsule_id": capsule_id, "cmd": work, "wait_ms": None})
         await call("capsule_diff", {"capsule_id": capsule_id, "format": "stat"})
         await call("capsule_promote", {"capsule_id": capsule_id, "dry_run": True})
         if ran["exit_code"] != 0:
@@ -82,8 +84,8 @@ async def _one_after_another(call: Any, forks: list[str]) -> float:
     return time.perf_counter() - start
 
 
-async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int,
-                   race_rounds: int) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
+async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int, race_rounds: int,
+                   work: list[str]) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
     ws = _workspace(base)
     async with in_process_tools(base / "state") as tools:
         per_fork: dict[int, list[float]] = {n: [] for n in sizes}
@@ -99,26 +101,28 @@ async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int,
         runners = {"race": _race, "one after another": _one_after_another}
         races: dict[str, list[float]] = {name: [] for name in runners}
         for runner in runners.values():  # warm-up
-            await runner(tools.call, forks)
+            await runner(tools.call, forks, work)
         names = list(runners)
         for _ in range(race_rounds):
             shuffler.shuffle(names)
             for name in names:
-                races[name].append(await runners[name](tools.call, forks))
+                races[name].append(await runners[name](tools.call, forks, work))
         return per_fork, races
 
 
-def run(quick: bool = False) -> Report:
+def run(quick: bool = False, smoke: bool = False) -> Report:
     """Measure both parts and collect the rows."""
     import trio
 
     report = Report("many")
     sizes, fork_rounds, race_rounds = (QUICK_SIZES, 1, 1) if quick else (SIZES, 9, 7)
+    work, changed = (SMOKE_WORK, merge.SMOKE_CHANGED) if smoke else (WORK, merge.CHANGED)
+    sizes = SMOKE_SIZES if smoke else sizes
     base = Path(tempfile.mkdtemp(prefix="ccw-bench-many-"))
     (base / "state").mkdir()
     try:
-        per_fork, races = trio.run(_measure, base, sizes, fork_rounds, race_rounds)
-        merges = trio.run(merge.measured, base, race_rounds)
+        per_fork, races = trio.run(_measure, base, sizes, fork_rounds, race_rounds, work)
+        merges = trio.run(merge.measured, base, race_rounds, changed)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     one = median_ms(per_fork[1])
@@ -126,10 +130,10 @@ def run(quick: bool = False) -> Report:
         name = f"capsule_fork count={n}: per fork" + (f" ({SINGLE_CALLS} calls)" if n == 1 else "")
         report.add(Row(name, median_ms(per_fork[n]), baseline="count=1" if n != 1 else "", baseline_ms=one if n != 1 else None,
                        target="<= 1.2x (flat)" if n != 1 else "", extra={"rounds": fork_rounds}))
-    report.add(Row(f"capsule_race of {RACERS} (python, ~0.3 s each)", median_ms(races["race"]),
+    report.add(Row(f"capsule_race of {RACERS} (python, ~{0.003 if smoke else 0.3} s each)", median_ms(races["race"]),
                    baseline="one after another", baseline_ms=median_ms(races["one after another"]),
                    target="<= 0.6x on 2 cores", extra={"rounds": race_rounds}))
-    for row in merge.rows(merges, race_rounds):
+    for row in merge.rows(merges, race_rounds, changed):
         report.add(row)
     report.notes.append("per-fork cost must stay flat from N=1 to N=100 (issue 39); the race's baseline does "
                         "exec + diff + promote dry run per capsule, the work each row of the race holds")

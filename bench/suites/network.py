@@ -154,12 +154,12 @@ async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> d
         }, repeat)
 
 
-def run(quick: bool = False) -> Report:
+def run(quick: bool = False, smoke: bool = False) -> Report:
     """Start the server namespace, measure every pair interleaved, and report medians and ratios."""
     import trio
 
-    repeat = 3 if quick else 15  # quick: a smoke run (CI)
-    size = (8 if quick else DOWNLOAD_MIB) << 20
+    repeat = 1 if smoke else 3 if quick else 15
+    size = (1 if smoke else 8 if quick else DOWNLOAD_MIB) << 20
     report = Report("network")
     with tempfile.TemporaryDirectory(prefix="ccw-bench-network-") as tmp:
         root = Path(tmp)
@@ -175,11 +175,12 @@ def run(quick: bool = False) -> Report:
     report.add(_download_row(f"HTTP download {size >> 20} MiB via proxy (s/GiB)", figures, "download"))
     report.add(_download_row(f"HTTP download {size >> 20} MiB via proxy, server link shaped to "
                              "1 Gbit/s (s/GiB)", figures, "shaped"))
-    for row in decision_rows(quick):
+    for row in decision_rows(quick, smoke):
         report.add(row)
-    for row in tlsca.measure(50 if quick else 200):
+    for row in tlsca.measure(2 if smoke else 50 if quick else 200):
         report.add(row)
-    for row in credentials.measure_tls(2 if quick else 5, (16 if quick else 200) << 20):
+    tls_size = (1 if smoke else 16 if quick else 200) << 20
+    for row in credentials.measure_tls(1 if smoke else 2 if quick else 5, tls_size, 5 if smoke else credentials.SMALL_REQUESTS):
         report.add(row)  # TLS terminated beside a CONNECT tunnel (issue 38)
     report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
     report.notes.append(f"the shaped rows: tc tbf {' '.join(SHAPE)} on the server's veth end; a registry download "
@@ -318,11 +319,11 @@ async def _measure_decisions(repeat: int) -> dict[str, list[float]]:
     return figures
 
 
-def decision_rows(quick: bool = False) -> list[Row]:
+def decision_rows(quick: bool = False, smoke: bool = False) -> list[Row]:
     """The live-rule rows: a connection allowed and one denied, against before live rules."""
     import trio
 
-    figures = trio.run(_measure_decisions, 200 if quick else 2000)
+    figures = trio.run(_measure_decisions, 2 if smoke else 200 if quick else 2000)
     return [Row(f"CONNECT {kind} by the rules, live-rule machinery", median_ms(figures[f"{kind}_live"]),
                 "before live rules", median_ms(figures[f"{kind}_before"]), "<= 1.05x",
                 extra={"per round": CONNECT_ROUNDS}) for kind in ("allowed", "denied")]

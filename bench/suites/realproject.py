@@ -17,11 +17,16 @@ the workspace, prepared once and cached under ``.cache/realprojects/`` (see
 - ``capsule_replay`` of the scenario's witness (the runs of the loop) against the wall
   time of the original runs.
 
+``--smoke`` runs every row once with a one-line check of ``chunked(strict=True)`` (the
+function the breaking edit breaks) in place of both pytest commands: pytest's start
+alone is seconds, and a smoke run makes some twenty runs.
+
 Needs root (the helper runs privileged) and the registries once, to fill the cache.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -35,6 +40,8 @@ from bench.suites.deltamin import _textbook
 from tests.support import agent_loop, realprojects
 
 PROJECT = realprojects.MORE_ITERTOOLS
+SMOKE_CHECK = (".venv/bin/python", "-B", "-c",
+               "from more_itertools import chunked; assert list(chunked(range(4), 2, strict=True)) == [[0, 1], [2, 3]]")
 HOST_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 WIDER_EVERY = 8  # the wider change marks every 8th top-level def of more.py and recipes.py
 
@@ -49,7 +56,7 @@ def _wider_edits(ws: Path) -> list[realprojects.Edit]:
     return edits
 
 
-async def _full_suite(tools: InProcess, ws: Path, rounds: int) -> dict[str, list[float]]:
+async def _full_suite(tools: InProcess, project: realprojects.Project, ws: Path, rounds: int) -> dict[str, list[float]]:
     import trio
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
@@ -57,12 +64,12 @@ async def _full_suite(tools: InProcess, ws: Path, rounds: int) -> dict[str, list
     times: dict[str, list[float]] = {"capsule": [], "host": [], "in_jail": []}
 
     async def in_capsule() -> None:
-        ran = await agent_loop.run_tests(tools.call, cap, PROJECT.full_cmd)
+        ran = await agent_loop.run_tests(tools.call, cap, project.full_cmd)
         assert ran["exit_code"] == 0, ran["stdout"][-2000:]
         times["in_jail"].append(ran["duration_ms"] / 1000)
 
     async def on_host() -> None:
-        done = await trio.run_process(list(PROJECT.full_cmd), cwd=str(ws), env={**HOST_ENV, "HOME": home},
+        done = await trio.run_process(list(project.full_cmd), cwd=str(ws), env={**HOST_ENV, "HOME": home},
                                       capture_stdout=True, capture_stderr=True, check=False)
         assert done.returncode == 0, done.stdout[-2000:]
 
@@ -81,7 +88,8 @@ async def _full_suite(tools: InProcess, ws: Path, rounds: int) -> dict[str, list
     return times
 
 
-async def _deltamin(tools: InProcess, ws: Path, edits: list[realprojects.Edit]) -> dict[str, Any]:
+async def _deltamin(tools: InProcess, project: realprojects.Project, ws: Path,
+                    edits: list[realprojects.Edit]) -> dict[str, Any]:
     from mcp_server.capsules import trials as counterfactual
     from mcp_server.capsules.executors import LocalExecutor
     from mcp_server.fs import changeset
@@ -89,17 +97,17 @@ async def _deltamin(tools: InProcess, ws: Path, edits: list[realprojects.Edit]) 
 
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     # The agent's loop (issue 13): the tests pass, edits, the tests fail, then deltamin.
-    passing = await agent_loop.run_tests(tools.call, cap, PROJECT.test_cmd)
+    passing = await agent_loop.run_tests(tools.call, cap, project.test_cmd)
     assert passing["exit_code"] == 0, passing
     for item in edits:
         await agent_loop.edit(tools.call, cap, ws, item.path, item.old, item.new)
-    failing = await agent_loop.run_tests(tools.call, cap, PROJECT.test_cmd)
+    failing = await agent_loop.run_tests(tools.call, cap, project.test_cmd)
     assert failing["exit_code"] not in (0, None), failing
-    argv = list(PROJECT.test_cmd)
+    argv = list(project.test_cmd)
     start = time.perf_counter()
     ours = await tools.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": argv})
     ours_s = time.perf_counter() - start
-    expected = [f"-{PROJECT.breaking.old}", f"+{PROJECT.breaking.new}"]
+    expected = [f"-{project.breaking.old}", f"+{project.breaking.new}"]
     assert agent_loop.changed_lines(ours["minimal_patch"]) == expected, ours["minimal_patch"]
 
     helper = await tools.ctx.helper()
@@ -114,7 +122,7 @@ async def _deltamin(tools: InProcess, ws: Path, edits: list[realprojects.Edit]) 
     start = time.perf_counter()
     found, textbook_trials = await _textbook(trials, tuple(range(len(hunks.units))))
     textbook_s = time.perf_counter() - start
-    assert [hunks.units[i].path for i in found] == [PROJECT.breaking.path], found
+    assert [hunks.units[i].path for i in found] == [project.breaking.path], found
     # ddmin's count depends on where the culprit sits: here in the first half at every
     # level (chunked() is near the top of more.py), its best case.  The same search with
     # the hunks in reverse order shows the other end.
@@ -125,20 +133,21 @@ async def _deltamin(tools: InProcess, ws: Path, edits: list[realprojects.Edit]) 
             "reversed_trials": reversed_trials}
 
 
-async def _replay(tools: InProcess, ws: Path, scratch: Path, repeat: int) -> dict[str, Any]:
+async def _replay(tools: InProcess, project: realprojects.Project, ws: Path, scratch: Path,
+                  repeat: int) -> dict[str, Any]:
     """The scenario's runs (pass, fail, pass after the fix), then its witness replayed ``repeat`` times."""
     cap = (await tools.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     original = []
     for step in ("pass", "break", "fail", "fix", "pass"):
         if step == "break":
-            for item in (*PROJECT.harmless, PROJECT.breaking):
+            for item in (*project.harmless, project.breaking):
                 await agent_loop.edit(tools.call, cap, ws, item.path, item.old, item.new)
             continue
         if step == "fix":
-            await agent_loop.edit(tools.call, cap, ws, PROJECT.breaking.path, PROJECT.breaking.new, PROJECT.breaking.old)
+            await agent_loop.edit(tools.call, cap, ws, project.breaking.path, project.breaking.new, project.breaking.old)
             continue
         start = time.perf_counter()
-        await agent_loop.run_tests(tools.call, cap, PROJECT.test_cmd)
+        await agent_loop.run_tests(tools.call, cap, project.test_cmd)
         original.append(time.perf_counter() - start)
     witness = await tools.call("capsule_witness", {"capsule_id": cap})
     await tools.call("capsule_destroy", {"capsule_id": cap})
@@ -153,39 +162,41 @@ async def _replay(tools: InProcess, ws: Path, scratch: Path, repeat: int) -> dic
             "output_identical": [r.get("output_identical") for r in results], "execs": results[-1].get("execs")}
 
 
-async def _measure(root: Path, quick: bool) -> dict[str, Any]:
+async def _measure(root: Path, project: realprojects.Project, quick: bool, smoke: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     async with in_process_tools(root / "state") as tools:
-        ws = realprojects.pristine(PROJECT, root / "suite")
-        out["suite"] = await _full_suite(tools, ws, 2 if quick else 7)
-        scenario = [*PROJECT.harmless, PROJECT.breaking]
+        ws = realprojects.pristine(project, root / "suite")
+        out["suite"] = await _full_suite(tools, project, ws, 1 if smoke else 2 if quick else 7)
+        scenario = [*project.harmless, project.breaking]
         out["deltamin"] = [("scenario: 3 edits in 2 files",
-                            await _deltamin(tools, realprojects.pristine(PROJECT, root / "d1"), scenario))]
+                            await _deltamin(tools, project, realprojects.pristine(project, root / "d1"), scenario))]
         if not quick:
-            ws = realprojects.pristine(PROJECT, root / "d2")
+            ws = realprojects.pristine(project, root / "d2")
             wider = [*_wider_edits(ws), *scenario]
             label = f"wider: {len(wider)} edits in {len({e.path for e in wider})} files"
-            out["deltamin"].append((label, await _deltamin(tools, ws, wider)))
+            out["deltamin"].append((label, await _deltamin(tools, project, ws, wider)))
         os.mkdir(root / "scratch")
-        out["replay"] = await _replay(tools, realprojects.pristine(PROJECT, root / "r"), root / "scratch",
-                                      2 if quick else 5)
+        out["replay"] = await _replay(tools, project, realprojects.pristine(project, root / "r"), root / "scratch",
+                                      1 if smoke else 2 if quick else 5)
     return out
 
 
-def run(quick: bool = False) -> Report:
+def run(quick: bool = False, smoke: bool = False) -> Report:
     """Measure the suite, deltamin and replay on more-itertools; one copy of the project each."""
     import trio
 
     realprojects.prepared(PROJECT)  # the registries, once; not timed
+    project = dataclasses.replace(PROJECT, test_cmd=SMOKE_CHECK, full_cmd=SMOKE_CHECK) if smoke else PROJECT
     root = Path(tempfile.mkdtemp(prefix="ccw-bench-realproject-"))
     try:
-        out = trio.run(_measure, root, quick)
+        out = trio.run(_measure, root, project, quick, smoke)
     finally:
         subprocess.run(["rm", "-rf", str(root)], check=False)
     report = Report("realproject")
     suite = out["suite"]
+    command = "smoke check of chunked" if smoke else "pytest -q tests"
     report.add(Row(
-        f"{PROJECT.key} full suite (pytest -q tests)", median_ms(suite["capsule"]), "same command on the host",
+        f"{PROJECT.key} full suite ({command})", median_ms(suite["capsule"]), "same command on the host",
         median_ms(suite["host"]), "<= 1.05x",
         {"runs per side": len(suite["host"]),
          "the exec's own duration_ms (median)": f"{median_ms(suite['in_jail'][1:]):.0f} ms"},

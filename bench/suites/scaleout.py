@@ -29,6 +29,10 @@ measures:
   from a root a bot kept (inputs.InputRoots) against laid out afresh from the host's
   cache (every file a link), from the cluster's CAS, medians.
 
+``--smoke`` runs every row on a 4-file change whose check does not sleep, with bots not
+given time to start (Execute queues until one attaches) and a 20-file input root: the
+cluster's own start (PostgreSQL, BuildGrid) is most of its time.
+
 Needs root (the helpers run privileged), PostgreSQL (installed from Debian if absent)
 and a Python >= 3.13 for BuildGrid (see mcp_server/reapi/cluster.py).
 """
@@ -62,18 +66,18 @@ class Case:
     files: int
     culprits: tuple[int, ...]
 
-    def check(self, tag: str) -> str:
+    def check(self, tag: str, sleep_s: float) -> str:
         """check.py: import every file, wait, fail when the culprits are all changed."""
         imports = ", ".join(f"m{i:02}" for i in range(self.files))
         bad = " and ".join(f"m{i:02}.VALUE == 1" for i in self.culprits)
-        return f"# {tag}\nimport time, {imports}\ntime.sleep({SLEEP_S})\nraise SystemExit(1 if {bad} else 0)\n"
+        return f"# {tag}\nimport time, {imports}\ntime.sleep({sleep_s})\nraise SystemExit(1 if {bad} else 0)\n"
 
-    def workspace(self, ws: Path, tag: str) -> None:
+    def workspace(self, ws: Path, tag: str, sleep_s: float) -> None:
         """The base: every file at 0, and the check."""
         ws.mkdir()
         for i in range(self.files):
             (ws / f"m{i:02}.py").write_text("VALUE = 0\n")
-        (ws / "check.py").write_text(self.check(tag))
+        (ws / "check.py").write_text(self.check(tag, sleep_s))
 
     @property
     def answer(self) -> list[str]:
@@ -84,6 +88,30 @@ class Case:
 NARROW = Case("narrow", "narrow: 2 culprits of 16 files", 16, (3, 11))
 WIDE = Case("wide", "wide: interaction of 4 culprits of 32 files, one per quarter", 32, (3, 11, 19, 27))
 CASES = (NARROW, WIDE)
+SMOKE_NARROW = Case("narrow", "narrow (smoke): 1 culprit of 4 files", 4, (1,))
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What a run does: the full run's, ``--quick``'s or ``--smoke``'s sizes."""
+
+    cases: tuple[Case, ...]  # the first is the narrow one, the other figures' change
+    counts: tuple[int, ...]
+    together: int
+    sleep_s: float = SLEEP_S
+    bot_start_s: float = BOT_START_S
+    overhead_repeat: int = OVERHEAD_REPEAT
+    root: tuple[int, int, int] = (ROOT_DIRS, ROOT_FILES, ROOT_LEASES)  # dirs, files a dir, leases
+
+    @property
+    def narrow(self) -> Case:
+        """The change of the throughput, overhead and repeated-run figures."""
+        return self.cases[0]
+
+
+FULL = Scale(CASES, BOT_COUNTS, TOGETHER)
+QUICK = Scale((NARROW,), BOT_COUNTS[:2], 2)  # the wide case took over a minute, 4 deltamins at once on 1 bot 45 s
+SMOKE = Scale((SMOKE_NARROW,), BOT_COUNTS[:2], 2, sleep_s=0, bot_start_s=0, overhead_repeat=1, root=(10, 2, 2))
 
 
 CMD = ["/usr/bin/python3", "-B", "check.py"]
@@ -93,16 +121,17 @@ CHANGE = "for f in m*.py; do echo 'VALUE = 1' > $f; done"
 class Bench:
     """One state dir's tools (bench.common.in_process_tools), one cluster, bots started and stopped per measurement."""
 
-    def __init__(self, root: Path, cluster: Any, tools: InProcess) -> None:
+    def __init__(self, root: Path, cluster: Any, tools: InProcess, scale: Scale) -> None:
         self.root = root
         self.cluster = cluster
         self.call = tools.call
         self.ctx = tools.ctx
+        self.scale = scale
 
-    async def capsule(self, tag: str, case: Case = NARROW) -> str:
+    async def capsule(self, tag: str, case: Case | None = None) -> str:
         """A capsule whose journal saw the check pass on the base and fail on the change (no confirmation runs)."""
         ws = self.root / f"ws-{tag}"
-        case.workspace(ws, tag)
+        (case or self.scale.narrow).workspace(ws, tag, self.scale.sleep_s)
         cap = (await self.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         assert (await self.call("capsule_exec", {"capsule_id": cap, "cmd": CMD}))["exit_code"] == 0
         await self.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", CHANGE]})
@@ -115,7 +144,7 @@ class Bench:
 
         return [start_bot(self.cluster.url, f"{tag}-{i}", self.root / "bots" / f"{tag}-{i}") for i in range(count)]
 
-    async def deltamin(self, cap: str, parallel: int, case: Case = NARROW) -> tuple[float, dict[str, Any]]:
+    async def deltamin(self, cap: str, parallel: int, case: Case | None = None) -> tuple[float, dict[str, Any]]:
         """Seconds and result of a deltamin through the cluster (``parallel`` trials at once)."""
         from mcp_server.capsules.deltamin import Question, deltamin
         from mcp_server.capsules.remote import ReapiExecutor
@@ -126,7 +155,7 @@ class Bench:
             result = await deltamin(self.ctx.capsules, Question(cap, CMD), executor)
         finally:
             executor.close()
-        assert result["units"] == case.answer, result["units"]
+        assert result["units"] == (case or self.scale.narrow).answer, result["units"]
         return time.perf_counter() - start, result
 
     async def together(self, bots: int, deltamins: int = TOGETHER) -> float:
@@ -152,7 +181,7 @@ class Bench:
         remote, local = ReapiExecutor(self.cluster.url), LocalExecutor()
         times: dict[str, list[float]] = {"remote": [], "local": []}
         try:
-            for i in range(OVERHEAD_REPEAT + 1):
+            for i in range(self.scale.overhead_repeat + 1):
                 for name, executor in (("remote", remote), ("local", local)):
                     trial = Trial(record, {}, exec_request(cap, ["true"], record.workspace, 60_000), fresh=True)
                     start = time.perf_counter()
@@ -165,16 +194,17 @@ class Bench:
         return times["remote"], times["local"]
 
 
-def _input_roots(url: str, root: Path) -> tuple[list[float], list[float]]:
-    """Seconds to make each lease's input root ready: from a kept root, and laid out afresh (both from the cache)."""
+def _input_roots(url: str, root: Path, size: tuple[int, int, int]) -> tuple[list[float], list[float]]:
+    """Seconds to make each lease's input root ready: from a kept root, and laid out afresh (both from the cache);
+    ``size``: the tree's directories, files a directory, and leases."""
     from mcp_server.reapi.client import ReapiClient
     from mcp_server.reapi.inputs import BlobCache, InputRoots, fetch_input_root
     from mcp_server.reapi.merkle import Entry, FileEntry, build_tree
 
     base: dict[str, Entry] = {f"pkg{d // 10:02}/sub{d % 10}/mod{f}.py": FileEntry(data=f"VALUE = {d}{f}\n".encode())
-                              for d in range(ROOT_DIRS) for f in range(ROOT_FILES)}  # fmt: skip
+                              for d in range(size[0]) for f in range(size[1])}  # fmt: skip
     trees = [build_tree({**base, f"pkg{i:02}/sub0/mod0.py": FileEntry(data=f"CHANGED = {i}\n".encode())})
-             for i in range(ROOT_LEASES)]  # fmt: skip
+             for i in range(size[2])]  # fmt: skip
     cache = BlobCache(root / "cas")
     roots = InputRoots(root / "roots", cache)
     fresh: list[float] = []
@@ -195,30 +225,29 @@ def _input_roots(url: str, root: Path) -> tuple[list[float], list[float]]:
     return kept[1:], fresh[1:]  # the first of each filled the cache, or laid the kept root out
 
 
-async def _measure(root: Path, cluster: Any, quick: bool) -> dict[str, Any]:
+async def _measure(root: Path, cluster: Any, scale: Scale) -> dict[str, Any]:
     """Both cases at each bot count on the same bots (interleaved), then the other figures."""
     import trio
 
     from mcp_server.reapi.cluster import stop_bot
 
-    # quick, a smoke run: the wide case took over a minute, 4 deltamins at once on 1 bot 45 s
-    cases = (NARROW,) if quick else CASES
+    cases = scale.cases
     out: dict[str, Any] = {"walls": {c.name: {} for c in cases}, "trials": {c.name: {} for c in cases},
-                           "together_n": 2 if quick else TOGETHER}
+                           "together_n": scale.together}
     async with in_process_tools(root / "state") as tools:
-        bench = Bench(root, cluster, tools)
-        out["roots"] = await trio.to_thread.run_sync(_input_roots, cluster.url, root / "input-roots")
-        counts = BOT_COUNTS[:2] if quick else BOT_COUNTS
+        bench = Bench(root, cluster, tools, scale)
+        out["roots"] = await trio.to_thread.run_sync(_input_roots, cluster.url, root / "input-roots", scale.root)
+        counts = scale.counts
         for count in counts:
             caps = {case.name: await bench.capsule(f"{case.name}-{count}", case) for case in cases}
             bots = bench.bots(count, f"b{count}")
             try:
-                await trio.sleep(BOT_START_S)  # each bot starts its helper and opens its session
+                await trio.sleep(scale.bot_start_s)  # each bot starts its helper and opens its session
                 for case in cases:
                     wall, result = await bench.deltamin(caps[case.name], count, case)
                     out["walls"][case.name][count], out["trials"][case.name][count] = wall, result["trials"]
                 if count == max(counts):
-                    out["repeat_s"], out["repeat"] = await bench.deltamin(caps[NARROW.name], count)
+                    out["repeat_s"], out["repeat"] = await bench.deltamin(caps[scale.narrow.name], count)
                 if count == 1:
                     out["overhead"] = await bench.overhead()
                 if count in (1, max(counts)):
@@ -273,24 +302,25 @@ def _bounds_note(counts: list[int]) -> str:
             "independently, where ddmin's end at their first failing trial; " + "; ".join(parts))
 
 
-def run(quick: bool = False) -> Report:
+def run(quick: bool = False, smoke: bool = False) -> Report:
     """One cluster for the suite; every figure from the same run."""
     import trio
 
     from mcp_server.reapi.cluster import temporary_cluster
 
     report = Report("scaleout")
+    scale = SMOKE if smoke else QUICK if quick else FULL
     root = Path(tempfile.mkdtemp(prefix="ccw-bench-scaleout-"))
     try:
         with temporary_cluster() as cluster:
-            out = trio.run(_measure, root, cluster, quick)
+            out = trio.run(_measure, root, cluster, scale)
             report.notes.append(f"cluster up in {cluster.timings['ready_s']:.1f} s {cluster.timings}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    for case in (c for c in CASES if c.name in out["walls"]):
+    for case in scale.cases:
         _case_rows(report, case, out["walls"][case.name], out["trials"][case.name])
     together = out["together"]
-    report.add(Row(f"{out['together_n']} deltamins at once ({NARROW.name}), {max(together)} bots", together[max(together)] * 1000,
+    report.add(Row(f"{out['together_n']} deltamins at once (narrow), {max(together)} bots", together[max(together)] * 1000,
                    "1 bot", together[1] * 1000, "<= 0.33x", {"each": "parallelism 1, a capsule of its own"}))
     remote, local = out["overhead"]
     added = statistics.median(remote) - statistics.median(local)
@@ -298,15 +328,16 @@ def run(quick: bool = False) -> Report:
                    statistics.median(local) * 1000, "added <= 300 ms",
                    {"added by the remote path": f"{added * 1000:.0f} ms", "runs": len(remote)}))
     kept, fresh = out["roots"]
-    report.add(Row(f"a lease's input root ({ROOT_DIRS} dirs, {ROOT_DIRS * ROOT_FILES} files, one changed)",
+    dirs, files, _ = scale.root
+    report.add(Row(f"a lease's input root ({dirs} dirs, {dirs * files} files, one changed)",
                    statistics.median(kept) * 1000, "laid out afresh from the host's cache", statistics.median(fresh) * 1000,
                    "", {"how": "a kept root, synced by what differs", "leases": len(kept)}))  # fmt: skip
-    walls = out["walls"][NARROW.name]
+    walls = out["walls"][scale.narrow.name]
     executor = out["repeat"]["executor"]
     hits, ran = executor["action_cache_hits"], executor["executed"]
-    report.add(Row(f"repeated deltamin ({NARROW.name}, {max(walls)} bots): wall time", out["repeat_s"] * 1000,
+    report.add(Row(f"repeated deltamin (narrow, {max(walls)} bots): wall time", out["repeat_s"] * 1000,
                    "first run", walls[max(walls)] * 1000, "every trial a hit",
                    {"action-cache hit rate": f"{hits}/{hits + ran} = {hits / max(hits + ran, 1):.0%}"}))
     report.notes.append(_bounds_note(sorted(walls)))
-    report.notes.append(f"target command sleeps {SLEEP_S} s; wall times include deltamin's final local check (one more run)")
+    report.notes.append(f"target command sleeps {scale.sleep_s} s; wall times include deltamin's final local check (one more run)")
     return report
