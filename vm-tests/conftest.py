@@ -256,6 +256,7 @@ SHARED = {
     "test_network_ask.py": "netfixtures' fixed addresses",
     "test_network_propose.py": "netfixtures' fixed addresses",
     "test_attack_proposals.py": "netfixtures' fixed addresses",
+    "test_bench_smoke_network.py": "netfixtures' fixed addresses",  # bench/run.py network
 }
 
 
