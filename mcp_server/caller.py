@@ -12,16 +12,23 @@ opening line (mcp_server/frontdoor.py).  ``ccw capsule shell`` also sends its pt
 Only a connection known to be our own uid may lend anything: stdio (whoever started us)
 and the state dir's frontend.sock (peer-checked).  Their transports say so in
 ``CALLER_TRUSTED``, and set ``CALLER_CONTEXT`` and ``PASSED_FDS`` for the connection's
-tasks; HTTP and a configured MCP socket lend nothing, whatever ``_meta`` says.  The
-server (mcp_server/server.py) reads a call's loans through the functions below.
+tasks; HTTP and a configured MCP socket lend nothing, whatever ``_meta`` says.
+
+What a call was lent is decided once, by the server (mcp_server/server.py), through
+``lent`` and ``lending``: a ``Caller``, which the call's ToolContext carries (context.py)
+and tools read as typed fields (``caller_env``, ``caller_lent``, ``terminal``, ``workspace``).
+Where nothing was lent, this process's environment stands in: a stdio client started us,
+so ours is its, and over HTTP there is no other to take.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
+import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from sandbox.errors import CcwError
@@ -121,3 +128,39 @@ def caller_workspace(meta: Any) -> str | None:
     caller = _caller(meta)
     workspace = caller.get("workspace") if caller is not None else None
     return workspace if isinstance(workspace, str) and os.path.isabs(workspace) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """What one call was lent, as its ToolContext carries it (mcp_server/context.py)."""
+
+    lent_env: Mapping[str, str] | None = None  # the caller's environment, when it lent one (``caller_env``)
+    workspace: str | None = None  # its absolute CCW_WORKSPACE, when lent (``caller_workspace``); None: ours
+    terminal: int | None = None  # the pty slave it passed (``caller_terminal``), open while the call lasts
+
+    @property
+    def env(self) -> Mapping[str, str]:
+        """The caller's environment: the one it lent, else this process's own.  A call's tools
+        take that default from here alone; capsules/exec.py's ``whitelisted`` keeps it only
+        for work no call lends to (a service's restart, a remote trial)."""
+        return self.lent_env if self.lent_env is not None else os.environ
+
+
+NOTHING_LENT = Caller()  # a call no client lent anything: ours stands in (an in-process call, a test)
+
+
+def lent(meta: Any) -> Caller:
+    """What a call lends but a terminal (direct methods, resource reads, completion take none)."""
+    return Caller(caller_env(meta), caller_workspace(meta))
+
+
+@contextlib.contextmanager
+def lending(meta: Any, tool: str) -> Iterator[Caller]:
+    """What a call of ``tool`` lends, its terminal included, for the block; the terminal is
+    closed when the block ends (capsule_exec on a terminal waits for its command whole)."""
+    terminal = caller_terminal(meta, tool)
+    try:
+        yield dataclasses.replace(lent(meta), terminal=terminal)
+    finally:
+        if terminal is not None:
+            os.close(terminal)

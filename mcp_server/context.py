@@ -25,6 +25,7 @@ from urllib.parse import unquote, urlparse
 
 import trio
 
+from mcp_server.caller import NOTHING_LENT, Caller
 from mcp_server.capsules.asker import Asker
 from mcp_server.capsules.misses import Asking
 from mcp_server.capsules.networks import Networks
@@ -170,9 +171,8 @@ async def _ask_roots(session: Any) -> list[str] | None:
 class CallContext:
     """The ToolContext (mcp_server.tools.registry) for one tool call or resource read."""
 
-    def __init__(self, runtime: Runtime, session: Any = None,
-                 owner: str | None = None, caller_env: Mapping[str, str] | None = None,
-                 terminal: int | None = None, workspace: str | None = None, ticket: Ticket | None = None,
+    def __init__(self, runtime: Runtime, session: Any = None, owner: str | None = None,
+                 caller: Caller = NOTHING_LENT, ticket: Ticket | None = None,
                  config: Config | None = None, request_id: Any = None) -> None:
         self._runtime = runtime
         self._session = session
@@ -184,19 +184,30 @@ class CallContext:
         # (CcwServer.arrive); the call's first turn on that capsule claims it.
         self._ticket = ticket
         self._owner = owner  # the bearer token's name (HTTP); None over stdio and the unix socket
-        # PATH and HOME of a client of our own uid that is not this process (the ccw command
-        # through the state dir's front end: mcp_server/frontdoor.py); None: ours are its.
-        self.caller_env = caller_env
-        # The pty slave ``ccw capsule shell`` passed with this call (mcp_server/server.py
-        # ``caller_terminal``; closed by the server when the call ends); None: no terminal.
-        self.terminal = terminal
-        self._workspace = workspace  # an attached ccw-mcp's CCW_WORKSPACE (transports/relay.py); None: ours
+        # What the call's client lent it, as the server decided (mcp_server/caller.py: ``lending``).
+        self._caller = caller
 
     @property
     def workspace(self) -> str:
         """The file tools' root when the client declares none: the CCW_WORKSPACE of the
         ``ccw-mcp`` the client started (which may be attached to this one), else ours."""
-        return self._workspace or self._runtime.config.workspace
+        return self._caller.workspace or self._runtime.config.workspace
+
+    @property
+    def caller_env(self) -> Mapping[str, str]:
+        """The caller's environment: the one it lent, else this process's (caller.py ``Caller.env``)."""
+        return self._caller.env
+
+    @property
+    def caller_lent(self) -> bool:
+        """Whether ``caller_env`` is one a client lent (the ccw command, an attached ccw-mcp)."""
+        return self._caller.lent_env is not None
+
+    @property
+    def terminal(self) -> int | None:
+        """The pty slave ``ccw capsule shell`` passed with this call (closed by the server when
+        the call ends), else None."""
+        return self._caller.terminal
 
     @property
     def config(self) -> Config:
@@ -226,7 +237,7 @@ class CallContext:
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""
         return _RunContext(self._runtime, self._session, self._take_ticket(), run, self._owner, self._config,
-                           self._request_id)
+                           self._request_id, self._caller)
 
     def asker(self) -> Asker | None:
         """The client that made this call, to be asked about its run's misses (capsules/asker.py)."""
@@ -274,8 +285,8 @@ class _RunContext(CallContext):
     (the call may have answered long ago, its connection may be gone)."""
 
     def __init__(self, runtime: Runtime, session: Any, ticket: Ticket | None, run: Run, owner: str | None,
-                 config: Config | None, request_id: Any = None) -> None:
-        super().__init__(runtime, session, owner, ticket=ticket, config=config, request_id=request_id)
+                 config: Config | None, request_id: Any = None, caller: Caller = NOTHING_LENT) -> None:
+        super().__init__(runtime, session, owner, caller, ticket, config, request_id)
         self._run = run
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:

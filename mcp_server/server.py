@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
 import sqlite3
 import traceback
@@ -57,7 +56,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
 
 from mcp_server import __version__, completion, framing, mcp_logging
-from mcp_server.caller import caller_env, caller_terminal, caller_workspace
+from mcp_server.caller import lending, lent
 from mcp_server.capsules.run import Run
 from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import TOOLSETS, Config
@@ -221,10 +220,9 @@ class CcwServer:
         if not isinstance(params, dict):
             return _error(request_id, INVALID_PARAMS, f"{method}: params must be an object of tool arguments")
         args = {k: v for k, v in params.items() if k != "_meta"}
-        meta = params.get("_meta")
         try:
-            call = CallContext(self.runtime, owner=owner, caller_env=caller_env(meta), workspace=caller_workspace(meta),
-                               ticket=ticket, config=tools.config)
+            call = CallContext(self.runtime, owner=owner, caller=lent(params.get("_meta")), ticket=ticket,
+                               config=tools.config)
             result = await self.call_tool(spec, args, call)
         except MCPError as exc:
             return _error(request_id, exc.error.code, exc.error.message, exc.error.data)
@@ -322,15 +320,10 @@ class CcwServer:
         owner = token_name(ctx)
 
         async def produce() -> dict[str, Any]:
-            terminal = caller_terminal(params.meta, spec.name)  # ours to close once the call ends
-            try:
-                call = CallContext(self.runtime, ctx.session, owner, caller_env(params.meta), terminal,
-                                   caller_workspace(params.meta), arrived_ticket(ctx.request), tools.config,
-                                   getattr(ctx, "request_id", None))
+            with lending(params.meta, spec.name) as caller:  # its terminal, if any, closed when the call ends
+                call = CallContext(self.runtime, ctx.session, owner, caller, arrived_ticket(ctx.request), tools.config,
+                                   ctx.request_id)
                 return await self.call_tool(spec, args, call)
-            finally:
-                if terminal is not None:
-                    os.close(terminal)
 
         answer = await self.tool_answer(spec, produce)
         if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
@@ -415,7 +408,7 @@ class CcwServer:
         if resource is None:
             raise MCPError(code=RESOURCE_NOT_FOUND, message=f"no resource matches {uri!r}; see resources/templates/list")
         try:
-            call = CallContext(self.runtime, ctx.session, workspace=caller_workspace(params.meta), config=tools.config)
+            call = CallContext(self.runtime, ctx.session, caller=lent(params.meta), config=tools.config)
             mime_type, text = await resource.handler(call, uri)
         except CcwError as exc:
             code = RESOURCE_NOT_FOUND if exc.code == "NOT_FOUND" else INVALID_PARAMS
@@ -426,8 +419,7 @@ class CcwServer:
         self, ctx: ServerRequestContext[ToolList], params: types.CompleteRequestParams
     ) -> types.CompleteResult:
         tools = ctx.lifespan_context
-        call = CallContext(self.runtime, ctx.session, token_name(ctx), workspace=caller_workspace(params.meta),
-                           config=tools.config)
+        call = CallContext(self.runtime, ctx.session, token_name(ctx), lent(params.meta), config=tools.config)
         return await completion.complete(self, tools, call, params)
 
     async def _on_roots_changed(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:

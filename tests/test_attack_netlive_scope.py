@@ -93,6 +93,7 @@ def test_one_server_checks_each_connections_capsule_network_by_its_own_schema(tm
 
 def test_who_names_the_token_or_the_uid_and_the_client() -> None:
     assert who(SimpleNamespace(runs=SimpleNamespace(owner="operator"))) == "token operator"  # type: ignore[arg-type]
-    ccw = SimpleNamespace(runs=SimpleNamespace(owner=None), caller_env={"PATH": "/bin"})
+    ccw = SimpleNamespace(runs=SimpleNamespace(owner=None), caller_lent=True)  # the ccw command lent its environment
     assert who(ccw).endswith("(ccw)") and who(ccw).startswith("uid ")  # type: ignore[arg-type]
-    assert who(SimpleNamespace(runs=SimpleNamespace(owner=None))).endswith("(mcp client)")  # type: ignore[arg-type]
+    client = SimpleNamespace(runs=SimpleNamespace(owner=None), caller_lent=False)
+    assert who(client).endswith("(mcp client)")  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ import base64
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, cast
@@ -52,6 +52,18 @@ class FakeContext:
     @property
     def workspace(self) -> str:
         return self.config.workspace
+
+    @property
+    def caller_env(self) -> Mapping[str, str]:
+        raise AssertionError("the text and file tools use nothing a caller lends")
+
+    @property
+    def caller_lent(self) -> bool:
+        raise AssertionError("the text and file tools use nothing a caller lends")
+
+    @property
+    def terminal(self) -> int | None:
+        raise AssertionError("the text and file tools use nothing a caller lends")
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         return None

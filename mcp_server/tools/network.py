@@ -49,7 +49,7 @@ def who(ctx: ToolContext) -> str:
     token = ctx.runs.owner
     if token is not None:
         return f"token {token}"
-    via = "ccw" if getattr(ctx, "caller_env", None) is not None else "mcp client"
+    via = "ccw" if ctx.caller_lent else "mcp client"
     return f"uid {os.getuid()} ({via})"
 
 

@@ -23,7 +23,7 @@ async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     """Run ``cmd`` in each capsule, in parallel up to the cores; the ranked table."""
     question = Question(tuple(args["capsule_ids"]), tuple(args["cmd"]), args.get("timeout_ms"),
                         args.get("policy") or "baseline")
-    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
+    values = ctx.caller_env  # the whitelist's values: the caller's (mcp_server/caller.py)
 
     async def body(run: Run) -> dict[str, Any]:
         # Kept as the run's id (none when the caller waits whole: race makes one), the run's owner's;

@@ -59,6 +59,21 @@ class ToolContext(Protocol):
         """The workspace root when the client declares no roots (the CCW_WORKSPACE of the
         ``ccw-mcp`` the client started, even when attached to another front end)."""
 
+    @property
+    def caller_env(self) -> Mapping[str, str]:
+        """The caller's environment (PATH and HOME for toolchain discovery, the values of a
+        capsule's whitelisted variables): the one a client of our own uid lent with the call
+        (mcp_server/caller.py), else this process's own."""
+
+    @property
+    def caller_lent(self) -> bool:
+        """Whether ``caller_env`` is one a client lent (the ccw command, an attached ccw-mcp)."""
+
+    @property
+    def terminal(self) -> int | None:
+        """The pty slave ``ccw capsule shell`` passed with this call, else None; the server
+        closes it when the call ends."""
+
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
         """Report progress if the caller sent a progress token; otherwise do nothing."""
 
