@@ -6,14 +6,16 @@ be secrets), exit status, blake3 of stdout/stderr, usage and touched sets.  Rows
 append-only; a capsule's runs are numbered from 1 in the order they finished (a service's
 run has its name in ``service``; an exec's ``services`` holds the specs of the services
 that ran beside it, JSON).  stdin is kept (a replay must feed it again); env values are not.
+A new capsule, its destruction, each exec and each write is also an event
+(``mcp_server.events``), emitted in its row's own transaction.
 
 ``capsule_base`` holds, for each path a capsule changed, what the base held there when
 the change was first seen (kind, mode, blake3 or link target, or "absent").
 
 Every write to a capsule's contents advances its change generation, by the rules of
 ``core/generations.py``; each exec and write row keeps the generations it started on and
-produced.  The tables and their migration are ``journal_schema.py``; how a run is shown
-is ``journal_view.py``.
+produced.  The tables and their migration are ``journal_schema.py``; how a record becomes
+a row and back is ``journal_records.py``; how a run is shown is ``journal_view.py``.
 
 ``exec_outputs`` keeps what each exec printed, so a witness can carry it and a replay can
 show the lines that differ: the first ``OUTPUT_KEEP_BYTES`` of each stream (the helper's
@@ -25,126 +27,23 @@ force recorded.  It is bounded per exec, and a capsule's rows go when it is dest
 from __future__ import annotations
 
 import base64
-import dataclasses
-import json
-from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 
 from mcp_server import events, journal_schema
 from mcp_server.core.generations import exec_advances
-from mcp_server.core.netrules import NetworkSpec, network_json, parse_network
+from mcp_server.journal_records import (
+    CapsuleRecord,
+    capsule_record,
+    capsule_row,
+    exec_entry,
+    exec_row,
+)
 from mcp_server.state import State
 from sandbox.errors import CcwError
-from sandbox.spec import CapsuleSpec, Limits
 
 OUTPUT_KEEP_BYTES = 1 << 20  # per stream and exec
-
-_JSON_CAPSULE_FIELDS = ("env_whitelist", "limits", "isolation", "base_fingerprint")
-_JSON_EXEC_FIELDS = ("argv", "env_keys", "usage", "touched")
-
-
-@dataclass(frozen=True)
-class CapsuleRecord:
-    """A capsule as the journal knows it: the spec it was made from, and what became of it."""
-
-    capsule_id: str
-    spec: CapsuleSpec
-    parent: str | None
-    created_at: str
-    clock: str
-    isolation: dict[str, Any]
-    mount: str
-    base_fingerprint: dict[str, Any] | None
-    destroyed_at: str | None
-    generation: int = 0  # the change generation: every write to the capsule advances it
-    network_spec: NetworkSpec | None = None  # the allowlist (spec.network is then "egress"); None: none
-    volatile: tuple[str, ...] = ()  # globs of paths replay leaves out (core/volatile.py): not the helper's
-
-    # The spec's fields as the journal's readers name them (and its columns hold them).
-    @property
-    def workspace(self) -> str:
-        """Where the capsule's commands see their workspace."""
-        return self.spec.workspace
-
-    @property
-    def base(self) -> str:
-        """The directory the capsule's view starts from (the workspace, or a snapshot)."""
-        return self.spec.lower
-
-    @property
-    def clock_offset_sec(self) -> int:
-        """The capsule's clock offset from the real one."""
-        return self.spec.clock_offset_sec
-
-    @property
-    def env_whitelist(self) -> list[str]:
-        """The variables a command in the capsule may set."""
-        return list(self.spec.env_whitelist)
-
-    @property
-    def limits(self) -> dict[str, Any]:
-        """The capsule's limits as given (only those set)."""
-        return self.spec.limits.to_json()
-
-    @property
-    def network(self) -> str | dict[str, Any]:
-        """The capsule's network: "none" or its allowlist's canonical object (netrules.network_json)."""
-        return network_json(self.network_spec)
-
-
-def _capsule_row(record: CapsuleRecord) -> dict[str, Any]:
-    """The capsules table's row for ``record`` (its columns predate CapsuleSpec)."""
-    row: dict[str, Any] = {
-        "capsule_id": record.capsule_id, "workspace": record.workspace, "base": record.base,
-        "parent": record.parent, "created_at": record.created_at, "clock": record.clock,
-        "clock_offset_sec": record.clock_offset_sec, "env_whitelist": record.env_whitelist,
-        "limits": record.limits, "network": _network_column(record.network_spec), "isolation": record.isolation,
-        "mount": record.mount, "base_fingerprint": record.base_fingerprint,
-        "destroyed_at": record.destroyed_at, "generation": record.generation,
-        "volatile": json.dumps(list(record.volatile)) if record.volatile else None,
-        "expose": json.dumps(list(record.spec.expose)) if record.spec.expose else None,
-        "gitdirs": json.dumps(list(record.spec.gitdirs)) if record.spec.gitdirs else None,
-    }
-    for key in _JSON_CAPSULE_FIELDS:
-        row[key] = None if row[key] is None else json.dumps(row[key], sort_keys=True)
-    return row
-
-
-def _capsule_record(row: Any) -> CapsuleRecord:
-    """The record a capsules row (sqlite3.Row) holds."""
-    data = dict(row)
-    for key in _JSON_CAPSULE_FIELDS:
-        data[key] = None if data[key] is None else json.loads(data[key])
-    network_spec = network_from_column(data.pop("network"))
-    data["volatile"] = tuple(json.loads(data.get("volatile") or "[]"))
-    spec = CapsuleSpec(
-        workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
-        env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),
-        network=helper_network(network_spec), expose=tuple(json.loads(data.pop("expose", None) or "[]")),
-        gitdirs=tuple(json.loads(data.pop("gitdirs", None) or "[]")),
-    )
-    if spec.base == spec.workspace:
-        spec = dataclasses.replace(spec, base=None)
-    return CapsuleRecord(spec=spec, network_spec=network_spec, **data)
-
-
-def _network_column(network_spec: NetworkSpec | None) -> str:
-    """The ``network`` column: "none" (as before allowlists) or the allowlist's canonical JSON."""
-    return "none" if network_spec is None else json.dumps(network_spec.to_json(), sort_keys=True)
-
-
-def network_from_column(value: Any) -> NetworkSpec | None:
-    """The allowlist a ``network`` column (or a witness's ``capsule.network``) holds; None for "none"."""
-    if isinstance(value, str) and value != "none":
-        value = json.loads(value)
-    return parse_network(value)
-
-
-def helper_network(network_spec: NetworkSpec | None) -> str:
-    """The helper's CapsuleSpec.network for an allowlist (sandbox.spec.NETWORKS): it never sees the rules."""
-    return "none" if network_spec is None else "egress"
 
 
 class Journal:
@@ -157,7 +56,7 @@ class Journal:
 
     def add_capsule(self, record: CapsuleRecord) -> None:
         """Record a new capsule."""
-        row = _capsule_row(record)
+        row = capsule_row(record)
         cols = ", ".join(row)
         marks = ", ".join("?" for _ in row)
         with self.state.transaction() as db:
@@ -171,7 +70,7 @@ class Journal:
         rows = self.state.execute("SELECT * FROM capsules WHERE capsule_id = ?", (capsule_id,))
         if not rows:
             return None
-        return _capsule_record(rows[0])
+        return capsule_record(rows[0])
 
     def live_capsule(self, capsule_id: str, missing: str) -> CapsuleRecord:
         """The record of a capsule not destroyed; NOT_FOUND with the message ``missing``
@@ -288,13 +187,10 @@ class Journal:
             current = self._generation(db, capsule_id)
             row.setdefault("generation", current)
             row["generation_out"] = self._advance(db, capsule_id) if exec_advances(entry["touched"]) else None
-            for key in _JSON_EXEC_FIELDS:
-                row[key] = json.dumps(row[key], sort_keys=True)
-            if row.get("written_mtimes") is not None:
-                row["written_mtimes"] = json.dumps(row["written_mtimes"], sort_keys=True)
-            cols = ", ".join(row)
-            marks = ", ".join("?" for _ in row)
-            db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(row.values()))
+            columns = exec_row(row)
+            cols = ", ".join(columns)
+            marks = ", ".join("?" for _ in columns)
+            db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(columns.values()))
             for kind, data in events.run_events(last + 1, {"generation": row["generation"], **entry},
                                                 row["generation_out"]):
                 events.emit(db, kind, capsule_id, data)
@@ -331,16 +227,4 @@ class Journal:
         else:  # the primary key (capsule_id, seq) walks the page backwards
             rows = self.state.execute("SELECT * FROM execs WHERE capsule_id = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
                                       (capsule_id, before if before is not None else 2**62, limit or -1))[::-1]
-        out = []
-        for row in rows:
-            data = dict(row)
-            for key in _JSON_EXEC_FIELDS:
-                data[key] = json.loads(data[key])
-            data["timed_out"] = bool(data["timed_out"])
-            data["oom_killed"] = bool(data["oom_killed"])
-            data["terminal"] = bool(data.get("terminal"))  # ccw capsule shell: no output, no input kept
-            # path -> mtime_ns of the files the exec wrote, as it left them (None: not known)
-            data["written_mtimes"] = json.loads(data["written_mtimes"]) if data.get("written_mtimes") else None
-            out.append(data)
-        return out
-
+        return [exec_entry(row) for row in rows]

@@ -12,7 +12,8 @@ import pytest
 
 from mcp_server.capsules.deltamin import _evidence, _journal_outcomes
 from mcp_server.core.generations import exec_advances, observes
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox.spec import CapsuleSpec
 from tests.support.journal_rows import FIRST_RELEASE_TABLES

@@ -17,7 +17,8 @@ from mcp_server.cli.network import tool_args
 from mcp_server.core import netrules
 from mcp_server.core.netspace import HostSpace
 from mcp_server.events import EventLog
-from mcp_server.journal import CapsuleRecord, Journal, helper_network
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord, helper_network
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec

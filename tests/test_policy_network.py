@@ -12,7 +12,8 @@ from mcp_server.core import replaydiff
 from mcp_server.core.netrules import parse_network
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, ExecFacts, evaluate
 from mcp_server.fs.policy import builtin_policies, validate_policy
-from mcp_server.journal import CapsuleRecord, Journal, helper_network, network_from_column
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord, helper_network, network_from_column
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec

@@ -22,7 +22,8 @@ from mcp_server.cli.net import render_pending
 from mcp_server.config import Config
 from mcp_server.core import netrules
 from mcp_server.events import EventLog
-from mcp_server.journal import CapsuleRecord, Journal, helper_network
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord, helper_network
 from mcp_server.state import State
 from mcp_server.tools import network as network_tool
 from mcp_server.tools.registry import Registry

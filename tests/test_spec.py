@@ -88,7 +88,8 @@ def test_cwd_rule() -> None:
 
 
 def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> None:
-    from mcp_server.journal import CapsuleRecord, Journal
+    from mcp_server.journal import Journal
+    from mcp_server.journal_records import CapsuleRecord
     from mcp_server.state import State
 
     state = State(tmp_path / "state")

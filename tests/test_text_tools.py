@@ -399,7 +399,8 @@ class CapsuleContext(FakeContext):
 
 
 def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
-    from mcp_server.journal import CapsuleRecord, Journal
+    from mcp_server.journal import Journal
+    from mcp_server.journal_records import CapsuleRecord
 
     merged = tmp_path / "merged"  # what the capsule sees: a different copy of the workspace
     merged.mkdir()

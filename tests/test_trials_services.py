@@ -22,7 +22,8 @@ from mcp_server.capsules.service_beside import services_beside
 from mcp_server.capsules.service_spec import Ready, ServiceSpec, SpecTable
 from mcp_server.capsules.trials import Material, Trials, predicate
 from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest

@@ -15,7 +15,8 @@ import trio
 
 from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.fs import witness as wfmt
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.ops import OpRequest, RunReadsRequest

@@ -13,7 +13,8 @@ import pytest
 from mcp_server.capsules.witness import build_manifest
 from mcp_server.core.witness_manifest import check
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox.spec import CapsuleSpec
 

@@ -53,7 +53,7 @@ from mcp_server.capsules.gitpromote import _git
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.fs.promote import Op
 from mcp_server.fs.view import DirFds, RootView
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 MAX_RUNS_LISTED = 50

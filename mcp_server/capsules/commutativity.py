@@ -37,7 +37,7 @@ from mcp_server.capsules.trials import Material, Trials, predicate, units_from
 from mcp_server.core.deltamin import FAIL, PASS
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 

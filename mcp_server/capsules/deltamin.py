@@ -80,7 +80,8 @@ from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
 from mcp_server.core.generations import observes
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 READ_CHANGE = TakesTurn("deltamin (reading the change)")  # the turn it takes (capsules/turns.py)

@@ -29,7 +29,7 @@ from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import Judge, Material, Trials, Unit, apply_units, file_contents
 from mcp_server.capsules.witness import WitnessOptions, make_witness
 from mcp_server.core.deltamin import FAIL, UNRESOLVED
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 
 
 class FinalCheck:

@@ -34,7 +34,7 @@ from mcp_server.capsules.replay_steps import beside, services_of
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import Run, ServicesNotReady, Trial, TrialRunner, apply_units
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 LOCAL_PARALLEL = 2  # trials at once on this machine: a 2-core VM

@@ -66,7 +66,7 @@ from mcp_server.capsules.merge_plan import Plan, Side, pairs, read_plan
 from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
 from sandbox.replies import ChangesReply

@@ -40,7 +40,7 @@ from mcp_server import events
 from mcp_server.capsules import capsecrets
 from mcp_server.capsules.networks import Networks
 from mcp_server.core.netrules import NetworkSpec, changed, parse_network, rules_id
-from mcp_server.journal import network_from_column
+from mcp_server.journal_records import network_column, network_from_column
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
@@ -133,9 +133,7 @@ def record_change(state: State, capsule_id: str, change: Callable[[NetworkSpec],
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (capsule_id, made.seq, made.at, who, json.dumps(made.allow), json.dumps(made.remove),
                     None if made.caps is None else json.dumps(made.caps, sort_keys=True), previous, ident))
-        # The journal's column, in journal._network_column's form (network_from_column reads it).
-        db.execute("UPDATE capsules SET network = ? WHERE capsule_id = ?",
-                   (json.dumps(new.to_json(), sort_keys=True), capsule_id))
+        db.execute("UPDATE capsules SET network = ? WHERE capsule_id = ?", (network_column(new), capsule_id))
         events.emit(db, "net.rules", capsule_id, {**made.to_json(), "network": new.to_json()})
     return made
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView, lstat
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 
 
 def written_mtimes(root_fd: int, paths: list[str]) -> dict[str, int]:

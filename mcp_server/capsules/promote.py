@@ -79,7 +79,8 @@ from mcp_server.fs import changeset, gitconfig
 from mcp_server.fs.gitignore import MAX_MARKER, Scope, declares_cache
 from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest, FreezeRequest, ListRequest
 from sandbox.replies import Change

@@ -66,7 +66,7 @@ from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_spec import ServiceSpec
 from mcp_server.capsules.trials import Run, Trial, Unit
 from mcp_server.capsules.witness import signature_of, witness_key
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import Executed, ReapiClient, TrioReapi
 from mcp_server.reapi.merkle import (

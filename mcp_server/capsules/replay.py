@@ -80,7 +80,7 @@ from mcp_server.fs import witness as wfmt
 from mcp_server.fs.promote import make_symlink
 from mcp_server.fs.view import RootView
 from mcp_server.fs.witness_key import Verdict
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError, from_oserror
 from sandbox.homes import login_homes
 from sandbox.hostdirs import check_capsule_dir

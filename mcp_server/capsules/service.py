@@ -51,7 +51,8 @@ from mcp_server.core import unidiff
 from mcp_server.core.netrules import NetworkSpec
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal, helper_network
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord, helper_network
 from mcp_server.state import State
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError

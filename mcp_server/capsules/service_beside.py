@@ -31,7 +31,8 @@ import trio
 from mcp_server.capsules.replay_steps import services_of
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_spec import ServiceSpec
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 

@@ -66,7 +66,7 @@ from sandbox.replies import ExecProgress
 if TYPE_CHECKING:
     import datetime
 
-    from mcp_server.journal import CapsuleRecord
+    from mcp_server.journal_records import CapsuleRecord
 
 
 class CapsuleService(Protocol):

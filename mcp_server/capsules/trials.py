@@ -36,7 +36,8 @@ from mcp_server.core.deltamin import FAIL, PASS, UNRESOLVED
 from mcp_server.fs import changeset
 from mcp_server.fs.promote import make_symlink, remove_tree
 from mcp_server.fs.view import RootView
-from mcp_server.journal import CapsuleRecord, Journal
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 

@@ -66,7 +66,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
 from mcp_server.fs.witness_key import Verdict, WitnessKey
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox.errors import CcwError, from_oserror
 from sandbox.ops import RunReadsRequest

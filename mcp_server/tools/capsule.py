@@ -42,7 +42,7 @@ from mcp_server.core.netrules import parse_network
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
 from mcp_server.fs.netpresets import expand_network
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.checks import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS

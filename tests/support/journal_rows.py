@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.journal import CapsuleRecord
+from mcp_server.journal_records import CapsuleRecord
 from sandbox.spec import CapsuleSpec
 
 
