@@ -1,55 +1,34 @@
-"""Capsule tools: create, exec, diff, fork, list, destroy (seed 003 §1–§3 shapes).
+"""Capsule tools: create, diff, fork, list, destroy (seed 003 §1–§3 shapes).
 
 Adapters over the capsule service (``ctx.capsules``, mcp_server/capsules/service.py,
-which keeps the journal, the change generation and each capsule's turns): each
-handler turns its arguments into the service's types and the service's answer into
-the tool's result.  What the results mean, where seed 003 is silent:
+which keeps the journal, the change generation and each capsule's turns; what create
+decides is capsules/create.py's): each handler turns its arguments into the service's
+types and the service's answer into the tool's result.  capsule_exec, listed after
+capsule_create, is tools/exec.py's.  What the results mean, where seed 003 is silent:
 
-- ``stdout``/``stderr`` are text (UTF-8, undecodable bytes replaced); the journal hashes
-  the raw bytes, and ``stdout_bytes``/``stderr_bytes`` count all the command wrote, even
-  past the capture cap (``truncated`` says whether the text is whole).
 - ``capsule_diff`` compares the capsule's view with its base (the workspace as it is now,
   since the live tree is the capsule's lower layer); files that are not UTF-8 are shown
   as git binary patches, so the unified diff always applies with ``git apply``.
-- Every result that describes a capsule carries its change ``generation``; an exec's
-  result gives the one it started on and the one it left, and ``queued_ms`` how long it
-  waited for the calls on the capsule before it.
-- An ``interactive`` exec (``tty``: on a pseudo-terminal) is a run whose answers carry the
-  output since the last read and a ``cursor``; capsule_run types into it
-  (mcp_server/capsules/console.py).  Its ``stdin``, if any, is its first input.  The
-  shapes are in tools/exec_result.py.
+- Every result that describes a capsule carries its change ``generation``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
 from typing import Any
 
-import trio
-
-from mcp_server.capsules import exposure, service
-from mcp_server.capsules.console import Console
-from mcp_server.capsules.exec import exec_request
+from mcp_server.capsules import service
+from mcp_server.capsules.create import Asked, create
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
-from mcp_server.capsules.gitdirs import find as find_gitdir
-from mcp_server.capsules.policy import PolicyStore
-from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
-from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.fs import changeset
 from mcp_server.fs.netpresets import expand_network
 from mcp_server.journal_records import CapsuleRecord
-from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
-from sandbox.checks import DISK_MB_MAX, DISK_MB_MIN, MAX_TIMEOUT_MS
-from sandbox.errors import CcwError
-from sandbox.homes import login_homes
-from sandbox.hostdirs import check_capsule_dir
-from sandbox.spec import CapsuleSpec, Limits
+from sandbox.checks import DISK_MB_MAX, DISK_MB_MIN
+from sandbox.spec import Limits
 
 LIMITS = {
     "type": "object",
@@ -110,74 +89,28 @@ def _git_result(result: dict[str, Any], git: Found) -> dict[str, Any]:
     return result
 
 
-def _real(path: str, what: str) -> str:
-    # The helper re-checks the path; resolving here makes journal entries canonical.
-    encoded_path(path, what)
-    return os.path.realpath(os.path.expanduser(path))
-
-
 async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Create a capsule over a workspace (never a system directory or a home's secrets: the
-    rule is sandbox/hostdirs.py's ``check_capsule_dir``, which the helper applies again)."""
-    workspace = _real(args["workspace"], "workspace")
-    base = _real(args["base"], "base") if args.get("base") else workspace
-    homes, uid = login_homes(), os.getuid()
-    check_capsule_dir("workspace", workspace, uid, homes, shown_only=base != workspace, given=args["workspace"])
-    if base != workspace:
-        check_capsule_dir("base", base, uid, homes, given=args["base"])
-    git = find_gitdir(base, uid, homes)  # a few bounded reads of small files
-    spec = CapsuleSpec(
-        workspace=workspace,
-        base=base if base != workspace else None,
+    """Create a capsule over a workspace (never a system directory or a home's secrets: what
+    it may be, and what it shows, capsules/create.py decides)."""
+    network = parse_network(expand_network(args.get("network"), ctx.state.root))  # preset:NAME: fs/netpresets.py
+    asked = Asked(
+        workspace=args["workspace"],
+        base=args.get("base"),
         clock_offset_sec=int(args.get("clock_offset_sec") or 0),
         env_whitelist=tuple(sorted(set(args.get("env_whitelist") or []))),
         limits=Limits(**(args.get("limits") or {})),
-        gitdirs=(git.gitdir,) if git.gitdir is not None else (),
+        expose=tuple(args.get("expose") or ()),
+        auto_expose=args.get("auto_expose") is not False,
+        network=network,
+        network_given=args.get("network"),
+        volatile=volatile.globs_arg(args.get("volatile")),
+        secrets=tuple(args.get("secrets") or ()),  # ccw secret list's names (capsules/capsecrets.py)
     )
-    globs = volatile.globs_arg(args.get("volatile"))
-    # The caller's PATH and HOME: the front end's own (its stdio client runs as the caller),
-    # or those the ccw command sent through the state dir's front end (mcp_server/frontdoor.py).
-    env = getattr(ctx, "caller_env", None) or os.environ
-    needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(args.get("expose") or []),
-                                          args.get("auto_expose") is not False, env, uid, homes)
-    spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
-    network = parse_network(expand_network(args.get("network"), ctx.state.root))  # preset:NAME: fs/netpresets.py
-    network = PolicyStore(ctx.state).network_defaults(network, args.get("network"))  # network.policy's on_miss
-    secrets = tuple(args.get("secrets") or ())  # ccw secret list's names (capsules/capsecrets.py)
-    result = _git_result(_capsule_result(await ctx.capsules.create(spec, network, globs, secrets)), git)
-    if needs:
-        result["exposed"] = [{"path": need.path, "reason": need.reason} for need in needs]
+    made = await create(ctx.capsules, asked, ctx.caller_env)  # PATH and HOME: the caller's (mcp_server/caller.py)
+    result = _git_result(_capsule_result(made.record), made.git)
+    if made.exposed:
+        result["exposed"] = [{"path": need.path, "reason": need.reason} for need in made.exposed]
     return result
-
-
-async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """Run a command in a capsule's jail, after the calls queued before it, and journal it; an
-    interactive one (``interactive``, ``tty``) answers with its first output and is driven by
-    capsule_run (mcp_server/capsules/console.py)."""
-    stdin = args.get("stdin")
-    terminal = getattr(ctx, "terminal", None)  # a shell's pty: the call lasts as long as its session
-    values = getattr(ctx, "caller_env", None)  # the whitelist's values: the calling ccw command's (frontdoor.py)
-    tty = bool(args.get("tty"))
-    if tty or args.get("interactive"):
-        if terminal is not None:
-            raise CcwError("INVALID_ARGUMENT", "a call that lends a terminal (ccw capsule shell) is interactive "
-                           "already: drop interactive and tty")
-        console = Console(tty)
-        if stdin:  # the first input, typed as capsule_run's would be
-            console.give(stdin.encode())
-        stdin = None
-    else:
-        console = None
-    request = exec_request(args["capsule_id"], args["cmd"], args.get("cwd"), args.get("timeout_ms"),
-                           stdin.encode() if stdin is not None else None)
-
-    async def body(run: Run) -> dict[str, Any]:
-        with console if console is not None else contextlib.nullcontext():  # its descriptors, for the run
-            return exec_result(await ctx.for_run(run).capsules.exec(request, values, terminal, console), tty)
-
-    default = CONSOLE_WAIT_MS if console is not None else WAIT_MS_DEFAULT
-    wait_ms = args.get("wait_ms", default) if terminal is None else None
-    return await ctx.runs.call("capsule_exec", args["capsule_id"], body, wait_ms, ctx.progress, console)
 
 
 async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -272,39 +205,6 @@ TOOLS = [
         handler=capsule_create,
         scope="exec",
         aliases=("capsule/create",),
-    ),
-    ToolSpec(
-        name="capsule_exec",
-        family="capsule",
-        title="Run in capsule",
-        description=(
-            "Run `cmd` in the capsule's jail: own namespaces, the workspace at its own path, no network "
-            "but its allowlist's (via ccw's proxy); PATH starts with the workspace's .venv/bin. Returns "
-            "exit status, output, usage, files read and written, connections tried. Calls on one "
-            "capsule queue in order."
-        ),
-        input_schema={
-            "type": "object",
-            "required": ["capsule_id", "cmd"],
-            "additionalProperties": False,
-            "properties": {
-                "capsule_id": CAPSULE_ID,
-                "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "cwd": {"type": ["string", "null"], "description": "Relative to the workspace (default: the workspace)."},
-                "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
-                "stdin": {"type": ["string", "null"]},
-                "wait_ms": WAIT_MS,
-                # Their answers carry run_id, output and cursor; capsule_run's description says the rest.
-                "interactive": {"type": "boolean"},
-                "tty": {"type": "boolean"},  # interactive, on a pseudo-terminal
-            },
-        },
-        output_schema=EXEC_OUTPUT,
-        handler=capsule_exec,
-        turn=service.EXEC,
-        text=exec_text,
-        scope="exec",
-        aliases=("capsule/exec",),
     ),
     ToolSpec(
         name="capsule_diff",

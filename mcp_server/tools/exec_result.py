@@ -1,8 +1,8 @@
 """capsule_exec's result: a finished exec's shape, an interactive run's answer, and their schemas.
 
-Shared by ``capsule_exec`` (mcp_server/tools/capsule.py), whose answer it is, and
+Shared by ``capsule_exec`` (mcp_server/tools/exec.py), whose answer it is, and
 ``capsule_run`` (mcp_server/tools/run.py), which answers with it once a run has ended.
-What the fields mean is said in tools/capsule.py's opening; an interactive run's
+What the fields mean is said in tools/exec.py's opening; an interactive run's
 answers (``output``, ``cursor``) in mcp_server/capsules/run.py and console.py.
 """
 

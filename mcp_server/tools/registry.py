@@ -178,9 +178,12 @@ class ResourceSpec:
 
 
 # Families, in the order tools/list shows them.  A module that does not exist yet is
-# skipped, so families can land one at a time.
+# skipped, so families can land one at a time.  A module whose tools clients have always
+# seen among another module's names the tool they follow as its ``LISTED_AFTER``
+# (tools/exec.py: capsule_exec after capsule_create), so a move leaves tools/list as it was.
 FAMILY_MODULES = (
     "mcp_server.tools.capsule",
+    "mcp_server.tools.exec",
     "mcp_server.tools.run",
     "mcp_server.tools.network",
     "mcp_server.tools.services",
@@ -209,13 +212,21 @@ class Registry:
     resources: list[ResourceSpec] = field(default_factory=list)
     _by_name: dict[str, ToolSpec] = field(default_factory=dict)
 
-    def add(self, spec: ToolSpec) -> None:
-        """Register a tool; a name or alias used twice is a programming error."""
+    def add(self, spec: ToolSpec, after: str | None = None) -> None:
+        """Register a tool, listed last or right after the tool named ``after`` (registered
+        already); a name or alias used twice is a programming error."""
         for key in (spec.name, *spec.aliases, *spec.deprecated_aliases):
             if key in self._by_name:
                 raise ValueError(f"tool name {key!r} registered twice")
+        place = len(self.tools)
+        if after is not None:
+            before = self._by_name.get(after)
+            if before is None:
+                raise ValueError(f"{spec.name}: listed after {after!r}, which is not registered before it")
+            place = self.tools.index(before) + 1
+        for key in (spec.name, *spec.aliases, *spec.deprecated_aliases):
             self._by_name[key] = spec
-        self.tools.append(spec)
+        self.tools.insert(place, spec)
 
     def lookup(self, name: str) -> ToolSpec | None:
         """The tool called ``name`` (its own name or an alias), or None."""
@@ -237,8 +248,11 @@ class Registry:
                 if exc.name == module_name:
                     continue
                 raise
+            after = getattr(module, "LISTED_AFTER", None)
             for spec in getattr(module, "TOOLS", []):
-                every.add(spec)
+                every.add(spec, after)
+                if after is not None:  # the module's next tool follows this one
+                    after = spec.name
             every.resources.extend(getattr(module, "RESOURCES", []))
         return every.select(toolsets)
 
