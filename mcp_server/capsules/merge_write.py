@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mcp_server.capsules.merge3 import State
@@ -41,8 +42,11 @@ from mcp_server.fs.view import DirFds, RootView, Side, open_name
 from mcp_server.journal import Journal
 from sandbox.errors import wrap_oserror
 
+WRITERS = 2  # files written at once: this VM's cores
 
-def _side(state: State) -> Side | None:
+
+def view_side(state: State) -> Side | None:
+    """A merged state as ``changeset`` names one (None: absent)."""
     return None if state.kind is None else Side(state.kind, state.mode, state.target)
 
 
@@ -54,7 +58,7 @@ def ops_of(plan: Plan, start: dict[str, State]) -> list[Op]:
             continue
         was = start[one.path]
         modified = one.state.kind == "file" and (was.kind != "file" or was.data != one.state.data)
-        entries.append(changeset.Entry(one.path, _side(was), _side(one.state), modified))
+        entries.append(changeset.Entry(one.path, view_side(was), view_side(one.state), modified))
     ops = changeset.promote_ops(entries)
     depth = {op.path: op.path.count("/") for op in ops}
     order = {"delete": 0, "mkdir": 1, "write": 2, "symlink": 2, "chmod": 3}
@@ -99,34 +103,56 @@ class _Writer:
 def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State],
            dated: list[str]) -> dict[str, int]:
     """The ops, in order, none fsynced (see the module's docstring); the mtime of each file of
-    ``dated``, as written or as ``start`` held it."""
+    ``dated``, as written or as ``start`` held it.  The files and symlinks, which no other op of
+    theirs orders (their directories are made before them, their modes set after), are written
+    ``WRITERS`` at a time, each writer with descriptors of its own: each file is a create and a
+    rename on overlayfs, syscalls that overlap on two cores."""
+    first = next((i for i, op in enumerate(ops) if op.action in ("write", "symlink")), len(ops))
+    last = next((i for i, op in enumerate(ops) if op.action == "chmod"), len(ops))
+    with DirFds(view) as dirs:
+        for op in ops[:first]:
+            _structure(view, dirs, op, contents[op.path])
+    files = ops[first:last]
+    share = -(-len(files) // WRITERS)
+    with ThreadPoolExecutor(WRITERS) as pool:
+        parts = list(pool.map(lambda part: _write(view, part, contents, start), [
+            files[at:at + share] for at in range(0, len(files), share or 1)]))
+    mtimes = {path: mtime for part in parts for path, mtime in part.items()}
+    with DirFds(view) as dirs:
+        for op in ops[last:]:
+            view.chmod(op.path, contents[op.path].mode)
+        for path in dated:
+            if path not in mtimes:
+                head, _, name = path.rpartition("/")
+                mtimes[path] = os.stat(name, dir_fd=dirs.get(head), follow_symlinks=False).st_mtime_ns
+    return mtimes
+
+
+def _structure(view: RootView, dirs: DirFds, op: Op, merged: State) -> None:
+    """A delete or a mkdir (``dirs`` forgotten first: a directory removed or made must not be
+    reached through a kept descriptor)."""
+    dirs.forget()
+    if op.action == "mkdir":
+        view.makedirs(op.path)
+        view.chmod(op.path, merged.mode)
+    elif view.stat(op.path).st_mode & 0o170000 == 0o040000:
+        view.rmdir(op.path)
+    else:
+        view.unlink(op.path)
+
+
+def _write(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State]) -> dict[str, int]:
+    """Files and symlinks, through descriptors of this writer's own; the files' mtimes."""
     with DirFds(view) as dirs:
         writer = _Writer(dirs)
         for op in ops:
             merged = contents[op.path]
-            if op.action == "delete":
-                dirs.forget()  # a directory removed must not be reached through a kept descriptor
-                if view.stat(op.path).st_mode & 0o170000 == 0o040000:
-                    view.rmdir(op.path)
-                else:
-                    view.unlink(op.path)
-            elif op.action == "mkdir":
-                dirs.forget()
-                view.makedirs(op.path)
-                view.chmod(op.path, merged.mode)
-            elif op.action == "write":
-                assert merged.data is not None
-                with wrap_oserror("merge: write", op.path):
-                    writer.put(op.path, merged.data, merged.mode, start[op.path].kind is not None)
-            elif op.action == "symlink":
+            if op.action == "symlink":
                 make_symlink(view, merged.target or "", op.path)
-            else:
-                view.chmod(op.path, merged.mode)
-        for path in dated:
-            if path in writer.mtimes:
                 continue
-            head, _, name = path.rpartition("/")
-            writer.mtimes[path] = os.stat(name, dir_fd=dirs.get(head), follow_symlinks=False).st_mtime_ns
+            assert merged.data is not None
+            with wrap_oserror("merge: write", op.path):
+                writer.put(op.path, merged.data, merged.mode, start[op.path].kind is not None)
         return writer.mtimes
 
 
