@@ -66,6 +66,7 @@ from mcp_server.capsules.merge_plan import Plan, Side, pairs, read_plan
 from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
+from mcp_server.fs import changeset
 from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
@@ -140,11 +141,21 @@ def _live_recorded(service: CapsuleService, records: list[CapsuleRecord]) -> dic
     return _live_states(records[0].workspace, sorted(paths))
 
 
+def _lower_recorded(service: CapsuleService, records: list[CapsuleRecord], plan: Plan) -> dict[str, str]:
+    """``_live_recorded`` where the capsules' base directory is the live workspace: the states the
+    plan read there, at the merged paths (the only ones ``_checked_base`` looks at)."""
+    paths = {path for record in records for path in _recorded_states(service.journal, record)}
+    return {path: changeset.state_text(merge_write.view_side(state), state.data)
+            for path, state in plan.lower.items() if path in paths}
+
+
 async def _read(service: CapsuleService, records: list[CapsuleRecord],
                 ancestor: CapsuleRecord | None) -> tuple[Plan, int, dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
-    the first input's generation then, and the live workspace's states (``_live_recorded``, read
-    beside the plan: on two cores the one's hashing overlaps the other's reads)."""
+    the first input's generation then, and the live workspace's states.  Over the workspace
+    itself those are the plan's own reads of the base directory (``_lower_recorded``: each file
+    read once, not again to hash it); over a snapshot, ``_live_recorded`` reads the workspace
+    beside the plan (on two cores the one's hashing overlaps the other's reads)."""
     ids = sorted(record.capsule_id for record in records)
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
@@ -175,6 +186,9 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
         generation = service.journal.generation(records[0].capsule_id)
         sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
         inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
+        if records[0].spec.base is None:
+            plan = await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+            return plan, generation, await trio.to_thread.run_sync(_lower_recorded, service, records, plan)
         live: dict[str, str] = {}
 
         async def read_live() -> None:

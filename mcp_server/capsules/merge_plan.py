@@ -46,6 +46,7 @@ class Plan:
     base: dict[str, State] = field(default_factory=dict)
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     sides: dict[str, dict[str, State]] = field(default_factory=dict)  # capsule -> path -> state
+    lower: dict[str, State] = field(default_factory=dict)  # the capsules' base directory (``base`` without an ancestor)
 
     @property
     def conflicts(self) -> list[Outcome]:
@@ -102,7 +103,8 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
     finally:
         for view in views:
             view.close()
-    plan = Plan(base=read[ancestor.name] if ancestor else under, sides={side.name: read[side.name] for side in sides})
+    plan = Plan(base=read[ancestor.name] if ancestor else under, sides={side.name: read[side.name] for side in sides},
+                lower=under)
     for path in ordered:
         plan.outcomes[path] = merge_path(path, plan.base[path], [(s.name, plan.sides[s.name][path]) for s in sides])
     _parents_hold(plan)

@@ -181,18 +181,25 @@ def base_state(view: RootView, path: str, dirs: DirFds | None = None) -> str:
 
     ``dirs``: a descriptor cache of ``view`` for many paths in a row (see ``DirFds``).
     """
+    side = lstat(view, path) if dirs is None else dirs.lstat(path)
+    data = None
+    if side is not None and side.kind == "file":
+        data = view.read_bytes(path) if dirs is None else dirs.read_regular(path, missing_ok=False)
+    return state_text(side, data)
+
+
+def state_text(side: Side | None, data: bytes | None = None) -> str:
+    """``base_state``'s text of a state already read (``data``: a file's bytes)."""
     import blake3
 
     from mcp_server.core.canonical import canonical_text
 
-    side = lstat(view, path) if dirs is None else dirs.lstat(path)
     if side is None:
         return "absent"
     state: dict[str, Any] = {"kind": side.kind, "mode": side.mode}
     if side.kind == "symlink":
         state["target"] = side.target
     elif side.kind == "file":
-        data = view.read_bytes(path) if dirs is None else dirs.read_regular(path, missing_ok=False)
         assert data is not None
         state["blake3"] = blake3.blake3(data).hexdigest()
     return canonical_text(state)
