@@ -88,11 +88,11 @@ def interleaved(runners: dict[str, Callable[[], object]], repeat: int, seed: int
 
 
 async def interleaved_async(runners: dict[str, Callable[[], Awaitable[float]]], repeat: int,
-                            seed: int = 0) -> dict[str, list[float]]:
+                            seed: int = 0, warmup: bool = True) -> dict[str, list[float]]:
     """``interleaved`` for runners that are coroutines and return their own figure (seconds,
-    a throughput): each one's figures over ``repeat`` rounds after one warm-up each, in a
-    new order every round."""
-    for runner in runners.values():
+    a throughput): each one's figures over ``repeat`` rounds after one warm-up each (none
+    without ``warmup``: a smoke run's figures mean nothing), in a new order every round."""
+    for runner in runners.values() if warmup else ():
         await runner()
     figures: dict[str, list[float]] = {name: [] for name in runners}
     order, shuffler = list(runners), random.Random(seed)

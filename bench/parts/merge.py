@@ -93,9 +93,10 @@ async def _ccw_merge(call: Any, ids: list[str], dry_run: bool, changed: int) -> 
     return elapsed
 
 
-async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED) -> dict[str, list[float]]:
-    """Seconds per merge of each kind, over ``rounds`` rounds after one warm-up each, with
-    ``changed`` files (a multiple of ``PER_DIR``) changed in each capsule."""
+async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED,
+                  warmup: bool = True) -> dict[str, list[float]]:
+    """Seconds per merge of each kind, over ``rounds`` rounds after one warm-up each (none
+    without ``warmup``), with ``changed`` files (a multiple of ``PER_DIR``) changed in each capsule."""
     ws, repo = base / "merge-ws", base / "merge-git"
     _tree(ws, 2 * changed)
     _branches(ws, repo, changed)
@@ -114,7 +115,7 @@ async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED) ->
                "dry run": lambda: _ccw_merge(call, ids, True, changed),
                "git merge": git_merge}
     times: dict[str, list[float]] = {name: [] for name in runners}
-    for runner in runners.values():
+    for runner in runners.values() if warmup else ():
         await runner()
     order, shuffler = list(runners), random.Random(1)
     for _ in range(rounds):
@@ -126,11 +127,11 @@ async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED) ->
     return times
 
 
-async def measured(base: Path, rounds: int, changed: int = CHANGED) -> dict[str, list[float]]:
+async def measured(base: Path, rounds: int, changed: int = CHANGED, warmup: bool = True) -> dict[str, list[float]]:
     """``measure`` over a runtime of its own, its state dir under ``base``."""
     (base / "merge-state").mkdir()
     async with in_process_tools(base / "merge-state") as tools:
-        return await measure(tools.call, base, rounds, changed)
+        return await measure(tools.call, base, rounds, changed, warmup)
 
 
 def rows(times: dict[str, list[float]], rounds: int, changed: int = CHANGED) -> list[Row]:

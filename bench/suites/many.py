@@ -85,11 +85,11 @@ async def _one_after_another(call: Any, forks: list[str], work: list[str]) -> fl
 
 
 async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int, race_rounds: int,
-                   work: list[str]) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
+                   work: list[str], warmup: bool) -> tuple[dict[int, list[float]], dict[str, list[float]]]:
     ws = _workspace(base)
     async with in_process_tools(base / "state") as tools:
         per_fork: dict[int, list[float]] = {n: [] for n in sizes}
-        for n in sizes:  # warm-up
+        for n in sizes if warmup else ():  # warm-up
             await _fork_round(tools.call, ws, n)
         order, shuffler = list(sizes), random.Random(0)
         for _ in range(fork_rounds):
@@ -100,7 +100,7 @@ async def _measure(base: Path, sizes: tuple[int, ...], fork_rounds: int, race_ro
         forks = (await tools.call("capsule_fork", {"capsule_id": parent, "count": RACERS}))["capsule_ids"]
         runners = {"race": _race, "one after another": _one_after_another}
         races: dict[str, list[float]] = {name: [] for name in runners}
-        for runner in runners.values():  # warm-up
+        for runner in runners.values() if warmup else ():  # warm-up
             await runner(tools.call, forks, work)
         names = list(runners)
         for _ in range(race_rounds):
@@ -121,8 +121,8 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     base = Path(tempfile.mkdtemp(prefix="ccw-bench-many-"))
     (base / "state").mkdir()
     try:
-        per_fork, races = trio.run(_measure, base, sizes, fork_rounds, race_rounds, work)
-        merges = trio.run(merge.measured, base, race_rounds, changed)
+        per_fork, races = trio.run(_measure, base, sizes, fork_rounds, race_rounds, work, not smoke)
+        merges = trio.run(merge.measured, base, race_rounds, changed, not smoke)  # smoke: no warm-ups
     finally:
         shutil.rmtree(base, ignore_errors=True)
     one = median_ms(per_fork[1])

@@ -138,7 +138,7 @@ class _Runs:
         return _throughput(done.stdout.decode(), self.size)
 
 
-async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> dict[str, list[float]]:
+async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers, warmup: bool) -> dict[str, list[float]]:
     ws = root / "ws"
     ws.mkdir()
     async with in_process_tools(root / "state") as tools:
@@ -151,7 +151,7 @@ async def _measure(root: Path, repeat: int, size: int, servers: nf.Servers) -> d
             "download_capsule": runs.download_in_capsule, "download_host": runs.download_on_host,
             "shaped_capsule": _at_link_speed(servers, runs.download_in_capsule),
             "shaped_host": _at_link_speed(servers, runs.download_on_host),
-        }, repeat)
+        }, repeat, warmup=warmup)
 
 
 def run(quick: bool = False, smoke: bool = False) -> Report:
@@ -165,7 +165,7 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
         root = Path(tmp)
         nf.big_file(root / "srv", "download.bin", size)
         with nf.server_namespace(root / "srv", "http://denied.example/") as servers:
-            figures = trio.run(_measure, root, repeat, size, servers)
+            figures = trio.run(_measure, root, repeat, size, servers, not smoke)
     report.add(Row("capsule create, allowlist", median_ms(figures["create_allowlist"]),
                    "network none", median_ms(figures["create_none"]), "<= 1.2x"))
     report.add(Row("create + first exec /bin/true, allowlist", median_ms(figures["first_allowlist"]),
