@@ -15,8 +15,10 @@ import pytest
 from mcp_server.capsules.merge import Question, report
 from mcp_server.capsules.merge3 import ABSENT, State, merge_file, merge_path
 from mcp_server.capsules.merge_plan import Side, pairs, read_plan
-from mcp_server.capsules.merge_write import ops_of
+from mcp_server.capsules.merge_write import _apply, ops_of, view_side
 from mcp_server.cli.merge import succeeded, text
+from mcp_server.fs import changeset
+from mcp_server.fs.view import RootView
 from mcp_server.tools.merge import TOOLS
 from sandbox.replies import Change
 
@@ -206,3 +208,52 @@ def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Pat
     spec = TOOLS[0]
     assert [spec.scope_for(args) for args in ({"capsule_ids": names}, {"into": "live"},
                                               {"into": "live", "dry_run": True})] == ["exec", "promote", "exec"]
+
+
+def test_the_base_read_by_the_plan_is_the_live_check_s_state(tmp_path: Path) -> None:
+    """Over the workspace itself, the live check's states are the plan's reads (merge._lower_recorded):
+    they must be the text ``changeset.base_state`` reads afresh, at every merged path, absent ones too."""
+    base = tmp_path / "base"
+    plan = read_plan(str(base), _sides(base, tmp_path / "one", tmp_path / "two"), None)
+    (base / "docs").chmod(0o750)
+    with RootView.open(str(base)) as live:
+        fresh = {path: changeset.base_state(live, path) for path in plan.lower}
+    texts = {path: changeset.state_text(view_side(state), state.data) for path, state in plan.lower.items()}
+    assert texts["added.txt"] == "absent" and '"blake3"' in texts["src/m.py"]
+    assert {path: text for path, text in texts.items() if path != "docs"} == {
+        path: text for path, text in fresh.items() if path != "docs"}
+    assert texts["docs"] != fresh["docs"]  # a mode changed since the plan was read is seen
+
+
+def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -> None:
+    """merge_write._apply writes the files WRITERS at a time: every merged path holds its merged state after."""
+    base, one, two, target = (tmp_path / name for name in ("base", "one", "two", "target"))
+    _tree(base, {f"d{d}/f{i}.txt": b"%d %d\n" % (d, i) for d in range(3) for i in range(12)})
+    for copy in (one, two, target):
+        shutil.copytree(base, copy, symlinks=True)
+    _tree(one, {**{f"d0/f{i}.txt": b"one %d\n" % i for i in range(12)}, "d3/new.txt": b"new\n"})
+    _tree(two, {f"d1/f{i}.txt": b"two %d\n" % i for i in range(12)})
+    (two / "d2" / "f0.txt").unlink()
+    (two / "link").symlink_to("d0")
+    changes = [[Change(f"d0/f{i}.txt", "modified", "file") for i in range(12)] + [Change("d3", "added", "dir"),
+                Change("d3/new.txt", "added", "file")],
+               [Change(f"d1/f{i}.txt", "modified", "file") for i in range(12)] + [
+                Change("d2/f0.txt", "deleted", "file"), Change("link", "added", "symlink")]]
+    sides = [Side(name, os.open(root, os.O_RDONLY | os.O_DIRECTORY), listed)
+             for name, root, listed in zip(("one", "two"), (one, two), changes, strict=True)]
+    plan = read_plan(str(base), sides, None)
+    assert not plan.conflicts and len(plan.changed) == 28  # 24 edits, a directory and its file, a delete, a link
+    contents = {o.path: o.state for o in plan.outcomes.values() if o.state is not None}
+    dated = [o.path for o in plan.changed if o.state is not None and o.state.kind == "file"]
+    with RootView.open(str(target)) as view:
+        mtimes = _apply(view, ops_of(plan, plan.base), contents, plan.base, dated)
+    assert sorted(mtimes) == sorted(dated)
+    for path, state in contents.items():
+        got = target / path
+        if state.kind is None:
+            assert not os.path.lexists(got), path
+        elif state.kind == "symlink":
+            assert os.readlink(got) == state.target
+        elif state.kind == "file":
+            assert got.read_bytes() == state.data and os.stat(got).st_mtime_ns == mtimes[path], path
+    assert sorted(name for name in os.listdir(target / "d1") if name.startswith(".ccw-merge")) == []
