@@ -46,12 +46,12 @@ class Runtime:
     """What every call shares: config, state, the lazily opened helper client."""
 
     def __init__(self, config: Config, state: State,
-                 run_events: Callable[[Run], Sequence[tuple[str, Mapping[str, Any]]]] | None = None) -> None:
+                 run_outcome: Callable[[Run], Sequence[tuple[str, Mapping[str, Any]]]] | None = None) -> None:
         self.config = config
         self.state = state
-        # What an ended run tells the event stream: its tool's to say (CcwServer.run_events
+        # What an ended run tells the event stream: its tool's to say (CcwServer.run_outcome
         # asks the tool's spec); None: nothing (a runtime without a server's tools: tests).
-        self._run_events = run_events
+        self._run_outcome = run_outcome
         self._helper: HelperClient | None = None
         self._helper_lock = trio.Lock()
         self.events = EventLog(state)
@@ -77,8 +77,8 @@ class Runtime:
 
     def _run_ended(self, run: Run) -> None:
         # A replay's or deltamin's outcome is an event (a command's run is one already).
-        if self._run_events is not None:
-            record_outcome(self.state, run.capsule_id, self._run_events(run))
+        if self._run_outcome is not None:
+            record_outcome(self.state, run.capsule_id, self._run_outcome(run))
 
     async def helper(self) -> HelperClient:
         """The helper client, connected or spawned on first use (mcp_server.launcher).

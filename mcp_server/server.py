@@ -87,7 +87,7 @@ class CcwServer:
         # Every tool this process can serve (``registry``: a test's own); a connection is
         # served the part its CCW_TOOLSETS chooses.
         self.servable = registry if registry is not None else Registry.load(TOOLSETS)
-        self.runtime = Runtime(config, state, self.run_events)
+        self.runtime = Runtime(config, state, self.run_outcome)
         self.check_output = config.debug
         # By the spec itself, not its name: a profile may serve a narrowed spec of the same name
         # (ToolSpec.narrowed) beside another connection's whole one.  Each entry holds its spec,
@@ -235,7 +235,7 @@ class CcwServer:
 
     # --- the tool pipeline ------------------------------------------------------
 
-    def run_events(self, run: Run) -> list[tuple[str, dict[str, Any]]]:
+    def run_outcome(self, run: Run) -> list[tuple[str, dict[str, Any]]]:
         """The events of an ended run: its tool's ``ToolSpec.outcome`` of the run's result or error."""
         spec = self.servable.lookup(run.tool)
         return spec.outcome(run.result, run.error) if spec is not None and spec.outcome is not None else []

@@ -131,7 +131,7 @@ class ToolSpec:
     narrowed: Callable[[ToolSpec], ToolSpec] | None = None
     # What a person watching the event stream learns when a call ends (events.record_outcome
     # appends it); None: nothing beyond what its work journals.  A call answered through a
-    # run (capsules/run.py) is told when the run ends (CcwServer.run_events); one answered
+    # run (capsules/run.py) is told when the run ends (CcwServer.run_outcome); one answered
     # at once, by its handler, which alone knows which of its failures are refusals.
     outcome: Outcome | None = None
 
