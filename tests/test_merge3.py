@@ -257,3 +257,22 @@ def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -
         elif state.kind == "file":
             assert got.read_bytes() == state.data and os.stat(got).st_mtime_ns == mtimes[path], path
     assert sorted(name for name in os.listdir(target / "d1") if name.startswith(".ccw-merge")) == []
+
+
+def test_a_merge_with_no_file_to_write_deletes_and_sets_modes_only(tmp_path: Path) -> None:
+    """Deletes, then modes, with no write between them: a mode change is never taken for a delete."""
+    base, one, two, target = (tmp_path / name for name in ("base", "one", "two", "target"))
+    _tree(base, {"a.txt": b"a\n", "b.txt": b"b\n"})
+    for copy in (one, two, target):
+        shutil.copytree(base, copy, symlinks=True)
+    (one / "a.txt").chmod(0o755)
+    (two / "b.txt").unlink()
+    sides = [Side("one", os.open(one, os.O_RDONLY | os.O_DIRECTORY), [Change("a.txt", "mode_changed", "file", 0o755)]),
+             Side("two", os.open(two, os.O_RDONLY | os.O_DIRECTORY), [Change("b.txt", "deleted", "file")])]
+    plan = read_plan(str(base), sides, None)
+    ops = ops_of(plan, plan.base)
+    assert [(op.action, op.path) for op in ops] == [("delete", "b.txt"), ("chmod", "a.txt")]
+    contents = {o.path: o.state for o in plan.outcomes.values() if o.state is not None}
+    with RootView.open(str(target)) as view:
+        assert _apply(view, ops, contents, plan.base, []) == {}
+    assert sorted(os.listdir(target)) == ["a.txt"] and (target / "a.txt").stat().st_mode & 0o777 == 0o755

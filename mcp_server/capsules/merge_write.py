@@ -107,7 +107,7 @@ def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dic
     theirs orders (their directories are made before them, their modes set after), are written
     ``WRITERS`` at a time, each writer with descriptors of its own: each file is a create and a
     rename on overlayfs, syscalls that overlap on two cores."""
-    first = next((i for i, op in enumerate(ops) if op.action in ("write", "symlink")), len(ops))
+    first = next((i for i, op in enumerate(ops) if op.action not in ("delete", "mkdir")), len(ops))
     last = next((i for i, op in enumerate(ops) if op.action == "chmod"), len(ops))
     with DirFds(view) as dirs:
         for op in ops[:first]:
