@@ -80,7 +80,9 @@ def capsule_disk_mb(args: argparse.Namespace, env: Mapping[str, str] | None = No
         try:
             value = int(text) if text else disk.DEFAULT_MB
         except ValueError:
-            raise CcwError("INVALID_ARGUMENT", f"CCW_CAPSULE_DISK_MB must be a whole number of MiB, not {text!r:.40}") from None
+            raise CcwError(
+                "INVALID_ARGUMENT", f"CCW_CAPSULE_DISK_MB must be a whole number of MiB, not {text!r:.40}"
+            ) from None
     if value != 0:
         disk.check_size("--capsule-disk-mb (CCW_CAPSULE_DISK_MB)", value)
     assert isinstance(value, int)

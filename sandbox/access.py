@@ -166,7 +166,8 @@ def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir
         lower_fd = base_fd if base_fd is not None else ws_fd
         assert lower_fd is not None
         lower_real = os.readlink(f"/proc/self/fd/{lower_fd}")
-        _check_resolved("base" if base is not None else "workspace", lower_real, state_dir, allow_state=base is not None)
+        _check_resolved("base" if base is not None else "workspace", lower_real, state_dir,
+                        allow_state=base is not None)
         yield lower_fd, lower_real
     finally:
         if ws_fd is not None:

@@ -64,6 +64,7 @@ def build(capsules_dir: str, meta: dict[str, Any], spec: CapsuleSpec, root_st: o
             overlay.teardown(point)
         shutil.rmtree(building, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise from_oserror(exc, "create capsule dirs", building, "check the state dir's space and permissions") from exc
+            raise from_oserror(exc, "create capsule dirs", building,
+                               "check the state dir's space and permissions") from exc
         raise
     return final

@@ -6,23 +6,24 @@ reports of the request in flight, or raises its error.  The wrappers only move b
 
 * ``HelperClient`` (trio), the front end's: ``call(request)`` sends one typed request of
   the closed op set (``sandbox/ops.py``) and returns the op's typed reply
-  (``sandbox/replies.py``), or raises the helper's CcwError rebuilt from the error reply.  Requests on one connection are answered in
-  order, and an ``exec`` can run for minutes, so each in-flight request holds a
-  connection of its own: idle connections are kept in a small pool and new ones opened
-  when all are busy.  A request that is cancelled or fails mid-frame closes its
-  connection (its stream position is unknown) and the pool opens a fresh one next time.
-  So a diff or a file read sent while an exec runs travels on a connection of its own
-  and is not held behind it; the helper notices a cancelled exec's closed connection at
-  its next progress report and ends the command.
+  (``sandbox/replies.py``), or raises the helper's CcwError rebuilt from the error reply.
+  Requests on one connection are answered in order, and an ``exec`` can run for minutes, so
+  each in-flight request holds a connection of its own: idle connections are kept in a small
+  pool and new ones opened when all are busy.  A request that is cancelled or fails
+  mid-frame closes its connection (its stream position is unknown) and the pool opens a
+  fresh one next time.  So a diff or a file read sent while an exec runs travels on a
+  connection of its own and is not held behind it; the helper notices a cancelled exec's
+  closed connection at its next progress report and ends the command.
 * ``BlockingClient``, for short-lived commands (``ccw helper status``, ``ccw doctor``):
   one connection and a timeout, for ``hello`` (and ``net_open``, for callers without trio).
 
 Replies are read with ``recvmsg`` so that a descriptor passed with SCM_RIGHTS
-(``open_root``, ``net_open``) is never lost; descriptors arrive close-on-exec, and any the caller did
-not ask for are closed at once.  A request that holds descriptors (an exec on a terminal:
-``ExecRequest.tty_fd``) sends copies with its frame's first byte (``sendmsg``).  A helper that goes away mid-request (EOF, or a reset
-when it died with our bytes unread, or EPIPE on send) is UNAVAILABLE with the advice to
-retry, never an internal error.  The helper process itself never imports this module.
+(``open_root``, ``net_open``) is never lost; descriptors arrive close-on-exec, and any the
+caller did not ask for are closed at once.  A request that holds descriptors (an exec on a
+terminal: ``ExecRequest.tty_fd``) sends copies with its frame's first byte (``sendmsg``).  A
+helper that goes away mid-request (EOF, or a reset when it died with our bytes unread, or
+EPIPE on send) is UNAVAILABLE with the advice to retry, never an internal error.  The helper
+process itself never imports this module.
 """
 
 from __future__ import annotations

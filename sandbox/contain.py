@@ -161,11 +161,13 @@ def _check_spec(spec: JailSpec) -> None:
     if not os.path.isabs(workspace) or os.path.normpath(workspace) != workspace or workspace == "/":
         raise _invalid(f"workspace {workspace!r} must be a normalised absolute path other than '/'")
     if any(mounts._under(workspace, p) for p in _FORBIDDEN_WORKSPACES) or workspace in ("/tmp", spec.env.get("HOME")):
-        raise _invalid(f"workspace {workspace!r} collides with a path the jail mounts itself (/proc, /dev, /sys, /tmp, $HOME)")
+        raise _invalid(f"workspace {workspace!r} collides with a path the jail mounts itself "
+                       "(/proc, /dev, /sys, /tmp, $HOME)")
     for name in ("merged_dir", "tmp_dir", "home_dir"):
         path = getattr(spec, name)
         if not os.path.isdir(path):
-            raise CcwError("NOT_FOUND", f"{name} {path!r} is not a directory; create the capsule's dirs first", {"path": path})
+            raise CcwError("NOT_FOUND", f"{name} {path!r} is not a directory; create the capsule's dirs first",
+                           {"path": path})
     if spec.network not in ("none", "egress") or (spec.network == "egress" and spec.net_fd is None):
         raise CcwError("INTERNAL", f"network {spec.network!r} with net_fd {spec.net_fd}: 'egress' comes with "
                        "the capsule's namespace")

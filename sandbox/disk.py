@@ -98,7 +98,8 @@ def unavailable_reason() -> str | None:
 
 def check_size(name: str, size_mb: Any) -> int:
     if not isinstance(size_mb, int) or isinstance(size_mb, bool) or not MIN_MB <= size_mb <= MAX_MB:
-        raise CcwError("INVALID_ARGUMENT", f"{name} must be an integer in [{MIN_MB}, {MAX_MB}] (MiB), got {size_mb!r:.40}")
+        raise CcwError("INVALID_ARGUMENT",
+                       f"{name} must be an integer in [{MIN_MB}, {MAX_MB}] (MiB), got {size_mb!r:.40}")
     return size_mb
 
 

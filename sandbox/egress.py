@@ -402,7 +402,8 @@ class Kits:
             if kit is not None:
                 return kit.jail_descriptor()
         raise CcwError("UNAVAILABLE", f"capsule {capsule_id}'s network is not open in this helper (none since it "
-                       "started): call net_open, then exec again", {"reason": "network_not_open", "capsule_id": capsule_id})
+                       "started): call net_open, then exec again",
+                       {"reason": "network_not_open", "capsule_id": capsule_id})
 
     def close(self, capsule_id: str) -> None:
         """Close the capsule's kit, if it has one (destroy)."""

@@ -175,7 +175,8 @@ class ExecCgroup:
                     if make_dir(parent) and hier.version == 2:
                         self._delegate_v2(hier, parent)
                     if not make_dir(path):
-                        raise CcwError("CONFLICT", f"cgroup {path!r} already exists; another exec uses the name {self.name!r}")
+                        raise CcwError("CONFLICT",
+                                       f"cgroup {path!r} already exists; another exec uses the name {self.name!r}")
                     self.dirs[hier] = path
                     break
                 except FileNotFoundError:

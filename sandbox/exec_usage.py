@@ -169,7 +169,8 @@ def _measure_io(where: ExecDirs, usage: Measurement, missing: str, rusage: Block
         usage.unavailable["io_write_kb"] = "without the v2 memory controller, writeback is not charged to the exec"
     elif stat.get("file_dirty", 0) + stat.get("file_writeback", 0) > 0:
         pending = (stat.get("file_dirty", 0) + stat.get("file_writeback", 0)) // 1024
-        usage.unavailable["io_write_kb"] = f"{pending} kB written by the exec were still in the page cache, not yet on disk"
+        usage.unavailable["io_write_kb"] = (
+            f"{pending} kB written by the exec were still in the page cache, not yet on disk")
     else:
         usage.io_write_kb = write // 1024
         usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"

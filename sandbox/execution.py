@@ -6,8 +6,9 @@ when the helper read it) and does the exec's steps in order, undoing each on the
 
     the jail's spec (``jail_spec``: cwd, environment and exposed dirs checked against
     the capsule) → take the exec cgroup (made ahead: spare_cgroups.py) → start recording
-    on the capsule's fanotify group (fanotify.py) → run the jail (contain.py, supervise.py) → collect usage (exec_cgroup.py,
-    rusage.py), the files touched (fanotify.py) and what the upper dir shows changed
+    on the capsule's fanotify group (fanotify.py) → run the jail (contain.py, supervise.py)
+    → collect usage (exec_cgroup.py, rusage.py), the files touched (fanotify.py) and what
+    the upper dir shows changed
     → teardown (always): the recording's at once; the cgroup's, once the jail ran, after
     the reply, when the init has exited (jail_end.py)
 
@@ -86,7 +87,8 @@ def run(capsule: Capsule, request: ExecRequest, exec_name: str, uid: int, gid: i
     try:
         result, usage, traced, trace_error = _run_traced(
             jail, exec_name, exec_limits(capsule, request), on_progress if request.progress_ms is not None else None,
-            request.progress_ms, on_ending, on_running, request.service is not None and jail.network == "egress", record)
+            request.progress_ms, on_ending, on_running, request.service is not None and jail.network == "egress",
+            record)
     finally:
         named = record.finish() if record is not None else None
     moved = upper_diff(before, upper_signature(upper), capsule.lowers)

@@ -75,15 +75,16 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   opens of others (the front end through ``open_root``, the helper) still arrive: the
   reader reads and drops them, closing their descriptors (a queued event holds the
   file's mount).  An exec's recording starts by reading and dropping, under the group's
-  lock, whatever is still queued (into the runs already recording, if any), so nothing from before the exec is attributed to it,
-  least of all a short-lived process that opened a file between execs and is gone,
-  which the rule above would count.  It ends (``collect``) by reading, under the same
-  lock, everything queued until then into the exec's record: every process of the jail
-  is dead and reaped by then, an open is queued in the opener's context as it opens,
-  and a close-write at the last close, which an exiting task makes before it can be
-  reaped.  A group refused for want of privilege or kernel support (rootless) is not
-  asked for again: the helper remembers why for its life.  Closing a group waits for
-  an SRCU grace period (milliseconds), so it happens on a thread of its own.
+  lock, whatever is still queued (into the runs already recording, if any), so nothing
+  from before the exec is attributed to it, least of all a short-lived process that
+  opened a file between execs and is gone, which the rule above would count.  It ends
+  (``collect``) by reading, under the same lock, everything queued until then into the
+  exec's record: every process of the jail is dead and reaped by then, an open is queued
+  in the opener's context as it opens, and a close-write at the last close, which an
+  exiting task makes before it can be reaped.  A group refused for want of privilege or
+  kernel support (rootless) is not asked for again: the helper remembers why for its
+  life.  Closing a group waits for an SRCU grace period (milliseconds), so it happens on
+  a thread of its own.
 - Cost: the reader drains the queues while commands run.  After each wakeup it
   waits 20 ms so events gather, then reads them 256 KiB at a time: a wakeup per open
   costs the traced process more than queueing the event does.  Per event it does one

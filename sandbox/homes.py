@@ -60,7 +60,8 @@ def _login_homes(login_defs: str, stamps: tuple[tuple[int, ...] | None, ...]) ->
         pass
     homes = []
     for entry in pwd.getpwall():
-        if (entry.pw_uid == 0 or bounds["UID_MIN"] <= entry.pw_uid <= bounds["UID_MAX"]) and entry.pw_dir.startswith("/"):
+        if ((entry.pw_uid == 0 or bounds["UID_MIN"] <= entry.pw_uid <= bounds["UID_MAX"])
+                and entry.pw_dir.startswith("/")):
             path = os.path.realpath(entry.pw_dir)
             if path != "/":
                 homes.append(Home(entry.pw_name, entry.pw_uid, path))

@@ -88,7 +88,8 @@ def _refusal(path: str, caller_uid: int, homes: tuple[Home, ...], shown_only: bo
     for home in homes:
         whose = "your home" if home.uid == caller_uid else f"the home of {home.user}"
         if inside(home.path, path):
-            return f"{'is' if home.path == path else 'contains'} {whose} ({home.path}), which holds keys and credentials"
+            return (f"{'is' if home.path == path else 'contains'} {whose} ({home.path}), "
+                    "which holds keys and credentials")
         if not inside(path, home.path):
             continue  # a store lies in its home: a path neither in nor above the home is in or above none
         for secret in HOME_SECRETS:

@@ -76,8 +76,8 @@ def _body() -> str:
     lines += [f"    PLAN_{name} = {value}," for name, value in OPTIONS.items()]
     lines += ["};", "enum step_action {"]
     lines += [f"    STEP_{name.upper()} = {value}," for name, value in ACTIONS.items()]
-    lines += ["};", f"#define STEP_ACTION_MIN {min(ACTIONS.values())}", f"#define STEP_ACTION_MAX {max(ACTIONS.values())}",
-              "enum step_bits {"]
+    lines += ["};", f"#define STEP_ACTION_MIN {min(ACTIONS.values())}",
+              f"#define STEP_ACTION_MAX {max(ACTIONS.values())}", "enum step_bits {"]
     lines += [f"    STEP_{name} = {value}," for name, value in STEP_BITS.items()]
     lines.append("};")
     return "\n".join(lines) + "\n"

@@ -18,8 +18,9 @@ Some facts this follows from:
   strings carry their NUL.  Every number both sides use (descriptors, option bits, step
   codes, bounds) is in one table, sandbox/jail_interface.py, which the build turns into
   the launcher's header; the magic ends in a digest of it, so a launcher built from
-  another table refuses the plan rather than read shifted bits.  It is written to a memfd, not a pipe, so its size is known
-  before it is read and no writer blocks on a large argv or environment.
+  another table refuses the plan rather than read shifted bits.  It is written to a
+  memfd, not a pipe, so its size is known before it is read and no writer blocks on a
+  large argv or environment.
 - The descriptors the launcher gets (jail_interface.DESCRIPTORS): 0-2 the command's
   stdio, 3 the report pipe, 4 the plan, 5 a network namespace to join, 6 the root tree,
   7 the mount namespace to copy (``mounts.launch_namespace``: the capsule's binds then
@@ -56,7 +57,8 @@ from sandbox.jail_interface import ACTIONS, DESCRIPTORS, MAGIC, OPTIONS, STEP_BI
 
 PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-jail")
 # The table's numbers under the names this module's callers use (the table's keys).
-FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = (DESCRIPTORS[name] for name in ("PLAN", "NET", "ROOT", "LAUNCH", "CGROUPS"))
+FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = (DESCRIPTORS[name] for name in (
+    "PLAN", "NET", "ROOT", "LAUNCH", "CGROUPS"))
 DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH = (OPTIONS[name] for name in (
     "DIRECT", "NET", "ROOT", "SET_UID", "SET_GID", "CLEAR_GROUPS", "CONTROLLING_TTY", "LAUNCH"))
 SOURCE_IS_FILE, NOFOLLOW, SOURCE_FD = (STEP_BITS[name] for name in ("SOURCE_IS_FILE", "NOFOLLOW", "SOURCE_FD"))

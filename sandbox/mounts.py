@@ -173,7 +173,9 @@ class Bind:
 class MountStep:
     """One step in building the jail's root; ``action`` names what ccw-jail does (steps.c)."""
 
-    action: str  # private root bind bind_over etc symlink mask_file mask_dir proc sysfs dev devpts tmpfs console detach_old_root seal_root
+    # action: private root bind bind_over etc symlink mask_file mask_dir proc sysfs dev devpts tmpfs console
+    # detach_old_root seal_root
+    action: str
     target: str
     source: str = ""
     attrs: int = 0  # MOUNT_ATTR_* set recursively after a bind, or of a new mount in the root tree
@@ -211,7 +213,8 @@ def system_steps(host_root: str = "/", mountinfo: str = "") -> list[MountStep]:
             steps.append(MountStep("symlink", "/" + name, data=os.readlink(host_path)))
         elif name == "etc" and os.path.isdir(host_path):
             steps.append(MountStep("etc", "/etc", "/etc", attrs=_RO, host_tree=True))
-            steps += [MountStep("bind_over", point, point, attrs=_RO, host_tree=True) for point in etc_submounts(mountinfo)]
+            steps += [MountStep("bind_over", point, point, attrs=_RO, host_tree=True)
+                      for point in etc_submounts(mountinfo)]
         elif os.path.isdir(host_path):
             steps.append(MountStep("bind", "/" + name, "/" + name, attrs=_RO, host_tree=True))
     return steps
@@ -224,7 +227,8 @@ def etc_submounts(mountinfo: str) -> list[str]:
     recursively, so mounts nested inside one come along and are not listed.
     """
     every = [m.mount_point for m in mountinfo_.parse(mountinfo)]
-    points = sorted({point for point in every if _under(point, "/etc") and point != "/etc" and point not in SECRET_FILES})
+    points = sorted({point for point in every
+                     if _under(point, "/etc") and point != "/etc" and point not in SECRET_FILES})
     return [point for point in points if not any(_under(point, other) for other in points if other != point)]
 
 
@@ -297,7 +301,8 @@ def prepare(
     if prefix is not None and not _under(prefix, workspace):
         capsule.append(MountStep("bind", prefix, OLD_ROOT + prefix, attrs=_RO, host_tree=True))
     # A writable bind is the capsule's own (a git dir's overlay); a read-only one is the host's (a toolchain).
-    capsule += [MountStep("bind", bind.target, OLD_ROOT + (bind.source if bind.exact else os.path.realpath(bind.source)),
+    capsule += [MountStep("bind", bind.target,
+                          OLD_ROOT + (bind.source if bind.exact else os.path.realpath(bind.source)),
                           attrs=_RW if bind.writable else _RO, data="nofollow" if bind.exact else "",
                           host_tree=not bind.writable) for bind in binds]
     steps += sorted(capsule, key=lambda step: _depth(step.target))
@@ -387,7 +392,8 @@ def _build(root: int, step: MountStep, idmap: int | None) -> None:
         os.symlink(step.data, rel, dir_fd=root)
     elif action in ("dev", "devpts", "tmpfs"):
         mounttree.mountpoint_at(root, rel)
-        mounttree.attach(mounttree.new_mount("devpts" if action == "devpts" else "tmpfs", step.data, step.attrs), root, rel)
+        mounttree.attach(mounttree.new_mount("devpts" if action == "devpts" else "tmpfs", step.data, step.attrs),
+                         root, rel)
         if action == "dev":
             for name, link in _DEV_LINKS:
                 os.symlink(link, f"{rel}/{name}", dir_fd=root)
@@ -449,7 +455,8 @@ def _make_launch() -> int | None:
     return made[0] if made else None
 
 
-def detach_sources(steps: list[MountStep], first_fd: int, idmap: int | None = None) -> tuple[list[MountStep], list[int]]:
+def detach_sources(steps: list[MountStep], first_fd: int,
+                   idmap: int | None = None) -> tuple[list[MountStep], list[int]]:
     """``steps`` with each bind and the terminal's source under /.oldroot replaced by a
     detached clone (made here, in the helper's namespace), and the clones, to be the
     launcher's descriptors ``first_fd`` on in order.  The caller closes them.  A source

@@ -5,12 +5,13 @@ Some facts about namespaces, as the jail uses them:
 - ``unshare(CLONE_NEWPID)`` does not move the caller: only its *next* child becomes pid 1
   of the new namespace.  The setting (``pid_for_children``) belongs to one *thread*, so
   the helper's thread can unshare, spawn the jail's init (ccw-jail) directly and
-  ``setns`` back to its own pid namespace, sparing a second process.  Going back needs CAP_SYS_ADMIN over the user namespace that owns the
-  helper's pid namespace, which a rootless helper usually lacks; then ccw-jail unshares
-  it and forks the init.  When the init exits, the kernel
-  SIGKILLs every other process of the namespace, so killing the init is how a timeout
-  kills grandchildren and daemons alike.  Signals from inside the namespace reach the
-  init only for signals it handles, so commands cannot kill it by accident.
+  ``setns`` back to its own pid namespace, sparing a second process.  Going back needs
+  CAP_SYS_ADMIN over the user namespace that owns the helper's pid namespace, which a
+  rootless helper usually lacks; then ccw-jail unshares it and forks the init.  When the
+  init exits, the kernel SIGKILLs every other process of the namespace, so killing the
+  init is how a timeout kills grandchildren and daemons alike.  Signals from inside the
+  namespace reach the init only for signals it handles, so commands cannot kill it by
+  accident.
 - ``CLONE_NEWCGROUP`` makes the cgroup the caller is in *now* the namespace's root, so
   the per-exec cgroup must be entered before unsharing (the helper does that while the
   child waits on a pipe).
@@ -34,10 +35,11 @@ Some facts about namespaces, as the jail uses them:
   itself alone (the namespace proxy is per thread), raise ``lo``, keep a descriptor
   of the namespace and ``setns`` back.  So while one jail builds its root, the helper's
   thread makes the next jail's network namespace (``spare_net``), and that jail's
-  init ``setns`` into it.  Each spare serves one jail only and no
-  process ever lives in it before; it is owned by the same user namespace as one the
-  init would make, so the jail sees exactly what it would see after its own unshare.  Going back needs CAP_SYS_ADMIN over the user namespace that
-  owns the helper's network namespace; a helper that lacks it makes no spares.
+  init ``setns`` into it.  Each spare serves one jail only and no process ever lives in
+  it before; it is owned by the same user namespace as one the init would make, so the
+  jail sees exactly what it would see after its own unshare.  Going back needs
+  CAP_SYS_ADMIN over the user namespace that owns the helper's network namespace; a
+  helper that lacks it makes no spares.
 - Inside a user namespace (the rootless helper), ``setresuid`` to a uid that has no
   mapping fails with EINVAL and ``setgroups`` fails with EPERM once
   ``/proc/self/setgroups`` says "deny"; the jail then keeps the mapped ids.

@@ -120,7 +120,8 @@ class Rtnl:
 
     def add_veth(self, name: str, peer: str, peer_netns_fd: int) -> None:
         """A veth pair: ``name`` here, ``peer`` in the namespace of ``peer_netns_fd``."""
-        peer_info = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + ifname(peer) + attr(IFLA_NET_NS_FD, u32(peer_netns_fd))
+        peer_info = (_IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + ifname(peer)
+                     + attr(IFLA_NET_NS_FD, u32(peer_netns_fd)))
         info = nested(IFLA_LINKINFO, attr(IFLA_INFO_KIND, b"veth"),
                       nested(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info)))
         body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + ifname(name) + info
@@ -162,4 +163,5 @@ class Rtnl:
         size = 4 if family == socket.AF_INET else 16
         body = _RTMSG.pack(family, 0, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, RT_SCOPE_HOST, RTN_LOCAL, 0)
         body += attr(RTA_DST, b"\0" * size) + attr(RTA_OIF, u32(index))
-        self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body, f"add local default route ({'v4' if size == 4 else 'v6'})")
+        self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body,
+                     f"add local default route ({'v4' if size == 4 else 'v6'})")

@@ -9,9 +9,9 @@ Arguments are checked against the table (``validate_args``) at the boundary: the
 helper checks every request when it decodes it (``<Op>Request.from_args``), whoever
 sent it, in case something manages to send hacked requests.  A typed request goes out
 unchecked (``HelperClient.call``), so each value is checked once, there; a request
-written as a raw ``args`` object is checked before it is sent too (``encode_request``).  Past that point code holds typed
-requests; what the privileged side must re-check on the host (paths, ownership) it
-re-checks in one place of its own.
+written as a raw ``args`` object is checked before it is sent too
+(``encode_request``).  Past that point code holds typed requests; what the privileged
+side must re-check on the host (paths, ownership) it re-checks in one place of its own.
 
 Each request class has ``to_args()`` / ``from_args()`` for the wire's ``args`` object,
 and names the class of its op's reply (sandbox/replies.py).  A field left None in a
@@ -74,7 +74,9 @@ SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # a process in a way its init could not follow (SIGSTOP: freeze is for that).
 SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
 MAX_PORT = 65535
-MAX_SPARES = 128  # net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253; client.ANCILLARY_SPACE follows)
+# net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253;
+# client.ANCILLARY_SPACE follows)
+MAX_SPARES = 128
 
 
 def _boolean(name: str, value: Any) -> Any:
@@ -191,8 +193,10 @@ OPS: dict[str, OpSpec] = {
             """Passes one TCP socket connected to 127.0.0.1:port inside the caller's own
             capsule's network namespace, which holds only the capsule's own jails: the caller
             reaches what its capsule serves, and nothing of the host it could not reach
-            already.  ``spares``: that many unconnected sockets there instead (IPv6 with ``v6``), which reach only that.""",
-            {"capsule_id": checks.capsule_id, "port": checks.int_in(1, MAX_PORT)}, {"spares": checks.int_in(1, MAX_SPARES), "v6": _boolean},
+            already.  ``spares``: that many unconnected sockets there instead (IPv6 with
+            ``v6``), which reach only that.""",
+            {"capsule_id": checks.capsule_id, "port": checks.int_in(1, MAX_PORT)},
+            {"spares": checks.int_in(1, MAX_SPARES), "v6": _boolean},
         ),
         _op(
             "run_reads",
@@ -239,7 +243,8 @@ def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
 
 def kind_of(mode: int) -> str:
     """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
-    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "symlink" if stat.S_ISLNK(mode) else "other"
+    return ("file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
+            else "symlink" if stat.S_ISLNK(mode) else "other")
 
 
 # --- typed requests -----------------------------------------------------------------------

@@ -94,8 +94,8 @@ def features(state_dir: str | None = None) -> list[Finding]:
             return path
 
         why = jail_launcher.missing()  # ccw-jail next to the package: no jail starts without it, nor the helper
-        found = [Finding("jail_launcher", why is None, why or jail_launcher.PATH, None if why is None else "no_jail_launcher"),
-                 *_namespaces(rootless)]
+        found = [Finding("jail_launcher", why is None, why or jail_launcher.PATH,
+                         None if why is None else "no_jail_launcher"), *_namespaces(rootless)]
         userns_ok = bool(found[1].ok)
         found.append(_overlayfs(fresh, rootless, userns_ok))
         found.append(_cgroups(privileged))
@@ -121,7 +121,8 @@ def _namespaces(rootless: bool) -> list[Finding]:
     found = [Finding("namespace.user", ok, detail, None if ok else userns_cause())]
     for name in NAMESPACES:
         if rootless and not found[0].ok:
-            found.append(Finding(f"namespace.{name}", False, "not probed: needs a user namespace first", userns_cause()))
+            found.append(Finding(f"namespace.{name}", False, "not probed: needs a user namespace first",
+                                 userns_cause()))
             continue
         ok, detail = in_child(_namespace_probe(name, rootless))
         cause = None if ok else "no_time_namespace" if name == "time" else "no_namespace"
@@ -150,7 +151,8 @@ def _idmapped_mounts(privileged: bool) -> Finding:
     """Whether a root caller's jail can be shown the host's trees idmapped (sandbox/idmap.py), the
     condition of its four file capabilities."""
     if not privileged:
-        return Finding("idmapped_mounts", None, "not used: a rootless helper's jail holds no capability (informational)")
+        return Finding("idmapped_mounts", None,
+                       "not used: a rootless helper's jail holds no capability (informational)")
 
     def probe() -> str:
         from sandbox import idmap

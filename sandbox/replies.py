@@ -335,7 +335,8 @@ class RunReadsReply(OpReply):
     @classmethod
     def _build(cls, result: dict[str, Any]) -> RunReadsReply:
         touched = result["touched"]
-        return cls(result["service"], None if touched is None else Touched.from_args(touched), result.get("unavailable"))
+        return cls(result["service"], None if touched is None else Touched.from_args(touched),
+                   result.get("unavailable"))
 
 
 @dataclass(frozen=True)

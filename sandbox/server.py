@@ -247,17 +247,20 @@ class Dispatcher:
 
         return self.manager.exec(request, peer.uid, peer.gid, on_progress=on_progress), []
 
-    def _changes(self, request: ChangesRequest, peer: Peer, progress: Progress | None) -> tuple[ChangesReply, list[int]]:
+    def _changes(self, request: ChangesRequest, peer: Peer,
+                 progress: Progress | None) -> tuple[ChangesReply, list[int]]:
         return self.manager.changes(request.capsule_id, peer.uid), []
 
     def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, list[int]]:
         return self.manager.fork(request.capsule_id, peer.uid, peer.gid), []
 
-    def _open_root(self, request: OpenRootRequest, peer: Peer, progress: Progress | None) -> tuple[OpenRootReply, list[int]]:
+    def _open_root(self, request: OpenRootRequest, peer: Peer,
+                   progress: Progress | None) -> tuple[OpenRootReply, list[int]]:
         fd = self.manager.open_root(request.capsule_id, peer.uid)
         return OpenRootReply(request.capsule_id), [fd]
 
-    def _net_open(self, request: NetOpenRequest, peer: Peer, progress: Progress | None) -> tuple[NetOpenReply, list[int]]:
+    def _net_open(self, request: NetOpenRequest, peer: Peer,
+                  progress: Progress | None) -> tuple[NetOpenReply, list[int]]:
         reply, fds = self.manager.net_open(request.capsule_id, peer.uid)
         if not request.runs:
             return reply, fds
@@ -277,7 +280,8 @@ class Dispatcher:
                    progress: Progress | None) -> tuple[RunReadsReply, list[int]]:
         return self.manager.run_reads(request.capsule_id, request.service, peer.uid), []
 
-    def _destroy(self, request: DestroyRequest, peer: Peer, progress: Progress | None) -> tuple[DestroyReply, list[int]]:
+    def _destroy(self, request: DestroyRequest, peer: Peer,
+                 progress: Progress | None) -> tuple[DestroyReply, list[int]]:
         return self.manager.destroy(request.capsule_id, peer.uid), []
 
     def _list(self, request: ListRequest, peer: Peer, progress: Progress | None) -> tuple[ListReply, list[int]]:

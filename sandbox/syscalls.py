@@ -289,7 +289,8 @@ def fsmount(fd: int, flags: int = FSMOUNT_CLOEXEC, attr_flags: int = 0) -> int:
 def move_mount(from_fd: int, from_path: str, to_fd: int, to_path: str, flags: int = 0) -> None:
     """move_mount(2): attach a detached mount (from fsmount) at ``to_path``."""
     ret = _libc.syscall(
-        _NEW_MOUNT_NR["move_mount"], ctypes.c_int(from_fd), _b(from_path), ctypes.c_int(to_fd), _b(to_path), ctypes.c_uint(flags)
+        _NEW_MOUNT_NR["move_mount"], ctypes.c_int(from_fd), _b(from_path), ctypes.c_int(to_fd), _b(to_path),
+        ctypes.c_uint(flags)
     )
     _check(ret, f"move_mount({from_fd}, {from_path!r}, {to_fd}, {to_path!r}, {flags:#x})")
 
