@@ -188,10 +188,12 @@ TOOLS = [
             "required": ["workspace"],
             "additionalProperties": False,
             "properties": {
-                "workspace": {"type": "string", "minLength": 1, "description": "Absolute project dir (not /etc, a home or a key store)."},
+                "workspace": {"type": "string", "minLength": 1,
+                              "description": "Absolute project dir (not /etc, a home or a key store)."},
                 "base": {"type": ["string", "null"], "description": "Its base (default: the workspace)."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
-                "env_whitelist": {"type": ["array", "null"], "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
+                "env_whitelist": {"type": ["array", "null"],
+                                  "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
                 "limits": {**LIMITS, "type": ["object", "null"]},
                 "network": NETWORK_IN,
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": "Random outputs replays skip (.nyc_output/*)."},
@@ -210,7 +212,8 @@ TOOLS = [
         name="capsule_diff",
         family="capsule",
         title="Diff capsule",
-        description="The capsule's changes against its base: `unified` (applies with git apply), `json` (per file) or `stat`.",
+        description=("The capsule's changes against its base: `unified` (applies with git apply), `json` (per file) "
+                     "or `stat`."),
         input_schema={
             "type": "object",
             "required": ["capsule_id"],
@@ -224,7 +227,8 @@ TOOLS = [
             "properties": {
                 "capsule_id": CAPSULE_ID,
                 "format": {"enum": ["unified", "json", "stat"]},
-                "git": {"type": "array", "items": {"type": "object"}},  # each changed git dir: {gitdir, count, paths, refs}
+                # each changed git dir: {gitdir, count, paths, refs}
+                "git": {"type": "array", "items": {"type": "object"}},
                 "summary": {
                     "type": "object",
                     "required": ["added", "deleted", "modified"],
@@ -247,7 +251,8 @@ TOOLS = [
         title="Fork capsule",
         description=(
             "A child capsule that starts from the parent's current view; the parent refuses execs and "
-            f"writes while it has forks. count (at most {service.MAX_FORKS}): that many, all or none; answers {{parent, capsule_ids}}."
+            f"writes while it has forks. count (at most {service.MAX_FORKS}): that many, all or none; "
+            "answers {parent, capsule_ids}."
         ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {
             "capsule_id": CAPSULE_ID,
@@ -304,7 +309,8 @@ TOOLS = [
         description=(
             "Unmount the capsule and delete its changes; the real tree is not touched."
         ),
-        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {"capsule_id": CAPSULE_ID}},
+        input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False,
+                      "properties": {"capsule_id": CAPSULE_ID}},
         output_schema={
             "type": "object",
             "required": ["capsule_id", "destroyed"],

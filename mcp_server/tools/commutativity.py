@@ -40,10 +40,12 @@ TOOLS = [
             },
         },
         output_schema={
-            "type": "object", "required": ["independent_sets", "conflict_pairs", "evidence"], "additionalProperties": False,
+            "type": "object", "required": ["independent_sets", "conflict_pairs", "evidence"],
+            "additionalProperties": False,
             "properties": {
                 "independent_sets": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}},
-                "conflict_pairs": {"type": "array", "items": {"type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
+                "conflict_pairs": {"type": "array", "items": {
+                    "type": "array", "items": {"type": "string"}, "minItems": 2, "maxItems": 2}},
                 "evidence": {"type": "array", "items": {"type": "object"}},
             },
         },

@@ -40,7 +40,8 @@ def deltamin_events(result: Mapping[str, Any] | None, error: BaseException | Non
     done = finished(result)
     if done is None:
         return []
-    return [("deltamin.done", {key: done.get(key) for key in ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
+    return [("deltamin.done",
+             {key: done.get(key) for key in ("replay_ok", "trials", "cache_hits", "elapsed_ms", "one_minimal")}
              | {"minimal": hunk_count(done.get("minimal_patch") or ""), "files": len(done.get("units") or [])})]
 
 
@@ -50,7 +51,8 @@ EXECUTOR = {
     "properties": {"kind": {"enum": ["local", "reapi"]}, "executed": {"type": "integer"},
                    "action_cache_hits": {"type": "integer"}, "uploaded_blobs": {"type": "integer"},
                    "uploaded_bytes": {"type": "integer"},
-                   "retried": {"type": "integer", "description": "Executes sent again after the server went away or lost inputs"}},
+                   "retried": {"type": "integer",
+                               "description": "Executes sent again after the server went away or lost inputs"}},
 }
 
 TOOLS = [
@@ -77,13 +79,15 @@ TOOLS = [
                 },
                 "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
                 "confirm_runs": {"type": "integer", "minimum": 1, "maximum": 10,
-                                 "description": "Runs of the full and the empty change before searching (flakiness check; default 1)."},
+                                 "description": ("Runs of the full and the empty change before searching "
+                                                 "(flakiness check; default 1).")},
                 "wait_ms": WAIT_MS,
             },
         },
         output_schema={"type": "object", "oneOf": [RUN_STATUS, {
             "type": "object",
-            "required": ["minimal_patch", "replay_ok", "root_hash", "trials", "cache_hits", "elapsed_ms", "one_minimal"],
+            "required": ["minimal_patch", "replay_ok", "root_hash", "trials", "cache_hits", "elapsed_ms",
+                         "one_minimal"],
             "additionalProperties": False,
             "properties": {
                 "minimal_patch": {"type": "string"}, "replay_ok": {"type": "boolean"},

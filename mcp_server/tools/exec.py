@@ -87,7 +87,8 @@ TOOLS = [
             "properties": {
                 "capsule_id": CAPSULE_ID,
                 "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-                "cwd": {"type": ["string", "null"], "description": "Relative to the workspace (default: the workspace)."},
+                "cwd": {"type": ["string", "null"],
+                        "description": "Relative to the workspace (default: the workspace)."},
                 "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
                 "stdin": {"type": ["string", "null"]},
                 "wait_ms": WAIT_MS,

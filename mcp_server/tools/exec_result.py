@@ -59,7 +59,8 @@ _DISK = {
         "limit_mb": {"type": "integer"},
         "used_kb": {"type": "integer"},
         "free_kb": {"type": "integer"},
-        "full": {"type": "boolean", "description": "Less than 1% (at least 4 MiB) is free: writes fail or are about to (ENOSPC)."},
+        "full": {"type": "boolean",
+                 "description": "Less than 1% (at least 4 MiB) is free: writes fail or are about to (ENOSPC)."},
     },
     "additionalProperties": False,
 }

@@ -40,7 +40,8 @@ async def target(ctx: ToolContext, path: str, capsule_id: str | None) -> Target:
         )
         located = locate_lexical(path, record.workspace)
         view = await open_view(ctx, capsule_id=capsule_id)
-        return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state, note_tool_changes)
+        return Target(view, located.rel, os.path.join(record.workspace, located.rel), capsule_id, ctx.state,
+                      note_tool_changes)
     located = locate(path, await ctx.roots(), ctx.workspace)
     return Target(RootView.open(located.root), located.rel, os.path.join(located.root, located.rel))
 

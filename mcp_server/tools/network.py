@@ -130,7 +130,8 @@ def network_text(result: dict[str, Any]) -> str:
         lines.append(f"  cut {record['protocol']} {record['host']}:{record['port']}: {record['cut']}")
     proposal = result.get("proposal")
     if proposal:
-        lines.append(f"  proposal {proposal['id']} of {proposal['proposer']}: {proposal['rule']} ({proposal['command']}): "
+        lines.append(f"  proposal {proposal['id']} of {proposal['proposer']}: {proposal['rule']} "
+                     f"({proposal['command']}): "
                      f"{proposal['state']}" + (f" by {proposal['who']}" if proposal["who"] else "")
                      + (f", {proposal['applied']}" if proposal["applied"] else ""))
     return "\n".join(lines)
@@ -159,7 +160,8 @@ TOOLS = [
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
             "properties": {"capsule_id": CAPSULE_ID, "allow": _RULES_ARG, "remove": _RULES_ARG, "caps": _CAPS,
-                           "propose": {"type": "array", "items": {"type": "string"}}, "reason": {"type": "string"}, "proposal": {"type": "integer"},
+                           "propose": {"type": "array", "items": {"type": "string"}}, "reason": {"type": "string"},
+                           "proposal": {"type": "integer"},
                            "decide": {"enum": ["approve", "deny"]}, "wait_ms": {"type": "integer"}},
         },
         output_schema={

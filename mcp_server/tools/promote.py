@@ -98,7 +98,8 @@ TOOLS = [
                     "description": "Hazard kinds to promote anyway, once reviewed (setuid: without the bits).",
                 },
                 "include_ignored": {"type": "boolean",
-                                    "description": "Promote the files the live workspace's git ignores too (default: false)."},
+                                    "description": ("Promote the files the live workspace's git ignores too "
+                                                    "(default: false).")},
                 "paths": {"type": "array", "items": GLOB, "maxItems": 256,
                           "description": "Promote only the paths these globs match (default: all)."},
                 "exclude": {"type": "array", "items": GLOB, "maxItems": 256,
@@ -128,10 +129,12 @@ TOOLS = [
                         "passed": {"type": "boolean"}, "tests_ok": {"type": "boolean"},
                         "replay_ok": {"type": ["boolean", "null"]}, "resource_ok": {"type": "boolean"},
                         "output_identical": {"type": ["boolean", "null"],
-                                             "description": "Whether the replay printed the same output (null: no replay)."},
+                                             "description": ("Whether the replay printed the same output "
+                                                             "(null: no replay).")},
                         "paths_ok": {"type": "boolean"}, "deny_paths": {"type": "array", "items": {"type": "string"}},
                         "network_ok": {"type": "boolean",
-                                       "description": "No connection the runs made is refused by allow_hosts/deny_hosts."},
+                                       "description": ("No connection the runs made is refused by "
+                                                       "allow_hosts/deny_hosts.")},
                         "network_violations": {"type": "array", "items": {"type": "object"},
                                                "description": "Each refused connection: exec, host, port, rule."},
                         "hazards_ok": {"type": "boolean",
@@ -141,7 +144,8 @@ TOOLS = [
                         "resource_violations": {"type": "array"}, "test_failures": {"type": "array"},
                         "details": {"type": "string"},
                         "services": {"type": "array", "items": {"type": "object"},
-                                     "description": "The services running, frozen while the change was read and written."},
+                                     "description": ("The services running, frozen while the change was read "
+                                                     "and written.")},
                     },
                 },
             },

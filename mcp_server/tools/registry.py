@@ -284,6 +284,7 @@ def text_with_header(field: str) -> Callable[[dict[str, Any]], str]:
 
     def render(result: dict[str, Any]) -> str:
         header = {key: value for key, value in result.items() if key != field}
-        return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n" + str(result.get(field, ""))
+        return (json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=False) + "\n"
+                + str(result.get(field, "")))
 
     return render

@@ -30,7 +30,8 @@ from sandbox.checks import ENV_NAME_RE, MAX_ENV
 async def capsule_replay(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Replay a witness and say whether every exec and the change set came out the same."""
     path, expected = locate(ctx.state, args.get("witness_id"), args.get("path"))
-    options = ReplayOptions(env=dict(args.get("env") or {}), network=parse_network(expand_network(args.get("network"), ctx.state.root)),
+    options = ReplayOptions(env=dict(args.get("env") or {}),
+                            network=parse_network(expand_network(args.get("network"), ctx.state.root)),
                             workspace=args.get("workspace"), allow_untrusted=bool(args.get("allow_untrusted")),
                             volatile=volatile.globs_arg(args.get("volatile")),
                             strict_outputs=bool(args.get("strict_outputs")))
@@ -91,14 +92,17 @@ TOOLS = [
                 "witness_id": WITNESS_ID, "path": {"type": "string"},
                 "env": {
                     "type": "object", "maxProperties": MAX_ENV,
-                    "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"}, "additionalProperties": {"type": "string"},
+                    "propertyNames": {"pattern": f"^{ENV_NAME_RE.pattern}$"},
+                    "additionalProperties": {"type": "string"},
                     "description": "Variables for the commands; recorded names not given: env_missing.",
                 },
                 "network": {**NETWORK_GRANT, "description": (
-                    "What the commands may reach, as in capsule_create (default 'none'); the recorded one is never used.")},
+                    "What the commands may reach, as in capsule_create (default 'none'); "
+                    "the recorded one is never used.")},
                 "workspace": {"type": "string", "description": (
                     "For a witness without blobs: your copy of its workspace, to replay over.")},
-                "allow_untrusted": {"type": "boolean", "description": "Replay it though not signed here or by a trusted key."},
+                "allow_untrusted": {"type": "boolean",
+                                    "description": "Replay it though not signed here or by a trusted key."},
                 "strict_outputs": {"type": "boolean", "description": "Compare gitignored files too."},
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": (
                     "Globs of paths to leave out (.nyc_output/*.json), with the witness's own.")},
@@ -129,7 +133,8 @@ TOOLS = [
                 "owners": OWNERS_REPORT,
                 "metrics": {
                     "type": "object", "required": ["cpu_ms", "rss_max_kb"], "additionalProperties": False,
-                    "properties": {"cpu_ms": {"type": ["integer", "null"]}, "rss_max_kb": {"type": ["integer", "null"]}},
+                    "properties": {"cpu_ms": {"type": ["integer", "null"]},
+                                   "rss_max_kb": {"type": ["integer", "null"]}},
                 },
                 "signature": SIGNATURE, "signed_by": SIGNED_BY,
                 "env_missing": {"type": "array", "items": {"type": "string"}, "description": (
@@ -143,8 +148,10 @@ TOOLS = [
                     "properties": {
                         "globs": {"type": "array", "items": {"type": "string"}},
                         "paths": {"type": "array", "items": {
-                            "type": "object", "properties": {"exec": {"type": ["integer", "null"]}, "path": {"type": "string"},
-                                           "recorded": {"type": "boolean"}, "replayed": {"type": "boolean"}},
+                            "type": "object", "properties": {"exec": {"type": ["integer", "null"]},
+                                                             "path": {"type": "string"},
+                                                             "recorded": {"type": "boolean"},
+                                                             "replayed": {"type": "boolean"}},
                         }},
                     },
                 },
@@ -153,7 +160,8 @@ TOOLS = [
                 "services": _SERVICES_SHOWN,
                 "expose": {
                     "type": "object", "required": ["used", "dropped"], "additionalProperties": False,
-                    "properties": {"used": {"type": "array", "items": {"type": "string"}}, "dropped": {"type": "array", "items": {
+                    "properties": {"used": {"type": "array", "items": {"type": "string"}},
+                                   "dropped": {"type": "array", "items": {
                         "type": "object", "properties": {"path": {"type": "string"}, "reason": {"type": "string"}}}}},
                 },
             },

@@ -106,7 +106,8 @@ _PATH = {
     "maxLength": 4096,
     "description": "POSIX path inside the root; a leading '/' is the root, not the host's '/'.",
 }
-_HASH = {"type": "string", "pattern": "^(sha256:)?[0-9a-fA-F]{64}$", "description": "sha256 hex from the last read (text_read)."}
+_HASH = {"type": "string", "pattern": "^(sha256:)?[0-9a-fA-F]{64}$",
+         "description": "sha256 hex from the last read (text_read)."}
 _ENCODING = {"type": "string", "enum": list(rootspace.ENCODINGS), "default": "utf-8"}
 _LINES = {
     "type": "array",
@@ -146,7 +147,8 @@ TOOLS = [
         name="file_create",
         family="file",
         title="Create a file",
-        description="Create a new file (parents made as needed) with content in utf-8 or base64; returns its hash. Refuses to overwrite.",
+        description=("Create a new file (parents made as needed) with content in utf-8 or base64; returns its hash. "
+                     "Refuses to overwrite."),
         input_schema=_input({"content": _TEXT, "encoding": _ENCODING}, ["content"]),
         output_schema=_output({"hash": _HEX, "size": _COUNT}),
         handler=file_create,
@@ -174,7 +176,8 @@ TOOLS = [
             "encoding='base64' reads any file whole."
         ),
         input_schema=_input({"lines": _LINES, "encoding": _ENCODING}, []),
-        output_schema=_output({"content": {"type": "string"}, "encoding": _ENCODING, "hash": _HEX, "total_lines": _COUNT}),
+        output_schema=_output({"content": {"type": "string"}, "encoding": _ENCODING, "hash": _HEX,
+                               "total_lines": _COUNT}),
         handler=text_read,
         scope="read",
         aliases=("text.read",),
@@ -186,8 +189,10 @@ TOOLS = [
         name="text_replace",
         family="text",
         title="Replace lines",
-        description="Replace the consecutive whole lines equal to old, found once within lines, by new (new='' deletes them).",
-        input_schema=_input({"hash": _HASH, "lines": _LINES, "old": _TEXT, "new": _TEXT}, ["hash", "lines", "old", "new"]),
+        description=("Replace the consecutive whole lines equal to old, found once within lines, by new "
+                     "(new='' deletes them)."),
+        input_schema=_input({"hash": _HASH, "lines": _LINES, "old": _TEXT, "new": _TEXT},
+                            ["hash", "lines", "old", "new"]),
         output_schema=_MUTATION_OUT,
         handler=text_replace,
         scope="write",
@@ -200,7 +205,8 @@ TOOLS = [
         title="Insert lines",
         description="Insert content as new lines before line `line`, whose full content must equal anchor.",
         input_schema=_input(
-            {"hash": _HASH, "line": {"type": "integer", "description": "1-indexed; negative counts from the end."}, "anchor": _TEXT, "content": _TEXT},
+            {"hash": _HASH, "line": {"type": "integer", "description": "1-indexed; negative counts from the end."},
+             "anchor": _TEXT, "content": _TEXT},
             ["hash", "line", "anchor", "content"],
         ),
         output_schema=_MUTATION_OUT,
@@ -225,7 +231,8 @@ RESOURCES = [
     ResourceSpec(
         uri_template="list://{+path}",
         name="list",
-        description="Immediate children of a directory in the root (dotfiles included, sorted): {path, entries: [{name, kind}]}.",
+        description=("Immediate children of a directory in the root (dotfiles included, sorted): "
+                     "{path, entries: [{name, kind}]}."),
         family="file",
         handler=list_resource,
         scope="read",

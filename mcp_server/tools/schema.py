@@ -217,7 +217,8 @@ async def populate_backend(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
             named = schema_name_of_ref(asset.get("$schemaRef"))
             schema = f"nested-{named}" if named else ""
         if not schema:
-            return failed([{"path": "", "msg": "schema is required to validate first: pass schema, or set $schemaRef in the asset"}])
+            return failed([{"path": "", "msg": "schema is required to validate first: pass schema, "
+                                               "or set $schemaRef in the asset"}])
         errors = catalogue(config).validate(asset, schema)
         if errors:
             return failed(errors)
@@ -319,7 +320,8 @@ TOOLS = [
                 "items": {
                     "type": "object",
                     "required": ["name", "version", "path"],
-                    "properties": {"name": {"type": "string"}, "version": {"type": "string"}, "path": {"type": "string"}},
+                    "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                                   "path": {"type": "string"}},
                     "additionalProperties": False,
                 },
             }
@@ -332,8 +334,10 @@ TOOLS = [
     ToolSpec(
         name="get_schema",
         family="schema",
-        description="Get one JSON Schema by name (or nested-<name>, or path under the schemas root). Unknown: reason not_found.",
-        input_schema=_input({"name": {"type": "string", "minLength": 1}}, ["name"], [{"name": "tool.diff_assets.input"}]),
+        description=("Get one JSON Schema by name (or nested-<name>, or path under the schemas root). "
+                     "Unknown: reason not_found."),
+        input_schema=_input({"name": {"type": "string", "minLength": 1}}, ["name"],
+                            [{"name": "tool.diff_assets.input"}]),
         output_schema=_one_of(
             _success(schema={"type": ["object", "boolean"]}, version={"type": "string"}),
             _NOT_FOUND,
@@ -368,8 +372,10 @@ TOOLS = [
     ToolSpec(
         name="get_example",
         family="schema",
-        description="Get one example by its path (from list_examples), with its schema name and whether it validates now.",
-        input_schema=_input({"path": {"type": "string", "minLength": 1}}, ["path"], [{"path": "tools/diff_assets/example-1.json"}]),
+        description=("Get one example by its path (from list_examples), with its schema name and whether it "
+                     "validates now."),
+        input_schema=_input({"path": {"type": "string", "minLength": 1}}, ["path"],
+                            [{"path": "tools/diff_assets/example-1.json"}]),
         output_schema=_one_of(
             _success(example=_ANY, schema={"type": "string"}, validated={"type": "boolean"}),
             _NOT_FOUND,
@@ -383,7 +389,8 @@ TOOLS = [
     ToolSpec(
         name="validate_asset",
         family="schema",
-        description="Validate a JSON asset against a named schema (Draft 2020-12). Errors are RFC 6901 paths with messages, sorted. `validate` is a deprecated alias.",
+        description=("Validate a JSON asset against a named schema (Draft 2020-12). Errors are RFC 6901 paths "
+                     "with messages, sorted. `validate` is a deprecated alias."),
         input_schema=_input(
             {"asset": _ANY, "schema": _SCHEMA_ARG},
             ["asset"],
@@ -399,7 +406,8 @@ TOOLS = [
     ToolSpec(
         name="validate_many",
         family="schema",
-        description="Validate several assets against one schema; more than MCP_MAX_BATCH assets (default 100) is refused as unsupported.",
+        description=("Validate several assets against one schema; more than MCP_MAX_BATCH assets (default 100) "
+                     "is refused as unsupported."),
         input_schema=_input(
             {"assets": {"type": "array", "items": _ANY}, "schema": _SCHEMA_ARG},
             ["assets"],
@@ -428,7 +436,8 @@ TOOLS = [
     ToolSpec(
         name="diff_assets",
         family="schema",
-        description="RFC 6902 patch (add/remove/replace) from base to new; arrays are replaced whole, ops sorted by path.",
+        description=("RFC 6902 patch (add/remove/replace) from base to new; arrays are replaced whole, "
+                     "ops sorted by path."),
         input_schema=_input(
             {"base": _ANY, "new": _ANY},
             ["base", "new"],
@@ -443,12 +452,14 @@ TOOLS = [
     ToolSpec(
         name="populate_backend",
         family="schema",
-        description="Validate an asset (unless validate_first is false) and POST it to CCW_BACKEND_URL (unsupported when unset); one attempt.",
+        description=("Validate an asset (unless validate_first is false) and POST it to CCW_BACKEND_URL "
+                     "(unsupported when unset); one attempt."),
         input_schema=_input(
             {
                 "asset": _ANY,
                 "validate_first": {"type": "boolean", "default": True},
-                "schema": {**_SCHEMA_ARG, "description": "Schema to validate against; default: nested-<the asset's $schemaRef>."},
+                "schema": {**_SCHEMA_ARG,
+                           "description": "Schema to validate against; default: nested-<the asset's $schemaRef>."},
             },
             ["asset"],
             [],

@@ -76,7 +76,8 @@ OUTPUT_SCHEMA: dict[str, Any] = {
         "delayed_ms": {"type": "integer", "minimum": 0},
         "echo": {"type": "string"},
     },
-    "required": ["name", "version", "protocol_eras", "transports", "endpoint", "state_dir", "families", "roots", "delayed_ms"],
+    "required": ["name", "version", "protocol_eras", "transports", "endpoint", "state_dir", "families", "roots",
+                 "delayed_ms"],
     "additionalProperties": False,
 }
 

@@ -156,7 +156,8 @@ TOOLS = [
         name="capsule_service_list",
         family="capsule",
         title="List services",
-        description="The capsule's services and their states (an ended one stays listed until stopped), and its forwarded ports.",
+        description=("The capsule's services and their states (an ended one stays listed until stopped), "
+                     "and its forwarded ports."),
         input_schema=_input([]),
         output_schema={**_OUT, "required": ["capsule_id", "services", "ports"], "properties": {
             "capsule_id": CAPSULE_ID, "services": {"type": "array", "items": _SERVICE},

@@ -63,7 +63,9 @@ async def snapshot_list(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any
     limit = int(args.get("max_entries", 10000))
     if T.resolve_mode(args) == "snapshot":
         return shaped(await run_sync(lambda: S.list_snapshot(stores(ctx), args["snapshot_id"], base, recursive, limit)))
-    return await run_live(ctx, args, lambda target: S.list_live(stores(ctx), target, args.get("lease_id"), base, recursive, limit))
+    return await run_live(
+        ctx, args, lambda target: S.list_live(stores(ctx), target, args.get("lease_id"), base, recursive, limit)
+    )
 
 
 async def snapshot_file(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -77,10 +79,14 @@ async def snapshot_file(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any
 async def snapshot_grep(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Search text files for a literal (or regex) in deterministic candidate order."""
     try:
-        matcher = Matcher.build(args["pattern"], regex=bool(args.get("regex")), ignore_case=bool(args.get("ignore_case")))
+        matcher = Matcher.build(
+            args["pattern"], regex=bool(args.get("regex")), ignore_case=bool(args.get("ignore_case"))
+        )
     except re.error as exc:
         raise CcwError("INVALID_ARGUMENT", f"pattern is not a valid regular expression: {exc}") from exc
-    query = GrepQuery(matcher, norm_paths(args.get("paths")), int(args.get("max_files", 10000)), int(args.get("max_matches", 1000)))
+    query = GrepQuery(
+        matcher, norm_paths(args.get("paths")), int(args.get("max_files", 10000)), int(args.get("max_matches", 1000))
+    )
     if T.resolve_mode(args) == "snapshot":
         return shaped(await run_sync(lambda: grep_snapshot(stores(ctx), args["snapshot_id"], query)))
     return await run_live(ctx, args, lambda target: grep_live(stores(ctx), target, args.get("lease_id"), query))
@@ -90,14 +96,22 @@ async def snapshot_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any
     """Unified diff from ``base_snapshot_id`` to ``snapshot_id`` or the live tree."""
     scopes = norm_paths(args.get("paths"))
     if T.resolve_mode(args) == "snapshot":
-        return shaped(await run_sync(lambda: S.diff_snapshots(stores(ctx), args["base_snapshot_id"], args["snapshot_id"], scopes)))
-    return await run_live(ctx, args, lambda target: S.diff_live(stores(ctx), target, args.get("lease_id"), args["base_snapshot_id"], scopes))
+        return shaped(
+            await run_sync(lambda: S.diff_snapshots(stores(ctx), args["base_snapshot_id"], args["snapshot_id"], scopes))
+        )
+    return await run_live(
+        ctx,
+        args,
+        lambda target: S.diff_live(stores(ctx), target, args.get("lease_id"), args["base_snapshot_id"], scopes),
+    )
 
 
 async def snapshot_changes(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Changed files: the worktree against HEAD, or a snapshot against a base snapshot."""
     if T.resolve_mode(args) == "snapshot":
-        return shaped(await run_sync(lambda: S.changes_snapshots(stores(ctx), args.get("base_snapshot_id"), args["snapshot_id"])))
+        return shaped(
+            await run_sync(lambda: S.changes_snapshots(stores(ctx), args.get("base_snapshot_id"), args["snapshot_id"]))
+        )
     if args.get("capsule_id"):
         raise CcwError(
             "UNSUPPORTED",
@@ -151,8 +165,13 @@ _SNAPSHOT_OUT = {
 }
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "snapshot_create": {
-        "description": "Capture files into an immutable content-addressed snapshot: the given paths, else the lease's touched files, else every file git does not ignore.",
-        "input": T.input_schema({"lease_id": T.LEASE_ID, "paths": T.PATHS, "capsule_id": T.CAPSULE_ID, "workspace": T.WORKSPACE}),
+        "description": (
+            "Capture files into an immutable content-addressed snapshot: the given paths, "
+            "else the lease's touched files, else every file git does not ignore."
+        ),
+        "input": T.input_schema(
+            {"lease_id": T.LEASE_ID, "paths": T.PATHS, "capsule_id": T.CAPSULE_ID, "workspace": T.WORKSPACE}
+        ),
         "output": _SNAPSHOT_OUT,
     },
     "snapshot_info": {
@@ -161,8 +180,13 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         "output": _SNAPSHOT_OUT,
     },
     "snapshot_list": {
-        "description": "List a directory of the worktree (issues/uses a lease, touches entries and parents) or of a snapshot (captured entries only).",
-        "input": T.input_schema({**T.HYBRID, "path": T.PATH, "recursive": {"type": "boolean", "default": False}, "max_entries": _LIMIT}),
+        "description": (
+            "List a directory of the worktree (issues/uses a lease, touches entries and parents) "
+            "or of a snapshot (captured entries only)."
+        ),
+        "input": T.input_schema(
+            {**T.HYBRID, "path": T.PATH, "recursive": {"type": "boolean", "default": False}, "max_entries": _LIMIT}
+        ),
         "output": T.hybrid_output(
             {
                 "path": {"type": "string"},
@@ -170,7 +194,11 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"path": {"type": "string"}, "kind": {"enum": ["file", "dir", "symlink"]}, "size": T.COUNT},
+                        "properties": {
+                            "path": {"type": "string"},
+                            "kind": {"enum": ["file", "dir", "symlink"]},
+                            "size": T.COUNT,
+                        },
                         "required": ["path", "kind"],
                         "additionalProperties": False,
                     },
@@ -181,7 +209,9 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         ),
     },
     "snapshot_file": {
-        "description": "Read one file from the worktree (touches it) or a snapshot; binary content comes as 'base64:…'.",
+        "description": (
+            "Read one file from the worktree (touches it) or a snapshot; binary content comes as 'base64:…'."
+        ),
         "input": T.input_schema({**T.HYBRID, "path": T.PATH}, ["path"]),
         "output": T.hybrid_output(
             {
@@ -196,7 +226,10 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         ),
     },
     "snapshot_grep": {
-        "description": "Search text files (binaries excluded, git ignore rules applied) in byte order of path; matches ordered by line and column.",
+        "description": (
+            "Search text files (binaries excluded, git ignore rules applied) in byte order of path; "
+            "matches ordered by line and column."
+        ),
         "input": T.input_schema(
             {
                 **T.HYBRID,
@@ -215,7 +248,12 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
                     "type": "array",
                     "items": {
                         "type": "object",
-                        "properties": {"path": {"type": "string"}, "line": T.COUNT, "col": T.COUNT, "text": {"type": "string"}},
+                        "properties": {
+                            "path": {"type": "string"},
+                            "line": T.COUNT,
+                            "col": T.COUNT,
+                            "text": {"type": "string"},
+                        },
                         "required": ["path", "line", "col", "text"],
                         "additionalProperties": False,
                     },
@@ -228,17 +266,27 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
         ),
     },
     "snapshot_diff": {
-        "description": "Unified diff from base_snapshot_id to snapshot_id, or to the live worktree (touches the target paths).",
-        "input": T.input_schema({**T.HYBRID, "base_snapshot_id": T.SNAPSHOT_ID, "paths": T.PATHS}, ["base_snapshot_id"]),
+        "description": (
+            "Unified diff from base_snapshot_id to snapshot_id, or to the live worktree (touches the target paths)."
+        ),
+        "input": T.input_schema(
+            {**T.HYBRID, "base_snapshot_id": T.SNAPSHOT_ID, "paths": T.PATHS}, ["base_snapshot_id"]
+        ),
         "output": T.hybrid_output({"changes": _CHANGES, "diff": {"type": "string"}}, ["changes", "diff"]),
     },
     "snapshot_changes": {
-        "description": "Changed files: the worktree against HEAD (git status, no rename detection), or snapshot_id against base_snapshot_id.",
+        "description": (
+            "Changed files: the worktree against HEAD (git status, no rename detection), "
+            "or snapshot_id against base_snapshot_id."
+        ),
         "input": T.input_schema({**T.HYBRID, "base_snapshot_id": T.SNAPSHOT_ID}),
         "output": T.hybrid_output({"changes": _CHANGES}, ["changes"]),
     },
     "snapshot_export": {
-        "description": "A deterministic tar bundle (sorted entries, fixed metadata) of a snapshot or of live files, as 'base64:…'.",
+        "description": (
+            "A deterministic tar bundle (sorted entries, fixed metadata) of a snapshot or of live files, "
+            "as 'base64:…'."
+        ),
         "input": T.input_schema({**T.HYBRID, "paths": T.PATHS}),
         "output": T.hybrid_output(
             {

@@ -126,7 +126,8 @@ ERROR: dict[str, Any] = {
 
 
 COUNT: dict[str, Any] = {"type": "integer", "minimum": 0}
-LIVE: dict[str, Any] = {"lease_id": LEASE_ID, "capsule_id": CAPSULE_ID, "workspace": WORKSPACE}  # a live target's arguments
+LIVE: dict[str, Any] = {"lease_id": LEASE_ID, "capsule_id": CAPSULE_ID,
+                        "workspace": WORKSPACE}  # a live target's arguments
 HYBRID: dict[str, Any] = {"mode": MODE, "snapshot_id": SNAPSHOT_ID, **LIVE}  # ... or a snapshot's
 
 
@@ -236,7 +237,8 @@ def resolve_mode(args: dict[str, Any]) -> str:
         if not args.get("snapshot_id"):
             raise CcwError("INVALID_ARGUMENT", "mode 'snapshot' needs snapshot_id; create one with snapshot_create")
         if args.get("capsule_id") or args.get("lease_id"):
-            raise CcwError("INVALID_ARGUMENT", "capsule_id and lease_id apply to worktree mode only; drop them for mode 'snapshot'")
+            raise CcwError("INVALID_ARGUMENT",
+                           "capsule_id and lease_id apply to worktree mode only; drop them for mode 'snapshot'")
     return str(mode)
 
 

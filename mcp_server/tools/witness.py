@@ -80,16 +80,19 @@ TOOLS = [
             "properties": {
                 "capsule_id": CAPSULE_ID,
                 "compress": {"enum": ["zstd", "none"]},
-                "include_blobs": {"type": "boolean", "description": "Carry the base files the runs used (default true)."},
+                "include_blobs": {"type": "boolean",
+                                  "description": "Carry the base files the runs used (default true)."},
                 "carry": {"enum": ["used", "all"], "description": (
                     "Base files that travel: those the runs used (default: opened, listed, run, linked), or all "
                     "(.git aside) for runs that decide from stat alone, such as make with up-to-date targets.")},
                 "max_base_mb": {"type": "integer", "minimum": 1, "maximum": 1 << 20, "description": (
-                    f"Most MiB of base files the witness may carry (default {DEFAULT_MAX_BASE_MB}); past it, TOO_LARGE.")},
+                    f"Most MiB of base files the witness may carry (default {DEFAULT_MAX_BASE_MB}); "
+                    "past it, TOO_LARGE.")},
             },
         },
         output_schema={
-            "type": "object", "required": ["witness_id", "path", "root_hash", "size_bytes"], "additionalProperties": False,
+            "type": "object", "required": ["witness_id", "path", "root_hash", "size_bytes"],
+            "additionalProperties": False,
             "properties": {
                 "witness_id": WITNESS_ID, "path": {"type": "string"},
                 "root_hash": {"type": "string", "pattern": "^blake3:[0-9a-f]{64}$"}, "size_bytes": {"type": "integer"},

@@ -56,7 +56,9 @@ def decode_content(content: str) -> bytes:
 
 async def workspace_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Apply a unified diff strictly to the worktree, a capsule or a snapshot."""
-    mode = args.get("mode") or ("capsule" if args.get("capsule_id") else "snapshot" if args.get("snapshot_id") else "worktree")
+    mode = args.get("mode") or (
+        "capsule" if args.get("capsule_id") else "snapshot" if args.get("snapshot_id") else "worktree"
+    )
     if mode == "capsule" and not args.get("capsule_id"):
         raise CcwError("INVALID_ARGUMENT", "mode 'capsule' needs capsule_id")
     if mode == "worktree" and args.get("capsule_id"):
@@ -68,7 +70,9 @@ async def workspace_apply_patch(ctx: ToolContext, args: dict[str, Any]) -> dict[
         T.resolve_mode({**args, "mode": "snapshot"})
         return shaped(await run_sync(lambda: patches.patch_snapshot(stores(ctx), args["snapshot_id"], parsed)))
     return await run_live(
-        ctx, args, lambda target: patches.patch_live(stores(ctx), target, args.get("lease_id"), parsed, note_tool_changes)
+        ctx,
+        args,
+        lambda target: patches.patch_live(stores(ctx), target, args.get("lease_id"), parsed, note_tool_changes),
     )
 
 
@@ -103,7 +107,12 @@ async def workspace_delete(ctx: ToolContext, args: dict[str, Any]) -> dict[str, 
         ctx,
         args,
         lambda target: patches.delete(
-            stores(ctx), target, args.get("lease_id"), path, recursive=bool(args.get("recursive")), note=note_tool_changes
+            stores(ctx),
+            target,
+            args.get("lease_id"),
+            path,
+            recursive=bool(args.get("recursive")),
+            note=note_tool_changes,
         ),
     )
 
@@ -133,7 +142,10 @@ _REJECTS = {
 
 TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
     "workspace_apply_patch": {
-        "description": "Apply a unified diff strictly (byte-exact context, no fuzz, all or nothing) to the worktree, a capsule or a snapshot (which yields a new snapshot).",
+        "description": (
+            "Apply a unified diff strictly (byte-exact context, no fuzz, all or nothing) to the worktree, "
+            "a capsule or a snapshot (which yields a new snapshot)."
+        ),
         "input": T.input_schema(
             {
                 **T.HYBRID,
@@ -143,12 +155,18 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
             ["patch"],
         ),
         "output": T.hybrid_output(
-            {"applied": {"type": "boolean"}, "files": {"type": "array", "items": {"type": "string"}}, "rejects": _REJECTS},
+            {
+                "applied": {"type": "boolean"},
+                "files": {"type": "array", "items": {"type": "string"}},
+                "rejects": _REJECTS,
+            },
             ["applied", "files", "rejects"],
         ),
     },
     "workspace_write_file": {
-        "description": "Write a file atomically beneath the root (never through a symlink); content is text or 'base64:…'.",
+        "description": (
+            "Write a file atomically beneath the root (never through a symlink); content is text or 'base64:…'."
+        ),
         "input": T.input_schema(
             {
                 **T.LIVE,
@@ -159,12 +177,19 @@ TOOL_SCHEMAS: dict[str, dict[str, Any]] = {
             },
             ["path", "content"],
         ),
-        "output": T.hybrid_output({"path": {"type": "string"}, "size": T.COUNT, "blob": T.BLOB_ID}, ["path", "size", "blob"]),
+        "output": T.hybrid_output(
+            {"path": {"type": "string"}, "size": T.COUNT, "blob": T.BLOB_ID}, ["path", "size", "blob"]
+        ),
     },
     "workspace_delete": {
         "description": "Delete a file or symlink (or, with recursive, a directory) beneath the root.",
-        "input": T.input_schema({**T.LIVE, "path": T.PATH, "recursive": {"type": "boolean", "default": False}}, ["path"]),
-        "output": T.hybrid_output({"path": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}}, ["path", "deleted"]),
+        "input": T.input_schema(
+            {**T.LIVE, "path": T.PATH, "recursive": {"type": "boolean", "default": False}}, ["path"]
+        ),
+        "output": T.hybrid_output(
+            {"path": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}},
+            ["path", "deleted"],
+        ),
     },
 }
 
