@@ -71,7 +71,8 @@ def main() -> int:
     finally:
         for side in ("before", "after"):
             if (scratch / side).exists():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch / side)], check=False)
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(scratch / side)],
+                               check=False)
         shutil.rmtree(scratch, ignore_errors=True)
     after = args.after or "the current tree"
     print(f"suite {args.suite}: {args.rev} (before) against {after} (after), {args.rounds} runs each\n")

@@ -19,7 +19,8 @@ import time
 from bench.common import Row, median_ms
 
 SIZES = (1_000, 100_000)
-QUICK_SIZES = (1_000, 3_000)  # --quick, a smoke run: cp -a and git worktree add of 10,000 files took 16 and 27 s under load
+# --quick, a smoke run: cp -a and git worktree add of 10,000 files took 16 and 27 s under load
+QUICK_SIZES = (1_000, 3_000)
 FILES_PER_DIR = 100
 
 

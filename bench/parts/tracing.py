@@ -138,6 +138,7 @@ def measure(repeat: int, files: int = FILES) -> list[Row]:
             "<= 1.3x", {"files recorded (min over runs)": min(runs.counts), "overflow": runs.overflow}),
     ]
     if has_strace:
-        rows.append(Row(f"read {files:,} files: strace -f --seccomp-bpf", median_ms(times["straced"]), "untraced", base_ms))
+        rows.append(Row(f"read {files:,} files: strace -f --seccomp-bpf", median_ms(times["straced"]), "untraced",
+                        base_ms))
         rows.append(Row("ccw Tracer vs strace", median_ms(times["traced"]), "strace", median_ms(times["straced"])))
     return rows

@@ -35,6 +35,7 @@ def run(quick: bool = False) -> Report:
     # 2-core VM (20 to 50 ms): three times the runs keep the medians' ratio steady.
     for row in expose.measure(repeat * 3):
         report.add(row)
-    report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.0x bwrap (issue 27; capsule_exec over MCP <= 1.5x bwrap: the mcp suite); tracing <= 1.3x untraced; "
+    report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.0x bwrap (issue 27; "
+                        "capsule_exec over MCP <= 1.5x bwrap: the mcp suite); tracing <= 1.3x untraced; "
                         "exposed toolchains <= 1.1x none")
     return report

@@ -74,8 +74,8 @@ async def _case(root: Path, name: str, culprits: list[int], reads: list[int]) ->
         with RootView.from_fd(root_fd) as capsule, RootView.open(str(ws)) as base:
             material = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
         record = ctx.capsules.live_record(cap)
-        trials = counterfactual.Trials(ctx.capsules, record, material, argv, counterfactual.predicate("exit_code"), 600_000,
-                                        LocalExecutor())
+        trials = counterfactual.Trials(ctx.capsules, record, material, argv, counterfactual.predicate("exit_code"),
+                                        600_000, LocalExecutor())
         start = time.perf_counter()
         found, textbook_trials = await _textbook(trials, tuple(range(len(material.units))))
         textbook_s = time.perf_counter() - start

@@ -60,7 +60,8 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_", "SYN_"))}
         self.state_dir = str(tmp / f"state-{endpoint}")
         env.update(
-            MCP_ENDPOINT=endpoint, MCP_SOCKET_PATH=str(tmp / f"{endpoint}.sock"), MCP_READY_FILE=str(tmp / f"{endpoint}.ready"),
+            MCP_ENDPOINT=endpoint, MCP_SOCKET_PATH=str(tmp / f"{endpoint}.sock"),
+            MCP_READY_FILE=str(tmp / f"{endpoint}.ready"),
             CCW_STATE_DIR=self.state_dir, CCW_HTTP_ADDR="127.0.0.1:0", CCW_TOOLSETS=toolsets,
             CCW_WORKSPACE=str(workspace),
         )  # fmt: skip
@@ -160,7 +161,8 @@ class LoadResult:
 
 def _frame(request_id: int, method: str, params: dict[str, Any], session: bool) -> dict[str, Any]:
     if session:
-        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": {"name": method, "arguments": params}}
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": method, "arguments": params}}
     return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
 
 
@@ -188,7 +190,8 @@ async def _unix_client(path: str, count: int, mix: list[tuple[str, dict[str, Any
 
     async with stream:
         if session:
-            await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}).encode() + b"\n")
+            await stream.send_all(
+                json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}).encode() + b"\n")
             if (await answer()).get("id") != 0:
                 raise LoadError("initialize was not answered first")
             await stream.send_all(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
@@ -229,7 +232,8 @@ async def _http_client(url: str, count: int, mix: list[tuple[str, dict[str, Any]
     async with httpx2.AsyncClient(timeout=120, limits=limits, headers=bearer) as http:
         headers = dict(ACCEPT)
         if session:
-            opened = await http.post(url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}, headers=headers)
+            opened = await http.post(
+                url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INIT_PARAMS}, headers=headers)
             headers.update({"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"})
             await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
         for request_id in range(1, count + 1):
@@ -306,8 +310,8 @@ ABUSES = {
     "output flood": ("timeout {s} yes", None),
     # Fill the capsule's disk, free it, fill it again: ENOSPC over and over, and the
     # loop device's writeback competing with everything else for the host's disk.
-    "disk fill": ("timeout {s} sh -c 'while :; do dd if=/dev/zero of=fill bs=1M count=512 status=none; rm -f fill; done'",
-                  {"disk_mb": 256}),
+    "disk fill": ("timeout {s} sh -c 'while :; do dd if=/dev/zero of=fill bs=1M count=512 status=none; "
+                  "rm -f fill; done'", {"disk_mb": 256}),
 }
 ABUSE_S, ABUSE_COUNT, SETTLE_S = 8, 4_000_000, 1.0
 SMOKE_ABUSE_S, SMOKE_ABUSE_COUNT, SMOKE_SETTLE_S = 1, 200_000, 0.2
@@ -353,7 +357,8 @@ def _call(path: str, method: str, params: dict[str, Any]) -> dict[str, Any]:
 def abuse_latency(tmp: Path, count: int, smoke: bool = False) -> dict[str, tuple[float, float]]:
     """Median capsule_exec /bin/true (ms) idle and under each abuse: {abuse: (idle, busy)};
     ``smoke``: each abuse a second long."""
-    seconds, loops, settle_s = (SMOKE_ABUSE_S, SMOKE_ABUSE_COUNT, SMOKE_SETTLE_S) if smoke else (ABUSE_S, ABUSE_COUNT, SETTLE_S)
+    seconds, loops, settle_s = ((SMOKE_ABUSE_S, SMOKE_ABUSE_COUNT, SMOKE_SETTLE_S) if smoke
+                                else (ABUSE_S, ABUSE_COUNT, SETTLE_S))
     workspace = tmp / "ws" if (tmp / "ws").exists() else make_workspace(tmp)
     server = Server(tmp, "socket", "server,capsule", workspace)
     figures = {}
@@ -396,5 +401,6 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
                 report.add(Row(f"exec /bin/true beside a {name}", busy, "same, idle server", idle, "<= 2x"))
         else:
             report.notes.append("exec latency beside abusive capsules needs root (the helper runs privileged)")
-    report.notes.append("no lost or duplicated answers on any connection, direct methods' in order (checked per request id)")
+    report.notes.append("no lost or duplicated answers on any connection, direct methods' in order "
+                        "(checked per request id)")
     return report

@@ -2,9 +2,10 @@
 
 - **Fork N.**  ``capsule_fork`` with ``count`` N = 1, 10 and 100 of one parent over a
   200-file workspace; each row is the median of the call's time divided by N (the cost
-  per fork; N = 1 is ten calls in a row, see ``_fork_round``), and the N = 10 and N = 100 rows give their ratio to N = 1's: a fork is
-  O(1), so the cost per fork must stay flat.  The sizes take turns in a new order
-  every round; the destroys after each round are not timed.
+  per fork; N = 1 is ten calls in a row, see ``_fork_round``), and the N = 10 and
+  N = 100 rows give their ratio to N = 1's: a fork is O(1), so the cost per fork must
+  stay flat.  The sizes take turns in a new order every round; the destroys after each
+  round are not timed.
 - **Race.**  ``capsule_race`` of 4 forks running a CPU-bound command (~0.3 s of Python)
   against the same 4 done one after another as a caller would without it: for each,
   capsule_exec, capsule_diff and capsule_promote's dry run (the work a race's row
@@ -128,8 +129,9 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     one = median_ms(per_fork[1])
     for n in sizes:
         name = f"capsule_fork count={n}: per fork" + (f" ({SINGLE_CALLS} calls)" if n == 1 else "")
-        report.add(Row(name, median_ms(per_fork[n]), baseline="count=1" if n != 1 else "", baseline_ms=one if n != 1 else None,
-                       target="<= 1.2x (flat)" if n != 1 else "", extra={"rounds": fork_rounds}))
+        report.add(Row(name, median_ms(per_fork[n]), baseline="count=1" if n != 1 else "",
+                       baseline_ms=one if n != 1 else None, target="<= 1.2x (flat)" if n != 1 else "",
+                       extra={"rounds": fork_rounds}))
     report.add(Row(f"capsule_race of {RACERS} (python, ~{0.003 if smoke else 0.3} s each)", median_ms(races["race"]),
                    baseline="one after another", baseline_ms=median_ms(races["one after another"]),
                    target="<= 0.6x on 2 cores", extra={"rounds": race_rounds}))

@@ -112,8 +112,10 @@ async def _in_process(state_dir: Path, count: int) -> list[float]:
     return times
 
 
-async def _call(stream: Any, buffer: list[bytes], request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
-    await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode() + b"\n")
+async def _call(stream: Any, buffer: list[bytes], request_id: int, method: str,
+                params: dict[str, Any]) -> dict[str, Any]:
+    await stream.send_all(
+        json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}).encode() + b"\n")
     while b"\n" not in buffer[0]:
         buffer[0] += await stream.receive_some(1 << 20)
     line, buffer[0] = buffer[0].split(b"\n", 1)

@@ -180,7 +180,8 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     for row in tlsca.measure(2 if smoke else 50 if quick else 200):
         report.add(row)
     tls_size = (1 if smoke else 16 if quick else 200) << 20
-    for row in credentials.measure_tls(1 if smoke else 2 if quick else 5, tls_size, 5 if smoke else credentials.SMALL_REQUESTS):
+    for row in credentials.measure_tls(1 if smoke else 2 if quick else 5, tls_size,
+                                       5 if smoke else credentials.SMALL_REQUESTS):
         report.add(row)  # TLS terminated beside a CONNECT tunnel (issue 38)
     report.notes.append("download throughput is curl's own (size_download / time_total), medians of interleaved rounds")
     report.notes.append(f"the shaped rows: tc tbf {' '.join(SHAPE)} on the server's veth end; a registry download "

@@ -117,8 +117,8 @@ async def _deltamin(tools: InProcess, project: realprojects.Project, ws: Path,
         files = counterfactual.units_from(changeset.expand(changes, base, capsule), base, capsule)
         hunks = counterfactual.split_hunks(files, range(len(files.units)), base)
     record = tools.ctx.capsules.live_record(cap)
-    trials = counterfactual.Trials(tools.ctx.capsules, record, hunks, argv, counterfactual.predicate("exit_code"), 600_000,
-                                    LocalExecutor())
+    trials = counterfactual.Trials(tools.ctx.capsules, record, hunks, argv, counterfactual.predicate("exit_code"),
+                                    600_000, LocalExecutor())
     start = time.perf_counter()
     found, textbook_trials = await _textbook(trials, tuple(range(len(hunks.units))))
     textbook_s = time.perf_counter() - start
@@ -144,7 +144,8 @@ async def _replay(tools: InProcess, project: realprojects.Project, ws: Path, scr
                 await agent_loop.edit(tools.call, cap, ws, item.path, item.old, item.new)
             continue
         if step == "fix":
-            await agent_loop.edit(tools.call, cap, ws, project.breaking.path, project.breaking.new, project.breaking.old)
+            await agent_loop.edit(tools.call, cap, ws, project.breaking.path, project.breaking.new,
+                                  project.breaking.old)
             continue
         start = time.perf_counter()
         await agent_loop.run_tests(tools.call, cap, project.test_cmd)
@@ -155,7 +156,8 @@ async def _replay(tools: InProcess, project: realprojects.Project, ws: Path, scr
     for i in range(repeat):
         async with in_process_tools(scratch / f"fresh-{i}") as fresh:
             start = time.perf_counter()
-            # A fresh state dir has its own key and trusts none: the witness is "unknown key" there, replayed as its maker's.
+            # A fresh state dir has its own key and trusts none: the witness is "unknown key" there,
+            # replayed as its maker's.
             results.append(await fresh.call("capsule_replay", {"path": witness["path"], "allow_untrusted": True}))
             times.append(time.perf_counter() - start)
     return {"original_s": sum(original), "replay_s": times, "replay_ok": [r["replay_ok"] for r in results],

@@ -267,7 +267,8 @@ def search_rounds(case: Case, parallel: int, kind: str = "search") -> tuple[int,
     """
     from mcp_server.core.deltamin import FAIL, PASS, Ddmin, Search, decisive
 
-    search = Search(tuple(range(case.files)), parallel) if kind == "search" else Ddmin(tuple(range(case.files)), parallel)
+    search = (Search(tuple(range(case.files)), parallel) if kind == "search"
+              else Ddmin(tuple(range(case.files)), parallel))
     rounds = trials = 0
     while batch := search.next_batch():
         if not (kind == "search" and len(batch) == 1 and decisive(search, batch[0])):
@@ -320,8 +321,9 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     for case in scale.cases:
         _case_rows(report, case, out["walls"][case.name], out["trials"][case.name])
     together = out["together"]
-    report.add(Row(f"{out['together_n']} deltamins at once (narrow), {max(together)} bots", together[max(together)] * 1000,
-                   "1 bot", together[1] * 1000, "<= 0.33x", {"each": "parallelism 1, a capsule of its own"}))
+    report.add(Row(f"{out['together_n']} deltamins at once (narrow), {max(together)} bots",
+                   together[max(together)] * 1000, "1 bot", together[1] * 1000, "<= 0.33x",
+                   {"each": "parallelism 1, a capsule of its own"}))
     remote, local = out["overhead"]
     added = statistics.median(remote) - statistics.median(local)
     report.add(Row("trivial trial through the cluster", statistics.median(remote) * 1000, "local scratch capsule",
@@ -330,8 +332,9 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     kept, fresh = out["roots"]
     dirs, files, _ = scale.root
     report.add(Row(f"a lease's input root ({dirs} dirs, {dirs * files} files, one changed)",
-                   statistics.median(kept) * 1000, "laid out afresh from the host's cache", statistics.median(fresh) * 1000,
-                   "", {"how": "a kept root, synced by what differs", "leases": len(kept)}))  # fmt: skip
+                   statistics.median(kept) * 1000, "laid out afresh from the host's cache",
+                   statistics.median(fresh) * 1000, "",
+                   {"how": "a kept root, synced by what differs", "leases": len(kept)}))  # fmt: skip
     walls = out["walls"][scale.narrow.name]
     executor = out["repeat"]["executor"]
     hits, ran = executor["action_cache_hits"], executor["executed"]
@@ -339,5 +342,6 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
                    "first run", walls[max(walls)] * 1000, "every trial a hit",
                    {"action-cache hit rate": f"{hits}/{hits + ran} = {hits / max(hits + ran, 1):.0%}"}))
     report.notes.append(_bounds_note(sorted(walls)))
-    report.notes.append(f"target command sleeps {scale.sleep_s} s; wall times include deltamin's final local check (one more run)")
+    report.notes.append(f"target command sleeps {scale.sleep_s} s; "
+                        "wall times include deltamin's final local check (one more run)")
     return report

@@ -150,7 +150,8 @@ def _start_on_host(prefix: list[str], poll_s: float) -> float:
 
 async def _start_service(call: Call, cap: str, name: str, cmd: list[str], port: int) -> None:
     """Start ``cmd`` as a service, ready when ``port`` accepts; a start that is not ready raises."""
-    started = await call("capsule_service_start", {"capsule_id": cap, "name": name, "cmd": cmd, "ready": {"port": port}})
+    started = await call("capsule_service_start",
+                         {"capsule_id": cap, "name": name, "cmd": cmd, "ready": {"port": port}})
     if not started["ready"]:
         raise RuntimeError(f"service {name} was not ready: {started}")
 
@@ -222,7 +223,8 @@ async def _client(port: int, count: int, mode: str) -> float:
 
 async def _client_in(call: Call, cap: str, port: int, count: int, mode: str) -> float:
     """The same from an exec in the capsule, to ``port`` on its own loopback (the exec's start not counted)."""
-    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": [*CLIENT, TINY.name, "get", str(port), str(count), mode]})
+    ran = await call("capsule_exec",
+                     {"capsule_id": cap, "cmd": [*CLIENT, TINY.name, "get", str(port), str(count), mode]})
     if ran["exit_code"] != 0:
         raise RuntimeError(f"the client in the capsule failed: {ran['stderr'][-300:]}")
     return float(ran["stdout"]) / count

@@ -99,10 +99,12 @@ def run(quick: bool) -> Report:
 
         grep_times, found = trio.run(_grep, work, tree, repeat)
         rg = subprocess.run(["rg", "-F", "-c", NEEDLE, str(tree)], capture_output=True, check=True)
-        rg_ms = median_ms(sample(lambda: subprocess.run(["rg", "-F", NEEDLE, str(tree)], capture_output=True, check=True), repeat))
+        rg_ms = median_ms(sample(
+            lambda: subprocess.run(["rg", "-F", NEEDLE, str(tree)], capture_output=True, check=True), repeat))
         report.add(Row(
             "snapshot_grep literal (worktree)", median_ms(grep_times), "rg -F", rg_ms, "<= 3x",
-            {"files": files, "bytes": size, "matches": len(found["matches"]), "rg files with matches": len(rg.stdout.splitlines())},
+            {"files": files, "bytes": size, "matches": len(found["matches"]),
+             "rg files with matches": len(rg.stdout.splitlines())},
         ))
 
         scratch = work / "scratch"
@@ -129,7 +131,8 @@ def run(quick: bool) -> Report:
             "git add -A && git write-tree", median_ms(git_times[1:]), "<= 2x", {"files": files, "bytes": size},
         ))
         report.notes.append("first create/add run discarded as warm-up; grep and rg run on a warm page cache")
-        report.notes.append("ccw's tools are called in process through the server's pipeline (bench.common.in_process_tools)")
+        report.notes.append("ccw's tools are called in process through the server's pipeline "
+                            "(bench.common.in_process_tools)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report

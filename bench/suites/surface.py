@@ -38,7 +38,8 @@ from bench.common import Report, Row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
-REFERENCE = ROOT / ".cache" / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+REFERENCE = (ROOT / ".cache" / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist"
+             / "index.js")
 LINES = 500
 EDIT_LINE = 250  # 1-based line of the module the loop changes
 TARGETS = {"all": "<= 1 KB/tool", "agent": "< 15 KB"}

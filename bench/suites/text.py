@@ -47,7 +47,8 @@ from bench.common import Call, Report, Row, in_process_tools
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CCW_MCP = ROOT / ".venv" / "bin" / "ccw-mcp"
-REFERENCE = ROOT / ".cache" / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist" / "index.js"
+REFERENCE = (ROOT / ".cache" / "npm" / "node_modules" / "@modelcontextprotocol" / "server-filesystem" / "dist"
+             / "index.js")
 LINES = 10_000
 TARGET_LINE = 5_000
 
@@ -178,7 +179,8 @@ class _Ccw(_Subject):
 
     async def edit(self) -> Any:
         text = self.original if self.flip else self.original + "  # edited"
-        args = {"path": str(self.path), "file_hash": self.hash, "ops": [{"op": "replace", "anchor": self.anchor, "content": text}]}
+        args = {"path": str(self.path), "file_hash": self.hash,
+                "ops": [{"op": "replace", "anchor": self.anchor, "content": text}]}
         result = await self.client.call_tool("edit_text_file", args)
         assert result.is_error is not True, result
         self.hash = result.structured_content["file_hash"]
@@ -356,7 +358,8 @@ def run(quick: bool = False) -> Report:
         have_reference = bool(node) and REFERENCE.exists()
         if not have_reference:
             report.notes.append(
-                "reference server not installed: npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem"
+                "reference server not installed: "
+                "npm install --prefix .cache/npm @modelcontextprotocol/server-filesystem"
             )
         proc, sock = _start_socket_server(tmp)
         try:

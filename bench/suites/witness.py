@@ -81,7 +81,8 @@ async def _measure(root: Path, repeat: int, promote_rounds: int) -> dict[str, li
 async def _witness_rounds(call: Call, root: Path, ws: Path, repeat: int, out: dict[str, list[float]]) -> None:
     """``capsule_witness`` with blobs after a run that read every file, beside ``tar --zstd``."""
     cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-    ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat data*.bin > /dev/null; echo x > note.txt"]})
+    ran = await call("capsule_exec",
+                     {"capsule_id": cap, "cmd": ["sh", "-c", "cat data*.bin > /dev/null; echo x > note.txt"]})
     assert ran["exit_code"] == 0 and ran["touched"]["read"] is not None and len(ran["touched"]["read"]) >= FILES
     for i in range(repeat):
         _sh("sync")
