@@ -149,7 +149,8 @@ def test_fork_bomb_is_held_by_the_pids_limit(tools: Any, workspace: Path,
     out = _abuse(tools, workspace, {"pids_max": 64}, body)
     assert out["timed_out"] is False
     assert "parent-alive" in out["stdout"], (out["exit_code"], out["stderr"][-600:])
-    assert "fork" in out["stderr"].lower() or "resource temporarily unavailable" in out["stderr"].lower(), out["stderr"][:500]
+    assert ("fork" in out["stderr"].lower()
+            or "resource temporarily unavailable" in out["stderr"].lower()), out["stderr"][:500]
 
 
 def test_memory_bomb_is_killed_and_reported(tools: Any, workspace: Path,
@@ -222,7 +223,8 @@ def test_cpu_spinner_is_stopped_by_its_cpu_budget_or_timeout(tools: Any, workspa
 def test_disk_fill_stops_at_the_capsule_disk_and_spares_the_host(tools: Any, workspace: Path,
                                                                 record_property: Callable[[str, object], None]) -> None:
     record_property("abuses_tried", 1)
-    fill = "dd if=/dev/zero of=fill bs=1M count=4096 status=none; echo dd=$?; dd if=/dev/zero of=/tmp/more bs=1M count=64; echo tmp=$?"
+    fill = ("dd if=/dev/zero of=fill bs=1M count=4096 status=none; echo dd=$?; "
+            "dd if=/dev/zero of=/tmp/more bs=1M count=64; echo tmp=$?")
     host = os.statvfs(workspace)
     before_kb = (host.f_blocks - host.f_bfree) * host.f_frsize // 1024
 

@@ -152,7 +152,8 @@ def test_promotion_never_writes_through_links(tools: Any, arena: tuple[Path, Pat
         # 2. The capsule writes d2/x and g; meanwhile the live tree makes d2 and g links to the canary.
         cap2 = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         await t.call("capsule_exec", {"capsule_id": cap2, "cmd": ["sh", "-c",
-            "mkdir -p d2/sub && echo PWNED > d2/x && echo PWNED > d2/sub/y && echo PWNED > g && echo PWNED > src/a.txt"]})
+            "mkdir -p d2/sub && echo PWNED > d2/x && echo PWNED > d2/sub/y && echo PWNED > g "
+            "&& echo PWNED > src/a.txt"]})
         os.symlink(str(canary), ws / "d2")
         os.symlink(str(canary / "secret.txt"), ws / "g")
         outcomes.append(await a.attempt("capsule_promote", {"capsule_id": cap2, "policies": []}))

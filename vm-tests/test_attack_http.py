@@ -91,7 +91,8 @@ def authorizations(token: str) -> list[str | None]:
     return [
         None, "Bearer wrong-token", "Bearer ", "Bearer", "Bearer " + token.swapcase(), "Bearer " + token.upper(),
         "Bearer " + token[:-1], "Bearer " + token + "A", "Bearer " + token[:20] + " " + token[20:],
-        "Bearer " + token + " x", "Bearer\t" + token, token, "Basic " + base64.b64encode(f"local:{token}".encode()).decode(),
+        "Bearer " + token + " x", "Bearer\t" + token, token,
+        "Basic " + base64.b64encode(f"local:{token}".encode()).decode(),
         "Bearer local",
     ]
 
@@ -200,7 +201,8 @@ def test_another_local_user_gets_401_for_everything(arena: Arena, record_propert
         report = arena.attack(url, requests, [])
         _all_refused(report, token, requests)
         assert sorted(p.name for p in arena.ws.iterdir()) == ["hello.txt"]
-        assert not (arena.state / "helper" / "capsules").exists() or not any((arena.state / "helper" / "capsules").iterdir())
+        assert (not (arena.state / "helper" / "capsules").exists()
+                or not any((arena.state / "helper" / "capsules").iterdir()))
 
         # The token file: the server's own, private, and what the refusals were about.
         info = os.lstat(arena.token_file)
@@ -316,7 +318,8 @@ def test_a_rotated_token_ends_the_sessions_of_whoever_held_it(arena: Arena, reco
     leaked = json.loads(arena.token_file.read_text())["tokens"][0]["token"]
     before_rotation = os.lstat(arena.token_file)
     host, port = url.split("//")[1].split("/")[0].rsplit(":", 1)
-    plan = {"host": host, "port": int(port), "path": "/mcp", "token": leaked, "initialize": _rpc_dict("initialize", INIT, 0)}
+    plan = {"host": host, "port": int(port), "path": "/mcp", "token": leaked,
+            "initialize": _rpc_dict("initialize", INIT, 0)}
     holder = subprocess.Popen(["/usr/bin/python3", "-I", "-c", LEAKED_TOKEN_HOLDER], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, user=NOBODY, group=NOBODY,
                               extra_groups=[], cwd="/", env={"PATH": "/usr/bin:/bin"})

@@ -303,8 +303,9 @@ def _retarred(data: bytes, change: Any) -> bytes:
             handle = tar.extractfile(member)
             members.append(change(member.name, handle.read() if handle else b""))
     manifest = members[0][1]
-    return craft.raw_archive(manifest, {"blake3:" + n.removeprefix("blobs/"): d for n, d in members
-                                        if n.startswith("blobs/")}, [m for m in members[1:] if not m[0].startswith("blobs/")])
+    return craft.raw_archive(manifest,
+                             {"blake3:" + n.removeprefix("blobs/"): d for n, d in members if n.startswith("blobs/")},
+                             [m for m in members[1:] if not m[0].startswith("blobs/")])
 
 
 def test_unsigned_forged_and_tampered_witnesses_replay_only_when_allowed(tools: Any, tmp_path: Path,
@@ -369,7 +370,8 @@ def _hostile_manifests(base: dict[str, Any]) -> list[bytes]:
         changed("execs/0/written_mtimes", {"../../etc/passwd": 0}), changed("execs/0/written_mtimes", {"a": huge}),
         changed("base/files/0/path", "../escape"), changed("base/files/0/path", "/etc/passwd"),
         changed("base/files/0/path", "a/../../b"), changed("base/files/0/mode", 420.0),
-        changed("base/files/0/mode", huge), changed("base/files/0/mtime_ns", huge), changed("base/files/0/type", KeyError),
+        changed("base/files/0/mode", huge), changed("base/files/0/mtime_ns", huge),
+        changed("base/files/0/type", KeyError),
         changed("base/files/0/blob", KeyError), changed("base/files", {}), changed("base", KeyError),
         changed("capsule/limits", {"memory_mb": "x"}), changed("capsule/limits", {"bogus": 1}),
         changed("capsule/limits", {"memory_mb": huge}), changed("capsule/env_whitelist", ["NOT A NAME"]),

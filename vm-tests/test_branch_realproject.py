@@ -74,7 +74,8 @@ def test_a_branch_holds_exactly_the_change_and_leaves_tree_and_index(tools: Any,
         after = branch_steps.snapshot(ws)
         again = await _refused(t, {"capsule_id": cap, "as_branch": "ccw/ping"})
         bad = await _refused(t, {"capsule_id": cap, "as_branch": "no..dots"})
-        return {"ran": ran, "dry": dry, "dry_ref": dry_ref, "made": made, "before": before, "after": after, "again": again, "bad": bad}
+        return {"ran": ran, "dry": dry, "dry_ref": dry_ref, "made": made, "before": before, "after": after,
+                "again": again, "bad": bad}
 
     out = tools.run(scenario)
     assert [r["exit_code"] for r in out["ran"]] == [0, 0, 0], [r["stderr"][-800:] for r in out["ran"]]

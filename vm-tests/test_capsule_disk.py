@@ -125,7 +125,8 @@ def test_a_fork_has_its_own_disk_and_sees_its_parent(env: tuple[CapsuleManager, 
     parent = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(ws)})).capsule_id
     run(manager, parent, "dd if=/dev/zero of=half bs=1M count=30 2>/dev/null")
     child = manager.fork(parent, 0, 0).capsule_id
-    out = run(manager, child, "ls -s --block-size=M half; dd if=/dev/zero of=more bs=1M count=40 2>/dev/null; echo dd=$?")
+    out = run(manager, child,
+              "ls -s --block-size=M half; dd if=/dev/zero of=more bs=1M count=40 2>/dev/null; echo dd=$?")
     # The parent's 30 MiB are a lower layer of the fork: the fork's own disk takes its 40.
     assert b"30M half" in out.stdout and b"dd=0" in out.stdout, out
     manager.destroy(child, 0)

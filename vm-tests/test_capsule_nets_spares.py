@@ -19,7 +19,8 @@ from sandbox.ops import MAX_SPARES, ExecRequest
 
 
 @pytest.fixture
-def helper(tmp_path: Path, root_required: None, launch_helper: Callable[..., subprocess.Popen[bytes]]) -> Iterator[Path]:
+def helper(tmp_path: Path, root_required: None,
+           launch_helper: Callable[..., subprocess.Popen[bytes]]) -> Iterator[Path]:
     socket_path = tmp_path / "helper.sock"
     process = launch_helper(socket_path, tmp_path / "state", tmp_path / "helper.log")
     yield socket_path

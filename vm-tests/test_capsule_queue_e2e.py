@@ -94,7 +94,8 @@ def test_parallel_calls_through_the_sdk(tmp_path: Path, root_required: None, tra
 
             async def cancelled_call() -> None:
                 with never:
-                    await call("never", "capsule_exec", {"capsule_id": cap, "cmd": NEVER}, on_queued("never", never_queued))
+                    await call("never", "capsule_exec", {"capsule_id": cap, "cmd": NEVER},
+                               on_queued("never", never_queued))
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(call, "first", "capsule_exec", {"capsule_id": cap, "cmd": SLOW}, on_first)
@@ -185,7 +186,8 @@ def test_pipelined_frames_on_the_unix_socket(tmp_path: Path, root_required: None
                           and m["params"]["progressToken"] == "never" and "queued" in m["params"].get("message", "")]
                 if queued and not cancelled:
                     cancelled = True
-                    await send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "never"}})
+                    await send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                "params": {"requestId": "never"}})
             await stream.send_eof()
             while batch := await messages():  # anything still pending is answered before the close
                 seen += batch
@@ -240,8 +242,8 @@ def test_cancelling_a_running_exec_hands_the_capsule_to_the_next(tmp_path: Path,
                 _call("create", "capsule_create", {"workspace": str(ws)}))
             cap = (await until("create"))["result"]["structuredContent"]["capsule_id"]
             # A long exec that writes as it starts, then an exec queued behind it.
-            await send(_call("long", "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo x > out.txt; sleep 60"]},
-                             token="long"),
+            await send(_call("long", "capsule_exec",
+                             {"capsule_id": cap, "cmd": ["sh", "-c", "echo x > out.txt; sleep 60"]}, token="long"),
                        _call("next", "capsule_exec", {"capsule_id": cap, "cmd": ["cat", "out.txt"]}))
             while not any(m.get("method") == "notifications/progress" and m["params"]["progressToken"] == "long"
                           for m in seen):  # it runs
@@ -273,9 +275,11 @@ def test_fork_waits_for_the_running_exec(tools: Any, tmp_path: Path) -> None:
     async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 2; echo done > made.txt"]})
+            nursery.start_soon(t.call, "capsule_exec",
+                               {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 2; echo done > made.txt"]})
             await trio.testing.wait_all_tasks_blocked(0.05)  # the exec waits for the helper's reply
-            assert [ticket.label for ticket in t.runtime.capsule_queue.line(cap)] == ["exec `sh -c 'sleep 2; echo done > made.txt'`"]
+            assert ([ticket.label for ticket in t.runtime.capsule_queue.line(cap)]
+                    == ["exec `sh -c 'sleep 2; echo done > made.txt'`"])
             # Before turns: CONFLICT "capsule … is running a command; fork it when that ends".
             fork = await t.call("capsule_fork", {"capsule_id": cap})
         seen = await t.call("capsule_exec", {"capsule_id": fork["capsule_id"], "cmd": ["cat", "made.txt"]})
@@ -300,7 +304,8 @@ def test_witness_and_promote_wait_for_the_running_exec(tools: Any, tmp_path: Pat
             nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": slow})
             await trio.testing.wait_all_tasks_blocked(0.05)
             witness = await t.call("capsule_witness", {"capsule_id": cap})
-            nursery.start_soon(t.call, "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 1; echo more > more.txt"]})
+            nursery.start_soon(t.call, "capsule_exec",
+                               {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 1; echo more > more.txt"]})
             await trio.testing.wait_all_tasks_blocked(0.05)
             promoted = await t.call("capsule_promote", {"capsule_id": cap})
         await t.call("capsule_destroy", {"capsule_id": cap})

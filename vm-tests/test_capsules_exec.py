@@ -60,7 +60,8 @@ def make_project(ws: Path) -> None:
             shutil.copy2(source, deps / name)
 
 
-def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager, tmp_path: Path, require: object) -> None:
+def test_pytest_in_a_capsule_reads_the_tested_files_only(manager: CapsuleManager, tmp_path: Path,
+                                                         require: object) -> None:
     ws = tmp_path / "project"
     ws.mkdir()
     make_project(ws)
@@ -135,11 +136,13 @@ def test_exec_in_a_fork(manager: CapsuleManager, tmp_path: Path) -> None:
 
 
 def test_fork_refused_when_the_state_dir_is_inside_the_workspace(manager: CapsuleManager, tmp_path: Path) -> None:
-    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)})).capsule_id  # tmp_path holds the state dir
+    # tmp_path holds the state dir
+    cid = manager.create(0, 0, CapsuleSpec.from_json({"workspace": str(tmp_path)})).capsule_id
     with pytest.raises(CcwError) as err:
         manager.fork(cid, 0, 0)
     assert err.value.code == "UNSUPPORTED" and "state dir" in err.value.message
-    assert manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), 0, 0).exit_code == 0  # not frozen by the failed fork
+    # not frozen by the failed fork
+    assert manager.exec(ExecRequest.from_args({"capsule_id": cid, "argv": ["/bin/true"]}), 0, 0).exit_code == 0
 
 
 def test_limits_reach_the_exec_cgroup(manager: CapsuleManager, tmp_path: Path) -> None:

@@ -122,7 +122,10 @@ print(made, failed)
 
 def test_kill_reaches_daemonised_grandchildren(make: Callable[..., ExecCgroup]) -> None:
     cg = make()
-    proc = start_gated(cg, "import subprocess\nsubprocess.Popen(['setsid', 'sleep', '300'], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\nprint('ok', flush=True)\nimport time; time.sleep(300)")
+    proc = start_gated(cg, "import subprocess\n"
+                           "subprocess.Popen(['setsid', 'sleep', '300'], start_new_session=True, "
+                           "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+                           "print('ok', flush=True)\nimport time; time.sleep(300)")
     assert proc.stdout is not None and proc.stdout.readline() == b"ok\n"
     assert len(cg.pids()) >= 2
     cg.kill()

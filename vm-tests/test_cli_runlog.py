@@ -120,7 +120,8 @@ def test_files_written_show_while_the_run_goes(state: Path, capsule: str) -> Non
     try:
         time.sleep(1)
         run = subprocess.Popen([*CCW, "capsule", "exec", capsule, "--", "sh", "-c", "echo a > early.txt; sleep 4"],
-                               env=cli_env(state), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                               env=cli_env(state), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
         live = [json.loads(line) for line in _lines_until(watcher, '"live": true', timeout=20)]
         assert run.poll() is None, "the run ended before its write was seen"
         written = live[-1]

@@ -124,8 +124,8 @@ def make_nvm(home: Path, tag: str) -> Path:
 
 def new_top(home: Path, rel: str) -> Path | None:
     """The topmost directory of ``home/rel`` that does not exist yet (what to remove after), or None."""
-    return next((home / p for p in [*reversed(Path(rel).parents), Path(rel)] if str(p) != "." and not (home / p).exists()),
-                None)
+    return next((home / p for p in [*reversed(Path(rel).parents), Path(rel)]
+                 if str(p) != "." and not (home / p).exists()), None)
 
 
 def make_uv(home: Path, tag: str) -> tuple[Path, Path]:
@@ -464,7 +464,8 @@ def test_a_policy_names_the_toolchains_a_promoted_capsule_may_have_shown(tools: 
 
         async def run(t: Any) -> tuple[dict[str, Any], dict[str, Any]]:
             await t.call("policy_set", {"name": "elsewhere", "rules": {"expose": ["/opt/toolchains/*"]}})
-            await t.call("policy_set", {"name": "ours", "rules": {"expose": [str(toolchain.parent) + "/ccw-toolchain-*"]}})
+            await t.call("policy_set",
+                         {"name": "ours", "rules": {"expose": [str(toolchain.parent) + "/ccw-toolchain-*"]}})
             cap = (await t.call("capsule_create", {"workspace": str(ws), "expose": [str(toolchain)],
                                                    "auto_expose": False}))["capsule_id"]
             assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": [str(tool)]}))["exit_code"] == 0

@@ -75,7 +75,8 @@ def test_root_keeps_exactly_the_four_and_nobody_none(jail_dirs: dict[str, str]) 
 
 def test_root_writes_where_the_hosts_root_would(jail_dirs: dict[str, str]) -> None:
     result = jail(jail_dirs, "echo b > pkg/new.txt && echo c >> pkg/ro.txt && chown 5678:5678 pkg/new.txt "
-                             "&& chmod 600 pkg/ro.txt && touch -d @0 pkg/ro.txt && stat -c '%u:%g %a' pkg/new.txt pkg/ro.txt")
+                             "&& chmod 600 pkg/ro.txt && touch -d @0 pkg/ro.txt "
+                             "&& stat -c '%u:%g %a' pkg/new.txt pkg/ro.txt")
     assert (result.exit_code, lines(result)) == (0, ["5678:5678 644", f"{OWNER}:{OWNER} 600"]), result.stderr
     assert Path(jail_dirs["merged"], "pkg", "ro.txt").read_text() == "a\nc\n"
     refused = jail(jail_dirs, "echo b > pkg/other.txt", uid=65534)
@@ -133,8 +134,8 @@ def test_no_other_identity_hostname_or_init_entries(jail_dirs: dict[str, str]) -
         "        print(name, 'refused')\n"
     )
     result = jail(jail_dirs, f"python3 -c \"{probe}\"")
-    assert lines(result) == [f"{name} refused" for name in
-                             ("setuid", "setgid", "hostname", "init-root", "init-fd", "init-exe", "init-environ")], result.stderr
+    assert lines(result) == [f"{name} refused" for name in ("setuid", "setgid", "hostname", "init-root", "init-fd",
+                                                            "init-exe", "init-environ")], result.stderr
 
 
 def test_set_id_bits_made_in_the_capsule_are_inert(jail_dirs: dict[str, str]) -> None:
@@ -273,7 +274,8 @@ def test_a_root_capsule_builds_tests_and_replays_a_checkout_of_another_uid(tools
     async def scenario(t: Any) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         out = [await _exec(t, cap, "echo b > more_itertools/new.txt && stat -c %u:%g more_itertools/new.txt"),
-               await _exec(t, cap, f"{BUILD} && .venv/bin/python -c 'import more_itertools._owners as m; print(m.answer())'"),
+               await _exec(t, cap, f"{BUILD} && .venv/bin/python -c "
+                                   "'import more_itertools._owners as m; print(m.answer())'"),
                await _exec(t, cap, TESTS),
                await _exec(t, cap, "ls more_itertools/__pycache__ tests/__pycache__ | grep -c '[.]pyc$'"),
                await _exec(t, cap, "stat -c %u:%g more_itertools/more.py ext/setup_owners.py"),
@@ -318,7 +320,8 @@ def test_deltamin_finds_the_breaking_edit_instead_of_blaming_the_base(tools: Any
         return found
 
     found = tools.run(scenario)
-    changed = [line for line in found["minimal_patch"].splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    changed = [line for line in found["minimal_patch"].splitlines()
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == [f"-{PROJECT.breaking.old}", f"+{PROJECT.breaking.new}"], found["minimal_patch"]
 
 

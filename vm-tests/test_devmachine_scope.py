@@ -34,7 +34,8 @@ async def _capsule(call: Any, ws: Path) -> str:
     cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     ran = await call("capsule_exec", {"capsule_id": cap, "cmd": TESTS, "timeout_ms": 300_000})
     assert ran["exit_code"] == 0, ran
-    edit = f"import pathlib; p = pathlib.Path({EDIT.path!r}); p.write_text(p.read_text().replace({EDIT.old!r}, {EDIT.new!r}))"
+    edit = (f"import pathlib; p = pathlib.Path({EDIT.path!r}); "
+            f"p.write_text(p.read_text().replace({EDIT.old!r}, {EDIT.new!r}))")
     done = await call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "-c", edit]})
     assert done["exit_code"] == 0, done
     return str(cap)
@@ -93,7 +94,8 @@ def test_cli_flags(cli_state: Path, tmp_path: Path) -> None:
     dry = ccw(cli_state, "capsule", "promote", cap, "--dry-run")
     assert "ignored files: " in dry.stderr and "--include-ignored" in dry.stderr, dry.stderr
     assert dry.stdout.strip() == ""  # the test run wrote only ignored files
-    picked = ccw(cli_state, "capsule", "promote", cap, "--include-ignored", "--path", "tests/**", "--exclude", "**/*.pyc")
+    picked = ccw(cli_state, "capsule", "promote", cap, "--include-ignored", "--path", "tests/**",
+                 "--exclude", "**/*.pyc")
     assert "excluded files" in picked.stderr and "files not in --path" in picked.stderr, picked.stderr
     assert not (ws / ".pytest_cache").exists()
     assert not list(ws.glob("tests/__pycache__/*.pyc"))
@@ -107,7 +109,8 @@ def test_a_second_promotion_of_the_same_capsule(tools: Any, tmp_path: Path) -> N
         cap = await _capsule(t.call, ws)
         edit = (f"import pathlib; p = pathlib.Path({readme.path!r}); "
                 f"p.write_text(p.read_text().replace({readme.old!r}, {readme.new!r}))")
-        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "-c", edit]}))["exit_code"] == 0
+        assert (await t.call("capsule_exec", {"capsule_id": cap,
+                                              "cmd": [".venv/bin/python", "-c", edit]}))["exit_code"] == 0
         first = await t.call("capsule_promote", {"capsule_id": cap, "paths": ["more_itertools/**"]})
         assert first["applied"] == [EDIT.path]
         # The capsule's base is the live tree: the path promoted is no change any more, so

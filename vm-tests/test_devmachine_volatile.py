@@ -87,7 +87,8 @@ def test_a_policy_replay_ignores_the_capsules_own_globs(tools: Any, tmp_path: Pa
         cap = (await t.call("capsule_create", {"workspace": str(ws), "volatile": ["**"]}))["capsule_id"]
         ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["/usr/bin/python3", "cover.py"]})
         assert ran["exit_code"] == 0, ran
-        own = await t.call("capsule_replay", {"witness_id": (await t.call("capsule_witness", {"capsule_id": cap}))["witness_id"]})
+        own = await t.call("capsule_replay", {
+            "witness_id": (await t.call("capsule_witness", {"capsule_id": cap}))["witness_id"]})
         assert own["replay_ok"] is True and own["volatile"]["globs"] == ["**"], own  # the replayer's view: declared
         promoted: dict[str, Any] = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["strict"],
                                                                     "dry_run": True})

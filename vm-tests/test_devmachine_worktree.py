@@ -158,7 +158,8 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str]) -
     new = realprojects.git(repo, "rev-parse", "feat").strip()
     assert git["promoted_refs"] == [{"ref": "refs/heads/feat", "old": paths["orig"], "new": new},
                                     {"ref": "refs/tags/capsule-tag", "old": None, "new": new}], git
-    assert realprojects.git(wt, "log", "-2", "--format=%s") == f"made in a capsule\n{PROJECT.name} {PROJECT.version} as published\n"
+    assert (realprojects.git(wt, "log", "-2", "--format=%s")
+            == f"made in a capsule\n{PROJECT.name} {PROJECT.version} as published\n")
     assert realprojects.git(repo, "rev-parse", "capsule-tag").strip() == new
     assert (wt / EDIT.path).read_text().endswith("capsule edit\n")
     assert realprojects.git(wt, "status", "--porcelain") == ""
@@ -265,9 +266,11 @@ def test_a_restarted_helper_mounts_git_dirs_again(tools: Any, tmp_path: Path) ->
     cap, fork = tools.run(first)
 
     async def second(t: Any) -> dict[str, Any]:
-        out = {"fork": await _sh(t.call, fork, f"{IDENTITY} commit -q --allow-empty -m in-fork && git log -2 --format=%s")}
+        out = {"fork": await _sh(t.call, fork,
+                                 f"{IDENTITY} commit -q --allow-empty -m in-fork && git log -2 --format=%s")}
         await t.call("capsule_destroy", {"capsule_id": fork})
-        out["parent"] = await _sh(t.call, cap, f"{IDENTITY} commit -q --allow-empty -m after-thaw && git log -3 --format=%s")
+        out["parent"] = await _sh(t.call, cap,
+                                  f"{IDENTITY} commit -q --allow-empty -m after-thaw && git log -3 --format=%s")
         await t.call("capsule_destroy", {"capsule_id": cap})
         return out
 
@@ -286,20 +289,25 @@ def test_what_a_hostile_capsule_s_git_leaves_is_not_carried(tools: Any, tmp_path
     paths = _repos(tmp_path)
     repo, wt = Path(paths["repo"]), Path(paths["wt"])
     before = _git_state(repo / ".git")
-    refspec = f"mkdir -p {repo}/.git/refs/heads/a:refs/heads && git rev-parse HEAD > {repo}/.git/refs/heads/a:refs/heads/main"
+    refspec = (f"mkdir -p {repo}/.git/refs/heads/a:refs/heads "
+               f"&& git rev-parse HEAD > {repo}/.git/refs/heads/a:refs/heads/main")
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(wt)}))["capsule_id"]
-        out = {"main": await _sh(t.call, cap, f"{IDENTITY} commit -q --allow-empty -m x && git update-ref refs/heads/main HEAD")}
+        out = {"main": await _sh(t.call, cap,
+                                 f"{IDENTITY} commit -q --allow-empty -m x && git update-ref refs/heads/main HEAD")}
         out["elsewhere"] = await _promote(t.call, cap)  # main is checked out in the repository's own worktree
-        out["unmain"] = await _sh(t.call, cap, f"git update-ref refs/heads/main {paths['orig']} && git reset -q --soft {paths['orig']}")
+        out["unmain"] = await _sh(t.call, cap, f"git update-ref refs/heads/main {paths['orig']} "
+                                               f"&& git reset -q --soft {paths['orig']}")
         out["edit"] = await _sh(t.call, cap, f"printf 'capsule edit\\n' >> {EDIT.path} && {refspec}")
         out["refspec"] = await _promote(t.call, cap)
         out["blob"] = await _sh(t.call, cap, f"rm -r {repo}/.git/refs/heads/a:refs && "  # git refuses, files do not
                                 f"git hash-object -w {EDIT.path} > {repo}/.git/refs/heads/blobby")
         out["blobby"] = await _promote(t.call, cap)
-        out["config"] = await _sh(t.call, cap, f"rm {repo}/.git/refs/heads/blobby && git config core.pager 'touch /tmp/pwned' "
-                                  "&& printf '#!/bin/sh\\ntouch /tmp/pwned\\n' > $(git rev-parse --git-common-dir)/hooks/post-commit")
+        out["config"] = await _sh(t.call, cap, f"rm {repo}/.git/refs/heads/blobby "
+                                  "&& git config core.pager 'touch /tmp/pwned' "
+                                  "&& printf '#!/bin/sh\\ntouch /tmp/pwned\\n' "
+                                  "> $(git rev-parse --git-common-dir)/hooks/post-commit")
         out["promoted"] = await _promote(t.call, cap)
         return out
 
@@ -307,13 +315,17 @@ def test_what_a_hostile_capsule_s_git_leaves_is_not_carried(tools: Any, tmp_path
     assert all(out[k]["exit"] == 0 for k in ("main", "unmain", "edit", "blob", "config")), out
     assert out["elsewhere"].get("error") == "UNSUPPORTED", out["elsewhere"]
     assert out["elsewhere"]["details"] == {"refs": ["refs/heads/main"]}, out["elsewhere"]
-    assert out["refspec"].get("error") == "UNSUPPORTED" and "refs/heads/a:refs/heads/main" in out["refspec"]["message"], out
-    assert out["blobby"].get("error") == "UNSUPPORTED" and out["blobby"]["details"] == {"refs": ["refs/heads/blobby"]}, out
+    assert (out["refspec"].get("error") == "UNSUPPORTED"
+            and "refs/heads/a:refs/heads/main" in out["refspec"]["message"]), out
+    assert (out["blobby"].get("error") == "UNSUPPORTED"
+            and out["blobby"]["details"] == {"refs": ["refs/heads/blobby"]}), out
     after = _git_state(repo / ".git")  # objects fetched for the refused branch, unreferenced; nothing else
     assert {p: h for p, h in after.items() if p in before} == before
     assert all(p.startswith("objects/") for p in set(after) - set(before)), sorted(set(after) - set(before))
     promoted = out["promoted"]
     assert promoted.get("promoted") is True and promoted["applied"] == [EDIT.path], promoted
-    assert {"config", "hooks/post-commit"} <= set(promoted["git"][0]["paths"]) and "promoted_refs" not in promoted["git"][0]
-    assert "pwned" not in (repo / ".git" / "config").read_text() and not (repo / ".git" / "hooks" / "post-commit").exists()
+    assert ({"config", "hooks/post-commit"} <= set(promoted["git"][0]["paths"])
+            and "promoted_refs" not in promoted["git"][0])
+    assert ("pwned" not in (repo / ".git" / "config").read_text()
+            and not (repo / ".git" / "hooks" / "post-commit").exists())
     assert realprojects.git(repo, "for-each-ref", "--format=%(refname)") == "refs/heads/feat\nrefs/heads/main\n"

@@ -108,7 +108,8 @@ def test_link_local_multicast_and_broadcast_never_hang(scenario: dict[str, Any])
 
 def test_net_open_reply_and_descriptors(scenario: dict[str, Any]) -> None:
     assert scenario["reply"] == {
-        "http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080", "jail_addresses": ["10.99.0.2", "fd63:6377::2"],
+        "http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080",
+        "jail_addresses": ["10.99.0.2", "fd63:6377::2"],
         "env": egress.PROXY_ENV, "mechanism": egress.MECHANISM}
     assert scenario["flags"] == [[False, False]] * 3  # non-blocking, close-on-exec
     assert scenario["same_listener"] is True  # a second net_open passes the same sockets again

@@ -53,7 +53,8 @@ ATTEMPTS = [
     # --- the host's filesystem through /proc, .., symlinks -----------------------------
     Attempt("proc1-root-read", "cat /proc/1/root{host_secret} /proc/1/root/root/{secret_name}"),
     Attempt("proc1-root-write", "echo x > /proc/1/root/{esc} && echo x > /proc/1/root/tmp/{esc}"),
-    Attempt("proc-cwd-of-every-process", "for p in /proc/[0-9]*; do cat $p/cwd{host_secret} $p/root{host_secret} 2>/dev/null; done; false"),
+    Attempt("proc-cwd-of-every-process",
+            "for p in /proc/[0-9]*; do cat $p/cwd{host_secret} $p/root{host_secret} 2>/dev/null; done; false"),
     Attempt("proc-helper-pid", "cat /proc/{helper_pid}/environ || ls /proc/{helper_pid}/root{host_outside}"),
     Attempt("proc-frontend-pid", "cat /proc/{front_pid}/environ || cat /proc/{front_pid}/cwd{host_secret}"),
     Attempt("dotdot-to-host", "cat ../../../../../../../..{host_secret}"),
@@ -123,7 +124,9 @@ ATTEMPTS = [
     Attempt("swapon-swapoff", "{P} swapon || {P} swapoff"),
     Attempt("personality-aslr-off", "{P} personality"),
     Attempt("capabilities-and-nnp", "{P} capabilities"),
-    Attempt("setuid-root-shell-as-root", "./suid-sh -p -c 'grep -Eq \"CapEff:.0000000000000000|CapEff:.000000000000001b\" /proc/self/status || echo ESCAPED'; false"),
+    Attempt("setuid-root-shell-as-root",
+            "./suid-sh -p -c 'grep -Eq \"CapEff:.0000000000000000|CapEff:.000000000000001b\" /proc/self/status "
+            "|| echo ESCAPED'; false"),
     # --- the network and the helper's sockets -------------------------------------------
     Attempt("helper-socket", "{P} unix_connect {helper_socket}"),
     Attempt("abstract-socket-on-host", "{P} abstract_connect {abstract}"),
@@ -236,7 +239,8 @@ class _Listener:
         self.abstract.listen()
         self.accepted = 0
         self._stop = False
-        self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True) for s in (self.tcp, self.abstract)]
+        self._threads = [threading.Thread(target=self._serve, args=(s,), daemon=True)
+                         for s in (self.tcp, self.abstract)]
         for thread in self._threads:
             thread.start()
 
@@ -383,7 +387,8 @@ JUDGES: dict[str, Callable[[int, str], bool]] = {
 def test_escape_attempt_fails(escape_run: EscapeRun, name: str, record_property: Callable[[str, object], None],
                               request: pytest.FixtureRequest) -> None:
     record_property("escapes_tried", 1)
-    assert name in escape_run.outcomes, f"{name} did not report (the batch died early?) {list(escape_run.outcomes)[-3:]}"
+    assert name in escape_run.outcomes, (f"{name} did not report (the batch died early?) "
+                                         f"{list(escape_run.outcomes)[-3:]}")
     status, out = escape_run.outcomes[name]
     attempt = next(a for a in [*ATTEMPTS, KILL_ALL, *NOBODY_ATTEMPTS] if a.name == name)
     assert SECRET_VALUE not in out, f"{name} saw a host secret:\n{out}"
@@ -406,7 +411,8 @@ def test_host_is_unchanged(escape_run: EscapeRun) -> None:
     assert escape_run.before["planted"] == []
     for key, before in escape_run.before.items():
         if isinstance(before, dict):
-            changed = {k: (v, escape_run.after[key].get(k)) for k, v in before.items() if escape_run.after[key].get(k) != v}
+            changed = {k: (v, escape_run.after[key].get(k)) for k, v in before.items()
+                       if escape_run.after[key].get(k) != v}
             assert changed == {}, key
         else:
             assert escape_run.after[key] == before, key

@@ -65,7 +65,8 @@ def outcomes(tools: Any, tmp_path: Path) -> Iterator[dict[str, tuple[int | None,
             out = {}
             for name, command in ATTEMPTS.items():
                 started = time.monotonic()
-                ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", command.format(loop_port=loop_port)]})
+                ran = await t.call("capsule_exec", {"capsule_id": cap,
+                                                    "cmd": ["sh", "-c", command.format(loop_port=loop_port)]})
                 out[name] = (ran["exit_code"], ran["stdout"] + ran["stderr"], time.monotonic() - started)
             return out
 

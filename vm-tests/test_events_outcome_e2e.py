@@ -39,7 +39,8 @@ def test_finished_calls_write_the_events_their_specs_declare(tmp_path: Path, roo
     async def main() -> dict[str, Any]:
         try:
             cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-            ran = await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo x >> a.txt; echo y >> b.txt"]})
+            ran = await call("capsule_exec",
+                             {"capsule_id": cap, "cmd": ["sh", "-c", "echo x >> a.txt; echo y >> b.txt"]})
             assert ran["exit_code"] == 0, ran
             made = await call("capsule_witness", {"capsule_id": cap})
             replayed = await call("capsule_replay", {"witness_id": made["witness_id"], "wait_ms": None})

@@ -182,7 +182,8 @@ def test_helper_killed_during_exec(front: Front, record_property: Props) -> None
     front.start()
     client = front.client()
     capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
-    ran = client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "echo kept > a.txt; echo new > b.txt"]})
+    ran = client.call("capsule_exec",
+                      {"capsule_id": capsule, "cmd": ["sh", "-c", "echo kept > a.txt; echo new > b.txt"]})
     assert ran["exit_code"] == 0, ran
     [helper] = front.helper_pids()
     assert any("/merged" in m for m in mounts_under(helper, front.state))  # the helper's own namespace
@@ -279,7 +280,8 @@ def test_front_end_killed_while_writing_a_witness(front: Front, record_property:
     server = front.start(**{WITNESS_CRASH_ENV: "partial"})
     client = front.client()
     capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
-    assert client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "cat a.txt; echo w > w.txt"]})["exit_code"] == 0
+    assert client.call("capsule_exec", {"capsule_id": capsule,
+                                        "cmd": ["sh", "-c", "cat a.txt; echo w > w.txt"]})["exit_code"] == 0
     [helper] = front.helper_pids()
     with pytest.raises(ConnectionError):
         client.call("capsule_witness", {"capsule_id": capsule})
@@ -373,7 +375,8 @@ def test_disk_full_in_the_state_dir(small_state: Path, front: Front, record_prop
     front.start()
     client = front.client()
     capsule = client.call("capsule_create", {"workspace": str(front.workspace)})["capsule_id"]
-    assert client.call("capsule_exec", {"capsule_id": capsule, "cmd": ["sh", "-c", "echo 1 > one.txt"]})["exit_code"] == 0
+    assert client.call("capsule_exec", {"capsule_id": capsule,
+                                        "cmd": ["sh", "-c", "echo 1 > one.txt"]})["exit_code"] == 0
     fillers: list[Path] = []
     record_property("faults_tried", 1)
 

@@ -72,7 +72,8 @@ def workspace(tmp_path: Path) -> Path:
 
 def test_cli_exec_waits_for_the_agents_exec(state: Path, workspace: Path) -> None:
     with RawStdio(state, "capsule", tasks=None) as agent:
-        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        cap = structured(agent.call("capsule_create",
+                                    {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
         outcome: list[dict[str, Any]] = []
         running = threading.Thread(target=lambda: outcome.append(agent.call(
             "capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "sleep 3; echo a >> f"]})))
@@ -95,7 +96,8 @@ def test_a_persons_ccw_command_gets_its_own_tools_not_the_agents(state: Path, wo
     # `ccw capsule fork` on the same state dir is served its own families, as it would
     # be with no agent there.
     with RawStdio(state, "agent", tasks=None) as agent:
-        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        cap = structured(agent.call("capsule_create",
+                                    {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
         assert "capsule_fork" not in {tool["name"] for tool in agent.request("tools/list", {})["result"]["tools"]}
         cli = subprocess.run([str(CCW), "capsule", "fork", cap], env=cli_env(state), capture_output=True, text=True,
                              timeout=120)
@@ -155,7 +157,8 @@ def test_an_attached_client_is_served_its_own_tool_list(state: Path, workspace: 
 
         assert listed(agent) == sorted(PROFILES["agent"])
         assert listed(owner) == sorted(spec.name for spec in Registry.load(TOOLSETS).tools)
-        cap = structured(agent.call("capsule_create", {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
+        cap = structured(agent.call("capsule_create",
+                                    {"workspace": str(workspace), "auto_expose": False}))["capsule_id"]
         ran = structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo mine > f; cat f"]}))
         assert ran["exit_code"] == 0 and ran["stdout"] == "mine\n"
         for name, args in (("capsule_fork", {"capsule_id": cap}), ("capsule/fork", {"capsule_id": cap}),
@@ -223,7 +226,8 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
         stopped = json.loads(subprocess.run([str(CCW), "helper", "stop", "--json"], env=env, capture_output=True,
                                             text=True, timeout=120).stdout)
     assert stopped["frontend_stopped"] is True and stopped["frontend_pid"] == status["frontend_pid"]
-    after = subprocess.run([str(CCW), "helper", "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    after = subprocess.run([str(CCW), "helper", "status", "--json"], env=env, capture_output=True, text=True,
+                           timeout=60)
     assert json.loads(after.stdout)["frontend_running"] is False
 
 
