@@ -22,13 +22,15 @@ from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply
 
-SERVER = "import http.server as h; h.ThreadingHTTPServer(('127.0.0.1', 8765), h.SimpleHTTPRequestHandler).serve_forever()"
+SERVER = ("import http.server as h; "
+          "h.ThreadingHTTPServer(('127.0.0.1', 8765), h.SimpleHTTPRequestHandler).serve_forever()")
 FETCH = ("import urllib.request as u, sys; "
          "sys.stdout.write(u.urlopen('http://127.0.0.1:8765/hello.txt', timeout=5).read().decode())")
 
 
 @pytest.fixture
-def helper(tmp_path: Path, root_required: None, launch_helper: Callable[..., subprocess.Popen[bytes]]) -> Iterator[Path]:
+def helper(tmp_path: Path, root_required: None,
+           launch_helper: Callable[..., subprocess.Popen[bytes]]) -> Iterator[Path]:
     socket_path = tmp_path / "helper.sock"
     process = launch_helper(socket_path, tmp_path / "state", tmp_path / "helper.log")
     yield socket_path

@@ -31,7 +31,8 @@ def inspector(require: Any, root_required: None) -> Path:
 
 
 def _inspect(target: list[str], *args: str) -> dict[str, Any]:
-    done = subprocess.run([str(INSPECTOR), "--cli", *target, *args], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([str(INSPECTOR), "--cli", *target, *args], capture_output=True, text=True, timeout=120,
+                          check=False)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -48,7 +49,8 @@ def _capsule_round(target: list[str], ws: Path) -> None:
     listed = _inspect(target, "--method", "tools/list")
     names = {tool["name"] for tool in listed["tools"]}
     assert {"capsule_create", "capsule_exec", "capsule_diff", "capsule_promote"} <= names
-    created = _inspect(target, "--method", "tools/call", "--tool-name", "capsule_create", "--tool-arg", f"workspace={ws}")
+    created = _inspect(target, "--method", "tools/call", "--tool-name", "capsule_create",
+                       "--tool-arg", f"workspace={ws}")
     assert created.get("isError") is not True, created
     capsule_id = created["structuredContent"]["capsule_id"]
     ran = _inspect(

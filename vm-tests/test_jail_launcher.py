@@ -198,7 +198,8 @@ def test_the_init_is_the_launcher_not_a_python_fork(spec: contain.JailSpec) -> N
 
 
 def test_a_helper_without_the_launcher_refuses_to_start(tmp_path: Path) -> None:
-    code = ("import sys; from sandbox import jail_launcher, __main__ as m; jail_launcher.PATH = '/nonexistent/ccw-jail'; "
+    code = ("import sys; from sandbox import jail_launcher, __main__ as m; "
+            "jail_launcher.PATH = '/nonexistent/ccw-jail'; "
             f"sys.exit(m.main(['--socket', '{tmp_path}/s', '--state-dir', '{tmp_path}/state']))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
@@ -305,7 +306,8 @@ def test_a_launcher_whose_helper_is_gone_builds_no_jail(spec: contain.JailSpec) 
     root = mounts.spare_root()
     assert root is not None
     ran = os.path.join(spec.tmp_dir, "ran")
-    plan = jail_launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "echo > /tmp/ran"])), jail_launcher.ROOT, 0)
+    plan = jail_launcher.encode(contain.prepare(_with(spec, argv=["/bin/sh", "-c", "echo > /tmp/ran"])),
+                                jail_launcher.ROOT, 0)
     report_r, report_w = os.pipe()
     os.close(report_r)  # nobody reads the reports: the helper is gone
     try:
@@ -335,7 +337,8 @@ def test_a_jail_that_cannot_start_leaves_no_descriptor(spec: contain.JailSpec, u
     supervise.run(spec).ending.release()  # the launch namespace and a root tree made, as in a helper
     assert jail_end.settle(30.0)
 
-    def refuse(steps: list[mounts.MountStep], first_fd: int, idmap: int | None) -> tuple[list[mounts.MountStep], list[int]]:
+    def refuse(steps: list[mounts.MountStep], first_fd: int,
+               idmap: int | None) -> tuple[list[mounts.MountStep], list[int]]:
         raise CcwError("NOT_FOUND", "jail step 'bind ...' failed: ENOENT")
 
     monkeypatch.setattr(mounts, "detach_sources", refuse)

@@ -493,7 +493,8 @@ def test_concurrent_runs_from_helper_threads(capsule: Capsule) -> None:
 @pytest.mark.parametrize("uid", [NOBODY, 0])
 def test_the_init_is_out_of_the_commands_reach(capsule: Capsule, uid: int) -> None:
     # Same uid as the command, but non-dumpable: no /proc/1/fd (the report pipe), no ptrace.
-    result = run(capsule, f"(echo forged > /proc/1/fd/{contain._FD_REPORT}) 2>/dev/null && echo fd-leak || echo fd-protected; "
+    result = run(capsule, f"(echo forged > /proc/1/fd/{contain._FD_REPORT}) 2>/dev/null "
+                          "&& echo fd-leak || echo fd-protected; "
                           "cat /proc/1/environ >/dev/null 2>&1 && echo env-leak || echo env-protected; "
                           "kill -9 1; echo still-here", uid=uid, gid=uid)
     assert result.stdout.split() == [b"fd-protected", b"env-protected", b"still-here"]

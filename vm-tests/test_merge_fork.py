@@ -27,7 +27,8 @@ def _workspace(tmp_path: Path) -> Path:
 async def _attempts(t: Any, ws: Path) -> tuple[str, str, str]:
     parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
     one, two = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
-    for capsule_id, script in ((one, "sed -i 's/line 2$/line two/' a.txt"), (two, "sed -i 's/line 9$/line nine/' b.txt")):
+    for capsule_id, script in ((one, "sed -i 's/line 2$/line two/' a.txt"),
+                               (two, "sed -i 's/line 9$/line nine/' b.txt")):
         assert (await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
     return parent, one, two
 
@@ -41,7 +42,8 @@ def test_the_merged_capsule_is_a_fork_of_the_first_input(tools: Any, tmp_path: P
         made = merged["capsule_id"]
         listed = {c["capsule_id"]: c["parent"] for c in (await t.call("capsule_list", {}))["capsules"]}
         diff = await t.call("capsule_diff", {"capsule_id": made, "format": "json"})
-        look = await t.call("capsule_exec", {"capsule_id": made, "cmd": ["sh", "-c", "sed -n 2p a.txt; sed -n 9p b.txt"]})
+        look = await t.call("capsule_exec",
+                            {"capsule_id": made, "cmd": ["sh", "-c", "sed -n 2p a.txt; sed -n 9p b.txt"]})
         try:
             await t.call("capsule_exec", {"capsule_id": one, "cmd": ["true"]})
             frozen = None

@@ -28,7 +28,8 @@ LINE = "    return (start << 32) | end"
 FIX = "    return (start << 32) | (end & 0xFFFFFFFF)"
 BREAKS = "    return (start << 31) | end"
 NEW_TEST = ("\n\nclass EncodeRangeTests(unittest.TestCase):\n    def test_start_in_the_high_bits(self):\n"
-            "        self.assertEqual(_encode_range(7, 9) >> 32, 7)\n        self.assertEqual(_encode_range(7, 9) & 0xFFFF, 9)\n")
+            "        self.assertEqual(_encode_range(7, 9) >> 32, 7)\n"
+            "        self.assertEqual(_encode_range(7, 9) & 0xFFFF, 9)\n")
 
 
 def _git(ws: Path, *args: str) -> str:
@@ -55,7 +56,8 @@ async def _three_forks(t: Any, ws: Path) -> tuple[str, str, str]:
     return fix, new_test, conflict
 
 
-def test_merge_refuses_a_conflict_whole_then_merges_tests_and_promotes(tools: Any, require: Any, tmp_path: Path) -> None:
+def test_merge_refuses_a_conflict_whole_then_merges_tests_and_promotes(tools: Any, require: Any,
+                                                                       tmp_path: Path) -> None:
     project, ws = _idna(require, tmp_path)
     before = {p: (ws / p).read_bytes() for p in ("idna/intranges.py", "tests/test_intranges.py")}
 

@@ -99,7 +99,8 @@ def test_a_running_service_reaches_a_host_allowed_after_it_started(tools: Any, t
     ws.mkdir()
 
     async def scenario(t: Any, first: HttpLoopback, later: HttpLoopback) -> dict[str, Any]:
-        cap = (await t.call("capsule_create", {"workspace": str(ws), "network": [f"127.0.0.1:{first.port}"]}))["capsule_id"]
+        cap = (await t.call("capsule_create",
+                            {"workspace": str(ws), "network": [f"127.0.0.1:{first.port}"]}))["capsule_id"]
         await t.call("capsule_service_start", {"capsule_id": cap, "name": "poller", "cmd": [
             "python3", "-c", POLLER, str(later.port)], "ready": {"line": " 403 ", "timeout_ms": 30_000}})
         before = later.accepted

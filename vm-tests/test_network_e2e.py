@@ -68,7 +68,8 @@ def test_allowed_http_and_https_work_through_the_proxy_and_are_recorded(tools: A
         plain = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": _curl(f"http://{HTTP}/files/small.bin")})
         tls = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"],
                                             "cmd": _curl("--cacert", "server.pem", f"https://{HTTPS}/files/small.bin")})
-        env = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": ["sh", "-c", "echo $HTTPS_PROXY $ALL_PROXY"]})
+        env = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"],
+                                            "cmd": ["sh", "-c", "echo $HTTPS_PROXY $ALL_PROXY"]})
         socks = await t.call("capsule_exec", {"capsule_id": cap["capsule_id"], "cmd": _curl(
             "-x", "socks5h://10.99.0.1:1080", f"http://{HTTP}/files/small.bin")})
         return {"cap": cap, "plain": plain, "tls": tls, "env": env, "socks": socks}
@@ -83,7 +84,8 @@ def test_allowed_http_and_https_work_through_the_proxy_and_are_recorded(tools: A
         (SERVER, nf.HTTP_PORT, "http", True, HTTP)]
     assert plain[0]["bytes_in"] >= 1000 and plain[0]["bytes_out"] > 0
     tls = out["tls"]["touched"]["network"]
-    assert [(r["host"], r["port"], r["protocol"], r["allowed"]) for r in tls] == [(SERVER, nf.HTTPS_PORT, "https", True)]
+    assert ([(r["host"], r["port"], r["protocol"], r["allowed"]) for r in tls]
+            == [(SERVER, nf.HTTPS_PORT, "https", True)])
     assert out["socks"]["stdout"] == "200 1000\n", out["socks"]  # other TCP goes through SOCKS5
     assert _places(out["socks"]) == {(SERVER, nf.HTTP_PORT, "socks5", True)}
     assert out["plain"]["network_notes"] == [] and "network" not in out["plain"]["touched_unavailable"]
@@ -125,9 +127,11 @@ def test_pip_installs_a_wheel_from_the_local_index_into_the_workspace_venv(tools
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [HTTP]}))["capsule_id"]
-        venv = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [PYTHON, "-m", "venv", ".venv"], "timeout_ms": 120000})
+        venv = await t.call("capsule_exec",
+                            {"capsule_id": cap, "cmd": [PYTHON, "-m", "venv", ".venv"], "timeout_ms": 120000})
         pip = await t.call("capsule_exec", {"capsule_id": cap, "cmd": install, "timeout_ms": 120000})
-        used = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["python", "-c", "import ccwtiny; print(ccwtiny.GREETING)"]})
+        used = await t.call("capsule_exec",
+                            {"capsule_id": cap, "cmd": ["python", "-c", "import ccwtiny; print(ccwtiny.GREETING)"]})
         return {"venv": venv, "pip": pip, "used": used}
 
     out = tools.run(scenario)
@@ -153,7 +157,8 @@ def test_a_redirect_to_a_disallowed_host_is_refused(tools: Any, workspace: Path)
 
 
 def test_the_byte_cap_and_the_connection_cap_hold(tools: Any, workspace: Path) -> None:
-    fetch_four_times = ["sh", "-c", f"for i in 1 2 3 4; do curl -sS -o /dev/null -w '%{{http_code}}\\n' http://{HTTP}/files/small.bin; done"]
+    fetch_four_times = ["sh", "-c", "for i in 1 2 3 4; do curl -sS -o /dev/null "
+                                    f"-w '%{{http_code}}\\n' http://{HTTP}/files/small.bin; done"]
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = await t.call("capsule_create", {"workspace": str(workspace),
@@ -165,13 +170,16 @@ def test_the_byte_cap_and_the_connection_cap_hold(tools: Any, workspace: Path) -
     out = tools.run(scenario)
     assert out["big"]["exit_code"] != 0, out["big"]  # the transfer was cut short
     (record,) = out["big"]["touched"]["network"]
-    assert record["cut"] == f"byte cap ({1 << 20} bytes)" and record["bytes_in"] + record["bytes_out"] <= (1 << 20) + (1 << 18)
+    assert (record["cut"] == f"byte cap ({1 << 20} bytes)"
+            and record["bytes_in"] + record["bytes_out"] <= (1 << 20) + (1 << 18))
     # The agent reads why the transfer stopped, beside curl's own complaint.
-    assert out["big"]["network_notes"] == [f"ccw network: cut http {SERVER}:{nf.HTTP_PORT} after {1 << 20} bytes: byte cap ({1 << 20} bytes)"]
+    assert out["big"]["network_notes"] == [f"ccw network: cut http {SERVER}:{nf.HTTP_PORT} after {1 << 20} bytes: "
+                                           f"byte cap ({1 << 20} bytes)"]
     assert out["many"]["stdout"].split() == ["200", "200", "403", "403"], out["many"]
     # Refusals by the cap are recorded once per place and exec (the records stay bounded).
     refused = [r for r in out["many"]["touched"]["network"] if not r["allowed"]]
-    assert [(r["host"], r["port"], r["reason"]) for r in refused] == [(SERVER, nf.HTTP_PORT, "connection cap (2) reached")]
+    assert ([(r["host"], r["port"], r["reason"]) for r in refused]
+            == [(SERVER, nf.HTTP_PORT, "connection cap (2) reached")])
 
 
 def test_forks_inherit_the_allowlist_and_witness_replay_compares_the_places_reached(
@@ -206,7 +214,8 @@ def test_forks_inherit_the_allowlist_and_witness_replay_compares_the_places_reac
 def test_policies_refuse_promotion_of_a_capsule_that_reached_outside_them(tools: Any, workspace: Path) -> None:
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [HTTP]}))["capsule_id"]
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", f"curl -sS http://{HTTP}/files/small.bin > got.bin"]})
+        await t.call("capsule_exec",
+                     {"capsule_id": cap, "cmd": ["sh", "-c", f"curl -sS http://{HTTP}/files/small.bin > got.bin"]})
         await t.call("policy_set", {"name": "only-pypi", "rules": {"allow_hosts": ["pypi.org:443"]}})
         await t.call("policy_set", {"name": "no-lab", "rules": {"deny_hosts": ["10.98.0.0/24"]}})
         # The required test runs in a fork of the capsule, which opens a session of its own.
@@ -270,7 +279,8 @@ def test_the_cli_takes_an_allowlist_and_prints_denials(tmp_path: Path, workspace
     # Each ccw command is its own front end: the exec opens the session the create started.
     state = tmp_path / "state"
     try:
-        cap = ccw(state, "capsule", "create", str(workspace), "--network", HTTP, "--net-max-connections", "8").stdout.strip()
+        cap = ccw(state, "capsule", "create", str(workspace), "--network", HTTP,
+                  "--net-max-connections", "8").stdout.strip()
         fetched = ccw(state, "capsule", "exec", cap, "--", *_curl(f"http://{HTTP}/files/small.bin"))
         assert fetched.stdout == "200 1000\n"
         denied = ccw(state, "capsule", "exec", cap, "--", *_curl(f"http://{HTTPS}/"), check=False)

@@ -77,7 +77,8 @@ def test_a_preset_capsule_reaches_the_presets_hosts_and_no_other(tools: Any, lab
     assert by_place[("pypi.org", 443)]["allowed"] and by_place[("pypi.org", 443)]["rule"] == "pypi.org:443"
     assert by_place[("files.pythonhosted.org", 443)]["rule"] == "files.pythonhosted.org:443"
     for place in (("registry.npmjs.org", 443), ("pypi.org", 80), ("crates.io", 443)):
-        assert not by_place[place]["allowed"] and by_place[place]["reason"].startswith("no rule allows"), by_place[place]
+        assert (not by_place[place]["allowed"]
+                and by_place[place]["reason"].startswith("no rule allows")), by_place[place]
 
 
 def test_a_user_preset_is_used_beside_a_shipped_one_and_a_bad_one_is_refused(

@@ -100,8 +100,9 @@ def _port(server: Recording) -> int:
     return int(server.server_address[1])
 
 
+# The value by hex: never in an argv.
 ENVIRON = ("import sys; data = open('/proc/self/environ', 'rb').read(); "
-           "print(bytes.fromhex(sys.argv[1]) in data, sys.argv[2].encode() in data)")  # the value by hex: never in an argv
+           "print(bytes.fromhex(sys.argv[1]) in data, sys.argv[2].encode() in data)")
 ROUTED = ("import json, os, urllib.request; base = 'http://10.99.0.1:3128/route/API_KEY'; "
           "req = urllib.request.Request(base + '/v1/messages', data=json.dumps({'q': 'hi'}).encode(), "
           "headers={'Content-Type': 'application/json', 'X-Api-Key': 'not-the-key'}); "
@@ -110,10 +111,12 @@ ROUTED = ("import json, os, urllib.request; base = 'http://10.99.0.1:3128/route/
 FORKED = ("import base64, os, sys, urllib.request\n"
           "for token in (os.environ['PIP_TOKEN'], sys.argv[2]):\n"
           " auth = base64.b64encode(b'__token__:' + token.encode()).decode()\n"
-          " req = urllib.request.Request('http://127.0.0.1:%s/simple/ccwtiny/', headers={'Authorization': 'Basic ' + auth})\n"
+          " req = urllib.request.Request('http://127.0.0.1:%s/simple/ccwtiny/', "
+          "headers={'Authorization': 'Basic ' + auth})\n"
           " try: print(urllib.request.urlopen(req).status)\n"
           " except Exception as e: print(e.code, e.read().decode())\n")
-LEAK = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; req = urllib.request.Request('http://127.0.0.1:%d/x', "
+LEAK = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
+        "req = urllib.request.Request('http://127.0.0.1:%d/x', "
         "headers={'Authorization': 'Bearer ' + os.environ['PIP_TOKEN']}); "
         "exec('try:\\n urllib.request.urlopen(req)\\nexcept Exception as e:\\n print(e, e.read().decode())')")
 

@@ -98,8 +98,8 @@ def test_https_method_path_rules_inside_terminated_tls(tools: Any, tmp_path: Pat
         cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [rule_one]}))["capsule_id"]
 
         async def fetch(*pairs: str) -> dict[str, Any]:
-            return await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["env", "NO_PROXY=", "no_proxy=", PYTHON, "-c", FETCH,
-                                                                         *pairs],
+            return await t.call("capsule_exec", {"capsule_id": cap,
+                                                 "cmd": ["env", "NO_PROXY=", "no_proxy=", PYTHON, "-c", FETCH, *pairs],
                                                  "timeout_ms": 60000})
 
         out = {"first": await fetch("GET", f"{one}/simple/", "POST", f"{one}/upload", "GET", f"{two}/simple/")}

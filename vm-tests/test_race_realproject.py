@@ -28,7 +28,8 @@ LINE = "    return (start << 32) | end"
 FIX = "    return (start << 32) | (end & 0xFFFFFFFF)"
 BREAKS = "    return (start << 31) | end"
 NEW_TEST = ("\n\nclass EncodeRangeTests(unittest.TestCase):\n    def test_start_in_the_high_bits(self):\n"
-            "        self.assertEqual(_encode_range(7, 9) >> 32, 7)\n        self.assertEqual(_encode_range(7, 9) & 0xFFFF, 9)\n")
+            "        self.assertEqual(_encode_range(7, 9) >> 32, 7)\n"
+            "        self.assertEqual(_encode_range(7, 9) & 0xFFFF, 9)\n")
 
 
 def _idna(require: Any, tmp_path: Path) -> tuple[realprojects.Project, Path]:

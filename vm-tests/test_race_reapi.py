@@ -57,7 +57,8 @@ def test_a_race_runs_each_capsules_tree_on_the_cluster(tools: Any, tmp_path: Pat
         parent = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         ids = (await t.call("capsule_fork", {"capsule_id": parent, "count": 3}))["capsule_ids"]
         for capsule_id, edit in zip(ids, EDITS, strict=True):
-            assert (await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", edit]}))["exit_code"] == 0
+            assert (await t.call("capsule_exec", {"capsule_id": capsule_id,
+                                                  "cmd": ["sh", "-c", edit]}))["exit_code"] == 0
         t.runtime.config = dataclasses.replace(t.runtime.config, reapi_url=cluster.url, reapi_parallel=2)
         remote = await t.call("capsule_race", {"capsule_ids": ids, "cmd": CHECK, "wait_ms": None})
         diffs = [await t.call("capsule_diff", {"capsule_id": one, "format": "json"}) for one in ids]

@@ -237,7 +237,8 @@ def test_server_restart_mid_search(tools: Any, tmp_path: Path, cluster: Cluster,
 
     out = tools.run(scenario)
     assert out["remote"]["units"] == ["m3.py"], out["remote"]
-    assert out["remote"]["executor"]["retried"] >= 1, out["remote"]  # sent again (inputs uploaded again) after the restart
+    # sent again (inputs uploaded again) after the restart
+    assert out["remote"]["executor"]["retried"] >= 1, out["remote"]
     print(f"through a server restart: {out['remote']['elapsed_ms']} ms, {out['remote']['executor']}")
 
 
@@ -319,7 +320,8 @@ def test_outputs_files_and_directories(cluster: Cluster, bots: dict[str, Any]) -
         assert client.read_blob(below.files[0].digest) == b"#!/bin/sh\n"
 
 
-def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster: Cluster, bots: dict[str, Any]) -> None:
+def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster: Cluster,
+                                             bots: dict[str, Any]) -> None:
     """Four trials at once over a base the CAS has never seen, from two executors (two deltamins at once): the
     base goes up once, each trial adds its file."""
     from mcp_server.capsules.exec import exec_request
@@ -344,7 +346,8 @@ def test_a_first_round_uploads_the_base_once(tools: Any, tmp_path: Path, cluster
             async with trio.open_nursery() as nursery:
                 for i in range(4):
                     nursery.start_soon(one, i)
-            return {key: sum(e.summary()[key] for e in executors) for key in ("executed", "uploaded_blobs", "uploaded_bytes")}
+            return {key: sum(e.summary()[key] for e in executors)
+                    for key in ("executed", "uploaded_blobs", "uploaded_bytes")}
         finally:
             for executor in executors:
                 executor.close()

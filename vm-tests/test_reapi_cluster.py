@@ -201,7 +201,8 @@ def test_one_command_up_and_down(request: pytest.FixtureRequest) -> None:
     """``python -m mcp_server.reapi.cluster up`` prints the URL once ready; SIGTERM tears all down."""
     require_cluster_prerequisites(request.config)
     start = time.monotonic()
-    up = [sys.executable, "-m", "mcp_server.reapi.cluster", "up", "--bots", "1", "--capacity", "2", "--property", "pool=big"]
+    up = [sys.executable, "-m", "mcp_server.reapi.cluster", "up", "--bots", "1", "--capacity", "2",
+          "--property", "pool=big"]
     with subprocess.Popen(up, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None and process.stderr is not None
         try:
@@ -243,10 +244,12 @@ sys.exit(int(os.environ.get("CODE", "0")))
 
 
 def _submit(client: ReapiClient, env: dict[str, str], *, timeout_s: float = 60, do_not_cache: bool = False,
-            argv: tuple[str, ...] = (PY, "job.py", "a"), platform: dict[str, str] | None = None) -> re_pb2.Digest:  # fmt: skip
+            argv: tuple[str, ...] = (PY, "job.py", "a"),
+            platform: dict[str, str] | None = None) -> re_pb2.Digest:  # fmt: skip
     tree = build_tree({"src/job.py": FileEntry(data=SCRIPT)})
     spec = CommandSpec(argv=list(argv), env={"PATH": "/usr/bin:/bin", **env}, cwd="src",
-                       output_paths=["result.txt", "absent.txt"], platform=platform or {"OSFamily": "linux"})  # fmt: skip
+                       output_paths=["result.txt", "absent.txt"],
+                       platform=platform or {"OSFamily": "linux"})  # fmt: skip
     built = build_action(spec, tree.root, timeout_s=timeout_s, do_not_cache=do_not_cache)
     client.upload_tree(tree, built.blobs)
     return built.action_digest

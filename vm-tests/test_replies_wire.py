@@ -81,7 +81,8 @@ def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: st
     runner = threading.Thread(target=lambda: ended.append(dispatcher.handle(Request(2, "exec", service), ROOT_PEER)[0]))
     runner.start()
     deadline = time.monotonic() + 20
-    while not manager._capsules[capsule_id].services.get("svc") or not manager._capsules[capsule_id].services["svc"].handle:
+    while (not manager._capsules[capsule_id].services.get("svc")
+           or not manager._capsules[capsule_id].services["svc"].handle):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert call(dispatcher, "freeze", {"capsule_id": capsule_id, "frozen": True})[0] == {
@@ -179,7 +180,8 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
     for fd in fds:
         os.close(fd)
     assert len(fds) == 3 and opened == {
-        "http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080", "jail_addresses": ["10.99.0.2", "fd63:6377::2"],
+        "http_proxy": "10.99.0.1:3128", "socks_proxy": "10.99.0.1:1080",
+        "jail_addresses": ["10.99.0.2", "fd63:6377::2"],
         "env": dict(egress.PROXY_ENV), "mechanism": egress.MECHANISM}
     call(dispatcher, "destroy", {"capsule_id": egress_capsule["capsule_id"]})
     seen.add("net_open")

@@ -68,7 +68,8 @@ def make_project(path: Path) -> None:
     (path / "test_calc.py").write_text("from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n")
     venv = path / ".venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c",
+                                "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                check=True, capture_output=True, text=True).stdout.strip())
     needed: set[str] = set()
     _requirements("pytest", needed)
@@ -81,7 +82,8 @@ def make_project(path: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(Path(str(dist.locate_file(file))), target)  # mtimes kept: the .pyc stay valid
     pytest_script = venv / "bin" / "pytest"
-    pytest_script.write_text(f"#!{venv}/bin/python\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
+    pytest_script.write_text(f"#!{venv}/bin/python\n"
+                             "import sys\nfrom pytest import console_main\nsys.exit(console_main())\n")
     pytest_script.chmod(0o755)
 
 
@@ -98,7 +100,8 @@ def quick_start_lines() -> list[str]:
     return [re.sub(r"\s+#.*$", "", line).strip() for line in block.splitlines() if line.strip()]
 
 
-def run_quick_start(project: Path, home: Path, as_user: Callable[[list[str]], list[str]] | None) -> list[dict[str, Any]]:
+def run_quick_start(project: Path, home: Path,
+                    as_user: Callable[[list[str]], list[str]] | None) -> list[dict[str, Any]]:
     """Run each quick start line in one bash, the way a user pastes them; each line's output and status.
 
     ``./dev setup && . .venv/bin/activate`` becomes activating the worktree's venv, and
@@ -112,7 +115,8 @@ def run_quick_start(project: Path, home: Path, as_user: Callable[[list[str]], li
     out_dir.mkdir()
     script = []
     for number, line in enumerate(lines):
-        script.append(f"{{ {line} ; }} >{out_dir}/{number}.out 2>{out_dir}/{number}.err; echo $? >{out_dir}/{number}.rc")
+        script.append(f"{{ {line} ; }} >{out_dir}/{number}.out 2>{out_dir}/{number}.err; "
+                      f"echo $? >{out_dir}/{number}.rc")
     script.append("ccw helper stop >/dev/null")  # not in the README: the helper would outlive the test
     (home / "quick-start.sh").write_text("\n".join(script) + "\n")
     owner = home.stat()

@@ -100,7 +100,8 @@ async def _probed(t: Any, network: dict[str, Any] | None, ws: str, host: HostLis
                                                    "ready": {"line": "probed", "timeout_ms": 60_000}})
     logs = await t.call("capsule_service_logs", {"capsule_id": cap, "name": "probe"})
     await t.call("capsule_service_stop", {"capsule_id": cap, "name": "probe", "grace_ms": 1000})
-    decided = [(event.data["host"], event.data["protocol"], event.data["allowed"]) for event in EventLog(t.runtime.state).since(0, cap)
+    decided = [(event.data["host"], event.data["protocol"], event.data["allowed"])
+               for event in EventLog(t.runtime.state).since(0, cap)
                if event.kind == "net.connection" and event.data.get("live")]  # as decided, not the row's
     await t.call("capsule_destroy", {"capsule_id": cap})
     lines = [line[3:].split(" ", 2) for line in logs["text"].splitlines() if line.startswith("=> ")]

@@ -133,7 +133,8 @@ def test_only_a_run_that_can_overlap_gets_the_notifying_filter(tools: Any, tmp_p
     async def scenario(t: Any) -> dict[str, str]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
         out = {"alone": (await t.call("capsule_exec", {"capsule_id": cap, "cmd": FILTERS}))["stdout"]}
-        await t.call("capsule_service_start", {"capsule_id": cap, "name": "idle", "cmd": ["sh", "-c", "echo up; exec sleep 600"],
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "idle",
+                                               "cmd": ["sh", "-c", "echo up; exec sleep 600"],
                                                "ready": {"line": "up", "timeout_ms": 30_000}})
         out["beside"] = (await t.call("capsule_exec", {"capsule_id": cap, "cmd": FILTERS}))["stdout"]
         await t.call("capsule_service_stop", {"capsule_id": cap, "name": "idle", "grace_ms": 1000})

@@ -65,7 +65,8 @@ def test_a_spare_serves_the_next_exec_with_only_its_own_limits(layout: CgroupLay
         assert cgroups.read_file(os.path.join(pids, "pids.max")).strip() == "max"
         mem = second.dirs[layout.for_resource("memory")]  # type: ignore[index]
         limit = "memory.limit_in_bytes" if layout.for_resource("memory").version == 1 else "memory.max"  # type: ignore[union-attr]
-        assert cgroups.read_file(os.path.join(mem, limit)).strip() not in (str(64 << 20), str((64 << 20) // 4096 * 4096))
+        assert (cgroups.read_file(os.path.join(mem, limit)).strip()
+                not in (str(64 << 20), str((64 << 20) // 4096 * 4096)))
         forks = start_in(second, sys.executable, "-c",
                          "import subprocess; ps = [subprocess.Popen(['sleep', '5']) for _ in range(12)]; "
                          "[p.kill() for p in ps]; print(len(ps))")

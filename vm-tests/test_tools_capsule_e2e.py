@@ -79,10 +79,12 @@ def test_promotion_applies_everything_and_only_when_policies_pass(tools: Any, wo
         cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
         # dd's 4 MiB buffer is the jail's own memory, so the "tiny" policy below has a real peak to refuse
         # (sh's pages are mostly the page cache's and libc's, charged to whoever read them first).
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo v2 > README; rm old.txt; mkdir -p new/deep; "
-                                                                  "echo x > new/deep/f; dd if=/dev/zero of=/dev/null bs=4M count=1 2>/dev/null"]})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": [
+            "sh", "-c", "echo v2 > README; rm old.txt; mkdir -p new/deep; "
+                        "echo x > new/deep/f; dd if=/dev/zero of=/dev/null bs=4M count=1 2>/dev/null"]})
         dry = await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})
-        failing = await t.call("policy_set", {"name": "needs-tests", "rules": {"require_tests": ["test -f nonexistent"]}})
+        failing = await t.call("policy_set",
+                               {"name": "needs-tests", "rules": {"require_tests": ["test -f nonexistent"]}})
         blocked = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline", "needs-tests"]})
         await t.call("policy_set", {"name": "no-readme", "rules": {"deny_paths": ["README"]}})
         denied = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["no-readme"]})
@@ -117,7 +119,8 @@ def test_repo_changed_refuses_and_writes_nothing(tools: Any, workspace: Path) ->
     assert (workspace / "README").read_text() == "edited live\n" and not (workspace / "other").exists()
 
 
-def test_a_symlink_the_capsule_planted_is_promoted_as_a_link_never_written_through(tools: Any, workspace: Path, tmp_path: Path) -> None:
+def test_a_symlink_the_capsule_planted_is_promoted_as_a_link_never_written_through(tools: Any, workspace: Path,
+                                                                                   tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
 
@@ -135,7 +138,8 @@ def test_a_symlink_the_capsule_planted_is_promoted_as_a_link_never_written_throu
 def test_witness_is_deterministic_and_replays(tools: Any, workspace: Path) -> None:
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat README src/mod.py | wc -c > count.txt; cat count.txt"]})
+        await t.call("capsule_exec", {"capsule_id": cap,
+                                      "cmd": ["sh", "-c", "cat README src/mod.py | wc -c > count.txt; cat count.txt"]})
         await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["tr", "a-z", "A-Z"], "stdin": "hello\n"})
         first = await t.call("capsule/witness", {"capsule_id": cap, "compress": "zstd", "include_blobs": True})
         second = await t.call("capsule_witness", {"capsule_id": cap})
@@ -157,12 +161,14 @@ def test_replay_names_the_exec_and_stream_that_differed(tools: Any, workspace: P
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
         await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["echo", "stable"]})
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "date +%s%N; od -An -N8 -tx8 /dev/urandom"]})
+        await t.call("capsule_exec",
+                     {"capsule_id": cap, "cmd": ["sh", "-c", "date +%s%N; od -An -N8 -tx8 /dev/urandom"]})
         made = await t.call("capsule_witness", {"capsule_id": cap})
         return await t.call("capsule_replay", {"witness_id": made["witness_id"]})
 
     out = tools.run(scenario)
-    # Output alone does not fail a replay (ARCHITECTURE.md, "Decisions": what a replay means); it is shown, by exec and stream.
+    # Output alone does not fail a replay (ARCHITECTURE.md, "Decisions": what a replay means); it is shown,
+    # by exec and stream.
     assert out["replay_ok"] is True and out["mismatches"] == []
     assert out["output_identical"] is False
     assert [(d["exec"], d["stream"]) for d in out["output_diffs"]] == [(2, "stdout")]
@@ -191,7 +197,8 @@ def test_promotion_blocked_by_cpu_time_and_by_a_replay_that_differs(tools: Any, 
         await t.call("policy_set", {"name": "quick", "rules": {"max_cpu_ms": 1}})
         cpu = await t.call("capsule_promote", {"capsule_id": busy, "policies": ["quick"]})
         noisy = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
-        await t.call("capsule_exec", {"capsule_id": noisy, "cmd": ["sh", "-c", "od -An -N8 -tx8 /dev/urandom > rand.txt"]})
+        await t.call("capsule_exec",
+                     {"capsule_id": noisy, "cmd": ["sh", "-c", "od -An -N8 -tx8 /dev/urandom > rand.txt"]})
         replay = await t.call("capsule_promote", {"capsule_id": noisy, "policies": ["strict"]})
         return {"ran": ran, "cpu": cpu, "replay": replay}
 

@@ -39,7 +39,8 @@ def _change_all(culprits: list[int]) -> list[str]:
 def _git_apply(ws: Path, patch: str) -> None:
     env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
     subprocess.run(["git", "init", "-q"], cwd=ws, check=True, env=env)
-    done = subprocess.run(["git", "apply", "-"], cwd=ws, input=patch.encode(), capture_output=True, env=env, check=False)
+    done = subprocess.run(["git", "apply", "-"], cwd=ws, input=patch.encode(), capture_output=True, env=env,
+                          check=False)
     assert done.returncode == 0, done.stderr
 
 
@@ -53,7 +54,8 @@ def test_deltamin_finds_exactly_the_culprits(tools: Any, tmp_path: Path, culprit
         failing = await t.call("capsule_exec", {"capsule_id": cap, "cmd": _check_cmd(culprits)})
         assert failing["exit_code"] == 1
         return await t.call("capsule/deltamin", {
-            "capsule_id": cap, "target_cmd": _check_cmd(culprits), "failure_predicate": "exit_code", "budget_ms": 300_000,
+            "capsule_id": cap, "target_cmd": _check_cmd(culprits), "failure_predicate": "exit_code",
+            "budget_ms": 300_000,
         })
 
     out = tools.run(scenario)
@@ -177,7 +179,8 @@ def test_commutativity_verify_measures_a_pair_that_fails_only_together(tools: An
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "for f in a b c; do echo x > $f.txt; done"]})
+        await t.call("capsule_exec",
+                     {"capsule_id": cap, "cmd": ["sh", "-c", "for f in a b c; do echo x > $f.txt; done"]})
         result: dict[str, Any] = await t.call("capsule_commutativity", {"capsule_id": cap, "target_cmd": check,
                                                                       "verify": True})
         return result
@@ -213,7 +216,8 @@ def test_deltamin_tries_the_hunk_a_traceback_names_first(tools: Any, tmp_path: P
         return await t.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": check})
 
     out = tools.run(scenario)
-    changed = [line for line in out["minimal_patch"].splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    changed = [line for line in out["minimal_patch"].splitlines()
+               if line[:1] in "+-" and line[:3] not in ("+++", "---")]
     assert changed == ["-    return 30", "+    return -30"]
     assert out["one_minimal"] is True
     if points_at == "culprit":

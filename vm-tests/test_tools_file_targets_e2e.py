@@ -41,7 +41,8 @@ def test_substrate_and_text_tools_inside_a_capsule(tools: Any, tmp_path: Path) -
         edited = await t.call("edit_text_file", {
             "capsule_id": cap, "path": "app.py", "file_hash": read["file_hash"],
             "ops": [{"op": "replace", "anchor": anchor, "content": "    return 'hello'"}]})
-        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat new/tool.txt notes.txt app.py"]})
+        ran = await t.call("capsule_exec",
+                           {"capsule_id": cap, "cmd": ["sh", "-c", "cat new/tool.txt notes.txt app.py"]})
         # Any change to the capsule (here: that exec) makes leases on its view stale.
         with pytest.raises(CcwError) as stale:
             await t.call("workspace_write_file", {"capsule_id": cap, "workspace": str(ws), "path": "late.txt",

@@ -216,7 +216,8 @@ def test_a_real_deltamin_draws_its_trials_on_the_open_page(
     check = ["sh", "-c", "cat f*.txt > /dev/null; ! grep -q BAD f5.txt"]
     with RawStdio(state, "capsule", tasks=None) as agent:
         cap = structured(agent.call("capsule_create", {"workspace": str(ws), "auto_expose": False}))["capsule_id"]
-        assert structured(agent.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", change]}))["exit_code"] == 0
+        assert structured(agent.call("capsule_exec",
+                                     {"capsule_id": cap, "cmd": ["sh", "-c", change]}))["exit_code"] == 0
         browser.get(dashboard)
         browser.wait_until(lambda: cap in browser.text("#cap-title"), "the capsule, selected")
         assert browser.find("#deltamin-plot circle") == []

@@ -63,7 +63,8 @@ def _forks(agent: RawStdio, workspace: Path, port: int) -> dict[str, str]:
     made = structured(agent.call("capsule_fork", {"capsule_id": parent, "count": 3}))["capsule_ids"]
     roles = dict(zip(("fix", "big", "wait"), made, strict=True))
     for role, capsule_id in roles.items():
-        wrote = structured(agent.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", f"echo {role} > role"]}))
+        wrote = structured(agent.call("capsule_exec",
+                                      {"capsule_id": capsule_id, "cmd": ["sh", "-c", f"echo {role} > role"]}))
         assert wrote["exit_code"] == 0, wrote
     return roles
 
@@ -81,7 +82,8 @@ def test_a_race_over_mcp_shows_live_then_ranked_and_stays_after_a_restart(
         roles = _forks(agent, workspace, gate.port)
         racers = [roles["wait"], roles["big"], roles["fix"]]
         try:
-            answer = structured(agent.call("capsule_race", {"capsule_ids": racers, "cmd": ["sh", "-c", RACE, str(gate.port)],
+            answer = structured(agent.call("capsule_race", {"capsule_ids": racers,
+                                                            "cmd": ["sh", "-c", RACE, str(gate.port)],
                                                             "wait_ms": 1000}, timeout=120))
             assert answer["status"] == "running", answer
             # Live: the two that ended are ranked, the one at the gate is still running.
@@ -115,7 +117,8 @@ def _check_table(browser: Browser, result: dict[str, Any], run_id: str) -> None:
     title = browser.wait_until(lambda: "finished" in browser.text("#race-title") and browser.text("#race-title"),
                                "the race's title")
     assert title.startswith(f"{run_id}: sh -c") and "policy baseline" in title and "3 capsules" in title, title
-    shown = browser.wait_until(lambda: all(row[0] != "…" for row in _table(browser)) and _table(browser), "the ranked table")
+    shown = browser.wait_until(lambda: all(row[0] != "…" for row in _table(browser)) and _table(browser),
+                               "the ranked table")
     expected = [[str(r["rank"]), r["capsule_id"], str(r["exit_code"]), str(r["diff"]["files"]), str(r["diff"]["lines"]),
                  r["verdict"]] for r in result["rows"]]
     assert [[row[0], row[1], row[2], row[6], row[7], row[8]] for row in shown] == expected, shown

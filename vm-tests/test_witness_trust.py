@@ -60,7 +60,8 @@ def _made_in(runner: Any, ws: Path) -> Path:
     """A real capsule's witness: it read a.txt and wrote copy.txt."""
     async def made(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
-        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat a.txt > copy.txt; cat copy.txt"]})
+        ran = await t.call("capsule_exec",
+                           {"capsule_id": cap, "cmd": ["sh", "-c", "cat a.txt > copy.txt; cat copy.txt"]})
         assert ran["exit_code"] == 0, ran
         return await t.call("capsule_witness", {"capsule_id": cap})  # type: ignore[no-any-return]
 
