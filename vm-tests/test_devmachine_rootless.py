@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 from tests.support import realprojects  # noqa: E402
 from tests.support.users import run_script_as  # noqa: E402
 
-SCRIPT = r"""
+SCRIPT = (r"""
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
@@ -32,13 +32,15 @@ ws, scratch, edit = Path(sys.argv[2]), Path(sys.argv[3]), json.loads(sys.argv[4]
 COVER = ("import json, os, uuid; os.makedirs('.nyc_output', exist_ok=True); "
          "open(os.path.join('.nyc_output', str(uuid.uuid4()) + '.json'), 'w').write('{}'); "
          "open('coverage.txt', 'w').write('covered\\n')")
-
+"""  # raw above, for the script's own backslash; not raw below, so that a backslash-newline joins a long line
+"""
 async def main():
     os.mkdir(scratch / "state")
     async with agent_loop.mcp_stdio(agent_server_env(scratch / "state", scratch)) as call:
         cap = (await call("capsule_create", {"workspace": str(ws), "volatile": [".nyc_output/*.json"]}))["capsule_id"]
         tests = await call("capsule_exec", {"capsule_id": cap, "timeout_ms": 300000,
-                                            "cmd": [".venv/bin/python", "-m", "pytest", "-q", "tests/test_more.py", "-k", "Chunked"]})
+                                            "cmd": [".venv/bin/python", "-m", "pytest", "-q", "tests/test_more.py", \
+"-k", "Chunked"]})
         change = ("import pathlib; p = pathlib.Path(%r); p.write_text(p.read_text().replace(%r, %r))"
                   % (edit["path"], edit["old"], edit["new"]))
         edited = await call("capsule_exec", {"capsule_id": cap, "cmd": [".venv/bin/python", "-c", change]})
@@ -51,7 +53,7 @@ async def main():
             "promoted": promoted["promoted"], "applied": promoted["applied"], "skipped": promoted["skipped"]}
 
 print(json.dumps(trio.run(main)))
-"""
+""")
 
 
 def test_scope_and_volatile_as_an_unprivileged_user(user_dir: tuple[int, int, Path]) -> None:

@@ -101,7 +101,8 @@ def test_capsule_of_one_uid_is_denied_to_another(run_as: Callable[..., Any], pub
     assert not socket_path.exists()
 
 
-ROOTLESS_SCRIPT = r"""
+# Not raw, so that a backslash-newline joins a long line: the script never sees it.
+ROOTLESS_SCRIPT = """
 import base64, json, os, sys, trio
 from mcp_server.config import Config
 from mcp_server.launcher import connect_or_spawn
@@ -116,7 +117,8 @@ async def main(state, ws):
         out["cgroups"] = hello["mechanisms"]["cgroups"]
         out["cgroups_unavailable"] = hello["mechanisms"].get("cgroups_unavailable", {})
         capsule = await client.request("create", {"workspace": ws})
-        ran = await client.request("exec", {"capsule_id": capsule["capsule_id"], "argv": ["cat", "data.txt"], "cwd": ws})
+        ran = await client.request("exec", {"capsule_id": capsule["capsule_id"], "argv": ["cat", "data.txt"], \
+"cwd": ws})
         out["stdout"] = base64.b64decode(ran["stdout_b64"]).decode()
         out["touched_read"] = ran["touched"]["read"]
         out["read_reason"] = ran.get("touched_unavailable", {}).get("read")

@@ -7,7 +7,8 @@ controlling terminal, and /dev/console is the very inode of the slave, read-only
 by that name is refused; the host's node keeps its mode).  A second pty the test opens
 on the host is reachable by no path in the jail: every character device the jail can
 see (all of it but /proc and /sys, by lstat, with the host's /usr/bin/python3) is listed
-and none is that pty, nor is /dev/console anything but the terminal.  Run as a script, this file is the session (it prints one
+and none is that pty, nor is /dev/console anything but the terminal.  \
+Run as a script, this file is the session (it prints one
 JSON object).
 """
 

@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 HTTP = f"{nf.SERVER_ADDRESS}:{nf.HTTP_PORT}"
 HTTPS = f"{nf.SERVER_ADDRESS}:{nf.HTTPS_PORT}"
 
-SCRIPT = r"""
+# Not raw, so that a backslash-newline joins a long line: the script never sees it.
+SCRIPT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import trio
@@ -50,10 +51,11 @@ async def call(name, args):
 async def main():
     out = {}
     try:
-        cap = (await call("capsule_create", {"workspace": ws, "network": {"allow": [http, https], "max_bytes": 1 << 20}}))["capsule_id"]
+        cap = (await call("capsule_create", {"workspace": ws, "network": {"allow": [http, https], \
+"max_bytes": 1 << 20}}))["capsule_id"]
         async def run(name, cmd, timeout_ms=120000):
             out[name] = await call("capsule_exec", {"capsule_id": cap, "cmd": cmd, "timeout_ms": timeout_ms})
-        curl = ["curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{http_code} %{size_download}\n"]
+        curl = ["curl", "-sS", "--fail", "-o", "/dev/null", "-w", "%{http_code} %{size_download}\\n"]
         await run("http", [*curl, f"http://{http}/files/small.bin"])
         await run("https", [*curl, "--cacert", "server.pem", f"https://{https}/files/small.bin"])
         await run("probes", ["/usr/bin/python3", "probes.py", server, loop_port])

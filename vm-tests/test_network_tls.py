@@ -118,6 +118,7 @@ def git_server(tmp_path: Path, root_required: None, monkeypatch: pytest.MonkeyPa
     tlsterm.upstream_context.cache_clear()
 
 
+# A backslash-newline in this literal joins a long line: the script never sees it.
 ATTACKS = """
 import base64, os, socket, ssl, sys
 port = int(sys.argv[1])
@@ -147,7 +148,8 @@ t.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n')
 print('h2:', first_line(t))
 t = context.wrap_socket(tunnel(), server_hostname='127.0.0.1')
 auth = base64.b64encode(b'git:' + os.environ['GIT_TOKEN'].encode()).decode()
-t.sendall(f'GET /repo.git/info/refs HTTP/1.1\\r\\nHost: collector.example\\r\\nAuthorization: Basic {auth}\\r\\n\\r\\n'.encode())
+t.sendall(f'GET /repo.git/info/refs HTTP/1.1\\r\\nHost: collector.example\\r\\n\
+Authorization: Basic {auth}\\r\\n\\r\\n'.encode())
 print('host:', first_line(t))
 """
 

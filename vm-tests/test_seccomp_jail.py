@@ -138,7 +138,8 @@ def test_without_the_filter_those_calls_do_not_give_eperm(dirs: dict[str, str]) 
     """The control: the same probe on the host, as nobody, no filter."""
     calls = {label: call for label, call in _calls().items() if label in UNAMBIGUOUS}
     probe = subprocess.run([SYSTEM_PYTHON, "-c", PROBE_SCRIPT, json.dumps(calls)], capture_output=True, text=True,
-                           user=NOBODY, group=NOBODY, extra_groups=[], check=False, stdin=subprocess.DEVNULL, timeout=60)
+                           user=NOBODY, group=NOBODY, extra_groups=[], check=False, stdin=subprocess.DEVNULL,
+                           timeout=60)
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout)
     assert seen.pop("status") == ["0"]
@@ -146,6 +147,7 @@ def test_without_the_filter_those_calls_do_not_give_eperm(dirs: dict[str, str]) 
 
 
 def test_ordinary_work_still_runs(dirs: dict[str, str]) -> None:
+    # A backslash-newline in this literal joins a long line: the shell never sees it.
     script = textwrap.dedent("""
         set -e
         python3 -c 'import threading, subprocess, multiprocessing, os
@@ -158,7 +160,8 @@ def test_ordinary_work_still_runs(dirs: dict[str, str]) -> None:
         cd /tmp && git init -q repo && cd repo && echo x > f && git add f
         git -c user.email=a@b -c user.name=a commit -qm one && git log --oneline | wc -l
         if command -v gcc >/dev/null; then
-            printf '#include <stdio.h>\\n#include <pthread.h>\\nstatic void *f(void *a){return a;}\\nint main(void){pthread_t t;pthread_create(&t,0,f,0);pthread_join(t,0);puts("c ok");return 0;}\\n' > /tmp/m.c
+            printf '#include <stdio.h>\\n#include <pthread.h>\\nstatic void *f(void *a){return a;}\\n\
+int main(void){pthread_t t;pthread_create(&t,0,f,0);pthread_join(t,0);puts("c ok");return 0;}\\n' > /tmp/m.c
             gcc -O1 -pthread -o /tmp/m /tmp/m.c && /tmp/m && echo compiled
         else
             echo "c ok"
