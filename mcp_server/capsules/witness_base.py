@@ -232,10 +232,7 @@ def base_entries(
     ``carry_all`` carries the whole base (``.git`` aside), as unknown reads do.
     """
     base = _Walked.of(view)
-    if needs.unknown or carry_all:
-        carry = set(base.kinds)
-    else:
-        carry = _used_entries(view, workspace, needs, base)
+    carry = set(base.kinds) if needs.unknown or carry_all else _used_entries(view, workspace, needs, base)
     carry.discard(".")
     carry.update({a for path in carry for a in _ancestors(path)})
     entries = []
