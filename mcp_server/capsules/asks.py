@@ -225,7 +225,8 @@ def propose(state: State, capsule_id: str, rules: Sequence[str], reason: str, pr
             return _question(db.execute("SELECT * FROM net_questions WHERE id = ?", (same["id"],)).fetchone())
         mine, every = _counts(db, "proposal", capsule_id)
         if mine >= MAX_PROPOSALS_PER_CAPSULE or every >= MAX_PROPOSALS:
-            which = f"capsule {capsule_id} has {mine}" if mine >= MAX_PROPOSALS_PER_CAPSULE else f"this state dir has {every}"
+            which = (f"capsule {capsule_id} has {mine}" if mine >= MAX_PROPOSALS_PER_CAPSULE
+                     else f"this state dir has {every}")
             raise CcwError("UNAVAILABLE", f"{which} proposals pending; wait for a person's answer (poll one with "
                            "capsule_network proposal: ID) before proposing more",
                            {"capsule_id": capsule_id, "pending": mine})

@@ -184,7 +184,8 @@ def _commit(record: CapsuleRecord, found: Target, root_fd: int, ops: list[Op], k
                            f"{moved.stderr.decode(errors='replace').strip()}; no branch was made")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    paths = sorted({*edits.remove, *(path for path, _ in edits.add)}, key=lambda p: p.encode("utf-8", "surrogateescape"))
+    paths = sorted({*edits.remove, *(path for path, _ in edits.add)},
+                   key=lambda p: p.encode("utf-8", "surrogateescape"))
     return _Made(oid, paths, edits.left_out)
 
 

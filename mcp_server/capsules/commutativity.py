@@ -69,7 +69,8 @@ def import_edges(sources: dict[str, bytes]) -> list[tuple[str, str]]:
             elif isinstance(node, ast.ImportFrom):
                 targets += _module_paths(path, node.module or "", node.level)
                 for alias in node.names:  # from pkg import module
-                    targets += _module_paths(path, f"{node.module}.{alias.name}" if node.module else alias.name, node.level)
+                    targets += _module_paths(path, f"{node.module}.{alias.name}" if node.module else alias.name,
+                                             node.level)
             for target in targets:
                 # A suffix match: "from src.mod import f" run from the repo root or its src/.
                 for candidate in known:
@@ -78,7 +79,8 @@ def import_edges(sources: dict[str, bytes]) -> list[tuple[str, str]]:
     return sorted(set(edges))
 
 
-def analyse(nodes: list[str], edges: dict[tuple[str, str], list[dict[str, Any]]], dependents: dict[str, set[str]]) -> dict[str, Any]:
+def analyse(nodes: list[str], edges: dict[tuple[str, str], list[dict[str, Any]]],
+            dependents: dict[str, set[str]]) -> dict[str, Any]:
     """Independent sets and conflict pairs from an interaction graph (see the docstring of the tool)."""
     adjacency: dict[str, set[str]] = {n: set() for n in nodes}
     for a, b in edges:
@@ -173,7 +175,8 @@ async def commutativity(service: CapsuleService, question: Question) -> dict[str
     nodes = graph.nodes
     for importer, imported in import_edges(sources):
         if importer in nodes and imported in nodes:
-            graph.link(importer, imported, {"kind": "import", "detail": f"{importer} imports {imported}"}, importer, imported)
+            graph.link(importer, imported, {"kind": "import", "detail": f"{importer} imports {imported}"},
+                       importer, imported)
     for ex in service.journal.execs(record.capsule_id):
         for proc in ex["touched"].get("processes") or []:
             touched = sorted(set(proc.get("read", [])) | set(proc.get("written", [])))

@@ -107,7 +107,8 @@ def _evidence(journal: Journal, record: CapsuleRecord, argv: list[str], generati
     return reads if seen else None
 
 
-def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any, generation: int) -> list[str]:
+def _journal_outcomes(journal: Journal, record: CapsuleRecord, argv: list[str], spec: Any,
+                      generation: int) -> list[str]:
     """Outcomes of the capsule's own runs of target_cmd on its current contents, where the
     journal can tell them.
 
@@ -226,7 +227,8 @@ async def _traced_first(trials: Trials, record: CapsuleRecord, traced: dict[str,
         return None
     base_view = await trio.to_thread.run_sync(RootView.open, record.base)
     with base_view:
-        hunks = await trio.to_thread.run_sync(split_hunks, trials.material, range(len(trials.material.units)), base_view)
+        hunks = await trio.to_thread.run_sync(split_hunks, trials.material, range(len(trials.material.units)),
+                                              base_view)
     suspects = _suspects(hunks, traced)
     if suspects is None or len(suspects) == len(hunks.units):
         return None
@@ -254,16 +256,17 @@ async def _hierarchical(trials: Trials, record: CapsuleRecord, relevant: frozens
 
         return None if await trio.to_thread.run_sync(splits) else await check.run(material, subset)
 
-    level1 = await _search(Search(tuple(range(len(material.units))), trials.executor.parallelism, relevant, budget_s=remaining()),
-                           trials, last_of_level1)
+    level1 = await _search(Search(tuple(range(len(material.units))), trials.executor.parallelism, relevant,
+                                  budget_s=remaining()), trials, last_of_level1)
     found = Found(material, level1.result, level1.trials, level1.cache_hits, level1.one_minimal)
     base_view = await trio.to_thread.run_sync(RootView.open, record.base)
     with base_view:
         split = await trio.to_thread.run_sync(split_hunks, material, level1.result, base_view)
     if len(split.units) > len(level1.result) and remaining() > 0:
         trials.material = split
-        level2 = await _search(Search(tuple(range(len(split.units))), trials.executor.parallelism, _suspects(split, traced),
-                                      budget_s=remaining()), trials, lambda subset: check.run(split, subset))
+        level2 = await _search(Search(tuple(range(len(split.units))), trials.executor.parallelism,
+                                      _suspects(split, traced), budget_s=remaining()),
+                               trials, lambda subset: check.run(split, subset))
         found = Found(split, level2.result, found.trials + level2.trials, found.cache_hits + level2.cache_hits,
                       found.one_minimal and level2.one_minimal)
     return found
@@ -315,7 +318,8 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     found = await _traced_first(trials, record, traced, remaining, check)
     if found is None:
         reads = _evidence(journal, record, argv, change.generation)
-        found = await _hierarchical(trials, record, _relevant(material, reads, change.created), traced, remaining, check)
+        found = await _hierarchical(trials, record, _relevant(material, reads, change.created), traced, remaining,
+                                    check)
     files = file_contents(found.material, found.result)
     verified = check.answer(found.material, found.result) or await verify(service, record, files, argv, judge,
                                                                           trials.timeout_ms, trials.services)
@@ -393,7 +397,8 @@ def _patch(record: CapsuleRecord, files: dict[str, Unit]) -> str:
             old_side = changeset.lstat(base, path)
             old = base.read_bytes(path) if old_side and old_side.kind == "file" else (
                 (old_side.target or "").encode() if old_side and old_side.kind == "symlink" else None)
-            old_mode = None if old_side is None else (0o120000 if old_side.kind == "symlink" else (0o100755 if old_side.mode & 0o111 else 0o100644))
+            old_mode = None if old_side is None else (
+                0o120000 if old_side.kind == "symlink" else (0o100755 if old_side.mode & 0o111 else 0o100644))
             if unit.action == "delete":
                 new, new_mode = None, None
             elif unit.action == "symlink":

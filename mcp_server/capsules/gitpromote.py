@@ -65,9 +65,11 @@ def _git(workspace: str, *args: str, stdin: bytes | None = None, check: bool = T
     try:
         proc = subprocess.run(argv, input=stdin, capture_output=True, env=git_env(env), timeout=TIMEOUT_S, check=False)
     except FileNotFoundError as exc:
-        raise CcwError("UNSUPPORTED", "git is not installed on the host: a capsule's commits cannot be promoted") from exc
+        raise CcwError("UNSUPPORTED",
+                       "git is not installed on the host: a capsule's commits cannot be promoted") from exc
     if check and proc.returncode != 0:
-        raise CcwError("INTERNAL", f"git {args[0]} failed in {workspace!r}: {proc.stderr.decode(errors='replace').strip()}",
+        raise CcwError("INTERNAL",
+                       f"git {args[0]} failed in {workspace!r}: {proc.stderr.decode(errors='replace').strip()}",
                        {"returncode": proc.returncode})
     return proc
 
@@ -89,8 +91,8 @@ def _host_state(workspace: str, refs: list[str]) -> tuple[dict[str, str | None],
     elsewhere = _checked_out_elsewhere(workspace, refs)
     if elsewhere:
         raise CcwError("UNSUPPORTED", f"the capsule's git moved {', '.join(sorted(elsewhere))}, checked out in another "
-                       f"worktree ({', '.join(sorted(set(elsewhere.values())))}); nothing was written. Move it back in the "
-                       "capsule and merge on the host", {"refs": sorted(elsewhere)})
+                       f"worktree ({', '.join(sorted(set(elsewhere.values())))}); nothing was written. "
+                       "Move it back in the capsule and merge on the host", {"refs": sorted(elsewhere)})
     return {ref: _host_commit(workspace, ref) for ref in refs}, _host_commit(workspace, "HEAD")
 
 
@@ -164,7 +166,8 @@ def _fetch(workspace: str, bundle: bytes, moves: list[RefMove]) -> None:
     # The ids are the capsule's: each must now name a commit here (or a tag of one), not a blob.
     odd = [m.ref for m in moves if _host_commit(workspace, m.new) is None]
     if odd:
-        raise CcwError("UNSUPPORTED", f"the capsule's {', '.join(odd)} name no commit; nothing was written", {"refs": odd})
+        raise CcwError("UNSUPPORTED", f"the capsule's {', '.join(odd)} name no commit; nothing was written",
+                       {"refs": odd})
     behind = [m.ref for m in moves if m.old is not None and _git(
         workspace, "merge-base", "--is-ancestor", m.old, m.new, check=False).returncode != 0]
     if behind:

@@ -99,7 +99,8 @@ def _inputs(service: CapsuleService, ids: tuple[str, ...]) -> tuple[list[Capsule
     if strangers:
         raise CcwError("INVALID_ARGUMENT", f"{', '.join(strangers)} {'was' if len(strangers) == 1 else 'were'} not "
                        f"made over the same base and workspace as {first.capsule_id} ({first.base}): they have no "
-                       "common base to merge against; merge capsules forked from one capsule or made over one workspace",
+                       "common base to merge against; merge capsules forked from one capsule or made over one "
+                       "workspace",
                        {"capsule_ids": strangers, "base": first.base})
     journal = service.journal
     lines = [[one.capsule_id for one in _lineage(journal, record)] for record in records]

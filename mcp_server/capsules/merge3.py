@@ -141,7 +141,8 @@ def merge_two(path: str, base: State, ours: State, theirs: State) -> Outcome:
 
 def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
     if base.kind is None and ours.mode != theirs.mode:
-        return Outcome(path, None, f"conflict: added on both sides with different modes ({ours.mode:o} and {theirs.mode:o})")
+        return Outcome(path, None,
+                       f"conflict: added on both sides with different modes ({ours.mode:o} and {theirs.mode:o})")
     if base.mode == ours.mode or ours.mode == theirs.mode:
         mode = theirs.mode
     elif base.mode == theirs.mode:
@@ -159,7 +160,8 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
     if not clean:
         what = "added on both sides" if base.kind is None else "changed on both sides"
         return Outcome(path, None, f"conflict: overlapping lines {what}", hunks=conflict_hunks(merged, old))
-    return Outcome(path, State("file", mode, merged), "lines merged" + (" (added on both sides)" if base.kind is None else ""))
+    return Outcome(path, State("file", mode, merged),
+                   "lines merged" + (" (added on both sides)" if base.kind is None else ""))
 
 
 def merge_file(base: bytes, ours: bytes, theirs: bytes) -> tuple[bytes, bool]:

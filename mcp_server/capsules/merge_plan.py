@@ -92,7 +92,8 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
     try:
         with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
             found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view), every, views))
-            named = {side.name: {entry.path: entry.new for entry in entries} for side, entries in zip(every, found, strict=True)}
+            named = {side.name: {entry.path: entry.new for entry in entries}
+                     for side, entries in zip(every, found, strict=True)}
             olds = {entry.path: entry.old for entries in found for entry in entries}
             ordered = sorted(olds, key=_key)
             jobs = [pool.submit(_states, low, olds), *(pool.submit(_states, view, named[side.name])
@@ -124,8 +125,9 @@ def _parents_hold(plan: Plan) -> None:
             if parent is None or (parent.state is not None and parent.state.kind == "dir"):
                 continue
             what = "a conflict" if parent.state is None else parent.state.describe()
-            plan.outcomes[path] = Outcome(path, None, f"conflict: kept by {', '.join(one.sides) or 'the base'} while its "
-                                          f"directory {head} is {what} in the merge ({', '.join(parent.sides)})",
+            plan.outcomes[path] = Outcome(path, None, f"conflict: kept by {', '.join(one.sides) or 'the base'} "
+                                          f"while its directory {head} is {what} in the merge "
+                                          f"({', '.join(parent.sides)})",
                                           (*parent.sides, *one.sides))
             break
 

@@ -186,7 +186,8 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             if was not in (None, "dir"):
                 rows.append((path, "delete", None, None, None, None))
             if was != "dir" and path not in held:
-                rows += [(f"{path}/{KEEP}", "write", b"", None, 0o600, None), (f"{path}/{KEEP}", "delete", None, None, None, None)]
+                rows += [(f"{path}/{KEEP}", "write", b"", None, 0o600, None),
+                         (f"{path}/{KEEP}", "delete", None, None, None, None)]
             modes.append((path, "chmod", None, None, merged.mode, None))
     return rows + modes
 

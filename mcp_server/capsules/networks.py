@@ -252,7 +252,8 @@ class Networks:
             raise
         return Traced(value, session.end_exec(), session.notes())
 
-    def service_network(self, capsule_id: str, name: str, reply: ExecReply) -> tuple[ExecReply, list[dict[str, Any]] | None]:
+    def service_network(self, capsule_id: str, name: str,
+                        reply: ExecReply) -> tuple[ExecReply, list[dict[str, Any]] | None]:
         """The connection records of the capsule's service run that ended, and its helper
         ``reply``; if they are not told apart from the exec's (no session, or no cgroup id:
         egress/runs.py), None, and the reply's ``touched_unavailable`` says why."""

@@ -50,7 +50,8 @@ REPORT_SCHEMA = {
     "type": "object", "required": ["recorded", "restored", "reason"], "additionalProperties": False,
     "properties": {"recorded": {"type": "integer"}, "restored": {"type": "integer"},
                    "reason": {"type": ["string", "null"], "description": "Why recorded owners were not restored."}},
-    "description": "Owners the witness's base recorded, and how many the rebuilt base got back (only a root replayer can).",
+    "description": "Owners the witness's base recorded, and how many the rebuilt base got back "
+                   "(only a root replayer can).",
 }
 
 

@@ -118,7 +118,8 @@ def _read_live_early(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
     return _live_states(record.workspace, sorted(_recorded_states(journal, record)))
 
 
-def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry], early: dict[str, str]) -> list[dict[str, Any]]:
+def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.Entry],
+               early: dict[str, str]) -> list[dict[str, Any]]:
     # Recorded states are read afresh: an exec that ended after the early read may have
     # recorded more, and those paths are then read from the workspace here.
     recorded = _recorded_states(journal, record)
@@ -444,14 +445,16 @@ async def _replay(service: CapsuleService, record: CapsuleRecord, volatile: list
     carries the ignored files too, so the replay judges everything that will be written)."""
     made = await make_witness(service, record.capsule_id, WitnessOptions("zstd", True))
     secrets = capsecrets.recall(service.state.root, record.capsule_id)  # their variables held placeholders
-    options = replace(ReplayOptions.of_capsule(record, secrets), volatile=tuple(volatile), strict_outputs=strict_outputs)
+    options = replace(ReplayOptions.of_capsule(record, secrets), volatile=tuple(volatile),
+                      strict_outputs=strict_outputs)
     outcome = await replay(service, Path(made["path"]), made["root_hash"], options)
     ok = bool(outcome["replay_ok"])
     output_identical = bool(outcome["output_identical"])
     details = output_details = ""
     if not ok:
         first = outcome["mismatches"][0]
-        details = f"{len(outcome['mismatches'])} mismatch(es), first {first.get('kind')} {first.get('exec', first.get('path'))} {first.get('field', '')}".strip()
+        details = (f"{len(outcome['mismatches'])} mismatch(es), first {first.get('kind')} "
+                   f"{first.get('exec', first.get('path'))} {first.get('field', '')}").strip()
     if not output_identical:
         diff = outcome["output_diffs"][0]
         shown = "; ".join((diff["lines"] or [])[:2])

@@ -243,9 +243,10 @@ class ReapiExecutor:
             raise CcwError("UNSUPPORTED", "trials of a capsule with an allowlist network run locally only: "
                                           "unset CCW_REAPI_URL for this capsule")  # fmt: skip
         if services:
-            raise CcwError("UNSUPPORTED", f"the target command ran beside services ({', '.join(s.name for s in services)}), "
-                                          "which a cluster's bot cannot start: run deltamin locally (unset "
-                                          "CCW_REAPI_URL for it)", {"services": [s.name for s in services]})
+            raise CcwError("UNSUPPORTED", "the target command ran beside services "
+                                          f"({', '.join(s.name for s in services)}), which a cluster's bot cannot "
+                                          "start: run deltamin locally (unset CCW_REAPI_URL for it)",
+                           {"services": [s.name for s in services]})
 
     async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
         """The trial as an Action; its ActionResult as a run."""
@@ -284,7 +285,8 @@ class ReapiExecutor:
         run = await trio.to_thread.run_sync(_judged, executed, self.client)
         if run.exit_code != 0:
             failed = json.loads(run.stderr or b"{}")
-            raise CcwError(failed.get("code", "INTERNAL"), f"replay on the cluster: {failed.get('message', run.stderr)}",
+            raise CcwError(failed.get("code", "INTERNAL"),
+                           f"replay on the cluster: {failed.get('message', run.stderr)}",
                            failed.get("details"))  # fmt: skip
         result: dict[str, Any] = json.loads(run.stdout)
         result.pop("signed_by", None)  # the bot's keys are not ours: what it read of the signature is not ours

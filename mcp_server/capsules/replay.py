@@ -197,7 +197,8 @@ def _live_dir(workspace: str) -> str:
     """
     paths.encoded(workspace, "workspace")
     if not os.path.isabs(workspace):
-        raise CcwError("INVALID_ARGUMENT", f"workspace {workspace!r} must be an absolute path", {"workspace": workspace})
+        raise CcwError("INVALID_ARGUMENT", f"workspace {workspace!r} must be an absolute path",
+                       {"workspace": workspace})
     if not os.path.isdir(workspace):
         raise CcwError("NOT_FOUND", f"workspace {workspace!r} is not a directory; name your copy of the witness's "
                                     "workspace", {"workspace": workspace})
@@ -344,7 +345,8 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
         "owners": owners.report(owners.entries(manifest["base"]), manifest["include_blobs"]),
         # Only for a witness whose capsule exposed directories: what this replayer showed of them.
         **({"expose": {"used": used, "dropped": dropped}} if "expose" in recorded else {}),
-        **({"gitdirs": {"not_shown": recorded["gitdirs"], "reason": GITDIRS_NOT_CARRIED}} if "gitdirs" in recorded else {}),
+        **({"gitdirs": {"not_shown": recorded["gitdirs"], "reason": GITDIRS_NOT_CARRIED}}
+           if "gitdirs" in recorded else {}),
         # Only for a witness with services: those started beside which execs, and their own runs not re-run.
         **({"services": tally.services_report()} if tally.started or tally.not_compared else {}),
     }

@@ -162,7 +162,8 @@ class Tally:
     def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes],
                  network: list[dict[str, Any]] | None) -> None:
         """Compare one replayed exec with its record (and its network attempts) and add up its usage."""
-        self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name) for name in replaydiff.EXEC_FIELDS})
+        self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name)
+                                                           for name in replaydiff.EXEC_FIELDS})
         reached = replaydiff.network_mismatch(ex, network)
         if reached is not None:
             self.mismatches.append(reached)

@@ -83,8 +83,10 @@ CONSOLE_STATUS = {
     "status": {"enum": ["running", "finished", "cancelled"]},
     "run_id": _RUN_ID,
     "elapsed_ms": {"type": "integer", "minimum": 0},
-    "output": {"type": "string", "description": "Output since your last read (or cursor); a tty's without control codes."},
-    "cursor": {"type": "integer", "minimum": 0, "description": "Byte offset after output: pass it to read again from there."},
+    "output": {"type": "string",
+               "description": "Output since your last read (or cursor); a tty's without control codes."},
+    "cursor": {"type": "integer", "minimum": 0,
+               "description": "Byte offset after output: pass it to read again from there."},
 }
 
 Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]

@@ -170,11 +170,8 @@ class CapsuleService:
 
     def live_record(self, capsule_id: str) -> CapsuleRecord:
         """The journal's record of a live capsule; NOT_FOUND if destroyed or unknown."""
-        return self.journal.live_capsule(
-            capsule_id,
-            f"capsule {capsule_id} not found (destroyed or never created); "
-            "call capsule_list to see live capsules or capsule_create to make one",
-        )
+        return self.journal.live_capsule(capsule_id, f"capsule {capsule_id} not found (destroyed or never created); "
+                                         "call capsule_list to see live capsules or capsule_create to make one")
 
     # --- journaled capsules --------------------------------------------------------
 
@@ -190,9 +187,10 @@ class CapsuleService:
         """
         https = capsecrets.tls_hosts(network)  # an https method/path rule's host: its TLS terminated too
         given = await capsecrets.for_create(self.state.root, secrets, network is not None, https)
-        spec = dataclasses.replace(spec, network=helper_network(network),  # a secret's variable is passed (its placeholder)
+        # a secret's variable is passed (its placeholder) and its CA bundle, read-only
+        spec = dataclasses.replace(spec, network=helper_network(network),
                                    env_whitelist=capsecrets.whitelist(spec.env_whitelist, secrets, given is not None),
-                                   expose=capsecrets.shown(spec.expose, given))  # and its CA bundle, read-only
+                                   expose=capsecrets.shown(spec.expose, given))
         base: list[dict[str, str] | None] = []  # its base's commit, read while the helper makes the view
 
         async def read_base() -> None:
@@ -286,7 +284,8 @@ class CapsuleService:
             entry["written_mtimes"] = await trio.to_thread.run_sync(written_mtimes, root, written)
         kept = request.stdio != "tty" or typed is not None  # a shell's output went to its person alone
         outputs = {"stdout": reply.stdout, "stderr": reply.stderr} if kept else None
-        if request.service is None and self.services is not None and (beside := self.services.beside(record.capsule_id)):
+        if (request.service is None and self.services is not None
+                and (beside := self.services.beside(record.capsule_id))):
             entry["services"] = json.dumps(beside, sort_keys=True)  # what ran beside it (a witness starts them)
         seq, generation = journal.append_exec(record.capsule_id, entry, outputs)  # outputs: for witnesses
         if written:  # nothing written: no path to note, and no thread to hop to
@@ -436,7 +435,8 @@ class CapsuleService:
         def read() -> Diff:
             with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
                 entries = changeset.expand(reply.changes, base_view, capsule_view)
-                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view), reply.gitdirs or ())
+                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view),
+                            reply.gitdirs or ())
 
         return await trio.to_thread.run_sync(read)
 

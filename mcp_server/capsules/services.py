@@ -355,8 +355,9 @@ class Services:
         except CcwError as exc:
             run.set_state("failed", exc.message)
             return "refused"
-        request = await capsecrets.placed(self.state.root, self.networks, record.network_spec is not None,
-                                          spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP))  # never the caller's value
+        request = await capsecrets.placed(
+            self.state.root, self.networks, record.network_spec is not None,
+            spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP))  # never the caller's value
         run.starting()
         self._event(run, argv=list(spec.argv), restarts=run.restarts)
         if not run.awaited:  # a restart, or a start at recovery: nobody waits for its readiness

@@ -252,7 +252,8 @@ def predicate(spec: Any) -> Judge:
             )
     raise CcwError(
         "INVALID_ARGUMENT",
-        'failure_predicate must be "exit_code", "timeout", {"exit_code": N}, {"stdout_regex": R} or {"stderr_regex": R}',
+        'failure_predicate must be "exit_code", "timeout", {"exit_code": N}, {"stdout_regex": R} '
+        'or {"stderr_regex": R}',
     )
 
 

@@ -4,8 +4,8 @@ A capsule runs one command at a time (the helper refuses a second exec with CONF
 and stays the backstop for clients of other front ends).  Agents send tool calls in
 parallel, so the front end queues ``capsule_exec``, ``capsule_fork``, ``capsule_destroy``,
 ``capsule_witness``, ``capsule_promote`` and the reading of a capsule's change by
-``capsule_deltamin`` per capsule, first come first served.  Read-only tools (diff, file reads, list) take no turn: they answer while
-a command runs, and see its writes as far as they have got.
+``capsule_deltamin`` per capsule, first come first served.  Read-only tools (diff, file
+reads, list) take no turn: they answer while a command runs, and see its writes as far as they have got.
 
 Why not ``trio.Lock``: it is fair (``release`` hands the lock straight to the longest
 waiter), but it cannot say who holds it or how many wait ahead, which a queued call's
@@ -191,8 +191,8 @@ class CapsuleQueue:
         """Wait for the capsule's turn, hold it for the block, then pass it on.
 
         ``ticket``: a place taken with ``reserve`` when the call arrived (if it is still
-        in this capsule's line and no other block claimed it).  ``on_wait(ticket, ahead, holder)`` is awaited when the call has to
-        wait, again whenever its place changes and every ``WAIT_REPORT_S`` meanwhile.
+        in this capsule's line and no other block claimed it).  ``on_wait(ticket, ahead, holder)``
+        is awaited when the call has to wait, again whenever its place changes and every ``WAIT_REPORT_S`` meanwhile.
         """
         if ticket is None or ticket.claimed or ticket not in self._lines.get(capsule_id, ()):
             ticket = self.reserve(capsule_id, label)

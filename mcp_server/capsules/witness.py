@@ -132,7 +132,8 @@ class _Sources:
         return (self.base if view == "base" else self.capsule).read_bytes(path)
 
 
-def _exec_entry(ex: dict[str, Any], sources: _Sources, outputs: dict[tuple[int, str], tuple[bytes, int]]) -> dict[str, Any]:
+def _exec_entry(ex: dict[str, Any], sources: _Sources,
+                outputs: dict[tuple[int, str], tuple[bytes, int]]) -> dict[str, Any]:
     entry = {key: ex[key] for key in _EXEC_FIELDS}
     stdin = ex.get("stdin_b64")
     entry["stdin_blob"] = sources.add_bytes(base64.b64decode(stdin)) if stdin is not None else None
@@ -274,7 +275,8 @@ def _write(state: State, capsule_id: str, manifest: dict[str, Any], sources: _So
         (witness_id, capsule_id, str(final), written.root_hash, written.size_bytes, compress,
          int(bool(manifest["include_blobs"])), now),
     )
-    return {"witness_id": witness_id, "path": str(final), "root_hash": written.root_hash, "size_bytes": written.size_bytes}
+    return {"witness_id": witness_id, "path": str(final), "root_hash": written.root_hash,
+            "size_bytes": written.size_bytes}
 
 
 class _CrashAfterFirstWrite:
@@ -418,7 +420,8 @@ def open_witness(path: Path) -> BinaryIO:
     except FileNotFoundError:
         raise CcwError("NOT_FOUND", f"witness file {str(path)!r} does not exist; check the path") from None
     except OSError as exc:
-        raise from_oserror(exc, "opening witness file", str(path), "give the path of a .tar.zst from capsule_witness") from None
+        raise from_oserror(exc, "opening witness file", str(path),
+                           "give the path of a .tar.zst from capsule_witness") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise CcwError("INVALID_ARGUMENT", f"{str(path)!r} is not a regular file; give the path of a witness "

@@ -136,7 +136,8 @@ def made_caches(changes: Sequence[dict[str, Any]], blobs: Mapping[str, bytes]) -
         return data if data is not None and len(data) <= gitignore.MAX_MARKER else None
 
     made = [c["path"] for c in changes if c["status"] == "added" and c["type"] == "dir"]
-    return frozenset(d for d in made if gitignore.declares_cache(marker(f"{d}/.gitignore"), marker(f"{d}/CACHEDIR.TAG")))
+    return frozenset(d for d in made
+                     if gitignore.declares_cache(marker(f"{d}/.gitignore"), marker(f"{d}/CACHEDIR.TAG")))
 
 
 def within(paths: Collection[str], dirs: Collection[str]) -> frozenset[str]:
