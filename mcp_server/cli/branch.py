@@ -35,8 +35,10 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     made.add_argument("--allow-hazard", action="append", dest="allow_hazards", metavar="KIND", choices=list(KINDS),
                       help="commit this kind of hazard anyway, after reviewing it (repeatable)")
     made.add_argument("--include-ignored", action="store_true", help="commit the files the workspace's git ignores too")
-    made.add_argument("--path", action="append", dest="paths", metavar="GLOB", help="commit only what this glob matches")
-    made.add_argument("--exclude", action="append", dest="exclude", metavar="GLOB", help="leave out what this glob matches")
+    made.add_argument("--path", action="append", dest="paths", metavar="GLOB",
+                      help="commit only what this glob matches")
+    made.add_argument("--exclude", action="append", dest="exclude", metavar="GLOB",
+                      help="leave out what this glob matches")
 
 
 def tool_call(args: argparse.Namespace) -> dict[str, Any]:

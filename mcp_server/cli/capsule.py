@@ -63,7 +63,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     verbs = sub.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     _add_create_parser(verbs, common)
-    exec_ = verbs.add_parser("exec", parents=[common], help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
+    exec_ = verbs.add_parser("exec", parents=[common],
+                             help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
     exec_.add_argument("capsule_id")
     exec_.add_argument("--cwd", help="working directory, relative to the workspace")
     exec_.add_argument("--timeout-ms", type=int)
@@ -83,7 +84,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     witness.add_argument("capsule_id")
     witness.add_argument("--no-blobs", action="store_true", help="do not carry the base files the runs read")
     witness.add_argument("--no-compress", action="store_true", help="plain .tar")
-    witness.add_argument("--all", action="store_true", help="carry the whole base (.git aside), not only what the runs used")
+    witness.add_argument("--all", action="store_true",
+                         help="carry the whole base (.git aside), not only what the runs used")
     witness.add_argument("--max-base-mb", type=int, help="most MiB of base files to carry (default 1024)")
 
     _add_replay_parser(verbs, common)
@@ -94,7 +96,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     destroy.add_argument("capsule_id")
 
     fork = verbs.add_parser("fork", parents=[common],
-                            help="a new capsule starting from this one's files (before a shell session, to keep a witness)")
+                            help="a new capsule starting from this one's files "
+                                "(before a shell session, to keep a witness)")
     fork.add_argument("capsule_id")
     fork.add_argument("-n", "--count", type=int, help="make N forks at once (all or none); prints their ids")
 
@@ -315,7 +318,8 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     if result.get("oom_killed"):
         notes.append("killed: out of memory")
     if result.get("disk_full"):
-        notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); create it with a larger --disk-mb")
+        notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); "
+                     "create it with a larger --disk-mb")
     if result.get("signal"):
         notes.append(f"killed by {result['signal']}")
     if notes:

@@ -82,8 +82,10 @@ def text(result: dict[str, Any], call: dict[str, Any]) -> str:
         lines.append(f"merged into new capsule {result['capsule_id']}")
     else:
         promoted = result["promote"]
-        verdict = "promoted" if promoted["promoted"] else "would promote" if call.get("dry_run") else "refused by policy"
-        lines.append(f"{verdict}: {len(promoted['applied'])} path(s); {promoted['policy_report']['details']}".rstrip("; "))
+        verdict = ("promoted" if promoted["promoted"]
+                   else "would promote" if call.get("dry_run") else "refused by policy")
+        lines.append(f"{verdict}: {len(promoted['applied'])} path(s); "
+                     f"{promoted['policy_report']['details']}".rstrip("; "))
     return "\n".join(lines) + "\n"
 
 
@@ -92,7 +94,8 @@ def succeeded(result: dict[str, Any], call: dict[str, Any]) -> bool:
     if not result["merged"]:
         return False
     promoted = result.get("promote")
-    return promoted is None or bool(promoted["promoted"] or (call.get("dry_run") and promoted["policy_report"]["passed"]))
+    return promoted is None or bool(promoted["promoted"]
+                                    or (call.get("dry_run") and promoted["policy_report"]["passed"]))
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

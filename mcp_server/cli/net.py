@@ -39,7 +39,8 @@ COMMANDS = ("net",)
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``ccw net presets [NAME]``, ``pending``, ``approve`` and ``deny``."""
-    net = sub.add_parser("net", parents=[common], help="presets a capsule's rules can name; connections waiting for you",
+    net = sub.add_parser("net", parents=[common],
+                         help="presets a capsule's rules can name; connections waiting for you",
                          description="Network presets (named rule sets a capsule's allowlist names as preset:NAME), "
                          "and the connections of capsules that ask on a miss, waiting for a person's answer.")
     actions = net.add_subparsers(dest="net_action", metavar="ACTION", required=True)

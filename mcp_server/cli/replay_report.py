@@ -27,15 +27,16 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
     print("replay_ok" if ok else "replay MISMATCH")
     print(visible(signature_line(result)), file=sys.stderr)
     if result.get("signature", "valid") != "valid":
-        print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m", color_err),
-              file=sys.stderr)
+        print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m",
+                    color_err), file=sys.stderr)
     if result.get("env_missing"):
         print(visible(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}"), file=sys.stderr)
     for mismatch in result.get("mismatches", []):
         print(f"  {visible(mismatch_line(mismatch))}")
     suggested = sorted({glob for m in result.get("mismatches", []) for glob in m.get("suggest_volatile") or ()})
     if suggested:
-        print("the names differ by a random part, or the bytes on every run; if these outputs are volatile, replay with "
+        print("the names differ by a random part, or the bytes on every run; "
+              "if these outputs are volatile, replay with "
               + visible(" ".join(f"--volatile {shlex.quote(glob)}" for glob in suggested)), file=sys.stderr)
     owners = result.get("owners") or {}
     if owners.get("reason") and owners.get("restored", 0) < owners.get("recorded", 0):

@@ -100,7 +100,8 @@ def render_log(runs: list[dict[str, Any]], color: bool) -> str:
     """The runs as a table; "no runs yet" when there are none."""
     if not runs:
         return "no runs yet\n"
-    head = f"{'RUN':>4}  {'STARTED':<8}  {'GEN':<5}  {'EXIT':>7}  {'TIME':>8}  {'READ':>5}  {'WROTE':>5}  {'NET':>3}  COMMAND"
+    head = (f"{'RUN':>4}  {'STARTED':<8}  {'GEN':<5}  {'EXIT':>7}  {'TIME':>8}  "
+            f"{'READ':>5}  {'WROTE':>5}  {'NET':>3}  COMMAND")
     lines = [paint(head, DIM, color)]
     for run in runs:
         status = _status(run)

@@ -47,7 +47,8 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     source = put.add_mutually_exclusive_group()
     source.add_argument("--stdin", action="store_true", help="read the value from stdin (one trailing newline off)")
     source.add_argument("--file", help="read the value from this file now")
-    source.add_argument("--command", dest="value_command", metavar="CMD", help="a shell command printing the value, run each time it is needed")
+    source.add_argument("--command", dest="value_command", metavar="CMD",
+                        help="a shell command printing the value, run each time it is needed")
     put.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds --command may take")
     verbs.add_parser("list", parents=[common], help="names, hosts and formats (never values)")
     remove = verbs.add_parser("rm", parents=[common], help="forget a secret")

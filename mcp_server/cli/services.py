@@ -49,7 +49,8 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     stop.add_argument("capsule_id")
     stop.add_argument("name")
     stop.add_argument("--grace-ms", type=int)
-    port = verbs.add_parser("port", parents=[common], help="open a capsule's port on the host's loopback; prints its URL")
+    port = verbs.add_parser("port", parents=[common],
+                            help="open a capsule's port on the host's loopback; prints its URL")
     port.add_argument("capsule_id")
     port.add_argument("port", type=int)
     port.add_argument("--host-port", type=int, help="the host port (default: any free one)")
@@ -107,7 +108,8 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
     if name == "capsule_port":
         print(result["url"] if result["open"] else f"closed {result['port']}")
     elif name in ("capsule_pause", "capsule_resume"):
-        print(f"{args.capsule_id}: {'paused' if result['paused'] else 'running'} ({', '.join(result['runs']) or 'idle'})")
+        print(f"{args.capsule_id}: {'paused' if result['paused'] else 'running'} "
+              f"({', '.join(result['runs']) or 'idle'})")
     elif name == "capsule_service_list":
         for one in result["services"]:
             status = "".join(f" {key} {one[key]}" for key in ("exit_code", "signal") if key in one)
@@ -131,7 +133,8 @@ async def _follow(config: Config, call: dict[str, Any], args: argparse.Namespace
     since: int | None = None
     terminal = sys.stdout.isatty() and not args.raw
     while True:
-        result = await frontclient.call_tool(config, "capsule_service_logs", {**call, **({"since": since} if since else {})})
+        result = await frontclient.call_tool(config, "capsule_service_logs",
+                                             {**call, **({"since": since} if since else {})})
         text = result["text"]
         sys.stdout.write(visible(text, keep_newlines=True) if terminal else text)
         sys.stdout.flush()

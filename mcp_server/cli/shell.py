@@ -80,7 +80,8 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 
 def default_command() -> list[str]:
-    """``/bin/bash -i``, else ``/bin/sh -i``: the jail shows the host's system dirs, so the host's answer is the jail's."""
+    """``/bin/bash -i``, else ``/bin/sh -i``: the jail shows the host's system dirs, so the
+    host's answer is the jail's."""
     return ["/bin/bash", "-i"] if os.access("/bin/bash", os.X_OK) else ["/bin/sh", "-i"]
 
 

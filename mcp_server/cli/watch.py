@@ -125,7 +125,8 @@ def describe(event: Event, color: bool = False) -> str:
     if kind == "promotion":
         refused = data.get("refused")
         if refused:
-            return paint(f"promotion refused: {refused.get('code')}: {visible(str(refused.get('message')))}", RED, color)
+            return paint(f"promotion refused: {refused.get('code')}: {visible(str(refused.get('message')))}",
+                         RED, color)
         what = "would apply" if data.get("dry_run") else "applied"
         return paint(f"promotion {what} {len(data.get('applied') or [])} paths", GREEN, color)
     if kind == "policy.report":

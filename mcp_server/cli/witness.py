@@ -40,7 +40,8 @@ COMMANDS = ("witness",)
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register ``ccw witness keys|trust|untrust``."""
-    witness = sub.add_parser("witness", parents=[common], help="witness signing keys: this state dir's, and trusted ones",
+    witness = sub.add_parser("witness", parents=[common],
+                             help="witness signing keys: this state dir's, and trusted ones",
                              description="Witness keys: a witness signed by this state dir's key or a trusted one "
                                          "replays here without --allow-untrusted.")
     actions = witness.add_subparsers(dest="witness_action", metavar="ACTION", required=True)
