@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tokens-file", help="CCW_TOKENS_FILE (unset: HTTP needs the token it generates in the "
                        "state dir; ccw client-config CLIENT --http HOST:PORT prints it)")
     serve.add_argument("--toolsets", help="CCW_TOOLSETS (comma-separated families, or a profile such as agent)")
-    serve.add_argument("--reapi", metavar="URL", help="CCW_REAPI_URL (deltamin's trials and replays on a REAPI cluster)")
+    serve.add_argument("--reapi", metavar="URL",
+                       help="CCW_REAPI_URL (deltamin's trials and replays on a REAPI cluster)")
     serve.add_argument("--log-level", choices=logs.LEVELS, help="CCW_LOG_LEVEL")
     serve.add_argument("--log-format", choices=logs.FORMATS, help="CCW_LOG_FORMAT")
 
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.add_argument("--capacity", type=int, default=1, help="leases at once per bot")
     cluster.add_argument("--property", action="append", default=[], metavar="NAME=VALUE",
                          help="a platform property the bots advertise and jobs may ask for (repeat)")
-    cluster.add_argument("--cluster-dir", dest="cluster_state", help="its PostgreSQL and logs (default: a fresh /tmp dir)")
+    cluster.add_argument("--cluster-dir", dest="cluster_state",
+                         help="its PostgreSQL and logs (default: a fresh /tmp dir)")
 
     capsule.add_parsers(sub.add_parser("capsule", parents=[common], help="capsule commands"), common)
     for module in _own_commands():
