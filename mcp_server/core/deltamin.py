@@ -87,7 +87,8 @@ class Ddmin:
         self.n = 2
         self.cache[frozenset(self.current)] = FAIL
         self._started = self.clock()  # type: ignore[operator]
-        self._phase = "relevant" if self.relevant is not None and 0 < len(self.relevant) < len(self.units) else "subsets"
+        self._phase = ("relevant" if self.relevant is not None and 0 < len(self.relevant) < len(self.units)
+                       else "subsets")
         self._candidates: list[tuple[int, ...]] = []
         self._pos = 0
         self._pending: list[tuple[int, ...]] = []
@@ -273,7 +274,9 @@ class Search:
         self._round: list[tuple[_Test, str | None]] = []  # the planned round, outcomes known so far
         self._fallback: Ddmin | None = None
         self._answered: set[frozenset[int]] = set()
-        self._phase = "relevant" if self.relevant is not None and 0 < len(self.relevant & set(self.units)) < len(self.units) else "locate"
+        self._phase = ("relevant"
+                       if self.relevant is not None and 0 < len(self.relevant & set(self.units)) < len(self.units)
+                       else "locate")
         self.done = len(self.current) <= 1
 
     # --- public (as Ddmin's) ---------------------------------------------------------------
@@ -410,7 +413,8 @@ class Search:
                 self._rest = [u for u in self._rest if u not in test.removed]
         self.current = tuple(u for u in self.current if u not in dropped)
         self._rest = [u for u in self._rest if u not in dropped]
-        self._cells = [c for c in (_Cell(c.mode, tuple(u for u in c.units if u not in dropped), c.parts) for c in cells) if c.units]
+        self._cells = [c for c in (_Cell(c.mode, tuple(u for u in c.units if u not in dropped), c.parts) for c in cells)
+                       if c.units]
         if len(self.current) <= 1 and self._known(self.current) == FAIL:
             self.done = True
 

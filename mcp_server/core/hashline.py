@@ -440,7 +440,8 @@ def apply_changes(
     return TextDoc(lines, endings, eol), regions, new_tags
 
 
-def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence[str], ops: Sequence[Op], path: str) -> None:
+def check_file_hash(expected: str, data: bytes, doc: TextDoc, tag_list: Sequence[str], ops: Sequence[Op],
+                    path: str) -> None:
     """Step 1 of resolution: reject a stale read, handing back the current tags."""
     current = file_hash(data)
     wanted = expected.strip().lower().removeprefix("sha256:")

@@ -144,7 +144,8 @@ AUTORUN: tuple[Autorun, ...] = (
     Autorun((".vscode/**", "*.code-workspace"), "VS Code runs tasks.json tasks on folder open, and settings name the "
                                                 "programs its extensions start (interpreters, linters, terminal env)"),
     Autorun((".idea/**",), "JetBrains IDEs read run configurations, external tools and startup tasks from it"),
-    Autorun((".devcontainer/**", ".devcontainer.json"), "dev containers run initializeCommand on the host as they open"),
+    Autorun((".devcontainer/**", ".devcontainer.json"),
+            "dev containers run initializeCommand on the host as they open"),
     Autorun((".gitmodules",), "git submodule update fetches from the URLs and writes to the paths it names (the way "
                               "into CVE-2018-11235, CVE-2019-19604, CVE-2024-32002)"),
     Autorun((".husky/**",), "husky points core.hooksPath here: its files are git hooks"),
@@ -309,7 +310,8 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
     elif rel[-1] in ("config", "config.worktree"):
-        reason = "git config: core.hooksPath, core.fsmonitor, core.pager and filter or diff drivers name programs git runs"
+        reason = ("git config: core.hooksPath, core.fsmonitor, core.pager and filter or diff drivers name "
+                  "programs git runs")
     else:
         reason = "git reads it to decide what to run or where its repository is (it is not object or ref data)"
     return Hazard("git_control", change.path, change.action, reason)
@@ -376,7 +378,8 @@ def _autorun(change: Change, folded: list[str]) -> Hazard | None:
 
 
 def report_reasons(found: Sequence[Hazard]) -> tuple[list[str], list[str]]:
-    """The policy report's ``details`` clauses for ``found``: (what is refused and how to allow it, what was allowed)."""
+    """The policy report's ``details`` clauses for ``found``: (what is refused and how to
+    allow it, what was allowed)."""
     refused = [h for h in found if not h.allowed]
     allowed = [h for h in found if h.allowed]
     failures, notes = [], []

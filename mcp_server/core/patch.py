@@ -243,7 +243,8 @@ def _named(patch: FilePatch, lineno: int) -> FilePatch:
         raise _corrupt(lineno, "a file diff names no path")
     # A damaged header can leave one side unnamed; apply() needs both unless new or deleted.
     if (patch.old_path is None and not patch.is_new) or (patch.new_path is None and not patch.is_delete):
-        raise _corrupt(lineno, "a file diff names only one side (old or new path) and is neither a new nor a deleted file")
+        raise _corrupt(lineno, "a file diff names only one side (old or new path) "
+                               "and is neither a new nor a deleted file")
     # A rename or copy names both sides; git never pairs one with "new file" or "deleted file".
     if (patch.is_rename or patch.is_copy) and (patch.is_new or patch.is_delete):
         raise _corrupt(lineno, "a file diff is both a rename or copy and a new or deleted file")
@@ -319,8 +320,9 @@ def _parse_binary(lines: list[bytes], i: int, patch: FilePatch) -> int:
         raise _corrupt(i + 1, f"{header[:40]!r} is not 'literal SIZE'")
     size = int(digits)
     if size > MAX_LITERAL_BYTES:
-        raise CcwError("TOO_LARGE", f"binary literal at line {i + 1} is {size} bytes, over the {MAX_LITERAL_BYTES >> 20} MiB "
-                       "a patch may carry; copy such a file into the workspace (or the capsule) directly",
+        raise CcwError("TOO_LARGE", f"binary literal at line {i + 1} is {size} bytes, "
+                       f"over the {MAX_LITERAL_BYTES >> 20} MiB a patch may carry; "
+                       "copy such a file into the workspace (or the capsule) directly",
                        {"line": i + 1, "size": size, "limit": MAX_LITERAL_BYTES})
     i += 1
     encoded = bytearray()

@@ -269,7 +269,8 @@ def network_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[s
             if denied is not None:
                 out.setdefault((ex.seq, record["host"], record["port"], "deny_hosts"), {
                     "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "deny_hosts",
-                    "matched": denied, "reason": f"exec {ex.seq} connected to {place}, which deny_hosts {denied} refuses"})
+                    "matched": denied,
+                    "reason": f"exec {ex.seq} connected to {place}, which deny_hosts {denied} refuses"})
             elif allow is not None and _matching(allow, record) is None:
                 out.setdefault((ex.seq, record["host"], record["port"], "allow_hosts"), {
                     "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "allow_hosts",
@@ -341,7 +342,8 @@ def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[di
         notes.append(f"note: {', '.join(figures)} not measured for {len(passed_unmeasured)} check(s), passed as the "
                      f"policy allows (if_unmeasured: pass); first: {passed_unmeasured[0]['reason']}")
     if facts.read_unavailable and rules.deny_paths:
-        notes.append(f"note: read sets unavailable ({facts.read_unavailable}); deny_paths checked against writes and changes only")
+        notes.append(f"note: read sets unavailable ({facts.read_unavailable}); "
+                     "deny_paths checked against writes and changes only")
     return notes
 
 
@@ -358,7 +360,8 @@ def _failed_checks(reached: list[dict[str, Any]], unexposed: list[dict[str, str]
     if violations:
         reasons.append(f"{len(violations)} resource violation(s): {violations[0]['reason']}")
     if failures:
-        reasons.append(f"{len(failures)} required test(s) failed, first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
+        reasons.append(f"{len(failures)} required test(s) failed, "
+                       f"first {failures[0]['cmd']!r} exit {failures[0]['exit_code']}")
     return reasons
 
 
@@ -393,7 +396,8 @@ def evaluate(
     reasons, hazard_notes = report_reasons(facts.hazards)
     reasons += _failed_checks(reached, unexposed, denied, violations, failures)
     if not replay_pass:
-        reasons.append("replay did not reproduce the capsule's runs" + (f": {replay_details}" if replay_details else ""))
+        reasons.append("replay did not reproduce the capsule's runs"
+                       + (f": {replay_details}" if replay_details else ""))
     if not output_pass:
         reasons.append("replay printed different output and a policy requires identical output"
                        + (f": {output_details}" if output_details else ""))

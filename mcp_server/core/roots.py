@@ -40,7 +40,8 @@ def check_path_text(path: str) -> None:
         path.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         # A lone surrogate from a JSON "\ud800" escape: no byte string, so no file, has it.
-        raise CcwError("INVALID_ARGUMENT", "path contains a lone UTF-16 surrogate; give the path as UTF-8 text.") from None
+        raise CcwError("INVALID_ARGUMENT",
+                       "path contains a lone UTF-16 surrogate; give the path as UTF-8 text.") from None
 
 
 def locate_lexical(path: str, root: str) -> Located:

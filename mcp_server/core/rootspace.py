@@ -111,7 +111,8 @@ def resolve_range(lines: list[int] | None, total: int) -> tuple[int, int]:
     if len(lines) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in lines):
         raise CcwError(
             "INVALID_ARGUMENT",
-            f"lines must be two integers [start, end]; got {lines!r}. Example: [1, 11] is lines 1-10, [-5, 0] the last five.",
+            f"lines must be two integers [start, end]; got {lines!r}. "
+            "Example: [1, 11] is lines 1-10, [-5, 0] the last five.",
         )
     start, end = lines
     # 1-indexed position p (1..total+1) for an index; 0 means open.
@@ -196,7 +197,8 @@ def replace(state: TextState, lines: list[int], old: str, new: str, path: str) -
     if not old_lines:
         raise CcwError(
             "INVALID_ARGUMENT",
-            "old is empty; give the full content of the line(s) to replace. To add lines use text_insert or text_append.",
+            "old is empty; give the full content of the line(s) to replace. "
+            "To add lines use text_insert or text_append.",
             {"path": path},
         )
     window = state.doc.lines[lo:hi]

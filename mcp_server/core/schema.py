@@ -284,7 +284,8 @@ class SchemaCatalogue:
         try:
             errors = {(pointer(tuple(e.absolute_path)), e.message) for e in validator.iter_errors(asset)}
         except referencing.exceptions.Unresolvable as exc:
-            return [{"path": "", "msg": f"$ref not resolvable inside the configured schema roots (remote retrieval is refused): {exc}"}]
+            return [{"path": "", "msg": "$ref not resolvable inside the configured schema roots "
+                                        f"(remote retrieval is refused): {exc}"}]
         return [{"path": p, "msg": m} for p, m in sorted(errors)]
 
 

@@ -84,15 +84,18 @@ class BlobStore:
             with open(target, "rb") as handle:
                 compressed = handle.read()
         except FileNotFoundError:
-            raise CcwError("NOT_FOUND", f"blob {blob_id} is not in the store; recreate the snapshot", {"blob": blob_id}) from None
+            raise CcwError("NOT_FOUND", f"blob {blob_id} is not in the store; recreate the snapshot",
+                           {"blob": blob_id}) from None
         except OSError as exc:
             raise CcwError("INTERNAL", f"reading blob {blob_id} failed: {exc}", {"blob": blob_id}) from exc
         try:
             data = self._dctx().decompress(compressed)
         except zstandard.ZstdError as exc:
-            raise CcwError("INTERNAL", f"blob {blob_id} is corrupt ({exc}); recreate the snapshot", {"blob": blob_id}) from exc
+            raise CcwError("INTERNAL", f"blob {blob_id} is corrupt ({exc}); recreate the snapshot",
+                           {"blob": blob_id}) from exc
         if verify and blob_id_of(data) != blob_id:
-            raise CcwError("INTERNAL", f"blob {blob_id} does not match its hash; recreate the snapshot", {"blob": blob_id})
+            raise CcwError("INTERNAL", f"blob {blob_id} does not match its hash; recreate the snapshot",
+                           {"blob": blob_id})
         return data
 
     def ids(self) -> Iterator[str]:

@@ -135,7 +135,8 @@ def key_rule(key: str) -> tuple[str, str, str] | None:
     sub, dot, name = rest.rpartition(".")
     section = section.lower()
     # "pager.log" and "alias.st" put the variable part in the name, "filter.lfs.clean" in the subsection.
-    tries = [(f"{section}.*.{name.lower()}", sub)] if dot else [(f"{section}.{name.lower()}", ""), (f"{section}.*", name)]
+    tries = ([(f"{section}.*.{name.lower()}", sub)] if dot
+             else [(f"{section}.{name.lower()}", ""), (f"{section}.*", name)])
     for pattern, part in tries:
         for table_name, table in (("path", PATH_KEYS), ("program", PROGRAM_KEYS)):
             if pattern in table:

@@ -84,7 +84,8 @@ def ignored(workspace: str, paths: Sequence[str], dirs: Collection[str] = ()) ->
         return NOT_A_REPOSITORY
     if proc.returncode not in (0, 1):  # 1: none of the paths is ignored
         raise CcwError("INTERNAL", f"git check-ignore failed in {workspace!r}: "
-                       f"{proc.stderr.decode(errors='replace').strip()}; promote with include_ignored to skip the check",
+                       f"{proc.stderr.decode(errors='replace').strip()}; "
+                       "promote with include_ignored to skip the check",
                        {"returncode": proc.returncode})
     return frozenset(asked[p.decode("utf-8", "surrogateescape")] for p in proc.stdout.split(b"\0") if p)
 
@@ -115,7 +116,8 @@ def compile_glob(pattern: str) -> re.Pattern[str]:
     """The regex a glob (module docstring) stands for; it matches a path or any path under it."""
     parts = [p for p in pattern.strip("/").split("/") if p]
     if not parts:
-        raise CcwError("INVALID_ARGUMENT", f"empty glob {pattern!r}; name a path relative to the workspace, e.g. src/**")
+        raise CcwError("INVALID_ARGUMENT",
+                       f"empty glob {pattern!r}; name a path relative to the workspace, e.g. src/**")
     pieces = []
     for i, part in enumerate(parts):
         last = i == len(parts) - 1

@@ -47,7 +47,8 @@ class SnapshotStore:
         now = time.time()
         with self.state.transaction() as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO snapshots (snapshot_id, fingerprint, files, bytes, created) VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR IGNORE INTO snapshots (snapshot_id, fingerprint, files, bytes, created) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (sid, canonical_json(dict(fingerprint)).decode(), len(ordered), sum(e.size for e in ordered), now),
             )
             if cur.rowcount:
@@ -76,7 +77,8 @@ class SnapshotStore:
 
     def list(self) -> list[dict[str, Any]]:
         """Every snapshot's id, file count, bytes and creation time, oldest first."""
-        rows = self.state.execute("SELECT snapshot_id, files, bytes, created FROM snapshots ORDER BY created, snapshot_id")
+        rows = self.state.execute("SELECT snapshot_id, files, bytes, created FROM snapshots "
+                                  "ORDER BY created, snapshot_id")
         return [dict(r) for r in rows]
 
     def live_blobs(self) -> set[str]:

@@ -50,12 +50,14 @@ def _error(exc: OSError, what: str, rel: str) -> CcwError:
     refusal = _REFUSALS.get(exc.errno or 0)
     if refusal is None:
         return from_oserror(exc, what, rel)
-    return CcwError("PERMISSION_DENIED", f"{what} {rel!r}: {refusal}", {"path": rel, "errno": errno.errorcode[exc.errno or 0]})
+    return CcwError("PERMISSION_DENIED", f"{what} {rel!r}: {refusal}",
+                    {"path": rel, "errno": errno.errorcode[exc.errno or 0]})
 
 
 def _split(rel: str) -> tuple[str, str]:
     if rel.startswith("/"):
-        raise CcwError("PERMISSION_DENIED", f"{rel!r} is an absolute path; name a path relative to the workspace root", {"path": rel})
+        raise CcwError("PERMISSION_DENIED", f"{rel!r} is an absolute path; name a path relative to the workspace root",
+                       {"path": rel})
     rel = rel.rstrip("/")
     if rel in ("", "."):
         raise CcwError("INVALID_ARGUMENT", "the workspace root itself cannot be written or removed; name a file")
@@ -75,7 +77,8 @@ class RootView:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
-            raise from_oserror(exc, "open workspace root", path, "check CCW_WORKSPACE or the workspace argument") from exc
+            raise from_oserror(exc, "open workspace root", path,
+                               "check CCW_WORKSPACE or the workspace argument") from exc
         return cls(fd)
 
     @classmethod
@@ -307,7 +310,8 @@ def _read_regular_fd(fd: int, rel: str, missing_ok: bool) -> bytes | None:
         if not stat_mod.S_ISREG(st.st_mode):
             if missing_ok:
                 return None
-            raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})", {"path": rel})
+            raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})",
+                           {"path": rel})
         return _read_all(fd, st.st_size)
     except OSError as exc:
         raise _error(exc, "read", rel) from exc

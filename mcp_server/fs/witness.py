@@ -8,8 +8,8 @@ the manifest names, in hash order.  ``base.files`` lists what a replay rebuilds 
 base from: files (blob, mode, ``mtime_ns``), directories (mode) and symlinks (target),
 chosen as mcp_server/capsules/witness_base.py says.  Each exec's ``output`` names the blobs of its
 stdout and stderr as kept (``kept_bytes``, and the ``cap`` in force); fields added since
-the first witnesses are optional, so older witnesses still verify and replay.  ``root_hash`` is ``blake3:`` + blake3 of the
-canonical manifest bytes; since the manifest names every blob by its blake3, the root
+the first witnesses are optional, so older witnesses still verify and replay.  ``root_hash``
+is ``blake3:`` + blake3 of the canonical manifest bytes; since the manifest names every blob by its blake3, the root
 hash covers every byte of the witness.  The archive is deterministic: fixed member
 metadata (mtime 0, uid/gid 0, mode 0644, no user names), fixed order, fixed zstd level
 with no timestamps or content-size-dependent framing choices, so the same capsule gives

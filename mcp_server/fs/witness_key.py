@@ -112,7 +112,8 @@ def hmac_signature(secret: bytes, root_hash: str) -> dict[str, Any]:
 class WitnessKey:
     """A state dir's signing key, the keys it trusts, and its old HMAC secret if it had one."""
 
-    def __init__(self, seed: bytes, trusted: Mapping[bytes, str] | None = None, hmac_secret: bytes | None = None) -> None:
+    def __init__(self, seed: bytes, trusted: Mapping[bytes, str] | None = None,
+                 hmac_secret: bytes | None = None) -> None:
         self._private = Ed25519PrivateKey.from_private_bytes(seed)
         self.public = self._private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
         self.trusted = dict(trusted or {})  # public key bytes -> the name a person gave it

@@ -100,7 +100,8 @@ def key_argument(given: str) -> tuple[bytes, str | None]:
             content = f.read(MAX_KEY_FILE_BYTES)
     words = content.decode("utf-8", "replace").strip().splitlines()[0].split() if content.strip() else []
     if not words:
-        raise CcwError("INVALID_ARGUMENT", f"{given!r} is empty; it should hold {PUBLIC_PREFIX}BASE64 on its first line")
+        raise CcwError("INVALID_ARGUMENT",
+                       f"{given!r} is empty; it should hold {PUBLIC_PREFIX}BASE64 on its first line")
     comment = words[1] if len(words) > 1 and NAME.fullmatch(words[1]) else None
     return parse_public(words[0]), comment
 

@@ -66,7 +66,8 @@ def _preflight(view: RootView, paths: list[str], deleted: set[str]) -> None:
                     {"path": path},
                 )
             if not stat_mod.S_ISDIR(st.st_mode):
-                raise CcwError("CONFLICT", f"{path!r} needs {parent!r} to be a directory, but it is a file", {"path": path})
+                raise CcwError("CONFLICT", f"{path!r} needs {parent!r} to be a directory, but it is a file",
+                               {"path": path})
 
 
 def write_result(view: RootView, result: ApplyResult) -> list[str]:
@@ -113,7 +114,8 @@ def patch_snapshot(stores: Stores, snapshot_id: str, patches: list[FilePatch]) -
     return Immutable({"applied": True, "files": files, "rejects": []}, new.snapshot_id)
 
 
-def patch_live(stores: Stores, target: LiveTarget, lease_id: str | None, patches: list[FilePatch], note: ChangeNote) -> Leased:
+def patch_live(stores: Stores, target: LiveTarget, lease_id: str | None, patches: list[FilePatch],
+               note: ChangeNote) -> Leased:
     """Apply a patch to a live target, all or nothing."""
     lease_id, live = begin_live(stores, target, lease_id)
     result = apply(patches, lambda path: read_entry(target.view, path))
@@ -157,7 +159,8 @@ def write_file(
     return _after_write(stores, target, lease_id, payload, [path], note)
 
 
-def delete(stores: Stores, target: LiveTarget, lease_id: str | None, path: str, *, recursive: bool, note: ChangeNote) -> Leased:
+def delete(stores: Stores, target: LiveTarget, lease_id: str | None, path: str, *, recursive: bool,
+           note: ChangeNote) -> Leased:
     """Delete a file or symlink, or a directory tree with ``recursive``."""
     lease_id, _ = begin_live(stores, target, lease_id)
     view = target.view
@@ -165,7 +168,9 @@ def delete(stores: Stores, target: LiveTarget, lease_id: str | None, path: str, 
     deleted: list[str] = []
     if stat_mod.S_ISDIR(st.st_mode):
         if not recursive:
-            raise CcwError("INVALID_ARGUMENT", f"{path!r} is a directory; pass recursive: true to delete it and everything in it", {"path": path})
+            raise CcwError("INVALID_ARGUMENT",
+                           f"{path!r} is a directory; pass recursive: true to delete it and everything in it",
+                           {"path": path})
         deleted = _rmtree(view, path)
     else:
         view.unlink(path)

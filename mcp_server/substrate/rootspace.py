@@ -39,7 +39,8 @@ def _read_state(found: Target) -> tuple[tuple[int, ...], rootspace.TextState]:
 def _write(found: Target, before: tuple[int, ...], text: str) -> dict[str, Any]:
     data = text.encode("utf-8")
     write_checked(found, before, data, _REREAD)
-    return {"path": found.shown, "hash": file_hash(data), "total_lines": rootspace.TextState.parse(data, found.shown).total_lines}
+    return {"path": found.shown, "hash": file_hash(data),
+            "total_lines": rootspace.TextState.parse(data, found.shown).total_lines}
 
 
 def file_create(found: Target, data: bytes) -> dict[str, Any]:
@@ -72,7 +73,8 @@ def create_new(view: RootView, parent: str, name: str, data: bytes, exists: CcwE
     tmp = f".{name}.ccw-{secrets.token_hex(6)}.tmp"
     try:
         with wrap_oserror("create", f"{parent}/{name}".lstrip("/")):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=parent_fd)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                         dir_fd=parent_fd)
             try:
                 rest = memoryview(data)
                 while rest:
@@ -97,7 +99,8 @@ def file_remove(found: Target, expected_hash: str) -> dict[str, Any]:
     before, data = _identity_and_bytes(found)
     rootspace.check_hash(expected_hash, file_hash(data), found.shown)
     if file_identity(found.view, found.rel) != before:
-        raise CcwError("CONFLICT", f"{found.shown} changed while being removed; nothing was removed. {_REREAD}", {"path": found.shown})
+        raise CcwError("CONFLICT", f"{found.shown} changed while being removed; nothing was removed. {_REREAD}",
+                       {"path": found.shown})
     found.view.unlink(found.rel)
     found.record("delete")
     return {"path": found.shown, "removed": True}
@@ -113,7 +116,8 @@ def text_read(found: Target, lines: list[int] | None, encoding: str = "utf-8") -
     """MCP-012: content (all, or ``lines``), the whole file's hash, and total_lines."""
     if encoding == "base64":
         if lines is not None:
-            raise CcwError("INVALID_ARGUMENT", "lines cannot be combined with encoding='base64'; omit lines to read the whole file.")
+            raise CcwError("INVALID_ARGUMENT",
+                           "lines cannot be combined with encoding='base64'; omit lines to read the whole file.")
         _, data = _identity_and_bytes(found)
         count = data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
         return {

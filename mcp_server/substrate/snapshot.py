@@ -45,8 +45,8 @@ MAX_EXPORT_BYTES = 64 * 1024 * 1024
 
 def create(stores: Stores, target: LiveTarget, lease_id: str | None, paths: list[str] | None) -> dict[str, Any]:
     """Capture files into an immutable, content-addressed snapshot: ``paths`` (repo-relative
-    scopes, normalised once the lease is validated) when given, else the lease's touched files, else every file git's ignore
-    rules leave.  REPO_CHANGED when the tree moved while it was read."""
+    scopes, normalised once the lease is validated) when given, else the lease's touched
+    files, else every file git's ignore rules leave.  REPO_CHANGED when the tree moved while it was read."""
     before = target.fingerprint()
     leases = stores.leases
     if lease_id:
@@ -57,7 +57,8 @@ def create(stores: Stores, target: LiveTarget, lease_id: str | None, paths: list
             if scope != P.ROOT and not target.view.exists(scope):
                 raise CcwError("NOT_FOUND", f"path {scope!r} does not exist in the worktree", {"path": scope})
         files = live_files(target, paths)
-        files = P.sort_paths([*files, *(s for s in paths if s != P.ROOT and s not in files and read_entry(target.view, s))])
+        files = P.sort_paths([*files, *(s for s in paths
+                                        if s != P.ROOT and s not in files and read_entry(target.view, s))])
     elif lease_id:
         files = leases.touched(lease_id)
     else:
@@ -103,14 +104,16 @@ def list_snapshot(stores: Stores, snapshot_id: str, base: str, recursive: bool, 
     return Immutable({"path": base, "entries": items, "truncated": truncated}, snap.snapshot_id)
 
 
-def list_live(stores: Stores, target: LiveTarget, lease_id: str | None, base: str, recursive: bool, limit: int) -> Leased:
+def list_live(stores: Stores, target: LiveTarget, lease_id: str | None, base: str, recursive: bool,
+              limit: int) -> Leased:
     """Entries of a live target directly under ``base`` (or all beneath it), touched
     with their parents."""
     lease_id, live = begin_live(stores, target, lease_id)
     if base != P.ROOT:
         st = target.view.stat(base)
         if not stat_mod.S_ISDIR(st.st_mode):
-            raise CcwError("INVALID_ARGUMENT", f"{base!r} is not a directory; use snapshot_file to read a file", {"path": base})
+            raise CcwError("INVALID_ARGUMENT", f"{base!r} is not a directory; use snapshot_file to read a file",
+                           {"path": base})
     sized = []
     for path in live_files(target, [base]):
         try:
@@ -131,9 +134,11 @@ def list_live(stores: Stores, target: LiveTarget, lease_id: str | None, base: st
 
 def _file_payload(path: str, data: bytes, mode: int) -> dict[str, Any]:
     if len(data) > MAX_FILE_BYTES:
-        raise CcwError("TOO_LARGE", f"{path!r} is {len(data)} bytes, over {MAX_FILE_BYTES}; use snapshot_export", {"path": path, "size": len(data)})
+        raise CcwError("TOO_LARGE", f"{path!r} is {len(data)} bytes, over {MAX_FILE_BYTES}; use snapshot_export",
+                       {"path": path, "size": len(data)})
     content, encoding = encode_content(data)
-    return {"path": path, "content": content, "encoding": encoding, "size": len(data), "mode": f"{mode:06o}", "blob": blob_id_of(data)}
+    return {"path": path, "content": content, "encoding": encoding, "size": len(data), "mode": f"{mode:06o}",
+            "blob": blob_id_of(data)}
 
 
 def file_snapshot(stores: Stores, snapshot_id: str, path: str) -> Immutable:
@@ -150,7 +155,8 @@ def file_live(stores: Stores, target: LiveTarget, lease_id: str | None, path: st
     lease_id, live = begin_live(stores, target, lease_id)
     item = read_entry(target.view, path)
     if item is None:
-        raise CcwError("NOT_FOUND", f"{path!r} is not a file in the worktree; list its directory to see what exists", {"path": path})
+        raise CcwError("NOT_FOUND", f"{path!r} is not a file in the worktree; list its directory to see what exists",
+                       {"path": path})
     stores.leases.touch(lease_id, [path])
     return leased(_file_payload(path, *item), target, lease_id, live)
 
@@ -188,7 +194,8 @@ def diff_snapshots(stores: Stores, base_snapshot_id: str, snapshot_id: str, scop
     return Immutable({"changes": changes, "diff": _diff_text(stores, base, new, changes)}, snap.snapshot_id)
 
 
-def diff_live(stores: Stores, target: LiveTarget, lease_id: str | None, base_snapshot_id: str, scopes: list[str]) -> Leased:
+def diff_live(stores: Stores, target: LiveTarget, lease_id: str | None, base_snapshot_id: str,
+              scopes: list[str]) -> Leased:
     """Changes and unified diff from a snapshot to the live target, within the scopes."""
     lease_id, live = begin_live(stores, target, lease_id)
     base = _within(stores.snapshots.load(base_snapshot_id).by_path(), scopes)
@@ -221,7 +228,8 @@ def changes_live(stores: Stores, target: LiveTarget, lease_id: str | None) -> Le
 def _bundle(files: list[tuple[str, bytes, int]]) -> dict[str, Any]:
     data = tar_bundle(files)
     if len(data) > MAX_EXPORT_BYTES:
-        raise CcwError("TOO_LARGE", f"bundle is {len(data)} bytes, over {MAX_EXPORT_BYTES}; export fewer paths", {"size": len(data)})
+        raise CcwError("TOO_LARGE", f"bundle is {len(data)} bytes, over {MAX_EXPORT_BYTES}; export fewer paths",
+                       {"size": len(data)})
     return {
         "format": "tar",
         "bundle": "base64:" + base64.b64encode(data).decode("ascii"),
