@@ -159,7 +159,8 @@ class CcwServer:
         from mcp_server.fs.promote import Promoter
 
         for outcome in Promoter(self.state.root).recover():
-            LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} workspace={outcome.get('workspace', '-')}")
+            LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} "
+                        f"workspace={outcome.get('workspace', '-')}")
         if "witness" in self.config.toolsets:
             from mcp_server.capsules.witness import remove_stale_temps
 
@@ -246,7 +247,8 @@ class CcwServer:
             known = ", ".join(sorted(s.name for s in tools.registry.tools))
             raise MCPError(code=INVALID_PARAMS, message=f"unknown tool {name!r}; tools/list shows the tools: {known}")
         if tools.registry.is_deprecated_alias(name):
-            LOGGER.warning(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; call {spec.name!r} instead")
+            LOGGER.warning(f"mcp:deprecated {name!r} is a deprecated alias of {spec.name!r}; "
+                           f"call {spec.name!r} instead")
         return spec
 
     def _checkers(self, spec: ToolSpec) -> tuple[Draft202012Validator, Draft202012Validator]:
@@ -346,7 +348,8 @@ class CcwServer:
             raise
         except Exception as exc:
             LOGGER.error(f"mcp:bug {spec.name} raised {exc!r}\n{traceback.format_exc()}")
-            raise MCPError(code=INTERNAL_ERROR, message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
+            raise MCPError(code=INTERNAL_ERROR,
+                           message=f"{spec.name} failed unexpectedly: {exc}; see the server log") from exc
         text = spec.text(result) if spec.text is not None else _json_text(result)
         return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=result)
 
@@ -406,7 +409,8 @@ class CcwServer:
         tools = ctx.lifespan_context
         resource = _match_resource(tools.registry, uri)
         if resource is None:
-            raise MCPError(code=RESOURCE_NOT_FOUND, message=f"no resource matches {uri!r}; see resources/templates/list")
+            raise MCPError(code=RESOURCE_NOT_FOUND,
+                           message=f"no resource matches {uri!r}; see resources/templates/list")
         try:
             call = CallContext(self.runtime, ctx.session, caller=lent(params.meta), config=tools.config)
             mime_type, text = await resource.handler(call, uri)
