@@ -99,7 +99,8 @@ async def run(config: Config) -> int:
     owner that is only the ccw command's daemon yields to either (mcp_server/frontdoor.py)."""
     from mcp_server import frontdoor
 
-    daemon = config.endpoint == "socket" and config.socket_path == str(frontdoor.FrontendPaths.of(config.state_dir).socket)
+    daemon = (config.endpoint == "socket"
+              and config.socket_path == str(frontdoor.FrontendPaths.of(config.state_dir).socket))
     lock = frontdoor.try_lock(config.state_dir)
     if lock is None and not daemon:
         lock = await _take_from_daemon(config)
@@ -130,7 +131,8 @@ def _owner_transport(config: Config, daemon: bool) -> Any:
         return functools.partial(frontdoor.serve, idle_s=frontdoor.DAEMON_IDLE_S)
     own = {"stdio": stdio.serve, "socket": unix.serve, "http": http.serve}[config.endpoint]
 
-    async def both(app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+    async def both(app: CcwServer, draining: trio.Event,
+                   task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
         others = trio.Event()  # the attached clients drain once our own endpoint has ended
         async with trio.open_nursery() as nursery:
             await nursery.start(frontdoor.serve, app, others)

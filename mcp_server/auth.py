@@ -144,7 +144,8 @@ class TokenTable:
             unknown = sorted(set(scopes) - set(SCOPES))
             if unknown:
                 raise CcwError(
-                    "INVALID_ARGUMENT", f"{where}: tokens[{index}] has unknown scopes {unknown}; known: {', '.join(SCOPES)}"
+                    "INVALID_ARGUMENT",
+                    f"{where}: tokens[{index}] has unknown scopes {unknown}; known: {', '.join(SCOPES)}",
                 )
             name = str(item.get("name") or f"token{index}")
             token = item["token"].encode("utf-8")
@@ -368,7 +369,8 @@ def _read_generated(dir_fd: int, path: str) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:  # ELOOP: a symlink, never followed
-        raise from_oserror(exc, "open generated tokens file", path, f"ccw never follows a symlink there; {remove}") from exc
+        raise from_oserror(exc, "open generated tokens file", path,
+                           f"ccw never follows a symlink there; {remove}") from exc
     try:
         info = os.fstat(fd)
         if not _is_private(info):

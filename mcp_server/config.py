@@ -44,26 +44,46 @@ class Config:
     """ccw-mcp's configuration; see ``describe()`` for the table of settings."""
 
     endpoint: str = field(default="stdio", metadata=_setting("MCP_ENDPOINT", "transport: stdio | socket | http"))
-    socket_path: str = field(default="/tmp/mcp.sock", metadata=_setting("MCP_SOCKET_PATH", "unix socket path for MCP_ENDPOINT=socket"))
+    socket_path: str = field(default="/tmp/mcp.sock", metadata=_setting(
+        "MCP_SOCKET_PATH", "unix socket path for MCP_ENDPOINT=socket"))
     socket_mode: int = field(default=0o600, metadata=_setting("MCP_SOCKET_MODE", "octal mode of the unix socket"))
-    ready_file: str = field(default="/tmp/mcp.ready", metadata=_setting("MCP_READY_FILE", "written with '<pid> <ISO8601>' when ready, removed on exit"))
+    ready_file: str = field(default="/tmp/mcp.ready", metadata=_setting(
+        "MCP_READY_FILE", "written with '<pid> <ISO8601>' when ready, removed on exit"))
     max_batch: int = field(default=100, metadata=_setting("MCP_MAX_BATCH", "most assets validate_many accepts"))
-    state_dir: str = field(default="", metadata=_setting("CCW_STATE_DIR", "SQLite, blobs and capsule dirs (default $XDG_STATE_HOME/ccw)"))
-    helper_socket: str = field(default="", metadata=_setting("CCW_HELPER_SOCKET", "helper's IPC socket; empty or unreachable: start an embedded helper"))
-    http_addr: str = field(default="127.0.0.1:8765", metadata=_setting("CCW_HTTP_ADDR", "host:port for MCP_ENDPOINT=http"))
-    tokens_file: str = field(default="", metadata=_setting("CCW_TOKENS_FILE", "HTTP bearer tokens and scopes (JSON); unset: HTTP binds loopback only and needs the admin token generated in $CCW_STATE_DIR/http-tokens.json (ccw client-config CLIENT --http prints it)"))
-    toolsets: tuple[str, ...] = field(default=TOOLSETS, metadata=_setting("CCW_TOOLSETS", "comma-separated tool families and profiles (agent) to expose (default: all)"))
-    workspace: str = field(default="", metadata=_setting("CCW_WORKSPACE", "workspace root for file tools when the client declares no roots (default: cwd)"))
-    schemas_dir: str = field(default="", metadata=_setting("CCW_SCHEMAS_DIR", "JSON Schema directory for the schema tools (default: ccw's own)", ("SYN_SCHEMAS_DIR",)))
-    examples_dir: str = field(default="", metadata=_setting("CCW_EXAMPLES_DIR", "examples directory for the schema tools", ("SYN_EXAMPLES_DIR",)))
-    backend_url: str = field(default="", metadata=_setting("CCW_BACKEND_URL", "enables populate_backend", ("SYN_BACKEND_URL",)))
-    backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting("CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
-    log_level: str = field(default="info", metadata=_setting("CCW_LOG_LEVEL", "debug | info | warning | error (ccw-mcp --log-level)"))
-    log_format: str = field(default="text", metadata=_setting("CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
-    reapi_url: str = field(default="", metadata=_setting("CCW_REAPI_URL", "grpc://host:port[/instance]: deltamin's trials and replays run on this REAPI cluster (ccw serve --reapi); empty: local capsules"))
-    reapi_parallel: int = field(default=4, metadata=_setting("CCW_REAPI_PARALLEL", "trials at once on the REAPI cluster: its capacity (the bots' slots)"))
-    reapi_platform: str = field(default="OSFamily=linux", metadata=_setting("CCW_REAPI_PLATFORM", "platform properties of every REAPI Action, name=value[,name=value]"))
-    debug: bool = field(default=False, metadata=_setting("CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
+    state_dir: str = field(default="", metadata=_setting(
+        "CCW_STATE_DIR", "SQLite, blobs and capsule dirs (default $XDG_STATE_HOME/ccw)"))
+    helper_socket: str = field(default="", metadata=_setting(
+        "CCW_HELPER_SOCKET", "helper's IPC socket; empty or unreachable: start an embedded helper"))
+    http_addr: str = field(default="127.0.0.1:8765", metadata=_setting(
+        "CCW_HTTP_ADDR", "host:port for MCP_ENDPOINT=http"))
+    tokens_file: str = field(default="", metadata=_setting(
+        "CCW_TOKENS_FILE", "HTTP bearer tokens and scopes (JSON); unset: HTTP binds loopback only and needs the admin "
+        "token generated in $CCW_STATE_DIR/http-tokens.json (ccw client-config CLIENT --http prints it)"))
+    toolsets: tuple[str, ...] = field(default=TOOLSETS, metadata=_setting(
+        "CCW_TOOLSETS", "comma-separated tool families and profiles (agent) to expose (default: all)"))
+    workspace: str = field(default="", metadata=_setting(
+        "CCW_WORKSPACE", "workspace root for file tools when the client declares no roots (default: cwd)"))
+    schemas_dir: str = field(default="", metadata=_setting(
+        "CCW_SCHEMAS_DIR", "JSON Schema directory for the schema tools (default: ccw's own)", ("SYN_SCHEMAS_DIR",)))
+    examples_dir: str = field(default="", metadata=_setting(
+        "CCW_EXAMPLES_DIR", "examples directory for the schema tools", ("SYN_EXAMPLES_DIR",)))
+    backend_url: str = field(default="", metadata=_setting(
+        "CCW_BACKEND_URL", "enables populate_backend", ("SYN_BACKEND_URL",)))
+    backend_assets_path: str = field(default="/synesthetic-assets/", metadata=_setting(
+        "CCW_BACKEND_ASSETS_PATH", "POST path for populate_backend", ("SYN_BACKEND_ASSETS_PATH",)))
+    log_level: str = field(default="info", metadata=_setting(
+        "CCW_LOG_LEVEL", "debug | info | warning | error (ccw-mcp --log-level)"))
+    log_format: str = field(default="text", metadata=_setting(
+        "CCW_LOG_FORMAT", "text | json: one JSON object per log line (ccw-mcp --log-format)"))
+    reapi_url: str = field(default="", metadata=_setting(
+        "CCW_REAPI_URL", "grpc://host:port[/instance]: deltamin's trials and replays run on this REAPI cluster "
+        "(ccw serve --reapi); empty: local capsules"))
+    reapi_parallel: int = field(default=4, metadata=_setting(
+        "CCW_REAPI_PARALLEL", "trials at once on the REAPI cluster: its capacity (the bots' slots)"))
+    reapi_platform: str = field(default="OSFamily=linux", metadata=_setting(
+        "CCW_REAPI_PLATFORM", "platform properties of every REAPI Action, name=value[,name=value]"))
+    debug: bool = field(default=False, metadata=_setting(
+        "CCW_DEBUG", "1: check every tool result against its output schema (tests set it)"))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:

@@ -104,7 +104,8 @@ class Runtime:
         return self._helper
 
     async def aclose(self) -> None:
-        """End the runs and the egress sessions, and close the helper client (stopping an embedded helper) if one was opened."""
+        """End the runs and the egress sessions, and close the helper client (stopping an
+        embedded helper) if one was opened."""
         await self.runs.aclose()  # their jails end while the helper is still there
         with trio.CancelScope(shield=True):
             await self.services.aclose()

@@ -40,7 +40,8 @@ FIXES = {
     "no_cgroupfs": "mount cgroup2 at /sys/fs/cgroup (systemd does so by default)",
     "no_cgroup_controllers": "mount the memory and pids controllers (cgroup2 with controllers enabled, or v1)",
     "no_cgroup_delegation": ("limits need root (the ccw-helper service), or mount cgroup2 with controllers delegated: "
-                             "run ccw in a systemd scope with Delegate=yes (systemd-run --user --scope -p Delegate=yes ...)"),
+                             "run ccw in a systemd scope with Delegate=yes "
+                             "(systemd-run --user --scope -p Delegate=yes ...)"),
     "no_fanotify": "use a kernel of 5.1 or later with CONFIG_FANOTIFY (touched.read stays null otherwise)",
     "no_loop_disk": ("enable loop devices (CONFIG_BLK_DEV_LOOP) and ext4, install e2fsprogs; until "
                      "then capsules write to the state dir's filesystem without a size limit"),

@@ -254,7 +254,8 @@ class EventLog:
                                   (*params, limit))
         return [_event(row) for row in reversed(rows)]
 
-    async def follow(self, after: int, capsule_id: str | None = None, poll_s: float = POLL_S) -> AsyncGenerator[Event, None]:
+    async def follow(self, after: int, capsule_id: str | None = None,
+                     poll_s: float = POLL_S) -> AsyncGenerator[Event, None]:
         """Every event after ``after`` as it is committed, by any process; never ends by itself."""
         async with contextlib.aclosing(self.follow_batches(after, capsule_id, poll_s)) as batches:
             async for batch in batches:

@@ -132,11 +132,16 @@ class Journal:
     def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]]) -> list[int]:
         """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction."""
         with self.state.transaction() as db:  # a generation a row, as one call each would give (0: an unknown capsule)
-            first, count, update = self._last_seq(db, capsule_id) + 1, len(writes), "UPDATE capsules SET generation = generation + ?"
-            gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1", (count, capsule_id, count)).fetchone() or (0, 0)
-            db.executemany("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           [(capsule_id, first + i, p, a, c if c is None else base64.b64encode(c).decode(), t, m, gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
-            events.emit_many(db, "file.changed", capsule_id, [{"seq": first + i, "path": w[0], "action": w[1]} for i, w in enumerate(writes)])
+            first, count, update = (self._last_seq(db, capsule_id) + 1, len(writes),
+                                    "UPDATE capsules SET generation = generation + ?")
+            gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1",
+                                   (count, capsule_id, count)).fetchone() or (0, 0)
+            db.executemany("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, "
+                           "mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(capsule_id, first + i, p, a, c if c is None else base64.b64encode(c).decode(), t, m,
+                             gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
+            events.emit_many(db, "file.changed", capsule_id,
+                             [{"seq": first + i, "path": w[0], "action": w[1]} for i, w in enumerate(writes)])
         return list(range(first, first + count))
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:

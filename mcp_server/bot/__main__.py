@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     """ccw-bot's command line."""
     from mcp_server import __version__
 
-    parser = argparse.ArgumentParser(prog="ccw-bot", description="A REAPI worker that runs each action in a ccw capsule.")
+    parser = argparse.ArgumentParser(prog="ccw-bot",
+                                     description="A REAPI worker that runs each action in a ccw capsule.")
     parser.add_argument("--version", action="version", version=f"ccw-bot {__version__}")
     parser.add_argument("--reapi", default=os.environ.get("CCW_REAPI_URL", ""), metavar="URL",
                         help="the cluster, grpc://host:port[/instance] (default CCW_REAPI_URL)")
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a platform property to advertise (repeat); the cluster must match on its name")
     parser.add_argument("--state-dir", help="CCW_STATE_DIR for the bot's capsules and journal")
     parser.add_argument("--cache-max-mb", type=int, default=CACHE_MAX_MB,
-                        help=f"input files kept for later leases, least recently used evicted past it (default {CACHE_MAX_MB}; 0: no limit)")
+                        help="input files kept for later leases, least recently used evicted past it "
+                             f"(default {CACHE_MAX_MB}; 0: no limit)")
     return parser
 
 
@@ -60,15 +62,16 @@ async def _sessions(client: ReapiClient, bot: BotConfig, runner: CapsuleRunner, 
             await trio.sleep(RETRY_S)
 
 
-async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event, cache_max_mb: int = CACHE_MAX_MB) -> None:
+async def serve(config: Config, url: str, bot: BotConfig, stop: threading.Event,
+                cache_max_mb: int = CACHE_MAX_MB) -> None:
     """Serve leases until ``stop`` is set (or SIGINT/SIGTERM)."""
     state = State(config.state_dir)
     runtime = Runtime(config, state)
     try:
         service = CallContext(runtime).capsules
         await service.helper()  # no helper, no bot: say so before taking a lease
-        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id, cache_max_mb,
-                               bot.capacity)
+        runner = CapsuleRunner(service, trio.lowlevel.current_trio_token(), Path(state.tmp_dir), bot.bot_id,
+                               cache_max_mb, bot.capacity)
         with ReapiClient(url) as client, trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
                 async def on_signal() -> None:

@@ -91,7 +91,8 @@ class _Ran:
     directories: dict[str, dict[str, Entry]]  # output directories: their files and symlinks
 
 
-def _read_outputs(root_fd: int, cwd: str, command: re_pb2.Command) -> tuple[dict[str, tuple[bytes, bool]], dict[str, dict[str, Entry]]]:
+def _read_outputs(root_fd: int, cwd: str,
+                  command: re_pb2.Command) -> tuple[dict[str, tuple[bytes, bool]], dict[str, dict[str, Entry]]]:
     """The declared outputs the run made: files (bytes, executable), and directories (their entries).
 
     A declared path may be either (``output_paths``; or the older ``output_files`` and
@@ -124,7 +125,8 @@ def _directory_entries(view: RootView, top: str) -> dict[str, Entry]:
             if kind == "dir":
                 visit(inner, where)
             elif kind == "file":
-                entries[where] = FileEntry(data=view.read_bytes(inner), executable=bool(view.stat(inner).st_mode & 0o111))
+                entries[where] = FileEntry(data=view.read_bytes(inner),
+                                           executable=bool(view.stat(inner).st_mode & 0o111))
             elif kind == "symlink":
                 entries[where] = SymlinkEntry(view.readlink(inner))
 
@@ -156,7 +158,8 @@ class CapsuleRunner:
             cwd = check_command_paths(command)
         except CcwError as error:
             return _refused(error, code_pb2.INVALID_ARGUMENT)
-        timeout_ms = action.timeout.ToMilliseconds() if action.HasField("timeout") else None  # None: ExecRequest's default
+        # None: ExecRequest's default
+        timeout_ms = action.timeout.ToMilliseconds() if action.HasField("timeout") else None
         with self.roots.checkout(client, action.input_root_digest) as root:
             if marker.replay is not None:
                 try:
@@ -207,7 +210,8 @@ class CapsuleRunner:
                                      stderr_digest=digest_bytes(reply.stderr))  # fmt: skip
         blobs[key(result.stdout_digest)] = reply.stdout
         blobs[key(result.stderr_digest)] = reply.stderr
-        for path, (data, executable) in sorted({**ran.outputs, WITNESS_OUTPUT: (ran.witness.read_bytes(), False)}.items()):
+        for path, (data, executable) in sorted({**ran.outputs,
+                                                WITNESS_OUTPUT: (ran.witness.read_bytes(), False)}.items()):
             digest = digest_bytes(data)
             blobs[key(digest)] = data
             result.output_files.add(path=path, digest=digest, is_executable=executable)

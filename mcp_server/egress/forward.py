@@ -81,7 +81,8 @@ PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-forward"
 _STOP_S = 2.0  # for ccw-forward to exit once its control socket is closed, before a kill
 
 Connect = Callable[[], Awaitable[trio.socket.SocketType]]
-Spares = Callable[[int, bool], Awaitable[list[socket.socket]]]  # that many unconnected sockets of the capsule's namespace (IPv6 ones if true)
+# that many unconnected sockets of the capsule's namespace (IPv6 ones if true)
+Spares = Callable[[int, bool], Awaitable[list[socket.socket]]]
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,8 @@ class Attempt:
         if not self.allowed:
             return f"ccw network: denied {self.protocol} {host}:{self.port}: {self.reason}"
         if self.cut is not None:
-            return f"ccw network: cut {self.protocol} {host}:{self.port} after {self.bytes_in + self.bytes_out} bytes: {self.cut}"
+            return (f"ccw network: cut {self.protocol} {host}:{self.port} "
+                    f"after {self.bytes_in + self.bytes_out} bytes: {self.cut}")
         return None
 
 

@@ -37,9 +37,10 @@ it loses it with that rule), and one no longer allowed is cut: both its sockets 
 down, so the relay (a splice thread or trio's) meets the end of both as it would a
 closed connection and returns, and its record's ``cut`` says which rules cut it.  Not a
 cancel scope per client task: in trio one costs a connection several percent (the
-bench's ``CONNECT`` rows), and the shutdown needs nothing from the task serving it.  Every record names the rules it was decided by
-(``rules``, a ``netrules.rules_id``).  Caps: ``max_connections`` counts from the next
-request, ``max_bytes`` from the next run's budget (a run's budget is set as it starts).
+bench's ``CONNECT`` rows), and the shutdown needs nothing from the task serving it.
+Every record names the rules it was decided by (``rules``, a ``netrules.rules_id``).
+Caps: ``max_connections`` counts from the next request, ``max_bytes`` from the next
+run's budget (a run's budget is set as it starts).
 
 A miss may be asked of a person (``on_miss: "ask"`` in the capsule's network, and an
 ``ask`` given with ``set_asking``: capsules/networks.py gives one, capsules/misses.py

@@ -207,7 +207,8 @@ def _step(way: Direction, attempt: Attempt, budget: Budget) -> bool | None:
 def splice_relay(ways: list[Direction], stop: int, stopping: threading.Event, attempt: Attempt,
                  budget: Budget) -> None:
     """Move bytes every way until all reach EOF, the budget runs out, a socket fails or
-    ``stop`` becomes readable (trio also sets ``stopping``, checked while data flows).  Runs in a worker thread; closes only its pipes.
+    ``stop`` becomes readable (trio also sets ``stopping``, checked while data flows).  Runs
+    in a worker thread; closes only its pipes.
 
     While data flows it splices without polling (a poll per chunk costs more than the
     chunk on loopback); it polls only when no direction moved anything."""

@@ -234,7 +234,8 @@ class ReapiClient:
         if failed:
             first = failed[0]
             raise CcwError("UNAVAILABLE", f"BatchUpdateBlobs refused {len(failed)} blob(s), first "
-                                          f"{first.digest.hash}/{first.digest.size_bytes}: {first.status.message}")  # fmt: skip
+                                          f"{first.digest.hash}/{first.digest.size_bytes}: "
+                                          f"{first.status.message}")  # fmt: skip
 
     def _resource(self, *parts: str) -> str:
         return "/".join(p for p in (self.instance, *parts) if p)

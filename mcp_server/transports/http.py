@@ -328,9 +328,8 @@ class CcwHttpApp:
             method, params = message["method"], message.get("params")
             needed = self.app.scope_for(method, params)
             if needed is not None and not principal.grants(needed):
-                await _respond(
-                    send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"}
-                )
+                await _respond(send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, "
+                                                    f"which {_what(method, params)} needs"})
                 return
             # The call's place in a capsule's line is taken now, as it is read, and handed
             # to it (CcwServer.arrive); one it never claims is given back once answered.

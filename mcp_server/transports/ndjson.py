@@ -292,7 +292,8 @@ class NdjsonConnection:
                 try:
                     if before is not None:
                         await before.wait()
-                    answer = await self.app.run_direct(frame.id, frame.method, frame.params, ticket=ticket, tools=self.tools)
+                    answer = await self.app.run_direct(frame.id, frame.method, frame.params, ticket=ticket,
+                                                       tools=self.tools)
                     frame_out = framing.dumps(answer)
                 finally:
                     self.app.runtime.capsule_queue.give_back(ticket)

@@ -198,7 +198,8 @@ def _refused_unread(frame: bytes) -> bool:
     if len(frame) > 4096 or b'"error"' not in frame:
         return False
     error = json.loads(frame).get("error")
-    return isinstance(error, dict) and error.get("code") == framing.SHUTTING_DOWN and "shutting down" in str(error.get("message"))
+    return (isinstance(error, dict) and error.get("code") == framing.SHUTTING_DOWN
+            and "shutting down" in str(error.get("message")))
 
 
 async def _answer_to(upstream: trio.SocketStream, owner_lines: framing.LineSplitter, request_id: str) -> None:

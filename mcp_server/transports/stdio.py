@@ -54,7 +54,8 @@ def claim_stdio() -> Iterator[tuple[int, int]]:
         os.close(saved_out)
 
 
-async def serve(app: CcwServer, draining: trio.Event, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(app: CcwServer, draining: trio.Event,
+                task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve one NDJSON session on stdin/stdout until stdin closes (or drain completes)."""
     with claim_stdio() as (wire_in, wire_out):
         with contextlib.suppress(OSError):  # not a pipe, or a lower pipe-max-size: keep what it is

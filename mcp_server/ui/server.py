@@ -21,19 +21,20 @@ Every response carries ``Content-Security-Policy: default-src 'self'; frame-ance
 ``Referrer-Policy: no-referrer`` and ``Cache-Control: no-store``.  The JSON is data to
 the page, which renders every string from a capsule with ``textContent``.
 
-Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``, ``GET
-/api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
+Routes (JSON unless said): ``GET /`` (the page), ``GET /static/NAME``,
+``GET /api/capsules?limit=&after=`` (a page: live capsules first, newest first, continuing after
 capsule ``after``), ``GET /api/questions`` (the connections waiting for a person's answer:
-capsules/asks.py) and ``POST /api/questions/ID`` (body: ``answer``: once, capsule or
-denied, and ``reason``; answered as ``ccw ui``; an approved proposal's rules are then added
-by the ``capsule_network`` tool, capsules/proposals.py), ``GET /api/races?limit=&before=`` (the newest
-races, with their best rows: ui/races.py) and ``GET /api/races/ID`` (one race's ranked table), ``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered
-below ``before``), ``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the
-``capsule_diff`` tool), ``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when
-events after ``after`` exist or ``wait`` ms passed, at most ``MAX_WAIT_MS``), ``GET
-/api/events?capsule=&kinds=&limit=&before=`` (without ``after``: a page going back from the
-newest event, or from ``before``), ``POST /api/capsules/ID/promote`` (body: ``policies``, ``dry_run``) and
-``POST /api/capsules/ID/destroy`` (the tools of those names).  A tool's refusal is a 200
+capsules/asks.py) and ``POST /api/questions/ID`` (body: ``answer``: once, capsule or denied, and
+``reason``; answered as ``ccw ui``; an approved proposal's rules are then added by the
+``capsule_network`` tool, capsules/proposals.py), ``GET /api/races?limit=&before=`` (the newest
+races, with their best rows: ui/races.py) and ``GET /api/races/ID`` (one race's ranked table),
+``GET /api/capsules/ID/runs?limit=&before=`` (the newest runs numbered below ``before``),
+``GET /api/capsules/ID/runs/N``, ``GET /api/capsules/ID/diff`` (the ``capsule_diff`` tool),
+``GET /api/events?after=&capsule=&wait=`` (a long poll: answers when events after ``after``
+exist or ``wait`` ms passed, at most ``MAX_WAIT_MS``),
+``GET /api/events?capsule=&kinds=&limit=&before=`` (without ``after``: a page going back from
+the newest event, or from ``before``), ``POST /api/capsules/ID/promote`` (body: ``policies``,
+``dry_run``) and ``POST /api/capsules/ID/destroy`` (the tools of those names).  A tool's refusal is a 200
 whose body is ``{"ok": false, "error": {"code", "message"}}``: the page shows the message.
 A page's ``limit`` is capped (``api.PAGES``) and its answer says whether ``more`` (older) exist:
 the page never asks for a capsule's whole history at once.
