@@ -26,13 +26,15 @@ def _ndjson() -> list[bytes]:
         {"jsonrpc": "2.0", "id": 1, "method": "initialize",
          "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "c", "version": "1"}}},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "ccw_info", "arguments": {"echo": "é"}}},
+        {"jsonrpc": "2.0", "id": "a", "method": "tools/call",
+         "params": {"name": "ccw_info", "arguments": {"echo": "é"}}},
         {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "a"}},
         {"jsonrpc": "2.0", "id": 2, "result": {"roots": [{"uri": "file:///w"}]}},
         {"jsonrpc": "2.0", "id": 3, "method": "ccw_info", "params": {"delay_ms": 1.5e-5}},
     ]
     stream = b"".join(json.dumps(frame, ensure_ascii=False).encode() + b"\n" for frame in frames)
-    return [b"\x00" + stream, b"\x07" + stream.replace(b"\n", b"\r\n"), b"\xff" + b'{"id":9,"method":"x","params":"' + b"y" * 300 + b'"}\n']
+    return [b"\x00" + stream, b"\x07" + stream.replace(b"\n", b"\r\n"),
+            b"\xff" + b'{"id":9,"method":"x","params":"' + b"y" * 300 + b'"}\n']
 
 
 def _ipc() -> list[bytes]:

@@ -50,7 +50,8 @@ def hostile_patches(canary: str) -> dict[str, str]:
             "@@ -0,0 +1 @@\n+..\n\\ No newline at end of file\n"
             f"diff --git a/up/canary/new.txt b/up/canary/new.txt\n{new}+++ b/up/canary/new.txt\n{add}"
         ),
-        "rename_out": "diff --git a/src/a.txt b/../moved\nsimilarity index 100%\nrename from src/a.txt\nrename to ../moved\n",
+        "rename_out": "diff --git a/src/a.txt b/../moved\nsimilarity index 100%\n"
+                      "rename from src/a.txt\nrename to ../moved\n",
         "rename_into_canary": (
             "diff --git a/src/a.txt b/out/moved\nsimilarity index 100%\nrename from src/a.txt\nrename to out/moved\n"
         ),
@@ -59,7 +60,8 @@ def hostile_patches(canary: str) -> dict[str, str]:
             "rename to ../../canary/moved\n"
         ),
         "copy_from_canary": "diff --git a/outfile b/stolen\nsimilarity index 100%\ncopy from outfile\ncopy to stolen\n",
-        "copy_from_dotdot": "diff --git a/x b/stolen\nsimilarity index 100%\ncopy from ../canary/secret.txt\ncopy to stolen\n",
+        "copy_from_dotdot": "diff --git a/x b/stolen\nsimilarity index 100%\n"
+                            "copy from ../canary/secret.txt\ncopy to stolen\n",
         "edit_through_file_link": f"--- a/outfile\n+++ b/outfile\n{edit}",
         "edit_through_dir_link": f"--- a/out/secret.txt\n+++ b/out/secret.txt\n{edit}",
         "create_through_dir_link": f"--- /dev/null\n+++ b/out/new.txt\n{add}",

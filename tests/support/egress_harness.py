@@ -70,7 +70,8 @@ class Running:
 
 @asynccontextmanager
 async def egress(spec: NetworkSpec, *, resolver: Resolver = system_resolver, space: SpaceReader | None = None,
-                 header_timeout: float = 5.0, observe: Callable[[Attempt], None] | None = None) -> AsyncIterator[Running]:
+                 header_timeout: float = 5.0,
+                 observe: Callable[[Attempt], None] | None = None) -> AsyncIterator[Running]:
     """A session serving in a nursery for the block; closed after it (``space``: the host's
     space it judges against; None, the real host's)."""
     http_fd, http_port = _listening_fd()

@@ -310,7 +310,8 @@ def probe_net_admin(_):
     sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE
     with sock:
         # RTM_NEWADDR for 10.98.0.9/32 on ifindex 2: refused with EPERM without the capability.
-        body = struct.pack("=BBBBI", socket.AF_INET, 32, 0, 0, 2) + struct.pack("=HH4s", 8, 1, socket.inet_aton("10.98.0.9"))
+        body = (struct.pack("=BBBBI", socket.AF_INET, 32, 0, 0, 2)
+                + struct.pack("=HH4s", 8, 1, socket.inet_aton("10.98.0.9")))
         header = struct.pack("=IHHII", 16 + len(body), 20, 0x1 | 0x4 | 0x400 | 0x200, 1, 0)
         sock.sendto(header + body, (0, 0))
         answer = sock.recv(4096)
@@ -374,7 +375,8 @@ def probe_capabilities(_):
     # A root caller's jail keeps the file-ownership four (sandbox/rootcaps.py): CHOWN,
     # DAC_OVERRIDE, FOWNER, FSETID (0x1b), never inheritable or ambient; anything more escaped.
     allowed = 0x1B if os.getuid() == 0 else 0
-    if caps["CapInh"] or caps["CapAmb"] or any(v & ~allowed for v in caps.values()) or fields["NoNewPrivs"].strip() != "1" or fields["Seccomp"].strip() != "2":
+    if (caps["CapInh"] or caps["CapAmb"] or any(v & ~allowed for v in caps.values())
+            or fields["NoNewPrivs"].strip() != "1" or fields["Seccomp"].strip() != "2"):
         print(caps, fields["NoNewPrivs"], fields["Seccomp"])
         return
     raise OSError(errno.EPERM, "no capabilities, no_new_privs, seccomp filter")

@@ -161,7 +161,8 @@ def build_wheel(directory: Path, project: str = "ccwtiny", version: str = "1.0")
     files = {
         f"{project}/__init__.py": f"GREETING = 'hello from {project}'\n".encode(),
         f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n".encode(),
-        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: ccw-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: ccw-tests\n"
+                                   b"Root-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = []
     for name, data in files.items():

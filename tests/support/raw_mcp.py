@@ -65,7 +65,8 @@ class RawStdio:
         for reader in self._readers:
             reader.start()
         if tasks is None:
-            capabilities: dict[str, Any] = {"extensions": {TASKS: {}}}  # not in the 2025-11-25 schema: must change nothing
+            # not in the 2025-11-25 schema: must change nothing
+            capabilities: dict[str, Any] = {"extensions": {TASKS: {}}}
             if roots is not None:
                 capabilities["roots"] = {"listChanged": False}
             self.initialized = self.request("initialize", {

@@ -161,7 +161,8 @@ MORE_ITERTOOLS = Project(
              "Python's ``itertools`` library is a gem - you can compose elegant solutions",
              "Python's ``itertools`` library is a gem: you can compose elegant solutions"),
     ),
-    breaking=Edit("more_itertools/more.py", "                if len(chunk) != n:", "                if len(chunk) == n:"),
+    breaking=Edit("more_itertools/more.py", "                if len(chunk) != n:",
+                  "                if len(chunk) == n:"),
     ignored=(".venv/",),
 )
 

@@ -49,10 +49,12 @@ def run_plainly(client: ReapiClient, action: re_pb2.Action, cancelled: threading
         cwd = Path(work) / command.working_directory
         env = {variable.name: variable.value for variable in command.environment_variables}
         with subprocess.Popen(list(command.arguments), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True) as process:  # fmt: skip
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              start_new_session=True) as process:  # fmt: skip
             stdout, stderr, why = _wait(process, time.monotonic() + timeout_s, cancelled)
         result = re_pb2.ActionResult(exit_code=process.returncode,
-                                     stdout_digest=digest_bytes(stdout), stderr_digest=digest_bytes(stderr))  # fmt: skip
+                                     stdout_digest=digest_bytes(stdout),
+                                     stderr_digest=digest_bytes(stderr))  # fmt: skip
         client.upload({key(result.stdout_digest): stdout, key(result.stderr_digest): stderr})
         result.output_files.extend(upload_outputs(client, cwd, command))
     if why == "timeout":
