@@ -72,7 +72,8 @@ def test_a_directory_argument_is_absolute_normalised_and_outside_the_state_dir()
         access.check_dir_arg("workspace", "relative/dir", state)
     assert caught.value.code == "INVALID_ARGUMENT"
     # A base may be a snapshot the state dir keeps, but never a capsule's own dirs.
-    assert access.check_dir_arg("base", "/var/lib/ccw/snapshots/s1", state, allow_state=True) == "/var/lib/ccw/snapshots/s1"
+    assert (access.check_dir_arg("base", "/var/lib/ccw/snapshots/s1", state, allow_state=True)
+            == "/var/lib/ccw/snapshots/s1")
     with pytest.raises(CcwError, match="capsules"):
         access.check_dir_arg("base", "/var/lib/ccw/capsules/c-1/upper", state, allow_state=True)
 
@@ -111,11 +112,13 @@ def test_a_base_is_the_lower_dir_and_the_workspace_may_be_gone(tmp_path: Path) -
     with access.pinned_lower(str(tmp_path / "no-such-ws"), str(base), UID, GID, str(state)) as (fd, real):
         assert real == str(base) and os.path.samestat(os.fstat(fd), os.stat(base))
     # Without a base the workspace must exist, and be a directory.
-    with pytest.raises(CcwError) as caught, access.pinned_lower(str(tmp_path / "no-such-ws"), None, UID, GID, str(state)):
+    with (pytest.raises(CcwError) as caught,
+          access.pinned_lower(str(tmp_path / "no-such-ws"), None, UID, GID, str(state))):
         pass
     assert caught.value.code == "NOT_FOUND" and "must be an existing directory" in caught.value.message
     (tmp_path / "file").write_text("x")
-    with pytest.raises(CcwError, match="ENOTDIR"), access.pinned_lower(str(tmp_path / "file"), None, UID, GID, str(state)):
+    with (pytest.raises(CcwError, match="ENOTDIR"),
+          access.pinned_lower(str(tmp_path / "file"), None, UID, GID, str(state))):
         pass
 
 

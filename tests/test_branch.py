@@ -113,8 +113,9 @@ def test_the_commit_holds_exactly_the_change_and_leaves_the_tree_and_index(repo:
     (view / "new.bin").write_bytes(b"\x00\xff" * 10)
     os.chmod(view / "new.bin", 0o755)
     os.symlink("/etc/hostname", view / "link")
-    ops = [Op("write", "pkg/mod.py", 0o644), Op("write", "new.bin", 0o755), Op("symlink", "link", target="/etc/hostname"),
-           Op("delete", "gone.txt"), Op("write", ".git/objects/xx", 0o444)]
+    ops = [Op("write", "pkg/mod.py", 0o644), Op("write", "new.bin", 0o755),
+           Op("symlink", "link", target="/etc/hostname"), Op("delete", "gone.txt"),
+           Op("write", ".git/objects/xx", 0o444)]
     kinds = {"pkg/mod.py": "file", "new.bin": "file", "link": "symlink", ".git/objects/xx": "file"}
     record = dataclasses.replace(capsule_record("cap_t"), spec=CapsuleSpec(workspace=str(repo)))
     made = branch._commit(record, found, os.open(view, os.O_RDONLY | os.O_DIRECTORY), ops, kinds,

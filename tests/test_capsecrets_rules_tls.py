@@ -107,8 +107,8 @@ def test_a_live_rule_for_a_new_host_gets_its_own_ca_appended(root: Path) -> None
     trio.run(capsecrets.extend, root, holder, "cap_1", changed(network, ["GET https://other.example/**"]))
     after = Path(given.bundle).read_bytes()
     assert after.startswith(before) and len(after) > len(before)  # appended: the first CA is still trusted
-    authorities = {frozenset(a.hosts) for a in map(Authority.from_pem,
-                                                    (p.read_bytes() for p in (root / capsecrets.TLS_DIR).glob("*.pem")))}
+    authorities = {frozenset(a.hosts) for a in map(
+        Authority.from_pem, (p.read_bytes() for p in (root / capsecrets.TLS_DIR).glob("*.pem")))}
     assert authorities == {frozenset({"pypi.example"}), frozenset({"other.example"})}  # each for its own hosts
     assert given.contexts is not first and given.contexts is not None
     given.contexts.get("other.example")

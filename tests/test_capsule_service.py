@@ -146,7 +146,8 @@ def test_exec_sends_a_typed_request_and_journals_the_run(world: Any) -> None:
     assert entry["argv"] == ["cat"] and entry["stdin_b64"] == "aW4=" and entry["generation"] == 0
     assert entry["env_keys"] == ["CCW_T", "LANG", "PATH"] and entry["timeout_ms"] == DEFAULT_TIMEOUT_MS
     assert entry["cwd"] == request.cwd
-    assert Journal(service.state).outputs("cap_1") == {(1, "stderr"): (b"", 1 << 20), (1, "stdout"): (b"out\n", 1 << 20)}
+    assert Journal(service.state).outputs("cap_1") == {(1, "stderr"): (b"", 1 << 20),
+                                                       (1, "stdout"): (b"out\n", 1 << 20)}
     assert entry["written_mtimes"] == {"a.txt": 1_000_000_000}  # replays give it back (notes.py)
     assert Journal(service.state).base_states("cap_1")  # the base at a.txt, for promotion's conflict check
     # Progress sent on, read as the typed report: elapsed, total (the timeout), the message.

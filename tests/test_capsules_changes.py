@@ -150,7 +150,8 @@ def test_fork_layers_compose(layers: tuple[Path, Path], tmp_path: Path) -> None:
     assert found["pdir"]["kind"] == "added"  # relative to the base, which never had it
     assert found["gone.txt"]["kind"] == "deleted"
     # the parent alone still reports its own view
-    assert sorted(kinds(overlay.collect_changes(str(parent), [str(lower)]))) == ["gone.txt", "mod.txt", "p.txt", "pdir", "pdir/x"]
+    assert sorted(kinds(overlay.collect_changes(str(parent), [str(lower)]))) == [
+        "gone.txt", "mod.txt", "p.txt", "pdir", "pdir/x"]
 
 
 def test_opaque_in_parent_hides_base_for_child(layers: tuple[Path, Path], tmp_path: Path) -> None:
@@ -188,7 +189,8 @@ def test_parse_mountinfo_unescapes() -> None:
         "40 27 0:39 / /st/capsules/cap_1/merged rw,relatime shared:5 - overlay ccw rw,lowerdir+=/w\n"
         "garbage line\n"
     )
-    assert [(m.mount_point, m.fstype) for m in mountinfo.parse(text)] == [("/mnt/with space", "ext3"), ("/st/capsules/cap_1/merged", "overlay")]
+    assert [(m.mount_point, m.fstype) for m in mountinfo.parse(text)] == [
+        ("/mnt/with space", "ext3"), ("/st/capsules/cap_1/merged", "overlay")]
 
 
 def test_option_escaping_for_mount2() -> None:

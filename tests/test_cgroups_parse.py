@@ -53,8 +53,10 @@ HYBRID_SELF = """\
 """
 
 # A systemd host on pure cgroup v2, the helper in a delegated service cgroup.
-V2_MOUNTINFO = "30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
-V2_PROC_CGROUPS = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t0\t80\t1\nmemory\t0\t80\t1\npids\t0\t80\t1\nio\t0\t80\t1\n"
+V2_MOUNTINFO = ("30 25 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - "
+                "cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n")
+V2_PROC_CGROUPS = ("#subsys_name\thierarchy\tnum_cgroups\tenabled\n"
+                   "cpu\t0\t80\t1\nmemory\t0\t80\t1\npids\t0\t80\t1\nio\t0\t80\t1\n")
 V2_SELF = "0::/system.slice/ccw-helper.service\n"
 
 

@@ -1,4 +1,5 @@
-"""What `ccw capsule create|exec|diff|promote|deltamin` print for a person: exposed dirs, git dirs, hints, capsule names as text, the smallest failing change."""
+("""What `ccw capsule create|exec|diff|promote|deltamin` print for a person: exposed dirs, git dirs, """
+ """hints, capsule names as text, the smallest failing change.""")
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_git_lines_count_refs_and_moves() -> None:
 
 def test_promotion_writes_the_names_a_capsule_made_as_text(capsys: pytest.CaptureFixture[str]) -> None:
     esc = "\x1b]0;owned\x07\x9b2J"
-    refused = {"applied": [], "promoted": False, "dry_run": False, "skipped": [{"path": f"s{esc}", "reason": "ignored"}],
+    refused = {"applied": [], "promoted": False, "dry_run": False,
+               "skipped": [{"path": f"s{esc}", "reason": "ignored"}],
                "policy_report": {"passed": False, "policies": ["baseline"], "test_failures": [],
                                  "denied": [{"path": f"evil{esc}.sh", "how": ["written"], "glob": "*.sh"}],
                                  "resource_violations": [], "details": "paths denied"}}
@@ -71,7 +73,8 @@ def test_deltamin_prints_the_patch_and_says_how_far_to_trust_it(capsys: pytest.C
     assert _show_deltamin(found, False, False) == 0
     out, err = capsys.readouterr()
     assert out == patch  # git apply takes it as it is
-    assert err == "deltamin: the smallest change that still fails: 2 hunks in 1 file (m.py); 6 trials (1 from cache) in 20.4 s\n"
+    assert err == ("deltamin: the smallest change that still fails: 2 hunks in 1 file (m.py); "
+                   "6 trials (1 from cache) in 20.4 s\n")
     assert _show_deltamin({**found, "one_minimal": False, "replay_ok": False}, False, False) == 0
     err = capsys.readouterr().err
     assert "budget ran out" in err and "may be flaky" in err

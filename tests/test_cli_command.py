@@ -229,7 +229,8 @@ def test_doctor_render_puts_the_fix_under_what_is_missing() -> None:
         "kernel": "6.1", "arch": "x86_64", "euid": 1000, "user": "dev", "mode": "rootless", "can_run": True,
         "checks": [
             {"name": "overlayfs", "ok": True, "detail": "mounted", "fix": None, "required_for": "both"},
-            {"name": "fanotify", "ok": False, "detail": "needs CAP_SYS_ADMIN", "fix": "run as root", "required_for": ""},
+            {"name": "fanotify", "ok": False, "detail": "needs CAP_SYS_ADMIN", "fix": "run as root",
+             "required_for": ""},
         ],
         "modes": {"privileged": {"ok": False, "detail": "needs root"},
                   "rootless": {"ok": True, "detail": "user namespace"},

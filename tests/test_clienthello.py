@@ -24,7 +24,8 @@ def hello(name: str | None, alpn: list[str] | None = None) -> bytes:
 
 def test_names_and_protocols_read_from_real_hellos() -> None:
     assert clienthello.parse(hello("Git.Example.")) == clienthello.Hello("git.example", ())
-    assert clienthello.parse(hello("a.example", ["h2", "http/1.1"])) == clienthello.Hello("a.example", ("h2", "http/1.1"))
+    assert (clienthello.parse(hello("a.example", ["h2", "http/1.1"]))
+            == clienthello.Hello("a.example", ("h2", "http/1.1")))
     assert clienthello.parse(hello(None)) == clienthello.Hello(None, ())
     assert clienthello.parse(hello("127.0.0.1")).server_name is None  # type: ignore[union-attr]  (no SNI for an address)
 

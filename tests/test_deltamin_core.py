@@ -92,7 +92,8 @@ def test_budget_exhaustion_returns_the_best_so_far() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(2, 40).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1, max_size=6))),
+@given(st.integers(2, 40).flatmap(
+           lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1, max_size=6))),
        st.sampled_from([1, 2, 3, 4, 8]))
 def test_property_result_fails_and_is_one_minimal(case: tuple[int, set[int]], parallel: int) -> None:
     n, culprits = case

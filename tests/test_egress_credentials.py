@@ -54,13 +54,15 @@ async def echo_auth(stream: trio.SocketStream, state: Upstream) -> None:
                  if line.lower().startswith(b"authorization:")), b"none")
     body = b"you sent " + auth
     with contextlib.suppress(trio.BrokenResourceError):
-        await stream.send_all(b"HTTP/1.1 200 OK\r\nX-Echo: " + auth + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nX-Echo: " + auth
+                              + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     await stream.aclose()
 
 
 def request(port: int, headers: str = "", body: bytes = b"", path: str = "/simple/") -> bytes:
     length = f"Content-Length: {len(body)}\r\n" if body else ""
-    return f"GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{headers}{length}\r\n".encode() + body
+    return (f"GET http://127.0.0.1:{port}{path} HTTP/1.1\r\n"
+            f"Host: 127.0.0.1:{port}\r\n{headers}{length}\r\n").encode() + body
 
 
 @pytest.mark.usefixtures("relay_engine")
@@ -198,7 +200,8 @@ def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expec
             proxy.session.credentials = Credentials(secrets_for(up.port, fmt, header), store)
             client = await proxy.http()
             own = f"http://127.0.0.1:{proxy.http_port}" if form == "absolute" else ""  # a client honouring HTTP_PROXY
-            await client.send_all(f"POST {own}/route/TOKEN/v1/messages?q=1 HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n".encode() +
+            await client.send_all(f"POST {own}/route/TOKEN/v1/messages?q=1 HTTP/1.1\r\n"
+                                  "Host: 10.99.0.1:3128\r\n".encode() +
                                   b"Authorization: Bearer dummy\r\nContent-Length: 2\r\n\r\n{}")
             answer = await read_all(client)
             return answer, up.seen, proxy.session.end_exec()

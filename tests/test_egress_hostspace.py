@@ -247,7 +247,8 @@ def test_a_links_news_is_no_change_but_its_deletion_is() -> None:
 
 def test_parse_resolv_conf() -> None:
     text = ("# generated\nsearch example\nnameserver 10.255.255.53\nnameserver fe80::1%eth0\n"
-            "nameserver not-an-address\n  nameserver   2001:db8::53  # trailing\n;nameserver 1.1.1.1\noptions ndots:1\n")
+            "nameserver not-an-address\n  nameserver   2001:db8::53  # trailing\n"
+            ";nameserver 1.1.1.1\noptions ndots:1\n")
     assert parse_resolv_conf(text) == frozenset(map(ipaddress.ip_address, ("10.255.255.53", "fe80::1", "2001:db8::53")))
 
 

@@ -107,7 +107,8 @@ def test_rules_changed_live_count_from_the_next_request_and_secrets_still_judged
             for rules, method, headers in [
                 (None, "POST", ""),
                 ([f"POST http://127.0.0.1:{up.port}/v1/**"], "POST", ""),
-                (None, "POST", f"Authorization: Bearer {capsule.env()['TOKEN']}\r\n"),  # the rule allows it, the secret's binding does not
+                # the rule allows it, the secret's binding does not
+                (None, "POST", f"Authorization: Bearer {capsule.env()['TOKEN']}\r\n"),
             ]:
                 if rules is not None:
                     proxy.session.set_rules(netrules.changed(proxy.session.spec, allow=rules))

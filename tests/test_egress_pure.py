@@ -27,7 +27,8 @@ def run_cbpf(program: list[egress.Instruction], packet: bytes, protocol: int, pk
     """Classic BPF, just the instructions the sniffer uses; returns the bytes kept (0: dropped)."""
     a = x = 0
     pc = 0
-    ancillary = {egress._ancillary(egress._SKF_AD_PROTOCOL): protocol, egress._ancillary(egress._SKF_AD_PKTTYPE): pkttype}
+    ancillary = {egress._ancillary(egress._SKF_AD_PROTOCOL): protocol,
+                 egress._ancillary(egress._SKF_AD_PKTTYPE): pkttype}
     while True:
         code, jt, jf, k = program[pc]
         pc += 1
@@ -64,7 +65,8 @@ def ipv4(protocol: int, transport: bytes, options: bytes = b"", fragment: int = 
 
 def ipv6(next_header: int, transport: bytes) -> bytes:
     return struct.pack("!IHBB16s16s", 6 << 28, len(transport), next_header, 64,
-                       ipaddress.IPv6Address("fd63:6377::2").packed, ipaddress.IPv6Address("2001:db8::1").packed) + transport
+                       ipaddress.IPv6Address("fd63:6377::2").packed,
+                       ipaddress.IPv6Address("2001:db8::1").packed) + transport
 
 
 def tcp(flags: int, port: int = 80) -> bytes:

@@ -58,7 +58,8 @@ def test_a_sockets_cgroup_id_is_its_makers_cgroup_directorys_inode() -> None:
 def test_parse_cgroup_reads_the_attribute_and_none_without_it() -> None:
     local, remote = ("10.99.0.2", 40000), ("10.99.0.1", 3128)
     body = peer._DIAG_MSG.pack(socket.AF_INET, 1, 0, 0, socket.htons(40000), socket.htons(3128),
-                               socket.inet_aton("10.99.0.2").ljust(16, b"\0"), socket.inet_aton("10.99.0.1").ljust(16, b"\0"),
+                               socket.inet_aton("10.99.0.2").ljust(16, b"\0"),
+                               socket.inet_aton("10.99.0.1").ljust(16, b"\0"),
                                0, 0, 0, 0, 0, 0, 1000, 12345)
     other = peer._NLA.pack(8, 1) + bytes(4)  # INET_DIAG_MEMINFO-sized filler, skipped
     cgroup = peer._NLA.pack(12, peer.INET_DIAG_CGROUP_ID) + (987654321).to_bytes(8, "little")
@@ -109,7 +110,8 @@ async def _served(spec: NetworkSpec, owners: RunOwners | None) -> AsyncIterator[
 
 async def _socks_reply(stream: trio.SocketStream, port: int) -> int:
     """SOCKS5 without authentication to 127.0.0.1:``port``: the reply's code (0: connected)."""
-    await stream.send_all(b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + struct.pack("!H", port))
+    await stream.send_all(b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1")
+                          + struct.pack("!H", port))
     received = b""
     with trio.fail_after(10):
         while len(received) < 12 and (data := await stream.receive_some()):

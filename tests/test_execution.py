@@ -25,7 +25,8 @@ def test_a_request_becomes_one_jail_spec(tmp_path: Path) -> None:
     request = ExecRequest("cap_1", ("sh", "-c", "x"), cwd="/w/sub", env={"CI": "1"}, stdin=b"in", timeout_ms=9,
                           output_cap=5)
     jail = execution.jail_spec(capsule, request, 1000, 1000)
-    assert (jail.argv, jail.cwd, jail.stdin, jail.timeout_ms, jail.output_cap) == (["sh", "-c", "x"], "/w/sub", b"in", 9, 5)
+    assert (jail.argv, jail.cwd, jail.stdin, jail.timeout_ms, jail.output_cap) == (
+        ["sh", "-c", "x"], "/w/sub", b"in", 9, 5)
     assert jail.env == {"PATH": f"/w/.venv/bin:{DEFAULT_PATH}", "HOME": DEFAULT_HOME, "LANG": DEFAULT_LANG, "CI": "1"}
     assert (jail.uid, jail.gid, jail.clock_offset_sec, jail.workspace) == (1000, 1000, 30, "/w")
     assert jail.merged_dir == capsule.path("merged") and jail.home_dir == capsule.path("home")

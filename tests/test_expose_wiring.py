@@ -136,4 +136,5 @@ def test_a_bin_dirs_shebangs_are_read_again_once_it_changes(tmp_path: Path) -> N
     os.rename(bin_dir / "tape.new", bin_dir / "tape")  # as npm replaces a script
     os.utime(bin_dir, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # coarse clocks: a new mtime for sure
     st = os.stat(bin_dir)
-    assert exposure._shebangs(str(bin_dir), (st.st_dev, st.st_ino, st.st_mtime_ns)) == (("tape", "/opt/node-b/bin/node"),)
+    assert (exposure._shebangs(str(bin_dir), (st.st_dev, st.st_ino, st.st_mtime_ns))
+            == (("tape", "/opt/node-b/bin/node"),))

@@ -134,7 +134,8 @@ def test_megabytes_both_ways_at_once() -> None:
 
 
 def test_an_http_request_through_the_url() -> None:
-    page = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 18\r\nConnection: close\r\n\r\nfrom the capsule\r\n"
+    page = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 18\r\nConnection: close\r\n\r\n"
+            b"from the capsule\r\n")
 
     async def main() -> None:
         async with upstream(http_responder(page)) as service, forwarding(Capsule(service.port).connect) as port:

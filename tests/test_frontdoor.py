@@ -337,7 +337,8 @@ def test_a_server_with_another_helper_does_not_attach(tmp_path: Path) -> None:
     state = tmp_path / "state"
     with RawStdio(state, "server", tasks=None) as owner:
         assert "result" in _info(owner)
-        other = RawStdio(state, "server", CCW_HELPER_SOCKET=str(tmp_path / "other-helper.sock"))  # (no handshake sent: it ends first)
+        # (no handshake sent: it ends first)
+        other = RawStdio(state, "server", CCW_HELPER_SOCKET=str(tmp_path / "other-helper.sock"))
         assert other.proc.wait(60) == 2  # its client would be served by the owner's helper: refused
         other.close()  # (its stderr read to the end)
         assert any("CONFLICT" in line and "CCW_HELPER_SOCKET" in line for line in other.stderr), other.stderr

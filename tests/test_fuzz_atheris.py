@@ -98,7 +98,8 @@ def fuzz_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Fu
         if MUST_WORK and _atheris_installable():
             pytest.fail("atheris is not importable but CCW_MUST_WORK=1 and pyproject.toml installs it on this "
                         "Python and machine: run ./dev setup (or .venv/bin/pip install -e '.[test]')")
-        pytest.skip("atheris is not installed (no wheel for this Python or machine); the hypothesis fuzz tests still run")
+        pytest.skip("atheris is not installed (no wheel for this Python or machine); "
+                    "the hypothesis fuzz tests still run")
     runs = {name: _start(name, tmp_path_factory.mktemp(f"fuzz-{name}")) for name in TARGETS}
     yield runs
     for run in runs.values():

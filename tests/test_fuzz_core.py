@@ -24,7 +24,8 @@ FUZZ = settings(max_examples=300, derandomize=True, deadline=None, suppress_heal
 path_text = st.one_of(
     st.text(max_size=80),
     st.text(alphabet="./~\\:aC\x00\udc80\ud800é", max_size=40),
-    st.lists(st.sampled_from(["..", ".", "", "a", "~", "~x", "b~", "\\", "C:", "\x00", "é", "\udcff"]), max_size=12).map("/".join),
+    st.lists(st.sampled_from(["..", ".", "", "a", "~", "~x", "b~", "\\", "C:", "\x00", "é", "\udcff"]),
+             max_size=12).map("/".join),
 )
 
 
@@ -94,10 +95,11 @@ def test_patch_parser_on_mutated_diffs(edits: list[tuple[int, int, bytes]]) -> N
 LINE = st.sampled_from([
     b"diff --git a/x b/x", b"diff --git a/../x b/x", b"--- a/x", b"+++ b/x", b"--- /dev/null", b"+++ /dev/null",
     b"+++ b/../../x", b"+++ /etc/x", b'+++ "b/\\056\\056/x"', b"@@ -1 +1 @@", b"@@ -0,0 +1,3 @@", b"@@ -1,2 +1 @@",
-    b"@@ -99999999999999999999 +1 @@", b" one", b"-two", b"+TWO", b"\\ No newline at end of file", b"new file mode 100644",
-    b"new file mode 120000", b"deleted file mode 100644", b"old mode 100644", b"new mode 100755", b"rename from x",
-    b"rename to ../y", b"copy from x", b"copy to y", b"similarity index 100%", b"index 0000000..1111111 100644",
-    b"GIT binary patch", b"literal 5", b"delta 3", b"McmZ?wbaHd^00Ahz0RR91", b"zzzz", b"", b"\xff\xfe",
+    b"@@ -99999999999999999999 +1 @@", b" one", b"-two", b"+TWO", b"\\ No newline at end of file",
+    b"new file mode 100644", b"new file mode 120000", b"deleted file mode 100644", b"old mode 100644",
+    b"new mode 100755", b"rename from x", b"rename to ../y", b"copy from x", b"copy to y", b"similarity index 100%",
+    b"index 0000000..1111111 100644", b"GIT binary patch", b"literal 5", b"delta 3", b"McmZ?wbaHd^00Ahz0RR91",
+    b"zzzz", b"", b"\xff\xfe",
 ])
 
 
@@ -130,7 +132,8 @@ op_object = st.fixed_dictionaries(
 )
 op_string = st.one_of(
     st.text(max_size=40),
-    st.builds(lambda op, a, c: f"{op} {a} with {c}", st.sampled_from(list(hashline.OPS)), anchor_text, st.text(max_size=10)),
+    st.builds(lambda op, a, c: f"{op} {a} with {c}", st.sampled_from(list(hashline.OPS)), anchor_text,
+              st.text(max_size=10)),
 )
 DOC = b"alpha\nbeta\r\ngamma\n\nalpha\n"
 

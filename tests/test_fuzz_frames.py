@@ -43,7 +43,8 @@ def hostile_frames() -> dict[str, bytes]:
     frames = {
         "deep_arrays": b"[" * 100_000 + b"]" * 100_000,
         "deep_objects": b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
-        "deep_params": b'{"jsonrpc":"2.0","id":1,"method":"ccw_info","params":{"echo":' + b"[" * 50_000 + b"]" * 50_000 + b"}}",
+        "deep_params": (b'{"jsonrpc":"2.0","id":1,"method":"ccw_info","params":{"echo":'
+                        + b"[" * 50_000 + b"]" * 50_000 + b"}}"),
         "deep_unclosed": b"[" * 200_000,
         "huge_float_id": b'{"jsonrpc":"2.0","id":1e400,"method":"ccw_info"}',
         "huge_int_id": b'{"jsonrpc":"2.0","id":' + big_digits + b',"method":"ccw_info"}',
@@ -73,7 +74,8 @@ def hostile_frames() -> dict[str, bytes]:
         + b'{"echo":"' + b"\\ud800" * 10 + b'"}}}',
         "tools_call_deep": b'{"jsonrpc":"2.0","id":20,"method":"tools/call","params":{"name":"ccw_info","arguments":'
         + b"[" * 30_000 + b"]" * 30_000 + b"}}",
-        "initialize_junk": b'{"jsonrpc":"2.0","id":21,"method":"initialize","params":{"protocolVersion":1e400,"capabilities":[]}}',
+        "initialize_junk": (b'{"jsonrpc":"2.0","id":21,"method":"initialize",'
+                            b'"params":{"protocolVersion":1e400,"capabilities":[]}}'),
         "cancel_unknown": b'{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":{"a":[1e400]}}}',
         "jsonrpc_1": b'{"jsonrpc":"1.0","id":22,"method":"ccw_info"}',
         "whitespace_only": b"   \t  ",
@@ -280,7 +282,8 @@ def test_http_random_bodies(http: httpx2.Client, http_url: str, body: bytes) -> 
 
 @settings(max_examples=60, derandomize=True, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(st.fixed_dictionaries({}, optional={"jsonrpc": st.just("2.0"), "id": json_any, "method": methods, "params": json_any}))
+@given(st.fixed_dictionaries({}, optional={"jsonrpc": st.just("2.0"), "id": json_any, "method": methods,
+                                           "params": json_any}))
 def test_http_random_requests(http: httpx2.Client, http_url: str, request: dict[str, Any]) -> None:
     post(http, http_url, json.dumps(request).encode())
 

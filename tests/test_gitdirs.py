@@ -167,7 +167,8 @@ def test_changes_reply_carries_git_dirs_only_when_the_capsule_shows_some() -> No
 
     plain = ChangesReply((Change("a", "added", "file", 0o644, 1),))
     assert "gitdirs" not in plain.to_args() and ChangesReply.from_args(plain.to_args()) == plain
-    shown = ChangesReply((), (GitdirChanges("/repo/.git", (Change("refs/heads/feat", "modified", "file", 0o644, 41),)),))
+    shown = ChangesReply((), (GitdirChanges("/repo/.git",
+                                            (Change("refs/heads/feat", "modified", "file", 0o644, 41),)),))
     assert ChangesReply.from_args(shown.to_args()) == shown
 
 
@@ -179,11 +180,12 @@ def test_left_behind_carries_branches_and_tags_and_refuses_other_refs() -> None:
     data = GitdirChanges("/repo/.git", (Change("objects/ab", "added", "dir"), Change("objects/ab/cd", "added", "file"),
                                         Change("worktrees/wt/index", "modified", "file")))
     assert left_behind(None) == [] and left_behind([GitdirChanges("/repo/.git", ())]) == []
-    assert left_behind([data]) == [{"gitdir": "/repo/.git", "count": 2, "paths": ["objects/ab/cd", "worktrees/wt/index"],
-                                    "refs": []}]
+    assert left_behind([data]) == [{"gitdir": "/repo/.git", "count": 2,
+                                    "paths": ["objects/ab/cd", "worktrees/wt/index"], "refs": []}]
     # A branch or tag added or changed is carried (capsules/gitpromote.py); a deleted one, another
     # namespace or a name git would read as a refspec is refused.
-    carried = GitdirChanges("/repo/.git", (Change("refs/heads/feat", "modified", "file"), Change("refs/tags/v1", "added", "file")))
+    carried = GitdirChanges("/repo/.git", (Change("refs/heads/feat", "modified", "file"),
+                                           Change("refs/tags/v1", "added", "file")))
     assert left_behind([carried])[0]["refs"] == ["refs/heads/feat", "refs/tags/v1"]
     for odd in ("refs/stash", "refs/heads/a:refs/heads/main", "HEAD", "worktrees/wt/HEAD", "packed-refs"):
         with pytest.raises(CcwError):
@@ -193,7 +195,8 @@ def test_left_behind_carries_branches_and_tags_and_refuses_other_refs() -> None:
                                  "paths": ["objects/ab/cd", "worktrees/wt/index", "refs/heads/feat"]}]
     with pytest.raises(CcwError) as raised:
         left_behind([moved])
-    assert raised.value.code == "UNSUPPORTED" and raised.value.details == {"gitdir": "/repo/.git", "refs": ["refs/heads/feat"]}
+    assert raised.value.code == "UNSUPPORTED" and raised.value.details == {"gitdir": "/repo/.git",
+                                                                           "refs": ["refs/heads/feat"]}
 
 
 def test_meta_json_git_dir_stacks_are_checked(tmp_path: Path) -> None:

@@ -60,7 +60,8 @@ def imports(module: Module, known: dict[str, Module]) -> dict[str, int]:
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = ".".join([*here.split(".")[: len(here.split(".")) - node.level + 1], *filter(None, [node.module])])
+                base = ".".join([*here.split(".")[: len(here.split(".")) - node.level + 1],
+                                 *filter(None, [node.module])])
             else:
                 base = node.module or ""
             # ``from a import b``: the submodule a.b if there is one, else a name defined in a.
@@ -169,4 +170,5 @@ def test_a_cycle_behind_a_function_level_import_is_found(tmp_path: Path, monkeyp
     assert edges["demo.inner"] == {} and edges["demo.inner.leaf"] == {"demo.inner": 1}
     cycles = strongly_connected(edges)
     assert cycles == [frozenset({"demo.high", "demo.low"})]
-    assert one_cycle(edges, cycles[0]) == "demo.high -> demo.low (line 1 of demo.high) -> demo.high (line 4 of demo.low)"
+    assert one_cycle(edges, cycles[0]) == ("demo.high -> demo.low (line 1 of demo.high) "
+                                           "-> demo.high (line 4 of demo.low)")

@@ -27,7 +27,8 @@ needs_cc = pytest.mark.skipif(jail_parser.compiler() is None, reason="no C compi
 
 def _generated_names() -> set[str]:
     header = jail_interface.header()
-    return set(re.findall(r"#define (\w+)", header)) - {"CCW_JAIL_INTERFACE_H"} | set(re.findall(r"^\s+(\w+) =", header, re.M))
+    return (set(re.findall(r"#define (\w+)", header)) - {"CCW_JAIL_INTERFACE_H"}
+            | set(re.findall(r"^\s+(\w+) =", header, re.M)))
 
 
 def spelled(sources: dict[str, str]) -> list[str]:
@@ -92,7 +93,8 @@ def test_a_launcher_and_a_helper_of_different_tables_refuse_each_other(tmp_path)
     for launcher, raw in ((other, plan), (real, other_magic + plan[8:])):  # the C changed alone; the Python alone
         status, lines, _ = jail_parser.run(launcher, [raw])
         assert status == 0 and lines == ["refused the plan's magic is not this launcher's: it was built from another "
-                                         "sandbox/jail_interface.py (rebuild it: ./dev setup, or python setup.py launcher)"]
+                                         "sandbox/jail_interface.py (rebuild it: ./dev setup, "
+                                         "or python setup.py launcher)"]
 
 
 @needs_cc
@@ -112,6 +114,7 @@ def test_the_c_does_not_build_when_the_table_lacks_a_name_it_uses(tmp_path) -> N
 
 def test_the_helper_uses_the_tables_numbers() -> None:
     assert jail_launcher.MAGIC == jail_interface.MAGIC and jail_launcher.ACTIONS is jail_interface.ACTIONS
-    assert (jail_interface.DESCRIPTORS["PLAN"], jail_interface.DESCRIPTORS["CGROUPS"]) == (jail_launcher.FD_PLAN, jail_launcher.FD_CGROUPS)
+    assert (jail_interface.DESCRIPTORS["PLAN"], jail_interface.DESCRIPTORS["CGROUPS"]) == (
+        jail_launcher.FD_PLAN, jail_launcher.FD_CGROUPS)
     assert jail_interface.DESCRIPTORS["REPORT"] == contain._FD_REPORT
     assert {step.action for step in mounts.root_steps()} <= set(jail_interface.ACTIONS)

@@ -46,7 +46,8 @@ def test_the_options_word_carries_credentials_and_bits() -> None:
     options = dict(_records(jail_launcher.encode(_plan(), jail_launcher.NET | jail_launcher.ROOT, 3)))[b"O"]
     flags, bits, uid, gid, last_cap, end, cgroups, low, high = struct.unpack("=9I", options)
     assert flags == namespaces.JAIL_FLAGS and (uid, gid, last_cap, cgroups) == (1000, 1001, 40, 3)
-    assert bits == jail_launcher.NET | jail_launcher.ROOT | jail_launcher.SET_UID | jail_launcher.CLEAR_GROUPS | jail_launcher.CONTROLLING_TTY
+    assert bits == (jail_launcher.NET | jail_launcher.ROOT | jail_launcher.SET_UID | jail_launcher.CLEAR_GROUPS
+                    | jail_launcher.CONTROLLING_TTY)
     assert end == int(contain.END_SIGNAL) and (low, high) == (1, 1 << 3)
 
 
@@ -70,7 +71,8 @@ def test_every_action_the_plan_makes_has_a_code() -> None:
     used = {step.action for step in mounts.root_steps()} | {
         "private", "root", "bind", "symlink", "mask_file", "mask_dir", "proc", "sysfs", "console",
         "detach_old_root", "seal_root"}
-    assert used <= set(jail_launcher.ACTIONS) and sorted(jail_launcher.ACTIONS.values()) == list(range(1, len(jail_launcher.ACTIONS) + 1))
+    assert used <= set(jail_launcher.ACTIONS) and sorted(jail_launcher.ACTIONS.values()) == list(
+        range(1, len(jail_launcher.ACTIONS) + 1))
 
 
 def test_without_a_tree_built_ahead_the_root_steps_go_along() -> None:
@@ -94,7 +96,8 @@ def test_a_missing_launcher_says_how_to_recover(monkeypatch: pytest.MonkeyPatch)
 def test_a_failed_step_carries_what_ccw_jail_said_beyond_the_errno() -> None:
     from sandbox import supervise
 
-    plan = supervise._setup_error(b"read the jail plan\x0022\x00the plan's magic is not this launcher's: it was built from another sandbox/jail_interface.py")
+    plan = supervise._setup_error(b"read the jail plan\x0022\x00the plan's magic is not this launcher's: "
+                                  b"it was built from another sandbox/jail_interface.py")
     assert "jail step 'read the jail plan' failed: EINVAL" in plan.message
     assert "ccw-jail says: the plan's magic is not this launcher's" in plan.message
     chdir = supervise._setup_error(b"chdir /no/dir\x002\x00chdir failed: No such file or directory")
@@ -102,7 +105,8 @@ def test_a_failed_step_carries_what_ccw_jail_said_beyond_the_errno() -> None:
     assert chdir.details["step"] == "chdir /no/dir"
 
 
-def test_a_user_namespace_the_launcher_could_not_unshare_carries_its_errno(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_user_namespace_the_launcher_could_not_unshare_carries_its_errno(  # type: ignore[no-untyped-def]
+        monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """``ccw-jail userns`` answers "E" and unshare's errno in one write; the helper raises it as that OSError."""
     fake = tmp_path / "ccw-jail"
     fake.write_text("#!/bin/sh\nprintf E1\n")  # EPERM, as a host that forbids user namespaces answers

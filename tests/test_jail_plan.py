@@ -154,7 +154,8 @@ def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
     raw = _message(b"P", struct.pack("!i", 42)) + _message(b"E", b"chdir /nope\x002\x00No such file or directory")
     assert supervise._init_pid(raw) == 42
     with pytest.raises(CcwError) as info:
-        supervise._result(supervise._parse_reports(raw), _running(125 << 8), 5, supervise._Stream(1), supervise._Stream(1))
+        supervise._result(supervise._parse_reports(raw), _running(125 << 8), 5, supervise._Stream(1),
+                          supervise._Stream(1))
     assert info.value.code == "NOT_FOUND"
     assert info.value.details["step"] == "chdir /nope"
     assert "cwd" in info.value.message
@@ -162,7 +163,8 @@ def test_setup_failure_becomes_a_ccw_error_naming_the_step() -> None:
 
 def test_a_failed_move_into_the_cgroup_is_the_error_a_helper_write_gave() -> None:
     # The child's "C" report: which of the files it wrote "0" to, and the errno.
-    running = supervise._Running(pid=0, direct=True, cgroup=None, entry_paths=("/cg/memory/x/tasks", "/cg/pids/x/tasks"))
+    running = supervise._Running(pid=0, direct=True, cgroup=None,
+                                 entry_paths=("/cg/memory/x/tasks", "/cg/pids/x/tasks"))
     running.status = _SETUP_FAILED_STATUS
     raw = _message(b"C", struct.pack("!ii", 1, errno.ENODEV))
     with pytest.raises(CcwError) as info:

@@ -91,7 +91,8 @@ def _mutate(rng: random.Random, raw: bytes) -> bytes:
         records[i] = (tag, payload[:cut] + (b"\0" + payload[cut:] if rng.random() < 0.5 else b""))
         return _join(raw[:8], records)
     if kind == 5:  # a record of another tag, or random bytes, with this payload
-        records[i] = (bytes([rng.choice(b"OhtfucaemrZXq\0")]), payload if rng.random() < 0.7 else rng.randbytes(rng.randrange(64)))
+        records[i] = (bytes([rng.choice(b"OhtfucaemrZXq\0")]),
+                      payload if rng.random() < 0.7 else rng.randbytes(rng.randrange(64)))
         return _join(raw[:8], records)
     if kind == 6:  # a step's numbers (action, attrs, bits) or a descriptor source's digits changed
         if tag in (b"m", b"r") and len(payload) >= 12:
@@ -136,5 +137,6 @@ def test_the_real_plans_are_read_as_written(tmp_path) -> None:  # type: ignore[n
     assert lines[0].startswith(f"ok options={options} uid=1000 gid=1001 cgroups=1 argc=3 envc=2 steps=6 root_steps=0")
     bind, fd_bind = (f"{jail_interface.ACTIONS['bind']}:6:{jail_launcher.NOFOLLOW}",
                      f"{jail_interface.ACTIONS['bind']}:0:{jail_launcher.SOURCE_FD | jail_launcher.SOURCE_IS_FILE}")
-    assert lines[0].split()[9:] == ["1:0:0", "2:0:0", bind, fd_bind, f"{jail_interface.ACTIONS['console']}:0:{jail_launcher.SOURCE_FD}", "7:0:0"]
+    assert lines[0].split()[9:] == ["1:0:0", "2:0:0", bind, fd_bind,
+                                    f"{jail_interface.ACTIONS['console']}:0:{jail_launcher.SOURCE_FD}", "7:0:0"]
     assert f"root_steps={len(mounts.root_steps())}" in lines[1] and "cgroups=16" in lines[2]

@@ -40,7 +40,8 @@ def _file(data: bytes, mode: int = 0o644) -> State:
 def _git_merge(tmp_path: Path, base: bytes, ours: bytes, theirs: bytes) -> bytes:
     """What ``git merge`` of two branches leaves in the file (it must merge cleanly)."""
     env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid"}
     repo = tmp_path / "repo"
 
     def git(*args: str) -> None:
@@ -117,7 +118,8 @@ def test_modes_merge_three_way() -> None:
 
 def test_symlinks_merge_as_git_merges_them() -> None:
     base = State("symlink", 0o777, target="a")
-    out = merge_path("l", base, [("x", State("symlink", 0o777, target="b")), ("y", State("symlink", 0o777, target="c"))])
+    out = merge_path("l", base, [("x", State("symlink", 0o777, target="b")),
+                                 ("y", State("symlink", 0o777, target="c"))])
     assert out.conflict and "symlink changed on both sides ('b' and 'c')" in out.how
     kind = merge_path("l", base, [("x", _file(b"now a file\n")), ("y", State("symlink", 0o777, target="c"))])
     assert kind.conflict and "a file on one side, a symlink on the other" in kind.how
