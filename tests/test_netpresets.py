@@ -76,8 +76,8 @@ def test_the_shipped_presets_name_their_clients_hosts_each_with_a_port_and_a_why
 
 
 def test_a_preset_in_a_rule_list_stands_for_its_rules(tmp_path: Path) -> None:
-    spec = parse_network(expand_network({"allow": ["preset:pypi", " Preset:NPM ", "example.org:8080"], "max_connections": 9},
-                                        tmp_path))
+    spec = parse_network(expand_network({"allow": ["preset:pypi", " Preset:NPM ", "example.org:8080"],
+                                         "max_connections": 9}, tmp_path))
     assert spec is not None and spec.max_connections == 9
     assert [rule.text for rule in spec.allow] == sorted(
         ["example.org:8080", *shipped()["pypi"].texts(), *shipped()["npm"].texts()])
@@ -131,7 +131,8 @@ BAD = [
 
 
 def test_the_preset_schema_takes_the_shipped_presets_and_refuses_what_the_reader_refuses() -> None:
-    validator = Draft202012Validator(json.loads((ROOT / "policies" / "network" / "network-preset.schema.json").read_text()))
+    validator = Draft202012Validator(
+        json.loads((ROOT / "policies" / "network" / "network-preset.schema.json").read_text()))
     for preset in shipped().values():
         validator.validate(json.loads(Path(preset.path).read_text()))
     grammar_only = ("port '0' is not 1-65535", "already /rules/0")  # the rule parser's, not a schema's

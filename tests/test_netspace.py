@@ -178,7 +178,8 @@ def test_local_routes_find_the_longest_range() -> None:
 
 @given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 32)), max_size=12), st.integers(0, 2**32 - 1))
 def test_local_routes_agree_with_a_scan(ranges: list[tuple[int, int]], value: int) -> None:
-    routes = frozenset(LocalRoute(ipaddress.IPv4Network((start, length), strict=False), 255) for start, length in ranges)
+    routes = frozenset(LocalRoute(ipaddress.IPv4Network((start, length), strict=False), 255)
+                       for start, length in ranges)
     address = ipaddress.IPv4Address(value)
     holding = [route for route in routes if address in route.network]
     found = LocalRoutes(routes).find(address)

@@ -81,7 +81,8 @@ def test_the_top_is_restored_as_an_entry_its_mode_set_last(tmp_path: Path) -> No
     into = tmp_path / "base"
     into.mkdir(0o755)
     entries = [{"path": "pkg", "type": "dir", "mode": 0o755, "uid": OTHER, "gid": OTHER},
-               {"path": "pkg/mod.py", "type": "file", "mode": 0o644, "blob": blob_hash(DATA), "uid": OTHER, "gid": OTHER}]
+               {"path": "pkg/mod.py", "type": "file", "mode": 0o644, "blob": blob_hash(DATA),
+                "uid": OTHER, "gid": OTHER}]
     # Read-only: were it set before the entries, a replayer that is not root could not create them.
     top = {"mode": 0o2551, "uid": OTHER, "gid": OTHER}
     _rebuild_base({"base": {"files": entries, "top": top}}, {blob_hash(DATA): DATA}, str(into))

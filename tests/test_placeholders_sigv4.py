@@ -33,7 +33,8 @@ def test_sigv4_with_a_placeholder_is_refused_as_unsupported(form: str) -> None:
     head = {
         "header": _head("/obj", f"Authorization: {signed}", "X-Amz-Date: 20260101T000000Z"),
         "lower": _head("/obj", f"authorization: {signed.lower().replace(key.lower(), key)}"),
-        "presigned": _head(f"/obj?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={key}%2F20260101&X-Amz-Signature=00"),
+        "presigned": _head(f"/obj?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential={key}%2F20260101"
+                           "&X-Amz-Signature=00"),
         "security-token": _head(f"/obj?x-amz-security-token={key}"),
     }[form]
     fetched: list[str] = []

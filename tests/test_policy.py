@@ -103,7 +103,8 @@ def test_clean_capsule_passes_and_replay_requirement_is_enforced() -> None:
     assert ok["passed"] and ok["details"] == "All checks passed"
     need = CombinedRules(require_replay_ok=True)
     assert evaluate(need, facts, [], replay_ok=None)["passed"] is False
-    assert evaluate(need, facts, [], replay_ok=False, replay_details="exec 1 stdout")["details"].endswith("exec 1 stdout")
+    assert evaluate(need, facts, [], replay_ok=False,
+                    replay_details="exec 1 stdout")["details"].endswith("exec 1 stdout")
     assert evaluate(need, facts, [], replay_ok=True)["passed"] is True
 
 
@@ -158,7 +159,8 @@ def test_builtin_baseline_passes_an_unmeasured_total_and_says_why() -> None:
     report = evaluate(rules, facts, [], replay_ok=None)
     assert report["passed"] and report["resource_ok"] and report["resource_violations"] == []
     [note] = report["resource_unmeasured"]
-    assert (note["exec"], note["rule"], note["figure"], note["largest_process_mb"]) == (1, "max_rss_mb", "rss_max_kb", 30)
+    assert (note["exec"], note["rule"], note["figure"], note["largest_process_mb"]) == (
+        1, "max_rss_mb", "rss_max_kb", 30)
     assert "no memory cgroup" in note["reason"]
     assert "rss_max_kb not measured" in report["details"] and "if_unmeasured: pass" in report["details"]
 
@@ -239,7 +241,8 @@ def test_expose_globs_limit_the_toolchains_a_promoted_capsule_showed() -> None:
     assert "shown dir(s) the policies do not allow" in report["details"]
     both = CombinedRules.combine([{"rules": {"expose": ["~/.pyenv/versions/**"]}}, {"rules": {"expose": ["/opt/**"]}}])
     assert evaluate(both, facts, [], None)["expose_ok"] is True
-    assert evaluate(CombinedRules.combine([{"rules": {"expose": []}}]), CapsuleFacts("/srv/p", "/h"), [], None)["passed"]
+    assert evaluate(CombinedRules.combine([{"rules": {"expose": []}}]), CapsuleFacts("/srv/p", "/h"), [],
+                    None)["passed"]
     for bad in ("relative/dir", "", "~user/x"):
         with pytest.raises(CcwError):
             validate_policy({"name": "tc", "rules": {"expose": [bad]}})

@@ -104,7 +104,8 @@ def test_journal_keeps_the_allowlist_and_reads_old_none_rows(tmp_path: Path) -> 
 
 
 def test_replay_compares_distinct_places_not_bytes_or_order() -> None:
-    recorded = {"seq": 3, "argv": ["curl"], "touched": {"network": [_record("a.example", 443), _record("b.example", 80)]}}
+    recorded = {"seq": 3, "argv": ["curl"],
+                "touched": {"network": [_record("a.example", 443), _record("b.example", 80)]}}
     same = [_record("b.example", 80), {**_record("a.example", 443), "bytes_in": 99}, _record("a.example", 443)]
     assert replaydiff.network_mismatch(recorded, same) is None
     other = [_record("a.example", 443), _record("b.example", 80, allowed=False)]

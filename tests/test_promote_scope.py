@@ -142,7 +142,8 @@ def test_a_self_declared_cache_is_ignored_unless_everything_is_asked(tmp_path: P
     paths = [".pytest_cache", ".pytest_cache/.gitignore", ".pytest_cache/v/cache/nodeids", ".pytest_cache_not", "a.py"]
     kept, skipped, _ = Scope().split(str(root), paths, {".pytest_cache"}, [".pytest_cache"])
     assert kept == [".pytest_cache_not", "a.py"]
-    assert {s["path"] for s in skipped} == {".pytest_cache", ".pytest_cache/.gitignore", ".pytest_cache/v/cache/nodeids"}
+    assert {s["path"] for s in skipped} == {".pytest_cache", ".pytest_cache/.gitignore",
+                                            ".pytest_cache/v/cache/nodeids"}
     kept, skipped, _ = Scope(include_ignored=True).split(str(root), paths, {".pytest_cache"}, [".pytest_cache"])
     assert kept == paths and skipped == []
 
@@ -169,5 +170,6 @@ def test_promotion_reads_the_markers_in_the_capsule(tmp_path: Path) -> None:
     with RootView.open(str(capsule)) as view:
         kept, skipped, _ = _scoped(entries, str(root), Scope(), view)
     assert [e.path for e in kept] == ["big", "big/.gitignore", "lib", "lib/.gitignore"]
-    assert {s["path"]: s["reason"] for s in skipped} == {".pytest_cache": "ignored", ".pytest_cache/.gitignore": "ignored",
+    assert {s["path"]: s["reason"] for s in skipped} == {".pytest_cache": "ignored",
+                                                         ".pytest_cache/.gitignore": "ignored",
                                                          ".pytest_cache/v": "ignored"}

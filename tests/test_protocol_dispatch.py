@@ -121,7 +121,8 @@ def manager(tmp_path: Path) -> ManagerDouble:
     return ManagerDouble(tmp_path)
 
 
-def dispatch(manager: ManagerDouble, op: str, args: dict[str, Any], peer: Peer = PEER) -> tuple[dict[str, Any], list[int]]:
+def dispatch(manager: ManagerDouble, op: str, args: dict[str, Any],
+             peer: Peer = PEER) -> tuple[dict[str, Any], list[int]]:
     return Dispatcher(manager, "privileged", {"jail": {}}).handle(Request(1, op, args), peer)
 
 

@@ -277,7 +277,8 @@ def test_a_race_on_a_cluster_runs_each_tree_there_and_says_where(world: Any) -> 
         ("cap_2", "reapi", 0), ("cap_4", "local", 0), ("cap_3", "reapi", 2)]
     # The cluster got its capsules' trees with the race's command; nothing ran in them here.
     assert sorted(t.record.capsule_id for t in cluster.trials) == ["cap_2", "cap_3"]  # cap_4 it refused
-    assert {t.request.argv for t in cluster.trials} == {("pytest", "-q")} and cluster.trials[0].request.timeout_ms == 5000
+    assert ({t.request.argv for t in cluster.trials} == {("pytest", "-q")}
+            and cluster.trials[0].request.timeout_ms == 5000)
     assert [r.capsule_id for r in helper.requests if isinstance(r, ExecRequest)] == ["cap_4"]
     assert [len(Journal(service.state).execs(c)) for c in ("cap_2", "cap_3", "cap_4")] == [0, 0, 1]
     assert result["rows"][0]["usage"] == {} and result["rows"][0]["verdict"] == "passed"

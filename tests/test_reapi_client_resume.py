@@ -84,7 +84,8 @@ def client(monkeypatch: pytest.MonkeyPatch) -> Iterator[ReapiClient]:
     reapi.close()
 
 
-QUEUED, EXECUTING, COMPLETED = re_pb2.ExecutionStage.QUEUED, re_pb2.ExecutionStage.EXECUTING, re_pb2.ExecutionStage.COMPLETED
+QUEUED, EXECUTING, COMPLETED = (re_pb2.ExecutionStage.QUEUED, re_pb2.ExecutionStage.EXECUTING,
+                                 re_pb2.ExecutionStage.COMPLETED)
 
 
 def test_a_broken_stream_is_resumed_on_the_operation(client: ReapiClient) -> None:

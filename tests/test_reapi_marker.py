@@ -117,7 +117,8 @@ def test_a_marker_is_read_into_its_checked_form() -> None:
     marker = Marker.parse(json.dumps({"workspace": "/srv/proj/./x/..", "clock_offset_sec": -5,
                                       "limits": {"pids_max": 9}}))  # fmt: skip
     assert marker == Marker(workspace="/srv/proj", clock_offset_sec=-5, limits=Limits(pids_max=9))
-    assert Marker.parse(json.dumps({"replay": "./w/witness.ccwz", "expected_root": "blake3:ab"})).replay == "w/witness.ccwz"
+    assert (Marker.parse(json.dumps({"replay": "./w/witness.ccwz", "expected_root": "blake3:ab"})).replay
+            == "w/witness.ccwz")
     # The recorded workspace may be anyone's home: it is only where the jail shows the input root.
     assert Marker.parse(json.dumps({"workspace": "/root/project"})).workspace == "/root/project"
     with pytest.raises(CcwError) as info:

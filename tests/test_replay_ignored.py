@@ -22,7 +22,8 @@ from mcp_server.cli.replay_report import show_replay
 from sandbox.errors import CcwError
 
 GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t",
-           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+           "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.invalid"}
 PATHS = ["coverage/coverage-final.json", "coverage/keep.txt", ".nyc_output/5d0e.json", "src/a.js", "src/b.log",
          "secret.txt", "notes.tmp", "build"]
 
@@ -122,10 +123,11 @@ def test_set_aside_splits_what_promotion_leaves_behind() -> None:
                "suggest_volatile": [".nyc_output/*.json", "out/*.json"]}
     ignored = frozenset({"coverage/coverage-final.json", ".nyc_output/3cf8a1b2.json", ".nyc_output/90eb77aa.json"})
     kept, apart = set_aside([change, kept_change, written], ignored)
-    assert kept == [kept_change, {**written, "expected_only": ["out/3cf8a1b2.json"], "actual_only": ["out/90eb77aa.json"],
-                                  "suggest_volatile": ["out/*.json"]}]
+    assert kept == [kept_change, {**written, "expected_only": ["out/3cf8a1b2.json"],
+                                  "actual_only": ["out/90eb77aa.json"], "suggest_volatile": ["out/*.json"]}]
     assert apart == [change, {"kind": "exec", "exec": 1, "field": "written", "argv": ["nyc"],
-                              "expected_only": [".nyc_output/3cf8a1b2.json"], "actual_only": [".nyc_output/90eb77aa.json"]}]
+                              "expected_only": [".nyc_output/3cf8a1b2.json"],
+                              "actual_only": [".nyc_output/90eb77aa.json"]}]
     assert set_aside([change], None) == ([change], [])  # strict, or an old witness: every file compared
 
 
@@ -134,7 +136,8 @@ def test_strict_outputs_and_old_witnesses_judge_nothing(tmp_path: Path) -> None:
     rules = witness_ignore.carried_rules(str(repo))
     manifest: dict[str, Any] = {"base": {"ignore": rules}, "changes": [_change("coverage/x.json", "b:1")]}
     replayed = [_change("coverage/y.json", "b:2"), {**_change("build", ""), "type": "dir", "blob": None}]
-    assert _ignored(manifest, {}, replayed, tmp_path, ReplayOptions()) == {"coverage/x.json", "coverage/y.json", "build"}
+    assert _ignored(manifest, {}, replayed, tmp_path, ReplayOptions()) == {"coverage/x.json", "coverage/y.json",
+                                                                           "build"}
     assert _ignored(manifest, {}, replayed, tmp_path, ReplayOptions(strict_outputs=True)) is None
     assert _ignored({"base": {}, "changes": []}, {}, replayed, tmp_path, ReplayOptions()) is None
 

@@ -25,7 +25,8 @@ def test_files_dirs_and_links_come_back_as_they_were(tmp_path: Path) -> None:
         {"path": "bin", "type": "dir", "mode": 0o755},
         {"path": "bin/python", "type": "symlink", "mode": 0o777, "target": "/usr/bin/python3"},
         {"path": "locked", "type": "dir", "mode": 0o500},
-        {"path": "locked/run.py", "type": "file", "mode": 0o755, "blob": blob_hash(DATA), "mtime_ns": 1_234_567_890_123_456_789},
+        {"path": "locked/run.py", "type": "file", "mode": 0o755, "blob": blob_hash(DATA),
+         "mtime_ns": 1_234_567_890_123_456_789},
     ), {blob_hash(DATA): DATA}, str(into))
     assert os.readlink(into / "bin/python") == "/usr/bin/python3"
     run = into / "locked/run.py"

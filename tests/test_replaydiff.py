@@ -61,8 +61,10 @@ def test_changes_compare_final_states_and_name_the_path() -> None:
         return {"path": path, "status": status, "type": None if status == "deleted" else "file", "mode": 0o644,
                 "target": None, "blob": blob}
 
-    recorded = [change("out/stamp.txt", "added", "blake3:1"), change("gone", "deleted", None), change("m", "modified", "blake3:m")]
-    replayed = [change("out/stamp.txt", "added", "blake3:2"), change("gone", "deleted", None), change("m", "added", "blake3:m")]
+    recorded = [change("out/stamp.txt", "added", "blake3:1"), change("gone", "deleted", None),
+                change("m", "modified", "blake3:m")]
+    replayed = [change("out/stamp.txt", "added", "blake3:2"), change("gone", "deleted", None),
+                change("m", "added", "blake3:m")]
     # "modified" against the full base and "added" against a rebuilt base are one outcome.
     found = change_mismatches(recorded, replayed)
     assert [(m["kind"], m["path"]) for m in found] == [("change", "out/stamp.txt")]

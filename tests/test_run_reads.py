@@ -49,7 +49,8 @@ def test_what_is_not_known_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     overflowed = services.reads(_capsule(), "web", threading.Lock())
     assert overflowed.touched is None and "overflowed" in (overflowed.unavailable or "")
     _answer(monkeypatch, "not recorded: no privilege")
-    assert services.reads(_capsule(), "web", threading.Lock()) == RunReadsReply("web", None, "not recorded: no privilege")
+    assert (services.reads(_capsule(), "web", threading.Lock())
+            == RunReadsReply("web", None, "not recorded: no privilege"))
     unstarted = services.reads(_capsule(cgroup=None), "web", threading.Lock())
     assert unstarted.touched is None and "not started" in (unstarted.unavailable or "")
 

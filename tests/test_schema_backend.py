@@ -116,7 +116,8 @@ def test_assets_path_is_overridable(server: Backend) -> None:
 
 def test_invalid_asset_is_not_posted(server: Backend) -> None:
     result = populate(base(server, "ok"), {"asset": {"name": ""}, "schema": "synesthetic-asset"})
-    assert result == {"ok": False, "reason": "validation_failed", "errors": [{"path": "/name", "msg": "'' should be non-empty"}]}
+    assert result == {"ok": False, "reason": "validation_failed",
+                      "errors": [{"path": "/name", "msg": "'' should be non-empty"}]}
     no_schema = populate(base(server, "ok"), {"asset": {"name": "x"}})
     assert no_schema["reason"] == "validation_failed" and "schema is required" in no_schema["errors"][0]["msg"]
     assert server.requests == []

@@ -121,7 +121,8 @@ def test_missing_or_unknown_schema_fails_with_an_explicit_error(catalogue: Schem
 
 
 @pytest.mark.parametrize(
-    "path", ["../jsonschema/shader.schema.json", "a/../../x.json", "/etc/passwd", "..", "a\\..\\b.json", "x\x00.json", ""]
+    "path",
+    ["../jsonschema/shader.schema.json", "a/../../x.json", "/etc/passwd", "..", "a\\..\\b.json", "x\x00.json", ""],
 )
 def test_traversal_is_rejected(catalogue: SchemaCatalogue, path: str) -> None:
     with pytest.raises(UnsafePath):

@@ -118,7 +118,8 @@ def test_sessions_unknown_id_404_and_delete(http_server: ServerProcess):
         session_id = opened.headers["mcp-session-id"]
         assert decode(opened)["result"]["protocolVersion"] == "2025-11-25"
         headers = {**ACCEPT, "mcp-session-id": session_id, "mcp-protocol-version": "2025-11-25"}
-        assert http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers).status_code == 202
+        assert http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                         headers=headers).status_code == 202
         listed = http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=headers)
         assert decode(listed)["result"]["tools"][0]["name"] == "ccw_info"
         unknown = http.post(url, json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},

@@ -14,7 +14,8 @@ from tests.support.mcp_process import ServerProcess, server_env
 def test_a_two_megabyte_answer_arrives_whole(tmp_path: Path) -> None:
     big = tmp_path / "big.txt"
     big.write_text("".join(f"line {i} {'x' * 190}\n" for i in range(10_000)))  # ~2 MB of text
-    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", CCW_TOOLSETS="text", CCW_WORKSPACE=str(tmp_path)))
+    server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", CCW_TOOLSETS="text",
+                                      CCW_WORKSPACE=str(tmp_path)))
     path = server.wait_ready()
 
     async def main() -> tuple[int, int, str]:

@@ -14,12 +14,13 @@ from mcp_server.fs.promote import CRASH_ENV
 from mcp_server.server import CcwServer
 from mcp_server.state import State
 
-_CHILD = """
+_CHILD = ("""
 from pathlib import Path
 from mcp_server.fs.promote import Op, Promoter
-Promoter(Path({state!r})).promote({ws!r}, [Op("write", "a.txt", 0o644), Op("write", "b/c.txt", 0o644), Op("delete", "old")],
+Promoter(Path({state!r})).promote({ws!r}, [Op("write", "a.txt", 0o644), Op("write", "b/c.txt", 0o644), """
+          """Op("delete", "old")],
                                   lambda op: ("new " + op.path).encode())
-"""
+""")
 
 
 @pytest.mark.parametrize(("step", "expect_new"), [("prepared", False), ("first_commit_op", True)])

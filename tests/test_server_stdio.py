@@ -45,7 +45,8 @@ def test_sdk_client_over_stdio(tmp_path: Path, mode: str):
             async def on_progress(value, total, message):
                 progress.append(value)
 
-            info = check_output(tools, "ccw_info", await client.call_tool("ccw_info", {"delay_ms": 250}, progress_callback=on_progress))
+            info = check_output(tools, "ccw_info", await client.call_tool("ccw_info", {"delay_ms": 250},
+                                                                          progress_callback=on_progress))
             assert info["endpoint"] == "stdio" and info["state_dir"] == str(tmp_path / "state")
             assert info["families"] == ["server"] and info["delayed_ms"] == 250
             assert progress and progress[-1] == 250
@@ -106,7 +107,8 @@ def test_raw_ndjson_direct_methods_in_request_order(tmp_path: Path):
 
 
 def test_oversized_mcp_request_is_a_jsonrpc_error(tmp_path: Path):
-    big = b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"ccw_info","arguments":{"echo":"' + b"y" * (2 << 20) + b'"}}}'
+    big = (b'{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"ccw_info","arguments":{"echo":"'
+           + b"y" * (2 << 20) + b'"}}}')
     answers, log, code = run_raw(tmp_path, [big, b'{"jsonrpc":"2.0","id":10,"method":"ccw_info"}'])
     assert code == 0, log
     assert answers[0]["id"] == 9 and answers[0]["error"]["code"] == -32600

@@ -110,7 +110,8 @@ def test_mcp_answers_are_not_held_behind_a_slower_earlier_request(socket_server:
     async def main() -> list[dict]:
         stream = await trio.open_unix_socket(socket_server.path)
         async with stream:
-            await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}).encode()
+            await stream.send_all(json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                                              "params": init}).encode()
                                   + b"\n" + b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
             buffer = b""
             while b"\n" not in buffer:

@@ -33,7 +33,8 @@ def test_no_source_file_is_too_long() -> None:
         count = len(path.read_text(encoding="utf-8").splitlines())
         if count > MAX_FILE_LINES:
             long_files.append(f"{path.relative_to(ROOT)}: {count} lines")
-    assert not long_files, f"files over {MAX_FILE_LINES} lines (split them along their seams):\n" + "\n".join(long_files)
+    assert not long_files, (f"files over {MAX_FILE_LINES} lines (split them along their seams):\n"
+                            + "\n".join(long_files))
 
 
 def test_no_function_is_too_long_without_saying_why() -> None:

@@ -48,7 +48,8 @@ def make_repo(root: Path) -> Path:
 # --- paths ---------------------------------------------------------------------------
 
 segments = st.sampled_from(["a", "b", "src", ".", "..", "", "~", "~x", "x~", "é", "a b", "\\"])
-raw_paths = st.lists(segments, max_size=6).map("/".join) | st.lists(segments, max_size=4).map(lambda s: "/" + "/".join(s))
+raw_paths = (st.lists(segments, max_size=6).map("/".join)
+             | st.lists(segments, max_size=4).map(lambda s: "/" + "/".join(s)))
 
 
 def reference_normalize(path: str) -> str | str:

@@ -47,7 +47,8 @@ def _tree(root: Path, seed: int) -> None:
     os.unlink(root / "sub" / "f05.txt") if (root / "sub" / "f05.txt").exists() else None
 
 
-def _python_answer(root: Path, pattern: str, scopes: list[str], max_files: int, max_matches: int) -> tuple[dict[str, Any], list[str]]:
+def _python_answer(root: Path, pattern: str, scopes: list[str], max_files: int,
+                   max_matches: int) -> tuple[dict[str, Any], list[str]]:
     view = RootView.open(str(root))
     try:
         target = LiveTarget(view, "k", str(root), None)

@@ -120,7 +120,8 @@ def test_file_list_and_touched_sets(env: tuple[Path, Any, State]) -> None:
     listed = call("snapshot_list", snapshot_id=snap["snapshot_id"], recursive=True)
     assert [e["path"] for e in listed["entries"]] == ["src", "src/a.py"]
     assert call("snapshot_list", snapshot_id=snap["snapshot_id"], path="nowhere") == {
-        "path": "nowhere", "entries": [], "truncated": False, "cache_hint": "immutable", "snapshot_id": snap["snapshot_id"],
+        "path": "nowhere", "entries": [], "truncated": False, "cache_hint": "immutable",
+        "snapshot_id": snap["snapshot_id"],
     }
 
 
@@ -203,9 +204,12 @@ def test_apply_patch_worktree_accept_and_reject(env: tuple[Path, Any, State]) ->
     assert [r["path"] for r in rejected["rejects"]] == ["docs/guide.md", "src/pkg/b.py"]
     assert (repo / "src" / "a.py").read_text() == "alpha = 1\nneedle here\n"  # nothing written
     good = (
-        "diff --git a/src/a.py b/src/a.py\n--- a/src/a.py\n+++ b/src/a.py\n@@ -1,2 +1,2 @@\n-alpha = 1\n+alpha = 9\n needle here\n"
-        "diff --git a/new/file.sh b/new/file.sh\nnew file mode 100755\n--- /dev/null\n+++ b/new/file.sh\n@@ -0,0 +1 @@\n+echo hi\n"
-        "diff --git a/docs/guide.md b/docs/guide.md\ndeleted file mode 100644\n--- a/docs/guide.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-guide needle\n"
+        "diff --git a/src/a.py b/src/a.py\n--- a/src/a.py\n+++ b/src/a.py\n"
+        "@@ -1,2 +1,2 @@\n-alpha = 1\n+alpha = 9\n needle here\n"
+        "diff --git a/new/file.sh b/new/file.sh\nnew file mode 100755\n--- /dev/null\n+++ b/new/file.sh\n"
+        "@@ -0,0 +1 @@\n+echo hi\n"
+        "diff --git a/docs/guide.md b/docs/guide.md\ndeleted file mode 100644\n--- a/docs/guide.md\n+++ /dev/null\n"
+        "@@ -1 +0,0 @@\n-guide needle\n"
     )
     applied = call("workspace_apply_patch", patch=good, lease_id=lease)
     assert applied["applied"] and applied["lease_id"] == lease
@@ -234,7 +238,8 @@ WORKTREE_CALLS: list[tuple[str, dict[str, Any]]] = [
 
 
 @pytest.mark.parametrize(("name", "args"), WORKTREE_CALLS, ids=[c[0] for c in WORKTREE_CALLS])
-def test_every_worktree_tool_refuses_a_stale_lease(env: tuple[Path, Any, State], name: str, args: dict[str, Any]) -> None:
+def test_every_worktree_tool_refuses_a_stale_lease(env: tuple[Path, Any, State], name: str,
+                                                   args: dict[str, Any]) -> None:
     repo, call, _state = env
     base = call("snapshot_create")["snapshot_id"]
     args = {k: (base if v == "BASE" else v) for k, v in args.items()}
@@ -254,7 +259,8 @@ def test_write_and_delete_safety(env: tuple[Path, Any, State], tmp_path: Path) -
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("keep")
-    written = call("workspace_write_file", path="made/deep/x.txt", content="base64:" + base64.b64encode(b"\0\1").decode())
+    written = call("workspace_write_file", path="made/deep/x.txt",
+                   content="base64:" + base64.b64encode(b"\0\1").decode())
     assert (repo / "made" / "deep" / "x.txt").read_bytes() == b"\0\1"
     assert LeaseStore(state).touched(written["lease_id"]) == ["made/deep/x.txt"]
     (repo / "escape").symlink_to(outside)
@@ -339,7 +345,8 @@ def test_patch_through_a_symlinked_directory_writes_nothing(env: tuple[Path, Any
     assert not (repo / "src" / "new.py").exists()
 
 
-def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, State], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_create_fails_when_the_tree_moves_during_capture(env: tuple[Path, Any, State],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     repo, call, _state = env
     from mcp_server.substrate import views
 

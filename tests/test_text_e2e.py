@@ -79,7 +79,8 @@ def test_agent_session_over_stdio(tmp_path: Path) -> None:
                     f"insert_before {_tag_of(read, 'import os')} '#!/usr/bin/env python3'",
                 ],
             }))
-            assert app.read_bytes() == b"#!/usr/bin/env python3\r\nimport os\r\n\r\ndef main():\r\n    print('hello')\r\n"
+            assert app.read_bytes() == (b"#!/usr/bin/env python3\r\nimport os\r\n\r\n"
+                                        b"def main():\r\n    print('hello')\r\n")
             reread = _ok(schemas, "read_text_file", await client.call_tool("read_text_file", {"path": "app.py"}))
             assert reread["file_hash"] == edit["file_hash"] and reread["total_lines"] == 5
 
@@ -88,7 +89,8 @@ def test_agent_session_over_stdio(tmp_path: Path) -> None:
             stale = _error(await client.call_tool("edit_text_file", {
                 "path": str(app),
                 "file_hash": reread["file_hash"],
-                "ops": [{"op": "insert_after", "anchor": _tag_of(reread, "    print('hello')"), "content": "    return 0"}],
+                "ops": [{"op": "insert_after", "anchor": _tag_of(reread, "    print('hello')"),
+                         "content": "    return 0"}],
             }))
             assert stale["code"] == "CONFLICT" and "read_text_file" in stale["message"]
             around = stale["details"]["context"][_tag_of(reread, "    print('hello')")]["around"]
@@ -107,10 +109,12 @@ def test_agent_session_over_stdio(tmp_path: Path) -> None:
             assert denied["code"] == "PERMISSION_DENIED" and str(ws) in denied["message"]
 
             # RootSpace through the seed's aliases; '/' is the first root.
-            made = _ok(schemas, "file_create", await client.call_tool("file.create", {"path": "/notes/todo.md", "content": "- a\n"}))
+            made = _ok(schemas, "file_create",
+                       await client.call_tool("file.create", {"path": "/notes/todo.md", "content": "- a\n"}))
             got = _ok(schemas, "text_read", await client.call_tool("text.read", {"path": "/notes/todo.md"}))
             assert got["hash"] == made["hash"]
-            _ok(schemas, "text_append", await client.call_tool("text.append", {"path": "/notes/todo.md", "hash": got["hash"], "content": "- b"}))
+            _ok(schemas, "text_append", await client.call_tool("text.append", {"path": "/notes/todo.md",
+                                                                               "hash": got["hash"], "content": "- b"}))
             assert (ws / "notes" / "todo.md").read_text() == "- a\n- b\n"
             escape = _error(await client.call_tool("text.read", {"path": "/../ws_evil/secret.txt"}))
             assert escape["code"] == "PERMISSION_DENIED"
@@ -129,7 +133,8 @@ def test_agent_session_over_stdio(tmp_path: Path) -> None:
             # The server handles a notification in a task of its own; a round trip after it
             # lets that task run before the next call asks for roots.
             await client.call_tool("text_read", {"path": "/"})  # (its outcome does not matter)
-            moved = _ok(schemas, "read_text_file", await client.call_tool("read_text_file", {"path": str(outside / "secret.txt")}))
+            moved = _ok(schemas, "read_text_file",
+                        await client.call_tool("read_text_file", {"path": str(outside / "secret.txt")}))
             assert moved["total_lines"] == 1
             assert _error(await client.call_tool("read_text_file", {"path": str(app)}))["code"] == "PERMISSION_DENIED"
 

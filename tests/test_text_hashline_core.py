@@ -119,16 +119,24 @@ def _expect(kind: str, lines: list[str]) -> bytes:
 
 
 OP_CASES = [
-    ("replace", lambda t: {"op": "replace", "anchor": t[1], "content": "    return 2"}, ["def f():", "    return 2", "", "print(f())"]),
-    ("replace_multi", lambda t: {"op": "replace", "anchor": t[1], "content": "    x = 2\n    return x\n"}, ["def f():", "    x = 2", "    return x", "", "print(f())"]),
-    ("replace_range", lambda t: {"op": "replace_range", "anchor": f"{t[0]}..{t[1]}", "content": "def g():\n    return 3"}, ["def g():", "    return 3", "", "print(f())"]),
-    ("insert_after", lambda t: {"op": "insert_after", "anchor": t[3], "content": "print('done')"}, ["def f():", "    return 1", "", "print(f())", "print('done')"]),
-    ("insert_before", lambda t: {"op": "insert_before", "anchor": t[0], "content": "import os"}, ["import os", "def f():", "    return 1", "", "print(f())"]),
-    ("insert_top", lambda t: {"op": "insert_after", "anchor": "0", "content": "# header"}, ["# header", "def f():", "    return 1", "", "print(f())"]),
+    ("replace", lambda t: {"op": "replace", "anchor": t[1], "content": "    return 2"},
+     ["def f():", "    return 2", "", "print(f())"]),
+    ("replace_multi", lambda t: {"op": "replace", "anchor": t[1], "content": "    x = 2\n    return x\n"},
+     ["def f():", "    x = 2", "    return x", "", "print(f())"]),
+    ("replace_range",
+     lambda t: {"op": "replace_range", "anchor": f"{t[0]}..{t[1]}", "content": "def g():\n    return 3"},
+     ["def g():", "    return 3", "", "print(f())"]),
+    ("insert_after", lambda t: {"op": "insert_after", "anchor": t[3], "content": "print('done')"},
+     ["def f():", "    return 1", "", "print(f())", "print('done')"]),
+    ("insert_before", lambda t: {"op": "insert_before", "anchor": t[0], "content": "import os"},
+     ["import os", "def f():", "    return 1", "", "print(f())"]),
+    ("insert_top", lambda t: {"op": "insert_after", "anchor": "0", "content": "# header"},
+     ["# header", "def f():", "    return 1", "", "print(f())"]),
     ("delete", lambda t: {"op": "delete", "anchor": t[2]}, ["def f():", "    return 1", "print(f())"]),
     ("delete_last", lambda t: {"op": "delete", "anchor": t[3]}, ["def f():", "    return 1", ""]),
     ("delete_range", lambda t: {"op": "delete_range", "anchor": f"{t[1]}..{t[2]}"}, ["def f():", "print(f())"]),
-    ("replace_last", lambda t: {"op": "replace", "anchor": t[3], "content": "main()"}, ["def f():", "    return 1", "", "main()"]),
+    ("replace_last", lambda t: {"op": "replace", "anchor": t[3], "content": "main()"},
+     ["def f():", "    return 1", "", "main()"]),
 ]
 
 
@@ -246,17 +254,21 @@ def test_absent_anchor_rejected() -> None:
     with pytest.raises(CcwError) as info:
         edit(data, h, [{"op": "replace", "anchor": f"2:{missing}", "content": "x"}], "f")
     assert info.value.details["reason"] == "anchor_not_found"
-    assert info.value.details["context"][f"2:{missing}"]["around"] == [f"1:{line_tag('one')}|one", f"2:{line_tag('two')}|two"]
+    assert info.value.details["context"][f"2:{missing}"]["around"] == [f"1:{line_tag('one')}|one",
+                                                                      f"2:{line_tag('two')}|two"]
 
 
 @pytest.mark.parametrize(
     "ops",
     [
         lambda t: [{"op": "replace", "anchor": t[1], "content": "x"}, {"op": "delete", "anchor": t[1]}],
-        lambda t: [{"op": "delete_range", "anchor": f"{t[0]}..{t[2]}"}, {"op": "replace", "anchor": t[2], "content": "x"}],
-        lambda t: [{"op": "insert_after", "anchor": t[0], "content": "x"}, {"op": "insert_before", "anchor": t[1], "content": "y"}],
+        lambda t: [{"op": "delete_range", "anchor": f"{t[0]}..{t[2]}"},
+                   {"op": "replace", "anchor": t[2], "content": "x"}],
+        lambda t: [{"op": "insert_after", "anchor": t[0], "content": "x"},
+                   {"op": "insert_before", "anchor": t[1], "content": "y"}],
         lambda t: [{"op": "insert_after", "anchor": t[1], "content": "x"}, {"op": "delete", "anchor": t[1]}],
-        lambda t: [{"op": "insert_after", "anchor": t[0], "content": "x"}, {"op": "insert_after", "anchor": t[0], "content": "y"}],
+        lambda t: [{"op": "insert_after", "anchor": t[0], "content": "x"},
+                   {"op": "insert_after", "anchor": t[0], "content": "y"}],
     ],
 )
 def test_overlapping_ops_rejected(ops) -> None:  # type: ignore[no-untyped-def]

@@ -167,7 +167,8 @@ def test_read_edit_reread(ctx: FakeContext, ws: Path, data: bytes) -> None:
     want = nl.join(["a", "B", "c", "d"]) + (nl if data.endswith(b"\n") else "")
     assert (ws / "f.txt").read_bytes() == want.encode()
     assert out["file_hash"] == hashlib.sha256(want.encode()).hexdigest()
-    assert out["context"] == [f"1:{line_tag('a')}|a", f"2:{line_tag('B')}|B", f"3:{line_tag('c')}|c", f"4:{line_tag('d')}|d"]
+    assert out["context"] == [f"1:{line_tag('a')}|a", f"2:{line_tag('B')}|B", f"3:{line_tag('c')}|c",
+                              f"4:{line_tag('d')}|d"]
     again = call(ctx, "read_text_file", path=str(ws / "f.txt"))  # tags spliced by the edit
     assert again["file_hash"] == out["file_hash"]
     assert again["content"].split("\n") == [f"{n}:{line_tag(t)}|{t}" for n, t in enumerate(["a", "B", "c", "d"], 1)]
@@ -279,12 +280,14 @@ def test_hashline_errors_are_instructional(ctx: FakeContext, ws: Path) -> None:
 
 def test_rootspace_lifecycle(ctx: FakeContext, ws: Path) -> None:
     made = call(ctx, "file.create", path="/src//pkg/./mod.py", content="def f():\n    return 1\n")
-    assert made == {"path": "/src/pkg/mod.py", "hash": hashlib.sha256(b"def f():\n    return 1\n").hexdigest(), "size": 22}
+    assert made == {"path": "/src/pkg/mod.py", "hash": hashlib.sha256(b"def f():\n    return 1\n").hexdigest(),
+                    "size": 22}
     assert fails(ctx, "file_create", path="src/pkg/mod.py", content="x").code == "CONFLICT"
     assert (ws / "src/pkg/mod.py").stat().st_mode & 0o777 == 0o644
     read = call(ctx, "text.read", path="/src/pkg/mod.py")
     assert read["hash"] == made["hash"] and read["total_lines"] == 2 and read["encoding"] == "utf-8"
-    r = call(ctx, "text.replace", path="/src/pkg/mod.py", hash=read["hash"], lines=[2, 0], old="    return 1", new="    return 2")
+    r = call(ctx, "text.replace", path="/src/pkg/mod.py", hash=read["hash"], lines=[2, 0], old="    return 1",
+             new="    return 2")
     assert (ws / "src/pkg/mod.py").read_text() == "def f():\n    return 2\n"
     i = call(ctx, "text.insert", path="src/pkg/mod.py", hash=r["hash"], line=1, anchor="def f():", content="# doc")
     a = call(ctx, "text.append", path="src/pkg/mod.py", hash=i["hash"], content="f()")
@@ -293,7 +296,8 @@ def test_rootspace_lifecycle(ctx: FakeContext, ws: Path) -> None:
     assert call(ctx, "text_read", path="/src/pkg/mod.py", lines=[-2, 0])["content"] == "    return 2\nf()\n"
     stale = fails(ctx, "file.remove", path="/src/pkg/mod.py", hash=read["hash"])
     assert stale.code == "CONFLICT" and "text_read" in stale.message
-    assert call(ctx, "file.remove", path="/src/pkg/mod.py", hash=a["hash"]) == {"path": "/src/pkg/mod.py", "removed": True}
+    assert call(ctx, "file.remove", path="/src/pkg/mod.py", hash=a["hash"]) == {"path": "/src/pkg/mod.py",
+                                                                                "removed": True}
     assert not (ws / "src/pkg/mod.py").exists()
 
 
@@ -356,7 +360,8 @@ def test_list_resource(ctx: FakeContext, ws: Path) -> None:
         {"name": ".hidden", "kind": "file"}, {"name": "a.txt", "kind": "file"},
         {"name": "b", "kind": "dir"}, {"name": "ln", "kind": "symlink"},
     ]}
-    assert json.loads(trio.run(rootspace_tools.list_resource, ctx, "list://b")[1])["entries"] == [{"name": "inner", "kind": "file"}]
+    assert json.loads(trio.run(rootspace_tools.list_resource, ctx, "list://b")[1])["entries"] == [
+        {"name": "inner", "kind": "file"}]
     assert json.loads(trio.run(rootspace_tools.list_resource, ctx, "list://")[1])["path"] == "/"
     with pytest.raises(CcwError) as info:
         trio.run(rootspace_tools.list_resource, ctx, "list://nope/deeper")
@@ -420,7 +425,8 @@ def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
              ops=[{"op": "replace", "anchor": read["content"].split("|")[0], "content": "changed in capsule"}])
         assert (merged / "f.txt").read_text() == "changed in capsule\n"
         assert (ws / "f.txt").read_text() == "live\n"  # the live tree is untouched
-        assert fails(ctx, "read_text_file", path=str(tmp_path / "elsewhere"), capsule_id="cap1").code == "PERMISSION_DENIED"
+        assert fails(ctx, "read_text_file", path=str(tmp_path / "elsewhere"),
+                     capsule_id="cap1").code == "PERMISSION_DENIED"
         assert fails(ctx, "read_text_file", path="f.txt", capsule_id="nope").code == "NOT_FOUND"
         made = call(ctx, "file_create", path="/new.txt", content="n\n", capsule_id="cap1")
         assert (merged / "new.txt").read_text() == "n\n" and not (ws / "new.txt").exists()
@@ -430,7 +436,8 @@ def test_capsule_id_acts_on_the_capsule_view(ws: Path, tmp_path: Path) -> None:
         assert not (merged / "new.txt").exists()
         # Every change is journaled for the capsule's witness, in order, with its bytes.
         writes = Journal(state).writes("cap1")
-        assert [(w["path"], w["action"]) for w in writes] == [("f.txt", "write"), ("new.txt", "write"), ("new.txt", "delete")]
+        assert [(w["path"], w["action"]) for w in writes] == [("f.txt", "write"), ("new.txt", "write"),
+                                                              ("new.txt", "delete")]
         assert base64.b64decode(writes[0]["content_b64"]) == b"changed in capsule\n"
         # Each advanced the capsule's change generation (deltamin trusts only runs of the last).
         assert [w["generation"] for w in writes] == [1, 2, 3] and Journal(state).generation("cap1") == 3
@@ -452,13 +459,16 @@ def test_every_anchored_op_on_an_empty_file_is_rejected_with_an_empty_context(ct
     assert (ws / "empty").read_bytes() == b""
     state = call(ctx, "text_read", path="/empty")
     assert (state["content"], state["total_lines"]) == ("", 0)
-    assert fails(ctx, "text_insert", path="/empty", hash=state["hash"], line=1, anchor="", content="x").code == "INVALID_ARGUMENT"
-    assert fails(ctx, "text_replace", path="/empty", hash=state["hash"], lines=[0, 0], old="x", new="y").code == "INVALID_ARGUMENT"
+    assert fails(ctx, "text_insert", path="/empty", hash=state["hash"], line=1, anchor="",
+                 content="x").code == "INVALID_ARGUMENT"
+    assert fails(ctx, "text_replace", path="/empty", hash=state["hash"], lines=[0, 0], old="x",
+                 new="y").code == "INVALID_ARGUMENT"
     call(ctx, "text_append", path="/empty", hash=state["hash"], content="first\n")
     assert (ws / "empty").read_bytes() == b"first\n"
 
 
-def test_file_create_never_replaces_a_file_that_appears_meanwhile(ctx: FakeContext, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_file_create_never_replaces_a_file_that_appears_meanwhile(ctx: FakeContext, ws: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from mcp_server.fs.view import RootView
 
     real_exists = RootView.exists

@@ -79,7 +79,8 @@ def test_shallow_merges_branches_into_top_level_types() -> None:
 
 
 @pytest.mark.parametrize("instance", [
-    {"ok": True, "value": {"x": "a"}}, {"ok": True, "value": {"x": "a"}, "size": None}, {"ok": False, "reason": "odd", "n": 2},
+    {"ok": True, "value": {"x": "a"}}, {"ok": True, "value": {"x": "a"}, "size": None},
+    {"ok": False, "reason": "odd", "n": 2},
     {"ok": False, "reason": "gone", "size": "big"}, {"ok": False, "reason": "odd", "value": 7, "extra": []},
     {"ok": False, "reason": "odd", "size": {"any": "thing"}, "extra": "e"},
 ])

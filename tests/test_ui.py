@@ -170,7 +170,8 @@ def test_what_a_capsule_named_is_returned_verbatim_as_json(populated: Path) -> N
         status, headers, body = await request("GET", "/api/capsules/cap_1/runs")
         assert status == 200 and headers["content-type"] == "application/json"
         (run,) = json.loads(body)["runs"]
-        assert run["argv"] == HOSTILE_ARGV and (run["cpu_ms"], run["rss_max_kb"], run["rss_max_process_kb"]) == (7, 900, 600)
+        assert run["argv"] == HOSTILE_ARGV and (run["cpu_ms"], run["rss_max_kb"],
+                                                run["rss_max_process_kb"]) == (7, 900, 600)
         detail = json.loads((await request("GET", "/api/capsules/cap_1/runs/1"))[2])
         assert detail["written"] == [HOSTILE_PATH, "d/e.txt"] and detail["output"]["stdout"] == "<b>bold</b>\n"
         assert (await request("GET", "/api/capsules/cap_1/runs/2"))[0] == 404
@@ -226,7 +227,8 @@ def long_history(state_dir: Path) -> Path:
     state = State(state_dir)
     journal, _ = Journal(state), EventLog(state)
     for i in range(260):
-        journal.add_capsule(dataclasses.replace(capsule_record(f"cap_{i}"), created_at=f"2026-11-27T{i // 60:02}:{i % 60:02}:00Z"))
+        journal.add_capsule(dataclasses.replace(capsule_record(f"cap_{i}"),
+                                                created_at=f"2026-11-27T{i // 60:02}:{i % 60:02}:00Z"))
         if i % 3 == 1:
             journal.mark_destroyed(f"cap_{i}", "2026-11-28T00:00:00Z")
     connection = {"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True, "rule": "pypi.org:443"}

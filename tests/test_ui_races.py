@@ -124,7 +124,8 @@ def test_a_race_ended_without_a_table_says_how(service: CapsuleService, monkeypa
     with pytest.raises(BaseExceptionGroup):
         trio.run(race.race, service, race.Question(("cap_a", "cap_b"), ("true",)), None, "run_bug")
     failed = races.get(service.state, "run_bug")
-    assert failed["state"] == "failed" and failed["error"]["code"] == "INTERNAL" and "a bug" in failed["error"]["message"]
+    assert (failed["state"] == "failed" and failed["error"]["code"] == "INTERNAL"
+            and "a bug" in failed["error"]["message"])
 
     gates = {"cap_a": trio.Event()}
     _stand_in(monkeypatch, {"cap_a": _row("cap_a", 0, 1)}, gates)

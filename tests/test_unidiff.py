@@ -49,13 +49,15 @@ def _apply(tmp: Path, changes: list[FileChange]) -> None:
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(contents, contents, st.booleans()), min_size=1, max_size=4))
-def test_random_changes_apply_with_git(tmp_path_factory: object, pairs: list[tuple[bytes | None, bytes | None, bool]]) -> None:
+def test_random_changes_apply_with_git(tmp_path_factory: object,
+                                       pairs: list[tuple[bytes | None, bytes | None, bool]]) -> None:
     changes = []
     for i, (old, new, exe) in enumerate(pairs):
         if old is None and new is None:
             continue
         mode = 0o100755 if exe else 0o100644
-        changes.append(FileChange(f"d{i % 2}/f{i}.txt", old, new, 0o100644 if old is not None else None, mode if new is not None else None))
+        changes.append(FileChange(f"d{i % 2}/f{i}.txt", old, new, 0o100644 if old is not None else None,
+                                  mode if new is not None else None))
     if changes:
         _apply(tmp_path_factory.mktemp("u"), changes)  # type: ignore[attr-defined]
 

@@ -63,13 +63,14 @@ def test_links_followed_or_leaving_are_carried_unused_ones_are_not(tmp_path: Pat
     ]
     got = _entries(ws, Needs.from_journal(str(ws), execs, []))
     owner = {"uid": os.getuid(), "gid": os.getgid()}  # every entry records its owner (capsules/owners.py)
-    assert got[".venv/bin/python"] == {"path": ".venv/bin/python", "type": "symlink", "mode": 0o777, "target": "python3",
-                                       **owner}
+    assert got[".venv/bin/python"] == {"path": ".venv/bin/python", "type": "symlink", "mode": 0o777,
+                                       "target": "python3", **owner}
     assert got[".venv/bin/python3"]["target"] == "/usr/bin/python3"  # leaves the workspace: the host has it
     assert got[".venv/lib64"]["target"] == "lib"  # resolves to an ancestor of a file read
     assert got["node_modules/.bin/jest"]["target"] == "../jest/bin/jest.js"
     assert got["src"] == {"path": "src", "type": "dir", "mode": 0o750, **owner}
-    assert got["src/a.py"]["blob"] == "blob:src/a.py" and got["src/a.py"]["mtime_ns"] == (ws / "src/a.py").stat().st_mtime_ns
+    assert (got["src/a.py"]["blob"] == "blob:src/a.py"
+            and got["src/a.py"]["mtime_ns"] == (ws / "src/a.py").stat().st_mtime_ns)
     assert not {"src/to-unused", "src/dangling", "unused", "unused/big.txt", ".venv/include", "src/b.txt"} & set(got)
     assert not any(p.startswith(".git") for p in got)
     assert list(got) == sorted(got, key=str.encode)

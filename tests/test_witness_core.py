@@ -62,7 +62,8 @@ def test_plain_tar_reads_it(tmp_path: Path, compress: str) -> None:
     path = tmp_path / ("w.tar.zst" if compress == "zstd" else "w.tar")
     path.write_bytes(data)
     flags = ["--zstd"] if compress == "zstd" else []
-    listing = subprocess.run(["tar", *flags, "-tf", str(path)], capture_output=True, text=True, check=True).stdout.split()
+    listing = subprocess.run(["tar", *flags, "-tf", str(path)], capture_output=True, text=True,
+                             check=True).stdout.split()
     assert listing == ["manifest.json", *("blobs/" + n.split(":")[1] for n in NAMES)]
     subprocess.run(["tar", *flags, "-xf", str(path), "-C", str(tmp_path)], check=True)
     assert (tmp_path / "manifest.json").read_bytes() == canonical_json(_manifest())

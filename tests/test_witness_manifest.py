@@ -106,8 +106,9 @@ _WEB = {"name": "web", "argv": ["python3", "server.py"], "cwd": "/home/u/project
 def _with_services() -> dict[str, Any]:
     """An exec beside the service ``web``, then the service's own run (no time limit)."""
     made = _manifest()
-    made["execs"][0]["services"] = [copy.deepcopy(_WEB), {"name": "db", "argv": ["redis-server"], "cwd": None,
-                                                          "restart": "always", "ready": {"line": "Ready to accept", "timeout_ms": 30000}}]
+    made["execs"][0]["services"] = [copy.deepcopy(_WEB), {
+        "name": "db", "argv": ["redis-server"], "cwd": None, "restart": "always",
+        "ready": {"line": "Ready to accept", "timeout_ms": 30000}}]
     run, _ = craft.exec_entry(2, ["python3", "server.py"])
     made["execs"].append({**run, "service": "web", "timeout_ms": 0})
     return made
@@ -120,7 +121,8 @@ def test_an_exec_beside_services_and_a_services_own_run_pass() -> None:
 @pytest.mark.parametrize(("pointer", "value"), [
     ("/execs/0/services", [_WEB] * 17),  # more than MAX_SERVICES
     ("/execs/0/services", {"web": _WEB}),
-    ("/execs/0/services/0/name", "Web!"), ("/execs/0/services/0/name", "a" * 64), ("/execs/0/services/0/name", KeyError),
+    ("/execs/0/services/0/name", "Web!"), ("/execs/0/services/0/name", "a" * 64),
+    ("/execs/0/services/0/name", KeyError),
     ("/execs/0/services/0/argv", []), ("/execs/0/services/0/argv", ["sh", 1]), ("/execs/0/services/0/argv", KeyError),
     ("/execs/0/services/0/argv", [""]),  # no program name (sandbox.checks.argv)
     ("/execs/0/services/0/argv", ["sh", "x" * (2 * 1024 * 1024)]),  # past MAX_ARG_BYTES
