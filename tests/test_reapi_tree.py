@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from mcp_server.devcluster.cluster import bgd_config, find_server_python
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import parse_url
-from mcp_server.reapi.cluster import bgd_config, find_server_python
 from mcp_server.reapi.merkle import (
     DirEntry,
     FileEntry,

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
+from mcp_server.devcluster.cluster import Cluster, start_bot, stop_bot, temporary_cluster
 from tests.support.reapi_cluster import require_cluster_prerequisites
 
 pytestmark = pytest.mark.slow

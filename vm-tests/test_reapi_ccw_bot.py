@@ -36,9 +36,9 @@ from typing import Any
 import pytest
 import trio
 
+from mcp_server.devcluster.cluster import Cluster, start_bot, stop_bot, temporary_cluster
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient
-from mcp_server.reapi.cluster import Cluster, start_bot, stop_bot, temporary_cluster
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 import trio
 
+from mcp_server.devcluster.cluster import Cluster, temporary_cluster
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient, TrioReapi
-from mcp_server.reapi.cluster import Cluster, temporary_cluster
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes, key, tree_of_directory
 from mcp_server.reapi.protos import re_pb2
 from sandbox.errors import CcwError
@@ -198,10 +198,10 @@ def test_trio_execute_cancelled_ends_the_stream(client: ReapiClient) -> None:
 
 
 def test_one_command_up_and_down(request: pytest.FixtureRequest) -> None:
-    """``python -m mcp_server.reapi.cluster up`` prints the URL once ready; SIGTERM tears all down."""
+    """``python -m mcp_server.devcluster.cluster up`` prints the URL once ready; SIGTERM tears all down."""
     require_cluster_prerequisites(request.config)
     start = time.monotonic()
-    up = [sys.executable, "-m", "mcp_server.reapi.cluster", "up", "--bots", "1", "--capacity", "2",
+    up = [sys.executable, "-m", "mcp_server.devcluster.cluster", "up", "--bots", "1", "--capacity", "2",
           "--property", "pool=big"]
     with subprocess.Popen(up, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         assert process.stdout is not None and process.stderr is not None

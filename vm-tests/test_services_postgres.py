@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 import psutil
 import pytest
 
-from mcp_server.reapi import postgres
+from mcp_server.devcluster import postgres
 from tests.support.users import UserScript
 
 HERE = Path(__file__).resolve().parent

@@ -1,6 +1,6 @@
 """``python bench/run.py scaleout``: deltamin on a REAPI cluster of 1, 2 and 4 ccw-bots (issue 17).
 
-Brings up the local cluster (PostgreSQL + BuildGrid, mcp_server.reapi.cluster) and
+Brings up the local cluster (PostgreSQL + BuildGrid, mcp_server.devcluster.cluster) and
 ccw-bot processes (each with its own embedded helper, capacity 1) on this machine, and
 measures:
 
@@ -34,7 +34,7 @@ given time to start (Execute queues until one attaches) and a 20-file input root
 cluster's own start (PostgreSQL, BuildGrid) is most of its time.
 
 Needs root (the helpers run privileged), PostgreSQL (installed from Debian if absent)
-and a Python >= 3.13 for BuildGrid (see mcp_server/reapi/cluster.py).
+and a Python >= 3.13 for BuildGrid (see mcp_server/devcluster/cluster.py).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ class Bench:
 
     def bots(self, count: int, tag: str) -> list[Any]:
         """``count`` ccw-bots of capacity 1."""
-        from mcp_server.reapi.cluster import start_bot
+        from mcp_server.devcluster.cluster import start_bot
 
         return [start_bot(self.cluster.url, f"{tag}-{i}", self.root / "bots" / f"{tag}-{i}") for i in range(count)]
 
@@ -229,7 +229,7 @@ async def _measure(root: Path, cluster: Any, scale: Scale) -> dict[str, Any]:
     """Both cases at each bot count on the same bots (interleaved), then the other figures."""
     import trio
 
-    from mcp_server.reapi.cluster import stop_bot
+    from mcp_server.devcluster.cluster import stop_bot
 
     cases = scale.cases
     out: dict[str, Any] = {"walls": {c.name: {} for c in cases}, "trials": {c.name: {} for c in cases},
@@ -307,7 +307,7 @@ def run(quick: bool = False, smoke: bool = False) -> Report:
     """One cluster for the suite; every figure from the same run."""
     import trio
 
-    from mcp_server.reapi.cluster import temporary_cluster
+    from mcp_server.devcluster.cluster import temporary_cluster
 
     report = Report("scaleout")
     scale = SMOKE if smoke else QUICK if quick else FULL

@@ -190,7 +190,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return serve_main([])
     if args.command == "cluster":
-        from mcp_server.reapi import cluster
+        from mcp_server.devcluster import cluster
 
         where = ["--state-dir", args.cluster_state] if args.cluster_state else []
         properties = [arg for item in args.property for arg in ("--property", item)]

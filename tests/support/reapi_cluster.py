@@ -1,4 +1,4 @@
-"""What a local REAPI cluster (PostgreSQL + BuildGrid, mcp_server/reapi/cluster.py) needs of
+"""What a local REAPI cluster (PostgreSQL + BuildGrid, mcp_server/devcluster/cluster.py) needs of
 this host, checked once by the vm-tests that bring one up (test_reapi_cluster.py,
 test_reapi_ccw_bot.py) before their module-scoped cluster starts.
 """
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from mcp_server.reapi import postgres
-from mcp_server.reapi.cluster import find_server_python
+from mcp_server.devcluster import postgres
+from mcp_server.devcluster.cluster import find_server_python
 from sandbox.errors import CcwError
 
 

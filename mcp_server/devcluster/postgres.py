@@ -150,7 +150,7 @@ class PrivatePostgres:
             "max_connections = 200\n"  # BuildGrid pools per service and per bot session
         )
         with open(self.data_dir / "postgresql.conf", "a", encoding="utf-8") as conf:
-            conf.write("\n# ccw's private cluster (mcp_server/reapi/postgres.py)\n" + settings)
+            conf.write("\n# ccw's private cluster (mcp_server/devcluster/postgres.py)\n" + settings)
 
     def start(self) -> None:
         """Start the server, wait until it accepts connections, and create BuildGrid's database."""

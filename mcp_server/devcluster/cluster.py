@@ -1,6 +1,6 @@
 """A local REAPI cluster in one command: private PostgreSQL + BuildGrid, loopback only (issue 17).
 
-``python -m mcp_server.reapi.cluster up [--state-dir DIR]`` brings it up, prints the
+``python -m mcp_server.devcluster.cluster up [--state-dir DIR]`` brings it up, prints the
 endpoint (``CCW_REAPI_URL=grpc://127.0.0.1:PORT``) and tears it all down on Ctrl-C or
 SIGTERM; the vm-tests' fixture drives the same ``Cluster`` class.
 
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import grpc
 
-from mcp_server.reapi import postgres
+from mcp_server.devcluster import postgres
 from mcp_server.reapi.protos import re_grpc, re_pb2
 from mcp_server.reapi.worker import parse_properties
 from sandbox.errors import CcwError
@@ -375,7 +375,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``up``: start a cluster, print its URL, stay up until Ctrl-C or SIGTERM, then tear down."""
-    parser = argparse.ArgumentParser(prog="python -m mcp_server.reapi.cluster",
+    parser = argparse.ArgumentParser(prog="python -m mcp_server.devcluster.cluster",
                                      description="A local BuildGrid cluster on loopback")  # fmt: skip
     parser.add_argument("command", choices=["up"])
     parser.add_argument("--state-dir", type=Path, help="default: a fresh directory under /tmp")
