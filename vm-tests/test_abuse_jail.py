@@ -137,11 +137,16 @@ async def _exec(t: Any, capsule: str, script: str, timeout_ms: int = 30_000) -> 
 def test_fork_bomb_is_held_by_the_pids_limit(tools: Any, workspace: Path,
                                              record_property: Callable[[str, object], None]) -> None:
     record_property("abuses_tried", 1)
-    # $0 is the token, so every process of the bomb carries it in its command line.
-    # The bomb runs in a subshell: dash exits (status 2) when one of its own forks fails,
-    # so the parent may fork nothing itself while the bomb holds the pids limit, and
-    # waits with a builtin loop instead of sleep.
-    bomb = "(f() { f | f & }; f); i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; echo parent-alive"
+    # $0 is the token, so every process of the bomb carries it in its command line.  The
+    # parent (python3, started before the bomb) forks the bomb once and then forks nothing,
+    # so the pids limit cannot fail it, and waits by sleeping: a busy wait would share the
+    # CPU with the bomb's 63 spinning processes and, on a loaded machine, take longer than
+    # the exec's timeout (it once did, as a dash loop).
+    parent = ("import subprocess, sys, time\n"
+              "subprocess.Popen(['sh', '-c', 'f() { f | f & }; f', sys.argv[1]])\n"
+              "time.sleep(3)\n"
+              "print('parent-alive', flush=True)\n")
+    bomb = f"python3 -c \"{parent}\" \"$0\""
 
     async def body(t: Any, capsule: str) -> dict[str, Any]:
         return await _exec(t, capsule, bomb)
