@@ -22,7 +22,6 @@ import trio
 
 from mcp_server.config import Config
 from mcp_server.state import State
-from mcp_server.transports.http import bind_http, is_loopback, parse_addr
 from sandbox.errors import CcwError
 
 COMMANDS = ("ui",)
@@ -38,6 +37,10 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """Serve the dashboard until Ctrl-C."""
+    # Imported here, not at the top: every ccw command builds this module's parser, and the
+    # HTTP transport brings the MCP SDK, a second and a half of CPU at each start.
+    from mcp_server.transports.http import bind_http, is_loopback, parse_addr
+
     host, _ = parse_addr(args.listen)
     if not is_loopback(host):
         raise CcwError("PERMISSION_DENIED", f"ccw ui serves loopback only, not {host}: anyone who can reach the "
