@@ -42,7 +42,9 @@ from mcp_server.fs.view import DirFds, RootView, Side, open_name
 from mcp_server.journal import Journal
 from sandbox.errors import wrap_oserror
 
-WRITERS = 2  # files written at once: this VM's cores
+# Files written at once.  Each is a create and a rename on overlayfs, whose syscalls overlap
+# between two writers; four measured no faster than two (bench/parts/merge.py, on 2 cores).
+WRITERS = 2
 
 
 def view_side(state: State) -> Side | None:
