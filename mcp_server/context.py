@@ -49,8 +49,8 @@ class Runtime:
                  run_outcome: Callable[[Run], Sequence[tuple[str, Mapping[str, Any]]]] | None = None) -> None:
         self.config = config
         self.state = state
-        # What an ended run tells the event stream: its tool's to say (CcwServer.run_outcome
-        # asks the tool's spec); None: nothing (a runtime without a server's tools: tests).
+        # What an ended run tells the event stream: its tool's to say (Registry.run_outcome
+        # asks the tool's spec); None: nothing (a runtime that serves no tools: the bot).
         self._run_outcome = run_outcome
         self._helper: HelperClient | None = None
         self._helper_lock = trio.Lock()

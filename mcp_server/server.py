@@ -57,7 +57,6 @@ from mcp_types import methods as spec_methods
 
 from mcp_server import __version__, completion, framing, mcp_logging
 from mcp_server.caller import lending, lent
-from mcp_server.capsules.run import Run
 from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
@@ -87,7 +86,7 @@ class CcwServer:
         # Every tool this process can serve (``registry``: a test's own); a connection is
         # served the part its CCW_TOOLSETS chooses.
         self.servable = registry if registry is not None else Registry.load(TOOLSETS)
-        self.runtime = Runtime(config, state, self.run_outcome)
+        self.runtime = Runtime(config, state, self.servable.run_outcome)
         self.check_output = config.debug
         # By the spec itself, not its name: a profile may serve a narrowed spec of the same name
         # (ToolSpec.narrowed) beside another connection's whole one.  Each entry holds its spec,
@@ -235,11 +234,6 @@ class CcwServer:
         return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
     # --- the tool pipeline ------------------------------------------------------
-
-    def run_outcome(self, run: Run) -> list[tuple[str, dict[str, Any]]]:
-        """The events of an ended run: its tool's ``ToolSpec.outcome`` of the run's result or error."""
-        spec = self.servable.lookup(run.tool)
-        return spec.outcome(run.result, run.error) if spec is not None and spec.outcome is not None else []
 
     def _lookup(self, name: str, tools: ToolList) -> ToolSpec:
         spec = tools.registry.lookup(name)

@@ -152,7 +152,7 @@ def _session(tmp_path: Path, scenario: Scenario) -> Any:
     workspace.mkdir()
 
     async def main() -> Any:
-        runtime = Runtime(Config.from_env({"CCW_STATE_DIR": str(state_dir)}), State(state_dir))
+        runtime = Runtime(Config.from_env({"CCW_STATE_DIR": str(state_dir)}), State(state_dir), REGISTRY.run_outcome)
         helper = FakeHelper()
         runtime._helper = helper  # type: ignore[assignment]  # the runtime's one helper client
 

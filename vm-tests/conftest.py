@@ -62,9 +62,9 @@ class ToolRunner:
         from mcp_server.tools.registry import Registry
 
         self.config = Config.from_env({**(env or {}), "CCW_STATE_DIR": str(state_dir)})  # env: other CCW_* settings
-        self.runtime = Runtime(self.config, State(state_dir))
-        self.ctx = CallContext(self.runtime)
         self.registry = Registry.load(TOOLSETS)
+        self.runtime = Runtime(self.config, State(state_dir), self.registry.run_outcome)  # as the server's
+        self.ctx = CallContext(self.runtime)
 
     async def call(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
         """Validate ``args``, run the tool, validate and return its result."""

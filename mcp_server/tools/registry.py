@@ -131,7 +131,7 @@ class ToolSpec:
     narrowed: Callable[[ToolSpec], ToolSpec] | None = None
     # What a person watching the event stream learns when a call ends (events.record_outcome
     # appends it); None: nothing beyond what its work journals.  A call answered through a
-    # run (capsules/run.py) is told when the run ends (CcwServer.run_outcome); one answered
+    # run (capsules/run.py) is told when the run ends (Registry.run_outcome); one answered
     # at once, by its handler, which alone knows which of its failures are refusals.
     outcome: Outcome | None = None
 
@@ -231,6 +231,12 @@ class Registry:
     def lookup(self, name: str) -> ToolSpec | None:
         """The tool called ``name`` (its own name or an alias), or None."""
         return self._by_name.get(name)
+
+    def run_outcome(self, run: Run) -> list[tuple[str, dict[str, Any]]]:
+        """The events of an ended run (a Runtime's ``run_outcome``): its tool's ``ToolSpec.outcome``
+        of the run's result or error; none for a tool this registry does not hold."""
+        spec = self.lookup(run.tool)
+        return spec.outcome(run.result, run.error) if spec is not None and spec.outcome is not None else []
 
     def is_deprecated_alias(self, name: str) -> bool:
         """True when ``name`` is a deprecated alias of some tool."""
