@@ -16,11 +16,13 @@ from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.core.unidiff import hunk_count
 from mcp_server.events import finished
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox import checks
 
 
 async def capsule_deltamin(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The smallest part of the capsule's change that still makes target_cmd fail."""
-    question = Question(args["capsule_id"], list(args["target_cmd"]), args.get("failure_predicate", "exit_code"),
+    target = list(checks.argv("target_cmd", args["target_cmd"]))  # named as sent: the helper's is `argv`
+    question = Question(args["capsule_id"], target, args.get("failure_predicate", "exit_code"),
                         args.get("budget_ms") or 600_000, args.get("confirm_runs"))
 
     async def body(run: Run) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox import checks
 from sandbox.checks import MAX_TIMEOUT_MS
 from sandbox.errors import CcwError
 
@@ -55,7 +56,8 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
         stdin = None
     else:
         console = None
-    request = exec_request(args["capsule_id"], args["cmd"], args.get("cwd"), args.get("timeout_ms"),
+    # Checked here under the name the caller sent: the helper checks it again as its op's `argv`.
+    request = exec_request(args["capsule_id"], checks.argv("cmd", args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
                            stdin.encode() if stdin is not None else None)
 
     async def body(run: Run) -> dict[str, Any]:

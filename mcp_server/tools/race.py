@@ -16,12 +16,13 @@ from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.race import MAX_RACERS, Question, race
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.tools.registry import ToolContext, ToolSpec
+from sandbox import checks
 from sandbox.checks import MAX_TIMEOUT_MS
 
 
 async def capsule_race(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Run ``cmd`` in each capsule, in parallel up to the cores; the ranked table."""
-    question = Question(tuple(args["capsule_ids"]), tuple(args["cmd"]), args.get("timeout_ms"),
+    question = Question(tuple(args["capsule_ids"]), tuple(checks.argv("cmd", args["cmd"])), args.get("timeout_ms"),
                         args.get("policy") or "baseline")
     values = ctx.caller_env  # the whitelist's values: the caller's (mcp_server/caller.py)
 

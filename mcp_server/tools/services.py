@@ -23,6 +23,7 @@ from mcp_server.capsules.service_spec import (
 from mcp_server.capsules.services import Services
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
+from sandbox import checks
 from sandbox.checks import MAX_ARGV
 from sandbox.errors import CcwError
 from sandbox.ops import MAX_PORT, SERVICE_NAME_RE, FreezeRequest
@@ -43,6 +44,7 @@ def _services(ctx: ToolContext) -> Services:
 
 
 def _spec(ctx: ToolContext, args: dict[str, Any]) -> ServiceSpec:
+    argv = tuple(checks.argv("cmd", args["cmd"]))  # under the name the caller sent, before any lookup
     record = ctx.capsules.live_record(args["capsule_id"])
     env = args.get("env")
     unknown = sorted(set(env or ()) - set(record.spec.env_whitelist) - _ALWAYS_ENV)
@@ -51,7 +53,7 @@ def _spec(ctx: ToolContext, args: dict[str, Any]) -> ServiceSpec:
                        f"{sorted(record.spec.env_whitelist)}; create the capsule with them whitelisted",
                        {"argument": "env", "names": unknown})
     cwd = resolve_cwd(args.get("cwd"), record.workspace)  # outside the workspace: refused before any wait
-    return ServiceSpec(record.capsule_id, args["name"], tuple(args["cmd"]), cwd, env,
+    return ServiceSpec(record.capsule_id, args["name"], argv, cwd, env,
                        Ready.from_json(args["ready"]) if args.get("ready") else None,
                        Limits(**args["limits"]) if args.get("limits") else None, args.get("restart", "no"))
 

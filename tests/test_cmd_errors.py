@@ -1,0 +1,65 @@
+"""A bad command over MCP is refused naming the argument the caller sent (``cmd``, deltamin's
+``target_cmd``), not the helper's field for it (its exec op's ``argv``): the tool adapters
+check it under their own name before the call waits for a turn or reaches the helper
+(docs/names.md, "cmd and argv").  No helper runs here, so only that check can answer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.checks import MAX_ARGV
+from tests.support.raw_mcp import RawStdio
+
+CAPSULE = "cap_0001700000000000_1a2b"  # well formed; never made (the check comes first)
+BAD = {
+    "nul": ["echo", "a\x00b"],
+    "no program": [""],
+    "too many": ["true"] * (MAX_ARGV + 1),
+}
+CALLS = [
+    ("capsule_exec", "cmd", {"capsule_id": CAPSULE}),
+    ("capsule_race", "cmd", {"capsule_ids": [CAPSULE]}),
+    ("capsule_deltamin", "target_cmd", {"capsule_id": CAPSULE}),
+    ("capsule_service_start", "cmd", {"capsule_id": CAPSULE, "name": "web"}),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RawStdio]:
+    state: Path = tmp_path_factory.mktemp("cmd") / "state"
+    # No helper at this socket: a call that got past the check would fail UNAVAILABLE instead.
+    with RawStdio(state, "capsule", tasks=False, CCW_HELPER_SOCKET=str(state.parent / "no-helper.sock")) as raw:
+        yield raw
+
+
+def _named(answer: dict[str, Any]) -> str:
+    """The argument a refused tool call names: its schema's (-32602, capsule_service_start's
+    ``cmd`` has maxItems) or its CcwError's (INVALID_ARGUMENT, ``details.argument``)."""
+    if "error" in answer:
+        assert answer["error"]["code"] == -32602, answer
+        paths = {error["path"] for error in answer["error"]["data"]["errors"]}
+        assert len(paths) == 1, answer
+        return str(paths.pop()).removeprefix("/")  # a JSON pointer: "/cmd"
+    result = answer["result"]
+    assert result.get("isError"), answer
+    error = result["structuredContent"]["error"]
+    assert error["code"] == "INVALID_ARGUMENT" and "argv" not in error["message"], error
+    assert f"argument {error['details']['argument']!r}" in error["message"], error
+    return str(error["details"]["argument"])
+
+
+@pytest.mark.parametrize("tool,argument,args", CALLS, ids=[call[0] for call in CALLS])
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_a_bad_command_is_refused_under_its_own_name(server: RawStdio, tool: str, argument: str,
+                                                     args: dict[str, Any], bad: str) -> None:
+    answer = server.request("tools/call", {"name": tool, "arguments": {**args, argument: BAD[bad]}})
+    assert _named(answer) == argument
+
+
+def test_an_empty_command_is_refused_by_the_schema_naming_cmd(server: RawStdio) -> None:
+    answer = server.request("tools/call", {"name": "capsule_exec", "arguments": {"capsule_id": CAPSULE, "cmd": []}})
+    assert _named(answer) == "cmd"
