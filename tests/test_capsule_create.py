@@ -1,6 +1,8 @@
 """capsule_create's service part (mcp_server/capsules/create.py) against a helper that only
 makes capsules: the paths resolved before the helper sees them, the directory rule applied
-before it is asked, a worktree's git dir found, and toolchains found from the caller's PATH."""
+before it is asked, a worktree's git dir found, and toolchains found from the caller's PATH.
+A path that is relative, or whose real name is not UTF-8, is refused by name before the
+helper is asked (core/hostpaths.py)."""
 
 from __future__ import annotations
 
@@ -102,3 +104,63 @@ def test_toolchains_are_found_from_the_callers_path_unless_auto_expose_is_off(tm
     assert _make(tmp_path, Asked(workspace=str(workspace)), {"PATH": "/usr/bin"})[0].exposed == ()
     assert _make(tmp_path, Asked(workspace=str(workspace), auto_expose=False), env)[0].exposed == ()
     assert os.path.isdir(node)  # nothing it found was touched
+
+
+def _not_utf8_dir(tmp_path: Path) -> str:
+    """A directory named with the byte 0xff (os.mkdir(b"w\\xff")), as Python names it."""
+    os.mkdir(os.fsencode(tmp_path) + b"/w\xff")
+    return f"{tmp_path}/w\udcff"
+
+
+def _refused(tmp_path: Path, asked: Asked) -> CcwError:
+    helper = MakingHelper()
+    with pytest.raises(CcwError) as refused:
+        _make(tmp_path, asked, {"PATH": ""}, helper)
+    assert helper.requests == []  # refused before the helper is asked
+    return refused.value
+
+
+def test_a_name_that_is_not_utf8_is_refused_by_name_with_the_way_out(tmp_path: Path) -> None:
+    bad = _not_utf8_dir(tmp_path)
+    error = _refused(tmp_path, Asked(workspace=bad))
+    assert error.code == "INVALID_ARGUMENT"
+    assert error.message.startswith(f"workspace '{tmp_path}/w\\xff' is not UTF-8 text")
+    assert "rename the directory" in error.message and "canonical JSON" not in error.message
+    assert error.details == {"argument": "workspace", "path": f"{tmp_path}/w\\xff"}
+    # A UTF-8 symlink does not help, as the message says: the workspace is its real name.
+    (tmp_path / "link").symlink_to(os.fsencode(bad))
+    assert _refused(tmp_path, Asked(workspace=str(tmp_path / "link"))).message == error.message
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    base = _refused(tmp_path, Asked(workspace=str(ws), base=bad))
+    assert base.details["argument"] == "base" and base.message.startswith("base ")
+    exposed = _refused(tmp_path, Asked(workspace=str(ws), expose=(bad,)))
+    assert exposed.details["argument"] == "expose"
+
+
+def test_a_name_that_is_not_utf8_but_leads_to_one_that_is_works(tmp_path: Path) -> None:
+    ws = tmp_path / "wé"
+    ws.mkdir()
+    os.symlink(os.fsencode(ws), os.fsencode(tmp_path) + b"/l\xff")
+    made, helper = _make(tmp_path, Asked(workspace=f"{tmp_path}/l\udcff"), {"PATH": ""})
+    assert helper.requests[0].spec.workspace == str(ws) == made.record.workspace
+
+
+def test_a_toolchain_found_under_a_name_that_is_not_utf8_is_left_out(tmp_path: Path) -> None:
+    bad = _not_utf8_dir(tmp_path)
+    os.mkdir(os.fsencode(bad) + b"/bin")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    made, helper = _make(tmp_path, Asked(workspace=str(ws)), {"PATH": f"{bad}/bin", "HOME": str(tmp_path)})
+    assert made.exposed == () and helper.requests[0].spec.expose == ()
+
+
+@pytest.mark.parametrize("field", ["workspace", "base"])
+def test_a_relative_path_over_mcp_is_refused_naming_the_argument(tmp_path: Path, field: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "proj").mkdir()
+    monkeypatch.chdir(tmp_path)  # it exists from the front end's cwd, which means nothing to a client
+    asked = Asked(workspace="proj") if field == "workspace" else Asked(workspace=str(tmp_path / "proj"), base="proj")
+    error = _refused(tmp_path, asked)
+    assert error.code == "INVALID_ARGUMENT" and error.details == {"argument": field, "path": "proj"}
+    assert error.message.startswith(f"{field} 'proj' is a relative path; give an absolute one")

@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
+import functools
 import json
 import os
 import secrets as random
@@ -95,17 +97,17 @@ class Authorities:
     def __init__(self) -> None:
         self._by_host: dict[str, castore.ServerContexts] = {}
 
-    def add(self, authority: Authority) -> None:
-        contexts = castore.ServerContexts(authority)
+    def add(self, authority: Authority, renew: Callable[[dt.datetime], Authority] | None = None) -> None:
+        contexts = castore.ServerContexts(authority, renew)
         for host in authority.hosts:
             self._by_host.setdefault(host, contexts)
 
-    def get(self, host: str) -> ssl.SSLContext:
+    def get(self, host: str, now: dt.datetime | None = None) -> ssl.SSLContext:
         """The context for ``host``'s leaf; CONFLICT if none of the capsule's CAs names it."""
         contexts = self._by_host.get(host)
         if contexts is None:
             raise CcwError("CONFLICT", f"none of this capsule's TLS CAs was made for {host}", {"host": host})
-        return contexts.get(host)
+        return contexts.get(host, now)
 
 
 def tls_hosts(network: NetworkSpec | None) -> frozenset[str]:
@@ -195,15 +197,27 @@ def _ca_file(tls_id: str, index: int, hosts: Sequence[str]) -> str:
 
 
 def _authorities(root: Path, tls_id: str, cas: Sequence[Sequence[str]]) -> tuple[Authorities, str]:
-    """The capsule's CAs, loaded or made, and its bundle (the system's CAs, then each of them) written."""
+    """The capsule's CAs, loaded or made, and its bundle (the system's CAs, then each of them) written;
+    each renewed by the proxy when it nears its end (``_renewed``: core/tlsca.py's notes)."""
     held = Authorities()
-    made = [castore.load_or_make(root / TLS_DIR, hosts, name=_ca_file(tls_id, index, hosts))
+    made, bundle = _loaded(root, tls_id, cas)
+    for index, authority in enumerate(made):
+        held.add(authority, functools.partial(_renewed, root, tls_id, cas, index))
+    return held, bundle
+
+
+def _loaded(root: Path, tls_id: str, cas: Sequence[Sequence[str]],
+            now: dt.datetime | None = None) -> tuple[list[Authority], str]:
+    made = [castore.load_or_make(root / TLS_DIR, hosts, now, name=_ca_file(tls_id, index, hosts))
             for index, hosts in enumerate(cas)]
-    for authority in made:
-        held.add(authority)
     folder = root / TLS_DIR / tls_id
-    return held, _write_bundle(folder, _appended(folder / BUNDLE, castore.bundle(made[0]),
+    return made, _write_bundle(folder, _appended(folder / BUNDLE, castore.bundle(made[0]),
                                                  [authority.cert_pem() for authority in made[1:]]))
+
+
+def _renewed(root: Path, tls_id: str, cas: Sequence[Sequence[str]], index: int, now: dt.datetime) -> Authority:
+    """The capsule's ``index``th CA made again (its file replaced: it was due) and the bundle rewritten with it."""
+    return _loaded(root, tls_id, cas, now)[0][index]
 
 
 def _appended(path: Path, base: bytes, later: Sequence[bytes]) -> bytes:

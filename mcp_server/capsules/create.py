@@ -4,14 +4,16 @@ The tool (tools/capsule.py) parses its arguments into an ``Asked``; ``create`` d
 what the capsule is, in this order (a call wrong in two ways hears of the first):
 
 1. The workspace and base, ``~`` expanded and resolved (``realpath``), so that the
-   journal's entries are canonical.  The helper resolves and checks them again.
+   journal's entries are canonical.  The helper resolves and checks them again.  A
+   relative one, or one whose real name is not UTF-8, is refused (core/hostpaths.py says why).
 2. The directory rule (``check_capsule_dir``): never a system directory or a home's
    secrets.  The helper applies it again; here it fails before any work is done.
 3. The git dir a worktree's or submodule's ``.git`` file names, outside the workspace
    (capsules/gitdirs.py: a few bounded reads of small files), or why git will not work.
 4. The toolchain dirs shown read-only (capsules/exposure.py): those asked for, and,
    unless ``auto_expose`` is false, those found from the caller's PATH and HOME.  The
-   caller's environment is the one it lent, else ours (mcp_server/caller.py).
+   caller's environment is the one it lent, else ours (mcp_server/caller.py).  One asked
+   for whose real name is not UTF-8 is refused; one found so is left out.
 5. The network policy's defaults (``on_miss``, ``ask_timeout_ms``) where the call did
    not say them, then ``CapsuleService.create``.
 """
@@ -31,6 +33,7 @@ from mcp_server.capsules.gitdirs import Found
 from mcp_server.capsules.gitdirs import find as find_gitdir
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.core import hostpaths
 from mcp_server.core.expose import Need
 from mcp_server.core.netrules import NetworkSpec
 from mcp_server.core.paths import encoded as encoded_path
@@ -68,7 +71,16 @@ class Made:
 
 def _real(path: str, what: str) -> str:
     encoded_path(path, what)
-    return os.path.realpath(os.path.expanduser(path))
+    expanded = hostpaths.absolute(os.path.expanduser(path), what)
+    return hostpaths.utf8(os.path.realpath(expanded), what)
+
+
+def _asked_exposed(paths: tuple[str, ...]) -> None:
+    """Refuse, by name, a directory asked for whose real name is not UTF-8 (capsules/exposure.py
+    refuses a relative one)."""
+    for path in paths:
+        if path.startswith("/"):
+            hostpaths.utf8(os.path.realpath(path), "expose")
 
 
 async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str]) -> Made:
@@ -80,6 +92,7 @@ async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str])
     if base != workspace:
         check_capsule_dir("base", base, uid, homes, given=asked.base)
     git = find_gitdir(base, uid, homes)
+    _asked_exposed(asked.expose)
     spec = CapsuleSpec(
         workspace=workspace,
         base=base if base != workspace else None,
@@ -90,6 +103,9 @@ async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str])
     )
     needs = await trio.to_thread.run_sync(exposure.plan, workspace, list(asked.expose), asked.auto_expose, env,
                                           uid, homes)
+    # One found by itself that ccw cannot carry is left out, as a missing one is: a PATH
+    # entry the caller never named is no reason to fail.
+    needs = [need for need in needs if hostpaths.is_utf8(need.path)]
     spec = dataclasses.replace(spec, expose=tuple(sorted(need.path for need in needs)))
     network = PolicyStore(capsules.state).network_defaults(asked.network, asked.network_given)
     record = await capsules.create(spec, network, asked.volatile, asked.secrets)

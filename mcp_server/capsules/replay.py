@@ -73,7 +73,7 @@ from mcp_server.capsules.replay_steps import (
 )
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness import verify_file, witness_key
-from mcp_server.core import paths
+from mcp_server.core import hostpaths, paths
 from mcp_server.core.netrules import NetworkSpec, network_json
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
@@ -205,7 +205,7 @@ def _live_dir(workspace: str) -> str:
     if not os.access(workspace, os.R_OK | os.X_OK):
         raise CcwError("PERMISSION_DENIED", f"you may not read {workspace!r}; name a directory you can read",
                        {"workspace": workspace})
-    real = os.path.realpath(workspace)
+    real = hostpaths.utf8(os.path.realpath(workspace), "workspace")
     check_capsule_dir("workspace", real, os.getuid(), login_homes(), given=workspace)
     return real
 

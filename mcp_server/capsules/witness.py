@@ -61,7 +61,7 @@ from mcp_server.capsules import netlive
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
 from mcp_server.capsules.witness_ignore import carried_rules
-from mcp_server.core import paths
+from mcp_server.core import hostpaths, paths
 from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
@@ -400,7 +400,7 @@ def locate(state: State, witness_id: str | None, path: str | None) -> tuple[Path
         return Path(rows[0]["path"]), rows[0]["root_hash"]
     if path:
         paths.encoded(path, "witness path")
-        return Path(path), None
+        return Path(hostpaths.absolute(path, "path")), None
     raise CcwError("INVALID_ARGUMENT", "give witness_id (from capsule_witness or witness_list) or path")
 
 

@@ -5,8 +5,10 @@ Each command calls one tool over MCP on the state dir's one front end
 ``ccw-mcp`` an agent runs there, or the front-end daemon the command starts.  So a
 capsule made here can be used by an agent through ``ccw-mcp`` on the same state dir and
 the other way round, and an exec here waits its turn behind the agent's.  Paths in the
-arguments are made absolute here (the front end has its own cwd).  The helper is found
-or started by ``helperctl.ensure`` first (see there for why it is detached).
+arguments are made absolute here (the front end has its own cwd, and refuses relative
+ones), and one whose real name is not UTF-8 is refused here as the front end would.
+The helper is found or started by ``helperctl.ensure`` first (see there for why it is
+detached).
 
 Output: a short human form on stdout (``create`` prints only the id, so
 ``CAP=$(ccw capsule create .)`` works), the tool's whole structured result with
@@ -37,6 +39,7 @@ from mcp_server.cli.output import (
 )
 from mcp_server.cli.policy_report import policy_lines
 from mcp_server.config import Config
+from mcp_server.core import hostpaths
 from mcp_server.core.hazards import KINDS
 from mcp_server.core.unidiff import hunk_count
 
@@ -269,7 +272,7 @@ def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
     if network is not None:
         call["network"] = network
     if args.workspace:
-        call["workspace"] = os.path.abspath(args.workspace)
+        call["workspace"] = _host_path(args.workspace, "workspace")
     if args.allow_untrusted:
         call["allow_untrusted"] = True
     if args.volatile:
@@ -356,11 +359,20 @@ def _git_lines(gitdirs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _host_path(path: str, argument: str) -> str:
+    """``path`` made absolute here (the front end has its own cwd), and refused here, with the
+    front end's words, when its real name is not UTF-8 (core/hostpaths.py): before a helper
+    or a front end is started for a call that cannot succeed."""
+    absolute = os.path.abspath(path)
+    hostpaths.utf8(os.path.realpath(absolute), argument)
+    return absolute
+
+
 def _create_call(args: argparse.Namespace) -> dict[str, Any]:
     """capsule_create's arguments for ``ccw capsule create``."""
-    call: dict[str, Any] = {"workspace": os.path.abspath(args.workspace)}
+    call: dict[str, Any] = {"workspace": _host_path(args.workspace, "workspace")}
     if args.base:
-        call["base"] = os.path.abspath(args.base)
+        call["base"] = _host_path(args.base, "base")
     limits = {k: v for k, v in (("memory_mb", args.memory_mb), ("pids_max", args.pids_max),
                                 ("cpu_ms", args.cpu_ms), ("disk_mb", args.disk_mb)) if v is not None}
     if limits:
@@ -377,7 +389,7 @@ def _create_call(args: argparse.Namespace) -> dict[str, Any]:
     if args.secret:
         call["secrets"] = sorted(set(args.secret))
     if args.expose:
-        call["expose"] = [os.path.abspath(path) for path in args.expose]
+        call["expose"] = [_host_path(path, "expose") for path in args.expose]
     if args.no_auto_expose:
         call["auto_expose"] = False
     return call

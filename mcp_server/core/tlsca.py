@@ -35,6 +35,19 @@ end-to-end tunnel.  Some facts about X.509 that decide what this CA is:
   (``LeafCache``), issued again when they near their end; the CA lives ``CA_LIFETIME``
   and is remade ``CA_RENEW`` before it ends.  Both start ``SKEW`` in the past, for a
   jail whose clock is a little behind.
+- **A leaf never outlives its CA.**  A verifier refuses a chain whose CA has ended,
+  whatever the leaf says, so a leaf is cut at its CA's end (``sign_leaf``), and a CA
+  that has ended signs nothing (``Authority.leaf``: UNAVAILABLE, saying what renews it).
+- **A front end that runs for months renews the CA itself.**  The state dir's file is
+  read at create and at a restart; a front end running past ``CA_RENEW`` before the
+  CA's end would otherwise go on signing with it until clients refuse every leaf.
+  ``LeafCache`` is given a ``renew`` (fs/castore.py's caller remakes the CA's file and
+  the capsule's bundle): the first leaf asked for inside that window calls it, and the
+  leaves of the old CA are dropped.  What a capsule sees: its bundle file is rewritten
+  with the new CA in one rename; a client that reads it per process or per connection
+  (curl, git, pip, a new Python) trusts the new leaves at once, one that loaded it
+  before the renewal refuses them until it loads it again (so the renewal comes a week
+  before the end, not at it, and at most once in ``CA_LIFETIME``).
 """
 
 from __future__ import annotations
@@ -42,7 +55,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -106,7 +119,7 @@ def sign_leaf(ca_key: ec.EllipticCurvePrivateKey, ca_cert: x509.Certificate, hos
               lifetime: dt.timedelta = LEAF_LIFETIME) -> Leaf:
     """A leaf for ``host`` signed by the CA, with no check of the CA's constraints (``Authority.leaf`` checks)."""
     key = ec.generate_private_key(ec.SECP256R1())
-    not_after = now + lifetime
+    not_after = min(now + lifetime, ca_cert.not_valid_after_utc)  # never past its CA's end
     # No CN for an address: OpenSSL checks a CN against the DNS subtrees when the leaf has no
     # DNS name, and an address is in none; the subject is then empty, so the SAN is critical.
     address = _ip(host) is not None
@@ -170,15 +183,23 @@ class Authority:
 
     def fits(self, hosts: Iterable[str], now: dt.datetime) -> bool:
         """True if this CA was made for exactly ``hosts`` and is not near its end."""
-        return self.hosts == frozenset(hosts) and now + CA_RENEW < self.not_after
+        return self.hosts == frozenset(hosts) and not self.due(now)
 
     def leaf(self, host: str, now: dt.datetime) -> Leaf:
-        """A leaf for ``host``; CONFLICT if the CA was not made for it."""
+        """A leaf for ``host``; CONFLICT if the CA was not made for it, UNAVAILABLE once the CA has ended."""
         if not self.permits(host):
             raise CcwError("CONFLICT", f"the TLS CA was made for {', '.join(sorted(self.hosts))}, not {host}: "
                            "it is made again when the hosts that need it change; a capsule made before that "
                            "change does not reach the new host through termination", {"host": host})
+        if now >= self.not_after:
+            raise CcwError("UNAVAILABLE", f"the TLS CA for {host} ended at {self.not_after.isoformat()}: a front "
+                           "end renews it before its end; restart the front end (ccw-mcp) to make it again",
+                           {"host": host, "not_after": self.not_after.isoformat()})
         return sign_leaf(self.key, self.cert, host, now)
+
+    def due(self, now: dt.datetime) -> bool:
+        """True once the CA is within ``CA_RENEW`` of its end: time to make it again (``LeafCache``)."""
+        return now + CA_RENEW >= self.not_after
 
 
 def _permitted(cert: x509.Certificate) -> frozenset[str]:
@@ -219,14 +240,20 @@ def make_authority(hosts: Iterable[str], now: dt.datetime) -> Authority:
 
 
 class LeafCache:
-    """Leaves of one CA by host, in memory only, issued again when less than ``LEAF_RENEW`` is left."""
+    """Leaves of one CA by host, in memory only, issued again when less than ``LEAF_RENEW`` is left;
+    the CA itself made again through ``renew`` once it is due (the module's notes)."""
 
-    def __init__(self, authority: Authority) -> None:
+    def __init__(self, authority: Authority, renew: Callable[[dt.datetime], Authority] | None = None) -> None:
         self.authority = authority
+        self.renew = renew
         self._leaves: dict[str, Leaf] = {}
 
     def get(self, host: str, now: dt.datetime) -> Leaf:
-        """The cached leaf for ``host``, or a new one."""
+        """The cached leaf for ``host``, or a new one (of a renewed CA, when it was due)."""
+        if self.renew is not None and self.authority.due(now):
+            renewed = self.renew(now)
+            if renewed.cert != self.authority.cert:
+                self.authority, self._leaves = renewed, {}
         leaf = self._leaves.get(host)
         if leaf is None or now + LEAF_RENEW >= leaf.not_after:
             leaf = self._leaves[host] = self.authority.leaf(host, now)

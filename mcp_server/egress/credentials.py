@@ -31,6 +31,7 @@ what the proxy (egress/proxy.py) holds per capsule to use it, and what it does p
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import re
 import ssl
 from collections.abc import Callable
@@ -100,8 +101,8 @@ def _where(attempt: Exfiltration) -> str:
 class LeafContexts(Protocol):
     """A TLS server context presenting a leaf for a host (fs/castore.py ``ServerContexts``)."""
 
-    def get(self, host: str) -> ssl.SSLContext:
-        """The context for ``host``; CcwError if the capsule's CA was not made for it."""
+    def get(self, host: str, now: dt.datetime | None = None) -> ssl.SSLContext:
+        """The context for ``host`` (at ``now``, else the clock's); CcwError if the capsule's CA was not made for it."""
         ...
 
 

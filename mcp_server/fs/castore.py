@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from mcp_server.core.tlsca import ALPN, Authority, Leaf, LeafCache, make_authority
@@ -102,10 +102,11 @@ def server_context(leaf: Leaf) -> ssl.SSLContext:
 
 
 class ServerContexts:
-    """A TLS server context per bound host, in memory, made again only when its leaf is (``LeafCache``)."""
+    """A TLS server context per bound host, in memory, made again only when its leaf is (``LeafCache``,
+    which calls ``renew`` for a new CA when this one nears its end: core/tlsca.py's notes)."""
 
-    def __init__(self, authority: Authority) -> None:
-        self.leaves = LeafCache(authority)
+    def __init__(self, authority: Authority, renew: Callable[[dt.datetime], Authority] | None = None) -> None:
+        self.leaves = LeafCache(authority, renew)
         self._held: dict[str, tuple[Leaf, ssl.SSLContext]] = {}
 
     def get(self, host: str, now: dt.datetime | None = None) -> ssl.SSLContext:
