@@ -12,9 +12,12 @@ Some facts about the paths callers send:
   writes a lone surrogate as UTF-8, so such a path used to fail deep in the helper's
   framing (sandbox/protocol.py), with a message about canonical JSON and not the path.
   It is refused where the argument is taken, naming it and its bytes.
-- The way out is a UTF-8 name for the directory itself: renaming it, or bind-mounting it
-  at a UTF-8 path.  A UTF-8 symlink does not help, because a workspace, base or exposed
-  directory is resolved (``realpath``) to its real name before anything is made of it.
+- The way out is a UTF-8 name for the directory itself: renaming it (or the directory
+  in its path whose name holds the bytes).  A UTF-8 symlink does not help, because a
+  workspace, base or exposed directory is resolved (``realpath``) to its real name
+  before anything is made of it.  Nor does a bind mount at a UTF-8 path made while a
+  helper runs: the helper works in the mount namespace it started in, which does not
+  see it (measured: the capsule was made, over an empty directory).
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def utf8(path: str, argument: str) -> str:
         raise CcwError(
             "INVALID_ARGUMENT",
             f"{argument} '{shown(path)}' is not UTF-8 text, and ccw carries paths as UTF-8; rename the directory "
-            "whose name holds those bytes to a UTF-8 name, or bind-mount it at a UTF-8 path (a symlink does not "
-            "help: ccw resolves the path to its real name)",
+            "whose name holds those bytes to a UTF-8 name (a symlink does not help: ccw resolves the path to its "
+            "real name)",
             {"argument": argument, "path": shown(path)},
         )
     return path
