@@ -72,7 +72,6 @@ INVALID_PARAMS = types.INVALID_PARAMS  # -32602
 INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
 TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
-SHUTTING_DOWN = framing.SHUTTING_DOWN  # a request read while draining for shutdown
 TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 
 

@@ -18,12 +18,10 @@ from typing import Any
 
 import pytest
 
+from mcp_server.server import INTERNAL_ERROR, INVALID_PARAMS, TOOL_ERROR
 from tests.support.canary import SECRET, plant, tree_digest
 from tests.support.mcp_process import ServerProcess, server_env
 
-INTERNAL_ERROR = -32603
-INVALID_PARAMS = -32602
-TOOL_ERROR = -32000  # mcp_server.server.TOOL_ERROR
 # JSON text of each hostile path (escapes decoded by the server's JSON parser).
 RAW_PATHS = [
     r'"\ud800"', r'"\udfff/x"', r'"\udc80"', r'"a\u0000b"', r'"\u0000"', r'"../canary/secret.txt"',

@@ -47,7 +47,7 @@ from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
 from mcp_server import framing
 from mcp_server.capsules.turns import Arrival, Ticket
-from mcp_server.server import SHUTTING_DOWN, CcwServer
+from mcp_server.server import CcwServer
 from mcp_server.tools.surface import ToolList
 
 READ_CHUNK = 65536
@@ -220,7 +220,8 @@ class NdjsonConnection:
         elif isinstance(frame, framing.Request):
             if self.draining.is_set():
                 await self._answer_now(
-                    framing.error_message(frame.id, SHUTTING_DOWN, "server is shutting down; reconnect and retry")
+                    framing.error_message(frame.id, framing.SHUTTING_DOWN,
+                                          "server is shutting down; reconnect and retry")
                 )
             elif self.app.is_direct_method(frame.method, self.tools):
                 slot = self.order.reserve()
