@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from mcp_server.capsules.merge_plan import Side, pairs, read_plan
 from mcp_server.capsules.merge_write import _apply, ops_of, view_side
 from mcp_server.cli.merge import succeeded, text
 from mcp_server.fs import changeset
+from mcp_server.fs.statcache import RACY_NS, StatCache
 from mcp_server.fs.view import RootView
 from mcp_server.tools.merge import TOOLS
 from sandbox.replies import Change
@@ -220,11 +222,39 @@ def test_the_base_read_by_the_plan_is_the_live_check_s_state(tmp_path: Path) -> 
     (base / "docs").chmod(0o750)
     with RootView.open(str(base)) as live:
         fresh = {path: changeset.base_state(live, path) for path in plan.lower}
-    texts = {path: changeset.state_text(view_side(state), state.data) for path, state in plan.lower.items()}
+    texts = {path: changeset.state_text(view_side(state), None, state.digest) for path, state in plan.lower.items()}
     assert texts["added.txt"] == "absent" and '"blake3"' in texts["src/m.py"]
     assert {path: text for path, text in texts.items() if path != "docs"} == {
         path: text for path, text in fresh.items() if path != "docs"}
     assert texts["docs"] != fresh["docs"]  # a mode changed since the plan was read is seen
+
+
+def test_the_stat_cache_spares_the_base_s_bytes_where_one_side_changed_a_path(tmp_path: Path) -> None:
+    """A base file hashed by an earlier merge and not written since is known by its digest alone where
+    at most one side changed it; where both did, its bytes are read for ``git merge-file``.  The merge,
+    its ops from the base and the live check's states are those of a plan that read every byte."""
+    base, state = tmp_path / "base", tmp_path / "state"
+    first = _sides(base, tmp_path / "one", tmp_path / "two")
+    cold = read_plan(str(base), first, None)
+
+    def again() -> list[Side]:  # read_plan closed the roots
+        return [Side(s.name, os.open(tmp_path / s.name, os.O_RDONLY | os.O_DIRECTORY), s.changes) for s in first]
+
+    learning = StatCache.load(state, str(base))
+    learning.since_ns = time.time_ns() + 2 * RACY_NS  # as a merge long after the files were written
+    read_plan(str(base), again(), None, learning)
+    learning.save(state)
+    warm = read_plan(str(base), again(), None, StatCache.load(state, str(base)))
+    assert [path for path, one in warm.lower.items() if one.kind == "file" and one.data is None] == [
+        "docs/a.md", "src/gone.py"]  # one side each; src/m.py was changed by both
+    assert warm.lower["src/m.py"].data == BASE
+    assert {p: (o.state, o.how) for p, o in warm.outcomes.items()} == {
+        p: (o.state, o.how) for p, o in cold.outcomes.items()}
+    assert [(op.action, op.path) for op in ops_of(warm, warm.base)] == [
+        (op.action, op.path) for op in ops_of(cold, cold.base)]
+    with RootView.open(str(base)) as live:
+        assert {p: changeset.state_text(view_side(one), None, one.digest) for p, one in warm.lower.items()} == {
+            p: changeset.base_state(live, p) for p in warm.lower}
 
 
 def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -> None:

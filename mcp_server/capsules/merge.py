@@ -67,6 +67,7 @@ from mcp_server.capsules.promote import Request, _lineage, _live_states, _record
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.fs import changeset
+from mcp_server.fs.statcache import StatCache
 from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest
@@ -146,17 +147,26 @@ def _lower_recorded(service: CapsuleService, records: list[CapsuleRecord], plan:
     """``_live_recorded`` where the capsules' base directory is the live workspace: the states the
     plan read there, at the merged paths (the only ones ``_checked_base`` looks at)."""
     paths = {path for record in records for path in _recorded_states(service.journal, record)}
-    return {path: changeset.state_text(merge_write.view_side(state), state.data)
+    return {path: changeset.state_text(merge_write.view_side(state), None, state.digest)
             for path, state in plan.lower.items() if path in paths}
+
+
+def _plan(state: Any, lower: str, inputs: list[Side], base: Side | None) -> Plan:
+    """``read_plan`` with the base directory's stat cache kept in the state dir (fs/statcache.py)."""
+    cache = StatCache.load(state.root, lower)
+    plan = read_plan(lower, inputs, base, cache)
+    cache.save(state.root)
+    return plan
 
 
 async def _read(service: CapsuleService, records: list[CapsuleRecord],
                 ancestor: CapsuleRecord | None) -> tuple[Plan, int, dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
     the first input's generation then, and the live workspace's states.  Over the workspace
-    itself those are the plan's own reads of the base directory (``_lower_recorded``: each file
-    read once, not again to hash it); over a snapshot, ``_live_recorded`` reads the workspace
-    beside the plan (on two cores the one's hashing overlaps the other's reads)."""
+    itself those are the plan's own digests of the base directory (``_lower_recorded``: each file
+    read at most once, not again to hash it, and not at all where the stat cache knows it); over
+    a snapshot, ``_live_recorded`` reads the workspace beside the plan (on two cores the one's
+    hashing overlaps the other's reads)."""
     ids = sorted(record.capsule_id for record in records)
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
@@ -188,7 +198,7 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
         sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
         inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
         if records[0].spec.base is None:
-            plan = await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+            plan = await trio.to_thread.run_sync(_plan, service.state, records[0].base, inputs, base)
             return plan, generation, await trio.to_thread.run_sync(_lower_recorded, service, records, plan)
         live: dict[str, str] = {}
 
@@ -197,7 +207,7 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_live)
-            plan = await trio.to_thread.run_sync(read_plan, records[0].base, inputs, base)
+            plan = await trio.to_thread.run_sync(_plan, service.state, records[0].base, inputs, base)
         return plan, generation, live
 
 

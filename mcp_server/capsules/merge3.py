@@ -31,23 +31,52 @@ import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from mcp_server.core.unidiff import is_binary
 from mcp_server.fs.fingerprint import git_env
+from mcp_server.fs.statcache import digest_of
 from sandbox.errors import CcwError
 
 MARKER = 41  # conflict marker length: "<" * 41 is no line a file holds by chance
 TIMEOUT_S = 60
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class State:
-    """One path on one side; ``kind`` None: absent."""
+    """One path on one side; ``kind`` None: absent.
+
+    A file holds its bytes, or only their digest where they were not read (a merge base's
+    file that at most one side changed: fs/statcache.py); two states are equal when
+    their kind, mode, target and bytes are, compared by digest where one side has no bytes."""
 
     kind: str | None  # file | dir | symlink | other | None
     mode: int = 0  # permission bits
-    data: bytes | None = None  # a file's bytes
+    data: bytes | None = None  # a file's bytes (None with ``known_digest``: not read)
     target: str | None = None  # a symlink's target
+    known_digest: str | None = None  # a file's blake3 (statcache.digest_of), when known without its bytes
+
+    @cached_property
+    def digest(self) -> str | None:
+        """A file's blake3 (hex), from its bytes unless it came with one."""
+        if self.known_digest is not None or self.data is None:
+            return self.known_digest
+        return digest_of(self.data)
+
+    def same_bytes(self, other: State) -> bool:
+        """Whether both hold the same bytes (compared directly where both were read)."""
+        if self.data is not None and other.data is not None:
+            return self.data == other.data
+        return self.digest == other.digest
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, State):
+            return NotImplemented
+        return ((self.kind, self.mode, self.target) == (other.kind, other.mode, other.target)
+                and (self.kind != "file" or self.same_bytes(other)))
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.mode, self.target, self.digest if self.kind == "file" else None))
 
     def describe(self) -> str:
         """How a report names it."""
@@ -149,6 +178,8 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
         mode = ours.mode
     else:
         return Outcome(path, None, f"conflict: mode changed on both sides ({ours.mode:o} and {theirs.mode:o})")
+    if base.kind == "file" and base.data is None:  # merge_plan reads the base wherever two sides changed a path
+        raise CcwError("INTERNAL", f"merge of {path}: the base's bytes were not read; merge again")
     old, one, two = base.data or b"", ours.data or b"", theirs.data or b""
     if one == two:
         return Outcome(path, State("file", mode, one), "mode merged")

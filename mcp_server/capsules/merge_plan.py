@@ -8,6 +8,13 @@ base's state and every capsule's are read (kind, mode, bytes or link target) and
 merged by capsules/merge3.py.  Reading happens in a worker thread; the views are the
 O_PATH roots the helper passed, so nothing is followed out of any of them.
 
+The base directory's bytes are read only where they can matter: at paths two sides name
+(where ``git merge-file`` may need them) and wherever the common ancestor changed
+something.  Elsewhere one side at most changed the path, and the merge only asks whether
+that side holds the base's bytes: a digest answers, and the stat cache (fs/statcache.py,
+git's index for the base directory) gives it for an ``lstat`` where the file was hashed
+before and not written since.  The live check (capsules/merge.py) compares the same digests.
+
 After the paths, the tree as a whole: a path kept in the merge must have a directory
 for a parent in the merge too.  A capsule that replaced ``src/`` with a symlink (or
 deleted it) while another added ``src/new.py`` conflicts on ``src/new.py``; merged
@@ -16,6 +23,8 @@ regardless, the add would be written through the link, or into nothing.
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -23,8 +32,10 @@ from itertools import combinations
 
 from mcp_server.capsules.merge3 import ABSENT, Outcome, State, merge_path
 from mcp_server.fs import changeset
+from mcp_server.fs.statcache import StatCache, digest_of
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.fs.view import Side as ViewSide
+from sandbox.errors import wrap_oserror
 from sandbox.replies import Change
 
 READERS = 2  # trees read at once: this VM's cores
@@ -78,17 +89,75 @@ def _states(view: RootView, found: dict[str, ViewSide | None]) -> dict[str, Stat
         return {path: _state(dirs, path, found[path]) for path in sorted(found, key=_key)}
 
 
-def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
+def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache, needed: bool) -> State:
+    """The base directory's state at ``path``: a file's bytes where ``needed`` or not in ``cache``
+    (and then kept there), else its digest from the cache alone."""
+    if side is None or side.kind != "file":
+        return _state(dirs, path, side)
+    head, _, name = path.rpartition("/")
+    with wrap_oserror("merge: stat the base", path):
+        info = os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
+    known = cache.digest(path, info)
+    if known is not None and not needed:
+        return State("file", side.mode, None, None, known)
+    if not stat.S_ISREG(info.st_mode):
+        return _state(dirs, path, side)  # replaced since ``expand`` looked: refused there as a non-file
+    data = dirs.read_regular(path, missing_ok=False)
+    assert data is not None
+    if known is None:
+        cache.add(path, info, digest_of(data))
+    return State("file", side.mode, data)
+
+
+def _base_states(view: RootView, found: dict[str, ViewSide | None], needed: set[str],
+                 cache: StatCache) -> dict[str, State]:
+    """``_states`` of the base directory, each file's bytes read only where ``needed`` (or not cached)."""
+    with DirFds(view) as dirs:
+        return {path: _base_state(dirs, path, found[path], cache, path in needed) for path in sorted(found, key=_key)}
+
+
+def _needing_bytes(named: dict[str, dict[str, ViewSide | None]], ancestor: Side | None) -> set[str]:
+    """The paths where the base directory's bytes may be merged or written: named by two sides, or by
+    the common ancestor (an input that undid its change holds the base directory's bytes there)."""
+    seen: set[str] = set()
+    twice: set[str] = set(named[ancestor.name]) if ancestor else set()
+    for paths in named.values():
+        twice |= seen & paths.keys()
+        seen |= paths.keys()
+    return twice
+
+
+def _conflicts_read(plan: Plan, low: RootView) -> None:
+    """The base directory's bytes at conflicting paths read where only a digest was (a report says
+    whether a file is binary), if they are still the bytes digested."""
+    unread = {one.path for one in plan.conflicts if plan.lower[one.path].kind == "file"
+              and plan.lower[one.path].data is None}
+    with DirFds(low) as dirs:
+        for path in sorted(unread, key=_key):
+            digested = plan.lower[path]
+            data = dirs.read_regular(path)
+            if data is None or digest_of(data) != digested.digest:
+                continue
+            full = State("file", digested.mode, data)
+            for states in (plan.lower, plan.base, *plan.sides.values()):
+                if states.get(path) is digested:
+                    states[path] = full
+
+
+def read_plan(lower: str, sides: list[Side], ancestor: Side | None, cache: StatCache | None = None) -> Plan:
     """Read and merge: ``lower`` the capsules' base directory; the merge base is their common
     ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed.
 
     A view holds the lower directory's state at every path its change list does not name,
     so only the paths it names are read from it (a fork's list names its parent's changes
     too, and a change it undid is a path its parent's list names).  ``expand`` has already
-    looked at each named path in both trees: only files' bytes are read after it.  The trees are
-    expanded and read ``READERS`` at a time (the reads are syscalls: threads overlap on two cores)."""
+    looked at each named path in both trees: only files' bytes are read after it, and the base
+    directory's only where ``_needing_bytes`` says (``cache``: its stat cache, none kept without).
+    The trees are expanded and read ``READERS`` at a time (the reads are syscalls: threads
+    overlap on two cores)."""
     every = [*sides, *([ancestor] if ancestor else [])]
     views = [RootView.from_fd(side.root_fd) for side in every]
+    cache = cache or StatCache(lower)
     try:
         with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
             found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view), every, views))
@@ -96,19 +165,21 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None) -> Plan:
                      for side, entries in zip(every, found, strict=True)}
             olds = {entry.path: entry.old for entries in found for entry in entries}
             ordered = sorted(olds, key=_key)
-            jobs = [pool.submit(_states, low, olds), *(pool.submit(_states, view, named[side.name])
-                                                       for side, view in zip(every, views, strict=True))]
+            jobs = [pool.submit(_base_states, low, olds, _needing_bytes(named, ancestor), cache),
+                    *(pool.submit(_states, view, named[side.name]) for side, view in zip(every, views, strict=True))]
             under, *mine = [job.result() for job in jobs]
-        read = {side.name: {path: states.get(path, under[path]) for path in ordered}
-                for side, states in zip(every, mine, strict=True)}
+            read = {side.name: {path: states.get(path, under[path]) for path in ordered}
+                    for side, states in zip(every, mine, strict=True)}
+            plan = Plan(base=read[ancestor.name] if ancestor else under,
+                        sides={side.name: read[side.name] for side in sides}, lower=under)
+            for path in ordered:
+                plan.outcomes[path] = merge_path(path, plan.base[path],
+                                                 [(s.name, plan.sides[s.name][path]) for s in sides])
+            _parents_hold(plan)
+            _conflicts_read(plan, low)
     finally:
         for view in views:
             view.close()
-    plan = Plan(base=read[ancestor.name] if ancestor else under, sides={side.name: read[side.name] for side in sides},
-                lower=under)
-    for path in ordered:
-        plan.outcomes[path] = merge_path(path, plan.base[path], [(s.name, plan.sides[s.name][path]) for s in sides])
-    _parents_hold(plan)
     return plan
 
 

@@ -59,7 +59,7 @@ def ops_of(plan: Plan, start: dict[str, State]) -> list[Op]:
         if one.state is None or one.state == start[one.path]:
             continue
         was = start[one.path]
-        modified = one.state.kind == "file" and (was.kind != "file" or was.data != one.state.data)
+        modified = one.state.kind == "file" and (was.kind != "file" or not was.same_bytes(one.state))
         entries.append(changeset.Entry(one.path, view_side(was), view_side(one.state), modified))
     ops = changeset.promote_ops(entries)
     depth = {op.path: op.path.count("/") for op in ops}
@@ -180,7 +180,7 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             rows.append((path, "delete", None, None, None, None))
         elif merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
-        elif merged.kind == "file" and base[path].kind == "file" and base[path].data == merged.data:
+        elif merged.kind == "file" and base[path].kind == "file" and base[path].same_bytes(merged):
             rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
         elif merged.kind == "file":
             rows.append((path, "write", merged.data, None, merged.mode, mtimes[path]))
@@ -213,7 +213,8 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
     Journal(state).record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
     ops = ops_of(plan, start)
     changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
-    dated = [path for path in changed if contents[path].kind == "file" and contents[path].data != plan.base[path].data]
+    dated = [path for path in changed
+             if contents[path].kind == "file" and not contents[path].same_bytes(plan.base[path])]
     with RootView.from_fd(root_fd) as view:
         mtimes = _apply(view, ops, contents, start, dated)
     _journal(state, capsule_id, changed, contents, plan.base, mtimes)

@@ -188,8 +188,8 @@ def base_state(view: RootView, path: str, dirs: DirFds | None = None) -> str:
     return state_text(side, data)
 
 
-def state_text(side: Side | None, data: bytes | None = None) -> str:
-    """``base_state``'s text of a state already read (``data``: a file's bytes)."""
+def state_text(side: Side | None, data: bytes | None = None, digest: str | None = None) -> str:
+    """``base_state``'s text of a state already read (``data``: a file's bytes, or ``digest``: their blake3)."""
     import blake3
 
     from mcp_server.core.canonical import canonical_text
@@ -200,6 +200,6 @@ def state_text(side: Side | None, data: bytes | None = None) -> str:
     if side.kind == "symlink":
         state["target"] = side.target
     elif side.kind == "file":
-        assert data is not None
-        state["blake3"] = blake3.blake3(data).hexdigest()
+        assert data is not None or digest is not None
+        state["blake3"] = digest if data is None else blake3.blake3(data).hexdigest()
     return canonical_text(state)
