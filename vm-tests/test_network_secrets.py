@@ -25,6 +25,7 @@ import pytest
 
 from mcp_server.core.secretbind import make_binding
 from mcp_server.fs.secretstore import SecretStore
+from sandbox.errors import CcwError
 from tests.support import netfixtures as nf
 from tests.support.secretsearch import files_holding
 
@@ -240,5 +241,63 @@ def test_a_policy_replay_never_gets_the_servers_own_value_of_a_secrets_name(
     heads = b"".join(server.heads)
     assert INDEX_TOKEN in heads  # the capsule's run: its placeholder swapped for the secret's value
     assert own.encode() not in heads and own not in json.dumps(out)  # the replay's: never the server's own
-    assert len(server.heads) == 2 and b"Bearer none" in server.heads[1]  # the replay ran without the variable
+    # The replay's run: this state dir's secret, through a placeholder of the replay's own (capsules/replay_secrets.py).
+    assert len(server.heads) == 2 and b"Bearer " + INDEX_TOKEN in server.heads[1]
     assert "replay_ok" in out["promoted"]["policy_report"], out["promoted"]
+
+
+def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_refused(
+        tools: Any, tmp_path: Path) -> None:
+    """A witness names its capsule's secrets and their hosts, never a value.  Replayed on another
+    state dir: refused while that state dir has no secret of the name (NOT_FOUND, with the ``ccw
+    secret set`` that makes it) or has it bound to another host (CONFLICT, naming the host);
+    with the same binding, the replay's request carries that state dir's value."""
+    server = Recording(Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{_port(server)}"
+    state = tools.runtime.state.root
+    os.chmod(state, 0o700)
+    SecretStore(state).put(make_binding("PIP_TOKEN", [host]), "stdin", INDEX_TOKEN)
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    send = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
+            f"req = urllib.request.Request('http://{host}/', headers={{'Authorization': "
+            "'Bearer ' + os.environ.get('PIP_TOKEN', 'none')}); print(urllib.request.urlopen(req).status)")
+
+    async def made(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [host],
+                                               "secrets": ["PIP_TOKEN"]}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [PYTHON, "-c", send]})
+        return {"ran": ran, "witness": await t.call("capsule_witness", {"capsule_id": cap})}
+
+    other_value = b"pypi-" + b"Other" * 7 + b"x"
+    elsewhere = tmp_path / "state2"
+    elsewhere.mkdir(mode=0o700)
+
+    async def replayed(t: Any) -> dict[str, Any]:
+        args = {"path": witness["path"], "allow_untrusted": True, "network": [host]}
+        out: dict[str, Any] = {}
+        for step, bound in (("missing", None), ("other host", "127.0.0.1:1"), ("same", host)):
+            if bound is not None:
+                SecretStore(elsewhere).put(make_binding("PIP_TOKEN", [bound]), "stdin", other_value)
+            try:
+                out[step] = await t.call("capsule_replay", args)
+            except CcwError as exc:
+                out[step] = {"code": exc.code, "message": exc.message}
+        return out
+
+    try:
+        first = tools.run(made)
+        witness = first["witness"]
+        out = type(tools)(elsewhere).run(replayed)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first["ran"]["stdout"] == "200\n", first["ran"]
+    assert INDEX_TOKEN not in Path(witness["path"]).read_bytes()  # names and hosts only (compressed or not)
+    assert out["missing"]["code"] == "NOT_FOUND", out
+    assert f"`ccw secret set PIP_TOKEN --host {host}`" in out["missing"]["message"]
+    assert out["other host"]["code"] == "CONFLICT" and "127.0.0.1:1" in out["other host"]["message"], out
+    assert out["same"]["replay_ok"] is True and "PIP_TOKEN" not in out["same"]["env_missing"], out["same"]
+    assert len(server.heads) == 2 and b"Bearer " + other_value in server.heads[1]  # that state dir's value
+    assert files_holding(elsewhere, (other_value, INDEX_TOKEN), {"secrets.json"}) == []

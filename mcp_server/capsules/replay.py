@@ -62,7 +62,7 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import exposure, netlive, owners, witness_ignore
+from mcp_server.capsules import capsecrets, exposure, netlive, owners, replay_secrets, witness_ignore
 from mcp_server.capsules.replay_steps import (
     change_mismatches,
     rerun,
@@ -254,7 +254,7 @@ class ReplayOptions:
         volatile globs (the capsule may not decide what its own policy check ignores).  Not the
         variables of its ``secrets`` (capsules/capsecrets.py): its runs had placeholders there, and
         this server's own value of such a name may be the very credential the capsule was kept
-        from; the replay runs without them and its ``env_missing`` names them."""
+        from; the replay gets placeholders of its own for them (capsules/replay_secrets.py)."""
         env = {name: os.environ[name] for name in record.spec.env_whitelist
                if name in os.environ and name not in secrets}
         return cls(env=env, network=record.network_spec, witness_volatile=False, network_recorded=True)
@@ -305,13 +305,16 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     options = replace(options, network=network)
     if services_named(manifest):
         services_of(service)  # UNSUPPORTED here, before any capsule is made, when none can start
+    given = await replay_secrets.given(service.state.root, manifest)  # this state dir's, as the runs had them
+    options = replace(options, env={**options.env, **replay_secrets.env(given)})
     scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
     try:
         base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
         capsule_spec = _capsule_spec(manifest, base_dir, options)
         used, dropped = exposure.replayable(manifest["capsule"].get("expose", []), os.getuid(), login_homes())
-        capsule_spec = replace(capsule_spec, expose=tuple(used))
-        async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id:
+        capsule_spec = replace(capsule_spec, expose=capsecrets.shown(tuple(used), given))
+        async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id, \
+                replay_secrets.held(service.state.root, service.networks, capsule_id, given):
             tally = await rerun(service, capsule_id, capsule_spec, manifest, blobs, options.network, options.env, rules)
             changes = await service.changes(capsule_id)
             root_fd = await service.open_root(capsule_id)

@@ -57,7 +57,7 @@ from typing import Any, BinaryIO
 
 import trio
 
-from mcp_server.capsules import netlive
+from mcp_server.capsules import netlive, replay_secrets
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.witness_base import DEFAULT_MAX_BASE_MB, Needs, base_entries, base_top
 from mcp_server.capsules.witness_ignore import carried_rules
@@ -372,6 +372,7 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
                                                outputs, options.max_base_mb << 20, options.carry_all, running)
             netlive.mark_witness(manifest, service.state, record, execs)  # the rules each exec ran under
+            replay_secrets.mark_witness(manifest, service.state.root, capsule_id)  # names and hosts, no value
             ignore = carried_rules(record.workspace)  # what promotion leaves behind, for a replay to judge
             if ignore is not None:
                 manifest["base"]["ignore"] = ignore
