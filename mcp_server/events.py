@@ -137,7 +137,7 @@ def emit_many(db: sqlite3.Connection, kind: str, capsule_id: str | None, datas: 
                    [(at, capsule_id, kind, json.dumps(data, sort_keys=True, ensure_ascii=False)) for data in datas])
 
 
-def run_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -> list[tuple[str, dict[str, Any]]]:
+def exec_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -> list[tuple[str, dict[str, Any]]]:
     """The events of one journaled exec (``Journal.add_exec``'s entry): finished, then what it
     wrote, read and tried to connect to."""
     touched = entry.get("touched") or {}

@@ -196,7 +196,7 @@ class Journal:
             cols = ", ".join(columns)
             marks = ", ".join("?" for _ in columns)
             db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(columns.values()))
-            for kind, data in events.run_events(last + 1, {"generation": row["generation"], **entry},
+            for kind, data in events.exec_events(last + 1, {"generation": row["generation"], **entry},
                                                 row["generation_out"]):
                 events.emit(db, kind, capsule_id, data)
             if outputs is not None:

@@ -1,6 +1,6 @@
 """Journaled execs as people read them: a run's line in ``ccw capsule log`` and in the
-dashboard's list (``run_summary``), and a run whole, as ``ccw capsule show`` prints it
-(``run_detail``).
+dashboard's list (``exec_summary``), and a run whole, as ``ccw capsule show`` prints it
+(``exec_detail``).
 
 These take what the journal returned (``Journal.execs``, ``Journal.outputs``) and read
 nothing themselves, so the command and the dashboard show the same fields.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
+def exec_summary(entry: dict[str, Any]) -> dict[str, Any]:
     """One journaled exec as ``log`` lists it."""
     touched = entry.get("touched") or {}
     read = touched.get("read")
@@ -22,10 +22,10 @@ def run_summary(entry: dict[str, Any]) -> dict[str, Any]:
         "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
         "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
         "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
-        "service": entry.get("service")}  # a service's run: its name (capsules/services.py)
+        "service": entry.get("service")}  # a service's exec: its name (capsules/services.py)
 
 
-def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:
+def exec_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | None]) -> dict[str, Any]:
     """One journaled exec whole, as ``show`` prints it: the summary, usage, output, touched sets."""
     touched = entry.get("touched") or {}
     kept = {}
@@ -34,7 +34,7 @@ def run_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | Non
         kept[stream] = None if data is None else data.decode("utf-8", "replace")
         kept[f"{stream}_bytes"] = entry[f"{stream}_bytes"]
     return {
-        **run_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
+        **exec_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
                                         if k not in ("sources", "unavailable")},
         "output": kept, "written": list(touched.get("written") or []), "read": touched.get("read"),
         "network": list(touched.get("network") or []),

@@ -10,7 +10,7 @@ from mcp_server.cli import runlog, watch
 from mcp_server.cli.output import json_text, visible
 from mcp_server.events import Event, live_connection
 from mcp_server.journal import Journal
-from mcp_server.journal_view import run_detail, run_summary
+from mcp_server.journal_view import exec_detail, exec_summary
 from mcp_server.state import State
 from tests.support.cli_process import ccw
 from tests.support.journal_rows import capsule_record, exec_entry
@@ -65,14 +65,14 @@ def test_the_run_table_and_one_run() -> None:
              "touched": {"read": [f"t{i}.py" for i in range(50)], "written": [f"{ESC}[31mred"],
                          "network": [{"host": "pypi.org", "port": 443, "protocol": "https", "allowed": True,
                                       "rule": "pypi.org", "bytes_in": 9, "bytes_out": 4}]}}
-    table = runlog.render_log([run_summary(entry)], color=False).splitlines()
+    table = runlog.render_log([exec_summary(entry)], color=False).splitlines()
     assert table[1].split() == ["1", "06:00:01", "2>3", "1", "1.5", "s", "50", "1", "1", "pytest", "-q"]
-    shown = runlog.render_run(run_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1 << 20),
+    shown = runlog.render_run(exec_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1 << 20),
                                                         "stderr": None}), color=False, raw=False, all_reads=False)
     assert ESC not in shown and "ok\\x1b[2J" in shown and "\\x1b[31mred" in shown
     assert "... and 10 more (--all lists them)" in shown and "(not kept:" in shown
     assert "allowed pypi.org:443 (https; pypi.org; in 9 B, out 4 B)" in shown
-    raw = runlog.render_run(run_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1), "stderr": None}),
+    raw = runlog.render_run(exec_detail(entry, {"stdout": (f"ok{ESC}[2J\n".encode(), 1), "stderr": None}),
                             color=False, raw=True, all_reads=True)
     assert f"ok{ESC}[2J" in raw and "t49.py" in raw
 

@@ -238,7 +238,7 @@ def commit_message(service: CapsuleService, record: CapsuleRecord, report: dict[
 
 
 def run_line(capsule_id: str, ex: dict[str, Any]) -> str:
-    """One journaled run: its number, capsule, how it ended and its command on one line (control
+    """One journaled exec: its number, capsule, how it ended and its command on one line (control
     characters escaped, as the capsule chose them) cut at 160 characters."""
     ended = ("timed out" if ex.get("timed_out") else "killed (memory)" if ex.get("oom_killed")
              else f"signal {ex['signal']}" if ex.get("signal") else f"exit {ex.get('exit_code')}")

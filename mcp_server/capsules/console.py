@@ -1,4 +1,4 @@
-"""An interactive run's two ends as the front end holds them: the command's stdin and its output.
+"""An interactive exec's two ends as the front end holds them: the command's stdin and its output.
 
 ``capsule_exec`` with ``interactive`` starts a command that an agent then drives with
 ``capsule_run``: each call may type into its stdin and reads what it wrote since the
@@ -84,7 +84,7 @@ _CHUNK = 1 << 16
 
 
 class Console:
-    """One interactive run's stdin and output: ``with`` holds its descriptors."""
+    """One interactive exec's stdin and output: ``with`` holds its descriptors."""
 
     def __init__(self, terminal: bool) -> None:
         self.terminal = terminal
@@ -185,7 +185,7 @@ class Console:
         """Queue ``data`` for the command's stdin (then its end of file, if ``eof``)."""
         if self._input_closed is not None or self._eof:
             raise CcwError("CONFLICT", f"the run's stdin is closed ({self._input_closed or 'eof was sent'}): "
-                           "nothing more can be typed; start a new interactive run", {"given": len(data)})
+                           "nothing more can be typed; start a new interactive exec", {"given": len(data)})
         if len(data) > INPUT_MAX:
             raise CcwError("TOO_LARGE", f"input of {len(data)} bytes: at most {INPUT_MAX} a call; "
                            "give it in parts", {"limit": INPUT_MAX})

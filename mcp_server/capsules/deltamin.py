@@ -15,9 +15,9 @@ the final check (deltamin_check.py), which runs the result anyway.
 
 Flakiness: before searching, the full change set must fail and the empty set pass, and
 every observation must agree; otherwise the tool says so instead of minimising noise.
-The observations are the capsule's own journaled runs of the target command (runs of its
-current contents for the full change; runs that started on generation 0, the base as the
-capsule first saw it, for the empty one) plus ``confirm_runs`` fresh runs of each.  When
+The observations are the capsule's own journaled execs of the target command (execs on its
+current contents for the full change; execs that started on generation 0, the base as the
+capsule first saw it, for the empty one) plus ``confirm_runs`` fresh scratch execs of each.  When
 ``confirm_runs`` is not given and the journal holds both kinds (the usual loop: the tests
 passed, edits, the tests failed), no fresh confirmation runs: the journal already
 observed both ends.
@@ -29,14 +29,14 @@ first, as the evidence of reads orders files: a guess that costs one trial when 
 re-run in a journaled capsule at the end: ``replay_ok`` says it failed again, and the
 witness of that run gives ``root_hash``.
 
-Services: when the newest journaled run of the target command ran beside services
+Services: when the newest journaled exec of the target command ran beside services
 (capsules/services.py), every trial starts them in its scratch capsule, ready before the
 command (trials.py, executors.py), and so does the final check (deltamin_check.py); an
 executor that cannot start them (a REAPI cluster's) is refused before any trial runs.
 The newest run is the one the caller saw fail; an older run beside other services
 described other conditions.
 
-Which journaled runs count (for the flakiness check and as evidence of what was read):
+Which journaled execs count (for the flakiness check and as evidence of what was read):
 only observations of the change being minimised, the capsule's contents at its current
 change generation (mcp_server/core/generations.py).  A run counts when it started on the current
 generation, or when its own writes produced the current generation from the one it
@@ -91,7 +91,7 @@ _TRACE = re.compile(r'File "([^"\n]+)", line (\d+)|([\w./+-]*\w\.\w+):(\d+)')
 
 
 def _current_runs(journal: Journal, record: CapsuleRecord, argv: list[str], generation: int) -> list[dict[str, Any]]:
-    """The capsule's journaled runs of ``argv`` that observed its contents at ``generation``."""
+    """The capsule's journaled execs of ``argv`` that observed its contents at ``generation``."""
     return [ex for ex in runs_of(journal, record, argv) if observes(ex, generation)]
 
 
@@ -376,7 +376,7 @@ async def _confirm(journal: Journal, trials: Trials, change: _Change, question: 
         raise CcwError(
             "CONFLICT",
             f"target_cmd is flaky: the same change set gave different outcomes over {len(fresh)} fresh runs "
-            f"and {len(journaled) + len(at_start)} journaled runs "
+            f"and {len(journaled) + len(at_start)} journaled execs "
             f"(full change, generation {generation}: {', '.join(full)}; no change: {', '.join(empty)}); "
             "make it deterministic (seed randomness, fix the clock) before minimising",
             {"full": full, "empty": empty, "generation": generation, "journaled": len(journaled)},

@@ -13,7 +13,7 @@ each ready before the command, and stops them after it, before the witness: so t
 command's row names them, their runs are journaled, and the witness replays them
 (replay_steps.py).  A service that does not become ready leaves the command unrun and
 the check UNRESOLVED (it does not fail again), as a trial's would be; the witness still
-holds the service's run, whose output says why.
+holds the service's exec, whose output says why.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class ExecOutcome:
     started_generation: int  # the capsule's change generation the command ran on
     generation: int  # the one it left (advanced if the command wrote)
     queued_ms: int  # how long the call waited for the calls on the capsule before it
-    network: list[dict[str, Any]] | None = None  # the attempts to connect out (None: network none)
+    attempts: list[dict[str, Any]] | None = None  # the connection attempts (touched.network; None: network none)
     network_notes: tuple[str, ...] = ()  # a line per denied attempt, for the agent
     hints: tuple[str, ...] = ()  # what to expose for a program the jail hides (capsules/exposure.py)
     seq: int | None = None  # its journal row, once journaled
@@ -69,15 +69,15 @@ class ExecOutcome:
 
     @property
     def touched(self) -> dict[str, Any]:
-        """Files read, written, listed, executed (sandbox.replies.Touched), and the network
-        attempts, as the journal keeps them."""
-        return {**self.reply.touched.to_args(), "network": self.network}
+        """Files read, written, listed, executed (sandbox.replies.Touched), and the connection
+        attempts, as the journal keeps them (under ``network``)."""
+        return {**self.reply.touched.to_args(), "network": self.attempts}
 
     @property
     def touched_unavailable(self) -> dict[str, str]:
         """Why a touched set is null or incomplete."""
         unavailable = dict(self.reply.touched_unavailable)
-        if self.network is None:  # unless the reply says why (a service's, capsules/networks.py)
+        if self.attempts is None:  # unless the reply says why (a service's, capsules/networks.py)
             unavailable.setdefault("network", NETWORK_NONE_REASON)
         return dict(sorted(unavailable.items()))
 
@@ -132,7 +132,7 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
                   typed: bytes | None = None, console: dict[str, Any] | None = None) -> dict[str, Any]:
     """The journal's record of one exec (Journal.add_exec).
 
-    ``typed``: what an interactive run (capsules/console.py) was given on its stdin, all of
+    ``typed``: what an interactive exec (capsules/console.py) was given on its stdin, all of
     it in order; it is kept as the run's stdin, so a witness carries it and a replay feeds
     it.  ``console``: how it went in (``Console.record``: on a terminal or not, and in which
     steps), kept beside it as JSON, so a replay of a terminal run types it on a terminal in
@@ -162,8 +162,8 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         "touched": outcome.touched,
         "generation": outcome.started_generation,
         "terminal": int(request.stdio == "tty" and typed is None),  # a person's session: its input is not kept
-        **({"service": request.service} if request.service is not None else {}),  # a service's run
-        **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive run's
+        **({"service": request.service} if request.service is not None else {}),  # a service's exec
+        **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive exec's
     }
 
 

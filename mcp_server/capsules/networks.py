@@ -74,10 +74,10 @@ def network_not_open(exc: BaseException) -> bool:
 
 @dataclass
 class Traced:
-    """A call's outcome with the network attempts made while it ran (None: network none)."""
+    """A call's outcome with the connection attempts made while it ran (None: network none)."""
 
     value: Any
-    network: list[dict[str, Any]] | None = None
+    attempts: list[dict[str, Any]] | None = None  # kept as touched.network
     notes: list[str] = field(default_factory=list)
 
 

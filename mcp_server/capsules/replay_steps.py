@@ -30,7 +30,7 @@ what the witness recorded in it.  Some facts about the services a witness names
   ccw-bot's) refuses with UNSUPPORTED, and so does a REAPI executor (capsules/remote.py),
   for a replay of such a witness and for deltamin's trials of such a capsule.
 
-An interactive run's input (its ``stdin_blob``) is fed as its stdin at once, unless it
+An interactive exec's input (its ``stdin_blob``) is fed as its stdin at once, unless it
 ran on a terminal (its ``console`` says ``tty``): then it runs on a terminal again, the
 input typed in the recorded steps, each after the output that came before it
 (capsules/console.py says how, and why a program asking on /dev/tty needs it).
@@ -161,7 +161,7 @@ class Tally:
 
     def add_exec(self, ex: dict[str, Any], reply: ExecReply, blobs: dict[str, bytes],
                  network: list[dict[str, Any]] | None) -> None:
-        """Compare one replayed exec with its record (and its network attempts) and add up its usage."""
+        """Compare one replayed exec with its record (and its connection attempts) and add up its usage."""
         self.mismatches += replaydiff.exec_mismatches(ex, {name: getattr(reply, name)
                                                            for name in replaydiff.EXEC_FIELDS})
         reached = replaydiff.network_mismatch(ex, network)
@@ -239,7 +239,7 @@ async def _step(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, kin
         ran = await _on_a_terminal(service, request, spec, network, values, stdin or b"", entry["console"])
     else:
         ran = await service.run(request, spec, network, values)
-    tally.add_exec(entry, ran.value, blobs, ran.network)
+    tally.add_exec(entry, ran.value, blobs, ran.attempts)
     if entry.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(restore_mtimes, root, entry["written_mtimes"])
@@ -248,7 +248,7 @@ async def _step(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, kin
 async def _on_a_terminal(service: CapsuleService, request: ExecRequest, spec: CapsuleSpec,
                          network: NetworkSpec | None, values: Mapping[str, str], typed: bytes,
                          record: dict[str, Any]) -> Traced:
-    """An interactive run of a terminal re-run on one, as it ran: what was typed given in its
+    """An interactive exec of a terminal re-run on one, as it ran: what was typed given in its
     recorded steps (capsules/console.py ``Console.replay``), its output the pty's."""
     with Console(terminal=True) as console:
         async with trio.open_nursery() as nursery:
@@ -267,7 +267,7 @@ def change_mismatches(
     changed = {c["path"] for c in manifest["changes"]}
     changed_now = {c["path"] for c in actual_changes}
     for ex in manifest["execs"]:
-        if ex["seq"] not in tally.touched:  # a service's run: not re-run, so nothing to compare
+        if ex["seq"] not in tally.touched:  # a service's exec: not re-run, so nothing to compare
             continue
         # The record's touched sets are the journal's form of the reply's (Touched.to_args).
         touched = tally.touched[ex["seq"]].to_args()

@@ -28,7 +28,7 @@ waits again, fetches, or cancels it.
   only the caller's own runs, and answers another's as it answers an unknown id, so a
   run id is no key for another token.  ``OwnedRuns`` is the registry as one caller
   sees it (CallContext.runs).
-- **Interactive runs.**  An exec started with ``interactive`` (or ``tty``) is a run with a
+- **Interactive execs.**  An exec started with ``interactive`` (or ``tty``) is a run with a
   console (mcp_server/capsules/console.py): every answer about it, from the call that
   starts it to the last ``capsule_run``, carries the output since the caller's last read
   (``output``) and the ``cursor`` after it, and waits only until output has come and
@@ -59,7 +59,7 @@ WAIT_MS_MAX = 600_000
 KEEP_S = 3600.0  # how long a finished run's result can still be fetched
 KEEP_FINISHED = 64  # and how many finished runs are kept at most
 STOP_WAIT_S = 40.0  # how long cancel waits for the jail to be ended (the helper's settle is 30 s)
-CONSOLE_WAIT_MS = 2000  # an interactive run's reads return sooner when output comes and pauses
+CONSOLE_WAIT_MS = 2000  # an interactive exec's reads return sooner when output comes and pauses
 
 # The wait_ms argument of the tools that answer through runs.
 WAIT_MS = {"type": ["integer", "null"], "minimum": 0, "maximum": WAIT_MS_MAX, "description": (
@@ -78,7 +78,7 @@ RUN_STATUS = {
                      "description": "The last progress report: elapsed time, byte counts, the latest output lines."},
     },
 }
-# What an answer about an interactive run adds, besides the tool's result once it has ended.
+# What an answer about an interactive exec adds, besides the tool's result once it has ended.
 CONSOLE_STATUS = {
     "status": {"enum": ["running", "finished", "cancelled"]},
     "run_id": _RUN_ID,
@@ -109,7 +109,7 @@ class Run:
         self.error: BaseException | None = None
         self.cancelled = False
         self.last_report: str | None = None
-        self.console = console  # an interactive run's stdin and output
+        self.console = console  # an interactive exec's stdin and output
         self._listener: Progress | None = None
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
@@ -141,7 +141,7 @@ class Run:
         return self.result
 
     def console_answer(self, reading: Reading) -> dict[str, Any]:
-        """An answer about an interactive run: its status (its result, once ended) and ``reading``."""
+        """An answer about an interactive exec: its status (its result, once ended) and ``reading``."""
         if self.done.is_set() and not self.cancelled:
             answer = {**self.outcome(), "status": "finished", "run_id": self.run_id}
         else:
@@ -215,7 +215,7 @@ class Runs:
     async def wait(self, run: Run, wait_ms: int | None, progress: Progress | None,
                    cursor: int | None = None) -> dict[str, Any]:
         """The run's answer if it ends within ``wait_ms`` (None: no limit), else its "running" summary;
-        an interactive run's, with its output from ``cursor`` once some has come and paused."""
+        an interactive exec's, with its output from ``cursor`` once some has come and paused."""
         wait_s = math.inf if wait_ms is None else wait_ms / 1000
         run._listener = progress
         try:

@@ -143,7 +143,7 @@ class CapsuleService:
         self.services = services  # the process's long-lived services (Runtime.services; capsules/services.py)
 
     def background(self) -> CapsuleService:
-        """This service for work that no call waits for (a service's runs): no progress, no turns."""
+        """This service for work that no call waits for (a service's execs): no progress, no turns."""
         return CapsuleService(self.state, self._helper, _Unattended(), self.networks, self.services)
 
     @property
@@ -242,7 +242,7 @@ class CapsuleService:
         (``ccw capsule shell``), sent to the helper as the command's stdio and controlling
         terminal, with the caller's TERM.  Its output goes to the terminal, not to us: the
         journal's row has everything but the output (its stdout and stderr are those of no
-        bytes, and no output is kept for witnesses).  ``console``: an interactive run's
+        bytes, and no output is kept for witnesses).  ``console``: an interactive exec's
         (capsules/console.py), whose stdin the caller types into while it runs; what was
         typed is journaled as the run's stdin, and a terminal's output as its stdout.
         """
@@ -266,14 +266,14 @@ class CapsuleService:
                                               lambda: self._exec_reply(request, ticket.waited_ms, console),
                                               asker() if asker is not None else None, request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
-                traced.value, record.generation, record.generation, ticket.waited_ms, traced.network,
+                traced.value, record.generation, record.generation, ticket.waited_ms, traced.attempts,
                 tuple(traced.notes)), started, console)
 
     async def _journal_exec(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
                             started: dt.datetime, console: Console | None = None) -> ExecOutcome:
         """Journal an exec that ran (its row, events and outputs in one transaction), note the base's
         state where it wrote, and find hints for a command the jail could not run.  ``console``: an
-        interactive run's, whose input is kept as its stdin (and how it went in, for a replay)."""
+        interactive exec's, whose input is kept as its stdin (and how it went in, for a replay)."""
         reply = outcome.reply
         journal = self.journal
         typed = None if console is None else bytes(console.typed)
@@ -299,11 +299,11 @@ class CapsuleService:
 
     async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
                                  started: dt.datetime) -> int | None:
-        """Journal a run of a service that ended (capsules/services.py), as an exec's; its row."""
+        """Journal an exec of a service that ended (capsules/services.py), as an exec's; its row."""
         return (await self._journal_exec(record, request, outcome, started)).seq
 
     async def _exec_reply(self, request: ExecRequest, waited_ms: int, console: Console | None = None) -> ExecReply:
-        """The helper's reply to an exec, its progress sent on (and an interactive run's output to its
+        """The helper's reply to an exec, its progress sent on (and an interactive exec's output to its
         ``console``); a lost reply advances the generation."""
         helper = await self.helper()
 

@@ -8,7 +8,7 @@ first, each ready before the command, or it judges a command that cannot reach w
 reached when it ran.  Here are the two things they share:
 
 - ``services_beside``: which services to start for a command, those beside its newest
-  journaled run (the run the caller saw: an older one beside other services described
+  journaled exec (the one the caller saw: an older one beside other services described
   other conditions).  A spec still kept for the capsule (capsules/service_spec.py) gives
   the values its caller set; one since stopped comes back from the journal's form,
   without them.
@@ -37,7 +37,7 @@ from sandbox.errors import CcwError
 
 
 def runs_of(journal: Journal, record: CapsuleRecord, argv: list[str]) -> list[dict[str, Any]]:
-    """The capsule's journaled runs of ``argv`` as a command (a service's runs are not), in order."""
+    """The capsule's journaled execs of ``argv`` as a command (a service's execs are not), in order."""
     return [ex for ex in journal.execs(record.capsule_id) if ex["argv"] == argv and ex.get("service") is None]
 
 

@@ -14,7 +14,7 @@ with it, in the capsule's one network namespace.  This module is the front end's
   that matches) or plainly why not: it exited (with its status and last lines), or the
   deadline passed (it keeps running, and says so).  A call queued behind the start runs
   against a ready service: "start the app, then test it" is two calls.
-- **Recorded like an exec.**  Each run of a service is a journal row (its ``service``
+- **Recorded like an exec.**  Each exec of a service is a journal row (its ``service``
   column names it), with its touched files, its connections (an allowlist capsule's, told
   from the exec's: capsules/networks.py) and usage, appended when it ends; what it
   wrote shows live as ``files.written`` events meanwhile.  An exec's row names the

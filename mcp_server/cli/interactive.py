@@ -1,4 +1,4 @@
-"""``ccw capsule exec --interactive [--tty] CAP -- CMD...``: our stdin and stdout joined to an interactive run.
+"""``ccw capsule exec --interactive [--tty] CAP -- CMD...``: our stdin and stdout joined to an interactive exec.
 
 The run is capsule_exec's ``interactive`` one (``tty``: on a pseudo-terminal in the jail,
 capsules/console.py), driven as an agent drives it, through ``capsule_run`` calls on the
@@ -61,9 +61,9 @@ EXIT_CANCELLED = 130  # as a shell reports a command ended by ^C
 def refusal(args: argparse.Namespace) -> str | None:
     """Why these ``exec`` options cannot go with --interactive, if they cannot."""
     if args.stdin_file:
-        return "ccw: --stdin-file and --interactive: an interactive run's stdin is ours"
+        return "ccw: --stdin-file and --interactive: an interactive exec's stdin is ours"
     if args.json:
-        return "ccw: --json gives a whole result; an interactive run prints its output as it comes"
+        return "ccw: --json gives a whole result; an interactive exec prints its output as it comes"
     return None
 
 

@@ -25,7 +25,7 @@ from typing import Any
 from mcp_server.cli.output import DIM, GREEN, RED, paint, print_json, use_color, visible
 from mcp_server.config import Config
 from mcp_server.journal import Journal
-from mcp_server.journal_view import run_detail, run_summary
+from mcp_server.journal_view import exec_detail, exec_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise CcwError("NOT_FOUND", f"no capsule {args.capsule_id} in {config.state_dir}; "
                            "ccw capsule list shows the capsules", {"capsule_id": args.capsule_id})
         if args.verb == "log":
-            runs = [run_summary(entry) for entry in journal.execs(args.capsule_id)]
+            runs = [exec_summary(entry) for entry in journal.execs(args.capsule_id)]
             if args.json:
                 print_json({"capsule_id": args.capsule_id, "runs": runs})
             else:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
             raise CcwError("NOT_FOUND", f"capsule {args.capsule_id} has no run {args.run}; ccw capsule log "
                            f"{args.capsule_id} lists its runs", {"capsule_id": args.capsule_id, "run": args.run})
         outputs = journal.outputs(args.capsule_id, args.run)
-        detail = run_detail(entry, {stream: outputs.get((args.run, stream)) for stream in ("stdout", "stderr")})
+        detail = exec_detail(entry, {stream: outputs.get((args.run, stream)) for stream in ("stdout", "stderr")})
         if args.json:
             print_json(detail)
         else:

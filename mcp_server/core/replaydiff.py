@@ -17,7 +17,7 @@ ARCHITECTURE.md, "Decisions": ``replay_ok`` means what a reviewer means by "it d
   ("files written (content hashes)") shows up here, by name.  Volatile paths aside.
 
 - every exec reaches the same places: the distinct (host, port, protocol, allowed) of
-  its network attempts (``touched.network``), when the capsule has an allowlist.  Bytes,
+  its connection attempts (``touched.network``), when the capsule has an allowlist.  Bytes,
   addresses and the order of attempts are left out: a download's size, a resolver's
   answer and which connection opened first are the world's, not the run's.
 

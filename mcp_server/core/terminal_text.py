@@ -1,6 +1,6 @@
 """What a terminal would show of a program's output: text without its control sequences.
 
-An interactive run on a pseudo-terminal (``capsule_exec`` with ``tty``) writes for a
+An interactive exec on a pseudo-terminal (``capsule_exec`` with ``tty``) writes for a
 screen, and the agent reading it is shown text.  Some facts about that output which
 the rules here follow from:
 

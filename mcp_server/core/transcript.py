@@ -1,4 +1,4 @@
-"""An interactive run's output as its reader sees it: a bounded window of bytes, read by cursor.
+"""An interactive exec's output as its reader sees it: a bounded window of bytes, read by cursor.
 
 The output of a run that an agent drives (``capsule_exec`` with ``interactive``,
 capsules/console.py) is one stream of bytes, numbered from 0 as it arrived: a

@@ -28,9 +28,9 @@ Choices:
   it would get: at most ``MAX_SERVICES`` per exec, names by the helper's grammar and
   unique per exec, argv as an exec's argv (``sandbox.checks.argv``: entries, bytes, a
   program name), an absolute cwd, variable names only, limits by ``Limits.from_json``,
-  one readiness condition whose pattern compiles.  A run of a service
+  one readiness condition whose pattern compiles.  An exec of a service
   (``execs[].service``, its name) is never re-run; its ``timeout_ms`` is 0 (none).
-- **An interactive run's steps** (``execs[].console``, capsules/console.py ``record``)
+- **An interactive exec's steps** (``execs[].console``, capsules/console.py ``record``)
   say when a replay types each part of its stdin: counts of bytes, each at most
   ``MAX_STDIN``, at most one step a byte of it.  Steps that ask for more than the stdin
   holds type what there is; one whose output never comes waits only until output pauses.
@@ -190,10 +190,10 @@ _EXEC = {
             "additionalProperties": {"type": "integer", "minimum": -(1 << 62), "maximum": 1 << 62},
         },
         "services": {"type": "array", "maxItems": MAX_SERVICES, "items": _SERVICE},  # absent: none ran beside it
-        "service": {"type": "string", "pattern": f"^{SERVICE_NAME_PATTERN}$"},  # a service's run: never re-run
+        "service": {"type": "string", "pattern": f"^{SERVICE_NAME_PATTERN}$"},  # a service's exec: never re-run
         "console": _CONSOLE,  # absent: not interactive
     },
-    # Only a service's run has no time limit (0); a command a replay runs always has one.
+    # Only a service's exec has no time limit (0); a command a replay runs always has one.
     "if": {"required": ["service"]}, "else": {"properties": {"timeout_ms": {"minimum": 1}}},
 }
 _WRITE = {

@@ -1,8 +1,8 @@
-"""capsule_exec's result: a finished exec's shape, an interactive run's answer, and their schemas.
+"""capsule_exec's result: a finished exec's shape, an interactive exec's answer, and their schemas.
 
 Shared by ``capsule_exec`` (mcp_server/tools/exec.py), whose answer it is, and
 ``capsule_run`` (mcp_server/tools/run.py), which answers with it once a run has ended.
-What the fields mean is said in tools/exec.py's opening; an interactive run's
+What the fields mean is said in tools/exec.py's opening; an interactive exec's
 answers (``output``, ``cursor``) in mcp_server/capsules/run.py and console.py.
 """
 
@@ -119,7 +119,7 @@ EXEC_RESULT: dict[str, Any] = {
     },
 }
 
-# An answer about an interactive run: its status and output, and once it has finished the result's fields too.
+# An answer about an interactive exec: its status and output, and once it has finished the result's fields too.
 CONSOLE_ANSWER = {
     "type": "object",
     "required": ["status", "run_id", "output", "cursor"],
@@ -132,7 +132,7 @@ EXEC_OUTPUT = {"type": "object", "oneOf": [RUN_STATUS, CONSOLE_ANSWER, EXEC_RESU
 def exec_text(result: dict[str, Any]) -> str:
     """The exec's text block: the result as JSON, then each denied connection's line, as a
     command's stderr would show it (an agent that reads only text sees why it failed); an
-    interactive run's output last, as it is (not escaped inside the JSON)."""
+    interactive exec's output last, as it is (not escaped inside the JSON)."""
     shown = {key: value for key, value in result.items() if key != "output"}
     text = json.dumps(shown, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "\n".join([text, *result.get("network_notes", ()), *([result["output"]] if result.get("output") else [])])

@@ -2,7 +2,7 @@
 
 An adapter over mcp_server/capsules/run.py, which says how long calls become
 runs, who holds the capsule's turn, and how long a finished run is kept; an
-interactive run's input and reads are mcp_server/capsules/console.py's.
+interactive exec's input and reads are mcp_server/capsules/console.py's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sandbox.errors import CcwError
 
 async def capsule_run(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """The run's result once it has ended (what its tool answers), or its status within wait_ms;
-    an interactive run's output since the last read, after the input given is queued."""
+    an interactive exec's output since the last read, after the input given is queued."""
     run = ctx.runs.get(args["run_id"])
     typing = args.get("input") is not None or bool(args.get("eof"))
     if run.console is None and (typing or args.get("cursor") is not None):
@@ -53,7 +53,7 @@ TOOLS = [
                 "cursor": {"type": "integer"},  # the handler refuses one outside the output
             },
         },
-        # Open: the result of whichever tool started the run, RUN_STATUS, or an interactive run's answer.
+        # Open: the result of whichever tool started the run, RUN_STATUS, or an interactive exec's answer.
         output_schema={"type": "object"},
         handler=capsule_run,
         text=exec_text,

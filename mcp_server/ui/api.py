@@ -20,7 +20,7 @@ from typing import Any
 from mcp_server.capsules import asks
 from mcp_server.events import KINDS, EventLog
 from mcp_server.journal import Journal
-from mcp_server.journal_view import run_detail, run_summary
+from mcp_server.journal_view import exec_detail, exec_summary
 from mcp_server.state import State
 from sandbox.errors import CcwError
 
@@ -106,7 +106,7 @@ def runs(state: State, capsule_id: str, limit: int | None = None, before: int | 
     out = []
     for entry in entries[-size:]:
         usage = entry.get("usage") or {}
-        out.append({**run_summary(entry), "cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb"),
+        out.append({**exec_summary(entry), "cpu_ms": usage.get("cpu_ms"), "rss_max_kb": usage.get("rss_max_kb"),
                     "rss_max_process_kb": usage.get("rss_max_process_kb")})
     (total,) = state.execute("SELECT COUNT(*) AS n FROM execs WHERE capsule_id = ?", (capsule_id,))
     return {"capsule_id": capsule_id, "runs": out, "more": len(entries) > size, "total": total["n"]}
@@ -120,7 +120,7 @@ def run(state: State, capsule_id: str, seq: int) -> dict[str, Any]:
     if not found or found[0]["seq"] != seq:
         raise CcwError("NOT_FOUND", f"capsule {capsule_id} has no run {seq}", {"capsule_id": capsule_id, "run": seq})
     outputs = journal.outputs(capsule_id, seq)
-    detail = run_detail(found[0], {stream: outputs.get((seq, stream)) for stream in ("stdout", "stderr")})
+    detail = exec_detail(found[0], {stream: outputs.get((seq, stream)) for stream in ("stdout", "stderr")})
     for key in ("written", "read"):
         paths = detail[key]
         detail[f"{key}_total"] = None if paths is None else len(paths)
