@@ -69,7 +69,12 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     """Length-prefix the canonical JSON of ``message``; over ``MAX_FRAME`` is TOO_LARGE."""
     try:
         body = _json_bytes(message)
-    except (TypeError, ValueError) as exc:  # NaN, lone surrogates, non-JSON types
+    except UnicodeEncodeError:  # a lone surrogate: most often a file name that is not UTF-8
+        text = _not_utf8(message)
+        raise ProtocolError(
+            f"message holds text that is not UTF-8: '{text}'; ccw carries names as UTF-8 text, so rename the file "
+            "or directory whose name holds those bytes to a UTF-8 name", {"text": text}) from None
+    except (TypeError, ValueError) as exc:  # NaN, non-JSON types
         raise ProtocolError(f"message is not encodable as canonical JSON: {exc}") from exc
     if len(body) > MAX_FRAME:
         raise ProtocolError(
@@ -79,6 +84,27 @@ def encode_frame(message: dict[str, Any]) -> bytes:
             code="TOO_LARGE",
         )
     return HEADER.pack(len(body)) + body
+
+
+def _not_utf8(value: Any) -> str:
+    """The first string in ``value`` (keys too) that is not UTF-8, each byte that is not written
+    ``\\xff`` (a surrogate that stands for no byte ``\\ud800``); "" if there is none."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return ""
+        except UnicodeEncodeError:
+            pass
+        try:
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:500]
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")[:500]
+    children = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+    for child in children:
+        found = _not_utf8(child)
+        if found:
+            return found
+    return ""
 
 
 def _refuse_constant(name: str) -> Any:
