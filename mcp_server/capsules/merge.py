@@ -55,6 +55,7 @@ common ancestor, or a new capsule over the base, with every merged path written.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,14 +116,14 @@ def _inputs(service: CapsuleService, ids: tuple[str, ...]) -> tuple[list[Capsule
     return records, service.live_record(common) if common is not None else None
 
 
-def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: Plan,
-                  live: dict[str, str]) -> dict[str, str]:
-    """The base states the inputs recorded at the merged paths, once the live tree still holds them
-    (``live``: its states at every path they recorded, ``_live_recorded``)."""
+def _checked_base(each: list[dict[str, str]], plan: Plan, live: dict[str, str]) -> dict[str, str]:
+    """The base states the inputs recorded (``each``: one input's and its ancestors', ``_recorded``)
+    at the merged paths, once the live tree still holds them (``live``: its states at every path
+    they recorded)."""
     recorded: dict[str, str] = {}
     moved: list[dict[str, Any]] = []
-    for record in records:
-        for path, state in _recorded_states(service.journal, record).items():
+    for states in each:
+        for path, state in states.items():
             if path not in plan.base:
                 continue
             if recorded.setdefault(path, state) != state:
@@ -137,16 +138,14 @@ def _checked_base(service: CapsuleService, records: list[CapsuleRecord], plan: P
     return recorded
 
 
-def _live_recorded(service: CapsuleService, records: list[CapsuleRecord]) -> dict[str, str]:
-    """The live workspace's state at every path the inputs (or their ancestors) recorded a base state for."""
-    paths = {path for record in records for path in _recorded_states(service.journal, record)}
-    return _live_states(records[0].workspace, sorted(paths))
+def _recorded(service: CapsuleService, records: list[CapsuleRecord]) -> list[dict[str, str]]:
+    """The base states each input (with its ancestors) recorded, read once for the live check."""
+    return [_recorded_states(service.journal, record) for record in records]
 
 
-def _lower_recorded(service: CapsuleService, records: list[CapsuleRecord], plan: Plan) -> dict[str, str]:
-    """``_live_recorded`` where the capsules' base directory is the live workspace: the states the
-    plan read there, at the merged paths (the only ones ``_checked_base`` looks at)."""
-    paths = {path for record in records for path in _recorded_states(service.journal, record)}
+def _lower_recorded(paths: set[str], plan: Plan) -> dict[str, str]:
+    """The live workspace's states at the recorded ``paths`` where the capsules' base directory is the
+    workspace: the plan's digests there, at the merged paths (the only ones ``_checked_base`` looks at)."""
     return {path: changeset.state_text(merge_write.view_side(state), None, state.digest)
             for path, state in plan.lower.items() if path in paths}
 
@@ -159,56 +158,83 @@ def _plan(state: Any, lower: str, inputs: list[Side], base: Side | None) -> Plan
     return plan
 
 
+def _unmoved_refs(every: list[CapsuleRecord], replies: dict[str, ChangesReply]) -> None:
+    """Refuse a capsule whose git moved refs: a merge carries files, not commits."""
+    for record in every:
+        moved = [one for one in gitdirs.listing(replies[record.capsule_id].gitdirs) if one["refs"]]
+        if moved:
+            raise CcwError("UNSUPPORTED", f"{record.capsule_id}'s git moved {', '.join(moved[0]['refs'][:5])} in "
+                           f"{moved[0]['gitdir']}: a merge carries files, not commits; promote that capsule by "
+                           "itself (capsule_promote carries its commits) and merge the others after",
+                           {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
+
+
+async def _listed(service: CapsuleService, every: list[CapsuleRecord]) -> tuple[dict[str, ChangesReply],
+                                                                               dict[str, int]]:
+    """Each capsule's change list and root, all asked at once (each on a connection of its own: the
+    helper lists them at once); the roots are closed if any fails."""
+    replies: dict[str, ChangesReply] = {}
+    roots: dict[str, int] = {}
+    failed: list[CcwError] = []
+
+    async def ask(capsule_id: str) -> None:
+        try:
+            replies[capsule_id] = await service.call(ChangesRequest(capsule_id))
+            roots[capsule_id] = await service.open_root(capsule_id)
+        except CcwError as exc:  # raised as itself below, not in the nursery's group
+            failed.append(exc)
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for record in every:
+                nursery.start_soon(ask, record.capsule_id)
+        if failed:
+            raise failed[0]
+        _unmoved_refs(every, replies)
+    except BaseException:
+        for fd in roots.values():
+            os.close(fd)
+        raise
+    return replies, roots
+
+
 async def _read(service: CapsuleService, records: list[CapsuleRecord],
-                ancestor: CapsuleRecord | None) -> tuple[Plan, int, dict[str, str]]:
+                ancestor: CapsuleRecord | None) -> tuple[Plan, int, list[dict[str, str]], dict[str, str]]:
     """The plan, read in the inputs' turns (no exec of theirs lands while their changes are read),
-    the first input's generation then, and the live workspace's states.  Over the workspace
-    itself those are the plan's own digests of the base directory (``_lower_recorded``: each file
-    read at most once, not again to hash it, and not at all where the stat cache knows it); over
-    a snapshot, ``_live_recorded`` reads the workspace beside the plan (on two cores the one's
-    hashing overlaps the other's reads)."""
+    the first input's generation then, the base states each input recorded (``_recorded``) and the
+    live workspace's states at those paths.  Over the workspace itself those are the plan's own
+    digests of the base directory (``_lower_recorded``: each file read at most once, not again to
+    hash it, and not at all where the stat cache knows it); over a snapshot, the workspace is read
+    beside the plan (on two cores the one's hashing overlaps the other's reads)."""
     ids = sorted(record.capsule_id for record in records)
     async with contextlib.AsyncExitStack() as turns:
         for one in ids:
             await turns.enter_async_context(service.turn(one, MERGE))
         every = [*records, *([ancestor] if ancestor else [])]
-        replies: dict[str, ChangesReply] = {}
-        failed: list[CcwError] = []
-
-        async def ask(capsule_id: str) -> None:
-            try:
-                replies[capsule_id] = await service.call(ChangesRequest(capsule_id))
-            except CcwError as exc:  # raised as itself below, not in the nursery's group
-                failed.append(exc)
-
-        async with trio.open_nursery() as nursery:  # each on a connection of its own: the helper lists them at once
-            for record in every:
-                nursery.start_soon(ask, record.capsule_id)
-        if failed:
-            raise failed[0]
-        listed = [(record.capsule_id, replies[record.capsule_id].changes) for record in every]
-        for record in every:
-            moved = [one for one in gitdirs.listing(replies[record.capsule_id].gitdirs) if one["refs"]]
-            if moved:
-                raise CcwError("UNSUPPORTED", f"{record.capsule_id}'s git moved {', '.join(moved[0]['refs'][:5])} in "
-                               f"{moved[0]['gitdir']}: a merge carries files, not commits; promote that capsule by "
-                               "itself (capsule_promote carries its commits) and merge the others after",
-                               {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
-        generation = service.journal.generation(records[0].capsule_id)
-        sides = [Side(name, await service.open_root(name), changes) for name, changes in listed]
+        replies, roots = await _listed(service, every)
+        sides = [Side(record.capsule_id, roots[record.capsule_id], replies[record.capsule_id].changes)
+                 for record in every]
         inputs, base = sides[:len(records)], (sides[-1] if ancestor else None)
+        try:
+            generation = service.journal.generation(records[0].capsule_id)
+            each = await trio.to_thread.run_sync(_recorded, service, records)
+        except BaseException:
+            for fd in roots.values():
+                os.close(fd)
+            raise
+        paths = {path for states in each for path in states}
         if records[0].spec.base is None:
             plan = await trio.to_thread.run_sync(_plan, service.state, records[0].base, inputs, base)
-            return plan, generation, await trio.to_thread.run_sync(_lower_recorded, service, records, plan)
+            return plan, generation, each, await trio.to_thread.run_sync(_lower_recorded, paths, plan)
         live: dict[str, str] = {}
 
         async def read_live() -> None:
-            live.update(await trio.to_thread.run_sync(_live_recorded, service, records))
+            live.update(await trio.to_thread.run_sync(_live_states, records[0].workspace, sorted(paths)))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_live)
             plan = await trio.to_thread.run_sync(_plan, service.state, records[0].base, inputs, base)
-        return plan, generation, live
+        return plan, generation, each, live
 
 
 def _conflict(one: Outcome, plan: Plan) -> dict[str, Any]:
@@ -239,8 +265,8 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
 async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
     """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring)."""
     records, ancestor = _inputs(service, question.capsule_ids)
-    plan, generation, live = await _read(service, records, ancestor)
-    recorded = await trio.to_thread.run_sync(_checked_base, service, records, plan, live)
+    plan, generation, each, live = await _read(service, records, ancestor)
+    recorded = await trio.to_thread.run_sync(_checked_base, each, plan, live)
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}

@@ -70,10 +70,13 @@ class State:
         return self.digest == other.digest
 
     def __eq__(self, other: object) -> bool:
+        if self is other:  # a side that did not name a path holds the base's own state there
+            return True
         if not isinstance(other, State):
             return NotImplemented
-        return ((self.kind, self.mode, self.target) == (other.kind, other.mode, other.target)
-                and (self.kind != "file" or self.same_bytes(other)))
+        if self.kind != other.kind or self.mode != other.mode or self.target != other.target:
+            return False
+        return self.kind != "file" or self.same_bytes(other)
 
     def __hash__(self) -> int:
         return hash((self.kind, self.mode, self.target, self.digest if self.kind == "file" else None))

@@ -195,14 +195,16 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
 
 
 def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
-             mtimes: dict[str, int]) -> None:
+             mtimes: dict[str, int], recorded: dict[str, str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``, in one
-    transaction), with each file's mtime as written, and the base's state where none is recorded yet."""
+    transaction), with each file's mtime as written, and the base's state where none is recorded yet
+    (``recorded``: those ``write`` recorded first)."""
     journal = Journal(state)
     journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes))
-    record = journal.capsule(capsule_id)
+    unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
+    record = journal.capsule(capsule_id) if unrecorded else None
     if record is not None:
-        record_base_states(journal, record, [path for path in paths if contents[path].kind != "dir"])
+        record_base_states(journal, record, unrecorded)
 
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
@@ -217,5 +219,5 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
              if contents[path].kind == "file" and not contents[path].same_bytes(plan.base[path])]
     with RootView.from_fd(root_fd) as view:
         mtimes = _apply(view, ops, contents, start, dated)
-    _journal(state, capsule_id, changed, contents, plan.base, mtimes)
+    _journal(state, capsule_id, changed, contents, plan.base, mtimes, recorded)
     return changed
