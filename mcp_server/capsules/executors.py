@@ -10,7 +10,7 @@ One interface, two implementations:
   tree of the base with the subset laid over it, and judges the ActionResult as a
   local reply is judged.  Its parallelism is the cluster's capacity.
 
-A trial (trials.Trial) returns what a predicate judges (trials.Run): exit code, timed
+A trial (trials.Trial) returns what a predicate judges (trials.Finished): exit code, timed
 out, stdout and stderr; so FAIL/PASS/UNRESOLVED are decided by the same code either way.
 
 Services a trial's command ran beside start in a local trial's scratch capsule, ready
@@ -33,7 +33,7 @@ from mcp_server.capsules.replay import ReplayOptions, replay
 from mcp_server.capsules.replay_steps import beside, services_of
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_spec import ServiceSpec
-from mcp_server.capsules.trials import Run, ServicesNotReady, Trial, TrialRunner, apply_units
+from mcp_server.capsules.trials import Finished, ServicesNotReady, Trial, TrialRunner, apply_units
 from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
@@ -66,7 +66,7 @@ class LocalExecutor:
         self.parallelism = parallelism
         self.cache_hits = 0
 
-    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Finished:
         """A scratch capsule over the base, the subset written in, its services started, the command run there."""
         record = trial.record
         network = record.network_spec
@@ -80,7 +80,7 @@ class LocalExecutor:
                     return ServicesNotReady(exc.message)
                 raise
             request = dataclasses.replace(trial.request, capsule_id=capsule)
-            reply: Run = (await service.run(request, record.spec, network)).value
+            reply: Finished = (await service.run(request, record.spec, network)).value
             return reply
 
     def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:

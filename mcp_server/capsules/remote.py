@@ -64,7 +64,7 @@ from mcp_server.capsules.replay import ReplayOptions, admit
 from mcp_server.capsules.replay_steps import services_named
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_spec import ServiceSpec
-from mcp_server.capsules.trials import Run, Trial, Unit
+from mcp_server.capsules.trials import Finished, Trial, Unit
 from mcp_server.capsules.witness import signature_of, witness_key
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.reapi.action import CommandSpec, build_action
@@ -248,7 +248,7 @@ class ReapiExecutor:
                                           "start: run deltamin locally (unset CCW_REAPI_URL for it)",
                            {"services": [s.name for s in services]})
 
-    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Finished:
         """The trial as an Action; its ActionResult as a run."""
         record = trial.record
         self.check_trials(service, record, trial.services)

@@ -160,8 +160,8 @@ def apply_units(root_fd: int, units: dict[str, Unit], journal: Journal | None = 
                 journal.add_write(capsule_id, path, unit.action, unit.content, unit.target, unit.mode)
 
 
-class Run(Protocol):
-    """What a predicate judges of a run: a helper's exec reply, a journaled exec's outcome."""
+class Finished(Protocol):
+    """What a predicate judges of a finished exec: a helper's exec reply, a journaled exec's outcome."""
 
     @property
     def exit_code(self) -> int | None:
@@ -200,7 +200,7 @@ class TrialRunner(Protocol):
 
     parallelism: int  # trials at once
 
-    async def run_trial(self, service: CapsuleService, trial: Trial) -> Run:
+    async def run_trial(self, service: CapsuleService, trial: Trial) -> Finished:
         """The trial's run, for the failure predicate."""
 
     def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:
@@ -228,7 +228,7 @@ class JournaledRun:
     stderr: bytes = b""
 
 
-Judge = Callable[[Run], str]
+Judge = Callable[[Finished], str]
 
 
 def predicate(spec: Any) -> Judge:
