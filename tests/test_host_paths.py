@@ -65,6 +65,9 @@ def test_replay_holds_its_workspace_and_witness_path_to_the_same_rules(tmp_path:
     with pytest.raises(CcwError) as refused:
         _live_dir(_not_utf8(tmp_path))
     assert refused.value.details == {"argument": "workspace", "path": f"{tmp_path}/w\\xff"}
+    with pytest.raises(CcwError) as relative_dir:
+        _live_dir("w\udcff")  # as capsule_create answers a relative workspace
+    assert relative_dir.value.details == {"argument": "workspace", "path": "w\\xff"}
     (tmp_path / "w.tar.zst").write_bytes(b"")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(CcwError) as relative:

@@ -196,9 +196,7 @@ def _live_dir(workspace: str) -> str:
     both again with the caller's uid when it mounts the capsule).
     """
     paths.encoded(workspace, "workspace")
-    if not os.path.isabs(workspace):
-        raise CcwError("INVALID_ARGUMENT", f"workspace {workspace!r} must be an absolute path",
-                       {"workspace": workspace})
+    hostpaths.absolute(workspace, "workspace")
     if not os.path.isdir(workspace):
         raise CcwError("NOT_FOUND", f"workspace {workspace!r} is not a directory; name your copy of the witness's "
                                     "workspace", {"workspace": workspace})
