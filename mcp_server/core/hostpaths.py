@@ -1,4 +1,4 @@
-"""Host paths a caller names (a workspace, a base, a directory to expose): absolute, UTF-8.
+"""Host paths a caller names (a workspace, a base, a directory to expose, a witness file): absolute, UTF-8.
 
 Some facts about the paths callers send:
 
