@@ -27,7 +27,9 @@
   ratio inverts into requests per second.  Target: at least 0.8x the direct rate.
   Beside each row, the same client in an exec in the capsule, to the service on the
   capsule's own loopback: what the capsule costs the server, apart from what the forward
-  costs.
+  costs; and the CPU per GET of each process on the path (ccw-forward, the server, the
+  helper tracing the capsule's server), summed over the runs: on two shared cores a
+  GET's time follows the CPU of everything on its path, and this says whose it is.
 - **An exec beside a running service.**  ``capsule_exec ["true"]``, and a short command
   that writes a file and reads it back, in a capsule running an idle service (the
   http.server) against a capsule of the same workspace running none; halfway the service
@@ -50,7 +52,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -214,6 +216,69 @@ async def _exec_beside(call: Call, ws: Path, rounds: int) -> dict[str, list[floa
     return times
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds a process has used, its ended threads' included (utime + stime of
+    /proc/PID/stat: http.server answers each connection in a thread of its own)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0  # it has ended: what it used is no longer told
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants() -> dict[int, tuple[int, list[str]]]:
+    """This process's descendants: each one's parent and argv."""
+    found: dict[int, tuple[int, list[str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
+                found[int(entry.name)] = (parent, [arg.decode() for arg in argv])
+    mine, grew = {os.getpid()}, True
+    while grew:
+        more = {pid for pid, (parent, _) in found.items() if parent in mine} - mine
+        mine |= more
+        grew = bool(more)
+    return {pid: found[pid] for pid in mine if pid in found}
+
+
+@dataclass
+class Charged:
+    """CPU used during one runner's GETs, by the processes on their path, summed over its runs."""
+
+    pids: dict[str, int]  # what each process is ("relay", "server", "helper"): its pid
+    gets: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    async def around(self, run: Callable[[], Awaitable[float]], count: int) -> float:
+        before = {name: _cpu_s(pid) for name, pid in self.pids.items()}
+        figure = await run()
+        for name, pid in self.pids.items():
+            self.seconds[name] = self.seconds.get(name, 0.0) + _cpu_s(pid) - before[name]
+        self.gets += count
+        return figure
+
+    def per_get_us(self) -> dict[str, float]:
+        return {name: used * 1e6 / max(self.gets, 1) for name, used in self.seconds.items()}
+
+
+def _path_pids(capsule_port: int, direct: int, argv: Callable[[int], list[str]]) -> dict[str, dict[str, int]]:
+    """The processes each kind of GET passes through: the forward's program (the relay),
+    the server it reaches, and the helper the capsule's server runs under (which traces it)."""
+    procs = _descendants()
+
+    def pid_of(wanted: list[str]) -> int:
+        return next(pid for pid, (_, args) in procs.items() if args == wanted)
+
+    relay = next(pid for pid, (_, args) in procs.items()
+                 if args and args[0].endswith("ccw-forward") and args[args.index("--port") + 1] == str(capsule_port))
+    server = pid_of(argv(capsule_port))
+    helper = procs[procs[server][0]][0]  # the server's jail's parent
+    return {"forwarded": {"relay": relay, "server": server, "helper": helper},
+            "direct": {"server": pid_of(argv(direct))}, "inside": {"server": server, "helper": helper}}
+
+
 async def _client(port: int, count: int, mode: str) -> float:
     """Seconds per GET of a client process's ``count`` sequential GETs to ``port`` on the host."""
     done = await trio.run_process([*CLIENT, str(TINY), "get", str(port), str(count), mode],
@@ -250,12 +315,21 @@ async def _forwarded(call: Call, ws: Path, sizes: Sizes) -> dict[str, list[float
         with _on_host([*tiny, str(direct["tiny"])], direct["tiny"], cwd=ws), \
                 _on_host(http_server(direct["http.server"]), direct["http.server"], cwd=ws):
             runners: dict[str, Callable[[], Awaitable[float]]] = {}
+            charged: dict[str, Charged] = {}
+            argv = {"tiny": lambda port: [*tiny, str(port)], "http.server": http_server}
             for server, mode in GETS:
                 count = sizes.gets(mode)
-                runners[f"{server} {mode} forwarded"] = partial(_client, forwards[server], count, mode)
-                runners[f"{server} {mode} direct"] = partial(_client, direct[server], count, mode)
-                runners[f"{server} {mode} inside"] = partial(_client_in, call, cap, inside[server], count, mode)
-            return await interleaved_async(runners, sizes.http_rounds)
+                pids = _path_pids(inside[server], direct[server], argv[server])
+                for where, run in (("forwarded", partial(_client, forwards[server], count, mode)),
+                                   ("direct", partial(_client, direct[server], count, mode)),
+                                   ("inside", partial(_client_in, call, cap, inside[server], count, mode))):
+                    name = f"{server} {mode} {where}"
+                    charged[name] = Charged(pids[where])
+                    runners[name] = partial(charged[name].around, run, count)
+            figures = await interleaved_async(runners, sizes.http_rounds)
+            for name, used in charged.items():  # CPU per GET, its warm-up included: the same work
+                figures.update({f"{name} cpu {what}": [us] for what, us in used.per_get_us().items()})
+            return figures
     finally:
         await call("capsule_destroy", {"capsule_id": cap})
 
@@ -309,7 +383,17 @@ def _http_row(figures: dict[str, list[float]], server: str, mode: str, count: in
                "<= 1.25 (req/s >= 0.8x)", unit="us",
                extra={"forwarded req/s": round(1e6 / forwarded), "direct req/s": round(1e6 / direct),
                       "rate ratio": round(direct / forwarded, 3),
-                      "from an exec in the capsule (no forward)": f"{inside:.0f} us/GET", "rounds": rounds})
+                      "from an exec in the capsule (no forward)": f"{inside:.0f} us/GET", "rounds": rounds,
+                      "CPU per GET, forwarded": _cpu_text(figures, f"{server} {mode} forwarded"),
+                      "CPU per GET, direct": _cpu_text(figures, f"{server} {mode} direct")})
+
+
+def _cpu_text(figures: dict[str, list[float]], runner: str) -> str:
+    """What the processes on a GET's path used, in microseconds of CPU per GET (the
+    clients' own excepted): where a forwarded GET's time goes when the two cores are shared."""
+    used = {what: figures[f"{runner} cpu {what}"][0] for what in ("relay", "server", "helper")
+            if f"{runner} cpu {what}" in figures}
+    return ", ".join(f"{what} {us:.0f} us" for what, us in used.items())
 
 
 def _exec_rows(figures: dict[str, list[float]]) -> list[Row]:
@@ -343,5 +427,7 @@ def run(quick: bool = False) -> Report:
                         + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
                         f"{os.cpu_count()} CPUs (each extra hop waits for a CPU when others are busy)")
     report.notes.append("GETs: a client process (bench/parts/tiny_http.py get) against the same server, in a "
-                        "capsule behind capsule_port and on the host; its own start is not counted")
+                        "capsule behind capsule_port (relayed by ccw-forward's splice relay) and on the host; its "
+                        "own start is not counted; CPU per GET from /proc/PID/stat, in 10 ms ticks summed over "
+                        "every run of a row")
     return report
