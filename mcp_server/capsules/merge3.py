@@ -31,7 +31,6 @@ import os
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from mcp_server.core.unidiff import is_binary
 from mcp_server.fs.fingerprint import git_env
@@ -56,12 +55,17 @@ class State:
     target: str | None = None  # a symlink's target
     known_digest: str | None = None  # a file's blake3 (statcache.digest_of), when known without its bytes
 
-    @cached_property
+    @property
     def digest(self) -> str | None:
-        """A file's blake3 (hex), from its bytes unless it came with one."""
+        """A file's blake3 (hex), from its bytes unless it came with one (hashed once: a state's bytes
+        are compared with the base's at every step of a merge)."""
         if self.known_digest is not None or self.data is None:
             return self.known_digest
-        return digest_of(self.data)
+        hashed: str | None = self.__dict__.get("_hashed")
+        if hashed is None:
+            hashed = digest_of(self.data)
+            object.__setattr__(self, "_hashed", hashed)  # frozen: the cache is set past the dataclass's guard
+        return hashed
 
     def same_bytes(self, other: State) -> bool:
         """Whether both hold the same bytes (compared directly where both were read)."""
