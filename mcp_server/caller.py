@@ -140,9 +140,11 @@ class Caller:
 
     @property
     def env(self) -> Mapping[str, str]:
-        """The caller's environment: the one it lent, else this process's own.  A call's tools
-        take that default from here alone; capsules/exec.py's ``whitelisted`` keeps it only
-        for work no call lends to (a service's restart, a remote trial)."""
+        """The caller's environment: the one it lent, else this process's own.  That default is
+        decided here alone: a call's tools read it through their ToolContext, and the capsule
+        service (capsules/exec.py ``whitelisted``, the TERM of an exec on a terminal) asks
+        ``Caller(values).env`` for work that may have nothing lent (a service's restart, a
+        remote trial, a replay)."""
         return self.lent_env if self.lent_env is not None else os.environ
 
 

@@ -21,13 +21,13 @@ import base64
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 import blake3
 
+from mcp_server.caller import Caller
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
 from sandbox.spec import DEFAULT_PROGRESS_MS, CapsuleSpec, exec_env, resolve_cwd
@@ -100,8 +100,8 @@ def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, st
     one outside it is refused here, before the call waits for its turn).  A request that
     names no environment gets the values of the capsule's whitelisted variables, taken
     from ``values`` (the calling ccw command's environment, lent through the state dir's
-    front end; a replay's: what its replayer passed), by default from this process's
-    environment; never HOME, which is always the capsule's own.  The defaults under them
+    front end; a replay's: what its replayer passed), else from what ``Caller.env`` lets
+    stand in for a caller that lent nothing; never HOME, which is always the capsule's own.  The defaults under them
     (PATH with the workspace's ``.venv/bin`` first, HOME, LANG) are the helper's
     (``spec.exec_env``).
     """
@@ -111,8 +111,9 @@ def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, st
 
 
 def whitelisted(env_whitelist: Iterable[str], values: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The whitelisted variables that ``values`` (default: this process's environment) sets, HOME aside."""
-    source = os.environ if values is None else values
+    """The whitelisted variables that ``values`` sets, HOME aside; None: nothing was lent, and
+    ``Caller.env`` (mcp_server/caller.py) says what stands in."""
+    source = Caller(values).env
     return {name: source[name] for name in env_whitelist if name in source and name != "HOME"}
 
 

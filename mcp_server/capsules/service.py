@@ -24,18 +24,19 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 from outcome import acapture
 
 from mcp_server import events
+from mcp_server.caller import Caller
 from mcp_server.capsules import capsecrets, exposure
 from mcp_server.capsules.branch_base import base_commit
+from mcp_server.capsules.call_hooks import CallHooks, Unattended
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
     PROGRESS_MS,
@@ -89,16 +90,6 @@ MAX_FORKS = 128  # children one capsule_fork call makes: each holds a mount, and
 _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})
 
 
-class CallHooks(Protocol):
-    """What the service needs of the call it serves: progress reports and the capsule's turn."""
-
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress to the caller, if it asked for reports."""
-
-    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
-        """Hold the capsule's turn (mcp_server.capsules.turns) for the block."""
-
-
 @dataclass(frozen=True)
 class LiveCapsule:
     """One live capsule as ``list`` shows it."""
@@ -144,7 +135,7 @@ class CapsuleService:
 
     def background(self) -> CapsuleService:
         """This service for work that no call waits for (a service's execs): no progress, no turns."""
-        return CapsuleService(self.state, self._helper, _Unattended(), self.networks, self.services)
+        return CapsuleService(self.state, self._helper, Unattended(), self.networks, self.services)
 
     @property
     def journal(self) -> Journal:
@@ -250,7 +241,7 @@ class CapsuleService:
         request = for_capsule(request, record.spec, values, PROGRESS_MS)
         request = await capsecrets.placed(self.state.root, self.networks, record.network_spec is not None, request)
         if terminal is not None:
-            term = (os.environ if values is None else values).get("TERM")
+            term = Caller(values).env.get("TERM")  # nothing lent: what stands in (caller.py)
             request = dataclasses.replace(request, stdio="tty", tty_fd=terminal,
                                           env={**(request.env or {}), **({"TERM": term} if term else {})})
         elif console is not None:
@@ -261,10 +252,9 @@ class CapsuleService:
             if self.services is not None:  # the capsule is used: its kept and inherited services come up first
                 await self.services.start_pending(self, record.capsule_id)
             started = _now()
-            asker = getattr(self._call, "asker", None)  # a call's context (context.py) knows its client
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
                                               lambda: self._exec_reply(request, ticket.waited_ms, console),
-                                              asker() if asker is not None else None, request.argv)
+                                              self._call.asker(), request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.attempts,
                 tuple(traced.notes)), started, console)
@@ -490,16 +480,6 @@ class CapsuleService:
             return console.finished(reply)
 
         return await self.networks.exec(await self.helper(), request.capsule_id, network, on_console)
-
-
-class _Unattended:
-    """The call hooks of work no call waits for: progress goes nowhere, and it takes no turn."""
-
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        return None
-
-    def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
-        raise CcwError("INTERNAL", "background work on a capsule takes no turn")
 
 
 async def _settle(helper: HelperClient, capsule_id: str) -> None:

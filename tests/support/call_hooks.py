@@ -1,4 +1,4 @@
-"""A call as CapsuleService serves it (capsules/service.py CallHooks), for tests without a server:
+"""A call as CapsuleService serves it (capsules/call_hooks.py CallHooks), for tests without a server:
 its progress reports recorded, its turns taken from a real CapsuleQueue."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from mcp_server.capsules.asker import Asker
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 
 
@@ -23,3 +24,6 @@ class Hooks:
     async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
         async with self.queue.turn(capsule_id, label) as ticket:
             yield ticket
+
+    def asker(self) -> Asker | None:
+        return None  # no client: a miss waits for a person, as a call without a session's would
