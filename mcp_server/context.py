@@ -76,7 +76,7 @@ class Runtime:
         self.events.add("net.connection", capsule_id, live_connection(record))
 
     def _run_ended(self, run: Run) -> None:
-        # A replay's or deltamin's outcome is an event (a command's run is one already).
+        # A replay's or deltamin's outcome is an event (an exec's end is one already: run.finished).
         if self._run_outcome is not None:
             record_outcome(self.state, run.capsule_id, self._run_outcome(run))
 

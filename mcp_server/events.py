@@ -1,10 +1,10 @@
 """The events of a state dir: a typed stream of what its capsules do, kept in its database.
 
-The journal records enough to replay and judge runs; a person deciding whether to
+The journal records enough to replay and judge execs; a person deciding whether to
 promote wants to *watch* them: what ran, what it wrote and read, where it tried to
 connect and what was decided.  Each such fact is an event, appended to the ``events``
 table of the state dir's SQLite database in the same transaction as the journal row it
-describes (so a watcher never sees an event whose run is not in the journal, nor the
+describes (so a watcher never sees an event whose exec is not in the journal, nor the
 other way round), and numbered by SQLite in commit order.
 
 Why the database and not a socket.  Every process of a state dir (the MCP server an
@@ -21,19 +21,21 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``capsule.created``  workspace, base, parent, network ("none" or the allowlist's rules),
   exposed dirs;  ``capsule.destroyed``  (nothing).
 - ``run.queued``  ticket, label (a call asked for the capsule's turn and waits behind
-  another);  ``run.started``  ticket, label, waited_ms.
-- ``run.finished``  seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
+  another);  ``run.started``  ticket, label, waited_ms.  Turn events, of any call that
+  takes a turn (an exec, a fork, a destroy); stored kinds, so named "run" still
+  (docs/names.md).
+- ``run.finished``  an exec's end: seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
   duration_ms, generation, generation_out, usage (cpu_ms, rss_max_kb: null when not
   measured), reads (null when not traced), writes, connections (counts), terminal (an
   interactive session of ``ccw capsule shell``).
-- ``files.written``  seq, count, paths (the first ``MAX_PATHS``): at the end of a run;
+- ``files.written``  seq, count, paths (the first ``MAX_PATHS``): at the end of an exec;
   and while it runs, where fanotify traces it, with ``live: true`` and ``seq`` null, the
   files closed after writing since the last progress report (about once a second);
   ``files.read``  seq, count, dirs (the ``MAX_DIRS`` directories most read from, with
   counts).
 - ``net.connection``  seq, host, port, protocol, allowed, rule, reason, bytes_in,
-  bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of a run, at its end;
-  and as each attempt is decided while the run goes, with ``live: true``, ``seq`` null
+  bytes_out, cut: one per attempt, the first ``MAX_CONNECTIONS`` of an exec, at its end;
+  and as each attempt is decided while the exec goes, with ``live: true``, ``seq`` null
   and no byte counts (``live_connection``).
 - ``net.rules``  seq, at, who, allow, remove, caps, previous, rules, network: a capsule's
   allowlist changed while it lives (capsules/netlive.py).
@@ -168,7 +170,7 @@ _CONNECTION = ("host", "port", "protocol", "allowed", "rule", "reason", "bytes_i
 
 
 def live_connection(record: Mapping[str, Any]) -> dict[str, Any]:
-    """A connection attempt's event while its command runs (``live``, no run number yet, its
+    """A connection attempt's event while its command runs (``live``, no exec number yet, its
     bytes still to come): the egress proxy's record once the attempt was decided."""
     return {"seq": None, "live": True, **{key: record.get(key) for key in _CONNECTION if not key.startswith("bytes")}}
 
