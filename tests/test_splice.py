@@ -45,7 +45,7 @@ async def tunnelled(service: Upstream) -> AsyncIterator[trio.SocketStream]:
         capsule = trio.socket.socket()
         await capsule.connect(("127.0.0.1", service.port))
         attempt = Attempt(1, "127.0.0.1", service.port, "tcp", True, None, None)
-        assert splice._use_splice()  # the thread path, not the trio relay's
+        assert splice.threads_free()  # the thread path, not the trio relay's
         await splice.tunnel(jail.socket, capsule, attempt, NoByteCap())
         done.set()
 

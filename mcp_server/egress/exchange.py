@@ -16,6 +16,7 @@ from collections.abc import Callable
 import h11
 import trio
 
+from mcp_server.egress import tlsterm
 from mcp_server.egress.credentials import Credentials, Masker
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
@@ -28,6 +29,7 @@ from mcp_server.egress.relay import (
     send_all,
 )
 from mcp_server.egress.splice import copy_to_eof
+from mcp_server.egress.tlsterm import TlsWire
 
 MAX_HEAD = 64 * 1024
 HOP_BY_HOP = frozenset(
@@ -112,6 +114,7 @@ class Exchange:
         self.masker: Masker | None = None  # masks the values put in, echoed
         self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
         self.early: list[object] = []  # body events read before the head went (_early_body)
+        self.sent = False  # the request's body is all sent upstream
 
     async def run(self, head: bytes) -> None:
         try:
@@ -148,6 +151,7 @@ class Exchange:
                 if data:
                     await charge_and_send(self.upstream, data, self.attempt, self.budget, outbound=True)
             if not isinstance(event, h11.Data):
+                self.sent = True  # nothing more reads the jail or writes the upstream (``_response``)
                 return  # EndOfMessage, or the client closed
 
     async def _response(self) -> None:
@@ -171,7 +175,9 @@ class Exchange:
                               self.budget, outbound=False)
         if isinstance(self.upstream, trio.socket.SocketType) and isinstance(self.sock, trio.socket.SocketType):
             await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
-        else:  # TLS at either end: no splice
+        elif isinstance(self.upstream, TlsWire) and isinstance(self.sock, TlsWire) and self.sent:
+            await tlsterm.copy_to_eof(self.upstream, self.sock, self.attempt, self.budget)  # in a thread
+        else:  # TLS at one end, or the request's body still going: no splice, no thread
             await pump(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
 
     async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:

@@ -111,7 +111,8 @@ UNPACED_CC = b"reno"  # the jail side's congestion control (``unpaced``)
 ENABLED = True  # False: always the trio relay (tests cover both; a bench compares them)
 
 
-def _use_splice() -> bool:
+def threads_free() -> bool:
+    """True if a relay may run in a worker thread now: ``THREADS`` has one, and ``ENABLED``."""
     return ENABLED and THREADS.available_tokens >= 1
 
 
@@ -254,6 +255,13 @@ def _direction(src: trio.socket.SocketType, dst: trio.socket.SocketType, outboun
 
 async def _run(ways: list[Direction], attempt: Attempt, budget: Budget) -> None:
     """``splice_relay`` in a worker thread; cancelling this wakes the thread and waits for it."""
+    await in_thread(lambda stop, stopping: splice_relay(ways, stop, stopping, attempt, budget))
+
+
+async def in_thread(work: Callable[[int, threading.Event], None]) -> None:
+    """``work(stop, stopping)`` in a worker thread (one of ``THREADS``); cancelling this sets
+    ``stopping`` and makes the eventfd ``stop`` readable (for a thread waiting in ``poll``), then
+    waits for the thread to return, so the caller closes its sockets only once it has."""
     stop = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
     stopping = threading.Event()
 
@@ -267,7 +275,7 @@ async def _run(ways: list[Direction], attempt: Attempt, budget: Budget) -> None:
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wake_on_cancel)
-            await trio.to_thread.run_sync(splice_relay, ways, stop, stopping, attempt, budget, limiter=THREADS)
+            await trio.to_thread.run_sync(work, stop, stopping, limiter=THREADS)
             nursery.cancel_scope.cancel()
     finally:
         os.close(stop)
@@ -277,7 +285,7 @@ async def tunnel(jail: trio.socket.SocketType, upstream: trio.socket.SocketType,
                  budget: Budget, first: bytes = b"") -> None:
     """Relay a tunnel both ways (``first``: bytes already read from the jail), then close
     both sockets; spliced in a thread while one is free, else ``relay.relay``."""
-    if not _use_splice():
+    if not threads_free():
         await relay(jail, upstream, attempt, budget, first)
         return
     try:
@@ -294,7 +302,7 @@ async def tunnel(jail: trio.socket.SocketType, upstream: trio.socket.SocketType,
 async def copy_to_eof(src: trio.socket.SocketType, dst: trio.socket.SocketType, attempt: Attempt,
                       budget: Budget, outbound: bool) -> None:
     """One way until ``src``'s EOF (a response body); spliced when a thread is free."""
-    if not _use_splice():
+    if not threads_free():
         await pump(src, dst, attempt, budget, outbound)
         return
     await _run([_direction(src, dst, outbound)], attempt, budget)
