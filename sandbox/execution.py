@@ -42,7 +42,7 @@ import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sandbox import cgroups, disk, egress, exposed, gitdirs, overlay, spec, unotify
+from sandbox import cgroups, disk, egress, exposed, gitdirs, overlay, rawnames, spec, unotify
 from sandbox.cgroups import CgroupLayout
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
@@ -231,7 +231,8 @@ def _with_writes(on_progress: Callable[[ExecProgress], None] | None,
     reported: set[str] = set()
 
     def report(progress: ExecProgress) -> None:
-        new = sorted(set(recording.written) - reported)[:LIVE_WRITTEN]  # set(): one copy under the GIL
+        # set(): one copy under the GIL; a name that is not UTF-8 waits for the reply's not_utf8
+        new = sorted(name for name in set(recording.written) - reported if rawnames.carried(name))[:LIVE_WRITTEN]
         reported.update(new)
         on_progress(dataclasses.replace(progress, written=tuple(new)))
 
@@ -262,7 +263,12 @@ def _touched(traced: Traced | None, trace_error: str | None, moved: list[str],
             unavailable["read"] = "the fanotify queue overflowed; the read set is incomplete"
         elif read is None:
             unavailable["read"] = traced.unavailable_reason or "not recorded"
-    return Touched(_tuple(read), tuple(written), _tuple(listed), _tuple(executed)), unavailable
+    touched = Touched.carried(_tuple(read), tuple(written), _tuple(listed), _tuple(executed))
+    if touched.not_utf8 is not None:  # the exec's reply and journal row must not be lost to a name (rawnames.py)
+        names = [*(read or ()), *written, *(listed or ()), *(executed or ())]
+        first = min((name for name in names if not rawnames.carried(name)), key=rawnames.raw)
+        unavailable["not_utf8"] = rawnames.warning(touched.not_utf8.count, touched.not_utf8.names, first)
+    return touched, unavailable
 
 
 def _tuple(paths: list[str] | None) -> tuple[str, ...] | None:

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox import rawnames
 from sandbox.errors import CcwError, ProtocolError
 
 PROTOCOL_VERSION = 1
@@ -87,18 +88,10 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 
 
 def _not_utf8(value: Any) -> str:
-    """The first string in ``value`` (keys too) that is not UTF-8, each byte that is not written
-    ``\\xff`` (a surrogate that stands for no byte ``\\ud800``); "" if there is none."""
+    """The first string in ``value`` (keys too) that is not UTF-8, in ``rawnames.display`` form
+    (each byte that is not UTF-8 written ``\\xff``); "" if there is none."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return ""
-        except UnicodeEncodeError:
-            pass
-        try:
-            return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")[:500]
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "backslashreplace").decode("utf-8")[:500]
+        return "" if rawnames.carried(value) else rawnames.display(value)[:500]
     children = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
     for child in children:
         found = _not_utf8(child)

@@ -14,7 +14,7 @@ import base64
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
-from sandbox import checks
+from sandbox import checks, rawnames
 from sandbox.errors import ProtocolError
 from sandbox.protocol import MAX_FRAME, check_keys
 
@@ -128,26 +128,64 @@ class DiskUse(OpReply):
 
 
 @dataclass(frozen=True)
+class NotCarried(OpReply):
+    """The touched names that are not UTF-8 (sandbox/rawnames.py): how many in all and how many
+    of them written, and the first ``rawnames.SHOWN`` in display form (``\\xNN`` per such byte)."""
+
+    count: int
+    written: int
+    names: tuple[str, ...]
+
+    @classmethod
+    def _build(cls, result: dict[str, Any]) -> NotCarried:
+        names = _paths(result["names"], "touched.not_utf8.names")
+        counts = (result["count"], result["written"])
+        if names is None or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+            raise ProtocolError("touched.not_utf8 must hold counts and a list of names")
+        return cls(result["count"], result["written"], names)
+
+
+@dataclass(frozen=True)
 class Touched(OpReply):
     """The files an exec touched, relative to the workspace, each set sorted by path bytes.
 
     ``read`` is None when it could not be recorded (the exec reply's
     ``touched_unavailable`` says why); ``listed`` (directories opened) and ``executed``
     are None exactly when ``read`` is.  ``written`` is always known: the upper dir shows it.
+    The sets hold only UTF-8 names; ``not_utf8`` (absent when there are none) counts and
+    shows the others (``carried`` splits them off).
     """
 
     read: tuple[str, ...] | None
     written: tuple[str, ...]
     listed: tuple[str, ...] | None
     executed: tuple[str, ...] | None
+    not_utf8: NotCarried | None = None
+
+    optional_fields = ("not_utf8",)
+
+    @classmethod
+    def carried(cls, read: tuple[str, ...] | None, written: tuple[str, ...], listed: tuple[str, ...] | None,
+                executed: tuple[str, ...] | None) -> Touched:
+        """The sets as the wire carries them: each name that is not UTF-8 taken out of its set,
+        and counted and shown in ``not_utf8`` instead."""
+        sets = (read, written, listed, executed)
+        if all(rawnames.carried(name) for one in sets for name in one or ()):
+            return cls(read, written, listed, executed)
+        kept = [None if one is None else tuple(name for name in one if rawnames.carried(name)) for one in sets]
+        count, shown = rawnames.listed({name for one in sets for name in one or ()})
+        left_out = NotCarried(count, len(written) - len(kept[1] or ()), shown)
+        return cls(kept[0], kept[1] or (), kept[2], kept[3], left_out)
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> Touched:
         written = _paths(result["written"], "touched.written")
         if written is None:
             raise ProtocolError("touched.written must be a list of paths")
+        left_out = result.get("not_utf8")
         return cls(_paths(result["read"], "touched.read"), written, _paths(result["listed"], "touched.listed"),
-                   _paths(result["executed"], "touched.executed"))
+                   _paths(result["executed"], "touched.executed"),
+                   None if left_out is None else NotCarried.from_args(left_out))
 
 
 @dataclass(frozen=True)
@@ -263,6 +301,12 @@ class ChangesReply(OpReply):
     gitdirs: tuple[GitdirChanges, ...] | None = None
 
     optional_fields = ("gitdirs",)
+
+    def __post_init__(self) -> None:
+        # Every user of the list (diff, promote, witness, merge) would miss a change it cannot
+        # carry, and a promotion would leave its file behind: refused whole (sandbox/rawnames.py).
+        listed = [*self.changes, *(change for gitdir in self.gitdirs or () for change in gitdir.changes)]
+        rawnames.refuse([name for change in listed for name in (change.path, change.target or "")], "changes")
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ChangesReply:

@@ -159,8 +159,8 @@ def reads(capsule: Capsule, service: str, lock: AbstractContextManager[Any]) -> 
         return RunReadsReply(service, None, traced)
     if traced.overflow:
         return RunReadsReply(service, None, "the fanotify queue overflowed; the read set is incomplete")
-    reply = RunReadsReply(service, Touched(tuple(traced.read or ()), tuple(traced.written),
-                                           tuple(traced.listed or ()), tuple(traced.executed or ())))
+    reply = RunReadsReply(service, Touched.carried(tuple(traced.read or ()), tuple(traced.written),
+                                                   tuple(traced.listed or ()), tuple(traced.executed or ())))
     try:
         encode_frame({"id": MAX_ID, "ok": True, "result": reply.to_args()})
     except ProtocolError as exc:

@@ -26,10 +26,10 @@ from typing import Any
 def exec_advances(touched: Mapping[str, Any]) -> bool:
     """Whether an exec with these touched sets advances its capsule's generation.
 
-    It does when it wrote, and when its write set may be incomplete (no fanotify trace:
-    ``read`` is null), see the module docstring.
+    It does when it wrote (names that are not UTF-8 too: ``not_utf8.written``), and when its
+    write set may be incomplete (no fanotify trace: ``read`` is null), see the module docstring.
     """
-    return bool(touched.get("written")) or touched.get("read") is None
+    return bool(touched.get("written") or (touched.get("not_utf8") or {}).get("written")) or touched.get("read") is None
 
 
 def observes(entry: Mapping[str, Any], current: int) -> bool:

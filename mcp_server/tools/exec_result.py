@@ -103,6 +103,7 @@ EXEC_RESULT: dict[str, Any] = {
                            "description": "Directories opened (listed), '.' the workspace root; null when read is."},
                 "executed": {"type": ["array", "null"], "items": {"type": "string"},
                              "description": "Files run (execve), also in read; null when read is."},
+                "not_utf8": {"type": "object", "description": "Names left out: not UTF-8 (touched_unavailable)."},
             },
             "additionalProperties": False,
         },

@@ -1,0 +1,62 @@
+"""A capsule command that makes a file name that is not UTF-8, through ``ccw`` as a person runs
+it (each ``ccw`` its own process, one state dir, as root; sandbox/rawnames.py's rules).
+
+The exec answers (exit, output, the UTF-8 names it touched) and is journaled, the name shown
+escaped beside its touched sets; diff, witness and promote refuse naming it, and promote
+writes nothing; the rename the refusal offers, run in the capsule, makes all of them work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox import rawnames
+from tests.support.cli_process import ccw
+
+BAD = os.fsdecode(b"n\xff.txt")
+MAKE = 'printf x > "$(printf "n\\377.txt")"; echo done; echo b > b.txt; exit 3'
+
+
+@pytest.fixture
+def state(tmp_path: Path, root_required: None) -> Iterator[Path]:
+    state_dir = tmp_path / "state"
+    yield state_dir
+    assert ccw(state_dir, "helper", "stop", check=False).returncode == 0
+
+
+def test_a_name_that_is_not_utf8_loses_no_reply_and_blocks_promotion_until_renamed(state: Path,
+                                                                                    tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("a\n")
+    capsule = ccw(state, "capsule", "create", str(workspace), "--no-auto-expose").stdout.strip()
+
+    made = ccw(state, "capsule", "exec", "--json", capsule, "--", "sh", "-c", MAKE, check=False)
+    assert made.returncode == 3, made.stderr
+    ran = json.loads(made.stdout)
+    assert (ran["exit_code"], ran["stdout"], ran["touched"]["written"]) == (3, "done\n", ["b.txt"])
+    assert ran["touched"]["not_utf8"] == {"count": 1, "written": 1, "names": ["n\\xff.txt"]}
+    assert "printf" in ran["touched_unavailable"]["not_utf8"] and "n\\xff.txt" in ran["touched_unavailable"]["not_utf8"]
+    runs = json.loads(ccw(state, "capsule", "log", capsule, "--json").stdout)["runs"]
+    assert [(r["exit_code"], r["writes"], r["generation"], r["generation_out"]) for r in runs] == [(3, 1, 0, 1)]
+
+    for verb in ("diff", "witness", "promote"):
+        refused = ccw(state, "capsule", verb, capsule, check=False)
+        assert refused.returncode != 0 and "INVALID_ARGUMENT" in refused.stderr, (verb, refused.stderr)
+        assert "n\\xff.txt" in refused.stderr and "mv --" in refused.stderr, (verb, refused.stderr)
+    assert sorted(os.listdir(workspace)) == ["a.txt"]  # promote wrote nothing
+
+    argv = rawnames.rename_argv(BAD)
+    argv[2] = argv[2].replace("NEW_NAME", "n.txt")
+    assert ccw(state, "capsule", "exec", capsule, "--", *argv).returncode == 0
+    diff = ccw(state, "capsule", "diff", capsule).stdout
+    assert "b/n.txt" in diff and "b/b.txt" in diff
+    ccw(state, "capsule", "witness", capsule)
+    ccw(state, "capsule", "promote", capsule)
+    assert sorted(os.listdir(workspace)) == ["a.txt", "b.txt", "n.txt"]
+    assert (workspace / "n.txt").read_text() == "x"
