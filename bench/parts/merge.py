@@ -17,11 +17,13 @@ repository.  Timed, in turns in a new order every round:
 The target (issue 39) is ccw's ``into: "new"`` within 1.5 times git's.  Both write the
 second side's 1,000 files: git into the first branch's work tree, ccw into a fork of the
 first capsule (capsules/merge.py), two files at a time (merge_write.WRITERS).  ccw also
-reads every changed file of both sides through their overlayfs views and the base's
-2,000 from the workspace, once (git reads blobs from its object store): the same reads
-give the merge its base and the live check its states (merge._lower_recorded), and it
-journals all 2,000 with their bytes (a witness of the merged capsule replays them).  The
-dry run is the merge alone, nothing written.
+reads every changed file of both sides through their overlayfs views (git reads blobs
+from its object store); the base's 2,000 files it only ``lstat``s, their digests taken
+from the base directory's stat cache (fs/statcache.py, as git's index spares it reading
+its work tree) once a merge has hashed them (the warm-up's, every round after), and
+those digests give the live check its states (merge._lower_recorded).  It journals all
+2,000 with their bytes (a witness of the merged capsule replays them).  The dry run is
+the merge alone, nothing written.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs.statcache import StatCache, digest_of
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.fs.view import Side as ViewSide
-from sandbox.errors import wrap_oserror
+from sandbox.errors import from_oserror
 from sandbox.replies import Change
 
 READERS = 2  # trees read at once: this VM's cores
@@ -95,8 +95,10 @@ def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache
     if side is None or side.kind != "file":
         return _state(dirs, path, side)
     head, _, name = path.rpartition("/")
-    with wrap_oserror("merge: stat the base", path):
+    try:  # not ``wrap_oserror``: its generator-based context costs several times the stat, 2,000 a merge
         info = os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
+    except OSError as exc:
+        raise from_oserror(exc, "merge: stat the base", path) from exc
     known = cache.digest(path, info)
     if known is not None and not needed:
         return State("file", side.mode, None, None, known)
