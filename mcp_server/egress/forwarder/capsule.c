@@ -12,6 +12,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -42,6 +44,13 @@ int domain_of(int fd)
     return domain;
 }
 
+/* A capsule side's TCP_NODELAY, best effort as any relay's: set before it connects (it
+ * carries over), so a spare's costs no call on its connection's path. */
+void no_delay(int fd)
+{
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int));
+}
+
 /* A batch of spares: kept if there is room, they are of the pool's family and they can be
  * made non-blocking (the helper makes them so already: one F_GETFL says it). */
 void take_spares(const int *fds, int nfds)
@@ -50,10 +59,12 @@ void take_spares(const int *fds, int nfds)
     for (int i = 0; i < nfds; i++) {
         int flags = fcntl(fds[i], F_GETFL);
         if (G.nspares < MAX_SPARES && domain_of(fds[i]) == G.family && flags >= 0
-            && (flags & O_NONBLOCK || fcntl(fds[i], F_SETFL, flags | O_NONBLOCK) == 0))
+            && (flags & O_NONBLOCK || fcntl(fds[i], F_SETFL, flags | O_NONBLOCK) == 0)) {
+            no_delay(fds[i]);
             G.spares[G.nspares++] = fds[i];
-        else
+        } else {
             close(fds[i]);  /* the pool is full, or they are of the family it left */
+        }
     }
 }
 
@@ -112,7 +123,10 @@ void connect_spare(struct conn *conn)
     } else if (errno == EINPROGRESS) {
         struct pollfd now = {.fd = spare, .events = POLLOUT};
         conn->end[1].fd = spare;
-        if (poll(&now, 1, 0) == 1) {
+        int polled = poll(&now, 1, 0);
+        if (polled == 1 && now.revents == POLLOUT) {
+            start_relay(conn, spare);  /* writable with no error or hang-up: connected, nothing to ask */
+        } else if (polled == 1) {
             settle(conn);
         } else {
             conn->state = CONNECTING;

@@ -33,7 +33,31 @@
  * calls.  Dropping what this program could (two pipes made and closed, the spare's flags
  * and family, the connect's epoll round, the wake-up for an EOF that came with the
  * answer) took it from 115-122 us to 99-102 us.  More had gone to the pool's refills
- * through the front end (capsule.c).
+ * through the front end (capsule.c).  Then the path itself: the client's TCP_NODELAY comes
+ * from the listener (accepted sockets inherit it), a spare's is set as it arrives, each side
+ * joins the epoll set once with its interest, and a spare that polls writable with no error
+ * is relayed without asking SO_ERROR: strace -c, 150 fresh connections, 31 calls a
+ * connection before and 27 after (epoll_ctl 5 to 3, setsockopt 2 to 1 and off the path,
+ * getsockopt 1 to 0).
+ *
+ * The floor (issue 36's target, at least 0.8x the direct rate, is not met; figures from
+ * ``bench/run.py services``, whose rows give each process's CPU per GET, at load 3-4 on the
+ * 2 cores).  A fresh connection costs this program 300-375 us of CPU there, nearly all the
+ * kernel's for a second loopback connection (its handshake, teardown and deliveries are
+ * charged to whoever sends); on two shared cores that CPU is the client's and the server's
+ * wait.  For http.server the capsule costs more than the forward: the server used 1312 us
+ * of CPU per GET in the capsule against 938 on the host, and the helper 250 us tracing
+ * its reads (an exec in the capsule pays the same), beside this program's 375.  A request on
+ * a kept connection adds two wake-ups of this program and two loopback hops (relay CPU
+ * 50-110 us per request); the direct path has two wake-ups in all, so a relay in user space
+ * sits near 0.5x on this VM.  Tried and not kept: a BPF sockhash with an SK_SKB verdict
+ * program redirecting each side's bytes to the other (a standalone prototype, host
+ * loopback, same runs against this program): keep-alive 0.64x against 0.54x, and 0.43x
+ * against 0.38x, because the kernel hands every redirected skb to a workqueue, so the
+ * wake-up moves to a kworker instead of going; fresh connections worse (two map updates
+ * and a psock per socket), and a server's FIN, passed on at once, overtook its answer still
+ * queued for that worker (the client saw EOF and no bytes); waiting instead, polling until
+ * the other socket had sent all the first had received, cost 27-33 ms a connection.
  *
  * The control protocol: each datagram is a code byte, then ASCII fields split by single
  * spaces.  ``ccw-forward --protocol`` prints the codes ("message NAME CODE" lines) and the
@@ -133,7 +157,6 @@ static struct conn *new_conn(int client, const struct sockaddr_in *from)
 /* Judge a new connection before a byte is read: the owner's, under the cap, else closed. */
 static void admit(int client, const struct sockaddr_in *from)
 {
-    static const int one = 1;
     long uid = owner_of(from);
     struct conn *conn;
     char peer[INET_ADDRSTRLEN] = "?";
@@ -151,9 +174,11 @@ static void admit(int client, const struct sockaddr_in *from)
         tellf(MSG_ERROR, "full %s %d", peer, ntohs(from->sin_port));
         return;
     }
-    setsockopt(client, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    watch(&conn->end[0], 0, EPOLL_CTL_ADD);  /* no interest until the capsule's side is there */
     connect_spare(conn);
+    /* Still waiting for its capsule side: watched with no interest, for its hang-up.  One
+     * relayed at once was added to the set by the relay, with its interest. */
+    if (conn->state == WAITING || conn->state == CONNECTING)
+        watch(&conn->end[0], 0, EPOLL_CTL_ADD);
     refill();
 }
 
@@ -299,6 +324,9 @@ int main(int argc, char **argv)
         die("the listener is no IPv4 socket");
     if (fcntl(G.listen, F_SETFL, O_NONBLOCK) < 0 || fcntl(G.control, F_SETFL, O_NONBLOCK) < 0)
         die("fcntl");
+    /* Accepted sockets inherit TCP_NODELAY from their listener: set once here, not per connection. */
+    if (setsockopt(G.listen, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int)) < 0)
+        die("setsockopt TCP_NODELAY");
     G.diag = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (G.diag < 0)
         die("a sock_diag socket");

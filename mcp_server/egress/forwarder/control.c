@@ -76,6 +76,7 @@ int take_message(void)
             int domain = domain_of(fds[0]);
             if (conn->spare_refused && domain != G.family)
                 follow_family(domain);
+            no_delay(fds[0]);
             start_relay(conn, fds[0]);
             return 1;
         }

@@ -84,6 +84,7 @@ int take_message(void);
 /* capsule.c */
 void refill(void);
 void take_spares(const int *fds, int nfds);
+void no_delay(int fd);
 int domain_of(int fd);
 void follow_family(int domain);
 void connect_spare(struct conn *conn);

@@ -10,7 +10,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -104,7 +103,11 @@ static void rewatch(struct conn *conn)
             events |= EPOLLIN | EPOLLRDHUP;  /* RDHUP: its EOF is already there, read on to it */
         if (conn->held[1 - side] > 0)
             events |= EPOLLOUT;
-        if (events != conn->interest[side])  /* a request on a kept connection changes none */
+        /* A side joins the set here, with its interest, the first time (one call, not an
+         * add and a change); even with none, for its hang-up. */
+        if (!conn->watched[side])
+            watch(&conn->end[side], events, EPOLL_CTL_ADD);
+        else if (events != conn->interest[side])  /* a request on a kept connection changes none */
             watch(&conn->end[side], events, EPOLL_CTL_MOD);
     }
 }
@@ -167,18 +170,17 @@ void relay_ready(struct conn *conn, int side, uint32_t events)
     rewatch(conn);
 }
 
+/* ``capsule``: connected, with TCP_NODELAY set (a spare's as it came, take_spares; the
+ * front end's as it comes, control.c), as the client's has from the listener. */
 void start_relay(struct conn *conn, int capsule)
 {
-    static const int one = 1;
     unlink_waiting(conn);
     conn->state = RELAYING;
     conn->end[1].fd = capsule;
-    setsockopt(capsule, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  /* best effort, as any relay */
     if (take_pipes(conn) < 0) {
         fail(conn, "pipe");
         return;
     }
     G.accepted++;
-    watch(&conn->end[1], 0, EPOLL_CTL_ADD);
-    relay_ready(conn, 0, EPOLLIN);  /* what the client sent while it waited */
+    relay_ready(conn, 0, EPOLLIN);  /* what the client sent while it waited; rewatch adds both sides */
 }
