@@ -114,8 +114,13 @@ def warning(count: int, shown: tuple[str, ...], first: str) -> str:
             f"and merge refuse while the capsule holds them: {way_out(first)}")
 
 
-def refuse(names: Iterable[str], what: str) -> None:
-    """Raise INVALID_ARGUMENT naming the ``names`` that are not carried (none: return)."""
+IN_WORKSPACE = ("rename it in the workspace itself to a UTF-8 name (the capsule no longer holds it: a directory "
+                "it deleted did), then try again")
+
+
+def refuse(names: Iterable[str], what: str, way: str | None = None) -> None:
+    """Raise INVALID_ARGUMENT naming the ``names`` that are not carried (none: return); ``way``:
+    how to rename them, if not inside the capsule (``way_out``)."""
     names = list(names)
     count, shown = listed(names)
     if not count:
@@ -125,5 +130,5 @@ def refuse(names: Iterable[str], what: str) -> None:
         "INVALID_ARGUMENT",
         f"the capsule's {what} include {count} name(s) that are not UTF-8, which ccw cannot carry: "
         f"{', '.join(shown)}{' ...' if count > len(shown) else ''} (each byte that is not UTF-8 shown as \\xNN); "
-        f"nothing was listed or changed; {way_out(first)}",
+        f"nothing was listed or changed; {way or way_out(first)}",
         {"not_utf8": list(shown), "count": count})

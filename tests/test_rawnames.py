@@ -92,3 +92,10 @@ def test_a_change_list_holding_such_a_name_is_refused_whole_naming_it() -> None:
     with pytest.raises(CcwError, match="t\\\\xfe"):
         ChangesReply((), (GitdirChanges("/g", (link,)),))
     assert ChangesReply((Change("é.txt", "added", "file", 0o644, 1),)).changes[0].path == "é.txt"
+
+
+def test_a_refusal_offers_the_way_it_is_given_else_the_rename_in_the_capsule() -> None:
+    rawnames.refuse(["a.txt", "é"], "changes")  # all carried: no refusal
+    with pytest.raises(CcwError) as base:
+        rawnames.refuse([f"d/{BAD}"], "changes", rawnames.IN_WORKSPACE)
+    assert base.value.message.endswith(rawnames.IN_WORKSPACE) and "printf" not in base.value.message

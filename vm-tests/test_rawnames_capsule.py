@@ -60,3 +60,17 @@ def test_a_name_that_is_not_utf8_loses_no_reply_and_blocks_promotion_until_renam
     ccw(state, "capsule", "promote", capsule)
     assert sorted(os.listdir(workspace)) == ["a.txt", "b.txt", "n.txt"]
     assert (workspace / "n.txt").read_text() == "x"
+
+
+def test_a_deleted_directory_holding_such_a_name_is_refused_by_promote_and_kept(state: Path, tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "d").mkdir(parents=True)
+    (workspace / "d" / BAD).write_text("y")
+    capsule = ccw(state, "capsule", "create", str(workspace), "--no-auto-expose").stdout.strip()
+    ccw(state, "capsule", "exec", capsule, "--", "rm", "-rf", "d")
+
+    assert '"a/d/n\\377.txt"' in ccw(state, "capsule", "diff", capsule).stdout  # git's quoting of the bytes
+    refused = ccw(state, "capsule", "promote", capsule, check=False)
+    assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr, refused.stderr
+    assert "d/n\\xff.txt" in refused.stderr and "in the workspace itself" in refused.stderr
+    assert os.listdir(workspace / "d") == [BAD]

@@ -81,6 +81,7 @@ from mcp_server.fs.promote import Op, Promoter
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
+from sandbox import rawnames
 from sandbox.errors import CcwError
 from sandbox.ops import ChangesRequest, FreezeRequest, ListRequest
 from sandbox.replies import Change
@@ -340,6 +341,8 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     journal = service.journal
     plan = await _checked_entries(service, journal, record, request.scope, conflicts)
     entries = plan.entries
+    # The helper refused the capsule's own such names; these are a deleted directory's files.
+    rawnames.refuse([entry.path for entry in entries], "changes", rawnames.IN_WORKSPACE)
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
