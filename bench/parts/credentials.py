@@ -22,7 +22,12 @@ the tunnel's 1.95 (throughput 0.58x, target >= 0.7x: not met; perf puts the prox
 same two cores as curl and s_server); a small request 7.43 against 5.02 ms (1.48x, target
 <= 1.5x, met only just: the upstream handshake overlaps the jail's and resumes the host's
 last session).  Before the single-buffer TlsWire, the overlap and the resumption: 0.53x
-and 2.03x.
+and 2.03x.  With the response body relayed in a worker thread (egress/tlsterm.py
+``copy_to_eof``, which has the figures of both relays in the same runs), at load 4-5 from
+other sessions: the download 1.77x and 1.61x the tunnel's s/GiB (0.56x, 0.62x throughput),
+a small request 1.59x and 2.47x; at load 5-8, the small request through the thread and
+through trio in the same run 33.3 and 34.3 ms against the tunnel's 11.6 (2.86x, 2.94x):
+the terminated path's extra hops suffer most from a busy machine, whichever relay.
 
 Measured on the project's 2-core VM (kernel 6.18), medians of 1000 interleaved rounds, two
 runs: no secrets 3.26 and 3.25 ms a request; a secret held, none sent, 3.33 and 3.34 ms
