@@ -44,6 +44,15 @@ def carried(name: str) -> bool:
     return True
 
 
+def all_carried(names: Iterable[str]) -> bool:
+    """Whether every one of ``names`` is carried: one encode of them all, the common case's cost."""
+    try:
+        "\0".join(names).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def raw(name: str) -> bytes:
     """The bytes a name from os stands for (its surrogates as the bytes they escape)."""
     try:
@@ -122,9 +131,9 @@ def refuse(names: Iterable[str], what: str, way: str | None = None) -> None:
     """Raise INVALID_ARGUMENT naming the ``names`` that are not carried (none: return); ``way``:
     how to rename them, if not inside the capsule (``way_out``)."""
     names = list(names)
-    count, shown = listed(names)
-    if not count:
+    if all_carried(names):
         return
+    count, shown = listed(names)
     first = min((name for name in names if not carried(name)), key=raw)
     raise CcwError(
         "INVALID_ARGUMENT",

@@ -170,7 +170,7 @@ class Touched(OpReply):
         """The sets as the wire carries them: each name that is not UTF-8 taken out of its set,
         and counted and shown in ``not_utf8`` instead."""
         sets = (read, written, listed, executed)
-        if all(rawnames.carried(name) for one in sets for name in one or ()):
+        if all(rawnames.all_carried(one) for one in sets if one):
             return cls(read, written, listed, executed)
         kept = [None if one is None else tuple(name for name in one if rawnames.carried(name)) for one in sets]
         count, shown = rawnames.listed({name for one in sets for name in one or ()})
