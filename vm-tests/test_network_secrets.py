@@ -205,6 +205,22 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
     assert any('"reason": "exfiltration attempt: the placeholder of secret PIP_TOKEN' in data for data in told), told
 
 
+def _one_secret(tools: Any, tmp_path: Path) -> tuple[Recording, str, Path, str]:
+    """A recording server (running), its host:port, which the state dir's secret PIP_TOKEN is bound
+    to, an empty workspace, and a script sending ``Authorization: Bearer $PIP_TOKEN`` there."""
+    server = Recording(Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{_port(server)}"
+    os.chmod(tools.runtime.state.root, 0o700)
+    SecretStore(tools.runtime.state.root).put(make_binding("PIP_TOKEN", [host]), "stdin", INDEX_TOKEN)
+    workspace = tmp_path / "project"
+    workspace.mkdir()
+    send = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
+            f"req = urllib.request.Request('http://{host}/', headers={{'Authorization': "
+            "'Bearer ' + os.environ.get('PIP_TOKEN', 'none')}); print(urllib.request.urlopen(req).status)")
+    return server, host, workspace, send
+
+
 def test_a_policy_replay_never_gets_the_servers_own_value_of_a_secrets_name(
         tools: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Promotion's replay (require_replay_ok) re-runs the capsule's commands with its whitelisted
@@ -213,20 +229,11 @@ def test_a_policy_replay_never_gets_the_servers_own_value_of_a_secrets_name(
     it to the replay's jail, which would send it where the recorded command sends the placeholder."""
     own = "ghp_the-servers-own-token"
     monkeypatch.setenv("PIP_TOKEN", own)
-    server = Recording(Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    state = tools.runtime.state.root
-    os.chmod(state, 0o700)
-    SecretStore(state).put(make_binding("PIP_TOKEN", [f"127.0.0.1:{_port(server)}"]), "stdin", INDEX_TOKEN)
-    workspace = tmp_path / "project"
-    workspace.mkdir()
-    send = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
-            f"req = urllib.request.Request('http://127.0.0.1:{_port(server)}/', headers={{'Authorization': "
-            "'Bearer ' + os.environ.get('PIP_TOKEN', 'none')}); print(urllib.request.urlopen(req).status)")
+    server, host, workspace, send = _one_secret(tools, tmp_path)
 
     async def scenario(t: Any) -> dict[str, Any]:
         await t.call("policy_set", {"name": "replayed", "rules": {"require_replay_ok": True}})
-        cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [f"127.0.0.1:{_port(server)}"],
+        cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [host],
                                                "secrets": ["PIP_TOKEN"]}))["capsule_id"]
         ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [PYTHON, "-c", send]})
         promoted = await t.call("capsule_promote", {"capsule_id": cap, "policies": ["replayed"], "dry_run": True})
@@ -252,17 +259,7 @@ def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_re
     state dir: refused while that state dir has no secret of the name (NOT_FOUND, with the ``ccw
     secret set`` that makes it) or has it bound to another host (CONFLICT, naming the host);
     with the same binding, the replay's request carries that state dir's value."""
-    server = Recording(Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    host = f"127.0.0.1:{_port(server)}"
-    state = tools.runtime.state.root
-    os.chmod(state, 0o700)
-    SecretStore(state).put(make_binding("PIP_TOKEN", [host]), "stdin", INDEX_TOKEN)
-    workspace = tmp_path / "project"
-    workspace.mkdir()
-    send = ("import os, urllib.request; os.environ['no_proxy'] = os.environ['NO_PROXY'] = ''; "
-            f"req = urllib.request.Request('http://{host}/', headers={{'Authorization': "
-            "'Bearer ' + os.environ.get('PIP_TOKEN', 'none')}); print(urllib.request.urlopen(req).status)")
+    server, host, workspace, send = _one_secret(tools, tmp_path)
 
     async def made(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": [host],
