@@ -5,6 +5,7 @@ an upgrade, refusals, failed connects, the port's bounds, its errors and its spa
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -603,3 +604,67 @@ def test_under_a_low_descriptor_limit_connections_past_it_are_refused_as_full() 
                           capture_output=True, text=True, timeout=120, cwd=root)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["6", "6", "6"], (done.stdout, done.stderr)
+
+
+def _connected_tcp_sockets(pid: int) -> list[socket.socket]:
+    """Copies of the connected TCP sockets that process ``pid`` holds (pidfd_getfd(2): this
+    test's own child, so no more than its parent's permission is needed)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    found = []
+    pidfd = os.pidfd_open(pid)
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if not os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
+                    continue
+            copy = libc.syscall(438, pidfd, int(name), 0)  # SYS_pidfd_getfd
+            if copy < 0:
+                continue  # closed meanwhile
+            sock = socket.socket(fileno=copy)
+            try:
+                connected = sock.type == socket.SOCK_STREAM and sock.family == socket.AF_INET and sock.getpeername()
+            except OSError:
+                connected = False
+            if connected:
+                found.append(sock)
+            else:
+                sock.close()
+    finally:
+        os.close(pidfd)
+    return found
+
+
+@pytest.mark.parametrize("capsule_side", ["spare", "connected by the front end"])
+def test_both_sides_of_a_relayed_connection_send_without_delay(capsule_side: str) -> None:
+    # A relay with Nagle on would hold a server's second small write (a header, then its
+    # body) until the first was acknowledged.  The client's side has it from the listener;
+    # the capsule's side is set by ccw-forward, for a spare and for one the front end connected.
+    async def main() -> None:
+        spares = Spares()
+        async with upstream(shout) as service:
+            capsule = Capsule(service.port)
+            if capsule_side == "spare":
+                port = PortForward(capsule.connect, ME, service.port, spares=spares.make,
+                                   ready=await spares.make(1), pool_size=1)
+            else:
+                port = PortForward(capsule.connect, ME, service.port)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(port.serve)
+                client = await dial(port)
+                await client.send_all(b"nagle")
+                assert await receive_exactly(client, 5) == b"NAGLE"  # relayed: ccw-forward holds both sides
+                assert port.program_pid is not None
+                held = _connected_tcp_sockets(port.program_pid)
+                try:
+                    assert sorted(sock.getpeername()[1] for sock in held) == sorted(
+                        [client.socket.getsockname()[1], service.port])
+                    assert [sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for sock in held] == [1, 1]
+                finally:
+                    for sock in held:
+                        sock.close()
+                await client.send_eof()
+                assert await read_all(client) == b""
+                await port.aclose()
+        assert capsule.calls == (0 if capsule_side == "spare" else 1)
+
+    trio.run(main)
