@@ -19,7 +19,7 @@ from mcp_server.capsules.merge_plan import Side, pairs, read_plan
 from mcp_server.capsules.merge_write import _apply, ops_of, view_side
 from mcp_server.cli.merge import succeeded, text
 from mcp_server.fs import changeset
-from mcp_server.fs.statcache import RACY_NS, StatCache
+from mcp_server.fs.statcache import RACY_NS, StatCache, digest_of
 from mcp_server.fs.view import RootView
 from mcp_server.tools.merge import TOOLS
 from sandbox.replies import Change
@@ -255,6 +255,31 @@ def test_the_stat_cache_spares_the_base_s_bytes_where_one_side_changed_a_path(tm
     with RootView.open(str(base)) as live:
         assert {p: changeset.state_text(view_side(one), None, one.digest) for p, one in warm.lower.items()} == {
             p: changeset.base_state(live, p) for p in warm.lower}
+
+
+def test_an_ancestor_s_change_both_inputs_undid_merges_with_the_base_directory_s_bytes(tmp_path: Path) -> None:
+    """Where only the common ancestor names a path (both inputs put the base directory's bytes back, which
+    the helper does not list), the merge holds the base directory's file: its bytes are read, cache or not."""
+    base, ancestor, one, two, state = (tmp_path / name for name in ("base", "ancestor", "one", "two", "state"))
+    _tree(base, {"p.txt": b"base\n", "q.txt": b"q\n"})
+    for copy in (ancestor, one, two):
+        shutil.copytree(base, copy)
+    _tree(ancestor, {"p.txt": b"ancestor\n"})
+    _tree(two, {"q.txt": b"two\n"})
+    warm = StatCache.load(state, str(base))
+    warm.since_ns = time.time_ns() + 2 * RACY_NS
+    for path in ("p.txt", "q.txt"):
+        warm.add(path, os.lstat(base / path), digest_of((base / path).read_bytes()))
+
+    def root(path: Path) -> int:
+        return os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+
+    plan = read_plan(str(base), [Side("one", root(one), []), Side("two", root(two), [Change("q.txt", "modified",
+                     "file")])], Side("anc", root(ancestor), [Change("p.txt", "modified", "file")]), warm)
+    undone = plan.outcomes["p.txt"]
+    assert undone.how == "same change" and undone.state is not None and undone.state.data == b"base\n"
+    assert plan.lower["q.txt"].data is None and plan.outcomes["q.txt"].how == "one side"  # known by its digest
+    assert [(op.action, op.path) for op in ops_of(plan, plan.base)] == [("write", "p.txt"), ("write", "q.txt")]
 
 
 def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -> None:
