@@ -1,7 +1,8 @@
 """capsules/replay_secrets.py: a witness of a capsule with secrets names them and their hosts, never a
 value; replayed in another state dir it binds that state dir's secret of the same name when it is
 bound to the same hosts, and is refused naming the secret otherwise (NOT_FOUND with the
-``ccw secret set`` that makes it, CONFLICT naming the hosts that differ)."""
+``ccw secret set`` that makes it, CONFLICT naming the hosts that differ, PERMISSION_DENIED for a
+witness that state dir does not trust)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,22 @@ def test_another_state_dir_without_the_secret_refuses_naming_it_and_how_to_set_i
     manifest = witnessed(state_dir(tmp_path / "a"))
     other = state_dir(tmp_path / "b")
     with pytest.raises(CcwError) as refused:
-        trio.run(replay_secrets.given, other, manifest)
+        trio.run(replay_secrets.given, other, manifest, True)
     assert refused.value.code == "NOT_FOUND"
     assert "GIT_TOKEN" in refused.value.message
     assert "`ccw secret set GIT_TOKEN --host git.test:443 --host git.test:8443`" in refused.value.message
     assert refused.value.details == {"secret": "GIT_TOKEN", "hosts": ["git.test:443", "git.test:8443"]}
+
+
+def test_a_witness_this_state_dir_does_not_trust_gets_none_of_its_secrets(tmp_path: Path) -> None:
+    manifest = witnessed(state_dir(tmp_path / "a"))
+    other = state_dir(tmp_path / "b")
+    SecretStore(other).put(make_binding("GIT_TOKEN", ["git.test:443", "git.test:8443"]), "stdin", OTHER_VALUE)
+    with pytest.raises(CcwError) as refused:
+        trio.run(replay_secrets.given, other, manifest, False)  # replayed with allow_untrusted
+    assert refused.value.code == "PERMISSION_DENIED" and refused.value.details == {"secrets": ["GIT_TOKEN"]}
+    assert "GIT_TOKEN" in refused.value.message and "ccw witness trust" in refused.value.message
+    assert not (other / capsecrets.TLS_DIR).exists()  # nothing made for it
 
 
 def test_a_secret_bound_to_other_hosts_refuses_naming_the_host(tmp_path: Path) -> None:
@@ -83,7 +95,7 @@ def test_the_same_hosts_bind_this_state_dirs_secret_with_fresh_placeholders(tmp_
     manifest = witnessed(first)
     other = state_dir(tmp_path / "b")
     SecretStore(other).put(make_binding("GIT_TOKEN", ["git.test:8443", "git.test:443"]), "stdin", OTHER_VALUE)
-    made = trio.run(replay_secrets.given, other, manifest)
+    made = trio.run(replay_secrets.given, other, manifest, True)
     assert made is not None and made.bundle is not None and made.bundle.startswith(str(other))
     variables = replay_secrets.env(made)
     assert set(variables) == {"GIT_TOKEN", *BUNDLE_ENV}
@@ -101,7 +113,7 @@ def test_the_same_hosts_bind_this_state_dirs_secret_with_fresh_placeholders(tmp_
         assert not await trio.Path(bundle).exists()  # its CA's files go with the replay
 
     trio.run(replayed)
-    assert replay_secrets.env(None) == {} and trio.run(replay_secrets.given, other, {"capsule": {}}) is None
+    assert replay_secrets.env(None) == {} and trio.run(replay_secrets.given, other, {"capsule": {}}, False) is None
 
 
 def test_a_malformed_secrets_entry_is_refused(tmp_path: Path) -> None:

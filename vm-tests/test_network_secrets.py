@@ -23,7 +23,9 @@ from typing import Any
 
 import pytest
 
+from mcp_server.capsules.witness import witness_key
 from mcp_server.core.secretbind import make_binding
+from mcp_server.fs import witness_trust
 from mcp_server.fs.secretstore import SecretStore
 from sandbox.errors import CcwError
 from tests.support import netfixtures as nf
@@ -256,9 +258,10 @@ def test_a_policy_replay_never_gets_the_servers_own_value_of_a_secrets_name(
 def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_refused(
         tools: Any, tmp_path: Path) -> None:
     """A witness names its capsule's secrets and their hosts, never a value.  Replayed on another
-    state dir: refused while that state dir has no secret of the name (NOT_FOUND, with the ``ccw
-    secret set`` that makes it) or has it bound to another host (CONFLICT, naming the host);
-    with the same binding, the replay's request carries that state dir's value."""
+    state dir: refused while that state dir does not trust its maker's key (PERMISSION_DENIED, even
+    with allow_untrusted), has no secret of the name (NOT_FOUND, with the ``ccw secret set`` that
+    makes it) or has it bound to another host (CONFLICT, naming the host); with the same binding,
+    the replay's request carries that state dir's value."""
     server, host, workspace, send = _one_secret(tools, tmp_path)
 
     async def made(t: Any) -> dict[str, Any]:
@@ -274,7 +277,9 @@ def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_re
     async def replayed(t: Any) -> dict[str, Any]:
         args = {"path": witness["path"], "allow_untrusted": True, "network": [host]}
         out: dict[str, Any] = {}
-        for step, bound in (("missing", None), ("other host", "127.0.0.1:1"), ("same", host)):
+        for step, bound in (("untrusted", None), ("missing", None), ("other host", "127.0.0.1:1"), ("same", host)):
+            if step == "missing":  # the person trusts the maker's key (ccw witness trust)
+                witness_trust.trust(elsewhere, witness_trust.parse_public(maker), "maker", b"")
             if bound is not None:
                 SecretStore(elsewhere).put(make_binding("PIP_TOKEN", [bound]), "stdin", other_value)
             try:
@@ -283,6 +288,7 @@ def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_re
                 out[step] = {"code": exc.code, "message": exc.message}
         return out
 
+    maker = witness_key(tools.runtime.state).public_text
     try:
         first = tools.run(made)
         witness = first["witness"]
@@ -292,6 +298,7 @@ def test_a_witness_replayed_in_another_state_dir_binds_its_secret_there_or_is_re
         server.server_close()
     assert first["ran"]["stdout"] == "200\n", first["ran"]
     assert INDEX_TOKEN not in Path(witness["path"]).read_bytes()  # names and hosts only (compressed or not)
+    assert out["untrusted"]["code"] == "PERMISSION_DENIED" and "PIP_TOKEN" in out["untrusted"]["message"], out
     assert out["missing"]["code"] == "NOT_FOUND", out
     assert f"`ccw secret set PIP_TOKEN --host {host}`" in out["missing"]["message"]
     assert out["other host"]["code"] == "CONFLICT" and "127.0.0.1:1" in out["other host"]["message"], out

@@ -303,7 +303,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     options = replace(options, network=network)
     if services_named(manifest):
         services_of(service)  # UNSUPPORTED here, before any capsule is made, when none can start
-    given = await replay_secrets.given(service.state.root, manifest)  # this state dir's, as the runs had them
+    given = await replay_secrets.given(service.state.root, manifest, report["verdict"].state == "valid")
     options = replace(options, env={**options.env, **replay_secrets.env(given)})
     scratch = Path(tempfile.mkdtemp(prefix="replay-", dir=service.state.tmp_dir))
     try:

@@ -6,6 +6,10 @@ placeholder (a placeholder means nothing to another proxy), only what the runs w
 given: each secret's name and the hosts its binding named (``mark_witness``, under the
 manifest's ``capsule.secrets``).  A replay then:
 
+- **refuses a witness this state dir does not trust** (PERMISSION_DENIED, naming the
+  secrets): one replayed with ``allow_untrusted`` was promised only the env, network and
+  workspace its replayer passes, and a secret bound here would let its commands act as
+  the person at the secret's hosts;
 - **binds the replaying state dir's secret of the same name** when its binding names
   the same hosts: the replay's capsule gets fresh placeholders and, for the terminated
   hosts, a CA of its own, as a capsule made with ``secrets: [NAME]`` would
@@ -99,12 +103,21 @@ def check(root: Path, manifest: Mapping[str, Any]) -> list[str]:
     return sorted(name for name, _hosts in _parsed(manifest))
 
 
-async def given(root: Path, manifest: Mapping[str, Any]) -> Credentials | None:
+async def given(root: Path, manifest: Mapping[str, Any], trusted: bool) -> Credentials | None:
     """The replay capsule's secrets: this state dir's, checked against the witness's (``check``),
-    with fresh placeholders and a CA of the replay's own; None for a witness without secrets."""
-    names = await trio.to_thread.run_sync(check, root, manifest)
+    with fresh placeholders and a CA of the replay's own; None for a witness without secrets.
+    PERMISSION_DENIED for one with secrets not ``trusted`` (signed by this state dir or a key it
+    trusts): a witness replayed with allow_untrusted gets only what its replayer passes."""
+    names = sorted(name for name, _hosts in _parsed(manifest))
+    if names and not trusted:
+        raise CcwError("PERMISSION_DENIED", f"the witness's runs used the secret(s) {', '.join(names)}, and it is "
+                       "signed by neither this state dir nor a key it trusts: its commands get none of this state "
+                       "dir's secrets (allow_untrusted gives them only the env, network and workspace you pass).  If "
+                       "you trust whoever made it, `ccw witness trust KEY --name NAME` lets it replay here with them",
+                       {"secrets": names})
     if not names:
         return None
+    await trio.to_thread.run_sync(check, root, manifest)
     return await trio.to_thread.run_sync(capsecrets.credentials, root, names, random.token_hex(8))
 
 
