@@ -38,12 +38,14 @@ of the stream, as a reset socket does.
 tunnel's), once the request has been sent whole: decrypted from the upstream and encrypted
 for the jail in a plain loop of ``poll``, ``readv`` and ``write``, where the trio relay took
 about four scheduler rounds a 256 KiB chunk.  The work per byte is the same (two AES-GCM
-passes, the memory BIOs' copies, the kernel's), but trio's rounds were a fifth of the
-proxy's CPU (perf: libpython 19% of its samples, libcrypto 33%, the kernel 26%, libc's
-copies 17%).  A 200 MiB download of curl through the proxy from ``openssl s_server``, both
-relays in the same runs beside a tunnel (7 interleaved rounds each, on the 2-core VM at load
-3-6 from other work), medians: the proxy's user CPU 0.68 -> 0.50 s, 0.61 -> 0.46 s, 0.59 ->
-0.43 s; throughput against the tunnel's 0.47x -> 0.51x, 0.44x -> 0.50x, 0.58x -> 0.73x.  The
+passes, the memory BIOs' copies, the kernel's), but the interpreter, trio's rounds mostly,
+was a fifth of the proxy's CPU (perf: libpython 19% of its samples, libcrypto 33%, the
+kernel 26%, libc's copies 17%).  The thread's loop takes the GIL only between its calls
+into OpenSSL and the kernel, which release it.  A 200 MiB download of curl through the
+proxy from ``openssl s_server``, both relays in the same runs beside a tunnel (7
+interleaved rounds each, on the 2-core VM at load 3-6 from other work), medians: the
+proxy's user CPU 0.68 -> 0.50 s, 0.61 -> 0.46 s, 0.59 -> 0.43 s; throughput against the
+tunnel's 0.47x -> 0.51x, 0.44x -> 0.50x, 0.58x -> 0.73x.  The
 thread is the only user of both TLS objects while it runs: the request's body has been sent
 (nothing writes the upstream or reads the jail), and what a read of the upstream makes for
 it to answer (a TLS 1.3 key update) is sent from the thread too.  kTLS would move the
