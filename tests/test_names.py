@@ -38,12 +38,6 @@ PENDING: set[tuple[str, str]] = _SCRATCH_EXEC | _GIVEN_BASE | {
     ("mcp_server/capsules/witness.py", r"\bruns? of a service\b"),
     ("mcp_server/egress/runs.py", r"\bservice's runs?\b"),
     ("mcp_server/egress/session.py", r"\bservice's runs?\b"),
-    # The documents placed by hand (the text proposed for them is in the issue 40 report).
-    ("README.md", r"\bjournaled runs?\b"),
-    ("README.md", r"\bruns? of a service\b"),
-    ("ARCHITECTURE.md", r"\binteractive runs?\b"),
-    ("ARCHITECTURE.md", r"\bservice's runs?\b"),
-    ("THREATS.md", r"\binteractive runs?\b"),
 }
 
 
