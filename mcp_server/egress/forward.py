@@ -141,6 +141,9 @@ def _listen(port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Accepted sockets inherit TCP_NODELAY, so ccw-forward sets none per connection; set
+        # before listening, as a client may connect before the program has started.
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((HOST, port))
         sock.listen(BACKLOG)
     except OSError as exc:

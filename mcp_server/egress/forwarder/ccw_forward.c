@@ -324,7 +324,9 @@ int main(int argc, char **argv)
         die("the listener is no IPv4 socket");
     if (fcntl(G.listen, F_SETFL, O_NONBLOCK) < 0 || fcntl(G.control, F_SETFL, O_NONBLOCK) < 0)
         die("fcntl");
-    /* Accepted sockets inherit TCP_NODELAY from their listener: set once here, not per connection. */
+    /* Accepted sockets inherit TCP_NODELAY from their listener, so none is set per connection.
+     * The front end sets it before listening (a client may connect before this runs); set
+     * here too for a listener made without it. */
     if (setsockopt(G.listen, IPPROTO_TCP, TCP_NODELAY, &(int){1}, sizeof(int)) < 0)
         die("setsockopt TCP_NODELAY");
     G.diag = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
