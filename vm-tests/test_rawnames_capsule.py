@@ -74,3 +74,6 @@ def test_a_deleted_directory_holding_such_a_name_is_refused_by_promote_and_kept(
     assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr, refused.stderr
     assert "d/n\\xff.txt" in refused.stderr and "in the workspace itself" in refused.stderr
     assert os.listdir(workspace / "d") == [BAD]
+    witnessed = ccw(state, "capsule", "witness", capsule, check=False)  # the deleted children are walked there
+    assert witnessed.returncode == 1 and "INVALID_ARGUMENT" in witnessed.stderr, witnessed.stderr
+    assert "d/n\\xff.txt" in witnessed.stderr and "in the workspace itself" in witnessed.stderr

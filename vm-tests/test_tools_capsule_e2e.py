@@ -157,6 +157,25 @@ def test_witness_is_deterministic_and_replays(tools: Any, workspace: Path) -> No
     assert [w["witness_id"] for w in out["listed"]["witnesses"]] == [out["first"]["witness_id"]]
 
 
+def test_a_witness_without_blobs_carries_a_change_that_copies_a_base_file(tools: Any, workspace: Path) -> None:
+    """A copy of a base file the exec read has that file's blob; too big for the journal to keep
+    its bytes, the change is read again from the capsule, not from the base the witness leaves out."""
+    (workspace / "big.bin").write_bytes(os.urandom(3 << 20))
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "cat big.bin >/dev/null; "
+                                                                              "cp big.bin copy.bin"]})
+        assert ran["exit_code"] == 0, ran
+        made = await t.call("capsule_witness", {"capsule_id": cap, "include_blobs": False})
+        verified = await t.call("witness_verify", {"witness_id": made["witness_id"]})
+        return {"made": made, "verified": verified}
+
+    out = tools.run(scenario)
+    assert out["verified"]["ok"] is True, out["verified"]
+    assert out["made"]["size_bytes"] > 3 << 20  # the copy's bytes travel (random: zstd cannot shrink them)
+
+
 def test_replay_names_the_exec_and_stream_that_differed(tools: Any, workspace: Path) -> None:
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]

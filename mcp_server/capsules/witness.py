@@ -68,6 +68,7 @@ from mcp_server.fs.view import RootView
 from mcp_server.fs.witness_key import Verdict, WitnessKey
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
+from sandbox import rawnames
 from sandbox.errors import CcwError, from_oserror
 from sandbox.ops import RunReadsRequest
 from sandbox.replies import Change
@@ -102,6 +103,9 @@ def _table(state: State) -> State:
 # --- building a witness ------------------------------------------------------------
 
 
+_RENAME_IN_WORKSPACE = "rename it in the workspace itself to a UTF-8 name, then make the witness again"
+
+
 class _Sources:
     """Where each blob's bytes can be read again while the archive is written."""
 
@@ -117,7 +121,11 @@ class _Sources:
     def add_sized(self, view: str, path: str) -> tuple[str, int]:
         data = (self.base if view == "base" else self.capsule).read_bytes(path)
         name = wfmt.blob_hash(data)
-        self.where.setdefault(name, (view, path))
+        # A changed file with a base file's bytes is read again from the capsule: without
+        # blobs only the capsule's sources are kept (capsule_witness), and a base source
+        # would leave the change's blob unreadable.
+        if view == "capsule" or name not in self.where:
+            self.where[name] = (view, path)
         return name, len(data)
 
     def add_bytes(self, data: bytes) -> str:
@@ -371,6 +379,11 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
             manifest, sources = build_manifest(record, execs, changes, base, capsule, options.include_blobs, writes,
                                                outputs, options.max_base_mb << 20, options.carry_all, running)
+            # The helper's change list refuses names that are not UTF-8 (replies.ChangesReply), but the
+            # children of a directory the capsule deleted, and the base files carried, are walked here.
+            rawnames.refuse([change["path"] for change in manifest["changes"]], "changes", rawnames.IN_WORKSPACE)
+            rawnames.refuse([entry["path"] for entry in manifest["base"]["files"]], "base files the witness carries",
+                            _RENAME_IN_WORKSPACE)
             netlive.mark_witness(manifest, service.state, record, execs)  # the rules each exec ran under
             replay_secrets.mark_witness(manifest, service.state.root, capsule_id)  # names and hosts, no value
             ignore = carried_rules(record.workspace)  # what promotion leaves behind, for a replay to judge
