@@ -44,6 +44,8 @@ def test_a_name_that_is_not_utf8_loses_no_reply_and_blocks_promotion_until_renam
     assert "printf" in ran["touched_unavailable"]["not_utf8"] and "n\\xff.txt" in ran["touched_unavailable"]["not_utf8"]
     runs = json.loads(ccw(state, "capsule", "log", capsule, "--json").stdout)["runs"]
     assert [(r["exit_code"], r["writes"], r["generation"], r["generation_out"]) for r in runs] == [(3, 1, 0, 1)]
+    plain = ccw(state, "capsule", "exec", capsule, "--", "sh", "-c", 'printf x > "$(printf "n\\377.txt")"')
+    assert "n\\xff.txt" in plain.stderr and "mv --" in plain.stderr, plain.stderr  # told without --json too
 
     for verb in ("diff", "witness", "promote"):
         refused = ccw(state, "capsule", verb, capsule, check=False)

@@ -313,6 +313,9 @@ def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     sys.stderr.write(result["stderr"])
     for line in [*(result.get("network_notes") or ()), *(result.get("hints") or ())]:  # hosts the jail named
         print(paint(visible(line), "\x1b[33m", color_err), file=sys.stderr)
+    unnamed = (result.get("touched_unavailable") or {}).get("not_utf8")  # names ccw cannot carry, and the rename
+    if unnamed:
+        print(paint(visible(f"ccw: {unnamed}"), "\x1b[33m", color_err), file=sys.stderr)
     notes = []
     if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
         notes.append("output truncated")
