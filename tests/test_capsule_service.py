@@ -211,7 +211,7 @@ def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:
 
     async def main() -> None:
         async with service.scratch(spec) as capsule_id:
-            reply = (await service.run(exec_request(capsule_id, ["true"], str(workspace)), spec)).value
+            reply = (await service.scratch_exec(exec_request(capsule_id, ["true"], str(workspace)), spec)).value
             assert reply.exit_code == 0
         with pytest.raises(RuntimeError):
             async with service.scratch(spec):

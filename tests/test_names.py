@@ -24,21 +24,10 @@ ROW_RE = re.compile(r"^\| `(?P<banned>.+?)` \| (?P<say>.+?) \| (?P<scope>.+?) \|
 KEPT: dict[tuple[str, str], str] = {}
 
 # In files others were editing (issue 40's "one name per idea" left them): (file, banned form).
-# CapsuleService.run becomes scratch_exec in one step, with every caller; capsules/promote.py is one.
-_SCRATCH_EXEC = {(path, r"\bservice\.run\(") for path in (
-    "mcp_server/capsules/executors.py", "mcp_server/capsules/gitpromote.py", "mcp_server/capsules/promote.py",
-    "mcp_server/capsules/replay_steps.py")}
-_SCRATCH_EXEC.add(("mcp_server/capsules/service.py", r"\bdef run\(self, request: ExecRequest\b"))
 # CapsuleSpec.base becomes given_base in one step; capsules/create.py builds it and capsules/merge.py reads it.
 _GIVEN_BASE = {(path, r"\bspec\.base\b") for path in (
     "mcp_server/capsules/merge.py", "mcp_server/journal_records.py", "sandbox/manager.py")}
-PENDING: set[tuple[str, str]] = _SCRATCH_EXEC | _GIVEN_BASE | {
-    # Files others were editing: the words, when they are free.
-    ("mcp_server/capsules/witness.py", r"\binteractive runs?\b"),
-    ("mcp_server/capsules/witness.py", r"\bruns? of a service\b"),
-    ("mcp_server/egress/runs.py", r"\bservice's runs?\b"),
-    ("mcp_server/egress/session.py", r"\bservice's runs?\b"),
-}
+PENDING: set[tuple[str, str]] = _GIVEN_BASE
 
 
 def banned_forms() -> list[tuple[re.Pattern[str], str, str]]:

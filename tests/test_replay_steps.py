@@ -78,7 +78,7 @@ class _CapsuleService:
     async def open_root(self, capsule_id: str) -> int:
         raise AssertionError("these steps write nothing")
 
-    async def run(self, request: ExecRequest, spec: CapsuleSpec, network: Any = None,
+    async def scratch_exec(self, request: ExecRequest, spec: CapsuleSpec, network: Any = None,
                   values: Mapping[str, str] | None = None) -> Traced:
         beside = sorted(self.services.running) if self.services is not None else []
         self.ran.append((request.argv, beside, values))

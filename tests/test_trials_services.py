@@ -52,7 +52,7 @@ class _CapsuleService:
     async def open_root(self, capsule_id: str) -> int:
         return os.open(self.workspace, os.O_PATH | os.O_DIRECTORY)
 
-    async def run(self, request: ExecRequest, spec: CapsuleSpec, network: Any = None,
+    async def scratch_exec(self, request: ExecRequest, spec: CapsuleSpec, network: Any = None,
                   values: Mapping[str, str] | None = None) -> Traced:
         self.ran.append(sorted(self.services.running) if self.services is not None else [])
         return Traced(exec_reply(self.exit_code))

@@ -80,7 +80,7 @@ class LocalExecutor:
                     return ServicesNotReady(exc.message)
                 raise
             request = dataclasses.replace(trial.request, capsule_id=capsule)
-            reply: Finished = (await service.run(request, record.spec, network)).value
+            reply: Finished = (await service.scratch_exec(request, record.spec, network)).value
             return reply
 
     def check_trials(self, service: CapsuleService, record: CapsuleRecord, services: tuple[ServiceSpec, ...]) -> None:

@@ -109,7 +109,7 @@ def _checked_out_elsewhere(workspace: str, refs: list[str]) -> dict[str, str]:
 
 
 async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str]) -> dict[str, str]:
-    listed = (await service.run(exec_request(
+    listed = (await service.scratch_exec(exec_request(
         fork_id, ["git", "for-each-ref", "--format=%(objectname) %(refname)", *refs]), spec)).value
     news: dict[str, str] = {}
     for line in listed.stdout.decode("utf-8", "replace").splitlines():
@@ -123,7 +123,7 @@ async def _capsule_commits(service: Any, fork_id: str, spec: Any, refs: list[str
 
 
 async def _bundle(service: Any, fork_id: str, spec: Any, refs: list[str], exclude: list[str]) -> bytes:
-    made = (await service.run(exec_request(
+    made = (await service.scratch_exec(exec_request(
         fork_id, ["git", "bundle", "create", "-q", BUNDLE, *refs, *(f"^{oid}" for oid in exclude)]), spec)).value
     if made.exit_code != 0:
         raise CcwError("INTERNAL", f"git bundle failed in the capsule: {made.stderr.decode('utf-8', 'replace')[-500:]}")

@@ -265,8 +265,8 @@ async def _run_tests(service: CapsuleService, record: CapsuleRecord,
     async with service.scratch_fork(record.capsule_id) as fork_id:
         for test in tests:
             argv = ["sh", "-c", test] if isinstance(test, str) else list(test)
-            reply = (await service.run(exec_request(fork_id, argv, record.workspace, TEST_TIMEOUT_MS), record.spec,
-                                       network=record.network_spec)).value
+            request = exec_request(fork_id, argv, record.workspace, TEST_TIMEOUT_MS)
+            reply = (await service.scratch_exec(request, record.spec, network=record.network_spec)).value
             tail = reply.stderr[-2000:].decode("utf-8", "replace")
             outcomes.append(RequiredTestOutcome(test, reply.exit_code, bool(reply.timed_out), tail))
     return outcomes

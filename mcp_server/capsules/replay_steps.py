@@ -238,7 +238,7 @@ async def _step(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, kin
     if (entry.get("console") or {}).get("tty"):
         ran = await _on_a_terminal(service, request, spec, network, values, stdin or b"", entry["console"])
     else:
-        ran = await service.run(request, spec, network, values)
+        ran = await service.scratch_exec(request, spec, network, values)
     tally.add_exec(entry, ran.value, blobs, ran.attempts)
     if entry.get("written_mtimes"):  # as the recorded run left them (notes.py: .pyc files, make)
         root = await service.open_root(capsule_id)
@@ -253,7 +253,7 @@ async def _on_a_terminal(service: CapsuleService, request: ExecRequest, spec: Ca
     with Console(terminal=True) as console:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(console.replay, typed, record)
-            ran = await service.run(request, spec, network, values, console)
+            ran = await service.scratch_exec(request, spec, network, values, console)
             nursery.cancel_scope.cancel()  # a step still waiting when the run ended is never typed
     return ran
 

@@ -457,7 +457,7 @@ class CapsuleService:
                 await self.networks.close(fork_id)
                 await self.call(DestroyRequest(fork_id))
 
-    async def run(self, request: ExecRequest, spec: CapsuleSpec, network: NetworkSpec | None = None,
+    async def scratch_exec(self, request: ExecRequest, spec: CapsuleSpec, network: NetworkSpec | None = None,
                   values: Mapping[str, str] | None = None, console: Console | None = None) -> Traced:
         """Run ``request`` in a scratch capsule made from ``spec``, unjournaled: the helper's reply
         (``value``) and, with an allowlist ``network``, the attempts it made.  ``console``: the

@@ -16,7 +16,7 @@ A witness packages what a capsule did (see fs/witness.py for the format).  Choic
   values (which may be secrets); a replay's values are the ones its replayer passes.
 - An exec that ran beside services (capsules/services.py) carries their specs in
   ``services`` (the journal's witness form: variable names, never values), and a
-  replay starts them before it (replay_steps.py).  Each run of a service is an entry
+  replay starts them before it (replay_steps.py).  Each exec of a service is an entry
   too, marked ``service`` (its name): a reader sees what the service did, and its reads
   bring the base files it used (the server's own script) into the witness.  A service
   whose run has not ended when the witness is made (still running, or lost) has no row
@@ -157,14 +157,14 @@ def _exec_entry(ex: dict[str, Any], sources: _Sources,
         entry["services"] = json.loads(ex["services"])  # the specs of those that ran beside it (no values)
     if ex.get("service") is not None:
         entry["service"] = ex["service"]  # a run of that service: shown, never re-run
-    if ex.get("console"):  # an interactive run: how its stdin went in (a terminal's is replayed on one)
+    if ex.get("console"):  # an interactive exec: how its stdin went in (a terminal's is replayed on one)
         entry["console"] = json.loads(ex["console"])
     return entry
 
 
 def _services_unended(execs: list[dict[str, Any]]) -> list[str]:
     """The services some exec ran beside whose run the journal does not hold yet (still running, or
-    lost): a run of a service is journaled when it ends, after the execs beside it."""
+    lost): an exec of a service is journaled when it ends, after the execs beside it."""
     unended = set()
     for ex in execs:
         for spec in json.loads(ex["services"]) if ex.get("services") else ():

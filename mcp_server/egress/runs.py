@@ -116,7 +116,7 @@ class RunOwners:
         return service in self._names.values()
 
     def forget(self, service: str) -> None:
-        """The service's run has ended: its ids name nobody any more."""
+        """The service's exec has ended: its ids name nobody any more."""
         self._names = {cgroup_id: name for cgroup_id, name in self._names.items() if name != service}
 
     def close(self) -> None:

@@ -241,7 +241,7 @@ class EgressSession:
         return [attempt.record() for attempt in attempts]
 
     def take_service(self, name: str) -> list[dict[str, object]] | None:
-        """The records of the service's run that ended, sorted as an exec's; None when its
+        """The records of the service's exec that ended, sorted as an exec's; None when its
         connections could not be told from the exec's (no ``owners``, or no cgroup id for
         it: they are in the exec window's records)."""
         book = self._services.pop(name, None)
