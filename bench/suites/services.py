@@ -383,6 +383,11 @@ def _http_row(figures: dict[str, list[float]], server: str, mode: str, count: in
                "<= 1.25 (req/s >= 0.8x)", unit="us",
                extra={"forwarded req/s": round(1e6 / forwarded), "direct req/s": round(1e6 / direct),
                       "rate ratio": round(direct / forwarded, 3),
+                      # Each round's forwarded and direct runs are close in time: their own
+                      # ratio drifts less with the load of the moment than the medians' does.
+                      "median of the rounds' rate ratios": round(statistics.median(
+                          d / f for d, f in zip(figures[f"{server} {mode} direct"],
+                                                figures[f"{server} {mode} forwarded"], strict=True)), 3),
                       "from an exec in the capsule (no forward)": f"{inside:.0f} us/GET", "rounds": rounds,
                       "CPU per GET, forwarded": _cpu_text(figures, f"{server} {mode} forwarded"),
                       "CPU per GET, direct": _cpu_text(figures, f"{server} {mode} direct")})
