@@ -41,20 +41,22 @@
  * getsockopt 1 to 0).
  *
  * The floor (issue 36's target, at least 0.8x the direct rate, is not met; figures from
- * ``bench/run.py services``, whose rows give each process's CPU per GET, at load 3-4 on the
- * 2 cores).  A fresh connection costs this program 300-375 us of CPU there, nearly all the
- * kernel's for a second loopback connection (its handshake, teardown and deliveries are
- * charged to whoever sends); on two shared cores that CPU is the client's and the server's
- * wait.  For http.server the capsule costs more than the forward: the server used 1312 us
- * of CPU per GET in the capsule against 938 on the host, and the helper 250 us tracing
- * its reads (an exec in the capsule pays the same), beside this program's 375.  A request on
- * a kept connection adds two wake-ups of this program and two loopback hops (relay CPU
- * 50-110 us per request); the direct path has two wake-ups in all, so a relay in user space
- * sits near 0.5x on this VM.  Tried and not kept: a BPF sockhash with an SK_SKB verdict
- * program redirecting each side's bytes to the other (a standalone prototype, host
- * loopback, same runs against this program): keep-alive 0.64x against 0.54x, and 0.43x
- * against 0.38x, because the kernel hands every redirected skb to a workqueue, so the
- * wake-up moves to a kworker instead of going; fresh connections worse (two map updates
+ * ``bench/run.py services``, whose rows give each process's CPU per GET, several runs at
+ * load 3-4 on the 2 cores).  A fresh connection costs this program 190-375 us of CPU there,
+ * nearly all the kernel's for a second loopback connection (its handshake, teardown and
+ * deliveries are charged to whoever sends); on two shared cores that CPU is the client's
+ * and the server's wait.  For http.server the capsule costs about as much as the forward:
+ * the server used 700-1312 us of CPU per GET in the capsule against 550-938 on the host
+ * (each pair from one run), and the helper 50-250 us tracing its reads (an exec in the
+ * capsule pays the same).  A request on a kept connection adds two wake-ups of this program
+ * and two loopback hops (35-110 us of its CPU); the direct path has two wake-ups in all,
+ * so a relay in user space sits near 0.5-0.7x on this VM.
+ *
+ * Tried and not kept: a BPF sockhash with an SK_SKB verdict program redirecting each
+ * side's bytes to the other (a standalone prototype, host loopback, same runs against this
+ * program): keep-alive 0.64x against 0.54x, and 0.43x against 0.38x, because the kernel
+ * hands every redirected skb to a workqueue, so the wake-up moves to a kworker instead of
+ * going; fresh connections worse (two map updates
  * and a psock per socket), and a server's FIN, passed on at once, overtook its answer still
  * queued for that worker (the client saw EOF and no bytes); waiting instead, polling until
  * the other socket had sent all the first had received, cost 27-33 ms a connection.
