@@ -98,13 +98,13 @@ def capsule_record(row: Any) -> CapsuleRecord:
     network_spec = network_from_column(data.pop("network"))
     data["volatile"] = tuple(json.loads(data.get("volatile") or "[]"))
     spec = CapsuleSpec(
-        workspace=data.pop("workspace"), base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
+        workspace=data.pop("workspace"), given_base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
         env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),
         network=helper_network(network_spec), expose=tuple(json.loads(data.pop("expose", None) or "[]")),
         gitdirs=tuple(json.loads(data.pop("gitdirs", None) or "[]")),
     )
-    if spec.base == spec.workspace:
-        spec = dataclasses.replace(spec, base=None)
+    if spec.given_base == spec.workspace:
+        spec = dataclasses.replace(spec, given_base=None)
     return CapsuleRecord(spec=spec, network_spec=network_spec, **data)
 
 

@@ -141,10 +141,10 @@ class CapsuleManager:
         """
         check_uid_gid(owner_uid, owner_gid)
         workspace = access.check_dir_arg("workspace", spec.workspace, self.state_dir)
-        base = spec.base
+        base = spec.given_base
         if base is not None:
             base = access.check_dir_arg("base", base, self.state_dir, allow_state=True)
-        spec = dataclasses.replace(spec, workspace=workspace, base=base)
+        spec = dataclasses.replace(spec, workspace=workspace, given_base=base)
         # Exposed dirs resolved and checked against the caller; each exec checks them again.
         spec = dataclasses.replace(spec, expose=exposed.check(spec.expose, workspace, owner_uid, owner_gid))
         disk_mb = self._disk_size(spec.limits.disk_mb)
@@ -245,7 +245,8 @@ class CapsuleManager:
         if self._isolation is None:
             self._isolation = in_force.isolation()
         filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless,
-                                      "frozen_base": capsule.spec.base is not None, "disk_limit_mb": capsule.disk_mb}
+                                      "frozen_base": capsule.spec.given_base is not None,
+                                      "disk_limit_mb": capsule.disk_mb}
         if capsule.spec.gitdirs:
             filesystem["gitdirs"] = gitdirs.describe(capsule)
         if capsule.disk_mb is None:

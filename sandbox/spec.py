@@ -99,7 +99,9 @@ class CapsuleSpec:
     """
 
     workspace: str  # where the jail shows the capsule's view (absolute)
-    base: str | None = None  # the lower dir when not the workspace itself (a snapshot)
+    # The lower dir the caller gave when it is not the workspace itself (a snapshot); None: the
+    # workspace.  ``lower`` is the one never None, and what a CapsuleRecord calls its ``base``.
+    given_base: str | None = None  # on the wire and in meta.json: "base"
     clock_offset_sec: int = 0
     env_whitelist: tuple[str, ...] = ()  # sorted, unique
     limits: Limits = Limits()
@@ -114,7 +116,7 @@ class CapsuleSpec:
     @property
     def lower(self) -> str:
         """The directory the capsule's view starts from: the base, else the workspace."""
-        return self.base if self.base is not None else self.workspace
+        return self.given_base if self.given_base is not None else self.workspace
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object (a create request's arguments); ``base`` only when there is one."""
@@ -125,8 +127,8 @@ class CapsuleSpec:
             "limits": self.limits.to_json(),
             "network": self.network,
         }
-        if self.base is not None:
-            out["base"] = self.base
+        if self.given_base is not None:
+            out["base"] = self.given_base
         # Only when set, so a spec without them reads as it always did (meta.json, journal).
         if self.expose:
             out["expose"] = list(self.expose)
@@ -140,7 +142,7 @@ class CapsuleSpec:
         check_fields(value, SPEC_REQUIRED, SPEC_OPTIONAL, "capsule spec")
         return cls(
             workspace=value["workspace"],
-            base=value.get("base"),
+            given_base=value.get("base"),
             clock_offset_sec=value.get("clock_offset_sec", 0),
             env_whitelist=tuple(sorted(set(value.get("env_whitelist", ())))),
             limits=Limits.from_json(value.get("limits", {})),

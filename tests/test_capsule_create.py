@@ -54,7 +54,7 @@ def test_the_helper_and_the_journal_get_the_resolved_workspace(tmp_path: Path) -
     (tmp_path / "link").symlink_to(workspace)
     made, helper = _make(tmp_path, Asked(workspace=f"{tmp_path}/link/", env_whitelist=("LANG",)), {"PATH": ""})
     [request] = helper.requests
-    assert request.spec.workspace == str(workspace.resolve()) and request.spec.base is None
+    assert request.spec.workspace == str(workspace.resolve()) and request.spec.given_base is None
     assert request.spec.env_whitelist == ("LANG",)
     assert made.record.workspace == str(workspace.resolve()) and made.record.capsule_id == "cap_1"
     assert made.git.gitdir is None and made.git.note is None and made.exposed == ()
@@ -74,7 +74,7 @@ def test_a_base_elsewhere_is_the_lower_dir_and_checked_too(tmp_path: Path) -> No
     workspace.mkdir()
     base.mkdir()
     made, helper = _make(tmp_path, Asked(workspace=str(workspace), base=str(base)), {})
-    assert helper.requests[0].spec.base == str(base) and made.record.spec.lower == str(base)
+    assert helper.requests[0].spec.given_base == str(base) and made.record.spec.lower == str(base)
     with pytest.raises(CcwError) as refused:
         _make(tmp_path, Asked(workspace=str(workspace), base="/etc"), {})
     assert "base" in refused.value.message

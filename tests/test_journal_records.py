@@ -34,7 +34,8 @@ def _record(spec: CapsuleSpec, **changes: Any) -> CapsuleRecord:
 
 @pytest.mark.parametrize("record", [
     _record(CapsuleSpec(workspace="/ws")),
-    _record(CapsuleSpec(workspace="/ws", base="/snapshots/s1", clock_offset_sec=-60, env_whitelist=("HOME", "LANG"),
+    _record(CapsuleSpec(workspace="/ws", given_base="/snapshots/s1", clock_offset_sec=-60,
+                        env_whitelist=("HOME", "LANG"),
                         limits=Limits(memory_mb=512, pids_max=64), network="egress", expose=("/opt/py",),
                         gitdirs=("/repo/.git",)),
             generation=7, network_spec=ALLOWLIST, volatile=("*.log",), destroyed_at="2026-01-02T00:00:00Z",
@@ -48,7 +49,7 @@ def test_a_capsule_record_comes_back_from_its_row(record: CapsuleRecord) -> None
 def test_a_capsule_on_its_own_workspace_is_read_back_without_a_base() -> None:
     row = capsule_row(_record(CapsuleSpec(workspace="/ws")))
     assert row["base"] == "/ws"  # the column predates CapsuleSpec: it always names a directory
-    assert capsule_record(row).spec.base is None
+    assert capsule_record(row).spec.given_base is None
 
 
 def test_capsule_rows_hold_canonical_json() -> None:

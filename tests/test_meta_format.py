@@ -36,7 +36,7 @@ def test_an_old_meta_file_is_read_into_a_spec(tmp_path: Path) -> None:
 
 def test_a_new_meta_file_holds_the_spec_json_and_reads_back(tmp_path: Path) -> None:
     root = _capsule_dir(tmp_path, V1)
-    spec = CapsuleSpec("/srv/ws", base="/snap", limits=Limits(disk_mb=64))
+    spec = CapsuleSpec("/srv/ws", given_base="/snap", limits=Limits(disk_mb=64))
     meta.save(str(root / "meta.json"), REST, spec)
     written = json.loads((root / "meta.json").read_text())
     assert written == {**REST, "version": meta.VERSION, "spec": spec.to_json()}

@@ -24,10 +24,7 @@ ROW_RE = re.compile(r"^\| `(?P<banned>.+?)` \| (?P<say>.+?) \| (?P<scope>.+?) \|
 KEPT: dict[tuple[str, str], str] = {}
 
 # In files others were editing (issue 40's "one name per idea" left them): (file, banned form).
-# CapsuleSpec.base becomes given_base in one step; capsules/create.py builds it and capsules/merge.py reads it.
-_GIVEN_BASE = {(path, r"\bspec\.base\b") for path in (
-    "mcp_server/capsules/merge.py", "mcp_server/journal_records.py", "sandbox/manager.py")}
-PENDING: set[tuple[str, str]] = _GIVEN_BASE
+PENDING: set[tuple[str, str]] = set()
 
 
 def banned_forms() -> list[tuple[re.Pattern[str], str, str]]:

@@ -68,7 +68,7 @@ def test_every_op_has_one_typed_request() -> None:
 
 def test_requests_round_trip_through_their_args() -> None:
     requests = [
-        CreateRequest(CapsuleSpec("/w", base="/b", env_whitelist=("A",), limits=Limits(cpu_ms=5))),
+        CreateRequest(CapsuleSpec("/w", given_base="/b", env_whitelist=("A",), limits=Limits(cpu_ms=5))),
         ExecRequest("cap_1", ("sh", "-c", "x"), cwd="/w", env={"A": "1"}, stdin=b"\x00in", timeout_ms=9,
                     limits=Limits(memory_mb=4), output_cap=0, progress_ms=100),
         ExecRequest("cap_1", ("true",)),

@@ -24,7 +24,7 @@ def test_generated_ids_match_the_one_grammar() -> None:
 
 def test_spec_round_trips_through_json() -> None:
     spec = CapsuleSpec(
-        workspace="/w", base="/snap", clock_offset_sec=-60, env_whitelist=("CI", "PYTHONPATH"),
+        workspace="/w", given_base="/snap", clock_offset_sec=-60, env_whitelist=("CI", "PYTHONPATH"),
         limits=Limits(memory_mb=512, disk_mb=DISK_MB_MIN), network="none",
     )
     assert CapsuleSpec.from_json(spec.to_json()) == spec
@@ -66,7 +66,8 @@ def test_a_spec_with_unknown_or_missing_fields_is_refused() -> None:
 
 def test_the_create_op_checks_exactly_the_spec() -> None:
     create = OPS["create"]
-    assert set(create.required) | set(create.optional) == set(CapsuleSpec.__dataclass_fields__)
+    wire = {"given_base": "base"}  # the one field the wire names otherwise (docs/names.md: base)
+    assert set(create.required) | set(create.optional) == {wire.get(f, f) for f in CapsuleSpec.__dataclass_fields__}
 
 
 def test_limits_leave_unset_ones_out() -> None:
@@ -95,7 +96,7 @@ def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> 
     state = State(tmp_path / "state")
     try:
         journal = Journal(state)
-        spec = CapsuleSpec(workspace="/ws", base="/snap", clock_offset_sec=5, env_whitelist=("A", "B"),
+        spec = CapsuleSpec(workspace="/ws", given_base="/snap", clock_offset_sec=5, env_whitelist=("A", "B"),
                            limits=Limits(pids_max=9))
         exposed = CapsuleSpec(workspace="/ws", expose=("/home/u/.pyenv/versions/3.12.1",), gitdirs=("/repo/.git",))
         for capsule_id, one in (("cap_1", spec), ("cap_2", CapsuleSpec(workspace="/ws")), ("cap_3", exposed)):

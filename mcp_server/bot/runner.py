@@ -181,7 +181,7 @@ class CapsuleRunner:
         only where the jail shows it.
         """
         workspace = marker.workspace or str(root)
-        spec = CapsuleSpec(workspace=workspace, base=None if workspace == str(root) else str(root),
+        spec = CapsuleSpec(workspace=workspace, given_base=None if workspace == str(root) else str(root),
                            clock_offset_sec=marker.clock_offset_sec, limits=marker.limits)  # fmt: skip
         record = await self.service.create(spec)
         try:

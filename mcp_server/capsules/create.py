@@ -95,7 +95,7 @@ async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str])
     _asked_exposed(asked.expose)
     spec = CapsuleSpec(
         workspace=workspace,
-        base=base if base != workspace else None,
+        given_base=base if base != workspace else None,
         clock_offset_sec=asked.clock_offset_sec,
         env_whitelist=asked.env_whitelist,
         limits=asked.limits,

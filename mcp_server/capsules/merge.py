@@ -223,7 +223,7 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
                 os.close(fd)
             raise
         paths = {path for states in each for path in states}
-        if records[0].spec.base is None:
+        if records[0].spec.given_base is None:
             plan = await trio.to_thread.run_sync(_plan, service.state, records[0].base, inputs, base)
             return plan, generation, each, await trio.to_thread.run_sync(_lower_recorded, paths, plan)
         live: dict[str, str] = {}

@@ -402,7 +402,7 @@ def _capsule_spec(manifest: dict[str, Any], base_dir: str, options: ReplayOption
     recorded = manifest["capsule"]
     workspace = manifest["workspace"]
     return CapsuleSpec(
-        workspace=workspace, base=base_dir if base_dir != workspace else None,
+        workspace=workspace, given_base=base_dir if base_dir != workspace else None,
         clock_offset_sec=int(recorded.get("clock_offset_sec") or 0),
         env_whitelist=tuple(sorted(set(options.env) - {"HOME"})), limits=Limits.from_json(recorded["limits"]),
     )
