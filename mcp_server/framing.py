@@ -42,8 +42,13 @@ import pydantic_core
 MAX_FRAME = 1 << 20  # seed 001: 1 MiB per request, UTF-8 bytes
 HEAD_SCAN = 4096  # bytes of an oversized frame kept to recover its id and method
 
+# JSON-RPC 2.0's own codes (the MCP SDK's mcp.types holds the same numbers; tests/test_names.py
+# checks they agree), here so that a client that does not load the SDK (ccw) names them too.
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
 # Not run, retry it: a request a draining server read too late (server.py), or one a
 # relay could not deliver because its front end stopped (transports/relay.py).
 SHUTTING_DOWN = -32001

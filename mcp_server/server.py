@@ -60,6 +60,7 @@ from mcp_server.caller import lending, lent
 from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.framing import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
 from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name
@@ -68,8 +69,6 @@ from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 from mcp_server.tools.surface import ToolList
 from sandbox.errors import CcwError
 
-INVALID_PARAMS = types.INVALID_PARAMS  # -32602
-INTERNAL_ERROR = types.INTERNAL_ERROR  # -32603
 TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
 TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from mcp_server.server import INTERNAL_ERROR, INVALID_PARAMS, TOOL_ERROR
+from mcp_server.framing import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_server.server import TOOL_ERROR
 from tests.support.canary import SECRET, plant, tree_digest
 from tests.support.mcp_process import ServerProcess, server_env
 

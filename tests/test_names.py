@@ -107,3 +107,14 @@ def test_each_json_rpc_error_code_is_defined_once() -> None:
     assert defined.get("-32001") == ["mcp_server/framing.py: SHUTTING_DOWN"], defined
     twice = {value: where for value, where in defined.items() if len(where) > 1}
     assert not twice, twice
+
+
+def test_json_rpcs_own_codes_are_the_sdks_numbers() -> None:
+    """framing names JSON-RPC 2.0's codes for a client that does not load the MCP SDK (ccw);
+    the server answers with them beside the SDK's own errors, so they must be the same numbers."""
+    from mcp import types
+
+    from mcp_server import framing
+
+    for name in ("PARSE_ERROR", "INVALID_REQUEST", "METHOD_NOT_FOUND", "INVALID_PARAMS", "INTERNAL_ERROR"):
+        assert getattr(framing, name) == getattr(types, name), name

@@ -119,7 +119,8 @@ class _Session:
             elif message.get("id") == request_id:
                 if "error" in message:
                     error = message["error"]
-                    raise CallError(error.get("code", -32603), str(error.get("message", "")), error.get("data"))
+                    code = error.get("code", framing.INTERNAL_ERROR)
+                    raise CallError(code, str(error.get("message", "")), error.get("data"))
                 return message.get("result")
 
     async def _serve(self, message: dict[str, Any], progress: Any) -> None:
@@ -128,7 +129,8 @@ class _Session:
         if message["method"] == "notifications/progress" and progress is not None:
             progress.update(params.get("progress", 0), params.get("total"), params.get("message"))
         elif "id" in message:
-            await self.send(framing.error_message(message["id"], -32601, "the ccw command answers no requests"))
+            await self.send(framing.error_message(message["id"], framing.METHOD_NOT_FOUND,
+                                                  "the ccw command answers no requests"))
 
     async def _next(self) -> dict[str, Any]:
         while not self.waiting:
