@@ -5,7 +5,10 @@
 - exec of /bin/true in a full jail, beside bwrap and a bare subprocess;
 - fanotify tracing of 20,000 small-file reads, beside no tracing and strace;
 - capsule_create + capsule_exec of /bin/true with two auto-exposed toolchains (a pyenv
-  Python, an nvm bin), beside the same with auto_expose off.
+  Python, an nvm bin), beside the same with auto_expose off;
+- the CPU a syscall-heavy workload uses per operation in a capsule's exec, beside the
+  host, with each mechanism (overlay, jail, seccomp, cgroup, fanotify) added in turn
+  (bench/parts/syscall_cost.py: where issue 36's extra CPU goes).
 Needs root (the helper's privileged mode).  ``--quick`` (a smoke run): 1,000 and 3,000
 files, 2,000 traced reads, 5 runs of each.
 """
@@ -17,7 +20,7 @@ from bench.common import Report
 
 def run(quick: bool = False) -> Report:
     """Measure every part and collect the rows."""
-    from bench.parts import create, expose, jail_exec, tracing
+    from bench.parts import create, expose, jail_exec, syscall_cost, tracing
 
     report = Report("capsule")
     repeat = 5 if quick else 30
@@ -34,6 +37,8 @@ def run(quick: bool = False) -> Report:
     # The effect (~2 ms in ~35) is smaller than the spread of single create+execs on a
     # 2-core VM (20 to 50 ms): three times the runs keep the medians' ratio steady.
     for row in expose.measure(repeat * 3):
+        report.add(row)
+    for row in syscall_cost.measure(3 if quick else 11):
         report.add(row)
     report.notes.append("targets: create <= 5 ms and 100k/1k <= 1.3; jail exec <= 1.0x bwrap (issue 27; "
                         "capsule_exec over MCP <= 1.5x bwrap: the mcp suite); tracing <= 1.3x untraced; "
