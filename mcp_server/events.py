@@ -87,6 +87,9 @@ MAX_CONNECTIONS = 100
 POLL_S = 0.1
 LOOK_S = 1.0
 BATCH = 500  # events a follower asks for at once
+# json.dumps's own text, from one encoder: dumps makes a new one per call when given options
+# (a merge's 2,000 file.changed events: 17 against 10 ms of encoding on this VM).
+_ENCODER = json.JSONEncoder(sort_keys=True, ensure_ascii=False)
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS events (
@@ -136,7 +139,7 @@ def emit_many(db: sqlite3.Connection, kind: str, capsule_id: str | None, datas: 
         raise ValueError(f"unknown event kind {kind!r}")
     at = _now()
     db.executemany("INSERT INTO events (at, capsule_id, kind, data) VALUES (?, ?, ?, ?)",
-                   [(at, capsule_id, kind, json.dumps(data, sort_keys=True, ensure_ascii=False)) for data in datas])
+                   [(at, capsule_id, kind, _ENCODER.encode(data)) for data in datas])
 
 
 def exec_events(seq: int, entry: Mapping[str, Any], generation_out: int | None) -> list[tuple[str, dict[str, Any]]]:
