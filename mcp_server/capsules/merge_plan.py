@@ -89,14 +89,16 @@ def _states(view: RootView, found: dict[str, ViewSide | None]) -> dict[str, Stat
         return {path: _state(dirs, path, found[path]) for path in sorted(found, key=_key)}
 
 
-def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache, needed: bool) -> State:
+def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache, needed: bool,
+                info: os.stat_result | None) -> State:
     """The base directory's state at ``path``: a file's bytes where ``needed`` or not in ``cache``
-    (and then kept there), else its digest from the cache alone."""
+    (and then kept there), else its digest from the cache alone; ``info``: its lstat as ``expand``
+    took it (after the cache's ``since_ns``, before any read), stat'ed here where it has none."""
     if side is None or side.kind != "file":
         return _state(dirs, path, side)
     head, _, name = path.rpartition("/")
     try:  # not ``wrap_oserror``: its generator-based context costs several times the stat, 2,000 a merge
-        info = os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
+        info = info or os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
     except OSError as exc:
         raise from_oserror(exc, "merge: stat the base", path) from exc
     known = cache.digest(path, info)
@@ -112,10 +114,12 @@ def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache
 
 
 def _base_states(view: RootView, found: dict[str, ViewSide | None], needed: set[str],
-                 cache: StatCache) -> dict[str, State]:
-    """``_states`` of the base directory, each file's bytes read only where ``needed`` (or not cached)."""
+                 cache: StatCache, infos: dict[str, os.stat_result]) -> dict[str, State]:
+    """``_states`` of the base directory, each file's bytes read only where ``needed`` (or not cached);
+    ``infos``: the files' lstat as ``expand`` took them."""
     with DirFds(view) as dirs:
-        return {path: _base_state(dirs, path, found[path], cache, path in needed) for path in sorted(found, key=_key)}
+        return {path: _base_state(dirs, path, found[path], cache, path in needed, infos.get(path))
+                for path in sorted(found, key=_key)}
 
 
 def _needing_bytes(named: dict[str, dict[str, ViewSide | None]], ancestor: Side | None) -> set[str]:
@@ -162,12 +166,13 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None, cache: StatC
     cache = cache or StatCache(lower)
     try:
         with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
-            found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view), every, views))
+            infos: dict[str, os.stat_result] = {}  # one dict for all: each entry is one atomic store
+            found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view, infos), every, views))
             named = {side.name: {entry.path: entry.new for entry in entries}
                      for side, entries in zip(every, found, strict=True)}
             olds = {entry.path: entry.old for entries in found for entry in entries}
             ordered = sorted(olds, key=_key)
-            jobs = [pool.submit(_base_states, low, olds, _needing_bytes(named, ancestor), cache),
+            jobs = [pool.submit(_base_states, low, olds, _needing_bytes(named, ancestor), cache, infos),
                     *(pool.submit(_states, view, named[side.name]) for side, view in zip(every, views, strict=True))]
             under, *mine = [job.result() for job in jobs]
             read = {side.name: {path: states.get(path, under[path]) for path in ordered}

@@ -54,20 +54,26 @@ def _descendants(view: RootView, path: str) -> Iterable[str]:
             yield from _descendants(view, child)
 
 
-def expand(changes: Sequence[Change], base: RootView, capsule: RootView) -> list[Entry]:
-    """Per-path (old, new) states for the helper's change list, sorted by path bytes."""
+def expand(changes: Sequence[Change], base: RootView, capsule: RootView,
+           base_infos: dict[str, os.stat_result] | None = None) -> list[Entry]:
+    """Per-path (old, new) states for the helper's change list, sorted by path bytes; with
+    ``base_infos``, the ``lstat`` of each regular file of the base is kept there too (a
+    merge's stat cache keys on it: capsules/merge_plan.py), so none is stat'ed twice."""
     kinds = {c.path: c.kind for c in changes}
     paths = set(kinds)
-    for change in changes:
-        if change.kind in ("deleted", "opaque", "type_changed"):
-            old = lstat(base, change.path)
-            if old is not None and old.kind == "dir":
-                paths.update(_descendants(base, change.path))
-    out = []
-    # Changed paths crowd into few directories: each is resolved once per side.
+    kept = {} if base_infos is None else base_infos
+    olds: dict[str, Side | None] = {}
+    # Changed paths crowd into few directories: each is resolved once per side, and each
+    # base entry stat'ed once (a deleted directory's is looked at before its descendants).
     with DirFds(base) as base_dirs, DirFds(capsule) as capsule_dirs:
+        for change in changes:
+            if change.kind in ("deleted", "opaque", "type_changed"):
+                old = olds[change.path] = _base_lstat(base_dirs, change.path, kept)
+                if old is not None and old.kind == "dir":
+                    paths.update(_descendants(base, change.path))
+        out = []
         for path in sorted(paths, key=lambda p: p.encode("utf-8", "surrogateescape")):
-            old = base_dirs.lstat(path)
+            old = olds[path] if path in olds else _base_lstat(base_dirs, path, kept)
             new = capsule_dirs.lstat(path)
             if old is None and new is None:
                 continue
@@ -76,6 +82,14 @@ def expand(changes: Sequence[Change], base: RootView, capsule: RootView) -> list
                 continue
             out.append(Entry(path, old, new, modified))
     return out
+
+
+def _base_lstat(dirs: DirFds, path: str, infos: dict[str, os.stat_result]) -> Side | None:
+    """``dirs.lstat(path)``, keeping a regular file's stat result in ``infos``."""
+    side, info = dirs.lstat_info(path)
+    if side is not None and side.kind == "file" and info is not None:
+        infos[path] = info
+    return side
 
 
 def _git_mode(side: Side | None) -> int | None:

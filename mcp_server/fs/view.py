@@ -386,12 +386,16 @@ def _open_parent(view: RootView, head: str) -> int | None:
 
 
 def _lstat_at(parent: int, name: str) -> Side | None:
+    return _lstat_info_at(parent, name)[0]
+
+
+def _lstat_info_at(parent: int, name: str) -> tuple[Side | None, os.stat_result | None]:
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         target = os.readlink(name, dir_fd=parent) if stat_mod.S_ISLNK(st.st_mode) else None
     except FileNotFoundError:
-        return None
-    return Side(kind_of(st.st_mode), stat_mod.S_IMODE(st.st_mode), target)
+        return None, None
+    return Side(kind_of(st.st_mode), stat_mod.S_IMODE(st.st_mode), target), st
 
 
 def open_name(dir_fd: int, name: str, flags: int, mode: int = 0) -> int:
@@ -451,6 +455,12 @@ class DirFds:
         head, _, name = path.rpartition("/")
         parent = self.find(head)
         return None if parent is None else _lstat_at(parent, name)
+
+    def lstat_info(self, path: str) -> tuple[Side | None, os.stat_result | None]:
+        """``lstat`` with the stat result it was read from (None, None: nothing there)."""
+        head, _, name = path.rpartition("/")
+        parent = self.find(head)
+        return (None, None) if parent is None else _lstat_info_at(parent, name)
 
     def read_regular(self, path: str, *, missing_ok: bool = True) -> bytes | None:
         """A regular file's content; None for anything else (or, with ``missing_ok``, nothing)."""
