@@ -1,13 +1,16 @@
 """fs/changeset.expand over plain directories: the entries it gives, and the base lstats it keeps
-for a merge's stat cache (``base_infos``), each entry stat'ed once a tree."""
+for a merge's stat cache (``base_infos``), each entry stat'ed once a tree; state_text's written-out
+text of a file's state is canonical_text's."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import blake3
 import pytest
 
+from mcp_server.core.canonical import canonical_text
 from mcp_server.fs import changeset
 from mcp_server.fs.view import RootView, Side
 from sandbox.replies import Change
@@ -87,3 +90,25 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+@pytest.mark.parametrize(("side", "data", "digest"), [
+    (Side("file", 0o644), b"bytes\n", None),
+    (Side("file", 0o4755), None, "0f" * 32),
+    (Side("file", 0o600), None, 'not "hex"\\'),  # a digest a corrupt cache could give: escaped as canonical JSON
+    (Side("symlink", 0o777, 'l\u00e9 "x"'), None, None),
+    (Side("dir", 0o700), None, None),
+    (None, None, None),
+])
+def test_state_text_is_the_canonical_json_of_the_state(side: Side | None, data: bytes | None,
+                                                       digest: str | None) -> None:
+    text = changeset.state_text(side, data, digest)
+    if side is None:
+        assert text == "absent"
+        return
+    state: dict[str, object] = {"kind": side.kind, "mode": side.mode}
+    if side.kind == "file":
+        state["blake3"] = digest if data is None else blake3.blake3(data).hexdigest()
+    if side.kind == "symlink":
+        state["target"] = side.target
+    assert text == canonical_text(state)
