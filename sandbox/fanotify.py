@@ -93,6 +93,23 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   directory?); the fds of one read are usually consecutive and closed with a single
   ``close_range``.  Recording directory opens too cost nothing measurable: pytest on
   400 tests in a venv, median exec time within 3% either way over three rounds of 12.
+- What the traced process pays (issue 36, bench/parts/syscall_cost.py): the mark asks
+  for opens and close-writes only, never ``FAN_ACCESS`` or ``FAN_MODIFY`` (an event per
+  ``read()``/``write()``), and no permission event, so nothing waits for the helper.
+  Each open still allocates and queues an event (charged to the helper's memory
+  cgroup): about 1.8 us more per Python open+read+close of a workspace file (13 us on
+  the host, 20 on the bare overlay, 22.5 in a capsule's exec; medians of 11 rounds),
+  and nothing measurable on ``stat``.  The overlay, not the tracer, is most of what an
+  open costs more in a capsule.  Inode ignore marks (``FAN_MARK_IGNORE``, evictable)
+  on files already recorded would spare repeated opens their events, but they follow the
+  inode, not the name: a file renamed or hard-linked after its first open would then
+  be opened under its new name unseen, so they are not used.  Between wakeups the
+  reader's 20 ms wait lets identical events merge in the queue (a server answering the
+  same file: about one event per ten GETs), and costs the helper 15 to 22 us of CPU per
+  GET of http.server; a 100 ms wait cut that to 4 to 6 us, but the server's own CPU
+  per GET was no lower (1.06 ms against 1.01, medians of two runs of three), and the
+  helper's drain of the server's log lines costs it 45 to 60 us per GET anyway, so the
+  wait stays at 20 ms.
 """
 
 from __future__ import annotations
