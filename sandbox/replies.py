@@ -47,6 +47,8 @@ class OpReply:
             raise ProtocolError(f"{cls.__name__} must be an object")
         required, allowed = _wire_keys(cls)
         check_keys(result, required, allowed, cls.__name__)
+        if not cls.base64_fields:  # no key to rename: ``_build`` reads the object, never changes it
+            return cls._build(result)
         plain = dict(result)
         for name in cls.base64_fields:
             text = checks.base64_text(MAX_FRAME)(f"{name}_b64", plain.pop(f"{name}_b64"))  # no more than a frame
