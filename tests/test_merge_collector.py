@@ -62,3 +62,31 @@ def test_a_merge_runs_with_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
         trio.run(merge.merge, cast(CapsuleService, object()), merge.Question(("cap-a",)))
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_an_into_live_merges_promotion_runs_with_it_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The promotion (its policies' tests may run for minutes) is outside the pause; the merged
+    capsule is destroyed after it."""
+    gc.enable()
+    seen: list[tuple[str, bool]] = []
+
+    class Made:
+        capsule_id = "cap-m"
+
+    class Service:
+        async def destroy(self, capsule_id: str) -> None:
+            seen.append((f"destroy {capsule_id}", gc.isenabled()))
+
+    async def merged(service: Any, question: merge.Question) -> tuple[dict[str, Any], Any]:
+        seen.append(("merge", gc.isenabled()))
+        return {"clean": True}, Made()
+
+    async def promote(service: Any, request: Any) -> dict[str, Any]:
+        seen.append((f"promote {request.capsule_id}", gc.isenabled()))
+        return {"promoted": True}
+
+    monkeypatch.setattr(merge, "_merge", merged)
+    monkeypatch.setattr(merge, "promote", promote)
+    answer = trio.run(merge.merge, cast(CapsuleService, Service()), merge.Question(("cap-a", "cap-b"), into="live"))
+    assert seen == [("merge", False), ("promote cap-m", True), ("destroy cap-m", True)]
+    assert answer == {"clean": True, "written": True, "promote": {"promoted": True}}

@@ -297,21 +297,14 @@ COLLECTOR = CollectorPause()  # merges run in the trio thread: its count needs n
 
 
 async def merge(service: CapsuleService, question: Question) -> dict[str, Any]:
-    """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring)."""
+    """Merge the capsules; make the merged capsule or promote the merge, as asked (see the module's docstring).
+
+    The collector is held off for the merge itself, not for the promotion of an into-live one,
+    whose policies' tests may run for minutes while the front end serves others."""
     with COLLECTOR.held():
-        return await _merge(service, question)
-
-
-async def _merge(service: CapsuleService, question: Question) -> dict[str, Any]:
-    records, ancestor = _inputs(service, question.capsule_ids)
-    plan, generation, each, live = await _read(service, records, ancestor)
-    recorded = await trio.to_thread.run_sync(_checked_base, each, plan, live)
-    result = report(question, plan, ancestor, records[0].base)
-    if plan.conflicts or (question.dry_run and question.into == "new"):
-        return {**result, "written": False}
-    made = await _make(service, (records[0], generation), ancestor, plan, recorded)
-    if question.into == "new":
-        return {**result, "written": True, "capsule_id": made.capsule_id}
+        result, made = await _merge(service, question)
+    if made is None:
+        return result
     try:
         promoted = await promote(service, Request(made.capsule_id, list(question.policies), question.dry_run,
                                                   question.allow_hazards, runs_of=question.capsule_ids))
@@ -319,6 +312,21 @@ async def _merge(service: CapsuleService, question: Question) -> dict[str, Any]:
         with trio.CancelScope(shield=True):
             await service.destroy(made.capsule_id)
     return {**result, "written": bool(promoted["promoted"]), "promote": promoted}
+
+
+async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str, Any], CapsuleRecord | None]:
+    """The merge's report and, for an into-live merge without conflicts, the capsule holding it
+    (to be promoted, then destroyed); None when the report is the whole answer."""
+    records, ancestor = _inputs(service, question.capsule_ids)
+    plan, generation, each, live = await _read(service, records, ancestor)
+    recorded = await trio.to_thread.run_sync(_checked_base, each, plan, live)
+    result = report(question, plan, ancestor, records[0].base)
+    if plan.conflicts or (question.dry_run and question.into == "new"):
+        return {**result, "written": False}, None
+    made = await _make(service, (records[0], generation), ancestor, plan, recorded)
+    if question.into == "new":
+        return {**result, "written": True, "capsule_id": made.capsule_id}, None
+    return result, made
 
 
 async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
