@@ -24,6 +24,7 @@ from mcp_server.egress.relay import CONNECT_TIMEOUT
 from sandbox.errors import CcwError
 from sandbox.ops import MAX_SPARES
 from tests.support.egress_harness import (
+    Told,
     Upstream,
     echo_both_ways,
     http_responder,
@@ -52,31 +53,6 @@ class Capsule:
             sock.close()
             raise
         return sock
-
-
-class Told:
-    """What the forward told its observers."""
-
-    def __init__(self) -> None:
-        self.refused: list[Client] = []
-        self.errors: list[tuple[Client, Exception]] = []
-        self.changed = trio.Event()
-
-    def on_refused(self, who: Client) -> None:
-        self.refused.append(who)
-        self.changed.set()
-
-    def on_error(self, who: Client, error: Exception) -> None:
-        self.errors.append((who, error))
-        self.changed.set()
-
-    async def until(self, refused: int = 0, errors: int = 0) -> None:
-        """Wait until this much has been told: ccw-forward tells this process after the
-        client's socket is closed, so a client may see its end first."""
-        with trio.fail_after(10):
-            while len(self.refused) < refused or len(self.errors) < errors:
-                await self.changed.wait()
-                self.changed = trio.Event()
 
 
 @asynccontextmanager

@@ -19,7 +19,7 @@ import trio
 
 from mcp_server.egress import peer
 from mcp_server.egress.forward import Client, Connect, PortForward
-from tests.support.egress_harness import read_all, shout, upstream
+from tests.support.egress_harness import Told, read_all, shout, upstream
 
 # Connect, send argv[2], shut the sending side (the socket stays held), read to the end;
 # "ended" says how: "eof", or the error of a connection the other side cut.
@@ -56,9 +56,9 @@ async def _connect_to(port: int) -> trio.socket.SocketType:
 
 
 @asynccontextmanager
-async def forwarding(connect: Connect, owner_uid: int, refused: list[Client]) -> AsyncIterator[PortForward]:
+async def forwarding(connect: Connect, owner_uid: int, told: Told) -> AsyncIterator[PortForward]:
     """A forward serving for the block, closed after it however the block ends."""
-    port = PortForward(connect, owner_uid, 8000, on_refused=refused.append)
+    port = PortForward(connect, owner_uid, 8000, on_refused=told.on_refused)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(port.serve)
@@ -100,18 +100,19 @@ def test_a_root_forward_refuses_another_user_and_passes_root(run_as: RunAs, user
     uid, gid, _ = user_dir
 
     async def main() -> None:
-        refused: list[Client] = []
+        told = Told()
         calls: list[int] = []
         async with upstream(shout) as service:
             async def connect() -> trio.socket.SocketType:
                 calls.append(1)
                 return await _connect_to(service.port)
 
-            async with forwarding(connect, 0, refused) as port:
+            async with forwarding(connect, 0, told) as port:
                 with trio.fail_after(120):
                     theirs = await _as_user(run_as, uid, gid, port.host_port, "let me in")
                 assert theirs["received"] == ""  # closed, or cut (it had sent bytes): nothing answered
-                assert refused == [Client("127.0.0.1", theirs["port"], uid)]
+                await told.until(refused=1)  # told after their client saw its end
+                assert told.refused == [Client("127.0.0.1", theirs["port"], uid)]
                 assert calls == [] and service.seen == []  # no connect, no byte reached the capsule
                 ours = await trio.open_tcp_stream("127.0.0.1", port.host_port)
                 await ours.send_all(b"root here")
@@ -128,8 +129,8 @@ def test_a_forward_for_another_user_passes_them_and_refuses_root(run_as: RunAs,
     uid, gid, _ = user_dir
 
     async def main() -> None:
-        refused: list[Client] = []
-        async with upstream(shout) as service, forwarding(lambda: _connect_to(service.port), uid, refused) as port:
+        told = Told()
+        async with upstream(shout) as service, forwarding(lambda: _connect_to(service.port), uid, told) as port:
             with trio.fail_after(120):
                 theirs = await _as_user(run_as, uid, gid, port.host_port, "owner here")
             assert (theirs["received"], theirs["ended"]) == ("OWNER HERE", "eof")
@@ -137,7 +138,8 @@ def test_a_forward_for_another_user_passes_them_and_refuses_root(run_as: RunAs,
                 ours.shutdown(socket.SHUT_WR)  # held open until the forward has judged it
                 own_port = ours.getsockname()[1]
                 assert await trio.to_thread.run_sync(ours.recv, 1) == b""
-            assert refused == [Client("127.0.0.1", own_port, 0)]
+            await told.until(refused=1)  # told after our client saw its end
+            assert told.refused == [Client("127.0.0.1", own_port, 0)]
             counts = await port.counts()
             assert (counts.accepted, counts.refused) == (1, 1)
 

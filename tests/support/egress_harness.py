@@ -21,6 +21,7 @@ import trio
 
 from mcp_server.core.netrules import NetworkSpec, parse_network
 from mcp_server.egress import splice
+from mcp_server.egress.forward import Client
 from mcp_server.egress.relay import Attempt, Resolver, SpaceReader, system_resolver
 from mcp_server.egress.session import EgressSession
 
@@ -215,3 +216,28 @@ class NoDns:
         if host not in self.answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return self.answers[host]
+
+
+class Told:
+    """What the forward told its observers."""
+
+    def __init__(self) -> None:
+        self.refused: list[Client] = []
+        self.errors: list[tuple[Client, Exception]] = []
+        self.changed = trio.Event()
+
+    def on_refused(self, who: Client) -> None:
+        self.refused.append(who)
+        self.changed.set()
+
+    def on_error(self, who: Client, error: Exception) -> None:
+        self.errors.append((who, error))
+        self.changed.set()
+
+    async def until(self, refused: int = 0, errors: int = 0) -> None:
+        """Wait until this much has been told: ccw-forward tells this process after the
+        client's socket is closed, so a client may see its end first."""
+        with trio.fail_after(10):
+            while len(self.refused) < refused or len(self.errors) < errors:
+                await self.changed.wait()
+                self.changed = trio.Event()
