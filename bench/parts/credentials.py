@@ -229,7 +229,12 @@ def measure_tls(repeat: int, size: int = 200 << 20, small_requests: int = SMALL_
 
 
 if __name__ == "__main__":
+    # ``credentials.py [ROUNDS [TLS_ROUNDS]]``: every row; ``credentials.py tls [TLS_ROUNDS]``: the TLS rows alone,
+    # as ``bench/run.py network`` measures them (its other rows take minutes).
     report = Report("credentials")
-    report.rows.extend(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 500))
-    report.rows.extend(measure_tls(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
+    if sys.argv[1:2] == ["tls"]:
+        report.rows.extend(measure_tls(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
+    else:
+        report.rows.extend(measure(int(sys.argv[1]) if len(sys.argv) > 1 else 500))
+        report.rows.extend(measure_tls(int(sys.argv[2]) if len(sys.argv) > 2 else 5))
     print(report.to_text())
