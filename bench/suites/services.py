@@ -19,29 +19,32 @@
   capsule, reached through ``capsule_port``'s URL (ccw-forward relays), against the same
   server, the same process, reached straight on its own loopback: the forwarded row's
   client program (``CLIENT``: the same interpreter and flags, unjailed, as root) joined to
-  the capsule's network namespace (``nsenter --net=/proc/PID/ns/net``, PID the service's), so
-  that the forward is the only difference between the two.  A client process sends N
+  the capsule's network namespace (``nsenter --net=/proc/PID/ns/net``, PID the service's),
+  so that the forward is the only difference between the two.  A client process sends N
   GETs one after another, each on a fresh connection (each: the owner check, a spare
   socket of the capsule's namespace connected by ccw-forward, two pipes; the front end
   only when the pool needs refilling) or all on one keep-alive connection (each: two more
   loopback hops and two wake-ups of ccw-forward); and N GETs on fresh connections to
   ``python3 -m http.server`` (HTTP/1.0, a dev server's pace).  Figures are microseconds
-  per request, timed inside the client (its start is not counted); the ratio inverts
-  into requests per second.  Target (the issue's "the same server reached directly on
+  per request, timed inside the client (its start is not counted); the ratio inverts into
+  requests per second.  Target (the issue's "the same server reached directly on
   loopback"): the rate through the forward at least 0.8x the rate on the service's own
-  loopback, the row's ratio and its "rate ratio"; beside it the median of the rounds'
-  own ratios.  This ratio is what the forward costs, and nothing else: the server is
-  jailed alike on both paths, so what the capsule costs a server (its overlayfs, the
-  fanotify and seccomp tracing of its reads, its cgroup) falls on both.  That cost is
+  loopback, the row's ratio and its "rate ratio"; beside it the median of the rounds' own
+  ratios.  This ratio is what the forward costs, and nothing else: the server is jailed
+  alike on both paths, so what the capsule costs a server (its overlayfs, the fanotify and
+  seccomp tracing of its reads, its cgroup) falls on both.  What the capsule costs is
   shown apart, no target: the same server file run on the host, unjailed and reached on
-  the host's loopback ("host-run server"), against the capsule's server on its loopback
-  (what the capsule costs the server), and against the forward (the forward and the
-  capsule together: the figure this row gave before it had the loopback baseline).  And
-  the same client in an exec in the capsule (its own jail: what the capsule costs the
-  client too).  Each row ends with the CPU per GET of each process on the path
-  (ccw-forward, the server, the helper tracing the capsule's server), summed over the
-  runs: on two shared cores a GET's time follows the CPU of everything on its path, and
-  this says whose it is.
+  the host's loopback ("host-run server", a second process), against the capsule's server
+  on its loopback (what the capsule costs the server; above 1 when the capsule's is the
+  faster), and against the forward (the forward and the capsule together: the figure this
+  row gave before it had the loopback baseline).  And the same client in an exec in the
+  capsule (its own jail: what the capsule costs the client too).  Each row ends with the
+  CPU per GET of each process on the path (ccw-forward, the server, the helper tracing the
+  capsule's server), summed over the runs: on two shared cores a GET's time follows the
+  CPU of everything on its path, and this says whose it is.  A kept connection's requests
+  stay under the target on this 2-core VM: each adds two loopback hops and two wake-ups of
+  ccw-forward to the direct path's two (ccw_forward.c's essay says where that time goes,
+  and what was tried).
 - **An exec beside a running service.**  ``capsule_exec ["true"]``, and a short command
   that writes a file and reads it back, in a capsule running an idle service (the
   http.server) against a capsule of the same workspace running none; halfway the service
@@ -108,7 +111,7 @@ class Sizes:
         return self.fresh if mode == "fresh" else self.keepalive
 
 
-FULL = Sizes(start_rounds=9, http_rounds=5, fresh=100, keepalive=1000, exec_rounds=40)
+FULL = Sizes(start_rounds=9, http_rounds=9, fresh=100, keepalive=1000, exec_rounds=40)
 QUICK = Sizes(start_rounds=3, http_rounds=3, fresh=40, keepalive=300, exec_rounds=6)
 
 
