@@ -39,15 +39,15 @@ as they are told.  Observers run in the trio thread and must not block; one that
 is logged and the forward goes on.
 
 Figures (issue 36, ``bench/run.py services``; the 2-core VM): per connection the program
-makes the owner check, a connect and a splice each way, 190-375 us of its CPU at load 3-4,
-nearly all the kernel's for the second loopback connection (ccw_forward.c's essay says
-where the floor is); the front end took 1.3-1.5 ms of trio's CPU for the same before.
-What stayed here per connection was the pool's refill: with 14 spares a helper call, 7
-round trips per 100 fresh connections, some 2 ms of this process's CPU each (15 ms per 100
-connections above the direct run's, about 150 us a connection, on cores the client and the
-server need); with a pool of ``POOL_SIZE`` refilled 128 at a time, one per 128, about 2 ms
-per 100.  Against the same
-server straight on loopback, rates are in bench/suites/services.py's report.
+makes the owner check, a connect and a splice each way, 190-375 us of its CPU at load 3-4
+(65-90 us at load 1.5-2, perf stat), nearly all the kernel's for the second loopback
+connection (ccw_forward.c's essay says where the floor is); the front end took 1.3-1.5 ms
+of trio's CPU for the same before.  What stayed here per connection was the pool's refill:
+with 14 spares a helper call, 7 round trips per 100 fresh connections, some 2 ms of this
+process's CPU each (15 ms per 100 connections above the direct run's, about 150 us a
+connection, on cores the client and the server need); with a pool of ``POOL_SIZE``
+refilled 128 at a time, one per 128, about 2 ms per 100.  Against the same server reached
+straight on the capsule's loopback, rates are in bench/suites/services.py's report.
 """
 
 from __future__ import annotations

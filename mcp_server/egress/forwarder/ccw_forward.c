@@ -40,17 +40,24 @@
  * connection before and 27 after (epoll_ctl 5 to 3, setsockopt 2 to 1 and off the path,
  * getsockopt 1 to 0).
  *
- * The floor (issue 36's target, at least 0.8x the direct rate, is not met; figures from
- * ``bench/run.py services``, whose rows give each process's CPU per GET, several runs at
- * load 3-4 on the 2 cores).  A fresh connection costs this program 190-375 us of CPU there,
- * nearly all the kernel's for a second loopback connection (its handshake, teardown and
- * deliveries are charged to whoever sends); on two shared cores that CPU is the client's
- * and the server's wait.  For http.server the capsule costs about as much as the forward:
- * the server used 700-1312 us of CPU per GET in the capsule against 550-938 on the host
- * (each pair from one run), and the helper 50-250 us tracing its reads (an exec in the
- * capsule pays the same).  A request on a kept connection adds two wake-ups of this program
- * and two loopback hops (35-110 us of its CPU); the direct path has two wake-ups in all,
- * so a relay in user space sits near 0.5-0.7x on this VM.
+ * The floor (issue 36's target: a rate through the port of at least 0.8x the same server's
+ * reached straight on its loopback).  ``bench/run.py services`` reaches the capsule's own
+ * server both ways, the client joined to the capsule's network namespace for the direct
+ * one, so the forward is the only difference (8 runs at load 1.3-1.9 on the 2 cores, each
+ * run's rate ratio).  A request on a kept connection: 0.47-0.68x.  The direct request is
+ * two loopback hops and two wake-ups (client to server, server to client; 21-45 us in
+ * all); the forward adds two of each, 13-21 us of this program's CPU a request (perf stat:
+ * two context switches and six syscalls, epoll_wait and two splices a hop, the fewest a
+ * relay in user space makes), nearly all the kernel's TCP send and the receiver's
+ * delivery, charged to whoever sends.  A relay's hop costs about what the client's and
+ * the server's do, so the rate nears half.  A fresh connection: 0.68-0.83x for the fast
+ * server, 65-90 us of this program's CPU each (perf record: a third in the second
+ * connection's handshake and its FINs, a quarter in the splices, a fifth in epoll_wait's
+ * sleeps and wake-ups, a tenth in the accept and the owner check's calls);
+ * http.server, whose GET costs three times the fast one's, 0.86-0.97x in the three runs
+ * of 9 rounds (0.58-1.41x in the five earlier runs of 5 rounds).  What the capsule costs the server is not in
+ * these ratios: the report's host-run server says it (the capsule's server was 0.52-1.02x
+ * the host-run one's rate on fresh connections and 0.93-1.45x on a kept one).
  *
  * Tried and not kept: a BPF sockhash with an SK_SKB verdict program redirecting each
  * side's bytes to the other (a standalone prototype, host loopback, same runs against this
@@ -60,6 +67,17 @@
  * and a psock per socket), and a server's FIN, passed on at once, overtook its answer still
  * queued for that worker (the client saw EOF and no bytes); waiting instead, polling until
  * the other socket had sent all the first had received, cost 27-33 ms a connection.
+ * And, each against this program in the same runs (the forward's own rate ratio, perf
+ * stat's CPU per GET, medians of 6-12 rounds): recv and send through one buffer instead
+ * of the splices, the pipe kept for what the other side does not take at once (the same
+ * calls a hop): on a kept connection 16-19 us a request against 18-21 and 0.61-0.64x
+ * against 0.59-0.63x in three runs, fresh ones within the runs' spread; a few percent,
+ * far from the target, for giving up splice's page moves on large transfers.  Reno on
+ * the spares instead of the system's BBR (no pacing timers, as splice.unpaced gives the
+ * jail's side): no change.  Polling epoll without sleeping for 10, 30 or 50 us after each
+ * batch, to be awake when the answer comes: worse, 0.50x, 0.45x and 0.39x against 0.62x
+ * kept alive, as the spin takes the CPU the client and the server need (this program's
+ * CPU per kept request 26, 37 and 43 us against 13).
  *
  * The control protocol: each datagram is a code byte, then ASCII fields split by single
  * spaces.  ``ccw-forward --protocol`` prints the codes ("message NAME CODE" lines) and the
