@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import ipaddress
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import trio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from mcp_server.core.placeholders import CapsuleSecrets
 from mcp_server.core.secretbind import make_binding
@@ -175,12 +179,9 @@ def test_an_upstream_the_host_does_not_trust_is_a_502(monkeypatch: pytest.Monkey
     assert "certificate verify failed" in str(records[0]["reason"])
 
 
-def test_a_second_connection_resumes_the_upstreams_session() -> None:
-    """The proxy offers an upstream's last session at its next connection (tlsterm ``_SESSIONS``):
-    the second handshake resumes it.  An upstream that does not know the ticket gets a full
-    handshake, verified (the other tests here: their upstream has a context a connection)."""
-    context = server_context(PUBLIC.leaf("127.0.0.1", NOW))  # one ticket key for both connections
-    resumed: list[bool] = []
+def saying_ok(context: ssl.SSLContext, resumed: list[bool]) -> Callable[[trio.SocketStream, Upstream], Awaitable[None]]:
+    """A TLS upstream answering ``ok`` to one request a connection, with ``context`` (one ticket key
+    for all its connections); ``resumed`` gets whether each connection resumed a session."""
 
     async def serve(stream: trio.SocketStream, state: Upstream) -> None:
         tls = trio.SSLStream(stream, context, server_side=True)
@@ -191,6 +192,16 @@ def test_a_second_connection_resumes_the_upstreams_session() -> None:
             resumed.append(tls.session_reused)
             await tls.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             await tls.aclose()
+
+    return serve
+
+
+def test_a_second_connection_resumes_the_upstreams_session() -> None:
+    """The proxy offers an upstream's last session at its next connection (tlsterm ``_SESSIONS``):
+    the second handshake resumes it.  An upstream that does not know the ticket gets a full
+    handshake, verified (the other tests here: their upstream has a context a connection)."""
+    resumed: list[bool] = []
+    serve = saying_ok(server_context(PUBLIC.leaf("127.0.0.1", NOW)), resumed)  # one ticket key for both
 
     async def main() -> list[bytes]:
         async with upstream(serve) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
@@ -205,3 +216,57 @@ def test_a_second_connection_resumes_the_upstreams_session() -> None:
     answers = trio.run(main)
     assert all(answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok") for answer in answers)
     assert resumed == [False, True]
+
+
+def _leaf_for_both(ca_key: ec.EllipticCurvePrivateKey, issuer: x509.Name, path: Path) -> None:
+    """A server certificate (and key, in ``path``) valid for both localhost and 127.0.0.1."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([])).issuer_name(issuer)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(NOW - dt.timedelta(minutes=5)).not_valid_after(NOW + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(names), critical=True)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(ca_key, hashes.SHA256()))
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()) + cert.public_bytes(serialization.Encoding.PEM))
+
+
+def test_an_upstream_session_is_offered_only_to_the_name_and_port_it_was_verified_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ports of one server (one ticket key, a certificate for both names), reached as 127.0.0.1 and
+    as localhost: a session verified for one name and port is not offered to the other name, nor to
+    the other port, though the server would take its ticket; it is offered to its own again."""
+    public = make_authority(["127.0.0.1", "localhost"], NOW)
+    (tmp_path / "trust.pem").write_bytes(public.cert_pem())
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "trust.pem"))
+    tlsterm.upstream_context.cache_clear()
+    monkeypatch.setattr(tlsterm, "_SESSIONS", {})
+    _leaf_for_both(public.key, public.cert.subject, tmp_path / "server.pem")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "server.pem")
+    server_saw: list[bool] = []
+    serve = saying_ok(context, server_saw)
+
+    async def one(port: int, name: str) -> bool:
+        sock = trio.socket.socket()
+        await sock.connect(("127.0.0.1", port))
+        wire = await tlsterm.connect(sock, name)
+        await wire.send(memoryview(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % name.encode()))
+        answer = b""
+        while data := await wire.recv(65536):
+            answer += data
+        assert answer.endswith(b"ok"), answer
+        wire.close()  # keeps a new session for its name and port
+        return wire.tls.session_reused
+
+    async def main() -> tuple[list[bool], int, int]:
+        async with upstream(serve) as first, upstream(serve) as second:
+            return [await one(first.port, "127.0.0.1"), await one(first.port, "localhost"),
+                    await one(second.port, "127.0.0.1"), await one(first.port, "127.0.0.1"),
+                    await one(first.port, "localhost")], first.port, second.port
+
+    reused, first, second = trio.run(main)
+    assert reused == [False, False, False, True, True]
+    assert server_saw == reused  # OpenSSL would offer a session to any name: the proxy's key is the guard
+    assert set(tlsterm._SESSIONS) == {("127.0.0.1", first), ("localhost", first), ("127.0.0.1", second)}

@@ -1,7 +1,8 @@
 """One forwarded request's exchange, plain or read out of terminated TLS (egress/proxy.py, egress/tlsterm.py).
 
 The request's head has been judged and sent upstream; ``Exchange`` then sends its body
-(re-framed by h11, each piece scanned for placeholders when the capsule holds secrets)
+(re-framed by h11, each piece scanned for placeholders when the capsule holds secrets;
+a request without one, read whole with its head, needs no task beside the response's)
 and relays the response: its head rewritten without hop-by-hop headers and with
 ``Connection: close``, its body raw until the upstream closes (spliced when both ends
 are sockets: ``splice.copy_to_eof``), or through a ``Masker`` when values went in.
@@ -119,6 +120,10 @@ class Exchange:
     async def run(self, head: bytes) -> None:
         try:
             await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
+            if self._bodiless():
+                await self._request_body()  # its end only: nothing to wait for, no task to start
+                await self._response()
+                return
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._request_body)
                 await self._response()
@@ -133,6 +138,17 @@ class Exchange:
             pass  # the record keeps the bytes so far and any cut; both sides close
         finally:
             self.upstream.close()
+
+    def _bodiless(self) -> bool:
+        """Whether the request's next event is its end (a GET's, most often): read with its head, so
+        sending its body is sending nothing, or a chunked body's last chunk, and it needs no task
+        beside the response's."""
+        if not self.early:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                return False
+            self.early.append(event)
+        return isinstance(self.early[0], h11.EndOfMessage)
 
     async def _request_body(self) -> None:
         while True:

@@ -34,9 +34,13 @@ other CONNECT stays an end-to-end tunnel.  What this module decides:
 plain path's relay runs on it unchanged; a closed or broken TLS stream reads as the end
 of the stream, as a reset socket does.
 
-**A response body is relayed in a worker thread** (``copy_to_eof``, as splice.py relays a
-tunnel's), once the request has been sent whole: decrypted from the upstream and encrypted
-for the jail in a plain loop of ``poll``, ``readv`` and ``write``, where the trio relay took
+**A short response body is relayed in trio, a long one's rest in a worker thread.**  The
+first ``BUFFER_SIZE`` of a body (``_copy_first``: most often all of it, read with its
+head) goes in trio, waiting there as any socket does, so a short answer takes no
+thread's round trip (its start, an eventfd, two wakeups); its last bytes and close_notify
+leave in one send.  The rest of a longer body (``copy_to_eof``, as splice.py relays a
+tunnel's) goes in a thread once the request has been sent whole: decrypted from the
+upstream and encrypted for the jail in a plain loop of ``poll``, ``readv`` and ``write``, where the trio relay took
 about four scheduler rounds a 256 KiB chunk.  The work per byte is the same (two AES-GCM
 passes, the memory BIOs' copies, the kernel's), but the interpreter, trio's rounds mostly,
 was a fifth of the proxy's CPU (perf: libpython 19% of its samples, libcrypto 33%, the
@@ -78,6 +82,7 @@ from mcp_server.egress.splice import in_thread, threads_free
 from sandbox.errors import CcwError
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n"
+RECORD = 16 * 1024  # a TLS record's most plaintext
 TERMINATED = "terminated"
 HANDSHAKE_TIMEOUT = 30.0
 
@@ -137,7 +142,10 @@ class TlsWire:
     async def handshake(cls, raw: trio.socket.SocketType, context: ssl.SSLContext, first: bytes, *,
                         server_hostname: str | None = None, session: ssl.SSLSession | None = None) -> TlsWire:
         """The handshake done over ``raw`` (``first``: bytes already read from it; a server without
-        ``server_hostname``; ``session``: one to resume); ssl.SSLError or ConnectionError if it fails."""
+        ``server_hostname``; ``session``: one to resume); ssl.SSLError or ConnectionError if it fails.
+        Its last flight (a client's Finished, a TLS 1.3 server's tickets) is left for the wire's
+        next send or wait to carry (``recv_into`` flushes before it waits): it then travels with
+        the request or the answer, a segment and a wakeup fewer each side."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         tls = context.wrap_bio(incoming, outgoing, server_side=server_hostname is None,
                                server_hostname=server_hostname, session=session)
@@ -151,14 +159,23 @@ class TlsWire:
                 await wire._flush()
                 if not await wire._fill():
                     raise ConnectionError("the other side closed during the TLS handshake") from None
-        await wire._flush()
         return wire
 
     async def _flush(self) -> None:
-        async with self._sending:
+        """What the TLS object has made to send, sent; nothing to send takes no trip through trio's
+        scheduler, and an uncontended lock none either (the send is one)."""
+        if not self.outgoing.pending:
+            return
+        if self._sending.locked():
+            await self._sending.acquire()
+        else:
+            self._sending.acquire_nowait()
+        try:
             data = self.outgoing.read()
             if data:
                 await send_all(self.raw, data)
+        finally:
+            self._sending.release()
 
     async def _fill(self) -> bool:
         received = await self.raw.recv_into(self._received)
@@ -226,12 +243,41 @@ class TlsWire:
             _SESSIONS[self.resumes] = (self.tls.context, session)
         self.raw.close()
 
+    def _seal(self, plain: memoryview, attempt: Attempt, budget: Budget) -> int:
+        """``plain`` charged as relayed in and encrypted into the outgoing buffer: how much of it the
+        budget let through.  BrokenPipeError if the TLS object refuses it."""
+        granted = attempt.charge(budget, len(plain), outbound=False)
+        try:
+            self.tls.write(plain[:granted])
+        except ssl.SSLError as exc:
+            raise BrokenPipeError(str(exc)) from None
+        return granted
+
+    def _read_socket(self) -> None:
+        """One read of the socket, without waiting, into the TLS object: the socket's end or a reset
+        as the stream's end (as ``recv_into`` reads them).  BlockingIOError if nothing has come."""
+        try:
+            received = os.readv(self.raw.fileno(), [self._received])
+        except BlockingIOError:
+            raise
+        except OSError:
+            received = 0
+        if received:
+            self.incoming.write(self._view[:received])
+        else:
+            self.incoming.write_eof()
+
+    def _notify_close(self) -> None:
+        """close_notify into the outgoing buffer (the next flush sends it); once said, saying it
+        again adds nothing."""
+        with contextlib.suppress(ssl.SSLError, OSError):
+            self.tls.unwrap()  # raises SSLWantReadError once sent: the peer's has not come
+
     async def finish(self) -> None:
         """Say close_notify (a client reading a body to its end needs it: GnuTLS's, in git,
         fails without it), then close."""
-        with contextlib.suppress(ssl.SSLError, OSError), trio.move_on_after(5):
-            with contextlib.suppress(ssl.SSLWantReadError):
-                self.tls.unwrap()
+        with contextlib.suppress(OSError), trio.move_on_after(5):
+            self._notify_close()
             await self._flush()
         self.raw.close()
 
@@ -264,11 +310,7 @@ def _copy(src: TlsWire, dst: TlsWire, attempt: Attempt, budget: Budget, stop: in
     while not stopping.is_set():
         size, more = src._decrypted(view)
         if size:
-            granted = attempt.charge(budget, size, outbound=False)
-            try:
-                dst.tls.write(view[:granted])
-            except ssl.SSLError as exc:
-                raise BrokenPipeError(str(exc)) from None
+            granted = dst._seal(view[:size], attempt, budget)
             _write_all(jail, dst.outgoing.read(), stop)
             if granted < size:
                 return True
@@ -277,23 +319,53 @@ def _copy(src: TlsWire, dst: TlsWire, attempt: Attempt, budget: Budget, stop: in
             return False
         _write_all(upstream, src.outgoing.read(), stop)  # what the reads made to answer, if anything
         try:
-            received = os.readv(upstream, [src._received])
+            src._read_socket()
         except BlockingIOError:
             _wait(upstream, select.POLLIN, stop)
-            continue
-        except OSError:
-            received = 0  # a reset: the end of the stream, as ``TlsWire.recv_into`` reads it
-        if received:
-            src.incoming.write(src._view[:received])
-        else:
-            src.incoming.write_eof()
     return False
+
+
+async def _copy_first(src: TlsWire, dst: TlsWire, attempt: Attempt, budget: Budget) -> bool | None:
+    """``src``'s plaintext into ``dst`` in trio, until its end (False), the budget's (True), or
+    ``BUFFER_SIZE`` relayed (None: the rest is a bulk body, ``copy_to_eof``'s thread takes it on).
+    Waits in trio, not in a thread; between waits it does at most ``BUFFER_SIZE`` of work."""
+    buffer = bytearray(RECORD)
+    view = memoryview(buffer)
+    relayed = 0
+    while relayed < BUFFER_SIZE:
+        size, more = src._decrypted(view)
+        if size:
+            granted = dst._seal(view[:size], attempt, budget)
+            relayed += granted
+            if granted < size:
+                await dst._flush()
+                return True
+            continue
+        if not more:  # the body's end is the connection's (``Connection: close``): its last bytes and
+            dst._notify_close()  # close_notify go in one send, and ``finish`` has nothing left to say
+            await dst._flush()
+            return False
+        await dst._flush()  # what the jail may have now, before any wait
+        await src._flush()  # what the reads made to answer, if anything
+        try:
+            src._read_socket()
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(src.raw)
+    await dst._flush()
+    return None
 
 
 async def copy_to_eof(src: TlsWire, dst: TlsWire, attempt: Attempt, budget: Budget) -> None:
     """A response body from the upstream's TLS to the jail's until its end (or the budget's:
-    ByteCapReached), in a worker thread while one is free (the module's notes), else by the trio
-    relay.  Only once the request has been sent whole: the thread must be the TLS objects' only user."""
+    ByteCapReached).  Its first ``BUFFER_SIZE`` in trio (``_copy_first``): a short body, most
+    often already read whole with its head, ends there, without a thread's round trip.  The
+    rest in a worker thread while one is free (the module's notes), else by the trio relay.
+    Only once the request has been sent whole: the thread must be the TLS objects' only user."""
+    first = await _copy_first(src, dst, attempt, budget)
+    if first is not None:
+        if first:
+            raise ByteCapReached
+        return
     if not threads_free():
         await pump(src, dst, attempt, budget, outbound=False)
         return
