@@ -134,7 +134,11 @@ class TlsWire:
                  outgoing: ssl.MemoryBIO) -> None:
         self.raw, self.tls, self.incoming, self.outgoing = raw, tls, incoming, outgoing
         self._sending = trio.Lock()
-        self._received = bytearray(BUFFER_SIZE)  # the socket's bytes, on their way into ``incoming``
+        # The socket's bytes, on their way into ``incoming``: two records' room, grown to BUFFER_SIZE
+        # by the first read that fills it (``_took``).  A connection that carries one short exchange
+        # (most) then never asks for 256 KiB that malloc hands back to the system at its free and
+        # the kernel faults in and zeroes again at the next connection's.
+        self._received = bytearray(2 * RECORD)
         self._view = memoryview(self._received)
         self.resumes: tuple[str, int] | None = None  # an upstream's host:port, whose session ``close`` keeps
 
@@ -182,8 +186,17 @@ class TlsWire:
         if not received:
             self.incoming.write_eof()
             return False
-        self.incoming.write(self._view[:received])
+        self._took(received)
         return True
+
+    def _took(self, received: int) -> None:
+        """``received`` bytes of the socket's, read into ``_received``, into ``incoming``; a read
+        that filled it grows it for the next (a bulk body)."""
+        self.incoming.write(self._view[:received])
+        if received == len(self._received) < BUFFER_SIZE:
+            self._view.release()
+            self._received = bytearray(BUFFER_SIZE)
+            self._view = memoryview(self._received)
 
     def _decrypted(self, view: memoryview) -> tuple[int, bool]:
         """The plaintext the records already read hold, decrypted straight into ``view`` (as much as
@@ -263,7 +276,7 @@ class TlsWire:
         except OSError:
             received = 0
         if received:
-            self.incoming.write(self._view[:received])
+            self._took(received)
         else:
             self.incoming.write_eof()
 
