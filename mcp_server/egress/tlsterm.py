@@ -56,7 +56,8 @@ it to answer (a TLS 1.3 key update) is sent from the thread too.  kTLS would mov
 encryption into the kernel and let the relay splice; this kernel is built without
 ``CONFIG_TLS`` and this Python has no ``OP_ENABLE_KTLS`` (3.12 added it), so neither is tried.
 AES-128-GCM instead of AES-256-GCM (OpenSSL's first choice) would need ctypes to set TLS 1.3
-suites, and ``openssl speed`` measured the two alike on this CPU (VAES): not tried either.
+suites; ``openssl speed`` gives 4.1 against 3.1 GB/s at 16 KiB, about 0.03 s of the
+proxy's 0.2-0.45 s of CPU on 200 MiB: not tried either.
 """
 
 from __future__ import annotations
@@ -98,10 +99,15 @@ def upstream_context() -> ssl.SSLContext:
 
 # The last session each upstream host:port gave (a TLS 1.3 ticket), offered at the next
 # connection there: a resumed handshake skips the certificate chain's verification and the
-# server's signature (about 0.8 ms of the proxy's, a connection), which the session proves
-# was done for that name with ``upstream_context``.  A session of another context (the
+# server's signature, which the session proves was done for that name with
+# ``upstream_context``.  Measured in memory: the client's side of a handshake 0.7-0.85 ms
+# full, 0.25-0.4 ms resumed, but ``wrap_bio(session=)`` takes 0.23-0.38 ms more (Python
+# copies the session through DER, parsing the peer's certificate again): the proxy saves
+# little CPU; the upstream is spared its signature and its chain's bytes.  A session of another context (the
 # trust store reloaded) is not offered; the server may refuse a ticket, and then the
-# handshake is a full one, verified.
+# handshake is a full one, verified.  The key is the name the session was verified for and
+# the port: OpenSSL offers whatever session it is given, and a server whose ticket key
+# serves several names would resume it for another (tests/test_egress_tls.py).
 _SESSIONS: dict[tuple[str, int], tuple[ssl.SSLContext, ssl.SSLSession]] = {}
 MAX_SESSIONS = 1024
 
