@@ -16,13 +16,17 @@ import pytest
 from mcp_server.capsules.merge import Question, report
 from mcp_server.capsules.merge3 import ABSENT, State, merge_file, merge_path
 from mcp_server.capsules.merge_plan import Side, pairs, read_plan
-from mcp_server.capsules.merge_write import _apply, ops_of, view_side
+from mcp_server.capsules.merge_write import _apply, ops_of, view_side, write
 from mcp_server.cli.merge import succeeded, text
 from mcp_server.fs import changeset
 from mcp_server.fs.statcache import RACY_NS, StatCache, digest_of
 from mcp_server.fs.view import RootView
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
+from mcp_server.state import State as StateDir
 from mcp_server.tools.merge import TOOLS
 from sandbox.replies import Change
+from sandbox.spec import CapsuleSpec
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git merges both-sided text")
 
@@ -145,7 +149,8 @@ def test_three_sides_fold_and_name_the_pair_that_clashes() -> None:
     a, b = _edit(BASE, 2, b"a\n"), _edit(BASE, 15, b"b\n")
     c = _edit(BASE, 15, b"c\n")
     clean = merge_path("f", _file(BASE), [("A", _file(a)), ("B", _file(b)), ("same", _file(b))])
-    assert clean.state is not None and b"a\n" in clean.state.data and b"\nb\n" in clean.state.data
+    assert clean.state is not None and clean.state.data is not None
+    assert b"a\n" in clean.state.data and b"\nb\n" in clean.state.data
     out = merge_path("f", _file(BASE), [("A", _file(a)), ("B", _file(b)), ("C", _file(c))])
     assert out.conflict and out.sides == ("A+B", "C")
 
@@ -303,7 +308,7 @@ def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -
     contents = {o.path: o.state for o in plan.outcomes.values() if o.state is not None}
     dated = [o.path for o in plan.changed if o.state is not None and o.state.kind == "file"]
     with RootView.open(str(target)) as view:
-        mtimes = _apply(view, ops_of(plan, plan.base), contents, plan.base, dated)
+        mtimes = _apply(view, ops_of(plan, plan.base), contents, plan.base)
     assert sorted(mtimes) == sorted(dated)
     for path, state in contents.items():
         got = target / path
@@ -314,6 +319,43 @@ def test_a_merge_of_many_files_is_written_whole_by_its_writers(tmp_path: Path) -
         elif state.kind == "file":
             assert got.read_bytes() == state.data and os.stat(got).st_mtime_ns == mtimes[path], path
     assert sorted(name for name in os.listdir(target / "d1") if name.startswith(".ccw-merge")) == []
+
+
+def test_a_merge_written_into_a_copy_of_its_first_side_journals_the_mtimes_its_files_hold(tmp_path: Path) -> None:
+    """merge_write.write into a view holding the first side (as a fork of it does): only the second side's
+    files are written, and every journaled row's mtime is the mtime its file holds, the first side's kept
+    files' taken from the plan's reads (Plan.mtimes), not stat'ed again."""
+    base, one, two, target = (tmp_path / name for name in ("base", "one", "two", "target"))
+    _tree(base, {f"d{d}/f{i}.txt": b"%d %d\n" % (d, i) for d in range(2) for i in range(6)})
+    for copy in (one, two):
+        shutil.copytree(base, copy, symlinks=True)
+    _tree(one, {f"d0/f{i}.txt": b"one %d\n" % i for i in range(6)})
+    _tree(two, {**{f"d1/f{i}.txt": b"two %d\n" % i for i in range(6)}, "d2/new.txt": b"new\n"})
+    shutil.copytree(one, target, symlinks=True)  # copy2 keeps each file's mtime, as a fork shows its parent's
+    changes = [[Change(f"d0/f{i}.txt", "modified", "file") for i in range(6)],
+               [Change(f"d1/f{i}.txt", "modified", "file") for i in range(6)] + [
+                Change("d2", "added", "dir"), Change("d2/new.txt", "added", "file")]]
+    sides = [Side(name, os.open(root, os.O_RDONLY | os.O_DIRECTORY), listed)
+             for name, root, listed in zip(("one", "two"), (one, two), changes, strict=True)]
+    plan = read_plan(str(base), sides, None)
+    kept = {f"d0/f{i}.txt": os.stat(one / f"d0/f{i}.txt").st_mtime_ns for i in range(6)}
+    assert plan.mtimes["one"] == kept
+    state = StateDir(tmp_path / "state")
+    Journal(state).add_capsule(CapsuleRecord(capsule_id="cap_merged", spec=CapsuleSpec(workspace=str(base)),
+                                             parent=None, created_at="", clock="", isolation={}, mount="",
+                                             base_fingerprint=None, destroyed_at=None))
+    untouched = {path: os.stat(target / path).st_mtime_ns for path in kept}
+    changed = write(state, "cap_merged", os.open(target, os.O_RDONLY | os.O_DIRECTORY), plan, {},
+                    plan.sides["one"], {**kept, "d0/f0.txt": 1})  # a kept mtime is taken as given
+    assert changed == sorted(one.path for one in plan.changed) and len(changed) == 14
+    assert {path: os.stat(target / path).st_mtime_ns for path in kept} == untouched  # none was rewritten
+    rows = {row["path"]: row for row in Journal(state).writes("cap_merged")}
+    assert rows["d0/f0.txt"]["mtime_ns"] == 1 and rows["d2"]["action"] == "chmod"
+    for path, row in rows.items():
+        if row["action"] == "write" and path != "d0/f0.txt":
+            assert (target / path).read_bytes() == plan.outcomes[path].state.data  # type: ignore[union-attr]
+            assert os.stat(target / path).st_mtime_ns == row["mtime_ns"], path
+    state.close()
 
 
 def test_a_merge_with_no_file_to_write_deletes_and_sets_modes_only(tmp_path: Path) -> None:
@@ -331,5 +373,5 @@ def test_a_merge_with_no_file_to_write_deletes_and_sets_modes_only(tmp_path: Pat
     assert [(op.action, op.path) for op in ops] == [("delete", "b.txt"), ("chmod", "a.txt")]
     contents = {o.path: o.state for o in plan.outcomes.values() if o.state is not None}
     with RootView.open(str(target)) as view:
-        assert _apply(view, ops, contents, plan.base, []) == {}
+        assert _apply(view, ops, contents, plan.base) == {}
     assert sorted(os.listdir(target)) == ["a.txt"] and (target / "a.txt").stat().st_mode & 0o777 == 0o755

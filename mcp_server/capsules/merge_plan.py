@@ -28,6 +28,7 @@ import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import combinations
 
 from mcp_server.capsules.merge3 import ABSENT, Outcome, State, merge_path
@@ -58,15 +59,17 @@ class Plan:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     sides: dict[str, dict[str, State]] = field(default_factory=dict)  # capsule -> path -> state
     lower: dict[str, State] = field(default_factory=dict)  # the capsules' base directory (``base`` without an ancestor)
+    mtimes: dict[str, dict[str, int]] = field(default_factory=dict)  # capsule -> path -> its file's mtime (ns), as read
 
     @property
     def conflicts(self) -> list[Outcome]:
         """The paths that could not be merged, in path order."""
         return [one for one in self.outcomes.values() if one.conflict]
 
-    @property
+    @cached_property
     def changed(self) -> list[Outcome]:
-        """The merged paths whose state differs from the base, in path order."""
+        """The merged paths whose state differs from the base, in path order (worked out once, asked
+        for by the report and the write: read only once ``read_plan`` has made the plan whole)."""
         return [one for one in self.outcomes.values() if not one.conflict and one.state != self.base[one.path]]
 
 
@@ -83,10 +86,21 @@ def _state(dirs: DirFds, path: str, side: ViewSide | None) -> State:
     return State(side.kind, side.mode, None, side.target)
 
 
-def _states(view: RootView, found: dict[str, ViewSide | None]) -> dict[str, State]:
-    """The states ``expand`` found at these paths of ``view``, files' bytes read, in path order."""
+def _states(view: RootView, found: dict[str, ViewSide | None]) -> tuple[dict[str, State], dict[str, int]]:
+    """The states ``expand`` found at these paths of ``view``, files' bytes read, in path order, and each
+    file's mtime as read (a merged capsule forked from this side holds the same file there: merge_write
+    journals that mtime without a stat of its own)."""
+    states: dict[str, State] = {}
+    mtimes: dict[str, int] = {}
     with DirFds(view) as dirs:
-        return {path: _state(dirs, path, found[path]) for path in sorted(found, key=_key)}
+        for path in sorted(found, key=_key):
+            side = found[path]
+            if side is not None and side.kind == "file":
+                data, mtimes[path] = dirs.read_dated(path)
+                states[path] = State("file", side.mode, data)
+            else:
+                states[path] = _state(dirs, path, side)
+    return states, mtimes
 
 
 def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache, needed: bool,
@@ -122,11 +136,11 @@ def _base_states(view: RootView, found: dict[str, ViewSide | None], needed: set[
                 for path in sorted(found, key=_key)}
 
 
-def _needing_bytes(named: dict[str, dict[str, ViewSide | None]], ancestor: Side | None) -> set[str]:
+def _needing_bytes(named: dict[str, dict[str, ViewSide | None]], ancestor: str | None) -> set[str]:
     """The paths where the base directory's bytes may be merged or written: named by two sides, or by
     the common ancestor (an input that undid its change holds the base directory's bytes there)."""
     seen: set[str] = set()
-    twice: set[str] = set(named[ancestor.name]) if ancestor else set()
+    twice: set[str] = set(named[ancestor]) if ancestor else set()
     for paths in named.values():
         twice |= seen & paths.keys()
         seen |= paths.keys()
@@ -150,6 +164,50 @@ def _conflicts_read(plan: Plan, low: RootView) -> None:
                     states[path] = full
 
 
+@dataclass(frozen=True)
+class SideRead:
+    """One capsule's change as read through its view: the state ``expand`` found under each path it
+    names (``named``: new, ``olds``: the base directory's), those paths' states with files' bytes,
+    and each file's mtime as read (``_states``)."""
+
+    named: dict[str, ViewSide | None]
+    olds: dict[str, ViewSide | None]
+    states: dict[str, State]
+    mtimes: dict[str, int]
+
+
+def read_side(low: RootView, side: Side, infos: dict[str, os.stat_result]) -> SideRead:
+    """``expand`` one capsule's change list against the base directory ``low`` and read the states
+    it names (files' bytes too); its root is closed.  ``infos`` gathers the base files' lstat, as
+    ``expand`` took them, for ``combine`` (one dict for all sides: each entry is one atomic store)."""
+    with RootView.from_fd(side.root_fd) as view:
+        entries = changeset.expand(side.changes, low, view, infos)
+        named = {entry.path: entry.new for entry in entries}
+        states, mtimes = _states(view, named)
+    return SideRead(named, {entry.path: entry.old for entry in entries}, states, mtimes)
+
+
+def combine(low: RootView, sides: list[str], ancestor: str | None, reads: dict[str, SideRead],
+            cache: StatCache, infos: dict[str, os.stat_result]) -> Plan:
+    """The plan from each capsule's ``read_side`` (``sides``: the inputs' names in order, ``ancestor``:
+    their common ancestor's, or None where the merge base is ``low`` itself): the base directory read
+    under every path any of them names, its bytes only where ``_needing_bytes`` says (``cache``: its
+    stat cache), then each path merged."""
+    every = [*sides, *([ancestor] if ancestor else [])]
+    named = {name: reads[name].named for name in every}
+    olds = {path: old for name in every for path, old in reads[name].olds.items()}
+    ordered = sorted(olds, key=_key)
+    under = _base_states(low, olds, _needing_bytes(named, ancestor), cache, infos)
+    read = {name: {path: reads[name].states.get(path, under[path]) for path in ordered} for name in every}
+    plan = Plan(base=read[ancestor] if ancestor else under, sides={name: read[name] for name in sides}, lower=under,
+                mtimes={name: reads[name].mtimes for name in every})
+    for path in ordered:
+        plan.outcomes[path] = merge_path(path, plan.base[path], [(name, plan.sides[name][path]) for name in sides])
+    _parents_hold(plan)
+    _conflicts_read(plan, low)
+    return plan
+
+
 def read_plan(lower: str, sides: list[Side], ancestor: Side | None, cache: StatCache | None = None) -> Plan:
     """Read and merge: ``lower`` the capsules' base directory; the merge base is their common
     ``ancestor`` capsule's view, or ``lower`` itself when they have none.  The roots are closed.
@@ -159,35 +217,21 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None, cache: StatC
     too, and a change it undid is a path its parent's list names).  ``expand`` has already
     looked at each named path in both trees: only files' bytes are read after it, and the base
     directory's only where ``_needing_bytes`` says (``cache``: its stat cache, none kept without).
-    The trees are expanded and read ``READERS`` at a time (the reads are syscalls: threads
-    overlap on two cores)."""
+    The trees are read ``READERS`` at a time (the reads are syscalls: threads overlap on two
+    cores); capsules/merge.py reads each as soon as the helper has listed it instead."""
     every = [*sides, *([ancestor] if ancestor else [])]
-    views = [RootView.from_fd(side.root_fd) for side in every]
-    cache = cache or StatCache(lower)
+    handed = 0
     try:
         with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
-            infos: dict[str, os.stat_result] = {}  # one dict for all: each entry is one atomic store
-            found = list(pool.map(lambda side, view: changeset.expand(side.changes, low, view, infos), every, views))
-            named = {side.name: {entry.path: entry.new for entry in entries}
-                     for side, entries in zip(every, found, strict=True)}
-            olds = {entry.path: entry.old for entries in found for entry in entries}
-            ordered = sorted(olds, key=_key)
-            jobs = [pool.submit(_base_states, low, olds, _needing_bytes(named, ancestor), cache, infos),
-                    *(pool.submit(_states, view, named[side.name]) for side, view in zip(every, views, strict=True))]
-            under, *mine = [job.result() for job in jobs]
-            read = {side.name: {path: states.get(path, under[path]) for path in ordered}
-                    for side, states in zip(every, mine, strict=True)}
-            plan = Plan(base=read[ancestor.name] if ancestor else under,
-                        sides={side.name: read[side.name] for side in sides}, lower=under)
-            for path in ordered:
-                plan.outcomes[path] = merge_path(path, plan.base[path],
-                                                 [(s.name, plan.sides[s.name][path]) for s in sides])
-            _parents_hold(plan)
-            _conflicts_read(plan, low)
+            infos: dict[str, os.stat_result] = {}
+            handed = len(every)
+            jobs = [pool.submit(read_side, low, side, infos) for side in every]
+            reads = {side.name: job.result() for side, job in zip(every, jobs, strict=True)}
+            return combine(low, [side.name for side in sides], ancestor.name if ancestor else None, reads,
+                           cache or StatCache(lower), infos)
     finally:
-        for view in views:
-            view.close()
-    return plan
+        for side in every[handed:]:
+            os.close(side.root_fd)
 
 
 def _parents_hold(plan: Plan) -> None:
@@ -214,8 +258,10 @@ def pairs(plan: Plan, names: list[str]) -> list[dict[str, object]]:
     """For each pair of capsules: the paths both changed, and which of those do not merge."""
     out: list[dict[str, object]] = []
     for one, two in combinations(names, 2):
-        shared = [path for path, base in plan.base.items()
-                  if plan.sides[one][path] != base and plan.sides[two][path] != base]
+        ours, theirs = plan.sides[one], plan.sides[two]
+        # ``is`` first: a side that did not name a path holds the base's own state there
+        shared = [path for path, base in plan.base.items() if ours[path] is not base and theirs[path] is not base
+                  and ours[path] != base and theirs[path] != base]
         if len(names) == 2:  # the merge itself is this pair's
             clashing = [c.path for c in plan.conflicts]
         else:

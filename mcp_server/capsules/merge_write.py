@@ -23,7 +23,8 @@ it, see ``_rows``), with the bytes and mtimes it holds, so a witness of the merg
 capsule replays from the base alone (a witness carries its capsule's own journal, not
 its parent's); the base states the inputs recorded are recorded for it first (the first
 record wins): promotion's conflict check then asks the live tree for the states the
-attempts were made on, not the ones seen at merge time.
+attempts were made on, not the ones seen at merge time.  A file kept from the first
+input is journaled with the mtime the merge read it with (the fork shows that very file).
 """
 
 from __future__ import annotations
@@ -102,13 +103,11 @@ class _Writer:
             os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
 
 
-def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State],
-           dated: list[str]) -> dict[str, int]:
-    """The ops, in order, none fsynced (see the module's docstring); the mtime of each file of
-    ``dated``, as written or as ``start`` held it.  The files and symlinks, which no other op of
-    theirs orders (their directories are made before them, their modes set after), are written
-    ``WRITERS`` at a time, each writer with descriptors of its own: each file is a create and a
-    rename on overlayfs, syscalls that overlap on two cores."""
+def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dict[str, State]) -> dict[str, int]:
+    """The ops, in order, none fsynced (see the module's docstring); the mtime of each file written.
+    The files and symlinks, which no other op of theirs orders (their directories are made before
+    them, their modes set after), are written ``WRITERS`` at a time, each writer with descriptors of
+    its own: each file is a create and a rename on overlayfs, syscalls that overlap on two cores."""
     first = next((i for i, op in enumerate(ops) if op.action not in ("delete", "mkdir")), len(ops))
     last = next((i for i, op in enumerate(ops) if op.action == "chmod"), len(ops))
     with DirFds(view) as dirs:
@@ -119,14 +118,21 @@ def _apply(view: RootView, ops: list[Op], contents: dict[str, State], start: dic
     with ThreadPoolExecutor(WRITERS) as pool:
         parts = list(pool.map(lambda part: _write(view, part, contents, start), [
             files[at:at + share] for at in range(0, len(files), share or 1)]))
-    mtimes = {path: mtime for part in parts for path, mtime in part.items()}
+    for op in ops[last:]:
+        view.chmod(op.path, contents[op.path].mode)
+    return {path: mtime for part in parts for path, mtime in part.items()}
+
+
+def _held(view: RootView, paths: list[str], kept: dict[str, int]) -> dict[str, int]:
+    """The mtimes of files the view already holds as merged: from ``kept`` where known, else stat'ed."""
+    mtimes: dict[str, int] = {}
     with DirFds(view) as dirs:
-        for op in ops[last:]:
-            view.chmod(op.path, contents[op.path].mode)
-        for path in dated:
-            if path not in mtimes:
+        for path in paths:
+            known = kept.get(path)
+            if known is None:
                 head, _, name = path.rpartition("/")
-                mtimes[path] = os.stat(name, dir_fd=dirs.get(head), follow_symlinks=False).st_mtime_ns
+                known = os.stat(name, dir_fd=dirs.get(head), follow_symlinks=False).st_mtime_ns
+            mtimes[path] = known
     return mtimes
 
 
@@ -199,9 +205,10 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
 def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
              mtimes: dict[str, int], recorded: dict[str, str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``, in one
-    transaction), with each file's mtime as written, and the base's state where none is recorded yet
-    (``recorded``: those ``write`` recorded first)."""
+    transaction), with each file's mtime, after the base states the inputs recorded (``recorded``,
+    first: the first record wins), and then the base's state where none is recorded yet."""
     journal = Journal(state)
+    journal.record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
     journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes))
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
@@ -210,16 +217,18 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
 
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
-          start: dict[str, State]) -> list[str]:
+          start: dict[str, State], kept: dict[str, int] | None = None) -> list[str]:
     """Write the merge into the capsule, whose view holds ``start`` (its root is closed after), and
-    journal every path the merge changes against the base; those paths."""
+    journal every path the merge changes against the base; those paths.  ``kept``: the mtimes of
+    files the view holds as ``start`` does, where known (``Plan.mtimes`` of the input it was forked
+    from: the fork shows that input's files themselves, so they need no stat here)."""
     contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
-    Journal(state).record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
     ops = ops_of(plan, start)
     changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
     dated = [path for path in changed
              if contents[path].kind == "file" and not contents[path].same_bytes(plan.base[path])]
     with RootView.from_fd(root_fd) as view:
-        mtimes = _apply(view, ops, contents, start, dated)
+        mtimes = _apply(view, ops, contents, start)
+        mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
     _journal(state, capsule_id, changed, contents, plan.base, mtimes, recorded)
     return changed

@@ -305,14 +305,19 @@ class RootView:
 
 def _read_regular_fd(fd: int, rel: str, missing_ok: bool) -> bytes | None:
     """Read and close ``fd``: the content if it is a regular file, else None or an error."""
+    return _read_regular_stat(fd, rel, missing_ok)[0]
+
+
+def _read_regular_stat(fd: int, rel: str, missing_ok: bool) -> tuple[bytes | None, os.stat_result]:
+    """``_read_regular_fd`` with the file's ``fstat``, taken before its bytes were read."""
     try:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
             if missing_ok:
-                return None
+                return None, st
             raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})",
                            {"path": rel})
-        return _read_all(fd, st.st_size)
+        return _read_all(fd, st.st_size), st
     except OSError as exc:
         raise _error(exc, "read", rel) from exc
     finally:
@@ -475,6 +480,17 @@ class DirFds:
                 return None
             raise _error(exc, "read", path) from exc
         return _read_regular_fd(fd, path, missing_ok)
+
+    def read_dated(self, path: str) -> tuple[bytes, int]:
+        """A regular file's content and its mtime (ns) as it was read; an error for anything else."""
+        head, _, name = path.rpartition("/")
+        try:
+            fd = open_name(self.get(head, "read"), name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise _error(exc, "read", path) from exc
+        data, st = _read_regular_stat(fd, path, False)
+        assert data is not None
+        return data, st.st_mtime_ns
 
     def forget(self) -> None:
         """Close every descriptor; the next use resolves afresh."""
