@@ -270,3 +270,34 @@ def test_an_upstream_session_is_offered_only_to_the_name_and_port_it_was_verifie
     assert reused == [False, False, False, True, True]
     assert server_saw == reused  # OpenSSL would offer a session to any name: the proxy's key is the guard
     assert set(tlsterm._SESSIONS) == {("127.0.0.1", first), ("localhost", first), ("127.0.0.1", second)}
+
+
+def test_the_jails_client_resumes_its_session_at_its_next_connect() -> None:
+    """The leaf's server context is one a host for as long as its leaf (fs/castore.py
+    ``ServerContexts``), so the tickets it gives a client at one CONNECT resume at the next: the
+    second handshake sends no certificate and signs nothing.  The request inside is judged as ever."""
+
+    async def main() -> tuple[list[bool], list[bytes]]:
+        async with upstream(saying_ok(server_context(PUBLIC.leaf("127.0.0.1", NOW)), [])) as up, \
+                egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), store(), ServerContexts(CAPSULE))
+            reused, answers, session, context = [], [], None, client_context()
+            for _ in range(2):
+                client = await connected(proxy, up.port)
+                stream = client.transport_stream
+                assert isinstance(stream, trio.SocketStream)
+                wire = await tlsterm.TlsWire.handshake(stream.socket, context, b"",
+                                                       server_hostname="127.0.0.1", session=session)
+                await wire.send(memoryview(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n\r\n" % up.port))
+                answer = b""
+                while data := await wire.recv(65536):
+                    answer += data
+                reused.append(wire.tls.session_reused)
+                answers.append(answer)
+                session = wire.tls.session
+                await stream.aclose()
+            return reused, answers
+
+    reused, answers = trio.run(main)
+    assert reused == [False, True]
+    assert all(answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b"ok") for answer in answers)
