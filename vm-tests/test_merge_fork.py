@@ -5,7 +5,8 @@ written into it: its parent is the first input, its diff still names both inputs
 files against the base, and the first input is frozen (its execs refused, naming the
 fork) until the merged capsule is destroyed; a first input running a service is not
 forked (its service would freeze).  A workspace edited underneath the attempts after
-they changed a file refuses the merge (REPO_CHANGED) and makes nothing.
+they changed a file refuses the merge (REPO_CHANGED) and makes nothing, and a refusal
+while the inputs are read (a file name that is not UTF-8) names the input it came from.
 """
 
 from __future__ import annotations
@@ -105,3 +106,31 @@ def test_a_first_input_running_a_service_is_not_forked(tools: Any, tmp_path: Pat
     assert out["listed"][out["made"]] == out["parent"]
     assert {f["path"]: f["status"] for f in out["diff"]["files"]} == {"a.txt": "modified", "b.txt": "modified"}
     assert out["served"]["exit_code"] == 0 and out["served"]["stdout"].strip() == "200", out["served"]
+
+
+def test_a_refusal_while_the_inputs_are_read_names_the_capsule(tools: Any, tmp_path: Path) -> None:
+    """A file name that is not UTF-8 in the second input refuses the merge as the change list refuses it,
+    the message and details naming that input (merge._of), not only "the capsule's"; nothing is made."""
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        _, one, two = await _attempts(t, ws)
+        make = 'printf x > "$(printf "n\\377.txt")"'
+        bad = await t.call("capsule_exec", {"capsule_id": two, "cmd": ["sh", "-c", make]})
+        before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        try:
+            await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
+            refused = None
+        except CcwError as exc:
+            refused = exc
+        after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        return {"bad": bad, "refused": refused, "before": before, "after": after, "one": one, "two": two}
+
+    out = tools.run(scenario)
+    assert out["bad"]["exit_code"] == 0
+    refused = out["refused"]
+    assert refused is not None and refused.code == "INVALID_ARGUMENT", refused
+    assert refused.message.startswith(f"capsule {out['two']}: ") and "n\\xff.txt" in refused.message, refused.message
+    assert out["one"] not in refused.message and refused.details["capsule_id"] == out["two"]
+    assert refused.details["not_utf8"] == ["n\\xff.txt"]
+    assert out["after"] == out["before"]

@@ -164,6 +164,16 @@ def _unmoved_refs(every: list[CapsuleRecord], replies: dict[str, ChangesReply]) 
                            {"capsule_id": record.capsule_id, "refs": moved[0]["refs"]})
 
 
+def _of(capsule_id: str, exc: CcwError) -> CcwError:
+    """``exc``, raised while one input was listed or read, naming that input: a merge asks several,
+    and an error such as a file name that is not UTF-8 says "the capsule's" without saying which."""
+    if exc.details.get("capsule_id") == capsule_id:
+        return exc
+    named = CcwError(exc.code, f"capsule {capsule_id}: {exc.message}", {"capsule_id": capsule_id, **exc.details})
+    named.__cause__ = exc
+    return named
+
+
 async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], low: RootView,
                            cache: trio.Event, infos: dict[str, os.stat_result]) -> dict[str, SideRead]:
     """Each capsule's change list, asked one after another, and each read through its view
@@ -171,7 +181,8 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
     one capsule in about half the time it takes for two at once (its threads share one
     interpreter), and the front end reads the first meanwhile.  No read starts before ``cache``
     is set (the base directory's stat cache loaded: its clock must be read before any lstat).
-    Refused whole if any fails, or if a capsule's git moved refs (``_unmoved_refs``)."""
+    Refused whole if any fails (naming the capsule: ``_of``), or if a capsule's git moved refs
+    (``_unmoved_refs``)."""
     replies: dict[str, ChangesReply] = {}
     reads: dict[str, SideRead] = {}
     failed: list[CcwError] = []  # raised as itself below, not in the nursery's group
@@ -187,21 +198,22 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
             await cache.wait()
             reads[capsule_id] = await trio.to_thread.run_sync(work)
         except CcwError as exc:
-            failed.append(exc)
+            failed.append(_of(capsule_id, exc))
             scope.cancel()
         finally:
             if not taken:
                 os.close(root_fd)
 
     async def ask(nursery: trio.Nursery) -> None:
-        try:
-            for record in every:
+        for record in every:
+            try:
                 reply = replies[record.capsule_id] = await service.call(ChangesRequest(record.capsule_id))
-                nursery.start_soon(read, record.capsule_id, reply.changes, await service.open_root(record.capsule_id),
-                                   nursery.cancel_scope)
-        except CcwError as exc:
-            failed.append(exc)
-            nursery.cancel_scope.cancel()
+                root_fd = await service.open_root(record.capsule_id)
+            except CcwError as exc:
+                failed.append(_of(record.capsule_id, exc))
+                nursery.cancel_scope.cancel()
+                return
+            nursery.start_soon(read, record.capsule_id, reply.changes, root_fd, nursery.cancel_scope)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ask, nursery)
