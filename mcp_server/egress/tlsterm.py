@@ -153,9 +153,11 @@ class TlsWire:
                         server_hostname: str | None = None, session: ssl.SSLSession | None = None) -> TlsWire:
         """The handshake done over ``raw`` (``first``: bytes already read from it; a server without
         ``server_hostname``; ``session``: one to resume); ssl.SSLError or ConnectionError if it fails.
-        Its last flight (a client's Finished, a TLS 1.3 server's tickets) is left for the wire's
-        next send or wait to carry (``recv_into`` flushes before it waits): it then travels with
-        the request or the answer, a segment and a wakeup fewer each side."""
+        A server's last flight (TLS 1.3's tickets, 1.2's Finished) is left for the wire's next
+        send or wait to carry (``recv_into`` flushes before it waits): it travels with the
+        answer, a segment and a wakeup fewer.  A client's Finished goes at once: the upstream
+        would otherwise wait for it until the jail's request is judged, and a server may give
+        a handshake less time than a request."""
         incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
         tls = context.wrap_bio(incoming, outgoing, server_side=server_hostname is None,
                                server_hostname=server_hostname, session=session)
@@ -169,6 +171,8 @@ class TlsWire:
                 await wire._flush()
                 if not await wire._fill():
                     raise ConnectionError("the other side closed during the TLS handshake") from None
+        if server_hostname is not None:
+            await wire._flush()
         return wire
 
     async def _flush(self) -> None:
