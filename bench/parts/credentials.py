@@ -28,12 +28,14 @@ other sessions: the download 1.77x and 1.61x the tunnel's s/GiB (0.56x, 0.62x th
 a small request 1.59x and 2.47x; at load 5-8, the small request through the thread and
 through trio in the same run 33.3 and 34.3 ms against the tunnel's 11.6 (2.86x, 2.94x):
 the terminated path's extra hops suffer most from a busy machine, whichever relay.
-With a short body relayed in trio (no thread's round trip), the handshakes' last flights
-carried by the next send, and a TlsWire's socket buffer grown only for a bulk body
-(egress/tlsterm.py), three runs of ``credentials.py tls`` at load 1.8-2.3: a small request
-1.35x the tunnel's in each (three runs just before, at load 0.9-1.6: 1.94x, 1.73x,
-1.60x); the download 2.02x, 2.16x, 1.80x the tunnel's s/GiB (0.50x, 0.46x, 0.56x
-throughput), as before.  The proxy spends 0.2-0.45 s of CPU on the 200 MiB (two
+With a short body relayed in trio (no thread's round trip), the jail's handshake's last
+flight carried by the answer, and a TlsWire's socket buffer grown only for a bulk body
+(egress/tlsterm.py), five runs of ``credentials.py tls`` at load 1.4-2.5: a small request
+1.41x, 1.38x, 1.58x, 1.28x, 1.27x the tunnel's (three runs before these changes, at load
+0.9-1.6: 1.94x, 1.73x, 1.60x; with the upstream's Finished carried by the request too,
+1.35x in three runs, given up: that held the upstream's handshake open while the jail
+took its time); the download 2.12x, 2.32x, 2.04x, 2.14x, 2.10x the tunnel's s/GiB
+(0.43x-0.49x throughput), as before.  The proxy spends 0.2-0.45 s of CPU on the 200 MiB (two
 AES-256-GCM passes, the memory BIOs' copies and memsets, the kernel's copies), curl and
 s_server about 0.3 s more, on two cores that a tunnel leaves to curl and s_server alone; a
 second thread decrypting while the first encrypted measured the same (0.52x, 0.49x,
