@@ -6,9 +6,10 @@ half of the files and the second the other half (done once, by a shell loop in e
 jail, not timed).  The same edits are committed on two branches of a copy of the
 repository.  Timed, in turns in a new order every round:
 
-- ``capsule_merge {into: "new"}``: list and read both capsules' changes and the base,
-  merge path by path, fork the first capsule, write the second's 1,000 files into the
-  fork and journal the 2,000 (the merged capsule's destroy after it is not timed);
+- ``capsule_merge {into: "new"}``: list and read both capsules' changes (the helper lists
+  one capsule after the other, and the front end reads each as soon as it is listed) and
+  the base, merge path by path, fork the first capsule, write the second's 1,000 files
+  into the fork and journal the 2,000 (the merged capsule's destroy after it is not timed);
 - ``capsule_merge {dry_run: true}``: the same without the capsule (the merge alone);
 - ``git merge --no-edit`` of the second branch into a fresh branch at the first: the
   tree merge, the 1,000 files written to the work tree, the index and the commit (the
@@ -24,6 +25,9 @@ its work tree) once a merge has hashed them (the warm-up's, every round after), 
 those digests give the live check its states (merge._lower_recorded).  It journals all
 2,000 with their bytes (a witness of the merged capsule replays them).  The dry run is
 the merge alone, nothing written.
+
+``python bench/parts/merge.py [ROUNDS [CHANGED]]`` runs these rows alone (``bench/run.py
+many`` runs them after its fork and race rows), with the same warm-up.
 """
 
 from __future__ import annotations
@@ -32,11 +36,16 @@ import os
 import random
 import shutil
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import Row, in_process_tools, median_ms
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.common import Report, Row, in_process_tools, median_ms
 
 CHANGED = 1_000  # per capsule; the repository holds twice as many files
 SMOKE_CHANGED = 100  # --smoke: one directory a side
@@ -148,3 +157,18 @@ def rows(times: dict[str, list[float]], rounds: int, changed: int = CHANGED) -> 
         Row(f"capsule_merge of 2 x {changed} changed files, dry run", median_ms(times["dry run"]),
             baseline="git merge of the same branches", baseline_ms=git, extra=extra),
     ]
+
+
+if __name__ == "__main__":
+    import trio
+
+    ROUNDS = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    FILES = int(sys.argv[2]) if len(sys.argv) > 2 else CHANGED
+    where = Path(tempfile.mkdtemp(prefix="ccw-bench-merge-"))
+    try:
+        merged = trio.run(measured, where, ROUNDS, FILES)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    report = Report("merge")
+    report.rows.extend(rows(merged, ROUNDS, FILES))
+    print(report.to_text())
