@@ -5,12 +5,14 @@ written into it: its parent is the first input, its diff still names both inputs
 files against the base, and the first input is frozen (its execs refused, naming the
 fork) until the merged capsule is destroyed; a first input running a service is not
 forked (its service would freeze).  A workspace edited underneath the attempts after
-they changed a file refuses the merge (REPO_CHANGED) and makes nothing, and a refusal
-while the inputs are read (a file name that is not UTF-8) names the input it came from.
+they changed a file refuses the merge (REPO_CHANGED) and makes nothing, over the
+workspace itself or over a snapshot given as the base, and a refusal while the inputs
+are read (a file name that is not UTF-8) names the input it came from.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +136,39 @@ def test_a_refusal_while_the_inputs_are_read_names_the_capsule(tools: Any, tmp_p
     assert out["one"] not in refused.message and refused.details["capsule_id"] == out["two"]
     assert refused.details["not_utf8"] == ["n\\xff.txt"]
     assert out["after"] == out["before"]
+
+
+def test_attempts_over_a_snapshot_merge_and_the_workspace_is_checked_beside_the_read(
+        tools: Any, tmp_path: Path) -> None:
+    """Over a base given at creation (a copy of the workspace): the merge of two forks holds both
+    changes, and the live workspace, read while the inputs are, refuses the merge once a path an
+    input changed moved there (REPO_CHANGED), naming that path."""
+    ws = _workspace(tmp_path)
+    snapshot = tmp_path / "snapshot"
+    shutil.copytree(ws, snapshot)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        parent = (await t.call("capsule_create", {"workspace": str(ws), "base": str(snapshot)}))["capsule_id"]
+        one, two = (await t.call("capsule_fork", {"capsule_id": parent, "count": 2}))["capsule_ids"]
+        for capsule_id, script in ((one, "sed -i 's/line 2$/line two/' a.txt"),
+                                   (two, "sed -i 's/line 9$/line nine/' b.txt")):
+            assert (await t.call("capsule_exec", {"capsule_id": capsule_id, "cmd": ["sh", "-c", script]}))[
+                "exit_code"] == 0
+        merged = await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
+        look = await t.call("capsule_exec", {"capsule_id": merged["capsule_id"],
+                                             "cmd": ["sh", "-c", "sed -n 2p a.txt; sed -n 9p b.txt"]})
+        await t.call("capsule_destroy", {"capsule_id": merged["capsule_id"]})
+        (ws / "b.txt").write_text("edited on the host meanwhile\n")
+        try:
+            await t.call("capsule_merge", {"capsule_ids": [one, two], "dry_run": True})
+            refused = None
+        except CcwError as exc:
+            refused = exc
+        return {"merged": merged, "look": look, "refused": refused}
+
+    out = tools.run(scenario)
+    assert out["merged"]["base"] == {"capsule_id": out["merged"]["base"]["capsule_id"]} and out["merged"]["written"]
+    assert out["look"]["stdout"].splitlines() == ["a.txt line two", "b.txt line nine"]
+    refused = out["refused"]
+    assert refused is not None and refused.code == "REPO_CHANGED", refused
+    assert refused.details["paths"] == ["b.txt"]

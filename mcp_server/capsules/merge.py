@@ -247,11 +247,20 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
             caches.append(await trio.to_thread.run_sync(StatCache.load, service.state.root, lower))
             loaded.set()
 
+        failed: list[CcwError] = []  # raised as itself below, not in the nursery's group
+        live: dict[str, str] = {}
+        snapshot = records[0].spec.given_base is not None
+
         async def recorded() -> None:
-            each.extend(await trio.to_thread.run_sync(_recorded, service, records))
+            try:
+                each.extend(await trio.to_thread.run_sync(_recorded, service, records))
+                if snapshot:
+                    paths = sorted({path for states in each for path in states})
+                    live.update(await trio.to_thread.run_sync(_live_states, records[0].workspace, paths))
+            except CcwError as exc:
+                failed.append(exc)
 
         with RootView.open(lower) as low:
-            failed: list[CcwError] = []  # raised as itself below, not in the nursery's group
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(load)
                 nursery.start_soon(recorded)
@@ -262,21 +271,11 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
             if failed:
                 raise failed[0]
             names, common = [record.capsule_id for record in records], ancestor.capsule_id if ancestor else None
+            plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
+        if not snapshot:
             paths = {path for states in each for path in states}
-            if records[0].spec.given_base is None:
-                plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0],
-                                                     infos)
-                return plan, generation, each, await trio.to_thread.run_sync(_lower_recorded, paths, plan)
-            live: dict[str, str] = {}
-
-            async def read_live() -> None:
-                live.update(await trio.to_thread.run_sync(_live_states, records[0].workspace, sorted(paths)))
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(read_live)
-                plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0],
-                                                     infos)
-            return plan, generation, each, live
+            live = await trio.to_thread.run_sync(_lower_recorded, paths, plan)
+        return plan, generation, each, live
 
 
 def _combined(state: Any, low: RootView, names: list[str], ancestor: str | None, reads: dict[str, SideRead],

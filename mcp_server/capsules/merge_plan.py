@@ -224,8 +224,10 @@ def read_plan(lower: str, sides: list[Side], ancestor: Side | None, cache: StatC
     try:
         with RootView.open(lower) as low, ThreadPoolExecutor(READERS) as pool:
             infos: dict[str, os.stat_result] = {}
-            handed = len(every)
-            jobs = [pool.submit(read_side, low, side, infos) for side in every]
+            jobs = []
+            for side in every:
+                jobs.append(pool.submit(read_side, low, side, infos))
+                handed += 1
             reads = {side.name: job.result() for side, job in zip(every, jobs, strict=True)}
             return combine(low, [side.name for side in sides], ancestor.name if ancestor else None, reads,
                            cache or StatCache(lower), infos)
