@@ -475,6 +475,7 @@ class _Below:
 
     def __init__(self, lowers: Sequence[str], rel_dir: str | None) -> None:
         self.fds: list[int] = []
+        self.paths: list[str] = []  # each descriptor's directory, for errors
         if rel_dir is None:
             return
         try:
@@ -482,6 +483,7 @@ class _Below:
                 path = os.path.join(lower, rel_dir) if rel_dir else lower
                 try:
                     self.fds.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+                    self.paths.append(path)
                 except FileNotFoundError:
                     continue
                 except NotADirectoryError:
@@ -495,13 +497,13 @@ class _Below:
     def lookup(self, name: str) -> tuple[int, str, os.stat_result] | None:
         """The entry ``name`` in the topmost lower holding it: its directory's descriptor, its name and
         its lstat; None where no lower has it, or it is a whiteout."""
-        for fd in self.fds:
+        for fd, path in zip(self.fds, self.paths, strict=True):
             try:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
             except OSError as exc:
-                raise from_oserror(exc, "lstat", name) from exc
+                raise from_oserror(exc, "lstat", os.path.join(path, name)) from exc
             return None if is_whiteout(st) else (fd, name, st)
         return None
 

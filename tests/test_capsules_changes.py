@@ -166,6 +166,29 @@ def test_opaque_in_parent_hides_base_for_child(layers: tuple[Path, Path], tmp_pa
     assert found["opq/c.txt"]["kind"] == "added"
 
 
+def test_entries_under_a_base_file_or_a_second_lower_are_looked_up_per_directory(
+        layers: tuple[Path, Path], tmp_path: Path) -> None:
+    """collect_changes looks entries up through each lower's directory, opened once: a directory the
+    capsule made where the base has a file holds only added entries (the file hides the rest of the
+    stack, as ENOTDIR stops lower_lookup), and a lower that lacks a directory hands its names on to
+    the next, whose files are compared byte for byte."""
+    lower, upper = layers
+    second = tmp_path / "second"
+    write(second / "only" / "same.txt", "same")
+    write(second / "only" / "other.txt", "abc")
+    write(second / "f2d" / "hidden.txt", "never seen")
+    (upper / "f2d").mkdir()
+    write(upper / "f2d" / "hidden.txt", "new")
+    write(upper / "only" / "same.txt", "same")  # copied up, bytes unchanged: not listed
+    write(upper / "only" / "other.txt", "xyz")  # same size, other bytes
+    found = kinds(overlay.collect_changes([str(upper)], [str(lower), str(second)]))
+    assert found == {
+        "f2d": {"path": "f2d", "kind": "type_changed", "type": "dir", "mode": found["f2d"]["mode"]},
+        "f2d/hidden.txt": {"path": "f2d/hidden.txt", "kind": "added", "type": "file", "mode": 0o644, "size": 3},
+        "only/other.txt": {"path": "only/other.txt", "kind": "modified", "type": "file", "mode": 0o644, "size": 3},
+    }, found
+
+
 def test_lower_lookup_and_signature(layers: tuple[Path, Path]) -> None:
     lower, upper = layers
     whiteout(upper / "keep.txt")
