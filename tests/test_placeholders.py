@@ -244,3 +244,16 @@ def test_response_masker_across_every_split() -> None:
     streamed = b"".join(byte_by_byte.feed(body[i:i + 1]) for i in range(len(body))) + byte_by_byte.close()
     assert streamed == expected
     assert ResponseMasker({}).feed(b"abc") == b"abc"
+
+
+def test_a_stream_cut_inside_an_echoed_value_gives_away_none_of_it() -> None:
+    """A response that ends partway through a value (the upstream's connection cut mid-echo)
+    ends in the placeholder's beginning instead, whatever the cut."""
+    capsule = _capsule()
+    gh = capsule.env()["GH_TOKEN"].encode()
+    for size in range(1, len(TOKEN)):
+        masker = capsule.response_masker(VALUES)
+        out = masker.feed(b"echo: " + TOKEN[:size]) + masker.close()
+        assert out == b"echo: " + gh[:size] and TOKEN[: max(size, 4)] not in out
+    masker = capsule.response_masker(VALUES)
+    assert masker.feed(b"no value here") + masker.close() == b"no value here"

@@ -60,9 +60,10 @@ def host_trusts_public(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tlsterm.upstream_context.cache_clear()
 
 
-def serving(body: bytes, stall: bool = False) -> Serve:
-    """A TLS upstream answering any request with ``body`` (its whole length announced); ``stall``:
-    half of it, then nothing more until the proxy closes."""
+def serving(body: bytes, stall: bool = False, ragged: bool = False) -> Serve:
+    """A TLS upstream answering any request with ``body`` (its whole length announced, unless
+    ``ragged``: then the close delimits it, and comes without close_notify, as a cut on the
+    network would end it); ``stall``: half of it, then nothing more until the proxy closes."""
 
     async def serve(stream: trio.SocketStream, state: Upstream) -> None:
         tls = trio.SSLStream(stream, server_context(PUBLIC.leaf("127.0.0.1", NOW)), server_side=True)
@@ -71,23 +72,24 @@ def serving(body: bytes, stall: bool = False) -> Serve:
             while b"\r\n\r\n" not in received and (data := await tls.receive_some()):
                 received += data
             state.seen.append(received)
-            await tls.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            framing = b"Connection: close" if ragged else b"Content-Length: %d" % len(body)
+            await tls.send_all(b"HTTP/1.1 200 OK\r\n%s\r\n\r\n" % framing)
             await tls.send_all(body[: len(body) // 2] if stall else body)
             if stall:
                 await tls.receive_some()  # until the proxy goes
-            await tls.aclose()
+            await (tls.transport_stream.aclose() if ragged else tls.aclose())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
 
     return serve
 
 
-async def download(max_bytes: int | None = None, stall: bool = False,
-                   body: bytes = BODY) -> tuple[bytes, list[dict[str, object]], bool]:
+async def download(max_bytes: int | None = None, stall: bool = False, body: bytes = BODY,
+                   ragged: bool = False) -> tuple[bytes, list[dict[str, object]], bool]:
     """One GET through a terminated CONNECT: what the client read (head and body), the records, and
     whether the client gave up waiting (a relay that never ended, or one that ended without
     close_notify: the client's reads raise)."""
-    async with upstream(serving(body, stall)) as up, \
+    async with upstream(serving(body, stall, ragged)) as up, \
             egress(network(f"127.0.0.1:{up.port}", max_bytes=max_bytes)) as proxy:
         proxy.session.credentials = bound(up.port)
         tls = await connected(proxy, up.port)
@@ -129,7 +131,8 @@ def test_a_large_body_arrives_whole(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("relay_engine")
 def test_the_byte_cap_cuts_a_threaded_body() -> None:
     cap = 1 << 20
-    received, [record], _ragged = trio.run(download, cap)
+    received, [record], ended_badly = trio.run(download, cap)
+    assert ended_badly  # no close_notify after a cut body: the client can tell it from a whole one
     assert record["cut"] is not None and "byte cap" in str(record["cut"])
     assert 0 < len(received) <= cap and cast(int, record["bytes_in"]) <= cap
     assert received.partition(b"\r\n\r\n")[2] == BODY[: len(received.partition(b"\r\n\r\n")[2])]
@@ -164,9 +167,21 @@ def test_the_byte_cap_cuts_a_short_body_before_any_thread(monkeypatch: pytest.Mo
     threaded: list[str] = []
     monkeypatch.setattr(tlsterm, "_copy", lambda *args: threaded.append("thread"))
     cap = 20_000
-    received, [record], _ragged = trio.run(download, cap, False, SHORT)
+    received, [record], ended_badly = trio.run(download, cap, False, SHORT)
+    assert ended_badly
     assert record["cut"] is not None and "byte cap" in str(record["cut"])
     assert 0 < len(received) <= cap and cast(int, record["bytes_in"]) <= cap
     body = received.partition(b"\r\n\r\n")[2]
     assert body == SHORT[: len(body)] and len(body) < len(SHORT)
     assert threaded == []
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("body", [SHORT, BODY], ids=["in-trio", "threaded"])
+def test_an_upstream_end_without_close_notify_reaches_the_jail_without_one(body: bytes) -> None:
+    """A body the close delimits, ended by a bare TCP close (a truncation on the upstream's
+    network looks the same): end to end, the client would see the ragged end and know the body
+    may be cut; through the proxy it must too, not a close_notify that vouches for it."""
+    received, [record], ended_badly = trio.run(download, None, False, body, True)
+    assert received.partition(b"\r\n\r\n")[2] == body  # every byte the upstream sent, then no close_notify
+    assert ended_badly and record["tls"] == "terminated"

@@ -67,6 +67,31 @@ def connection_tokens(headers: list[tuple[bytes, bytes]]) -> set[bytes]:
 
 
 
+def close_delimited(head: bytes, head_only: bool) -> bool:
+    """Whether the body after a response ``head`` (as the jail gets it) ends only where the
+    connection does: no Content-Length and no chunked coding, and a status and request that
+    have a body (RFC 9112 6.3).  Only such a body can be cut without the client knowing."""
+    lines = head.split(b"\r\n")
+    status = lines[0].split(b" ", 2)
+    if head_only or len(status) < 2 or status[1][:1] == b"1" or status[1] in (b"204", b"304"):
+        return False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
+            return False
+    return True
+
+
+def content_length(head: bytes) -> int | None:
+    """A response head's Content-Length, if it has one that reads as a number."""
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
+
+
 def rewrite_response_head(head: bytes) -> bytes:
     """An upstream response head (through its blank line) with hop-by-hop headers out."""
     lines = head[:-4].split(b"\r\n")
@@ -116,28 +141,45 @@ class Exchange:
         self.refuse: Callable[[str], None] | None = None  # records a placeholder in the body
         self.early: list[object] = []  # body events read before the head went (_early_body)
         self.sent = False  # the request's body is all sent upstream
+        self.head_only = False  # a HEAD request's: its response has no body whatever its head says
+        self.delimited_by_close = False  # the response's body ends with the connection (``close_delimited``)
+        self.short = False  # a masked body, its length gone from the jail's head, short of the upstream's
 
     async def run(self, head: bytes) -> None:
+        ended = capped = False  # the response relayed to the upstream's end of it; cut by the byte cap
         try:
             await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
             if self._bodiless():
                 await self._request_body()  # its end only: nothing to wait for, no task to start
                 await self._response()
-                return
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._request_body)
-                await self._response()
-                nursery.cancel_scope.cancel()
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._request_body)
+                    await self._response()
+                    nursery.cancel_scope.cancel()
+            ended = not isinstance(self.upstream, TlsWire) or self.upstream.peer_closed
         except* UpstreamGarbage as group:
             if not self.answered:
                 await reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}"))
         except* PlaceholderInBody as group:
             if not self.answered:
                 await reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}"))
-        except* (ByteCapReached, OSError, h11.ProtocolError):
-            pass  # the record keeps the bytes so far and any cut; both sides close
+        except* ByteCapReached:
+            capped = True  # the record keeps the bytes so far and the cut; both sides close
+        except* (OSError, h11.ProtocolError):
+            pass  # as for the cap
         finally:
             self.upstream.close()
+            cut = capped or self.short or (self.delimited_by_close and not ended)
+            if isinstance(self.sock, TlsWire) and self.answered and cut:
+                # A response the byte cap cut, or one whose body the close delimits and that did not
+                # end with the upstream's close_notify (a reset, a bare close: a cut on its network
+                # looks so), ends the jail's TLS without one too: the client must be able to tell
+                # it from a whole body, as it could end to end.  A framed body's end is its
+                # framing's (a short one the client sees as short): close_notify still follows it,
+                # as strict clients (GnuTLS's, in git) want even after a server that closes without
+                # one (Python's ssl does).
+                self.sock.cut = True
 
     def _bodiless(self) -> bool:
         """Whether the request's next event is its end (a GET's, most often): read with its head, so
@@ -183,6 +225,7 @@ class Exchange:
             head = rewrite_response_head(bytes(received[: end + 4]))
         except ValueError as exc:
             raise UpstreamGarbage(str(exc)) from None
+        self.delimited_by_close = close_delimited(head, self.head_only)
         if self.masker is not None:
             await self._masked(head, bytes(received[end + 4 :]), self.masker)
             return
@@ -200,11 +243,19 @@ class Exchange:
         """The response with each value put in the request masked back to its placeholder.
         A masked echo may change the body's length (a placeholder longer than a short
         value): its Content-Length goes, and the close ends the body."""
+        length = content_length(head)
+        # The jail's head loses the length that framed the upstream's body, so a body short of it
+        # ends where the connection does, and must read as cut (``run``) until it is whole.
+        self.short = bool(length)
         masked = masker.feed(head) + masker.close()
         head = b"\r\n".join(line for line in masked.split(b"\r\n") if not line.lower().startswith(b"content-length:"))
         self.answered = True
         await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
+        body = len(first)
+        self.short = body < (length or 0)
         while data := await self.upstream.recv(BUFFER_SIZE):
+            body += len(data)
+            self.short = body < (length or 0)
             await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
         await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
 

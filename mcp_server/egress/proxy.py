@@ -347,6 +347,7 @@ async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, 
         return
     attempt, upstream = opened
     exchange = Exchange(sock, conn, upstream, outgoing, attempt, gate.budget)
+    exchange.head_only = method == b"HEAD"
     if creds is not None:
         assert isinstance(gate, Carrier)
         exchange.creds, exchange.masker = creds, masker

@@ -146,6 +146,11 @@ class TlsWire:
         # the kernel faults in and zeroes again at the next connection's.
         self._received = bytearray(2 * RECORD)
         self._view = memoryview(self._received)
+        # How a relayed stream ended: the jail's TLS says close_notify only where the upstream's did
+        # (``peer_closed``), so a body the upstream's network cut, or the exec's byte cap did
+        # (``cut``), reads as cut to the jail's client as it would end to end (``finish``).
+        self.peer_closed = False
+        self.cut = False
         self.resumes: tuple[str, int] | None = None  # an upstream's host:port, whose session ``close`` keeps
 
     @classmethod
@@ -216,6 +221,7 @@ class TlsWire:
             while size < len(view):
                 got = typing.cast(int, self.tls.read(len(view) - size, view[size:]))  # with a buffer: a count
                 if not got:
+                    self.peer_closed = True
                     return size, False  # close_notify
                 size += got
         except ssl.SSLWantReadError:
@@ -298,9 +304,10 @@ class TlsWire:
 
     async def finish(self) -> None:
         """Say close_notify (a client reading a body to its end needs it: GnuTLS's, in git,
-        fails without it), then close."""
+        fails without it), unless what this side relayed was ``cut``, then close."""
         with contextlib.suppress(OSError), trio.move_on_after(5):
-            self._notify_close()
+            if not self.cut:
+                self._notify_close()
             await self._flush()
         self.raw.close()
 
@@ -365,7 +372,8 @@ async def _copy_first(src: TlsWire, dst: TlsWire, attempt: Attempt, budget: Budg
                 return True
             continue
         if not more:  # the body's end is the connection's (``Connection: close``): its last bytes and
-            dst._notify_close()  # close_notify go in one send, and ``finish`` has nothing left to say
+            if src.peer_closed:  # close_notify go in one send, and ``finish`` has nothing left to say
+                dst._notify_close()
             await dst._flush()
             return False
         await dst._flush()  # what the jail may have now, before any wait
