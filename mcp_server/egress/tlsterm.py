@@ -32,7 +32,9 @@ other CONNECT stays an end-to-end tunnel.  What this module decides:
 
 ``TlsWire`` gives a TLS stream the shape of a socket (egress/relay.py ``Wire``), so the
 plain path's relay runs on it unchanged; a closed or broken TLS stream reads as the end
-of the stream, as a reset socket does.
+of the stream, as a reset socket does.  Which end it was is kept (``peer_closed``): a body
+its close delimits ends at the jail with close_notify only if the upstream's did
+(egress/exchange.py ``Exchange.run`` sets ``cut``), so a cut body never reads as whole.
 
 **A short response body is relayed in trio, a long one's rest in a worker thread.**  The
 first ``BUFFER_SIZE`` of a body (``_copy_first``: most often all of it, read with its
