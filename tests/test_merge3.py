@@ -15,7 +15,7 @@ import pytest
 
 from mcp_server.capsules.merge import Question, report
 from mcp_server.capsules.merge3 import ABSENT, State, merge_file, merge_path
-from mcp_server.capsules.merge_plan import Side, pairs, read_plan
+from mcp_server.capsules.merge_plan import Side, pairs, read_plan, read_side
 from mcp_server.capsules.merge_write import _apply, ops_of, view_side, write
 from mcp_server.cli.merge import succeeded, text
 from mcp_server.fs import changeset
@@ -356,6 +356,38 @@ def test_a_merge_written_into_a_copy_of_its_first_side_journals_the_mtimes_its_f
             assert (target / path).read_bytes() == plan.outcomes[path].state.data  # type: ignore[union-attr]
             assert os.stat(target / path).st_mtime_ns == row["mtime_ns"], path
     state.close()
+
+
+def test_a_side_read_in_one_open_a_file_states_what_expand_states(tmp_path: Path) -> None:
+    """merge_plan.read_side reads the files listed as modified or added in one open each, and leaves
+    expand the rest: its states and the base's under them are expand's, for a file below a replaced
+    directory (expand names it with the directory's descendants) and for a file listed that is a
+    symlink by the time it is read."""
+    base, one = tmp_path / "base", tmp_path / "one"
+    _tree(base, {"f.txt": b"f\n", "d/x.txt": b"x\n", "e/y.txt": b"y\n"})
+    shutil.copytree(base, one, symlinks=True)
+    (one / "f.txt").write_bytes(b"f changed\n")
+    (one / "f.txt").chmod(0o600)
+    shutil.rmtree(one / "d")
+    _tree(one, {"d/new.txt": b"new\n", "g.txt": b"added\n"})
+    (one / "e" / "y.txt").unlink()
+    (one / "e" / "y.txt").symlink_to("../f.txt")  # listed below as a modified file: stale
+    changes = [Change("d", "opaque", "dir", 0o755), Change("d/new.txt", "added", "file", 0o644),
+               Change("e/y.txt", "modified", "file", 0o644), Change("f.txt", "modified", "file", 0o600),
+               Change("g.txt", "added", "file", 0o644)]
+    infos: dict[str, os.stat_result] = {}
+    with RootView.open(str(base)) as low:
+        read = read_side(low, Side("one", os.open(one, os.O_RDONLY | os.O_DIRECTORY), changes), infos)
+        with RootView.open(str(one)) as view:
+            expected = changeset.expand(changes, low, view)
+    assert read.named == {entry.path: entry.new for entry in expected}
+    assert read.olds == {entry.path: entry.old for entry in expected}
+    assert sorted(read.named) == ["d", "d/new.txt", "d/x.txt", "e/y.txt", "f.txt", "g.txt"]
+    assert read.states["f.txt"] == State("file", 0o600, b"f changed\n") and read.states["d/x.txt"] == ABSENT
+    assert read.states["e/y.txt"] == State("symlink", read.named["e/y.txt"].mode, None, "../f.txt")  # type: ignore[union-attr]
+    assert sorted(read.mtimes) == ["d/new.txt", "f.txt", "g.txt"]
+    assert read.mtimes["f.txt"] == os.stat(one / "f.txt").st_mtime_ns
+    assert sorted(infos) == ["d/x.txt", "e/y.txt", "f.txt"]
 
 
 def test_a_merge_with_no_file_to_write_deletes_and_sets_modes_only(tmp_path: Path) -> None:

@@ -481,16 +481,20 @@ class DirFds:
             raise _error(exc, "read", path) from exc
         return _read_regular_fd(fd, path, missing_ok)
 
-    def read_dated(self, path: str) -> tuple[bytes, int]:
-        """A regular file's content and its mtime (ns) as it was read; an error for anything else."""
+    def read_stat(self, path: str, *, missing_ok: bool = True) -> tuple[bytes, os.stat_result] | None:
+        """``read_regular`` with the file's ``fstat`` as it was read (its mode, its mtime)."""
         head, _, name = path.rpartition("/")
+        parent = self.find(head) if missing_ok else self.get(head, "read")
+        if parent is None:
+            return None
         try:
-            fd = open_name(self.get(head, "read"), name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            fd = open_name(parent, name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
         except OSError as exc:
+            if missing_ok and exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return None
             raise _error(exc, "read", path) from exc
-        data, st = _read_regular_stat(fd, path, False)
-        assert data is not None
-        return data, st.st_mtime_ns
+        data, st = _read_regular_stat(fd, path, missing_ok)
+        return None if data is None else (data, st)
 
     def forget(self) -> None:
         """Close every descriptor; the next use resolves afresh."""
