@@ -469,17 +469,8 @@ class DirFds:
 
     def read_regular(self, path: str, *, missing_ok: bool = True) -> bytes | None:
         """A regular file's content; None for anything else (or, with ``missing_ok``, nothing)."""
-        head, _, name = path.rpartition("/")
-        parent = self.find(head) if missing_ok else self.get(head, "read")
-        if parent is None:
-            return None
-        try:
-            fd = open_name(parent, name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError as exc:
-            if missing_ok and exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                return None
-            raise _error(exc, "read", path) from exc
-        return _read_regular_fd(fd, path, missing_ok)
+        read = self.read_stat(path, missing_ok=missing_ok)
+        return None if read is None else read[0]
 
     def read_stat(self, path: str, *, missing_ok: bool = True) -> tuple[bytes, os.stat_result] | None:
         """``read_regular`` with the file's ``fstat`` as it was read (its mode, its mtime)."""
