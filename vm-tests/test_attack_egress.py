@@ -32,6 +32,7 @@ resolve through the namespace's own /etc/hosts (``/etc/netns/<name>/hosts``, whi
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -208,6 +209,7 @@ def anyip(root_required: None) -> Iterator[tuple[str, int]]:
     and [::] and names of its own; (its name, the server's port)."""
     name = f"ccwa{os.getpid()}"
     etc = Path("/etc/netns") / name
+    made_netns_dir = not etc.parent.exists()
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     try:
         etc.mkdir(parents=True)
@@ -222,6 +224,9 @@ def anyip(root_required: None) -> Iterator[tuple[str, int]]:
     finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
         shutil.rmtree(etc, ignore_errors=True)
+        if made_netns_dir:  # the host's /etc as it was
+            with contextlib.suppress(OSError):
+                etc.parent.rmdir()
 
 
 def _ccw_in(namespace: str, state: Path, *argv: str) -> dict[str, Any]:

@@ -319,7 +319,9 @@ def test_rm_rf_root_leaves_the_host_unchanged(capsule: Capsule, sentinel: Path, 
     for verdict in ("sentinel-protected", "usr-ro", "root-ro", "dev-ro", "procsys-ro"):
         assert verdict in lines, (verdict, result.stdout, result.stderr)
     assert (sentinel / "keep.txt").read_text() == "keep"
-    assert sorted(os.listdir("/etc")) == etc_before
+    # Nothing of /etc is gone (the jail's rm deletes; another test on the other worker may add
+    # beside it meanwhile, as an `ip netns exec` test's /etc/netns/NAME does)
+    assert not set(etc_before) - set(os.listdir("/etc"))
     assert Path("/usr/bin/true").exists() and Path(PYTHON).exists()
 
 
