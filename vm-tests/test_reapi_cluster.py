@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import trio
 
+from mcp_server.devcluster import cluster as devcluster
 from mcp_server.devcluster.cluster import Cluster, temporary_cluster
 from mcp_server.reapi.action import CommandSpec, build_action
 from mcp_server.reapi.client import ReapiClient, TrioReapi
@@ -388,3 +389,21 @@ def _stage(operation: Any) -> int:
     metadata = re_pb2.ExecuteOperationMetadata()
     operation.metadata.Unpack(metadata)
     return int(metadata.stage)
+
+
+def test_a_port_taken_before_bgd_binds_it_is_picked_again(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bgd binds the port its config names, so a port found free can be taken before it does
+    (another test's server took one once): the cluster picks again, and serves there.  Last in
+    the file: the module's cluster moves to the new port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        picks = [taken.getsockname()[1]]
+        monkeypatch.setattr(devcluster, "free_loopback_port",
+                            lambda real=devcluster.free_loopback_port: picks.pop() if picks else real())
+        cluster.stop_server()
+        cluster.grpc_port = 0
+        cluster.start_server()
+        assert not picks and cluster.grpc_port not in (0, taken.getsockname()[1])
+    with ReapiClient(cluster.url) as reapi:
+        assert reapi.capabilities().execution_capabilities.exec_enabled

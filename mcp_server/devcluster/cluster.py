@@ -202,6 +202,9 @@ def bgd_config(grpc_port: int, sql_url: str, *, poll_interval: float = POLL_INTE
                              cas_size=cas_size, keys=keys, bot_keepalive_s=bot_keepalive_s)  # fmt: skip
 
 
+PORT_TRIES = 3  # picks of a free port for bgd, which may lose each to another process
+
+
 def free_loopback_port() -> int:
     """A TCP port free on 127.0.0.1 right now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -285,17 +288,27 @@ class Cluster:
     def start_server(self) -> None:
         """Start ``bgd server`` (on the same port when restarting) and wait until it answers."""
         assert self._db is not None, "up() first"
-        self.grpc_port = self.grpc_port or free_loopback_port()
-        config = self.state_dir / "bgd.yml"
-        config.write_text(bgd_config(self.grpc_port, self._db.url, match_keys=self.match_keys,
-                                     bot_keepalive_s=self.bot_keepalive_s))  # fmt: skip
-        log = self.state_dir / "bgd.log"
-        with open(log, "ab") as sink:
-            self._server = subprocess.Popen(
-                [str(self.venv_dir / "bin" / "bgd"), "server", "start", str(config)],
-                stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
-            )  # fmt: skip
-        wait_until_serving(self.target, self._server, log)
+        picked = not self.grpc_port  # else the person's port, or the one a restart keeps
+        for attempt in range(PORT_TRIES):
+            self.grpc_port = self.grpc_port or free_loopback_port()
+            config = self.state_dir / "bgd.yml"
+            config.write_text(bgd_config(self.grpc_port, self._db.url, match_keys=self.match_keys,
+                                         bot_keepalive_s=self.bot_keepalive_s))  # fmt: skip
+            log = self.state_dir / "bgd.log"
+            with open(log, "ab") as sink:
+                self._server = subprocess.Popen(
+                    [str(self.venv_dir / "bin" / "bgd"), "server", "start", str(config)],
+                    stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, start_new_session=True,
+                )  # fmt: skip
+            try:
+                wait_until_serving(self.target, self._server, log)
+                return
+            except CcwError as exc:
+                # bgd binds the port itself, from its config: a port found free can be taken by
+                # another process before bgd gets to it.  Another pick then, if the pick was ours.
+                if not picked or attempt == PORT_TRIES - 1 or "Address already in use" not in exc.message:
+                    raise
+                self.grpc_port = 0
 
     def stop_server(self) -> None:
         """SIGTERM the server, SIGKILL it after a grace period."""
