@@ -1,4 +1,4 @@
-"""A terminated connection's response body relayed in a worker thread (egress/tlsterm.py
+"""A terminated connection's response body relayed in a worker thread (egress/tlsbody.py
 ``copy_to_eof``), and by the trio relay when no thread is to be had (``relay_engine``), over real
 loopback sockets: a body of several MiB arrives whole and in order, the exec's byte cap cuts it
 at the cap, and a body the upstream stops sending in the middle ends when the session closes
@@ -19,7 +19,7 @@ import trio
 from mcp_server.core.placeholders import CapsuleSecrets
 from mcp_server.core.secretbind import make_binding
 from mcp_server.core.tlsca import make_authority
-from mcp_server.egress import splice, tlsterm
+from mcp_server.egress import splice, tlsbody, tlsterm
 from mcp_server.egress.credentials import Credentials
 from mcp_server.fs.castore import ServerContexts, server_context
 from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
@@ -112,13 +112,13 @@ async def download(max_bytes: int | None = None, stall: bool = False, body: byte
 @pytest.mark.usefixtures("relay_engine")
 def test_a_large_body_arrives_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     copies: list[str] = []
-    threaded = tlsterm._copy
+    threaded = tlsbody._copy
 
     def counted(*args: Any) -> bool:
         copies.append("thread")
         return threaded(*args)
 
-    monkeypatch.setattr(tlsterm, "_copy", counted)
+    monkeypatch.setattr(tlsbody, "_copy", counted)
     received, [record], hung = trio.run(download)
     assert not hung
     head, _, body = received.partition(b"\r\n\r\n")
@@ -153,7 +153,7 @@ SHORT = os.urandom(50_000)  # a few records: less than what ``copy_to_eof`` rela
 @pytest.mark.usefixtures("relay_engine")
 def test_a_short_body_is_relayed_in_trio_and_ends_with_close_notify(monkeypatch: pytest.MonkeyPatch) -> None:
     threaded: list[str] = []
-    monkeypatch.setattr(tlsterm, "_copy", lambda *args: threaded.append("thread"))
+    monkeypatch.setattr(tlsbody, "_copy", lambda *args: threaded.append("thread"))
     received, [record], ended_badly = trio.run(download, None, False, SHORT)
     assert not ended_badly  # the client saw close_notify after the last byte
     head, _, body = received.partition(b"\r\n\r\n")
@@ -165,7 +165,7 @@ def test_a_short_body_is_relayed_in_trio_and_ends_with_close_notify(monkeypatch:
 @pytest.mark.usefixtures("relay_engine")
 def test_the_byte_cap_cuts_a_short_body_before_any_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     threaded: list[str] = []
-    monkeypatch.setattr(tlsterm, "_copy", lambda *args: threaded.append("thread"))
+    monkeypatch.setattr(tlsbody, "_copy", lambda *args: threaded.append("thread"))
     cap = 20_000
     received, [record], ended_badly = trio.run(download, cap, False, SHORT)
     assert ended_badly

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import h11
 import trio
 
-from mcp_server.egress import tlsterm
+from mcp_server.egress import tlsbody
 from mcp_server.egress.credentials import Credentials, Masker
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
@@ -235,7 +235,7 @@ class Exchange:
         if isinstance(self.upstream, trio.socket.SocketType) and isinstance(self.sock, trio.socket.SocketType):
             await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
         elif isinstance(self.upstream, TlsWire) and isinstance(self.sock, TlsWire) and self.sent:
-            await tlsterm.copy_to_eof(self.upstream, self.sock, self.attempt, self.budget)  # in a thread
+            await tlsbody.copy_to_eof(self.upstream, self.sock, self.attempt, self.budget)  # in a thread
         else:  # TLS at one end, or the request's body still going: no splice, no thread
             await pump(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
 
