@@ -33,7 +33,7 @@ import stat
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sandbox import access, mounts, overlay
+from sandbox import access, mounts, overlay, upperscan
 from sandbox.errors import CcwError, from_oserror
 from sandbox.hostdirs import inside
 from sandbox.meta import Capsule
@@ -151,7 +151,7 @@ def set_frozen(capsule: Capsule, frozen: bool) -> None:
 def changes(capsule: Capsule) -> tuple[GitdirChanges, ...]:
     """Each git dir's changes against the host's (a fork's include its ancestors'), as ``changes`` lists them."""
     depth = len(capsule.ancestors)
-    return tuple(GitdirChanges(path, tuple(overlay.collect_changes([capsule.path(name(i, "upper")), *stack[:depth]],
+    return tuple(GitdirChanges(path, tuple(upperscan.collect_changes([capsule.path(name(i, "upper")), *stack[:depth]],
                                                                    stack[depth:])))
                  for i, (path, stack) in enumerate(zip(capsule.spec.gitdirs, layers(capsule), strict=True)))
 

@@ -51,9 +51,9 @@ from sandbox import (
     gitdirs,
     in_force,
     jail_end,
-    overlay,
     recovery,
     services,
+    upperscan,
 )
 from sandbox.access import check_uid_gid, inside
 from sandbox.checks import check_capsule_id
@@ -262,12 +262,12 @@ class CapsuleManager:
     # --- queries -------------------------------------------------------------------
 
     def changes(self, capsule_id: str, caller_uid: int) -> ChangesReply:
-        """The capsule's changes against its base, sorted by path (see overlay.collect_changes)."""
+        """The capsule's changes against its base, sorted by path (see upperscan.collect_changes)."""
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
             capsule_mounts.ensure_disks(capsule, self._capsules, self.rootless)
         uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
-        found = overlay.collect_changes(uppers, capsule.base_lowers)
+        found = upperscan.collect_changes(uppers, capsule.base_lowers)
         return ChangesReply(tuple(found), gitdirs.changes(capsule) if capsule.spec.gitdirs else None)
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:

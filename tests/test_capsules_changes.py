@@ -1,4 +1,4 @@
-"""overlay.collect_changes and friends on fake upper/lower dirs built by hand (no mount, no root).
+"""upperscan.collect_changes and friends on fake upper/lower dirs built by hand (no mount, no root).
 
 Whiteouts are char 0:0 devices, which unprivileged users may create since Linux 5.8;
 opaque dirs use ``user.overlay.opaque`` (the userxattr spelling), which a file's owner
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import checks, execution, mountinfo, overlay, recovery, spec
+from sandbox import checks, execution, mountinfo, overlay, recovery, spec, upperscan
 from sandbox.errors import CcwError
 from sandbox.manager import CapsuleManager
 from sandbox.replies import Change, ListReply
@@ -80,7 +80,7 @@ def test_every_kind_of_change(layers: tuple[Path, Path]) -> None:
     write(upper / "newdir" / "a" / "b.txt", "b")
     whiteout(upper / "never-existed")  # a whiteout over nothing says nothing
 
-    found = kinds(overlay.collect_changes(str(upper), [str(lower)]))
+    found = kinds(upperscan.collect_changes(str(upper), [str(lower)]))
     assert found == {
         "added.txt": {"path": "added.txt", "kind": "added", "type": "file", "mode": 0o644, "size": 4},
         "chmod.txt": {"path": "chmod.txt", "kind": "mode_changed", "type": "file", "mode": 0o600, "size": 4},
@@ -105,7 +105,7 @@ def test_sorted_by_path_bytes(tmp_path: Path) -> None:
     lower.mkdir()
     for name in ("b", "a-b", "a/z", "a.x", "B", "é"):
         write(upper / name, "x")
-    paths = [c.path for c in overlay.collect_changes(str(upper), [str(lower)])]
+    paths = [c.path for c in upperscan.collect_changes(str(upper), [str(lower)])]
     assert paths == sorted(paths, key=os.fsencode)
     assert paths == ["B", "a", "a-b", "a.x", "a/z", "b", "é"]
 
@@ -116,7 +116,7 @@ def test_symlink_is_never_followed(tmp_path: Path) -> None:
     upper.mkdir()
     os.symlink("/etc/shadow", upper / "evil")
     os.symlink("/", upper / "rootlink")
-    found = kinds(overlay.collect_changes(str(upper), [str(lower)]))
+    found = kinds(upperscan.collect_changes(str(upper), [str(lower)]))
     assert found["evil"] == {"path": "evil", "kind": "added", "type": "symlink", "target": "/etc/shadow"}
     assert set(found) == {"evil", "rootlink"}  # nothing from behind the link
 
@@ -126,7 +126,7 @@ def test_dir_mode_change_and_same_size_different_bytes(layers: tuple[Path, Path]
     (upper / "opq").mkdir()
     (upper / "opq").chmod(0o700)
     write(upper / "keep.txt", "KEEP")  # same size, other bytes
-    found = kinds(overlay.collect_changes(str(upper), [str(lower)]))
+    found = kinds(upperscan.collect_changes(str(upper), [str(lower)]))
     assert found["opq"]["kind"] == "mode_changed" and found["opq"]["mode"] == 0o700
     assert found["keep.txt"]["kind"] == "modified"
 
@@ -145,12 +145,12 @@ def test_fork_layers_compose(layers: tuple[Path, Path], tmp_path: Path) -> None:
     (child / "pdir").mkdir()
     opaque(child / "pdir")  # replaced a dir that exists only in the parent
     write(child / "pdir" / "y", "y")
-    found = kinds(overlay.collect_changes([str(child), str(parent)], [str(lower)]))
+    found = kinds(upperscan.collect_changes([str(child), str(parent)], [str(lower)]))
     assert sorted(found) == ["c.txt", "gone.txt", "mod.txt", "pdir", "pdir/y"]
     assert found["pdir"]["kind"] == "added"  # relative to the base, which never had it
     assert found["gone.txt"]["kind"] == "deleted"
     # the parent alone still reports its own view
-    assert sorted(kinds(overlay.collect_changes(str(parent), [str(lower)]))) == [
+    assert sorted(kinds(upperscan.collect_changes(str(parent), [str(lower)]))) == [
         "gone.txt", "mod.txt", "p.txt", "pdir", "pdir/x"]
 
 
@@ -161,7 +161,7 @@ def test_opaque_in_parent_hides_base_for_child(layers: tuple[Path, Path], tmp_pa
     (parent / "opq").mkdir()
     opaque(parent / "opq")
     write(child / "opq" / "c.txt", "c")  # child's dir is a plain copy-up of the parent's
-    found = kinds(overlay.collect_changes([str(child), str(parent)], [str(lower)]))
+    found = kinds(upperscan.collect_changes([str(child), str(parent)], [str(lower)]))
     assert found["opq"]["kind"] == "opaque"
     assert found["opq/c.txt"]["kind"] == "added"
 
@@ -181,7 +181,7 @@ def test_entries_under_a_base_file_or_a_second_lower_are_looked_up_per_directory
     write(upper / "f2d" / "hidden.txt", "new")
     write(upper / "only" / "same.txt", "same")  # copied up, bytes unchanged: not listed
     write(upper / "only" / "other.txt", "xyz")  # same size, other bytes
-    found = kinds(overlay.collect_changes([str(upper)], [str(lower), str(second)]))
+    found = kinds(upperscan.collect_changes([str(upper)], [str(lower), str(second)]))
     assert found == {
         "f2d": {"path": "f2d", "kind": "type_changed", "type": "dir", "mode": found["f2d"]["mode"]},
         "f2d/hidden.txt": {"path": "f2d/hidden.txt", "kind": "added", "type": "file", "mode": 0o644, "size": 3},
