@@ -28,7 +28,23 @@ encryption into the kernel and let the relay splice; this kernel is built withou
 ``CONFIG_TLS`` and this Python has no ``OP_ENABLE_KTLS`` (3.12 added it), so neither is tried.
 AES-128-GCM instead of AES-256-GCM (OpenSSL's first choice) would need ctypes to set TLS 1.3
 suites; ``openssl speed`` gives 4.1 against 3.1 GB/s at 16 KiB, about 0.03 s of the
-proxy's 0.2-0.45 s of CPU on 200 MiB: not tried either.
+proxy's 0.2-0.45 s of CPU on 200 MiB: not tried in the repo.
+
+**What a relay of any form reaches here.**  A prototype outside the repo (curl, a relay
+process, ``openssl s_server``; 200 MiB; 15-31 interleaved rounds a run, eight runs at load
+2-4) measured against a splice tunnel: memory BIOs as here 0.57-0.63x the tunnel's
+throughput; a non-blocking ``ssl.SSLSocket`` filling 256 KiB with ``recv_into`` then
+``sendall`` 0.56-0.71x, about 0.03x better on average (the BIOs' copies are saved, but a
+syscall and a Python round come with every 16 KiB record); AES-128 on the jail's leg
+(reachable in 3.11 only through ctypes on CPython's ``SSL_CTX``, not sound here) at most
+0.03x more; 4 MiB socket buffers nothing; a relay written in C (OpenSSL's socket BIOs,
+read-ahead, a 256 KiB buffer) 0.65-0.69x, 0.66-0.71x with AES-128 on the jail's leg.
+Every form costs about 0.3 s of CPU per 200 MiB (two AES-GCM passes and the kernel's
+copies; a splice tunnel 0.02-0.04 s), beside curl's and s_server's own 0.3-0.4 s on the
+same two cores: about 0.7x is this machine's ceiling for termination in user space, and
+the bench's target of 0.7x needs kTLS (``CONFIG_TLS`` and Python 3.12) to be met reliably.
+So the relay stays as it is: rebuilding ``TlsWire`` on an ``SSLSocket`` (the ClientHello
+then read with ``MSG_PEEK``, the close_notify and byte-cap rules redone) would buy 0.03x.
 """
 
 from __future__ import annotations
