@@ -26,7 +26,7 @@ force recorded.  It is bounded per exec, and a capsule's rows go when it is dest
 
 from __future__ import annotations
 
-import base64
+from binascii import b2a_base64
 from typing import Any
 
 import zstandard
@@ -129,19 +129,23 @@ class Journal:
         """
         return self.add_writes(capsule_id, [(path, action, content, target, mode, mtime_ns)])[0]
 
-    def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]]) -> list[int]:
-        """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction."""
+    def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]],
+                   base: dict[str, str] | None = None) -> list[int]:
+        """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction;
+        with ``base``, ``record_base`` of it first, in the same transaction (a merge's: one COMMIT)."""
         with self.state.transaction() as db:  # a generation a row, as one call each would give (0: an unknown capsule)
+            if base:
+                self._record_base(db, capsule_id, base)
             first, count, update = (self._last_seq(db, capsule_id) + 1, len(writes),
                                     "UPDATE capsules SET generation = generation + ?")
             gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1",
                                    (count, capsule_id, count)).fetchone() or (0, 0)
             db.executemany("INSERT INTO writes (capsule_id, seq, path, action, content_b64, target, mode, generation, "
                            "mtime_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                           [(capsule_id, first + i, p, a, c if c is None else base64.b64encode(c).decode(), t, m,
-                             gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
-            events.emit_many(db, "file.changed", capsule_id,
-                             [{"seq": first + i, "path": w[0], "action": w[1]} for i, w in enumerate(writes)])
+                           [(capsule_id, first + i, p, a, c if c is None else b2a_base64(c, newline=False).decode(),
+                             t, m, gen + step * (i + 1), n) for i, (p, a, c, t, m, n) in enumerate(writes)])
+            events.emit_encoded(db, "file.changed", capsule_id,
+                                [events.file_changed(first + i, w[0], w[1]) for i, w in enumerate(writes)])
         return list(range(first, first + count))
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
@@ -210,10 +214,12 @@ class Journal:
         underneath the capsule (REPO_CHANGED).
         """
         with self.state.transaction() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO capsule_base (capsule_id, path, state) VALUES (?, ?, ?)",
-                [(capsule_id, path, state) for path, state in sorted(states.items())],
-            )
+            self._record_base(db, capsule_id, states)
+
+    @staticmethod
+    def _record_base(db: Any, capsule_id: str, states: dict[str, str]) -> None:
+        db.executemany("INSERT OR IGNORE INTO capsule_base (capsule_id, path, state) VALUES (?, ?, ?)",
+                       [(capsule_id, path, state) for path, state in sorted(states.items())])
 
     def base_states(self, capsule_id: str) -> dict[str, str]:
         """Every recorded base state of a capsule, by path."""

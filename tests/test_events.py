@@ -79,6 +79,24 @@ def test_a_failed_journal_write_leaves_no_event(state: State) -> None:
     assert log.last_id() == before
 
 
+def test_a_file_changes_data_is_the_encoders_own_text(state: State) -> None:
+    # Journal.add_writes writes file.changed data without the generic encoder: the stored text must
+    # be what it writes, for paths with quotes, backslashes, control and non-ASCII characters and
+    # a lone surrogate (a file name that is not UTF-8).
+    paths = ["src/a.py", 'say "hi"\\x', "tab\there\nnl\x01\x7f", "naïve/€\u2028", "raw\udcff.bin"]
+    for seq, path in enumerate(paths, start=1):
+        for action in ("write", "delete", "symlink", "chmod"):
+            assert events.file_changed(seq, path, action) == events._ENCODER.encode(
+                {"seq": seq, "path": path, "action": action})
+    journal, log = Journal(state), EventLog(state)
+    journal.add_capsule(capsule_record())
+    journal.add_writes("cap_1", [(path, "delete", None, None, None, None) for path in paths[:4]],
+                       base={"src/a.py": "absent"})
+    assert [e.data for e in log.since(0)[1:]] == [{"seq": seq, "path": path, "action": "delete"}
+                                                  for seq, path in enumerate(paths[:4], start=1)]
+    assert journal.base_states("cap_1") == {"src/a.py": "absent"}
+
+
 def test_unknown_kinds_are_refused(state: State) -> None:
     with pytest.raises(ValueError, match="unknown event kind"):
         EventLog(state).add("run.exploded", None, {})

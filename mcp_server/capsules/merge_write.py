@@ -204,12 +204,12 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
 
 def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
              mtimes: dict[str, int], recorded: dict[str, str]) -> None:
-    """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``, in one
-    transaction), with each file's mtime, after the base states the inputs recorded (``recorded``,
-    first: the first record wins), and then the base's state where none is recorded yet."""
+    """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``), with
+    each file's mtime, in one transaction with the base states the inputs recorded (``recorded``: the
+    first record wins); and then the base's state where none is recorded yet."""
     journal = Journal(state)
-    journal.record_base(capsule_id, {path: recorded[path] for path in contents if path in recorded})
-    journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes))
+    journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes),
+                       base={path: recorded[path] for path in contents if path in recorded})
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
     if record is not None:
