@@ -59,14 +59,26 @@
  * these ratios: the report's host-run server says it (the capsule's server was 0.52-1.02x
  * the host-run one's rate on fresh connections and 0.93-1.45x on a kept one).
  *
- * Tried and not kept: a BPF sockhash with an SK_SKB verdict program redirecting each
- * side's bytes to the other (a standalone prototype, host loopback, same runs against this
- * program): keep-alive 0.64x against 0.54x, and 0.43x against 0.38x, because the kernel
- * hands every redirected skb to a workqueue, so the wake-up moves to a kworker instead of
- * going; fresh connections worse (two map updates
- * and a psock per socket), and a server's FIN, passed on at once, overtook its answer still
- * queued for that worker (the client saw EOF and no bytes); waiting instead, polling until
- * the other socket had sent all the first had received, cost 27-33 ms a connection.
+ * Tried and not kept, twice: a BPF sockhash with an SK_SKB verdict program redirecting each
+ * side's bytes to the other.  The first prototype (host loopback, against this program in
+ * the same runs) passed a server's FIN on at once, and it overtook the answer still queued
+ * for the kernel's worker (the client saw EOF and no bytes).  The second (a relay from the
+ * host's loopback into a network namespace holding the fast server, splice and sockmap side
+ * by side against the client joined to the namespace, the hashes keyed by socket cookie,
+ * a side's EOF passed on only once the peer's TCP had every byte; 7 runs of 9 interleaved
+ * rounds at load 1.6-2.9): kept alive 0.68-0.78x (stream verdict) and 0.69-0.79x (verdict)
+ * against splice's 0.58-0.73x, ahead in every run by 0.03-0.16, never at 0.8x; fresh
+ * connections 0.65-0.74x against 0.70-0.90x, behind in every run (the relay's CPU per
+ * connection the same, 73 us: four map inserts where the splices were, then each socket's
+ * psock torn down by a worker).  The wake-up does not go away: the kernel queues every
+ * redirected skb for a worker (sk_psock_skb_redirect), so each hop wakes a kworker instead
+ * of this program (context switches per kept request: kworkers 2.7, client and server 3.2
+ * against 2.0).  And the kernel's path has no back-pressure: a reader stalled 5.5 s had
+ * 512 MiB queued for it in kernel memory charged to no socket (splice: 11 MiB), bytes for
+ * a peer that has closed are dropped after TCP acknowledged them, and nothing wakes the
+ * relay when the worker has sent a side's last byte, so an EOF waits, polled.  A capsule's
+ * server could so pin half a gigabyte of the host's memory per connection: a relay in
+ * user space, whose pipes bound what is in flight, is the safer design as well.
  * And, each against this program in the same runs (the forward's own rate ratio, perf
  * stat's CPU per GET, medians of 6-12 rounds): recv and send through one buffer instead
  * of the splices, the pipe kept for what the other side does not take at once (the same
