@@ -133,9 +133,12 @@ def _kind_word(state: State) -> str:
 
 def merge_path(path: str, base: State, sides: list[tuple[str, State]]) -> Outcome:
     """Merge one path's sides (name, state) against the base, as the module's docstring says."""
-    changed = [(name, state) for name, state in sides if state != base]
+    # ``is`` first: a side that did not name the path holds the base's own state (merge_plan)
+    changed = [(name, state) for name, state in sides if state is not base and state != base]
     if not changed:
         return Outcome(path, base, "unchanged")
+    if len(changed) == 1:  # a merge of 2,000 paths is mostly this
+        return Outcome(path, changed[0][1], "one side", (changed[0][0],))
     names = tuple(name for name, _ in changed)
     if all(state == changed[0][1] for _, state in changed):
         return Outcome(path, changed[0][1], "same change" if len(changed) > 1 else "one side", names)

@@ -111,11 +111,12 @@ def _base_state(dirs: DirFds, path: str, side: ViewSide | None, cache: StatCache
     took it (after the cache's ``since_ns``, before any read), stat'ed here where it has none."""
     if side is None or side.kind != "file":
         return _state(dirs, path, side)
-    head, _, name = path.rpartition("/")
-    try:  # not ``wrap_oserror``: its generator-based context costs several times the stat, 2,000 a merge
-        info = info or os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
-    except OSError as exc:
-        raise from_oserror(exc, "merge: stat the base", path) from exc
+    if info is None:
+        head, _, name = path.rpartition("/")
+        try:  # not ``wrap_oserror``: its generator-based context costs several times the stat, 2,000 a merge
+            info = os.stat(name, dir_fd=dirs.get(head, "read"), follow_symlinks=False)
+        except OSError as exc:
+            raise from_oserror(exc, "merge: stat the base", path) from exc
     known = cache.digest(path, info)
     if known is not None and not needed:
         return State("file", side.mode, None, None, known)
