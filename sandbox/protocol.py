@@ -112,11 +112,13 @@ def _finite_float(text: str) -> float:
 
 
 def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"duplicate key {key[:80]!r}")
-        obj[key] = value
+    obj = dict(pairs)  # built in C; a key given twice leaves it shorter (a change list: 1,000 objects)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key[:80]!r}")
+            seen.add(key)
     return obj
 
 
@@ -139,6 +141,8 @@ def decode_body(body: bytes) -> dict[str, Any]:
         raise ProtocolError(f"frame is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"frame holds a JSON {type(value).__name__}, not an object")
+    if b"\\u" not in body:  # text decoded from UTF-8 holds a surrogate only where an escape wrote one
+        return value
     try:
         # Lone surrogates (from \\ud800 escapes) parse but cannot be re-encoded as UTF-8.
         _json_bytes(value)
