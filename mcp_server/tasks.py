@@ -49,7 +49,7 @@ EXTENSION = "io.modelcontextprotocol/tasks"
 METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
 MODERN_ERA = "2026-07-28"  # the protocol version whose per-request capabilities can declare it
 POLL_INTERVAL_MS = 2000  # execs worth a task last seconds to hours
-_SUMMARY_KEYS = frozenset(("status", "run_id", "elapsed_ms", "progress"))  # RUN_STATUS's properties
+_SUMMARY_KEYS = frozenset(("status", "run_id", "elapsed_ms", "progress", "next"))  # RUN_STATUS's properties
 
 # A tools/call result for a finished run: (the tool's name, how to get its answer) -> wire dict.
 Answer = Callable[[str, Callable[[], Awaitable[dict[str, Any]]]], Awaitable[dict[str, Any]]]

@@ -217,3 +217,25 @@ def test_the_server_end_cancels_every_run() -> None:
         assert log == ["ended", "ended"]
 
     _run(main)
+
+
+@pytest.mark.parametrize("tool", ["capsule_exec", "capsule_race", "capsule_deltamin", "capsule_replay"])
+def test_a_running_answer_says_what_to_do_next_in_every_tool_that_runs(tool: str) -> None:
+    from jsonschema import Draft202012Validator
+
+    from mcp_server.config import TOOLSETS
+    from mcp_server.tools.registry import Registry
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        runs = Runs()
+        first = await runs.call(tool, "cap", _sleeper(3), 1000, _no_progress)
+        return first, await runs.cancel(runs.get(first["run_id"]))
+
+    first, cancelled = _run(main)
+    assert first["status"] == "running"
+    assert first["next"].startswith(f'capsule_run {{"run_id": "{first["run_id"]}"}} waits for the rest')
+    assert '"cancel": true' in first["next"]
+    assert "next" not in cancelled  # nothing is left to do with a cancelled run
+    spec = Registry.load(TOOLSETS).lookup(tool)
+    assert spec is not None
+    Draft202012Validator(spec.output_schema).validate(first)

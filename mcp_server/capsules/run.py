@@ -63,9 +63,10 @@ CONSOLE_WAIT_MS = 2000  # an interactive exec's reads return sooner when output 
 
 # The wait_ms argument of the tools that answer through runs.
 WAIT_MS = {"type": ["integer", "null"], "minimum": 0, "maximum": WAIT_MS_MAX, "description": (
-    f"Default {WAIT_MS_DEFAULT}; past it: status running, run_id for capsule_run. null: no limit.")}
+    f"Default {WAIT_MS_DEFAULT}; past it: status running. null: no limit.")}
 _RUN_ID = {"type": "string", "description": "Give it to capsule_run to wait again, fetch or cancel."}
-# What a call answers about a run that has not finished, or was cancelled.
+# What a call answers about a run that has not finished, or was cancelled; a running one
+# says what to do ``next``, in the answer an agent reads (so wait_ms's description need not).
 RUN_STATUS = {
     "type": "object",
     "required": ["status", "run_id", "elapsed_ms", "progress"],
@@ -76,6 +77,7 @@ RUN_STATUS = {
         "elapsed_ms": {"type": "integer", "minimum": 0},
         "progress": {"type": ["string", "null"],
                      "description": "The last progress report: elapsed time, byte counts, the latest output lines."},
+        "next": {"type": "string"},
     },
 }
 # What an answer about an interactive exec adds, besides the tool's result once it has ended.
@@ -88,6 +90,14 @@ CONSOLE_STATUS = {
     "cursor": {"type": "integer", "minimum": 0,
                "description": "Byte offset after output: pass it to read again from there."},
 }
+
+
+def next_step(run_id: str) -> str:
+    """What a caller answered "running" does next (an agent that reads only the answer must not
+    need ``wait_ms``'s description to find capsule_run)."""
+    return (f'capsule_run {{"run_id": "{run_id}"}} waits for the rest (wait_ms: how long, up to {WAIT_MS_MAX}; '
+            'null: to the end) and answers the result; with "cancel": true it stops the run')
+
 
 Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
 
@@ -126,10 +136,14 @@ class Run:
                 self._listener = None
 
     def summary(self, status: str) -> dict[str, Any]:
-        """The answer about a run that has not finished (``running``) or was ``cancelled``."""
+        """The answer about a run that has not finished (``running``, with what to do ``next``) or was
+        ``cancelled``: every tool that answers through runs (exec, race, deltamin, replay) answers this."""
         end = self.ended if self.ended is not None else trio.current_time()
-        return {"status": status, "run_id": self.run_id, "elapsed_ms": int((end - self.started) * 1000),
-                "progress": self.last_report}
+        answer = {"status": status, "run_id": self.run_id, "elapsed_ms": int((end - self.started) * 1000),
+                  "progress": self.last_report}
+        if status == "running":
+            answer["next"] = next_step(self.run_id)
+        return answer
 
     def outcome(self) -> dict[str, Any]:
         """An ended run's answer: the tool's own result, the ``cancelled`` summary, or what it raised."""
@@ -147,6 +161,7 @@ class Run:
         else:
             answer = self.summary("cancelled" if self.done.is_set() else "running")
             del answer["progress"]  # its output says more
+            answer.pop("next", None)  # capsule_run's description says how to drive it
         answer.update(output=reading.text, cursor=reading.cursor)
         return answer
 
