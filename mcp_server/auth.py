@@ -70,6 +70,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
 
@@ -344,8 +345,8 @@ def _read_operator(path: str) -> tuple[str, bool]:
 
 
 def _open_state_dir(state_dir: str) -> int:
+    make_state_dir(state_dir)
     with wrap_oserror("open state dir", state_dir, "set CCW_STATE_DIR to a directory you own"):
-        os.makedirs(state_dir, mode=0o700, exist_ok=True)
         return os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 

@@ -94,6 +94,7 @@ from mcp_server.caller import (
     PassedFds,
 )
 from mcp_server.config import PROFILES, TOOLSETS, Config
+from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
 from mcp_server.transports.unix import listen
 from sandbox.errors import CcwError
@@ -146,7 +147,7 @@ class FrontendLock:
 def try_lock(state_dir: str) -> FrontendLock | None:
     """The state dir's front-end lock if nobody holds it, else None (never waits)."""
     paths = FrontendPaths.of(state_dir)
-    paths.lock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_state_dir(state_dir)
     fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -49,6 +49,7 @@ from typing import Any
 import trio
 
 from mcp_server.config import Config
+from mcp_server.fs.privatefile import make_state_dir
 from sandbox.client import BlockingClient, HelperClient
 from sandbox.errors import CcwError
 
@@ -162,7 +163,8 @@ class EmbeddedHelper:
 async def spawn_embedded(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> HelperClient:
     """Start ``python -m sandbox`` under ``state_dir``/helper and wait until it listens."""
     paths = HelperPaths.of(state_dir)
-    paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_state_dir(state_dir)
+    paths.directory.mkdir(exist_ok=True, mode=0o700)
     ready_r, ready_w = os.pipe()
     log_r, log_w = os.pipe()
     command = helper_command(paths, ready_w, embedded=True)
@@ -299,7 +301,8 @@ def log_tail(log_path: Path, lines: int = 20) -> str:
 def start_detached(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
     """Start the state dir's detached helper unless one answers; its status."""
     paths = HelperPaths.of(state_dir)
-    paths.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_state_dir(state_dir)
+    paths.directory.mkdir(exist_ok=True, mode=0o700)
     with open(paths.lock, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if answering(str(paths.socket)) is not None:

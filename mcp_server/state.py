@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
 from sandbox.errors import CcwError, wrap_oserror
 
@@ -52,8 +53,8 @@ class State:
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
+        make_state_dir(self.root)
         with wrap_oserror("create state dir", str(self.root), "set CCW_STATE_DIR to a writable directory"):
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             for sub in ("objects", "witnesses", "tmp"):
                 (self.root / sub).mkdir(exist_ok=True, mode=0o700)
         self._lock = threading.RLock()
@@ -71,6 +72,7 @@ class State:
         return self.root / DB_NAME
 
     def _open(self) -> sqlite3.Connection:
+        self._make_private()
         db = sqlite3.connect(self.db_path, check_same_thread=False, isolation_level=None, timeout=30)
         try:
             db.row_factory = sqlite3.Row
@@ -85,6 +87,23 @@ class State:
             db.close()
             raise
         return db
+
+    def _make_private(self) -> None:
+        """The database and its -wal and -shm 0600, whatever the umask: SQLite makes a new
+        database 0644 less the umask, and gives its -wal and -shm the database's own mode,
+        so the database is made here first; files an older ccw left 0644 are tightened."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        with wrap_oserror("create the database", str(self.db_path), "check the state dir's permissions"):
+            for suffix in ("", "-wal", "-shm"):
+                try:
+                    fd = os.open(f"{self.db_path}{suffix}", flags | (os.O_CREAT if suffix == "" else 0), 0o600)
+                except FileNotFoundError:
+                    continue
+                try:
+                    if os.fstat(fd).st_mode & 0o077:
+                        os.fchmod(fd, 0o600)
+                finally:
+                    os.close(fd)
 
     def _move_aside(self, exc: sqlite3.DatabaseError) -> Path:
         # Loud on purpose: this loses the capsule journals (see the module docstring).

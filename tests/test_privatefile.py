@@ -1,4 +1,5 @@
-"""fs/privatefile: private files of the state dir read without following links and replaced whole."""
+"""fs/privatefile: private files of the state dir read without following links and replaced whole; the
+state dir made 0700 by whichever path makes it first, its database 0600, whatever the umask."""
 
 from __future__ import annotations
 
@@ -7,15 +8,76 @@ import stat
 from pathlib import Path
 
 import pytest
+import trio
 
+from mcp_server import launcher
 from mcp_server.fs.privatefile import (
     locked,
+    make_state_dir,
     read_private,
     remove_private,
     replace_private,
     state_dir_fd,
 )
+from mcp_server.state import State
 from sandbox.errors import CcwError
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def _no_helper(*args: object, **kwargs: object) -> None:
+    raise OSError("not starting a helper in this test")
+
+
+def test_a_state_dir_made_first_by_the_helpers_launcher_is_private_under_umask_022(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The CLI starts the helper before anything opens the database: the launcher makes
+    # <state>/helper, and with it the state dir, which must not get the umask's 0755.
+    monkeypatch.setattr(launcher.subprocess, "Popen", _no_helper)
+    monkeypatch.setattr(launcher, "spawn_detached", _no_helper)
+    old = os.umask(0o022)
+    try:
+        with pytest.raises(CcwError, match="cannot start the embedded helper"):
+            trio.run(launcher.spawn_embedded, str(tmp_path / "embedded" / "state"))
+        with pytest.raises(OSError, match="not starting a helper"):
+            launcher.start_detached(str(tmp_path / "detached" / "state"))
+        state = State(tmp_path / "embedded" / "state")
+        try:
+            state.execute("CREATE TABLE t (x)")  # the -wal and -shm exist while it is open
+            state.execute("INSERT INTO t VALUES (1)")
+            files = [state.db_path.parent / f"{state.db_path.name}{suffix}" for suffix in ("", "-wal", "-shm")]
+            assert [_mode(path) for path in files] == [0o600] * 3
+        finally:
+            state.close()
+    finally:
+        os.umask(old)
+    for made in ("embedded", "detached"):
+        assert _mode(tmp_path / made / "state") == 0o700
+        assert _mode(tmp_path / made / "state" / "helper") == 0o700
+        assert _mode(tmp_path / made) == 0o755  # a parent is not ours to decide: the umask's
+
+
+def test_a_state_dir_an_older_ccw_left_readable_is_tightened_and_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "state"
+    root.mkdir(mode=0o755)
+    os.chmod(root, 0o755)
+    for name in ("ccw.sqlite3", "ccw.sqlite3-wal"):
+        (root / name).write_bytes(b"")
+        os.chmod(root / name, 0o644)
+    state = State(root)
+    try:
+        assert _mode(root) == 0o700
+        assert [_mode(root / name) for name in ("ccw.sqlite3", "ccw.sqlite3-wal")] == [0o600, 0o600]
+    finally:
+        state.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "ccw.mcp" and r.levelname == "WARNING"]
+    assert said == [f"mcp:state-dir {root} had mode 0755 (left so by an older ccw, or made by hand): other users "
+                    "could read its journal and what was typed into capsules; made it 0700"]
+    make_state_dir(root)  # private already: nothing to say
+    assert len([r for r in caplog.records if r.name == "ccw.mcp"]) == 1
 
 
 def test_replaced_whole_at_0600_whatever_the_umask(tmp_path: Path) -> None:

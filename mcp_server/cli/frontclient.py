@@ -35,6 +35,7 @@ from mcp_server import __version__, framing
 from mcp_server.caller import CALLER_META, CALLER_TERMINAL
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
+from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
 from sandbox.errors import CcwError
 
@@ -169,7 +170,7 @@ def _answers(path: str) -> bool:
 def start_daemon(state_dir: str, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
     """Start the state dir's front-end daemon unless a front end answers; ready when one does."""
     paths = FrontendPaths.of(state_dir)
-    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    make_state_dir(state_dir)
     with open(f"{paths.lock}.start", "a") as starting:
         fcntl.flock(starting, fcntl.LOCK_EX)  # two commands at once start one daemon
         if _answers(str(paths.socket)):

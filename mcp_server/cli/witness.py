@@ -24,6 +24,7 @@ from typing import Any
 
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
+from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.fs.witness_key import OWN_NAME, WitnessKey
 from mcp_server.fs.witness_trust import (
     NAME,
@@ -33,7 +34,6 @@ from mcp_server.fs.witness_trust import (
     trusted_keys,
     untrust,
 )
-from sandbox.errors import wrap_oserror
 
 COMMANDS = ("witness",)
 
@@ -58,8 +58,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Show or change this state dir's witness keys."""
     root = Path(config.state_dir)
-    with wrap_oserror("create state dir", str(root), "set CCW_STATE_DIR to a writable directory"):
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_state_dir(root)
     own = WitnessKey.of_state_dir(root)
     if args.witness_action == "trust":
         raw, comment = key_argument(args.key)
