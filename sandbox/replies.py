@@ -259,7 +259,8 @@ class ExecProgress(OpReply):
     and the files written since the last report, as fanotify saw them close (None: not
     traced; at most ``LIVE_WRITTEN`` paths a report).  For a request with ``stream``, the
     tails are every byte since the last report instead (at most ``supervise.STREAM_MAX``
-    each; the byte counts tell what was dropped)."""
+    each; the byte counts tell what was dropped), and a last report, once the output ends,
+    carries what came after the one before it: nothing printed is left to the reply alone."""
 
     elapsed_ms: int
     stdout_bytes: int

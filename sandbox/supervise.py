@@ -331,7 +331,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
            on_started: Callable[[int], None] | None,
            on_progress: Callable[[ExecProgress], None] | None, progress_interval_s: float) -> None:
     """Read the jail's output and reports until every pipe is closed, or the output ones and
-    the init has sent its last report; end the jail on timeout."""
+    the init has sent its last report; end the jail on timeout.  Streaming, a last report has the rest."""
     streams = {fd: stream for fd, stream in ((output.out_r, output.out), (output.err_r, output.err))
                if fd is not None}
     poller = select.poll()
@@ -341,13 +341,13 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
     # the init's last, ends the wait, not the hang-up after the init's exit.
     poller.register(output.report_r, select.POLLIN)
     open_fds = {*streams, output.report_r}
-    next_progress = start + progress_interval_s
+    next_progress, streaming = start + progress_interval_s, output.out.keep > PROGRESS_TAIL
     while open_fds:
         if output.final and open_fds == {output.report_r}:
-            return  # the init's last word, the output read: its own exit is not waited for
+            break  # the init's last word, the output read: its own exit is not waited for
         now = time.monotonic()
         if on_progress is not None and now >= next_progress:
-            on_progress(_progress(now - start, output.out, output.err, output.out.keep > PROGRESS_TAIL))
+            on_progress(_progress(now - start, output.out, output.err, streaming))
             next_progress = now + progress_interval_s
         remaining = deadline - now
         if remaining <= 0:
@@ -378,6 +378,8 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
                             on_started(init_pid)
             else:
                 streams[fd].feed(chunk)
+    if on_progress is not None and streaming and (output.out.tail or output.err.tail):  # a crash's last words
+        on_progress(_progress(time.monotonic() - start, output.out, output.err, streaming))
 
 
 def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool) -> ExecProgress:

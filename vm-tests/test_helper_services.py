@@ -149,6 +149,39 @@ def test_a_service_serves_an_exec_of_its_capsule_and_ends_with_destroy(helper: P
     assert leftover.stdout == ""
 
 
+# A service that prints and ends before its first report, and one that prints its last words
+# after several: what each printed last comes in a report before the reply, never lost with it.
+LAST_WORDS = {
+    "fast": "import sys; print('fast-out-1'); print('fast-err-1', file=sys.stderr); sys.exit(3)",
+    "crashy": "import sys, time; print('started'); time.sleep(0.5); print('Traceback-last-words', file=sys.stderr); "
+              "sys.exit(1)",
+}
+
+
+def test_a_service_that_ends_reports_its_last_output_before_its_reply(helper: Path, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def main() -> dict[str, tuple[list[ExecProgress], ExecReply]]:
+        client = HelperClient(str(helper))
+        cap = (await client.request("create", {"workspace": str(ws)}))["capsule_id"]
+        out = {}
+        for name, code in LAST_WORDS.items():
+            seen: list[ExecProgress] = []
+            out[name] = (seen, await _service(client, cap, name, code, seen))
+        await client.request("destroy", {"capsule_id": cap})
+        await client.aclose()
+        return out
+
+    out = trio.run(main)
+    expected = {"fast": (3, b"fast-out-1\n", b"fast-err-1\n"), "crashy": (1, b"started\n", b"Traceback-last-words\n")}
+    for name, (exit_code, stdout, stderr) in expected.items():
+        seen, reply = out[name]
+        assert reply.exit_code == exit_code, (name, reply)
+        assert b"".join(p.stdout_tail for p in seen) == stdout, (name, seen)
+        assert b"".join(p.stderr_tail for p in seen) == stderr, (name, seen)
+        assert (seen[-1].stdout_bytes, seen[-1].stderr_bytes) == (len(stdout), len(stderr))
+
+
 def test_a_running_service_is_frozen_while_its_capsule_has_forks(helper: Path, tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
     ticker = "import time, pathlib\nwhile True:\n    time.sleep(0.05)\n"
