@@ -30,6 +30,7 @@ from tests.support.users import step
 
 ws, state = Path(sys.argv[2]), Path(sys.argv[3])
 SERVER = ["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"]
+FAST = ["sh", "-c", "echo fast-out-1; echo fast-err-1 >&2; exit 3"]
 FETCH = ["python3", "-c", "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8765/index.txt').read().decode())"]
 
 def get(url):
@@ -52,6 +53,9 @@ async def main():
                 await trio.sleep(0.1)
         out["logs"] = await call("capsule_service_logs", {"capsule_id": cap, "name": "web"})
         out["stop"] = await call("capsule_service_stop", {"capsule_id": cap, "name": "web"})
+        out["stopped_logs"] = await call("capsule_service_logs", {"capsule_id": cap, "name": "web"})
+        out["fast"] = await call("capsule_service_start", {"capsule_id": cap, "name": "fast1", "cmd": FAST,
+                                                           "ready": {"port": 8005, "timeout_ms": 10000}})
         await call("capsule_destroy", {"capsule_id": cap})
     step({"step": "done", **out}, wait=False)
 
@@ -101,5 +105,9 @@ def test_a_user_serves_reaches_and_forwards_through_the_rootless_helper(user_dir
     assert out["logs"]["text"].count('"GET /index.txt HTTP/1.1" 200') == 2, out["logs"]["text"]
     assert "HTTP/1.0" not in out["logs"]["text"]
     assert out["stop"]["state"] == "stopped", out["stop"]
+    # A stopped service's logs stay readable; one that ended at once logged its last words.
+    assert out["stopped_logs"]["state"] == "stopped" and out["stopped_logs"]["text"].startswith(out["logs"]["text"])
+    assert out["fast"]["ready"] is False and out["fast"]["log_tail"].splitlines()[1:] == [
+        "fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3, signal None]"], out["fast"]
     with socket.socket() as probe:  # the forward ended with its capsule
         assert probe.connect_ex(("127.0.0.1", port)) != 0

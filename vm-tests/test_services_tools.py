@@ -134,6 +134,58 @@ async def _logs_with(t: Any, cap: str, text: str) -> dict[str, Any]:
     return logs
 
 
+FAST = ["sh", "-c", "echo fast-out-1; echo fast-err-1 >&2; exit 3"]
+CRASHY = ["sh", "-c", "echo started; sleep 1; echo Traceback-last-words >&2; exit 1"]
+
+
+def test_what_a_service_printed_before_it_ended_or_was_stopped_stays_in_its_logs(tools: Any, tmp_path: Path) -> None:
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        out: dict[str, Any] = {}
+        # Ends before the helper's first report: its lines come in the last one, before the reply.
+        out["fast"] = await t.call("capsule_service_start", {"capsule_id": cap, "name": "fast1", "cmd": FAST,
+                                                             "ready": {"port": 8005, "timeout_ms": 10000}})
+        out["fast_logs"] = await t.call("capsule_service_logs", {"capsule_id": cap, "name": "fast1"})
+        out["crashy"] = await t.call("capsule_service_start", {"capsule_id": cap, "name": "crashy", "cmd": CRASHY,
+                                                               "ready": {"line": "started"}})
+        with trio.move_on_after(20):
+            while True:  # polled: it ends a second after it is ready
+                out["crashy_logs"] = await t.call("capsule_service_logs", {"capsule_id": cap, "name": "crashy"})
+                if out["crashy_logs"]["state"] == "exited":
+                    break
+                await trio.sleep(0.1)
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
+                                               "ready": {"port": 8765, "timeout_ms": 20000}})
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": FETCH})
+        out["stop"] = await t.call("capsule_service_stop", {"capsule_id": cap, "name": "web", "grace_ms": 3000})
+        out["web_logs"] = await t.call("capsule_service_logs", {"capsule_id": cap, "name": "web"})
+        try:
+            await t.call("capsule_service_logs", {"capsule_id": cap, "name": "nope"})
+        except CcwError as exc:
+            out["never"] = exc
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        out["log_dir"] = (t.runtime.state.root / "services" / cap).exists()
+        return out
+
+    out = tools.run(scenario)
+    fast = out["fast"]
+    assert fast["ready"] is False and fast["why"] == "it exited before it was ready", fast
+    assert fast["log_tail"].splitlines()[1:] == ["fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3, signal None]"]
+    assert out["fast_logs"]["text"] == fast["log_tail"]
+    assert out["crashy"]["ready"] is True
+    assert out["crashy_logs"]["text"].splitlines()[1:] == [
+        "started", "Traceback-last-words", "[ccw: crashy ended: exit 1, signal None]"], out["crashy_logs"]
+    assert out["stop"]["state"] == "stopped"
+    web = out["web_logs"]
+    assert web["state"] == "stopped" and '"GET /index.txt HTTP/1.1" 200' in web["text"], web
+    assert web["text"].splitlines()[-1].startswith("[ccw: web ended:")
+    assert out["never"].code == "NOT_FOUND" and out["never"].details["services"] == ["crashy", "fast1"]
+    assert out["never"].details["stopped"] == ["web"]
+    assert out["log_dir"] is False
+
+
 def test_a_service_name_is_checked_and_env_must_be_whitelisted(tools: Any, tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
 

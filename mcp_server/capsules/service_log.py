@@ -9,7 +9,8 @@ A small ``<name>.log.json`` says where in the whole stream each file starts, so 
 (a byte offset in everything the service ever printed, stdout and stderr as they came)
 stays meaningful across turns: ``read(since=cursor)`` answers what followed it, and says
 how much was lost when the cursor fell out of the ring.  Each start of the service
-appends a line saying so, so one log tells the story of its restarts.
+appends a line saying so, so one log tells the story of its restarts.  A stopped service's
+ring stays (``kept`` names them) until its capsule is destroyed (``forget``).
 
 Writes come from one task (the service's), reads from any call; a read sees a prefix of
 what was written, never a torn record, because the offsets file is replaced (rename)
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +112,19 @@ class LogRing:
         """Forget the output (the service was stopped for good, or its capsule destroyed)."""
         for path in (self.path, self.older, self.offsets):
             path.unlink(missing_ok=True)
+
+
+def kept(directory: Path) -> list[str]:
+    """The services of a capsule's log dir that have a ring, by name."""
+    try:
+        return sorted(path.name.removesuffix(".log") for path in directory.glob("*.log"))
+    except FileNotFoundError:
+        return []
+
+
+def forget(directory: Path) -> None:
+    """Remove a capsule's log dir, every ring in it (the capsule is destroyed)."""
+    shutil.rmtree(directory, ignore_errors=True)  # what is left of a destroyed capsule is read by no one
 
 
 def _size(path: Path) -> int:

@@ -33,7 +33,9 @@ with it, in the capsule's one network namespace.  This module is the front end's
   helper's) brings back those whose restart is not "no" and lists the others as
   ``lost``, with the reason (``recover``): never silently gone.
 - **Stop.**  SIGTERM through the helper's ``signal`` op, then SIGKILL after ``grace_ms``;
-  the service leaves the list and the state dir, its runs stay in the journal.
+  the service leaves the list and the spec table, its runs stay in the journal.  Its output
+  stays readable (``logs``: a person stops a service, then asks why it misbehaved) until its
+  capsule is destroyed; a new start of that name continues the same ring.
 """
 
 from __future__ import annotations
@@ -41,19 +43,19 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
 from mcp_server import events
-from mcp_server.capsules import capsecrets
+from mcp_server.capsules import capsecrets, service_log
 from mcp_server.capsules.background import Background
 from mcp_server.capsules.exec import ExecOutcome
 from mcp_server.capsules.networks import Networks, network_not_open
 from mcp_server.capsules.ports import Ports
 from mcp_server.capsules.service_log import LogRing, Slice
+from mcp_server.capsules.service_run import ServiceRun
 from mcp_server.capsules.service_spec import ServiceSpec, SpecTable
 from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
@@ -95,74 +97,6 @@ TAIL_LINES = 20  # lines of output a start that did not become ready shows
 ENDED = ("exited", "failed", "lost", "stopped", "pending")  # not running (pending: a fork's, not started yet)
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
-
-
-@dataclass(eq=False)
-class ServiceRun:
-    """One service as this process keeps it."""
-
-    spec: ServiceSpec
-    log: LogRing
-    state: str = "starting"
-    since: str = field(default_factory=_now)
-    created_at: str = field(default_factory=_now)
-    exit_code: int | None = None
-    signal: str | None = None
-    reason: str | None = None
-    restarts: int = 0
-    seq: int | None = None  # the journal row of its last run that ended
-    stopping: bool = False
-    awaited: bool = False  # a caller waits for this start's readiness; other starts are watched in the background
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    finished: trio.Event = field(default_factory=trio.Event)  # the serving task has ended
-    line_seen: trio.Event = field(default_factory=trio.Event)
-    _partial: str = ""
-    _counts: tuple[int, int] = (0, 0)
-
-    def set_state(self, state: str, reason: str | None = None) -> None:
-        self.state, self.since, self.reason = state, _now(), reason
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.spec.name, "state": self.state, "since": self.since,
-                               "argv": list(self.spec.argv), "restart": self.spec.restart, "restarts": self.restarts}
-        for key in ("exit_code", "signal", "reason", "seq"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
-        if self.spec.ready is not None:
-            out["ready_when"] = self.spec.ready.describe()
-        return out
-
-    def take_output(self, report: ExecProgress) -> None:
-        """A progress report's new output into the ring (noting what the helper could not carry),
-        and its lines against the readiness line (plain text: service_spec.Ready says why)."""
-        out_seen, err_seen = self._counts
-        missed = (report.stdout_bytes - out_seen - len(report.stdout_tail)
-                  + report.stderr_bytes - err_seen - len(report.stderr_tail))
-        self._counts = (report.stdout_bytes, report.stderr_bytes)
-        data = report.stdout_tail + report.stderr_tail
-        if missed > 0:
-            data = f"[ccw: {missed} bytes of output were not kept]\n".encode() + data
-        self.log.append(data)
-        line = self.spec.ready.line if self.spec.ready is not None else None
-        if line is not None and data and not self.line_seen.is_set():
-            text = self._partial + data.decode(errors="replace")
-            lines = text.split("\n")
-            self._partial = lines.pop()[-4096:]
-            if any(line in one for one in lines):
-                self.line_seen.set()
-
-    def starting(self) -> None:
-        self.set_state("starting")
-        self.log.append(f"[ccw: {self.spec.name} started at {self.since}: {' '.join(self.spec.argv)}]\n".encode())
-
-    def restarted(self) -> None:
-        self.restarts += 1
-        self.line_seen = trio.Event()
-        self._partial, self._counts = "", (0, 0)
-
-
 class Services:
     """The services of this front end's capsules (one per process, in the Runtime)."""
 
@@ -180,8 +114,11 @@ class Services:
     def table(self) -> SpecTable:
         return SpecTable(self.state)
 
+    def _log_dir(self, capsule_id: str) -> Path:
+        return Path(self.state.root) / "services" / capsule_id
+
     def _ring(self, spec: ServiceSpec) -> LogRing:
-        return LogRing(Path(self.state.root) / "services" / spec.capsule_id, spec.name)
+        return LogRing(self._log_dir(spec.capsule_id), spec.name)
 
     def _event(self, run: ServiceRun, **data: Any) -> None:
         events.add(self.state, "service", run.spec.capsule_id, {"name": run.spec.name, "state": run.state, **data})
@@ -191,11 +128,19 @@ class Services:
     def get(self, capsule_id: str, name: str) -> ServiceRun:
         run = self._runs.get((capsule_id, name))
         if run is None:
-            known = sorted(n for c, n in self._runs if c == capsule_id)
-            raise CcwError("NOT_FOUND", f"capsule {capsule_id} has no service named {name!r}; its services: "
-                           f"{known or 'none'} (capsule_service_start starts one)",
-                           {"capsule_id": capsule_id, "name": name, "services": known})
+            raise self._not_found(capsule_id, name)
         return run
+
+    def _stopped(self, capsule_id: str) -> list[str]:
+        """The capsule's stopped services whose output is kept."""
+        return [n for n in service_log.kept(self._log_dir(capsule_id)) if (capsule_id, n) not in self._runs]
+
+    def _not_found(self, capsule_id: str, name: str) -> CcwError:
+        known, stopped = sorted(n for c, n in self._runs if c == capsule_id), self._stopped(capsule_id)
+        kept = f"; stopped, their logs kept: {stopped}" if stopped else ""
+        return CcwError("NOT_FOUND", f"capsule {capsule_id} has no service named {name!r}; its services: "
+                        f"{known or 'none'}{kept} (capsule_service_start starts one)",
+                        {"capsule_id": capsule_id, "name": name, "services": known, "stopped": stopped})
 
     def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
         """The capsule's services and their states, by name."""
@@ -212,8 +157,16 @@ class Services:
         """Whether any service runs or port is forwarded (a front end that holds one is not idle)."""
         return self.ports.holding() or any(run.state not in ENDED for run in self._runs.values())
 
-    def logs(self, capsule_id: str, name: str, since: int | None = None, tail: int | None = None) -> Slice:
-        return self.get(capsule_id, name).log.read(since, tail)
+    def logs(self, capsule_id: str, name: str, since: int | None = None,
+             tail: int | None = None) -> tuple[str, Slice]:
+        """A service's state and its output after ``since`` (or its last ``tail`` lines); a stopped
+        one's too, until its capsule is destroyed."""
+        run = self._runs.get((capsule_id, name))
+        if run is not None:
+            return run.state, run.log.read(since, tail)
+        if name in self._stopped(capsule_id):
+            return "stopped", LogRing(self._log_dir(capsule_id), name).read(since, tail)
+        raise self._not_found(capsule_id, name)
 
     # --- start ---------------------------------------------------------------------
 
@@ -385,7 +338,7 @@ class Services:
         done = await capsules.record_service_run(record, request, outcome, started)
         run.exit_code, run.signal, run.seq = reply.exit_code, reply.signal, done
         run.set_state("stopped" if run.stopping else "exited")
-        run.log.append(f"[ccw: {spec.name} ended: exit {reply.exit_code}, signal {reply.signal}]\n".encode())
+        run.take_end(reply)
         self._event(run, exit_code=reply.exit_code, signal=reply.signal, seq=done)
         return "exited"
 
@@ -441,7 +394,8 @@ class Services:
     # --- stop ------------------------------------------------------------------------
 
     async def stop(self, capsule_id: str, name: str, grace_ms: int = STOP_GRACE_MS) -> dict[str, Any]:
-        """End the service (SIGTERM, then SIGKILL after ``grace_ms``) and forget it; its last summary."""
+        """End the service (SIGTERM, then SIGKILL after ``grace_ms``) and forget it but its output; its last
+        summary."""
         run = self.get(capsule_id, name)
         run.stopping = True
         if not run.finished.is_set() and run.state != "pending":  # a pending one never started
@@ -459,7 +413,6 @@ class Services:
             run.set_state("stopped")
         self._runs.pop((capsule_id, name), None)
         self.table.remove(capsule_id, name)
-        run.log.remove()
         self._event(run)
         return run.summary()
 
@@ -478,6 +431,7 @@ class Services:
             if cap == capsule_id:
                 await self.stop(cap, name, grace_ms=1000)
         self.table.remove(capsule_id)
+        service_log.forget(self._log_dir(capsule_id))
 
     # --- recovery, the nursery ---------------------------------------------------------
 
@@ -492,6 +446,7 @@ class Services:
             record = journal.capsule(spec.capsule_id)
             if record is None or record.destroyed_at is not None:
                 self.table.remove(spec.capsule_id)
+                service_log.forget(self._log_dir(spec.capsule_id))
                 continue
             if (spec.capsule_id, spec.name) in self._runs:
                 continue

@@ -79,9 +79,8 @@ async def capsule_service_logs(ctx: ToolContext, args: dict[str, Any]) -> dict[s
     record = ctx.capsules.live_record(args["capsule_id"])
     services = _services(ctx)
     await services.recover(ctx.capsules)
-    run = services.get(record.capsule_id, args["name"])
-    part = run.log.read(args.get("since"), args.get("tail"))
-    return {"capsule_id": record.capsule_id, "name": run.spec.name, "state": run.state, **part.to_json()}
+    state, part = services.logs(record.capsule_id, args["name"], args.get("since"), args.get("tail"))
+    return {"capsule_id": record.capsule_id, "name": args["name"], "state": state, **part.to_json()}
 
 
 async def capsule_service_stop(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:

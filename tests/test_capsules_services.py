@@ -1,0 +1,166 @@
+"""capsules/services.py and service_run.py against a fake helper: what a service's log holds when
+its run ends, and that a stopped service's log stays readable until its capsule is destroyed.
+The real helper's side (its last report before the reply) is in vm-tests/test_helper_services.py."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from mcp_server.capsules.networks import Networks
+from mcp_server.capsules.service_log import LogRing
+from mcp_server.capsules.service_run import ServiceRun
+from mcp_server.capsules.service_spec import Ready, ServiceSpec
+from mcp_server.capsules.services import Services
+from mcp_server.journal import Journal
+from mcp_server.journal_records import CapsuleRecord
+from mcp_server.state import State
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest, OpRequest, SignalRequest
+from sandbox.replies import ExecProgress
+from sandbox.spec import CapsuleSpec
+from tests.support.scratch_services import exec_reply
+
+
+def _report(out: bytes, err: bytes, counts: tuple[int, int]) -> dict[str, Any]:
+    return {"elapsed_ms": 1, "stdout_bytes": counts[0], "stderr_bytes": counts[1],
+            "stdout_tail_b64": base64.b64encode(out).decode(), "stderr_tail_b64": base64.b64encode(err).decode()}
+
+
+class FakeHelper:
+    """A service prints ``reports`` (stdout, stderr) then waits for a signal, or ends at once with
+    ``exit_code``."""
+
+    def __init__(self) -> None:
+        self.reports: list[tuple[bytes, bytes]] = []
+        self.until_signalled = False
+        self.exit_code = 0
+        self._signalled = trio.Event()
+
+    async def call(self, request: OpRequest[Any], on_progress: Any = None) -> Any:
+        if isinstance(request, SignalRequest):
+            self._signalled.set()
+            return None
+        assert isinstance(request, ExecRequest) and request.stream
+        out = err = 0
+        for stdout, stderr in self.reports:
+            out, err = out + len(stdout), err + len(stderr)
+            await on_progress(_report(stdout, stderr, (out, err)))
+        if self.until_signalled:
+            await self._signalled.wait()
+            self._signalled = trio.Event()
+        return dataclasses.replace(exec_reply(self.exit_code), stdout_bytes=out, stderr_bytes=err)
+
+
+class FakeCapsules:
+    """What ``Services`` needs of the capsule service: one live capsule, runs journaled as rows."""
+
+    def __init__(self, state: State, workspace: Path) -> None:
+        self.state, self.workspace = state, workspace
+        self.rows = 0
+
+    @property
+    def journal(self) -> Journal:
+        return Journal(self.state)
+
+    def live_record(self, capsule_id: str) -> CapsuleRecord:
+        return CapsuleRecord(capsule_id=capsule_id, spec=CapsuleSpec(workspace=str(self.workspace)), parent=None,
+                             created_at="", clock="", isolation={}, mount="", base_fingerprint=None,
+                             destroyed_at=None)
+
+    def background(self) -> FakeCapsules:
+        return self
+
+    async def record_service_run(self, record: Any, request: Any, outcome: Any, started: Any) -> int:
+        self.rows += 1
+        return self.rows
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[Services, FakeCapsules, FakeHelper]:
+    helper, state = FakeHelper(), State(tmp_path / "state")
+
+    async def get_helper() -> FakeHelper:
+        return helper
+
+    return Services(state, get_helper, Networks()), FakeCapsules(state, tmp_path), helper  # type: ignore[arg-type]
+
+
+def _spec(name: str, ready: Ready | None = None) -> ServiceSpec:
+    return ServiceSpec("cap_1", name, ("sh", "-c", "..."), None, None, ready)
+
+
+def test_what_a_service_printed_last_is_logged_before_its_end_and_shown_by_a_refused_start(world: Any) -> None:
+    services, capsules, helper = world
+    helper.reports = [(b"started\n", b""), (b"", b"Traceback-last-words\n")]  # the last: the helper's final report
+    helper.exit_code = 1
+
+    async def main() -> tuple[dict[str, Any], str]:
+        answer = await services.start(capsules, _spec("crashy", Ready(line="listening", timeout_ms=5000)))
+        await services.aclose()
+        return answer, services.logs("cap_1", "crashy")[1].text
+
+    answer, text = trio.run(main)
+    assert answer["ready"] is False and answer["why"] == "it exited before it was ready", answer
+    lines = text.splitlines()
+    assert lines[1:] == ["started", "Traceback-last-words", "[ccw: crashy ended: exit 1, signal None]"], text
+    assert answer["log_tail"] == text
+
+
+def test_output_the_reports_did_not_carry_is_said_before_the_end(tmp_path: Path) -> None:
+    run = ServiceRun(_spec("old"), LogRing(tmp_path, "old"))
+    run.take_output(ExecProgress.from_args(_report(b"one\n", b"", (4, 0))))
+    reply = exec_reply(0, b"one\nlost by an older helper\n")  # counted by its reply, never reported
+    run.take_end(reply)
+    assert run.log.read().text.splitlines() == [
+        "one", "[ccw: 24 bytes of output were not kept]", "[ccw: old ended: exit 0, signal None]"]
+    again = ServiceRun(_spec("new"), LogRing(tmp_path, "new"))
+    again.take_output(ExecProgress.from_args(_report(b"two\n", b"", (4, 0))))
+    again.take_end(exec_reply(0, b"two\n"))  # every byte reported: nothing to say but the end
+    assert again.log.read().text.splitlines() == ["two", "[ccw: new ended: exit 0, signal None]"]
+
+
+def test_a_stopped_services_log_stays_until_its_capsule_is_destroyed(world: Any, tmp_path: Path) -> None:
+    services, capsules, helper = world
+    helper.reports, helper.until_signalled = [(b"GET /index.txt 200\n", b"")], True
+
+    async def main() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        await services.start(capsules, _spec("web"))
+        out["stop"] = await services.stop("cap_1", "web", grace_ms=5000)
+        out["after_stop"] = services.logs("cap_1", "web")
+        out["listed"] = services.summaries("cap_1")
+        with pytest.raises(CcwError) as never:
+            services.logs("cap_1", "api")
+        out["never"] = never.value
+        # A front end started later (the same state dir) reads it too.
+        again = Services(services.state, services._helper, Networks())
+        out["later"] = again.logs("cap_1", "web", since=out["after_stop"][1].start, tail=1)
+        # A new start of that name continues its log.
+        await services.start(capsules, _spec("web"))
+        await services.stop("cap_1", "web")
+        out["restarted"] = services.logs("cap_1", "web")
+        await services.stop_all("cap_1")  # its capsule is destroyed
+        with pytest.raises(CcwError) as gone:
+            services.logs("cap_1", "web")
+        out["gone"] = gone.value
+        await services.aclose()
+        return out
+
+    out = trio.run(main)
+    assert out["stop"]["state"] == "stopped" and out["listed"] == []
+    state, part = out["after_stop"]
+    assert state == "stopped" and part.text.splitlines()[1:] == [
+        "GET /index.txt 200", "[ccw: web ended: exit 0, signal None]"], part.text
+    assert out["never"].code == "NOT_FOUND" and out["never"].details["stopped"] == ["web"]
+    assert "its services: none; stopped, their logs kept: ['web']" in out["never"].message
+    assert out["later"][0] == "stopped" and out["later"][1].text == "[ccw: web ended: exit 0, signal None]\n"
+    state, restarted = out["restarted"]
+    assert restarted.text.startswith(part.text) and restarted.text.count("GET /index.txt 200") == 2
+    assert out["gone"].code == "NOT_FOUND" and out["gone"].details["stopped"] == []
+    assert not (tmp_path / "state" / "services" / "cap_1").exists()
