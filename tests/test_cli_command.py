@@ -81,7 +81,8 @@ def test_promote_witness_replay_diff_destroy_arguments(tmp_path: Path) -> None:
     witness_file.write_bytes(b"")
     _, call, _ = tool_call(parse("capsule", "replay", str(witness_file)))
     assert call == {"path": str(witness_file)}
-    assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat"}
+    assert tool_call(parse("capsule", "diff", "cap_1", "--stat"))[1] == {"capsule_id": "cap_1", "format": "stat",
+                                                                  "ignored": False, "max_chars": None}
     assert tool_call(parse("capsule", "destroy", "cap_1"))[:2] == ("capsule_destroy", {"capsule_id": "cap_1"})
     assert tool_call(parse("capsule", "fork", "cap_1"))[:2] == ("capsule_fork", {"capsule_id": "cap_1"})
     assert tool_call(parse("capsule", "list"))[:2] == ("capsule_list", {})

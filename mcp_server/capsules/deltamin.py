@@ -47,6 +47,10 @@ passing run before the edit does not; a command that gives different outcomes on
 same generation is still called flaky.  The capsule's change, and the generation it is
 judged against, are read in the capsule's turn (after execs queued before this call),
 so they describe the same contents.
+
+A workspace edited under a path the capsule changed (the base is the live tree) makes the
+minimal patch revert that edit, as the capsule's diff would: a note in the answer
+says so, judged as capsule_diff judges it (capsules/carried.py).
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ from typing import Any
 
 import trio
 
+from mcp_server.capsules.carried import moved_notes
 from mcp_server.capsules.deltamin_check import FinalCheck, verify
 from mcp_server.capsules.executors import Executor, LocalExecutor
+from mcp_server.capsules.promote import _conflicts
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_beside import runs_of, services_beside
 from mcp_server.capsules.trials import (
@@ -291,6 +297,7 @@ class _Change:
     material: Material
     created: set[str]
     generation: int
+    moved: list[str]  # changed paths the workspace changed since the capsule did (capsules/carried.py)
 
 
 async def deltamin(service: CapsuleService, question: Question, executor: Executor | None = None) -> dict[str, Any]:
@@ -324,7 +331,9 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     verified = check.answer(found.material, found.result) or await verify(service, record, files, argv, judge,
                                                                           trials.timeout_ms, trials.services)
     patch = await trio.to_thread.run_sync(_patch, record, files)
+    notes = moved_notes(change.moved)  # the patch's base is the moved workspace: it may revert an edit there
     return {
+        **({"notes": notes} if notes else {}),
         "minimal_patch": patch,
         "replay_ok": verified["fails_again"],
         "root_hash": verified["root_hash"],
@@ -346,15 +355,17 @@ async def _read_change(service: CapsuleService, capsule_id: str) -> _Change:
         changes = await service.changes(record.capsule_id)
         root_fd = await service.open_root(record.capsule_id)
 
-        def read_material() -> tuple[Material, set[str]]:
+        def read_material() -> tuple[Material, set[str], list[str]]:
             with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
                 entries = changeset.expand(changes, base, capsule)
-                return units_from(entries, base, capsule), {e.path for e in entries if e.old is None}
+                material = units_from(entries, base, capsule)
+            moved = [one["path"] for one in _conflicts(service.journal, record, entries, {})]
+            return material, {e.path for e in entries if e.old is None}, moved
 
-        material, created = await trio.to_thread.run_sync(read_material)
+        material, created, moved = await trio.to_thread.run_sync(read_material)
     if not material.units:
         raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
-    return _Change(record, material, created, generation)
+    return _Change(record, material, created, generation, moved)
 
 
 async def _confirm(journal: Journal, trials: Trials, change: _Change, question: Question) -> int:

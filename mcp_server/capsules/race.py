@@ -3,7 +3,8 @@
 Several attempts at one task (forks made by ``capsule_fork`` with ``count``, one per
 agent or per try) are judged the same way: the same command runs in each, as
 capsule_exec runs it (journaled, in the capsule's turn), then each capsule's change is
-measured (its diff against its base) and judged by promotion's dry run
+measured (its diff against its base, what promotion would carry: capsules/carried.py,
+so a ``.pyc`` the command wrote does not count) and judged by promotion's dry run
 (capsules/promote.py, the policy named), which writes nothing.
 
 - **Where.**  Locally, at most ``os.cpu_count()`` commands at once, each in its capsule
@@ -37,6 +38,7 @@ import trio
 
 from mcp_server.capsules import race_remote, races
 from mcp_server.capsules.asker import Asker
+from mcp_server.capsules.carried import carried
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.promote import Request, promote
@@ -44,6 +46,7 @@ from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn, Ticket
 from mcp_server.core import unidiff
 from sandbox.errors import CcwError
+from sandbox.replies import ExecProgress
 
 MAX_RACERS = 32  # capsules in one race: each row is a diff and a dry-run promotion
 ORDER = "passed first (exit 0, in time), then policy passed, then fewest changed lines, then files, then fastest"
@@ -65,7 +68,8 @@ class _Quiet:
     def __init__(self, service: CapsuleService) -> None:
         self._service = service
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
         return None
 
     def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
@@ -140,7 +144,7 @@ async def _one(service: CapsuleService, quiet: CapsuleService, question: Questio
                 ran = await quiet.exec(exec_request(capsule_id, question.argv, None, question.timeout_ms), values)
                 row.update(exit_code=ran.reply.exit_code, timed_out=bool(ran.reply.timed_out),
                            duration_ms=ran.reply.duration_ms, usage=ran.usage)
-        row["diff"] = diff_size((await service.diff(capsule_id)).file_changes)
+        row["diff"] = diff_size((await carried(service, capsule_id)).diff.file_changes)
     except CcwError as exc:
         return {**row, "error": {"code": exc.code, "message": exc.message}}
     return {**row, **await _verdict(service, capsule_id, question.policy)}

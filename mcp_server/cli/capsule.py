@@ -80,6 +80,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     diff = verbs.add_parser("diff", parents=[common], help="what the capsule changed (coloured on a terminal)")
     diff.add_argument("capsule_id")
     diff.add_argument("--stat", action="store_true", help="a summary per file instead of the diff")
+    diff.add_argument("--ignored", action="store_true", help="git-ignored files too (promote leaves them behind)")
 
     _add_promote_parser(verbs, common)
 
@@ -231,7 +232,8 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any], str | None
                     call["stdin"] = stdin.read()
         return "capsule_exec", call, f"exec {' '.join(call['cmd'])[:40]}"
     if verb == "diff":
-        return "capsule_diff", {"capsule_id": args.capsule_id, "format": "stat" if args.stat else "unified"}, None
+        return "capsule_diff", {"capsule_id": args.capsule_id, "format": "stat" if args.stat else "unified",
+                                "ignored": args.ignored, "max_chars": None}, None  # the whole patch, for git apply
     if verb == "promote":
         return "capsule_promote", _promote_call(args), "promote"
     if verb == "witness":
@@ -340,6 +342,8 @@ def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
           file=sys.stderr)
     for line in _git_lines(result.get("git") or []):
         print(visible(line), file=sys.stderr)
+    for note in result.get("notes") or []:  # what promotion leaves behind, and what it would refuse
+        print(visible(note), file=sys.stderr)
     return 0
 
 

@@ -8,7 +8,10 @@ capsule_create, is tools/exec.py's.  What the results mean, where seed 003 is si
 
 - ``capsule_diff`` compares the capsule's view with its base (the workspace as it is now,
   since the live tree is the capsule's lower layer); files that are not UTF-8 are shown
-  as git binary patches, so the unified diff always applies with ``git apply``.
+  as git binary patches, so the unified diff always applies with ``git apply``.  It
+  shows what promotion would carry, names what it leaves behind, warns when the
+  workspace moved under a changed path, and cuts a long diff at a file's end
+  (capsules/carried.py says why).
 - Every result that describes a capsule carries its change ``generation``.
 """
 
@@ -17,13 +20,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from mcp_server.capsules import service
+from mcp_server.capsules import carried, service
 from mcp_server.capsules.create import Asked, create
 from mcp_server.capsules.fragments import CAPSULE_ID, GENERATION, NETWORK_IN
 from mcp_server.capsules.gitdirs import Found, listing
 from mcp_server.core import unidiff, volatile
 from mcp_server.core.netrules import parse_network
 from mcp_server.fs import changeset
+from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.netpresets import expand_network
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -40,8 +44,7 @@ LIMITS = {
         "disk_mb": {"type": "integer", "minimum": DISK_MB_MIN, "maximum": DISK_MB_MAX},
     },
     "description": (
-        "Per-exec memory (MiB), processes, CPU time (ms); disk_mb: the capsule's own disk, "
-        "holding all it writes (default: the helper's)."
+        "Per-exec memory (MiB), processes, CPU time (ms); disk_mb: the capsule's disk (default: the helper's)."
     ),
 }
 ISOLATION = {"type": "object", "description": "Each isolation mechanism in force and how."}
@@ -114,21 +117,27 @@ async def capsule_create(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 
 async def capsule_diff(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
-    """The capsule's changes against its base, as a unified diff, JSON or a stat."""
+    """The capsule's change as promotion would carry it (capsules/carried.py), as a unified diff, JSON or a stat."""
     fmt = args.get("format") or "unified"
-    diff = await ctx.capsules.diff(args["capsule_id"])
+    scope = Scope(include_ignored=bool(args.get("ignored")), paths=tuple(args.get("paths") or ()))
+    found = await carried.carried(ctx.capsules, args["capsule_id"], scope)
+    diff = found.diff
     files = [_file_item(fc) for fc in diff.file_changes]
+    result: dict[str, Any] = {"capsule_id": diff.record.capsule_id, "format": fmt,
+                              "summary": changeset.summary(diff.entries)}
+    notes = carried.notes(found)
     if fmt == "unified":
-        text = unidiff.render_all(diff.file_changes).decode("utf-8")
+        max_chars = args.get("max_chars", carried.MAX_CHARS)
+        result["diff"], left_out = carried.unified(diff.file_changes, max_chars)
+        if left_out:
+            notes.append(carried.cut_note(left_out, len(result["diff"])))
     elif fmt == "stat":
-        text = "".join(_stat_line(f) for f in files)
-        text += f"{len(files)} files changed\n"
+        result["diff"] = "".join(_stat_line(f) for f in files) + f"{len(files)} files changed\n"
     else:
-        text = ""
-    summary = changeset.summary(diff.entries)
-    result: dict[str, Any] = {"capsule_id": diff.record.capsule_id, "format": fmt, "summary": summary, "diff": text}
-    if fmt == "json":
+        result["diff"] = ""
         result["files"] = files
+    if notes:
+        result["notes"] = notes
     if diff.gitdirs:  # a worktree's git dir changes are not in the diff text: listed apart
         result["git"] = listing(diff.gitdirs)
     return result
@@ -180,8 +189,8 @@ TOOLS = [
         family="capsule",
         title="Create capsule",
         description=(
-            "A copy-on-write view of `workspace`; capsule_exec runs commands in it, jailed. "
-            "The real tree changes only at capsule_promote."
+            "A copy-on-write view of `workspace` for capsule_exec's jailed commands; "
+            "the real tree changes only at capsule_promote."
         ),
         input_schema={
             "type": "object",
@@ -190,7 +199,7 @@ TOOLS = [
             "properties": {
                 "workspace": {"type": "string", "minLength": 1,
                               "description": "Absolute project dir (not /etc, a home or a key store)."},
-                "base": {"type": ["string", "null"], "description": "Its base (default: the workspace)."},
+                "base": {"type": ["string", "null"], "description": "Default: the workspace."},
                 "clock_offset_sec": {"type": ["integer", "null"], "minimum": -(10**9), "maximum": 10**9},
                 "env_whitelist": {"type": ["array", "null"],
                                   "items": {"type": "string", "pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, "maxItems": 256},
@@ -198,7 +207,7 @@ TOOLS = [
                 "network": NETWORK_IN,
                 "volatile": {**volatile.GLOBS_SCHEMA, "description": "Random outputs replays skip (.nyc_output/*)."},
                 "expose": {"type": ["array", "null"], "items": {"type": "string"},
-                           "description": "Toolchain dirs to show read-only, besides those auto_expose finds."},
+                           "description": "Toolchain dirs shown read-only, beside auto_expose's."},
                 "auto_expose": {"type": "boolean"},
                 "secrets": {"type": "array", "items": {"type": "string"}},
             },
@@ -212,13 +221,14 @@ TOOLS = [
         name="capsule_diff",
         family="capsule",
         title="Diff capsule",
-        description=("The capsule's changes against its base: `unified` (applies with git apply), `json` (per file) "
-                     "or `stat`."),
+        description="The change promote would carry (git-ignored files only named): unified, json or stat.",
         input_schema={
             "type": "object",
             "required": ["capsule_id"],
             "additionalProperties": False,
-            "properties": {"capsule_id": CAPSULE_ID, "format": {"enum": ["unified", "json", "stat"]}},
+            "properties": {"capsule_id": CAPSULE_ID, "format": {"enum": ["unified", "json", "stat"]},
+                           "ignored": {"type": "boolean"}, "paths": {"type": "array", "items": {"type": "string"}},
+                           "max_chars": {"type": ["integer", "null"]}},
         },
         output_schema={
             "type": "object",
@@ -226,7 +236,7 @@ TOOLS = [
             "additionalProperties": False,
             "properties": {
                 "capsule_id": CAPSULE_ID,
-                "format": {"enum": ["unified", "json", "stat"]},
+                "format": {"type": "string"},  # as asked
                 # each changed git dir: {gitdir, count, paths, refs}
                 "git": {"type": "array", "items": {"type": "object"}},
                 "summary": {
@@ -237,6 +247,8 @@ TOOLS = [
                 },
                 "diff": {"type": "string"},
                 "files": {"type": "array", "items": {"type": "object"}},
+                # left out as ignored, the workspace moved, the diff cut (capsules/carried.py)
+                "notes": {"type": "array", "items": {"type": "string"}},
             },
         },
         handler=capsule_diff,
@@ -250,9 +262,8 @@ TOOLS = [
         family="capsule",
         title="Fork capsule",
         description=(
-            "A child capsule that starts from the parent's current view; the parent refuses execs and "
-            f"writes while it has forks. count (at most {service.MAX_FORKS}): that many, all or none; "
-            "answers {parent, capsule_ids}."
+            "A child capsule of the parent's current view (the parent refuses execs and writes while it has "
+            f"forks). count (at most {service.MAX_FORKS}): that many, all or none: {{parent, capsule_ids}}."
         ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False, "properties": {
             "capsule_id": CAPSULE_ID,
@@ -307,7 +318,7 @@ TOOLS = [
         family="capsule",
         title="Destroy capsule",
         description=(
-            "Unmount the capsule and delete its changes; the real tree is not touched."
+            "Unmount the capsule and delete its changes (the real tree stays as it is)."
         ),
         input_schema={"type": "object", "required": ["capsule_id"], "additionalProperties": False,
                       "properties": {"capsule_id": CAPSULE_ID}},

@@ -63,8 +63,8 @@ TOOLS = [
         family="capsule",
         title="Minimise failing change",
         description=(
-            "Find the smallest part of the capsule's change (files, then hunks) that still makes "
-            "target_cmd fail, by delta debugging in fresh capsules. Returns a patch that applies with git apply."
+            "The smallest part of the capsule's change (files, then hunks) still making target_cmd fail, "
+            "by delta debugging in fresh capsules; a git-apply patch."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id", "target_cmd"], "additionalProperties": False,
@@ -81,8 +81,8 @@ TOOLS = [
                 },
                 "budget_ms": {"type": "integer", "minimum": 1000, "maximum": 24 * 3600 * 1000},
                 "confirm_runs": {"type": "integer", "minimum": 1, "maximum": 10,
-                                 "description": ("Runs of the full and the empty change before searching "
-                                                 "(flakiness check; default 1).")},
+                                 "description": ("Fresh runs of the full and empty change (flakiness check; "
+                                                 "default 1).")},
                 "wait_ms": WAIT_MS,
             },
         },
@@ -97,6 +97,7 @@ TOOLS = [
                 "trials": {"type": "integer"}, "cache_hits": {"type": "integer"},
                 "elapsed_ms": {"type": "integer"}, "one_minimal": {"type": "boolean"},
                 "executor": EXECUTOR,
+                "notes": {"type": "array", "items": {"type": "string"}},  # capsules/carried.moved_notes
             },
         }]},
         handler=capsule_deltamin,

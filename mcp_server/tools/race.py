@@ -59,8 +59,8 @@ TOOLS = [
         family="capsule",
         title="Race capsules",
         description=(
-            f"Run cmd in each capsule (<={MAX_RACERS}; as capsule_exec), one per core, or on the REAPI cluster. "
-            "Rows (exit, time, usage, diff size, promote dry-run verdict) ranked by order."
+            f"Run cmd in each capsule (<={MAX_RACERS}, as capsule_exec; a core each) or on the REAPI cluster: "
+            "rows (exit, time, usage, diff size, promote dry-run verdict) ranked."
         ),
         input_schema={
             "type": "object", "required": ["capsule_ids", "cmd"], "additionalProperties": False,

@@ -1,0 +1,55 @@
+"""mcp_server/capsules/carried.py without a helper: a long diff cut at a file's end, what is
+left out as ignored named once per directory, and the notes an answer carries."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from mcp_server.capsules import carried
+from mcp_server.core import unidiff
+from mcp_server.fs.changeset import Entry, Side
+
+
+def _change(path: str, lines: int) -> unidiff.FileChange:
+    return unidiff.FileChange(path, None, b"".join(b"%d\n" % i for i in range(lines)), None, 0o100644)
+
+
+def test_a_long_diff_is_cut_at_the_end_of_a_file_and_still_applies(tmp_path: Path) -> None:
+    changes = [_change("c.txt", 10), _change("a.txt", 400), _change("b.txt", 400)]
+    whole, none_left = carried.unified(changes, None)
+    assert none_left == [] and whole == unidiff.render_all(changes).decode()
+    first = len(unidiff.render(changes[1]))
+    text, left = carried.unified(changes, first + 10)  # a.txt fits, b.txt would not
+    assert text == unidiff.render(changes[1]).decode() and left == ["b.txt", "c.txt"]
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    applied = subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=text.encode(), capture_output=True, check=False)
+    assert applied.returncode == 0, applied.stderr
+    assert (tmp_path / "a.txt").read_bytes() == changes[1].new and not (tmp_path / "b.txt").exists()
+    assert carried.unified(changes, first - 1) == ("", ["a.txt", "b.txt", "c.txt"])  # the first file alone is too long
+    note = carried.cut_note(left, len(text))
+    assert note.startswith(f"cut at {len(text)} chars: 2 file(s) not shown (b.txt, c.txt); ask for them with paths")
+
+
+def _side(kind: str) -> Side:
+    return Side(kind, 0o755 if kind == "dir" else 0o644)
+
+
+def test_ignored_paths_are_named_once_per_directory_and_counted_by_file() -> None:
+    made = [(".pytest_cache", "dir"), (".pytest_cache/v", "dir"), (".pytest_cache/v/x", "file"),
+            (".pytest_cache/.gitignore", "file"), ("src/__pycache__", "dir"), ("src/__pycache__/m.pyc", "file"),
+            ("src/m.py", "file"), ("build.so", "file")]
+    entries = [Entry(path, None, _side(kind), False) for path, kind in made]
+    left = [path for path, _ in made if path != "src/m.py"]
+    ignored, files = carried.ignored_paths(entries, left)
+    assert ignored == [".pytest_cache/", "src/__pycache__/", "build.so"] and files == 4
+    assert carried.ignored_notes([], 0) == []
+    [note] = carried.ignored_notes(ignored, files)
+    assert note.startswith("ignored, not shown: 4 files in .pytest_cache/, src/__pycache__/, build.so (")
+
+
+def test_a_moved_workspace_is_a_note_naming_its_paths_and_many_paths_are_counted() -> None:
+    assert carried.moved_notes([]) == []
+    [note] = carried.moved_notes([f"f{i}" for i in range(carried.NAMED + 3)])
+    assert note.startswith(f"workspace moved: it changed at {carried.NAMED + 3} path(s) since the capsule changed them")
+    assert f"f{carried.NAMED - 1}, and 3 more)" in note and "REPO_CHANGED" in note
