@@ -243,7 +243,7 @@ class CapsuleManager:
     def isolation(self, capsule: Capsule) -> dict[str, Any]:
         """The mechanisms in force for a capsule (helper-wide ones probed once)."""
         if self._isolation is None:
-            self._isolation = in_force.isolation()
+            self._isolation = in_force.isolation(self.rootless)
         filesystem: dict[str, Any] = {"overlayfs": True, "userxattr": self.rootless,
                                       "frozen_base": capsule.spec.given_base is not None,
                                       "disk_limit_mb": capsule.disk_mb}

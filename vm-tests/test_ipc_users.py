@@ -164,9 +164,10 @@ def test_rootless_helper_as_an_unprivileged_user(
     out = run_as(uid, gid, ROOTLESS_SCRIPT, str(state), str(ws), cwd=str(public_dir))
     assert out["embedded"] is True
     assert out["mode"] == "rootless" and out["user_namespace"] is True
-    # No cgroup of this host is writable by the user: hello claims none, and says why.
-    assert all(value is None for value in out["cgroups"].values()), out["cgroups"]
-    assert set(out["cgroups_unavailable"]) <= set(out["cgroups"])
+    # No cgroup of this host is writable by the user: hello claims none, and says why (io is
+    # measured from the jail's wait4 rusage, which needs no cgroup).
+    assert all(value is None or not value.startswith("cgroup") for value in out["cgroups"].values()), out["cgroups"]
+    assert set(out["cgroups_unavailable"]) == {key for key, value in out["cgroups"].items() if value is None}
     assert out["stdout"] == "user data\n"
     # fanotify cannot work from a user namespace: no read set, and a reason instead of a guess.
     assert out["touched_read"] is None and out["read_reason"]
