@@ -290,7 +290,8 @@ async def serve(
 
 @contextlib.asynccontextmanager
 async def running_app(config: Config) -> AsyncIterator[CcwServer]:
-    """The state dir's CcwServer, started (promotions recovered) and closed after use."""
+    """The state dir's CcwServer, started (promotions recovered, forwarded ports reopened in the
+    background: capsules/ports.py) and closed after use."""
     from mcp_server.server import CcwServer
     from mcp_server.state import State
 
@@ -299,6 +300,7 @@ async def running_app(config: Config) -> AsyncIterator[CcwServer]:
         app = CcwServer(config, state)
         app.startup()
         try:
+            await app.runtime.services.ports.reopen_kept()
             yield app
         finally:
             with trio.CancelScope(shield=True):

@@ -21,8 +21,13 @@ the pool is empty.  What it trusts (THREATS.md, "Forwarded ports"):
   reaches: the capsule's loopback, and for an egress capsule its way out, which leads
   only to this process's own proxy listeners.
 - **How long.**  A forward lives as long as its capsule (destroy closes it) and is kept
-  in the state dir's ``ports`` table: a restarted front end opens it again on the same
-  host port when that is free, else on another, and says so.
+  in the state dir's ``ports`` table: a front end that starts opens it again
+  (``reopen_kept``, from ``frontdoor.running_app``, in the background so that starting
+  waits for no helper), with the same owner check, on the same host port when that is
+  free, else on another: the log says so, and the ``port`` event's ``moved_from`` names
+  the old one.  One that cannot be opened again (the helper refuses) stays kept, logged,
+  and is tried at the next start.  Calls that read or change the forwards wait for that
+  reopening (``recover``), so none is opened twice and none is missing from a listing.
 """
 
 from __future__ import annotations
@@ -93,10 +98,12 @@ class Ports:
         self._open: dict[tuple[str, int], PortForward] = {}
         self._background = Background("ccw forwarded ports")
         self._recovered = False
+        self._recovering = trio.Lock()
         state.ensure_schema("ports", _DDL)
 
     async def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
         """The capsule's forwards, with their programs' counts as of now."""
+        await self.recover()
         out = []
         for (cap, _), forward in sorted(self._open.items()):
             if cap == capsule_id:
@@ -121,7 +128,7 @@ class Ports:
                                                        dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
         return _summary(capsule_id, forward)
 
-    async def _start(self, capsule_id: str, port: int, host_port: int) -> PortForward:
+    async def _start(self, capsule_id: str, port: int, host_port: int, moved_from: int | None = None) -> PortForward:
         async def connect() -> trio.socket.SocketType:
             helper = await self._helper()
             return await helper.net_connect(capsule_id, port)
@@ -149,7 +156,8 @@ class Ports:
         self._open[(capsule_id, port)] = forward
         nursery = await self._background.nursery()
         await nursery.start(forward.serve)
-        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open"})
+        moved = {} if moved_from is None else {"moved_from": moved_from}
+        events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open", **moved})
         return forward
 
     async def _first_spares(self, capsule_id: str, port: int) -> list[socket.socket]:
@@ -178,25 +186,53 @@ class Ports:
                 await self.close(cap, port)
         self.state.execute("DELETE FROM ports WHERE capsule_id = ?", (capsule_id,))
 
+    async def reopen_kept(self) -> None:
+        """At a front end's start: reopen the kept forwards in the background (``recover``),
+        if there are any; the helper is not asked otherwise."""
+        if not self.state.execute("SELECT 1 FROM ports LIMIT 1"):
+            return
+
+        async def reopen() -> None:
+            try:
+                await self.recover()
+            except Exception as exc:  # a system task must not raise; the next start tries again
+                LOGGER.warning(f"mcp:port could not reopen the forwarded ports: {exc}")
+
+        nursery = await self._background.nursery()
+        nursery.start_soon(reopen)
+
     async def recover(self) -> None:
         """Once per process: open again the forwards the state dir keeps for live capsules."""
-        if self._recovered:
-            return
-        self._recovered = True
-        journal = Journal(self.state)
-        for row in self.state.execute("SELECT capsule_id, port, host_port FROM ports ORDER BY capsule_id, port"):
-            capsule_id, port, host_port = row["capsule_id"], row["port"], row["host_port"]
-            record = journal.capsule(capsule_id)
-            if record is None or record.destroyed_at is not None:
-                self.state.execute("DELETE FROM ports WHERE capsule_id = ?", (capsule_id,))
-                continue
+        async with self._recovering:
+            if self._recovered:
+                return
+            self._recovered = True
+            journal = Journal(self.state)
+            for row in self.state.execute("SELECT capsule_id, port, host_port FROM ports ORDER BY capsule_id, port"):
+                capsule_id, port, host_port = row["capsule_id"], row["port"], row["host_port"]
+                record = journal.capsule(capsule_id)
+                if record is None or record.destroyed_at is not None:
+                    self.state.execute("DELETE FROM ports WHERE capsule_id = ?", (capsule_id,))
+                    continue
+                await self._reopen(capsule_id, port, host_port)
+
+    async def _reopen(self, capsule_id: str, port: int, host_port: int) -> None:
+        """Open a kept forward again: on its host port if free, else on another (said); kept if it cannot be."""
+        try:
             try:
                 forward = await self._start(capsule_id, port, host_port)
-            except CcwError:  # its host port is taken now: another one, said in the event and the answer
-                forward = await self._start(capsule_id, port, 0)
-                LOGGER.info(f"mcp:port {capsule_id}:{port} reopened on {forward.host_port}, not {host_port}")
-            self.state.execute("UPDATE ports SET host_port = ? WHERE capsule_id = ? AND port = ?",
-                               (forward.host_port, capsule_id, port))
+            except CcwError as exc:
+                if exc.details.get("errno") != "EADDRINUSE":
+                    raise
+                forward = await self._start(capsule_id, port, 0, moved_from=host_port)
+                LOGGER.warning(f"mcp:port {capsule_id}:{port} reopened on {forward.url}: its host port {host_port} "
+                               "is taken by another program now")
+        except CcwError as exc:
+            LOGGER.warning(f"mcp:port {capsule_id}:{port} not reopened (kept, tried again at the next start): "
+                           f"{exc.message}")
+            return
+        self.state.execute("UPDATE ports SET host_port = ? WHERE capsule_id = ? AND port = ?",
+                           (forward.host_port, capsule_id, port))
 
     async def aclose(self) -> None:
         for forward in list(self._open.values()):

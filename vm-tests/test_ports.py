@@ -1,0 +1,67 @@
+"""Forwarded ports (mcp_server/capsules/ports.py) outlive their front end: a front end that
+starts opens the kept forwards again, before any call about ports, on the same host port
+when it is free and on another, said in the ``port`` event, when it is not."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support.cli_process import ccw
+from tests.support.workspaces import make_workspace
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60) -> None:
+    """Poll ``condition()`` until it holds (a sequencing wait, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def opened(state: Path, capsule_id: str) -> list[dict[str, Any]]:
+    """The capsule's ``port`` events of forwards opened (the probes above are refused ones)."""
+    db = sqlite3.connect(f"file:{state / 'ccw.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT data FROM events WHERE capsule_id = ? AND kind = 'port' ORDER BY id",
+                          (capsule_id,)).fetchall()
+    finally:
+        db.close()
+    return [event for event in (json.loads(row[0]) for row in rows) if event["state"] == "open"]
+
+
+def test_a_starting_front_end_reopens_the_kept_forwards(tmp_path: Path, root_required: None) -> None:
+    state = tmp_path / "state"
+    workspace = make_workspace(tmp_path / "ws", {"f": ""})
+    try:
+        cap = ccw(state, "capsule", "create", "--no-auto-expose", str(workspace)).stdout.strip()
+        kept = json.loads(ccw(state, "capsule", "port", cap, "9000", "--json").stdout)
+        moved = json.loads(ccw(state, "capsule", "port", cap, "9001", "--json").stdout)
+        assert listening(kept["host_port"]) and listening(moved["host_port"])
+        ccw(state, "helper", "stop")
+        assert not listening(kept["host_port"]) and not listening(moved["host_port"])
+        with socket.socket() as squatter:  # another program takes one forward's host port meanwhile
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the probes' TIME_WAIT
+            squatter.bind(("127.0.0.1", moved["host_port"]))
+            squatter.listen()
+            ccw(state, "capsule", "list")  # starts a front end; nothing here asks about ports
+            wait_for(lambda: listening(kept["host_port"]), "the kept forward to be opened again")
+            wait_for(lambda: len(opened(state, cap)) == 4, "both forwards' reopening")
+            listed = json.loads(ccw(state, "capsule", "service", "list", cap, "--json").stdout)["ports"]
+        assert (listed[0]["port"], listed[0]["host_port"], listed[0]["url"]) == (9000, kept["host_port"], kept["url"])
+        assert listed[1]["port"] == 9001 and listed[1]["host_port"] != moved["host_port"]
+        assert listening(listed[1]["host_port"])
+        reopened = [(e["port"], e["host_port"], e.get("moved_from")) for e in opened(state, cap)[2:]]
+        assert reopened == [(9000, kept["host_port"], None), (9001, listed[1]["host_port"], moved["host_port"])]
+    finally:
+        ccw(state, "helper", "stop", check=False)
