@@ -151,17 +151,27 @@ async def _drain_with(draining: trio.Event, others: trio.Event) -> None:
 
 
 async def _take_from_daemon(config: Config) -> Any:
-    """The lock, once the front end that holds it, if it is only the ccw command's daemon,
-    has drained and left: this server's own settings (tools, workspace) then apply to its
-    clients, which the daemon's, inherited from some earlier command, would not.  None
-    when the owner serves an agent (not ours to stop) or somebody else was quicker."""
+    """The lock, once the front end that holds it, if it is only the ccw command's daemon
+    and nobody else is connected to it, has drained and left (frontdoor.ask_to_yield).
+    None when the owner serves an agent (not ours to stop), when the daemon is busy (this
+    server attaches to it: its client is answered now, not when a person's command ends),
+    or when somebody else was quicker."""
     from mcp_server import frontdoor
 
     owner = frontdoor.owner_of(config.state_dir) or {}
     if not owner.get("daemon"):
         return None
-    LIFECYCLE.info(f"mcp:frontend asking the ccw command's front end (pid {owner.get('pid')}) to stop")
-    await trio.to_thread.run_sync(frontdoor.stop_daemon, config.state_dir)  # returns once it has exited
+    said = await trio.to_thread.run_sync(frontdoor.ask_to_yield, config.state_dir)
+    if said == "busy":
+        LIFECYCLE.info(f"mcp:frontend the ccw command's front end (pid {owner.get('pid')}) has clients: "
+                       "attaching to it")
+        return None
+    if said == "now":
+        LIFECYCLE.info(f"mcp:frontend the ccw command's front end (pid {owner.get('pid')}) yields")
+    else:  # it did not answer the question (another ccw version): stopped as before
+        LIFECYCLE.info(f"mcp:frontend asking the ccw command's front end (pid {owner.get('pid')}) to stop")
+    # returns once it has exited
+    await trio.to_thread.run_sync(functools.partial(frontdoor.stop_daemon, config.state_dir, send_signal=said is None))
     return frontdoor.try_lock(config.state_dir)
 
 

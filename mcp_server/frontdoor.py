@@ -28,9 +28,11 @@ per state dir and every client talks to it:
   exits with status 2 (CONFLICT, naming the owner's pid): those endpoints serve other
   clients that chose that address, and silently relaying them to a process that may
   end with its agent's session would surprise them.  An owner that is only the CLI's
-  daemon (below) yields to any ``ccw-mcp``: it is asked to stop, drains, and the new
-  server owns, so an agent's server runs with its own settings (tools, workspace), not
-  with those the daemon inherited from some earlier command.  An attached server's
+  daemon (below) yields to a ``ccw-mcp`` when no one else is connected (``ask_to_yield``:
+  "now", it drains, the new server owns, its log on its own stderr); while a command or
+  an attached server is (a person's long exec) it answers "busy" and stays, and a stdio
+  ``ccw-mcp`` attaches to it, answered at once: a drained daemon stops listening but
+  holds the lock until that command ends.  An attached server's
   client is served with what is its own: the relay opens its connection with its
   caller context and its tool families (``opening_line``: its cwd, environment,
   ``CCW_WORKSPACE`` and ``CCW_TOOLSETS``), so its file tools default to its workspace,
@@ -224,6 +226,8 @@ def refuse_unlike(config: Config) -> None:
 
 OPENING = b'{"' + CALLER_META.encode() + b'":'  # how a connection's opening line starts (``opening_line``)
 OPENING_TOOLSETS = "ccw/toolsets"  # the opening line's key for the attached server's CCW_TOOLSETS
+OPENING_YIELD = "ccw/yield"  # an opening that only asks the daemon to yield (``ask_to_yield``)
+YIELD_ANSWER_S = 10.0  # a front end that does not answer the question in this long is asked to stop
 MAX_OPENING = 4 << 20  # an environment is a few KiB; a line longer than this is no opening
 
 
@@ -240,6 +244,7 @@ class Opening:
 
     caller: dict[str, Any] | None  # the caller context of calls that lend none themselves
     toolsets: tuple[str, ...] | None  # the families and profiles its client is served; None: the owner's
+    yield_asked: bool = False  # the connection only asks the daemon to yield (``ask_to_yield``)
 
     @classmethod
     def parse(cls, line: bytes) -> Opening | None:
@@ -251,7 +256,8 @@ class Opening:
         if not isinstance(opening, dict):
             return None
         caller = opening.get(CALLER_META)
-        return cls(caller if isinstance(caller, dict) else None, _lent_toolsets(opening.get(OPENING_TOOLSETS, None)))
+        toolsets = _lent_toolsets(opening.get(OPENING_TOOLSETS, None))
+        return cls(caller if isinstance(caller, dict) else None, toolsets, opening.get(OPENING_YIELD) is True)
 
 
 def _lent_toolsets(lent: Any) -> tuple[str, ...] | None:
@@ -279,13 +285,34 @@ async def serve(
     app: CcwServer, draining: trio.Event, idle_s: float | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve MCP on the state dir's frontend.sock until ``draining`` (and its requests are
-    answered) or, with ``idle_s``, until no client has been connected for that long."""
+    """Serve MCP on frontend.sock until ``draining`` (its requests answered) or, with ``idle_s``
+    (the CLI's daemon, which also yields), until no client has been connected for that long."""
     clients = _Clients()
     await listen(str(FrontendPaths.of(app.config.state_dir).socket), 0o600,
                  functools.partial(_stop_accepting, draining, clients=clients, idle_s=idle_s,
                                    holding=app.runtime.services.holding),
-                 lambda stream: _serve_client(app, stream, draining, clients), task_status=task_status)
+                 lambda stream: _serve_client(app, stream, draining, clients, yields=idle_s is not None),
+                 task_status=task_status)
+
+
+def ask_to_yield(state_dir: str) -> str | None:
+    """Ask the state dir's daemon to yield: "now" (it drains and exits), "busy" (a client
+    is connected to it: it stays), or None when it does not answer (not listening, or a
+    ccw that does not know the question)."""
+    line = json.dumps({CALLER_META: {}, OPENING_YIELD: True}).encode() + b"\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
+        sock.settimeout(YIELD_ANSWER_S)
+        try:
+            sock.connect(str(FrontendPaths.of(state_dir).socket))
+            sock.sendall(line)
+            answer = sock.makefile("rb").readline(4096)
+        except OSError:
+            return None
+    try:
+        said = json.loads(answer.partition(b"\n")[0]).get(OPENING_YIELD)
+    except (ValueError, AttributeError):
+        return None
+    return said if said in ("now", "busy") else None
 
 
 @contextlib.asynccontextmanager
@@ -354,7 +381,8 @@ async def _stop_accepting(
     accepting.cancel()
 
 
-async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event, clients: _Clients) -> None:
+async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event, clients: _Clients,
+                        yields: bool = False) -> None:
     async with stream:
         uid = peer_uid(stream.socket)  # type: ignore[arg-type]
         if uid != os.getuid():
@@ -369,6 +397,15 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
             PASSED_FDS.set(passed)
             reader = _FdReceiver(stream, passed)
             opening = await reader.opening()
+            if opening is not None and opening.yield_asked:
+                # Alone (this asker aside): drain now.  Otherwise someone's calls would be cut
+                # short or refused, and the asker attaches instead (the module's docstring).
+                now = yields and clients.count == 1 and not draining.is_set()
+                await stream.send_all(json.dumps({OPENING_YIELD: "now" if now else "busy"}).encode() + b"\n")
+                if now:
+                    LOGGER.info("mcp:frontend yielding to a ccw-mcp that starts on this state dir")
+                    draining.set()
+                return
             CALLER_CONTEXT.set(opening.caller if opening is not None else None)
             # An attached ccw-mcp's client lists and calls the tools of its own families.
             lent = opening.toolsets if opening is not None else None
@@ -440,7 +477,6 @@ class _FdReceiver(trio.abc.ReceiveStream):
         await self.stream.aclose()
 
 
-
 STOP_TIMEOUT_S = 30.0  # SIGTERM lets the front end finish the calls it is running
 
 
@@ -456,9 +492,10 @@ def status(state_dir: str) -> dict[str, Any]:
             "frontend_endpoint": owner.get("endpoint"), "frontend_daemon": bool(owner.get("daemon"))}
 
 
-def stop_daemon(state_dir: str) -> dict[str, Any]:
+def stop_daemon(state_dir: str, send_signal: bool = True) -> dict[str, Any]:
     """Stop the CLI's front-end daemon of ``state_dir`` (SIGTERM: it drains, then exits); an
-    owner serving an agent (stdio, socket, http) is left alone.  What was done."""
+    owner serving an agent (stdio, socket, http) is left alone.  What was done.  Without
+    ``send_signal``: only wait for it to exit (it yields on its own: ``ask_to_yield``)."""
     import select
     import signal
 
@@ -473,7 +510,8 @@ def stop_daemon(state_dir: str) -> dict[str, Any]:
     if pidfd < 0:
         return {**found, "frontend_stopped": False}
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        if send_signal:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         select.select([pidfd], [], [], STOP_TIMEOUT_S)
     except ProcessLookupError:
         pass

@@ -232,6 +232,36 @@ def test_the_cli_daemon_discovers_with_the_callers_path(state: Path, workspace: 
 
 
 
+def test_an_agents_server_attaches_to_the_cli_front_end_while_it_runs_a_command(state: Path, workspace: Path) -> None:
+    """A person's ``ccw capsule exec`` runs a long command: an agent's stdio ccw-mcp that
+    starts meanwhile is answered before the command ends (it attaches to the busy daemon;
+    asked to stop, the daemon would stop listening until its command ended), and an idle
+    daemon still yields to the next one."""
+    env = cli_env(state)
+    cap = subprocess.run([str(CCW), "capsule", "create", "--no-auto-expose", str(workspace)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True).stdout.strip()
+    person = subprocess.Popen([str(CCW), "capsule", "exec", cap, "--", "sh", "-c", "sleep 20; echo done"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: events(state, cap, "run.started"), "the person's exec to start")
+        with RawStdio(state, "capsule", tasks=None) as agent:
+            listed = structured(agent.call("capsule_list", {}))
+            assert person.poll() is None  # answered while the person's command still ran
+            assert [c["capsule_id"] for c in listed["capsules"]] == [cap]
+            assert any("tools=relayed" in line for line in agent.stderr), agent.stderr
+            out, err = person.communicate(timeout=120)
+            assert (person.returncode, out) == (0, "done\n"), err
+        # Nobody is connected now: the next agent's server owns the state dir itself.
+        with RawStdio(state, "capsule", tasks=None) as agent:
+            assert structured(agent.call("capsule_list", {}))["capsules"][0]["capsule_id"] == cap
+            assert not any("tools=relayed" in line for line in agent.stderr), agent.stderr
+            assert json.loads((state / "frontend.lock").read_text())["pid"] == agent.proc.pid
+    finally:
+        person.kill()
+        person.wait()
+        subprocess.run([str(CCW), "helper", "stop"], env=env, capture_output=True, timeout=120)
+
+
 def test_frontend_socket_refuses_another_uid_even_root(user_dir: tuple[int, int, Path]) -> None:
     """An unprivileged user's front end: its socket is 0600, and root, who may connect
     anyway, is refused by SO_PEERCRED (a call may lend its caller's PATH and HOME)."""

@@ -22,6 +22,10 @@ client's ``initialize`` (under an id of ours, its answer swallowed) and
 client sees one session throughout.  Its later requests are read only once the new
 session stands, so none is lost meanwhile; and those a draining owner refused unread
 (error -32001, "shutting down": they never ran) are sent to the next one, not answered.
+While no front end answers, the client's lines are read and held for the next one
+(``_attach_holding``); if none answers within ``ATTACH_TIMEOUT_S`` (an owner that drains
+finishes its calls first, holding the lock but no longer listening), each held request
+is answered with the reason, never left to a traceback, and the server exits 2.
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from mcp_server.config import Config
 from mcp_server.frontdoor import opening_line
 from mcp_server.logs import LOGGER
 from mcp_server.transports.stdio import claim_stdio
+from sandbox.errors import CcwError
 
 READ_CHUNK = 65536
 MAX_ANSWER = 256 << 20  # as the socket client accepts (transports/unix.py)
 ATTACH_TIMEOUT_S = 60.0  # a new owner recovers promotions and starts before it listens
 RELAY_INIT_ID = "ccw-relay-initialize"
+MAX_HELD = 1024  # lines read from the client before any front end answers (as ndjson's MAX_PENDING)
 
 
 class Relay:
@@ -56,6 +62,7 @@ class Relay:
         self.handshake: list[dict[str, Any]] = []  # the client's initialize and initialized
         self.pending: dict[tuple[str, Any], tuple[Any, bytes]] = {}  # forwarded, not yet answered: (id, line)
         self.resend: list[bytes] = []  # refused by a draining owner unread: for the next one
+        self.held: list[bytes] = []  # read while no front end answered yet: sent once one does
         self.client_ended = False
         self.host_draining = trio.Event()  # ends a front end we host after a takeover
         # Our client's calls run in the owner's process, but with our own context and tools:
@@ -68,7 +75,7 @@ class Relay:
         """Relay until the client's input ends (or ``draining``) and its answers are back."""
         try:
             while True:
-                upstream, owner_lines = await self._attach(nursery)
+                upstream, owner_lines = await self._attach_holding(nursery)
                 async with upstream:
                     try:
                         await upstream.send_all(self.opening)
@@ -83,11 +90,44 @@ class Relay:
         finally:
             self.host_draining.set()
 
+    async def _attach_holding(self, nursery: trio.Nursery) -> tuple[trio.SocketStream, framing.LineSplitter]:
+        """``_attach``, reading the client meanwhile: what it sends goes to the front end once
+        one answers, and if none does, its requests are answered with the reason (an error its
+        client can show), which then ends this server (exit 2)."""
+        failure: CcwError | None = None
+        async with trio.open_nursery() as holding:
+            holding.start_soon(self._hold_client)
+            try:
+                attached = await self._attach(nursery)
+            except CcwError as exc:
+                failure = exc
+            holding.cancel_scope.cancel()
+        if failure is not None:
+            for line in self.held:
+                frame = framing.classify(line)
+                if isinstance(frame, framing.Request):
+                    await self._to_client(framing.dumps(framing.error_message(
+                        frame.id, framing.SHUTTING_DOWN, f"{failure.code}: {failure.message}")))
+            raise failure
+        return attached
+
+    async def _hold_client(self) -> None:
+        while len(self.held) < MAX_HELD:  # past it, the client waits to be read, as by a busy owner
+            data = await self.client_in.receive_some(READ_CHUNK)
+            if not data:
+                self.client_ended = True
+                return
+            for event in self.client_lines.feed(data):
+                if isinstance(event, framing.Oversized):
+                    await self._to_client(framing.dumps(framing.oversized_answer(event, False)))
+                else:
+                    self.held.append(event.data)
+
     async def _attach(self, nursery: trio.Nursery) -> tuple[trio.SocketStream, framing.LineSplitter]:
         from mcp_server import frontdoor
 
         path = str(frontdoor.FrontendPaths.of(self.config.state_dir).socket)
-        with trio.fail_after(ATTACH_TIMEOUT_S):
+        with trio.move_on_after(ATTACH_TIMEOUT_S):
             while True:
                 lock = frontdoor.try_lock(self.config.state_dir)
                 if lock is not None:
@@ -100,6 +140,11 @@ class Relay:
                 if lock is None:  # another process took over: it must serve what ours would
                     frontdoor.refuse_unlike(self.config)
                 return stream, framing.LineSplitter(max_frame=MAX_ANSWER)
+        owner = frontdoor.owner_of(self.config.state_dir) or {}
+        raise CcwError("UNAVAILABLE", (
+            f"the ccw front end of state dir {self.config.state_dir} (pid {owner.get('pid', '?')}) did not answer "
+            f"within {ATTACH_TIMEOUT_S:g} s: it holds the state dir but does not listen, as while it finishes the "
+            "calls it ran before being asked to stop; start this server again once it has exited"))
 
     async def _replay_handshake(self, upstream: trio.SocketStream, owner_lines: framing.LineSplitter) -> None:
         """Open the client's session again on a new front end (nothing on a first attach),
@@ -110,7 +155,8 @@ class Relay:
                 await _answer_to(upstream, owner_lines, RELAY_INIT_ID)
             else:
                 await upstream.send_all(framing.dumps(message) + b"\n")
-        resend, self.resend = self.resend, []
+        resend, self.resend = [*self.resend, *self.held], []
+        self.held = []
         for line in resend:
             self._note(line)
             await upstream.send_all(line + b"\n")
