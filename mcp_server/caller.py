@@ -68,6 +68,11 @@ def caller_env(meta: Any) -> dict[str, str] | None:
 
 
 CALLER_TERMINAL = "ccw/terminal"  # params._meta key: true when the call came with a terminal (SCM_RIGHTS)
+# params._meta key: true when the caller wants an exec's output as it comes (the ccw command
+# prints it): each progress notification then carries what came since the last under the
+# same key of its own _meta, {"stdout"|"stderr": {"at": offset, "data": base64}}
+# (context.py ``CallContext.progress``).  It asks nothing of the caller's trust.
+CALLER_OUTPUT = "ccw/output"
 
 
 class PassedFds:
@@ -137,6 +142,7 @@ class Caller:
     lent_env: Mapping[str, str] | None = None  # the caller's environment, when it lent one (``caller_env``)
     workspace: str | None = None  # its absolute CCW_WORKSPACE, when lent (``caller_workspace``); None: ours
     terminal: int | None = None  # the pty slave it passed (``caller_terminal``), open while the call lasts
+    output_token: Any = None  # its progress token, when it asked for an exec's output as it comes (CALLER_OUTPUT)
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -153,7 +159,14 @@ NOTHING_LENT = Caller()  # a call no client lent anything: ours stands in (an in
 
 def lent(meta: Any) -> Caller:
     """What a call lends but a terminal (direct methods, resource reads, completion take none)."""
-    return Caller(caller_env(meta), caller_workspace(meta))
+    return Caller(caller_env(meta), caller_workspace(meta), output_token=output_token(meta))
+
+
+def output_token(meta: Any) -> Any:
+    """The progress token whose notifications are to carry an exec's output (CALLER_OUTPUT), or None."""
+    if not isinstance(meta, Mapping) or meta.get(CALLER_OUTPUT) is not True:
+        return None
+    return meta.get("progress_token", meta.get("progressToken"))
 
 
 @contextlib.contextmanager

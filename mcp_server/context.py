@@ -23,10 +23,12 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+import mcp_types as types
 import trio
 
-from mcp_server.caller import NOTHING_LENT, Caller
+from mcp_server.caller import CALLER_OUTPUT, NOTHING_LENT, Caller
 from mcp_server.capsules.asker import Asker
+from mcp_server.capsules.exec import output_chunks
 from mcp_server.capsules.misses import Asking
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.run import OwnedRuns, Run, Runs
@@ -38,6 +40,7 @@ from mcp_server.events import EventLog, live_connection, record_outcome
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
+from sandbox.replies import ExecProgress
 
 ROOTS_TIMEOUT_S = 10.0  # a client that never answers roots/list must not hold a call forever
 
@@ -248,10 +251,28 @@ class CallContext:
         """Absolute root directories the client declared, or None."""
         return await self._runtime.roots_for(self._session)
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Send notifications/progress if the caller sent a progress token; else nothing."""
-        if self._session is not None:
+    @property
+    def wants_output(self) -> bool:
+        """Whether the caller asked for an exec's output as it comes (caller.py CALLER_OUTPUT)."""
+        return self._caller.output_token is not None
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
+        """Send notifications/progress if the caller sent a progress token; else nothing.  A
+        streaming exec's ``output`` goes in its ``_meta`` to a caller that asked for it."""
+        if self._session is None:
+            return
+        token = self._caller.output_token
+        chunks = output_chunks(output) if output is not None and token is not None else None
+        if not chunks:
             await self._session.report_progress(progress, total, message)
+            return
+        # The SDK's report_progress sends no _meta: the same notification, built here.
+        params = types.ProgressNotificationParams.model_validate({
+            "progressToken": token, "progress": progress, "total": total, "message": message,
+            "_meta": {CALLER_OUTPUT: chunks}})
+        await self._session.send_notification(types.ProgressNotification(params=params),
+                                              related_request_id=self._request_id)
 
     @contextlib.asynccontextmanager
     async def capsule_turn(self, capsule_id: str, label: str) -> AsyncIterator[Ticket]:
@@ -290,6 +311,7 @@ class _RunContext(CallContext):
         super().__init__(runtime, session, owner, caller, ticket, config, request_id)
         self._run = run
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
         """Kept by the run, and sent to the call waiting for it, if any."""
-        await self._run.progress(progress, total, message)
+        await self._run.progress(progress, total, message, output)

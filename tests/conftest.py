@@ -58,7 +58,8 @@ class DirectContext:
     def workspace(self) -> str:
         return str(self.config.workspace)
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         self.progress_calls.append((progress, total, message))
 
     def log(self, message: str) -> None:

@@ -284,3 +284,19 @@ def test_the_capsule_exec_reply_is_unchanged_byte_for_byte(world: Any) -> None:
     assert exec_text(exec_result(trio.run(main))) == EXEC_TEXT
     [entry] = Journal(service.state).execs("cap_1")
     assert (entry["env_keys"], entry["cwd"], entry["timeout_ms"]) == (["LANG", "PATH"], f"{workspace}/sub", 300_000)
+
+
+def test_a_timed_out_exec_is_told_its_limit_and_how_to_raise_it() -> None:
+    import dataclasses
+
+    from mcp_server.capsules.exec import ExecOutcome
+    from mcp_server.tools.exec_result import exec_result
+
+    reply = dataclasses.replace(_exec_reply([]), exit_code=None, signal="SIGKILL", timed_out=True)
+    ran = ExecOutcome(reply, 0, 0, 0, hints=("expose /opt/tool",))
+    hints = exec_result(ran, False, DEFAULT_TIMEOUT_MS)["hints"]
+    assert hints == ["expose /opt/tool", "timed out: killed at the 300 s limit (the default); give a larger "
+                     "timeout_ms (milliseconds, at most 86400000: 24 h)"]
+    assert exec_result(ran, False, 1500)["hints"][1].startswith("timed out: killed at the 1.5 s limit; give")
+    in_time = dataclasses.replace(ran, reply=_exec_reply([]))
+    assert exec_result(in_time, False, 1500)["hints"] == ["expose /opt/tool"]

@@ -17,7 +17,8 @@ from sandbox.errors import CcwError
 RESULT = {"exit_code": 0, "stdout": "done\n"}
 
 
-async def _no_progress(progress: float, total: float | None = None, message: str | None = None) -> None:
+async def _no_progress(progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
     pass
 
 
@@ -62,7 +63,8 @@ def test_a_run_past_the_budget_answers_running_and_is_fetched_by_id() -> None:
 def test_progress_goes_to_the_waiting_call_only() -> None:
     heard: list[str | None] = []
 
-    async def listener(progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def listener(progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         heard.append(message)
 
     async def body(run: Run) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from mcp_server.cli.capsule import (
     _git_lines,
     _show_create,
     _show_deltamin,
-    _show_exec,
     _show_promote,
     shown_diff,
 )
+from mcp_server.cli.exec_report import show_exec
 
 
 def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,7 +30,7 @@ def test_create_names_what_it_shows_and_why_git_will_not_work(capsys: pytest.Cap
 def test_exec_prints_its_hints(capsys: pytest.CaptureFixture[str]) -> None:
     ran = {"stdout": "", "stderr": "ccw: .venv/bin/python: No such file or directory\n", "exit_code": 127,
            "truncated": {"stdout": False, "stderr": False}, "hints": ["expose /home/u/.pyenv/versions/3.12.1"]}
-    assert _show_exec(ran, False, False) == 127
+    assert show_exec(ran, False, False) == 127
     assert capsys.readouterr().err.endswith("expose /home/u/.pyenv/versions/3.12.1\n")
 
 
@@ -78,3 +78,17 @@ def test_deltamin_prints_the_patch_and_says_how_far_to_trust_it(capsys: pytest.C
     assert _show_deltamin({**found, "one_minimal": False, "replay_ok": False}, False, False) == 0
     err = capsys.readouterr().err
     assert "budget ran out" in err and "may be flaky" in err
+
+
+def test_a_timeout_is_told_in_the_commands_words(capsys: pytest.CaptureFixture[str]) -> None:
+    from mcp_server.capsules.exec import timeout_hint
+
+    ran = {"stdout": "start\n", "stderr": "", "exit_code": None, "signal": "SIGKILL", "timed_out": True,
+           "truncated": {"stdout": False, "stderr": False}, "hints": [timeout_hint(300_000, "timeout_ms")]}
+    assert show_exec(ran, False, False) == 124
+    out, err = capsys.readouterr()
+    assert out == "start\n" and "timeout_ms" not in err and "SIGKILL" not in err
+    assert err == ("ccw: timed out: killed at the 300 s limit (the default); give a larger --timeout-ms "
+                   "(milliseconds, at most 86400000: 24 h)\n")
+    assert show_exec(ran, False, False, timeout_ms=600_000) == 124  # the limit the command asked for
+    assert "killed at the 600 s limit; give a larger --timeout-ms" in capsys.readouterr().err

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -350,3 +351,41 @@ def test_a_tools_refusal_on_a_terminal_leaves_as_itself_not_a_traceback() -> Non
         return "done"
 
     assert trio.run(run_with_progress, progress, answered) == "done"
+
+
+def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("ccw",)) -> Any:
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, (*path, name))
+
+
+def test_every_option_says_what_it_does_in_words_an_installed_ccw_can_follow() -> None:
+    import re
+
+    from mcp_server.cli import build_parser
+
+    for path, parser in _parsers(build_parser()):
+        for action in parser._actions:
+            if action.option_strings:
+                assert action.help, f"{' '.join(path)} {action.option_strings[0]} has no help"
+        text = parser.format_help()
+        # No source paths: an installed wheel has no bench/, and a module's path means nothing to its user.
+        assert not re.search(r"\w+/\w+\.py|bench/", text), f"{' '.join(path)} --help names a source path"
+    exec_help = build_parser().parse_args(["capsule", "exec", "cap_1"])
+    assert exec_help.timeout_ms is None
+    from mcp_server.cli.exec_report import TIMEOUT_HELP
+
+    assert "300000" in TIMEOUT_HELP and "86400000" in TIMEOUT_HELP
+
+
+def test_service_start_takes_env_values() -> None:
+    from mcp_server.cli.services import tool_call as service_call
+
+    name, call = service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--env", "PORT=8000",
+                                          "--env", "OPTS=a=b", "--", "serve"]))
+    assert name == "capsule_service_start" and call["env"] == {"PORT": "8000", "OPTS": "a=b"}
+    assert "env" not in service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--", "serve"]))[1]
+    with pytest.raises(SystemExit, match="NAME=VALUE"):
+        service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--env", "PORT", "--", "serve"]))

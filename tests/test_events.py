@@ -248,7 +248,7 @@ def test_a_run_that_ends_is_told_by_its_tools_spec(tmp_path: Path) -> None:
     server = CcwServer(Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state")}), State(tmp_path / "state"))
     verdict = {"replay_ok": True, "root_hash": "h", "output_identical": True, "output_diffs": []}
 
-    async def progress(done: float, total: float | None, message: str | None) -> None:
+    async def progress(done: float, total: float | None, message: str | None, output: Any = None) -> None:
         pass
 
     async def main() -> None:

@@ -41,7 +41,8 @@ class Ctx:
     async def roots(self) -> list[str] | None:
         return None
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         return None
 
     def log(self, message: str) -> None:

@@ -65,7 +65,8 @@ class FakeContext:
     def terminal(self) -> int | None:
         raise AssertionError("the text and file tools use nothing a caller lends")
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         return None
 
     def log(self, message: str) -> None:

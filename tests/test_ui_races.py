@@ -49,7 +49,8 @@ class Told(Hooks):
         super().__init__()
         self.reported = trio.Event()
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         await super().progress(progress, total, message)
         self.reported.set()
 

@@ -15,13 +15,15 @@ from typing import Protocol
 from mcp_server.capsules.asker import Asker
 from mcp_server.capsules.turns import Ticket
 from sandbox.errors import CcwError
+from sandbox.replies import ExecProgress
 
 
 class CallHooks(Protocol):
     """What the service needs of the call it serves: progress reports, the capsule's turn, its client."""
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress to the caller, if it asked for reports."""
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
+        """Report progress to the caller, if it asked for reports (``output``: a streaming exec's report)."""
 
     def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
         """Hold the capsule's turn (mcp_server.capsules.turns) for the block."""
@@ -35,7 +37,8 @@ class Unattended:
     """The call hooks of work no call waits for: progress goes nowhere, it takes no turn, and
     no client is asked."""
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
         return None
 
     def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:

@@ -28,13 +28,17 @@ from typing import Any
 import blake3
 
 from mcp_server.caller import Caller
+from sandbox.checks import MAX_TIMEOUT_MS
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
-from sandbox.spec import DEFAULT_PROGRESS_MS, CapsuleSpec, exec_env, resolve_cwd
+from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = DEFAULT_PROGRESS_MS  # how often a journaled exec asks the helper for reports
 PROGRESS_LINES = 20  # lines of the latest output in each progress message
+# How often an exec whose caller prints its output as it comes (caller.py CALLER_OUTPUT)
+# asks for reports; each then carries every byte since the last (ExecRequest.stream).
+STREAM_PROGRESS_MS = 250
 NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
                        "and are not recorded")
 
@@ -94,7 +98,7 @@ def exec_request(capsule_id: str, argv: Sequence[str], cwd: str | None = None, t
 def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, str] | None = None,
                 progress_ms: int | None = None) -> ExecRequest:
     """``request`` as the helper gets it for a capsule made from ``spec`` (asking for progress
-    reports every ``progress_ms``, if given).
+    reports every ``progress_ms``, if given and the request names no interval of its own).
 
     Its cwd is made absolute (``resolve_cwd``: a relative one is taken from the workspace;
     one outside it is refused here, before the call waits for its turn).  A request that
@@ -107,7 +111,7 @@ def for_capsule(request: ExecRequest, spec: CapsuleSpec, values: Mapping[str, st
     """
     env = whitelisted(spec.env_whitelist, values) if request.env is None else request.env
     return dataclasses.replace(request, cwd=resolve_cwd(request.cwd, spec.workspace), env=env,
-                               progress_ms=progress_ms or request.progress_ms)
+                               progress_ms=request.progress_ms or progress_ms)
 
 
 def whitelisted(env_whitelist: Iterable[str], values: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -166,6 +170,27 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         **({"service": request.service} if request.service is not None else {}),  # a service's exec
         **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive exec's
     }
+
+
+def timeout_hint(limit_ms: int, option: str) -> str:
+    """What the caller of an exec that timed out is told: the limit it ran under and how to raise
+    it (``option``: capsule_exec's ``timeout_ms``, or ``ccw capsule exec``'s ``--timeout-ms``)."""
+    default = " (the default)" if limit_ms == DEFAULT_TIMEOUT_MS else ""
+    return (f"timed out: killed at the {limit_ms / 1000:g} s limit{default}; give a larger {option} "
+            f"(milliseconds, at most {MAX_TIMEOUT_MS}: 24 h)")
+
+
+def output_chunks(report: ExecProgress) -> dict[str, dict[str, Any]]:
+    """A streaming report's output as a progress notification carries it (caller.py CALLER_OUTPUT):
+    per stream with bytes, ``data`` (base64: output need not be UTF-8) and ``at``, the offset of
+    its first byte in the stream, so a reader finds what it already has and what was dropped
+    (a report carries at most the newest 256 KiB of each stream)."""
+    chunks = {}
+    for name, data, total in (("stdout", report.stdout_tail, report.stdout_bytes),
+                              ("stderr", report.stderr_tail, report.stderr_bytes)):
+        if data:
+            chunks[name] = {"at": total - len(data), "data": base64.b64encode(data).decode()}
+    return chunks
 
 
 def progress_message(report: ExecProgress) -> str:

@@ -46,13 +46,14 @@ import itertools
 import math
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
 from mcp_server.capsules.console import Console
 from mcp_server.core.transcript import Reading
 from sandbox.errors import CcwError
+from sandbox.replies import ExecProgress
 
 WAIT_MS_DEFAULT = 50_000  # below the 60 s that Codex and other clients allow a tool call
 WAIT_MS_MAX = 600_000
@@ -99,7 +100,12 @@ def next_step(run_id: str) -> str:
             'null: to the end) and answers the result; with "cancel": true it stops the run')
 
 
-Progress = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+class Progress(Protocol):
+    """Where a run's progress goes: the waiting call's ``progress`` (context.py)."""
+
+    async def __call__(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
+        """One report; ``output``: a streaming exec's report, for a caller that prints its output."""
 
 
 class Run:
@@ -122,7 +128,8 @@ class Run:
         self.console = console  # an interactive exec's stdin and output
         self._listener: Progress | None = None
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
         """The body's progress: kept, and sent to the call waiting for the run (if any)."""
         if message is not None:
             self.last_report = message
@@ -130,7 +137,7 @@ class Run:
         if listener is None:
             return
         try:
-            await listener(progress, total, message)
+            await listener(progress, total, message, output)
         except Exception:  # the waiting call's connection is gone: the run goes on
             if self._listener is listener:
                 self._listener = None

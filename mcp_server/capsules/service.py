@@ -151,9 +151,10 @@ class CapsuleService:
         helper = await self.helper()
         return await helper.call(request, on_progress)
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress to the caller (nothing if it did not ask)."""
-        await self._call.progress(progress, total, message)
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
+        """Report progress to the caller (nothing if it did not ask); ``output``: a streaming exec's report."""
+        await self._call.progress(progress, total, message, output)
 
     def turn(self, capsule_id: str, takes: TakesTurn) -> AbstractAsyncContextManager[Ticket]:
         """Hold the capsule's turn for the block, as a call labelled ``takes.label``."""
@@ -307,7 +308,7 @@ class CapsuleService:
             # Counted from the call's arrival, so the reports of a call that was queued keep
             # growing (MCP asks progress to increase).
             await self.progress(float(waited_ms + report.elapsed_ms), float(waited_ms + request.timeout_ms),
-                                progress_message(report))
+                                progress_message(report), report if request.stream and console is None else None)
 
         try:
             if console is None:

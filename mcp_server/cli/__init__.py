@@ -156,6 +156,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+def named_values(items: list[str] | None) -> dict[str, str] | None:
+    """The variables of repeated ``--env NAME=VALUE`` options (None: none given); a bad one exits 2."""
+    if not items:
+        return None
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (name, sep, _) in zip(items, pairs, strict=True) if not sep or not name]
+    if bad:
+        raise SystemExit(f"ccw: --env takes NAME=VALUE, not {bad[0]!r}")
+    return {name: value for name, _, value in pairs}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``ccw``."""
     args = parse_args(sys.argv[1:] if argv is None else argv)

@@ -25,8 +25,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcp_server.cli import branch, frontclient, helperctl, replay_report
+from mcp_server.cli import branch, frontclient, helperctl, named_values, replay_report
+from mcp_server.cli.exec_report import TIMEOUT_HELP, show_exec
 from mcp_server.cli.output import (
+    Echo,
     Progress,
     color_diff,
     counted,
@@ -42,11 +44,14 @@ from mcp_server.config import Config
 from mcp_server.core import hostpaths
 from mcp_server.core.hazards import KINDS
 from mcp_server.core.unidiff import hunk_count
+from sandbox.spec import DEFAULT_TIMEOUT_MS
 
 
-async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None) -> dict[str, Any]:
+async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None,
+                    echo: Echo | None = None) -> dict[str, Any]:
     """Run tool ``name`` on the state dir's front end (validated as ccw-mcp does, taking its
-    turn with every other client's calls); a progress line if ``label``."""
+    turn with every other client's calls); a progress line if ``label``, an exec's output
+    printed as it comes by ``echo`` (output.py)."""
     from mcp_server.tools.registry import Registry
 
     spec = Registry.load(config.toolsets).lookup(name)
@@ -55,10 +60,11 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], label: str 
         # A command has no client timeout to stay under: it waits for the whole run
         # (capsules/run.py), which ends with it.
         args = {"wait_ms": None, **args}
-    progress = Progress(label) if label else None
+    progress = Progress(label, echo=echo) if label else None
     if progress is None:
         return await frontclient.call_tool(config, name, args)
-    return await run_with_progress(progress, lambda: frontclient.call_tool(config, name, args, progress))
+    return await run_with_progress(progress, lambda: frontclient.call_tool(config, name, args, progress,
+                                                                           output=echo is not None))
 
 
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -70,10 +76,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                              help="run a command in a capsule: ccw capsule exec CAP -- CMD...")
     exec_.add_argument("capsule_id")
     exec_.add_argument("--cwd", help="working directory, relative to the workspace")
-    exec_.add_argument("--timeout-ms", type=int)
+    exec_.add_argument("--timeout-ms", type=int, help=TIMEOUT_HELP)
     exec_.add_argument("--stdin-file", help="file whose text is the command's stdin ('-': ours)")
     exec_.add_argument("--interactive", action="store_true",
-                       help="type our stdin into it as it runs and print its output as it comes (cli/interactive.py)")
+                       help="type our stdin into it as it runs (its stdout and stderr come as one stream)")
     exec_.add_argument("--tty", action="store_true", help="interactive, on a pseudo-terminal in the jail")
     exec_.add_argument("cmd", nargs="*", help="the command, after --")
 
@@ -108,7 +114,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     deltamin = verbs.add_parser("deltamin", parents=[common],
                                 help="the smallest part of the change that still fails: ... CAP -- CMD...")
     deltamin.add_argument("capsule_id")
-    deltamin.add_argument("--budget-ms", type=int)
+    deltamin.add_argument("--budget-ms", type=int, help="how long the search may take in all (default 600000)")
     deltamin.add_argument("cmd", nargs="*", help="the failing command, after --")
     for module in _own_verbs():
         module.add_parser(verbs, common)
@@ -265,11 +271,7 @@ def _replay_call(args: argparse.Namespace) -> dict[str, Any]:
     call: dict[str, Any] = (
         {"witness_id": key} if key.startswith("wit_") and not os.path.exists(key) else {"path": os.path.abspath(key)})
     if args.env_values:
-        pairs = [item.partition("=") for item in args.env_values]
-        bad = [item for item, (_, sep, _) in zip(args.env_values, pairs, strict=True) if not sep]
-        if bad:
-            raise SystemExit(f"ccw: --env takes NAME=VALUE, not {bad[0]!r}")
-        call["env"] = {name: value for name, _, value in pairs}
+        call["env"] = named_values(args.env_values)
     network = _network_arg(args)
     if network is not None:
         call["network"] = network
@@ -307,32 +309,6 @@ def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> in
     elif git.get("note"):
         print(paint(visible(f"ccw: {git['note']}"), "\x1b[33m", color_err), file=sys.stderr)
     return 0
-
-
-def _show_exec(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    sys.stdout.write(result["stdout"])
-    sys.stdout.flush()
-    sys.stderr.write(result["stderr"])
-    for line in [*(result.get("network_notes") or ()), *(result.get("hints") or ())]:  # hosts the jail named
-        print(paint(visible(line), "\x1b[33m", color_err), file=sys.stderr)
-    unnamed = (result.get("touched_unavailable") or {}).get("not_utf8")  # names ccw cannot carry, and the rename
-    if unnamed:
-        print(paint(visible(f"ccw: {unnamed}"), "\x1b[33m", color_err), file=sys.stderr)
-    notes = []
-    if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
-        notes.append("output truncated")
-    if result.get("timed_out"):
-        notes.append("timed out")
-    if result.get("oom_killed"):
-        notes.append("killed: out of memory")
-    if result.get("disk_full"):
-        notes.append(f"the capsule's disk is full ({result['disk']['limit_mb']} MiB); "
-                     "create it with a larger --disk-mb")
-    if result.get("signal"):
-        notes.append(f"killed by {result['signal']}")
-    if notes:
-        print(paint(f"ccw: {', '.join(notes)}", "\x1b[33m", color_err), file=sys.stderr)
-    return exec_status(result)
 
 
 def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
@@ -474,7 +450,7 @@ def _show_destroy(result: dict[str, Any], color_out: bool, color_err: bool) -> i
 
 # How each verb prints its result for people (result, colour on stdout, on stderr) -> exit status.
 _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
-    "create": _show_create, "fork": _show_create, "exec": _show_exec, "deltamin": _show_deltamin,
+    "create": _show_create, "fork": _show_create, "exec": show_exec, "deltamin": _show_deltamin,
     "diff": _show_diff, "promote": _show_promote, "witness": replay_report.show_witness,
     "replay": replay_report.show_replay, "list": _show_list, "destroy": _show_destroy,
 }
@@ -494,8 +470,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
         return interactive.run(args, config)
     name, call, label = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)
-    result = trio.run(call_tool, config, name, call, label)
+    echo = Echo() if args.verb == "exec" and not args.json else None  # --json: the output once, in the result
+    result = trio.run(call_tool, config, name, call, label, echo)
     if args.json:
         print_json(result)
         return exec_status(result) if args.verb == "exec" else 0
+    if echo is not None:
+        return show_exec(result, use_color(sys.stdout, args.no_color), use_color(sys.stderr, args.no_color), echo,
+                         call.get("timeout_ms") or DEFAULT_TIMEOUT_MS)
     return show(args.verb, result, args)

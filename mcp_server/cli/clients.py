@@ -72,7 +72,7 @@ TOOLSETS_HELP = (
     "agent's context on every turn.\n"
     f"  families: {', '.join(TOOLSETS)} (default: all of them)\n"
     + "".join(f"  profile {name}: {', '.join(tools)}\n" for name, tools in PROFILES.items())
-    + "  Families and profiles combine: --toolsets agent,witness.  bench/run.py surface measures them."
+    + "  Families and profiles combine: --toolsets agent,witness."
 )
 
 

@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from mcp_server import __version__, framing
-from mcp_server.caller import CALLER_META, CALLER_TERMINAL
+from mcp_server.caller import CALLER_META, CALLER_OUTPUT, CALLER_TERMINAL
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
 from mcp_server.fs.privatefile import make_state_dir
@@ -63,11 +63,12 @@ def caller_context() -> dict[str, Any]:
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], progress: Any = None,
-                    terminal: int | None = None) -> dict[str, Any]:
+                    terminal: int | None = None, output: bool = False) -> dict[str, Any]:
     """Call tool ``name`` on the state dir's front end; its structured result.
 
     ``progress`` (an ``output.Progress``, or anything with its ``update``) hears the call's
-    progress notifications.  ``terminal``: a pty slave sent with the call (SCM_RIGHTS), on
+    progress notifications, with the exec's output they carry when ``output`` asked for it
+    (``_meta["ccw/output"]``).  ``terminal``: a pty slave sent with the call (SCM_RIGHTS), on
     which the front end runs the command (``ccw capsule shell``)."""
     stream = await attach(config)
     async with stream:
@@ -81,6 +82,8 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], progress: A
         meta: dict[str, Any] = {"progressToken": 1, CALLER_META: caller_context()}
         if terminal is not None:
             meta[CALLER_TERMINAL] = True
+        if output:
+            meta[CALLER_OUTPUT] = True
         answer = await session.request(CALL_ID, "tools/call", {"name": name, "arguments": args, "_meta": meta},
                                        progress, () if terminal is None else (terminal,))
     structured = answer.get("structuredContent")
@@ -128,7 +131,8 @@ class _Session:
         """The front end's own messages: progress drawn, any request of its refused."""
         params = message.get("params") or {}
         if message["method"] == "notifications/progress" and progress is not None:
-            progress.update(params.get("progress", 0), params.get("total"), params.get("message"))
+            progress.update(params.get("progress", 0), params.get("total"), params.get("message"),
+                            (params.get("_meta") or {}).get(CALLER_OUTPUT))
         elif "id" in message:
             await self.send(framing.error_message(message["id"], framing.METHOD_NOT_FOUND,
                                                   "the ccw command answers no requests"))

@@ -5,16 +5,38 @@ Colour follows the usual conventions: only when the stream is a terminal, never 
 progress line (a spinner, the elapsed time and the last progress message a tool
 reported) is drawn on stderr only when stderr is a terminal, and erased when the call
 ends, so piped output and ``--json`` stay clean.
+
+An exec's output is printed as it comes (``Echo``), on a terminal or not: a script or an
+agent that pipes ``ccw capsule exec`` wants it as much as a person does.  Some facts it
+follows from:
+
+- **What comes.**  The command asks for it (``_meta["ccw/output"]``, mcp_server/caller.py)
+  and each progress notification then carries what each stream wrote since the last, with
+  the offset of its first byte (capsules/exec.py ``output_chunks``), about four times a
+  second.  A report holds at most the newest 256 KiB of a stream: past that, bytes are
+  dropped between reports and the offset says so.
+- **Exactly once.**  A stream is printed up to the offset it has reached; a chunk that
+  overlaps it gives only its new bytes; one past it (bytes dropped) ends that stream's
+  printing, and its rest comes from the result, whose text is the stream's captured
+  output (its first MiB) decoded whole.  Each stream is decoded as it comes, holding a
+  character split between chunks, so what was printed is a prefix of that text, and the
+  result's text past it is the rest.  Output past the capture cap that came in reports
+  is printed (more than the result holds, never other bytes).
+- **Beside the progress line.**  The line is erased before output is written, and not
+  drawn while the output's last line is unended (a prompt, a progress bar): redrawing it
+  would erase that line.
 """
 
 from __future__ import annotations
 
+import base64
+import codecs
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO, TypeVar
 
 import outcome
@@ -108,23 +130,70 @@ def one_line(message: str) -> str:
     return " · ".join(visible(line) for line in (lines[:1] + lines[-1:] if len(lines) > 1 else lines))
 
 
-class Progress:
-    """The progress line's state: what is running, since when, the last message."""
+class Echo:
+    """An exec's output printed as its progress notifications bring it, each stream to ours,
+    each byte once (see the module's opening); ``rest`` gives what of the result is left."""
 
-    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+    def __init__(self, streams: Mapping[str, TextIO] | None = None) -> None:
+        self.streams = dict(streams) if streams is not None else {"stdout": sys.stdout, "stderr": sys.stderr}
+        self.reached = dict.fromkeys(self.streams, 0)  # bytes of each stream printed
+        self.shown = dict.fromkeys(self.streams, 0)  # characters of its decoded text printed
+        self.dropped: set[str] = set()  # streams that lost bytes between reports: their rest is the result's
+        self.line_open = False  # the last output written to a terminal ended inside a line
+        self._decoders = {name: codecs.getincrementaldecoder("utf-8")("replace") for name in self.streams}
+
+    def feed(self, chunks: Mapping[str, Any]) -> None:
+        """Print what ``chunks`` (a notification's ``_meta["ccw/output"]``) holds past what was printed."""
+        for name, chunk in chunks.items():
+            if name not in self.streams or name in self.dropped:
+                continue
+            at, data = int(chunk["at"]), base64.b64decode(chunk["data"])
+            if at > self.reached[name]:
+                self.dropped.add(name)
+                continue
+            data = data[self.reached[name] - at:]
+            self.reached[name] += len(data)
+            self._write(name, self._decoders[name].decode(data))
+
+    def rest(self, name: str, text: str) -> str:
+        """What of the result's ``text`` for stream ``name`` (its capture, decoded whole) is left to print."""
+        return text[self.shown[name]:]
+
+    def _write(self, name: str, text: str) -> None:
+        if not text:
+            return
+        stream = self.streams[name]
+        stream.write(text)
+        stream.flush()
+        self.shown[name] += len(text)
+        isatty = getattr(stream, "isatty", None)
+        if isatty and isatty():
+            self.line_open = not text.endswith("\n")
+
+
+class Progress:
+    """The progress line's state: what is running, since when, the last message; an exec's
+    output printed above it as it comes (``echo``)."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, echo: Echo | None = None) -> None:
         self.label = label
         self.stream = stream or sys.stderr
         self.enabled = use_color(self.stream)  # same rule: a terminal that can redraw
         self.started = time.monotonic()
         self.message = ""
         self.fraction: float | None = None
+        self.echo = echo
         self._drawn = False
 
-    def update(self, progress: float, total: float | None, message: str | None) -> None:
-        """Record a progress report from the tool (drawn on the next tick)."""
+    def update(self, progress: float, total: float | None, message: str | None,
+               output: Mapping[str, Any] | None = None) -> None:
+        """Record a progress report from the tool (drawn on the next tick); print the ``output`` it carried."""
         self.fraction = progress / total if total else None
         if message:
             self.message = one_line(message)
+        if output and self.echo is not None:
+            self.clear()
+            self.echo.feed(output)
 
     def line(self, frame: int) -> str:
         """The text of the line for spinner frame ``frame``."""
@@ -137,8 +206,8 @@ class Progress:
         return " ".join(parts)
 
     def draw(self, frame: int) -> None:
-        """Redraw the line in place (terminal only)."""
-        if not self.enabled:
+        """Redraw the line in place (terminal only; not over an unended line of output)."""
+        if not self.enabled or (self.echo is not None and self.echo.line_open):
             return
         text = self.line(frame)
         width = os.get_terminal_size(self.stream.fileno()).columns if self._is_terminal() else 80

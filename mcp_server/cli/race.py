@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from mcp_server.cli import frontclient, helperctl
+from mcp_server.cli.exec_report import TIMEOUT_HELP
 from mcp_server.cli.output import Progress, print_json, run_with_progress, visible
 from mcp_server.config import Config
 
@@ -26,7 +27,7 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     race = verbs.add_parser("race", parents=[common],
                             help="run one command in several capsules at once and rank them: race CAP... -- CMD...")
     race.add_argument("capsule_ids", nargs="+", metavar="CAP")
-    race.add_argument("--timeout-ms", type=int)
+    race.add_argument("--timeout-ms", type=int, help=f"each capsule's: {TIMEOUT_HELP}")
     race.add_argument("--policy", help="the policy of the dry-run verdict (default baseline)")
     race.add_argument("cmd", nargs="*", help="the command, after --")  # cli.parse_args splits at "--"
 

@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl
+from mcp_server.cli import frontclient, helperctl, named_values
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 
@@ -35,8 +35,13 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     start.add_argument("--ready-port", type=int, help="ready once this port of the capsule accepts")
     start.add_argument("--ready-path", help="ready once this path exists in the jail")
     start.add_argument("--ready-line", help="ready once a line of its output contains this text")
-    start.add_argument("--ready-timeout-ms", type=int)
-    start.add_argument("--restart", choices=("no", "on-failure", "always"))
+    start.add_argument("--ready-timeout-ms", type=int,
+                       help="how long to wait for --ready-* before answering that it is not ready (default 30000)")
+    start.add_argument("--restart", choices=("no", "on-failure", "always"),
+                       help="start it again when it exits: never (no, the default), after a failure, or always")
+    start.add_argument("--env", action="append", dest="env_values", metavar="NAME=VALUE",
+                       help="a variable for the service (repeatable); NAME must be one the capsule was created "
+                            "with (capsule create --env NAME), or PATH, HOME, LANG")
     listing = actions.add_parser("list", parents=[common], help="the capsule's services and forwarded ports")
     listing.add_argument("capsule_id")
     logs = actions.add_parser("logs", parents=[common], help="what a service printed")
@@ -48,7 +53,7 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     stop = actions.add_parser("stop", parents=[common], help="stop a service (SIGTERM, then SIGKILL)")
     stop.add_argument("capsule_id")
     stop.add_argument("name")
-    stop.add_argument("--grace-ms", type=int)
+    stop.add_argument("--grace-ms", type=int, help="how long SIGTERM has before SIGKILL (default 5000)")
     port = verbs.add_parser("port", parents=[common],
                             help="open a capsule's port on the host's loopback; prints its URL")
     port.add_argument("capsule_id")
@@ -75,7 +80,8 @@ def tool_call(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             raise SystemExit("ccw: give the service's command after --, e.g. ccw capsule service start CAP web "
                              "--ready-port 8000 -- python3 -m http.server 8000")
         return "capsule_service_start", {**base, "name": args.name, "cmd": args.cmd, **_given(
-            cwd=args.cwd, restart=args.restart), **({"ready": ready} if ready else {})}
+            cwd=args.cwd, restart=args.restart, env=named_values(args.env_values)),
+            **({"ready": ready} if ready else {})}
     if args.action == "list":
         return "capsule_service_list", base
     if args.action == "logs":

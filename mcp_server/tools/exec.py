@@ -23,11 +23,12 @@ when it lived in tools/capsule.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 from mcp_server.capsules import service
 from mcp_server.capsules.console import Console
-from mcp_server.capsules.exec import exec_request
+from mcp_server.capsules.exec import STREAM_PROGRESS_MS, exec_request
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
 from mcp_server.tools.exec_result import EXEC_OUTPUT, exec_result, exec_text
@@ -59,12 +60,14 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
     # Checked here under the name the caller sent: the helper checks it again as its op's `argv`.
     request = exec_request(args["capsule_id"], checks.argv("cmd", args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
                            stdin.encode() if stdin is not None else None)
+    if ctx.wants_output and console is None and terminal is None:  # the ccw command prints it as it comes
+        request = dataclasses.replace(request, stream=True, progress_ms=STREAM_PROGRESS_MS)
 
     async def body(run: Run) -> dict[str, Any]:
         with console if console is not None else contextlib.nullcontext():  # its descriptors, for the run
             # The whitelist's values and TERM: the caller's environment (mcp_server/caller.py).
             outcome = await ctx.for_run(run).capsules.exec(request, ctx.caller_env, terminal, console)
-            return exec_result(outcome, tty)
+            return exec_result(outcome, tty, request.timeout_ms)
 
     default = CONSOLE_WAIT_MS if console is not None else WAIT_MS_DEFAULT
     wait_ms = args.get("wait_ms", default) if terminal is None else None
@@ -91,6 +94,8 @@ TOOLS = [
                 "cmd": {"type": "array", "minItems": 1, "items": {"type": "string"}},
                 "cwd": {"type": ["string", "null"],
                         "description": "Relative to the workspace (default: the workspace)."},
+                # Its default (sandbox/spec.py DEFAULT_TIMEOUT_MS) is told in a timed-out result's hints,
+                # not here: tools/list has no bytes to spare (tests/test_tool_surface.py).
                 "timeout_ms": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_TIMEOUT_MS},
                 "stdin": {"type": ["string", "null"]},
                 "wait_ms": WAIT_MS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome
+from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome, timeout_hint
 from mcp_server.capsules.fragments import GENERATION
 from mcp_server.capsules.run import CONSOLE_STATUS, RUN_STATUS
 from mcp_server.core.terminal_text import visible
@@ -116,7 +116,8 @@ EXEC_RESULT: dict[str, Any] = {
             "if it wrote (or its writes could not be fully traced), else the same.")},
         "queued_ms": {"type": "integer", "minimum": 0,
                       "description": "How long the call waited for earlier execs on the capsule."},
-        "hints": {**_PATHS, "description": "What to expose for a program the jail hides."},
+        "hints": {**_PATHS, "description": (
+            "What to do about it: what to expose for a program the jail hides, the limit a command timed out at.")},
     },
 }
 
@@ -139,11 +140,13 @@ def exec_text(result: dict[str, Any]) -> str:
     return "\n".join([text, *result.get("network_notes", ()), *([result["output"]] if result.get("output") else [])])
 
 
-def exec_result(ran: ExecOutcome, terminal: bool = False) -> dict[str, Any]:
+def exec_result(ran: ExecOutcome, terminal: bool = False, timeout_ms: int | None = None) -> dict[str, Any]:
     """capsule_exec's result for a finished exec (seed 003's shape); ``terminal``: an interactive
-    run's on a pty, whose stdout is shown as the screen showed it (core/terminal_text.py)."""
+    run's on a pty, whose stdout is shown as the screen showed it (core/terminal_text.py);
+    ``timeout_ms``: the limit it ran under, told in its hints if it timed out."""
     reply = ran.reply
     stdout = reply.stdout.decode("utf-8", "replace")
+    hints = [*ran.hints, *([timeout_hint(timeout_ms, "timeout_ms")] if reply.timed_out and timeout_ms else [])]
     return {
         "exit_code": reply.exit_code,
         "signal": reply.signal,
@@ -166,5 +169,5 @@ def exec_result(ran: ExecOutcome, terminal: bool = False) -> dict[str, Any]:
         "started_generation": ran.started_generation,
         "generation": ran.generation,
         "queued_ms": ran.queued_ms,
-        **({"hints": list(ran.hints)} if ran.hints else {}),
+        **({"hints": hints} if hints else {}),
     }

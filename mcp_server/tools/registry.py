@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # types only: a handler module need not load the capsule serv
     from mcp_server.config import Config
     from mcp_server.state import State
     from sandbox.client import HelperClient
+    from sandbox.replies import ExecProgress
 
 
 class ToolContext(Protocol):
@@ -74,8 +75,14 @@ class ToolContext(Protocol):
         """The pty slave ``ccw capsule shell`` passed with this call, else None; the server
         closes it when the call ends."""
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
-        """Report progress if the caller sent a progress token; otherwise do nothing."""
+    @property
+    def wants_output(self) -> bool:
+        """Whether the caller asked for an exec's output as it comes (mcp_server/caller.py CALLER_OUTPUT)."""
+
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: ExecProgress | None = None) -> None:
+        """Report progress if the caller sent a progress token; otherwise do nothing.  ``output``:
+        a streaming exec's report, sent on to a caller that asked for its output."""
 
     def capsule_turn(self, capsule_id: str, label: str) -> AbstractAsyncContextManager[Ticket]:
         """Wait for the capsule's turn in arrival order and hold it for the block (execs, fork,

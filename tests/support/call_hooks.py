@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 from mcp_server.capsules.asker import Asker
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
@@ -17,7 +18,8 @@ class Hooks:
         self.queue = CapsuleQueue()
         self.reports: list[tuple[float, float | None, str | None]] = []
 
-    async def progress(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+    async def progress(self, progress: float, total: float | None = None, message: str | None = None,
+                       output: Any = None) -> None:
         self.reports.append((progress, total, message))
 
     @contextlib.asynccontextmanager
