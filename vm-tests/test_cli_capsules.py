@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli_process import CCW, ROOT, ccw
+from tests.support.cli_process import CCW, ROOT, ccw, cli_env
 
 
 def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path) -> None:
@@ -65,6 +66,44 @@ def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path)
     assert json.loads(ccw(cli_state, "capsule", "list", "--json").stdout)["capsules"] == []
     after = json.loads(ccw(cli_state, "helper", "status", "--json").stdout)
     assert after["pid"] == helper["pid"]  # one helper served every command
+
+
+def test_exec_prints_its_output_as_it_comes_each_stream_once(cli_state: Path, tmp_path: Path) -> None:
+    """Piped, as a script or an agent runs it: the command's first line comes while it still
+    runs (it waits for a file the test makes only after reading that line), stdout to stdout
+    and stderr to stderr, every byte once, more than a report carries among them."""
+    workspace, gate = tmp_path / "ws", tmp_path / "gate"
+    workspace.mkdir()
+    gate.mkdir()
+    capsule_id = ccw(cli_state, "capsule", "create", "--expose", str(gate), str(workspace)).stdout.strip()
+    script = (f"echo first; echo warn >&2; while [ ! -e {shlex.quote(str(gate))}/go ]; do sleep 0.1; done; "
+              "seq 1 100000; echo last >&2")
+    proc = subprocess.Popen([*CCW, "capsule", "exec", "--timeout-ms", "600000", capsule_id, "--", "sh", "-c", script],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(cli_state), cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        # The command cannot end before the gate opens: a first line printed only at its end never comes.
+        ready, _, _ = select.select([proc.stdout], [], [], 60.0)  # a bound for a loaded machine, not a timing check
+        assert ready, "ccw printed nothing of a command that is still running"
+        first = proc.stdout.readline()
+        assert first == b"first\n"
+        (gate / "go").touch()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert first + out == b"first\n" + "".join(f"{n}\n" for n in range(1, 100_001)).encode()
+    assert err.count(b"warn\n") == 1 and err.count(b"last\n") == 1
+
+
+def test_of_commands_started_at_once_only_the_one_that_started_the_helper_says_so(cli_state: Path) -> None:
+    procs = [subprocess.Popen([*CCW, "capsule", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=cli_env(cli_state), cwd=ROOT, text=True) for _ in range(8)]
+    ended = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * 8, ended
+    told = [err for _, err in ended if "started a helper" in err]
+    assert len(told) == 1, ended
 
 
 def test_capsule_errors_are_reported_with_codes(cli_state: Path, tmp_path: Path) -> None:

@@ -64,6 +64,8 @@ def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
         raise CcwError("UNAVAILABLE", f"no helper answers for state dir {config.state_dir}; "
                        "run ccw helper start (or drop --no-autostart)")
     started = launcher.start_detached(config.state_dir)
+    if not started.get("started"):  # another command started it while this one waited for the lock
+        return started
     with contextlib.suppress(OSError):
         print(f"ccw: started a helper for {config.state_dir} (pid {started.get('pid')}, "
               f"{started.get('mode')} mode); ccw helper stop ends it", file=sys.stderr)
