@@ -80,6 +80,17 @@ def test_a_state_dir_an_older_ccw_left_readable_is_tightened_and_logged(
     assert len([r for r in caplog.records if r.name == "ccw.mcp"]) == 1
 
 
+def test_a_state_dir_others_may_write_is_not_tightened_but_refused(tmp_path: Path) -> None:
+    # What a writable dir holds may be someone else's already: making it 0700 would adopt it.
+    root = tmp_path / "state"
+    root.mkdir()
+    os.chmod(root, 0o777)
+    make_state_dir(root)
+    assert _mode(root) == 0o777
+    with pytest.raises(CcwError, match="chmod 700"), state_dir_fd(root):
+        pass
+
+
 def test_replaced_whole_at_0600_whatever_the_umask(tmp_path: Path) -> None:
     old = os.umask(0)
     try:

@@ -49,7 +49,8 @@ def _owner_ok(info: os.stat_result) -> bool:
 
 def make_state_dir(state_dir: str | Path) -> None:
     """Make the state dir 0700 if absent (its parents as the umask says); tighten one of
-    ours that group or others may enter or read, and say so."""
+    ours that group or others may enter or read, but not write, and say so (one they may
+    write is left for ``state_dir_fd`` to refuse: what it holds may be theirs already)."""
     where = str(state_dir)
     with wrap_oserror("create state dir", where, "set CCW_STATE_DIR to a directory you own"):
         parent = os.path.dirname(os.path.abspath(where))
@@ -63,6 +64,8 @@ def make_state_dir(state_dir: str | Path) -> None:
             return
         if not stat.S_ISDIR(info.st_mode) or not info.st_mode & 0o077:
             return
+        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return  # someone else may have planted files in it already: refused where it is opened (state_dir_fd)
         if info.st_uid != os.geteuid():
             LOGGER.warning(f"mcp:state-dir {where} has mode {stat.S_IMODE(info.st_mode):04o} and belongs to uid "
                            f"{info.st_uid}: other users may read its journal; make it private (chmod 700 {where})")
