@@ -28,6 +28,7 @@ import trio
 
 from mcp_server.caller import CALLER_OUTPUT, NOTHING_LENT, Caller
 from mcp_server.capsules.asker import Asker
+from mcp_server.capsules.call_hooks import Unattended
 from mcp_server.capsules.exec import output_chunks
 from mcp_server.capsules.misses import Asking
 from mcp_server.capsules.networks import Networks
@@ -105,6 +106,12 @@ class Runtime:
 
                 self._helper = await launcher.connect_or_spawn(self.config)
         return self._helper
+
+    async def reopen_kept(self) -> None:
+        """At a front end's start: the kept services brought back, the kept forwarded ports reopened
+        (capsules/services.py), their work journaled as background work's is."""
+        await self.services.reopen_kept(CapsuleService(self.state, self.helper, Unattended(), self.networks,
+                                                       self.services))
 
     async def aclose(self) -> None:
         """End the runs and the egress sessions, and close the helper client (stopping an

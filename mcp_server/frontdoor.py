@@ -317,8 +317,8 @@ def ask_to_yield(state_dir: str) -> str | None:
 
 @contextlib.asynccontextmanager
 async def running_app(config: Config) -> AsyncIterator[CcwServer]:
-    """The state dir's CcwServer, started (promotions recovered, forwarded ports reopened in the
-    background: capsules/ports.py) and closed after use."""
+    """The state dir's CcwServer, started (promotions recovered, kept services brought back and
+    forwarded ports reopened: capsules/services.py) and closed after use."""
     from mcp_server.server import CcwServer
     from mcp_server.state import State
 
@@ -327,7 +327,7 @@ async def running_app(config: Config) -> AsyncIterator[CcwServer]:
         app = CcwServer(config, state)
         app.startup()
         try:
-            await app.runtime.services.ports.reopen_kept()
+            await app.runtime.reopen_kept()
             yield app
         finally:
             with trio.CancelScope(shield=True):

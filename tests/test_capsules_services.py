@@ -1,6 +1,8 @@
 """capsules/services.py and service_run.py against a fake helper: what a service's log holds when
-its run ends, and that a stopped service's log stays readable until its capsule is destroyed.
-The real helper's side (its last report before the reply) is in vm-tests/test_helper_services.py."""
+its run ends, that a stopped service's log stays readable until its capsule is destroyed, and
+what a starting front end does with the kept services (a run the helper still holds waited for).
+The real helper's side (its last report before the reply) is in vm-tests/test_helper_services.py,
+a front end's kill -9 in vm-tests/test_services_faults.py."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service_log import LogRing
 from mcp_server.capsules.service_run import ServiceRun
 from mcp_server.capsules.service_spec import Ready, ServiceSpec
-from mcp_server.capsules.services import Services
+from mcp_server.capsules.services import HELPER_POLL_S, Services
 from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
@@ -24,6 +27,7 @@ from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest, OpRequest, SignalRequest
 from sandbox.replies import ExecProgress
 from sandbox.spec import CapsuleSpec
+from tests.support.journal_rows import capsule_record
 from tests.support.scratch_services import exec_reply
 
 
@@ -40,6 +44,8 @@ class FakeHelper:
         self.reports: list[tuple[bytes, bytes]] = []
         self.until_signalled = False
         self.exit_code = 0
+        self.held = 0  # execs refused first as the helper's own run of that name (a gone front end's) ends
+        self.execs = 0
         self._signalled = trio.Event()
 
     async def call(self, request: OpRequest[Any], on_progress: Any = None) -> Any:
@@ -47,6 +53,11 @@ class FakeHelper:
             self._signalled.set()
             return None
         assert isinstance(request, ExecRequest) and request.stream
+        self.execs += 1
+        if self.held:
+            self.held -= 1
+            raise CcwError("CONFLICT", f"service {request.service!r} already runs in capsule {request.capsule_id}",
+                           {"service": request.service})
         out = err = 0
         for stdout, stderr in self.reports:
             out, err = out + len(stdout), err + len(stderr)
@@ -164,3 +175,41 @@ def test_a_stopped_services_log_stays_until_its_capsule_is_destroyed(world: Any,
     assert restarted.text.startswith(part.text) and restarted.text.count("GET /index.txt 200") == 2
     assert out["gone"].code == "NOT_FOUND" and out["gone"].details["stopped"] == []
     assert not (tmp_path / "state" / "services" / "cap_1").exists()
+
+
+def test_a_starting_front_end_brings_back_the_kept_services_and_waits_for_a_held_one(world: Any) -> None:
+    services, capsules, helper = world
+    Journal(services.state).add_capsule(capsule_record("cap_1"))
+    for name, restart in (("web", "no"), ("keeper", "always"), ("fragile", "on-failure")):
+        services.table.save(dataclasses.replace(_spec(name), restart=restart), "2026-01-01T00:00:00")
+    helper.held, helper.until_signalled = 2, True  # the helper still ends the old keeper: refused twice
+    helper.reports = [(b"serving\n", b"")]
+
+    async def main() -> dict[str, Any]:
+        await services.reopen_kept(capsules)  # a front end's start: no call about services
+        listed = {one["name"]: one for one in services.summaries("cap_1")}
+        await trio.sleep(5 * HELPER_POLL_S)  # virtual time: two refusals, a poll after each, then the run
+        out = {"listed": listed, "later": {one["name"]: one for one in services.summaries("cap_1")},
+               "log": services.logs("cap_1", "keeper")[1].text}
+        await services.aclose()
+        return out
+
+    out = trio.run(main, clock=MockClock(autojump_threshold=0))
+    listed, later = out["listed"], out["later"]
+    assert {name: one["state"] for name, one in listed.items()} == {
+        "web": "lost", "keeper": "starting", "fragile": "pending"}, listed
+    assert helper.execs == 3 and later["keeper"]["state"] == "running" and later["keeper"]["restarts"] == 0, later
+    assert out["log"].count("started at") == 1 and "failed" not in out["log"], out["log"]
+
+
+def test_a_run_the_helper_holds_past_the_wait_fails_with_its_reason(world: Any) -> None:
+    services, capsules, helper = world
+    helper.held = 10**6  # never let go
+
+    async def main() -> dict[str, Any]:
+        answer = await services.start(capsules, _spec("web", Ready(line="listening", timeout_ms=10**6)))
+        await services.aclose()
+        return answer
+
+    answer = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert answer["state"] == "failed" and "already runs" in answer["reason"], answer

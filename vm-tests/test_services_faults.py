@@ -9,6 +9,13 @@ and answering (``keeper`` at once, ``fragile`` by the capsule's next use at the 
 after a front end's restart it starts with the capsule's next exec), a new exec works
 and reaches them on the capsule's loopback, and none of the old servers' processes is
 left.  Each kill is counted with ``record_property("faults_tried", 1)``.
+
+A front end brings the kept services back as it starts, not at the next call about them:
+after each kill the next front end is started by ``ccw capsule diff``, which asks nothing
+about services, and ``keeper`` answers on the capsule's loopback (asked of the helper
+itself) before any such call; the first list shows ``web`` lost.  After the front end's
+kill it starts at once, while the helper may still be ending the old ``keeper``: one
+``keeper`` runs, never two, and it did not fail.
 """
 
 from __future__ import annotations
@@ -22,7 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import trio
 
+from mcp_server.launcher import HelperPaths
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
 from tests.support.cli_process import ccw
 from tests.support.processes import running_pids
 
@@ -128,3 +139,60 @@ def test_services_after_kill_9_of_the_front_end_and_of_the_helper(
                                              for n in ("keeper", "fragile")), (after_front, after_helper)
     stopped = json.loads(ccw(cli_state, "capsule", "service", "stop", cap, "web", "--json").stdout)
     assert stopped["state"] == "lost" and "stopped" in stopped["reason"], stopped  # forgotten as it was: lost
+
+
+def _answers(state: Path, cap: str, port: int) -> bool:
+    """Whether ``port`` accepts on the capsule's loopback, asked of the helper (no front end call)."""
+    async def connect() -> bool:
+        client = HelperClient(str(HelperPaths.of(str(state)).socket))
+        try:
+            (await client.net_connect(cap, port)).close()
+            return True
+        except CcwError:  # nothing listens yet (CONFLICT), or no helper answers yet (UNAVAILABLE)
+            return False
+        finally:
+            await client.aclose()
+    return trio.run(connect)
+
+
+def _first_list(state: Path, cap: str) -> dict[str, dict[str, Any]]:
+    listed = json.loads(ccw(state, "capsule", "service", "list", cap, "--json").stdout)["services"]
+    return {one["name"]: one for one in listed}
+
+
+def test_a_starting_front_end_brings_back_the_kept_services(
+        cli_state: Path, tmp_path: Path, record_property: Callable[[str, Any], None]) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("served from the capsule\n")
+    cap = ccw(cli_state, "capsule", "create", str(ws)).stdout.strip()
+    for name in ("web", "keeper"):
+        ccw(cli_state, "capsule", "service", "start", cap, name, "--restart", RESTART[name],
+            "--ready-port", str(PORTS[name]), "--", *server(name))
+    status = json.loads(ccw(cli_state, "helper", "status", "--json").stdout)
+    old = _servers()["keeper"]
+
+    # The front end alone dies, and a new one starts at once: the helper may still hold keeper.
+    _kill(status["frontend_pid"], "front end")
+    record_property("faults_tried", 1)
+    ccw(cli_state, "capsule", "diff", cap)
+    _wait_until(lambda: _servers()["keeper"] not in ([], old) and _answers(cli_state, cap, PORTS["keeper"]),
+                "a new keeper answering after the front end's death")
+    first = _first_list(cli_state, cap)
+    assert first["web"]["state"] == "lost" and first["keeper"]["state"] in ("starting", *UP), first
+    _wait_until(_settled(cli_state, cap, {"web": ("lost",), "keeper": UP}), "keeper listed up")
+    assert len(_servers()["keeper"]) == 1 and _servers()["web"] == []
+
+    # Both die; the next command starts a helper and a front end, and asks nothing about services.
+    status = json.loads(ccw(cli_state, "helper", "status", "--json").stdout)
+    _kill(status["pid"], "helper")
+    _kill(status["frontend_pid"], "front end")
+    record_property("faults_tried", 2)
+    _wait_until(lambda: not any(_servers().values()), "the services to end with their helper")
+    ccw(cli_state, "capsule", "diff", cap)
+    _wait_until(lambda: _answers(cli_state, cap, PORTS["keeper"]), "keeper back after both deaths")
+    first = _first_list(cli_state, cap)
+    assert first["web"]["state"] == "lost" and first["keeper"]["state"] in ("starting", *UP), first
+    assert first["keeper"]["restarts"] == 0, first  # a start by a new front end, not a restart of a failed run
+    assert _fetch(cli_state, cap, "keeper") == "served from the capsule\n"
+    assert len(_servers()["keeper"]) == 1

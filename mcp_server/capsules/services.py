@@ -7,7 +7,9 @@ with it, in the capsule's one network namespace.  This module is the front end's
 - **Where it runs.**  Each service is a trio task in a system task's nursery, as the
   egress sessions are (capsules/networks.py), because it outlives the call that started
   it; ``aclose`` (the process's end) stops them all.  The helper ends a service whose
-  connection closes, so no service outlives the front end that holds it.
+  connection closes, so no service outlives the front end that holds it; until that run
+  has ended (its next progress report finds the connection gone), the helper refuses
+  another of its name, and a start waits for that (``HELD_S``) rather than failing.
 - **Start, in the capsule's turn.**  ``capsule_service_start`` takes the capsule's turn
   and answers once the service is ready (its ``ready``: a port that accepts, checked
   through ``net_connect``; a path that exists, checked by a probe exec; a line of output
@@ -31,7 +33,10 @@ with it, in the capsule's one network namespace.  This module is the front end's
 - **Outliving the process.**  Specs are kept in the state dir (capsules/service_spec.py).
   A front end that finds specs it did not start (after its own restart, a reboot, or the
   helper's) brings back those whose restart is not "no" and lists the others as
-  ``lost``, with the reason (``recover``): never silently gone.
+  ``lost``, with the reason (``recover``): never silently gone.  It does so as it starts,
+  before it serves a call (``reopen_kept``, from ``frontdoor.running_app``): that asks no
+  helper (the starts it makes run in the background), so a missing helper delays nothing,
+  and ``recover``'s lock keeps any other caller from seeing it half done.
 - **Stop.**  SIGTERM through the helper's ``signal`` op, then SIGKILL after ``grace_ms``;
   the service leaves the list and the spec table, its runs stay in the journal.  Its output
   stays readable (``logs``: a person stops a service, then asks why it misbehaved) until its
@@ -93,6 +98,7 @@ READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to 
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 QUICK_S, QUICK_FAILS = 10.0, 5
 HELPER_POLL_S = 1.0  # how often a service the helper lost asks whether a helper answers again
+HELD_S = 30.0  # how long a start waits for the helper to end the run of that name a gone front end left
 TAIL_LINES = 20  # lines of output a start that did not become ready shows
 ENDED = ("exited", "failed", "lost", "stopped", "pending")  # not running (pending: a fork's, not started yet)
 
@@ -108,6 +114,7 @@ class Services:
         self._runs: dict[tuple[str, str], ServiceRun] = {}
         self._background = Background("ccw services")
         self._recovered = False
+        self._recovering = trio.Lock()  # a call waits for the recovery under way: no half-recovered listing
         self._capsules: CapsuleService | None = None  # journals the runs (set at first start)
 
     @property
@@ -318,7 +325,7 @@ class Services:
         run.awaited = False
         started = dt.datetime.now(dt.UTC)
         try:
-            reply = await self.call_helper(record.network_spec, request, run)
+            reply = await self._call_unheld(record.network_spec, request, run)
         except CcwError as exc:
             lost = exc.code == "UNAVAILABLE"
             if lost:
@@ -361,6 +368,19 @@ class Services:
                 if exc.code != "UNAVAILABLE":
                     raise
             await trio.sleep(HELPER_POLL_S)
+
+    async def _call_unheld(self, network: Any, request: ExecRequest, run: ServiceRun) -> Any:
+        """``call_helper``, after the helper has ended its run of that name which a front end that
+        went left it (it ends one at its next progress report): never two at once, nor a failure."""
+        deadline = trio.current_time() + HELD_S
+        while True:
+            try:
+                return await self.call_helper(network, request, run)
+            except CcwError as exc:
+                held = exc.code == "CONFLICT" and exc.details.get("service") == run.spec.name
+                if not held or trio.current_time() >= deadline:
+                    raise
+            await trio.sleep(min(HELPER_POLL_S, max(deadline - trio.current_time(), 0.0)))
 
     async def call_helper(self, network: Any, request: ExecRequest, run: ServiceRun) -> Any:
         """The helper's exec for the service, its progress taken in; an egress capsule's session opened first."""
@@ -435,12 +455,24 @@ class Services:
 
     # --- recovery, the nursery ---------------------------------------------------------
 
+    async def reopen_kept(self, capsules: CapsuleService) -> None:
+        """At a front end's start: bring back the kept services (``recover``: no helper is asked)
+        and reopen the kept forwarded ports (in the background: capsules/ports.py)."""
+        try:
+            await self.recover(capsules)
+        except Exception as exc:  # starting goes on; the next call about services tries again
+            LOGGER.warning(f"mcp:service could not bring back the kept services: {exc!r}")
+        await self.ports.reopen_kept()
+
     async def recover(self, capsules: CapsuleService) -> None:
         """Once per process: bring back the kept specs this process did not start (see the essay)."""
         self._capsules = self._capsules or capsules.background()
-        if self._recovered:
-            return
-        self._recovered = True
+        async with self._recovering:
+            if not self._recovered:
+                await self._recover()
+                self._recovered = True
+
+    async def _recover(self) -> None:
         journal = Journal(self.state)
         for spec, created_at in self.table.all():
             record = journal.capsule(spec.capsule_id)
