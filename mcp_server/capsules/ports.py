@@ -22,8 +22,8 @@ the pool is empty.  What it trusts (THREATS.md, "Forwarded ports"):
   only to this process's own proxy listeners.
 - **How long.**  A forward lives as long as its capsule (destroy closes it) and is kept
   in the state dir's ``ports`` table: a front end that starts opens it again
-  (``reopen_kept``, from ``frontdoor.running_app``, in the background so that starting
-  waits for no helper), with the same owner check, on the same host port when that is
+  (``reopen_kept``, from ``frontdoor.running_app`` through ``Services.reopen_kept``, in
+  the background so that starting waits for no helper), with the same owner check, on the same host port when that is
   free, else on another: the log says so, and the ``port`` event's ``moved_from`` names
   the old one.  One that cannot be opened again (the helper refuses) stays kept, logged,
   and is tried at the next start.  Calls that read or change the forwards wait for that
