@@ -178,10 +178,7 @@ def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir
 
 def host_uid(uid: int) -> int:
     """The caller's uid on the host (a rootless helper's user namespace maps its user to 0)."""
-    for start, outside, count in namespaces.read_id_maps()[0]:
-        if start <= uid < start + count:
-            return outside + uid - start
-    return uid
+    return namespaces.outside_id(uid, namespaces.read_id_maps()[0])
 
 
 def _check_place(name: str, fd: int | None, given: str, uid: int, shown_only: bool) -> None:

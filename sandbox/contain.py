@@ -35,6 +35,11 @@ Choices made here (no decision of ARCHITECTURE.md's settles them):
   init is then non-dumpable, so a command under the same uid can neither ptrace it nor
   open its /proc/1/fd; PR_SET_PDEATHSIG on the command itself is replaced by the pid
   namespace: when the init dies, the kernel kills every process in it.
+- Rootless, the init first enters a user namespace of the command's own, which maps the
+  user's own ids (``Plan.own_user_namespace``; namespaces.py's essay): after every mount,
+  ``lo`` and the time namespace (which need the helper's namespace), before the
+  privileges drop, since entering it gives back a full bounding set that the drop then
+  empties, and long before seccomp, which denies the command ``unshare``.
 - The launcher moves *itself* into the exec's cgroups, first thing, through files the
   helper opened (``ExecCgroup.entry_files``): nothing of the command's runs before every
   write has returned, and the cgroup namespace, unshared later, is rooted at the exec's
@@ -133,6 +138,7 @@ class Plan:
     seccomp_filter: seccomp.Filter | None = None  # built once in the helper; None: no filter for this arch
     notify_filter: seccomp.Filter | None = None  # the notifying filter: only where runs overlap (unotify.py)
     controlling_tty: bool = False  # stdin is a pty slave: the command's session takes it as its terminal
+    own_user_namespace: bool = False  # rootless: uid/gid are the user's own, mapped to the launcher's (namespaces.py)
 
 
 def _last_cap() -> int:
@@ -205,22 +211,26 @@ def prepare(spec: JailSpec, host_trees_mapped: bool = False) -> Plan:
         terminal=_terminal_name(spec.tty_fd),
     )
     uid_ranges, gid_ranges = namespaces.read_id_maps()
+    # Rootless: the user's own ids, which the command has once its user namespace maps them.
+    own_ids = namespaces.command_ids(spec.uid, spec.gid)
+    uid, gid = own_ids or (spec.uid, spec.gid)
     return Plan(
         ns=ns,
         mount_steps=steps,
         argv=list(spec.argv),
         env={**spec.env, **ns.extra_env},
         cwd=spec.cwd,
-        uid=spec.uid,
-        gid=spec.gid,
+        uid=uid,
+        gid=gid,
         # Rootless: an id with no mapping in our user namespace cannot be switched to.
-        set_uid=namespaces.is_mapped(spec.uid, uid_ranges),
-        set_gid=namespaces.is_mapped(spec.gid, gid_ranges),
+        set_uid=own_ids is None and namespaces.is_mapped(spec.uid, uid_ranges),
+        set_gid=own_ids is None and namespaces.is_mapped(spec.gid, gid_ranges),
         clear_groups=namespaces.setgroups_allowed(),
         last_cap=_LAST_CAP,
         keep_caps=rootcaps.kept_for(spec.uid, uid_ranges, host_trees_mapped),
         seccomp_filter=seccomp.prepare(),
         controlling_tty=spec.tty_fd is not None,
+        own_user_namespace=own_ids is not None,
     )
 
 
@@ -234,7 +244,7 @@ def mechanisms() -> dict[str, object]:
         "capabilities": rootcaps.mechanism(),
         "no_new_privs": True,
         "seccomp": seccomp.mechanisms(),
-        "uid": "the caller's (SO_PEERCRED), unless unmapped in the helper's user namespace",
+        "uid": "the caller's (SO_PEERCRED); rootless, the user's own in a user namespace of the command's",
         "init": "ccw-jail (C) as pid 1, spawned with posix_spawn; command started with posix_spawn",
         "direct_pid_namespace": namespaces.pid_namespace_restorable(),
         "network_egress": egress.MECHANISM,

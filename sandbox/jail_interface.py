@@ -44,6 +44,7 @@ OPTIONS = {
     "CLEAR_GROUPS": 32,
     "CONTROLLING_TTY": 64,
     "LAUNCH": 128,           # descriptor LAUNCH is the mount namespace to copy (mounts.launch_namespace)
+    "OWN_USERNS": 256,       # a user namespace of the command's own, mapping uid/gid to the launcher's ids
 }
 # Mount step codes, by MountStep.action; the last five only in the root tree's own steps ('r').
 ACTIONS = {

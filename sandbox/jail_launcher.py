@@ -59,8 +59,9 @@ PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ccw-jail")
 # The table's numbers under the names this module's callers use (the table's keys).
 FD_PLAN, FD_NET, FD_ROOT, FD_LAUNCH, FD_CGROUPS = (DESCRIPTORS[name] for name in (
     "PLAN", "NET", "ROOT", "LAUNCH", "CGROUPS"))
-DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH = (OPTIONS[name] for name in (
-    "DIRECT", "NET", "ROOT", "SET_UID", "SET_GID", "CLEAR_GROUPS", "CONTROLLING_TTY", "LAUNCH"))
+DIRECT, NET, ROOT, SET_UID, SET_GID, CLEAR_GROUPS, CONTROLLING_TTY, LAUNCH, OWN_USERNS = (
+    OPTIONS[name] for name in (
+        "DIRECT", "NET", "ROOT", "SET_UID", "SET_GID", "CLEAR_GROUPS", "CONTROLLING_TTY", "LAUNCH", "OWN_USERNS"))
 SOURCE_IS_FILE, NOFOLLOW, SOURCE_FD = (STEP_BITS[name] for name in ("SOURCE_IS_FILE", "NOFOLLOW", "SOURCE_FD"))
 _ALL_SIGNALS = signal.valid_signals()
 
@@ -106,7 +107,8 @@ def encode(plan: Plan, options: int, cgroups: int, notify_fd: int | None = None)
     launcher to build the tree in place.
     """
     options |= ((SET_UID if plan.set_uid else 0) | (SET_GID if plan.set_gid else 0)
-                | (CLEAR_GROUPS if plan.clear_groups else 0) | (CONTROLLING_TTY if plan.controlling_tty else 0))
+                | (CLEAR_GROUPS if plan.clear_groups else 0) | (CONTROLLING_TTY if plan.controlling_tty else 0)
+                | (OWN_USERNS if plan.own_user_namespace else 0))
     keep = plan.keep_caps
     parts = [MAGIC, _record(b"O", struct.pack("=9I", plan.ns.flags, options, plan.uid, plan.gid, plan.last_cap,
                                                 int(END_SIGNAL), cgroups, keep & 0xFFFFFFFF, keep >> 32)),

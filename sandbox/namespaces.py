@@ -43,6 +43,20 @@ Some facts about namespaces, as the jail uses them:
 - Inside a user namespace (the rootless helper), ``setresuid`` to a uid that has no
   mapping fails with EINVAL and ``setgroups`` fails with EPERM once
   ``/proc/self/setgroups`` says "deny"; the jail then keeps the mapped ids.
+- A rootless helper maps its user to 0, so its jail's command would be uid 0 of that
+  namespace (no capability, but ``id`` says root: tests that skip for root skip, PostgreSQL
+  refuses to start, pip and npm change course).  So the command gets a user namespace of
+  its own (``command_ids``), mapping the user's own ids (the helper's map, read from
+  inside, names them relative to the namespace the helper was started in) to the
+  launcher's 0, as bubblewrap gives its command the caller's uid.  The launcher makes it
+  after every mount and before it drops privileges (steps.c ``enter_user``): the single
+  line "ID 0 1", for the launcher's own euid, is what an unprivileged process may write
+  (user_namespaces(7)), once setgroups says "deny", and the command's kuid is unchanged,
+  so the files it makes are still the user's on the host.  The jail's other namespaces stay
+  owned by the helper's user namespace, so a capability the command ever regained there
+  would reach none of them.  Only a helper whose namespace denies setgroups (one an
+  unprivileged user made) does this: a privileged helper, even in a container's user
+  namespace, already gives the caller's ids as the caller sees them.
 """
 
 from __future__ import annotations
@@ -321,6 +335,27 @@ def parse_id_map(text: str) -> list[tuple[int, int, int]]:
 def is_mapped(inside_id: int, ranges: list[tuple[int, int, int]]) -> bool:
     """Whether ``inside_id`` has a mapping in the given id map."""
     return any(start <= inside_id < start + count for start, _outside, count in ranges)
+
+
+def outside_id(inside_id: int, ranges: list[tuple[int, int, int]]) -> int:
+    """What ``inside_id`` is in the parent user namespace, by the given map (itself if unmapped)."""
+    for start, outside, count in ranges:
+        if start <= inside_id < start + count:
+            return outside + inside_id - start
+    return inside_id
+
+
+def command_ids(uid: int, gid: int) -> tuple[int, int] | None:
+    """The uid and gid a rootless jail's command gets in a user namespace of its own, or None (see the essay).
+
+    Only where the helper's namespace was made by an unprivileged user (setgroups denied), for
+    the helper's own ids (the one line the launcher may map), and when they stand for others outside.
+    """
+    if setgroups_allowed() or (uid, gid) != (os.geteuid(), os.getegid()):
+        return None
+    uid_ranges, gid_ranges = read_id_maps()
+    outside = (outside_id(uid, uid_ranges), outside_id(gid, gid_ranges))
+    return outside if outside != (uid, gid) else None
 
 
 def is_initial_user_namespace(uid_ranges: list[tuple[int, int, int]]) -> bool:

@@ -51,6 +51,13 @@ def test_the_options_word_carries_credentials_and_bits() -> None:
     assert end == int(contain.END_SIGNAL) and (low, high) == (1, 1 << 3)
 
 
+def test_a_rootless_plan_asks_for_the_commands_own_user_namespace() -> None:
+    options = dict(_records(jail_launcher.encode(_plan(own_user_namespace=True, set_uid=False), 0, 0)))[b"O"]
+    _, bits, uid, gid = struct.unpack_from("=4I", options)
+    assert (uid, gid) == (1000, 1001)  # the ids the namespace maps the launcher's to
+    assert bits == jail_launcher.OWN_USERNS | jail_launcher.CLEAR_GROUPS | jail_launcher.CONTROLLING_TTY
+
+
 def test_mount_steps_carry_action_attrs_bits_and_their_name() -> None:
     steps = [p for t, p in _records(jail_launcher.encode(_plan(), jail_launcher.ROOT, 0)) if t == b"m"]
     assert len(steps) == 3

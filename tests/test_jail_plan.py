@@ -195,6 +195,42 @@ def test_spec_checks(tmp_path: Path) -> None:
             contain._check_spec(spec)
 
 
+ROOTLESS_MAPS = ([(0, 1000, 1)], [(0, 1001, 1)])  # a rootless helper's: its user is 0
+
+
+@pytest.mark.parametrize(("setgroups", "maps", "ids", "expected"), [
+    (False, ROOTLESS_MAPS, (0, 0), (1000, 1001)),  # rootless: the user's own ids outside
+    (True, ROOTLESS_MAPS, (0, 0), None),  # setgroups allowed: a privileged helper, even in a container
+    (False, ROOTLESS_MAPS, (5, 0), None),  # not the helper's own uid: not the one line it may map
+    (False, ([(0, 0, 1)], [(0, 0, 1)]), (0, 0), None),  # the same ids outside: nothing to give back
+])
+def test_command_ids_are_the_users_own_only_for_a_rootless_helper(
+        monkeypatch: pytest.MonkeyPatch, setgroups: bool, maps: object, ids: tuple[int, int],
+        expected: tuple[int, int] | None) -> None:
+    monkeypatch.setattr(namespaces, "setgroups_allowed", lambda: setgroups)
+    monkeypatch.setattr(namespaces, "read_id_maps", lambda: maps)
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(os, "getegid", lambda: 0)
+    assert namespaces.command_ids(*ids) == expected
+    assert namespaces.outside_id(0, ROOTLESS_MAPS[0]) == 1000 and namespaces.outside_id(7, ROOTLESS_MAPS[0]) == 7
+
+
+@pytest.mark.parametrize("own_ids", [(1000, 1001), None])
+def test_a_rootless_plan_carries_the_users_ids_and_switches_to_none(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, own_ids: tuple[int, int] | None) -> None:
+    for name in ("m", "t", "h"):
+        (tmp_path / name).mkdir()
+    monkeypatch.setattr(namespaces, "command_ids", lambda uid, gid: own_ids)
+    monkeypatch.setattr(namespaces, "read_id_maps", lambda: ROOTLESS_MAPS)
+    plan = contain.prepare(contain.JailSpec(
+        merged_dir=str(tmp_path / "m"), workspace="/srv/ws", tmp_dir=str(tmp_path / "t"), home_dir=str(tmp_path / "h"),
+        argv=["/bin/true"], cwd="/srv/ws", env={"PATH": "/bin", "HOME": "/home/a"}))
+    assert plan.own_user_namespace is (own_ids is not None)
+    # The user's ids come with the command's own namespace; without it, uid 0 of the helper's, switched to.
+    assert (plan.uid, plan.gid, plan.set_uid, plan.set_gid) == (*(own_ids or (0, 0)), own_ids is None, own_ids is None)
+    assert plan.keep_caps == 0
+
+
 def test_mechanisms_describe_what_is_in_force() -> None:
     info = contain.mechanisms()
     assert info["no_new_privs"] is True

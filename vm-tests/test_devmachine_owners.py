@@ -358,16 +358,17 @@ def test_promotion_keeps_a_replaced_files_owner_and_refuses_set_id_bits(tools: A
     assert not (ws / "more_itertools" / "sh").exists()
 
 
-def test_a_rootless_callers_jail_is_uid_0_of_its_namespace_and_gains_nothing(base: Path) -> None:
-    # The rootless helper maps its user to 0, but that user is not root on the host: another
-    # uid's directory stays closed to it in the capsule, as on the host, and it keeps no capability.
+def test_a_rootless_callers_jail_is_its_own_uid_and_gains_nothing(base: Path) -> None:
+    # The rootless helper maps its user to 0, and its command gets the user's own uid back
+    # (namespaces.py's essay): another uid's directory stays closed to it in the capsule, as
+    # on the host, and it keeps no capability.
     other = base / "merged" / "other"
     other.mkdir()
     os.chown(other, OWNER, OWNER)
     result = run_rootless(base, "id -u; grep -E '^Cap(Prm|Eff|Bnd)' /proc/self/status | cut -f2; "
                                 "stat -c %u other; echo b > other/new.txt || echo refused")
     assert result["exit_code"] == 0, result["stderr"]
-    assert str(result["stdout"]).splitlines() == ["0", "0" * 16, "0" * 16, "0" * 16, "65534", "refused"]
+    assert str(result["stdout"]).splitlines() == [str(USER), "0" * 16, "0" * 16, "0" * 16, "65534", "refused"]
     assert not (other / "new.txt").exists() and USER != OWNER
 
 

@@ -1,4 +1,5 @@
-"""The jail run by a rootless helper: an unprivileged uid that is root only in its own user namespace.
+"""The jail run by a rootless helper: an unprivileged uid that is root only in its own user namespace,
+whose command gets that uid back in a user namespace of its own.
 
 The test starts a Python child as root, which imports ccw, drops to an unused uid (no
 passwd entry needed), unshares a user and mount namespace mapping that uid to 0 (what
@@ -23,11 +24,11 @@ def test_rootless_jail_runs_isolated(base: Path) -> None:
     assert result["user_namespace"] is True
     assert result["direct_pidns"] is False  # cannot setns back to the host's pid namespace
     lines = str(result["stdout"]).splitlines()
-    assert lines[:5] == ["0", "ccw", "/srv/project", "hi", "1"]
+    assert lines[:5] == [str(USER), "ccw", "/srv/project", "hi", "1"]  # its own uid, not the namespace's 0
     assert int(lines[5]) < 10
     assert lines[6:] == ["CapEff:\t0000000000000000", "NoNewPrivs:\t1", "usr-ro", "end"]
     assert (base / "merged" / "made.txt").read_text() == "w\n"
-    assert (base / "tmp" / "t").stat().st_uid == USER  # uid 0 in the namespace is USER outside
+    assert (base / "tmp" / "t").stat().st_uid == USER
 
 
 def test_rootless_jails_after_the_first_see_the_same_root(base: Path) -> None:

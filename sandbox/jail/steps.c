@@ -1,8 +1,9 @@
 /* The jail's steps, in order (contain): namespaces, the mount plan, hostname, lo, the
- * time namespace, privileges, cwd.  What each step does and why is in the Python
- * modules that plan it (sandbox/namespaces.py, mounts.py, mounttree.py, rootcaps.py,
- * seccomp.py, and contain.py's essay on the order); this file applies their plan, and an
- * error names the step as the plan does (MountStep.describe), with its errno.
+ * time namespace, rootless the command's user namespace, privileges, cwd.  What each step
+ * does and why is in the Python modules that plan it (sandbox/namespaces.py, mounts.py,
+ * mounttree.py, rootcaps.py, seccomp.py, and contain.py's essay on the order); this file
+ * applies their plan, and an error names the step as the plan does (MountStep.describe),
+ * with its errno.
  *
  * Kernel structures and flags come from the C library's and the kernel's headers by
  * name: the mount API (struct mount_attr, MOUNT_ATTR_*, OPEN_TREE_CLONE,
@@ -325,18 +326,44 @@ static void loopback_up(void)
     close(sock);
 }
 
-static void enter_time(const struct plan *plan)
+/* One write to a file of /proc/self (the jail's own /proc, mounted by now). */
+static void write_self(const char *path, const void *text, size_t length)
 {
-    int fd;
-    check(unshare(CLONE_NEWTIME), "unshare(CLONE_NEWTIME)");
-    fd = open("/proc/self/timens_offsets", O_WRONLY | O_CLOEXEC);
-    check(fd, "open /proc/self/timens_offsets");
-    if (write(fd, plan->timens, plan->timens_len) != (ssize_t)plan->timens_len) {
+    char call[64];
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    check(fd, format(call, sizeof call, "open", "open %s", path));
+    errno = 0;
+    if (write(fd, text, length) != (ssize_t)length) {
         if (errno == 0)
-            errno = EIO; /* short: the kernel took part of the offsets */
-        fail_errno(current, "write timens_offsets");
+            errno = EIO; /* short: the kernel took part of it */
+        fail_errno(current, format(call, sizeof call, "write", "write %s", path));
     }
     close(fd);
+}
+
+static void enter_time(const struct plan *plan)
+{
+    check(unshare(CLONE_NEWTIME), "unshare(CLONE_NEWTIME)");
+    write_self("/proc/self/timens_offsets", plan->timens, plan->timens_len);
+}
+
+/* Rootless (PLAN_OWN_USERNS): a user namespace of the command's own, in which it is the
+ * user's own uid and gid (the plan's), mapped to this process's ids in the helper's
+ * namespace (namespaces.py's essay).  One line for our own euid, and setgroups denied
+ * first: what a process without CAP_SETUID over the parent may map.  Every other
+ * namespace of the jail stays owned by the helper's; the full bounding set this gives
+ * back is emptied by drop_privileges, next. */
+static void enter_user(const struct plan *plan)
+{
+    char map[64];
+    unsigned outer_uid = (unsigned)geteuid(), outer_gid = (unsigned)getegid(); /* cannot fail */
+    current = "user namespace of the command's own";
+    check(unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)");
+    write_self("/proc/self/setgroups", "deny", 4);
+    format(map, sizeof map, "uid_map", "%u %u 1", plan->uid, outer_uid);
+    write_self("/proc/self/uid_map", map, strlen(map));
+    format(map, sizeof map, "gid_map", "%u %u 1", plan->gid, outer_gid);
+    write_self("/proc/self/gid_map", map, strlen(map));
 }
 
 /* The notifying filter (sandbox/unotify.py's essay), over the jail's own.  Its listener stays with
@@ -463,6 +490,8 @@ void contain(const struct plan *plan)
         current = "time namespace";
         enter_time(plan);
     }
+    if (plan->options & PLAN_OWN_USERNS)
+        enter_user(plan);
     drop_privileges(plan);
     {
         char step[MAX_PATH + 8];
