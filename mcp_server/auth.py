@@ -70,8 +70,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
+from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
 
 SCOPES = ("read", "write", "exec", "promote", "admin")  # what a token grants; each tool needs one

@@ -96,8 +96,8 @@ from mcp_server.caller import (
     PassedFds,
 )
 from mcp_server.config import PROFILES, TOOLSETS, Config
-from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
+from mcp_server.statedir import make_state_dir
 from mcp_server.transports.unix import listen
 from sandbox.errors import CcwError
 

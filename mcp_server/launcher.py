@@ -49,7 +49,7 @@ from typing import Any
 import trio
 
 from mcp_server.config import Config
-from mcp_server.fs.privatefile import make_state_dir
+from mcp_server.statedir import make_state_dir
 from sandbox.client import BlockingClient, HelperClient
 from sandbox.errors import CcwError
 

@@ -41,8 +41,8 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.logs import LOGGER
+from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError, wrap_oserror
 
 DB_NAME = "ccw.sqlite3"

@@ -13,13 +13,13 @@ import trio
 from mcp_server import launcher
 from mcp_server.fs.privatefile import (
     locked,
-    make_state_dir,
     read_private,
     remove_private,
     replace_private,
     state_dir_fd,
 )
 from mcp_server.state import State
+from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError
 
 

@@ -35,8 +35,8 @@ from mcp_server import __version__, framing
 from mcp_server.caller import CALLER_META, CALLER_OUTPUT, CALLER_TERMINAL
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
-from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
+from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError
 
 PROTOCOL = "2025-11-25"

@@ -24,7 +24,6 @@ from typing import Any
 
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
-from mcp_server.fs.privatefile import make_state_dir
 from mcp_server.fs.witness_key import OWN_NAME, WitnessKey
 from mcp_server.fs.witness_trust import (
     NAME,
@@ -34,6 +33,7 @@ from mcp_server.fs.witness_trust import (
     trusted_keys,
     untrust,
 )
+from mcp_server.statedir import make_state_dir
 
 COMMANDS = ("witness",)
 

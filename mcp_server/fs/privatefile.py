@@ -18,12 +18,7 @@ The same facts as the generated tokens file (mcp_server/auth.py) and the witness
   followed.  Writers take an flock on a lock file beside it, so two changes at once both
   land.
 
-The state dir itself is made 0700 by ``make_state_dir``, by whichever path makes it
-first (the helper's launcher, the front-end lock, the CLI's daemon start, ``State``):
-``Path.mkdir(parents=True, mode=...)`` gives the mode only to the last directory it
-makes, and the parents get the umask's, so making ``<state>/helper`` first left the state
-dir 0755 and its journal readable by every local user.  A state dir an older ccw left
-with group or other bits is this user's own: it is tightened, and the log says so.
+The state dir itself is made 0700 by ``mcp_server/statedir.py`` (``make_state_dir``).
 """
 
 from __future__ import annotations
@@ -36,7 +31,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from mcp_server.logs import LOGGER
+from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError, from_oserror, wrap_oserror
 
 FLAGS_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -45,34 +40,6 @@ FLAGS_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEX
 
 def _owner_ok(info: os.stat_result) -> bool:
     return info.st_uid in (os.geteuid(), 0)
-
-
-def make_state_dir(state_dir: str | Path) -> None:
-    """Make the state dir 0700 if absent (its parents as the umask says); tighten one of
-    ours that group or others may enter or read, but not write, and say so (one they may
-    write is left for ``state_dir_fd`` to refuse: what it holds may be theirs already)."""
-    where = str(state_dir)
-    with wrap_oserror("create state dir", where, "set CCW_STATE_DIR to a directory you own"):
-        parent = os.path.dirname(os.path.abspath(where))
-        os.makedirs(parent, exist_ok=True)
-        try:
-            os.mkdir(where, 0o700)
-        except FileExistsError:
-            info = os.stat(where)
-        else:
-            os.chmod(where, 0o700)  # the umask may have taken the owner's bits too
-            return
-        if not stat.S_ISDIR(info.st_mode) or not info.st_mode & 0o077:
-            return
-        if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return  # someone else may have planted files in it already: refused where it is opened (state_dir_fd)
-        if info.st_uid != os.geteuid():
-            LOGGER.warning(f"mcp:state-dir {where} has mode {stat.S_IMODE(info.st_mode):04o} and belongs to uid "
-                           f"{info.st_uid}: other users may read its journal; make it private (chmod 700 {where})")
-            return
-        os.chmod(where, 0o700)
-    LOGGER.warning(f"mcp:state-dir {where} had mode {stat.S_IMODE(info.st_mode):04o} (left so by an older ccw, or "
-                   "made by hand): other users could read its journal and what was typed into capsules; made it 0700")
 
 
 @contextlib.contextmanager
