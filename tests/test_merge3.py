@@ -84,6 +84,23 @@ def test_overlapping_hunks_conflict_with_both_sides_and_the_base() -> None:
     assert (hunk.line, hunk.base, hunk.ours, hunk.theirs) == (12, "line 12\n", "fixed twelve\n", "broken twelve\n")
 
 
+def test_a_conflict_is_placed_where_the_sides_changed_the_base_not_where_its_lines_first_stand() -> None:
+    # Five functions ending alike: a conflict at the third "return" is at line 6, not line 2,
+    # a second one after it at its own place, and lines both sides added at one place are
+    # placed before the base line they precede.
+    base = b"".join(b"def f%d():\n    return\n" % i for i in range(1, 6))
+    ours, theirs = _edit(_edit(base, 6, b"    return 1\n"), 10, b"    return 9\n"), \
+        _edit(_edit(base, 6, b"    return 2\n"), 10, b"    return 8\n")
+    out = merge_path("m.py", _file(base), [("a", _file(ours)), ("b", _file(theirs))])
+    assert [(h.line, h.base, h.ours, h.theirs) for h in out.hunks] == [
+        (6, "    return\n", "    return 1\n", "    return 2\n"),
+        (10, "    return\n", "    return 9\n", "    return 8\n")]
+    lines = base.splitlines(keepends=True)
+    added = [b"".join([*lines[:4], new, *lines[4:]]) for new in (b"x = 1\n", b"x = 2\n")]
+    out = merge_path("m.py", _file(base), [("a", _file(added[0])), ("b", _file(added[1]))])
+    assert [(h.line, h.base, h.ours, h.theirs) for h in out.hunks] == [(5, "", "x = 1\n", "x = 2\n")]
+
+
 def test_adjacent_changes_conflict_as_in_git() -> None:
     merged, clean = merge_file(BASE, _edit(BASE, 5, b"five\n"), _edit(BASE, 6, b"six\n"))
     assert not clean and b"<" * 41 in merged

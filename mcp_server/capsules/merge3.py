@@ -102,7 +102,8 @@ ABSENT = State(None)
 @dataclass(frozen=True)
 class Hunk:
     """One overlapping change: the base's lines and each side's; ``line``: where the base's lines
-    start in the base file (1-based; 0 when the base had none there, as when both sides added)."""
+    start in the base file (1-based; where both sides added lines at one place, the base line
+    they were added before; 0 when the file itself was added on both sides)."""
 
     line: int
     base: str
@@ -200,7 +201,7 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
     merged, clean = merge_file(old, one, two)
     if not clean:
         what = "added on both sides" if base.kind is None else "changed on both sides"
-        return Outcome(path, None, f"conflict: overlapping lines {what}", hunks=conflict_hunks(merged, old))
+        return Outcome(path, None, f"conflict: overlapping lines {what}", hunks=conflict_hunks(merged, old, one, two))
     return Outcome(path, State("file", mode, merged),
                    "lines merged" + (" (added on both sides)" if base.kind is None else ""))
 
@@ -227,13 +228,53 @@ def merge_file(base: bytes, ours: bytes, theirs: bytes) -> tuple[bytes, bool]:
     return done.stdout, done.returncode == 0
 
 
-def conflict_hunks(merged: bytes, base: bytes) -> list[Hunk]:
-    """The conflicts of a ``merge_file`` result, read back from its diff3 markers."""
+def _changed(base: bytes, side: bytes) -> list[tuple[int, int]]:
+    """Where ``side`` changed ``base``: each change's base lines as (first, count), 1-based, a count
+    of 0 meaning lines added before ``first``; as ``git diff`` aligns them (the matcher git's merge
+    uses, so the conflicts' base ranges are unions of these)."""
+    with tempfile.TemporaryDirectory(prefix="ccw-merge-") as scratch:
+        for name, data in (("base", base), ("side", side)):
+            with open(os.path.join(scratch, name), "wb") as file:
+                file.write(data)
+        done = subprocess.run(["git", "diff", "--no-index", "--no-color", "--no-ext-diff", "-U0", "base", "side"],
+                              capture_output=True, env=git_env({"GIT_CONFIG_NOSYSTEM": "1",
+                                                                "GIT_CONFIG_GLOBAL": "/dev/null"}),
+                              cwd=scratch, timeout=TIMEOUT_S, check=False)
+    ranges = []
+    for line in done.stdout.splitlines():
+        if line.startswith(b"@@ -"):
+            first, _, count = line[4:].split(b" ", 1)[0].partition(b",")
+            lines = int(count) if count else 1
+            ranges.append((int(first) + (lines == 0), lines))  # "-N,0": added after line N
+    return ranges
+
+
+def _base_line(base_lines: list[bytes], old: list[bytes], after: int, ours: list[tuple[int, int]],
+               theirs: list[tuple[int, int]]) -> int:
+    """The base line (1-based) where a conflict's base lines ``old`` start, at or after ``after``:
+    the first change's start there that holds those lines and that both sides' changes touch
+    (a conflict is one); 0 where none does."""
+    def touched(changes: list[tuple[int, int]], first: int, end: int) -> bool:
+        return any(start <= end and first <= start + count for start, count in changes)
+    for first in sorted({start for start, _ in ours + theirs}):
+        end = first + len(old)
+        if first >= after and base_lines[first - 1:end - 1] == old \
+                and touched(ours, first, end) and touched(theirs, first, end):
+            return first
+    return 0
+
+
+def conflict_hunks(merged: bytes, base: bytes, ours: bytes, theirs: bytes) -> list[Hunk]:
+    """The conflicts of a ``merge_file`` result, read back from its diff3 markers, each placed in
+    the base by where the two sides changed it (``_changed``): the same lines may stand in the
+    base more than once, and a text search would name the first."""
     marks = {b"<" * MARKER: "ours", b"|" * MARKER: "base", b"=" * MARKER: "theirs", b">" * MARKER: "end"}
     hunks: list[Hunk] = []
     part: str | None = None
     parts: dict[str, list[bytes]] = {}
-    searched = 0  # hunks come in base order: each is looked for after the one before
+    base_lines = base.splitlines(keepends=True)
+    changes = (_changed(base, ours), _changed(base, theirs)) if base else ([], [])
+    after = 1  # hunks come in base order: each is looked for after the one before
     for line in merged.splitlines(keepends=True):
         mark = marks.get(line.split(b" ", 1)[0].rstrip(b"\r\n"))
         if mark == "ours" and part is None:
@@ -241,11 +282,10 @@ def conflict_hunks(merged: bytes, base: bytes) -> list[Hunk]:
         elif mark in ("base", "theirs") and part is not None:
             part = mark
         elif mark == "end" and part is not None:
-            old = b"".join(parts["base"])
-            at = base.find(old, searched) if old else -1
-            searched = at + len(old) if at >= 0 else searched
+            at = _base_line(base_lines, parts["base"], after, *changes) if base else 0
+            after = at + len(parts["base"]) if at else after
             texts = (b"".join(parts[k]).decode("utf-8", "replace") for k in ("base", "ours", "theirs"))
-            hunks.append(Hunk(base.count(b"\n", 0, at) + 1 if at >= 0 else 0, *texts))
+            hunks.append(Hunk(at, *texts))
             part = None
         elif part is not None:
             parts[part].append(line)
