@@ -19,7 +19,9 @@ states at every merged path, as promotion checks (REPO_CHANGED otherwise, nothin
 
 **Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock), the
 changes listed and read, the turns given back; capsules/merge_plan.py merges path by
-path (capsules/merge3.py: git's rules).  Any conflict stops there: the answer lists
+path (capsules/merge3.py: git's rules).  A conflict at a path the workspace's git
+ignores does not count (``_ignored_conflicts``: promotion leaves it behind; the first
+input's is kept).  Any other conflict stops there: the answer lists
 each conflicting path with both sides and the base, and nothing is made or written.
 Otherwise ``into: "new"`` makes a capsule holding the merge (capsules/merge_write.py),
 where tests can run; ``into: "live"`` makes one the same way (destroyed after) and
@@ -70,6 +72,7 @@ from mcp_server.capsules.promote import Request, _lineage, _live_states, _record
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.fs import changeset
+from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.statcache import StatCache
 from mcp_server.fs.view import RootView
 from mcp_server.journal_records import CapsuleRecord
@@ -366,6 +369,8 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     (to be promoted, then destroyed); None when the report is the whole answer."""
     records, ancestor = _inputs(service, question.capsule_ids)
     plan, generation, each, live = await _read(service, records, ancestor)
+    if plan.conflicts:
+        await trio.to_thread.run_sync(_ignored_conflicts, plan, [r.capsule_id for r in records], records[0].workspace)
     recorded = await trio.to_thread.run_sync(_checked_base, each, plan, live)
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
@@ -374,6 +379,22 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     if question.into == "new":
         return {**result, "written": True, "capsule_id": made.capsule_id}, None
     return result, made
+
+
+IGNORED = "ignored by the workspace's git: the first input's kept (promotion leaves it behind)"
+
+
+def _ignored_conflicts(plan: Plan, names: list[str], workspace: str) -> None:
+    """A conflict at a path the workspace's git ignores stops no merge: promotion leaves such a
+    path behind (fs/gitignore.Scope, as capsule_promote and capsule_diff judge it), so two
+    attempts that both ran Python, each with its own ``__pycache__/*.pyc``, would otherwise
+    never merge.  The first input that changed it keeps its state there (``IGNORED``)."""
+    paths = [one.path for one in plan.conflicts]
+    _kept, skipped, _note = Scope().split(workspace, paths)
+    for path in (one["path"] for one in skipped if one["reason"] == "ignored"):
+        first = next(name for name in names if plan.sides[name][path] != plan.base[path])
+        plan.outcomes[path] = Outcome(path, plan.sides[first][path], IGNORED, (first,))
+    plan.__dict__.pop("changed", None)  # a cached_property: the outcomes just changed
 
 
 async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
