@@ -119,8 +119,10 @@ class _Queued:
         self.capsule_id = capsule_id
         self.told = False
 
-    def update(self, _progress: float, _total: float | None = None, message: str | None = None) -> None:
-        """A progress report: the first "queued" one is told."""
+    def update(self, _progress: float, _total: float | None = None, message: str | None = None,
+               _output: object = None) -> None:
+        """A progress report: the first "queued" one is told (the session's output comes through its
+        terminal, not the reports: ``_output`` is what frontclient passes every progress)."""
         if not self.told and (message or "").startswith("queued:"):
             self.terminal.say(f"ccw: capsule {self.capsule_id} is running another command; waiting for its turn")
             self.told = True
