@@ -291,14 +291,17 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
     child_fds = (stdin_fd, out_w, err_w, report_w, net, root, None if launch is None else os.dup(launch),
                  *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
-    if record is not None:  # its listener comes back over a socket of its own (unotify.py)
-        plan = dataclasses.replace(plan, notify_filter=seccomp.prepare(notifying=True))
-    notify = record.socket_for_jail() if record is not None and plan.notify_filter is not None else None
+    # The plan is copied once, with both of the changes this run may need: a copy of the
+    # dataclass is a measurable share of what an exec beside a service pays (issue 36).
+    notify_filter = seccomp.prepare(notifying=True) if record is not None else None  # unotify.py
+    notify = record.socket_for_jail() if record is not None and notify_filter is not None else None
     try:
+        steps = plan.mount_steps
         if launch is not None:
             steps, sources = mounts.detach_sources(plan.mount_steps, jail_launcher.FD_CGROUPS + len(entries), mapping)
-            plan = dataclasses.replace(plan, mount_steps=steps)
             mount_ids = tuple(one for one in map(mountinfo.mount_id, sources) if one is not None)
+        if steps is not plan.mount_steps or notify_filter is not None:
+            plan = dataclasses.replace(plan, mount_steps=steps, notify_filter=notify_filter or plan.notify_filter)
         if direct:  # our child is the init itself
             with namespaces.pid_namespace_for_next_child():
                 pid = jail_launcher.spawn(plan, child_fds, direct, tuple(sources), notify)
