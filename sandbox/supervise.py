@@ -291,8 +291,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
     child_fds = (stdin_fd, out_w, err_w, report_w, net, root, None if launch is None else os.dup(launch),
                  *(fd for fd, _ in entries))
     direct = namespaces.pid_namespace_restorable()
-    # The plan is copied once, with both of the changes this run may need: a copy of the
-    # dataclass is a measurable share of what an exec beside a service pays (issue 36).
+    # One copy of the plan with both changes a run may need: measurable beside a service (issue 36).
     notify_filter = seccomp.prepare(notifying=True) if record is not None else None  # unotify.py
     notify = record.socket_for_jail() if record is not None and notify_filter is not None else None
     try:
@@ -335,8 +334,7 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
            on_progress: Callable[[ExecProgress], None] | None, progress_interval_s: float) -> None:
     """Read the jail's output and reports until every pipe is closed, or the output ones and
     the init has sent its last report; end the jail on timeout.  Streaming, a last report has the rest."""
-    streams = {fd: stream for fd, stream in ((output.out_r, output.out), (output.err_r, output.err))
-               if fd is not None}
+    streams = {fd: stream for fd, stream in ((output.out_r, output.out), (output.err_r, output.err)) if fd is not None}
     poller = select.poll()
     for fd in streams:
         poller.register(fd, select.POLLIN)
