@@ -352,11 +352,20 @@ class ResponseMasker:
         return data
 
     def feed(self, data: bytes) -> bytes:
-        """What of ``self._held + data`` can be passed on, masked."""
-        buffer = self._mask(self._held + data)
-        cut = max(0, len(buffer) - self._keep)
-        self._held = buffer[cut:]
-        return buffer[:cut]
+        """What of ``self._held + data`` can be passed on, masked.  The bytes held back are the
+        upstream's own, never masked ones: a placeholder's last bytes held would pass in ``close``
+        for a value's first (a placeholder ending as the value begins came out one byte wrong)."""
+        raw = self._held + data
+        cut = max(0, len(raw) - self._keep)
+        moved = True
+        while moved:  # a value that the cut would split goes out whole, masked
+            moved = False
+            for value, _ in self._pairs:
+                start = raw.find(value, max(0, cut - len(value) + 1))  # the first that could straddle it
+                if 0 <= start < cut:
+                    cut, moved = start + len(value), True
+        self._held = raw[cut:]
+        return self._mask(raw[:cut])
 
     def close(self) -> bytes:
         """The bytes held back, masked: the stream has ended.  A stream cut inside an echoed
@@ -364,10 +373,10 @@ class ResponseMasker:
         a value's beginning goes as its placeholder's beginning, so no part of a value reaches
         the jail.  The price: a body whose last bytes happen to be a value's first is changed
         there, only in an answer to a request a value went into."""
-        rest, self._held = self._mask(self._held), b""
+        rest, self._held = self._held, b""
         begun = [(size, placeholder) for value, placeholder in self._pairs  # the longest beginning, once
                  for size in range(min(len(value) - 1, len(rest)), 0, -1) if rest.endswith(value[:size])]
         if begun:
             size, placeholder = max(begun, key=lambda found: found[0])
-            rest = rest[:-size] + placeholder[:size]
-        return rest
+            return self._mask(rest[:-size]) + placeholder[:size]
+        return self._mask(rest)
