@@ -146,7 +146,7 @@ OPS: dict[str, OpSpec] = {
             "changes",
             """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
             symlink targets (read with readlink, never followed).  No file content.""",
-            _CAPSULE,
+            _CAPSULE, {"leave_not_utf8": _boolean},
         ),
         _op(
             "fork",
@@ -388,10 +388,12 @@ class ExecRequest(OpRequest[ExecReply]):
 
 @dataclass(frozen=True)
 class ChangesRequest(CapsuleRequest[ChangesReply]):
-    """The capsule's changes against its base."""
+    """The capsule's changes against its base (``leave_not_utf8``: a change naming something that
+    is not UTF-8 left out and counted, not the list refused; ``ChangesReply.carried``)."""
 
     op = "changes"
     reply = ChangesReply
+    leave_not_utf8: bool | None = None
 
 
 @dataclass(frozen=True)

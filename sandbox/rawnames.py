@@ -17,9 +17,10 @@ What ccw does with them
     ``name_bytes`` reads it back byte for byte).  An exec's reply keeps every carried
     name in its touched sets and counts and shows the others beside them
     (``replies.NotCarried``), with a warning; the exec itself, its output and its
-    journal row are never lost to a name.  ``changes`` (so diff, promote, witness and
-    merge, which all start from it) refuses whole, naming the names: a promotion that
-    left one file behind would be a silent loss.  The way out is a rename inside the
+    journal row are never lost to a name.  ``changes`` (so promote, witness and merge,
+    which all start from it) refuses whole, naming the names: a promotion that left one
+    file behind would be a silent loss.  A diff asks for the list without them, counted
+    and shown apart (``replies.ChangesReply.carried``), to show the rest.  The way out is a rename inside the
     capsule; since an argv is text too, the rename names the file through printf's octal
     escapes (``rename_argv``).
 """
@@ -119,8 +120,8 @@ def way_out(first: str) -> str:
 def warning(count: int, shown: tuple[str, ...], first: str) -> str:
     """The exec reply's note on the names it left out of its touched sets."""
     return (f"{count} touched name(s) are not UTF-8, so they are left out of the sets and shown escaped in "
-            f"touched.not_utf8: {', '.join(shown)}{' ...' if count > len(shown) else ''}; diff, promote, witness "
-            f"and merge refuse while the capsule holds them: {way_out(first)}")
+            f"touched.not_utf8: {', '.join(shown)}{' ...' if count > len(shown) else ''}; promote, witness and "
+            f"merge refuse while the capsule holds them (diff leaves them out): {way_out(first)}")
 
 
 IN_WORKSPACE = ("rename it in the workspace itself to a UTF-8 name (the capsule no longer holds it: a directory "

@@ -162,7 +162,8 @@ class DiskUse(OpReply):
 @dataclass(frozen=True)
 class NotCarried(OpReply):
     """The touched names that are not UTF-8 (sandbox/rawnames.py): how many in all and how many
-    of them written, and the first ``rawnames.SHOWN`` in display form (``\\xNN`` per such byte)."""
+    of them written (in a change list, all), and the first ``rawnames.SHOWN`` in display form
+    (``\\xNN`` per such byte)."""
 
     count: int
     written: int
@@ -328,24 +329,47 @@ class GitdirChanges(OpReply):
 
 @dataclass(frozen=True)
 class ChangesReply(OpReply):
-    """The capsule's changes, sorted by path; ``gitdirs``: those of its git dirs (None: it shows none)."""
+    """The capsule's changes, sorted by path; ``gitdirs``: those of its git dirs (None: it shows none);
+    ``not_utf8``: the names left out as not UTF-8, when asked to leave them out (``carried``)."""
 
     changes: tuple[Change, ...]
     gitdirs: tuple[GitdirChanges, ...] | None = None
+    not_utf8: NotCarried | None = None
 
-    optional_fields = ("gitdirs",)
+    optional_fields = ("gitdirs", "not_utf8")
 
     def __post_init__(self) -> None:
-        # Every user of the list (diff, promote, witness, merge) would miss a change it cannot
-        # carry, and a promotion would leave its file behind: refused whole (sandbox/rawnames.py).
-        listed = [*self.changes, *(change for gitdir in self.gitdirs or () for change in gitdir.changes)]
-        rawnames.refuse([name for change in listed for name in (change.path, change.target or "")], "changes")
+        # Promote, witness and merge would miss a change they cannot carry, and a promotion would
+        # leave its file behind: refused whole (sandbox/rawnames.py).  A diff asks ``carried``.
+        rawnames.refuse(_names(self.changes, self.gitdirs), "changes")
+
+    @classmethod
+    def carried(cls, changes: tuple[Change, ...], gitdirs: tuple[GitdirChanges, ...] | None) -> ChangesReply:
+        """The list as a diff shows it: each change naming something that is not UTF-8 (its path
+        or its symlink's target) left out, and those names counted and shown in ``not_utf8``."""
+        names = _names(changes, gitdirs)
+        if rawnames.all_carried(names):
+            return cls(changes, gitdirs)
+
+        def kept(listed: tuple[Change, ...]) -> tuple[Change, ...]:
+            return tuple(one for one in listed if rawnames.all_carried((one.path, one.target or "")))
+
+        count, shown = rawnames.listed(names)
+        return cls(kept(changes), None if gitdirs is None else tuple(
+            GitdirChanges(gitdir.path, kept(gitdir.changes)) for gitdir in gitdirs), NotCarried(count, count, shown))
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ChangesReply:
-        gitdirs = result.get("gitdirs")
+        gitdirs, left_out = result.get("gitdirs"), result.get("not_utf8")
         return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"),
-                   None if gitdirs is None else _entries(GitdirChanges, gitdirs, "ChangesReply 'gitdirs'"))
+                   None if gitdirs is None else _entries(GitdirChanges, gitdirs, "ChangesReply 'gitdirs'"),
+                   None if left_out is None else NotCarried.from_args(left_out))
+
+
+def _names(changes: tuple[Change, ...], gitdirs: tuple[GitdirChanges, ...] | None) -> list[str]:
+    """Every name a change list holds: its paths and symlink targets, its git dirs' too."""
+    listed = [*changes, *(change for gitdir in gitdirs or () for change in gitdir.changes)]
+    return [name for change in listed for name in (change.path, change.target or "")]
 
 
 @dataclass(frozen=True)

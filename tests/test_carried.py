@@ -9,6 +9,7 @@ from pathlib import Path
 from mcp_server.capsules import carried
 from mcp_server.core import unidiff
 from mcp_server.fs.changeset import Entry, Side
+from sandbox import rawnames
 
 
 def _change(path: str, lines: int) -> unidiff.FileChange:
@@ -53,3 +54,15 @@ def test_a_moved_workspace_is_a_note_naming_its_paths_and_many_paths_are_counted
     [note] = carried.moved_notes([f"f{i}" for i in range(carried.NAMED + 3)])
     assert note.startswith(f"workspace moved: it changed at {carried.NAMED + 3} path(s) since the capsule changed them")
     assert f"f{carried.NAMED - 1}, and 3 more)" in note and "REPO_CHANGED" in note
+
+
+def test_names_that_are_not_utf8_are_notes_naming_them_escaped_with_what_promotion_does() -> None:
+    assert carried.not_utf8_notes((0, ()), (0, ())) == []
+    left_out, walked = carried.not_utf8_notes((2, ("n\\xff.txt", "o\\xfe")), (1, ("d/x\\xfd",)))
+    assert left_out.startswith("not UTF-8, not shown: 2 name(s) the capsule changed, n\\xff.txt, o\\xfe (each byte")
+    assert "capsule_promote refuses the whole promotion" in left_out
+    assert 'printf \\"n\\\\377.txtx\\"' in left_out  # the rename of the first, its byte read back from \xff
+    assert walked.startswith("not UTF-8, shown in git's quoting: 1 path(s) of a directory the capsule deleted, "
+                             "d/x\\xfd")
+    assert walked.endswith(rawnames.IN_WORKSPACE)
+    assert "..." in carried.not_utf8_notes((rawnames.SHOWN + 1, ("a\\xff",) * rawnames.SHOWN), (0, ()))[0]

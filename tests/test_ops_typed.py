@@ -35,10 +35,12 @@ from sandbox.replies import (
     ExecReply,
     ForkReply,
     FreezeReply,
+    GitdirChanges,
     HelloReply,
     ListReply,
     NetConnectReply,
     NetOpenReply,
+    NotCarried,
     OpenRootReply,
     OpReply,
     RunReadsReply,
@@ -129,6 +131,27 @@ def test_reply_entries_are_checked_as_they_are_read() -> None:
                     {"read": None, "written": [1], "listed": None, "executed": None}):
         with pytest.raises(ProtocolError):
             Touched.from_args(touched)
+
+
+
+def test_a_change_list_refuses_a_name_that_is_not_utf8_unless_asked_to_leave_it_out() -> None:
+    bad, target = "n\udcff.txt", "t\udcfe"  # os.fsdecode(b"n\xff.txt"), of b"t\xfe"
+    changes = (Change("b.txt", "added", "file", 420, 1), Change(bad, "added", "file", 420, 1),
+               Change("l", "added", "symlink", target=target))
+    gitdirs = (GitdirChanges("/repo/.git", (Change("HEAD", "modified", "file"), Change("g\udcfd", "added", "file"))),)
+    with pytest.raises(CcwError) as refused:
+        ChangesReply(changes, gitdirs)  # promote's list: the whole of it refused
+    assert refused.value.code == "INVALID_ARGUMENT"
+    assert refused.value.details["not_utf8"] == ["g\\xfd", "n\\xff.txt", "t\\xfe"]
+    left = ChangesReply.carried(changes, gitdirs)  # a diff's: the rest, those names counted apart
+    assert left.changes == changes[:1] and left.gitdirs == (GitdirChanges("/repo/.git", gitdirs[0].changes[:1]),)
+    assert left.not_utf8 == NotCarried(3, 3, ("g\\xfd", "n\\xff.txt", "t\\xfe"))
+    assert ChangesReply.from_args(json.loads(json.dumps(left.to_args()))) == left
+    assert ChangesReply.carried(changes[:1], None) == ChangesReply(changes[:1])  # none: nothing added to the wire
+    assert ChangesRequest("cap_1", leave_not_utf8=True).to_args() == {"capsule_id": "cap_1", "leave_not_utf8": True}
+    assert ChangesRequest.from_args({"capsule_id": "cap_1", "leave_not_utf8": True}).leave_not_utf8 is True
+    with pytest.raises(CcwError):
+        ChangesRequest.from_args({"capsule_id": "cap_1", "leave_not_utf8": "yes"})
 
 
 ISOLATION: dict[str, Any] = {"filesystem": {"overlayfs": True, "disk_limit_mb": None}, "network": "none"}

@@ -2,8 +2,9 @@
 it (each ``ccw`` its own process, one state dir, as root; sandbox/rawnames.py's rules).
 
 The exec answers (exit, output, the UTF-8 names it touched) and is journaled, the name shown
-escaped beside its touched sets; diff, witness and promote refuse naming it, and promote
-writes nothing; the rename the refusal offers, run in the capsule, makes all of them work.
+escaped beside its touched sets; diff shows the rest and names it apart, witness and promote
+refuse naming it, and promote writes nothing; the rename the refusal offers, run in the
+capsule, makes all of them work.
 """
 
 from __future__ import annotations
@@ -47,7 +48,11 @@ def test_a_name_that_is_not_utf8_loses_no_reply_and_blocks_promotion_until_renam
     plain = ccw(state, "capsule", "exec", capsule, "--", "sh", "-c", 'printf x > "$(printf "n\\377.txt")"')
     assert "n\\xff.txt" in plain.stderr and "mv --" in plain.stderr, plain.stderr  # told without --json too
 
-    for verb in ("diff", "witness", "promote"):
+    shown = ccw(state, "capsule", "diff", capsule)  # the rest of the change, that name named apart
+    assert "b/b.txt" in shown.stdout and "n.txt" not in shown.stdout and "1 added" in shown.stderr, shown.stderr
+    assert "not UTF-8, not shown: 1 name(s) the capsule changed, n\\xff.txt" in shown.stderr, shown.stderr
+    assert "capsule_promote refuses the whole promotion" in shown.stderr and "mv --" in shown.stderr
+    for verb in ("witness", "promote"):
         refused = ccw(state, "capsule", verb, capsule, check=False)
         assert refused.returncode != 0 and "INVALID_ARGUMENT" in refused.stderr, (verb, refused.stderr)
         assert "n\\xff.txt" in refused.stderr and "mv --" in refused.stderr, (verb, refused.stderr)
@@ -71,7 +76,10 @@ def test_a_deleted_directory_holding_such_a_name_is_refused_by_promote_and_kept(
     capsule = ccw(state, "capsule", "create", str(workspace), "--no-auto-expose").stdout.strip()
     ccw(state, "capsule", "exec", capsule, "--", "rm", "-rf", "d")
 
-    assert '"a/d/n\\377.txt"' in ccw(state, "capsule", "diff", capsule).stdout  # git's quoting of the bytes
+    shown = ccw(state, "capsule", "diff", capsule)
+    assert '"a/d/n\\377.txt"' in shown.stdout  # git's quoting of the bytes
+    assert "not UTF-8, shown in git's quoting: 1 path(s) of a directory the capsule deleted, d/n\\xff.txt" \
+        in shown.stderr and "in the workspace itself" in shown.stderr, shown.stderr
     refused = ccw(state, "capsule", "promote", capsule, check=False)
     assert refused.returncode == 1 and "INVALID_ARGUMENT" in refused.stderr, refused.stderr
     assert "d/n\\xff.txt" in refused.stderr and "in the workspace itself" in refused.stderr

@@ -14,6 +14,11 @@ Two more things the answer says, since the diff alone would mislead:
   and promotion refuses with REPO_CHANGED.  Judged as promotion judges it (promote's
   ``_conflicts``: the base state the journal recorded against the live one), at the
   paths shown only, so it costs one stat (and a hash) for each of them.
+- **A name that is not UTF-8** (a note): the helper leaves such a change out of the list
+  it sends a diff (sandbox/rawnames.py: no wire carries the name), and the note names it
+  escaped (``\\xNN``) with what promote does: refuse the whole promotion until it is
+  renamed.  A deleted directory's such files, which are walked here, are shown in git's
+  quoting, and promote refuses them too, to be renamed in the workspace (the same note).
 - **A long diff is cut** (a note) at a file's end once it passes ``MAX_CHARS``, so that
   what is shown still applies with ``git apply``; the files left out are named, to be
   asked for by ``paths`` (globs, as promote's).
@@ -21,6 +26,7 @@ Two more things the answer says, since the diff alone would mislead:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 
 import trio
@@ -31,6 +37,8 @@ from mcp_server.core import unidiff
 from mcp_server.fs import changeset
 from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.view import RootView
+from sandbox import rawnames
+from sandbox.replies import NotCarried
 
 # Characters of unified diff in one answer: an MCP client keeps about 25,000 tokens of a
 # tool's answer (Claude Code's default), and the answer carries its text twice (content
@@ -47,6 +55,7 @@ class Carried:
     ignored: list[str] = field(default_factory=list)  # top-most paths left out as ignored (a directory ends in /)
     ignored_files: int = 0  # the files among them and below them
     moved: list[str] = field(default_factory=list)  # shown paths the workspace changed since the capsule did
+    not_utf8: NotCarried | None = None  # the capsule's changes left out, naming something that is not UTF-8
 
 
 async def carried(service: CapsuleService, capsule_id: str, scope: Scope | None = None) -> Carried:
@@ -63,7 +72,7 @@ async def carried(service: CapsuleService, capsule_id: str, scope: Scope | None 
         moved = [conflict["path"] for conflict in _conflicts(service.journal, record, entries, {})]
         left = [one["path"] for one in skipped if one["reason"] == "ignored"]
         shown = replace(diff, entries=entries, file_changes=[fc for fc in diff.file_changes if fc.path in kept])
-        return Carried(shown, *ignored_paths(diff.entries, left), moved)
+        return Carried(shown, *ignored_paths(diff.entries, left), moved, diff.not_utf8)
 
     return await trio.to_thread.run_sync(judge)
 
@@ -84,8 +93,31 @@ def named(paths: list[str]) -> str:
 
 
 def notes(found: Carried) -> list[str]:
-    """The answer's ``notes``: what is left out as ignored, and whether the workspace moved."""
-    return ignored_notes(found.ignored, found.ignored_files) + moved_notes(found.moved)
+    """The answer's ``notes``: names that are not UTF-8, what is left out as ignored, and whether the
+    workspace moved."""
+    walked = rawnames.listed(entry.path for entry in found.diff.entries)
+    left_out = (found.not_utf8.count, found.not_utf8.names) if found.not_utf8 else (0, ())
+    return (not_utf8_notes(left_out, walked) + ignored_notes(found.ignored, found.ignored_files)
+            + moved_notes(found.moved))
+
+
+def not_utf8_notes(left_out: tuple[int, tuple[str, ...]], walked: tuple[int, tuple[str, ...]]) -> list[str]:
+    """Notes naming (how many, the first few escaped, as ``rawnames.listed``) the capsule's changes
+    left out as not UTF-8 and the shown paths that are not (a deleted directory's files), each
+    with what promotion does; none when there are none."""
+    out = []
+    if left_out[0]:
+        way = rawnames.way_out(os.fsdecode(rawnames.name_bytes(left_out[1][0])))
+        out.append(f"not UTF-8, not shown: {left_out[0]} name(s) the capsule changed, {_escaped(*left_out)}; "
+                   f"capsule_promote refuses the whole promotion while the capsule holds them: {way}")
+    if walked[0]:
+        out.append(f"not UTF-8, shown in git's quoting: {walked[0]} path(s) of a directory the capsule deleted, "
+                   f"{_escaped(*walked)}; capsule_promote refuses the whole promotion: {rawnames.IN_WORKSPACE}")
+    return out
+
+
+def _escaped(count: int, shown: tuple[str, ...]) -> str:
+    return f"{', '.join(shown)}{' ...' if count > len(shown) else ''} (each byte that is not UTF-8 shown as \\xNN)"
 
 
 def ignored_notes(ignored: list[str], files: int) -> list[str]:

@@ -72,6 +72,7 @@ from sandbox.replies import (
     ExecProgress,
     ExecReply,
     GitdirChanges,
+    NotCarried,
     ReplyT,
 )
 from sandbox.spec import CapsuleSpec, exec_env
@@ -111,6 +112,7 @@ class Diff:
     entries: list[changeset.Entry]
     file_changes: list[unidiff.FileChange]
     gitdirs: tuple[GitdirChanges, ...] = ()  # its git dirs' changes (a worktree's; capsules/gitdirs.py)
+    not_utf8: NotCarried | None = None  # changes left out, naming something that is not UTF-8 (sandbox/rawnames.py)
 
 
 def _now() -> dt.datetime:
@@ -418,16 +420,17 @@ class CapsuleService:
         return await helper.open_root(capsule_id)
 
     async def diff(self, capsule_id: str) -> Diff:
-        """The capsule's changes against its base, read through its root."""
+        """The capsule's changes against its base, read through its root; a change naming something
+        that is not UTF-8 is left out and counted (``Diff.not_utf8``), where promote refuses."""
         record = self.live_record(capsule_id)
-        reply = await self.call(ChangesRequest(record.capsule_id))
+        reply = await self.call(ChangesRequest(record.capsule_id, leave_not_utf8=True))
         root_fd = await self.open_root(record.capsule_id)
 
         def read() -> Diff:
             with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
                 entries = changeset.expand(reply.changes, base_view, capsule_view)
                 return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view),
-                            reply.gitdirs or ())
+                            reply.gitdirs or (), reply.not_utf8)
 
         return await trio.to_thread.run_sync(read)
 
