@@ -151,6 +151,20 @@ def test_the_message_lists_runs_and_verdicts() -> None:
     assert len(branch.run_line("cap_a", {**entry, "argv": ["x" * 500]})) < 200
 
 
+def test_a_shortened_line_is_cut_at_a_word_boundary_with_an_ellipsis() -> None:
+    words = "the quick brown fox wählt größe " * 10
+    entry = {**exec_entry({}), "seq": 1, "argv": ["sh", "-c", f"echo {words}"], "exit_code": 0}
+    command = branch.run_line("cap_a", entry).split(": ", 2)[2]
+    assert command.endswith("…") and len(command) <= branch.RUN_MAX
+    assert f"sh -c 'echo {words}".startswith(command[:-1] + " ")  # whole words, the cut at a space
+    assert branch.shortened("größe wählt", 10) == "größe…" and branch.shortened("größe", 5) == "größe"
+    assert branch.shortened("ab cd", 4) == "ab…"  # the space at the cut ends the word before it
+    assert branch.shortened("e\u0301e\u0301e\u0301", 4) == "e\u0301…"  # one word: never a mark without its letter
+    assert branch.shortened("x" * 10, 5) == "xxxx…"
+    subject = branch.shortened("ccw: the change of capsule cap_" + "a" * 60, branch.SUBJECT_MAX)
+    assert subject == "ccw: the change of capsule…"
+
+
 def test_the_command_asks_promote_for_a_branch_and_says_what_became_of_it(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 

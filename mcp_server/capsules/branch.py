@@ -42,6 +42,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +58,8 @@ from mcp_server.journal_records import CapsuleRecord
 from sandbox.errors import CcwError
 
 MAX_RUNS_LISTED = 50
+SUBJECT_MAX = 72  # git's subject convention: a first line that fits a log line and an email subject
+RUN_MAX = 160  # one run's line in the message body
 _ZERO = {40: "0" * 40, 64: "0" * 64}
 
 
@@ -228,7 +231,7 @@ def commit_message(service: CapsuleService, record: CapsuleRecord, report: dict[
     for capsule in reversed(promote._lineage(service.journal, record)):
         for ex in service.journal.execs(capsule.capsule_id):
             runs.append(run_line(capsule.capsule_id, ex))
-    lines = [f"ccw: the change of capsule {record.capsule_id}", "",
+    lines = [shortened(f"ccw: the change of capsule {record.capsule_id}", SUBJECT_MAX), "",
              f"Made in capsule {record.capsule_id} over {record.workspace}, from {found.base}.", "",
              f"Runs ({len(runs)}):"]
     lines += [f"  {line}" for line in runs[:MAX_RUNS_LISTED]]
@@ -239,11 +242,27 @@ def commit_message(service: CapsuleService, record: CapsuleRecord, report: dict[
 
 def run_line(capsule_id: str, ex: dict[str, Any]) -> str:
     """One journaled exec: its number, capsule, how it ended and its command on one line (control
-    characters escaped, as the capsule chose them) cut at 160 characters."""
+    characters escaped, as the capsule chose them), its command ``shortened`` to ``RUN_MAX`` characters."""
     ended = ("timed out" if ex.get("timed_out") else "killed (memory)" if ex.get("oom_killed")
              else f"signal {ex['signal']}" if ex.get("signal") else f"exit {ex.get('exit_code')}")
     argv = "".join(c if c.isprintable() else repr(c)[1:-1] for c in shlex.join(ex["argv"]))
-    return f"#{ex['seq']} {capsule_id}: {ended}: {argv if len(argv) <= 160 else argv[:159] + '…'}"
+    return f"#{ex['seq']} {capsule_id}: {ended}: {shortened(argv, RUN_MAX)}"
+
+
+def shortened(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else cut at the last space that leaves room
+    for "…" and that ellipsis put on.  Cut by characters, so never inside a UTF-8 sequence; a first
+    word longer than the limit is cut within itself, but never between a letter and its combining
+    marks (a reader would see another letter)."""
+    if len(text) <= limit:
+        return text
+    room = limit - 1
+    cut = text.rfind(" ", 0, room + 1)  # a space at ``room`` ends the word before it exactly there
+    if cut <= 0 or not text[:cut].strip():
+        cut = room
+        while cut > 0 and unicodedata.combining(text[cut]):
+            cut -= 1
+    return text[:cut].rstrip() + "…"
 
 
 def verdict_lines(report: dict[str, Any]) -> list[str]:
