@@ -51,7 +51,7 @@ def test_a_name_that_is_not_utf8_loses_no_reply_and_blocks_promotion_until_renam
     shown = ccw(state, "capsule", "diff", capsule)  # the rest of the change, that name named apart
     assert "b/b.txt" in shown.stdout and "n.txt" not in shown.stdout and "1 added" in shown.stderr, shown.stderr
     assert "not UTF-8, not shown: 1 name(s) the capsule changed, n\\xff.txt" in shown.stderr, shown.stderr
-    assert "capsule_promote refuses the whole promotion" in shown.stderr and "mv --" in shown.stderr
+    assert "ccw capsule promote refuses the whole promotion" in shown.stderr and "mv --" in shown.stderr
     for verb in ("witness", "promote"):
         refused = ccw(state, "capsule", verb, capsule, check=False)
         assert refused.returncode != 0 and "INVALID_ARGUMENT" in refused.stderr, (verb, refused.stderr)

@@ -29,6 +29,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from mcp_server.cli.toolwords import in_cli_words
 from sandbox.errors import CcwError
 
 
@@ -177,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except CcwError as exc:
-        print(f"ccw: {exc.code}: {exc.message}", file=sys.stderr)
+        print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
         return 2 if exc.code == "INVALID_ARGUMENT" and args.command == "serve" else 1
     except KeyboardInterrupt:
         return 130
@@ -241,6 +242,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         try:
             return capsule.run(args, config)
         except CallError as exc:
-            print(f"ccw: {exc.message}", file=sys.stderr)
+            print(f"ccw: {in_cli_words(exc.message)}", file=sys.stderr)
             return 2
     raise AssertionError(args.command)

@@ -40,6 +40,7 @@ from mcp_server.cli.output import (
     visible,
 )
 from mcp_server.cli.policy_report import policy_lines
+from mcp_server.cli.toolwords import in_cli_words
 from mcp_server.config import Config
 from mcp_server.core import hostpaths
 from mcp_server.core.hazards import KINDS
@@ -302,12 +303,12 @@ def _show_create(result: dict[str, Any], color_out: bool, color_err: bool) -> in
         return 0
     print(result["capsule_id"])
     for shown in result.get("exposed") or ():
-        print(visible(f"shown read-only: {shown['path']} ({shown['reason']})"), file=sys.stderr)
+        print(visible(f"shown read-only: {shown['path']} ({in_cli_words(shown['reason'])})"), file=sys.stderr)
     git = result.get("git") or {}
     if git.get("gitdir"):
         print(visible(f"git dir shown copy-on-write: {git['gitdir']}"), file=sys.stderr)
     elif git.get("note"):
-        print(paint(visible(f"ccw: {git['note']}"), "\x1b[33m", color_err), file=sys.stderr)
+        print(paint(visible(f"ccw: {in_cli_words(git['note'])}"), "\x1b[33m", color_err), file=sys.stderr)
     return 0
 
 
@@ -319,7 +320,7 @@ def _show_diff(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     for line in _git_lines(result.get("git") or []):
         print(visible(line), file=sys.stderr)
     for note in result.get("notes") or []:  # what promotion leaves behind, and what it would refuse
-        print(visible(note), file=sys.stderr)
+        print(visible(in_cli_words(note)), file=sys.stderr)
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from mcp_server.capsules.exec import timeout_hint
 from mcp_server.cli.output import Echo, exec_status, paint, visible
+from mcp_server.cli.toolwords import in_cli_words
 from sandbox.checks import MAX_TIMEOUT_MS
 from sandbox.spec import DEFAULT_TIMEOUT_MS
 
@@ -31,10 +32,10 @@ def show_exec(result: dict[str, Any], color_out: bool, color_err: bool, echo: Ec
     sys.stderr.write(echo.rest("stderr", result["stderr"]))
     hints = [hint for hint in result.get("hints") or () if hint != timeout_hint(timeout_ms, "timeout_ms")]
     for line in [*(result.get("network_notes") or ()), *hints]:  # hosts the jail named
-        print(paint(visible(line), "\x1b[33m", color_err), file=sys.stderr)
+        print(paint(visible(in_cli_words(line)), "\x1b[33m", color_err), file=sys.stderr)
     unnamed = (result.get("touched_unavailable") or {}).get("not_utf8")  # names ccw cannot carry, and the rename
     if unnamed:
-        print(paint(visible(f"ccw: {unnamed}"), "\x1b[33m", color_err), file=sys.stderr)
+        print(paint(visible(f"ccw: {in_cli_words(unnamed)}"), "\x1b[33m", color_err), file=sys.stderr)
     notes = []
     if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
         notes.append("output truncated")

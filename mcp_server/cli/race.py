@@ -16,6 +16,7 @@ from typing import Any
 from mcp_server.cli import frontclient, helperctl
 from mcp_server.cli.exec_report import TIMEOUT_HELP
 from mcp_server.cli.output import Progress, print_json, run_with_progress, visible
+from mcp_server.cli.toolwords import in_cli_words
 from mcp_server.config import Config
 
 VERBS = ("race",)
@@ -46,7 +47,7 @@ def tool_call(args: argparse.Namespace) -> dict[str, Any]:
 def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     if "error" in row:
         return (str(row["rank"]), row["capsule_id"], "-", "-", "-", "-", "-", "-",
-                visible(f"{row['error']['code']}: {row['error']['message']}"))
+                visible(f"{row['error']['code']}: {in_cli_words(row['error']['message'])}"))
     usage = row.get("usage") or {}
     exit_text = "timeout" if row["timed_out"] else str(row["exit_code"])
     cpu = usage.get("cpu_ms")
