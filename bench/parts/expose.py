@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Row, in_process_tools, median_ms
+from mcp_server.statedir import make_state_dir
 
 
 def _machine(base: Path) -> tuple[Path, str]:
@@ -80,7 +81,7 @@ def measure(repeat: int) -> list[Row]:
     import trio
 
     base = Path(tempfile.mkdtemp(prefix="ccw-bench-expose-"))
-    (base / "state").mkdir()
+    make_state_dir(base / "state")  # 0700, as ccw makes one: Path.mkdir's 0755 is tightened with a warning
     try:
         times = trio.run(_measure, base, repeat)
     finally:

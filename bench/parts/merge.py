@@ -46,6 +46,7 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.common import Report, Row, in_process_tools, median_ms
+from mcp_server.statedir import make_state_dir
 
 CHANGED = 1_000  # per capsule; the repository holds twice as many files
 SMOKE_CHANGED = 100  # --smoke: one directory a side
@@ -142,7 +143,7 @@ async def measure(call: Any, base: Path, rounds: int, changed: int = CHANGED,
 
 async def measured(base: Path, rounds: int, changed: int = CHANGED, warmup: bool = True) -> dict[str, list[float]]:
     """``measure`` over a runtime of its own, its state dir under ``base``."""
-    (base / "merge-state").mkdir()
+    make_state_dir(base / "merge-state")  # 0700, as ccw makes one: Path.mkdir's 0755 is tightened with a warning
     async with in_process_tools(base / "merge-state") as tools:
         return await measure(tools.call, base, rounds, changed, warmup)
 
