@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -19,12 +20,14 @@ from mcp_server.capsules.merge_plan import Side, pairs, read_plan, read_side
 from mcp_server.capsules.merge_write import _apply, ops_of, view_side, write
 from mcp_server.cli.merge import succeeded, text
 from mcp_server.fs import changeset
+from mcp_server.fs.promote import Op
 from mcp_server.fs.statcache import RACY_NS, StatCache, digest_of
 from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State as StateDir
 from mcp_server.tools.merge import TOOLS
+from sandbox.errors import CcwError
 from sandbox.replies import Change
 from sandbox.spec import CapsuleSpec
 
@@ -424,3 +427,36 @@ def test_a_merge_with_no_file_to_write_deletes_and_sets_modes_only(tmp_path: Pat
     with RootView.open(str(target)) as view:
         assert _apply(view, ops, contents, plan.base) == {}
     assert sorted(os.listdir(target)) == ["a.txt"] and (target / "a.txt").stat().st_mode & 0o777 == 0o755
+
+
+def test_a_file_the_start_holds_is_truncated_in_place_and_given_the_merged_mode(tmp_path: Path) -> None:
+    """merge_write._Writer opens a file the view holds with O_TRUNC: a longer old file holds the merged bytes
+    alone after, with the merged mode (not the one it kept), and the mtime journaled is the one it holds."""
+    (tmp_path / "a.txt").write_bytes(b"old and longer than the merge\n")
+    (tmp_path / "a.txt").chmod(0o600)
+    start = {"a.txt": State("file", 0o600, b"old and longer than the merge\n")}
+    contents = {"a.txt": State("file", 0o755, b"new\n")}
+    with RootView.open(str(tmp_path)) as view:
+        mtimes = _apply(view, [Op("write", "a.txt", 0o755)], contents, start)
+    got = os.stat(tmp_path / "a.txt")
+    assert (tmp_path / "a.txt").read_bytes() == b"new\n" and got.st_mode & 0o7777 == 0o755
+    assert mtimes == {"a.txt": got.st_mtime_ns}
+
+
+def test_a_file_the_start_holds_that_is_now_a_fifo_is_never_written_through(tmp_path: Path) -> None:
+    """Where the view holds a FIFO at a path the merge read as a file (the workspace moved under the fork),
+    the truncating open neither blocks (no reader: refused) nor writes into it (a reader: CONFLICT)."""
+    os.mkfifo(tmp_path / "a.txt")
+    start, contents = {"a.txt": State("file", 0o644, b"old\n")}, {"a.txt": State("file", 0o644, b"new\n")}
+    with RootView.open(str(tmp_path)) as view:
+        with pytest.raises(CcwError):
+            _apply(view, [Op("write", "a.txt", 0o644)], contents, start)
+        reader = os.open(tmp_path / "a.txt", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            with pytest.raises(CcwError) as refused:
+                _apply(view, [Op("write", "a.txt", 0o644)], contents, start)
+            assert refused.value.code == "CONFLICT" and refused.value.details == {"path": "a.txt"}
+            assert os.read(reader, 16) == b""  # nothing was written into it (and no writer holds it open)
+        finally:
+            os.close(reader)
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "a.txt").st_mode)
