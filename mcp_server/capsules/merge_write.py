@@ -64,15 +64,16 @@ def ops_of(plan: Plan, start: dict[str, State]) -> list[Op]:
     """The ops that make a view holding ``start`` (path: state) hold the merge, in the order they are written."""
     entries = []
     for one in plan.outcomes.values():
-        if one.state is None or one.state == start[one.path]:
+        merged, was = one.state, start[one.path]
+        if merged is None or merged is was or merged == was:  # ``is`` first: the first input's own states
             continue
-        was = start[one.path]
-        modified = one.state.kind == "file" and (was.kind != "file" or not was.same_bytes(one.state))
-        entries.append(changeset.Entry(one.path, view_side(was), view_side(one.state), modified))
-    ops = changeset.promote_ops(entries)
-    depth = {op.path: op.path.count("/") for op in ops}
+        # unequal files of one mode differ in their bytes: compared again only where the modes differ
+        modified = merged.kind == "file" and (was.kind != "file" or was.mode == merged.mode
+                                              or not was.same_bytes(merged))
+        entries.append(changeset.Entry(one.path, view_side(was), view_side(merged), modified))
     order = {"delete": 0, "mkdir": 1, "write": 2, "symlink": 2, "chmod": 3}
-    return sorted(ops, key=lambda op: (order[op.action], -depth[op.path] if op.action == "delete" else depth[op.path]))
+    return sorted(changeset.promote_ops(entries), key=lambda op: (
+        order[op.action], -op.path.count("/") if op.action == "delete" else op.path.count("/")))
 
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -185,7 +186,8 @@ KEEP = ".ccw-merge-dir"  # journaled written then deleted, so that a replay make
 
 
 def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], mtimes: dict[str, int]) -> list[Row]:
-    """The journal's rows for the written paths, in path order, then each directory's mode.
+    """The journal's rows for the written paths, in path order, then each directory's mode; a file's
+    bytes where it has an mtime (``mtimes``: the files whose bytes are not the base's), else its mode.
 
     The journal has no row for a directory (a file tool makes none), and a replay makes a
     file's parents as it writes it, with mode 755: so a directory the merge made is
@@ -202,10 +204,10 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
             rows.append((path, "delete", None, None, None, None))
         elif merged.kind == "symlink":
             rows.append((path, "symlink", None, merged.target, None, None))
-        elif merged.kind == "file" and base[path].kind == "file" and base[path].same_bytes(merged):
-            rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
-        elif merged.kind == "file":
+        elif merged.kind == "file" and path in mtimes:
             rows.append((path, "write", merged.data, None, merged.mode, mtimes[path]))
+        elif merged.kind == "file":
+            rows.append((path, "chmod", None, None, merged.mode, None))  # only its mode changed
         else:
             if was not in (None, "dir"):
                 rows.append((path, "delete", None, None, None, None))
@@ -244,5 +246,5 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
     with RootView.from_fd(root_fd) as view:
         mtimes = _apply(view, ops, contents, start)
         mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
-    _journal(state, capsule_id, changed, contents, plan.base, mtimes, recorded)
+    _journal(state, capsule_id, changed, contents, plan.base, {path: mtimes[path] for path in dated}, recorded)
     return changed
