@@ -305,6 +305,13 @@ class ExecCgroup:
             return False
         return False
 
+    def can_freeze(self) -> bool:
+        """Whether ``freeze`` has a freezer to write: a rootless helper's runs have a cgroup
+        object holding no hierarchy it could make a directory in."""
+        return any((hier.version == 1 and "freezer" in hier.controllers)
+                   or (hier.version == 2 and os.path.exists(os.path.join(path, "cgroup.freeze")))
+                   for hier, path in self.dirs.items())
+
     def freeze(self, frozen: bool) -> bool:
         """Freeze (or thaw) every process of the exec: v1 freezer, else v2 ``cgroup.freeze``; False if neither.
 

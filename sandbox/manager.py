@@ -188,6 +188,8 @@ class CapsuleManager:
                 raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
             capsule_mounts.ensure_mounted(parent, self._capsules, self.rootless)
             first = not parent.children
+            if first:  # a service writing through its open files would change the fork's lower layer
+                services.check_freezable(parent, "forked", "stop its services first (capsule_service_stop)")
             parent.children.add("")  # reserve: keeps the parent frozen while the child is built
             if first:
                 try:

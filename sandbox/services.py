@@ -183,14 +183,24 @@ def wanted_frozen(capsule: Capsule) -> bool:
     return capsule.paused or bool(capsule.children)
 
 
+def check_freezable(capsule: Capsule, doing: str, instead: str) -> None:
+    """Refuse ``doing`` (a pause, a fork) when a running run could not be frozen: its cgroup
+    object holds no freezer (a rootless helper's runs), and answering "paused" or forking
+    under a service that still writes through its open files would be a lie."""
+    unfreezable = [run.name for run in running(capsule)
+                   if run.handle is not None and (run.cgroup is None or not run.cgroup.can_freeze())]
+    if unfreezable:
+        raise CcwError("UNSUPPORTED", f"capsule {capsule.capsule_id} cannot be {doing}: its runs {unfreezable} "
+                       "have no cgroup to freeze (a rootless helper without a delegated cgroup); "
+                       f"{instead}, run the helper as root, or delegate a cgroup v2 subtree to it",
+                       {"runs": unfreezable})
+
+
 def freeze(capsule: Capsule, frozen: bool) -> FreezeReply:
     """Pause (or resume) the capsule: every run's cgroup frozen, and no new run taken."""
     runs = [run for run in running(capsule) if run.handle is not None]
-    unfreezable = [run.name for run in runs if run.cgroup is None]
-    if frozen and unfreezable:
-        raise CcwError("UNSUPPORTED", f"capsule {capsule.capsule_id}'s runs {unfreezable} have no cgroup to freeze "
-                       "(a rootless helper without a delegated cgroup); run the helper as root, or delegate a "
-                       "cgroup v2 subtree to it", {"runs": unfreezable})
+    if frozen:
+        check_freezable(capsule, "paused", "stop its services (capsule_service_stop)")
     capsule.paused = frozen
     apply(capsule)
     return FreezeReply(capsule.capsule_id, wanted_frozen(capsule), tuple(run.name for run in runs))

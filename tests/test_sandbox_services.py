@@ -32,6 +32,9 @@ class FakeCgroup:
         self.freezable = freezable
         self.states: list[bool] = []
 
+    def can_freeze(self) -> bool:
+        return self.freezable
+
     def freeze(self, frozen: bool) -> bool:
         if self.freezable:
             self.states.append(frozen)
@@ -103,6 +106,22 @@ def test_pause_is_refused_when_a_run_has_no_cgroup_to_freeze() -> None:
     with pytest.raises(CcwError) as refused:
         services.freeze(capsule, True)
     assert refused.value.code == "UNSUPPORTED" and not capsule.paused
+
+
+def test_pause_and_fork_are_refused_when_a_cgroup_holds_no_freezer() -> None:
+    """A rootless helper's run has a cgroup object with no hierarchy: freezing it does
+    nothing, so "paused" would be a lie, and a fork would lie under a service that writes."""
+    capsule = _capsule()
+    quiet = FakeCgroup(freezable=False)
+    _start(capsule, "db", quiet)
+    with pytest.raises(CcwError) as paused:
+        services.freeze(capsule, True)
+    assert paused.value.code == "UNSUPPORTED" and paused.value.details["runs"] == ["db"]
+    assert not capsule.paused and quiet.states == []
+    with pytest.raises(CcwError) as forked:
+        services.check_freezable(capsule, "forked", "stop its services first")
+    assert forked.value.code == "UNSUPPORTED" and "forked" in forked.value.message
+    services.freeze(capsule, False)  # a resume asks nothing of a freezer it lacks
 
 
 def test_forks_freeze_services_and_signals_reach_only_a_running_service() -> None:

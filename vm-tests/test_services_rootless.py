@@ -27,6 +27,7 @@ import trio
 from tests.support import agent_loop
 from tests.support.mcp_process import agent_server_env
 from tests.support.users import step
+from sandbox.errors import CcwError
 
 ws, state = Path(sys.argv[2]), Path(sys.argv[3])
 SERVER = ["python3", "-m", "http.server", "8765", "--bind", "127.0.0.1"]
@@ -48,8 +49,14 @@ async def main():
         out["host_fetch"] = await trio.to_thread.run_sync(get, out["port"]["url"] + "index.txt")
         await trio.to_thread.run_sync(step, {"step": "forwarded", "host_port": out["port"]["host_port"]})
         out["list"] = await call("capsule_service_list", {"capsule_id": cap})
+        for tool in ("capsule_pause", "capsule_fork"):  # nothing to freeze the server with: both refused
+            try:
+                out[tool] = await call(tool, {"capsule_id": cap})
+            except CcwError as exc:
+                out[tool] = {"code": exc.code, "message": exc.message}
+        out["after_refusals"] = await call("capsule_exec", {"capsule_id": cap, "cmd": FETCH})
         with trio.move_on_after(15):  # its output comes in a few times a second
-            while (await call("capsule_service_logs", {"capsule_id": cap, "name": "web"}))["text"].count("GET") < 2:
+            while (await call("capsule_service_logs", {"capsule_id": cap, "name": "web"}))["text"].count("GET") < 3:
                 await trio.sleep(0.1)
         out["logs"] = await call("capsule_service_logs", {"capsule_id": cap, "name": "web"})
         out["stop"] = await call("capsule_service_stop", {"capsule_id": cap, "name": "web"})
@@ -101,8 +108,14 @@ def test_a_user_serves_reaches_and_forwards_through_the_rootless_helper(user_dir
     # Another uid, and root too: not the capsule's owner, so closed, and counted.
     assert (stranger.stdout, root.stdout) == ("closed\n", "closed\n"), (stranger, root)
     assert [p["refused"] for p in out["list"]["ports"]] == [2], out["list"]["ports"]
-    # The server saw the exec's request and the user's, nothing of the refused two.
-    assert out["logs"]["text"].count('"GET /index.txt HTTP/1.1" 200') == 2, out["logs"]["text"]
+    # No freezer for a rootless helper's runs: a pause that froze nothing, or a fork under a
+    # server still writing through its open files, would be a lie; both refused, nothing changed.
+    for tool, doing in (("capsule_pause", "paused"), ("capsule_fork", "forked")):
+        assert out[tool]["code"] == "UNSUPPORTED" and f"cannot be {doing}" in out[tool]["message"], out[tool]
+        assert "['web']" in out[tool]["message"], out[tool]
+    assert out["after_refusals"]["exit_code"] == 0, out["after_refusals"]
+    # The server saw the two execs' requests and the user's, nothing of the refused two.
+    assert out["logs"]["text"].count('"GET /index.txt HTTP/1.1" 200') == 3, out["logs"]["text"]
     assert "HTTP/1.0" not in out["logs"]["text"]
     assert out["stop"]["state"] == "stopped", out["stop"]
     # A stopped service's logs stay readable; one that ended at once logged its last words.
