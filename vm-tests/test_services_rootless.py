@@ -55,6 +55,8 @@ async def main():
             except CcwError as exc:
                 out[tool] = {"code": exc.code, "message": exc.message}
         out["after_refusals"] = await call("capsule_exec", {"capsule_id": cap, "cmd": FETCH})
+        await call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", "echo made > made.txt"]})
+        out["promote"] = await call("capsule_promote", {"capsule_id": cap})
         with trio.move_on_after(15):  # its output comes in a few times a second
             while (await call("capsule_service_logs", {"capsule_id": cap, "name": "web"}))["text"].count("GET") < 3:
                 await trio.sleep(0.1)
@@ -114,6 +116,10 @@ def test_a_user_serves_reaches_and_forwards_through_the_rootless_helper(user_dir
         assert out[tool]["code"] == "UNSUPPORTED" and f"cannot be {doing}" in out[tool]["message"], out[tool]
         assert "['web']" in out[tool]["message"], out[tool]
     assert out["after_refusals"]["exit_code"] == 0, out["after_refusals"]
+    # Promotion goes on beside the running server, and says it was not frozen.
+    assert out["promote"]["promoted"] is True and (ws / "made.txt").read_text() == "made\n", out["promote"]
+    ran_on = out["promote"]["policy_report"]["services"]
+    assert [(s["name"], s["frozen"]) for s in ran_on] == [("web", False)] and "rootless" in ran_on[0]["unfrozen"]
     # The server saw the two execs' requests and the user's, nothing of the refused two.
     assert out["logs"]["text"].count('"GET /index.txt HTTP/1.1" 200') == 3, out["logs"]["text"]
     assert "HTTP/1.0" not in out["logs"]["text"]

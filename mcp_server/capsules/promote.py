@@ -307,17 +307,27 @@ async def in_turn(service: CapsuleService, request: Request, body: Body) -> dict
         return await body(service, request, record)
     # Its services would change the tree between the check and the write: they are frozen
     # (the cgroup freezer, as capsule_pause does) from the change list's read to the last write.
+    # A rootless helper's runs have no freezer (UNSUPPORTED): the promotion goes on, as a
+    # promotion beside a person's own running server would, and each service says it ran on.
     paused = any(c.capsule_id == record.capsule_id and c.state == "paused"
                  for c in (await service.call(ListRequest())).capsules)
+    frozen, unfrozen = paused, {}
     if not paused:
-        await service.call(FreezeRequest(record.capsule_id, True))
+        try:
+            await service.call(FreezeRequest(record.capsule_id, True))
+            frozen = True
+        except CcwError as exc:
+            if exc.code != "UNSUPPORTED":
+                raise
+            unfrozen = {"unfrozen": "not frozen while the change was read and written (no cgroup freezer for "
+                                    "a rootless helper's runs): a file it wrote meanwhile is promoted as it was read"}
     try:
         result = await body(service, request, record)
     finally:
-        if not paused:
+        if frozen and not paused:
             with trio.CancelScope(shield=True):
                 await service.call(FreezeRequest(record.capsule_id, False))
-    result["policy_report"]["services"] = [run.summary() for run in running]
+    result["policy_report"]["services"] = [{**run.summary(), "frozen": frozen, **unfrozen} for run in running]
     return result
 
 
