@@ -15,7 +15,12 @@ proxy trusts through ``SSL_CERT_FILE``), the session terminating the CONNECT (it
 secret bound there and the capsule's CA) or tunnelling it (no secrets).  A 200 MiB
 download (curl's throughput) and 200 small requests in one curl run, each on a
 connection of its own (s_server closes after each answer, so the tunnel gets no
-keep-alive the terminated connection lacks): their medians.  On the 2-core VM at load
+keep-alive the terminated connection lacks): their medians.  And the same download from an
+s_server behind a veth whose server end is shaped to 1 Gbit/s (tc tbf, as bench/suites/network.py
+shapes its HTTP download's): a registry's download does not exceed a real link's speed, and
+at that speed the relay's extra CPU has the time it needs.  One run of 5 rounds (load
+about 2, other sessions' tests running): terminated 1.00x the tunnel's s/GiB (both about
+113 MiB/s, the link's rate), against 1.62x (0.62x throughput) unshaped in the same run.  On the 2-core VM at load
 about 1 (``bench/run.py network``, 5 rounds): the download terminated 3.39 s/GiB against
 the tunnel's 1.95 (throughput 0.58x, target >= 0.7x: not met; perf puts the proxy's time
 42% in the kernel's socket copies, 24% in OpenSSL's AES-256-GCM, 20% in Python, on the
@@ -52,6 +57,7 @@ more, most of it the store read and the hop to a thread and back.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -60,6 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -79,6 +86,10 @@ from mcp_server.fs.castore import ServerContexts
 from mcp_server.fs.secretstore import SecretStore
 
 SMALL_REQUESTS = 200
+# The shaped rows' upstream: s_server in a namespace of its own behind a veth (NEAR the host's
+# end, FAR the server's), its replies shaped as bench/suites/network.py's HTTP download's are.
+NEAR, FAR = "10.97.0.1", "10.97.0.2"
+LINK = ["rate", "1gbit", "burst", "512kb", "latency", "20ms"]
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
@@ -154,13 +165,36 @@ def _tls_files(root: Path) -> tuple[Path, Path, Path]:
     """The upstream's certificate and key (signed by a "public" test CA), the public CA's
     certificate (what the proxy trusts) and curl's bundle (the public CA and the capsule's)."""
     now = dt.datetime.now(dt.UTC)
-    public, capsule = make_authority(["127.0.0.1"], now), make_authority(["127.0.0.1"], now)
+    public, capsule = make_authority(["127.0.0.1", FAR], now), make_authority(["127.0.0.1", FAR], now)
     leaf = public.leaf("127.0.0.1", now)
     (root / "server.pem").write_bytes(leaf.cert_pem + leaf.key_pem)
+    far = public.leaf(FAR, now)
+    (root / "far.pem").write_bytes(far.cert_pem + far.key_pem)
     (root / "public.pem").write_bytes(public.cert_pem())
     (root / "bundle.pem").write_bytes(public.cert_pem() + capsule.cert_pem())
     (root / "capsule.pem").write_bytes(capsule.to_pem())
     return root / "server.pem", root / "public.pem", root / "bundle.pem"
+
+
+@contextlib.contextmanager
+def _far_namespace() -> Iterator[str]:
+    """A network namespace holding ``FAR`` behind a veth from the host, the namespace's end
+    shaped to ``LINK`` (tc tbf: its replies are the download); its name.  Removed after,
+    the veth with it."""
+    name, host_end, far_end = (f"{prefix}{os.getpid()}"[:15] for prefix in ("ccwb", "ccbh", "ccbs"))
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)  # a killed run's
+    try:
+        for args in (["netns", "add", name], ["link", "add", host_end, "type", "veth", "peer", "name", far_end],
+                     ["link", "set", far_end, "netns", name], ["addr", "add", f"{NEAR}/30", "dev", host_end],
+                     ["link", "set", host_end, "up"], ["-n", name, "addr", "add", f"{FAR}/30", "dev", far_end],
+                     ["-n", name, "link", "set", far_end, "up"], ["-n", name, "link", "set", "lo", "up"]):
+            subprocess.run(["ip", *args], check=True, capture_output=True)
+        subprocess.run(["tc", "-n", name, "qdisc", "replace", "dev", far_end, "root", "tbf", *LINK],
+                       check=True, capture_output=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+        subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)
 
 
 async def _curl(proxy: int, bundle: Path, urls: list[str]) -> list[str]:
@@ -172,7 +206,7 @@ async def _curl(proxy: int, bundle: Path, urls: list[str]) -> list[str]:
     return done.stdout.decode().split()
 
 
-async def _measure_tls(root: Path, repeat: int, size: int, small_requests: int) -> dict[str, list[float]]:
+async def _measure_tls(root: Path, far: str, repeat: int, size: int, small_requests: int) -> dict[str, list[float]]:
     server_pem, public, bundle = _tls_files(root)
     os.environ["SSL_CERT_FILE"] = str(public)  # the proxy's upstream trust: the test CA as the host's own
     tlsterm.upstream_context.cache_clear()
@@ -183,23 +217,27 @@ async def _measure_tls(root: Path, repeat: int, size: int, small_requests: int) 
         probe.bind(("127.0.0.1", 0))
         up = probe.getsockname()[1]
     async with trio.open_nursery() as nursery:
-        server = await nursery.start(partial(trio.run_process, ["openssl", "s_server", "-quiet", "-accept",
-                                                                f"127.0.0.1:{up}", "-cert", str(server_pem), "-WWW"],
-                                             cwd=root / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        servers = [await nursery.start(partial(trio.run_process, [*where, "openssl", "s_server", "-quiet", "-accept",
+                                                                  f"{host}:{up}", "-cert", str(pem), "-WWW"],
+                                               cwd=root / "www", stdout=subprocess.DEVNULL,
+                                               stderr=subprocess.DEVNULL))
+                   for where, host, pem in (([], "127.0.0.1", server_pem),
+                                            (["ip", "netns", "exec", far], FAR, root / "far.pem"))]
         await trio.sleep(0.3)  # s_server listening
-        SecretStore(root).put(make_binding("TOKEN", [f"127.0.0.1:{up}"]), "stdin", b"t0ken-" + b"v" * 34)
+        hosts = [f"127.0.0.1:{up}", f"{FAR}:{up}"]
+        SecretStore(root).put(make_binding("TOKEN", hosts), "stdin", b"t0ken-" + b"v" * 34)
         given = capsecrets.credentials(root, ["TOKEN"])
         given.contexts = ServerContexts(Authority.from_pem((root / "capsule.pem").read_bytes()))
-        spec = parse_network({"allow": [f"127.0.0.1:{up}"], "max_connections": 1 << 30, "max_bytes": 1 << 40})
+        spec = parse_network({"allow": hosts, "max_connections": 1 << 30, "max_bytes": 1 << 40})
         assert spec is not None
         session = EgressSession(spec, _listening(), _listening(), None, ["10.99.0.2"])
         await nursery.start(session.serve)
         proxy = session._http.getsockname()[1]
 
-        async def download(credentials: object) -> float:
+        async def download(credentials: object, host: str = "127.0.0.1") -> float:
             session.credentials = credentials  # type: ignore[assignment]
             session.begin_exec()
-            _seconds, speed = await _curl(proxy, bundle, [f"https://127.0.0.1:{up}/big.bin"])
+            _seconds, speed = await _curl(proxy, bundle, [f"https://{host}:{up}/big.bin"])
             return float(speed)
 
         async def small(credentials: object) -> float:
@@ -209,13 +247,16 @@ async def _measure_tls(root: Path, repeat: int, size: int, small_requests: int) 
             return statistics.median(float(t) for t in figures[0::2])
 
         downloads = await interleaved_async({"terminated": partial(download, given),
-                                             "tunnel": partial(download, None)}, repeat)
+                                             "tunnel": partial(download, None),
+                                             "shaped_terminated": partial(download, given, FAR),
+                                             "shaped_tunnel": partial(download, None, FAR)}, repeat)
         smalls = await interleaved_async({"terminated": partial(small, given), "tunnel": partial(small, None)},
                                          repeat)
         await session.aclose()
-        server.terminate()
+        for server in servers:
+            server.terminate()
         nursery.cancel_scope.cancel()
-    return {"download_terminated": downloads["terminated"], "download_tunnel": downloads["tunnel"],
+    return {**{f"download_{how}": figures for how, figures in downloads.items()},
             "small_terminated": smalls["terminated"], "small_tunnel": smalls["tunnel"]}
 
 
@@ -224,8 +265,8 @@ def measure_tls(repeat: int, size: int = 200 << 20, small_requests: int = SMALL_
     of them a round), terminated beside tunnelled."""
     before = os.environ.get("SSL_CERT_FILE")
     try:
-        with tempfile.TemporaryDirectory(prefix="ccw-bench-tls-") as tmp:
-            figures = trio.run(_measure_tls, Path(tmp), repeat, size, small_requests)
+        with tempfile.TemporaryDirectory(prefix="ccw-bench-tls-") as tmp, _far_namespace() as far:
+            figures = trio.run(_measure_tls, Path(tmp), far, repeat, size, small_requests)
     finally:  # the proxy's trust was the test CA's for these rows only
         if before is None:
             os.environ.pop("SSL_CERT_FILE", None)
@@ -238,6 +279,10 @@ def measure_tls(repeat: int, size: int = 200 << 20, small_requests: int = SMALL_
                 gib / statistics.median(figures["download_terminated"]) * 1000,
                 "same, CONNECT tunnel", gib / statistics.median(figures["download_tunnel"]) * 1000,
                 "<= 1.43x (throughput >= 0.7x)"),
+            Row(f"HTTPS download {size >> 20} MiB, TLS terminated, server link shaped to {LINK[1]} (s/GiB)",
+                gib / statistics.median(figures["download_shaped_terminated"]) * 1000,
+                "same, CONNECT tunnel", gib / statistics.median(figures["download_shaped_tunnel"]) * 1000,
+                "(no target: a registry's speed)"),
             Row(f"HTTPS small request (one of {small_requests}, a connection each), TLS terminated",
                 statistics.median(figures["small_terminated"]) * 1000, "same, CONNECT tunnel",
                 statistics.median(figures["small_tunnel"]) * 1000, "<= 1.5x")]
