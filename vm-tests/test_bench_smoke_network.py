@@ -24,5 +24,6 @@ def test_network_smoke_run_prints_every_row(root_required: None) -> None:
         ("TLS leaf issued for a bound host", HANDSHAKE),
         ("TLS leaf's server context loaded (memfd)", HANDSHAKE),
         ("HTTPS download 1 MiB, TLS terminated (s/GiB)", TUNNEL),
+        ("HTTPS download 1 MiB, TLS terminated, server link shaped to 1gbit (s/GiB)", TUNNEL),
         ("HTTPS small request (one of 5, a connection each), TLS terminated", TUNNEL),
     ])

@@ -88,7 +88,7 @@ from mcp_server.fs.secretstore import SecretStore
 SMALL_REQUESTS = 200
 # The shaped rows' upstream: s_server in a namespace of its own behind a veth (NEAR the host's
 # end, FAR the server's), its replies shaped as bench/suites/network.py's HTTP download's are.
-NEAR, FAR = "10.97.0.1", "10.97.0.2"
+NEAR, FAR = "10.96.0.1", "10.96.0.2"  # no other test's (vm-tests/test_attack_egress.py has 10.97)
 LINK = ["rate", "1gbit", "burst", "512kb", "latency", "20ms"]
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
