@@ -83,7 +83,10 @@ def ignored(workspace: str, paths: Sequence[str], dirs: Collection[str] = ()) ->
     if proc.returncode == 128 and b"not a git repository" in proc.stderr:
         return NOT_A_REPOSITORY
     if proc.returncode not in (0, 1):  # 1: none of the paths is ignored
-        raise CcwError("INTERNAL", f"git check-ignore failed in {workspace!r}: "
+        # git refusing a checkout another uid owns (root promoting a user's: "dubious ownership")
+        # is the caller's git config's word, not ccw's fault; its message names the fix (safe.directory).
+        refused = b"detected dubious ownership" in proc.stderr
+        raise CcwError("PERMISSION_DENIED" if refused else "INTERNAL", f"git check-ignore failed in {workspace!r}: "
                        f"{proc.stderr.decode(errors='replace').strip()}; "
                        "promote with include_ignored to skip the check",
                        {"returncode": proc.returncode})
