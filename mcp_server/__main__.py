@@ -152,26 +152,28 @@ async def _drain_with(draining: trio.Event, others: trio.Event) -> None:
 
 async def _take_from_daemon(config: Config) -> Any:
     """The lock, once the front end that holds it, if it is only the ccw command's daemon
-    and nobody else is connected to it, has drained and left (frontdoor.ask_to_yield).
-    None when the owner serves an agent (not ours to stop), when the daemon is busy (this
-    server attaches to it: its client is answered now, not when a person's command ends),
+    and nobody else is connected to it, has drained and left (frontdaemon.ask_to_yield).
+    None when the owner serves an agent (not ours to stop), when the daemon is busy (a
+    client, or a service or forwarded port it keeps: this server attaches to it, and its
+    client is answered now, not when a person's command ends),
     or when somebody else was quicker."""
-    from mcp_server import frontdoor
+    from mcp_server import frontdaemon, frontdoor
 
     owner = frontdoor.owner_of(config.state_dir) or {}
     if not owner.get("daemon"):
         return None
-    said = await trio.to_thread.run_sync(frontdoor.ask_to_yield, config.state_dir)
+    said = await trio.to_thread.run_sync(frontdaemon.ask_to_yield, config.state_dir)
     if said == "busy":
-        LIFECYCLE.info(f"mcp:frontend the ccw command's front end (pid {owner.get('pid')}) has clients: "
-                       "attaching to it")
+        LIFECYCLE.info(f"mcp:frontend the ccw command's front end (pid {owner.get('pid')}) has clients, or keeps "
+                       "services or forwarded ports: attaching to it")
         return None
     if said == "now":
         LIFECYCLE.info(f"mcp:frontend the ccw command's front end (pid {owner.get('pid')}) yields")
     else:  # it did not answer the question (another ccw version): stopped as before
         LIFECYCLE.info(f"mcp:frontend asking the ccw command's front end (pid {owner.get('pid')}) to stop")
     # returns once it has exited
-    await trio.to_thread.run_sync(functools.partial(frontdoor.stop_daemon, config.state_dir, send_signal=said is None))
+    await trio.to_thread.run_sync(functools.partial(frontdaemon.stop_daemon, config.state_dir,
+                                                    send_signal=said is None))
     return frontdoor.try_lock(config.state_dir)
 
 

@@ -28,11 +28,12 @@ per state dir and every client talks to it:
   exits with status 2 (CONFLICT, naming the owner's pid): those endpoints serve other
   clients that chose that address, and silently relaying them to a process that may
   end with its agent's session would surprise them.  An owner that is only the CLI's
-  daemon (below) yields to a ``ccw-mcp`` when no one else is connected (``ask_to_yield``:
-  "now", it drains, the new server owns, its log on its own stderr); while a command or
-  an attached server is (a person's long exec) it answers "busy" and stays, and a stdio
-  ``ccw-mcp`` attaches to it, answered at once: a drained daemon stops listening but
-  holds the lock until that command ends.  An attached server's
+  daemon (below) yields to a ``ccw-mcp`` when no one else is connected and it keeps no
+  service or forwarded port (``frontdaemon.ask_to_yield``: "now", it drains, the new
+  server owns, its log on its own stderr); while a command or an attached server is
+  connected (a person's long exec), or it keeps one (frontdaemon.py says why), it answers
+  "busy" and stays, and a stdio ``ccw-mcp`` attaches to it, answered at once: a drained
+  daemon stops listening but holds the lock until that command ends.  An attached server's
   client is served with what is its own: the relay opens its connection with its
   caller context and its tool families (``opening_line``: its cwd, environment,
   ``CCW_WORKSPACE`` and ``CCW_TOOLSETS``), so its file tools default to its workspace,
@@ -51,9 +52,10 @@ per state dir and every client talks to it:
 * The ``ccw`` command never runs a front end in-process beside a possible owner.  It
   is an MCP client of frontend.sock (``cli/frontclient.py``); when nobody answers, it
   starts a detached front-end DAEMON for the state dir (``ccw-mcp`` on frontend.sock,
-  which exits after ``DAEMON_IDLE_S`` without a connection) and attaches to whichever
-  front end then owns the lock.  ``ccw helper status`` shows it, ``ccw helper stop``
-  stops it before the helper.
+  which exits after ``DAEMON_IDLE_S`` without a connection, unless it keeps a service or
+  a forwarded port) and attaches to whichever front end then owns the lock.  ``ccw helper
+  status`` shows it, ``ccw helper stop`` stops it before the helper (frontdaemon.py: the
+  daemon's control from outside).
 
 The owner runs every call with its own environment, so the CLI sends absolute paths and
 its caller context (``_meta["ccw/caller"]``: cwd, PATH, HOME) with each call; the owner
@@ -226,8 +228,8 @@ def refuse_unlike(config: Config) -> None:
 
 OPENING = b'{"' + CALLER_META.encode() + b'":'  # how a connection's opening line starts (``opening_line``)
 OPENING_TOOLSETS = "ccw/toolsets"  # the opening line's key for the attached server's CCW_TOOLSETS
-OPENING_YIELD = "ccw/yield"  # an opening that only asks the daemon to yield (``ask_to_yield``)
-YIELD_ANSWER_S = 10.0  # a front end that does not answer the question in this long is asked to stop
+OPENING_YIELD = "ccw/yield"  # an opening that only asks the daemon to yield (``frontdaemon.ask_to_yield``)
+OPENING_HOLDS = "ccw/holds"  # one that only asks what the owner keeps (``frontdaemon.ask_what_it_holds``)
 MAX_OPENING = 4 << 20  # an environment is a few KiB; a line longer than this is no opening
 
 
@@ -244,7 +246,8 @@ class Opening:
 
     caller: dict[str, Any] | None  # the caller context of calls that lend none themselves
     toolsets: tuple[str, ...] | None  # the families and profiles its client is served; None: the owner's
-    yield_asked: bool = False  # the connection only asks the daemon to yield (``ask_to_yield``)
+    yield_asked: bool = False  # the connection only asks the daemon to yield (``frontdaemon.ask_to_yield``)
+    holds_asked: bool = False  # it only asks what the owner keeps (``frontdaemon.ask_what_it_holds``)
 
     @classmethod
     def parse(cls, line: bytes) -> Opening | None:
@@ -257,7 +260,8 @@ class Opening:
             return None
         caller = opening.get(CALLER_META)
         toolsets = _lent_toolsets(opening.get(OPENING_TOOLSETS, None))
-        return cls(caller if isinstance(caller, dict) else None, toolsets, opening.get(OPENING_YIELD) is True)
+        return cls(caller if isinstance(caller, dict) else None, toolsets, opening.get(OPENING_YIELD) is True,
+                   opening.get(OPENING_HOLDS) is True)
 
 
 def _lent_toolsets(lent: Any) -> tuple[str, ...] | None:
@@ -291,28 +295,9 @@ async def serve(
     await listen(str(FrontendPaths.of(app.config.state_dir).socket), 0o600,
                  functools.partial(_stop_accepting, draining, clients=clients, idle_s=idle_s,
                                    holding=app.runtime.services.holding),
-                 lambda stream: _serve_client(app, stream, draining, clients, yields=idle_s is not None),
+                 lambda stream: _serve_client(app, stream, draining, clients, yields=idle_s is not None,
+                                              holding=app.runtime.services.holding, held=app.runtime.services.held),
                  task_status=task_status)
-
-
-def ask_to_yield(state_dir: str) -> str | None:
-    """Ask the state dir's daemon to yield: "now" (it drains and exits), "busy" (a client
-    is connected to it: it stays), or None when it does not answer (not listening, or a
-    ccw that does not know the question)."""
-    line = json.dumps({CALLER_META: {}, OPENING_YIELD: True}).encode() + b"\n"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC) as sock:
-        sock.settimeout(YIELD_ANSWER_S)
-        try:
-            sock.connect(str(FrontendPaths.of(state_dir).socket))
-            sock.sendall(line)
-            answer = sock.makefile("rb").readline(4096)
-        except OSError:
-            return None
-    try:
-        said = json.loads(answer.partition(b"\n")[0]).get(OPENING_YIELD)
-    except (ValueError, AttributeError):
-        return None
-    return said if said in ("now", "busy") else None
 
 
 @contextlib.asynccontextmanager
@@ -382,7 +367,8 @@ async def _stop_accepting(
 
 
 async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: trio.Event, clients: _Clients,
-                        yields: bool = False) -> None:
+                        yields: bool = False, holding: Callable[[], bool] = lambda: False,
+                        held: Callable[[], list[str]] = list) -> None:
     async with stream:
         uid = peer_uid(stream.socket)  # type: ignore[arg-type]
         if uid != os.getuid():
@@ -397,10 +383,14 @@ async def _serve_client(app: CcwServer, stream: trio.SocketStream, draining: tri
             PASSED_FDS.set(passed)
             reader = _FdReceiver(stream, passed)
             opening = await reader.opening()
+            if opening is not None and opening.holds_asked:
+                await stream.send_all(json.dumps({OPENING_HOLDS: held()}).encode() + b"\n")
+                return
             if opening is not None and opening.yield_asked:
-                # Alone (this asker aside): drain now.  Otherwise someone's calls would be cut
-                # short or refused, and the asker attaches instead (the module's docstring).
-                now = yields and clients.count == 1 and not draining.is_set()
+                # Alone (this asker aside) and keeping nothing: drain now.  Otherwise someone's
+                # calls would be cut short or refused, or the services and forwarded ports it
+                # keeps would end, and the asker attaches instead (frontdaemon.py).
+                now = yields and clients.count == 1 and not draining.is_set() and not holding()
                 await stream.send_all(json.dumps({OPENING_YIELD: "now" if now else "busy"}).encode() + b"\n")
                 if now:
                     LOGGER.info("mcp:frontend yielding to a ccw-mcp that starts on this state dir")
@@ -475,46 +465,3 @@ class _FdReceiver(trio.abc.ReceiveStream):
     async def aclose(self) -> None:
         """Close the connection."""
         await self.stream.aclose()
-
-
-STOP_TIMEOUT_S = 30.0  # SIGTERM lets the front end finish the calls it is running
-
-
-def status(state_dir: str) -> dict[str, Any]:
-    """Who serves the state dir: the owner's pid, endpoint, and whether it is the CLI's daemon."""
-    from mcp_server.launcher import listener_pid
-
-    path = str(FrontendPaths.of(state_dir).socket)
-    owner = owner_of(state_dir)
-    if owner is None:
-        return {"frontend_socket": path, "frontend_running": False}
-    return {"frontend_socket": path, "frontend_running": True, "frontend_pid": listener_pid(path) or owner.get("pid"),
-            "frontend_endpoint": owner.get("endpoint"), "frontend_daemon": bool(owner.get("daemon"))}
-
-
-def stop_daemon(state_dir: str, send_signal: bool = True) -> dict[str, Any]:
-    """Stop the CLI's front-end daemon of ``state_dir`` (SIGTERM: it drains, then exits); an
-    owner serving an agent (stdio, socket, http) is left alone.  What was done.  Without
-    ``send_signal``: only wait for it to exit (it yields on its own: ``ask_to_yield``)."""
-    import select
-    import signal
-
-    found = status(state_dir)
-    if not found["frontend_running"] or not found.get("frontend_daemon"):
-        return {**found, "frontend_stopped": False}
-    pid = found.get("frontend_pid")
-    try:
-        pidfd = os.pidfd_open(int(pid)) if pid else -1
-    except ProcessLookupError:
-        return {**found, "frontend_stopped": True}
-    if pidfd < 0:
-        return {**found, "frontend_stopped": False}
-    try:
-        if send_signal:
-            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        select.select([pidfd], [], [], STOP_TIMEOUT_S)
-    except ProcessLookupError:
-        pass
-    finally:
-        os.close(pidfd)
-    return {**found, "frontend_stopped": True}

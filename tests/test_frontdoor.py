@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server import frontdoor
+from mcp_server import frontdaemon, frontdoor
 from mcp_server.caller import (
     CALLER_META,
     CALLER_TERMINAL,
@@ -350,7 +350,7 @@ def test_an_agents_server_takes_the_state_dir_from_the_cli_daemon(tmp_path: Path
 
     state = tmp_path / "state"
     assert start_daemon(str(state)) == {"frontend_started": True}
-    daemon = frontdoor.status(str(state))
+    daemon = frontdaemon.status(str(state))
     assert daemon["frontend_daemon"] is True
     with RawStdio(state, "server", tasks=None) as agent:
         assert "result" in _info(agent)
@@ -395,7 +395,7 @@ def test_a_call_sent_while_the_owner_drains_is_answered_by_the_next(tmp_path: Pa
 # when a connection ends, which pytest's warnings-as-errors would report here.
 IDLE_SCRIPT = r"""
 import sys, trio
-from mcp_server import frontdoor
+from mcp_server import frontdaemon, frontdoor
 from mcp_server.config import Config
 from mcp_server.config import Config
 

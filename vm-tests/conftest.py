@@ -106,7 +106,7 @@ def cli_state(tmp_path: Path, root_required: None) -> Iterator[Path]:
 
     state_dir = tmp_path / "state"
     yield state_dir
-    stopped = ccw(state_dir, "helper", "stop", "--json", check=False)
+    stopped = ccw(state_dir, "helper", "stop", "--force", "--json", check=False)  # whatever a test left running
     assert stopped.returncode == 0, stopped.stderr
     assert ccw(state_dir, "helper", "status", check=False).returncode == 1
     with open("/proc/self/mountinfo") as f:

@@ -111,8 +111,10 @@ class Ports:
                 out.append({**_summary(capsule_id, forward), "refused": counts.refused, "accepted": counts.accepted})
         return out
 
-    def holding(self) -> bool:
-        return bool(self._open)
+    def held(self) -> list[str]:
+        """The open forwards, each in a few words (frontdaemon.ask_what_it_holds)."""
+        return [f"port {cap}:{port} (forwarded to 127.0.0.1:{forward.host_port})"
+                for (cap, port), forward in sorted(self._open.items())]
 
     async def open(self, capsule_id: str, port: int, host_port: int = 0) -> dict[str, Any]:
         """Forward ``port`` of the capsule (the same forward if it has one); its URL."""

@@ -162,7 +162,13 @@ class Services:
 
     def holding(self) -> bool:
         """Whether any service runs or port is forwarded (a front end that holds one is not idle)."""
-        return self.ports.holding() or any(run.state not in ENDED for run in self._runs.values())
+        return bool(self.ports.held() or self.held())
+
+    def held(self) -> list[str]:
+        """The running services, each in a few words: what this process's end would end (its forwards
+        it would not: the next front end opens them again)."""
+        return [f"service {cap}/{name} ({run.state})" for (cap, name), run in sorted(self._runs.items())
+                if run.state not in ENDED]
 
     def logs(self, capsule_id: str, name: str, since: int | None = None,
              tail: int | None = None) -> tuple[str, Slice]:

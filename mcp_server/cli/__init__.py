@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     helper = sub.add_parser("helper", parents=[common], help="the state dir's detached helper")
     helper.add_argument("action", choices=("start", "stop", "status"))
+    helper.add_argument("--force", action="store_true",
+                        help="stop even while the front end runs services (they end)")
 
     client = sub.add_parser(
         "client-config", parents=[common], help="config snippet for an MCP client",
@@ -226,7 +228,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "helper":
         from mcp_server.cli import helperctl
 
-        result = helperctl.run(args.action, config.state_dir)
+        result = helperctl.run(args.action, config.state_dir, args.force)
         if args.json:
             print_json(result)
         else:

@@ -20,7 +20,9 @@ would pay for a helper start and a remount.  So the CLI uses, in this order:
 The same two commands show and stop the state dir's front end (``frontend_*`` keys):
 ``status`` names whoever serves ``frontend.sock`` (an agent's ``ccw-mcp`` or the daemon
 the ``ccw`` command started, ``mcp_server/frontdoor.py``); ``stop`` stops that daemon
-before the helper, and leaves an agent's ``ccw-mcp`` alone.
+before the helper, and leaves an agent's ``ccw-mcp`` alone.  While that front end runs
+services, which the stop would end, ``stop`` refuses and names them unless given
+``force`` (``frontdaemon.refuse_to_end_held``).
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ from mcp_server.launcher import HelperPaths, answering
 from sandbox.errors import CcwError
 
 
-def run(action: str, state_dir: str) -> dict[str, Any]:
+def run(action: str, state_dir: str, force: bool = False) -> dict[str, Any]:
     """``ccw helper <action>`` for ``state_dir``: start, stop or status; what it did or found."""
-    from mcp_server import frontdoor
+    from mcp_server import frontdaemon
 
     if action == "start":
         return launcher.start_detached(state_dir)
     if action == "stop":
+        if not force:
+            frontdaemon.refuse_to_end_held(state_dir)
         # The front end the ccw command started uses this helper: it goes first (an agent's
         # ccw-mcp serving the state dir is left alone; it would start a helper again).
-        return {**frontdoor.stop_daemon(state_dir), **launcher.stop(state_dir)}
-    return {**frontdoor.status(state_dir), **launcher.status_of(str(HelperPaths.of(state_dir).socket))}
+        return {**frontdaemon.stop_daemon(state_dir), **launcher.stop(state_dir)}
+    return {**frontdaemon.status(state_dir), **launcher.status_of(str(HelperPaths.of(state_dir).socket))}
 
 
 def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
