@@ -16,7 +16,9 @@ really leads.
   ``access(W_OK|X_OK)`` of it (so ACLs and read-only mounts count).  The overlay is then
   mounted from the pinned descriptor, so a path swapped after the check changes
   nothing.  When the caller's uid is the helper's own, ``access()`` with effective ids
-  answers directly (``check_access``).
+  answers directly (``_check_access``).  A refusal names the caller and the directory's
+  owner as the host knows them, not as a rootless helper's namespace does (its user is
+  0 there, and every other user 65534), and the ways forward (``_refused``).
 * **The state dir**: a workspace inside the helper's state dir is refused (a capsule
   could then see or change other capsules); the state dir inside the workspace is
   allowed (``./.ccw-state`` in a repo), because the capsule dirs are 0700: a jail sees
@@ -119,8 +121,39 @@ def _check_access(fd: int, path: str, uid: int, gid: int, mode: int, verb: str) 
             groups = [gid]
         ok = _access_as(fd, path, uid, gid, groups, mode)
     if not ok:
-        raise CcwError("PERMISSION_DENIED", f"uid {uid} may not {verb} {path!r}; a capsule may only be "
-                       f"created over a directory you can {verb}", {"path": path})
+        raise _refused(fd, path, uid, verb)
+
+
+def _named(uid: int) -> str:
+    """``uid 1001 (alice)``, or ``uid 1001`` for a uid no account names."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _refused(fd: int, path: str, uid: int, verb: str) -> CcwError:
+    """``refusal`` for the directory ``fd``, its caller and owner taken out of a rootless helper's
+    namespace (which calls its user 0, and every user it does not map 65534)."""
+    uid_ranges = namespaces.read_id_maps()[0]
+    owner = os.fstat(fd).st_uid
+    mapped = any(start <= owner < start + count for start, _, count in uid_ranges)
+    return refusal(path, host_uid(uid), namespaces.outside_id(owner, uid_ranges) if mapped else None, verb)
+
+
+def refusal(path: str, caller: int, owner: int | None, verb: str) -> CcwError:
+    """PERMISSION_DENIED for host uid ``caller``, who may not ``verb`` ("write" or "read") the directory
+    ``path`` of host uid ``owner`` (None: a user a rootless helper does not see): who, whose, what to do."""
+    whose = _named(owner) if owner is not None else "a user outside the rootless helper's user namespace"
+    if owner == caller:
+        way = f"make it {'writable' if verb == 'write' else 'readable'} (its mode or a read-only mount refuses you)"
+    elif verb == "write":
+        way = ("clone or copy it to a directory you own (git clone, cp -a) and create the capsule there, or have "
+               "its owner give you write access (chown, or a group of yours with write permission)")
+    else:
+        way = "have its owner give you read access, or name a directory you can read"
+    return CcwError("PERMISSION_DENIED", f"{_named(caller)} may not {verb} {path!r}, owned by {whose}; a capsule "
+                    f"may only be created over a directory you can {verb}: {way}", {"path": path})
 
 
 def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: int) -> bool:

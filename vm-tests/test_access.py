@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,7 @@ from sandbox.errors import CcwError
 
 OTHER = 47_312  # no account needed: the child sets the ids by number
 GROUP = 47_313
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -100,7 +102,7 @@ def test_a_read_only_mount_refuses_even_root(public: Path) -> None:
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(ws)], check=True)
         error = _denied(lambda: _lower(ws, None, 0, 0, public))
-        assert "uid 0 may not write" in error.message
+        assert "uid 0 (root) may not write" in error.message and "make it writable" in error.message
     finally:
         subprocess.run(["umount", str(ws)], check=True)
     assert _lower(ws, None, 0, 0, public) == str(ws)
@@ -131,3 +133,33 @@ def test_the_private_dirs_are_a_sticky_tmp_and_the_callers_own_home(public: Path
     (root / "home" / "kept").write_text("x")  # a capsule's home survives the helper's restart
     access.make_private_dirs(str(root), OTHER, GROUP, exist_ok=True)
     assert (root / "home" / "kept").read_text() == "x"
+
+
+# A rootless helper: the caller's own user namespace, in which it is 0 and root's files are 65534's.
+ROOTLESS_REFUSAL = """
+import json, os, sys
+sys.path.insert(0, os.getcwd())
+from sandbox import access, syscalls
+from sandbox.errors import CcwError
+uid, gid = os.getuid(), os.getgid()
+syscalls.unshare(syscalls.CLONE_NEWUSER)
+for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+    with open(f"/proc/self/{name}", "w") as f:
+        f.write(text)
+try:
+    with access.pinned_lower(sys.argv[1], None, 0, 0, sys.argv[2]):
+        print(json.dumps({"code": None}))
+except CcwError as exc:
+    print(json.dumps({"code": exc.code, "message": exc.message}))
+"""
+
+
+def test_a_rootless_refusal_names_the_caller_and_owner_as_the_host_knows_them(
+        public: Path, run_as: Callable[..., Any]) -> None:
+    ws = public / "rootrepo"
+    ws.mkdir(mode=0o755)  # root's, as /srv/rootrepo was in the trial
+    out = run_as(OTHER, OTHER, ROOTLESS_REFUSAL, str(ws), str(public / "state"), cwd=str(ROOT))
+    assert out["code"] == "PERMISSION_DENIED", out
+    # Not "uid 0": that is the caller inside its namespace; the owner is no one the namespace maps.
+    assert out["message"].startswith(f"uid {OTHER} may not write {str(ws)!r}, owned by a user outside"), out
+    assert "clone or copy it to a directory you own" in out["message"] and "chown" in out["message"]

@@ -7,7 +7,9 @@ what the capsule is, in this order (a call wrong in two ways hears of the first)
    journal's entries are canonical.  The helper resolves and checks them again.  A
    relative one, or one whose real name is not UTF-8, is refused (core/hostpaths.py says why).
 2. The directory rule (``check_capsule_dir``): never a system directory or a home's
-   secrets.  The helper applies it again; here it fails before any work is done.
+   secrets; and the caller's right to write the workspace and read the base.  The helper
+   applies both again; here they fail before any work is done, and a refusal can name the
+   directory's owner, whom a rootless helper's namespace does not see (``_check_rights``).
 3. The git dir a worktree's or submodule's ``.git`` file names, outside the workspace
    (capsules/gitdirs.py: a few bounded reads of small files), or why git will not work.
 4. The toolchain dirs shown read-only (capsules/exposure.py): those asked for, and,
@@ -38,6 +40,7 @@ from mcp_server.core.expose import Need
 from mcp_server.core.netrules import NetworkSpec
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.journal_records import CapsuleRecord
+from sandbox.access import refusal
 from sandbox.homes import login_homes
 from sandbox.hostdirs import check_capsule_dir
 from sandbox.spec import CapsuleSpec, Limits
@@ -83,6 +86,21 @@ def _asked_exposed(paths: tuple[str, ...]) -> None:
             hostpaths.utf8(os.path.realpath(path), "expose")
 
 
+def _check_rights(path: str, mode: int, verb: str) -> None:
+    """Refuse, with ``access.refusal``'s owner and ways forward, a directory the caller may not ``verb``.
+
+    We run as the caller, so ``os.access`` asks the kernel what the helper's check will (ACLs
+    and read-only mounts included).  A path that is not a directory is left to the helper's
+    NOT_FOUND.
+    """
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return
+    if not os.access(path, mode):
+        raise refusal(path, os.getuid(), owner, verb)
+
+
 async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str]) -> Made:
     """Make and journal the capsule ``asked`` describes, for a caller whose environment is ``env``."""
     workspace = _real(asked.workspace, "workspace")
@@ -91,6 +109,8 @@ async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str])
     check_capsule_dir("workspace", workspace, uid, homes, shown_only=base != workspace, given=asked.workspace)
     if base != workspace:
         check_capsule_dir("base", base, uid, homes, given=asked.base)
+        _check_rights(base, os.R_OK | os.X_OK, "read")
+    _check_rights(workspace, os.W_OK | os.X_OK, "write")
     git = find_gitdir(base, uid, homes)
     _asked_exposed(asked.expose)
     spec = CapsuleSpec(
