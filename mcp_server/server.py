@@ -17,9 +17,13 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 1. Look the name up in the connection's tool list (its own name, an alias, or a
    deprecated alias, which logs a warning to stderr).  Unknown there, though another
    connection may call it → JSON-RPC error -32602.
-2. Validate the arguments against the tool's input schema (Draft 2020-12).  Violations
-   → JSON-RPC error -32602 whose ``data.errors`` lists ``{path, msg}`` sorted (seed 001
-   §5 order, RFC 6901 paths).
+2. Validate the arguments against the tool's input schema (Draft 2020-12), listing the
+   violations as ``{path, msg}`` sorted (seed 001 §5 order, RFC 6901 paths).  To a
+   session that negotiated 2025-11-25 or later they are a tool error (step 3's): code
+   INVALID_ARGUMENT, the list as ``details.errors``, the schema's name
+   (``tool.NAME.input``) as ``details.schema``; that revision has a model see them and
+   correct its call (SEP-1303).  To an older session, and from a direct method, a
+   JSON-RPC error -32602 with the list as ``data.errors``.
 3. Run the handler.  A ``CcwError`` becomes a tool error: ``isError: true`` and
    ``structuredContent: {"error": {code, message, details}}`` (over MCP), or a JSON-RPC
    error -32000 with ``data: {"error": …}`` (direct methods, which have no result
@@ -34,7 +38,7 @@ How a tool call is served, the same for ``tools/call`` and for direct methods:
 6. A call answered as a live run's ``status: running`` (capsules/run.py) is
    answered instead as an MCP task (``resultType: "task"``) when the request declared
    the Tasks extension; ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` serve it
-   (mcp_server/tasks.py).
+   (mcp_server/tasks.py).  A tool error, bad arguments' included, is never a task.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_dual_era_loop
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as spec_methods
+from mcp_types.version import is_version_at_least
 
 from mcp_server import __version__, completion, framing, mcp_logging
 from mcp_server.caller import lending, lent
@@ -72,6 +77,7 @@ from sandbox.errors import CcwError
 TOOL_ERROR = -32000  # a direct method's tool failure; data = {"error": {code, message, details}}
 RESOURCE_NOT_FOUND = -32002  # MCP's code for an unknown resource URI
 TASK_METHODS = ("tasks/get", "tasks/update", "tasks/cancel")
+TOOL_ERROR_ARGUMENTS_SINCE = "2025-11-25"  # the first revision whose bad tool arguments are a tool error
 
 
 class CcwServer:
@@ -262,16 +268,20 @@ class CcwServer:
         errors = [{"path": _pointer(e.absolute_path), "msg": e.message} for e in validator.iter_errors(args)]
         return sorted(errors, key=lambda e: (e["path"], e["msg"]))
 
-    async def call_tool(self, spec: ToolSpec, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
-        """Validate, run and (in debug) check one call; raises MCPError or CcwError."""
+    async def call_tool(self, spec: ToolSpec, args: dict[str, Any], ctx: CallContext,
+                        violation_is_tool_error: bool = False) -> dict[str, Any]:
+        """Validate, run and (in debug) check one call; raises MCPError or CcwError.  Arguments
+        that violate the input schema raise a CcwError INVALID_ARGUMENT if
+        ``violation_is_tool_error``, else an MCPError -32602."""
         errors = self.argument_errors(spec, args)
         if errors:
             summary = "; ".join(f"{e['path'] or '/'}: {e['msg']}" for e in errors[:5])
-            raise MCPError(
-                code=INVALID_PARAMS,
-                message=f"{spec.name}: arguments do not match the input schema: {summary}",
-                data={"errors": errors},
-            )
+            message = f"{spec.name}: arguments do not match the input schema: {summary}"
+            if violation_is_tool_error:  # the schema's name is the one get_schema knows it by
+                raise CcwError("INVALID_ARGUMENT", f"{message}; change those arguments as {spec.name}'s "
+                               "inputSchema in tools/list says and call it again",
+                               {"errors": errors, "schema": f"tool.{spec.name}.input"})
+            raise MCPError(code=INVALID_PARAMS, message=message, data={"errors": errors})
         return await self.checked(spec, lambda: spec.handler(ctx, args))
 
     async def checked(self, spec: ToolSpec, produce: Any) -> dict[str, Any]:
@@ -317,7 +327,7 @@ class CcwServer:
             with lending(params.meta, spec.name) as caller:  # its terminal, if any, closed when the call ends
                 call = CallContext(self.runtime, ctx.session, owner, caller, arrived_ticket(ctx.request), tools.config,
                                    ctx.request_id)
-                return await self.call_tool(spec, args, call)
+                return await self.call_tool(spec, args, call, _violation_is_tool_error(ctx.protocol_version))
 
         answer = await self.tool_answer(spec, produce)
         if declared(ctx) and not answer.is_error:  # never a task to a client that did not declare it here
@@ -428,6 +438,12 @@ def _tasks_era(ctx: ServerRequestContext[Any]) -> None:
         raise MCPError(code=types.METHOD_NOT_FOUND, message=(
             "Method not found: MCP tasks (io.modelcontextprotocol/tasks) are served to 2026-07-28 clients "
             "that declare them; here a long call answers status running, and capsule_run fetches it"))
+
+
+def _violation_is_tool_error(protocol_version: str) -> bool:
+    """Whether a session of ``protocol_version`` is answered bad tools/call arguments as a
+    tool error: from 2025-11-25, whose SEP-1303 moved them out of the protocol errors."""
+    return is_version_at_least(protocol_version, TOOL_ERROR_ARGUMENTS_SINCE)
 
 
 def _json_text(value: Any) -> str:

@@ -37,17 +37,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RawStdio]:
 
 
 def _named(answer: dict[str, Any]) -> str:
-    """The argument a refused tool call names: its schema's (-32602, capsule_service_start's
-    ``cmd`` has maxItems) or its CcwError's (INVALID_ARGUMENT, ``details.argument``)."""
-    if "error" in answer:
-        assert answer["error"]["code"] == -32602, answer
-        paths = {error["path"] for error in answer["error"]["data"]["errors"]}
-        assert len(paths) == 1, answer
-        return str(paths.pop()).removeprefix("/")  # a JSON pointer: "/cmd"
+    """The argument a refused tool call names: its schema's (``details.errors``, capsule_service_start's
+    ``cmd`` has maxItems) or its CcwError's (``details.argument``); both INVALID_ARGUMENT tool errors
+    to this 2026 session."""
     result = answer["result"]
     assert result.get("isError"), answer
     error = result["structuredContent"]["error"]
     assert error["code"] == "INVALID_ARGUMENT" and "argv" not in error["message"], error
+    if "errors" in error["details"]:
+        paths = {problem["path"] for problem in error["details"]["errors"]}
+        assert len(paths) == 1, answer
+        return str(paths.pop()).removeprefix("/")  # a JSON pointer: "/cmd"
     assert f"argument {error['details']['argument']!r}" in error["message"], error
     return str(error["details"]["argument"])
 

@@ -54,10 +54,14 @@ def test_sdk_client_over_stdio(tmp_path: Path, mode: str):
             aliased = await client.call_tool("server.info", {"echo": "via alias"})
             assert aliased.structured_content["echo"] == "via alias"
 
-            with pytest.raises(MCPError) as bad_args:
-                await client.call_tool("ccw_info", {"delay_ms": 10_001})
-            assert bad_args.value.error.code == -32602
-            assert "delay_ms" in bad_args.value.error.message
+            # Both eras negotiate 2025-11-25 or later: bad arguments are a tool error the model reads.
+            bad_args = await client.call_tool("ccw_info", {"delay_ms": 10_001})
+            assert bad_args.is_error is True
+            error = bad_args.structured_content["error"]
+            assert error["code"] == "INVALID_ARGUMENT" and "/delay_ms" in error["message"], error
+            assert error["details"] == {"errors": [{"path": "/delay_ms", "msg": "10001 is greater than the maximum "
+                                                    "of 10000"}], "schema": "tool.ccw_info.input"}
+            assert json.loads(bad_args.content[0].text) == bad_args.structured_content
 
             with pytest.raises(MCPError) as unknown:
                 await client.call_tool("no_such_tool", {})
@@ -104,6 +108,33 @@ def test_raw_ndjson_direct_methods_in_request_order(tmp_path: Path):
     assert re.search(r"^mcp:ready mode=stdio path=- state_dir=\S+ schemas_dir=\S+", log, re.M), log
     assert re.search(r"^mcp:shutdown mode=stdio", log, re.M), log
     assert not (tmp_path / "mcp.ready").exists()
+
+
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
+def test_bad_tool_arguments_are_a_tool_error_from_2025_11_25(tmp_path: Path, version: str):
+    init = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    bad = {"name": "ccw_info", "arguments": {"delay_ms": -1, "nope": 1}}
+    answers, log, code = run_raw(tmp_path, [
+        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}).encode(),
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": bad}).encode(),
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"no_such_tool","arguments":{}}}',
+    ])
+    assert code == 0, log
+    assert answers[0]["result"]["protocolVersion"] == version
+    errors = [{"path": "", "msg": "Additional properties are not allowed ('nope' was unexpected)"},
+              {"path": "/delay_ms", "msg": "-1 is less than the minimum of 0"}]
+    if version == "2025-06-18":
+        assert answers[1]["error"]["code"] == -32602 and answers[1]["error"]["data"] == {"errors": errors}
+    else:
+        result = answers[1]["result"]
+        assert result["isError"] is True and json.loads(result["content"][0]["text"]) == result["structuredContent"]
+        error = result["structuredContent"]["error"]
+        assert error["code"] == "INVALID_ARGUMENT"
+        assert error["details"] == {"errors": errors, "schema": "tool.ccw_info.input"}
+        assert "/delay_ms: -1 is less than the minimum of 0" in error["message"]
+        assert "inputSchema in tools/list" in error["message"]
+    assert answers[2]["error"]["code"] == -32602  # an unknown tool stays a protocol error in every version
 
 
 def test_oversized_mcp_request_is_a_jsonrpc_error(tmp_path: Path):

@@ -45,6 +45,17 @@ def test_an_unknown_task_is_a_jsonrpc_error(tmp_path: Path) -> None:
     assert missing_id["error"]["code"] == types.INVALID_PARAMS
 
 
+def test_a_task_augmented_call_with_bad_arguments_is_a_tool_error_not_a_task(tmp_path: Path) -> None:
+    with RawStdio(tmp_path / "state", "server", tasks=True) as client:
+        answer = client.request("tools/call", {"name": "ccw_info", "arguments": {"delay_ms": "soon"}})
+    result = answer["result"]
+    assert result.get("resultType") != "task" and "taskId" not in result, result
+    assert result["isError"] is True
+    error = result["structuredContent"]["error"]
+    assert error["code"] == "INVALID_ARGUMENT"
+    assert error["details"]["errors"] == [{"path": "/delay_ms", "msg": "'soon' is not of type 'integer'"}]
+
+
 def test_a_2025_client_has_no_tasks_methods(tmp_path: Path) -> None:
     with RawStdio(tmp_path / "state", "server", tasks=None) as client:
         answer = client.request("tasks/get", {"taskId": "run_1_0123456789ab"})

@@ -12,7 +12,8 @@ terminal's progress line) and the caller's context under ``_meta["ccw/caller"]``
 the environment: the front end runs calls with its own, so what depends on the caller's,
 toolchain discovery and whitelisted variables' values, comes with the call; paths in the
 arguments are already absolute).  A tool
-error comes back as the CcwError it carries, a JSON-RPC error as a ``CallError``.
+error comes back as the CcwError it carries, a JSON-RPC error, or arguments the tool's
+input schema refused, as a ``CallError``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,14 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], progress: A
     structured = answer.get("structuredContent")
     if answer.get("isError"):
         error = (structured or {}).get("error") or {}
+        details = error.get("details") or {}
+        if details.get("schema") == f"tool.{name}.input":
+            # Arguments the tool's schema refuses: the command was given bad ones (a usage error),
+            # as the -32602 that sessions before 2025-11-25 are answered says.  Told without the
+            # message's advice to a model (change them as tools/list's inputSchema says).
+            summary = "; ".join(f"{problem['path'] or '/'}: {problem['msg']}" for problem in details["errors"][:5])
+            raise CallError(framing.INVALID_PARAMS, f"{name}: arguments do not match the input schema: {summary}",
+                            details)
         raise CcwError(str(error.get("code") or "INTERNAL"), str(error.get("message") or answer),
                        error.get("details") or {})
     if not isinstance(structured, dict):
