@@ -13,7 +13,9 @@ from mcp_server.core.expose import (
     Need,
     cover,
     expose_hint,
+    link_hint,
     missing_paths,
+    off_path_hint,
     shebang_interpreter,
     toolchain_root,
     venv_home,
@@ -153,6 +155,15 @@ def test_asked_entries_are_checked_and_refusals_raise(tmp_path: Path) -> None:
         assert raised.value.code == code, path
 
 
+def test_missing_paths_read_the_shells_and_the_jails_command_not_found() -> None:
+    assert missing_paths(127, "ccw: nvmtool: command not found\n") == ["nvmtool"]  # the jail's own exec
+    assert missing_paths(127, "sh: 1: mocha: not found\n") == ["mocha"]  # dash, as npm runs a script
+    assert missing_paths(127, "bash: line 1: mocha: command not found\n") == ["mocha"]
+    assert missing_paths(127, "zsh: command not found: mocha\n") == ["mocha"]
+    assert missing_paths(127, "error: module not found in cache\n") == []  # not a shell's words
+    assert missing_paths(0, "sh: 1: mocha: not found\n") == []
+
+
 def test_missing_paths_come_only_from_a_could_not_run_exit() -> None:
     jail = "ccw: .venv/bin/python: No such file or directory\n"
     assert missing_paths(127, jail) == [".venv/bin/python"]
@@ -175,11 +186,13 @@ def test_exec_hints_name_the_hidden_interpreter_and_its_root(tmp_path: Path) -> 
     node.write_text("")
     node.chmod(0o755)
     root = f"{home}/.pyenv/versions/3.12.1"
-    args = (str(project), str(project), f"{node.parent}:/usr/bin", str(home), UID, homes)
+    # The jail's PATH (what env searched) holds no node: the caller's does, and says where it is.
+    args = (str(project), str(project), f"{project}/.venv/bin", f"{node.parent}:/usr/bin", str(home), UID, homes)
     hints = exposure.exec_hints(127, "ccw: .venv/bin/python: No such file or directory\n", *args)
     assert hints == [expose_hint(".venv/bin/python", f"{root}/bin/python3.12", root)]
     hints = exposure.exec_hints(127, "/usr/bin/env: 'node': No such file or directory\n", *args)
-    assert hints == [expose_hint("node", str(node), f"{home}/.nvm/versions/node/v20.1.0")]
+    assert hints == [expose_hint("node", str(node), f"{home}/.nvm/versions/node/v20.1.0", str(node))]
+    assert "env_whitelist" in hints[0]  # exposed alone, node would still be off the jail's PATH
     # Missing on the host too, inside the workspace, a secret, or not a could-not-run exit: no hint.
     (project / "ssh-python").symlink_to(home / ".ssh")
     for code, stderr in ((127, "ccw: ./gone: No such file or directory\n"),
@@ -187,3 +200,51 @@ def test_exec_hints_name_the_hidden_interpreter_and_its_root(tmp_path: Path) -> 
                          (127, "ccw: ./ssh-python: No such file or directory\n"),
                          (1, "ccw: .venv/bin/python: No such file or directory\n")):
         assert exposure.exec_hints(code, stderr, *args) == [], stderr
+
+
+def test_a_program_on_the_callers_path_only_is_hinted_whatever_the_jails_path(tmp_path: Path) -> None:
+    # The trial: nvm's bin is exposed (found on the caller's PATH) but the jail's PATH is its own.
+    home, project, homes = _fake_machine(tmp_path)
+    tool = home / ".nvm/versions/node/v20.1.0/bin/nvmtool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    nvm = f"{home}/.nvm/versions/node/v20.1.0"
+    jail_path = f"{project}/.venv/bin:/usr/local/bin:/usr/bin:/bin"
+    stderr = "ccw: nvmtool: command not found\n"
+    shown = exposure.exec_hints(127, stderr, str(project), str(project), jail_path, f"{tool.parent}:/usr/bin",
+                                str(home), UID, homes, (nvm,))
+    assert shown == [off_path_hint("nvmtool", str(tool))]
+    assert f"run {tool}" in shown[0] and "--env PATH" in shown[0]
+    hidden = exposure.exec_hints(127, stderr, str(project), str(project), jail_path, f"{tool.parent}:/usr/bin",
+                                 str(home), UID, homes)
+    assert hidden == [expose_hint("nvmtool", str(tool), nvm, str(tool))]
+    # Judged by the jail's PATH alone (the old way), nothing was found and nothing said.
+    assert exposure.exec_hints(127, stderr, str(project), str(project), jail_path, "", str(home), UID, homes) == []
+
+
+def test_a_workspace_link_out_of_the_workspace_is_named_with_its_target(tmp_path: Path) -> None:
+    # A git worktree whose node_modules links to the main checkout's: `npm test` finds no mocha.
+    home, _, homes = _fake_machine(tmp_path)
+    main, tree = home / "src/webapp", home / "src/webapp-wt"
+    mocha = main / "node_modules/mocha/bin/mocha.js"
+    mocha.parent.mkdir(parents=True)
+    mocha.write_text("#!/usr/bin/env node\n")
+    mocha.chmod(0o755)
+    (main / "node_modules/.bin").mkdir()
+    (main / "node_modules/.bin/mocha").symlink_to("../mocha/bin/mocha.js")
+    (tree / "test").mkdir(parents=True)
+    (tree / "node_modules").symlink_to("../webapp/node_modules")
+    jail_path = f"{tree}/.venv/bin:/usr/bin:/bin"
+    for cwd, stderr in ((tree, "sh: 1: mocha: not found\n"), (tree / "test", "sh: 1: mocha: not found\n"),
+                        (tree, "ccw: node_modules/.bin/mocha: No such file or directory\n")):
+        missing = missing_paths(127, stderr)[0]
+        hints = exposure.exec_hints(127, stderr, str(tree), str(cwd), jail_path, "/usr/bin", str(home), UID, homes)
+        assert hints == [link_hint(missing, "node_modules", str(main / "node_modules"))], (cwd, stderr)
+        assert f"--expose {main}/node_modules" in hints[0]
+    # A link out to what may never be shown (a key store) gets no hint.
+    (home / ".ssh/bin").mkdir()
+    (home / ".ssh/bin/sshtool").write_text("")
+    (home / ".ssh/bin/sshtool").chmod(0o755)
+    (tree / "keys").symlink_to(home / ".ssh")
+    assert exposure.exec_hints(127, "ccw: keys/bin/sshtool: No such file or directory\n", str(tree), str(tree),
+                               jail_path, "", str(home), UID, homes) == []

@@ -12,7 +12,8 @@ each path again before it binds it (sandbox/exposed.py), at create and at every 
 - ``plan``: what capsule_create puts in ``CapsuleSpec.expose``; the caller's PATH and HOME
   are the front end's own environment (stdio and the CLI run as the caller), and a $HOME
   that /etc/passwd does not name is guarded like a login home (``with_home``).
-- ``hints``: an exec that exits 126/127 on a program the jail hides names what to expose.
+- ``hints``: an exec that exits 126/127 on a program the jail hides names what to expose (or
+  how to reach one it shows off its PATH), judged by the caller's PATH, not the jail's.
 - ``replayable``: a witness is untrusted; a replay shows only the directories its
   ``capsule.expose`` names that this replayer's checks allow and that exist here.
 """
@@ -29,7 +30,9 @@ from mcp_server.core.expose import (
     Need,
     cover,
     expose_hint,
+    link_hint,
     missing_paths,
+    off_path_hint,
     shebang_interpreter,
     toolchain_root,
     venv_home,
@@ -215,40 +218,91 @@ def plan(workspace: str, expose: list[str], auto: bool, env: Mapping[str, str],
     return cover(needs, _resolved(workspace))
 
 
-def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, path_env: str,
-               home: str | None, caller_uid: int, homes: tuple[Home, ...]) -> list[str]:
+def _search_path(jail_path: str, caller_path: str, cwd: str, workspace: str) -> str:
+    """Where a hint looks for a program named bare: the jail's PATH (what the command ran with),
+    the ``node_modules/.bin`` directories npm and npx put first (from ``cwd`` up to the
+    workspace), then the caller's PATH, where what the jail hides is found."""
+    scripts, here = [], cwd
+    while inside(here, workspace):
+        scripts.append(os.path.join(here, "node_modules", ".bin"))
+        if here == workspace:
+            break
+        here = os.path.dirname(here)
+    return ":".join([jail_path, *scripts, caller_path])
+
+
+def _link_out(located: str, workspace: str) -> tuple[str, str] | None:
+    """The workspace directory link ``located`` (normalised, in the workspace) leads out of the
+    workspace through, and its resolved target; None if there is none (a program that is
+    itself a link to a toolchain is the toolchain's case, not this)."""
+    here = workspace
+    for part in os.path.relpath(located, workspace).split("/")[:-1]:
+        here = os.path.join(here, part)
+        if os.path.islink(here):
+            target = _resolved(here)
+            if not inside(target, workspace):
+                return here, target
+    return None
+
+
+def _exposable(path: str, caller_uid: int, homes: tuple[Home, ...]) -> bool:
+    try:
+        check_expose_dir("expose", path, caller_uid, homes)
+    except CcwError:
+        return False
+    return True
+
+
+def exec_hints(exit_code: int | None, stderr: str, workspace: str, cwd: str, jail_path: str, caller_path: str,
+               home: str | None, caller_uid: int, homes: tuple[Home, ...], shown: tuple[str, ...] = ()) -> list[str]:
     """Notes for an exec that could not run a program the jail hides (exit 126/127).
 
-    Each names the path its stderr says is missing, where it leads on the host, and the
-    directory to expose; none for what is missing on the host too, lies in the
+    A program named bare is looked for as the jail would, then on the caller's PATH
+    (``_search_path``): the jail's PATH finds only what it shows.  Each note names what
+    stderr says is missing and where it is on the host: through a workspace link whose
+    target the jail does not show (``link_hint``), in a toolchain ``shown`` (the capsule's
+    expose) whose directory is not on the jail's PATH (``off_path_hint``), or in a toolchain
+    to expose (``expose_hint``).  None for what is missing on the host too, lies in the
     workspace or the system trees, or would be refused as a secret.
     """
     workspace = os.path.realpath(workspace)
     home = os.path.realpath(home) if home else None
+    shown_real = [os.path.realpath(path) for path in shown]
+    search = _search_path(jail_path, caller_path, cwd, workspace)
     hints = []
     for missing in missing_paths(exit_code, stderr):
-        if "/" in missing:
-            located: str | None = os.path.join(cwd, missing)
-        else:
-            located = shutil.which(missing, path=path_env)
+        located = os.path.join(cwd, missing) if "/" in missing else shutil.which(missing, path=search)
         if located is None:
             continue
+        located = os.path.normpath(located)
         target = os.path.realpath(located)
+        if not os.path.exists(target) or inside(target, workspace):
+            continue
+        link = _link_out(located, workspace) if inside(located, workspace) else None
+        if link is not None:
+            if toolchain_root(link[1], home) is not None and _exposable(link[1], caller_uid, homes):
+                hints.append(link_hint(missing, os.path.relpath(link[0], workspace), link[1]))
+            continue
         root = toolchain_root(target, home)
-        if root is None or inside(target, workspace) or not os.path.exists(target):
+        if root is None or not _exposable(root, caller_uid, homes):
             continue
-        try:
-            check_expose_dir("expose", root, caller_uid, homes)
-        except CcwError:
+        off_path = "/" not in missing and os.path.dirname(located) not in jail_path.split(":")
+        if any(inside(target, path) for path in (*shown, *shown_real)):
+            if off_path:
+                hints.append(off_path_hint(missing, located))
             continue
-        hints.append(expose_hint(missing, target, root))
+        hints.append(expose_hint(missing, target, root, located if off_path else None))
     return hints
 
 
-def hints(workspace: str, cwd: str, path_env: str, exit_code: int | None, stderr: bytes) -> list[str]:
-    """``exec_hints`` for an exec of this front end's caller (its uid, HOME and the host's homes)."""
-    return exec_hints(exit_code, stderr.decode("utf-8", "replace"), workspace, cwd, path_env,
-                      os.environ.get("HOME"), os.getuid(), login_homes())
+def hints(workspace: str, cwd: str, jail_path: str, env: Mapping[str, str], shown: tuple[str, ...],
+          exit_code: int | None, stderr: bytes) -> list[str]:
+    """``exec_hints`` for an exec of this front end's caller, whose environment is ``env`` (the
+    one it lent, else ours: PATH and HOME), judged by its uid and the host's homes."""
+    home = env.get("HOME")
+    homes = with_home(login_homes(), home, os.getuid())
+    return exec_hints(exit_code, stderr.decode("utf-8", "replace"), workspace, cwd, jail_path, env.get("PATH", ""),
+                      home, os.getuid(), homes, shown)
 
 
 def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) -> tuple[list[str], list[dict[str, str]]]:

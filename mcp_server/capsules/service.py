@@ -260,12 +260,14 @@ class CapsuleService:
                                               self._call.asker(), request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.attempts,
-                tuple(traced.notes)), started, console)
+                tuple(traced.notes)), started, console, values)
 
     async def _journal_exec(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
-                            started: dt.datetime, console: Console | None = None) -> ExecOutcome:
+                            started: dt.datetime, console: Console | None = None,
+                            values: Mapping[str, str] | None = None) -> ExecOutcome:
         """Journal an exec that ran (its row, events and outputs in one transaction), note the base's
-        state where it wrote, and find hints for a command the jail could not run.  ``console``: an
+        state where it wrote, and find hints for a command the jail could not run, by the caller's
+        environment (``values``: what it lent; ``Caller`` says what stands in).  ``console``: an
         interactive exec's, whose input is kept as its stdin (and how it went in, for a replay)."""
         reply = outcome.reply
         journal = self.journal
@@ -285,9 +287,10 @@ class CapsuleService:
             await trio.to_thread.run_sync(record_base_states, journal, record, written)
         hints: list[str] = []
         if reply.exit_code in (126, 127):  # could not run it: perhaps the jail hides it
-            path = exec_env(record.workspace, dict(request.env or {}))["PATH"]
+            path = exec_env(record.workspace, dict(request.env or {}))["PATH"]  # the jail's: finds what it shows
             hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
-                                                  path, reply.exit_code, reply.stderr)
+                                                  path, Caller(values).env, record.spec.expose, reply.exit_code,
+                                                  reply.stderr)
         return dataclasses.replace(outcome, generation=generation, hints=tuple(hints), seq=seq)
 
     async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,

@@ -140,9 +140,12 @@ def cover(needs: list[Need], workspace: str) -> list[Need]:
 
 
 # What a failed exec says when the program or its interpreter is not in the jail: the
-# jail's own exec ("ccw: .venv/bin/python: No such file or directory"), a shell's "bad
-# interpreter", env's "'node': No such file or directory".
-_MISSING = re.compile(r"(?:^|: )'?([^\s:']+)'?: (?:bad interpreter: )?No such file or directory", re.MULTILINE)
+# jail's own exec ("ccw: .venv/bin/python: No such file or directory", "ccw: nvmtool: command
+# not found"), a shell's "bad interpreter" and "not found" (dash: "sh: 1: mocha: not found";
+# bash: "bash: line 1: mocha: command not found"; zsh: "zsh: command not found: mocha"),
+# env's "'node': No such file or directory".
+_MISSING = re.compile(r"(?:^|: )'?([^\s:']+)'?: (?:(?:bad interpreter: )?No such file or directory"
+                      r"|(?:command )?not found[ \t]*$)|command not found: ([^\s:']+)[ \t]*$", re.MULTILINE)
 MAX_HINT_PATHS = 4
 
 
@@ -156,13 +159,36 @@ def missing_paths(exit_code: int | None, stderr: str) -> list[str]:
         return []
     found: list[str] = []
     for match in _MISSING.finditer(stderr[-8192:]):
-        if match.group(1) not in found:
-            found.append(match.group(1))
+        name = match.group(1) or match.group(2)
+        if name not in found:
+            found.append(name)
     return found[:MAX_HINT_PATHS]
 
 
-def expose_hint(missing: str, target: str, root: str) -> str:
-    """The note an exec result carries for a program the jail does not show."""
+def expose_hint(missing: str, target: str, root: str, off_path: str | None = None) -> str:
+    """The note an exec result carries for a program the jail does not show; ``off_path``: the
+    program's path on the host, when its directory is not on the jail's PATH either."""
     via = f" ({missing} leads to {target})" if target != missing else ""
-    return (f"{target} is outside what the jail shows{via}; expose {root} read-only: capsule_create "
+    hint = (f"{target} is outside what the jail shows{via}; expose {root} read-only: capsule_create "
             f"with expose: [\"{root}\"], or ccw capsule create --expose {root}")
+    if off_path is not None:
+        hint += (f"; its directory is not on the jail's PATH either: run {off_path}, or also pass your PATH "
+                 f"(env_whitelist: [\"PATH\"], --env PATH)")
+    return hint
+
+
+def off_path_hint(missing: str, located: str) -> str:
+    """The note for a program the jail shows (an exposed toolchain's) but whose directory is not
+    on the jail's PATH, which is its own unless PATH is whitelisted."""
+    return (f"{missing} is {located}, which the jail shows, but {posixpath.dirname(located)} is not on the jail's "
+            f"PATH (its own: the workspace's .venv/bin and the system dirs); run {located}, or pass your PATH: "
+            f"capsule_create with env_whitelist: [\"PATH\"], or ccw capsule create --env PATH")
+
+
+def link_hint(missing: str, link: str, target: str) -> str:
+    """The note for a program reached through a workspace link whose target lies outside the
+    workspace (a worktree's ``node_modules -> ../main/node_modules``): the jail shows the link,
+    dangling, not what it leads to."""
+    return (f"{missing} is reached through the workspace's link {link} -> {target}, which leads out of the "
+            f"workspace, where the jail does not show it; expose {target} read-only: capsule_create "
+            f"with expose: [\"{target}\"], or ccw capsule create --expose {target}")
