@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from trio.testing import MockClock
 
 from mcp_server.capsules.networks import Networks
 from mcp_server.capsules.service_log import LogRing
+from mcp_server.capsules.service_ready import TAIL_LINES
 from mcp_server.capsules.service_run import ServiceRun
 from mcp_server.capsules.service_spec import Ready, ServiceSpec
 from mcp_server.capsules.services import HELPER_POLL_S, Services
@@ -37,8 +39,13 @@ def _report(out: bytes, err: bytes, counts: tuple[int, int]) -> dict[str, Any]:
 
 
 class FakeHelper:
-    """A service prints ``reports`` (stdout, stderr) then waits for a signal, or ends at once with
-    ``exit_code``."""
+    """A service prints ``reports`` (stdout, stderr) then waits for a signal (reporting every
+    ``REPORT_S`` while it does, as the helper does), or ends at once with ``exit_code``.  A port
+    accepts (``net_connect``) once a service ``binds`` it; with ``reply_after_connect``, an
+    ending run's reply waits for the next connect that is accepted (the helper's reply comes
+    after its process's exit, and a check may pass in between)."""
+
+    REPORT_S = 0.05
 
     def __init__(self) -> None:
         self.reports: list[tuple[bytes, bytes]] = []
@@ -47,6 +54,16 @@ class FakeHelper:
         self.held = 0  # execs refused first as the helper's own run of that name (a gone front end's) ends
         self.execs = 0
         self._signalled = trio.Event()
+        self.binds: dict[str, int] = {}  # service name: the port it listens on once it runs
+        self.accepting: set[int] = set()
+        self.reply_after_connect = False
+        self._connected = trio.Event()
+
+    async def net_connect(self, capsule_id: str, port: int) -> socket.socket:
+        if port not in self.accepting:
+            raise CcwError("CONFLICT", f"nothing listens on port {port} of capsule {capsule_id}", {"reason": "refused"})
+        self._connected.set()
+        return socket.socket()
 
     async def call(self, request: OpRequest[Any], on_progress: Any = None) -> Any:
         if isinstance(request, SignalRequest):
@@ -62,9 +79,16 @@ class FakeHelper:
         for stdout, stderr in self.reports:
             out, err = out + len(stdout), err + len(stderr)
             await on_progress(_report(stdout, stderr, (out, err)))
-        if self.until_signalled:
-            await self._signalled.wait()
-            self._signalled = trio.Event()
+        if request.service in self.binds:
+            self.accepting.add(self.binds[request.service])
+        while self.until_signalled and not self._signalled.is_set():
+            with trio.move_on_after(self.REPORT_S):
+                await self._signalled.wait()
+            if not self._signalled.is_set():
+                await on_progress(_report(b"", b"", (out, err)))
+        self._signalled = trio.Event()
+        if self.reply_after_connect:
+            await self._connected.wait()
         return dataclasses.replace(exec_reply(self.exit_code), stdout_bytes=out, stderr_bytes=err)
 
 
@@ -213,3 +237,44 @@ def test_a_run_the_helper_holds_past_the_wait_fails_with_its_reason(world: Any) 
 
     answer = trio.run(main, clock=MockClock(autojump_threshold=0))
     assert answer["state"] == "failed" and "already runs" in answer["reason"], answer
+
+
+def test_a_start_whose_ready_port_another_service_holds_is_refused_before_it_starts(world: Any) -> None:
+    services, capsules, helper = world
+    helper.until_signalled, helper.binds = True, {"s1": 8000}
+
+    async def main() -> tuple[dict[str, Any], CcwError]:
+        first = await services.start(capsules, _spec("s1", Ready(port=8000, timeout_ms=5000)))
+        with pytest.raises(CcwError) as refused:
+            await services.start(capsules, _spec("s2", Ready(port=8000, timeout_ms=5000)))
+        await services.aclose()
+        return first, refused.value
+
+    first, refused = trio.run(main)
+    assert first["ready"] is True, first
+    assert refused.code == "CONFLICT" and refused.details == {"port": 8000, "service": "s1"}, refused
+    assert "port 8000 of capsule cap_1 already accepts connections (service 's1' listens there)" in refused.message
+    assert "stop 's1' (capsule_service_stop), or start it on another port" in refused.message
+    assert helper.execs == 1  # s2 never ran
+    assert [one["name"] for one in services.summaries("cap_1")] == ["s1"]
+
+
+def test_a_service_that_ended_when_its_port_check_passed_is_not_ready(world: Any) -> None:
+    # Something else starts listening on the port after the start's own check (an exec's
+    # server, say), and the service's command fails: its check passes on that listener
+    # while the helper's reply, which says it ended, is on its way.
+    services, capsules, helper = world
+    helper.reports = [(b"", b"OSError: [Errno 98] Address already in use\n")]
+    helper.exit_code, helper.binds, helper.reply_after_connect = 1, {"s2": 8000}, True
+
+    async def main() -> dict[str, Any]:
+        answer = await services.start(capsules, _spec("s2", Ready(port=8000, timeout_ms=5000)))
+        await services.aclose()
+        return answer
+
+    answer = trio.run(main)
+    assert answer["ready"] is False and answer["state"] == "exited" and answer["exit_code"] == 1, answer
+    assert answer["why"] == "it exited before it was ready", answer
+    assert answer["log_tail"].splitlines()[-2:] == ["OSError: [Errno 98] Address already in use",
+                                                    "[ccw: s2 ended: exit 1, signal None]"], answer
+    assert len(answer["log_tail"].splitlines()) <= TAIL_LINES

@@ -176,7 +176,7 @@ async def _start_service(call: Call, cap: str, name: str, cmd: list[str], port: 
 
 async def _start_to_ready(call: Call, ws: Path, rounds: int) -> dict[str, list[float]]:
     """Seconds to ready: ccw's service start, bwrap's polled two ways, and the bare server."""
-    from mcp_server.capsules.services import READY_POLL_S
+    from mcp_server.capsules.service_ready import READY_POLL_S
 
     cap = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
 
@@ -381,7 +381,7 @@ async def _measure(root: Path, sizes: Sizes) -> tuple[dict[str, list[float]], di
 
 
 def _start_rows(figures: dict[str, list[float]], rounds: int) -> list[Row]:
-    from mcp_server.capsules.services import READY_POLL_S
+    from mcp_server.capsules.service_ready import READY_POLL_S
 
     name = "service start to ready: python3 -m http.server"
     ccw = median_ms(figures["ccw"])

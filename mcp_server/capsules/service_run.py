@@ -20,6 +20,8 @@ from mcp_server.capsules.service_log import LogRing
 from mcp_server.capsules.service_spec import ServiceSpec
 from sandbox.replies import ExecProgress, ExecReply
 
+ENDED = ("exited", "failed", "lost", "stopped", "pending")  # not running (pending: a fork's, not started yet)
+
 
 def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
@@ -44,11 +46,17 @@ class ServiceRun:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     finished: trio.Event = field(default_factory=trio.Event)  # the serving task has ended
     line_seen: trio.Event = field(default_factory=trio.Event)
+    reported: trio.Event = field(default_factory=trio.Event)  # set, then renewed, at each report or change of state
     _partial: str = ""
     _counts: tuple[int, int] = (0, 0)
 
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state, self.since, self.reason = state, _now(), reason
+        self._news()
+
+    def _news(self) -> None:
+        self.reported.set()
+        self.reported = trio.Event()
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.spec.name, "state": self.state, "since": self.since,
@@ -71,6 +79,7 @@ class ServiceRun:
         if missed > 0:
             data = f"[ccw: {missed} bytes of output were not kept]\n".encode() + data
         self.log.append(data)
+        self._news()
         line = self.spec.ready.line if self.spec.ready is not None else None
         if line is not None and data and not self.line_seen.is_set():
             text = self._partial + data.decode(errors="replace")

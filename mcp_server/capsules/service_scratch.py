@@ -21,9 +21,10 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.service_log import LogRing
+from mcp_server.capsules.service_ready import TAIL_LINES
 from mcp_server.capsules.service_run import ServiceRun
 from mcp_server.capsules.service_spec import ServiceSpec
-from mcp_server.capsules.services import OUTPUT_CAP, PROGRESS_MS, TAIL_LINES, Services
+from mcp_server.capsules.services import OUTPUT_CAP, PROGRESS_MS, Services
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec
 

@@ -13,7 +13,8 @@ with it, in the capsule's one network namespace.  This module is the front end's
 - **Start, in the capsule's turn.**  ``capsule_service_start`` takes the capsule's turn
   and answers once the service is ready (its ``ready``: a port that accepts, checked
   through ``net_connect``; a path that exists, checked by a probe exec; a line of output
-  that matches) or plainly why not: it exited (with its status and last lines), or the
+  that matches: capsules/service_ready.py, which also refuses a start whose port is
+  taken) or plainly why not: it exited (with its status and last lines), or the
   deadline passed (it keeps running, and says so).  A call queued behind the start runs
   against a ready service: "start the app, then test it" is two calls.
 - **Recorded like an exec.**  Each exec of a service is a journal row (its ``service``
@@ -60,7 +61,8 @@ from mcp_server.capsules.exec import ExecOutcome
 from mcp_server.capsules.networks import Networks, network_not_open
 from mcp_server.capsules.ports import Ports
 from mcp_server.capsules.service_log import LogRing, Slice
-from mcp_server.capsules.service_run import ServiceRun
+from mcp_server.capsules.service_ready import Readiness
+from mcp_server.capsules.service_run import ENDED, ServiceRun
 from mcp_server.capsules.service_spec import ServiceSpec, SpecTable
 from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
@@ -93,14 +95,10 @@ PROGRESS_MS = 250  # how often a service's output and writes come in
 OUTPUT_CAP = 64 * 1024  # what the helper's reply keeps of each stream (the ring has it all)
 STOP_GRACE_MS = 5000
 KILL_WAIT_S = 15.0
-READY_POLL_S = 0.1
-READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to READY_POLL_S
 BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 QUICK_S, QUICK_FAILS = 10.0, 5
 HELPER_POLL_S = 1.0  # how often a service the helper lost asks whether a helper answers again
 HELD_S = 30.0  # how long a start waits for the helper to end the run of that name a gone front end left
-TAIL_LINES = 20  # lines of output a start that did not become ready shows
-ENDED = ("exited", "failed", "lost", "stopped", "pending")  # not running (pending: a fork's, not started yet)
 
 
 class Services:
@@ -116,6 +114,7 @@ class Services:
         self._recovered = False
         self._recovering = trio.Lock()  # a call waits for the recovery under way: no half-recovered listing
         self._capsules: CapsuleService | None = None  # journals the runs (set at first start)
+        self._readiness = Readiness(helper, self._event)
 
     @property
     def table(self) -> SpecTable:
@@ -191,6 +190,7 @@ class Services:
             raise CcwError("CONFLICT", f"service {spec.name!r} already runs in capsule {spec.capsule_id} "
                            f"({existing.state}); stop it first, or give the new one another name",
                            {"name": spec.name, "state": existing.state})
+        await self._readiness.refuse_taken(spec, self.running(spec.capsule_id))
         if existing is not None:  # an ended one of that name: replaced, its log kept going
             self._runs.pop((spec.capsule_id, spec.name))
         run = ServiceRun(spec, self._ring(spec), awaited=True)
@@ -205,49 +205,7 @@ class Services:
 
     async def await_ready(self, run: ServiceRun) -> dict[str, Any]:
         """Wait for the run's readiness (or its end, or the deadline); its summary, with ``ready``."""
-        ready = run.spec.ready
-        if ready is None:
-            with trio.move_on_after(0.2):  # a command that cannot start fails at once: say so now
-                await run.finished.wait()
-            return {**run.summary(), "ready": run.state not in ENDED, **self._tail_if_ended(run)}
-        with trio.move_on_after(ready.timeout_ms / 1000) as waited:
-            pause = READY_FIRST_S
-            while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
-                if await self._ready_now(run):
-                    break
-                await trio.sleep(pause)
-                pause = min(pause * 2, READY_POLL_S)  # most servers are up within the first few tries
-        if run.state not in ENDED and not waited.cancelled_caught:
-            run.set_state("ready")
-            self._event(run)
-            return {**run.summary(), "ready": True}
-        why = (f"not ready after {ready.timeout_ms} ms ({ready.describe()}); it keeps running: read its logs, "
-               "or stop it") if run.state not in ENDED else f"it {run.state} before it was ready"
-        return {**run.summary(), "ready": False, "why": why, "log_tail": run.log.read(tail=TAIL_LINES).text}
-
-    def _tail_if_ended(self, run: ServiceRun) -> dict[str, Any]:
-        return {"log_tail": run.log.read(tail=TAIL_LINES).text} if run.state in ENDED else {}
-
-    async def _ready_now(self, run: ServiceRun) -> bool:
-        ready = run.spec.ready
-        assert ready is not None
-        if ready.line is not None:
-            with trio.move_on_after(READY_POLL_S):
-                await run.line_seen.wait()
-            return run.line_seen.is_set()
-        helper = await self._helper()
-        try:
-            if ready.port is not None:
-                sock = await helper.net_connect(run.spec.capsule_id, ready.port)
-                sock.close()
-                return True
-            assert ready.path is not None
-            probe = ExecRequest(run.spec.capsule_id, ("test", "-e", ready.path), timeout_ms=10_000)
-            return (await helper.call(probe)).exit_code == 0
-        except CcwError as exc:
-            if exc.code == "CONFLICT":  # not listening yet; or a probe while the capsule runs an exec
-                return False
-            raise
+        return await self._readiness.wait(run)
 
     # --- forks ---------------------------------------------------------------------------
 

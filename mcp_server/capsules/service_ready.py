@@ -1,0 +1,122 @@
+"""Whether a service is ready: its ``ready`` checked until it holds, it ends, or its deadline passes.
+
+Some facts about readiness checks, and what follows from them:
+
+- **A port that accepts says only that something listens.**  ``net_connect`` (the helper
+  connects on the capsule's loopback) cannot tell whose listener answered, and the
+  capsule's processes share one network namespace: a second service started on a port
+  the first holds fails with EADDRINUSE while its check passes on the first's listener.
+  So a start whose ready port already accepts is refused before anything is started
+  (``refuse_taken``: CONFLICT, naming the service whose ready port it is when one is).
+- **A check passes after the run may have ended.**  A process that exits at once (that
+  EADDRINUSE) is reported ended when the helper's reply comes, which follows the exit by
+  the time the helper takes to collect the run; a port that accepts, or a path that
+  exists, may pass in between.  The helper sends a progress report about every
+  ``PROGRESS_MS`` while the command runs and none once it has ended, so a port or path
+  check that passes counts once a report comes after it (``_still_running``); if the
+  run's end comes first, the start is answered as one that failed is (its status and
+  last lines).  That costs a ready answer up to one report's interval.  A line of output
+  needs no such wait: only the service itself printed it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from mcp_server.capsules.service_run import ENDED, ServiceRun
+from mcp_server.capsules.service_spec import ServiceSpec
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest
+
+READY_POLL_S = 0.1
+READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to READY_POLL_S
+TAIL_LINES = 20  # lines of output a start that did not become ready shows
+
+
+class Readiness:
+    """Readiness checks of one front end's services, through its helper."""
+
+    def __init__(self, helper: Callable[[], Awaitable[HelperClient]], on_ready: Callable[[ServiceRun], None]) -> None:
+        self._helper = helper
+        self._on_ready = on_ready  # called once a run is listed ready (its event)
+
+    async def refuse_taken(self, spec: ServiceSpec, running: list[ServiceRun]) -> None:
+        """CONFLICT if ``spec``'s ready port already accepts in its capsule (``running``: the
+        capsule's running services, one of which may be why)."""
+        port = spec.ready.port if spec.ready is not None else None
+        if port is None or not await self._accepts(spec.capsule_id, port):
+            return
+        holder = next((run.spec.name for run in running if run.spec.ready is not None and run.spec.ready.port == port),
+                      None)
+        who = f"service {holder!r} listens there" if holder else "a process of the capsule listens there"
+        stop = f"stop {holder!r} (capsule_service_stop)" if holder else "end what listens there"
+        raise CcwError("CONFLICT", (
+            f"port {port} of capsule {spec.capsule_id} already accepts connections ({who}): service "
+            f"{spec.name!r} would fail to bind it while its ready check passed on that listener; {stop}, "
+            "or start it on another port"), {"port": port, "service": holder})
+
+    async def wait(self, run: ServiceRun) -> dict[str, Any]:
+        """Wait for the run's readiness (or its end, or the deadline); its summary, with ``ready``."""
+        ready = run.spec.ready
+        if ready is None:
+            with trio.move_on_after(0.2):  # a command that cannot start fails at once: say so now
+                await run.finished.wait()
+            return {**run.summary(), "ready": run.state not in ENDED, **_tail_if_ended(run)}
+        with trio.move_on_after(ready.timeout_ms / 1000) as waited:
+            pause = READY_FIRST_S
+            while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
+                if await self._passes(run) and (ready.line is not None or await _still_running(run)):
+                    break
+                await trio.sleep(pause)
+                pause = min(pause * 2, READY_POLL_S)  # most servers are up within the first few tries
+        if run.state not in ENDED and not waited.cancelled_caught:
+            run.set_state("ready")
+            self._on_ready(run)
+            return {**run.summary(), "ready": True}
+        why = (f"not ready after {ready.timeout_ms} ms ({ready.describe()}); it keeps running: read its logs, "
+               "or stop it") if run.state not in ENDED else f"it {run.state} before it was ready"
+        return {**run.summary(), "ready": False, "why": why, "log_tail": run.log.read(tail=TAIL_LINES).text}
+
+    async def _passes(self, run: ServiceRun) -> bool:
+        ready = run.spec.ready
+        assert ready is not None
+        if ready.line is not None:
+            with trio.move_on_after(READY_POLL_S):
+                await run.line_seen.wait()
+            return run.line_seen.is_set()
+        if ready.port is not None:
+            return await self._accepts(run.spec.capsule_id, ready.port)
+        assert ready.path is not None
+        helper = await self._helper()
+        probe = ExecRequest(run.spec.capsule_id, ("test", "-e", ready.path), timeout_ms=10_000)
+        try:
+            return (await helper.call(probe)).exit_code == 0
+        except CcwError as exc:
+            if exc.code == "CONFLICT":  # a probe while the capsule runs an exec
+                return False
+            raise
+
+    async def _accepts(self, capsule_id: str, port: int) -> bool:
+        helper = await self._helper()
+        try:
+            (await helper.net_connect(capsule_id, port)).close()
+        except CcwError as exc:
+            if exc.code == "CONFLICT":  # nothing listens there
+                return False
+            raise
+        return True
+
+
+async def _still_running(run: ServiceRun) -> bool:
+    """Whether the run still runs after a check that passed: news of it (``ServiceRun.reported``)
+    that comes after the check is a progress report before its end (the essay)."""
+    await run.reported.wait()
+    return run.state not in ENDED
+
+
+def _tail_if_ended(run: ServiceRun) -> dict[str, Any]:
+    return {"log_tail": run.log.read(tail=TAIL_LINES).text} if run.state in ENDED else {}
