@@ -67,6 +67,7 @@ LIMITS = {
     "MAX_STEP_NAME": 2 * 4096 + 64,    # MountStep.describe: an action, a source and a target
     "MAX_ARG": 32 * 4096,              # MAX_ARG_STRLEN: one argv or env string
     "MAX_TIMENS": 4096,                # the text for /proc/self/timens_offsets
+    "NOTIFY_KEY": 8,                   # a run's key ('k'), after each message's kind (unotify.py)
 }
 
 

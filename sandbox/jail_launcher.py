@@ -99,9 +99,10 @@ def _step(tag: bytes, step: mounts.MountStep) -> bytes:
     return _record(tag, struct.pack("=3I", ACTIONS[step.action], step.attrs, bits) + strings)
 
 
-def encode(plan: Plan, options: int, cgroups: int, notify_fd: int | None = None) -> bytes:
+def encode(plan: Plan, options: int, cgroups: int, notify_fd: int | None = None, notify_key: bytes = b"") -> bytes:
     """The plan in the launcher's format (``options``: DIRECT, NET, ROOT, LAUNCH; ``cgroups``: tasks files passed;
-    ``notify_fd``: where the notifying filter's socket is, with the plan's ``notify_filter``).
+    ``notify_fd``: where the notifying filter's socket is, with the plan's ``notify_filter``, and
+    ``notify_key`` the run's key the init names its messages on it with: unotify.py).
 
     Without ROOT (no tree built ahead) the root tree's own steps go along, for the
     launcher to build the tree in place.
@@ -119,6 +120,8 @@ def encode(plan: Plan, options: int, cgroups: int, notify_fd: int | None = None)
         parts.append(_record(b"f", plan.seccomp_filter.buffer.raw))
     if plan.notify_filter is not None and notify_fd is not None:
         parts.append(_record(b"u", struct.pack("=I", notify_fd) + plan.notify_filter.buffer.raw))
+        if notify_key:
+            parts.append(_record(b"k", notify_key))
     parts += [_record(b"a", _text(arg)) for arg in plan.argv]
     parts += [_record(b"e", _text(f"{key}={value}")) for key, value in plan.env.items()]
     parts += [_step(b"m", step) for step in plan.mount_steps]
@@ -141,22 +144,24 @@ def _plan_fd(raw: bytes) -> int:
 
 
 def spawn(plan: Plan, fds: tuple[int | None, ...], direct: bool, sources: tuple[int, ...] = (),
-          notify: int | None = None) -> int:
+          notify: tuple[int, bytes] | None = None) -> int:
     """posix_spawn the launcher with ``fds`` (stdin, stdout, stderr, report, net, root, launch, tasks files...).
 
     The caller keeps (and closes) ``fds``; a None net or root is made by the launcher, a
     None launch namespace is its own (the helper's: the plan's binds then come from there).
     ``sources``: the binds' detached sources (mounts.detach_sources), after the tasks files.
-    ``notify``: the socket the init sends the notifying filter's listener on (unotify.py),
-    after the sources; only with the plan's ``notify_filter``.
+    ``notify``: the socket the init sends the notifying filter's listener on, after the
+    sources, and the run's key (unotify.py); only with the plan's ``notify_filter``.
     Returns the launcher's pid: the jail's init when ``direct``.
     """
     stdio_report, net, root, launch, cgroups = fds[:4], fds[4], fds[5], fds[6], fds[7:]
     options = ((DIRECT if direct else 0) | (NET if net is not None else 0) | (ROOT if root is not None else 0)
                | (LAUNCH if launch is not None else 0))
-    extra = (*cgroups, *sources) if notify is None or plan.notify_filter is None else (*cgroups, *sources, notify)
-    notify_fd = FD_CGROUPS + len(cgroups) + len(sources) if len(extra) > len(cgroups) + len(sources) else None
-    plan_fd = _plan_fd(encode(plan, options, len(cgroups), notify_fd))
+    if plan.notify_filter is None:
+        notify = None
+    extra = (*cgroups, *sources) if notify is None else (*cgroups, *sources, notify[0])
+    notify_fd = None if notify is None else FD_CGROUPS + len(cgroups) + len(sources)
+    plan_fd = _plan_fd(encode(plan, options, len(cgroups), notify_fd, b"" if notify is None else notify[1]))
     placed = [*enumerate(stdio_report), (FD_PLAN, plan_fd), (FD_NET, net), (FD_ROOT, root), (FD_LAUNCH, launch),
               *((FD_CGROUPS + i, fd) for i, fd in enumerate(extra))]
     high: list[int] = []

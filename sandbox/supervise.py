@@ -312,7 +312,7 @@ def _start(plan: Plan, spec: JailSpec, cgroup: ExecCgroup | None, mapping: int |
                 os.close(fd)
         raise
     finally:
-        for fd in (*child_fds, *sources, notify):
+        for fd in (*child_fds, *sources, notify[0] if notify is not None else None):
             if fd is not None:
                 os.close(fd)
     keep = STREAM_MAX if spec.stream else PROGRESS_TAIL

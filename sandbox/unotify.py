@@ -11,7 +11,7 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   filter and returns a descriptor, the listener.  ccw-jail's init installs it last
   (after no_new_privs and the jail's own filter: steps.c ``install_listener``) and keeps
   the listener, polled beside its signals, until a notification is pending; only then
-  does it send the listener over a socket the helper gave it (SCM_RIGHTS, steps.c
+  does it send the listener over its capsule's socket (SCM_RIGHTS, steps.c
   ``hand_listener``) and close its copy.  So a run that renames and deletes nothing (most
   execs beside a service) costs the helper's reader nothing: no descriptor comes, no
   thread wakes.  No privilege is needed but no_new_privs, so a rootless helper has it
@@ -40,9 +40,20 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   exit, when no process is left to fail; and a listener it could not send fails the
   jail rather than leave its ``rm`` failing.  A kernel that refuses the filter: the init
   sends an ``F`` instead, and the run is attributed as before (``Named`` of an
-  unavailable record owns all).  The helper keeps a copy of the jail's end of the
-  socket until the run's record is finished, so the init's exit is no hang-up to wake on,
+  unavailable record owns all).  The helper keeps its own copy of the jail's end of the
+  socket while a record of the capsule lives, so an init's exit is no hang-up to wake on,
   and silence means what it says: no notification came.
+- One socket per capsule (``Board``: SOCK_SEQPACKET), watched by the reader while a record
+  of the capsule lives.  Each plan gives its init a copy of the jail's end and 8 random
+  bytes, the run's key ('k'); a message is its kind ('L', 'F') and the key.  Who can send
+  there: only the helper and the capsule's inits.  The copy is close-on-exec and ccw-jail
+  closes the helper's other descriptors before the command runs; the init is not dumpable
+  and the command has a user namespace of its own, so it can neither take the init's
+  descriptors (ptrace, pidfd_getfd, /proc/1/fd) nor make it send; the key's plan is a
+  memfd the init reads and closes.  So a listener goes to the run whose init sent it; a
+  key of no running run is logged and dropped with its descriptor; a random key is one an
+  init made to misbehave could name only by guessing 64 bits.  Past net.unix.max_dgram_qlen
+  messages (10) an init waits in sendmsg until the reader reads, which it does at once.
 - ``RECV`` needs its buffer zeroed (EINVAL otherwise) and blocks while nothing is
   pending, so the reader asks only when poll(2) says one is; a listener whose processes
   have all exited polls POLLHUP.
@@ -56,13 +67,15 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
 - Only runs that can overlap pay: a plain exec in a capsule without services gets no
   second filter (execution.run decides).  What a notification costs the process is
   measured by ``bench/run.py unotify``.  What a run that renames nothing costs is the
-  helper's Python on the exec's own thread (its record, a socketpair, an epoll_ctl, and
-  the finish: about 60 us together here, with a service beside that has seen thousands
-  of execs: ``Board``); the reader wakes for nothing.  The first version had the listener
-  sent at once, and woke its reader four times a run (a run added; the listener came; its
-  last process exited; the run removed), each time rebuilding a poll set and taking the
-  GIL from the exec's thread while it spawned the jail and built the reply (about 300 us
-  of the reader's CPU a run, here under others' load).
+  helper's Python on the exec's thread, as that thread's CPU time (medians of 164 execs
+  beside a service and alone; their wall time moved with others' load by more than this):
+  its record (about 20 us), the socket's copy and the key in the plan (about 15 us), and
+  the finish (about 30 us: a poll(2) of the socket, the board, which stays small beside a
+  service that has seen thousands of execs: ``Board``); the reader wakes for nothing.  A
+  socket per run cost about 45 us more at the spawn (a socketpair, an epoll_ctl) and 55 us
+  at the finish (an epoll_ctl, two closes, a recvmsg that found nothing: its exception
+  alone about 30 us of cold Python); a listener sent at once woke the reader four times a
+  run (about 300 us of its CPU, taking the GIL from the exec's thread).
 """
 
 from __future__ import annotations
@@ -81,6 +94,8 @@ import threading
 from dataclasses import dataclass
 
 from sandbox import seccomp
+from sandbox.jail_interface import LIMITS
+from sandbox.unotify_paths import PAGE, Unreadable, read_path, resolve
 
 log = logging.getLogger("ccw.unotify")
 
@@ -94,11 +109,9 @@ USER_NOTIF_FLAG_CONTINUE = 1
 _NOTIF = struct.Struct("=QIIiIQ6Q")  # id, pid, flags, then seccomp_data: nr, arch, ip, args
 _RESP = struct.Struct("=QqiI")  # id, val, error, flags
 _INT = struct.Struct("=i")  # a descriptor in SCM_RIGHTS
-AT_FDCWD = -100
-PATH_MAX = 4096
 _BATCH = 64  # notifications of one listener the reader answers before it looks at the others again
 MAX_NAMES = 200_000  # paths one run's record keeps; past it the record owns everything
-_PAGE = os.sysconf("SC_PAGE_SIZE")
+KEY_SIZE = LIMITS["NOTIFY_KEY"]  # a run's key: random, so that no init could name another run even by guessing
 
 # For each notified syscall: the (dirfd arg or None, path arg) pairs it names.
 _ARGS = {"rename": ((None, 0), (None, 1)), "renameat": ((0, 1), (2, 3)), "renameat2": ((0, 1), (2, 3)),
@@ -138,23 +151,20 @@ class Record:
         self.names: dict[str, int] = {}
         self.unknown = 0
         self.unavailable: str | None = "no listener came from the jail"
-        self.start = board.tick()
+        self.start = 0  # the board's tick when it began (begin sets it)
         self.end: int | None = None
-        self.sock: socket.socket | None = None
-        self.jail_end: socket.socket | None = None  # the init's end, kept here: its exit is no hang-up
+        self.key = os.urandom(KEY_SIZE)  # names this run's messages on its capsule's socket
         self.listener: int | None = None
         self.hung = False  # its listener polled POLLHUP: no process of the run is left
         self.synced = False  # SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP asked for (at its first notification)
 
-    def socket_for_jail(self) -> int:
-        """A copy of the jail's end of a new socket the init sends the listener on (the caller
-        closes it once the jail is spawned); this record reads the other end from now on, and
-        holds the jail's end until it is finished.  The filter counts as installed from here:
-        the init says so if the kernel refused it, and sends the listener only when needed."""
-        self.sock, self.jail_end = socket.socketpair()
+    def socket_for_jail(self) -> tuple[int, bytes]:
+        """A copy of the jail's end of the capsule's socket, which the init sends the listener
+        on (the caller closes it once the jail is spawned), and the key the init names this run
+        by there.  The filter counts as installed from here: the init says so if the kernel
+        refused it, and sends the listener only when needed."""
         self.unavailable = None
-        _READER.add(self)
-        return os.dup(self.jail_end.fileno())
+        return _READER.expect(self), self.key
 
     def note(self, full: bytes | None) -> None:
         """One path a notification named (None: unreadable)."""
@@ -206,8 +216,11 @@ class Record:
             if self.names:  # a run that named nothing has nothing to tell the runs it overlapped
                 board.ended.append(self)
             board.prune()
-            if not board.records and _boards.get(self.upper_dir) is board:
+            dropped = not board.records and _boards.get(self.upper_dir) is board
+            if dropped:
                 del _boards[self.upper_dir]
+        if dropped:
+            _READER.forget(board)
         if self.unavailable is not None:
             log.info("renames and deletions unattributed: %s", self.unavailable)
         elif self.unknown:
@@ -216,7 +229,8 @@ class Record:
 
 
 class Board:
-    """One capsule's records, so that a run can see what the overlapping ones named.
+    """One capsule's records, so that a run can see what the overlapping ones named, and the
+    socket its runs' inits send their listeners on.
 
     The running ones, and the ended ones that named something while a running one may
     need them, in the order they ended.  A finish looks only at those that overlapped it,
@@ -231,10 +245,13 @@ class Board:
         self.counter = itertools.count()
         self.records: list[Record] = []  # running
         self.ended: list[Record] = []  # ended, having named something, in the order they ended
-
-    def tick(self) -> int:
-        with self.lock:
-            return next(self.counter)
+        # The capsule's socket (SOCK_SEQPACKET: a message each), made at the first jail that
+        # needs it, kept (the jail's end too, copied to each init) while a record of it lives;
+        # and the running records a jail was given the socket for, by key (the reader's lock held).
+        self.sock: socket.socket | None = None
+        self.jail_end: socket.socket | None = None
+        self.queued: select.poll | None = None  # polls ``sock``: whether a message waits
+        self.expected: dict[bytes, Record] = {}
 
     def prune(self) -> None:
         """Forget the ended records that ended before every running one began (the lock held)."""
@@ -258,6 +275,7 @@ def begin(upper_dir: str, visible_at: str) -> Record:
         board = _boards.setdefault(upper_dir, Board())
         record = Record(board, upper_dir, visible_at)
         with board.lock:
+            record.start = next(board.counter)
             board.records.append(record)
     return record
 
@@ -267,56 +285,6 @@ def _pending(fd: int) -> int:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return sum(event for _, event in poller.poll(0))
-
-
-class _Iovec(ctypes.Structure):
-    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.process_vm_readv.argtypes = [ctypes.c_int, ctypes.POINTER(_Iovec), ctypes.c_ulong,
-                                   ctypes.POINTER(_Iovec), ctypes.c_ulong, ctypes.c_ulong]
-_libc.process_vm_readv.restype = ctypes.c_ssize_t
-
-
-class _Unreadable(Exception):
-    """The path cannot be read, and the syscall would not succeed either (EFAULT)."""
-
-
-def read_path(pid: int, address: int, buffer: ctypes.Array[ctypes.c_char]) -> bytes:
-    """The NUL-terminated string at ``address`` in ``pid``'s memory, read a page at most at a time."""
-    got = b""
-    base = ctypes.addressof(buffer)
-    while len(got) < PATH_MAX:
-        want = min(_PAGE - (address + len(got)) % _PAGE, PATH_MAX - len(got))
-        local = _Iovec(base, want)
-        remote = _Iovec(address + len(got), want)
-        n = _libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if n <= 0:
-            number = ctypes.get_errno() if n < 0 else errno.EFAULT
-            if number == errno.EFAULT:
-                raise _Unreadable
-            raise OSError(number, os.strerror(number))
-        chunk = ctypes.string_at(base, n)
-        end = chunk.find(b"\0")
-        if end >= 0:
-            return got + chunk[:end]
-        got += chunk
-    raise _Unreadable  # ENAMETOOLONG for the kernel too
-
-
-def resolve(pid: int, dirfd: int | None, path: bytes, bases: dict[int, bytes] | None = None) -> bytes:
-    """The absolute path (in the process's mount namespace) a syscall's (dirfd, path) names;
-    ``bases``: the directories already read for this notification, by descriptor."""
-    if path.startswith(b"/"):
-        return os.path.normpath(path)
-    fd = AT_FDCWD if dirfd is None else ctypes.c_int32(dirfd & 0xFFFFFFFF).value
-    base = None if bases is None else bases.get(fd)
-    if base is None:
-        base = os.readlink(os.fsencode(f"/proc/{pid}/cwd" if fd == AT_FDCWD else f"/proc/{pid}/fd/{fd}"))
-        if bases is not None:
-            bases[fd] = base
-    return os.path.normpath(base + b"/" + path)
 
 
 def _names() -> dict[int, tuple[tuple[int | None, int], ...]]:
@@ -332,50 +300,77 @@ def _names() -> dict[int, tuple[tuple[int | None, int], ...]]:
 class _Reader:
     """The helper's one thread that takes the listeners and answers every notification.
 
-    Its epoll set holds each run's socket until the listener comes over it, then the
-    listener, each armed for one event at a time (EPOLLONESHOT): a run that renames
-    nothing wakes the thread twice (its listener comes; its last process exits), and
-    adding or removing a run is an epoll_ctl from the caller's thread, not a wake-up.
+    Its epoll set holds each capsule's socket while a run of it lives, and each listener
+    that came over one, each armed for one event at a time (EPOLLONESHOT): a run that
+    renames nothing wakes the thread never (its listener stays with its init), one that
+    does wakes it for its listener and then for its notifications; adding or removing a
+    run is a dictionary entry from the caller's thread, not a wake-up.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._armed: dict[int, Record] = {}  # a descriptor in the epoll set: its record
+        self._armed: dict[int, Record | Board] = {}  # a descriptor in the epoll set: its record or board
         self._epoll: select.epoll | None = None  # made with the thread, at the first run
-        self._buffer = ctypes.create_string_buffer(_PAGE)
+        self._buffer = ctypes.create_string_buffer(PAGE)
         self._calls = _names()
 
-    def add(self, record: Record) -> None:
-        assert record.sock is not None
+    def expect(self, record: Record) -> int:
+        """A copy of the jail's end of ``record``'s capsule socket (made and watched at its first
+        jail); a listener named by the record's key is the record's from now until ``remove``."""
+        board = record.board
         with self._lock:
             if self._epoll is None:
                 self._epoll = select.epoll()
                 threading.Thread(target=self._run, args=(self._epoll,), name="ccw-unotify", daemon=True).start()
-            self._arm(record.sock.fileno(), record, new=True)
+            if board.sock is None or board.jail_end is None:
+                board.sock, board.jail_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                board.queued = select.poll()
+                board.queued.register(board.sock, select.POLLIN)
+                self._arm(board.sock.fileno(), board, new=True)
+            board.expected[record.key] = record
+            return os.dup(board.jail_end.fileno())
 
     def remove(self, record: Record) -> None:
-        """Take the listener if it is still in flight, answer what is pending, close both ends."""
+        """Take the listener if it is still in flight, answer what is pending, close it."""
+        board = record.board
         with self._lock:
-            for fd in (record.listener, record.sock.fileno() if record.sock is not None else None):
-                if fd is not None and self._armed.get(fd) is record:
+            if board.expected.get(record.key) is record:
+                # Its init sent what it sends before its last report: taken by now, or queued.
+                # Polled first: a recvmsg that finds nothing costs the exception (about 30 us here).
+                if board.queued is not None and board.queued.poll(0):
+                    self._take(board)
+                del board.expected[record.key]
+            fd = record.listener
+            if fd is None:
+                return
+            if self._armed.get(fd) is record:
+                del self._armed[fd]
+                with contextlib.suppress(OSError, ValueError):
+                    self._epoll.unregister(fd)  # type: ignore[union-attr]
+            if not record.hung:
+                self._answer_all(record)
+            os.close(fd)
+            record.listener = None
+
+    def forget(self, board: Board) -> None:
+        """Close a board's socket: no record of it lives, so no jail is left to send on it."""
+        with self._lock:
+            if board.sock is not None:
+                fd = board.sock.fileno()
+                if self._armed.get(fd) is board:
                     del self._armed[fd]
                     with contextlib.suppress(OSError, ValueError):
                         self._epoll.unregister(fd)  # type: ignore[union-attr]
-            self._take(record)
-            if record.listener is not None:
-                if not record.hung:
-                    self._answer_all(record)
-                os.close(record.listener)
-                record.listener = None
-            for end in (record.sock, record.jail_end):
+            for end in (board.sock, board.jail_end):
                 if end is not None:
                     end.close()
-            record.sock = record.jail_end = None
+            board.sock = board.jail_end = None
+            board.queued = None
 
-    def _arm(self, fd: int, record: Record, new: bool = False) -> None:
+    def _arm(self, fd: int, owner: Record | Board, new: bool = False) -> None:
         """Watch ``fd`` for its next event (the lock held)."""
         assert self._epoll is not None
-        self._armed[fd] = record
+        self._armed[fd] = owner
         (self._epoll.register if new else self._epoll.modify)(fd, select.EPOLLIN | select.EPOLLONESHOT)
 
     def _run(self, epoll: select.epoll) -> None:
@@ -384,25 +379,21 @@ class _Reader:
                 events = epoll.poll()
                 with self._lock:  # remove() closes under it: an event of a closed descriptor finds no record
                     for fd, _mask in events:
-                        record = self._armed.get(fd)
-                        if record is not None:
-                            self._event(fd, record)
+                        owner = self._armed.get(fd)
+                        if isinstance(owner, Board):
+                            self._take(owner)
+                            if owner.sock is not None:
+                                self._arm(fd, owner)
+                        elif owner is not None:
+                            self._event(fd, owner)
             except Exception:  # the reader must outlive any one run's trouble: a blocked process waits on it
                 log.exception("the seccomp notification reader failed; going on")
                 select.select([], [], [], 0.02)  # a fault that repeats must not spin
 
     def _event(self, fd: int, record: Record) -> None:
-        """One event of ``record``'s socket or listener (the lock held).  The descriptor's state
-        is read again here, not taken from the event: a number closed and reused since the
-        event was returned must not be judged by its predecessor's."""
-        if fd != record.listener:
-            self._take(record)
-            del self._armed[fd]  # the socket is closed, or watched again below
-            if record.listener is not None:
-                self._arm(record.listener, record, new=True)
-            elif record.sock is not None:
-                self._arm(fd, record)
-            return
+        """One event of ``record``'s listener (the lock held).  The descriptor's state is read
+        again here, not taken from the event: a number closed and reused since the event was
+        returned must not be judged by its predecessor's."""
         state = _pending(fd)
         if state & select.POLLIN:
             if not record.synced:  # set at the first notification: a run with none never pays for it
@@ -416,26 +407,31 @@ class _Reader:
         else:
             self._arm(fd, record)
 
-    def _take(self, record: Record) -> None:
-        """Receive the listener from the socket, if the init has sent it (nonblocking)."""
-        if record.listener is not None or record.sock is None:
-            return
-        try:  # not socket.recv_fds: before 3.12 it drops its flags, and would wait here
-            _msg, ancillary, _flags, _addr = record.sock.recvmsg(
-                1, socket.CMSG_SPACE(_INT.size), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
-        except BlockingIOError:
-            return
-        fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-               for (fd,) in _INT.iter_unpack(data[:len(data) - len(data) % _INT.size])]
-        if fds:
-            record.listener = fds[0]
-            record.unavailable = None
-            for extra in fds[1:]:
+    def _take(self, board: Board) -> None:
+        """Receive what the capsule's inits have sent (nonblocking, the lock held): each message
+        its kind and its run's key, a listener ('L') or the kernel's refusal ('F')."""
+        while board.sock is not None:
+            try:  # not socket.recv_fds: before 3.12 it drops its flags, and would wait here
+                message, ancillary, _flags, _addr = board.sock.recvmsg(
+                    1 + KEY_SIZE, socket.CMSG_SPACE(_INT.size), socket.MSG_DONTWAIT | socket.MSG_CMSG_CLOEXEC)
+            except BlockingIOError:
+                return
+            if not message:
+                return  # no message: only the helper's own copy of the jail's end would make one
+            fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                   for (fd,) in _INT.iter_unpack(data[:len(data) - len(data) % _INT.size])]
+            record = board.expected.get(message[1:])
+            if record is None or record.listener is not None:  # not a running run's: no one to answer for
+                log.warning("a message on a capsule's notification socket names no running run; dropped")
+            elif message[:1] == b"L" and fds:
+                record.listener = fds.pop(0)
+                self._arm(record.listener, record, new=True)
+            elif message[:1] == b"F":
+                record.unavailable = "the kernel refused the notifying seccomp filter"
+            else:
+                record.unavailable = "the jail's listener came without its descriptor"
+            for extra in fds:
                 os.close(extra)
-        else:  # an 'F' and no descriptor: the kernel refused the filter
-            record.unavailable = "the kernel refused the notifying seccomp filter"
-        record.sock.close()
-        record.sock = None
 
     def _answer_all(self, record: Record, most: int | None = None) -> None:
         """Answer the pending notifications of ``record``'s listener (poll says when one is),
@@ -471,7 +467,7 @@ class _Reader:
             try:
                 raw = read_path(pid, args[path_arg], self._buffer)
                 paths.append(resolve(pid, None if dirfd_arg is None else args[dirfd_arg], raw, bases))
-            except _Unreadable:
+            except Unreadable:
                 continue  # the kernel fails the syscall too (EFAULT, ENAMETOOLONG)
             except OSError:
                 paths.append(None)

@@ -39,7 +39,8 @@ def _plans() -> list[bytes]:
         argv=["sh", "-c", "echo é"], env={"PATH": "/bin", "A": "b=c"}, cwd="/ws", uid=1000, gid=1001,
         set_uid=True, set_gid=True, clear_groups=True, last_cap=40, keep_caps=1, seccomp_filter=filt,
         controlling_tty=True, notify_filter=seccomp.prepare(notifying=True))
-    return [jail_launcher.encode(plan, jail_launcher.ROOT | jail_launcher.DIRECT, 1, notify_fd=11),
+    return [jail_launcher.encode(plan, jail_launcher.ROOT | jail_launcher.DIRECT, 1, notify_fd=11,
+                                 notify_key=bytes(range(8))),
             jail_launcher.encode(plan, 0, 0),
             jail_launcher.encode(contain.Plan(**{**plan.__dict__, "mount_steps": steps[:3], "seccomp_filter": None,
                                                  "notify_filter": None}), jail_launcher.NET, 16)]

@@ -1,17 +1,19 @@
-"""sandbox/unotify.py without a jail: whose change is whose, the board's window, reading a
-path from a process's memory and resolving it, and the notifying seccomp program."""
+"""sandbox/unotify.py without a jail: whose change is whose, the board's window, the capsule's
+socket, reading a path from a process's memory and resolving it (unotify_paths.py), and the
+notifying seccomp program."""
 
 from __future__ import annotations
 
 import ctypes
 import mmap
 import os
+import socket
 import struct
 from pathlib import Path
 
 import pytest
 
-from sandbox import seccomp, unotify
+from sandbox import seccomp, unotify, unotify_paths
 
 
 def test_a_change_is_the_runs_unless_only_another_named_it() -> None:
@@ -73,20 +75,20 @@ def test_paths_are_read_from_a_process_memory_across_pages() -> None:
     area[start:start + len(text) + 1] = text + b"\0"
     first = ctypes.c_char.from_buffer(area)  # holds the mapping while its address is used
     buffer = ctypes.create_string_buffer(page)
-    assert unotify.read_path(os.getpid(), ctypes.addressof(first) + start, buffer) == text
-    with pytest.raises(unotify._Unreadable):  # a bad pointer: the kernel fails the call too
-        unotify.read_path(os.getpid(), 8, buffer)
+    assert unotify_paths.read_path(os.getpid(), ctypes.addressof(first) + start, buffer) == text
+    with pytest.raises(unotify_paths.Unreadable):  # a bad pointer: the kernel fails the call too
+        unotify_paths.read_path(os.getpid(), 8, buffer)
 
 
 def test_relative_paths_resolve_through_the_process_cwd_and_dirfd(tmp_path: Path) -> None:
     pid = os.getpid()
     cwd = os.fsencode(os.getcwd())
-    assert unotify.resolve(pid, None, b"a/./b") == cwd + b"/a/b"
-    assert unotify.resolve(pid, unotify.AT_FDCWD & 0xFFFFFFFF, b"x") == cwd + b"/x"
-    assert unotify.resolve(pid, 7, b"/abs//path/../file") == b"/abs/file"
+    assert unotify_paths.resolve(pid, None, b"a/./b") == cwd + b"/a/b"
+    assert unotify_paths.resolve(pid, unotify_paths.AT_FDCWD & 0xFFFFFFFF, b"x") == cwd + b"/x"
+    assert unotify_paths.resolve(pid, 7, b"/abs//path/../file") == b"/abs/file"
     fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        assert unotify.resolve(pid, fd, b"name") == os.fsencode(tmp_path) + b"/name"
+        assert unotify_paths.resolve(pid, fd, b"name") == os.fsencode(tmp_path) + b"/name"
     finally:
         os.close(fd)
 
@@ -124,8 +126,9 @@ def test_the_notifying_program_hands_over_the_rename_family_only(arch: str) -> N
     assert not set(seccomp.NOTIFIED) & set(seccomp.DENIED)
 
 
-# A child that does what ccw-jail's init does (steps.c send_listener): no_new_privs, the
-# notifying filter with a new listener, the listener sent over the socket given; then it renames
+# A child that does what ccw-jail's init does (steps.c hand_listener): no_new_privs, the
+# notifying filter with a new listener, the listener sent over the socket given, named by its
+# run's key; then it renames
 # and deletes, each call held until the helper's reader answers it.
 _CHILD = r"""
 import ctypes, os, socket, sys
@@ -139,7 +142,7 @@ assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
 listener = libc.syscall(int(sys.argv[1]), 1, 8, ctypes.byref(fprog))  # seccomp(SET_MODE_FILTER, NEW_LISTENER)
 assert listener >= 0, ctypes.get_errno()
 with socket.socket(fileno=int(sys.argv[3])) as sock:
-    socket.send_fds(sock, [b"L"], [listener])
+    socket.send_fds(sock, [b"L" + bytes.fromhex(sys.argv[4])], [listener])
 os.close(listener)
 for i in range(int(sys.argv[2])):
     os.rename(f"old{i}", f"new{i}")
@@ -154,10 +157,10 @@ def _child_renames(record: unotify.Record, cwd: Path, count: int) -> None:
 
     program = seccomp.prepare(notifying=True)
     assert program is not None
-    theirs = record.socket_for_jail()
+    theirs, key = record.socket_for_jail()
     try:
         subprocess.run([sys.executable, "-S", "-c", _CHILD, str(_SECCOMP_NR[os.uname().machine]), str(count),
-                        str(theirs)],
+                        str(theirs), key.hex()],
                        input=program.buffer.raw, cwd=cwd, pass_fds=(theirs,), check=True, timeout=60)
     finally:
         os.close(theirs)
@@ -186,8 +189,8 @@ def test_the_reader_answers_each_notification_and_names_its_runs_paths(tmp_path:
 
 def test_a_jail_whose_kernel_refused_the_filter_leaves_its_run_unattributed(tmp_path: Path) -> None:
     record = unotify.begin(str(tmp_path / "upper"), str(tmp_path))
-    jail_end = record.socket_for_jail()
-    os.write(jail_end, b"F")  # what ccw-jail's init sends when seccomp() fails (steps.c install_listener)
+    jail_end, key = record.socket_for_jail()
+    os.write(jail_end, b"F" + key)  # what ccw-jail's init sends when seccomp() fails (steps.c install_listener)
     os.close(jail_end)
     named = record.finish()
     assert not named.complete and named.owns("anything")
@@ -195,6 +198,28 @@ def test_a_jail_whose_kernel_refused_the_filter_leaves_its_run_unattributed(tmp_
 
 def test_a_jail_that_never_hands_its_listener_over_renamed_nothing(tmp_path: Path) -> None:
     record = unotify.begin(str(tmp_path / "upper"), str(tmp_path))
-    os.close(record.socket_for_jail())  # the init exits holding it: no notification came
+    os.close(record.socket_for_jail()[0])  # the init exits holding it: no notification came
     named = record.finish()
     assert named.complete and not named.mine
+
+
+def test_the_capsules_socket_gives_a_listener_to_the_run_its_key_names_and_to_no_other(tmp_path: Path) -> None:
+    upper = str(tmp_path / "upper")
+    first, second = unotify.begin(upper, str(tmp_path)), unotify.begin(upper, str(tmp_path))
+    (first_end, first_key), (second_end, second_key) = first.socket_for_jail(), second.socket_for_jail()
+    board = unotify._boards[upper]
+    assert os.path.samestat(os.fstat(first_end), os.fstat(second_end))  # one socket per capsule
+    assert first_key != second_key and len(first_key) == unotify.KEY_SIZE  # a key per run
+    stray_r, stray_w = os.pipe()  # stands for a listener: what comes with no running run's key is closed
+    for end in (first_end, second_end):
+        with socket.socket(fileno=os.dup(end)) as sock:
+            socket.send_fds(sock, [b"L" + bytes(unotify.KEY_SIZE)], [stray_w])
+    os.close(stray_w)
+    os.write(second_end, b"F" + second_key)  # the second's kernel refused the filter: the first is untouched
+    for end in (first_end, second_end):
+        os.close(end)
+    second_named = second.finish()
+    assert not second_named.complete and first.listener is None
+    assert os.read(stray_r, 1) == b""  # every copy of the stray descriptor was closed
+    os.close(stray_r)
+    assert first.finish().complete and board.sock is None and upper not in unotify._boards

@@ -13,6 +13,9 @@
  *         descriptor of the socket its listener is sent on at the first notification, or an
  *         'F' if the kernel refuses it (after the bind sources), then
  *         struct sock_filter[] (sandbox/unotify.py)
+ *     'k' the run's key (NOTIFY_KEY bytes, with 'u'): each message on that socket is its
+ *         kind ('L' or 'F') and then the key, which tells the helper whose it is (the
+ *         socket is the capsule's, shared by its runs' inits: unotify.py)
  *     'c' cwd                 'a' one argv element (in order; one at least)
  *     'e' one "NAME=value" of the command's environment
  *     'm' one mount step: three u32 (action, MOUNT_ATTR_* set, STEP_* bits), then four
@@ -60,6 +63,7 @@ struct plan {
     const void *notify; /* the notifying filter ('u'), NULL without; its listener goes over notify_fd */
     size_t notify_len;
     uint32_t notify_fd;
+    const void *notify_key; /* the run's key ('k'), NULL without: then a message is its kind alone */
     char **argv, **envp; /* NULL-terminated */
     char *bytes; /* the plan as read, which every string above points into */
     size_t nsteps, nroot_steps;

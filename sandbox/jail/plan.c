@@ -111,7 +111,7 @@ static int read_options(struct plan *plan, const char *payload, uint32_t length,
 /* The records that may come once; a second is a helper's bug, not a choice to make here. */
 static int once(char tag, unsigned *seen, const char **why)
 {
-    static const char single[] = "Ohctfu";
+    static const char single[] = "Ohctfuk";
     const char *at = tag != '\0' ? strchr(single, tag) : NULL;
     unsigned bit = at != NULL ? 1u << (at - single) : 0;
     if (*seen & bit) {
@@ -161,6 +161,13 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
         memcpy(&plan->notify_fd, payload, 4);
         plan->notify = payload + 4;
         plan->notify_len = length - 4;
+        return 1;
+    case 'k':
+        if (length != NOTIFY_KEY) {
+            *why = "the run's key is not NOTIFY_KEY bytes";
+            return -1;
+        }
+        plan->notify_key = payload;
         return 1;
     case 'a': if (plan->argv) plan->argv[*argc] = (char *)string; (*argc)++; return 1;
     case 'e': if (plan->envp) plan->envp[*envc] = (char *)string; (*envc)++; return 1;

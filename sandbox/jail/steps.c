@@ -368,22 +368,35 @@ static void enter_user(const struct plan *plan)
 
 /* The notifying filter (sandbox/unotify.py's essay), over the jail's own.  Its listener stays with
  * the init, which polls it, until the jail's first notification is pending (hand_listener):
- * a run that renames and deletes nothing costs the helper nothing more than its socket.  A
+ * a run that renames and deletes nothing costs the helper nothing more than its record.  A
  * kernel that refuses the filter leaves the jail without it and says so with an 'F' on the
  * socket (the helper attributes as before).  Once installed, a listener always stays open
  * somewhere: the init closes its copy only after the handover (the helper's copy answers
  * from then on) or at its exit, when no process of the jail is left to be failed with
- * ENOSYS. */
+ * ENOSYS.  The socket is the capsule's, each of its runs' inits holding a copy: every
+ * message names its run by the key the plan gave ('k'), after its kind. */
 static int held_listener = -1;
+
+/* The message of one kind ('L', 'F') and the run's key; its length. */
+static size_t notify_message(const struct plan *plan, char kind, char message[static 1 + NOTIFY_KEY])
+{
+    message[0] = kind;
+    if (plan->notify_key == NULL)
+        return 1;
+    memcpy(message + 1, plan->notify_key, NOTIFY_KEY);
+    return 1 + NOTIFY_KEY;
+}
 
 static void install_listener(const struct plan *plan)
 {
     struct sock_fprog program = {(unsigned short)(plan->notify_len / 8), (struct sock_filter *)plan->notify};
-    char refused = 'F';
+    char refused[1 + NOTIFY_KEY];
+    size_t length;
     held_listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
     if (held_listener < 0) {
+        length = notify_message(plan, 'F', refused);
         errno = 0;
-        if (send((int)plan->notify_fd, &refused, 1, MSG_NOSIGNAL) != 1)
+        if (send((int)plan->notify_fd, refused, length, MSG_NOSIGNAL) != (ssize_t)length)
             fail_errno(current, "send(the seccomp filter refused)");
         close((int)plan->notify_fd);
     }
@@ -400,8 +413,8 @@ int notify_listener(void)
 void hand_listener(const struct plan *plan)
 {
     union { char buffer[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
-    char byte = 'L';
-    struct iovec data = {&byte, 1};
+    char handed[1 + NOTIFY_KEY];
+    struct iovec data = {handed, notify_message(plan, 'L', handed)};
     struct msghdr message;
     struct cmsghdr *header;
     memset(&control, 0, sizeof control);
@@ -417,7 +430,7 @@ void hand_listener(const struct plan *plan)
     memcpy(CMSG_DATA(header), &held_listener, sizeof held_listener);
     current = "hand the seccomp listener to the helper";
     errno = 0;
-    if (sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) != 1)
+    if (sendmsg((int)plan->notify_fd, &message, MSG_NOSIGNAL) != (ssize_t)data.iov_len)
         fail_errno(current, "sendmsg(the seccomp listener)");
     close(held_listener);
     close((int)plan->notify_fd);
