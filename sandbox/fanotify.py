@@ -38,14 +38,16 @@ that binds the merged dir elsewhere, as the jail does; see vm-tests/test_fanotif
   real reads.  The cost is a rare false positive from a short-lived process *outside*
   the exec that opened a file of this very capsule during the exec.  While a capsule's
   services run beside its exec (services.py), every batch goes to each run's recording
-  and each keeps the pids of its own cgroup.  A vanished pid's event is then judged by
-  the mount its descriptor came through (``mnt_id`` in ``/proc/self/fdinfo``): each jail
-  binds the view as a mount of its own, and a recording learns its jail's from the
-  events of its live processes; before it knows one, it counts the event (a superset,
-  never a loss).  A file another process closes after writing (another
-  run, the front end's file tools) is noted apart in each recording (``elsewhere``): what
-  the upper dir shows changed during a run is that run's only if it wrote it or no one
-  else did; a rename or deletion by another run, which opens no file, is still counted.
+  and each keeps the pids of its own cgroup (what they would each ask of one descriptor,
+  its path and its mount, is asked once: fanotify_record.Batch).  A vanished pid's event
+  is then judged by the mount its descriptor came through (``mnt_id`` in
+  ``/proc/self/fdinfo``): each jail binds the view as a mount of its own, and a recording
+  learns its jail's from the events of its live processes; before it knows one, it
+  counts the event (a superset, never a loss).  A file another process closes after
+  writing (another run, the front end's file tools) is noted apart in each recording
+  (``elsewhere``): what the upper dir shows changed during a run is that run's only if it
+  wrote it or no one else did; a rename or deletion by another run, which opens no file,
+  is still counted.
 - ``read`` means *opened* (any access mode, and executed): the open event does not carry
   the open flags.  ``written`` means closed after being opened for writing.  ``executed``
   means opened by execve (``FAN_OPEN_EXEC``; the same event also carries ``FAN_OPEN``, so
@@ -125,7 +127,7 @@ from typing import TYPE_CHECKING
 
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
-from sandbox.fanotify_record import Recording, Traced, _close_all, _ns_inode, event_fds
+from sandbox.fanotify_record import Batch, Recording, Traced, _close_all, _ns_inode, event_fds
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
@@ -246,9 +248,10 @@ class Group:
                 return
             except InterruptedError:
                 continue
+            batch = Batch(self.proc_fd)  # what the recordings share of this read
             for recording in list(recordings):
                 try:
-                    recording.take(buf)
+                    recording.take(buf, batch)
                 except Exception as exc:  # reported by the run's collect(), never lost
                     recording.error = exc
                     recordings.remove(recording)

@@ -47,6 +47,33 @@ class Traced:
     elsewhere: frozenset[str] = frozenset()  # written meanwhile by others: other runs, the file tools
 
 
+class Batch:
+    """What every recording of one read of the group would ask the kernel about the same
+    descriptor, asked once for them all: its path and the mount it lies on.  Beside a
+    running service each event goes to two recordings at least, and an event of a process
+    gone before it was read costs each a read of /proc/self/fdinfo (fanotify.py's essay)."""
+
+    def __init__(self, proc_fd: int) -> None:
+        self._proc_fd = proc_fd
+        self._paths: dict[int, str | None] = {}
+        self._mounts: dict[int, int | None] = {}
+
+    def path(self, fd: int) -> str | None:
+        """The descriptor's path (readlink of /proc/self/fd/N); None if it cannot be read."""
+        if fd not in self._paths:
+            try:
+                self._paths[fd] = os.readlink(str(fd), dir_fd=self._proc_fd)
+            except OSError:
+                self._paths[fd] = None
+        return self._paths[fd]
+
+    def mount(self, fd: int) -> int | None:
+        """The id of the mount the descriptor lies on (mountinfo.mount_id)."""
+        if fd not in self._mounts:
+            self._mounts[fd] = mount_id(fd)
+        return self._mounts[fd]
+
+
 class Source(Protocol):
     """What a recording needs of its group (fanotify.Group)."""
 
@@ -92,17 +119,18 @@ class Recording:
         self.dropped = 0
         self.error: BaseException | None = None  # the reader's, reported by collect()
 
-    def take(self, buf: bytes) -> None:
-        """Record the events of one read of the group (the group's lock held); the group closes
-        the events' descriptors once every recording has taken them."""
-        self._handle(buf)
+    def take(self, buf: bytes, batch: Batch | None = None) -> None:
+        """Record the events of one read of the group (the group's lock held), with what the
+        other recordings of the same read learnt (``batch``); the group closes the events'
+        descriptors once every recording has taken them."""
+        self._handle(buf, batch or Batch(self._proc_fd))
         if self._ns_fd is None:
             self._hold_namespace()
 
-    def _handle(self, buf: bytes) -> list[int]:
+    def _handle(self, buf: bytes, batch: Batch) -> list[int]:
         """Record the events in ``buf``; returns their fds, for the caller to close."""
         unpack, size, total = _EVENT.unpack_from, _EVENT.size, len(buf)
-        pids, readlink, proc_fd = self._pids, os.readlink, self._proc_fd
+        pids = self._pids
         read, written, prefixes = self.read, self.written, self._prefixes
         listed, executed, is_dirs = self.listed, self.executed, self._is_dir
         fds: list[int] = []
@@ -120,16 +148,15 @@ class Recording:
             fds.append(fd)
             inside = pids.get(pid)
             if inside is None:
-                inside = pids[pid] = self._classify(pid, fd)
+                inside = pids[pid] = self._classify(pid, fd, batch)
             if inside == _GONE:
-                inside = self._through_own_mount(fd)
+                inside = self._through_own_mount(fd, batch)
             if not inside:
                 if mask & syscalls.FAN_CLOSE_WRITE:
-                    self._written_outside(fd)
+                    self._written_outside(fd, batch)
                 continue
-            try:
-                path = readlink(str(fd), dir_fd=proc_fd)
-            except OSError:
+            path = batch.path(fd)
+            if path is None:
                 self.dropped += 1
                 continue
             rel = None
@@ -156,13 +183,12 @@ class Recording:
                 written.add(rel)
         return fds
 
-    def _written_outside(self, fd: int) -> None:
+    def _written_outside(self, fd: int, batch: Batch) -> None:
         """A file some other process closed after writing (another run of the capsule, the front
         end's file tools): kept apart, so that the upper dir's changes during this run are not
         all taken for its own (execution.py: ``_touched``)."""
-        try:
-            path = os.readlink(str(fd), dir_fd=self._proc_fd)
-        except OSError:
+        path = batch.path(fd)
+        if path is None:
             return
         for prefix in self._prefixes:
             if path.startswith(prefix):
@@ -172,7 +198,7 @@ class Recording:
         if rel is not None:
             self.elsewhere.add(rel)
 
-    def _classify(self, pid: int, fd: int) -> int:
+    def _classify(self, pid: int, fd: int, batch: Batch) -> int:
         """Whether events of ``pid`` belong to the run (1, 0), or ``_GONE``: it exited before we
         looked, and each of its events is judged by the mount it came through (fanotify.py)."""
         if pid == self._self_pid:
@@ -189,7 +215,7 @@ class Recording:
         if owned:
             self._recent.append(pid)
             self._hold_namespace()
-            mount = mount_id(fd)
+            mount = batch.mount(fd)
             if mount is not None:  # the jail's own mount of the view: its events come through it
                 self._mounts.add(mount)
         return int(owned)
@@ -199,12 +225,12 @@ class Recording:
         starts): its exited processes' events are recognised from the first."""
         self._mounts.update(mounts)
 
-    def _through_own_mount(self, fd: int) -> bool:
+    def _through_own_mount(self, fd: int, batch: Batch) -> bool:
         """An exited process's event: the run's if it came through a mount of the view that the
         run's live processes used (or, before any is known, as fanotify.py's rule says)."""
         if not self._mounts:
             return True
-        return mount_id(fd) in self._mounts
+        return batch.mount(fd) in self._mounts
 
     def _hold_namespace(self) -> None:
         """Hold the mount namespace of a live exec process, once it has its own (fanotify.py).
