@@ -6,6 +6,12 @@ prints what the merge gives: the base, each file and how it merged, each conflic
 the base's lines and both sides', each pair of capsules and whether they commute, then
 the new capsule or the promotion.  It exits 0 when the merge is clean and, into live,
 was written (or would be, with ``--dry-run``), else 1.
+
+A merge that made a capsule prints its id alone on stdout and the report on stderr, as
+``create`` and ``fork`` print theirs, so ``M=$(ccw capsule merge F1 F2)`` holds the id.
+Every other merge made no capsule, so the report is what it gives and stays on stdout:
+a dry run's and a refused merge's say what would be made or why not, and an into-live
+merge's says what was promoted, as ``promote`` prints it.
 """
 
 from __future__ import annotations
@@ -107,6 +113,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     result = trio.run(frontclient.call_tool, config, "capsule_merge", call)
     if args.json:
         print_json(result)
+    elif "capsule_id" in result:
+        sys.stderr.write(text(result, call))
+        print(result["capsule_id"])
     else:
         sys.stdout.write(text(result, call))
     return 0 if succeeded(result, call) else 1
