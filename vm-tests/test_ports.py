@@ -65,3 +65,31 @@ def test_a_starting_front_end_reopens_the_kept_forwards(tmp_path: Path, root_req
         assert reopened == [(9000, kept["host_port"], None), (9001, listed[1]["host_port"], moved["host_port"])]
     finally:
         ccw(state, "helper", "stop", check=False)
+
+
+def test_a_forward_says_whether_anything_listens_behind_it(tmp_path: Path, root_required: None) -> None:
+    # The trial: a lost service's forward was listed as its live URL, and `ccw capsule port`
+    # printed an http:// URL for any port.
+    state = tmp_path / "state"
+    workspace = make_workspace(tmp_path / "ws", {"f": ""})
+    try:
+        cap = ccw(state, "capsule", "create", "--no-auto-expose", str(workspace)).stdout.strip()
+        opened_now = ccw(state, "capsule", "port", cap, "9100")
+        address = opened_now.stdout.strip()
+        assert address.startswith("127.0.0.1:") and "http" not in opened_now.stdout, opened_now.stdout
+        assert f"if it speaks HTTP: http://{address}/" in opened_now.stderr, opened_now.stderr
+        assert f"nothing listens on port 9100 in capsule {cap} now" in opened_now.stderr, opened_now.stderr
+
+        def listed() -> list[str]:
+            lines = ccw(state, "capsule", "service", "list", cap).stdout.splitlines()
+            return [line for line in lines if line.startswith("port ")]
+
+        assert listed() == [f"port 9100\t{address}\tnothing listens there now"]
+        ccw(state, "capsule", "service", "start", cap, "web", "--ready-port", "9100", "--",
+            "python3", "-m", "http.server", "9100", "--bind", "127.0.0.1")
+        assert listed() == [f"port 9100\t{address}\tlistening"]
+        assert json.loads(ccw(state, "capsule", "port", cap, "9100", "--json").stdout)["listening"] is True
+        ccw(state, "capsule", "service", "stop", cap, "web")
+        assert listed() == [f"port 9100\t{address}\tnothing listens there now"]  # kept: the capsule's, not web's
+    finally:
+        ccw(state, "helper", "stop", "--force", check=False)

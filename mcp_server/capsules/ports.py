@@ -28,6 +28,13 @@ the pool is empty.  What it trusts (THREATS.md, "Forwarded ports"):
   the old one.  One that cannot be opened again (the helper refuses) stays kept, logged,
   and is tried at the next start.  Calls that read or change the forwards wait for that
   reopening (``recover``), so none is opened twice and none is missing from a listing.
+- **What it leads to.**  A forward is the capsule's, not a service's: it may reach what
+  an exec or any service opens, so it outlives the service that listened there (one that
+  ended, or was lost with its front end).  What leads nowhere must not read as a live
+  address, so a listing says of each forward whether something accepts there now
+  (``listening``, asked of the helper as a readiness check is), and a forward opened where
+  nothing listens yet says so (``note``); it is opened all the same, as a service may
+  listen there later.
 """
 
 from __future__ import annotations
@@ -108,8 +115,17 @@ class Ports:
         for (cap, _), forward in sorted(self._open.items()):
             if cap == capsule_id:
                 counts = await forward.counts()
-                out.append({**_summary(capsule_id, forward), "refused": counts.refused, "accepted": counts.accepted})
+                out.append({**_summary(capsule_id, forward), "refused": counts.refused, "accepted": counts.accepted,
+                            "listening": await self._listening(capsule_id, forward.capsule_port)})
         return out
+
+    async def _listening(self, capsule_id: str, port: int) -> bool | None:
+        """Whether something accepts on the capsule's ``port`` now; None if the helper cannot say."""
+        try:
+            (await (await self._helper()).net_connect(capsule_id, port)).close()
+        except CcwError as exc:
+            return False if exc.code == "CONFLICT" else None  # CONFLICT: refused, nothing listens there
+        return True
 
     def held(self) -> list[str]:
         """The open forwards, each in a few words (frontdaemon.ask_what_it_holds)."""
@@ -128,7 +144,10 @@ class Ports:
             self.state.execute("INSERT OR REPLACE INTO ports (capsule_id, port, host_port, created_at) "
                                "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
                                                        dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
-        return _summary(capsule_id, forward)
+        listening = await self._listening(capsule_id, port)
+        nobody = {"note": f"nothing listens on port {port} in capsule {capsule_id} now; the forward stays open "
+                          "and leads there once something does"} if listening is False else {}
+        return {**_summary(capsule_id, forward), "listening": listening, **nobody}
 
     async def _start(self, capsule_id: str, port: int, host_port: int, moved_from: int | None = None) -> PortForward:
         async def connect() -> trio.socket.SocketType:

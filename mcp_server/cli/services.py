@@ -55,7 +55,7 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     stop.add_argument("name")
     stop.add_argument("--grace-ms", type=int, help="how long SIGTERM has before SIGKILL (default 5000)")
     port = verbs.add_parser("port", parents=[common],
-                            help="open a capsule's port on the host's loopback; prints its URL")
+                            help="open a capsule's port on the host's loopback; prints its address")
     port.add_argument("capsule_id")
     port.add_argument("port", type=int)
     port.add_argument("--host-port", type=int, help="the host port (default: any free one)")
@@ -112,7 +112,15 @@ def run(args: argparse.Namespace, config: Config) -> int:
 def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
     terminal = sys.stdout.isatty() and not getattr(args, "raw", False)
     if name == "capsule_port":
-        print(result["url"] if result["open"] else f"closed {result['port']}")
+        if not result["open"]:
+            print(f"closed {result['port']}")
+            return
+        # Any TCP passes (PostgreSQL's 5432 too): the address is what was opened, the URL a guess.
+        print(f"127.0.0.1:{result['host_port']}")
+        print(f"ccw: capsule port {result['port']} on 127.0.0.1:{result['host_port']}; if it speaks HTTP: "
+              f"{result['url']}", file=sys.stderr)
+        if result.get("note"):
+            print(f"ccw: {result['note']}", file=sys.stderr)
     elif name in ("capsule_pause", "capsule_resume"):
         print(f"{args.capsule_id}: {'paused' if result['paused'] else 'running'} "
               f"({', '.join(result['runs']) or 'idle'})")
@@ -120,8 +128,9 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
         for one in result["services"]:
             status = "".join(f" {key} {one[key]}" for key in ("exit_code", "signal") if key in one)
             print(f"{one['name']}\t{one['state']}{status}\t{visible(' '.join(one['argv']))}")  # the tabs are ours
-        for port in result["ports"]:
-            print(f"port {port['port']}\t{port['url']}")
+        for port in result["ports"]:  # a forward outlives what listened there: say whether anything does now
+            now = {True: "listening", False: "nothing listens there now"}.get(port.get("listening"), "not known")
+            print(f"port {port['port']}\t127.0.0.1:{port['host_port']}\t{now}")
     elif name == "capsule_service_logs":
         sys.stdout.write(visible(result["text"], keep_newlines=True) if terminal else result["text"])
     else:
