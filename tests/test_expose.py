@@ -4,6 +4,7 @@ the rule on what may be exposed (sandbox.hostdirs.check_expose_dir): secrets sta
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -248,3 +249,50 @@ def test_a_workspace_link_out_of_the_workspace_is_named_with_its_target(tmp_path
     (tree / "keys").symlink_to(home / ".ssh")
     assert exposure.exec_hints(127, "ccw: keys/bin/sshtool: No such file or directory\n", str(tree), str(tree),
                                jail_path, "", str(home), UID, homes) == []
+
+
+def _fake_pyenv(home: Path) -> Path:
+    """A pyenv root as its installer lays it out: bin/pyenv -> ../libexec/pyenv, shims, versions,
+    plugins and a cache of downloads, with a global ``version`` file."""
+    root = home / ".pyenv"
+    for part in ("libexec", "bin", "shims", "plugins/pyenv-virtualenv/shims", "cache"):
+        (root / part).mkdir(parents=True, exist_ok=True)
+    (root / "libexec/pyenv").write_text("#!/usr/bin/env bash\n")
+    (root / "bin/pyenv").symlink_to("../libexec/pyenv")
+    (root / "shims/python").write_text(f'#!/usr/bin/env bash\nexec "{root}/libexec/pyenv" exec python "$@"\n')
+    for version in ("3.11.7", "3.12.1", "3.12.10", "3.12.9"):
+        (root / "versions" / version / "bin").mkdir(parents=True, exist_ok=True)
+        (root / "versions" / version / "bin/python").write_text("")
+    (root / "cache/Python-3.12.1.tar.xz").write_text("")
+    (root / "version").write_text("3.11.7\n")
+    return root
+
+
+def test_pyenv_on_path_shows_its_shims_and_the_selected_version_not_its_whole_root(tmp_path: Path) -> None:
+    home, project, homes = _fake_machine(tmp_path)
+    pyenv = _fake_pyenv(home)
+    path_env = f"{pyenv}/plugins/pyenv-virtualenv/shims:{pyenv}/shims:{pyenv}/bin:/usr/bin"
+
+    def shown(env: dict[str, str] | None = None) -> set[str]:
+        return {need.path for need in exposure.discover(str(project), path_env, str(home), UID, homes, env)
+                if need.path.startswith(str(pyenv))}
+
+    what_shims_run = {f"{pyenv}/bin", f"{pyenv}/shims", f"{pyenv}/libexec", f"{pyenv}/plugins/pyenv-virtualenv/shims"}
+    # The global version, and the venv's interpreter (pyvenv.cfg home: 3.12.1); never ~/.pyenv itself.
+    assert shown() == what_shims_run | {f"{pyenv}/versions/3.11.7", f"{pyenv}/versions/3.12.1"}
+    (project / ".python-version").write_text("3.12\n")  # a prefix: its latest, as pyenv reads it
+    assert shown() == what_shims_run | {f"{pyenv}/versions/3.12.10", f"{pyenv}/versions/3.12.1"}
+    assert shown({"PYENV_VERSION": "3.11.7:system"}) == what_shims_run | {f"{pyenv}/versions/3.11.7",
+                                                                            f"{pyenv}/versions/3.12.1"}
+    reasons = {need.path: need.reason for need in exposure.discover(str(project), path_env, str(home), UID, homes)}
+    assert reasons[f"{pyenv}/versions/3.12.10"] == "pyenv version 3.12.10 (.python-version)"
+    assert reasons[f"{pyenv}/libexec"] == f"pyenv's libexec (PATH entry {pyenv}/plugins/pyenv-virtualenv/shims)"
+
+
+def test_the_directory_ccw_runs_from_is_not_shown_unless_asked(tmp_path: Path) -> None:
+    home, project, homes = _fake_machine(tmp_path)
+    own = os.path.realpath(sys.prefix)  # ccw's venv: the caller's PATH holds its bin to run ccw
+    path_env = f"{own}/bin:{home}/.cargo/bin:/usr/bin"
+    found = {need.path for need in exposure.discover(str(project), path_env, str(home), UID, homes)}
+    assert f"{home}/.cargo/bin" in found and not any(path.startswith(own) for path in found), found
+    assert [need.path for need in exposure.asked([own], UID, homes)] == [own]  # asked for by name, it is shown

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import sys
 from collections.abc import Mapping
 
 from mcp_server.core.expose import (
@@ -151,21 +152,84 @@ def _script_needs(workspace: str, home: str | None) -> list[Need]:
     return _roots(found, home)
 
 
-def _path_needs(path_env: str, home: str | None) -> list[Need]:
-    """The caller's PATH entries outside the system trees, as their toolchain roots."""
-    entries = [entry for entry in path_env.split(":") if entry.startswith("/") and os.path.isdir(entry)]
-    return _roots([(entry, f"PATH entry {entry}") for entry in entries], home)
+def _pyenv_root(entry: str) -> str | None:
+    """The pyenv root a PATH entry lies in (``bin``, ``shims``, a plugin's ``shims``): the nearest
+    directory above it holding ``libexec/pyenv`` and ``versions``; None if there is none."""
+    here = os.path.dirname(entry)
+    while here not in ("/", ""):
+        if os.path.isfile(os.path.join(here, "libexec", "pyenv")) and os.path.isdir(os.path.join(here, "versions")):
+            return here
+        here = os.path.dirname(here)
+    return None
+
+
+def _pyenv_versions(root: str, workspace: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(version dir, why) for the versions pyenv selects, as it would: PYENV_VERSION, else the
+    workspace's ``.python-version``, else the root's global ``version`` file; a prefix
+    ("3.12") is its latest installed version, "system" none."""
+    def read(path: str) -> str:
+        return _read_head(path, MAX_CFG).decode("utf-8", "replace")
+
+    sources = (("PYENV_VERSION", env.get("PYENV_VERSION") or ""),
+               (".python-version", read(os.path.join(workspace, ".python-version"))),
+               (f"{root}/version", read(os.path.join(root, "version"))))
+    said = [(where, text.replace(":", " ").split()) for where, text in sources]
+    where, names = next(((where, names) for where, names in said if names), ("", []))
+    try:
+        installed = os.listdir(os.path.join(root, "versions"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        matches = [name] if name in installed else sorted(
+            (v for v in installed if v.startswith(f"{name}.")), key=_version_key)[-1:]
+        found += [(os.path.join(root, "versions", v, "bin", "python"), f"pyenv version {v} ({where})")
+                  for v in matches]
+    return found
+
+
+def _version_key(version: str) -> list[tuple[int, str]]:
+    """A version name's sort key: numbers as numbers ("3.12.10" after "3.12.9")."""
+    return [(int(part), "") if part.isdigit() else (-1, part) for part in version.split(".")]
+
+
+def _path_needs(path_env: str, home: str | None, workspace: str, env: Mapping[str, str]) -> list[Need]:
+    """The caller's PATH entries outside the system trees, as their toolchain roots, but ccw's own.
+
+    An entry in a pyenv root (its ``bin`` or ``shims``) needs what its shims run, not the whole
+    root (its every version, plugins, caches): ``bin``, ``shims`` and ``libexec``, and the
+    versions it selects (``_pyenv_versions``).  The directory this front end runs from
+    (``sys.prefix``: ccw's own venv, whose ``bin`` the caller's PATH holds to run ccw) is ccw's,
+    not the project's toolchain: it is shown only when asked for.
+    """
+    own = _resolved(sys.prefix)
+    entries = [entry for entry in path_env.split(":") if entry.startswith("/") and os.path.isdir(entry)
+               and not inside(_resolved(entry), own)]
+    needs, plain = [], []
+    for entry in entries:
+        root = _pyenv_root(entry)
+        if root is None:
+            plain.append((entry, f"PATH entry {entry}"))
+            continue
+        needs += [Need(path, f"pyenv's {os.path.basename(path)} (PATH entry {entry})")
+                  for path in (os.path.join(root, part) for part in ("bin", "shims", "libexec"))
+                  if os.path.isdir(path)]
+        needs.append(Need(entry, f"PATH entry {entry}"))
+        needs += _roots(_pyenv_versions(root, workspace, env), home)
+    return needs + _roots(plain, home)
 
 
 def discover(workspace: str, path_env: str, home: str | None, caller_uid: int,
-             homes: tuple[Home, ...]) -> list[Need]:
-    """The directories outside ``workspace`` its toolchains need, each with its reason.
+             homes: tuple[Home, ...], env: Mapping[str, str] | None = None) -> list[Need]:
+    """The directories outside ``workspace`` its toolchains need, each with its reason (``env``:
+    the caller's environment, for PYENV_VERSION).
 
     Sorted, none inside another, none a secret (refused ones are left out).
     """
     workspace = _resolved(workspace)
     home = _resolved(home) if home else None
-    found = _venv_needs(workspace, home) + _script_needs(workspace, home) + _path_needs(path_env, home)
+    found = (_venv_needs(workspace, home) + _script_needs(workspace, home)
+             + _path_needs(path_env, home, workspace, env or {}))
     verdicts: dict[str, bool] = {}  # each directory checked once, however many reasons name it
     kept = []
     for need in found:
@@ -214,7 +278,7 @@ def plan(workspace: str, expose: list[str], auto: bool, env: Mapping[str, str],
     homes = with_home(homes, env.get("HOME"), caller_uid)
     needs = asked(expose, caller_uid, homes)
     if auto:
-        needs += discover(workspace, env.get("PATH", ""), env.get("HOME"), caller_uid, homes)
+        needs += discover(workspace, env.get("PATH", ""), env.get("HOME"), caller_uid, homes, env)
     return cover(needs, _resolved(workspace))
 
 

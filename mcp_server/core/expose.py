@@ -6,8 +6,9 @@ module turns what it read into directories, each with the reason it is needed.
 
 Choices made here:
 - A toolchain is exposed as its own root, the smallest directory that holds it whole:
-  ``~/.pyenv/versions/3.12.1``, not ``~/.pyenv`` (whose ``shims`` and plugins a run
-  does not need) and never ``$HOME``.  Known layouts (pyenv, uv, nvm, rustup, conda,
+  ``~/.pyenv/versions/3.12.1``, not ``~/.pyenv`` (a pyenv ``bin`` or ``shims`` on PATH
+  adds only what its shims run and the versions it selects: capsules/exposure.py
+  ``_path_needs``) and never ``$HOME``.  Known layouts (pyenv, uv, nvm, rustup, conda,
   asdf, nix, snap) name their roots; anything else is the prefix above a ``bin``
   directory (``/a/b/bin/python3`` needs ``/a/b``: its lib sits beside its bin), and
   never a home itself (``~/bin`` is exposed as it is).
