@@ -272,7 +272,9 @@ def begin(upper_dir: str, visible_at: str) -> Record:
     """A record for one run of the capsule whose upper dir this is; ``visible_at``: where the
     run sees the workspace.  The caller calls its ``finish`` once the run has ended."""
     with _boards_lock:
-        board = _boards.setdefault(upper_dir, Board())
+        board = _boards.get(upper_dir)
+        if board is None:  # not setdefault: a Board made and dropped at every exec beside a service
+            board = _boards[upper_dir] = Board()
         record = Record(board, upper_dir, visible_at)
         with board.lock:
             record.start = next(board.counter)
