@@ -47,6 +47,19 @@ from sandbox.cgroups import (
 )
 from sandbox.rusage import BlockCounts, Measurement
 
+# What each figure a missing cgroup leaves null is said to lack, as "HEAD: why".  The why
+# (``why_none``) is the helper's standing refusal, the same for every exec: the helper
+# learns it once (exec_cgroup.py) and a capsule's isolation report gives it
+# (in_force.py), so an exec's result may say only the head (``refusal_head``).
+REFUSED = {
+    "cpu_ms": "no readable cpu usage counter",
+    "rss_max_kb": "no memory cgroup",
+    "oom_killed": "no memory cgroup, an OOM kill cannot be told apart",
+    "pids_limited": "no pids cgroup",
+    "io_read_kb": "no io/blkio cgroup",
+    "io_write_kb": "no io/blkio cgroup",
+}
+
 
 @dataclass(frozen=True)
 class ExecDirs:
@@ -101,12 +114,12 @@ def measure(where: ExecDirs, refused: dict[str, str], cpu_limited: bool,
         usage.sources["cpu_ms"] = (f"cgroup v{where.version('cpu')} {counter}: CPU time of every process "
                                    "of the exec's cgroup, ccw's init included")
     else:
-        unavailable["cpu_ms"] = f"no readable cpu usage counter: {missing}"
+        unavailable["cpu_ms"] = f"{REFUSED['cpu_ms']}: {missing}"
 
     mem = where.dir_for("memory")
     if mem is None:
-        unavailable["rss_max_kb"] = f"no memory cgroup: {missing}"
-        unavailable["oom_killed"] = f"no memory cgroup, an OOM kill cannot be told apart: {missing}"
+        unavailable["rss_max_kb"] = f"{REFUSED['rss_max_kb']}: {missing}"
+        unavailable["oom_killed"] = f"{REFUSED['oom_killed']}: {missing}"
     elif where.is_v1(mem):
         usage.rss_max_kb = int(read_file(os.path.join(mem, "memory.max_usage_in_bytes"))) // 1024
         usage.sources["rss_max_kb"] = ("cgroup v1 memory.max_usage_in_bytes: peak charge of the exec's cgroup, "
@@ -126,7 +139,7 @@ def measure(where: ExecDirs, refused: dict[str, str], cpu_limited: bool,
     if pids is not None:
         usage.pids_limited = parse_flat_keyed(read_file(os.path.join(pids, "pids.events"))).get("max", 0) > 0
     else:
-        unavailable["pids_limited"] = f"no pids cgroup: {missing}"
+        unavailable["pids_limited"] = f"{REFUSED['pids_limited']}: {missing}"
 
     _measure_io(where, usage, missing, rusage)
     return usage
@@ -145,7 +158,7 @@ def _measure_io(where: ExecDirs, usage: Measurement, missing: str, rusage: Block
         return
     io_dir = where.dir_for("io")
     if io_dir is None:
-        usage.unavailable["io_read_kb"] = usage.unavailable["io_write_kb"] = f"no io/blkio cgroup: {missing}"
+        usage.unavailable["io_read_kb"] = usage.unavailable["io_write_kb"] = f"{REFUSED['io_read_kb']}: {missing}"
         return
     if where.is_v1(io_dir):
         text = read_file(os.path.join(io_dir, "blkio.throttle.io_service_bytes"))
@@ -174,6 +187,22 @@ def _measure_io(where: ExecDirs, usage: Measurement, missing: str, rusage: Block
     else:
         usage.io_write_kb = write // 1024
         usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"
+
+
+def refusal_head(figure: str, reason: str) -> str | None:
+    """What ``reason``, why ``figure`` is null, says is missing, when its why is the helper's
+    standing cgroup refusal (``REFUSED``); None for a reason of the exec's own."""
+    head = REFUSED.get(figure)
+    return head if head is not None and reason.startswith(f"{head}: ") else None
+
+
+def mechanism(source: str) -> str:
+    """A figure's source without what the mechanism measures, the same for every exec: each is
+    written "MECHANISM: what it measures", and a clause about this exec follows after "; "
+    (rusage.fill's inherited image)."""
+    head, _, measures = source.partition(": ")
+    own = measures.partition("; ")[2]
+    return f"{head}; {own}" if own else head
 
 
 def why_none(refused: dict[str, str]) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandbox.cgroups import CgroupLayout, Hierarchy
-from sandbox.exec_usage import ExecDirs, measure, why_none
+from sandbox.exec_usage import REFUSED, ExecDirs, measure, mechanism, refusal_head, why_none
+from sandbox.rusage import INIT_RSS
 
 
 def _v2(tmp_path: Path, files: dict[str, str]) -> ExecDirs:
@@ -68,3 +69,19 @@ def test_refusals_alike_in_every_hierarchy_read_as_one_line() -> None:
     assert why_none({}) == "no cgroup hierarchy on this host provides it"
     usage = measure(ExecDirs(CgroupLayout(), {}, lambda path: ""), refused, cpu_limited=False)
     assert usage.unavailable["rss_max_kb"] == f"no memory cgroup: {reason}"
+
+
+def test_a_standing_refusal_is_told_by_its_head_and_a_source_by_its_mechanism(tmp_path: Path) -> None:
+    refused = {"/sys/fs/cgroup/memory": "mkdir('/sys/fs/cgroup/memory/ccw') failed: EACCES (Permission denied)"}
+    usage = measure(ExecDirs(CgroupLayout(), {}, lambda path: ""), refused, cpu_limited=False)
+    assert {figure: refusal_head(figure, why) for figure, why in usage.unavailable.items()} == REFUSED
+    assert refusal_head("rss_max_kb", "this kernel has no memory.peak (added in Linux 5.19)") is None
+    assert refusal_head("io_write_kb", "12 kB written by the exec were still in the page cache") is None
+    assert refusal_head("rss_max_kb", f"{REFUSED['oom_killed']}: x") is None  # another figure's head
+    measured = measure(_v2(tmp_path, V2_FILES), {}, cpu_limited=False)
+    assert {figure: mechanism(source) for figure, source in measured.sources.items()} == {
+        "cpu_ms": "cgroup v2 cpu.stat usage_usec", "rss_max_kb": "cgroup v2 memory.peak",
+        "io_read_kb": "cgroup v2 io.stat of the exec's cgroup",
+        "io_write_kb": "cgroup v2 io.stat of the exec's cgroup (writeback done)"}
+    assert mechanism(f"{INIT_RSS}; no process peaked above 18 kB") == "wait4 rusage of the jail's init; " \
+        "no process peaked above 18 kB"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
+from mcp_server.cli.policy_report import policy_lines
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -173,7 +175,35 @@ def test_builtin_strict_refuses_an_unmeasured_total_naming_it() -> None:
     [refused] = report["resource_violations"]
     assert (refused["rule"], refused["figure"], refused["value"]) == ("max_rss_mb", "rss_max_kb", None)
     assert "rss_max_kb (the exec's total memory) was not measured" in report["details"]
-    assert "if_unmeasured: refuse" in refused["reason"] and "no memory cgroup" in refused["reason"]
+    assert "if_unmeasured: refuse" in report["details"] and "no memory cgroup" in refused["reason"]
+
+
+def test_a_reason_every_exec_shares_is_given_once_and_each_exec_only_names_it() -> None:
+    rules = CombinedRules.combine([builtin_policies()["strict"]])
+    standing = ("no memory cgroup: mkdir of the exec's cgroup failed with EACCES (Permission denied) in every "
+                "hierarchy (memory, pids); run the helper as root, or delegate a cgroup v2 subtree to it")
+    execs = [ExecFacts(seq, ["npm", "test"], cpu_ms=800, rss_max_kb=None, rss_max_process_kb=30 * 1024,
+                       unavailable={"rss_max_kb": standing}) for seq in (1, 2, 3)]
+    report = evaluate(rules, CapsuleFacts(workspace="/w", home="/h", execs=execs), [], replay_ok=True)
+    violations = report["resource_violations"]
+    assert [(v["exec"], v["why"]) for v in violations] == [(n, "no memory cgroup") for n in (1, 2, 3)]
+    assert report["unmeasured_causes"] == {"no memory cgroup": standing}
+    text = json.dumps(report)
+    assert text.count("mkdir of the exec's cgroup") == 2  # the cause, in unmeasured_causes and in details
+    assert text.count("if_unmeasured: refuse") == 1
+    assert ("3 resource violation(s): rss_max_kb (the exec's total memory) was not measured for exec(s) 1, 2, 3: "
+            f"{standing}; the policy refuses figures it cannot check (if_unmeasured: refuse)") in report["details"]
+    lines = policy_lines(report)  # what ccw capsule promote prints: the first clause of the cause, as before
+    assert ("resources: max_rss_mb 2048 cannot be checked: rss_max_kb (the exec's total memory) was not measured "
+            "for exec(s) 1, 2, 3 (no memory cgroup: mkdir of the exec's cgroup failed with EACCES (Permission "
+            "denied) in every hierarchy (memory, pids)); the largest single process peaked at 30.0 MiB; the policy "
+            "refuses what it cannot check (if_unmeasured: refuse)") in lines, lines
+    baseline = evaluate(CombinedRules.combine([builtin_policies()["baseline"]]),
+                        CapsuleFacts(workspace="/w", home="/h", execs=execs), [], replay_ok=None)
+    assert [note["why"] for note in baseline["resource_unmeasured"]] == ["no memory cgroup"] * 3
+    assert json.dumps(baseline).count("mkdir of the exec's cgroup") == 2
+    assert f"if_unmeasured: pass); first: rss_max_kb (the exec's total memory) was not measured for exec(s) 1, 2, " \
+           f"3: {standing}" in baseline["details"]
 
 
 def test_a_single_process_over_the_ceiling_is_a_violation_whatever_if_unmeasured_says() -> None:

@@ -29,8 +29,10 @@ import blake3
 
 from mcp_server.caller import Caller
 from sandbox.checks import MAX_TIMEOUT_MS
+from sandbox.exec_usage import mechanism, refusal_head
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
+from sandbox.rusage import NO_REPORT
 from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
@@ -39,6 +41,8 @@ PROGRESS_LINES = 20  # lines of the latest output in each progress message
 # How often an exec whose caller prints its output as it comes (caller.py CALLER_OUTPUT)
 # asks for reports; each then carries every byte since the last (ExecRequest.stream).
 STREAM_PROGRESS_MS = 250
+# Where the helper's standing cgroup refusal is given once, for the execs' results that only name it.
+REFUSAL_GIVEN = "why: capsule_create's isolation.cgroups_unavailable"
 NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
                        "and are not recorded")
 
@@ -70,6 +74,23 @@ class ExecOutcome:
     def usage_sources(self) -> dict[str, str]:
         """The mechanism behind each usage figure."""
         return dict(sorted(self.reply.usage_sources.items()))
+
+    @property
+    def usage_unavailable_briefly(self) -> dict[str, str]:
+        """``usage_unavailable`` as an exec's result says it: a missing cgroup's why, the helper's
+        standing refusal, only named, with where it is given once (the journal keeps it whole)."""
+        said = {}
+        for figure, reason in self.usage_unavailable.items():
+            head = refusal_head(figure, reason)
+            own = f"; {NO_REPORT}" if reason.endswith(NO_REPORT) else ""  # this exec's own, kept
+            said[figure] = reason if head is None else f"{head} ({REFUSAL_GIVEN}){own}"
+        return said
+
+    @property
+    def usage_sources_briefly(self) -> dict[str, str]:
+        """``usage_sources`` as an exec's result says them: each mechanism, without what it
+        measures (the same for every exec; the output schema's usage description says it)."""
+        return {figure: mechanism(source) for figure, source in self.usage_sources.items()}
 
     @property
     def touched(self) -> dict[str, Any]:

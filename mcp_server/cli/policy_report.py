@@ -22,12 +22,13 @@ def policy_lines(report: dict[str, Any]) -> list[str]:
     for violation in violations:
         if "figure" not in violation:
             lines.append(f"resources ({violation['rule']} {violation['limit']}): {violation['reason']}")
+    causes = report.get("unmeasured_causes", {})
     lines += [f"resources: {line}; the policy refuses what it cannot check (if_unmeasured: refuse)"
-              for line in _unmeasured_lines(refused)]
+              for line in _unmeasured_lines(refused, causes)]
     lines += [f"replay: {clause.removeprefix('replay ')}" for clause in report["details"].split("; ")
               if clause.startswith("replay")]
     lines += [f"note: {line}; passed, as the policy allows (if_unmeasured: pass)"
-              for line in _unmeasured_lines(report.get("resource_unmeasured", []))]
+              for line in _unmeasured_lines(report.get("resource_unmeasured", []), causes)]
     if "read sets unavailable" in report["details"]:
         lines.append("note: files read are not traced here (rootless: no fanotify), so deny_paths "
                      "was checked against the files written and changed only")
@@ -56,15 +57,16 @@ def _hazard_lines(found: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _unmeasured_lines(items: list[dict[str, Any]]) -> list[str]:
-    """One line per ceiling whose figure was not measured, for all the execs concerned."""
+def _unmeasured_lines(items: list[dict[str, Any]], causes: dict[str, str]) -> list[str]:
+    """One line per ceiling whose figure was not measured, for all the execs concerned (``causes``:
+    the report's ``unmeasured_causes``, the whole of each ``why`` the items name)."""
     by_rule: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for item in items:
         by_rule.setdefault((item["rule"], item["figure"]), []).append(item)
     lines = []
     for (rule, figure), group in sorted(by_rule.items()):
         execs = ", ".join(str(item["exec"]) for item in group)
-        why = group[0]["why"].split("; ")[0]  # the first clause says what was missing
+        why = causes.get(group[0]["why"], group[0]["why"]).split("; ")[0]  # its first clause: what was missing
         line = (f"{rule} {group[0]['limit']} cannot be checked: {figure} ({FIGURE_MEANINGS[figure]}) was not "
                 f"measured for exec(s) {execs} ({why})")
         largest = [item["largest_process_mb"] for item in group if "largest_process_mb" in item]

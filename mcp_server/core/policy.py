@@ -71,6 +71,7 @@ from typing import Any
 
 from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
+from sandbox.exec_usage import refusal_head
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
               "require_identical_output", "require_replay_ok", "require_tests", "volatile", "expose",
@@ -289,14 +290,32 @@ def _short(reason: str) -> str:
 
 def resource_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[str, Any]]:
     """Each exec that broke a resource ceiling, or could not be shown to keep it and the
-    rules refuse unmeasured figures."""
+    rules refuse unmeasured figures (``details`` says once that they do)."""
     broken, unmeasured = resource_checks(rules, facts)
     if rules.if_unmeasured == "refuse":
-        for item in unmeasured:
-            broken.append({**item, "value": None, "reason": item["reason"] + "; the policy refuses figures it "
-                           "cannot check (if_unmeasured: refuse)"})
+        broken += [{**item, "value": None} for item in unmeasured]
         broken.sort(key=lambda v: (v["exec"], v["rule"]))
     return broken
+
+
+def unmeasured_causes(items: list[dict[str, Any]], facts: CapsuleFacts) -> dict[str, str]:
+    """The whole reason behind each ``why`` that ``items`` (unmeasured figures) only name, once:
+    a helper's standing cgroup refusal is the same for every exec (sandbox/exec_usage.py)."""
+    execs = {ex.seq: ex for ex in facts.execs}
+    causes: dict[str, str] = {}
+    for item in items:
+        whole = _short(execs[item["exec"]].unavailable.get(item["figure"], item["why"]))
+        if whole != item["why"]:
+            causes.setdefault(item["why"], whole)
+    return causes
+
+
+def _unmeasured_clause(items: list[dict[str, Any]], causes: dict[str, str]) -> str:
+    """The first item's figure and why, and every exec that lacks it for the same reason."""
+    first = items[0]
+    execs = [str(item["exec"]) for item in items if (item["figure"], item["why"]) == (first["figure"], first["why"])]
+    return (f"{first['figure']} ({FIGURE_MEANINGS[first['figure']]}) was not measured for exec(s) {', '.join(execs)}: "
+            f"{causes.get(first['why'], first['why'])}")
 
 
 def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -324,7 +343,8 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
                                "reason": f"{label} had a single process at {round(single, 3)} MiB > {limit} "
                                          "(rss_max_process_kb; the total was not measured and is at least that)"})
                 continue
-            why = _short(ex.unavailable.get(figure, "no reason was recorded"))
+            reason = ex.unavailable.get(figure, "no reason was recorded")
+            why = refusal_head(figure, reason) or _short(reason)  # a standing refusal's whole: unmeasured_causes
             reason = f"{figure} ({FIGURE_MEANINGS[figure]}) was not measured for {label}: {why}"
             entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure, "why": why}
             if single is not None:
@@ -334,13 +354,14 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
     return broken, unmeasured
 
 
-def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[dict[str, Any]]) -> list[str]:
+def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[dict[str, Any]],
+           causes: dict[str, str]) -> list[str]:
     """The report's notes on checks that passed with less than the full facts."""
     notes = []
     if passed_unmeasured:
         figures = sorted({u["figure"] for u in passed_unmeasured})
         notes.append(f"note: {', '.join(figures)} not measured for {len(passed_unmeasured)} check(s), passed as the "
-                     f"policy allows (if_unmeasured: pass); first: {passed_unmeasured[0]['reason']}")
+                     f"policy allows (if_unmeasured: pass); first: {_unmeasured_clause(passed_unmeasured, causes)}")
     if facts.read_unavailable and rules.deny_paths:
         notes.append(f"note: read sets unavailable ({facts.read_unavailable}); "
                      "deny_paths checked against writes and changes only")
@@ -348,7 +369,8 @@ def _notes(rules: CombinedRules, facts: CapsuleFacts, passed_unmeasured: list[di
 
 
 def _failed_checks(reached: list[dict[str, Any]], unexposed: list[dict[str, str]], denied: list[dict[str, Any]],
-                   violations: list[dict[str, Any]], failures: list[dict[str, Any]]) -> list[str]:
+                   violations: list[dict[str, Any]], failures: list[dict[str, Any]],
+                   causes: dict[str, str]) -> list[str]:
     """The report's reasons for the checks that failed on the capsule's own facts, first of each named."""
     reasons = []
     if reached:
@@ -357,7 +379,11 @@ def _failed_checks(reached: list[dict[str, Any]], unexposed: list[dict[str, str]
         reasons.append(f"{len(unexposed)} shown dir(s) the policies do not allow: {unexposed[0]['reason']}")
     if denied:
         reasons.append(f"{len(denied)} denied path(s), first {denied[0]['path']} (matches {denied[0]['glob']})")
-    if violations:
+    if violations and "figure" in violations[0]:  # not measured, for every exec it names at once
+        unmeasured = [v for v in violations if "figure" in v]
+        reasons.append(f"{len(violations)} resource violation(s): {_unmeasured_clause(unmeasured, causes)}; "
+                       "the policy refuses figures it cannot check (if_unmeasured: refuse)")
+    elif violations:
         reasons.append(f"{len(violations)} resource violation(s): {violations[0]['reason']}")
     if failures:
         reasons.append(f"{len(failures)} required test(s) failed, "
@@ -380,6 +406,7 @@ def evaluate(
     reached = network_violations(rules, facts)
     unexposed = expose_violations(rules, facts)
     passed_unmeasured = resource_checks(rules, facts)[1] if rules.if_unmeasured == "pass" else []
+    causes = unmeasured_causes([v for v in violations if "figure" in v] + passed_unmeasured, facts)
     failures = [
         {"cmd": t.cmd, "exit_code": t.exit_code, "timed_out": t.timed_out, "stderr_tail": t.stderr_tail}
         for t in tests
@@ -394,14 +421,14 @@ def evaluate(
     passed = (tests_ok and paths_ok and resource_ok and replay_pass and output_pass and network_ok and expose_ok
               and hazards_ok)
     reasons, hazard_notes = report_reasons(facts.hazards)
-    reasons += _failed_checks(reached, unexposed, denied, violations, failures)
+    reasons += _failed_checks(reached, unexposed, denied, violations, failures, causes)
     if not replay_pass:
         reasons.append("replay did not reproduce the capsule's runs"
                        + (f": {replay_details}" if replay_details else ""))
     if not output_pass:
         reasons.append("replay printed different output and a policy requires identical output"
                        + (f": {output_details}" if output_details else ""))
-    reasons += _notes(rules, facts, passed_unmeasured) + hazard_notes
+    reasons += _notes(rules, facts, passed_unmeasured, causes) + hazard_notes
     return {
         "passed": passed,
         "tests_ok": tests_ok,
@@ -419,6 +446,7 @@ def evaluate(
         "denied": denied,
         "resource_violations": violations,
         "resource_unmeasured": passed_unmeasured,  # ceilings passed without their figure (if_unmeasured: pass)
+        **({"unmeasured_causes": causes} if causes else {}),  # each why those name, whole, once
         "test_failures": failures,
         "details": "All checks passed" if passed and not reasons else "; ".join(reasons) or "All checks passed",
     }

@@ -1,0 +1,70 @@
+"""mcp_server/tools/exec_result.py: a finished exec's result says a missing cgroup's reason, the
+helper's standing refusal, only by name with where it is given once, and each usage figure's
+mechanism without what it measures; the journal keeps both whole.  Usage measured as a rootless
+helper measures it (sandbox/exec_usage.measure and rusage.fill over no writable hierarchy)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import jsonschema
+
+from mcp_server.capsules.exec import REFUSAL_GIVEN, ExecOutcome, journal_entry
+from mcp_server.tools.exec_result import EXEC_RESULT, exec_result, exec_text
+from sandbox import rusage
+from sandbox.cgroups import CgroupLayout
+from sandbox.exec_usage import ExecDirs, measure
+from sandbox.ops import ExecRequest
+from sandbox.replies import ExecReply, Touched, Truncated
+
+MIB = 1024
+STARTED = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+REFUSED = {f"/sys/fs/cgroup/{name}": f"mkdir('/sys/fs/cgroup/{name}/ccw/x@1') failed: EACCES (Permission denied); "
+           "run the helper as root, or delegate a cgroup v2 subtree to it (systemd Delegate=yes)"
+           for name in ("cpu", "memory", "pids")}
+
+
+def _rootless(report: rusage.InitReport | None) -> ExecOutcome:
+    """A rootless exec's outcome: no cgroup, its figures from the init's rusage ``report``."""
+    usage = measure(ExecDirs(CgroupLayout(), {}, lambda path: ""), dict(REFUSED), cpu_limited=False,
+                    rusage=report)
+    rusage.fill(usage, report)
+    reply = ExecReply(
+        exit_code=0, signal=None, timed_out=False, oom_killed=False, duration_ms=5, stdout=b"ok\n", stderr=b"",
+        stdout_bytes=3, stderr_bytes=0, truncated=Truncated(False, False), usage=usage.figures(),
+        usage_unavailable=dict(usage.unavailable), usage_sources=dict(usage.sources), disk=None,
+        touched=Touched((), ("f.txt",), (), ()), touched_unavailable={},
+    )
+    return ExecOutcome(reply, started_generation=0, generation=1, queued_ms=0)
+
+
+def test_a_rootless_exec_names_its_missing_cgroups_and_where_their_reason_is_given() -> None:
+    ran = _rootless(rusage.InitReport(12, 40 * MIB, 0, 8, 18 * MIB))
+    result = exec_result(ran)
+    jsonschema.validate(result, EXEC_RESULT)
+    assert result["usage_unavailable"] == {
+        "oom_killed": f"no memory cgroup, an OOM kill cannot be told apart ({REFUSAL_GIVEN})",
+        "pids_limited": f"no pids cgroup ({REFUSAL_GIVEN})",
+        "rss_max_kb": f"no memory cgroup ({REFUSAL_GIVEN})",
+    }
+    assert result["usage_sources"] == {"cpu_ms": "wait4 rusage of the jail's init", "io_read_kb": "wait4 rusage",
+                                       "io_write_kb": "wait4 rusage",
+                                       "rss_max_process_kb": "wait4 rusage of the jail's init"}
+    assert "EACCES" not in exec_text(result) and "Delegate=yes" not in exec_text(result)
+    # The journal keeps each reason and source whole.
+    entry = journal_entry(ExecRequest("cap_1", ("true",)), ran, STARTED)
+    assert entry["usage"]["unavailable"] == ran.usage_unavailable and "EACCES" in json.dumps(entry["usage"])
+    assert entry["usage"]["sources"]["cpu_ms"] == rusage.INIT_CPU
+
+
+def test_what_is_this_exec_s_own_is_kept_whole() -> None:
+    killed = exec_result(_rootless(None))  # the init was killed before it reported: no rusage figures
+    jsonschema.validate(killed, EXEC_RESULT)
+    cpu = killed["usage_unavailable"]["cpu_ms"]
+    assert cpu == f"no readable cpu usage counter ({REFUSAL_GIVEN}); {rusage.NO_REPORT}"
+    assert killed["usage_unavailable"]["rss_max_process_kb"] == rusage.NO_REPORT
+    within = exec_result(_rootless(rusage.InitReport(1, 17 * MIB, 0, 0, 18 * MIB)))
+    assert within["usage_sources"]["rss_max_process_kb"] == (
+        f"wait4 rusage of the jail's init; no process of the jail peaked above the {18 * MIB} kB of ccw's init "
+        "image that the command starts from (a peak counts the image before exec)")
