@@ -13,9 +13,7 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl
 from mcp_server.cli.output import Progress, paint, print_json, run_with_progress, use_color, visible
-from mcp_server.cli.policy_report import policy_lines
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
 
@@ -63,6 +61,8 @@ def promote_call(args: argparse.Namespace) -> dict[str, Any]:
 
 def show(result: dict[str, Any], color_err: bool) -> int:
     """The commit on stdout, the rest on stderr; 0 if the branch was made (or would be)."""
+    from mcp_server.cli.policy_report import policy_lines
+
     report, made = result["policy_report"], result.get("branch") or {}
     dry_run = bool(result.get("dry_run"))
     lines = policy_lines(report) + [f"left out ({s['reason']}): {s['path']}" for s in result.get("skipped") or ()]
@@ -85,6 +85,8 @@ def show(result: dict[str, Any], color_err: bool) -> int:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Call capsule_promote with as_branch and print what became of it."""
     import trio
+
+    from mcp_server.cli import frontclient, helperctl
 
     call = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mcp_server.cli import branch, frontclient, helperctl, named_values, replay_report
+from mcp_server.cli import branch, named_values, replay_report
 from mcp_server.cli.exec_report import TIMEOUT_HELP, show_exec
 from mcp_server.cli.output import (
     Echo,
@@ -39,13 +39,22 @@ from mcp_server.cli.output import (
     use_color,
     visible,
 )
-from mcp_server.cli.policy_report import policy_lines
 from mcp_server.cli.toolwords import in_cli_words
 from mcp_server.config import Config
 from mcp_server.core import hostpaths
 from mcp_server.core.hazards import KINDS
-from mcp_server.core.unidiff import hunk_count
 from sandbox.spec import DEFAULT_TIMEOUT_MS
+
+# What a command runs with is imported when it runs (the front-end client, the helper's
+# client, trio, policy reports, diffs): building the parser, for ``ccw --help`` or a usage
+# error, imports only this module and the argument definitions of the verbs
+# (tests/test_cli_imports.py).
+
+# The tools answering through runs (capsules/run.py), whose ``wait_ms`` a command sets to
+# None: it has no client timeout to stay under, and waits for the whole run, which ends
+# with it.  Named here rather than read from the tool registry, whose loading imports
+# every tool module; tests/test_cli_imports.py checks it against the registry.
+RUN_TOOLS = frozenset({"capsule_exec", "capsule_replay", "capsule_deltamin", "capsule_race", "capsule_run"})
 
 
 async def call_tool(config: Config, name: str, args: dict[str, Any], label: str | None = None,
@@ -53,13 +62,9 @@ async def call_tool(config: Config, name: str, args: dict[str, Any], label: str 
     """Run tool ``name`` on the state dir's front end (validated as ccw-mcp does, taking its
     turn with every other client's calls); a progress line if ``label``, an exec's output
     printed as it comes by ``echo`` (output.py)."""
-    from mcp_server.tools.registry import Registry
+    from mcp_server.cli import frontclient
 
-    spec = Registry.load(config.toolsets).lookup(name)
-    assert spec is not None, f"tool {name} is not registered"
-    if "wait_ms" in spec.input_schema["properties"]:
-        # A command has no client timeout to stay under: it waits for the whole run
-        # (capsules/run.py), which ends with it.
+    if name in RUN_TOOLS:
         args = {"wait_ms": None, **args}
     progress = Progress(label, echo=echo) if label else None
     if progress is None:
@@ -385,6 +390,8 @@ def _promote_call(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
+    from mcp_server.cli.policy_report import policy_lines
+
     report = result["policy_report"]
     for path in result["applied"]:  # names the capsule made
         print(visible(path))
@@ -429,6 +436,8 @@ def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
 def _show_deltamin(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
     """The smallest failing change as a patch on stdout (``git apply`` takes it), what the
     search did and how far to trust it on stderr."""
+    from mcp_server.core.unidiff import hunk_count
+
     sys.stdout.write(color_diff(shown_diff(result["minimal_patch"], sys.stdout.isatty()), color_out))
     units = result.get("units") or []
     hunks = hunk_count(result["minimal_patch"])
@@ -460,6 +469,8 @@ _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
 def run(args: argparse.Namespace, config: Config) -> int:
     """``ccw capsule VERB``: ensure a helper, call the tool, print; the exit status."""
     import trio
+
+    from mcp_server.cli import helperctl
 
     for module in _own_verbs():
         if args.verb in module.VERBS:

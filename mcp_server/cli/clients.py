@@ -26,7 +26,7 @@ Formats, as the clients document them:
   ``env``, or ``url`` and ``http_headers``; and ``tool_timeout_sec``, the one client here
   with a per-server tool timeout (default 60 s).  A long run answers "running" within its
   ``wait_ms`` (capsules/run.py), so the timeout is set above the largest
-  ``wait_ms`` a call may ask for (``TOOL_TIMEOUT_S``).  Claude Code, Cursor and VS Code
+  ``wait_ms`` a call may ask for (``tool_timeout_s``).  Claude Code, Cursor and VS Code
   document no per-server tool timeout in these files: their calls stay under the default
   ``wait_ms``.
 - cursor: ``~/.cursor/mcp.json`` (global) or ``.cursor/mcp.json`` (project),
@@ -50,12 +50,10 @@ from pathlib import Path
 from typing import Any
 
 from mcp_server.auth import TokenTable
-from mcp_server.capsules.run import WAIT_MS_MAX
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from sandbox.errors import CcwError
 
 CLIENTS = ("claude", "codex", "cursor", "vscode")
-TOOL_TIMEOUT_S = WAIT_MS_MAX // 1000 + 60  # codex's tool_timeout_sec: the longest wait_ms, and answering
 SERVICE_SOCKET = "/run/ccw/helper.sock"
 
 WHERE = {
@@ -74,6 +72,15 @@ TOOLSETS_HELP = (
     + "".join(f"  profile {name}: {', '.join(tools)}\n" for name, tools in PROFILES.items())
     + "  Families and profiles combine: --toolsets agent,witness."
 )
+
+
+def tool_timeout_s() -> int:
+    """Codex's tool_timeout_sec: the longest wait_ms, and time to answer."""
+    # Imported here: every ccw command builds the parser from this module's CLIENTS, and
+    # capsules/run.py brings the run machinery of the server (trio, the helper's replies).
+    from mcp_server.capsules.run import WAIT_MS_MAX
+
+    return WAIT_MS_MAX // 1000 + 60
 
 
 def ccw_mcp_path() -> str:
@@ -130,11 +137,12 @@ def toml_key(key: str) -> str:
 def snippet(client: str, command: str, env: dict[str, str]) -> tuple[str, Any]:
     """(text to print, the same as a JSON value) for ``client``."""
     if client == "codex":
+        timeout_s = tool_timeout_s()
         pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in sorted(env.items()))
         text = (f"[mcp_servers.ccw]\ncommand = {toml_string(command)}\nargs = []\nenv = {{ {pairs} }}\n"
-                f"tool_timeout_sec = {TOOL_TIMEOUT_S}\n")
+                f"tool_timeout_sec = {timeout_s}\n")
         value: Any = {"mcp_servers": {"ccw": {"command": command, "args": [], "env": env,
-                                              "tool_timeout_sec": TOOL_TIMEOUT_S}}}
+                                              "tool_timeout_sec": timeout_s}}}
         return text, value
     server: dict[str, Any] = {"command": command, "args": [], "env": env}
     if client == "vscode":
@@ -150,10 +158,11 @@ def http_snippet(client: str, url: str, token: str) -> tuple[str, Any]:
     """(text to print, the same as a JSON value) for ``client`` calling ``url`` with ``token``."""
     headers = {"Authorization": f"Bearer {token}"}
     if client == "codex":
+        timeout_s = tool_timeout_s()
         pairs = ", ".join(f"{toml_key(key)} = {toml_string(value)}" for key, value in headers.items())
         text = (f"[mcp_servers.ccw]\nurl = {toml_string(url)}\nhttp_headers = {{ {pairs} }}\n"
-                f"tool_timeout_sec = {TOOL_TIMEOUT_S}\n")
-        return text, {"mcp_servers": {"ccw": {"url": url, "http_headers": headers, "tool_timeout_sec": TOOL_TIMEOUT_S}}}
+                f"tool_timeout_sec = {timeout_s}\n")
+        return text, {"mcp_servers": {"ccw": {"url": url, "http_headers": headers, "tool_timeout_sec": timeout_s}}}
     server: dict[str, Any] = {"url": url, "headers": headers}
     if client == "vscode":
         value: Any = {"servers": {"ccw": {"type": "http", **server}}}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from mcp_server.capsules.exec import timeout_hint
 from mcp_server.cli.output import Echo, exec_status, paint, visible
 from mcp_server.cli.toolwords import in_cli_words
 from sandbox.checks import MAX_TIMEOUT_MS
@@ -26,6 +25,10 @@ def show_exec(result: dict[str, Any], color_out: bool, color_err: bool, echo: Ec
               timeout_ms: int = DEFAULT_TIMEOUT_MS) -> int:
     """The output ``echo`` has not printed yet, then what ccw has to say about the run (``timeout_ms``:
     the limit it ran under, told in this command's words if it timed out)."""
+    # Imported when a run is shown: capsules/exec.py brings the helper's op and reply types,
+    # which building the parser (TIMEOUT_HELP) has no need of.
+    from mcp_server.capsules.exec import timeout_hint
+
     echo = echo if echo is not None else Echo()
     sys.stdout.write(echo.rest("stdout", result["stdout"]))
     sys.stdout.flush()

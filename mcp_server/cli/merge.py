@@ -20,7 +20,6 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
@@ -107,6 +106,8 @@ def succeeded(result: dict[str, Any], call: dict[str, Any]) -> bool:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Call capsule_merge and print its report; 0 if it succeeded (see ``succeeded``), else 1."""
     import trio
+
+    from mcp_server.cli import frontclient, helperctl
 
     call = tool_call(args)  # bad arguments start no helper
     helperctl.ensure(config, autostart=not args.no_autostart)

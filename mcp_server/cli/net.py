@@ -25,14 +25,8 @@ import os
 import sys
 from typing import Any
 
-import trio
-
-from mcp_server.capsules import asks
-from mcp_server.cli import frontclient
 from mcp_server.cli.output import print_json
 from mcp_server.config import Config
-from mcp_server.fs.netpresets import PRESET, catalogue
-from mcp_server.state import State
 
 COMMANDS = ("net",)
 
@@ -59,6 +53,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """One ``ccw net`` action."""
+    import trio
+
+    from mcp_server.capsules import asks
+    from mcp_server.cli import frontclient
+    from mcp_server.state import State
+
     if args.net_action == "presets":
         return _presets(args, config)
     state = State(config.state_dir)
@@ -108,6 +108,8 @@ def render_pending(waiting: list[dict[str, Any]]) -> str:
 
 def _presets(args: argparse.Namespace, config: Config) -> int:
     """Print the presets of ``config``'s state dir; 1 if a user file could not be used."""
+    from mcp_server.fs.netpresets import catalogue
+
     found = catalogue(config.state_dir)
     listing = found.listing()
     if args.name:
@@ -125,6 +127,8 @@ def _presets(args: argparse.Namespace, config: Config) -> int:
 
 def render(listing: dict[str, Any], detail: bool) -> str:
     """The listing as a person reads it: each preset, its rules (and with ``detail``, why)."""
+    from mcp_server.fs.netpresets import PRESET
+
     lines: list[str] = []
     for preset in listing["presets"]:
         lines.append(f"{preset['name']} ({preset['origin']}): {preset['description']}")

@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
-from mcp_server.tools.network import network_text
 
 VERBS = ("net",)
 _WORDS = ("allow", "remove")
@@ -58,6 +56,9 @@ def tool_args(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Call capsule_network and print the rules (or the JSON)."""
     import trio
+
+    from mcp_server.cli import frontclient, helperctl
+    from mcp_server.tools.network import network_text
 
     call = tool_args(args)
     helperctl.ensure(config, autostart=not args.no_autostart)

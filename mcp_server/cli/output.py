@@ -39,8 +39,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO, TypeVar
 
-import outcome
-import trio
+# trio and outcome are imported by the coroutines below that use them: whoever awaits one
+# runs trio already, and a command that calls nothing (``ccw --help``) loads neither
+# (tests/test_cli_imports.py).
 
 T = TypeVar("T")
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
@@ -236,6 +237,8 @@ async def run_with_progress(progress: Progress, call: Callable[[], Awaitable[T]]
         return await call()
 
     async def tick() -> None:
+        import trio
+
         frame = 0
         while True:
             progress.draw(frame)
@@ -254,6 +257,9 @@ async def beside(background: Callable[[], Awaitable[None]], call: Callable[[], A
     ``call``'s exception leaves as itself: raised inside the nursery it would come out
     wrapped in an ExceptionGroup, which ``ccw``'s error handling does not take for a
     ``CcwError`` (a tool's refusal printed as a traceback)."""
+    import outcome
+    import trio
+
     result: list[outcome.Outcome[T]] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(background)

@@ -13,7 +13,6 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl
 from mcp_server.cli.exec_report import TIMEOUT_HELP
 from mcp_server.cli.output import Progress, print_json, run_with_progress, visible
 from mcp_server.cli.toolwords import in_cli_words
@@ -81,6 +80,8 @@ def best_passed(result: dict[str, Any]) -> bool:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Call capsule_race and print its table; 0 if the best row passed, else 1."""
     import trio
+
+    from mcp_server.cli import frontclient, helperctl
 
     call = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)

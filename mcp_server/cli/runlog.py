@@ -24,9 +24,6 @@ from typing import Any
 
 from mcp_server.cli.output import DIM, GREEN, RED, paint, print_json, use_color, visible
 from mcp_server.config import Config
-from mcp_server.journal import Journal
-from mcp_server.journal_view import exec_detail, exec_summary
-from mcp_server.state import State
 from sandbox.errors import CcwError
 
 VERBS = ("log", "show")
@@ -47,6 +44,10 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, config: Config) -> int:
     """Print the log or one run; the exit status."""
+    from mcp_server.journal import Journal
+    from mcp_server.journal_view import exec_detail, exec_summary
+    from mcp_server.state import State
+
     state = State(config.state_dir)
     try:
         journal = Journal(state)

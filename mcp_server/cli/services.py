@@ -14,7 +14,7 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.cli import frontclient, helperctl, named_values
+from mcp_server.cli import named_values
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 
@@ -97,6 +97,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """Call the tool and print its answer; the exit status (1: a start that did not become ready)."""
     import trio
 
+    from mcp_server.cli import frontclient, helperctl
+
     name, call = tool_call(args)
     helperctl.ensure(config, autostart=not args.no_autostart)
     if name == "capsule_service_logs" and args.follow:
@@ -144,6 +146,8 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
 
 async def _follow(config: Config, call: dict[str, Any], args: argparse.Namespace) -> int:
     import trio
+
+    from mcp_server.cli import frontclient
 
     since: int | None = None
     terminal = sys.stdout.isatty() and not args.raw

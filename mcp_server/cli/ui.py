@@ -18,10 +18,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from mcp_server.config import Config
-from mcp_server.state import State
 from sandbox.errors import CcwError
 
 COMMANDS = ("ui",)
@@ -39,6 +36,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """Serve the dashboard until Ctrl-C."""
     # Imported here, not at the top: every ccw command builds this module's parser, and the
     # HTTP transport brings the MCP SDK, a second and a half of CPU at each start.
+    import trio
+
     from mcp_server.transports.http import bind_http, is_loopback, parse_addr
 
     host, _ = parse_addr(args.listen)
@@ -52,7 +51,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 
 async def _serve(args: argparse.Namespace, config: Config, sock: Any) -> None:
+    import trio
+
     from mcp_server.cli.capsule import call_tool
+    from mcp_server.state import State
     from mcp_server.ui.server import Dashboard, serve
 
     bound, port = sock.getsockname()[:2]
@@ -99,6 +101,8 @@ def launch_page(tmp_dir: Path, port: int, url: str) -> Path:
 
 
 async def _open(url: str) -> None:
+    import trio
+
     try:
         await trio.to_thread.run_sync(webbrowser.open, url)
     except (OSError, ValueError, webbrowser.Error) as exc:  # a bad $BROWSER: the URL above still works

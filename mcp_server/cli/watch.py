@@ -18,7 +18,7 @@ import contextlib
 import json
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp_server.cli.output import (
     CYAN,
@@ -32,8 +32,9 @@ from mcp_server.cli.output import (
     visible,
 )
 from mcp_server.config import Config
-from mcp_server.events import Event, EventLog
-from mcp_server.state import State
+
+if TYPE_CHECKING:  # the event log and its state are imported when ccw watch runs, not for the parser
+    from mcp_server.events import Event
 
 COMMANDS = ("watch",)
 PATHS_SHOWN = 3  # of a run's written files, on its line
@@ -51,6 +52,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Print events as they come until Ctrl-C (or, with --once, those there are)."""
     import trio
+
+    from mcp_server.events import EventLog
+    from mcp_server.state import State
 
     state = State(config.state_dir)
     log = EventLog(state)

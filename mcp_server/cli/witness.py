@@ -20,11 +20,10 @@ import argparse
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
-from mcp_server.fs.witness_key import OWN_NAME, WitnessKey
 from mcp_server.fs.witness_trust import (
     NAME,
     fingerprint,
@@ -34,6 +33,9 @@ from mcp_server.fs.witness_trust import (
     untrust,
 )
 from mcp_server.statedir import make_state_dir
+
+if TYPE_CHECKING:  # the key's module brings cryptography: imported when ccw witness runs, not for the parser
+    from mcp_server.fs.witness_key import WitnessKey
 
 COMMANDS = ("witness",)
 
@@ -59,6 +61,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     """Show or change this state dir's witness keys."""
     root = Path(config.state_dir)
     make_state_dir(root)
+    from mcp_server.fs.witness_key import WitnessKey
+
     own = WitnessKey.of_state_dir(root)
     if args.witness_action == "trust":
         raw, comment = key_argument(args.key)
@@ -81,6 +85,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 def listing(root: Path, own: WitnessKey) -> dict[str, Any]:
     """This state dir's key and the trusted ones, as ``keys --json`` prints them."""
+    from mcp_server.fs.witness_key import OWN_NAME
+
     host = socket.gethostname()
     return {"own": {"name": OWN_NAME, "key": own.public_text, "fingerprint": fingerprint(own.public),
                     "suggested_name": host if NAME.fullmatch(host) else None},
@@ -89,6 +95,8 @@ def listing(root: Path, own: WitnessKey) -> dict[str, Any]:
 
 def render(result: dict[str, Any], public: bool) -> str:
     """``keys`` for a person: with ``public``, the one line another state dir's ``trust`` reads."""
+    from mcp_server.fs.witness_key import OWN_NAME
+
     own = result["own"]
     if public:
         return f"{own['key']} {own['suggested_name'] or ''}".rstrip()
