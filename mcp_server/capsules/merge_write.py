@@ -29,7 +29,12 @@ The journal's transaction runs after the writes, not beside them: on a thread of
 waiting for the files' mtimes before its COMMIT, it slowed the two writers more than it
 hid (they share its interpreter: 1,000 files took 80-100 ms instead of 45-60, and the
 whole write 130 ms beside one writer and 145 beside two, against 126 and 137 after them in
-the same runs; medians of 15 merges each, interleaved, bench/parts/merge.py's setup).
+the same runs; medians of 15 merges each, interleaved, bench/parts/merge.py's setup, files
+renamed into place then).  What the journal costs is SQLite's work a row: 2,000 rows with
+their bytes, 2,000 file.changed events and 2,000 base states took 34-41 ms alone (three
+runs' medians), and the Python that builds them about a fifth of that (base64 3 ms, the
+events' text 1, ``_rows`` 2-4); the same rows as multi-row INSERTs of 200 measured no
+faster (33 against 30 ms, medians of 20 interleaved).
 """
 
 from __future__ import annotations
