@@ -53,7 +53,7 @@ from typing import Any
 from sandbox import checks, hostdirs, mountinfo, namespaces
 from sandbox.errors import CcwError, from_oserror
 from sandbox.homes import Home, login_homes
-from sandbox.hostdirs import inside
+from sandbox.hostdirs import inside, refusal
 from sandbox.meta import Capsule
 
 # --- the caller -------------------------------------------------------------------------
@@ -124,14 +124,6 @@ def _check_access(fd: int, path: str, uid: int, gid: int, mode: int, verb: str) 
         raise _refused(fd, path, uid, verb)
 
 
-def _named(uid: int) -> str:
-    """``uid 1001 (alice)``, or ``uid 1001`` for a uid no account names."""
-    try:
-        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
-    except KeyError:
-        return f"uid {uid}"
-
-
 def _refused(fd: int, path: str, uid: int, verb: str) -> CcwError:
     """``refusal`` for the directory ``fd``, its caller and owner taken out of a rootless helper's
     namespace (which calls its user 0, and every user it does not map 65534)."""
@@ -139,21 +131,6 @@ def _refused(fd: int, path: str, uid: int, verb: str) -> CcwError:
     owner = os.fstat(fd).st_uid
     mapped = any(start <= owner < start + count for start, _, count in uid_ranges)
     return refusal(path, host_uid(uid), namespaces.outside_id(owner, uid_ranges) if mapped else None, verb)
-
-
-def refusal(path: str, caller: int, owner: int | None, verb: str) -> CcwError:
-    """PERMISSION_DENIED for host uid ``caller``, who may not ``verb`` ("write" or "read") the directory
-    ``path`` of host uid ``owner`` (None: a user a rootless helper does not see): who, whose, what to do."""
-    whose = _named(owner) if owner is not None else "a user outside the rootless helper's user namespace"
-    if owner == caller:
-        way = f"make it {'writable' if verb == 'write' else 'readable'} (its mode or a read-only mount refuses you)"
-    elif verb == "write":
-        way = ("clone or copy it to a directory you own (git clone, cp -a) and create the capsule there, or have "
-               "its owner give you write access (chown, or a group of yours with write permission)")
-    else:
-        way = "have its owner give you read access, or name a directory you can read"
-    return CcwError("PERMISSION_DENIED", f"{_named(caller)} may not {verb} {path!r}, owned by {whose}; a capsule "
-                    f"may only be created over a directory you can {verb}: {way}", {"path": path})
 
 
 def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: int) -> bool:

@@ -46,19 +46,7 @@ from sandbox.cgroups import (
     parse_io_stat,
 )
 from sandbox.rusage import BlockCounts, Measurement
-
-# What each figure a missing cgroup leaves null is said to lack, as "HEAD: why".  The why
-# (``why_none``) is the helper's standing refusal, the same for every exec: the helper
-# learns it once (exec_cgroup.py) and a capsule's isolation report gives it
-# (in_force.py), so an exec's result may say only the head (``refusal_head``).
-REFUSED = {
-    "cpu_ms": "no readable cpu usage counter",
-    "rss_max_kb": "no memory cgroup",
-    "oom_killed": "no memory cgroup, an OOM kill cannot be told apart",
-    "pids_limited": "no pids cgroup",
-    "io_read_kb": "no io/blkio cgroup",
-    "io_write_kb": "no io/blkio cgroup",
-}
+from sandbox.usage_words import REFUSED
 
 
 @dataclass(frozen=True)
@@ -187,22 +175,6 @@ def _measure_io(where: ExecDirs, usage: Measurement, missing: str, rusage: Block
     else:
         usage.io_write_kb = write // 1024
         usage.sources["io_write_kb"] = "cgroup v2 io.stat of the exec's cgroup (writeback done)"
-
-
-def refusal_head(figure: str, reason: str) -> str | None:
-    """What ``reason``, why ``figure`` is null, says is missing, when its why is the helper's
-    standing cgroup refusal (``REFUSED``); None for a reason of the exec's own."""
-    head = REFUSED.get(figure)
-    return head if head is not None and reason.startswith(f"{head}: ") else None
-
-
-def mechanism(source: str) -> str:
-    """A figure's source without what the mechanism measures, the same for every exec: each is
-    written "MECHANISM: what it measures", and a clause about this exec follows after "; "
-    (rusage.fill's inherited image)."""
-    head, _, measures = source.partition(": ")
-    own = measures.partition("; ")[2]
-    return f"{head}; {own}" if own else head
 
 
 def why_none(refused: dict[str, str]) -> str:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pwd
 
 from sandbox.errors import CcwError
 from sandbox.homes import Home
@@ -167,3 +168,29 @@ def check_capsule_dir(name: str, path: str, caller_uid: int, homes: tuple[Home, 
         seen = f"{given!r} (the directory {path})" if given and given != path else repr(path)
         raise CcwError("PERMISSION_DENIED", f"{name} {seen} {why}; {_INSTEAD}",
                        {"argument": name, "path": path})
+
+
+# Both processes refuse a directory the caller may not use with these words: the helper
+# (access.py) and the front end, which runs as the caller and so can name an owner a
+# rootless helper's namespace does not show (capsules/create.py).
+def refusal(path: str, caller: int, owner: int | None, verb: str) -> CcwError:
+    """PERMISSION_DENIED for host uid ``caller``, who may not ``verb`` ("write" or "read") the directory
+    ``path`` of host uid ``owner`` (None: a user a rootless helper does not see): who, whose, what to do."""
+    whose = named(owner) if owner is not None else "a user outside the rootless helper's user namespace"
+    if owner == caller:
+        way = f"make it {'writable' if verb == 'write' else 'readable'} (its mode or a read-only mount refuses you)"
+    elif verb == "write":
+        way = ("clone or copy it to a directory you own (git clone, cp -a) and create the capsule there, or have "
+               "its owner give you write access (chown, or a group of yours with write permission)")
+    else:
+        way = "have its owner give you read access, or name a directory you can read"
+    return CcwError("PERMISSION_DENIED", f"{named(caller)} may not {verb} {path!r}, owned by {whose}; a capsule "
+                    f"may only be created over a directory you can {verb}: {way}", {"path": path})
+
+
+def named(uid: int) -> str:
+    """``uid 1001 (alice)``, or ``uid 1001`` for a uid no account names."""
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"

@@ -52,13 +52,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sandbox.replies import Usage
+from sandbox.usage_words import NO_REPORT
 
 _REPORT = struct.Struct("!QQQQQ")  # cpu_us, maxrss_kb, inblock, oublock, inherited_kb
 
 INIT_CPU = "wait4 rusage of the jail's init: CPU time (user + system) summed over every process of the jail"
 INIT_RSS = "wait4 rusage of the jail's init: peak RSS of the largest single process (not a total)"
-NO_REPORT = ("the jail's init was killed before it could report the rusage of the processes it reaped, "
-             "and the kernel counts none of the processes it reaps then")
 _RUSAGE_FIGURES = ("cpu_ms", "rss_max_process_kb", "io_read_kb", "io_write_kb")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import access
+from sandbox import access, hostdirs
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule
 from sandbox.spec import CapsuleSpec
@@ -151,14 +151,14 @@ def test_a_shown_dir_must_pass_the_expose_rule_and_be_readable(tmp_path: Path) -
 
 def test_a_refusal_names_the_caller_the_owner_and_the_ways_forward() -> None:
     # Root (0) is in every /etc/passwd; 47_399 is in none.
-    other = access.refusal("/srv/rootrepo", 47_399, 0, "write")
+    other = hostdirs.refusal("/srv/rootrepo", 47_399, 0, "write")
     assert other.code == "PERMISSION_DENIED" and other.details == {"path": "/srv/rootrepo"}
     assert other.message.startswith("uid 47399 may not write '/srv/rootrepo', owned by uid 0 (root); ")
     assert "clone or copy it to a directory you own" in other.message and "chown" in other.message
-    unseen = access.refusal("/srv/rootrepo", 47_399, None, "write")  # a rootless helper sees no owner
+    unseen = hostdirs.refusal("/srv/rootrepo", 47_399, None, "write")  # a rootless helper sees no owner
     assert "owned by a user outside the rootless helper's user namespace" in unseen.message
-    own = access.refusal("/ro", 0, 0, "write")
+    own = hostdirs.refusal("/ro", 0, 0, "write")
     assert own.message.startswith("uid 0 (root) may not write '/ro', owned by uid 0 (root); ")
     assert "make it writable" in own.message and "clone" not in own.message
-    base = access.refusal("/snap", 47_399, 0, "read")
+    base = hostdirs.refusal("/snap", 47_399, 0, "read")
     assert "have its owner give you read access" in base.message

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandbox.cgroups import CgroupLayout, Hierarchy
-from sandbox.exec_usage import REFUSED, ExecDirs, measure, mechanism, refusal_head, why_none
+from sandbox.exec_usage import ExecDirs, measure, why_none
 from sandbox.rusage import INIT_RSS
+from sandbox.usage_words import REFUSED, mechanism, refusal_head
 
 
 def _v2(tmp_path: Path, files: dict[str, str]) -> ExecDirs:

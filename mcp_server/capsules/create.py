@@ -40,9 +40,8 @@ from mcp_server.core.expose import Need
 from mcp_server.core.netrules import NetworkSpec
 from mcp_server.core.paths import encoded as encoded_path
 from mcp_server.journal_records import CapsuleRecord
-from sandbox.access import refusal
 from sandbox.homes import login_homes
-from sandbox.hostdirs import check_capsule_dir
+from sandbox.hostdirs import check_capsule_dir, refusal
 from sandbox.spec import CapsuleSpec, Limits
 
 
@@ -87,7 +86,7 @@ def _asked_exposed(paths: tuple[str, ...]) -> None:
 
 
 def _check_rights(path: str, mode: int, verb: str) -> None:
-    """Refuse, with ``access.refusal``'s owner and ways forward, a directory the caller may not ``verb``.
+    """Refuse, with ``hostdirs.refusal``'s owner and ways forward, a directory the caller may not ``verb``.
 
     We run as the caller, so ``os.access`` asks the kernel what the helper's check will (ACLs
     and read-only mounts included).  A path that is not a directory is left to the helper's

@@ -29,11 +29,10 @@ import blake3
 
 from mcp_server.caller import Caller
 from sandbox.checks import MAX_TIMEOUT_MS
-from sandbox.exec_usage import mechanism, refusal_head
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
-from sandbox.rusage import NO_REPORT
 from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
+from sandbox.usage_words import NO_REPORT, mechanism, refusal_head
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = DEFAULT_PROGRESS_MS  # how often a journaled exec asks the helper for reports

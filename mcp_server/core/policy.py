@@ -71,7 +71,7 @@ from typing import Any
 
 from mcp_server.core.hazards import Hazard, report_reasons
 from mcp_server.core.netrules import Rule, normalize_host, parse_rules
-from sandbox.exec_usage import refusal_head
+from sandbox.usage_words import refusal_head
 
 RULE_NAMES = ("allow_hosts", "deny_hosts", "deny_paths", "if_unmeasured", "max_cpu_ms", "max_rss_mb",
               "require_identical_output", "require_replay_ok", "require_tests", "volatile", "expose",
