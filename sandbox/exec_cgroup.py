@@ -281,16 +281,18 @@ class ExecCgroup:
             return procs(path)
         return []
 
-    def owns(self, pid: int) -> bool | None:
+    def owns(self, pid: int, text: str | None = None) -> bool | None:
         """Whether ``pid`` is in this exec's cgroup; None when the process is gone or ending.
+        ``text``: its /proc/PID/cgroup, if already read (fanotify_record.Batch).
 
         v2 is asked first: a zombie keeps its v2 cgroup, while v1 shows an exiting task in
         the root, so v1's "elsewhere" holds only for a process not ending (``is_ending``).
         """
-        try:
-            text = read_file(f"/proc/{pid}/cgroup")
-        except OSError:
-            return None
+        if text is None:
+            try:
+                text = read_file(f"/proc/{pid}/cgroup")
+            except OSError:
+                return None
         mine = parse_self_cgroup(text)
         for hier, path in sorted(self.dirs.items(), key=lambda item: -item[0].version):
             rel = "/" + os.path.relpath(path, hier.mount_point)
