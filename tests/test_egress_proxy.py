@@ -113,17 +113,23 @@ def test_denials_get_403_with_reason_and_no_dns() -> None:
         for body in bodies:
             assert body.startswith(b"HTTP/1.1 403 Forbidden\r\n")
             assert b"; allowed: *.allowed.example, 127.0.0.1:" in body
-        assert b"ccw: no rule allows pypi.org:443;" in bodies[0]
-        assert b"ccw: no rule allows 10.1.2.3:443;" in bodies[1]
-        assert f"ccw: no rule allows 127.0.0.1:{up.port + 1};".encode() in bodies[2]
-        assert b"ccw: no rule allows [::1]:22;" in bodies[3]
+            assert body.endswith(b"\n")  # what a terminal prints next starts on a line of its own
+        assert b"ccw: no rule allows pypi.org:443 (" in bodies[0]
+        assert b"ccw: no rule allows 10.1.2.3:443 (" in bodies[1]
+        assert f"ccw: no rule allows 127.0.0.1:{up.port + 1} (".encode() in bodies[2]
+        assert b"ccw: no rule allows [::1]:22 (" in bodies[3]
         assert [(r["host"], r["protocol"], r["allowed"], r["rule"]) for r in records] == [
             ("10.1.2.3", "https", False, None), ("127.0.0.1", "https", False, None),
             ("::1", "https", False, None), ("denied.example", "http", False, None),
             ("pypi.org", "https", False, None),
         ]
-        assert notes[-1] == "ccw network: denied https pypi.org:443: no rule allows pypi.org:443"
-        assert "ccw network: denied https [::1]:22: no rule allows [::1]:22" in notes
+        # A plain miss says how to allow it: the agent's way, and the person's.
+        assert notes[-1] == ("ccw network: denied https pypi.org:443: no rule allows pypi.org:443 (to allow it: "
+                             'capsule_network {propose: ["pypi.org:443"], reason}, or ccw capsule net CAP allow '
+                             "pypi.org:443)")
+        assert any(note.startswith("ccw network: denied https [::1]:22: no rule allows [::1]:22 (to allow it: "
+                                   'capsule_network {propose: ["[::1]:22"]') for note in notes)
+        assert b'capsule_network {propose: ["pypi.org:443"], reason}' in bodies[0]
 
     run(main)
 

@@ -14,6 +14,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mcp_server.core import netrules
 from mcp_server.core.netspace import HostSpace
 from mcp_server.egress import session as session_module
 from mcp_server.egress import splice
@@ -191,7 +192,8 @@ def test_records_sorted_and_between_execs_kept() -> None:
             await read_all(client)
             session.begin_exec()
             second = session.end_exec()
-            assert session.notes() == ["ccw network: denied https late.example:9: no rule allows late.example:9"]
+            assert session.notes() == ["ccw network: denied https late.example:9: no rule allows late.example:9 ("
+                                       + netrules.allow_hint("late.example:9") + ")"]
             assert session.end_exec() == []
         assert [(r["host"], r["port"]) for r in first] == [
             ("127.0.0.1", up.port), ("alpha.example", 1), ("alpha.example", 2), ("zeta.example", 1)]

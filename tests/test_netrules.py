@@ -156,6 +156,7 @@ def test_names_match_exactly_and_ports_bind() -> None:
     assert decide(rules, "pypi.org", 443).allowed
     denied = decide(rules, "pypi.org", 80)
     assert (denied.allowed, denied.rule, denied.reason) == (False, None, "no rule allows pypi.org:80")
+    assert denied.wanted == "pypi.org:80"  # the rule its denial tells how to get (allow_hint)
     assert decide(rules, "files.pythonhosted.org", 80).allowed
     assert decide(rules, "files.pythonhosted.org", 443).allowed
     assert not decide(rules, "www.pypi.org", 443).allowed
@@ -201,6 +202,8 @@ def test_cidr_edges(rule: str, host: str, allowed: bool) -> None:
 def test_denials_say_why() -> None:
     rules = spec("pypi.org")
     assert decide(rules, "2001:db8::1", 443).reason == "no rule allows [2001:db8::1]:443"
+    assert decide(rules, "2001:db8::1", 443).wanted == "[2001:db8::1]:443"
+    assert decide(rules, "127.1", 80).wanted is None  # no rule would allow it: nothing to propose
     assert "neither an IP address nor a host name" in decide(rules, "127.1", 80).reason
     assert "ASCII" in decide(rules, "bücher.de", 80).reason
     assert "not allowed" in decide(rules, "a b", 80).reason

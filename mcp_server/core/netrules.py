@@ -143,6 +143,7 @@ class Decision:
     allowed: bool
     rule: str | None
     reason: str
+    wanted: str | None = None  # a plain miss's: the rule that would allow it (for allow_hint)
 
 
 @dataclass(frozen=True)
@@ -435,4 +436,10 @@ def decide(spec: NetworkSpec, host: str, port: int) -> Decision:
     if unported:
         return Decision(False, None, f"no rule allows {shown}:{port} ({unported[0]} has no port, "
                                      f"so it allows 80 and 443 only; name the port: {shown}:{port})")
-    return Decision(False, None, f"no rule allows {shown}:{port}")
+    return Decision(False, None, f"no rule allows {shown}:{port}", wanted=f"{shown}:{port}")
+
+
+def allow_hint(wanted: str) -> str:
+    """How a plain miss is allowed, said in its denial: an agent proposes the rule, a person
+    adds it (with ``on_miss: "ask"`` the person is asked instead: capsules/misses.py)."""
+    return f'to allow it: capsule_network {{propose: ["{wanted}"], reason}}, or ccw capsule net CAP allow {wanted}'

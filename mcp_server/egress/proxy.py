@@ -131,7 +131,7 @@ async def handle_http(gate: Gate, sock: trio.socket.SocketType) -> None:
         with trio.move_on_after(gate.header_timeout) as deadline:
             request = await _read_request(sock, conn)
         if deadline.cancelled_caught:
-            await reply(sock, response(408, "Request Timeout", "ccw: request head not complete in time"))
+            await reply(sock, response(408, "Request Timeout", "ccw: request head not complete in time\n"))
             return
         if request is None:
             return
@@ -140,7 +140,7 @@ async def handle_http(gate: Gate, sock: trio.socket.SocketType) -> None:
         else:
             await _forward(gate, sock, conn, request)
     except (h11.RemoteProtocolError, BadRequest) as exc:
-        await reply(sock, response(400, "Bad Request", f"ccw: {exc}"))
+        await reply(sock, response(400, "Bad Request", f"ccw: {exc}\n"))
     except OSError:
         pass  # the client went away; nothing to answer
     finally:
@@ -155,22 +155,22 @@ async def _open(gate: Gate, sock: Wire, host: str, port: int,
                 protocol: Protocol_, check: Check | None = None) -> tuple[Attempt, trio.socket.SocketType] | None:
     """Admit, ``check`` and connect, or answer 403/502 and return None."""
     attempt = await gate.consider(gate.admit(host, port, protocol))
-    if not attempt.allowed:
-        await reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}"))
+    if not attempt.allowed:  # each body here ends its line: a client prints it, and ccw's notes follow
+        await reply(sock, response(403, "Forbidden", f"ccw: {attempt.reason}; allowed: {gate.allowed_text()}\n"))
         return None
     why = None if check is None else await check(attempt)
     if why is not None:
         assert isinstance(gate, Carrier | ruled.Ruled)  # only a carrier's or a ruled gate's requests are checked
         gate.refuse(attempt, why)
-        await reply(sock, response(403, "Forbidden", f"ccw: {why}"))
+        await reply(sock, response(403, "Forbidden", f"ccw: {why}\n"))
         return None
     try:
         return attempt, await gate.open(attempt)
     except Refused as exc:
         if exc.denied:
-            await reply(sock, response(403, "Forbidden", f"ccw: {exc.message}; allowed: {gate.allowed_text()}"))
+            await reply(sock, response(403, "Forbidden", f"ccw: {exc.message}; allowed: {gate.allowed_text()}\n"))
         else:
-            await reply(sock, response(502, "Bad Gateway", f"ccw: {exc.message}"))
+            await reply(sock, response(502, "Bad Gateway", f"ccw: {exc.message}\n"))
         return None
 
 
@@ -210,13 +210,13 @@ async def _terminate(gate: Gate, sock: trio.socket.SocketType, early: bytes, att
         jail = jails[0]
         if isinstance(verified, OSError):
             attempt.reason = str(verified)
-            await reply(jail, response(502, "Bad Gateway", f"ccw: {verified}"))
+            await reply(jail, response(502, "Bad Gateway", f"ccw: {verified}\n"))
             return
         await _serve_terminated(gate, tlsterm.Terminated(attempt, jail, verified), first)
     except tlsterm.Refusal as exc:
         _refuse(gate, attempt, str(exc))
         if jails:
-            await reply(jails[0], response(403, "Forbidden", f"ccw: {exc}"))
+            await reply(jails[0], response(403, "Forbidden", f"ccw: {exc}\n"))
     finally:
         upstream.close()
         if jails:
@@ -240,7 +240,7 @@ async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: b
         with trio.move_on_after(gate.header_timeout):
             request = await _read_request(jail, conn)
     except (h11.RemoteProtocolError, BadRequest) as exc:
-        await reply(jail, response(400, "Bad Request", f"ccw: {exc}"))
+        await reply(jail, response(400, "Bad Request", f"ccw: {exc}\n"))
         return
     if request is None:
         return
@@ -259,7 +259,7 @@ async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: b
         if creds is not None and creds.holds(b"".join(b"%s: %s\r\n" % pair for pair in request.headers)):
             why = f"{EXFILTRATION}? {why}, with a placeholder in it"
         _refuse(gate, attempt, why)
-        await reply(jail, response(403, "Forbidden", f"ccw: {why}"))
+        await reply(jail, response(403, "Forbidden", f"ccw: {why}\n"))
         return
     authority = host_text(attempt.host, attempt.port).encode("ascii")
     headers = forward_headers(list(request.headers), authority)
@@ -365,7 +365,7 @@ async def _upstream(gate: Gate, sock: Wire, via: _Via, check: Check) -> tuple[At
         if why is None:
             return attempt, via.terminated.upstream
         _refuse(gate, attempt, why)
-        await reply(sock, response(403, "Forbidden", f"ccw: {why}"))
+        await reply(sock, response(403, "Forbidden", f"ccw: {why}\n"))
         return None
     opened = await _open(gate, sock, via.host, via.port, "http", check)
     if opened is None or via.scheme == "http":
@@ -375,7 +375,7 @@ async def _upstream(gate: Gate, sock: Wire, via: _Via, check: Check) -> tuple[At
         return attempt, await tlsterm.connect(upstream, attempt.host)
     except OSError as exc:
         attempt.reason = str(exc)
-        await reply(sock, response(502, "Bad Gateway", f"ccw: {exc}"))
+        await reply(sock, response(502, "Bad Gateway", f"ccw: {exc}\n"))
         return None
 
 

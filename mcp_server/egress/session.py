@@ -349,9 +349,11 @@ class EgressSession:
                               f"{decision.reason}; waiting for a person's answer", rules=self.rules, asked=WAITING)
             book.attempts.append(attempt)  # told once answered (consider)
             return attempt
+        reason = decision.reason if decision.wanted is None else f"{decision.reason} " \
+            f"({netrules.allow_hint(decision.wanted)})"
         return self._record(
             Attempt(self._next_seq(), shown, port, protocol, decision.allowed, decision.rule,
-                    None if decision.allowed else decision.reason, rules=self.rules)
+                    None if decision.allowed else reason, rules=self.rules)
         )
 
     async def open(self, attempt: Attempt) -> trio.socket.SocketType:
