@@ -139,3 +139,10 @@ def test_settled_questions_are_kept_up_to_a_bound(state: State, monkeypatch: pyt
         asks.answer(state, asked.id, "denied", "me", "no")
     kept = state.execute("SELECT COUNT(*) AS n FROM net_questions")[0]["n"]
     assert kept <= 6 and asks.get(state, asked.id) is not None  # the newest stay
+
+
+def test_ccw_net_deny_of_a_proposal_prints_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    made = asks.propose(State(tmp_path), "cap_a", ["10.0.0.0/8"], "the lan", "token agent")
+    assert main(["--state-dir", str(tmp_path), "net", "deny", str(made.id), "--reason", "too broad"]) == 0
+    assert capsys.readouterr().out == (f"{made.id}: denied (proposal of token agent in cap_a: 10.0.0.0/8; "
+                                       "too broad)\n")

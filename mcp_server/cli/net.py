@@ -81,8 +81,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if args.json:
         print_json(settled.to_json())
     elif settled.kind == "proposal":
+        told = settled.applied if settled.allowed else settled.reason  # how the rules went in, or why not
         print(f"{settled.id}: {settled.state} (proposal of {settled.proposer} in {settled.capsule_id}: "
-              f"{settled.rule}; {settled.applied})")
+              f"{settled.rule}" + (f"; {told}" if told else "") + ")")
     else:
         print(f"{settled.id}: {settled.state} ({settled.host}:{settled.port} in {settled.capsule_id})")
     return 0
