@@ -9,7 +9,8 @@ really leads.
 * **Ownership**: a capsule belongs to the uid that made it; any other uid gets
   PERMISSION_DENIED, root included (``check_owner``).
 * **Directories**: a caller may create a capsule only over a directory it can write and
-  search, and with a ``base`` it can read.  The helper opens the directory first
+  search, or with a ``base`` it can read (the workspace is then only where the jail
+  shows the base, hostdirs.py says why).  The helper opens the directory first
   (pinning it); when the caller is another uid, a forked child switches to the caller's
   uid, gid and supplementary groups, opens the same path (so every ancestor is searched
   with the caller's rights), checks it is the same inode and asks
@@ -157,18 +158,21 @@ def _access_as(fd: int, path: str, uid: int, gid: int, groups: list[int], mode: 
 @contextlib.contextmanager
 def pinned_lower(workspace: str, base: str | None, uid: int, gid: int, state_dir: str) -> Iterator[tuple[int, str]]:
     """The capsule's lower dir (``base``, else the workspace) pinned by a descriptor, with its
-    resolved path, once the caller may write the workspace and read the base; closed after."""
+    resolved path, once the caller may write the workspace (without a base) and read the base; closed after."""
     # With a base, the workspace is only where the jail shows it: a replay on another
-    # machine, or after the workspace was deleted, has no directory there.  Nothing
-    # is written at that path on the host, so there is nothing to check access to.
+    # machine, or after the workspace was deleted, has no directory there, and a replay
+    # by another user of this host finds the maker's, which it may not write.  Nothing
+    # is read or written at that path on the host (promotion writes there as its caller,
+    # and the kernel refuses that caller there), so only the place is checked.
     ws_fd = None if base is not None and not os.path.lexists(workspace) else _open_dir(workspace, "workspace")
     base_fd = _open_dir(base, "base") if base is not None else None
     try:
         _check_place("workspace", ws_fd, workspace, uid, shown_only=base is not None)
         if base_fd is not None:
             _check_place("base", base_fd, base or "", uid, shown_only=False)
-        if ws_fd is not None:
+        if ws_fd is not None and base is None:
             _check_access(ws_fd, workspace, uid, gid, os.W_OK | os.X_OK, "write")
+        if ws_fd is not None:
             # Check the resolved path again: a symlink in the argument may lead elsewhere.
             _check_resolved("workspace", os.readlink(f"/proc/self/fd/{ws_fd}"), state_dir, allow_state=False)
         if base_fd is not None:

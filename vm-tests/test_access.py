@@ -94,6 +94,16 @@ def test_a_base_must_be_readable_by_the_caller(public: Path) -> None:
     assert _lower(gone, base, OTHER, OTHER, public) == str(base)
 
 
+def test_with_a_base_the_workspace_is_only_where_it_is_shown(public: Path) -> None:
+    # A replay by another user of this host: the recorded workspace is there, the maker's,
+    # and the caller may not write it; nothing is written there, so only the base's read counts.
+    ws, base = public / "ws", public / "snapshot"
+    ws.mkdir(mode=0o755)  # root's
+    base.mkdir(mode=0o755)
+    assert _lower(ws, base, OTHER, OTHER, public) == str(base)
+    _denied(lambda: _lower(ws, None, OTHER, OTHER, public))  # without a base it is written: refused
+
+
 def test_a_read_only_mount_refuses_even_root(public: Path) -> None:
     # access() asks the kernel, which knows the mount is read-only; a mode check would not.
     ws = public / "ws"

@@ -37,7 +37,7 @@ async def helper():
 
 service = CapsuleService(State(sys.argv[2]), helper, Hooks())
 try:
-    trio.run(create, service, Asked(workspace=sys.argv[1]), {"PATH": ""})
+    trio.run(create, service, Asked(workspace=sys.argv[1], base=(sys.argv[3:] or [None])[0]), {"PATH": ""})
 except CcwError as exc:
     print(json.dumps({"code": exc.code, "message": exc.message, "asked": asked}))
 """
@@ -65,3 +65,19 @@ def test_a_directory_of_roots_is_refused_naming_its_owner_before_the_helper_is_a
     os.chown(ws, OTHER, OTHER)  # now the caller's: the helper is asked
     out = run_as(OTHER, OTHER, SCRIPT, str(ws), str(public / "state"), cwd=str(ROOT))
     assert (out["code"], out["asked"]) == ("UNAVAILABLE", [True]), out
+
+
+def test_with_a_base_a_directory_of_roots_is_only_where_the_base_is_shown(
+        public: Path, run_as: Callable[..., Any]) -> None:
+    # A replay's capsule: its base shown at a recorded path the caller may not write, which
+    # nothing reads or writes on the host (sandbox/hostdirs.py), so the helper is asked.
+    ws, base = public / "rootrepo", public / "snapshot"
+    ws.mkdir(mode=0o755)
+    base.mkdir(mode=0o700)
+    os.chown(base, OTHER, OTHER)
+    out = run_as(OTHER, OTHER, SCRIPT, str(ws), str(public / "state"), str(base), cwd=str(ROOT))
+    assert (out["code"], out["asked"]) == ("UNAVAILABLE", [True]), out
+    os.chown(base, 0, 0)  # a base the caller may not read is still refused here
+    out = run_as(OTHER, OTHER, SCRIPT, str(ws), str(public / "state"), str(base), cwd=str(ROOT))
+    assert out["code"] == "PERMISSION_DENIED" and out["asked"] == [], out
+    assert out["message"].startswith(f"uid {OTHER} may not read {str(base)!r}, owned by uid 0 (root); "), out

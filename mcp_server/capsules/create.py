@@ -7,9 +7,10 @@ what the capsule is, in this order (a call wrong in two ways hears of the first)
    journal's entries are canonical.  The helper resolves and checks them again.  A
    relative one, or one whose real name is not UTF-8, is refused (core/hostpaths.py says why).
 2. The directory rule (``check_capsule_dir``): never a system directory or a home's
-   secrets; and the caller's right to write the workspace and read the base.  The helper
-   applies both again; here they fail before any work is done, and a refusal can name the
-   directory's owner, whom a rootless helper's namespace does not see (``_check_rights``).
+   secrets; and the caller's right to write the workspace, or with a base to read the base
+   (the workspace is then only where the base is shown).  The helper applies both again;
+   here they fail before any work is done, and a refusal can name the directory's owner,
+   whom a rootless helper's namespace does not see (``_check_rights``).
 3. The git dir a worktree's or submodule's ``.git`` file names, outside the workspace
    (capsules/gitdirs.py: a few bounded reads of small files), or why git will not work.
 4. The toolchain dirs shown read-only (capsules/exposure.py): those asked for, and,
@@ -109,7 +110,8 @@ async def create(capsules: CapsuleService, asked: Asked, env: Mapping[str, str])
     if base != workspace:
         check_capsule_dir("base", base, uid, homes, given=asked.base)
         _check_rights(base, os.R_OK | os.X_OK, "read")
-    _check_rights(workspace, os.W_OK | os.X_OK, "write")
+    else:  # with a base the workspace is only where it is shown (sandbox/hostdirs.py)
+        _check_rights(workspace, os.W_OK | os.X_OK, "write")
     git = find_gitdir(base, uid, homes)
     _asked_exposed(asked.expose)
     spec = CapsuleSpec(
