@@ -17,7 +17,7 @@ import trio
 
 from mcp_server.cli import clients, main, parse_args, serve_env
 from mcp_server.cli.capsule import tool_call
-from mcp_server.cli.output import Progress, color_diff, exec_status, run_with_progress, use_color
+from mcp_server.cli.output import Progress, color_diff, exec_status, pointed_details, run_with_progress, use_color
 from mcp_server.cli.policy_report import policy_lines
 from mcp_server.doctor import render
 from sandbox.errors import CcwError
@@ -389,3 +389,40 @@ def test_service_start_takes_env_values() -> None:
     assert "env" not in service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--", "serve"]))[1]
     with pytest.raises(SystemExit, match="NAME=VALUE"):
         service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--env", "PORT", "--", "serve"]))
+
+
+TAMPERED = CcwError(
+    "CONFLICT", "the witness failed verification, so it cannot be replayed; see details.problems (a tampered or "
+    "truncated file): make the witness again from its capsule",
+    {"problems": [{"kind": "blob_tampered", "blob": "ab\x1b]0;owned\x07", "actual": "cd"},
+                  {"kind": "blob_missing", "blob": "ef"}], "path": "/w.tar.zst"})
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_an_error_shows_the_details_its_message_points_at(as_json: bool, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    # A tampered witness: "see details.problems", which a person at ccw could not see before.
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        raise TAMPERED
+
+    monkeypatch.setenv("CCW_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("mcp_server.cli.frontclient.call_tool", call_tool)
+    monkeypatch.setattr("mcp_server.cli.helperctl.ensure", lambda *args, **kwargs: None)  # no helper is asked
+    assert main(["capsule", "replay", str(tmp_path / "w.tar.zst"), *(["--json"] if as_json else [])]) == 1
+    out, err = capsys.readouterr()
+    head = f"ccw: CONFLICT: {TAMPERED.message}"
+    if as_json:  # the whole error, as the tool answers it, on stdout
+        assert json.loads(out) == {"error": TAMPERED.to_dict()} and err == head + "\n"
+    else:  # the problems a line each, the maker's names unable to drive the terminal; details.path not pointed at
+        assert out == "" and err.splitlines() == [
+            head, "details.problems:", "  kind: blob_tampered, blob: ab\\x1b]0;owned\\x07, actual: cd",
+            "  kind: blob_missing, blob: ef"]
+
+
+def test_an_error_shows_at_most_twenty_entries_of_a_detail_and_a_mapping_a_key_a_line() -> None:
+    many = pointed_details("see details.problems and details.context; details.gone",
+                           {"problems": list(range(25)), "context": {"line": 3, "tags": ["a", "b"]}})
+    assert many[:3] == ["details.problems:", "  0", "  1"] and many[20] == "  19"
+    assert many[21:] == ["  ... and 5 more (--json shows them all)", "details.context:", "  line: 3",
+                         '  tags: ["a", "b"]']

@@ -14,7 +14,8 @@
     ccw secret set|list|rm          credentials capsules use without seeing them, bound to hosts (secret.py)
     ccw cluster up                  a local REAPI cluster (BuildGrid) for deltamin and replays (issue 17)
 
-Every command takes ``--json`` (the whole structured result on stdout) and the global
+Every command takes ``--json`` (the whole structured result on stdout; a ``CcwError`` as
+``{"error": {code, message, details}}``, besides its line on stderr) and the global
 ``--state-dir`` / ``--helper-socket`` (the same as ``CCW_STATE_DIR`` /
 ``CCW_HELPER_SOCKET``).  Exit status: the command's own (``capsule exec``), 0 on
 success, 1 when the operation failed or refused (a policy, a replay mismatch, a
@@ -180,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except CcwError as exc:
-        print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
+        _print_error(exc, bool(getattr(args, "json", False)))
         return 2 if exc.code == "INVALID_ARGUMENT" and args.command == "serve" else 1
     except KeyboardInterrupt:
         return 130
@@ -191,6 +192,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141  # 128 + SIGPIPE, as a shell reports a command a closed pipe ended
+
+
+def _print_error(exc: CcwError, as_json: bool) -> None:
+    """``ccw: CODE: message`` on stderr, then the details the message says to see ("see
+    details.problems"), which a person has no other way to read; with ``--json``, the whole
+    error on stdout instead of those lines, as the tool answers it (``{"error": {code, message, details}}``)."""
+    from mcp_server.cli.output import pointed_details, print_json
+
+    print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
+    if as_json:
+        print_json({"error": exc.to_dict()})
+        return
+    for line in pointed_details(exc.message, exc.details):
+        print(line, file=sys.stderr)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

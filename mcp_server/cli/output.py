@@ -33,6 +33,7 @@ import base64
 import codecs
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -120,6 +121,40 @@ def print_json(value: Any, stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     stream.write(json_text(value, indent=2) + "\n")
     stream.flush()
+
+
+# An error's message names the details it says to read as "see details.problems".
+_POINTED = re.compile(r"\bdetails\.(\w+)")
+SHOWN_DETAILS = 20  # entries of one pointed-at detail printed; --json has them all
+
+
+def pointed_details(message: str, details: Mapping[str, Any]) -> list[str]:
+    """The lines that show a person each field of an error's ``details`` its ``message`` points at
+    ("see details.problems"): its name, then one entry a line (a list's items, a mapping's keys).
+    Control characters are made visible: a witness's paths and blob names are its maker's."""
+    lines = []
+    for name in dict.fromkeys(_POINTED.findall(message)):
+        if name not in details:
+            continue
+        value = details[name]
+        if isinstance(value, Mapping):
+            entries = [f"{key}: {_entry(item)}" for key, item in value.items()]
+        else:
+            entries = [_entry(item) for item in (value if isinstance(value, list) else [value])]
+        lines.append(f"details.{name}:")
+        lines += [f"  {visible(entry)}" for entry in entries[:SHOWN_DETAILS]]
+        if len(entries) > SHOWN_DETAILS:
+            lines.append(f"  ... and {len(entries) - SHOWN_DETAILS} more (--json shows them all)")
+    return lines
+
+
+def _entry(value: Any) -> str:
+    """One entry of a detail on one line: text as itself, a mapping as ``key: value, ...``, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping):
+        return ", ".join(f"{key}: {_entry(item)}" for key, item in value.items())
+    return json_text(value)
 
 
 def one_line(message: str) -> str:
