@@ -1,13 +1,16 @@
 """Credentials at the proxy (egress/credentials.py, issue 38) over real loopback sockets: a
 placeholder swapped for its value only toward its bound host, echoes masked, a placeholder
 anywhere else refused with a 403 and recorded as an exfiltration attempt, CONNECT left
-alone, and reverse routes adding the value for a client that only takes a base URL."""
+alone, and reverse routes adding the value for a client that only takes a base URL.  An
+echo gzip'd or split across chunks never brings the value back (egress/maskedbody.py)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import gzip
 
+import h11
 import pytest
 import trio
 
@@ -16,6 +19,7 @@ from mcp_server.core.secretbind import make_binding
 from mcp_server.egress.credentials import EXFILTRATION, Credentials
 from mcp_server.egress.relay import Attempt
 from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
+    Serve,
     Upstream,
     egress,
     http_responder,
@@ -242,3 +246,139 @@ def test_body_attempt_and_route_parsing() -> None:
     assert Credentials(secrets_for(443), Store()).route(b"/route/TOKEN/") == ("TOKEN", "127.0.0.1", 443, b"/", "https")
     assert creds.route(b"/route/NOPE/a") is None and creds.route(b"/other") is None
     assert isinstance(Attempt, type)
+
+
+def echo_encoded(coding: str) -> Serve:
+    """An upstream that answers with the request head it got as its body: gzip-encoded when the
+    request accepts gzip ("asked"), gzip-encoded whatever it accepts ("always"), or in chunks of
+    7 bytes, so that the framing splits every value in it ("chunks")."""
+
+    async def serve(stream: trio.SocketStream, state: Upstream) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received and (data := await stream.receive_some()):
+            received += data
+        state.seen.append(received)
+        accepts = b"gzip" in b"".join(line for line in received.lower().split(b"\r\n")
+                                      if line.startswith(b"accept-encoding:"))
+        if coding == "chunks":
+            pieces = [received[at:at + 7] for at in range(0, len(received), 7)]
+            body = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        elif coding == "always" or accepts:
+            body = gzip.compress(received)
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)
+        else:
+            body = received
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+        with contextlib.suppress(trio.BrokenResourceError):
+            await stream.send_all(head + body)
+        await stream.aclose()
+
+    return serve
+
+
+def decoded_body(answer: bytes) -> bytes:
+    """The body a client makes of ``answer``: de-chunked by h11, then gunzipped if it says gzip."""
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))
+    client.send(h11.EndOfMessage())
+    client.receive_data(answer)
+    client.receive_data(b"")
+    body, gzipped = b"", False
+    while not isinstance(event := client.next_event(), h11.EndOfMessage | h11.ConnectionClosed):
+        if isinstance(event, h11.Response):
+            gzipped = (b"content-encoding", b"gzip") in list(event.headers)
+        elif isinstance(event, h11.Data):
+            body += event.data
+    return gzip.decompress(body) if gzipped else body
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("route", [False, True], ids=["proxied", "routed"])
+@pytest.mark.parametrize("coding", ["asked", "always", "chunks"])
+def test_an_encoded_echo_of_the_value_never_reaches_the_jail(coding: str, route: bool) -> None:
+    """A client that accepts gzip (curl --compressed, pip, requests) and an upstream that echoes
+    the request's headers: the upstream is asked for no coding, one that compresses anyway is
+    refused with a 502 and recorded, and a chunked echo is masked across its chunks."""
+    store, told = Store(), []
+
+    async def main() -> tuple[bytes, list[dict[str, object]], list[bytes], str]:
+        async with upstream(echo_encoded(coding)) as up, \
+                egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store)
+            placeholder = capsule.env()["TOKEN"]
+            client = await proxy.http()
+            line = (b"GET /route/TOKEN/echo HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n" if route
+                    else request(up.port, path="/echo")[:-2])
+            await client.send_all(line + f"Authorization: Bearer {placeholder}\r\n".encode()
+                                  + b"Accept-Encoding: gzip, deflate, br\r\nTE: gzip, trailers\r\n\r\n")
+            return await read_all(client), proxy.session.end_exec(), up.seen, placeholder
+
+    answer, records, seen, placeholder = trio.run(main)
+    assert b"authorization: Bearer " + VALUE in seen[0]  # the value went upstream
+    assert b"accept-encoding: identity\r\n" in seen[0] and b"gzip" not in seen[0] and b"te:" not in seen[0]
+    assert VALUE not in answer
+    [record] = records
+    if coding == "always":
+        assert answer.startswith(b"HTTP/1.1 502 ") and b"Content-Encoding: gzip" in answer
+        assert b"compressed" in answer and b"nothing of it passed" in answer
+        assert record["allowed"] is False and "Content-Encoding: gzip" in str(record["reason"])
+        assert any(attempt.reason == record["reason"] for attempt in told)  # told live
+        return
+    assert answer.startswith(b"HTTP/1.1 200 ") and record["allowed"] is True
+    body = decoded_body(answer)
+    assert VALUE not in body and b"authorization: Bearer " + placeholder.encode() in body
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_every_request_to_a_bound_host_asks_for_no_coding() -> None:
+    """Not only one a value went into: the responses of a bound host stay readable."""
+
+    async def main() -> list[bytes]:
+        async with upstream(echo_encoded("asked")) as up, upstream(echo_encoded("asked")) as other, \
+                egress(network(f"127.0.0.1:{up.port}", f"127.0.0.1:{other.port}")) as proxy:
+            proxy.session.credentials = Credentials(secrets_for(up.port), Store())
+            for port in (up.port, other.port):
+                client = await proxy.http()
+                await client.send_all(request(port, "Accept-Encoding: gzip\r\n"))
+                await read_all(client)
+            return up.seen + other.seen
+
+    bound, other = trio.run(main)
+    assert b"accept-encoding: identity\r\n" in bound and b"gzip" not in bound
+    assert b"accept-encoding: gzip\r\n" in other  # an unbound host's requests are left as they are
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_a_bodiless_coded_answer_passes() -> None:
+    """A 304 names the coding its entity would have and carries no body: nothing to read, no refusal."""
+
+    async def main() -> tuple[bytes, list[dict[str, object]]]:
+        reply = b"HTTP/1.1 304 Not Modified\r\nContent-Encoding: gzip\r\nETag: \"e\"\r\n\r\n"
+        async with upstream(http_responder(reply)) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, Store())
+            client = await proxy.http()
+            await client.send_all(request(up.port, f"Authorization: Bearer {capsule.env()['TOKEN']}\r\n"))
+            return await read_all(client), proxy.session.end_exec()
+
+    answer, records = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 304 ") and b"Content-Encoding: gzip" in answer
+    assert [record["allowed"] for record in records] == [True]
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_a_chunked_echo_cut_inside_the_value_gives_none_of_it_and_no_last_chunk() -> None:
+    async def main() -> tuple[bytes, str]:
+        cut = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n40\r\nBearer " + VALUE[:20]
+        async with upstream(http_responder(cut)) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, Store())
+            client = await proxy.http()
+            await client.send_all(request(up.port, f"Authorization: Bearer {capsule.env()['TOKEN']}\r\n"))
+            return await read_all(client), capsule.env()["TOKEN"]
+
+    answer, placeholder = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 200 ") and VALUE[:20] not in answer
+    assert answer.endswith(b"\r\nBearer " + placeholder[:20].encode() + b"\r\n")  # a chunk, and no last one

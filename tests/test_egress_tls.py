@@ -6,12 +6,15 @@ jail's side trusts the capsule's own name-constrained CA.  A CONNECT to a bound 
 decrypted, its request judged as a plain one is (the placeholder swapped, the echo
 masked), and sent upstream over the proxy's verified TLS; a hello naming another host,
 HTTP/2 prior knowledge and a request naming another host are refused and recorded.
+A compressed echo never reaches the jail: the upstream is asked for none, and one that
+compresses anyway is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gzip
 import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable
@@ -353,3 +356,53 @@ def test_a_masked_body_ends_without_close_notify_only_when_the_upstream_cut_it(e
         assert body == whole and not ragged
     else:
         assert body == whole[: len(body)] and len(body) < len(whole) and ragged
+
+
+async def tls_echo_gzip(stream: trio.SocketStream, state: Upstream, always: bool) -> None:
+    """A TLS server answering with the request head it got, gzip-encoded when the request accepts
+    gzip, or whatever it accepts (``always``)."""
+    tls = trio.SSLStream(stream, server_context(PUBLIC.leaf("127.0.0.1", NOW)), server_side=True)
+    received = b""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while b"\r\n\r\n" not in received and (data := await tls.receive_some()):
+            received += data
+        state.seen.append(received)
+        if always or b"gzip" in received.lower():
+            body = gzip.compress(received)
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body)
+        else:
+            body, head = received, b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(received)
+        await tls.send_all(head + body)
+        await tls.aclose()
+
+
+@pytest.mark.parametrize("always", [False, True], ids=["asked", "always"])
+def test_a_compressed_echo_through_termination_never_reaches_the_jail(always: bool) -> None:
+    """curl --compressed inside the jail: the upstream is asked for no coding, and one that
+    compresses anyway is refused with a 502, recorded and told; the value never comes back."""
+    told: list[object] = []
+
+    async def main() -> tuple[bytes, list[dict[str, object]], list[bytes], str]:
+        async with upstream(partial(tls_echo_gzip, always=always)) as up, \
+                egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))
+            placeholder = capsule.env()["TOKEN"]
+            tls = await connected(proxy, up.port)
+            await tls.send_all(f"GET /echogz HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\nAuthorization: Bearer "
+                               f"{placeholder}\r\nAccept-Encoding: deflate, gzip, br, zstd\r\n\r\n".encode())
+            answer = await read_tls(tls)
+            return answer, proxy.session.end_exec(), up.seen, placeholder
+
+    answer, records, seen, placeholder = trio.run(main)
+    assert b"authorization: Bearer " + VALUE in seen[0] and b"accept-encoding: identity\r\n" in seen[0]
+    assert b"gzip" not in seen[0]
+    assert VALUE not in answer
+    [record] = records
+    if always:
+        assert answer.startswith(b"HTTP/1.1 502 ") and b"compressed" in answer and b"nothing of it passed" in answer
+        assert record["allowed"] is False and "Content-Encoding: gzip" in str(record["reason"])
+        assert any(getattr(attempt, "reason", None) == record["reason"] for attempt in told)
+    else:
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"content-encoding" not in answer.lower()
+        assert b"authorization: Bearer " + placeholder.encode() + b"\r\n" in answer

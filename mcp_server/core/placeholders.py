@@ -338,7 +338,9 @@ class ResponseMasker:
 
     Sans-IO: ``feed`` takes what came from upstream and returns what may go to the jail
     now; it holds back the last ``len(longest value) - 1`` bytes, which could be the start
-    of a value the next read completes.  ``close`` returns the rest.
+    of a value the next read completes.  ``close`` returns the rest.  It finds a value only
+    in the bytes the client will read as they are: a body in a content coding or in chunks
+    is the proxy's to refuse or unframe first (egress/maskedbody.py).
     """
 
     def __init__(self, pairs: Mapping[bytes, bytes]) -> None:

@@ -141,6 +141,10 @@ class Credentials:
         basic = ResponseMasker({sent: was} if sent and was and sent != was else {})
         return Judged(rewritten.head, Masker(self.capsule.response_masker(used), basic))
 
+    def binds(self, host: str, port: int) -> bool:
+        """Whether a secret of the capsule is bound to ``host:port`` (as netrules.normalize_host leaves it)."""
+        return any(binding.binds(host, port) for binding in self.capsule.bindings.values())
+
     @staticmethod
     def carries(data: bytes) -> bool:
         """Whether the head ``data`` may hold a placeholder: its ``PREFIX`` (one ``bytes.find``),

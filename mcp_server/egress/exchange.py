@@ -6,6 +6,8 @@ a request without one, read whole with its head, needs no task beside the respon
 and relays the response: its head rewritten without hop-by-hop headers and with
 ``Connection: close``, its body raw until the upstream closes (spliced when both ends
 are sockets: ``splice.copy_to_eof``), or through a ``Masker`` when values went in.
+A request to a bound host asks for no coding, and a masked response must be one the
+masker can read (egress/maskedbody.py says why).
 Both ends are ``relay.Wire``s: a socket, or a TLS stream (``tlsterm.TlsWire``).
 """
 
@@ -17,7 +19,7 @@ from collections.abc import Callable
 import h11
 import trio
 
-from mcp_server.egress import tlsbody
+from mcp_server.egress import maskedbody, tlsbody
 from mcp_server.egress.credentials import Credentials, Masker
 from mcp_server.egress.relay import (
     BUFFER_SIZE,
@@ -71,16 +73,21 @@ def close_delimited(head: bytes, head_only: bool) -> bool:
     """Whether the body after a response ``head`` (as the jail gets it) ends only where the
     connection does: no Content-Length and no chunked coding, and a status and request that
     have a body (RFC 9112 6.3).  Only such a body can be cut without the client knowing."""
-    lines = head.split(b"\r\n")
-    status = lines[0].split(b" ", 2)
-    if head_only or len(status) < 2 or status[1][:1] == b"1" or status[1] in (b"204", b"304"):
+    if no_body(head, head_only):
         return False
-    for line in lines[1:]:
+    for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == b"content-length" or (name == b"transfer-encoding" and b"chunked" in value.lower()):
             return False
     return True
+
+
+def no_body(head: bytes, head_only: bool) -> bool:
+    """Whether a response ``head`` has no body whatever its headers say: an answer to HEAD,
+    1xx, 204, 304 (RFC 9112 6.3)."""
+    status = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    return head_only or len(status) < 2 or status[1][:1] == b"1" or status[1] in (b"204", b"304")
 
 
 def content_length(head: bytes) -> int | None:
@@ -147,6 +154,8 @@ class Exchange:
 
     async def run(self, head: bytes) -> None:
         ended = capped = False  # the response relayed to the upstream's end of it; cut by the byte cap
+        if self.creds is not None and self.creds.binds(self.attempt.host, self.attempt.port):
+            head = maskedbody.identity_head(head)  # a value in it or not: a bound host's answers stay readable
         try:
             await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
             if self._bodiless():
@@ -242,14 +251,26 @@ class Exchange:
     async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:
         """The response with each value put in the request masked back to its placeholder.
         A masked echo may change the body's length (a placeholder longer than a short
-        value): its Content-Length goes, and the close ends the body."""
-        length = content_length(head)
+        value): its Content-Length goes, and the close ends the body, or its chunks do
+        (``_rechunked``).  A body the masker cannot read (compressed) is refused, recorded,
+        and none of it passes."""
+        bodiless = no_body(head, self.head_only)
+        why = None if bodiless else maskedbody.unreadable(head)
+        if why is not None:
+            if self.refuse is not None:
+                self.refuse(why)
+            raise UpstreamGarbage(why)
+        framed = not bodiless and maskedbody.chunked(head)
+        length = None if framed else content_length(head)
         # The jail's head loses the length that framed the upstream's body, so a body short of it
         # ends where the connection does, and must read as cut (``run``) until it is whole.
         self.short = bool(length)
         masked = masker.feed(head) + masker.close()
         head = b"\r\n".join(line for line in masked.split(b"\r\n") if not line.lower().startswith(b"content-length:"))
         self.answered = True
+        if framed:
+            await self._rechunked(head, first, masker)
+            return
         await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
         body = len(first)
         self.short = body < (length or 0)
@@ -258,6 +279,29 @@ class Exchange:
             self.short = body < (length or 0)
             await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
         await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
+
+    async def _rechunked(self, head: bytes, first: bytes, masker: Masker) -> None:
+        """A chunked body out of its chunks, masked, and chunked again: the upstream's chunk
+        boundaries may split a value.  Its trailers go; a body the upstream did not end
+        gets no last chunk, and reads as cut (``run``)."""
+        self.short = True  # until the upstream's last chunk
+        chunks = maskedbody.Dechunker()
+        await charge_and_send(self.sock, head, self.attempt, self.budget, outbound=False)
+        data = first
+        while True:
+            try:
+                out = maskedbody.chunk(masker.feed(chunks.feed(data)))
+            except ValueError as exc:
+                raise UpstreamGarbage(str(exc)) from None
+            if chunks.done:
+                self.short = False
+                out += maskedbody.chunk(masker.close()) + maskedbody.LAST_CHUNK
+            await charge_and_send(self.sock, out, self.attempt, self.budget, outbound=False)
+            if chunks.done or not (data := await self.upstream.recv(BUFFER_SIZE)):
+                break
+        if self.short:  # the held bytes, a value's beginning as its placeholder's (``ResponseMasker.close``)
+            await charge_and_send(self.sock, maskedbody.chunk(masker.close()), self.attempt, self.budget,
+                                  outbound=False)
 
 
 class UpstreamGarbage(Exception):
