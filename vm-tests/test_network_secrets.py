@@ -12,6 +12,7 @@ its own.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import sqlite3
@@ -82,8 +83,16 @@ class Handler(BaseHTTPRequestHandler):
         if (self.headers.get("X-Api-Key") or "").encode() != API_KEY:
             self._send(401, b'{"error": "bad key"}', "application/json")
             return
-        answer = {"path": self.path, "asked": json.loads(body), "key_seen": API_KEY.decode()}
-        self._send(200, json.dumps(answer).encode(), "application/json")
+        answer = json.dumps({"path": self.path, "asked": json.loads(body), "key_seen": API_KEY.decode()}).encode()
+        if "gzip" not in (self.headers.get("Accept-Encoding") or ""):
+            self._send(200, answer, "application/json")
+            return
+        packed = gzip.compress(answer)  # as a real server answers a client that accepts gzip
+        self.send_response(200)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(packed)))
+        self.end_headers()
+        self.wfile.write(packed)
 
 
 @pytest.fixture
@@ -110,6 +119,10 @@ ROUTED = ("import json, os, urllib.request; base = 'http://10.99.0.1:3128/route/
           "req = urllib.request.Request(base + '/v1/messages', data=json.dumps({'q': 'hi'}).encode(), "
           "headers={'Content-Type': 'application/json', 'X-Api-Key': 'not-the-key'}); "
           "print(urllib.request.urlopen(req).read().decode())")
+# curl asking for gzip, as curl --compressed, pip, git and node's clients do: the server would
+# echo the key compressed, where the proxy's mask cannot read it.
+COMPRESSED = ("NO_PROXY= no_proxy= exec curl -sS --compressed -H \"X-Api-Key: $API_KEY\" "
+              "-H 'Content-Type: application/json' -d '{\"q\": \"zip\"}' http://127.0.0.1:%d/v1/messages")
 # A fork's request to the index with its own placeholder, then with its parent's (argv[2]).
 FORKED = ("import base64, os, sys, urllib.request\n"
           "for token in (os.environ['PIP_TOKEN'], sys.argv[2]):\n"
@@ -159,6 +172,7 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
         out["used"] = await run(["python", "-c", "import ccwtiny; print(ccwtiny.GREETING)"])
         out["leak"] = await run([PYTHON, "-c", LEAK % _port(other)])
         out["routed"] = await run([PYTHON, "-c", ROUTED])
+        out["compressed"] = await run(["sh", "-c", COMPRESSED % _port(api)])
         # Forks (one, and two at once) get the parent's secrets by name with placeholders of their own.
         forks = [(await t.call("capsule_fork", {"capsule_id": cap}))["capsule_id"]]
         forks += (await t.call("capsule_fork", {"capsule_id": cap, "count": 2}))["capsule_ids"]
@@ -188,6 +202,11 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
     assert routed["path"] == "/v1/messages" and routed["asked"] == {"q": "hi"}
     assert routed["key_seen"].startswith("ccwph_") and routed["key_seen"] != API_KEY.decode()
     assert [r["allowed"] for r in out["routed"]["touched"]["network"]] == [True]
+    # Asked for gzip, the server was asked for none (the proxy's Accept-Encoding: identity):
+    # the key's echo came plain, and masked.
+    compressed = json.loads(out["compressed"]["stdout"])
+    assert compressed["asked"] == {"q": "zip"} and compressed["key_seen"].startswith("ccwph_"), out["compressed"]
+    assert b"accept-encoding: identity" in api.heads[-1].lower() and b"gzip" not in api.heads[-1].lower()
     # Each fork: a placeholder of its own, which the index accepts (swapped for the value); its
     # parent's placeholder, sent from the fork, means nothing there and is refused.
     mine = [fork["stdout"].splitlines()[0] for fork in out["forks"]]
