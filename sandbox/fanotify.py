@@ -128,6 +128,7 @@ from typing import TYPE_CHECKING
 from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
 from sandbox.fanotify_record import Batch, Recording, Traced, _close_all, _ns_inode, event_fds
+from sandbox.usage_words import NO_FANOTIFY_ROOTLESS
 
 if TYPE_CHECKING:
     from sandbox.exec_cgroup import ExecCgroup
@@ -139,11 +140,6 @@ log = logging.getLogger("ccw.fanotify")
 _READ_SIZE = 256 * 1024
 _BATCH_DELAY = 0.02  # seconds the reader lets events gather after a wakeup
 _MASK = syscalls.FAN_OPEN | syscalls.FAN_OPEN_EXEC | syscalls.FAN_CLOSE_WRITE | syscalls.FAN_ONDIR
-_ROOTLESS_REASON = (
-    "fanotify needs CAP_SYS_ADMIN in the initial user namespace to watch a filesystem; "
-    "this helper runs without it (rootless), so files read are not recorded. Run the helper "
-    "as root for touched.read; touched.written still comes from the upper dir."
-)
 _refused: list[str] = []  # why this helper cannot have a group at all, once learned (see the essay)
 
 
@@ -179,7 +175,7 @@ class Group:
             fan_fd = syscalls.fanotify_init(flags, os.O_RDONLY | os.O_LARGEFILE | os.O_CLOEXEC)
         except OSError as exc:
             if exc.errno in (errno.EPERM, errno.EACCES):
-                return cls._refuse(merged_dir, _ROOTLESS_REASON)
+                return cls._refuse(merged_dir, NO_FANOTIFY_ROOTLESS)
             if exc.errno == errno.ENOSYS:
                 return cls._refuse(merged_dir, "this kernel has no fanotify (CONFIG_FANOTIFY is off)")
             raise from_oserror(exc, "fanotify_init", None, "check that the kernel has CONFIG_FANOTIFY") from exc
@@ -190,7 +186,7 @@ class Group:
         except OSError as exc:
             os.close(fan_fd)
             if exc.errno in (errno.EPERM, errno.EACCES):
-                return cls._refuse(merged_dir, _ROOTLESS_REASON)
+                return cls._refuse(merged_dir, NO_FANOTIFY_ROOTLESS)
             if exc.errno == errno.EINVAL:
                 return cls._refuse(merged_dir, "this kernel refuses FAN_MARK_FILESYSTEM or FAN_OPEN_EXEC "
                                    "(needs Linux 5.1+), so files read are not recorded")
@@ -407,6 +403,6 @@ def mechanisms() -> dict[str, str | None]:
     try:
         fd = syscalls.fanotify_init(syscalls.FAN_CLASS_NOTIF | syscalls.FAN_CLOEXEC, os.O_RDONLY)
     except OSError as exc:
-        return {"touched_read": None, "reason": _ROOTLESS_REASON if exc.errno == errno.EPERM else str(exc)}
+        return {"touched_read": None, "reason": NO_FANOTIFY_ROOTLESS if exc.errno == errno.EPERM else str(exc)}
     os.close(fd)
     return {"touched_read": "fanotify FAN_MARK_FILESYSTEM", "reason": None}

@@ -1,5 +1,6 @@
 """The words an exec's usage is reported in that both processes read: what a missing cgroup
-leaves a figure lacking, a source's mechanism, an init that could not report.
+leaves a figure lacking, a source's mechanism, an init that could not report, why reads
+are not recorded.
 
 The helper writes each null figure's reason as "HEAD: why" and each figure's source as
 "MECHANISM: what it measures" (exec_usage.py, rusage.py); the front end shortens them for
@@ -23,6 +24,14 @@ REFUSED = {
     "io_read_kb": "no io/blkio cgroup",
     "io_write_kb": "no io/blkio cgroup",
 }
+# Why a rootless helper records no reads: the same for every exec, so an exec's result
+# names it and points at the capsule's isolation report (in_force.py), which gives it whole.
+NO_FANOTIFY_ROOTLESS = (
+    "fanotify needs CAP_SYS_ADMIN in the initial user namespace to watch a filesystem; "
+    "this helper runs without it (rootless), so files read are not recorded. Run the helper "
+    "as root for touched.read; touched.written still comes from the upper dir."
+)
+NO_FANOTIFY_BRIEFLY = "not recorded by a rootless helper (why: capsule_create's isolation.fanotify.reason)"
 NO_REPORT = ("the jail's init was killed before it could report the rusage of the processes it reaped, "
              "and the kernel counts none of the processes it reaps then")
 

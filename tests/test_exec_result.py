@@ -17,6 +17,7 @@ from sandbox.cgroups import CgroupLayout
 from sandbox.exec_usage import ExecDirs, measure
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecReply, Touched, Truncated
+from sandbox.usage_words import NO_FANOTIFY_BRIEFLY, NO_FANOTIFY_ROOTLESS
 
 MIB = 1024
 STARTED = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -34,7 +35,7 @@ def _rootless(report: rusage.InitReport | None) -> ExecOutcome:
         exit_code=0, signal=None, timed_out=False, oom_killed=False, duration_ms=5, stdout=b"ok\n", stderr=b"",
         stdout_bytes=3, stderr_bytes=0, truncated=Truncated(False, False), usage=usage.figures(),
         usage_unavailable=dict(usage.unavailable), usage_sources=dict(usage.sources), disk=None,
-        touched=Touched((), ("f.txt",), (), ()), touched_unavailable={},
+        touched=Touched((), ("f.txt",), (), ()), touched_unavailable={"read": NO_FANOTIFY_ROOTLESS},
     )
     return ExecOutcome(reply, started_generation=0, generation=1, queued_ms=0)
 
@@ -52,6 +53,9 @@ def test_a_rootless_exec_names_its_missing_cgroups_and_where_their_reason_is_giv
                                        "io_write_kb": "wait4 rusage",
                                        "rss_max_process_kb": "wait4 rusage of the jail's init"}
     assert "EACCES" not in exec_text(result) and "Delegate=yes" not in exec_text(result)
+    # Why no read is recorded, the same for every rootless exec: named, where it is given once.
+    assert result["touched_unavailable"]["read"] == NO_FANOTIFY_BRIEFLY
+    assert "CAP_SYS_ADMIN" not in exec_text(result)
     # The journal keeps each reason and source whole.
     entry = journal_entry(ExecRequest("cap_1", ("true",)), ran, STARTED)
     assert entry["usage"]["unavailable"] == ran.usage_unavailable and "EACCES" in json.dumps(entry["usage"])

@@ -32,7 +32,7 @@ from sandbox.checks import MAX_TIMEOUT_MS
 from sandbox.ops import ExecRequest
 from sandbox.replies import ExecProgress, ExecReply, Usage
 from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
-from sandbox.usage_words import NO_REPORT, mechanism, refusal_head
+from sandbox.usage_words import NO_FANOTIFY_BRIEFLY, NO_FANOTIFY_ROOTLESS, NO_REPORT, mechanism, refusal_head
 
 USAGE_FIGURES = tuple(one.name for one in fields(Usage))
 PROGRESS_MS = DEFAULT_PROGRESS_MS  # how often a journaled exec asks the helper for reports
@@ -104,6 +104,13 @@ class ExecOutcome:
         if self.attempts is None:  # unless the reply says why (a service's, capsules/networks.py)
             unavailable.setdefault("network", NETWORK_NONE_REASON)
         return dict(sorted(unavailable.items()))
+
+    @property
+    def touched_unavailable_briefly(self) -> dict[str, str]:
+        """``touched_unavailable`` as an exec's result says it: a rootless helper's standing
+        reason for recording no reads only named, with where it is given once (the journal keeps it whole)."""
+        return {what: NO_FANOTIFY_BRIEFLY if why == NO_FANOTIFY_ROOTLESS else why
+                for what, why in self.touched_unavailable.items()}
 
 
 def exec_request(capsule_id: str, argv: Sequence[str], cwd: str | None = None, timeout_ms: int | None = None,

@@ -164,7 +164,7 @@ def exec_result(ran: ExecOutcome, terminal: bool = False, timeout_ms: int | None
         "disk_full": reply.disk is not None and reply.disk.full,
         "disk": None if reply.disk is None else reply.disk.to_args(),
         "touched": ran.touched,
-        "touched_unavailable": ran.touched_unavailable,
+        "touched_unavailable": ran.touched_unavailable_briefly,
         "network_notes": list(ran.network_notes),
         "started_generation": ran.started_generation,
         "generation": ran.generation,
