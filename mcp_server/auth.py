@@ -95,6 +95,12 @@ class Principal:
         return scope in self.scopes or "admin" in self.scopes
 
 
+def insufficient_scope(needed: str) -> tuple[bytes, bytes]:
+    """The ``WWW-Authenticate`` header of a 403 for want of ``needed`` (RFC 6750 section 3's
+    challenge, which the MCP authorization spec of 2025-11-25 asks for with that 403)."""
+    return b"www-authenticate", f'Bearer realm="ccw", error="insufficient_scope", scope="{needed}"'.encode()
+
+
 def credential_key(name: str, token: bytes) -> str:
     """A credential's identity in this process: equal for the same token under the same name, and
     no way back to the token (keyed with a random salt, so not even for a short one)."""

@@ -68,7 +68,7 @@ from mcp_server.context import CallContext, Runtime
 from mcp_server.framing import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
-from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name
+from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name, token_scopes
 from mcp_server.tasks import MODERN_ERA as TASKS_ERA
 from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 from mcp_server.tools.surface import ToolList
@@ -313,7 +313,9 @@ class CcwServer:
     async def _on_list_tools(
         self, ctx: ServerRequestContext[ToolList], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=ctx.lifespan_context.listed())
+        # An HTTP token is shown only what it may call: a tool it would be refused misleads its model.
+        granted, tools = token_scopes(ctx), ctx.lifespan_context
+        return types.ListToolsResult(tools=tools.listed() if granted is None else tools.listed_to(granted))
 
     async def _on_call_tool(
         self, ctx: ServerRequestContext[ToolList], params: types.CallToolRequestParams

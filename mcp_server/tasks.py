@@ -76,6 +76,14 @@ def token_name(ctx: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def token_scopes(ctx: Any) -> frozenset[str] | None:
+    """The scopes of the bearer token a request came with (as ``token_name``); None without one."""
+    scope = getattr(getattr(ctx, "request", None), "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    scopes = getattr(getattr(user, "access_token", None), "scopes", None)
+    return frozenset(scopes) if isinstance(scopes, list) else None
+
+
 def declared(ctx: Any) -> bool:
     """True when this request may be answered with a task: a 2026-era request whose own
     capabilities list the extension (in that era the connection is the request's envelope)."""

@@ -53,7 +53,7 @@ def test_an_agents_token_cannot_change_or_read_rules_over_http(server: ServerPro
             message = {**CALL, "params": {"name": "capsule_network", "arguments": arguments}}
             denied = _post(http, url, "agent-token-0123456789", message)
             assert denied.status_code == 403, denied.text
-            assert "lacks scope 'admin'" in denied.json()["error"], denied.text
+            assert "lacks scope 'admin'" in denied.json()["error"]["message"], denied.text
         # The same request with the person's token passes the gate (and meets the handler's
         # NOT_FOUND for a capsule that does not exist, or the session's own rules: anything but 403).
         passed = _post(http, url, "admin-token-0123456789", CALL)

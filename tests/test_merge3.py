@@ -237,6 +237,7 @@ def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Pat
     spec = TOOLS[0]
     assert [spec.scope_for(args) for args in ({"capsule_ids": names}, {"into": "live"},
                                               {"into": "live", "dry_run": True})] == ["exec", "promote", "exec"]
+    assert set(spec.scopes) == {"exec", "promote"}  # what tools/list over HTTP shows it under
 
 
 def test_the_base_read_by_the_plan_is_the_live_check_s_state(tmp_path: Path) -> None:

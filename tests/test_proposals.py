@@ -186,6 +186,7 @@ def test_proposing_needs_exec_and_deciding_or_changing_needs_admin() -> None:
         {"capsule_id": CAP, "proposal": 3, "decide": "approve"}, {"capsule_id": CAP, "allow": ["a.example"]},
         {"capsule_id": CAP})}
     assert list(needs.values()) == ["exec", "exec", "admin", "admin", "admin"]
+    assert set(spec.scopes) == set(needs.values())  # over HTTP an exec token is shown the tool, to propose
     # Proposing beside deciding or changing is not a way around the gate.
     assert spec.scope_for({"capsule_id": CAP, "propose": ["a.example"], "proposal": 3, "decide": "approve"}) == "admin"
     assert spec.scope_for({"capsule_id": CAP, "propose": ["a.example"], "allow": ["a.example"]}) == "admin"

@@ -168,7 +168,7 @@ def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
         wrong = http.post(url, json=direct, headers={"authorization": "Bearer nope"})
         assert wrong.status_code == 401
         lacking = http.post(url, json=direct, headers=bearer("runner"))
-        assert lacking.status_code == 403 and "'read'" in lacking.json()["error"]
+        assert lacking.status_code == 403 and "'read'" in lacking.json()["error"]["message"]
         assert http.post(url, json=direct, headers=bearer("reader")).status_code == 200
         assert http.post(url, json=direct, headers=bearer("boss")).status_code == 200
 
@@ -181,7 +181,7 @@ def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "ccw_info", "arguments": {}}}
         denied = http.post(url, json=call, headers=headers)
         assert denied.status_code == 403
-        assert "'read'" in denied.json()["error"] and "ccw_info" in denied.json()["error"]
+        assert "'read'" in denied.json()["error"]["message"] and "ccw_info" in denied.json()["error"]["message"]
         # A session belongs to the token that opened it.
         stolen = http.post(url, json=call, headers={**headers, **bearer("reader")})
         assert stolen.status_code == 404

@@ -60,7 +60,7 @@ def test_scopes_of_text_and_file_tools(server: tuple[ServerProcess, Path]) -> No
         ):
             denied = _direct(http, url, "reader", method, params)
             assert denied.status_code == 403, method
-            assert "'write'" in denied.json()["error"]
+            assert "'write'" in denied.json()["error"]["message"]
         assert (ws / "a.txt").read_text() == "one\n" and not (ws / "b.txt").exists()
 
         assert _direct(http, url, "runner", "text.read", {"path": "/a.txt"}).status_code == 403
@@ -68,7 +68,7 @@ def test_scopes_of_text_and_file_tools(server: tuple[ServerProcess, Path]) -> No
             url, json={"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "list:///"}},
             headers={**bearer("runner"), "accept": "application/json, text/event-stream"},
         )
-        assert listing.status_code == 403 and "'read'" in listing.json()["error"]
+        assert listing.status_code == 403 and "'read'" in listing.json()["error"]["message"]
 
         done = _direct(http, url, "editor", "text.append", {"path": "/a.txt", "hash": digest, "content": "two"})
         assert done.status_code == 200 and "result" in done.json(), done.text

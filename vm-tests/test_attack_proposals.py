@@ -156,7 +156,8 @@ def test_an_agent_cannot_approve_its_own_proposal_over_http_or_the_socket(
                           {"capsule_id": cap, "allow": [HTTP]},
                           {"capsule_id": cap, "proposal": ident, "decide": "approve", "propose": [HTTP]}):
             denied = _post(http, front_end, AGENT, _message("capsule_network", arguments))
-            assert denied.status_code == 403 and "lacks scope 'admin'" in denied.json()["error"], denied.text
+            assert denied.status_code == 403 and "lacks scope 'admin'" in denied.json()["error"]["message"], \
+                denied.text
         direct = _post(http, front_end, AGENT, {"jsonrpc": "2.0", "id": 2, "method": "capsule_network",
                                                 "params": {"capsule_id": cap, "proposal": ident, "decide": "approve"}})
         assert direct.status_code == 403, direct.text

@@ -80,6 +80,7 @@ TOOLS = [
         handler=capsule_merge,
         scope="promote",
         scope_of=scope_of,
+        other_scopes=("exec",),
         destructive=True,
     ),
 ]

@@ -180,6 +180,7 @@ TOOLS = [
         text=network_text,
         scope="admin",
         scope_of=scope_of,
+        other_scopes=("exec",),
         narrowed=_proposing,
     ),
 ]

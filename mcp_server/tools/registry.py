@@ -132,6 +132,7 @@ class ToolSpec:
     # A scope that depends on the call's arguments (capsule_network: an agent proposes with
     # exec, a person changes rules with admin); None: ``scope`` for every call.
     scope_of: Callable[[Mapping[str, Any]], str] | None = None
+    other_scopes: tuple[str, ...] = ()  # what scope_of may answer besides ``scope`` (see ``scopes``)
     # The spec a profile (config.PROFILES) serves when it names this tool without its family:
     # fewer arguments, so a connection limited to the profile cannot make the others' calls
     # (capsule_network: the agent profile proposes rules, never changes them).  None: as is.
@@ -148,9 +149,16 @@ class ToolSpec:
             return self.scope
         return self.scope_of(arguments)
 
+    @property
+    def scopes(self) -> tuple[str, ...]:
+        """Every scope some call of it needs: over HTTP, a token granting none of them is not
+        shown the tool (server.py ``_on_list_tools``)."""
+        return (self.scope, *self.other_scopes)
+
     def __post_init__(self) -> None:
-        if self.scope not in SCOPES:
-            raise ValueError(f"{self.name}: scope {self.scope!r} not in {SCOPES}")
+        for scope in self.scopes:
+            if scope not in SCOPES:
+                raise ValueError(f"{self.name}: scope {scope!r} not in {SCOPES}")
         if self.input_schema.get("type") != "object":
             raise ValueError(f"{self.name}: input schema must be an object schema")
         if self.input_schema.get("additionalProperties", True) is not False:

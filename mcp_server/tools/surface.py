@@ -38,6 +38,7 @@ from typing import Any
 
 import mcp_types as types
 
+from mcp_server.auth import Principal
 from mcp_server.config import Config
 from mcp_server.fs.policy import policy_schema
 from mcp_server.tools.registry import Registry, ToolSpec
@@ -262,3 +263,9 @@ class ToolList:
                 for spec in self.registry.tools
             ]
         return self._listed
+
+    def listed_to(self, scopes: frozenset[str]) -> list[types.Tool]:
+        """The ``tools/list`` answer for an HTTP token of ``scopes``: the tools some call of which it may make."""
+        principal = Principal("", scopes)
+        return [tool for tool, spec in zip(self.listed(), self.registry.tools, strict=True)
+                if any(principal.grants(scope) for scope in spec.scopes)]

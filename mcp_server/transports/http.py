@@ -34,9 +34,12 @@ this module's ASGI layer does what ccw adds, in this order:
    other transports).  The connection stays usable (HTTP keep-alive).
 5. The JSON-RPC method decides the scope a token needs (``CcwServer.scope_for``: the
    tool's own scope for ``tools/call`` and direct methods); a token without it gets
-   **403** naming the scope.  A body that ``json.loads`` cannot read as one message (so
-   no scope can be judged) is refused with **400** (-32700) before the SDK
-   sees it: fail closed rather than trust two parsers to agree.
+   **403** with ``WWW-Authenticate: Bearer error="insufficient_scope", scope=…`` (the MCP
+   authorization spec's answer) and a JSON-RPC error naming the scope, with the request's
+   id, which an MCP client hands its session as the call's error (and ``tools/list`` shows
+   a token only the tools its scopes reach: ``ToolSpec.scopes``).  A body that
+   ``json.loads`` cannot read as one message (so no scope can be judged) is refused with
+   **400** (-32700) before the SDK sees it: fail closed rather than trust two parsers.
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
    session or handshake; everything else is replayed to the SDK.
 
@@ -83,10 +86,10 @@ from mcp.server.transport_security import TransportSecurityMiddleware, Transport
 from starlette.requests import Request
 
 from mcp_server import framing
-from mcp_server.auth import Principal, TokenFile
+from mcp_server.auth import Principal, TokenFile, insufficient_scope
 from mcp_server.capsules.turns import ARRIVAL_KEY, Ticket
 from mcp_server.logs import LOGGER
-from mcp_server.server import CcwServer
+from mcp_server.server import TOOL_ERROR, CcwServer
 from mcp_server.transports.holdings import Holdings
 from sandbox.errors import CcwError, from_oserror
 
@@ -328,8 +331,11 @@ class CcwHttpApp:
             method, params = message["method"], message.get("params")
             needed = self.app.scope_for(method, params)
             if needed is not None and not principal.grants(needed):
-                await _respond(send, 403, {"error": f"token {principal.name!r} lacks scope {needed!r}, "
-                                                    f"which {_what(method, params)} needs"})
+                why = f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"
+                refused = {"error": {"code": "PERMISSION_DENIED", "message": why, "details": {"scope": needed}}}
+                request_id = message.get("id") if framing.is_valid_id(message.get("id")) else None
+                await _respond(send, 403, framing.error_message(request_id, TOOL_ERROR, why, refused),
+                               [insufficient_scope(needed)])
                 return
             # The call's place in a capsule's line is taken now, as it is read, and handed
             # to it (CcwServer.arrive); one it never claims is given back once answered.
