@@ -57,6 +57,7 @@ class FakeHelper:
         self.binds: dict[str, int] = {}  # service name: the port it listens on once it runs
         self.accepting: set[int] = set()
         self.reply_after_connect = False
+        self.paths: set[str] = set()  # paths a path check's probe finds
         self._connected = trio.Event()
 
     async def net_connect(self, capsule_id: str, port: int) -> socket.socket:
@@ -69,6 +70,9 @@ class FakeHelper:
         if isinstance(request, SignalRequest):
             self._signalled.set()
             return None
+        if isinstance(request, ExecRequest) and request.argv[:2] == ("test", "-e"):  # a path check's probe
+            self._connected.set()
+            return exec_reply(0 if request.argv[2] in self.paths else 1)
         assert isinstance(request, ExecRequest) and request.stream
         self.execs += 1
         if self.held:
@@ -259,16 +263,15 @@ def test_a_start_whose_ready_port_another_service_holds_is_refused_before_it_sta
     assert [one["name"] for one in services.summaries("cap_1")] == ["s1"]
 
 
-def test_a_service_that_ended_when_its_port_check_passed_is_not_ready(world: Any) -> None:
-    # Something else starts listening on the port after the start's own check (an exec's
-    # server, say), and the service's command fails: its check passes on that listener
-    # while the helper's reply, which says it ended, is on its way.
+def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any) -> None:
+    # The ready path is there already (a run before left it), and the service's command
+    # fails: its check passes while the helper's reply, which says it ended, is on its way.
     services, capsules, helper = world
     helper.reports = [(b"", b"OSError: [Errno 98] Address already in use\n")]
-    helper.exit_code, helper.binds, helper.reply_after_connect = 1, {"s2": 8000}, True
+    helper.exit_code, helper.paths, helper.reply_after_connect = 1, {"run/s2.pid"}, True
 
     async def main() -> dict[str, Any]:
-        answer = await services.start(capsules, _spec("s2", Ready(port=8000, timeout_ms=5000)))
+        answer = await services.start(capsules, _spec("s2", Ready(path="run/s2.pid", timeout_ms=5000)))
         await services.aclose()
         return answer
 

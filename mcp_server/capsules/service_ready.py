@@ -8,15 +8,17 @@ Some facts about readiness checks, and what follows from them:
   the first holds fails with EADDRINUSE while its check passes on the first's listener.
   So a start whose ready port already accepts is refused before anything is started
   (``refuse_taken``: CONFLICT, naming the service whose ready port it is when one is).
-- **A check passes after the run may have ended.**  A process that exits at once (that
-  EADDRINUSE) is reported ended when the helper's reply comes, which follows the exit by
-  the time the helper takes to collect the run; a port that accepts, or a path that
-  exists, may pass in between.  The helper sends a progress report about every
-  ``PROGRESS_MS`` while the command runs and none once it has ended, so a port or path
-  check that passes counts once a report comes after it (``_still_running``); if the
-  run's end comes first, the start is answered as one that failed is (its status and
-  last lines).  That costs a ready answer up to one report's interval.  A line of output
-  needs no such wait: only the service itself printed it.
+- **A check passes after the run may have ended.**  A process that exits at once is
+  reported ended when the helper's reply comes, which follows the exit by the time the
+  helper takes to collect the run; a path that exists (one a run before left, say) may
+  be found in between.  The helper sends a progress report about every ``PROGRESS_MS``
+  while the command runs and none once it has ended, so a path check that passes counts
+  once a report comes after it (``_still_running``); if the run's end comes first, the
+  start is answered as one that failed is (its status and last lines).  That costs a
+  ready answer up to one report's interval (250 ms), so a port check does without it:
+  a start holds the capsule's turn, so no other start or exec of the capsule can take
+  the port between ``refuse_taken`` and the check, and a listener found then is the
+  service's own.  A line of output needs no wait either: only the service printed it.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class Readiness:
         with trio.move_on_after(ready.timeout_ms / 1000) as waited:
             pause = READY_FIRST_S
             while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
-                if await self._passes(run) and (ready.line is not None or await _still_running(run)):
+                if await self._passes(run) and (ready.path is None or await _still_running(run)):
                     break
                 await trio.sleep(pause)
                 pause = min(pause * 2, READY_POLL_S)  # most servers are up within the first few tries
