@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import trio
+from jsonschema import Draft202012Validator
 
 from mcp_server.capsules import asks, netlive, proposals
 from mcp_server.capsules.networks import Networks
@@ -205,8 +206,14 @@ def test_deciding_without_a_token_is_refused_and_an_admin_token_decides(tmp_path
     async def main() -> None:
         made = await network_tool.capsule_network(_ctx(state, "agent"), {
             "capsule_id": CAP, "propose": ["files.pythonhosted.org:443"], "reason": "wheels"})
-        ident = made["proposal"]["id"]
-        assert made["proposal"]["state"] == "pending" and made["proposal"]["proposer"] == "token agent"
+        ident = made["proposal"]  # the id, as the agent passes it back to poll
+        assert isinstance(ident, int) and made["outcome"] == {
+            "rules": ["files.pythonhosted.org:443"], "reason": "wheels", "proposer": "token agent", "state": "pending",
+            "who": None, "why": None, "applied": None, "expires_at": made["outcome"]["expires_at"]}
+        polled = await network_tool.capsule_network(_ctx(state, "agent"), {"capsule_id": CAP, "proposal": ident})
+        assert (polled["proposal"], polled["outcome"]) == (ident, made["outcome"])
+        output = Draft202012Validator(network_tool.TOOLS[0].output_schema)
+        assert output.is_valid(made) and output.is_valid(polled)
         with pytest.raises(CcwError) as socket_caller:
             await network_tool.capsule_network(_ctx(state, None), {"capsule_id": CAP, "proposal": ident,
                                                                    "decide": "approve"})
@@ -216,8 +223,17 @@ def test_deciding_without_a_token_is_refused_and_an_admin_token_decides(tmp_path
                                                                       "allow": ["a.example"]})
         decided = await network_tool.capsule_network(_ctx(state, "operator"), {
             "capsule_id": CAP, "proposal": ident, "decide": "approve"})
-        assert decided["proposal"]["who"] == "token operator" and decided["proposal"]["applied"] == "change 1"
-        assert "proposal 1 of token agent" in network_tool.network_text(decided)
+        assert decided["outcome"]["state"] == "approved" and decided["outcome"]["who"] == "token operator"
+        assert decided["outcome"]["applied"] == "change 1"
+        assert ("proposal 1 of token agent: files.pythonhosted.org:443 (wheels): approved by token operator, "
+                "change 1") in network_tool.network_text(decided)
+        turned = await network_tool.capsule_network(_ctx(state, "agent"), {
+            "capsule_id": CAP, "propose": ["b.example:443"], "reason": "docs"})
+        asks.answer(state, turned["proposal"], "denied", "uid 1000 (ccw net)", "not this one")
+        told = await network_tool.capsule_network(_ctx(state, "agent"), {"capsule_id": CAP,
+                                                                         "proposal": turned["proposal"]})
+        assert (told["outcome"]["state"], told["outcome"]["who"], told["outcome"]["why"]) == (
+            "denied", "uid 1000 (ccw net)", "not this one")
         with pytest.raises(CcwError, match="reason"):
             await network_tool.capsule_network(_ctx(state, "agent"), {"capsule_id": CAP, "propose": ["b.example"]})
 

@@ -381,6 +381,21 @@ def test_the_browser_is_started_with_a_private_page_not_the_token(state_dir: Pat
     assert not page.exists()  # gone with the server
 
 
+def test_a_proposal_approved_from_the_page_comes_back_as_its_question(populated: Path) -> None:
+    state = State(populated)
+    made = asks.propose(state, "cap_1", ["pypi.org:443"], "the index", "token agent")
+    state.close()
+
+    async def scenario(request: Any, calls: list[Any]) -> None:
+        status, _, body = await request("POST", f"/api/questions/{made.id}", body=b'{"answer": "capsule"}')
+        answered = json.loads(body)
+        assert status == 200 and (answered["id"], answered["kind"], answered["state"]) == (made.id, "proposal",
+                                                                                           "capsule")
+        assert calls == [("capsule_network", {"capsule_id": "cap_1", "proposal": made.id})]  # its rules go in
+
+    _run(populated, scenario)
+
+
 def test_a_question_is_listed_and_answered_from_the_page_with_the_token_alone(populated: Path) -> None:
     state = State(populated)
     asked = asks.ask(state, "cap_1", "<b>evil</b>.example", 443, "https", ["curl", "<script>"], 30)

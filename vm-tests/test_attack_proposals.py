@@ -150,8 +150,8 @@ def test_an_agent_cannot_approve_its_own_proposal_over_http_or_the_socket(
     with httpx2.Client(timeout=180) as http:
         cap = _capsule(http, front_end, tmp_path / "project")
         made = _call(http, front_end, AGENT, "capsule_network", {"capsule_id": cap, "propose": [HTTP],
-                                                                 "reason": "the index"})["proposal"]
-        ident = made["id"]
+                                                                 "reason": "the index"})
+        ident = made["proposal"]
         for arguments in ({"capsule_id": cap, "proposal": ident, "decide": "approve"},
                           {"capsule_id": cap, "allow": [HTTP]},
                           {"capsule_id": cap, "proposal": ident, "decide": "approve", "propose": [HTTP]}):
@@ -165,14 +165,14 @@ def test_an_agent_cannot_approve_its_own_proposal_over_http_or_the_socket(
         assert on_socket.get("isError") and "PERMISSION_DENIED" in json.dumps(on_socket), on_socket
         assert "ccw net approve" in json.dumps(on_socket)
         polled = _call(http, front_end, AGENT, "capsule_network", {"capsule_id": cap, "proposal": ident})
-        assert polled["proposal"]["state"] == "pending" and polled["network"]["allow"] == [HTTPS]
+        assert polled["outcome"]["state"] == "pending" and polled["network"]["allow"] == [HTTPS]
         assert [q["id"] for q in json.loads(ccw(state, "net", "pending", "--json").stdout)["pending"]] == [ident]
         still = _fetch(http, front_end, cap, f"{servers.http}/simple/")
         assert still["stdout"] == "403", still
         # The person's token decides; the same connection passes.
         decided = _call(http, front_end, OPERATOR, "capsule_network", {"capsule_id": cap, "proposal": ident,
                                                                        "decide": "approve"})
-        assert decided["proposal"]["who"] == "token operator" and decided["proposal"]["applied"] == "change 1"
+        assert decided["outcome"]["who"] == "token operator" and decided["outcome"]["applied"] == "change 1"
         passed = _fetch(http, front_end, cap, f"{servers.http}/simple/")
         assert passed["stdout"] == "200", passed
 
@@ -188,7 +188,7 @@ def test_an_approved_proposal_still_opens_no_private_space_nor_the_hosts_own(
         wide = [f"10.98.0.0/16:{nf.HTTP_PORT}", f"{name}:{port}"]
         made = _call(http, front_end, AGENT, "capsule_network", {"capsule_id": cap, "propose": wide,
                                                                  "reason": "the index and a local cache"})["proposal"]
-        approved = json.loads(ccw(state, "net", "approve", str(made["id"]), "--json").stdout)
+        approved = json.loads(ccw(state, "net", "approve", str(made), "--json").stdout)
         assert approved["state"] == "capsule" and approved["applied"] == "change 1", approved
         private = _fetch(http, front_end, cap, f"{servers.http}/simple/")
         own = _call(http, front_end, AGENT, "capsule_exec", {"capsule_id": cap, "timeout_ms": 60_000, "cmd": [
@@ -196,7 +196,7 @@ def test_an_approved_proposal_still_opens_no_private_space_nor_the_hosts_own(
         # The exact address, approved the same way, is what opens it.
         exact = _call(http, front_end, AGENT, "capsule_network", {"capsule_id": cap, "propose": [HTTP],
                                                                   "reason": "the index itself"})["proposal"]
-        ccw(state, "net", "approve", str(exact["id"]))
+        ccw(state, "net", "approve", str(exact))
         opened = _fetch(http, front_end, cap, f"{servers.http}/simple/")
     assert private["stdout"] == "403", private
     [refused] = [r for r in private["touched"]["network"] if r["port"] == nf.HTTP_PORT]
@@ -242,7 +242,7 @@ def test_two_thousand_proposals_from_one_agent_leave_a_bounded_pending_list(
                         text = json.dumps(result)
                         outcomes["refused" if "UNAVAILABLE" in text and "proposals pending" in text else text] += 1
                     else:
-                        outcomes[result["structuredContent"]["proposal"]["state"]] += 1
+                        outcomes[result["structuredContent"]["outcome"]["state"]] += 1
 
             async with trio.open_nursery() as nursery:
                 for first in range(20):

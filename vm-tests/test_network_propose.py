@@ -119,7 +119,7 @@ def test_an_agents_proposal_approved_with_ccw_net_lets_its_install_through(
                                                                  "timeout_ms": 120_000})
             seen["proposed"] = await call(client, "capsule_network", {
                 "capsule_id": cap, "propose": [HTTP], "reason": "the project's package index answers on 8080"})
-            ident = seen["proposed"]["proposal"]["id"]
+            ident = seen["proposed"]["proposal"]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(trio.to_thread.run_sync, _person_approves, state, seen)
                 seen["outcome"] = await call(client, "capsule_network", {"capsule_id": cap, "proposal": ident,
@@ -133,18 +133,18 @@ def test_an_agents_proposal_approved_with_ccw_net_lets_its_install_through(
     denied = seen["denied"]
     assert denied["exit_code"] != 0
     assert any(r["port"] == nf.HTTP_PORT and not r["allowed"] for r in denied["touched"]["network"])
-    proposal = seen["proposed"]["proposal"]
+    ident, proposal = seen["proposed"]["proposal"], seen["proposed"]["outcome"]
     assert (proposal["state"], proposal["proposer"], proposal["rules"]) == ("pending", "token agent", [HTTP])
     assert seen["proposed"]["network"]["allow"] == [HTTPS]  # proposing changed nothing
     [listed] = seen["pending"]
-    assert listed["id"] == proposal["id"] and listed["kind"] == "proposal"
-    assert f"{proposal['id']}: token agent proposes for {cap}: {HTTP}" in seen["pending_text"]
+    assert listed["id"] == ident and listed["kind"] == "proposal"
+    assert f"{ident}: token agent proposes for {cap}: {HTTP}" in seen["pending_text"]
     assert "reason: the project's package index answers on 8080" in seen["pending_text"]
     approved = seen["approved"]
     assert approved["state"] == "capsule" and approved["who"].endswith("(ccw net)")
     assert approved["applied"] == "change 1", approved
-    outcome = seen["outcome"]["proposal"]
-    assert outcome["state"] == "capsule" and outcome["applied"] == "change 1"
+    outcome = seen["outcome"]["outcome"]
+    assert outcome["state"] == "approved" and outcome["applied"] == "change 1"
     assert HTTP in seen["outcome"]["network"]["allow"]
     installed = seen["installed"]
     assert installed["exit_code"] == 0, installed["stderr"]
@@ -152,14 +152,14 @@ def test_an_agents_proposal_approved_with_ccw_net_lets_its_install_through(
                for r in installed["touched"]["network"])
     # Who approved it, and whose proposal it was: in the rules' history and the journal's events.
     shown = ccw(state, "capsule", "net", cap).stdout
-    assert f"by {approved['who']}, approving proposal {proposal['id']} of token agent: +{HTTP}" in shown, shown
+    assert f"by {approved['who']}, approving proposal {ident} of token agent: +{HTTP}" in shown, shown
     store = State(state)
     try:
         kinds = [(e.kind, e.data.get("who")) for e in EventLog(store).since(0) if e.kind.startswith("net.")]
     finally:
         store.close()
     assert ("net.answer", approved["who"]) in kinds
-    assert ("net.rules", f"{approved['who']}, approving proposal {proposal['id']} of token agent") in kinds
+    assert ("net.rules", f"{approved['who']}, approving proposal {ident} of token agent") in kinds
 
 
 def test_a_policy_that_lists_the_rule_approves_the_proposal_at_once(
@@ -187,9 +187,9 @@ def test_a_policy_that_lists_the_rule_approves_the_proposal_at_once(
 
     seen = trio.run(scenario)
     assert seen["before"]["stdout"] == "403", seen["before"]
-    assert seen["beyond"]["proposal"]["state"] == "pending"  # a rule the policy does not list waits for a person
-    proposal = seen["proposed"]["proposal"]
-    assert (proposal["state"], proposal["who"], proposal["applied"]) == ("capsule", "policy team", "change 1")
+    assert seen["beyond"]["outcome"]["state"] == "pending"  # a rule the policy does not list waits for a person
+    ident, proposal = seen["proposed"]["proposal"], seen["proposed"]["outcome"]
+    assert (proposal["state"], proposal["who"], proposal["applied"]) == ("approved", "policy team", "change 1")
     assert seen["after"]["stdout"] == "200", seen["after"]
     shown = ccw(tmp_path / "state", "capsule", "net", seen["cap"]).stdout
-    assert f"by policy team, approving proposal {proposal['id']} of token agent: +{HTTP}" in shown, shown
+    assert f"by policy team, approving proposal {ident} of token agent: +{HTTP}" in shown, shown

@@ -130,6 +130,14 @@ class Question:
                 "kind": self.kind, **({"rules": list(self.rules), "proposer": self.proposer, "applied": self.applied}
                                       if self.kind == "proposal" else {})}
 
+    def outcome(self) -> dict[str, Any]:
+        """A proposal as the agent that made it reads it (capsule_network): its rules and its
+        ``reason``; ``state`` (pending, approved, denied, expired), ``who`` answered and ``why``
+        they denied it; ``applied``: how the rules went in."""
+        return {"rules": list(self.rules), "reason": self.command, "proposer": self.proposer,
+                "state": "approved" if self.allowed else self.state, "who": self.who, "why": self.reason,
+                "applied": self.applied, "expires_at": self.expires_at}
+
     def refusal(self) -> str:
         """What a refused connection's record says, with how to allow it next time."""
         how = f"ccw capsule net {self.capsule_id} allow {self.rule}"

@@ -82,7 +82,8 @@ async def _proposal(ctx: ToolContext, record: Any, args: dict[str, Any]) -> dict
     else:
         found = await proposals.outcome(ctx.capsules.networks, state, capsule_id, args["proposal"], wait_ms)
     spec = ctx.capsules.live_record(capsule_id).network_spec
-    return {**_shown(state, capsule_id, spec), "changed": False, "cut": [], "proposal": found.to_json()}
+    return {**_shown(state, capsule_id, spec), "changed": False, "cut": [], "proposal": found.id,
+            "outcome": found.outcome()}
 
 
 def _shown(state: Any, capsule_id: str, spec: netrules.NetworkSpec | None) -> dict[str, Any]:
@@ -128,12 +129,12 @@ def network_text(result: dict[str, Any]) -> str:
                      f"({change['previous']} -> {change['rules']})")
     for record in result["cut"]:
         lines.append(f"  cut {record['protocol']} {record['host']}:{record['port']}: {record['cut']}")
-    proposal = result.get("proposal")
-    if proposal:
-        lines.append(f"  proposal {proposal['id']} of {proposal['proposer']}: {proposal['rule']} "
-                     f"({proposal['command']}): "
-                     f"{proposal['state']}" + (f" by {proposal['who']}" if proposal["who"] else "")
-                     + (f", {proposal['applied']}" if proposal["applied"] else ""))
+    outcome = result.get("outcome")
+    if outcome:
+        lines.append(f"  proposal {result['proposal']} of {outcome['proposer']}: {', '.join(outcome['rules'])} "
+                     f"({outcome['reason']}): {outcome['state']}" + (f" by {outcome['who']}" if outcome["who"] else "")
+                     + (f": {outcome['why']}" if outcome["why"] else "")
+                     + (f", {outcome['applied']}" if outcome["applied"] else ""))
     return "\n".join(lines)
 
 
@@ -144,7 +145,7 @@ def _proposing(spec: ToolSpec) -> ToolSpec:
     schema = dict(spec.input_schema, properties={name: spec.input_schema["properties"][name] for name in kept})
     return replace(spec, input_schema=schema, narrowed=None, description=(
         "Propose network rules (capsule_create's grammar, preset:NAME) with a reason for a person to decide, "
-        "then poll the proposal (wait_ms). With capsule_id alone: the rules in force."))
+        "then poll it: proposal: its id (wait_ms). With capsule_id alone: the rules in force."))
 
 
 TOOLS = [
@@ -153,9 +154,9 @@ TOOLS = [
         family="capsule",
         title="Show or change a capsule's allowlist",
         description=(
-            "Show or change a live capsule's network rules (admin): allow/remove (capsule_create's grammar, "
-            "preset:NAME), caps; open connections no longer allowed are cut; journaled. Not for network none. "
-            "An agent may propose rules with a reason for a person to decide, then poll the proposal (wait_ms)."
+            "Show or change a capsule's network rules (admin): allow/remove (capsule_create's grammar, "
+            "preset:NAME), caps; connections no longer allowed are cut; journaled. "
+            "An agent may propose rules with a reason for a person to decide, then poll its id (wait_ms)."
         ),
         input_schema={
             "type": "object", "required": ["capsule_id"], "additionalProperties": False,
@@ -173,7 +174,8 @@ TOOLS = [
                 "changes": {"type": "array", "items": {"type": "object"}},
                 "changed": {"type": "boolean"},
                 "cut": {"type": "array", "items": {"type": "object"}},  # the records of the connections cut
-                "proposal": {"type": "object"},  # capsules/asks.py Question.to_json: state, who, applied
+                "proposal": {"type": "integer"},  # its id, to poll
+                "outcome": {"type": "object"},  # capsules/asks.py Question.outcome: state, who, why, applied
             },
         },
         handler=capsule_network,

@@ -158,6 +158,14 @@ def questions(state: State) -> dict[str, Any]:
     return {"questions": [question.to_json() for question in asks.pending(state)]}
 
 
+def question(state: State, question_id: int) -> dict[str, Any]:
+    """One question as it stands now (an approved proposal's once its rules went in)."""
+    found = asks.get(state, question_id)
+    if found is None:
+        raise CcwError("NOT_FOUND", f"no question {question_id} about the network", {"id": question_id})
+    return found.to_json()
+
+
 def answer_question(state: State, question_id: int, body: dict[str, Any]) -> dict[str, Any]:
     """Answer a question from the page: ``answer`` (once, capsule, denied) and a ``reason``
     for a denial; the answer's ``who`` says it came from the dashboard."""

@@ -171,7 +171,7 @@ class Dashboard:
                 # An approved proposal's rules go live in the front end's session (capsules/proposals.py).
                 added = await self._tool("capsule_network", {"capsule_id": answered["capsule_id"],
                                                              "proposal": answered["id"]})
-                return added["result"]["proposal"] if added["ok"] else answered
+                return await read(api.question, self.state, answered["id"]) if added["ok"] else answered
             return answered
         if method == "GET" and parts == ["races"]:
             return await read(races.listed, self.state, _number(query, "limit"), _number(query, "before"))
