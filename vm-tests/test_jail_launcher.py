@@ -256,9 +256,10 @@ def test_a_jail_built_from_the_launch_namespace_shows_its_binds_and_no_host_path
     sent: list[tuple[int, list[str]]] = []
     encode = jail_launcher.encode
 
-    def recorded(plan: contain.Plan, options: int, cgroups: int, notify_fd: int | None = None) -> bytes:
+    def recorded(plan: contain.Plan, options: int, cgroups: int, notify_fd: int | None = None,
+                 notify_key: bytes = b"") -> bytes:
         sent.append((options, [step.target for step in plan.mount_steps if step.from_fd]))
-        return encode(plan, options, cgroups, notify_fd)
+        return encode(plan, options, cgroups, notify_fd, notify_key)
 
     monkeypatch.setattr(jail_launcher, "encode", recorded)
     supervise.run(spec).ending.release()  # a root tree is made ahead for the next run
