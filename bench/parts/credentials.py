@@ -84,6 +84,7 @@ from mcp_server.egress import tlsterm
 from mcp_server.egress.session import EgressSession
 from mcp_server.fs.castore import ServerContexts
 from mcp_server.fs.secretstore import SecretStore
+from tests.support import netfixtures as nf
 
 SMALL_REQUESTS = 200
 # The shaped rows' upstream: s_server in a namespace of its own behind a veth (NEAR the host's
@@ -178,23 +179,12 @@ def _tls_files(root: Path) -> tuple[Path, Path, Path]:
 
 @contextlib.contextmanager
 def _far_namespace() -> Iterator[str]:
-    """A network namespace holding ``FAR`` behind a veth from the host, the namespace's end
-    shaped to ``LINK`` (tc tbf: its replies are the download); its name.  Removed after,
-    the veth with it."""
-    name, host_end, far_end = (f"{prefix}{os.getpid()}"[:15] for prefix in ("ccwb", "ccbh", "ccbs"))
-    subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)  # a killed run's
-    try:
-        for args in (["netns", "add", name], ["link", "add", host_end, "type", "veth", "peer", "name", far_end],
-                     ["link", "set", far_end, "netns", name], ["addr", "add", f"{NEAR}/30", "dev", host_end],
-                     ["link", "set", host_end, "up"], ["-n", name, "addr", "add", f"{FAR}/30", "dev", far_end],
-                     ["-n", name, "link", "set", far_end, "up"], ["-n", name, "link", "set", "lo", "up"]):
-            subprocess.run(["ip", *args], check=True, capture_output=True)
-        subprocess.run(["tc", "-n", name, "qdisc", "replace", "dev", far_end, "root", "tbf", *LINK],
+    """A namespace holding ``FAR`` behind a veth from the host (netfixtures.lab_namespace), its
+    end shaped to ``LINK`` (tc tbf: its replies are the download); its name."""
+    with nf.lab_namespace((f"{NEAR}/30",), (f"{FAR}/30",)) as lab:
+        subprocess.run(["tc", "-n", lab.namespace, "qdisc", "replace", "dev", lab.far_link, "root", "tbf", *LINK],
                        check=True, capture_output=True)
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
-        subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)
+        yield lab.namespace
 
 
 async def _curl(proxy: int, bundle: Path, urls: list[str]) -> list[str]:

@@ -291,6 +291,7 @@ class Lab:
     namespace: str
     host: tuple[str, ...]
     far: tuple[str, ...]
+    far_link: str  # the namespace's end of the veth (to shape what the namespace sends)
 
 
 @contextlib.contextmanager
@@ -311,7 +312,7 @@ def lab_namespace(host: tuple[str, ...], far: tuple[str, ...]) -> Iterator[Lab]:
         _ip("link", "set", host_end, "up")
         _ip("-n", name, "link", "set", far_end, "up")
         _ip("-n", name, "link", "set", "lo", "up")
-        yield Lab(name, tuple(a.split("/")[0] for a in host), tuple(a.split("/")[0] for a in far))
+        yield Lab(name, tuple(a.split("/")[0] for a in host), tuple(a.split("/")[0] for a in far), far_end)
     finally:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
         subprocess.run(["ip", "link", "delete", host_end], capture_output=True, check=False)
