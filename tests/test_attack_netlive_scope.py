@@ -4,7 +4,6 @@ tool is not in the ``agent`` profile; and a change names who made it."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +17,7 @@ from mcp_server.server import CcwServer
 from mcp_server.state import State
 from mcp_server.tools.network import who
 from mcp_server.tools.registry import Registry
-from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, http_token_env
 
 TOKENS = {"tokens": [
     {"name": "agent", "token": "agent-token-0123456789", "scopes": ["read", "write", "exec", "promote"]},
@@ -31,11 +30,7 @@ CALL = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
 
 @pytest.fixture
 def server(tmp_path: Path):
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    tokens.chmod(0o600)
-    proc = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens),
-                                    CCW_TOOLSETS="capsule", CCW_WORKSPACE=str(tmp_path)))
+    proc = ServerProcess(http_token_env(tmp_path, TOKENS, CCW_TOOLSETS="capsule", CCW_WORKSPACE=str(tmp_path)))
     proc.wait_ready()
     yield proc
     proc.stop()

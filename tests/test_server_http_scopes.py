@@ -6,7 +6,6 @@ client hands its session as the call's error (transports/http.py, step 5)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx2
@@ -17,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from mcp_server.tools.registry import Registry
-from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, http_token_env
 
 TOOLSETS = ("server", "file", "capsule")
 TOKENS = {"tokens": [
@@ -40,11 +39,8 @@ def bearer(name: str) -> dict[str, str]:
 
 @pytest.fixture
 def server(tmp_path: Path):
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    tokens.chmod(0o600)
-    proc = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens),
-                                    CCW_TOOLSETS=",".join(TOOLSETS), CCW_WORKSPACE=str(tmp_path)))
+    proc = ServerProcess(http_token_env(tmp_path, TOKENS, CCW_TOOLSETS=",".join(TOOLSETS),
+                                        CCW_WORKSPACE=str(tmp_path)))
     proc.wait_ready()
     yield proc
     proc.stop()

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx2
 import pytest
 
-from tests.support.mcp_process import ServerProcess, server_env
+from tests.support.mcp_process import ServerProcess, http_token_env
 
 TOKENS = {"tokens": [
     {"name": "reader", "token": "read-token-0123456789", "scopes": ["read"]},
@@ -28,12 +27,7 @@ def server(tmp_path: Path):
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.txt").write_text("one\n")
-    tokens = tmp_path / "tokens.json"
-    tokens.write_text(json.dumps(TOKENS))
-    tokens.chmod(0o600)
-    proc = ServerProcess(server_env(
-        tmp_path, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(tokens), CCW_TOOLSETS="text,file", CCW_WORKSPACE=str(ws)
-    ))
+    proc = ServerProcess(http_token_env(tmp_path, TOKENS, CCW_TOOLSETS="text,file", CCW_WORKSPACE=str(ws)))
     proc.wait_ready()
     yield proc, ws
     proc.stop()

@@ -8,6 +8,7 @@ reads for the tests; ``ServerProcess.client`` is an SDK client that sends it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -51,6 +52,15 @@ def server_env(tmp: Path, **extra: str) -> dict[str, str]:
     )
     env.update(extra)
     return env
+
+
+def http_token_env(tmp: Path, tokens: dict[str, Any], **extra: str) -> dict[str, str]:
+    """``server_env`` for a server on HTTP whose tokens are ``tokens`` (``{"tokens": [...]}``),
+    written to ``tmp/tokens.json`` as an operator writes it (mode 0600: the server refuses a looser one)."""
+    path = tmp / "tokens.json"
+    path.write_text(json.dumps(tokens))
+    path.chmod(0o600)
+    return server_env(tmp, MCP_ENDPOINT="http", CCW_TOKENS_FILE=str(path), **extra)
 
 
 def agent_server_env(state_dir: Path, workspace: Path) -> dict[str, str]:
