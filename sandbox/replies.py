@@ -261,7 +261,9 @@ class ExecProgress(OpReply):
     traced; at most ``LIVE_WRITTEN`` paths a report).  For a request with ``stream``, the
     tails are every byte since the last report instead (at most ``supervise.STREAM_MAX``
     each; the byte counts tell what was dropped), and a last report, once the output ends,
-    carries what came after the one before it: nothing printed is left to the reply alone."""
+    carries what came after the one before it: nothing printed is left to the reply alone.
+    That one says ``last``: it comes after the command ended, so it is no sign of life
+    (a service's path check counts only the reports of a run that still runs)."""
 
     elapsed_ms: int
     stdout_bytes: int
@@ -269,9 +271,10 @@ class ExecProgress(OpReply):
     stdout_tail: bytes
     stderr_tail: bytes
     written: tuple[str, ...] | None = None
+    last: bool | None = None
 
     base64_fields = ("stdout_tail", "stderr_tail")
-    optional_fields = ("written",)
+    optional_fields = ("written", "last")
 
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ExecProgress:

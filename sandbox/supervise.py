@@ -380,11 +380,12 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
             else:
                 streams[fd].feed(chunk)
     if on_progress is not None and streaming and (output.out.tail or output.err.tail):  # a crash's last words
-        on_progress(_progress(time.monotonic() - start, output.out, output.err, streaming))
+        on_progress(_progress(time.monotonic() - start, output.out, output.err, streaming, last=True))
 
 
-def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool) -> ExecProgress:
-    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, out.report(streaming), err.report(streaming))
+def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool, last: bool | None = None) -> ExecProgress:
+    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, out.report(streaming), err.report(streaming),
+                        last=last)
 
 
 class Handle(Protocol):

@@ -33,9 +33,10 @@ from tests.support.journal_rows import capsule_record
 from tests.support.scratch_services import exec_reply
 
 
-def _report(out: bytes, err: bytes, counts: tuple[int, int]) -> dict[str, Any]:
+def _report(out: bytes, err: bytes, counts: tuple[int, int], last: bool = False) -> dict[str, Any]:
     return {"elapsed_ms": 1, "stdout_bytes": counts[0], "stderr_bytes": counts[1],
-            "stdout_tail_b64": base64.b64encode(out).decode(), "stderr_tail_b64": base64.b64encode(err).decode()}
+            "stdout_tail_b64": base64.b64encode(out).decode(), "stderr_tail_b64": base64.b64encode(err).decode(),
+            **({"last": True} if last else {})}
 
 
 class FakeHelper:
@@ -43,7 +44,8 @@ class FakeHelper:
     ``REPORT_S`` while it does, as the helper does), or ends at once with ``exit_code``.  A port
     accepts (``net_connect``) once a service ``binds`` it; with ``reply_after_connect``, an
     ending run's reply waits for the next connect that is accepted (the helper's reply comes
-    after its process's exit, and a check may pass in between)."""
+    after its process's exit, and a check may pass in between); with ``words_after_check``,
+    its last words do too."""
 
     REPORT_S = 0.05
 
@@ -57,6 +59,7 @@ class FakeHelper:
         self.binds: dict[str, int] = {}  # service name: the port it listens on once it runs
         self.accepting: set[int] = set()
         self.reply_after_connect = False
+        self.words_after_check = False
         self.paths: set[str] = set()  # paths a path check's probe finds
         self._connected = trio.Event()
 
@@ -80,9 +83,12 @@ class FakeHelper:
             raise CcwError("CONFLICT", f"service {request.service!r} already runs in capsule {request.capsule_id}",
                            {"service": request.service})
         out = err = 0
-        for stdout, stderr in self.reports:
+        if self.words_after_check:
+            await self._connected.wait()
+        for index, (stdout, stderr) in enumerate(self.reports):
             out, err = out + len(stdout), err + len(stderr)
-            await on_progress(_report(stdout, stderr, (out, err)))
+            ending = not self.until_signalled and index == len(self.reports) - 1  # the helper's last words
+            await on_progress(_report(stdout, stderr, (out, err), last=ending))
         if request.service in self.binds:
             self.accepting.add(self.binds[request.service])
         while self.until_signalled and not self._signalled.is_set():
@@ -263,12 +269,15 @@ def test_a_start_whose_ready_port_another_service_holds_is_refused_before_it_sta
     assert [one["name"] for one in services.summaries("cap_1")] == ["s1"]
 
 
-def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any) -> None:
+@pytest.mark.parametrize("words_after_check", [False, True])
+def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any, words_after_check: bool) -> None:
     # The ready path is there already (a run before left it), and the service's command
-    # fails: its check passes while the helper's reply, which says it ended, is on its way.
+    # fails: its check passes while the helper's reply, which says it ended, is on its way,
+    # and maybe its last words too (which are no sign that it runs).
     services, capsules, helper = world
     helper.reports = [(b"", b"OSError: [Errno 98] Address already in use\n")]
     helper.exit_code, helper.paths, helper.reply_after_connect = 1, {"run/s2.pid"}, True
+    helper.words_after_check = words_after_check
 
     async def main() -> dict[str, Any]:
         answer = await services.start(capsules, _spec("s2", Ready(path="run/s2.pid", timeout_ms=5000)))

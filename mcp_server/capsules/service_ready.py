@@ -12,8 +12,9 @@ Some facts about readiness checks, and what follows from them:
   reported ended when the helper's reply comes, which follows the exit by the time the
   helper takes to collect the run; a path that exists (one a run before left, say) may
   be found in between.  The helper sends a progress report about every ``PROGRESS_MS``
-  while the command runs and none once it has ended, so a path check that passes counts
-  once a report comes after it (``_still_running``); if the run's end comes first, the
+  while the command runs, and once it has ended only the one with its last words, which
+  says ``last``; so a path check that passes counts once another report comes after it
+  (``_still_running``); if the run's end comes first, the
   start is answered as one that failed is (its status and last lines).  That costs a
   ready answer up to one report's interval (250 ms), so a port check does without it:
   a start holds the capsule's turn, so no other start or exec of the capsule can take

@@ -46,13 +46,16 @@ class ServiceRun:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     finished: trio.Event = field(default_factory=trio.Event)  # the serving task has ended
     line_seen: trio.Event = field(default_factory=trio.Event)
-    reported: trio.Event = field(default_factory=trio.Event)  # set, then renewed, at each report or change of state
+    # set, then renewed, at each report of a running command (not its last: ExecProgress) and at its end:
+    # news that it runs or has ended, never a change such as "starting" that says neither
+    reported: trio.Event = field(default_factory=trio.Event)
     _partial: str = ""
     _counts: tuple[int, int] = (0, 0)
 
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state, self.since, self.reason = state, _now(), reason
-        self._news()
+        if state in ENDED:
+            self._news()
 
     def _news(self) -> None:
         self.reported.set()
@@ -79,7 +82,8 @@ class ServiceRun:
         if missed > 0:
             data = f"[ccw: {missed} bytes of output were not kept]\n".encode() + data
         self.log.append(data)
-        self._news()
+        if not report.last:
+            self._news()
         line = self.spec.ready.line if self.spec.ready is not None else None
         if line is not None and data and not self.line_seen.is_set():
             text = self._partial + data.decode(errors="replace")
