@@ -387,10 +387,11 @@ class CcwServer:
     async def _on_list_resources(
         self, ctx: ServerRequestContext[ToolList], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
-        # Only templates without variables name one concrete resource.
+        # Only templates without variables name one concrete resource; an HTTP token is shown
+        # those it may read, as its tools/list shows the tools it may call.
         resources = [
             types.Resource(uri=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type)
-            for r in ctx.lifespan_context.registry.resources
+            for r in ctx.lifespan_context.resources_to(token_scopes(ctx))
             if "{" not in r.uri_template
         ]
         return types.ListResourcesResult(resources=resources)
@@ -402,7 +403,7 @@ class CcwServer:
             types.ResourceTemplate(
                 uri_template=r.uri_template, name=r.name, description=r.description, mime_type=r.mime_type
             )
-            for r in ctx.lifespan_context.registry.resources
+            for r in ctx.lifespan_context.resources_to(token_scopes(ctx))
         ]
         return types.ListResourceTemplatesResult(resource_templates=templates)
 

@@ -67,6 +67,23 @@ def test_tools_list_shows_a_token_only_what_it_may_call(server: ServerProcess, m
 
 
 @SDK_CLIENT_GC
+def test_resource_lists_show_a_token_only_what_it_may_read(server: ServerProcess) -> None:
+    async def listed(who: str) -> set[str]:
+        async with (
+            httpx2.AsyncClient(headers=bearer(who), timeout=30) as http,
+            Client(streamable_http_client(server.path, http_client=http)) as client,
+        ):
+            templates = (await client.list_resource_templates()).resource_templates
+            return {one.uri_template for one in templates} | {str(one.uri) for one in
+                                                             (await client.list_resources()).resources}
+
+    readable = {one.uri_template for one in Registry.load(TOOLSETS).resources}
+    assert "list://{+path}" in readable
+    reader, runner, boss = (trio.run(listed, who) for who in ("reader", "runner", "boss"))
+    assert reader == boss == readable and runner == set()
+
+
+@SDK_CLIENT_GC
 def test_a_call_the_token_may_not_make_is_an_error_its_session_reads(server: ServerProcess) -> None:
     with httpx2.Client(timeout=30) as http:
         call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",

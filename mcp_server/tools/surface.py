@@ -41,7 +41,7 @@ import mcp_types as types
 from mcp_server.auth import Principal
 from mcp_server.config import Config
 from mcp_server.fs.policy import policy_schema
-from mcp_server.tools.registry import Registry, ToolSpec
+from mcp_server.tools.registry import Registry, ResourceSpec, ToolSpec
 
 # Keywords whose value is one schema, a list of schemas, or a map of name → schema.
 _ONE = ("additionalProperties", "items", "not", "if", "then", "else", "contains", "propertyNames",
@@ -269,3 +269,10 @@ class ToolList:
         principal = Principal("", scopes)
         return [tool for tool, spec in zip(self.listed(), self.registry.tools, strict=True)
                 if any(principal.grants(scope) for scope in spec.scopes)]
+
+    def resources_to(self, scopes: frozenset[str] | None) -> list[ResourceSpec]:
+        """The resources (and templates) an HTTP token of ``scopes`` may read; every one without a token."""
+        if scopes is None:
+            return list(self.registry.resources)
+        principal = Principal("", scopes)
+        return [resource for resource in self.registry.resources if principal.grants(resource.scope)]

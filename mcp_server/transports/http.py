@@ -37,7 +37,8 @@ this module's ASGI layer does what ccw adds, in this order:
    **403** with ``WWW-Authenticate: Bearer error="insufficient_scope", scope=…`` (the MCP
    authorization spec's answer) and a JSON-RPC error naming the scope, with the request's
    id, which an MCP client hands its session as the call's error (and ``tools/list`` shows
-   a token only the tools its scopes reach: ``ToolSpec.scopes``).  A body that
+   a token only the tools its scopes reach, ``ToolSpec.scopes``; the resource lists, only
+   what it may read: ``ToolList.resources_to``).  A body that
    ``json.loads`` cannot read as one message (so no scope can be judged) is refused with
    **400** (-32700) before the SDK sees it: fail closed rather than trust two parsers.
 6. A direct method (a tool name as the method) is answered here, as plain JSON, with no
