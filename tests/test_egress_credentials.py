@@ -166,6 +166,7 @@ def test_basic_auth_placeholder_swapped_or_refused(bound: bool) -> None:
         assert answer.endswith(b"you sent Basic " + base64.b64encode(b"__token__:" + placeholder.encode()))
     else:
         assert seen == [] and answer.startswith(b"HTTP/1.1 403 ") and b"secret TOKEN" in answer
+        assert answer.endswith(b"\n")
 
 
 @pytest.mark.usefixtures("relay_engine")
@@ -321,7 +322,7 @@ def test_an_encoded_echo_of_the_value_never_reaches_the_jail(coding: str, route:
     assert VALUE not in answer
     [record] = records
     if coding == "always":
-        assert answer.startswith(b"HTTP/1.1 502 ") and b"Content-Encoding: gzip" in answer
+        assert answer.startswith(b"HTTP/1.1 502 ") and b"Content-Encoding: gzip" in answer and answer.endswith(b"\n")
         assert b"compressed" in answer and b"nothing of it passed" in answer
         assert record["allowed"] is False and "Content-Encoding: gzip" in str(record["reason"])
         assert any(attempt.reason == record["reason"] for attempt in told)  # told live

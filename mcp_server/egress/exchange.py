@@ -169,10 +169,10 @@ class Exchange:
             ended = not isinstance(self.upstream, TlsWire) or self.upstream.peer_closed
         except* UpstreamGarbage as group:
             if not self.answered:
-                await reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}"))
+                await reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}\n"))
         except* PlaceholderInBody as group:
             if not self.answered:
-                await reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}"))
+                await reply(self.sock, response(403, "Forbidden", f"ccw: {group.exceptions[0]}\n"))
         except* ByteCapReached:
             capped = True  # the record keeps the bytes so far and the cut; both sides close
         except* (OSError, h11.ProtocolError):
