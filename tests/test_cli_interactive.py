@@ -9,9 +9,12 @@ import termios
 from pathlib import Path
 
 import pytest
+import trio
 
-from mcp_server.cli import main
+from mcp_server.cli import interactive, main
 from mcp_server.cli.interactive import Keys
+from mcp_server.config import Config
+from sandbox.errors import CcwError
 
 
 @pytest.mark.parametrize(("extra", "said"), [(["--stdin-file", "-"], "--stdin-file"), (["--json"], "--json")])
@@ -52,3 +55,29 @@ def test_without_tty_or_a_terminal_nothing_changes() -> None:
     finally:
         os.close(read_end)
         os.close(write_end)
+
+
+def test_a_refused_keystroke_prints_the_details_its_error_points_at(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # What the agent's tool error shows, a person typing into the run reads too.
+    calls: list[dict[str, object]] = []
+
+    async def call_tool(config: object, name: str, args: dict[str, object]) -> dict[str, object]:
+        calls.append(args)
+        if "input" in args:
+            raise CcwError("INVALID_ARGUMENT", "input refused; see details.problems",
+                           {"problems": ["input: more than the run takes at once"]})
+        return {}
+
+    monkeypatch.setattr(interactive.frontclient, "call_tool", call_tool)
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"hello\n")
+        trio.run(interactive._type, Config(), "run_0123", read_end)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert calls == [{"run_id": "run_0123", "wait_ms": 0, "input": "hello\n"}, {"run_id": "run_0123", "cancel": True}]
+    assert capsys.readouterr().err.splitlines() == ["ccw: INVALID_ARGUMENT: input refused; see details.problems",
+                                                    "details.problems:",
+                                                    "  input: more than the run takes at once"]

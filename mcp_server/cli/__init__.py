@@ -195,17 +195,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_error(exc: CcwError, as_json: bool) -> None:
-    """``ccw: CODE: message`` on stderr, then the details the message says to see ("see
-    details.problems"), which a person has no other way to read; with ``--json``, the whole
-    error on stdout instead of those lines, as the tool answers it (``{"error": {code, message, details}}``)."""
-    from mcp_server.cli.output import pointed_details, print_json
+    """``output.print_error``; with ``--json``, the whole error on stdout instead of the
+    details' lines, as the tool answers it (``{"error": {code, message, details}}``)."""
+    from mcp_server.cli.output import print_error, print_json
 
-    print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
+    print_error(exc, details=not as_json)
     if as_json:
         print_json({"error": exc.to_dict()})
-        return
-    for line in pointed_details(exc.message, exc.details):
-        print(line, file=sys.stderr)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -47,8 +47,7 @@ from typing import Any
 
 from mcp_server.capsules.console import INPUT_MAX
 from mcp_server.cli import frontclient, helperctl
-from mcp_server.cli.output import beside, exec_status
-from mcp_server.cli.toolwords import in_cli_words
+from mcp_server.cli.output import beside, exec_status, print_error
 from mcp_server.config import Config
 from sandbox.errors import CcwError
 
@@ -171,7 +170,7 @@ async def _type(config: Config, run_id: str, in_fd: int) -> None:
                 await frontclient.call_tool(config, "capsule_run", args)
             except CcwError as exc:
                 if exc.code != "CONFLICT":  # CONFLICT: its stdin is closed, or it has ended
-                    print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
+                    print_error(exc)
                     await _cancel(config, run_id)
                 return
         if not chunk:

@@ -40,6 +40,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TextIO, TypeVar
 
+from mcp_server.cli.toolwords import in_cli_words
+from sandbox.errors import CcwError
+
 # trio and outcome are imported by the coroutines below that use them: whoever awaits one
 # runs trio already, and a command that calls nothing (``ccw --help``) loads neither
 # (tests/test_cli_imports.py).
@@ -146,6 +149,14 @@ def pointed_details(message: str, details: Mapping[str, Any]) -> list[str]:
         if len(entries) > SHOWN_DETAILS:
             lines.append(f"  ... and {len(entries) - SHOWN_DETAILS} more (--json shows them all)")
     return lines
+
+
+def print_error(exc: CcwError, details: bool = True) -> None:
+    """``ccw: CODE: message`` on stderr (in the CLI's words), then the details the message says
+    to see ("see details.problems"), which a person has no other way to read."""
+    print(f"ccw: {exc.code}: {in_cli_words(exc.message)}", file=sys.stderr)
+    for line in pointed_details(exc.message, exc.details) if details else ():
+        print(line, file=sys.stderr)
 
 
 def _entry(value: Any) -> str:
