@@ -73,7 +73,6 @@ import ipaddress
 import json
 import logging
 import socket
-from collections import deque
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,6 +90,7 @@ from mcp_server.auth import Principal, TokenFile, insufficient_scope
 from mcp_server.capsules.turns import ARRIVAL_KEY, Ticket
 from mcp_server.logs import LOGGER
 from mcp_server.server import TOOL_ERROR, CcwServer
+from mcp_server.transports import asgi
 from mcp_server.transports.holdings import Holdings
 from sandbox.errors import CcwError, from_oserror
 
@@ -100,8 +100,6 @@ SESSION_IDLE_S = 30 * 60.0  # the SDK ends a session with nothing in flight this
 TOKENS_POLL_S = 1.0  # the tokens file is looked at this often between requests (each request looks too)
 SESSION_HEADER = "mcp-session-id"
 REVOKED = [(b"www-authenticate", b'Bearer realm="ccw", error="invalid_token"')]
-CLOSE = (b"connection", b"close")
-REFUSED_BODY_MAX = 64 * 1024  # a refused request's body is read this far to keep its connection (``_refuse``)
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -222,12 +220,12 @@ class CcwHttpApp:
         async def discard(message: Any) -> None:
             pass
 
-        await self.manager.handle_request(scope, _replay(b"", gone), discard)
+        await self.manager.handle_request(scope, asgi.replay(b"", gone), discard)
         LOGGER.info(f"mcp:http ended session {session_id[:8]}… of token {opener.name!r}: its token was revoked")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await asgi.lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -243,19 +241,20 @@ class CcwHttpApp:
 
     async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["path"].rstrip("/") != MCP_PATH:
-            await _refuse(receive, send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
+            await asgi.refuse(receive, send, 404, {"error": f"not found; the MCP endpoint is {MCP_PATH}"})
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if await self._refused_origin(scope, headers, receive, send):
             return
         self.look()
         if self.tokens.fault:
-            await _refuse(receive, send, 503, {"error": "this server's tokens file cannot be used now (the server's "
-                                                        "log says why); nothing is served until it is fixed"})
+            await asgi.refuse(receive, send, 503, {"error": "this server's tokens file cannot be used now (the "
+                                                            "server's log says why); nothing is served until it is "
+                                                            "fixed"})
             return
         principal = self.tokens.table.authenticate(headers.get("authorization"))
         if principal is None:
-            await _refuse(
+            await asgi.refuse(
                 receive, send, 401, {"error": "missing or unknown bearer token; send Authorization: Bearer <token> "
                                               "(ccw client-config CLIENT --http HOST:PORT prints a config with it)"},
                 [(b"www-authenticate", b'Bearer realm="ccw"')],
@@ -287,9 +286,9 @@ class CcwHttpApp:
                 await self.manager.handle_request(scope, receive, answer)
         if held.cancelled_caught and not answered and principal.key not in self.tokens.table.credentials():
             # Its body may be half read, and once it is all read another receive() waits for
-            # the client to leave (ASGI): not drained as ``_refuse`` does, the connection ends.
-            await _respond(send, 401, {"error": "this bearer token was revoked while the request was answered"},
-                           [*REVOKED, CLOSE])
+            # the client to leave (ASGI): not drained as ``asgi.refuse`` does, the connection ends.
+            await asgi.respond(send, 401, {"error": "this bearer token was revoked while the request was answered"},
+                               [*REVOKED, asgi.CLOSE])
 
     async def _refused_origin(self, scope: dict[str, Any], headers: dict[str, str], receive: Any, send: Any) -> bool:
         """Answer a request from a Host or Origin this server does not serve; True if refused."""
@@ -298,22 +297,22 @@ class CcwHttpApp:
             refused = await self._guard_check.validate_request(Request(scope), is_post=False)
             if refused is not None:
                 what = f"Host {headers.get('host')!r}" if refused.status_code == 421 else f"Origin {origin!r}"
-                await _refuse(receive, send, refused.status_code,
-                              {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
-                                        "http://localhost:PORT from this host"})
+                await asgi.refuse(receive, send, refused.status_code,
+                                  {"error": f"{what} is not allowed; call this server as http://127.0.0.1:PORT or "
+                                            "http://localhost:PORT from this host"})
                 return True
         elif origin is not None and urlsplit(origin).hostname not in self.origin_hosts:
-            await _refuse(receive, send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
+            await asgi.refuse(receive, send, 403, {"error": f"Origin {origin!r} is not allowed; call from this host"})
             return True
         return False
 
     async def _serve_post(self, scope: dict[str, Any], receive: Any, send: Any, principal: Principal) -> None:
-        body, trailing = await _read_body(receive, framing.MAX_FRAME)
+        body, trailing = await asgi.read_body(receive, framing.MAX_FRAME)
         if body is None:
             event = framing.Oversized(trailing or b"", -1)
             answer = framing.oversized_answer(event, is_direct_method=False)
             answer["error"]["message"] = f"payload_too_large: body exceeds {framing.MAX_FRAME} bytes"
-            await _respond(send, 413, answer)
+            await asgi.respond(send, 413, answer)
             return
         try:
             message = json.loads(body)
@@ -323,7 +322,7 @@ class CcwHttpApp:
             # Fail closed: the scope check reads the method from json.loads' view of the
             # body; a body it cannot read (or that is no single message) must not go on to
             # the SDK's own parser, which might read it differently and run it unchecked.
-            await _respond(send, 400, framing.error_message(
+            await asgi.respond(send, 400, framing.error_message(
                 None, framing.PARSE_ERROR,
                 "parse error: the body is not one JSON-RPC message that json.loads reads, so its "
                 "scope cannot be checked; send one JSON object (UTF-8, no BOM)"))
@@ -335,8 +334,8 @@ class CcwHttpApp:
                 why = f"token {principal.name!r} lacks scope {needed!r}, which {_what(method, params)} needs"
                 refused = {"error": {"code": "PERMISSION_DENIED", "message": why, "details": {"scope": needed}}}
                 request_id = message.get("id") if framing.is_valid_id(message.get("id")) else None
-                await _respond(send, 403, framing.error_message(request_id, TOOL_ERROR, why, refused),
-                               [insufficient_scope(needed)])
+                await asgi.respond(send, 403, framing.error_message(request_id, TOOL_ERROR, why, refused),
+                                   [insufficient_scope(needed)])
                 return
             # The call's place in a capsule's line is taken now, as it is read, and handed
             # to it (CcwServer.arrive); one it never claims is given back once answered.
@@ -346,24 +345,24 @@ class CcwHttpApp:
                     await self._serve_direct(message, method, params, send, principal.name, ticket)
                     return
                 scope[ARRIVAL_KEY] = ticket  # the handler's ctx.request.scope (turns.arrived_ticket)
-                await self.manager.handle_request(scope, _replay(body, receive), send)
+                await self.manager.handle_request(scope, asgi.replay(body, receive), send)
             finally:
                 self.app.runtime.capsule_queue.give_back(ticket)
             return
-        await self.manager.handle_request(scope, _replay(body, receive), send)
+        await self.manager.handle_request(scope, asgi.replay(body, receive), send)
 
     async def _serve_direct(self, message: dict[str, Any], method: str, params: Any, send: Any,
                             owner: str, ticket: Ticket | None) -> None:
         # A direct method (a tool called by name) is answered here; the SDK does not know it.
         if "id" not in message:
-            await _respond(send, 202, None)
+            await asgi.respond(send, 202, None)
             return
         if not framing.is_valid_id(message["id"]):
-            await _respond(send, 400, framing.error_message(
+            await asgi.respond(send, 400, framing.error_message(
                 None, framing.INVALID_REQUEST, "id must be a string or a finite number"))
             return
         # The token's name: a long run it starts is its own (capsules/run.py).
-        await _respond(send, 200, await self.app.run_direct(message["id"], method, params, owner, ticket))
+        await asgi.respond(send, 200, await self.app.run_direct(message["id"], method, params, owner, ticket))
 
 
 def _scope_checkable(message: Any) -> bool:
@@ -383,82 +382,6 @@ def _what(method: str, params: Any) -> str:
     if method == "tools/call" and isinstance(params, dict):
         return f"tool {params.get('name')!r}"
     return f"method {method!r}"
-
-
-async def _read_body(receive: Any, limit: int) -> tuple[bytes | None, bytes | None]:
-    """(body, None), or (None, head) when the body exceeds ``limit``: the rest is drained."""
-    chunks = bytearray()
-    too_big = False
-    head = b""
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return (None, head) if too_big else (bytes(chunks), None)
-        if not too_big:
-            chunks += message.get("body", b"")
-            if len(chunks) > limit:
-                too_big, head = True, bytes(chunks[: framing.HEAD_SCAN])
-                chunks.clear()
-        if not message.get("more_body", False):
-            return (None, head) if too_big else (bytes(chunks), None)
-
-
-def _replay(body: bytes, receive: Any) -> Any:
-    pending = deque([{"type": "http.request", "body": body, "more_body": False}])
-
-    async def replay() -> dict[str, Any]:
-        if pending:
-            return pending.popleft()
-        return await receive()
-
-    return replay
-
-
-async def _refuse(receive: Any, send: Any, status: int, payload: Any,
-                  extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    """Answer a request this layer refuses before reading it, once its body is read.
-
-    hypercorn keeps a connection for the next request only if it has read the whole of
-    this one when the answer ends; otherwise it closes it, without saying so, and a
-    client that has meanwhile sent its next request on it (httpx reuses a connection
-    as soon as an answer is complete) sees "Server disconnected without sending a
-    response".  Under load, a client's small POST body arriving after its headers made
-    that happen to about 1 in 200 refused requests.  So the body is read, up to
-    ``REFUSED_BODY_MAX``; a larger one is left unread and the answer says
-    ``Connection: close``, which the client heeds.
-    """
-    whole = await _drain(receive, REFUSED_BODY_MAX)
-    await _respond(send, status, payload, [*(extra or []), *([] if whole else [CLOSE])])
-
-
-async def _drain(receive: Any, limit: int) -> bool:
-    """Read and drop a request's body; whether all of it was read before ``limit`` bytes passed."""
-    seen = 0
-    while seen <= limit:
-        message = await receive()
-        if message["type"] != "http.request":  # the client went away: nothing to keep
-            return False
-        seen += len(message.get("body", b""))
-        if not message.get("more_body", False):
-            return True
-    return False
-
-
-async def _respond(send: Any, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = b"" if payload is None else framing.dumps(payload)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _lifespan(receive: Any, send: Any) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
 
 
 async def serve(
@@ -496,10 +419,10 @@ async def _serve_on(app: CcwServer, sock: socket.socket, tokens: TokenFile, drai
     hconfig.graceful_timeout = GRACEFUL_S
     hconfig.accesslog = None
     hconfig.errorlog = logging.getLogger("hypercorn.error")  # through ccw's handler (logs.py)
-    asgi = CcwHttpApp(app, manager, tokens, host, port)
+    http_app = CcwHttpApp(app, manager, tokens, host, port)
     async with trio.open_nursery() as nursery, manager.run():
-        await nursery.start(_hypercorn, asgi, hconfig, draining)
-        nursery.start_soon(asgi.keep_tokens)
+        await nursery.start(_hypercorn, http_app, hconfig, draining)
+        nursery.start_soon(http_app.keep_tokens)
         made = " (generated; ccw client-config CLIENT --http HOST:PORT prints it)" if tokens.generated else ""
         LOGGER.info(f"mcp:http listening on {url} auth=bearer tokens={tokens.path}{made}")
         task_status.started(url)
@@ -507,12 +430,12 @@ async def _serve_on(app: CcwServer, sock: socket.socket, tokens: TokenFile, drai
         # hypercorn has stopped accepting; let requests in flight finish, then cut the
         # long-lived GET streams and end the sessions, so hypercorn's graceful wait
         # does not sit on them.
-        await asgi.idle()
-        asgi.close_streams()
+        await http_app.idle()
+        http_app.close_streams()
 
 
 async def _hypercorn(
-    asgi: CcwHttpApp, hconfig: HypercornConfig, draining: trio.Event,
+    http_app: CcwHttpApp, hconfig: HypercornConfig, draining: trio.Event,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await hypercorn_serve(asgi, hconfig, shutdown_trigger=draining.wait, task_status=task_status)  # type: ignore[arg-type]
+    await hypercorn_serve(http_app, hconfig, shutdown_trigger=draining.wait, task_status=task_status)  # type: ignore[arg-type]

@@ -60,7 +60,7 @@ from mcp_server.config import Config
 from mcp_server.events import EventLog
 from mcp_server.journal import Journal
 from mcp_server.state import State
-from mcp_server.transports.http import _lifespan, _read_body
+from mcp_server.transports.asgi import lifespan, read_body
 from mcp_server.ui import api, races
 from sandbox.errors import CcwError
 
@@ -115,7 +115,7 @@ class Dashboard:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
         elif scope["type"] == "http":
             await self._answer(scope, receive, send)
 
@@ -239,7 +239,7 @@ def _json(payload: Any) -> bytes:
 
 
 async def _json_body(receive: Any) -> dict[str, Any]:
-    data, _ = await _read_body(receive, MAX_BODY)
+    data, _ = await read_body(receive, MAX_BODY)
     if data is None:
         raise Reply(413, f"a request body is at most {MAX_BODY} bytes")
     try:
