@@ -29,7 +29,6 @@ keep that from losing anybody's work:
 from __future__ import annotations
 
 import json
-import os
 import socket
 from typing import Any
 
@@ -106,25 +105,15 @@ def stop_daemon(state_dir: str, send_signal: bool = True) -> dict[str, Any]:
     """Stop the CLI's front-end daemon of ``state_dir`` (SIGTERM: it drains, then exits); an
     owner serving an agent (stdio, socket, http) is left alone.  What was done.  Without
     ``send_signal``: only wait for it to exit (it yields on its own: ``ask_to_yield``)."""
-    import select
-    import signal
+    from mcp_server.launcher import end_process
 
     found = status(state_dir)
     if not found["frontend_running"] or not found.get("frontend_daemon"):
         return {**found, "frontend_stopped": False}
     pid = found.get("frontend_pid")
-    try:
-        pidfd = os.pidfd_open(int(pid)) if pid else -1
-    except ProcessLookupError:
-        return {**found, "frontend_stopped": True}
-    if pidfd < 0:
+    if not pid:
         return {**found, "frontend_stopped": False}
-    try:
-        if send_signal:
-            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
-        select.select([pidfd], [], [], STOP_TIMEOUT_S)
-    except ProcessLookupError:
-        pass
-    finally:
-        os.close(pidfd)
+    # SIGTERM only, never SIGKILL: the daemon drains, finishing the calls it runs (module
+    # docstring, A stop waits); this waits for that, at most STOP_TIMEOUT_S.
+    end_process(int(pid), STOP_TIMEOUT_S, terminate=send_signal, kill=False)
     return {**found, "frontend_stopped": True}

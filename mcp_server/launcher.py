@@ -352,19 +352,35 @@ def stop(state_dir: str, timeout_s: float = DETACHED_STOP_TIMEOUT_S) -> dict[str
     if pid is None or pid == 1:
         raise CcwError("CONFLICT", f"{socket_path} is held by {'systemd' if pid == 1 else 'an unknown process'}; "
                        "stop the service with systemctl stop ccw-helper.service")
+    ended = end_process(pid, timeout_s)
+    if ended is None:
+        return {"socket": socket_path, "stopped": True, "pid": pid}
+    # A helper killed by SIGKILL leaves its socket file: the next start removes it as stale.
+    return {"socket": socket_path, "stopped": True, "pid": pid, "forced": not ended}
+
+
+def end_process(pid: int, timeout_s: float, terminate: bool = True, kill: bool = True) -> bool | None:
+    """End process ``pid``: SIGTERM (unless not ``terminate``: it is ending on its own), wait up
+    to ``timeout_s`` for its exit, then, with ``kill``, SIGKILL it if it is still there and wait
+    as long again.  None when there is no such process; else whether it ended without SIGKILL.
+
+    Through a pidfd, opened before the first signal: a SIGKILL after the wait cannot reach
+    another process that took the pid meanwhile; and it turns readable at the exit, which
+    ``select`` waits for where the process is no child of ours to ``waitpid``.
+    """
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return {"socket": socket_path, "stopped": True, "pid": pid}
+        return None
     try:
-        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+        if terminate:
+            signal.pidfd_send_signal(pidfd, signal.SIGTERM)
         exited, _, _ = select.select([pidfd], [], [], timeout_s)
-        if not exited:
+        if not exited and kill:
             signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             select.select([pidfd], [], [], timeout_s)
-    except ProcessLookupError:
-        pass
+        return bool(exited)
+    except ProcessLookupError:  # it exited before a signal reached it
+        return True
     finally:
         os.close(pidfd)
-    # A helper killed by SIGKILL leaves its socket file: the next start removes it as stale.
-    return {"socket": socket_path, "stopped": True, "pid": pid, "forced": not exited}
