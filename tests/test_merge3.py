@@ -461,3 +461,32 @@ def test_a_file_the_start_holds_that_is_now_a_fifo_is_never_written_through(tmp_
         finally:
             os.close(reader)
     assert stat.S_ISFIFO(os.lstat(tmp_path / "a.txt").st_mode)
+
+
+def test_a_pair_of_three_clashing_only_where_git_ignores_commutes_as_the_merge_does(tmp_path: Path) -> None:
+    """Of three inputs, two that each compiled their own ``.pyc`` (bytes that differ, at a path the
+    workspace's git ignores) merge cleanly, as merge._ignored_conflicts lets such a path pass; their
+    pair must then say ``commute`` too, as it does when the two are merged alone, not a conflict at
+    the ``.pyc`` that stops nothing."""
+    from mcp_server.capsules.merge import _ignored_conflicts
+
+    base = tmp_path / "base"
+    _tree(base, {"m.py": BASE, ".gitignore": b"__pycache__/\n"})
+    subprocess.run(["git", "-C", str(base), "init", "-q"], check=True)
+    views = {name: tmp_path / name for name in ("one", "two", "three")}
+    for view in views.values():
+        shutil.copytree(base, view, symlinks=True)
+    _tree(views["one"], {"m.py": _edit(BASE, 1, b"one\n"), "__pycache__/m.pyc": b"\x00one"})
+    _tree(views["two"], {"m.py": _edit(BASE, 29, b"two\n"), "__pycache__/m.pyc": b"\x00two"})
+    _tree(views["three"], {"new.txt": b"new\n"})
+    compiled = [Change("m.py", "modified", "file"), Change("__pycache__", "added", "dir"),
+                Change("__pycache__/m.pyc", "added", "file")]
+    changes = {"one": compiled, "two": compiled, "three": [Change("new.txt", "added", "file")]}
+    names = list(views)
+    plan = read_plan(str(base), [Side(name, os.open(views[name], os.O_RDONLY | os.O_DIRECTORY), changes[name])
+                                 for name in names], None)
+    _ignored_conflicts(plan, names, str(base))
+    assert not plan.conflicts
+    result = report(Question(tuple(names)), plan, None, str(base))
+    assert [(p["capsules"], p["verdict"], p["conflicts"]) for p in result["pairs"]] == [
+        (["one", "two"], "commute", []), (["one", "three"], "commute", []), (["two", "three"], "commute", [])]

@@ -310,7 +310,8 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
         "files": [{"path": one.path, "how": one.how, "capsules": list(one.sides)} for one in changed[:MAX_LISTED]],
         "counts": counts,
         "conflicts": [_conflict(one, plan) for one in plan.conflicts],
-        "pairs": pairs(plan, list(question.capsule_ids)),
+        "pairs": pairs(plan, list(question.capsule_ids),
+                       frozenset(path for path, one in plan.outcomes.items() if one.how == IGNORED)),
     }
 
 

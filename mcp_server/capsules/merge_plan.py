@@ -297,8 +297,12 @@ def _parents_hold(plan: Plan) -> None:
             break
 
 
-def pairs(plan: Plan, names: list[str]) -> list[dict[str, object]]:
-    """For each pair of capsules: the paths both changed, and which of those do not merge."""
+def pairs(plan: Plan, names: list[str], passed: frozenset[str] = frozenset()) -> list[dict[str, object]]:
+    """For each pair of capsules: the paths both changed, and which of those do not merge.
+
+    ``passed``: paths whose clash the whole merge lets through (capsules/merge.py's
+    ``_ignored_conflicts``: the workspace's git ignores them) make no pair conflict either, so two of
+    three inputs that each compiled their own ``.pyc`` commute, as they do when merged alone."""
     out: list[dict[str, object]] = []
     for one, two in combinations(names, 2):
         ours, theirs = plan.sides[one], plan.sides[two]
@@ -308,7 +312,7 @@ def pairs(plan: Plan, names: list[str]) -> list[dict[str, object]]:
         if len(names) == 2:  # the merge itself is this pair's
             clashing = [c.path for c in plan.conflicts]
         else:
-            clashing = [path for path in shared if merge_path(path, plan.base[path], [
+            clashing = [path for path in shared if path not in passed and merge_path(path, plan.base[path], [
                 (one, plan.sides[one][path]), (two, plan.sides[two][path])]).conflict]
         out.append({"capsules": [one, two], "verdict": "conflict" if clashing else "commute",
                     "shared": len(shared), "conflicts": clashing})
