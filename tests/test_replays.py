@@ -30,6 +30,9 @@ def test_a_witness_signed_neither_here_nor_by_a_trusted_key_needs_allow_untruste
         admit(_manifest(), signature, ReplayOptions())
     assert refused.value.code == "PERMISSION_DENIED" and refused.value.details == signature.report()
     assert ("ccw witness trust " + KEY in refused.value.message) == (signature.state == "unknown key")
+    # The state is said as the replay's own report says it ("signature: unknown key"), not as
+    # "the witness is unknown key", and the sentences are one space apart like the others.
+    assert refused.value.message.startswith(f"signature: {signature.state}: ") and "  " not in refused.value.message
     admit(_manifest(), signature, ReplayOptions(allow_untrusted=True))
     admit(_manifest(), VALID, ReplayOptions())
     admit(_manifest(), Verdict("valid", False, "laptop", KEY), ReplayOptions())  # a trusted key's

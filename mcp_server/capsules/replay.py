@@ -272,7 +272,7 @@ def admit(manifest: dict[str, Any], signature: Verdict, options: ReplayOptions) 
                  "lets its witnesses replay here" if signature.state == "unknown key" and signature.key else "")
         raise CcwError(
             "PERMISSION_DENIED",
-            f"the witness is {signature.state}: {_UNTRUSTED[signature.state]}{trust}.  A replay runs its commands, "
+            f"signature: {signature.state}: {_UNTRUSTED[signature.state]}{trust}. A replay runs its commands, "
             "so a witness signed by neither this state dir nor a key it trusts replays only when you say so: pass "
             "allow_untrusted: true (ccw capsule replay --allow-untrusted) if you trust where it came from; its "
             "commands then get only the env, network and workspace you pass",
