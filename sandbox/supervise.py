@@ -77,8 +77,7 @@ class JailResult:
     stderr_bytes: int
     stdout_truncated: bool
     stderr_truncated: bool
-    # What the init measured of the processes it reaped, without itself (None: it was
-    # killed, on timeout, before it could report).
+    # What the init measured of the processes it reaped, without itself (None: killed before it could report).
     init_report: rusage_.InitReport | None = None
     # The rest of the jail's end (the init's exit, the cgroup's removal): see the essay.
     ending: jail_end.Ending = field(default_factory=jail_end.Ending.over)
@@ -384,8 +383,8 @@ def _drain(jail: _Running, output: _Output, start: float, deadline: float,
 
 
 def _progress(elapsed_s: float, out: _Stream, err: _Stream, streaming: bool, last: bool | None = None) -> ExecProgress:
-    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, out.report(streaming), err.report(streaming),
-                        last=last)
+    tails = out.report(streaming), err.report(streaming)
+    return ExecProgress(int(elapsed_s * 1000), out.total, err.total, *tails, last=last)
 
 
 class Handle(Protocol):

@@ -60,7 +60,8 @@ class FakeHelper:
         self.accepting: set[int] = set()
         self.reply_after_connect = False
         self.words_after_check = False
-        self.paths: set[str] = set()  # paths a path check's probe finds
+        self.paths: dict[str, str] = {}  # path: the identity a path check's probe finds
+        self.makes: dict[str, str] = {}  # path: the identity a service's run gives it once it runs
         self._connected = trio.Event()
 
     async def net_connect(self, capsule_id: str, port: int) -> socket.socket:
@@ -73,9 +74,11 @@ class FakeHelper:
         if isinstance(request, SignalRequest):
             self._signalled.set()
             return None
-        if isinstance(request, ExecRequest) and request.argv[:2] == ("test", "-e"):  # a path check's probe
-            self._connected.set()
-            return exec_reply(0 if request.argv[2] in self.paths else 1)
+        if isinstance(request, ExecRequest) and request.argv[0] == "stat":  # a path check's probe
+            if self.execs:  # not the one before the service's run
+                self._connected.set()
+            found = self.paths.get(request.argv[-1])
+            return exec_reply(0, f"{found}\n".encode()) if found else exec_reply(1)
         assert isinstance(request, ExecRequest) and request.stream
         self.execs += 1
         if self.held:
@@ -83,6 +86,7 @@ class FakeHelper:
             raise CcwError("CONFLICT", f"service {request.service!r} already runs in capsule {request.capsule_id}",
                            {"service": request.service})
         out = err = 0
+        self.paths.update(self.makes)
         if self.words_after_check:
             await self._connected.wait()
         for index, (stdout, stderr) in enumerate(self.reports):
@@ -276,7 +280,8 @@ def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any
     # and maybe its last words too (which are no sign that it runs).
     services, capsules, helper = world
     helper.reports = [(b"", b"OSError: [Errno 98] Address already in use\n")]
-    helper.exit_code, helper.paths, helper.reply_after_connect = 1, {"run/s2.pid"}, True
+    helper.exit_code, helper.paths, helper.reply_after_connect = 1, {"run/s2.pid": "1:2:3.0"}, True
+    helper.makes = {"run/s2.pid": "1:2:4.0"}  # written again, so its check passes
     helper.words_after_check = words_after_check
 
     async def main() -> dict[str, Any]:

@@ -261,3 +261,38 @@ def test_promotion_freezes_a_running_service_and_reports_it(tools: Any, tmp_path
     assert (ws / "added.txt").read_text() == "new\n"
     assert [s["state"] for s in out["listed"]["services"]] == ["ready"]
     assert out["paused"]["paused"] is False
+
+
+# Writes its ready file a second after it starts (each run its own word), then keeps running.
+def _late_writer(word: str) -> list[str]:
+    return ["sh", "-c", f"sleep 1; echo {word} > run/ready.txt; exec sleep 300"]
+
+
+def test_a_ready_path_an_earlier_run_left_waits_for_the_new_run(tools: Any, tmp_path: Path) -> None:
+    # A pid file or socket a killed server left behind is no sign that the next one is up.
+    ws = _workspace(tmp_path)
+    (ws / "run").mkdir()
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        out: dict[str, Any] = {}
+        ready = {"path": "run/ready.txt", "timeout_ms": 20000}
+        for word in ("first", "second"):  # the second finds the first's file there
+            out[word] = await t.call("capsule_service_start", {"capsule_id": cap, "name": "late",
+                                                               "cmd": _late_writer(word), "ready": ready})
+            seen = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["cat", "run/ready.txt"]})
+            out[f"{word}_seen"] = seen["stdout"]
+            await t.call("capsule_service_stop", {"capsule_id": cap, "name": "late", "grace_ms": 1000})
+        # A path that is there and never made again never makes the service ready.
+        out["stale"] = await t.call("capsule_service_start", {
+            "capsule_id": cap, "name": "idle", "cmd": ["sleep", "300"],
+            "ready": {"path": "run/ready.txt", "timeout_ms": 1500}})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    assert out["first"]["ready"] is True and out["first_seen"] == "first\n", out
+    assert out["second"]["ready"] is True and out["second_seen"] == "second\n", out
+    stale = out["stale"]
+    assert stale["ready"] is False and stale["state"] == "starting", stale
+    assert stale["why"].startswith("not ready after 1500 ms (run/ready.txt made or changed since the start)"), stale

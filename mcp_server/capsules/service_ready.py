@@ -8,6 +8,13 @@ Some facts about readiness checks, and what follows from them:
   the first holds fails with EADDRINUSE while its check passes on the first's listener.
   So a start whose ready port already accepts is refused before anything is started
   (``refuse_taken``: CONFLICT, naming the service whose ready port it is when one is).
+- **A path that exists may be an earlier run's.**  A pid file or socket that a killed
+  server left behind (postgres's ``postmaster.pid`` after a kill -9, a restart after a
+  crash) is there before the new run has done anything.  So the path's identity (device,
+  inode and change time, to the nanosecond: ``identity``) is read before each run's
+  command starts, and the check passes only once the path exists with another one: made
+  anew, or written again.  Where it could not be read before (the capsule ran an exec
+  then), an existing path passes as before.
 - **A check passes after the run may have ended.**  A process that exits at once is
   reported ended when the helper's reply comes, which follows the exit by the time the
   helper takes to collect the run; a path that exists (one a run before left, say) may
@@ -70,6 +77,7 @@ class Readiness:
                 await run.finished.wait()
             return {**run.summary(), "ready": run.state not in ENDED, **_tail_if_ended(run)}
         with trio.move_on_after(ready.timeout_ms / 1000) as waited:
+            await run.checkable.wait()  # a path's identity before the run is read first (the essay)
             pause = READY_FIRST_S
             while run.state not in ENDED:  # polled: a port or a path gives no event to wait for
                 if await self._passes(run) and (ready.path is None or await _still_running(run)):
@@ -93,15 +101,24 @@ class Readiness:
             return run.line_seen.is_set()
         if ready.port is not None:
             return await self._accepts(run.spec.capsule_id, ready.port)
-        assert ready.path is not None
+        now = await self.identity(run)
+        return now is not None and now != run.path_before
+
+    async def identity(self, run: ServiceRun) -> str | None:
+        """The identity of the run's ready path in the jail, ``device:inode:ctime`` (the essay); None
+        where it does not exist, or cannot be read now (a probe while the capsule runs an exec)."""
+        ready = run.spec.ready
+        assert ready is not None and ready.path is not None
         helper = await self._helper()
-        probe = ExecRequest(run.spec.capsule_id, ("test", "-e", ready.path), timeout_ms=10_000)
+        probe = ExecRequest(run.spec.capsule_id, ("stat", "-L", "-c", "%d:%i:%.9Z", "--", ready.path),
+                            timeout_ms=10_000)
         try:
-            return (await helper.call(probe)).exit_code == 0
+            reply = await helper.call(probe)
         except CcwError as exc:
-            if exc.code == "CONFLICT":  # a probe while the capsule runs an exec
-                return False
+            if exc.code == "CONFLICT":
+                return None
             raise
+        return reply.stdout.decode(errors="replace").strip() if reply.exit_code == 0 else None
 
     async def _accepts(self, capsule_id: str, port: int) -> bool:
         helper = await self._helper()

@@ -42,10 +42,13 @@ class ServiceRun:
     restarts: int = 0
     seq: int | None = None  # the journal row of its last run that ended
     stopping: bool = False
+    path_before: str | None = None  # its ready path's identity as this run started (Readiness.identity)
     awaited: bool = False  # a caller waits for this start's readiness; other starts are watched in the background
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     finished: trio.Event = field(default_factory=trio.Event)  # the serving task has ended
     line_seen: trio.Event = field(default_factory=trio.Event)
+    # its ready check may begin: its first run's command is on its way (``starting``), or it ended before
+    checkable: trio.Event = field(default_factory=trio.Event)
     # set, then renewed, at each report of a running command (not its last: ExecProgress) and at its end:
     # news that it runs or has ended, never a change such as "starting" that says neither
     reported: trio.Event = field(default_factory=trio.Event)
@@ -55,6 +58,7 @@ class ServiceRun:
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state, self.since, self.reason = state, _now(), reason
         if state in ENDED:
+            self.checkable.set()
             self._news()
 
     def _news(self) -> None:
@@ -102,6 +106,7 @@ class ServiceRun:
 
     def starting(self) -> None:
         self.set_state("starting")
+        self.checkable.set()
         self.log.append(f"[ccw: {self.spec.name} started at {self.since}: {' '.join(self.spec.argv)}]\n".encode())
 
     def restarted(self) -> None:

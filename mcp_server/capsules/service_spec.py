@@ -51,8 +51,9 @@ CREATE TABLE IF NOT EXISTS services (
 
 @dataclass(frozen=True)
 class Ready:
-    """When a service counts as ready: a TCP port of the capsule accepts, a path exists in the
-    jail, or a line of its output contains ``line``; at most ``timeout_ms`` after it started.
+    """When a service counts as ready: a TCP port of the capsule accepts, a path is made (or
+    changed) in the jail after its command started (capsules/service_ready.py says why not
+    merely "exists"), or a line of its output contains ``line``; at most ``timeout_ms`` after it started.
 
     ``line`` is text, not a regular expression: a witness names both a service's readiness and
     the program whose output is searched, and a pattern chosen that way could stall the
@@ -83,7 +84,7 @@ class Ready:
         if self.port is not None:
             return f"port {self.port} accepting"
         if self.path is not None:
-            return f"{self.path} existing"
+            return f"{self.path} made or changed since the start"
         return f"a line containing {self.line!r}"
 
 

@@ -282,6 +282,8 @@ class Services:
         request = await capsecrets.placed(
             self.state.root, self.networks, record.network_spec is not None,
             spec.request(record.spec, PROGRESS_MS, OUTPUT_CAP))  # never the caller's value
+        if spec.ready is not None and spec.ready.path is not None:  # an earlier run's path is no sign (service_ready)
+            run.path_before = await self._readiness.identity(run)
         run.starting()
         self._event(run, argv=list(spec.argv), restarts=run.restarts)
         if not run.awaited:  # a restart, or a start at recovery: nobody waits for its readiness

@@ -33,7 +33,7 @@ def add_parser(verbs: Any, common: argparse.ArgumentParser) -> None:
     start.add_argument("cmd", nargs="*", help="the command, after --")  # cli.parse_args splits at "--"
     start.add_argument("--cwd", help="working directory, relative to the workspace")
     start.add_argument("--ready-port", type=int, help="ready once this port of the capsule accepts")
-    start.add_argument("--ready-path", help="ready once this path exists in the jail")
+    start.add_argument("--ready-path", help="ready once this path is made (or written again) in the jail")
     start.add_argument("--ready-line", help="ready once a line of its output contains this text")
     start.add_argument("--ready-timeout-ms", type=int,
                        help="how long to wait for --ready-* before answering that it is not ready (default 30000)")

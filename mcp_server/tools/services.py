@@ -127,7 +127,7 @@ _READY = {
     "properties": {"port": _PORT, "path": {"type": "string"},
                    "line": {"type": "string", "maxLength": LINE_MAX},
                    "timeout_ms": {"type": "integer", "minimum": 1, "maximum": READY_TIMEOUT_MAX_MS}},
-    "description": "One of: port (accepts on the capsule's loopback), path (exists in the jail), line "
+    "description": "One of: port (accepts on the capsule's loopback), path (made in the jail), line "
                    "(text a line of its output contains); timeout_ms default 30000.",
 }
 _PAUSED = {"type": "object", "required": ["capsule_id", "paused", "runs"], "additionalProperties": False,
