@@ -16,6 +16,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandbox.errors import CcwError
 
 
@@ -84,6 +86,34 @@ def test_a_workspace_moved_underneath_refuses_the_merge_and_makes_nothing(tools:
     assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]
     assert out["refused"].details["paths"] == ["b.txt"]
     assert out["after"] == out["before"]
+
+
+@pytest.mark.parametrize("into", ["new", "live"])
+def test_an_edit_below_a_directory_an_input_removed_refuses_the_merge(tools: Any, tmp_path: Path, into: str) -> None:
+    # The input's change names the directory alone; the person edits a file in it meanwhile.
+    ws = _workspace(tmp_path)
+    (ws / "docs").mkdir()
+    (ws / "docs" / "conf.py").write_text("conf\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        _, one, two = await _attempts(t, ws)
+        await t.call("capsule_exec", {"capsule_id": one, "cmd": ["rm", "-rf", "docs"]})
+        (ws / "docs" / "conf.py").write_text("conf, edited on the host\n")
+        (ws / "docs" / "new.txt").write_text("new\n")
+        before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        try:
+            await t.call("capsule_merge", {"capsule_ids": [one, two], "into": into})
+            refused = None
+        except CcwError as exc:
+            refused = exc
+        after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+        return {"refused": refused, "before": before, "after": after}
+
+    out = tools.run(scenario)
+    assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]
+    assert out["refused"].details["paths"] == ["docs/"]
+    assert out["after"] == out["before"]
+    assert sorted(p.name for p in (ws / "docs").iterdir()) == ["conf.py", "new.txt"]
 
 
 def test_a_first_input_running_a_service_is_not_forked(tools: Any, tmp_path: Path) -> None:

@@ -119,6 +119,36 @@ def test_repo_changed_refuses_and_writes_nothing(tools: Any, workspace: Path) ->
     assert (workspace / "README").read_text() == "edited live\n" and not (workspace / "other").exists()
 
 
+@pytest.mark.parametrize("how", ["rm -rf docs", "rm -rf docs && mkdir docs", "rm -rf docs && echo f > docs"])
+def test_an_edit_below_a_directory_the_capsule_removed_refuses_its_promotion(
+        tools: Any, tmp_path: Path, how: str) -> None:
+    # The capsule's change names the directory alone (deleted, emptied or replaced), while the
+    # person edits a file in it and adds another: promoting it would delete both.
+    ws = tmp_path / "ws"
+    (ws / "docs").mkdir(parents=True)
+    (ws / "docs" / "a.txt").write_text("a\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", how]})
+        out: dict[str, Any] = {"clean": await t.call("capsule_promote", {"capsule_id": cap, "dry_run": True})}
+        (ws / "docs" / "a.txt").write_text("a, edited live\n")
+        (ws / "docs" / "new.txt").write_text("new\n")
+        for name, call in (("promote", "capsule_promote"), ("dry", "capsule_promote")):
+            try:
+                await t.call(call, {"capsule_id": cap, "dry_run": name == "dry"})
+            except CcwError as exc:
+                out[name] = exc
+        return out
+
+    out = tools.run(scenario)
+    assert out["clean"]["promoted"] is False and out["clean"]["policy_report"]["passed"] is True, out["clean"]
+    for name in ("promote", "dry"):
+        assert out[name].code == "REPO_CHANGED" and out[name].details["paths"] == ["docs/"], out[name]
+    assert sorted(p.name for p in (ws / "docs").iterdir()) == ["a.txt", "new.txt"]
+    assert (ws / "docs" / "a.txt").read_text() == "a, edited live\n"
+
+
 def test_a_symlink_the_capsule_planted_is_promoted_as_a_link_never_written_through(tools: Any, workspace: Path,
                                                                                    tmp_path: Path) -> None:
     outside = tmp_path / "outside"

@@ -130,7 +130,7 @@ def _checked_base(each: list[dict[str, str]], plan: Plan, live: dict[str, str]) 
     moved: list[dict[str, Any]] = []
     for states in each:
         for path, state in states.items():
-            if path not in plan.base:
+            if path.rstrip("/") not in plan.base:  # a path's own state, or its tree's (changeset.tree_key)
                 continue
             if recorded.setdefault(path, state) != state:
                 moved.append({"path": path, "expected": recorded[path], "actual": state})
@@ -149,11 +149,14 @@ def _recorded(service: CapsuleService, records: list[CapsuleRecord]) -> list[dic
     return [_recorded_states(service.journal, record) for record in records]
 
 
-def _lower_recorded(paths: set[str], plan: Plan) -> dict[str, str]:
+def _lower_recorded(paths: set[str], plan: Plan, workspace: str) -> dict[str, str]:
     """The live workspace's states at the recorded ``paths`` where the capsules' base directory is the
-    workspace: the plan's digests there, at the merged paths (the only ones ``_checked_base`` looks at)."""
-    return {path: changeset.state_text(merge_write.view_side(state), None, state.digest)
-            for path, state in plan.lower.items() if path in paths}
+    workspace: the plan's digests there, at the merged paths (the only ones ``_checked_base`` looks at),
+    and the trees recorded below merged directories, read from the workspace."""
+    states = {path: changeset.state_text(merge_write.view_side(state), None, state.digest)
+              for path, state in plan.lower.items() if path in paths}
+    trees = sorted(key for key in paths if key.endswith("/") and key[:-1] in plan.base)
+    return {**states, **_live_states(workspace, trees)} if trees else states
 
 
 def _unmoved_refs(every: list[CapsuleRecord], replies: dict[str, ChangesReply]) -> None:
@@ -277,7 +280,7 @@ async def _read(service: CapsuleService, records: list[CapsuleRecord],
             plan = await trio.to_thread.run_sync(_combined, service.state, low, names, common, reads, caches[0], infos)
         if not snapshot:
             paths = {path for states in each for path in states}
-            live = await trio.to_thread.run_sync(_lower_recorded, paths, plan)
+            live = await trio.to_thread.run_sync(_lower_recorded, paths, plan, records[0].workspace)
         return plan, generation, each, live
 
 

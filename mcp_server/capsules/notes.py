@@ -80,4 +80,8 @@ def record_base_states(journal: Journal, record: CapsuleRecord, paths: list[str]
     if not fresh:
         return
     with RootView.open(record.base) as base_view:
-        journal.record_base(record.capsule_id, {p: changeset.base_state(base_view, p) for p in fresh})
+        states = {p: changeset.base_state(base_view, p) for p in fresh}
+        # A directory the capsule deleted, replaced or emptied: its tree too (changeset.tree_key says why).
+        trees = [changeset.tree_key(p) for p, state in states.items() if changeset.is_dir_state(state)]
+        states.update({key: changeset.base_state(base_view, key) for key in trees if key not in known})
+        journal.record_base(record.capsule_id, states)

@@ -2,9 +2,10 @@
 
 Order of checks, cheapest first, and why:
 1. **Conflicts** (``REPO_CHANGED``): for each path the capsule changed, the base state
-   recorded when the change was first seen must still be the live workspace's state.
-   Otherwise promotion would overwrite someone else's edit; nothing is written and the
-   error names every such path.
+   recorded when the change was first seen must still be the live workspace's state,
+   and so must the tree below a directory it deleted, replaced or emptied
+   (``changeset.tree_key``).  Otherwise promotion would overwrite or delete someone
+   else's edit; nothing is written and the error names every such path.
    Only the paths in scope count (below): a path left behind overwrites nothing.
 2. **Hazards** (core/hazards.py), under every policy: setuid and setgid bits, git hooks
    and config, files tools run by themselves.  They are judged on the very ops the
@@ -124,7 +125,7 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
     # Recorded states are read afresh: an exec that ended after the early read may have
     # recorded more, and those paths are then read from the workspace here.
     recorded = _recorded_states(journal, record)
-    checked = [entry.path for entry in entries if entry.path in recorded]
+    checked = [key for entry in entries for key in (entry.path, changeset.tree_key(entry.path)) if key in recorded]
     live = {**early, **_live_states(record.workspace, [path for path in checked if path not in early])}
     return [
         {"path": path, "expected": recorded[path], "actual": live[path]}

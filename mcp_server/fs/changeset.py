@@ -194,15 +194,49 @@ def summary(entries: list[Entry]) -> dict[str, int]:
 
 
 def base_state(view: RootView, path: str, dirs: DirFds | None = None) -> str:
-    """A path's state as canonical JSON text (kind, mode, blake3 or link target), or "absent".
+    """A path's state as canonical JSON text (kind, mode, blake3 or link target), or "absent";
+    for a path ending in "/", the state of the whole tree below that directory (``tree_key``).
 
     ``dirs``: a descriptor cache of ``view`` for many paths in a row (see ``DirFds``).
     """
+    if path.endswith("/"):
+        return _tree_state(view, path[:-1])
     side = lstat(view, path) if dirs is None else dirs.lstat(path)
     data = None
     if side is not None and side.kind == "file":
         data = view.read_bytes(path) if dirs is None else dirs.read_regular(path, missing_ok=False)
     return state_text(side, data)
+
+
+def tree_key(path: str) -> str:
+    """The key a directory's whole tree is recorded under, beside the directory's own state.
+
+    A directory's own state (kind and mode) says nothing of what lies below it, and a
+    capsule that deletes a directory, replaces it, or makes it opaque (``rm -rf d; mkdir
+    d``) changes only that one path in its change list: its promotion then deletes the
+    live directory with whatever is in it now.  So where such a directory's base state is
+    recorded, the state of its tree is recorded too, under this key, and promotion finds
+    an edit or a new file made below it meanwhile (REPO_CHANGED), as it does for a file."""
+    return f"{path}/"
+
+
+def is_dir_state(state: str) -> bool:
+    """Whether ``state`` (``base_state``'s text) is a directory's (canonical text: "kind" comes first)."""
+    return state.startswith('{"kind":"dir",')
+
+
+def _tree_state(view: RootView, path: str) -> str:
+    """The state of every entry below ``path`` (their paths and ``base_state``s, digested), or
+    the path's own state where it is no directory."""
+    side = lstat(view, path)
+    if side is None or side.kind != "dir":
+        return base_state(view, path)
+    digest, count = blake3.blake3(), 0
+    with DirFds(view) as dirs:
+        for child in sorted(_descendants(view, path), key=lambda p: p.encode("utf-8", "surrogateescape")):
+            digest.update(f"{child}\0{base_state(view, child, dirs)}\n".encode("utf-8", "surrogateescape"))
+            count += 1
+    return canonical_text({"kind": "tree", "entries": count, "blake3": digest.hexdigest()})
 
 
 def state_text(side: Side | None, data: bytes | None = None, digest: str | None = None) -> str:
