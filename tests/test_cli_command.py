@@ -426,3 +426,23 @@ def test_an_error_shows_at_most_twenty_entries_of_a_detail_and_a_mapping_a_key_a
     assert many[:3] == ["details.problems:", "  0", "  1"] and many[20] == "  19"
     assert many[21:] == ["  ... and 5 more (--json shows them all)", "details.context:", "  line: 3",
                          '  tags: ["a", "b"]']
+
+
+@pytest.mark.parametrize(("verb", "result", "status"), [
+    ("replay", {"replay_ok": False}, 1), ("replay", {"replay_ok": True}, 0),
+    ("promote", {"promoted": False, "dry_run": False, "policy_report": {"passed": False}}, 1),
+    ("promote", {"promoted": False, "dry_run": True, "policy_report": {"passed": True}}, 0),
+])
+def test_json_output_exits_as_the_human_form_does(verb: str, result: dict[str, Any], status: int, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # A script that asks for --json still reads a failed replay or a refused promotion from the exit status.
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        return result
+
+    monkeypatch.setenv("CCW_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("mcp_server.cli.frontclient.call_tool", call_tool)
+    monkeypatch.setattr("mcp_server.cli.helperctl.ensure", lambda *args, **kwargs: None)
+    target = str(tmp_path / "w.tar.zst") if verb == "replay" else "cap_0000000000000_00000000"
+    assert main(["capsule", verb, target, "--json"]) == status
+    assert json.loads(capsys.readouterr().out) == result

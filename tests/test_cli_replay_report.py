@@ -60,3 +60,12 @@ def test_a_hostile_witness_cannot_drive_the_terminal(capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert "\x1b" not in out + err and "\x07" not in out + err and "\x9b" not in out + err
     assert "x\\x1b]0;owned\\x07\\x9b2J.txt" in out and "+no\\x1b]0;owned" in err
+
+
+def test_an_untrusted_replay_says_so_once_in_words(capsys: pytest.CaptureFixture[str]) -> None:
+    result: dict[str, Any] = {"replay_ok": True, "mismatches": [], "output_diffs": [], "signature": "unknown key",
+                              "signed_by": {"fingerprint": "SHA256:abc"}}
+    assert _show_replay(result, False, False) == 0
+    assert capsys.readouterr().err.splitlines() == [
+        "signature: unknown key (SHA256:abc)",
+        "ccw: no trusted signature (the line above); replayed as --allow-untrusted asked"]

@@ -13,7 +13,9 @@ detached).
 Output: a short human form on stdout (``create`` prints only the id, so
 ``CAP=$(ccw capsule create .)`` works), the tool's whole structured result with
 ``--json``.  ``exec`` prints the command's stdout and stderr to ours and exits with its
-exit code (128+N when killed by signal N, 124 on timeout, as timeout(1) does).
+exit code (128+N when killed by signal N, 124 on timeout, as timeout(1) does); ``replay``
+and ``promote`` exit 1 when the replay mismatched or nothing was (or would be) promoted,
+with ``--json`` too.
 Failures print ``ccw: CODE: message`` on stderr and exit 1 (2 for bad arguments).
 """
 
@@ -466,6 +468,15 @@ _SHOW: dict[str, Callable[[dict[str, Any], bool, bool], int]] = {
 }
 
 
+# With --json, the same exit status as the human form: a script reads the outcome from it too.
+_JSON_STATUS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "exec": exec_status,
+    "replay": lambda result: 0 if result["replay_ok"] else 1,
+    "promote": lambda result: 0 if result["promoted"] or (result.get("dry_run") and result["policy_report"]["passed"])
+    else 1,
+}
+
+
 def run(args: argparse.Namespace, config: Config) -> int:
     """``ccw capsule VERB``: ensure a helper, call the tool, print; the exit status."""
     import trio
@@ -486,7 +497,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     result = trio.run(call_tool, config, name, call, label, echo)
     if args.json:
         print_json(result)
-        return exec_status(result) if args.verb == "exec" else 0
+        return _JSON_STATUS.get(args.verb, lambda _: 0)(result)
     if echo is not None:
         return show_exec(result, use_color(sys.stdout, args.no_color), use_color(sys.stderr, args.no_color), echo,
                          call.get("timeout_ms") or DEFAULT_TIMEOUT_MS)

@@ -27,7 +27,7 @@ def show_replay(result: dict[str, Any], color_out: bool, color_err: bool) -> int
     print("replay_ok" if ok else "replay MISMATCH")
     print(visible(signature_line(result)), file=sys.stderr)
     if result.get("signature", "valid") != "valid":
-        print(paint(f"ccw: the witness is {result['signature']}, replayed as --allow-untrusted asked", "\x1b[33m",
+        print(paint("ccw: no trusted signature (the line above); replayed as --allow-untrusted asked", "\x1b[33m",
                     color_err), file=sys.stderr)
     if result.get("env_missing"):
         print(visible(f"not given (--env NAME=VALUE): {' '.join(result['env_missing'])}"), file=sys.stderr)
