@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import trio
 
-from mcp_server.cli import clients, main, parse_args, serve_env
+from mcp_server.cli import clients, helperctl, main, parse_args, serve_env
 from mcp_server.cli.capsule import tool_call
 from mcp_server.cli.output import Progress, color_diff, exec_status, pointed_details, run_with_progress, use_color
 from mcp_server.cli.policy_report import policy_lines
@@ -446,3 +446,20 @@ def test_json_output_exits_as_the_human_form_does(verb: str, result: dict[str, A
     target = str(tmp_path / "w.tar.zst") if verb == "replay" else "cap_0000000000000_00000000"
     assert main(["capsule", verb, target, "--json"]) == status
     assert json.loads(capsys.readouterr().out) == result
+
+
+def test_helper_commands_print_sentences() -> None:
+    running = {"running": True, "mode": "rootless", "pid": 7, "socket": "/s/helper.sock", "frontend_running": True,
+               "frontend_pid": 9, "frontend_daemon": False}
+    assert helperctl.describe("status", running) == [
+        "helper: running, rootless mode, pid 7 (/s/helper.sock)", "front end: running (pid 9, an agent's ccw-mcp)"]
+    assert helperctl.describe("stop", {**running, "stopped": True, "forced": True}) == [
+        "helper stopped (pid 7, killed: it did not end in time)",
+        "front end: running (pid 9, an agent's ccw-mcp); left running: it starts a helper again when it needs one"]
+    assert helperctl.describe("stop", {"stopped": False, "reason": "no helper answers there",
+                                       "frontend_stopped": True, "frontend_pid": 9, "frontend_daemon": True}) == [
+        "no helper was running (no helper answers there)", "front end stopped (pid 9, the ccw command's daemon)"]
+    assert helperctl.describe("start", {**running, "started": False}) == [
+        "helper already running: rootless mode, pid 7 (/s/helper.sock)"]
+    assert helperctl.describe("status", {"running": False}) == ["helper: not running (none answers)",
+                                                              "front end: not running"]

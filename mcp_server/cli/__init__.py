@@ -243,7 +243,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.json:
             print_json(result)
         else:
-            print(" ".join(f"{key}={value}" for key, value in sorted(result.items())))
+            print("\n".join(helperctl.describe(args.action, result)))
         return 0 if args.action != "status" or result["running"] else 1
     for module in _own_commands():
         if args.command in module.COMMANDS:

@@ -74,3 +74,30 @@ def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
         print(f"ccw: started a helper for {config.state_dir} (pid {started.get('pid')}, "
               f"{started.get('mode')} mode); ccw helper stop ends it", file=sys.stderr)
     return started
+
+
+def describe(action: str, result: dict[str, Any]) -> list[str]:
+    """``run``'s result as the lines a person reads (``--json`` gives every field)."""
+    lines = []
+    where = f"{result.get('mode')} mode, pid {result.get('pid')} ({result.get('socket')})"
+    if action == "start":
+        lines.append(f"helper {'started' if result.get('started') else 'already running'}: {where}")
+    elif action == "stop":
+        forced = ", killed: it did not end in time" if result.get("forced") else ""
+        lines.append(f"helper stopped (pid {result.get('pid')}{forced})" if result.get("stopped") else
+                     f"no helper was running ({result.get('reason', 'none answered')})")
+    else:
+        lines.append(f"helper: running, {where}" if result.get("running") else
+                     f"helper: not running ({result.get('reason', 'none answers')})")
+    if action == "start":
+        return lines
+    front = f"pid {result.get('frontend_pid')}, " + ("the ccw command's daemon" if result.get("frontend_daemon")
+                                                      else "an agent's ccw-mcp")
+    if result.get("frontend_stopped"):
+        lines.append(f"front end stopped ({front})")
+    elif result.get("frontend_running"):
+        left = "; left running: it starts a helper again when it needs one" if action == "stop" else ""
+        lines.append(f"front end: running ({front}){left}")
+    elif action == "status":
+        lines.append("front end: not running")
+    return lines
