@@ -242,6 +242,16 @@ def test_the_table_shows_each_row_best_first() -> None:
     assert cli_race.best_passed(result) and not cli_race.best_passed({**result, "rows": result["rows"][1:]})
 
 
+def test_a_rootless_row_shows_its_largest_process_and_says_so() -> None:
+    # Without a memory cgroup no total is measured, and "-" hid the figure the run did have.
+    rows = ranked([{**_row("cap_a"), "usage": {"rss_max_kb": None, "rss_max_process_kb": 98_304}},
+                   {**_row("cap_b"), "usage": {"rss_max_kb": 51_200}}])
+    lines = cli_race.table({"order": ORDER, "policy": "baseline", "parallel": 2, "executor": "local",
+                            "elapsed_ms": 1500, "rows": rows}).splitlines()
+    assert [line.split()[5] for line in lines[1:3]] == ["96M*", "50M"]
+    assert lines[3] == "* the largest process's peak: no memory cgroup measured the run's total"
+
+
 class FakeCluster:
     """A cluster's executor as a race sees it: each trial's exit by capsule (``exits``), the trials kept;
     ``refuse``: capsules whose trials it cannot run (as an allowlist network's)."""

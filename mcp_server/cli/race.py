@@ -50,11 +50,12 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     usage = row.get("usage") or {}
     exit_text = "timeout" if row["timed_out"] else str(row["exit_code"])
     cpu = usage.get("cpu_ms")
-    rss = usage.get("rss_max_kb")
+    rss, largest = usage.get("rss_max_kb"), usage.get("rss_max_process_kb")  # rootless: no cgroup total
+    memory = f"{rss // 1024}M" if rss is not None else "-" if largest is None else f"{largest // 1024}M*"
     where = row.get("where", "local")  # a row run on the cluster says so beside its capsule
     return (str(row["rank"]), row["capsule_id"] + ("" if where == "local" else f" @{where}"), exit_text,
             f"{row['duration_ms'] / 1000:.1f}s",
-            "-" if cpu is None else f"{cpu / 1000:.1f}s", "-" if rss is None else f"{rss // 1024}M",
+            "-" if cpu is None else f"{cpu / 1000:.1f}s", memory,
             str(row["diff"]["files"]), str(row["diff"]["lines"]), row["verdict"])
 
 
@@ -64,6 +65,8 @@ def table(result: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(_HEADER) - 1)]
     lines = ["  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]).rstrip()
              for row in rows]
+    if any(row[5].endswith("*") for row in rows):
+        lines.append("* the largest process's peak: no memory cgroup measured the run's total")
     lines.append(f"ranked: {result['order']}; policy {result['policy']}; {result['parallel']} at once, "
                  f"{result['executor']}, {result['elapsed_ms'] / 1000:.1f}s"
                  + (f"; {result['race_id']} in ccw ui" if result.get("race_id") else ""))
