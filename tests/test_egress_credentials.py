@@ -383,3 +383,35 @@ def test_a_chunked_echo_cut_inside_the_value_gives_none_of_it_and_no_last_chunk(
     answer, placeholder = trio.run(main)
     assert answer.startswith(b"HTTP/1.1 200 ") and VALUE[:20] not in answer
     assert answer.endswith(b"\r\nBearer " + placeholder[:20].encode() + b"\r\n")  # a chunk, and no last one
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("form", ["absolute", "route"])
+def test_a_value_bound_to_a_tls_port_never_goes_in_cleartext(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A secret bound to 443 (what ``--host NAME`` means) asked for over plain ``http://NAME:443/``
+    (or a plain route to it) is refused before any value is fetched or any connection made: in
+    cleartext it would reach whatever the name resolves to, no certificate checked.  The upstream's
+    port stands for 443 here (``TLS_ONLY_PORTS``); its route is plain http (only a real 443 makes
+    a route https by itself), so the route form is the same downgrade."""
+    store, told = Store(), list[Attempt]()
+
+    async def main() -> tuple[bytes, list[dict[str, object]], list[bytes]]:
+        async with upstream(echo_auth) as up, \
+                egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
+            monkeypatch.setattr("mcp_server.egress.credentials.TLS_ONLY_PORTS", frozenset({up.port}))
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, store)
+            placeholder = capsule.env()["TOKEN"]
+            sent = {"absolute": request(up.port, f"Authorization: Bearer {placeholder}\r\n"),
+                    "route": b"GET /route/TOKEN/simple/ HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n\r\n"}[form]
+            client = await proxy.http()
+            await client.send_all(sent)
+            answer = await read_all(client)
+            return answer, proxy.session.end_exec(), up.seen
+
+    answer, records, seen = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"cleartext" in answer and b"secret TOKEN" in answer
+    assert seen == [] and store.fetched == []
+    [record] = records
+    assert record["allowed"] is False and str(record["reason"]).startswith(EXFILTRATION)
+    assert any(attempt.reason == record["reason"] for attempt in told)

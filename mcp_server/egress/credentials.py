@@ -51,6 +51,11 @@ from mcp_server.egress.relay import Attempt
 EXFILTRATION = "exfiltration attempt"
 BASIC = re.compile(rb"^authorization:[ \t]*basic[ \t]", re.IGNORECASE | re.MULTILINE)
 ROUTE = b"/route/"
+# Ports where a value goes only inside TLS: a secret bound to one (``--host NAME`` means 443)
+# was meant for HTTPS, and in a cleartext request there it would cross the network unread by
+# any certificate check, to whatever address the bound name resolves to (a steered DNS answer,
+# an on-path reader): the downgrade a jail could ask for with ``http://NAME:443/``.
+TLS_ONLY_PORTS = frozenset({443})
 
 # A secret's value now, by name (fs/secretstore ``SecretStore.value(name).reveal()``): it
 # may run a command, so it is called on a thread.
@@ -115,13 +120,17 @@ class Credentials:
         self.contexts = contexts  # the capsule's CA's leaves: CONNECTs to bound hosts are terminated
         self.bundle: str | None = None  # the CA bundle the capsule's clients trust (capsules/capsecrets.py)
 
-    def judge(self, head: bytes, host: str, port: int) -> Judged:
+    def judge(self, head: bytes, host: str, port: int, cleartext: bool = False) -> Judged:
         """``head`` (a whole request head) with its placeholders replaced where their bindings
-        allow, or refused; ``host`` as netrules.normalize_host leaves it.  Blocking (a value
-        may come from a command): call it on a thread, and only for a head ``carries``."""
+        allow, or refused; ``host`` as netrules.normalize_host leaves it; ``cleartext``: the
+        request goes upstream without TLS (``TLS_ONLY_PORTS`` then refuses any value).  Blocking
+        (a value may come from a command): call it on a thread, and only for a head ``carries``."""
         fetched: dict[str, bytes] = {}
+        downgrade = cleartext and port in TLS_ONLY_PORTS
 
         def value(name: str) -> bytes:
+            if downgrade:
+                return b""  # never fetched: the request is refused below, whatever it held
             if name not in fetched:
                 fetched[name] = self._fetch(name)
             return fetched[name]
@@ -133,6 +142,11 @@ class Credentials:
             return Judged(None, reason=f"{EXFILTRATION}? {rewritten.problem}, with a placeholder in it")
         if rewritten.head is None:
             return Judged(None, reason=f"{EXFILTRATION}: " + "; ".join(map(_where, rewritten.attempts)))
+        if downgrade and rewritten.used:
+            names = ", ".join(sorted(rewritten.used))
+            return Judged(None, reason=f"{EXFILTRATION}? the value of secret {names} would go to {host}:{port} in "
+                                       f"cleartext HTTP; a secret bound to port {port} goes only over TLS "
+                                       f"(https://, which the proxy terminates)")
         used = {name: fetched[name] for name in rewritten.used}
         if not used:
             return Judged(rewritten.head)

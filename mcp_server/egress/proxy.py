@@ -32,6 +32,7 @@ from __future__ import annotations
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 
 import h11
 import trio
@@ -334,7 +335,8 @@ async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, 
         why = creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data)))
         if why is not None or not creds.carries(head):
             return why  # a placeholder in the body's first bytes; or none anywhere, nothing to judge
-        judged = await trio.to_thread.run_sync(creds.judge, head, attempt.host, attempt.port)
+        cleartext = via.terminated is None and via.scheme == "http"
+        judged = await trio.to_thread.run_sync(partial(creds.judge, head, attempt.host, attempt.port, cleartext))
         head, masker = judged.head or b"", judged.masker
         return judged.reason
 
