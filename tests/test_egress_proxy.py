@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+
 import pytest
 import trio
 
@@ -247,3 +250,29 @@ def test_byte_cap_cuts_a_plain_response() -> None:
         assert answer.startswith(b"HTTP/1.1 200 OK\r\nContent-Length: 2097152\r\nConnection: close\r\n\r\nyyy")
 
     trio.run(main)
+
+
+async def _reset_after_head(stream: trio.SocketStream, state: object) -> None:
+    """Read the request's head, then reset the connection (as a TLS server sent plain HTTP does)."""
+    received = b""
+    while b"\r\n\r\n" not in received and (data := await stream.receive_some()):
+        received += data
+    stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_an_upstream_reset_before_its_answer_is_a_502() -> None:
+    """The jail got an empty close (curl: "Empty reply from server"), no reason anywhere, when the
+    upstream reset the connection before answering: a plain request to a port that speaks TLS
+    (``/route/NAME/`` to an https upstream on another port than 443) is the common case."""
+    async def main() -> None:
+        async with upstream(_reset_after_head) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            client = await proxy.http()
+            await client.send_all(f"GET http://127.0.0.1:{up.port}/x HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            answer = await read_all(client)
+            [record] = proxy.session.end_exec()
+        assert answer.startswith(b"HTTP/1.1 502 ") and b"before its answer" in answer, answer
+        assert "before its answer" in str(record["reason"])
+
+    run(main)

@@ -168,6 +168,8 @@ class Exchange:
                     nursery.cancel_scope.cancel()
             ended = not isinstance(self.upstream, TlsWire) or self.upstream.peer_closed
         except* UpstreamGarbage as group:
+            if self.attempt.reason is None:  # the record says why the jail got no answer (a refusal's stays)
+                self.attempt.reason = str(group.exceptions[0])
             if not self.answered:
                 await reply(self.sock, response(502, "Bad Gateway", f"ccw: {group.exceptions[0]}\n"))
         except* PlaceholderInBody as group:
@@ -226,7 +228,10 @@ class Exchange:
         while (end := received.find(b"\r\n\r\n")) == -1:
             if len(received) > MAX_HEAD:
                 raise UpstreamGarbage(f"response head over {MAX_HEAD} bytes")
-            data = await self.upstream.recv(MAX_HEAD)
+            try:
+                data = await self.upstream.recv(MAX_HEAD)
+            except OSError as exc:  # a reset: the jail gets a 502 saying so, not an empty close
+                raise UpstreamGarbage(f"the upstream's connection failed before its answer: {exc}") from None
             if not data:
                 raise UpstreamGarbage("the upstream closed without a response")
             received += data
