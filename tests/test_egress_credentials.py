@@ -220,17 +220,24 @@ def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expec
 
 
 @pytest.mark.usefixtures("relay_engine")
-def test_a_route_is_only_for_the_capsules_secrets() -> None:
+@pytest.mark.parametrize("form", ["origin", "absolute"])
+def test_a_route_is_only_for_the_capsules_secrets(form: str) -> None:
+    """Another name's route is a 400 that names this capsule's routes, sent to the proxy in
+    origin form or, by a client honouring HTTP_PROXY, in absolute form to its own address (that
+    one was a 403 "no rule allows" the proxy's address, with a rule to add for it)."""
     async def main() -> bytes:
         reply = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
         async with upstream(http_responder(reply)) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
             proxy.session.credentials = Credentials(secrets_for(up.port), Store())
             client = await proxy.http()
-            await client.send_all(b"GET /route/OTHER/x HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n\r\n")
+            own = f"127.0.0.1:{proxy.http_port}"  # the proxy's address as the jail reached it
+            target = "/route/OTHER/x" if form == "origin" else f"http://{own}/route/OTHER/x"
+            await client.send_all(f"GET {target} HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n\r\n".encode())
             return await read_all(client)
 
     answer = trio.run(main)
-    assert answer.startswith(b"HTTP/1.1 400 ") and b"this is a proxy" in answer
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"no route 'OTHER'" in answer
+    assert b"/route/TOKEN/" in answer
 
 
 def test_body_attempt_and_route_parsing() -> None:

@@ -285,6 +285,13 @@ def _target(request: h11.Request, creds: Credentials | None, own: str) -> tuple[
     if routed is not None:
         name, host, port, origin, scheme = routed
         return host_text(host, port), origin.decode("ascii"), name, scheme
+    if target.startswith(ROUTE):  # a route's name mistyped: say which exist (it read "this is a proxy", or
+        # in absolute form "no rule allows" the proxy's own address, with a rule to add for it)
+        asked = target[len(ROUTE):].split(b"/", 1)[0][:64].decode("ascii", "replace")
+        names = sorted(creds.capsule.bindings) if creds is not None else []
+        raise BadRequest(f"no route {asked!r}: " + (
+            "this capsule's routes are " + ", ".join(f"/route/{name}/" for name in names)
+            + " (/route/NAME+https/ for a TLS upstream)" if names else "this capsule holds no secrets"))
     url = urllib.parse.urlsplit(request.target.decode("ascii", "replace"))
     if url.scheme != "http" or not url.netloc:
         raise BadRequest(
