@@ -279,7 +279,11 @@ def spawn_detached(argv: list[str], log_path: Path, ready_w: int, env: Mapping[s
             os.dup2(devnull, 0)
             os.dup2(log_fd, 1)
             os.dup2(log_fd, 2)
-            os.set_inheritable(ready_w, True)  # every other descriptor is close-on-exec
+            os.set_inheritable(ready_w, True)
+            # Only the descriptors Python made are close-on-exec: one our caller handed us
+            # (``flock LOCKFILE ccw ...``'s lock) would stay open in the helper for good.
+            os.closerange(3, ready_w)
+            os.closerange(ready_w + 1, os.sysconf("SC_OPEN_MAX"))
             os.chdir("/")
             if env is None:
                 os.execv(argv[0], argv)

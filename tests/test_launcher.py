@@ -1,16 +1,20 @@
 """mcp_server/launcher.py's end_process, which ``ccw helper stop`` and the daemon's stop
 (frontdaemon.stop_daemon) share, on real processes: one that ends at SIGTERM, one that
-ignores it (killed, or only waited for), one that ends on its own, and none at all."""
+ignores it (killed, or only waited for), one that ends on its own, and none at all; and
+spawn_detached, which keeps none of its caller's descriptors."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from mcp_server.launcher import end_process
+from mcp_server.launcher import end_process, spawn_detached
 
 IGNORES_TERM = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('ready', flush=True); time.sleep(60)")
@@ -51,3 +55,23 @@ def test_no_such_process_is_none() -> None:
     process = subprocess.Popen(["true"])
     process.wait()
     assert end_process(process.pid, 1.0) is None
+
+
+def test_a_detached_process_keeps_none_of_its_callers_descriptors(tmp_path: Path) -> None:
+    # ``flock /tmp/lock ccw capsule create`` once left the lock held by the helper it started.
+    inherited = os.open(tmp_path, os.O_RDONLY)  # open in the caller, inheritable as a shell's would be
+    os.set_inheritable(inherited, True)
+    ready_r, ready_w = os.pipe()
+    report = f"import os, time; os.write({ready_w}, b'%d\\n' % os.getpid()); os.close({ready_w}); time.sleep(30)"
+    try:
+        spawn_detached([sys.executable, "-c", report], tmp_path / "log", ready_w)
+        os.close(ready_w)
+        with os.fdopen(ready_r) as ready:
+            pid = int(ready.readline())
+        try:
+            kept = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
+        finally:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.close(inherited)
+    assert kept == {0, 1, 2}, kept  # stdio alone: the ready pipe it closed itself
