@@ -276,3 +276,17 @@ def test_an_upstream_reset_before_its_answer_is_a_502() -> None:
         assert "before its answer" in str(record["reason"])
 
     run(main)
+
+
+def test_an_unreadable_header_is_refused_in_words() -> None:
+    # h11 quoted the refused line as a Python repr (bytearray(b'...')), placeholder and all.
+    async def main() -> bytes:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            client = await proxy.http()
+            await client.send_all(b"GET http://x/ HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ccwph\rX-In: 1\r\n\r\n")
+            await client.send_eof()
+            return await read_all(client)
+
+    answer = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 400 "), answer
+    assert answer.endswith(b"\r\n\r\nccw: illegal header line: a bare CR or LF, or a byte HTTP does not allow there\n")

@@ -74,6 +74,16 @@ class BadRequest(Exception):
     """A request the proxy will not forward; the message goes into the 400."""
 
 
+
+def unreadable(exc: Exception) -> str:
+    """A 400's body for a request the proxy could not read.  h11 quotes the line it refused as a
+    Python repr (``illegal header line: bytearray(b'...')``): the client is told which kind of
+    line, in words, and not shown bytes it sent (a placeholder among them)."""
+    text = str(exc)
+    if isinstance(exc, h11.RemoteProtocolError) and text.startswith("illegal ") and ":" in text:
+        text = text.split(":", 1)[0] + ": a bare CR or LF, or a byte HTTP does not allow there"
+    return f"ccw: {text}\n"
+
 def split_authority(text: str, default_port: int | None) -> tuple[str, int]:
     """``host:port``, ``[v6]:port`` or ``host`` (with ``default_port``) -> (host, port)."""
     if text.startswith("["):
@@ -141,7 +151,7 @@ async def handle_http(gate: Gate, sock: trio.socket.SocketType) -> None:
         else:
             await _forward(gate, sock, conn, request)
     except (h11.RemoteProtocolError, BadRequest) as exc:
-        await reply(sock, response(400, "Bad Request", f"ccw: {exc}\n"))
+        await reply(sock, response(400, "Bad Request", unreadable(exc)))
     except OSError:
         pass  # the client went away; nothing to answer
     finally:
@@ -241,7 +251,7 @@ async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: b
         with trio.move_on_after(gate.header_timeout):
             request = await _read_request(jail, conn)
     except (h11.RemoteProtocolError, BadRequest) as exc:
-        await reply(jail, response(400, "Bad Request", f"ccw: {exc}\n"))
+        await reply(jail, response(400, "Bad Request", unreadable(exc)))
         return
     if request is None:
         return
