@@ -130,7 +130,7 @@ def _checked_base(each: list[dict[str, str]], plan: Plan, live: dict[str, str]) 
     moved: list[dict[str, Any]] = []
     for states in each:
         for path, state in states.items():
-            if path.rstrip("/") not in plan.base:  # a path's own state, or its tree's (changeset.tree_key)
+            if changeset.keyed_path(path) not in plan.base:  # a path's own state, or its tree's
                 continue
             if recorded.setdefault(path, state) != state:
                 moved.append({"path": path, "expected": recorded[path], "actual": state})
@@ -155,7 +155,7 @@ def _lower_recorded(paths: set[str], plan: Plan, workspace: str) -> dict[str, st
     and the trees recorded below merged directories, read from the workspace."""
     states = {path: changeset.state_text(merge_write.view_side(state), None, state.digest)
               for path, state in plan.lower.items() if path in paths}
-    trees = sorted(key for key in paths if key.endswith("/") and key[:-1] in plan.base)
+    trees = sorted(key for key in paths if key.endswith("/") and changeset.keyed_path(key) in plan.base)
     return {**states, **_live_states(workspace, trees)} if trees else states
 
 

@@ -232,7 +232,7 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
     first record wins); and then the base's state where none is recorded yet."""
     journal = Journal(state)
     journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes),
-                       base={key: state for key, state in recorded.items() if key.rstrip("/") in contents})
+                       base={key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents})
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
     if record is not None:

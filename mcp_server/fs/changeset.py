@@ -220,6 +220,11 @@ def tree_key(path: str) -> str:
     return f"{path}/"
 
 
+def keyed_path(key: str) -> str:
+    """The path a recorded key is about: itself, or the directory of a ``tree_key``."""
+    return key[:-1] if key.endswith("/") else key
+
+
 def is_dir_state(state: str) -> bool:
     """Whether ``state`` (``base_state``'s text) is a directory's (canonical text: "kind" comes first)."""
     return state.startswith('{"kind":"dir",')
