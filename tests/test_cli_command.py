@@ -391,6 +391,13 @@ def test_service_start_takes_env_values() -> None:
         service_call(parse_args(["capsule", "service", "start", "cap_1", "web", "--env", "PORT", "--", "serve"]))
 
 
+def _answered_by(call_tool: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``ccw`` command's tool calls answered by ``call_tool``, with no helper or front end asked."""
+    monkeypatch.setenv("CCW_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("mcp_server.cli.frontclient.call_tool", call_tool)
+    monkeypatch.setattr("mcp_server.cli.helperctl.ensure", lambda *args, **kwargs: None)
+
+
 TAMPERED = CcwError(
     "CONFLICT", "the witness failed verification, so it cannot be replayed; see details.problems (a tampered or "
     "truncated file): make the witness again from its capsule",
@@ -406,9 +413,7 @@ def test_an_error_shows_the_details_its_message_points_at(as_json: bool, tmp_pat
     async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
         raise TAMPERED
 
-    monkeypatch.setenv("CCW_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setattr("mcp_server.cli.frontclient.call_tool", call_tool)
-    monkeypatch.setattr("mcp_server.cli.helperctl.ensure", lambda *args, **kwargs: None)  # no helper is asked
+    _answered_by(call_tool, tmp_path, monkeypatch)
     assert main(["capsule", "replay", str(tmp_path / "w.tar.zst"), *(["--json"] if as_json else [])]) == 1
     out, err = capsys.readouterr()
     head = f"ccw: CONFLICT: {TAMPERED.message}"
@@ -440,9 +445,7 @@ def test_json_output_exits_as_the_human_form_does(verb: str, result: dict[str, A
     async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
         return result
 
-    monkeypatch.setenv("CCW_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setattr("mcp_server.cli.frontclient.call_tool", call_tool)
-    monkeypatch.setattr("mcp_server.cli.helperctl.ensure", lambda *args, **kwargs: None)
+    _answered_by(call_tool, tmp_path, monkeypatch)
     target = str(tmp_path / "w.tar.zst") if verb == "replay" else "cap_0000000000000_00000000"
     assert main(["capsule", verb, target, "--json"]) == status
     assert json.loads(capsys.readouterr().out) == result

@@ -93,6 +93,13 @@ async def connected(proxy: object, port: int, name: str = "127.0.0.1",
     return trio.SSLStream(client, context or client_context(), server_hostname=name)
 
 
+def bound(proxy: object, port: int) -> str:
+    """The proxy's session given the capsule's secret TOKEN, bound to ``port`` and terminated there; its placeholder."""
+    capsule = secrets_for(port)
+    proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))  # type: ignore[attr-defined]
+    return capsule.env()["TOKEN"]
+
+
 async def read_tls(stream: trio.SSLStream[trio.SocketStream]) -> bytes:
     """Everything until the end (the proxy's close_notify: a ragged end raises), then the stream closed."""
     received = b""
@@ -113,9 +120,7 @@ def run_terminated(send: bytes, name: str = "127.0.0.1", alpn: list[str] | None 
     async def main() -> tuple[bytes | str, list[dict[str, object]], Upstream, str]:
         async with upstream(partial(tls_echo_auth, maximum=maximum)) as up, \
                 egress(network(f"127.0.0.1:{up.port}")) as proxy:
-            capsule = secrets_for(up.port)
-            proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))
-            placeholder = capsule.env()["TOKEN"]
+            placeholder = bound(proxy, up.port)
             context = client_context(alpn)
             context.check_hostname = check_hostname
             context.maximum_version = maximum
@@ -332,9 +337,7 @@ def test_a_masked_body_ends_without_close_notify_only_when_the_upstream_cut_it(e
     async def main() -> tuple[bytes, bool, str]:
         async with upstream(partial(tls_echo_auth, end=end)) as up, \
                 egress(network(f"127.0.0.1:{up.port}")) as proxy:
-            capsule = secrets_for(up.port)
-            proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))
-            placeholder = capsule.env()["TOKEN"]
+            placeholder = bound(proxy, up.port)
             tls = await connected(proxy, up.port)
             await tls.send_all(f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\n"
                                f"Authorization: Bearer {placeholder}\r\n\r\n".encode())
@@ -385,9 +388,7 @@ def test_a_compressed_echo_through_termination_never_reaches_the_jail(always: bo
     async def main() -> tuple[bytes, list[dict[str, object]], list[bytes], str]:
         async with upstream(partial(tls_echo_gzip, always=always)) as up, \
                 egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
-            capsule = secrets_for(up.port)
-            proxy.session.credentials = Credentials(capsule, store(), ServerContexts(CAPSULE))
-            placeholder = capsule.env()["TOKEN"]
+            placeholder = bound(proxy, up.port)
             tls = await connected(proxy, up.port)
             await tls.send_all(f"GET /echogz HTTP/1.1\r\nHost: 127.0.0.1:{up.port}\r\nAuthorization: Bearer "
                                f"{placeholder}\r\nAccept-Encoding: deflate, gzip, br, zstd\r\n\r\n".encode())

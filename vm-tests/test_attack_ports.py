@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import trio
 
 from mcp_server.events import EventLog
+from tests.support.pages import page
 from tests.support.users import OTHER_UID
 
 SERVER = ["python3", "-u", "-m", "http.server", "8765", "--bind", "127.0.0.1"]
@@ -41,11 +41,6 @@ for _ in range(count):
     s.close()
 print(closed)
 """
-
-
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return bytes(answer.read())
 
 
 def test_another_users_flood_is_refused_counted_exactly_and_folded_in_events(tools: Any, tmp_path: Path) -> None:
@@ -70,7 +65,7 @@ def test_another_users_flood_is_refused_counted_exactly_and_folded_in_events(too
 
             nursery.start_soon(flood)
             while True:  # the owner's requests, all through the flood
-                out["owner_pages"].append(await trio.to_thread.run_sync(_get, url + "index.txt"))
+                out["owner_pages"].append(await trio.to_thread.run_sync(page, url + "index.txt"))
                 await trio.sleep(0.05)
         out["seconds"] = time.monotonic() - started
         out["list"] = await t.call("capsule_service_list", {"capsule_id": cap})

@@ -7,22 +7,17 @@ from __future__ import annotations
 
 import json
 import sys
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.support.cli_process import ccw  # noqa: E402
+from tests.support.pages import page  # noqa: E402
 from tests.support.raw_mcp import RawStdio, structured  # noqa: E402
 
 PORT = 8783
 SERVER = ["python3", "-u", "-m", "http.server", str(PORT), "--bind", "127.0.0.1"]
-
-
-def _page(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as page:
-        return bytes(page.read())
 
 
 def test_a_new_server_attaches_to_the_daemon_that_runs_a_service(cli_state: Path, tmp_path: Path) -> None:
@@ -39,7 +34,7 @@ def test_a_new_server_attaches_to_the_daemon_that_runs_a_service(cli_state: Path
     with RawStdio(cli_state, "capsule", tasks=None) as agent:
         assert [c["capsule_id"] for c in structured(agent.call("capsule_list", {}))["capsules"]] == [cap]
         assert any("tools=relayed" in line for line in agent.stderr), agent.stderr
-    assert _page(url + "index.txt") == b"served from the capsule\n"
+    assert page(url + "index.txt") == b"served from the capsule\n"
     listed = json.loads(ccw(cli_state, "capsule", "service", "list", cap, "--json").stdout)
     assert [(one["name"], one["state"]) for one in listed["services"]] == [("web", "ready")]
     assert json.loads(ccw(cli_state, "helper", "status", "--json").stdout)["frontend_pid"] == daemon
@@ -49,7 +44,7 @@ def test_a_new_server_attaches_to_the_daemon_that_runs_a_service(cli_state: Path
     assert refused.returncode == 1, refused.stdout
     assert f"CONFLICT: the front end of {cli_state} (pid {daemon}) runs service {cap}/web (ready)" in refused.stderr
     assert "ccw capsule service stop CAP NAME" in refused.stderr and "--force" in refused.stderr, refused.stderr
-    assert _page(url + "index.txt") == b"served from the capsule\n"
+    assert page(url + "index.txt") == b"served from the capsule\n"
     ccw(cli_state, "capsule", "service", "stop", cap, "web")
     stopped = json.loads(ccw(cli_state, "helper", "stop", "--json").stdout)  # nothing runs: no refusal
     assert stopped["frontend_stopped"] is True

@@ -38,6 +38,18 @@ async def _attempts(t: Any, ws: Path) -> tuple[str, str, str]:
     return parent, one, two
 
 
+async def _merge_refused(t: Any, ids: list[str], into: str) -> dict[str, Any]:
+    """The merge's refusal (None: it was made) and the capsules listed before and after it."""
+    before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+    try:
+        await t.call("capsule_merge", {"capsule_ids": ids, "into": into})
+        refused = None
+    except CcwError as exc:
+        refused = exc
+    after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
+    return {"refused": refused, "before": before, "after": after}
+
+
 def test_the_merged_capsule_is_a_fork_of_the_first_input(tools: Any, tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
 
@@ -72,15 +84,8 @@ def test_a_workspace_moved_underneath_refuses_the_merge_and_makes_nothing(tools:
 
     async def scenario(t: Any) -> dict[str, Any]:
         _, one, two = await _attempts(t, ws)
-        before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
         (ws / "b.txt").write_text("edited on the host meanwhile\n")
-        try:
-            await t.call("capsule_merge", {"capsule_ids": [one, two], "into": "new"})
-            refused = None
-        except CcwError as exc:
-            refused = exc
-        after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
-        return {"refused": refused, "before": before, "after": after}
+        return await _merge_refused(t, [one, two], "new")
 
     out = tools.run(scenario)
     assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]
@@ -100,14 +105,7 @@ def test_an_edit_below_a_directory_an_input_removed_refuses_the_merge(tools: Any
         await t.call("capsule_exec", {"capsule_id": one, "cmd": ["rm", "-rf", "docs"]})
         (ws / "docs" / "conf.py").write_text("conf, edited on the host\n")
         (ws / "docs" / "new.txt").write_text("new\n")
-        before = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
-        try:
-            await t.call("capsule_merge", {"capsule_ids": [one, two], "into": into})
-            refused = None
-        except CcwError as exc:
-            refused = exc
-        after = {c["capsule_id"] for c in (await t.call("capsule_list", {}))["capsules"]}
-        return {"refused": refused, "before": before, "after": after}
+        return await _merge_refused(t, [one, two], into)
 
     out = tools.run(scenario)
     assert out["refused"] is not None and out["refused"].code == "REPO_CHANGED", out["refused"]

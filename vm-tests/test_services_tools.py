@@ -18,6 +18,7 @@ import trio
 
 from mcp_server.journal import Journal
 from sandbox.errors import CcwError
+from tests.support.pages import page
 from tests.support.users import OTHER_UID
 
 SERVER = ["python3", "-u", "-m", "http.server", "8765", "--bind", "127.0.0.1"]
@@ -34,13 +35,6 @@ try:
 except ConnectionResetError:
     print("closed")
 """
-
-
-def _get(url: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        return str(answer.read().decode())
 
 
 def _connects(port: int) -> bool:
@@ -70,7 +64,7 @@ def test_an_agent_starts_a_server_tests_against_it_and_stops_it(tools: Any, tmp_
             "capsule_id": cap, "name": "web", "cmd": SERVER, "ready": {"port": 8765, "timeout_ms": 20000}})
         out["fetch"] = await t.call("capsule_exec", {"capsule_id": cap, "cmd": FETCH})
         out["port"] = await t.call("capsule_port", {"capsule_id": cap, "port": 8765})
-        out["host_fetch"] = await trio.to_thread.run_sync(_get, out["port"]["url"] + "index.txt")
+        out["host_fetch"] = (await trio.to_thread.run_sync(page, out["port"]["url"] + "index.txt")).decode()
         out["stranger"] = await trio.run_process(
             ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "/usr/bin/python3", "-c",
              _STRANGER, str(out["port"]["host_port"])], capture_stdout=True, check=False)

@@ -23,7 +23,8 @@ path itself (``agent_loop.SCENARIO``), so it runs this tree's code.
 - ``reapi_bot``: a plain-subprocess REAPI bot, for the REAPI client's tests.
 - ``shell_session``: ``ccw capsule shell`` driven through a pty (also a script).
 - ``interactive``: interactive runs driven over MCP, and ``ccw capsule exec --tty`` on a pty.
-- ``webdriver``: a small W3C WebDriver client for chromium, and its screenshots.
+- ``webdriver``: a small W3C WebDriver client for chromium, and its screenshots;
+  ``pages``: a page fetched from the host, as from a forwarded port.
 - ``users``: running Python as another uid (``as_user``, ``run_script_as``; ``UserScript``
   for a session a test looks in on between its steps), the interpreter made reachable
   through a private mount namespace.
