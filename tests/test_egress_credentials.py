@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from mcp_server.core.placeholders import CapsuleSecrets
-from mcp_server.core.secretbind import make_binding
+from mcp_server.core.secretbind import binding_from_json, make_binding
 from mcp_server.egress.credentials import EXFILTRATION, Credentials
 from mcp_server.egress.relay import Attempt
 from tests.support.egress_harness import (  # noqa: F401  (relay_engine: a fixture)
@@ -395,19 +395,23 @@ def test_a_chunked_echo_cut_inside_the_value_gives_none_of_it_and_no_last_chunk(
 @pytest.mark.usefixtures("relay_engine")
 @pytest.mark.parametrize("form", ["absolute", "route"])
 def test_a_value_bound_to_a_tls_port_never_goes_in_cleartext(form: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A secret bound to 443 (what ``--host NAME`` means) asked for over plain ``http://NAME:443/``
-    (or a plain route to it) is refused before any value is fetched or any connection made: in
-    cleartext it would reach whatever the name resolves to, no certificate checked.  The upstream's
-    port stands for 443 here (``TLS_ONLY_PORTS``); its route is plain http (only a real 443 makes
-    a route https by itself), so the route form is the same downgrade."""
+    """A secret bound to a host written ``https://HOST:PORT`` (port 443 is so whether written or
+    not), asked for over plain ``http://HOST:PORT/`` (or a route the jail asks for plain) is refused
+    before any value is fetched or any connection made: in cleartext it would reach whatever the
+    name resolves to, no certificate checked.  The route form is that downgrade as the proxy
+    would make it if ``route`` chose http for such a binding (monkeypatched here, as a route to it
+    goes over TLS: ``test_a_route_to_a_binding_written_https_goes_over_tls``)."""
     store, told = Store(), list[Attempt]()
 
     async def main() -> tuple[bytes, list[dict[str, object]], list[bytes]]:
         async with upstream(echo_auth) as up, \
                 egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
-            monkeypatch.setattr("mcp_server.egress.credentials.TLS_ONLY_PORTS", frozenset({up.port}))
-            capsule = secrets_for(up.port)
-            proxy.session.credentials = Credentials(capsule, store)
+            capsule = CapsuleSecrets({"TOKEN": make_binding("TOKEN", [f"https://127.0.0.1:{up.port}"])},
+                                     {"TOKEN": len(VALUE)})
+            credentials = Credentials(capsule, store)
+            plain = credentials.route
+            monkeypatch.setattr(credentials, "route", lambda target: (r := plain(target)) and (*r[:4], "http"))
+            proxy.session.credentials = credentials
             placeholder = capsule.env()["TOKEN"]
             sent = {"absolute": request(up.port, f"Authorization: Bearer {placeholder}\r\n"),
                     "route": b"GET /route/TOKEN/simple/ HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n\r\n"}[form]
@@ -422,3 +426,18 @@ def test_a_value_bound_to_a_tls_port_never_goes_in_cleartext(form: str, monkeypa
     [record] = records
     assert record["allowed"] is False and str(record["reason"]).startswith(EXFILTRATION)
     assert any(attempt.reason == record["reason"] for attempt in told)
+
+
+def test_a_route_to_a_binding_written_https_goes_over_tls() -> None:
+    """A plain ``/route/NAME/`` goes over TLS where the binding keeps its value inside TLS (443, or
+    ``https://`` on another port), plain http elsewhere; and the written form round-trips."""
+    bindings = {"WRITTEN": make_binding("WRITTEN", ["https://reg.example:8443"]),
+                "PORT": make_binding("PORT", ["reg.example"]),
+                "PLAIN": make_binding("PLAIN", ["reg.example:8080"])}
+    credentials = Credentials(CapsuleSecrets(bindings, dict.fromkeys(bindings, 8)), Store())
+    schemes = {name: credentials.route(f"/route/{name}/x".encode()) for name in bindings}
+    assert {name: route and route[4] for name, route in schemes.items()} == \
+        {"WRITTEN": "https", "PORT": "https", "PLAIN": "http"}
+    assert bindings["WRITTEN"].host_texts() == ["https://reg.example:8443"]
+    assert bindings["PORT"].host_texts() == ["reg.example:443"]
+    assert binding_from_json(bindings["WRITTEN"].to_json()) == bindings["WRITTEN"]

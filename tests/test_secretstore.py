@@ -34,6 +34,8 @@ def test_bindings_read_as_rules_with_443_by_default() -> None:
     (("N", []), "at least one --host"),
     (("N", ["*.example.com"]), "exact hosts"),
     (("N", ["10.0.0.0/8"]), "exact hosts"),
+    (("N", ["http://h.example"]), "https:// is the only scheme"),
+    (("N", ["https://h.example/path"]), "exact hosts"),
     (("N", ["h.example:99999"]), "port"),
     (("N", ["h.example"], "Host"), "cannot carry a secret"),
     (("N", ["h.example"], "X Bad"), "cannot carry a secret"),
@@ -47,7 +49,8 @@ def test_bad_bindings_say_what_to_change(args: tuple, says: str) -> None:  # typ
     with pytest.raises(CcwError, match=re.escape(says)) as caught:
         make_binding(*args)
     assert caught.value.code == "INVALID_ARGUMENT"
-    assert parse_host("h.example:80") == ("h.example", 80)
+    assert parse_host("h.example:80") == ("h.example", 80, False)
+    assert parse_host("HTTPS://h.example") == ("h.example", 443, True)
 
 
 def test_set_list_get_remove_and_the_file_is_private(tmp_path: Path) -> None:

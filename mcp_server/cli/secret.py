@@ -1,6 +1,6 @@
 """``ccw secret set|list|rm``: the credentials a capsule may use without ever holding them (issue 38).
 
-- ``ccw secret set NAME --host HOST[:PORT]... [--header NAME] [--format FORMAT]`` with the
+- ``ccw secret set NAME --host [https://]HOST[:PORT]... [--header NAME] [--format FORMAT]`` with the
   value from a prompt (the default on a terminal, without echo), ``--stdin``, ``--file
   PATH`` (read now), or ``--command CMD`` (run each time the value is needed, ``--timeout``
   seconds at most).  It prints what was bound, never the value.
@@ -39,8 +39,9 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     put = verbs.add_parser("set", parents=[common], help="set a secret (value from a prompt, stdin, a file or "
                            "a command)")
     put.add_argument("name", help="the secret's name: the capsule's variable that holds its placeholder")
-    put.add_argument("--host", action="append", default=[], required=True, metavar="HOST[:PORT]",
-                     help="a host the value may be sent to (port 443 unless given; repeat for more)")
+    put.add_argument("--host", action="append", default=[], required=True, metavar="[https://]HOST[:PORT]",
+                     help="a host the value may be sent to (port 443 unless given; repeat for more); "
+                     "https:// keeps it inside TLS on any port, as on 443")
     put.add_argument("--header", help="the header that carries it (default Authorization)")
     put.add_argument("--format", dest="fmt", metavar="FORMAT", help=f"where the value goes: {FORMAT_HELP} "
                      "(default 'Bearer {}' in Authorization, '{}' in another header)")

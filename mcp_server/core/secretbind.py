@@ -15,6 +15,11 @@ Choices made here:
   them (``core/tlsca.py``) is constrained to exactly those names.  A host without a
   port means 443 only, not netrules' 80 and 443: a credential sent over plain HTTP is
   on the wire for anyone between, so port 80 must be written (``host:80``).
+- **Where a value goes only inside TLS**: port 443, and any host written
+  ``https://HOST[:PORT]`` (443 unless given).  A port says nothing of its scheme (8443 is
+  as often HTTPS as 8080 is plain), so a binding to another port goes as each request's
+  scheme says unless the person wrote ``https://``; the proxy refuses such a value in a
+  cleartext request (egress/credentials.py ``Credentials.judge``).
 - **The format** says where the value goes: a template with one ``{}`` for the value
   (``'Bearer {}'``, ``'token {}'``, ``'{}'``) that the named header must equal exactly;
   ``basic-user`` / ``basic-password``, the user or the password inside
@@ -40,6 +45,8 @@ HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}\Z")  # RFC 9110 token
 PARAM = re.compile(r"[A-Za-z0-9._~-]{1,64}\Z")  # a query parameter's name that needs no escaping
 TEMPLATE_CHARS = re.compile(r"[\x20-\x7e]{0,128}\Z")
 DEFAULT_PORT = 443
+TLS_PORT = 443  # a value bound here was meant for HTTPS, written https:// or not
+HTTPS = "https://"
 AUTHORIZATION = "authorization"
 BASIC_FORMATS = ("basic-user", "basic-password")
 QUERY = "query:"
@@ -59,6 +66,7 @@ class Binding:
     hosts: tuple[tuple[str, int], ...]  # (host as netrules normalises it, port), sorted
     header: str | None  # lowercase header name; None for query:PARAM
     format: str  # a template with one {}, basic-user, basic-password, or query:PARAM
+    tls_hosts: tuple[tuple[str, int], ...] = ()  # those of ``hosts`` written https://, sorted
 
     @property
     def query_param(self) -> str | None:
@@ -69,9 +77,14 @@ class Binding:
         """True if the value may be sent to ``host:port`` (``host`` as netrules.normalize_host left it)."""
         return (host, port) in self.hosts
 
+    def tls_only(self, host: str, port: int) -> bool:
+        """True if the value may go to ``host:port`` only inside TLS: port 443, or a host written https://."""
+        return port == TLS_PORT or (host, port) in self.tls_hosts
+
     def host_texts(self) -> list[str]:
-        """The hosts as ``host:port`` (IPv6 in brackets)."""
-        return [host_text(host, port) for host, port in self.hosts]
+        """The hosts as ``host:port`` (IPv6 in brackets), ``https://`` before those written so but 443."""
+        return [(HTTPS if port != TLS_PORT and (host, port) in self.tls_hosts else "") + host_text(host, port)
+                for host, port in self.hosts]
 
     def to_json(self) -> dict[str, Any]:
         """The stored and listed form."""
@@ -91,15 +104,19 @@ def check_name(name: str) -> str:
     return name
 
 
-def parse_host(text: str) -> tuple[str, int]:
-    """``HOST[:PORT]`` as (host, port): an exact name or IP address, port 443 unless given."""
+def parse_host(text: str) -> tuple[str, int, bool]:
+    """``[https://]HOST[:PORT]`` as (host, port, written https://): an exact name or IP address,
+    port 443 unless given."""
     if not isinstance(text, str):
         raise CcwError("INVALID_ARGUMENT", f"a secret's host is a string like api.example.com:443, not {text!r}")
+    tls = text[:len(HTTPS)].lower() == HTTPS
+    text = text[len(HTTPS):] if tls else text
     if "*" in text or "/" in text:
         raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: a secret is bound to exact hosts, never a "
-                       "wildcard or a network; give each host with its own --host", {"host": text})
+                       "wildcard or a network (and https:// is the only scheme a host may have); give each host "
+                       "with its own --host", {"host": text})
     rule = parse_rule(text)  # INVALID_ARGUMENT with the grammar for anything else
-    return rule.host, rule.port if rule.port is not None else DEFAULT_PORT
+    return rule.host, rule.port if rule.port is not None else DEFAULT_PORT, tls
 
 
 def _header(header: str | None, fmt: str) -> str | None:
@@ -138,7 +155,8 @@ def _format(fmt: str | None, header: str | None) -> str:
 def make_binding(name: str, hosts: Iterable[str], header: str | None = None, fmt: str | None = None) -> Binding:
     """A checked ``Binding`` from ``ccw secret set``'s arguments; INVALID_ARGUMENT saying what to change."""
     check_name(name)
-    parsed = sorted({parse_host(text) for text in hosts})
+    written = [parse_host(text) for text in hosts]
+    parsed = sorted({(host, port) for host, port, _tls in written})
     if not parsed:
         raise CcwError("INVALID_ARGUMENT", f"secret {name} needs at least one --host HOST[:PORT]: the hosts its "
                        "value may be sent to", {"name": name})
@@ -146,7 +164,8 @@ def make_binding(name: str, hosts: Iterable[str], header: str | None = None, fmt
         raise CcwError("INVALID_ARGUMENT", f"secret {name} names {len(parsed)} hosts; at most {MAX_HOSTS}: a "
                        "credential used that widely is better split into several secrets", {"name": name})
     chosen = _format(fmt, header)
-    return Binding(name, tuple(parsed), _header(header, chosen), chosen)
+    tls_hosts = tuple(sorted({(host, port) for host, port, tls in written if tls}))
+    return Binding(name, tuple(parsed), _header(header, chosen), chosen, tls_hosts)
 
 
 def binding_from_json(document: Mapping[str, Any]) -> Binding:

@@ -51,11 +51,6 @@ from mcp_server.egress.relay import Attempt
 EXFILTRATION = "exfiltration attempt"
 BASIC = re.compile(rb"^authorization:[ \t]*basic[ \t]", re.IGNORECASE | re.MULTILINE)
 ROUTE = b"/route/"
-# Ports where a value goes only inside TLS: a secret bound to one (``--host NAME`` means 443)
-# was meant for HTTPS, and in a cleartext request there it would cross the network unread by
-# any certificate check, to whatever address the bound name resolves to (a steered DNS answer,
-# an on-path reader): the downgrade a jail could ask for with ``http://NAME:443/``.
-TLS_ONLY_PORTS = frozenset({443})
 
 # A secret's value now, by name (fs/secretstore ``SecretStore.value(name).reveal()``): it
 # may run a command, so it is called on a thread.
@@ -123,13 +118,21 @@ class Credentials:
     def judge(self, head: bytes, host: str, port: int, cleartext: bool = False) -> Judged:
         """``head`` (a whole request head) with its placeholders replaced where their bindings
         allow, or refused; ``host`` as netrules.normalize_host leaves it; ``cleartext``: the
-        request goes upstream without TLS (``TLS_ONLY_PORTS`` then refuses any value).  Blocking
-        (a value may come from a command): call it on a thread, and only for a head ``carries``."""
+        request goes upstream without TLS (a value its binding keeps inside TLS is then refused).
+        Blocking (a value may come from a command): call it on a thread, and only for a head
+        ``carries``.
+
+        The downgrade refused: a value bound to port 443 or to a host written ``https://``
+        (``Binding.tls_only``) was meant for HTTPS, and in a cleartext request it would cross
+        the network unread by any certificate check, to whatever address the bound name
+        resolves to (a steered DNS answer, an on-path reader): what a jail could ask for
+        with ``http://NAME:443/`` or a plain ``/route/NAME/``."""
         fetched: dict[str, bytes] = {}
-        downgrade = cleartext and port in TLS_ONLY_PORTS
+        downgraded: set[str] = set()
 
         def value(name: str) -> bytes:
-            if downgrade:
+            if cleartext and self.capsule.bindings[name].tls_only(host, port):
+                downgraded.add(name)
                 return b""  # never fetched: the request is refused below, whatever it held
             if name not in fetched:
                 fetched[name] = self._fetch(name)
@@ -142,11 +145,11 @@ class Credentials:
             return Judged(None, reason=f"{EXFILTRATION}? {rewritten.problem}, with a placeholder in it")
         if rewritten.head is None:
             return Judged(None, reason=f"{EXFILTRATION}: " + "; ".join(map(_where, rewritten.attempts)))
-        if downgrade and rewritten.used:
-            names = ", ".join(sorted(rewritten.used))
+        if downgraded:
+            names = ", ".join(sorted(downgraded))
             return Judged(None, reason=f"{EXFILTRATION}? the value of secret {names} would go to {host}:{port} in "
-                                       f"cleartext HTTP; a secret bound to port {port} goes only over TLS "
-                                       f"(https://, which the proxy terminates)")
+                                       f"cleartext HTTP; its binding keeps it inside TLS there (port 443, or a "
+                                       f"host written https://): ask https://, which the proxy terminates")
         used = {name: fetched[name] for name in rewritten.used}
         if not used:
             return Judged(rewritten.head)
@@ -186,7 +189,8 @@ class Credentials:
     def route(self, target: bytes) -> tuple[str, str, int, bytes, str] | None:
         """A reverse route's secret, bound host, port, origin-form target and scheme upstream;
         None if ``target`` is no route of this capsule's.  ``/route/NAME/REST`` goes over
-        TLS when the secret's first host is on port 443, plain http otherwise;
+        TLS when the secret's first host keeps its value inside TLS (port 443, or written
+        ``https://``: ``Binding.tls_only``), plain http otherwise;
         ``/route/NAME+https/REST`` goes over TLS whatever the port (the proxy verifies the
         upstream against the host's trust store either way)."""
         if not target.startswith(ROUTE):
@@ -197,7 +201,7 @@ class Credentials:
         if binding is None or (plus and tls != b"https"):
             return None
         host, port = binding.hosts[0]
-        scheme = "https" if plus or port == 443 else "http"
+        scheme = "https" if plus or binding.tls_only(host, port) else "http"
         return binding.name, host, port, b"/" + rest if slash else b"/", scheme
 
     def routed(self, name: str, origin: str,
