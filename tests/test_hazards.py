@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 
 from mcp_server.core import hazards
@@ -72,6 +77,52 @@ def test_a_bare_looking_directory_is_a_repository() -> None:
     assert _kinds(Change("vendor/inner.git/objects/ab/c", "write", "file", 0o444), bare) == []
     assert _kinds(Change("vendor/inner.git/config", "write", "file", 0o644)) == []  # not bare-looking: a file
     assert _kinds(Change("config", "write", "file", 0o644), ("",)) == ["git_control"]  # the workspace itself
+
+
+def _git_reads_config_of(cwd: Path) -> str | None:
+    """The repository config file git reads when run in ``cwd`` (no parent searched), or None."""
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(cwd.parent), "GIT_CONFIG_GLOBAL": "/dev/null",
+           "GIT_CONFIG_NOSYSTEM": "1"}
+    found = subprocess.run(["git", "config", "--show-origin", "--get", "planted.key"], cwd=cwd, env=env,
+                           capture_output=True, text=True, check=False)
+    return found.stdout.split("\t")[0].removeprefix("file:") if found.returncode == 0 else None
+
+
+def _present(directory: Path) -> Callable[[str], bool]:
+    return lambda name: os.path.lexists(directory / name)
+
+
+def test_a_directory_pointing_at_a_common_dir_and_that_common_dir_are_repositories(tmp_path: Path) -> None:
+    # HEAD and commondir in one directory, objects and refs in another: git takes the first
+    # for a repository and reads the second's config, though neither holds all three marks.
+    pointer, common = tmp_path / "evil", tmp_path / "x"
+    for made in (pointer, common / "objects", common / "refs"):
+        made.mkdir(parents=True)
+    (pointer / "HEAD").write_text("ref: refs/heads/main\n")
+    (pointer / "commondir").write_text("../x\n")
+    (common / "config").write_text("[planted]\n\tkey = 1\n")
+    assert _git_reads_config_of(pointer) == str(common / "config")
+    assert hazards.looks_like_gitdir(_present(pointer)) and hazards.looks_like_gitdir(_present(common))
+    bare = ("evil", "x")
+    assert _kinds(Change("x/config", "write", "file", 0o644), bare) == ["git_control"]
+    assert _kinds(Change("evil/commondir", "write", "file", 0o644), bare) == ["git_control"]
+    assert _kinds(Change("x/objects/ab/c", "write", "file", 0o444), bare) == []
+
+
+@pytest.mark.parametrize("names", [(), ("HEAD",), ("objects",), ("refs",), ("commondir",), ("HEAD", "objects"),
+                                   ("HEAD", "refs"), ("objects", "commondir")])
+def test_a_directory_without_either_pair_of_marks_is_no_repository(tmp_path: Path, names: tuple[str, ...]) -> None:
+    (tmp_path / "d").mkdir()
+    for name in names:  # HEAD and commondir as git writes them, so only the missing marks are missing
+        if name == "HEAD":
+            (tmp_path / "d" / name).write_text("ref: refs/heads/main\n")
+        elif name == "commondir":
+            (tmp_path / "d" / name).write_text(".\n")
+        else:
+            (tmp_path / "d" / name).mkdir()
+    (tmp_path / "d" / "config").write_text("[planted]\n\tkey = 1\n")
+    assert _git_reads_config_of(tmp_path / "d") is None
+    assert not hazards.looks_like_gitdir(_present(tmp_path / "d"))
 
 
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:

@@ -127,6 +127,10 @@ ATTACKS = [
            "git init -q --bare vendor/inner.git && git config -f vendor/inner.git/config core.pager 'touch pwned'",
            "git_control", "vendor/inner.git/config",
            _exists("vendor/inner.git/config"), _exists("vendor/inner.git/config")),
+    Attack("a repository pointer's commondir naming a look-alike with the config",
+           "mkdir -p evil x/objects x/refs && echo 'ref: refs/heads/main' > evil/HEAD && echo ../x > evil/commondir"
+           " && git config -f x/config core.pager 'touch pwned; cat'", "git_control", "x/config",
+           _exists("x/config"), _exists("x/config")),
     Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
            _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
 ]

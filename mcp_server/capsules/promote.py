@@ -128,7 +128,8 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
     checked = [key for entry in entries for key in (entry.path, changeset.tree_key(entry.path)) if key in recorded]
     live = {**early, **_live_states(record.workspace, [path for path in checked if path not in early])}
     return [
-        {"path": path, "expected": recorded[path], "actual": live[path]}
+        {"path": path, "expected": changeset.shown_state(recorded[path]),
+         "actual": changeset.shown_state(live[path])}
         for path in checked
         if live[path] != recorded[path]
     ]
@@ -213,12 +214,13 @@ def _parents(path: str) -> list[str]:
 
 
 def _bare_gitdirs(capsule: RootView, paths: list[str]) -> frozenset[str]:
-    """The changed paths' directories (and ancestors) that git would take for a bare repository."""
+    """The changed paths' directories (and ancestors) that git would take for a repository."""
     with DirFds(capsule) as dirs:
-        return frozenset(
-            d for d in hazards.gitdir_candidates(paths)
-            if all(dirs.lstat(f"{d}/{mark}" if d else mark) is not None for mark in hazards.BARE_REPO_MARKS)
-        )
+
+        def holds(directory: str) -> Callable[[str], bool]:
+            return lambda mark: dirs.lstat(f"{directory}/{mark}" if directory else mark) is not None
+
+        return frozenset(d for d in hazards.gitdir_candidates(paths) if hazards.looks_like_gitdir(holds(d)))
 
 
 def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazards.Change]:

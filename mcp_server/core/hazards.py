@@ -18,7 +18,9 @@ Some facts this module is built on:
   diff and merge drivers, ``include.path``).  Git finds a repository at a ``.git``
   directory, at a ``.git`` *file* (``gitdir: elsewhere``), and at any directory that
   looks like a bare repository (``HEAD``, ``objects/``, ``refs/``) when run inside it,
-  as shell prompts do on every ``cd``.  So anything a capsule writes there is code the
+  as shell prompts do on every ``cd``; ``objects/`` and ``refs/`` may be in the directory
+  a ``commondir`` file names instead, whose config and hooks git then uses
+  (``looks_like_gitdir``).  So anything a capsule writes there is code the
   next ``git status`` or ``git commit`` on the host runs, outside any jail.  Git's
   *data* (objects, refs, logs, the index, ``HEAD``) names no program: a commit made in
   a capsule still promotes.  That list is an allowlist (``GIT_DATA``), so whatever git
@@ -73,7 +75,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,7 +172,19 @@ GIT_DATA = ("objects/**", "refs/**", "logs/**", "index", "head", "orig_head", "f
             "packed-refs", "shallow", "description", "info", "info/exclude", "rr-cache/**", "lfs", "lfs/objects/**")
 # Under objects/ but not data: they send git to read objects from other places.
 GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates")
-BARE_REPO_MARKS = ("HEAD", "objects", "refs")  # a directory with all three is a repository to git
+# What makes a directory a repository to git (setup.c: is_git_directory): HEAD, and objects and
+# refs in its common directory, which is itself unless a `commondir` file names another.  Git
+# reads that other directory's config and hooks too, and needs no HEAD there.  So a directory
+# with HEAD and `commondir` is one (a repository pointer, as a `.git` file is), and so is one
+# with objects and refs (a repository, or the common directory such a pointer may name):
+# either pair alone marks it, whichever directory holds the other half.
+GITDIR_MARKS = (("objects", "refs"), ("HEAD", "commondir"))
+
+
+def looks_like_gitdir(present: Callable[[str], bool]) -> bool:
+    """Whether a directory is (or is the common directory of) a repository to git; ``present``
+    says whether it holds an entry of that name, of any kind."""
+    return any(all(map(present, marks)) for marks in GITDIR_MARKS)
 
 
 Pattern = tuple[tuple[str, ...], bool]  # parsed: the names, and whether the subtree counts
@@ -232,7 +246,7 @@ _GIT_DATA_BY_FIRST = {first: [p for p in map(_parse, GIT_DATA) if p[0][0] == fir
 
 
 def gitdir_candidates(paths: Iterable[str]) -> list[str]:
-    """Directories whose look (``BARE_REPO_MARKS``) decides whether a changed path is in a repository.
+    """Directories whose look (``looks_like_gitdir``) decides whether a changed path is in a repository.
 
     Every ancestor of every path ("" is the workspace), except those in a ``.git``
     (which is a repository by its name).  A repository's own directory is among them as
@@ -301,7 +315,8 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
         return None
     if depth == len(parts):
         reason = ("a .git file (gitdir:) or directory decides which repository, config and hooks git uses here"
-                  if folded[-1] == ".git" else "a directory git takes for a bare repository, with its config and hooks")
+                  if folded[-1] == ".git" else "a directory git takes for a repository (HEAD with a commondir, or "
+                  "objects and refs), with its config and hooks")
         return Hazard("git_control", change.path, change.action, reason)
     rel = folded[depth:]
     data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
