@@ -200,3 +200,4 @@ def test_attempts_over_a_snapshot_merge_and_the_workspace_is_checked_beside_the_
     refused = out["refused"]
     assert refused is not None and refused.code == "REPO_CHANGED", refused
     assert refused.details["paths"] == ["b.txt"]
+    assert {moved["expected"]["kind"] for moved in refused.details["conflicts"]} == {"file"}, refused.details

@@ -116,6 +116,9 @@ def test_repo_changed_refuses_and_writes_nothing(tools: Any, workspace: Path) ->
 
     err = tools.run(scenario)
     assert err.code == "REPO_CHANGED" and err.details["paths"] == ["README"]
+    [moved] = err.details["conflicts"]  # each state an object, not its JSON text quoted in the JSON
+    assert moved["expected"]["kind"] == moved["actual"]["kind"] == "file", moved
+    assert moved["expected"]["blake3"] != moved["actual"]["blake3"]
     assert (workspace / "README").read_text() == "edited live\n" and not (workspace / "other").exists()
 
 
@@ -145,6 +148,8 @@ def test_an_edit_below_a_directory_the_capsule_removed_refuses_its_promotion(
     assert out["clean"]["promoted"] is False and out["clean"]["policy_report"]["passed"] is True, out["clean"]
     for name in ("promote", "dry"):
         assert out[name].code == "REPO_CHANGED" and out[name].details["paths"] == ["docs/"], out[name]
+        [moved] = out[name].details["conflicts"]
+        assert (moved["expected"]["kind"], moved["actual"]["entries"]) == ("tree", 2), moved
     assert sorted(p.name for p in (ws / "docs").iterdir()) == ["a.txt", "new.txt"]
     assert (ws / "docs" / "a.txt").read_text() == "a, edited live\n"
 

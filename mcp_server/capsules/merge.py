@@ -127,20 +127,22 @@ def _checked_base(each: list[dict[str, str]], plan: Plan, live: dict[str, str]) 
     at the merged paths, once the live tree still holds them (``live``: its states at every path
     they recorded)."""
     recorded: dict[str, str] = {}
-    moved: list[dict[str, Any]] = []
+    moved: list[tuple[str, str, str]] = []  # (path, expected, actual), as base_state's texts
     for states in each:
         for path, state in states.items():
             if changeset.keyed_path(path) not in plan.base:  # a path's own state, or its tree's
                 continue
             if recorded.setdefault(path, state) != state:
-                moved.append({"path": path, "expected": recorded[path], "actual": state})
-    moved += [{"path": p, "expected": s, "actual": live[p]} for p, s in sorted(recorded.items()) if live[p] != s]
+                moved.append((path, recorded[path], state))
+    moved += [(p, s, live[p]) for p, s in sorted(recorded.items()) if live[p] != s]
     if moved:
-        paths = sorted({one["path"] for one in moved})
+        paths = sorted({path for path, _expected, _actual in moved})
         raise CcwError("REPO_CHANGED", f"the workspace changed underneath the capsules at {len(paths)} path(s) "
                        f"({', '.join(paths[:5])}{', …' if len(paths) > 5 else ''}): the base they were made on is "
                        "gone, so no merge is made; re-create the attempts from the current workspace, or revert "
-                       "those edits", {"paths": paths, "conflicts": moved})
+                       "those edits", {"paths": paths, "conflicts": [
+                           {"path": path, "expected": changeset.shown_state(expected),
+                            "actual": changeset.shown_state(actual)} for path, expected, actual in moved]})
     return recorded
 
 

@@ -128,7 +128,8 @@ def _conflicts(journal: Journal, record: CapsuleRecord, entries: list[changeset.
     checked = [key for entry in entries for key in (entry.path, changeset.tree_key(entry.path)) if key in recorded]
     live = {**early, **_live_states(record.workspace, [path for path in checked if path not in early])}
     return [
-        {"path": path, "expected": recorded[path], "actual": live[path]}
+        {"path": path, "expected": changeset.shown_state(recorded[path]),
+         "actual": changeset.shown_state(live[path])}
         for path in checked
         if live[path] != recorded[path]
     ]

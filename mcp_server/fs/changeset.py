@@ -17,6 +17,7 @@ recorded.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -223,6 +224,12 @@ def tree_key(path: str) -> str:
 def keyed_path(key: str) -> str:
     """The path a recorded key is about: itself, or the directory of a ``tree_key``."""
     return key[:-1] if key.endswith("/") else key
+
+
+def shown_state(state: str) -> Any:
+    """``base_state``'s text as a refusal's details show it: its JSON object, not that object's
+    text quoted inside the details' JSON; "absent" as it is."""
+    return state if state == "absent" else json.loads(state)
 
 
 def is_dir_state(state: str) -> bool:
