@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mcp_server.core import hazards
 from mcp_server.core.hazards import ConfigNamed
 from mcp_server.fs.gitconfig import (
     PATH_KEYS,
@@ -172,6 +173,29 @@ def test_read_outside_a_repository_sees_the_global_config(tmp_path: Path, home: 
     assert read(str(plain)) == []
     (home / ".gitconfig").write_text(f"[core]\n\thooksPath = {plain}/hooks\n")
     assert _by_path(read(str(plain))) == {"hooks": f"core.hooksPath in {home}/.gitconfig"}
+
+
+def test_git_own_global_config_files_in_the_workspace_are_named(tmp_path: Path, home: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A workspace of ~/.config/git: its "config" is the user's global config once written, though
+    # none is there yet (git lists no file it did not find).
+    xdg_git = home / ".config" / "git"
+    xdg_git.mkdir(parents=True)
+    assert _by_path(read(str(xdg_git))) == {"config": f"global config in {xdg_git}/config"}
+    # A dotfiles checkout that ~/.gitconfig links into: the file git reads, named by its resolved path.
+    dotfiles = tmp_path / "dotfiles"
+    _git(tmp_path, "init", "-q", str(dotfiles))
+    (dotfiles / "gitconfig").write_text("[user]\n\tname = me\n")
+    (home / ".gitconfig").symlink_to(dotfiles / "gitconfig")
+    assert _by_path(read(str(dotfiles))) == {"gitconfig": f"global config in {home}/.gitconfig"}
+    # Where XDG_CONFIG_HOME says, not ~/.config.
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    (tmp_path / "xdg" / "git").mkdir(parents=True)
+    assert _by_path(read(str(tmp_path / "xdg" / "git"))) == {"config": f"global config in {tmp_path}/xdg/git/config"}
+    assert read(str(xdg_git)) == []
+    named = read(str(dotfiles))[0]
+    assert "global config of every repository" in named.use and hazards.find(
+        [hazards.Change("gitconfig", "write", "file", 0o644)], config_named=[named])[0].kind == "git_control"
 
 
 def test_a_config_git_cannot_read_refuses_rather_than_guesses(tmp_path: Path, home: Path) -> None:

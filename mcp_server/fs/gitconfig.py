@@ -15,6 +15,10 @@ Some facts about git config this is built on:
   ``include.path`` or a holding ``includeIf.<condition>.path`` names in any of them.
   ``git config --list --show-origin --show-scope -z`` lists every value with the file it
   came from, includes followed.  Listing runs nothing a value names.
+- Those files are config too: a global one can lie in a workspace (a capsule of
+  ``~/.config/git``, a dotfiles checkout that ``~/.gitconfig`` links into), where git reads
+  it for every repository of the user's, so it is named as an include's target is
+  (``config_files``), where git would look for it even before one is there.
 - A relative include is relative to the directory of the file that includes it (the
   origin ``.git/../tools/gitconfig`` is ``tools/gitconfig``).  A conditional include
   whose condition does not hold now (``onbranch:``, ``gitdir:``) is not followed, yet
@@ -292,4 +296,27 @@ def read(workspace: str) -> list[ConfigNamed]:
         more = _listing(workspace, "--includes", "--file", unread[0])
         # One git cannot read names nothing knowable, and would stop git outright once its condition held.
         entries += [] if isinstance(more, str) else more
-    return named_paths(entries, top, workspace)
+    return named_paths(entries, top, workspace) + config_files(entries, workspace)
+
+
+def _global_files() -> list[str]:
+    """Where git looks for the user's global config, whether a file is there yet or not."""
+    xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return [os.path.expanduser("~/.gitconfig"), os.path.join(xdg, "git", "config")]
+
+
+def config_files(entries: Sequence[Entry], workspace: str) -> list[ConfigNamed]:
+    """Git's own config files that lie in the workspace (as given or resolved): a global or system file it
+    read, and the global ones where git would look (a workspace of ``~/.config/git``, a dotfiles checkout
+    that ``~/.gitconfig`` links into).  Each is config for every repository of the user's, as an include's
+    target is; the repository's own (``.git/config``) is git_control already, an include named by its key."""
+    roots = sorted({os.path.abspath(workspace), os.path.realpath(workspace)})
+    read_files = {e.origin: e.scope for e in entries if e.origin and e.scope in ("global", "system")}
+    files = {**{path: "global" for path in _global_files()}, **read_files}
+    seen: dict[str, ConfigNamed] = {}
+    for path, scope in files.items():
+        use = f"git reads it as the {scope} config of every repository, which can name programs git runs"
+        target = _Target(path, "/", False, ConfigNamed("", f"{scope} config", path, use))
+        for rel in sorted(_placed(target, roots)):
+            seen.setdefault(rel, replace(target.named, path=rel))
+    return list(seen.values())
