@@ -125,6 +125,15 @@ def test_a_directory_without_either_pair_of_marks_is_no_repository(tmp_path: Pat
     assert not hazards.looks_like_gitdir(_present(tmp_path / "d"))
 
 
+@pytest.mark.parametrize("path", [".git/objects/info", ".git/objects/ab", ".git/objects/pack/p.pack", ".git/refs/heads",
+                                  ".git/refs/heads/main", ".git/logs/refs/heads", ".git/HEAD", ".git/index",
+                                  "sub/.git/objects/info", "vendor/inner.git/objects/info"])
+def test_a_link_in_a_git_directory_is_git_control_even_where_data_lives(path: str) -> None:
+    # .git/objects/info -> ../../alt with alt/alternates in the work tree is objects/info/alternates.
+    assert _kinds(Change(path, "symlink", "symlink"), ("vendor/inner.git",)) == ["git_control"]
+    assert _kinds(Change(path, "write", "file", 0o644), ("vendor/inner.git",)) == []
+
+
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:
     assert gitdir_candidates(["a/b/c", ".git/x", "sub/.git/hooks/y", "top"]) == ["", "a", "a/b", "sub"]
 

@@ -131,6 +131,10 @@ ATTACKS = [
            "mkdir -p evil x/objects x/refs && echo 'ref: refs/heads/main' > evil/HEAD && echo ../x > evil/commondir"
            " && git config -f x/config core.pager 'touch pwned; cat'", "git_control", "x/config",
            _exists("x/config"), _exists("x/config")),
+    Attack("a link in .git/objects bringing a work-tree file as its alternates",
+           "rm -rf .git/objects/info && mkdir alt && echo /tmp/elsewhere/objects > alt/alternates"
+           " && ln -s ../../alt .git/objects/info", "git_control", ".git/objects/info",
+           lambda ws: os.path.islink(ws / ".git/objects/info"), lambda ws: os.path.islink(ws / ".git/objects/info")),
     Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
            _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
 ]

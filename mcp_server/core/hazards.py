@@ -54,7 +54,8 @@ The kinds, as capsule_promote's ``allow_hazards`` names them:
   already so in the workspace is nothing new.  Allowed: kept as the capsule has it.
 - ``git_control``: a ``.git`` entry itself, or anything in a git directory (``.git`` at
   any depth, nested repositories and submodules included, or a bare-looking directory)
-  outside ``GIT_DATA``; and a path the host's git config names (``ConfigNamed``).
+  outside ``GIT_DATA``, and a link anywhere in one (git follows it, for data too); and a
+  path the host's git config names (``ConfigNamed``).
   Allowed: promoted as the capsule has it.
 - ``autorun``: a path ``AUTORUN`` lists.  Allowed: promoted as the capsule has it.
 
@@ -318,6 +319,11 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
                   if folded[-1] == ".git" else "a directory git takes for a repository (HEAD with a commondir, or "
                   "objects and refs), with its config and hooks")
         return Hazard("git_control", change.path, change.action, reason)
+    if change.kind == "symlink":  # git makes none there (an old symlinked HEAD aside): data or not, it leads out
+        return Hazard("git_control", change.path, change.action,
+                      "a link in a git directory: git reads objects, refs and its other files through it (an "
+                      "objects/info link brings its alternates), and writes refs and logs through it, wherever "
+                      "it points")
     rel = folded[depth:]
     data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
     if data and "/".join(rel) not in GIT_NOT_DATA:
