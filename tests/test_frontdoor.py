@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from mcp_server import frontdaemon, frontdoor
+from mcp_server import framing, frontdaemon, frontdoor
 from mcp_server.caller import (
     CALLER_META,
     CALLER_TERMINAL,
@@ -29,6 +30,7 @@ from mcp_server.caller import (
 )
 from mcp_server.config import PROFILES, TOOLSETS, Config
 from mcp_server.tools.registry import Registry
+from mcp_server.transports.relay import Relay
 from sandbox.errors import CcwError
 from tests.support.descriptors import is_closed
 from tests.support.raw_mcp import RawStdio, structured
@@ -256,6 +258,31 @@ def test_a_second_stdio_server_relays_and_takes_over(tmp_path: Path) -> None:
         assert not (state / "frontend.sock").exists()
     finally:
         owner.close()  # killed above, or ending now: its pipes are closed either way
+
+
+def test_lines_the_owner_stopped_reading_go_to_the_next_one(tmp_path: Path) -> None:
+    """Found with three agents' ccw-mcp on one state dir: the owner's client left, and the
+    relay writing a call to it died of the broken pipe, its client never answered."""
+    config = Config.from_env({"CCW_STATE_DIR": str(tmp_path), "CCW_TOOLSETS": "server"})
+    calls = [json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                         "params": {"name": "ccw_info", "arguments": {}}}).encode() for n in (1, 2)]
+
+    async def main() -> None:
+        client_send, relay_in = trio.testing.memory_stream_one_way_pair()
+        relay_out, _client_recv = trio.testing.memory_stream_one_way_pair()
+        ours, owners = trio.socket.socketpair()
+        owners.shutdown(socket.SHUT_RD)  # the owner stopped reading: our next write fails
+        relay = Relay(config, relay_in, relay_out)
+        with trio.fail_after(30):
+            async with trio.SocketStream(ours) as upstream, trio.open_nursery() as nursery:
+                nursery.start_soon(relay._pump, upstream, framing.LineSplitter(), trio.Event())
+                await client_send.send_all(b"\n".join(calls) + b"\n")  # one read: two lines
+                await trio.testing.wait_all_tasks_blocked()  # the write failed; the owner's end awaited
+                owners.close()  # its end: the pump returns, and run() attaches to the next one
+        assert relay.resend == calls
+        assert relay.pending == {}  # not answered "retry": they never ran
+
+    trio.run(main)
 
 
 def test_an_attached_server_keeps_its_own_workspace(tmp_path: Path) -> None:

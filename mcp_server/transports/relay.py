@@ -21,7 +21,8 @@ client's ``initialize`` (under an id of ours, its answer swallowed) and
 ``notifications/initialized`` are sent to the new server before anything else, so the
 client sees one session throughout.  Its later requests are read only once the new
 session stands, so none is lost meanwhile; and those a draining owner refused unread
-(error -32001, "shutting down": they never ran) are sent to the next one, not answered.
+(error -32001, "shutting down": they never ran) are sent to the next one, not answered,
+as is a line whose sending failed (the owner closed first: its newline never left).
 While no front end answers, the client's lines are read and held for the next one
 (``_attach_holding``); if none answers within ``ATTACH_TIMEOUT_S`` (an owner that drains
 finishes its calls first, holding the lock but no longer listening), each held request
@@ -187,12 +188,33 @@ class Relay:
             if not data:
                 self.client_ended = True
                 return
-            for event in self.client_lines.feed(data):
+            events = self.client_lines.feed(data)
+            for n, event in enumerate(events):
                 if isinstance(event, framing.Oversized):
                     await self._to_client(framing.dumps(framing.oversized_answer(event, False)))
                     continue
                 self._note(event.data)
-                await upstream.send_all(event.data + b"\n")
+                try:
+                    await upstream.send_all(event.data + b"\n")
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._unsent(event.data, events[n + 1:])
+                    return  # the owner's answers still come until its end; then the next one
+
+    async def _unsent(self, line: bytes, rest: list[framing.Event]) -> None:
+        """Keep for the next front end a line the owner stopped reading before it was whole
+        (its newline never left, so it never ran) and the lines read with it."""
+        frame = framing.classify(line)
+        if isinstance(frame, framing.Request):
+            with contextlib.suppress(TypeError):
+                self.pending.pop(framing.id_key(frame.id), None)
+            if frame.method == "initialize":
+                self.handshake = []  # the next one gets it as the client sent it, answered to the client
+        self.resend.append(line)
+        for event in rest:
+            if isinstance(event, framing.Oversized):
+                await self._to_client(framing.dumps(framing.oversized_answer(event, False)))
+            else:
+                self.resend.append(event.data)
 
     def _note(self, line: bytes) -> None:
         """Keep what a takeover needs: the handshake, and which requests are in flight."""
