@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from mcp_server.core.hazards import (
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, evaluate
 
 
-def _kinds(change: Change, bare: tuple[str, ...] = ()) -> list[str]:
-    return [h.kind for h in find([change], bare)]
+def _kinds(change: Change, bare: tuple[str, ...] = (), true_objects: tuple[str, ...] = ()) -> list[str]:
+    return [h.kind for h in find([change], bare, true_objects=true_objects)]
 
 
 @pytest.mark.parametrize(("change", "expected"), [
@@ -66,7 +67,9 @@ def test_git_control_at_any_depth(path: str) -> None:
     "sub/.git/refs/tags/v1", "gitsrc/.gitignore", "src/git/config", "docs/hooks/pre-commit.md",
 ])
 def test_git_data_and_lookalikes_are_not_hazards(path: str) -> None:
-    assert _kinds(Change(path, "write", "file", 0o644)) == []
+    # Object data counts as data once its bytes were checked against its name (true_objects).
+    assert _kinds(Change(path, "write", "file", 0o644), true_objects=(path,)) == []
+    assert _kinds(Change(path, "delete", None)) == []
 
 
 def test_a_bare_looking_directory_is_a_repository() -> None:
@@ -74,7 +77,8 @@ def test_a_bare_looking_directory_is_a_repository() -> None:
     assert _kinds(Change("vendor/inner.git/config", "write", "file", 0o644), bare) == ["git_control"]
     assert _kinds(Change("vendor/inner.git/hooks/update", "write", "file", 0o755), bare) == ["git_control"]
     assert _kinds(Change("vendor/inner.git", "mkdir", "dir", 0o755), bare) == ["git_control"]
-    assert _kinds(Change("vendor/inner.git/objects/ab/c", "write", "file", 0o444), bare) == []
+    assert _kinds(Change("vendor/inner.git/objects/ab/c", "write", "file", 0o444), bare,
+                  ("vendor/inner.git/objects/ab/c",)) == []
     assert _kinds(Change("vendor/inner.git/config", "write", "file", 0o644)) == []  # not bare-looking: a file
     assert _kinds(Change("config", "write", "file", 0o644), ("",)) == ["git_control"]  # the workspace itself
 
@@ -106,7 +110,7 @@ def test_a_directory_pointing_at_a_common_dir_and_that_common_dir_are_repositori
     bare = ("evil", "x")
     assert _kinds(Change("x/config", "write", "file", 0o644), bare) == ["git_control"]
     assert _kinds(Change("evil/commondir", "write", "file", 0o644), bare) == ["git_control"]
-    assert _kinds(Change("x/objects/ab/c", "write", "file", 0o444), bare) == []
+    assert _kinds(Change("x/objects/ab/c", "write", "file", 0o444), bare, ("x/objects/ab/c",)) == []
 
 
 @pytest.mark.parametrize("names", [(), ("HEAD",), ("objects",), ("refs",), ("commondir",), ("HEAD", "objects"),
@@ -131,7 +135,47 @@ def test_a_directory_without_either_pair_of_marks_is_no_repository(tmp_path: Pat
 def test_a_link_in_a_git_directory_is_git_control_even_where_data_lives(path: str) -> None:
     # .git/objects/info -> ../../alt with alt/alternates in the work tree is objects/info/alternates.
     assert _kinds(Change(path, "symlink", "symlink"), ("vendor/inner.git",)) == ["git_control"]
-    assert _kinds(Change(path, "write", "file", 0o644), ("vendor/inner.git",)) == []
+    assert _kinds(Change(path, "write", "file", 0o644), ("vendor/inner.git",), (path,)) == []
+
+
+def _object_file(repo: Path, body: bytes, *args: str) -> tuple[str, bytes]:
+    """A loose object git writes for ``body`` in a new repository (``args``: git init's): its id and file bytes."""
+    subprocess.run(["git", "init", "-q", *args, str(repo)], check=True)
+    oid = subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=body, check=True,
+                         capture_output=True).stdout.decode().strip()
+    return oid, (repo / ".git" / "objects" / oid[:2] / oid[2:]).read_bytes()
+
+
+@pytest.mark.parametrize("init", [(), ("--object-format=sha256",)])
+def test_a_loose_object_is_true_only_when_its_bytes_hash_to_its_name(tmp_path: Path, init: tuple[str, ...]) -> None:
+    oid, data = _object_file(tmp_path / "repo", b"echo hi\n", *init)
+    assert hazards.true_loose_object(oid, data)
+    evil = b"echo pwned\n"
+    assert not hazards.true_loose_object(oid, zlib.compress(b"blob %d\0" % len(evil) + evil))  # the capsule's swap
+    assert not hazards.true_loose_object(oid, data + b"x")  # trailing bytes: git refuses them too
+    assert not hazards.true_loose_object(oid, data[:-3])  # cut short
+    assert not hazards.true_loose_object(oid, b"not zlib at all")
+    assert not hazards.true_loose_object(oid, zlib.compress(b"blob 8\0echo hi\n"[:-1] + b"!"))
+    # A header that lies about the size, over 8 MiB of zeros in a few KiB: refused without inflating it all.
+    bomb = zlib.compress(b"blob 3\0" + bytes(8 << 20), 9)
+    assert len(bomb) < 16 << 10 and not hazards.true_loose_object(oid, bomb)
+    big = zlib.compress(b"blob %d\0" % (hazards.MAX_CHECKED_OBJECT + 1), 9)
+    assert not hazards.true_loose_object(oid, big)
+
+
+def test_object_data_not_checked_against_its_name_is_git_control(tmp_path: Path) -> None:
+    oid, _ = _object_file(tmp_path / "repo", b"x\n")
+    loose = f".git/objects/{oid[:2]}/{oid[2:]}"
+    assert hazards.loose_object_id(loose) == oid and hazards.loose_object_id(f"sub/{loose}") == oid
+    assert hazards.loose_object_id(f"objects/{oid[:2]}/{oid[2:]}", ("",)) == oid  # a bare repository's
+    assert hazards.loose_object_id(f"src/objects/{oid[:2]}/{oid[2:]}") is None  # no git directory
+    assert hazards.loose_object_id(f".git/objects/{oid[:2]}/{oid[2:].upper()}") is None  # git reads lowercase
+    for path in (loose, ".git/objects/pack/pack-1.pack", ".git/objects/pack/pack-1.idx",
+                 ".git/objects/info/commit-graph", ".git/objects/pack/multi-pack-index"):
+        assert _kinds(Change(path, "write", "file", 0o444)) == ["git_control"], path
+        assert _kinds(Change(path, "chmod", "file", 0o444)) == [], path  # the same bytes
+    assert _kinds(Change(loose, "write", "file", 0o444), true_objects=(loose,)) == []
+    assert "other content where no diff shows it" in find([Change(loose, "write", "file", 0o444)])[0].reason
 
 
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:

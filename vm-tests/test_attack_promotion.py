@@ -135,6 +135,13 @@ ATTACKS = [
            "rm -rf .git/objects/info && mkdir alt && echo /tmp/elsewhere/objects > alt/alternates"
            " && ln -s ../../alt .git/objects/info", "git_control", ".git/objects/info",
            lambda ws: os.path.islink(ws / ".git/objects/info"), lambda ws: os.path.islink(ws / ".git/objects/info")),
+    Attack("a loose object of HEAD's tree given other content, the work tree untouched",
+           "o=$(git rev-parse HEAD:src/app.py) && f=.git/objects/$(echo $o | cut -c1-2)/$(echo $o | cut -c3-)"
+           " && chmod u+w $f && python3 -c 'import sys, zlib; b = b\"def answer():\\n    return 666\\n\";"
+           " open(sys.argv[1], \"wb\").write(zlib.compress(b\"blob %d\\0\" % len(b) + b))' $f",
+           "git_control", ".git/objects/10/83d263a12f8ca0b19827526030ed286669b9df",  # the template's src/app.py
+           lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout,
+           lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout),
     Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
            _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
 ]

@@ -145,6 +145,7 @@ class _Plan:
     conflicts: list[dict[str, Any]]
     bare_gitdirs: frozenset[str]
     config_named: list[hazards.ConfigNamed]  # the workspace paths the host's git config names (fs/gitconfig.py)
+    true_objects: frozenset[str]  # the loose objects written whose bytes hash to their names
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
 
 
@@ -153,8 +154,9 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope, capsule)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
+        true_objects = _true_objects(capsule, entries, bare)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
-                 gitconfig.read(record.workspace))
+                 gitconfig.read(record.workspace), true_objects)
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -221,6 +223,18 @@ def _bare_gitdirs(capsule: RootView, paths: list[str]) -> frozenset[str]:
             return lambda mark: dirs.lstat(f"{directory}/{mark}" if directory else mark) is not None
 
         return frozenset(d for d in hazards.gitdir_candidates(paths) if hazards.looks_like_gitdir(holds(d)))
+
+
+def _true_objects(capsule: RootView, entries: list[changeset.Entry], bare: frozenset[str]) -> frozenset[str]:
+    """The loose objects the capsule wrote whose bytes hash to their names (hazards.true_loose_object)."""
+    found = set()
+    with DirFds(capsule) as dirs:
+        for entry in entries:
+            oid = hazards.loose_object_id(entry.path, bare) if entry.new and entry.new.kind == "file" else None
+            data = None if oid is None else dirs.read_regular(entry.path)
+            if oid is not None and data is not None and hazards.true_loose_object(oid, data):
+                found.add(entry.path)
+    return frozenset(found)
 
 
 def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazards.Change]:
@@ -359,7 +373,8 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
-    facts.hazards = hazards.judge(hazards.find(changes, plan.bare_gitdirs, plan.config_named), request.allow_hazards)
+    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.true_objects)
+    facts.hazards = hazards.judge(found, request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay
                 else _Replayed())

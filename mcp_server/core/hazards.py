@@ -75,7 +75,9 @@ them as paths).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
+import zlib
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +175,9 @@ GIT_DATA = ("objects/**", "refs/**", "logs/**", "index", "head", "orig_head", "f
             "packed-refs", "shallow", "description", "info", "info/exclude", "rr-cache/**", "lfs", "lfs/objects/**")
 # Under objects/ but not data: they send git to read objects from other places.
 GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates")
+# A loose object's file in a git directory: objects/ab/<the rest of a SHA-1 or SHA-256 id>.
+_LOOSE = re.compile(r"objects/([0-9a-f]{2})/([0-9a-f]{38}|[0-9a-f]{62})")
+MAX_CHECKED_OBJECT = 256 << 20  # a loose object larger than this is not inflated to check it: a hazard
 # What makes a directory a repository to git (setup.c: is_git_directory): HEAD, and objects and
 # refs in its common directory, which is itself unless a `commondir` file names another.  Git
 # reads that other directory's config and hooks too, and needs no HEAD there.  So a directory
@@ -264,15 +269,16 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
 
 
 def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
-         config_named: Iterable[ConfigNamed] = ()) -> list[Hazard]:
+         config_named: Iterable[ConfigNamed] = (), true_objects: Collection[str] = ()) -> list[Hazard]:
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
-    ``config_named``: the paths the host's git config names."""
+    ``config_named``: the paths the host's git config names; ``true_objects``: the written loose objects whose
+    bytes hash to their names (``true_loose_object``), the only object data written without a hazard."""
     named = _NamedIndex.of(config_named)
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
         for hazard in (_setuid(change), _world_writable(change), named.hazard(change, folded),
-                       _git_control(change, folded, bare_gitdirs) or _autorun(change, folded)):
+                       _git_control(change, folded, bare_gitdirs, true_objects) or _autorun(change, folded)):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
     return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
@@ -306,12 +312,59 @@ def _world_writable(change: Change) -> Hazard | None:
                   f"mode {mode:04o}: any local user could change it, and so what runs from it")
 
 
-def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str]) -> Hazard | None:
+def _gitdir_depth(parts: list[str], folded: list[str], bare_gitdirs: Collection[str]) -> int | None:
+    """How many of ``parts`` name the innermost git directory the path is in (or is), or None."""
     if ".git" not in folded and not bare_gitdirs:
         return None  # the common case, without a join per ancestor
+    return next((n for n in range(len(parts), -1, -1)
+                 if (n and folded[n - 1] == ".git") or (bare_gitdirs and "/".join(parts[:n]) in bare_gitdirs)), None)
+
+
+def loose_object_id(path: str, bare_gitdirs: Collection[str] = ()) -> str | None:
+    """The object id ``path`` names if it is a loose object's file in a git directory, else None."""
+    parts = path.split("/")
+    depth = _gitdir_depth(parts, path.casefold().split("/"), bare_gitdirs)
+    found = None if depth is None else _LOOSE.fullmatch("/".join(parts[depth:]))
+    return None if found is None else found[1] + found[2]
+
+
+def true_loose_object(oid: str, data: bytes) -> bool:
+    """Whether ``data`` is a loose object (zlib of ``TYPE SIZE\\0BODY``) that hashes to ``oid``: SHA-1 or,
+    by its length, SHA-256.  Inflated a piece at a time, never past the size its header gives, nor
+    past MAX_CHECKED_OBJECT: a small file must not inflate without end here."""
+    try:
+        return _hashes_to(oid, data)
+    except zlib.error:
+        return False
+
+
+def _hashes_to(oid: str, data: bytes) -> bool:
+    inflate = zlib.decompressobj()
+    head = inflate.decompress(data, 64)
+    kind, space, rest = head.partition(b" ")
+    size_text, nul, body = rest.partition(b"\0")
+    if kind not in (b"blob", b"tree", b"commit", b"tag") or not (space and nul and size_text.isdigit()):
+        return False
+    size = int(size_text)
+    if size > MAX_CHECKED_OBJECT:
+        return False
+    digest = (hashlib.sha1 if len(oid) == 40 else hashlib.sha256)(head)
+    seen = len(body)
+    while seen <= size and inflate.unconsumed_tail:
+        piece = inflate.decompress(inflate.unconsumed_tail, 1 << 20)
+        digest.update(piece)
+        seen += len(piece)
+    if seen <= size:
+        piece = inflate.flush()
+        digest.update(piece)
+        seen += len(piece)
+    return seen == size and inflate.eof and not inflate.unused_data and digest.hexdigest() == oid
+
+
+def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str],
+                 true_objects: Collection[str]) -> Hazard | None:
     parts = change.path.split("/")
-    depth = next((n for n in range(len(parts), -1, -1)
-                  if (n and folded[n - 1] == ".git") or (bare_gitdirs and "/".join(parts[:n]) in bare_gitdirs)), None)
+    depth = _gitdir_depth(parts, folded, bare_gitdirs)
     if depth is None:
         return None
     if depth == len(parts):
@@ -327,7 +380,13 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     rel = folded[depth:]
     data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
     if data and "/".join(rel) not in GIT_NOT_DATA:
-        return None
+        if rel[0] != "objects" or change.action != "write" or change.path in true_objects:
+            return None
+        return Hazard("git_control", change.path, change.action,
+                      "object data whose bytes were not checked against its name: git takes a loose object, a pack "
+                      "and its index, a commit-graph at their word, so one can give an existing commit or file "
+                      "other content where no diff shows it (a capsule's git gc or fetch makes packs: check them "
+                      "with git verify-pack before allowing)")
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
     elif rel[-1] in ("config", "config.worktree"):
