@@ -25,8 +25,8 @@ from mcp_server.core.hazards import (
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, evaluate
 
 
-def _kinds(change: Change, bare: tuple[str, ...] = (), true_objects: tuple[str, ...] = ()) -> list[str]:
-    return [h.kind for h in find([change], bare, true_objects=true_objects)]
+def _kinds(change: Change, bare: tuple[str, ...] = (), checked: tuple[str, ...] = ()) -> list[str]:
+    return [h.kind for h in find([change], bare, checked_data=checked)]
 
 
 @pytest.mark.parametrize(("change", "expected"), [
@@ -67,8 +67,8 @@ def test_git_control_at_any_depth(path: str) -> None:
     "sub/.git/refs/tags/v1", "gitsrc/.gitignore", "src/git/config", "docs/hooks/pre-commit.md",
 ])
 def test_git_data_and_lookalikes_are_not_hazards(path: str) -> None:
-    # Object data counts as data once its bytes were checked against its name (true_objects).
-    assert _kinds(Change(path, "write", "file", 0o644), true_objects=(path,)) == []
+    # Object data and packed refs count as data once their bytes were checked (checked_data).
+    assert _kinds(Change(path, "write", "file", 0o644), checked=(path,)) == []
     assert _kinds(Change(path, "delete", None)) == []
 
 
@@ -174,8 +174,27 @@ def test_object_data_not_checked_against_its_name_is_git_control(tmp_path: Path)
                  ".git/objects/info/commit-graph", ".git/objects/pack/multi-pack-index"):
         assert _kinds(Change(path, "write", "file", 0o444)) == ["git_control"], path
         assert _kinds(Change(path, "chmod", "file", 0o444)) == [], path  # the same bytes
-    assert _kinds(Change(loose, "write", "file", 0o444), true_objects=(loose,)) == []
+    assert _kinds(Change(loose, "write", "file", 0o444), checked=(loose,)) == []
     assert "other content where no diff shows it" in find([Change(loose, "write", "file", 0o444)])[0].reason
+
+
+def test_a_replace_ref_loose_or_packed_is_git_control(tmp_path: Path) -> None:
+    # refs/replace/OID has git show and check out another object for OID: history rewritten unseen.
+    for path in (".git/refs/replace/1083d263a12f8ca0b19827526030ed286669b9df", "sub/.git/refs/replace/x"):
+        assert _kinds(Change(path, "write", "file", 0o644), checked=(path,)) == ["git_control"]
+    assert "replace ref" in find([Change(".git/packed-refs", "write", "file", 0o644)])[0].reason
+    assert _kinds(Change(".git/packed-refs", "delete", None)) == []
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    git = ["git", "-C", str(repo), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "one"], check=True)
+    subprocess.run([*git, "tag", "-a", "-m", "v", "v1"], check=True)
+    subprocess.run([*git, "pack-refs", "--all"], check=True)
+    assert hazards.plain_packed_refs((repo / ".git" / "packed-refs").read_bytes())
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "two"], check=True)
+    subprocess.run([*git, "replace", "HEAD~1", "HEAD"], check=True)
+    subprocess.run([*git, "pack-refs", "--all"], check=True)
+    assert not hazards.plain_packed_refs((repo / ".git" / "packed-refs").read_bytes())
 
 
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:

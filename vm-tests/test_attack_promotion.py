@@ -142,6 +142,12 @@ ATTACKS = [
            "git_control", ".git/objects/10/83d263a12f8ca0b19827526030ed286669b9df",  # the template's src/app.py
            lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout,
            lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout),
+    Attack("a replace ref giving HEAD's src/app.py other content",
+           "o=$(git rev-parse HEAD:src/app.py) && n=$(printf 'def answer():\\n    return 666\\n' | git hash-object -w"
+           " --stdin) && git update-ref refs/replace/$o $n", "git_control",
+           ".git/refs/replace/1083d263a12f8ca0b19827526030ed286669b9df",
+           lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout,
+           lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout),
     Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
            _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
 ]

@@ -145,7 +145,7 @@ class _Plan:
     conflicts: list[dict[str, Any]]
     bare_gitdirs: frozenset[str]
     config_named: list[hazards.ConfigNamed]  # the workspace paths the host's git config names (fs/gitconfig.py)
-    true_objects: frozenset[str]  # the loose objects written whose bytes hash to their names
+    checked_data: frozenset[str]  # the git data written that reads as plain (_checked_data)
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
 
 
@@ -154,9 +154,9 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
     with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
         entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope, capsule)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
-        true_objects = _true_objects(capsule, entries, bare)
+        checked_data = _checked_data(capsule, entries, bare)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
-                 gitconfig.read(record.workspace), true_objects)
+                 gitconfig.read(record.workspace), checked_data)
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -225,14 +225,18 @@ def _bare_gitdirs(capsule: RootView, paths: list[str]) -> frozenset[str]:
         return frozenset(d for d in hazards.gitdir_candidates(paths) if hazards.looks_like_gitdir(holds(d)))
 
 
-def _true_objects(capsule: RootView, entries: list[changeset.Entry], bare: frozenset[str]) -> frozenset[str]:
-    """The loose objects the capsule wrote whose bytes hash to their names (hazards.true_loose_object)."""
+def _checked_data(capsule: RootView, entries: list[changeset.Entry], bare: frozenset[str]) -> frozenset[str]:
+    """The git data the capsule wrote that reads as plain: loose objects whose bytes hash to their names,
+    packed refs that name no replace ref (hazards.find's ``checked_data``)."""
     found = set()
     with DirFds(capsule) as dirs:
         for entry in entries:
-            oid = hazards.loose_object_id(entry.path, bare) if entry.new and entry.new.kind == "file" else None
-            data = None if oid is None else dirs.read_regular(entry.path)
-            if oid is not None and data is not None and hazards.true_loose_object(oid, data):
+            if entry.new is None or entry.new.kind != "file":
+                continue
+            oid = hazards.loose_object_id(entry.path, bare)
+            packed = oid is None and entry.path.rpartition("/")[2] == "packed-refs"
+            data = dirs.read_regular(entry.path) if oid is not None or packed else None
+            if data is not None and (hazards.true_loose_object(oid, data) if oid else hazards.plain_packed_refs(data)):
                 found.add(entry.path)
     return frozenset(found)
 
@@ -373,7 +377,7 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
-    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.true_objects)
+    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data)
     facts.hazards = hazards.judge(found, request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay

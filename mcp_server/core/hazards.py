@@ -173,8 +173,9 @@ AUTORUN: tuple[Autorun, ...] = (
 GIT_DATA = ("objects/**", "refs/**", "logs/**", "index", "head", "orig_head", "fetch_head", "merge_head",
             "merge_msg", "merge_mode", "auto_merge", "cherry_pick_head", "revert_head", "commit_editmsg",
             "packed-refs", "shallow", "description", "info", "info/exclude", "rr-cache/**", "lfs", "lfs/objects/**")
-# Under objects/ but not data: they send git to read objects from other places.
-GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates")
+# Under objects/ and refs/ but not data: alternates send git to read objects from other places, and a
+# replace ref has git show, check out and archive another object in place of the one it names.
+GIT_NOT_DATA = ("objects/info/alternates", "objects/info/http-alternates", "refs/replace/**")
 # A loose object's file in a git directory: objects/ab/<the rest of a SHA-1 or SHA-256 id>.
 _LOOSE = re.compile(r"objects/([0-9a-f]{2})/([0-9a-f]{38}|[0-9a-f]{62})")
 MAX_CHECKED_OBJECT = 256 << 20  # a loose object larger than this is not inflated to check it: a hazard
@@ -247,6 +248,7 @@ _AUTORUN_BY_FIRST, _AUTORUN_STAR_FIRST = _by_first_name(AUTORUN)
 # Whether a name can begin one of the starred patterns: one C call for the common "no".
 _STAR_FIRST_RE = re.compile("|".join(
     re.escape(first).replace(r"\*", ".*") for first in sorted({p[0][0] for p, _ in _AUTORUN_STAR_FIRST})), re.DOTALL)
+_GIT_NOT_DATA = tuple(map(_parse, GIT_NOT_DATA))
 _GIT_DATA_BY_FIRST = {first: [p for p in map(_parse, GIT_DATA) if p[0][0] == first] for first in
                       {_parse(p)[0][0] for p in GIT_DATA}}
 
@@ -269,16 +271,17 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
 
 
 def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
-         config_named: Iterable[ConfigNamed] = (), true_objects: Collection[str] = ()) -> list[Hazard]:
+         config_named: Iterable[ConfigNamed] = (), checked_data: Collection[str] = ()) -> list[Hazard]:
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
-    ``config_named``: the paths the host's git config names; ``true_objects``: the written loose objects whose
-    bytes hash to their names (``true_loose_object``), the only object data written without a hazard."""
+    ``config_named``: the paths the host's git config names; ``checked_data``: the written git data whose bytes
+    the caller found plain (``true_loose_object``, ``plain_packed_refs``), the only such data (``_UNCHECKED``)
+    written without a hazard."""
     named = _NamedIndex.of(config_named)
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
         for hazard in (_setuid(change), _world_writable(change), named.hazard(change, folded),
-                       _git_control(change, folded, bare_gitdirs, true_objects) or _autorun(change, folded)):
+                       _git_control(change, folded, bare_gitdirs, checked_data) or _autorun(change, folded)):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
     return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
@@ -318,6 +321,23 @@ def _gitdir_depth(parts: list[str], folded: list[str], bare_gitdirs: Collection[
         return None  # the common case, without a join per ancestor
     return next((n for n in range(len(parts), -1, -1)
                  if (n and folded[n - 1] == ".git") or (bare_gitdirs and "/".join(parts[:n]) in bare_gitdirs)), None)
+
+
+# Git data whose bytes can give an existing name other content: written, each is a hazard unless the
+# caller read it and found it plain (``checked_data``).  By its first name in the git directory, or its path.
+_UNCHECKED = {
+    "objects": ("object data whose bytes were not checked against its name: git takes a loose object, a pack "
+                "and its index, a commit-graph at their word, so one can give an existing commit or file other "
+                "content where no diff shows it (a capsule's git gc or fetch makes packs: check them with git "
+                "verify-pack before allowing)"),
+    "packed-refs": ("packed refs naming a replace ref (refs/replace/): git shows, checks out and archives "
+                    "another object in place of the one it names"),
+}
+
+
+def plain_packed_refs(data: bytes) -> bool:
+    """Whether a ``packed-refs`` file names no replace ref (anywhere in it: nothing else there looks so)."""
+    return b"refs/replace/" not in data
 
 
 def loose_object_id(path: str, bare_gitdirs: Collection[str] = ()) -> str | None:
@@ -362,7 +382,7 @@ def _hashes_to(oid: str, data: bytes) -> bool:
 
 
 def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str],
-                 true_objects: Collection[str]) -> Hazard | None:
+                 checked_data: Collection[str]) -> Hazard | None:
     parts = change.path.split("/")
     depth = _gitdir_depth(parts, folded, bare_gitdirs)
     if depth is None:
@@ -379,14 +399,11 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
                       "it points")
     rel = folded[depth:]
     data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
-    if data and "/".join(rel) not in GIT_NOT_DATA:
-        if rel[0] != "objects" or change.action != "write" or change.path in true_objects:
+    if data and not any(_covers(pattern, rel) for pattern in _GIT_NOT_DATA):
+        unchecked = _UNCHECKED.get(rel[0] if rel[0] == "objects" else "/".join(rel))
+        if unchecked is None or change.action != "write" or change.path in checked_data:
             return None
-        return Hazard("git_control", change.path, change.action,
-                      "object data whose bytes were not checked against its name: git takes a loose object, a pack "
-                      "and its index, a commit-graph at their word, so one can give an existing commit or file "
-                      "other content where no diff shows it (a capsule's git gc or fetch makes packs: check them "
-                      "with git verify-pack before allowing)")
+        return Hazard("git_control", change.path, change.action, unchecked)
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
     elif rel[-1] in ("config", "config.worktree"):
