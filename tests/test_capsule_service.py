@@ -3,7 +3,9 @@ requests it sends, what it journals, and what an exec whose reply never came doe
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -300,3 +302,48 @@ def test_a_timed_out_exec_is_told_its_limit_and_how_to_raise_it() -> None:
     assert exec_result(ran, False, 1500)["hints"][1].startswith("timed out: killed at the 1.5 s limit; give")
     in_time = dataclasses.replace(ran, reply=_exec_reply([]))
     assert exec_result(in_time, False, 1500)["hints"] == ["expose /opt/tool"]
+
+
+GIT_ASKED = (b"Author identity unknown\n\n*** Please tell me who you are.\n\nRun\n\n"
+             b"  git config --global user.email \"you@example.com\"\n")
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_a_git_without_an_author_identity_is_told_how_to_set_it_in_the_capsule(
+        world: Any, monkeypatch: pytest.MonkeyPatch, known: bool) -> None:
+    """Found in a new-user trial: git commit in a capsule stopped at 'Author identity unknown',
+    the user's ~/.gitconfig being outside the jail's $HOME, with no word of a way forward."""
+    service, helper, _, workspace = world
+    monkeypatch.setenv("HOME", str(workspace.parent))  # no ~/.gitconfig of the test's user
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(workspace.parent / "config"))
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    if known:  # the caller's git names them (here in the repository's config)
+        subprocess.run(["git", "-C", str(workspace), "config", "user.name", "Ada L'ovelace"], check=True)
+        subprocess.run(["git", "-C", str(workspace), "config", "user.email", "ada@example.org"], check=True)
+    replies = {b"": _exec_reply([]), GIT_ASKED: dataclasses.replace(_exec_reply([]), exit_code=128,
+                                                                     stderr=GIT_ASKED)}
+
+    def ran(stderr: bytes) -> tuple[str, ...]:
+        async def main() -> tuple[str, ...]:
+            record = await service.create(CapsuleSpec(workspace=str(workspace)))
+            monkeypatch.setattr(helper, "call", _answering(helper.call, replies[stderr]))
+            return (await service.exec(exec_request(record.capsule_id, ["git", "commit"], None, None, None),
+                                       {})).hints
+        return trio.run(main)
+
+    (hint,) = ran(GIT_ASKED)
+    assert hint.startswith("git found no author identity: a capsule's $HOME is its own, without your ~/.gitconfig")
+    if known:
+        assert hint.endswith("(your values on this host; it stays in the capsule's $HOME, never promoted): "
+                             "git config --global user.name 'Ada L'\"'\"'ovelace' && "
+                             "git config --global user.email ada@example.org")
+    else:
+        assert hint.endswith("git config --global user.name 'YOUR NAME' && "
+                             "git config --global user.email you@example.com")
+    assert ran(b"") == ()
+
+
+def _answering(call: Any, reply: ExecReply) -> Any:
+    async def answer(request: OpRequest, on_progress: Any = None) -> OpReply:
+        return reply if isinstance(request, ExecRequest) else await call(request, on_progress)
+    return answer

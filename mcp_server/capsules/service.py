@@ -34,7 +34,7 @@ from outcome import acapture
 
 from mcp_server import events
 from mcp_server.caller import Caller
-from mcp_server.capsules import capsecrets, exposure
+from mcp_server.capsules import capsecrets, exposure, git_identity
 from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.call_hooks import CallHooks, Unattended
 from mcp_server.capsules.console import Console
@@ -291,6 +291,8 @@ class CapsuleService:
             hints = await trio.to_thread.run_sync(exposure.hints, record.workspace, request.cwd or record.workspace,
                                                   path, Caller(values).env, record.spec.expose, reply.exit_code,
                                                   reply.stderr)
+        elif reply.exit_code and git_identity.ASKED in reply.stderr:  # the jail's $HOME is the capsule's
+            hints = await trio.to_thread.run_sync(git_identity.hints, record.workspace, reply.stderr)
         return dataclasses.replace(outcome, generation=generation, hints=tuple(hints), seq=seq)
 
     async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
