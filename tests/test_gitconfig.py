@@ -16,6 +16,7 @@ from mcp_server.fs.gitconfig import (
     command_words,
     key_rule,
     named_paths,
+    on_path,
     parse_listing,
     read,
 )
@@ -196,6 +197,32 @@ def test_git_own_global_config_files_in_the_workspace_are_named(tmp_path: Path, 
     named = read(str(dotfiles))[0]
     assert "global config of every repository" in named.use and hazards.find(
         [hazards.Change("gitconfig", "write", "file", 0o644)], config_named=[named])[0].kind == "git_control"
+
+
+def test_on_path_names_what_hides_a_later_program_and_links_standing_in(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ws, system = tmp_path / "ws", tmp_path / "system"
+    for made in (ws / "bin", ws / "tools", ws / "deep" / "bin", system / "sudo.d"):
+        made.mkdir(parents=True)
+    for program in ("sudo", "ls", "notexec"):
+        (system / program).write_text("#!/bin/sh\n")
+        (system / program).chmod(0o755 if program != "notexec" else 0o644)
+    (tmp_path / "linked").symlink_to(ws / "tools")
+    path = ":".join([str(ws / "bin"), str(tmp_path / "linked"), "node_modules/.bin", ".", str(system),
+                     str(ws / "deep" / "bin")])
+    changed = [("bin/sudo", "file"), ("tools/ls", "symlink"), ("bin/mytool", "file"), ("bin/notexec", "file"),
+               ("bin/sudo.d", "file"), ("src/ls", "file"), ("deep/bin/ls", "file"), ("deep", "symlink"),
+               ("bin", "symlink"), ("src", "symlink")]
+    found = on_path(str(ws), changed, path)
+    assert sorted(found) == ["bin", "bin/sudo", "deep", "tools/ls"]
+    assert found["bin/sudo"] == (f"bin comes before {system} on the promoting user's PATH: typing sudo would run "
+                                 f"this instead of {system}/sudo")
+    assert "standing in" in found["deep"] and "standing in" in found["bin"]
+    # A capsule of the PATH directory itself; and this process's PATH when none is given.
+    assert list(on_path(str(ws / "bin"), [("ls", "file")], f"{ws}/bin:{system}")) == ["ls"]
+    monkeypatch.setenv("PATH", f"{ws}/bin:{system}")
+    assert list(on_path(str(ws), [("bin/ls", "file")])) == ["bin/ls"]
+    assert on_path(str(ws), [("bin/ls", "file")], f"{system}:{ws}/bin") == {}  # found first in system: hides nothing
 
 
 def test_a_config_git_cannot_read_refuses_rather_than_guesses(tmp_path: Path, home: Path) -> None:

@@ -197,6 +197,17 @@ def test_a_replace_ref_loose_or_packed_is_git_control(tmp_path: Path) -> None:
     assert not hazards.plain_packed_refs((repo / ".git" / "packed-refs").read_bytes())
 
 
+def test_what_the_promoting_users_path_would_run_is_autorun() -> None:
+    on_path = {"ls": "the workspace comes before /usr/bin on the promoting user's PATH: typing ls would run this"}
+    assert [h.kind for h in find([Change("ls", "write", "file", 0o755)], on_path=on_path)] == ["autorun"]
+    assert find([Change("ls", "write", "file", 0o755)], on_path=on_path)[0].reason == on_path["ls"]
+    assert find([Change("ls", "symlink", "symlink")], on_path=on_path)[0].kind == "autorun"
+    assert find([Change("ls", "chmod", "file", 0o755)], on_path=on_path)[0].kind == "autorun"
+    assert find([Change("ls", "delete", None)], on_path=on_path) == []
+    assert find([Change("ls", "mkdir", "dir", 0o755)], on_path=on_path) == []
+    assert find([Change("lsx", "write", "file", 0o755)], on_path=on_path) == []
+
+
 def test_gitdir_candidates_are_the_ancestors_outside_dot_git() -> None:
     assert gitdir_candidates(["a/b/c", ".git/x", "sub/.git/hooks/y", "top"]) == ["", "a", "a/b", "sub"]
 

@@ -146,6 +146,7 @@ class _Plan:
     bare_gitdirs: frozenset[str]
     config_named: list[hazards.ConfigNamed]  # the workspace paths the host's git config names (fs/gitconfig.py)
     checked_data: frozenset[str]  # the git data written that reads as plain (_checked_data)
+    on_path: dict[str, str]  # the changed paths the promoting user's PATH would run, with why (fs/gitconfig.py)
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
 
 
@@ -156,7 +157,8 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
         checked_data = _checked_data(capsule, entries, bare)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
-                 gitconfig.read(record.workspace), checked_data)
+                 gitconfig.read(record.workspace), checked_data,
+                 gitconfig.on_path(record.workspace, [(e.path, e.new.kind) for e in entries if e.new is not None]))
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -377,7 +379,7 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
-    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data)
+    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data, plan.on_path)
     facts.hazards = hazards.judge(found, request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay

@@ -78,7 +78,7 @@ import dataclasses
 import hashlib
 import re
 import zlib
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,17 +271,20 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
 
 
 def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
-         config_named: Iterable[ConfigNamed] = (), checked_data: Collection[str] = ()) -> list[Hazard]:
+         config_named: Iterable[ConfigNamed] = (), checked_data: Collection[str] = (),
+         on_path: Mapping[str, str] | None = None) -> list[Hazard]:
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
     ``config_named``: the paths the host's git config names; ``checked_data``: the written git data whose bytes
     the caller found plain (``true_loose_object``, ``plain_packed_refs``), the only such data (``_UNCHECKED``)
-    written without a hazard."""
+    written without a hazard; ``on_path``: the changed paths that the promoting user's PATH would run, with
+    why (fs/gitconfig.py ``on_path``)."""
     named = _NamedIndex.of(config_named)
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
         for hazard in (_setuid(change), _world_writable(change), named.hazard(change, folded),
-                       _git_control(change, folded, bare_gitdirs, checked_data) or _autorun(change, folded)):
+                       _git_control(change, folded, bare_gitdirs, checked_data) or _autorun(change, folded)
+                       or _on_path(change, on_path or {})):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
     return sorted(found.values(), key=lambda h: (h.path.encode("utf-8", "surrogateescape"), h.kind, h.action))
@@ -349,9 +352,8 @@ def loose_object_id(path: str, bare_gitdirs: Collection[str] = ()) -> str | None
 
 
 def true_loose_object(oid: str, data: bytes) -> bool:
-    """Whether ``data`` is a loose object (zlib of ``TYPE SIZE\\0BODY``) that hashes to ``oid``: SHA-1 or,
-    by its length, SHA-256.  Inflated a piece at a time, never past the size its header gives, nor
-    past MAX_CHECKED_OBJECT: a small file must not inflate without end here."""
+    """Whether ``data`` is a loose object (zlib of ``TYPE SIZE\\0BODY``) that hashes to ``oid`` (SHA-1 or, by
+    its length, SHA-256); inflated a piece at a time, never past its header's size or MAX_CHECKED_OBJECT."""
     try:
         return _hashes_to(oid, data)
     except zlib.error:
@@ -472,6 +474,11 @@ def _autorun(change: Change, folded: list[str]) -> Hazard | None:
             if standing_in or _covers(pattern, tail):
                 return Hazard("autorun", change.path, change.action, rule.reason)
     return None
+
+
+def _on_path(change: Change, on_path: Mapping[str, str]) -> Hazard | None:
+    why = on_path.get(change.path) if change.kind in ("file", "symlink") else None
+    return None if why is None else Hazard("autorun", change.path, change.action, why)
 
 
 def report_reasons(found: Sequence[Hazard]) -> tuple[list[str], list[str]]:

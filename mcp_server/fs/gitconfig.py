@@ -57,7 +57,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from mcp_server.core.hazards import ConfigNamed
@@ -229,6 +229,11 @@ def _placed(target: _Target, roots: Sequence[str]) -> set[str]:
     path = os.path.join(target.base, os.path.expanduser(target.written))
     if target.must_exist and not os.path.lexists(path):
         return set()
+    return _in_roots(path, roots)
+
+
+def _in_roots(path: str, roots: Sequence[str]) -> set[str]:
+    """An absolute path's forms, as written and resolved, relative to each of ``roots`` that holds them."""
     out = set()
     for form in {os.path.normpath(path), os.path.realpath(path)}:
         for root in roots:
@@ -238,10 +243,47 @@ def _placed(target: _Target, roots: Sequence[str]) -> set[str]:
     return out
 
 
+def _roots(workspace: str) -> list[str]:
+    return sorted({os.path.abspath(workspace), os.path.realpath(workspace)})
+
+
+def on_path(workspace: str, changed: Iterable[tuple[str, str]], path_env: str | None = None) -> dict[str, str]:
+    """The ``changed`` files and links (workspace-relative path, kind) that the promoting user's PATH would
+    run, each with why: one that hides a program of the same name in a later PATH directory, and a link
+    standing in for a PATH directory (or a directory on the way to one).
+
+    Not git config, but host config that names the tree as git's does: a capsule made over
+    ``~/.local/bin`` (or ``~/.pyenv``, which holds ``shims``) can promote an executable named
+    ``ls`` or ``sudo`` there, and the user's next command of that name runs it, outside any jail.
+    A name that hides nothing (a project's own console script in an activated ``.venv/bin``) is
+    the project's code, run when asked for by its name, and counts for nothing.  The PATH is the
+    front end's own, as it started (the user's shell's, or the MCP client's); an entry counts as
+    written and as resolved.  A relative entry (``.``, ``node_modules/.bin``) names a directory of
+    wherever a command runs, and is not placed."""
+    entries = [e for e in (os.environ.get("PATH", "") if path_env is None else path_env).split(os.pathsep)
+               if e.startswith("/")]
+    roots = _roots(workspace)
+    placed = [_in_roots(entry, roots) for entry in entries]
+    out = {}
+    for path, kind in changed:
+        head, _, name = path.rpartition("/")
+        if kind == "symlink" and any(d == path or d.startswith(path + "/") for dirs in placed for d in dirs):
+            out[path] = ("a link standing in for a directory on the promoting user's PATH: a command typed by "
+                         "name runs what it leads to")
+            continue
+        at = next((i for i, dirs in enumerate(placed) if head in dirs), None)
+        later = () if at is None else (os.path.join(entry, name) for entry in entries[at + 1:])
+        hidden = next((program for program in later if os.path.isfile(program) and os.access(program, os.X_OK)), None)
+        if hidden is not None:
+            out[path] = (f"{head or 'the workspace'} comes before {os.path.dirname(hidden)} on the promoting user's "
+                         f"PATH: typing {name} would run this instead of {hidden}")
+    return out
+
+
 def named_paths(entries: Sequence[Entry], top: str, workspace: str) -> list[ConfigNamed]:
     """The workspace paths ``entries`` name, each with the key that names it (the first, if several do);
     ``top``: the work tree's top, where git runs commands."""
-    roots = sorted({os.path.abspath(workspace), os.path.realpath(workspace)})
+    roots = _roots(workspace)
     seen: dict[tuple[str, bool], ConfigNamed] = {}
     for entry in entries:
         for target in _targets(entry, top):
@@ -310,7 +352,7 @@ def config_files(entries: Sequence[Entry], workspace: str) -> list[ConfigNamed]:
     read, and the global ones where git would look (a workspace of ``~/.config/git``, a dotfiles checkout
     that ``~/.gitconfig`` links into).  Each is config for every repository of the user's, as an include's
     target is; the repository's own (``.git/config``) is git_control already, an include named by its key."""
-    roots = sorted({os.path.abspath(workspace), os.path.realpath(workspace)})
+    roots = _roots(workspace)
     read_files = {e.origin: e.scope for e in entries if e.origin and e.scope in ("global", "system")}
     files = {**{path: "global" for path in _global_files()}, **read_files}
     seen: dict[str, ConfigNamed] = {}
