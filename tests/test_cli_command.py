@@ -466,3 +466,19 @@ def test_helper_commands_print_sentences() -> None:
         "helper already running: rootless mode, pid 7 (/s/helper.sock)"]
     assert helperctl.describe("status", {"running": False}) == ["helper: not running (none answers)",
                                                               "front end: not running"]
+
+
+def test_service_list_shows_each_ports_connections_accepted_and_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in a new-user trial: the person checking that another uid was kept out of a
+    # forwarded port saw only "listening"; the counts were in --json alone.
+    listed = {"capsule_id": "cap_1", "services": [], "ports": [
+        {"capsule_id": "cap_1", "port": 8000, "host_port": 40733, "url": "http://127.0.0.1:40733/", "open": True,
+         "listening": True, "accepted": 1, "refused": 2}]}
+
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        return listed
+
+    _answered_by(call_tool, tmp_path, monkeypatch)
+    assert main(["capsule", "service", "list", "cap_1"]) == 0
+    assert capsys.readouterr().out == "port 8000\t127.0.0.1:40733\tlistening\t1 accepted, 2 refused\n"

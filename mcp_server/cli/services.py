@@ -132,7 +132,9 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
             print(f"{one['name']}\t{one['state']}{status}\t{visible(' '.join(one['argv']))}")  # the tabs are ours
         for port in result["ports"]:  # a forward outlives what listened there: say whether anything does now
             now = {True: "listening", False: "nothing listens there now"}.get(port.get("listening"), "not known")
-            print(f"port {port['port']}\t127.0.0.1:{port['host_port']}\t{now}")
+            # Refused: connections from another uid than yours (ccw watch shows whose).
+            counts = ", ".join(f"{port[key]} {key}" for key in ("accepted", "refused") if key in port)
+            print(f"port {port['port']}\t127.0.0.1:{port['host_port']}\t{now}" + (f"\t{counts}" if counts else ""))
     elif name == "capsule_service_logs":
         sys.stdout.write(visible(result["text"], keep_newlines=True) if terminal else result["text"])
     else:
