@@ -86,12 +86,11 @@ mknod mknodat (devices)     char and block device nodes (FIFOs, sockets and regu
 x32 ABI (x86_64)            a second syscall table the list above does not name
 ==========================  ===========================================================
 
-A second filter, only for runs of a capsule that can overlap (sandbox/unotify.py says
-why and how), returns ``SECCOMP_RET_USER_NOTIF`` for the rename and unlink family
-(``NOTIFIED``) and allows everything else; the jail's own filter above still decides,
-since of two stacked filters the stricter action wins (EPERM over a notification).  It
-is installed with ``seccomp(2)`` and ``SECCOMP_FILTER_FLAG_NEW_LISTENER``, which
-``prctl`` cannot pass.
+For runs of a capsule that can overlap (sandbox/unotify.py says why and how) the same
+program comes in a notifying form: ``SECCOMP_RET_USER_NOTIF`` for the rename and unlink
+family (``NOTIFIED``), never denied, and every other call decided as above.  It is one
+filter, installed with ``seccomp(2)`` and ``SECCOMP_FILTER_FLAG_NEW_LISTENER``, which
+``prctl`` cannot pass; a kernel that refuses that gets the plain program.
 """
 
 from __future__ import annotations
@@ -169,7 +168,7 @@ _TABLE: dict[str, tuple[int | None, int | None]] = {
     # checked by argument, below
     "clone": (56, 220), "clone3": (435, 435), "ioctl": (16, 29), "personality": (135, 92),
     "mknod": (133, None), "mknodat": (259, 33),
-    # notified where a capsule's runs overlap (build_notify_program), never denied
+    # notified where a capsule's runs overlap (build_program with notifying), never denied
     "rename": (82, None), "renameat": (264, 38), "renameat2": (316, 276),
     "unlink": (87, None), "unlinkat": (263, 35), "rmdir": (84, None),
 }
@@ -235,8 +234,16 @@ def _allow_values(arg: int, values: tuple[int, ...]) -> list[Insn]:
     return [*block, _RET_EPERM, _RET_ALLOW]
 
 
-def build_program(arch: str) -> list[Insn]:
-    """The filter for ``arch`` ("x86_64" or "aarch64"), as a list of instructions."""
+def build_program(arch: str, notifying: bool = False) -> list[Insn]:
+    """The filter for ``arch`` ("x86_64" or "aarch64"), as a list of instructions.
+
+    ``notifying``: the same filter, but ``NOTIFIED`` calls go to its listener
+    (SECCOMP_RET_USER_NOTIF) instead of passing: the one program of a run that can overlap
+    another (unotify.py).  One filter, not the plain one and a notifying one after it: the
+    kernel runs every filter at every call, and most of a filter's cost in a jail is fixed,
+    not its length (unotify.py's essay has the figures).  Its verdicts are those the two
+    filters gave together, as the strictest action wins (a foreign arch killed, x32 and
+    every denied call EPERM, the rename family notified, the rest allowed)."""
     if arch not in _ARCHES:
         raise ValueError(f"no seccomp filter for architecture {arch!r}")
     column, audit_arch = _ARCHES[arch]
@@ -266,7 +273,9 @@ def build_program(arch: str) -> list[Insn]:
     if "mknod" in nr:
         blocks[nr["mknod"]] = _deny_values(1, (S_IFCHR, S_IFBLK), mask=S_IFMT)
     blocks[nr["mknodat"]] = _deny_values(2, (S_IFCHR, S_IFBLK), mask=S_IFMT)
-    named = [n for name, n in nr.items() if name not in NOTIFIED]
+    if notifying:
+        blocks.update((nr[name], [_stmt(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF)]) for name in NOTIFIED if name in nr)
+    named = [n for name, n in nr.items() if notifying or name not in NOTIFIED]
     if len(named) != len(blocks):
         raise ValueError(f"two syscalls of the filter share a number on {arch}")
     return [*program, *_dispatch(sorted(blocks.items()))]
@@ -288,28 +297,6 @@ def _dispatch(entries: list[tuple[int, list[Insn]]]) -> list[Insn]:
     if len(below) > 255:
         raise ValueError(f"a half of the seccomp search is {len(below)} instructions, over cBPF's 255-step jump")
     return [_jump(BPF_JMP | BPF_JGE | BPF_K, entries[middle][0], len(below), 0), *below, *above]
-
-
-def build_notify_program(arch: str) -> list[Insn]:
-    """The notifying filter for ``arch``: ``NOTIFIED`` calls go to the listener, all else passes.
-
-    A foreign arch or an x32 call passes here: the jail's own filter kills or denies it.
-    """
-    if arch not in _ARCHES:
-        raise ValueError(f"no seccomp filter for architecture {arch!r}")
-    column, audit_arch = _ARCHES[arch]
-    program = [
-        _load(OFFSET_ARCH),
-        _jump(BPF_JMP | BPF_JEQ | BPF_K, audit_arch, 1, 0),
-        _RET_ALLOW,
-        _load(OFFSET_NR),
-    ]
-    for name in NOTIFIED:
-        number = _TABLE[name][column]
-        if number is not None:
-            program += _if_nr(number, [_stmt(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF)])
-    program.append(_RET_ALLOW)
-    return program
 
 
 def syscall_number(name: str, arch: str) -> int | None:
@@ -339,12 +326,12 @@ class Filter:
 def prepare(notifying: bool = False) -> Filter | None:
     """The filter for this machine's architecture, built once in the helper (None: unsupported arch).
 
-    ``notifying``: the notifying filter (``build_notify_program``) instead of the jail's own.
+    ``notifying``: the jail's filter with the rename family notified (``build_program``).
     """
     arch = platform.machine()
     if arch not in _ARCHES:
         return None
-    program = build_notify_program(arch) if notifying else build_program(arch)
+    program = build_program(arch, notifying)
     raw = encode(program)
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = _SockFprog(len(program), ctypes.addressof(buffer))

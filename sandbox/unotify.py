@@ -4,12 +4,13 @@ While a capsule's runs overlap (a service, and the exec or services beside it), 
 dir's diff (execution.upper_diff) cannot say which run renamed or deleted what, and
 fanotify cannot either (THREATS.md, "Known gaps": its directory-entry events need a
 FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of a reaped
-``mv`` is unknowable).  So each such run's jail gets a second seccomp filter
-(seccomp.build_notify_program) that hands the rename and unlink family to a listener:
+``mv`` is unknowable).  So each such run's jail gets its seccomp filter in a notifying
+form (seccomp.build_program with ``notifying``), which hands the rename and unlink family
+to a listener:
 
 - ``seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER)`` installs the
-  filter and returns a descriptor, the listener.  ccw-jail's init installs it last
-  (after no_new_privs and the jail's own filter: steps.c ``install_listener``) and keeps
+  filter and returns a descriptor, the listener.  ccw-jail's init installs it instead of
+  the plain filter (after no_new_privs: steps.c ``install_listener``) and keeps
   the listener, polled beside its signals, until a notification is pending; only then
   does it send the listener over its capsule's socket (SCM_RIGHTS, steps.c
   ``hand_listener``) and close its copy.  So a run that renames and deletes nothing (most
@@ -64,8 +65,8 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   the reader has the CPU back.  ``SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP`` (6.6) hands the
   CPU over directly on both wake-ups, and is asked for (it gave about a quarter less in
   a bare rename loop here; a kernel without it answers EINVAL, and nothing changes).
-- Only runs that can overlap pay: a plain exec in a capsule without services gets no
-  second filter (execution.run decides).  What a notification costs the process is
+- Only runs that can overlap pay: a plain exec in a capsule without services gets the
+  plain filter (execution.run decides).  What a notification costs the process is
   measured by ``bench/run.py unotify``.  What a run that renames nothing costs is the
   helper's Python on the exec's thread, as that thread's CPU time (medians of 164 execs
   beside a service and alone; their wall time moved with others' load by more than this):
@@ -75,14 +76,20 @@ FID-reporting group, which overlayfs refuses for a whole overlay, and the pid of
   socket per run cost about 45 us more at the spawn (a socketpair, an epoll_ctl) and 55 us
   at the finish (an epoll_ctl, two closes, a recvmsg that found nothing: its exception
   alone about 30 us of cold Python); a listener sent at once woke the reader four times a
-  run (about 300 us of its CPU, taking the GIL from the exec's thread).  The jail pays too:
-  its cgroup's CPU for ``true`` was about 120 us more beside a service (2.22 against 2.10
-  ms, medians of 122), and a forked child that installs a second filter after the jail's
-  own uses about 50 us more CPU for a one-instruction filter, 75 us for this one and 105
-  us with its listener (medians of 800): most of a filter's cost is fixed, not its
-  length.  The notifying rules inside the jail's own filter, one program installed with
-  the listener, would save about 75 us of it; not done yet (the jail's filter would then
-  come in two forms, and a kernel refusing the listener would need the plain one).
+  run (about 300 us of its CPU, taking the GIL from the exec's thread).  The jail paid too
+  while this was a second filter over the jail's own: its cgroup's CPU for ``true`` was
+  about 120 us more beside a service (2.22 against 2.10 ms, medians of 122), and a forked
+  child that installs a second filter after the jail's own used about 50 us more CPU for
+  a one-instruction filter, 75 us for this one and 105 us with its listener (medians of
+  800): most of a filter's cost is fixed, not its length.  So the notifying rules are in
+  the jail's own program, one filter installed with the listener; a kernel that refuses
+  the listener gets the plain program instead.  Measured again as that change was made
+  (forked children that install the filters and exec ``true``, CPU from wait4, medians
+  of 1,000 interleaved, twice): the plain filter 2,270 and 2,402 us, the two filters
+  2,302 and 2,440, the one notifying filter 2,300 and 2,434.  So the listener is what
+  costs (about 30 us), not the second filter: one filter saves 3-6 us, and 2 million
+  getppid calls took the same time under each.  It stays one filter for the simpler
+  rule (each run has exactly one), not for speed.
 """
 
 from __future__ import annotations

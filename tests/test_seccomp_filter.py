@@ -228,3 +228,26 @@ def test_mechanisms_name_every_denial() -> None:
 def test_unknown_architecture_is_refused() -> None:
     with pytest.raises(ValueError, match="riscv64"):
         seccomp.build_program("riscv64")
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_the_notifying_form_differs_only_in_notifying_the_rename_family(arch: str) -> None:
+    """The one filter of a run that can overlap another (unotify.py) decides every call as the
+    plain filter does, but hands the rename family to its listener: what the two filters it
+    replaces decided together (the strictest action wins), with every argument, every arch."""
+    plain, notifying = seccomp.build_program(arch), seccomp.build_program(arch, notifying=True)
+    assert 0 < len(notifying) < BPF_MAXINSNS and notifying[-1] == plain[-1]
+    notified = {seccomp.syscall_number(name, arch) for name in seccomp.NOTIFIED} - {None}
+    assert len(notified) == (6 if arch == "x86_64" else 3)
+    numbers = {n for n in (seccomp.syscall_number(name, arch) for name in seccomp._TABLE) if n is not None}
+    numbers |= set(range(0, 480)) | {seccomp.X32_SYSCALL_BIT | 1, -1}
+    args = ((), (0xFFFFFFFF, 1, 2, 3), (seccomp.CLONE_NAMESPACE_FLAGS, seccomp.TIOCSTI, seccomp.S_IFCHR))
+    for audit in (AUDIT[arch], 0x40000003):
+        for nr in numbers:
+            for arg in args:
+                data = seccomp_data(nr, audit, arg)
+                expected = run_filter(plain, data)
+                if audit == AUDIT[arch] and nr in notified:
+                    assert expected == ALLOW, nr  # never denied: only the notifying form stops it
+                    expected = seccomp.SECCOMP_RET_USER_NOTIF
+                assert run_filter(notifying, data) == expected, (nr, hex(audit), arg)

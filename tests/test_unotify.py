@@ -8,7 +8,6 @@ import ctypes
 import mmap
 import os
 import socket
-import struct
 from pathlib import Path
 
 import pytest
@@ -91,39 +90,6 @@ def test_relative_paths_resolve_through_the_process_cwd_and_dirfd(tmp_path: Path
         assert unotify_paths.resolve(pid, fd, b"name") == os.fsencode(tmp_path) + b"/name"
     finally:
         os.close(fd)
-
-
-def _action(program: list[seccomp.Insn], nr: int, arch: int) -> int:
-    """The program's action for one call (the instructions build_notify_program emits)."""
-    data = struct.pack("<iIQ6Q", nr, arch, 0, *([0] * 6))
-    pc = 0
-    while True:
-        insn = program[pc]
-        pc += 1
-        if insn.code == seccomp.BPF_LD | seccomp.BPF_W | seccomp.BPF_ABS:
-            (acc,) = struct.unpack_from("<I", data, insn.k)
-        elif insn.code == seccomp.BPF_JMP | seccomp.BPF_JEQ | seccomp.BPF_K:
-            pc += insn.jt if acc == insn.k else insn.jf
-        else:
-            assert insn.code == seccomp.BPF_RET | seccomp.BPF_K, insn
-            return insn.k
-
-
-@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
-def test_the_notifying_program_hands_over_the_rename_family_only(arch: str) -> None:
-    audit = {"x86_64": seccomp.AUDIT_ARCH_X86_64, "aarch64": seccomp.AUDIT_ARCH_AARCH64}[arch]
-    program = seccomp.build_notify_program(arch)
-    notified = {seccomp.syscall_number(name, arch) for name in seccomp.NOTIFIED} - {None}
-    assert notified and len(notified) == (6 if arch == "x86_64" else 3)
-    for nr in notified:
-        assert nr is not None
-        assert _action(program, nr, audit) == seccomp.SECCOMP_RET_USER_NOTIF
-    mount, openat = seccomp.syscall_number("mount", arch), (257 if arch == "x86_64" else 56)
-    for nr in (mount, openat, 0):
-        assert nr is not None
-        assert _action(program, nr, audit) == seccomp.SECCOMP_RET_ALLOW  # the jail's own filter decides
-    assert _action(program, 82, 0x40000003) == seccomp.SECCOMP_RET_ALLOW  # a foreign arch: the other filter kills
-    assert not set(seccomp.NOTIFIED) & set(seccomp.DENIED)
 
 
 # A child that does what ccw-jail's init does (steps.c hand_listener): no_new_privs, the

@@ -10,6 +10,7 @@ it is also spawned by hand, with plans and descriptors made for each case.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import struct
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import contain, jail_end, jail_launcher, mounts, rusage, supervise
+from sandbox import contain, jail_end, jail_launcher, mounts, rusage, seccomp, supervise, unotify
 from sandbox.errors import CcwError
 from tests.support.descriptors import open_descriptors
 
@@ -177,6 +178,39 @@ def test_the_seccomp_filter_still_denies(spec: contain.JailSpec) -> None:
     result = supervise.run(_with(spec, argv=[os.path.realpath("/usr/bin/python3"), "-c", probe]))
     assert result.exit_code == 0, result.stderr
     assert result.stdout.decode().split() == ["-1", str(errno.EPERM), "2"]
+
+
+# A run that can overlap another: one filter each way; the rename names the record, or, when the
+# kernel refuses the notifying form (here: a program with no return, which it rejects), the
+# plain filter still denies and the record says it had no listener.
+_OVERLAP_PROBE = ("import ctypes, errno, os; libc = ctypes.CDLL(None, use_errno=True); "
+                  "print(libc.syscall(272, 0x10000000), ctypes.get_errno()); "  # unshare(CLONE_NEWUSER)
+                  "print(open('/proc/self/status').read().split('Seccomp_filters:')[1].split()[0]); "
+                  "open('/tmp/a', 'w').close(); os.rename('/tmp/a', '/tmp/b'); print(os.path.exists('/tmp/b'))")
+
+
+@pytest.mark.parametrize("kernel", ["takes", "refuses"])
+def test_a_run_that_can_overlap_has_one_filter_and_the_plain_one_if_refused(
+        spec: contain.JailSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: str) -> None:
+    if kernel == "refuses":
+        broken = [seccomp.Insn(seccomp.BPF_LD | seccomp.BPF_W | seccomp.BPF_ABS, 0, 0, seccomp.OFFSET_NR)]
+        raw = seccomp.encode(broken)
+        buffer = ctypes.create_string_buffer(raw, len(raw))
+        prepared = seccomp.Filter(buffer, seccomp._SockFprog(len(broken), ctypes.addressof(buffer)), len(broken))
+        plain = seccomp.prepare
+        monkeypatch.setattr(seccomp, "prepare", lambda notifying=False: prepared if notifying else plain())
+    record = unotify.begin(str(tmp_path / "upper"), "/")
+    try:
+        result = supervise.run(_with(spec, argv=[os.path.realpath("/usr/bin/python3"), "-c", _OVERLAP_PROBE]),
+                               record=record)
+    finally:
+        named = record.finish()
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.decode().split() == ["-1", str(errno.EPERM), "1", "True"]
+    if kernel == "takes":
+        assert named.complete and named.mine == {"tmp/a", "tmp/b"}  # its rename notified: both names
+    else:
+        assert not named.complete and record.unavailable == "the kernel refused the notifying seccomp filter"
 
 
 def test_no_descriptor_of_the_helper_reaches_the_command(spec: contain.JailSpec) -> None:

@@ -5,9 +5,9 @@ renames one file and deletes another; each run's journal row must name only its 
 A run's row names its own renames (both names) and deletions, from the upper dir's
 changes (sandbox/execution.py ``upper_diff``); which run each change belongs to comes
 from the seccomp user notifications of its jail (sandbox/unotify.py: one listener per
-run that can overlap another), as root and through the rootless helper.  A plain exec
-in a capsule without services gets no notifying filter at all (its Seccomp_filters
-count shows one filter, the jail's own).
+run that can overlap another), as root and through the rootless helper.  Every run has
+one seccomp filter (its Seccomp_filters count): the jail's own, in its notifying form
+where it can overlap another run, never that and a second filter over it.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def test_a_rename_or_deletion_is_only_its_makers_rootless(user_dir: tuple[int, i
 FILTERS = ["sh", "-c", "grep '^Seccomp_filters' /proc/self/status"]
 
 
-def test_only_a_run_that_can_overlap_gets_the_notifying_filter(tools: Any, tmp_path: Path) -> None:
+def test_every_run_has_one_seccomp_filter_beside_a_service_or_not(tools: Any, tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
 
@@ -143,6 +143,7 @@ def test_only_a_run_that_can_overlap_gets_the_notifying_filter(tools: Any, tmp_p
         return out
 
     out = tools.run(scenario)
-    # The jail's own filter; beside a service, the notifying one over it; none once it stopped.
-    assert out == {"alone": "Seccomp_filters:\t1\n", "beside": "Seccomp_filters:\t2\n",
+    # One filter each: beside a service it is the notifying form (the attribution tests above
+    # show it notifies), not a second filter over the jail's own, which every call would run.
+    assert out == {"alone": "Seccomp_filters:\t1\n", "beside": "Seccomp_filters:\t1\n",
                    "after": "Seccomp_filters:\t1\n"}, out

@@ -1,11 +1,11 @@
 """``python bench/run.py unotify``: what the notifying seccomp filter costs a run (sandbox/unotify.py).
 
-A run that can overlap another (a service, or an exec while a service runs) gets a second
-seccomp filter that stops every rename, unlink and rmdir until the helper has read its
-path and answered CONTINUE.  Three commands, each timed *inside* the jail (its own start,
-and the exec's, not counted), in a capsule running an idle service (the exec gets the
-filter) against a capsule of the same workspace running none (no filter: a plain exec
-pays nothing, vm-tests/test_services_renames.py checks it has one filter only):
+A run that can overlap another (a service, or an exec while a service runs) gets its
+seccomp filter in a notifying form, which stops every rename, unlink and rmdir until the
+helper has read its path and answered CONTINUE.  Three commands, each timed *inside* the
+jail (its own start, and the exec's, not counted), in a capsule running an idle service
+(the exec gets the notifying form) against a capsule of the same workspace running none
+(the plain filter: vm-tests/test_services_renames.py checks each run has one filter):
 
 - ``rm -rf`` of a tree of 5,000 files in 50 directories, made by the same command first
   (5,050 notifications: ``unlinkat`` per file and per directory);

@@ -9,10 +9,11 @@
  *         the END signal's number, the number of cgroup files, keep_caps low and high word
  *     'h' hostname            't' time namespace offsets (text for timens_offsets)
  *     'f' seccomp program (struct sock_filter[])
- *     'u' the notifying seccomp program (only where a capsule's runs overlap): u32, the
- *         descriptor of the socket its listener is sent on at the first notification, or an
- *         'F' if the kernel refuses it (after the bind sources), then
- *         struct sock_filter[] (sandbox/unotify.py)
+ *     'u' the seccomp program in its notifying form (only where a capsule's runs overlap;
+ *         installed instead of 'f', which a kernel refusing it gets): u32, the descriptor of
+ *         the socket its listener is sent on at the first notification, or an 'F' if the
+ *         kernel refuses it (after the bind sources), then struct sock_filter[]
+ *         (sandbox/unotify.py)
  *     'k' the run's key (NOTIFY_KEY bytes, with 'u'): each message on that socket is its
  *         kind ('L' or 'F') and then the key, which tells the helper whose it is (the
  *         socket is the capsule's, shared by its runs' inits: unotify.py)
@@ -60,7 +61,7 @@ struct plan {
     size_t timens_len;
     const void *seccomp;
     size_t seccomp_len;
-    const void *notify; /* the notifying filter ('u'), NULL without; its listener goes over notify_fd */
+    const void *notify; /* the filter's notifying form ('u'), NULL without; its listener goes over notify_fd */
     size_t notify_len;
     uint32_t notify_fd;
     const void *notify_key; /* the run's key ('k'), NULL without: then a message is its kind alone */

@@ -153,7 +153,7 @@ static int read_record(struct plan *plan, char tag, const char *payload, uint32_
         plan->seccomp = payload;
         plan->seccomp_len = length;
         return 1;
-    case 'u': /* the notifying filter: the socket's descriptor (u32), then its program */
+    case 'u': /* the filter's notifying form: the socket's descriptor (u32), then its program */
         if (length < 4 + 8 || (length - 4) % 8 != 0 || (length - 4) / 8 > MAX_FILTER_INSNS) {
             *why = "the notifying seccomp record is not a descriptor and a whole number of instructions";
             return -1;

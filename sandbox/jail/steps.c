@@ -366,11 +366,11 @@ static void enter_user(const struct plan *plan)
     write_self("/proc/self/gid_map", map, strlen(map));
 }
 
-/* The notifying filter (sandbox/unotify.py's essay), over the jail's own.  Its listener stays with
- * the init, which polls it, until the jail's first notification is pending (hand_listener):
- * a run that renames and deletes nothing costs the helper nothing more than its record.  A
- * kernel that refuses the filter leaves the jail without it and says so with an 'F' on the
- * socket (the helper attributes as before).  Once installed, a listener always stays open
+/* The jail's filter in its notifying form (sandbox/unotify.py's essay), instead of the plain
+ * one.  Its listener stays with the init, which polls it, until the jail's first notification
+ * is pending (hand_listener): a run that renames and deletes nothing costs the helper nothing
+ * more than its record.  A kernel that refuses it gets the plain filter, and the helper an
+ * 'F' on the socket (it attributes as before).  Once installed, a listener always stays open
  * somewhere: the init closes its copy only after the handover (the helper's copy answers
  * from then on) or at its exit, when no process of the jail is left to be failed with
  * ENOSYS.  The socket is the capsule's, each of its runs' inits holding a copy: every
@@ -387,19 +387,23 @@ static size_t notify_message(const struct plan *plan, char kind, char message[st
     return 1 + NOTIFY_KEY;
 }
 
-static void install_listener(const struct plan *plan)
+/* The run's one filter: the jail's own with the rename family notified (seccomp.py
+ * build_program), with a new listener.  A kernel that refuses it gets the plain filter
+ * (plan->seccomp), and the helper an 'F': the run is attributed as before unotify.py. */
+static int install_listener(const struct plan *plan)
 {
     struct sock_fprog program = {(unsigned short)(plan->notify_len / 8), (struct sock_filter *)plan->notify};
     char refused[1 + NOTIFY_KEY];
     size_t length;
     held_listener = (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_NEW_LISTENER, &program);
-    if (held_listener < 0) {
-        length = notify_message(plan, 'F', refused);
-        errno = 0;
-        if (send((int)plan->notify_fd, refused, length, MSG_NOSIGNAL) != (ssize_t)length)
-            fail_errno(current, "send(the seccomp filter refused)");
-        close((int)plan->notify_fd);
-    }
+    if (held_listener >= 0)
+        return 1;
+    length = notify_message(plan, 'F', refused);
+    errno = 0;
+    if (send((int)plan->notify_fd, refused, length, MSG_NOSIGNAL) != (ssize_t)length)
+        fail_errno(current, "send(the seccomp filter refused)");
+    close((int)plan->notify_fd);
+    return 0;
 }
 
 int notify_listener(void)
@@ -464,10 +468,10 @@ static void drop_privileges(const struct plan *plan)
     check(prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)");
     require_parent(current);
     check(setrlimit(RLIMIT_CORE, &no_core), "setrlimit(RLIMIT_CORE)");
+    if (plan->notify != NULL && install_listener(plan))
+        return;
     if (plan->seccomp != NULL)
         check(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program, 0, 0), "prctl(PR_SET_SECCOMP)");
-    if (plan->notify != NULL)
-        install_listener(plan);
 }
 
 void contain(const struct plan *plan)
