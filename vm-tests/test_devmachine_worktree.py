@@ -71,9 +71,9 @@ async def _sh(call: Call, cap: str, script: str) -> dict[str, Any]:
     return {"exit": ran["exit_code"], "out": ran["stdout"], "err": ran["stderr"]}
 
 
-async def _promote(call: Call, cap: str) -> dict[str, Any]:
+async def _promote(call: Call, cap: str, dry_run: bool = False) -> dict[str, Any]:
     try:
-        return await call("capsule_promote", {"capsule_id": cap})
+        return await call("capsule_promote", {"capsule_id": cap, "dry_run": dry_run})
     except CcwError as exc:
         return {"error": exc.code, "message": exc.message, "details": exc.details}
 
@@ -101,6 +101,9 @@ async def scenario(call: Call, paths: dict[str, str]) -> dict[str, Any]:
     out["unodd"] = await _sh(call, cap, "git update-ref -d refs/ccw-test/x && git status --porcelain")
     # The host moves the branch meanwhile: the capsule's commit no longer follows, nothing written.
     realprojects.git(Path(paths["wt"]), "commit", "-q", "--allow-empty", "-m", "moved on the host")
+    out["host_moved"] = _git_state(Path(paths["repo"]) / ".git")
+    out["conflict_dry"] = await _promote(call, cap, dry_run=True)  # said "would promote" before
+    out["host_after_dry"] = _git_state(Path(paths["repo"]) / ".git")
     out["conflict"] = await _promote(call, cap)
     out["file_after_conflict"] = realprojects.run(["cat", EDIT.path], cwd=Path(paths["wt"]))
     realprojects.git(Path(paths["repo"]), "update-ref", "refs/heads/feat", paths["orig"])
@@ -145,7 +148,9 @@ def _check(out: dict[str, Any], paths: dict[str, str], before: dict[str, str]) -
     refused = out["refused"]
     assert refused.get("error") == "UNSUPPORTED", refused
     assert refused["details"] == {"gitdir": gitdir, "refs": ["refs/ccw-test/x"]}, refused
-    # The host's branch moved: REPO_CHANGED, the file untouched.
+    # The host's branch moved: REPO_CHANGED, the file untouched; a dry run says so, fetching nothing.
+    assert out["conflict_dry"] == out["conflict"], out["conflict_dry"]
+    assert out["host_after_dry"] == out["host_moved"]
     assert out["conflict"].get("error") == "REPO_CHANGED", out["conflict"]
     assert out["conflict"]["details"] == {"refs": ["refs/heads/feat"]}, out["conflict"]
     assert "capsule edit" not in out["file_after_conflict"]

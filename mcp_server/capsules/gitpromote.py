@@ -142,9 +142,11 @@ def _read_bundle(root_fd: int) -> bytes:
     return data
 
 
-async def prepare(service: Any, capsule_id: str, workspace: str, refs: list[str]) -> list[RefMove]:
+async def prepare(service: Any, capsule_id: str, workspace: str, refs: list[str],
+                  dry_run: bool = False) -> list[RefMove]:
     """The capsule's commits fetched into the host repository and each move checked to be a fast-forward
-    (REPO_CHANGED otherwise); nothing but unreferenced objects is written."""
+    (REPO_CHANGED otherwise); nothing but unreferenced objects is written.  ``dry_run``: the same
+    refusals, nothing written at all (the fork's git checks each move against the host's commit)."""
     olds, head = await trio.to_thread.run_sync(_host_state, workspace, refs)
     spec = service.live_record(capsule_id).spec
     async with service.scratch_fork(capsule_id) as fork_id:
@@ -152,6 +154,9 @@ async def prepare(service: Any, capsule_id: str, workspace: str, refs: list[str]
         moves = [RefMove(ref, olds[ref], news[ref]) for ref in refs if olds[ref] != news[ref]]
         if not moves:
             return []
+        if dry_run:
+            _refuse_behind([move.ref for move in moves if not await _follows(service, fork_id, spec, move)])
+            return moves
         exclude = sorted({oid for oid in (*olds.values(), head) if oid})
         bundle = await _bundle(service, fork_id, spec, [move.ref for move in moves], exclude)
     await trio.to_thread.run_sync(_fetch, workspace, bundle, moves)
@@ -168,8 +173,21 @@ def _fetch(workspace: str, bundle: bytes, moves: list[RefMove]) -> None:
     if odd:
         raise CcwError("UNSUPPORTED", f"the capsule's {', '.join(odd)} name no commit; nothing was written",
                        {"refs": odd})
-    behind = [m.ref for m in moves if m.old is not None and _git(
-        workspace, "merge-base", "--is-ancestor", m.old, m.new, check=False).returncode != 0]
+    _refuse_behind([m.ref for m in moves if m.old is not None and _git(
+        workspace, "merge-base", "--is-ancestor", m.old, m.new, check=False).returncode != 0])
+
+
+async def _follows(service: Any, fork_id: str, spec: Any, move: RefMove) -> bool:
+    """Whether the capsule's commit descends from the host's (a host commit made after the
+    capsule, which its git never saw, is no ancestor: git exits 128 on it)."""
+    if move.old is None:
+        return True
+    asked = (await service.scratch_exec(exec_request(
+        fork_id, ["git", "merge-base", "--is-ancestor", move.old, move.new]), spec)).value
+    return asked.exit_code == 0
+
+
+def _refuse_behind(behind: list[str]) -> None:
     if behind:
         raise CcwError("REPO_CHANGED", f"the host moved {', '.join(behind)} since the capsule was made: its commits "
                        "no longer follow; nothing was written. Re-create the capsule from the current branch and "

@@ -42,7 +42,8 @@ Its base is the live tree, so the paths promoted now equal it and are no change 
 more: promoting the capsule again writes the rest, with no conflict
 (vm-tests/test_devmachine_scope.py shows it).
 
-``dry_run`` runs 1 to 3, writes nothing, and lists in ``applied`` what would be applied.  Default policies:
+``dry_run`` runs 1 to 3 and step 4's checks of the git refs (writing nothing: the capsule's git
+judges the fast-forwards), and lists in ``applied`` what would be applied.  Default policies:
 ``["baseline"]``.
 
 ``as_branch`` (capsules/branch.py) runs 2 and 3 on the same change (``judge``, in the same
@@ -397,6 +398,9 @@ async def _promote_frozen(service: CapsuleService, request: Request, record: Cap
     judged = await judge(service, request, record)
     plan, ops, report, would_apply, scoped = judged.plan, judged.ops, judged.report, judged.would_apply, judged.scoped
     if not report["passed"] or request.dry_run:
+        if report["passed"]:  # a dry run: what step 4 would refuse of the git refs, found writing nothing
+            for one in (one for one in plan.git if one["refs"]):
+                await gitpromote.prepare(service, record.capsule_id, record.workspace, one["refs"], dry_run=True)
         return {"promoted": False, "dry_run": request.dry_run, "applied": [] if not request.dry_run else would_apply,
                 "policy_report": report, **scoped}
     # The capsule's commits fetched into the host repository and checked before any file is written.
