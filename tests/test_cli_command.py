@@ -482,3 +482,20 @@ def test_service_list_shows_each_ports_connections_accepted_and_refused(
     _answered_by(call_tool, tmp_path, monkeypatch)
     assert main(["capsule", "service", "list", "cap_1"]) == 0
     assert capsys.readouterr().out == "port 8000\t127.0.0.1:40733\tlistening\t1 accepted, 2 refused\n"
+
+
+def test_witness_prints_the_id_replay_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in a new-user trial: W=$(ccw capsule witness CAP) held "ID PATH", which
+    # ccw capsule replay "$W" refused as no witness id (and $W unquoted as two arguments).
+    made = {"witness_id": "wit_0123456789abcdef", "path": "/s/witnesses/wit_0123456789abcdef.tar.zst",
+            "root_hash": "blake3:ab", "size_bytes": 3011}
+
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        return made
+
+    _answered_by(call_tool, tmp_path, monkeypatch)
+    assert main(["capsule", "witness", "cap_1"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "wit_0123456789abcdef\n"
+    assert err == "/s/witnesses/wit_0123456789abcdef.tar.zst (root_hash blake3:ab, 3011 bytes)\n"

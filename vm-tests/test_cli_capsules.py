@@ -53,7 +53,8 @@ def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path)
     assert dry.stdout.split() == ["a.txt", "b.txt"] and "would promote" in dry.stderr
     assert not (workspace / "b.txt").exists()
 
-    witness_id, witness_path = ccw(cli_state, "capsule", "witness", capsule_id).stdout.split()
+    witnessed = ccw(cli_state, "capsule", "witness", capsule_id)
+    witness_id, witness_path = witnessed.stdout.strip(), witnessed.stderr.splitlines()[-1].split()[0]
     assert witness_id.startswith("wit_") and Path(witness_path).is_file()
     replay = ccw(cli_state, "capsule", "replay", witness_id)
     assert replay.stdout.strip() == "replay_ok"

@@ -109,6 +109,6 @@ def test_on_a_terminal_keys_go_at_once_and_the_run_replays(cli_state: Path, tmp_
     # Each key as it came (the line in one read or a few), ^D among them: typed, not an eof call.
     assert record["tty"] is True and record["eof"] is None and len(record["steps"]) >= 2
     assert base64.b64decode(row["stdin_b64"]) == b"import os; print('tty', os.isatty(0))\r\x04"
-    witness_path = ccw(cli_state, "capsule", "witness", cap).stdout.split()[1]
+    witness_path = ccw(cli_state, "capsule", "witness", cap).stderr.splitlines()[-1].split()[0]  # stdout: the id
     replay = json.loads(ccw(cli_state, "capsule", "replay", witness_path, "--json").stdout)
     assert replay["replay_ok"] is True and replay["output_identical"] is True, replay

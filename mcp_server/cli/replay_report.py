@@ -17,8 +17,11 @@ from mcp_server.cli.output import paint, visible
 
 
 def show_witness(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
-    print(visible(f"{result['witness_id']} {result['path']}"))
-    print(f"root_hash {result['root_hash']} ({result['size_bytes']} bytes)", file=sys.stderr)
+    # The id alone on stdout, as create prints a capsule's: W=$(ccw capsule witness CAP) is
+    # then what ccw capsule replay "$W" takes.  The file, to copy to another machine, on stderr.
+    print(visible(result["witness_id"]))
+    print(visible(f"{result['path']} (root_hash {result['root_hash']}, {result['size_bytes']} bytes)"),
+          file=sys.stderr)
     return 0
 
 
