@@ -15,7 +15,7 @@ from typing import Any
 from mcp_server.cli.output import Echo, exec_status, paint, visible
 from mcp_server.cli.toolwords import in_cli_words
 from sandbox.checks import MAX_TIMEOUT_MS
-from sandbox.spec import DEFAULT_TIMEOUT_MS
+from sandbox.spec import DEFAULT_OUTPUT_CAP, DEFAULT_TIMEOUT_MS
 
 TIMEOUT_HELP = (f"kill the command after this many ms (default {DEFAULT_TIMEOUT_MS}: "
                 f"{DEFAULT_TIMEOUT_MS // 60_000} min; at most {MAX_TIMEOUT_MS}: 24 h)")
@@ -40,8 +40,11 @@ def show_exec(result: dict[str, Any], color_out: bool, color_err: bool, echo: Ec
     if unnamed:
         print(paint(visible(f"ccw: {in_cli_words(unnamed)}"), "\x1b[33m", color_err), file=sys.stderr)
     notes = []
-    if result["truncated"]["stdout"] or result["truncated"]["stderr"]:
-        notes.append("output truncated")
+    for stream in ("stdout", "stderr"):  # the helper keeps a stream's head: the rest never reached us
+        if result["truncated"][stream]:
+            total = f" of {result[f'{stream}_bytes'] / (1 << 20):.1f} MiB" if f"{stream}_bytes" in result else ""
+            notes.append(f"{stream} cut after its first {DEFAULT_OUTPUT_CAP >> 20} MiB{total} (the rest is not kept: "
+                         f"send it to a file in the capsule, CMD > out.log, and read that)")
     if result.get("timed_out"):
         notes.append(timeout_hint(timeout_ms, "--timeout-ms"))
     if result.get("oom_killed"):
