@@ -57,7 +57,7 @@ def test_early_states_and_late_records_are_both_checked(tmp_path: Path) -> None:
     entries = [_entry("src/a"), _entry("src/b"), _entry("src/c"), _entry("src/unrecorded")]
     found = _conflicts(journal, record, entries, early)  # type: ignore[arg-type]
     assert [c["path"] for c in found] == ["src/c"]
-    assert found[0]["actual"] == _state(ws, "src/c") != found[0]["expected"]
+    assert found[0]["actual"] == changeset.shown_state(_state(ws, "src/c")) != found[0]["expected"]
 
 
 def test_a_path_changed_before_the_early_read_conflicts(tmp_path: Path) -> None:
