@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Collection, Mapping
 from typing import Any
 
 import mcp_types as types
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator as SchemaValidator
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_dual_era_loop
@@ -65,6 +65,7 @@ from mcp_server.caller import lending, lent
 from mcp_server.capsules.turns import Ticket, arrived_ticket
 from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
+from mcp_server.core.schemapattern import Validator
 from mcp_server.framing import INTERNAL_ERROR, INVALID_PARAMS
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
@@ -95,7 +96,7 @@ class CcwServer:
         # By the spec itself, not its name: a profile may serve a narrowed spec of the same name
         # (ToolSpec.narrowed) beside another connection's whole one.  Each entry holds its spec,
         # so the id is not reused while the entry lives.
-        self._validators: dict[int, tuple[ToolSpec, Draft202012Validator, Draft202012Validator]] = {}
+        self._validators: dict[int, tuple[ToolSpec, SchemaValidator, SchemaValidator]] = {}
         self._tool_lists: dict[tuple[str, ...], ToolList] = {}
         self.tools = self.tool_list(config.toolsets)  # this server's own: its stdio, socket and HTTP clients'
         self.sdk: Server[ToolList] = Server(
@@ -249,7 +250,7 @@ class CcwServer:
                            f"call {spec.name!r} instead")
         return spec
 
-    def _checkers(self, spec: ToolSpec) -> tuple[Draft202012Validator, Draft202012Validator]:
+    def _checkers(self, spec: ToolSpec) -> tuple[SchemaValidator, SchemaValidator]:
         """The input and output validators of ``spec``.
 
         The schemas are not checked against the metaschema here: they are constants of the
@@ -259,7 +260,7 @@ class CcwServer:
         entry = self._validators.get(id(spec))
         if entry is None:
             entry = self._validators[id(spec)] = (
-                spec, Draft202012Validator(spec.input_schema), Draft202012Validator(spec.output_schema))
+                spec, Validator(spec.input_schema), Validator(spec.output_schema))
         return entry[1], entry[2]
 
     def argument_errors(self, spec: ToolSpec, args: Any) -> list[dict[str, str]]:

@@ -65,6 +65,7 @@ def _set(made: dict[str, Any], pointer: str, value: Any) -> dict[str, Any]:
     ("/execs/0/written_mtimes", {"../x": 1}), ("/execs/0/timeout_ms", 0),
     ("/execs/0/touched/network", [{"host": "h", "port": "80", "protocol": "http", "allowed": True}]),
     ("/capsule/env_whitelist", ["A-B"]), ("/capsule/clock_offset_sec", 10 ** 12), ("/capsule/network", ["x"]),
+    ("/capsule/env_whitelist", ["A\n"]), ("/writes/0/blob", craft.blob_hash(b"c") + "\n"),  # $ ends the string
     ("/capsule/limits", {"memory_mb": 0}), ("/capsule/limits", {"swap_mb": 1}),
     ("/workspace", "ws"), ("/workspace", "/a/../b"), ("/workspace", "/a/"), ("/format", "ccw-witness/2"),
     ("/include_blobs", 1), ("/changes", KeyError),

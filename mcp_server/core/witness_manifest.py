@@ -44,6 +44,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.validators import extend
 
+from mcp_server.core.schemapattern import Validator
 from mcp_server.core.volatile import GLOBS_SCHEMA
 from sandbox.checks import (
     ENV_NAME_RE,
@@ -270,7 +271,7 @@ def _is_int(checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 
-_Validator = extend(Draft202012Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_int))
+_Validator = extend(Validator, type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_int))
 _VALIDATOR = _Validator(SCHEMA)
 
 
