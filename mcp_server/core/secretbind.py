@@ -111,10 +111,13 @@ def parse_host(text: str) -> tuple[str, int, bool]:
         raise CcwError("INVALID_ARGUMENT", f"a secret's host is a string like api.example.com:443, not {text!r}")
     tls = text[:len(HTTPS)].lower() == HTTPS
     text = text[len(HTTPS):] if tls else text
+    if "://" in text:
+        raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: https:// is the only scheme a host may be "
+                       "written with (it keeps the value inside TLS); a plain HOST:PORT goes as each request's "
+                       "scheme says", {"host": text})
     if "*" in text or "/" in text:
         raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: a secret is bound to exact hosts, never a "
-                       "wildcard or a network (and https:// is the only scheme a host may have); give each host "
-                       "with its own --host", {"host": text})
+                       "wildcard or a network; give each host with its own --host", {"host": text})
     rule = parse_rule(text)  # INVALID_ARGUMENT with the grammar for anything else
     return rule.host, rule.port if rule.port is not None else DEFAULT_PORT, tls
 
