@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mcp_server.core import hazards
+from mcp_server.capsules import gitrefs
+from mcp_server.core import hazards, refmoves
 from mcp_server.core.hazards import (
     AUTORUN,
     GIT_DATA,
@@ -23,6 +24,9 @@ from mcp_server.core.hazards import (
     report_reasons,
 )
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, evaluate
+from mcp_server.core.refmoves import RefChange
+from mcp_server.fs.changeset import Entry
+from mcp_server.fs.view import RootView, Side
 
 
 def _kinds(change: Change, bare: tuple[str, ...] = (), checked: tuple[str, ...] = ()) -> list[str]:
@@ -330,3 +334,95 @@ def test_named_paths_count_beside_the_other_kinds() -> None:
     everything = ConfigNamed("", "core.hooksPath", "the global config", "git runs the hooks in it", True)
     assert _kinds(Change("src/a.py", "write", "file", 0o644)) == []
     assert [h.kind for h in find([Change("src/a.py", "write", "file", 0o644)], (), [everything])] == ["git_control"]
+
+
+A, B = "a" * 40, "b" * 40
+
+
+@pytest.mark.parametrize(("ref", "refused"), [
+    (RefChange(".git/refs/heads/new", "refs/heads/new", None, A), None),  # git branch, git checkout -b
+    (RefChange(".git/refs/tags/v2", "refs/tags/v2", None, A), None),  # git tag
+    (RefChange(".git/refs/heads/main", "refs/heads/main", A, B, descends=True), None),  # git commit
+    (RefChange(".git/ORIG_HEAD", "ORIG_HEAD", A, None), None),  # deleting an undo point runs nothing
+    (RefChange(".git/refs/tags/v1.0", "refs/tags/v1.0", A, B), f"tag v1.0 moved from {A[:12]} to {B[:12]}"),
+    (RefChange(".git/refs/heads/main", "refs/heads/main", A, B),
+     f"branch main moved from {A[:12]} to {B[:12]}, which does not descend from it"),
+    (RefChange(".git/refs/heads/old", "refs/heads/old", A, None), f"branch old deleted (it named {A[:12]})"),
+    (RefChange(".git/packed-refs", "refs/tags/v1", A, None), "tag v1 deleted"),
+    (RefChange(".git/refs/remotes/origin/main", "refs/remotes/origin/main", A, B),
+     f"remote-tracking ref origin/main moved from {A[:12]} at {B[:12]}"),
+    (RefChange(".git/refs/remotes/origin/x", "refs/remotes/origin/x", None, A), "remote-tracking ref origin/x made"),
+    (RefChange(".git/ORIG_HEAD", "ORIG_HEAD", None, B), f"ORIG_HEAD set to {B[:12]}"),
+    (RefChange(".git/FETCH_HEAD", "FETCH_HEAD", A, B), f"FETCH_HEAD set to {B[:12]}"),
+    (RefChange(".git/refs/heads/main", "refs/heads/main", A, "ref: refs/heads/x"), "branch main moved"),
+    (RefChange(".git/refs/stash", "refs/stash", A, B), "ref refs/stash moved"),
+])
+def test_a_ref_moved_deleted_or_planted_is_git_control_and_a_new_or_forward_one_is_not(
+        ref: RefChange, refused: str | None) -> None:
+    found = find([Change(ref.path, "write" if ref.new else "delete", "file" if ref.new else None, 0o644)], refs=[ref])
+    assert [h.kind for h in found] == ([] if refused is None else ["git_control"])
+    assert refused is None or refused in found[0].reason
+
+
+def test_every_ref_a_packed_refs_file_changes_is_named_on_its_path() -> None:
+    refs = [RefChange(".git/packed-refs", "refs/tags/v1", A, B), RefChange(".git/packed-refs", "refs/tags/v2", A, None),
+            RefChange(".git/packed-refs", "refs/tags/v3", None, A)]
+    found = find([Change(".git/packed-refs", "write", "file", 0o644)], checked_data={".git/packed-refs"}, refs=refs)
+    assert [(h.path, h.kind) for h in found] == [(".git/packed-refs", "git_control")]
+    assert "tag v1 moved" in found[0].reason and "tag v2 deleted" in found[0].reason and "v3" not in found[0].reason
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, "GIT_AUTHOR_NAME": "t",
+           "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env=env).stdout.strip()
+
+
+def _entries(live: Path, capsule: Path) -> list[Entry]:
+    """Every file whose bytes differ between the two trees, as promotion's change set has it."""
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    old, new = files(live), files(capsule)
+    side = Side("file", 0o644)
+    return [Entry(path, side if path in old else None, side if path in new else None, path in old and path in new)
+            for path in sorted(old.keys() | new.keys()) if old.get(path) != new.get(path)]
+
+
+def test_gitrefs_reads_each_moved_ref_and_asks_git_whether_a_branch_moved_forward(tmp_path: Path) -> None:
+    live, capsule = tmp_path / "live", tmp_path / "capsule"
+    _git(tmp_path, "init", "-q", "-b", "main", str(live))
+    for n in range(3):
+        _git(live, "commit", "-q", "--allow-empty", "-m", f"c{n}")
+    first, second = _git(live, "rev-parse", "HEAD~2"), _git(live, "rev-parse", "HEAD~1")
+    for branch in ("rewound", "gone", "behind"):
+        _git(live, "branch", branch, "HEAD~1")
+    _git(live, "tag", "v1.0", first)
+    _git(live, "tag", "packed", first)
+    _git(live, "pack-refs", "--all")
+    _git(live, "branch", "behind", first, "-f")  # loose, over its packed value
+    subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
+    _git(capsule, "commit", "-q", "--allow-empty", "-m", "the agent's")  # main moves forward
+    _git(capsule, "branch", "feature")
+    _git(capsule, "tag", "v2")
+    _git(capsule, "tag", "-f", "v1.0", second)
+    _git(capsule, "branch", "-f", "rewound", first)
+    _git(capsule, "branch", "-D", "gone")
+    _git(capsule, "branch", "-f", "behind", "main~1")  # forward through a commit the host has
+    _git(capsule, "tag", "-d", "packed")  # rewrites packed-refs
+    entries = _entries(live, capsule)
+    checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
+               and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
+    with RootView.open(str(capsule)) as view:
+        refs = gitrefs.changes(view, str(live), entries, (), checked)
+    judged = {ref.ref: refmoves.reason(ref) for ref in refs}
+    assert sorted(judged) == ["refs/heads/behind", "refs/heads/feature", "refs/heads/gone", "refs/heads/main",
+                              "refs/heads/rewound", "refs/tags/packed", "refs/tags/v1.0", "refs/tags/v2"]
+    assert [ref for ref, why in judged.items() if why is None] == [
+        "refs/heads/behind", "refs/heads/feature", "refs/heads/main", "refs/tags/v2"]
+    assert judged["refs/tags/v1.0"] == (f"tag v1.0 moved from {first[:12]} to {second[:12]}: who checks out, "
+                                        "builds or verifies v1.0 gets another commit")
+    assert "branch rewound moved" in str(judged["refs/heads/rewound"])
+    assert "branch gone deleted" in str(judged["refs/heads/gone"])
+    assert "tag packed deleted" in str(judged["refs/tags/packed"])
+    assert {ref.ref: ref.path for ref in refs}["refs/tags/packed"] == ".git/packed-refs"

@@ -355,3 +355,49 @@ def test_a_checkout_owned_by_another_user_is_read_as_its_owner_git_reads_it(root
     subprocess.run(["chown", "-R", "65534:65534", str(ws)], check=True)
     assert "include.path" not in _git(ws, "config", "--list").stdout  # what git as root shows here
     assert [(n.path, n.key) for n in config_named(str(ws))] == [("tools/gitconfig", "include.path")]
+
+
+def test_a_moved_tag_or_rewound_branch_is_refused_and_new_refs_and_commits_promote(tools: Any, template: Path,
+                                                                                  tmp_path: Path) -> None:
+    """Refs are git's data, but a moved one changes what a name means where no diff shows it."""
+    _git(template, "tag", "v1.0")
+    (template / "src" / "app.py").write_text("def answer():\n    return 43\n")
+    assert _git(template, "commit", "-q", "-am", "second").returncode == 0
+    first, second = (_git(template, "rev-parse", rev).stdout.strip() for rev in ("HEAD~1", "HEAD"))
+    cases = {
+        "rewound": (f"{GIT_IN_CAPSULE} reset -q --hard HEAD~1", ".git/refs/heads/main", "branch main moved"),
+        "tag moved": (f"{GIT_IN_CAPSULE} tag -f v1.0 HEAD", ".git/refs/tags/v1.0", "tag v1.0 moved"),
+        "ordinary": ("sed -i 's/43/44/' src/app.py && git add -A && "
+                     f"{GIT_IN_CAPSULE} commit -q -m third && git branch feature && git tag v2.0 HEAD~1 && "
+                     f"{GIT_IN_CAPSULE} commit -q --amend -m 'third, amended' && git status --porcelain", None, None),
+    }
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        out = {}
+        for name, (script, _, _) in cases.items():
+            ws = tmp_path / name.replace(" ", "-")
+            shutil.copytree(template, ws, symlinks=True)
+            cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            ran = await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]})
+            assert ran["exit_code"] == 0, (name, ran["stderr"])
+            out[name] = (ws, await t.call("capsule_promote", {"capsule_id": cap, "policies": ["baseline"]}))
+            await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    for name, (_, path, said) in cases.items():
+        ws, result = out[name]
+        report = result["policy_report"]
+        if path is None:
+            assert result["promoted"] is True and report["hazards"] == [], (name, report)
+            continue
+        assert result["promoted"] is False and result["applied"] == [], (name, report)
+        named = [h for h in report["hazards"] if h["path"] == path]
+        assert [h["kind"] for h in named] == ["git_control"] and said in named[0]["reason"], (name, report["hazards"])
+        assert _git(ws, "rev-parse", "main", "v1.0").stdout.split() == [second, first], name
+    ws = out["ordinary"][0]
+    third = _git(ws, "rev-parse", "main").stdout.strip()
+    assert _git(ws, "log", "--format=%s", "main").stdout.split("\n")[:2] == ["third, amended", "second"]
+    assert _git(ws, "log", "-1", "--format=%s %P", "feature").stdout.strip() == f"third {second}"
+    assert _git(ws, "rev-parse", "v2.0", "v1.0").stdout.split() == [second, first]
+    assert third != second and _git(ws, "status", "--porcelain").stdout == ""

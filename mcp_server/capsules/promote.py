@@ -15,7 +15,9 @@ Order of checks, cheapest first, and why:
    config names (fs/gitconfig.py: ``include.path``, ``core.hooksPath``, filter and diff
    drivers in the tree) are read from the live workspace's git, as its config stands
    before anything is written: a capsule's own ``.git/config`` is already a hazard, and
-   decides nothing.  Each one found is a named
+   decides nothing.  So are the refs moved in the workspace's own git dirs: their old values
+   and whether a branch moved forward come from the live workspace (capsules/gitrefs.py).
+   Each one found is a named
    entry of the report's ``hazards``; one the request's ``allow_hazards`` does not name
    fails it (``hazards_ok: false``).  fs/promote.py never writes a setuid or setgid bit
    anyway, allowed or not.
@@ -62,7 +64,7 @@ from typing import Any
 import trio
 from outcome import acapture
 
-from mcp_server.capsules import capsecrets, gitdirs, gitpromote
+from mcp_server.capsules import capsecrets, gitdirs, gitpromote, gitrefs
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replay import ReplayOptions, replay
@@ -77,6 +79,7 @@ from mcp_server.core.policy import (
     RequiredTestOutcome,
     evaluate,
 )
+from mcp_server.core.refmoves import RefChange
 from mcp_server.fs import changeset, gitconfig
 from mcp_server.fs.gitignore import MAX_MARKER, Scope, declares_cache
 from mcp_server.fs.promote import Op, Promoter
@@ -149,6 +152,7 @@ class _Plan:
     checked_data: frozenset[str]  # the git data written that reads as plain (_checked_data)
     on_path: dict[str, str]  # the changed paths the promoting user's PATH would run, with why (fs/gitconfig.py)
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
+    refs: list[RefChange] = field(default_factory=list)  # the refs changed in the workspace's git dirs (gitrefs.py)
 
 
 def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal,
@@ -157,9 +161,11 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
         entries, skipped, note = _scoped(changeset.expand(changes, base, capsule), record.workspace, scope, capsule)
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
         checked_data = _checked_data(capsule, entries, bare)
+        refs = gitrefs.changes(capsule, record.workspace, entries, bare, checked_data)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
                  gitconfig.read(record.workspace), checked_data,
-                 gitconfig.on_path(record.workspace, [(e.path, e.new.kind) for e in entries if e.new is not None]))
+                 gitconfig.on_path(record.workspace, [(e.path, e.new.kind) for e in entries if e.new is not None]),
+                 refs=refs)
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -380,7 +386,7 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
-    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data, plan.on_path)
+    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data, plan.on_path, plan.refs)
     facts.hazards = hazards.judge(found, request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay

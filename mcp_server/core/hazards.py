@@ -55,7 +55,7 @@ The kinds, as capsule_promote's ``allow_hazards`` names them:
 - ``git_control``: a ``.git`` entry itself, or anything in a git directory (``.git`` at
   any depth, nested repositories and submodules included, or a bare-looking directory)
   outside ``GIT_DATA``, and a link anywhere in one (git follows it, for data too); and a
-  path the host's git config names (``ConfigNamed``).
+  path the host's git config names (``ConfigNamed``); a ref moved, deleted or planted (core/refmoves.py).
   Allowed: promoted as the capsule has it.
 - ``autorun``: a path ``AUTORUN`` lists.  Allowed: promoted as the capsule has it.
 
@@ -81,6 +81,8 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from mcp_server.core import refmoves
 
 SETID_BITS = 0o6000  # S_ISUID | S_ISGID
 _WORLD_WRITE = 0o002
@@ -272,18 +274,18 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
 
 def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
          config_named: Iterable[ConfigNamed] = (), checked_data: Collection[str] = (),
-         on_path: Mapping[str, str] | None = None) -> list[Hazard]:
+         on_path: Mapping[str, str] | None = None, refs: Iterable[refmoves.RefChange] = ()) -> list[Hazard]:
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
     ``config_named``: the paths the host's git config names; ``checked_data``: the written git data whose bytes
     the caller found plain (``true_loose_object``, ``plain_packed_refs``), the only such data (``_UNCHECKED``)
     written without a hazard; ``on_path``: the changed paths that the promoting user's PATH would run, with
-    why (fs/gitconfig.py ``on_path``)."""
-    named = _NamedIndex.of(config_named)
+    why (fs/gitconfig.py ``on_path``); ``refs``: the refs they change in a git directory (core/refmoves.py)."""
+    named, moved = _NamedIndex.of(config_named), refmoves.reasons(refs)
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
         for hazard in (_setuid(change), _world_writable(change), named.hazard(change, folded),
-                       _git_control(change, folded, bare_gitdirs, checked_data) or _autorun(change, folded)
+                       _git_control(change, folded, bare_gitdirs, checked_data, moved) or _autorun(change, folded)
                        or _on_path(change, on_path or {})):
             if hazard is not None:
                 found.setdefault((hazard.kind, hazard.path, hazard.action), hazard)
@@ -345,10 +347,15 @@ def plain_packed_refs(data: bytes) -> bool:
 
 def loose_object_id(path: str, bare_gitdirs: Collection[str] = ()) -> str | None:
     """The object id ``path`` names if it is a loose object's file in a git directory, else None."""
+    found = _LOOSE.fullmatch((in_gitdir(path, bare_gitdirs) or ("", ""))[1])
+    return None if found is None else found[1] + found[2]
+
+
+def in_gitdir(path: str, bare_gitdirs: Collection[str] = ()) -> tuple[str, str] | None:
+    """The innermost git directory ``path`` is in and its path there (None: in none, or it is one)."""
     parts = path.split("/")
     depth = _gitdir_depth(parts, path.casefold().split("/"), bare_gitdirs)
-    found = None if depth is None else _LOOSE.fullmatch("/".join(parts[depth:]))
-    return None if found is None else found[1] + found[2]
+    return None if depth is None or depth == len(parts) else ("/".join(parts[:depth]), "/".join(parts[depth:]))
 
 
 def true_loose_object(oid: str, data: bytes) -> bool:
@@ -384,7 +391,7 @@ def _hashes_to(oid: str, data: bytes) -> bool:
 
 
 def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str],
-                 checked_data: Collection[str]) -> Hazard | None:
+                 checked_data: Collection[str], moved: Mapping[str, str]) -> Hazard | None:
     parts = change.path.split("/")
     depth = _gitdir_depth(parts, folded, bare_gitdirs)
     if depth is None:
@@ -404,8 +411,8 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     if data and not any(_covers(pattern, rel) for pattern in _GIT_NOT_DATA):
         unchecked = _UNCHECKED.get(rel[0] if rel[0] == "objects" else "/".join(rel))
         if unchecked is None or change.action != "write" or change.path in checked_data:
-            return None
-        return Hazard("git_control", change.path, change.action, unchecked)
+            unchecked = moved.get(change.path)  # data as plain as it reads, but naming another commit
+        return None if unchecked is None else Hazard("git_control", change.path, change.action, unchecked)
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
     elif rel[-1] in ("config", "config.worktree"):
