@@ -220,6 +220,32 @@ def test_reverse_route_adds_the_value(fmt: str | None, header: str | None, expec
 
 
 @pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize(("user", "sent"), [(b"__token__", b"__token__:" + VALUE), (None, b":" + VALUE)],
+                         ids=["own-user", "no-header"])
+def test_a_route_keeps_the_clients_basic_user_beside_the_placeholder(user: bytes | None, sent: bytes) -> None:
+    """A basic-password route to a PyPI-style index: the client's own ``__token__:$TOKEN`` is kept
+    and swapped (the route made ``:VALUE`` of it, which such an index refuses); without a Basic
+    header carrying the placeholder, the route adds its own ``:VALUE`` as before."""
+    async def main() -> tuple[bytes, list[bytes], str]:
+        async with upstream(echo_auth) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port, "basic-password")
+            proxy.session.credentials = Credentials(capsule, Store())
+            placeholder = capsule.env()["TOKEN"]
+            client = await proxy.http()
+            auth = b"" if user is None else b"Authorization: Basic " + base64.b64encode(
+                user + b":" + placeholder.encode()) + b"\r\n"
+            await client.send_all(b"GET /route/TOKEN/simple/pkg/ HTTP/1.1\r\nHost: 10.99.0.1:3128\r\n" + auth
+                                  + b"\r\n")
+            return await read_all(client), up.seen, placeholder
+
+    answer, seen, placeholder = trio.run(main)
+    assert seen[0].startswith(b"GET /simple/pkg/ ")
+    assert seen[0].count(b"authorization: Basic " + base64.b64encode(sent) + b"\r\n") == 1, seen[0]
+    assert answer.startswith(b"HTTP/1.1 200 ") and VALUE not in answer
+    assert base64.b64encode(sent) not in answer and placeholder.encode() not in seen[0]
+
+
+@pytest.mark.usefixtures("relay_engine")
 @pytest.mark.parametrize("form", ["origin", "absolute"])
 def test_a_route_is_only_for_the_capsules_secrets(form: str) -> None:
     """Another name's route is a 400 that names this capsule's routes, sent to the proxy in

@@ -93,6 +93,17 @@ def _basic_of(head: bytes) -> bytes | None:
     return None if found is None else head[found.end():].split(b"\r\n", 1)[0].strip()
 
 
+def _decoded(value: bytes) -> bytes:
+    """A header's value, and its Basic credentials decoded if it is Basic auth."""
+    scheme, _, rest = value.partition(b" ")
+    if scheme.lower() != b"basic":
+        return value
+    try:
+        return value + b"\n" + base64.b64decode(rest.strip(), validate=True)
+    except ValueError:
+        return value
+
+
 def _where(attempt: Exfiltration) -> str:
     who = f"the placeholder of secret {attempt.secret}" if attempt.secret else f"a {PREFIX} placeholder"
     return f"{who} in {attempt.where}"
@@ -208,13 +219,21 @@ class Credentials:
                headers: list[tuple[bytes, bytes]]) -> tuple[str, list[tuple[bytes, bytes]]]:
         """A request routed to secret ``name``'s upstream: its target and headers with the
         placeholder where the binding puts the value (``judge`` then swaps it); a header of
-        that name the client sent goes."""
+        that name the client sent goes, unless it holds this secret's placeholder already.
+
+        That header is kept because Basic auth has a half the binding does not know: an index
+        that wants ``__token__:VALUE`` refused the ``:VALUE`` a basic-password route made of
+        it, though the client had sent ``__token__:$NAME``.  ``judge`` checks the kept header
+        as any other."""
         binding = self.capsule.bindings[name]
         text = self.capsule.placeholders[binding.name].text
         if binding.query_param is not None:
             joined = "&" if "?" in origin else "?"
             return f"{origin}{joined}{binding.query_param}={text}", headers
         assert binding.header is not None
+        own = [v for n, v in headers if n.lower() == binding.header.encode()]
+        if len(own) == 1 and text.encode() in _decoded(own[0]):
+            return origin, headers
         if binding.format in BASIC_FORMATS:
             pair = f"{text}:" if binding.format == "basic-user" else f":{text}"
             value = "Basic " + base64.b64encode(pair.encode()).decode()
