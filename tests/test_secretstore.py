@@ -35,7 +35,7 @@ def test_bindings_read_as_rules_with_443_by_default() -> None:
     (("N", ["*.example.com"]), "exact hosts"),
     (("N", ["10.0.0.0/8"]), "exact hosts"),
     (("N", ["http://h.example"]), "https:// is the only scheme"),
-    (("N", ["https://h.example/path"]), "exact hosts"),
+    (("N", ["https://h.example/path"]), "not a URL: give --host https://h.example (no user"),
     (("N", ["h.example:99999"]), "port"),
     (("N", ["h.example"], "Host"), "cannot carry a secret"),
     (("N", ["h.example"], "X Bad"), "cannot carry a secret"),
@@ -44,6 +44,9 @@ def test_bindings_read_as_rules_with_443_by_default() -> None:
     (("N", ["h.example"], None, "Bearer"), "exactly one {}"),
     (("N", ["h.example"], None, "{} {}"), "exactly one {}"),
     (("N", ["h.example"], None, "query:a&b"), "parameter"),
+    (("N", ["https://h.example:8443/"]), "not a URL: give --host https://h.example:8443 (no user"),
+    (("N", ["https://__token__@h.example:8443/simple/"]), "give --host https://h.example:8443 (no user"),
+    (("N", ["h.example/simple"]), "give --host h.example (no user"),
 ])
 def test_bad_bindings_say_what_to_change(args: tuple, says: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(CcwError, match=re.escape(says)) as caught:

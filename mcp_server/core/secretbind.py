@@ -115,6 +115,11 @@ def parse_host(text: str) -> tuple[str, int, bool]:
         raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: https:// is the only scheme a host may be "
                        "written with (it keeps the value inside TLS); a plain HOST:PORT goes as each request's "
                        "scheme says", {"host": text})
+    host, slash, path = text.rpartition("@")[2].partition("/")
+    if "@" in text or (slash and not path[:1].isdigit()):  # a URL pasted whole (a CIDR's "/" has digits after)
+        raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: a secret is bound to a host, not a URL: "
+                       f"give --host {HTTPS if tls else ''}{host} (no user, no path; the client's URL keeps "
+                       "them)", {"host": text})
     if "*" in text or "/" in text:
         raise CcwError("INVALID_ARGUMENT", f"secret host {text!r}: a secret is bound to exact hosts, never a "
                        "wildcard or a network; give each host with its own --host", {"host": text})
