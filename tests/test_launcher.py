@@ -67,7 +67,7 @@ def test_a_detached_process_keeps_none_of_its_callers_descriptors(tmp_path: Path
         spawn_detached([sys.executable, "-c", report], tmp_path / "log", ready_w)
         os.close(ready_w)
         with os.fdopen(ready_r) as ready:
-            pid = int(ready.readline())
+            pid = int(ready.read())  # to its end: the process closed its copy, as it does after writing
         try:
             kept = {int(fd) for fd in os.listdir(f"/proc/{pid}/fd")}
         finally:
