@@ -38,7 +38,7 @@ from typing import Any
 import trio
 
 from mcp_server.capsules.exec import exec_request
-from mcp_server.fs.fingerprint import git_env
+from mcp_server.fs.fingerprint import NO_HOOKS, git_env
 from mcp_server.fs.view import RootView
 from sandbox.errors import CcwError
 
@@ -46,7 +46,7 @@ _OID_RE = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
 BUNDLE = ".ccw-promote.bundle"  # in the scratch fork's workspace, read through its root
 MAX_BUNDLE = 256 << 20  # read into memory; a larger change is carried by hand
 TIMEOUT_S = 300
-_HARDENED = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "transfer.fsckObjects=true")
+_HARDENED = (*NO_HOOKS, "-c", "transfer.fsckObjects=true")
 
 
 @dataclass(frozen=True)

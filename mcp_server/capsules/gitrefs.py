@@ -19,14 +19,14 @@ from collections.abc import Collection, Iterable
 from mcp_server.core import hazards, refmoves
 from mcp_server.core.refmoves import RefChange
 from mcp_server.fs.changeset import Entry
-from mcp_server.fs.fingerprint import git_env, run_git
+from mcp_server.fs.fingerprint import NO_HOOKS, git_env, run_git
 from mcp_server.fs.view import DirFds, RootView
 from sandbox.errors import CcwError
 
 MAX_WALK = 10_000  # new commits walked for one branch; past that it counts as not moved forward
 MAX_REF_FILE = 1 << 16  # a loose ref is one line (FETCH_HEAD a few): larger reads as garbage
 TIMEOUT_S = 60
-_HARDENED = ("-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+_HARDENED = ("-c", "safe.directory=*", *NO_HOOKS)
 
 
 def changes(capsule: RootView, workspace: str, entries: Iterable[Entry], bare_gitdirs: Collection[str],

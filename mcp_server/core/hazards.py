@@ -409,10 +409,10 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     rel = folded[depth:]
     data = any(_covers(pattern, rel) for pattern in _GIT_DATA_BY_FIRST.get(rel[0], ()))
     if data and not any(_covers(pattern, rel) for pattern in _GIT_NOT_DATA):
-        unchecked = _UNCHECKED.get(rel[0] if rel[0] == "objects" else "/".join(rel))
-        if unchecked is None or change.action != "write" or change.path in checked_data:
-            unchecked = moved.get(change.path)  # data as plain as it reads, but naming another commit
-        return None if unchecked is None else Hazard("git_control", change.path, change.action, unchecked)
+        why = _UNCHECKED.get(rel[0] if rel[0] == "objects" else "/".join(rel))
+        if why is None or change.action != "write" or change.path in checked_data:
+            why = moved.get(change.path)  # data as plain as it reads, but naming another commit
+        return None if why is None else Hazard("git_control", change.path, change.action, why)
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"
     elif rel[-1] in ("config", "config.worktree"):

@@ -93,15 +93,18 @@ def _basic_of(head: bytes) -> bytes | None:
     return None if found is None else head[found.end():].split(b"\r\n", 1)[0].strip()
 
 
+def _unbased(encoded: bytes | None) -> bytes:
+    """Basic credentials' base64 decoded (nothing if it is none, or not base64)."""
+    try:
+        return base64.b64decode(encoded or b"", validate=True)
+    except ValueError:
+        return b""
+
+
 def _decoded(value: bytes) -> bytes:
     """A header's value, and its Basic credentials decoded if it is Basic auth."""
     scheme, _, rest = value.partition(b" ")
-    if scheme.lower() != b"basic":
-        return value
-    try:
-        return value + b"\n" + base64.b64decode(rest.strip(), validate=True)
-    except ValueError:
-        return value
+    return value + b"\n" + _unbased(rest.strip()) if scheme.lower() == b"basic" else value
 
 
 def _where(attempt: Exfiltration) -> str:
@@ -182,12 +185,7 @@ class Credentials:
     @staticmethod
     def holds(data: bytes) -> bool:
         """Whether the head ``data`` holds a ``PREFIX`` run, in clear or in its Basic auth's base64."""
-        basic = _basic_of(data)
-        try:
-            decoded = base64.b64decode(basic or b"", validate=True)
-        except ValueError:
-            decoded = b""
-        return PREFIX.encode() in data or PREFIX.encode() in decoded
+        return PREFIX.encode() in data or PREFIX.encode() in _unbased(_basic_of(data))
 
     def body_attempt(self, data: bytes) -> str | None:
         """The refusal's reason if a request body's bytes ``data`` carry a placeholder."""

@@ -40,6 +40,10 @@ from mcp_server.core.fingerprint import Fingerprint
 from mcp_server.core.paths import sort_paths
 from sandbox.errors import CcwError
 
+# Flags for a git run over a repository whose config ccw does not trust to name programs:
+# no hooks, no fsmonitor (each would run as the caller).
+NO_HOOKS = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+
 
 def git_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment git runs with: no inherited GIT_*, no optional locks, no prompts."""

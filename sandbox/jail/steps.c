@@ -387,9 +387,9 @@ static size_t notify_message(const struct plan *plan, char kind, char message[st
     return 1 + NOTIFY_KEY;
 }
 
-/* The run's one filter: the jail's own with the rename family notified (seccomp.py
- * build_program), with a new listener.  A kernel that refuses it gets the plain filter
- * (plan->seccomp), and the helper an 'F': the run is attributed as before unotify.py. */
+/* The run's one filter, the jail's own with the rename family notified (seccomp.py
+ * build_program), installed with a new listener: 1.  A kernel that refuses it: the 'F'
+ * sent, and 0, so that the caller installs the plain filter (plan->seccomp). */
 static int install_listener(const struct plan *plan)
 {
     struct sock_fprog program = {(unsigned short)(plan->notify_len / 8), (struct sock_filter *)plan->notify};
