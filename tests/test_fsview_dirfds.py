@@ -93,3 +93,22 @@ def test_open_name_never_leaves_the_directory(tmp_path: Path) -> None:
             assert os.read(fd, 10) == b"a\n"
         finally:
             os.close(fd)
+
+
+def test_a_sparse_file_over_the_read_cap_is_refused_unread(tmp_path: Path) -> None:
+    """A capsule makes a file of any size for no disk (``truncate -s``); read whole, it would fill
+    the front end's memory, and past Linux's largest single read it came back cut short."""
+    from mcp_server.fs import view as view_mod
+
+    root = tmp_path / "root"
+    root.mkdir()
+    with open(root / "huge.bin", "wb") as f:
+        f.truncate(3 << 30)
+    (root / "small.bin").write_bytes(b"x" * 10)
+    with RootView.open(str(root)) as view, DirFds(view) as dirs:
+        for read in (lambda: view.read_regular("huge.bin"), lambda: dirs.read_stat("huge.bin")):
+            with pytest.raises(CcwError) as caught:
+                read()
+            assert caught.value.code == "TOO_LARGE" and caught.value.details == {
+                "path": "huge.bin", "size": 3 << 30, "limit": view_mod.MAX_READ_BYTES}, caught.value
+        assert view.read_regular("small.bin") == b"x" * 10

@@ -13,7 +13,11 @@ onto the host what promotion would refuse of one capsule:
   given the parent's edit by hand, or created over a copy of the parent's view as its
   base) cannot make the merge use the parent as the base: the base is what the service
   recorded, so the first is merged against the workspace (and conflicts where the
-  parent's own edit is), the second refused for having another base.
+  parent's own edit is), the second refused for having another base;
+- sparse files, which cost the jail no disk at any size: a merge reads every input's
+  changed files into memory and is refused (TOO_LARGE) before reading past its budget;
+  a promotion or a branch of a file over the read cap is refused, where one past
+  Linux's largest single read was written cut short.
 """
 
 from __future__ import annotations
@@ -174,3 +178,43 @@ def test_the_policies_judge_what_the_inputs_ran_not_only_the_merged_capsule(
     report = merged["promote"]["policy_report"]
     assert report["paths_ok"] is False and report["deny_paths"] == ["secret.txt"], report
     assert (ws / "m.txt").read_text() == LINES
+
+
+def _refusal(call: Any) -> Any:
+    async def refused() -> CcwError | None:
+        try:
+            await call()
+        except CcwError as exc:
+            return exc
+        return None
+    return refused
+
+
+def test_sparse_files_of_any_size_are_refused_unread_by_merge_promotion_and_branch(
+        tools: Any, require: Any, tmp_path: Path) -> None:
+    ws = _workspace(require, tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        two, edit = await _forks(t, ws, "truncate -s 1100M a.bin && truncate -s 1100M b.bin",
+                                 "sed -i 's/^line 3$/line three/' m.txt")
+        huge = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        made = await t.call("capsule_exec", {"capsule_id": huge, "cmd": _sh("truncate -s 3G huge.bin")})
+        assert made["exit_code"] == 0, made["stderr"]
+        out = {name: await _refusal(lambda args=args, tool=tool: t.call(tool, args))()
+               for name, tool, args in (
+                   ("merge", "capsule_merge", {"capsule_ids": [two, edit], "into": "live"}),
+                   ("promote", "capsule_promote", {"capsule_id": huge}),
+                   ("branch", "capsule_promote", {"capsule_id": huge, "as_branch": "ccw/huge"}))}
+        out["capsules"] = len((await t.call("capsule_list", {}))["capsules"])
+        return out
+
+    out = tools.run(scenario)
+    assert out["merge"] is not None and out["merge"].code == "TOO_LARGE", out["merge"]
+    assert "more than a merge holds in memory" in out["merge"].message
+    for name in ("promote", "branch"):
+        refused = out[name]
+        assert refused is not None and refused.code == "TOO_LARGE", (name, refused)
+        assert refused.details["path"] == "huge.bin" and refused.details["size"] == 3 << 30, refused.details
+    assert out["capsules"] == 4  # the forks' parent, its two forks and huge's: no merged capsule was made
+    assert _git(ws, "status", "--porcelain") == "" and not (ws / "huge.bin").exists()
+    assert _git(ws, "branch", "--list", "ccw/huge") == ""

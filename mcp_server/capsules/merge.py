@@ -83,6 +83,7 @@ from sandbox.replies import Change, ChangesReply
 MERGE = TakesTurn("merge")
 MAX_INPUTS = 16
 MAX_LISTED = 1000  # paths listed in ``files``; ``counts`` has them all
+MAX_HELD_BYTES = 2 << 30  # every input's changed files are read into memory before anything is merged
 
 
 @dataclass(frozen=True)
@@ -213,9 +214,16 @@ async def _listed_and_read(service: CapsuleService, every: list[CapsuleRecord], 
                 os.close(root_fd)
 
     async def ask(nursery: trio.Nursery) -> None:
+        held = 0
         for record in every:
             try:
                 reply = replies[record.capsule_id] = await service.call(ChangesRequest(record.capsule_id))
+                held += sum(change.size or 0 for change in reply.changes if change.type == "file")
+                if held > MAX_HELD_BYTES:
+                    raise CcwError("TOO_LARGE", f"the inputs' changed files come to over {MAX_HELD_BYTES} bytes, "
+                                   "more than a merge holds in memory at once (a sparse file costs no disk but is "
+                                   "read whole); nothing was merged. Remove the large files in the capsules, or "
+                                   "promote them one at a time", {"limit": MAX_HELD_BYTES})
                 root_fd = await service.open_root(record.capsule_id)
             except CcwError as exc:
                 failed.append(_of(record.capsule_id, exc))

@@ -35,6 +35,10 @@ from sandbox import syscalls
 from sandbox.errors import CcwError, from_oserror
 from sandbox.ops import kind_of
 
+# A capsule's file is read whole into the front end's memory (promotion, merge, branch, diff):
+# a sparse file of any size costs the jail no disk, so its size is bounded here, not by its quota;
+# and below Linux's largest single read (0x7ffff000), which ``_read_all`` would take for the end.
+MAX_READ_BYTES = 1 << 30
 _RESOLVE_READ = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 _RESOLVE_WRITE = _RESOLVE_READ | syscalls.RESOLVE_NO_SYMLINKS
 # openat2's RESOLVE_* refusals, as the agent reads them: what happened, what to do instead.
@@ -317,23 +321,35 @@ def _read_regular_stat(fd: int, rel: str, missing_ok: bool) -> tuple[bytes | Non
                 return None, st
             raise CcwError("INVALID_ARGUMENT", f"read {rel!r}: not a regular file ({kind_of(st.st_mode)})",
                            {"path": rel})
-        return _read_all(fd, st.st_size), st
+        if st.st_size > MAX_READ_BYTES:
+            raise _too_large(rel, st.st_size)
+        return _read_all(fd, st.st_size, rel), st
     except OSError as exc:
         raise _error(exc, "read", rel) from exc
     finally:
         os.close(fd)
 
 
-def _read_all(fd: int, size: int) -> bytes:
+def _too_large(rel: str, size: int) -> CcwError:
+    return CcwError("TOO_LARGE", f"{rel!r} is {size} bytes, over the {MAX_READ_BYTES} ccw reads into memory "
+                    "(a sparse file costs no disk but is read whole), so it was not read. Remove or shrink it "
+                    "in the capsule, or copy it by hand", {"path": rel, "size": size, "limit": MAX_READ_BYTES})
+
+
+def _read_all(fd: int, size: int, rel: str) -> bytes:
     # A regular file read returns short only at end of file, so one read of size + 1
-    # bytes that comes back short is the whole file; a file that grew keeps reading.
+    # bytes that comes back short is the whole file; a file that grew keeps reading,
+    # up to the cap (a capsule's running service may still be writing it).
     want = size + 1
     first = os.read(fd, want)
     if len(first) < want:
         return first
-    chunks = [first]
+    chunks, total = [first], len(first)
     while chunk := os.read(fd, 1 << 20):
         chunks.append(chunk)
+        total += len(chunk)
+        if total > MAX_READ_BYTES:
+            raise _too_large(rel, total)
     return b"".join(chunks)
 
 
