@@ -14,6 +14,9 @@ onto the host what promotion would refuse of one capsule:
   base) cannot make the merge use the parent as the base: the base is what the service
   recorded, so the first is merged against the workspace (and conflicts where the
   parent's own edit is), the second refused for having another base;
+- at a path the workspace's git ignores (``build/``), one capsule makes ``build`` a link
+  while another writes ``build/pwn``: a conflict there does not count, yet nothing can be
+  kept beneath a link; it stays a conflict, reported by the dry run as by the merge;
 - sparse files, which cost the jail no disk at any size: a merge reads every input's
   changed files into memory and is refused (TOO_LARGE) before reading past its budget;
   a promotion or a branch of a file over the read cap is refused, where one past
@@ -178,6 +181,34 @@ def test_the_policies_judge_what_the_inputs_ran_not_only_the_merged_capsule(
     report = merged["promote"]["policy_report"]
     assert report["paths_ok"] is False and report["deny_paths"] == ["secret.txt"], report
     assert (ws / "m.txt").read_text() == LINES
+
+
+def test_an_ignored_file_beneath_another_inputs_link_stays_a_conflict(tools: Any, require: Any,
+                                                                     tmp_path: Path) -> None:
+    ws = _workspace(require, tmp_path)
+    (ws / ".gitignore").write_text("build/\n")
+    (ws / "build").mkdir()
+    (ws / "build" / "keep.o").write_text("o\n")
+    _git(ws, "add", ".gitignore")
+    _git(ws, "commit", "-q", "-m", "ignore build")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        one, two = await _forks(t, ws, f"rm -r build && ln -s {outside} build", "echo planted > build/pwn")
+        asked = [("new", True), ("new", False), ("live", True), ("live", False)]
+        return {"ids": (one, two), **{f"{into}-{dry}": await t.call("capsule_merge", {
+            "capsule_ids": [one, two], "into": into, "dry_run": dry}) for into, dry in asked}}
+
+    out = tools.run(scenario)
+    one, two = out.pop("ids")
+    for name, merged in out.items():
+        assert merged["merged"] is False and merged["written"] is False and "capsule_id" not in merged, (name, merged)
+        [clash] = merged["conflicts"]
+        assert clash["path"] == "build/pwn" and f"its directory build is symlink -> {outside}" in clash["how"], clash
+        assert clash["capsules"] == [one, two], clash
+    assert list(outside.iterdir()) == [] and (ws / "build").is_dir() and not (ws / "build").is_symlink()
+    assert _git(ws, "status", "--porcelain") == ""
 
 
 def _refusal(call: Any) -> Any:

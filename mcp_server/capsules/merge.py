@@ -402,13 +402,29 @@ def _ignored_conflicts(plan: Plan, names: list[str], workspace: str) -> None:
     """A conflict at a path the workspace's git ignores stops no merge: promotion leaves such a
     path behind (fs/gitignore.Scope, as capsule_promote and capsule_diff judge it), so two
     attempts that both ran Python, each with its own ``__pycache__/*.pyc``, would otherwise
-    never merge.  The first input that changed it keeps its state there (``IGNORED``)."""
+    never merge.  The first input that changed it keeps its state there (``IGNORED``), unless the
+    merge made its directory a link or a file (``_below_no_dir``): that stays a conflict."""
     paths = [one.path for one in plan.conflicts]
     _kept, skipped, _note = Scope().split(workspace, paths)
     for path in (one["path"] for one in skipped if one["reason"] == "ignored"):
+        if _below_no_dir(plan, path):
+            continue  # its directory is a link or a file in the merge: nothing can be kept beneath it
         first = next(name for name in names if plan.sides[name][path] != plan.base[path])
         plan.outcomes[path] = Outcome(path, plan.sides[first][path], IGNORED, (first,))
     plan.__dict__.pop("changed", None)  # a cached_property: the outcomes just changed
+
+
+def _below_no_dir(plan: Plan, path: str) -> bool:
+    """Whether a directory above ``path`` is, in the merge, something that holds no entries (a symlink,
+    a file): another input's file there would be written through it (parents are reached in order,
+    so one made a link by this override is seen)."""
+    head = path
+    while "/" in head:
+        head = head.rpartition("/")[0]
+        parent = plan.outcomes.get(head)
+        if parent is not None and parent.state is not None and parent.state.kind not in (None, "dir"):
+            return True
+    return False
 
 
 async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
