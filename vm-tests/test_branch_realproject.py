@@ -137,6 +137,45 @@ def test_refusals_without_a_repository_or_a_base_commit_and_a_fork_s_base(tools:
     assert (plain / "a.txt").read_text() == "a\n" and (unborn / "a.txt").read_text() == "a\n"
 
 
+def test_a_change_the_workspace_caught_up_with_still_lands_on_the_branch(tools: Any, tmp_path: Path) -> None:
+    # The change list is read against the live workspace: a change promoted already (the
+    # capsule's own, or a merge holding it), or made by hand, is no difference there, yet
+    # the branch is cut from the base commit, which lacks it.
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("a.txt", "b.txt", "gone.txt"):
+        (repo / name).write_text(f"{name}\n")
+    realprojects.git(repo, "init", "-q", "-b", "main")
+    realprojects.git(repo, "add", "-A")
+    realprojects.git(repo, "commit", "-q", "-m", "initial")
+    base = realprojects.git(repo, "rev-parse", "HEAD").strip()
+    edit = "echo fixed > a.txt && echo new > c.txt && rm gone.txt && echo back > b.txt && echo b.txt > b.txt"
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        whole = (await t.call("capsule_create", {"workspace": str(repo)}))["capsule_id"]
+        part = (await t.call("capsule_create", {"workspace": str(repo)}))["capsule_id"]
+        await t.call("capsule_exec", {"capsule_id": part, "cmd": ["sh", "-c", "echo mine > d.txt"]})
+        await t.call("capsule_exec", {"capsule_id": whole, "cmd": ["sh", "-c", edit]})
+        promoted = await t.call("capsule_promote", {"capsule_id": whole})
+        (repo / "d.txt").write_text("mine\n")  # the same edit by hand
+        (repo / "b.txt").write_text("b.txt edited on the host\n")
+        dry = await t.call("capsule_promote", {"capsule_id": whole, "as_branch": "w", "dry_run": True})
+        return {"promoted": promoted, "dry": dry,
+                "whole": await t.call("capsule_promote", {"capsule_id": whole, "as_branch": "w"}),
+                "part": await t.call("capsule_promote", {"capsule_id": part, "as_branch": "p"})}
+
+    out = tools.run(scenario)
+    assert out["promoted"]["applied"] == ["a.txt", "c.txt", "gone.txt"], out["promoted"]
+    # b.txt, changed and changed back, differs from the host's edit of it, but not from the base commit.
+    assert out["dry"]["applied"] == ["a.txt", "b.txt", "c.txt", "gone.txt"], out["dry"]
+    assert out["whole"]["applied"] == out["dry"]["applied"], out["whole"]
+    assert realprojects.git(repo, "diff", "--name-status", base, "w").splitlines() == [
+        "M\ta.txt", "A\tc.txt", "D\tgone.txt"]
+    assert realprojects.git(repo, "show", "w:a.txt") == "fixed\n"
+    assert realprojects.git(repo, "diff", "--name-status", base, "p").splitlines() == ["A\td.txt"], out["part"]
+    assert [realprojects.git(repo, "rev-parse", f"{name}^").strip() for name in ("w", "p")] == [base, base]
+
+
 ATTACKS = {
     "hook": ("printf '#!/bin/sh\\ntouch pwned\\n' > .git/hooks/pre-commit && chmod +x .git/hooks/pre-commit",
              ("git_control", ".git/hooks/pre-commit")),

@@ -52,6 +52,7 @@ from mcp_server.capsules import branch_tree, promote
 from mcp_server.capsules.branch_base import recorded_commit
 from mcp_server.capsules.gitpromote import _git
 from mcp_server.capsules.service import CapsuleService
+from mcp_server.fs import changeset
 from mcp_server.fs.promote import Op
 from mcp_server.fs.view import DirFds, RootView
 from mcp_server.journal_records import CapsuleRecord
@@ -134,19 +135,55 @@ async def _branch_frozen(service: CapsuleService, request: promote.Request, reco
     judged = await promote.judge(service, request, record, conflicts=False)
     report = judged.report
     about = {"name": found.name, "ref": found.ref, "parent": found.base}
+    listed = {entry.path for entry in judged.plan.entries} | {one["path"] for one in judged.scoped["skipped"]}
+    caught = await trio.to_thread.run_sync(_caught_up, service, record, await service.open_root(record.capsule_id),
+                                           request, listed)
     if not report["passed"] or request.dry_run:
+        would = sorted({*judged.would_apply, *(op.path for op in caught)}, key=os.fsencode)
         return {"promoted": False, "dry_run": request.dry_run,
-                "applied": judged.would_apply if request.dry_run else [], "policy_report": report,
+                "applied": would if request.dry_run else [], "policy_report": report,
                 **judged.scoped, "branch": about}
     kinds = {entry.path: entry.new.kind for entry in judged.plan.entries if entry.new is not None}
     targets = {entry.path: entry.new.target for entry in judged.plan.entries
                if entry.new is not None and entry.new.kind == "symlink"}
     message = commit_message(service, record, report, found)
     root_fd = await service.open_root(record.capsule_id)
-    made = await trio.to_thread.run_sync(_commit, record, found, root_fd, judged.ops, kinds, targets, message)
+    ops = [*judged.ops, *caught]
+    kinds.update({op.path: "symlink" if op.action == "symlink" else "file" for op in caught if op.action != "delete"})
+    targets.update({op.path: op.target for op in caught if op.action == "symlink"})
+    made = await trio.to_thread.run_sync(_commit, record, found, root_fd, ops, kinds, targets, message)
     skipped = judged.scoped["skipped"] + [{"path": path, "reason": branch_tree.GIT_DIR} for path in made.left_out]
     return {"promoted": True, "dry_run": False, "applied": made.paths, "policy_report": report,
             **judged.scoped, "skipped": skipped, "branch": {**about, "commit": made.commit}}
+
+
+def _caught_up(service: CapsuleService, record: CapsuleRecord, root_fd: int, request: promote.Request,
+               listed: set[str]) -> list[Op]:
+    """The capsule's changes the workspace has since been brought to (the capsule, or a merge of
+    it, promoted; the same edit made by hand): they differ from the base no longer, so the
+    change list, read against the live workspace, leaves them out, yet the base commit the
+    branch is cut from lacks them.  A path counts when the workspace no longer holds what the
+    capsule found there (its recorded state) and the capsule does not hold that either; what
+    is committed is the capsule's, which is also what the workspace holds now (promotion's
+    hazard checks saw it when it was promoted; a hand edit is the user's own)."""
+    recorded = {path: state for path, state in promote._recorded_states(service.journal, record).items()
+                if changeset.keyed_path(path) == path and path not in listed}
+    live = promote._live_states(record.workspace, sorted(recorded))
+    moved, _, _ = request.scope.split(record.workspace, [path for path in sorted(recorded)
+                                                         if live[path] != recorded[path]])
+    ops = []
+    with RootView.from_fd(root_fd) as capsule, DirFds(capsule) as dirs:
+        for path in moved:
+            if changeset.base_state(capsule, path, dirs) == recorded[path]:
+                continue  # changed and changed back in the capsule: the workspace's edit is not its
+            side = dirs.lstat(path)
+            if side is None:
+                ops.append(Op("delete", path))
+            elif side.kind == "symlink":
+                ops.append(Op("symlink", path, target=side.target))
+            elif side.kind == "file":
+                ops.append(Op("write", path, side.mode))
+    return ops
 
 
 @dataclass(frozen=True)
