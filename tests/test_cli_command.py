@@ -484,6 +484,28 @@ def test_service_list_shows_each_ports_connections_accepted_and_refused(
     assert capsys.readouterr().out == "port 8000\t127.0.0.1:40733\tlistening\t1 accepted, 2 refused\n"
 
 
+def test_service_list_says_why_a_service_is_lost_and_how_to_bring_it_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in a developer's trial: after the front end was killed, the list said "web lost" and
+    # nothing more; why, and that a start brings it back, were in --json alone.
+    listed = {"capsule_id": "cap_1", "ports": [], "services": [
+        {"name": "web", "state": "lost", "since": "t", "argv": ["node", "app.js"], "restart": "no", "restarts": 0,
+         "reason": "the front end or helper that ran it stopped; start it again (capsule_service_start), "
+                   "or stop it to forget it"},
+        {"name": "db", "state": "ready", "since": "t", "argv": ["postgres"], "restart": "no", "restarts": 0}]}
+
+    async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
+        return listed
+
+    _answered_by(call_tool, tmp_path, monkeypatch)
+    assert main(["capsule", "service", "list", "cap_1"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "web\tlost\tnode app.js",
+        "  the front end or helper that ran it stopped; start it again (ccw capsule service start), "
+        "or stop it to forget it",
+        "db\tready\tpostgres"]
+
+
 def test_witness_prints_the_id_replay_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str]) -> None:
     # Found in a new-user trial: W=$(ccw capsule witness CAP) held "ID PATH", which

@@ -16,6 +16,7 @@ from typing import Any
 
 from mcp_server.cli import named_values
 from mcp_server.cli.output import print_json, visible
+from mcp_server.cli.toolwords import in_cli_words
 from mcp_server.config import Config
 
 VERBS = ("service", "port", "pause", "resume")
@@ -130,6 +131,8 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
         for one in result["services"]:
             status = "".join(f" {key} {one[key]}" for key in ("exit_code", "signal") if key in one)
             print(f"{one['name']}\t{one['state']}{status}\t{visible(' '.join(one['argv']))}")  # the tabs are ours
+            if one.get("reason"):  # what a lost, failed or pending one is waiting for, and how to bring it back
+                print(f"  {visible(in_cli_words(one['reason']))}")
         for port in result["ports"]:  # a forward outlives what listened there: say whether anything does now
             now = {True: "listening", False: "nothing listens there now"}.get(port.get("listening"), "not known")
             # Refused: connections from another uid than yours (ccw watch shows whose).
