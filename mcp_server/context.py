@@ -300,6 +300,10 @@ class CallContext:
         async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
             yield ticket
 
+    async def follow(self) -> None:
+        """Wait for the calls this one follows (``TakesTurn.follows``) that arrived before it."""
+        await self._runtime.capsule_queue.follow(self._take_ticket())
+
     def _take_ticket(self) -> Ticket | None:
         ticket, self._ticket = self._ticket, None
         return ticket

@@ -127,4 +127,59 @@ def test_the_capsule_tools_declare_their_turns() -> None:
     turns = {spec.name: spec.turn.label_of({"cmd": ["make", "-j2"]}) for spec in registry.tools if spec.turn}
     assert turns == {"capsule_exec": "exec `make -j2`", "capsule_fork": "fork", "capsule_destroy": "destroy",
                      "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
-                     "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`"}
+                     "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`",
+                     "capsule_service_stop": "service stop"}
+    stop = registry.lookup("capsule_service_stop")
+    assert stop is not None and stop.turn is not None and stop.turn.follows == "service start"
+
+
+NAMED = {"type": "object", "required": ["capsule_id", "name"], "additionalProperties": False,
+         "properties": {"capsule_id": {"type": "string"}, "name": {"type": "string"}}}
+START = TakesTurn("start", subject_arg="name")
+STOP = TakesTurn("stop", subject_arg="name", follows=START.label)
+
+
+def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else(tmp_path: Path) -> None:
+    # Found in a developer's trial: start w1 (queued behind another start), then stop w1,
+    # pipelined: the stop, taking no turn, ran first and said w1 was unknown; w1 kept running.
+    ran: list[str] = []
+    stops_ran = trio.Event()
+
+    async def hold(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], "hold"):
+            with trio.fail_after(5):  # the stops of other services, and of one not yet started, need no turn
+                await stops_ran.wait()
+            ran.append("hold")
+        return {"n": 0, "ticket": 0}
+
+    async def start(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], START.label) as ticket:
+            ran.append(f"start {args['name']}")
+        return {"n": 0, "ticket": ticket.number}
+
+    async def stop(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        await ctx.follow()
+        ran.append(f"stop {args['name']}")
+        if {"stop b", "stop c"} <= set(ran):
+            stops_ran.set()
+        return {"n": 0, "ticket": 0}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("hold", "server", "holds the turn", NAMED, RESULT, hold, turn=TakesTurn("hold")))
+    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
+    registry.add(ToolSpec("stop", "server", "a service's stop", NAMED, RESULT, stop, turn=STOP))
+    server = CcwServer(config, State(config.state_dir), registry)
+
+    def named(request_id: int, tool: str, name: str) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                "params": {"name": tool, "arguments": {"capsule_id": "cap", "name": name}}}
+
+    frames = [*HANDSHAKE, named(1, "hold", "-"), named(2, "start", "a"), named(3, "stop", "a"), named(4, "stop", "b"),
+              named(5, "stop", "c"), named(6, "start", "c")]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert all("error" not in answers[n] and not answers[n]["result"].get("isError") for n in range(1, 7)), answers
+    assert set(ran[:2]) == {"stop b", "stop c"}  # c's start came after its stop: not waited for
+    assert ran[2:] == ["hold", "start a", "stop a", "start c"]
+    assert server.runtime.capsule_queue.line("cap") == []

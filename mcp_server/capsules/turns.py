@@ -6,6 +6,8 @@ parallel, so the front end queues ``capsule_exec``, ``capsule_fork``, ``capsule_
 ``capsule_witness``, ``capsule_promote`` and the reading of a capsule's change by
 ``capsule_deltamin`` per capsule, first come first served.  Read-only tools (diff, file
 reads, list) take no turn: they answer while a command runs, and see its writes as far as they have got.
+A service's stop takes no turn either (it must not wait behind a test run) but follows the
+starts of its service that came before it (``TakesTurn.follows``).
 
 Why not ``trio.Lock``: it is fair (``release`` hands the lock straight to the longest
 waiter), but it cannot say who holds it or how many wait ahead, which a queued call's
@@ -54,6 +56,15 @@ class TakesTurn:
     label: str  # "fork", "destroy"
     capsule_arg: str = "capsule_id"
     command_arg: str | None = None  # an argv argument the label shows (exec `make -j2`)
+    subject_arg: str | None = None  # an argument naming what of the capsule it acts on (a service's name)
+    # A call that holds no turn but waits for the calls so labelled, on its subject, that arrived
+    # before it (``CapsuleQueue.follow``): a service's stop, for its start.
+    follows: str | None = None
+
+    def subject_of(self, args: Mapping[str, Any]) -> str | None:
+        """What of the capsule a call with ``args`` acts on, or None."""
+        subject = args.get(self.subject_arg) if self.subject_arg is not None else None
+        return subject if isinstance(subject, str) else None
 
     def capsule_of(self, args: Mapping[str, Any]) -> str | None:
         """The capsule a call with ``args`` takes the turn of, or None if they name none."""
@@ -90,6 +101,9 @@ class Ticket:
     arrived: float = field(default_factory=time.monotonic)
     started: float | None = None  # when it got the turn
     waited: bool = False  # whether another call held the turn when its handler asked
+    kind: str = ""  # its tool's TakesTurn label ("service start"), without the command
+    subject: str | None = None  # TakesTurn.subject_of
+    follows: str | None = None  # TakesTurn.follows
 
     @property
     def waited_ms(self) -> int:
@@ -148,9 +162,13 @@ class CapsuleQueue:
         """The capsule's line, holder first (a copy)."""
         return list(self._lines.get(capsule_id, ()))
 
-    def reserve(self, capsule_id: str, label: str) -> Ticket:
-        """Take the last place in the capsule's line now; ``turn`` claims it later."""
+    def reserve(self, capsule_id: str, label: str, takes: TakesTurn | None = None,
+                args: Mapping[str, Any] | None = None) -> Ticket:
+        """Take the last place in the capsule's line now (for a call of ``takes`` with ``args``);
+        ``turn`` claims it later."""
         ticket = Ticket(next(self._numbers), label, capsule_id)
+        if takes is not None:
+            ticket.kind, ticket.subject, ticket.follows = takes.label, takes.subject_of(args or {}), takes.follows
         self._lines.setdefault(capsule_id, []).append(ticket)
         self._lots.setdefault(capsule_id, trio.lowlevel.ParkingLot())
         return ticket
@@ -173,7 +191,20 @@ class CapsuleQueue:
         if takes is None or not isinstance(args, Mapping):
             return None
         capsule_id = takes.capsule_of(args)
-        return None if capsule_id is None else self.reserve(capsule_id, takes.label_of(args))
+        return None if capsule_id is None else self.reserve(capsule_id, takes.label_of(args), takes, args)
+
+    async def follow(self, ticket: Ticket | None) -> None:
+        """Wait until no call that ``ticket``'s call follows (``TakesTurn.follows``, on the same
+        subject) stands ahead of it in its line: a stop pipelined after its service's start,
+        which waits behind a test run, finds the service started, not unknown.  The ticket
+        stays unclaimed: its transport gives it back once the call is answered.  A call with no
+        place (the CLI's in-process calls, one at a time) has nothing to wait for."""
+        if ticket is None or ticket.follows is None:
+            return
+        line = self._lines.get(ticket.capsule_id, [])
+        while ticket in line and any(ahead.kind == ticket.follows and ahead.subject == ticket.subject
+                                     for ahead in line[: line.index(ticket)]):
+            await self._lots[ticket.capsule_id].park()  # every release wakes the line
 
     def give_back(self, ticket: Ticket | None) -> None:
         """Give back a place taken on arrival that no handler claimed (the request is

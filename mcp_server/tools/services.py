@@ -4,7 +4,8 @@ Adapters over the front end's services (``ctx.capsules.services``, capsules/serv
 and the helper's freezer.  ``capsule_service_start`` takes the capsule's turn and answers
 once the service is ready, so the next call on the capsule (an exec running the tests)
 runs against a ready service; the others take no turn: a log or a stop must not wait
-behind a long test run.  Pause and resume act at once on whatever the capsule runs
+behind a long test run (a stop still waits for a start of its service sent before it,
+capsules/turns.py ``follow``).  Pause and resume act at once on whatever the capsule runs
 (an exec's time limit keeps counting while it is frozen).
 """
 
@@ -29,7 +30,8 @@ from sandbox.errors import CcwError
 from sandbox.ops import MAX_PORT, SERVICE_NAME_RE, FreezeRequest
 from sandbox.spec import Limits, resolve_cwd
 
-SERVICE_START = TakesTurn("service start", command_arg="cmd")
+SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
+SERVICE_STOP = TakesTurn("service stop", subject_arg="name", follows=SERVICE_START.label)
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
 _SERVICE = {"type": "object", "description": "name, state (starting|running|ready|exited|failed|lost|stopped), "
             "since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's journal row)"}
@@ -84,6 +86,7 @@ async def capsule_service_logs(ctx: ToolContext, args: dict[str, Any]) -> dict[s
 
 
 async def capsule_service_stop(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    await ctx.follow()  # a start of this service sent before it, queued behind a run, comes first
     record = ctx.capsules.live_record(args["capsule_id"])
     services = _services(ctx)
     await services.recover(ctx.capsules)
@@ -191,6 +194,7 @@ TOOLS = [
         input_schema=_input(["name"], name=_NAME, grace_ms={"type": "integer", "minimum": 0, "maximum": 600_000}),
         output_schema={**_OUT, "required": ["capsule_id", "name", "state"]},
         handler=capsule_service_stop,
+        turn=SERVICE_STOP,
         scope="exec",
     ),
     ToolSpec(
