@@ -186,3 +186,10 @@ def test_the_command_asks_promote_for_a_branch_and_says_what_became_of_it(capsys
     assert cli_branch.show(refused, False) == 1
     out, err = capsys.readouterr()
     assert out == "" and "no branch made: policy baseline failed" in err
+    # A project's caches are many ignored files: counted on one line, as promote counts them.
+    caches = [{"path": f"pkg/__pycache__/m{i}.pyc", "reason": "ignored"} for i in range(40)]
+    assert cli_branch.show({**made, "skipped": [*caches, {"path": ".git/HEAD", "reason": "git dir"}]}, False) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[1:] == [
+        "  left out 40 ignored files: pkg/__pycache__/m0.pyc, pkg/__pycache__/m1.pyc, pkg/__pycache__/m2.pyc, … "
+        "(use --include-ignored)", "  left out (git dir): .git/HEAD"], err

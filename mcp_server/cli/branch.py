@@ -65,7 +65,7 @@ def show(result: dict[str, Any], color_err: bool) -> int:
 
     report, made = result["policy_report"], result.get("branch") or {}
     dry_run = bool(result.get("dry_run"))
-    lines = policy_lines(report) + [f"left out ({s['reason']}): {s['path']}" for s in result.get("skipped") or ()]
+    lines = policy_lines(report) + skipped_lines(result.get("skipped") or [], "left out")
     if result["promoted"] or (dry_run and report["passed"]):
         if made.get("commit"):
             print(made["commit"])
@@ -80,6 +80,20 @@ def show(result: dict[str, Any], color_err: bool) -> int:
     for line in lines:
         print(f"  {visible(line)}", file=sys.stderr)
     return status
+
+
+def skipped_lines(skipped: list[dict[str, str]], verb: str = "skipped") -> list[str]:
+    """One line per reason the scope gives (a project's caches are hundreds of ignored files): how
+    many paths it left behind, the first few, how to take them; any other reason, a line a path."""
+    hint = {"ignored": "use --include-ignored", "excluded": "drop --exclude", "not in paths": "widen --path"}
+    lines = []
+    for reason in hint:
+        paths = [s["path"] for s in skipped if s["reason"] == reason]
+        if paths:
+            shown = ", ".join(paths[:3]) + (", …" if len(paths) > 3 else "")
+            noun = f"{reason} files" if reason != "not in paths" else "files not in --path"
+            lines.append(f"{verb} {len(paths)} {noun}: {shown} ({hint[reason]})")
+    return lines + [f"{verb} ({s['reason']}): {s['path']}" for s in skipped if s["reason"] not in hint]
 
 
 def run(args: argparse.Namespace, config: Config) -> int:

@@ -399,7 +399,8 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
         print(visible(path))
     dry_run = bool(result.get("dry_run"))
     policies = ", ".join(report.get("policies", [])) or "baseline"
-    lines = policy_lines(report) + _skipped_lines(result.get("skipped") or []) + _git_lines(result.get("git") or [])
+    skipped = branch.skipped_lines(result.get("skipped") or [])
+    lines = policy_lines(report) + skipped + _git_lines(result.get("git") or [])
     if result["promoted"] or (dry_run and report["passed"]):
         done = "would promote" if dry_run else "promoted"
         print(paint(f"{done}: {len(result['applied'])} paths (policy {policies} passed)", "\x1b[32m", color_err),
@@ -412,19 +413,6 @@ def _show_promote(result: dict[str, Any], color_out: bool, color_err: bool) -> i
     for line in lines:
         print(f"  {visible(line)}", file=sys.stderr)
     return 1
-
-
-def _skipped_lines(skipped: list[dict[str, str]]) -> list[str]:
-    """One line per reason: how many paths the scope left behind, the first few, how to take them."""
-    hint = {"ignored": "use --include-ignored", "excluded": "drop --exclude", "not in paths": "widen --path"}
-    lines = []
-    for reason in ("ignored", "excluded", "not in paths"):
-        paths = [s["path"] for s in skipped if s["reason"] == reason]
-        if paths:
-            shown = ", ".join(paths[:3]) + (", …" if len(paths) > 3 else "")
-            noun = f"{reason} files" if reason != "not in paths" else "files not in --path"
-            lines.append(f"skipped {len(paths)} {noun}: {shown} ({hint[reason]})")
-    return lines
 
 
 def _show_list(result: dict[str, Any], color_out: bool, color_err: bool) -> int:
