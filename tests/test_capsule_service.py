@@ -343,6 +343,32 @@ def test_a_git_without_an_author_identity_is_told_how_to_set_it_in_the_capsule(
     assert ran(b"") == ()
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_git_that_found_no_editor_is_told_how_to_name_one_or_do_without(
+        world: Any, monkeypatch: pytest.MonkeyPatch, stream: str) -> None:
+    """Found in a developer's trial: git rebase -i on a tty run (stdout: the terminal's) and git
+    commit without -m stopped at git's "Terminal is dumb, but EDITOR unset", with no word of how
+    an editor is named in a capsule."""
+    service, helper, _, workspace = world
+    said = {stream: b"error: Terminal is dumb, but EDITOR unset\n"}
+
+    async def main() -> tuple[tuple[str, ...], tuple[str, ...]]:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        found = []
+        for exit_code in (1, 0):  # an exit 0 that printed the words (a log shown) is no refusal
+            reply = dataclasses.replace(_exec_reply([]), exit_code=exit_code, **said)
+            monkeypatch.setattr(helper, "call", _answering(helper.call, reply))
+            request = exec_request(record.capsule_id, ["git", "rebase", "-i", "HEAD~2"], None, None, None)
+            found.append((await service.exec(request, {})).hints)
+        return found[0], found[1]
+
+    refused, shown = trio.run(main)
+    (hint,) = refused
+    assert shown == ()
+    assert hint.startswith("git found no editor: a capsule's terminal is dumb and EDITOR is unset.")
+    assert "sh -c 'GIT_EDITOR=vi git ...' with tty: true and capsule_run" in hint and "git commit -m MESSAGE" in hint
+
+
 def _answering(call: Any, reply: ExecReply) -> Any:
     async def answer(request: OpRequest, on_progress: Any = None) -> OpReply:
         return reply if isinstance(request, ExecRequest) else await call(request, on_progress)

@@ -1,4 +1,4 @@
-"""The hint for a git that asked, in a capsule, who is committing.
+"""The hints for a git that asked, in a capsule, who is committing, or for an editor.
 
 The jail's $HOME is the capsule's own (``spec.DEFAULT_HOME``), so git there reads the
 repository's config and the system's, not the caller's ``~/.gitconfig``: for a user whose
@@ -7,6 +7,13 @@ unknown" and exit 128.  Showing that file is no answer (it may name credential h
 and it lies in the home), so the exec's hint gives the command that sets the two values in
 the capsule's own $HOME, which lasts for the capsule's later execs and is never promoted,
 with the caller's values when git on the host has them.
+
+An editor: git runs one only on a terminal that is not dumb, or when EDITOR (GIT_EDITOR,
+core.editor) names one.  A capsule's exec has no TERM, an interactive one on a terminal
+has TERM=dumb (capsules/console.py says why), and the jail passes no EDITOR of the caller,
+so ``git rebase -i`` and a ``git commit`` without ``-m`` stop at "Terminal is dumb, but
+EDITOR unset".  The way is to name the editor in the command, on a terminal run whose
+keys are typed with capsule_run, or to do without one.
 """
 
 from __future__ import annotations
@@ -17,6 +24,11 @@ from mcp_server.fs.fingerprint import run_git
 from sandbox.errors import CcwError
 
 ASKED = b"Please tell me who you are"  # git's ident.c, in the C locale the jail runs with
+NO_EDITOR = b"Terminal is dumb, but EDITOR unset"  # git's editor.c: on stdout too, from a terminal run
+EDITOR_HINT = ("git found no editor: a capsule's terminal is dumb and EDITOR is unset. Name one in the command and "
+               "run it on a terminal, typing the editor's keys (vi: :wq and Enter): sh -c 'GIT_EDITOR=vi git ...' "
+               "with tty: true and capsule_run, or ccw capsule exec --interactive --tty; or do without one: "
+               "git commit -m MESSAGE, GIT_SEQUENCE_EDITOR='sed -i ...' git rebase -i")
 TIMEOUT_S = 5.0
 PLACEHOLDERS = {"user.name": "YOUR NAME", "user.email": "you@example.com"}
 

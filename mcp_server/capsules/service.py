@@ -293,6 +293,8 @@ class CapsuleService:
                                                   reply.stderr)
         elif reply.exit_code and git_identity.ASKED in reply.stderr:  # the jail's $HOME is the capsule's
             hints = await trio.to_thread.run_sync(git_identity.hints, record.workspace, reply.stderr)
+        elif reply.exit_code and git_identity.NO_EDITOR in reply.stderr + reply.stdout:  # a terminal's is stdout
+            hints = [git_identity.EDITOR_HINT]
         return dataclasses.replace(outcome, generation=generation, hints=tuple(hints), seq=seq)
 
     async def record_service_run(self, record: CapsuleRecord, request: ExecRequest, outcome: ExecOutcome,
