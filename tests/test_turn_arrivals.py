@@ -140,8 +140,9 @@ STOP = TakesTurn("stop", subject_arg="name", follows=START.label)
 
 
 def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else(tmp_path: Path) -> None:
-    # Found in a developer's trial: start w1 (queued behind another start), then stop w1,
-    # pipelined: the stop, taking no turn, ran first and said w1 was unknown; w1 kept running.
+    # Found in a developer's trial: start w1 (queued behind another start), an exec against it,
+    # then stop w1, pipelined: the stop, taking no turn, ran first and said w1 was unknown; w1
+    # kept running.  Following only the start, it stopped w1 under the exec.
     ran: list[str] = []
     stops_ran = trio.Event()
 
@@ -155,6 +156,8 @@ def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else
     async def start(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         async with ctx.capsule_turn(args["capsule_id"], START.label) as ticket:
             ran.append(f"start {args['name']}")
+            await trio.sleep(0.05)  # a run that takes a while: a stop that does not wait comes in between
+            ran.append(f"end {args['name']}")
         return {"n": 0, "ticket": ticket.number}
 
     async def stop(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -176,10 +179,11 @@ def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else
         return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
                 "params": {"name": tool, "arguments": {"capsule_id": "cap", "name": name}}}
 
-    frames = [*HANDSHAKE, named(1, "hold", "-"), named(2, "start", "a"), named(3, "stop", "a"), named(4, "stop", "b"),
-              named(5, "stop", "c"), named(6, "start", "c")]
+    # 3: a test run against a, sent between its start and its stop: the stop waits for it too.
+    frames = [*HANDSHAKE, named(1, "hold", "-"), named(2, "start", "a"), named(3, "start", "tests"),
+              named(4, "stop", "a"), named(5, "stop", "b"), named(6, "stop", "c"), named(7, "start", "c")]
     answers = {a["id"]: a for a in serve(server, frames)}
-    assert all("error" not in answers[n] and not answers[n]["result"].get("isError") for n in range(1, 7)), answers
+    assert all("error" not in answers[n] and not answers[n]["result"].get("isError") for n in range(1, 8)), answers
     assert set(ran[:2]) == {"stop b", "stop c"}  # c's start came after its stop: not waited for
-    assert ran[2:] == ["hold", "start a", "stop a", "start c"]
+    assert ran[2:] == ["hold", "start a", "end a", "start tests", "end tests", "stop a", "start c", "end c"]
     assert server.runtime.capsule_queue.line("cap") == []

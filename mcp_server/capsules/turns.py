@@ -194,16 +194,22 @@ class CapsuleQueue:
         return None if capsule_id is None else self.reserve(capsule_id, takes.label_of(args), takes, args)
 
     async def follow(self, ticket: Ticket | None) -> None:
-        """Wait until no call that ``ticket``'s call follows (``TakesTurn.follows``, on the same
-        subject) stands ahead of it in its line: a stop pipelined after its service's start,
-        which waits behind a test run, finds the service started, not unknown.  The ticket
-        stays unclaimed: its transport gives it back once the call is answered.  A call with no
-        place (the CLI's in-process calls, one at a time) has nothing to wait for."""
-        if ticket is None or ticket.follows is None:
+        """Wait for the first call ahead of ``ticket`` in its line that its call follows
+        (``TakesTurn.follows``, on the same subject) and for every call between the two: a stop
+        pipelined after its service's start and a test run against it, queued behind other
+        work, stops the service once that run has ended, not before it starts nor under it.
+        With no such call ahead it waits for nothing (a stop must not wait behind a test run
+        of a service started earlier).  The ticket stays unclaimed: its transport gives it back
+        once the call is answered.  A call with no place (the CLI's in-process calls, one at a
+        time) has nothing to wait for."""
+        line = self._lines.get(ticket.capsule_id, []) if ticket is not None and ticket.follows else []
+        if ticket not in line:
             return
-        line = self._lines.get(ticket.capsule_id, [])
-        while ticket in line and any(ahead.kind == ticket.follows and ahead.subject == ticket.subject
-                                     for ahead in line[: line.index(ticket)]):
+        ahead = line[: line.index(ticket)]
+        first = next((n for n, one in enumerate(ahead) if one.kind == ticket.follows and one.subject == ticket.subject),
+                     None)
+        waited = ahead[first:] if first is not None else []
+        while any(one in line for one in waited):  # calls only leave a line, and new ones join behind it
             await self._lots[ticket.capsule_id].park()  # every release wakes the line
 
     def give_back(self, ticket: Ticket | None) -> None:
