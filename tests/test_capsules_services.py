@@ -157,7 +157,7 @@ def test_what_a_service_printed_last_is_logged_before_its_end_and_shown_by_a_ref
     answer, text = trio.run(main)
     assert answer["ready"] is False and answer["why"] == "it exited before it was ready", answer
     lines = text.splitlines()
-    assert lines[1:] == ["started", "Traceback-last-words", "[ccw: crashy ended: exit 1, signal None]"], text
+    assert lines[1:] == ["started", "Traceback-last-words", "[ccw: crashy ended: exit 1]"], text
     assert answer["log_tail"] == text
 
 
@@ -167,11 +167,15 @@ def test_output_the_reports_did_not_carry_is_said_before_the_end(tmp_path: Path)
     reply = exec_reply(0, b"one\nlost by an older helper\n")  # counted by its reply, never reported
     run.take_end(reply)
     assert run.log.read().text.splitlines() == [
-        "one", "[ccw: 24 bytes of output were not kept]", "[ccw: old ended: exit 0, signal None]"]
+        "one", "[ccw: 24 bytes of output were not kept]", "[ccw: old ended: exit 0]"]
     again = ServiceRun(_spec("new"), LogRing(tmp_path, "new"))
     again.take_output(ExecProgress.from_args(_report(b"two\n", b"", (4, 0))))
     again.take_end(exec_reply(0, b"two\n"))  # every byte reported: nothing to say but the end
-    assert again.log.read().text.splitlines() == ["two", "[ccw: new ended: exit 0, signal None]"]
+    assert again.log.read().text.splitlines() == ["two", "[ccw: new ended: exit 0]"]
+    # Found in a developer's trial: a stopped service's log ended "exit None, signal SIGTERM".
+    stopped = ServiceRun(_spec("web"), LogRing(tmp_path, "web"))
+    stopped.take_end(dataclasses.replace(exec_reply(0), exit_code=None, signal="SIGTERM"))
+    assert stopped.log.read().text == "[ccw: web ended: killed by SIGTERM]\n"
 
 
 def test_a_stopped_services_log_stays_until_its_capsule_is_destroyed(world: Any, tmp_path: Path) -> None:
@@ -205,10 +209,10 @@ def test_a_stopped_services_log_stays_until_its_capsule_is_destroyed(world: Any,
     assert out["stop"]["state"] == "stopped" and out["listed"] == []
     state, part = out["after_stop"]
     assert state == "stopped" and part.text.splitlines()[1:] == [
-        "GET /index.txt 200", "[ccw: web ended: exit 0, signal None]"], part.text
+        "GET /index.txt 200", "[ccw: web ended: exit 0]"], part.text
     assert out["never"].code == "NOT_FOUND" and out["never"].details["stopped"] == ["web"]
     assert "its services: none; stopped, their logs kept: ['web']" in out["never"].message
-    assert out["later"][0] == "stopped" and out["later"][1].text == "[ccw: web ended: exit 0, signal None]\n"
+    assert out["later"][0] == "stopped" and out["later"][1].text == "[ccw: web ended: exit 0]\n"
     state, restarted = out["restarted"]
     assert restarted.text.startswith(part.text) and restarted.text.count("GET /index.txt 200") == 2
     assert out["gone"].code == "NOT_FOUND" and out["gone"].details["stopped"] == []
@@ -293,5 +297,5 @@ def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any
     assert answer["ready"] is False and answer["state"] == "exited" and answer["exit_code"] == 1, answer
     assert answer["why"] == "it exited before it was ready", answer
     assert answer["log_tail"].splitlines()[-2:] == ["OSError: [Errno 98] Address already in use",
-                                                    "[ccw: s2 ended: exit 1, signal None]"], answer
+                                                    "[ccw: s2 ended: exit 1]"], answer
     assert len(answer["log_tail"].splitlines()) <= TAIL_LINES

@@ -127,6 +127,6 @@ def test_a_user_serves_reaches_and_forwards_through_the_rootless_helper(user_dir
     # A stopped service's logs stay readable; one that ended at once logged its last words.
     assert out["stopped_logs"]["state"] == "stopped" and out["stopped_logs"]["text"].startswith(out["logs"]["text"])
     assert out["fast"]["ready"] is False and out["fast"]["log_tail"].splitlines()[1:] == [
-        "fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3, signal None]"], out["fast"]
+        "fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3]"], out["fast"]
     with socket.socket() as probe:  # the forward ended with its capsule
         assert probe.connect_ex(("127.0.0.1", port)) != 0

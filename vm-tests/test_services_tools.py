@@ -166,11 +166,11 @@ def test_what_a_service_printed_before_it_ended_or_was_stopped_stays_in_its_logs
     out = tools.run(scenario)
     fast = out["fast"]
     assert fast["ready"] is False and fast["why"] == "it exited before it was ready", fast
-    assert fast["log_tail"].splitlines()[1:] == ["fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3, signal None]"]
+    assert fast["log_tail"].splitlines()[1:] == ["fast-out-1", "fast-err-1", "[ccw: fast1 ended: exit 3]"]
     assert out["fast_logs"]["text"] == fast["log_tail"]
     assert out["crashy"]["ready"] is True
     assert out["crashy_logs"]["text"].splitlines()[1:] == [
-        "started", "Traceback-last-words", "[ccw: crashy ended: exit 1, signal None]"], out["crashy_logs"]
+        "started", "Traceback-last-words", "[ccw: crashy ended: exit 1]"], out["crashy_logs"]
     assert out["stop"]["state"] == "stopped"
     web = out["web_logs"]
     assert web["state"] == "stopped" and '"GET /index.txt HTTP/1.1" 200' in web["text"], web

@@ -102,7 +102,9 @@ class ServiceRun:
         missed = reply.stdout_bytes + reply.stderr_bytes - sum(self._counts)
         if missed > 0:
             self.log.append(f"[ccw: {missed} bytes of output were not kept]\n".encode())
-        self.log.append(f"[ccw: {self.spec.name} ended: exit {reply.exit_code}, signal {reply.signal}]\n".encode())
+        how = (f"killed by {reply.signal}" if reply.signal is not None
+               else f"exit {reply.exit_code}" if reply.exit_code is not None else "how, the helper did not say")
+        self.log.append(f"[ccw: {self.spec.name} ended: {how}]\n".encode())
 
     def starting(self) -> None:
         self.set_state("starting")
