@@ -52,6 +52,14 @@ from mcp_server.core.terminal_text import HOLD_MAX, incomplete_tail, visible
     ("\x1b7saved\x1b8\x1b=\x1b>\x1bM\x1bc", "saved"),
     # Private CSI modes (cursor hidden/shown), scroll regions, screen erases, absolute moves: dropped.
     ("\x1b[?25l\x1b[1;24r\x1b[2J\x1b[Hscreen\x1b[?25h", "screen"),
+    # Absolute moves (CUP), as vim sends them on a dumb terminal (found in a developer's trial of
+    # git rebase -i: an indented line lost its indent, lines ran into one another): its column is
+    # applied, and a move to another row than the last one named (newlines counted) ends the line.
+    ("\x1b[50;1H\"todo\" 34L\x1b[1;1Hpick 1 c1\r\n#\x1b[2;11Hcommit's log\r\n~" + " " * 20 + "\x1b[4;1H~",
+     "\"todo\" 34L\npick 1 c1\n#         commit's log\n~\n~"),
+    ("#\x1b[2;11Hcreate", "#         create"),  # the row not known yet: the same line
+    ("\x1b[10;1H50%\x1b[10;1H60%\x1b[10f70%", "70%"),  # redrawn in place
+    ("\x1b[3;1Hsquash c3\x1b[50;12H3,1", "squash c3\n           3,1"),
     # 8-bit C1 forms: CSI and OSC.
     ("a\x9b31mb\x9d0;t\x07c", "abc"),
     # Other controls: BEL, NUL, DEL, FF, VT, a stray ESC and stray C1 controls are dropped; tabs stay.

@@ -18,7 +18,11 @@ the rules here follow from:
   line shows (readline edits with them): CUF/CUB/CHA (``C``, ``D``, ``G``), EL (``K``),
   DCH and ICH (``P``, ``@``).  They are applied to the line; every other sequence
   (colours, moves between lines, screen erases, modes) is dropped, since a full-screen
-  program's screen cannot be rebuilt from a stream of lines anyway.
+  program's screen cannot be rebuilt from a stream of lines anyway.  Except the absolute
+  move (CUP, ``H`` and ``f``), which vim sends even on a dumb terminal (the editor of
+  ``git rebase -i``): one to another row than the last one named (newlines counted since)
+  ends the line, as the text continues elsewhere; its column is applied.  Without it vim's
+  indented lines lost their indent and its lines ran into one another.
 - Output arrives in chunks that may end inside a sequence or inside a UTF-8 character;
   ``incomplete_tail`` says how many trailing bytes to keep for the next read, so no
   sequence is ever shown half stripped.
@@ -61,6 +65,7 @@ class _Line:
     def __init__(self) -> None:
         self.cells: list[str] = []
         self.col = 0
+        self.row: int | None = None  # the row the last CUP named, plus the newlines since (None: not known)
 
     def put(self, text: str) -> None:
         for char in text:
@@ -106,11 +111,28 @@ def visible(text: str) -> str:
     position = 0
     for match in _SEQUENCE.finditer(text):
         _plain(text[position : match.start()], line, lines)
-        if match.group("final") and not match.group("inter"):
+        if match.group("final") in ("H", "f") and not match.group("inter"):
+            _move_to(match.group("params"), line, lines)
+        elif match.group("final") and not match.group("inter"):
             line.csi(match.group("final"), match.group("params"))
         position = match.end()
     _plain(text[position:], line, lines)
     return "\n".join([*lines, line.text()])
+
+
+def _move_to(params: str, line: _Line, lines: list[str]) -> None:
+    """A CUP to (row, column), 1-based, either omitted as 1: another row ends the line being written."""
+    row, col = ([int(p) if p.isdigit() else 1 for p in params.split(";")] + [1, 1])[:2]
+    if line.row is not None and row != line.row and line.cells:
+        _newline(line, lines)
+    line.row, line.col = row, max(col, 1) - 1
+
+
+def _newline(line: _Line, lines: list[str]) -> None:
+    lines.append(line.text().rstrip(" "))  # blanks at a line's end show nothing
+    line.cells, line.col = [], 0
+    if line.row is not None:
+        line.row += 1
 
 
 def _plain(text: str, line: _Line, lines: list[str]) -> None:
@@ -118,8 +140,7 @@ def _plain(text: str, line: _Line, lines: list[str]) -> None:
     a terminal moves, the other controls dropped."""
     for piece in _MOVES.split(text.translate(_DROPPED)):
         if piece == "\n":
-            lines.append(line.text().rstrip(" "))  # blanks at a line's end show nothing
-            line.cells, line.col = [], 0
+            _newline(line, lines)
         elif piece == "\r":
             line.col = 0
         elif piece == "\b":
