@@ -24,7 +24,7 @@ from mcp_server.core.hazards import (
     report_reasons,
 )
 from mcp_server.core.policy import CapsuleFacts, CombinedRules, evaluate
-from mcp_server.core.refmoves import RefChange
+from mcp_server.core.refmoves import RefChange, reasons
 from mcp_server.fs.changeset import Entry
 from mcp_server.fs.view import RootView, Side
 
@@ -359,7 +359,8 @@ A, B = "a" * 40, "b" * 40
 ])
 def test_a_ref_moved_deleted_or_planted_is_git_control_and_a_new_or_forward_one_is_not(
         ref: RefChange, refused: str | None) -> None:
-    found = find([Change(ref.path, "write" if ref.new else "delete", "file" if ref.new else None, 0o644)], refs=[ref])
+    change = Change(ref.path, "write" if ref.new else "delete", "file" if ref.new else None, 0o644)
+    found = find([change], moved=reasons([ref]))
     assert [h.kind for h in found] == ([] if refused is None else ["git_control"])
     assert refused is None or refused in found[0].reason
 
@@ -367,7 +368,8 @@ def test_a_ref_moved_deleted_or_planted_is_git_control_and_a_new_or_forward_one_
 def test_every_ref_a_packed_refs_file_changes_is_named_on_its_path() -> None:
     refs = [RefChange(".git/packed-refs", "refs/tags/v1", A, B), RefChange(".git/packed-refs", "refs/tags/v2", A, None),
             RefChange(".git/packed-refs", "refs/tags/v3", None, A)]
-    found = find([Change(".git/packed-refs", "write", "file", 0o644)], checked_data={".git/packed-refs"}, refs=refs)
+    found = find([Change(".git/packed-refs", "write", "file", 0o644)], checked_data={".git/packed-refs"},
+                 moved=reasons(refs))
     assert [(h.path, h.kind) for h in found] == [(".git/packed-refs", "git_control")]
     assert "tag v1 moved" in found[0].reason and "tag v2 deleted" in found[0].reason and "v3" not in found[0].reason
 

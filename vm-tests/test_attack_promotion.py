@@ -148,6 +148,11 @@ ATTACKS = [
            ".git/refs/replace/1083d263a12f8ca0b19827526030ed286669b9df",
            lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout,
            lambda ws: "666" in _git(ws, "show", "HEAD:src/app.py").stdout),
+    Attack("an index staging a blob the work tree does not hold, for the host's next commit",
+           "n=$(printf 'def answer():\\n    return 666\\n' | git hash-object -w --stdin)"
+           " && git update-index --cacheinfo 100644,$n,src/app.py", "git_control", ".git/index",
+           lambda ws: "666" in _git(ws, "diff", "--cached").stdout,
+           lambda ws: "666" in _git(ws, "diff", "--cached").stdout and "41" in (ws / "src/app.py").read_text()),
     Attack("a world-writable script", "echo 'echo hi' > open.sh && chmod 0777 open.sh", "world_writable", "open.sh",
            _exists("open.sh"), lambda ws: _mode(ws / "open.sh") == 0o777),
 ]

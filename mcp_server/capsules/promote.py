@@ -64,14 +64,14 @@ from typing import Any
 import trio
 from outcome import acapture
 
-from mcp_server.capsules import capsecrets, gitdirs, gitpromote, gitrefs
+from mcp_server.capsules import capsecrets, gitdirs, gitindex, gitpromote, gitrefs
 from mcp_server.capsules.exec import exec_request
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.capsules.replay import ReplayOptions, replay
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.capsules.witness import WitnessOptions, make_witness
-from mcp_server.core import hazards
+from mcp_server.core import hazards, refmoves
 from mcp_server.core.policy import (
     CapsuleFacts,
     CombinedRules,
@@ -153,6 +153,7 @@ class _Plan:
     on_path: dict[str, str]  # the changed paths the promoting user's PATH would run, with why (fs/gitconfig.py)
     git: list[dict[str, Any]] = field(default_factory=list)  # the git dirs' changes left behind (capsules/gitdirs.py)
     refs: list[RefChange] = field(default_factory=list)  # the refs changed in the workspace's git dirs (gitrefs.py)
+    staged: dict[str, str] = field(default_factory=dict)  # index files staging unseen content, why (gitindex.py)
 
 
 def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journal: Journal,
@@ -162,10 +163,11 @@ def _plan(record: CapsuleRecord, changes: Sequence[Change], root_fd: int, journa
         bare = _bare_gitdirs(capsule, [entry.path for entry in entries])
         checked_data = _checked_data(capsule, entries, bare)
         refs = gitrefs.changes(capsule, record.workspace, entries, bare, checked_data)
+        staged = gitindex.reasons(capsule, record.workspace, entries, bare, checked_data)
     return _Plan(entries, skipped, note, _conflicts(journal, record, entries, early), bare,
                  gitconfig.read(record.workspace), checked_data,
                  gitconfig.on_path(record.workspace, [(e.path, e.new.kind) for e in entries if e.new is not None]),
-                 refs=refs)
+                 refs=refs, staged=staged)
 
 
 def _is_dir(side: changeset.Side | None) -> bool:
@@ -386,7 +388,8 @@ async def judge(service: CapsuleService, request: Request, record: CapsuleRecord
     ops = changeset.promote_ops(entries)  # what the hazards are judged on is what the Promoter writes
     facts = _facts(record, journal, entries, request.runs_of)
     changes = _hazard_changes(entries, ops)
-    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data, plan.on_path, plan.refs)
+    found = hazards.find(changes, plan.bare_gitdirs, plan.config_named, plan.checked_data, plan.on_path,
+                         refmoves.reasons(plan.refs) | plan.staged)
     facts.hazards = hazards.judge(found, request.allow_hazards)
     tests = await _run_tests(service, record, rules.require_tests)
     replayed = (await _replay(service, record, rules.volatile, request.scope.include_ignored) if rules.needs_replay

@@ -55,8 +55,8 @@ The kinds, as capsule_promote's ``allow_hazards`` names them:
 - ``git_control``: a ``.git`` entry itself, or anything in a git directory (``.git`` at
   any depth, nested repositories and submodules included, or a bare-looking directory)
   outside ``GIT_DATA``, and a link anywhere in one (git follows it, for data too); and a
-  path the host's git config names (``ConfigNamed``); a ref moved, deleted or planted (core/refmoves.py).
-  Allowed: promoted as the capsule has it.
+  path the host's git config names (``ConfigNamed``); a ref moved, deleted or planted (core/refmoves.py);
+  an index staging what no file, old index or new HEAD holds (capsules/gitindex.py).  Allowed: promoted.
 - ``autorun``: a path ``AUTORUN`` lists.  Allowed: promoted as the capsule has it.
 
 Deletions count for ``git_control`` and ``autorun`` too: removing a hook or a
@@ -81,8 +81,6 @@ import zlib
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-from mcp_server.core import refmoves
 
 SETID_BITS = 0o6000  # S_ISUID | S_ISGID
 _WORLD_WRITE = 0o002
@@ -274,13 +272,14 @@ def gitdir_candidates(paths: Iterable[str]) -> list[str]:
 
 def find(changes: Iterable[Change], bare_gitdirs: Collection[str] = (),
          config_named: Iterable[ConfigNamed] = (), checked_data: Collection[str] = (),
-         on_path: Mapping[str, str] | None = None, refs: Iterable[refmoves.RefChange] = ()) -> list[Hazard]:
+         on_path: Mapping[str, str] | None = None, moved: Mapping[str, str] | None = None) -> list[Hazard]:
     """Every hazard among ``changes``, sorted by path; ``bare_gitdirs``: directories that look like repositories;
     ``config_named``: the paths the host's git config names; ``checked_data``: the written git data whose bytes
     the caller found plain (``true_loose_object``, ``plain_packed_refs``), the only such data (``_UNCHECKED``)
     written without a hazard; ``on_path``: the changed paths that the promoting user's PATH would run, with
-    why (fs/gitconfig.py ``on_path``); ``refs``: the refs they change in a git directory (core/refmoves.py)."""
-    named, moved = _NamedIndex.of(config_named), refmoves.reasons(refs)
+    why (fs/gitconfig.py ``on_path``); ``moved``: why changed git data means other than it reads (a ref
+    moved, core/refmoves.py ``reasons``; an index staging unseen content, capsules/gitindex.py)."""
+    named, moved = _NamedIndex.of(config_named), moved or {}
     found: dict[tuple[str, str, str], Hazard] = {}
     for change in changes:
         folded = change.path.casefold().split("/")
@@ -411,7 +410,7 @@ def _git_control(change: Change, folded: list[str], bare_gitdirs: Collection[str
     if data and not any(_covers(pattern, rel) for pattern in _GIT_NOT_DATA):
         why = _UNCHECKED.get(rel[0] if rel[0] == "objects" else "/".join(rel))
         if why is None or change.action != "write" or change.path in checked_data:
-            why = moved.get(change.path)  # data as plain as it reads, but naming another commit
+            why = moved.get(change.path)  # data as plain as it reads, but naming another commit or blob
         return None if why is None else Hazard("git_control", change.path, change.action, why)
     if folded[depth] == "hooks":
         reason = "a git hook: git runs it on commit, merge, checkout or push"

@@ -1,0 +1,182 @@
+"""Whether an index a promotion would write stages only what the person can see (core/hazards.py).
+
+The index is git's data, and an ordinary capsule changes it: ``git add`` stages a file,
+``git commit`` leaves the index equal to the new commit.  But it also says what the next
+``git commit`` on the host commits, whatever the work tree holds: a capsule that writes
+an index naming a blob of its own choosing for ``src/auth.py`` (``git update-index
+--cacheinfo``) has the person commit that blob, while the promoted diff and ``git diff``
+show nothing (``git diff --cached`` would).  So every entry of a promoted index must be
+explained by something the person can see: the index's entry before (the host's
+``.git/index`` at the same path and stage), the file at that path once promoted (its
+bytes', or a link's target's, blob id: what ``git add`` stages where no clean filter or
+line-ending conversion rewrites it), or the entry at that path in the tree of the commit
+``HEAD`` names once promoted (a commit leaves the index so, and the commit is in the
+promoted history).  An entry explained by none, or an index git could not read, makes
+the index ``git_control``; so does a file staged but not committed in a repository whose
+attributes filter it (git-lfs): its staged blob is the filter's output, not the bytes.
+
+The objects read for ``HEAD`` are the capsule's own loose objects whose bytes hash to
+their names (``checked_data``, hazards.true_loose_object), inflated here, and otherwise
+the workspace's: the workspace's own git lists its trees (hooks and fsmonitor off, no
+inherited ``GIT_*``).  The capsule's git directory is never run, as capsules/gitrefs.py
+says why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Iterable
+
+from mcp_server.core import gitindex, hazards, refmoves
+from mcp_server.core.gitindex import IndexEntry
+from mcp_server.fs.changeset import Entry
+from mcp_server.fs.fingerprint import NO_HOOKS, git_env, run_git
+from mcp_server.fs.view import DirFds, RootView
+
+MAX_INDEX = 256 << 20  # larger than any index git writes for a real tree; past it, unread and a hazard
+MAX_TREE = 64 << 20  # a tree object inflated to look a name up in it
+MAX_SHOWN = 3  # unexplained paths a reason names
+TIMEOUT_S = 60
+_HARDENED = ("-c", "safe.directory=*", *NO_HOOKS)
+_FILE_MODES = (0o100644, 0o100755, 0o100664)
+
+
+def reasons(capsule: RootView, workspace: str, entries: Iterable[Entry], bare_gitdirs: Collection[str],
+            checked_data: Collection[str]) -> dict[str, str]:
+    """Why each index file promoting ``entries`` would write is ``git_control`` (none: every entry explained)."""
+    indexes = []
+    for entry in entries:
+        inside = hazards.in_gitdir(entry.path, bare_gitdirs)
+        if inside is not None and inside[1].casefold() == "index" and entry.new is not None \
+                and entry.new.kind == "file":
+            indexes.append((entry.path, inside[0]))
+    if not indexes:
+        return {}
+    found = {}
+    with RootView.open(workspace) as live_view, DirFds(live_view) as live, DirFds(capsule) as new:
+        for path, gitdir in indexes:
+            why = _judged(live, new, path, gitdir, gitdir not in bare_gitdirs, checked_data,
+                          os.path.join(workspace, gitdir))
+            if why is not None:
+                found[path] = why
+    return found
+
+
+def _judged(live: DirFds, new: DirFds, path: str, gitdir: str, has_worktree: bool,
+            checked_data: Collection[str], host_gitdir: str) -> str | None:
+    data = new.read_regular(path)
+    if data is None or len(data) > MAX_INDEX:
+        return "an index git would not read as one (a non-file, or larger than any tree's): unchecked"
+    try:
+        staged = gitindex.parse_index(data)
+    except ValueError as exc:
+        return f"an index that is not git's ({exc}): git would refuse the repository, or read it otherwise"
+    old_data = live.read_regular(path)
+    try:
+        before = {(one.path, one.stage): one.oid for one in gitindex.parse_index(old_data or b"")}
+    except ValueError:
+        before = {}
+    size = len(staged[0].oid) // 2 if staged else 20
+    prefix = gitdir.rpartition("/")[0] if has_worktree else None
+    left = [one for one in staged if before.get((one.path, one.stage)) != one.oid
+            and (prefix is None or not _in_worktree(new, prefix, one, size))]
+    if left:
+        left = _unheld_by_head(new, gitdir, left, size, checked_data, host_gitdir)
+    if not left:
+        return None
+    shown = ", ".join(one.path for one in left[:MAX_SHOWN]) + (f" and {len(left) - MAX_SHOWN} more"
+                                                                  if len(left) > MAX_SHOWN else "")
+    return (f"the index stages content for {shown} that is neither the file promoted there, the index's before, "
+            "nor the new HEAD's: the next git commit would commit it, though the promoted diff does not show it "
+            "(git diff --cached does); stage the file again (git add) or unstage it (git restore --staged) in "
+            "the capsule, or allow git_control")
+
+
+def _in_worktree(view: DirFds, prefix: str, one: IndexEntry, size: int) -> bool:
+    """Whether ``one`` stages what the capsule's file at its path holds (a link: its target)."""
+    path = f"{prefix}/{one.path}" if prefix else one.path
+    if one.mode in _FILE_MODES:
+        data = view.read_regular(path)
+        return data is not None and gitindex.object_id("blob", data, size) == one.oid
+    if one.mode == 0o120000:
+        side = view.lstat(path)
+        target = None if side is None or side.kind != "symlink" else side.target
+        return target is not None and gitindex.object_id("blob", os.fsencode(target), size) == one.oid
+    return False
+
+
+def _unheld_by_head(view: DirFds, gitdir: str, left: list[IndexEntry], size: int,
+                    checked_data: Collection[str], host_gitdir: str) -> list[IndexEntry]:
+    """The entries of ``left`` that the tree of the commit HEAD names (in the capsule's view) does not hold."""
+    commit = _head(view, gitdir)
+    if commit is None:
+        return left
+    prefix = f"{gitdir}/" if gitdir else ""
+
+    def loose(oid: str, kind: str, most: int) -> bytes | None:
+        path = f"{prefix}objects/{oid[:2]}/{oid[2:]}"
+        data = view.read_regular(path) if path in checked_data else None
+        return None if data is None else gitindex.loose_body(data, kind, most)
+
+    body = loose(commit, "commit", MAX_TREE)
+    # Each entry's oid in HEAD's tree, walked through the capsule's loose trees; where one is the
+    # workspace's, the rest of the path is asked of the workspace's git, once per such tree.
+    asks: dict[str, list[str]] = {}
+    looked: list[tuple[IndexEntry, str | None, str]] = []  # entry, oid found (or the tree asked), the rest asked
+    for one in left:
+        at, parts = (commit if body is None else gitindex.commit_tree(body)), one.path.split("/")
+        for depth in range(len(parts)):
+            tree_body = None if body is None else loose(at, "tree", MAX_TREE) if at else None
+            if at is not None and tree_body is None:
+                rest = "/".join(parts[depth:])
+                asks.setdefault(at, []).append(rest)
+                looked.append((one, at, rest))
+                break
+            found = None if tree_body is None else gitindex.tree_entry(tree_body, os.fsencode(parts[depth]), size)
+            at = None if found is None else found[1]
+            if at is None:
+                looked.append((one, None, ""))
+                break
+        else:
+            looked.append((one, at, ""))
+    answers = {treeish: _host_ls_tree(host_gitdir, treeish, paths) for treeish, paths in asks.items()}
+    return [one for one, at, rest in looked
+            if (answers[at].get(rest) if rest and at is not None else at) != one.oid]
+
+
+def _head(view: DirFds, gitdir: str) -> str | None:
+    """The commit HEAD names in the capsule's view of ``gitdir`` (a loose ref, else packed-refs)."""
+    prefix = f"{gitdir}/" if gitdir else ""
+    text = (view.read_regular(f"{prefix}HEAD") or b"")[:4096].decode("utf-8", "replace").strip()
+    if refmoves.is_oid(text):
+        return text
+    if not text.startswith("ref: "):
+        return None
+    name = text[5:].strip()
+    if not name.startswith("refs/") or ".." in name.split("/"):
+        return None
+    loose = (view.read_regular(prefix + name) or b"")[:4096].decode("utf-8", "replace").strip()
+    if refmoves.is_oid(loose):
+        return loose
+    for line in (view.read_regular(f"{prefix}packed-refs") or b"").decode("utf-8", "replace").splitlines():
+        oid, _, ref = line.partition(" ")
+        if ref.strip() == name and refmoves.is_oid(oid):
+            return oid
+    return None
+
+
+def _host_ls_tree(gitdir: str, treeish: str, paths: list[str]) -> dict[str, str]:
+    """What the workspace's git says ``treeish`` holds at ``paths`` (path -> oid); empty if it cannot say."""
+    if not refmoves.is_oid(treeish):
+        return {}
+    proc = run_git(gitdir, *_HARDENED, "ls-tree", "-z", "--full-tree", treeish, "--", *paths,
+                   env=git_env({"GIT_DIR": gitdir}), check=False, timeout_s=TIMEOUT_S)
+    if proc.returncode != 0:
+        return {}
+    out = {}
+    for record in proc.stdout.split(b"\0"):
+        info, tab, name = record.partition(b"\t")
+        fields = info.split()
+        if tab and len(fields) == 3:
+            out[os.fsdecode(name)] = fields[2].decode("ascii", "replace")
+    return out
