@@ -19,9 +19,10 @@ states at every merged path, as promotion checks (REPO_CHANGED otherwise, nothin
 
 **Steps**: the inputs' turns are taken (in id order, so two merges cannot deadlock), the
 changes listed and read, the turns given back; capsules/merge_plan.py merges path by
-path (capsules/merge3.py: git's rules).  A conflict at a path the workspace's git
-ignores does not count (``_ignored_conflicts``: promotion leaves it behind; the first
-input's is kept).  Any other conflict stops there: the answer lists
+path (capsules/merge3.py: git's rules), and each git directory as a unit
+(capsules/merge_git.py: where several inputs changed one, the first keeps it whole).  A
+conflict at a path the workspace's git ignores does not count (``_ignored_conflicts``:
+promotion leaves it behind; the first input's is kept).  Any other conflict stops there: the answer lists
 each conflicting path with both sides and the base, and nothing is made or written.
 Otherwise ``into: "new"`` makes a capsule holding the merge (capsules/merge_write.py),
 where tests can run; ``into: "live"`` makes one the same way (destroyed after) and
@@ -65,8 +66,9 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules import gitdirs, merge_write
+from mcp_server.capsules import gitdirs, merge_git, merge_write
 from mcp_server.capsules.merge3 import Outcome
+from mcp_server.capsules.merge_git import GIT_KEPT
 from mcp_server.capsules.merge_plan import Plan, Side, SideRead, combine, pairs, read_side
 from mcp_server.capsules.promote import Request, _lineage, _live_states, _recorded_states, promote
 from mcp_server.capsules.service import CapsuleService
@@ -324,7 +326,7 @@ def report(question: Question, plan: Plan, ancestor: CapsuleRecord | None, lower
         "counts": counts,
         "conflicts": [_conflict(one, plan) for one in plan.conflicts],
         "pairs": pairs(plan, list(question.capsule_ids),
-                       frozenset(path for path, one in plan.outcomes.items() if one.how == IGNORED)),
+                       frozenset(path for path, one in plan.outcomes.items() if one.how in (IGNORED, GIT_KEPT))),
     }
 
 
@@ -383,6 +385,7 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     (to be promoted, then destroyed); None when the report is the whole answer."""
     records, ancestor = _inputs(service, question.capsule_ids)
     plan, generation, each, live = await _read(service, records, ancestor)
+    merge_git.one_history(plan, [r.capsule_id for r in records])
     if plan.conflicts:
         await trio.to_thread.run_sync(_ignored_conflicts, plan, [r.capsule_id for r in records], records[0].workspace)
     recorded = await trio.to_thread.run_sync(_checked_base, each, plan, live)
