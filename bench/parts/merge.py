@@ -26,6 +26,20 @@ those digests give the live check its states (merge._lower_recorded).  It journa
 2,000 with their bytes (a witness of the merged capsule replays them).  The dry run is
 the merge alone, nothing written.
 
+git's time here is the filesystem's as much as git's own.  ``git merge`` (and the
+untimed checkout before it) unlinks each file it rewrites and creates it anew, and ext4
+without a journal (``extra["journal"]``: false, as on the VMs ccw's CI runs on) skips,
+when it allocates an inode, every inode of the group deleted in the last half minute,
+reading each one's inode-table block to see when (``recently_deleted``, called from
+``find_inode_bit``): after 1,000 files were unlinked, each of 1,000 creates walks past
+the lot.  perf put half of one such ``git merge``'s samples there; it took 250-410 ms,
+against 77-115 ms in a copy on a journaled ext4 in the same minutes, where ccw's own
+times hardly moved (224 ms into new, 115 dry run: 2.4 and 1.2 times git's).  ccw's
+copy-ups allocate their inodes in the merged capsule's upper layer, on an ext4 image of
+its own (sandbox/disk.py) where nothing was deleted.  So on such a filesystem the ratio
+says more about git's unlinks than about ccw; where the row reports no journal, read it
+beside one on a filesystem that keeps a journal.
+
 ``python bench/parts/merge.py [ROUNDS [CHANGED]]`` runs these rows alone (``bench/run.py
 many`` runs them after its fork and race rows), with the same warm-up.
 """
@@ -148,10 +162,28 @@ async def measured(base: Path, rounds: int, changed: int = CHANGED, warmup: bool
         return await measure(tools.call, base, rounds, changed, warmup)
 
 
-def rows(times: dict[str, list[float]], rounds: int, changed: int = CHANGED) -> list[Row]:
-    """The two rows: the merge into a new capsule, and the dry run, each against git merge."""
+def journaled(path: str) -> bool | None:
+    """Whether the filesystem holding ``path`` keeps a journal (jbd2 lists each journal it runs under
+    /proc/fs/jbd2 as DEVICE-INODE); None where that cannot be told (not ext4 or ext3 on a block device)."""
+    st = os.stat(path)
+    try:
+        name = os.path.basename(os.readlink(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}"))
+        kind = next(line.split()[2] for line in Path("/proc/self/mounts").read_text().splitlines()
+                    if line.split()[0].endswith("/" + name))
+    except (OSError, StopIteration):
+        return None
+    if kind not in ("ext4", "ext3"):
+        return None
+    return any(one.rpartition("-")[0] == name for one in os.listdir("/proc/fs/jbd2")) \
+        if os.path.isdir("/proc/fs/jbd2") else False
+
+
+def rows(times: dict[str, list[float]], rounds: int, changed: int = CHANGED, where: str | None = None) -> list[Row]:
+    """The two rows: the merge into a new capsule, and the dry run, each against git merge (``where``: the
+    directory both ran in, whose filesystem's journal the rows report)."""
     git = median_ms(times["git merge"])
-    extra = {"rounds": rounds, "files": 2 * changed, "changed_per_capsule": changed, "cpus": os.cpu_count()}
+    extra = {"rounds": rounds, "files": 2 * changed, "changed_per_capsule": changed, "cpus": os.cpu_count(),
+             "journal": journaled(where or tempfile.gettempdir())}
     return [
         Row(f"capsule_merge of 2 x {changed} changed files, into new", median_ms(times["into new"]),
             baseline="git merge of the same branches", baseline_ms=git, target="<= 1.5x", extra=extra),
