@@ -294,9 +294,10 @@ class CallContext:
             await self.progress(waited_ms, None, f"queued: {ahead} ahead on {capsule_id}, holding it now: "
                                 f"{holder.describe()}; this call: #{ticket.number} {ticket.label}")
 
-        reserved = self._ticket if self._ticket is not None and self._ticket.capsule_id == capsule_id else None
-        if reserved is not None:
-            self._ticket = None  # claimed once: a later turn in this call takes a place of its own
+        # The place taken on arrival in this capsule's line (a race's or merge's call has one in
+        # each capsule's), claimed once: a later turn in this call takes a place of its own.
+        places = [self._ticket, *self._ticket.more] if self._ticket is not None else []
+        reserved = next((one for one in places if one.capsule_id == capsule_id and not one.claimed), None)
         async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
             yield ticket
 

@@ -128,9 +128,43 @@ def test_the_capsule_tools_declare_their_turns() -> None:
     assert turns == {"capsule_exec": "exec `make -j2`", "capsule_fork": "fork", "capsule_destroy": "destroy",
                      "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
                      "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`",
-                     "capsule_service_stop": "service stop"}
+                     "capsule_service_stop": "service stop", "capsule_race": "exec `make -j2`",
+                     "capsule_merge": "merge"}
+    several = {spec.name: spec.turn.capsules_of({"capsule_ids": ["a", "b", "a"]})
+               for spec in registry.tools if spec.turn and spec.turn.capsules_arg}
+    assert several == {"capsule_race": ["a", "b"], "capsule_merge": ["a", "b"]}
     stop = registry.lookup("capsule_service_stop")
     assert stop is not None and stop.turn is not None and stop.turn.follows == "service start"
+
+
+def test_a_call_over_several_capsules_keeps_its_place_in_each_line_from_arrival(tmp_path: Path) -> None:
+    # Found in a trial: a race of F1 and F2, then an exec in F1, pipelined: the exec ran first
+    # (the race took its places only when its handler asked) and the race saw the exec's write.
+    ran: list[tuple[int, int, str]] = []
+    server = make_server(tmp_path, ran)
+    schema = {"type": "object", "required": ["capsule_ids", "n"], "additionalProperties": False,
+              "properties": {"capsule_ids": {"type": "array", "items": {"type": "string"}}, "n": {"type": "integer"}}}
+
+    async def several(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        for _ in range(5):  # the calls read after it start their handlers first
+            await trio.lowlevel.checkpoint()
+        for capsule_id in args["capsule_ids"][:2]:  # the third is never claimed: given back with the answer
+            async with ctx.capsule_turn(capsule_id, "several") as ticket:
+                ran.append((args["n"], ticket.number, capsule_id))
+        return {"n": args["n"], "ticket": 0}
+
+    server.tools.registry.add(ToolSpec("several", "server", "takes several turns", schema, RESULT, several,
+                                       turn=TakesTurn("several", capsules_arg="capsule_ids")))
+    frames = [*HANDSHAKE, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "several", "arguments": {"capsule_ids": ["b", "a", "c"], "n": 1}}},
+              call(2, "a", 2), call(3, "b", 3), call(4, "c", 4)]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert sorted(answers) == [0, 1, 2, 3, 4]
+    # Places 1-3 are the race's (b, a, c, as named), 4-6 the steps'.
+    assert sorted((n, number, name) for n, number, name in ran) == [
+        (1, 1, "b"), (1, 2, "a"), (2, 4, "step"), (3, 5, "step"), (4, 6, "step")]
+    assert ran.index((1, 2, "a")) < ran.index((2, 4, "step")) and ran.index((1, 1, "b")) < ran.index((3, 5, "step"))
+    assert [server.runtime.capsule_queue.line(one) for one in "abc"] == [[], [], []]
 
 
 NAMED = {"type": "object", "required": ["capsule_id", "name"], "additionalProperties": False,

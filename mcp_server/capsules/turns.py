@@ -45,6 +45,7 @@ import trio
 
 WAIT_REPORT_S = 1.0  # a queued call repeats its "queued" report this often
 LABEL_CHARS = 60  # of a command, in the "queued behind" reports
+MAX_PLACES = 128  # lines one call takes a place in on arrival: capsule_fork's count, above a race's
 EXEC_LABEL = "exec"  # a command's label starts so: the event stream hears of commands only
 
 
@@ -60,6 +61,19 @@ class TakesTurn:
     # A call that holds no turn but waits for the calls so labelled, on its subject, that arrived
     # before it (``CapsuleQueue.follow``): a service's stop, for its start.
     follows: str | None = None
+    # An argument listing several capsules (a race's, a merge's): the call takes a place in each
+    # of their lines on arrival, as a call on one capsule does in its line (``CapsuleQueue.arrive``).
+    capsules_arg: str | None = None
+
+    def capsules_of(self, args: Mapping[str, Any]) -> list[str]:
+        """The capsules a call with ``args`` takes a place in the lines of, each once, in order."""
+        if self.capsules_arg is None:
+            one = self.capsule_of(args)
+            return [] if one is None else [one]
+        named = args.get(self.capsules_arg)
+        if not isinstance(named, list) or len(named) > MAX_PLACES:
+            return []  # refused by the schema or the tool before any turn: nothing to keep a place for
+        return list(dict.fromkeys(one for one in named if isinstance(one, str)))
 
     def subject_of(self, args: Mapping[str, Any]) -> str | None:
         """What of the capsule a call with ``args`` acts on, or None."""
@@ -104,6 +118,7 @@ class Ticket:
     kind: str = ""  # its tool's TakesTurn label ("service start"), without the command
     subject: str | None = None  # TakesTurn.subject_of
     follows: str | None = None  # TakesTurn.follows
+    more: list[Ticket] = field(default_factory=list)  # the same call's places in other capsules' lines
 
     @property
     def waited_ms(self) -> int:
@@ -187,11 +202,16 @@ class CapsuleQueue:
 
     def arrive(self, takes: TakesTurn | None, args: Any) -> Ticket | None:
         """The place a call with ``args`` of a tool that ``takes`` turns takes as it is read
-        (``reserve``), or None if its tool takes no turn or its arguments name no capsule."""
+        (``reserve``), or None if its tool takes no turn or its arguments name no capsule; a
+        call over several capsules takes one in each line, the others in the first's ``more``."""
         if takes is None or not isinstance(args, Mapping):
             return None
-        capsule_id = takes.capsule_of(args)
-        return None if capsule_id is None else self.reserve(capsule_id, takes.label_of(args), takes, args)
+        label = takes.label_of(args)
+        tickets = [self.reserve(capsule_id, label, takes, args) for capsule_id in takes.capsules_of(args)]
+        if not tickets:
+            return None
+        tickets[0].more = tickets[1:]  # the others travel with the first: claimed, and given back, with it
+        return tickets[0]
 
     async def follow(self, ticket: Ticket | None) -> None:
         """Wait for the first call ahead of ``ticket`` in its line that its call follows
@@ -215,8 +235,9 @@ class CapsuleQueue:
     def give_back(self, ticket: Ticket | None) -> None:
         """Give back a place taken on arrival that no handler claimed (the request is
         answered or dropped); a claimed one is its handler's to release."""
-        if ticket is not None and not ticket.claimed:
-            self.release(ticket.capsule_id, ticket)
+        for one in [ticket, *ticket.more] if ticket is not None else []:
+            if not one.claimed:
+                self.release(one.capsule_id, one)
 
     def _observe(self, what: str, capsule_id: str, ticket: Ticket) -> None:
         if self.observer is not None and ticket.label.startswith(EXEC_LABEL + " "):

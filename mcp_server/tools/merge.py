@@ -9,11 +9,12 @@ into a new capsule, or a dry run, needs ``exec`` (``scope_of``).  Not in the ``a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from mcp_server.capsules.fragments import CAPSULE_ID
-from mcp_server.capsules.merge import MAX_INPUTS, Question, merge
+from mcp_server.capsules.merge import MAX_INPUTS, MERGE, Question, merge
 from mcp_server.core.hazards import KINDS
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox.errors import CcwError
@@ -78,6 +79,7 @@ TOOLS = [
             },
         },
         handler=capsule_merge,
+        turn=dataclasses.replace(MERGE, capsules_arg="capsule_ids"),  # a place in each input's line, on arrival
         scope="promote",
         scope_of=scope_of,
         other_scopes=("exec",),

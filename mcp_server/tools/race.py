@@ -9,12 +9,14 @@ for capsule_run.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from mcp_server.capsules.executors import executor_for
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.race import MAX_RACERS, Question, race
 from mcp_server.capsules.run import RUN_STATUS, WAIT_MS, WAIT_MS_DEFAULT, Run
+from mcp_server.capsules.service import EXEC
 from mcp_server.tools.registry import ToolContext, ToolSpec
 from sandbox import checks
 from sandbox.checks import MAX_TIMEOUT_MS
@@ -83,5 +85,7 @@ TOOLS = [
         }]},
         handler=capsule_race,
         scope="exec",
+        # Each capsule's exec keeps its place in that capsule's line from the moment the race is read.
+        turn=dataclasses.replace(EXEC, capsules_arg="capsule_ids"),
     ),
 ]
