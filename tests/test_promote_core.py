@@ -59,6 +59,22 @@ def test_setuid_and_setgid_bits_are_never_written_to_a_file(tmp_path: Path) -> N
     assert modes == {"s": 0o755, "tool": 0o755, "group": 0o2775, "shared": 0o2770, "group/f": 0o644}
 
 
+def test_a_files_runs_of_zeros_land_as_holes_and_its_bytes_whole(tmp_path: Path) -> None:
+    # A capsule's sparse file (truncate -s) costs its disk nothing: written densely, a few
+    # would fill the host's disk.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    content = {"sparse.img": b"head" + bytes(64 << 20) + b"tail", "dense.bin": os.urandom(200_000),
+               "zeros": bytes(1 << 20), "small": bytes(100)}
+    ops = [Op("write", name, 0o644) for name in content]
+    Promoter(tmp_path / "state").promote(str(ws), ops, lambda op: content[op.path])
+    for name, data in content.items():
+        assert (ws / name).read_bytes() == data, name
+    held = {name: os.stat(ws / name).st_blocks * 512 for name in content}
+    assert held["sparse.img"] <= 1 << 18 and held["zeros"] <= 1 << 16, held  # the blocks with bytes, no more
+    assert held["dense.bin"] >= 200_000, held
+
+
 def test_a_symlinked_parent_cannot_redirect_a_write(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()

@@ -41,6 +41,10 @@ The front end's hazard check (core/hazards.py) refuses them before anything is w
 this is the floor beneath it, so a bit that reached an op some other way (a journal
 from an older version rolled forward, a caller that skipped the check) is still never
 written.  Directories keep theirs: a setgid directory only passes its group on.
+
+A file's runs of zeros are written as holes (``_write_temp``): a capsule's sparse file
+costs its disk nothing (``truncate -s 900M``), and written out densely, a few of them
+would fill the host's disk from a capsule that used none of its own.
 """
 
 from __future__ import annotations
@@ -373,13 +377,43 @@ def _kept_owner(parent: int, name: str) -> tuple[int, int] | None:
     return (old.st_uid, old.st_gid) if stat_mod.S_ISREG(old.st_mode) else None
 
 
+HOLE_BLOCK = 1 << 16  # zeros this long, so aligned, become a hole; files shorter are written whole
+_ZEROS = bytes(HOLE_BLOCK)
+
+
+def _zeros_at(data: bytes, at: int) -> bool:
+    """Whether ``data`` holds a whole ``HOLE_BLOCK`` of zeros at ``at`` (its ends looked at first:
+    a block of data rarely starts and ends with zero; the slice's compare is one memcmp)."""
+    end = at + HOLE_BLOCK
+    return end <= len(data) and data[at] == 0 and data[end - 1] == 0 and data[at:end] == _ZEROS
+
+
+def _write_sparse(fd: int, data: bytes) -> None:
+    """``data`` at the start of the empty file ``fd``, each ``HOLE_BLOCK`` of zeros skipped (a hole)."""
+    mv, at = memoryview(data), 0
+    while at < len(data):
+        if _zeros_at(data, at):
+            at += HOLE_BLOCK
+            continue
+        end = at + HOLE_BLOCK
+        while end < len(data) and not _zeros_at(data, end):
+            end += HOLE_BLOCK
+        end = min(end, len(data))
+        while at < end:
+            at += os.pwrite(fd, mv[at:end], at)
+    os.ftruncate(fd, len(data))  # the length, where the file ends in a hole
+
+
 def _write_temp(parent: int, name: str, rel: str, data: bytes, mode: int, owner: tuple[int, int] | None) -> None:
     with wrap_oserror("promote: write", rel):
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
         try:
-            mv = memoryview(data)
-            while mv:
-                mv = mv[os.write(fd, mv) :]
+            if len(data) >= HOLE_BLOCK:
+                _write_sparse(fd, data)
+            else:
+                mv = memoryview(data)
+                while mv:
+                    mv = mv[os.write(fd, mv) :]
             if owner is not None:
                 os.fchown(fd, *owner)  # before the mode: chown would clear set-id bits (none are written)
             os.fchmod(fd, mode)
