@@ -200,3 +200,15 @@ def test_a_line_ending_conversion_staged_but_not_committed_is_explained(tmp_path
                            b"    return True\n", capture_output=True, check=True).stdout.decode().strip()
     git(capsule, "update-index", "--cacheinfo", f"100644,{other},src/auth.py")
     assert "stages content for src/auth.py" in _judge(live, capsule)[".git/index"]
+
+
+def test_a_zero_checksum_is_read_at_the_hash_size_whose_layout_ends_at_it(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    git(live, "init", "-q", "--object-format=sha256")
+    (live / "a.py").write_text("x = 4\n")  # its SHA-256 id's bytes also read as a SHA-1 entry with a garbage path
+    git(live, "add", "a.py")
+    data = (live / ".git" / "index").read_bytes()
+    skipped = data[:-32] + bytes(32)  # as index.skipHash writes it
+    assert [(e.path, e.oid) for e in parse_index(skipped)] == [
+        ("a.py", git(live, "rev-parse", ":a.py").strip())]

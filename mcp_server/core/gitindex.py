@@ -14,8 +14,9 @@ from the previous path's end (a varint, ``offset_decode``'s) and the rest, NUL-t
 
 The hash's size is not in the file: a SHA-256 repository writes 32-byte ids and a
 32-byte checksum.  It is found from the checksum (the one that matches), or, where
-``index.skipHash`` wrote zeros, from the size that parses to exactly the checksum's
-start.  Everything here is hostile bytes: each read is bounded, and anything malformed
+``index.skipHash`` wrote zeros, from the size whose entries and extensions end exactly
+at the checksum's start (both, if both do: hostile bytes can be laid out to read as
+either).  Everything here is hostile bytes: each read is bounded, and anything malformed
 raises ``ValueError`` with what was wrong, never an ``IndexError`` or a huge allocation.
 """
 
@@ -52,18 +53,40 @@ def parse_index(data: bytes) -> list[IndexEntry]:
         raise ValueError(f"index version {version} is none git writes (2, 3, 4)")
     if count > MAX_ENTRIES:
         raise ValueError(f"the index claims {count} entries")
-    errors = []
+    errors, read = [], []
     for size, digest in ((20, hashlib.sha1), (32, hashlib.sha256)):
         body, checksum = data[:-size], data[-size:]
-        if len(data) > 12 + size and (checksum == digest(body).digest() or not any(checksum)):
+        if len(data) > 12 + size and checksum == digest(body).digest():
+            return _entries(body, version, count, size)[0]
+        if len(data) > 12 + size and not any(checksum):
             try:
-                return _entries(body, version, count, size)
+                entries, at = _entries(body, version, count, size)
+                _extensions(body, at)
             except ValueError as exc:
                 errors.append(str(exc))
+            else:
+                read.extend(entries)
+    # With no checksum to say, both sizes may read to the end as git would lay them out; each reading is
+    # judged then, as git reads the one its repository's hash names.
+    if read:
+        return read
     raise ValueError(errors[0] if errors else "the index's checksum matches neither SHA-1 nor SHA-256")
 
 
-def _entries(body: bytes, version: int, count: int, size: int) -> list[IndexEntry]:
+def _extensions(body: bytes, at: int) -> None:
+    """Walk the extensions from ``at`` (a 4-byte signature, a 32-bit size, the data, each), which must end
+    where the checksum starts; ValueError if they do not."""
+    while at < len(body):
+        if at + 8 > len(body):
+            raise ValueError("the index ends inside an extension's header")
+        (length,) = struct.unpack_from(">I", body, at + 4)
+        at += 8 + length
+    if at != len(body):
+        raise ValueError("an extension runs past the index's checksum")
+
+
+def _entries(body: bytes, version: int, count: int, size: int) -> tuple[list[IndexEntry], int]:
+    """The entries and the offset where they end (the extensions' start)."""
     entries: list[IndexEntry] = []
     at, previous = 12, b""
     for _ in range(count):
@@ -101,7 +124,7 @@ def _entries(body: bytes, version: int, count: int, size: int) -> list[IndexEntr
             raise ValueError("an entry with an empty path")
         previous = name
         entries.append(IndexEntry(name.decode("utf-8", "surrogateescape"), mode, oid, (flags >> _STAGE_SHIFT) & 3))
-    return entries
+    return entries, at
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
