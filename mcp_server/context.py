@@ -243,7 +243,13 @@ class CallContext:
     @property
     def runs(self) -> OwnedRuns:
         """The process's background runs (capsules/run.py), as this call's token sees them."""
-        return OwnedRuns(self._runtime.runs, self._owner)
+        return OwnedRuns(self._runtime.runs, self._owner, self._keep_places)
+
+    def _keep_places(self, run: Run) -> None:
+        # The places taken on arrival stay the run's until it ends (a race answered "running" has
+        # capsules still waiting for a core), not the answered call's (turns.py: CapsuleQueue.keep).
+        if self._ticket is not None:
+            run.at_end.append(self._runtime.capsule_queue.keep(self._ticket))
 
     def for_run(self, run: Run) -> CallContext:
         """This call's context for the body of its ``run``: progress goes to the run, the rest is the call's."""

@@ -221,3 +221,79 @@ def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else
     assert set(ran[:2]) == {"stop b", "stop c"}  # c's start came after its stop: not waited for
     assert ran[2:] == ["hold", "start a", "end a", "start tests", "end tests", "stop a", "start c", "end c"]
     assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_a_run_answered_running_keeps_its_unclaimed_places_until_it_ends(tmp_path: Path) -> None:
+    # Found in a trial: a race of 3 capsules on 2 cores answered "running" after wait_ms, and the
+    # transport gave back its place in the third capsule's line (not claimed yet: waiting for a
+    # core), so an exec sent there after the answer ran first and the race saw its write.
+    ran: list[tuple[int, int, str]] = []
+    ended = trio.Event()
+    server = make_server(tmp_path, ran)
+    schema = {"type": "object", "required": ["capsule_ids"], "additionalProperties": False,
+              "properties": {"capsule_ids": {"type": "array", "items": {"type": "string"}}}}
+
+    async def racing(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async def body(run: Any) -> dict[str, Any]:
+            in_run = ctx.for_run(run)
+            for capsule_id in args["capsule_ids"]:  # one core: each capsule's turn claimed when the last ended
+                async with in_run.capsule_turn(capsule_id, "race"):
+                    await trio.sleep(0.2)
+                    ran.append((1, 0, f"race {capsule_id}"))
+            ended.set()
+            return {"n": 0, "ticket": 0}
+
+        return await ctx.runs.call("racing", None, body, 0, ctx.progress)
+
+    server.tools.registry.add(ToolSpec("racing", "server", "a run over several capsules", schema,
+                                       {"type": "object"}, racing,
+                                       turn=TakesTurn("race", capsules_arg="capsule_ids")))
+
+    async def main() -> dict[str, Any]:
+        to_server, server_in = trio.testing.memory_stream_one_way_pair()
+        server_out, from_server = trio.testing.memory_stream_one_way_pair()
+        connection = NdjsonConnection(server, server_in, server_out, trio.Event())
+        answers: dict[int, dict[str, Any]] = {}
+        got = trio.lowlevel.ParkingLot()
+
+        async def run() -> None:
+            await connection.run()
+            await server_out.aclose()
+
+        async def send(*frames: dict[str, Any]) -> None:
+            await to_server.send_all(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+
+        async def read() -> None:
+            data = b""
+            while chunk := await from_server.receive_some():
+                data += chunk
+                *lines, data = data.split(b"\n")
+                for line in lines:
+                    answer = json.loads(line)
+                    answers[answer["id"]] = answer
+                    got.unpark_all()
+
+        async def answer(request_id: int) -> dict[str, Any]:
+            while request_id not in answers:
+                await got.park()
+            return answers[request_id]
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                nursery.start_soon(read)
+                await send(*HANDSHAKE, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                    "name": "racing", "arguments": {"capsule_ids": ["a", "b", "c"]}}})
+                running = (await answer(1))["result"]["structuredContent"]
+                assert running["status"] == "running", running
+                assert [len(server.runtime.capsule_queue.line(one)) for one in "abc"] == [1, 1, 1]
+                await send(call(2, "c", 2))  # sent after the answer, as an agent would
+                stepped = (await answer(2))["result"]["structuredContent"]
+                await ended.wait()
+                await to_server.aclose()
+        return stepped
+
+    stepped = trio.run(main)
+    assert stepped == {"n": 2, "ticket": 4}  # the race's places were 1-3
+    assert ran == [(1, 0, "race a"), (1, 0, "race b"), (1, 0, "race c"), (2, 4, "step")]
+    assert [server.runtime.capsule_queue.line(one) for one in "abc"] == [[], [], []]

@@ -45,6 +45,13 @@ def _journaled(state_dir: Path, capsule_id: str) -> list[list[str]]:
         state.close()
 
 
+def _stdio_client(tmp_path: Path) -> Any:
+    """An SDK client of a ccw-mcp it starts on stdio, over the state dir tmp_path/state."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
+    env.update(CCW_STATE_DIR=str(tmp_path / "state"), MCP_READY_FILE=str(tmp_path / "ready"), CCW_DEBUG="1")
+    return Client(StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "ccw-mcp"), env=env), mode="legacy")
+
+
 # The SDK's HTTP client leaves the response streams of a cancelled call to the garbage
 # collector (httpx2 async generators, in this test process): its ResourceWarnings are
 # the client's, not the server's.
@@ -57,12 +64,8 @@ def test_parallel_calls_through_the_sdk(tmp_path: Path, root_required: None, tra
     server: ServerProcess | None = None
     connect: Any
     if transport == "stdio":
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("CCW_", "MCP_"))}
-        env.update(CCW_STATE_DIR=str(tmp_path / "state"), MCP_READY_FILE=str(tmp_path / "ready"), CCW_DEBUG="1")
-        params = StdioServerParameters(command=str(ROOT / ".venv" / "bin" / "ccw-mcp"), env=env)
-
         def connect() -> Any:
-            return Client(params, mode="legacy")
+            return _stdio_client(tmp_path)
     else:
         server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http", CCW_TOOLSETS="capsule,text"))
         server.wait_ready()
@@ -267,6 +270,45 @@ def test_cancelling_a_running_exec_hands_the_capsule_to_the_next(tmp_path: Path,
     assert result["stdout"] == "x\n" and result["started_generation"] == 1
     assert listed["result"]["structuredContent"]["capsules"][0]["execs"] == 1
     assert _journaled(tmp_path / "state", capsule_id) == [["cat", "out.txt"]]
+
+
+def test_a_race_past_wait_ms_keeps_its_place_in_the_capsules_still_waiting_for_a_core(tmp_path: Path,
+                                                                                      root_required: None) -> None:
+    # Found in a trial: 3 capsules raced on 2 cores, answered "running" after wait_ms; an exec sent
+    # then to the capsule still waiting for a core ran first, and the race's command saw its write.
+    assert os.cpu_count() == 2, "the VM has 2 cores: the third capsule waits for one"
+    ws = _workspace(tmp_path)
+    race_cmd = ["sh", "-c", "sleep 2; test ! -e late.txt"]
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+        async with _stdio_client(tmp_path) as client:
+            async def call(tool: str, args: dict[str, Any]) -> dict[str, Any]:
+                result = await client.call_tool(tool, args)
+                assert not result.is_error, result
+                return dict(result.structured_content or {})
+
+            parent = (await call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+            forks = (await call("capsule_fork", {"capsule_id": parent, "count": 3}))["capsule_ids"]
+            started = await call("capsule_race", {"capsule_ids": forks, "cmd": race_cmd, "wait_ms": 500})
+            assert started["status"] == "running", started
+            late: list[dict[str, Any]] = []
+            async with trio.open_nursery() as nursery:  # one exec in each, sent after the answer
+                for fork in forks:
+                    nursery.start_soon(lambda fork=fork: _append(late, call("capsule_exec", {
+                        "capsule_id": fork, "cmd": ["sh", "-c", "echo late > late.txt"]})))
+            fetched = await call("capsule_run", {"run_id": started["run_id"], "wait_ms": None})
+            return fetched, late, forks
+
+    race, late, forks = trio.run(scenario)
+    assert [(row["capsule_id"] in forks, row["exit_code"]) for row in race["rows"]] == [(True, 0)] * 3, race
+    assert race["parallel"] == 2
+    assert all(one["exit_code"] == 0 for one in late), late
+    for fork in forks:
+        assert _journaled(tmp_path / "state", fork) == [race_cmd, ["sh", "-c", "echo late > late.txt"]]
+
+
+async def _append(into: list[dict[str, Any]], answer: Any) -> None:
+    into.append(await answer)
 
 
 def test_fork_waits_for_the_running_exec(tools: Any, tmp_path: Path) -> None:

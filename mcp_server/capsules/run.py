@@ -10,7 +10,9 @@ waits again, fetches, or cancels it.
 
 - **The turn is the run's.**  The body takes the capsule's turn (mcp_server.capsules.turns)
   as the call would have, in the place the call took when it arrived, and holds it
-  until the run ends: a call sent after it on that capsule waits behind it.
+  until the run ends: a call sent after it on that capsule waits behind it.  The places
+  the body has not claimed yet (a race's capsules waiting for a core) are kept until the
+  run ends too (``on_start``, ``Run.at_end``), not given back with the "running" answer.
 - **Why a system task.**  No task of the server lives as long as the process (each
   transport has its own nursery; see capsules/networks.py), and a run must outlive the
   call and its connection.  The task runs in a copy of the call's context (the arrival
@@ -126,6 +128,8 @@ class Run:
         self.cancelled = False
         self.last_report: str | None = None
         self.console = console  # an interactive exec's stdin and output
+        # Told when the body has ended, however: the call's places in capsules' lines are given back (context.py).
+        self.at_end: list[Callable[[], None]] = []
         self._listener: Progress | None = None
 
     async def progress(self, progress: float, total: float | None = None, message: str | None = None,
@@ -185,21 +189,27 @@ class Runs:
         self.on_end = on_end  # told of every run that ended (its result or error): the event stream
 
     def start(self, tool: str, capsule_id: str | None, body: Body, owner: str | None = None,
-              console: Console | None = None) -> Run:
-        """Start ``body`` as ``owner``'s run now, in a copy of the calling task's context."""
+              console: Console | None = None, on_start: Callable[[Run], None] | None = None) -> Run:
+        """Start ``body`` as ``owner``'s run now, in a copy of the calling task's context;
+        ``on_start(run)`` is called first (before the call can answer)."""
         self._expire()
         run = Run(f"run_{next(self._serial)}_{secrets.token_hex(6)}", tool, capsule_id, owner, console)
+        if on_start is not None:
+            on_start(run)
         self._runs[run.run_id] = run
         trio.lowlevel.spawn_system_task(self._serve, run, body, name=f"ccw {tool} {run.run_id}",
                                         context=contextvars.copy_context())
         return run
 
     async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
-                   progress: Progress, owner: str | None = None, console: Console | None = None) -> dict[str, Any]:
+                   progress: Progress, owner: str | None = None, console: Console | None = None,
+                   on_start: Callable[[Run], None] | None = None) -> dict[str, Any]:
         """Run ``body`` and answer within ``wait_ms`` (None: wait until it ends, in this task; a run
-        with a ``console`` is always one of the background)."""
+        with a ``console`` is always one of the background); ``on_start`` as ``start`` takes it."""
         if wait_ms is None and console is None:
             run = Run("", tool, capsule_id, owner)
+            if on_start is not None:
+                on_start(run)
             run._listener = progress
             try:  # its end is told like a background run's (the ccw command waits this way)
                 run.result = await body(run)
@@ -207,10 +217,9 @@ class Runs:
                 run.error = exc
                 raise
             finally:
-                if self.on_end is not None:
-                    self.on_end(run)
+                self._ended(run)
             return run.result
-        run = self.start(tool, capsule_id, body, owner, console)
+        run = self.start(tool, capsule_id, body, owner, console, on_start)
         try:
             return await self.wait(run, wait_ms, progress)
         except trio.Cancelled:
@@ -278,8 +287,13 @@ class Runs:
         finally:
             run.ended = trio.current_time()
             run.done.set()
-            if self.on_end is not None:
-                self.on_end(run)
+            self._ended(run)
+
+    def _ended(self, run: Run) -> None:
+        for end in run.at_end:
+            end()
+        if self.on_end is not None:
+            self.on_end(run)
 
     def _expire(self) -> None:
         now = trio.current_time()
@@ -293,14 +307,15 @@ class OwnedRuns:
     """The runs as one caller (a token's name, or None) sees them: what it starts is its own,
     and it finds only its own.  The API the tools use (``ToolContext.runs``)."""
 
-    def __init__(self, runs: Runs, owner: str | None) -> None:
+    def __init__(self, runs: Runs, owner: str | None, on_start: Callable[[Run], None] | None = None) -> None:
         self.runs = runs
         self.owner = owner
+        self.on_start = on_start  # each run it starts is handed to it first: the call keeps its places for it
 
     async def call(self, tool: str, capsule_id: str | None, body: Body, wait_ms: int | None,
                    progress: Progress, console: Console | None = None) -> dict[str, Any]:
         """``Runs.call`` as this caller."""
-        return await self.runs.call(tool, capsule_id, body, wait_ms, progress, self.owner, console)
+        return await self.runs.call(tool, capsule_id, body, wait_ms, progress, self.owner, console, self.on_start)
 
     def get(self, run_id: str) -> Run:
         """This caller's run by id (``Runs.get``)."""

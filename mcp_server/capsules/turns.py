@@ -27,8 +27,10 @@ explicitly (an ``Arrival`` with the request, or the HTTP scope's ``ARRIVAL_KEY``
 its CallContext), and the handler claims that place (``turn`` with ``ticket``).  A call that
 ends without claiming it (bad arguments, an unknown capsule, cancelled before it started)
 has it given back (``give_back``) by the transport once the request is answered or
-dropped.  A call that arrived with no ticket (the CLI's in-process calls, a second turn
-in one call) takes its place when the handler asks.
+dropped, unless a run keeps it (``keep``): a call answered "running" (capsules/run.py)
+still has places its run has yet to claim (a race's capsules waiting for a free core),
+given back when the run ends.  A call that arrived with no ticket (the CLI's in-process
+calls, a second turn in one call) takes its place when the handler asks.
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class Ticket:
     subject: str | None = None  # TakesTurn.subject_of
     follows: str | None = None  # TakesTurn.follows
     more: list[Ticket] = field(default_factory=list)  # the same call's places in other capsules' lines
+    kept: bool = False  # its call's run keeps it past the call's answer (``CapsuleQueue.keep``)
 
     @property
     def waited_ms(self) -> int:
@@ -234,10 +237,26 @@ class CapsuleQueue:
 
     def give_back(self, ticket: Ticket | None) -> None:
         """Give back a place taken on arrival that no handler claimed (the request is
-        answered or dropped); a claimed one is its handler's to release."""
+        answered or dropped); a claimed one is its handler's to release, a kept one its run's."""
         for one in [ticket, *ticket.more] if ticket is not None else []:
-            if not one.claimed:
+            if not one.claimed and not one.kept:
                 self.release(one.capsule_id, one)
+
+    def keep(self, ticket: Ticket) -> Callable[[], None]:
+        """Keep a call's places (``ticket`` and its ``more``) past the call's answer, for its run:
+        a race answered "running" after ``wait_ms`` has capsules still waiting for a core, and a
+        call sent after it on one of them must not overtake it there.  Returns what gives back
+        the places none of the run's turns claimed, for when the run ends (or is cancelled)."""
+        places = [ticket, *ticket.more]
+        for one in places:
+            one.kept = True
+
+        def end() -> None:
+            for one in places:
+                one.kept = False
+            self.give_back(ticket)
+
+        return end
 
     def _observe(self, what: str, capsule_id: str, ticket: Ticket) -> None:
         if self.observer is not None and ticket.label.startswith(EXEC_LABEL + " "):
