@@ -15,12 +15,14 @@ def exec_summary(entry: dict[str, Any]) -> dict[str, Any]:
     """One journaled exec as ``log`` lists it."""
     touched = entry.get("touched") or {}
     read = touched.get("read")
+    cut_short = (entry.get("usage") or {}).get("cut_short")  # its reply never came (capsules/exec.py cut_entry)
     return {
         "run": entry["seq"], "started_at": entry["started_at"], "argv": entry["argv"], "cwd": entry["cwd"],
         "exit_code": entry["exit_code"], "signal": entry["signal"], "timed_out": entry["timed_out"],
         "oom_killed": entry["oom_killed"], "duration_ms": entry["duration_ms"],
         "generation": entry.get("generation"), "generation_out": entry.get("generation_out"),
-        "reads": None if read is None else len(read), "writes": len(touched.get("written") or []),
+        "reads": None if read is None else len(read),
+        "writes": None if cut_short else len(touched.get("written") or []), "cut_short": cut_short,
         "connections": len(touched.get("network") or []), "terminal": bool(entry.get("terminal")),
         "service": entry.get("service")}  # a service's exec: its name (capsules/services.py)
 
@@ -35,7 +37,7 @@ def exec_detail(entry: dict[str, Any], outputs: dict[str, tuple[bytes, int] | No
         kept[f"{stream}_bytes"] = entry[f"{stream}_bytes"]
     return {
         **exec_summary(entry), "usage": {k: v for k, v in (entry.get("usage") or {}).items()
-                                        if k not in ("sources", "unavailable")},
+                                        if k not in ("sources", "unavailable", "cut_short")},
         "output": kept, "written": list(touched.get("written") or []), "read": touched.get("read"),
         "network": list(touched.get("network") or []),
     }

@@ -3,6 +3,7 @@ current contents, deltamin's use of them, and the migration of journals made bef
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import sqlite3
 from pathlib import Path
@@ -11,10 +12,14 @@ from typing import Any
 import pytest
 
 from mcp_server.capsules.deltamin import _evidence, _journal_outcomes
+from mcp_server.capsules.exec import CANCELLED, cut_entry
+from mcp_server.cli import runlog
 from mcp_server.core.generations import exec_advances, observes
 from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
+from mcp_server.journal_view import exec_summary
 from mcp_server.state import State
+from sandbox.ops import ExecRequest
 from sandbox.spec import CapsuleSpec
 from tests.support.journal_rows import FIRST_RELEASE_TABLES
 
@@ -124,6 +129,24 @@ def test_rootless_runs_count_only_the_last_one(journal: Journal) -> None:
     current = journal.generation("cap_1")
     assert _journal_outcomes(journal, record, ["pytest", "-q"], "exit_code", current) == ["fail"]
     assert _evidence(journal, record, ["pytest", "-q"], current) is None  # reads unknown
+
+
+def test_a_run_cut_short_advances_the_generation_and_observes_nothing(journal: Journal) -> None:
+    # Cancelled while it ran (its front end ended when its client closed): journaled with what
+    # is known, listed as cut, and no outcome of any contents (it may have written anything).
+    record = _record()
+    request = ExecRequest("cap_1", ("pytest", "-q"), "/ws", timeout_ms=1000)
+    started = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=2)
+    journal.append_exec("cap_1", cut_entry(request, started, CANCELLED))
+    [cut] = journal.execs("cap_1")
+    assert (cut["argv"], cut["exit_code"], cut["generation"], cut["generation_out"]) == (
+        ["pytest", "-q"], None, None, 1)
+    assert cut["duration_ms"] >= 2000 and cut["usage"]["cut_short"] == CANCELLED
+    assert journal.generation("cap_1") == 1
+    assert _journal_outcomes(journal, record, ["pytest", "-q"], "exit_code", 1) == []
+    summary = exec_summary(cut)
+    assert (summary["cut_short"], summary["writes"]) == (CANCELLED, None)
+    assert runlog.render_log([summary], color=False).splitlines()[1].split()[2:6] == ["-", "cut", "2.0", "s"]
 
 
 def test_a_journal_made_before_generations_gets_them_from_its_own_order(state_dir: Path) -> None:

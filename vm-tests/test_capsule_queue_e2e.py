@@ -264,12 +264,14 @@ def test_cancelling_a_running_exec_hands_the_capsule_to_the_next(tmp_path: Path,
     finally:
         assert server.stop() == 0
     # The cancelled exec's jail was ended, so the next one ran instead of meeting CONFLICT;
-    # what the cancelled one wrote counts as a change (generation advanced, no journal row).
+    # what the cancelled one wrote counts as a change (generation advanced), and it is
+    # journaled cut short, with what is known of it.
     assert not following["result"]["isError"], following
     result = following["result"]["structuredContent"]
     assert result["stdout"] == "x\n" and result["started_generation"] == 1
-    assert listed["result"]["structuredContent"]["capsules"][0]["execs"] == 1
-    assert _journaled(tmp_path / "state", capsule_id) == [["cat", "out.txt"]]
+    assert listed["result"]["structuredContent"]["capsules"][0]["execs"] == 2
+    long = ["sh", "-c", "echo x > out.txt; sleep 60"]
+    assert _journaled(tmp_path / "state", capsule_id) == [long, ["cat", "out.txt"]]
 
 
 def test_a_race_past_wait_ms_keeps_its_place_in_the_capsules_still_waiting_for_a_core(tmp_path: Path,
@@ -305,6 +307,38 @@ def test_a_race_past_wait_ms_keeps_its_place_in_the_capsules_still_waiting_for_a
     assert all(one["exit_code"] == 0 for one in late), late
     for fork in forks:
         assert _journaled(tmp_path / "state", fork) == [race_cmd, ["sh", "-c", "echo late > late.txt"]]
+
+
+def test_a_race_cut_short_by_its_servers_end_is_in_each_capsules_log(tmp_path: Path, root_required: None) -> None:
+    # Found in a trial: a race answered "running", then the client closed and its stdio server
+    # ended, killing the racing commands; none of them was in `ccw capsule log`.
+    from mcp_server.capsules.exec import CANCELLED
+    from tests.support.cli_process import ccw
+
+    ws = _workspace(tmp_path)
+    race_cmd = ["sh", "-c", "echo started > r.txt; sleep 60"]
+
+    async def scenario() -> list[str]:
+        with trio.fail_after(60):
+            return await cut_race()
+
+    async def cut_race() -> list[str]:
+        async with _stdio_client(tmp_path) as client:
+            parent = (await client.call_tool("capsule_create", {"workspace": str(ws)})).structured_content
+            forks = (await client.call_tool("capsule_fork", {"capsule_id": parent["capsule_id"], "count": 2}))
+            ids = list(forks.structured_content["capsule_ids"])
+            started = await client.call_tool("capsule_race", {"capsule_ids": ids, "cmd": race_cmd, "wait_ms": 1500})
+            assert started.structured_content["status"] == "running", started
+            return ids  # the client closes: its server ends, and the race with it
+
+    forks = trio.run(scenario)
+    for fork in forks:
+        listed = json.loads(ccw(tmp_path / "state", "capsule", "log", fork, "--json").stdout)["runs"]
+        assert [(run["argv"], run["cut_short"], run["exit_code"], run["generation"]) for run in listed] == [
+            (race_cmd, CANCELLED, None, None)], listed
+        assert listed[0]["duration_ms"] >= 1000 and listed[0]["generation_out"] == 1  # what it wrote is unknown
+        shown = ccw(tmp_path / "state", "capsule", "show", fork, "1").stdout
+        assert "exit cut after" in shown and f"cut short: {CANCELLED}" in shown, shown
 
 
 async def _append(into: list[dict[str, Any]], answer: Any) -> None:

@@ -30,7 +30,7 @@ import blake3
 from mcp_server.caller import Caller
 from sandbox.checks import MAX_TIMEOUT_MS
 from sandbox.ops import ExecRequest
-from sandbox.replies import ExecProgress, ExecReply, Usage
+from sandbox.replies import ExecProgress, ExecReply, Touched, Truncated, Usage
 from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
 from sandbox.usage_words import NO_FANOTIFY_BRIEFLY, NO_FANOTIFY_ROOTLESS, NO_REPORT, mechanism, refusal_head
 
@@ -42,6 +42,8 @@ PROGRESS_LINES = 20  # lines of the latest output in each progress message
 STREAM_PROGRESS_MS = 250
 # Where the helper's standing cgroup refusal is given once, for the execs' results that only name it.
 REFUSAL_GIVEN = "why: capsule_create's isolation.cgroups_unavailable"
+# Why an exec cancelled while it ran is journaled cut short (``cut_entry``).
+CANCELLED = "cancelled while it ran (capsule_run's cancel, or its front end ended: its client closed)"
 NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
                        "and are not recorded")
 
@@ -197,6 +199,22 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         **({"service": request.service} if request.service is not None else {}),  # a service's exec
         **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive exec's
     }
+
+
+def cut_entry(request: ExecRequest, started: dt.datetime, why: str) -> dict[str, Any]:
+    """The journal's record of an exec whose reply never came (cancelled while it ran: capsule_run's
+    cancel, or its front end's end when its client closed; the helper died): what is known of it,
+    its command and start, and ``cut_short`` (in ``usage``: the execs table has no column for it)
+    saying why.  Its writes are not known (``read`` null: the capsule's generation advances), and
+    it records no generation: its outcome describes no contents (core/generations.py ``observes``)."""
+    elapsed_ms = int((dt.datetime.now(dt.UTC) - started).total_seconds() * 1000)
+    unknown = {figure: f"not measured: {why}" for figure in USAGE_FIGURES}
+    reply = ExecReply(exit_code=None, signal=None, timed_out=False, oom_killed=False, duration_ms=max(0, elapsed_ms),
+                      stdout=b"", stderr=b"", stdout_bytes=0, stderr_bytes=0, truncated=Truncated(False, False),
+                      usage=Usage(None, None, None, None, None), usage_unavailable=unknown, usage_sources={},
+                      disk=None, touched=Touched(None, (), None, None), touched_unavailable={})
+    entry = journal_entry(request, ExecOutcome(reply, 0, 0, 0), started)
+    return {**entry, "generation": None, "usage": {**entry["usage"], "cut_short": why}}
 
 
 def timeout_hint(limit_ms: int, option: str) -> str:

@@ -39,8 +39,10 @@ from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.call_hooks import CallHooks, Unattended
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
+    CANCELLED,
     PROGRESS_MS,
     ExecOutcome,
+    cut_entry,
     for_capsule,
     journal_entry,
     progress_message,
@@ -256,7 +258,7 @@ class CapsuleService:
                 await self.services.start_pending(self, record.capsule_id)
             started = _now()
             traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
-                                              lambda: self._exec_reply(request, ticket.waited_ms, console),
+                                              lambda: self._exec_reply(request, ticket.waited_ms, started, console),
                                               self._call.asker(), request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.attempts,
@@ -302,9 +304,10 @@ class CapsuleService:
         """Journal an exec of a service that ended (capsules/services.py), as an exec's; its row."""
         return (await self._journal_exec(record, request, outcome, started)).seq
 
-    async def _exec_reply(self, request: ExecRequest, waited_ms: int, console: Console | None = None) -> ExecReply:
+    async def _exec_reply(self, request: ExecRequest, waited_ms: int, started: dt.datetime,
+                          console: Console | None = None) -> ExecReply:
         """The helper's reply to an exec, its progress sent on (and an interactive exec's output to its
-        ``console``); a lost reply advances the generation."""
+        ``console``); a lost reply (cancelled, the helper gone) is journaled as cut short."""
         helper = await self.helper()
 
         async def forward(raw: dict[str, Any]) -> None:
@@ -329,7 +332,8 @@ class CapsuleService:
             if not (isinstance(exc, CcwError) and exc.code in _REFUSED) and not network_not_open(exc):
                 with trio.CancelScope(shield=True):
                     await _settle(helper, request.capsule_id)
-                    self.journal.advance(request.capsule_id)
+                    why = CANCELLED if isinstance(exc, trio.Cancelled) else f"its reply was lost ({exc})"
+                    self.journal.append_exec(request.capsule_id, cut_entry(request, started, why))  # advances
             raise
 
     async def fork(self, capsule_id: str) -> CapsuleRecord:

@@ -6,9 +6,11 @@ capsule too (its runs stay in the journal; what they printed goes with the capsu
 
 ``log`` is one line per run: its number, when it started, the change generation it
 started on and the one its writes produced, exit status, duration, and how many files
-it read and wrote and connections it tried.  ``show`` is one run whole: its command,
-cwd, exit and usage, what it printed (the journal keeps the first MiB of each stream),
-the files it wrote and read, and its connections with their verdicts.
+it read and wrote and connections it tried; a run cut short (cancelled while it ran, its
+front end gone, its reply lost) is listed with the status ``cut`` and what is known of it.
+``show`` is one run whole: its command, cwd, exit and usage, what it printed (the
+journal keeps the first MiB of each stream), the files it wrote and read, and its
+connections with their verdicts.
 
 Everything shown came from inside a capsule (argv, paths, hosts, output) and is written
 with its control characters made visible on a terminal (``output.visible``); ``show
@@ -79,6 +81,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
 
 
 def _status(run: dict[str, Any]) -> str:
+    if run.get("cut_short"):
+        return "cut"
     if run["timed_out"]:
         return "timeout"
     if run["signal"]:
@@ -107,9 +111,9 @@ def render_log(runs: list[dict[str, Any]], color: bool) -> str:
     for run in runs:
         status = _status(run)
         shown = paint(f"{status:>7}", GREEN if status == "0" else RED, color)
-        reads = "-" if run["reads"] is None else str(run["reads"])
+        reads, writes = ("-" if run[key] is None else str(run[key]) for key in ("reads", "writes"))
         lines.append(f"{run['run']:>4}  {run['started_at'][11:19]:<8}  {_generations(run):<5}  {shown}  "
-                     f"{_duration(run['duration_ms']):>8}  {reads:>5}  {run['writes']:>5}  {run['connections']:>3}  "
+                     f"{_duration(run['duration_ms']):>8}  {reads:>5}  {writes:>5}  {run['connections']:>3}  "
                      + (f"[service {visible(run['service'])}] " if run.get("service") else "")
                      + f"{visible(shlex.join(run['argv']))}")
     return "\n".join(lines) + "\n"
@@ -126,6 +130,8 @@ def render_run(detail: dict[str, Any], color: bool, raw: bool, all_reads: bool) 
              f"  cwd {visible(detail['cwd'] or '-')}, started {detail['started_at']}, generation "
              f"{_generations(detail)}",
              f"  exit {_status(detail)} after {_duration(detail['duration_ms'])}" + (f"; {usage}" if usage else "")]
+    if detail.get("cut_short"):
+        lines.append(f"  cut short: {detail['cut_short']}; what it wrote and printed is not known")
     for stream in ("stdout", "stderr"):
         text, size = detail["output"][stream], detail["output"][f"{stream}_bytes"]
         lines.append(_section(f"{stream} ({size} B)", color))

@@ -9,7 +9,8 @@ rootless helper, an overflowed fanotify queue: ``touched.read`` is null) the wri
 comes from upper-dir signatures alone, which miss a rewrite that keeps a file's size and
 mtime (``tar x``, ``cp -p``), so such an exec advances the generation whether or not it
 reports writes.  An exec the front end lost track of (cancelled while running, the helper
-died) advances it too (``Journal.advance``).  The capsule's /tmp and $HOME are not its
+died) advances it too: its row (capsules/exec.py ``cut_entry``) has no read trace, and
+no generation of its own, so it observes nothing.  The capsule's /tmp and $HOME are not its
 contents: writes there advance nothing.
 
 Each exec row keeps ``generation``, the one it started on, and ``generation_out``, the
