@@ -26,7 +26,9 @@ force recorded.  It is bounded per exec, and a capsule's rows go when it is dest
 
 from __future__ import annotations
 
+import json
 from binascii import b2a_base64
+from collections.abc import Sequence
 from typing import Any
 
 import zstandard
@@ -130,12 +132,16 @@ class Journal:
         return self.add_writes(capsule_id, [(path, action, content, target, mode, mtime_ns)])[0]
 
     def add_writes(self, capsule_id: str, writes: list[tuple[Any, ...]],
-                   base: dict[str, str] | None = None) -> list[int]:
+                   base: dict[str, str] | None = None, merged_from: Sequence[str] = ()) -> list[int]:
         """``add_write`` of each (path, action, content, target, mode, mtime_ns), in one transaction;
-        with ``base``, ``record_base`` of it first, in the same transaction (a merge's: one COMMIT)."""
+        with ``base``, ``record_base`` of it first, and with ``merged_from`` the capsules whose merge
+        these writes are (``merged_from``), in the same transaction (a merge's: one COMMIT)."""
         with self.state.transaction() as db:  # a generation a row, as one call each would give (0: an unknown capsule)
             if base:
                 self._record_base(db, capsule_id, base)
+            if merged_from:
+                db.execute("UPDATE capsules SET merged_from = ? WHERE capsule_id = ?",
+                           (json.dumps(list(merged_from)), capsule_id))
             first, count, update = (self._last_seq(db, capsule_id) + 1, len(writes),
                                     "UPDATE capsules SET generation = generation + ?")
             gen, step = db.execute(f"{update} WHERE capsule_id = ? RETURNING generation - ?, 1",
@@ -147,6 +153,29 @@ class Journal:
             events.emit_encoded(db, "file.changed", capsule_id,
                                 [events.file_changed(first + i, w[0], w[1]) for i, w in enumerate(writes)])
         return list(range(first, first + count))
+
+    def merged_from(self, capsule_id: str) -> list[str]:
+        """The capsules a merged capsule holds the merge of (capsule_merge ``into``), none for any other:
+        its promotion's policies judge their runs too (capsules/promote.py ``_facts``)."""
+        rows = self.state.execute("SELECT merged_from FROM capsules WHERE capsule_id = ?", (capsule_id,))
+        return list(json.loads(rows[0][0])) if rows and rows[0][0] else []
+
+    def judged_with(self, record: CapsuleRecord, runs_of: Sequence[str] = ()) -> list[str]:
+        """``runs_of`` and every capsule merged into ``record`` or its ancestors (``merged_from``), and into
+        those, each once: a merged capsule's promotion judges what its inputs ran, as an into-live merge does."""
+        found, seen, todo = list(runs_of), set(), [record]
+        while todo:
+            one: CapsuleRecord | None = todo.pop()
+            while one is not None and one.capsule_id not in seen:  # up its line of parents
+                seen.add(one.capsule_id)
+                for merged in self.merged_from(one.capsule_id):
+                    if merged not in found:
+                        found.append(merged)
+                    made = self.capsule(merged)
+                    if made is not None:
+                        todo.append(made)
+                one = self.capsule(one.parent) if one.parent else None
+        return found
 
     def writes(self, capsule_id: str) -> list[dict[str, Any]]:
         """Every file-tool change of a capsule, in order."""

@@ -97,6 +97,7 @@ def capsule_record(row: Any) -> CapsuleRecord:
         data[key] = None if data[key] is None else json.loads(data[key])
     network_spec = network_from_column(data.pop("network"))
     data["volatile"] = tuple(json.loads(data.get("volatile") or "[]"))
+    data.pop("merged_from", None)  # what a merged capsule merged: Journal.merged_from reads it
     spec = CapsuleSpec(
         workspace=data.pop("workspace"), given_base=data.pop("base"), clock_offset_sec=data.pop("clock_offset_sec"),
         env_whitelist=tuple(data.pop("env_whitelist")), limits=Limits(**data.pop("limits")),

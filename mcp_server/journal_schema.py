@@ -95,7 +95,7 @@ CREATE TABLE IF NOT EXISTS capsule_base (
 # Columns added since the first release, for state dirs made before them.
 _ADDED_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
-                 "gitdirs": "TEXT"},
+                 "gitdirs": "TEXT", "merged_from": "TEXT"},
     "execs": {"generation": "INTEGER", "generation_out": "INTEGER", "written_mtimes": "TEXT", "console": "TEXT",
               "terminal": "INTEGER NOT NULL DEFAULT 0", "service": "TEXT", "services": "TEXT"},
     "writes": {"generation": "INTEGER", "mtime_ns": "INTEGER"},

@@ -110,7 +110,7 @@ def test_the_journal_keeps_a_record_s_spec_in_its_old_columns(tmp_path: Any) -> 
             "clock": "c", "clock_offset_sec": 5, "env_whitelist": '["A", "B"]', "limits": '{"pids_max": 9}',
             "network": "none", "isolation": '{"x": 1}', "mount": "/m", "base_fingerprint": None,
             "destroyed_at": None, "generation": 0, "volatile": None, "expose": None,
-            "gitdirs": None,
+            "gitdirs": None, "merged_from": None,
         }
         assert state.execute("SELECT base FROM capsules WHERE capsule_id = 'cap_2'")[0][0] == "/ws"
         # The exposed toolchains: a JSON list, NULL when none (cap_1 above).

@@ -171,9 +171,18 @@ def test_the_policies_judge_what_the_inputs_ran_not_only_the_merged_capsule(
         alone = await t.call("capsule_promote", {"capsule_id": snoop, "dry_run": True, "policies": ["no-secret"]})
         merged = await t.call("capsule_merge", {"capsule_ids": [snoop, edit], "into": "live",
                                                 "policies": ["no-secret"]})
-        return {"alone": alone, "merged": merged}
+        # Merged into a new capsule with the snooper second (the new one is a fork of the first,
+        # whose line holds no snooping), then promoted: its inputs' runs are judged all the same.
+        made = (await t.call("capsule_merge", {"capsule_ids": [edit, snoop], "into": "new"}))["capsule_id"]
+        later = await t.call("capsule_promote", {"capsule_id": made, "policies": ["no-secret"]})
+        forked = (await t.call("capsule_fork", {"capsule_id": made}))["capsule_id"]
+        from_fork = await t.call("capsule_promote", {"capsule_id": forked, "dry_run": True, "policies": ["no-secret"]})
+        return {"alone": alone, "merged": merged, "later": later, "from_fork": from_fork}
 
     out = tools.run(scenario)
+    for key in ("later", "from_fork"):
+        report = out[key]["policy_report"]
+        assert out[key]["promoted"] is False and report["deny_paths"] == ["secret.txt"], (key, report)
     alone = out["alone"]["policy_report"]
     assert alone["paths_ok"] is False and alone["deny_paths"] == ["secret.txt"], alone
     merged = out["merged"]

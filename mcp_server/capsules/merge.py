@@ -392,7 +392,7 @@ async def _merge(service: CapsuleService, question: Question) -> tuple[dict[str,
     result = report(question, plan, ancestor, records[0].base)
     if plan.conflicts or (question.dry_run and question.into == "new"):
         return {**result, "written": False}, None
-    made = await _make(service, (records[0], generation), ancestor, plan, recorded)
+    made = await _make(service, (records[0], generation), ancestor, plan, recorded, question.capsule_ids)
     if question.into == "new":
         return {**result, "written": True, "capsule_id": made.capsule_id}, None
     return result, made
@@ -431,9 +431,10 @@ def _below_no_dir(plan: Plan, path: str) -> bool:
 
 
 async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ancestor: CapsuleRecord | None,
-                plan: Plan, recorded: dict[str, str]) -> CapsuleRecord:
+                plan: Plan, recorded: dict[str, str], inputs: tuple[str, ...]) -> CapsuleRecord:
     """A journaled capsule holding the merge: a fork of the first input (``first``: its record and the
-    generation its change was read at), else of the common ancestor, or a new one over the base."""
+    generation its change was read at), else of the common ancestor, or a new one over the base;
+    ``inputs`` journaled as what it merged (promoting it judges their runs, as an into-live merge does)."""
     record, generation = first
     made: CapsuleRecord | None = None
     if service.services is None or not service.services.running(record.capsule_id):  # a fork would freeze them
@@ -452,7 +453,7 @@ async def _make(service: CapsuleService, first: tuple[CapsuleRecord, int], ances
         root_fd = await service.open_root(made.capsule_id)
         kept = plan.mtimes.get(record.capsule_id, {}) if start is not plan.base else {}
         await trio.to_thread.run_sync(merge_write.write, service.state, made.capsule_id, root_fd, plan, recorded,
-                                      start, kept)
+                                      start, kept, inputs)
     except BaseException:
         with trio.CancelScope(shield=True):
             await service.destroy(made.capsule_id)

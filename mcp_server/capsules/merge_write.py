@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -226,13 +227,14 @@ def _rows(paths: list[str], contents: dict[str, State], base: dict[str, State], 
 
 
 def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, State], base: dict[str, State],
-             mtimes: dict[str, int], recorded: dict[str, str]) -> None:
+             mtimes: dict[str, int], recorded: dict[str, str], inputs: Sequence[str]) -> None:
     """Journal the written paths as file tools' changes (capsules/notes.py's ``note_tool_changes``), with
     each file's mtime, in one transaction with the base states the inputs recorded (``recorded``: the
     first record wins); and then the base's state where none is recorded yet."""
     journal = Journal(state)
     journal.add_writes(capsule_id, _rows(paths, contents, base, mtimes),
-                       base={key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents})
+                       base={key: state for key, state in recorded.items() if changeset.keyed_path(key) in contents},
+                       merged_from=inputs)
     unrecorded = [path for path in paths if contents[path].kind != "dir" and path not in recorded]
     record = journal.capsule(capsule_id) if unrecorded else None
     if record is not None:
@@ -240,11 +242,12 @@ def _journal(state: Any, capsule_id: str, paths: list[str], contents: dict[str, 
 
 
 def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[str, str],
-          start: dict[str, State], kept: dict[str, int] | None = None) -> list[str]:
+          start: dict[str, State], kept: dict[str, int] | None = None, inputs: Sequence[str] = ()) -> list[str]:
     """Write the merge into the capsule, whose view holds ``start`` (its root is closed after), and
     journal every path the merge changes against the base; those paths.  ``kept``: the mtimes of
     files the view holds as ``start`` does, where known (``Plan.mtimes`` of the input it was forked
-    from: the fork shows that input's files themselves, so they need no stat here)."""
+    from: the fork shows that input's files themselves, so they need no stat here).  ``inputs``: the
+    capsules merged, journaled as the new one's (``Journal.merged_from``: its promotion judges their runs)."""
     contents = {one.path: one.state for one in plan.outcomes.values() if one.state is not None}
     ops = ops_of(plan, start)
     changed = sorted(one.path for one in plan.changed)  # each the path of an op from the base (promote_ops)
@@ -253,5 +256,6 @@ def write(state: Any, capsule_id: str, root_fd: int, plan: Plan, recorded: dict[
     with RootView.from_fd(root_fd) as view:
         mtimes = _apply(view, ops, contents, start)
         mtimes.update(_held(view, [path for path in dated if path not in mtimes], kept or {}))
-    _journal(state, capsule_id, changed, contents, plan.base, {path: mtimes[path] for path in dated}, recorded)
+    _journal(state, capsule_id, changed, contents, plan.base, {path: mtimes[path] for path in dated}, recorded,
+             inputs)
     return changed

@@ -268,7 +268,7 @@ def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazar
 def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry],
            runs_of: tuple[str, ...] = ()) -> CapsuleFacts:
     facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"), exposed=list(record.spec.expose))
-    others = [found for found in map(journal.capsule, runs_of) if found is not None]
+    others = [found for found in map(journal.capsule, journal.judged_with(record, runs_of)) if found is not None]
     chains = [capsule for one in (record, *others) for capsule in reversed(_lineage(journal, one))]
     for capsule in {capsule.capsule_id: capsule for capsule in chains}.values():  # each once, ancestors first
         for ex in journal.execs(capsule.capsule_id):
