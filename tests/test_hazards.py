@@ -353,6 +353,7 @@ A, B = "a" * 40, "b" * 40
      f"remote-tracking ref origin/main moved from {A[:12]} at {B[:12]}"),
     (RefChange(".git/refs/remotes/origin/x", "refs/remotes/origin/x", None, A), "remote-tracking ref origin/x made"),
     (RefChange(".git/ORIG_HEAD", "ORIG_HEAD", None, B), f"ORIG_HEAD set to {B[:12]}"),
+    (RefChange(".git/ORIG_HEAD", "ORIG_HEAD", A, B, descends=True), None),  # B is in the promoted history
     (RefChange(".git/FETCH_HEAD", "FETCH_HEAD", A, B), f"FETCH_HEAD set to {B[:12]}"),
     (RefChange(".git/refs/heads/main", "refs/heads/main", A, "ref: refs/heads/x"), "branch main moved"),
     (RefChange(".git/refs/stash", "refs/stash", A, B), "ref refs/stash moved"),
@@ -428,3 +429,35 @@ def test_gitrefs_reads_each_moved_ref_and_asks_git_whether_a_branch_moved_forwar
     assert "branch gone deleted" in str(judged["refs/heads/gone"])
     assert "tag packed deleted" in str(judged["refs/tags/packed"])
     assert {ref.ref: ref.path for ref in refs}["refs/tags/packed"] == ".git/packed-refs"
+
+
+def test_orig_head_set_inside_the_promoted_history_is_plain_and_outside_it_is_not(tmp_path: Path) -> None:
+    live, capsule = tmp_path / "live", tmp_path / "capsule"
+    _git(tmp_path, "init", "-q", "-b", "main", str(live))
+    (live / "f").write_text("f\n")
+    _git(live, "add", "-A")
+    _git(live, "commit", "-q", "-m", "c0")
+    _git(live, "commit", "-q", "--allow-empty", "-m", "c1")
+
+    def judged(script: list[list[str]]) -> dict[str, str | None]:
+        subprocess.run(["rm", "-rf", str(capsule)], check=True)
+        subprocess.run(["cp", "-a", str(live), str(capsule)], check=True)
+        for args in script:
+            _git(capsule, *args)
+        entries = _entries(live, capsule)
+        checked = {e.path for e in entries if (oid := hazards.loose_object_id(e.path)) and e.new
+                   and hazards.true_loose_object(oid, (capsule / e.path).read_bytes())}
+        with RootView.open(str(capsule)) as view:
+            refs = gitrefs.changes(view, str(live), entries, (), checked)
+        return {ref.ref: refmoves.reason(ref) for ref in refs if ref.ref == "ORIG_HEAD"}
+
+    (live / "f").write_text("edited\n")  # a stash needs a change to put away
+    stash = judged([["stash", "-q"], ["stash", "pop", "-q"]])
+    (live / "f").write_text("f\n")
+    assert stash == {"ORIG_HEAD": None}  # the stash reset to HEAD: the host's own commit
+    merged = judged([["checkout", "-q", "-b", "feat"], ["commit", "-q", "--allow-empty", "-m", "f1"],
+                     ["checkout", "-q", "main"], ["merge", "-q", "--no-ff", "-m", "m", "feat"]])
+    assert merged == {"ORIG_HEAD": None}  # the merge's undo point: main before it, an ancestor of the new HEAD
+    planted = judged([["checkout", "-q", "-b", "side"], ["commit", "-q", "--allow-empty", "-m", "evil"],
+                      ["update-ref", "ORIG_HEAD", "side"], ["checkout", "-q", "main"], ["branch", "-q", "-D", "side"]])
+    assert "ORIG_HEAD set to" in str(planted["ORIG_HEAD"])  # a commit nothing promoted leads to

@@ -77,10 +77,41 @@ def _changes(live: DirFds, capsule: DirFds, workspace: str, gitdir: str, rels: d
         new = _loose(capsule if loose in changed else live, loose) or new_packed.get(name)
         if old == new:
             continue
-        forward = (name.startswith("refs/heads/") and old is not None and new is not None
-                   and _descends(old, new, capsule, prefix, checked_data, os.path.join(workspace, gitdir)))
+        host = os.path.join(workspace, gitdir)
+        if name == "ORIG_HEAD":
+            forward = new is not None and _in_history(new, live, capsule, prefix, new_packed, old_packed, checked_data,
+                                                      host)
+        else:
+            forward = (name.startswith("refs/heads/") and old is not None and new is not None
+                       and _descends(old, new, capsule, prefix, checked_data, host))
         out.append(RefChange(path, name, old, new, forward))
     return out
+
+
+def _head(view: DirFds, prefix: str, packed: dict[str, str]) -> str | None:
+    """The commit HEAD names in ``view`` (through the branch it names: its loose file, else ``packed``)."""
+    text = _loose(view, f"{prefix}HEAD") or ""
+    if refmoves.is_oid(text):
+        return text
+    name = text[5:].strip() if text.startswith("ref: ") else ""
+    if not name.startswith("refs/") or ".." in name.split("/"):
+        return None
+    return _loose(view, prefix + name) or packed.get(name)
+
+
+def _in_history(oid: str, live: DirFds, capsule: DirFds, prefix: str, new_packed: dict[str, str],
+                old_packed: dict[str, str], checked_data: Collection[str], gitdir: str) -> bool:
+    """Whether commit ``oid`` is in the history the person has once promoted: the new HEAD's (through the
+    capsule's verified commits, then the host's git) or the old HEAD's (the host's).  ``git stash``, a
+    fast-forward ``git merge`` and ``git reset --soft HEAD~1`` set ORIG_HEAD to such a commit, and
+    ``git reset --hard ORIG_HEAD`` then goes nowhere the person's own history does not."""
+    if not refmoves.is_oid(oid):
+        return False
+    new_head, old_head = _head(capsule, prefix, new_packed), _head(live, prefix, old_packed)
+    if oid in (new_head, old_head):
+        return True
+    return ((new_head is not None and _descends(oid, new_head, capsule, prefix, checked_data, gitdir))
+            or (old_head is not None and refmoves.is_oid(old_head) and _host_ancestor(gitdir, oid, old_head)))
 
 
 def _read(view: DirFds, path: str) -> bytes | None:

@@ -9,11 +9,14 @@ v1.0 EVIL`` has whoever builds v1.0 build another commit; ``git reset --hard HEA
 holds, and ``git pull --rebase`` or ``git reset --hard origin/main`` take it at its word.
 So a new ref, and a branch moved to a descendant of its commit (a fast-forward), are
 plain; a moved tag, a branch moved elsewhere, a deleted ref, any change under
-``refs/remotes/``, and ``ORIG_HEAD`` or ``FETCH_HEAD`` set are hazards.  ``git commit
+``refs/remotes/``, ``FETCH_HEAD`` set, and ``ORIG_HEAD`` set to a commit outside the
+history the person has once promoted (the new HEAD's or the old one's: ``git stash``, a
+fast-forward merge and ``git reset --soft HEAD~1`` set it inside) are hazards.  ``git commit
 --amend`` of a commit the capsule made still fast-forwards; of one the workspace has, it
 rewrites that branch's history and is a hazard, as a rebase is.  Deleting ``ORIG_HEAD``
 or ``FETCH_HEAD`` undoes nothing to what git would run or check out.  Pure logic: the
-caller (capsules/gitrefs.py) reads the values and asks git whether a branch descends.
+caller (capsules/gitrefs.py) reads the values and asks git whether a branch descends,
+and whether ORIG_HEAD's commit is in that history.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ class RefChange:
     ref: str  # as git names it: refs/tags/v1.0, ORIG_HEAD
     old: str | None  # its value in the workspace (an object id, or "ref: NAME"); None: absent
     new: str | None  # its value once promoted; None: absent
-    descends: bool = False  # both are commits and new descends from old (the caller asked git)
+    descends: bool = False  # both are commits and new descends from old; ORIG_HEAD: new is in the promoted history
 
 
 def reasons(refs: Iterable[RefChange]) -> dict[str, str]:
@@ -63,7 +66,8 @@ def reason(ref: RefChange) -> str | None:
     """Why changing ``ref`` so is ``git_control``, or None (a new ref, a branch moved forward)."""
     old, new = _shown(ref.old), _shown(ref.new)
     if ref.ref in UNDO_HEADS:
-        return None if ref.new is None or ref.new == ref.old else f"{ref.ref} set to {new}: {UNDO_HEADS[ref.ref]}"
+        plain = ref.new is None or ref.new == ref.old or (ref.ref == "ORIG_HEAD" and ref.descends)
+        return None if plain else f"{ref.ref} set to {new}: {UNDO_HEADS[ref.ref]}"
     if ref.old == ref.new:
         return None
     space, _, name = ref.ref.removeprefix("refs/").partition("/")
