@@ -54,3 +54,16 @@ def test_a_git_dir_only_one_input_changed_merges_as_any_change_and_order_picks_t
     assert one_history(deleted, ["three", "two"]) == [".git"]  # deleting .git is changing it
     assert deleted.outcomes[".git"].state == ABSENT and deleted.outcomes[".git/index"].sides == ("three",)
     assert deleted.conflicts == []
+
+
+def test_the_command_shows_a_git_dir_kept_whole_as_one_line_not_a_line_a_path() -> None:
+    from mcp_server.cli.merge import text
+
+    kept = [{"path": f".git/objects/a{n}/{n}", "how": GIT_KEPT, "capsules": ["cap_1"]} for n in range(300)]
+    result = {"base": {"directory": "/ws"}, "merged": True, "conflicts": [], "pairs": [], "counts": {},
+              "files": [*kept, {"path": "sub/.git/index", "how": GIT_KEPT, "capsules": ["cap_2"]},
+                        {"path": "a.txt", "how": "one side", "capsules": ["cap_1"]}]}
+    shown = text(result, {"capsule_ids": ["cap_1", "cap_2"], "dry_run": True}).splitlines()
+    assert shown[1:4] == ["  a.txt: one side (cap_1)", f"  .git/ (300 path(s)): {GIT_KEPT} (cap_1)",
+                          f"  sub/.git/ (1 path(s)): {GIT_KEPT} (cap_2)"]
+    assert len(shown) == 5

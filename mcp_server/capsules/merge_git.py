@@ -29,7 +29,7 @@ GIT_KEPT = ("in a git directory several inputs changed: the first of them keeps 
             "index); the others' files merge, their commits do not")
 
 
-def _gitdir(path: str) -> str | None:
+def gitdir_of(path: str) -> str | None:
     """The git directory ``path`` belongs to (its own when it is a ``.git`` entry), or None."""
     if path.rpartition("/")[2].casefold() == ".git":
         return path
@@ -43,7 +43,7 @@ def one_history(plan: Plan, names: list[str]) -> list[str]:
     groups: dict[str, list[str]] = {}
     for path in plan.outcomes:
         if ".git" in path.casefold():  # most paths name no git directory: skip the walk for them
-            gitdir = _gitdir(path)
+            gitdir = gitdir_of(path)
             if gitdir is not None:
                 groups.setdefault(gitdir, []).append(path)
     kept = []

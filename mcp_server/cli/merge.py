@@ -2,7 +2,8 @@
 
 It calls capsule_merge (mcp_server/capsules/merge.py says the base, the steps and what
 ``--into`` does) on the state dir's front end, as the other capsule commands do, and
-prints what the merge gives: the base, each file and how it merged, each conflict with
+prints what the merge gives: the base, each file and how it merged (a git directory kept
+whole from one input as one line: capsules/merge_git.py), each conflict with
 the base's lines and both sides', each pair of capsules and whether they commute, then
 the new capsule or the promotion.  It exits 0 when the merge is clean and, into live,
 was written (or would be, with ``--dry-run``), else 1.
@@ -20,6 +21,7 @@ import argparse
 import sys
 from typing import Any
 
+from mcp_server.capsules.merge_git import GIT_KEPT, gitdir_of
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
@@ -74,7 +76,15 @@ def text(result: dict[str, Any], call: dict[str, Any]) -> str:
     base = result["base"]
     where = f"capsule {base['capsule_id']}" if "capsule_id" in base else f"directory {visible(base['directory'])}"
     lines = [f"merge of {', '.join(call['capsule_ids'])} against {where}"]
-    lines += [f"  {visible(one['path'])}: {one['how']} ({', '.join(one['capsules'])})" for one in result["files"]]
+    kept: dict[tuple[str, str], int] = {}  # a git directory kept whole: one line, not one a path of it
+    for one in result["files"]:
+        if one["how"] == GIT_KEPT:
+            key = (gitdir_of(one["path"]) or one["path"], ", ".join(one["capsules"]))
+            kept[key] = kept.get(key, 0) + 1
+        else:
+            lines.append(f"  {visible(one['path'])}: {one['how']} ({', '.join(one['capsules'])})")
+    lines += [f"  {visible(gitdir)}/ ({count} path(s)): {GIT_KEPT} ({capsules})"
+              for (gitdir, capsules), count in kept.items()]
     lines += _conflicts(result)
     for pair in result["pairs"]:
         clash = f" at {', '.join(visible(p) for p in pair['conflicts'])}" if pair["conflicts"] else ""
