@@ -23,6 +23,7 @@ installed.  ``python sandbox/jail_interface.py`` prints the header.
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 
 # The descriptors ccw-jail is spawned with (0-2: the command's stdio).
@@ -70,6 +71,13 @@ LIMITS = {
     "NOTIFY_KEY": 8,                   # a run's key ('k'), after each message's kind (unotify.py)
 }
 
+# The launcher's words on a command's stderr that the front end reads back: a script whose
+# ``#!`` interpreter the jail does not show is said as "ccw: SCRIPT: bad interpreter: PATH
+# (named by SCRIPT's #! line): ..." (ccw_jail.c), in which mcp_server/core/expose.py finds
+# PATH to say what to expose (read there through sandbox/usage_words.py).  Not in the
+# plan's magic: a launcher with other words reads the same plans, and is only less helpful.
+TEXTS = {"BAD_INTERPRETER": "bad interpreter: ", "NAMED_BY": " (named by "}
+
 
 def _body() -> str:
     lines = [f"#define FD_{name} {value}" for name, value in DESCRIPTORS.items()]
@@ -93,7 +101,13 @@ def header() -> str:
     magic = ", ".join(f"0x{byte:02x}" for byte in MAGIC)
     return ("/* Generated from sandbox/jail_interface.py at build time (setup.py): edit that table. */\n"
             "#ifndef CCW_JAIL_INTERFACE_H\n#define CCW_JAIL_INTERFACE_H\n"
-            f"#define PLAN_MAGIC {{{magic}}}\n{_body()}#endif\n")
+            f"#define PLAN_MAGIC {{{magic}}}\n{_body()}{_texts()}#endif\n")
+
+
+def _texts() -> str:
+    # json's quoting is C's for these plain ASCII words
+    assert all(text.isascii() and text.isprintable() for text in TEXTS.values())
+    return "".join(f"#define TEXT_{name} {json.dumps(text)}\n" for name, text in TEXTS.items())
 
 
 if __name__ == "__main__":

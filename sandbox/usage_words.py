@@ -7,10 +7,17 @@ The helper writes each null figure's reason as "HEAD: why" and each figure's sou
 an exec's result and a policy report, whose standing part (the helper's cgroup refusal,
 the same for every exec) the capsule's isolation report gives once.  Both read the
 forms from here, so the helper's writing and the front end's reading cannot drift.
+So too the launcher's words for a script whose ``#!`` interpreter the jail does not show
+(``BAD_INTERPRETER``, ``NAMED_BY``), written once in the table ccw-jail is built from.
 Pure: no I/O (the front end's core imports it).
 """
 
 from __future__ import annotations
+
+from sandbox.jail_interface import TEXTS
+
+BAD_INTERPRETER = TEXTS["BAD_INTERPRETER"]  # "ccw: SCRIPT: bad interpreter: PATH (named by SCRIPT's #! line): ..."
+NAMED_BY = TEXTS["NAMED_BY"]
 
 # What each figure a missing cgroup leaves null is said to lack, as "HEAD: why".  The why
 # (``why_none``) is the helper's standing refusal, the same for every exec: the helper

@@ -24,6 +24,7 @@ from mcp_server.core.expose import (
 from sandbox.errors import CcwError
 from sandbox.homes import Home
 from sandbox.hostdirs import EXPOSE_SECRETS, HOME_SECRETS, check_expose_dir
+from sandbox.usage_words import BAD_INTERPRETER, NAMED_BY
 
 HOME = "/home/ann"
 UID = 1000
@@ -173,6 +174,15 @@ def test_missing_paths_come_only_from_a_could_not_run_exit() -> None:
     assert missing_paths(127, "/usr/bin/env: 'node': No such file or directory\n") == ["node"]
     assert missing_paths(1, jail) == []
     assert missing_paths(127, "x: a: No such file or directory\n" * 3 + jail) == ["a", ".venv/bin/python"]
+    # The jail's own for a script there whose interpreter is not: the interpreter is missing.
+    assert missing_paths(126, _bad_interpreter(".venv/bin/pytest", "/home/ann/.pyenv/versions/3.12.1/bin/python3")) \
+        == ["/home/ann/.pyenv/versions/3.12.1/bin/python3"]
+
+
+def _bad_interpreter(script: str, interpreter: str) -> str:
+    """What ccw-jail says for ``script`` whose #! line names ``interpreter``, which the jail lacks."""
+    return (f"ccw: {script}: {BAD_INTERPRETER}{interpreter}{NAMED_BY}{script}'s #! line): No such file or "
+            "directory; the jail does not show it: expose its directory (...), or recreate the venv ...\n")
 
 
 def test_expose_hint_names_the_path_and_how_to_expose_it() -> None:
@@ -191,6 +201,13 @@ def test_exec_hints_name_the_hidden_interpreter_and_its_root(tmp_path: Path) -> 
     args = (str(project), str(project), f"{project}/.venv/bin", f"{node.parent}:/usr/bin", str(home), UID, homes)
     hints = exposure.exec_hints(127, "ccw: .venv/bin/python: No such file or directory\n", *args)
     assert hints == [expose_hint(".venv/bin/python", f"{root}/bin/python3.12", root)]
+    pytest = _bad_interpreter(".venv/bin/pytest", f"{root}/bin/python3.12")
+    assert exposure.exec_hints(126, pytest, *args) == [expose_hint(f"{root}/bin/python3.12", f"{root}/bin/python3.12",
+                                                                   root)]
+    # A venv's script names the venv's python, a link to the hidden one: followed on the host.
+    pytest = _bad_interpreter(".venv/bin/pytest", f"{project}/.venv/bin/python")
+    assert exposure.exec_hints(126, pytest, *args) == [expose_hint(f"{project}/.venv/bin/python",
+                                                                   f"{root}/bin/python3.12", root)]
     hints = exposure.exec_hints(127, "/usr/bin/env: 'node': No such file or directory\n", *args)
     assert hints == [expose_hint("node", str(node), f"{home}/.nvm/versions/node/v20.1.0", str(node))]
     assert "env_whitelist" in hints[0]  # exposed alone, node would still be off the jail's PATH

@@ -253,6 +253,34 @@ def test_missing_or_unrunnable_command(capsule: Capsule) -> None:
     assert supervise.run(capsule.spec([f"{capsule.workspace}/script.sh"])).exit_code == 126
 
 
+def test_a_script_whose_interpreter_the_jail_lacks_says_bad_interpreter(capsule: Capsule) -> None:
+    # Found in a trial: a venv's pytest, made by a pyenv python under another user's home,
+    # said "ccw: .venv/bin/pytest: No such file or directory" although the file was there.
+    interpreter = "/home/someone/.pyenv/versions/3.11.9/bin/python3.11"
+    bin_dir = capsule.merged / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "pytest").write_text(f"#!{interpreter}\nimport sys\n")
+    (bin_dir / "pytest").chmod(0o755)
+    result = supervise.run(capsule.spec([".venv/bin/pytest", "-q"]))
+    assert result.exit_code == 126, result.stderr  # there, but cannot be run: bash's status too
+    said = result.stderr.decode()
+    assert said.startswith(f"ccw: .venv/bin/pytest: bad interpreter: {interpreter} (named by .venv/bin/pytest's "
+                           "#! line): No such file or directory; "), said
+    assert "expose its directory" in said and "recreate the venv" in said, said
+    # Found along PATH, it is named by the path it was found at.
+    found = supervise.run(capsule.spec(["pytest"], env={"PATH": f"{capsule.workspace}/.venv/bin:/usr/bin:/bin"}))
+    assert found.exit_code == 126
+    assert f"ccw: pytest: bad interpreter: {interpreter} (named by {capsule.workspace}/.venv/bin/pytest's" \
+        in found.stderr.decode(), found.stderr
+    # An interpreter that is there, and a dangling link, keep what they said.
+    (bin_dir / "there").write_text("#!/bin/sh\necho ran\n")
+    (bin_dir / "there").chmod(0o755)
+    assert supervise.run(capsule.spec([".venv/bin/there"])).stdout == b"ran\n"
+    (bin_dir / "python").symlink_to(interpreter)
+    dangling = supervise.run(capsule.spec([".venv/bin/python"]))
+    assert (dangling.exit_code, dangling.stderr) == (127, b"ccw: .venv/bin/python: No such file or directory\n")
+
+
 def test_missing_cwd_is_an_error_naming_the_step(capsule: Capsule) -> None:
     with pytest.raises(CcwError) as info:
         supervise.run(capsule.spec(["/bin/true"], cwd="/no/such/dir"))

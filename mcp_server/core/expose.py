@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 
 from sandbox.hostdirs import inside
+from sandbox.usage_words import BAD_INTERPRETER, NAMED_BY
 
 # Directories the jail binds already (sandbox/mounts.py SYSTEM_DIRS) or makes its own;
 # what lies in them needs no exposing.
@@ -142,11 +143,13 @@ def cover(needs: list[Need], workspace: str) -> list[Need]:
 
 # What a failed exec says when the program or its interpreter is not in the jail: the
 # jail's own exec ("ccw: .venv/bin/python: No such file or directory", "ccw: nvmtool: command
-# not found"), a shell's "bad interpreter" and "not found" (dash: "sh: 1: mocha: not found";
-# bash: "bash: line 1: mocha: command not found"; zsh: "zsh: command not found: mocha"),
-# env's "'node': No such file or directory".
+# not found", "ccw: .venv/bin/pytest: bad interpreter: /opt/py/bin/python (named by ...": the
+# interpreter is what is missing), a shell's "bad interpreter" and "not found" (dash: "sh: 1:
+# mocha: not found"; bash: "bash: line 1: mocha: command not found"; zsh: "zsh: command not
+# found: mocha"), env's "'node': No such file or directory".
 _MISSING = re.compile(r"(?:^|: )'?([^\s:']+)'?: (?:(?:bad interpreter: )?No such file or directory"
-                      r"|(?:command )?not found[ \t]*$)|command not found: ([^\s:']+)[ \t]*$", re.MULTILINE)
+                      r"|(?:command )?not found[ \t]*$)|command not found: ([^\s:']+)[ \t]*$"
+                      rf"|^ccw: .*?: {re.escape(BAD_INTERPRETER)}(\S+){re.escape(NAMED_BY)}", re.MULTILINE)
 MAX_HINT_PATHS = 4
 
 
@@ -160,7 +163,7 @@ def missing_paths(exit_code: int | None, stderr: str) -> list[str]:
         return []
     found: list[str] = []
     for match in _MISSING.finditer(stderr[-8192:]):
-        name = match.group(1) or match.group(2)
+        name = match.group(1) or match.group(2) or match.group(3)
         if name not in found:
             found.append(name)
     return found[:MAX_HINT_PATHS]

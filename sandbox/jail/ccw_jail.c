@@ -19,7 +19,9 @@
  *     environment, else /bin:/usr/bin (os.defpath), a name with a '/' taken as it is,
  *     a candidate path longer than 4095 bytes skipped as execvp skips it;
  *   - what a command that cannot be run becomes: exit status 127 when there is nothing
- *     to run, 126 when it cannot be run, with "ccw: NAME: reason" on its stderr;
+ *     to run, 126 when it cannot be run, with "ccw: NAME: reason" on its stderr; a script
+ *     that is there but whose #! interpreter is not (ENOENT for a file that exists) is
+ *     126 with "bad interpreter", as bash says it, naming the interpreter (bad_interpreter);
  *   - which signals reach the command (FORWARDED below), and that the plan's END signal
  *     ends the whole jail (kill(-1) in its pid namespace);
  *   - that the init reaps everything before it reports the usage, and that it ends
@@ -64,6 +66,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -202,8 +205,9 @@ static void spawn_attributes(const struct plan *plan, posix_spawnattr_t *attr, p
 }
 
 /* posix_spawn the command as execvp would find it (the essay says how); 0, or the errno
- * of the failure to run it. */
-static int spawn(const struct plan *plan, pid_t *command)
+ * of the failure to run it.  `script` gets the first path that is there but gave ENOENT
+ * (its #! interpreter, or its ELF loader, is missing), or stays empty. */
+static int spawn(const struct plan *plan, pid_t *command, char script[PATH_MAX])
 {
     const char *name = plan->argv[0], *path = NULL;
     posix_spawnattr_t attr;
@@ -213,8 +217,11 @@ static int spawn(const struct plan *plan, pid_t *command)
         if (strncmp(*entry, "PATH=", 5) == 0)
             path = *entry + 5;
     spawn_attributes(plan, &attr, &actions);
+    script[0] = '\0';
     if (strchr(name, '/') != NULL) {
         result = posix_spawn(command, name, &actions, &attr, plan->argv, plan->envp);
+        if (result == ENOENT && strlen(name) < PATH_MAX && access(name, F_OK) == 0)
+            strcpy(script, name);
         return result == ENOTDIR || result == ESTALE || result == ENAMETOOLONG ? ENOENT : result;
     }
     if (path == NULL)
@@ -230,6 +237,8 @@ static int spawn(const struct plan *plan, pid_t *command)
                 return 0;
             if (result == EACCES)
                 denied = 1;
+            else if (result == ENOENT && script[0] == '\0' && access(candidate, F_OK) == 0)
+                strcpy(script, candidate); /* n < PATH_MAX */
             else if (result != ENOENT && result != ENOTDIR && result != ESTALE && result != ENAMETOOLONG)
                 return result;
         }
@@ -237,6 +246,39 @@ static int spawn(const struct plan *plan, pid_t *command)
             break;
     }
     return denied ? EACCES : ENOENT;
+}
+
+/* "bad interpreter" into `message` for a `script` that is there but could not be run
+ * (ENOENT), when its #! line names an interpreter that is not there; else 0.  Read as the
+ * kernel reads the line (its first 256 bytes, BINPRM_BUF_SIZE), by this init, which is
+ * in the jail already as the command's user and cwd: it opens what the command's exec
+ * opened and follows nothing more (O_NONBLOCK: a FIFO put there since is not waited on). */
+static int bad_interpreter(const char *name, const char *script, char *message, size_t size)
+{
+    char head[257];
+    struct stat st;
+    ssize_t got = -1;
+    size_t start, length;
+    int fd = open(script, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        return 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        got = read(fd, head, sizeof head - 1);
+    close(fd);
+    if (got < 3 || head[0] != '#' || head[1] != '!')
+        return 0; /* an ELF file whose loader is missing: strerror says what is known */
+    head[got] = '\0';
+    start = 2 + strspn(head + 2, " \t");
+    length = strcspn(head + start, " \t\n");
+    if (length == 0)
+        return 0;
+    head[start + length] = '\0';
+    if (access(head + start, F_OK) == 0 || errno != ENOENT)
+        return 0; /* it is there: what it lacks in turn is not this line's to say */
+    return snprintf(message, size, "ccw: %s: " TEXT_BAD_INTERPRETER "%s" TEXT_NAMED_BY "%s's #! line): %s; "
+                    "the jail does not show it: expose its directory (capsule_create expose, ccw capsule create "
+                    "--expose DIR), or recreate the venv with an interpreter the jail shows\n",
+                    name, head + start, script, strerror(ENOENT));
 }
 
 /* This image's peak resident size (VmHWM), what a command exec'd from it starts its peak
@@ -271,6 +313,7 @@ static _Noreturn void jail_init(const struct plan *plan)
     pid_t command;
     int error, signals, status = 0;
     long inherited_kb;
+    char script[PATH_MAX];
     contain(plan);
     /* Blocked since main, so none is lost before the loop; the command gets an empty mask. */
     sigemptyset(&waited);
@@ -279,11 +322,17 @@ static _Noreturn void jail_init(const struct plan *plan)
         fail_errno("jail init", "sigaddset(the END signal)");
     for (size_t i = 0; i < sizeof FORWARDED / sizeof *FORWARDED; i++)
         sigaddset(&waited, FORWARDED[i]);
-    error = spawn(plan, &command);
+    error = spawn(plan, &command, script);
     if (error != 0) { /* like a shell: 127 when there is nothing to run, 126 when it cannot be run */
-        char message[4200];
-        int length = snprintf(message, sizeof message, "ccw: %s: %s\n", plan->argv[0],
-                              error == ENOENT && strchr(plan->argv[0], '/') == NULL ? "command not found" : strerror(error));
+        char message[4200 + 2 * PATH_MAX];
+        int length = error == ENOENT && script[0] != '\0'
+                         ? bad_interpreter(plan->argv[0], script, message, sizeof message) : 0;
+        if (length > 0)
+            error = ENOEXEC; /* there, but cannot be run: bash's 126 */
+        else
+            length = snprintf(message, sizeof message, "ccw: %s: %s\n", plan->argv[0],
+                              error == ENOENT && strchr(plan->argv[0], '/') == NULL ? "command not found"
+                                                                                     : strerror(error));
         if (length > 0 && write(2, message, (size_t)length < sizeof message ? (size_t)length : sizeof message - 1) < 0)
             length = 0; /* nobody reads the command's stderr any more: nothing to tell */
         report_int('W', (error == ENOENT ? 127 : 126) << 8);
