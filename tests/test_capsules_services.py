@@ -62,6 +62,9 @@ class FakeHelper:
         self.words_after_check = False
         self.paths: dict[str, str] = {}  # path: the identity a path check's probe finds
         self.makes: dict[str, str] = {}  # path: the identity a service's run gives it once it runs
+        self.probe_s = 0.0  # how long a path check's probe runs
+        self.probing = 0  # probes running now: the helper holds the capsule for each, as for an exec
+        self.check_probing = trio.Event()  # a probe of a ready check (after the service's run began) runs
         self._connected = trio.Event()
 
     async def net_connect(self, capsule_id: str, port: int) -> socket.socket:
@@ -69,6 +72,14 @@ class FakeHelper:
             raise CcwError("CONFLICT", f"nothing listens on port {port} of capsule {capsule_id}", {"reason": "refused"})
         self._connected.set()
         return socket.socket()
+
+    async def _probe(self, ended: trio.Event) -> None:
+        self.probing += 1
+        if self.execs:
+            self.check_probing.set()
+        await trio.sleep(self.probe_s)
+        self.probing -= 1
+        ended.set()
 
     async def call(self, request: OpRequest[Any], on_progress: Any = None) -> Any:
         if isinstance(request, SignalRequest):
@@ -78,6 +89,9 @@ class FakeHelper:
             if self.execs:  # not the one before the service's run
                 self._connected.set()
             found = self.paths.get(request.argv[-1])
+            ended = trio.Event()
+            trio.lowlevel.spawn_system_task(self._probe, ended)  # goes on if the call is cancelled, as the helper's
+            await ended.wait()
             return exec_reply(0, f"{found}\n".encode()) if found else exec_reply(1)
         assert isinstance(request, ExecRequest) and request.stream
         self.execs += 1
@@ -288,14 +302,54 @@ def test_a_service_that_ended_when_its_path_check_passed_is_not_ready(world: Any
     helper.makes = {"run/s2.pid": "1:2:4.0"}  # written again, so its check passes
     helper.words_after_check = words_after_check
 
-    async def main() -> dict[str, Any]:
+    async def main() -> tuple[dict[str, Any], float]:
+        began = trio.current_time()
         answer = await services.start(capsules, _spec("s2", Ready(path="run/s2.pid", timeout_ms=5000)))
+        took = trio.current_time() - began
         await services.aclose()
-        return answer
+        return answer, took
 
-    answer = trio.run(main)
+    answer, took = trio.run(main)
+    assert took < 2.5, took  # at its end, not its deadline (its end may come while the check's probe runs)
     assert answer["ready"] is False and answer["state"] == "exited" and answer["exit_code"] == 1, answer
     assert answer["why"] == "it exited before it was ready", answer
     assert answer["log_tail"].splitlines()[-2:] == ["OSError: [Errno 98] Address already in use",
                                                     "[ccw: s2 ended: exit 1]"], answer
     assert len(answer["log_tail"].splitlines()) <= TAIL_LINES
+
+
+def test_a_start_past_its_deadline_answers_once_its_path_probe_has_ended(world: Any) -> None:
+    # A probe is an exec of the capsule: one the deadline cut off went on in the helper, and
+    # the destroy sent after the answer was refused ("is running a command").
+    services, capsules, helper = world
+    helper.until_signalled, helper.probe_s = True, 0.3  # the path is never made: each probe runs 0.3 s
+    ends: list[int] = []
+
+    async def main() -> dict[str, Any]:
+        answer = await services.start(capsules, _spec("idle", Ready(path="run/ready.txt", timeout_ms=1000)))
+        ends.append(helper.probing)
+        await services.aclose()
+        return answer
+
+    answer = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert answer["ready"] is False and answer["why"].startswith("not ready after 1000 ms"), answer
+    assert ends == [0]
+
+
+def test_a_destroy_waits_for_the_probe_a_restarts_readiness_check_has_out(world: Any) -> None:
+    # A restart's readiness is checked in the background, outside the capsule's turn.
+    services, capsules, helper = world
+    Journal(services.state).add_capsule(capsule_record("cap_1"))
+    services.table.save(dataclasses.replace(_spec("web", Ready(path="run/ready.txt")), restart="always"),
+                        "2026-01-01T00:00:00")
+    helper.until_signalled, helper.probe_s = True, 0.3
+
+    async def main() -> list[int]:
+        await services.reopen_kept(capsules)  # brought back at once, its check in the background
+        await helper.check_probing.wait()
+        await services.stop_all("cap_1")  # what a destroy does before it asks the helper
+        left = [helper.probing]
+        await services.aclose()
+        return left
+
+    assert trio.run(main, clock=MockClock(autojump_threshold=0)) == [0]

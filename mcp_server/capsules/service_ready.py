@@ -27,6 +27,13 @@ Some facts about readiness checks, and what follows from them:
   a start holds the capsule's turn, so no other start or exec of the capsule can take
   the port between ``refuse_taken`` and the check, and a listener found then is the
   service's own.  A line of output needs no wait either: only the service printed it.
+- **A probe is an exec of the capsule, and is never left behind.**  The helper holds the
+  capsule for a path's probe as for any exec, until its command has ended; a probe
+  cancelled mid-call (by the start's deadline, or a stop) only closes its connection,
+  and a destroy or exec sent right after the start's answer found the capsule still
+  running it ("is running a command").  So a probe is shielded from cancellation (a
+  ``stat``, under a time limit of its own): a start answers only once its probes have
+  ended, and a destroy waits for those a background check (a restart's) has out (``settled``).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from sandbox.errors import CcwError
 from sandbox.ops import ExecRequest
 
 READY_POLL_S = 0.1
+PROBE_MS = 10_000  # a path probe's time limit in the helper
 READY_FIRST_S = 0.01  # the first pause between readiness checks, doubled up to READY_POLL_S
 TAIL_LINES = 20  # lines of output a start that did not become ready shows
 
@@ -53,6 +61,8 @@ class Readiness:
     def __init__(self, helper: Callable[[], Awaitable[HelperClient]], on_ready: Callable[[ServiceRun], None]) -> None:
         self._helper = helper
         self._on_ready = on_ready  # called once a run is listed ready (its event)
+        self._probing: dict[str, int] = {}  # capsule id: path probes the helper runs there now
+        self._probe_ended = trio.Event()  # set, then renewed, as each probe ends
 
     async def refuse_taken(self, spec: ServiceSpec, running: list[ServiceRun]) -> None:
         """CONFLICT if ``spec``'s ready port already accepts in its capsule (``running``: the
@@ -110,15 +120,28 @@ class Readiness:
         ready = run.spec.ready
         assert ready is not None and ready.path is not None
         helper = await self._helper()
-        probe = ExecRequest(run.spec.capsule_id, ("stat", "-L", "-c", "%d:%i:%.9Z", "--", ready.path),
-                            timeout_ms=10_000)
+        capsule_id = run.spec.capsule_id
+        probe = ExecRequest(capsule_id, ("stat", "-L", "-c", "%d:%i:%.9Z", "--", ready.path), timeout_ms=PROBE_MS)
+        self._probing[capsule_id] = self._probing.get(capsule_id, 0) + 1
         try:
-            reply = await helper.call(probe)
+            with trio.CancelScope(shield=True):  # never left running in the helper (the essay)
+                reply = await helper.call(probe)
         except CcwError as exc:
             if exc.code == "CONFLICT":
                 return None
             raise
+        finally:
+            self._probing[capsule_id] -= 1
+            if not self._probing[capsule_id]:
+                del self._probing[capsule_id]
+            self._probe_ended.set()
+            self._probe_ended = trio.Event()
         return reply.stdout.decode(errors="replace").strip() if reply.exit_code == 0 else None
+
+    async def settled(self, capsule_id: str) -> None:
+        """Return once the helper runs no path probe of the capsule (before its destroy: the essay)."""
+        while self._probing.get(capsule_id):
+            await self._probe_ended.wait()
 
     async def _accepts(self, capsule_id: str, port: int) -> bool:
         helper = await self._helper()
@@ -133,8 +156,10 @@ class Readiness:
 
 async def _still_running(run: ServiceRun) -> bool:
     """Whether the run still runs after a check that passed: news of it (``ServiceRun.reported``)
-    that comes after the check is a progress report before its end (the essay)."""
-    await run.reported.wait()
+    that comes after the check is a progress report before its end (the essay).  One that ended
+    while the check's probe ran has no news left to give."""
+    if run.state not in ENDED:
+        await run.reported.wait()
     return run.state not in ENDED
 
 

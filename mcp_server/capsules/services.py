@@ -416,6 +416,7 @@ class Services:
         for (cap, name) in list(self._runs):
             if cap == capsule_id:
                 await self.stop(cap, name, grace_ms=1000)
+        await self._readiness.settled(capsule_id)  # a probe the helper still runs would refuse the destroy
         self.table.remove(capsule_id)
         service_log.forget(self._log_dir(capsule_id))
 
