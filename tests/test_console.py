@@ -22,6 +22,7 @@ import trio
 
 from mcp_server.capsules import console as console_module
 from mcp_server.capsules.console import EOF_CHAR, INPUT_MAX, QUIET_S, TERM, Console
+from mcp_server.capsules.exec import CANCELLED
 from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.journal import Journal
@@ -287,9 +288,11 @@ def test_cancel_answers_with_the_output_and_a_plain_run_takes_no_input(tmp_path:
     async def scenario(call: Any, runtime: Runtime, helper: FakeHelper, cap: str) -> None:
         run_id = (await call("capsule_exec", {"capsule_id": cap, "cmd": ["repl"], "interactive": True,
                                               "wait_ms": 0}))["run_id"]
+        await call("capsule_run", {"run_id": run_id, "wait_ms": 5000})  # its prompt came: it runs
         cancelled = await call("capsule_run", {"run_id": run_id, "cancel": True})
         assert cancelled["status"] == "cancelled" and "output" in cancelled and "cursor" in cancelled
-        assert Journal(runtime.state).execs(cap) == []  # as any cancelled exec: no row
+        [cut] = Journal(runtime.state).execs(cap)  # as any cancelled exec: journaled cut short
+        assert (cut["argv"], cut["exit_code"], cut["usage"]["cut_short"]) == (["repl"], None, CANCELLED)
         plain = await call("capsule_exec", {"capsule_id": cap, "cmd": ["true"], "wait_ms": 0})
         assert plain["status"] == "running" and "output" not in plain
         for args in ({"input": "x"}, {"eof": True}, {"cursor": 0}):

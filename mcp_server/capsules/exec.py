@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import blake3
+import trio
 
 from mcp_server.caller import Caller
 from sandbox.checks import MAX_TIMEOUT_MS
@@ -199,6 +200,14 @@ def journal_entry(request: ExecRequest, outcome: ExecOutcome, started: dt.dateti
         **({"service": request.service} if request.service is not None else {}),  # a service's exec
         **({"console": json.dumps(console, sort_keys=True)} if console is not None else {}),  # an interactive exec's
     }
+
+
+def cut_reason(exc: BaseException) -> str:
+    """Why an exec's reply never came, for its ``cut_entry``: ``CANCELLED`` when ``exc`` is
+    cancellation alone (in a group too: a console's and a network's nurseries wrap it), else
+    the error that lost it."""
+    rest = exc.split(trio.Cancelled)[1] if isinstance(exc, BaseExceptionGroup) else exc
+    return CANCELLED if rest is None or isinstance(rest, trio.Cancelled) else f"its reply was lost ({exc!r})"
 
 
 def cut_entry(request: ExecRequest, started: dt.datetime, why: str) -> dict[str, Any]:

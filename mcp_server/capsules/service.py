@@ -39,10 +39,10 @@ from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.call_hooks import CallHooks, Unattended
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
-    CANCELLED,
     PROGRESS_MS,
     ExecOutcome,
     cut_entry,
+    cut_reason,
     for_capsule,
     journal_entry,
     progress_message,
@@ -332,8 +332,7 @@ class CapsuleService:
             if not (isinstance(exc, CcwError) and exc.code in _REFUSED) and not network_not_open(exc):
                 with trio.CancelScope(shield=True):
                     await _settle(helper, request.capsule_id)
-                    why = CANCELLED if isinstance(exc, trio.Cancelled) else f"its reply was lost ({exc})"
-                    self.journal.append_exec(request.capsule_id, cut_entry(request, started, why))  # advances
+                    self.journal.append_exec(request.capsule_id, cut_entry(request, started, cut_reason(exc)))
             raise
 
     async def fork(self, capsule_id: str) -> CapsuleRecord:
