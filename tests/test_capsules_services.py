@@ -353,3 +353,22 @@ def test_a_destroy_waits_for_the_probe_a_restarts_readiness_check_has_out(world:
         return left
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == [0]
+
+
+def test_a_lost_services_log_says_so_once_however_many_front_ends_find_it(world: Any, tmp_path: Path) -> None:
+    services, capsules, _helper = world
+    Journal(services.state).add_capsule(capsule_record("cap_1"))
+    services.table.save(_spec("web"), "2026-01-01T00:00:00")  # restart "no"
+    LogRing(tmp_path / "state" / "services" / "cap_1", "web").append(b"GET / 200\nhalf a li")  # died mid-line
+
+    async def front_end() -> str:  # a new process: its own Services over the state dir
+        again = Services(services.state, services._helper, Networks())
+        await again.reopen_kept(capsules)
+        text = again.logs("cap_1", "web")[1].text
+        await again.aclose()
+        return text
+
+    logs = [trio.run(front_end) for _ in range(3)]
+    said = "[ccw: web lost: the front end or helper that ran it stopped]\n"
+    assert logs[0] == "GET / 200\nhalf a li\n" + said, logs[0]
+    assert logs[1] == logs[2] == logs[0], logs

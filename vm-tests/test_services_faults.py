@@ -66,14 +66,15 @@ def _settled(state: Path, cap: str, want: dict[str, tuple[str, ...]],
              as_json: bool = False) -> Callable[[], dict[str, Any] | None]:
     """A condition: ``ccw capsule service list`` shows each service in one of the states
     wanted; then its services by name (from ``--json``), or their states (from the text a
-    person reads, each line checked: name, state and command, tab-separated)."""
+    person reads, each service's line checked: name, state and command, tab-separated)."""
     def check() -> dict[str, Any] | None:
         if as_json:
             listed = json.loads(ccw(state, "capsule", "service", "list", cap, "--json").stdout)["services"]
             found: dict[str, Any] = {one["name"]: one for one in listed}
             states = {name: one["state"] for name, one in found.items()}
         else:
-            rows = [line.split("\t") for line in ccw(state, "capsule", "service", "list", cap).stdout.splitlines()]
+            rows = [line.split("\t") for line in ccw(state, "capsule", "service", "list", cap).stdout.splitlines()
+                    if not line.startswith("  ")]  # beneath a row: why it is lost or pending
             assert all(command == " ".join(server(name)) for name, _, command in rows), rows
             found = states = {name: status for name, status, _ in rows}
         return found if all(states[name] in allowed for name, allowed in want.items()) else None
@@ -196,3 +197,7 @@ def test_a_starting_front_end_brings_back_the_kept_services(
     assert first["keeper"]["restarts"] == 0, first  # a start by a new front end, not a restart of a failed run
     assert _fetch(cli_state, cap, "keeper") == "served from the capsule\n"
     assert len(_servers()["keeper"]) == 1
+    # web's log ends by saying it was lost, said once for the two front ends that found it so.
+    logs = ccw(cli_state, "capsule", "service", "logs", cap, "web").stdout
+    said = "[ccw: web lost: the front end or helper that ran it stopped]\n"
+    assert logs.endswith(said) and logs.count(said) == 1, logs

@@ -454,6 +454,10 @@ class Services:
             if spec.restart == "no":
                 run.set_state("lost", "the front end or helper that ran it stopped; start it again "
                               "(capsule_service_start), or stop it to forget it")
+                said = f"[ccw: {spec.name} lost: the front end or helper that ran it stopped]\n"
+                last = run.log.read(tail=1).text
+                if last != said:  # each later front end finds it lost again
+                    run.log.append(("" if last.endswith("\n") or not last else "\n").encode() + said.encode())
                 run.finished.set()
                 self._event(run)
                 continue
