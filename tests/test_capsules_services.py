@@ -372,3 +372,25 @@ def test_a_lost_services_log_says_so_once_however_many_front_ends_find_it(world:
     said = "[ccw: web lost: the front end or helper that ran it stopped]\n"
     assert logs[0] == "GET / 200\nhalf a li\n" + said, logs[0]
     assert logs[1] == logs[2] == logs[0], logs
+
+
+def test_a_frozen_capsules_live_services_are_listed_paused_and_its_ended_ones_as_they_ended(world: Any) -> None:
+    services, capsules, helper = world
+    helper.until_signalled = True
+
+    async def main() -> dict[str, list[tuple[str, str | None]]]:
+        await services.start(capsules, _spec("web"))
+        helper.until_signalled = False
+        await services.start(capsules, _spec("once"))  # ends at once: exit 0
+        listed = {frozen: [(one["state"], one.get("reason")) for one in services.summaries("cap_1", frozen)]
+                  for frozen in ("paused", "frozen", "ready")}
+        await services.aclose()
+        return listed
+
+    listed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert listed["paused"] == [("exited", None), ("paused", "its capsule is paused: it was running, and runs nothing "
+                                                   "(a connection to it waits) until capsule_resume")], listed
+    assert listed["frozen"] == [("exited", None), ("paused", "its capsule has forks, which freeze it: it was running, "
+                                                   "and runs nothing (a connection to it waits) until they are "
+                                                   "destroyed")], listed
+    assert listed["ready"] == [("exited", None), ("running", None)], listed

@@ -79,7 +79,10 @@ def test_an_agent_starts_a_server_tests_against_it_and_stops_it(tools: Any, tmp_
             await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["true"]})
         except CcwError as exc:
             out["paused_exec"] = exc.code
+        out["paused_list"] = (await t.call("capsule_service_list", {"capsule_id": cap}))["services"]
+        out["paused_capsules"] = (await t.call("capsule_list", {}))["capsules"]
         out["resume"] = await t.call("capsule_resume", {"capsule_id": cap})
+        out["resumed_list"] = (await t.call("capsule_service_list", {"capsule_id": cap}))["services"]
         out["again"] = await t.call("capsule_exec", {"capsule_id": cap, "cmd": FETCH})
         out["stop"] = await t.call("capsule_service_stop", {"capsule_id": cap, "name": "web", "grace_ms": 3000})
         out["after_stop"] = await t.call("capsule_service_list", {"capsule_id": cap})
@@ -103,6 +106,12 @@ def test_an_agent_starts_a_server_tests_against_it_and_stops_it(tools: Any, tmp_
     assert out["later"]["text"] == "" and out["later"]["start"] == out["logs"]["cursor"]
     assert out["pause"]["paused"] is True and out["pause"]["runs"] == ["web"]
     assert out["paused_exec"] == "CONFLICT"
+    # Paused, it accepts connections and answers none: listed so, with what it was and what thaws it.
+    assert [(one["state"], one["reason"]) for one in out["paused_list"]] == [(
+        "paused", "its capsule is paused: it was ready, and runs nothing (a connection to it waits) until "
+        "capsule_resume")]
+    assert [c.get("services") for c in out["paused_capsules"]] == [{"web": "paused"}]
+    assert [(one["state"], one.get("reason")) for one in out["resumed_list"]] == [("ready", None)]
     assert out["resume"]["paused"] is False and out["again"]["stdout"] == "served from the capsule\n"
     assert out["stop"]["state"] == "stopped" and out["after_stop"]["services"] == []
     rows = out["rows"]

@@ -415,7 +415,8 @@ class CapsuleService:
                 created_at=record.created_at if record else item.created_at,
                 execs=len(journal.execs(item.capsule_id)) if record else 0,
                 generation=record.generation if record else 0,
-                **({"services": {one["name"]: one["state"] for one in self.services.summaries(item.capsule_id)}}
+                **({"services": {one["name"]: one["state"]
+                                 for one in self.services.summaries(item.capsule_id, item.state)}}
                    if self.services is not None and record else {}),
             ))
         return out

@@ -42,6 +42,10 @@ with it, in the capsule's one network namespace.  This module is the front end's
   the service leaves the list and the spec table, its runs stay in the journal.  Its output
   stays readable (``logs``: a person stops a service, then asks why it misbehaved) until its
   capsule is destroyed; a new start of that name continues the same ring.
+- **Paused.**  A paused capsule's services (or a capsule's with forks) are frozen by the
+  helper, which alone knows it: a frozen server still accepts connections in the kernel
+  and never answers them.  So a listing asks the helper, and a live service of a frozen
+  capsule is listed ``paused``, its reason saying what it was and what thaws it.
 """
 
 from __future__ import annotations
@@ -69,7 +73,7 @@ from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import ExecRequest, SignalRequest
+from sandbox.ops import ExecRequest, ListRequest, SignalRequest
 from sandbox.replies import ExecProgress
 
 if TYPE_CHECKING:
@@ -99,6 +103,12 @@ BACKOFF_S = (0.5, 1.0, 2.0, 4.0, 8.0)
 QUICK_S, QUICK_FAILS = 10.0, 5
 HELPER_POLL_S = 1.0  # how often a service the helper lost asks whether a helper answers again
 HELD_S = 30.0  # how long a start waits for the helper to end the run of that name a gone front end left
+_FROZEN = {  # a capsule's state in the helper that freezes its services: the reason a listing gives
+    "paused": "its capsule is paused: it was {state}, and runs nothing (a connection to it waits) until "
+              "capsule_resume",
+    "frozen": "its capsule has forks, which freeze it: it was {state}, and runs nothing (a connection to it "
+              "waits) until they are destroyed",
+}
 
 
 class Services:
@@ -148,9 +158,27 @@ class Services:
                         f"{known or 'none'}{kept} (capsule_service_start starts one)",
                         {"capsule_id": capsule_id, "name": name, "services": known, "stopped": stopped})
 
-    def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
-        """The capsule's services and their states, by name."""
-        return [run.summary() for (cap, _), run in sorted(self._runs.items()) if cap == capsule_id]
+    def summaries(self, capsule_id: str, frozen: str | None = None) -> list[dict[str, Any]]:
+        """The capsule's services and their states, by name; ``frozen``: the capsule's state as the
+        helper lists it, whose "paused" and "frozen" (it has forks) show on its live services (the essay)."""
+        out = []
+        for (cap, _), run in sorted(self._runs.items()):
+            if cap == capsule_id:
+                summary = run.summary()
+                if frozen in _FROZEN and run.state not in ENDED:
+                    summary.update(state="paused", reason=_FROZEN[frozen].format(state=run.state))
+                out.append(summary)
+        return out
+
+    async def capsule_state(self, capsule_id: str) -> str | None:
+        """The capsule's state as its helper lists it (paused, frozen, ready...); None if no helper answers."""
+        try:
+            listed = (await (await self._helper()).call(ListRequest())).capsules
+        except CcwError as exc:
+            if exc.code != "UNAVAILABLE":
+                raise
+            return None
+        return next((one.state for one in listed if one.capsule_id == capsule_id), None)
 
     def running(self, capsule_id: str) -> list[ServiceRun]:
         return [run for (cap, _), run in sorted(self._runs.items()) if cap == capsule_id and run.state not in ENDED]

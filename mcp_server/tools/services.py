@@ -33,8 +33,8 @@ from sandbox.spec import Limits, resolve_cwd
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
 SERVICE_STOP = TakesTurn("service stop", subject_arg="name", follows=SERVICE_START.label)
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
-_SERVICE = {"type": "object", "description": "name, state (starting|running|ready|exited|failed|lost|stopped), "
-            "since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's journal row)"}
+_SERVICE = {"type": "object", "description": "name, state (starting|running|ready|paused|exited|failed|lost|"
+            "stopped), since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's row)"}
 _ALWAYS_ENV = frozenset({"PATH", "HOME", "LANG"})
 
 
@@ -73,7 +73,8 @@ async def capsule_service_list(ctx: ToolContext, args: dict[str, Any]) -> dict[s
     record = ctx.capsules.live_record(args["capsule_id"])
     services = _services(ctx)
     await services.recover(ctx.capsules)
-    return {"capsule_id": record.capsule_id, "services": services.summaries(record.capsule_id),
+    frozen = await services.capsule_state(record.capsule_id)
+    return {"capsule_id": record.capsule_id, "services": services.summaries(record.capsule_id, frozen),
             "ports": await services.ports.summaries(record.capsule_id)}
 
 
