@@ -278,7 +278,7 @@ def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entr
                                          ex["touched"].get("network") or []))
             read = ex["touched"]["read"]
             if read is None:
-                facts.read_unavailable = "an exec ran without file-read tracing (rootless mode)"
+                facts.read_unavailable = "an exec ran without file-read tracing (rootless mode, or it was cut short)"
             for path in read or []:
                 facts.paths.setdefault(path, set()).add("read")
             for path in ex["touched"]["written"]:

@@ -21,7 +21,6 @@ import argparse
 import sys
 from typing import Any
 
-from mcp_server.capsules.merge_git import GIT_KEPT, gitdir_of
 from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 from mcp_server.core.hazards import KINDS
@@ -73,6 +72,8 @@ def _conflicts(result: dict[str, Any]) -> list[str]:
 
 def text(result: dict[str, Any], call: dict[str, Any]) -> str:
     """The report of the merge ``call`` asked for, as lines a person reads."""
+    from mcp_server.capsules.merge_git import GIT_KEPT, gitdir_of  # not at import: ``ccw --help`` loads no capsules
+
     base = result["base"]
     where = f"capsule {base['capsule_id']}" if "capsule_id" in base else f"directory {visible(base['directory'])}"
     lines = [f"merge of {', '.join(call['capsule_ids'])} against {where}"]
