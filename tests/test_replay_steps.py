@@ -135,3 +135,18 @@ def test_without_services_nothing_starts_and_a_process_that_has_none_refuses(tmp
         trio.run(replay_steps.rerun, service, "cap_r", SPEC, _manifest() | {"writes": []}, {}, None, {})
     assert refused.value.code == "UNSUPPORTED" and "locally" in refused.value.message
 
+
+
+def test_a_run_cut_short_is_not_re_run_and_says_why() -> None:
+    # capsules/exec.py cut_entry: its end was never known, so there is nothing to compare with;
+    # re-run, a cancelled server would run to its end (or forever) and then differ anyway.
+    service: Any = _CapsuleService(None)
+    plain = copy.deepcopy(_manifest())
+    plain["execs"] = [ex for ex in plain["execs"] if not ex.get("services")]
+    plain["writes"] = []
+    plain["execs"][-1]["usage"] = {**(plain["execs"][-1].get("usage") or {}), "cut_short": "cancelled while it ran"}
+    tally = trio.run(replay_steps.rerun, service, "cap_r", SPEC, plain, {}, None, {})
+    assert service.ran == []
+    assert [(m["exec"], m["field"], m["expected"]) for m in tally.mismatches] == [
+        (6, "cut_short", "cancelled while it ran")]
+    assert "not re-run" in tally.mismatches[0]["note"] and tally.touched == {}

@@ -233,6 +233,13 @@ async def _step(service: CapsuleService, capsule_id: str, spec: CapsuleSpec, kin
         root = await service.open_root(capsule_id)
         await trio.to_thread.run_sync(apply_write, root, entry, blobs)
         return
+    cut = (entry.get("usage") or {}).get("cut_short")
+    if cut:  # its end was never known (capsules/exec.py cut_entry): nothing to compare a re-run with
+        tally.mismatches.append({"kind": "exec", "exec": entry["seq"], "field": "cut_short", "expected": cut,
+                                 "actual": None, "argv": entry["argv"],
+                                 "note": "the recorded run was cut short, so it is not re-run: what it wrote and "
+                                         "printed is not known, and no replay can reproduce it"})
+        return
     stdin = blobs[entry["stdin_blob"]] if entry.get("stdin_blob") else None
     request = exec_request(capsule_id, entry["argv"], entry["cwd"], entry.get("timeout_ms"), stdin)
     if (entry.get("console") or {}).get("tty"):
