@@ -65,6 +65,7 @@ class FakeHelper:
         self.probe_s = 0.0  # how long a path check's probe runs
         self.probing = 0  # probes running now: the helper holds the capsule for each, as for an exec
         self.check_probing = trio.Event()  # a probe of a ready check (after the service's run began) runs
+        self.ending: set[str] = set()  # services that end at once though others wait for a signal
         self._connected = trio.Event()
 
     async def net_connect(self, capsule_id: str, port: int) -> socket.socket:
@@ -109,7 +110,7 @@ class FakeHelper:
             await on_progress(_report(stdout, stderr, (out, err), last=ending))
         if request.service in self.binds:
             self.accepting.add(self.binds[request.service])
-        while self.until_signalled and not self._signalled.is_set():
+        while self.until_signalled and request.service not in self.ending and not self._signalled.is_set():
             with trio.move_on_after(self.REPORT_S):
                 await self._signalled.wait()
             if not self._signalled.is_set():
@@ -376,11 +377,10 @@ def test_a_lost_services_log_says_so_once_however_many_front_ends_find_it(world:
 
 def test_a_frozen_capsules_live_services_are_listed_paused_and_its_ended_ones_as_they_ended(world: Any) -> None:
     services, capsules, helper = world
-    helper.until_signalled = True
+    helper.until_signalled, helper.ending = True, {"once"}
 
     async def main() -> dict[str, list[tuple[str, str | None]]]:
         await services.start(capsules, _spec("web"))
-        helper.until_signalled = False
         await services.start(capsules, _spec("once"))  # ends at once: exit 0
         listed = {frozen: [(one["state"], one.get("reason")) for one in services.summaries("cap_1", frozen)]
                   for frozen in ("paused", "frozen", "ready")}
