@@ -11,26 +11,17 @@ still refuses, git directory or not.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from mcp_server.capsules.merge_git import GIT_KEPT
+from tests.support.realprojects import git as _git
 
-GIT_ENV = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "host",
-           "GIT_AUTHOR_EMAIL": "host@example.invalid", "GIT_COMMITTER_NAME": "host",
-           "GIT_COMMITTER_EMAIL": "host@example.invalid"}
 IDENTITY = "git -c user.name=agent -c user.email=agent@example.invalid"
 COMMIT_A = f"echo fixed >> a.txt && {IDENTITY} commit -q -am 'fix a'"
 COMMIT_B = f"echo tested >> b.txt && {IDENTITY} commit -q -am 'test b'"
 STAGE_C = "echo staged >> c.txt && git add c.txt"
-
-
-def _git(ws: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(ws), *args], env={**os.environ, **GIT_ENV}, capture_output=True,
-                          text=True, check=True).stdout
 
 
 def _workspace(require: Any, tmp_path: Path) -> Path:

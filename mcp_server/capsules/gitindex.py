@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Iterable
 
+from mcp_server.capsules import gitrefs
 from mcp_server.core import gitindex, hazards, refmoves
 from mcp_server.core.gitindex import IndexEntry
 from mcp_server.fs.changeset import Entry
@@ -151,7 +152,7 @@ def _in_worktree(view: _After, prefix: str, one: IndexEntry, size: int, before: 
 def _unheld_by_head(view: _After, gitdir: str, left: list[IndexEntry], size: int,
                     checked_data: Collection[str], host_gitdir: str) -> list[IndexEntry]:
     """The entries of ``left`` that the tree of the commit HEAD names does not hold, mode and blob."""
-    commit = _head(view, gitdir)
+    commit = gitrefs.head_commit(view, f"{gitdir}/" if gitdir else "")
     if commit is None:
         return left
     prefix = f"{gitdir}/" if gitdir else ""
@@ -186,27 +187,6 @@ def _unheld_by_head(view: _After, gitdir: str, left: list[IndexEntry], size: int
     answers = {treeish: _host_ls_tree(host_gitdir, treeish, paths) for treeish, paths in asks.items()}
     return [one for one, found, asked in looked
             if (answers[asked[0]].get(asked[1]) if asked is not None else found) != _held(one)]
-
-
-def _head(view: _After, gitdir: str) -> str | None:
-    """The commit HEAD names in the capsule's view of ``gitdir`` (a loose ref, else packed-refs)."""
-    prefix = f"{gitdir}/" if gitdir else ""
-    text = (view.read_regular(f"{prefix}HEAD") or b"")[:4096].decode("utf-8", "replace").strip()
-    if refmoves.is_oid(text):
-        return text
-    if not text.startswith("ref: "):
-        return None
-    name = text[5:].strip()
-    if not name.startswith("refs/") or ".." in name.split("/"):
-        return None
-    loose = (view.read_regular(prefix + name) or b"")[:4096].decode("utf-8", "replace").strip()
-    if refmoves.is_oid(loose):
-        return loose
-    for line in (view.read_regular(f"{prefix}packed-refs") or b"").decode("utf-8", "replace").splitlines():
-        oid, _, ref = line.partition(" ")
-        if ref.strip() == name and refmoves.is_oid(oid):
-            return oid
-    return None
 
 
 def _host_ls_tree(gitdir: str, treeish: str, paths: list[str]) -> dict[str, Held]:

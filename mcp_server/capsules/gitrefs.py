@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Iterable
+from typing import Protocol
 
 from mcp_server.core import hazards, refmoves
 from mcp_server.core.refmoves import RefChange
@@ -88,15 +89,26 @@ def _changes(live: DirFds, capsule: DirFds, workspace: str, gitdir: str, rels: d
     return out
 
 
-def _head(view: DirFds, prefix: str, packed: dict[str, str]) -> str | None:
-    """The commit HEAD names in ``view`` (through the branch it names: its loose file, else ``packed``)."""
+class Reads(Protocol):
+    """A tree whose regular files can be read by path (``DirFds``, or capsules/gitindex.py's view of
+    the workspace as promotion leaves it)."""
+
+    def read_regular(self, path: str) -> bytes | None: ...
+
+
+def head_commit(view: Reads, prefix: str, packed: dict[str, str] | None = None) -> str | None:
+    """The commit HEAD names in the git directory at ``prefix`` of ``view`` (through the branch it names:
+    its loose file, else ``packed``, read from the view's ``packed-refs`` when not given)."""
     text = _loose(view, f"{prefix}HEAD") or ""
     if refmoves.is_oid(text):
         return text
     name = text[5:].strip() if text.startswith("ref: ") else ""
     if not name.startswith("refs/") or ".." in name.split("/"):
         return None
-    return _loose(view, prefix + name) or packed.get(name)
+    found = _loose(view, prefix + name)
+    if found is not None:
+        return found if refmoves.is_oid(found) else None
+    return (packed if packed is not None else _packed(_read(view, f"{prefix}packed-refs"))).get(name)
 
 
 def _in_history(oid: str, live: DirFds, capsule: DirFds, prefix: str, new_packed: dict[str, str],
@@ -107,21 +119,21 @@ def _in_history(oid: str, live: DirFds, capsule: DirFds, prefix: str, new_packed
     ``git reset --hard ORIG_HEAD`` then goes nowhere the person's own history does not."""
     if not refmoves.is_oid(oid):
         return False
-    new_head, old_head = _head(capsule, prefix, new_packed), _head(live, prefix, old_packed)
+    new_head, old_head = head_commit(capsule, prefix, new_packed), head_commit(live, prefix, old_packed)
     if oid in (new_head, old_head):
         return True
     return ((new_head is not None and _descends(oid, new_head, capsule, prefix, checked_data, gitdir))
             or (old_head is not None and refmoves.is_oid(old_head) and _host_ancestor(gitdir, oid, old_head)))
 
 
-def _read(view: DirFds, path: str) -> bytes | None:
+def _read(view: Reads, path: str) -> bytes | None:
     try:
         return view.read_regular(path)
     except CcwError:
         return None  # a directory on the way is a file there: no such ref
 
 
-def _loose(view: DirFds, path: str) -> str | None:
+def _loose(view: Reads, path: str) -> str | None:
     data = _read(view, path)
     if data is None:
         return None
