@@ -20,7 +20,6 @@ import os
 import threading
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from mcp_server.egress import tlsterm
 from mcp_server.fs.castore import server_context
 from mcp_server.fs.secretstore import SecretStore
 from tests.support.secretsearch import IN_CAPSULE, STORE_FILE, events_holding, files_holding
-from tests.support.tlsserver import TlsServer
+from tests.support.tlsserver import QuietHandler, TlsServer
 
 PYTHON = "/usr/bin/python3"
 TOKEN = b"pypi-" + b"Hx7tQ" * 8  # 45 bytes
@@ -75,11 +74,8 @@ class IndexServer(TlsServer):
         self.heads: list[bytes] = []
 
 
-class IndexHandler(BaseHTTPRequestHandler):
+class IndexHandler(QuietHandler):
     server: IndexServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
     def do_GET(self) -> None:
         self.server.heads.append(f"{self.requestline}\r\n{self.headers}".encode())

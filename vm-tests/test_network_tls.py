@@ -24,7 +24,6 @@ import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from mcp_server.egress import tlsterm
 from mcp_server.fs.castore import server_context
 from mcp_server.fs.secretstore import SecretStore
 from tests.support.secretsearch import IN_CAPSULE, STORE_FILE, events_holding, files_holding
-from tests.support.tlsserver import TlsServer
+from tests.support.tlsserver import QuietHandler, TlsServer
 
 PYTHON = "/usr/bin/python3"
 TOKEN = b"ghp_" + b"Tq4wZ" * 8  # 44 bytes
@@ -55,11 +54,8 @@ class GitServer(TlsServer):
         self.heads: list[bytes] = []
 
 
-class GitHandler(BaseHTTPRequestHandler):
+class GitHandler(QuietHandler):
     server: GitServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
     def do_GET(self) -> None:
         self._git()

@@ -17,7 +17,6 @@ import datetime as dt
 import json
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from mcp_server.core.tlsca import make_authority
 from mcp_server.egress import tlsterm
 from mcp_server.fs.castore import server_context
 from sandbox.errors import CcwError
-from tests.support.tlsserver import TlsServer
+from tests.support.tlsserver import QuietHandler, TlsServer
 
 PYTHON = "/usr/bin/python3"
 NOW = dt.datetime.now(dt.UTC)
@@ -56,11 +55,8 @@ class Server(TlsServer):
         self.seen: list[str] = []
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     server: Server
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
     def do_GET(self) -> None:
         self.server.seen.append(self.requestline)

@@ -33,3 +33,10 @@ class TlsServer(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that went away mid-handshake
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A handler that writes no access log: the tests read what the server kept, not stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
