@@ -73,7 +73,8 @@ LIMITS = {
 
 # The launcher's words on a command's stderr that the front end reads back: a script whose
 # ``#!`` interpreter the jail does not show is said as "ccw: SCRIPT: bad interpreter: PATH
-# (named by SCRIPT's #! line): ..." (ccw_jail.c), in which mcp_server/core/expose.py finds
+# (named by SCRIPT's #! line): ..." (ccw_jail.c; a program whose ELF loader it does not
+# show, "... (named by PROGRAM's ELF program header)"), in which mcp_server/core/expose.py finds
 # PATH to say what to expose (read there through sandbox/usage_words.py).  Not in the
 # plan's magic: a launcher with other words reads the same plans, and is only less helpful.
 TEXTS = {"BAD_INTERPRETER": "bad interpreter: ", "NAMED_BY": " (named by "}

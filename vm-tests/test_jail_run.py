@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import struct
 import sys
 import time
 import uuid
@@ -279,6 +280,39 @@ def test_a_script_whose_interpreter_the_jail_lacks_says_bad_interpreter(capsule:
     (bin_dir / "python").symlink_to(interpreter)
     dangling = supervise.run(capsule.spec([".venv/bin/python"]))
     assert (dangling.exit_code, dangling.stderr) == (127, b"ccw: .venv/bin/python: No such file or directory\n")
+
+
+def test_a_program_whose_elf_loader_the_jail_lacks_says_bad_interpreter(capsule: Capsule) -> None:
+    # A program built against a loader the jail does not show (one under /nix/store, or
+    # musl's) said "ccw: ./tool: No such file or directory" of a file that is plainly there.
+    program = bytearray(Path("/bin/true").read_bytes())
+    interpreter = _elf_interpreter(bytes(program))
+    missing = "/nix/ccw" + "x" * (len(interpreter) - len("/nix/ccw") - len("/ld.so")) + "/ld.so"
+    at = program.index(interpreter.encode() + b"\0")
+    program[at:at + len(missing)] = missing.encode()
+    (capsule.merged / "tool").write_bytes(bytes(program))
+    (capsule.merged / "tool").chmod(0o755)
+    result = supervise.run(capsule.spec(["./tool"]))
+    assert result.exit_code == 126, result.stderr
+    said = result.stderr.decode()
+    assert said.startswith(f"ccw: ./tool: bad interpreter: {missing} (named by ./tool's ELF program header): "
+                           "No such file or directory; "), said
+    assert "expose its directory" in said and "whose loader the jail shows" in said, said
+    # The same program with the loader the jail shows runs.
+    (capsule.merged / "plain").write_bytes(Path("/bin/true").read_bytes())
+    (capsule.merged / "plain").chmod(0o755)
+    assert supervise.run(capsule.spec(["./plain"])).exit_code == 0
+
+
+def _elf_interpreter(image: bytes) -> str:
+    """The PT_INTERP path of a 64-bit little-endian ELF image (the test's own reading, not ccw-jail's)."""
+    phoff, = struct.unpack_from("<Q", image, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", image, 0x36)
+    for index in range(phnum):
+        kind, _flags, offset, _vaddr, _paddr, size = struct.unpack_from("<IIQQQQ", image, phoff + index * phentsize)
+        if kind == 3:  # PT_INTERP
+            return image[offset:offset + size].rstrip(b"\0").decode()
+    raise AssertionError("/bin/true names no program interpreter")
 
 
 def test_missing_cwd_is_an_error_naming_the_step(capsule: Capsule) -> None:

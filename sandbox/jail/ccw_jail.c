@@ -21,7 +21,8 @@
  *   - what a command that cannot be run becomes: exit status 127 when there is nothing
  *     to run, 126 when it cannot be run, with "ccw: NAME: reason" on its stderr; a script
  *     that is there but whose #! interpreter is not (ENOENT for a file that exists) is
- *     126 with "bad interpreter", as bash says it, naming the interpreter (bad_interpreter);
+ *     126 with "bad interpreter", as bash says it, naming the interpreter (bad_interpreter),
+ *     and so is a program whose ELF loader is not;
  *   - which signals reach the command (FORWARDED below), and that the plan's END signal
  *     ends the whole jail (kill(-1) in its pid namespace);
  *   - that the init reaps everything before it reports the usage, and that it ends
@@ -53,6 +54,7 @@
 #define _GNU_SOURCE
 #include "jail.h"
 
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -248,14 +250,54 @@ static int spawn(const struct plan *plan, pid_t *command, char script[PATH_MAX])
     return denied ? EACCES : ENOENT;
 }
 
+/* The program interpreter (PT_INTERP: the dynamic loader) an ELF file of this machine's
+ * byte order names, into `interp`; 0 when there is none or the headers are not sane.  Read
+ * as the kernel's binfmt_elf reads them, within its bounds: the program headers in at most
+ * 64 KiB, the path at most PATH_MAX bytes and ending in a NUL within its segment. */
+static int elf_interpreter(int fd, const unsigned char *head, size_t got, char interp[PATH_MAX])
+{
+    int wide = head[EI_CLASS] == ELFCLASS64;
+    size_t entry = wide ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr);
+    unsigned long table, count;
+    unsigned short native = 1;
+    if (got < sizeof(Elf64_Ehdr) || (!wide && head[EI_CLASS] != ELFCLASS32)
+        || head[EI_DATA] != (*(unsigned char *)&native ? ELFDATA2LSB : ELFDATA2MSB))
+        return 0;
+    table = wide ? ((const Elf64_Ehdr *)head)->e_phoff : ((const Elf32_Ehdr *)head)->e_phoff;
+    count = wide ? ((const Elf64_Ehdr *)head)->e_phnum : ((const Elf32_Ehdr *)head)->e_phnum;
+    if ((wide ? ((const Elf64_Ehdr *)head)->e_phentsize : ((const Elf32_Ehdr *)head)->e_phentsize) != entry
+        || count * entry > 65536)
+        return 0;
+    for (unsigned long i = 0; i < count; i++) {
+        union { Elf64_Phdr wide; Elf32_Phdr narrow; } header;
+        unsigned long offset, length;
+        ssize_t read_n;
+        if (pread(fd, &header, entry, (off_t)(table + i * entry)) != (ssize_t)entry)
+            return 0;
+        if ((wide ? header.wide.p_type : header.narrow.p_type) != PT_INTERP)
+            continue;
+        offset = wide ? header.wide.p_offset : header.narrow.p_offset;
+        length = wide ? header.wide.p_filesz : header.narrow.p_filesz;
+        if (length < 2 || length > PATH_MAX)
+            return 0;
+        read_n = pread(fd, interp, length, (off_t)offset);
+        return read_n == (ssize_t)length && interp[length - 1] == '\0';
+    }
+    return 0;
+}
+
 /* "bad interpreter" into `message` for a `script` that is there but could not be run
- * (ENOENT), when its #! line names an interpreter that is not there; else 0.  Read as the
- * kernel reads the line (its first 256 bytes, BINPRM_BUF_SIZE), by this init, which is
- * in the jail already as the command's user and cwd: it opens what the command's exec
- * opened and follows nothing more (O_NONBLOCK: a FIFO put there since is not waited on). */
+ * (ENOENT), when its #! line, or its ELF program header, names an interpreter that is
+ * not there; else 0.  Read as the kernel reads them (a #! line in the first 256 bytes,
+ * BINPRM_BUF_SIZE; an ELF file's PT_INTERP), by this init, which is in the jail already
+ * as the command's user and cwd: it opens what the command's exec opened and follows
+ * nothing more (O_NONBLOCK: a FIFO put there since is not waited on).  A program whose
+ * loader the jail lacks (one built under /nix/store, or for musl) said only "No such file
+ * or directory" of a file that is plainly there. */
 static int bad_interpreter(const char *name, const char *script, char *message, size_t size)
 {
-    char head[257];
+    char head[sizeof(Elf64_Ehdr) > 257 ? sizeof(Elf64_Ehdr) : 257], interp[PATH_MAX];
+    const char *found = NULL, *how = "#! line", *fix = "recreate the venv with an interpreter the jail shows";
     struct stat st;
     ssize_t got = -1;
     size_t start, length;
@@ -264,21 +306,29 @@ static int bad_interpreter(const char *name, const char *script, char *message, 
         return 0;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
         got = read(fd, head, sizeof head - 1);
+    if (got >= SELFMAG && memcmp(head, ELFMAG, SELFMAG) == 0
+        && elf_interpreter(fd, (const unsigned char *)head, (size_t)got, interp)) {
+        found = interp;
+        how = "ELF program header";
+        fix = "run a build of it whose loader the jail shows";
+    }
     close(fd);
-    if (got < 3 || head[0] != '#' || head[1] != '!')
-        return 0; /* an ELF file whose loader is missing: strerror says what is known */
-    head[got] = '\0';
-    start = 2 + strspn(head + 2, " \t");
-    length = strcspn(head + start, " \t\n");
-    if (length == 0)
-        return 0;
-    head[start + length] = '\0';
-    if (access(head + start, F_OK) == 0 || errno != ENOENT)
-        return 0; /* it is there: what it lacks in turn is not this line's to say */
-    return snprintf(message, size, "ccw: %s: " TEXT_BAD_INTERPRETER "%s" TEXT_NAMED_BY "%s's #! line): %s; "
+    if (found == NULL) {
+        if (got < 3 || head[0] != '#' || head[1] != '!')
+            return 0;
+        head[got] = '\0';
+        start = 2 + strspn(head + 2, " \t");
+        length = strcspn(head + start, " \t\n");
+        if (length == 0)
+            return 0;
+        head[start + length] = '\0';
+        found = head + start;
+    }
+    if (access(found, F_OK) == 0 || errno != ENOENT)
+        return 0; /* it is there: what it lacks in turn is not this header's to say */
+    return snprintf(message, size, "ccw: %s: " TEXT_BAD_INTERPRETER "%s" TEXT_NAMED_BY "%s's %s): %s; "
                     "the jail does not show it: expose its directory (capsule_create expose, ccw capsule create "
-                    "--expose DIR), or recreate the venv with an interpreter the jail shows\n",
-                    name, head + start, script, strerror(ENOENT));
+                    "--expose DIR), or %s\n", name, found, script, how, strerror(ENOENT), fix);
 }
 
 /* This image's peak resident size (VmHWM), what a command exec'd from it starts its peak
