@@ -25,7 +25,7 @@ from mcp_server.reapi.merkle import DirEntry, FileEntry, SymlinkEntry, build_tre
 from mcp_server.reapi.protos import code_pb2, re_pb2
 from sandbox.errors import CcwError
 from sandbox.spec import Limits
-from tests.support.memory_cas import MemoryCas
+from tests.support.memory_cas import LeaseCas
 
 REFUSALS = {code_pb2.INVALID_ARGUMENT, code_pb2.PERMISSION_DENIED, code_pb2.FAILED_PRECONDITION}
 INPUT_ROOT = build_tree({
@@ -49,16 +49,6 @@ HOSTILE_PATHS = [("/etc", []), ("../..", []), ("a/../../b", []), ("", ["/etc/sha
                  ("sub", ["../../x"]), ("sub", ["a/../../../y"])]
 
 
-class _Client(MemoryCas):
-    """The CAS a lease reads from (its Command, its input root) and uploads to."""
-
-    def read_blob(self, digest: Any) -> bytes:
-        return self.blobs[(digest.hash, digest.size_bytes)]
-
-    def upload(self, blobs: dict[Any, bytes]) -> None:
-        self.blobs.update(blobs)
-
-
 class _NoService:
     """A capsule service the refused leases must never reach."""
 
@@ -66,7 +56,7 @@ class _NoService:
         raise AssertionError(f"the capsule service was used ({name}) for a lease that should be refused")
 
 
-def _action(client: _Client, marker_text: str | None, cwd: str = "", outputs: tuple[str, ...] = ()) -> re_pb2.Action:
+def _action(client: LeaseCas, marker_text: str | None, cwd: str = "", outputs: tuple[str, ...] = ()) -> re_pb2.Action:
     command = re_pb2.Command(arguments=["ccw-bot", "replay"], working_directory=cwd, output_paths=list(outputs))
     if marker_text is not None:
         command.environment_variables.add(name=bot.CAPSULE_VAR, value=marker_text)
@@ -84,7 +74,7 @@ def test_hostile_leases_are_refused_and_the_bot_serves_the_next(tmp_path: Path, 
         return {"replay_ok": True}
 
     monkeypatch.setattr(bot, "replay", fake_replay)
-    client = _Client(INPUT_ROOT.blobs)
+    client = LeaseCas(INPUT_ROOT.blobs)
     leases = [json.dumps(marker) for marker in HOSTILE_MARKERS] + HOSTILE_TEXTS
     actions = [_action(client, text) for text in leases]
     actions += [_action(client, None, cwd, tuple(outputs)) for cwd, outputs in HOSTILE_PATHS]

@@ -30,7 +30,8 @@ For each lease:
   as JSON on stdout, so replay_ok is judged by the same code as a local replay's.  The
   witness is not signed by the bot's key, so it replays with ``allow_untrusted``, which
   is safe because the replay takes nothing of the bot's: its commands get the Command's
-  variables only, no network and no live base (a witness without blobs is refused).
+  variables only, no network, no live base (a witness without blobs is refused) and
+  none of the host directories its capsule exposed.
 
 A bot killed mid-lease loses nothing: the server requeues the lease after the
 session's keepalive (worker.py); the capsule it left is removed by the helper's
@@ -232,8 +233,9 @@ class CapsuleRunner:
                 env: dict[str, str]) -> LeaseOutcome:
         """Replay a client's witness: untrusted here (the bot's key is its own; the client
         decided whether it may replay), so it gets only ``env``, the values the client sent
-        (never the bot's own environment), no network and no live base."""
-        options = ReplayOptions(env=env, allow_untrusted=True)
+        (never the bot's own environment), no network, no live base and none of the host
+        directories its capsule exposed."""
+        options = ReplayOptions(env=env, allow_untrusted=True, expose_recorded=False)
         try:
             answer = trio.from_thread.run(replay, self.service, witness, expected_root, options, trio_token=self.token)
             stdout, stderr, code = json.dumps(answer, sort_keys=True).encode(), b"", 0

@@ -244,6 +244,11 @@ class ReplayOptions:
     # The network is the witness's own recorded rules (capsules/netlive.py ``replay_rules``), for a
     # witness this state dir signed: a policy's replay of its capsule's runs as they ran.
     network_recorded: bool = False
+    # Show the host directories the witness's capsule exposed, as this replayer's checks allow
+    # (capsules/exposure.py ``replayable``).  Not for ccw-bot: there the witness and the report
+    # are a REAPI client's, so a recorded ``/srv/app`` would let a command print the bot host's
+    # files into the report's output diffs.
+    expose_recorded: bool = True
 
     @classmethod
     def of_capsule(cls, record: CapsuleRecord, secrets: Collection[str] = ()) -> ReplayOptions:
@@ -309,7 +314,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     try:
         base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
         capsule_spec = _capsule_spec(manifest, base_dir, options)
-        used, dropped = exposure.replayable(manifest["capsule"].get("expose", []), os.getuid(), login_homes())
+        used, dropped = _exposed(manifest["capsule"].get("expose", []), options.expose_recorded)
         capsule_spec = replace(capsule_spec, expose=capsecrets.shown(tuple(used), given))
         async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id, \
                 replay_secrets.held(service.state.root, service.networks, capsule_id, given):
@@ -367,6 +372,16 @@ def _ignored(manifest: dict[str, Any], blobs: Mapping[str, bytes], actual_change
     os.mkdir(repo, 0o700)
     judged = witness_ignore.judge(rules, str(repo), paths, {c["path"] for c in both if c["type"] == "dir"})
     return judged | witness_ignore.within(paths, witness_ignore.made_caches(manifest["changes"], blobs))
+
+
+NO_HOST_DIRS = "this replayer shows a witness no host directory (its witnesses are a remote client's)"
+
+
+def _exposed(recorded: list[str], shown: bool) -> tuple[list[str], list[dict[str, str]]]:
+    """The recorded exposures this replay shows, and those it drops with why (``expose`` of its report)."""
+    if shown:
+        return exposure.replayable(recorded, os.getuid(), login_homes())
+    return [], [{"path": path, "reason": NO_HOST_DIRS} for path in recorded]
 
 
 GITDIRS_NOT_CARRIED = ("a witness does not carry a git dir outside its workspace (a worktree's or a submodule's): "

@@ -1,7 +1,8 @@
 """A content-addressable store in memory: the reads a REAPI client makes of a CAS
 (GetTree, BatchReadBlobs), served from a dict of blobs, for the tests that fetch an input
-root (tests/test_reapi_executor.py) or serve a lease (tests/test_reapi_marker.py, which
-adds the reads and uploads a bot makes) without a cluster.
+root (tests/test_reapi_executor.py) or, with the reads and uploads a bot makes
+(``LeaseCas``), serve a lease without a cluster (tests/test_reapi_marker.py,
+vm-tests/test_attack_bot_replay.py).
 """
 
 from __future__ import annotations
@@ -33,3 +34,13 @@ class MemoryCas:
         for digest in digests:
             self.read.append((digest.hash, digest.size_bytes))
             yield digest, self.blobs[(digest.hash, digest.size_bytes)]
+
+
+class LeaseCas(MemoryCas):
+    """The CAS a bot's lease reads from (its Command, its input root) and uploads to."""
+
+    def read_blob(self, digest: Any) -> bytes:
+        return self.blobs[(digest.hash, digest.size_bytes)]
+
+    def upload(self, blobs: dict[Any, bytes]) -> None:
+        self.blobs.update(blobs)
