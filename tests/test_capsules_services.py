@@ -64,6 +64,7 @@ class FakeHelper:
         self.makes: dict[str, str] = {}  # path: the identity a service's run gives it once it runs
         self.probe_s = 0.0  # how long a path check's probe runs
         self.probing = 0  # probes running now: the helper holds the capsule for each, as for an exec
+        self.probes = 0  # probes begun
         self.check_probing = trio.Event()  # a probe of a ready check (after the service's run began) runs
         self.ending: set[str] = set()  # services that end at once though others wait for a signal
         self._connected = trio.Event()
@@ -76,6 +77,7 @@ class FakeHelper:
 
     async def _probe(self, ended: trio.Event) -> None:
         self.probing += 1
+        self.probes += 1
         if self.execs:
             self.check_probing.set()
         await trio.sleep(self.probe_s)
@@ -354,6 +356,33 @@ def test_a_destroy_waits_for_the_probe_a_restarts_readiness_check_has_out(world:
         return left
 
     assert trio.run(main, clock=MockClock(autojump_threshold=0)) == [0]
+
+
+def test_an_exec_or_a_fork_holds_off_a_background_readiness_check(world: Any) -> None:
+    # The helper refuses an exec or a fork while it runs a probe ("is running a command"), and
+    # a restart's check probes outside the capsule's turn: an agent's exec could be refused.
+    services, capsules, helper = world
+    Journal(services.state).add_capsule(capsule_record("cap_1"))
+    services.table.save(dataclasses.replace(_spec("web", Ready(path="run/ready.txt")), restart="always"),
+                        "2026-01-01T00:00:00")
+    helper.until_signalled, helper.probe_s = True, 0.3  # the path is never made: probes go on
+
+    async def main() -> tuple[int, int, int]:
+        await services.reopen_kept(capsules)
+        await helper.check_probing.wait()  # a probe is out
+        async with services.held_off("cap_1"):
+            out_then, begun = helper.probing, helper.probes
+            await trio.sleep(2)  # what the exec takes
+            begun_meanwhile = helper.probes - begun
+        await trio.sleep(1)
+        resumed = helper.probes - begun - begun_meanwhile
+        await services.stop_all("cap_1")
+        await services.aclose()
+        return out_then, begun_meanwhile, resumed
+
+    out_then, begun_meanwhile, resumed = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert (out_then, begun_meanwhile) == (0, 0)  # the probe out was waited for, and none began
+    assert resumed >= 1  # the check goes on once the exec has its answer
 
 
 def test_a_lost_services_log_says_so_once_however_many_front_ends_find_it(world: Any, tmp_path: Path) -> None:

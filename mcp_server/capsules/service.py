@@ -257,9 +257,11 @@ class CapsuleService:
             if self.services is not None:  # the capsule is used: its kept and inherited services come up first
                 await self.services.start_pending(self, record.capsule_id)
             started = _now()
-            traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
-                                              lambda: self._exec_reply(request, ticket.waited_ms, started, console),
-                                              self._call.asker(), request.argv)
+            async with self._held_off(record.capsule_id):  # no readiness probe then: the helper would refuse us
+                traced = await self.networks.exec(await self.helper(), record.capsule_id, record.network_spec,
+                                                  lambda: self._exec_reply(request, ticket.waited_ms, started,
+                                                                           console),
+                                                  self._call.asker(), request.argv)
             return await self._journal_exec(record, request, ExecOutcome(
                 traced.value, record.generation, record.generation, ticket.waited_ms, traced.attempts,
                 tuple(traced.notes)), started, console, values)
@@ -335,6 +337,9 @@ class CapsuleService:
                     self.journal.append_exec(request.capsule_id, cut_entry(request, started, cut_reason(exc)))
             raise
 
+    def _held_off(self, capsule_id: str) -> AbstractAsyncContextManager[None]:
+        return self.services.held_off(capsule_id) if self.services is not None else contextlib.nullcontext()
+
     async def fork(self, capsule_id: str) -> CapsuleRecord:
         """A child capsule stacked on its parent's view, journaled."""
         return (await self.forks(capsule_id, 1))[0]
@@ -349,7 +354,7 @@ class CapsuleService:
                            "and call capsule_fork again for more", {"count": count, "max": MAX_FORKS})
         parent = self.live_record(capsule_id)
         made: list[CapsuleRecord] = []
-        async with self.turn(parent.capsule_id, FORK):
+        async with self.turn(parent.capsule_id, FORK), self._held_off(parent.capsule_id):
             parent = self.live_record(parent.capsule_id)
             asked = 0  # forks asked of the helper: the last one is the one that failed
             try:

@@ -33,12 +33,15 @@ Some facts about readiness checks, and what follows from them:
   and a destroy or exec sent right after the start's answer found the capsule still
   running it ("is running a command").  So a probe is shielded from cancellation (a
   ``stat``, under a time limit of its own): a start answers only once its probes have
-  ended, and a destroy waits for those a background check (a restart's) has out (``settled``).
+  ended, and a destroy waits for those a background check (a restart's) has out (``settled``);
+  an exec or a fork waits for them too, and no probe starts until it has its answer
+  (``held_off``): the helper would refuse it meanwhile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import trio
@@ -63,6 +66,7 @@ class Readiness:
         self._on_ready = on_ready  # called once a run is listed ready (its event)
         self._probing: dict[str, int] = {}  # capsule id: path probes the helper runs there now
         self._probe_ended = trio.Event()  # set, then renewed, as each probe ends
+        self._held: dict[str, int] = {}  # capsule id: calls that need it to themselves now (``held_off``)
 
     async def refuse_taken(self, spec: ServiceSpec, running: list[ServiceRun]) -> None:
         """CONFLICT if ``spec``'s ready port already accepts in its capsule (``running``: the
@@ -121,6 +125,8 @@ class Readiness:
         assert ready is not None and ready.path is not None
         helper = await self._helper()
         capsule_id = run.spec.capsule_id
+        if self._held.get(capsule_id):
+            return None  # an exec or a fork has the capsule: the helper would refuse the probe
         probe = ExecRequest(capsule_id, ("stat", "-L", "-c", "%d:%i:%.9Z", "--", ready.path), timeout_ms=PROBE_MS)
         self._probing[capsule_id] = self._probing.get(capsule_id, 0) + 1
         try:
@@ -142,6 +148,23 @@ class Readiness:
         """Return once the helper runs no path probe of the capsule (before its destroy: the essay)."""
         while self._probing.get(capsule_id):
             await self._probe_ended.wait()
+
+    @contextlib.asynccontextmanager
+    async def held_off(self, capsule_id: str) -> AsyncIterator[None]:
+        """No path probe of the capsule while the block runs, nor any still out when it begins.
+
+        For an exec or a fork, which the helper refuses while it runs another exec of the
+        capsule ("is running a command"), and a probe is one: a background check (a
+        restart's) runs outside the capsule's turn.  It waits for the block instead,
+        counting the path as not known meanwhile, as it does a probe the helper refused."""
+        self._held[capsule_id] = self._held.get(capsule_id, 0) + 1
+        try:
+            await self.settled(capsule_id)
+            yield
+        finally:
+            self._held[capsule_id] -= 1
+            if not self._held[capsule_id]:
+                del self._held[capsule_id]
 
     async def _accepts(self, capsule_id: str, port: int) -> bool:
         helper = await self._helper()

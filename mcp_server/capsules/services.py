@@ -53,6 +53,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -437,6 +438,10 @@ class Services:
         except CcwError as exc:
             if exc.code not in ("NOT_FOUND", "UNAVAILABLE"):  # already ended, or the helper is gone
                 raise
+
+    def held_off(self, capsule_id: str) -> AbstractAsyncContextManager[None]:
+        """No readiness probe of the capsule while an exec or a fork runs there (service_ready.py)."""
+        return self._readiness.held_off(capsule_id)
 
     async def stop_all(self, capsule_id: str) -> None:
         """Stop every service of a capsule and close its forwarded ports (it is being destroyed)."""
