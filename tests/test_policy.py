@@ -206,6 +206,28 @@ def test_a_reason_every_exec_shares_is_given_once_and_each_exec_only_names_it() 
            f"3: {standing}" in baseline["details"]
 
 
+def test_execs_of_other_capsules_are_named_with_their_capsule() -> None:
+    # A merged capsule's promotion judges its inputs' runs, and a fork's its ancestors': each
+    # capsule counts its own, so two "exec 1"s were told apart by nothing, and the cause of the
+    # second was looked up as the first's.
+    rules = CombinedRules.combine([builtin_policies()["strict"]])
+    own = ExecFacts(1, ["make"], cpu_ms=5, rss_max_kb=None, unavailable={"rss_max_kb": "cut short: it was cancelled"})
+    other = ExecFacts(1, ["npm", "test"], cpu_ms=5, rss_max_kb=None, capsule_id="cap_input",
+                      unavailable={"rss_max_kb": "no memory cgroup: mkdir of the exec's cgroup failed with EACCES"},
+                      network=[{"host": "example.org", "port": 443, "allowed": True}])
+    report = evaluate(rules, CapsuleFacts(workspace="/w", home="/h", execs=[own, other]), [], replay_ok=True)
+    named = [(v.get("capsule_id"), v["exec"], v["why"]) for v in report["resource_violations"]]
+    assert named == [(None, 1, "cut short: it was cancelled"), ("cap_input", 1, "no memory cgroup")], named
+    assert report["unmeasured_causes"] == {
+        "no memory cgroup": "no memory cgroup: mkdir of the exec's cgroup failed with EACCES"}
+    assert any("exec 1 of cap_input (npm test)" in v["reason"] for v in report["resource_violations"])
+    network = report["network_violations"]
+    assert [(v["capsule_id"], v["exec"]) for v in network] == [("cap_input", 1)], network
+    assert network[0]["reason"].startswith("exec 1 of cap_input connected to example.org:443"), network
+    lines = policy_lines(report)
+    assert any("was not measured for exec(s) 1, 1 of cap_input (" in line for line in lines), lines
+
+
 def test_a_single_process_over_the_ceiling_is_a_violation_whatever_if_unmeasured_says() -> None:
     rules = CombinedRules(max_rss_mb=100, if_unmeasured="pass")
     facts = CapsuleFacts(workspace="/w", home="/h", execs=[_rootless_exec(largest_mb=150)])

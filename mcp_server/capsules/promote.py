@@ -275,7 +275,8 @@ def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entr
             usage = ex["usage"]
             facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
                                          usage.get("rss_max_process_kb"), usage.get("unavailable", {}),
-                                         ex["touched"].get("network") or []))
+                                         ex["touched"].get("network") or [],
+                                         None if capsule.capsule_id == record.capsule_id else capsule.capsule_id))
             read = ex["touched"]["read"]
             if read is None:
                 facts.read_unavailable = "an exec ran without file-read tracing (rootless mode, or it was cut short)"

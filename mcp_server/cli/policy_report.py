@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.core.policy import FIGURE_MEANINGS
+from mcp_server.core.policy import FIGURE_MEANINGS, item_exec
 
 
 def policy_lines(report: dict[str, Any]) -> list[str]:
@@ -65,7 +65,7 @@ def _unmeasured_lines(items: list[dict[str, Any]], causes: dict[str, str]) -> li
         by_rule.setdefault((item["rule"], item["figure"]), []).append(item)
     lines = []
     for (rule, figure), group in sorted(by_rule.items()):
-        execs = ", ".join(str(item["exec"]) for item in group)
+        execs = ", ".join(item_exec(item) for item in group)
         why = causes.get(group[0]["why"], group[0]["why"]).split("; ")[0]  # its first clause: what was missing
         line = (f"{rule} {group[0]['limit']} cannot be checked: {figure} ({FIGURE_MEANINGS[figure]}) was not "
                 f"measured for exec(s) {execs} ({why})")

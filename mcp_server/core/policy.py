@@ -133,6 +133,18 @@ class ExecFacts:
     rss_max_process_kb: int | None = None  # the largest single process (rusage), where known
     unavailable: dict[str, str] = field(default_factory=dict)  # figure -> why it is null
     network: list[dict[str, Any]] = field(default_factory=list)  # its touched.network records ([]: none)
+    # The capsule that ran it, where not the one judged (an ancestor's, a merged input's): each
+    # capsule counts its own runs, so "exec 3" alone would name one of several.
+    capsule_id: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How a report names it: "exec 3", or "exec 3 of cap_…" for another capsule's."""
+        return f"exec {self.seq}" + (f" of {self.capsule_id}" if self.capsule_id else "")
+
+    def keys(self) -> dict[str, Any]:
+        """The fields that name it in a report's item (its seq, and its capsule where not the one judged)."""
+        return {"exec": self.seq, **({"capsule_id": self.capsule_id} if self.capsule_id else {})}
 
 
 @dataclass
@@ -268,16 +280,16 @@ def network_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[s
             place = f"{record['host']}:{record['port']}"
             denied = _matching(deny, record)
             if denied is not None:
-                out.setdefault((ex.seq, record["host"], record["port"], "deny_hosts"), {
-                    "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "deny_hosts",
+                out.setdefault((ex.capsule_id or "", ex.seq, record["host"], record["port"], "deny_hosts"), {
+                    **ex.keys(), "host": record["host"], "port": record["port"], "rule": "deny_hosts",
                     "matched": denied,
-                    "reason": f"exec {ex.seq} connected to {place}, which deny_hosts {denied} refuses"})
+                    "reason": f"{ex.name} connected to {place}, which deny_hosts {denied} refuses"})
             elif allow is not None and _matching(allow, record) is None:
-                out.setdefault((ex.seq, record["host"], record["port"], "allow_hosts"), {
-                    "exec": ex.seq, "host": record["host"], "port": record["port"], "rule": "allow_hosts",
-                    "matched": None, "reason": f"exec {ex.seq} connected to {place}, which no allow_hosts rule of "
+                out.setdefault((ex.capsule_id or "", ex.seq, record["host"], record["port"], "allow_hosts"), {
+                    **ex.keys(), "host": record["host"], "port": record["port"], "rule": "allow_hosts",
+                    "matched": None, "reason": f"{ex.name} connected to {place}, which no allow_hosts rule of "
                                                f"the policies names ({', '.join(rules.allow_hosts or ()) or 'none'})"})
-    return [out[key] for key in sorted(out, key=lambda k: (k[0], k[1], k[2], k[3]))]
+    return [out[key] for key in sorted(out)]
 
 
 FIGURE_MEANINGS = {"rss_max_kb": "the exec's total memory", "cpu_ms": "the exec's CPU time"}
@@ -294,17 +306,22 @@ def resource_violations(rules: CombinedRules, facts: CapsuleFacts) -> list[dict[
     broken, unmeasured = resource_checks(rules, facts)
     if rules.if_unmeasured == "refuse":
         broken += [{**item, "value": None} for item in unmeasured]
-        broken.sort(key=lambda v: (v["exec"], v["rule"]))
+        broken.sort(key=lambda v: (v.get("capsule_id", ""), v["exec"], v["rule"]))
     return broken
+
+
+def item_exec(item: dict[str, Any]) -> str:
+    """The exec a report's item names, as text: "3", or "3 of cap_…" (``ExecFacts.keys``)."""
+    return str(item["exec"]) + (f" of {item['capsule_id']}" if "capsule_id" in item else "")
 
 
 def unmeasured_causes(items: list[dict[str, Any]], facts: CapsuleFacts) -> dict[str, str]:
     """The whole reason behind each ``why`` that ``items`` (unmeasured figures) only name, once:
     a helper's standing cgroup refusal is the same for every exec (sandbox/exec_usage.py)."""
-    execs = {ex.seq: ex for ex in facts.execs}
+    execs = {(ex.capsule_id, ex.seq): ex for ex in facts.execs}
     causes: dict[str, str] = {}
     for item in items:
-        whole = _short(execs[item["exec"]].unavailable.get(item["figure"], item["why"]))
+        whole = _short(execs[item.get("capsule_id"), item["exec"]].unavailable.get(item["figure"], item["why"]))
         if whole != item["why"]:
             causes.setdefault(item["why"], whole)
     return causes
@@ -313,7 +330,7 @@ def unmeasured_causes(items: list[dict[str, Any]], facts: CapsuleFacts) -> dict[
 def _unmeasured_clause(items: list[dict[str, Any]], causes: dict[str, str]) -> str:
     """The first item's figure and why, and every exec that lacks it for the same reason."""
     first = items[0]
-    execs = [str(item["exec"]) for item in items if (item["figure"], item["why"]) == (first["figure"], first["why"])]
+    execs = [item_exec(item) for item in items if (item["figure"], item["why"]) == (first["figure"], first["why"])]
     return (f"{first['figure']} ({FIGURE_MEANINGS[first['figure']]}) was not measured for exec(s) {', '.join(execs)}: "
             f"{causes.get(first['why'], first['why'])}")
 
@@ -323,7 +340,7 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
     broken: list[dict[str, Any]] = []
     unmeasured: list[dict[str, Any]] = []
     for ex in facts.execs:
-        label = f"exec {ex.seq} ({' '.join(ex.argv)[:80]})"
+        label = f"{ex.name} ({' '.join(ex.argv)[:80]})"
         checks = (
             ("max_rss_mb", rules.max_rss_mb, None if ex.rss_max_kb is None else ex.rss_max_kb / 1024, "rss_max_kb"),
             ("max_cpu_ms", rules.max_cpu_ms, ex.cpu_ms, "cpu_ms"),
@@ -333,20 +350,20 @@ def resource_checks(rules: CombinedRules, facts: CapsuleFacts) -> tuple[list[dic
                 continue
             if value is not None:
                 if value > limit:
-                    broken.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(value, 3),
+                    broken.append({**ex.keys(), "rule": rule, "limit": limit, "value": round(value, 3),
                                    "reason": f"{label} used {round(value, 3)} > {limit}"})
                 continue
             single = None if figure != "rss_max_kb" or ex.rss_max_process_kb is None else ex.rss_max_process_kb / 1024
             if single is not None and single > limit:
                 # The total is at least its largest process: the ceiling was broken.
-                broken.append({"exec": ex.seq, "rule": rule, "limit": limit, "value": round(single, 3),
+                broken.append({**ex.keys(), "rule": rule, "limit": limit, "value": round(single, 3),
                                "reason": f"{label} had a single process at {round(single, 3)} MiB > {limit} "
                                          "(rss_max_process_kb; the total was not measured and is at least that)"})
                 continue
             reason = ex.unavailable.get(figure, "no reason was recorded")
             why = refusal_head(figure, reason) or _short(reason)  # a standing refusal's whole: unmeasured_causes
             reason = f"{figure} ({FIGURE_MEANINGS[figure]}) was not measured for {label}: {why}"
-            entry: dict[str, Any] = {"exec": ex.seq, "rule": rule, "limit": limit, "figure": figure, "why": why}
+            entry: dict[str, Any] = {**ex.keys(), "rule": rule, "limit": limit, "figure": figure, "why": why}
             if single is not None:
                 entry["largest_process_mb"] = round(single, 3)
                 reason += f"; its largest single process peaked at {round(single, 1)} MiB"
