@@ -20,6 +20,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from sandbox import rawnames
 from sandbox.errors import ProtocolError
 from sandbox.protocol import check_keys, is_int
 
@@ -63,12 +64,19 @@ def int_in(lo: int, hi: int) -> Check:
 
 
 def text(name: str, value: Any, limit: int) -> str:
-    """A string without NUL of at most ``limit`` UTF-8 bytes."""
+    """UTF-8 text without NUL of at most ``limit`` bytes."""
     if not isinstance(value, str):
         raise fail(name, "must be a string")
     if "\x00" in value:
         raise fail(name, "must not contain NUL")
-    if len(value.encode("utf-8", "surrogatepass")) > limit:
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate: a byte that is not UTF-8 (a command line's, surrogateescape) or a JSON
+        # "\ud800" escape.  No exec can be given it, and the journal keeps argv as UTF-8 text.
+        raise fail(name, f"holds {rawnames.display(value)[:200]!r}, which is not UTF-8 text; send UTF-8 "
+                   "(make other bytes in the jail, e.g. sh -c with printf '\\377')") from None
+    if size > limit:
         raise fail(name, f"is longer than {limit} bytes")
     return value
 

@@ -17,6 +17,7 @@ from tests.support.raw_mcp import RawStdio
 CAPSULE = "cap_0001700000000000_1a2b"  # well formed; never made (the check comes first)
 BAD = {
     "nul": ["echo", "a\x00b"],
+    "not utf-8": ["echo", "\ud800"],  # a lone surrogate: it failed the call unexpectedly, mid-turn
     "no program": [""],
     "too many": ["true"] * (MAX_ARGV + 1),
 }
@@ -63,3 +64,9 @@ def test_a_bad_command_is_refused_under_its_own_name(server: RawStdio, tool: str
 def test_an_empty_command_is_refused_by_the_schema_naming_cmd(server: RawStdio) -> None:
     answer = server.request("tools/call", {"name": "capsule_exec", "arguments": {"capsule_id": CAPSULE, "cmd": []}})
     assert _named(answer) == "cmd"
+
+
+def test_a_service_env_value_that_is_not_utf8_is_refused_by_name(server: RawStdio) -> None:
+    # It used to reach the helper, whose refusal failed the service already recorded as started.
+    args = {"capsule_id": CAPSULE, "name": "web", "cmd": ["true"], "env": {"PATH": "/bin\ud800"}}
+    assert _named(server.request("tools/call", {"name": "capsule_service_start", "arguments": args})) == "env.PATH"

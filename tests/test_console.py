@@ -340,3 +340,26 @@ def test_the_end_of_file_character_is_the_terminal_s() -> None:
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_text_that_is_not_utf8_is_refused_by_argument_before_the_run_and_a_udcxx_types_its_byte(
+        tmp_path: Path) -> None:
+    # A lone surrogate (JSON "\ud800", or a command line's byte that is not UTF-8) used to pass the
+    # argument checks and fail the call unexpectedly mid-turn, as the journal or the pipe encoded it.
+    async def scenario(call: Any, runtime: Runtime, helper: FakeHelper, cap: str) -> None:
+        for args, argument in (({"cmd": ["echo", "\ud800"]}, "cmd"), ({"cmd": ["echo", "\udcff"]}, "cmd"),
+                               ({"cmd": ["repl"], "stdin": "a\ud800"}, "stdin"),
+                               ({"cmd": ["repl"], "interactive": True, "stdin": "\ud800\n"}, "stdin")):
+            with pytest.raises(CcwError) as refused:
+                await call("capsule_exec", {"capsule_id": cap, **args})
+            assert (refused.value.code, refused.value.details["argument"]) == ("INVALID_ARGUMENT", argument)
+        assert helper.requests == [] and runtime.capsule_queue.line(cap) == []
+        first = await call("capsule_exec", {"capsule_id": cap, "cmd": ["repl"], "interactive": True})
+        with pytest.raises(CcwError) as refused:
+            await call("capsule_run", {"run_id": first["run_id"], "input": "x\ud800\n"})
+        assert (refused.value.code, refused.value.details["argument"]) == ("INVALID_ARGUMENT", "input")
+        typed = await call("capsule_run", {"run_id": first["run_id"], "input": "a\udcffb\n", "eof": True})
+        assert typed["status"] == "finished"
+        assert base64.b64decode(_exec_row(runtime, cap)["stdin_b64"]) == b"a\xffb\n"
+
+    _session(tmp_path, scenario)

@@ -82,11 +82,13 @@ BAD: list[tuple[str, dict[str, Any]]] = [
     ("exec", {"capsule_id": "cap_1", "argv": [""]}),
     ("exec", {"capsule_id": "cap_1", "argv": "true"}),
     ("exec", {"capsule_id": "cap_1", "argv": ["a\x00"]}),
+    ("exec", {"capsule_id": "cap_1", "argv": ["echo", "\udcff"]}),  # no exec can be given a lone surrogate
     ("exec", {"capsule_id": "cap_1", "argv": ["x"] * (MAX_ARGV + 1)}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x" * (3 * 1024 * 1024)]}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": {"A B": "1"}}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": {"A": 1}}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": {"A": "\x00"}}),
+    ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": {"A": "\ud800"}}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "env": ["A"]}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "stdin_b64": "!!!"}),
     ("exec", {"capsule_id": "cap_1", "argv": ["x"], "stdin_b64": "A" * ((MAX_STDIN + 3) // 3 * 4 + 4)}),

@@ -83,6 +83,16 @@ REPLAY_PAUSE_S = 3.0  # a replay types a step anyway once output pauses this lon
 _CHUNK = 1 << 16
 
 
+def input_bytes(name: str, text: str) -> bytes:
+    """The bytes ``text`` (an exec's ``stdin``, capsule_run's ``input``) gives the command: its UTF-8, a
+    ``\\udcXX`` as byte XX (a file's content is carried so too); another lone surrogate is refused."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise CcwError("INVALID_ARGUMENT", f"{name} holds a lone surrogate, which is not UTF-8; send valid text",
+                       {"argument": name}) from None
+
+
 class Console:
     """One interactive exec's stdin and output: ``with`` holds its descriptors."""
 

@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any
 
 from mcp_server.capsules import service
-from mcp_server.capsules.console import Console
+from mcp_server.capsules.console import Console, input_bytes
 from mcp_server.capsules.exec import STREAM_PROGRESS_MS, exec_request
 from mcp_server.capsules.fragments import CAPSULE_ID
 from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT, Run
@@ -53,13 +53,13 @@ async def capsule_exec(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]
                            "already: drop interactive and tty")
         console = Console(tty)
         if stdin:  # the first input, typed as capsule_run's would be
-            console.give(stdin.encode())
+            console.give(input_bytes("stdin", stdin))
         stdin = None
     else:
         console = None
     # Checked here under the name the caller sent: the helper checks it again as its op's `argv`.
     request = exec_request(args["capsule_id"], checks.argv("cmd", args["cmd"]), args.get("cwd"), args.get("timeout_ms"),
-                           stdin.encode() if stdin is not None else None)
+                           input_bytes("stdin", stdin) if stdin is not None else None)
     if ctx.wants_output and console is None and terminal is None:  # the ccw command prints it as it comes
         request = dataclasses.replace(request, stream=True, progress_ms=STREAM_PROGRESS_MS)
 

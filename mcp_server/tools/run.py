@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp_server.capsules.console import INPUT_MAX
+from mcp_server.capsules.console import INPUT_MAX, input_bytes
 from mcp_server.capsules.run import CONSOLE_WAIT_MS, WAIT_MS, WAIT_MS_DEFAULT
 from mcp_server.tools.exec_result import exec_text
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -27,7 +27,7 @@ async def capsule_run(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     if args.get("cancel"):
         return await ctx.runs.cancel(run)
     if run.console is not None and typing:
-        run.console.give((args.get("input") or "").encode(), eof=bool(args.get("eof")))
+        run.console.give(input_bytes("input", args.get("input") or ""), eof=bool(args.get("eof")))
     wait_ms = args.get("wait_ms", WAIT_MS_DEFAULT if run.console is None else CONSOLE_WAIT_MS)
     return await ctx.runs.wait(run, wait_ms, ctx.progress, args.get("cursor"))
 

@@ -47,8 +47,10 @@ def _services(ctx: ToolContext) -> Services:
 
 def _spec(ctx: ToolContext, args: dict[str, Any]) -> ServiceSpec:
     argv = tuple(checks.argv("cmd", args["cmd"]))  # under the name the caller sent, before any lookup
-    record = ctx.capsules.live_record(args["capsule_id"])
     env = args.get("env")
+    if env:  # the helper's own check would fail the started service, not this call
+        checks.env("env", env)
+    record = ctx.capsules.live_record(args["capsule_id"])
     unknown = sorted(set(env or ()) - set(record.spec.env_whitelist) - _ALWAYS_ENV)
     if unknown:
         raise CcwError("INVALID_ARGUMENT", f"env variables {unknown} are not in the capsule's env_whitelist "
