@@ -92,7 +92,7 @@ def test_each_set_of_services_is_ready_before_its_execs_and_ended_after(tmp_path
     service: Any = _CapsuleService(services)
     tally = trio.run(replay_steps.rerun, service, "cap_r", SPEC, manifest, {}, None, {"PORT": "8765"})
     assert [(argv, beside) for argv, beside, _ in service.ran] == [
-        (("t1",), ["web"]), (("t2",), ["web"]), (("t3",), []), (("t4",), ["db"])]
+        (("t1",), ["web"]), (("t2",), ["web"]), (("t3",), []), (("t4",), ["db"])]  # web gone before t3, not after
     assert services.running == []  # every one ended with its stretch
     assert [request.service for request in services.requests] == ["web", "db"]  # web once for both execs
     assert tally.started == [{"services": ["web"], "execs": [2, 3]}, {"services": ["db"], "execs": [7]}]

@@ -148,3 +148,28 @@ def test_deltamin_finds_the_change_that_breaks_the_app_with_the_app_beside_each_
     replay = out["replay"]
     assert replay["replay_ok"] is True and [s["services"] for s in replay["services"]["started"]] == [["app"]]
     assert _no_server_left()
+
+
+def test_a_replay_ends_the_app_before_the_exec_that_ran_after_it_was_stopped(tools: Any, tmp_path: Path) -> None:
+    # The exec after the stop found nothing listening; so must its replay, which once still
+    # reached the replay's app, ended only when the helper next looked at its closed connection.
+    ws = _workspace(tmp_path)
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, **START})
+        out: dict[str, Any] = {"with": await t.call("capsule_exec", {"capsule_id": cap, "cmd": CHECK})}
+        await t.call("capsule_service_stop", {"capsule_id": cap, "name": "app"})
+        out["without"] = await t.call("capsule_exec", {"capsule_id": cap, "cmd": CHECK})
+        made = await t.call("capsule_witness", {"capsule_id": cap})
+        out["replay"] = await t.call("capsule_replay", {"witness_id": made["witness_id"], "wait_ms": 300_000})
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    assert (out["with"]["exit_code"], out["without"]["exit_code"]) == (0, 2)
+    replay = out["replay"]
+    assert replay["replay_ok"] is True and replay["output_identical"] is True, replay
+    [started] = replay["services"]["started"]
+    assert started["services"] == ["app"] and len(started["execs"]) == 1  # the first test's alone
+    assert _no_server_left()

@@ -4,7 +4,8 @@ An exec's journal row names the services that ran beside it (capsules/services.p
 ``beside``), and a witness carries their specs without any value.  To re-run that exec
 faithfully, a replay (or a trial of part of its change) starts the same services in its
 scratch capsule first and waits until each is ready, as ``capsule_service_start`` would;
-then it runs the command; then the services end with the block.  Their runs are not
+then it runs the command; then the services end with the block, each gone (the helper
+says so) before the block is left.  Their runs are not
 journaled (the scratch capsule is not), their output goes to a ring in the state dir's
 tmp dir that goes with them, and nothing restarts them: a service that exits during the
 block is simply gone, and the command's outcome will say so.  A service that does not
@@ -28,6 +29,9 @@ from mcp_server.capsules.services import OUTPUT_CAP, PROGRESS_MS, Services
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec
 
+END_GRACE_MS = 1000  # as a destroyed capsule's services get (Services.stop_all)
+END_WAIT_S = 30.0  # the most the block's end waits for the helper's answers, even when cancelled
+
 
 @contextlib.asynccontextmanager
 async def running(services: Services, capsule_id: str, capsule: CapsuleSpec, network: Any,
@@ -50,7 +54,13 @@ async def running(services: Services, capsule_id: str, capsule: CapsuleSpec, net
                                        {"service": spec.name, "state": run.state})
                 yield runs
             finally:
-                nursery.cancel_scope.cancel()  # a closed connection ends each in the helper
+                # A closed connection alone ends a service only when the helper next looks, after
+                # the next run began: a replay's exec past the stretch still reached the server.
+                with trio.move_on_after(END_WAIT_S, shield=True):
+                    for run in reversed(runs):
+                        if not run.finished.is_set():
+                            await services.end(run, END_GRACE_MS)
+                nursery.cancel_scope.cancel()  # one the helper did not answer: its closed connection ends it
     finally:
         shutil.rmtree(logs, ignore_errors=True)
 

@@ -414,13 +414,7 @@ class Services:
         run = self.get(capsule_id, name)
         run.stopping = True
         if not run.finished.is_set() and run.state != "pending":  # a pending one never started
-            await self._signal(run, "SIGTERM")
-            with trio.move_on_after(grace_ms / 1000):
-                await run.finished.wait()
-            if not run.finished.is_set():
-                await self._signal(run, "SIGKILL")
-                with trio.move_on_after(KILL_WAIT_S):
-                    await run.finished.wait()
+            await self.end(run, grace_ms)
             if not run.finished.is_set():  # the helper did not answer: closing its connection ends it
                 run.scope.cancel()
                 await run.finished.wait()
@@ -430,6 +424,17 @@ class Services:
         self.table.remove(capsule_id, name)
         self._event(run)
         return run.summary()
+
+    async def end(self, run: ServiceRun, grace_ms: int) -> None:
+        """SIGTERM, then SIGKILL after ``grace_ms``, each waiting for the helper's answer that the run
+        has ended (``run.finished``), which only comes once its processes are gone and its ports free."""
+        await self._signal(run, "SIGTERM")
+        with trio.move_on_after(grace_ms / 1000):
+            await run.finished.wait()
+        if not run.finished.is_set():
+            await self._signal(run, "SIGKILL")
+            with trio.move_on_after(KILL_WAIT_S):
+                await run.finished.wait()
 
     async def _signal(self, run: ServiceRun, signame: str) -> None:
         helper = await self._helper()

@@ -15,14 +15,17 @@ from sandbox.replies import ExecReply, Touched, Truncated, Usage
 
 
 class FakeServices:
-    """A service "runs" from its helper call until that is cancelled (its block ended);
-    ``ready`` says whether each gets ready.  ``running`` names those running now."""
+    """A service "runs" from its helper call until ``end`` signals it, as the helper's do; a call
+    cancelled instead (its connection closed) leaves it running, as the helper ends such a one
+    only when it next looks, after whatever the caller did next.  ``ready`` says whether each
+    gets ready.  ``running`` names those running now."""
 
     def __init__(self, tmp: Path, ready: bool = True) -> None:
         self.state = SimpleNamespace(tmp_dir=tmp)
         self.ready = ready
         self.running: list[str] = []
         self.requests: list[ExecRequest] = []
+        self._signalled: dict[str, trio.Event] = {}
 
     async def await_ready(self, run: Any) -> dict[str, Any]:
         await trio.sleep(0.01)
@@ -32,11 +35,16 @@ class FakeServices:
 
     async def call_helper(self, network: Any, request: ExecRequest, run: Any) -> Any:
         self.requests.append(request)
-        self.running.append(request.service or "")
-        try:
-            await trio.sleep_forever()
-        finally:
-            self.running.remove(request.service or "")
+        name = request.service or ""
+        self.running.append(name)
+        signalled = self._signalled[name] = trio.Event()
+        await signalled.wait()
+        self.running.remove(name)
+        return SimpleNamespace(exit_code=None, signal="SIGTERM")
+
+    async def end(self, run: Any, grace_ms: int) -> None:
+        self._signalled[run.spec.name].set()
+        await run.finished.wait()
 
 
 def exec_reply(exit_code: int = 0, stdout: bytes = b"") -> ExecReply:
