@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import trio
+import trio.testing
 
 from mcp_server import framing
 from mcp_server.transports import asgi
@@ -67,6 +68,23 @@ def test_a_refusal_reads_a_small_body_and_closes_after_a_large_one() -> None:
     assert body == {"type": "http.response.body", "body": framing.dumps({"error": "no"})}
     start, _ = trio.run(refused, *[b"y" * 1024] * (asgi.REFUSED_BODY_MAX // 1024 + 2))
     assert asgi.CLOSE in start["headers"]
+
+
+def test_a_refusal_waits_for_a_trickled_body_only_so_long() -> None:
+    # A byte every few seconds, forever: the refused sender holds no token, so it may not hold
+    # the connection (and a descriptor of the server's) for as long as it keeps sending.
+    async def trickle() -> dict[str, Any]:
+        await trio.sleep(3)
+        return {"type": "http.request", "body": b" ", "more_body": True}
+
+    async def refused() -> tuple[float, list[dict[str, Any]]]:
+        send, sent = _sender()
+        with trio.move_on_after(3600):  # so a refusal that waits on ends this test as a failure
+            await asgi.refuse(trickle, send, 401, {"error": "no token"})
+        return trio.current_time(), sent
+
+    took, sent = trio.run(refused, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert took <= 10 and sent and sent[0]["status"] == 401 and asgi.CLOSE in sent[0]["headers"], (took, sent)
 
 
 def test_an_answer_without_a_payload_has_an_empty_body() -> None:

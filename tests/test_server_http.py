@@ -331,6 +331,30 @@ def test_a_refused_request_keeps_its_connection_once_its_body_is_read(http_serve
     assert big.status_code == 401 and big.headers["connection"] == "close"
 
 
+def test_a_refused_body_trickled_forever_is_cut(http_server: ServerProcess):
+    # No token, a body promised and sent a byte at a time: the 401 comes once the server
+    # stops waiting for it, and the connection ends, so a thousand such senders (any local
+    # user) cannot hold the server's descriptors and leave it none to accept with.
+    host, port = http_server.path.split("/")[2].rsplit(":", 1)
+    head = f"POST /mcp HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-length: 60000\r\n\r\n{{".encode()
+    with socket.create_connection((host, int(port)), timeout=1) as conn:
+        conn.sendall(head)
+        answer, deadline = b"", time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                conn.sendall(b" ")
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not data:
+                break
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower(), answer[:300]
+    assert time.monotonic() < deadline
+
+
 def test_the_generated_token_is_kept_across_restarts(tmp_path: Path):
     first = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="http"))
     first.wait_ready()

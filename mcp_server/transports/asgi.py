@@ -11,10 +11,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import trio
+
 from mcp_server import framing
 
 CLOSE = (b"connection", b"close")
 REFUSED_BODY_MAX = 64 * 1024  # a refused request's body is read this far to keep its connection (``refuse``)
+REFUSED_BODY_S = 5.0  # and for at most this long (hypercorn's keep_alive_timeout, which bounds a slow head)
 
 
 async def read_body(receive: Any, limit: int) -> tuple[bytes | None, bytes | None]:
@@ -58,9 +61,14 @@ async def refuse(receive: Any, send: Any, status: int, payload: Any,
     response".  Under load, a client's small POST body arriving after its headers made
     that happen to about 1 in 200 refused requests.  So the body is read, up to
     ``REFUSED_BODY_MAX``; a larger one is left unread and the answer says
-    ``Connection: close``, which the client heeds.
+    ``Connection: close``, which the client heeds.  So is one still coming after
+    ``REFUSED_BODY_S``: whoever is refused holds no token, and a body trickled a byte at a
+    time held its connection, and one of the server's descriptors, for as long as the
+    sender liked (a thousand such, from any local user, left no descriptor to accept with).
     """
-    whole = await _drain(receive, REFUSED_BODY_MAX)
+    whole = False
+    with trio.move_on_after(REFUSED_BODY_S):
+        whole = await _drain(receive, REFUSED_BODY_MAX)
     await respond(send, status, payload, [*(extra or []), *([] if whole else [CLOSE])])
 
 
