@@ -10,12 +10,15 @@ import hashlib
 import os
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mcp_server.capsules import branch, branch_tree
 from mcp_server.capsules.branch_base import base_commit, recorded_commit
 from mcp_server.fs.promote import Op
+from mcp_server.journal import Journal
+from mcp_server.state import State
 from sandbox.errors import CcwError
 from sandbox.spec import CapsuleSpec
 from tests.support.journal_rows import capsule_record, exec_entry
@@ -149,6 +152,24 @@ def test_the_message_lists_runs_and_verdicts() -> None:
     assert branch.run_line("cap_a", {**entry, "argv": ["printf", "a\nb\x1b[2J"]}) == \
         "#3 cap_a: exit 2: printf 'a\\nb\\x1b[2J'"
     assert len(branch.run_line("cap_a", {**entry, "argv": ["x" * 500]})) < 200
+
+
+def test_the_message_of_a_merged_capsule_lists_its_inputs_runs_as_the_policies_judged_them(
+        state_dir: Path) -> None:
+    # Made by ccw capsule merge A C: a fork of A (from P) holding C's change too; the policies
+    # judge C's runs (promote.judged_capsules), so the message lists them, once each.
+    journal = Journal(State(state_dir))
+    for capsule_id, parent in (("cap_p", None), ("cap_a", "cap_p"), ("cap_c", "cap_p"), ("cap_m", "cap_a")):
+        journal.add_capsule(dataclasses.replace(capsule_record(capsule_id), parent=parent))
+        journal.add_exec(capsule_id, {**exec_entry({}), "argv": ["run", capsule_id]})
+    journal.add_writes("cap_m", [("t.txt", "write", b"c", None, 0o644, None)], merged_from=["cap_a", "cap_c"])
+    record = journal.capsule("cap_m")
+    assert record is not None
+    message = branch.commit_message(SimpleNamespace(journal=journal), record,  # type: ignore[arg-type]
+                                    {"passed": True, "policies": ["baseline"]}, SimpleNamespace(base="b0"))  # type: ignore[arg-type]
+    runs = message.split("Runs (")[1].split("\n\n")[0].splitlines()
+    assert runs == ["4):", "  #1 cap_p: exit 0: run cap_p", "  #1 cap_a: exit 0: run cap_a",
+                    "  #1 cap_m: exit 0: run cap_m", "  #1 cap_c: exit 0: run cap_c"]
 
 
 def test_a_shortened_line_is_cut_at_a_word_boundary_with_an_ellipsis() -> None:

@@ -263,9 +263,10 @@ def _identity(workspace: str, capsule_id: str) -> dict[str, str]:
 
 
 def commit_message(service: CapsuleService, record: CapsuleRecord, report: dict[str, Any], found: Target) -> str:
-    """The subject, the runs of the capsule and its ancestors, and the policies' verdicts."""
+    """The subject, the runs the policies judged (the capsule's, its ancestors' and those of the
+    capsules merged into it), and the policies' verdicts."""
     runs = []
-    for capsule in reversed(promote._lineage(service.journal, record)):
+    for capsule in promote.judged_capsules(service.journal, record):
         for ex in service.journal.execs(capsule.capsule_id):
             runs.append(run_line(capsule.capsule_id, ex))
     lines = [shortened(f"ccw: the change of capsule {record.capsule_id}", SUBJECT_MAX), "",

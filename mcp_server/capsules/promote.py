@@ -105,6 +105,14 @@ def _lineage(journal: Journal, record: CapsuleRecord) -> list[CapsuleRecord]:
     return chain
 
 
+def judged_capsules(journal: Journal, record: CapsuleRecord, runs_of: Sequence[str] = ()) -> list[CapsuleRecord]:
+    """The capsules whose runs promotion judges as ``record``'s: its line of parents and those of the
+    capsules merged into it, each once, ancestors first."""
+    others = [found for found in map(journal.capsule, journal.judged_with(record, runs_of)) if found is not None]
+    chains = [capsule for one in (record, *others) for capsule in reversed(_lineage(journal, one))]
+    return list({capsule.capsule_id: capsule for capsule in chains}.values())
+
+
 def _recorded_states(journal: Journal, record: CapsuleRecord) -> dict[str, str]:
     # A fork's changes include its parents', so their recorded base states count too.
     recorded: dict[str, str] = {}
@@ -268,9 +276,7 @@ def _hazard_changes(entries: list[changeset.Entry], ops: list[Op]) -> list[hazar
 def _facts(record: CapsuleRecord, journal: Journal, entries: list[changeset.Entry],
            runs_of: tuple[str, ...] = ()) -> CapsuleFacts:
     facts = CapsuleFacts(workspace=record.workspace, home=os.path.expanduser("~"), exposed=list(record.spec.expose))
-    others = [found for found in map(journal.capsule, journal.judged_with(record, runs_of)) if found is not None]
-    chains = [capsule for one in (record, *others) for capsule in reversed(_lineage(journal, one))]
-    for capsule in {capsule.capsule_id: capsule for capsule in chains}.values():  # each once, ancestors first
+    for capsule in judged_capsules(journal, record, runs_of):
         for ex in journal.execs(capsule.capsule_id):
             usage = ex["usage"]
             facts.execs.append(ExecFacts(ex["seq"], ex["argv"], usage.get("cpu_ms"), usage.get("rss_max_kb"),
