@@ -72,6 +72,26 @@ def test_replay_shows_only_what_the_replayer_allows(tmp_path: Path) -> None:
     assert dropped[1]["reason"] == "not a directory on this machine"
 
 
+def test_a_foreign_witness_has_toolchains_only_at_their_managers_places(tmp_path: Path) -> None:
+    # Any readable directory a stranger's witness named was shown: its commands read
+    # ~/other-project/.env, and the replay's report, which the replayer shares, printed it.
+    home, _project, homes = _machine(tmp_path)
+    other, served = home / "other-project", tmp_path / "srv" / "app"
+    for place in (other, served):
+        place.mkdir(parents=True)
+    prefix, node = f"{home}/.pyenv/versions/3.12.1", f"{home}/.nvm/versions/node/v20.1.0"
+    recorded = [str(other), str(served), prefix, node, f"{home}/.pyenv/versions"]
+    used, dropped = exposure.replayable(recorded, UID, homes)
+    assert used == sorted([prefix, node]), used
+    assert [item["path"] for item in dropped] == [str(other), str(served), f"{home}/.pyenv/versions"]
+    assert all(item["reason"] == exposure.FOREIGN_EXPOSE for item in dropped), dropped
+    # A link at a manager's place into another directory is judged where it leads too.
+    (home / ".nvm/versions/node/v0.0.1").symlink_to(other)
+    assert exposure.replayable([f"{home}/.nvm/versions/node/v0.0.1"], UID, homes)[0] == []
+    # This state dir's own witness has what its capsule had.
+    assert exposure.replayable(recorded[:4], UID, homes, foreign=False)[0] == sorted(recorded[:4])
+
+
 def test_plan_guards_the_callers_home_even_when_passwd_names_another(tmp_path: Path) -> None:
     home, project, _homes = _machine(tmp_path)
     env = {"PATH": f"{home}/.ssh", "HOME": str(home)}

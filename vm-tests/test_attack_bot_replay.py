@@ -2,14 +2,14 @@
 
 A replay lease's witness is the client's, and so is the report: the bot answers with the
 replay's result, output diffs included.  A witness's ``capsule.expose`` names host
-directories its capsule showed read-only; a local replay shows those its replayer's
-checks allow (a toolchain's prefix), which for a bot would be any directory the bot's
-user may read that is not a key store.  Before the fix a witness naming a directory of
+directories its capsule showed read-only; a local replay of a witness not made in its
+state dir shows only toolchains at their managers' places (capsules/exposure.py
+``replayable``), and ccw-bot none at all.  Before the fix a witness naming a directory of
 the bot's host and running ``cat`` on a file there got the file's text back in
-``output_diffs``.  Here the bot's runner serves that lease through an in-memory CAS with
-a real embedded helper: the report carries no canary and lists the directory as dropped,
-while the same witness replayed locally by this state dir's owner does read the file
-(the directory and the command work; only the bot withholds them).
+``output_diffs``, and a local replay of it with ``allow_untrusted`` did the same.  Here
+the bot's runner serves that lease through an in-memory CAS with a real embedded helper:
+the report carries no canary and lists the directory as dropped, and so does a local
+replay of the same witness, each saying why.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import trio
 
 from mcp_server.bot import runner as bot
 from mcp_server.bot.runner import CapsuleRunner
+from mcp_server.capsules.exposure import FOREIGN_EXPOSE
 from mcp_server.capsules.replay import NO_HOST_DIRS
 from mcp_server.reapi.merkle import FileEntry, build_tree, digest_bytes, key
 from mcp_server.reapi.protos import re_pb2
@@ -66,6 +67,6 @@ def test_a_bots_replay_shows_no_directory_of_the_bots_host(tools: Any, tmp_path:
     assert canary not in json.dumps(remote), remote
     assert remote["expose"] == {"used": [], "dropped": [{"path": str(private), "reason": NO_HOST_DIRS}]}
     assert [m["field"] for m in remote["mismatches"]] == ["exit_code"], remote["mismatches"]
-    # The control: the directory is there and readable, so only the bot's rule kept it out.
-    assert local["expose"]["used"] == [str(private)], local["expose"]
-    assert f"+PASSWORD={canary}" in local["output_diffs"][0]["lines"], local["output_diffs"]
+    # Replayed here, a stranger's witness has no such directory either: only a toolchain's.
+    assert canary not in json.dumps(local), local
+    assert local["expose"] == {"used": [], "dropped": [{"path": str(private), "reason": FOREIGN_EXPOSE}]}, local

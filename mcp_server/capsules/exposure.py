@@ -31,6 +31,7 @@ from mcp_server.core.expose import (
     Need,
     cover,
     expose_hint,
+    layout_root,
     link_hint,
     missing_paths,
     off_path_hint,
@@ -369,14 +370,24 @@ def hints(workspace: str, cwd: str, jail_path: str, env: Mapping[str, str], show
                       home, os.getuid(), homes, shown)
 
 
-def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) -> tuple[list[str], list[dict[str, str]]]:
+FOREIGN_EXPOSE = ("a witness not made in this state dir has a directory shown only where a toolchain manager "
+                  "keeps one (~/.pyenv/versions/V, ~/.nvm/versions/node/V, uv's pythons, /nix/store/…), and this "
+                  "is none: replay a witness made here, or one whose toolchain lives in such a place")
+
+
+def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...],
+               foreign: bool = True) -> tuple[list[str], list[dict[str, str]]]:
     """The directories a witness's capsule exposed that this replayer may show: (used, dropped).
 
     The witness is untrusted: each is held to ``check_expose_dir`` against the replayer
     (a witness naming ~/.ssh gets nothing), and one missing here is dropped, not fatal;
-    ``dropped`` says why for each (the replay's report lists them).
+    ``dropped`` says why for each (the replay's report lists them).  A ``foreign`` one (not
+    this state dir's own; a trusted key's too) has only toolchains at their managers' known
+    places (``layout_root``): any other readable directory it named, ~/other-project or
+    /srv/app, its commands would read, and their output is in the report the replayer shares.
     """
     used, dropped = [], []
+    places = [home.path for home in homes]
     for path in recorded:
         real = os.path.realpath(path)
         try:
@@ -384,6 +395,9 @@ def replayable(recorded: list[str], caller_uid: int, homes: tuple[Home, ...]) ->
             check_expose_dir("expose", real, caller_uid, homes)
         except CcwError as exc:
             dropped.append({"path": path, "reason": exc.message})
+            continue
+        if foreign and not all(layout_root(one, places) == one for one in (os.path.normpath(path), real)):
+            dropped.append({"path": path, "reason": FOREIGN_EXPOSE})
             continue
         if not os.path.isdir(real):
             dropped.append({"path": path, "reason": "not a directory on this machine"})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from sandbox.hostdirs import inside
@@ -102,6 +103,21 @@ def _layout_root(path: str, base: str, depth: int) -> str | None:
     return posixpath.join(base, *parts[:depth])
 
 
+def layout_root(path: str, homes: Iterable[str]) -> str | None:
+    """The root of the toolchain whose known layout ``path`` lies in (``HOME_LAYOUTS`` under
+    any of ``homes``, ``ROOT_LAYOUTS``), or None: a place only a toolchain manager fills."""
+    for home in homes:
+        for below, depth in HOME_LAYOUTS:
+            root = _layout_root(path, posixpath.join(home, below), depth)
+            if root is not None:
+                return root
+    for base, depth in ROOT_LAYOUTS:
+        root = _layout_root(path, base, depth)
+        if root is not None:
+            return root
+    return None
+
+
 def toolchain_root(path: str, home: str | None) -> str | None:
     """The smallest directory that holds the toolchain ``path`` (resolved) belongs to.
 
@@ -111,15 +127,9 @@ def toolchain_root(path: str, home: str | None) -> str | None:
     path = posixpath.normpath(path)
     if any(inside(path, tree) for tree in SHOWN_TREES):
         return None
-    if home:
-        for below, depth in HOME_LAYOUTS:
-            root = _layout_root(path, posixpath.join(home, below), depth)
-            if root is not None:
-                return root
-    for base, depth in ROOT_LAYOUTS:
-        root = _layout_root(path, base, depth)
-        if root is not None:
-            return root
+    root = layout_root(path, [home] if home else [])
+    if root is not None:
+        return root
     parts = path.split("/")
     if "bin" in parts[2:]:
         # /a/b/bin/python3 -> /a/b: a prefix keeps its lib beside its bin.
