@@ -105,6 +105,18 @@ def test_the_target_refuses_plainly(repo: Path, tmp_path: Path) -> None:
     assert branch.target(str(repo), "ccw/fine", recorded).ref == "refs/heads/ccw/fine"
 
 
+def test_a_repository_git_does_not_trust_is_refused_as_such(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root's git over a user's checkout ("dubious ownership"), simulated as git's own tests do:
+    # it once said "not the top of a git repository" and told the caller to promote instead.
+    real = branch._git
+    monkeypatch.setattr(branch, "_git", lambda workspace, *args, **kw: real(
+        workspace, *args, **kw, env={"GIT_TEST_ASSUME_DIFFERENT_OWNER": "1"}))
+    with pytest.raises(CcwError) as raised:
+        branch.target(str(repo), "fine", base_commit(str(repo)))
+    assert raised.value.code == "PERMISSION_DENIED" and "another uid owns" in raised.value.message
+    assert "safe.directory" in raised.value.details["git"] and "not the top" not in raised.value.message
+
+
 def test_the_commit_holds_exactly_the_change_and_leaves_the_tree_and_index(repo: Path, tmp_path: Path) -> None:
     found = branch.target(str(repo), "ccw/try", base_commit(str(repo)))
     git(repo, "commit", "-q", "--allow-empty", "-m", "the host moves on")  # the branch still starts at the base

@@ -28,7 +28,8 @@ What is checked, in order, and why:
 
 The commit's author is the capsule (``ccw capsule CAP``); its committer the host git's
 ``user.name``/``user.email``, or the capsule too when they are not set.  Its message
-lists the runs (each capsule of the lineage, in order) and the policies' verdicts.
+lists the runs the policies judged (each capsule of the lineage, in order, then those of
+the capsules merged into it) and the policies' verdicts.
 
 Carried as ``git add`` of each changed path would record the capsule's file: a file the
 workspace had edited but not committed when the capsule was made lands with those edits
@@ -77,6 +78,11 @@ def target(workspace: str, name: str, base_fingerprint: dict[str, Any] | None) -
     """The branch NAME of the workspace's repository, checked (step 1 of the module docstring)."""
     top = _git(workspace, "rev-parse", "--show-toplevel", check=False)
     shown = os.path.realpath(top.stdout.decode("utf-8", "surrogateescape").strip())
+    if top.returncode != 0 and b"detected dubious ownership" in top.stderr:  # root's git, a user's checkout
+        raise CcwError("PERMISSION_DENIED", f"git does not trust the repository at {workspace!r}, which another "
+                       "uid owns; no branch was made. Make the branch as its owner, or trust it as git says "
+                       "(see details.git) and ask again (objects and the branch are then written as you)",
+                       {"workspace": workspace, "git": top.stderr.decode(errors="replace").strip()})
     if top.returncode != 0 or shown != os.path.realpath(workspace):
         reason = top.stderr.decode(errors="replace").strip() or "it is inside another worktree"
         raise CcwError("UNSUPPORTED", f"the workspace {workspace!r} is not the top of a git repository ({reason}); "
