@@ -66,3 +66,13 @@ def test_names_that_are_not_utf8_are_notes_naming_them_escaped_with_what_promoti
                              "d/x\\xfd")
     assert walked.endswith(rawnames.IN_WORKSPACE)
     assert "..." in carried.not_utf8_notes((rawnames.SHOWN + 1, ("a\\xff",) * rawnames.SHOWN), (0, ()))[0]
+
+
+def test_devices_sockets_and_fifos_are_a_note_as_no_diff_shows_them() -> None:
+    # Found in a trial: a capsule's FIFO was in no diff (git has no such file), yet
+    # promotion refused the whole change for it, with nothing in the diff to say why.
+    assert carried.special_notes([Entry("f.txt", None, _side("file"), False)]) == []
+    made = [Entry(f"p{i}", None, Side("other", 0o644), False) for i in range(carried.MAX_SPECIAL_NAMED + 1)]
+    [note] = carried.special_notes([Entry("f.txt", None, _side("file"), False), *made])
+    assert note.startswith(f"not shown: {len(made)} device(s), socket(s) or FIFO(s) the capsule made, p0, p1, ")
+    assert f"p{carried.MAX_SPECIAL_NAMED - 1} ...;" in note and "capsule_promote refuses" in note

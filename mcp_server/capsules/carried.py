@@ -97,8 +97,23 @@ def notes(found: Carried) -> list[str]:
     workspace moved."""
     walked = rawnames.listed(entry.path for entry in found.diff.entries)
     left_out = (found.not_utf8.count, found.not_utf8.names) if found.not_utf8 else (0, ())
-    return (not_utf8_notes(left_out, walked) + ignored_notes(found.ignored, found.ignored_files)
-            + moved_notes(found.moved))
+    return (not_utf8_notes(left_out, walked) + special_notes(found.diff.entries)
+            + ignored_notes(found.ignored, found.ignored_files) + moved_notes(found.moved))
+
+
+MAX_SPECIAL_NAMED = 5
+
+
+def special_notes(entries: list[changeset.Entry]) -> list[str]:
+    """A note naming the devices, sockets and FIFOs the capsule made, which no diff can show
+    (git has no such file) and promotion refuses (changeset.promote_ops); none without."""
+    special = [entry.path for entry in entries if entry.new is not None and entry.new.kind == "other"]
+    if not special:
+        return []
+    named = ", ".join(special[:MAX_SPECIAL_NAMED]) + (" ..." if len(special) > MAX_SPECIAL_NAMED else "")
+    return [f"not shown: {len(special)} device(s), socket(s) or FIFO(s) the capsule made, {named}; git shows no "
+            "such file, and capsule_promote refuses the whole promotion while the capsule holds them: remove "
+            "them in the capsule (capsule_exec rm)"]
 
 
 def not_utf8_notes(left_out: tuple[int, tuple[str, ...]], walked: tuple[int, tuple[str, ...]]) -> list[str]:
