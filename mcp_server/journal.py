@@ -229,12 +229,43 @@ class Journal:
             cols = ", ".join(columns)
             marks = ", ".join("?" for _ in columns)
             db.execute(f"INSERT INTO execs ({cols}) VALUES ({marks})", list(columns.values()))
+            db.execute("DELETE FROM execs_running WHERE capsule_id = ? AND started_at = ?",
+                       (capsule_id, entry.get("started_at")))
             for kind, data in events.exec_events(last + 1, {"generation": row["generation"], **entry},
                                                 row["generation_out"]):
                 events.emit(db, kind, capsule_id, data)
             if outputs is not None:
                 self._add_outputs(db, capsule_id, last + 1, outputs)
             return int(last + 1), current if row["generation_out"] is None else row["generation_out"]
+
+    def mark_running(self, capsule_id: str, entry: dict[str, Any]) -> str:
+        """Note an exec about to run as its row would be if its end never came (``entry``: a cut
+        short one, capsules/exec.py ``cut_entry``).  ``append_exec`` of the same start drops the
+        note; a front end killed before that leaves it to the next one's ``recover_running``.  Its key,
+        for ``unmark_running``."""
+        with self.state.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO execs_running (capsule_id, started_at, entry) VALUES (?, ?, ?)",
+                       (capsule_id, entry["started_at"], json.dumps(entry)))
+        return str(entry["started_at"])
+
+    def unmark_running(self, capsule_id: str, started_at: str) -> None:
+        """Drop ``mark_running``'s note of an exec the helper refused: it never ran."""
+        with self.state.transaction() as db:
+            db.execute("DELETE FROM execs_running WHERE capsule_id = ? AND started_at = ?", (capsule_id, started_at))
+
+    def recover_running(self) -> list[tuple[str, int]]:
+        """Journal, cut short, each exec a front end that died left noted (``mark_running``): it may
+        have written anything, so its capsule's generation advances.  Only a state dir's starting
+        front end calls this, before any exec.  The (capsule, seq) of each row written."""
+        rows = self.state.execute("SELECT capsule_id, entry FROM execs_running ORDER BY started_at")
+        recovered = []
+        for row in rows:
+            record = self.capsule(row["capsule_id"])
+            if record is not None and record.destroyed_at is None:
+                recovered.append((row["capsule_id"], self.append_exec(row["capsule_id"], json.loads(row["entry"]))[0]))
+        with self.state.transaction() as db:
+            db.execute("DELETE FROM execs_running")
+        return recovered
 
     def record_base(self, capsule_id: str, states: dict[str, str]) -> None:
         """Remember what the base held at paths the capsule just changed (first record wins).

@@ -92,6 +92,16 @@ CREATE TABLE IF NOT EXISTS capsule_base (
     PRIMARY KEY (capsule_id, path)
 );
 """
+# An exec the helper was given and whose row is not written yet, as its row would be if its end never
+# came (Journal.mark_running): a front end killed meanwhile leaves it, and the next one journals it.
+_RUNNING = """
+CREATE TABLE IF NOT EXISTS execs_running (
+    capsule_id TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    entry TEXT NOT NULL,
+    PRIMARY KEY (capsule_id, started_at)
+);
+"""
 # Columns added since the first release, for state dirs made before them.
 _ADDED_COLUMNS = {
     "capsules": {"generation": "INTEGER NOT NULL DEFAULT 0", "volatile": "TEXT", "expose": "TEXT",
@@ -128,4 +138,5 @@ def _backfill(db: sqlite3.Connection) -> None:
 def ensure(state: State) -> None:
     """Give ``state`` the journal's tables, and an older state dir the columns it lacks."""
     state.ensure_schema("journal", _TABLES)
+    state.ensure_schema("journal_running", _RUNNING)
     state.add_columns(_ADDED_COLUMNS, backfill=_backfill)

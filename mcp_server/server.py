@@ -67,6 +67,7 @@ from mcp_server.config import TOOLSETS, Config
 from mcp_server.context import CallContext, Runtime
 from mcp_server.core.schemapattern import Validator
 from mcp_server.framing import INTERNAL_ERROR, INVALID_PARAMS
+from mcp_server.journal import Journal
 from mcp_server.logs import LOGGER
 from mcp_server.state import State, storage_error
 from mcp_server.tasks import EXTENSION, TaskParams, Tasks, UpdateTaskParams, declared, token_name, token_scopes
@@ -158,13 +159,15 @@ class CcwServer:
 
     def startup(self) -> None:
         """Work due before the first request: finish or undo interrupted promotions (no
-        workspace stays half-promoted after a crash) and read the schema files (seed 001:
-        files are read at start only)."""
+        workspace stays half-promoted after a crash), journal the runs a killed front end left
+        unjournaled, and read the schema files (seed 001: files are read at start only)."""
         from mcp_server.fs.promote import Promoter
 
         for outcome in Promoter(self.state.root).recover():
             LOGGER.info(f"mcp:recovered promotion {outcome['txid']}: {outcome['action']} "
                         f"workspace={outcome.get('workspace', '-')}")
+        for capsule_id, seq in Journal(self.state).recover_running():
+            LOGGER.info(f"mcp:recovered run {seq} of {capsule_id}: journaled cut short (its front end died as it ran)")
         if "witness" in self.config.toolsets:
             from mcp_server.capsules.witness import remove_stale_temps
 

@@ -186,6 +186,8 @@ def test_an_exec_whose_reply_never_came_advances_the_generation(world: Any) -> N
     with pytest.raises(CcwError, match="busy"):
         trio.run(service.exec, exec_request("cap_1", ["true"]))
     assert Journal(service.state).generation("cap_1") == 1
+    # Neither is left noted as running, for a next front end to journal as cut short by a kill.
+    assert Journal(service.state).recover_running() == []
 
 
 def test_fork_list_and_destroy(world: Any) -> None:

@@ -30,7 +30,9 @@ import trio
 
 from mcp_server.caller import Caller
 from sandbox.checks import MAX_TIMEOUT_MS
-from sandbox.ops import ExecRequest
+from sandbox.client import HelperClient
+from sandbox.errors import CcwError
+from sandbox.ops import ExecRequest, ListRequest
 from sandbox.replies import ExecProgress, ExecReply, Touched, Truncated, Usage
 from sandbox.spec import DEFAULT_PROGRESS_MS, DEFAULT_TIMEOUT_MS, CapsuleSpec, exec_env, resolve_cwd
 from sandbox.usage_words import NO_FANOTIFY_BRIEFLY, NO_FANOTIFY_ROOTLESS, NO_REPORT, mechanism, refusal_head
@@ -45,6 +47,10 @@ STREAM_PROGRESS_MS = 250
 REFUSAL_GIVEN = "why: capsule_create's isolation.cgroups_unavailable"
 # Why an exec cancelled while it ran is journaled cut short (``cut_entry``).
 CANCELLED = "cancelled while it ran (capsule_run's cancel, or its front end ended: its client closed)"
+SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
+SETTLE_POLL_S = 0.1
+# ... and one whose front end was killed (or crashed) while it ran, by the next front end (Journal.recover_running).
+FRONT_END_DIED = "its front end was killed or crashed while it ran: how long it ran is not known"
 NETWORK_NONE_REASON = ("network is none: the jail has only loopback; attempts to leave fail at once (ENETUNREACH) "
                        "and are not recorded")
 
@@ -255,3 +261,21 @@ def progress_message(report: ExecProgress) -> str:
     head = (f"running {report.elapsed_ms // 1000} s; stdout {report.stdout_bytes} B, "
             f"stderr {report.stderr_bytes} B")
     return f"{head}\n{tail}" if tail else head
+
+
+async def settle(helper: HelperClient, capsule_id: str) -> None:
+    """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
+
+    The helper notices a caller that went away when its next progress report fails to
+    send (every PROGRESS_MS), then kills the jail; until then the capsule is busy there,
+    and the next queued exec would be refused with CONFLICT.
+    """
+    with trio.move_on_after(SETTLE_S):
+        while True:
+            try:
+                listed = (await helper.call(ListRequest())).capsules
+            except CcwError:
+                return  # the helper is gone: nothing runs there any more
+            if not any(c.capsule_id == capsule_id and c.state == "busy" for c in listed):
+                return
+            await trio.sleep(SETTLE_POLL_S)

@@ -12,7 +12,8 @@ the only place that builds a ``CapsuleRecord`` (``_journal_new``).
   no turn.
 - Every capsule carries its change ``generation`` (mcp_server/core/generations.py); an exec's
   outcome gives the one it started on and the one it left.  An exec whose reply never came
-  (cancelled while running, the helper died) advances the generation: what it wrote is unknown.
+  (cancelled while running, the helper died) advances the generation: what it wrote is unknown;
+  one whose front end was killed is noted before it runs, so the next front end journals it so.
 - Scratch capsules (``scratch``, ``scratch_fork``, ``run``) are the unjournaled ones that
   deltamin's trials, replays and promotion's required tests run in; they are destroyed
   when the block ends, even when it is cancelled.
@@ -39,6 +40,7 @@ from mcp_server.capsules.branch_base import base_commit
 from mcp_server.capsules.call_hooks import CallHooks, Unattended
 from mcp_server.capsules.console import Console
 from mcp_server.capsules.exec import (
+    FRONT_END_DIED,
     PROGRESS_MS,
     ExecOutcome,
     cut_entry,
@@ -46,6 +48,7 @@ from mcp_server.capsules.exec import (
     for_capsule,
     journal_entry,
     progress_message,
+    settle,
 )
 from mcp_server.capsules.networks import Networks, Traced, network_not_open
 from mcp_server.capsules.notes import record_base_states, written_mtimes
@@ -82,8 +85,6 @@ from sandbox.spec import CapsuleSpec, exec_env
 if TYPE_CHECKING:
     from mcp_server.capsules.services import Services
 
-SETTLE_S = 30.0  # after an exec's reply is lost, how long to wait for the helper to end it
-SETTLE_POLL_S = 0.1
 # The turns the service takes (capsules/turns.py), declared on their tools' specs too.
 EXEC = TakesTurn(EXEC_LABEL, command_arg="cmd")
 FORK = TakesTurn("fork")
@@ -324,6 +325,7 @@ class CapsuleService:
             await self.progress(float(waited_ms + report.elapsed_ms), float(waited_ms + request.timeout_ms),
                                 progress_message(report), report if request.stream and console is None else None)
 
+        running = self.journal.mark_running(request.capsule_id, cut_entry(request, started, FRONT_END_DIED))
         try:
             if console is None:
                 return await self.call(request, on_progress=forward)
@@ -331,9 +333,11 @@ class CapsuleService:
                 reply = await self.call(request, on_progress=forward)
             return console.finished(reply)
         except BaseException as exc:
-            if not (isinstance(exc, CcwError) and exc.code in _REFUSED) and not network_not_open(exc):
-                with trio.CancelScope(shield=True):
-                    await _settle(helper, request.capsule_id)
+            with trio.CancelScope(shield=True):
+                if (isinstance(exc, CcwError) and exc.code in _REFUSED) or network_not_open(exc):
+                    self.journal.unmark_running(request.capsule_id, running)  # it never ran
+                else:
+                    await settle(helper, request.capsule_id)
                     self.journal.append_exec(request.capsule_id, cut_entry(request, started, cut_reason(exc)))
             raise
 
@@ -500,21 +504,3 @@ class CapsuleService:
             return console.finished(reply)
 
         return await self.networks.exec(await self.helper(), request.capsule_id, network, on_console)
-
-
-async def _settle(helper: HelperClient, capsule_id: str) -> None:
-    """Wait (bounded) until the helper has ended an exec whose reply we gave up on.
-
-    The helper notices a caller that went away when its next progress report fails to
-    send (every PROGRESS_MS), then kills the jail; until then the capsule is busy there,
-    and the next queued exec would be refused with CONFLICT.
-    """
-    with trio.move_on_after(SETTLE_S):
-        while True:
-            try:
-                listed = (await helper.call(ListRequest())).capsules
-            except CcwError:
-                return  # the helper is gone: nothing runs there any more
-            if not any(c.capsule_id == capsule_id and c.state == "busy" for c in listed):
-                return
-            await trio.sleep(SETTLE_POLL_S)
