@@ -53,6 +53,11 @@ def test_watch_lines_say_what_happened_without_escapes() -> None:
     refused = watch.describe(_event("promotion", applied=[], dry_run=False,
                                     refused={"code": "POLICY_FAILED", "message": "failed: tests"}))
     assert refused == "promotion refused: POLICY_FAILED: failed: tests"
+    applied = watch.describe(_event("promotion", applied=["a", "b"], dry_run=False, refused=None))
+    assert applied == "promotion applied 2 paths"
+    committed = watch.describe(_event("promotion", applied=["a", "b"], dry_run=False, refused=None,
+                                      branch={"name": f"ccw/{ESC}x", "commit": "0123456789abcdef"}))
+    assert committed == "promotion committed 2 paths on branch ccw/\\x1bx (0123456789ab)"
     other = watch.describe(_event("witness", witness_id="wit_1", path=f"/s/{ESC}x"))
     assert other.startswith("witness ") and ESC not in other
 

@@ -209,6 +209,10 @@ def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: 
     events.record_outcome(state, "cap_1", promoted(None, CcwError("REPO_CHANGED", "the workspace moved")))
     events.record_outcome(state, "cap_1", promoted({"promoted": True, "dry_run": False, "applied": ["a.py"],
                                                     "policy_report": {"passed": True}}, None))
+    events.record_outcome(state, "cap_1", promoted({"promoted": True, "dry_run": False, "applied": ["b.py"],
+                                                    "policy_report": {"passed": True},
+                                                    "branch": {"name": "ccw/fix", "ref": "refs/heads/ccw/fix",
+                                                               "parent": "p0", "commit": "c1"}}, None))
     events.record_outcome(state, "cap_1", witnessed({"witness_id": "w1", "path": "/s/w1.tar.zst", "root_hash": "h",
                                                      "size_bytes": 10, "base": {"files": 3}}, None))
     events.record_outcome(state, None, replayed({"status": "running", "run_id": "r"}, None))
@@ -227,6 +231,9 @@ def test_promotions_witnesses_replays_and_deltamin_results_become_events(state: 
                                 "refused": {"code": "REPO_CHANGED", "message": "the workspace moved"}}),
         ("cap_1", "policy.report", {"passed": True, "report": {"passed": True}}),
         ("cap_1", "promotion", {"applied": ["a.py"], "dry_run": False, "refused": None}),
+        ("cap_1", "policy.report", {"passed": True, "report": {"passed": True}}),
+        ("cap_1", "promotion", {"applied": ["b.py"], "dry_run": False, "refused": None,  # a commit, not the workspace
+                                "branch": {"name": "ccw/fix", "commit": "c1"}}),
         ("cap_1", "witness", {"witness_id": "w1", "path": "/s/w1.tar.zst", "root_hash": "h", "size_bytes": 10}),
         (None, "replay", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2}),
         ("cap_1", "deltamin.done", {"minimal": 1, "files": 1, "replay_ok": True, "trials": 9, "cache_hits": 2,

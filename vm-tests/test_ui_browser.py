@@ -175,6 +175,9 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
     log.add("file.changed", "cap_1", {"seq": 1, "path": "notes.md", "action": "write"})
     log.add("witness", "cap_1", {"witness_id": "w_1", "path": "/w", "root_hash": "h", "size_bytes": 4096})
     log.add("replay", "cap_1", {"replay_ok": False, "root_hash": "h", "output_identical": False, "differences": 2})
+    log.add("promotion", "cap_1", {"applied": ["a", "b"], "dry_run": False, "refused": None,
+                                   "branch": {"name": "ccw/fix", "commit": "0123456789abcdef"}})
+    log.add("promotion", "cap_1", {"applied": ["a"], "dry_run": False, "refused": None})
     store.close()
     with serve_ui(state_dir) as url:
         port = int(url.split(":")[2].split("/")[0])
@@ -193,6 +196,9 @@ def test_the_plots_and_reports_draw_what_the_events_say(tmp_path: Path, browser:
         reports = browser.text("#reports")
         assert "file tool: write notes.md" in reports
         assert "witness w_1 (4096 bytes)" in reports and "replay: differs, 2 outputs differ" in reports
+        # A branch's promotion wrote a commit, not the workspace: it says so, unlike a live one.
+        assert "committed 2 files on branch ccw/fix (0123456789ab)" in reports and "promoted: 1 files" in reports
+        assert "promoted: 2 files" not in reports
         browser.click("#runs tbody tr")
         shown = browser.wait_until(lambda: browser.text("#run-stdout"), "the run's output")
         assert shown == "<script>document.title='pwned'</script>"

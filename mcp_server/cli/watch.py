@@ -131,8 +131,14 @@ def describe(event: Event, color: bool = False) -> str:
         if refused:
             return paint(f"promotion refused: {refused.get('code')}: {visible(str(refused.get('message')))}",
                          RED, color)
+        count, made = len(data.get("applied") or []), data.get("branch")
+        if made:  # as_branch: a commit, the workspace untouched
+            onto = f"branch {visible(str(made.get('name')))}"
+            what = f"would commit {count} paths on {onto}" if data.get("dry_run") else \
+                f"committed {count} paths on {onto} ({str(made.get('commit'))[:12]})"
+            return paint(f"promotion {what}", GREEN, color)
         what = "would apply" if data.get("dry_run") else "applied"
-        return paint(f"promotion {what} {len(data.get('applied') or [])} paths", GREEN, color)
+        return paint(f"promotion {what} {count} paths", GREEN, color)
     if kind == "policy.report":
         return f"policy report: {'passed' if data.get('passed') else 'failed'}"
     if kind == "deltamin.trial":

@@ -71,9 +71,11 @@ def promotion_events(result: Mapping[str, Any] | None, error: BaseException | No
     failed = sorted(key.removesuffix("_ok") for key, value in report.items() if key.endswith("_ok") and value is False)
     refused = None if result.get("promoted") or result.get("dry_run") else {
         "code": "POLICY_FAILED", "message": f"failed: {', '.join(failed) or 'the policies'}"}
-    return [("policy.report", {"passed": report.get("passed"), "report": report}),
-            ("promotion", {"applied": result.get("applied") or [], "dry_run": bool(result.get("dry_run")),
-                           "refused": refused})]
+    promotion = {"applied": result.get("applied") or [], "dry_run": bool(result.get("dry_run")), "refused": refused}
+    made = result.get("branch")
+    if made:  # as_branch: the paths went into a commit on a new branch, never into the workspace
+        promotion["branch"] = {"name": made.get("name"), "commit": made.get("commit")}
+    return [("policy.report", {"passed": report.get("passed"), "report": report}), ("promotion", promotion)]
 
 
 TOOLS = [

@@ -297,7 +297,9 @@
   function describe(event) {
     const d = event.data;
     if (event.kind === "promotion") {
+      const onto = d.branch ? ` on branch ${d.branch.name}${d.branch.commit ? ` (${d.branch.commit.slice(0, 12)})` : ""}` : "";
       const text = d.refused ? `promotion refused — ${d.refused.code}: ${d.refused.message}`
+        : d.branch ? `${d.dry_run ? "dry run: would commit" : "committed"} ${d.applied.length} files${onto}`
         : `${d.dry_run ? "dry run" : "promoted"}: ${d.applied.length} files`;
       return el("li", `${event.at} ${text}`, d.refused ? "bad" : "ok");
     }
