@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.lowlevel
 
+from mcp_server.capsules import race as race_module
 from mcp_server.capsules import races
 from mcp_server.capsules.race import MAX_RACERS, ORDER, Question, check, race, ranked
 from mcp_server.capsules.remote import RemoteRun
@@ -192,6 +193,36 @@ def test_a_race_through_the_service_ranks_and_reports_each_end(world: Any) -> No
     kept = races.get(service.state, result["race_id"])
     assert result["race_id"].startswith("race_") and kept["state"] == "finished", kept
     assert [row["capsule_id"] for row in kept["rows"]] == ["cap_3", "cap_4", "cap_2"]
+
+
+def test_a_row_whose_change_cannot_be_read_keeps_its_run(world: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root racing forks over another uid's checkout: its git refuses the repository, so what
+    # promotion would carry is unknown; the command ran all the same, and the row once lost it.
+    service, helper, _, workspace = world
+    real = race_module.carried
+
+    async def carried(service: CapsuleService, capsule_id: str) -> Any:
+        if capsule_id == "cap_2":
+            raise CcwError("PERMISSION_DENIED", "git check-ignore failed: detected dubious ownership")
+        return await real(service, capsule_id)
+
+    monkeypatch.setattr(race_module, "carried", carried)
+
+    async def main() -> dict[str, Any]:
+        parent = await service.create(CapsuleSpec(workspace=str(workspace)))
+        forks = [record.capsule_id for record in await service.forks(parent.capsule_id, 2)]
+        helper.exits = {forks[1]: 1}
+        return await race(service, Question(tuple(forks), ("pytest", "-q")))
+
+    result = trio.run(main)
+    unread, failed = result["rows"]
+    assert (unread["capsule_id"], unread["exit_code"], unread["duration_ms"]) == ("cap_2", 0, 20)
+    assert "error" not in unread and "diff" not in unread and unread["verdict"] == "refused"
+    assert unread["verdict_details"].startswith("PERMISSION_DENIED: git check-ignore failed")
+    assert (failed["capsule_id"], failed["exit_code"], failed["verdict"]) == ("cap_3", 1, "passed")
+    first = cli_race.table(result).splitlines()[1]
+    assert first.split()[:6] == ["1", "cap_2", "0", "0.0s", "0.0s", "0M"] and first.split()[6:8] == ["-", "-"]
+    assert first.endswith("refused: PERMISSION_DENIED: git check-ignore failed: detected dubious ownership")
 
 
 def test_a_race_kept_under_its_run_id_answers_with_it(world: Any) -> None:

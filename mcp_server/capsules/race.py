@@ -17,6 +17,8 @@ so a ``.pyc`` the command wrote does not count) and judged by promotion's dry ru
   the race reports one line per capsule that ends.
 - **A capsule that cannot run** (destroyed meanwhile, a parent frozen by its forks) is a
   row with its ``error``, ranked last: one bad capsule does not lose the others' results.
+  One whose command ran but whose change cannot be read as promotion would (root's git
+  refusing another uid's checkout) keeps its run's figures, without ``diff``, ``refused``.
 - **The order** is ``ORDER``: the command passed (exit 0, in time), then the policy
   passed, then the smallest change (lines, then files), then the fastest; ties by id.
 - **Kept.**  Each race is recorded in the state dir as it goes (capsules/races.py: its
@@ -144,9 +146,12 @@ async def _one(service: CapsuleService, quiet: CapsuleService, question: Questio
                 ran = await quiet.exec(exec_request(capsule_id, question.argv, None, question.timeout_ms), values)
                 row.update(exit_code=ran.reply.exit_code, timed_out=bool(ran.reply.timed_out),
                            duration_ms=ran.reply.duration_ms, usage=ran.usage)
-        row["diff"] = diff_size((await carried(service, capsule_id)).diff.file_changes)
     except CcwError as exc:
         return {**row, "error": {"code": exc.code, "message": exc.message}}
+    try:
+        row["diff"] = diff_size((await carried(service, capsule_id)).diff.file_changes)
+    except CcwError as exc:  # the command ran and its outcome stands; what promotion would carry is unknown
+        return {**row, "verdict": "refused", "verdict_details": f"{exc.code}: {exc.message}"}
     return {**row, **await _verdict(service, capsule_id, question.policy)}
 
 

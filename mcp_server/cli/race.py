@@ -56,7 +56,9 @@ def _cells(row: dict[str, Any]) -> tuple[str, ...]:
     return (str(row["rank"]), row["capsule_id"] + ("" if where == "local" else f" @{where}"), exit_text,
             f"{row['duration_ms'] / 1000:.1f}s",
             "-" if cpu is None else f"{cpu / 1000:.1f}s", memory,
-            str(row["diff"]["files"]), str(row["diff"]["lines"]), row["verdict"])
+            *((str(row["diff"]["files"]), str(row["diff"]["lines"])) if "diff" in row else ("-", "-")),
+            row["verdict"] if row["verdict"] != "refused" else
+            visible(f"refused: {in_cli_words(row.get('verdict_details') or '')}"))
 
 
 def table(result: dict[str, Any]) -> str:

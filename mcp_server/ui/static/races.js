@@ -52,7 +52,7 @@
     return [String(r.rank), capsule, exitText(r), duration(r.duration_ms),
       usage.cpu_ms == null ? "—" : duration(usage.cpu_ms),
       usage.rss_max_kb == null ? "—" : `${(usage.rss_max_kb / 1024).toFixed(0)} MB`,
-      String(r.diff.files), String(r.diff.lines), policy];
+      r.diff ? String(r.diff.files) : "—", r.diff ? String(r.diff.lines) : "—", policy];
   }
 
   async function showRace(raceId) {
