@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mcp_server.fs import gitignore
 from mcp_server.fs.gitignore import (
     CACHEDIR_SIGNATURE,
     NOT_A_REPOSITORY,
@@ -36,6 +37,19 @@ def test_ignored_asks_the_live_workspace_and_spares_tracked_files(tmp_path: Path
                                          ".pytest_cache/v/x", "src/new.so"}
     assert ignored(str(root), []) == frozenset()
     assert ignored(str(root), ["build"]) == frozenset()  # not said to be a directory, and none in the workspace
+
+
+def test_a_repository_git_does_not_trust_names_each_way_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root's git over a user's checkout, simulated as git's own tests do.  The capsule's diff
+    # asks too, and was told to "promote with include_ignored".
+    root = _repo(tmp_path / "ws")
+    real = gitignore.git_env
+    monkeypatch.setattr(gitignore, "git_env", lambda: real({"GIT_TEST_ASSUME_DIFFERENT_OWNER": "1"}))
+    with pytest.raises(CcwError) as refused:
+        ignored(str(root), ["build/x.o"])
+    assert refused.value.code == "PERMISSION_DENIED" and "dubious ownership" in refused.value.message
+    assert refused.value.message.endswith("trust the repository as git says, or skip the check: include_ignored "
+                                          "for capsule_promote, ignored for capsule_diff")
 
 
 def test_a_workspace_outside_git_ignores_nothing(tmp_path: Path) -> None:

@@ -47,6 +47,8 @@ from sandbox.errors import CcwError
 NOT_A_REPOSITORY = "not a git repository"
 TIMEOUT_S = 30.0
 CACHEDIR_SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"  # bford.info/cachedir
+# How a caller goes without git's answer: the check is asked by promotion and by the diff.
+SKIP = "skip the check: include_ignored for capsule_promote, ignored for capsule_diff"
 MAX_MARKER = 4096  # bytes of a cache dir's .gitignore or CACHEDIR.TAG worth reading
 
 
@@ -79,7 +81,7 @@ def ignored(workspace: str, paths: Sequence[str], dirs: Collection[str] = ()) ->
         raise CcwError("UNSUPPORTED", "git is not installed; install git, or promote with include_ignored") from exc
     except subprocess.TimeoutExpired as exc:
         raise CcwError("INTERNAL", f"git check-ignore took over {TIMEOUT_S:.0f} s in {workspace!r}; "
-                       "promote with include_ignored to skip the check") from exc
+                       + SKIP) from exc
     if proc.returncode == 128 and b"not a git repository" in proc.stderr:
         return NOT_A_REPOSITORY
     if proc.returncode not in (0, 1):  # 1: none of the paths is ignored
@@ -88,7 +90,7 @@ def ignored(workspace: str, paths: Sequence[str], dirs: Collection[str] = ()) ->
         refused = b"detected dubious ownership" in proc.stderr
         raise CcwError("PERMISSION_DENIED" if refused else "INTERNAL", f"git check-ignore failed in {workspace!r}: "
                        f"{proc.stderr.decode(errors='replace').strip()}; "
-                       "promote with include_ignored to skip the check",
+                       + ("trust the repository as git says, or " if refused else "") + SKIP,
                        {"returncode": proc.returncode})
     return frozenset(asked[p.decode("utf-8", "surrogateescape")] for p in proc.stdout.split(b"\0") if p)
 
