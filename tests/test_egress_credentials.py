@@ -114,7 +114,7 @@ def test_no_placeholder_fetches_nothing_and_passes_untouched() -> None:
 
 
 @pytest.mark.usefixtures("relay_engine")
-@pytest.mark.parametrize("where", ["other host", "other header", "body"])
+@pytest.mark.parametrize("where", ["other host", "other header", "body", "trailers"])
 def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None:
     store, told = Store(), []
 
@@ -126,7 +126,10 @@ def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None
             placeholder = capsule.env()["TOKEN"]
             sent = {"other host": request(other.port, f"Authorization: Bearer {placeholder}\r\n"),
                     "other header": request(bound.port, f"X-Leak: {placeholder}\r\n"),
-                    "body": request(bound.port, body=b"token=" + placeholder.encode(), path="/upload")}[where]
+                    "body": request(bound.port, body=b"token=" + placeholder.encode(), path="/upload"),
+                    # a chunked body's trailer: h11 sent it on after the body, unread
+                    "trailers": request(bound.port, "Transfer-Encoding: chunked\r\n", path="/upload")
+                    + b"2\r\nok\r\n0\r\nX-Leak: " + placeholder.encode() + b"\r\n\r\n"}[where]
             client = await proxy.http()
             await client.send_all(sent)
             answer = await read_all(client)

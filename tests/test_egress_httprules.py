@@ -124,3 +124,32 @@ def test_rules_changed_live_count_from_the_next_request_and_secrets_still_judged
     assert records[0]["rules"] != records[1]["rules"]  # each decided by the rules then in force
     assert TOKEN.decode() not in repr(records)
 
+
+@pytest.mark.usefixtures("relay_engine")
+def test_a_request_framed_by_both_length_and_chunks_never_reaches_the_upstream() -> None:
+    """h11 reads such a body by its chunks and sent the length on beside them: an upstream that
+    reads the length took the chunks' bytes as a second request, a DELETE the GET rule never saw."""
+    smuggled = b"DELETE /admin HTTP/1.1\r\nHost: x\r\n\r\n"
+
+    async def main() -> tuple[list[bytes], list[bytes], list[dict[str, object]]]:
+        async with upstream(http_responder(OK)) as up, egress(network(f"GET http://127.0.0.1:{up.port}/simple/*")) \
+                as proxy:
+            answers = []
+            for framing in ("Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+                            "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n"):
+                client = await proxy.http()
+                await client.send_all(request("GET", up.port, "/simple/x", framing)
+                                      + b"%x\r\n%s\r\n0\r\n\r\n" % (len(smuggled), smuggled))
+                answers.append(await read_all(client))
+            client = await proxy.http()  # the chunks alone pass, as ever
+            await client.send_all(request("GET", up.port, "/simple/x", "Transfer-Encoding: chunked\r\n")
+                                  + b"2\r\nhi\r\n0\r\n\r\n")
+            answers.append(await read_all(client))
+            return answers, up.seen, proxy.session.end_exec()
+
+    answers, seen, records = trio.run(main)
+    for refused in answers[:2]:
+        assert refused.startswith(b"HTTP/1.1 400 ") and b"both Content-Length and Transfer-Encoding" in refused
+    assert answers[2].endswith(b"ok")
+    assert len(seen) == 1 and b"content-length" not in seen[0].lower() and b"DELETE" not in seen[0]
+    assert [r["request"] for r in records] == ["GET /simple/x"]

@@ -187,13 +187,14 @@ class Credentials:
         """Whether the head ``data`` holds a ``PREFIX`` run, in clear or in its Basic auth's base64."""
         return PREFIX.encode() in data or PREFIX.encode() in _unbased(_basic_of(data))
 
-    def body_attempt(self, data: bytes) -> str | None:
-        """The refusal's reason if a request body's bytes ``data`` carry a placeholder."""
+    def body_attempt(self, data: bytes, where: str = "the body") -> str | None:
+        """The refusal's reason if a request body's bytes ``data`` (or its chunked trailers',
+        ``where`` says) carry a placeholder."""
         if not self.carries(data):
             return None
         found = data[data.find(PREFIX.encode()):][:80]
         name = self.capsule.identify(found.split(b"&")[0].split(b"\"")[0])
-        return f"{EXFILTRATION}: " + _where(Exfiltration(name, "the body"))
+        return f"{EXFILTRATION}: " + _where(Exfiltration(name, where))
 
     def route(self, target: bytes) -> tuple[str, str, int, bytes, str] | None:
         """A reverse route's secret, bound host, port, origin-form target and scheme upstream;

@@ -9,9 +9,10 @@
   connection: the proxy says ``Connection: close`` both ways, so a client never sends a
   second request that would travel to the first one's host.
 - Denied: ``403`` with a text/plain body "ccw: <reason>; allowed: <rules>".  Upstream
-  failures: ``502`` with the error.  Requests h11 cannot parse, request heads over
-  64 KiB or not complete within the gate's ``header_timeout``: ``400`` (or a close,
-  when the client has gone), and the session goes on.
+  failures: ``502`` with the error.  Requests h11 cannot parse, or framed both by
+  Content-Length and chunks (``_read_request``), request heads over 64 KiB or not complete
+  within the gate's ``header_timeout``: ``400`` (or a close, when the client has gone),
+  and the session goes on.
 
 The request is parsed with h11 (it comes with hypercorn); response heads with the small
 bounded parser below, since the body after it is relayed as raw bytes (no per-chunk
@@ -55,6 +56,7 @@ from mcp_server.egress.exchange import (
     early_body,
     reply,
     response,
+    trailers_attempt,
 )
 from mcp_server.egress.exchange import (
     rewrite_response_head as rewrite_response_head,  # its tests' name
@@ -131,6 +133,13 @@ async def _read_request(sock: Wire, conn: h11.Connection) -> h11.Request | None:
             conn.receive_data(data)
             continue
         if isinstance(event, h11.Request):
+            framed = {name for name, _ in event.headers if name in (b"content-length", b"transfer-encoding")}
+            if len(framed) == 2:
+                # h11 frames the body by the chunks and would pass the length on beside them; an
+                # upstream that reads the length instead takes the chunks' bytes as a next request,
+                # one the method/path rules never judged (RFC 9112 6.3 asks a proxy to refuse or drop it).
+                raise BadRequest("a request with both Content-Length and Transfer-Encoding: chunked can be read as "
+                                 "two; send one of them")
             return event
         return None
 
@@ -349,7 +358,8 @@ async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, 
     async def swap(attempt: Attempt) -> str | None:
         nonlocal head, masker
         assert creds is not None
-        why = creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data)))
+        why = creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data))) \
+            or next(filter(None, (trailers_attempt(creds, event) for event in early)), None)
         if why is not None or not creds.carries(head):
             return why  # a placeholder in the body's first bytes; or none anywhere, nothing to judge
         cleartext = via.terminated is None and via.scheme == "http"
