@@ -197,13 +197,16 @@ class Journal:
         with self.state.transaction() as db:
             return self._generation(db, capsule_id)
 
-    def advance(self, capsule_id: str) -> int:
+    def advance(self, capsule_id: str, running: str | None = None) -> int:
         """Advance the generation for a change the journal has no row for; the new one.
 
         For an exec that may have written but whose reply never came (cancelled while
-        running, the helper died): its contents can no longer be vouched for.
+        running, the helper died): its contents can no longer be vouched for.  ``running``:
+        its ``mark_running`` note, dropped with it.
         """
         with self.state.transaction() as db:
+            if running is not None:
+                db.execute("DELETE FROM execs_running WHERE capsule_id = ? AND started_at = ?", (capsule_id, running))
             return self._advance(db, capsule_id)
 
     def add_exec(self, capsule_id: str, entry: dict[str, Any], outputs: dict[str, bytes] | None = None) -> int:
@@ -255,14 +258,20 @@ class Journal:
 
     def recover_running(self) -> list[tuple[str, int]]:
         """Journal, cut short, each exec a front end that died left noted (``mark_running``): it may
-        have written anything, so its capsule's generation advances.  Only a state dir's starting
-        front end calls this, before any exec.  The (capsule, seq) of each row written."""
+        have written anything, so its capsule's generation advances (a service's run, like one the
+        helper lost, has no row).  Only a state dir's starting front end calls this, before any
+        exec.  The (capsule, seq) of each row written."""
         rows = self.state.execute("SELECT capsule_id, entry FROM execs_running ORDER BY started_at")
         recovered = []
         for row in rows:
-            record = self.capsule(row["capsule_id"])
-            if record is not None and record.destroyed_at is None:
-                recovered.append((row["capsule_id"], self.append_exec(row["capsule_id"], json.loads(row["entry"]))[0]))
+            capsule_id, entry = row["capsule_id"], json.loads(row["entry"])
+            record = self.capsule(capsule_id)
+            if record is None or record.destroyed_at is not None:
+                continue
+            if entry.get("service"):  # as a service the helper lost: no row (capsules/services.py), unknown writes
+                self.advance(capsule_id)
+            else:
+                recovered.append((capsule_id, self.append_exec(capsule_id, entry)[0]))
         with self.state.transaction() as db:
             db.execute("DELETE FROM execs_running")
         return recovered

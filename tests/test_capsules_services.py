@@ -423,3 +423,23 @@ def test_a_frozen_capsules_live_services_are_listed_paused_and_its_ended_ones_as
                                                    "and runs nothing (a connection to it waits) until they are "
                                                    "destroyed")], listed
     assert listed["ready"] == [("exited", None), ("running", None)], listed
+
+
+def test_a_services_run_a_killed_front_end_left_advances_its_capsules_generation_at_the_next(world: Any) -> None:
+    # The next front end's start journals what a killed one left running (Journal.recover_running); a
+    # service's run, like one the helper lost, gets no row, but what it wrote is not known either.
+    services, capsules, helper = world
+    journal = Journal(services.state)
+    journal.add_capsule(capsule_record("cap_1"))
+    helper.until_signalled = True
+
+    async def main() -> tuple[int, list[Any], int]:
+        await services.start(capsules, _spec("web"))
+        before = journal.generation("cap_1")
+        recovered = Journal(State(services.state.root)).recover_running()  # as if this front end were dead
+        after = journal.generation("cap_1")
+        await services.aclose()
+        return before, recovered, after
+
+    before, recovered, after = trio.run(main)
+    assert recovered == [] and journal.execs("cap_1") == [] and after == before + 1

@@ -62,7 +62,7 @@ import trio
 from mcp_server import events
 from mcp_server.capsules import capsecrets, service_log
 from mcp_server.capsules.background import Background
-from mcp_server.capsules.exec import ExecOutcome
+from mcp_server.capsules.exec import FRONT_END_DIED, ExecOutcome, cut_entry
 from mcp_server.capsules.networks import Networks, network_not_open
 from mcp_server.capsules.ports import Ports
 from mcp_server.capsules.service_log import LogRing, Slice
@@ -319,19 +319,22 @@ class Services:
             (await self._background.nursery()).start_soon(self._watch_ready, run)
         run.awaited = False
         started = dt.datetime.now(dt.UTC)
+        running = capsules.journal.mark_running(spec.capsule_id, cut_entry(request, started, FRONT_END_DIED))
         try:
             reply = await self._call_unheld(record.network_spec, request, run)
         except CcwError as exc:
             lost = exc.code == "UNAVAILABLE"
             if lost:
-                capsules.journal.advance(spec.capsule_id)  # what it wrote is not known
+                capsules.journal.advance(spec.capsule_id, running)  # what it wrote is not known
+            else:
+                capsules.journal.unmark_running(spec.capsule_id, running)
             run.set_state("lost" if lost else "failed", exc.message)
             run.log.append(f"[ccw: {spec.name} {run.state}: {exc.message}]\n".encode())
             self._event(run)
             return "lost" if lost else "refused"
         except trio.Cancelled:
             run.set_state("stopped")
-            capsules.journal.advance(spec.capsule_id)  # what it wrote is not known
+            capsules.journal.advance(spec.capsule_id, running)  # what it wrote is not known
             raise
         network = None
         if record.network_spec is not None:  # its connections, told from the exec's (capsules/networks.py)
