@@ -285,10 +285,15 @@ def test_body_attempt_and_route_parsing() -> None:
     assert isinstance(Attempt, type)
 
 
-def echo_encoded(coding: str) -> Serve:
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+
+
+def echo_encoded(coding: str, interim: bytes = b"") -> Serve:
     """An upstream that answers with the request head it got as its body: gzip-encoded when the
     request accepts gzip ("asked"), gzip-encoded whatever it accepts ("always"), or in chunks of
-    7 bytes, so that the framing splits every value in it ("chunks")."""
+    7 bytes, so that the framing splits every value in it ("chunks"); after ``interim``, 1xx
+    responses (``100 Continue``, as servers answer ``Expect: 100-continue``)."""
 
     async def serve(stream: trio.SocketStream, state: Upstream) -> None:
         received = b""
@@ -308,7 +313,7 @@ def echo_encoded(coding: str) -> Serve:
             body = received
             head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
         with contextlib.suppress(trio.BrokenResourceError):
-            await stream.send_all(head + body)
+            await stream.send_all(interim + head + body)
         await stream.aclose()
 
     return serve
@@ -323,7 +328,7 @@ def decoded_body(answer: bytes) -> bytes:
     client.receive_data(b"")
     body, gzipped = b"", False
     while not isinstance(event := client.next_event(), h11.EndOfMessage | h11.ConnectionClosed):
-        if isinstance(event, h11.Response):
+        if isinstance(event, h11.Response):  # the final one: h11 passes 1xx as InformationalResponse
             gzipped = (b"content-encoding", b"gzip") in list(event.headers)
         elif isinstance(event, h11.Data):
             body += event.data
@@ -331,16 +336,19 @@ def decoded_body(answer: bytes) -> bytes:
 
 
 @pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("interim", [b"", CONTINUE, CONTINUE + EARLY_HINTS], ids=["final", "continue", "hints"])
 @pytest.mark.parametrize("route", [False, True], ids=["proxied", "routed"])
 @pytest.mark.parametrize("coding", ["asked", "always", "chunks"])
-def test_an_encoded_echo_of_the_value_never_reaches_the_jail(coding: str, route: bool) -> None:
+def test_an_encoded_echo_of_the_value_never_reaches_the_jail(coding: str, route: bool, interim: bytes) -> None:
     """A client that accepts gzip (curl --compressed, pip, requests) and an upstream that echoes
     the request's headers: the upstream is asked for no coding, one that compresses anyway is
-    refused with a 502 and recorded, and a chunked echo is masked across its chunks."""
+    refused with a 502 and recorded, and a chunked echo is masked across its chunks.  After a
+    1xx (``interim``) too: the masker judged the first head only, so a final answer behind a
+    ``100 Continue`` passed gzip'd or with its chunks splitting the value."""
     store, told = Store(), []
 
     async def main() -> tuple[bytes, list[dict[str, object]], list[bytes], str]:
-        async with upstream(echo_encoded(coding)) as up, \
+        async with upstream(echo_encoded(coding, interim)) as up, \
                 egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
             capsule = secrets_for(up.port)
             proxy.session.credentials = Credentials(capsule, store)
@@ -353,9 +361,12 @@ def test_an_encoded_echo_of_the_value_never_reaches_the_jail(coding: str, route:
             return await read_all(client), proxy.session.end_exec(), up.seen, placeholder
 
     answer, records, seen, placeholder = trio.run(main)
+    for _ in range(interim.count(b"HTTP/1.1 1")):  # each interim head passes, a head of its own
+        assert answer.startswith(b"HTTP/1.1 1")
+        answer = answer.split(b"\r\n\r\n", 1)[1]
     assert b"authorization: Bearer " + VALUE in seen[0]  # the value went upstream
     assert b"accept-encoding: identity\r\n" in seen[0] and b"gzip" not in seen[0] and b"te:" not in seen[0]
-    assert VALUE not in answer
+    assert VALUE not in answer and VALUE not in decoded_body(answer)  # as a client reads it
     [record] = records
     if coding == "always":
         assert answer.startswith(b"HTTP/1.1 502 ") and b"Content-Encoding: gzip" in answer and answer.endswith(b"\n")

@@ -6,6 +6,8 @@ a request without one, read whole with its head, needs no task beside the respon
 and relays the response: its head rewritten without hop-by-hop headers and with
 ``Connection: close``, its body raw until the upstream closes (spliced when both ends
 are sockets: ``splice.copy_to_eof``), or through a ``Masker`` when values went in.
+Interim heads (``100 Continue``, ``103``) pass first, each as a head of its own, so the
+final response behind them is judged as any other.
 A request to a bound host asks for no coding, and a masked response must be one the
 masker can read (egress/maskedbody.py says why).
 Both ends are ``relay.Wire``s: a socket, or a TLS stream (``tlsterm.TlsWire``).
@@ -99,8 +101,9 @@ def content_length(head: bytes) -> int | None:
     return None
 
 
-def rewrite_response_head(head: bytes) -> bytes:
-    """An upstream response head (through its blank line) with hop-by-hop headers out."""
+def rewrite_response_head(head: bytes, close: bool = True) -> bytes:
+    """An upstream response head (through its blank line) with hop-by-hop headers out, and
+    ``Connection: close`` added unless ``close`` is False (an interim 1xx's: ``interim``)."""
     lines = head[:-4].split(b"\r\n")
     status, fields = lines[0], lines[1:]
     if not status.startswith(b"HTTP/"):
@@ -113,7 +116,15 @@ def rewrite_response_head(head: bytes) -> bytes:
         parsed.append((name.lower(), value.strip()))
     drop = connection_tokens(parsed)
     kept = [line for line, (name, _) in zip(fields, parsed, strict=True) if name not in drop]
-    return b"\r\n".join([status, *kept, b"Connection: close", b"", b""])
+    return b"\r\n".join([status, *kept, *([b"Connection: close"] if close else []), b"", b""])
+
+
+def interim(head: bytes) -> bool:
+    """Whether a response ``head`` is an interim one (RFC 9110 15.2: ``100 Continue``, ``103 Early
+    Hints``), with the request's final response still to follow on the connection.  101 is not:
+    the proxy drops ``Upgrade``, and the bytes after a 101 are no longer HTTP."""
+    status = head.split(b"\r\n", 1)[0].split(b" ", 2)
+    return len(status) >= 2 and len(status[1]) == 3 and status[1][:1] == b"1" and status[1] != b"101"
 
 
 
@@ -233,8 +244,9 @@ class Exchange:
                 self.sent = True  # nothing more reads the jail or writes the upstream (``_response``)
                 return  # EndOfMessage, or the client closed
 
-    async def _response(self) -> None:
-        received = bytearray()
+    async def _head(self, received: bytearray) -> tuple[bytes, bytearray]:
+        """The next response head, rewritten (an interim one keeps no ``Connection: close``), and
+        the bytes read after it."""
         while (end := received.find(b"\r\n\r\n")) == -1:
             if len(received) > MAX_HEAD:
                 raise UpstreamGarbage(f"response head over {MAX_HEAD} bytes")
@@ -245,16 +257,26 @@ class Exchange:
             if not data:
                 raise UpstreamGarbage("the upstream closed without a response")
             received += data
+        raw = bytes(received[: end + 4])
         try:
-            head = rewrite_response_head(bytes(received[: end + 4]))
+            return rewrite_response_head(raw, close=not interim(raw)), received[end + 4 :]
         except ValueError as exc:
             raise UpstreamGarbage(str(exc)) from None
+
+    async def _response(self) -> None:
+        head, rest = await self._head(bytearray())
+        # Each interim answer (a 100 Continue, a 103) passes as a head of its own: the final one
+        # behind it is judged as any (its coding, its chunks unmasked), not passed on as a body.
+        while interim(head):
+            shown = head if self.masker is None else self.masker.feed(head) + self.masker.close()
+            await charge_and_send(self.sock, shown, self.attempt, self.budget, outbound=False)
+            head, rest = await self._head(rest)
         self.delimited_by_close = close_delimited(head, self.head_only)
         if self.masker is not None:
-            await self._masked(head, bytes(received[end + 4 :]), self.masker)
+            await self._masked(head, bytes(rest), self.masker)
             return
         self.answered = True
-        await charge_and_send(self.sock, head + bytes(received[end + 4 :]), self.attempt,
+        await charge_and_send(self.sock, head + bytes(rest), self.attempt,
                               self.budget, outbound=False)
         if isinstance(self.upstream, trio.socket.SocketType) and isinstance(self.sock, trio.socket.SocketType):
             await copy_to_eof(self.upstream, self.sock, self.attempt, self.budget, outbound=False)
