@@ -112,3 +112,28 @@ def test_state_text_is_the_canonical_json_of_the_state(side: Side | None, data: 
     if side.kind == "symlink":
         state["target"] = side.target
     assert text == canonical_text(state)
+
+
+def test_a_change_in_more_directories_than_the_descriptor_limit_expands(tmp_path: Path) -> None:
+    """A reinstalled node_modules/ changes files in thousands of directories: expand keeps a
+    bounded number of them open (DirFds.KEPT), so it answers under a 1024-descriptor limit
+    instead of failing with EMFILE halfway."""
+    import resource
+
+    base, capsule = tmp_path / "base", tmp_path / "capsule"
+    changes = []
+    for i in range(600):
+        for root in (base, capsule):
+            (root / "node_modules" / f"p{i:03d}").mkdir(parents=True)
+            (root / "node_modules" / f"p{i:03d}" / "index.js").write_text("old\n")
+        (capsule / "node_modules" / f"p{i:03d}" / "index.js").write_text("new\n")
+        changes.append(Change(f"node_modules/p{i:03d}/index.js", "modified", "file", 0o644, 4))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 300, hard))
+    try:
+        with RootView.open(str(base)) as low, RootView.open(str(capsule)) as view:
+            entries = changeset.expand(changes, low, view)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert [entry.path for entry in entries] == [change.path for change in changes]
+    assert all(entry.modified and entry.old == entry.new == Side("file", 0o644) for entry in entries)

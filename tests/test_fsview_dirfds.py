@@ -112,3 +112,19 @@ def test_a_sparse_file_over_the_read_cap_is_refused_unread(tmp_path: Path) -> No
             assert caught.value.code == "TOO_LARGE" and caught.value.details == {
                 "path": "huge.bin", "size": 3 << 30, "limit": view_mod.MAX_READ_BYTES}, caught.value
         assert view.read_regular("small.bin") == b"x" * 10
+
+
+def test_at_most_kept_directories_stay_open_and_answers_do_not_change(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    names = [f"d{i:03d}" for i in range(DirFds.KEPT * 3)]
+    for name in names:
+        (root / name).mkdir(parents=True)
+        (root / name / "f").write_text(name)
+    before = len(os.listdir("/proc/self/fd"))
+    with RootView.open(str(root)) as view, DirFds(view) as dirs:
+        for name in names + names:  # the second pass reopens what was closed
+            assert dirs.lstat(f"{name}/f") == lstat(view, f"{name}/f")
+            assert dirs.read_regular(f"{name}/f") == name.encode()
+            assert len(os.listdir("/proc/self/fd")) <= before + 1 + DirFds.KEPT
+        assert os.stat("f", dir_fd=dirs.get(names[0])).st_size == 4
+    assert len(os.listdir("/proc/self/fd")) == before

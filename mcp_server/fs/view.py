@@ -158,7 +158,7 @@ class RootView:
             if not follow and exc.errno == errno.ELOOP:
                 return None
             raise _error(exc, "read", rel) from exc
-        return _read_regular_fd(fd, rel, missing_ok)
+        return _read_regular_stat(fd, rel, missing_ok)[0]
 
     def readlink(self, rel: str) -> str:
         """The target of a symlink beneath the root (the link itself is not followed)."""
@@ -307,13 +307,9 @@ class RootView:
             os.close(fd)
 
 
-def _read_regular_fd(fd: int, rel: str, missing_ok: bool) -> bytes | None:
-    """Read and close ``fd``: the content if it is a regular file, else None or an error."""
-    return _read_regular_stat(fd, rel, missing_ok)[0]
-
-
 def _read_regular_stat(fd: int, rel: str, missing_ok: bool) -> tuple[bytes | None, os.stat_result]:
-    """``_read_regular_fd`` with the file's ``fstat``, taken before its bytes were read."""
+    """Read and close ``fd``: the content if it is a regular file, else None or an error; with
+    the file's ``fstat``, taken before its bytes were read."""
     try:
         st = os.fstat(fd)
         if not stat_mod.S_ISREG(st.st_mode):
@@ -443,8 +439,10 @@ class DirFds:
 
     A descriptor keeps naming the directory it was opened on, so the cache lives for one
     phase only; any step that may remove or create a directory calls ``forget`` first
-    (absent directories are cached too, for the read-only phases).
+    (absent directories are cached too, for the read-only phases).  ``KEPT`` stay open at most,
+    oldest closed first (``node_modules/`` has more directories than a 1024-descriptor limit).
     """
+    KEPT = 64
 
     def __init__(self, view: RootView) -> None:
         self.view = view
@@ -455,7 +453,7 @@ class DirFds:
         """The descriptor of directory ``rel`` (``""``: the root); errors if it is not one."""
         fd = self._fds.get(rel)
         if fd is None:
-            fd = self._fds[rel] = self.view.open_fd(rel or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what=what)
+            fd = self._keep(rel, self.view.open_fd(rel or ".", os.O_RDONLY | os.O_DIRECTORY, write=True, what=what))
             self._absent.discard(rel)
         return fd
 
@@ -467,8 +465,13 @@ class DirFds:
         fd = _open_parent(self.view, rel)
         if fd is None:
             self._absent.add(rel)
-        else:
-            self._fds[rel] = fd
+            return None
+        return self._keep(rel, fd)
+
+    def _keep(self, rel: str, fd: int) -> int:
+        if len(self._fds) >= self.KEPT:
+            os.close(self._fds.pop(next(iter(self._fds))))
+        self._fds[rel] = fd
         return fd
 
     def lstat(self, path: str) -> Side | None:
