@@ -187,3 +187,44 @@ def test_promotion_reads_the_markers_in_the_capsule(tmp_path: Path) -> None:
     assert {s["path"]: s["reason"] for s in skipped} == {".pytest_cache": "ignored",
                                                          ".pytest_cache/.gitignore": "ignored",
                                                          ".pytest_cache/v": "ignored"}
+
+
+def test_a_reinstalled_node_modules_is_one_skipped_entry_not_one_per_file(tmp_path: Path) -> None:
+    """capsule_promote's ``skipped`` of a capsule that reinstalled node_modules/ named every one
+    of its tens of thousands of files (a 10 MB answer); past SKIPPED_LISTED a skipped directory
+    stands for what below it was skipped for the same reason, and the rest is as it was."""
+    import trio
+
+    from mcp_server.capsules.promote import _scoped
+    from mcp_server.fs.changeset import Entry
+    from mcp_server.fs.view import Side
+    from mcp_server.tools import promote as promote_tool
+
+    root = _repo(tmp_path / "ws")
+    (root / ".gitignore").write_text("node_modules/\n")
+    d, f = Side("dir", 0o755), Side("file", 0o644)
+    entries = [Entry("node_modules", d, d, False)]
+    for i in range(400):
+        entries += [Entry(f"node_modules/p{i}", None, d, False)] + [
+            Entry(f"node_modules/p{i}/{n}.js", None, f, False) for n in range(3)]
+    entries += [Entry("src", d, d, False), Entry("src/a.js", f, f, True), Entry("src/b.js", f, f, True)]
+    entries.sort(key=lambda e: e.path.encode())
+    kept, skipped, _ = _scoped(entries, str(root), Scope(exclude=("src/b.js",)), _empty(tmp_path))
+    assert [e.path for e in kept] == ["src", "src/a.js"] and len(skipped) == 1 + 400 * 4 + 1
+
+    async def promote(_service: object, _request: object) -> dict[str, object]:
+        return {"promoted": True, "dry_run": False, "applied": ["src/a.js"], "skipped": skipped}
+
+    class Ctx:
+        capsules = state = None
+
+    recorded: list[object] = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(promote_tool, "promote", promote)
+        patch.setattr(promote_tool, "record_outcome", lambda *args: recorded.append(args))
+        answer = trio.run(promote_tool.capsule_promote, Ctx(), {"capsule_id": "cap_1"})
+    assert answer["skipped"] == [{"path": "node_modules", "reason": "ignored"},
+                                 {"path": "src/b.js", "reason": "excluded"}]
+    assert answer["applied"] == ["src/a.js"] and recorded
+    small = skipped[:promote_tool.SKIPPED_LISTED]
+    assert promote_tool.compact_skipped(small) == small

@@ -6,7 +6,9 @@ would be applied.  Default policies: ``["baseline"]``.  ``allow_hazards`` names 
 hazard kinds (mcp_server/core/hazards.py) to promote anyway, after a review.
 ``include_ignored``, ``paths`` and ``exclude`` set the scope (mcp_server/fs/gitignore.py):
 what the live workspace's git ignores is left behind unless ``include_ignored``, and
-each path left behind is listed in ``skipped``.
+each path left behind is listed in ``skipped``; past ``SKIPPED_LISTED`` of them (a reinstalled
+``node_modules/`` is tens of thousands), a directory stands for what below it was left
+behind for the same reason, as the diff's note names it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ HAZARD = {
     },
 }
 
+SKIPPED_LISTED = 1000
+
 GLOB = {"type": "string", "minLength": 1, "maxLength": 4096,
         "description": "Relative to the workspace: * ? [..] within a component, ** any number of components; "
                        "a directory matches everything under it."}
@@ -58,7 +62,21 @@ async def capsule_promote(ctx: ToolContext, args: dict[str, Any]) -> dict[str, A
         record_outcome(ctx.state, request.capsule_id, promotion_events(None, exc))
         raise
     record_outcome(ctx.state, request.capsule_id, promotion_events(result, None))
-    return result
+    return {**result, "skipped": compact_skipped(result["skipped"])} if "skipped" in result else result
+
+
+def compact_skipped(skipped: list[dict[str, str]]) -> list[dict[str, str]]:
+    """``skipped``, or past ``SKIPPED_LISTED`` paths, those not below a skipped directory of
+    their reason (a directory is in the list before what is below it)."""
+    if len(skipped) <= SKIPPED_LISTED:
+        return skipped
+    reasons = {one["path"]: one["reason"] for one in skipped}
+    out = []
+    for one in skipped:
+        parts = one["path"].split("/")
+        if not any(reasons.get("/".join(parts[:i])) == one["reason"] for i in range(1, len(parts))):
+            out.append(one)
+    return out
 
 
 def promotion_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
@@ -116,7 +134,8 @@ TOOLS = [
                 "dry_run": {"type": "boolean"},
                 "applied": {"type": "array", "items": {"type": "string"}},
                 "skipped": {"type": "array", "items": SKIPPED,
-                            "description": "The capsule's changes left behind by the scope, in change order."},
+                            "description": "Changes the scope left behind, in order; "
+                                           "past 1000, a dir stands for all below it."},
                 "ignored": {"const": "not a git repository",
                             "description": "Present when the workspace has no git ignore rules to apply."},
                 # as_branch: {name, ref, parent, commit (once made)}.
