@@ -258,7 +258,7 @@ class Journal:
 
     def recover_running(self) -> list[tuple[str, int]]:
         """Journal, cut short, each exec a front end that died left noted (``mark_running``): it may
-        have written anything, so its capsule's generation advances (a service's run, like one the
+        have written anything, so its capsule's generation advances (a service's exec, like one the
         helper lost, has no row).  Only a state dir's starting front end calls this, before any
         exec.  The (capsule, seq) of each row written."""
         rows = self.state.execute("SELECT capsule_id, entry FROM execs_running ORDER BY started_at")
