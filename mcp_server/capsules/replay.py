@@ -314,8 +314,7 @@ async def replay(service: CapsuleService, path: Path, expected_root: str | None,
     try:
         base_dir = await _base_dir(manifest, blobs, scratch, options.workspace)
         capsule_spec = _capsule_spec(manifest, base_dir, options)
-        used, dropped = _exposed(manifest["capsule"].get("expose", []), options.expose_recorded,
-                                 not report["verdict"].own)
+        used, dropped = _exposed(manifest["capsule"].get("expose", []), options.expose_recorded, report["verdict"])
         capsule_spec = replace(capsule_spec, expose=capsecrets.shown(tuple(used), given))
         async with service.scratch(capsule_spec, quiet=True, network=options.network) as capsule_id, \
                 replay_secrets.held(service.state.root, service.networks, capsule_id, given):
@@ -378,11 +377,11 @@ def _ignored(manifest: dict[str, Any], blobs: Mapping[str, bytes], actual_change
 NO_HOST_DIRS = "this replayer shows a witness no host directory (its witnesses are a remote client's)"
 
 
-def _exposed(recorded: list[str], shown: bool, foreign: bool) -> tuple[list[str], list[dict[str, str]]]:
+def _exposed(recorded: list[str], shown: bool, verdict: Verdict) -> tuple[list[str], list[dict[str, str]]]:
     """The recorded exposures this replay shows, and those it drops with why (``expose`` of its report);
-    a ``foreign`` witness's only at toolchains' known places (exposure.replayable)."""
+    a witness's not of this state dir (``verdict.own``) only at toolchains' known places (exposure.replayable)."""
     if shown:
-        return exposure.replayable(recorded, os.getuid(), login_homes(), foreign)
+        return exposure.replayable(recorded, os.getuid(), login_homes(), not verdict.own)
     return [], [{"path": path, "reason": NO_HOST_DIRS} for path in recorded]
 
 
