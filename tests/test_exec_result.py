@@ -72,3 +72,23 @@ def test_what_is_this_exec_s_own_is_kept_whole() -> None:
     assert within["usage_sources"]["rss_max_process_kb"] == (
         f"wait4 rusage of the jail's init; no process of the jail peaked above the {18 * MIB} kB of ccw's init "
         "image that the command starts from (a peak counts the image before exec)")
+
+
+def test_a_reinstalled_node_modules_is_one_written_entry_in_the_answer_and_whole_in_the_journal() -> None:
+    """An exec that reinstalled node_modules/ answered with every path it wrote (50,168 of them, a
+    6 MB result); past WRITTEN_LISTED a written directory stands for the paths written below it."""
+    import dataclasses
+
+    written = ["node_modules"] + [f"node_modules/p{i}{tail}" for i in range(600) for tail in ("", "/a.js", "/b.js")]
+    written = sorted([*written, "src/a.js", "src/b.js"])
+    base = _rootless(rusage.InitReport(1, MIB, 0, 0, 18 * MIB))
+    ran = dataclasses.replace(base, reply=dataclasses.replace(base.reply, touched=Touched((), tuple(written), (), ())))
+    result = exec_result(ran)
+    jsonschema.validate(result, EXEC_RESULT)
+    assert result["touched"]["written"] == ["node_modules", "src/a.js", "src/b.js"]
+    assert journal_entry(ExecRequest("cap_1", ("npm", "install")), ran, STARTED)["touched"]["written"] == written
+    from mcp_server.tools.exec_result import WRITTEN_LISTED
+
+    few = written[:WRITTEN_LISTED]
+    base_reply = dataclasses.replace(base.reply, touched=Touched((), tuple(few), (), ()))
+    assert exec_result(dataclasses.replace(base, reply=base_reply))["touched"]["written"] == few

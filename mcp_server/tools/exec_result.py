@@ -14,9 +14,13 @@ from typing import Any
 from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome, timeout_hint
 from mcp_server.capsules.fragments import GENERATION
 from mcp_server.capsules.run import CONSOLE_STATUS, RUN_STATUS
+from mcp_server.core.paths import parents
 from mcp_server.core.terminal_text import visible
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
+# A reinstalled node_modules/ writes tens of thousands of paths, megabytes of an answer: past this
+# many, a written directory stands for the paths written below it (the journal keeps them all).
+WRITTEN_LISTED = 1000
 NETWORK_RECORDS = {
     "type": ["array", "null"],
     "description": "Every connection attempt, allowed or denied (and by which rule), sorted; null: network none.",
@@ -163,7 +167,7 @@ def exec_result(ran: ExecOutcome, terminal: bool = False, timeout_ms: int | None
         "usage_sources": ran.usage_sources_briefly,
         "disk_full": reply.disk is not None and reply.disk.full,
         "disk": None if reply.disk is None else reply.disk.to_args(),
-        "touched": ran.touched,
+        "touched": briefly(ran.touched),
         "touched_unavailable": ran.touched_unavailable_briefly,
         "network_notes": list(ran.network_notes),
         "started_generation": ran.started_generation,
@@ -171,3 +175,12 @@ def exec_result(ran: ExecOutcome, terminal: bool = False, timeout_ms: int | None
         "queued_ms": ran.queued_ms,
         **({"hints": hints} if hints else {}),
     }
+
+
+def briefly(touched: dict[str, Any]) -> dict[str, Any]:
+    """``touched`` with ``written`` cut to the paths below no written directory, past ``WRITTEN_LISTED``."""
+    written = touched.get("written") or []
+    if len(written) <= WRITTEN_LISTED:
+        return touched
+    dirs = set(written)
+    return {**touched, "written": [path for path in written if not any(d in dirs for d in parents(path))]}

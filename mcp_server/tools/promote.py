@@ -20,6 +20,7 @@ from mcp_server.capsules.branch import branch
 from mcp_server.capsules.fragments import CAPSULE_ID, POLICY_NAME
 from mcp_server.capsules.promote import PROMOTE, Request, promote
 from mcp_server.core.hazards import KINDS
+from mcp_server.core.paths import parents
 from mcp_server.events import record_outcome
 from mcp_server.fs.gitignore import Scope
 from mcp_server.tools.registry import ToolContext, ToolSpec
@@ -71,12 +72,7 @@ def compact_skipped(skipped: list[dict[str, str]]) -> list[dict[str, str]]:
     if len(skipped) <= SKIPPED_LISTED:
         return skipped
     reasons = {one["path"]: one["reason"] for one in skipped}
-    out = []
-    for one in skipped:
-        parts = one["path"].split("/")
-        if not any(reasons.get("/".join(parts[:i])) == one["reason"] for i in range(1, len(parts))):
-            out.append(one)
-    return out
+    return [one for one in skipped if not any(reasons.get(d) == one["reason"] for d in parents(one["path"]))]
 
 
 def promotion_events(result: Mapping[str, Any] | None, error: BaseException | None) -> list[tuple[str, dict[str, Any]]]:
