@@ -14,13 +14,12 @@ from typing import Any
 from mcp_server.capsules.exec import USAGE_FIGURES, ExecOutcome, timeout_hint
 from mcp_server.capsules.fragments import GENERATION
 from mcp_server.capsules.run import CONSOLE_STATUS, RUN_STATUS
-from mcp_server.core.paths import parents
 from mcp_server.core.terminal_text import visible
 
 _NULLABLE_INT = {"type": ["integer", "null"]}
-# A reinstalled node_modules/ writes tens of thousands of paths, megabytes of an answer: past this
-# many, a written directory stands for the paths written below it (the journal keeps them all).
-WRITTEN_LISTED = 1000
+# A reinstalled node_modules/ touches tens of thousands of paths, megabytes of an answer: past this
+# many in a set, paths are cut to their directories, "dir/" standing for those below (the journal keeps them all).
+TOUCHED_LISTED = 1000
 NETWORK_RECORDS = {
     "type": ["array", "null"],
     "description": "Every connection attempt, allowed or denied (and by which rule), sorted; null: network none.",
@@ -178,9 +177,16 @@ def exec_result(ran: ExecOutcome, terminal: bool = False, timeout_ms: int | None
 
 
 def briefly(touched: dict[str, Any]) -> dict[str, Any]:
-    """``touched`` with ``written`` cut to the paths below no written directory, past ``WRITTEN_LISTED``."""
-    written = touched.get("written") or []
-    if len(written) <= WRITTEN_LISTED:
-        return touched
-    dirs = set(written)
-    return {**touched, "written": [path for path in written if not any(d in dirs for d in parents(path))]}
+    """``touched`` with each path set over ``TOUCHED_LISTED`` cut to the deepest directories that fit."""
+    return {key: _within(paths) if key in ("read", "written", "listed", "executed") and paths else paths
+            for key, paths in touched.items()}
+
+
+def _within(paths: list[str]) -> list[str]:
+    depth = max(path.count("/") for path in paths) + 1
+    cut = paths
+    while len(cut) > TOUCHED_LISTED and depth > 1:
+        depth -= 1
+        cut = list(dict.fromkeys(path if path.count("/") < depth else "/".join(path.split("/")[:depth]) + "/"
+                                 for path in paths))
+    return cut
