@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -345,6 +346,45 @@ def test_a_port_in_use_is_a_conflict_that_says_how_to_recover() -> None:
     assert raised.value.code == "CONFLICT"
     assert f"host port {number} on 127.0.0.1 is in use by another program" in raised.value.message
     assert "or to 0 for any free one" in raised.value.message
+
+
+def _bind_v6(port: int) -> socket.socket:
+    """A socket on ``[::1]:port`` as another user's server would take it (SO_REUSEADDR, v6 only)."""
+    sock = socket.socket(socket.AF_INET6)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind(("::1", port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def test_localhost_at_ipv6_is_held_while_the_port_is_forwarded_and_refuses() -> None:
+    """Another user's program listening on [::1]:PORT would get what a browser sends to
+    http://localhost:PORT/ (it tries ::1 first), which the owner meant for the forward."""
+    port = PortForward(Capsule(1).connect, ME, 8000)
+    with pytest.raises(OSError) as taken:
+        _bind_v6(port.host_port).close()
+    assert taken.value.errno == errno.EADDRINUSE
+    with pytest.raises(ConnectionRefusedError):  # refused, so a client goes on to 127.0.0.1
+        socket.create_connection(("::1", port.host_port), timeout=5).close()
+    trio.run(port.aclose)
+    _bind_v6(port.host_port).close()  # given back with the port
+
+
+def test_a_port_whose_ipv6_loopback_is_taken_is_a_conflict_and_frees_the_port() -> None:
+    with contextlib.closing(_bind_v6(0)) as squatter:
+        squatter.listen(1)
+        number = squatter.getsockname()[1]
+        with pytest.raises(CcwError) as raised:
+            PortForward(Capsule(1).connect, ME, 8000, host_port=number)
+    assert raised.value.code == "CONFLICT" and raised.value.details["host_port"] == number
+    assert f"[::1]:{number} is in use" in raised.value.message and "http://localhost:" in raised.value.message
+    with socket.socket() as again:  # the 127.0.0.1 listener was closed
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", number))
 
 
 def test_a_kernel_without_tcp_lookups_is_unsupported_and_frees_the_port(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ other events out of the bounded log.
 
 from __future__ import annotations
 
+import errno
 import subprocess
 import time
 from pathlib import Path
@@ -85,3 +86,43 @@ def test_another_users_flood_is_refused_counted_exactly_and_folded_in_events(too
     assert {e.data["peer_uid"] for e in events} == {OTHER_UID}
     assert 1 <= len(events) <= out["seconds"] + 2, (len(events), out["seconds"])
     assert len(events) + sum(e.data["more"] for e in events) <= FLOOD
+
+
+# As the other user: listen on [::1] at the forwarded port, where a browser's localhost tries
+# first; prints "listening", or the errno that refused it.
+_SQUAT = """
+import socket, sys
+s = socket.socket(socket.AF_INET6)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+try:
+    s.bind(("::1", int(sys.argv[1])))
+    s.listen(1)
+    print("listening")
+except OSError as exc:
+    print(exc.errno)
+"""
+
+
+def test_another_user_cannot_stand_in_for_the_port_at_ipv6_localhost(tools: Any, tmp_path: Path) -> None:
+    """The forward listens on 127.0.0.1 alone; [::1] at its port was free for any user, and a
+    browser sends http://localhost:PORT/ to ::1 first: the owner's requests, with their cookies
+    and callback codes, went to the other user's program and never to the forward."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def scenario(t: Any) -> tuple[str, str]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
+                                               "ready": {"port": 8765, "timeout_ms": 20000}})
+        url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8765}))["url"]
+        squat = ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups",
+                 "/usr/bin/python3", "-c", _SQUAT, url.rsplit(":", 1)[1].strip("/")]
+        held = await trio.run_process(squat, capture_stdout=True, check=True)
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        freed = await trio.run_process(squat, capture_stdout=True, check=True)
+        return held.stdout.decode().strip(), freed.stdout.decode().strip()
+
+    held, freed = tools.run(scenario)
+    assert held == str(errno.EADDRINUSE)
+    assert freed == "listening"  # given back with the port

@@ -5,9 +5,10 @@ This process holds the port and everything that needs the front end; a small C p
 ``ccw-forward`` (egress/forwarder/ccw_forward.c, whose essay says why C and how it relays),
 accepts and relays.  Per port:
 
-- Where it listens: ``127.0.0.1`` only, on the host port asked for (0: any free one).
-  The listener is made here, so a port another program holds is a CONFLICT at once that
-  says to pick another, and the URL is known before the program starts.  ``SO_REUSEADDR``
+- Where it listens: ``127.0.0.1`` only, on the host port asked for (0: any free one),
+  with ``[::1]`` of the same port held unlistened (``_hold_v6``: no other user's program
+  there for ``localhost``).  Both are made here, so a port another program holds is a
+  CONFLICT at once that says to pick another, and the URL is known before the program starts.  ``SO_REUSEADDR``
   lets a port given up a moment ago be forwarded again while its old connections sit in
   ``TIME_WAIT``; it does not let two listeners share one.
 - Who passes: every local user can reach the host's loopback, so each connection is
@@ -159,6 +160,41 @@ def _listen(port: int) -> socket.socket:
     return sock
 
 
+def _hold_v6(port: int) -> socket.socket | None:
+    """``[::1]:port`` bound, never listening, for as long as the forward lives; None on a host
+    without IPv6 loopback.  Left free, another local user could listen there, and a browser
+    tries ``localhost`` at ::1 first: the ``http://localhost:PORT/`` a dev server prints would
+    take the owner's requests (cookies, an OAuth callback's code) to that user's program.
+    Held, a connection there is refused and the client goes on to 127.0.0.1.  No
+    ``SO_REUSEADDR``: with it on both, a second socket could bind beside one not listening.
+    EADDRINUSE is raised (``_listen_both``)."""
+    sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(("::1", port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise
+        return None  # no ::1 here (EADDRNOTAVAIL, EAFNOSUPPORT): nobody can listen there either
+    return sock
+
+
+def _listen_both(port: int) -> tuple[socket.socket, socket.socket | None]:
+    """``_listen``'s socket and ``_hold_v6``'s on the same port: for ``port`` 0 the first free
+    port whose ::1 is free too; for another, CONFLICT if its ::1 is taken, saying why."""
+    for _ in range(16 if port == 0 else 1):
+        listener = _listen(port)
+        chosen = listener.getsockname()[1]
+        try:
+            return listener, _hold_v6(chosen)
+        except OSError:
+            listener.close()
+    raise CcwError("CONFLICT", f"[::1]:{chosen} is in use by another program, and a browser's "
+                   f"http://localhost:{chosen}/ would reach it before the forward on {HOST}; forward to "
+                   "another host port, or to 0 for any free one", {"host_port": chosen, "errno": "EADDRINUSE"})
+
+
 def _check_lookups(listener: socket.socket) -> None:
     """Ask sock_diag for the listener's own owner: the lookup every connection needs works here."""
     host, port = listener.getsockname()[:2]
@@ -200,11 +236,13 @@ class PortForward:
         self._pool_size = pool_size if spares is not None else 0
         self._on_refused = on_refused
         self._on_error = on_error
-        self._listener = _listen(host_port)
+        self._listener, self._v6 = _listen_both(host_port)
         try:
             _check_lookups(self._listener)
         except CcwError:
             self._listener.close()
+            if self._v6 is not None:
+                self._v6.close()
             raise
         splice.unpaced(self._listener)
         self.host_port: int = self._listener.getsockname()[1]
@@ -373,6 +411,8 @@ class PortForward:
             self._scope.cancel()
             await self._stopped.wait()
         self._listener.close()
+        if self._v6 is not None:
+            self._v6.close()
         for sock in self._ready:
             sock.close()
 
