@@ -375,3 +375,36 @@ def _answering(call: Any, reply: ExecReply) -> Any:
     async def answer(request: OpRequest, on_progress: Any = None) -> OpReply:
         return reply if isinstance(request, ExecRequest) else await call(request, on_progress)
     return answer
+
+
+def test_a_diff_reads_no_byte_of_what_the_workspace_ignores(world: Any) -> None:
+    """capsule_diff read every changed file whole before leaving the ignored ones out: a reinstalled
+    node_modules/ cost the front end its 300 MB, and an ignored file past MAX_READ_BYTES (a sparse
+    build artefact) refused the whole diff with TOO_LARGE; the scope is cut before any read now."""
+    from mcp_server.capsules.carried import carried
+    from sandbox.replies import Change
+
+    service, helper, _, workspace = world
+    subprocess.run(["git", "init", "-q", str(workspace)], check=True)
+    (workspace / ".gitignore").write_text("node_modules/\n")
+    helper.root = str(workspace.parent / "capsule")
+    (Path(helper.root) / "node_modules").mkdir(parents=True)
+    with open(Path(helper.root) / "node_modules" / "huge.bin", "wb") as f:
+        f.truncate(3 << 30)
+    (Path(helper.root) / "a.txt").write_text("a\nb\n")
+    changes = (Change("a.txt", "modified", "file", 0o644, 4), Change("node_modules", "added", "dir", 0o755),
+               Change("node_modules/huge.bin", "added", "file", 0o644, 3 << 30))
+    answer = helper.call
+
+    async def call(request: Any, on_progress: Any = None) -> Any:
+        return ChangesReply(changes) if isinstance(request, ChangesRequest) else await answer(request, on_progress)
+
+    helper.call = call
+
+    async def main() -> Any:
+        record = await service.create(CapsuleSpec(workspace=str(workspace)))
+        return await carried(service, record.capsule_id)
+
+    found = trio.run(main)
+    assert [fc.path for fc in found.diff.file_changes] == ["a.txt"] and found.diff.file_changes[0].new == b"a\nb\n"
+    assert found.ignored == ["node_modules/"] and found.ignored_files == 1

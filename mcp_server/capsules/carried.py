@@ -37,6 +37,7 @@ from mcp_server.core import unidiff
 from mcp_server.fs import changeset
 from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.view import RootView
+from mcp_server.journal_records import CapsuleRecord
 from sandbox import rawnames
 from sandbox.replies import NotCarried
 
@@ -61,18 +62,22 @@ class Carried:
 async def carried(service: CapsuleService, capsule_id: str, scope: Scope | None = None) -> Carried:
     """The capsule's change in ``scope`` (default: promotion's, without what the workspace ignores)."""
     scope = scope or Scope()
-    diff = await service.diff(capsule_id)
+    scoped: list[tuple[list[changeset.Entry], list[dict[str, str]]]] = []
+
+    def in_scope(record: CapsuleRecord, entries: list[changeset.Entry], capsule: RootView) -> list[changeset.Entry]:
+        # Cut before any bytes are read: a reinstalled node_modules/ is hundreds of MB left out.
+        kept, skipped, _note = _scoped(entries, record.workspace, scope, capsule)  # made caches' markers read there
+        scoped.append((kept, skipped))
+        return kept
+
+    diff = await service.diff(capsule_id, in_scope)
     record = diff.record
-    root_fd = await service.open_root(record.capsule_id)  # the markers of made caches are read there
+    (entries, skipped), = scoped
 
     def judge() -> Carried:
-        with RootView.from_fd(root_fd) as capsule:
-            entries, skipped, _note = _scoped(diff.entries, record.workspace, scope, capsule)
-        kept = {entry.path for entry in entries}
         moved = [conflict["path"] for conflict in _conflicts(service.journal, record, entries, {})]
         left = [one["path"] for one in skipped if one["reason"] == "ignored"]
-        shown = replace(diff, entries=entries, file_changes=[fc for fc in diff.file_changes if fc.path in kept])
-        return Carried(shown, *ignored_paths(diff.entries, left), moved, diff.not_utf8)
+        return Carried(replace(diff, entries=entries), *ignored_paths(diff.entries, left), moved, diff.not_utf8)
 
     return await trio.to_thread.run_sync(judge)
 

@@ -439,9 +439,11 @@ class CapsuleService:
         helper = await self.helper()
         return await helper.open_root(capsule_id)
 
-    async def diff(self, capsule_id: str) -> Diff:
+    async def diff(self, capsule_id: str, shown: Callable[[CapsuleRecord, list[changeset.Entry], RootView],
+                                                          list[changeset.Entry]] | None = None) -> Diff:
         """The capsule's changes against its base, read through its root; a change naming something
-        that is not UTF-8 is left out and counted (``Diff.not_utf8``), where promote refuses."""
+        that is not UTF-8 is left out and counted (``Diff.not_utf8``), where promote refuses.  Files'
+        bytes are read for the entries ``shown`` keeps (given the capsule's view) only."""
         record = self.live_record(capsule_id)
         reply = await self.call(ChangesRequest(record.capsule_id, leave_not_utf8=True))
         root_fd = await self.open_root(record.capsule_id)
@@ -449,7 +451,8 @@ class CapsuleService:
         def read() -> Diff:
             with RootView.from_fd(root_fd) as capsule_view, RootView.open(record.base) as base_view:
                 entries = changeset.expand(reply.changes, base_view, capsule_view)
-                return Diff(record, entries, changeset.file_changes(entries, base_view, capsule_view),
+                kept = entries if shown is None else shown(record, entries, capsule_view)
+                return Diff(record, entries, changeset.file_changes(kept, base_view, capsule_view),
                             reply.gitdirs or (), reply.not_utf8)
 
         return await trio.to_thread.run_sync(read)
