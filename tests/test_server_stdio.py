@@ -110,6 +110,31 @@ def test_raw_ndjson_direct_methods_in_request_order(tmp_path: Path):
     assert not (tmp_path / "mcp.ready").exists()
 
 
+def test_an_id_still_in_flight_is_refused_and_the_first_request_keeps_it(tmp_path: Path):
+    # Found in a trial: a second request under the id of one still running was taken, so the
+    # SDK's table of requests in flight lost the first, and a cancellation of the id no
+    # longer stopped its command (the capsule stayed held until its timeout).
+    init = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}
+    slow = {"name": "ccw_info", "arguments": {"delay_ms": 400, "echo": "first"}}
+    answers, log, code = run_raw(tmp_path, [
+        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}).encode(),
+        b'{"jsonrpc":"2.0","method":"notifications/initialized"}',
+        json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": slow}).encode(),
+        b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}',
+        b'{"jsonrpc":"2.0","id":"d","method":"ccw_info","params":{"delay_ms":400,"echo":"direct"}}',
+        b'{"jsonrpc":"2.0","id":"d","method":"ccw/info","params":{"echo":"again"}}',
+    ])
+    assert code == 0, log
+    assert sorted(map(str, (a["id"] for a in answers))) == ["0", "7", "7", "d", "d"], answers
+    [result] = [a["result"] for a in answers if a["id"] == 7 and "result" in a]  # the first kept its id
+    [refused] = [a["error"] for a in answers if a["id"] == 7 and "error" in a]
+    assert result["structuredContent"]["echo"] == "first"
+    assert refused["code"] == -32600 and refused["message"].startswith("id 7 is in use by a request still running")
+    direct = [a for a in answers if a["id"] == "d"]  # direct methods answer in request order
+    assert direct[0]["result"]["echo"] == "direct"
+    assert direct[1]["error"]["message"].startswith('id "d" is in use'), direct
+
+
 @pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])
 def test_bad_tool_arguments_are_a_tool_error_from_2025_11_25(tmp_path: Path, version: str):
     init = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}

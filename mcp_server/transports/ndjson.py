@@ -36,6 +36,7 @@ fails (ECONNRESET), which is the same end.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import select
 from typing import Any
@@ -111,6 +112,11 @@ class NdjsonConnection:
             # Nothing is pending: closing the SDK's input ends its loop, which closes its
             # output, which ends the pump, which closes ours, which ends the writer.
             await self._to_sdk_send.aclose()
+
+    def _in_flight(self, request_id: Any) -> bool:
+        """Whether a request with this id is still unanswered on this connection."""
+        key = framing.id_key(request_id)
+        return key in self._direct or self._sdk_pending.get(key, 0) > 0
 
     @property
     def pending(self) -> int:
@@ -223,6 +229,13 @@ class NdjsonConnection:
                     framing.error_message(frame.id, framing.SHUTTING_DOWN,
                                           "server is shutting down; reconnect and retry")
                 )
+            elif self._in_flight(frame.id):
+                # JSON-RPC answers name requests by id, and a cancellation too: a second request
+                # under the id of one still running made the first one's answer ambiguous and the
+                # first uncancellable (the SDK's table of requests in flight keeps one per id).
+                await self._answer_now(framing.error_message(
+                    frame.id, framing.INVALID_REQUEST, f"id {json.dumps(frame.id)} is in use by a request still "
+                    "running on this connection; send each request with a new id"))
             elif self.app.is_direct_method(frame.method, self.tools):
                 slot = self.order.reserve()
                 # Registered now, not when the task starts, so a cancellation read
@@ -269,11 +282,9 @@ class NdjsonConnection:
         if request_id is not None:
             key = framing.id_key(request_id)
             self._sdk_pending[key] = self._sdk_pending.get(key, 0) + 1
-            ticket = None
-            if key not in self._arrivals:  # a reused id in flight takes its turn late
-                ticket = self.app.arrive(str(message.get("method")), message.get("params"), self.tools)
-                if ticket is not None:
-                    self._arrivals[key] = ticket
+            ticket = self.app.arrive(str(message.get("method")), message.get("params"), self.tools)
+            if ticket is not None:
+                self._arrivals[key] = ticket
             metadata = ServerMessageMetadata(
                 request_context=Arrival(ticket),  # the handler's ctx.request: its place, explicitly
                 on_request_unanswered=functools.partial(self._out_send.send, ("drop", request_id, None)),
