@@ -175,7 +175,8 @@ class Exchange:
     async def run(self, head: bytes) -> None:
         ended = capped = False  # the response relayed to the upstream's end of it; cut by the byte cap
         if self.creds is not None and self.creds.binds(self.attempt.host, self.attempt.port):
-            head = maskedbody.identity_head(head)  # a value in it or not: a bound host's answers stay readable
+            # A value in it or not: a bound host's answers stay readable (and whole, with one in it).
+            head = maskedbody.identity_head(head, valued=self.masker is not None)
         try:
             await charge_and_send(self.upstream, head, self.attempt, self.budget, outbound=True)
             if self._bodiless():

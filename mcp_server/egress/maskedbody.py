@@ -15,6 +15,10 @@ response stream.  Some facts about HTTP decide what that stream may be:
   libraries), a decoder's bugs and its bombs in the front end, and a re-encoded or
   decoded answer the client did not ask for; servers honour ``identity``, so the refusal
   costs almost nothing and fails closed.
+- **A range is a slice of the echo.**  ``Range: bytes=N-M`` of a response echoing the request
+  hands back a piece of the value that no mask matches (the masker finds whole values).  So
+  a request a value went into asks for no range (``identity_head``): the answer is whole, a
+  200 where a 206 was asked, which clients take.  Other requests to a bound host keep theirs.
 - **``TE`` asks for a transfer coding.**  It is hop-by-hop, and the proxy already drops
   it with the others (egress/proxy.py ``forward_headers``); ``identity_head`` drops it
   again, so a coded transfer is never asked for.  A ``Transfer-Encoding`` other than
@@ -38,11 +42,13 @@ UNREADABLE = ("the upstream {coded} a response ccw must check for the credential
               "nothing of it passed")
 
 
-def identity_head(head: bytes) -> bytes:
+def identity_head(head: bytes, valued: bool = False) -> bytes:
     """A request head (through its blank line) asking for no coding: ``Accept-Encoding:
-    identity`` for whatever it accepted, and no ``TE``."""
+    identity`` for whatever it accepted, and no ``TE``; ``valued`` (a value went into it):
+    no ``Range`` or ``If-Range`` either, the whole answer or none."""
+    dropped = (ACCEPT_ENCODING, b"te", *((b"range", b"if-range") if valued else ()))
     lines = head[:-4].split(b"\r\n")
-    kept = [line for line in lines[1:] if line.partition(b":")[0].strip().lower() not in (ACCEPT_ENCODING, b"te")]
+    kept = [line for line in lines[1:] if line.partition(b":")[0].strip().lower() not in dropped]
     return b"\r\n".join([lines[0], *kept, ACCEPT_ENCODING + b": " + IDENTITY, b"", b""])
 
 
