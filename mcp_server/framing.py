@@ -184,6 +184,25 @@ def error_message(id_: Any, code: int, message: str, data: Any = None) -> dict[s
     return {"jsonrpc": "2.0", "id": id_, "error": error}
 
 
+def call_params_problem(method: str, params: Any) -> str | None:
+    """What is wrong with a ``tools/call``'s params, said so a model can resend it, or None.
+
+    The SDK answers these "Invalid request parameters" with no data; a model that sent its
+    arguments as JSON text (a string holding an object), as some do, learns nothing from it."""
+    if method != "tools/call":
+        return None
+    if not isinstance(params, dict):
+        return "tools/call takes params as an object: {\"name\": TOOL, \"arguments\": {...}}"
+    if not isinstance(params.get("name"), str):
+        return "tools/call params.name must be the tool's name, a string (tools/list names them)"
+    arguments = params.get("arguments")
+    if arguments is not None and not isinstance(arguments, dict):
+        kind = "JSON text (a string)" if isinstance(arguments, str) else type(arguments).__name__
+        return (f"tools/call params.arguments must be a JSON object, not {kind}: send the arguments "
+                "as an object, e.g. {\"capsule_id\": \"cap_...\"}")
+    return None
+
+
 def result_message(id_: Any, result: Any) -> dict[str, Any]:
     """A JSON-RPC success response."""
     return {"jsonrpc": "2.0", "id": id_, "result": result}

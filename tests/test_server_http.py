@@ -159,6 +159,26 @@ def test_direct_method_and_body_guard_keep_connection(http_server: ServerProcess
         assert bad.json()["error"]["code"] == -32602
 
 
+def test_tools_call_params_of_the_wrong_shape_say_what_is_wrong(http_server: ServerProcess):
+    # Found in a trial: arguments sent as JSON text (as some models do) got the SDK's
+    # "Invalid request parameters" with empty data, which tells a model nothing to fix.
+    url = http_server.path
+    with httpx2.Client(timeout=30, headers=http_server.bearer()) as http:
+        headers = _open_session(http, url, {})
+        text = {"name": "ccw_info", "arguments": '{"echo": "x"}'}
+        answer = http.post(url, json={"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": text},
+                           headers=headers).json()
+        assert answer["id"] == 4 and answer["error"]["code"] == -32602, answer
+        assert answer["error"]["message"].startswith("tools/call params.arguments must be a JSON object, not JSON "
+                                                     "text (a string)"), answer
+        named = http.post(url, json={"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": 5}},
+                          headers=headers).json()
+        assert "params.name must be the tool's name" in named["error"]["message"], named
+        fine = http.post(url, json={"jsonrpc": "2.0", "id": 6, "method": "tools/call",
+                                    "params": {"name": "ccw_info", "arguments": {"echo": "x"}}}, headers=headers)
+        assert '"echo":"x"' in fine.text.replace(" ", ""), fine.text
+
+
 def test_tokens_401_and_403_naming_the_scope(token_server: ServerProcess):
     url = token_server.path
     direct = {"jsonrpc": "2.0", "id": 1, "method": "ccw_info"}

@@ -123,9 +123,12 @@ def test_an_id_still_in_flight_is_refused_and_the_first_request_keeps_it(tmp_pat
         b'{"jsonrpc":"2.0","id":7,"method":"tools/list"}',
         b'{"jsonrpc":"2.0","id":"d","method":"ccw_info","params":{"delay_ms":400,"echo":"direct"}}',
         b'{"jsonrpc":"2.0","id":"d","method":"ccw/info","params":{"echo":"again"}}',
+        b'{"jsonrpc":"2.0","id":8,"method":"tools/call","params":{"name":"ccw_info","arguments":"{}"}}',
     ])
     assert code == 0, log
-    assert sorted(map(str, (a["id"] for a in answers))) == ["0", "7", "7", "d", "d"], answers
+    assert sorted(map(str, (a["id"] for a in answers))) == ["0", "7", "7", "8", "d", "d"], answers
+    [text] = [a["error"] for a in answers if a["id"] == 8]  # arguments sent as JSON text: said so
+    assert text["code"] == -32602 and "params.arguments must be a JSON object, not JSON text" in text["message"]
     [result] = [a["result"] for a in answers if a["id"] == 7 and "result" in a]  # the first kept its id
     [refused] = [a["error"] for a in answers if a["id"] == 7 and "error" in a]
     assert result["structuredContent"]["echo"] == "first"

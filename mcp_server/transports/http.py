@@ -337,6 +337,10 @@ class CcwHttpApp:
                 await asgi.respond(send, 403, framing.error_message(request_id, TOOL_ERROR, why, refused),
                                    [insufficient_scope(needed)])
                 return
+            problem = framing.call_params_problem(method, params)
+            if problem is not None and framing.is_valid_id(message.get("id")):
+                await asgi.respond(send, 200, framing.error_message(message["id"], framing.INVALID_PARAMS, problem))
+                return
             # The call's place in a capsule's line is taken now, as it is read, and handed
             # to it (CcwServer.arrive); one it never claims is given back once answered.
             ticket = self.app.arrive(method, params)

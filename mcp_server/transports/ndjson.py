@@ -236,6 +236,8 @@ class NdjsonConnection:
                 await self._answer_now(framing.error_message(
                     frame.id, framing.INVALID_REQUEST, f"id {json.dumps(frame.id)} is in use by a request still "
                     "running on this connection; send each request with a new id"))
+            elif (problem := framing.call_params_problem(frame.method, frame.params)) is not None:
+                await self._answer_now(framing.error_message(frame.id, framing.INVALID_PARAMS, problem))
             elif self.app.is_direct_method(frame.method, self.tools):
                 slot = self.order.reserve()
                 # Registered now, not when the task starts, so a cancellation read
