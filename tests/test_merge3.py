@@ -150,7 +150,8 @@ def test_symlinks_merge_as_git_merges_them() -> None:
     kind = merge_path("l", base, [("x", _file(b"now a file\n")), ("y", State("symlink", 0o777, target="c"))])
     assert kind.conflict and "a file on one side, a symlink on the other" in kind.how
     files = merge_path("l", base, [("x", _file(b"one\n")), ("y", _file(b"two\n"))])
-    assert files.conflict and files.how == "conflict: a symlink replaced on both sides, by different files"
+    assert files.conflict and files.how == "conflict: overlapping lines added on both sides in place of a symlink"
+    assert [(h.line, h.base, h.ours, h.theirs) for h in files.hunks] == [(0, "", "one\n", "two\n")]
     one = merge_path("l", base, [("x", State("symlink", 0o777, target="b")), ("y", base)])
     assert one.state == State("symlink", 0o777, target="b")
 
@@ -163,6 +164,36 @@ def test_add_add_merges_identical_and_conflicts_otherwise() -> None:
     assert [(h.line, h.base, h.ours, h.theirs) for h in out.hunks] == [(0, "", "x = 1\n", "x = 2\n")]
     modes = merge_path("new.py", ABSENT, [("a", _file(b"x\n", 0o755)), ("b", _file(b"x\n"))])
     assert modes.conflict and "added on both sides with different modes" in modes.how
+
+
+def test_two_files_over_a_directory_or_a_symlink_merge_as_added_as_git_merges_them() -> None:
+    """merge-ort merges two files where the base held no regular file against an empty base (its two-way
+    merge): an empty file on one side and lines on the other give the lines, in place of a directory
+    (a capsule whose ``d/`` two attempts each replaced with a file) as in place of a symlink."""
+    for base in (State("dir", 0o755), State("symlink", 0o777, target="t")):
+        out = merge_path("d", base, [("x", _file(b"")), ("y", _file(b"fresh\n"))])
+        assert out.state == _file(b"fresh\n"), out.how
+        lines = merge_path("d", base, [("x", _file(b"a\n")), ("y", _file(b"b\n"))])
+        assert lines.conflict and [(h.line, h.ours, h.theirs) for h in lines.hunks] == [(0, "a\n", "b\n")]
+        modes = merge_path("d", base, [("x", _file(b"")), ("y", _file(b"fresh\n", 0o755))])
+        assert modes.conflict and "in place of a" in modes.how and "with different modes (644 and 755)" in modes.how
+
+
+def test_a_directory_against_a_delete_is_no_conflict_as_git_holds_no_directory() -> None:
+    """A file one side deleted and another turned into a directory: both took the file away (git,
+    which holds no directory, merges them cleanly), and the directory stays; so for a directory one
+    side deleted and another replaced with a file or a symlink."""
+    base = _file(BASE)
+    out = merge_path("f", base, [("del", ABSENT), ("dir", State("dir", 0o755))])
+    assert out.state == State("dir", 0o755) and out.how == "deleted on one side, replaced by a directory on the other"
+    assert out.sides == ("del", "dir")
+    gone = merge_path("d", State("dir", 0o755), [("file", _file(b"x\n")), ("del", ABSENT)])
+    assert gone.state == _file(b"x\n") and gone.how == "deleted on one side, replaced by a file on the other"
+    link = State("symlink", 0o777, target="t")
+    assert merge_path("d", State("dir", 0o755), [("del", ABSENT), ("link", link)]).state == link
+    # an edit against the directory still clashes: the file's change would be lost
+    edited = merge_path("f", base, [("edit", _file(_edit(BASE, 2, b"two\n"))), ("dir", State("dir", 0o755))])
+    assert edited.conflict and "a file on one side, a directory on the other" in edited.how
 
 
 def test_three_sides_fold_and_name_the_pair_that_clashes() -> None:
@@ -216,6 +247,31 @@ def test_a_plan_over_directories_reads_merges_and_checks_parents(tmp_path: Path)
         ("symlink", "docs"), ("write", "src/m.py")]
     # Into a fork of the first input, only what the second brought is written: the lines merged.
     assert [(op.action, op.path) for op in ops_of(plan, plan.sides["one"])] == [("write", "src/m.py")]
+
+
+def test_a_directory_one_side_deleted_holds_what_another_added_below_it(tmp_path: Path) -> None:
+    """One attempt deletes ``d/`` (all its files), another adds ``d/new.txt``: git merges that
+    cleanly (``d/new.txt`` alone in ``d``), and so does the plan, written into either side."""
+    base, one, two = (tmp_path / name for name in ("base", "one", "two"))
+    _tree(base, {"d/a.txt": b"a\n", "d/e/b.txt": b"b\n", "keep.txt": b"k\n"})
+    shutil.copytree(base, one, symlinks=True)
+    shutil.copytree(base, two, symlinks=True)
+    shutil.rmtree(one / "d")
+    _tree(two, {"d/new.txt": b"new\n"})
+    plan = read_plan(str(base), [
+        Side("gone", os.open(one, os.O_RDONLY | os.O_DIRECTORY), [Change("d", "deleted", "dir")]),
+        Side("added", os.open(two, os.O_RDONLY | os.O_DIRECTORY), [Change("d/new.txt", "added", "file")])], None)
+    assert plan.conflicts == []
+    assert plan.outcomes["d"].state == State("dir", (two / "d").stat().st_mode & 0o7777)
+    assert plan.outcomes["d"].how == "deleted on one side, kept as a directory for what added put below it"
+    kept = {path: one.state for path, one in plan.outcomes.items() if one.state is not None and one.state.kind}
+    assert sorted(kept) == ["d", "d/new.txt"]
+    for start, view in ((plan.sides["gone"], one), (plan.sides["added"], two)):
+        contents = {o.path: o.state for o in plan.outcomes.values() if o.state is not None}
+        with RootView.open(str(view)) as root:
+            _apply(root, ops_of(plan, start), contents, start)
+        assert sorted(str(p.relative_to(view)) for p in view.rglob("*")) == ["d", "d/new.txt", "keep.txt"]
+        assert (view / "d" / "new.txt").read_bytes() == b"new\n"
 
 
 def test_the_report_fits_the_tool_schema_and_the_command_prints_it(tmp_path: Path) -> None:

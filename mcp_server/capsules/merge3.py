@@ -8,12 +8,16 @@ git's (merge-ort), and each outcome says which applied (``Outcome.how``):
   changed it the base stays; when every side that changed it made the same state, that
   state wins ("same change").
 - When two sides made different states, only two regular files merge: their bytes
-  through ``git merge-file`` against the base's (an empty base when both added the file,
-  git's add/add), their executable bits three-way (one side's change wins; both
-  changed it differently is a conflict).  Bytes git calls binary (a NUL in the first
-  8,000) never merge.  Everything else conflicts, named plainly: deleted on one side
-  and changed on the other, a symlink retargeted twice, a file against a directory or a
-  symlink.  A rename is a delete plus an add, so it merges as those two paths do.
+  through ``git merge-file`` against the base's (an empty base where the base held no
+  regular file, as when both added the file or both replaced a directory or a symlink
+  with one: git's add/add), their executable bits three-way (one side's change wins;
+  both changed it differently is a conflict).  Bytes git calls binary (a NUL in the
+  first 8,000) never merge.  A directory is no entry to git: a side that put one where
+  the base had a file or a symlink (or put either where the base had a directory) took
+  away the base's entry, as a side that deleted it did, so the two agree.  Everything
+  else conflicts, named plainly: deleted on one side and changed on the other, a
+  symlink retargeted twice, a file against a directory or a symlink.  A rename is a
+  delete plus an add, so it merges as those two paths do.
 
 Why ``git merge-file`` rather than a diff3 written here: a clean merge must give the
 bytes git gives, and git's line matcher (xdiff, Myers with its own heuristics, adjacent
@@ -161,10 +165,15 @@ def merge_path(path: str, base: State, sides: list[tuple[str, State]]) -> Outcom
 
 def merge_two(path: str, base: State, ours: State, theirs: State) -> Outcome:
     """Two different changes of one path against the base."""
-    if ours.kind == "file" and theirs.kind == "file" and base.kind in ("file", None):
+    if ours.kind == "file" and theirs.kind == "file":
         return _merge_files(path, base, ours, theirs)
     if ours.kind is None or theirs.kind is None:
         kept = theirs if ours.kind is None else ours
+        if "dir" in (base.kind, kept.kind) and base.kind != kept.kind:
+            # git holds no directory as an entry: a side that replaced the base's entry with a directory
+            # (or its directory with an entry) deleted what the base had there, as the other side did,
+            # and what is left below is merged path by path
+            return Outcome(path, kept, f"deleted on one side, replaced by {_kind_word(kept)} on the other")
         how = f"conflict: deleted on one side, changed on the other (now {_kind_word(kept)})"
     elif ours.kind == theirs.kind == "symlink":
         how = f"conflict: symlink changed on both sides ({ours.target!r} and {theirs.target!r})"
@@ -180,9 +189,10 @@ def merge_two(path: str, base: State, ours: State, theirs: State) -> Outcome:
 
 
 def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
-    if base.kind is None and ours.mode != theirs.mode:
-        return Outcome(path, None,
-                       f"conflict: added on both sides with different modes ({ours.mode:o} and {theirs.mode:o})")
+    # over no regular file, git merges two files as added (merge-ort's two-way merge: an empty base, no base mode)
+    added = "added on both sides" + ("" if base.kind in ("file", None) else f" in place of {_kind_word(base)}")
+    if base.kind != "file" and ours.mode != theirs.mode:
+        return Outcome(path, None, f"conflict: {added} with different modes ({ours.mode:o} and {theirs.mode:o})")
     if base.mode == ours.mode or ours.mode == theirs.mode:
         mode = theirs.mode
     elif base.mode == theirs.mode:
@@ -191,7 +201,7 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
         return Outcome(path, None, f"conflict: mode changed on both sides ({ours.mode:o} and {theirs.mode:o})")
     if base.kind == "file" and base.data is None:  # merge_plan reads the base wherever two sides changed a path
         raise CcwError("INTERNAL", f"merge of {path}: the base's bytes were not read; merge again")
-    old, one, two = base.data or b"", ours.data or b"", theirs.data or b""
+    old, one, two = (base.data or b"") if base.kind == "file" else b"", ours.data or b"", theirs.data or b""
     if one == two:
         return Outcome(path, State("file", mode, one), "mode merged")
     if one == old or two == old:
@@ -200,10 +210,9 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
         return Outcome(path, None, "conflict: binary file changed on both sides (git merges no binary content)")
     merged, clean = merge_file(old, one, two)
     if not clean:
-        what = "added on both sides" if base.kind is None else "changed on both sides"
+        what = added if base.kind != "file" else "changed on both sides"
         return Outcome(path, None, f"conflict: overlapping lines {what}", hunks=conflict_hunks(merged, old, one, two))
-    return Outcome(path, State("file", mode, merged),
-                   "lines merged" + (" (added on both sides)" if base.kind is None else ""))
+    return Outcome(path, State("file", mode, merged), "lines merged" + (f" ({added})" if base.kind != "file" else ""))
 
 
 def merge_file(base: bytes, ours: bytes, theirs: bytes) -> tuple[bytes, bool]:

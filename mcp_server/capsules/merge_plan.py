@@ -16,9 +16,11 @@ git's index for the base directory) gives it for an ``lstat`` where the file was
 before and not written since.  The live check (capsules/merge.py) compares the same digests.
 
 After the paths, the tree as a whole: a path kept in the merge must have a directory
-for a parent in the merge too.  A capsule that replaced ``src/`` with a symlink (or
-deleted it) while another added ``src/new.py`` conflicts on ``src/new.py``; merged
-regardless, the add would be written through the link, or into nothing.
+for a parent in the merge too.  A capsule that replaced ``src/`` with a symlink while
+another added ``src/new.py`` conflicts on ``src/new.py``; merged regardless, the add
+would be written through the link.  A directory one side deleted while another added a
+path below it stays, as that side has it: git holds files, not directories, and
+deleting every file below one leaves room for another side's new file there.
 """
 
 from __future__ import annotations
@@ -289,12 +291,29 @@ def _parents_hold(plan: Plan) -> None:
             parent = plan.outcomes.get(head)
             if parent is None or (parent.state is not None and parent.state.kind == "dir"):
                 continue
+            held = _held_dir(plan, head, parent, one.sides)
+            if held is not None:
+                plan.outcomes[head] = held
+                continue
             what = "a conflict" if parent.state is None else parent.state.describe()
             plan.outcomes[path] = Outcome(path, None, f"conflict: kept by {', '.join(one.sides) or 'the base'} "
                                           f"while its directory {head} is {what} in the merge "
                                           f"({', '.join(parent.sides)})",
                                           (*parent.sides, *one.sides))
             break
+
+
+def _held_dir(plan: Plan, head: str, parent: Outcome, keepers: tuple[str, ...]) -> Outcome | None:
+    """The directory ``head`` as a side that keeps a path below it has it, where the merge would delete it
+    (git holds no directory: one side's deleting every path below it leaves another's new path there,
+    in its directory); None where the merge puts something else there, or no such side has a directory."""
+    if parent.state is None or parent.state.kind is not None:
+        return None
+    held = next((plan.sides[name][head] for name in keepers if plan.sides[name][head].kind == "dir"), None)
+    if held is None:
+        return None
+    return Outcome(head, held, f"deleted on one side, kept as a directory for what {', '.join(keepers)} "
+                   "put below it", (*parent.sides, *keepers))
 
 
 def pairs(plan: Plan, names: list[str], passed: frozenset[str] = frozenset()) -> list[dict[str, object]]:
