@@ -164,6 +164,12 @@ def test_add_add_merges_identical_and_conflicts_otherwise() -> None:
     assert [(h.line, h.base, h.ours, h.theirs) for h in out.hunks] == [(0, "", "x = 1\n", "x = 2\n")]
     modes = merge_path("new.py", ABSENT, [("a", _file(b"x\n", 0o755)), ("b", _file(b"x\n"))])
     assert modes.conflict and "added on both sides with different modes" in modes.how
+    # an empty file added is not the base's bytes (git's add/add merges against no file): lines from the
+    # other side merge, a binary from it does not
+    text = merge_path("new.py", ABSENT, [("a", _file(b"")), ("b", _file(b"x = 1\n"))])
+    assert text.state == _file(b"x = 1\n") and text.how == "lines merged (added on both sides)"
+    binary = merge_path("new.bin", ABSENT, [("a", _file(b"\0bin")), ("b", _file(b""))])
+    assert binary.conflict and "binary" in binary.how
 
 
 def test_two_files_over_a_directory_or_a_symlink_merge_as_added_as_git_merges_them() -> None:

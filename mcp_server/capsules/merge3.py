@@ -204,7 +204,7 @@ def _merge_files(path: str, base: State, ours: State, theirs: State) -> Outcome:
     old, one, two = (base.data or b"") if base.kind == "file" else b"", ours.data or b"", theirs.data or b""
     if one == two:
         return Outcome(path, State("file", mode, one), "mode merged")
-    if one == old or two == old:
+    if base.kind == "file" and (one == old or two == old):  # an added empty file is no base's bytes: git merges it
         return Outcome(path, State("file", mode, two if one == old else one), "content from one side, mode merged")
     if any(is_binary(data) for data in (old, one, two)):
         return Outcome(path, None, "conflict: binary file changed on both sides (git merges no binary content)")
