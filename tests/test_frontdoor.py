@@ -386,6 +386,33 @@ def test_an_agents_server_takes_the_state_dir_from_the_cli_daemon(tmp_path: Path
         assert _ended(daemon["frontend_pid"])
 
 
+def test_a_command_given_another_helper_is_not_served_by_the_daemons(tmp_path: Path, monkeypatch: Any) -> None:
+    from mcp_server.cli import frontclient
+
+    state, service = tmp_path / "state", str(tmp_path / "service.sock")
+    first = frontclient.start_daemon(str(state))["frontend_started"] and frontdaemon.status(str(state))
+    monkeypatch.setattr(frontclient, "answering", lambda path: {"mode": "privileged"} if path == service else None)
+    monkeypatch.setenv("CCW_HELPER_SOCKET", service)  # README: export CCW_HELPER_SOCKET once the service is in
+    stream = trio.run(frontclient.attach, Config.from_env({"CCW_STATE_DIR": str(state), "CCW_HELPER_SOCKET": service}))
+    trio.run(stream.aclose)
+    assert _ended(first["frontend_pid"])  # the idle daemon with the state dir's helper yielded
+    assert json.loads((state / "frontend.lock").read_text())["settings"]["helper_socket"] == service
+    frontdaemon.stop_daemon(str(state))
+
+
+def test_a_command_given_another_helper_does_not_attach_to_an_agents_server(tmp_path: Path, monkeypatch: Any) -> None:
+    from mcp_server.cli import frontclient
+
+    state, service = tmp_path / "state", str(tmp_path / "service.sock")
+    monkeypatch.setattr(frontclient, "answering", lambda path: {"mode": "privileged"})
+    with RawStdio(state, "server", tasks=None) as agent:
+        assert "result" in _info(agent)
+        with pytest.raises(CcwError) as refused:
+            trio.run(frontclient.attach, Config.from_env({"CCW_STATE_DIR": str(state), "CCW_HELPER_SOCKET": service}))
+        assert refused.value.code == "CONFLICT" and f"pid {agent.proc.pid}" in refused.value.message
+        assert "result" in _info(agent)
+
+
 def _ended(pid: int) -> bool:
     """Exited (maybe not yet reaped: the daemon was adopted by whatever reaps here)."""
     try:

@@ -32,17 +32,18 @@ from typing import Any
 
 import trio
 
-from mcp_server import __version__, framing
+from mcp_server import __version__, framing, frontdaemon
 from mcp_server.caller import CALLER_META, CALLER_OUTPUT, CALLER_TERMINAL
 from mcp_server.config import Config
 from mcp_server.frontdoor import FrontendPaths, opening_line, owner_of
-from mcp_server.launcher import READY_TIMEOUT_S, log_tail, spawn_detached
+from mcp_server.launcher import READY_TIMEOUT_S, answering, log_tail, spawn_detached
 from mcp_server.statedir import make_state_dir
 from sandbox.errors import CcwError
 
 PROTOCOL = "2025-11-25"
 MAX_ANSWER = 256 << 20
 CALL_ID = 2
+YIELD_TRIES = 10  # how often a command asks a daemon with another helper to yield, 0.1 s apart
 
 
 class CallError(Exception):
@@ -165,10 +166,52 @@ async def attach(config: Config) -> trio.SocketStream:
     helper must not start one of its own): the daemon is this user's own unprivileged
     process, which the command needs to run at all, and it leaves when idle."""
     path = str(FrontendPaths.of(config.state_dir).socket)
+    await trio.to_thread.run_sync(_served_with_our_helper, config)
     with contextlib.suppress(OSError):
         return await trio.open_unix_socket(path)
     await trio.to_thread.run_sync(start_daemon, config.state_dir)
     return await trio.open_unix_socket(path)
+
+
+def _served_with_our_helper(config: Config) -> None:
+    """Make sure the front end this command attaches to uses the helper it was given.
+
+    The front end's own helper runs every call's capsules, so a command given
+    CCW_HELPER_SOCKET (the system service, installed after the first capsules) would
+    otherwise be served by the rootless helper of a daemon started before, with no limits
+    and no read tracing, and not told.  The ccw command's own idle daemon yields (the
+    caller then starts one with this command's settings); a busy one, or an agent's
+    ccw-mcp, is not ours to end: CONFLICT, as an attaching ccw-mcp gets
+    (frontdoor.refuse_unlike)."""
+    if not config.helper_socket:
+        return
+    owner = owner_of(config.state_dir) or {}
+    settings = owner.get("settings")
+    theirs = settings.get("helper_socket") if isinstance(settings, dict) else None
+    if theirs is None or theirs == config.helper_socket or answering(config.helper_socket) is None:
+        return  # an owner that recorded none, the same helper, or one we could not use either
+    daemon = bool(owner.get("daemon"))
+    for _ in range(YIELD_TRIES if daemon else 0):
+        said = frontdaemon.ask_to_yield(config.state_dir)
+        if said == "now":
+            frontdaemon.stop_daemon(config.state_dir, send_signal=False)
+            return
+        if said != "busy":
+            break
+        # a connection that has just ended (a probe's, the last command's) still counts as
+        # a client until the daemon reads its end: "busy" for a few milliseconds more
+        time.sleep(0.1)
+    helper = repr(theirs) if theirs else "the state dir's own helper"
+    who = "the ccw command's daemon" if daemon else f"ccw-mcp ({owner.get('endpoint', '?')})"
+    way = ("it keeps a service, a forwarded port or another client: stop them, then ccw helper stop "
+           "(the next command starts a front end on CCW_HELPER_SOCKET)" if daemon else
+           "start that ccw-mcp with the same CCW_HELPER_SOCKET")
+    raise CcwError("CONFLICT", (
+        f"state dir {config.state_dir} is served by {who}, pid {owner.get('pid', '?')}, with "
+        f"{helper} as its helper, not CCW_HELPER_SOCKET="
+        f"{config.helper_socket}: this command's capsules would run under that one. To use "
+        f"{config.helper_socket}, {way}, or give this command its own --state-dir"),
+        {"settings": ["helper_socket"], "frontend_pid": owner.get("pid")})
 
 
 def _answers(path: str) -> bool:
