@@ -6,6 +6,7 @@ import argparse
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tomllib
@@ -466,6 +467,24 @@ def test_helper_commands_print_sentences() -> None:
         "helper already running: rootless mode, pid 7 (/s/helper.sock)"]
     assert helperctl.describe("status", {"running": False}) == ["helper: not running (none answers)",
                                                               "front end: not running"]
+
+
+def test_helper_status_names_the_helper_socket_the_commands_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # Found in the README trial: with the system service in and CCW_HELPER_SOCKET exported,
+    # as README says, ccw helper status said "not running" and exited 1 (it asked the state
+    # dir's own socket only), while every command ran under the service.
+    service = str(tmp_path / "service.sock")
+    monkeypatch.setattr("mcp_server.launcher.answering", lambda path: {"mode": "privileged", "version": 1}
+                        if path == service else None)
+    monkeypatch.setattr(helperctl, "answering", lambda path: {"mode": "privileged"} if path == service else None)
+    monkeypatch.setenv("CCW_HELPER_SOCKET", service)
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(service)
+        listening.listen()
+        assert main(["--state-dir", str(tmp_path / "state"), "helper", "status"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"helper: running, privileged mode, pid {os.getpid()} ({service}, CCW_HELPER_SOCKET)")
 
 
 def test_service_list_shows_each_ports_connections_accepted_and_refused(

@@ -239,7 +239,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "helper":
         from mcp_server.cli import helperctl
 
-        result = helperctl.run(args.action, config.state_dir, args.force)
+        result = helperctl.run(args.action, config.state_dir, args.force, config.helper_socket)
         if args.json:
             print_json(result)
         else:

@@ -37,8 +37,10 @@ from mcp_server.launcher import HelperPaths, answering
 from sandbox.errors import CcwError
 
 
-def run(action: str, state_dir: str, force: bool = False) -> dict[str, Any]:
-    """``ccw helper <action>`` for ``state_dir``: start, stop or status; what it did or found."""
+def run(action: str, state_dir: str, force: bool = False, helper_socket: str = "") -> dict[str, Any]:
+    """``ccw helper <action>`` for ``state_dir``: start, stop or status; what it did or found.
+    ``status`` names the helper the commands use (``ensure``): ``helper_socket``'s
+    (CCW_HELPER_SOCKET) when it answers, else the state dir's."""
     from mcp_server import frontdaemon
 
     if action == "start":
@@ -49,6 +51,8 @@ def run(action: str, state_dir: str, force: bool = False) -> dict[str, Any]:
         # The front end the ccw command started uses this helper: it goes first (an agent's
         # ccw-mcp serving the state dir is left alone; it would start a helper again).
         return {**frontdaemon.stop_daemon(state_dir), **launcher.stop(state_dir)}
+    if helper_socket and answering(helper_socket) is not None:
+        return {**frontdaemon.status(state_dir), **launcher.status_of(helper_socket), "given": True}
     return {**frontdaemon.status(state_dir), **launcher.status_of(str(HelperPaths.of(state_dir).socket))}
 
 
@@ -79,7 +83,8 @@ def ensure(config: Config, autostart: bool = True) -> dict[str, Any]:
 def describe(action: str, result: dict[str, Any]) -> list[str]:
     """``run``'s result as the lines a person reads (``--json`` gives every field)."""
     lines = []
-    where = f"{result.get('mode')} mode, pid {result.get('pid')} ({result.get('socket')})"
+    given = ", CCW_HELPER_SOCKET" if result.get("given") else ""
+    where = f"{result.get('mode')} mode, pid {result.get('pid')} ({result.get('socket')}{given})"
     if action == "start":
         lines.append(f"helper {'started' if result.get('started') else 'already running'}: {where}")
     elif action == "stop":
