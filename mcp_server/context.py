@@ -37,7 +37,7 @@ from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.services import Services
 from mcp_server.capsules.turns import CapsuleQueue, Ticket
 from mcp_server.config import Config
-from mcp_server.events import EventLog, live_connection, record_outcome
+from mcp_server.events import MAX_ERROR, EventLog, live_connection, record_outcome
 from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
@@ -74,6 +74,8 @@ class Runtime:
         data: dict[str, Any] = {"ticket": ticket.number, "label": ticket.label}
         if what == "started":
             data["waited_ms"] = ticket.waited_ms
+        elif what == "failed":
+            data["error"] = (ticket.failed or "")[:MAX_ERROR]
         self.events.add(f"run.{what}", capsule_id, data)
 
     def _connection_event(self, capsule_id: str, record: dict[str, Any]) -> None:

@@ -21,9 +21,10 @@ every text in them came from inside a capsule, so it is untrusted:
 - ``capsule.created``  workspace, base, parent, network ("none" or the allowlist's rules),
   exposed dirs;  ``capsule.destroyed``  (nothing).
 - ``run.queued``  ticket, label (a call asked for the capsule's turn and waits behind
-  another);  ``run.started``  ticket, label, waited_ms.  Turn events, of any call that
-  takes a turn (an exec, a fork, a destroy); stored kinds, so named "run" still
-  (docs/names.md).
+  another);  ``run.started``  ticket, label, waited_ms;  ``run.failed``  ticket, label,
+  error ("CODE: message", cut): a call that started and ended in an error, so no run
+  (an exec the helper refused).  Turn events, of any call that takes a turn (an exec, a
+  fork, a destroy); stored kinds, so named "run" still (docs/names.md).
 - ``run.finished``  an exec's end: seq, argv, cwd, exit_code, signal, timed_out, oom_killed,
   duration_ms, generation, generation_out, usage (cpu_ms, rss_max_kb: null when not
   measured), reads (null when not traced), writes, connections (counts), terminal (an
@@ -76,7 +77,7 @@ from typing import Any
 
 from mcp_server.state import State
 
-KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.finished",
+KINDS = ("capsule.created", "capsule.destroyed", "run.queued", "run.started", "run.failed", "run.finished",
          "files.written", "files.read", "net.connection", "file.changed", "policy.report", "promotion",
          "witness", "replay", "deltamin.trial", "deltamin.done", "service", "port", "net.rules",
          "net.ask", "net.answer", "race")
@@ -84,6 +85,7 @@ KEEP_EVENTS = 200_000
 MAX_PATHS = 200
 MAX_DIRS = 10
 MAX_CONNECTIONS = 100
+MAX_ERROR = 300  # characters of a failed call's error that its run.failed keeps
 POLL_S = 0.1
 LOOK_S = 1.0
 BATCH = 500  # events a follower asks for at once

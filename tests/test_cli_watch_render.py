@@ -39,6 +39,8 @@ def test_watch_lines_say_what_happened_without_escapes() -> None:
     assert killed.startswith("run 4 killed by signal 9 in 5 ms: sleep 9 (0 written, 2 read, 0 connections")
     waiting = watch.describe(_event("run.queued", ticket=5, label="exec `pytest`"))
     assert waiting == "turn 5: exec `pytest` waits for its turn"
+    failed = watch.describe(_event("run.failed", ticket=6, label="exec `pytest`", error=f"CONFLICT: frozen{ESC}[2J"))
+    assert failed == "turn 6: exec `pytest` failed: CONFLICT: frozen\\x1b[2J"
     wrote = watch.line(_event("files.written", seq=3, count=5, paths=["a", f"b{ESC}[2J", "c", "d", "e"]))
     assert wrote.endswith("run 3 wrote a, b\\x1b[2J, c and 2 more")
     live = watch.describe(_event("files.written", seq=None, live=True, count=1, paths=["early.txt"]))

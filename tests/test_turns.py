@@ -135,3 +135,25 @@ def test_a_claimed_place_is_the_handlers_and_an_unclaimed_one_is_given_back() ->
 
     trio.run(main)
     assert ran == ["held", "later"]
+
+
+def test_an_exec_that_fails_holding_its_turn_is_told_as_failed() -> None:
+    # Found in a trial: an exec the helper refused (its capsule frozen by forks) showed in
+    # ccw watch and ccw ui as started and never ended, as if it still ran.
+    from sandbox.errors import CcwError
+
+    told: list[tuple[str, str, str | None]] = []
+    queue = CapsuleQueue(observer=lambda what, _capsule, ticket: told.append((what, ticket.label, ticket.failed)))
+
+    async def main() -> None:
+        try:
+            async with queue.turn("cap", EXEC.label + " `pytest`"):
+                raise CcwError("CONFLICT", "capsule cap has forks")
+        except CcwError:
+            pass
+        async with queue.turn("cap", EXEC.label + " `true`"):
+            pass  # ended well: its end is its run's (run.finished), not a turn event
+
+    trio.run(main)
+    assert told == [("started", "exec `pytest`", None), ("failed", "exec `pytest`", "CONFLICT: capsule cap has forks"),
+                    ("started", "exec `true`", None)]

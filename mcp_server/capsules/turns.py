@@ -45,6 +45,8 @@ from typing import Any
 
 import trio
 
+from sandbox.errors import CcwError
+
 WAIT_REPORT_S = 1.0  # a queued call repeats its "queued" report this often
 LABEL_CHARS = 60  # of a command, in the "queued behind" reports
 MAX_PLACES = 128  # lines one call takes a place in on arrival: capsule_fork's count, above a race's
@@ -122,6 +124,7 @@ class Ticket:
     follows: str | None = None  # TakesTurn.follows
     more: list[Ticket] = field(default_factory=list)  # the same call's places in other capsules' lines
     kept: bool = False  # its call's run keeps it past the call's answer (``CapsuleQueue.keep``)
+    failed: str | None = None  # "CODE: message" of the error its call ended in while it held the turn
 
     @property
     def waited_ms(self) -> int:
@@ -294,6 +297,11 @@ class CapsuleQueue:
                     await lot.park()
             ticket.started = time.monotonic()
             self._observe("started", capsule_id, ticket)
-            yield ticket
+            try:
+                yield ticket
+            except CcwError as exc:  # an exec the helper refused ends in no run: its start needs an end
+                ticket.failed = f"{exc.code}: {exc.message}"
+                self._observe("failed", capsule_id, ticket)
+                raise
         finally:
             self.release(capsule_id, ticket)

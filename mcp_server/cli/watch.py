@@ -102,6 +102,9 @@ def describe(event: Event, color: bool = False) -> str:
         reads = "reads not traced" if data.get("reads") is None else f"{data.get('reads')} read"
         return (f"run {data.get('seq')} {paint(status, GREEN if ok else RED, color)} in {data.get('duration_ms')} ms: "
                 f"{_argv(data)} ({data.get('writes')} written, {reads}, {data.get('connections')} connections)")
+    if kind == "run.failed":
+        return f"turn {data.get('ticket')}: {visible(str(data.get('label')))} {paint('failed', RED, color)}: " \
+            f"{visible(str(data.get('error')))}"
     if kind in ("run.queued", "run.started"):
         # A call's place in the capsule's queue, not its run number: the journal numbers a
         # run when it ends, and file-tool edits take numbers too.

@@ -259,6 +259,10 @@
       pending.children[1].className = "argv";
       $("runs").tBodies[0].append(pending);
     }
+    else if (event.kind === "run.failed") {  // started, then refused: no run, so its pending row goes
+      setStatus(`${data.label ?? "a call"} failed: ${data.error ?? ""}`);
+      refreshRuns(null);
+    }
     else if (event.kind === "run.finished") {
       setStatus(`run ${data.seq} finished (exit ${data.exit_code})`);
       refreshRuns(data.seq);
