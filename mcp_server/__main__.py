@@ -106,6 +106,10 @@ async def run(config: Config) -> int:
         lock = await _take_from_daemon(config)
     if lock is None and config.endpoint != "stdio":
         owner = frontdoor.owner_of(config.state_dir) or {}
+        if owner.get("daemon"):  # the ccw command's own front end, kept busy (a service, a forwarded port)
+            raise CcwError("CONFLICT", f"state dir {config.state_dir} is served by the ccw command's front end (pid "
+                           f"{owner.get('pid', '?')}), busy with commands, services or forwarded ports: "
+                           "`ccw helper stop --force` ends it and them, or choose another CCW_STATE_DIR")
         raise CcwError("CONFLICT", f"state dir {config.state_dir} is served by ccw-mcp pid {owner.get('pid', '?')} "
                        f"({owner.get('endpoint', '?')}); stop it or choose another CCW_STATE_DIR "
                        "(a stdio ccw-mcp would attach to it instead)")

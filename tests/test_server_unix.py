@@ -218,6 +218,26 @@ def test_one_state_dir_one_socket_server(tmp_path: Path):
         assert first.stop() == 0
 
 
+def test_a_busy_daemon_is_named_with_how_to_end_it(tmp_path: Path):
+    """Found in a trial: ``ccw serve`` on a state dir whose ``ccw`` daemon stayed busy said
+    "served by ccw-mcp pid N; stop it", naming neither the daemon nor how to stop it."""
+    from mcp_server.frontdoor import FrontendPaths
+
+    daemon_socket = FrontendPaths.of(str(tmp_path / "state")).socket
+    daemon = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_SOCKET_PATH=str(daemon_socket)))
+    try:
+        daemon.wait_ready()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:  # its one client: it stays
+            client.connect(str(daemon_socket))
+            second = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket", MCP_READY_FILE=str(tmp_path / "r2"),
+                                              MCP_SOCKET_PATH=str(tmp_path / "other.sock")))
+            assert second.wait() == 2
+        assert f"served by the ccw command's front end (pid {daemon.proc.pid}), busy with" in second.log, second.log
+        assert "`ccw helper stop --force` ends it" in second.log
+    finally:
+        assert daemon.stop() == 0
+
+
 def test_path_that_is_not_a_socket_is_never_removed(tmp_path: Path):
     (tmp_path / "mcp.sock").write_text("precious")
     server = ServerProcess(server_env(tmp_path, MCP_ENDPOINT="socket"))
