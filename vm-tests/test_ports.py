@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.cli_process import ccw
+from mcp_server import frontdaemon
+from tests.support.cli_process import CCW, ROOT, ccw, cli_env
 from tests.support.workspaces import make_workspace
 
 
@@ -94,3 +96,28 @@ def test_a_forward_says_whether_anything_listens_behind_it(tmp_path: Path, root_
         assert listed() == [f"port 9100\t{address}\tnothing listens there now{counts}"]  # kept: the capsule's
     finally:
         ccw(state, "helper", "stop", "--force", check=False)
+
+
+def test_a_forward_of_a_capsule_its_helper_does_not_know_is_kept_closed(tmp_path: Path, root_required: None) -> None:
+    # Found in a trial: after a state dir moved to another helper (CCW_HELPER_SOCKET), its front
+    # end opened the kept forward of a capsule that helper did not know, logged "not found" at
+    # each refill, and stayed "busy" for good: no other front end could take the state dir.
+    state, other = tmp_path / "state", tmp_path / "other"
+    workspace = make_workspace(tmp_path / "ws", {"f": ""})
+    try:
+        cap = ccw(state, "capsule", "create", "--no-auto-expose", str(workspace)).stdout.strip()
+        kept = json.loads(ccw(state, "capsule", "port", cap, "9200", "--json").stdout)
+        ccw(state, "helper", "stop")
+        ccw(other, "capsule", "list")  # another state dir's helper, which has no such capsule
+        env = {**cli_env(state), "CCW_HELPER_SOCKET": str(other / "helper" / "helper.sock")}
+        listed = subprocess.run([*CCW, "capsule", "list"], capture_output=True, text=True, env=env, cwd=ROOT,
+                                timeout=120)
+        assert listed.returncode == 0, listed.stderr
+        log = state / "frontend.log"
+        wait_for(lambda: f"mcp:port {cap}:9200 not reopened" in log.read_text(errors="replace"),
+                 "the kept forward's reopening to be tried")
+        assert not listening(kept["host_port"])
+        assert frontdaemon.ask_to_yield(str(state)) == "now"  # nothing held: it yields
+    finally:
+        ccw(state, "helper", "stop", "--force", check=False)
+        ccw(other, "helper", "stop", "--force", check=False)

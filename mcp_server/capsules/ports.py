@@ -187,6 +187,8 @@ class Ports:
         try:
             return await helper.net_spares(capsule_id, port, MAX_SPARES)  # the program asks for the rest
         except CcwError as exc:
+            if exc.code == "NOT_FOUND":  # this helper has no such capsule (the state dir moved to another helper)
+                raise
             LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
             return []
 
