@@ -102,15 +102,8 @@ def describe(event: Event, color: bool = False) -> str:
         reads = "reads not traced" if data.get("reads") is None else f"{data.get('reads')} read"
         return (f"run {data.get('seq')} {paint(status, GREEN if ok else RED, color)} in {data.get('duration_ms')} ms: "
                 f"{_argv(data)} ({data.get('writes')} written, {reads}, {data.get('connections')} connections)")
-    if kind == "run.failed":
-        return f"turn {data.get('ticket')}: {visible(str(data.get('label')))} {paint('failed', RED, color)}: " \
-            f"{visible(str(data.get('error')))}"
-    if kind in ("run.queued", "run.started"):
-        # A call's place in the capsule's queue, not its run number: the journal numbers a
-        # run when it ends, and file-tool edits take numbers too.
-        waited = f" after waiting {data.get('waited_ms')} ms" if data.get("waited_ms") else ""
-        verb = "waits for its turn" if kind == "run.queued" else "started" + waited
-        return f"turn {data.get('ticket')}: {visible(str(data.get('label')))} {verb}"
+    if kind in ("run.queued", "run.started", "run.failed"):
+        return _turn(kind, data, color)
     if kind == "files.written":
         paths = [visible(str(p)) for p in data.get("paths", [])[:PATHS_SHOWN]]
         more = data.get("count", 0) - len(paths)
@@ -152,6 +145,18 @@ def describe(event: Event, color: bool = False) -> str:
         return f"deltamin {what}, {counted(size, 'change')}: {data.get('outcome')}"
     rest = " ".join(f"{key}={visible(json.dumps(value))}" for key, value in sorted(data.items()))
     return f"{kind.replace('.', ' ')} {rest}".rstrip()
+
+
+def _turn(kind: str, data: dict[str, Any], color: bool) -> str:
+    """A turn event: a call's place in the capsule's queue, not its run number (the journal
+    numbers a run when it ends, and file-tool edits take numbers too)."""
+    if kind == "run.failed":
+        verb = f"{paint('failed', RED, color)}: {visible(str(data.get('error')))}"
+    elif kind == "run.queued":
+        verb = "waits for its turn"
+    else:
+        verb = "started" + (f" after waiting {data.get('waited_ms')} ms" if data.get("waited_ms") else "")
+    return f"turn {data.get('ticket')}: {visible(str(data.get('label')))} {verb}"
 
 
 def line(event: Event, color: bool = False) -> str:
