@@ -202,3 +202,39 @@ def test_ccw_capsule_create_asks_on_a_miss_with_its_flags() -> None:
     assert parse_network(create["network"]) == _ask_spec("pypi.org", timeout_ms=5000)
     with pytest.raises(SystemExit, match="need at least one --network RULE"):
         tool_call(parse_args(["capsule", "create", ".", "--ask-on-miss"]))
+
+
+# What a jail can put in a SOCKS5 name (any bytes): a title-setting escape and a host the
+# person would approve; a name no rule can ever allow is not a question for a person.
+SPOOF = b"\x1b]0;pwned\x07\x1b[2K\rgithub.com\xc2\x9b2J"
+
+
+def test_a_name_no_rule_can_allow_is_denied_without_asking(tmp_path: Path) -> None:
+    async def main() -> None:
+        spec = _ask_spec("127.0.0.1:9")
+        asking = _asking(tmp_path, spec)
+        async with egress(spec) as proxy:
+            proxy.session.set_asking(lambda attempt, service: asking(CAP, attempt, service, 5))
+            client = await proxy.socks()
+            await client.send_all(b"\x05\x01\x00")
+            assert await client.receive_some(2) == b"\x05\x00"
+            await client.send_all(b"\x05\x01\x00\x03" + bytes([len(SPOOF)]) + SPOOF + b"\x01\xbb")
+            with trio.fail_after(3):  # at once: nobody is asked, so nothing waits
+                answer = await read_all(client)
+            await client.aclose()
+            [record] = proxy.session.end_exec()
+        assert answer[:2] == b"\x05\x02" and record["allowed"] is False, (answer, record)
+        assert "a host name is ASCII" in str(record["reason"]) and "asked" not in record, record
+        assert asks.pending(asking.state) == []
+
+    trio.run(main)
+
+
+def test_ccw_net_pending_shows_what_a_jail_named_as_text() -> None:
+    from mcp_server.cli.net import render_pending
+
+    question = {"id": 1, "kind": "connection", "capsule_id": CAP, "protocol": "socks5", "waiters": 1,
+                "rule": SPOOF.decode("latin-1") + ":443", "command": "sh -c '\x1b[31mok'", "expires_at": "soon"}
+    shown = render_pending([question])
+    assert not any((ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0 for c in shown), repr(shown)
+    assert "\\x1b]0;pwned\\x07" in shown and "sh -c '\\x1b[31mok'" in shown

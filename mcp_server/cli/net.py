@@ -25,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-from mcp_server.cli.output import print_json
+from mcp_server.cli.output import print_json, visible
 from mcp_server.config import Config
 
 COMMANDS = ("net",)
@@ -82,15 +82,16 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print_json(settled.to_json())
     elif settled.kind == "proposal":
         told = settled.applied if settled.allowed else settled.reason  # how the rules went in, or why not
-        print(f"{settled.id}: {settled.state} (proposal of {settled.proposer} in {settled.capsule_id}: "
-              f"{settled.rule}" + (f"; {told}" if told else "") + ")")
+        print(visible(f"{settled.id}: {settled.state} (proposal of {settled.proposer} in {settled.capsule_id}: "
+                      f"{settled.rule}" + (f"; {told}" if told else "") + ")"))
     else:
-        print(f"{settled.id}: {settled.state} ({settled.host}:{settled.port} in {settled.capsule_id})")
+        print(visible(f"{settled.id}: {settled.state} ({settled.host}:{settled.port} in {settled.capsule_id})"))
     return 0
 
 
 def render_pending(waiting: list[dict[str, Any]]) -> str:
-    """The pending questions as a person reads them, with the commands that answer them."""
+    """The pending questions as a person reads them, with the commands that answer them; a
+    question's command and reason are an agent's text, its host a jail's: shown as text."""
     if not waiting:
         return "no connection is waiting for an answer\n"
     lines = []
@@ -104,7 +105,7 @@ def render_pending(waiting: list[dict[str, Any]]) -> str:
                      f"{question['rule']} ({question['waiters']} waiting, until {question['expires_at']})")
         lines.append(f"    command: {question['command']}")
     lines.append("answer with: ccw net approve ID [--always] | ccw net deny ID --reason TEXT")
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def _presets(args: argparse.Namespace, config: Config) -> int:

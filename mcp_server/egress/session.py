@@ -344,7 +344,9 @@ class EgressSession:
             return attempt
         book.connections += 1
         decision = netrules.decide(self.spec, host, port)
-        if not decision.allowed and self.spec.on_miss == "ask" and self._ask is not None:
+        # A name no rule can allow (not ASCII, bad syntax) is no question for a person: it is
+        # the jail's raw bytes (a SOCKS name), which would reach their terminal and page.
+        if not decision.allowed and self.spec.on_miss == "ask" and self._ask is not None and name is not None:
             attempt = Attempt(self._next_seq(), shown, port, protocol, False, None,
                               f"{decision.reason}; waiting for a person's answer", rules=self.rules, asked=WAITING)
             book.attempts.append(attempt)  # told once answered (consider)
