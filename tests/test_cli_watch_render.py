@@ -22,7 +22,10 @@ def test_visible_writes_every_control_character_as_an_escape() -> None:
     assert visible(f"a{ESC}[2Jb\x07c\x9bd\x7f") == "a\\x1b[2Jb\\x07c\\x9bd\\x7f"
     assert visible("line\n\tnext") == "line\\x0a\\x09next"
     assert visible("line\n\tnext", keep_newlines=True) == "line\n\tnext"
-    assert visible("naïve → ok") == "naïve → ok"  # printable text is left alone
+    assert visible("naïve → ok, שלום") == "naïve → ok, שלום"  # printable text is left alone
+    # Bidi overrides and isolates, which a terminal doing bidi would obey (a diff's "Trojan Source").
+    assert visible('is_admin = "user\u202e \u2066// admin\u2069 \u2066"\u200f') == \
+        'is_admin = "user\\u202e \\u2066// admin\\u2069 \\u2066"\\u200f'
 
 
 def _event(kind: str, **data: object) -> Event:

@@ -89,6 +89,11 @@ def color_diff(diff: str, color: bool) -> str:
 
 
 _CONTROLS = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+# Bidi controls (embeddings, overrides, isolates, marks): a terminal that does bidi (VTE's,
+# Konsole) draws the text after one reordered, so a diff's line reads as other code than it
+# is ("Trojan Source") and a file name as another name.  Right-to-left letters stay.
+_BIDI_CONTROLS = (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))
+_CONTROLS.update({code: f"\\u{code:04x}" for code in _BIDI_CONTROLS})
 
 
 def visible(text: str, keep_newlines: bool = False) -> str:
