@@ -9,6 +9,8 @@ the workspace untouched), then under the default one (the file reaches the works
 A real ``capsule_deltamin`` runs while the page is open: each trial is drawn as it comes.
 A capsule with 1200 runs (copies of the rows a real run made) among 120 others comes a
 page at a time, older ones on a click; 600 more, added while the page is open, arrive live.
+A capsule whose every field carries markup, a script URL, escapes and bidi controls: nothing
+runs (no CSP violation, no canary set), and no bidi control reorders what is shown.
 The screenshots are kept under the test's tmp dir (its path is printed).
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from mcp_server.capsules import races
 from mcp_server.capsules.policy import PolicyStore
 from mcp_server.cli.ui import launch_page
 from mcp_server.events import EventLog
@@ -321,3 +324,58 @@ def test_a_long_history_comes_a_page_at_a_time(state: Path, dashboard: str, brow
     browser.wait_until(lambda: _shown(browser, "#network tbody tr") == 1000, "the live connections")
     assert not browser.find("#older-runs[hidden]")
     print(f"screenshots kept in {shots}")
+
+
+# What a capsule writes, aimed at the page: markup, a script URL, terminal escapes, and bidi
+# controls that would make a line read as other code than it is (Trojan Source: an override
+# and isolates turn `"user"` checks into what looks like a comment).
+CANARY = "window.ccwPwned=1"
+MARKUP = f"<img src=x onerror={CANARY}><script>{CANARY}</script><a href='javascript:{CANARY}'>ok</a>"
+TROJAN = 'if role != "user\u202e \u2066// admins only\u2069 \u2066":'
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def test_what_a_capsule_wrote_is_shown_as_text_never_run_or_reordered(tmp_path: Path, browser: Browser) -> None:
+    state_dir = tmp_path / "state"
+    store = State(state_dir)
+    journal, log = Journal(store), EventLog(store)
+    journal.add_capsule(capsule_record())
+    network = [{"host": f"{MARKUP}\u202eexample.org", "port": 443, "protocol": "https", "allowed": False,
+                "rule": None, "reason": MARKUP, "bytes_in": 0, "bytes_out": 0}]
+    seq = journal.add_exec("cap_1", {**exec_entry({"read": [MARKUP], "written": [f"src/{MARKUP}", "gpj.\u202eexe"],
+                                                   "network": network}), "argv": ["sh", "-c", TROJAN + MARKUP]})
+    journal.add_outputs("cap_1", seq, {"stdout": f"{TROJAN}\n\x1b]0;pwned\x07{MARKUP}\n".encode() + b"\xff\xfe" * 9,
+                                       "stderr": ("x" * 20000 + MARKUP).encode()})
+    log.add("policy.report", "cap_1", {"passed": False, "report": {"details": f"\u202edessap {MARKUP}"}})
+    log.add("promotion", "cap_1", {"applied": [], "dry_run": False, "branch": None,
+                                   "refused": {"code": "POLICY", "message": MARKUP + "\u202e"}})
+    log.add("file.changed", "cap_1", {"seq": 1, "path": MARKUP, "action": "write"})
+    races.begin(store, "run_1", None, {"capsule_ids": ["cap_1"], "cmd": [TROJAN, MARKUP], "policy": MARKUP})
+    races.end(store, "run_1", {"order": "exit_code", "rows": [
+        {"capsule_id": "cap_1", "exit_code": 1, "timed_out": False, "duration_ms": 40, "usage": {},
+         "diff": {"files": 1, "lines": 1}, "verdict": "failed", "verdict_details": TROJAN + MARKUP, "rank": 1}]})
+    store.close()
+    with serve_ui(state_dir) as url:
+        browser.get(url)
+        browser.wait_until(lambda: browser.text("#race-title") and browser.find("#runs tbody tr"), "the page")
+        # From here, markup parsed anywhere would try to run: CSP blocks it, and says so.
+        browser.script("window.ccwViolations = 0; document.addEventListener('securitypolicyviolation', "
+                       "() => { window.ccwViolations += 1; })")
+        browser.click("#race-table tbody tr a")  # the race's capsule link selects it again: all redrawn
+        browser.click("#runs tbody tr")
+        browser.wait_until(lambda: "admins only" in browser.text("#run-stdout"), "the run's output")
+        browser.wait_until(lambda: "promotion refused" in browser.text("#reports"), "the reports")
+        page = browser.script("return document.body.innerText")
+        assert browser.script("return [window.ccwPwned, window.ccwViolations, document.title]") == \
+            [None, 0, "ccw dashboard"]
+        assert browser.script("return document.querySelectorAll('main img, main script, main a[href^=javascript]')"
+                              ".length") == 0
+        assert MARKUP in page and f"<img src=x onerror={CANARY}><script>" in browser.text("#run-written")
+        # No bidi control reaches the screen: each is shown as its code, as the CLI shows it.
+        assert not BIDI.search(page), [m.group() for m in BIDI.finditer(page)]
+        assert 'if role != "user\\u202e \\u2066// admins only\\u2069 \\u2066":' in browser.text("#run-stdout")
+        assert "gpj.\\u202eexe" in browser.text("#run-written")
+        assert browser.text("#reports").count("\\u202e") == 2 and "\\u202e" in browser.text("#race-title")
+        titles = browser.script("return [...document.querySelectorAll('[title]')].map((n) => n.title).join('')")
+        assert TROJAN not in titles and "\\u2066// admins only" in titles
+        shot(browser, tmp_path / "screenshots", "hostile")

@@ -19,10 +19,15 @@
     "deltamin.trial", "deltamin.done"];
   const CAPSULES_PAGE = 50, KEEP_RUNS = 1000, KEEP_EVENTS = 2000, PLOT_RUNS = 200, LIST_PATHS = 500;
   const $ = (id) => document.getElementById(id);
+  // Bidi controls (overrides, isolates, marks) in a capsule's text would reorder what follows
+  // them: a diff's line would read as other code than it is (Trojan Source), a file name as
+  // another. They are shown as \u202e, as the CLI shows them; right-to-left letters stay.
+  const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+  const shown = (text) => String(text).replace(BIDI, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
 
   function el(tag, text, cls) {
     const node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = String(text);
+    if (text !== undefined && text !== null) node.textContent = shown(text);
     if (cls) node.className = cls;
     return node;
   }
@@ -118,8 +123,8 @@
     $("destroy").textContent = "Destroy";
     const cap = state.capsules.find((c) => c.capsule_id === capsuleId);
     $("cap-title").textContent = capsuleId;
-    $("cap-meta").textContent = cap ? `${cap.workspace} · created ${cap.created_at}` +
-      (cap.destroyed_at ? ` · destroyed ${cap.destroyed_at}` : "") : "";
+    $("cap-meta").textContent = cap ? shown(`${cap.workspace} · created ${cap.created_at}` +
+      (cap.destroyed_at ? ` · destroyed ${cap.destroyed_at}` : "")) : "";
     showPorts(cap);
     await loadRuns(false);
     await loadEvents(false);
@@ -182,9 +187,9 @@
     state.run = seq;
     for (const tr of $("runs").tBodies[0].children) tr.classList.toggle("selected", tr.dataset.run === String(seq));
     $("run-detail").hidden = false;
-    $("run-title").textContent = `run ${seq}: ${shellJoin(detail.argv)} — exit ${status(detail)}, ${duration(detail.duration_ms)}`;
-    $("run-stdout").textContent = detail.output.stdout ?? "(not kept)";
-    $("run-stderr").textContent = detail.output.stderr ?? "(not kept)";
+    $("run-title").textContent = shown(`run ${seq}: ${shellJoin(detail.argv)} — exit ${status(detail)}, ${duration(detail.duration_ms)}`);
+    $("run-stdout").textContent = shown(detail.output.stdout ?? "(not kept)");
+    $("run-stderr").textContent = shown(detail.output.stderr ?? "(not kept)");
     const written = tree(detail.written.slice(0, LIST_PATHS));
     if (detail.written_total > LIST_PATHS) written.push(el("li", `… and ${detail.written_total - LIST_PATHS} more ` +
       `(ccw capsule show ${state.selected} ${seq})`));
@@ -340,7 +345,7 @@
     }
   }
 
-  function setStatus(text) { $("status").textContent = text; }
+  function setStatus(text) { $("status").textContent = shown(text); }
 
   // --- questions: connections waiting for a person's answer (capsules/asks.py) ------
   // A question's fields came from a jail (host, command): shown as text, like the rest.
@@ -388,7 +393,7 @@
   function svg(tag, attrs, text) {
     const node = document.createElementNS(SVG, tag);
     for (const [key, value] of Object.entries(attrs)) node.setAttribute(key, String(value));
-    if (text !== undefined) node.textContent = String(text);
+    if (text !== undefined) node.textContent = shown(text);
     return node;
   }
 
@@ -450,7 +455,7 @@
   // --- actions: the same tools an agent calls -------------------------------------------
   function showOutcome(text, ok) {
     const box = $("action-result");
-    box.textContent = text;
+    box.textContent = shown(text);
     box.className = ok ? "done" : "refused";
   }
 
@@ -501,7 +506,7 @@
   }
 
   // What races.js (loaded after this file) uses of this one.
-  window.ccwPage = Object.freeze({ api, el, row, duration, shellJoin, select, setStatus });
+  window.ccwPage = Object.freeze({ api, el, row, duration, shellJoin, select, setStatus, shown });
 
   document.addEventListener("DOMContentLoaded", () => {
     $("promote").addEventListener("click", () => promote(false));

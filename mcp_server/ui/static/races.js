@@ -6,7 +6,7 @@
 "use strict";
 
 (() => {
-  const { api, el, row, duration, shellJoin, select, setStatus } = window.ccwPage;
+  const { api, el, row, duration, shellJoin, select, setStatus, shown } = window.ccwPage;
   const LIST = 10;  // races listed; the table shows the chosen one (the newest at first)
   const $ = (id) => document.getElementById(id);
   const enc = encodeURIComponent;
@@ -29,7 +29,7 @@
       const tr = row([race.race_id, when(race.started_at), short(command), stateText(race), best], "run");
       tr.dataset.race = race.race_id;
       tr.children[2].className = "argv";
-      tr.children[2].title = command;
+      tr.children[2].title = shown(command);
       tr.classList.toggle("selected", race.race_id === chosen);
       tr.addEventListener("click", () => { chosenByHand = true; showRace(race.race_id); });
       return tr;
@@ -48,7 +48,7 @@
     if (r.error) return [String(r.rank), capsule, "—", "—", "—", "—", "—", "—", `${r.error.code}: ${r.error.message}`];
     const usage = r.usage || {};
     const policy = el("span", r.verdict, r.verdict === "passed" ? "ok" : "bad");
-    policy.title = r.verdict_details || "";
+    policy.title = shown(r.verdict_details || "");
     return [String(r.rank), capsule, exitText(r), duration(r.duration_ms),
       usage.cpu_ms == null ? "—" : duration(usage.cpu_ms),
       usage.rss_max_kb == null ? "—" : `${(usage.rss_max_kb / 1024).toFixed(0)} MB`,
@@ -59,9 +59,9 @@
     const race = await api(`races/${enc(raceId)}`);
     chosen = raceId;
     for (const tr of $("race-list").tBodies[0].children) tr.classList.toggle("selected", tr.dataset.race === raceId);
-    $("race-title").textContent = `${race.race_id}: ${short(shellJoin(race.cmd))} · policy ${race.policy} · ` +
+    $("race-title").textContent = shown(`${race.race_id}: ${short(shellJoin(race.cmd))} · policy ${race.policy} · ` +
       `${race.capsules} capsules · ${stateText(race)}` + (race.elapsed_ms != null ? ` in ${duration(race.elapsed_ms)}` : "") +
-      (race.owner ? ` · run by token ${race.owner}` : "");
+      (race.owner ? ` · run by token ${race.owner}` : ""));
     const rows = race.rows.map((r) => {
       const tr = row(cells(r), passed(r) ? "" : "failed");
       tr.dataset.capsule = r.capsule_id;
@@ -75,8 +75,8 @@
       rows.push(tr);
     }
     $("race-table").tBodies[0].replaceChildren(...rows);
-    $("race-order").textContent = race.error ? `ended by ${race.error.code}: ${race.error.message}`
-      : race.order ? `ranked: ${race.order}; ${race.parallel} at once, ${race.executor}` : "";
+    $("race-order").textContent = shown(race.error ? `ended by ${race.error.code}: ${race.error.message}`
+      : race.order ? `ranked: ${race.order}; ${race.parallel} at once, ${race.executor}` : "");
   }
 
   // One load at a time, and one more if a race changed meanwhile.
