@@ -264,3 +264,25 @@ def test_a_remote_replay_is_admitted_here_before_anything_is_sent(tmp_path: Path
     finally:
         remote.close()
         state.close()
+
+
+@pytest.mark.parametrize("named", ["../../escaped", "/tmp/escaped", "ab/../../escaped", "A" * 64, ""])
+def test_a_file_digest_that_is_no_sha256_is_refused_before_the_cache_names_a_file(
+        tmp_path: Path, named: str) -> None:
+    # A REAPI client's Directory names its files' digests; an empty blob is never read from the
+    # CAS (client.read_blob), so nothing there checks its hash, which the cache makes a file name.
+    from mcp_server.reapi.protos import re_pb2
+
+    named = named.replace("/tmp", str(tmp_path))  # an absolute path, in this test's own directory
+    hostile = re_pb2.Digest(hash=named, size_bytes=0)
+    listing = re_pb2.Directory(files=[re_pb2.FileNode(name="a.txt", digest=hostile)])
+    blob = listing.SerializeToString(deterministic=True)
+    root = digest_bytes(blob)
+    cas = MemoryCas({(root.hash, root.size_bytes): blob, (named, 0): b""})
+    (tmp_path / "cache" / "cas").mkdir(parents=True)
+    lease = tmp_path / "lease"
+    lease.mkdir()
+    with pytest.raises(CcwError) as refused:
+        fetch_input_root(cas, root, lease, BlobCache(tmp_path / "cache" / "cas"))  # type: ignore[arg-type]
+    assert refused.value.code == "INVALID_ARGUMENT" and "not a SHA-256 digest" in refused.value.message
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["cache", "cas", "lease"] and cas.read == []

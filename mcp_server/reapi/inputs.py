@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -39,12 +40,28 @@ def _safe_name(name: str) -> str:
     return name
 
 
+# A blob's name in the cache is its digest's: only a SHA-256's hex digits can be one.
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _checked(digest: re_pb2.Digest) -> None:
+    # A Directory is the REAPI client's, and an empty blob is never read from the CAS
+    # (client.read_blob), so nothing else checks a file digest before it names a file.
+    if not _SHA256.fullmatch(digest.hash) or digest.size_bytes < 0:
+        raise CcwError("INVALID_ARGUMENT", f"input root names {digest.hash[:80]!r}/{digest.size_bytes}, which is "
+                       "not a SHA-256 digest (64 lowercase hex digits and a size of 0 or more)")
+
+
 def fetch_directories(client: ReapiClient, root: re_pb2.Digest) -> dict[tuple[str, int], re_pb2.Directory]:
-    """Every Directory under ``root`` (root included), by digest."""
+    """Every Directory under ``root`` (root included), by digest; INVALID_ARGUMENT when a digest
+    in them is no SHA-256."""
+    _checked(root)
     if root.size_bytes == 0:
         return {key(root): re_pb2.Directory()}
     found = {}
     for directory in client.get_tree(root):
+        for node in (*directory.files, *directory.directories):
+            _checked(node.digest)
         found[key(digest_bytes(directory.SerializeToString(deterministic=True)))] = directory
     return found
 
