@@ -122,3 +122,24 @@ def test_deltamin_says_the_workspace_moved(tools: Any, workspace: Path) -> None:
     assert out["units"] == ["notes.txt"], out
     assert out["notes"][0].startswith("workspace moved: it changed at 1 path(s) since the capsule changed them "
                                       "(recipes.py)"), out
+
+
+def test_deltamin_leaves_out_what_promotion_leaves_behind(tools: Any, workspace: Path) -> None:
+    # A database's data dir the tests' server wrote (git-ignored) and pytest's cache are outputs of
+    # the runs, not causes: given to trials a part at a time, a server would start on half a data dir.
+    (workspace / ".gitignore").write_text("__pycache__/\n.pgdata/\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(workspace)}))["capsule_id"]
+        script = ("echo broken > notes.txt && mkdir -p .pgdata/base && for i in 1 2 3 4 5 6; do "
+                  f"echo $i > .pgdata/base/$i; done && {PYTEST_CACHE}")
+        assert (await t.call("capsule_exec", {"capsule_id": cap, "cmd": ["sh", "-c", script]}))["exit_code"] == 0
+        # Fails whenever the data dir is half there: with it in the change, a trial blames it.
+        check = "grep -q first notes.txt && { test ! -e .pgdata/base || test -e .pgdata/base/6; }"
+        return dict(await t.call("capsule_deltamin", {"capsule_id": cap, "target_cmd": ["sh", "-c", check],
+                                                      "wait_ms": None}))
+
+    out = tools.run(scenario)
+    assert out["units"] == ["notes.txt"] and out["minimal_patch"].count("diff --git") == 1, out
+    assert out["notes"] == ["left out: 8 files in .pgdata/, .pytest_cache/ (git-ignored, or a cache the capsule "
+                            "made, which promotion leaves behind); the trials run without them"], out

@@ -64,10 +64,10 @@ from typing import Any
 
 import trio
 
-from mcp_server.capsules.carried import moved_notes
+from mcp_server.capsules.carried import ignored_paths, moved_notes, named
 from mcp_server.capsules.deltamin_check import FinalCheck, verify
 from mcp_server.capsules.executors import Executor, LocalExecutor
-from mcp_server.capsules.promote import _conflicts
+from mcp_server.capsules.promote import _conflicts, _scoped
 from mcp_server.capsules.service import CapsuleService
 from mcp_server.capsules.service_beside import runs_of, services_beside
 from mcp_server.capsules.trials import (
@@ -85,6 +85,7 @@ from mcp_server.core import unidiff
 from mcp_server.core.deltamin import FAIL, PASS, Search, decisive
 from mcp_server.core.generations import observes
 from mcp_server.fs import changeset
+from mcp_server.fs.gitignore import Scope
 from mcp_server.fs.view import RootView
 from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
@@ -298,6 +299,7 @@ class _Change:
     created: set[str]
     generation: int
     moved: list[str]  # changed paths the workspace changed since the capsule did (capsules/carried.py)
+    left: list[str]  # the notes on what was left out as promotion leaves it (ignored, made caches)
 
 
 async def deltamin(service: CapsuleService, question: Question, executor: Executor | None = None) -> dict[str, Any]:
@@ -331,7 +333,7 @@ async def deltamin(service: CapsuleService, question: Question, executor: Execut
     verified = check.answer(found.material, found.result) or await verify(service, record, files, argv, judge,
                                                                           trials.timeout_ms, trials.services)
     patch = await trio.to_thread.run_sync(_patch, record, files)
-    notes = moved_notes(change.moved)  # the patch's base is the moved workspace: it may revert an edit there
+    notes = change.left + moved_notes(change.moved)  # the patch's base is the moved workspace: it may revert an edit
     return {
         **({"notes": notes} if notes else {}),
         "minimal_patch": patch,
@@ -355,17 +357,24 @@ async def _read_change(service: CapsuleService, capsule_id: str) -> _Change:
         changes = await service.changes(record.capsule_id)
         root_fd = await service.open_root(record.capsule_id)
 
-        def read_material() -> tuple[Material, set[str], list[str]]:
+        def read_material() -> tuple[Material, set[str], list[str], list[str]]:
             with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
-                entries = changeset.expand(changes, base, capsule)
+                everything = changeset.expand(changes, base, capsule)
+                # What the runs left that promotion leaves behind (a database's data dir, caches) is no
+                # cause to look for: a trial given part of a data dir starts a server on a broken one.
+                entries, skipped, _ = _scoped(everything, record.workspace, Scope(), capsule)
                 material = units_from(entries, base, capsule)
             moved = [one["path"] for one in _conflicts(service.journal, record, entries, {})]
-            return material, {e.path for e in entries if e.old is None}, moved
+            top, files = ignored_paths(everything, [one["path"] for one in skipped])
+            left = [f"left out: {files} files in {named(top)} (git-ignored, or a cache the capsule made, which "
+                    "promotion leaves behind); the trials run without them"] if top else []
+            return material, {e.path for e in entries if e.old is None}, moved, left
 
-        material, created, moved = await trio.to_thread.run_sync(read_material)
+        material, created, moved, left = await trio.to_thread.run_sync(read_material)
     if not material.units:
-        raise CcwError("INVALID_ARGUMENT", "the capsule has no changes, so there is nothing to minimise")
-    return _Change(record, material, created, generation, moved)
+        carried = f" promotion would carry ({left[0]})" if left else ""
+        raise CcwError("INVALID_ARGUMENT", f"the capsule has no changes{carried}, so there is nothing to minimise")
+    return _Change(record, material, created, generation, moved, left)
 
 
 async def _confirm(journal: Journal, trials: Trials, change: _Change, question: Question) -> int:
