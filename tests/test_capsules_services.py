@@ -443,3 +443,26 @@ def test_a_services_run_a_killed_front_end_left_advances_its_capsules_generation
 
     before, recovered, after = trio.run(main)
     assert recovered == [] and journal.execs("cap_1") == [] and after == before + 1
+
+
+def test_a_start_brings_up_the_kept_services_its_capsule_waits_to_start_first(world: Any) -> None:
+    # After a restart an on-failure database waits for the capsule's next use; the app started
+    # next connects to it as it starts, so the database comes up first (a start is a use).
+    services, capsules, helper = world
+    Journal(services.state).add_capsule(capsule_record("cap_1"))
+    for name in ("db", "web"):
+        services.table.save(dataclasses.replace(_spec(name), restart="on-failure"), "2026-01-01T00:00:00")
+    helper.until_signalled = True
+
+    async def main() -> dict[str, Any]:
+        await services.reopen_kept(capsules)
+        before = {one["name"]: one["state"] for one in services.summaries("cap_1")}
+        started = await services.start(capsules, dataclasses.replace(_spec("web"), argv=("python3", "app.py")))
+        after = {one["name"]: one["state"] for one in services.summaries("cap_1")}
+        await services.aclose()
+        return {"before": before, "started": started, "after": after}
+
+    out = trio.run(main)
+    assert out["before"] == {"db": "pending", "web": "pending"}, out
+    assert out["started"]["ready"] is True and out["started"]["argv"] == ["python3", "app.py"], out
+    assert out["after"] == {"db": "running", "web": "running"} and helper.execs == 2, out  # the old web never ran

@@ -213,7 +213,7 @@ class Services:
 
     async def start(self, capsules: CapsuleService, spec: ServiceSpec) -> dict[str, Any]:
         """Start ``spec`` (the caller holds the capsule's turn) and answer once it is ready, or why not."""
-        await self.recover(capsules)
+        await self.start_pending(capsules, spec.capsule_id, but=spec.name)  # the app may need its kept database
         existing = self._runs.get((spec.capsule_id, spec.name))
         if existing is not None and existing.state not in ENDED:
             raise CcwError("CONFLICT", f"service {spec.name!r} already runs in capsule {spec.capsule_id} "
@@ -251,12 +251,14 @@ class Services:
             names.append(spec.name)
         return names
 
-    async def start_pending(self, capsules: CapsuleService, capsule_id: str) -> list[dict[str, Any]]:
-        """Start the capsule's inherited services (the caller holds its turn); each one's answer."""
+    async def start_pending(self, capsules: CapsuleService, capsule_id: str, but: str | None = None
+                            ) -> list[dict[str, Any]]:
+        """Start the capsule's inherited and kept services, ``but`` one the caller starts anew (the caller
+        holds its turn); each one's answer."""
         await self.recover(capsules)
         answers = []
-        for (cap, _), run in sorted(self._runs.items()):
-            if cap == capsule_id and run.state == "pending":
+        for (cap, name), run in sorted(self._runs.items()):
+            if cap == capsule_id and run.state == "pending" and name != but:
                 run.set_state("starting")
                 run.awaited = True
                 await self._launch(run)
