@@ -69,6 +69,29 @@ def test_capsule_lifecycle_across_cli_processes(cli_state: Path, tmp_path: Path)
     assert after["pid"] == helper["pid"]  # one helper served every command
 
 
+def test_a_forks_witness_replays_its_parents_runs_first(cli_state: Path, tmp_path: Path) -> None:
+    # Found in a trial: a fork's witness held the fork's own runs only, so its replay (from
+    # the base) found the parent's files absent and the fork's reads of them different, and
+    # every strict promotion of a fork whose parent had run failed require_replay_ok.
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "data.txt").write_text("v1\n")
+    parent = ccw(cli_state, "capsule", "create", str(workspace)).stdout.strip()
+    ccw(cli_state, "capsule", "exec", parent, "--", "sh", "-c", "echo v2 > data.txt; echo new > extra.txt")
+    fork = ccw(cli_state, "capsule", "fork", parent).stdout.strip()
+    ccw(cli_state, "capsule", "exec", fork, "--", "sh", "-c", "cat data.txt > copy.txt; rm extra.txt")
+    grandchild = ccw(cli_state, "capsule", "fork", fork).stdout.strip()
+    ccw(cli_state, "capsule", "exec", grandchild, "--", "sh", "-c", "cat copy.txt >> data.txt")
+    for capsule_id in (fork, grandchild):
+        witness_id = ccw(cli_state, "capsule", "witness", capsule_id).stdout.strip()
+        replay = ccw(cli_state, "capsule", "replay", witness_id, "--json")
+        assert json.loads(replay.stdout)["replay_ok"] is True, replay.stdout
+    dry = ccw(cli_state, "capsule", "promote", grandchild, "--policy", "strict", "--dry-run")
+    assert dry.stdout.split() == ["copy.txt", "data.txt"] and "policy strict passed" in dry.stderr, dry.stderr
+    for capsule_id in (grandchild, fork, parent):
+        ccw(cli_state, "capsule", "destroy", capsule_id)
+
+
 def test_exec_prints_its_output_as_it_comes_each_stream_once(cli_state: Path, tmp_path: Path) -> None:
     """Piped, as a script or an agent runs it: the command's first line comes while it still
     runs (it waits for a file the test makes only after reading that line), stdout to stdout

@@ -66,6 +66,7 @@ from mcp_server.fs import changeset
 from mcp_server.fs import witness as wfmt
 from mcp_server.fs.view import RootView
 from mcp_server.fs.witness_key import Verdict, WitnessKey
+from mcp_server.journal import Journal
 from mcp_server.journal_records import CapsuleRecord
 from mcp_server.state import State
 from sandbox import rawnames
@@ -366,14 +367,13 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
     """
     record = service.live_record(capsule_id)
     journal = service.journal
-    execs = journal.execs(capsule_id)
-    writes = journal.writes(capsule_id)
-    outputs = journal.outputs(capsule_id)
+    own = journal.execs(capsule_id)
+    execs, writes, outputs = lineage_steps(journal, record)
     changes = await service.changes(capsule_id)
     root_fd = await service.open_root(capsule_id)
     running, unknown_reads = None, None
-    if _services_unended(execs) and not options.carry_all:
-        running, unknown_reads = await _services_so_far(service, record, execs)
+    if _services_unended(own) and not options.carry_all:
+        running, unknown_reads = await _services_so_far(service, record, own)
 
     def work() -> dict[str, Any]:
         with RootView.from_fd(root_fd) as capsule, RootView.open(record.base) as base:
@@ -396,6 +396,39 @@ async def make_witness(service: CapsuleService, capsule_id: str, options: Witnes
             return {**written, "base": _base_summary(manifest, unknown_reads)}
 
     return await trio.to_thread.run_sync(work)
+
+
+def lineage_steps(journal: Journal, record: CapsuleRecord) -> tuple[list[dict[str, Any]], list[dict[str, Any]],
+                                                                     dict[tuple[int, str], tuple[bytes, int]]]:
+    """The execs, file-tool writes and outputs a witness of ``record`` replays: its parents' first.
+
+    A fork starts from its parent's view, whose change the fork's own journal does not hold,
+    and a replay starts from the base: a fork's witness replayed without them found the
+    parent's files absent and the fork's reads of them different.  Its parents are frozen
+    while it lives, so their journals are whole.  Each capsule numbers its own runs, so the
+    steps are numbered again in one sequence, parents' first (a fork's own run 1 may be the
+    witness's 3).  A merged capsule journals its whole merge from the base
+    (capsules/merge_write.py): its line stops there.  So does it below a parent with a
+    terminal session (``ccw capsule shell``), whose typing is not kept: such a fork's
+    witness is made, as the session's refusal offers, without what the session did."""
+    line = [record]
+    while line[-1].parent and not journal.merged_from(line[-1].capsule_id):
+        parent = journal.capsule(line[-1].parent)
+        if parent is None or any(ex.get("terminal") for ex in journal.execs(parent.capsule_id)):
+            break
+        line.append(parent)
+    execs: list[dict[str, Any]] = []
+    writes: list[dict[str, Any]] = []
+    outputs: dict[tuple[int, str], tuple[bytes, int]] = {}
+    offset = 0
+    for capsule in reversed(line):
+        own_execs, own_writes = journal.execs(capsule.capsule_id), journal.writes(capsule.capsule_id)
+        execs += [{**ex, "seq": ex["seq"] + offset} for ex in own_execs]
+        writes += [{**write, "seq": write["seq"] + offset} for write in own_writes]
+        outputs.update({(seq + offset, stream): kept
+                        for (seq, stream), kept in journal.outputs(capsule.capsule_id).items()})
+        offset += max((step["seq"] for step in (*own_execs, *own_writes)), default=0)
+    return execs, writes, outputs
 
 
 # --- reading witnesses ---------------------------------------------------------------
