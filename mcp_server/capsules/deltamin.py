@@ -362,12 +362,19 @@ async def _read_change(service: CapsuleService, capsule_id: str) -> _Change:
                 everything = changeset.expand(changes, base, capsule)
                 # What the runs left that promotion leaves behind (a database's data dir, caches) is no
                 # cause to look for: a trial given part of a data dir starts a server on a broken one.
-                entries, skipped, _ = _scoped(everything, record.workspace, Scope(), capsule)
+                try:
+                    entries, skipped, _ = _scoped(everything, record.workspace, Scope(), capsule)
+                    unscoped = []
+                except CcwError as exc:  # git refuses the checkout (another uid's): minimise every path
+                    if exc.code != "PERMISSION_DENIED":
+                        raise
+                    entries, skipped = everything, []
+                    unscoped = [f"nothing left out as promotion would (git-ignored paths, caches): {exc.message}"]
                 material = units_from(entries, base, capsule)
             moved = [one["path"] for one in _conflicts(service.journal, record, entries, {})]
             top, files = ignored_paths(everything, [one["path"] for one in skipped])
-            left = [f"left out: {files} files in {named(top)} (git-ignored, or a cache the capsule made, which "
-                    "promotion leaves behind); the trials run without them"] if top else []
+            left = unscoped + ([f"left out: {files} files in {named(top)} (git-ignored, or a cache the capsule made, "
+                                "which promotion leaves behind); the trials run without them"] if top else [])
             return material, {e.path for e in entries if e.old is None}, moved, left
 
         material, created, moved, left = await trio.to_thread.run_sync(read_material)
