@@ -58,7 +58,8 @@ def _exec_reply(written: list[str], stdout: bytes = b"out\n") -> ExecReply:
 class FakeHelper:
     """Answers each typed request as the helper would, and remembers them."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Path) -> None:
+        self.scratch = scratch  # where the capsule root is made: the test's own tmp_path, removed with it
         self.requests: list[OpRequest] = []
         self.made = 0
         self.exec_error: BaseException | None = None
@@ -92,7 +93,7 @@ class FakeHelper:
     async def open_root(self, capsule_id: str) -> int:
         """A capsule root holding what the exec wrote (the journal notes its mtimes)."""
         if self.root is None:
-            self.root = tempfile.mkdtemp(prefix="fake-capsule-")
+            self.root = tempfile.mkdtemp(prefix="fake-capsule-", dir=self.scratch)
             for path in self.written:
                 fd = os.open(os.path.join(self.root, path), os.O_WRONLY | os.O_CREAT, 0o644)
                 os.utime(fd, ns=(1_000_000_000, 1_000_000_000))
@@ -102,7 +103,7 @@ class FakeHelper:
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[CapsuleService, FakeHelper, Hooks, Path]:
-    helper, hooks = FakeHelper(), Hooks()
+    helper, hooks = FakeHelper(tmp_path), Hooks()
 
     async def get_helper() -> FakeHelper:
         return helper
