@@ -50,13 +50,13 @@ class FakeHelper:
     """Makes capsules and forks (the ``fail_at``-th fork refused), runs execs exiting as
     ``exits`` says per capsule, and shows no changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Path) -> None:
         self.requests: list[OpRequest] = []
         self.made = 0
         self.forks = 0
         self.fail_at: int | None = None
         self.exits: dict[str, int] = {}
-        self.root = tempfile.mkdtemp(prefix="fake-race-")
+        self.root = tempfile.mkdtemp(prefix="fake-race-", dir=scratch)  # the test's tmp_path, removed with it
 
     async def call(self, request: OpRequest, on_progress: Any = None) -> OpReply:
         self.requests.append(request)
@@ -92,7 +92,7 @@ class FakeHelper:
 
 @pytest.fixture
 def world(tmp_path: Path) -> tuple[CapsuleService, FakeHelper, Hooks, Path]:
-    helper, hooks = FakeHelper(), Hooks()
+    helper, hooks = FakeHelper(tmp_path), Hooks()
 
     async def get_helper() -> FakeHelper:
         return helper
