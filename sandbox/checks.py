@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ from sandbox.protocol import check_keys, is_int
 
 CAPSULE_ID_RE = re.compile(r"cap_[0-9A-Za-z_]{1,64}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+# A service's name within its capsule (the front end's tools take the same grammar).
+SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 
 # Bounds on arguments.  They are generous for real use and small enough that no single
 # request can make the helper allocate without limit.
@@ -36,6 +39,7 @@ MAX_ENV = 1024  # entries
 MAX_STDIN = 4 * 1024 * 1024  # decoded bytes
 MAX_OUTPUT_CAP = 2 * 1024 * 1024  # per stream; two base64 streams still fit one frame
 MAX_TIMEOUT_MS = 24 * 3600 * 1000
+MAX_PORT = 65535
 MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
 MAX_BINDS = 64  # directories a capsule shows besides its workspace (exposed toolchains, git dirs)
 DISK_MB_MIN = 32  # a capsule disk smaller than this is mostly ext4's own metadata
@@ -107,6 +111,24 @@ def one_of(*choices: str) -> Check:
         return value
 
     return check
+
+
+def kind_of(mode: int) -> str:
+    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
+    return ("file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
+            else "symlink" if stat.S_ISLNK(mode) else "other")
+
+
+def boolean(name: str, value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise fail(name, "must be true or false")
+    return value
+
+
+def service_name(name: str, value: Any) -> Any:
+    if not isinstance(value, str) or not SERVICE_NAME_RE.fullmatch(value):
+        raise fail(name, f"must match {SERVICE_NAME_RE.pattern} (lower case letters, digits, '_', '.', '-')")
+    return value
 
 
 def capsule_id(name: str, value: Any) -> Any:

@@ -51,6 +51,7 @@ from sandbox import (
     gitdirs,
     in_force,
     jail_end,
+    kernel_ports,
     recovery,
     services,
     upperscan,
@@ -59,7 +60,7 @@ from sandbox.access import check_uid_gid, inside
 from sandbox.checks import check_capsule_id
 from sandbox.errors import CcwError
 from sandbox.meta import Capsule, now_iso
-from sandbox.ops import ExecRequest
+from sandbox.ops import ExecRequest, NetForwardRequest
 from sandbox.replies import (
     ChangesReply,
     CreateReply,
@@ -70,6 +71,7 @@ from sandbox.replies import (
     FreezeReply,
     ListReply,
     NetConnectReply,
+    NetForwardReply,
     NetOpenReply,
     RunReadsReply,
     SignalReply,
@@ -102,6 +104,7 @@ class CapsuleManager:
         self._isolation: dict[str, Any] | None = None
         self.kits = egress.Kits()
         self.nets = capsule_nets.Nets(self.kits)
+        self.kernel_ports = kernel_ports.KernelPorts(rootless)
         with contextlib.suppress(FileExistsError):
             os.makedirs(self.capsules_dir, mode=0o700)
 
@@ -307,6 +310,26 @@ class CapsuleManager:
         """A socket connected to ``port`` on the capsule's loopback, or ``spares`` unconnected (capsule_nets.py)."""
         return self.nets.passed(capsule_id, self._get(capsule_id, caller_uid).spec.network, port, spares, v6)
 
+    def net_forward(self, request: NetForwardRequest, caller_uid: int, caller_pid: int) -> NetForwardReply:
+        """A forwarded port's kernel path: open, close or count (kernel_ports.py)."""
+        capsule_id, host_port = request.capsule_id, request.host_port
+        capsule = self._get(capsule_id, caller_uid)
+        if request.action == "close":
+            return NetForwardReply(host_port, not self.kernel_ports.close(capsule_id, host_port), 0)
+        if request.action == "count":
+            counted = self.kernel_ports.connections(capsule_id, host_port)
+            return NetForwardReply(host_port, counted is not None, counted or 0)
+        assert request.listener is not None
+        if kernel_ports.held_port(request.listener) != host_port:
+            raise CcwError("INVALID_ARGUMENT", f"the listening socket sent is not on host port {host_port}",
+                           {"host_port": host_port})
+        netns = self.nets.descriptor(capsule_id, capsule.spec.network)
+        try:
+            self.kernel_ports.open(capsule_id, netns, request.port, host_port, caller_uid, caller_pid)
+        finally:
+            os.close(netns)
+        return NetForwardReply(host_port, True, 0)
+
     def list(self, caller_uid: int) -> ListReply:
         """The caller's own capsules, sorted by id (= creation)."""
         with self._lock:
@@ -327,6 +350,7 @@ class CapsuleManager:
             services.check_destroyable(capsule)  # again: an exec or a fork may have come meanwhile
             self._capsules.pop(capsule_id, None)
             parent = self._capsules.get(capsule.meta["parent"] or "")
+        self.kernel_ports.close_capsule(capsule_id)
         self.kits.close(capsule_id)
         self.nets.close(capsule_id)
         capsule_mounts.remove(self.capsules_dir, capsule.root, capsule_id)
@@ -405,5 +429,6 @@ class CapsuleManager:
 
     def close(self) -> None:
         """Release what the helper holds beyond the state dir: the capsules' networks (at shutdown)."""
+        self.kernel_ports.close_all()
         self.kits.close_all()
         self.nets.close_all()

@@ -1,4 +1,5 @@
-"""Raw rtnetlink: the five requests an egress kit needs (veth, link up, address, route, index).
+"""Raw rtnetlink: the requests an egress kit and a forwarded port's link need (veth, link up, address,
+route, index, delete).
 
 Some facts about rtnetlink that this module follows from:
 
@@ -37,7 +38,7 @@ import struct
 # <linux/netlink.h>, <linux/rtnetlink.h>, <linux/if_link.h>, <linux/if_addr.h>, <linux/veth.h>
 NLMSG_ERROR = 2
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 18, 20, 24
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 18, 20, 24
 IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_FD = 3, 18, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS, IFA_F_NODAD = 1, 2, 8, 0x02
@@ -126,6 +127,11 @@ class Rtnl:
                       nested(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info)))
         body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + ifname(name) + info
         self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, body, f"create veth {name} (peer {peer})")
+
+    def delete_link(self, name: str) -> None:
+        """Delete the link called ``name`` (a veth's peer goes with it)."""
+        body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0) + ifname(name)
+        self.request(RTM_DELLINK, 0, body, f"delete link {name}")
 
     def link_up(self, name: str) -> None:
         """Set IFF_UP on the link called ``name``."""

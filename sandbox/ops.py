@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import base64
 import os
-import re
-import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Generic, TypeVar
 
 from sandbox import checks, spec
-from sandbox.checks import MAX_OUTPUT_CAP, MAX_STDIN, MAX_TIMEOUT_MS, Check
+from sandbox.checks import MAX_OUTPUT_CAP, MAX_PORT, MAX_STDIN, MAX_TIMEOUT_MS, Check
 from sandbox.errors import CcwError, ProtocolError
 from sandbox.protocol import PROTOCOL_VERSION, check_id, encode_frame
 from sandbox.replies import (
@@ -42,6 +40,7 @@ from sandbox.replies import (
     HelloReply,
     ListReply,
     NetConnectReply,
+    NetForwardReply,
     NetOpenReply,
     OpenRootReply,
     OpReply,
@@ -68,27 +67,13 @@ def _op(name: str, safety: str, required: dict[str, Check], optional: dict[str, 
 
 _CAPSULE: dict[str, Check] = {"capsule_id": checks.capsule_id}
 
-# A service's name within its capsule (the front end's tools take the same grammar).
-SERVICE_NAME_RE = re.compile(r"[a-z0-9][a-z0-9_.-]{0,62}")
 # The signals a caller may send a service: the ones a service manager sends, none that stops
 # a process in a way its init could not follow (SIGSTOP: freeze is for that).
 SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
-MAX_PORT = 65535
 # net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253;
 # client.ANCILLARY_SPACE follows)
 MAX_SPARES = 128
 
-
-def _boolean(name: str, value: Any) -> Any:
-    if not isinstance(value, bool):
-        raise checks.fail(name, "must be true or false")
-    return value
-
-
-def _service_name(name: str, value: Any) -> Any:
-    if not isinstance(value, str) or not SERVICE_NAME_RE.fullmatch(value):
-        raise checks.fail(name, f"must match {SERVICE_NAME_RE.pattern} (lower case letters, digits, '_', '.', '-')")
-    return value
 
 OPS: dict[str, OpSpec] = {
     op.name: op
@@ -138,15 +123,15 @@ OPS: dict[str, OpSpec] = {
                 "output_cap": checks.int_in(0, MAX_OUTPUT_CAP),
                 "progress_ms": checks.int_in(100, 60_000),
                 "stdio": checks.one_of("pipes", "tty", "stdin"),
-                "stream": _boolean,
-                "service": _service_name,
+                "stream": checks.boolean,
+                "service": checks.service_name,
             },
         ),
         _op(
             "changes",
             """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
             symlink targets (read with readlink, never followed).  No file content.""",
-            _CAPSULE, {"leave_not_utf8": _boolean},
+            _CAPSULE, {"leave_not_utf8": checks.boolean},
         ),
         _op(
             "fork",
@@ -172,21 +157,22 @@ OPS: dict[str, OpSpec] = {
             namespace, and the jail nothing but a path to them.  With ``runs``, a fourth: a
             sock_diag socket in the jail's namespace, and the cgroup v2 id of each of the
             capsule's services: which of the caller's own runs made each socket there.""",
-            _CAPSULE, {"runs": _boolean},
+            _CAPSULE, {"runs": checks.boolean},
         ),
         _op(
             "signal",
             """Sends one of a short list of signals to a running service of the caller's own
             capsule, through the service's init, which passes it to the command it spawned:
             nothing outside that service's pid namespace can be reached.""",
-            {"capsule_id": checks.capsule_id, "service": _service_name, "signal": checks.one_of(*SERVICE_SIGNALS)},
+            {"capsule_id": checks.capsule_id, "service": checks.service_name,
+             "signal": checks.one_of(*SERVICE_SIGNALS)},
         ),
         _op(
             "freeze",
             """Freezes (or thaws) every process the caller's own capsule runs, through the
             cgroup freezer of each of its runs' cgroups, which the helper made; while frozen
             the capsule takes no new run.  It stops processes the caller could stop itself.""",
-            {"capsule_id": checks.capsule_id, "frozen": _boolean},
+            {"capsule_id": checks.capsule_id, "frozen": checks.boolean},
         ),
         _op(
             "net_connect",
@@ -196,7 +182,17 @@ OPS: dict[str, OpSpec] = {
             already.  ``spares``: that many unconnected sockets there instead (IPv6 with
             ``v6``), which reach only that.""",
             {"capsule_id": checks.capsule_id, "port": checks.int_in(1, MAX_PORT)},
-            {"spares": checks.int_in(1, MAX_SPARES), "v6": _boolean},
+            {"spares": checks.int_in(1, MAX_SPARES), "v6": checks.boolean},
+        ),
+        _op(
+            "net_forward",
+            """Leads the caller's own connections to a host loopback port it holds (proved by
+            the listening socket the request carries) into the caller's own capsule, by NAT
+            (kernel_ports.py): rules match the caller's uid alone, so no other user's traffic
+            goes anywhere new; the capsule's link to the host takes nothing it did not ask for.
+            ``close`` removes them; ``count`` reads how many connections they led.""",
+            {"capsule_id": checks.capsule_id, "port": checks.int_in(1, MAX_PORT),
+             "host_port": checks.int_in(1, MAX_PORT), "action": checks.one_of("open", "close", "count")},
         ),
         _op(
             "run_reads",
@@ -204,7 +200,7 @@ OPS: dict[str, OpSpec] = {
             executed and written so far, as its reply will when it ends: paths in that
             capsule's own view, which the caller can open itself (``open_root``).  Its
             recording goes on; nothing is changed.""",
-            {"capsule_id": checks.capsule_id, "service": _service_name},
+            {"capsule_id": checks.capsule_id, "service": checks.service_name},
         ),
         _op(
             "destroy",
@@ -241,12 +237,6 @@ def encode_request(request_id: int, op: str, args: dict[str, Any]) -> bytes:
     return encode_frame({"id": request_id, "op": op, "args": args})
 
 
-def kind_of(mode: int) -> str:
-    """``file`` | ``dir`` | ``symlink`` | ``other`` for an ``st_mode`` (front end and helper alike)."""
-    return ("file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode)
-            else "symlink" if stat.S_ISLNK(mode) else "other")
-
-
 # --- typed requests -----------------------------------------------------------------------
 
 RequestT = TypeVar("RequestT", bound="OpRequest[Any]")
@@ -261,13 +251,14 @@ class OpRequest(Generic[ReplyT]):
 
     op: ClassVar[str]
     reply: ClassVar[type[OpReply]]
+    carried: ClassVar[str | None] = None  # the field of a descriptor that travels with the frame, not an argument
 
     def to_args(self) -> dict[str, Any]:
         """The wire arguments: fields left None are left out."""
         out = {}
         for one in fields(self):  # type: ignore[arg-type]
             value = getattr(self, one.name)
-            if value is not None:
+            if value is not None and one.name != self.carried:
                 out[one.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -286,11 +277,12 @@ class OpRequest(Generic[ReplyT]):
 
     def descriptors(self) -> list[int]:
         """The descriptors to send with this request (the sender keeps its own)."""
-        return []
+        fd = None if self.carried is None else getattr(self, self.carried)
+        return [] if fd is None else [fd]
 
     def with_descriptors(self: RequestT, fds: list[int]) -> RequestT:
         """This request holding the ``descriptors_wanted()`` descriptors that came with it."""
-        return self
+        return replace(self, **{self.carried: fds[0]}) if fds and self.carried else self  # type: ignore[type-var]
 
 
 @dataclass(frozen=True)
@@ -352,6 +344,8 @@ class ExecRequest(OpRequest[ExecReply]):
     stdio: str | None = None  # "tty": stdin, stdout and stderr are ``tty_fd``; "stdin": stdin is
     # ``tty_fd`` (a pipe's read end, the caller writes the other); None/"pipes": captured
     tty_fd: int | None = None  # not an argument: the descriptor travels with the frame (SCM_RIGHTS)
+
+    carried = "tty_fd"
     stream: bool = False  # each progress report carries every byte since the last (supervise.py)
     service: str | None = None  # a service's name: it runs beside the capsule's other runs
 
@@ -378,12 +372,6 @@ class ExecRequest(OpRequest[ExecReply]):
 
     def descriptors_wanted(self) -> int:
         return 1 if self.stdio in ("tty", "stdin") else 0
-
-    def descriptors(self) -> list[int]:
-        return [] if self.tty_fd is None else [self.tty_fd]
-
-    def with_descriptors(self, fds: list[int]) -> ExecRequest:
-        return replace(self, tty_fd=fds[0]) if fds else self
 
 
 @dataclass(frozen=True)
@@ -456,6 +444,23 @@ class NetConnectRequest(OpRequest[NetConnectReply]):
 
 
 @dataclass(frozen=True)
+class NetForwardRequest(OpRequest[NetForwardReply]):
+    """A forwarded port's kernel path: ``open`` carries the port's listening socket."""
+
+    op = "net_forward"
+    reply = NetForwardReply
+    capsule_id: str
+    port: int
+    host_port: int
+    action: str
+    listener: int | None = None  # ``open``'s: travels with the frame
+    carried = "listener"
+
+    def descriptors_wanted(self) -> int:
+        return 1 if self.action == "open" else 0
+
+
+@dataclass(frozen=True)
 class RunReadsRequest(OpRequest[RunReadsReply]):
     """What a running service has touched so far (its recording going on)."""
 
@@ -484,7 +489,8 @@ class ListRequest(OpRequest[ListReply]):
 REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
-                NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, RunReadsRequest, DestroyRequest,
+                NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, NetForwardRequest, RunReadsRequest,
+                DestroyRequest,
                 ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"

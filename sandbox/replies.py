@@ -469,6 +469,15 @@ class NetConnectReply(OpReply):
 
 
 @dataclass(frozen=True)
+class NetForwardReply(OpReply):
+    """A forwarded port's kernel path: whether its rules are in place, and the connections they led."""
+
+    host_port: int
+    open: bool
+    connections: int
+
+
+@dataclass(frozen=True)
 class DestroyReply(OpReply):
     """The capsule is gone."""
 

@@ -65,6 +65,7 @@ from sandbox.ops import (
     HelloRequest,
     ListRequest,
     NetConnectRequest,
+    NetForwardRequest,
     NetOpenRequest,
     OpenRootRequest,
     OpRequest,
@@ -93,6 +94,7 @@ from sandbox.replies import (
     HelloReply,
     ListReply,
     NetConnectReply,
+    NetForwardReply,
     NetOpenReply,
     OpenRootReply,
     OpReply,
@@ -163,6 +165,7 @@ class Dispatcher:
             "signal": self._signal,
             "freeze": self._freeze,
             "net_connect": self._net_connect,
+            "net_forward": self._net_forward,
             "run_reads": self._run_reads,
             "destroy": self._destroy,
             "list": self._list,
@@ -275,6 +278,10 @@ class Dispatcher:
     def _net_connect(self, request: NetConnectRequest, peer: Peer,
                      progress: Progress | None) -> tuple[NetConnectReply, list[int]]:
         return self.manager.net_connect(request.capsule_id, request.port, peer.uid, request.spares, bool(request.v6))
+
+    def _net_forward(self, request: NetForwardRequest, peer: Peer,
+                     progress: Progress | None) -> tuple[NetForwardReply, list[int]]:
+        return self.manager.net_forward(request, peer.uid, peer.pid), []
 
     def _run_reads(self, request: RunReadsRequest, peer: Peer,
                    progress: Progress | None) -> tuple[RunReadsReply, list[int]]:

@@ -13,8 +13,8 @@ import os
 import stat
 from collections.abc import Sequence
 
+from sandbox.checks import kind_of
 from sandbox.errors import from_oserror
-from sandbox.ops import kind_of
 from sandbox.overlay import is_opaque, is_whiteout
 from sandbox.replies import Change
 

@@ -160,7 +160,7 @@ def test_hello_reports_mode_mechanisms_and_ops(manager: ManagerDouble) -> None:
     assert fds == [] and manager.calls == []
     assert result["mode"] == "privileged" and result["mechanisms"] == {"jail": {}}
     assert result["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal",
-                                    "freeze", "net_connect", "run_reads", "destroy",
+                                    "freeze", "net_connect", "net_forward", "run_reads", "destroy",
                                     "list"])
     with pytest.raises(CcwError) as info:
         dispatch(manager, "hello", {"version": PROTOCOL_VERSION + 1})

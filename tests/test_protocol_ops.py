@@ -119,7 +119,7 @@ BAD: list[tuple[str, dict[str, Any]]] = [
 
 def test_op_set_is_closed_and_each_op_argues_its_safety() -> None:
     assert set(OPS) == {"hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal", "freeze",
-                        "net_connect", "run_reads", "destroy", "list"}
+                        "net_connect", "net_forward", "run_reads", "destroy", "list"}
     for spec in OPS.values():
         assert len(spec.safety) > 40, spec.name
         assert not set(spec.required) & set(spec.optional)

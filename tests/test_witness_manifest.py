@@ -152,7 +152,7 @@ def test_hostile_services_are_refused_naming_the_field(pointer: str, value: Any)
 def test_the_bounds_of_a_service_are_the_spec_s_own() -> None:
     from mcp_server.capsules import service_spec
     from mcp_server.core import witness_manifest
-    from sandbox.ops import SERVICE_NAME_RE
+    from sandbox.checks import SERVICE_NAME_RE
 
     assert SERVICE_NAME_RE.pattern == witness_manifest.SERVICE_NAME_PATTERN
     assert witness_manifest.SERVICE_RESTARTS == service_spec.RESTARTS

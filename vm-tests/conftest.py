@@ -232,6 +232,9 @@ SERIAL = {
     # helper starting beside it removes every dead helper's cgroups (CapsuleManager.recover).
     "test_cgroups_real.py::test_cleanup_stale_removes_a_crashed_helpers_cgroups":
         "cleanup_stale races every other helper's start",
+    # Every ccw nf_tables table and forwarded port's link on the host, before and after: a
+    # forward opened by a test beside it makes its own.
+    "test_kernel_ports.py": "every ccw table and link on the host",
 }
 
 # Files that may run beside any other test but not beside each other: one group runs on one

@@ -144,7 +144,7 @@ def test_hello_reports_privileged_mode_and_mechanisms(start_helper: Callable[...
     hello = rpc(helper.socket_path, "hello", {"version": PROTOCOL_VERSION})
     assert hello["version"] == PROTOCOL_VERSION and hello["mode"] == "privileged"
     assert hello["ops"] == sorted(["hello", "create", "exec", "changes", "fork", "open_root", "net_open", "signal",
-                                   "freeze", "net_connect", "run_reads", "destroy", "list"])
+                                   "freeze", "net_connect", "net_forward", "run_reads", "destroy", "list"])
     assert hello["mechanisms"]["user_namespace"] is False
     assert "jail" in hello["mechanisms"] and hello["mechanisms"]["jail"]["network_egress"].startswith("egress: ")
 

@@ -99,6 +99,7 @@ def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: st
             connected, fds = call(dispatcher, "net_connect", {"capsule_id": capsule_id, "port": 7000})
             assert connected == {"port": 7000} and len(fds) == 1
             os.close(fds[0])
+            _net_forward(dispatcher, capsule_id)
     finally:
         os.close(netns)
     _run_reads(manager, dispatcher, capsule_id)
@@ -106,6 +107,21 @@ def _service_ops(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: st
         "service": "svc", "sent": True}
     runner.join(20)
     assert ended and ended[0]["signal"] == "SIGTERM"
+
+
+def _net_forward(dispatcher: Dispatcher, capsule_id: str) -> None:
+    """The kernel path to the capsule's port 7000, proved by a host listener sent with ``open``."""
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        host_port = held.getsockname()[1]
+        args = {"capsule_id": capsule_id, "port": 7000, "host_port": host_port}
+        opened, fds = dispatcher.handle(Request(1, "net_forward", {**args, "action": "open"}), ROOT_PEER, None,
+                                        [os.dup(held.fileno())])
+        assert (opened, fds) == ({"host_port": host_port, "open": True, "connections": 0}, [])
+        with socket.create_connection(("127.0.0.1", host_port), timeout=5):
+            pass  # led into the capsule: its listener takes it (the backlog), and nothing reads it
+        assert call(dispatcher, "net_forward", {**args, "action": "count"})[0]["connections"] == 1
+        assert call(dispatcher, "net_forward", {**args, "action": "close"})[0] == {
+            "host_port": host_port, "open": False, "connections": 0}
 
 
 def _run_reads(manager: CapsuleManager, dispatcher: Dispatcher, capsule_id: str) -> None:
@@ -187,7 +203,7 @@ def test_each_op_sends_the_shape_it_always_sent(served: tuple[CapsuleManager, Di
     seen.add("net_open")
 
     _service_ops(manager, dispatcher, forked["capsule_id"])
-    seen.update(("signal", "freeze", "net_connect", "run_reads"))
+    seen.update(("signal", "freeze", "net_connect", "net_forward", "run_reads"))
 
     listed, _ = call(dispatcher, "list", {})
     parent, child = (manager._capsules[c] for c in (cid, forked["capsule_id"]))

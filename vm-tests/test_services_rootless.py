@@ -110,6 +110,8 @@ def test_a_user_serves_reaches_and_forwards_through_the_rootless_helper(user_dir
     # Another uid, and root too: not the capsule's owner, so closed, and counted.
     assert (stranger.stdout, root.stdout) == ("closed\n", "closed\n"), (stranger, root)
     assert [p["refused"] for p in out["list"]["ports"]] == [2], out["list"]["ports"]
+    # No rule on the host's network from a rootless helper: the owner's page came by the relay.
+    assert [(p["path"], p["accepted"]) for p in out["list"]["ports"]] == [("relay", 1)], out["list"]["ports"]
     # No freezer for a rootless helper's runs: a pause that froze nothing, or a fork under a
     # server still writing through its open files, would be a lie; both refused, nothing changed.
     for tool, doing in (("capsule_pause", "paused"), ("capsule_fork", "forked")):

@@ -16,7 +16,7 @@
   polled every ``POLL_S`` is the floor.  No target: the issue sets none.
 - **Requests through a forwarded port.**  bench/parts/tiny_http.py's server (asyncio,
   keep-alive, a two-byte page: fast, so the relay in front of it shows) as a service in a
-  capsule, reached through ``capsule_port``'s URL (ccw-forward relays), against the same
+  capsule, reached through ``capsule_port``'s URL, against the same
   server, the same process, reached straight on its own loopback: the forwarded row's
   client program (``CLIENT``: the same interpreter and flags, unjailed, as root) joined to
   the capsule's network namespace (``nsenter --net=/proc/PID/ns/net``, PID the service's),
@@ -41,10 +41,12 @@
   capsule (its own jail: what the capsule costs the client too).  Each row ends with the
   CPU per GET of each process on the path (ccw-forward, the server, the helper tracing the
   capsule's server), summed over the runs: on two shared cores a GET's time follows the
-  CPU of everything on its path, and this says whose it is.  A kept connection's requests
-  stay under the target on this 2-core VM: each adds two loopback hops and two wake-ups of
-  ccw-forward to the direct path's two (ccw_forward.c's essay says where that time goes,
-  and what was tried).
+  CPU of everything on its path, and this says whose it is.  With a privileged helper the
+  owner's connections take the kernel path (sandbox/kernel_ports.py: NAT over a link into
+  the capsule, no process relaying), which the report's note names; relayed by ccw-forward
+  instead (a rootless helper), a kept connection's requests stay under the target on this
+  2-core VM: each adds two loopback hops and two wake-ups of ccw-forward to the direct
+  path's two (ccw_forward.c's essay says where that time goes, and what was tried).
 - **An exec beside a running service.**  ``capsule_exec ["true"]``, and a short command
   that writes a file and reads it back, in a capsule running an idle service (the
   http.server) against a capsule of the same workspace running none; halfway the service
@@ -323,6 +325,12 @@ async def _serving(call: Call, cap: str, name: str, cmd: list[str], port: int) -
     return host_port
 
 
+async def _paths(call: Call, cap: str) -> dict[str, list[float]]:
+    """Which path each forward takes: a figure "path kernel PORT", 1 for the kernel's NAT, 0 for the relay."""
+    listed = (await call("capsule_service_list", {"capsule_id": cap}))["ports"]
+    return {f"path kernel {forward['port']}": [1.0 if forward["path"] == "kernel" else 0.0] for forward in listed}
+
+
 async def _forwarded(call: Call, ws: Path, sizes: Sizes) -> dict[str, list[float]]:
     """Seconds per GET through a forwarded port, straight to the same server on its
     capsule's loopback, to the same file run on the host, and from an exec in the capsule:
@@ -352,6 +360,7 @@ async def _forwarded(call: Call, ws: Path, sizes: Sizes) -> dict[str, list[float
                     charged[name] = Charged(pids[where])
                     runners[name] = partial(charged[name].around, run, count)
             figures = await interleaved_async(runners, sizes.http_rounds)
+            figures.update(await _paths(call, cap))
             for name, used in charged.items():  # CPU per GET, its warm-up included: the same work
                 figures.update({f"{name} cpu {what}": [us] for what, us in used.per_get_us().items()})
             return figures
@@ -466,8 +475,10 @@ def run(quick: bool = False) -> Report:
     report.notes.append("parts took " + ", ".join(f"{part} {seconds:.0f} s" for part, seconds in took.items())
                         + f"; load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after, on "
                         f"{os.cpu_count()} CPUs (each extra hop waits for a CPU when others are busy)")
+    paths = {"kernel's NAT" if figures[name][0] else "ccw-forward's splice relay" for name in figures
+             if name.startswith("path kernel ")}
     report.notes.append("GETs: a client process (bench/parts/tiny_http.py get) against one server in a capsule, "
-                        "behind capsule_port (relayed by ccw-forward's splice relay) and on the capsule's loopback "
+                        f"behind capsule_port (by the {' and the '.join(sorted(paths))}) and on the capsule's loopback "
                         "(the client joined to its network namespace: the target's baseline); and against the "
                         "same file run on the host; its own start is not counted; CPU per GET from "
                         "/proc/PID/stat, in 10 ms ticks summed over every run of a row")

@@ -35,10 +35,17 @@ the pool is empty.  What it trusts (THREATS.md, "Forwarded ports"):
   (``listening``, asked of the helper as a readiness check is), and a forward opened where
   nothing listens yet says so (``note``); it is opened all the same, as a service may
   listen there later.
+- **Which path.**  With a privileged helper the owner's connections skip the relay: the
+  helper leads them into the capsule by NAT (sandbox/kernel_ports.py), proved to hold the
+  port by the listener it is sent, once ``127.0.0.1:PORT`` answers in the capsule; it is
+  tried when the forward opens and again at each ``capsule_port`` and listing until it is
+  in place.  Other users' connections still reach the listener and are refused there.  A
+  listing's ``path`` says which (``kernel`` or ``relay``), and ``accepted`` counts both.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import socket
@@ -56,7 +63,7 @@ from mcp_server.logs import LOGGER
 from mcp_server.state import State
 from sandbox.client import HelperClient
 from sandbox.errors import CcwError
-from sandbox.ops import MAX_SPARES
+from sandbox.ops import MAX_SPARES, NetForwardRequest
 
 MAX_PORTS = 32  # forwards one capsule keeps at once
 REFUSED_EVENT_S = 1.0  # at most one ``refused`` event per peer uid and port in this long
@@ -103,6 +110,8 @@ class Ports:
         self.state = state
         self._helper = helper
         self._open: dict[tuple[str, int], PortForward] = {}
+        self._kernel: set[tuple[str, int]] = set()  # forwards whose owner's connections skip the relay
+        self._no_kernel: str | None = None  # why no forward can have a kernel path here (a rootless helper)
         self._background = Background("ccw forwarded ports")
         self._recovered = False
         self._recovering = trio.Lock()
@@ -115,8 +124,13 @@ class Ports:
         for (cap, _), forward in sorted(self._open.items()):
             if cap == capsule_id:
                 counts = await forward.counts()
-                out.append({**_summary(capsule_id, forward), "refused": counts.refused, "accepted": counts.accepted,
-                            "listening": await self._listening(capsule_id, forward.capsule_port)})
+                listening = await self._listening(capsule_id, forward.capsule_port)
+                if listening:
+                    await self._kernel_path(capsule_id, forward)
+                led = await self._kernel_count(capsule_id, forward)
+                out.append({**_summary(capsule_id, forward), "refused": counts.refused,
+                            "accepted": counts.accepted + led, "listening": listening,
+                            "path": "kernel" if (capsule_id, forward.capsule_port) in self._kernel else "relay"})
         return out
 
     async def _listening(self, capsule_id: str, port: int) -> bool | None:
@@ -145,6 +159,8 @@ class Ports:
                                "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
                                                        dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
         listening = await self._listening(capsule_id, port)
+        if listening:
+            await self._kernel_path(capsule_id, forward)
         nobody = {"note": f"nothing listens on port {port} in capsule {capsule_id} now; the forward stays open "
                           "and leads there once something does"} if listening is False else {}
         return {**_summary(capsule_id, forward), "listening": listening, **nobody}
@@ -179,6 +195,7 @@ class Ports:
         await nursery.start(forward.serve)
         moved = {} if moved_from is None else {"moved_from": moved_from}
         events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "open", **moved})
+        await self._kernel_path(capsule_id, forward)
         return forward
 
     async def _first_spares(self, capsule_id: str, port: int) -> list[socket.socket]:
@@ -192,12 +209,50 @@ class Ports:
             LOGGER.info(f"mcp:port {capsule_id}:{port} without spare sockets for now: {exc.message}")
             return []
 
+    async def _kernel_path(self, capsule_id: str, forward: PortForward) -> None:
+        """Ask the helper to lead the owner's connections by NAT, if it has not yet (the essay)."""
+        key = (capsule_id, forward.capsule_port)
+        if key in self._kernel or self._no_kernel is not None:
+            return
+        try:
+            await (await self._helper()).call(NetForwardRequest(capsule_id, forward.capsule_port, forward.host_port,
+                                                                "open", listener=forward.listener_fd))
+        except CcwError as exc:
+            if exc.code == "UNSUPPORTED":
+                self._no_kernel = exc.message
+            LOGGER.info(f"mcp:port {capsule_id}:{forward.capsule_port} relays in user space: {exc.message}")
+            return
+        self._kernel.add(key)
+
+    async def _kernel_count(self, capsule_id: str, forward: PortForward) -> int:
+        """The connections the kernel path has led (0 without one)."""
+        if (capsule_id, forward.capsule_port) not in self._kernel:
+            return 0
+        request = NetForwardRequest(capsule_id, forward.capsule_port, forward.host_port, "count")
+        try:
+            reply = await (await self._helper()).call(request)
+        except CcwError as exc:
+            LOGGER.info(f"mcp:port {capsule_id}:{forward.capsule_port}: no count from the helper: {exc.message}")
+            return 0
+        if not reply.open:  # a helper that restarted has none: the relay serves, and the next listing asks again
+            self._kernel.discard((capsule_id, forward.capsule_port))
+        return reply.connections
+
+    async def _drop_kernel_path(self, capsule_id: str, forward: PortForward) -> None:
+        if (capsule_id, forward.capsule_port) not in self._kernel:
+            return
+        self._kernel.discard((capsule_id, forward.capsule_port))
+        request = NetForwardRequest(capsule_id, forward.capsule_port, forward.host_port, "close")
+        with trio.move_on_after(5), contextlib.suppress(CcwError, OSError):
+            await (await self._helper()).call(request)
+
     async def close(self, capsule_id: str, port: int) -> dict[str, Any]:
         forward = self._open.pop((capsule_id, port), None)
         self.state.execute("DELETE FROM ports WHERE capsule_id = ? AND port = ?", (capsule_id, port))
         if forward is None:
             raise CcwError("NOT_FOUND", f"capsule {capsule_id} forwards no port {port}",
                            {"capsule_id": capsule_id, "port": port})
+        await self._drop_kernel_path(capsule_id, forward)
         await forward.aclose()
         events.add(self.state, "port", capsule_id, {**_summary(capsule_id, forward), "state": "closed"})
         return {**_summary(capsule_id, forward), "open": False}
@@ -258,7 +313,8 @@ class Ports:
                            (forward.host_port, capsule_id, port))
 
     async def aclose(self) -> None:
-        for forward in list(self._open.values()):
+        for (capsule_id, _), forward in list(self._open.items()):
+            await self._drop_kernel_path(capsule_id, forward)
             await forward.aclose()
         self._open.clear()
         self._background.cancel()

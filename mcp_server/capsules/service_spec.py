@@ -29,8 +29,9 @@ from mcp_server.core.witness_manifest import (
     SERVICE_RESTARTS,
 )
 from mcp_server.state import State
+from sandbox.checks import SERVICE_NAME_RE
 from sandbox.errors import CcwError
-from sandbox.ops import SERVICE_NAME_RE, ExecRequest
+from sandbox.ops import ExecRequest
 from sandbox.spec import CapsuleSpec, Limits
 
 RESTARTS = SERVICE_RESTARTS

@@ -3,7 +3,9 @@ capsule's own network namespace, for the capsule's owner alone.
 
 This process holds the port and everything that needs the front end; a small C program,
 ``ccw-forward`` (egress/forwarder/ccw_forward.c, whose essay says why C and how it relays),
-accepts and relays.  Per port:
+accepts and relays.  With a privileged helper the owner's own connections skip both, led
+into the capsule by NAT (capsules/ports.py asks for it, sandbox/kernel_ports.py makes it):
+then what reaches the listener is everyone else's, to be refused.  Per port:
 
 - Where it listens: ``127.0.0.1`` only, on the host port asked for (0: any free one),
   with ``[::1]`` of the same port held unlistened (``_hold_v6``: no other user's program
@@ -258,6 +260,11 @@ class PortForward:
     def program_pid(self) -> int | None:
         """ccw-forward's pid while it runs (diagnostics, and tests that stop it for a moment)."""
         return self._process.pid if self._process is not None and self._process.returncode is None else None
+
+    @property
+    def listener_fd(self) -> int:
+        """The listening socket's descriptor: the proof, sent to the helper, that this process holds the port."""
+        return self._listener.fileno()
 
     @property
     def url(self) -> str:

@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandbox import syscalls
+from sandbox.checks import kind_of
 from sandbox.errors import CcwError, from_oserror
-from sandbox.ops import kind_of
 
 # A capsule's file is read whole into the front end's memory (promotion, merge, branch, diff):
 # a sparse file of any size costs the jail no disk, so its size is bounded here, not by its quota;

@@ -25,9 +25,9 @@ from mcp_server.capsules.services import Services
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.tools.registry import ToolContext, ToolSpec, text_with_header
 from sandbox import checks
-from sandbox.checks import MAX_ARGV
+from sandbox.checks import MAX_ARGV, MAX_PORT, SERVICE_NAME_RE
 from sandbox.errors import CcwError
-from sandbox.ops import MAX_PORT, SERVICE_NAME_RE, FreezeRequest
+from sandbox.ops import FreezeRequest
 from sandbox.spec import Limits, resolve_cwd
 
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")

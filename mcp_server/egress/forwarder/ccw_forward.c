@@ -59,6 +59,11 @@
  * these ratios: the report's host-run server says it (the capsule's server was 0.52-1.02x
  * the host-run one's rate on fresh connections and 0.93-1.45x on a kept one).
  *
+ * What reached the target instead is not a relay: with a privileged helper the owner's
+ * connections are led into the capsule by NAT (sandbox/kernel_ports.py), and never reach
+ * this program; it serves a rootless helper's forwards, servers on ::1 alone, and every
+ * other uid's connection, which it refuses.
+ *
  * Tried and not kept, twice: a BPF sockhash with an SK_SKB verdict program redirecting each
  * side's bytes to the other.  The first prototype (host loopback, against this program in
  * the same runs) passed a server's FIN on at once, and it overtook the answer still queued

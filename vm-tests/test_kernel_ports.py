@@ -1,0 +1,195 @@
+"""A forwarded port's kernel path (sandbox/kernel_ports.py), with a privileged helper: the
+owner's connections are led into the capsule by NAT, and nothing else crosses the link.
+
+What it must not become: another user's way into the capsule (through the port or straight to
+the capsule's end of the link), the capsule's way to the host, or rules that outlive their
+helper.  Each is tried here against the real kernel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from sandbox import capsule_nets, kernel_ports, syscalls
+from sandbox.nftables import Batch, NfTables
+from tests.support.pages import page
+from tests.support.users import OTHER_UID
+
+SERVER = ["python3", "-u", "-m", "http.server", "8765", "--bind", "127.0.0.1"]
+
+# Connect to argv[1]:argv[2] with a 2 s limit; prints "answered", "closed" (accepted, then
+# closed unanswered), or the error.
+_TRY = """
+import socket, sys
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+except OSError as exc:
+    print(type(exc).__name__)
+    sys.exit()
+try:
+    s.sendall(b"GET / HTTP/1.0\\r\\n\\r\\n")
+    print("answered" if s.recv(100) else "closed")
+except (BrokenPipeError, ConnectionResetError):
+    print("closed")
+"""
+
+
+def _links() -> list[tuple[str, str]]:
+    """The host's ends of forwarded ports' links: (name, address)."""
+    out = json.loads(subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True).stdout)
+    return [(link["ifname"], info["local"]) for link in out if link["ifname"].startswith(kernel_ports.HOST_PREFIX)
+            for info in link.get("addr_info", []) if info.get("family") == "inet"]
+
+
+def _ccw_tables() -> list[str]:
+    listing = NfTables()
+    try:
+        return [name for name in listing.tables() if name.startswith("ccw_")]
+    finally:
+        listing.close()
+
+
+async def _try(host: str, port: int, uid: int | None = None) -> str:
+    prefix = [] if uid is None else ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    done = await trio.run_process([*prefix, "/usr/bin/python3", "-c", _TRY, host, str(port)],
+                                  capture_stdout=True, capture_stderr=True, check=True)
+    return done.stdout.decode().strip()
+
+
+def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(tools: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("the owner's page\n")
+    links, tables = set(_links()), set(_ccw_tables())  # none, but for a test's beside this one
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
+                                               "ready": {"port": 8765, "timeout_ms": 20000}})
+        url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8765}))["url"]
+        host_port = int(url.rsplit(":", 1)[1].strip("/"))
+        out: dict[str, Any] = {"links": set(_links()) - links, "tables": set(_ccw_tables()) - tables}
+        [(_, host_end)] = out["links"]
+        capsule_end = str(ipaddress.ip_address(host_end) + 1)
+        out["pages"] = [await trio.to_thread.run_sync(page, url + "index.txt") for _ in range(3)]
+        out["other_by_port"] = await _try("127.0.0.1", host_port, OTHER_UID)
+        out["other_straight"] = await _try(capsule_end, 8765, OTHER_UID)
+        out["owner_straight"] = await _try(capsule_end, 8765)
+        with trio.socket.socket() as on_host:  # something of the host's, listening on every address
+            await on_host.bind(("0.0.0.0", 0))
+            on_host.listen()
+            back = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [
+                "python3", "-c", _TRY, host_end, str(on_host.getsockname()[1])]})
+        out["from_capsule"] = back["stdout"].strip()
+        out["list"] = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        out["after"] = {"links": set(_links()) - links, "tables": set(_ccw_tables()) - tables,
+                        "by_port": await _try("127.0.0.1", host_port)}
+        return out
+
+    out = tools.run(scenario)
+    assert set(out["pages"]) == {b"the owner's page\n"}
+    [port] = out["list"]
+    assert port["path"] == "kernel"
+    assert port["accepted"] == 3 and port["refused"] == 1  # the pages by NAT; the other user by the listener
+    assert out["other_by_port"] == "closed"  # not led by NAT: the listener's owner check refused it
+    assert out["other_straight"] == "TimeoutError"  # the link takes only what came to 127.0.0.1
+    assert out["owner_straight"] == "TimeoutError"
+    assert out["from_capsule"] == "TimeoutError"  # nothing new from the capsule's side
+    assert len(out["tables"]) == 2  # the link's and the forward's, on the host
+    assert out["after"] == {"links": set(), "tables": set(), "by_port": "ConnectionRefusedError"}
+
+
+def test_a_server_on_ipv6_loopback_alone_is_relayed(tools: Any, tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("over IPv6\n")
+
+    async def scenario(t: Any) -> tuple[bytes, list[dict[str, Any]]]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": [
+            "python3", "-m", "http.server", "8766", "--bind", "::1"], "ready": {"port": 8766, "timeout_ms": 20000}})
+        url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8766}))["url"]
+        body = await trio.to_thread.run_sync(page, url + "index.txt")
+        listed = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return body, listed
+
+    body, [port] = tools.run(scenario)
+    assert body == b"over IPv6\n"
+    assert port["path"] == "relay" and port["accepted"] == 1  # NAT to 127.0.0.1 would find nothing there
+
+
+_OWN_AND_DIE = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[1])
+from sandbox.nftables import Batch, NfTables
+NfTables().send(Batch().table("ccw_killed"))
+print("made", flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_helper_leaves_no_rule(root_required: None) -> None:
+    # The tables are owned by the socket that made them (nftables.py): a helper killed with
+    # SIGKILL, which runs no cleanup, takes its rules with it.
+    repo = str(Path(__file__).resolve().parents[1])
+    made = subprocess.run([sys.executable, "-c", _OWN_AND_DIE, repo], capture_output=True, text=True, check=False)
+    assert made.stdout.strip() == "made" and made.returncode == -9, made.stderr
+    assert "ccw_killed" not in _ccw_tables()
+    keeper = NfTables()
+    try:
+        keeper.send(Batch().table("ccw_kept"))
+        assert "ccw_kept" in _ccw_tables()  # the listing sees a live one
+    finally:
+        keeper.close()
+    assert "ccw_kept" not in _ccw_tables()
+
+
+def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None) -> None:
+    # The helper outlives its front ends.  A front end killed with its listener leaves the
+    # port free for any program; a rule left behind would lead the owner's connections
+    # there into the capsule instead.
+    links, tables = set(_links()), set(_ccw_tables())
+    netns = capsule_nets._make()
+    front_end = subprocess.Popen(["sleep", "600"])
+    ports = kernel_ports.KernelPorts(rootless=False)
+    serving = threading.Event()
+
+    def serve() -> None:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        with socket.create_server(("127.0.0.1", 8000)) as server:
+            serving.set()
+            server.accept()[0].close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert serving.wait(10)
+        with socket.create_server(("127.0.0.1", 0)) as held:
+            host_port = kernel_ports.held_port(held.fileno())
+            ports.open("cap_gone", netns, 8000, host_port, os.getuid(), front_end.pid)
+            assert f"ccw_fwd_{host_port}" in _ccw_tables()
+            front_end.kill()
+            front_end.wait()
+            deadline = time.monotonic() + 10
+            while f"ccw_fwd_{host_port}" in _ccw_tables():
+                assert time.monotonic() < deadline, "the rules outlived their front end"
+                time.sleep(0.05)
+            assert ports.connections("cap_gone", host_port) is None
+        assert len(set(_links()) - links) == 1  # the link stays with its capsule
+    finally:
+        front_end.kill()
+        ports.close_all()
+        os.close(netns)
+    assert set(_ccw_tables()) == tables and set(_links()) == links
