@@ -65,6 +65,7 @@ class FakeHelper:
         self.exec_error: BaseException | None = None
         self.written: list[str] = ["a.txt"]
         self.root: str | None = None
+        self.others: tuple[CapsuleSummary, ...] = ()  # the same uid's capsules of other state dirs
 
     async def call(self, request: OpRequest, on_progress: Any = None) -> OpReply:
         self.requests.append(request)
@@ -87,7 +88,7 @@ class FakeHelper:
         if isinstance(request, DestroyRequest):
             return DestroyReply(request.capsule_id, True)
         if isinstance(request, ListRequest):
-            return ListReply((CapsuleSummary("cap_1", "/w", None, "then", "ready"),))
+            return ListReply((CapsuleSummary("cap_1", "/w", None, "then", "ready"), *self.others))
         raise AssertionError(request)
 
     async def open_root(self, capsule_id: str) -> int:
@@ -208,6 +209,19 @@ def test_fork_list_and_destroy(world: Any) -> None:
     trio.run(main)
     assert [type(r).__name__ for r in helper.requests] == ["CreateRequest", "ForkRequest", "ListRequest",
                                                            "DestroyRequest"]
+
+
+def test_the_list_leaves_out_the_capsules_another_state_dir_made_through_the_same_helper(world: Any) -> None:
+    # Found in a trial: one privileged helper serves a user's two state dirs (CCW_HELPER_SOCKET)
+    # and lists that uid's capsules of both; capsule_list showed the other dir's with "execs 0".
+    service, helper, _, workspace = world
+    helper.others = (CapsuleSummary("cap_other", "/elsewhere", None, "then", "ready"),)
+
+    async def main() -> list[str]:
+        await service.create(CapsuleSpec(workspace=str(workspace)))
+        return [live.capsule_id for live in await service.list_live()]
+
+    assert trio.run(main) == ["cap_1"]
 
 
 def test_scratch_capsules_are_destroyed_and_not_journaled(world: Any) -> None:

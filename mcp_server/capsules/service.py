@@ -409,7 +409,10 @@ class CapsuleService:
         return record
 
     async def list_live(self) -> list[LiveCapsule]:
-        """The caller's live capsules, by id."""
+        """The caller's live capsules of this state dir, by id.  The helper lists every capsule of
+        the caller's uid: a shared one (``CCW_HELPER_SOCKET``) serves the user's other state dirs
+        too, whose capsules this journal does not know and no call here can act on; nor are this
+        front end's scratch capsules (trials, unjournaled) the caller's to act on."""
         live = (await self.call(ListRequest())).capsules
         journal = self.journal
         if self.services is not None:  # kept services show as they are after a restart (lost, pending)
@@ -417,16 +420,18 @@ class CapsuleService:
         out = []
         for item in sorted(live, key=lambda c: c.capsule_id):
             record = journal.capsule(item.capsule_id)
+            if record is None:
+                continue
             out.append(LiveCapsule(
                 capsule_id=item.capsule_id,
                 workspace=item.workspace,
                 parent=item.parent,
-                created_at=record.created_at if record else item.created_at,
-                execs=len(journal.execs(item.capsule_id)) if record else 0,
-                generation=record.generation if record else 0,
+                created_at=record.created_at,
+                execs=len(journal.execs(item.capsule_id)),
+                generation=record.generation,
                 **({"services": {one["name"]: one["state"]
                                  for one in self.services.summaries(item.capsule_id, item.state)}}
-                   if self.services is not None and record else {}),
+                   if self.services is not None else {}),
             ))
         return out
 
