@@ -114,7 +114,8 @@ def test_no_placeholder_fetches_nothing_and_passes_untouched() -> None:
 
 
 @pytest.mark.usefixtures("relay_engine")
-@pytest.mark.parametrize("where", ["other host", "other header", "body", "trailers"])
+@pytest.mark.parametrize("where", ["other host", "other header", "body", "trailers", "proxy-authorization",
+                                   "named in connection", "bound header named in connection"])
 def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None:
     store, told = Store(), []
 
@@ -129,7 +130,15 @@ def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None
                     "body": request(bound.port, body=b"token=" + placeholder.encode(), path="/upload"),
                     # a chunked body's trailer: h11 sent it on after the body, unread
                     "trailers": request(bound.port, "Transfer-Encoding: chunked\r\n", path="/upload")
-                    + b"2\r\nok\r\n0\r\nX-Leak: " + placeholder.encode() + b"\r\n\r\n"}[where]
+                    + b"2\r\nok\r\n0\r\nX-Leak: " + placeholder.encode() + b"\r\n\r\n",
+                    # headers the proxy drops before the request goes on: the placeholder would
+                    # vanish there, unswapped (the bound one: the request would go without it)
+                    "proxy-authorization": request(bound.port, "Proxy-Authorization: Basic " + base64.b64encode(
+                        f"__token__:{placeholder}".encode()).decode() + "\r\n"),
+                    "named in connection": request(bound.port, f"Connection: X-Leak\r\nX-Leak: {placeholder}\r\n"),
+                    "bound header named in connection": request(bound.port, "Connection: keep-alive, Authorization"
+                                                                f"\r\nAuthorization: Bearer {placeholder}\r\n"),
+                    }[where]
             client = await proxy.http()
             await client.send_all(sent)
             answer = await read_all(client)
@@ -145,6 +154,8 @@ def test_placeholder_where_it_may_not_go_is_refused_and_told(where: str) -> None
     assert any(attempt.reason == record["reason"] for attempt in told)  # told live
     assert bound.seen == [] and other.seen == []  # refused before connecting (the body's first bytes too)
     assert where != "other host" or "a host it is not bound to" in str(record["reason"])
+    assert ("connection" not in where and where != "proxy-authorization") \
+        or "which the proxy does not send on" in str(record["reason"])
 
 
 @pytest.mark.usefixtures("relay_engine")
@@ -190,6 +201,30 @@ def test_connect_to_a_bound_host_stays_a_tunnel() -> None:
     answer, placeholder = trio.run(main)
     assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(placeholder.upper().encode())
     assert store.fetched == []
+
+
+@pytest.mark.usefixtures("relay_engine")
+def test_a_placeholder_in_a_connects_own_headers_is_refused_and_recorded() -> None:
+    """A CONNECT's headers stay at the proxy: a placeholder there (a proxy URL's userinfo) would
+    vanish unswapped, so it is refused as one in any header no value goes into."""
+    told: list[Attempt] = []
+
+    async def main() -> tuple[bytes, list[dict[str, object]], list[bytes]]:
+        async with upstream(shout) as up, egress(network(f"127.0.0.1:{up.port}"), observe=told.append) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, Store())
+            basic = base64.b64encode(f"me:{capsule.env()['TOKEN']}".encode()).decode()
+            client = await proxy.http()
+            await client.send_all(f"CONNECT 127.0.0.1:{up.port} HTTP/1.1\r\nHost: x\r\n"
+                                  f"Proxy-Authorization: Basic {basic}\r\n\r\n".encode())
+            return await read_all(client), proxy.session.end_exec(), up.seen
+
+    answer, records, seen = trio.run(main)
+    assert answer.startswith(b"HTTP/1.1 403 ") and b"header proxy-authorization" in answer
+    [record] = records
+    assert record["allowed"] is False and str(record["reason"]).startswith(EXFILTRATION + ": the placeholder of "
+                                                                           "secret TOKEN in header proxy-authorization")
+    assert [attempt.reason for attempt in told] == [record["reason"]] and seen == []
 
 
 @pytest.mark.usefixtures("relay_engine")

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from mcp_server.core.placeholders import (
+    FOUND,
     PREFIX,
     CapsuleSecrets,
     Exfiltration,
@@ -195,6 +196,21 @@ class Credentials:
         found = data[data.find(PREFIX.encode()):][:80]
         name = self.capsule.identify(found.split(b"&")[0].split(b"\"")[0])
         return f"{EXFILTRATION}: " + _where(Exfiltration(name, where))
+
+    def dropped_attempt(self, headers: list[tuple[bytes, bytes]]) -> str | None:
+        """The refusal's reason if a request header the proxy does not send on (``headers``:
+        hop-by-hop ones, those ``Connection`` names, the client's ``Host``, a CONNECT's own)
+        holds a placeholder, in clear or in Basic's base64.  Nothing swaps one there: dropped
+        silently, it was a request that went without the value (the bound header named in
+        ``Connection``) or a placeholder sent where no value goes, refused elsewhere."""
+        for name, value in headers:
+            found = FOUND.search(name + b"\n" + _decoded(value))
+            if found is not None:
+                shown = name[:64].decode("ascii", "replace")
+                where = (f"header {shown}, which the proxy does not send on (hop-by-hop, named in Connection, "
+                         "a CONNECT's, or Host, which the URL's replaces), so no value would go in")
+                return f"{EXFILTRATION}: " + _where(Exfiltration(self.capsule.identify(found.group()), where))
+        return None
 
     def route(self, target: bytes) -> tuple[str, str, int, bytes, str] | None:
         """A reverse route's secret, bound host, port, origin-form target and scheme upstream;

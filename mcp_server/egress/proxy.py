@@ -118,6 +118,13 @@ def forward_headers(headers: list[tuple[bytes, bytes]], authority: bytes) -> lis
     return [(b"host", authority), *kept, (b"connection", b"close")]
 
 
+def dropped_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The request headers ``forward_headers`` does not send on (a placeholder there is judged:
+    ``Credentials.dropped_attempt``)."""
+    drop = connection_tokens(headers) | {b"host"}
+    return [(name, value) for name, value in headers if name in drop]
+
+
 async def _read_request(sock: Wire, conn: h11.Connection) -> h11.Request | None:
     """The request head, or None if the client closed before sending one."""
     received = 0
@@ -200,7 +207,9 @@ async def _connect(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     contexts, terminated = tlsterm.terminated_hosts(gate)
 
     async def unread(attempt: Attempt) -> str | None:  # a host with method/path rules is never tunnelled
-        return None if (attempt.host, attempt.port) in terminated else ruled.unread(gate, attempt)
+        creds = _credentials(gate)  # and a CONNECT's own headers go nowhere: no placeholder is swapped there
+        why = None if creds is None else creds.dropped_attempt(list(request.headers))
+        return why or (None if (attempt.host, attempt.port) in terminated else ruled.unread(gate, attempt))
 
     opened = await _open(gate, sock, host, port, "https", unread)
     if opened is None:
@@ -284,7 +293,7 @@ async def _serve_terminated(gate: Gate, terminated: tlsterm.Terminated, first: b
     authority = host_text(attempt.host, attempt.port).encode("ascii")
     headers = forward_headers(list(request.headers), authority)
     await _send_on(gate, jail, conn, request.method, request.target.decode("ascii"), headers,
-                   _Via(attempt.host, attempt.port, "https", terminated))
+                   _Via(attempt.host, attempt.port, "https", terminated), dropped_headers(list(request.headers)))
 
 
 def _credentials(gate: Gate) -> Credentials | None:
@@ -330,7 +339,8 @@ async def _forward(gate: Gate, sock: trio.socket.SocketType, conn: h11.Connectio
     if routed is not None:
         assert creds is not None
         origin, headers = creds.routed(routed, origin, headers)
-    await _send_on(gate, sock, conn, request.method, origin, headers, _Via(host, port, scheme))
+    await _send_on(gate, sock, conn, request.method, origin, headers, _Via(host, port, scheme),
+                   dropped_headers(list(request.headers)))
 
 
 @dataclass(frozen=True)
@@ -345,9 +355,10 @@ class _Via:
 
 
 async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, origin: str,
-                   headers: list[tuple[bytes, bytes]], via: _Via) -> None:
+                   headers: list[tuple[bytes, bytes]], via: _Via, dropped: list[tuple[bytes, bytes]]) -> None:
     """The per-request path, plain or terminated: method/path rules and the placeholders judged
-    before anything goes upstream, then the request sent and its response relayed."""
+    before anything goes upstream (``dropped``: the client's headers ``headers`` lacks), then the
+    request sent and its response relayed."""
     creds = _credentials(gate)
     outgoing = h11.Connection(h11.CLIENT)
     head = outgoing.send(h11.Request(method=method, target=origin.encode("ascii"), headers=headers))
@@ -358,7 +369,8 @@ async def _send_on(gate: Gate, sock: Wire, conn: h11.Connection, method: bytes, 
     async def swap(attempt: Attempt) -> str | None:
         nonlocal head, masker
         assert creds is not None
-        why = creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data))) \
+        why = creds.dropped_attempt(dropped) \
+            or creds.body_attempt(b"".join(bytes(event.data) for event in early if isinstance(event, h11.Data))) \
             or next(filter(None, (trailers_attempt(creds, event) for event in early)), None)
         if why is not None or not creds.carries(head):
             return why  # a placeholder in the body's first bytes; or none anywhere, nothing to judge
