@@ -150,6 +150,8 @@ class _Link:
         return f"{HOST_PREFIX}{self.index}"
 
     def close(self) -> None:
+        for host_port in list(self.forwards):  # their connections end too, not only their rules
+            _drop_forward(self, host_port)
         self.host.close()
         self.capsule.close()
         with contextlib.suppress(OSError), Rtnl() as rtnl:
@@ -282,7 +284,7 @@ class KernelPorts:
             return link.host.packets(forward_table(host_port), "out")
 
     def close(self, capsule_id: str, host_port: int) -> bool:
-        """Remove one forward's rules (its open connections end with their conntrack entries' use)."""
+        """Remove one forward's rules and end the connections they led (_forget_connections)."""
         with self._lock:
             link = self._links.get(capsule_id)
             if link is None or host_port not in link.forwards:
@@ -317,6 +319,21 @@ def _drop_forward(link: _Link, host_port: int) -> None:
     for side in (link.host, link.capsule):
         with contextlib.suppress(OSError):
             side.send(Batch().delete_table(table))
+    with contextlib.suppress(OSError):
+        _forget_connections(link, {host_port})
+
+
+def _forget_connections(link: _Link, host_ports: set[int]) -> None:
+    """End the connections the forwards on ``host_ports`` led, as the relay ends its own: each
+    keeps its NAT in its conntrack entry after the rules go (nftables.py), so they are deleted
+    on both sides.  The owner's next packet then reaches the host port itself (reset there),
+    and the server's reaches nothing in the capsule (reset there)."""
+    capsule_addr = socket.inet_aton(addresses(link.index)[1])
+    for original, reply in link.host.tcp_connections():
+        if original[1] == _LOOPBACK and original[3] in host_ports and reply[0] == capsule_addr:
+            link.host.forget(original)
+            with contextlib.suppress(OSError):  # the capsule's namespace may be gone
+                link.capsule.forget((reply[1], reply[0], reply[3], reply[2]))
 
 
 def _make_link(netns: int) -> _Link:

@@ -20,6 +20,10 @@ Some facts about nf_tables' netlink interface that this module follows from:
   whatever transport header the packet has.
 - A nat chain sees only a connection's first packet; the rest follow its conntrack entry.
   So a counter in a nat rule counts connections, not packets.
+- A connection's NAT is decided at its first packet and kept in its conntrack entry, so
+  deleting a rule leads none of its connections elsewhere: they go on until their entries
+  are deleted too (ctnetlink's ``IPCTNL_MSG_CT_DELETE``, by one direction's tuple).  The
+  kernel does that itself only once no nat chain is left in the namespace.
 - Every nfnetlink message needs ``CAP_NET_ADMIN`` over the network namespace the socket
   talks to, reads included.
 
@@ -38,7 +42,7 @@ import struct
 from sandbox.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NLMSG_ERROR, attr, nested
 
 NETLINK_NETFILTER = 12
-NFNL_SUBSYS_NFTABLES = 10
+NFNL_SUBSYS_CTNETLINK, NFNL_SUBSYS_NFTABLES = 1, 10
 NFNL_MSG_BATCH_BEGIN, NFNL_MSG_BATCH_END = 0x10, 0x11
 NFT_MSG_NEWTABLE, NFT_MSG_GETTABLE, NFT_MSG_DELTABLE = 0, 1, 2
 NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_GETRULE = 3, 6, 7
@@ -54,6 +58,12 @@ NFTA_RULE_TABLE, NFTA_RULE_CHAIN, NFTA_RULE_EXPRESSIONS = 1, 2, 4
 NFTA_LIST_ELEM, NFTA_EXPR_NAME, NFTA_EXPR_DATA = 1, 1, 2
 NFTA_DATA_VALUE, NFTA_DATA_VERDICT, NFTA_VERDICT_CODE = 1, 2, 1
 NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS = 1, 2
+# ctnetlink: messages, and the attributes of a connection's tuples
+IPCTNL_MSG_CT_GET, IPCTNL_MSG_CT_DELETE = 1, 2
+CTA_TUPLE_ORIG, CTA_TUPLE_REPLY = 1, 2
+CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
+CTA_IP_V4_SRC, CTA_IP_V4_DST = 1, 2
+CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
 
 # hooks (NF_INET_*)
 PREROUTING, INPUT, FORWARD, OUTPUT, POSTROUTING = 0, 1, 2, 3, 4
@@ -76,6 +86,7 @@ _NFGENMSG_SIZE = 4  # struct nfgenmsg: family, version, res_id (big-endian)
 _RECV = 65536
 
 Expr = tuple[str, bytes]
+Tuple = tuple[bytes, bytes, int, int]  # a TCP connection's direction: source, destination (4 bytes), their ports
 
 
 def _genmsg(family: int, res_id: int = 0) -> bytes:
@@ -250,9 +261,9 @@ class NfTables:
             except BlockingIOError:
                 return
 
-    def _dump(self, kind: int, attrs: bytes, what: str) -> list[bytes]:
+    def _dump(self, kind: int, attrs: bytes, what: str, subsystem: int = NFNL_SUBSYS_NFTABLES) -> list[bytes]:
         """The attributes of each object a dump request of ``kind`` answers with."""
-        self.sock.send(self._header((NFNL_SUBSYS_NFTABLES << 8) | kind, NLM_F_REQUEST | NLM_F_DUMP,
+        self.sock.send(self._header((subsystem << 8) | kind, NLM_F_REQUEST | NLM_F_DUMP,
                                     _genmsg(NFPROTO_IPV4) + attrs))
         seq, found = self._seq, list[bytes]()
         while True:
@@ -276,6 +287,48 @@ class NfTables:
         """The names of the ``ip`` family's tables in this socket's namespace, whoever owns them."""
         return [_attrs(table).get(NFTA_TABLE_NAME, b"").rstrip(b"\0").decode()
                 for table in self._dump(NFT_MSG_GETTABLE, b"", "list the tables")]
+
+
+    def tcp_connections(self) -> list[tuple[Tuple, Tuple]]:
+        """The original and reply directions of each IPv4 TCP connection conntrack follows here."""
+        found = []
+        for entry in self._dump(IPCTNL_MSG_CT_GET, b"", "list the connections", NFNL_SUBSYS_CTNETLINK):
+            parts = _attrs(entry)
+            original, reply = _tuple(parts.get(CTA_TUPLE_ORIG, b"")), _tuple(parts.get(CTA_TUPLE_REPLY, b""))
+            if original is not None and reply is not None:
+                found.append((original, reply))
+        return found
+
+    def forget(self, original: Tuple) -> None:
+        """Delete the conntrack entry of the TCP connection ``original`` (one gone already is no error)."""
+        source, destination, sport, dport = original
+        addresses = nested(CTA_TUPLE_IP, attr(CTA_IP_V4_SRC, source), attr(CTA_IP_V4_DST, destination))
+        body = nested(CTA_TUPLE_ORIG, addresses,
+                      nested(CTA_TUPLE_PROTO, attr(CTA_PROTO_NUM, bytes([socket.IPPROTO_TCP])),
+                             attr(CTA_PROTO_SRC_PORT, struct.pack(">H", sport)),
+                             attr(CTA_PROTO_DST_PORT, struct.pack(">H", dport))))
+        self.sock.send(self._header((NFNL_SUBSYS_CTNETLINK << 8) | IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK,
+                                    _genmsg(NFPROTO_IPV4) + body))
+        seq = self._seq
+        while True:
+            for msg_type, got_seq, answer in _messages(self.sock.recv(_RECV)):
+                if msg_type == NLMSG_ERROR and got_seq == seq:
+                    (code,) = struct.unpack_from("=i", answer)
+                    if code and -code != errno.ENOENT:
+                        raise OSError(-code, f"delete a connection's conntrack entry: {os.strerror(-code)}")
+                    return
+
+
+def _tuple(data: bytes) -> Tuple | None:
+    """A conntrack tuple's attributes as a Tuple; None if it is not IPv4 TCP."""
+    parts = _attrs(data)
+    address, proto = _attrs(parts.get(CTA_TUPLE_IP, b"")), _attrs(parts.get(CTA_TUPLE_PROTO, b""))
+    source, destination = address.get(CTA_IP_V4_SRC, b""), address.get(CTA_IP_V4_DST, b"")
+    sport, dport = proto.get(CTA_PROTO_SRC_PORT, b""), proto.get(CTA_PROTO_DST_PORT, b"")
+    if (proto.get(CTA_PROTO_NUM, b"")[:1] != bytes([socket.IPPROTO_TCP]) or len(source) < 4 or len(destination) < 4
+            or len(sport) < 2 or len(dport) < 2):
+        return None
+    return source[:4], destination[:4], struct.unpack(">H", sport[:2])[0], struct.unpack(">H", dport[:2])[0]
 
 
 def _messages(data: bytes) -> list[tuple[int, int, bytes]]:

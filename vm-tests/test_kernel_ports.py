@@ -193,3 +193,54 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
         ports.close_all()
         os.close(netns)
     assert set(_ccw_tables()) == tables and set(_links()) == links
+
+
+# Echoes each line back, on every connection, until the client goes.
+_ECHO = """
+import socket, threading
+def serve(conn):
+    with conn, conn.makefile("rb") as lines:
+        for line in lines:
+            conn.sendall(line)
+server = socket.create_server(("127.0.0.1", 8767))
+while True:
+    threading.Thread(target=serve, args=(server.accept()[0],), daemon=True).start()
+"""
+
+
+def _echo(conn: socket.socket, line: bytes) -> bytes | str:
+    """What one line sent on ``conn`` brings back: the echo, or the error that ended the connection."""
+    try:
+        conn.sendall(line)
+        return conn.recv(100) or "closed"
+    except OSError as exc:
+        return type(exc).__name__
+
+
+def test_a_closed_forward_ends_the_connections_it_led(tools: Any, tmp_path: Path) -> None:
+    # The relay ends its connections when the forward closes; the kernel path's went on
+    # through their conntrack entries' NAT, into a capsule its owner had closed the port of.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "echo", "cmd": ["python3", "-c", _ECHO],
+                                               "ready": {"port": 8767, "timeout_ms": 20000}})
+        host_port = (await t.call("capsule_port", {"capsule_id": cap, "port": 8767}))["host_port"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
+                                               "ready": {"port": 8765, "timeout_ms": 20000}})
+        await t.call("capsule_port", {"capsule_id": cap, "port": 8765})  # a forward that stays open
+        out: dict[str, Any] = {}
+        with socket.create_connection(("127.0.0.1", host_port), timeout=3) as kept:
+            out["before"] = await trio.to_thread.run_sync(_echo, kept, b"one\n")
+            listed = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
+            out["paths"] = {port["path"] for port in listed}
+            await t.call("capsule_port", {"capsule_id": cap, "port": 8767, "close": True})
+            out["after"] = await trio.to_thread.run_sync(_echo, kept, b"two\n")
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    assert out["before"] == b"one\n" and out["paths"] == {"kernel"}
+    assert out["after"] == "ConnectionResetError"  # not b"two\n": nothing leads into the capsule now
