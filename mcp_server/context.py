@@ -309,9 +309,10 @@ class CallContext:
         async with self._runtime.capsule_queue.turn(capsule_id, label, report, reserved) as ticket:
             yield ticket
 
-    async def follow(self) -> None:
-        """Wait for the calls this one follows (``TakesTurn.follows``) that arrived before it."""
-        await self._runtime.capsule_queue.follow(self._take_ticket())
+    async def follow(self, through: bool = True) -> None:
+        """Wait for the calls this one follows (``TakesTurn.follows``) that arrived before it
+        (``through``: and for the calls between; ``CapsuleQueue.follow``)."""
+        await self._runtime.capsule_queue.follow(self._take_ticket(), through)
 
     def _take_ticket(self) -> Ticket | None:
         ticket, self._ticket = self._ticket, None

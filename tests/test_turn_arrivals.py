@@ -128,13 +128,14 @@ def test_the_capsule_tools_declare_their_turns() -> None:
     assert turns == {"capsule_exec": "exec `make -j2`", "capsule_fork": "fork", "capsule_destroy": "destroy",
                      "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
                      "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`",
-                     "capsule_service_stop": "service stop", "capsule_race": "exec `make -j2`",
-                     "capsule_merge": "merge"}
+                     "capsule_service_stop": "service stop", "capsule_service_logs": "service logs",
+                     "capsule_race": "exec `make -j2`", "capsule_merge": "merge"}
     several = {spec.name: spec.turn.capsules_of({"capsule_ids": ["a", "b", "a"]})
                for spec in registry.tools if spec.turn and spec.turn.capsules_arg}
     assert several == {"capsule_race": ["a", "b"], "capsule_merge": ["a", "b"]}
-    stop = registry.lookup("capsule_service_stop")
-    assert stop is not None and stop.turn is not None and stop.turn.follows == "service start"
+    for name in ("capsule_service_stop", "capsule_service_logs"):  # logs: found pipelined after a start, NOT_FOUND
+        spec = registry.lookup(name)
+        assert spec is not None and spec.turn is not None and spec.turn.follows == "service start", name
 
 
 def test_a_call_over_several_capsules_keeps_its_place_in_each_line_from_arrival(tmp_path: Path) -> None:
@@ -220,6 +221,48 @@ def test_a_stop_follows_the_start_of_its_service_sent_before_it_and_nothing_else
     assert all("error" not in answers[n] and not answers[n]["result"].get("isError") for n in range(1, 8)), answers
     assert set(ran[:2]) == {"stop b", "stop c"}  # c's start came after its stop: not waited for
     assert ran[2:] == ["hold", "start a", "end a", "start tests", "end tests", "stop a", "start c", "end c"]
+    assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_a_log_read_follows_the_start_of_its_service_sent_before_it_but_no_run_after_that(tmp_path: Path) -> None:
+    # Found in a trial: start web then logs web, pipelined: the logs, taking no turn, were read
+    # before the start had made the service, and answered NOT_FOUND.  Waiting for the calls
+    # between the two as a stop does would hold a log read behind a test run.
+    ran: list[str] = []
+    read = trio.Event()
+
+    async def start(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], START.label):
+            ran.append(f"start {args['name']}")
+            if args["name"] == "tests":  # a run against the service that ends only once the log was read
+                with trio.fail_after(5):
+                    await read.wait()
+            await trio.sleep(0.05)
+            ran.append(f"end {args['name']}")
+        return {"n": 0, "ticket": 0}
+
+    async def logs(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        await ctx.follow(through=False)
+        ran.append(f"logs {args['name']}")
+        read.set()
+        return {"n": 0, "ticket": 0}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
+    registry.add(ToolSpec("logs", "server", "a service's logs", NAMED, RESULT, logs,
+                          turn=TakesTurn("logs", subject_arg="name", follows=START.label)))
+    server = CcwServer(config, State(config.state_dir), registry)
+    sent = [("start", "web"), ("start", "tests"), ("logs", "web")]
+    frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                             "params": {"name": tool, "arguments": {"capsule_id": "cap", "name": name}}}
+                            for n, (tool, name) in enumerate(sent, 1))]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert all(not answers[n]["result"].get("isError") for n in range(1, 4)), answers
+    # Once web's start has answered, the log read and the test run go on together.
+    assert ran[:2] == ["start web", "end web"] and ran[-1] == "end tests"
+    assert sorted(ran[2:4]) == ["logs web", "start tests"]
     assert server.runtime.capsule_queue.line("cap") == []
 
 

@@ -6,8 +6,8 @@ parallel, so the front end queues ``capsule_exec``, ``capsule_fork``, ``capsule_
 ``capsule_witness``, ``capsule_promote`` and the reading of a capsule's change by
 ``capsule_deltamin`` per capsule, first come first served.  Read-only tools (diff, file
 reads, list) take no turn: they answer while a command runs, and see its writes as far as they have got.
-A service's stop takes no turn either (it must not wait behind a test run) but follows the
-starts of its service that came before it (``TakesTurn.follows``).
+A service's stop and a read of its logs take no turn either (they must not wait behind a
+test run) but follow the starts of their service that came before them (``TakesTurn.follows``).
 
 Why not ``trio.Lock``: it is fair (``release`` hands the lock straight to the longest
 waiter), but it cannot say who holds it or how many wait ahead, which a queued call's
@@ -219,22 +219,23 @@ class CapsuleQueue:
         tickets[0].more = tickets[1:]  # the others travel with the first: claimed, and given back, with it
         return tickets[0]
 
-    async def follow(self, ticket: Ticket | None) -> None:
+    async def follow(self, ticket: Ticket | None, through: bool = True) -> None:
         """Wait for the first call ahead of ``ticket`` in its line that its call follows
-        (``TakesTurn.follows``, on the same subject) and for every call between the two: a stop
-        pipelined after its service's start and a test run against it, queued behind other
-        work, stops the service once that run has ended, not before it starts nor under it.
-        With no such call ahead it waits for nothing (a stop must not wait behind a test run
-        of a service started earlier).  The ticket stays unclaimed: its transport gives it back
-        once the call is answered.  A call with no place (the CLI's in-process calls, one at a
-        time) has nothing to wait for."""
+        (``TakesTurn.follows``, on the same subject) and, ``through``, for every call between the
+        two: a stop pipelined after its service's start and a test run against it, queued behind
+        other work, stops the service once that run has ended, not before it starts nor under it.
+        A read of the service's logs waits for the start alone: the start made the log, and a
+        log read must not wait behind the test run.  With no such call ahead it waits for
+        nothing (a stop must not wait behind a test run of a service started earlier).  The
+        ticket stays unclaimed: its transport gives it back once the call is answered.  A call
+        with no place (the CLI's in-process calls, one at a time) has nothing to wait for."""
         line = self._lines.get(ticket.capsule_id, []) if ticket is not None and ticket.follows else []
         if ticket not in line:
             return
         ahead = line[: line.index(ticket)]
         first = next((n for n, one in enumerate(ahead) if one.kind == ticket.follows and one.subject == ticket.subject),
                      None)
-        waited = ahead[first:] if first is not None else []
+        waited = [] if first is None else ahead[first:] if through else [ahead[first]]
         while any(one in line for one in waited):  # calls only leave a line, and new ones join behind it
             await self._lots[ticket.capsule_id].park()  # every release wakes the line
 

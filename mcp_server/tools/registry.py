@@ -88,9 +88,9 @@ class ToolContext(Protocol):
         """Wait for the capsule's turn in arrival order and hold it for the block (execs, fork,
         destroy: one at a time per capsule); a queued call reports so through ``progress``."""
 
-    async def follow(self) -> None:
+    async def follow(self, through: bool = True) -> None:
         """Wait for the calls this one follows (its spec's ``turn.follows``, on the same subject)
-        that arrived before it: a service's stop for its start."""
+        that arrived before it, and (``through``) the calls between: a service's stop for its start."""
 
     @property
     def runs(self) -> OwnedRuns:

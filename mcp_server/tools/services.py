@@ -4,9 +4,10 @@ Adapters over the front end's services (``ctx.capsules.services``, capsules/serv
 and the helper's freezer.  ``capsule_service_start`` takes the capsule's turn and answers
 once the service is ready, so the next call on the capsule (an exec running the tests)
 runs against a ready service; the others take no turn: a log or a stop must not wait
-behind a long test run (a stop still waits for a start of its service sent before it,
-capsules/turns.py ``follow``).  Pause and resume act at once on whatever the capsule runs
-(an exec's time limit keeps counting while it is frozen).
+behind a long test run (a stop still waits for a start of its service sent before it and
+the calls between, a log read for that start alone: capsules/turns.py ``follow``).  Pause
+and resume act at once on whatever the capsule runs (an exec's time limit keeps counting
+while it is frozen).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sandbox.spec import Limits, resolve_cwd
 
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
 SERVICE_STOP = TakesTurn("service stop", subject_arg="name", follows=SERVICE_START.label)
+SERVICE_LOGS = TakesTurn("service logs", subject_arg="name", follows=SERVICE_START.label)
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
 _SERVICE = {"type": "object", "description": "name, state (starting|running|ready|paused|exited|failed|lost|"
             "stopped), since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's row)"}
@@ -81,6 +83,7 @@ async def capsule_service_list(ctx: ToolContext, args: dict[str, Any]) -> dict[s
 
 
 async def capsule_service_logs(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
+    await ctx.follow(through=False)  # a start of this service sent before it makes the log first
     record = ctx.capsules.live_record(args["capsule_id"])
     services = _services(ctx)
     await services.recover(ctx.capsules)
@@ -187,6 +190,7 @@ TOOLS = [
                                       **{k: {"type": "integer"} for k in ("start", "cursor", "lost")}}},
         handler=capsule_service_logs,
         text=text_with_header("text"),
+        turn=SERVICE_LOGS,
         read_only=True,
     ),
     ToolSpec(
