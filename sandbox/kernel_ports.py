@@ -139,11 +139,18 @@ def held_port(listener: int) -> int:
 
 
 @dataclass
+class _Forward:
+    port: int  # the capsule's
+    pid: int  # the front end that asked
+    listener: int  # a duplicate of the port's listening socket: no other program binds the port while rules lead it
+
+
+@dataclass
 class _Link:
     index: int
     host: NfTables  # owns the link's table and each forward's host table
     capsule: NfTables  # made in the capsule's namespace: owns each forward's capsule table
-    forwards: dict[int, int] = field(default_factory=dict)  # host port: the pid of the front end that asked
+    forwards: dict[int, _Forward] = field(default_factory=dict)  # by host port
 
     @property
     def name(self) -> str:
@@ -226,7 +233,7 @@ class KernelPorts:
         with self._lock:
             pidfd = self._front_ends.pop(pid, None)
             for link in self._links.values():
-                for host_port in [hp for hp, asker in link.forwards.items() if asker == pid]:
+                for host_port in [hp for hp, forward in link.forwards.items() if forward.pid == pid]:
                     _drop_forward(link, host_port)
         if pidfd is not None:
             os.close(pidfd)
@@ -240,9 +247,10 @@ class KernelPorts:
             self._watcher = threading.Thread(target=self._watch, name="ccw-forward-lifelines", daemon=True)
             self._watcher.start()
 
-    def open(self, capsule_id: str, netns: int, port: int, host_port: int, uid: int, pid: int) -> None:
-        """Lead ``uid``'s connections to ``127.0.0.1:host_port`` to the capsule's ``port``, for as
-        long as front end ``pid`` lives."""
+    def open(self, capsule_id: str, netns: int, port: int, host_port: int, uid: int, pid: int, listener: int) -> None:
+        """Lead ``uid``'s connections to ``127.0.0.1:host_port`` (``listener``'s port) to the
+        capsule's ``port``, for as long as front end ``pid`` lives; the same forward again is
+        left as it is, with the connections it leads."""
         if self.rootless:
             raise CcwError("UNSUPPORTED", "a rootless helper cannot add rules to the host's network namespace; "
                            "the forward relays in user space")
@@ -252,10 +260,14 @@ class KernelPorts:
         with self._lock:
             self._follow(pid)
             link = self._links.get(capsule_id)
+            kept = None if link is None else link.forwards.get(host_port)
+            if kept is not None and (kept.port, kept.pid) == (port, pid):
+                return
+            for other in self._links.values():  # the caller holds the port now: another forward there is over
+                if host_port in other.forwards:
+                    _drop_forward(other, host_port)
             if link is None:
                 link = self._links[capsule_id] = _make_link(netns)
-            if host_port in link.forwards:
-                _drop_forward(link, host_port)
             capsule_addr = addresses(link.index)[1]
             table = forward_table(host_port)
             link.host.send(Batch().table(table).chain(table, "out", "nat", nftables.OUTPUT, -100).rule(
@@ -273,7 +285,7 @@ class KernelPorts:
             except OSError:
                 link.host.send(Batch().delete_table(table))
                 raise
-            link.forwards[host_port] = pid
+            link.forwards[host_port] = _Forward(port, pid, os.dup(listener))
 
     def connections(self, capsule_id: str, host_port: int) -> int | None:
         """How many connections the path has led into the capsule; None: it has no path."""
@@ -315,12 +327,14 @@ class KernelPorts:
 
 def _drop_forward(link: _Link, host_port: int) -> None:
     table = forward_table(host_port)
-    link.forwards.pop(host_port, None)
+    forward = link.forwards.pop(host_port, None)
     for side in (link.host, link.capsule):
         with contextlib.suppress(OSError):
             side.send(Batch().delete_table(table))
     with contextlib.suppress(OSError):
         _forget_connections(link, {host_port})
+    if forward is not None:  # the port is free only once nothing leads there
+        os.close(forward.listener)
 
 
 def _forget_connections(link: _Link, host_ports: set[int]) -> None:

@@ -325,7 +325,8 @@ class CapsuleManager:
                            {"host_port": host_port})
         netns = self.nets.descriptor(capsule_id, capsule.spec.network)
         try:
-            self.kernel_ports.open(capsule_id, netns, request.port, host_port, caller_uid, caller_pid)
+            self.kernel_ports.open(capsule_id, netns, request.port, host_port, caller_uid, caller_pid,
+                                  request.listener)
         finally:
             os.close(netns)
         return NetForwardReply(host_port, True, 0)

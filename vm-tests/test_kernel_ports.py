@@ -8,6 +8,7 @@ helper.  Each is tried here against the real kernel.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import os
@@ -178,7 +179,7 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
         assert serving.wait(10)
         with socket.create_server(("127.0.0.1", 0)) as held:
             host_port = kernel_ports.held_port(held.fileno())
-            ports.open("cap_gone", netns, 8000, host_port, os.getuid(), front_end.pid)
+            ports.open("cap_gone", netns, 8000, host_port, os.getuid(), front_end.pid, held.fileno())
             assert f"ccw_fwd_{host_port}" in _ccw_tables()
             front_end.kill()
             front_end.wait()
@@ -244,3 +245,36 @@ def test_a_closed_forward_ends_the_connections_it_led(tools: Any, tmp_path: Path
     out = tools.run(scenario)
     assert out["before"] == b"one\n" and out["paths"] == {"kernel"}
     assert out["after"] == "ConnectionResetError"  # not b"two\n": nothing leads into the capsule now
+
+
+def test_a_forwards_host_port_is_nobody_elses_while_its_rules_lead_from_it(root_required: None) -> None:
+    # The front end asks the helper to drop a forward's rules, then closes its listener; an ask
+    # that fails (its 5 s limit, a cancelled call) left the rules and freed the port, and the
+    # owner's connections to the next program there went into the capsule instead.
+    netns = capsule_nets._make()
+    ports = kernel_ports.KernelPorts(rootless=False)
+    serving = threading.Event()
+
+    def serve() -> None:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        with socket.create_server(("127.0.0.1", 8001)) as server:
+            serving.set()
+            server.accept()[0].close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        assert serving.wait(10)
+        with socket.create_server(("127.0.0.1", 0)) as held:
+            host_port = kernel_ports.held_port(held.fileno())
+            ports.open("cap_held", netns, 8001, host_port, os.getuid(), os.getpid(), held.fileno())
+        try:
+            socket.create_server(("127.0.0.1", host_port)).close()
+            taken = "bound"
+        except OSError as exc:
+            taken = errno.errorcode[exc.errno or 0]
+        ports.close("cap_held", host_port)
+        socket.create_server(("127.0.0.1", host_port)).close()  # free once nothing leads from it
+    finally:
+        ports.close_all()
+        os.close(netns)
+    assert taken == "EADDRINUSE"
