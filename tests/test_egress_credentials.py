@@ -454,6 +454,47 @@ def test_a_bodiless_coded_answer_passes() -> None:
     assert [record["allowed"] for record in records] == [True]
 
 
+def lingering(tail: bytes) -> Serve:
+    """An upstream that answers with the Authorization it was sent, framed by Content-Length,
+    then ``tail`` past that length, and keeps its connection open, ignoring ``Connection: close``."""
+
+    async def serve(stream: trio.SocketStream, state: Upstream) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received and (data := await stream.receive_some()):
+            received += data
+        state.seen.append(received)
+        auth = next(line.split(b": ", 1)[1] for line in received.split(b"\r\n") if line.startswith(b"authorization:"))
+        body = b"" if received.startswith(b"GET /empty") else b"you sent " + auth
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s%s" % (len(body), body, tail))
+        await trio.sleep_forever()
+
+    return serve
+
+
+@pytest.mark.usefixtures("relay_engine")
+@pytest.mark.parametrize("tail", [b"", b"HTTP/1.1 200 OK\r\n\r\nnot this answer's"])
+@pytest.mark.parametrize("method", ["GET", "HEAD", "GET /empty"])
+def test_a_masked_body_ends_at_its_length_though_the_upstream_keeps_its_connection(method: str, tail: bytes) -> None:
+    """The jail's masked head has no Content-Length (a mask may change the length), so its close
+    ends the body: once the upstream's length has come, the proxy closes, without waiting for
+    an upstream that does not (bytes past the length are no part of the answer)."""
+
+    async def main() -> tuple[bytes, str]:
+        async with upstream(lingering(tail)) as up, egress(network(f"127.0.0.1:{up.port}")) as proxy:
+            capsule = secrets_for(up.port)
+            proxy.session.credentials = Credentials(capsule, Store())
+            verb, _, path = method.partition(" ")
+            client = await proxy.http()
+            await client.send_all(request(up.port, f"Authorization: Bearer {capsule.env()['TOKEN']}\r\n",
+                                          path=path or "/").replace(b"GET", verb.encode(), 1))
+            return await read_all(client, limit=3), capsule.env()["TOKEN"]
+
+    answer, placeholder = trio.run(main)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"content-length" not in head.lower()
+    assert body == (b"you sent Bearer " + placeholder.encode() if method == "GET" else b"")
+
+
 @pytest.mark.usefixtures("relay_engine")
 def test_a_chunked_echo_cut_inside_the_value_gives_none_of_it_and_no_last_chunk() -> None:
     async def main() -> tuple[bytes, str]:

@@ -289,9 +289,9 @@ class Exchange:
     async def _masked(self, head: bytes, first: bytes, masker: Masker) -> None:
         """The response with each value put in the request masked back to its placeholder.
         A masked echo may change the body's length (a placeholder longer than a short
-        value): its Content-Length goes, and the close ends the body, or its chunks do
-        (``_rechunked``).  A body the masker cannot read (compressed) is refused, recorded,
-        and none of it passes."""
+        value): its Content-Length goes, and the close ends the body (the proxy's, once the
+        upstream's length has come), or its chunks do (``_rechunked``).  A body the masker
+        cannot read (compressed) is refused, recorded, and none of it passes."""
         bodiless = no_body(head, self.head_only)
         why = None if bodiless else maskedbody.unreadable(head)
         if why is not None:
@@ -309,13 +309,22 @@ class Exchange:
         if framed:
             await self._rechunked(head, first, masker)
             return
-        await charge_and_send(self.sock, head + masker.feed(first), self.attempt, self.budget, outbound=False)
-        body = len(first)
-        self.short = body < (length or 0)
-        while data := await self.upstream.recv(BUFFER_SIZE):
+        if bodiless:  # whatever its length says, nothing follows the head: the answer is whole
+            self.short = False
+            await charge_and_send(self.sock, head, self.attempt, self.budget, outbound=False)
+            return
+        # The jail's close ends the body: once the upstream's length has come it is whole, and an
+        # upstream that keeps its connection past it (``Connection: close`` ignored) is not waited
+        # for; bytes past the length are no part of this answer.
+        body, data = 0, first
+        while True:
+            data = data if length is None else data[: length - body]
             body += len(data)
             self.short = body < (length or 0)
-            await charge_and_send(self.sock, masker.feed(data), self.attempt, self.budget, outbound=False)
+            await charge_and_send(self.sock, head + masker.feed(data), self.attempt, self.budget, outbound=False)
+            head = b""
+            if (length is not None and body >= length) or not (data := await self.upstream.recv(BUFFER_SIZE)):
+                break
         await charge_and_send(self.sock, masker.close(), self.attempt, self.budget, outbound=False)
 
     async def _rechunked(self, head: bytes, first: bytes, masker: Masker) -> None:
