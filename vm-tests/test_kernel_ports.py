@@ -278,3 +278,31 @@ def test_a_forwards_host_port_is_nobody_elses_while_its_rules_lead_from_it(root_
         ports.close_all()
         os.close(netns)
     assert taken == "EADDRINUSE"
+
+
+def test_a_server_restarted_on_ipv6_loopback_alone_is_relayed_from_the_next_listing(tools: Any, tmp_path: Path) -> None:
+    # NAT leads to 127.0.0.1 alone: a path kept after the server moved to ::1 refused the owner
+    # while the listing said the port was listening.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "index.txt").write_text("moved\n")
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        server = ["python3", "-m", "http.server", "8768", "--bind"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": [*server, "127.0.0.1"],
+                                               "ready": {"port": 8768, "timeout_ms": 20000}})
+        url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8768}))["url"]
+        [before] = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
+        await t.call("capsule_service_stop", {"capsule_id": cap, "name": "web"})
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": [*server, "::1"],
+                                               "ready": {"port": 8768, "timeout_ms": 20000}})
+        [after] = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
+        try:
+            body: bytes | str = await trio.to_thread.run_sync(page, url + "index.txt")
+        except OSError as exc:
+            body = str(exc)
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return {"before": before["path"], "after": (after["path"], after["listening"]), "body": body}
+
+    assert tools.run(scenario) == {"before": "kernel", "after": ("relay", True), "body": b"moved\n"}

@@ -124,21 +124,26 @@ class Ports:
         for (cap, _), forward in sorted(self._open.items()):
             if cap == capsule_id:
                 counts = await forward.counts()
-                listening = await self._listening(capsule_id, forward.capsule_port)
-                if listening:
-                    await self._kernel_path(capsule_id, forward)
+                listening = await self._listening(capsule_id, forward)
                 led = await self._kernel_count(capsule_id, forward)
                 out.append({**_summary(capsule_id, forward), "refused": counts.refused,
                             "accepted": counts.accepted + led, "listening": listening,
                             "path": "kernel" if (capsule_id, forward.capsule_port) in self._kernel else "relay"})
         return out
 
-    async def _listening(self, capsule_id: str, port: int) -> bool | None:
-        """Whether something accepts on the capsule's ``port`` now; None if the helper cannot say."""
+    async def _listening(self, capsule_id: str, forward: PortForward) -> bool | None:
+        """Whether something accepts on the forwarded port in the capsule now (None if the helper
+        cannot say); the path follows where: the kernel's to 127.0.0.1, the relay's to ``::1``
+        alone (a server restarted there after the kernel path was made: NAT cannot reach it)."""
         try:
-            (await (await self._helper()).net_connect(capsule_id, port)).close()
+            with await (await self._helper()).net_connect(capsule_id, forward.capsule_port) as answered:
+                on_v4 = answered.family == socket.AF_INET  # the helper tries 127.0.0.1 first
         except CcwError as exc:
             return False if exc.code == "CONFLICT" else None  # CONFLICT: refused, nothing listens there
+        if on_v4:
+            await self._kernel_path(capsule_id, forward)
+        else:
+            await self._drop_kernel_path(capsule_id, forward)
         return True
 
     def held(self) -> list[str]:
@@ -158,9 +163,7 @@ class Ports:
             self.state.execute("INSERT OR REPLACE INTO ports (capsule_id, port, host_port, created_at) "
                                "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
                                                        dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
-        listening = await self._listening(capsule_id, port)
-        if listening:
-            await self._kernel_path(capsule_id, forward)
+        listening = await self._listening(capsule_id, forward)
         nobody = {"note": f"nothing listens on port {port} in capsule {capsule_id} now; the forward stays open "
                           "and leads there once something does"} if listening is False else {}
         return {**_summary(capsule_id, forward), "listening": listening, **nobody}
