@@ -190,7 +190,12 @@ class CcwServer:
         elif not self.is_direct_method(method, tools):
             return None
         spec = registry.lookup(name) if isinstance(name, str) else None
-        return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params)
+        return self.runtime.capsule_queue.arrive(spec.turn if spec is not None else None, params, self._parent_of)
+
+    def _parent_of(self, capsule_id: str) -> str | None:
+        """The parent of a live capsule of this state dir, or None."""
+        record = Journal(self.state).capsule(capsule_id)
+        return record.parent if record is not None and record.destroyed_at is None else None
 
     def is_direct_method(self, method: str, tools: ToolList | None = None) -> bool:
         """True when ``method`` names a tool (or alias) of ``tools`` (default ours) rather

@@ -14,12 +14,16 @@ import trio
 import trio.lowlevel
 import trio.testing
 
+from mcp_server.capsules import service
 from mcp_server.capsules.turns import TakesTurn
 from mcp_server.config import Config
+from mcp_server.journal import Journal
 from mcp_server.server import CcwServer
 from mcp_server.state import State
 from mcp_server.tools.registry import Registry, ToolSpec
 from mcp_server.transports.ndjson import NdjsonConnection
+from sandbox.errors import CcwError
+from tests.support.journal_rows import capsule_record
 
 ARGS = {"type": "object", "required": ["capsule_id", "n"], "additionalProperties": False,
         "properties": {"capsule_id": {"type": "string"}, "n": {"type": "integer"}}}
@@ -264,6 +268,39 @@ def test_a_log_read_follows_the_start_of_its_service_sent_before_it_but_no_run_a
     assert ran[:2] == ["start web", "end web"] and ran[-1] == "end tests"
     assert sorted(ran[2:4]) == ["logs web", "start tests"]
     assert server.runtime.capsule_queue.line("cap") == []
+
+
+def test_a_forks_destroy_holds_its_parents_line_until_it_has_answered(tmp_path: Path) -> None:
+    # Found in a trial: destroy F then destroy P (F's parent), pipelined: P's destroy, in a line
+    # of its own, reached the helper while F's destroy was still stopping F's services, and was
+    # refused "has forks".
+    ran: list[str] = []
+    destroy = TakesTurn("destroy", parent_too=True)
+    assert Registry.load(["capsule"]).lookup("capsule_destroy").turn == service.DESTROY == destroy
+
+    async def destroy_tool(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], destroy.label) as ticket:
+            if args["capsule_id"] == "P" and "F" not in ran:
+                raise CcwError("CONFLICT", "capsule P has forks ['F']; destroy them first")
+            await trio.sleep(0.05)  # its services stopping
+            ran.append(args["capsule_id"])
+        return {"n": args["n"], "ticket": ticket.number}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("destroy", "server", "a capsule's destroy", ARGS, RESULT, destroy_tool, turn=destroy))
+    server = CcwServer(config, State(config.state_dir), registry)
+    journal = Journal(server.state)
+    journal.add_capsule(capsule_record("P"))
+    journal.add_capsule(dataclasses.replace(capsule_record("F"), parent="P"))
+    frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                             "params": {"name": "destroy", "arguments": {"capsule_id": one, "n": n}}}
+                            for n, one in enumerate("FP", 1))]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert all(not answers[n]["result"].get("isError") for n in (1, 2)), answers
+    assert ran == ["F", "P"]
+    assert server.runtime.capsule_queue.line("P") == server.runtime.capsule_queue.line("F") == []
 
 
 def test_a_run_answered_running_keeps_its_unclaimed_places_until_it_ends(tmp_path: Path) -> None:

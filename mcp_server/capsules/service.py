@@ -88,7 +88,7 @@ if TYPE_CHECKING:
 # The turns the service takes (capsules/turns.py), declared on their tools' specs too.
 EXEC = TakesTurn(EXEC_LABEL, command_arg="cmd")
 FORK = TakesTurn("fork")
-DESTROY = TakesTurn("destroy")
+DESTROY = TakesTurn("destroy", parent_too=True)
 MAX_FORKS = 128  # children one capsule_fork call makes: each holds a mount, and maybe a disk
 # Errors with which the helper refuses an exec before anything runs in the capsule.
 _REFUSED = frozenset({"CONFLICT", "NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED", "UNSUPPORTED"})

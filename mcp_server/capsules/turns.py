@@ -68,6 +68,10 @@ class TakesTurn:
     # An argument listing several capsules (a race's, a merge's): the call takes a place in each
     # of their lines on arrival, as a call on one capsule does in its line (``CapsuleQueue.arrive``).
     capsules_arg: str | None = None
+    # The call also takes a place in its capsule's parent's line on arrival, which it never claims:
+    # a fork's destroy thaws its parent, so the parent's calls sent after it (its own destroy,
+    # refused while it has forks) wait until that destroy has answered.
+    parent_too: bool = False
 
     def capsules_of(self, args: Mapping[str, Any]) -> list[str]:
         """The capsules a call with ``args`` takes a place in the lines of, each once, in order."""
@@ -206,16 +210,22 @@ class CapsuleQueue:
             del self._lots[capsule_id]
         lot.unpark_all()
 
-    def arrive(self, takes: TakesTurn | None, args: Any) -> Ticket | None:
+    def arrive(self, takes: TakesTurn | None, args: Any,
+               parent_of: Callable[[str], str | None] | None = None) -> Ticket | None:
         """The place a call with ``args`` of a tool that ``takes`` turns takes as it is read
         (``reserve``), or None if its tool takes no turn or its arguments name no capsule; a
-        call over several capsules takes one in each line, the others in the first's ``more``."""
+        call over several capsules takes one in each line, the others in the first's ``more``,
+        as does the place in the line of its capsule's parent (``parent_of``, the live capsule's
+        parent or None) that a call ``takes.parent_too`` holds."""
         if takes is None or not isinstance(args, Mapping):
             return None
         label = takes.label_of(args)
         tickets = [self.reserve(capsule_id, label, takes, args) for capsule_id in takes.capsules_of(args)]
         if not tickets:
             return None
+        parent = parent_of(tickets[0].capsule_id) if takes.parent_too and parent_of is not None else None
+        if parent is not None:
+            tickets.append(self.reserve(parent, f"{label} of fork {tickets[0].capsule_id}"))
         tickets[0].more = tickets[1:]  # the others travel with the first: claimed, and given back, with it
         return tickets[0]
 
