@@ -127,4 +127,10 @@ def test_the_trials_start_the_services_beside_the_newest_run_of_the_command(tmp_
     journal.add_exec("cap_1", {**exec_entry({"read": [], "written": []}, 1), "argv": ["pytest", "-q"],
                                "services": json.dumps([kept.for_witness()])})
     assert services_beside(service, record, ["pytest", "-q"]) == (kept,)
-    assert services_beside(service, record, ["make", "test"]) == ()  # never run: nothing beside it
+    assert services_beside(service, record, ["make", "test"]) == ()  # never run, and nothing runs now
+    # Found in a trial: deltamin of a command never run in the capsule started none of its services
+    # beside the trials.  With no run of it to go by, it runs beside those running now, with values.
+    service.services.in_capsule["cap_1"] = [kept.for_witness()]
+    assert services_beside(service, record, ["make", "test"]) == (kept,)
+    journal.add_exec("cap_1", {**exec_entry({"read": [], "written": []}, 1), "argv": ["make", "test"]})
+    assert services_beside(service, record, ["make", "test"]) == ()  # its run went beside none: so do its trials

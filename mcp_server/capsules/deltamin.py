@@ -34,7 +34,8 @@ Services: when the newest journaled exec of the target command ran beside servic
 command (trials.py, executors.py), and so does the final check (deltamin_check.py); an
 executor that cannot start them (a REAPI cluster's) is refused before any trial runs.
 The newest run is the one the caller saw fail; an older run beside other services
-described other conditions.
+described other conditions.  A command never run in the capsule goes beside the
+services running in it now (service_beside.py).
 
 Which journaled execs count (for the flakiness check and as evidence of what was read):
 only observations of the change being minimised, the capsule's contents at its current

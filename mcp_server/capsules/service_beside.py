@@ -9,9 +9,10 @@ reached when it ran.  Here are the two things they share:
 
 - ``services_beside``: which services to start for a command, those beside its newest
   journaled exec (the one the caller saw: an older one beside other services described
-  other conditions).  A spec still kept for the capsule (capsules/service_spec.py) gives
-  the values its caller set; one since stopped comes back from the journal's form,
-  without them.
+  other conditions); for a command never run in the capsule, those running in it now,
+  beside which it would run if it were run there now.  A spec still kept for the capsule
+  (capsules/service_spec.py) gives the values its caller set; one since stopped comes back
+  from the journal's form, without them.
 - ``started``: those services in a new *journaled* capsule (deltamin's final check, a
   witness's re-run), started as ``capsule_service_start`` would, so each one's run is a
   journal row with its touched sets once it is stopped, which the block's end does.
@@ -53,11 +54,14 @@ def specs_for(service: CapsuleService, capsule_id: str, forms: Sequence[dict[str
 
 
 def services_beside(service: CapsuleService, record: CapsuleRecord, argv: list[str]) -> tuple[ServiceSpec, ...]:
-    """The services beside the capsule's newest run of ``argv``: a trial of that command starts them."""
+    """The services beside the capsule's newest run of ``argv``, or those running in it now if
+    ``argv`` never ran there: a trial of that command starts them."""
     runs = runs_of(service.journal, record, argv)
-    if not runs or not runs[-1].get("services"):
-        return ()
-    return specs_for(service, record.capsule_id, json.loads(runs[-1]["services"]))
+    if runs:
+        forms = json.loads(runs[-1]["services"]) if runs[-1].get("services") else []
+    else:
+        forms = service.services.beside(record.capsule_id) if service.services is not None else []
+    return specs_for(service, record.capsule_id, forms)
 
 
 @contextlib.asynccontextmanager

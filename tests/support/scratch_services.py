@@ -26,6 +26,11 @@ class FakeServices:
         self.running: list[str] = []
         self.requests: list[ExecRequest] = []
         self._signalled: dict[str, trio.Event] = {}
+        self.in_capsule: dict[str, list[dict[str, Any]]] = {}  # capsule id: its services running now (``beside``)
+
+    def beside(self, capsule_id: str) -> list[dict[str, Any]]:
+        """The witness forms of the capsule's services running now (Services.beside)."""
+        return self.in_capsule.get(capsule_id, [])
 
     async def await_ready(self, run: Any) -> dict[str, Any]:
         await trio.sleep(0.01)
