@@ -39,6 +39,15 @@ Some facts about the sniffer, as the helper makes it and this module reads it:
 - IPv6 may put extension headers before TCP/UDP (hop-by-hop, routing, destination
   options, fragment); they are walked.  A non-first fragment carries no ports and is
   ignored, as are IPv4 fragments after the first.
+- The jail's own hostname (``JAIL_HOSTNAME``) is in no hosts file it reads (its /etc is
+  the host's), so git, sudo, ``hostname -f`` and Python's ``getfqdn`` send DNS queries for
+  it (and for it under resolv.conf's search domains) to the host's resolvers: each was a
+  denied ``udp`` record and note in every such exec, about nothing the command asked
+  for.  Such a query is not handed on (``own_names``); it still goes nowhere (the egress
+  namespace answers port-unreachable, so the lookup fails at once, as it would in a
+  ``network: none`` jail).  Only a standard query (opcode 0, one question) to port 53
+  whose whole name is one of those, within the captured ``SNAP_BYTES``, is left out: any
+  other name, or a packet that cannot be read so far, is recorded as before.
 """
 
 from __future__ import annotations
@@ -49,9 +58,12 @@ import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import trio
+
+from mcp_server.egress.hostspace import RESOLV_CONF
 
 log = logging.getLogger("ccw.egress")
 
@@ -64,6 +76,8 @@ _IPV6_EXTENSIONS = {0, 43, 60}  # hop-by-hop, routing, destination options
 _IPV6_FRAGMENT = 44
 _MAX_EXTENSIONS = 8
 MAX_DRAINED = 4096  # packets ``drain`` reads at most: a service still sending cannot hold an exec's end
+JAIL_HOSTNAME = "ccw"  # every jail's (sandbox/contain.py ``JailSpec.hostname``; the front end names no other)
+DNS_PORT = 53
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,42 @@ class DirectAttempt:
     address: str
     port: int
     source: str
+    query: bytes | None = None  # a DNS query's one name (``question``), for UDP to port 53
+
+
+def question(payload: bytes) -> bytes | None:
+    """The name a DNS query asks about (lower case, dotted, no root dot), if ``payload`` is a
+    standard query with one question whose name is whole in it; None for anything else."""
+    if len(payload) < 12:
+        return None
+    flags, count = struct.unpack_from("!HH", payload, 2)
+    if flags & 0xF800 or count != 1:  # a response, or an opcode other than QUERY
+        return None
+    labels: list[bytes] = []
+    at = 12
+    while at < len(payload):
+        size = payload[at]
+        if size == 0:
+            return b".".join(labels).lower() if labels else None
+        if size > 63 or at + 1 + size > len(payload):  # a compression pointer, or cut by the snap length
+            return None
+        labels.append(payload[at + 1:at + 1 + size])
+        at += 1 + size
+    return None
+
+
+def own_names(resolv_conf: Path = RESOLV_CONF) -> frozenset[bytes]:
+    """The names a lookup of the jail's hostname queries: the bare name and, under each of
+    ``resolv_conf``'s ``search`` and ``domain`` domains (the jail reads the host's), the name
+    in it."""
+    try:
+        lines = resolv_conf.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    domains = {word.strip(".").lower() for line in lines if line.split()[:1] in (["search"], ["domain"])
+               for word in line.split()[1:]}
+    host = JAIL_HOSTNAME.encode()
+    return frozenset({host, *(host + b"." + domain.encode("ascii", "replace") for domain in domains if domain)})
 
 
 def _transport(protocol: int, segment: bytes, source: str, address: str) -> DirectAttempt | None:
@@ -87,7 +137,8 @@ def _transport(protocol: int, segment: bytes, source: str, address: str) -> Dire
     if protocol == IPPROTO_UDP:
         if len(segment) < 8:
             return None
-        return DirectAttempt("udp", address, struct.unpack_from("!H", segment, 2)[0], source)
+        port = struct.unpack_from("!H", segment, 2)[0]
+        return DirectAttempt("udp", address, port, source, question(segment[8:]) if port == DNS_PORT else None)
     return None
 
 
@@ -140,10 +191,11 @@ class Sniffer:
     """The helper's sniffer socket, read by a task (``serve``) and, at an exec's end, at
     once (``drain``); each direct attempt is handed to ``seen``."""
 
-    def __init__(self, fd: int, seen: Callable[[DirectAttempt], None]) -> None:
+    def __init__(self, fd: int, seen: Callable[[DirectAttempt], None], own: frozenset[bytes] | None = None) -> None:
         self._socket = socket.socket(fileno=fd)
         self._socket.setblocking(False)
         self._seen = seen
+        self._own = own_names() if own is None else own  # the jail's lookups of its own hostname: not handed on
 
     async def serve(self) -> None:
         """Read until the socket fails (ENETDOWN once the veth is gone) or the task is cancelled."""
@@ -172,7 +224,7 @@ class Sniffer:
             if isinstance(address, tuple) and len(address) > 2 and address[2] == PACKET_OUTGOING:
                 continue  # what the egress side sent (the filter drops it too)
             seen = parse_packet(packet)
-            if seen is not None:
+            if seen is not None and seen.query not in self._own:
                 self._seen(seen)
 
     def close(self) -> None:
