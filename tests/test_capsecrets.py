@@ -9,12 +9,14 @@ import pytest
 import trio
 
 from mcp_server.capsules import capsecrets
+from mcp_server.core.netrules import parse_network
 from mcp_server.core.secretbind import make_binding
 from mcp_server.egress.credentials import Credentials
 from mcp_server.fs.secretstore import SecretStore
 from sandbox.errors import CcwError
 
 VALUE = b"v4lue-" + b"x" * 34
+ALLOWED = parse_network(["index.example:80"])  # the host TOKEN is bound to
 
 
 class Holder:
@@ -37,18 +39,42 @@ def root(tmp_path: Path) -> Path:
 
 
 def test_create_needs_an_allowlist_and_known_names(root: Path) -> None:
-    assert trio.run(capsecrets.for_create, root, (), False) is None
+    assert trio.run(capsecrets.for_create, root, (), None) is None
     with pytest.raises(CcwError) as none:
-        trio.run(capsecrets.for_create, root, ("TOKEN",), False)
+        trio.run(capsecrets.for_create, root, ("TOKEN",), None)
     assert none.value.code == "INVALID_ARGUMENT" and "allowlist" in none.value.message
     with pytest.raises(CcwError) as unknown:
-        trio.run(capsecrets.for_create, root, ("TOKEN", "NOPE"), True)
+        trio.run(capsecrets.for_create, root, ("TOKEN", "NOPE"), ALLOWED)
     assert unknown.value.code == "NOT_FOUND" and "ccw secret list" in unknown.value.message
     assert unknown.value.details == {"missing": ["NOPE"]}
 
 
+def test_a_secret_no_rule_lets_reach_its_hosts_is_refused_at_create(root: Path, tmp_path: Path) -> None:
+    """Its placeholder could never be swapped: refused before any value is read or CA made,
+    naming the secret, its hosts and the rule to add; a rule for one of its hosts, or a
+    capsule that asks a person on a miss, takes it."""
+    ran = tmp_path / "ran"
+    SecretStore(root).put(make_binding("API", ["https://api.example:8443", "[fd00::1]:8080"]), "command",
+                          command=f"touch {ran}; printf %s {VALUE.decode()}")
+    ran.unlink()  # put ran it once, to check it
+    with pytest.raises(CcwError) as refused:
+        trio.run(capsecrets.for_create, root, ("API", "TOKEN"), parse_network(["pypi.org", "index.example:443"]))
+    error = refused.value
+    assert error.code == "INVALID_ARGUMENT"
+    assert "secret API is bound to https://api.example:8443, [fd00::1]:8080; secret TOKEN is bound to " \
+           "index.example:80, and no rule" in error.message
+    assert 'network: [..., "api.example:8443"], or ccw capsule create --network api.example:8443' in error.message
+    assert error.details == {"secrets": {"API": ["https://api.example:8443", "[fd00::1]:8080"],
+                                         "TOKEN": ["index.example:80"]}, "allowed": "index.example:443, pypi.org"}
+    assert not ran.exists() and not (root / capsecrets.TLS_DIR).exists()  # no value read, no CA made
+    for rules in (["*.example:8443", "index.example:80"], ["[fd00::1]:8080", "index.example"],
+                  {"allow": ["pypi.org"], "on_miss": "ask"}):
+        given = trio.run(capsecrets.for_create, root, ("API", "TOKEN"), parse_network(rules))
+        assert given is not None and sorted(given.capsule.env()) == ["API", "TOKEN"]
+
+
 def test_placeholders_hold_no_value_and_are_made_anew_after_a_restart(root: Path) -> None:
-    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), ALLOWED)
     assert given is not None
     env = given.capsule.env()
     assert list(env) == ["TOKEN"] and env["TOKEN"].startswith("ccwph_") and len(env["TOKEN"]) == len(VALUE)
@@ -74,7 +100,7 @@ def test_a_secret_removed_since_refuses_the_next_exec(root: Path) -> None:
 
 
 def test_the_fetch_reads_the_store_each_time(root: Path) -> None:
-    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), ALLOWED)
     assert given is not None
     placeholder = given.capsule.env()["TOKEN"]
     head = f"GET / HTTP/1.1\r\nHost: index.example\r\nAuthorization: Bearer {placeholder}\r\n\r\n".encode()

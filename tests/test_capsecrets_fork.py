@@ -9,6 +9,7 @@ import trio
 
 from mcp_server.capsules import capsecrets
 from mcp_server.capsules.networks import Networks
+from mcp_server.core.netrules import parse_network
 from mcp_server.core.secretbind import make_binding
 from mcp_server.fs.secretstore import SecretStore
 
@@ -20,7 +21,7 @@ def test_a_fork_inherits_the_names_with_placeholders_of_its_own(tmp_path: Path) 
     root.mkdir(mode=0o700)
     SecretStore(root).put(make_binding("TOKEN", ["index.example:80"]), "stdin", VALUE)
     holder = Networks()  # the front end's holder of capsules' placeholders
-    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), parse_network(["index.example:80"]))
     assert given is not None
     capsecrets.remember(root, "cap_parent", ["TOKEN"])
     holder.give_credentials("cap_parent", given)

@@ -61,7 +61,7 @@ def root(tmp_path: Path) -> Path:
 def made(root: Path, network: NetworkSpec, capsule_id: str = "cap_1") -> tuple[Credentials, Holder]:
     """A capsule made with ``network`` and no secret, as capsules/service.py's create does it."""
     https = capsecrets.tls_hosts(network)
-    given = trio.run(capsecrets.for_create, root, (), True, https)
+    given = trio.run(capsecrets.for_create, root, (), network, https)
     assert given is not None
     capsecrets.remember(root, capsule_id, (), given, https)
     holder = Holder()
@@ -85,7 +85,8 @@ def test_an_https_rule_alone_gets_a_ca_for_its_host_and_the_bundle_variables(roo
     assert set(capsecrets.whitelist(("PATH",), (), True)) == {"PATH", *BUNDLE_ENV}
     env = trio.run(capsecrets.env, root, Holder(), "cap_1")  # a front end started since
     assert env == dict.fromkeys(BUNDLE_ENV, given.bundle)
-    assert trio.run(capsecrets.for_create, root, (), True, capsecrets.tls_hosts(spec("api.example"))) is None
+    plain = spec("api.example")
+    assert trio.run(capsecrets.for_create, root, (), plain, capsecrets.tls_hosts(plain)) is None
 
 
 def test_the_proxy_terminates_the_rules_hosts_in_force(root: Path) -> None:

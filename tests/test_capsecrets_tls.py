@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from mcp_server.capsules import capsecrets
+from mcp_server.core.netrules import parse_network
 from mcp_server.core.secretbind import make_binding
 from mcp_server.core.tlsca import Authority
 from mcp_server.egress.credentials import Credentials
@@ -19,6 +20,7 @@ from mcp_server.fs.castore import BUNDLE_ENV
 from mcp_server.fs.secretstore import SecretStore
 
 VALUE = b"v4lue-" + b"x" * 34
+ALLOWED = parse_network(["git.example", "api.example"])  # a host of each secret
 
 
 class Holder:
@@ -43,7 +45,7 @@ def root(tmp_path: Path) -> Path:
 
 
 def test_a_capsule_gets_its_own_constrained_ca_and_a_bundle_it_can_only_read(root: Path) -> None:
-    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), ALLOWED)
     assert given is not None and given.bundle is not None and given.contexts is not None
     bundle = Path(given.bundle)
     [key_file] = (root / capsecrets.TLS_DIR).glob("*.pem")
@@ -56,12 +58,12 @@ def test_a_capsule_gets_its_own_constrained_ca_and_a_bundle_it_can_only_read(roo
     assert set(capsecrets.whitelist(("PATH",), ("TOKEN",))) == {"PATH", "TOKEN", *BUNDLE_ENV}
     assert capsecrets.whitelist(("PATH",), ()) == ("PATH",)
     given.contexts.get("git.example")  # a leaf for a bound name
-    other = trio.run(capsecrets.for_create, root, ("OTHER",), True)
+    other = trio.run(capsecrets.for_create, root, ("OTHER",), ALLOWED)
     assert other is not None and other.bundle != given.bundle  # another capsule, another CA
 
 
 def test_the_same_ca_after_a_restart_and_removed_with_its_last_capsule(root: Path) -> None:
-    given = trio.run(capsecrets.for_create, root, ("TOKEN",), True)
+    given = trio.run(capsecrets.for_create, root, ("TOKEN",), ALLOWED)
     assert given is not None and given.bundle is not None
     capsecrets.remember(root, "cap_1", ["TOKEN"], given)
     first = Path(given.bundle).read_bytes()

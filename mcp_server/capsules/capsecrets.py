@@ -9,6 +9,12 @@ value where the secret's binding allows (egress/credentials.py).  Choices:
   placeholder could reach no host; asking is an error, not a silent no-op.
 - **Unknown names are refused at create**, naming ``ccw secret list``: a typo found at
   the first request would be a 401 from someone else's server.
+- **So is a secret no rule lets reach any of its hosts** (``stranded``): its placeholder
+  could never be swapped, and the agent would learn it only from a refusal at the first
+  request, if at all.  The error names each such secret, its hosts and the rule that
+  admits one.  A capsule that asks on a miss (``on_miss: "ask"``) may get the host from
+  a person at that request, so it is not refused.  Rules changed later (live, or a
+  binding set again) are not judged here.
 - **The names are kept, the placeholders are not.**  The names go in a small file of the
   state dir (``capsule-secrets/<capsule id>``, names only: a name is no secret); the
   placeholders live only in the front end's memory (``Networks``).  After the front end
@@ -61,14 +67,15 @@ import json
 import os
 import secrets as random
 import ssl
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import trio
 
-from mcp_server.core.netrules import NetworkSpec
+from mcp_server.core.netrules import NetworkSpec, decide
 from mcp_server.core.placeholders import CapsuleSecrets
+from mcp_server.core.secretbind import Binding
 from mcp_server.core.tlsca import Authority, host_set_id
 from mcp_server.egress.credentials import Credentials
 from mcp_server.fs import castore
@@ -117,17 +124,36 @@ def tls_hosts(network: NetworkSpec | None) -> frozenset[str]:
     return frozenset(rule.host for rule in network.allow if rule.is_http and rule.scheme == "https")
 
 
-async def for_create(root: Path, names: tuple[str, ...], allowlist: bool,
+async def for_create(root: Path, names: tuple[str, ...], network: NetworkSpec | None,
                      https_hosts: Iterable[str] = ()) -> Credentials | None:
-    """The placeholders and TLS CA of a capsule being made with ``names`` and https method/path
-    rules on ``https_hosts`` (``tls_hosts``); None for neither; secrets refused without an allowlist."""
+    """The placeholders and TLS CA of a capsule being made with ``names``, the allowlist ``network``
+    and https method/path rules on ``https_hosts`` (``tls_hosts``); None for neither; secrets
+    refused without an allowlist, or bound only to hosts it does not allow (``stranded``)."""
     https = frozenset(https_hosts)
     if not names and not https:
         return None
-    if names and not allowlist:
+    if names and network is None:
         raise CcwError("INVALID_ARGUMENT", "secrets need a network allowlist (network: [...] naming their hosts): "
                        "a capsule without one reaches no host to send them to", {"secrets": list(names)})
-    return await trio.to_thread.run_sync(credentials, root, names, random.token_hex(8), [sorted(https)])
+    return await trio.to_thread.run_sync(functools.partial(credentials, root, names, random.token_hex(8),
+                                                           [sorted(https)], network=network))
+
+
+def stranded(bindings: Mapping[str, Binding], network: NetworkSpec) -> None:
+    """INVALID_ARGUMENT if a secret of ``bindings`` is bound only to hosts no rule of ``network``
+    allows (unless it asks on a miss), naming each, its hosts and the rule to add."""
+    if network.on_miss == "ask":
+        return
+    unreached = {name: binding.host_texts() for name, binding in sorted(bindings.items())
+                 if not any(decide(network, host, port).allowed for host, port in binding.hosts)}
+    if not unreached:
+        return
+    said = "; ".join(f"secret {name} is bound to {', '.join(hosts)}" for name, hosts in unreached.items())
+    first = next(iter(unreached.values()))[0].removeprefix("https://")
+    raise CcwError("INVALID_ARGUMENT", f"{said}, and no rule of the capsule's network allows any of them, so its "
+                   "placeholder would never be swapped for the value: add the host to the network (network: "
+                   f'[..., "{first}"], or ccw capsule create --network {first}), or leave the secret out',
+                   {"secrets": unreached, "allowed": network.rules_text()})
 
 
 def whitelist(env_whitelist: Iterable[str], names: Iterable[str], tls: bool = False) -> tuple[str, ...]:
@@ -164,11 +190,12 @@ async def placed(root: Path, holder: Holder, allowlist: bool, request: ExecReque
 
 
 def credentials(root: Path, names: Iterable[str], tls_id: str | None = None,
-                cas: Sequence[Sequence[str]] = ((),)) -> Credentials:
+                cas: Sequence[Sequence[str]] = ((),), network: NetworkSpec | None = None) -> Credentials:
     """New placeholders for the secrets ``names`` of the store at ``root`` (blocking: a value may
     be a command's output), with the capsule's CAs ``tls_id`` loaded or made: the first for
     their hosts and ``cas[0]``, each later one for its ``cas`` entry alone (``extend``);
-    NOT_FOUND naming ``ccw secret list`` for a name it does not hold."""
+    NOT_FOUND naming ``ccw secret list`` for a name it does not hold; at create (``network``:
+    the capsule's rules), ``stranded``'s refusal before any value is read or CA made."""
     store = SecretStore(root)
     known = {secret.binding.name: secret for secret in store.secrets()}
     wanted = sorted(set(names))
@@ -179,6 +206,8 @@ def credentials(root: Path, names: Iterable[str], tls_id: str | None = None,
         raise CcwError("NOT_FOUND", f"no secret called {', '.join(missing)} in this state dir: `ccw secret list` "
                        "shows the names, `ccw secret set NAME --host HOST` makes one", {"missing": missing})
     bindings = {name: known[name].binding for name in wanted}
+    if network is not None:
+        stranded(bindings, network)
     lengths = {name: len(store.value(name).reveal()) for name in wanted}
     made = Credentials(CapsuleSecrets(bindings, lengths), lambda name: store.value(name).reveal())
     if tls_id is not None:

@@ -183,7 +183,7 @@ class CapsuleService:
         placeholders its commands get (capsules/capsecrets.py).
         """
         https = capsecrets.tls_hosts(network)  # an https method/path rule's host: its TLS terminated too
-        given = await capsecrets.for_create(self.state.root, secrets, network is not None, https)
+        given = await capsecrets.for_create(self.state.root, secrets, network, https)
         # a secret's variable is passed (its placeholder) and its CA bundle, read-only
         spec = dataclasses.replace(spec, network=helper_network(network),
                                    env_whitelist=capsecrets.whitelist(spec.env_whitelist, secrets, given is not None),
