@@ -52,6 +52,7 @@ from sandbox import (
     in_force,
     jail_end,
     kernel_ports,
+    namespaces,
     recovery,
     services,
     upperscan,
@@ -323,6 +324,10 @@ class CapsuleManager:
         if kernel_ports.held_port(request.listener) != host_port:
             raise CcwError("INVALID_ARGUMENT", f"the listening socket sent is not on host port {host_port}",
                            {"host_port": host_port})
+        if not self.kernel_ports.rootless and not namespaces.socket_in_own_net_namespace(request.listener):
+            # Rules made here would lead nothing: the owner's connections never pass this namespace.
+            raise CcwError("UNSUPPORTED", "this helper runs in a network namespace of its own, not the front "
+                           "end's (systemd's PrivateNetwork=yes); the forward relays in user space")
         netns = self.nets.descriptor(capsule_id, capsule.spec.network)
         try:
             self.kernel_ports.open(capsule_id, netns, request.port, host_port, caller_uid, caller_pid,

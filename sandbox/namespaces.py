@@ -95,6 +95,7 @@ FAKETIME_LIBRARIES = (
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCSIFFLAGS = 0x8914
+_SIOCGSKNS = 0x894C  # a socket's network namespace, as a new descriptor
 _IFF_UP = 0x1
 _IFREQ = "16sH14x"  # struct ifreq: name, then ifr_flags in the union (40 bytes in all)
 
@@ -189,6 +190,17 @@ def pid_namespace_for_next_child() -> Iterator[None]:
 
 
 _NET = "/proc/thread-self/ns/net"
+
+
+def socket_in_own_net_namespace(fd: int) -> bool:
+    """Whether socket ``fd`` was made in this thread's network namespace (a caller's may be
+    of another: a helper under systemd's ``PrivateNetwork=yes`` has a namespace of its own)."""
+    theirs = fcntl.ioctl(fd, _SIOCGSKNS)
+    try:
+        made_in, ours = os.fstat(theirs), os.stat(_NET)
+    finally:
+        os.close(theirs)
+    return (made_in.st_dev, made_in.st_ino) == (ours.st_dev, ours.st_ino)
 
 
 def net_namespace_restorable() -> bool:

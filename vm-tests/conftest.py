@@ -12,7 +12,7 @@ import fcntl
 import os
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,15 +189,16 @@ def rename_secrets(root_required: None) -> Callable[[], None]:
 
 
 def launch_helper(socket_path: Path, state_dir: Path, log_path: Path, *extra: str,
-                  umask: int | None = None) -> subprocess.Popen[bytes]:
+                  umask: int | None = None, prefix: Sequence[str] = ()) -> subprocess.Popen[bytes]:
     """A root ``ccw-helper`` on ``socket_path``, returned once it listens (its ready fd says so).
 
-    ``umask`` runs it under that umask, as deploy/ccw-helper.service's ``UMask=`` does.
+    ``umask`` runs it under that umask, as deploy/ccw-helper.service's ``UMask=`` does;
+    ``prefix`` runs it under a command (``unshare --net``, as its ``PrivateNetwork=yes`` does).
     """
     ready_r, ready_w = os.pipe()
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(state_dir),
+            [*prefix, sys.executable, "-m", "sandbox", "--socket", str(socket_path), "--state-dir", str(state_dir),
              "--ready-fd", str(ready_w), *extra],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
             preexec_fn=None if umask is None else lambda: os.umask(umask),
