@@ -159,13 +159,18 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
             await t.call("capsule_create", {"workspace": str(workspace), "network": allow, "secrets": ["NOPE"]})
         except Exception as exc:
             refused = str(exc)
+        stranded = None  # a secret whose host no rule allows: its placeholder could never be swapped
+        try:
+            await t.call("capsule_create", {"workspace": str(workspace), "network": allow[:2], "secrets": ["API_KEY"]})
+        except Exception as exc:
+            stranded = str(exc)
         cap = (await t.call("capsule_create", {"workspace": str(workspace), "network": allow,
                                                "secrets": ["PIP_TOKEN", "API_KEY"]}))["capsule_id"]
 
         async def run(cmd: list[str]) -> dict[str, Any]:
             return await t.call("capsule_exec", {"capsule_id": cap, "cmd": cmd, "timeout_ms": 120000})
 
-        out = {"refused": refused, "placeholder": await run(["sh", "-c", "echo $PIP_TOKEN"])}
+        out = {"refused": refused, "stranded": stranded, "placeholder": await run(["sh", "-c", "echo $PIP_TOKEN"])}
         out["environ"] = await run([PYTHON, "-c", ENVIRON, INDEX_TOKEN.hex(), out["placeholder"]["stdout"].strip()])
         out["venv"] = await run([PYTHON, "-m", "venv", ".venv"])
         out["pip"] = await run(["sh", "-c", install])
@@ -184,6 +189,8 @@ def test_a_private_index_and_a_model_api_through_placeholders(tools: Any, tmp_pa
 
     out = tools.run(scenario)
     assert out["refused"] is not None and "ccw secret list" in out["refused"]
+    assert out["stranded"] is not None and f"secret API_KEY is bound to 127.0.0.1:{_port(api)}, and no rule" \
+        in out["stranded"] and f"--network 127.0.0.1:{_port(api)}" in out["stranded"]
     placeholder = out["placeholder"]["stdout"].strip()
     assert placeholder.startswith("ccwph_") and len(placeholder) == len(INDEX_TOKEN)
     assert out["environ"]["stdout"] == "False True\n", out["environ"]  # the placeholder is there, the value not
