@@ -84,6 +84,7 @@ T = TypeVar("T")
 HOST_PREFIX = "ccwp"  # the host's end of a capsule's link: ccwp0, ccwp1, ...
 CAPSULE_LINK = "ccwhost"  # its end in the capsule's namespace
 MAX_LINKS = 256  # /30s in 169.254.128.0/22
+MAX_FORWARDS = 64  # one uid's at once (a front end keeps 32 a capsule): each holds a descriptor here
 _NET = ipaddress.ip_network("169.254.128.0/22")
 _LOOPBACK = socket.inet_aton("127.0.0.1")
 
@@ -141,6 +142,7 @@ def held_port(listener: int) -> int:
 @dataclass
 class _Forward:
     port: int  # the capsule's
+    uid: int  # whose connections it leads
     pid: int  # the front end that asked
     listener: int  # a duplicate of the port's listening socket: no other program binds the port while rules lead it
 
@@ -266,6 +268,9 @@ class KernelPorts:
             for other in self._links.values():  # the caller holds the port now: another forward there is over
                 if host_port in other.forwards:
                     _drop_forward(other, host_port)
+            if sum(f.uid == uid for other in self._links.values() for f in other.forwards.values()) >= MAX_FORWARDS:
+                raise CcwError("TOO_LARGE", f"uid {uid} has {MAX_FORWARDS} forwarded ports on the kernel path; this "
+                               "one relays in user space (close some forwards to free the path)", {"uid": uid})
             if link is None:
                 link = self._links[capsule_id] = _make_link(netns)
             capsule_addr = addresses(link.index)[1]
@@ -285,7 +290,7 @@ class KernelPorts:
             except OSError:
                 link.host.send(Batch().delete_table(table))
                 raise
-            link.forwards[host_port] = _Forward(port, pid, os.dup(listener))
+            link.forwards[host_port] = _Forward(port, uid, pid, os.dup(listener))
 
     def connections(self, capsule_id: str, host_port: int) -> int | None:
         """How many connections the path has led into the capsule; None: it has no path."""

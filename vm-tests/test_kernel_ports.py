@@ -23,6 +23,7 @@ from typing import Any
 import trio
 
 from sandbox import capsule_nets, kernel_ports, syscalls
+from sandbox.errors import CcwError
 from sandbox.nftables import Batch, NfTables
 from tests.support.pages import page
 from tests.support.users import OTHER_UID
@@ -135,6 +136,7 @@ def test_a_server_on_ipv6_loopback_alone_is_relayed(tools: Any, tmp_path: Path) 
 _OWN_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
+from sandbox.errors import CcwError
 from sandbox.nftables import Batch, NfTables
 NfTables().send(Batch().table("ccw_killed"))
 print("made", flush=True)
@@ -306,3 +308,38 @@ def test_a_server_restarted_on_ipv6_loopback_alone_is_relayed_from_the_next_list
         return {"before": before["path"], "after": (after["path"], after["listening"]), "body": body}
 
     assert tools.run(scenario) == {"before": "kernel", "after": ("relay", True), "body": b"moved\n"}
+
+
+def test_one_uids_forwards_on_the_kernel_path_are_bounded(root_required: None, monkeypatch: Any) -> None:
+    # Each forward holds its port's listener in the helper: a user asking the helper straight,
+    # past the front end's 32 a capsule, would have filled its descriptor table.
+    monkeypatch.setattr(kernel_ports, "MAX_FORWARDS", 2)
+    netns = capsule_nets._make()
+    ports = kernel_ports.KernelPorts(rootless=False)
+    serving = threading.Event()
+
+    def serve() -> None:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        with socket.create_server(("127.0.0.1", 8002)) as server:
+            serving.set()
+            while True:
+                server.accept()[0].close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    held = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
+    refused = None
+    try:
+        assert serving.wait(10)
+        for listener in held:
+            try:
+                ports.open("cap_many", netns, 8002, listener.getsockname()[1], os.getuid(), os.getpid(),
+                           listener.fileno())
+            except CcwError as exc:
+                refused = (listener, exc.code)
+        ports.open("cap_many", netns, 8002, held[0].getsockname()[1], os.getuid(), os.getpid(), held[0].fileno())
+    finally:
+        ports.close_all()
+        os.close(netns)
+        for listener in held:
+            listener.close()
+    assert refused == (held[2], "TOO_LARGE")  # the same forward asked again is no new one
