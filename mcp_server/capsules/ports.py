@@ -111,6 +111,7 @@ class Ports:
         self._helper = helper
         self._open: dict[tuple[str, int], PortForward] = {}
         self._kernel: set[tuple[str, int]] = set()  # forwards whose owner's connections skip the relay
+        self._unanswered: set[tuple[str, int]] = set()  # asked for a kernel path, no answer read: maybe made
         self._no_kernel: str | None = None  # why no forward can have a kernel path here (a rootless helper)
         self._background = Background("ccw forwarded ports")
         self._recovered = False
@@ -217,14 +218,17 @@ class Ports:
         key = (capsule_id, forward.capsule_port)
         if key in self._kernel or self._no_kernel is not None:
             return
+        self._unanswered.add(key)  # a call cancelled midway may have made the rules: closing drops them all the same
         try:
             await (await self._helper()).call(NetForwardRequest(capsule_id, forward.capsule_port, forward.host_port,
                                                                 "open", listener=forward.listener_fd))
         except CcwError as exc:
+            self._unanswered.discard(key)
             if exc.code == "UNSUPPORTED":
                 self._no_kernel = exc.message
             LOGGER.info(f"mcp:port {capsule_id}:{forward.capsule_port} relays in user space: {exc.message}")
             return
+        self._unanswered.discard(key)
         self._kernel.add(key)
 
     async def _kernel_count(self, capsule_id: str, forward: PortForward) -> int:
@@ -242,9 +246,11 @@ class Ports:
         return reply.connections
 
     async def _drop_kernel_path(self, capsule_id: str, forward: PortForward) -> None:
-        if (capsule_id, forward.capsule_port) not in self._kernel:
+        key = (capsule_id, forward.capsule_port)
+        if key not in self._kernel and key not in self._unanswered:
             return
-        self._kernel.discard((capsule_id, forward.capsule_port))
+        self._kernel.discard(key)
+        self._unanswered.discard(key)
         request = NetForwardRequest(capsule_id, forward.capsule_port, forward.host_port, "close")
         with trio.move_on_after(5), contextlib.suppress(CcwError, OSError):
             await (await self._helper()).call(request)
