@@ -178,6 +178,18 @@ def test_a_placeholder_to_another_host_inside_the_tls_is_refused() -> None:
     assert record["tls"] == "terminated" and up.seen == []
 
 
+def test_a_placeholder_in_a_header_the_proxy_drops_inside_the_tls_is_refused() -> None:
+    """The bound header named in ``Connection`` is dropped before the request goes on: the request
+    would go without the value, the placeholder unswapped and unrecorded; refused and recorded."""
+    answer, records, up, _ = run_terminated(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: authorization"
+                                            b"\r\nAuthorization: Bearer PLACEHOLDER\r\n\r\n")
+    assert isinstance(answer, bytes) and answer.startswith(b"HTTP/1.1 403 ") and b"does not send on" in answer
+    [record] = records
+    assert record["allowed"] is False and str(record["reason"]).startswith(
+        f"{EXFILTRATION}: the placeholder of secret TOKEN in header authorization")
+    assert record["tls"] == "terminated" and up.seen == []
+
+
 @pytest.mark.parametrize("form", ["origin", "absolute"])
 def test_a_reverse_route_reaches_an_https_upstream(form: str) -> None:
     async def main() -> tuple[bytes, Upstream, list[dict[str, object]]]:
