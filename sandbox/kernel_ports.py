@@ -41,8 +41,10 @@ Some kernel facts this follows from:
 - Every table here is owned by the netlink socket that made it (nftables.py): when the
   helper ends, however it ends, the kernel deletes the rules.  A forward's rules go with
   the front end that asked for them too (a pidfd of it, watched): its listener went with
-  it, and the port may be another program's by the time the owner connects there again.  The link goes with the
-  capsule's namespace, or at ``close_capsule``.  A helper killed with SIGKILL leaves at most
+  it, and the port may be another program's by the time the owner connects there again.
+  Rules going end their connections too, as the relay ends its own: each connection keeps
+  its NAT in its conntrack entry (nftables.py), so those are deleted on both sides.  The
+  link goes with the capsule's namespace, or at ``close_capsule``.  A helper killed with SIGKILL leaves at most
   a link into a namespace with no process in it (sockets of it still held elsewhere keep
   it); no rule leads there.
 - Addresses: each capsule's link is a /30 from 169.254.128.0/22 (link-local: this link
@@ -57,7 +59,9 @@ Some kernel facts this follows from:
 The front end proves it holds the port: the request carries its listening socket, which
 must be a TCP listener on ``127.0.0.1``; the host port is read from it, never taken from
 the arguments.  Only the caller's own connections are redirected, so a caller could lead
-nobody else's traffic anywhere.
+nobody else's traffic anywhere.  The helper keeps a duplicate of that listener while rules
+lead from its port, so no other program binds the port meanwhile: rules a failed close left
+behind lead the owner to no other program's port.  A uid has ``MAX_FORWARDS`` at once.
 """
 
 from __future__ import annotations
