@@ -343,3 +343,31 @@ def test_one_uids_forwards_on_the_kernel_path_are_bounded(root_required: None, m
         for listener in held:
             listener.close()
     assert refused == (held[2], "TOO_LARGE")  # the same forward asked again is no new one
+
+
+def test_capsule_port_calls_at_once_for_one_port_make_one_forward(tools: Any, tmp_path: Path) -> None:
+    # An agent's pipelined calls: each started a forward of its own, and all but the last were
+    # left listening, with their rules, until the front end ended.
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    tables = set(_ccw_tables())
+
+    async def scenario(t: Any) -> dict[str, Any]:
+        cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
+        await t.call("capsule_service_start", {"capsule_id": cap, "name": "web", "cmd": SERVER,
+                                               "ready": {"port": 8765, "timeout_ms": 20000}})
+        got: list[int] = []
+
+        async def forward() -> None:
+            got.append((await t.call("capsule_port", {"capsule_id": cap, "port": 8765}))["host_port"])
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(4):
+                nursery.start_soon(forward)
+        out = {"host_ports": set(got), "tables": set(_ccw_tables()) - tables}
+        await t.call("capsule_destroy", {"capsule_id": cap})
+        return out
+
+    out = tools.run(scenario)
+    [host_port] = out["host_ports"]
+    assert len(out["tables"]) == 2 and f"ccw_fwd_{host_port}" in out["tables"]  # the link's and the one forward's

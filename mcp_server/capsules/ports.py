@@ -116,6 +116,7 @@ class Ports:
         self._background = Background("ccw forwarded ports")
         self._recovered = False
         self._recovering = trio.Lock()
+        self._starting = trio.Lock()
         state.ensure_schema("ports", _DDL)
 
     async def summaries(self, capsule_id: str) -> list[dict[str, Any]]:
@@ -155,15 +156,16 @@ class Ports:
     async def open(self, capsule_id: str, port: int, host_port: int = 0) -> dict[str, Any]:
         """Forward ``port`` of the capsule (the same forward if it has one); its URL."""
         await self.recover()
-        forward = self._open.get((capsule_id, port))
-        if forward is None:
-            if sum(1 for cap, _ in self._open if cap == capsule_id) >= MAX_PORTS:
-                raise CcwError("TOO_LARGE", f"capsule {capsule_id} already forwards {MAX_PORTS} ports; close one "
-                               "(capsule_port with close: true)", {"capsule_id": capsule_id})
-            forward = await self._start(capsule_id, port, host_port)
-            self.state.execute("INSERT OR REPLACE INTO ports (capsule_id, port, host_port, created_at) "
-                               "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
-                                                       dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
+        async with self._starting:  # calls at once for one port start one forward, not one each (the rest leaked)
+            forward = self._open.get((capsule_id, port))
+            if forward is None:
+                if sum(1 for cap, _ in self._open if cap == capsule_id) >= MAX_PORTS:
+                    raise CcwError("TOO_LARGE", f"capsule {capsule_id} already forwards {MAX_PORTS} ports; close one "
+                                   "(capsule_port with close: true)", {"capsule_id": capsule_id})
+                forward = await self._start(capsule_id, port, host_port)
+                self.state.execute("INSERT OR REPLACE INTO ports (capsule_id, port, host_port, created_at) "
+                                   "VALUES (?, ?, ?, ?)", (capsule_id, port, forward.host_port,
+                                                           dt.datetime.now(dt.UTC).isoformat(timespec="seconds")))
         listening = await self._listening(capsule_id, forward)
         nobody = {"note": f"nothing listens on port {port} in capsule {capsule_id} now; the forward stays open "
                           "and leads there once something does"} if listening is False else {}
