@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -14,6 +16,11 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
+from mcp_server.config import Config
+from mcp_server.server import CcwServer
+from mcp_server.state import State
+from mcp_server.tools.registry import Registry, ToolSpec
+from mcp_server.transports.ndjson import NdjsonConnection
 from tests.support.mcp_process import CCW_MCP, ServerProcess, server_env
 
 ERAS = ["legacy", "2026-07-28", "auto"]  # auto: the client probes server/discover
@@ -192,6 +199,55 @@ def test_ready_file_and_exit_when_stdin_closes(tmp_path: Path):
     assert json.loads(out)["result"]["delayed_ms"] == 200
     assert not (tmp_path / "mcp.ready").exists()
     assert "mcp:shutdown mode=stdio" in server.log
+
+
+@pytest.mark.parametrize("stdout_first", [True, False])
+def test_a_killed_client_ends_its_calls_in_flight_though_they_write_nothing(tmp_path: Path, stdout_first: bool):
+    # Found in a trial: the client of a stdio ccw-mcp was killed while an exec with wait_ms null
+    # ran, and the server went on until the run ended: a call without a progress token writes
+    # nothing, and end of input alone is a client that still reads (printf ... | ccw-mcp).  A
+    # killed client's end of our output pipe goes too, in either order with its end of our input.
+    started, cancelled = trio.Event(), trio.Event()
+
+    async def waits(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        started.set()
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    config = Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"})
+    registry = Registry()
+    registry.add(ToolSpec("waits", "server", "waits for ever", {"type": "object", "additionalProperties": False},
+                          {"type": "object"}, waits))
+    server = CcwServer(config, State(config.state_dir), registry)
+    in_read, in_write = os.pipe()
+    out_read, out_write = os.pipe()
+    frames = [{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "waits", "arguments": {}}}]
+
+    async def client() -> None:
+        os.write(in_write, b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+        answer = b""
+        while not answer.endswith(b"\n"):  # the initialize answer: nothing else is written
+            answer += await trio.to_thread.run_sync(os.read, out_read, 65536)
+        assert json.loads(answer)["id"] == 0
+        await started.wait()
+        for fd in (out_read, in_write) if stdout_first else (in_write, out_read):  # the client is killed
+            os.close(fd)
+            await trio.sleep(0.3)
+
+    async def main() -> None:
+        with trio.fail_after(20):  # the old server waited for ever
+            async with (trio.lowlevel.FdStream(in_read) as reader, trio.lowlevel.FdStream(out_write) as writer,
+                        trio.open_nursery() as nursery):
+                nursery.start_soon(client)
+                await NdjsonConnection(server, reader, writer, trio.Event()).run()
+            assert cancelled.is_set()
+
+    trio.run(main)
 
 
 def test_a_ready_file_it_cannot_write_is_a_warning_and_it_serves(tmp_path: Path):

@@ -23,14 +23,16 @@ Shutdown: when ``draining`` is set, requests read from then on are answered with
 error -32001 ("shutting down"), requests already read are finished and answered, and
 the connection ends once nothing is pending.  End of input (stdin closed, a client's
 half-close) ends the connection the same way.  A peer that is gone ends it at once,
-cancelling its requests, since nobody is left to answer: a write that fails, and on a
-socket already the end of input, when it is the peer's whole close and not a half-close.
-A unix socket tells the two apart: a closed peer leaves ours hung up both ways (POLLHUP),
-a half-closed one only for reading.  Waiting for a write to fail instead left a closed
-client's ``sleep 1000`` running (holding its capsule's turn) until the next progress
-report, and for ever if it asked for none: a call without a progress token writes nothing
-until it ends.  A peer that closed with our bytes unread resets the connection: reading
-fails (ECONNRESET), which is the same end.
+cancelling its requests, since nobody is left to answer: a write that fails, and after the
+end of input, its whole close and not a half-close.  A unix socket tells the two apart: a
+closed peer leaves ours hung up both ways (POLLHUP), a half-closed one only for reading;
+stdio's output pipe has no reader left (POLLERR) once a killed client's end of it is gone,
+which may come a little after its end of our input, so a connection with calls in flight
+looks again every ``PEER_POLL_S`` after its input ended.  Waiting for a write to fail
+instead left a closed client's ``sleep 1000`` running (holding its capsule's turn) until
+the next progress report, and for ever if it asked for none: a call without a progress
+token writes nothing until it ends.  A peer that closed with our bytes unread resets the
+connection: reading fails (ECONNRESET), which is the same end.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from mcp_server.tools.surface import ToolList
 READ_CHUNK = 65536
 MAX_PENDING = 1024  # requests read but not yet answered, per connection
 SMALL_FRAME = 65536  # frames below this are joined with their newline and written at once
+PEER_POLL_S = 0.25  # after the end of input, how often a connection with calls in flight looks for its peer
 
 
 class NdjsonConnection:
@@ -76,6 +79,7 @@ class NdjsonConnection:
         self._from_sdk_send, self._from_sdk_recv = anyio.create_memory_object_stream[SessionMessage](32)
         self._progress = trio.lowlevel.ParkingLot()
         self._input_ended = False
+        self._ended = trio.Event()  # set with _input_ended, for ``_watch_peer``
         self._broken = False  # the peer stopped reading; answers are discarded
         self._direct: dict[tuple[str, Any], trio.CancelScope] = {}  # direct requests running
         self._direct_tail: trio.Event | None = None  # set when the last direct request read has finished
@@ -100,6 +104,7 @@ class NdjsonConnection:
             async with trio.open_nursery() as inner:
                 inner.start_soon(self._read_loop, nursery)
                 inner.start_soon(self._wake_on_drain)
+                inner.start_soon(self._watch_peer)
                 while not ((self._input_ended or self.draining.is_set()) and self.pending == 0):
                     if self._broken:
                         break
@@ -108,6 +113,7 @@ class NdjsonConnection:
             if self._broken:
                 # The peer is gone: nobody is left to answer, so stop the work too.
                 nursery.cancel_scope.cancel()
+                self._to_sdk_send.close()
                 return
             # Nothing is pending: closing the SDK's input ends its loop, which closes its
             # output, which ends the pump, which closes ours, which ends the writer.
@@ -138,6 +144,16 @@ class NdjsonConnection:
     async def _wake_on_drain(self) -> None:
         await self.draining.wait()
         self._progress.unpark_all()
+
+    async def _watch_peer(self) -> None:
+        """Once input has ended, whether the peer is gone too (its end of our output closed)."""
+        await self._ended.wait()
+        while not self._broken:
+            if _closed_both_ways(self.writer):
+                self._broken = True
+                self._progress.unpark_all()
+                return
+            await trio.sleep(PEER_POLL_S)
 
     async def _serve_sdk(self) -> None:
         await self.app.serve_streams(self._to_sdk_recv, self._from_sdk_send, self.tools)
@@ -208,6 +224,7 @@ class NdjsonConnection:
                     await self._handle(event, nursery)
         finally:
             self._input_ended = True
+            self._ended.set()
             self._progress.unpark_all()
 
     async def _answer_now(self, message: dict[str, Any]) -> None:
@@ -320,11 +337,13 @@ class NdjsonConnection:
 
 
 def _closed_both_ways(writer: trio.abc.SendStream) -> bool:
-    """Whether the peer of a socket ``writer`` has closed it (not just its sending half); False
-    for a pipe (stdio), whose reader may still be there when our input ends."""
+    """Whether the peer of ``writer`` has closed it, not just its sending half: a socket hung up
+    both ways (POLLHUP), a pipe (stdio) with no reader left (POLLERR); False for what has no
+    descriptor (a test's memory stream)."""
     sock = getattr(writer, "socket", None)
-    if sock is None:
+    fileno = sock.fileno if sock is not None else getattr(writer, "fileno", None)
+    if fileno is None:
         return False
     poller = select.poll()
-    poller.register(sock.fileno(), select.POLLOUT)
-    return any(events & select.POLLHUP for _fd, events in poller.poll(0))
+    poller.register(fileno(), select.POLLOUT)
+    return any(events & (select.POLLHUP | select.POLLERR) for _fd, events in poller.poll(0))
