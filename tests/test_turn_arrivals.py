@@ -6,6 +6,7 @@ whatever order their handlers start in; a call that never claims its place gives
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -133,7 +134,7 @@ def test_the_capsule_tools_declare_their_turns() -> None:
                      "capsule_promote": "promote", "capsule_deltamin": "deltamin (reading the change)",
                      "capsule_witness": "witness", "capsule_service_start": "service start `make -j2`",
                      "capsule_service_stop": "service stop", "capsule_service_logs": "service logs",
-                     "capsule_race": "exec `make -j2`", "capsule_merge": "merge"}
+                     "capsule_race": "exec `make -j2`", "capsule_merge": "merge", "capsule_port": "port"}
     several = {spec.name: spec.turn.capsules_of({"capsule_ids": ["a", "b", "a"]})
                for spec in registry.tools if spec.turn and spec.turn.capsules_arg}
     assert several == {"capsule_race": ["a", "b"], "capsule_merge": ["a", "b"]}
@@ -377,3 +378,60 @@ def test_a_run_answered_running_keeps_its_unclaimed_places_until_it_ends(tmp_pat
     assert stepped == {"n": 2, "ticket": 4}  # the race's places were 1-3
     assert ran == [(1, 0, "race a"), (1, 0, "race b"), (1, 0, "race c"), (2, 4, "step")]
     assert [server.runtime.capsule_queue.line(one) for one in "abc"] == [[], [], []]
+
+
+class _SlowPorts:
+    """Forwards as capsules/ports.py's ``Ports`` keeps them: a look for the port's forward, then
+    a wait (the helper's sockets, the program's start), then the forward made or closed."""
+
+    def __init__(self) -> None:
+        self.open_ports: dict[int, int] = {}  # capsule port: host port
+        self.made: list[tuple[int, int]] = []  # every forward made: (capsule port, host port)
+        self._free = itertools.count(41000)  # the kernel's pick for host port 0
+        self.busy: set[int] = set()
+        self.overlapped: list[int] = []
+
+    async def _step(self, port: int) -> None:
+        if port in self.busy:
+            self.overlapped.append(port)
+        self.busy.add(port)
+        await trio.sleep(0.02)
+        self.busy.discard(port)
+
+    async def open(self, capsule_id: str, port: int, host_port: int = 0) -> dict[str, Any]:
+        if port not in self.open_ports:
+            await self._step(port)
+            self.open_ports[port] = host_port or next(self._free)
+            self.made.append((port, self.open_ports[port]))
+        url = f"http://127.0.0.1:{self.open_ports[port]}/"
+        return {"capsule_id": capsule_id, "port": port, "host_port": self.open_ports[port], "url": url, "open": True}
+
+    async def close(self, capsule_id: str, port: int) -> dict[str, Any]:
+        host_port = self.open_ports.pop(port)
+        await self._step(port)
+        url = f"http://127.0.0.1:{host_port}/"
+        return {"capsule_id": capsule_id, "port": port, "host_port": host_port, "url": url, "open": False}
+
+
+def test_a_ports_opens_and_closes_sent_together_run_one_after_the_other(tmp_path: Path) -> None:
+    # Found in a trial: capsule_port 9100 sent three times at once made two forwards (two
+    # ccw-forward programs on two host ports), of which the listing and a close knew one; a
+    # close then an open of the same host port answered CONFLICT "in use by another program",
+    # the close's program still holding it.  Another port's forward waits for none of them.
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "capsule"}), debug=True)
+    server = CcwServer(config, State(config.state_dir), Registry.load(["capsule"]))
+    Journal(server.state).add_capsule(capsule_record("cap_1"))
+    ports = _SlowPorts()
+    server.runtime.services.ports = ports  # type: ignore[assignment]
+    sent = [{"port": 9100}, {"port": 9100}, {"port": 9100}, {"port": 9100, "close": True},
+            {"port": 9100, "host_port": 40000}, {"port": 9200}]
+    frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {
+        "name": "capsule_port", "arguments": {"capsule_id": "cap_1", **args}}} for n, args in enumerate(sent, 1))]
+    answers = {a["id"]: a["result"] for a in serve(server, frames)}
+    assert not any(answers[n].get("isError") for n in range(1, 7)), answers
+    first = answers[1]["structuredContent"]["host_port"]
+    assert [answers[n]["structuredContent"]["host_port"] for n in range(1, 6)] == [first] * 4 + [40000]
+    assert [made for made in ports.made if made[0] == 9100] == [(9100, first), (9100, 40000)]
+    assert ports.overlapped == [] and sorted(ports.open_ports) == [9100, 9200] and ports.open_ports[9100] == 40000
+    assert server.runtime.capsule_queue.line("cap_1") == []

@@ -86,6 +86,8 @@ class TakesTurn:
     def subject_of(self, args: Mapping[str, Any]) -> str | None:
         """What of the capsule a call with ``args`` acts on, or None."""
         subject = args.get(self.subject_arg) if self.subject_arg is not None else None
+        if isinstance(subject, int) and not isinstance(subject, bool):
+            return str(subject)  # a forwarded port's number
         return subject if isinstance(subject, str) else None
 
     def capsule_of(self, args: Mapping[str, Any]) -> str | None:
@@ -230,12 +232,14 @@ class CapsuleQueue:
         return tickets[0]
 
     async def follow(self, ticket: Ticket | None, through: bool = True) -> None:
-        """Wait for the first call ahead of ``ticket`` in its line that its call follows
+        """Wait for the calls ahead of ``ticket`` in its line that its call follows
         (``TakesTurn.follows``, on the same subject) and, ``through``, for every call between the
-        two: a stop pipelined after its service's start and a test run against it, queued behind
-        other work, stops the service once that run has ended, not before it starts nor under it.
-        A read of the service's logs waits for the start alone: the start made the log, and a
-        log read must not wait behind the test run.  With no such call ahead it waits for
+        first of them and it: a stop pipelined after its service's start and a test run against
+        it, queued behind other work, stops the service once that run has ended, not before it
+        starts nor under it.  A read of the service's logs waits for the starts alone: a start
+        made the log, and a log read must not wait behind the test run; a port's forward waits
+        for the opens and closes of that port sent before it, which would otherwise race (two
+        forwards made, one never closed).  With no such call ahead it waits for
         nothing (a stop must not wait behind a test run of a service started earlier).  The
         ticket stays unclaimed: its transport gives it back once the call is answered.  A call
         with no place (the CLI's in-process calls, one at a time) has nothing to wait for."""
@@ -243,9 +247,8 @@ class CapsuleQueue:
         if ticket not in line:
             return
         ahead = line[: line.index(ticket)]
-        first = next((n for n, one in enumerate(ahead) if one.kind == ticket.follows and one.subject == ticket.subject),
-                     None)
-        waited = [] if first is None else ahead[first:] if through else [ahead[first]]
+        followed = [n for n, one in enumerate(ahead) if one.kind == ticket.follows and one.subject == ticket.subject]
+        waited = [] if not followed else ahead[followed[0]:] if through else [ahead[n] for n in followed]
         while any(one in line for one in waited):  # calls only leave a line, and new ones join behind it
             await self._lots[ticket.capsule_id].park()  # every release wakes the line
 

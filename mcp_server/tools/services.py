@@ -5,7 +5,8 @@ and the helper's freezer.  ``capsule_service_start`` takes the capsule's turn an
 once the service is ready, so the next call on the capsule (an exec running the tests)
 runs against a ready service; the others take no turn: a log or a stop must not wait
 behind a long test run (a stop still waits for a start of its service sent before it and
-the calls between, a log read for that start alone: capsules/turns.py ``follow``).  Pause
+the calls between, a log read for those starts alone, a port's forward for the opens and
+closes of that port sent before it: capsules/turns.py ``follow``).  Pause
 and resume act at once on whatever the capsule runs (an exec's time limit keeps counting
 while it is frozen).
 """
@@ -34,6 +35,7 @@ from sandbox.spec import Limits, resolve_cwd
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
 SERVICE_STOP = TakesTurn("service stop", subject_arg="name", follows=SERVICE_START.label)
 SERVICE_LOGS = TakesTurn("service logs", subject_arg="name", follows=SERVICE_START.label)
+PORT = TakesTurn("port", subject_arg="port", follows="port")
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
 _SERVICE = {"type": "object", "description": "name, state (starting|running|ready|paused|exited|failed|lost|"
             "stopped), since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's row)"}
@@ -117,6 +119,7 @@ async def capsule_resume(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 async def capsule_port(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Forward a port of the capsule to the host's loopback (or close the forward)."""
+    await ctx.follow(through=False)  # the same port's opens and closes sent before it, one at a time
     record = ctx.capsules.live_record(args["capsule_id"])
     ports = _services(ctx).ports
     if args.get("close"):
@@ -216,6 +219,7 @@ TOOLS = [
             "capsule_id": CAPSULE_ID, **{k: {"type": "integer"} for k in ("port", "host_port", "refused", "accepted")},
             "url": {"type": "string"}, "open": {"type": "boolean"}}},
         handler=capsule_port,
+        turn=PORT,
         scope="exec",
     ),
     ToolSpec(
