@@ -73,7 +73,6 @@ def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "index.txt").write_text("the owner's page\n")
-    links, tables = set(_links()), set(_ccw_tables())  # none, but for a test's beside this one
 
     async def scenario(t: Any) -> dict[str, Any]:
         cap = (await t.call("capsule_create", {"workspace": str(ws)}))["capsule_id"]
@@ -81,9 +80,14 @@ def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(
                                                "ready": {"port": 8765, "timeout_ms": 20000}})
         url = (await t.call("capsule_port", {"capsule_id": cap, "port": 8765}))["url"]
         host_port = int(url.rsplit(":", 1)[1].strip("/"))
-        out: dict[str, Any] = {"links": set(_links()) - links, "tables": set(_ccw_tables()) - tables}
-        [(_, host_end)] = out["links"]
-        capsule_end = str(ipaddress.ip_address(host_end) + 1)
+        # Its link by the address the capsule's end has (other helpers on this host may have theirs).
+        inside = await t.call("capsule_exec", {"capsule_id": cap, "cmd": [
+            "ip", "-4", "-o", "addr", "show", "dev", kernel_ports.CAPSULE_LINK]})
+        capsule_end = inside["stdout"].split(" inet ")[1].split("/")[0]
+        host_end = str(ipaddress.ip_address(capsule_end) - 1)
+        [link] = [name for name, address in _links() if address == host_end]
+        ours = {f"ccw_{link}", f"ccw_fwd_{host_port}"}
+        out: dict[str, Any] = {"tables": ours & set(_ccw_tables())}
         out["pages"] = [await trio.to_thread.run_sync(page, url + "index.txt") for _ in range(3)]
         out["other_by_port"] = await _try("127.0.0.1", host_port, OTHER_UID)
         out["other_straight"] = await _try(capsule_end, 8765, OTHER_UID)
@@ -96,8 +100,8 @@ def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(
         out["from_capsule"] = back["stdout"].strip()
         out["list"] = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
         await t.call("capsule_destroy", {"capsule_id": cap})
-        out["after"] = {"links": set(_links()) - links, "tables": set(_ccw_tables()) - tables,
-                        "by_port": await _try("127.0.0.1", host_port)}
+        out["after"] = {"links": [name for name, _ in _links() if name == link],
+                        "tables": ours & set(_ccw_tables()), "by_port": await _try("127.0.0.1", host_port)}
         return out
 
     out = tools.run(scenario)
@@ -110,7 +114,7 @@ def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(
     assert out["owner_straight"] == "TimeoutError"
     assert out["from_capsule"] == "TimeoutError"  # nothing new from the capsule's side
     assert len(out["tables"]) == 2  # the link's and the forward's, on the host
-    assert out["after"] == {"links": set(), "tables": set(), "by_port": "ConnectionRefusedError"}
+    assert out["after"] == {"links": [], "tables": set(), "by_port": "ConnectionRefusedError"}
 
 
 def test_a_server_on_ipv6_loopback_alone_is_relayed(tools: Any, tmp_path: Path) -> None:
@@ -164,7 +168,6 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
     # The helper outlives its front ends.  A front end killed with its listener leaves the
     # port free for any program; a rule left behind would lead the owner's connections
     # there into the capsule instead.
-    links, tables = set(_links()), set(_ccw_tables())
     netns = capsule_nets._make()
     front_end = subprocess.Popen(["sleep", "600"])
     ports = kernel_ports.KernelPorts(rootless=False)
@@ -177,6 +180,7 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
             server.accept()[0].close()
 
     threading.Thread(target=serve, daemon=True).start()
+    link = "(none made)"
     try:
         assert serving.wait(10)
         with socket.create_server(("127.0.0.1", 0)) as held:
@@ -190,12 +194,13 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
                 assert time.monotonic() < deadline, "the rules outlived their front end"
                 time.sleep(0.05)
             assert ports.connections("cap_gone", host_port) is None
-        assert len(set(_links()) - links) == 1  # the link stays with its capsule
+        link = ports._links["cap_gone"].name
+        assert link in dict(_links()) and f"ccw_{link}" in _ccw_tables()  # the link stays with its capsule
     finally:
         front_end.kill()
         ports.close_all()
         os.close(netns)
-    assert set(_ccw_tables()) == tables and set(_links()) == links
+    assert link not in dict(_links()) and f"ccw_{link}" not in _ccw_tables()
 
 
 # Echoes each line back, on every connection, until the client goes.
@@ -364,7 +369,8 @@ def test_capsule_port_calls_at_once_for_one_port_make_one_forward(tools: Any, tm
         async with trio.open_nursery() as nursery:
             for _ in range(4):
                 nursery.start_soon(forward)
-        out = {"host_ports": set(got), "tables": set(_ccw_tables()) - tables}
+        made = {f"ccw_fwd_{port}" for port in got} | {f"ccw_{name}" for name, _ in _links()}
+        out = {"host_ports": set(got), "tables": (set(_ccw_tables()) - tables) & made}
         await t.call("capsule_destroy", {"capsule_id": cap})
         return out
 
