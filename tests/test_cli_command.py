@@ -487,20 +487,21 @@ def test_helper_status_names_the_helper_socket_the_commands_use(
         f"helper: running, privileged mode, pid {os.getpid()} ({service}, CCW_HELPER_SOCKET)")
 
 
-def test_service_list_shows_each_ports_connections_accepted_and_refused(
+def test_service_list_shows_each_ports_path_and_connections_accepted_and_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     # Found in a new-user trial: the person checking that another uid was kept out of a
-    # forwarded port saw only "listening"; the counts were in --json alone.
+    # forwarded port saw only "listening"; the counts were in --json alone.  The path (the
+    # kernel's NAT or the relay) was in --json alone too (forwarded-ports trial).
     listed = {"capsule_id": "cap_1", "services": [], "ports": [
         {"capsule_id": "cap_1", "port": 8000, "host_port": 40733, "url": "http://127.0.0.1:40733/", "open": True,
-         "listening": True, "accepted": 1, "refused": 2}]}
+         "listening": True, "accepted": 1, "refused": 2, "path": "kernel"}]}
 
     async def call_tool(*args: Any, **options: Any) -> dict[str, Any]:
         return listed
 
     _answered_by(call_tool, tmp_path, monkeypatch)
     assert main(["capsule", "service", "list", "cap_1"]) == 0
-    assert capsys.readouterr().out == "port 8000\t127.0.0.1:40733\tlistening\t1 accepted, 2 refused\n"
+    assert capsys.readouterr().out == "port 8000\t127.0.0.1:40733\tlistening\tkernel\t1 accepted, 2 refused\n"
 
 
 def test_service_list_says_why_a_service_is_lost_and_how_to_bring_it_back(

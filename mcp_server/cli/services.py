@@ -137,7 +137,9 @@ def _show(name: str, result: dict[str, Any], args: argparse.Namespace) -> None:
             now = {True: "listening", False: "nothing listens there now"}.get(port.get("listening"), "not known")
             # Refused: connections from another uid than yours (ccw watch shows whose).
             counts = ", ".join(f"{port[key]} {key}" for key in ("accepted", "refused") if key in port)
-            print(f"port {port['port']}\t127.0.0.1:{port['host_port']}\t{now}" + (f"\t{counts}" if counts else ""))
+            path = f"\t{port['path']}" if "path" in port else ""  # kernel (NAT) or relay: which way your connections go
+            counts = f"\t{counts}" if counts else ""
+            print(f"port {port['port']}\t127.0.0.1:{port['host_port']}\t{now}{path}{counts}")
     elif name == "capsule_service_logs":
         sys.stdout.write(visible(result["text"], keep_newlines=True) if terminal else result["text"])
     else:
