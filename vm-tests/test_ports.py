@@ -87,13 +87,13 @@ def test_a_forward_says_whether_anything_listens_behind_it(tmp_path: Path, root_
             return [line for line in lines if line.startswith("port ")]
 
         counts = "\t0 accepted, 0 refused"  # nothing connected through the forward
-        assert listed() == [f"port 9100\t{address}\tnothing listens there now{counts}"]
+        assert listed() == [f"port 9100\t{address}\tnothing listens there now\trelay{counts}"]
         ccw(state, "capsule", "service", "start", cap, "web", "--ready-port", "9100", "--",
             "python3", "-m", "http.server", "9100", "--bind", "127.0.0.1")
-        assert listed() == [f"port 9100\t{address}\tlistening{counts}"]
+        assert listed() == [f"port 9100\t{address}\tlistening\tkernel{counts}"]  # a privileged helper's NAT now
         assert json.loads(ccw(state, "capsule", "port", cap, "9100", "--json").stdout)["listening"] is True
         ccw(state, "capsule", "service", "stop", cap, "web")
-        assert listed() == [f"port 9100\t{address}\tnothing listens there now{counts}"]  # kept: the capsule's
+        assert listed() == [f"port 9100\t{address}\tnothing listens there now\tkernel{counts}"]  # kept: the capsule's
     finally:
         ccw(state, "helper", "stop", "--force", check=False)
 
