@@ -44,13 +44,16 @@ Some kernel facts this follows from:
   it, and the port may be another program's by the time the owner connects there again.
   Rules going end their connections too, as the relay ends its own: each connection keeps
   its NAT in its conntrack entry (nftables.py), so those are deleted on both sides.  The
-  link goes with the capsule's namespace, or at ``close_capsule``.  A helper killed with SIGKILL leaves at most
-  a link into a namespace with no process in it (sockets of it still held elsewhere keep
-  it); no rule leads there.
+  link goes with the capsule's namespace, or at ``close_capsule``.  A helper killed with
+  SIGKILL leaves at most a link into a namespace with no process in it (sockets of it
+  still held elsewhere keep it), no rule leading there and none filtering it; the next
+  privileged helper to start deletes it (``sweep``), as does one that needs its name.
 - Addresses: each capsule's link is a /30 from 169.254.128.0/22 (link-local: this link
   only, never routed beyond it; 169.254.169.254, where clouds answer, stays outside it).
-  The host's end is named ``ccwpN``; the kernel's refusal of a name already taken (another
-  helper's link) is the allocator, and N gives the /30.
+  The host's end is named ``ccwpN`` and its table ``ccw_ccwpN``: the table is made first,
+  and the kernel's refusal of a table name already taken (another helper's link) is the
+  allocator, so a live helper's link always has its table, and one without is a dead
+  helper's.  N gives the /30.
 - Only a privileged helper has ``CAP_NET_ADMIN`` in the host's namespace: a rootless
   helper's forwards relay in user space.  A server that listens on ``::1`` alone cannot
   be reached by IPv4 NAT, so a path is made only once ``127.0.0.1:PORT`` answers in the
@@ -359,36 +362,75 @@ def _forget_connections(link: _Link, host_ports: set[int]) -> None:
                 link.capsule.forget((reply[1], reply[0], reply[3], reply[2]))
 
 
-def _make_link(netns: int) -> _Link:
-    """A veth pair from the host into ``netns``, its host rules in place before it has an address."""
-    with Rtnl() as rtnl:
+def _claim() -> tuple[int, NfTables]:
+    """A link index no helper holds: its host table made first, so the table's name is the
+    allocator (a link with no table is one whose helper died: ``sweep``)."""
+    host = NfTables()
+    try:
         for index in range(MAX_LINKS):
+            name = f"{HOST_PREFIX}{index}"
             try:
-                rtnl.add_veth(f"{HOST_PREFIX}{index}", CAPSULE_LINK, netns)
-                break
-            except FileExistsError:
+                host.send(_link_table(name, addresses(index)[0]))
+            except (FileExistsError, PermissionError) as exc:
+                # A table another socket owns is EPERM to all others, not EEXIST.
+                if isinstance(exc, PermissionError) and f"ccw_{name}" not in host.tables():
+                    raise
                 continue
-        else:
-            raise CcwError("UNAVAILABLE", f"all {MAX_LINKS} links for forwarded ports are in use; close some "
-                           "forwards or destroy capsules that hold them")
-        name = f"{HOST_PREFIX}{index}"
+            return index, host
+    except BaseException:
+        host.close()
+        raise
+    host.close()
+    raise CcwError("UNAVAILABLE", f"all {MAX_LINKS} links for forwarded ports are in use; close some "
+                   "forwards or destroy capsules that hold them")
+
+
+def _make_link(netns: int) -> _Link:
+    """A veth pair from the host into ``netns``, its host rules in place before it exists."""
+    index, host = _claim()
+    name = f"{HOST_PREFIX}{index}"
+    with Rtnl() as rtnl:
         host_addr, capsule_addr = addresses(index)
-        host = capsule = None
         try:
-            host = NfTables()
-            host.send(_link_table(name, host_addr))
+            try:
+                rtnl.add_veth(name, CAPSULE_LINK, netns)
+            except FileExistsError:  # a dead helper's link (its table was gone for _claim): ``sweep``'s case
+                rtnl.delete_link(name)
+                rtnl.add_veth(name, CAPSULE_LINK, netns)
+        except BaseException:
+            host.close()
+            raise
+        try:
             _link_sysctls(name)
             rtnl.add_address(rtnl.link_index(name), host_addr, 30)
             rtnl.link_up(name)
             capsule = _inside(netns, lambda: _capsule_side(capsule_addr))
         except BaseException:
-            for made in (host, capsule):
-                if made is not None:
-                    made.close()
             with contextlib.suppress(OSError):
                 rtnl.delete_link(name)
+            host.close()
             raise
     return _Link(index, host, capsule)
+
+
+def sweep() -> list[str]:
+    """Delete the links of helpers that died (SIGKILL: their tables went, their links stayed while
+    something held the capsule's namespace, ``route_localnet`` set and no filter); the names deleted.
+    A live helper's link always has its table (``_claim`` makes the table first)."""
+    swept = []
+    with Rtnl() as rtnl, contextlib.closing(NfTables()) as listing:
+        for index in range(MAX_LINKS):
+            name = f"{HOST_PREFIX}{index}"
+            try:
+                rtnl.link_index(name)
+            except OSError:  # none of that name (ENODEV)
+                continue
+            # Listed after the link was seen: a live helper made its table before its link.
+            if f"ccw_{name}" not in listing.tables():
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    rtnl.delete_link(name)
+                    swept.append(name)
+    return swept
 
 
 def _capsule_side(capsule_addr: str) -> NfTables:

@@ -376,6 +376,8 @@ class CapsuleManager:
         if any(capsule.spec.network == "egress" for capsule in found.values()):
             self.kits.prepare()  # their first net_open after this restart finds a kit ready
         stale_cgroups = execution.cleanup_stale_cgroups()
+        if not self.rootless:
+            kernel_ports.sweep()  # dead helpers' forwarded ports' links, left unfiltered
         if self.disks is not None:
             self.disks.start()  # so that the first create finds a disk ready
         return {"capsules": sorted(found), "removed": removed, "cgroups_removed": stale_cgroups}

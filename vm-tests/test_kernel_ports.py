@@ -8,6 +8,7 @@ helper.  Each is tried here against the real kernel.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import json
@@ -24,6 +25,7 @@ import trio
 
 from sandbox import capsule_nets, kernel_ports, syscalls
 from sandbox.errors import CcwError
+from sandbox.netlink import Rtnl
 from sandbox.nftables import Batch, NfTables
 from tests.support.pages import page
 from tests.support.users import OTHER_UID
@@ -141,6 +143,7 @@ _OWN_AND_DIE = """
 import os, signal, sys
 sys.path.insert(0, sys.argv[1])
 from sandbox.errors import CcwError
+from sandbox.netlink import Rtnl
 from sandbox.nftables import Batch, NfTables
 NfTables().send(Batch().table("ccw_killed"))
 print("made", flush=True)
@@ -377,3 +380,36 @@ def test_capsule_port_calls_at_once_for_one_port_make_one_forward(tools: Any, tm
     out = tools.run(scenario)
     [host_port] = out["host_ports"]
     assert len(out["tables"]) == 2 and f"ccw_fwd_{host_port}" in out["tables"]  # the link's and the one forward's
+
+
+def _exists(name: str) -> bool:
+    with Rtnl() as rtnl:
+        try:
+            rtnl.link_index(name)
+        except OSError:
+            return False
+    return True
+
+
+def test_a_dead_helpers_link_is_swept_and_a_live_ones_kept(root_required: None) -> None:
+    # A helper killed with SIGKILL: its tables went with its sockets, its link stayed (something
+    # held the capsule's namespace), with route_localnet and no filter.  Made here by hand.
+    held = capsule_nets._make()
+    name = f"{kernel_ports.HOST_PREFIX}{kernel_ports.MAX_LINKS - 1}"
+    try:
+        with Rtnl() as rtnl:
+            rtnl.add_veth(name, kernel_ports.CAPSULE_LINK, held)
+        assert name in kernel_ports.sweep() and not _exists(name)
+        live = NfTables()
+        try:
+            live.send(kernel_ports._link_table(name, kernel_ports.addresses(kernel_ports.MAX_LINKS - 1)[0]))
+            with Rtnl() as rtnl:
+                rtnl.add_veth(name, kernel_ports.CAPSULE_LINK, held)
+            assert name not in kernel_ports.sweep() and _exists(name)  # a live helper's: kept
+        finally:
+            live.close()
+        assert name in kernel_ports.sweep() and not _exists(name)
+    finally:
+        os.close(held)
+        with contextlib.suppress(OSError), Rtnl() as rtnl:
+            rtnl.delete_link(name)
