@@ -43,7 +43,8 @@ Some kernel facts this follows from:
   the front end that asked for them too (a pidfd of it, watched): its listener went with
   it, and the port may be another program's by the time the owner connects there again.
   Rules going end their connections too, as the relay ends its own: each connection keeps
-  its NAT in its conntrack entry (nftables.py), so those are deleted on both sides.  The
+  its NAT in its conntrack entry (nftables.py), so those are deleted on both sides, and the
+  owner's socket is aborted (``_abort``), which a client that only reads learns at once.  The
   link goes with the capsule's namespace, or at ``close_capsule``.  A helper killed with
   SIGKILL leaves at most a link into a namespace with no process in it (sockets of it
   still held elsewhere keep it), no rule leading there and none filtering it; the next
@@ -360,6 +361,28 @@ def _forget_connections(link: _Link, host_ports: set[int]) -> None:
             link.host.forget(original)
             with contextlib.suppress(OSError):  # the capsule's namespace may be gone
                 link.capsule.forget((reply[1], reply[0], reply[3], reply[2]))
+            _abort(original)
+
+
+SOCK_DESTROY, NETLINK_SOCK_DIAG = 21, 4  # <linux/sock_diag.h>, <linux/netlink.h>
+# inet_diag_req_v2 and its inet_diag_sockid (ports big-endian), as egress/peer.py's lookups send it
+_DIAG_REQ = struct.Struct("=BBBBIHH16s16sIII")
+
+
+def _abort(original: nftables.Tuple) -> None:
+    """Abort the owner's end of a led connection (SOCK_DESTROY), so that a client that only reads
+    (server-sent events, a download) sees the end at once, as the relay's clients do: with its
+    conntrack entry gone it would otherwise learn it only at its next write.  A kernel without
+    ``CONFIG_INET_DIAG_DESTROY`` refuses; the connection then ends at that write."""
+    source, destination, sport, dport = original
+    body = _DIAG_REQ.pack(socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF, socket.htons(sport),
+                          socket.htons(dport), source.ljust(16, b"\0"), destination.ljust(16, b"\0"), 0,
+                          0xFFFFFFFF, 0xFFFFFFFF)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as diag:
+        diag.send(struct.pack("=IHHII", 16 + len(body), SOCK_DESTROY, 0x1 | 0x4, 1, 0) + body)  # REQUEST | ACK
+        with contextlib.suppress(OSError):
+            diag.settimeout(1)
+            diag.recv(4096)  # the ack, whatever it says: gone already, or not supported here
 
 
 def _claim() -> tuple[int, NfTables]:

@@ -247,14 +247,21 @@ def test_a_closed_forward_ends_the_connections_it_led(tools: Any, tmp_path: Path
             out["before"] = await trio.to_thread.run_sync(_echo, kept, b"one\n")
             listed = (await t.call("capsule_service_list", {"capsule_id": cap}))["ports"]
             out["paths"] = {port["path"] for port in listed}
-            await t.call("capsule_port", {"capsule_id": cap, "port": 8767, "close": True})
+            with socket.create_connection(("127.0.0.1", host_port), timeout=3) as reading:
+                out["reader"] = await trio.to_thread.run_sync(_echo, reading, b"three\n")
+                await t.call("capsule_port", {"capsule_id": cap, "port": 8767, "close": True})
+                try:  # a client that only reads (a download, server-sent events) learns the end at once
+                    out["reader_after"] = await trio.to_thread.run_sync(reading.recv, 100)
+                except OSError as exc:
+                    out["reader_after"] = type(exc).__name__
             out["after"] = await trio.to_thread.run_sync(_echo, kept, b"two\n")
         await t.call("capsule_destroy", {"capsule_id": cap})
         return out
 
     out = tools.run(scenario)
     assert out["before"] == b"one\n" and out["paths"] == {"kernel"}
-    assert out["after"] == "ConnectionResetError"  # not b"two\n": nothing leads into the capsule now
+    assert out["after"] == "ConnectionAbortedError"  # not b"two\n": ended, as the relay ends its own
+    assert out["reader"] == b"three\n" and out["reader_after"] == "ConnectionAbortedError"  # not a 3 s timeout
 
 
 def test_a_forwards_host_port_is_nobody_elses_while_its_rules_lead_from_it(root_required: None) -> None:
