@@ -240,7 +240,7 @@ class CapsuleQueue:
         made the log, and a log read must not wait behind the test run; a port's forward waits
         for the opens and closes of that port sent before it, which would otherwise race (two
         forwards made, one never closed).  With no such call ahead it waits for
-        nothing (a stop must not wait behind a test run of a service started earlier).  The
+        nothing (a stop must not wait behind a test run against a service started earlier).  The
         ticket stays unclaimed: its transport gives it back once the call is answered.  A call
         with no place (the CLI's in-process calls, one at a time) has nothing to wait for."""
         line = self._lines.get(ticket.capsule_id, []) if ticket is not None and ticket.follows else []
