@@ -27,11 +27,14 @@ Some kernel facts this follows from:
   may arrive by one, only where ``route_localnet`` is set for that device.  It is set on
   the two ends of this link alone, never for ``all``: set globally (as kube-proxy once did)
   it lets a neighbour on the LAN reach the host's loopback services.  Here the host's end
-  reaches only a namespace of this helper's, and (4) drops what comes from it unasked.
+  reaches only a namespace of this helper's, and the filters below refuse what comes from
+  it unasked.
 - The link must not become the capsule's way to the host, nor another user's way into the
   capsule.  So the host's filter chains, in a table of the link's own made before the link
   has an address: (a) from the link, only packets of connections already established
-  (the replies), nothing new; (b) to the link, only connections that were made to
+  (the replies); anything new is refused at once (a TCP reset, else ICMP port
+  unreachable, let out as replies), as the capsule's other ways out are, where a drop
+  left a connect hanging; (b) to the link, only connections that were made to
   ``127.0.0.1`` (``ct original ip daddr``: only step 1 turns such a connection into one to
   the link, and only for the owner), so another user's connection to ``CAPSULE_ADDR``
   itself is dropped; (c) nothing forwarded from or to it.  IPv6 is disabled on both
@@ -187,9 +190,14 @@ def _link_table(name: str, host_addr: str) -> Batch:
                                nftables.nat(nftables.NAT_SNAT, nftables.REG_1)])
     batch.chain(table, "in", "filter", nftables.INPUT, 0)
     batch.rule(table, "in", [*on_in, *nftables.ct_reply_side(), accept])
-    batch.rule(table, "in", [*on_in, drop])
+    # Refused at once, as the capsule's other ways out are (a dropped SYN hung for a minute).
+    batch.rule(table, "in", [*on_in, nftables.meta(nftables.META_L4PROTO), nftables.cmp(bytes([socket.IPPROTO_TCP])),
+                             nftables.reject(tcp=True)])
+    batch.rule(table, "in", [*on_in, nftables.reject(tcp=False)])
     batch.chain(table, "out", "filter", nftables.OUTPUT, 0)
     batch.rule(table, "out", [*on_out, nftables.ct(nftables.CT_DST_IP, original=True), nftables.cmp(_LOOPBACK), accept])
+    # and the refusals of what came from the link (a reply of its own connection's entry)
+    batch.rule(table, "out", [*on_out, nftables.ct(nftables.CT_DIRECTION), nftables.cmp(b"\1"), accept])
     batch.rule(table, "out", [*on_out, drop])
     batch.chain(table, "forward", "filter", nftables.FORWARD, 0)
     batch.rule(table, "forward", [*on_in, drop])

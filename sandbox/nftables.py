@@ -73,7 +73,7 @@ NF_DROP, NF_ACCEPT = 0, 1
 # meta keys
 META_IIFNAME, META_OIFNAME, META_SKUID, META_L4PROTO = 6, 7, 10, 16
 # conntrack keys, and the state bits (NF_CT_STATE_BIT of IP_CT_ESTABLISHED, IP_CT_RELATED)
-CT_STATE, CT_DST_IP = 0, 20
+CT_STATE, CT_DIRECTION, CT_DST_IP = 0, 1, 20
 CT_ESTABLISHED, CT_RELATED = 1 << 1, 1 << 2
 CMP_EQ, CMP_NEQ = 0, 1
 PAYLOAD_NETWORK, PAYLOAD_TRANSPORT = 1, 2
@@ -144,6 +144,11 @@ def immediate(value: bytes, reg: int) -> Expr:
 def verdict(code: int) -> Expr:
     data = nested(2, nested(NFTA_DATA_VERDICT, attr(NFTA_VERDICT_CODE, _be32(code))))
     return "immediate", attr(1, _be32(REG_VERDICT)) + data
+
+
+def reject(tcp: bool) -> Expr:
+    """Refuse at once: a TCP reset, else ICMP port unreachable (filter chains on input, forward, output)."""
+    return "reject", attr(1, _be32(1 if tcp else 0)) + attr(2, b"\0" if tcp else b"\3")
 
 
 def counter() -> Expr:

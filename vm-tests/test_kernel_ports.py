@@ -114,7 +114,7 @@ def test_only_the_owners_connections_cross_and_the_capsule_reaches_nothing_back(
     assert out["other_by_port"] == "closed"  # not led by NAT: the listener's owner check refused it
     assert out["other_straight"] == "TimeoutError"  # the link takes only what came to 127.0.0.1
     assert out["owner_straight"] == "TimeoutError"
-    assert out["from_capsule"] == "TimeoutError"  # nothing new from the capsule's side
+    assert out["from_capsule"] == "ConnectionRefusedError"  # nothing new from the capsule's side: refused at once
     assert len(out["tables"]) == 2  # the link's and the forward's, on the host
     assert out["after"] == {"links": [], "tables": set(), "by_port": "ConnectionRefusedError"}
 
