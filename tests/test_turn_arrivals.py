@@ -435,3 +435,48 @@ def test_a_ports_opens_and_closes_sent_together_run_one_after_the_other(tmp_path
     assert [made for made in ports.made if made[0] == 9100] == [(9100, first), (9100, 40000)]
     assert ports.overlapped == [] and sorted(ports.open_ports) == [9100, 9200] and ports.open_ports[9100] == 40000
     assert server.runtime.capsule_queue.line("cap_1") == []
+
+
+def test_a_ports_forward_follows_the_service_starts_sent_before_it(tmp_path: Path) -> None:
+    # Found in a trial: start postgres, run the tests, forward 5432, pipelined: the forward,
+    # waiting for nothing, answered "nothing listens on port 5432" before the start had made
+    # the server (and so took no kernel path until the next listing).  It waits for the starts
+    # sent before it alone: not for the test run between.
+    ran: list[str] = []
+
+    async def start(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], START.label):
+            ran.append(f"start {args['name']}")
+            await trio.sleep(0.05)
+            ran.append(f"end {args['name']}")
+        return {"n": 0, "ticket": 0}
+
+    async def run(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        async with ctx.capsule_turn(args["capsule_id"], "exec"):
+            ran.append("tests")
+            with trio.fail_after(5):
+                while "port" not in ran:  # ends only once the forward has answered
+                    await trio.sleep(0.01)
+        return {"n": 0, "ticket": 0}
+
+    async def port(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+        await ctx.follow(through=False)
+        ran.append("port")
+        return {"n": 0, "ticket": 0}
+
+    config = dataclasses.replace(
+        Config.from_env({"CCW_STATE_DIR": str(tmp_path / "state"), "CCW_TOOLSETS": "server"}), debug=True)
+    registry = Registry()
+    registry.add(ToolSpec("start", "server", "a service's start", NAMED, RESULT, start, turn=START))
+    registry.add(ToolSpec("run", "server", "a test run", NAMED, RESULT, run, turn=TakesTurn("exec")))
+    registry.add(ToolSpec("port", "server", "a forward", NAMED, RESULT, port,
+                          turn=TakesTurn("port", subject_arg="name", follows="port", follows_any=START.label)))
+    server = CcwServer(config, State(config.state_dir), registry)
+    sent = [("start", {"name": "db"}), ("run", {"name": "tests"}), ("port", {"name": "5432"})]
+    frames = [*HANDSHAKE, *({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                             "params": {"name": tool, "arguments": {"capsule_id": "cap", **args}}}
+                            for n, (tool, args) in enumerate(sent, 1))]
+    answers = {a["id"]: a for a in serve(server, frames)}
+    assert all(not answers[n]["result"].get("isError") for n in range(1, 4)), answers
+    assert ran[:2] == ["start db", "end db"] and sorted(ran[2:]) == ["port", "tests"], ran
+    assert server.runtime.capsule_queue.line("cap") == []

@@ -65,6 +65,9 @@ class TakesTurn:
     # A call that holds no turn but waits for the calls so labelled, on its subject, that arrived
     # before it (``CapsuleQueue.follow``): a service's stop, for its start.
     follows: str | None = None
+    # Calls so labelled, on any subject, that it waits for too (``follow``): a port's forward, for
+    # the service starts sent before it, which make what it leads to.
+    follows_any: str | None = None
     # An argument listing several capsules (a race's, a merge's): the call takes a place in each
     # of their lines on arrival, as a call on one capsule does in its line (``CapsuleQueue.arrive``).
     capsules_arg: str | None = None
@@ -128,6 +131,7 @@ class Ticket:
     kind: str = ""  # its tool's TakesTurn label ("service start"), without the command
     subject: str | None = None  # TakesTurn.subject_of
     follows: str | None = None  # TakesTurn.follows
+    follows_any: str | None = None  # TakesTurn.follows_any
     more: list[Ticket] = field(default_factory=list)  # the same call's places in other capsules' lines
     kept: bool = False  # its call's run keeps it past the call's answer (``CapsuleQueue.keep``)
     failed: str | None = None  # "CODE: message" of the error its call ended in while it held the turn
@@ -196,6 +200,7 @@ class CapsuleQueue:
         ticket = Ticket(next(self._numbers), label, capsule_id)
         if takes is not None:
             ticket.kind, ticket.subject, ticket.follows = takes.label, takes.subject_of(args or {}), takes.follows
+            ticket.follows_any = takes.follows_any
         self._lines.setdefault(capsule_id, []).append(ticket)
         self._lots.setdefault(capsule_id, trio.lowlevel.ParkingLot())
         return ticket
@@ -239,15 +244,18 @@ class CapsuleQueue:
         starts nor under it.  A read of the service's logs waits for the starts alone: a start
         made the log, and a log read must not wait behind the test run; a port's forward waits
         for the opens and closes of that port sent before it, which would otherwise race (two
-        forwards made, one never closed).  With no such call ahead it waits for
-        nothing (a stop must not wait behind a test run against a service started earlier).  The
+        forwards made, one never closed), and for the service starts sent before it
+        (``follows_any``, whatever their subject), whose server it leads to.  With no such call
+        ahead it waits for nothing (a stop must not wait behind a test run against a service
+        started earlier).  The
         ticket stays unclaimed: its transport gives it back once the call is answered.  A call
         with no place (the CLI's in-process calls, one at a time) has nothing to wait for."""
         line = self._lines.get(ticket.capsule_id, []) if ticket is not None and ticket.follows else []
         if ticket not in line:
             return
         ahead = line[: line.index(ticket)]
-        followed = [n for n, one in enumerate(ahead) if one.kind == ticket.follows and one.subject == ticket.subject]
+        followed = [n for n, one in enumerate(ahead) if (one.kind == ticket.follows and one.subject == ticket.subject)
+                    or (ticket.follows_any is not None and one.kind == ticket.follows_any)]
         waited = [] if not followed else ahead[followed[0]:] if through else [ahead[n] for n in followed]
         while any(one in line for one in waited):  # calls only leave a line, and new ones join behind it
             await self._lots[ticket.capsule_id].park()  # every release wakes the line

@@ -35,7 +35,7 @@ from sandbox.spec import Limits, resolve_cwd
 SERVICE_START = TakesTurn("service start", command_arg="cmd", subject_arg="name")
 SERVICE_STOP = TakesTurn("service stop", subject_arg="name", follows=SERVICE_START.label)
 SERVICE_LOGS = TakesTurn("service logs", subject_arg="name", follows=SERVICE_START.label)
-PORT = TakesTurn("port", subject_arg="port", follows="port")
+PORT = TakesTurn("port", subject_arg="port", follows="port", follows_any=SERVICE_START.label)
 _NAME = {"type": "string", "pattern": f"^{SERVICE_NAME_RE.pattern}$"}
 _SERVICE = {"type": "object", "description": "name, state (starting|running|ready|paused|exited|failed|lost|"
             "stopped), since, argv, restart, restarts; exit_code, signal, reason, seq (its last run's row)"}
@@ -119,7 +119,8 @@ async def capsule_resume(ctx: ToolContext, args: dict[str, Any]) -> dict[str, An
 
 async def capsule_port(ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """Forward a port of the capsule to the host's loopback (or close the forward)."""
-    await ctx.follow(through=False)  # the same port's opens and closes sent before it, one at a time
+    # the same port's opens and closes sent before it, one at a time, and the service starts sent before it
+    await ctx.follow(through=False)
     record = ctx.capsules.live_record(args["capsule_id"])
     ports = _services(ctx).ports
     if args.get("close"):
