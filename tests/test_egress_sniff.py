@@ -20,8 +20,8 @@ def tcp(port: int, flags: int) -> bytes:
     return struct.pack("!HHIIBBHHH", 40000, port, 1, 0, 5 << 4, flags, 65535, 0, 0)
 
 
-def udp(port: int) -> bytes:
-    return struct.pack("!HHHH", 5353, port, 8, 0)
+def udp(port: int, payload: bytes = b"", *, length: int | None = None) -> bytes:
+    return struct.pack("!HHHH", 5353, port, 8 + len(payload) if length is None else length, 0) + payload
 
 
 def v4(src: str, dst: str, protocol: int, payload: bytes, *, ihl: int = 5, fragment: int = 0) -> bytes:
@@ -94,12 +94,12 @@ def dns_query(name: bytes, flags: int = 0x0100, count: int = 1) -> bytes:
 
 def test_a_dns_query_carries_its_one_name() -> None:
     def asked(payload: bytes, port: int = 53) -> bytes | None:
-        seen = parse_packet(v4("10.99.0.2", "10.255.255.53", 17, udp(port) + payload))
+        seen = parse_packet(v4("10.99.0.2", "10.255.255.53", 17, udp(port, payload)))
         assert seen is not None
         return seen.query
 
     assert asked(dns_query(b"CCW.corp.example")) == b"ccw.corp.example"
-    assert parse_packet(v6("fd63:6377::2", "2001:db8::53", 17, udp(53) + dns_query(b"ccw"))) == DirectAttempt(
+    assert parse_packet(v6("fd63:6377::2", "2001:db8::53", 17, udp(53, dns_query(b"ccw")))) == DirectAttempt(
         "udp", "2001:db8::53", 53, "fd63:6377::2", b"ccw")
     assert asked(dns_query(b"ccw"), port=5353) is None  # not DNS's port
     assert asked(dns_query(b"ccw", flags=0x8180)) is None  # an answer, not a query
@@ -108,6 +108,56 @@ def test_a_dns_query_carries_its_one_name() -> None:
     assert asked(dns_query(b"ccw")[:14]) is None  # the name cut (by the sniffer's snap length)
     assert asked(dns_query(b"ccw")[:12] + b"\xc0\x0c") is None  # a compression pointer
     assert asked(b"\0" * 12 + b"\0") is None  # the root: no name
+
+
+def asked_of(datagram: bytes) -> bytes | None:
+    seen = parse_packet(v4("10.99.0.2", "10.255.255.53", 17, datagram))
+    assert seen is not None
+    return seen.query
+
+
+OPT = b"\0" + struct.pack("!HHIH", 41, 1232, 0, 0)  # glibc's ``options edns0``: the root's OPT, no data
+
+
+def test_only_a_bare_lookup_carries_its_name() -> None:
+    """A datagram to port 53 that starts as a lookup of ``ccw`` but holds more (any payload
+    after the question, beyond the snap length or not) is other traffic under the jail's
+    hostname: it is recorded, as is a name whose one label has a dot in it."""
+    query = dns_query(b"ccw")
+    with_opt = query[:10] + b"\0\1" + query[12:] + OPT
+    assert asked_of(udp(53, with_opt)) == b"ccw"
+    assert asked_of(udp(53, query + b"exfiltrated bytes")) is None
+    assert asked_of(udp(53, query, length=8 + len(query) + 1400)) is None  # the rest past the snap length
+    assert asked_of(udp(53, query[:-4])) is None  # no QTYPE and QCLASS: not what a resolver sends
+    assert asked_of(udp(53, query[:6] + b"\0\1" + query[8:] + b"\xc0\x0c\0\1\0\1\0\0\0\0\0\0")) is None
+    assert asked_of(udp(53, with_opt + b"more")) is None
+    assert asked_of(udp(53, query[:10] + b"\0\1" + query[12:] + b"\0\0\x01" + OPT[3:])) is None  # not an OPT
+    one_label = query[:12] + b"\x10ccw.corp.example\0" + query[-4:]  # the name ccw\.corp\.example
+    assert asked_of(udp(53, one_label)) is None
+
+
+@given(st.lists(st.tuples(st.integers(0, 80), st.integers(0, 255)), max_size=6),
+       st.binary(max_size=40), st.integers(0, 60), st.integers(-4, 40))
+def test_mutated_lookups_of_the_hostname_are_left_out_only_when_bare(
+        changes: list[tuple[int, int]], tail: bytes, cut: int, length_change: int) -> None:
+    """Fuzz: a lookup of ``ccw`` (with and without OPT) with bytes changed, appended, cut off,
+    and its UDP length changed never fails to parse, and is left out only if what its UDP
+    length holds is exactly a bare lookup of the name."""
+    for start in (dns_query(b"ccw"), dns_query(b"ccw")[:10] + b"\0\1" + dns_query(b"ccw")[12:] + OPT):
+        message = bytearray(start + tail)
+        for at, value in changes:
+            if at < len(message):
+                message[at] = value
+        message = message[:max(12, len(message) - cut)] if cut > 40 else message
+        length = 8 + len(message) + length_change
+        seen = parse_packet(v4("10.99.0.2", "10.255.255.53", 17, udp(53, bytes(message), length=length & 0xFFFF)))
+        assert seen is not None
+        if seen.query == b"ccw":
+            whole = bytes(message[:length - 8])
+            assert len(whole) == length - 8
+            assert whole[4:12] in (b"\0\1\0\0\0\0\0\0", b"\0\1\0\0\0\0\0\1")
+            assert whole[12:17].lower() == b"\x03ccw\0"
+            assert len(whole) == 21 or (whole[21:24] == b"\0\0\x29" and len(whole) == 32 + whole[31] + 256 * whole[30])
 
 
 def test_own_names_are_the_jails_hostname_under_each_search_domain(tmp_path: Path) -> None:
@@ -124,7 +174,7 @@ def test_the_sniffer_leaves_out_only_lookups_of_the_jails_own_hostname(tmp_path:
     or ``hostname -f``: no attempt at the network, and left out; any other name stays."""
     resolv = tmp_path / "resolv.conf"
     resolv.write_text("search corp.example\n")
-    sent = [v4("10.99.0.2", "10.255.255.53", 17, udp(53) + dns_query(name))
+    sent = [v4("10.99.0.2", "10.255.255.53", 17, udp(53, dns_query(name)))
             for name in (b"ccw", b"ccw.corp.example", b"ccw.evil.example", b"pypi.org", b"ccw.corp")]
     sent.append(v4("10.99.0.2", "10.255.255.53", 17, udp(53)))  # no query in it
     seen: list[DirectAttempt] = []

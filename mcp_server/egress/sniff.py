@@ -46,8 +46,10 @@ Some facts about the sniffer, as the helper makes it and this module reads it:
   for.  Such a query is not handed on (``own_names``); it still goes nowhere (the egress
   namespace answers port-unreachable, so the lookup fails at once, as it would in a
   ``network: none`` jail).  Only a standard query (opcode 0, one question) to port 53
-  whose whole name is one of those, within the captured ``SNAP_BYTES``, is left out: any
-  other name, or a packet that cannot be read so far, is recorded as before.
+  whose whole name is one of those, within the captured ``SNAP_BYTES``, and whose datagram
+  (the UDP header's length) holds nothing after the question but an EDNS OPT record, is
+  left out: any other name, a label with a dot in it, bytes after the question, or a packet
+  that cannot be read so far, is recorded as before.
 """
 
 from __future__ import annotations
@@ -91,25 +93,36 @@ class DirectAttempt:
     query: bytes | None = None  # a DNS query's one name (``question``), for UDP to port 53
 
 
-def question(payload: bytes) -> bytes | None:
+def question(payload: bytes, length: int) -> bytes | None:
     """The name a DNS query asks about (lower case, dotted, no root dot), if ``payload`` is a
-    standard query with one question whose name is whole in it; None for anything else."""
+    standard query with one question whose name is whole in it and that is all the
+    ``length`` bytes of the message (the UDP header's) hold, bar a resolver's EDNS OPT record;
+    None for anything else."""
     if len(payload) < 12:
         return None
-    flags, count = struct.unpack_from("!HH", payload, 2)
-    if flags & 0xF800 or count != 1:  # a response, or an opcode other than QUERY
+    flags, count, answers, authorities, additional = struct.unpack_from("!HHHHH", payload, 2)
+    if flags & 0xF800 or count != 1 or answers or authorities or additional > 1:  # a response, another opcode
         return None
     labels: list[bytes] = []
     at = 12
     while at < len(payload):
         size = payload[at]
         if size == 0:
-            return b".".join(labels).lower() if labels else None
+            break
         if size > 63 or at + 1 + size > len(payload):  # a compression pointer, or cut by the snap length
             return None
         labels.append(payload[at + 1:at + 1 + size])
         at += 1 + size
-    return None
+    else:
+        return None
+    end = at + 5  # the root label, QTYPE, QCLASS
+    if additional:  # glibc's ``options edns0``: the root's OPT (type 41), then its data
+        if payload[end:end + 3] != b"\0\0\x29" or len(payload) < end + 11:
+            return None
+        end += 11 + struct.unpack_from("!H", payload, end + 9)[0]
+    if not labels or end != length or any(b"." in label for label in labels):
+        return None  # bytes after the question (other traffic under a lookup's name), or a dot in a label
+    return b".".join(labels).lower()
 
 
 def own_names(resolv_conf: Path = RESOLV_CONF) -> frozenset[bytes]:
@@ -137,8 +150,9 @@ def _transport(protocol: int, segment: bytes, source: str, address: str) -> Dire
     if protocol == IPPROTO_UDP:
         if len(segment) < 8:
             return None
-        port = struct.unpack_from("!H", segment, 2)[0]
-        return DirectAttempt("udp", address, port, source, question(segment[8:]) if port == DNS_PORT else None)
+        port, length = struct.unpack_from("!HH", segment, 2)
+        query = question(segment[8:], length - 8) if port == DNS_PORT else None
+        return DirectAttempt("udp", address, port, source, query)
     return None
 
 
