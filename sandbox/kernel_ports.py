@@ -353,12 +353,12 @@ def _drop_forward(link: _Link, host_port: int) -> None:
         with contextlib.suppress(OSError):
             side.send(Batch().delete_table(table))
     with contextlib.suppress(OSError):
-        _forget_connections(link, {host_port})
+        _forget_connections(link, {host_port}, None if forward is None else forward.uid)
     if forward is not None:  # the port is free only once nothing leads there
         os.close(forward.listener)
 
 
-def _forget_connections(link: _Link, host_ports: set[int]) -> None:
+def _forget_connections(link: _Link, host_ports: set[int], uid: int | None) -> None:
     """End the connections the forwards on ``host_ports`` led, as the relay ends its own: each
     keeps its NAT in its conntrack entry after the rules go (nftables.py), so they are deleted
     on both sides.  The owner's next packet then reaches the host port itself (reset there),
@@ -369,28 +369,53 @@ def _forget_connections(link: _Link, host_ports: set[int]) -> None:
             link.host.forget(original)
             with contextlib.suppress(OSError):  # the capsule's namespace may be gone
                 link.capsule.forget((reply[1], reply[0], reply[3], reply[2]))
-            _abort(original)
+            _abort(original, uid)
 
 
-SOCK_DESTROY, NETLINK_SOCK_DIAG = 21, 4  # <linux/sock_diag.h>, <linux/netlink.h>
-# inet_diag_req_v2 and its inet_diag_sockid (ports big-endian), as egress/peer.py's lookups send it
+SOCK_DIAG_BY_FAMILY, SOCK_DESTROY, NETLINK_SOCK_DIAG = 20, 21, 4  # <linux/sock_diag.h>, <linux/netlink.h>
+# inet_diag_req_v2 and its inet_diag_sockid (ports big-endian), as egress/peer.py's lookups send it;
+# inet_diag_msg: family, state, timer, retrans, the sockid, expires, rqueue, wqueue, uid, inode
 _DIAG_REQ = struct.Struct("=BBBBIHH16s16sIII")
+_DIAG_MSG = struct.Struct("=BBBBHH16s16sIIIIIIII")
+_NO_COOKIE = (0xFFFFFFFF, 0xFFFFFFFF)
 
 
-def _abort(original: nftables.Tuple) -> None:
+def _led_socket(reply: bytes, original: nftables.Tuple, uid: int | None) -> tuple[int, int] | None:
+    """The cookie of the socket an exact lookup of ``original`` answered with, if it is that
+    connection's own end, held by a process (inode), and ``uid``'s.  Not found among the
+    connections, the kernel answers with a listener on the tuple's source port (egress/peer.py's
+    essay): a conntrack entry outlives its socket, and that port may be anyone's server now."""
+    if len(reply) < 16 + _DIAG_MSG.size or struct.unpack_from("=H", reply, 4)[0] != SOCK_DIAG_BY_FAMILY:
+        return None
+    (family, _state, _timer, _retrans, sport, dport, src, dst, _if, cookie0, cookie1,
+     _expires, _rqueue, _wqueue, owner, inode) = _DIAG_MSG.unpack_from(reply, 16)
+    found = (src[:4], dst[:4], socket.ntohs(sport), socket.ntohs(dport))
+    if family != socket.AF_INET or found != original or not inode or (uid is not None and owner != uid):
+        return None
+    return cookie0, cookie1
+
+
+def _abort(original: nftables.Tuple, uid: int | None) -> None:
     """Abort the owner's end of a led connection (SOCK_DESTROY), so that a client that only reads
     (server-sent events, a download) sees the end at once, as the relay's clients do: with its
     conntrack entry gone it would otherwise learn it only at its next write.  A kernel without
-    ``CONFIG_INET_DIAG_DESTROY`` refuses; the connection then ends at that write."""
+    ``CONFIG_INET_DIAG_DESTROY`` refuses; the connection then ends at that write.  Only the
+    socket found first (``_led_socket``) is aborted: the destroy names its cookie."""
     source, destination, sport, dport = original
-    body = _DIAG_REQ.pack(socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF, socket.htons(sport),
-                          socket.htons(dport), source.ljust(16, b"\0"), destination.ljust(16, b"\0"), 0,
-                          0xFFFFFFFF, 0xFFFFFFFF)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG) as diag:
-        diag.send(struct.pack("=IHHII", 16 + len(body), SOCK_DESTROY, 0x1 | 0x4, 1, 0) + body)  # REQUEST | ACK
+        diag.settimeout(1)
+
+        def ask(kind: int, flags: int, cookie: tuple[int, int]) -> bytes:
+            body = _DIAG_REQ.pack(socket.AF_INET, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF, socket.htons(sport),
+                                  socket.htons(dport), source.ljust(16, b"\0"), destination.ljust(16, b"\0"), 0,
+                                  *cookie)
+            diag.send(struct.pack("=IHHII", 16 + len(body), kind, flags, 1, 0) + body)
+            return diag.recv(4096)  # the answer or the ack, whatever it says: gone, or not supported here
+
         with contextlib.suppress(OSError):
-            diag.settimeout(1)
-            diag.recv(4096)  # the ack, whatever it says: gone already, or not supported here
+            cookie = _led_socket(ask(SOCK_DIAG_BY_FAMILY, 0x1, _NO_COOKIE), original, uid)  # REQUEST
+            if cookie is not None:
+                ask(SOCK_DESTROY, 0x1 | 0x4, cookie)  # REQUEST | ACK
 
 
 def _claim() -> tuple[int, NfTables]:

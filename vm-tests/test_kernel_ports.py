@@ -420,3 +420,49 @@ def test_a_dead_helpers_link_is_swept_and_a_live_ones_kept(root_required: None) 
         os.close(held)
         with contextlib.suppress(OSError), Rtnl() as rtnl:
             rtnl.delete_link(name)
+
+
+def test_an_abort_reaches_the_led_connection_alone(root_required: None) -> None:
+    """A closed forward aborts the owner's socket each of its conntrack entries names.  An entry
+    outlives its socket, and sock_diag, finding no such connection, answers with a listener on
+    its source port: another uid's server there was aborted.  And a connection is the owner's."""
+    loopback = socket.inet_aton("127.0.0.1")
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setuid(OTHER_UID)
+                listener = socket.socket()
+                listener.bind(("127.0.0.1", 0))
+                listener.listen()
+                client = socket.socket()  # no create_connection: its idna codec is unreadable to that uid
+                client.connect(("127.0.0.1", port))
+                os.write(ready_w, json.dumps([listener.getsockname()[1], client.getsockname()[1]]).encode())
+                time.sleep(30)
+            finally:
+                os._exit(0)
+        os.close(ready_w)
+        try:
+            theirs, sport = json.loads(os.read(ready_r, 100))
+            accepted, _ = server.accept()
+            with accepted:
+                accepted.settimeout(0.5)
+                kernel_ports._abort((loopback, loopback, theirs, 45678), None)  # gone: it came from their server's port
+                kernel_ports._abort((loopback, loopback, sport, port), OTHER_UID + 1)  # not that uid's connection
+                with socket.create_connection(("127.0.0.1", theirs), timeout=2):
+                    pass  # their server still listens
+                with contextlib.suppress(TimeoutError):
+                    assert accepted.recv(1) == b"never", "their connection was ended"
+                kernel_ports._abort((loopback, loopback, sport, port), OTHER_UID)
+                try:
+                    assert accepted.recv(1) == b""
+                except ConnectionResetError:
+                    pass  # reset: ended
+        finally:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            os.close(ready_r)
