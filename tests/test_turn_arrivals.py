@@ -443,6 +443,7 @@ def test_a_ports_forward_follows_the_service_starts_sent_before_it(tmp_path: Pat
     # the server (and so took no kernel path until the next listing).  It waits for the starts
     # sent before it alone: not for the test run between.
     ran: list[str] = []
+    forwarded = trio.Event()
 
     async def start(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         async with ctx.capsule_turn(args["capsule_id"], START.label):
@@ -455,13 +456,13 @@ def test_a_ports_forward_follows_the_service_starts_sent_before_it(tmp_path: Pat
         async with ctx.capsule_turn(args["capsule_id"], "exec"):
             ran.append("tests")
             with trio.fail_after(5):
-                while "port" not in ran:  # ends only once the forward has answered
-                    await trio.sleep(0.01)
+                await forwarded.wait()  # ends only once the forward has answered
         return {"n": 0, "ticket": 0}
 
     async def port(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         await ctx.follow(through=False)
         ran.append("port")
+        forwarded.set()
         return {"n": 0, "ticket": 0}
 
     config = dataclasses.replace(
