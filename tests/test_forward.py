@@ -684,3 +684,31 @@ def test_both_sides_of_a_relayed_connection_send_without_delay(capsule_side: str
         assert capsule.calls == (0 if capsule_side == "spare" else 1)
 
     trio.run(main)
+
+
+def test_a_refill_cancelled_between_two_helper_calls_closes_the_first_calls_sockets() -> None:
+    # A refill of more than MAX_SPARES is two helper calls; the forward closing (a destroy)
+    # cancelled it in the second, and the first call's sockets were left to the garbage
+    # collector (ResourceWarning: unclosed IPv6 sockets, in vm-tests/test_kernel_ports.py).
+    made: list[socket.socket] = []
+    second = trio.Event()
+
+    async def spares(count: int, v6: bool) -> list[socket.socket]:
+        if made:
+            second.set()
+            await trio.sleep_forever()
+        made.extend(socket.socket(socket.AF_INET6 if v6 else socket.AF_INET) for _ in range(count))
+        return list(made)
+
+    async def main() -> None:
+        port = PortForward(Capsule(1).connect, ME, 1, spares=spares)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(port._refill, MAX_SPARES + 1, True)
+                await second.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            await port.aclose()
+
+    trio.run(main)
+    assert len(made) == MAX_SPARES and all(sock.fileno() == -1 for sock in made)

@@ -339,6 +339,10 @@ class PortForward:
                 made += await self._spares(min(count - len(made), MAX_SPARES), v6)
         except Exception as exc:  # the helper's: the capsule gone, a helper restarting
             log.warning("port forward %s: no spare sockets from the helper: %s", self.host_port, exc)
+        except BaseException:  # cancelled (the forward closing) between two helper calls: close the first's
+            for sock in made:
+                sock.close()
+            raise
         await self._pass_spares(made)  # none at all still tells it to ask again later
 
     async def _pass_spares(self, spares: list[socket.socket]) -> None:
