@@ -180,6 +180,10 @@ class Networks:
                     await session.aclose()
                 raise
             self._sessions[capsule_id] = _Served(session, scope)
+            # Again: credentials given while this open awaited (a fork's first exec makes its
+            # placeholders beside the open create started) found no session to update, and its
+            # own placeholders went out unswapped (401 from the index).
+            session.credentials = self._credentials.get(capsule_id)
             return session
 
     async def set_rules(self, capsule_id: str, spec: NetworkSpec, who: str = "") -> list[dict[str, Any]] | None:
