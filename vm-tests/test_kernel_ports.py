@@ -167,6 +167,22 @@ def test_a_killed_helper_leaves_no_rule(root_required: None) -> None:
     assert "ccw_kept" not in _ccw_tables()
 
 
+def _serving_in(netns: int, port: int) -> None:
+    """A server on ``127.0.0.1:port`` in ``netns`` (the capsule's loopback), on a thread of its
+    own that stays there, answering each connection by closing it; returns once it listens."""
+    serving = threading.Event()
+
+    def serve() -> None:
+        syscalls.setns(netns, syscalls.CLONE_NEWNET)
+        with socket.create_server(("127.0.0.1", port)) as server:
+            serving.set()
+            while True:
+                server.accept()[0].close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    assert serving.wait(10)
+
+
 def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None) -> None:
     # The helper outlives its front ends.  A front end killed with its listener leaves the
     # port free for any program; a rule left behind would lead the owner's connections
@@ -174,18 +190,9 @@ def test_a_forwards_rules_end_with_the_front_end_that_asked(root_required: None)
     netns = capsule_nets._make()
     front_end = subprocess.Popen(["sleep", "600"])
     ports = kernel_ports.KernelPorts(rootless=False)
-    serving = threading.Event()
-
-    def serve() -> None:
-        syscalls.setns(netns, syscalls.CLONE_NEWNET)
-        with socket.create_server(("127.0.0.1", 8000)) as server:
-            serving.set()
-            server.accept()[0].close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    _serving_in(netns, 8000)
     link = "(none made)"
     try:
-        assert serving.wait(10)
         with socket.create_server(("127.0.0.1", 0)) as held:
             host_port = kernel_ports.held_port(held.fileno())
             ports.open("cap_gone", netns, 8000, host_port, os.getuid(), front_end.pid, held.fileno())
@@ -270,17 +277,8 @@ def test_a_forwards_host_port_is_nobody_elses_while_its_rules_lead_from_it(root_
     # owner's connections to the next program there went into the capsule instead.
     netns = capsule_nets._make()
     ports = kernel_ports.KernelPorts(rootless=False)
-    serving = threading.Event()
-
-    def serve() -> None:
-        syscalls.setns(netns, syscalls.CLONE_NEWNET)
-        with socket.create_server(("127.0.0.1", 8001)) as server:
-            serving.set()
-            server.accept()[0].close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    _serving_in(netns, 8001)
     try:
-        assert serving.wait(10)
         with socket.create_server(("127.0.0.1", 0)) as held:
             host_port = kernel_ports.held_port(held.fileno())
             ports.open("cap_held", netns, 8001, host_port, os.getuid(), os.getpid(), held.fileno())
@@ -331,20 +329,10 @@ def test_one_uids_forwards_on_the_kernel_path_are_bounded(root_required: None, m
     monkeypatch.setattr(kernel_ports, "MAX_FORWARDS", 2)
     netns = capsule_nets._make()
     ports = kernel_ports.KernelPorts(rootless=False)
-    serving = threading.Event()
-
-    def serve() -> None:
-        syscalls.setns(netns, syscalls.CLONE_NEWNET)
-        with socket.create_server(("127.0.0.1", 8002)) as server:
-            serving.set()
-            while True:
-                server.accept()[0].close()
-
-    threading.Thread(target=serve, daemon=True).start()
+    _serving_in(netns, 8002)
     held = [socket.create_server(("127.0.0.1", 0)) for _ in range(3)]
     refused = None
     try:
-        assert serving.wait(10)
         for listener in held:
             try:
                 ports.open("cap_many", netns, 8002, listener.getsockname()[1], os.getuid(), os.getpid(),
