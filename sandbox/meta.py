@@ -13,7 +13,11 @@ a spec type, held the spec's fields at the top level (``limits`` without ``disk_
 ``load`` reads both, and the next write of a capsule's meta is a new capsule's, so old
 files are never rewritten.  Beside the spec: the owner, the overlay's lower stack
 (``lowers``, top first), the ids of the ``ancestors`` (``parent`` first), the size of
-the capsule's own disk as made (``disk_mb``; None for none) and ``created_at``.
+the capsule's own disk as made (``disk_mb``; None for none) and ``created_at``.  A fork
+made with donors (manager.py) records their ids (``donors``, top first), and every fork
+how many of its lowers are capsules' uppers above the base (``layers_above_base``): one
+per ancestor, plus the donors' layers stacked into it or into an ancestor.  Files
+written before donors existed hold neither field; theirs is one layer per ancestor.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sandbox.errors import CcwError
+from sandbox import checks
+from sandbox.errors import CcwError, ProtocolError
 from sandbox.replies import CapsuleSummary
 from sandbox.spec import CapsuleSpec
 
@@ -84,14 +89,25 @@ class Capsule:
         return list(self.meta["ancestors"])
 
     @property
+    def donors(self) -> list[str]:
+        """The ids of the capsules whose own layers this fork stacked above its parent's, top first."""
+        return list(self.meta.get("donors") or [])
+
+    @property
     def lowers(self) -> list[str]:
-        """The overlay's lower stack, top first: ancestors' uppers, then the base."""
+        """The overlay's lower stack, top first: capsules' uppers (ancestors', donors'), then the base."""
         return list(self.meta["lowers"])
 
     @property
+    def layers_above_base(self) -> int:
+        """How many of the lowers are capsules' uppers (each ancestor's, each donor's own)."""
+        value = self.meta.get("layers_above_base")
+        return value if isinstance(value, int) else len(self.ancestors)
+
+    @property
     def base_lowers(self) -> list[str]:
-        """The lower layers below the ancestors' uppers: the workspace or the base."""
-        return self.lowers[len(self.ancestors) :]
+        """The lower layers below the capsules' uppers: the workspace or the base."""
+        return self.lowers[self.layers_above_base :]
 
     def summary(self) -> CapsuleSummary:
         """The capsule as ``list`` shows it."""
@@ -141,6 +157,9 @@ def _check(root: str, meta: dict[str, Any]) -> str:
         return "meta.json has more ancestors than lower layers"
     if (meta.get("parent") or None) != (meta["ancestors"][0] if meta["ancestors"] else None):
         return "meta.json parent and ancestors disagree"
+    why = _check_donors(meta)
+    if why:
+        return why
     stacks = meta.get("gitdirs", [])
     if not isinstance(stacks, list) or not all(
             isinstance(stack, list) and stack and all(isinstance(p, str) and p.startswith("/") for p in stack)
@@ -154,4 +173,20 @@ def _check(root: str, meta: dict[str, Any]) -> str:
             return "the disk image holding the upper dir is gone"
     elif not os.path.isdir(os.path.join(root, "upper")):
         return "the upper dir is gone"
+    return ""
+
+
+def _check_donors(meta: dict[str, Any]) -> str:
+    """Why meta.json's ``donors`` or ``layers_above_base`` is wrong; "" when both are right or absent."""
+    donors = meta.get("donors", [])
+    try:
+        checks.capsule_ids("donors", donors)
+    except ProtocolError as exc:
+        return f"meta.json {exc.message}"
+    if donors and (not meta["ancestors"] or meta["ancestors"][0] in donors):
+        return "meta.json donors belong to a fork, none its parent"
+    layers = meta.get("layers_above_base", len(meta["ancestors"]))
+    if not isinstance(layers, int) or isinstance(layers, bool) or not (
+            len(meta["ancestors"]) <= layers < len(meta["lowers"])):
+        return "meta.json layers_above_base is not a count of lowers above the base, at least one per ancestor"
     return ""

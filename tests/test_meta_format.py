@@ -49,3 +49,28 @@ def test_a_meta_file_with_a_bad_spec_is_not_recovered(tmp_path: Path) -> None:
     assert isinstance(why, str) and "network" in why
     root = _capsule_dir(tmp_path / "2", {**REST, "version": meta.VERSION})
     assert isinstance(meta.load(str(root), str(REST["capsule_id"])), str)
+
+
+def test_a_fork_with_donors_reads_back_and_an_old_fork_has_one_layer_per_ancestor(tmp_path: Path) -> None:
+    spec = CapsuleSpec("/srv/ws")
+    fork = {**REST, "lowers": ["/s/cap_b/upper", "/s/cap_a/upper", "/s/cap_p/upper", "/srv/ws"],
+            "ancestors": ["cap_a", "cap_p"], "parent": "cap_a"}
+    root = _capsule_dir(tmp_path, {**fork, "version": meta.VERSION, "spec": spec.to_json()})
+    loaded = meta.load(str(root), str(REST["capsule_id"]))
+    assert not isinstance(loaded, str), loaded
+    old = meta.Capsule(str(REST["capsule_id"]), str(root), loaded[0], spec)
+    assert old.layers_above_base == 2 and old.donors == [] and old.base_lowers == ["/s/cap_p/upper", "/srv/ws"]
+    merged = {**fork, "donors": ["cap_b"], "layers_above_base": 3}
+    meta.save(str(root / "meta.json"), merged, spec)
+    loaded = meta.load(str(root), str(REST["capsule_id"]))
+    assert loaded == (merged, spec)
+    capsule = meta.Capsule(str(REST["capsule_id"]), str(root), loaded[0], spec)
+    assert capsule.layers_above_base == 3 and capsule.donors == ["cap_b"] and capsule.base_lowers == ["/srv/ws"]
+    for bad in ({"donors": "cap_b"}, {"donors": ["../x"]}, {"donors": ["cap_b", "cap_b"]}, {"donors": ["cap_a"]},
+                {"layers_above_base": 4}, {"layers_above_base": 1}, {"layers_above_base": True},
+                {"layers_above_base": "3"}):
+        meta.save(str(root / "meta.json"), {**merged, **bad}, spec)
+        why = meta.load(str(root), str(REST["capsule_id"]))
+        assert isinstance(why, str) and ("donors" in why or "layers_above_base" in why), (bad, why)
+    meta.save(str(root / "meta.json"), {**REST, "donors": ["cap_b"]}, spec)
+    assert "donors" in str(meta.load(str(root), str(REST["capsule_id"])))  # a capsule that is no fork has none
