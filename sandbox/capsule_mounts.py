@@ -18,7 +18,8 @@ Some facts about a capsule's mounts
 * **Git dirs outside the workspace** (a worktree's, a submodule's) get overlays of their
   own beside the capsule's, made, stacked, frozen and remounted with it (gitdirs.py).
 * **After a restart** a capsule is mounted again on first use (``ensure_mounted``): its
-  disk first, and its ancestors' disks, whose uppers are its lower layers.
+  disk first, and the disks of the capsules whose uppers are its lower layers (its
+  ancestors', and the donors' stacked into it or into an ancestor, fork_layers.py).
 """
 
 from __future__ import annotations
@@ -77,8 +78,12 @@ def ensure_mounted(capsule: Capsule, capsules: Mapping[str, Capsule], rootless: 
 
 
 def ensure_disks(capsule: Capsule, capsules: Mapping[str, Capsule], rootless: bool) -> None:
-    """Mount the disks of a capsule and of its ancestors (their uppers are its lowers)."""
-    for one in (capsule, *(capsules[a] for a in capsule.ancestors if a in capsules)):
+    """Mount the disks of a capsule and of every capsule whose upper is one of its lowers (its
+    ancestors', its donors', theirs): each such lower lies in its own capsule's directory."""
+    home = os.path.dirname(capsule.root) + "/"
+    held = [lower[len(home):].split("/", 1)[0] for lower in capsule.lowers[: capsule.layers_above_base]
+            if lower.startswith(home)]
+    for one in (capsule, *(capsules[name] for name in held if name in capsules)):
         if one.disk_ready or one.disk_mb is None:
             continue
         target = one.path("disk")

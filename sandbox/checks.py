@@ -42,6 +42,7 @@ MAX_TIMEOUT_MS = 24 * 3600 * 1000
 MAX_PORT = 65535
 MAX_CLOCK_OFFSET_SEC = 100 * 366 * 86400
 MAX_BINDS = 64  # directories a capsule shows besides its workspace (exposed toolchains, git dirs)
+MAX_DONORS = 8  # capsules whose layers one fork stacks besides its parent's (a merge's other inputs)
 DISK_MB_MIN = 32  # a capsule disk smaller than this is mostly ext4's own metadata
 DISK_MB_MAX = 1 << 24  # 16 TiB: ext4's limit with 4 KiB blocks
 
@@ -141,6 +142,17 @@ def capsule_id(name: str, value: Any) -> Any:
 def check_capsule_id(value: Any) -> str:
     """``value`` if it is a capsule id, else INVALID_ARGUMENT."""
     return str(capsule_id("capsule_id", value))
+
+
+def capsule_ids(name: str, value: Any) -> Any:
+    """A list of at most MAX_DONORS distinct capsule ids."""
+    if not isinstance(value, list) or len(value) > MAX_DONORS:
+        raise fail(name, f"must be a list of at most {MAX_DONORS} capsule ids")
+    for index, item in enumerate(value):
+        capsule_id(f"{name}[{index}]", item)
+    if len(set(value)) != len(value):
+        raise fail(name, "names a capsule twice")
+    return value
 
 
 def abs_paths(name: str, value: Any) -> Any:

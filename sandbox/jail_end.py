@@ -161,18 +161,19 @@ class _Holder(Protocol):
 
 
 @contextlib.contextmanager
-def after_ending(lock: threading.RLock, holder: _Holder) -> Iterator[None]:
-    """``lock``, taken once ``holder.ending`` (the end of a capsule's last exec) is done.
+def after_ending(lock: threading.RLock, *holders: _Holder) -> Iterator[None]:
+    """``lock``, taken once each holder's ``ending`` (the end of a capsule's last exec) is done.
 
     Whatever sets up over a capsule again (an exec, a fork, its removal) is so ordered
     after the last jail's mounts are gone and its cgroup removed.  The wait is outside
-    the lock: other capsules go on meanwhile.
+    the lock: other capsules go on meanwhile.  A fork with donors sets up over several.
     """
     while True:
-        ending = holder.ending
-        if ending is not None:
-            ending.wait()
+        for holder in holders:
+            ending = holder.ending
+            if ending is not None:
+                ending.wait()
         with lock:
-            if holder.ending is None or holder.ending.done():
+            if all(holder.ending is None or holder.ending.done() for holder in holders):
                 yield
                 return

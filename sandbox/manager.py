@@ -22,7 +22,8 @@ helper left.  Choices made here:
   capsule_mounts.py) while it has forks; exec on it is refused.  It thaws when its last
   fork is destroyed.  ``changes`` of a fork are relative to the base, i.e. they include
   the parent's changes: what promoting the fork would apply.  ``destroy`` refuses a
-  capsule that still has forks.
+  capsule that still has forks.  A fork with ``donors`` stacks their own layers too
+  (fork_layers.py), and each donor is held as the parent is.
 * **The state dir inside the workspace** is allowed (access.py), but such capsules
   cannot be forked: overlayfs refuses (ELOOP) a lower layer inside another lower
   layer, and a fork's lowers would be the parent's upper inside the workspace; fork
@@ -37,7 +38,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandbox import (
@@ -48,6 +49,7 @@ from sandbox import (
     egress,
     execution,
     exposed,
+    fork_layers,
     gitdirs,
     in_force,
     jail_end,
@@ -78,8 +80,6 @@ from sandbox.replies import (
     SignalReply,
 )
 from sandbox.spec import CapsuleSpec
-
-MAX_FORK_DEPTH = 64  # overlay allows 500 lowers; deeper what-if chains are a bug
 
 
 class CapsuleManager:
@@ -176,39 +176,32 @@ class CapsuleManager:
             return None
         return requested if requested is not None else self.disks.default_mb
 
-    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> ForkReply:
-        """A child capsule seeing its parent's view; the parent is frozen while it exists."""
+    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int, donors: Sequence[str] = ()) -> ForkReply:
+        """A child capsule seeing its parent's view, each donor's own layers stacked above it (top
+        first, fork_layers.py); the parent and the donors are frozen while it exists."""
         check_uid_gid(caller_uid, caller_gid)
         parent = self._get(capsule_id, caller_uid)
+        givers = [self._get(donor, caller_uid) for donor in donors]
         if any(inside(parent.root, lower) for lower in parent.base_lowers):
             # overlayfs refuses (ELOOP) a lower layer that lies inside another lower layer.
             raise CcwError("UNSUPPORTED", f"capsule {capsule_id} cannot be forked: the helper's state dir "
                            f"{self.state_dir!r} lies inside its workspace; run the helper with a state dir "
                            "outside the workspace (CCW_STATE_DIR)")
-        if len(parent.ancestors) + 1 >= MAX_FORK_DEPTH:
-            raise CcwError("TOO_LARGE", f"forks nest at most {MAX_FORK_DEPTH} deep; fork an earlier capsule")
-        with jail_end.after_ending(self._lock, parent):
-            if parent.busy:
-                raise CcwError("CONFLICT", f"capsule {capsule_id} is running a command; fork it when that ends")
-            capsule_mounts.ensure_mounted(parent, self._capsules, self.rootless)
-            first = not parent.children
-            if first:  # a service writing through its open files would change the fork's lower layer
-                services.check_freezable(parent, "forked", "stop its services first (capsule_service_stop)")
-            parent.children.add("")  # reserve: keeps the parent frozen while the child is built
-            if first:
-                try:
-                    capsule_mounts.set_frozen(parent, True)
-                except BaseException:
-                    parent.children.discard("")
-                    services.apply(parent)
-                    raise
+        lowers, above = fork_layers.stacked(parent, givers)
+        held = [parent, *givers]
+        with jail_end.after_ending(self._lock, *held):
+            for one in held:
+                capsule_mounts.ensure_mounted(one, self._capsules, self.rootless)
+            fork_layers.hold(held)  # frozen while the child is built
         child: Capsule | None = None
         try:
             meta = dict(parent.meta)
             meta.update(
-                lowers=[parent.path("upper"), *parent.lowers],
+                lowers=lowers,
                 ancestors=[parent.capsule_id, *parent.ancestors],
                 parent=parent.capsule_id,
+                donors=list(donors),
+                layers_above_base=above,
                 disk_mb=self._disk_size(parent.disk_mb),
             )
             shown = gitdirs.fork_mounts(parent)
@@ -217,11 +210,7 @@ class CapsuleManager:
             child = self._materialise(meta, parent.spec, st, mount_lowers=meta["lowers"], gitdir_mounts=shown)
         finally:
             with self._lock:
-                parent.children.discard("")
-                if child is not None:
-                    parent.children.add(child.capsule_id)
-                elif not parent.children:
-                    capsule_mounts.set_frozen(parent, False)
+                fork_layers.release(held, None if child is None else child.capsule_id)
         return ForkReply(**self._describe(child), parent=parent.capsule_id)
 
     def _materialise(self, meta: dict[str, Any], spec: CapsuleSpec, root_st: os.stat_result,
@@ -273,7 +262,7 @@ class CapsuleManager:
         capsule = self._get(capsule_id, caller_uid)
         with self._lock:
             capsule_mounts.ensure_disks(capsule, self._capsules, self.rootless)
-        uppers = [capsule.path("upper"), *capsule.lowers[: len(capsule.ancestors)]]
+        uppers = [capsule.path("upper"), *capsule.lowers[: capsule.layers_above_base]]
         found = upperscan.collect_changes(uppers, capsule.base_lowers)
         shown = gitdirs.changes(capsule) if capsule.spec.gitdirs else None
         return ChangesReply.carried(tuple(found), shown) if leave_not_utf8 else ChangesReply(tuple(found), shown)
@@ -355,16 +344,16 @@ class CapsuleManager:
         with jail_end.after_ending(self._lock, capsule):
             services.check_destroyable(capsule)  # again: an exec or a fork may have come meanwhile
             self._capsules.pop(capsule_id, None)
-            parent = self._capsules.get(capsule.meta["parent"] or "")
+            under = [self._capsules[one] for one in [capsule.meta["parent"], *capsule.donors] if one in self._capsules]
         self.kernel_ports.close_capsule(capsule_id)
         self.kits.close(capsule_id)
         self.nets.close(capsule_id)
         capsule_mounts.remove(self.capsules_dir, capsule.root, capsule_id)
-        if parent is not None:
-            with self._lock:
-                parent.children.discard(capsule_id)
-                if not parent.children and parent.mounted:
-                    capsule_mounts.set_frozen(parent, False)
+        with self._lock:
+            for one in under:  # its parent and donors
+                one.children.discard(capsule_id)
+                if not one.children and one.mounted:
+                    capsule_mounts.set_frozen(one, False)
         return DestroyReply(capsule_id, destroyed=True)
 
     def recover(self) -> dict[str, Any]:

@@ -70,8 +70,7 @@ _CAPSULE: dict[str, Check] = {"capsule_id": checks.capsule_id}
 # The signals a caller may send a service: the ones a service manager sends, none that stops
 # a process in a way its init could not follow (SIGSTOP: freeze is for that).
 SERVICE_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGKILL")
-# net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253;
-# client.ANCILLARY_SPACE follows)
+# net_connect's spares in one reply (one SCM_RIGHTS message: the kernel allows 253; client.ANCILLARY_SPACE follows)
 MAX_SPARES = 128
 
 
@@ -136,8 +135,9 @@ OPS: dict[str, OpSpec] = {
         _op(
             "fork",
             """Creates a capsule stacked on one the caller owns; the child sees exactly what
-            the parent sees and belongs to the same caller.""",
-            _CAPSULE,
+            the parent sees and belongs to the same caller.  ``donors``, more of the caller's
+            own capsules over the same base, add their own layers, frozen as the parent's.""",
+            _CAPSULE, {"donors": checks.capsule_ids},
         ),
         _op(
             "open_root",
@@ -222,9 +222,7 @@ def validate_args(op: str, args: Any) -> dict[str, Any]:
     """Check ``args`` against ``op``'s schema: types, required/optional, bounds, no unknown keys."""
     op_spec = OPS.get(op) if isinstance(op, str) else None
     if op_spec is None:
-        raise ProtocolError(
-            f"unknown op {op!r:.80}; the helper serves {sorted(OPS)}", {"op": str(op)[:80]}
-        )
+        raise ProtocolError(f"unknown op {op!r:.80}; the helper serves {sorted(OPS)}", {"op": str(op)[:80]})
     if not isinstance(args, dict):
         raise ProtocolError(f"{op}: args must be an object")
     return checks.check_fields(args, op_spec.required, op_spec.optional, f"{op} args")
@@ -254,13 +252,9 @@ class OpRequest(Generic[ReplyT]):
     carried: ClassVar[str | None] = None  # the field of a descriptor that travels with the frame, not an argument
 
     def to_args(self) -> dict[str, Any]:
-        """The wire arguments: fields left None are left out."""
-        out = {}
-        for one in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, one.name)
-            if value is not None and one.name != self.carried:
-                out[one.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        """The wire arguments: fields left None (or an empty tuple) are left out."""
+        given = ((one.name, getattr(self, one.name)) for one in fields(self) if one.name != self.carried)  # type: ignore[arg-type]
+        return {name: list(v) if isinstance(v, tuple) else v for name, v in given if v not in (None, ())}
 
     @classmethod
     def from_args(cls: type[RequestT], args: Any) -> RequestT:
@@ -386,10 +380,17 @@ class ChangesRequest(CapsuleRequest[ChangesReply]):
 
 @dataclass(frozen=True)
 class ForkRequest(CapsuleRequest[ForkReply]):
-    """A child capsule seeing its parent's view."""
+    """A child capsule seeing its parent's view, the ``donors``' own layers stacked above it (top first)."""
 
     op = "fork"
     reply = ForkReply
+    donors: tuple[str, ...] = ()
+
+    @classmethod
+    def _build(cls, args: dict[str, Any]) -> ForkRequest:
+        if args["capsule_id"] in args.get("donors", ()):
+            raise checks.fail("donors", "must not name the capsule forked: its layers are the child's already")
+        return cls(args["capsule_id"], tuple(args.get("donors", ())))
 
 
 @dataclass(frozen=True)
@@ -490,8 +491,7 @@ REQUESTS: dict[str, type[OpRequest[Any]]] = {
     cls.op: cls
     for cls in (HelloRequest, CreateRequest, ExecRequest, ChangesRequest, ForkRequest, OpenRootRequest,
                 NetOpenRequest, SignalRequest, FreezeRequest, NetConnectRequest, NetForwardRequest, RunReadsRequest,
-                DestroyRequest,
-                ListRequest)
+                DestroyRequest, ListRequest)
 }
 assert set(REQUESTS) == set(OPS), "typed requests and the op table differ"
 

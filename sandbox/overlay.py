@@ -31,6 +31,15 @@ Some facts about overlayfs
 * ``lowerdir`` is ordered top first.  A fork mounts ``lowerdir = parent's upper :
   grandparent's upper : … : base``, so the child sees its parent's view; the child's
   own writes land in its own upper and never reach the parent.
+* A fork with donors (a merge's other inputs, fork_layers.py) puts each donor's own
+  uppers, those above the chain it shares with the parent, on top of that stack.  This
+  is sound because an upper dir here is self-describing (no redirects, no metacopy):
+  its entries, whiteouts and opaque dirs mean the same over any lower stack that holds
+  the base it was made over, so each donor's changes show as they did in the donor.
+  Where two inputs changed one path the higher layer simply hides the other (an opaque
+  or deleted directory hides what a lower input added inside it); the front end
+  therefore writes every path more than one input changed, in or under, into the
+  child's own upper, which lies above them all.
 * Changing a lower layer under a mounted overlay is "undefined behaviour" in the
   kernel's words (no crash, no deadlock).  Our lower is usually the *live* workspace,
   which the user keeps editing: files the capsule has copied up are pinned, files it

@@ -4,10 +4,10 @@ CapsuleManager.recover (manager.py) calls ``recover_capsules`` once, before it s
 anyone, and registers what it returns.  It assumes it is the only helper using this
 state dir.  It detaches every mount left under ``capsules/`` by a dead helper, deletes
 ``.new-*``/``.dead-*`` dirs (capsule_mounts.py: the half-made states are named) and
-capsules whose meta.json is unreadable or whose upper dir (or disk image) or parent is
-gone (meta.load says why), and keeps every other capsule, to be mounted again (disk
-first, and its ancestors' disks, whose uppers are its lower layers) on first use
-(capsule_mounts.ensure_mounted).
+capsules whose meta.json is unreadable or whose upper dir (or disk image), parent or a
+donor (fork_layers.py) is gone (meta.load says why), and keeps every other capsule, to
+be mounted again (disk first, and the disks of the capsules whose uppers are its lower
+layers) on first use (capsule_mounts.ensure_mounted).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ ID_RE = re.compile(r"cap_\d{13}_[0-9a-f]{8}")
 
 def recover_capsules(capsules_dir: str, rootless: bool) -> tuple[dict[str, Capsule], list[str]]:
     """Detach stale mounts, delete half-made and unrecoverable capsules; the rest by id
-    (unmounted, their forks noted as children) and the names of the dirs removed."""
+    (unmounted, the forks stacked on each noted as its children) and the names of the dirs removed."""
     for point in (stale := mounts_under(capsules_dir)):
         overlay.write_back(point)  # before any is unmounted: its docstring says why
     for point in stale:
@@ -49,8 +49,9 @@ def recover_capsules(capsules_dir: str, rootless: bool) -> tuple[dict[str, Capsu
         if not ID_RE.fullmatch(name):
             continue  # not ours
         loaded = meta_json.load(root, name)
-        if not isinstance(loaded, str) and loaded[0]["parent"] is not None and loaded[0]["parent"] not in found:
-            loaded = f"its parent {loaded[0]['parent']} is gone"
+        if not isinstance(loaded, str):  # a fork's parent and donors are older: recovered already, if at all
+            gone = [one for one in [loaded[0]["parent"], *loaded[0].get("donors", [])] if one and one not in found]
+            loaded = f"its parent or donor {gone[0]} is gone" if gone else loaded
         if isinstance(loaded, str):
             log.warning("removing capsule %s: %s", name, loaded)
             capsule_mounts.remove(capsules_dir, root, name)
@@ -58,9 +59,9 @@ def recover_capsules(capsules_dir: str, rootless: bool) -> tuple[dict[str, Capsu
             continue
         found[name] = _taken_back(Capsule(name, root, *loaded), rootless)
     for capsule in found.values():
-        parent = found.get(capsule.meta["parent"] or "")
-        if parent is not None:
-            parent.children.add(capsule.capsule_id)
+        for one in [capsule.meta["parent"], *capsule.donors]:
+            if one in found:
+                found[one].children.add(capsule.capsule_id)
     return found, removed
 
 

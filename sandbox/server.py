@@ -255,7 +255,7 @@ class Dispatcher:
         return self.manager.changes(request.capsule_id, peer.uid, bool(request.leave_not_utf8)), []
 
     def _fork(self, request: ForkRequest, peer: Peer, progress: Progress | None) -> tuple[ForkReply, list[int]]:
-        return self.manager.fork(request.capsule_id, peer.uid, peer.gid), []
+        return self.manager.fork(request.capsule_id, peer.uid, peer.gid, request.donors), []
 
     def _open_root(self, request: OpenRootRequest, peer: Peer,
                    progress: Progress | None) -> tuple[OpenRootReply, list[int]]:

@@ -90,8 +90,8 @@ def admit(capsule: Capsule, request: ExecRequest) -> None:
     capsule_id = capsule.capsule_id
     if capsule.children:
         forks = sorted(c for c in capsule.children if c)
-        raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks {forks} (its services too); "
-                       "exec in a fork, or destroy the forks first", {"forks": forks})
+        raise CcwError("CONFLICT", f"capsule {capsule_id} is frozen while it has forks or merged capsules stacked on "
+                       f"it {forks} (its services too); exec in a fork, or destroy the forks first", {"forks": forks})
     if capsule.paused:
         raise CcwError("CONFLICT", f"capsule {capsule_id} is paused; resume it first",
                        {"paused": True, "capsule_id": capsule_id})
@@ -224,8 +224,8 @@ def check_destroyable(capsule: Capsule) -> None:
     problem = None
     if capsule.children:
         forks = sorted(c for c in capsule.children if c)
-        problem = CcwError("CONFLICT", f"capsule {capsule.capsule_id} has forks {forks}; destroy them first",
-                           {"forks": forks})
+        problem = CcwError("CONFLICT", f"capsule {capsule.capsule_id} has forks or merged capsules stacked on it "
+                           f"{forks}; destroy them first", {"forks": forks})
     elif capsule.busy:
         problem = CcwError("CONFLICT", f"capsule {capsule.capsule_id} is running a command; destroy it when "
                            "that ends", {"running": True})

@@ -20,6 +20,7 @@ from sandbox.ops import (
     ChangesRequest,
     CreateRequest,
     ExecRequest,
+    ForkRequest,
     encode_request,
     parse_request,
 )
@@ -76,6 +77,8 @@ def test_requests_round_trip_through_their_args() -> None:
                     limits=Limits(memory_mb=4), output_cap=0, progress_ms=100),
         ExecRequest("cap_1", ("true",)),
         ChangesRequest("cap_2"),
+        ForkRequest("cap_1"),
+        ForkRequest("cap_1", donors=("cap_3", "cap_2")),
     ]
     for request in requests:
         args = request.to_args()
@@ -94,6 +97,19 @@ def test_an_exec_request_holds_its_defaults_in_either_process() -> None:
     assert typed.cwd is None and typed.stdin is None and typed.argv == ("x",)
     tty = ExecRequest("cap_1", ("sh",), stdio="tty", tty_fd=7)
     assert "tty_fd" not in tty.to_args() and ExecRequest.from_args(tty.to_args()).with_descriptors([7]) == tty
+
+
+def test_a_fork_request_without_donors_is_the_fork_of_before() -> None:
+    """An older helper refuses an argument it does not know: a fork without donors sends none."""
+    assert ForkRequest("cap_1").to_args() == {"capsule_id": "cap_1"}
+    assert ForkRequest.from_args({"capsule_id": "cap_1"}) == ForkRequest("cap_1", donors=())
+    assert ForkRequest("cap_1", ("cap_3", "cap_2")).to_args() == {"capsule_id": "cap_1", "donors": ["cap_3", "cap_2"]}
+
+
+def test_a_fork_request_refuses_the_parent_among_its_donors() -> None:
+    with pytest.raises(ProtocolError) as info:
+        ForkRequest.from_args({"capsule_id": "cap_1", "donors": ["cap_2", "cap_1"]})
+    assert info.value.code == "INVALID_ARGUMENT" and "donors" in info.value.message
 
 
 def test_from_args_refuses_what_the_op_table_refuses() -> None:

@@ -90,8 +90,8 @@ class ManagerDouble:
             raise CcwError("PERMISSION_DENIED", "capsule belongs to another user")
         return ChangesReply(())
 
-    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int) -> ForkReply:
-        self._record("fork", capsule_id, caller_uid, caller_gid)
+    def fork(self, capsule_id: str, caller_uid: int, caller_gid: int, donors: tuple[str, ...] = ()) -> ForkReply:
+        self._record("fork", capsule_id, caller_uid, caller_gid, donors)
         return ForkReply("cap_2", "/merged2", "/w", "t", "t", {}, parent=capsule_id)
 
     def open_root(self, capsule_id: str, caller_uid: int) -> int:
@@ -133,6 +133,7 @@ def test_each_op_reaches_its_manager_method_with_peer_identity(manager: ManagerD
     dispatch(manager, "exec", {"capsule_id": "cap_1", "argv": ["true"], "stdin_b64": None})
     dispatch(manager, "changes", {"capsule_id": "cap_1"})
     dispatch(manager, "fork", {"capsule_id": "cap_1"})
+    dispatch(manager, "fork", {"capsule_id": "cap_1", "donors": ["cap_3", "cap_2"]})
     result, fds = dispatch(manager, "open_root", {"capsule_id": "cap_1"})
     assert result == {"capsule_id": "cap_1"} and len(fds) == 1
     os.close(fds[0])
@@ -147,7 +148,8 @@ def test_each_op_reaches_its_manager_method_with_peer_identity(manager: ManagerD
         ("exec", (ExecRequest("cap_1", ("true",), stdin=b"in", timeout_ms=5), 1234, 99), {"on_progress": None}),
         ("exec", (ExecRequest("cap_1", ("true",)), 1234, 99), {"on_progress": None}),
         ("changes", ("cap_1", 1234), {}),
-        ("fork", ("cap_1", 1234, 99), {}),
+        ("fork", ("cap_1", 1234, 99, ()), {}),
+        ("fork", ("cap_1", 1234, 99, ("cap_3", "cap_2")), {}),
         ("open_root", ("cap_1", 1234), {}),
         ("net_open", ("cap_1", 1234), {}),
         ("destroy", ("cap_1", 1234), {}),
