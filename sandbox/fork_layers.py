@@ -61,15 +61,16 @@ def stacked(parent: Capsule, donors: Sequence[Capsule]) -> tuple[list[str], int]
 
 
 def hold(capsules: Sequence[Capsule]) -> None:
-    """Each capsule a child is being stacked on, kept frozen while it is built (a reserved
-    ``children`` entry, ""); none is held if one cannot be.  Call with the manager's lock
-    held, each capsule's last exec ended (jail_end.after_ending), each mounted."""
-    for capsule in capsules:
+    """Each capsule a child is being stacked on (its parent first), kept frozen while it is
+    built (a reserved ``children`` entry, ""); none is held if one cannot be.  Call with the
+    manager's lock held, each capsule's last exec ended (jail_end.after_ending), each mounted."""
+    for index, capsule in enumerate(capsules):
+        doing, retry = ("forked", "fork it") if index == 0 else ("stacked into a fork", "stack it")
         if capsule.busy:
-            raise CcwError("CONFLICT", f"capsule {capsule.capsule_id} is running a command; fork it when that ends",
+            raise CcwError("CONFLICT", f"capsule {capsule.capsule_id} is running a command; {retry} when that ends",
                            {"capsule_id": capsule.capsule_id})
         if not capsule.children:  # a service writing through its open files would change the fork's lower layer
-            services.check_freezable(capsule, "forked", "stop its services first (capsule_service_stop)")
+            services.check_freezable(capsule, doing, "stop its services first (capsule_service_stop)")
     for index, capsule in enumerate(capsules):
         first = not capsule.children
         capsule.children.add("")
