@@ -126,12 +126,9 @@ OPS: dict[str, OpSpec] = {
                 "service": checks.service_name,
             },
         ),
-        _op(
-            "changes",
-            """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
+        _op("changes", """Reads the upper dir of the caller's own capsule: names, types, modes, sizes,
             symlink targets (read with readlink, never followed).  No file content.""",
-            _CAPSULE, {"leave_not_utf8": checks.boolean},
-        ),
+            _CAPSULE, {"leave_not_utf8": checks.boolean, "unlisted": checks.boolean}),
         _op(
             "fork",
             """Creates a capsule stacked on one the caller owns; the child sees exactly what
@@ -370,12 +367,13 @@ class ExecRequest(OpRequest[ExecReply]):
 
 @dataclass(frozen=True)
 class ChangesRequest(CapsuleRequest[ChangesReply]):
-    """The capsule's changes against its base (``leave_not_utf8``: a change naming something that
-    is not UTF-8 left out and counted, not the list refused; ``ChangesReply.carried``)."""
+    """The capsule's changes against its base (``leave_not_utf8``: a change naming something not UTF-8
+    left out and counted, not the list refused, ``ChangesReply.carried``; ``unlisted``: its paths too)."""
 
     op = "changes"
     reply = ChangesReply
     leave_not_utf8: bool | None = None
+    unlisted: bool | None = None
 
 
 @dataclass(frozen=True)

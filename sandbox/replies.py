@@ -333,18 +333,20 @@ class GitdirChanges(OpReply):
 @dataclass(frozen=True)
 class ChangesReply(OpReply):
     """The capsule's changes, sorted by path; ``gitdirs``: those of its git dirs (None: it shows none);
-    ``not_utf8``: the names left out as not UTF-8, when asked to leave them out (``carried``)."""
+    ``not_utf8``: the names left out as not UTF-8, when asked to leave them out (``carried``);
+    ``unlisted``: when asked, what its uppers hold that no change names (upperscan.collect_changes)."""
 
     changes: tuple[Change, ...]
     gitdirs: tuple[GitdirChanges, ...] | None = None
     not_utf8: NotCarried | None = None
+    unlisted: tuple[str, ...] | None = None
 
-    optional_fields = ("gitdirs", "not_utf8")
+    optional_fields = ("gitdirs", "not_utf8", "unlisted")
 
     def __post_init__(self) -> None:
         # Promote, witness and merge would miss a change they cannot carry, and a promotion would
         # leave its file behind: refused whole (sandbox/rawnames.py).  A diff asks ``carried``.
-        rawnames.refuse(_names(self.changes, self.gitdirs), "changes")
+        rawnames.refuse([*_names(self.changes, self.gitdirs), *(self.unlisted or ())], "changes")
 
     @classmethod
     def carried(cls, changes: tuple[Change, ...], gitdirs: tuple[GitdirChanges, ...] | None) -> ChangesReply:
@@ -364,9 +366,11 @@ class ChangesReply(OpReply):
     @classmethod
     def _build(cls, result: dict[str, Any]) -> ChangesReply:
         gitdirs, left_out = result.get("gitdirs"), result.get("not_utf8")
+        unlisted = result.get("unlisted")
         return cls(_entries(Change, result["changes"], "ChangesReply 'changes'"),
                    None if gitdirs is None else _entries(GitdirChanges, gitdirs, "ChangesReply 'gitdirs'"),
-                   None if left_out is None else NotCarried.from_args(left_out))
+                   None if left_out is None else NotCarried.from_args(left_out),
+                   _paths(unlisted, "ChangesReply 'unlisted'"))
 
 
 def _names(changes: tuple[Change, ...], gitdirs: tuple[GitdirChanges, ...] | None) -> list[str]:

@@ -69,8 +69,13 @@ def _entry_change(rel: str, at: tuple[int, str], st: os.stat_result,
     return None  # copied up (opened for write, touched) but equal in bytes and mode
 
 
-def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[Change]:
-    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes.
+def collect_changes(upper: str | Sequence[str], lowers: Sequence[str],
+                    unlisted: list[str] | None = None) -> list[Change]:
+    """What the upper dir(s) change relative to ``lowers``, sorted by path bytes; with ``unlisted``,
+    the paths of the entries the rules below leave out gathered there too (unsorted): files copied up
+    unchanged and whiteouts over nothing in the base.  Each hides what a layer stacked under these
+    uppers would show at its path, though none changes the capsule's view (a merged capsule stacks
+    its inputs' layers, capsules/merge_write.py).
 
     ``upper`` is one upper dir, or a stack of them top first (a fork: its own upper over
     its parents'), read as the single layer they make together.  Rules:
@@ -107,9 +112,13 @@ def collect_changes(upper: str | Sequence[str], lowers: Sequence[str]) -> list[C
                 if is_whiteout(st):
                     if base is not None:
                         changes.append(Change(rel, "deleted", kind_of(base[2].st_mode)))
+                    elif unlisted is not None:
+                        unlisted.append(rel)
                     continue
                 if not stat.S_ISDIR(st.st_mode):
                     change = _entry_change(rel, at, st, base)
+                    if change is None and unlisted is not None:
+                        unlisted.append(rel)
                 else:
                     path = os.path.join(layers[index], rel)
                     below, child_base_visible = _showing_through(layers, index, rel,
